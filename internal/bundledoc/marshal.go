@@ -1,0 +1,133 @@
+package bundledoc
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+)
+
+// Marshal renders b as a SPIFFE bundle document. The same bundle always
+// yields the same bytes: X.509 authorities in bundle order, then JWT and WIT
+// authorities sorted by key ID, each with "use" set, x509 entries with
+// exactly one x5c certificate and no kid. Sequence and refresh hint are
+// written when set. It refuses an authority that Parse would refuse, so
+// trustbridge never publishes a bundle its peers must reject.
+func Marshal(b *spiffebundle.Bundle) ([]byte, error) {
+	if b == nil {
+		return nil, wrap(errors.New("nil bundle"))
+	}
+	var buf bytes.Buffer
+	if err := writeBundle(&buf, b, true); err != nil {
+		return nil, wrap(err)
+	}
+	return buf.Bytes(), nil
+}
+
+func writeBundle(buf *bytes.Buffer, b *spiffebundle.Bundle, withHint bool) error {
+	buf.WriteString(`{"keys":[`)
+	n := 0
+	emit := func(k jose.JSONWebKey) error {
+		data, err := k.MarshalJSON()
+		if err != nil {
+			return fmt.Errorf("keys[%d]: %w", n, err)
+		}
+		if n > 0 {
+			buf.WriteByte(',')
+		}
+		buf.Write(data)
+		n++
+		return nil
+	}
+	for _, cert := range b.X509Authorities() {
+		if err := checkCA(cert); err != nil {
+			return fmt.Errorf("keys[%d]: %w", n, err)
+		}
+		if err := checkKey(cert.PublicKey); err != nil {
+			return fmt.Errorf("keys[%d]: %w", n, err)
+		}
+		if err := emit(jose.JSONWebKey{Key: cert.PublicKey, Use: UseX509SVID, Certificates: []*x509.Certificate{cert}}); err != nil {
+			return err
+		}
+	}
+	for _, set := range []struct {
+		use  string
+		keys map[string]crypto.PublicKey
+	}{{UseJWTSVID, b.JWTAuthorities()}, {UseWITSVID, b.WITAuthorities()}} {
+		kids := make([]string, 0, len(set.keys))
+		for kid := range set.keys {
+			kids = append(kids, kid)
+		}
+		sort.Strings(kids)
+		for _, kid := range kids {
+			if err := checkKey(set.keys[kid]); err != nil {
+				return fmt.Errorf("keys[%d] (%s kid %q): %w", n, set.use, kid, err)
+			}
+			if err := emit(jose.JSONWebKey{Key: set.keys[kid], KeyID: kid, Use: set.use}); err != nil {
+				return err
+			}
+		}
+	}
+	buf.WriteByte(']')
+	if seq, ok := b.SequenceNumber(); ok {
+		buf.WriteString(`,"spiffe_sequence":`)
+		buf.WriteString(strconv.FormatUint(seq, 10))
+	}
+	if hint, ok := b.RefreshHint(); ok && withHint {
+		if hint < 0 {
+			return fmt.Errorf("negative refresh hint %s", hint)
+		}
+		// Round up like go-spiffe: a hint of 1.5s must not become 1s.
+		secs := (hint + time.Second - 1) / time.Second
+		buf.WriteString(`,"spiffe_refresh_hint":`)
+		buf.WriteString(strconv.FormatInt(int64(secs), 10))
+	}
+	buf.WriteByte('}')
+	return nil
+}
+
+// MarshalMap renders bundles as a SPIFFE bundle map, trust domains sorted by
+// name. Refresh hints are omitted, as the spec asks of producers.
+func MarshalMap(bundles []*spiffebundle.Bundle) ([]byte, error) {
+	sorted := make([]*spiffebundle.Bundle, 0, len(bundles))
+	seen := map[string]bool{}
+	for _, b := range bundles {
+		if b == nil {
+			return nil, wrap(errors.New("nil bundle in map"))
+		}
+		name := b.TrustDomain().Name()
+		if name == "" {
+			return nil, wrap(errors.New("bundle without a trust domain in map"))
+		}
+		if seen[name] {
+			return nil, wrap(fmt.Errorf("duplicate trust domain %q in map", name))
+		}
+		seen[name] = true
+		sorted = append(sorted, b)
+	}
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].TrustDomain().Name() < sorted[j].TrustDomain().Name() })
+
+	var buf bytes.Buffer
+	buf.WriteString(`{"trust_domains":{`)
+	for i, b := range sorted {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		name, _ := json.Marshal(b.TrustDomain().Name())
+		buf.Write(name)
+		buf.WriteByte(':')
+		if err := writeBundle(&buf, b, false); err != nil {
+			return nil, wrap(&EntryError{TrustDomain: b.TrustDomain().Name(), Err: err})
+		}
+	}
+	buf.WriteString("}}")
+	return buf.Bytes(), nil
+}
