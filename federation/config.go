@@ -1,0 +1,417 @@
+package federation
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+// Config is the federation part of the configuration file.
+type Config struct {
+	Endpoints []Endpoint
+	// Warnings are problems that did not stop the configuration from
+	// loading, such as bootstrap bundle elements the spec says to ignore.
+	// The caller should surface them.
+	Warnings []string
+}
+
+// YAML keys. Item and profile keys are those of spire-controller-manager's
+// ClusterFederatedTrustDomain spec, so an existing CR's spec can be pasted
+// in; trustDomainBundleFile and refresh are ours.
+const (
+	keyFederation            = "federation"
+	keyTrustDomain           = "trustDomain"
+	keyBundleEndpointURL     = "bundleEndpointURL"
+	keyBundleEndpointProfile = "bundleEndpointProfile"
+	keyTrustDomainBundle     = "trustDomainBundle"
+	keyTrustDomainBundleFile = "trustDomainBundleFile"
+	keyRefresh               = "refresh"
+	keyType                  = "type"
+	keyEndpointSPIFFEID      = "endpointSPIFFEID"
+	keyMin                   = "min"
+	keyMax                   = "max"
+)
+
+var (
+	topKeys     = []string{keyFederation}
+	itemKeys    = []string{keyTrustDomain, keyBundleEndpointURL, keyBundleEndpointProfile, keyTrustDomainBundle, keyTrustDomainBundleFile, keyRefresh}
+	profileKeys = []string{keyType, keyEndpointSPIFFEID}
+	refreshKeys = []string{keyMin, keyMax}
+)
+
+// ParseConfig parses a YAML federation file:
+//
+//	federation:
+//	  - trustDomain: example.org
+//	    bundleEndpointURL: https://example.org:8443/
+//	    bundleEndpointProfile:
+//	      type: https_spiffe
+//	      endpointSPIFFEID: spiffe://example.org/spire/server
+//	    trustDomainBundleFile: bundles/example.json
+//	    refresh: {min: 30s, max: 1h}
+//
+// Trust domains, URLs and SPIFFE IDs obey the same rules as in
+// ParseEndpoints. Unknown or duplicate keys, values of the wrong kind, YAML
+// aliases and more than one YAML document are errors: a misspelt key in a
+// security configuration must not be silently ignored. Errors name the line
+// and the item by its 0-based index ("federation[1]"). An empty file, or a
+// null or empty federation list, yields no endpoints.
+//
+// readFile loads trustDomainBundleFile paths exactly as written; resolving
+// relative paths is the caller's business. With a nil readFile,
+// trustDomainBundleFile is an error.
+func ParseConfig(data []byte, readFile func(path string) ([]byte, error)) (*Config, error) {
+	cfg, err := parseConfig(data, readFile)
+	if err != nil {
+		return nil, fmt.Errorf("federation: %w", err)
+	}
+	return cfg, nil
+}
+
+func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &Config{}, nil
+		}
+		return nil, err
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, err
+		}
+		return nil, errAt(&extra, "a second YAML document starts here; the file must hold exactly one")
+	}
+	if len(doc.Content) != 1 {
+		return &Config{}, nil
+	}
+	root := doc.Content[0]
+	if isNull(root) {
+		return &Config{}, nil
+	}
+	top, err := mapping(root, "the top level", topKeys)
+	if err != nil {
+		return nil, err
+	}
+	list := top[keyFederation]
+	if list == nil || isNull(list.value) {
+		return &Config{}, nil
+	}
+	if list.value.Kind != yaml.SequenceNode {
+		return nil, errAt(list.value, "%s must be a list, got %s", keyFederation, describe(list.value))
+	}
+	p := configParser{readFile: readFile, seen: make(trustDomainSet)}
+	cfg := &Config{}
+	for i, item := range list.value.Content {
+		ep, err := p.item(i, item)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Endpoints = append(cfg.Endpoints, ep)
+	}
+	cfg.Warnings = p.warnings
+	return cfg, nil
+}
+
+type configParser struct {
+	readFile func(string) ([]byte, error)
+	seen     trustDomainSet
+	warnings []string
+}
+
+// Structural errors (unknown keys, wrong kinds) name the key by its path,
+// "federation[1].refresh"; errors about a value name the item with its trust
+// domain once that is known, "federation[1] (example.org): refresh.min".
+func (p *configParser) item(i int, n *yaml.Node) (Endpoint, error) {
+	path := fmt.Sprintf("%s[%d]", keyFederation, i)
+	m, err := mapping(n, path, itemKeys)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	for _, k := range []string{keyTrustDomain, keyBundleEndpointURL, keyBundleEndpointProfile} {
+		if m[k] == nil {
+			return Endpoint{}, errAt(n, "%s: missing required key %q", path, k)
+		}
+	}
+
+	var ep Endpoint
+	tdNode := m[keyTrustDomain].value
+	s, err := scalar(tdNode, path, keyTrustDomain)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	if ep.TrustDomain, err = parseTrustDomain(s); err != nil {
+		return Endpoint{}, errAt(tdNode, "%s: %s %q: %w", path, keyTrustDomain, s, err)
+	}
+	label := fmt.Sprintf("%s (%s)", path, ep.TrustDomain.Name())
+	if err := p.seen.add(ep.TrustDomain, fmt.Sprintf("%s (line %d)", path, tdNode.Line)); err != nil {
+		return Endpoint{}, errAt(tdNode, "%s: %w", label, err)
+	}
+
+	urlNode := m[keyBundleEndpointURL].value
+	if s, err = scalar(urlNode, path, keyBundleEndpointURL); err != nil {
+		return Endpoint{}, err
+	}
+	if ep.URL, err = parseEndpointURL(s); err != nil {
+		return Endpoint{}, errAt(urlNode, "%s: %s %q: %w", label, keyBundleEndpointURL, s, err)
+	}
+
+	if err := profile(&ep, m[keyBundleEndpointProfile].value, path, label); err != nil {
+		return Endpoint{}, err
+	}
+	if r := m[keyRefresh]; r != nil {
+		if ep.Refresh, err = refresh(r.value, path, label); err != nil {
+			return Endpoint{}, err
+		}
+	}
+	if err := p.bootstrap(&ep, m, path, label); err != nil {
+		return Endpoint{}, err
+	}
+	return ep, nil
+}
+
+func profile(ep *Endpoint, n *yaml.Node, path, label string) error {
+	path += "." + keyBundleEndpointProfile
+	m, err := mapping(n, path, profileKeys)
+	if err != nil {
+		return err
+	}
+	if m[keyType] == nil {
+		return errAt(n, "%s: missing required key %q", path, keyType)
+	}
+	typeNode := m[keyType].value
+	s, err := scalar(typeNode, path, keyType)
+	if err != nil {
+		return err
+	}
+	ep.Profile = Profile(s)
+	idKV := m[keyEndpointSPIFFEID]
+	switch ep.Profile {
+	case ProfileHTTPSWeb:
+		if idKV != nil {
+			return errAt(idKV.key, "%s: %s: %s is only allowed with type %s", label, keyBundleEndpointProfile, keyEndpointSPIFFEID, ProfileHTTPSSPIFFE)
+		}
+	case ProfileHTTPSSPIFFE:
+		if idKV == nil {
+			return errAt(n, "%s: %s: type %s requires %s", label, keyBundleEndpointProfile, ProfileHTTPSSPIFFE, keyEndpointSPIFFEID)
+		}
+		if s, err = scalar(idKV.value, path, keyEndpointSPIFFEID); err != nil {
+			return err
+		}
+		if ep.EndpointSPIFFEID, err = parseEndpointSPIFFEID(s); err != nil {
+			return errAt(idKV.value, "%s: %s.%s %q: %w", label, keyBundleEndpointProfile, keyEndpointSPIFFEID, s, err)
+		}
+	default:
+		return errAt(typeNode, "%s: %s.%s %q is not one of %s, %s", label, keyBundleEndpointProfile, keyType, s, ProfileHTTPSWeb, ProfileHTTPSSPIFFE)
+	}
+	return nil
+}
+
+func refresh(n *yaml.Node, path, label string) (Refresh, error) {
+	path += "." + keyRefresh
+	m, err := mapping(n, path, refreshKeys)
+	if err != nil {
+		return Refresh{}, err
+	}
+	var r Refresh
+	for _, f := range []struct {
+		key string
+		dst *time.Duration
+	}{{keyMin, &r.Min}, {keyMax, &r.Max}} {
+		kv := m[f.key]
+		if kv == nil {
+			continue
+		}
+		s, err := scalar(kv.value, path, f.key)
+		if err != nil {
+			return Refresh{}, err
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return Refresh{}, errAt(kv.value, "%s: %s.%s: %w", label, keyRefresh, f.key, err)
+		}
+		// Zero in Refresh means "server default", so an explicit zero or
+		// negative value cannot be represented and is refused.
+		if d <= 0 {
+			return Refresh{}, errAt(kv.value, "%s: %s.%s %q must be positive", label, keyRefresh, f.key, s)
+		}
+		*f.dst = d
+	}
+	if err := checkRefresh(r); err != nil {
+		return Refresh{}, errAt(n, "%s: %w", label, err)
+	}
+	return r, nil
+}
+
+func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, label string) error {
+	inline, file := m[keyTrustDomainBundle], m[keyTrustDomainBundleFile]
+	var (
+		doc    []byte
+		source string
+		at     *yaml.Node
+	)
+	switch {
+	case inline != nil && file != nil:
+		second := inline
+		if file.key.Line > inline.key.Line || (file.key.Line == inline.key.Line && file.key.Column > inline.key.Column) {
+			second = file
+		}
+		return errAt(second.key, "%s: %s and %s are mutually exclusive", label, keyTrustDomainBundle, keyTrustDomainBundleFile)
+	case inline != nil:
+		s, err := scalar(inline.value, path, keyTrustDomainBundle)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(s) == "" {
+			return errAt(inline.value, "%s: %s is empty", label, keyTrustDomainBundle)
+		}
+		doc, source, at = []byte(s), keyTrustDomainBundle, inline.value
+	case file != nil:
+		name, err := scalar(file.value, path, keyTrustDomainBundleFile)
+		if err != nil {
+			return err
+		}
+		source, at = fmt.Sprintf("%s %q", keyTrustDomainBundleFile, name), file.value
+		if p.readFile == nil {
+			return errAt(at, "%s: %s not supported here", label, keyTrustDomainBundleFile)
+		}
+		if name == "" {
+			return errAt(at, "%s: %s is empty", label, keyTrustDomainBundleFile)
+		}
+		if doc, err = p.readFile(name); err != nil {
+			return errAt(at, "%s: %s: %w", label, source, err)
+		}
+		ep.BootstrapBundleFile = name
+	default:
+		return nil
+	}
+	b, warnings, err := bundledoc.Parse(ep.TrustDomain, doc)
+	if err != nil {
+		return errAt(at, "%s: %s: %w", label, source, err)
+	}
+	ep.BootstrapBundle = b
+	if err := checkBootstrap(*ep); err != nil {
+		return errAt(at, "%s: %s: %w", label, source, err)
+	}
+	for _, w := range warnings {
+		p.warnings = append(p.warnings, fmt.Sprintf("%s: %s: %s", label, source, w.String()))
+	}
+	return nil
+}
+
+// keyValue is one entry of a YAML mapping; the key node is kept for errors
+// that are about the key's presence rather than its value.
+type keyValue struct {
+	key, value *yaml.Node
+}
+
+// mapping checks that n is a mapping whose keys are all known and distinct
+// and returns its entries by key. yaml/v3 reports duplicate keys only when
+// decoding into Go values, not into a yaml.Node, so the check is ours.
+func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, error) {
+	if err := notAlias(n, where); err != nil {
+		return nil, err
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, errAt(n, "%s must be a mapping, got %s", where, describe(n))
+	}
+	m := make(map[string]*keyValue, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if err := notAlias(k, where); err != nil {
+			return nil, err
+		}
+		if k.Kind != yaml.ScalarNode {
+			return nil, errAt(k, "%s: keys must be strings, got %s", where, describe(k))
+		}
+		if k.ShortTag() == "!!merge" {
+			return nil, errAt(k, "%s: merge keys (<<) are not supported", where)
+		}
+		if first, dup := m[k.Value]; dup {
+			return nil, errAt(k, "duplicate key %q in %s (first at line %d)", k.Value, where, first.key.Line)
+		}
+		if !slices.Contains(known, k.Value) {
+			return nil, errAt(k, "unknown key %q in %s%s (known: %s)", k.Value, where, didYouMean(k.Value, known), strings.Join(known, ", "))
+		}
+		if err := notAlias(v, where+"."+k.Value); err != nil {
+			return nil, err
+		}
+		m[k.Value] = &keyValue{key: k, value: v}
+	}
+	return m, nil
+}
+
+// scalar returns the value of a string scalar. Other scalars are refused
+// rather than stringified: "trustDomain: 1e3" is more likely a mistake than
+// a trust domain, and quoting it is easy.
+func scalar(n *yaml.Node, where, key string) (string, error) {
+	where += "." + key
+	if err := notAlias(n, where); err != nil {
+		return "", err
+	}
+	switch {
+	case n.Kind != yaml.ScalarNode:
+		return "", errAt(n, "%s must be a string, got %s", where, describe(n))
+	case isNull(n):
+		return "", errAt(n, "%s has no value", where)
+	case n.ShortTag() != "!!str":
+		return "", errAt(n, "%s must be a string, got %s; quote it if it is meant as one", where, describe(n))
+	}
+	return n.Value, nil
+}
+
+// notAlias refuses aliases: they make the file harder to review, and
+// nothing in this schema needs them.
+func notAlias(n *yaml.Node, where string) error {
+	if n.Kind == yaml.AliasNode {
+		return errAt(n, "%s: YAML aliases are not supported", where)
+	}
+	return nil
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		if isNull(n) {
+			return "null"
+		}
+		return fmt.Sprintf("%s %q", n.ShortTag(), n.Value)
+	default:
+		return "an unexpected YAML node"
+	}
+}
+
+func errAt(n *yaml.Node, format string, args ...any) error {
+	return fmt.Errorf("line %d: "+format, append([]any{n.Line}, args...)...)
+}
+
+// didYouMean catches the most common slip, wrong capitalisation
+// ("trustdomain", "bundleEndpointUrl").
+func didYouMean(s string, known []string) string {
+	for _, k := range known {
+		if strings.EqualFold(s, k) {
+			return fmt.Sprintf(" (did you mean %q?)", k)
+		}
+	}
+	return ""
+}
