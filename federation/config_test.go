@@ -1,7 +1,6 @@
 package federation
 
 import (
-	"crypto"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -30,7 +29,7 @@ func bundleJSON(t testing.TB, b *spiffebundle.Bundle) string {
 func jwtOnlyBundle(t testing.TB, trustDomain string) string {
 	t.Helper()
 	b := spiffebundle.New(td(trustDomain))
-	require.NoError(t, b.AddJWTAuthority("kid-1", testca.NewKey(t, testca.ECP256).Public().(crypto.PublicKey)))
+	require.NoError(t, b.AddJWTAuthority("kid-1", testca.NewKey(t, testca.ECP256).Public()))
 	return bundleJSON(t, b)
 }
 

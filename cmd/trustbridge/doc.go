@@ -1,0 +1,10 @@
+// Command trustbridge is the composition root of trustbridge: it reads
+// flags, environment and files, and wires the domain packages together.
+//
+//	trustbridge version
+//	trustbridge bundle inspect [--trust-domain TD] [--format table|json|pem|spiffe] FILE
+//
+// `bundle inspect` applies exactly the rules trustbridge applies to fetched
+// bundles (package internal/bundledoc) and exits 1 with the reason on
+// stderr when a document would be refused.
+package main

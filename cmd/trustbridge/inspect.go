@@ -1,0 +1,410 @@
+package main
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+func newBundleCmd(e env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bundle",
+		Short: "Work with SPIFFE bundle documents and bundle maps",
+	}
+	cmd.AddCommand(newInspectCmd(e.now))
+	return cmd
+}
+
+type inspectOptions struct {
+	trustDomain string
+	format      string
+	maxSize     int64
+}
+
+var inspectFormats = []string{"table", "json", "pem", "spiffe"}
+
+func newInspectCmd(now func() time.Time) *cobra.Command {
+	var o inspectOptions
+	cmd := &cobra.Command{
+		Use:   "inspect FILE",
+		Short: "Validate a SPIFFE bundle or bundle map and show what it trusts",
+		Long: `Parse FILE ("-" for standard input) as a SPIFFE bundle document or, when it
+has "trust_domains" and no "keys", as a SPIFFE bundle map, with the same
+rules trustbridge applies to fetched bundles. Exit status 1 and the reason on
+stderr if the document would be refused.
+
+Formats:
+  table   trust domain, sequence, refresh hint, one line per authority, warnings
+  json    the same, as a JSON object for scripts
+  pem     the X.509 authorities as PEM (root-cert.pem); needs one trust domain
+  spiffe  the canonical bundle document (or bundle map) trustbridge would serve
+
+Fingerprints are SHA-256 in hex: of the certificate DER for x509-svid
+authorities (as "openssl x509 -fingerprint -sha256" shows, without colons),
+of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
+		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json
+  curl -s https://peer.example/ | trustbridge bundle inspect -t peer.example --format pem - > root-cert.pem`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runInspect(cmd, args[0], o, now())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
+	f.StringVarP(&o.format, "format", "o", "table", "output format: "+strings.Join(inspectFormats, "|"))
+	f.Int64Var(&o.maxSize, "max-size", bundledoc.DefaultMaxSize, "refuse documents larger than this many bytes")
+	return cmd
+}
+
+// unnamedTD stands in when a plain bundle is inspected without
+// --trust-domain: the document does not carry its trust domain.
+var unnamedTD = spiffeid.RequireTrustDomainFromString("unnamed.invalid")
+
+// inspection is what inspect found, in the shape the json format prints.
+type inspection struct {
+	Source   string          `json:"source"`
+	Kind     string          `json:"kind"` // "bundle" or "bundle_map"
+	Bundles  []bundleReport  `json:"bundles"`
+	Warnings []warningReport `json:"warnings"`
+	bundles  []*spiffebundle.Bundle
+}
+
+type bundleReport struct {
+	TrustDomain        string            `json:"trust_domain"`
+	Sequence           *uint64           `json:"sequence"`
+	RefreshHintSeconds *int64            `json:"refresh_hint_seconds"`
+	Authorities        []authorityReport `json:"authorities"`
+}
+
+type authorityReport struct {
+	Kind      string     `json:"kind"` // x509-svid, jwt-svid, wit-svid
+	Subject   string     `json:"subject,omitempty"`
+	KeyID     string     `json:"key_id,omitempty"`
+	KeyType   string     `json:"key_type"` // RSA, EC, Ed25519
+	Curve     string     `json:"curve,omitempty"`
+	KeySize   int        `json:"key_size"`
+	NotBefore *time.Time `json:"not_before,omitempty"`
+	NotAfter  *time.Time `json:"not_after,omitempty"`
+	Expired   bool       `json:"expired,omitempty"`
+	SHA256    string     `json:"sha256"`
+}
+
+type warningReport struct {
+	TrustDomain string `json:"trust_domain,omitempty"`
+	Code        string `json:"code"`
+	Message     string `json:"message"`
+}
+
+func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time) error {
+	if !slices.Contains(inspectFormats, o.format) {
+		return fmt.Errorf("unknown --format %q (want %s)", o.format, strings.Join(inspectFormats, ", "))
+	}
+	var td spiffeid.TrustDomain
+	if o.trustDomain != "" {
+		var err error
+		if td, err = bundledoc.TrustDomainName(o.trustDomain); err != nil {
+			return fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
+		}
+	}
+	data, err := readInput(cmd.InOrStdin(), path, o.maxSize)
+	if err != nil {
+		return err
+	}
+	ins, err := inspect(path, data, td)
+	if err != nil {
+		return fmt.Errorf("%s: %w", displayName(path), err)
+	}
+	out := cmd.OutOrStdout()
+	switch o.format {
+	case "json":
+		ins.fill(now)
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ins)
+	case "table":
+		ins.fill(now)
+		return ins.writeTable(out)
+	case "pem":
+		if len(ins.bundles) != 1 {
+			return fmt.Errorf("%s holds %d trust domains; PEM cannot say which root belongs to which, so pick one with --trust-domain", displayName(path), len(ins.bundles))
+		}
+		ins.warn(cmd.ErrOrStderr())
+		b := ins.bundles[0]
+		if n := len(b.JWTAuthorities()) + len(b.WITAuthorities()); n > 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "note: %d JWT/WIT authorities have no certificate and are not in the PEM output\n", n)
+		}
+		for _, c := range b.X509Authorities() {
+			if err := pem.Encode(out, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}); err != nil {
+				return err
+			}
+		}
+		return nil
+	default: // spiffe
+		ins.warn(cmd.ErrOrStderr())
+		var doc []byte
+		if ins.Kind == "bundle_map" && td.IsZero() {
+			doc, err = bundledoc.MarshalMap(ins.bundles)
+		} else {
+			doc, err = bundledoc.Marshal(ins.bundles[0])
+		}
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(out, "%s\n", doc)
+		return err
+	}
+}
+
+func displayName(path string) string {
+	if path == "-" {
+		return "<stdin>"
+	}
+	return path
+}
+
+func readInput(stdin io.Reader, path string, limit int64) ([]byte, error) {
+	if path == "-" {
+		data, err := bundledoc.ReadLimited(stdin, limit)
+		if err != nil {
+			return nil, fmt.Errorf("<stdin>: %w", err)
+		}
+		return data, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := bundledoc.ReadLimited(f, limit)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return data, nil
+}
+
+// inspect parses data as a bundle map or a bundle. With a trust domain, a
+// bundle map is narrowed to that entry.
+func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, error) {
+	ins := &inspection{Source: displayName(path), Warnings: []warningReport{}}
+	var warnings []bundledoc.Warning
+	if bundledoc.IsMap(data) {
+		ins.Kind = "bundle_map"
+		bundles, warns, err := bundledoc.ParseMap(data)
+		if err != nil {
+			return nil, err
+		}
+		warnings = warns
+		if td.IsZero() {
+			ins.bundles = bundles
+		} else {
+			for _, b := range bundles {
+				if b.TrustDomain() == td {
+					ins.bundles = []*spiffebundle.Bundle{b}
+				}
+			}
+			if ins.bundles == nil {
+				return nil, fmt.Errorf("bundle map has no trust domain %q", td.Name())
+			}
+		}
+	} else {
+		ins.Kind = "bundle"
+		parseTD := td
+		if td.IsZero() {
+			parseTD = unnamedTD
+		}
+		b, warns, err := bundledoc.Parse(parseTD, data)
+		if err != nil {
+			return nil, err
+		}
+		ins.bundles = []*spiffebundle.Bundle{b}
+		warnings = warns
+	}
+	for _, w := range warnings {
+		if !td.IsZero() && w.TrustDomain != "" && w.TrustDomain != td.Name() {
+			continue
+		}
+		// Without --trust-domain there is nothing to compare roots with.
+		if td.IsZero() && ins.Kind == "bundle" && w.Code == bundledoc.CodeForeignTrustDomain {
+			continue
+		}
+		ins.Warnings = append(ins.Warnings, warningReport{TrustDomain: w.TrustDomain, Code: string(w.Code), Message: w.String()})
+	}
+	return ins, nil
+}
+
+func (ins *inspection) warn(w io.Writer) {
+	for _, wr := range ins.Warnings {
+		fmt.Fprintf(w, "warning: %s\n", wr.Message)
+	}
+}
+
+// fill builds the printable reports.
+func (ins *inspection) fill(now time.Time) {
+	ins.Bundles = make([]bundleReport, 0, len(ins.bundles))
+	for _, b := range ins.bundles {
+		r := bundleReport{TrustDomain: b.TrustDomain().Name(), Authorities: []authorityReport{}}
+		if b.TrustDomain() == unnamedTD {
+			r.TrustDomain = ""
+		}
+		if seq, ok := b.SequenceNumber(); ok {
+			r.Sequence = &seq
+		}
+		if hint, ok := b.RefreshHint(); ok {
+			secs := int64(hint / time.Second)
+			r.RefreshHintSeconds = &secs
+		}
+		for _, c := range b.X509Authorities() {
+			typ, curve, size := describeKey(c.PublicKey)
+			sum := sha256.Sum256(c.Raw)
+			nb, na := c.NotBefore.UTC(), c.NotAfter.UTC()
+			r.Authorities = append(r.Authorities, authorityReport{
+				Kind: bundledoc.UseX509SVID, Subject: c.Subject.String(), KeyType: typ, Curve: curve, KeySize: size,
+				NotBefore: &nb, NotAfter: &na, Expired: now.After(c.NotAfter), SHA256: hex.EncodeToString(sum[:]),
+			})
+		}
+		for _, set := range []struct {
+			kind string
+			keys map[string]crypto.PublicKey
+		}{{bundledoc.UseJWTSVID, b.JWTAuthorities()}, {bundledoc.UseWITSVID, b.WITAuthorities()}} {
+			kids := make([]string, 0, len(set.keys))
+			for kid := range set.keys {
+				kids = append(kids, kid)
+			}
+			sort.Strings(kids)
+			for _, kid := range kids {
+				typ, curve, size := describeKey(set.keys[kid])
+				ar := authorityReport{Kind: set.kind, KeyID: kid, KeyType: typ, Curve: curve, KeySize: size}
+				if der, err := x509.MarshalPKIXPublicKey(set.keys[kid]); err == nil {
+					sum := sha256.Sum256(der)
+					ar.SHA256 = hex.EncodeToString(sum[:])
+				}
+				r.Authorities = append(r.Authorities, ar)
+			}
+		}
+		ins.Bundles = append(ins.Bundles, r)
+	}
+}
+
+func describeKey(pub crypto.PublicKey) (typ, curve string, bits int) {
+	switch k := pub.(type) {
+	case *rsa.PublicKey:
+		return "RSA", "", k.N.BitLen()
+	case *ecdsa.PublicKey:
+		return "EC", k.Curve.Params().Name, k.Curve.Params().BitSize
+	case ed25519.PublicKey:
+		return "Ed25519", "", 256
+	default:
+		return fmt.Sprintf("%T", pub), "", 0
+	}
+}
+
+func (ins *inspection) writeTable(w io.Writer) error {
+	ew := &errWriter{w: w}
+	kind := "SPIFFE bundle"
+	if ins.Kind == "bundle_map" {
+		kind = fmt.Sprintf("SPIFFE bundle map (%d trust domains)", len(ins.Bundles))
+	}
+	fmt.Fprintf(ew, "Source:  %s\nKind:    %s\n", ins.Source, kind)
+	for _, b := range ins.Bundles {
+		td := b.TrustDomain
+		if td == "" {
+			td = "(not given; pass --trust-domain)"
+		}
+		fmt.Fprintf(ew, "\nTrust domain:  %s\n", td)
+		fmt.Fprintf(ew, "Sequence:      %s\n", optUint(b.Sequence))
+		hint := "(not set; consumers poll about every 5m)"
+		if ins.Kind == "bundle_map" {
+			hint = "(not used in bundle maps)"
+		}
+		if b.RefreshHintSeconds != nil {
+			hint = fmt.Sprintf("%ds (%s)", *b.RefreshHintSeconds, time.Duration(*b.RefreshHintSeconds)*time.Second)
+		}
+		fmt.Fprintf(ew, "Refresh hint:  %s\n", hint)
+		fmt.Fprintf(ew, "Authorities:   %d\n", len(b.Authorities))
+		if len(b.Authorities) == 0 {
+			fmt.Fprintf(ew, "               (none: this bundle trusts nothing)\n")
+			continue
+		}
+		fmt.Fprintln(ew)
+		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "KIND\tSUBJECT / KEY ID\tKEY\tNOT BEFORE\tNOT AFTER\tSHA-256")
+		for _, a := range b.Authorities {
+			name := a.Subject
+			if a.KeyID != "" {
+				name = "kid " + a.KeyID
+			}
+			key := a.KeyType
+			switch {
+			case a.Curve != "":
+				key += " " + a.Curve
+			case a.KeyType == "RSA":
+				key = fmt.Sprintf("RSA %d", a.KeySize)
+			}
+			nb, na := "-", "-"
+			if a.NotBefore != nil {
+				nb = a.NotBefore.Format(time.RFC3339)
+				na = a.NotAfter.Format(time.RFC3339)
+				if a.Expired {
+					na += " (EXPIRED)"
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, name, key, nb, na, a.SHA256)
+		}
+		_ = tw.Flush()
+	}
+	if len(ins.Warnings) > 0 {
+		fmt.Fprintf(ew, "\nWarnings (%d):\n", len(ins.Warnings))
+		for _, wr := range ins.Warnings {
+			fmt.Fprintf(ew, "  %s\n", wr.Message)
+		}
+	}
+	return ew.err
+}
+
+func optUint(v *uint64) string {
+	if v == nil {
+		return "(not set)"
+	}
+	return fmt.Sprint(*v)
+}
+
+// errWriter keeps the first write error so table output can be written
+// without checking every Fprintf.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = err
+	} else if n < len(p) {
+		e.err = errors.New("short write")
+	}
+	return len(p), nil
+}

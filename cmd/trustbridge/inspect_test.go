@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+
+// fixedNow keeps "expired" annotations in goldens stable.
+var fixedNow = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+
+// runCLI runs the CLI as main does, with a fixed clock.
+func runCLI(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(args, env{in: strings.NewReader(stdin), out: &out, err: &errb, now: func() time.Time { return fixedNow }})
+	return out.String(), errb.String(), code
+}
+
+func b64DER(der []byte) string { return base64.StdEncoding.EncodeToString(der) }
+
+func repoTestdata(parts ...string) string {
+	return filepath.Join(append([]string{"..", "..", "testdata"}, parts...)...)
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./cmd/trustbridge -update")
+	assert.Equal(t, string(want), got)
+}
+
+// Every bundle file under testdata/ inspects cleanly, in every format
+// that applies to it.
+func TestInspectEveryTestdataFile(t *testing.T) {
+	var files []string
+	require.NoError(t, filepath.WalkDir(repoTestdata(), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".json") {
+			files = append(files, p)
+		}
+		return err
+	}))
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		for _, format := range []string{"table", "json", "spiffe"} {
+			_, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", format, f)
+			assert.Equal(t, 0, code, "%s --format %s: %s", f, format, stderr)
+		}
+	}
+}
+
+var goldenCases = []struct{ file, td string }{
+	{"spire.json", "example.org"},
+	{"istio.json", "cluster.local"},
+	{"pq-akp.json", "pq.example"},
+	{"tolerant.json", "example.org"},
+	{"revoked.json", ""},
+	{"bundle-map.json", ""},
+}
+
+func TestInspectGolden(t *testing.T) {
+	for _, gc := range goldenCases {
+		for _, format := range []string{"table", "json"} {
+			t.Run(gc.file+"/"+format, func(t *testing.T) {
+				args := []string{"bundle", "inspect", "--format", format}
+				if gc.td != "" {
+					args = append(args, "--trust-domain", gc.td)
+				}
+				path := repoTestdata("bundles", gc.file)
+				stdout, stderr, code := runCLI(t, "", append(args, path)...)
+				require.Equal(t, 0, code, stderr)
+				// The source path differs by working directory; normalize it.
+				stdout = strings.ReplaceAll(stdout, path, "testdata/bundles/"+gc.file)
+				golden(t, filepath.Join("inspect", strings.TrimSuffix(gc.file, ".json")+"."+format+".golden"), stdout)
+			})
+		}
+	}
+}
+
+func TestInspectJSONIsMachineReadable(t *testing.T) {
+	stdout, _, code := runCLI(t, "", "bundle", "inspect", "-o", "json", "-t", "pq.example", repoTestdata("bundles", "pq-akp.json"))
+	require.Equal(t, 0, code)
+	var got inspection
+	require.NoError(t, json.Unmarshal([]byte(stdout), &got))
+	require.Len(t, got.Bundles, 1)
+	assert.Equal(t, "pq.example", got.Bundles[0].TrustDomain)
+	assert.Equal(t, uint64(3), *got.Bundles[0].Sequence)
+	assert.Equal(t, int64(600), *got.Bundles[0].RefreshHintSeconds)
+	require.Len(t, got.Bundles[0].Authorities, 2)
+	assert.Equal(t, "EC", got.Bundles[0].Authorities[0].KeyType)
+	assert.Equal(t, "P-384", got.Bundles[0].Authorities[0].Curve)
+	assert.Equal(t, 384, got.Bundles[0].Authorities[0].KeySize)
+	assert.Len(t, got.Bundles[0].Authorities[0].SHA256, 64)
+	require.Len(t, got.Warnings, 1)
+	assert.Equal(t, "unknown_kty", got.Warnings[0].Code)
+}
+
+func TestInspectPEM(t *testing.T) {
+	stdout, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", "pem", "-t", "example.org", repoTestdata("bundles", "spire.json"))
+	require.Equal(t, 0, code, stderr)
+	var n int
+	for rest := []byte(stdout); ; n++ {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		assert.Equal(t, "CERTIFICATE", block.Type)
+	}
+	assert.Equal(t, 2, n)
+	assert.Contains(t, stderr, "2 JWT/WIT authorities have no certificate")
+
+	t.Run("bundle map needs one trust domain", func(t *testing.T) {
+		_, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", "pem", repoTestdata("bundles", "bundle-map.json"))
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "holds 2 trust domains; PEM cannot say which root belongs to which")
+	})
+	t.Run("bundle map entry", func(t *testing.T) {
+		stdout, _, code := runCLI(t, "", "bundle", "inspect", "--format", "pem", "-t", "west.example", repoTestdata("bundles", "bundle-map.json"))
+		assert.Equal(t, 0, code)
+		assert.Equal(t, 1, strings.Count(stdout, "BEGIN CERTIFICATE"))
+	})
+}
+
+func TestInspectSPIFFEFormatIsCanonical(t *testing.T) {
+	for _, gc := range goldenCases {
+		t.Run(gc.file, func(t *testing.T) {
+			args := []string{"bundle", "inspect", "--format", "spiffe"}
+			if gc.td != "" {
+				args = append(args, "-t", gc.td)
+			}
+			stdout, _, code := runCLI(t, "", append(args, repoTestdata("bundles", gc.file))...)
+			require.Equal(t, 0, code)
+			want, err := os.ReadFile(repoTestdata("bundles", "canonical", gc.file))
+			require.NoError(t, err)
+			assert.Equal(t, string(want)+"\n", stdout)
+		})
+	}
+}
+
+func TestInspectStdinAndWarningsOnStderr(t *testing.T) {
+	data, err := os.ReadFile(repoTestdata("bundles", "tolerant.json"))
+	require.NoError(t, err)
+	stdout, stderr, code := runCLI(t, string(data), "bundle", "inspect", "-o", "spiffe", "-t", "example.org", "-")
+	require.Equal(t, 0, code)
+	assert.True(t, strings.HasPrefix(stdout, `{"keys":[`), "stdout stays a clean document")
+	assert.Contains(t, stderr, `warning: keys[1]: use "foo-svid" is not supported; element ignored`)
+}
+
+func TestInspectForeignTrustDomainWarning(t *testing.T) {
+	// With the wrong trust domain, the roots' SPIFFE IDs give it away.
+	stdout, _, code := runCLI(t, "", "bundle", "inspect", "-t", "other.org", repoTestdata("bundles", "pq-akp.json"))
+	require.Equal(t, 0, code)
+	assert.Contains(t, stdout, `x5c certificate names trust domain "pq.example" but the bundle is for "other.org"`)
+	// Without one there is nothing to compare to, so no warning.
+	stdout, _, _ = runCLI(t, "", "bundle", "inspect", repoTestdata("bundles", "pq-akp.json"))
+	assert.NotContains(t, stdout, "names trust domain")
+}
+
+func TestInspectExpiredAuthority(t *testing.T) {
+	ca := testca.New(t, "example.org", testca.Options{
+		NotBefore: fixedNow.Add(-48 * time.Hour), NotAfter: fixedNow.Add(-time.Hour),
+	})
+	doc, err := bundledoc.Marshal(ca.Bundle())
+	require.NoError(t, err)
+	stdout, _, code := runCLI(t, string(doc), "bundle", "inspect", "-t", "example.org", "-")
+	require.Equal(t, 0, code)
+	assert.Contains(t, stdout, "(EXPIRED)")
+}
+
+func TestInspectErrors(t *testing.T) {
+	ca := testca.New(t, "example.org")
+	leaf, _ := ca.Issue(t, spiffeid.RequireFromString("spiffe://example.org/w"))
+	bad, err := json.Marshal(map[string]any{"keys": []any{map[string]any{
+		"kty": "EC", "use": "x509-svid", "crv": "P-256", "x5c": []string{b64DER(leaf.Raw)},
+		"x": "AAAA", "y": "AAAA",
+	}}})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing keys", []string{write("a.json", `{"spiffe_sequence":1}`)}, `a.json: bundledoc: missing "keys"`},
+		{"trailing data", []string{write("b.json", `{"keys":[]} {}`)}, "unexpected data after the JSON document"},
+		{"bad element", []string{write("c.json", string(bad))}, "bundledoc: keys[0]: invalid JWK"},
+		{"no such file", []string{filepath.Join(dir, "nope.json")}, "no such file or directory"},
+		{"too large", []string{"--max-size", "10", write("d.json", `{"keys":[],"x":"0123456789"}`)}, "document too large: more than 10 bytes"},
+		{"bad trust domain", []string{"-t", "spiffe://example.org", write("e.json", `{"keys":[]}`)}, `--trust-domain "spiffe://example.org": must be a bare trust-domain name`},
+		{"unknown format", []string{"-o", "yaml", write("f.json", `{"keys":[]}`)}, `unknown --format "yaml"`},
+		{"map without that trust domain", []string{"-t", "nope.example", repoTestdata("bundles", "bundle-map.json")}, `bundle map has no trust domain "nope.example"`},
+		{"no file", []string{}, "accepts 1 arg(s), received 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, stderr, code := runCLI(t, "", append([]string{"bundle", "inspect"}, tt.args...)...)
+			assert.Equal(t, 1, code)
+			assert.Empty(t, stdout)
+			assert.Contains(t, stderr, tt.want)
+		})
+	}
+}
+
+func TestRunExitStatus(t *testing.T) {
+	stdout, _, code := runCLI(t, "", "version")
+	assert.Equal(t, 0, code)
+	assert.True(t, strings.HasPrefix(stdout, "trustbridge "))
+	_, stderr, code := runCLI(t, "", "bundle", "inspect", "/nonexistent/x.json")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "trustbridge: open /nonexistent/x.json")
+	_, stderr, code = runCLI(t, "", "no-such-command")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `unknown command "no-such-command"`)
+}

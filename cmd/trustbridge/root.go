@@ -1,0 +1,21 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+)
+
+func newRootCmd(e env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "trustbridge",
+		Short: "SPIFFE federation and trust bundle endpoint server",
+		Long: `trustbridge serves and fetches SPIFFE trust bundles so that meshes, clusters
+and companies can trust each other's workloads, one trust domain at a time.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetIn(e.in)
+	root.SetOut(e.out)
+	root.SetErr(e.err)
+	root.AddCommand(newVersionCmd(), newBundleCmd(e))
+	return root
+}
