@@ -163,7 +163,7 @@ func (p *configParser) item(i int, n *yaml.Node) (Endpoint, error) {
 		return Endpoint{}, err
 	}
 	if ep.URL, err = parseEndpointURL(s); err != nil {
-		return Endpoint{}, errAt(urlNode, "%s: %s %q: %w", label, keyBundleEndpointURL, s, err)
+		return Endpoint{}, errAt(urlNode, "%s: %s %q: %w", label, keyBundleEndpointURL, redact(s), err)
 	}
 
 	if err := profile(&ep, m[keyBundleEndpointProfile].value, path, label); err != nil {
@@ -290,6 +290,9 @@ func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, lab
 		}
 		if doc, err = p.readFile(name); err != nil {
 			return errAt(at, "%s: %s: %w", label, source, err)
+		}
+		if len(doc) > bundledoc.DefaultMaxSize {
+			return errAt(at, "%s: %s: larger than %d bytes", label, source, bundledoc.DefaultMaxSize)
 		}
 		ep.BootstrapBundleFile = name
 	default:

@@ -302,8 +302,12 @@ func TestParseConfigRefuses(t *testing.T) {
 			`federation: line 7: federation[1] (example.org): trust domain "example.org" is already configured by federation[0] (line 2)`},
 		{"http url", "federation:\n  - trustDomain: a\n    bundleEndpointURL: http://a/\n    bundleEndpointProfile: {type: https_web}\n",
 			`federation: line 3: federation[0] (a): bundleEndpointURL "http://a/": scheme must be https`},
+		{"refresh below a second", "federation:\n  - trustDomain: a\n    bundleEndpointURL: https://a/\n    bundleEndpointProfile: {type: https_web}\n    refresh: {min: 1ns}\n",
+			`federation: line 5: federation[0] (a): refresh min 1ns is outside 1s to 720h0m0s`},
+		{"refresh above 30 days", "federation:\n  - trustDomain: a\n    bundleEndpointURL: https://a/\n    bundleEndpointProfile: {type: https_web}\n    refresh: {max: 2000000h}\n",
+			`federation: line 5: federation[0] (a): refresh max 2000000h0m0s is outside 1s to 720h0m0s`},
 		{"url with userinfo", "federation:\n  - trustDomain: a\n    bundleEndpointURL: https://u@a/\n    bundleEndpointProfile: {type: https_web}\n",
-			`federation: line 3: federation[0] (a): bundleEndpointURL "https://u@a/": must not contain userinfo`},
+			`federation: line 3: federation[0] (a): bundleEndpointURL "https://REDACTED@a/": must not contain userinfo`},
 		{"url with bare fragment", "federation:\n  - trustDomain: a\n    bundleEndpointURL: 'https://a/#'\n    bundleEndpointProfile: {type: https_web}\n",
 			`federation: line 3: federation[0] (a): bundleEndpointURL "https://a/#": must not contain a fragment`},
 		{"url with bar", "federation:\n  - trustDomain: a\n    bundleEndpointURL: https://a/?x=1|2\n    bundleEndpointProfile: {type: https_web}\n",
@@ -405,4 +409,11 @@ func TestParseConfigAgreesWithParseEndpoints(t *testing.T) {
 	eps, err := ParseEndpoints(FormatEndpoints(cfg.Endpoints))
 	require.NoError(t, err)
 	assert.Equal(t, cfg.Endpoints, eps)
+}
+
+func TestParseConfigCapsBootstrapFileSize(t *testing.T) {
+	cfg := "federation:\n  - trustDomain: a\n    bundleEndpointURL: https://a/\n    bundleEndpointProfile: {type: https_web}\n    trustDomainBundleFile: big.json\n"
+	huge := func(string) ([]byte, error) { return make([]byte, bundledoc.DefaultMaxSize+1), nil }
+	_, err := ParseConfig([]byte(cfg), huge)
+	assert.ErrorContains(t, err, `trustDomainBundleFile "big.json": larger than 1048576 bytes`)
 }

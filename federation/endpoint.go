@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -90,15 +91,15 @@ func (e Endpoint) String() string {
 // error no endpoints are returned: a partial federation set would silently
 // drop trust in the peers that failed.
 func ParseEndpoints(s string) ([]Endpoint, error) {
-	if strings.TrimSpace(s) == "" {
+	if strings.Trim(s, asciiSpace) == "" {
 		return nil, nil
 	}
 	tuples := strings.Split(s, "||")
 	eps := make([]Endpoint, 0, len(tuples))
 	seen := make(trustDomainSet, len(tuples))
 	for i, raw := range tuples {
-		tuple := strings.TrimSpace(raw)
-		where := fmt.Sprintf("endpoint %d (%q)", i, tuple)
+		tuple := strings.Trim(raw, asciiSpace)
+		where := fmt.Sprintf("endpoint %d (%q)", i, redact(tuple))
 		ep, err := parseTuple(tuple)
 		if err == nil {
 			err = seen.add(ep.TrustDomain, where)
@@ -125,7 +126,7 @@ func parseTuple(tuple string) (Endpoint, error) {
 	}
 	u, err := parseEndpointURL(fields[1])
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("URL %q: %w", fields[1], err)
+		return Endpoint{}, fmt.Errorf("URL %q: %w", redact(fields[1]), err)
 	}
 	ep := Endpoint{TrustDomain: td, URL: u, Profile: ProfileHTTPSWeb}
 	if len(fields) == 3 {
@@ -193,6 +194,20 @@ func parseTrustDomain(s string) (spiffeid.TrustDomain, error) {
 	return bundledoc.TrustDomainName(s)
 }
 
+// asciiSpace is what is trimmed at tuple edges: the whitespace a shell or
+// a multi-line YAML value adds. Unicode spaces (NBSP, U+2028) are not
+// trimmed; they make the tuple invalid instead of silently vanishing.
+const asciiSpace = " \t\r\n"
+
+// userinfo matches the credentials part of a URL.
+var userinfo = regexp.MustCompile(`(?i)([a-z][a-z0-9+.-]*://)[^/?#|@\s]*@`)
+
+// redact hides URL credentials in text quoted back in errors and logs; a
+// refused URL with a password must not leak it into log aggregation.
+func redact(s string) string {
+	return userinfo.ReplaceAllString(s, "${1}REDACTED@")
+}
+
 // parseEndpointURL parses a bundle endpoint URL and applies the URL
 // requirements of §5.2.1.1 and §5.2.2.1 plus a few of our own.
 func parseEndpointURL(s string) (*url.URL, error) {
@@ -208,6 +223,11 @@ func parseEndpointURL(s string) (*url.URL, error) {
 		}
 	}
 	u, err := url.Parse(s)
+	if err == nil && (u.Scheme == "" || (u.Opaque != "" && strings.Trim(u.Opaque, "0123456789") == "")) {
+		// "host/path" or "host:port": say how to write it instead of a
+		// puzzling "scheme must be https".
+		return nil, fmt.Errorf("has no scheme; write it as https://%s", s)
+	}
 	if err != nil {
 		// *url.Error repeats the whole input, which the caller already names.
 		if ue := (*url.Error)(nil); errors.As(err, &ue) {
@@ -305,8 +325,23 @@ func checkProfile(p Profile, id spiffeid.ID) error {
 	}
 }
 
+// Bounds on per-endpoint refresh settings: below a second a peer would be
+// polled in a hot loop; above 30 days a revoked key would linger for a month.
+const (
+	minRefreshBound = time.Second
+	maxRefreshBound = 30 * 24 * time.Hour
+)
+
 // checkRefresh checks refresh bounds; zero means "server default".
 func checkRefresh(r Refresh) error {
+	for _, v := range []struct {
+		name string
+		d    time.Duration
+	}{{"min", r.Min}, {"max", r.Max}} {
+		if v.d > 0 && (v.d < minRefreshBound || v.d > maxRefreshBound) {
+			return fmt.Errorf("refresh %s %s is outside %s to %s", v.name, v.d, minRefreshBound, maxRefreshBound)
+		}
+	}
 	switch {
 	case r.Min < 0:
 		return fmt.Errorf("refresh min %s is negative", r.Min)

@@ -16,9 +16,11 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -88,6 +90,9 @@ type inspection struct {
 	Bundles  []bundleReport  `json:"bundles"`
 	Warnings []warningReport `json:"warnings"`
 	bundles  []*spiffebundle.Bundle
+	// unnamed is set when a plain bundle was parsed without
+	// --trust-domain, under the placeholder unnamedTD.
+	unnamed bool
 }
 
 type bundleReport struct {
@@ -117,6 +122,9 @@ type warningReport struct {
 }
 
 func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time) error {
+	if o.maxSize <= 0 {
+		return fmt.Errorf("--max-size must be positive, got %d", o.maxSize)
+	}
 	if !slices.Contains(inspectFormats, o.format) {
 		return fmt.Errorf("unknown --format %q (want %s)", o.format, strings.Join(inspectFormats, ", "))
 	}
@@ -146,6 +154,9 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 		ins.fill(now)
 		return ins.writeTable(out)
 	case "pem":
+		if len(ins.bundles) == 0 {
+			return fmt.Errorf("%s is an empty bundle map: there are no roots to write", displayName(path))
+		}
 		if len(ins.bundles) != 1 {
 			return fmt.Errorf("%s holds %d trust domains; PEM cannot say which root belongs to which, so pick one with --trust-domain", displayName(path), len(ins.bundles))
 		}
@@ -231,7 +242,7 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, er
 		ins.Kind = "bundle"
 		parseTD := td
 		if td.IsZero() {
-			parseTD = unnamedTD
+			parseTD, ins.unnamed = unnamedTD, true
 		}
 		b, warns, err := bundledoc.Parse(parseTD, data)
 		if err != nil {
@@ -255,8 +266,26 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, er
 
 func (ins *inspection) warn(w io.Writer) {
 	for _, wr := range ins.Warnings {
-		fmt.Fprintf(w, "warning: %s\n", wr.Message)
+		fmt.Fprintf(w, "warning: %s\n", printable(wr.Message))
 	}
+}
+
+// printable escapes control and other non-printable characters. Subjects
+// and kids come from untrusted documents; printed raw, an escape sequence
+// could clear the screen or forge table rows in an auditor's terminal.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
 
 // fill builds the printable reports.
@@ -264,7 +293,7 @@ func (ins *inspection) fill(now time.Time) {
 	ins.Bundles = make([]bundleReport, 0, len(ins.bundles))
 	for _, b := range ins.bundles {
 		r := bundleReport{TrustDomain: b.TrustDomain().Name(), Authorities: []authorityReport{}}
-		if b.TrustDomain() == unnamedTD {
+		if ins.unnamed {
 			r.TrustDomain = ""
 		}
 		if seq, ok := b.SequenceNumber(); ok {
@@ -369,14 +398,14 @@ func (ins *inspection) writeTable(w io.Writer) error {
 					na += " (EXPIRED)"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, name, key, nb, na, a.SHA256)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, printable(name), key, nb, na, a.SHA256)
 		}
 		_ = tw.Flush()
 	}
 	if len(ins.Warnings) > 0 {
 		fmt.Fprintf(ew, "\nWarnings (%d):\n", len(ins.Warnings))
 		for _, wr := range ins.Warnings {
-			fmt.Fprintf(ew, "  %s\n", wr.Message)
+			fmt.Fprintf(ew, "  %s\n", printable(wr.Message))
 		}
 	}
 	return ew.err

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -178,6 +179,24 @@ func TestInspectForeignTrustDomainWarning(t *testing.T) {
 	assert.NotContains(t, stdout, "names trust domain")
 }
 
+func TestInspectEscapesControlCharacters(t *testing.T) {
+	key := testca.NewKey(t, testca.ECP256).Public()
+	b := spiffebundle.New(spiffeid.RequireTrustDomainFromString("example.org"))
+	require.NoError(t, b.AddJWTAuthority("kid\x1b[2J\nfake-row", key))
+	doc, err := bundledoc.Marshal(b)
+	require.NoError(t, err)
+	stdout, _, code := runCLI(t, string(doc), "bundle", "inspect", "-t", "example.org", "-")
+	require.Equal(t, 0, code)
+	assert.NotContains(t, stdout, "\x1b")
+	assert.Contains(t, stdout, `kid kid\x1b[2J\nfake-row`)
+}
+
+func TestInspectRealTrustDomainNamedLikeThePlaceholder(t *testing.T) {
+	stdout, _, code := runCLI(t, `{"keys":[]}`, "bundle", "inspect", "-o", "json", "-t", unnamedTD.Name(), "-")
+	require.Equal(t, 0, code)
+	assert.Contains(t, stdout, `"trust_domain": "unnamed.invalid"`)
+}
+
 func TestInspectExpiredAuthority(t *testing.T) {
 	ca := testca.New(t, "example.org", testca.Options{
 		NotBefore: fixedNow.Add(-48 * time.Hour), NotAfter: fixedNow.Add(-time.Hour),
@@ -217,6 +236,8 @@ func TestInspectErrors(t *testing.T) {
 		{"unknown format", []string{"-o", "yaml", write("f.json", `{"keys":[]}`)}, `unknown --format "yaml"`},
 		{"map without that trust domain", []string{"-t", "nope.example", repoTestdata("bundles", "bundle-map.json")}, `bundle map has no trust domain "nope.example"`},
 		{"no file", []string{}, "accepts 1 arg(s), received 0"},
+		{"non-positive max size", []string{"--max-size", "0", write("g.json", `{"keys":[]}`)}, "--max-size must be positive"},
+		{"pem of an empty map", []string{"-o", "pem", write("h.json", `{"trust_domains":{}}`)}, "is an empty bundle map"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

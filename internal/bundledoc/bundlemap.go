@@ -24,6 +24,9 @@ func ParseMap(doc []byte) ([]*spiffebundle.Bundle, []Warning, error) {
 	if err != nil {
 		return nil, nil, wrap(err)
 	}
+	if err := checkMemberNames(top, "trust_domains", "keys"); err != nil {
+		return nil, nil, wrap(err)
+	}
 	raw, ok := top["trust_domains"]
 	if !ok {
 		if _, isBundle := top["keys"]; isBundle {
@@ -88,6 +91,17 @@ func TrustDomainName(name string) (spiffeid.TrustDomain, error) {
 	}
 	if strings.ContainsAny(name, ":/") {
 		return spiffeid.TrustDomain{}, errors.New("must be a bare trust-domain name such as example.org, without scheme, port or path")
+	}
+	// go-spiffe accepts ".", "a..b" and "example.org." (which would then
+	// count as a different trust domain from "example.org"); SPIFFE ID
+	// §2.1 asks for DNS-like names of at most 255 bytes.
+	if len(name) > 255 {
+		return spiffeid.TrustDomain{}, fmt.Errorf("is %d bytes long; at most 255 are allowed", len(name))
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" {
+			return spiffeid.TrustDomain{}, errors.New("has an empty label (leading, trailing or doubled dot)")
+		}
 	}
 	td, err := spiffeid.TrustDomainFromString(name)
 	if err != nil {

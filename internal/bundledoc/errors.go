@@ -38,7 +38,6 @@ type WarningCode string
 const (
 	CodeMissingUse         WarningCode = "missing_use"
 	CodeUnknownUse         WarningCode = "unknown_use"
-	CodeMissingKty         WarningCode = "missing_kty"
 	CodeUnknownKty         WarningCode = "unknown_kty"
 	CodeUnsupportedCurve   WarningCode = "unsupported_curve"
 	CodeEmptyX5C           WarningCode = "empty_x5c"
@@ -47,6 +46,7 @@ const (
 	CodeX5COnJWT           WarningCode = "x5c_on_jwt"
 	CodeDuplicateAuthority WarningCode = "duplicate_authority"
 	CodeForeignTrustDomain WarningCode = "foreign_trust_domain"
+	CodeRSAInterop         WarningCode = "rsa_interop"
 )
 
 // ElementError is a fatal problem with one element of "keys".

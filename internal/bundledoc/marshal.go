@@ -20,7 +20,8 @@ import (
 // authorities sorted by key ID, each with "use" set, x509 entries with
 // exactly one x5c certificate and no kid. Sequence and refresh hint are
 // written when set. It refuses an authority that Parse would refuse, so
-// trustbridge never publishes a bundle its peers must reject.
+// trustbridge never publishes a bundle it would itself reject. (RSA keys
+// over 4096 bits are valid but go-spiffe refuses them; Parse warns.)
 func Marshal(b *spiffebundle.Bundle) ([]byte, error) {
 	if b == nil {
 		return nil, wrap(errors.New("nil bundle"))

@@ -112,12 +112,14 @@ func TestMarshalOptionalFields(t *testing.T) {
 func TestMarshalRefuses(t *testing.T) {
 	ca := testca.New(t, "example.org")
 	leaf, _ := ca.Issue(t, spiffeid.RequireFromPath(td, "/w"))
+	weakCA := testca.New(t, "example.org", testca.Options{KeyType: testca.RSA1024})
 	tests := []struct {
 		name  string
 		build func(*spiffebundle.Bundle)
 		want  string
 	}{
 		{"non-CA authority", func(b *spiffebundle.Bundle) { b.AddX509Authority(leaf) }, "keys[0]: x5c certificate is not a CA"},
+		{"weak x509 authority", func(b *spiffebundle.Bundle) { b.AddX509Authority(weakCA.Cert) }, "keys[0]: RSA key of 1024 bits"},
 		{"small RSA jwt key", func(b *spiffebundle.Bundle) { _ = b.AddJWTAuthority("k", fakeRSA(t, 1024)) }, `keys[0] (jwt-svid kid "k"): RSA key of 1024 bits`},
 		{"unsupported key type", func(b *spiffebundle.Bundle) { _ = b.AddJWTAuthority("k", crypto.PublicKey("nope")) }, "key type string is not supported"},
 		{"negative refresh hint", func(b *spiffebundle.Bundle) { b.SetRefreshHint(-time.Second) }, "negative refresh hint"},
@@ -194,6 +196,15 @@ func TestBundleMap(t *testing.T) {
 	assert.ErrorContains(t, err, `duplicate trust domain "a.org"`)
 }
 
+func TestReadMap(t *testing.T) {
+	doc := `{"trust_domains":{"a.org":{"keys":[]}}}`
+	got, _, err := bundledoc.ReadMap(strings.NewReader(doc), 0)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	_, _, err = bundledoc.ReadMap(strings.NewReader(doc), int64(len(doc)-1))
+	assert.ErrorIs(t, err, bundledoc.ErrTooLarge)
+}
+
 func TestParseMapRules(t *testing.T) {
 	ca := testca.New(t, "a.org")
 	root := string(mustJSON(t, x509Element(t, ca.Cert)))
@@ -228,6 +239,8 @@ func TestParseMapRules(t *testing.T) {
 		{"entry missing keys", `{"trust_domains":{"a.org":{}}}`, `trust_domains["a.org"]: missing "keys"`},
 		{"bad element", `{"trust_domains":{"a.org":{"keys":[` + bad + `]}}}`, `trust_domains["a.org"]: keys[0]: x5c certificate is not a CA`},
 		{"trailing data", `{"trust_domains":{}} []`, `unexpected data after the JSON document`},
+		{"case variant of trust_domains", `{"trust_domains":{},"Trust_Domains":{"a.org":{"keys":[]}}}`, `differ only in case`},
+		{"case variant alone", `{"Trust_Domains":{}}`, `member "Trust_Domains" is a case variant of "trust_domains"`},
 	}
 	for _, tt := range refuse {
 		t.Run(tt.name, func(t *testing.T) {

@@ -44,8 +44,15 @@ const (
 	MaxRSABits = 8192
 )
 
+// goJoseMaxRSABits is go-jose's default MaxRSAModulusBits, which go-spiffe
+// and SPIRE inherit.
+const goJoseMaxRSABits = 4096
+
 // maxRefreshHintSeconds keeps the hint representable as a time.Duration.
 const maxRefreshHintSeconds = math.MaxInt64 / int64(time.Second)
+
+// jwkMembers are the JWK member names we read or refuse.
+var jwkMembers = []string{"use", "kty", "kid", "crv", "x", "y", "n", "e", "x5c", "d", "p", "q", "dp", "dq", "qi", "oth", "k", "priv"}
 
 // Members of a JWK that carry private or symmetric key material. A bundle
 // holding any of them leaks a key; refuse it outright.
@@ -118,6 +125,9 @@ func decodeObject(raw []byte, what string) (map[string]json.RawMessage, error) {
 // lookups are exact: encoding/json matches struct fields case-insensitively,
 // which would let "KEYS" stand in for "keys".
 func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap bool) (*spiffebundle.Bundle, []Warning, error) {
+	if err := checkMemberNames(doc, "keys", "spiffe_sequence", "spiffe_refresh_hint", "trust_domains"); err != nil {
+		return nil, nil, err
+	}
 	rawKeys, ok := doc["keys"]
 	if !ok {
 		if _, isMap := doc["trust_domains"]; isMap && !inMap {
@@ -236,6 +246,9 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkMemberNames(m, jwkMembers...); err != nil {
+		return nil, nil, err
+	}
 	use, present, err := stringMember(m, "use")
 	if err != nil {
 		return nil, nil, err
@@ -248,12 +261,21 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	default:
 		return nil, []note{{CodeUnknownUse, fmt.Sprintf("use %q is not supported; element ignored", use)}}, nil
 	}
+	// A published private or symmetric key is a leak whatever its type,
+	// and go-spiffe would even take an "oct" key as a JWT authority.
+	for _, name := range privateMembers {
+		if _, ok := m[name]; ok {
+			return nil, nil, fmt.Errorf("element contains private key material (%q); the publisher's key is exposed", name)
+		}
+	}
 	kty, present, err := stringMember(m, "kty")
 	if err != nil {
 		return nil, nil, err
 	}
-	if !present {
-		return nil, []note{{CodeMissingKty, `missing "kty"; element ignored`}}, nil
+	if !present || kty == "" {
+		// Trust Domain and Bundle §4.2.1: kty MUST be set. Unlike an
+		// unknown kty, a missing one is a malformed document.
+		return nil, nil, errors.New(`missing "kty"`)
 	}
 	crv, _, err := stringMember(m, "crv")
 	if err != nil {
@@ -281,11 +303,6 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	default:
 		return nil, []note{{CodeUnknownKty, fmt.Sprintf("kty %q is not supported; element ignored", kty)}}, nil
 	}
-	for _, name := range privateMembers {
-		if _, ok := m[name]; ok {
-			return nil, nil, fmt.Errorf("element contains private key material (%q); the publisher's key is exposed", name)
-		}
-	}
 	var pub crypto.PublicKey
 	if kty == "RSA" {
 		pub, err = decodeRSA(m)
@@ -305,6 +322,9 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	}
 	k := &key{use: use, pub: pub}
 	var warnings []note
+	if rk, ok := pub.(*rsa.PublicKey); ok && rk.N.BitLen() > goJoseMaxRSABits {
+		warnings = append(warnings, note{CodeRSAInterop, fmt.Sprintf("RSA key of %d bits: go-spiffe and SPIRE refuse keys over %d bits, so their consumers will reject a bundle holding it", rk.N.BitLen(), goJoseMaxRSABits)})
+	}
 	if use != UseX509SVID {
 		if !hasKid || kid == "" {
 			return nil, nil, fmt.Errorf("%s element has no kid", use)
@@ -331,7 +351,11 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	if len(x5c) > 1 {
 		warnings = append(warnings, note{CodeExtraX5C, fmt.Sprintf("x5c holds %d certificates; only the first is used", len(x5c))})
 	}
-	// RFC 7517 §4.7: standard base64, not base64url.
+	// RFC 7517 §4.7: standard base64, not base64url. Go's decoder skips
+	// \r and \n, which have no place in a JSON string value here.
+	if strings.ContainsAny(x5c[0], "\r\n") {
+		return nil, nil, errors.New("x5c[0] is not standard base64: contains a line break")
+	}
 	der, err := base64.StdEncoding.Strict().DecodeString(x5c[0])
 	if err != nil {
 		return nil, nil, fmt.Errorf("x5c[0] is not standard base64: %w", err)
@@ -420,7 +444,7 @@ func decodeRSA(m map[string]json.RawMessage) (*rsa.PublicKey, error) {
 }
 
 // base64urlMember decodes a required base64url member (RFC 7518 §2:
-// unpadded; trailing padding is tolerated).
+// unpadded).
 func base64urlMember(m map[string]json.RawMessage, name string) ([]byte, error) {
 	s, ok, err := stringMember(m, name)
 	if err != nil {
@@ -429,7 +453,12 @@ func base64urlMember(m map[string]json.RawMessage, name string) ([]byte, error) 
 	if !ok || s == "" {
 		return nil, fmt.Errorf("invalid JWK: RSA key is missing %q", name)
 	}
-	b, err := base64.RawURLEncoding.Strict().DecodeString(strings.TrimRight(s, "="))
+	// Go's decoders skip \r and \n; nothing but the base64url alphabet
+	// belongs here.
+	if strings.ContainsAny(s, "=\r\n") {
+		return nil, fmt.Errorf("invalid JWK: %q is not unpadded base64url", name)
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
 	if err != nil {
 		return nil, fmt.Errorf("invalid JWK: %q is not base64url: %w", name, err)
 	}

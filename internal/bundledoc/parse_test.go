@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -47,14 +48,12 @@ func TestParseAcceptsAndIgnores(t *testing.T) {
 			want{x509: 1, warnings: []string{`keys[1]: kty "AKP" is not supported; element ignored`}}},
 		{"symmetric kty ignored", docOf(obj{"kty": "oct", "use": "jwt-svid", "kid": "s"}),
 			want{warnings: []string{`keys[0]: kty "oct" is not supported`}}},
-		{"missing kty", docOf(with(jwtEl, "kty", nil)), want{warnings: []string{`keys[0]: missing "kty"`}}},
 		{"unsupported EC curve", docOf(with(jwtEl, "crv", "secp256k1")), want{warnings: []string{`EC curve "secp256k1" is not supported`}}},
 		{"unsupported OKP curve", docOf(obj{"kty": "OKP", "crv": "X25519", "x": "AAAA", "use": "jwt-svid", "kid": "x"}),
 			want{warnings: []string{`OKP curve "X25519" is not supported`}}},
 		{"unknown use", docOf(with(root, "use", "foo"), jwtEl), want{jwt: 1, warnings: []string{`keys[0]: use "foo" is not supported`}}},
 		{"use is case sensitive", docOf(with(root, "use", "X509-SVID")), want{warnings: []string{`use "X509-SVID" is not supported`}}},
 		{"missing use", docOf(with(root, "use", nil)), want{warnings: []string{`keys[0]: missing "use"`}}},
-		{"member names are exact", docOf(with(root, "use", nil, "USE", "x509-svid")), want{warnings: []string{`missing "use"`}}},
 		{"empty x5c", docOf(with(root, "x5c", []string{})), want{warnings: []string{`no x5c certificate; element ignored`}}},
 		{"missing x5c", docOf(with(root, "x5c", nil)), want{warnings: []string{`no x5c certificate`}}},
 		{"only the first x5c certificate is used", docOf(with(root, "x5c", []string{b64(ca.Cert), "not even base64!"})),
@@ -63,7 +62,9 @@ func TestParseAcceptsAndIgnores(t *testing.T) {
 		{"duplicate root", docOf(root, root), want{x509: 1, warnings: []string{`keys[1]: duplicate x509-svid authority`}}},
 		{"x5c on jwt entry", docOf(with(jwtEl, "x5c", []string{b64(ca.Cert)})), want{jwt: 1, warnings: []string{`x5c on a jwt-svid element is ignored`}}},
 		{"unknown top-level members", with(docOf(root), "extension", obj{"a": 1}), want{x509: 1}},
-		{"rsa 8192 accepted", docOf(jwk(t, fakeRSA(t, 8192), "jwt-svid", "big")), want{jwt: 1}},
+		{"rsa 8192 accepted, with an interop warning", docOf(jwk(t, fakeRSA(t, 8192), "jwt-svid", "big")),
+			want{jwt: 1, warnings: []string{`keys[0]: RSA key of 8192 bits: go-spiffe and SPIRE refuse keys over 4096 bits`}}},
+		{"rsa 4096 without warning", docOf(jwk(t, fakeRSA(t, 4096), "jwt-svid", "big")), want{jwt: 1}},
 		{"same kid in jwt and wit", docOf(jwtEl, with(jwtEl, "use", "wit-svid")), want{jwt: 1, wit: 1}},
 	}
 	for _, tt := range tests {
@@ -106,7 +107,7 @@ func TestParseRefuses(t *testing.T) {
 		{"keys missing", `{"spiffe_sequence":1}`, `missing "keys"`},
 		{"keys null", `{"keys":null}`, `"keys" must be an array, got null`},
 		{"keys not an array", `{"keys":{}}`, `"keys" must be an array, got an object`},
-		{"keys in other case", `{"KEYS":[]}`, `missing "keys"`},
+		{"keys in other case", `{"KEYS":[]}`, `member "KEYS" is a case variant of "keys"`},
 		{"bundle map given as bundle", `{"trust_domains":{}}`, `this is a SPIFFE bundle map`},
 		{"not an object", `[]`, `bundle document must be a JSON object`},
 		{"empty", ``, `empty or truncated`},
@@ -125,6 +126,22 @@ func TestParseRefuses(t *testing.T) {
 		{"duplicate kid", jsonDoc(t, root, jwtEl, jwk(t, testca.NewKey(t, testca.ECP256).Public(), "jwt-svid", "kid-1")), `keys[2]: duplicate kid "kid-1" (also keys[1])`},
 		{"duplicate identical kid", jsonDoc(t, jwtEl, jwtEl), `keys[1]: duplicate kid "kid-1"`},
 		{"private key in element", jsonDoc(t, with(jwtEl, "d", "AAAA")), `keys[0]: element contains private key material ("d")`},
+		{"symmetric key material even with unknown kty", jsonDoc(t, obj{"kty": "oct", "use": "jwt-svid", "kid": "h", "k": "c2VjcmV0"}), `keys[0]: element contains private key material ("k")`},
+		{"missing kty", jsonDoc(t, with(jwtEl, "kty", nil)), `keys[0]: missing "kty"`},
+		{"empty kty", jsonDoc(t, with(jwtEl, "kty", "")), `keys[0]: missing "kty"`},
+		{"rsa n padded", jsonDoc(t, with(rsa1024, "n", jwk(t, fakeRSA(t, 2048), "", "")["n"].(string)+"=")), `"n" is not unpadded base64url`},
+		{"rsa exponent over 32 bits", jsonDoc(t, with(rsa1024, "n", jwk(t, fakeRSA(t, 2048), "", "")["n"], "e", "gAAAAQ")), `RSA public exponent 2147483649 is invalid`},
+		{"rsa exponent too long", jsonDoc(t, with(rsa1024, "n", jwk(t, fakeRSA(t, 2048), "", "")["n"], "e", "AQAAAAAB")), `RSA exponent must be 1 to 4 bytes`},
+		{"x5c with line breaks", jsonDoc(t, with(root, "x5c", []string{b64(ca.Cert)[:10] + "\r\n" + b64(ca.Cert)[10:]})), `contains a line break`},
+		{"member names differing in case", `{"keys":[],"KEYS":[]}`, `members "keys" and "KEYS" in $ differ only in case`},
+		{"member names folding with long s", "{\"keys\":[],\"key\u017f\":[]}", `differ only in case`},
+		{"case-folded sequence", `{"keys":[],"spiffe_sequence":1,"Spiffe_Sequence":99}`, `differ only in case`},
+		{"case variant alone", `{"keys":[],"spiffe_seqUenCe":7}`, `member "spiffe_seqUenCe" is a case variant of "spiffe_sequence"`},
+		{"case variant of keys", `{"Keys":[]}`, `member "Keys" is a case variant of "keys"`},
+		{"case variant in element", `{"keys":[{"use":"jwt-svid","kty":"EC","Kid":"a"}]}`, `keys[0]: member "Kid" is a case variant of "kid"`},
+		{"case-folded element members", `{"keys":[{"use":"jwt-svid","USE":"x509-svid"}]}`, `differ only in case`},
+		{"lone surrogate", `{"keys":[],"x":"\ud800"}`, `invalid \u escape`},
+		{"lone surrogate in member name", `{"keys":[],"\udc00":1}`, `invalid \u escape`},
 		{"rsa 1024", jsonDoc(t, rsa1024), `keys[0]: RSA key of 1024 bits is outside the accepted 2048–8192`},
 		{"rsa 2047", jsonDoc(t, rsa2047), `RSA key of 2047 bits`},
 		{"rsa 8193", jsonDoc(t, rsa8193), `RSA key of 8193 bits`},
@@ -160,6 +177,14 @@ func TestParseRefuses(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.want)
 			assert.True(t, strings.HasPrefix(err.Error(), "bundledoc: "), err.Error())
 		})
+	}
+}
+
+func TestParseRefusesEveryPrivateMember(t *testing.T) {
+	el := jwk(t, testca.NewKey(t, testca.ECP256).Public(), "jwt-svid", "k")
+	for _, name := range []string{"d", "p", "q", "dp", "dq", "qi", "oth", "k", "priv"} {
+		_, _, err := bundledoc.Parse(td, []byte(jsonDoc(t, with(el, name, "AAAA"))))
+		assert.ErrorContains(t, err, fmt.Sprintf("private key material (%q)", name))
 	}
 }
 
@@ -243,7 +268,8 @@ func TestTrustDomainName(t *testing.T) {
 		_, err := bundledoc.TrustDomainName(ok)
 		assert.NoError(t, err, ok)
 	}
-	for _, bad := range []string{"", "Example.org", "spiffe://example.org", "example.org:443", "example.org/path", "exa mple"} {
+	for _, bad := range []string{"", "Example.org", "spiffe://example.org", "example.org:443", "example.org/path", "exa mple",
+		".", "..", "a..b", "example.org.", ".example.org", strings.Repeat("a", 256)} {
 		_, err := bundledoc.TrustDomainName(bad)
 		assert.Error(t, err, bad)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -31,7 +32,7 @@ func checkStrict(data []byte) error {
 	type frame struct {
 		object    bool
 		expectKey bool
-		seen      map[string]struct{}
+		seen      map[string]string // case-folded name → name as written
 		path      string
 		member    string // member whose value is being read, for paths
 		index     int    // next array index, for paths
@@ -81,16 +82,33 @@ func checkStrict(data []byte) error {
 		if top != nil && top.object && top.expectKey {
 			switch t := tok.(type) {
 			case string:
-				if _, dup := top.seen[t]; dup {
-					return fmt.Errorf("duplicate member %q in %s", t, top.path)
+				// encoding/json (and so go-spiffe) matches member names
+				// case-insensitively, with Unicode folding, and the last
+				// match wins: "KEYS" after "keys" would give go-spiffe a
+				// different bundle than the one we checked. Refuse names
+				// that fold together as duplicates.
+				folded := foldName(t)
+				if prev, dup := top.seen[folded]; dup {
+					if prev == t {
+						return fmt.Errorf("duplicate member %q in %s", t, top.path)
+					}
+					return fmt.Errorf("members %q and %q in %s differ only in case; other parsers would read one as the other", prev, t, top.path)
 				}
-				top.seen[t] = struct{}{}
+				if err := checkDecodedString(t); err != nil {
+					return fmt.Errorf("member name in %s: %w", top.path, err)
+				}
+				top.seen[folded] = t
 				top.member = t
 				top.expectKey = false
 				continue
 			case json.Delim: // '}' closes the object below
 			default:
 				return fmt.Errorf("invalid JSON at offset %d: member name expected", dec.InputOffset())
+			}
+		}
+		if str, ok := tok.(string); ok {
+			if err := checkDecodedString(str); err != nil {
+				return fmt.Errorf("string in %s: %w", childPath(), err)
 			}
 		}
 		switch t := tok.(type) {
@@ -103,7 +121,7 @@ func checkStrict(data []byte) error {
 				stack = append(stack, &frame{
 					object:    t == '{',
 					expectKey: t == '{',
-					seen:      map[string]struct{}{},
+					seen:      map[string]string{},
 					path:      childPath(),
 				})
 				continue
@@ -118,6 +136,50 @@ func checkStrict(data []byte) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("unexpected data after the JSON document at offset %d", dec.InputOffset())
+	}
+	return nil
+}
+
+// foldName maps a member name to a canonical representative of its
+// Unicode simple case-folding orbit, so that names equal under
+// strings.EqualFold (including ſ for s and the Kelvin sign for k) collide.
+func foldName(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		min := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			if f < min {
+				min = f
+			}
+		}
+		b.WriteRune(min)
+	}
+	return b.String()
+}
+
+// checkMemberNames refuses members whose names are case variants of the
+// names we read (e.g. "Spiffe_Sequence" without "spiffe_sequence"):
+// encoding/json-based parsers such as go-spiffe's would take them for the
+// real member, and we would not.
+func checkMemberNames(m map[string]json.RawMessage, known ...string) error {
+	for name := range m {
+		for _, k := range known {
+			if name != k && foldName(name) == foldName(k) {
+				return fmt.Errorf("member %q is a case variant of %q; other parsers would read it as that", name, k)
+			}
+		}
+	}
+	return nil
+}
+
+// checkDecodedString refuses U+FFFD in a decoded string. The raw document
+// is valid UTF-8, so U+FFFD here comes from an escaped lone surrogate
+// ("\ud800"), which encoding/json silently replaces; two distinct kids
+// could otherwise decode to the same string.
+func checkDecodedString(s string) error {
+	if strings.ContainsRune(s, utf8.RuneError) {
+		return errors.New("contains an invalid \\u escape (lone surrogate) or U+FFFD")
 	}
 	return nil
 }
