@@ -1,10 +1,36 @@
-// Package ca is trustbridge's embedded certificate authority: a self-signed
-// or plugged-in root, a rotation schedule that publishes new roots several
-// refresh hints before they sign (SPIFFE Federation §4.1), and signing of
-// workload CSRs for identities the caller has proved.
+// Package ca is trustbridge's embedded certificate authority for one trust
+// domain: roots kept on disk, rotated the way federated peers need, and
+// signing of workload CSRs for identities the caller has proved.
 //
-// This package is being built; see the project issues for its scope.
+// Two modes. Self-signed (default): Authority creates a root on first
+// start (unique subject, SPIFFE ID URI SAN spiffe://<td>, URI name
+// constraint to the trust domain) and rotates it on a Timeline. A
+// successor is prepared, that is published in the bundle, at half the
+// active root's life; it becomes active, and signs, no earlier than
+// PublishLead (5) refresh hints later, so every peer polling at the hint
+// has it before it meets a certificate it signed (SPIFFE Federation §4.1).
+// The old root is retired and stays published until every leaf it could
+// have signed has expired. Each change to the published set increments
+// the bundle's spiffe_sequence once. Plug-in mode (Config.Plugin): Istio's
+// cacerts directory, validated and watched by PluginWatcher; a bad change
+// keeps the last good material and makes Ready report the error.
 //
-// Spec: X509-SVID §4 (signing certificates), §5 (leaf certificates).
+// State lives under <data-dir>/ca: a JSON journal (state.json, the commit
+// point, written atomically) and one key (0600) and certificate per root.
+// A corrupt state directory is refused with ErrCorruptState and never
+// overwritten. `trustbridge ca issue` and `ca rotate` share the directory
+// with a running server through an advisory lock.
+//
+//	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: "./data"})
+//	if err != nil {
+//		return err
+//	}
+//	go a.Run(ctx) // rotation on schedule
+//	csr, err := ca.ParseCSR(pemOrDER)
+//	issued, err := a.Sign(csr, provenID, 0) // the ID comes from authentication, never from the CSR
+//
+// Specs: X509-SVID §4 (signing certificates) and §5 (leaf certificates),
+// SPIFFE Federation §4.1 (adding and removing keys).
 // https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md
+// https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Federation.md#41-adding-and-removing-keys
 package ca

@@ -1,0 +1,646 @@
+package ca
+
+import (
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/robfig/cron/v3"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Defaults for Config.
+const (
+	DefaultRootTTL        = 8760 * time.Hour
+	DefaultRefreshHint    = 5 * time.Minute
+	DefaultWorkloadTTL    = 24 * time.Hour
+	DefaultMaxWorkloadTTL = 90 * 24 * time.Hour
+	// recheckInterval bounds how long the scheduler sleeps, so changes
+	// made by `trustbridge ca rotate` in another process are picked up.
+	recheckInterval = 30 * time.Second
+)
+
+// Config configures a self-signed Authority. Zero fields take defaults.
+type Config struct {
+	TrustDomain    spiffeid.TrustDomain
+	DataDir        string
+	KeyType        KeyType
+	RootTTL        time.Duration
+	RefreshHint    time.Duration
+	WorkloadTTL    time.Duration
+	MaxWorkloadTTL time.Duration
+	Clock          clock.Clock
+	Logger         *slog.Logger
+	Registerer     prometheus.Registerer
+	// Plugin, when set, switches to plug-in mode (Istio cacerts): the
+	// material comes from the watched directory, nothing rotates here, and
+	// the published roots are those of root-cert.pem. KeyType and RootTTL
+	// are unused.
+	Plugin *PluginWatcher
+}
+
+func (c *Config) applyDefaults() error {
+	if c.TrustDomain.IsZero() {
+		return errors.New("trust domain is required")
+	}
+	if c.DataDir == "" {
+		return errors.New("data directory is required")
+	}
+	if c.KeyType == "" {
+		c.KeyType = KeyECP256
+	}
+	if _, err := ParseKeyType(string(c.KeyType)); err != nil {
+		return err
+	}
+	if c.RootTTL == 0 {
+		c.RootTTL = DefaultRootTTL
+	}
+	if c.RefreshHint == 0 {
+		c.RefreshHint = DefaultRefreshHint
+	}
+	if c.WorkloadTTL == 0 {
+		c.WorkloadTTL = DefaultWorkloadTTL
+	}
+	if c.MaxWorkloadTTL == 0 {
+		c.MaxWorkloadTTL = DefaultMaxWorkloadTTL
+	}
+	if c.WorkloadTTL > c.MaxWorkloadTTL {
+		return fmt.Errorf("workload TTL %s exceeds the maximum %s", c.WorkloadTTL, c.MaxWorkloadTTL)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	return c.timeline().Validate(c.RootTTL)
+}
+
+func (c *Config) timeline() Timeline {
+	return Timeline{RefreshHint: c.RefreshHint, MaxWorkloadTTL: c.MaxWorkloadTTL}
+}
+
+// timelineLocked is the configured timeline, with the maximum workload TTL
+// raised to the largest ever recorded in the journal: leaves signed under
+// an earlier, longer maximum may still be out there.
+func (a *Authority) timelineLocked() Timeline {
+	tl := a.cfg.timeline()
+	if rec := time.Duration(a.journal.MaxWorkloadTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
+		tl.MaxWorkloadTTL = rec
+	}
+	return tl
+}
+
+// Authority is the embedded, self-signed CA of one trust domain. It keeps
+// its roots on disk, rotates them on the Timeline and signs workload
+// certificates with the active root.
+type Authority struct {
+	cfg     Config
+	store   *Store
+	metrics *metrics
+
+	mu      sync.RWMutex
+	journal *Journal
+	roots   []*Root  // in journal order
+	digest  [32]byte // of the journal as last written or read
+	bundle  *spiffebundle.Bundle
+
+	changes chan struct{}
+}
+
+// New loads the CA state from cfg.DataDir, creating the first root if the
+// directory is fresh. A corrupt state directory is an error
+// (ErrCorruptState), never overwritten.
+func New(cfg Config) (*Authority, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, fmt.Errorf("ca: %w", err)
+	}
+	a := &Authority{
+		cfg:     cfg,
+		store:   NewStore(cfg.DataDir),
+		changes: make(chan struct{}, 1),
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("ca: %w", err)
+	}
+	a.metrics = m
+	if cfg.Plugin != nil {
+		if err := cfg.Plugin.Load(); err != nil {
+			return nil, err
+		}
+		if err := a.syncPlugin(); err != nil {
+			return nil, err
+		}
+		return a, nil
+	}
+	if err := a.Reconcile(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// syncPlugin publishes the plug-in directory's roots, bumping the
+// sequence when the set changed, and persists it.
+func (a *Authority) syncPlugin() error {
+	unlock, err := a.store.Lock(true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	j, roots, err := a.store.Load(a.cfg.TrustDomain.Name())
+	if err != nil {
+		return err
+	}
+	if len(roots) > 0 {
+		return fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.store.Dir())
+	}
+	if j == nil {
+		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
+	}
+	a.journal = j
+	m := a.cfg.Plugin.Current()
+	fps := make([]string, 0, len(m.Roots))
+	for _, r := range m.Roots {
+		fps = append(fps, fingerprint(r))
+	}
+	sort.Strings(fps)
+	if strings.Join(fps, ",") != strings.Join(j.PluginRoots, ",") || j.Sequence == 0 {
+		j.PluginRoots = fps
+		j.Sequence++
+		now := a.cfg.Clock.Now()
+		j.Updated = now
+		a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(fps, ",")})
+		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
+		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(fps), logattr.Sequence, j.Sequence)
+		if err := a.store.Save(j); err != nil {
+			return err
+		}
+	}
+	a.roots = a.roots[:0]
+	for _, r := range m.Roots {
+		a.roots = append(a.roots, &Root{RootRecord: RootRecord{ID: r.SerialNumber.Text(16), State: StateExternal, CertSHA256: fingerprint(r)}, Cert: r})
+	}
+	a.publishLocked()
+	return nil
+}
+
+// TrustDomain is the CA's trust domain.
+func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
+
+// Changes is signalled (coalesced) whenever the published bundle changes.
+func (a *Authority) Changes() <-chan struct{} { return a.changes }
+
+// Bundle returns the published bundle: every prepared, active and retired
+// root, the sequence number and the refresh hint. It is shared and must
+// not be modified; Clone it first.
+func (a *Authority) Bundle() *spiffebundle.Bundle {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.bundle
+}
+
+// RootInfo describes a root for status reports.
+type RootInfo struct {
+	RootRecord
+	Cert *x509.Certificate
+}
+
+// Roots lists the roots and their state.
+func (a *Authority) Roots() []RootInfo {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := make([]RootInfo, 0, len(a.roots))
+	for _, r := range a.roots {
+		out = append(out, RootInfo{RootRecord: r.RootRecord, Cert: r.Cert})
+	}
+	return out
+}
+
+// Sequence is the published bundle's sequence number.
+func (a *Authority) Sequence() uint64 {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.journal.Sequence
+}
+
+// Sign signs a workload CSR for id, an identity the caller has proved. The
+// CSR must come from ParseCSR, which checks its signature.
+func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*Issued, error) {
+	a.mu.RLock()
+	m, err := a.signingMaterialLocked()
+	a.mu.RUnlock()
+	if err != nil {
+		a.metrics.signings.WithLabelValues("signing_material").Inc()
+		return nil, err
+	}
+	issued, err := Sign(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl)
+	if err != nil {
+		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
+		return nil, err
+	}
+	a.metrics.signings.WithLabelValues("ok").Inc()
+	return issued, nil
+}
+
+func signResult(err error) string {
+	switch {
+	case errors.Is(err, ErrInvalidCSR):
+		return "invalid_csr"
+	case errors.Is(err, ErrIdentityNotAllowed):
+		return "identity_not_allowed"
+	case errors.Is(err, ErrInvalidTTL):
+		return "invalid_ttl"
+	case errors.Is(err, ErrInvalidSigningMaterial):
+		return "signing_material"
+	default:
+		return "error"
+	}
+}
+
+func (a *Authority) policy() Policy {
+	return Policy{TrustDomain: a.cfg.TrustDomain, DefaultTTL: a.cfg.WorkloadTTL, MaxTTL: a.cfg.MaxWorkloadTTL}
+}
+
+func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
+	if a.cfg.Plugin != nil {
+		p := a.cfg.Plugin.Current()
+		return SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}, nil
+	}
+	var m SigningMaterial
+	for _, r := range a.roots {
+		m.Roots = append(m.Roots, r.Cert)
+		if r.State == StateActive {
+			m.Cert, m.Key = r.Cert, r.Key
+		}
+	}
+	if m.Cert == nil {
+		return m, errors.New("ca: no active root")
+	}
+	return m, nil
+}
+
+// Rotate publishes a successor root now, unless one is already waiting.
+// The successor signs only after the usual publication lead.
+func (a *Authority) Rotate() error {
+	if a.cfg.Plugin != nil {
+		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
+	}
+	unlock, err := a.store.Lock(true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.reloadIfChangedLocked(); err != nil {
+		return err
+	}
+	for _, r := range a.roots {
+		if r.State == StatePrepared {
+			a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
+			return nil
+		}
+	}
+	if err := a.prepareLocked(a.cfg.Clock.Now(), "forced"); err != nil {
+		return err
+	}
+	return a.commitLocked()
+}
+
+// Reconcile applies every rotation step due now and persists the result.
+func (a *Authority) Reconcile() error {
+	unlock, err := a.store.Lock(true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.reloadIfChangedLocked(); err != nil {
+		return err
+	}
+	changed := false
+	for range 10 { // a handful of steps at most; the bound guards against a plan bug
+		now := a.cfg.Clock.Now()
+		step, index, _ := a.timelineLocked().Plan(now, a.timesLocked())
+		if step == StepNone {
+			break
+		}
+		if err := a.applyLocked(now, step, index); err != nil {
+			return err
+		}
+		changed = true
+	}
+	if changed || int64(a.cfg.MaxWorkloadTTL/time.Second) > a.journal.MaxWorkloadTTLSeconds {
+		return a.commitLocked()
+	}
+	return nil
+}
+
+// NextCheck is when Reconcile next has work to do, or sooner so that
+// changes from other processes are picked up.
+func (a *Authority) NextCheck(now time.Time) time.Time {
+	a.mu.RLock()
+	_, _, next := a.timelineLocked().Plan(now, a.timesLocked())
+	a.mu.RUnlock()
+	limit := now.Add(recheckInterval)
+	if next.IsZero() || next.After(limit) {
+		return limit
+	}
+	return next
+}
+
+// Run reconciles on schedule (self-signed mode) or follows the plug-in
+// directory (plug-in mode) until ctx is done.
+func (a *Authority) Run(ctx context.Context) error {
+	if a.cfg.Plugin != nil {
+		return a.runPlugin(ctx)
+	}
+	c := cron.New(cron.WithLocation(time.UTC))
+	c.Schedule(scheduleFunc(func(t time.Time) time.Time { return a.NextCheck(t) }), cron.FuncJob(func() {
+		if err := a.Reconcile(); err != nil {
+			a.metrics.reconcileErrors.Inc()
+			a.cfg.Logger.Error("CA rotation check failed; keeping the current roots", logattr.Error, err)
+		}
+	}))
+	c.Start()
+	<-ctx.Done()
+	<-c.Stop().Done()
+	return nil
+}
+
+func (a *Authority) runPlugin(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- a.cfg.Plugin.Run(ctx) }()
+	for {
+		select {
+		case <-ctx.Done():
+			return <-done
+		case <-a.cfg.Plugin.Changes():
+			if err := a.syncPlugin(); err != nil {
+				a.metrics.reconcileErrors.Inc()
+				a.cfg.Logger.Error("could not publish new plug-in CA roots; keeping the previous bundle", logattr.Error, err)
+			}
+		}
+	}
+}
+
+// scheduleFunc adapts a function to cron.Schedule.
+type scheduleFunc func(time.Time) time.Time
+
+func (f scheduleFunc) Next(t time.Time) time.Time { return f(t) }
+
+func (a *Authority) timesLocked() []RootTimes {
+	out := make([]RootTimes, len(a.roots))
+	for i, r := range a.roots {
+		out[i] = RootTimes{
+			State: r.State, NotBefore: r.Cert.NotBefore, NotAfter: r.Cert.NotAfter,
+			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, RemoveAfter: r.RemoveAfter,
+		}
+	}
+	return out
+}
+
+func (a *Authority) reloadIfChangedLocked() error {
+	if a.journal != nil {
+		d, err := a.store.JournalDigest()
+		if err == nil && d == a.digest {
+			return nil
+		}
+	}
+	j, roots, err := a.store.Load(a.cfg.TrustDomain.Name())
+	if err != nil {
+		return err
+	}
+	if j == nil {
+		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
+	} else if len(j.PluginRoots) > 0 {
+		return fmt.Errorf("ca: %s was used with a plug-in CA (--ca-dir); starting a self-signed CA on it would drop those roots from the bundle at once; keep --ca-dir or use a fresh --data-dir", a.store.Dir())
+	} else if a.journal != nil {
+		a.cfg.Logger.Info("CA state changed on disk; reloaded", logattr.Sequence, j.Sequence)
+	}
+	a.journal, a.roots = j, roots
+	a.digest, _ = a.store.JournalDigest()
+	a.publishLocked()
+	return nil
+}
+
+func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
+	switch step {
+	case StepBootstrap:
+		return a.newRootLocked(now, StateActive, "bootstrap")
+	case StepPrepare:
+		return a.prepareLocked(now, "scheduled")
+	case StepActivate:
+		for _, r := range a.roots {
+			if r.State == StateActive {
+				r.State = StateRetired
+				r.RetiredAt = now
+				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now)
+				a.event(now, "retired", r.ID)
+			}
+		}
+		p := a.roots[index]
+		p.State = StateActive
+		p.ActivatedAt = now
+		a.event(now, "activated", p.ID)
+		return nil
+	case StepRemove:
+		r := a.roots[index]
+		a.roots = append(a.roots[:index:index], a.roots[index+1:]...)
+		a.journal.Sequence++
+		a.event(now, "removed", r.ID)
+		return nil
+	}
+	return fmt.Errorf("ca: unknown rotation step %v", step)
+}
+
+func (a *Authority) prepareLocked(now time.Time, why string) error {
+	if err := a.newRootLocked(now, StatePrepared, why); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
+	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL)
+	if err != nil {
+		return fmt.Errorf("ca: create root: %w", err)
+	}
+	id, err := a.store.WriteRoot(cert, key)
+	if err != nil {
+		return err
+	}
+	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now}, Cert: cert, Key: key}
+	if state == StatePrepared {
+		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
+	} else {
+		r.ActivatedAt = now
+	}
+	a.roots = append(a.roots, r)
+	a.journal.Sequence++
+	event := "prepared (" + why + ")"
+	if state == StateActive {
+		event = "bootstrap"
+	}
+	a.event(now, event, id)
+	return nil
+}
+
+func (a *Authority) event(now time.Time, what, id string) {
+	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: what, RootID: id})
+	a.metrics.rotations.WithLabelValues(firstWord(what)).Inc()
+	a.cfg.Logger.Info("CA root "+what, logattr.RootID, id, logattr.Sequence, a.journal.Sequence)
+}
+
+func firstWord(s string) string {
+	for i, c := range s {
+		if c == ' ' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+// commitLocked saves the journal, removes files of roots no longer in it,
+// and publishes the new bundle.
+func (a *Authority) commitLocked() error {
+	a.journal.Roots = a.journal.Roots[:0]
+	keep := map[string]bool{}
+	for _, r := range a.roots {
+		a.journal.Roots = append(a.journal.Roots, r.RootRecord)
+		keep[r.ID] = true
+	}
+	a.journal.Updated = a.cfg.Clock.Now()
+	if s := int64(a.cfg.MaxWorkloadTTL / time.Second); s > a.journal.MaxWorkloadTTLSeconds {
+		a.journal.MaxWorkloadTTLSeconds = s
+	}
+	if err := a.store.Save(a.journal); err != nil {
+		return err
+	}
+	a.digest, _ = a.store.JournalDigest()
+	for _, name := range a.store.rootFiles() {
+		id := trimRootSuffix(name)
+		if id != "" && !keep[id] {
+			if err := a.store.RemoveRootFiles(id); err != nil {
+				a.cfg.Logger.Warn("could not remove files of a removed root", logattr.RootID, id, logattr.Error, err)
+			}
+		}
+	}
+	a.publishLocked()
+	return nil
+}
+
+func trimRootSuffix(name string) string {
+	for _, suf := range []string{".crt.pem", ".key.pem"} {
+		if len(name) > len(suf) && name[len(name)-len(suf):] == suf {
+			return name[:len(name)-len(suf)]
+		}
+	}
+	return ""
+}
+
+func (a *Authority) publishLocked() {
+	certs := make([]*x509.Certificate, 0, len(a.roots))
+	for _, r := range a.roots {
+		certs = append(certs, r.Cert)
+	}
+	b := spiffebundle.FromX509Authorities(a.cfg.TrustDomain, certs)
+	b.SetSequenceNumber(a.journal.Sequence)
+	b.SetRefreshHint(a.cfg.RefreshHint)
+	changed := a.bundle == nil || !a.bundle.Equal(b)
+	a.bundle = b
+	a.metrics.observe(a.roots, a.journal.Sequence)
+	if changed {
+		select {
+		case a.changes <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// newRootCert mints a self-signed root for td. Its subject carries the
+// serial number so that no two roots share a subject: Go's chain builder
+// gives up after a fixed number of signature checks per candidate subject,
+// which broke SPIRE deployments with many same-named roots.
+func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration) (*x509.Certificate, crypto.Signer, error) {
+	key, err := GenerateKey(kt)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return nil, nil, err
+	}
+	serial.SetBit(serial, 127, 1) // fixed length keeps ids uniform
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject: pkix.Name{
+			Organization: []string{td.Name()},
+			CommonName:   "trustbridge root CA",
+			SerialNumber: serial.Text(16),
+		},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(ttl),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		MaxPathLenZero:        true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		URIs:                  []*url.URL{td.ID().URL()},
+		// Verifiers that honour name constraints refuse anything this root
+		// signs for another trust domain.
+		PermittedURIDomains: []string{td.Name()},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}
+
+// Ready reports why the CA cannot sign, or nil. In plug-in mode a bad
+// change to the directory makes it not ready, though it keeps signing
+// with the last good material: operators must see the error.
+func (a *Authority) Ready() error {
+	if a.cfg.Plugin != nil {
+		if err := a.cfg.Plugin.LastError(); err != nil {
+			return fmt.Errorf("%w (still signing with the last good material)", err)
+		}
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	m, err := a.signingMaterialLocked()
+	if err != nil {
+		return err
+	}
+	if now := a.cfg.Clock.Now(); now.After(m.Cert.NotAfter) {
+		return fmt.Errorf("ca: active root %s expired at %s", fingerprint(m.Cert)[:16], m.Cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}

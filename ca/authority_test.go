@@ -1,0 +1,278 @@
+package ca
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+func testConfig(t *testing.T, clk *clocktesting.FakeClock) Config {
+	return Config{
+		TrustDomain:    tdExample,
+		DataDir:        t.TempDir(),
+		RootTTL:        24 * time.Hour,
+		RefreshHint:    time.Minute,
+		WorkloadTTL:    time.Hour,
+		MaxWorkloadTTL: 2 * time.Hour,
+		Clock:          clk,
+		Registerer:     prometheus.NewRegistry(),
+	}
+}
+
+func workloadCSR(t *testing.T, id spiffeid.ID) *x509.CertificateRequest {
+	t.Helper()
+	key := testca.NewKey(t, testca.ECP256)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
+	require.NoError(t, err)
+	csr, err := ParseCSR(der)
+	require.NoError(t, err)
+	return csr
+}
+
+func TestAuthorityBootstrapAndRestart(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, a.Ready())
+	roots := a.Roots()
+	require.Len(t, roots, 1)
+	assert.Equal(t, StateActive, roots[0].State)
+	root := roots[0].Cert
+	assert.Equal(t, []string{"spiffe://example.org"}, []string{root.URIs[0].String()})
+	assert.Contains(t, root.Subject.String(), "O=example.org")
+	assert.Contains(t, root.Subject.String(), root.SerialNumber.Text(16), "every root's subject is unique")
+	assert.True(t, root.IsCA)
+	assert.Equal(t, uint64(1), a.Sequence())
+	select {
+	case <-a.Changes():
+	default:
+		t.Fatal("the first bundle is announced")
+	}
+
+	cfg.Registerer = prometheus.NewRegistry()
+	b, err := New(cfg)
+	require.NoError(t, err)
+	require.Len(t, b.Roots(), 1)
+	assert.True(t, root.Equal(b.Roots()[0].Cert), "a restart reuses the root")
+	assert.Equal(t, uint64(1), b.Sequence(), "and does not bump the sequence")
+}
+
+func TestAuthorityKeyTypes(t *testing.T) {
+	for _, kt := range []KeyType{KeyECP256, KeyECP384, KeyRSA2048} {
+		t.Run(string(kt), func(t *testing.T) {
+			cfg := testConfig(t, clocktesting.NewFakeClock(t0))
+			cfg.KeyType = kt
+			a, err := New(cfg)
+			require.NoError(t, err)
+			_, err = a.Sign(workloadCSR(t, spiffeid.RequireFromPath(tdExample, "/w")), spiffeid.RequireFromPath(tdExample, "/w"), 0)
+			require.NoError(t, err)
+		})
+	}
+}
+
+func TestAuthorityRefusesBadConfig(t *testing.T) {
+	cfg := testConfig(t, clocktesting.NewFakeClock(t0))
+	cfg.RootTTL = 3 * time.Hour
+	_, err := New(cfg)
+	assert.ErrorContains(t, err, "root TTL 3h0m0s is too short")
+
+	cfg = testConfig(t, clocktesting.NewFakeClock(t0))
+	cfg.WorkloadTTL = 3 * time.Hour
+	_, err = New(cfg)
+	assert.ErrorContains(t, err, "workload TTL 3h0m0s exceeds the maximum 2h0m0s")
+}
+
+// TestRotationProperty runs the CA on a fake clock through several
+// rotations, issuing certificates all along. At every instant, every
+// certificate issued so far that is still valid verifies against the
+// bundle published at that instant; no root signs before it has been
+// published for PublishLead refresh hints; and the sequence moves by
+// exactly one whenever the published set of roots changes.
+func TestRotationProperty(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+
+	id := spiffeid.RequireFromPath(tdExample, "/workload")
+	type issued struct {
+		leaf *x509.Certificate
+	}
+	var certs []issued
+	publishedAt := map[string]time.Time{} // root fingerprint → first seen in the bundle
+	lastSet := ""
+	lastSeq := a.Sequence()
+	activations := 0
+	seenActive := map[string]bool{}
+
+	for now := t0; now.Before(t0.Add(4 * 24 * time.Hour)); now = now.Add(7 * time.Minute) {
+		clk.SetTime(now)
+		require.NoError(t, a.Reconcile())
+
+		bundle := a.Bundle()
+		pool := x509.NewCertPool()
+		var set []string
+		for _, r := range bundle.X509Authorities() {
+			fp := fingerprint(r)
+			set = append(set, fp)
+			pool.AddCert(r)
+			if _, ok := publishedAt[fp]; !ok {
+				publishedAt[fp] = now
+			}
+		}
+		sort.Strings(set)
+		seq, _ := bundle.SequenceNumber()
+		if joined := strings.Join(set, ","); joined != lastSet {
+			if lastSet != "" {
+				assert.Equal(t, lastSeq+1, seq, "one published-set change, one sequence step (at %s)", now)
+			}
+			lastSet = joined
+		} else {
+			assert.Equal(t, lastSeq, seq, "no change, no sequence step (at %s)", now)
+		}
+		lastSeq = seq
+
+		for _, r := range a.Roots() {
+			if r.State == StateActive && !seenActive[r.ID] {
+				seenActive[r.ID] = true
+				activations++
+			}
+		}
+
+		res, err := a.Sign(workloadCSR(t, id), id, 0)
+		require.NoError(t, err)
+		signer := res.Leaf.Issuer.String()
+		for _, r := range a.Roots() {
+			if r.Cert.Subject.String() == signer && activations > 1 {
+				lead := now.Sub(publishedAt[fingerprint(r.Cert)])
+				assert.GreaterOrEqual(t, lead, PublishLead*cfg.RefreshHint, "root %s signed %s after publication", r.ID, lead)
+			}
+		}
+		certs = append(certs, issued{leaf: res.Leaf})
+
+		for _, c := range certs {
+			if now.After(c.leaf.NotAfter) {
+				continue
+			}
+			_, err := c.leaf.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+			require.NoError(t, err, "certificate issued at %s no longer verifies at %s", c.leaf.NotBefore, now)
+		}
+	}
+	assert.GreaterOrEqual(t, activations, 4, "bootstrap plus at least three rotations")
+	assert.LessOrEqual(t, len(a.Roots()), 3, "retired roots leave the bundle")
+}
+
+func TestRestartMidRotation(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	clk.SetTime(t0.Add(12 * time.Hour))
+	require.NoError(t, a.Reconcile())
+	var prepared RootInfo
+	for _, r := range a.Roots() {
+		if r.State == StatePrepared {
+			prepared = r
+		}
+	}
+	require.NotEmpty(t, prepared.ID, "a successor is prepared at half life")
+	seq := a.Sequence()
+
+	// A new process on the same data directory, two minutes later.
+	clk.SetTime(t0.Add(12*time.Hour + 2*time.Minute))
+	cfg.Registerer = prometheus.NewRegistry()
+	b, err := New(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, seq, b.Sequence())
+	require.Len(t, b.Roots(), 2)
+	for _, r := range b.Roots() {
+		if r.ID == prepared.ID {
+			assert.Equal(t, StatePrepared, r.State, "still waiting out its lead")
+		}
+	}
+	clk.SetTime(t0.Add(12*time.Hour + 5*time.Minute))
+	require.NoError(t, b.Reconcile())
+	for _, r := range b.Roots() {
+		if r.ID == prepared.ID {
+			assert.Equal(t, StateActive, r.State, "the same timeline continues")
+		} else {
+			assert.Equal(t, StateRetired, r.State)
+			assert.Equal(t, clk.Now().Add(cfg.MaxWorkloadTTL), r.RemoveAfter)
+		}
+	}
+	assert.Equal(t, seq, b.Sequence(), "activation does not change the published set")
+}
+
+func TestForcedRotate(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, a.Rotate())
+	require.Len(t, a.Roots(), 2)
+	assert.Equal(t, uint64(2), a.Sequence())
+	require.NoError(t, a.Rotate(), "a second request while one waits is a no-op")
+	assert.Len(t, a.Roots(), 2)
+
+	// Another process (the `ca rotate` CLI) rotated: the server picks it up.
+	cfg2 := cfg
+	cfg2.Registerer = prometheus.NewRegistry()
+	clk.SetTime(t0.Add(10 * time.Minute))
+	other, err := New(cfg2)
+	require.NoError(t, err)
+	require.NoError(t, other.Reconcile())
+	require.NoError(t, a.Reconcile())
+	var states []RootState
+	for _, r := range a.Roots() {
+		states = append(states, r.State)
+	}
+	assert.ElementsMatch(t, []RootState{StateRetired, StateActive}, states)
+}
+
+func TestAuthorityRefusesCorruptDataDir(t *testing.T) {
+	cfg := testConfig(t, clocktesting.NewFakeClock(t0))
+	_, err := New(cfg)
+	require.NoError(t, err)
+	journal := NewStore(cfg.DataDir).journalPath()
+	require.NoError(t, os.WriteFile(journal, []byte(`{"format":1,`), 0o600))
+	cfg.Registerer = prometheus.NewRegistry()
+	_, err = New(cfg)
+	require.ErrorIs(t, err, ErrCorruptState)
+	data, _ := os.ReadFile(journal)
+	assert.Equal(t, `{"format":1,`, string(data), "never overwritten")
+}
+
+func TestAuthorityMetrics(t *testing.T) {
+	cfg := testConfig(t, clocktesting.NewFakeClock(t0))
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	a, err := New(cfg)
+	require.NoError(t, err)
+	id := spiffeid.RequireFromPath(tdExample, "/w")
+	_, err = a.Sign(workloadCSR(t, id), id, 0)
+	require.NoError(t, err)
+	other := spiffeid.RequireFromString("spiffe://other.org/w")
+	_, err = a.Sign(workloadCSR(t, other), other, 0)
+	require.Error(t, err)
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.signings.WithLabelValues("ok")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.signings.WithLabelValues("identity_not_allowed")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.sequence))
+	n, err := testutil.GatherAndCount(reg, "trustbridge_ca_root_not_after_timestamp_seconds")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+}

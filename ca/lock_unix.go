@@ -1,0 +1,35 @@
+//go:build unix
+
+package ca
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// Lock takes an advisory lock on the state directory: exclusive for
+// writers (the server's rotation, `ca rotate`), shared for readers
+// (`ca issue`), so a reader never sees a root named by the journal whose
+// files a writer is about to remove. The returned func releases it.
+func (s *Store) Lock(exclusive bool) (func(), error) {
+	if err := s.ensureDirs(); err != nil {
+		return nil, s.wrap(err)
+	}
+	f, err := os.OpenFile(s.lockPath(), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, s.wrap(fmt.Errorf("lock: %w", err))
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		_ = f.Close()
+	}, nil
+}

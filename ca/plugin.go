@@ -1,0 +1,601 @@
+package ca
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Istio's plug-in CA layout ("cacerts" secret), as written by its
+// tools/certs Makefiles and expected by istiod.
+const (
+	pluginCertFile  = "ca-cert.pem"
+	pluginKeyFile   = "ca-key.pem"
+	pluginChainFile = "cert-chain.pem"
+	pluginRootFile  = "root-cert.pem"
+
+	// maxPluginFileSize bounds what a misconfigured mount (a log file, a
+	// device) can make us read; real files are a few kilobytes.
+	maxPluginFileSize = 1 << 20
+
+	// pluginLoadAttempts is how often Load re-reads a directory caught
+	// mid-update before giving up: a Kubernetes secret update swaps one
+	// symlink, so the next read is normally consistent.
+	pluginLoadAttempts = 3
+
+	// DefaultPluginPollInterval is used when NewPluginWatcher is given no
+	// positive interval.
+	DefaultPluginPollInterval = 10 * time.Second
+)
+
+// errPluginDirChanging reports that the files changed between two reads:
+// a writer is mid-update, which is a reason to look again, not a fault.
+var errPluginDirChanging = errors.New("files changed while being read")
+
+// PluginMaterial is validated plug-in CA material. It is shared between
+// readers and must not be modified.
+type PluginMaterial struct {
+	Cert          *x509.Certificate   // ca-cert.pem
+	Key           crypto.Signer       // ca-key.pem
+	Intermediates []*x509.Certificate // cert-chain.pem minus Cert and minus any roots, in chain order
+	Roots         []*x509.Certificate // root-cert.pem
+	Digest        [32]byte            // SHA-256 over the four files' bytes, to detect change
+}
+
+// pluginFiles is one read of the four files.
+type pluginFiles struct {
+	cert, key, chain, roots []byte
+	keyMode                 fs.FileMode
+	digest                  [32]byte
+}
+
+// LoadPluginDir reads and validates an Istio plug-in CA directory
+// (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) at time now.
+// Warnings describe problems worth fixing that must not stop a server,
+// such as a private key readable by others.
+func LoadPluginDir(dir string, td spiffeid.TrustDomain, now time.Time) (*PluginMaterial, []string, error) {
+	files, err := readPluginSnapshot(dir, readPluginFiles)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ca: plug-in CA directory %s: %w", dir, err)
+	}
+	m, warnings, err := validatePlugin(files, dir, td, now)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ca: plug-in CA directory %s: %w", dir, err)
+	}
+	return m, warnings, nil
+}
+
+// readPluginSnapshot reads the files twice and insists both reads agree,
+// so a cert from one generation is never paired with a key from another.
+func readPluginSnapshot(dir string, read func(string) (*pluginFiles, error)) (*pluginFiles, error) {
+	first, err := read(dir)
+	if err != nil {
+		return nil, err
+	}
+	second, err := read(dir)
+	if err != nil || second.digest != first.digest {
+		// A file that vanished between the reads is also a writer at work;
+		// if it stays gone, the next first read reports it.
+		return nil, errPluginDirChanging
+	}
+	return first, nil
+}
+
+func readPluginFiles(dir string) (*pluginFiles, error) {
+	var (
+		f   pluginFiles
+		err error
+	)
+	if f.cert, _, err = readPluginFile(dir, pluginCertFile); err != nil {
+		return nil, err
+	}
+	if f.key, f.keyMode, err = readPluginFile(dir, pluginKeyFile); err != nil {
+		return nil, err
+	}
+	if f.chain, _, err = readPluginFile(dir, pluginChainFile); err != nil {
+		return nil, err
+	}
+	if f.roots, _, err = readPluginFile(dir, pluginRootFile); err != nil {
+		return nil, err
+	}
+	// Length prefixes keep bytes moved from one file to the next from
+	// producing the same digest.
+	h := sha256.New()
+	for _, b := range [][]byte{f.cert, f.key, f.chain, f.roots} {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(b)))
+		h.Write(b)
+	}
+	h.Sum(f.digest[:0])
+	return &f, nil
+}
+
+// readPluginFile follows symlinks on purpose: Kubernetes mounts secrets as
+// links into a "..data" directory.
+func readPluginFile(dir, name string) ([]byte, fs.FileMode, error) {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
+	}
+	// A FIFO or device would block or never end.
+	if !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%s: not a regular file (%s)", name, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxPluginFileSize+1))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
+	}
+	if len(data) > maxPluginFileSize {
+		return nil, 0, fmt.Errorf("%s: larger than %d bytes", name, maxPluginFileSize)
+	}
+	return data, fi.Mode(), nil
+}
+
+// pathless drops the path from an *fs.PathError, since callers already
+// name the directory and file; errors.Is still sees the cause.
+func pathless(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+	return err
+}
+
+func validatePlugin(f *pluginFiles, dir string, td spiffeid.TrustDomain, now time.Time) (*PluginMaterial, []string, error) {
+	certs, err := pluginCerts(pluginCertFile, f.cert)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(certs) != 1 {
+		return nil, nil, fmt.Errorf("%s: holds %d certificates, want exactly 1", pluginCertFile, len(certs))
+	}
+	cert := certs[0]
+
+	key, err := pluginKey(f.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	chain, err := pluginCerts(pluginChainFile, f.chain)
+	if err != nil {
+		return nil, nil, err
+	}
+	roots, err := pluginCerts(pluginRootFile, f.roots)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	if err := checkPluginPublicKey(key.Public()); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", pluginKeyFile, err)
+	}
+	if !publicKeysMatch(key.Public(), cert.PublicKey) {
+		return nil, nil, fmt.Errorf("%s: private key does not match the public key of %s", pluginKeyFile, pluginCertFile)
+	}
+	if err := checkPluginCA(cert); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", pluginCertFile, err)
+	}
+	if err := checkPluginTrustDomain(cert, td); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", pluginCertFile, err)
+	}
+	if !bytes.Equal(chain[0].Raw, cert.Raw) {
+		return nil, nil, fmt.Errorf("%s: first certificate is not the one in %s", pluginChainFile, pluginCertFile)
+	}
+	// Workloads receive cert-chain.pem as it is, after their leaf; a
+	// shuffled chain verifies here (pools ignore order) yet breaks peers
+	// that expect each certificate to be followed by its issuer.
+	for i := 1; i < len(chain); i++ {
+		if err := chain[i-1].CheckSignatureFrom(chain[i]); err != nil {
+			return nil, nil, fmt.Errorf("%s: certificate %d is not issued by certificate %d: %w", pluginChainFile, i, i+1, err)
+		}
+	}
+	for i, r := range roots {
+		if err := checkPluginCA(r); err != nil {
+			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
+		}
+		if err := checkPluginPublicKey(r.PublicKey); err != nil {
+			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
+		}
+		// A root of another trust domain must not vouch for our workloads.
+		if err := checkPluginTrustDomain(r, td); err != nil {
+			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
+		}
+	}
+	var intermediates []*x509.Certificate
+	for i, c := range chain[1:] {
+		if pluginContainsCert(roots, c) {
+			continue // checked as a root above
+		}
+		if err := checkPluginPublicKey(c.PublicKey); err != nil {
+			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginChainFile, i+2, err)
+		}
+		if err := checkPluginTrustDomain(c, td); err != nil {
+			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginChainFile, i+2, err)
+		}
+		intermediates = append(intermediates, c)
+	}
+	m := &PluginMaterial{Cert: cert, Key: key, Intermediates: intermediates, Roots: roots, Digest: f.digest}
+	if err := m.verify(now); err != nil {
+		return nil, nil, err
+	}
+
+	var warnings []string
+	if perm := f.keyMode.Perm(); perm&0o077 != 0 {
+		warnings = append(warnings, fmt.Sprintf(
+			"%s is readable by group or others (mode %#o); restrict it to 0600 (for a Kubernetes secret volume, set defaultMode 0400)",
+			filepath.Join(dir, pluginKeyFile), perm))
+	}
+	return m, warnings, nil
+}
+
+// verify holds the checks whose outcome depends on the time, so a watcher
+// can repeat them on unchanged files.
+func (m *PluginMaterial) verify(now time.Time) error {
+	// x509 verification would refuse these too, but without saying which
+	// certificate and when.
+	if now.Before(m.Cert.NotBefore) {
+		return fmt.Errorf("%s: not valid before %s", pluginCertFile, m.Cert.NotBefore.UTC().Format(time.RFC3339))
+	}
+	if now.After(m.Cert.NotAfter) {
+		return fmt.Errorf("%s: expired at %s", pluginCertFile, m.Cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	opts := x509.VerifyOptions{
+		Roots:         x509.NewCertPool(),
+		Intermediates: x509.NewCertPool(),
+		CurrentTime:   now,
+		// Istio signing certificates rarely carry extended key usages;
+		// the leaves decide their own.
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}
+	for _, r := range m.Roots {
+		opts.Roots.AddCert(r)
+	}
+	for _, c := range m.Intermediates {
+		opts.Intermediates.AddCert(c)
+	}
+	if _, err := m.Cert.Verify(opts); err != nil {
+		return fmt.Errorf("%s does not chain to %s through %s: %w", pluginCertFile, pluginRootFile, pluginChainFile, err)
+	}
+	return nil
+}
+
+// pluginCerts decodes a file of one or more CERTIFICATE blocks.
+func pluginCerts(name string, data []byte) ([]*x509.Certificate, error) {
+	blocks, err := pluginPEMBlocks(name, data)
+	if err != nil {
+		return nil, err
+	}
+	certs := make([]*x509.Certificate, 0, len(blocks))
+	for i, b := range blocks {
+		if b.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("%s: block %d: unexpected PEM block %q, want CERTIFICATE", name, i+1, b.Type)
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%s: certificate %d: %w", name, i+1, err)
+		}
+		certs = append(certs, c)
+	}
+	return certs, nil
+}
+
+// pluginKey decodes ca-key.pem in the forms Istio's tools and openssl
+// write.
+func pluginKey(data []byte) (crypto.Signer, error) {
+	blocks, err := pluginPEMBlocks(pluginKeyFile, data)
+	if err != nil {
+		return nil, err
+	}
+	if len(blocks) != 1 {
+		return nil, fmt.Errorf("%s: holds %d PEM blocks, want exactly 1 private key", pluginKeyFile, len(blocks))
+	}
+	b := blocks[0]
+	var key any
+	switch b.Type {
+	case "PRIVATE KEY":
+		key, err = x509.ParsePKCS8PrivateKey(b.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(b.Bytes)
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(b.Bytes)
+	default:
+		return nil, fmt.Errorf("%s: unexpected PEM block %q, want PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY", pluginKeyFile, b.Type)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", pluginKeyFile, err)
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("%s: %T keys cannot sign", pluginKeyFile, key)
+	}
+	return signer, nil
+}
+
+// pluginPEMBlocks splits data into PEM blocks and refuses anything else.
+// pem.Decode on its own skips text before a block and malformed blocks,
+// which would let a damaged file pass with part of it ignored.
+func pluginPEMBlocks(name string, data []byte) ([]*pem.Block, error) {
+	var blocks []*pem.Block
+	rest := data
+	for {
+		trimmed := bytes.TrimLeft(rest, " \t\r\n")
+		if len(trimmed) == 0 {
+			break
+		}
+		block, next := pem.Decode(trimmed)
+		consumed := trimmed[:len(trimmed)-len(next)]
+		if block == nil || !bytes.HasPrefix(trimmed, []byte("-----BEGIN ")) || bytes.Count(consumed, []byte("-----BEGIN ")) != 1 {
+			return nil, fmt.Errorf("%s: unexpected data at byte %d, want only PEM blocks", name, len(data)-len(trimmed))
+		}
+		// Proc-Type/DEK-Info headers mean a legacy encrypted key, which we
+		// could not use without a passphrase anyway.
+		if len(block.Headers) > 0 {
+			return nil, fmt.Errorf("%s: block %d: PEM headers are not supported (encrypted key?)", name, len(blocks)+1)
+		}
+		blocks = append(blocks, block)
+		rest = next
+	}
+	if len(blocks) == 0 {
+		return nil, fmt.Errorf("%s: no PEM block", name)
+	}
+	return blocks, nil
+}
+
+func checkPluginCA(c *x509.Certificate) error {
+	if !c.BasicConstraintsValid || !c.IsCA {
+		return errors.New("not a CA certificate (basic constraints CA:TRUE missing)")
+	}
+	if c.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return errors.New("key usage lacks keyCertSign")
+	}
+	return nil
+}
+
+func checkPluginPublicKey(pub crypto.PublicKey) error {
+	switch k := pub.(type) {
+	case *rsa.PublicKey:
+		if n := k.N.BitLen(); n < 2048 {
+			return fmt.Errorf("RSA key of %d bits is too weak, want at least 2048", n)
+		}
+	case *ecdsa.PublicKey:
+		if n := k.Curve.Params().BitSize; n < 256 {
+			return fmt.Errorf("EC key on %s is too weak, want P-256 or larger", k.Curve.Params().Name)
+		}
+	case ed25519.PublicKey:
+	default:
+		return fmt.Errorf("unsupported public key type %T", pub)
+	}
+	return nil
+}
+
+// checkPluginTrustDomain accepts certificates without SPIFFE IDs: Istio's
+// roots and intermediates carry none.
+func checkPluginTrustDomain(c *x509.Certificate, td spiffeid.TrustDomain) error {
+	for _, u := range c.URIs {
+		if !strings.EqualFold(u.Scheme, "spiffe") {
+			continue
+		}
+		id, err := spiffeid.FromURI(u)
+		if err != nil {
+			return fmt.Errorf("URI SAN %q: %w", u, err)
+		}
+		if id.TrustDomain() != td {
+			return fmt.Errorf("URI SAN %q is in trust domain %q, want %q", u, id.TrustDomain().Name(), td.Name())
+		}
+	}
+	return nil
+}
+
+func pluginContainsCert(certs []*x509.Certificate, c *x509.Certificate) bool {
+	for _, x := range certs {
+		if bytes.Equal(x.Raw, c.Raw) {
+			return true
+		}
+	}
+	return false
+}
+
+// PluginWatcher keeps the plug-in CA material of a directory current. It
+// polls rather than using inotify: Kubernetes updates secret volumes by
+// swapping a "..data" symlink, which watches on the files miss, and a few
+// kilobytes read every few seconds cost nothing.
+type PluginWatcher struct {
+	dir      string
+	td       spiffeid.TrustDomain
+	clk      clock.WithTicker
+	interval time.Duration
+	logger   *slog.Logger
+	// readFiles is readPluginFiles; tests replace it to play a writer
+	// racing the reader.
+	readFiles func(dir string) (*pluginFiles, error)
+
+	current atomic.Pointer[PluginMaterial]
+	lastErr atomic.Pointer[error]
+	changes chan struct{}
+
+	mu sync.Mutex // serialises checks; guards the fields below
+	// failedDigest and failedMsg are the last refused files and reason, so
+	// a problem that persists is logged once, not every interval.
+	failedDigest [32]byte
+	failedMsg    string
+}
+
+// NewPluginWatcher returns a watcher of dir for trust domain td. A
+// non-positive interval means DefaultPluginPollInterval; a nil clk the
+// real clock; a nil logger discards.
+func NewPluginWatcher(dir string, td spiffeid.TrustDomain, clk clock.WithTicker, interval time.Duration, logger *slog.Logger) *PluginWatcher {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	if interval <= 0 {
+		interval = DefaultPluginPollInterval
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &PluginWatcher{
+		dir:       dir,
+		td:        td,
+		clk:       clk,
+		interval:  interval,
+		logger:    logger.With("ca_dir", dir),
+		readFiles: readPluginFiles,
+		changes:   make(chan struct{}, 1),
+	}
+}
+
+// Load reads the directory for the first time. An error means the server
+// must not start.
+func (w *PluginWatcher) Load() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var err error
+	for range pluginLoadAttempts {
+		var files *pluginFiles
+		if files, err = readPluginSnapshot(w.dir, w.readFiles); errors.Is(err, errPluginDirChanging) {
+			continue
+		}
+		if err == nil {
+			err = w.applyLocked(files)
+		}
+		break
+	}
+	if err != nil {
+		err = fmt.Errorf("ca: plug-in CA directory %s: %w", w.dir, err)
+		w.setLastError(err)
+		return err
+	}
+	return nil
+}
+
+// Current is the last good material: never nil once Load succeeded.
+func (w *PluginWatcher) Current() *PluginMaterial { return w.current.Load() }
+
+// LastError is the outcome of the most recent check: nil when it loaded
+// new material or the files were unchanged and still valid.
+func (w *PluginWatcher) LastError() error {
+	if p := w.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Changes is signalled (coalesced) whenever Current changes.
+func (w *PluginWatcher) Changes() <-chan struct{} { return w.changes }
+
+// Run checks the directory every interval until ctx is done.
+func (w *PluginWatcher) Run(ctx context.Context) error {
+	t := w.clk.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			_ = w.Check() // logged and kept in LastError
+		}
+	}
+}
+
+// Check reads the directory once, as Run does each interval; cmd may call
+// it on SIGHUP. Files caught mid-update are left for the next check. An
+// invalid change keeps the last good material and is returned, logged and
+// kept in LastError.
+func (w *PluginWatcher) Check() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	files, err := readPluginSnapshot(w.dir, w.readFiles)
+	if errors.Is(err, errPluginDirChanging) {
+		w.logger.Debug("plug-in CA files changing; checking again next interval")
+		return nil
+	}
+	if err == nil {
+		if cur := w.current.Load(); cur != nil && files.digest == cur.Digest {
+			// Unchanged files need no parsing, but time alone can expire
+			// them, and /readyz should say so.
+			err = cur.verify(w.clk.Now())
+			if err == nil {
+				w.failedDigest, w.failedMsg = [32]byte{}, ""
+				w.setLastError(nil)
+				return nil
+			}
+		} else {
+			err = w.applyLocked(files)
+		}
+	}
+	if err != nil {
+		var digest [32]byte
+		if files != nil {
+			digest = files.digest
+		}
+		err = fmt.Errorf("ca: plug-in CA directory %s: %w", w.dir, err)
+		if digest != w.failedDigest || err.Error() != w.failedMsg {
+			w.logger.Error("plug-in CA material invalid; keeping the last good material", logattr.Error, err)
+		}
+		w.failedDigest, w.failedMsg = digest, err.Error()
+		w.setLastError(err)
+		return err
+	}
+	return nil
+}
+
+// applyLocked validates files and, if they are good, makes them current.
+// Refused files are validated again at every check, as material that is
+// not valid yet may become so without changing.
+func (w *PluginWatcher) applyLocked(files *pluginFiles) error {
+	m, warnings, err := validatePlugin(files, w.dir, w.td, w.clk.Now())
+	if err != nil {
+		return err
+	}
+	for _, warning := range warnings {
+		w.logger.Warn(warning)
+	}
+	w.current.Store(m)
+	w.failedDigest, w.failedMsg = [32]byte{}, ""
+	w.setLastError(nil)
+	w.logger.Info("plug-in CA material loaded",
+		"subject", m.Cert.Subject.String(),
+		"not_after", m.Cert.NotAfter,
+		"intermediates", len(m.Intermediates),
+		"roots", len(m.Roots),
+		"digest", hex.EncodeToString(m.Digest[:8]))
+	select {
+	case w.changes <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (w *PluginWatcher) setLastError(err error) {
+	if err == nil {
+		w.lastErr.Store(nil)
+		return
+	}
+	w.lastErr.Store(&err)
+}

@@ -1,0 +1,168 @@
+package ca
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// RootState is where a root is in its life. Only the active root signs;
+// prepared and retired roots are published so that federated peers trust
+// them before they sign and until nothing they signed is still valid.
+type RootState string
+
+// Root states, in lifecycle order.
+const (
+	StatePrepared RootState = "prepared"
+	StateActive   RootState = "active"
+	StateRetired  RootState = "retired"
+	// StateExternal marks roots of a plug-in CA directory: trustbridge
+	// publishes them but their lifecycle is managed elsewhere.
+	StateExternal RootState = "external"
+)
+
+// PublishLead is how many refresh hints a new root is published before it
+// signs. SPIFFE Federation §4.1 asks for 3 to 5; the top of the range gives
+// peers that missed a poll or two time to catch up.
+const PublishLead = 5
+
+// Timeline holds the parameters of root rotation.
+type Timeline struct {
+	// RefreshHint is the spiffe_refresh_hint published with the bundle.
+	RefreshHint time.Duration
+	// MaxWorkloadTTL bounds every leaf the CA signs, so a retired root can
+	// be removed MaxWorkloadTTL after it stopped signing.
+	MaxWorkloadTTL time.Duration
+}
+
+// Validate checks that a root of lifetime rootTTL leaves room for the whole
+// timeline: published for PublishLead hints after its predecessor's half
+// life, and still valid for MaxWorkloadTTL after it started signing.
+func (tl Timeline) Validate(rootTTL time.Duration) error {
+	switch {
+	case tl.RefreshHint <= 0:
+		return errors.New("refresh hint must be positive")
+	case tl.MaxWorkloadTTL <= 0:
+		return errors.New("maximum workload TTL must be positive")
+	case rootTTL <= 0:
+		return errors.New("root TTL must be positive")
+	}
+	if need := PublishLead*tl.RefreshHint + tl.MaxWorkloadTTL; rootTTL/2 < need {
+		return fmt.Errorf("root TTL %s is too short: half of it must cover %d refresh hints (%s) plus the maximum workload TTL (%s), at least %s in all",
+			rootTTL, PublishLead, PublishLead*tl.RefreshHint, tl.MaxWorkloadTTL, 2*need)
+	}
+	return nil
+}
+
+// RootTimes is what the rotation plan needs to know about one root.
+type RootTimes struct {
+	State      RootState
+	NotBefore  time.Time
+	NotAfter   time.Time
+	PreparedAt time.Time // when it entered the published bundle
+	// MinActivateAt, when set, is a floor fixed at preparation time from
+	// the refresh hint published then.
+	MinActivateAt time.Time
+	// RemoveAfter is set when the root is retired: by then every
+	// certificate it signed has expired.
+	RemoveAfter time.Time
+}
+
+// Step is one change the plan calls for.
+type Step int
+
+// Steps the plan can call for.
+const (
+	StepNone      Step = iota
+	StepBootstrap      // no active root: create one and let it sign at once
+	StepPrepare        // publish a successor to the active root
+	StepActivate       // the prepared root signs; the active one retires
+	StepRemove         // a retired root leaves the bundle
+)
+
+func (s Step) String() string {
+	return [...]string{"none", "bootstrap", "prepare", "activate", "remove"}[s]
+}
+
+// PrepareAt is when a successor to an active root is published: at half
+// its lifetime.
+func PrepareAt(active RootTimes) time.Time {
+	return active.NotBefore.Add(active.NotAfter.Sub(active.NotBefore) / 2)
+}
+
+// ActivateAt is the earliest a prepared root may sign: PublishLead refresh
+// hints after it was published, by the current hint and by the one in
+// force when it was published, whichever is later.
+func (tl Timeline) ActivateAt(prepared RootTimes) time.Time {
+	at := prepared.PreparedAt.Add(PublishLead * tl.RefreshHint)
+	if prepared.MinActivateAt.After(at) {
+		return prepared.MinActivateAt
+	}
+	return at
+}
+
+// RemoveAfter is when a root retired at now can leave the bundle: every
+// leaf it signed had a TTL of at most MaxWorkloadTTL and was clamped to
+// the root's own expiry.
+func (tl Timeline) RemoveAfter(root RootTimes, now time.Time) time.Time {
+	t := now.Add(tl.MaxWorkloadTTL)
+	if root.NotAfter.Before(t) {
+		return root.NotAfter
+	}
+	return t
+}
+
+// Plan returns the next step due at now, the index of the root it applies
+// to (-1 for bootstrap and prepare), and when the plan should be looked at
+// again if nothing is due. It is a pure function of its inputs, so the
+// scheduler and the tests agree on every instant.
+func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int, next time.Time) {
+	active, prepared := -1, -1
+	for i, r := range roots {
+		switch r.State {
+		case StateActive:
+			active = i
+		case StatePrepared:
+			prepared = i
+		}
+	}
+	next = time.Time{}
+	soonest := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	for i, r := range roots {
+		if r.State == StateRetired {
+			if !now.Before(r.RemoveAfter) {
+				return StepRemove, i, time.Time{}
+			}
+			soonest(r.RemoveAfter)
+		}
+	}
+	if active < 0 {
+		if prepared >= 0 {
+			// A prepared root without an active one (a crash between
+			// retiring and activating cannot happen, but a hand-edited
+			// journal can): it still waits out its publication lead.
+			if at := tl.ActivateAt(roots[prepared]); now.Before(at) {
+				soonest(at)
+				return StepNone, -1, next
+			}
+			return StepActivate, prepared, time.Time{}
+		}
+		return StepBootstrap, -1, time.Time{}
+	}
+	if prepared >= 0 {
+		if at := tl.ActivateAt(roots[prepared]); now.Before(at) {
+			soonest(at)
+			return StepNone, -1, next
+		}
+		return StepActivate, prepared, time.Time{}
+	}
+	if at := PrepareAt(roots[active]); now.Before(at) {
+		soonest(at)
+		return StepNone, -1, next
+	}
+	return StepPrepare, -1, time.Time{}
+}

@@ -1,0 +1,122 @@
+package ca
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func TestTimelineValidate(t *testing.T) {
+	tl := Timeline{RefreshHint: 5 * time.Minute, MaxWorkloadTTL: 90 * 24 * time.Hour}
+	assert.NoError(t, tl.Validate(8760*time.Hour), "defaults fit")
+	err := tl.Validate(100 * 24 * time.Hour)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "root TTL 2400h0m0s is too short")
+	assert.ErrorContains(t, Timeline{MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "refresh hint must be positive")
+	assert.ErrorContains(t, Timeline{RefreshHint: time.Minute}.Validate(time.Hour), "maximum workload TTL must be positive")
+	assert.ErrorContains(t, tl.Validate(0), "root TTL must be positive")
+}
+
+func TestPlan(t *testing.T) {
+	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
+	active := RootTimes{State: StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
+	prepared := RootTimes{State: StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour)}
+	retired := RootTimes{State: StateRetired, NotBefore: t0.Add(-24 * time.Hour), NotAfter: t0.Add(time.Hour), RemoveAfter: t0.Add(30 * time.Minute)}
+
+	tests := []struct {
+		name      string
+		now       time.Time
+		roots     []RootTimes
+		wantStep  Step
+		wantIndex int
+		wantNext  time.Time
+	}{
+		{"nothing yet", t0, nil, StepBootstrap, -1, time.Time{}},
+		{"young active root", t0.Add(time.Hour), []RootTimes{active}, StepNone, -1, t0.Add(12 * time.Hour)},
+		{"half life reached", t0.Add(12 * time.Hour), []RootTimes{active}, StepPrepare, -1, time.Time{}},
+		{"prepared, lead not yet over", t0.Add(12*time.Hour + 4*time.Minute), []RootTimes{active, prepared}, StepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
+		{"prepared, lead over", t0.Add(12*time.Hour + 5*time.Minute), []RootTimes{active, prepared}, StepActivate, 1, time.Time{}},
+		{"retired root still needed", t0, []RootTimes{retired, active}, StepNone, -1, t0.Add(30 * time.Minute)},
+		{"retired root done", t0.Add(30 * time.Minute), []RootTimes{retired, active}, StepRemove, 0, time.Time{}},
+		{"removal comes before other steps", t0.Add(12 * time.Hour), []RootTimes{active, retired}, StepRemove, 1, time.Time{}},
+		{"prepared without active still waits", t0.Add(12 * time.Hour), []RootTimes{prepared}, StepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
+		{"prepared without active after lead", t0.Add(13 * time.Hour), []RootTimes{prepared}, StepActivate, 0, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			step, index, next := tl.Plan(tt.now, tt.roots)
+			assert.Equal(t, tt.wantStep, step)
+			assert.Equal(t, tt.wantIndex, index)
+			assert.Equal(t, tt.wantNext, next)
+		})
+	}
+}
+
+func TestActivateAtKeepsTheLeadPromisedAtPreparation(t *testing.T) {
+	// Prepared under a 10m hint, the server restarts with a 1m hint: peers
+	// were told to come back in 10m, so activation waits for 5 × 10m.
+	p := RootTimes{PreparedAt: t0, MinActivateAt: t0.Add(50 * time.Minute)}
+	assert.Equal(t, t0.Add(50*time.Minute), Timeline{RefreshHint: time.Minute}.ActivateAt(p))
+	assert.Equal(t, t0.Add(100*time.Minute), Timeline{RefreshHint: 20 * time.Minute}.ActivateAt(p))
+}
+
+func TestRemoveAfter(t *testing.T) {
+	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
+	root := RootTimes{NotAfter: t0.Add(10 * time.Hour)}
+	assert.Equal(t, t0.Add(time.Hour), tl.RemoveAfter(root, t0))
+	assert.Equal(t, root.NotAfter, tl.RemoveAfter(root, t0.Add(9*time.Hour+30*time.Minute)), "never later than the root itself")
+}
+
+// TestPlanSimulation drives the plan through several rotations the way the
+// scheduler does, jumping from event to event, and checks the timeline
+// invariants at every step.
+func TestPlanSimulation(t *testing.T) {
+	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
+	rootTTL := 24 * time.Hour
+	require.NoError(t, tl.Validate(rootTTL))
+
+	var roots []RootTimes
+	now := t0
+	activations := 0
+	for i := 0; i < 100 && activations < 4; i++ {
+		step, index, next := tl.Plan(now, roots)
+		switch step {
+		case StepNone:
+			require.True(t, next.After(now), "plan must move forward")
+			now = next
+		case StepBootstrap:
+			roots = append(roots, RootTimes{State: StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now})
+		case StepPrepare:
+			roots = append(roots, RootTimes{State: StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now})
+		case StepActivate:
+			p := roots[index]
+			require.False(t, now.Before(p.PreparedAt.Add(PublishLead*tl.RefreshHint)), "no root signs before it was published for %d hints", PublishLead)
+			for j := range roots {
+				if roots[j].State == StateActive {
+					old := roots[j]
+					require.True(t, old.NotAfter.Sub(now) >= tl.MaxWorkloadTTL, "old root still outlives every leaf it signed")
+					roots[j].State = StateRetired
+					roots[j].RemoveAfter = tl.RemoveAfter(old, now)
+				}
+			}
+			roots[index].State = StateActive
+			activations++
+		case StepRemove:
+			require.False(t, now.Before(roots[index].RemoveAfter))
+			roots = append(roots[:index], roots[index+1:]...)
+		}
+		actives := 0
+		for _, r := range roots {
+			if r.State == StateActive {
+				actives++
+				assert.True(t, now.Before(r.NotAfter), "the active root is valid")
+			}
+		}
+		assert.LessOrEqual(t, actives, 1)
+	}
+	assert.Equal(t, 4, activations, "four rotations after the bootstrap root")
+}

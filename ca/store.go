@@ -1,0 +1,329 @@
+package ca
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
+)
+
+// Layout of the CA's part of --data-dir. state.json is the commit point:
+// key and certificate files are written first, each atomically, and only
+// then the journal that names them. A file the journal does not name is
+// left over from an interrupted write and is never trusted.
+const (
+	stateDirName  = "ca"
+	journalName   = "state.json"
+	rootsDirName  = "roots"
+	lockName      = ".lock"
+	journalFormat = 1
+	maxJournal    = 1 << 20
+)
+
+// ErrCorruptState marks a state directory trustbridge refuses to use. It is
+// never overwritten: an operator must look at it.
+var ErrCorruptState = errors.New("corrupt CA state")
+
+// Journal is the persisted CA state: which roots exist, in which state,
+// and the sequence number of the published bundle.
+type Journal struct {
+	Format      int    `json:"format"`
+	TrustDomain string `json:"trust_domain"`
+	Sequence    uint64 `json:"sequence"`
+	// MaxWorkloadTTLSeconds is the longest leaf TTL ever allowed with
+	// these roots. It only grows: a retired root stays published until
+	// every leaf it could have signed has expired, and `ca issue` in
+	// another process must not sign beyond what the server allows.
+	MaxWorkloadTTLSeconds int64        `json:"max_workload_ttl_seconds"`
+	Roots                 []RootRecord `json:"roots"`
+	// PluginRoots are the SHA-256 fingerprints of the roots last published
+	// in plug-in mode, so Sequence moves only when they change.
+	PluginRoots []string      `json:"plugin_roots,omitempty"`
+	Updated     time.Time     `json:"updated"`
+	Events      []JournalNote `json:"events,omitempty"`
+}
+
+// JournalNote records a rotation event, newest last, for operators.
+type JournalNote struct {
+	At     time.Time `json:"at"`
+	Event  string    `json:"event"`
+	RootID string    `json:"root_id"`
+}
+
+// maxJournalNotes bounds the event history kept in the journal.
+const maxJournalNotes = 50
+
+// RootRecord is one root in the journal.
+type RootRecord struct {
+	ID          string    `json:"id"` // hex serial number; names the files
+	State       RootState `json:"state"`
+	CertSHA256  string    `json:"cert_sha256"`
+	PreparedAt  time.Time `json:"prepared_at"`
+	ActivatedAt time.Time `json:"activated_at,omitzero"`
+	RetiredAt   time.Time `json:"retired_at,omitzero"`
+	// MinActivateAt is fixed when the root is prepared, from the refresh
+	// hint published then: lowering the hint later must not shorten the
+	// time peers had to fetch it.
+	MinActivateAt time.Time `json:"min_activate_at,omitzero"`
+	RemoveAfter   time.Time `json:"remove_after,omitzero"`
+}
+
+// Root is a root with its material.
+type Root struct {
+	RootRecord
+	Cert *x509.Certificate
+	Key  crypto.Signer
+}
+
+// Store reads and writes CA state under a data directory.
+type Store struct {
+	dir string // <data-dir>/ca
+}
+
+// NewStore returns a store for dataDir. It touches nothing on disk.
+func NewStore(dataDir string) *Store {
+	return &Store{dir: filepath.Join(dataDir, stateDirName)}
+}
+
+// Dir is the CA state directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) journalPath() string       { return filepath.Join(s.dir, journalName) }
+func (s *Store) certPath(id string) string { return filepath.Join(s.dir, rootsDirName, id+".crt.pem") }
+func (s *Store) keyPath(id string) string  { return filepath.Join(s.dir, rootsDirName, id+".key.pem") }
+func (s *Store) lockPath() string          { return filepath.Join(s.dir, lockName) }
+func (s *Store) ensureDirs() error         { return os.MkdirAll(filepath.Join(s.dir, rootsDirName), 0o700) }
+func (s *Store) wrap(err error) error      { return fmt.Errorf("ca: state in %s: %w", s.dir, err) }
+func corrupt(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrCorruptState}, a...)...)
+}
+func fingerprint(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// Load reads the journal and every root it names, checking that it
+// belongs to trust domain td (any, when td is empty). It returns (nil,
+// nil, nil) for a fresh directory. A directory holding root files but no
+// journal, a journal that does not parse, or a root whose files are
+// missing or do not match the journal is refused with ErrCorruptState.
+func (s *Store) Load(td string) (*Journal, []*Root, error) {
+	data, err := os.ReadFile(s.journalPath())
+	if errors.Is(err, fs.ErrNotExist) {
+		if leftovers := s.rootFiles(); len(leftovers) > 0 {
+			return nil, nil, s.wrap(corrupt("%s is missing but root files exist (%s); refusing to start over and orphan them",
+				journalName, strings.Join(leftovers, ", ")))
+		}
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, s.wrap(err)
+	}
+	if len(data) > maxJournal {
+		return nil, nil, s.wrap(corrupt("%s is larger than %d bytes", journalName, maxJournal))
+	}
+	var j Journal
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return nil, nil, s.wrap(corrupt("%s does not parse: %v", journalName, err))
+	}
+	if dec.More() {
+		return nil, nil, s.wrap(corrupt("%s has data after the journal", journalName))
+	}
+	if j.Format != journalFormat {
+		return nil, nil, s.wrap(corrupt("%s has format %d, this trustbridge reads %d", journalName, j.Format, journalFormat))
+	}
+	if td != "" && j.TrustDomain != td {
+		return nil, nil, s.wrap(fmt.Errorf("%w: it belongs to trust domain %q, not %q; use another --data-dir", ErrCorruptState, j.TrustDomain, td))
+	}
+	roots := make([]*Root, 0, len(j.Roots))
+	seen := map[string]bool{}
+	active := 0
+	for i, rec := range j.Roots {
+		if seen[rec.ID] || rec.ID == "" || strings.ContainsAny(rec.ID, `/\.`) {
+			return nil, nil, s.wrap(corrupt("%s: root %d has a missing, unsafe or duplicate id %q", journalName, i, rec.ID))
+		}
+		seen[rec.ID] = true
+		switch rec.State {
+		case StateActive:
+			active++
+		case StatePrepared, StateRetired:
+		default:
+			return nil, nil, s.wrap(corrupt("%s: root %s has unknown state %q", journalName, rec.ID, rec.State))
+		}
+		r, err := s.loadRoot(rec)
+		if err != nil {
+			return nil, nil, s.wrap(err)
+		}
+		roots = append(roots, r)
+	}
+	if active > 1 {
+		return nil, nil, s.wrap(corrupt("%s names %d active roots", journalName, active))
+	}
+	return &j, roots, nil
+}
+
+func (s *Store) rootFiles() []string {
+	entries, err := os.ReadDir(filepath.Join(s.dir, rootsDirName))
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func (s *Store) loadRoot(rec RootRecord) (*Root, error) {
+	certPEM, err := os.ReadFile(s.certPath(rec.ID))
+	if err != nil {
+		return nil, corrupt("root %s: %v", rec.ID, err)
+	}
+	block, rest := pem.Decode(certPEM)
+	if block == nil || block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) > 0 {
+		return nil, corrupt("root %s: %s is not a single PEM certificate", rec.ID, s.certPath(rec.ID))
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, corrupt("root %s: %v", rec.ID, err)
+	}
+	if fingerprint(cert) != rec.CertSHA256 {
+		return nil, corrupt("root %s: certificate does not match the fingerprint in %s", rec.ID, journalName)
+	}
+	info, err := os.Stat(s.keyPath(rec.ID))
+	if err != nil {
+		return nil, corrupt("root %s: %v", rec.ID, err)
+	}
+	if info.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("root %s: private key %s is mode %04o; it must not be readable by group or others (chmod 600)", rec.ID, s.keyPath(rec.ID), info.Mode().Perm())
+	}
+	keyPEM, err := os.ReadFile(s.keyPath(rec.ID))
+	if err != nil {
+		return nil, corrupt("root %s: %v", rec.ID, err)
+	}
+	key, err := parsePrivateKeyPEM(keyPEM)
+	if err != nil {
+		return nil, corrupt("root %s: %s: %v", rec.ID, s.keyPath(rec.ID), err)
+	}
+	if !publicKeysMatch(key.Public(), cert.PublicKey) {
+		return nil, corrupt("root %s: private key does not match the certificate", rec.ID)
+	}
+	return &Root{RootRecord: rec, Cert: cert, Key: key}, nil
+}
+
+// WriteRoot writes a new root's key (0600) and certificate. It must be
+// followed by Save of a journal naming the root; until then the files are
+// leftovers.
+func (s *Store) WriteRoot(cert *x509.Certificate, key crypto.Signer) (string, error) {
+	if err := s.ensureDirs(); err != nil {
+		return "", s.wrap(err)
+	}
+	id := cert.SerialNumber.Text(16)
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	if err := atomicfile.Write(s.keyPath(id), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return "", s.wrap(err)
+	}
+	if err := atomicfile.Write(s.certPath(id), pemCert(cert), 0o644); err != nil {
+		return "", s.wrap(err)
+	}
+	return id, nil
+}
+
+// RemoveRootFiles deletes a root's files after a journal without it was
+// saved.
+func (s *Store) RemoveRootFiles(id string) error {
+	for _, p := range []string{s.keyPath(id), s.certPath(id)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return s.wrap(err)
+		}
+	}
+	return nil
+}
+
+// Save writes the journal atomically.
+func (s *Store) Save(j *Journal) error {
+	if err := s.ensureDirs(); err != nil {
+		return s.wrap(err)
+	}
+	j.Format = journalFormat
+	if len(j.Events) > maxJournalNotes {
+		j.Events = j.Events[len(j.Events)-maxJournalNotes:]
+	}
+	data, err := json.MarshalIndent(j, "", "  ")
+	if err != nil {
+		return s.wrap(err)
+	}
+	return s.wrapNil(atomicfile.Write(s.journalPath(), append(data, '\n'), 0o600))
+}
+
+func (s *Store) wrapNil(err error) error {
+	if err == nil {
+		return nil
+	}
+	return s.wrap(err)
+}
+
+// JournalDigest identifies the journal's current content, so a running
+// server notices changes made by `trustbridge ca rotate`.
+func (s *Store) JournalDigest() ([32]byte, error) {
+	data, err := os.ReadFile(s.journalPath())
+	if err != nil {
+		return [32]byte{}, err
+	}
+	return sha256.Sum256(data), nil
+}
+
+func parsePrivateKeyPEM(data []byte) (crypto.Signer, error) {
+	block, rest := pem.Decode(data)
+	if block == nil || len(bytes.TrimSpace(rest)) > 0 {
+		return nil, errors.New("not a single PEM block")
+	}
+	var (
+		key any
+		err error
+	)
+	switch block.Type {
+	case "PRIVATE KEY":
+		key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(block.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
+	default:
+		return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
+	}
+	if err != nil {
+		return nil, err
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("key type %T cannot sign", key)
+	}
+	return signer, nil
+}
+
+func publicKeysMatch(a, b crypto.PublicKey) bool {
+	eq, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && eq.Equal(b)
+}
+
+func pemCert(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+}

@@ -1,0 +1,37 @@
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestWrite(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "key.pem")
+	require.NoError(t, Write(p, []byte("one"), 0o600))
+	require.NoError(t, Write(p, []byte("two"), 0o600))
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	assert.Equal(t, "two", string(got))
+	info, err := os.Stat(p)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temp files left behind")
+}
+
+func TestWriteFailureLeavesOldContent(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	require.NoError(t, Write(p, []byte("old"), 0o644))
+	// A directory in the way of the rename makes the write fail.
+	require.Error(t, Write(filepath.Join(dir, "missing", "f"), []byte("x"), 0o644))
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	assert.Equal(t, "old", string(got))
+}

@@ -1,0 +1,20 @@
+// Package logattr names the structured-log attribute keys every package
+// uses, so logs from the CA, the bundle server and federation can be
+// queried by the same keys.
+package logattr
+
+// Attribute keys.
+const (
+	TrustDomain = "trust_domain"
+	EndpointURL = "endpoint_url"
+	SPIFFEID    = "spiffe_id"
+	Sequence    = "sequence"
+	RootID      = "root_id"
+	Roots       = "roots"
+	Error       = "error"
+	Component   = "component"
+	DataDir     = "data_dir"
+	Address     = "address"
+	RefreshHint = "refresh_hint"
+	Warning     = "warning"
+)
