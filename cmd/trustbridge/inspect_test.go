@@ -29,8 +29,14 @@ var fixedNow = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
 // runCLI runs the CLI as main does, with a fixed clock.
 func runCLI(t *testing.T, stdin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runCLIAt(t, func() time.Time { return fixedNow }, stdin, args...)
+}
+
+// runCLIAt runs the CLI with the given clock.
+func runCLIAt(t *testing.T, now func() time.Time, stdin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	var out, errb bytes.Buffer
-	code = run(args, env{in: strings.NewReader(stdin), out: &out, err: &errb, now: func() time.Time { return fixedNow }})
+	code = run(args, env{in: strings.NewReader(stdin), out: &out, err: &errb, now: now})
 	return out.String(), errb.String(), code
 }
 

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+func newCACmd(e env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ca",
+		Short: "Operate the embedded CA's state directory",
+	}
+	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e))
+	return cmd
+}
+
+type caIssueOptions struct {
+	dataDir  string
+	caDir    string
+	td       string
+	spiffeID string
+	out      string
+	ttl      time.Duration
+	keyType  string
+}
+
+func newCAIssueCmd(e env) *cobra.Command {
+	var o caIssueOptions
+	cmd := &cobra.Command{
+		Use:   "issue --data-dir DIR --spiffe-id ID --out DIR",
+		Short: "Issue a workload certificate from the CA state (bootstrap, examples)",
+		Long: `Generate a key locally and issue an X509-SVID for --spiffe-id from the active
+root in --data-dir, writing key.pem (mode 0600), cert-chain.pem (leaf first)
+and root-cert.pem (every published root) into --out.
+
+This is for operators: whoever can read --data-dir holds the CA and may
+issue any identity of the trust domain. It takes a shared lock on the state
+directory, so it is safe to run while a server uses it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runCAIssue(e, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir")
+	f.StringVar(&o.caDir, "ca-dir", "", "sign with a plug-in CA directory (Istio cacerts layout) instead of --data-dir")
+	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
+	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
+	f.StringVar(&o.out, "out", "", "directory to write key.pem, cert-chain.pem and root-cert.pem into (required)")
+	f.DurationVar(&o.ttl, "ttl", ca.DefaultWorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
+	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
+	return cmd
+}
+
+func runCAIssue(e env, o caIssueOptions) error {
+	if o.spiffeID == "" || o.out == "" {
+		return errors.New("--spiffe-id and --out are required")
+	}
+	id, err := spiffeid.FromString(o.spiffeID)
+	if err != nil {
+		return fmt.Errorf("--spiffe-id %q: %w", o.spiffeID, err)
+	}
+	kt, err := ca.ParseKeyType(o.keyType)
+	if err != nil {
+		return fmt.Errorf("--key-type: %w", err)
+	}
+	td, m, maxTTL, err := issuingMaterial(e, o, id)
+	if err != nil {
+		return err
+	}
+	key, err := ca.GenerateKey(kt)
+	if err != nil {
+		return err
+	}
+	// The CSR goes through the same parser and signer as any workload's.
+	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
+	if err != nil {
+		return err
+	}
+	csr, err := ca.ParseCSR(csrDER)
+	if err != nil {
+		return err
+	}
+	issued, err := ca.Sign(e.now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, csr, id, o.ttl)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.out, 0o700); err != nil {
+		return err
+	}
+	files := []struct {
+		name string
+		data []byte
+		perm os.FileMode
+	}{
+		{"key.pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600},
+		{"cert-chain.pem", certsPEM(withoutRoots(issued.Chain, m.Roots)), 0o644},
+		{"root-cert.pem", certsPEM(m.Roots), 0o644},
+	}
+	for _, f := range files {
+		if err := atomicfile.Write(filepath.Join(o.out, f.name), f.data, f.perm); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s\n", id, issued.Leaf.NotAfter.UTC().Format(time.RFC3339), o.out)
+	return nil
+}
+
+// issuingMaterial loads what signs: a plug-in directory, or the active
+// root of the data directory under a shared lock.
+func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
+	var m ca.SigningMaterial
+	if o.caDir != "" {
+		td := id.TrustDomain()
+		if o.td != "" {
+			var err error
+			if td, err = bundledoc.TrustDomainName(o.td); err != nil {
+				return td, m, 0, fmt.Errorf("--trust-domain %q: %w", o.td, err)
+			}
+		}
+		p, warnings, err := ca.LoadPluginDir(o.caDir, td, e.now())
+		if err != nil {
+			return td, m, 0, err
+		}
+		for _, w := range warnings {
+			fmt.Fprintln(e.err, "warning:", w)
+		}
+		m = ca.SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}
+		return td, m, ca.DefaultMaxWorkloadTTL, nil
+	}
+	store := ca.NewStore(o.dataDir)
+	unlock, err := store.Lock(false)
+	if err != nil {
+		return spiffeid.TrustDomain{}, m, 0, err
+	}
+	j, roots, err := store.Load("")
+	unlock()
+	if err != nil {
+		return spiffeid.TrustDomain{}, m, 0, err
+	}
+	if j == nil {
+		return spiffeid.TrustDomain{}, m, 0, fmt.Errorf("no CA state in %s; start `trustbridge server --data-dir %s` first", store.Dir(), o.dataDir)
+	}
+	td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
+	if err != nil {
+		return td, m, 0, err
+	}
+	for _, r := range roots {
+		m.Roots = append(m.Roots, r.Cert)
+		if r.State == ca.StateActive {
+			m.Cert, m.Key = r.Cert, r.Key
+		}
+	}
+	if m.Cert == nil {
+		return td, m, 0, fmt.Errorf("no active root in %s (a server with --ca-dir keeps none; pass the same --ca-dir)", store.Dir())
+	}
+	maxTTL := time.Duration(j.MaxWorkloadTTLSeconds) * time.Second
+	if maxTTL == 0 {
+		maxTTL = ca.DefaultMaxWorkloadTTL
+	}
+	return td, m, maxTTL, nil
+}
+
+// withoutRoots is the chain a workload presents: leaf and intermediates;
+// verifiers bring their own roots.
+func withoutRoots(chain, roots []*x509.Certificate) []*x509.Certificate {
+	out := make([]*x509.Certificate, 0, len(chain))
+	for _, c := range chain {
+		if !slices.ContainsFunc(roots, c.Equal) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func certsPEM(certs []*x509.Certificate) []byte {
+	var out []byte
+	for _, c := range certs {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
+}
+
+type caRotateOptions struct {
+	dataDir     string
+	keyType     string
+	caTTL       time.Duration
+	refreshHint time.Duration
+}
+
+func newCARotateCmd(e env) *cobra.Command {
+	var o caRotateOptions
+	cmd := &cobra.Command{
+		Use:   "rotate --data-dir DIR",
+		Short: "Publish a successor root now; it signs after the usual 5 refresh hints",
+		Long: `Prepare a new root now instead of at the active root's half life. The new root
+is published at once and activated only after 5 refresh hints, so federated
+peers learn it first. A running server picks the change up within 30s.
+Pass the same --ca-key-type, --ca-ttl and --bundle-refresh-hint as the server.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			store := ca.NewStore(o.dataDir)
+			j, _, err := store.Load("")
+			if err != nil {
+				return err
+			}
+			if j == nil {
+				return fmt.Errorf("no CA state in %s; start `trustbridge server --data-dir %s` first", store.Dir(), o.dataDir)
+			}
+			td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
+			if err != nil {
+				return err
+			}
+			kt, err := ca.ParseKeyType(o.keyType)
+			if err != nil {
+				return fmt.Errorf("--ca-key-type: %w", err)
+			}
+			a, err := ca.New(ca.Config{TrustDomain: td, DataDir: o.dataDir, KeyType: kt, RootTTL: o.caTTL, RefreshHint: o.refreshHint})
+			if err != nil {
+				return err
+			}
+			if err := a.Rotate(); err != nil {
+				return err
+			}
+			for _, r := range a.Roots() {
+				fmt.Fprintf(e.out, "%-9s %s  not after %s\n", r.State, r.ID, r.Cert.NotAfter.UTC().Format(time.RFC3339))
+			}
+			fmt.Fprintf(e.out, "bundle sequence %d\n", a.Sequence())
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir")
+	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of the new root")
+	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of the new root")
+	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "the server's refresh hint; the new root waits 5 of these before signing")
+	return cmd
+}

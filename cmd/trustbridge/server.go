@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+type serverOptions struct {
+	trustDomain    string
+	dataDir        string
+	adminListen    string
+	keyType        string
+	caTTL          time.Duration
+	workloadTTL    time.Duration
+	maxWorkloadTTL time.Duration
+	refreshHint    time.Duration
+	caDir          string
+	caDirPoll      time.Duration
+	logFormat      string
+	logLevel       string
+}
+
+func newServerCmd(e env) *cobra.Command {
+	var o serverOptions
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the trust domain: embedded CA with root rotation and an admin endpoint",
+		Long: `Run trustbridge for one trust domain. On first start it creates a self-signed
+root in --data-dir; later starts reuse it. Roots rotate on their own: a
+successor is published at half the active root's life and signs only after
+5 refresh hints, so federated peers always know a root before they meet a
+certificate it signed.
+
+The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
+/v1/trust (JSON: the published roots, their state and fingerprints).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.trustDomain == "" {
+				o.trustDomain = os.Getenv("TRUST_DOMAIN")
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return runServer(ctx, e, o, nil)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
+	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600")
+	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
+	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
+	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
+	f.DurationVar(&o.workloadTTL, "workload-ttl", ca.DefaultWorkloadTTL, "default lifetime of workload certificates")
+	f.DurationVar(&o.maxWorkloadTTL, "max-workload-ttl", ca.DefaultMaxWorkloadTTL, "longest lifetime a workload certificate may ask for")
+	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "spiffe_refresh_hint published with the bundle; new roots wait 5 of these before signing")
+	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
+	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
+	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "auto":
+		if f, ok := w.(*os.File); ok {
+			if info, err := f.Stat(); err == nil && info.Mode()&os.ModeCharDevice != 0 {
+				return slog.New(slog.NewTextHandler(w, opts)), nil
+			}
+		}
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want auto, json or text", format)
+	}
+}
+
+// runServer runs until ctx is done. ready, when not nil, receives the
+// admin listener's address once the server serves.
+func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string) error {
+	logger, err := newLogger(e.err, o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	if o.trustDomain == "" {
+		return errors.New("--trust-domain (or TRUST_DOMAIN) is required")
+	}
+	td, err := bundledoc.TrustDomainName(o.trustDomain)
+	if err != nil {
+		return fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
+	}
+	kt, err := ca.ParseKeyType(o.keyType)
+	if err != nil {
+		return fmt.Errorf("--ca-key-type: %w", err)
+	}
+	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
+		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)
+	}
+
+	var plugin *ca.PluginWatcher
+	if o.caDir != "" {
+		plugin = ca.NewPluginWatcher(o.caDir, td, clock.RealClock{}, o.caDirPoll, logger.With(logattr.Component, "ca-dir"))
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	authority, err := ca.New(ca.Config{
+		TrustDomain:    td,
+		DataDir:        o.dataDir,
+		KeyType:        kt,
+		RootTTL:        o.caTTL,
+		RefreshHint:    o.refreshHint,
+		WorkloadTTL:    o.workloadTTL,
+		MaxWorkloadTTL: o.maxWorkloadTTL,
+		Logger:         logger.With(logattr.Component, "ca"),
+		Registerer:     reg,
+		Plugin:         plugin,
+	})
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", o.adminListen)
+	if err != nil {
+		return fmt.Errorf("--admin-listen: %w", err)
+	}
+	admin := &http.Server{
+		Handler:           adminHandler(authority, reg),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+	}
+	addr := ln.Addr().String()
+	printBanner(e.out, td.Name(), o.dataDir, o.caDir, addr, authority)
+	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
+		"admin", "http://"+addr, "sequence", authority.Sequence())
+	if ready != nil {
+		ready <- addr
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- authority.Run(ctx) }()
+	go func() {
+		err := admin.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		} else if err != nil {
+			err = fmt.Errorf("admin listener: %w", err)
+		}
+		errs <- err
+	}()
+	var first error
+	received := 0
+	select {
+	case <-ctx.Done():
+	case first = <-errs:
+		received++
+	}
+	cancel()
+	shutdownCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	if err := admin.Shutdown(shutdownCtx); err != nil && first == nil {
+		first = err
+	}
+	for ; received < 2; received++ {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	logger.Info("trustbridge server stopped")
+	return first
+}
+
+func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority) {
+	abs, _ := filepath.Abs(dataDir)
+	mode := fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
+	issue := "--data-dir " + dataDir
+	if caDir != "" {
+		mode = "plug-in CA from " + caDir + " (reloaded on change)"
+		issue = "--ca-dir " + caDir
+	}
+	fmt.Fprintf(w, `trustbridge is serving trust domain %s
+  CA:         %s
+  roots:      %d published, bundle sequence %d
+  admin:      http://%s/healthz  /readyz  /metrics  /v1/trust
+  try:        curl -s http://%s/v1/trust
+              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds
+`, td, mode, len(a.Roots()), a.Sequence(), addr, addr, issue, td)
+}
+
+func adminHandler(a *ca.Authority, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := a.Ready(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(trustReport(a))
+	})
+	return mux
+}
+
+type trustAuthority struct {
+	ID          string     `json:"id"`
+	State       string     `json:"state"`
+	SHA256      string     `json:"sha256"`
+	Subject     string     `json:"subject"`
+	NotBefore   time.Time  `json:"not_before"`
+	NotAfter    time.Time  `json:"not_after"`
+	PreparedAt  time.Time  `json:"prepared_at"`
+	ActivatedAt *time.Time `json:"activated_at,omitempty"`
+	RetiredAt   *time.Time `json:"retired_at,omitempty"`
+	RemoveAfter *time.Time `json:"remove_after,omitempty"`
+}
+
+type trustDoc struct {
+	TrustDomain        string           `json:"trust_domain"`
+	Sequence           uint64           `json:"sequence"`
+	RefreshHintSeconds int64            `json:"refresh_hint_seconds"`
+	Authorities        []trustAuthority `json:"authorities"`
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func trustReport(a *ca.Authority) trustDoc {
+	b := a.Bundle()
+	seq, _ := b.SequenceNumber()
+	hint, _ := b.RefreshHint()
+	doc := trustDoc{TrustDomain: a.TrustDomain().Name(), Sequence: seq, RefreshHintSeconds: int64(hint / time.Second), Authorities: []trustAuthority{}}
+	for _, r := range a.Roots() {
+		doc.Authorities = append(doc.Authorities, trustAuthority{
+			ID: r.ID, State: string(r.State), SHA256: r.CertSHA256, Subject: r.Cert.Subject.String(),
+			NotBefore: r.Cert.NotBefore.UTC(), NotAfter: r.Cert.NotAfter.UTC(), PreparedAt: r.PreparedAt.UTC(),
+			ActivatedAt: optTime(r.ActivatedAt), RetiredAt: optTime(r.RetiredAt), RemoveAfter: optTime(r.RemoveAfter),
+		})
+	}
+	return doc
+}

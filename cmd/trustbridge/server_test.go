@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+func startServer(t *testing.T, dataDir string) (string, *bytes.Buffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var out, logs bytes.Buffer
+	o := serverOptions{
+		trustDomain: "example.org", dataDir: dataDir, adminListen: "127.0.0.1:0",
+		keyType: "ec-p256", caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour,
+		maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
+	}
+	go func() {
+		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("server exited: %v\n%s", err, logs.String())
+	}
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done, "clean shutdown")
+	})
+	return addr, &out
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+func TestServerAdminEndpoints(t *testing.T) {
+	dataDir := t.TempDir()
+	addr, out := startServer(t, dataDir)
+	assert.Contains(t, out.String(), "trustbridge is serving trust domain example.org")
+	assert.Contains(t, out.String(), "http://"+addr+"/healthz")
+
+	code, body := get(t, "http://"+addr+"/healthz")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "ok\n", body)
+	code, _ = get(t, "http://"+addr+"/readyz")
+	assert.Equal(t, http.StatusOK, code)
+
+	code, body = get(t, "http://"+addr+"/v1/trust")
+	require.Equal(t, http.StatusOK, code)
+	var doc trustDoc
+	require.NoError(t, json.Unmarshal([]byte(body), &doc))
+	assert.Equal(t, "example.org", doc.TrustDomain)
+	assert.Equal(t, uint64(1), doc.Sequence)
+	assert.Equal(t, int64(300), doc.RefreshHintSeconds)
+	require.Len(t, doc.Authorities, 1)
+	assert.Equal(t, "active", doc.Authorities[0].State)
+	assert.Len(t, doc.Authorities[0].SHA256, 64)
+
+	code, body = get(t, "http://"+addr+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `trustbridge_ca_root_not_after_timestamp_seconds{root_id="`)
+	assert.Contains(t, body, "trustbridge_ca_bundle_sequence 1")
+
+	resp, err := http.Post("http://"+addr+"/v1/trust", "application/json", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+}
+
+func TestServerRequiresTrustDomain(t *testing.T) {
+	t.Setenv("TRUST_DOMAIN", "")
+	_, stderr, code := runCLI(t, "", "server", "--data-dir", t.TempDir(), "--admin-listen", "127.0.0.1:0")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--trust-domain (or TRUST_DOMAIN) is required")
+
+	_, stderr, code = runCLI(t, "", "server", "--trust-domain", "Example.org", "--data-dir", t.TempDir(), "--admin-listen", "127.0.0.1:0")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `--trust-domain "Example.org"`)
+}
+
+func TestServerRefusesCorruptState(t *testing.T) {
+	dataDir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dataDir, "ca"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "ca", "state.json"), []byte("{"), 0o600))
+	_, stderr, code := runCLI(t, "", "server", "--trust-domain", "example.org", "--data-dir", dataDir, "--admin-listen", "127.0.0.1:0")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "corrupt CA state")
+}
+
+func TestCAIssueWhileServerRuns(t *testing.T) {
+	dataDir := t.TempDir()
+	startServer(t, dataDir)
+	out := filepath.Join(t.TempDir(), "creds")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", out, "--ttl", "1h")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "issued spiffe://example.org/demo")
+
+	info, err := os.Stat(filepath.Join(out, "key.pem"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	chainPEM, err := os.ReadFile(filepath.Join(out, "cert-chain.pem"))
+	require.NoError(t, err)
+	rootPEM, err := os.ReadFile(filepath.Join(out, "root-cert.pem"))
+	require.NoError(t, err)
+	var raw [][]byte
+	for rest := chainPEM; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		raw = append(raw, b.Bytes)
+	}
+	roots, err := x509bundle.Parse(spiffeid.RequireTrustDomainFromString("example.org"), rootPEM)
+	require.NoError(t, err)
+	id, _, err := x509svid.ParseAndVerify(raw, roots)
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://example.org/demo", id.String())
+
+	if _, err := exec.LookPath("openssl"); err == nil {
+		cmd := exec.Command("openssl", "verify", "-CAfile", filepath.Join(out, "root-cert.pem"), filepath.Join(out, "cert-chain.pem"))
+		outb, err := cmd.CombinedOutput()
+		assert.NoError(t, err, "openssl verify: %s", outb)
+	} else {
+		t.Log("openssl not installed; skipping openssl verify")
+	}
+
+	t.Run("refuses other trust domains", func(t *testing.T) {
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://other.org/demo", "--out", t.TempDir())
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "other.org")
+	})
+	t.Run("refuses TTL over the maximum", func(t *testing.T) {
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", t.TempDir(), "--ttl", "2160h1s")
+		assert.Equal(t, 1, code)
+		assert.NotEmpty(t, stderr)
+	})
+	t.Run("no state", func(t *testing.T) {
+		empty := t.TempDir()
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", empty, "--spiffe-id", "spiffe://example.org/demo", "--out", t.TempDir())
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "no CA state")
+	})
+}
+
+func TestCARotate(t *testing.T) {
+	dataDir := t.TempDir()
+	_, out := startServer(t, dataDir)
+	_ = out
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "rotate", "--data-dir", dataDir)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "prepared")
+	assert.Contains(t, stdout, "active")
+	assert.Contains(t, stdout, "bundle sequence 2")
+}
+
+// writeCACerts writes an Istio cacerts directory: root → signing CA.
+func writeCACerts(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	root := testca.New(t, "example.org", testca.Options{NotAfter: time.Now().Add(48 * time.Hour)})
+	key := testca.NewKey(t, testca.ECP256)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "signing CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	signing := testca.Sign(t, tmpl, root.Cert, key.Public(), root.Key)
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	for name, data := range map[string][]byte{
+		"ca-cert.pem":    certsPEM([]*x509.Certificate{signing}),
+		"ca-key.pem":     pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}),
+		"cert-chain.pem": certsPEM([]*x509.Certificate{signing, root.Cert}),
+		"root-cert.pem":  certsPEM([]*x509.Certificate{root.Cert}),
+	} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+	}
+	return dir
+}
+
+func TestServerPluginCA(t *testing.T) {
+	caDir := writeCACerts(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var out, logs bytes.Buffer
+	o := serverOptions{
+		trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
+		caTTL: 8760 * time.Hour, workloadTTL: time.Hour, maxWorkloadTTL: 24 * time.Hour, refreshHint: 5 * time.Minute,
+		caDir: caDir, caDirPoll: time.Hour, logFormat: "json", logLevel: "info",
+	}
+	go func() {
+		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("server exited: %v\n%s", err, logs.String())
+	}
+	assert.Contains(t, out.String(), "plug-in CA from "+caDir)
+	_, body := get(t, "http://"+addr+"/v1/trust")
+	var doc trustDoc
+	require.NoError(t, json.Unmarshal([]byte(body), &doc))
+	require.Len(t, doc.Authorities, 1)
+	assert.Equal(t, "external", doc.Authorities[0].State)
+	code, _ := get(t, "http://"+addr+"/readyz")
+	assert.Equal(t, http.StatusOK, code)
+	cancel()
+	require.NoError(t, <-done)
+
+	creds := t.TempDir()
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--ca-dir", caDir, "--spiffe-id", "spiffe://example.org/vm", "--out", creds, "--ttl", "1h")
+	require.Equal(t, 0, code, stderr)
+	chain, err := os.ReadFile(filepath.Join(creds, "cert-chain.pem"))
+	require.NoError(t, err)
+	assert.Equal(t, 2, strings.Count(string(chain), "BEGIN CERTIFICATE"), "leaf and the signing CA")
+}
