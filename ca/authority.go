@@ -307,6 +307,23 @@ func (a *Authority) Rotate() error {
 	if a.cfg.Plugin != nil {
 		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
 	}
+	return a.withStateLocked(func() error {
+		for _, r := range a.roots {
+			if r.State == StatePrepared {
+				a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
+				return nil
+			}
+		}
+		if err := a.prepareLocked(a.cfg.Clock.Now(), "forced"); err != nil {
+			return err
+		}
+		return a.commitLocked()
+	})
+}
+
+// withStateLocked runs f holding the state directory's exclusive lock and
+// a.mu, after picking up changes other processes made to the journal.
+func (a *Authority) withStateLocked(f func() error) error {
 	unlock, err := a.store.Lock(true)
 	if err != nil {
 		return err
@@ -317,30 +334,15 @@ func (a *Authority) Rotate() error {
 	if err := a.reloadIfChangedLocked(); err != nil {
 		return err
 	}
-	for _, r := range a.roots {
-		if r.State == StatePrepared {
-			a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
-			return nil
-		}
-	}
-	if err := a.prepareLocked(a.cfg.Clock.Now(), "forced"); err != nil {
-		return err
-	}
-	return a.commitLocked()
+	return f()
 }
 
 // Reconcile applies every rotation step due now and persists the result.
 func (a *Authority) Reconcile() error {
-	unlock, err := a.store.Lock(true)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.reloadIfChangedLocked(); err != nil {
-		return err
-	}
+	return a.withStateLocked(a.reconcileLocked)
+}
+
+func (a *Authority) reconcileLocked() error {
 	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()

@@ -315,26 +315,11 @@ func pluginKey(data []byte) (crypto.Signer, error) {
 	if len(blocks) != 1 {
 		return nil, fmt.Errorf("%s: holds %d PEM blocks, want exactly 1 private key", pluginKeyFile, len(blocks))
 	}
-	b := blocks[0]
-	var key any
-	switch b.Type {
-	case "PRIVATE KEY":
-		key, err = x509.ParsePKCS8PrivateKey(b.Bytes)
-	case "RSA PRIVATE KEY":
-		key, err = x509.ParsePKCS1PrivateKey(b.Bytes)
-	case "EC PRIVATE KEY":
-		key, err = x509.ParseECPrivateKey(b.Bytes)
-	default:
-		return nil, fmt.Errorf("%s: unexpected PEM block %q, want PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY", pluginKeyFile, b.Type)
-	}
+	key, err := parsePrivateKeyBlock(blocks[0])
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", pluginKeyFile, err)
 	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("%s: %T keys cannot sign", pluginKeyFile, key)
-	}
-	return signer, nil
+	return key, nil
 }
 
 // pluginPEMBlocks splits data into PEM blocks and refuses anything else.

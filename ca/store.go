@@ -295,6 +295,12 @@ func parsePrivateKeyPEM(data []byte) (crypto.Signer, error) {
 	if block == nil || len(bytes.TrimSpace(rest)) > 0 {
 		return nil, errors.New("not a single PEM block")
 	}
+	return parsePrivateKeyBlock(block)
+}
+
+// parsePrivateKeyBlock parses the private key PEM types Go and Istio's
+// tools write: PKCS#8, SEC1 EC and PKCS#1 RSA.
+func parsePrivateKeyBlock(block *pem.Block) (crypto.Signer, error) {
 	var (
 		key any
 		err error
@@ -307,14 +313,14 @@ func parsePrivateKeyPEM(data []byte) (crypto.Signer, error) {
 	case "RSA PRIVATE KEY":
 		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
 	default:
-		return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
+		return nil, fmt.Errorf("unexpected PEM block %q, want PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY", block.Type)
 	}
 	if err != nil {
 		return nil, err
 	}
 	signer, ok := key.(crypto.Signer)
 	if !ok {
-		return nil, fmt.Errorf("key type %T cannot sign", key)
+		return nil, fmt.Errorf("%T keys cannot sign", key)
 	}
 	return signer, nil
 }
