@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"math/big"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -31,6 +33,9 @@ const (
 	DefaultRefreshHint    = 5 * time.Minute
 	DefaultWorkloadTTL    = 24 * time.Hour
 	DefaultMaxWorkloadTTL = 90 * 24 * time.Hour
+	// retireMargin pads a retired root's removal for leaves signed in
+	// another process (`ca issue`) whose clock reading came a moment later.
+	retireMargin = time.Minute
 	// recheckInterval bounds how long the scheduler sleeps, so changes
 	// made by `trustbridge ca rotate` in another process are picked up.
 	recheckInterval = 30 * time.Second
@@ -74,11 +79,14 @@ func (c *Config) applyDefaults() error {
 	if c.RefreshHint == 0 {
 		c.RefreshHint = DefaultRefreshHint
 	}
-	if c.WorkloadTTL == 0 {
-		c.WorkloadTTL = DefaultWorkloadTTL
+	if c.RootTTL < 0 || c.WorkloadTTL < 0 || c.MaxWorkloadTTL < 0 {
+		return errors.New("root TTL, workload TTL and maximum workload TTL must not be negative")
 	}
 	if c.MaxWorkloadTTL == 0 {
 		c.MaxWorkloadTTL = DefaultMaxWorkloadTTL
+	}
+	if c.WorkloadTTL == 0 {
+		c.WorkloadTTL = min(DefaultWorkloadTTL, c.MaxWorkloadTTL)
 	}
 	if c.WorkloadTTL > c.MaxWorkloadTTL {
 		return fmt.Errorf("workload TTL %s exceeds the maximum %s", c.WorkloadTTL, c.MaxWorkloadTTL)
@@ -125,6 +133,16 @@ type Authority struct {
 	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
+
+	// started is set once the first reconcile after New has restarted the
+	// publication lead of waiting roots: while the server was down, peers
+	// could not fetch them.
+	started bool
+	// lastErr is the error of the last scheduled rotation check, for Ready.
+	lastErr error
+	// plugin is the plug-in material as last published, so signing never
+	// runs ahead of the bundle peers have seen.
+	plugin *PluginMaterial
 }
 
 // New loads the CA state from cfg.DataDir, creating the first root if the
@@ -139,7 +157,8 @@ func New(cfg Config) (*Authority, error) {
 		store:   NewStore(cfg.DataDir),
 		changes: make(chan struct{}, 1),
 	}
-	m, err := newMetrics(cfg.Registerer)
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": cfg.TrustDomain.Name()}, cfg.Registerer)
+	m, err := newMetrics(reg, a.readinessGauge)
 	if err != nil {
 		return nil, fmt.Errorf("ca: %w", err)
 	}
@@ -180,30 +199,90 @@ func (a *Authority) syncPlugin() error {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	}
 	a.journal = j
+	now := a.cfg.Clock.Now()
 	m := a.cfg.Plugin.Current()
-	fps := make([]string, 0, len(m.Roots))
-	for _, r := range m.Roots {
-		fps = append(fps, fingerprint(r))
-	}
-	sort.Strings(fps)
-	if strings.Join(fps, ",") != strings.Join(j.PluginRoots, ",") || j.Sequence == 0 {
-		j.PluginRoots = fps
+	recs, changed := a.pluginRecords(now, m, j.PluginRoots)
+	if changed || j.Sequence == 0 {
+		j.PluginRoots = recs
 		j.Sequence++
-		now := a.cfg.Clock.Now()
 		j.Updated = now
-		a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(fps, ",")})
+		ids := make([]string, 0, len(recs))
+		for _, r := range recs {
+			ids = append(ids, r.SHA256)
+		}
+		j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
 		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
-		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(fps), logattr.Sequence, j.Sequence)
+		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
 		if err := a.store.Save(j); err != nil {
 			return err
 		}
 	}
+	a.plugin = m
 	a.roots = a.roots[:0]
-	for _, r := range m.Roots {
-		a.roots = append(a.roots, &Root{RootRecord: RootRecord{ID: r.SerialNumber.Text(16), State: StateExternal, CertSHA256: fingerprint(r)}, Cert: r})
+	for _, rec := range j.PluginRoots {
+		cert, err := x509.ParseCertificate(rec.DER)
+		if err != nil {
+			return fmt.Errorf("ca: journal plug-in root %s: %w", rec.SHA256, err)
+		}
+		state := StateExternal
+		if !rec.RemoveAfter.IsZero() {
+			state = StateRetired
+		}
+		a.roots = append(a.roots, &Root{RootRecord: RootRecord{
+			ID: cert.SerialNumber.Text(16), State: state, CertSHA256: rec.SHA256, RemoveAfter: rec.RemoveAfter,
+		}, Cert: cert})
 	}
 	a.publishLocked()
 	return nil
+}
+
+// pluginRecords computes the plug-in roots to publish: those of the
+// directory, plus earlier ones that left it, kept (as retired) until every
+// leaf they could have signed has expired. changed reports whether the
+// published set differs from prev.
+func (a *Authority) pluginRecords(now time.Time, m *PluginMaterial, prev []PluginRootRecord) ([]PluginRootRecord, bool) {
+	current := map[string]bool{}
+	var recs []PluginRootRecord
+	for _, r := range m.Roots {
+		fp := fingerprint(r)
+		current[fp] = true
+		recs = append(recs, PluginRootRecord{SHA256: fp, DER: r.Raw})
+	}
+	removeAfter := now.Add(retireMargin + a.timelineLocked().MaxWorkloadTTL)
+	for _, p := range prev {
+		if current[p.SHA256] {
+			continue
+		}
+		if p.RemoveAfter.IsZero() {
+			p.RemoveAfter = removeAfter
+		}
+		if now.Before(p.RemoveAfter) {
+			recs = append(recs, p)
+		}
+	}
+	key := func(rs []PluginRootRecord) string {
+		ids := make([]string, len(rs))
+		for i, r := range rs {
+			ids[i] = r.SHA256
+		}
+		sort.Strings(ids)
+		return strings.Join(ids, ",")
+	}
+	return recs, key(recs) != key(prev)
+}
+
+// nextPluginRemoval is when the next retired plug-in root leaves the
+// bundle, or zero.
+func (a *Authority) nextPluginRemoval() time.Time {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var next time.Time
+	for _, r := range a.roots {
+		if r.State == StateRetired && (next.IsZero() || r.RemoveAfter.Before(next)) {
+			next = r.RemoveAfter
+		}
+	}
+	return next
 }
 
 // TrustDomain is the CA's trust domain.
@@ -248,9 +327,12 @@ func (a *Authority) Sequence() uint64 {
 // Sign signs a workload CSR for id, an identity the caller has proved. The
 // CSR must come from ParseCSR, which checks its signature.
 func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*Issued, error) {
+	// Signing under the read lock, with the time taken under it, orders
+	// every signing before or after a retirement: a leaf never outlives
+	// the RemoveAfter computed for its root.
 	a.mu.RLock()
+	defer a.mu.RUnlock()
 	m, err := a.signingMaterialLocked()
-	a.mu.RUnlock()
 	if err != nil {
 		a.metrics.signings.WithLabelValues("signing_material").Inc()
 		return nil, err
@@ -285,7 +367,10 @@ func (a *Authority) policy() Policy {
 
 func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 	if a.cfg.Plugin != nil {
-		p := a.cfg.Plugin.Current()
+		p := a.plugin
+		if p == nil {
+			return SigningMaterial{}, errors.New("ca: no plug-in CA material published")
+		}
 		return SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}, nil
 	}
 	var m SigningMaterial
@@ -334,7 +419,24 @@ func (a *Authority) withStateLocked(f func() error) error {
 	if err := a.reloadIfChangedLocked(); err != nil {
 		return err
 	}
-	return f()
+	// f changes state in place before saving it; if the save fails, what
+	// is in memory must go back to what is on disk and published, or the
+	// CA would sign with a root nobody has seen.
+	journal, roots := a.journal.clone(), cloneRoots(a.roots)
+	if err := f(); err != nil {
+		a.journal, a.roots = journal, roots
+		return err
+	}
+	return nil
+}
+
+func cloneRoots(roots []*Root) []*Root {
+	out := make([]*Root, len(roots))
+	for i, r := range roots {
+		c := *r
+		out[i] = &c
+	}
+	return out
 }
 
 // Reconcile applies every rotation step due now and persists the result.
@@ -344,6 +446,21 @@ func (a *Authority) Reconcile() error {
 
 func (a *Authority) reconcileLocked() error {
 	changed := false
+	now := a.cfg.Clock.Now()
+	for _, r := range a.roots {
+		// A root prepared by `ca rotate` is published by this commit; a
+		// root that waited while no server ran starts its lead again.
+		if r.State == StatePrepared && (r.PublishedAt.IsZero() || !a.started) {
+			r.PublishedAt = now
+			changed = true
+		}
+	}
+	a.started = true
+	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
+		// The hint is part of the published document.
+		a.journal.Sequence++
+		changed = true
+	}
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()
 		step, index, _ := a.timelineLocked().Plan(now, a.timesLocked())
@@ -355,10 +472,19 @@ func (a *Authority) reconcileLocked() error {
 		}
 		changed = true
 	}
-	if changed || int64(a.cfg.MaxWorkloadTTL/time.Second) > a.journal.MaxWorkloadTTLSeconds {
+	if changed || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
 		return a.commitLocked()
 	}
 	return nil
+}
+
+func (a *Authority) settings() JournalSettings {
+	return JournalSettings{
+		KeyType:                   a.cfg.KeyType,
+		RootTTLSeconds:            int64(a.cfg.RootTTL / time.Second),
+		RefreshHintSeconds:        int64(a.cfg.RefreshHint / time.Second),
+		CurrentMaxWorkloadSeconds: int64(a.cfg.MaxWorkloadTTL / time.Second),
+	}
 }
 
 // NextCheck is when Reconcile next has work to do, or sooner so that
@@ -382,7 +508,11 @@ func (a *Authority) Run(ctx context.Context) error {
 	}
 	c := cron.New(cron.WithLocation(time.UTC))
 	c.Schedule(scheduleFunc(func(t time.Time) time.Time { return a.NextCheck(t) }), cron.FuncJob(func() {
-		if err := a.Reconcile(); err != nil {
+		err := a.Reconcile()
+		a.mu.Lock()
+		a.lastErr = err
+		a.mu.Unlock()
+		if err != nil {
 			a.metrics.reconcileErrors.Inc()
 			a.cfg.Logger.Error("CA rotation check failed; keeping the current roots", logattr.Error, err)
 		}
@@ -397,14 +527,35 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- a.cfg.Plugin.Run(ctx) }()
 	for {
+		// Wake up for a directory change, or when a retired plug-in root
+		// is due to leave the bundle.
+		var (
+			removal <-chan time.Time
+			timer   clock.Timer
+		)
+		if next := a.nextPluginRemoval(); !next.IsZero() {
+			timer = a.cfg.Clock.NewTimer(next.Sub(a.cfg.Clock.Now()))
+			removal = timer.C()
+		}
 		select {
 		case <-ctx.Done():
-			return <-done
-		case <-a.cfg.Plugin.Changes():
-			if err := a.syncPlugin(); err != nil {
-				a.metrics.reconcileErrors.Inc()
-				a.cfg.Logger.Error("could not publish new plug-in CA roots; keeping the previous bundle", logattr.Error, err)
+			if timer != nil {
+				timer.Stop()
 			}
+			return <-done
+		case <-removal:
+		case <-a.cfg.Plugin.Changes():
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		err := a.syncPlugin()
+		a.mu.Lock()
+		a.lastErr = err
+		a.mu.Unlock()
+		if err != nil {
+			a.metrics.reconcileErrors.Inc()
+			a.cfg.Logger.Error("could not publish new plug-in CA roots; keeping the previous bundle and material", logattr.Error, err)
 		}
 	}
 }
@@ -419,7 +570,7 @@ func (a *Authority) timesLocked() []RootTimes {
 	for i, r := range a.roots {
 		out[i] = RootTimes{
 			State: r.State, NotBefore: r.Cert.NotBefore, NotAfter: r.Cert.NotAfter,
-			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, RemoveAfter: r.RemoveAfter,
+			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, PublishedAt: r.PublishedAt, RemoveAfter: r.RemoveAfter,
 		}
 	}
 	return out
@@ -435,6 +586,17 @@ func (a *Authority) reloadIfChangedLocked() error {
 	j, roots, err := a.store.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return err
+	}
+	if a.journal != nil && a.journal.Sequence > 0 {
+		// Once running, state never starts over: a vanished journal or a
+		// sequence going back means someone removed or replaced the
+		// state under us, and a new root would drop the ones peers use.
+		if j == nil {
+			return fmt.Errorf("ca: %s disappeared while the server was running; refusing to start a new CA over it (restore it, or restart on purpose)", a.store.journalPath())
+		}
+		if j.Sequence < a.journal.Sequence {
+			return fmt.Errorf("ca: %s went back from sequence %d to %d; refusing to publish an older state", a.store.journalPath(), a.journal.Sequence, j.Sequence)
+		}
 	}
 	if j == nil {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
@@ -460,7 +622,7 @@ func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 			if r.State == StateActive {
 				r.State = StateRetired
 				r.RetiredAt = now
-				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now)
+				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 				a.event(now, "retired", r.ID)
 			}
 		}
@@ -495,7 +657,7 @@ func (a *Authority) newRootLocked(now time.Time, state RootState, why string) er
 	if err != nil {
 		return err
 	}
-	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now}, Cert: cert, Key: key}
+	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now}, Cert: cert, Key: key}
 	if state == StatePrepared {
 		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
 	} else {
@@ -539,11 +701,18 @@ func (a *Authority) commitLocked() error {
 	if s := int64(a.cfg.MaxWorkloadTTL / time.Second); s > a.journal.MaxWorkloadTTLSeconds {
 		a.journal.MaxWorkloadTTLSeconds = s
 	}
+	st := a.settings()
+	a.journal.Settings = &st
 	if err := a.store.Save(a.journal); err != nil {
 		return err
 	}
 	a.digest, _ = a.store.JournalDigest()
 	for _, name := range a.store.rootFiles() {
+		if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
+			// A temporary file left by a crash may hold a key copy.
+			_ = os.Remove(filepath.Join(a.store.Dir(), rootsDirName, name))
+			continue
+		}
 		id := trimRootSuffix(name)
 		if id != "" && !keep[id] {
 			if err := a.store.RemoveRootFiles(id); err != nil {
@@ -637,6 +806,9 @@ func (a *Authority) Ready() error {
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
+	if a.lastErr != nil {
+		return fmt.Errorf("last CA check failed: %w", a.lastErr)
+	}
 	m, err := a.signingMaterialLocked()
 	if err != nil {
 		return err
@@ -645,4 +817,13 @@ func (a *Authority) Ready() error {
 		return fmt.Errorf("ca: active root %s expired at %s", fingerprint(m.Cert)[:16], m.Cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// readinessGauge is 1 while Ready reports a problem, so alerts need not
+// scrape /readyz.
+func (a *Authority) readinessGauge() float64 {
+	if a.Ready() != nil {
+		return 1
+	}
+	return 0
 }

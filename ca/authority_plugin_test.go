@@ -77,7 +77,22 @@ func TestAuthorityPluginMode(t *testing.T) {
 	require.NoError(t, b.syncPlugin())
 	require.NoError(t, b.Ready())
 	assert.Equal(t, uint64(2), b.Sequence())
-	assert.True(t, pki2.root.Cert.Equal(b.Bundle().X509Authorities()[0]))
+	published := b.Bundle().X509Authorities()
+	require.Len(t, published, 2, "the old root stays published while leaves it signed are valid")
+	assert.True(t, pki2.root.Cert.Equal(published[0]))
+	assert.True(t, pki.root.Cert.Equal(published[1]))
+
+	// A restart still knows the retired root.
+	c, err := pluginAuthority(t, clk, pluginDir, dataDir)
+	require.NoError(t, err)
+	assert.Len(t, c.Bundle().X509Authorities(), 2)
+	assert.Equal(t, uint64(2), c.Sequence())
+
+	// After the maximum workload TTL it leaves, with a sequence step.
+	clk.SetTime(now.Add(2*time.Hour + retireMargin + time.Second))
+	require.NoError(t, c.syncPlugin())
+	require.Len(t, c.Bundle().X509Authorities(), 1)
+	assert.Equal(t, uint64(3), c.Sequence())
 }
 
 func TestAuthorityRefusesModeSwitch(t *testing.T) {

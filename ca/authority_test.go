@@ -1,8 +1,10 @@
 package ca
 
 import (
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"errors"
 	"net/url"
 	"os"
 	"sort"
@@ -193,26 +195,40 @@ func TestRestartMidRotation(t *testing.T) {
 	require.NotEmpty(t, prepared.ID, "a successor is prepared at half life")
 	seq := a.Sequence()
 
-	// A new process on the same data directory, two minutes later.
-	clk.SetTime(t0.Add(12*time.Hour + 2*time.Minute))
+	// A new process on the same data directory, two minutes later. While
+	// no server ran, peers could not fetch the prepared root, so its
+	// publication lead starts again at the restart.
+	restart := t0.Add(12*time.Hour + 2*time.Minute)
+	clk.SetTime(restart)
 	cfg.Registerer = prometheus.NewRegistry()
 	b, err := New(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, seq, b.Sequence())
+	assert.Equal(t, seq, b.Sequence(), "the same published set")
 	require.Len(t, b.Roots(), 2)
-	for _, r := range b.Roots() {
-		if r.ID == prepared.ID {
-			assert.Equal(t, StatePrepared, r.State, "still waiting out its lead")
+	rootState := func(id string) RootInfo {
+		for _, r := range b.Roots() {
+			if r.ID == id {
+				return r
+			}
 		}
+		t.Fatalf("root %s gone", id)
+		return RootInfo{}
 	}
+	assert.Equal(t, StatePrepared, rootState(prepared.ID).State)
+	assert.Equal(t, restart, rootState(prepared.ID).PublishedAt)
+
 	clk.SetTime(t0.Add(12*time.Hour + 5*time.Minute))
+	require.NoError(t, b.Reconcile())
+	assert.Equal(t, StatePrepared, rootState(prepared.ID).State, "5 hints after the first publication is not enough after a restart")
+
+	clk.SetTime(restart.Add(5 * time.Minute))
 	require.NoError(t, b.Reconcile())
 	for _, r := range b.Roots() {
 		if r.ID == prepared.ID {
 			assert.Equal(t, StateActive, r.State, "the same timeline continues")
 		} else {
 			assert.Equal(t, StateRetired, r.State)
-			assert.Equal(t, clk.Now().Add(cfg.MaxWorkloadTTL), r.RemoveAfter)
+			assert.Equal(t, clk.Now().Add(retireMargin+cfg.MaxWorkloadTTL), r.RemoveAfter)
 		}
 	}
 	assert.Equal(t, seq, b.Sequence(), "activation does not change the published set")
@@ -228,20 +244,105 @@ func TestForcedRotate(t *testing.T) {
 	assert.Equal(t, uint64(2), a.Sequence())
 	require.NoError(t, a.Rotate(), "a second request while one waits is a no-op")
 	assert.Len(t, a.Roots(), 2)
+}
 
-	// Another process (the `ca rotate` CLI) rotated: the server picks it up.
-	cfg2 := cfg
-	cfg2.Registerer = prometheus.NewRegistry()
-	clk.SetTime(t0.Add(10 * time.Minute))
-	other, err := New(cfg2)
+// TestRequestRotation is `trustbridge ca rotate` against a running server:
+// the CLI only appends a prepared root, with the server's settings; the
+// server publishes it at its next check and counts the lead from then.
+func TestRequestRotation(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	cfg.KeyType = KeyECP384
+	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, other.Reconcile())
+
+	clk.SetTime(t0.Add(time.Minute))
+	id, created, err := RequestRotation(cfg.DataDir, clk.Now())
+	require.NoError(t, err)
+	require.True(t, created)
+	again, created, err := RequestRotation(cfg.DataDir, clk.Now())
+	require.NoError(t, err)
+	assert.False(t, created, "one waiting root is enough")
+	assert.Equal(t, id, again)
+
+	// The server has not looked yet: nothing published, nothing signs.
+	assert.Len(t, a.Bundle().X509Authorities(), 1)
+
+	picked := t0.Add(90 * time.Second)
+	clk.SetTime(picked)
 	require.NoError(t, a.Reconcile())
-	var states []RootState
+	require.Len(t, a.Bundle().X509Authorities(), 2, "published at the server's next check")
 	for _, r := range a.Roots() {
-		states = append(states, r.State)
+		if r.ID == id {
+			assert.Equal(t, StatePrepared, r.State)
+			assert.Equal(t, picked, r.PublishedAt)
+			assert.Equal(t, "ECDSA", r.Cert.PublicKeyAlgorithm.String(), "created with the server's key type")
+			assert.Equal(t, 384, r.Cert.PublicKey.(interface{ Params() *elliptic.CurveParams }).Params().BitSize)
+		}
 	}
-	assert.ElementsMatch(t, []RootState{StateRetired, StateActive}, states)
+	clk.SetTime(picked.Add(5*cfg.RefreshHint - time.Second))
+	require.NoError(t, a.Reconcile())
+	for _, r := range a.Roots() {
+		if r.ID == id {
+			assert.Equal(t, StatePrepared, r.State, "not before 5 hints after the server published it")
+		}
+	}
+	clk.SetTime(picked.Add(5 * cfg.RefreshHint))
+	require.NoError(t, a.Reconcile())
+	for _, r := range a.Roots() {
+		if r.ID == id {
+			assert.Equal(t, StateActive, r.State)
+		}
+	}
+
+	_, _, err = RequestRotation(t.TempDir(), clk.Now())
+	assert.ErrorContains(t, err, "no CA state")
+}
+
+func TestSaveFailureLeavesNothingHalfDone(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	before := a.Bundle()
+
+	a.store.saveErr = errors.New("no space left on device")
+	// Two failed checks: one would prepare a root, the next activate it.
+	clk.SetTime(t0.Add(12 * time.Hour))
+	require.ErrorContains(t, a.Reconcile(), "no space left on device")
+	clk.SetTime(t0.Add(12*time.Hour + 10*time.Minute))
+	require.Error(t, a.Reconcile())
+	assert.True(t, before.Equal(a.Bundle()), "nothing published")
+	for _, r := range a.Roots() {
+		assert.Equal(t, StateActive, r.State, "no root prepared or activated in memory only")
+	}
+	assert.Len(t, a.Roots(), 1)
+	id := spiffeid.RequireFromPath(tdExample, "/w")
+	res, err := a.Sign(workloadCSR(t, id), id, 0)
+	require.NoError(t, err)
+	assert.Equal(t, before.X509Authorities()[0].Subject.String(), res.Leaf.Issuer.String(), "still signing with the published root")
+
+	// Once the disk recovers, the timeline starts from a clean state.
+	a.store.saveErr = nil
+	require.NoError(t, a.Reconcile())
+	assert.Len(t, a.Bundle().X509Authorities(), 2, "the successor is published first")
+	for _, r := range a.Roots() {
+		if r.State == StatePrepared {
+			assert.Equal(t, clk.Now(), r.PublishedAt)
+		}
+	}
+}
+
+func TestStateRemovedUnderRunningServer(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := testConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, os.RemoveAll(NewStore(cfg.DataDir).Dir()))
+	err = a.Reconcile()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "disappeared while the server was running")
+	assert.Len(t, a.Roots(), 1, "the running CA keeps its roots")
 }
 
 func TestAuthorityRefusesCorruptDataDir(t *testing.T) {

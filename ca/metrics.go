@@ -12,7 +12,7 @@ type metrics struct {
 	reconcileErrors prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, error) {
 	m := &metrics{
 		rootNotAfter: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trustbridge_ca_root_not_after_timestamp_seconds",
@@ -35,7 +35,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Scheduled rotation checks that failed; the current roots were kept.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.rootNotAfter, m.sequence, m.signings, m.rotations, m.reconcileErrors} {
+	notReadyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "trustbridge_ca_not_ready",
+		Help: "1 while the CA reports a problem on /readyz (invalid --ca-dir change, failed rotation check, expired root), else 0.",
+	}, notReady)
+	for _, c := range []prometheus.Collector{m.rootNotAfter, m.sequence, m.signings, m.rotations, m.reconcileErrors, notReadyGauge} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -26,6 +26,10 @@ const (
 // peers that missed a poll or two time to catch up.
 const PublishLead = 5
 
+// MaxRefreshHint bounds the published refresh hint: peers would not see a
+// revocation for that long, and PublishLead of them must fit a root's life.
+const MaxRefreshHint = 30 * 24 * time.Hour
+
 // Timeline holds the parameters of root rotation.
 type Timeline struct {
 	// RefreshHint is the spiffe_refresh_hint published with the bundle.
@@ -40,8 +44,8 @@ type Timeline struct {
 // life, and still valid for MaxWorkloadTTL after it started signing.
 func (tl Timeline) Validate(rootTTL time.Duration) error {
 	switch {
-	case tl.RefreshHint <= 0:
-		return errors.New("refresh hint must be positive")
+	case tl.RefreshHint < time.Second || tl.RefreshHint > MaxRefreshHint:
+		return fmt.Errorf("refresh hint %s is outside 1s to %s", tl.RefreshHint, MaxRefreshHint)
 	case tl.MaxWorkloadTTL <= 0:
 		return errors.New("maximum workload TTL must be positive")
 	case rootTTL <= 0:
@@ -63,6 +67,9 @@ type RootTimes struct {
 	// MinActivateAt, when set, is a floor fixed at preparation time from
 	// the refresh hint published then.
 	MinActivateAt time.Time
+	// PublishedAt is when a serving process published the root; zero
+	// means it has not been served yet and cannot activate.
+	PublishedAt time.Time
 	// RemoveAfter is set when the root is retired: by then every
 	// certificate it signed has expired.
 	RemoveAfter time.Time
@@ -92,9 +99,13 @@ func PrepareAt(active RootTimes) time.Time {
 
 // ActivateAt is the earliest a prepared root may sign: PublishLead refresh
 // hints after it was published, by the current hint and by the one in
-// force when it was published, whichever is later.
+// force when it was prepared, whichever is later. A root not yet published
+// (PublishedAt zero) never activates.
 func (tl Timeline) ActivateAt(prepared RootTimes) time.Time {
-	at := prepared.PreparedAt.Add(PublishLead * tl.RefreshHint)
+	if prepared.PublishedAt.IsZero() {
+		return time.Time{}
+	}
+	at := prepared.PublishedAt.Add(PublishLead * tl.RefreshHint)
 	if prepared.MinActivateAt.After(at) {
 		return prepared.MinActivateAt
 	}
@@ -145,8 +156,11 @@ func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int,
 			// A prepared root without an active one (a crash between
 			// retiring and activating cannot happen, but a hand-edited
 			// journal can): it still waits out its publication lead.
-			if at := tl.ActivateAt(roots[prepared]); now.Before(at) {
-				soonest(at)
+			at := tl.ActivateAt(roots[prepared])
+			if at.IsZero() || now.Before(at) {
+				if !at.IsZero() {
+					soonest(at)
+				}
 				return StepNone, -1, next
 			}
 			return StepActivate, prepared, time.Time{}
@@ -154,7 +168,11 @@ func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int,
 		return StepBootstrap, -1, time.Time{}
 	}
 	if prepared >= 0 {
-		if at := tl.ActivateAt(roots[prepared]); now.Before(at) {
+		at := tl.ActivateAt(roots[prepared])
+		if at.IsZero() {
+			return StepNone, -1, next
+		}
+		if now.Before(at) {
 			soonest(at)
 			return StepNone, -1, next
 		}

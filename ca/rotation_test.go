@@ -16,7 +16,10 @@ func TestTimelineValidate(t *testing.T) {
 	err := tl.Validate(100 * 24 * time.Hour)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "root TTL 2400h0m0s is too short")
-	assert.ErrorContains(t, Timeline{MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "refresh hint must be positive")
+	assert.ErrorContains(t, Timeline{MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "refresh hint 0s is outside 1s to 720h0m0s")
+	assert.ErrorContains(t, Timeline{RefreshHint: time.Millisecond, MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "outside 1s")
+	assert.ErrorContains(t, Timeline{RefreshHint: 1000000 * time.Hour, MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "outside 1s to 720h0m0s",
+		"a huge hint must not overflow into an activation in the past")
 	assert.ErrorContains(t, Timeline{RefreshHint: time.Minute}.Validate(time.Hour), "maximum workload TTL must be positive")
 	assert.ErrorContains(t, tl.Validate(0), "root TTL must be positive")
 }
@@ -24,7 +27,11 @@ func TestTimelineValidate(t *testing.T) {
 func TestPlan(t *testing.T) {
 	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
 	active := RootTimes{State: StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
-	prepared := RootTimes{State: StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour)}
+	prepared := RootTimes{State: StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour), PublishedAt: t0.Add(12 * time.Hour)}
+	unpublished := prepared
+	unpublished.PublishedAt = time.Time{}
+	lateServed := prepared
+	lateServed.PublishedAt = t0.Add(13 * time.Hour)
 	retired := RootTimes{State: StateRetired, NotBefore: t0.Add(-24 * time.Hour), NotAfter: t0.Add(time.Hour), RemoveAfter: t0.Add(30 * time.Minute)}
 
 	tests := []struct {
@@ -45,6 +52,8 @@ func TestPlan(t *testing.T) {
 		{"removal comes before other steps", t0.Add(12 * time.Hour), []RootTimes{active, retired}, StepRemove, 1, time.Time{}},
 		{"prepared without active still waits", t0.Add(12 * time.Hour), []RootTimes{prepared}, StepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
 		{"prepared without active after lead", t0.Add(13 * time.Hour), []RootTimes{prepared}, StepActivate, 0, time.Time{}},
+		{"prepared elsewhere, never served, never activates", t0.Add(48 * time.Hour), []RootTimes{active, unpublished}, StepNone, -1, time.Time{}},
+		{"the lead counts from publication, not preparation", t0.Add(13*time.Hour + 4*time.Minute), []RootTimes{active, lateServed}, StepNone, -1, t0.Add(13*time.Hour + 5*time.Minute)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,7 +68,7 @@ func TestPlan(t *testing.T) {
 func TestActivateAtKeepsTheLeadPromisedAtPreparation(t *testing.T) {
 	// Prepared under a 10m hint, the server restarts with a 1m hint: peers
 	// were told to come back in 10m, so activation waits for 5 × 10m.
-	p := RootTimes{PreparedAt: t0, MinActivateAt: t0.Add(50 * time.Minute)}
+	p := RootTimes{PreparedAt: t0, PublishedAt: t0, MinActivateAt: t0.Add(50 * time.Minute)}
 	assert.Equal(t, t0.Add(50*time.Minute), Timeline{RefreshHint: time.Minute}.ActivateAt(p))
 	assert.Equal(t, t0.Add(100*time.Minute), Timeline{RefreshHint: 20 * time.Minute}.ActivateAt(p))
 }
@@ -89,9 +98,9 @@ func TestPlanSimulation(t *testing.T) {
 			require.True(t, next.After(now), "plan must move forward")
 			now = next
 		case StepBootstrap:
-			roots = append(roots, RootTimes{State: StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now})
+			roots = append(roots, RootTimes{State: StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
 		case StepPrepare:
-			roots = append(roots, RootTimes{State: StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now})
+			roots = append(roots, RootTimes{State: StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
 		case StepActivate:
 			p := roots[index]
 			require.False(t, now.Before(p.PreparedAt.Add(PublishLead*tl.RefreshHint)), "no root signs before it was published for %d hints", PublishLead)

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -46,13 +47,45 @@ type Journal struct {
 	// these roots. It only grows: a retired root stays published until
 	// every leaf it could have signed has expired, and `ca issue` in
 	// another process must not sign beyond what the server allows.
-	MaxWorkloadTTLSeconds int64        `json:"max_workload_ttl_seconds"`
-	Roots                 []RootRecord `json:"roots"`
-	// PluginRoots are the SHA-256 fingerprints of the roots last published
-	// in plug-in mode, so Sequence moves only when they change.
-	PluginRoots []string      `json:"plugin_roots,omitempty"`
-	Updated     time.Time     `json:"updated"`
-	Events      []JournalNote `json:"events,omitempty"`
+	MaxWorkloadTTLSeconds int64 `json:"max_workload_ttl_seconds"`
+	// Settings of the serving process, so that `ca rotate` and `ca issue`
+	// in another process follow them instead of their own defaults.
+	Settings *JournalSettings `json:"settings,omitempty"`
+	Roots    []RootRecord     `json:"roots"`
+	// PluginRoots are the roots published in plug-in mode: those of the
+	// directory, and earlier ones kept until the leaves they signed expire.
+	PluginRoots []PluginRootRecord `json:"plugin_roots,omitempty"`
+	Updated     time.Time          `json:"updated"`
+	Events      []JournalNote      `json:"events,omitempty"`
+}
+
+// clone deep-copies the journal.
+func (j *Journal) clone() *Journal {
+	c := *j
+	c.Roots = append([]RootRecord(nil), j.Roots...)
+	c.Events = append([]JournalNote(nil), j.Events...)
+	c.PluginRoots = append([]PluginRootRecord(nil), j.PluginRoots...)
+	if j.Settings != nil {
+		st := *j.Settings
+		c.Settings = &st
+	}
+	return &c
+}
+
+// PluginRootRecord is a root published in plug-in mode. A root that left
+// the directory has RemoveAfter set.
+type PluginRootRecord struct {
+	SHA256      string    `json:"sha256"`
+	DER         []byte    `json:"der"`
+	RemoveAfter time.Time `json:"remove_after,omitzero"`
+}
+
+// JournalSettings are the serving process's CA settings.
+type JournalSettings struct {
+	KeyType                   KeyType `json:"key_type"`
+	RootTTLSeconds            int64   `json:"root_ttl_seconds"`
+	RefreshHintSeconds        int64   `json:"refresh_hint_seconds"`
+	CurrentMaxWorkloadSeconds int64   `json:"current_max_workload_ttl_seconds"`
 }
 
 // JournalNote records a rotation event, newest last, for operators.
@@ -77,7 +110,12 @@ type RootRecord struct {
 	// hint published then: lowering the hint later must not shorten the
 	// time peers had to fetch it.
 	MinActivateAt time.Time `json:"min_activate_at,omitzero"`
-	RemoveAfter   time.Time `json:"remove_after,omitzero"`
+	// PublishedAt is when a serving trustbridge first published the root
+	// (or, after a restart, published it again). A root prepared by
+	// `ca rotate` has none until the server picks it up, and the
+	// publication lead counts from here.
+	PublishedAt time.Time `json:"published_at,omitzero"`
+	RemoveAfter time.Time `json:"remove_after,omitzero"`
 }
 
 // Root is a root with its material.
@@ -90,6 +128,8 @@ type Root struct {
 // Store reads and writes CA state under a data directory.
 type Store struct {
 	dir string // <data-dir>/ca
+	// saveErr, set by tests, makes Save fail as a full disk would.
+	saveErr error
 }
 
 // NewStore returns a store for dataDir. It touches nothing on disk.
@@ -120,7 +160,7 @@ func fingerprint(c *x509.Certificate) string {
 // journal, a journal that does not parse, or a root whose files are
 // missing or do not match the journal is refused with ErrCorruptState.
 func (s *Store) Load(td string) (*Journal, []*Root, error) {
-	data, err := os.ReadFile(s.journalPath())
+	data, err := readCapped(s.journalPath(), maxJournal)
 	if errors.Is(err, fs.ErrNotExist) {
 		if leftovers := s.rootFiles(); len(leftovers) > 0 {
 			return nil, nil, s.wrap(corrupt("%s is missing but root files exist (%s); refusing to start over and orphan them",
@@ -130,9 +170,6 @@ func (s *Store) Load(td string) (*Journal, []*Root, error) {
 	}
 	if err != nil {
 		return nil, nil, s.wrap(err)
-	}
-	if len(data) > maxJournal {
-		return nil, nil, s.wrap(corrupt("%s is larger than %d bytes", journalName, maxJournal))
 	}
 	var j Journal
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -174,6 +211,24 @@ func (s *Store) Load(td string) (*Journal, []*Root, error) {
 		return nil, nil, s.wrap(corrupt("%s names %d active roots", journalName, active))
 	}
 	return &j, roots, nil
+}
+
+// readCapped reads a file, refusing one larger than limit before reading
+// it all.
+func readCapped(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, corrupt("%s is larger than %d bytes", filepath.Base(path), limit)
+	}
+	return data, nil
 }
 
 func (s *Store) rootFiles() []string {
@@ -259,6 +314,9 @@ func (s *Store) RemoveRootFiles(id string) error {
 
 // Save writes the journal atomically.
 func (s *Store) Save(j *Journal) error {
+	if s.saveErr != nil {
+		return s.wrap(s.saveErr)
+	}
 	if err := s.ensureDirs(); err != nil {
 		return s.wrap(err)
 	}

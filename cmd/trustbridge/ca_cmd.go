@@ -79,14 +79,17 @@ func runCAIssue(e env, o caIssueOptions) error {
 	if err != nil {
 		return fmt.Errorf("--key-type: %w", err)
 	}
-	td, m, maxTTL, err := issuingMaterial(e, o, id)
-	if err != nil {
-		return err
-	}
+	// The key first: RSA keys take a while, and the state lock is held
+	// from reading the roots until the certificate is signed.
 	key, err := ca.GenerateKey(kt)
 	if err != nil {
 		return err
 	}
+	td, m, maxTTL, unlock, err := issuingMaterial(e, o, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	// The CSR goes through the same parser and signer as any workload's.
 	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
 	if err != nil {
@@ -126,8 +129,20 @@ func runCAIssue(e env, o caIssueOptions) error {
 }
 
 // issuingMaterial loads what signs: a plug-in directory, or the active
-// root of the data directory under a shared lock.
-func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
+// root of the data directory under a shared lock. On success the caller
+// holds the lock until it has signed, so the server cannot retire the root
+// between reading it and signing; on error nothing stays locked.
+func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (td spiffeid.TrustDomain, m ca.SigningMaterial, maxTTL time.Duration, unlock func(), err error) {
+	unlock = func() {}
+	td, m, maxTTL, err = loadIssuingMaterial(e, o, id, &unlock)
+	if err != nil {
+		unlock()
+		unlock = func() {}
+	}
+	return td, m, maxTTL, unlock, err
+}
+
+func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func()) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
 	var m ca.SigningMaterial
 	if o.caDir != "" {
 		td := id.TrustDomain()
@@ -152,8 +167,8 @@ func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (spiffeid.TrustDom
 	if err != nil {
 		return spiffeid.TrustDomain{}, m, 0, err
 	}
+	*unlockp = unlock
 	j, roots, err := store.Load("")
-	unlock()
 	if err != nil {
 		return spiffeid.TrustDomain{}, m, 0, err
 	}
@@ -173,9 +188,11 @@ func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (spiffeid.TrustDom
 	if m.Cert == nil {
 		return td, m, 0, fmt.Errorf("no active root in %s (a server with --ca-dir keeps none; pass the same --ca-dir)", store.Dir())
 	}
-	maxTTL := time.Duration(j.MaxWorkloadTTLSeconds) * time.Second
-	if maxTTL == 0 {
-		maxTTL = ca.DefaultMaxWorkloadTTL
+	// The server's current maximum: the journal also keeps the largest
+	// ever used, which only sets how long retired roots stay published.
+	maxTTL := ca.DefaultMaxWorkloadTTL
+	if j.Settings != nil && j.Settings.CurrentMaxWorkloadSeconds > 0 {
+		maxTTL = time.Duration(j.Settings.CurrentMaxWorkloadSeconds) * time.Second
 	}
 	return td, m, maxTTL, nil
 }
@@ -200,58 +217,31 @@ func certsPEM(certs []*x509.Certificate) []byte {
 	return out
 }
 
-type caRotateOptions struct {
-	dataDir     string
-	keyType     string
-	caTTL       time.Duration
-	refreshHint time.Duration
-}
-
 func newCARotateCmd(e env) *cobra.Command {
-	var o caRotateOptions
+	var dataDir string
 	cmd := &cobra.Command{
 		Use:   "rotate --data-dir DIR",
-		Short: "Publish a successor root now; it signs after the usual 5 refresh hints",
-		Long: `Prepare a new root now instead of at the active root's half life. The new root
-is published at once and activated only after 5 refresh hints, so federated
-peers learn it first. A running server picks the change up within 30s.
-Pass the same --ca-key-type, --ca-ttl and --bundle-refresh-hint as the server.`,
+		Short: "Prepare a successor root now; it signs only 5 refresh hints after the server publishes it",
+		Long: `Prepare a new root now instead of at the active root's half life, with the key
+type and lifetime the server recorded in --data-dir. The server publishes it
+at its next check (within 30s) and activates it no earlier than 5 of its
+refresh hints after that, so federated peers learn it first. If no server
+runs, nothing is published or activated until one does. A root already
+waiting is kept; rotate does nothing then.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			store := ca.NewStore(o.dataDir)
-			j, _, err := store.Load("")
+			id, created, err := ca.RequestRotation(dataDir, e.now())
 			if err != nil {
 				return err
 			}
-			if j == nil {
-				return fmt.Errorf("no CA state in %s; start `trustbridge server --data-dir %s` first", store.Dir(), o.dataDir)
+			if !created {
+				fmt.Fprintf(e.out, "root %s is already prepared and waiting; nothing to do\n", id)
+				return nil
 			}
-			td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
-			if err != nil {
-				return err
-			}
-			kt, err := ca.ParseKeyType(o.keyType)
-			if err != nil {
-				return fmt.Errorf("--ca-key-type: %w", err)
-			}
-			a, err := ca.New(ca.Config{TrustDomain: td, DataDir: o.dataDir, KeyType: kt, RootTTL: o.caTTL, RefreshHint: o.refreshHint})
-			if err != nil {
-				return err
-			}
-			if err := a.Rotate(); err != nil {
-				return err
-			}
-			for _, r := range a.Roots() {
-				fmt.Fprintf(e.out, "%-9s %s  not after %s\n", r.State, r.ID, r.Cert.NotAfter.UTC().Format(time.RFC3339))
-			}
-			fmt.Fprintf(e.out, "bundle sequence %d\n", a.Sequence())
+			fmt.Fprintf(e.out, "prepared root %s; the server publishes it within 30s and activates it 5 refresh hints later\n", id)
 			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir")
-	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of the new root")
-	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of the new root")
-	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "the server's refresh hint; the new root waits 5 of these before signing")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir")
 	return cmd
 }

@@ -70,7 +70,7 @@ The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
-	f.DurationVar(&o.workloadTTL, "workload-ttl", ca.DefaultWorkloadTTL, "default lifetime of workload certificates")
+	f.DurationVar(&o.workloadTTL, "workload-ttl", 0, "default lifetime of workload certificates (default 24h, or --max-workload-ttl if lower)")
 	f.DurationVar(&o.maxWorkloadTTL, "max-workload-ttl", ca.DefaultMaxWorkloadTTL, "longest lifetime a workload certificate may ask for")
 	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "spiffe_refresh_hint published with the bundle; new roots wait 5 of these before signing")
 	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")

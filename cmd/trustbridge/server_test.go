@@ -89,7 +89,8 @@ func TestServerAdminEndpoints(t *testing.T) {
 	code, body = get(t, "http://"+addr+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `trustbridge_ca_root_not_after_timestamp_seconds{root_id="`)
-	assert.Contains(t, body, "trustbridge_ca_bundle_sequence 1")
+	assert.Contains(t, body, `trustbridge_ca_bundle_sequence{trust_domain="example.org"} 1`)
+	assert.Contains(t, body, `trustbridge_ca_not_ready{trust_domain="example.org"} 0`)
 
 	resp, err := http.Post("http://"+addr+"/v1/trust", "application/json", nil)
 	require.NoError(t, err)
@@ -179,9 +180,14 @@ func TestCARotate(t *testing.T) {
 	_ = out
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "rotate", "--data-dir", dataDir)
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "prepared")
-	assert.Contains(t, stdout, "active")
-	assert.Contains(t, stdout, "bundle sequence 2")
+	assert.Contains(t, stdout, "prepared root ")
+	stdout, _, code = runCLIAt(t, time.Now, "", "ca", "rotate", "--data-dir", dataDir)
+	require.Equal(t, 0, code)
+	assert.Contains(t, stdout, "already prepared and waiting")
+
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "rotate", "--data-dir", filepath.Join(t.TempDir(), "typo"))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "no CA state")
 }
 
 // writeCACerts writes an Istio cacerts directory: root → signing CA.

@@ -1,0 +1,73 @@
+package ca
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// RequestRotation prepares a successor root in dataDir on behalf of the
+// serving trustbridge, for `trustbridge ca rotate`. It only appends a
+// prepared root, created with the settings the server recorded in the
+// journal; it runs no rotation plan of its own. The root is not yet
+// published: the server publishes it at its next check (within 30s) and
+// counts the publication lead from then. If a prepared root is already
+// waiting, nothing changes and created is false.
+func RequestRotation(dataDir string, now time.Time) (rootID string, created bool, err error) {
+	s := NewStore(dataDir)
+	unlock, err := s.Lock(false) // refuse to create a state dir where there is none
+	if err != nil {
+		return "", false, err
+	}
+	unlock()
+	unlock, err = s.Lock(true)
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	j, roots, err := s.Load("")
+	if err != nil {
+		return "", false, err
+	}
+	if j == nil {
+		return "", false, fmt.Errorf("ca: no CA state in %s; start the server first", s.Dir())
+	}
+	if len(j.PluginRoots) > 0 {
+		return "", false, errors.New("ca: this data directory serves a plug-in CA (--ca-dir); rotate its roots there")
+	}
+	for _, r := range roots {
+		if r.State == StatePrepared {
+			return r.ID, false, nil
+		}
+	}
+	st := JournalSettings{KeyType: KeyECP256, RootTTLSeconds: int64(DefaultRootTTL / time.Second), RefreshHintSeconds: int64(DefaultRefreshHint / time.Second)}
+	if j.Settings != nil {
+		st = *j.Settings
+	}
+	td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
+	if err != nil {
+		return "", false, fmt.Errorf("ca: journal trust domain: %w", err)
+	}
+	cert, key, err := newRootCert(td, st.KeyType, now, time.Duration(st.RootTTLSeconds)*time.Second)
+	if err != nil {
+		return "", false, fmt.Errorf("ca: create root: %w", err)
+	}
+	id, err := s.WriteRoot(cert, key)
+	if err != nil {
+		return "", false, err
+	}
+	j.Roots = append(j.Roots, RootRecord{
+		ID: id, State: StatePrepared, CertSHA256: fingerprint(cert), PreparedAt: now,
+		MinActivateAt: now.Add(PublishLead * time.Duration(st.RefreshHintSeconds) * time.Second),
+	})
+	j.Sequence++
+	j.Events = append(j.Events, JournalNote{At: now, Event: "prepared (requested)", RootID: id})
+	j.Updated = now
+	if err := s.Save(j); err != nil {
+		_ = s.RemoveRootFiles(id)
+		return "", false, err
+	}
+	return id, true, nil
+}
