@@ -122,7 +122,9 @@ func TestRotationProperty(t *testing.T) {
 	activations := 0
 	seenActive := map[string]bool{}
 
-	for now := t0; now.Before(t0.Add(4 * 24 * time.Hour)); now = now.Add(7 * time.Minute) {
+	// Steps shorter than the 5-minute lead, and leaves at the maximum TTL,
+	// so that a shortened lead or an early removal shows.
+	for now := t0; now.Before(t0.Add(2 * 24 * time.Hour)); now = now.Add(3 * time.Minute) {
 		clk.SetTime(now)
 		require.NoError(t, a.Reconcile())
 
@@ -156,7 +158,7 @@ func TestRotationProperty(t *testing.T) {
 			}
 		}
 
-		res, err := a.Sign(workloadCSR(t, id), id, 0)
+		res, err := a.Sign(workloadCSR(t, id), id, cfg.MaxWorkloadTTL)
 		require.NoError(t, err)
 		signer := res.Leaf.Issuer.String()
 		for _, r := range a.Roots() {

@@ -61,8 +61,10 @@ type result struct {
 	samples   []sample
 }
 
-// benchLine matches "BenchmarkX/y-2   123   456 ns/op   78 B/op   9 allocs/op".
-var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op(?:\s+([\d.]+) B/op)?(?:\s+([\d.]+) allocs/op)?`)
+// benchLine matches "BenchmarkX/y-2   123   456 ns/op ..." and captures the
+// name and the value/unit pairs that follow the iteration count, in any
+// order (custom metrics from b.ReportMetric sit between ns/op and B/op).
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
 
 func parse(r io.Reader) ([]*result, map[string]string, error) {
 	meta := map[string]string{}
@@ -82,7 +84,7 @@ func parse(r io.Reader) ([]*result, map[string]string, error) {
 			}
 		}
 		m := benchLine.FindStringSubmatch(line)
-		if m == nil {
+		if m == nil || !strings.Contains(m[2], "ns/op") {
 			continue
 		}
 		key := pkg + " " + m[1]
@@ -93,9 +95,21 @@ func parse(r io.Reader) ([]*result, map[string]string, error) {
 			order = append(order, res)
 		}
 		s := sample{}
-		s.ns, _ = strconv.ParseFloat(m[2], 64)
-		s.bytes, _ = strconv.ParseFloat(m[3], 64)
-		s.allocs, _ = strconv.ParseFloat(m[4], 64)
+		fields := strings.Fields(m[2])
+		for i := 0; i+1 < len(fields); i += 2 {
+			v, err := strconv.ParseFloat(fields[i], 64)
+			if err != nil {
+				continue
+			}
+			switch fields[i+1] {
+			case "ns/op":
+				s.ns = v
+			case "B/op":
+				s.bytes = v
+			case "allocs/op":
+				s.allocs = v
+			}
+		}
 		res.samples = append(res.samples, s)
 	}
 	if len(order) == 0 {
