@@ -1,12 +1,48 @@
-// Package bundleserver serves SPIFFE bundle endpoints: the local trust
-// domain's bundle (and, for relays, other bundles it holds) as a JWKS
-// document with spiffe_sequence and spiffe_refresh_hint, over HTTPS in the
-// https_web (Web PKI) and https_spiffe (X509-SVID) profiles.
+// Package bundleserver serves SPIFFE bundle endpoints over HTTPS, in the
+// https_web (Web PKI) and https_spiffe (X509-SVID) profiles: the local
+// trust domain's bundle at a configured path, any bundle the server holds
+// at /bundles/{trustDomain}, and a SPIFFE bundle map of them at
+// /bundle-map. Documents are rendered with internal/bundledoc once per
+// change, in Server.Update, and every request writes the same bytes with
+// a strong ETag, so If-None-Match polls cost a 304. The local bundle is
+// never served empty by accident: before the source has one the server
+// answers 503 with a plain-text body (go-spiffe's FetchBundle ignores
+// status codes, so an error body must not parse as a bundle). TLS follows
+// Mozilla's intermediate profile, client certificates are never
+// requested, and the serving certificate comes from GetCertificate on
+// every handshake, so it rotates without a restart. FileSource serves a
+// bundle document from a file for relays and offline CAs; FileCertificate
+// and ACME supply https_web certificates.
 //
-// This package is being built; see the project issues for its scope. It
-// serializes with internal/bundledoc, whose Marshal is deterministic so a
-// document can be rendered once per change and served with a strong ETag.
+//	srv, err := bundleserver.New(bundleserver.Config{
+//		TrustDomain:    td,
+//		Local:          authority, // anything with Bundle() *spiffebundle.Bundle
+//		Others:         store.Bundles,
+//		ServeOthers:    serveFederated,
+//		GetCertificate: svids.GetCertificate,
+//		Logger:         logger,
+//		Registerer:     reg,
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	go func() { // re-render on every change of any source
+//		for {
+//			select {
+//			case <-ctx.Done():
+//				return
+//			case <-authority.Changes():
+//			case <-store.Changes():
+//			}
+//			_ = srv.Update() // logged; the last good documents stay served
+//		}
+//	}()
+//	return srv.Serve(ctx, ln) // graceful shutdown when ctx ends
 //
-// Spec: SPIFFE Federation §4 (bundle endpoint), §5.2 (endpoint profiles).
+// Specs: SPIFFE Federation §4 (bundle endpoint), §5 (Mozilla intermediate
+// TLS), §5.2.1.3 and §5.2.2.3 (serving https_web and https_spiffe: GET,
+// no client authentication, application/json); SPIFFE Trust Domain and
+// Bundle §4 and §5 (bundle and bundle map formats); RFC 9110 §8.8.3 and
+// §13.1.2 (ETag, If-None-Match), RFC 9111 §5.2.2.1 (max-age).
 // https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Federation.md#4-spiffe-bundle-endpoint
 package bundleserver

@@ -1,0 +1,7 @@
+package bundleserver
+
+import "net/http"
+
+// NewHTTPServer exposes the hardened server settings so benchmarks run
+// their baselines on exactly what Serve runs.
+func (s *Server) NewHTTPServer(h http.Handler) *http.Server { return s.httpServer(h) }

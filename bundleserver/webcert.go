@@ -1,0 +1,477 @@
+package bundleserver
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+const (
+	// maxWebCertFileSize bounds what a misconfigured path (a log file, a
+	// device) can make us read; real certificate files are kilobytes.
+	maxWebCertFileSize = 1 << 20
+
+	// webCertExpiryWarning is how close to NotAfter a loaded certificate
+	// draws a warning: long enough for a human to act on it.
+	webCertExpiryWarning = 7 * 24 * time.Hour
+
+	// webCertLoadAttempts is how often Load re-reads a pair caught
+	// mid-update: a Kubernetes secret update swaps one symlink, so the
+	// next read is normally consistent.
+	webCertLoadAttempts = 3
+
+	// DefaultWebCertPollInterval is used when Run is given no positive
+	// interval.
+	DefaultWebCertPollInterval = 10 * time.Second
+)
+
+var (
+	// errWebCertChanging reports that the files changed between two reads.
+	errWebCertChanging = errors.New("files changed while being read")
+	// errWebCertMismatch reports a key that is not the leaf's: either a
+	// writer is between the two files or the pair is wrong.
+	errWebCertMismatch = errors.New("private key does not match the certificate")
+)
+
+// FileCertificate serves the https_web profile's certificate from a PEM
+// certificate chain and a PEM private key on disk, re-read by polling so a
+// renewed pair (cert-manager, a Kubernetes Secret, an operator's cp) is
+// served without a restart. Polling rather than inotify: Kubernetes
+// updates secret volumes by swapping a "..data" symlink, which watches on
+// the files miss.
+//
+// The certificate must satisfy Web PKI clients (SPIFFE Federation
+// §5.2.1): trustbridge cannot check that it chains to a public root, only
+// that it is a usable server leaf.
+type FileCertificate struct {
+	certPath, keyPath string
+	clk               clock.PassiveClock
+	logger            *slog.Logger
+	// read is readFiles; tests replace it to play a writer racing the
+	// reader.
+	read func() (*webCertFiles, error)
+
+	current atomic.Pointer[webCertState]
+	lastErr atomic.Pointer[error]
+
+	mu sync.Mutex // serialises Load and Check; guards the fields below
+	// mismatchSeen is set when the previous check found a key that is not
+	// the leaf's; a second one in a row is an error.
+	mismatchSeen bool
+	// failedDigest and failedMsg are the last refused files and reason, so
+	// a problem that persists is logged once, not every interval.
+	failedDigest [32]byte
+	failedMsg    string
+	// expiryWarned is the digest of the pair whose approaching expiry was
+	// last logged.
+	expiryWarned [32]byte
+}
+
+// webCertState is a validated pair. It is shared between handshakes and
+// must not be modified.
+type webCertState struct {
+	cert   *tls.Certificate
+	digest [32]byte
+}
+
+type webCertFiles struct {
+	cert, key []byte
+	keyMode   fs.FileMode
+	digest    [32]byte
+}
+
+// NewFileCertificate returns a FileCertificate for the given files. It
+// reads nothing until Load. A nil clk means the real clock; a nil logger
+// discards.
+func NewFileCertificate(certPath, keyPath string, clk clock.PassiveClock, logger *slog.Logger) *FileCertificate {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	f := &FileCertificate{
+		certPath: certPath,
+		keyPath:  keyPath,
+		clk:      clk,
+		logger:   logger.With("cert_file", certPath, "key_file", keyPath),
+	}
+	f.read = f.readFiles
+	return f
+}
+
+// Load reads the pair for the first time. An error means the server must
+// not start: there is no earlier certificate to fall back on.
+func (f *FileCertificate) Load() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var (
+		files *webCertFiles
+		err   error
+	)
+	for range webCertLoadAttempts {
+		if files, err = f.readSnapshot(); !errors.Is(err, errWebCertChanging) {
+			break
+		}
+	}
+	if err == nil {
+		err = f.applyLocked(files)
+	}
+	if err != nil {
+		err = f.wrap(err)
+		f.setLastError(err)
+		return err
+	}
+	return nil
+}
+
+// Check reads the pair once, as Run does each interval; cmd may call it
+// on SIGHUP. A changed, valid pair is served from the next handshake on.
+// Files caught mid-update, and a key that does not match the certificate
+// once, are left for the next check: writers that are not atomic replace
+// one file, then the other. An invalid change keeps the last good pair and
+// is returned, logged once and kept in LastError.
+func (f *FileCertificate) Check() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	files, err := f.readSnapshot()
+	if errors.Is(err, errWebCertChanging) {
+		f.logger.Debug("web certificate files changing; checking again next interval")
+		return nil
+	}
+	if err == nil {
+		if cur := f.current.Load(); cur != nil && files.digest == cur.digest {
+			// Unchanged files need no parsing, but time alone expires them,
+			// and readiness checks should say so.
+			f.mismatchSeen = false
+			err = f.checkTimeLocked(cur.cert.Leaf, cur.digest)
+			if err == nil {
+				f.failedDigest, f.failedMsg = [32]byte{}, ""
+				f.setLastError(nil)
+				return nil
+			}
+		} else {
+			err = f.applyLocked(files)
+			if errors.Is(err, errWebCertMismatch) && !f.mismatchSeen {
+				f.mismatchSeen = true
+				f.logger.Debug("web certificate key does not match; assuming a writer is mid-update, checking again next interval")
+				return nil
+			}
+		}
+	}
+	if !errors.Is(err, errWebCertMismatch) {
+		f.mismatchSeen = false
+	}
+	if err != nil {
+		var digest [32]byte
+		if files != nil {
+			digest = files.digest
+		}
+		err = f.wrap(err)
+		if digest != f.failedDigest || err.Error() != f.failedMsg {
+			f.logger.Error("web certificate invalid; keeping the last good certificate", logattr.Error, err)
+		}
+		f.failedDigest, f.failedMsg = digest, err.Error()
+		f.setLastError(err)
+		return err
+	}
+	return nil
+}
+
+// Run checks the files every interval (DefaultWebCertPollInterval if not
+// positive) until ctx is done. It is meant to follow a successful Load;
+// problems are logged and kept in LastError, never returned.
+func (f *FileCertificate) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		interval = DefaultWebCertPollInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			_ = f.Check() // logged and kept in LastError
+		}
+	}
+}
+
+// GetCertificate is a tls.Config.GetCertificate hook serving the last
+// good pair whatever the client asked for: this endpoint has one name.
+func (f *FileCertificate) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if cur := f.current.Load(); cur != nil {
+		return cur.cert, nil
+	}
+	return nil, errors.New("bundleserver: no web certificate loaded")
+}
+
+// LastError is the outcome of the most recent Load or Check: nil when it
+// loaded a new pair or the files were unchanged and still valid.
+func (f *FileCertificate) LastError() error {
+	if p := f.lastErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (f *FileCertificate) setLastError(err error) {
+	if err == nil {
+		f.lastErr.Store(nil)
+		return
+	}
+	f.lastErr.Store(&err)
+}
+
+func (f *FileCertificate) wrap(err error) error {
+	return fmt.Errorf("bundleserver: web certificate (cert %s, key %s): %w", f.certPath, f.keyPath, err)
+}
+
+// applyLocked validates files and, if they are good, makes them current.
+// Refused files are validated again at every check, as a certificate that
+// is not valid yet may become so without changing.
+func (f *FileCertificate) applyLocked(files *webCertFiles) error {
+	cert, warnings, err := parseWebCert(files)
+	if err != nil {
+		return err
+	}
+	if err := f.checkTimeLocked(cert.Leaf, files.digest); err != nil {
+		return err
+	}
+	for _, w := range warnings {
+		f.logger.Warn("web certificate loaded with a warning", logattr.Warning, w)
+	}
+	f.current.Store(&webCertState{cert: cert, digest: files.digest})
+	f.mismatchSeen = false
+	f.failedDigest, f.failedMsg = [32]byte{}, ""
+	f.setLastError(nil)
+	leaf := cert.Leaf
+	f.logger.Info("web certificate loaded",
+		"subject", leaf.Subject.String(),
+		"dns_names", leaf.DNSNames,
+		"issuer", leaf.Issuer.String(),
+		"serial", leaf.SerialNumber.Text(16),
+		"not_after", leaf.NotAfter,
+		"chain_length", len(cert.Certificate),
+		"digest", hex.EncodeToString(files.digest[:8]))
+	return nil
+}
+
+// checkTimeLocked refuses a leaf outside its validity and warns, once per
+// pair, when it is about to expire.
+func (f *FileCertificate) checkTimeLocked(leaf *x509.Certificate, digest [32]byte) error {
+	now := f.clk.Now()
+	if now.Before(leaf.NotBefore) {
+		return fmt.Errorf("certificate is not valid until %s", leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
+	if now.After(leaf.NotAfter) {
+		return fmt.Errorf("certificate expired at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if left := leaf.NotAfter.Sub(now); left < webCertExpiryWarning && f.expiryWarned != digest {
+		f.expiryWarned = digest
+		f.logger.Warn("web certificate expires soon; replace it",
+			"not_after", leaf.NotAfter, "remaining", left.Round(time.Minute).String())
+	}
+	return nil
+}
+
+// readSnapshot reads both files twice: a pair that differs between the
+// reads was caught mid-update, such as a certificate from the new secret
+// and a key from the old one.
+func (f *FileCertificate) readSnapshot() (*webCertFiles, error) {
+	first, err := f.read()
+	if err != nil {
+		return nil, err
+	}
+	second, err := f.read()
+	if err != nil {
+		return nil, err
+	}
+	if first.digest != second.digest {
+		return nil, errWebCertChanging
+	}
+	return first, nil
+}
+
+func (f *FileCertificate) readFiles() (*webCertFiles, error) {
+	cert, _, err := readWebCertFile(f.certPath)
+	if err != nil {
+		return nil, fmt.Errorf("certificate file: %w", err)
+	}
+	key, mode, err := readWebCertFile(f.keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("key file: %w", err)
+	}
+	h := sha256.New()
+	// Length-prefix the certificate so no split of the same bytes between
+	// the two files hashes alike.
+	_ = binary.Write(h, binary.BigEndian, uint64(len(cert)))
+	h.Write(cert)
+	h.Write(key)
+	files := &webCertFiles{cert: cert, key: key, keyMode: mode}
+	h.Sum(files.digest[:0])
+	return files, nil
+}
+
+func readWebCertFile(path string) ([]byte, fs.FileMode, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer fh.Close()
+	fi, err := fh.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%s is not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(fh, maxWebCertFileSize+1))
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(data) > maxWebCertFileSize {
+		return nil, 0, fmt.Errorf("%s is larger than %d bytes", path, maxWebCertFileSize)
+	}
+	return data, fi.Mode(), nil
+}
+
+// parseWebCert builds the served certificate and checks it is a usable
+// TLS server leaf. Time is checked by the caller.
+func parseWebCert(files *webCertFiles) (*tls.Certificate, []string, error) {
+	if mismatched(files.cert, files.key) {
+		return nil, nil, errWebCertMismatch
+	}
+	cert, err := tls.X509KeyPair(files.cert, files.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	leaf := cert.Leaf
+	if leaf == nil { // X509KeyPair sets it since Go 1.23; stay safe
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, nil, err
+		}
+		cert.Leaf = leaf
+	}
+	if leaf.IsCA {
+		return nil, nil, fmt.Errorf("first certificate (%q) is a CA certificate; it must be the server's leaf certificate", leaf.Subject.String())
+	}
+	if !serverAuthAllowed(leaf) {
+		return nil, nil, errors.New("certificate's extended key usage does not allow TLS server authentication")
+	}
+
+	var warnings []string
+	if len(leaf.DNSNames) == 0 && len(leaf.IPAddresses) == 0 {
+		warnings = append(warnings, "certificate has no DNS or IP subject alternative name; Web PKI clients will reject it")
+	}
+	chain := []*x509.Certificate{leaf}
+	for i, der := range cert.Certificate[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, nil, fmt.Errorf("certificate %d of the chain: %w", i+2, err)
+		}
+		chain = append(chain, c)
+	}
+	for i := 1; i < len(chain); i++ {
+		if chain[i-1].CheckSignatureFrom(chain[i]) != nil {
+			warnings = append(warnings, fmt.Sprintf("certificate %d of the chain did not issue certificate %d; clients may fail to build a chain", i+1, i))
+		}
+	}
+	if runtime.GOOS != "windows" && files.keyMode.Perm()&0o077 != 0 {
+		warnings = append(warnings, fmt.Sprintf("private key file mode %#o lets other users read it; use 0600 or 0400 (Kubernetes: defaultMode: 0400)", files.keyMode.Perm()))
+	}
+	return &cert, warnings, nil
+}
+
+// mismatched reports whether both PEM inputs parse on their own but the
+// key is not the leaf's: the one failure that a writer between the two
+// files explains.
+func mismatched(certPEM, keyPEM []byte) bool {
+	var leaf *x509.Certificate
+	for rest := certPEM; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			return false
+		}
+		if b.Type == "CERTIFICATE" {
+			c, err := x509.ParseCertificate(b.Bytes)
+			if err != nil {
+				return false
+			}
+			leaf = c
+			break
+		}
+	}
+	key := parsePEMPrivateKey(keyPEM)
+	if key == nil {
+		return false
+	}
+	pub, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && !pub.Equal(key.Public())
+}
+
+// parsePEMPrivateKey returns the first private key in data, or nil.
+func parsePEMPrivateKey(data []byte) crypto.Signer {
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			return nil
+		}
+		if !strings.HasSuffix(b.Type, "PRIVATE KEY") {
+			continue
+		}
+		if k, err := x509.ParsePKCS8PrivateKey(b.Bytes); err == nil {
+			switch k := k.(type) {
+			case *rsa.PrivateKey:
+				return k
+			case *ecdsa.PrivateKey:
+				return k
+			case ed25519.PrivateKey:
+				return k
+			}
+			return nil
+		}
+		if k, err := x509.ParsePKCS1PrivateKey(b.Bytes); err == nil {
+			return k
+		}
+		if k, err := x509.ParseECPrivateKey(b.Bytes); err == nil {
+			return k
+		}
+		return nil
+	}
+}
+
+func serverAuthAllowed(leaf *x509.Certificate) bool {
+	if len(leaf.ExtKeyUsage) == 0 && len(leaf.UnknownExtKeyUsage) == 0 {
+		return true
+	}
+	for _, u := range leaf.ExtKeyUsage {
+		if u == x509.ExtKeyUsageServerAuth || u == x509.ExtKeyUsageAny {
+			return true
+		}
+	}
+	return false
+}
