@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca"
@@ -39,6 +40,7 @@ type serverOptions struct {
 	caDirPoll      time.Duration
 	logFormat      string
 	logLevel       string
+	bundle         bundleOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -75,6 +77,7 @@ The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
 	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "spiffe_refresh_hint published with the bundle; new roots wait 5 of these before signing")
 	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
+	addBundleFlags(f, &o.bundle)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -147,8 +150,18 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 
+	var ep *bundleEndpoint
+	if o.bundle.listen != "" {
+		if ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, authority, reg, logger); err != nil {
+			return err
+		}
+	}
+
 	ln, err := net.Listen("tcp", o.adminListen)
 	if err != nil {
+		if ep != nil {
+			_ = ep.ln.Close()
+		}
 		return fmt.Errorf("--admin-listen: %w", err)
 	}
 	admin := &http.Server{
@@ -160,49 +173,69 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		MaxHeaderBytes:    16 << 10,
 	}
 	addr := ln.Addr().String()
-	printBanner(e.out, td.Name(), o.dataDir, o.caDir, addr, authority)
+	printBanner(e.out, td.Name(), o.dataDir, o.caDir, addr, authority, ep)
 	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
-		"admin", "http://"+addr, "sequence", authority.Sequence())
+		"admin", "http://"+addr, logattr.Sequence, authority.Sequence())
+	if ep != nil {
+		logger.Info("bundle endpoint: peers federate with this tuple", logattr.EndpointURL, ep.url,
+			logattr.SPIFFEID, ep.id.String(), "tuple", ep.tuple(td))
+	}
 	if ready != nil {
 		ready <- addr
 	}
 
+	runners := []func(context.Context) error{
+		authority.Run,
+		func(ctx context.Context) error { return serveAdmin(ctx, admin, ln) },
+	}
+	if ep != nil {
+		runners = append(runners, ep.runners...)
+	}
+	err = runAll(ctx, runners...)
+	logger.Info("trustbridge server stopped")
+	return err
+}
+
+// serveAdmin serves the admin listener until ctx is done.
+func serveAdmin(ctx context.Context, admin *http.Server, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- admin.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin listener: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := admin.Shutdown(sctx)
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}
+
+// runAll runs every part until ctx is done or one of them fails, then
+// stops the others and returns the first error.
+func runAll(ctx context.Context, parts ...func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 2)
-	go func() { errs <- authority.Run(ctx) }()
-	go func() {
-		err := admin.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		} else if err != nil {
-			err = fmt.Errorf("admin listener: %w", err)
-		}
-		errs <- err
-	}()
+	errs := make(chan error, len(parts))
+	for _, run := range parts {
+		go func() { errs <- run(ctx) }()
+	}
 	var first error
-	received := 0
-	select {
-	case <-ctx.Done():
-	case first = <-errs:
-		received++
-	}
-	cancel()
-	shutdownCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-	defer stop()
-	if err := admin.Shutdown(shutdownCtx); err != nil && first == nil {
-		first = err
-	}
-	for ; received < 2; received++ {
+	for range parts {
 		if err := <-errs; err != nil && first == nil {
 			first = err
 		}
+		// Whatever ends first, error or not, ends the server: a half-running
+		// server would look healthy while part of it is gone.
+		cancel()
 	}
-	logger.Info("trustbridge server stopped")
 	return first
 }
 
-func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority) {
+func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority, ep *bundleEndpoint) {
 	abs, _ := filepath.Abs(dataDir)
 	mode := fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
 	issue := "--data-dir " + dataDir
@@ -217,6 +250,9 @@ func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority) 
   try:        curl -s http://%s/v1/trust
               trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds
 `, td, mode, len(a.Roots()), a.Sequence(), addr, addr, issue, td)
+	if ep != nil {
+		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(spiffeid.RequireTrustDomainFromString(td)))
+	}
 }
 
 func adminHandler(a *ca.Authority, reg *prometheus.Registry) http.Handler {

@@ -26,7 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
-func startServer(t *testing.T, dataDir string) (string, *bytes.Buffer) {
+func startServer(t *testing.T, dataDir string, mutate ...func(*serverOptions)) (string, *bytes.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
@@ -36,6 +36,9 @@ func startServer(t *testing.T, dataDir string) (string, *bytes.Buffer) {
 		trustDomain: "example.org", dataDir: dataDir, adminListen: "127.0.0.1:0",
 		keyType: "ec-p256", caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour,
 		maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
+	}
+	for _, m := range mutate {
+		m(&o)
 	}
 	go func() {
 		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/federation"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+var bundleURL = regexp.MustCompile(`bundle:\s+(https://\S+)`)
+
+func endpointURL(t *testing.T, out string) string {
+	t.Helper()
+	m := bundleURL.FindStringSubmatch(out)
+	require.NotNil(t, m, "banner names the bundle endpoint:\n%s", out)
+	return m[1]
+}
+
+// caRoots reads the published roots from the data directory.
+func caRoots(t *testing.T, dataDir string) []*x509.Certificate {
+	t.Helper()
+	_, roots, err := ca.NewStore(dataDir).Load("example.org")
+	require.NoError(t, err)
+	var certs []*x509.Certificate
+	for _, r := range roots {
+		certs = append(certs, r.Cert)
+	}
+	return certs
+}
+
+func TestServerBundleEndpointSPIFFEProfile(t *testing.T) {
+	dataDir := t.TempDir()
+	_, out := startServer(t, dataDir, func(o *serverOptions) {
+		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
+	})
+	url := endpointURL(t, out.String())
+	assert.Contains(t, out.String(), "peers use:  example.org|"+url+"|spiffe://example.org/trustbridge/bundle-endpoint")
+
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	roots := x509bundle.FromX509Authorities(td, caRoots(t, dataDir))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := federation.FetchBundle(ctx, td, url,
+		federation.WithSPIFFEAuth(roots, spiffeid.RequireFromString("spiffe://example.org/trustbridge/bundle-endpoint")))
+	require.NoError(t, err)
+	assert.Len(t, got.X509Authorities(), 1)
+	seq, ok := got.SequenceNumber()
+	assert.True(t, ok)
+	assert.Equal(t, uint64(1), seq)
+	hint, _ := got.RefreshHint()
+	assert.Equal(t, 5*time.Minute, hint)
+
+	// The wrong endpoint ID is refused: the server proves exactly its own.
+	_, err = federation.FetchBundle(ctx, td, url,
+		federation.WithSPIFFEAuth(roots, spiffeid.RequireFromString("spiffe://example.org/someone-else")))
+	assert.Error(t, err)
+}
+
+func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
+	dir := t.TempDir()
+	web := testca.New(t, "web.test")
+	leaf, key := web.Issue(t, spiffeid.RequireFromString("spiffe://web.test/x"), testca.Options{Mutate: func(c *x509.Certificate) {
+		c.URIs = nil
+		c.DNSNames = []string{"localhost"}
+		c.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	}})
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
+
+	peer := testca.New(t, "peer.example")
+	peerDoc, err := bundledoc.Marshal(peer.Bundle())
+	require.NoError(t, err)
+	peerFile := filepath.Join(dir, "peer.json")
+	require.NoError(t, os.WriteFile(peerFile, peerDoc, 0o600))
+
+	dataDir := t.TempDir()
+	_, out := startServer(t, dataDir, func(o *serverOptions) {
+		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/bundle", profile: profileWeb,
+			tlsCert: certFile, tlsKey: keyFile, files: []string{"peer.example=" + peerFile}, serveOthers: true}
+	})
+	url := endpointURL(t, out.String())
+	require.True(t, strings.HasSuffix(url, "/bundle"))
+	pool := x509.NewCertPool()
+	pool.AddCert(web.Cert)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	got, err := federation.FetchBundle(ctx, td, url, federation.WithWebPKIRoots(pool))
+	require.NoError(t, err)
+	assert.Len(t, got.X509Authorities(), 1)
+
+	// The relayed peer bundle, at /bundles/{td}.
+	base := strings.TrimSuffix(url, "/bundle")
+	relayed, err := federation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("peer.example"), base+"/bundles/peer.example", federation.WithWebPKIRoots(pool))
+	require.NoError(t, err)
+	assert.True(t, relayed.Equal(spiffebundle.FromX509Authorities(peer.TrustDomain, []*x509.Certificate{peer.Cert})))
+
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfigWithRoots(pool)}}
+	resp, err := client.Get(base + "/bundle-map")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	bundles, _, err := bundledoc.ReadMap(resp.Body, 0)
+	require.NoError(t, err)
+	assert.Len(t, bundles, 2)
+}
+
+func TestServerBundleEndpointRefusesBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		b    bundleOptions
+		want string
+	}{
+		{"web without certificate", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb}, "needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain"},
+		{"certificate files with https_spiffe", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, tlsCert: "x"}, "need --bundle-profile https_web"},
+		{"endpoint ID of another trust domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, endpointID: "spiffe://other.org/x"}, "our CA signs only example.org identities"},
+		{"unknown profile", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: "https_magic"}, `--bundle-profile "https_magic"`},
+		{"ACME without accepting the terms", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeDomains: []string{"bundle.example.com"}}, "tos"},
+		{"bad bundle file", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"/nonexistent.json"}}, "--bundle-file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := serverOptions{
+				trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
+				caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
+				logFormat: "json", logLevel: "info", bundle: tt.b,
+			}
+			var out, logs strings.Builder
+			err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
+			require.Error(t, err)
+			assert.Contains(t, strings.ToLower(err.Error()), strings.ToLower(tt.want))
+		})
+	}
+}
+
+func pemBlock(typ string, der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}
+
+func tlsConfigWithRoots(pool *x509.CertPool) *tls.Config {
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+}
+
+// TestBundleEndpointFollowsRotation wires the CA and the endpoint as the
+// server does: a rotation is visible to go-spiffe at the next fetch.
+func TestBundleEndpointFollowsRotation(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	dataDir := t.TempDir()
+	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: dataDir, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
+		td, dataDir, 0, a, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runAll(ctx, ep.runners...) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	fetch := func() *spiffebundle.Bundle {
+		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer fcancel()
+		b, err := federation.FetchBundle(fctx, td, ep.url,
+			federation.WithSPIFFEAuth(x509bundle.FromX509Authorities(td, a.Bundle().X509Authorities()), ep.id))
+		require.NoError(t, err)
+		return b
+	}
+	first := fetch()
+	seq, _ := first.SequenceNumber()
+	require.Equal(t, uint64(1), seq)
+
+	require.NoError(t, a.Rotate())
+	require.Eventually(t, func() bool {
+		seq, _ := fetch().SequenceNumber()
+		return seq == 2
+	}, 5*time.Second, 10*time.Millisecond, "the rotation reaches the endpoint")
+	assert.Len(t, fetch().X509Authorities(), 2, "the prepared root is published before it signs")
+}
