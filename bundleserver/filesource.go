@@ -12,9 +12,11 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 // DefaultFilePollInterval is how often FileSource.Run checks the file
@@ -174,14 +176,5 @@ func (f *FileSource) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultFilePollInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			_ = f.Check()
-		}
-	}
+	return poll.Run(ctx, clock.RealClock{}, interval, func() { _ = f.Check() })
 }

@@ -27,6 +27,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 const (
@@ -208,16 +209,7 @@ func (f *FileCertificate) Run(ctx context.Context, interval time.Duration) error
 	if interval <= 0 {
 		interval = DefaultWebCertPollInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			_ = f.Check() // logged and kept in LastError
-		}
-	}
+	return poll.Run(ctx, clock.RealClock{}, interval, func() { _ = f.Check() })
 }
 
 // GetCertificate is a tls.Config.GetCertificate hook serving the last

@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 // Istio's plug-in CA layout ("cacerts" secret), as written by its
@@ -496,16 +497,7 @@ func (w *PluginWatcher) Changes() <-chan struct{} { return w.changes }
 
 // Run checks the directory every interval until ctx is done.
 func (w *PluginWatcher) Run(ctx context.Context) error {
-	t := w.clk.NewTicker(w.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-			_ = w.Check() // logged and kept in LastError
-		}
-	}
+	return poll.Run(ctx, w.clk, w.interval, func() { _ = w.Check() })
 }
 
 // Check reads the directory once, as Run does each interval; cmd may call
