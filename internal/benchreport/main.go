@@ -54,7 +54,11 @@ func main() {
 	fmt.Print(report)
 }
 
-type sample struct{ ns, bytes, allocs float64 }
+type sample struct {
+	ns, bytes, allocs float64
+	// extra holds custom metrics from b.ReportMetric (p50-ns, p99-ns, ...).
+	extra map[string]float64
+}
 
 type result struct {
 	pkg, name string
@@ -108,6 +112,11 @@ func parse(r io.Reader) ([]*result, map[string]string, error) {
 				s.bytes = v
 			case "allocs/op":
 				s.allocs = v
+			default:
+				if s.extra == nil {
+					s.extra = map[string]float64{}
+				}
+				s.extra[fields[i+1]] = v
 			}
 		}
 		res.samples = append(res.samples, s)
@@ -136,6 +145,26 @@ func (r *result) med(field func(sample) float64) float64 {
 	return median(xs)
 }
 
+// extras renders the median of each custom metric, sorted by name.
+func (r *result) extras() string {
+	names := map[string]bool{}
+	for _, s := range r.samples {
+		for k := range s.extra {
+			names[k] = true
+		}
+	}
+	keys := make([]string, 0, len(names))
+	for k := range names {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.4g", k, r.med(func(s sample) float64 { return s.extra[k] })))
+	}
+	return strings.Join(parts, ", ")
+}
+
 func parent(name string) (string, string) {
 	i := strings.LastIndex(name, "/")
 	if i < 0 {
@@ -157,8 +186,8 @@ func render(res []*result, meta map[string]string, cmd string, now time.Time) st
 	b.WriteString("Each row is the median of the runs. **Ratio** is the row's median time over its\n")
 	b.WriteString("baseline's (the `baseline:*` sibling, measured in the same run): below 1 is faster than\n")
 	b.WriteString("the baseline. Absolute times are for context only; these machines are noisy.\n\n")
-	b.WriteString("| package | benchmark | runs | ns/op | B/op | allocs/op | ratio |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| package | benchmark | runs | ns/op | B/op | allocs/op | ratio | other metrics (median) |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range res {
 		ratio := "—"
 		p, leaf := parent(r.name)
@@ -169,10 +198,10 @@ func render(res []*result, meta map[string]string, cmd string, now time.Time) st
 				ratio = fmt.Sprintf("%.2f", r.med(func(s sample) float64 { return s.ns })/bn)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.0f | %.0f | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.0f | %.0f | %s | %s |\n",
 			strings.TrimPrefix(r.pkg, "github.com/trustbridge/trustbridge/"), r.name, len(r.samples),
 			r.med(func(s sample) float64 { return s.ns }), r.med(func(s sample) float64 { return s.bytes }),
-			r.med(func(s sample) float64 { return s.allocs }), ratio)
+			r.med(func(s sample) float64 { return s.allocs }), ratio, r.extras())
 	}
 	return b.String()
 }

@@ -30,10 +30,10 @@ func TestReportRatiosAgainstSameRunBaseline(t *testing.T) {
 	require.Len(t, res, 4)
 	out := render(res, meta, "make bench", time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC))
 	assert.Contains(t, out, "`make bench` on 2026-01-02")
-	assert.Contains(t, out, "| internal/bundledoc | BenchmarkParse/a.json/bundledoc | 3 | 3000 | 700 | 12 | 1.50 |")
-	assert.Contains(t, out, "| BenchmarkParse/a.json/baseline:go-spiffe | 3 | 2000 | 500 | 10 | 1.00 (baseline) |")
-	assert.Contains(t, out, "| BenchmarkLonely | 1 | 10 | 0 | 0 | — |")
-	assert.Contains(t, out, "| BenchmarkCustom | 1 | 20 | 64 | 2 | — |", "custom metrics between ns/op and B/op")
+	assert.Contains(t, out, "| internal/bundledoc | BenchmarkParse/a.json/bundledoc | 3 | 3000 | 700 | 12 | 1.50 |  |")
+	assert.Contains(t, out, "| BenchmarkParse/a.json/baseline:go-spiffe | 3 | 2000 | 500 | 10 | 1.00 (baseline) |  |")
+	assert.Contains(t, out, "| BenchmarkLonely | 1 | 10 | 0 | 0 | — |  |")
+	assert.Contains(t, out, "| BenchmarkCustom | 1 | 20 | 64 | 2 | — | p50-ns 15, p99-ns 30 |", "custom metrics between ns/op and B/op")
 }
 
 func TestReportRefusesEmptyInput(t *testing.T) {
