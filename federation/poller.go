@@ -1,0 +1,454 @@
+package federation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/robfig/cron/v3"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Sink receives every bundle the poller accepts (and the last-known-good
+// ones it loads): the trust store. Source names the endpoint.
+type Sink interface {
+	Set(source string, b *spiffebundle.Bundle)
+}
+
+// State summarizes an endpoint for operators.
+type State string
+
+// Endpoint states.
+const (
+	StatePending State = "pending" // no bundle yet
+	StateOK      State = "ok"      // last poll succeeded
+	StateFailing State = "failing" // last poll failed; the last good bundle is kept
+	StateStale   State = "stale"   // no success for staleAfter refresh intervals
+)
+
+// staleAfter is how many refresh intervals without success make a trust
+// domain stale.
+const staleAfter = 3
+
+// PollerConfig configures a Poller.
+type PollerConfig struct {
+	Endpoints []Endpoint
+	Fetcher   FetcherConfig // Roots is set by the poller: it authenticates https_spiffe servers with what it holds
+	Policy    RefreshPolicy // server-wide clamps
+	// LKG persists accepted bundles; nil keeps them in memory only.
+	LKG  *LKGStore
+	Sink Sink
+	// OtherRoots supplies roots for endpoint SPIFFE IDs of trust domains
+	// this poller does not fetch itself (an endpoint served by a hub).
+	OtherRoots BundleSource
+	// AllowEmpty applies keys: [] (revoking every key) instead of refusing it.
+	AllowEmpty bool
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Now and Rand are injected for tests; defaults time.Now, rand.Float64.
+	Now  func() time.Time
+	Rand func() float64
+}
+
+// Status is what /v1/federation reports for one trust domain.
+type Status struct {
+	TrustDomain         string          `json:"trust_domain"`
+	EndpointURL         string          `json:"endpoint_url"`
+	Profile             Profile         `json:"profile"`
+	EndpointSPIFFEID    string          `json:"endpoint_spiffe_id,omitempty"`
+	State               State           `json:"state"`
+	Sequence            *uint64         `json:"sequence"`
+	RefreshHintSeconds  *int64          `json:"refresh_hint_seconds"`
+	LastAttempt         *time.Time      `json:"last_attempt"`
+	LastSuccess         *time.Time      `json:"last_success"`
+	LastError           string          `json:"last_error,omitempty"`
+	NextRefresh         *time.Time      `json:"next_refresh"`
+	ConsecutiveFailures int             `json:"consecutive_failures"`
+	Authorities         []AuthorityInfo `json:"authorities"`
+}
+
+// AuthorityInfo describes one authority of a held bundle.
+type AuthorityInfo struct {
+	Kind     AuthorityKind `json:"kind"`
+	SHA256   string        `json:"sha256"`
+	Subject  string        `json:"subject,omitempty"`
+	KeyID    string        `json:"key_id,omitempty"`
+	NotAfter *time.Time    `json:"not_after,omitempty"`
+}
+
+// endpointState is the poller's record of one endpoint.
+type endpointState struct {
+	ep          Endpoint
+	held        *spiffebundle.Bundle // last good, nil when none
+	fromLKG     bool
+	etag        string
+	lastAttempt time.Time
+	lastSuccess time.Time
+	lastErr     error
+	failures    int
+	next        time.Time
+	entry       cron.EntryID
+	polling     bool
+}
+
+// Poller polls every configured bundle endpoint on its own schedule
+// (SPIFFE Federation §6.2): at the clamped refresh hint with jitter, with
+// exponential backoff on failure, keeping the last good bundle through
+// any failure or refusal.
+type Poller struct {
+	cfg     PollerConfig
+	fetcher *Fetcher
+	metrics *pollerMetrics
+
+	mu     sync.Mutex
+	states map[spiffeid.TrustDomain]*endpointState
+	order  []spiffeid.TrustDomain
+	cron   *cron.Cron
+}
+
+// NewPoller checks cfg; it starts nothing.
+func NewPoller(cfg PollerConfig) (*Poller, error) {
+	if cfg.Sink == nil {
+		return nil, errors.New("federation: poller needs a sink")
+	}
+	if _, err := MergeEndpoints(cfg.Endpoints); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.Policy == (RefreshPolicy{}) {
+		cfg.Policy = RefreshPolicy{Min: DefaultMinRefresh, Max: DefaultMaxRefresh}
+	}
+	p := &Poller{cfg: cfg, states: map[spiffeid.TrustDomain]*endpointState{}}
+	for _, ep := range cfg.Endpoints {
+		p.states[ep.TrustDomain] = &endpointState{ep: ep}
+		p.order = append(p.order, ep.TrustDomain)
+	}
+	sort.Slice(p.order, func(i, j int) bool { return p.order[i].Name() < p.order[j].Name() })
+	fc := cfg.Fetcher
+	fc.Roots = BundleSourceFunc(p.x509BundleFor)
+	p.fetcher = NewFetcher(fc)
+	m, err := newPollerMetrics(cfg.Registerer, p)
+	if err != nil {
+		return nil, fmt.Errorf("federation: %w", err)
+	}
+	p.metrics = m
+	return p, nil
+}
+
+// SourceName is the trust-store source name of an endpoint's bundles.
+func SourceName(td spiffeid.TrustDomain) string { return "federation:" + td.Name() }
+
+// LoadLastKnownGood restores every endpoint's last good bundle (else its
+// bootstrap bundle) into the sink before the first poll, so a restart
+// with every remote down keeps trust. A corrupt file is reported, not
+// fatal: that endpoint starts from its bootstrap bundle.
+func (p *Poller) LoadLastKnownGood() []error {
+	var errs []error
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, td := range p.order {
+		st := p.states[td]
+		if p.cfg.LKG != nil {
+			e, err := p.cfg.LKG.Load(td)
+			if err != nil {
+				errs = append(errs, err)
+			} else if e != nil {
+				st.held, st.fromLKG, st.etag = e.Bundle, true, e.ETag
+				p.cfg.Sink.Set(SourceName(td), e.Bundle)
+				p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
+					logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
+				continue
+			}
+		}
+		if st.ep.BootstrapBundle != nil {
+			st.held = st.ep.BootstrapBundle
+			p.cfg.Sink.Set(SourceName(td), st.ep.BootstrapBundle)
+		}
+	}
+	return errs
+}
+
+// x509BundleFor gives the roots that authenticate an https_spiffe server
+// whose SPIFFE ID is in td: the latest bundle held for td (the bootstrap
+// bundle until the first fetch), or, for trust domains fetched elsewhere,
+// OtherRoots.
+func (p *Poller) x509BundleFor(td spiffeid.TrustDomain) (*x509bundle.Bundle, bool) {
+	p.mu.Lock()
+	st, ok := p.states[td]
+	var held *spiffebundle.Bundle
+	if ok {
+		held = st.held
+		if held == nil {
+			held = st.ep.BootstrapBundle
+		}
+	}
+	p.mu.Unlock()
+	if held != nil {
+		return held.X509Bundle(), true
+	}
+	if p.cfg.OtherRoots != nil {
+		return p.cfg.OtherRoots.X509BundleFor(td)
+	}
+	return nil, false
+}
+
+// Run polls every endpoint until ctx is done; each trust domain has its
+// own cron entry, so a slow or dead endpoint never delays another.
+func (p *Poller) Run(ctx context.Context) error {
+	c := cron.New(cron.WithLocation(time.UTC))
+	p.mu.Lock()
+	p.cron = c
+	now := p.cfg.Now()
+	for _, td := range p.order {
+		st := p.states[td]
+		st.next = now // first poll at once
+		p.scheduleLocked(st)
+	}
+	p.mu.Unlock()
+	c.Start()
+	<-ctx.Done()
+	<-c.Stop().Done()
+	return nil
+}
+
+// scheduleLocked (re)adds st's cron entry for st.next. The entry parks
+// itself after firing; the job re-adds it with the time the poll's
+// outcome decides.
+func (p *Poller) scheduleLocked(st *endpointState) {
+	if p.cron == nil {
+		return
+	}
+	if st.entry != 0 {
+		p.cron.Remove(st.entry)
+	}
+	// cron asks Next once when the entry is added and once more right
+	// after starting the job; the second answer parks the entry.
+	at := st.next
+	var asked atomic.Bool
+	st.entry = p.cron.Schedule(Schedule{Func: func(time.Time) time.Time {
+		if asked.Swap(true) {
+			return time.Time{}
+		}
+		return at // in the past means at once
+	}}, cron.FuncJob(func() { _ = p.poll(context.Background(), st.ep.TrustDomain) }))
+}
+
+// Refresh polls td now (trustbridge federation refresh).
+func (p *Poller) Refresh(ctx context.Context, td spiffeid.TrustDomain) error {
+	p.mu.Lock()
+	_, ok := p.states[td]
+	p.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("federation: trust domain %q is not federated", td.Name())
+	}
+	return p.poll(ctx, td)
+}
+
+// poll fetches one endpoint once and applies the result.
+func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
+	p.mu.Lock()
+	st := p.states[td]
+	if st.polling {
+		p.mu.Unlock()
+		return nil // one poll per trust domain at a time
+	}
+	st.polling = true
+	ep, etag := st.ep, st.etag
+	p.mu.Unlock()
+
+	start := p.cfg.Now()
+	res, err := p.fetcher.Fetch(ctx, ep, etag)
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st.polling = false
+	st.lastAttempt = start
+	log := p.cfg.Logger.With(logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String())
+	if err == nil {
+		err = p.applyLocked(st, res, log)
+	}
+	if err != nil {
+		st.failures++
+		st.lastErr = err
+		kind := FetchErrorKind(err)
+		if kind == "" || kind == "transport" {
+			kind = rejectionKind(err)
+		}
+		p.metrics.fetches.WithLabelValues(td.Name(), kind).Inc()
+		log.Warn("bundle poll failed; keeping the last good bundle", logattr.Error, err,
+			"consecutive_failures", st.failures, "held_sequence", seqString(st.held))
+	} else {
+		st.failures = 0
+		st.lastErr = nil
+		st.lastSuccess = p.cfg.Now()
+		p.metrics.fetches.WithLabelValues(td.Name(), "ok").Inc()
+	}
+	st.next = p.cfg.Now().Add(NextRefresh(p.intervalLocked(st), st.failures, p.cfg.Rand()))
+	p.scheduleLocked(st)
+	return err
+}
+
+func rejectionKind(err error) string {
+	switch {
+	case errors.Is(err, ErrSequenceRegression):
+		return "sequence_regression"
+	case errors.Is(err, ErrSequenceConflict):
+		return "sequence_conflict"
+	case errors.Is(err, ErrEmptyBundle):
+		return "empty_bundle"
+	case errors.Is(err, ErrTrustDomainMismatch):
+		return "trust_domain_mismatch"
+	default:
+		return "transport"
+	}
+}
+
+func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) error {
+	if res.NotModified {
+		return nil
+	}
+	for _, w := range res.Warnings {
+		log.Warn("bundle element ignored", logattr.Warning, w.String())
+	}
+	dec, err := Accept(st.held, res.Bundle, p.cfg.AllowEmpty)
+	if err != nil {
+		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err,
+			"old_sequence", seqString(st.held), "new_sequence", seqString(res.Bundle))
+		return err
+	}
+	st.etag = res.ETag
+	if dec == DecisionUnchanged && !st.fromLKG {
+		return nil
+	}
+	diff := Diff(st.held, res.Bundle)
+	old := st.held
+	st.held, st.fromLKG = res.Bundle, false
+	p.cfg.Sink.Set(SourceName(st.ep.TrustDomain), res.Bundle)
+	if p.cfg.LKG != nil {
+		if err := p.cfg.LKG.Save(LKGEntry{TrustDomain: st.ep.TrustDomain, Bundle: res.Bundle, ETag: res.ETag,
+			EndpointURL: st.ep.URL.String(), FetchedAt: p.cfg.Now()}); err != nil {
+			// Trust is applied; only its persistence failed. Say so loudly.
+			log.Error("could not persist the last-known-good bundle", logattr.Error, err)
+		}
+	}
+	log.Info("bundle accepted", "old_sequence", seqString(old), "new_sequence", seqString(res.Bundle),
+		"added", fingerprintStrings(diff.Added), "removed", fingerprintStrings(diff.Removed))
+	return nil
+}
+
+func (p *Poller) intervalLocked(st *endpointState) time.Duration {
+	var hint time.Duration
+	var has bool
+	if st.held != nil {
+		hint, has = st.held.RefreshHint()
+	}
+	return RefreshInterval(hint, has, p.cfg.Policy.For(st.ep))
+}
+
+// Status reports every trust domain, sorted by name.
+func (p *Poller) Status() []Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.cfg.Now()
+	out := make([]Status, 0, len(p.order))
+	for _, td := range p.order {
+		st := p.states[td]
+		s := Status{
+			TrustDomain: td.Name(), EndpointURL: st.ep.URL.String(), Profile: st.ep.Profile,
+			ConsecutiveFailures: st.failures, LastAttempt: optTime(st.lastAttempt),
+			LastSuccess: optTime(st.lastSuccess), NextRefresh: optTime(st.next), Authorities: []AuthorityInfo{},
+		}
+		if !st.ep.EndpointSPIFFEID.IsZero() {
+			s.EndpointSPIFFEID = st.ep.EndpointSPIFFEID.String()
+		}
+		if st.lastErr != nil {
+			s.LastError = st.lastErr.Error()
+		}
+		interval := p.intervalLocked(st)
+		switch {
+		case st.held == nil:
+			s.State = StatePending
+		case !st.lastSuccess.IsZero() && now.Sub(st.lastSuccess) > staleAfter*interval,
+			st.lastSuccess.IsZero() && !st.lastAttempt.IsZero() && st.failures >= staleAfter:
+			s.State = StateStale
+		case st.failures > 0:
+			s.State = StateFailing
+		default:
+			s.State = StateOK
+		}
+		if st.held != nil {
+			if seq, ok := st.held.SequenceNumber(); ok {
+				s.Sequence = &seq
+			}
+			if h, ok := st.held.RefreshHint(); ok {
+				secs := int64(h / time.Second)
+				s.RefreshHintSeconds = &secs
+			}
+			s.Authorities = authorityInfos(st.held)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func authorityInfos(b *spiffebundle.Bundle) []AuthorityInfo {
+	var out []AuthorityInfo
+	for _, c := range b.X509Authorities() {
+		na := c.NotAfter.UTC()
+		out = append(out, AuthorityInfo{Kind: AuthorityX509, SHA256: sha256Hex(c.Raw), Subject: c.Subject.String(), NotAfter: &na})
+	}
+	for _, f := range Fingerprints(b) {
+		if f.Kind != AuthorityX509 {
+			out = append(out, AuthorityInfo{Kind: f.Kind, SHA256: f.SHA256, KeyID: f.KeyID})
+		}
+	}
+	return out
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func seqString(b *spiffebundle.Bundle) string {
+	if b == nil {
+		return "none"
+	}
+	if s, ok := b.SequenceNumber(); ok {
+		return fmt.Sprint(s)
+	}
+	return "unset"
+}
+
+func fingerprintStrings(fs []Fingerprint) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.String()
+	}
+	return out
+}
