@@ -1,0 +1,38 @@
+// Package trust is trustbridge's trust store and X509-SVID peer verifier.
+// A Store keeps, per trust domain and per source (the embedded CA, each
+// federation endpoint, each bundle file), the bundle that source last set;
+// the effective bundle of a trust domain is the union over its sources, and
+// bundles of different trust domains are never merged. Every change
+// publishes a new immutable Snapshot (effective bundles plus one X.509 cert
+// pool per trust domain) with an atomic swap, so readers never lock, and
+// wakes subscribers (SDS, the CA) with a coalesced notification. A Verifier
+// authenticates a peer chain against the roots of the trust domain named by
+// the leaf's one SPIFFE ID, and only those, then applies an Authorizer.
+// ServerTLSConfig and ClientTLSConfig wire a Verifier into crypto/tls so
+// that every handshake, resumed ones included, is checked against the
+// store as it is at that moment.
+//
+//	store := trust.NewStore()
+//	store.Set("ca", ownBundle)                        // keyed by ownBundle.TrustDomain()
+//	store.Set("federation:https://b.example/bundle", fetched)
+//	v := &trust.Verifier{Store: store, Authorizer: trust.AuthorizeMemberOf(peerTD)}
+//	srv := &http.Server{TLSConfig: trust.ServerTLSConfig(svidSource.GetCertificate, v)}
+//
+//	changed, cancel := store.Subscribe()
+//	defer cancel()
+//	for range changed {
+//		push(store.Snapshot())
+//	}
+//
+// Spec: X509-SVID §2 (exactly one URI SAN), §3.1 (leaf IDs have a path),
+// §4.3 and §5.2 (leaf validation: CA=false, no keyCertSign or cRLSign),
+// §5.1 (path validation), §6.2 (the X.509 bundle is the union of CA
+// certificates); SPIFFE Federation §4.2 and §7.3 (bundles of different trust
+// domains are never merged; the trust domain–bundle binding is preserved).
+// https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md#2-spiffe-id
+// https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md#31-leaf-certificates
+// https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md#52-leaf-validation
+// https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md#62-consuming-a-spiffe-bundle
+// https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Federation.md#42-managing-fetched-bundles
+// https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Federation.md#73-preserving-the-trust-domain-bundle-binding
+package trust

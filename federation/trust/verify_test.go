@@ -1,0 +1,177 @@
+package trust_test
+
+import (
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+func TestVerifyPeerAccepts(t *testing.T) {
+	caA, caB := testca.New(t, "a.test"), testca.New(t, "b.test")
+	store := storeWith(caA, caB)
+	v := &trust.Verifier{Store: store, Authorizer: trust.AuthorizeAny()}
+
+	leafA, _ := caA.Issue(t, idA)
+	id, err := v.VerifyPeer(raw(leafA))
+	require.NoError(t, err)
+	assert.Equal(t, idA, id)
+
+	leafB, _ := caB.Issue(t, idB)
+	id, err = v.VerifyPeer(raw(leafB))
+	require.NoError(t, err)
+	assert.Equal(t, idB, id)
+
+	// An intermediate CA sent along by the peer completes the chain.
+	interKey := testca.NewKey(t, testca.ECP256)
+	interCert := testca.Sign(t, &x509.Certificate{
+		SerialNumber:          caA.Cert.SerialNumber, // reused on purpose: a different issuer, so no clash
+		NotBefore:             time.Now().Add(-time.Minute),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		URIs:                  []*url.URL{tdA.ID().URL()},
+	}, caA.Cert, interKey.Public(), caA.Key)
+	inter := &testca.CA{TrustDomain: tdA, Cert: interCert, Key: interKey}
+	leaf, _ := inter.Issue(t, idA2)
+	id, err = v.VerifyPeer(raw(leaf, interCert))
+	require.NoError(t, err)
+	assert.Equal(t, idA2, id)
+	_, err = v.VerifyPeer(raw(leaf))
+	assert.ErrorIs(t, err, trust.ErrChain, "without the intermediate")
+}
+
+func TestVerifyPeerRejects(t *testing.T) {
+	caA, caB := testca.New(t, "a.test"), testca.New(t, "b.test")
+	caC := testca.New(t, "c.test") // not in the store
+	store := storeWith(caA, caB)
+
+	issue := func(ca *testca.CA, id spiffeid.ID, mutate func(*x509.Certificate)) [][]byte {
+		leaf, _ := ca.Issue(t, id, testca.Options{Mutate: mutate})
+		return raw(leaf)
+	}
+	setURIs := func(uris ...string) func(*x509.Certificate) {
+		return func(c *x509.Certificate) {
+			c.URIs = nil
+			for _, u := range uris {
+				c.URIs = append(c.URIs, mustURL(t, u))
+			}
+		}
+	}
+	// rawSAN writes the URI SAN bytes itself: crypto/x509 would
+	// re-serialize a url.URL and normalize what this test needs verbatim.
+	rawSAN := func(uri string) func(*x509.Certificate) {
+		return func(c *x509.Certificate) {
+			c.URIs = nil
+			val, err := asn1.Marshal([]asn1.RawValue{{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte(uri)}})
+			require.NoError(t, err)
+			c.ExtraExtensions = append(c.ExtraExtensions, pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Value: val})
+		}
+	}
+	past := time.Now().Add(-48 * time.Hour)
+
+	tests := []struct {
+		name  string
+		chain [][]byte
+		auth  trust.Authorizer
+		want  error
+	}{
+		{"CA leaf", issue(caA, idA, func(c *x509.Certificate) { c.IsCA = true }), nil, trust.ErrNotSVID},
+		{"keyCertSign leaf", issue(caA, idA, func(c *x509.Certificate) { c.KeyUsage |= x509.KeyUsageCertSign }), nil, trust.ErrNotSVID},
+		{"cRLSign leaf", issue(caA, idA, func(c *x509.Certificate) { c.KeyUsage |= x509.KeyUsageCRLSign }), nil, trust.ErrNotSVID},
+		{"zero URI SANs", issue(caA, idA, setURIs()), nil, trust.ErrNotSVID},
+		{"two URI SANs", issue(caA, idA, setURIs("spiffe://a.test/workload", "spiffe://a.test/other")), nil, trust.ErrNotSVID},
+		{"two URI SANs, second not spiffe", issue(caA, idA, setURIs("spiffe://a.test/workload", "https://a.test/x")), nil, trust.ErrNotSVID},
+		{"https scheme", issue(caA, idA, setURIs("https://a.test/workload")), nil, trust.ErrNotSVID},
+		{"uppercase scheme", issue(caA, idA, rawSAN("SPIFFE://a.test/workload")), nil, trust.ErrNotSVID},
+		{"uppercase scheme, written by hand", issue(caA, idA, rawSAN("Spiffe://a.test/workload")), nil, trust.ErrNotSVID},
+		{"raw SAN control", issue(caA, idA, rawSAN("spiffe://a.test/workload")), trust.AuthorizeID(idA2), trust.ErrUnauthorized},
+		{"uppercase host", issue(caA, idA, setURIs("spiffe://A.test/workload")), nil, trust.ErrNotSVID},
+		{"trailing slash", issue(caA, idA, setURIs("spiffe://a.test/workload/")), nil, trust.ErrNotSVID},
+		{"percent-encoded path", issue(caA, idA, setURIs("spiffe://a.test/w%6Frkload")), nil, trust.ErrNotSVID},
+		{"dot segment", issue(caA, idA, setURIs("spiffe://a.test/x/../workload")), nil, trust.ErrNotSVID},
+		{"port", issue(caA, idA, setURIs("spiffe://a.test:443/workload")), nil, trust.ErrNotSVID},
+		{"query", issue(caA, idA, setURIs("spiffe://a.test/workload?x=1")), nil, trust.ErrNotSVID},
+		{"trust domain ID as leaf", issue(caA, idA, setURIs("spiffe://a.test")), nil, trust.ErrNotSVID},
+		{"trust domain not in store", issue(caC, spiffeid.RequireFromString("spiffe://c.test/w"), nil), nil, trust.ErrUnknownDomain},
+		{"td A leaf signed by td B root, both in store", issue(caB, idA, nil), nil, trust.ErrChain},
+		{"td B leaf signed by td A root, both in store", issue(caA, idB, nil), nil, trust.ErrChain},
+		{"expired", issue(caA, idA, func(c *x509.Certificate) { c.NotBefore, c.NotAfter = past, past.Add(time.Hour) }), nil, trust.ErrChain},
+		{"not DER", [][]byte{{0x30, 0x01}}, nil, trust.ErrNotSVID},
+		{"empty chain", nil, nil, trust.ErrNoPeerCertChain},
+		{"nil authorizer", issue(caA, idA, nil), trust.Authorizer(nil), trust.ErrUnauthorized},
+		{"authorizer refuses", issue(caA, idA, nil), trust.AuthorizeID(idA2), trust.ErrUnauthorized},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			auth := tt.auth
+			if auth == nil && !errors.Is(tt.want, trust.ErrUnauthorized) {
+				auth = trust.AuthorizeAny()
+			}
+			v := &trust.Verifier{Store: store, Authorizer: auth}
+			_, err := v.VerifyPeer(tt.chain)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, tt.want)
+			assert.Regexp(t, "^trust: ", err.Error())
+		})
+	}
+}
+
+func TestVerifyCertificatesKeyUsage(t *testing.T) {
+	caA := testca.New(t, "a.test")
+	v := &trust.Verifier{Store: storeWith(caA), Authorizer: trust.AuthorizeAny()}
+	serverOnly, _ := caA.Issue(t, idA, testca.Options{Mutate: func(c *x509.Certificate) {
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}})
+	_, err := v.VerifyCertificates([]*x509.Certificate{serverOnly}, x509.ExtKeyUsageServerAuth)
+	assert.NoError(t, err)
+	_, err = v.VerifyCertificates([]*x509.Certificate{serverOnly}, x509.ExtKeyUsageClientAuth)
+	assert.ErrorIs(t, err, trust.ErrChain)
+	_, err = v.VerifyPeer(raw(serverOnly))
+	assert.NoError(t, err, "VerifyPeer accepts any usage")
+}
+
+func TestVerifierNow(t *testing.T) {
+	caA := testca.New(t, "a.test")
+	leaf, _ := caA.Issue(t, idA)
+	v := &trust.Verifier{Store: storeWith(caA), Authorizer: trust.AuthorizeAny(),
+		Now: func() time.Time { return leaf.NotAfter.Add(time.Second) }}
+	_, err := v.VerifyPeer(raw(leaf))
+	assert.ErrorIs(t, err, trust.ErrChain)
+}
+
+func TestAuthorizers(t *testing.T) {
+	tests := []struct {
+		name string
+		auth trust.Authorizer
+		ok   []spiffeid.ID
+		bad  []spiffeid.ID
+	}{
+		{"any", trust.AuthorizeAny(), []spiffeid.ID{idA, idA2, idB}, nil},
+		{"id", trust.AuthorizeID(idA), []spiffeid.ID{idA}, []spiffeid.ID{idA2, idB}},
+		{"one of", trust.AuthorizeOneOf(idA, idB), []spiffeid.ID{idA, idB}, []spiffeid.ID{idA2}},
+		{"one of nothing", trust.AuthorizeOneOf(), nil, []spiffeid.ID{idA}},
+		{"member of", trust.AuthorizeMemberOf(tdA), []spiffeid.ID{idA, idA2}, []spiffeid.ID{idB}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, id := range tt.ok {
+				assert.NoError(t, tt.auth(id), id.String())
+			}
+			for _, id := range tt.bad {
+				assert.Error(t, tt.auth(id), id.String())
+			}
+		})
+	}
+}
