@@ -131,7 +131,18 @@ func (f *FileSource) apply(data []byte, digest [sha256.Size]byte, cur *fileBundl
 		return err
 	}
 	for _, w := range warnings {
+		if w.Code == bundledoc.CodeForeignTrustDomain {
+			// A root naming another trust domain means the file is for the
+			// wrong trust domain: relaying it would make peers trust one
+			// domain's keys for another.
+			return fmt.Errorf("%s; refusing to serve it as %s", w.String(), f.td.Name())
+		}
 		f.logger.Warn("bundle file: element ignored or kept with a warning", logattr.Warning, w.String())
+	}
+	if cur != nil {
+		if err := checkSuccessor(cur.bundle, b); err != nil {
+			return err
+		}
 	}
 	if cur != nil && cur.bundle.Equal(b) {
 		// Reformatted, same bundle: keep the pointer so the server has
@@ -147,6 +158,32 @@ func (f *FileSource) apply(data []byte, digest [sha256.Size]byte, cur *fileBundl
 	default:
 	}
 	return nil
+}
+
+// checkSuccessor refuses a replacement that peers would refuse: a lower
+// spiffe_sequence, or the same sequence with other keys. trustbridge's own
+// federation client rejects both (and keeps its old bundle for good),
+// while go-spiffe and SPIRE peers would roll back to keys already removed.
+func checkSuccessor(old, next *spiffebundle.Bundle) error {
+	os, oldHas := old.SequenceNumber()
+	ns, newHas := next.SequenceNumber()
+	if !oldHas || !newHas {
+		return nil
+	}
+	switch {
+	case ns < os:
+		return fmt.Errorf("spiffe_sequence went back from %d to %d; peers would reject or roll back", os, ns)
+	case ns == os && !sameKeys(old, next):
+		return fmt.Errorf("spiffe_sequence %d is unchanged but the keys changed; bump the sequence", ns)
+	}
+	return nil
+}
+
+func sameKeys(a, b *spiffebundle.Bundle) bool {
+	a, b = a.Clone(), b.Clone()
+	a.ClearRefreshHint()
+	b.ClearRefreshHint()
+	return a.Equal(b)
 }
 
 // Bundle returns the last good bundle, or nil before a successful Load.

@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
 // syncBuffer is a log sink tests can read while the code writes.
@@ -222,4 +224,44 @@ func TestFileSourceRunServes(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+func TestFileSourceRefusesWhatPeersWouldRefuse(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "bundle.json")
+	good := testca.New(t, "example.org").Bundle()
+	good.SetSequenceNumber(5)
+	writeBundle(t, path, good)
+	fs := bundleserver.NewFileSource(path, spiffeid.RequireTrustDomainFromString("example.org"), nil)
+	require.NoError(t, fs.Load())
+
+	older := good.Clone()
+	older.SetSequenceNumber(3)
+	other := testca.New(t, "example.org").Bundle()
+	other.SetSequenceNumber(5)
+	foreign := testca.New(t, "other.org").Bundle()
+	foreign.SetSequenceNumber(9)
+	hintOnly := good.Clone()
+	hintOnly.SetRefreshHint(time.Minute)
+
+	for _, tc := range []struct {
+		name string
+		b    *spiffebundle.Bundle
+		want string
+	}{
+		{"sequence goes back", older, "went back from 5 to 3"},
+		{"same sequence, other keys", other, "unchanged but the keys changed"},
+		{"roots of another trust domain", foreign, `names trust domain "other.org"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeBundle(t, path, tc.b)
+			err := fs.Check()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.True(t, good.Equal(fs.Bundle()), "last good kept")
+			assert.Error(t, fs.LastError())
+		})
+	}
+	writeBundle(t, path, hintOnly)
+	require.NoError(t, fs.Check(), "a new refresh hint under the same sequence is fine")
 }

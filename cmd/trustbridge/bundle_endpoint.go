@@ -30,8 +30,12 @@ const (
 	profileWeb    = "https_web"
 )
 
-// filePollInterval is how often bundle and certificate files are checked.
-const filePollInterval = 10 * time.Second
+// filePollInterval is how often bundle and certificate files are checked;
+// updateInterval how often the served documents are re-checked anyway.
+const (
+	filePollInterval = 10 * time.Second
+	updateInterval   = 30 * time.Second
+)
 
 type bundleOptions struct {
 	listen        string
@@ -65,19 +69,23 @@ func addBundleFlags(f *pflag.FlagSet, o *bundleOptions) {
 
 // bundleEndpoint is the wired bundle server and what keeps it current.
 type bundleEndpoint struct {
-	srv     *bundleserver.Server
-	ln      net.Listener
-	url     string
-	id      spiffeid.ID // https_spiffe only
-	runners []func(context.Context) error
+	srv      *bundleserver.Server
+	ln       net.Listener
+	url      string
+	id       spiffeid.ID // https_spiffe only
+	certHost string      // https_web: the name the certificate is for
+	runners  []func(context.Context) error
 }
 
-func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL time.Duration,
+func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
 	authority *ca.Authority, reg prometheus.Registerer, logger *slog.Logger) (*bundleEndpoint, error) {
 	ep := &bundleEndpoint{}
 	srvLogger := logger // bundleserver names its own component
 	logger = logger.With(logattr.Component, "bundle-endpoint")
 
+	if err := checkBundleFlags(o, td); err != nil {
+		return nil, err
+	}
 	getCert, nextProtos, err := ep.certificate(o, td, dataDir, workloadTTL, authority, logger)
 	if err != nil {
 		return nil, err
@@ -88,6 +96,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 	var local bundleserver.Source = authority
 	changes := []<-chan struct{}{authority.Changes()}
 	var others []*bundleserver.FileSource
+	seen := map[spiffeid.TrustDomain]string{}
 	for _, spec := range o.files {
 		name, path, found := strings.Cut(spec, "=")
 		fileTD := td
@@ -96,6 +105,10 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		} else if fileTD, err = bundledoc.TrustDomainName(name); err != nil {
 			return nil, fmt.Errorf("--bundle-file %q: trust domain %q: %w", spec, name, err)
 		}
+		if prev, dup := seen[fileTD]; dup {
+			return nil, fmt.Errorf("--bundle-file %q: trust domain %s already comes from %q", spec, fileTD.Name(), prev)
+		}
+		seen[fileTD] = spec
 		fs := bundleserver.NewFileSource(path, fileTD, logger)
 		if err := fs.Load(); err != nil {
 			return nil, fmt.Errorf("--bundle-file %q: %w", spec, err)
@@ -103,9 +116,6 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		ep.runners = append(ep.runners, func(ctx context.Context) error { return fs.Run(ctx, filePollInterval) })
 		changes = append(changes, fs.Changes())
 		if fileTD == td {
-			if local != bundleserver.Source(authority) {
-				return nil, fmt.Errorf("--bundle-file %q: a second file for the local trust domain %s", spec, td.Name())
-			}
 			local = fs
 			logger.Warn("serving the local trust domain's bundle from a file (static mode); the CA's own roots are not published unless the file holds them", "file", path)
 			continue
@@ -117,6 +127,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		TrustDomain: td,
 		Local:       local,
 		Path:        o.path,
+		RefreshHint: refreshHint,
 		Others: func() []*spiffebundle.Bundle {
 			out := make([]*spiffebundle.Bundle, 0, len(others))
 			for _, fs := range others {
@@ -143,7 +154,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		return nil, fmt.Errorf("--bundle-listen: %w", err)
 	}
 	ep.ln = ln
-	ep.url = "https://" + publicHostPort(ln.Addr()) + o.path
+	ep.url = "https://" + net.JoinHostPort(ep.publicHost(ln.Addr()), portOf(ln.Addr())) + o.path
 	ep.runners = append(ep.runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	return ep, nil
 }
@@ -184,6 +195,10 @@ func (ep *bundleEndpoint) certificate(o bundleOptions, td spiffeid.TrustDomain, 
 		case len(o.acmeDomains) > 0 && (o.tlsCert != "" || o.tlsKey != ""):
 			return nil, nil, errors.New("use either --acme-domain or --bundle-tls-cert/--bundle-tls-key, not both")
 		case len(o.acmeDomains) > 0:
+			ep.certHost = o.acmeDomains[0]
+			if !strings.HasSuffix(o.listen, ":443") {
+				logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.listen)
+			}
 			acme, err := bundleserver.NewACME(bundleserver.ACMEConfig{
 				Domains: o.acmeDomains, Email: o.acmeEmail, DirectoryURL: o.acmeDirectory,
 				TOSAccepted: o.acmeTOS, CacheDir: filepath.Join(dataDir, "acme"),
@@ -196,6 +211,9 @@ func (ep *bundleEndpoint) certificate(o bundleOptions, td spiffeid.TrustDomain, 
 			fc := bundleserver.NewFileCertificate(o.tlsCert, o.tlsKey, clock.RealClock{}, logger)
 			if err := fc.Load(); err != nil {
 				return nil, nil, err
+			}
+			if c, err := fc.GetCertificate(nil); err == nil && c != nil && c.Leaf != nil && len(c.Leaf.DNSNames) > 0 {
+				ep.certHost = c.Leaf.DNSNames[0]
 			}
 			ep.runners = append(ep.runners, func(ctx context.Context) error { return fc.Run(ctx, filePollInterval) })
 			return fc.GetCertificate, nil, nil
@@ -226,22 +244,32 @@ func updateOnChange(ctx context.Context, srv *bundleserver.Server, logger *slog.
 			}
 		}()
 	}
+	// A periodic update too: cheap when nothing changed, and it catches
+	// a change signal another reader of a shared channel took.
+	tick := time.NewTicker(updateInterval)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-merged:
-			if err := srv.Update(); err != nil {
-				logger.Error("bundle update refused; the last good document stays served", logattr.Error, err)
-			}
+		case <-tick.C:
+		}
+		if err := srv.Update(); err != nil {
+			// bundleserver logs each refusal once; this is for debugging.
+			logger.Debug("bundle update refused; the last good document stays served", logattr.Error, err)
 		}
 	}
 }
 
-// publicHostPort names the listener for the peer configuration hint:
-// a wildcard address is replaced by this host's name.
-func publicHostPort(addr net.Addr) string {
-	host, port, err := net.SplitHostPort(addr.String())
+// publicHost names the endpoint in the URL peers should configure: for
+// https_web the name its certificate is for (peers check it), else the
+// listen address, with a wildcard replaced by this host's name.
+func (ep *bundleEndpoint) publicHost(addr net.Addr) string {
+	if ep.certHost != "" {
+		return ep.certHost
+	}
+	host, _, err := net.SplitHostPort(addr.String())
 	if err != nil {
 		return addr.String()
 	}
@@ -250,7 +278,38 @@ func publicHostPort(addr net.Addr) string {
 			host = h
 		}
 	}
-	return net.JoinHostPort(host, port)
+	return host
+}
+
+func portOf(addr net.Addr) string {
+	if addr == nil {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return ""
+	}
+	return port
+}
+
+// checkBundleFlags refuses combinations that would start a server peers
+// cannot use, or flags that would silently do nothing.
+func checkBundleFlags(o bundleOptions, td spiffeid.TrustDomain) error {
+	if len(o.acmeDomains) == 0 && (o.acmeEmail != "" || o.acmeDirectory != "" || o.acmeTOS) {
+		return errors.New("--acme-email, --acme-directory-url and --acme-tos-accepted need --acme-domain")
+	}
+	for _, spec := range o.files {
+		if _, _, found := strings.Cut(spec, "="); !found && o.profile == profileSPIFFE {
+			// Peers of a self-serving https_spiffe endpoint authenticate
+			// each fetch with the bundle they fetched last; a served file
+			// without our CA's roots would lock them out after one fetch.
+			return fmt.Errorf("--bundle-file %q serves the local bundle from a file, which needs --bundle-profile https_web: with https_spiffe, peers verify the endpoint against the served bundle, which may not hold our CA's roots", spec)
+		}
+		if _, _, found := strings.Cut(spec, "="); found && !o.serveOthers {
+			return fmt.Errorf("--bundle-file %q relays another trust domain, but --serve-federated=false serves none", spec)
+		}
+	}
+	return nil
 }
 
 // tuple is the federation configuration peers write for this endpoint, in

@@ -65,6 +65,7 @@ func TestServerBundleEndpointSPIFFEProfile(t *testing.T) {
 		federation.WithSPIFFEAuth(roots, spiffeid.RequireFromString("spiffe://example.org/trustbridge/bundle-endpoint")))
 	require.NoError(t, err)
 	assert.Len(t, got.X509Authorities(), 1)
+	assert.True(t, got.X509Authorities()[0].Equal(caRoots(t, dataDir)[0]), "the CA's root")
 	seq, ok := got.SequenceNumber()
 	assert.True(t, ok)
 	assert.Equal(t, uint64(1), seq)
@@ -139,7 +140,10 @@ func TestServerBundleEndpointRefusesBadFlags(t *testing.T) {
 		{"endpoint ID of another trust domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, endpointID: "spiffe://other.org/x"}, "our CA signs only example.org identities"},
 		{"unknown profile", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: "https_magic"}, `--bundle-profile "https_magic"`},
 		{"ACME without accepting the terms", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeDomains: []string{"bundle.example.com"}}, "tos"},
-		{"bad bundle file", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"/nonexistent.json"}}, "--bundle-file"},
+		{"bad bundle file", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"a.org=/nonexistent.json"}, serveOthers: true}, "--bundle-file"},
+		{"static mode with https_spiffe", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"/x.json"}}, "needs --bundle-profile https_web"},
+		{"relay without serving others", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"a.org=/x.json"}}, "--serve-federated=false serves none"},
+		{"ACME flags without a domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeTOS: true}, "need --acme-domain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -172,7 +176,7 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: dataDir, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
-		td, dataDir, 0, a, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		td, dataDir, 0, 0, a, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -182,22 +186,64 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 
-	fetch := func() *spiffebundle.Bundle {
+	fetch := func() (*spiffebundle.Bundle, error) {
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer fcancel()
-		b, err := federation.FetchBundle(fctx, td, ep.url,
+		return federation.FetchBundle(fctx, td, ep.url,
 			federation.WithSPIFFEAuth(x509bundle.FromX509Authorities(td, a.Bundle().X509Authorities()), ep.id))
-		require.NoError(t, err)
-		return b
 	}
-	first := fetch()
-	seq, _ := first.SequenceNumber()
-	require.Equal(t, uint64(1), seq)
+	first, err := fetch()
+	require.NoError(t, err)
+	assert.True(t, a.Bundle().Equal(first), "exactly the CA's bundle")
 
 	require.NoError(t, a.Rotate())
 	require.Eventually(t, func() bool {
-		seq, _ := fetch().SequenceNumber()
-		return seq == 2
+		b, err := fetch()
+		return err == nil && b.Equal(a.Bundle())
 	}, 5*time.Second, 10*time.Millisecond, "the rotation reaches the endpoint")
-	assert.Len(t, fetch().X509Authorities(), 2, "the prepared root is published before it signs")
+	b, err := fetch()
+	require.NoError(t, err)
+	assert.Len(t, b.X509Authorities(), 2, "the prepared root is published before it signs")
+}
+
+func TestServerBundleEndpointStaticMode(t *testing.T) {
+	dir := t.TempDir()
+	web := testca.New(t, "web.test")
+	leaf, key := web.Issue(t, spiffeid.RequireFromString("spiffe://web.test/x"), testca.Options{Mutate: func(c *x509.Certificate) {
+		c.URIs = nil
+		c.DNSNames = []string{"localhost"}
+	}})
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
+
+	// An offline CA's bundle, without a refresh hint of its own.
+	offline := testca.New(t, "example.org")
+	b := offline.Bundle()
+	b.SetSequenceNumber(41)
+	doc, err := bundledoc.Marshal(b)
+	require.NoError(t, err)
+	static := filepath.Join(dir, "static.json")
+	require.NoError(t, os.WriteFile(static, doc, 0o600))
+
+	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
+		o.refreshHint = 2 * time.Minute
+		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, files: []string{static}}
+	})
+	url := endpointURL(t, out.String())
+	assert.True(t, strings.HasPrefix(url, "https://localhost:"), "peers are told the certificate's name: %s", url)
+	pool := x509.NewCertPool()
+	pool.AddCert(web.Cert)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := federation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("example.org"), url, federation.WithWebPKIRoots(pool))
+	require.NoError(t, err)
+	assert.True(t, got.X509Authorities()[0].Equal(offline.Cert), "the file's bundle, not the CA's")
+	seq, _ := got.SequenceNumber()
+	assert.Equal(t, uint64(41), seq)
+	hint, ok := got.RefreshHint()
+	assert.True(t, ok)
+	assert.Equal(t, 2*time.Minute, hint, "--bundle-refresh-hint fills in a file without a hint")
 }

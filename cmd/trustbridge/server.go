@@ -152,7 +152,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 
 	var ep *bundleEndpoint
 	if o.bundle.listen != "" {
-		if ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, authority, reg, logger); err != nil {
+		if ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, o.refreshHint, authority, reg, logger); err != nil {
 			return err
 		}
 	}
@@ -177,8 +177,11 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
 		"admin", "http://"+addr, logattr.Sequence, authority.Sequence())
 	if ep != nil {
-		logger.Info("bundle endpoint: peers federate with this tuple", logattr.EndpointURL, ep.url,
-			logattr.SPIFFEID, ep.id.String(), "tuple", ep.tuple(td))
+		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.bundle.profile, "tuple", ep.tuple(td)}
+		if !ep.id.IsZero() {
+			attrs = append(attrs, logattr.SPIFFEID, ep.id.String())
+		}
+		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
 	}
 	if ready != nil {
 		ready <- addr
