@@ -133,6 +133,7 @@ type Authority struct {
 	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
+	subs    []chan struct{} // Subscribe
 
 	// started is set once the first reconcile after New has restarted the
 	// publication lead of waiting roots: while the server was down, peers
@@ -289,7 +290,18 @@ func (a *Authority) nextPluginRemoval() time.Time {
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
 
 // Changes is signalled (coalesced) whenever the published bundle changes.
+// It has one reader; other consumers use Subscribe.
 func (a *Authority) Changes() <-chan struct{} { return a.changes }
+
+// Subscribe returns a channel of its own, signalled (coalesced) on every
+// later change of the published bundle.
+func (a *Authority) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	a.mu.Lock()
+	a.subs = append(a.subs, ch)
+	a.mu.Unlock()
+	return ch
+}
 
 // Bundle returns the published bundle: every prepared, active and retired
 // root, the sequence number and the refresh hint. It is shared and must
@@ -745,9 +757,11 @@ func (a *Authority) publishLocked() {
 	a.bundle = b
 	a.metrics.observe(a.roots, a.journal.Sequence)
 	if changed {
-		select {
-		case a.changes <- struct{}{}:
-		default:
+		for _, ch := range append([]chan struct{}{a.changes}, a.subs...) {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

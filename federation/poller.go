@@ -452,3 +452,18 @@ func fingerprintStrings(fs []Fingerprint) []string {
 	}
 	return out
 }
+
+// Bundles returns the bundle held for every federated trust domain (the
+// last good one fetched, restored or bootstrapped), as published by its
+// endpoint, for serving on /bundles/{trustDomain}.
+func (p *Poller) Bundles() []*spiffebundle.Bundle {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*spiffebundle.Bundle, 0, len(p.order))
+	for _, td := range p.order {
+		if b := p.states[td].held; b != nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}

@@ -197,3 +197,12 @@ func TestNewPollerRefusesBadConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorContains(t, p.Refresh(t.Context(), web(t, "b.org", "https://b.org/").TrustDomain), `"b.org" is not federated`)
 }
+
+func TestPollerBundles(t *testing.T) {
+	pf := newPollFixture(t)
+	p := pf.poller(t)
+	assert.Empty(t, p.Bundles(), "nothing held before the first fetch")
+	require.NoError(t, p.Refresh(t.Context(), pf.ep.TrustDomain))
+	require.Len(t, p.Bundles(), 1)
+	assert.True(t, pf.fx.bundle.Equal(p.Bundles()[0]), "as the endpoint published it, sequence included")
+}

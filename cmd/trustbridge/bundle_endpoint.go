@@ -78,7 +78,7 @@ type bundleEndpoint struct {
 }
 
 func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
-	authority *ca.Authority, reg prometheus.Registerer, logger *slog.Logger) (*bundleEndpoint, error) {
+	authority *ca.Authority, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*bundleEndpoint, error) {
 	ep := &bundleEndpoint{}
 	srvLogger := logger // bundleserver names its own component
 	logger = logger.With(logattr.Component, "bundle-endpoint")
@@ -95,6 +95,13 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 	// and bundle files of other trust domains (relay).
 	var local bundleserver.Source = authority
 	changes := []<-chan struct{}{authority.Changes()}
+	if fed != nil {
+		// Federated bundles change the store; serve them as their
+		// endpoints published them.
+		storeChanges, cancel := fed.store.Subscribe()
+		ep.runners = append(ep.runners, func(ctx context.Context) error { <-ctx.Done(); cancel(); return nil })
+		changes = append(changes, storeChanges)
+	}
 	var others []*bundleserver.FileSource
 	seen := map[spiffeid.TrustDomain]string{}
 	for _, spec := range o.files {
@@ -129,7 +136,10 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		Path:        o.path,
 		RefreshHint: refreshHint,
 		Others: func() []*spiffebundle.Bundle {
-			out := make([]*spiffebundle.Bundle, 0, len(others))
+			var out []*spiffebundle.Bundle
+			if fed != nil && fed.poller != nil {
+				out = append(out, fed.poller.Bundles()...)
+			}
 			for _, fs := range others {
 				if b := fs.Bundle(); b != nil {
 					out = append(out, b)

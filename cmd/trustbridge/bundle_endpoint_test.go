@@ -176,7 +176,7 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: dataDir, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
-		td, dataDir, 0, 0, a, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		td, dataDir, 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

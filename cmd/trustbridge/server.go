@@ -41,6 +41,7 @@ type serverOptions struct {
 	logFormat      string
 	logLevel       string
 	bundle         bundleOptions
+	federation     federationOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -78,6 +79,7 @@ The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
 	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
 	addBundleFlags(f, &o.bundle)
+	addFederationFlags(f, &o.federation)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -150,9 +152,16 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 
+	fed, err := setupFederation(o.federation, td, o.dataDir, reg, logger)
+	if err != nil {
+		return err
+	}
+	caChanges := authority.Subscribe()
+	fed.store.Set(caSource, authority.Bundle())
+
 	var ep *bundleEndpoint
 	if o.bundle.listen != "" {
-		if ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, o.refreshHint, authority, reg, logger); err != nil {
+		if ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, o.refreshHint, authority, fed, reg, logger); err != nil {
 			return err
 		}
 	}
@@ -165,7 +174,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return fmt.Errorf("--admin-listen: %w", err)
 	}
 	admin := &http.Server{
-		Handler:           adminHandler(authority, reg),
+		Handler:           adminHandler(authority, reg, fed),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -190,6 +199,10 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	runners := []func(context.Context) error{
 		authority.Run,
 		func(ctx context.Context) error { return serveAdmin(ctx, admin, ln) },
+		func(ctx context.Context) error { return followCA(ctx, authority, caChanges, fed) },
+	}
+	if fed.poller != nil {
+		runners = append(runners, fed.poller.Run)
 	}
 	if ep != nil {
 		runners = append(runners, ep.runners...)
@@ -258,8 +271,24 @@ func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority, 
 	}
 }
 
-func adminHandler(a *ca.Authority, reg *prometheus.Registry) http.Handler {
+// caSource names the CA's bundle in the trust store.
+const caSource = "ca"
+
+// followCA keeps the CA's bundle current in the trust store.
+func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed *federationSetup) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+			fed.store.Set(caSource, a.Bundle())
+		}
+	}
+}
+
+func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup) http.Handler {
 	mux := http.NewServeMux()
+	federationHandlers(mux, fed)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")

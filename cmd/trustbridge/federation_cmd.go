@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+type federationOptions struct {
+	federate     string
+	configFile   string
+	caFile       string
+	minRefresh   time.Duration
+	maxRefresh   time.Duration
+	timeout      time.Duration
+	allowPrivate bool
+	allowEmpty   bool
+}
+
+func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
+	f.StringVar(&o.federate, "federate", "", `trust domains to federate with: "td|https://url[|endpoint-spiffe-id]" joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
+	f.StringVar(&o.configFile, "federation-config", "", "YAML file of federation endpoints (spire-controller-manager ClusterFederatedTrustDomain field names)")
+	f.StringVar(&o.caFile, "federation-ca-file", "", "PEM roots trusted for https_web endpoints in addition to the system pool")
+	f.DurationVar(&o.minRefresh, "federation-min-refresh", federation.DefaultMinRefresh, "poll no more often than this, whatever a peer's refresh hint says")
+	f.DurationVar(&o.maxRefresh, "federation-max-refresh", federation.DefaultMaxRefresh, "poll at least this often")
+	f.DurationVar(&o.timeout, "federation-timeout", federation.DefaultFetchTimeout, "deadline for one whole bundle fetch")
+	f.BoolVar(&o.allowPrivate, "federation-allow-private", false, "allow endpoints (and redirects) on loopback, link-local and cloud metadata addresses")
+	f.BoolVar(&o.allowEmpty, "federation-allow-empty", false, `apply a fetched "keys": [] (revoking every key) instead of refusing it`)
+}
+
+// federationSetup is the wired federation: the trust store and the poller.
+type federationSetup struct {
+	store  *trust.Store
+	poller *federation.Poller // nil without endpoints
+}
+
+func setupFederation(o federationOptions, td spiffeid.TrustDomain, dataDir string, reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
+	if o.federate == "" {
+		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
+	}
+	fromFlag, err := federation.ParseEndpoints(o.federate)
+	if err != nil {
+		return nil, fmt.Errorf("--federate: %w", err)
+	}
+	var fromFile []federation.Endpoint
+	if o.configFile != "" {
+		data, err := readCappedFile(o.configFile, 1<<20)
+		if err != nil {
+			return nil, fmt.Errorf("--federation-config: %w", err)
+		}
+		base := filepath.Dir(o.configFile)
+		cfg, err := federation.ParseConfig(data, func(p string) ([]byte, error) {
+			if !filepath.IsAbs(p) {
+				p = filepath.Join(base, p)
+			}
+			return readCappedFile(p, bundledoc.DefaultMaxSize)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--federation-config %s: %w", o.configFile, err)
+		}
+		for _, w := range cfg.Warnings {
+			logger.Warn("federation config", logattr.Warning, w)
+		}
+		fromFile = cfg.Endpoints
+	}
+	eps, err := federation.MergeEndpoints(fromFlag, fromFile)
+	if err != nil {
+		return nil, err
+	}
+	for _, ep := range eps {
+		if ep.TrustDomain == td {
+			return nil, fmt.Errorf("federation endpoint %s is for our own trust domain %s; its bundle comes from our CA", ep, td.Name())
+		}
+	}
+	fs := &federationSetup{store: trust.NewStore()}
+	if len(eps) == 0 {
+		return fs, nil
+	}
+	webRoots, err := webRootPool(o.caFile)
+	if err != nil {
+		return nil, err
+	}
+	fs.poller, err = federation.NewPoller(federation.PollerConfig{
+		Endpoints: eps,
+		Fetcher: federation.FetcherConfig{
+			Timeout: o.timeout, WebRoots: webRoots, AllowPrivate: o.allowPrivate,
+		},
+		Policy:     federation.RefreshPolicy{Min: o.minRefresh, Max: o.maxRefresh},
+		LKG:        federation.NewLKGStore(dataDir),
+		Sink:       fs.store,
+		OtherRoots: fs.store,
+		AllowEmpty: o.allowEmpty,
+		Logger:     logger.With(logattr.Component, "federation"),
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, err := range fs.poller.LoadLastKnownGood() {
+		logger.Error("last-known-good bundle not restored; that trust domain starts from its bootstrap bundle", logattr.Error, err)
+	}
+	return fs, nil
+}
+
+// webRootPool is the system pool plus --federation-ca-file.
+func webRootPool(caFile string) (*x509.CertPool, error) {
+	if caFile == "" {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	data, err := readCappedFile(caFile, 1<<20)
+	if err != nil {
+		return nil, fmt.Errorf("--federation-ca-file: %w", err)
+	}
+	n := 0
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("--federation-ca-file %s: certificate %d: %w", caFile, n, err)
+		}
+		pool.AddCert(c)
+		n++
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("--federation-ca-file %s: no PEM certificates", caFile)
+	}
+	return pool, nil
+}
+
+func readCappedFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return bundledoc.ReadLimited(f, limit)
+}
+
+// federationHandlers adds /v1/federation (status) and
+// /v1/federation/refresh (poll a trust domain now) to the admin mux.
+func federationHandlers(mux *http.ServeMux, fs *federationSetup) {
+	mux.HandleFunc("GET /v1/federation", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		status := []federation.Status{}
+		if fs != nil && fs.poller != nil {
+			status = fs.poller.Status()
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(status)
+	})
+	mux.HandleFunc("POST /v1/federation/refresh", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		name := r.URL.Query().Get("trust_domain")
+		td, err := bundledoc.TrustDomainName(name)
+		if err != nil {
+			http.Error(w, fmt.Sprintf("trust_domain %q: %v", name, err), http.StatusBadRequest)
+			return
+		}
+		if fs == nil || fs.poller == nil {
+			http.Error(w, "no federation is configured", http.StatusNotFound)
+			return
+		}
+		if err := fs.poller.Refresh(r.Context(), td); err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		_, _ = io.WriteString(w, "refreshed "+td.Name()+"\n")
+	})
+}
+
+func newFederationCmd(e env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "federation",
+		Short: "See and drive the running server's federation",
+	}
+	var admin string
+	var asJSON bool
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Show every federated trust domain: state, sequence, last success and error, authorities",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runFederationStatus(cmd.Context(), e, admin, asJSON)
+		},
+	}
+	status.Flags().BoolVar(&asJSON, "json", false, "print the server's JSON as is")
+	refresh := &cobra.Command{
+		Use:   "refresh TRUST_DOMAIN",
+		Short: "Poll one trust domain's bundle endpoint now",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			u := strings.TrimRight(admin, "/") + "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
+			body, err := adminCall(cmd.Context(), http.MethodPost, u)
+			if err != nil {
+				return err
+			}
+			_, err = io.WriteString(e.out, body)
+			return err
+		},
+	}
+	cmd.PersistentFlags().StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
+	cmd.AddCommand(status, refresh)
+	return cmd
+}
+
+func adminCall(ctx context.Context, method, u string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := bundledoc.ReadLimited(resp.Body, 16<<20)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return string(body), nil
+}
+
+func runFederationStatus(ctx context.Context, e env, admin string, asJSON bool) error {
+	body, err := adminCall(ctx, http.MethodGet, strings.TrimRight(admin, "/")+"/v1/federation")
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err = io.WriteString(e.out, body)
+		return err
+	}
+	var status []federation.Status
+	if err := json.Unmarshal([]byte(body), &status); err != nil {
+		return fmt.Errorf("admin answer: %w", err)
+	}
+	if len(status) == 0 {
+		_, err = fmt.Fprintln(e.out, "no federated trust domains")
+		return err
+	}
+	now := e.now()
+	tw := tabwriter.NewWriter(e.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TRUST DOMAIN\tSTATE\tSEQ\tLAST SUCCESS\tNEXT\tFAILURES\tROOTS\tEARLIEST EXPIRY\tLAST ERROR")
+	for _, s := range status {
+		seq := "-"
+		if s.Sequence != nil {
+			seq = fmt.Sprint(*s.Sequence)
+		}
+		roots, earliest := 0, "-"
+		var first time.Time
+		for _, a := range s.Authorities {
+			if a.Kind == federation.AuthorityX509 {
+				roots++
+				if a.NotAfter != nil && (first.IsZero() || a.NotAfter.Before(first)) {
+					first = *a.NotAfter
+				}
+			}
+		}
+		if !first.IsZero() {
+			earliest = first.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.TrustDomain, strings.ToUpper(string(s.State)), seq,
+			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest, printable(clipText(s.LastError, 80)))
+	}
+	return tw.Flush()
+}
+
+func ago(now time.Time, t *time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return now.Sub(*t).Truncate(time.Second).String() + " ago"
+}
+
+func until(now time.Time, t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	d := t.Sub(now).Truncate(time.Second)
+	if d < 0 {
+		return "due"
+	}
+	return "in " + d.String()
+}
+
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	gofederation "github.com/spiffe/go-spiffe/v2/federation"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+// startNamedServer runs a server for td with its bundle endpoint on
+// loopback and returns its admin address, banner and data dir.
+func startNamedServer(t *testing.T, td string, mutate func(*serverOptions)) (admin, banner, dataDir string) {
+	t.Helper()
+	dataDir = t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var out, logs bytes.Buffer
+	o := serverOptions{
+		trustDomain: td, dataDir: dataDir, adminListen: "127.0.0.1:0", keyType: "ec-p256",
+		caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
+		logFormat: "json", logLevel: "info",
+		bundle: bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
+		federation: federationOptions{minRefresh: federation.DefaultMinRefresh, maxRefresh: federation.DefaultMaxRefresh,
+			timeout: 5 * time.Second, allowPrivate: true},
+	}
+	if mutate != nil {
+		mutate(&o)
+	}
+	go func() {
+		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+	}()
+	select {
+	case admin = <-ready:
+	case err := <-done:
+		t.Fatalf("server exited: %v\n%s", err, logs.String())
+	}
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return admin, out.String(), dataDir
+}
+
+func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
+	_, eastBanner, eastData := startNamedServer(t, "east.example", nil)
+	eastURL := endpointURL(t, eastBanner)
+
+	// The operator hands west east's bundle once (https_spiffe bootstrap).
+	_, roots, err := ca.NewStore(eastData).Load("east.example")
+	require.NoError(t, err)
+	eastBundle := roots[0].Cert
+	doc, err := bundledoc.Marshal(spiffeBundle(t, "east.example", eastBundle))
+	require.NoError(t, err)
+	cfgDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(cfgDir, "east.json"), doc, 0o600))
+	cfg := "federation:\n  - trustDomain: east.example\n    bundleEndpointURL: " + eastURL +
+		"\n    bundleEndpointProfile: {type: https_spiffe, endpointSPIFFEID: spiffe://east.example/trustbridge/bundle-endpoint}\n    trustDomainBundleFile: east.json\n"
+	require.NoError(t, os.WriteFile(filepath.Join(cfgDir, "federation.yaml"), []byte(cfg), 0o600))
+
+	westAdmin, westBanner, westData := startNamedServer(t, "west.example", func(o *serverOptions) {
+		o.federation.configFile = filepath.Join(cfgDir, "federation.yaml")
+	})
+
+	// The first poll happens at start; wait for it through the status API.
+	var status []federation.Status
+	require.Eventually(t, func() bool {
+		code, body := get(t, "http://"+westAdmin+"/v1/federation")
+		if code != 200 || json.Unmarshal([]byte(body), &status) != nil || len(status) != 1 {
+			return false
+		}
+		return status[0].LastSuccess != nil
+	}, 15*time.Second, 20*time.Millisecond)
+	s := status[0]
+	assert.Equal(t, "east.example", s.TrustDomain)
+	assert.Equal(t, federation.StateOK, s.State)
+	assert.Equal(t, uint64(1), *s.Sequence)
+	require.Len(t, s.Authorities, 1)
+	assert.Equal(t, "spiffe://east.example/trustbridge/bundle-endpoint", s.EndpointSPIFFEID)
+
+	// West relays east's bundle as east published it, sequence included.
+	westURL := strings.TrimSuffix(endpointURL(t, westBanner), "/")
+	_, westRoots, err := ca.NewStore(westData).Load("west.example")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	relayed, err := gofederation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("east.example"), westURL+"/bundles/east.example",
+		gofederation.WithSPIFFEAuth(x509bundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("west.example"),
+			[]*x509.Certificate{westRoots[0].Cert}), spiffeid.RequireFromString("spiffe://west.example/trustbridge/bundle-endpoint")))
+	require.NoError(t, err)
+	seq, _ := relayed.SequenceNumber()
+	assert.Equal(t, uint64(1), seq)
+	assert.True(t, relayed.X509Authorities()[0].Equal(eastBundle))
+
+	// The status command reads at a glance; refresh polls now.
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "federation", "status", "--admin", "http://"+westAdmin)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "TRUST DOMAIN")
+	assert.Contains(t, stdout, "east.example  OK")
+	stdout, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "east.example", "--admin", "http://"+westAdmin)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "refreshed east.example")
+	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "nowhere.example", "--admin", "http://"+westAdmin)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "not federated")
+}
+
+func TestServerRefusesFederatingWithItself(t *testing.T) {
+	o := serverOptions{
+		trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
+		caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
+		logFormat: "json", logLevel: "info",
+		federation: federationOptions{federate: "example.org|https://example.org/"},
+	}
+	var out, logs strings.Builder
+	err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
+	assert.ErrorContains(t, err, "is for our own trust domain")
+
+	o.federation = federationOptions{federate: "a.org|http://a.org/"}
+	err = runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
+	assert.ErrorContains(t, err, "--federate")
+}
+
+func spiffeBundle(t *testing.T, td string, roots ...*x509.Certificate) *spiffebundle.Bundle {
+	t.Helper()
+	return spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString(td), roots)
+}
