@@ -1,15 +1,25 @@
-// Package federation is trustbridge's side of SPIFFE Federation: it knows
-// which foreign trust domains to federate with and how to reach and
-// authenticate their bundle endpoints, and will also poll those endpoints
-// and keep the trust store of fetched bundles. This part holds the endpoint
-// configuration: the Istio-compatible string form used by --federate and
+// Package federation is trustbridge's side of SPIFFE Federation: which
+// foreign trust domains to trust, how to reach and authenticate their
+// bundle endpoints, and how their bundles are fetched, judged and kept.
+//
+// Configuration: the Istio-compatible string form used by --federate and
 // SPIFFE_BUNDLE_ENDPOINTS ("td|url" tuples joined by "||", with an optional
 // third field naming the endpoint SPIFFE ID for https_spiffe), and a YAML
 // file using spire-controller-manager's ClusterFederatedTrustDomain field
 // names, which can also carry a bootstrap bundle and refresh bounds. Both
-// forms share one set of validation rules, refuse the whole configuration
-// on any error, and name entries by 0-based index ("endpoint 0",
-// "federation[0]").
+// forms share one set of rules, refuse the whole configuration on any
+// error, and name entries by 0-based index ("endpoint 0", "federation[0]").
+//
+// Polling: a Poller gives every trust domain its own schedule (the clamped
+// refresh hint with jitter, backoff from 1s on failure). A Fetcher fetches
+// with one deadline, a size cap, If-None-Match, status 200 (or 304) only,
+// no fallback between profiles, identity checked in VerifyConnection,
+// bounded https-only redirects and no loopback or metadata addresses.
+// Accept refuses a bundle whose sequence goes back, whose keys change
+// under the same sequence, or that revokes everything (unless allowed);
+// every refusal keeps the last good bundle, which LKGStore persists so a
+// restart keeps trust. Accepted bundles go to a Sink, the per-trust-domain
+// store of package federation/trust.
 //
 //	flagEps, err := federation.ParseEndpoints(os.Getenv("SPIFFE_BUNDLE_ENDPOINTS"))
 //	if err != nil {
@@ -26,7 +36,8 @@
 //	}
 //	eps, err := federation.MergeEndpoints(flagEps, cfg.Endpoints)
 //
-// Spec: SPIFFE Federation §5.1 (endpoint parameters), §5.2.1.1 and §5.2.2.1
+// Spec: SPIFFE Federation §5.1 (endpoint parameters), §6.2 (maintaining a
+// relationship: polling, refresh hints), §7.5.1 (redirects), §5.2.1.1 and §5.2.2.1
 // (endpoint URL requirements), §5.2.2.2 (endpoint SPIFFE ID, self-serving
 // endpoints and their bootstrap bundle), §7.2 (explicitly-defined
 // parameters).
