@@ -74,7 +74,11 @@ type bundleEndpoint struct {
 	url      string
 	id       spiffeid.ID // https_spiffe only
 	certHost string      // https_web: the name the certificate is for
-	runners  []func(context.Context) error
+	// checks report problems for /readyz: a bad certificate or bundle
+	// file change (the last good one is still served).
+	checks  []func() error
+	files   []*bundleserver.FileSource
+	runners []func(context.Context) error
 }
 
 func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
@@ -121,6 +125,13 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 			return nil, fmt.Errorf("--bundle-file %q: %w", spec, err)
 		}
 		ep.runners = append(ep.runners, func(ctx context.Context) error { return fs.Run(ctx, filePollInterval) })
+		ep.files = append(ep.files, fs)
+		ep.checks = append(ep.checks, func() error {
+			if err := fs.LastError(); err != nil {
+				return fmt.Errorf("--bundle-file %s: %w (serving the last good bundle)", spec, err)
+			}
+			return nil
+		})
 		changes = append(changes, fs.Changes())
 		if fileTD == td {
 			local = fs
@@ -226,6 +237,12 @@ func (ep *bundleEndpoint) certificate(o bundleOptions, td spiffeid.TrustDomain, 
 				ep.certHost = c.Leaf.DNSNames[0]
 			}
 			ep.runners = append(ep.runners, func(ctx context.Context) error { return fc.Run(ctx, filePollInterval) })
+			ep.checks = append(ep.checks, func() error {
+				if err := fc.LastError(); err != nil {
+					return fmt.Errorf("--bundle-tls-cert: %w (serving the last good certificate)", err)
+				}
+				return nil
+			})
 			return fc.GetCertificate, nil, nil
 		default:
 			return nil, nil, errors.New("--bundle-profile https_web needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain")
@@ -330,4 +347,17 @@ func (ep *bundleEndpoint) tuple(td spiffeid.TrustDomain) string {
 		t += "|" + ep.id.String()
 	}
 	return t
+}
+
+// Ready reports the first problem of the endpoint's reloaded inputs.
+func (ep *bundleEndpoint) Ready() error {
+	if ep == nil {
+		return nil
+	}
+	for _, check := range ep.checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

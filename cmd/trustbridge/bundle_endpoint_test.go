@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -246,4 +247,32 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 	hint, ok := got.RefreshHint()
 	assert.True(t, ok)
 	assert.Equal(t, 2*time.Minute, hint, "--bundle-refresh-hint fills in a file without a hint")
+}
+
+func TestReadyzReportsABadBundleFileChange(t *testing.T) {
+	dir := t.TempDir()
+	peer := testca.New(t, "peer.example")
+	b := peer.Bundle()
+	b.SetSequenceNumber(3)
+	doc, err := bundledoc.Marshal(b)
+	require.NoError(t, err)
+	file := filepath.Join(dir, "peer.json")
+	require.NoError(t, os.WriteFile(file, doc, 0o600))
+	a, err := ca.New(ca.Config{TrustDomain: spiffeid.RequireTrustDomainFromString("example.org"), DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true, files: []string{"peer.example=" + file}},
+		a.TrustDomain(), t.TempDir(), 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ep.ln.Close() })
+	admin := httptest.NewServer(adminHandler(a, prometheus.NewRegistry(), nil, ep))
+	t.Cleanup(admin.Close)
+	code, _ := get(t, admin.URL+"/readyz")
+	assert.Equal(t, http.StatusOK, code)
+
+	// A broken change, as the file's poll loop would find it.
+	require.NoError(t, os.WriteFile(file, []byte("{broken"), 0o600))
+	require.Error(t, ep.files[0].Check())
+	code, body := get(t, admin.URL+"/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "serving the last good bundle")
 }

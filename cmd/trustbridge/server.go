@@ -174,7 +174,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return fmt.Errorf("--admin-listen: %w", err)
 	}
 	admin := &http.Server{
-		Handler:           adminHandler(authority, reg, fed),
+		Handler:           adminHandler(authority, reg, fed, ep),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -286,7 +286,7 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 	}
 }
 
-func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup) http.Handler {
+func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ep *bundleEndpoint) http.Handler {
 	mux := http.NewServeMux()
 	federationHandlers(mux, fed)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -295,7 +295,11 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := a.Ready(); err != nil {
+		err := a.Ready()
+		if err == nil {
+			err = ep.Ready()
+		}
+		if err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
 			return
