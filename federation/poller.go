@@ -17,6 +17,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -36,6 +37,10 @@ const (
 	StateFailing State = "failing" // last poll failed; the last good bundle is kept
 	StateStale   State = "stale"   // no success for staleAfter refresh intervals
 )
+
+// ErrPollInProgress is returned by Refresh while a poll of the same trust
+// domain is still running.
+var ErrPollInProgress = errors.New("a poll is already running")
 
 // staleAfter is how many refresh intervals without success make a trust
 // domain stale.
@@ -272,7 +277,9 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 	st := p.states[td]
 	if st.polling {
 		p.mu.Unlock()
-		return nil // one poll per trust domain at a time
+		// One poll per trust domain at a time; say so rather than claim a
+		// refresh that did not happen.
+		return fmt.Errorf("federation: %w for %s; its result will show in the status", ErrPollInProgress, td.Name())
 	}
 	st.polling = true
 	ep, etag := st.ep, st.etag
@@ -320,6 +327,8 @@ func rejectionKind(err error) string {
 		return "empty_bundle"
 	case errors.Is(err, ErrTrustDomainMismatch):
 		return "trust_domain_mismatch"
+	case errors.Is(err, ErrPollInProgress):
+		return "in_progress"
 	default:
 		return "transport"
 	}
@@ -330,6 +339,14 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 		return nil
 	}
 	for _, w := range res.Warnings {
+		if w.Code == bundledoc.CodeForeignTrustDomain {
+			// The endpoint serves a bundle whose roots name another trust
+			// domain (a misrouted URL, or an attack): trusting it would let
+			// that domain's CA mint our peer's identities.
+			err := fmt.Errorf("%w: %s", ErrTrustDomainMismatch, w.String())
+			log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err)
+			return err
+		}
 		log.Warn("bundle element ignored", logattr.Warning, w.String())
 	}
 	dec, err := Accept(st.held, res.Bundle, p.cfg.AllowEmpty)

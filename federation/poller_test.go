@@ -206,3 +206,22 @@ func TestPollerBundles(t *testing.T) {
 	require.Len(t, p.Bundles(), 1)
 	assert.True(t, pf.fx.bundle.Equal(p.Bundles()[0]), "as the endpoint published it, sequence included")
 }
+
+func TestPollerRefreshWhilePolling(t *testing.T) {
+	pf := newPollFixture(t)
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	pf.srv.set(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		serveDoc(pf.fx.doc)(w, r)
+	})
+	p := pf.poller(t)
+	done := make(chan error, 1)
+	go func() { done <- p.Refresh(t.Context(), pf.ep.TrustDomain) }()
+	<-entered
+	err := p.Refresh(t.Context(), pf.ep.TrustDomain)
+	assert.ErrorIs(t, err, ErrPollInProgress, "no claim of a refresh that did not happen")
+	close(release)
+	require.NoError(t, <-done)
+}
