@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -519,7 +520,16 @@ func (a *Authority) Run(ctx context.Context) error {
 		return a.runPlugin(ctx)
 	}
 	c := cron.New(cron.WithLocation(time.UTC))
-	c.Schedule(scheduleFunc(func(t time.Time) time.Time { return a.NextCheck(t) }), cron.FuncJob(func() {
+	// cron asks the schedule for the next time right after starting a job,
+	// before the job has run; a step the job itself makes due (activation
+	// after publication) would wait for the next recheck. So each run
+	// re-arms the entry with the time the plan gives after it.
+	var (
+		armMu sync.Mutex
+		entry cron.EntryID
+		arm   func()
+	)
+	job := cron.FuncJob(func() {
 		err := a.Reconcile()
 		a.mu.Lock()
 		a.lastErr = err
@@ -528,7 +538,24 @@ func (a *Authority) Run(ctx context.Context) error {
 			a.metrics.reconcileErrors.Inc()
 			a.cfg.Logger.Error("CA rotation check failed; keeping the current roots", logattr.Error, err)
 		}
-	}))
+		arm()
+	})
+	arm = func() {
+		armMu.Lock()
+		defer armMu.Unlock()
+		if entry != 0 {
+			c.Remove(entry)
+		}
+		at := a.NextCheck(a.cfg.Clock.Now())
+		var asked atomic.Bool
+		entry = c.Schedule(scheduleFunc(func(time.Time) time.Time {
+			if asked.Swap(true) {
+				return time.Time{} // fired: parked until re-armed
+			}
+			return at
+		}), job)
+	}
+	arm()
 	c.Start()
 	<-ctx.Done()
 	<-c.Stop().Done()

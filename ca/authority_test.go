@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"context"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
@@ -378,4 +379,35 @@ func TestAuthorityMetrics(t *testing.T) {
 	n, err := testutil.GatherAndCount(reg, "trustbridge_ca_root_not_after_timestamp_seconds")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
+}
+
+// TestRunActivatesOnTime runs the real schedule: a prepared root signs
+// PublishLead hints after publication, not at the next 30s recheck.
+func TestRunActivatesOnTime(t *testing.T) {
+	cfg := Config{
+		TrustDomain: tdExample, DataDir: t.TempDir(), RootTTL: time.Hour,
+		RefreshHint: time.Second, WorkloadTTL: time.Second, MaxWorkloadTTL: time.Second,
+		Registerer: prometheus.NewRegistry(),
+	}
+	a, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, a.Rotate())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	active := func() int {
+		n := 0
+		for _, r := range a.Roots() {
+			if r.State == StateActive && r.ActivatedAt.After(r.PreparedAt) {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return active() == 1 }, 15*time.Second, 50*time.Millisecond,
+		"activated about 5s after publication")
 }
