@@ -215,3 +215,6 @@ func (f *FileSource) Run(ctx context.Context, interval time.Duration) error {
 	}
 	return poll.Run(ctx, clock.RealClock{}, interval, func() { _ = f.Check() })
 }
+
+// Path is the file the source reads.
+func (f *FileSource) Path() string { return f.path }

@@ -168,7 +168,22 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		return nil, err
 	}
 	ep.srv = srv
-	ep.runners = append(ep.runners, func(ctx context.Context) error { return updateOnChange(ctx, srv, logger, changes...) })
+	// Bundle files are trust sources too: the trust store (and through it
+	// SDS and peer verification) holds them under their trust domain.
+	syncFiles := func() {
+		if fed == nil {
+			return
+		}
+		for _, fs := range append([]*bundleserver.FileSource{}, others...) {
+			if b := fs.Bundle(); b != nil {
+				fed.store.Set("file:"+fs.Path(), b)
+			}
+		}
+	}
+	syncFiles()
+	ep.runners = append(ep.runners, func(ctx context.Context) error {
+		return updateOnChange(ctx, srv, logger, syncFiles, changes...)
+	})
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -254,7 +269,7 @@ func (ep *bundleEndpoint) certificate(o bundleOptions, td spiffeid.TrustDomain, 
 
 // updateOnChange re-renders the served documents whenever a source
 // changes, until ctx is done.
-func updateOnChange(ctx context.Context, srv *bundleserver.Server, logger *slog.Logger, changes ...<-chan struct{}) error {
+func updateOnChange(ctx context.Context, srv *bundleserver.Server, logger *slog.Logger, onChange func(), changes ...<-chan struct{}) error {
 	merged := make(chan struct{}, 1)
 	for _, ch := range changes {
 		go func() {
@@ -282,6 +297,7 @@ func updateOnChange(ctx context.Context, srv *bundleserver.Server, logger *slog.
 		case <-merged:
 		case <-tick.C:
 		}
+		onChange()
 		if err := srv.Update(); err != nil {
 			// bundleserver logs each refusal once; this is for debugging.
 			logger.Debug("bundle update refused; the last good document stays served", logattr.Error, err)

@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	gofederation "github.com/spiffe/go-spiffe/v2/federation"
@@ -21,6 +23,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
 // startNamedServer runs a server for td with its bundle endpoint on
@@ -140,4 +143,25 @@ func TestServerRefusesFederatingWithItself(t *testing.T) {
 func spiffeBundle(t *testing.T, td string, roots ...*x509.Certificate) *spiffebundle.Bundle {
 	t.Helper()
 	return spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString(td), roots)
+}
+
+func TestBundleFilesJoinTheTrustStore(t *testing.T) {
+	dir := t.TempDir()
+	peer := testca.New(t, "relay.example")
+	doc, err := bundledoc.Marshal(peer.Bundle())
+	require.NoError(t, err)
+	file := filepath.Join(dir, "relay.json")
+	require.NoError(t, os.WriteFile(file, doc, 0o600))
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	fed, err := setupFederation(federationOptions{}, td, t.TempDir(), prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true, files: []string{"relay.example=" + file}},
+		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ep.ln.Close() })
+	b, ok := fed.store.Bundle(peer.TrustDomain)
+	require.True(t, ok, "the relayed bundle is a trust source")
+	assert.True(t, b.X509Authorities()[0].Equal(peer.Cert))
 }
