@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
@@ -31,34 +30,14 @@ import (
 func startNamedServer(t *testing.T, td string, mutate func(*serverOptions)) (admin, banner, dataDir string) {
 	t.Helper()
 	dataDir = t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	var out, logs bytes.Buffer
-	o := serverOptions{
-		trustDomain: td, dataDir: dataDir, adminListen: "127.0.0.1:0", keyType: "ec-p256",
-		caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
-		logFormat: "json", logLevel: "info",
-		bundle: bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
-		federation: federationOptions{minRefresh: federation.DefaultMinRefresh, maxRefresh: federation.DefaultMaxRefresh,
-			timeout: 5 * time.Second, allowPrivate: true},
-	}
+	o := baseServerOptions(td, dataDir)
+	o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
+	o.federation.allowPrivate = true
 	if mutate != nil {
 		mutate(&o)
 	}
-	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
-	}()
-	select {
-	case admin = <-ready:
-	case err := <-done:
-		t.Fatalf("server exited: %v\n%s", err, logs.String())
-	}
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return admin, out.String(), dataDir
+	admin, banner, _ = launchServer(t, o)
+	return admin, banner, dataDir
 }
 
 func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {

@@ -43,44 +43,18 @@ type e2eServer struct {
 // bootstrap of an https_spiffe pair needs.
 func startE2EServer(t *testing.T, td, dataDir string, mutate func(*serverOptions)) *e2eServer {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	var out, logs bytes.Buffer
-	o := serverOptions{
-		trustDomain: td, dataDir: dataDir, adminListen: "127.0.0.1:0", keyType: "ec-p256",
-		caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour,
-		refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
-		bundle: bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
-		federation: federationOptions{minRefresh: time.Second, maxRefresh: federation.DefaultMaxRefresh,
-			timeout: 5 * time.Second, allowPrivate: true},
-	}
+	o := baseServerOptions(td, dataDir)
+	o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
+	o.federation.minRefresh = time.Second
+	o.federation.allowPrivate = true
 	if mutate != nil {
 		mutate(&o)
 	}
-	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
-	}()
-	var admin string
-	select {
-	case admin = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("%s server exited: %v\n%s", td, err, logs.String())
-	}
-	var once sync.Once
-	s := &e2eServer{
+	admin, banner, stop := launchServer(t, o)
+	return &e2eServer{
 		td: spiffeid.RequireTrustDomainFromString(td), dataDir: dataDir, admin: "http://" + admin,
-		bundleURL: endpointURL(t, out.String()),
-		stop: func() {
-			once.Do(func() {
-				cancel()
-				assert.NoError(t, <-done, "%s server: clean shutdown", td)
-			})
-		},
+		bundleURL: endpointURL(t, banner), stop: stop,
 	}
-	t.Cleanup(s.stop)
-	return s
 }
 
 // bootstrapDataDir starts and stops a server once so that its data dir

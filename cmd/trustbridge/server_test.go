@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,37 +24,76 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
-func startServer(t *testing.T, dataDir string, mutate ...func(*serverOptions)) (string, *bytes.Buffer) {
+// launchServer runs runServer with o until the returned stop (or the end
+// of the test) and returns the admin address and the start banner.
+func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs bytes.Buffer
-	o := serverOptions{
-		trustDomain: "example.org", dataDir: dataDir, adminListen: "127.0.0.1:0",
-		keyType: "ec-p256", caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour,
-		maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
-	}
-	for _, m := range mutate {
-		m(&o)
-	}
+	var out, logs syncBuffer
 	go func() {
 		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
 	}()
-	var addr string
 	select {
-	case addr = <-ready:
+	case admin = <-ready:
 	case err := <-done:
-		t.Fatalf("server exited: %v\n%s", err, logs.String())
-	}
-	t.Cleanup(func() {
 		cancel()
-		require.NoError(t, <-done, "clean shutdown")
-	})
-	return addr, &out
+		t.Fatalf("%s server exited: %v\n%s", o.trustDomain, err, logs.String())
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			assert.NoError(t, <-done, "%s server: clean shutdown", o.trustDomain)
+		})
+	}
+	t.Cleanup(stop)
+	return admin, out.String(), stop
+}
+
+// baseServerOptions is a server for td on dataDir with the defaults of the
+// flags and loopback listeners; the bundle endpoint is off.
+func baseServerOptions(td, dataDir string) serverOptions {
+	return serverOptions{
+		trustDomain: td, dataDir: dataDir, adminListen: "127.0.0.1:0",
+		keyType: "ec-p256", caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour,
+		maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
+		federation: federationOptions{minRefresh: federation.DefaultMinRefresh, maxRefresh: federation.DefaultMaxRefresh,
+			timeout: 5 * time.Second},
+	}
+}
+
+func startServer(t *testing.T, dataDir string, mutate ...func(*serverOptions)) (string, *bytes.Buffer) {
+	t.Helper()
+	o := baseServerOptions("example.org", dataDir)
+	for _, m := range mutate {
+		m(&o)
+	}
+	admin, banner, _ := launchServer(t, o)
+	return admin, bytes.NewBufferString(banner)
+}
+
+// syncBuffer is a writer tests can read while the server writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func get(t *testing.T, url string) (int, string) {
