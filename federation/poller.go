@@ -120,6 +120,7 @@ type Poller struct {
 	states map[spiffeid.TrustDomain]*endpointState
 	order  []spiffeid.TrustDomain
 	cron   *cron.Cron
+	runCtx context.Context // Run's context: scheduled polls end with it
 }
 
 // NewPoller checks cfg; it starts nothing.
@@ -181,6 +182,10 @@ func (p *Poller) LoadLastKnownGood() []error {
 				errs = append(errs, err)
 			} else if e != nil {
 				st.held, st.fromLKG, st.etag = e.Bundle, true, e.ETag
+				if e.EndpointURL != st.ep.URL.String() {
+					// An entity tag only means something for the URL that sent it.
+					st.etag = ""
+				}
 				p.cfg.Sink.Set(SourceName(td), e.Bundle)
 				p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
 					logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
@@ -225,6 +230,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	c := cron.New(cron.WithLocation(time.UTC))
 	p.mu.Lock()
 	p.cron = c
+	p.runCtx = ctx
 	now := p.cfg.Now()
 	for _, td := range p.order {
 		st := p.states[td]
@@ -257,10 +263,12 @@ func (p *Poller) scheduleLocked(st *endpointState) {
 			return time.Time{}
 		}
 		return at // in the past means at once
-	}}, cron.FuncJob(func() { _ = p.poll(context.Background(), st.ep.TrustDomain) }))
+	}}, cron.FuncJob(func() { _ = p.poll(p.runCtx, st.ep.TrustDomain) }))
 }
 
-// Refresh polls td now (trustbridge federation refresh).
+// Refresh polls td now (trustbridge federation refresh). The poll does
+// not end when the caller goes away: an aborted request must not count
+// as the endpoint's failure and push its next poll back.
 func (p *Poller) Refresh(ctx context.Context, td spiffeid.TrustDomain) error {
 	p.mu.Lock()
 	_, ok := p.states[td]
@@ -268,7 +276,7 @@ func (p *Poller) Refresh(ctx context.Context, td spiffeid.TrustDomain) error {
 	if !ok {
 		return fmt.Errorf("federation: trust domain %q is not federated", td.Name())
 	}
-	return p.poll(ctx, td)
+	return p.poll(context.WithoutCancel(ctx), td)
 }
 
 // poll fetches one endpoint once and applies the result.

@@ -225,3 +225,14 @@ func TestPollerRefreshWhilePolling(t *testing.T) {
 	close(release)
 	require.NoError(t, <-done)
 }
+
+func TestPollerRefreshOutlivesItsCaller(t *testing.T) {
+	pf := newPollFixture(t)
+	p := pf.poller(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // the operator's request went away
+	require.NoError(t, p.Refresh(ctx, pf.ep.TrustDomain))
+	st := p.Status()[0]
+	assert.Equal(t, StateOK, st.State, "an aborted request is not the endpoint's failure")
+	assert.Zero(t, st.ConsecutiveFailures)
+}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -170,6 +171,11 @@ func readCappedFile(path string, limit int64) ([]byte, error) {
 // federationHandlers adds /v1/federation (status) and
 // /v1/federation/refresh (poll a trust domain now) to the admin mux.
 func federationHandlers(mux *http.ServeMux, fs *federationSetup) {
+	// At most one operator refresh a second: each is a real fetch.
+	var (
+		refreshMu   sync.Mutex
+		lastRefresh time.Time
+	)
 	mux.HandleFunc("GET /v1/federation", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		status := []federation.Status{}
@@ -182,6 +188,12 @@ func federationHandlers(mux *http.ServeMux, fs *federationSetup) {
 	})
 	mux.HandleFunc("POST /v1/federation/refresh", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		// Browsers send Origin on cross-site POSTs; a web page the operator
+		// visits must not be able to drive the server. The CLI sends none.
+		if r.Header.Get("Origin") != "" || (r.Header.Get("Sec-Fetch-Site") != "" && r.Header.Get("Sec-Fetch-Site") != "none") {
+			http.Error(w, "cross-site requests are refused", http.StatusForbidden)
+			return
+		}
 		name := r.URL.Query().Get("trust_domain")
 		td, err := bundledoc.TrustDomainName(name)
 		if err != nil {
@@ -190,6 +202,25 @@ func federationHandlers(mux *http.ServeMux, fs *federationSetup) {
 		}
 		if fs == nil || fs.poller == nil {
 			http.Error(w, "no federation is configured", http.StatusNotFound)
+			return
+		}
+		federated := false
+		for _, st := range fs.poller.Status() {
+			federated = federated || st.TrustDomain == td.Name()
+		}
+		if !federated {
+			http.Error(w, fmt.Sprintf("trust domain %q is not federated", td.Name()), http.StatusNotFound)
+			return
+		}
+		refreshMu.Lock()
+		tooSoon := time.Since(lastRefresh) < time.Second
+		if !tooSoon {
+			lastRefresh = time.Now()
+		}
+		refreshMu.Unlock()
+		if tooSoon {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "one refresh a second; try again", http.StatusTooManyRequests)
 			return
 		}
 		if err := fs.poller.Refresh(r.Context(), td); err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,6 +102,18 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "nowhere.example", "--admin", "http://"+westAdmin)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "not federated")
+	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "east.example", "--admin", "http://"+westAdmin)
+	assert.Equal(t, 1, code, "one refresh a second")
+	assert.Contains(t, stderr, "429")
+
+	// A web page the operator visits cannot drive the admin API.
+	req, err := http.NewRequest(http.MethodPost, "http://"+westAdmin+"/v1/federation/refresh?trust_domain=east.example", nil)
+	require.NoError(t, err)
+	req.Header.Set("Origin", "https://evil.example")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
 }
 
 func TestServerRefusesFederatingWithItself(t *testing.T) {
