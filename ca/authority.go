@@ -16,7 +16,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +25,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/schedule"
 )
 
 // Defaults for Config.
@@ -183,13 +183,11 @@ func New(cfg Config) (*Authority, error) {
 // syncPlugin publishes the plug-in directory's roots, bumping the
 // sequence when the set changed, and persists it.
 func (a *Authority) syncPlugin() error {
-	unlock, err := a.store.Lock(true)
+	unlock, err := a.lockState()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	j, roots, err := a.store.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return err
@@ -422,13 +420,11 @@ func (a *Authority) Rotate() error {
 // withStateLocked runs f holding the state directory's exclusive lock and
 // a.mu, after picking up changes other processes made to the journal.
 func (a *Authority) withStateLocked(f func() error) error {
-	unlock, err := a.store.Lock(true)
+	unlock, err := a.lockState()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if err := a.reloadIfChangedLocked(); err != nil {
 		return err
 	}
@@ -441,6 +437,32 @@ func (a *Authority) withStateLocked(f func() error) error {
 		return err
 	}
 	return nil
+}
+
+// lockState takes the state directory's exclusive lock, then a.mu; the
+// returned func releases both.
+func (a *Authority) lockState() (func(), error) {
+	unlock, err := a.store.Lock(true)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	return func() {
+		a.mu.Unlock()
+		unlock()
+	}, nil
+}
+
+// recordCheck keeps the outcome of a scheduled check for Ready and
+// reports a failure (metric, log); what says what was kept.
+func (a *Authority) recordCheck(err error, msg string) {
+	a.mu.Lock()
+	a.lastErr = err
+	a.mu.Unlock()
+	if err != nil {
+		a.metrics.reconcileErrors.Inc()
+		a.cfg.Logger.Error(msg, logattr.Error, err)
+	}
 }
 
 func cloneRoots(roots []*Root) []*Root {
@@ -530,14 +552,7 @@ func (a *Authority) Run(ctx context.Context) error {
 		arm   func()
 	)
 	job := cron.FuncJob(func() {
-		err := a.Reconcile()
-		a.mu.Lock()
-		a.lastErr = err
-		a.mu.Unlock()
-		if err != nil {
-			a.metrics.reconcileErrors.Inc()
-			a.cfg.Logger.Error("CA rotation check failed; keeping the current roots", logattr.Error, err)
-		}
+		a.recordCheck(a.Reconcile(), "CA rotation check failed; keeping the current roots")
 		arm()
 	})
 	arm = func() {
@@ -546,14 +561,7 @@ func (a *Authority) Run(ctx context.Context) error {
 		if entry != 0 {
 			c.Remove(entry)
 		}
-		at := a.NextCheck(a.cfg.Clock.Now())
-		var asked atomic.Bool
-		entry = c.Schedule(scheduleFunc(func(time.Time) time.Time {
-			if asked.Swap(true) {
-				return time.Time{} // fired: parked until re-armed
-			}
-			return at
-		}), job)
+		entry = c.Schedule(schedule.Once(a.NextCheck(a.cfg.Clock.Now())), job)
 	}
 	arm()
 	c.Start()
@@ -588,21 +596,9 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 		if timer != nil {
 			timer.Stop()
 		}
-		err := a.syncPlugin()
-		a.mu.Lock()
-		a.lastErr = err
-		a.mu.Unlock()
-		if err != nil {
-			a.metrics.reconcileErrors.Inc()
-			a.cfg.Logger.Error("could not publish new plug-in CA roots; keeping the previous bundle and material", logattr.Error, err)
-		}
+		a.recordCheck(a.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
 	}
 }
-
-// scheduleFunc adapts a function to cron.Schedule.
-type scheduleFunc func(time.Time) time.Time
-
-func (f scheduleFunc) Next(t time.Time) time.Time { return f(t) }
 
 func (a *Authority) timesLocked() []RootTimes {
 	out := make([]RootTimes, len(a.roots))

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/schedule"
 )
 
 // Sink receives every bundle the poller accepts (and the last-known-good
@@ -254,16 +254,7 @@ func (p *Poller) scheduleLocked(st *endpointState) {
 	if st.entry != 0 {
 		p.cron.Remove(st.entry)
 	}
-	// cron asks Next once when the entry is added and once more right
-	// after starting the job; the second answer parks the entry.
-	at := st.next
-	var asked atomic.Bool
-	st.entry = p.cron.Schedule(Schedule{Func: func(time.Time) time.Time {
-		if asked.Swap(true) {
-			return time.Time{}
-		}
-		return at // in the past means at once
-	}}, cron.FuncJob(func() { _ = p.poll(p.runCtx, st.ep.TrustDomain) }))
+	st.entry = p.cron.Schedule(schedule.Once(st.next), cron.FuncJob(func() { _ = p.poll(p.runCtx, st.ep.TrustDomain) }))
 }
 
 // Refresh polls td now (trustbridge federation refresh). The poll does

@@ -123,27 +123,3 @@ func scale(d time.Duration, f float64) time.Duration {
 	}
 	return time.Duration(v)
 }
-
-// Schedule adapts the poller's next-fetch function to robfig/cron's
-// cron.Schedule, so each trust domain runs on its own cron entry while the
-// timing stays in pure, tested functions (RefreshInterval, NextRefresh).
-//
-// cron calls Next once when the entry is added (or the cron started) and
-// then right after it starts the job, in a new goroutine: Next runs before
-// that fetch has finished and cannot see its outcome. A poller whose next
-// time depends on the result therefore re-adds the entry after each fetch
-// (cron.Remove then cron.Schedule, which calls Next again), or has Func
-// return a provisional time that the job revises by re-adding the entry.
-type Schedule struct {
-	// Func returns the time of the next fetch after t. A zero time parks
-	// the entry: cron never runs it until it is removed and added again.
-	Func func(t time.Time) time.Time
-}
-
-// Next implements cron.Schedule. A nil Func never fires.
-func (s Schedule) Next(t time.Time) time.Time {
-	if s.Func == nil {
-		return time.Time{}
-	}
-	return s.Func(t)
-}

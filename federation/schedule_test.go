@@ -2,12 +2,9 @@ package federation
 
 import (
 	"math"
-	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
-	"github.com/robfig/cron/v3"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -149,47 +146,4 @@ func TestNextRefreshBackoffInvariants(t *testing.T) {
 			}
 		}
 	}
-}
-
-func TestSchedule(t *testing.T) {
-	var _ cron.Schedule = Schedule{}
-	now := time.Date(2026, 11, 22, 5, 0, 0, 0, time.UTC)
-
-	assert.True(t, Schedule{}.Next(now).IsZero(), "nil Func must park the entry")
-
-	var got time.Time
-	s := Schedule{Func: func(t time.Time) time.Time {
-		got = t
-		return t.Add(NextRefresh(time.Minute, 0, 0.5))
-	}}
-	assert.Equal(t, now.Add(time.Minute), s.Next(now))
-	assert.Equal(t, now, got)
-}
-
-// TestScheduleDrivesCron runs a real cron on Schedule inside a synctest
-// bubble (cron reads time.Now and uses timers): the job fires at the times
-// Func returns, and Func is asked again after each run.
-func TestScheduleDrivesCron(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		start := time.Now()
-		var (
-			mu   sync.Mutex
-			runs []time.Duration
-		)
-		c := cron.New(cron.WithLocation(time.UTC))
-		c.Schedule(Schedule{Func: func(t time.Time) time.Time {
-			return t.Add(NextRefresh(time.Minute, 0, 0.5))
-		}}, cron.FuncJob(func() {
-			mu.Lock()
-			runs = append(runs, time.Since(start))
-			mu.Unlock()
-		}))
-		c.Start()
-		time.Sleep(3*time.Minute + time.Second)
-		<-c.Stop().Done()
-
-		mu.Lock()
-		defer mu.Unlock()
-		assert.Equal(t, []time.Duration{time.Minute, 2 * time.Minute, 3 * time.Minute}, runs)
-	})
 }
