@@ -1,0 +1,292 @@
+package distribution
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+)
+
+const (
+	rbacDir          = "../../deploy/rbac"
+	systemNamespace  = "trustbridge-system"
+	serviceAccount   = "trustbridge"
+	caSecret         = "trustbridge-ca"
+	leaderLease      = "trustbridge-leader"
+	serviceAccountID = "system:serviceaccount:" + systemNamespace + ":" + serviceAccount
+)
+
+// loadManifests decodes every object of the files kustomization.yaml lists.
+func loadManifests(t *testing.T, dir string) []runtime.Object {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	require.NoError(t, err)
+	var k struct {
+		Resources []string `json:"resources"`
+	}
+	require.NoError(t, utilyaml.Unmarshal(raw, &k))
+	require.NotEmpty(t, k.Resources)
+
+	var objs []runtime.Object
+	for _, file := range k.Resources {
+		data, err := os.ReadFile(filepath.Join(dir, file))
+		require.NoError(t, err)
+		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+		for {
+			doc, err := r.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			require.NoError(t, err, file)
+			if len(bytes.TrimSpace(doc)) == 0 {
+				continue
+			}
+			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+			require.NoError(t, err, file)
+			objs = append(objs, obj)
+		}
+	}
+	return objs
+}
+
+// applyManifests creates the objects (or leaves them if they exist: the
+// API server outlives one -count iteration).
+func applyManifests(t *testing.T, client kubernetes.Interface, objs []runtime.Object) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
+	for _, obj := range objs {
+		var err error
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("unexpected object of type %T in %s", obj, rbacDir)
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			require.NoError(t, err, "create %T", obj)
+		}
+	}
+}
+
+func TestRBACManifests(t *testing.T) {
+	objs := loadManifests(t, rbacDir)
+	var kinds []string
+	for _, obj := range objs {
+		m, ok := obj.(metav1.Object)
+		require.True(t, ok)
+		kinds = append(kinds, obj.GetObjectKind().GroupVersionKind().Kind+"/"+m.GetNamespace()+"/"+m.GetName())
+	}
+	assert.ElementsMatch(t, []string{
+		"ServiceAccount/trustbridge-system/trustbridge",
+		"Role/trustbridge-system/trustbridge",
+		"RoleBinding/trustbridge-system/trustbridge",
+		"ClusterRole//trustbridge",
+		"ClusterRoleBinding//trustbridge",
+	}, kinds)
+
+	// The ClusterRole pins ConfigMaps to the default name; the controller
+	// must be run with it.
+	for _, obj := range objs {
+		if cr, ok := obj.(*rbacv1.ClusterRole); ok {
+			found := false
+			for _, rule := range cr.Rules {
+				if len(rule.ResourceNames) > 0 && rule.Resources[0] == "configmaps" {
+					assert.Equal(t, []string{DefaultName}, rule.ResourceNames)
+					found = true
+				}
+			}
+			assert.True(t, found, "ClusterRole pins ConfigMaps to %s", DefaultName)
+		}
+	}
+}
+
+// TestKubeRBAC applies deploy/rbac to the real API server and acts as the
+// service account: the distribution controller works with exactly these
+// permissions, and what trustbridge must not do is refused.
+func TestKubeRBAC(t *testing.T) {
+	t.Parallel()
+	env := kubetest.Shared(t)
+	applyManifests(t, env.Client, loadManifests(t, rbacDir))
+
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: serviceAccountID}
+	sa, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	t.Run("distribution controller", func(t *testing.T) {
+		r := newKubeRig(t, sa, DefaultName)
+		selected := r.namespace(t, true)
+		leaving := r.namespace(t, true)
+		r.start(t)
+		r.waitCurrent(t, selected, leaving)
+
+		require.NoError(t, env.Client.CoreV1().ConfigMaps(selected).Delete(ctx, DefaultName, metav1.DeleteOptions{}))
+		r.waitCurrent(t, selected)
+		r.setSelected(t, leaving, false)
+		r.waitGone(t, leaving)
+		r.store.Set("federation", newPeerBundle(t))
+		r.waitCurrent(t, selected)
+		assert.Equal(t, 0.0, metricValue(t, r.reg, "trustbridge_distribution_writes_total", map[string]string{"result": resultError}))
+	})
+
+	other := env.Namespace(t)
+	_, err = env.Client.CoreV1().Secrets(systemNamespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "not-trustbridge"}, StringData: map[string]string{"k": "v"},
+	}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
+	_, err = env.Client.CoreV1().ConfigMaps(other).Create(ctx, configMap(other, "app-config", nil, map[string]string{"k": "v"}), metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	secrets := sa.CoreV1().Secrets(systemNamespace)
+	byName := func(name string) metav1.ListOptions {
+		return metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()}
+	}
+	// Allowed actions run in order: the Secret and the Lease are created
+	// before they are read and updated.
+	allowed := []struct {
+		name string
+		do   func() error
+	}{
+		{"create the CA Secret", func() error {
+			_, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: caSecret}}, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				return nil
+			}
+			return err
+		}},
+		{"get the CA Secret", func() error { _, err := secrets.Get(ctx, caSecret, metav1.GetOptions{}); return err }},
+		{"update the CA Secret", func() error {
+			s, err := secrets.Get(ctx, caSecret, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			s.StringData = map[string]string{"state": time.Now().String()}
+			_, err = secrets.Update(ctx, s, metav1.UpdateOptions{})
+			return err
+		}},
+		{"list the CA Secret by name", func() error { _, err := secrets.List(ctx, byName(caSecret)); return err }},
+		{"watch the CA Secret by name", func() error {
+			w, err := secrets.Watch(ctx, byName(caSecret))
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		}},
+		{"create a federated last-known-good ConfigMap", func() error {
+			_, err := sa.CoreV1().ConfigMaps(systemNamespace).Create(ctx,
+				configMap(systemNamespace, randomName("trustbridge-federated-peer-"), nil, map[string]string{"bundle.json": "{}"}), metav1.CreateOptions{})
+			return err
+		}},
+		{"create the leader Lease", func() error {
+			_, err := sa.CoordinationV1().Leases(systemNamespace).Create(ctx,
+				&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: leaderLease}}, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				return nil
+			}
+			return err
+		}},
+		{"update the leader Lease", func() error {
+			l, err := sa.CoordinationV1().Leases(systemNamespace).Get(ctx, leaderLease, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			holder := "replica-1"
+			l.Spec.HolderIdentity = &holder
+			_, err = sa.CoordinationV1().Leases(systemNamespace).Update(ctx, l, metav1.UpdateOptions{})
+			return err
+		}},
+		{"create an Event", func() error {
+			_, err := sa.CoreV1().Events(systemNamespace).Create(ctx, &corev1.Event{
+				ObjectMeta:     metav1.ObjectMeta{GenerateName: "trustbridge-"},
+				InvolvedObject: corev1.ObjectReference{Kind: "Lease", Namespace: systemNamespace, Name: leaderLease},
+				Reason:         "LeaderElection", Message: "test", Type: corev1.EventTypeNormal,
+			}, metav1.CreateOptions{})
+			return err
+		}},
+		{"create a TokenReview", func() error {
+			_, err := sa.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+				Spec: authenticationv1.TokenReviewSpec{Token: "garbage"},
+			}, metav1.CreateOptions{})
+			return err
+		}},
+	}
+	for _, a := range allowed {
+		assert.NoError(t, a.do(), "allowed: %s", a.name)
+	}
+
+	denied := []struct {
+		name string
+		do   func() error
+	}{
+		{"get another Secret in its namespace", func() error { _, err := secrets.Get(ctx, "not-trustbridge", metav1.GetOptions{}); return err }},
+		{"list Secrets", func() error { _, err := secrets.List(ctx, metav1.ListOptions{}); return err }},
+		{"delete the CA Secret", func() error { return secrets.Delete(ctx, caSecret, metav1.DeleteOptions{}) }},
+		{"get a Secret elsewhere", func() error {
+			_, err := sa.CoreV1().Secrets(other).Get(ctx, caSecret, metav1.GetOptions{})
+			return err
+		}},
+		{"create a Secret elsewhere", func() error {
+			_, err := sa.CoreV1().Secrets(other).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+			return err
+		}},
+		{"get another ConfigMap elsewhere", func() error {
+			_, err := sa.CoreV1().ConfigMaps(other).Get(ctx, "app-config", metav1.GetOptions{})
+			return err
+		}},
+		{"update another ConfigMap elsewhere", func() error {
+			_, err := sa.CoreV1().ConfigMaps(other).Update(ctx, configMap(other, "app-config", nil, map[string]string{"k": "evil"}), metav1.UpdateOptions{})
+			return err
+		}},
+		{"delete another ConfigMap elsewhere", func() error {
+			return sa.CoreV1().ConfigMaps(other).Delete(ctx, "app-config", metav1.DeleteOptions{})
+		}},
+		{"list all ConfigMaps", func() error { _, err := sa.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{}); return err }},
+		{"get another Lease", func() error {
+			_, err := sa.CoordinationV1().Leases(systemNamespace).Get(ctx, "someone-elses-lease", metav1.GetOptions{})
+			return err
+		}},
+		{"delete a namespace", func() error { return sa.CoreV1().Namespaces().Delete(ctx, other, metav1.DeleteOptions{}) }},
+		{"list pods", func() error { _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
+	}
+	for _, d := range denied {
+		err := d.do()
+		assert.True(t, apierrors.IsForbidden(err), "denied: %s: got %v", d.name, err)
+	}
+}
