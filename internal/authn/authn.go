@@ -1,0 +1,159 @@
+package authn
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Methods name how an Identity was proved; they appear in logs, metrics and
+// Chain's error message.
+const (
+	MethodX509SVID       = "x509-svid"
+	MethodKubernetesJWT  = "kubernetes-jwt"
+	MethodBootstrapToken = "bootstrap-token"
+)
+
+// MaxTokenSize is the largest bearer token accepted, in bytes. Kubernetes
+// service account tokens are about 1 KiB; anything near this size is not one
+// and is refused before any work is spent on it.
+const MaxTokenSize = 16 << 10
+
+var (
+	// ErrNoCredentials means an authenticator found nothing it handles in the
+	// request (no client certificate, no bearer token, a token of another
+	// kind). It is always wrapped.
+	ErrNoCredentials = errors.New("no credentials")
+	// ErrInvalidCredentials means the caller presented credentials the
+	// authenticator handles, and they did not prove an identity.
+	ErrInvalidCredentials = errors.New("invalid credentials")
+	// ErrUnavailable means the authenticator could not reach the system that
+	// decides (the Kubernetes API server); a retry may succeed. Chain's error
+	// wraps it too, so a transport may answer Unavailable instead of
+	// Unauthenticated.
+	ErrUnavailable = errors.New("authentication backend unavailable")
+	// ErrUnauthenticated is returned (wrapped) by Chain when no authenticator
+	// succeeded.
+	ErrUnauthenticated = errors.New("unauthenticated")
+)
+
+// Request is what a caller presented on one call.
+type Request struct {
+	// PeerCertificates is the client's TLS certificate chain as sent (leaf
+	// first), NOT verified by TLS.
+	PeerCertificates []*x509.Certificate
+	// BearerToken is the token from the "authorization: Bearer <token>"
+	// header, without the prefix ("" if absent or unusable).
+	BearerToken string
+	// AuthorizationError is set when the caller sent authorization metadata
+	// that cannot be used: more than one value, a scheme other than Bearer,
+	// an empty, malformed or oversized token. BearerToken is then "", and
+	// the token authenticators refuse the call with ErrInvalidCredentials
+	// (carrying this reason) instead of ErrNoCredentials. The message never
+	// holds token bytes.
+	AuthorizationError error
+	// Peer identifies the remote end for logs and rate limits (e.g.
+	// "127.0.0.1:5555").
+	Peer string
+}
+
+// Identity is who the caller proved to be.
+type Identity struct {
+	ID spiffeid.ID
+	// Method is MethodX509SVID, MethodKubernetesJWT or MethodBootstrapToken.
+	Method string
+}
+
+// Authenticator decides who the caller of one request is. It returns an
+// error wrapping ErrNoCredentials when the request carries nothing it
+// handles, and another error (normally wrapping ErrInvalidCredentials or
+// ErrUnavailable) when the credentials it handles do not prove an identity.
+type Authenticator interface {
+	Authenticate(ctx context.Context, r Request) (Identity, error)
+}
+
+// AuthenticatorFunc adapts a function to Authenticator.
+type AuthenticatorFunc func(ctx context.Context, r Request) (Identity, error)
+
+// Authenticate calls f.
+func (f AuthenticatorFunc) Authenticate(ctx context.Context, r Request) (Identity, error) {
+	return f(ctx, r)
+}
+
+// Chain tries each authenticator in order; the first success decides
+// (Istio's model), so a caller with a valid client certificate is not
+// refused for a bad bearer token next to it.
+type Chain []Authenticator
+
+// Authenticate returns the identity of the first authenticator that
+// succeeds. Otherwise it returns a *ChainError, which wraps
+// ErrUnauthenticated and every authenticator's error, so errors.Is also
+// finds ErrInvalidCredentials or ErrUnavailable when one of them said so.
+// An authenticator that reports success with an empty identity counts as a
+// failure: the chain fails closed.
+func (c Chain) Authenticate(ctx context.Context, r Request) (Identity, error) {
+	if len(c) == 0 {
+		return Identity{}, &ChainError{Reasons: []error{errors.New("authn: no authenticators configured")}}
+	}
+	reasons := make([]error, 0, len(c))
+	for _, a := range c {
+		if err := ctx.Err(); err != nil {
+			reasons = append(reasons, fmt.Errorf("authn: %w", err))
+			break
+		}
+		id, err := a.Authenticate(ctx, r)
+		if err == nil && id.ID.IsZero() {
+			err = fmt.Errorf("authn: authenticator %T returned an empty identity", a)
+		}
+		if err == nil {
+			return id, nil
+		}
+		reasons = append(reasons, err)
+	}
+	return Identity{}, &ChainError{Reasons: reasons}
+}
+
+// ChainError is Chain's refusal: each authenticator's reason, in order.
+type ChainError struct {
+	Reasons []error
+}
+
+// Error lists each reason, without the "authn: " prefix each one carries.
+// Reasons never hold token bytes.
+func (e *ChainError) Error() string {
+	var b strings.Builder
+	b.WriteString("authn: ")
+	b.WriteString(ErrUnauthenticated.Error())
+	for i, r := range e.Reasons {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString("; ")
+		}
+		b.WriteString(strings.TrimPrefix(r.Error(), "authn: "))
+	}
+	return b.String()
+}
+
+// Unwrap returns ErrUnauthenticated followed by every reason.
+func (e *ChainError) Unwrap() []error {
+	return append([]error{ErrUnauthenticated}, e.Reasons...)
+}
+
+// noCredentials and invalid build an authenticator's errors:
+// "authn: <method>: <reason>: <kind>".
+func noCredentials(method, reason string) error {
+	return fmt.Errorf("authn: %s: %s: %w", method, reason, ErrNoCredentials)
+}
+
+func invalid(method string, reason error) error {
+	return fmt.Errorf("authn: %s: %w: %w", method, reason, ErrInvalidCredentials)
+}
+
+func invalidf(method, format string, args ...any) error {
+	return invalid(method, fmt.Errorf(format, args...))
+}

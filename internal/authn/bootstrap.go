@@ -1,0 +1,377 @@
+package authn
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Bootstrap token file limits.
+const (
+	// MinBootstrapTokenLen is the shortest bootstrap token accepted. Sixteen
+	// characters of the base64 alphabet carry 96 bits when random, out of
+	// reach of online guessing at any request rate the service allows;
+	// shorter values are typically hand-typed passwords.
+	MinBootstrapTokenLen = 16
+	// MaxBootstrapTokenLen is the longest bootstrap token accepted.
+	MaxBootstrapTokenLen = 1024
+	// MaxBootstrapFileSize caps the token file: it is read whole on every
+	// reload.
+	MaxBootstrapFileSize = 1 << 20
+	// DefaultBootstrapReloadInterval is how often Run re-reads the file when
+	// BootstrapTokensConfig.ReloadInterval is 0.
+	DefaultBootstrapReloadInterval = 10 * time.Second
+)
+
+// BootstrapTokensConfig configures NewBootstrapTokens.
+type BootstrapTokensConfig struct {
+	// Path of the token file. Required.
+	Path string
+	// TrustDomain every listed SPIFFE ID must belong to. Required.
+	TrustDomain spiffeid.TrustDomain
+	// ReloadInterval is how often Run re-reads the file; default
+	// DefaultBootstrapReloadInterval.
+	ReloadInterval time.Duration
+	// Clock drives Run; nil means the real clock.
+	Clock clock.Clock
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil means a private registry.
+	Registerer prometheus.Registerer
+	// OnReload, when set, is called after every reload attempt (Run or
+	// Reload) with whether the token set changed and the error, if any.
+	OnReload func(changed bool, err error)
+}
+
+// BootstrapTokens authenticates callers by a shared secret bearer token
+// listed in a file, for laptops and VMs without Kubernetes. It is a
+// bootstrap-only path: a token is a long-lived secret that proves nothing
+// about the machine holding it, so use it to obtain a first X509-SVID and
+// authenticate with that SVID afterwards.
+//
+// The file has one "token,spiffe-id" per line; blank lines and lines
+// starting with # are ignored. Only SHA-256 digests of the tokens are kept
+// in memory, and a presented token is compared with every entry in constant
+// time. A file that fails to load on Reload leaves the previous token set in
+// force; Err reports the failure.
+type BootstrapTokens struct {
+	cfg BootstrapTokensConfig
+	m   *bootstrapMetrics
+
+	set atomic.Pointer[tokenSet]
+
+	mu       sync.Mutex // serializes reloads and guards the fields below
+	lastErr  error
+	warnings []string
+}
+
+// tokenSet is one loaded file; immutable once built.
+type tokenSet struct {
+	digest  [32]byte // of the file, to skip unchanged reloads
+	entries []tokenEntry
+}
+
+type tokenEntry struct {
+	hash tokenKey
+	id   spiffeid.ID
+}
+
+var _ Authenticator = (*BootstrapTokens)(nil)
+
+// LoadBootstrapTokens reads the token file at path, for the bootstrap-only
+// path of machines without Kubernetes (see BootstrapTokens). Identities must
+// belong to td and have a path. Warnings reports a file others may read.
+// Use NewBootstrapTokens for a logger, metrics and reloading with Run.
+func LoadBootstrapTokens(path string, td spiffeid.TrustDomain) (*BootstrapTokens, error) {
+	return NewBootstrapTokens(BootstrapTokensConfig{Path: path, TrustDomain: td})
+}
+
+// NewBootstrapTokens validates cfg and reads the file once; Run keeps it
+// current.
+func NewBootstrapTokens(cfg BootstrapTokensConfig) (*BootstrapTokens, error) {
+	switch {
+	case cfg.Path == "":
+		return nil, errors.New("authn: bootstrap tokens: a file path is required")
+	case cfg.TrustDomain.IsZero():
+		return nil, errors.New("authn: bootstrap tokens: a trust domain is required")
+	case cfg.ReloadInterval < 0:
+		return nil, fmt.Errorf("authn: bootstrap tokens: reload interval %s is negative", cfg.ReloadInterval)
+	}
+	if cfg.ReloadInterval == 0 {
+		cfg.ReloadInterval = DefaultBootstrapReloadInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	b := &BootstrapTokens{cfg: cfg}
+	set, warnings, err := b.load()
+	if err != nil {
+		return nil, err
+	}
+	b.set.Store(set)
+	b.warnings = warnings
+	b.logWarnings(warnings)
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": cfg.TrustDomain.Name()}, cfg.Registerer)
+	m, err := newBootstrapMetrics(reg, b.Len)
+	if err != nil {
+		return nil, fmt.Errorf("authn: bootstrap token metrics: %w", err)
+	}
+	b.m = m
+	return b, nil
+}
+
+// Authenticate looks r.BearerToken up among the tokens. Every entry is
+// compared, whether or not an earlier one matched, so the time taken does
+// not reveal which entry matched or how close a guess came.
+func (b *BootstrapTokens) Authenticate(_ context.Context, r Request) (Identity, error) {
+	token := r.BearerToken
+	if token == "" {
+		if r.AuthorizationError != nil {
+			return Identity{}, invalid(MethodBootstrapToken, r.AuthorizationError)
+		}
+		return Identity{}, noCredentials(MethodBootstrapToken, "no bearer token")
+	}
+	if len(token) > MaxTokenSize {
+		return Identity{}, invalidf(MethodBootstrapToken, "bearer token is %d bytes, more than %d", len(token), MaxTokenSize)
+	}
+	h := sha256.Sum256([]byte(token))
+	set := b.set.Load()
+	found, match := 0, 0
+	for i := range set.entries {
+		eq := subtle.ConstantTimeCompare(h[:], set.entries[i].hash[:])
+		match = subtle.ConstantTimeSelect(eq, i, match)
+		found |= eq
+	}
+	if found != 1 {
+		return Identity{}, invalidf(MethodBootstrapToken, "bearer token matches no bootstrap token")
+	}
+	return Identity{ID: set.entries[match].id, Method: MethodBootstrapToken}, nil
+}
+
+// Len returns the number of tokens in force.
+func (b *BootstrapTokens) Len() int { return len(b.set.Load().entries) }
+
+// Warnings returns the warnings of the last successful load, such as a file
+// that group or others may read.
+func (b *BootstrapTokens) Warnings() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.warnings...)
+}
+
+// Err returns the error of the last reload, nil after a successful one.
+// While it is set, the tokens loaded before it stay in force.
+func (b *BootstrapTokens) Err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastErr
+}
+
+// Reload re-reads the file. On error the current tokens stay in force and
+// Err reports the error until a later reload succeeds.
+func (b *BootstrapTokens) Reload() error {
+	_, err := b.reload()
+	return err
+}
+
+func (b *BootstrapTokens) reload() (bool, error) {
+	b.mu.Lock()
+	set, warnings, err := b.load()
+	changed := false
+	if err != nil {
+		b.lastErr = err
+		b.m.reloads.WithLabelValues("error").Inc()
+		b.cfg.Logger.Error("bootstrap token file not reloaded; keeping the previous tokens",
+			logattr.Error, err, "path", b.cfg.Path)
+	} else {
+		b.lastErr = nil
+		b.m.reloads.WithLabelValues("success").Inc()
+		b.warnings = warnings // the mode may change without the content
+		if set.digest != b.set.Load().digest {
+			changed = true
+			b.set.Store(set)
+			b.cfg.Logger.Info("bootstrap token file reloaded", "path", b.cfg.Path, "tokens", len(set.entries))
+			b.logWarnings(warnings)
+		}
+	}
+	b.mu.Unlock()
+	if b.cfg.OnReload != nil {
+		b.cfg.OnReload(changed, err)
+	}
+	return changed, err
+}
+
+// Run reloads the file every ReloadInterval until ctx is done; it returns
+// nil then. Reload failures are logged and keep the previous tokens.
+func (b *BootstrapTokens) Run(ctx context.Context) error {
+	t := b.cfg.Clock.NewTimer(b.cfg.ReloadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+			_, _ = b.reload()
+			t.Reset(b.cfg.ReloadInterval)
+		}
+	}
+}
+
+func (b *BootstrapTokens) logWarnings(warnings []string) {
+	for _, w := range warnings {
+		b.cfg.Logger.Warn("bootstrap token file", logattr.Warning, w, "path", b.cfg.Path)
+	}
+}
+
+// load reads and parses the file.
+func (b *BootstrapTokens) load() (*tokenSet, []string, error) {
+	data, mode, err := readTokenFile(b.cfg.Path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("authn: bootstrap tokens: %w", err)
+	}
+	set, err := parseBootstrapTokens(data, b.cfg.TrustDomain)
+	if err != nil {
+		return nil, nil, fmt.Errorf("authn: bootstrap tokens %s: %w", b.cfg.Path, err)
+	}
+	var warnings []string
+	if mode.Perm()&0o077 != 0 {
+		warnings = append(warnings, fmt.Sprintf("%s has mode %#o: group or others may read or change the tokens; use 0600", b.cfg.Path, mode.Perm()))
+	}
+	return set, warnings, nil
+}
+
+// readTokenFile reads a regular file of at most MaxBootstrapFileSize bytes.
+func readTokenFile(path string) ([]byte, fs.FileMode, error) {
+	// Stat first: opening a FIFO would block.
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%s is not a regular file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil {
+		return nil, 0, err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxBootstrapFileSize+1))
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > MaxBootstrapFileSize {
+		return nil, 0, fmt.Errorf("%s is larger than %d bytes", path, MaxBootstrapFileSize)
+	}
+	return data, fi.Mode(), nil
+}
+
+// parseBootstrapTokens parses a token file. Errors name the line and never
+// include a token; a SPIFFE ID is quoted only once it parsed as one, so a
+// line with its fields swapped does not echo the token either.
+func parseBootstrapTokens(data []byte, td spiffeid.TrustDomain) (*tokenSet, error) {
+	set := &tokenSet{digest: sha256.Sum256(data)}
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
+	seen := make(map[tokenKey]int)
+	for i, line := range strings.Split(string(data), "\n") {
+		n := i + 1
+		line = strings.Trim(line, " \t\r")
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Split(line, ",")
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("line %d: want token,spiffe-id, got %d fields", n, len(fields))
+		}
+		token := strings.Trim(fields[0], " \t")
+		rawID := strings.Trim(fields[1], " \t")
+		if err := checkBootstrapToken(token); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		id, err := spiffeid.FromString(rawID)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: second field is not a SPIFFE ID: %w", n, err)
+		}
+		if !id.MemberOf(td) {
+			return nil, fmt.Errorf("line %d: %s is not in trust domain %s", n, id, td)
+		}
+		if id.Path() == "" {
+			return nil, fmt.Errorf("line %d: %s has no path; a workload ID needs one", n, id)
+		}
+		h := tokenKey(sha256.Sum256([]byte(token)))
+		if first, dup := seen[h]; dup {
+			return nil, fmt.Errorf("line %d: token repeats the one on line %d", n, first)
+		}
+		seen[h] = n
+		set.entries = append(set.entries, tokenEntry{hash: h, id: id})
+	}
+	return set, nil
+}
+
+// checkBootstrapToken applies the token rules without echoing the token.
+func checkBootstrapToken(token string) error {
+	switch {
+	case len(token) < MinBootstrapTokenLen:
+		return fmt.Errorf("token is %d bytes, want at least %d", len(token), MinBootstrapTokenLen)
+	case len(token) > MaxBootstrapTokenLen:
+		return fmt.Errorf("token is %d bytes, want at most %d", len(token), MaxBootstrapTokenLen)
+	case !isToken68(token):
+		// Callers send it as "authorization: Bearer <token>".
+		return errors.New("token has characters outside the RFC 6750 b64token set (letters, digits, - . _ ~ + / and trailing =)")
+	}
+	if _, err := peekJWT(token); err == nil {
+		// The TokenReview authenticator would send it to the API server.
+		return errors.New("token has the shape of a JWT; bootstrap tokens must be opaque random strings")
+	}
+	return nil
+}
+
+type bootstrapMetrics struct {
+	reloads *prometheus.CounterVec
+}
+
+func newBootstrapMetrics(reg prometheus.Registerer, n func() int) (*bootstrapMetrics, error) {
+	m := &bootstrapMetrics{
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_authn_bootstrap_token_reloads_total",
+			Help: "Reloads of the bootstrap token file, by result (success, error); on error the previous tokens stay in force.",
+		}, []string{"result"}),
+	}
+	tokens := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "trustbridge_authn_bootstrap_tokens",
+		Help: "Bootstrap tokens in force.",
+	}, func() float64 { return float64(n()) })
+	for _, c := range []prometheus.Collector{m.reloads, tokens} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("error")
+	return m, nil
+}

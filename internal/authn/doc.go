@@ -1,0 +1,49 @@
+// Package authn decides who is calling trustbridge's gRPC services (the
+// CA certificate service, the Envoy SDS server): it turns what a caller
+// presented on one call, a TLS client certificate or a bearer token, into a
+// SPIFFE ID. Authorization (may this identity have that certificate?) is the
+// caller's business; the identity a certificate is issued for always comes
+// from here, never from the CSR.
+//
+// Three authenticators, normally tried in this order by a Chain, where the
+// first success decides (Istio's model):
+//
+//   - X509SVID: the mTLS client certificate is an X509-SVID of the local
+//     trust domain that verifies against the local roots as they are now.
+//     SVIDs of federated trust domains never authenticate: they prove an
+//     identity to workloads, not to our CA.
+//   - TokenReview: a Kubernetes service account JWT, checked by the API
+//     server with a TokenReview bound to an audience (default the trust
+//     domain), gives spiffe://<td>/ns/<namespace>/sa/<serviceaccount>.
+//     Successes are cached for at most a minute and never past the token's
+//     expiry; failures are not cached, so a revoked token stops working
+//     within the cache TTL plus the API server's own 10 second token cache.
+//     Bearer tokens that are not JWTs are left to the next authenticator and
+//     never reach the API server.
+//   - BootstrapTokens: shared secret tokens listed in a file
+//     ("token,spiffe-id" per line). This is a bootstrap-only path for
+//     laptops and VMs without Kubernetes: get a first SVID with the token,
+//     then renew with the SVID. Keep the file 0600; tokens are at least 16
+//     characters of the RFC 6750 b64token alphabet (for example
+//     `openssl rand -base64 24`), compared in constant time. Run reloads the
+//     file; a bad edit keeps the previous tokens and is reported by Err.
+//
+// Errors: an authenticator that finds nothing it handles returns an error
+// wrapping ErrNoCredentials; one that finds bad credentials wraps
+// ErrInvalidCredentials (or ErrUnavailable when the API server could not
+// answer). Chain wraps ErrUnauthenticated and every reason; messages never
+// contain token bytes. Map them to gRPC codes in the transport.
+//
+//	x509 := authn.NewX509SVID(td, localRoots, clock.RealClock{})
+//	kube, err := authn.NewTokenReview(authn.TokenReviewConfig{Client: cs, TrustDomain: td, Registerer: reg})
+//	boot, err := authn.LoadBootstrapTokens("/etc/trustbridge/bootstrap-tokens.csv", td)
+//	chain := authn.Chain{x509, kube, boot}
+//	id, err := chain.Authenticate(ctx, authn.FromGRPC(ctx))
+//	if errors.Is(err, authn.ErrUnauthenticated) { /* codes.Unauthenticated */ }
+//
+// Specs: X509-SVID §5 (leaf validation) and §4.4 (key usage); RFC 6750 §2.1
+// (bearer token syntax); Kubernetes TokenReview (authentication.k8s.io/v1).
+// https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md#5-validation
+// https://www.rfc-editor.org/rfc/rfc6750#section-2.1
+// https://kubernetes.io/docs/reference/kubernetes-api/authentication-resources/token-review-v1/
+package authn

@@ -1,0 +1,110 @@
+package authn
+
+import (
+	"strings"
+	"testing"
+)
+
+func FuzzBootstrapTokens(f *testing.F) {
+	for _, seed := range []string{
+		"",
+		"# comment\n\n",
+		tokLaptop + ",spiffe://example.org/laptop/alice\n",
+		"\xef\xbb\xbf" + tokLaptop + ",spiffe://example.org/a\r\n" + tokVM + " , spiffe://example.org/b\n",
+		tokLaptop + ",spiffe://example.org/a\n" + tokLaptop + ",spiffe://example.org/b\n",
+		"spiffe://example.org/a," + tokLaptop + "\n",
+		tokLaptop + ",spiffe://other.org/a\n",
+		tokLaptop + ",spiffe://example.org\n",
+		tokLaptop + ",spiffe://example.org/a,x\n",
+		"short,spiffe://example.org/a\n",
+		"eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln,spiffe://example.org/a\n",
+		tokLaptop + "\n",
+		",\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		set, err := parseBootstrapTokens(data, localTD)
+		if err != nil {
+			// The error never echoes a token: the first field of any line,
+			// unless those bytes also appear elsewhere in that line (a
+			// SPIFFE ID may be quoted).
+			for line := range strings.SplitSeq(string(data), "\n") {
+				tok, _, ok := strings.Cut(line, ",")
+				tok = strings.Trim(tok, " \t\r\ufeff")
+				if !ok || len(tok) < 8 || strings.Count(line, tok) > 1 {
+					continue
+				}
+				if strings.Contains(err.Error(), tok) {
+					t.Fatalf("error %q echoes token %q", err, tok)
+				}
+			}
+			return
+		}
+		seen := map[tokenKey]bool{}
+		for _, e := range set.entries {
+			if !e.id.MemberOf(localTD) || e.id.Path() == "" {
+				t.Fatalf("accepted ID %s", e.id)
+			}
+			if seen[e.hash] {
+				t.Fatal("duplicate token accepted")
+			}
+			seen[e.hash] = true
+		}
+	})
+}
+
+func FuzzParseAuthorization(f *testing.F) {
+	for _, seed := range []string{
+		"Bearer abc", "bearer abc==", "BEARER\tabc", "Bearer", "Bearer ", "Basic dXNlcjpwYXNz",
+		"Bearer a b", "Bearer ===", "  Bearer  tok  ", "", "Bearer tök", "Bearertok",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		tok, err := parseAuthorization(v)
+		if err != nil {
+			if tok != "" {
+				t.Fatal("token returned with an error")
+			}
+			if len(v) >= 24 {
+				// No token echoed: no long run of the input appears.
+				if rest := strings.TrimSpace(v); len(rest) >= 24 && strings.Contains(err.Error(), rest[len(rest)-16:]) {
+					t.Fatalf("error %q echoes input", err)
+				}
+			}
+			return
+		}
+		if tok == "" || len(tok) > MaxTokenSize || !isToken68(tok) {
+			t.Fatalf("bad token %q accepted", tok)
+		}
+		again, err := parseAuthorization("Bearer " + tok)
+		if err != nil || again != tok {
+			t.Fatalf("token %q does not round-trip: %q, %v", tok, again, err)
+		}
+	})
+}
+
+func FuzzPeekJWT(f *testing.F) {
+	for _, seed := range []string{
+		"eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjE4MDAwMDAwMDB9.c2ln",
+		"eyJhbGciOiJSUzI1NiJ9.eyJleHAiOiJzb29uIn0.c2ln",
+		"eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjFlMzAwfQ.c2ln",
+		"a.b.c", "..", "opaque-token-0123456789",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, tok string) {
+		info, err := peekJWT(tok)
+		if err != nil {
+			return
+		}
+		if info.expInvalid && !info.exp.IsZero() {
+			t.Fatal("exp both invalid and set")
+		}
+		if !info.exp.IsZero() && (info.exp.Unix() < 0 || info.exp.Unix() > maxExpSeconds) {
+			t.Fatalf("exp %s out of range", info.exp)
+		}
+		_ = info.cacheUntil(epoch, MaxTokenReviewCacheTTL)
+	})
+}

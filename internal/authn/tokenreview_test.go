@@ -1,0 +1,551 @@
+package authn
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+var epoch = time.Date(2026, 11, 22, 6, 0, 0, 0, time.UTC)
+
+// makeJWT builds an unsigned-looking compact JWS with the given claims; the
+// fake API server decides whether it is valid.
+func makeJWT(t testing.TB, claims map[string]any) string {
+	t.Helper()
+	enc := func(v any) string {
+		b, err := json.Marshal(v)
+		require.NoError(t, err)
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	return enc(map[string]string{"alg": "RS256", "kid": "k"}) + "." + enc(claims) + "." + base64.RawURLEncoding.EncodeToString([]byte("signature"))
+}
+
+// saToken is a JWT for a service account that expires at exp (zero: no exp).
+func saToken(t testing.TB, name string, exp time.Time) string {
+	t.Helper()
+	claims := map[string]any{"sub": "system:serviceaccount:default:" + name, "aud": []string{"example.org"}}
+	if !exp.IsZero() {
+		claims["exp"] = exp.Unix()
+	}
+	return makeJWT(t, claims)
+}
+
+// fakeAPI answers TokenReviews from a table keyed by token and counts calls.
+type fakeAPI struct {
+	*fake.Clientset
+	mu      sync.Mutex
+	answers map[string]func(spec authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error)
+	specs   []authenticationv1.TokenReviewSpec
+	calls   atomic.Int32
+}
+
+func newFakeAPI() *fakeAPI {
+	f := &fakeAPI{Clientset: fake.NewClientset(), answers: map[string]func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error){}}
+	f.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		tr := action.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview)
+		f.calls.Add(1)
+		f.mu.Lock()
+		f.specs = append(f.specs, tr.Spec)
+		answer, ok := f.answers[tr.Spec.Token]
+		f.mu.Unlock()
+		if !ok {
+			return true, &authenticationv1.TokenReview{Status: authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}}, nil
+		}
+		st, err := answer(tr.Spec)
+		if err != nil {
+			return true, nil, err
+		}
+		return true, &authenticationv1.TokenReview{Spec: tr.Spec, Status: st}, nil
+	})
+	return f
+}
+
+func (f *fakeAPI) set(token string, answer func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answers[token] = answer
+}
+
+// accept answers like an API server that knows the token is for user and
+// was issued for audiences.
+func accept(user string, audiences ...string) func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+	return func(spec authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+		var both []string
+		for _, a := range spec.Audiences {
+			for _, b := range audiences {
+				if a == b {
+					both = append(both, a)
+				}
+			}
+		}
+		if len(both) == 0 {
+			return authenticationv1.TokenReviewStatus{Error: "token audiences are invalid for the target audiences"}, nil
+		}
+		return authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: both, User: authenticationv1.UserInfo{Username: user}}, nil
+	}
+}
+
+func status(st authenticationv1.TokenReviewStatus) func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+	return func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) { return st, nil }
+}
+
+type reviewFixture struct {
+	api *fakeAPI
+	clk *clocktesting.FakeClock
+	reg *prometheus.Registry
+	log *bytes.Buffer
+	a   *TokenReview
+}
+
+func newReviewFixture(t *testing.T, mutate func(*TokenReviewConfig)) *reviewFixture {
+	t.Helper()
+	f := &reviewFixture{api: newFakeAPI(), clk: clocktesting.NewFakeClock(epoch), reg: prometheus.NewRegistry(), log: &bytes.Buffer{}}
+	cfg := TokenReviewConfig{
+		Client:      f.api,
+		TrustDomain: localTD,
+		Clock:       f.clk,
+		Registerer:  f.reg,
+		Logger:      slog.New(slog.NewTextHandler(&lockedWriter{w: f.log}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	a, err := NewTokenReview(cfg)
+	require.NoError(t, err)
+	f.a = a
+	return f
+}
+
+func (f *reviewFixture) auth(token string) (Identity, error) {
+	return f.a.Authenticate(context.Background(), Request{BearerToken: token, Peer: "127.0.0.1:5555"})
+}
+
+func (f *reviewFixture) reviews(result string) float64 {
+	return testutil.ToFloat64(f.a.m.reviews.WithLabelValues(result))
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func TestTokenReview(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	valid := saToken(t, "web", epoch.Add(time.Hour))
+	webID := spiffeid.RequireFromString("spiffe://example.org/ns/default/sa/web")
+
+	tests := []struct {
+		name       string
+		token      string
+		authErr    error
+		answer     func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error)
+		want       spiffeid.ID
+		wantErr    error
+		errHas     string
+		wantCalls  int32
+		wantResult string
+	}{
+		{name: "authenticated", token: valid, answer: accept("system:serviceaccount:default:web", "example.org"), want: webID, wantCalls: 1, wantResult: reviewAuthenticated},
+		{name: "sa name with dots", token: valid, answer: accept("system:serviceaccount:prod:web.v2", "example.org"), want: spiffeid.RequireFromString("spiffe://example.org/ns/prod/sa/web.v2"), wantCalls: 1, wantResult: reviewAuthenticated},
+		{name: "token without exp", token: saToken(t, "web", time.Time{}), answer: accept("system:serviceaccount:default:web", "example.org"), want: webID, wantCalls: 1, wantResult: reviewAuthenticated},
+		{name: "not authenticated", token: valid, answer: status(authenticationv1.TokenReviewStatus{}), wantErr: ErrInvalidCredentials, errHas: "not authenticated", wantCalls: 1, wantResult: reviewUnauthenticated},
+		{name: "status error", token: valid, answer: status(authenticationv1.TokenReviewStatus{Authenticated: true, Error: "service account deleted", Audiences: []string{"example.org"}, User: authenticationv1.UserInfo{Username: "system:serviceaccount:default:web"}}), wantErr: ErrInvalidCredentials, errHas: "service account deleted", wantCalls: 1, wantResult: reviewUnauthenticated},
+		{name: "wrong audience refused by API server", token: valid, answer: accept("system:serviceaccount:default:web", "istio-ca"), wantErr: ErrInvalidCredentials, errHas: "audiences are invalid", wantCalls: 1, wantResult: reviewUnauthenticated},
+		{name: "wrong audience in status", token: valid, answer: status(authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"istio-ca"}, User: authenticationv1.UserInfo{Username: "system:serviceaccount:default:web"}}), wantErr: ErrInvalidCredentials, errHas: "not confirmed", wantCalls: 1, wantResult: reviewRefused},
+		{name: "no audiences in status", token: valid, answer: status(authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{Username: "system:serviceaccount:default:web"}}), wantErr: ErrInvalidCredentials, errHas: "not confirmed", wantCalls: 1, wantResult: reviewRefused},
+		{name: "user, not service account", token: valid, answer: accept("alice", "example.org"), wantErr: ErrInvalidCredentials, errHas: "not a service account", wantCalls: 1, wantResult: reviewRefused},
+		{name: "node username", token: valid, answer: accept("system:node:worker-1", "example.org"), wantErr: ErrInvalidCredentials, errHas: "not a service account", wantCalls: 1, wantResult: reviewRefused},
+		{name: "username missing name", token: valid, answer: accept("system:serviceaccount:default", "example.org"), wantErr: ErrInvalidCredentials, errHas: "<namespace>:<name>", wantCalls: 1, wantResult: reviewRefused},
+		{name: "username extra colon", token: valid, answer: accept("system:serviceaccount:default:web:x", "example.org"), wantErr: ErrInvalidCredentials, errHas: "<namespace>:<name>", wantCalls: 1, wantResult: reviewRefused},
+		{name: "invalid namespace", token: valid, answer: accept("system:serviceaccount:Default:web", "example.org"), wantErr: ErrInvalidCredentials, errHas: "namespace", wantCalls: 1, wantResult: reviewRefused},
+		{name: "empty service account", token: valid, answer: accept("system:serviceaccount:default:", "example.org"), wantErr: ErrInvalidCredentials, errHas: "name", wantCalls: 1, wantResult: reviewRefused},
+		{name: "service account with slash", token: valid, answer: accept("system:serviceaccount:default:a/b", "example.org"), wantErr: ErrInvalidCredentials, errHas: "name", wantCalls: 1, wantResult: reviewRefused},
+		{name: "API error", token: valid, answer: func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+			return authenticationv1.TokenReviewStatus{}, errors.New("etcd is down")
+		}, wantErr: ErrUnavailable, errHas: "etcd is down", wantCalls: 1, wantResult: reviewError},
+		{name: "no token", token: "", wantErr: ErrNoCredentials},
+		{name: "unusable authorization metadata", authErr: errors.New("authorization metadata has 2 values, want one"), wantErr: ErrInvalidCredentials, errHas: "2 values"},
+		{name: "not a JWT", token: "0123456789abcdef0123", wantErr: ErrNoCredentials, errHas: "not a JWT"},
+		{name: "JWT-looking garbage", token: "a.b.c", wantErr: ErrNoCredentials, errHas: "not a JWT"},
+		{name: "expired by its exp claim", token: saToken(t, "web", epoch.Add(-time.Second)), wantErr: ErrInvalidCredentials, errHas: "expired"},
+		{name: "oversized", token: makeJWT(t, map[string]any{"pad": strings.Repeat("x", MaxTokenSize)}), wantErr: ErrInvalidCredentials, errHas: "more than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newReviewFixture(t, nil)
+			if tt.answer != nil {
+				f.api.set(tt.token, tt.answer)
+			}
+			id, err := f.a.Authenticate(context.Background(), Request{BearerToken: tt.token, AuthorizationError: tt.authErr, Peer: "127.0.0.1:5555"})
+			assert.Equal(t, tt.wantCalls, f.api.calls.Load(), "TokenReview calls")
+			if tt.wantResult != "" {
+				assert.Equal(t, 1.0, f.reviews(tt.wantResult))
+			}
+			if tt.token != "" {
+				assert.NotContains(t, f.log.String(), tt.token, "log holds the token")
+			}
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				assert.Contains(t, err.Error(), "authn: kubernetes-jwt: ")
+				assert.Contains(t, err.Error(), tt.errHas)
+				if tt.token != "" {
+					assert.NotContains(t, err.Error(), tt.token)
+				}
+				assert.Zero(t, id)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, Identity{ID: tt.want, Method: MethodKubernetesJWT}, id)
+			require.Len(t, f.api.specs, 1)
+			assert.Equal(t, authenticationv1.TokenReviewSpec{Token: tt.token, Audiences: []string{"example.org"}}, f.api.specs[0])
+		})
+	}
+}
+
+func TestTokenReviewAudienceConfig(t *testing.T) {
+	f := newReviewFixture(t, func(c *TokenReviewConfig) { c.Audience = "trustbridge-ca" })
+	tok := saToken(t, "web", epoch.Add(time.Hour))
+	f.api.set(tok, accept("system:serviceaccount:default:web", "example.org"))
+	_, err := f.auth(tok)
+	require.ErrorIs(t, err, ErrInvalidCredentials, "token for the trust domain audience, authenticator wants trustbridge-ca")
+
+	f.api.set(tok, accept("system:serviceaccount:default:web", "trustbridge-ca"))
+	_, err = f.auth(tok)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"trustbridge-ca"}, f.api.specs[1].Audiences)
+}
+
+func TestTokenReviewCache(t *testing.T) {
+	const user = "system:serviceaccount:default:web"
+
+	t.Run("hit within TTL, miss after", func(t *testing.T) {
+		f := newReviewFixture(t, func(c *TokenReviewConfig) { c.CacheTTL = 30 * time.Second })
+		tok := saToken(t, "web", epoch.Add(time.Hour))
+		f.api.set(tok, accept(user, "example.org"))
+		for range 3 {
+			id, err := f.auth(tok)
+			require.NoError(t, err)
+			assert.Equal(t, MethodKubernetesJWT, id.Method)
+		}
+		assert.EqualValues(t, 1, f.api.calls.Load())
+		assert.Equal(t, 2.0, testutil.ToFloat64(f.a.m.cacheHits))
+
+		f.clk.Step(29 * time.Second)
+		_, err := f.auth(tok)
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, f.api.calls.Load(), "still cached at 29s")
+
+		f.clk.Step(time.Second)
+		_, err = f.auth(tok)
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, f.api.calls.Load(), "reviewed again at 30s")
+	})
+
+	t.Run("revocation seen after TTL", func(t *testing.T) {
+		f := newReviewFixture(t, nil)
+		tok := saToken(t, "web", epoch.Add(time.Hour))
+		f.api.set(tok, accept(user, "example.org"))
+		_, err := f.auth(tok)
+		require.NoError(t, err)
+		f.api.set(tok, status(authenticationv1.TokenReviewStatus{Error: "service account default/web has been deleted"}))
+		f.clk.Step(59 * time.Second)
+		_, err = f.auth(tok)
+		require.NoError(t, err, "cached for up to the default minute")
+		f.clk.Step(time.Second)
+		_, err = f.auth(tok)
+		require.ErrorIs(t, err, ErrInvalidCredentials)
+	})
+
+	t.Run("token expiry bounds the cache", func(t *testing.T) {
+		f := newReviewFixture(t, nil)
+		tok := saToken(t, "web", epoch.Add(10*time.Second))
+		f.api.set(tok, accept(user, "example.org"))
+		_, err := f.auth(tok)
+		require.NoError(t, err)
+		f.clk.Step(9 * time.Second)
+		_, err = f.auth(tok)
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, f.api.calls.Load())
+		f.clk.Step(time.Second)
+		_, err = f.auth(tok)
+		require.ErrorIs(t, err, ErrInvalidCredentials)
+		assert.EqualValues(t, 1, f.api.calls.Load(), "expired token neither served from cache nor reviewed")
+		assert.Equal(t, 1.0, testutil.ToFloat64(f.a.m.cacheHits))
+	})
+
+	t.Run("unreadable exp is never cached", func(t *testing.T) {
+		f := newReviewFixture(t, nil)
+		tok := makeJWT(t, map[string]any{"exp": "tomorrow"})
+		f.api.set(tok, accept(user, "example.org"))
+		for range 2 {
+			_, err := f.auth(tok)
+			require.NoError(t, err)
+		}
+		assert.EqualValues(t, 2, f.api.calls.Load())
+	})
+
+	t.Run("failures are not cached", func(t *testing.T) {
+		f := newReviewFixture(t, nil)
+		tok := saToken(t, "web", epoch.Add(time.Hour))
+		f.api.set(tok, func(authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+			return authenticationv1.TokenReviewStatus{}, errors.New("connection refused")
+		})
+		_, err := f.auth(tok)
+		require.ErrorIs(t, err, ErrUnavailable)
+		f.api.set(tok, status(authenticationv1.TokenReviewStatus{}))
+		_, err = f.auth(tok)
+		require.ErrorIs(t, err, ErrInvalidCredentials)
+		f.api.set(tok, accept(user, "example.org"))
+		_, err = f.auth(tok)
+		require.NoError(t, err, "a refusal is not remembered")
+		assert.EqualValues(t, 3, f.api.calls.Load())
+	})
+
+	t.Run("bounded in entries", func(t *testing.T) {
+		f := newReviewFixture(t, func(c *TokenReviewConfig) { c.MaxCacheEntries = 2 })
+		toks := make([]string, 3)
+		for i := range toks {
+			toks[i] = saToken(t, fmt.Sprintf("sa%d", i), epoch.Add(time.Hour))
+			f.api.set(toks[i], accept(fmt.Sprintf("system:serviceaccount:default:sa%d", i), "example.org"))
+			_, err := f.auth(toks[i])
+			require.NoError(t, err)
+		}
+		assert.Equal(t, 2, f.a.cache.len())
+		assert.Equal(t, 2.0, testutil.ToFloat64(collector(t, f.reg, "trustbridge_authn_token_review_cache_entries")))
+		_, err := f.auth(toks[2])
+		require.NoError(t, err)
+		assert.EqualValues(t, 3, f.api.calls.Load(), "newest still cached")
+		_, err = f.auth(toks[0])
+		require.NoError(t, err)
+		assert.EqualValues(t, 4, f.api.calls.Load(), "oldest was evicted")
+	})
+}
+
+// collector reads a gauge registered on reg by name.
+func collector(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: "copy"})
+			g.Set(mf.GetMetric()[0].GetGauge().GetValue())
+			return g
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return nil
+}
+
+// TestTokenReviewConcurrent shows concurrent callers with one token share a
+// single review, and that a caller giving up does not fail the others.
+func TestTokenReviewConcurrent(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	f := newReviewFixture(t, nil)
+	tok := saToken(t, "web", epoch.Add(time.Hour))
+	release := make(chan struct{})
+	f.api.set(tok, func(spec authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+		<-release
+		return accept("system:serviceaccount:default:web", "example.org")(spec)
+	})
+
+	const n = 8
+	impatient, cancel := context.WithCancel(context.Background())
+	impatientErr := make(chan error, 1)
+	go func() {
+		_, err := f.a.Authenticate(impatient, Request{BearerToken: tok})
+		impatientErr <- err
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			_, err := f.auth(tok)
+			errs <- err
+		})
+	}
+	// Wait until all have joined the one review in flight.
+	require.Eventually(t, func() bool {
+		f.a.mu.Lock()
+		defer f.a.mu.Unlock()
+		for _, c := range f.a.inflight {
+			return c.waiters == n
+		}
+		return false
+	}, 5*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-impatientErr, context.Canceled)
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	assert.EqualValues(t, 1, f.api.calls.Load())
+	_, err := f.auth(tok)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, f.api.calls.Load(), "result cached")
+}
+
+// TestTokenReviewTimeout runs the client against a loopback server that
+// never answers: the review gives up after Timeout and reports
+// ErrUnavailable.
+func TestTokenReviewTimeout(t *testing.T) {
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) }) // runs first: release the handler
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	require.NoError(t, err)
+	a, err := NewTokenReview(TokenReviewConfig{Client: cs, TrustDomain: localTD, Timeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = a.Authenticate(context.Background(), Request{BearerToken: saToken(t, "web", time.Now().Add(time.Hour))})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
+
+func TestNewTokenReviewConfig(t *testing.T) {
+	cs := fake.NewClientset()
+	tests := []struct {
+		name   string
+		cfg    TokenReviewConfig
+		errHas string
+		check  func(t *testing.T, c TokenReviewConfig)
+	}{
+		{name: "defaults", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD}, check: func(t *testing.T, c TokenReviewConfig) {
+			assert.Equal(t, "example.org", c.Audience)
+			assert.Equal(t, time.Minute, c.CacheTTL)
+			assert.Equal(t, DefaultTokenReviewCacheEntries, c.MaxCacheEntries)
+			assert.Equal(t, DefaultTokenReviewTimeout, c.Timeout)
+			assert.NotNil(t, c.Clock)
+			assert.NotNil(t, c.Logger)
+		}},
+		{name: "TTL at the maximum", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, CacheTTL: time.Minute}},
+		{name: "no client", cfg: TokenReviewConfig{TrustDomain: localTD}, errHas: "client is required"},
+		{name: "no trust domain", cfg: TokenReviewConfig{Client: cs}, errHas: "trust domain is required"},
+		{name: "TTL above a minute", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, CacheTTL: time.Minute + time.Second}, errHas: "cache TTL"},
+		{name: "negative TTL", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, CacheTTL: -time.Second}, errHas: "cache TTL"},
+		{name: "negative entries", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, MaxCacheEntries: -1}, errHas: "negative"},
+		{name: "negative timeout", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, Timeout: -1}, errHas: "negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := NewTokenReview(tt.cfg)
+			if tt.errHas != "" {
+				require.Error(t, err)
+				assert.True(t, strings.HasPrefix(err.Error(), "authn: "), err.Error())
+				assert.Contains(t, err.Error(), tt.errHas)
+				return
+			}
+			require.NoError(t, err)
+			if tt.check != nil {
+				tt.check(t, a.cfg)
+			}
+		})
+	}
+	t.Run("metrics registered twice", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		_, err := NewTokenReview(TokenReviewConfig{Client: cs, TrustDomain: localTD, Registerer: reg})
+		require.NoError(t, err)
+		_, err = NewTokenReview(TokenReviewConfig{Client: cs, TrustDomain: localTD, Registerer: reg})
+		require.ErrorContains(t, err, "authn: token review metrics")
+	})
+}
+
+func TestCacheUntil(t *testing.T) {
+	tests := []struct {
+		name string
+		info jwtInfo
+		ttl  time.Duration
+		want time.Time
+	}{
+		{name: "no exp: TTL", ttl: time.Minute, want: epoch.Add(time.Minute)},
+		{name: "exp after TTL", info: jwtInfo{exp: epoch.Add(time.Hour)}, ttl: time.Minute, want: epoch.Add(time.Minute)},
+		{name: "exp before TTL", info: jwtInfo{exp: epoch.Add(10 * time.Second)}, ttl: time.Minute, want: epoch.Add(10 * time.Second)},
+		{name: "exp now", info: jwtInfo{exp: epoch}, ttl: time.Minute},
+		{name: "exp past", info: jwtInfo{exp: epoch.Add(-time.Second)}, ttl: time.Minute},
+		{name: "unreadable exp", info: jwtInfo{expInvalid: true}, ttl: time.Minute},
+		{name: "zero TTL", ttl: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, tt.info.cacheUntil(epoch, tt.ttl))
+		})
+	}
+}
+
+func TestPeekJWT(t *testing.T) {
+	enc := base64.RawURLEncoding.EncodeToString
+	hdr := enc([]byte(`{"alg":"RS256"}`))
+	tests := []struct {
+		name    string
+		token   string
+		wantErr bool
+		want    jwtInfo
+	}{
+		{name: "exp integer", token: hdr + "." + enc([]byte(`{"exp":1800000000}`)) + ".sig", want: jwtInfo{exp: time.Unix(1800000000, 0)}},
+		{name: "exp fraction", token: hdr + "." + enc([]byte(`{"exp":1800000000.5}`)) + ".sig", want: jwtInfo{exp: time.Unix(1800000000, 5e8)}},
+		{name: "no exp", token: hdr + "." + enc([]byte(`{"sub":"x"}`)) + ".sig"},
+		{name: "padded segments", token: hdr + "==." + enc([]byte(`{}`)) + "=.sig"},
+		{name: "exp string", token: hdr + "." + enc([]byte(`{"exp":"soon"}`)) + ".sig", want: jwtInfo{expInvalid: true}},
+		{name: "exp negative", token: hdr + "." + enc([]byte(`{"exp":-1}`)) + ".sig", want: jwtInfo{expInvalid: true}},
+		{name: "exp huge", token: hdr + "." + enc([]byte(`{"exp":1e300}`)) + ".sig", want: jwtInfo{expInvalid: true}},
+		{name: "two parts", token: hdr + "." + enc([]byte(`{}`)), wantErr: true},
+		{name: "four parts", token: hdr + "." + enc([]byte(`{}`)) + ".sig.x", wantErr: true},
+		{name: "empty signature", token: hdr + "." + enc([]byte(`{}`)) + ".", wantErr: true},
+		{name: "header without alg", token: enc([]byte(`{"typ":"JWT"}`)) + "." + enc([]byte(`{}`)) + ".sig", wantErr: true},
+		{name: "header not base64", token: "!!!." + enc([]byte(`{}`)) + ".sig", wantErr: true},
+		{name: "payload array", token: hdr + "." + enc([]byte(`[1]`)) + ".sig", wantErr: true},
+		{name: "payload null", token: hdr + "." + enc([]byte(`null`)) + ".sig", wantErr: true},
+		{name: "opaque", token: "0123456789abcdef", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := peekJWT(tt.token)
+			if tt.wantErr {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.True(t, tt.want.exp.Equal(got.exp), "exp %s, want %s", got.exp, tt.want.exp)
+			assert.Equal(t, tt.want.expInvalid, got.expInvalid)
+		})
+	}
+}
