@@ -23,10 +23,11 @@ build:
 
 # run: the server on an embedded default: trust domain example.org, state
 # in ./data, self-signed CA, no Kubernetes, bundle endpoint (https_spiffe)
-# on loopback port 8443. Ctrl-C stops it; a second run reuses ./data.
+# on loopback port 8443, certificate service (gRPC) on loopback port 15012.
+# Ctrl-C stops it; a second run reuses ./data.
 RUN_ARGS ?=
 run: build
-	$(BIN) server --trust-domain example.org --data-dir ./data --bundle-listen 127.0.0.1:8443 $(RUN_ARGS)
+	$(BIN) server --trust-domain example.org --data-dir ./data --bundle-listen 127.0.0.1:8443 --grpc-listen 127.0.0.1:15012 $(RUN_ARGS)
 
 # test: what CI runs. `go test` also runs every fuzz target's seed corpus
 # (f.Add seeds and testdata/fuzz/) as ordinary tests.

@@ -42,6 +42,7 @@ type serverOptions struct {
 	logLevel       string
 	bundle         bundleOptions
 	federation     federationOptions
+	grpc           grpcOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -80,6 +81,7 @@ The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
 	addBundleFlags(f, &o.bundle)
 	addFederationFlags(f, &o.federation)
+	addGRPCFlags(f, &o.grpc)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -166,11 +168,20 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		}
 	}
 
+	gs, err := setupGRPC(o.grpc, td, o.workloadTTL, authority, fed, reg, logger)
+	if err != nil {
+		if ep != nil {
+			_ = ep.ln.Close()
+		}
+		return err
+	}
+
 	ln, err := net.Listen("tcp", o.adminListen)
 	if err != nil {
 		if ep != nil {
 			_ = ep.ln.Close()
 		}
+		gs.close()
 		return fmt.Errorf("--admin-listen: %w", err)
 	}
 	admin := &http.Server{
@@ -183,6 +194,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	addr := ln.Addr().String()
 	printBanner(e.out, td.Name(), o.dataDir, o.caDir, addr, authority, ep)
+	gs.report(e.out, logger)
 	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
 		"admin", "http://"+addr, logattr.Sequence, authority.Sequence())
 	if ep != nil {
@@ -207,6 +219,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if ep != nil {
 		runners = append(runners, ep.runners...)
 	}
+	runners = append(runners, gs.parts()...)
 	err = runAll(ctx, runners...)
 	logger.Info("trustbridge server stopped")
 	return err

@@ -1,0 +1,36 @@
+// Package certservice serves the embedded CA to workloads and agents over
+// gRPC, wire-compatible with Istio's certificate API
+// (istio.v1.auth.IstioCertificateService/CreateCertificate, the generated
+// types of istio.io/api/security/v1alpha1).
+//
+// The identity in an issued certificate always comes from authentication
+// (an authn.Authenticator: mTLS X509-SVID of the local trust domain, a
+// Kubernetes service account token, a bootstrap token), never from the CSR:
+// a CSR that asks for another identity is refused with PermissionDenied and
+// nothing is signed. Each refusal maps to one status code: Unauthenticated
+// (no or bad credentials), PermissionDenied (identity not allowed),
+// InvalidArgument (bad CSR or lifetime), ResourceExhausted (signing queue
+// full, or the caller's rate limit), Unavailable (the CA cannot sign now, or
+// the authentication backend is down). Errors from the CA's internals are
+// logged, not returned.
+//
+// The response's cert_chain is the leaf, its intermediates, then the roots,
+// one PEM certificate per element: the roots that sign the leaf first, then
+// whatever Config.Roots adds (the merged trust of every federated trust
+// domain, for Istio agents that put the trailing roots into ROOTCA).
+//
+//	svc, err := certservice.New(certservice.Config{
+//		Signer:        authority, // *ca.Authority
+//		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots, nil), bootstrap},
+//		Roots:         mergedRoots,
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	srv := certservice.NewServer(svc, certservice.TLSConfig(servingCert.GetCertificate), ln)
+//	return srv.Run(ctx)
+//
+// Specs: X509-SVID §5 (leaf certificates); Istio's CA API
+// (https://github.com/istio/api/blob/master/security/v1alpha1/ca.proto);
+// SPIRE GHSA-h746-rm5q-8mgq on why the CSR never names the identity.
+package certservice

@@ -1,0 +1,125 @@
+package certservice
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/trustbridge/trustbridge/ca"
+)
+
+// Limits the gRPC server applies.
+const (
+	// MaxRecvMsgSize bounds a request: a CSR is at most ca.MaxCSRSize,
+	// plus room for the other fields and their framing.
+	MaxRecvMsgSize = ca.MaxCSRSize + 16<<10
+	// MaxSendMsgSize bounds a response, gRPC clients' default receive
+	// limit: merged roots of a thousand trust domains fit.
+	MaxSendMsgSize = 4 << 20
+	// MaxConcurrentStreams bounds the calls one connection may have open.
+	MaxConcurrentStreams = 128
+	// MaxHeaderListSize bounds request metadata; a bearer token is at most
+	// authn.MaxTokenSize.
+	MaxHeaderListSize = 32 << 10
+	// ConnectionTimeout bounds the TLS handshake and HTTP/2 setup.
+	ConnectionTimeout = 10 * time.Second
+	// shutdownGrace is how long Run lets calls in progress finish.
+	shutdownGrace = 10 * time.Second
+)
+
+// ServerOptions are the limits for a certificate service gRPC server:
+// message and header sizes, concurrent streams per connection, keepalive
+// enforcement (a client pinging more often than every 10s is disconnected)
+// and the connection setup timeout.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.MaxSendMsgSize(MaxSendMsgSize),
+		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
+		grpc.ConnectionTimeout(ConnectionTimeout),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             10 * time.Second,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			// Idle agents reconnect when they next need a certificate,
+			// hours later; holding their connections costs memory.
+			MaxConnectionIdle: 15 * time.Minute,
+			Time:              2 * time.Hour,
+			Timeout:           20 * time.Second,
+		}),
+	}
+}
+
+// TLSConfig is the server side of the certificate service: the serving
+// certificate from getCert on every handshake (so it rotates without a
+// restart), TLS 1.2 or later, and a client certificate requested but not
+// verified by crypto/tls: the authenticator verifies it on every call
+// against the roots of that moment, and a caller without one may still
+// present a bearer token. Session tickets are off, so no call rides on a
+// handshake made under roots since removed.
+func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS12,
+		GetCertificate:         getCert,
+		ClientAuth:             tls.RequestClientCert,
+		SessionTicketsDisabled: true,
+	}
+}
+
+// Server runs a Service on a listener.
+type Server struct {
+	grpc *grpc.Server
+	ln   net.Listener
+}
+
+// NewServer returns a gRPC server on ln with ServerOptions, TLS from
+// tlsConfig, and svc registered. extra options are applied after ours.
+func NewServer(svc *Service, tlsConfig *tls.Config, ln net.Listener, extra ...grpc.ServerOption) *Server {
+	opts := append(ServerOptions(), grpc.Creds(credentials.NewTLS(tlsConfig)))
+	opts = append(opts, extra...)
+	g := grpc.NewServer(opts...)
+	svc.Register(g)
+	return &Server{grpc: g, ln: ln}
+}
+
+// Addr is the listener's address.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Run serves until ctx is done, then lets calls in progress finish for a
+// few seconds before closing every connection.
+func (s *Server) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.grpc.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("certservice: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	t := time.NewTimer(shutdownGrace)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		s.grpc.Stop()
+		<-stopped
+	}
+	<-errc
+	return nil
+}

@@ -1,0 +1,368 @@
+package certservice
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Defaults for Config.
+const (
+	// DefaultQueueSize bounds the signings in flight. Signing is CPU work
+	// (one CSR signature check, one signature); more in flight than a few
+	// per core only adds latency, so the excess is refused at once and the
+	// client retries.
+	DefaultQueueSize = 64
+	// DefaultMaxRateLimiters bounds the per-identity limiters kept in
+	// memory; the least recently used is forgotten first.
+	DefaultMaxRateLimiters = 10000
+)
+
+// Signer issues a certificate for id, an identity the caller proved, to the
+// key in csr (from ca.ParseCSR). *ca.Authority implements it.
+type Signer interface {
+	Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error)
+}
+
+// SignerFunc adapts a function to Signer.
+type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error)
+
+// Sign calls f.
+func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error) {
+	return f(csr, id, ttl)
+}
+
+// Config configures a Service. Signer and Authenticator are required.
+type Config struct {
+	Signer        Signer
+	Authenticator authn.Authenticator
+	// Roots, when set, returns roots to hand out after those that sign the
+	// leaf (Issued.Roots): the merged trust of every trust domain, local
+	// first. Duplicates are dropped. Nil hands out the signing roots only.
+	// A returned slice must not be changed afterwards: while Roots returns
+	// the same slice, its PEM encoding is reused.
+	Roots func() []*x509.Certificate
+	// QueueSize bounds the signings in flight; when they are all taken a
+	// request is refused with ResourceExhausted at once. Zero means
+	// DefaultQueueSize.
+	QueueSize int
+	// RateLimit is the signings per second allowed to one authenticated
+	// identity, with bursts of RateBurst; zero turns the limit off.
+	RateLimit rate.Limit
+	// RateBurst is the burst of the rate limit; zero means RateLimit rounded
+	// up, at least 1.
+	RateBurst int
+	// MaxRateLimiters bounds the identities whose limiters are remembered;
+	// zero means DefaultMaxRateLimiters.
+	MaxRateLimiters int
+	Clock           clock.PassiveClock
+	Logger          *slog.Logger
+	Registerer      prometheus.Registerer
+}
+
+// Service implements securityv1alpha1.IstioCertificateServiceServer.
+type Service struct {
+	securityv1alpha1.UnimplementedIstioCertificateServiceServer
+
+	cfg     Config
+	slots   chan struct{}
+	limits  *limiters // nil when off
+	metrics *metrics
+	extra   atomic.Pointer[encodedRoots]
+}
+
+// New checks cfg and returns a Service. It starts nothing.
+func New(cfg Config) (*Service, error) {
+	if cfg.Signer == nil {
+		return nil, errors.New("certservice: no signer")
+	}
+	if cfg.Authenticator == nil {
+		return nil, errors.New("certservice: no authenticator")
+	}
+	if cfg.QueueSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
+		return nil, fmt.Errorf("certservice: negative queue size (%d), rate limit (%v), burst (%d) or limiter count (%d)",
+			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.MaxRateLimiters == 0 {
+		cfg.MaxRateLimiters = DefaultMaxRateLimiters
+	}
+	if cfg.RateBurst == 0 {
+		cfg.RateBurst = max(1, int(math.Ceil(float64(cfg.RateLimit))))
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("certservice: %w", err)
+	}
+	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m}
+	if cfg.RateLimit > 0 {
+		s.limits = newLimiters(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	return s, nil
+}
+
+// Register adds the service to a gRPC server.
+func (s *Service) Register(r grpc.ServiceRegistrar) {
+	securityv1alpha1.RegisterIstioCertificateServiceServer(r, s)
+}
+
+// impersonationKey is the request metadata field with which Istio's node
+// agents ask for another workload's identity. We never sign an identity
+// the caller did not prove, so such a request is refused rather than
+// quietly answered with the caller's own identity.
+const impersonationKey = "ImpersonatedIdentity"
+
+// refusal is one way a request fails: the status returned to the client,
+// and the reason logged and counted.
+type refusal struct {
+	code   codes.Code
+	reason string // metric label and log field, a fixed word
+	msg    string // returned to the client; holds no internals
+	err    error  // logged only
+}
+
+// CreateCertificate authenticates the caller, checks the CSR against the
+// proven identity, and signs it.
+func (s *Service) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	r := authn.FromGRPC(ctx)
+	resp, ident, ref := s.create(ctx, r, req)
+	method := ident.Method
+	if method == "" {
+		method = "none"
+	}
+	if ref != nil {
+		s.metrics.requests.WithLabelValues(ref.code.String(), method).Inc()
+		attrs := []any{"reason", ref.reason, "code", ref.code.String(), logattr.Address, r.Peer}
+		if !ident.ID.IsZero() {
+			attrs = append(attrs, logattr.SPIFFEID, ident.ID.String(), "method", ident.Method)
+		}
+		if ref.err != nil {
+			attrs = append(attrs, logattr.Error, ref.err)
+		}
+		lvl := slog.LevelInfo
+		if ref.code == codes.Internal || ref.code == codes.Unavailable {
+			lvl = slog.LevelError
+		}
+		s.cfg.Logger.Log(ctx, lvl, "certificate request refused", attrs...)
+		return nil, status.Error(ref.code, ref.msg)
+	}
+	s.metrics.requests.WithLabelValues(codes.OK.String(), method).Inc()
+	return resp, nil
+}
+
+func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
+	ident, err := s.cfg.Authenticator.Authenticate(ctx, r)
+	if err == nil && ident.ID.IsZero() {
+		err = errors.New("authenticator returned an empty identity")
+	}
+	if err != nil {
+		// An authenticator that could not reach its backend might have
+		// accepted the caller: a retry may succeed, so say so, even when
+		// another authenticator found the same token invalid (a bootstrap
+		// token list rejects every service account token).
+		if errors.Is(err, authn.ErrUnavailable) {
+			return nil, authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
+		}
+		return nil, authn.Identity{}, &refusal{codes.Unauthenticated, "unauthenticated",
+			"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
+	}
+	id := ident.ID
+
+	if v := req.GetMetadata().GetFields()[impersonationKey]; v != nil && v.GetStringValue() != "" {
+		return nil, ident, &refusal{codes.PermissionDenied, "impersonation", "impersonation is not supported: the certificate is for the authenticated identity only", nil}
+	}
+	if s.limits != nil && !s.limits.allow(id.String(), s.cfg.Clock.Now()) {
+		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
+			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), id), nil}
+	}
+	ttl, ref := validity(req.GetValidityDuration())
+	if ref != nil {
+		return nil, ident, ref
+	}
+
+	// Parsing checks the CSR's signature, which costs about as much as
+	// signing, so it takes a slot as well.
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return nil, ident, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
+	}
+	defer func() { <-s.slots }()
+	if err := ctx.Err(); err != nil {
+		return nil, ident, &refusal{status.FromContextError(err).Code(), "canceled", "request canceled", nil}
+	}
+
+	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
+	if err != nil {
+		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
+	}
+	// Judged here, before the signer sees the CSR: a request for another
+	// identity must leave no trace but the refusal.
+	if err := checkRequestedID(csr, id); err != nil {
+		return nil, ident, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
+	}
+
+	start := s.cfg.Clock.Now()
+	issued, err := s.cfg.Signer.Sign(csr, id, ttl)
+	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
+	if err != nil {
+		return nil, ident, signRefusal(err)
+	}
+	if issued == nil || issued.Leaf == nil || len(issued.Chain) == 0 || issued.Chain[0] != issued.Leaf {
+		return nil, ident, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
+	}
+	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued)}
+	s.cfg.Logger.Info("certificate issued", logattr.SPIFFEID, id.String(), "method", ident.Method,
+		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer)
+	return resp, ident, nil
+}
+
+// validity turns validity_duration (seconds) into a TTL for the signer:
+// zero means the CA's default, and a value too large for a time.Duration
+// is passed on as the largest one, for the signer to refuse as over its
+// maximum.
+func validity(seconds int64) (time.Duration, *refusal) {
+	switch {
+	case seconds < 0:
+		return 0, &refusal{codes.InvalidArgument, "invalid_ttl", fmt.Sprintf("validity_duration %d is negative", seconds), nil}
+	case seconds > int64(math.MaxInt64/time.Second):
+		return time.Duration(math.MaxInt64), nil
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
+// checkRequestedID refuses a CSR that names an identity other than id. A
+// CSR without URI SANs is fine: the certificate carries id regardless.
+func checkRequestedID(csr *x509.CertificateRequest, id spiffeid.ID) error {
+	switch {
+	case len(csr.URIs) > 1:
+		return fmt.Errorf("the CSR requests %d URI SANs; at most one, the authenticated identity %s, may be requested", len(csr.URIs), id)
+	case len(csr.URIs) == 1 && (csr.URIs[0] == nil || csr.URIs[0].String() != id.String()):
+		return fmt.Errorf("the CSR requests a different identity than the authenticated %s", id)
+	}
+	return nil
+}
+
+// signRefusal maps the CA's sentinel errors. Anything else is a server
+// fault whose details stay in the log.
+func signRefusal(err error) *refusal {
+	switch {
+	case errors.Is(err, ca.ErrInvalidCSR):
+		return &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
+	case errors.Is(err, ca.ErrInvalidTTL):
+		return &refusal{codes.InvalidArgument, "invalid_ttl", clientMessage(err), nil}
+	case errors.Is(err, ca.ErrIdentityNotAllowed):
+		return &refusal{codes.PermissionDenied, "identity_not_allowed", clientMessage(err), nil}
+	case errors.Is(err, ca.ErrInvalidSigningMaterial):
+		return &refusal{codes.Unavailable, "signing_material", "the CA cannot sign right now; retry later", err}
+	}
+	return &refusal{codes.Internal, "internal", "internal error", err}
+}
+
+// clientMessage is a CA error about the request itself, which is safe and
+// useful to return: it describes the caller's own input.
+func clientMessage(err error) string {
+	return err.Error()
+}
+
+// chainPEM is the response's cert_chain: the leaf and intermediates as
+// signed, then the signing roots, then Config.Roots, deduplicated; one PEM
+// certificate per element.
+func (s *Service) chainPEM(issued *ca.Issued) []string {
+	n := max(len(issued.Chain)-len(issued.Roots), 1)
+	extra := s.extraRoots()
+	out := make([]string, 0, len(issued.Chain)+len(extra.pems))
+	for _, c := range issued.Chain[:n] {
+		out = append(out, encode(c))
+	}
+	var sent [][]byte // DER of the roots sent so far; a handful
+	var skip []int    // positions in extra.pems already sent
+	for _, c := range issued.Chain[n:] {
+		if c == nil || slices.ContainsFunc(sent, func(der []byte) bool { return bytes.Equal(der, c.Raw) }) {
+			continue
+		}
+		sent = append(sent, c.Raw)
+		out = append(out, encode(c))
+		if i, ok := extra.index[string(c.Raw)]; ok {
+			skip = append(skip, i)
+		}
+	}
+	for i, p := range extra.pems {
+		if !slices.Contains(skip, i) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// encodedRoots is Config.Roots' answer, deduplicated and PEM-encoded once:
+// merged trust can hold thousands of roots.
+type encodedRoots struct {
+	src   []*x509.Certificate // as Config.Roots returned it
+	pems  []string
+	index map[string]int // DER → position in pems
+}
+
+// extraRoots encodes what Config.Roots returns, reusing the last encoding
+// while it returns the same slice.
+func (s *Service) extraRoots() *encodedRoots {
+	if s.cfg.Roots == nil {
+		return &encodedRoots{}
+	}
+	certs := s.cfg.Roots()
+	if e := s.extra.Load(); e != nil && len(e.src) == len(certs) && (len(certs) == 0 || &e.src[0] == &certs[0]) {
+		return e
+	}
+	e := &encodedRoots{src: certs, index: make(map[string]int, len(certs))}
+	for _, c := range certs {
+		if c == nil {
+			continue
+		}
+		if _, dup := e.index[string(c.Raw)]; dup {
+			continue
+		}
+		e.index[string(c.Raw)] = len(e.pems)
+		e.pems = append(e.pems, encode(c))
+	}
+	s.extra.Store(e)
+	return e
+}
+
+func encode(c *x509.Certificate) string {
+	var b bytes.Buffer
+	// pem.Encode fails only on invalid headers, and there are none.
+	_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	return b.String()
+}

@@ -1,0 +1,498 @@
+package certservice_test
+
+import (
+	"context"
+	"crypto/x509"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	goodToken      = "good-token-0123456789"
+	bootstrapToken = "bootstrap-token-abcdefghijklmnop"
+)
+
+var (
+	workloadID = spiffeid.RequireFromString("spiffe://example.org/ns/default/sa/web")
+	tokenID    = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
+	bootID     = spiffeid.RequireFromString("spiffe://example.org/vm/bootstrap")
+)
+
+// fakeTokens accepts goodToken as tokenID; any other bearer token is bad,
+// and no token is no credentials.
+var fakeTokens = authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
+	switch r.BearerToken {
+	case "":
+		return authn.Identity{}, authn.ErrNoCredentials
+	case goodToken:
+		return authn.Identity{ID: tokenID, Method: "fake-token"}, nil
+	}
+	return authn.Identity{}, authn.ErrInvalidCredentials
+})
+
+// fakeAPIServer answers TokenReviews: jwt is a valid token of
+// default/web for audience example.org.
+func fakeAPIServer(jwt string) *fake.Clientset {
+	kc := fake.NewClientset()
+	kc.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		tr := action.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).DeepCopy()
+		if tr.Spec.Token == jwt && slices.Contains(tr.Spec.Audiences, "example.org") {
+			tr.Status = authenticationv1.TokenReviewStatus{
+				Authenticated: true,
+				User:          authenticationv1.UserInfo{Username: "system:serviceaccount:default:web"},
+				Audiences:     []string{"example.org"},
+			}
+		} else {
+			tr.Status = authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}
+		}
+		return true, tr, nil
+	})
+	return kc
+}
+
+func writeBootstrapFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tokens.csv")
+	require.NoError(t, os.WriteFile(p, []byte("# bootstrap\n"+bootstrapToken+","+bootID.String()+"\n"), 0o600))
+	return p
+}
+
+// allAuthenticators is the server's order: X509-SVID, TokenReview,
+// bootstrap tokens, and a fake opaque-token authenticator.
+func allAuthenticators(t *testing.T, jwt string) func(*certservice.Config, *ca.Authority) {
+	return func(cfg *certservice.Config, a *ca.Authority) {
+		tr, err := authn.NewTokenReview(authn.TokenReviewConfig{Client: fakeAPIServer(jwt), TrustDomain: td})
+		require.NoError(t, err)
+		boot, err := authn.LoadBootstrapTokens(writeBootstrapFile(t), td)
+		require.NoError(t, err)
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), tr, boot, fakeTokens}
+	}
+}
+
+func TestCreateCertificateAuthenticators(t *testing.T) {
+	jwt := fakeJWT(time.Now().Add(time.Hour))
+	f := newFixture(t, allAuthenticators(t, jwt))
+	mtlsID := spiffeid.RequireFromString("spiffe://example.org/ns/prod/sa/api")
+
+	tests := []struct {
+		name   string
+		client securityv1alpha1.IstioCertificateServiceClient
+		want   spiffeid.ID
+		method string
+	}{
+		{"mtls local SVID", f.client(t, svid(t, f.authority, mtlsID), ""), mtlsID, authn.MethodX509SVID},
+		{"kubernetes JWT", f.client(t, nil, jwt), workloadID, authn.MethodKubernetesJWT},
+		{"bootstrap token", f.client(t, nil, bootstrapToken), bootID, authn.MethodBootstrapToken},
+		{"opaque token", f.client(t, nil, goodToken), tokenID, "fake-token"},
+		{"mtls wins over a bad token", f.client(t, svid(t, f.authority, mtlsID), "not-a-known-token-000"), mtlsID, authn.MethodX509SVID},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The CSR asks for the identity the caller proves: Istio's agents
+			// do; the answer would be the same without it.
+			resp, err := tt.client.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{
+				Csr: freshCSR(t, tt.want.String()), ValidityDuration: 3600,
+			})
+			require.NoError(t, err)
+			chain := parseChain(t, resp.CertChain)
+			require.Len(t, chain, 2, "leaf, then the one root")
+			got, verified, err := x509svid.Verify(chain[:1], f.authority.Bundle().X509Bundle())
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+			assert.True(t, verified[0][len(verified[0])-1].Equal(chain[1]), "the last element is the root")
+			assert.WithinDuration(t, time.Now().Add(time.Hour), chain[0].NotAfter, time.Minute)
+			assert.Contains(t, f.logs.String(), `"spiffe_id":"`+tt.want.String()+`","method":"`+tt.method+`"`)
+		})
+	}
+	assert.NotContains(t, f.logs.String(), bootstrapToken)
+	assert.NotContains(t, f.logs.String(), goodToken)
+	assert.NotContains(t, f.logs.String(), jwt)
+	assert.Equal(t, float64(2), certRequests(t, f, "OK", authn.MethodX509SVID))
+}
+
+func certRequests(t *testing.T, f *fixture, code, method string) float64 {
+	t.Helper()
+	n, err := testutil.GatherAndCount(f.reg, "trustbridge_certservice_requests_total")
+	require.NoError(t, err)
+	require.NotZero(t, n)
+	mfs, err := f.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "trustbridge_certservice_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["code"] == code && labels["method"] == method {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func TestCreateCertificateRefusals(t *testing.T) {
+	jwt := fakeJWT(time.Now().Add(time.Hour))
+	f := newFixture(t, allAuthenticators(t, jwt))
+	other := newAuthority(t, spiffeid.RequireTrustDomainFromString("other.example"))
+	// A CA that is not ours minting an ID of our trust domain.
+	forger := testca.New(t, "example.org", testca.Options{})
+	forgedLeaf, forgedKey := forger.Issue(t, workloadID)
+	forged := tlsCert(forgedLeaf, forgedKey)
+	local := svid(t, f.authority, workloadID)
+
+	tests := []struct {
+		name     string
+		client   securityv1alpha1.IstioCertificateServiceClient
+		req      *securityv1alpha1.IstioCertificateRequest
+		code     codes.Code
+		msg      string
+		signerOK bool // whether the signer may have been called
+	}{
+		{name: "no credentials", client: f.client(t, nil, ""), code: codes.Unauthenticated, msg: "no valid credentials"},
+		{name: "unknown bearer token", client: f.client(t, nil, "unknown-token-0123456789"), code: codes.Unauthenticated},
+		{name: "rejected JWT", client: f.client(t, nil, fakeJWT(time.Now().Add(time.Hour).Add(time.Second))), code: codes.Unauthenticated},
+		{name: "expired JWT", client: f.client(t, nil, fakeJWT(time.Now().Add(-time.Minute))), code: codes.Unauthenticated},
+		{name: "federated SVID", client: f.client(t, svid(t, other, spiffeid.RequireFromString("spiffe://other.example/w")), ""), code: codes.Unauthenticated},
+		{name: "SVID of our trust domain from another CA", client: f.client(t, forged, ""), code: codes.Unauthenticated},
+		{name: "garbage CSR", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"},
+			code: codes.InvalidArgument, msg: "invalid CSR"},
+		{name: "empty CSR", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{}, code: codes.InvalidArgument},
+		{name: "CSR for another identity", client: f.client(t, local, ""),
+			req:  &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t, "spiffe://example.org/ns/kube-system/sa/admin")},
+			code: codes.PermissionDenied, msg: "different identity"},
+		{name: "CSR for another trust domain", client: f.client(t, nil, bootstrapToken),
+			req:  &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t, "spiffe://other.example/vm/bootstrap")},
+			code: codes.PermissionDenied},
+		{name: "CSR for two identities", client: f.client(t, local, ""),
+			req:  &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t, workloadID.String(), "spiffe://example.org/x")},
+			code: codes.PermissionDenied},
+		{name: "impersonation metadata", client: f.client(t, local, ""),
+			req: &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+				"ImpersonatedIdentity": structpb.NewStringValue("spiffe://example.org/ns/a/sa/b")}}},
+			code: codes.PermissionDenied, msg: "impersonation"},
+		{name: "negative TTL", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), ValidityDuration: -1},
+			code: codes.InvalidArgument, msg: "negative"},
+		{name: "TTL over the maximum", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), ValidityDuration: 365 * 24 * 3600},
+			code: codes.InvalidArgument, msg: "invalid TTL", signerOK: true},
+		{name: "TTL beyond a Duration", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), ValidityDuration: math.MaxInt64},
+			code: codes.InvalidArgument, msg: "invalid TTL", signerOK: true},
+		{name: "DNS SAN", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: csrWithDNS(t)},
+			code: codes.InvalidArgument, msg: "DNS SANs", signerOK: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := tt.req
+			if req == nil {
+				req = &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)}
+			}
+			before := f.signer.calls.Load()
+			resp, err := tt.client.CreateCertificate(t.Context(), req)
+			assert.Nil(t, resp)
+			assert.Equal(t, tt.code, status.Code(err), "%v", err)
+			assert.Contains(t, status.Convert(err).Message(), tt.msg)
+			if !tt.signerOK {
+				assert.Equal(t, before, f.signer.calls.Load(), "the signer was never called")
+			}
+		})
+	}
+	logs := f.logs.String()
+	assert.Contains(t, logs, `"msg":"certificate request refused","reason":"identity_not_allowed","code":"PermissionDenied","address":"127.0.0.1:`)
+	assert.NotContains(t, logs, `"msg":"certificate issued"`, "nothing was issued")
+}
+
+// csrWithDNS asks for a DNS name next to the identity.
+func csrWithDNS(t *testing.T) string {
+	t.Helper()
+	key, err := ca.GenerateKey(ca.KeyECP256)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificateRequest(nil, &x509.CertificateRequest{DNSNames: []string{"evil.example"}}, key)
+	require.NoError(t, err)
+	return string(pemCSR(der))
+}
+
+func TestCreateCertificateServerFaults(t *testing.T) {
+	tests := []struct {
+		name   string
+		signer certservice.Signer
+		auth   authn.Authenticator
+		code   codes.Code
+		msg    string
+	}{
+		{
+			name: "signing material",
+			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) (*ca.Issued, error) {
+				return nil, ca.ErrInvalidSigningMaterial
+			}),
+			code: codes.Unavailable, msg: "the CA cannot sign right now",
+		},
+		{
+			name: "internal",
+			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) (*ca.Issued, error) {
+				return nil, errSecret
+			}),
+			code: codes.Internal, msg: "internal error",
+		},
+		{
+			name: "signer returns nothing",
+			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) (*ca.Issued, error) {
+				return &ca.Issued{}, nil
+			}),
+			code: codes.Internal, msg: "internal error",
+		},
+		{
+			name: "authentication backend down",
+			auth: authn.Chain{authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+				return authn.Identity{}, authn.ErrUnavailable
+			})},
+			code: codes.Unavailable, msg: "authentication backend unavailable",
+		},
+		{
+			name: "authentication backend down, the next authenticator refuses",
+			auth: authn.Chain{
+				authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+					return authn.Identity{}, authn.ErrUnavailable
+				}),
+				authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+					return authn.Identity{}, authn.ErrInvalidCredentials
+				}),
+			},
+			code: codes.Unavailable, msg: "authentication backend unavailable",
+		},
+		{
+			name: "authenticator returns an empty identity",
+			auth: authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+				return authn.Identity{}, nil
+			}),
+			code: codes.Unauthenticated,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, func(cfg *certservice.Config, _ *ca.Authority) {
+				cfg.Signer = tt.signer
+				if tt.auth != nil {
+					cfg.Authenticator = tt.auth
+				}
+			})
+			c := f.client(t, svid(t, f.authority, workloadID), "")
+			_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+			assert.Equal(t, tt.code, status.Code(err), "%v", err)
+			assert.Equal(t, tt.msg, status.Convert(err).Message()[:len(tt.msg)])
+			assert.NotContains(t, status.Convert(err).Message(), "secret")
+			if tt.signer != nil && tt.code == codes.Internal {
+				assert.Contains(t, f.logs.String(), `"level":"ERROR"`, "the cause is logged")
+			}
+		})
+	}
+}
+
+func TestCreateCertificateMergedRoots(t *testing.T) {
+	fed1 := testca.New(t, "a.example", testca.Options{})
+	fed2 := testca.New(t, "b.example", testca.Options{})
+	var (
+		local *x509.Certificate
+		roots atomic.Pointer[[]*x509.Certificate]
+	)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		local = a.Bundle().X509Authorities()[0]
+		// The merged trust repeats the local root; it is sent once.
+		merged := []*x509.Certificate{local, fed1.Cert, nil, fed2.Cert, fed1.Cert}
+		roots.Store(&merged)
+		cfg.Roots = func() []*x509.Certificate { return *roots.Load() }
+	})
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	names := func() []string {
+		resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+		require.NoError(t, err)
+		var out []string
+		for _, cert := range parseChain(t, resp.CertChain) {
+			out = append(out, name(cert, local, fed1.Cert, fed2.Cert))
+		}
+		return out
+	}
+	assert.Equal(t, []string{"leaf", "local", "a", "b"}, names())
+	assert.Equal(t, []string{"leaf", "local", "a", "b"}, names(), "the same slice again")
+	roots.Store(&[]*x509.Certificate{fed2.Cert})
+	assert.Equal(t, []string{"leaf", "local", "b"}, names(), "a new slice")
+}
+
+func name(c, local, a, b *x509.Certificate) string {
+	switch {
+	case c.Equal(local):
+		return "local"
+	case c.Equal(a):
+		return "a"
+	case c.Equal(b):
+		return "b"
+	}
+	return "leaf"
+}
+
+func TestCreateCertificateQueueFull(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.QueueSize = 1
+		cfg.Signer = certservice.SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error) {
+			entered <- struct{}{}
+			<-release
+			return a.Sign(csr, id, ttl)
+		})
+	})
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+		first <- err
+	}()
+	<-entered // the one slot is taken
+
+	_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "signing queue full")
+
+	close(release)
+	require.NoError(t, <-first)
+	go func() { <-entered }() // the slot is free again
+	_, err = c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	assert.NoError(t, err)
+}
+
+func TestCreateCertificateRateLimit(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.RateLimit = rate.Limit(1)
+		cfg.Clock = clk
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
+	})
+	a := f.client(t, svid(t, f.authority, workloadID), "")
+	b := f.client(t, nil, goodToken)
+	call := func(c securityv1alpha1.IstioCertificateServiceClient) codes.Code {
+		_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+		return status.Code(err)
+	}
+	assert.Equal(t, codes.OK, call(a))
+	before := f.signer.calls.Load()
+	assert.Equal(t, codes.ResourceExhausted, call(a), "second signing within a second")
+	assert.Equal(t, before, f.signer.calls.Load())
+	assert.Equal(t, codes.OK, call(b), "limits are per identity")
+	clk.SetTime(clk.Now().Add(time.Second))
+	assert.Equal(t, codes.OK, call(a), "a second later")
+	assert.Contains(t, f.logs.String(), `"reason":"rate_limited"`)
+}
+
+func TestCreateCertificateMessageTooLarge(t *testing.T) {
+	f := newFixture(t, nil)
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: strings.Repeat("A", certservice.MaxRecvMsgSize)})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Zero(t, f.signer.calls.Load())
+
+	// Just over ca.MaxCSRSize still reaches the handler, which refuses it.
+	_, err = c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: strings.Repeat("A", ca.MaxCSRSize+1)})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+}
+
+func TestCreateCertificateConcurrentClients(t *testing.T) {
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
+	})
+	const clients, calls = 24, 4
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		serials = map[string]bool{}
+	)
+	for i := range clients {
+		id := spiffeid.RequireFromSegments(td, "client", string(rune('a'+i)))
+		c := f.client(t, svid(t, f.authority, id), "")
+		want := id
+		if i%3 == 0 {
+			c, want = f.client(t, nil, goodToken), tokenID
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				resp, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+				if !assert.NoError(t, err) {
+					return
+				}
+				chain := parseChain(t, resp.CertChain)
+				got, _, err := x509svid.Verify(chain[:1], x509bundle.FromX509Authorities(td, chain[1:]))
+				assert.NoError(t, err)
+				assert.Equal(t, want, got)
+				mu.Lock()
+				serials[chain[0].SerialNumber.String()] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Len(t, serials, clients*calls)
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	a := newAuthority(t, td)
+	auth := authn.Chain{fakeTokens}
+	for name, cfg := range map[string]certservice.Config{
+		"no signer":         {Authenticator: auth},
+		"no authenticator":  {Signer: a},
+		"negative queue":    {Signer: a, Authenticator: auth, QueueSize: -1},
+		"negative rate":     {Signer: a, Authenticator: auth, RateLimit: -1},
+		"negative burst":    {Signer: a, Authenticator: auth, RateBurst: -1},
+		"negative limiters": {Signer: a, Authenticator: auth, MaxRateLimiters: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := certservice.New(cfg)
+			assert.ErrorContains(t, err, "certservice: ")
+		})
+	}
+}
+
+func TestServerStopsOnCancel(t *testing.T) {
+	// newFixture's cleanup cancels and requires Run to return nil; a
+	// client call in flight must not keep it from returning.
+	f := newFixture(t, nil)
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	require.NoError(t, err)
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+const laptopToken = "laptop-bootstrap-token-0123456789"
+
+var laptopID = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
+
+// grpcServer starts `trustbridge server` for example.org with the
+// certificate service on loopback and a bootstrap token for laptopID. It
+// returns the service's address and a root-cert.pem of the CA.
+func grpcServer(t *testing.T, mutate ...func(*serverOptions)) (addr, rootCert, dataDir string) {
+	t.Helper()
+	dataDir = t.TempDir()
+	tokens := filepath.Join(t.TempDir(), "tokens.csv")
+	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	_, banner := startServer(t, dataDir, append([]func(*serverOptions){func(o *serverOptions) {
+		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	}}, mutate...)...)
+	addr = grpcAddr(t, banner.String())
+
+	_, roots, err := ca.NewStore(dataDir).Load("example.org")
+	require.NoError(t, err)
+	var certs []*x509.Certificate
+	for _, r := range roots {
+		certs = append(certs, r.Cert)
+	}
+	rootCert = filepath.Join(t.TempDir(), "root-cert.pem")
+	require.NoError(t, os.WriteFile(rootCert, certsPEM(certs), 0o644))
+	return addr, rootCert, dataDir
+}
+
+var grpcAddrLine = regexp.MustCompile(`(?m)^  ca api:     (\S+) `)
+
+func grpcAddr(t *testing.T, banner string) string {
+	t.Helper()
+	m := grpcAddrLine.FindStringSubmatch(banner)
+	require.NotNil(t, m, "banner names the certificate service:\n%s", banner)
+	return m[1]
+}
+
+func writeFile(t *testing.T, data string, perm os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(p, []byte(data), perm))
+	return p
+}
+
+// checkCreds verifies the files `ca request` wrote and returns the leaf.
+func checkCreds(t *testing.T, dir string, want spiffeid.ID) *x509.Certificate {
+	t.Helper()
+	info, err := os.Stat(filepath.Join(dir, "key.pem"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"))
+	require.NoError(t, err, "the key matches the certificate")
+	roots, err := readPEMCerts(filepath.Join(dir, "root-cert.pem"))
+	require.NoError(t, err)
+	var chain []*x509.Certificate
+	for _, der := range cert.Certificate {
+		c, err := x509.ParseCertificate(der)
+		require.NoError(t, err)
+		chain = append(chain, c)
+	}
+	id, _, err := x509svid.Verify(chain, x509bundle.FromX509Authorities(want.TrustDomain(), roots))
+	require.NoError(t, err)
+	assert.Equal(t, want, id)
+	return chain[0]
+}
+
+func TestCARequestBootstrapThenRenew(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	token := writeFile(t, laptopToken+"\n", 0o600)
+	out := filepath.Join(t.TempDir(), "creds")
+
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--token-file", token, "--out", out, "--ttl", "2h")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "issued "+laptopID.String())
+	first := checkCreds(t, out, laptopID)
+	assert.WithinDuration(t, time.Now().Add(2*time.Hour), first.NotAfter, time.Minute)
+	firstKey, err := os.ReadFile(filepath.Join(out, "key.pem"))
+	require.NoError(t, err)
+
+	// Renew with the certificate just issued, into another directory.
+	renewed := filepath.Join(t.TempDir(), "renewed")
+	stdout, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--cert-dir", out, "--out", renewed)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "issued "+laptopID.String())
+	second := checkCreds(t, renewed, laptopID)
+	assert.NotEqual(t, first.SerialNumber, second.SerialNumber)
+	secondKey, err := os.ReadFile(filepath.Join(renewed, "key.pem"))
+	require.NoError(t, err)
+	assert.NotEqual(t, firstKey, secondKey, "a fresh key each time")
+
+	// And in place, with the root-cert.pem it wrote.
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(renewed, "root-cert.pem"),
+		"--cert-dir", renewed, "--out", renewed, "--spiffe-id", laptopID.String())
+	require.Equal(t, 0, code, stderr)
+	third := checkCreds(t, renewed, laptopID)
+	assert.NotEqual(t, second.SerialNumber, third.SerialNumber)
+}
+
+func TestCARequestRefusals(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	token := writeFile(t, laptopToken, 0o600)
+	otherCA := testca.New(t, "example.org", testca.Options{})
+	otherRoot := writeFile(t, string(certsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
+	fedCA := testca.New(t, "other.example", testca.Options{})
+	fedRoot := writeFile(t, string(certsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
+
+	// A certificate issued by another CA of the same trust domain.
+	foreignDir := t.TempDir()
+	leaf, key := otherCA.Issue(t, laptopID)
+	require.NoError(t, writeCredentials(foreignDir, key, []*x509.Certificate{leaf}, []*x509.Certificate{otherCA.Cert}))
+
+	// A certificate of ours that has expired by the time it is used.
+	expiredDir := filepath.Join(t.TempDir(), "expired")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--token-file", token, "--out", expiredDir, "--ttl", "1h")
+	require.Equal(t, 0, code, stderr)
+
+	stopped := reservePort(t) // nothing listens there
+
+	tests := []struct {
+		name string
+		now  func() time.Time
+		args []string
+		want string
+	}{
+		{"unknown token", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "not-the-token-0123456789", 0o600)},
+			"did not accept the credentials"},
+		{"certificate from another CA", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", foreignDir},
+			"did not accept the credentials"},
+		{"identity not ours", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--spiffe-id", "spiffe://example.org/admin"},
+			"refused to issue this identity"},
+		{"identity of another trust domain", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--spiffe-id", "spiffe://other.example/vm/laptop"},
+			"not of other.example"},
+		{"ttl over the maximum", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--ttl", "8760h"},
+			"refused the request"},
+		{"server not in --root-cert", nil, []string{"--ca-addr", addr, "--root-cert", otherRoot, "--token-file", token},
+			"does --root-cert hold its roots"},
+		{"roots of another trust domain", nil, []string{"--ca-addr", addr, "--root-cert", fedRoot, "--token-file", token},
+			"does --root-cert hold its roots"},
+		{"server is not the CA", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--server-spiffe-id", "spiffe://example.org/trustbridge/bundle-endpoint"},
+			"want spiffe://example.org/trustbridge/bundle-endpoint"},
+		{"nothing listening", nil, []string{"--ca-addr", stopped, "--root-cert", rootCert, "--token-file", token, "--timeout", "5s"},
+			"cannot get a certificate from " + stopped},
+		{"expired certificate", func() time.Time { return time.Now().Add(2 * time.Hour) }, []string{"--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", expiredDir},
+			"expired at"},
+		{"both credentials", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--cert-dir", expiredDir},
+			"exactly one of --token-file"},
+		{"no credentials", nil, []string{"--ca-addr", addr, "--root-cert", rootCert}, "exactly one of --token-file"},
+		{"empty token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "\n", 0o600)}, "is empty"},
+		{"token file with two tokens", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "a b\n", 0o600)}, "more than one"},
+		{"oversized token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, string(make([]byte, 64<<10)), 0o600)}, "larger than"},
+		{"missing root cert", nil, []string{"--ca-addr", addr, "--root-cert", filepath.Join(t.TempDir(), "none.pem"), "--token-file", token}, "--root-cert"},
+		{"fractional ttl", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--ttl", "1.5s"}, "whole"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := tt.now
+			if now == nil {
+				now = time.Now
+			}
+			out := filepath.Join(t.TempDir(), "out")
+			_, stderr, code := runCLIAt(t, now, "", append([]string{"ca", "request", "--out", out}, tt.args...)...)
+			assert.Equal(t, 1, code)
+			assert.Contains(t, stderr, tt.want)
+			assert.NotContains(t, stderr, laptopToken)
+			_, err := os.Stat(out)
+			assert.True(t, os.IsNotExist(err), "nothing written")
+		})
+	}
+}
+
+func TestExpectedServerID(t *testing.T) {
+	ours := testca.New(t, "example.org", testca.Options{}).Cert
+	theirs := testca.New(t, "other.example", testca.Options{}).Cert
+	plain := &x509.Certificate{} // a root without a SPIFFE ID, as plug-in CAs have
+	want := spiffeid.RequireFromString("spiffe://want.example/w")
+	tests := []struct {
+		name  string
+		flag  string
+		roots []*x509.Certificate
+		want  spiffeid.ID
+		id    string
+		err   string
+	}{
+		{name: "from the roots", roots: []*x509.Certificate{ours}, id: "spiffe://example.org/trustbridge/ca"},
+		{name: "from the requested ID", roots: []*x509.Certificate{plain}, want: want, id: "spiffe://want.example/trustbridge/ca"},
+		{name: "requested ID among merged roots", roots: []*x509.Certificate{theirs, ours}, want: spiffeid.RequireFromString("spiffe://example.org/w"), id: "spiffe://example.org/trustbridge/ca"},
+		{name: "requested ID not among the roots", roots: []*x509.Certificate{ours}, want: want, err: "not of want.example"},
+		{name: "flag", flag: "spiffe://x.example/ca", roots: []*x509.Certificate{ours}, id: "spiffe://x.example/ca"},
+		{name: "bad flag", flag: "https://x", err: "--server-spiffe-id"},
+		{name: "two trust domains", roots: []*x509.Certificate{ours, theirs}, err: "trust domains"},
+		{name: "nothing to go by", roots: []*x509.Certificate{plain}, err: "cannot tell"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id, err := expectedServerID(tt.flag, tt.roots, tt.want)
+			if tt.err != "" {
+				assert.ErrorContains(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.id, id.String())
+		})
+	}
+}
+
+// With --ca-response-roots merged (the default), the roots of federated
+// trust domains follow the local ones in the answer and in root-cert.pem;
+// a root-cert.pem holding them still verifies the next renewal against
+// the local roots only. With local, only the CA's roots are sent.
+func TestCARequestResponseRoots(t *testing.T) {
+	peer := testca.New(t, "relay.example")
+	doc, err := bundledoc.Marshal(peer.Bundle())
+	require.NoError(t, err)
+	relay := writeFile(t, string(doc), 0o644)
+	for _, mode := range []string{rootsMerged, rootsLocal} {
+		t.Run(mode, func(t *testing.T) {
+			addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
+				o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true,
+					files: []string{"relay.example=" + relay}}
+				o.grpc.responseRoots = mode
+			})
+			local, err := readPEMCerts(rootCert)
+			require.NoError(t, err)
+			out := filepath.Join(t.TempDir(), "creds")
+			_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+				"--token-file", writeFile(t, laptopToken, 0o600), "--out", out)
+			require.Equal(t, 0, code, stderr)
+			got, err := readPEMCerts(filepath.Join(out, "root-cert.pem"))
+			require.NoError(t, err)
+			want := local
+			if mode == rootsMerged {
+				want = append(want, peer.Cert)
+			}
+			assert.Equal(t, want, got, "local roots first")
+
+			_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(out, "root-cert.pem"),
+				"--cert-dir", out, "--out", out)
+			require.Equal(t, 0, code, stderr)
+			checkCreds(t, out, laptopID)
+		})
+	}
+}

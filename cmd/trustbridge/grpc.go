@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Values of --ca-response-roots and --token-review.
+const (
+	rootsLocal  = "local"
+	rootsMerged = "merged"
+
+	tokenReviewAuto = "auto"
+	tokenReviewOn   = "on"
+	tokenReviewOff  = "off"
+)
+
+// grpcServingPath is the path of the certificate service's own SPIFFE ID,
+// spiffe://<trust-domain>/trustbridge/ca; `ca request` expects it.
+const grpcServingPath = "/trustbridge/ca"
+
+// grpcOptions configure the certificate service. Zero values mean the
+// defaults, except listen: "" disables the service.
+type grpcOptions struct {
+	listen        string
+	dnsNames      []string
+	responseRoots string // "" = merged
+	tokenAudience string // "" = the trust domain name
+	bootstrapFile string
+	rateLimit     float64
+	queueSize     int    // 0 = certservice.DefaultQueueSize
+	kubeconfig    string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
+	tokenReview   string // "" = auto
+}
+
+func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
+	f.StringVar(&o.listen, "grpc-listen", ":15012", `address of the certificate service (gRPC, Istio's IstioCertificateService, TLS) ("" disables it)`)
+	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names for the certificate service's serving certificate (comma-separated); not supported yet: the certificate carries only spiffe://<trust-domain>"+grpcServingPath)
+	f.StringVar(&o.responseRoots, "ca-response-roots", rootsMerged, "roots appended to issued chains: merged (local roots first, then every federated trust domain's) or local")
+	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
+	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "CSV file of token,spiffe-id lines for callers without Kubernetes or an SVID (bootstrap only; reloaded on change)")
+	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
+	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
+	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
+}
+
+// grpcEndpoint is the wired certificate service.
+type grpcEndpoint struct {
+	ln      net.Listener
+	id      spiffeid.ID
+	roots   string
+	methods []string
+	runners []func(context.Context) error
+}
+
+// setupGRPC builds the certificate service and opens its listener; nil
+// when --grpc-listen is "".
+func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration, authority *ca.Authority,
+	fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*grpcEndpoint, error) {
+	if o.listen == "" {
+		return nil, nil
+	}
+	logger = logger.With(logattr.Component, "ca-api")
+	if len(o.dnsNames) > 0 {
+		// Package ca signs only SPIFFE IDs; a flag that silently did
+		// nothing would leave clients checking host names locked out.
+		return nil, fmt.Errorf("--grpc-dns-names %q: DNS names in the serving certificate are not supported yet; clients verify spiffe://%s%s", strings.Join(o.dnsNames, ","), td.Name(), grpcServingPath)
+	}
+	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, grpcServingPath)}
+
+	var roots func() []*x509.Certificate
+	switch o.responseRoots {
+	case "", rootsMerged:
+		g.roots = rootsMerged
+		roots = mergedRoots(td, fed.store)
+	case rootsLocal:
+		g.roots = rootsLocal // the signing roots, which the service always sends
+	default:
+		return nil, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
+	}
+	if o.rateLimit < 0 || o.queueSize < 0 {
+		return nil, fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must not be negative", o.rateLimit, o.queueSize)
+	}
+
+	auth, err := g.authenticators(o, td, authority, reg, logger)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := certservice.New(certservice.Config{
+		Signer:        authority,
+		Authenticator: auth,
+		Roots:         roots,
+		QueueSize:     o.queueSize,
+		RateLimit:     rate.Limit(o.rateLimit),
+		Logger:        logger,
+		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
+	})
+	if err != nil {
+		return nil, err
+	}
+	sc, err := authority.ServingCert(g.id, workloadTTL)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc-listen: %w", err)
+	}
+	g.ln = ln
+	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
+	g.runners = append(g.runners, sc.Run, srv.Run)
+	return g, nil
+}
+
+// authenticators builds the chain in Istio's order: an X509-SVID of the
+// local trust domain, then a Kubernetes service account token, then a
+// bootstrap token. The first that succeeds decides.
+func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority,
+	reg prometheus.Registerer, logger *slog.Logger) (authn.Chain, error) {
+	chain := authn.Chain{authn.NewX509SVID(td, caLocalRoots{authority}, nil)}
+	g.methods = append(g.methods, authn.MethodX509SVID)
+
+	mode := o.tokenReview
+	if mode == "" {
+		mode = tokenReviewAuto
+	}
+	switch mode {
+	case tokenReviewOff:
+	case tokenReviewAuto, tokenReviewOn:
+		cfg, ok, err := loadKubeConfig(o.kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			if mode == tokenReviewOn {
+				return nil, errors.New("--token-review on needs --kubeconfig or an in-cluster config (KUBERNETES_SERVICE_HOST)")
+			}
+			logger.Info("no Kubernetes config; service account tokens are not accepted (--token-review auto)")
+			break
+		}
+		cfg = rest.CopyConfig(cfg)
+		// Agents renew in waves; client-go's default of 5 calls a second
+		// would queue their reviews. Successful reviews are cached.
+		cfg.QPS, cfg.Burst = 50, 100
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
+			Client: client, TrustDomain: td, Audience: o.tokenAudience,
+			Logger: logger.With(logattr.Component, "token-review"), Registerer: reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, tr)
+		g.methods = append(g.methods, authn.MethodKubernetesJWT)
+	default:
+		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.tokenReview)
+	}
+
+	if o.bootstrapFile != "" {
+		boot, err := authn.NewBootstrapTokens(authn.BootstrapTokensConfig{
+			Path: o.bootstrapFile, TrustDomain: td,
+			Logger: logger.With(logattr.Component, "bootstrap-tokens"), Registerer: reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--bootstrap-token-file: %w", err)
+		}
+		logger.Warn("bootstrap tokens accepted: a token is a long-lived shared secret that proves nothing about the machine holding it; use it only to obtain a first certificate, then renew with that certificate (trustbridge ca request --cert-dir)",
+			"path", o.bootstrapFile, "tokens", boot.Len())
+		chain = append(chain, boot)
+		g.runners = append(g.runners, boot.Run)
+		g.methods = append(g.methods, authn.MethodBootstrapToken)
+	}
+	return chain, nil
+}
+
+// loadKubeConfig returns the Kubernetes client configuration: from path
+// when set, else the in-cluster one when running in a pod
+// (KUBERNETES_SERVICE_HOST set). ok is false when there is neither.
+func loadKubeConfig(path string) (cfg *rest.Config, ok bool, err error) {
+	if path != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, false, fmt.Errorf("--kubeconfig %s: %w", path, err)
+		}
+	} else {
+		if os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+			return nil, false, nil
+		}
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return nil, false, fmt.Errorf("in-cluster Kubernetes config: %w", err)
+		}
+	}
+	return rest.AddUserAgent(cfg, "trustbridge"), true, nil
+}
+
+// caLocalRoots serves the CA's published roots, as they are at each call, as
+// the local trust domain's X.509 bundle.
+type caLocalRoots struct{ a *ca.Authority }
+
+func (c caLocalRoots) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	if td != c.a.TrustDomain() {
+		return nil, fmt.Errorf("no roots for trust domain %q: the CA serves %q", td, c.a.TrustDomain())
+	}
+	return c.a.Bundle().X509Bundle(), nil
+}
+
+// mergedRoots returns the trust store's roots, the local trust domain's
+// first, then each other trust domain's in name order; the certificate
+// service drops duplicates. The list is rebuilt only when the store
+// publishes a new snapshot.
+func mergedRoots(td spiffeid.TrustDomain, store *trust.Store) func() []*x509.Certificate {
+	type cached struct {
+		snap  *trust.Snapshot
+		roots []*x509.Certificate
+	}
+	var last atomic.Pointer[cached]
+	return func() []*x509.Certificate {
+		snap := store.Snapshot()
+		if c := last.Load(); c != nil && c.snap == snap {
+			return c.roots
+		}
+		var roots []*x509.Certificate
+		if b, ok := snap.X509BundleFor(td); ok {
+			roots = append(roots, b.X509Authorities()...)
+		}
+		for _, other := range snap.TrustDomains() {
+			if other == td {
+				continue
+			}
+			if b, ok := snap.X509BundleFor(other); ok {
+				roots = append(roots, b.X509Authorities()...)
+			}
+		}
+		last.Store(&cached{snap: snap, roots: roots})
+		return roots
+	}
+}
+
+// close releases the listener when the server does not start after all.
+func (g *grpcEndpoint) close() {
+	if g != nil && g.ln != nil {
+		_ = g.ln.Close()
+	}
+}
+
+// report prints the service in the banner and logs it.
+func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
+	if g == nil {
+		return
+	}
+	addr := g.ln.Addr().String()
+	fmt.Fprintf(w, "  ca api:     %s (gRPC IstioCertificateService, TLS as %s; roots: %s; auth: %s)\n", addr, g.id, g.roots, strings.Join(g.methods, ", "))
+	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --out ./creds\n", addr)
+	logger.Info("certificate service listening", logattr.Address, addr, logattr.SPIFFEID, g.id.String(),
+		"response_roots", g.roots, "authenticators", strings.Join(g.methods, ","))
+}
+
+// parts are the service's long-running parts, for runAll.
+func (g *grpcEndpoint) parts() []func(context.Context) error {
+	if g == nil {
+		return nil
+	}
+	return g.runners
+}

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+// TestMain stops the shared real API server (internal/kubetest) after the
+// package's tests, if one of them started it.
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+func TestGRPCFlagDefaults(t *testing.T) {
+	f := newServerCmd(env{}).Flags()
+	for flag, want := range map[string]string{
+		"grpc-listen":          ":15012",
+		"grpc-dns-names":       "[]",
+		"ca-response-roots":    "merged",
+		"token-audience":       "",
+		"bootstrap-token-file": "",
+		"sign-rate-limit":      "0",
+		"sign-queue-size":      "64",
+		"kubeconfig":           "",
+		"token-review":         "auto",
+	} {
+		fl := f.Lookup(flag)
+		if assert.NotNil(t, fl, flag) {
+			assert.Equal(t, want, fl.DefValue, flag)
+		}
+	}
+}
+
+// serverError runs the server with o and returns its error; a server that
+// starts after all is stopped and yields nil.
+func serverError(t *testing.T, o serverOptions) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var out, logs syncBuffer
+	go func() {
+		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+	}()
+	select {
+	case <-ready:
+		cancel()
+		<-done
+		return nil
+	case err := <-done:
+		return err
+	}
+}
+
+func TestGRPCFlagErrors(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
+	tests := []struct {
+		name string
+		o    grpcOptions
+		want string
+	}{
+		{"dns names", grpcOptions{dnsNames: []string{"trustbridge.example"}}, "--grpc-dns-names"},
+		{"response roots", grpcOptions{responseRoots: "all"}, "--ca-response-roots"},
+		{"token review mode", grpcOptions{tokenReview: "yes"}, "--token-review"},
+		{"token review on without Kubernetes", grpcOptions{tokenReview: tokenReviewOn}, "--token-review on needs"},
+		{"missing kubeconfig", grpcOptions{kubeconfig: filepath.Join(t.TempDir(), "none")}, "--kubeconfig"},
+		{"missing bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: filepath.Join(t.TempDir(), "none")}, "--bootstrap-token-file"},
+		{"bad bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
+		{"bootstrap file of another trust domain", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, laptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
+		{"negative rate", grpcOptions{rateLimit: -1}, "--sign-rate-limit"},
+		{"negative queue", grpcOptions{queueSize: -1}, "--sign-queue-size"},
+		{"port taken", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: tokens}, "--grpc-listen"},
+	}
+	taken := reservePortHeld(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := baseServerOptions("example.org", t.TempDir())
+			o.grpc = tt.o
+			o.grpc.listen = "127.0.0.1:0"
+			if tt.name == "port taken" {
+				o.grpc.listen = taken
+			}
+			err := serverError(t, o)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+// reservePortHeld returns an address something listens on for the test.
+func reservePortHeld(t *testing.T) string {
+	t.Helper()
+	addr := reservePort(t)
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	return addr
+}
+
+func TestServerWithoutGRPC(t *testing.T) {
+	_, banner := startServer(t, t.TempDir()) // the test helper leaves --grpc-listen ""
+	assert.NotContains(t, banner.String(), "ca api:")
+}
+
+func TestLoadKubeConfig(t *testing.T) {
+	t.Run("no Kubernetes", func(t *testing.T) {
+		t.Setenv("KUBERNETES_SERVICE_HOST", "")
+		cfg, ok, err := loadKubeConfig("")
+		assert.NoError(t, err)
+		assert.False(t, ok)
+		assert.Nil(t, cfg)
+	})
+	t.Run("in a pod without a service account", func(t *testing.T) {
+		t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+		t.Setenv("KUBERNETES_SERVICE_PORT", "443")
+		_, ok, err := loadKubeConfig("")
+		assert.ErrorContains(t, err, "in-cluster Kubernetes config")
+		assert.False(t, ok)
+	})
+	t.Run("kubeconfig file", func(t *testing.T) {
+		path := writeKubeconfig(t, "https://127.0.0.1:6443", nil)
+		cfg, ok, err := loadKubeConfig(path)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Equal(t, "https://127.0.0.1:6443", cfg.Host)
+		assert.Contains(t, cfg.UserAgent, "trustbridge")
+	})
+	t.Run("missing file", func(t *testing.T) {
+		_, _, err := loadKubeConfig(filepath.Join(t.TempDir(), "kubeconfig"))
+		assert.ErrorContains(t, err, "--kubeconfig")
+	})
+}
+
+// writeKubeconfig writes a kubeconfig for host, with the CA and client
+// credentials of from when given.
+func writeKubeconfig(t *testing.T, host string, from *kubetest.Env) string {
+	t.Helper()
+	cluster := &clientcmdapi.Cluster{Server: host}
+	user := &clientcmdapi.AuthInfo{}
+	if from != nil {
+		c := from.Config
+		cluster.CertificateAuthorityData = c.CAData
+		user.ClientCertificateData, user.ClientKeyData, user.Token = c.CertData, c.KeyData, c.BearerToken
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = cluster
+	cfg.AuthInfos["test"] = user
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	cfg.CurrentContext = "test"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
+	return path
+}
+
+func TestMergedRoots(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	local := testca.New(t, "example.org", testca.Options{})
+	b := testca.New(t, "b.example", testca.Options{})
+	a := testca.New(t, "a.example", testca.Options{})
+	store := trust.NewStore()
+	roots := mergedRoots(td, store)
+	assert.Empty(t, roots())
+
+	store.Set("peer", b.Bundle())
+	store.Set(caSource, local.Bundle())
+	store.Set("peer", a.Bundle())
+	got := roots()
+	assert.Equal(t, []*x509.Certificate{local.Cert, a.Cert, b.Cert}, got, "local first, then by trust domain name")
+	assert.Same(t, &got[0], &roots()[0], "reused until the store changes")
+
+	// A second source for a.example adds its root after a's first.
+	a2 := testca.New(t, "a.example", testca.Options{})
+	store.Set("file:a2", spiffebundle.FromX509Authorities(a.TrustDomain, []*x509.Certificate{a2.Cert}))
+	got = roots()
+	require.Len(t, got, 4)
+	assert.Equal(t, local.Cert, got[0])
+	assert.ElementsMatch(t, []*x509.Certificate{a.Cert, a2.Cert}, got[1:3])
+	assert.Equal(t, b.Cert, got[3])
+}
+
+// TestCARequestWithServiceAccountToken runs the whole path against a real
+// API server: `trustbridge server --kubeconfig` reviews a service account
+// token from the TokenRequest API, and `ca request --token-file` receives
+// spiffe://example.org/ns/<ns>/sa/web.
+func TestCARequestWithServiceAccountToken(t *testing.T) {
+	k := kubetest.Shared(t)
+	kubeconfig := writeKubeconfig(t, k.Config.Host, k)
+	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
+		o.grpc.tokenReview = tokenReviewOn
+		o.grpc.kubeconfig = kubeconfig
+	})
+	ns := k.Namespace(t)
+	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
+
+	good := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
+	out := filepath.Join(t.TempDir(), "creds")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", good, "--out", out)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "issued "+want.String())
+	checkCreds(t, out, want)
+
+	// A token for another audience is refused.
+	wrong := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"someone-else"}, 10*time.Minute), 0o600)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--out", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "did not accept the credentials")
+}
