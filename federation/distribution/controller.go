@@ -49,6 +49,14 @@ const (
 	DefaultResync  = 10 * time.Minute
 )
 
+// Writes to one namespace's ConfigMap are paced: defaultWriteBurst at
+// once, then one per defaultWriteEvery. A trust store change or a repair
+// costs a namespace one write, far below that.
+const (
+	defaultWriteBurst = 10
+	defaultWriteEvery = time.Minute
+)
+
 // Source is the trust store as the controller reads it; *trust.Store
 // implements it.
 type Source interface {
@@ -98,6 +106,9 @@ type Controller struct {
 	metrics *metrics
 	running atomic.Bool
 	run     atomic.Pointer[runState]
+	// writeBurst and writeEvery pace writes to one namespace; see pacer.
+	writeBurst int
+	writeEvery time.Duration
 }
 
 // runState is what one Run owns: informers, caches, the queue and the
@@ -106,6 +117,7 @@ type runState struct {
 	nsLister corelisters.NamespaceLister
 	cmLister corelisters.ConfigMapLister
 	queue    workqueue.TypedRateLimitingInterface[string]
+	pacer    *pacer
 	synced   atomic.Bool
 	content  atomic.Pointer[content]
 	// renderErr is the last rendering failure, nil once one succeeds.
@@ -161,7 +173,7 @@ func New(cfg Config) (*Controller, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	c := &Controller{cfg: cfg, log: log}
+	c := &Controller{cfg: cfg, log: log, writeBurst: defaultWriteBurst, writeEvery: defaultWriteEvery}
 	m, err := newMetrics(cfg.Registerer, c)
 	if err != nil {
 		return nil, fmt.Errorf("distribution: register metrics: %w", err)
@@ -175,7 +187,9 @@ func New(cfg Config) (*Controller, error) {
 // domain has been rendered. Later rendering failures keep the last good
 // content in place and show in logs and in
 // trustbridge_distribution_render_errors_total, not here, so that one
-// broken federated bundle does not take a replica out of service.
+// broken federated bundle does not take a replica out of service. Ready
+// fails whenever Run is not running, as on every follower: it belongs in
+// the readiness of the leader's term only, not of every replica.
 func (c *Controller) Ready() error {
 	rs := c.run.Load()
 	if rs == nil {
@@ -213,6 +227,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "trustbridge_distribution"},
 		),
+		pacer: newPacer(c.writeBurst, c.writeEvery),
 	}
 	defer func() {
 		// In this order: workers block in Get until the queue shuts down.
@@ -387,6 +402,16 @@ func (c *Controller) processNext(ctx context.Context, rs *runState) bool {
 	if ctx.Err() != nil {
 		return true
 	}
+	if te := (*throttledError)(nil); errors.As(err, &te) {
+		// Not a failure: the write waits for the pacer, whatever events
+		// arrive meanwhile.
+		c.metrics.throttled.Inc()
+		c.log.Warn("trust ConfigMap rewritten too often; postponing the next write", "namespace", ns,
+			"configmap", c.cfg.Name, "delay", te.delay, logattr.Error, err)
+		rs.queue.Forget(ns)
+		rs.queue.AddAfter(ns, te.delay)
+		return true
+	}
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 		// The cache is behind the API server; the retry sees the newer
 		// object.
@@ -449,12 +474,20 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 		if cm == nil || !owned(cm) {
 			return nil
 		}
-		return c.delete(ctx, cms, cm, "namespace no longer selected")
+		if err := c.pace(rs, ns); err != nil {
+			return err
+		}
+		return c.delete(ctx, rs, cms, cm, "namespace no longer selected")
 	}
 
 	cur := rs.content.Load()
 	if cur == nil {
 		return nil // nothing rendered yet; the first rendering queues every namespace
+	}
+	if cm == nil || (owned(cm) && !upToDate(cm, cur.data)) { // a write below
+		if err := c.pace(rs, ns); err != nil {
+			return err
+		}
 	}
 	switch {
 	case cm == nil:
@@ -469,6 +502,7 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 		if err != nil {
 			return c.writeFailed(err)
 		}
+		rs.pacer.wrote(ns, c.cfg.Clock.Now())
 		c.metrics.writes.WithLabelValues(resultCreated).Inc()
 		c.log.Info("created trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
 	case !owned(cm):
@@ -480,7 +514,7 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 	case cm.Immutable != nil && *cm.Immutable:
 		// Someone made our ConfigMap immutable; it cannot be updated, only
 		// replaced. Its deletion event brings the namespace back here.
-		return c.delete(ctx, cms, cm, "immutable and out of date; recreating it")
+		return c.delete(ctx, rs, cms, cm, "immutable and out of date; recreating it")
 	default:
 		next := cm.DeepCopy()
 		next.Data = maps.Clone(cur.data)
@@ -490,6 +524,7 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 		if _, err := cms.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
 			return c.writeFailed(err)
 		}
+		rs.pacer.wrote(ns, c.cfg.Clock.Now())
 		c.metrics.writes.WithLabelValues(resultUpdated).Inc()
 		c.log.Info("updated trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
 	}
@@ -497,7 +532,15 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 	return nil
 }
 
-func (c *Controller) delete(ctx context.Context, cms interface {
+// pace returns a *throttledError when ns must wait for its next write.
+func (c *Controller) pace(rs *runState, ns string) error {
+	if d := rs.pacer.wait(ns, c.cfg.Clock.Now()); d > 0 {
+		return &throttledError{delay: d}
+	}
+	return nil
+}
+
+func (c *Controller) delete(ctx context.Context, rs *runState, cms interface {
 	Delete(context.Context, string, metav1.DeleteOptions) error
 }, cm *corev1.ConfigMap, why string) error {
 	uid, rv := cm.UID, cm.ResourceVersion
@@ -512,6 +555,7 @@ func (c *Controller) delete(ctx context.Context, cms interface {
 	if err != nil {
 		return c.writeFailed(err)
 	}
+	rs.pacer.wrote(cm.Namespace, c.cfg.Clock.Now())
 	c.metrics.writes.WithLabelValues(resultDeleted).Inc()
 	c.metrics.lastSync.Set(float64(c.cfg.Clock.Now().UnixNano()) / 1e9)
 	c.log.Info("deleted trust ConfigMap", "namespace", cm.Namespace, "configmap", cm.Name, "reason", why)

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -165,7 +167,8 @@ func TestControllerFake(t *testing.T) {
 	assert.Equal(t, 1.0, metricValue(t, reg, "trustbridge_distribution_namespaces", map[string]string{"state": stateForeign}))
 	assert.Equal(t, 0.0, metricValue(t, reg, "trustbridge_distribution_namespaces", map[string]string{"state": statePending}))
 	assert.Greater(t, metricValue(t, reg, "trustbridge_distribution_last_sync_timestamp_seconds", nil), 0.0)
-	assert.Contains(t, logs.String(), "not managed by trustbridge")
+	// The metric moves just before the log line is written.
+	assert.Eventually(t, func() bool { return strings.Contains(logs.String(), "not managed by trustbridge") }, waitFor, tick, "logged")
 
 	stop()
 	assert.EqualError(t, c.Ready(), "distribution: not running")
@@ -269,7 +272,8 @@ func TestControllerRenderFailureKeepsLastGood(t *testing.T) {
 	}, waitFor, tick)
 	assert.Equal(t, good, current(), "last good content kept")
 	assert.NoError(t, c.Ready(), "a later render failure does not make the controller unready")
-	assert.Contains(t, logs.String(), "keeping the last good content")
+	// The metric moves just before the log line is written.
+	assert.Eventually(t, func() bool { return strings.Contains(logs.String(), "keeping the last good content") }, waitFor, tick, "logged")
 
 	// A new local root comes back: it and the peer go out.
 	next := testca.New(t, localTD)
@@ -404,7 +408,8 @@ func TestReconcile(t *testing.T) {
 			client := fake.NewClientset(objs...)
 			c, err := New(Config{Client: client, Store: store, TrustDomain: td, NamespaceSelector: labels.SelectorFromSet(selected)})
 			require.NoError(t, err)
-			rs := &runState{nsLister: corelisters.NewNamespaceLister(nsIndexer), cmLister: corelisters.NewConfigMapLister(cmIndexer)}
+			rs := &runState{nsLister: corelisters.NewNamespaceLister(nsIndexer), cmLister: corelisters.NewConfigMapLister(cmIndexer),
+				pacer: newPacer(defaultWriteBurst, defaultWriteEvery)}
 			if !tt.noContent {
 				rs.content.Store(&content{generation: store.Snapshot().Generation(), data: want})
 			}
@@ -430,4 +435,32 @@ func TestReconcile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestControllerFailedWritesNotPaced: only writes that happen count
+// against the pacer. Failed attempts, as while the API server is down,
+// are spaced by the queue's backoff already and must not delay the write
+// once it is back.
+func TestControllerFailedWritesNotPaced(t *testing.T) {
+	verifyNoLeaks(t)
+	store, _ := newStore(t)
+	client := fake.NewClientset(namespace("ns", nil))
+	var failures atomic.Int32
+	client.PrependReactor("create", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failures.Add(1) <= 4 {
+			return true, nil, apierrors.NewServiceUnavailable("the API server is restarting")
+		}
+		return false, nil, nil
+	})
+	reg := prometheus.NewRegistry()
+	c, err := New(Config{Client: client, Store: store, TrustDomain: spiffeid.RequireTrustDomainFromString(localTD), Registerer: reg})
+	require.NoError(t, err)
+	c.writeBurst, c.writeEvery = 2, time.Hour
+	startController(t, c)
+
+	require.Eventually(t, func() bool {
+		_, err := client.CoreV1().ConfigMaps("ns").Get(context.Background(), DefaultName, metav1.GetOptions{})
+		return err == nil
+	}, waitFor, tick)
+	assert.Equal(t, 0.0, metricValue(t, reg, "trustbridge_distribution_throttled_total", nil))
 }

@@ -19,7 +19,13 @@
 // same-named ConfigMap without the label is left alone, logged and counted.
 // Two controllers (two trustbridge installations) must not share a
 // ConfigMap name: each would delete the other's copies outside its own
-// selector.
+// selector, and overwrite them inside it. Writes to one namespace are
+// paced (a burst, then one a minute), so such a fight, or a webhook that
+// rewrites the data, costs a trickle of writes rather than an update storm,
+// and shows in trustbridge_distribution_throttled_total. A federated trust
+// domain that would push the ConfigMap past the API server's 1 MiB is left
+// out, so that one peer's oversized bundle cannot freeze the distribution
+// of the local roots.
 //
 // The controller has no leadership fence: cmd runs it only while holding
 // the leader Lease (from OnStartedLeading, with the leadership context),
@@ -38,7 +44,8 @@
 //		return err
 //	}
 //	go c.Run(leaderCtx)
-//	// readiness: c.Ready()
+//	// leader's readiness: c.Ready(); followers never run it, so their
+//	// readiness must not include it
 //
 // Spec: SPIFFE Trust Domain and Bundle §4 (bundle format) and §5 (bundle
 // map), SPIFFE Federation §7.3 (bundles of different trust domains are

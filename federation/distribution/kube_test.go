@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -284,4 +285,57 @@ func TestKubeTrustStoreChange(t *testing.T) {
 		assert.NotContains(t, cm.Data, "peer.example.pem")
 	})
 	assert.Equal(t, 0.0, metricValue(t, r.reg, "trustbridge_distribution_writes_total", map[string]string{"result": resultError}))
+}
+
+// TestKubeTwoWritersPaced: two controllers that want different data in
+// one ConfigMap (two installations sharing --root-configmap, a webhook
+// rewriting the data) would undo each other's writes for ever at the API
+// server's speed. Writes to one namespace are paced: after a burst, each
+// further write waits, so the fight slows to a trickle, and it shows in a
+// metric.
+func TestKubeTwoWritersPaced(t *testing.T) {
+	t.Parallel()
+	const burst = 3
+	a := newKubeRig(t, nil, "")
+	ns := a.namespace(t, true)
+	otherStore, _ := newStore(t)
+	regB := prometheus.NewRegistry()
+	b, err := New(Config{
+		Client:            a.env.Client,
+		Store:             otherStore,
+		TrustDomain:       spiffeid.RequireTrustDomainFromString(localTD),
+		Name:              a.name,
+		NamespaceSelector: labels.SelectorFromSet(labels.Set{a.labelKey: a.labelVal}),
+		Registerer:        regB,
+	})
+	require.NoError(t, err)
+	for _, c := range []*Controller{a.ctrl, b} {
+		c.writeBurst, c.writeEvery = burst, time.Hour
+	}
+	a.start(t)
+	startController(t, b)
+
+	regs := []*prometheus.Registry{a.reg, regB}
+	writes := func() float64 {
+		n := 0.0
+		for _, reg := range regs {
+			// Failed writes (conflicts, mostly) do not count against the
+			// pacer; the writes that happened do.
+			for _, r := range []string{resultCreated, resultUpdated, resultDeleted} {
+				n += metricValue(t, reg, "trustbridge_distribution_writes_total", map[string]string{"result": r})
+			}
+		}
+		return n
+	}
+	// The writer that wrote last sees its own data and stops; the other
+	// one waits for the pacer.
+	paced := assert.Eventually(t, func() bool {
+		return metricValue(t, a.reg, "trustbridge_distribution_throttled_total", nil)+
+			metricValue(t, regB, "trustbridge_distribution_throttled_total", nil) >= 1
+	}, waitFor, tick, "the writers are paced")
+	n := writes()
+	require.True(t, paced, "%v writes", n)
+	assert.LessOrEqual(t, n, float64(2*burst), "each writer wrote its burst and no more")
+	_, err = a.get(ns)
+	require.NoError(t, err)
 }

@@ -26,6 +26,7 @@ type metrics struct {
 	writes       *prometheus.CounterVec
 	foreign      prometheus.Counter
 	renderErrors prometheus.Counter
+	throttled    prometheus.Counter
 	skipped      *prometheus.CounterVec
 	lastSync     prometheus.Gauge
 }
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 			Name: "trustbridge_distribution_render_errors_total",
 			Help: "Trust store snapshots that could not be rendered; the last good content stays distributed.",
 		}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_distribution_throttled_total",
+			Help: "Writes of a namespace's trust ConfigMap postponed because it was written too often: another writer may be undoing them.",
+		}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_distribution_skipped_total",
 			Help: "Renderings that left a federated trust domain out (wholly, or only its .pem key), by reason.",
@@ -53,7 +58,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 			Help: "When a namespace was last found or brought in its desired state.",
 		}),
 	}
-	for _, col := range []prometheus.Collector{m.writes, m.foreign, m.renderErrors, m.skipped, m.lastSync, &stateCollector{c: c}} {
+	for _, col := range []prometheus.Collector{m.writes, m.foreign, m.renderErrors, m.throttled, m.skipped, m.lastSync, &stateCollector{c: c}} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

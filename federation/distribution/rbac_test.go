@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -93,6 +94,10 @@ func applyManifests(t *testing.T, client kubernetes.Interface, objs []runtime.Ob
 			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.ClusterRoleBinding:
 			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
 		default:
 			t.Fatalf("unexpected object of type %T in %s", obj, rbacDir)
 		}
@@ -116,6 +121,8 @@ func TestRBACManifests(t *testing.T) {
 		"RoleBinding/trustbridge-system/trustbridge",
 		"ClusterRole//trustbridge",
 		"ClusterRoleBinding//trustbridge",
+		"ValidatingAdmissionPolicy//trustbridge-configmap-create",
+		"ValidatingAdmissionPolicyBinding//trustbridge-configmap-create",
 	}, kinds)
 
 	// The ClusterRole pins ConfigMaps to the default name; the controller
@@ -130,6 +137,15 @@ func TestRBACManifests(t *testing.T) {
 				}
 			}
 			assert.True(t, found, "ClusterRole pins ConfigMaps to %s", DefaultName)
+		}
+		// So does the admission policy, for the service account of the
+		// RBAC manifests.
+		if p, ok := obj.(*admissionregistrationv1.ValidatingAdmissionPolicy); ok {
+			require.Len(t, p.Spec.Validations, 1)
+			assert.Contains(t, p.Spec.Validations[0].Expression, `"`+DefaultName+`"`)
+			assert.Contains(t, p.Spec.Validations[0].Expression, `"`+systemNamespace+`"`)
+			require.Len(t, p.Spec.MatchConditions, 1)
+			assert.Contains(t, p.Spec.MatchConditions[0].Expression, `"`+serviceAccountID+`"`)
 		}
 	}
 }
@@ -232,14 +248,6 @@ func TestKubeRBAC(t *testing.T) {
 			_, err = sa.CoordinationV1().Leases(systemNamespace).Update(ctx, l, metav1.UpdateOptions{})
 			return err
 		}},
-		{"create an Event", func() error {
-			_, err := sa.CoreV1().Events(systemNamespace).Create(ctx, &corev1.Event{
-				ObjectMeta:     metav1.ObjectMeta{GenerateName: "trustbridge-"},
-				InvolvedObject: corev1.ObjectReference{Kind: "Lease", Namespace: systemNamespace, Name: leaderLease},
-				Reason:         "LeaderElection", Message: "test", Type: corev1.EventTypeNormal,
-			}, metav1.CreateOptions{})
-			return err
-		}},
 		{"create a TokenReview", func() error {
 			_, err := sa.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 				Spec: authenticationv1.TokenReviewSpec{Token: "garbage"},
@@ -284,9 +292,40 @@ func TestKubeRBAC(t *testing.T) {
 		}},
 		{"delete a namespace", func() error { return sa.CoreV1().Namespaces().Delete(ctx, other, metav1.DeleteOptions{}) }},
 		{"list pods", func() error { _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
+		// Nothing in trustbridge records Events.
+		{"create an Event", func() error {
+			_, err := sa.CoreV1().Events(systemNamespace).Create(ctx, &corev1.Event{
+				ObjectMeta:     metav1.ObjectMeta{GenerateName: "trustbridge-"},
+				InvolvedObject: corev1.ObjectReference{Kind: "Lease", Namespace: systemNamespace, Name: leaderLease},
+				Reason:         "LeaderElection", Message: "test", Type: corev1.EventTypeNormal,
+			}, metav1.CreateOptions{})
+			return err
+		}},
 	}
 	for _, d := range denied {
 		err := d.do()
 		assert.True(t, apierrors.IsForbidden(err), "denied: %s: got %v", d.name, err)
 	}
+
+	// RBAC cannot pin create to a name; the admission policy of
+	// deploy/rbac does. It takes effect once the API server has loaded it,
+	// so the first creates may still pass: each probe uses a fresh name.
+	t.Run("create pinned by the admission policy", func(t *testing.T) {
+		var last error
+		refused := assert.Eventually(t, func() bool {
+			name := randomName("app-config-")
+			_, last = sa.CoreV1().ConfigMaps(other).Create(ctx, configMap(other, name, nil, map[string]string{"k": "v"}), metav1.CreateOptions{})
+			return apierrors.IsForbidden(last)
+		}, waitFor, tick)
+		require.True(t, refused, "create of another ConfigMap elsewhere: last got %v", last)
+		assert.ErrorContains(t, last, "trustbridge may create only its trust ConfigMap")
+		// What trustbridge does create still goes through.
+		_, err := sa.CoreV1().ConfigMaps(other).Create(ctx, configMap(other, DefaultName, nil, nil), metav1.CreateOptions{})
+		assert.NoError(t, err, "the trust ConfigMap")
+		_, err = sa.CoreV1().ConfigMaps(systemNamespace).Create(ctx,
+			configMap(systemNamespace, randomName("trustbridge-federated-peer-"), nil, nil), metav1.CreateOptions{})
+		assert.NoError(t, err, "a federated last-known-good ConfigMap in its namespace")
+		_, err = env.Client.CoreV1().ConfigMaps(other).Create(ctx, configMap(other, randomName("admin-"), nil, nil), metav1.CreateOptions{})
+		assert.NoError(t, err, "other users are not affected")
+	})
 }

@@ -37,6 +37,7 @@ const (
 	reasonInvalidKey   = "invalid_key"
 	reasonReservedKey  = "reserved_key"
 	reasonUnrenderable = "unrenderable"
+	reasonTooLarge     = "too_large"
 )
 
 // skip records a federated trust domain left out, whole or in part, of a
@@ -58,8 +59,11 @@ var errNoLocalBundle = errors.New("the trust store holds no bundle for the local
 // A federated trust domain whose bundle cannot be marshalled is left out
 // entirely (and reported), so that one broken peer cannot hold back a
 // rotation of the local roots; one whose name is not a usable ConfigMap key
-// only loses its .pem key. A problem with the local trust domain, or data
-// over limit bytes, fails the whole rendering and the caller keeps
+// only loses its .pem key. Likewise, while the data is over limit bytes the
+// largest federated trust domain is left out: a peer may publish a bundle
+// as large as the fetch limit allows, more than a ConfigMap holds. A
+// problem with the local trust domain, or the local trust domain alone
+// over the limit, fails the whole rendering and the caller keeps
 // distributing the last good one.
 func render(sn *trust.Snapshot, local spiffeid.TrustDomain, limit int) (map[string]string, []skip, error) {
 	localBundle, ok := sn.Bundle(local)
@@ -76,30 +80,50 @@ func render(sn *trust.Snapshot, local spiffeid.TrustDomain, limit int) (map[stri
 	}
 
 	var skips []skip
-	var doc []byte
 	for {
-		var err error
-		doc, err = bundledoc.MarshalMap(bundles)
-		if err == nil {
-			break
+		doc, err := bundledoc.MarshalMap(bundles)
+		if err != nil {
+			var ee *bundledoc.EntryError
+			if !errors.As(err, &ee) || ee.TrustDomain == local.Name() {
+				return nil, nil, fmt.Errorf("render %s: %w", KeyBundleMap, err)
+			}
+			i := slices.IndexFunc(bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain().Name() == ee.TrustDomain })
+			if i < 0 { // cannot happen: the entry came from this list
+				return nil, nil, fmt.Errorf("render %s: %w", KeyBundleMap, err)
+			}
+			skips = append(skips, skip{trustDomain: ee.TrustDomain, reason: reasonUnrenderable, err: err})
+			bundles = slices.Delete(bundles, i, i+1)
+			continue
 		}
-		var ee *bundledoc.EntryError
-		if !errors.As(err, &ee) || ee.TrustDomain == local.Name() {
-			return nil, nil, fmt.Errorf("render %s: %w", KeyBundleMap, err)
+
+		data, keySkips := assemble(localBundle, bundles[1:], doc)
+		size := 0
+		for k, v := range data {
+			size += len(k) + len(v)
 		}
-		i := slices.IndexFunc(bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain().Name() == ee.TrustDomain })
-		if i < 0 { // cannot happen: the entry came from this list
-			return nil, nil, fmt.Errorf("render %s: %w", KeyBundleMap, err)
+		if size <= limit {
+			return data, append(skips, keySkips...), nil
 		}
-		skips = append(skips, skip{trustDomain: ee.TrustDomain, reason: reasonUnrenderable, err: err})
+		tooLarge := fmt.Errorf("rendered data is %d bytes, over the ConfigMap limit of %d", size, limit)
+		if len(bundles) == 1 {
+			return nil, nil, tooLarge
+		}
+		i := 1 + largest(bundles[1:])
+		skips = append(skips, skip{trustDomain: bundles[i].TrustDomain().Name(), reason: reasonTooLarge,
+			err: fmt.Errorf("%w; left out the largest federated trust domain", tooLarge)})
 		bundles = slices.Delete(bundles, i, i+1)
 	}
+}
 
+// assemble builds the ConfigMap data from the local bundle, the federated
+// bundles and the bundle map document of all of them.
+func assemble(localBundle *spiffebundle.Bundle, federated []*spiffebundle.Bundle, doc []byte) (map[string]string, []skip) {
 	data := map[string]string{
 		KeyRootCert:  pemRoots(localBundle),
 		KeyBundleMap: string(doc),
 	}
-	for _, b := range bundles[1:] {
+	var skips []skip
+	for _, b := range federated {
 		name := b.TrustDomain().Name()
 		key := name + ".pem"
 		if errs := validation.IsConfigMapKey(key); len(errs) > 0 {
@@ -114,15 +138,21 @@ func render(sn *trust.Snapshot, local spiffeid.TrustDomain, limit int) (map[stri
 		}
 		data[key] = pemRoots(b)
 	}
+	return data, skips
+}
 
-	size := 0
-	for k, v := range data {
-		size += len(k) + len(v)
+// largest returns the index of the bundle that takes the most room in the
+// rendering (its PEM and its bundle map entry), the first of equals: the
+// bundles are sorted by trust domain, so the choice is deterministic.
+func largest(bundles []*spiffebundle.Bundle) int {
+	best, bestSize := 0, -1
+	for i, b := range bundles {
+		doc, _ := bundledoc.Marshal(b) // it marshalled as part of the map
+		if n := len(pemRoots(b)) + len(doc); n > bestSize {
+			best, bestSize = i, n
+		}
 	}
-	if size > limit {
-		return nil, nil, fmt.Errorf("rendered data is %d bytes, over the ConfigMap limit of %d", size, limit)
-	}
-	return data, skips, nil
+	return best
 }
 
 // pemRoots encodes b's X.509 authorities, in bundle order. A trust domain

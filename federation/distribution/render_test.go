@@ -209,3 +209,48 @@ func TestRenderErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderOverLimitDropsLargestPeer: a federated peer may publish a
+// bundle as large as the fetch limit allows, which alone can exceed a
+// ConfigMap. That peer is left out (and reported) rather than freezing the
+// whole rendering, which would hold back every later local root rotation
+// and every removal of a trust domain.
+func TestRenderOverLimitDropsLargestPeer(t *testing.T) {
+	local := testca.New(t, localTD)
+	small := testca.New(t, "b.example")
+	var bigCerts []*x509.Certificate
+	for range 20 {
+		bigCerts = append(bigCerts, testca.New(t, "big.example").Cert)
+	}
+	big := bundleOf("big.example", bigCerts...)
+
+	without := trust.NewStore()
+	without.Set("ca", local.Bundle())
+	without.Set("federation", small.Bundle())
+	want, _, err := render(without.Snapshot(), local.TrustDomain, maxConfigMapBytes)
+	require.NoError(t, err)
+	size := 0
+	for k, v := range want {
+		size += len(k) + len(v)
+	}
+
+	store := trust.NewStore()
+	store.Set("ca", local.Bundle())
+	store.Set("federation", small.Bundle())
+	store.Set("federation", big)
+	data, skips, err := render(store.Snapshot(), local.TrustDomain, size+100)
+	require.NoError(t, err)
+	assert.Equal(t, want, data, "the local roots and the peers that fit go out")
+	require.Len(t, skips, 1)
+	assert.Equal(t, "big.example", skips[0].trustDomain)
+	assert.Equal(t, reasonTooLarge, skips[0].reason)
+	assert.ErrorContains(t, skips[0].err, "over the ConfigMap limit")
+
+	// Still deterministic, and the local trust domain alone over the limit
+	// is still an error.
+	again, _, err := render(store.Snapshot(), local.TrustDomain, size+100)
+	require.NoError(t, err)
+	assert.Equal(t, data, again)
+	_, _, err = render(store.Snapshot(), local.TrustDomain, 100)
+	assert.ErrorContains(t, err, "over the ConfigMap limit of 100")
+}
