@@ -11,8 +11,6 @@ import (
 	"log/slog"
 	"math/big"
 	"net/url"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -59,14 +57,25 @@ type Config struct {
 	// the published roots are those of root-cert.pem. KeyType and RootTTL
 	// are unused.
 	Plugin *PluginWatcher
+	// Backend keeps the CA state; nil is the file store in DataDir.
+	Backend Backend
+	// Leader, when set, makes this Authority one of several replicas
+	// sharing Backend: only while Leader.IsLeader() does it bootstrap,
+	// prepare, activate, retire or remove roots, or write at all; otherwise
+	// it follows, reloading the state the leader wrote, publishing it and
+	// signing with its active root. nil means always the leader.
+	Leader Leader
 }
 
 func (c *Config) applyDefaults() error {
 	if c.TrustDomain.IsZero() {
 		return errors.New("trust domain is required")
 	}
-	if c.DataDir == "" {
-		return errors.New("data directory is required")
+	if c.DataDir == "" && c.Backend == nil {
+		return errors.New("data directory or state backend is required")
+	}
+	if c.Plugin != nil && c.Leader != nil {
+		return errors.New("leader election is not supported in plug-in mode: every replica publishes its own --ca-dir")
 	}
 	if c.KeyType == "" {
 		c.KeyType = KeyECP256
@@ -124,22 +133,42 @@ func (a *Authority) timelineLocked() Timeline {
 // certificates with the active root.
 type Authority struct {
 	cfg     Config
-	store   *Store
+	store   *Store // the file store, when Config.Backend is nil
+	backend Backend
 	metrics *metrics
 
 	mu      sync.RWMutex
 	journal *Journal
-	roots   []*Root  // in journal order
-	digest  [32]byte // of the journal as last written or read
+	roots   []*Root // in journal order
+	version string  // of the state as last written or read
 	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
 	subs    []chan struct{} // Subscribe
+	kick    chan struct{}   // Kick
 
-	// started is set once the first reconcile after New has restarted the
-	// publication lead of waiting roots: while the server was down, peers
-	// could not fetch them.
-	started bool
+	// served is when this process first published each root. The
+	// publication lead of a prepared root counts from when peers could
+	// fetch it; PublishedAt in the journal says when a trustbridge first
+	// served it, and served says whether this process can vouch that it
+	// has been served since.
+	//
+	// One process (file store): it served nothing while it was down, so
+	// after a restart a waiting root's lead starts again at the restart;
+	// served, set when the state is first loaded, is that instant, and
+	// the leader moves PublishedAt up to it.
+	//
+	// Several replicas behind one Service (Config.Leader): a peer's poll
+	// reaches any replica, and every replica serves the bundle of the
+	// shared state, reloaded through a watch moments after the leader
+	// writes. When leadership moves, the new leader moves PublishedAt up
+	// to when it itself began serving the root: for a replica that was
+	// following when the root was prepared that is the old PublishedAt
+	// plus the watch delay (the lead is kept); for one that started later,
+	// say after every replica was down, it is its own start, which covers
+	// any gap when nobody served the root. The lead is never shortened,
+	// at worst restarted.
+	served map[string]time.Time
 	// lastErr is the error of the last scheduled rotation check, for Ready.
 	lastErr error
 	// plugin is the plug-in material as last published, so signing never
@@ -156,8 +185,19 @@ func New(cfg Config) (*Authority, error) {
 	}
 	a := &Authority{
 		cfg:     cfg,
-		store:   NewStore(cfg.DataDir),
+		backend: cfg.Backend,
 		changes: make(chan struct{}, 1),
+		kick:    make(chan struct{}, 1),
+		served:  map[string]time.Time{},
+		// Until state is loaded (a follower before the leader created
+		// it) the bundle has no authorities: served by nobody, trusted
+		// by nobody.
+		bundle:  spiffebundle.New(cfg.TrustDomain),
+		journal: &Journal{TrustDomain: cfg.TrustDomain.Name()},
+	}
+	if a.backend == nil {
+		a.store = NewStore(cfg.DataDir)
+		a.backend = fileBackend{a.store}
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": cfg.TrustDomain.Name()}, cfg.Registerer)
 	m, err := newMetrics(reg, a.readinessGauge)
@@ -188,12 +228,12 @@ func (a *Authority) syncPlugin() error {
 		return err
 	}
 	defer unlock()
-	j, roots, err := a.store.Load(a.cfg.TrustDomain.Name())
+	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return err
 	}
 	if len(roots) > 0 {
-		return fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.store.Dir())
+		return fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
 	}
 	if j == nil {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
@@ -213,10 +253,11 @@ func (a *Authority) syncPlugin() error {
 		j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
 		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
 		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
-		if err := a.store.Save(j); err != nil {
+		if version, err = a.backend.Commit(version, j, nil); err != nil {
 			return err
 		}
 	}
+	a.version = version
 	a.plugin = m
 	a.roots = a.roots[:0]
 	for _, rec := range j.PluginRoots {
@@ -392,7 +433,10 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 		}
 	}
 	if m.Cert == nil {
-		return m, errors.New("ca: no active root")
+		if len(a.roots) == 0 && !a.leading() {
+			return m, fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, a.backend.Describe())
+		}
+		return m, fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
 	}
 	return m, nil
 }
@@ -402,6 +446,9 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 func (a *Authority) Rotate() error {
 	if a.cfg.Plugin != nil {
 		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
+	}
+	if !a.leading() {
+		return fmt.Errorf("ca: %w: only the leader rotates roots", ErrNotLeader)
 	}
 	return a.withStateLocked(func() error {
 		for _, r := range a.roots {
@@ -417,32 +464,81 @@ func (a *Authority) Rotate() error {
 	})
 }
 
-// withStateLocked runs f holding the state directory's exclusive lock and
-// a.mu, after picking up changes other processes made to the journal.
+// conflictAttempts bounds how often one change is decided again after
+// another writer got in first.
+const conflictAttempts = 2
+
+// withStateLocked runs f holding the state's exclusive lock and a.mu,
+// after picking up changes other processes made to it. When another writer
+// committed between the load and f's commit (ErrConflict), f's version is
+// dropped, never published, and f decides again on the reloaded state.
 func (a *Authority) withStateLocked(f func() error) error {
 	unlock, err := a.lockState()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := a.reloadIfChangedLocked(); err != nil {
-		return err
-	}
-	// f changes state in place before saving it; if the save fails, what
-	// is in memory must go back to what is on disk and published, or the
-	// CA would sign with a root nobody has seen.
-	journal, roots := a.journal.clone(), cloneRoots(a.roots)
-	if err := f(); err != nil {
+	for attempt := 0; ; attempt++ {
+		if err := a.reloadLocked(attempt > 0); err != nil {
+			return err
+		}
+		// f changes state in place before saving it; if the save fails,
+		// what is in memory must go back to what is stored and published,
+		// or the CA would sign with a root nobody has seen.
+		journal, roots := a.journal.clone(), cloneRoots(a.roots)
+		err := f()
+		if err == nil {
+			return nil
+		}
 		a.journal, a.roots = journal, roots
-		return err
+		if !errors.Is(err, ErrConflict) {
+			return err
+		}
+		a.cfg.Logger.Warn("CA state changed by another writer; reloading it and deciding again", logattr.Error, err)
+		if attempt+1 == conflictAttempts {
+			// Serve what the other writer committed, not this version.
+			if rerr := a.reloadLocked(true); rerr != nil {
+				return errors.Join(err, rerr)
+			}
+			return err
+		}
 	}
-	return nil
 }
 
-// lockState takes the state directory's exclusive lock, then a.mu; the
-// returned func releases both.
+// Reload picks up state another replica or process wrote and publishes
+// it, without changing anything. A watch on the shared state calls it (or
+// Kick) as soon as the leader writes.
+func (a *Authority) Reload() error {
+	if a.cfg.Plugin != nil {
+		return nil
+	}
+	unlock, err := a.lockState()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return a.reloadLocked(false)
+}
+
+// Kick makes Run check the state now instead of at its next scheduled
+// check: call it when the shared state changed (a watch) or when this
+// replica became the leader. It never blocks.
+func (a *Authority) Kick() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// leading reports whether this Authority may change the state.
+func (a *Authority) leading() bool {
+	return a.cfg.Leader == nil || a.cfg.Leader.IsLeader()
+}
+
+// lockState takes the state's exclusive lock, then a.mu; the returned
+// func releases both.
 func (a *Authority) lockState() (func(), error) {
-	unlock, err := a.store.Lock(true)
+	unlock, err := a.backend.Lock(true)
 	if err != nil {
 		return nil, err
 	}
@@ -475,22 +571,30 @@ func cloneRoots(roots []*Root) []*Root {
 }
 
 // Reconcile applies every rotation step due now and persists the result.
+// On a follower (Config.Leader says it does not lead) it only reloads the
+// state and publishes what it found.
 func (a *Authority) Reconcile() error {
+	if !a.leading() {
+		return a.Reload()
+	}
 	return a.withStateLocked(a.reconcileLocked)
 }
 
 func (a *Authority) reconcileLocked() error {
 	changed := false
-	now := a.cfg.Clock.Now()
 	for _, r := range a.roots {
-		// A root prepared by `ca rotate` is published by this commit; a
-		// root that waited while no server ran starts its lead again.
-		if r.State == StatePrepared && (r.PublishedAt.IsZero() || !a.started) {
-			r.PublishedAt = now
+		// A root prepared by `ca rotate` has no PublishedAt; one that
+		// waited while no server ran, or that this process began serving
+		// only later, starts its lead when this process began serving it
+		// (see served).
+		if r.State != StatePrepared {
+			continue
+		}
+		if s, ok := a.served[r.ID]; ok && s.After(r.PublishedAt) {
+			r.PublishedAt = s
 			changed = true
 		}
 	}
-	a.started = true
 	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
 		// The hint is part of the published document.
 		a.journal.Sequence++
@@ -565,9 +669,15 @@ func (a *Authority) Run(ctx context.Context) error {
 	}
 	arm()
 	c.Start()
-	<-ctx.Done()
-	<-c.Stop().Done()
-	return nil
+	for {
+		select {
+		case <-ctx.Done():
+			<-c.Stop().Done()
+			return nil
+		case <-a.kick:
+			job()
+		}
+	}
 }
 
 func (a *Authority) runPlugin(ctx context.Context) error {
@@ -611,37 +721,37 @@ func (a *Authority) timesLocked() []RootTimes {
 	return out
 }
 
-func (a *Authority) reloadIfChangedLocked() error {
-	if a.journal != nil {
-		d, err := a.store.JournalDigest()
-		if err == nil && d == a.digest {
+// reloadLocked loads the state if its version changed since it was last
+// read or written (always, with force) and publishes it.
+func (a *Authority) reloadLocked(force bool) error {
+	if !force && a.version != "" {
+		if v, err := a.backend.Version(); err == nil && v == a.version {
 			return nil
 		}
 	}
-	j, roots, err := a.store.Load(a.cfg.TrustDomain.Name())
+	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return err
 	}
-	if a.journal != nil && a.journal.Sequence > 0 {
+	if a.journal.Sequence > 0 {
 		// Once running, state never starts over: a vanished journal or a
 		// sequence going back means someone removed or replaced the
 		// state under us, and a new root would drop the ones peers use.
 		if j == nil {
-			return fmt.Errorf("ca: %s disappeared while the server was running; refusing to start a new CA over it (restore it, or restart on purpose)", a.store.journalPath())
+			return fmt.Errorf("ca: %s disappeared while the server was running; refusing to start a new CA over it (restore it, or restart on purpose)", a.backend.Describe())
 		}
 		if j.Sequence < a.journal.Sequence {
-			return fmt.Errorf("ca: %s went back from sequence %d to %d; refusing to publish an older state", a.store.journalPath(), a.journal.Sequence, j.Sequence)
+			return fmt.Errorf("ca: %s went back from sequence %d to %d; refusing to publish an older state", a.backend.Describe(), a.journal.Sequence, j.Sequence)
 		}
 	}
 	if j == nil {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	} else if len(j.PluginRoots) > 0 {
-		return fmt.Errorf("ca: %s was used with a plug-in CA (--ca-dir); starting a self-signed CA on it would drop those roots from the bundle at once; keep --ca-dir or use a fresh --data-dir", a.store.Dir())
-	} else if a.journal != nil {
-		a.cfg.Logger.Info("CA state changed on disk; reloaded", logattr.Sequence, j.Sequence)
+		return fmt.Errorf("ca: %s was used with a plug-in CA (--ca-dir); starting a self-signed CA on it would drop those roots from the bundle at once; keep --ca-dir or use a fresh --data-dir", a.backend.Describe())
+	} else if a.version != "" && version != a.version {
+		a.cfg.Logger.Info("CA state changed in "+a.backend.Describe()+"; reloaded", logattr.Sequence, j.Sequence)
 	}
-	a.journal, a.roots = j, roots
-	a.digest, _ = a.store.JournalDigest()
+	a.journal, a.roots, a.version = j, roots, version
 	a.publishLocked()
 	return nil
 }
@@ -688,10 +798,7 @@ func (a *Authority) newRootLocked(now time.Time, state RootState, why string) er
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
-	id, err := a.store.WriteRoot(cert, key)
-	if err != nil {
-		return err
-	}
+	id := cert.SerialNumber.Text(16)
 	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now}, Cert: cert, Key: key}
 	if state == StatePrepared {
 		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
@@ -723,14 +830,17 @@ func firstWord(s string) string {
 	return s
 }
 
-// commitLocked saves the journal, removes files of roots no longer in it,
-// and publishes the new bundle.
+// commitLocked persists the journal and the roots' material, and
+// publishes the new bundle. Only the leader writes: a replica that lost
+// leadership since it decided writes nothing (and the backend checks
+// again).
 func (a *Authority) commitLocked() error {
+	if !a.leading() {
+		return fmt.Errorf("ca: %w: not writing CA state to %s", ErrNotLeader, a.backend.Describe())
+	}
 	a.journal.Roots = a.journal.Roots[:0]
-	keep := map[string]bool{}
 	for _, r := range a.roots {
 		a.journal.Roots = append(a.journal.Roots, r.RootRecord)
-		keep[r.ID] = true
 	}
 	a.journal.Updated = a.cfg.Clock.Now()
 	if s := int64(a.cfg.MaxWorkloadTTL / time.Second); s > a.journal.MaxWorkloadTTLSeconds {
@@ -738,40 +848,42 @@ func (a *Authority) commitLocked() error {
 	}
 	st := a.settings()
 	a.journal.Settings = &st
-	if err := a.store.Save(a.journal); err != nil {
+	version, err := a.backend.Commit(a.version, a.journal, a.roots)
+	if err != nil {
 		return err
 	}
-	a.digest, _ = a.store.JournalDigest()
-	for _, name := range a.store.rootFiles() {
-		if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
-			// A temporary file left by a crash may hold a key copy.
-			_ = os.Remove(filepath.Join(a.store.Dir(), rootsDirName, name))
-			continue
-		}
-		id := trimRootSuffix(name)
-		if id != "" && !keep[id] {
-			if err := a.store.RemoveRootFiles(id); err != nil {
-				a.cfg.Logger.Warn("could not remove files of a removed root", logattr.RootID, id, logattr.Error, err)
-			}
+	a.version = version
+	for _, r := range a.roots {
+		// Roots this commit publishes were published when decided, in this
+		// critical section.
+		if _, ok := a.served[r.ID]; !ok && !r.PublishedAt.IsZero() {
+			a.served[r.ID] = r.PublishedAt
 		}
 	}
 	a.publishLocked()
 	return nil
 }
 
-func trimRootSuffix(name string) string {
-	for _, suf := range []string{".crt.pem", ".key.pem"} {
-		if len(name) > len(suf) && name[len(name)-len(suf):] == suf {
-			return name[:len(name)-len(suf)]
-		}
-	}
-	return ""
-}
-
 func (a *Authority) publishLocked() {
+	if len(a.roots) == 0 && a.cfg.Plugin == nil {
+		// No state yet (a follower before the leader wrote it): nothing
+		// to publish.
+		return
+	}
+	now := a.cfg.Clock.Now()
+	current := make(map[string]bool, len(a.roots))
 	certs := make([]*x509.Certificate, 0, len(a.roots))
 	for _, r := range a.roots {
 		certs = append(certs, r.Cert)
+		current[r.ID] = true
+		if _, ok := a.served[r.ID]; !ok {
+			a.served[r.ID] = now
+		}
+	}
+	for id := range a.served {
+		if !current[id] {
+			delete(a.served, id)
+		}
 	}
 	b := spiffebundle.FromX509Authorities(a.cfg.TrustDomain, certs)
 	b.SetSequenceNumber(a.journal.Sequence)

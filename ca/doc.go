@@ -21,6 +21,15 @@
 // overwritten. `trustbridge ca issue` and `ca rotate` share the directory
 // with a running server through an advisory lock.
 //
+// Config.Backend replaces the directory with another store of the same
+// state (ca/kubestore: a Kubernetes Secret), written with optimistic
+// concurrency: a writer that lost the race (ErrConflict) reloads and
+// decides again, never publishing its own version. With Config.Leader,
+// several replicas share one Backend: only the leader bootstraps, rotates
+// and writes; followers reload (Reload, or Kick from a watch), serve the
+// same bundle and sign with the same active root. A follower with no
+// state yet is not Ready and refuses to sign.
+//
 //	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: "./data"})
 //	if err != nil {
 //		return err

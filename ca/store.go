@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -160,57 +159,36 @@ func fingerprint(c *x509.Certificate) string {
 // journal, a journal that does not parse, or a root whose files are
 // missing or do not match the journal is refused with ErrCorruptState.
 func (s *Store) Load(td string) (*Journal, []*Root, error) {
+	j, roots, _, err := s.load(td)
+	return j, roots, err
+}
+
+// load is Load, with the version (digest) of the journal it read.
+func (s *Store) load(td string) (*Journal, []*Root, string, error) {
 	data, err := readCapped(s.journalPath(), maxJournal)
 	if errors.Is(err, fs.ErrNotExist) {
 		if leftovers := s.rootFiles(); len(leftovers) > 0 {
-			return nil, nil, s.wrap(corrupt("%s is missing but root files exist (%s); refusing to start over and orphan them",
+			return nil, nil, "", s.wrap(corrupt("%s is missing but root files exist (%s); refusing to start over and orphan them",
 				journalName, strings.Join(leftovers, ", ")))
 		}
-		return nil, nil, nil
+		return nil, nil, "", nil
 	}
 	if err != nil {
-		return nil, nil, s.wrap(err)
+		return nil, nil, "", s.wrap(err)
 	}
-	var j Journal
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		return nil, nil, s.wrap(corrupt("%s does not parse: %v", journalName, err))
-	}
-	if dec.More() {
-		return nil, nil, s.wrap(corrupt("%s has data after the journal", journalName))
-	}
-	if j.Format != journalFormat {
-		return nil, nil, s.wrap(corrupt("%s has format %d, this trustbridge reads %d", journalName, j.Format, journalFormat))
-	}
-	if td != "" && j.TrustDomain != td {
-		return nil, nil, s.wrap(fmt.Errorf("%w: it belongs to trust domain %q, not %q; use another --data-dir", ErrCorruptState, j.TrustDomain, td))
+	j, err := DecodeJournal(data, td)
+	if err != nil {
+		return nil, nil, "", s.wrap(err)
 	}
 	roots := make([]*Root, 0, len(j.Roots))
-	seen := map[string]bool{}
-	active := 0
-	for i, rec := range j.Roots {
-		if seen[rec.ID] || rec.ID == "" || strings.ContainsAny(rec.ID, `/\.`) {
-			return nil, nil, s.wrap(corrupt("%s: root %d has a missing, unsafe or duplicate id %q", journalName, i, rec.ID))
-		}
-		seen[rec.ID] = true
-		switch rec.State {
-		case StateActive:
-			active++
-		case StatePrepared, StateRetired:
-		default:
-			return nil, nil, s.wrap(corrupt("%s: root %s has unknown state %q", journalName, rec.ID, rec.State))
-		}
+	for _, rec := range j.Roots {
 		r, err := s.loadRoot(rec)
 		if err != nil {
-			return nil, nil, s.wrap(err)
+			return nil, nil, "", s.wrap(err)
 		}
 		roots = append(roots, r)
 	}
-	if active > 1 {
-		return nil, nil, s.wrap(corrupt("%s names %d active roots", journalName, active))
-	}
-	return &j, roots, nil
+	return j, roots, journalVersion(data), nil
 }
 
 // readCapped reads a file, refusing one larger than limit before reading
@@ -248,17 +226,6 @@ func (s *Store) loadRoot(rec RootRecord) (*Root, error) {
 	if err != nil {
 		return nil, corrupt("root %s: %v", rec.ID, err)
 	}
-	block, rest := pem.Decode(certPEM)
-	if block == nil || block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) > 0 {
-		return nil, corrupt("root %s: %s is not a single PEM certificate", rec.ID, s.certPath(rec.ID))
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return nil, corrupt("root %s: %v", rec.ID, err)
-	}
-	if fingerprint(cert) != rec.CertSHA256 {
-		return nil, corrupt("root %s: certificate does not match the fingerprint in %s", rec.ID, journalName)
-	}
 	info, err := os.Stat(s.keyPath(rec.ID))
 	if err != nil {
 		return nil, corrupt("root %s: %v", rec.ID, err)
@@ -270,14 +237,11 @@ func (s *Store) loadRoot(rec RootRecord) (*Root, error) {
 	if err != nil {
 		return nil, corrupt("root %s: %v", rec.ID, err)
 	}
-	key, err := parsePrivateKeyPEM(keyPEM)
+	r, err := DecodeRoot(rec, certPEM, keyPEM)
 	if err != nil {
-		return nil, corrupt("root %s: %s: %v", rec.ID, s.keyPath(rec.ID), err)
+		return nil, fmt.Errorf("%w (files in %s)", err, filepath.Join(s.dir, rootsDirName))
 	}
-	if !publicKeysMatch(key.Public(), cert.PublicKey) {
-		return nil, corrupt("root %s: private key does not match the certificate", rec.ID)
-	}
-	return &Root{RootRecord: rec, Cert: cert, Key: key}, nil
+	return r, nil
 }
 
 // WriteRoot writes a new root's key (0600) and certificate. It must be
@@ -314,28 +278,26 @@ func (s *Store) RemoveRootFiles(id string) error {
 
 // Save writes the journal atomically.
 func (s *Store) Save(j *Journal) error {
-	if s.saveErr != nil {
-		return s.wrap(s.saveErr)
-	}
-	if err := s.ensureDirs(); err != nil {
-		return s.wrap(err)
-	}
-	j.Format = journalFormat
-	if len(j.Events) > maxJournalNotes {
-		j.Events = j.Events[len(j.Events)-maxJournalNotes:]
-	}
-	data, err := json.MarshalIndent(j, "", "  ")
-	if err != nil {
-		return s.wrap(err)
-	}
-	return s.wrapNil(atomicfile.Write(s.journalPath(), append(data, '\n'), 0o600))
+	_, err := s.save(j)
+	return err
 }
 
-func (s *Store) wrapNil(err error) error {
-	if err == nil {
-		return nil
+// save is Save, returning the bytes written.
+func (s *Store) save(j *Journal) ([]byte, error) {
+	if s.saveErr != nil {
+		return nil, s.wrap(s.saveErr)
 	}
-	return s.wrap(err)
+	if err := s.ensureDirs(); err != nil {
+		return nil, s.wrap(err)
+	}
+	data, err := EncodeJournal(j)
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	if err := atomicfile.Write(s.journalPath(), data, 0o600); err != nil {
+		return nil, s.wrap(err)
+	}
+	return data, nil
 }
 
 // JournalDigest identifies the journal's current content, so a running

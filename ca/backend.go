@@ -1,0 +1,292 @@
+package ca
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Sentinel errors of shared CA state.
+var (
+	// ErrConflict: another writer changed the CA state since this one read
+	// it. Nothing was written; the writer reloads and decides again.
+	ErrConflict = errors.New("CA state changed by another writer")
+	// ErrNotLeader: this replica does not hold leadership, so it does not
+	// change the CA state.
+	ErrNotLeader = errors.New("not the leader")
+)
+
+// Backend keeps the CA state: the journal and the material of every root
+// it names. The file store in --data-dir is the default; ca/kubestore keeps
+// it in a Kubernetes Secret.
+type Backend interface {
+	// Load reads the journal and every root it names, refusing a journal
+	// of another trust domain than td (any, when td is empty), and returns
+	// the version they were read at. No state yet is (nil, nil, "", nil).
+	// State that does not parse or check out is ErrCorruptState.
+	Load(td string) (j *Journal, roots []*Root, version string, err error)
+	// Commit persists j together with the material of exactly roots (the
+	// roots j names), all or nothing, if the state is still at version
+	// base ("" for none); otherwise it writes nothing and returns an error
+	// wrapping ErrConflict. It returns the new version.
+	Commit(base string, j *Journal, roots []*Root) (version string, err error)
+	// Version is the state's current version, "" when there is none; a
+	// change means another writer committed.
+	Version() (string, error)
+	// Lock serializes readers and writers sharing the state where the
+	// backend can (the file store's flock); the func releases it.
+	Lock(exclusive bool) (unlock func(), err error)
+	// Describe names where the state lives, for messages.
+	Describe() string
+}
+
+// Leader says whether this replica leads. Only the leader changes the CA
+// state; see Config.Leader.
+type Leader interface {
+	IsLeader() bool
+}
+
+// LeaderFunc adapts a function to Leader.
+type LeaderFunc func() bool
+
+// IsLeader calls f.
+func (f LeaderFunc) IsLeader() bool { return f() }
+
+// MaxJournalSize bounds an encoded journal; larger ones are refused as
+// corrupt.
+const MaxJournalSize = maxJournal
+
+// JournalKey names the journal inside a state store that holds named
+// blobs (files, Secret keys); RootCertKey and RootKeyKey name a root's
+// material.
+const JournalKey = journalName
+
+// RootCertKey is the name of root id's certificate.
+func RootCertKey(id string) string { return id + ".crt.pem" }
+
+// RootKeyKey is the name of root id's private key.
+func RootKeyKey(id string) string { return id + ".key.pem" }
+
+// EncodeJournal bounds j's event history, sets its format and returns the
+// JSON written to the state store.
+func EncodeJournal(j *Journal) ([]byte, error) {
+	j.Format = journalFormat
+	if len(j.Events) > maxJournalNotes {
+		j.Events = j.Events[len(j.Events)-maxJournalNotes:]
+	}
+	data, err := json.MarshalIndent(j, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	data = append(data, '\n')
+	if len(data) > maxJournal {
+		return nil, fmt.Errorf("journal of %d bytes is larger than the %d a load reads", len(data), maxJournal)
+	}
+	return data, nil
+}
+
+// DecodeJournal parses a journal and checks it: its format, its trust
+// domain (any, when td is empty), unique and safe root ids, known states
+// and at most one active root. Every refusal wraps ErrCorruptState.
+func DecodeJournal(data []byte, td string) (*Journal, error) {
+	if len(data) > maxJournal {
+		return nil, corrupt("%s is larger than %d bytes", journalName, maxJournal)
+	}
+	var j Journal
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return nil, corrupt("%s does not parse: %v", journalName, err)
+	}
+	if dec.More() {
+		return nil, corrupt("%s has data after the journal", journalName)
+	}
+	if j.Format != journalFormat {
+		return nil, corrupt("%s has format %d, this trustbridge reads %d", journalName, j.Format, journalFormat)
+	}
+	if td != "" && j.TrustDomain != td {
+		return nil, fmt.Errorf("%w: it belongs to trust domain %q, not %q; use another --data-dir", ErrCorruptState, j.TrustDomain, td)
+	}
+	seen := map[string]bool{}
+	active := 0
+	for i, rec := range j.Roots {
+		if seen[rec.ID] || !safeRootID(rec.ID) {
+			return nil, corrupt("%s: root %d has a missing, unsafe or duplicate id %q", journalName, i, rec.ID)
+		}
+		seen[rec.ID] = true
+		switch rec.State {
+		case StateActive:
+			active++
+		case StatePrepared, StateRetired:
+		default:
+			return nil, corrupt("%s: root %s has unknown state %q", journalName, rec.ID, rec.State)
+		}
+	}
+	if active > 1 {
+		return nil, corrupt("%s names %d active roots", journalName, active)
+	}
+	return &j, nil
+}
+
+// safeRootID accepts ids that are safe as file names and Secret keys:
+// root ids are hex serial numbers.
+func safeRootID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// EncodeRoot returns r's certificate and PKCS#8 private key as PEM.
+func EncodeRoot(r *Root) (certPEM, keyPEM []byte, err error) {
+	if r.Cert == nil || r.Key == nil {
+		return nil, nil, fmt.Errorf("root %s has no certificate or no key", r.ID)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(r.Key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("root %s: %w", r.ID, err)
+	}
+	return pemCert(r.Cert), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// DecodeRoot parses the material of the root rec names and checks it: one
+// PEM certificate whose fingerprint is the journal's, and a private key
+// that matches it. Every refusal wraps ErrCorruptState and never quotes
+// the key.
+func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
+	block, rest := pem.Decode(certPEM)
+	if block == nil || block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) > 0 {
+		return nil, corrupt("root %s: certificate is not a single PEM certificate", rec.ID)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, corrupt("root %s: %v", rec.ID, err)
+	}
+	if fingerprint(cert) != rec.CertSHA256 {
+		return nil, corrupt("root %s: certificate does not match the fingerprint in %s", rec.ID, journalName)
+	}
+	key, err := parsePrivateKeyPEM(keyPEM)
+	if err != nil {
+		return nil, corrupt("root %s: private key: %v", rec.ID, err)
+	}
+	if !publicKeysMatch(key.Public(), cert.PublicKey) {
+		return nil, corrupt("root %s: private key does not match the certificate", rec.ID)
+	}
+	return &Root{RootRecord: rec, Cert: cert, Key: key}, nil
+}
+
+// checkCommit refuses to persist a journal whose roots are not exactly
+// the ones given with material.
+func checkCommit(j *Journal, roots []*Root) error {
+	if len(j.Roots) != len(roots) {
+		return fmt.Errorf("journal names %d roots, %d given", len(j.Roots), len(roots))
+	}
+	for i, rec := range j.Roots {
+		if roots[i].ID != rec.ID {
+			return fmt.Errorf("journal root %d is %s, material is for %s", i, rec.ID, roots[i].ID)
+		}
+		if !safeRootID(rec.ID) {
+			return fmt.Errorf("unsafe root id %q", rec.ID)
+		}
+	}
+	return nil
+}
+
+// fileBackend is the Backend of the data directory: Store, with the
+// journal's digest as version.
+type fileBackend struct{ s *Store }
+
+func (b fileBackend) Load(td string) (*Journal, []*Root, string, error) { return b.s.load(td) }
+func (b fileBackend) Lock(exclusive bool) (func(), error)               { return b.s.Lock(exclusive) }
+func (b fileBackend) Describe() string                                  { return b.s.journalPath() }
+
+func (b fileBackend) Version() (string, error) {
+	data, err := readCapped(b.s.journalPath(), maxJournal)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", b.s.wrap(err)
+	}
+	return journalVersion(data), nil
+}
+
+func journalVersion(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// Commit writes the key and certificate files of roots not yet on disk,
+// each atomically, then the journal, the commit point; then it removes
+// files of roots the journal no longer names and temporary files a crash
+// left (they may hold a key copy). The caller holds the exclusive lock, so
+// a version other than base means a writer that does not take it.
+func (b fileBackend) Commit(base string, j *Journal, roots []*Root) (string, error) {
+	s := b.s
+	if err := checkCommit(j, roots); err != nil {
+		return "", s.wrap(err)
+	}
+	cur, err := b.Version()
+	if err != nil {
+		return "", err
+	}
+	if cur != base {
+		return "", s.wrap(fmt.Errorf("%w: %s changed since it was read", ErrConflict, journalName))
+	}
+	keep := map[string]bool{}
+	for _, r := range roots {
+		keep[r.ID] = true
+		if fileExists(s.certPath(r.ID)) && fileExists(s.keyPath(r.ID)) {
+			continue
+		}
+		id, err := s.WriteRoot(r.Cert, r.Key)
+		if err != nil {
+			return "", err
+		}
+		if id != r.ID {
+			return "", s.wrap(fmt.Errorf("root %s: certificate serial names it %s", r.ID, id))
+		}
+	}
+	data, err := s.save(j)
+	if err != nil {
+		return "", err
+	}
+	for _, name := range s.rootFiles() {
+		if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
+			_ = os.Remove(filepath.Join(s.Dir(), rootsDirName, name))
+			continue
+		}
+		if id := trimRootSuffix(name); id != "" && !keep[id] {
+			_ = s.RemoveRootFiles(id)
+		}
+	}
+	return journalVersion(data), nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func trimRootSuffix(name string) string {
+	for _, suf := range []string{".crt.pem", ".key.pem"} {
+		if len(name) > len(suf) && strings.HasSuffix(name, suf) {
+			return name[:len(name)-len(suf)]
+		}
+	}
+	return ""
+}

@@ -1,0 +1,319 @@
+package kubestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/trustbridge/trustbridge/ca"
+)
+
+// Defaults and limits.
+const (
+	DefaultName    = "trustbridge-ca"
+	DefaultTimeout = 10 * time.Second
+	// MaxSecretSize bounds what Load accepts: the API server's own limit
+	// for a Secret.
+	MaxSecretSize = 1 << 20
+	// ManagedByLabel marks the Secrets trustbridge writes.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	managedBy      = "trustbridge"
+)
+
+// Config configures a Store. Zero fields take defaults.
+type Config struct {
+	Client    kubernetes.Interface
+	Namespace string
+	// Name of the Secret; default trustbridge-ca.
+	Name string
+	// Leader fences writes: while it does not lead, Commit refuses with
+	// ca.ErrNotLeader. nil means always the leader (a single replica).
+	Leader ca.Leader
+	// Timeout bounds each API call.
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Store is a ca.Backend on one Secret.
+type Store struct {
+	cfg Config
+	mu  sync.RWMutex // Lock: this process's readers and writers
+}
+
+var _ ca.Backend = (*Store)(nil)
+
+// New checks cfg; it makes no API call.
+func New(cfg Config) (*Store, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("kubestore: a Kubernetes client is required")
+	}
+	if cfg.Namespace == "" {
+		return nil, errors.New("kubestore: a namespace is required")
+	}
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{cfg: cfg}, nil
+}
+
+// Describe names the Secret.
+func (s *Store) Describe() string { return "Secret " + s.cfg.Namespace + "/" + s.cfg.Name }
+
+func (s *Store) wrap(err error) error { return fmt.Errorf("kubestore: %s: %w", s.Describe(), err) }
+
+func corrupt(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ca.ErrCorruptState}, a...)...)
+}
+
+// Lock serializes this process's users of the Store; other replicas are
+// kept apart by the leader fence and optimistic concurrency.
+func (s *Store) Lock(exclusive bool) (func(), error) {
+	if exclusive {
+		s.mu.Lock()
+		return s.mu.Unlock, nil
+	}
+	s.mu.RLock()
+	return s.mu.RUnlock, nil
+}
+
+func (s *Store) get() (*corev1.Secret, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	sec, err := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace).Get(ctx, s.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	return sec, nil
+}
+
+// Version is the Secret's resourceVersion, "" when there is none.
+func (s *Store) Version() (string, error) {
+	sec, err := s.get()
+	if err != nil || sec == nil {
+		return "", err
+	}
+	return sec.ResourceVersion, nil
+}
+
+// Load reads and checks the state. A missing Secret, or one without data
+// (created empty by an operator), is no state.
+func (s *Store) Load(td string) (*ca.Journal, []*ca.Root, string, error) {
+	sec, err := s.get()
+	if err != nil || sec == nil {
+		return nil, nil, "", err
+	}
+	j, roots, err := decode(sec, td)
+	if err != nil {
+		return nil, nil, "", s.wrap(err)
+	}
+	return j, roots, sec.ResourceVersion, nil
+}
+
+// decode checks a Secret and parses the state in it.
+func decode(sec *corev1.Secret, td string) (*ca.Journal, []*ca.Root, error) {
+	if sec.Type != "" && sec.Type != corev1.SecretTypeOpaque {
+		return nil, nil, corrupt("type is %q, not %q", sec.Type, corev1.SecretTypeOpaque)
+	}
+	size := 0
+	for k, v := range sec.Data {
+		size += len(k) + len(v)
+	}
+	for k, v := range sec.StringData {
+		size += len(k) + len(v)
+	}
+	if size > MaxSecretSize {
+		return nil, nil, corrupt("%d bytes of data, more than %d", size, MaxSecretSize)
+	}
+	if len(sec.Data) == 0 {
+		return nil, nil, nil
+	}
+	data, ok := sec.Data[ca.JournalKey]
+	if !ok {
+		return nil, nil, corrupt("%s is missing but %s exist; refusing to start over and orphan them", ca.JournalKey, strings.Join(sortedKeys(sec.Data), ", "))
+	}
+	j, err := ca.DecodeJournal(data, td)
+	if err != nil {
+		return nil, nil, err
+	}
+	named := map[string]bool{ca.JournalKey: true}
+	roots := make([]*ca.Root, 0, len(j.Roots))
+	for _, rec := range j.Roots {
+		ck, kk := ca.RootCertKey(rec.ID), ca.RootKeyKey(rec.ID)
+		named[ck], named[kk] = true, true
+		certPEM, ok1 := sec.Data[ck]
+		keyPEM, ok2 := sec.Data[kk]
+		if !ok1 || !ok2 {
+			return nil, nil, corrupt("root %s: %s or %s is missing", rec.ID, ck, kk)
+		}
+		r, err := ca.DecodeRoot(rec, certPEM, keyPEM)
+		if err != nil {
+			return nil, nil, err
+		}
+		roots = append(roots, r)
+	}
+	for _, k := range sortedKeys(sec.Data) {
+		if !named[k] {
+			// Commits replace the whole state at once, so nothing is ever
+			// left over: someone else edited the Secret.
+			return nil, nil, corrupt("key %q is not part of the CA state", k)
+		}
+	}
+	return j, roots, nil
+}
+
+func sortedKeys(m map[string][]byte) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Commit writes the whole state if the Secret is still at version base.
+func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, error) {
+	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
+		return "", s.wrap(fmt.Errorf("%w: refusing to write", ca.ErrNotLeader))
+	}
+	if len(j.Roots) != len(roots) {
+		return "", s.wrap(fmt.Errorf("journal names %d roots, %d given", len(j.Roots), len(roots)))
+	}
+	data := make(map[string][]byte, 1+2*len(roots))
+	jb, err := ca.EncodeJournal(j)
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	data[ca.JournalKey] = jb
+	size := len(jb)
+	for i, r := range roots {
+		if r.ID != j.Roots[i].ID {
+			return "", s.wrap(fmt.Errorf("journal root %d is %s, material is for %s", i, j.Roots[i].ID, r.ID))
+		}
+		certPEM, keyPEM, err := ca.EncodeRoot(r)
+		if err != nil {
+			return "", s.wrap(err)
+		}
+		data[ca.RootCertKey(r.ID)], data[ca.RootKeyKey(r.ID)] = certPEM, keyPEM
+		size += len(certPEM) + len(keyPEM)
+	}
+	if size > MaxSecretSize {
+		return "", s.wrap(fmt.Errorf("state of %d bytes is more than a Secret holds (%d)", size, MaxSecretSize))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
+	if base == "" {
+		sec := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: s.cfg.Name, Namespace: s.cfg.Namespace, Labels: map[string]string{ManagedByLabel: managedBy}},
+			Type:       corev1.SecretTypeOpaque,
+			Data:       data,
+		}
+		created, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return "", s.wrap(fmt.Errorf("%w: created by another writer", ca.ErrConflict))
+		}
+		if err != nil {
+			return "", s.wrap(err)
+		}
+		return created.ResourceVersion, nil
+	}
+	// Read-modify-write on the object as it stands, so labels and
+	// annotations others set survive; the resourceVersion check makes the
+	// whole of it atomic.
+	cur, err := secrets.Get(ctx, s.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", s.wrap(fmt.Errorf("%w: deleted since it was read", ca.ErrConflict))
+	}
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	if cur.ResourceVersion != base {
+		return "", s.wrap(fmt.Errorf("%w: resourceVersion %s, read at %s", ca.ErrConflict, cur.ResourceVersion, base))
+	}
+	cur.Data, cur.StringData = data, nil
+	if cur.Labels == nil {
+		cur.Labels = map[string]string{}
+	}
+	cur.Labels[ManagedByLabel] = managedBy
+	updated, err := secrets.Update(ctx, cur, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return "", s.wrap(fmt.Errorf("%w: %v", ca.ErrConflict, err))
+	}
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	return updated.ResourceVersion, nil
+}
+
+// Watch calls onChange whenever the Secret is created, changed or
+// deleted, and once when the watch starts, until ctx is done. Followers
+// pass their Authority's Kick, so they reload as soon as the leader
+// writes. The watch's cache keeps no key material: only metadata.
+func (s *Store) Watch(ctx context.Context, onChange func()) error {
+	sel := fields.OneTermEqualSelector("metadata.name", s.cfg.Name).String()
+	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return secrets.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return secrets.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Secret{}, 0, cache.Indexers{})
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if sec, ok := obj.(*corev1.Secret); ok {
+			meta := sec.ObjectMeta
+			return &corev1.Secret{ObjectMeta: meta, Type: sec.Type}, nil
+		}
+		return obj, nil
+	}); err != nil {
+		return s.wrap(err)
+	}
+	changed := func(event string) {
+		s.cfg.Logger.Debug("CA state Secret changed", "event", event, "secret", s.cfg.Namespace+"/"+s.cfg.Name)
+		onChange()
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { changed("add") },
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Secret)
+			n, ok2 := newObj.(*corev1.Secret)
+			if ok1 && ok2 && o.ResourceVersion == n.ResourceVersion {
+				return // a relist, nothing new
+			}
+			changed("update")
+		},
+		DeleteFunc: func(any) { changed("delete") },
+	}); err != nil {
+		return s.wrap(err)
+	}
+	onChange()
+	inf.RunWithContext(ctx)
+	return nil
+}
