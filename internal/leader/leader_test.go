@@ -1,0 +1,172 @@
+package leader
+
+import (
+	"context"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+// Short timings: failover within about a lease duration.
+const (
+	lease = 3 * time.Second
+	renew = 2 * time.Second
+	retry = 200 * time.Millisecond
+)
+
+type replica struct {
+	el      *Elector
+	reg     *prometheus.Registry
+	cancel  context.CancelFunc
+	done    chan error
+	leading atomic.Bool // lead is running
+	leads   atomic.Int32
+}
+
+func start(t *testing.T, env *kubetest.Env, ns, id string) *replica {
+	t.Helper()
+	r := &replica{reg: prometheus.NewRegistry(), done: make(chan error, 1)}
+	el, err := New(Config{Client: env.Client, Namespace: ns, Identity: id,
+		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry, Registerer: r.reg})
+	require.NoError(t, err)
+	r.el = el
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() {
+		r.done <- el.Run(ctx, func(ctx context.Context) error {
+			r.leads.Add(1)
+			r.leading.Store(true)
+			<-ctx.Done()
+			r.leading.Store(false)
+			return nil
+		})
+	}()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *replica) stop() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+	r.cancel = nil
+}
+
+func TestOneLeaderAndFailover(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	a := start(t, env, ns, "a")
+	b := start(t, env, ns, "b")
+
+	var first, second *replica
+	require.Eventually(t, func() bool { return a.el.IsLeader() || b.el.IsLeader() }, 20*time.Second, 20*time.Millisecond)
+	if a.el.IsLeader() {
+		first, second = a, b
+	} else {
+		first, second = b, a
+	}
+	require.Eventually(t, first.leading.Load, 5*time.Second, 10*time.Millisecond)
+	// One leader, held over several renewals.
+	for range 10 {
+		assert.False(t, second.el.IsLeader())
+		assert.False(t, second.leading.Load())
+		time.Sleep(retry) // observing that nothing changes over time
+	}
+	assert.True(t, first.el.IsLeader())
+	assert.Equal(t, 1.0, testutil.ToFloat64(first.el.gauge))
+	assert.Equal(t, 0.0, testutil.ToFloat64(second.el.gauge))
+
+	// The leader stops: it releases the Lease and the other takes over
+	// within about a lease duration.
+	stopped := time.Now()
+	first.stop()
+	assert.False(t, first.el.IsLeader(), "false at once after losing")
+	assert.False(t, first.leading.Load(), "lead returned before Run")
+	require.Eventually(t, second.el.IsLeader, lease+2*time.Second, 20*time.Millisecond)
+	require.Eventually(t, second.leading.Load, time.Second, 10*time.Millisecond)
+	assert.Less(t, time.Since(stopped), lease+2*time.Second)
+	assert.Equal(t, 0.0, testutil.ToFloat64(first.el.gauge))
+	assert.Equal(t, 1.0, testutil.ToFloat64(second.el.gauge))
+}
+
+// TestLeaseTakenOverStopsLead: another holder takes the Lease (as after a
+// network partition): the leader's renewals fail, IsLeader turns false
+// within the renew deadline, its lead ends, and it campaigns again and
+// leads once the other holder lets the Lease expire.
+func TestLeaseTakenOverStopsLead(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	a := start(t, env, ns, "a")
+	require.Eventually(t, a.el.IsLeader, 20*time.Second, 20*time.Millisecond)
+	require.Eventually(t, a.leading.Load, 5*time.Second, 10*time.Millisecond)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	intruderDone := make(chan struct{})
+	go func() {
+		defer close(intruderDone)
+		for ctx.Err() == nil {
+			l, err := env.Client.CoordinationV1().Leases(ns).Get(ctx, DefaultName, metav1.GetOptions{})
+			if err == nil {
+				holder, now := "intruder", metav1.NewMicroTime(time.Now())
+				secs := int32(lease / time.Second)
+				l.Spec.HolderIdentity, l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &holder, &now, &secs
+				_, _ = env.Client.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(retry / 2):
+			}
+		}
+	}()
+	lost := time.Now()
+	require.Eventually(t, func() bool { return !a.el.IsLeader() }, renew+time.Second, 10*time.Millisecond)
+	assert.Less(t, time.Since(lost), renew+retry+500*time.Millisecond, "IsLeader turns false by the renew deadline")
+	require.Eventually(t, func() bool { return !a.leading.Load() }, 2*time.Second, 10*time.Millisecond, "lead cancelled")
+	leads := a.leads.Load()
+
+	cancel()
+	<-intruderDone
+	require.Eventually(t, a.el.IsLeader, lease+5*time.Second, 20*time.Millisecond, "campaigns again after a loss")
+	require.Eventually(t, func() bool { return a.leads.Load() > leads }, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestNewChecksConfig(t *testing.T) {
+	cs := fake.NewClientset()
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no client", Config{Namespace: "x"}, "client is required"},
+		{"no namespace", Config{Client: cs}, "namespace is required"},
+		{"lease not longer than renew", Config{Client: cs, Namespace: "x", LeaseDuration: time.Second, RenewDeadline: time.Second}, "must be longer than the renew deadline"},
+		{"renew too short for retry", Config{Client: cs, Namespace: "x", RenewDeadline: time.Second, RetryPeriod: time.Second}, "retry periods"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.cfg)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+	e, err := New(Config{Client: cs, Namespace: "x"})
+	require.NoError(t, err)
+	assert.NotEmpty(t, e.Identity())
+	assert.False(t, e.IsLeader())
+	e2, err := New(Config{Client: cs, Namespace: "x"})
+	require.NoError(t, err)
+	assert.NotEqual(t, e.Identity(), e2.Identity(), "identities are unique per process")
+}
