@@ -33,6 +33,19 @@ const (
 	maxLKGFileSize = bundledoc.DefaultMaxSize + 64<<10
 )
 
+// LastKnownGood persists the last known good bundle of each federated
+// trust domain. LKGStore keeps them in files under --data-dir;
+// federation/kubelkg keeps them in ConfigMaps shared by replicas.
+type LastKnownGood interface {
+	// Load returns td's entry, or (nil, nil) when there is none. An entry
+	// that cannot be read or checked is an error, never silently dropped.
+	Load(td spiffeid.TrustDomain) (*LKGEntry, error)
+	// Save replaces td's entry.
+	Save(e LKGEntry) error
+}
+
+var _ LastKnownGood = (*LKGStore)(nil)
+
 // LKGStore persists the last known good bundle of each federated trust
 // domain under <data-dir>/federation, one file per trust domain, so that a
 // restart with every remote endpoint down still trusts what it trusted

@@ -52,7 +52,7 @@ type PollerConfig struct {
 	Fetcher   FetcherConfig // Roots is set by the poller: it authenticates https_spiffe servers with what it holds
 	Policy    RefreshPolicy // server-wide clamps
 	// LKG persists accepted bundles; nil keeps them in memory only.
-	LKG  *LKGStore
+	LKG  LastKnownGood
 	Sink Sink
 	// OtherRoots supplies roots for endpoint SPIFFE IDs of trust domains
 	// this poller does not fetch itself (an endpoint served by a hub).
@@ -168,8 +168,14 @@ func SourceName(td spiffeid.TrustDomain) string { return "federation:" + td.Name
 
 // LoadLastKnownGood restores every endpoint's last good bundle (else its
 // bootstrap bundle) into the sink before the first poll, so a restart
-// with every remote down keeps trust. A corrupt file is reported, not
+// with every remote down keeps trust. A corrupt entry is reported, not
 // fatal: that endpoint starts from its bootstrap bundle.
+//
+// It may be called again at any time: replicas that do not poll (followers
+// of the leader that does) call it when the shared store changes. A bundle
+// already held is replaced only by a stored one Accept takes as newer or
+// changed; an older one (a sequence going back) is skipped, so trust never
+// goes backwards.
 func (p *Poller) LoadLastKnownGood() []error {
 	var errs []error
 	p.mu.Lock()
@@ -181,23 +187,62 @@ func (p *Poller) LoadLastKnownGood() []error {
 			if err != nil {
 				errs = append(errs, err)
 			} else if e != nil {
-				st.held, st.fromLKG, st.etag = e.Bundle, true, e.ETag
-				if e.EndpointURL != st.ep.URL.String() {
-					// An entity tag only means something for the URL that sent it.
-					st.etag = ""
+				if err := p.restoreLocked(st, e); err != nil {
+					errs = append(errs, err)
 				}
-				p.cfg.Sink.Set(SourceName(td), e.Bundle)
-				p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
-					logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
 				continue
 			}
 		}
-		if st.ep.BootstrapBundle != nil {
+		if st.held == nil && st.ep.BootstrapBundle != nil {
 			st.held = st.ep.BootstrapBundle
 			p.cfg.Sink.Set(SourceName(td), st.ep.BootstrapBundle)
 		}
 	}
 	return errs
+}
+
+// LoadLastKnownGoodFor is LoadLastKnownGood for one trust domain, for a
+// watch that says which entry changed. A trust domain this poller does not
+// federate is ignored: its entry adds no trust here.
+func (p *Poller) LoadLastKnownGoodFor(td spiffeid.TrustDomain) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st, ok := p.states[td]
+	if !ok || p.cfg.LKG == nil {
+		return nil
+	}
+	e, err := p.cfg.LKG.Load(td)
+	if err != nil || e == nil {
+		return err
+	}
+	return p.restoreLocked(st, e)
+}
+
+// restoreLocked takes a stored entry for st, unless what st holds (other
+// than its bootstrap bundle, which any stored bundle supersedes) is the
+// same or newer.
+func (p *Poller) restoreLocked(st *endpointState, e *LKGEntry) error {
+	td := st.ep.TrustDomain
+	if st.held != nil && st.held != st.ep.BootstrapBundle {
+		dec, err := Accept(st.held, e.Bundle, p.cfg.AllowEmpty)
+		switch {
+		case errors.Is(err, ErrSequenceRegression):
+			return nil // the held bundle is newer; keep it
+		case err != nil:
+			return fmt.Errorf("federation: last-known-good for %q not taken, keeping sequence %s: %w", td.Name(), seqString(st.held), err)
+		case dec == DecisionUnchanged:
+			return nil
+		}
+	}
+	st.held, st.fromLKG, st.etag = e.Bundle, true, e.ETag
+	if e.EndpointURL != st.ep.URL.String() {
+		// An entity tag only means something for the URL that sent it.
+		st.etag = ""
+	}
+	p.cfg.Sink.Set(SourceName(td), e.Bundle)
+	p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
+		logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
+	return nil
 }
 
 // x509BundleFor gives the roots that authenticate an https_spiffe server
@@ -225,7 +270,9 @@ func (p *Poller) x509BundleFor(td spiffeid.TrustDomain) (*x509bundle.Bundle, boo
 }
 
 // Run polls every endpoint until ctx is done; each trust domain has its
-// own cron entry, so a slow or dead endpoint never delays another.
+// own cron entry, so a slow or dead endpoint never delays another. Run may
+// be called again after it returned (a replica that leads again), not
+// while it runs.
 func (p *Poller) Run(ctx context.Context) error {
 	c := cron.New(cron.WithLocation(time.UTC))
 	p.mu.Lock()
@@ -234,6 +281,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	now := p.cfg.Now()
 	for _, td := range p.order {
 		st := p.states[td]
+		st.entry = 0  // an entry of an earlier Run's cron
 		st.next = now // first poll at once
 		p.scheduleLocked(st)
 	}
@@ -241,6 +289,14 @@ func (p *Poller) Run(ctx context.Context) error {
 	c.Start()
 	<-ctx.Done()
 	<-c.Stop().Done()
+	p.mu.Lock()
+	if p.cron == c {
+		p.cron = nil
+		for _, st := range p.states {
+			st.entry = 0
+		}
+	}
+	p.mu.Unlock()
 	return nil
 }
 
