@@ -2,13 +2,16 @@ package ca
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
-	"net/url"
+	"net/netip"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -18,21 +21,87 @@ import (
 // renewRetry is how soon a failed renewal is tried again.
 const renewRetry = 10 * time.Second
 
+// MaxServingDNSNames bounds WithDNSNames. A listener answers to a handful
+// of service names; dozens point at a configuration mistake, and every name
+// is sent in every handshake.
+const MaxServingDNSNames = 32
+
+// maxDNSNameLen is RFC 1035 §2.3.4's 255 octets on the wire, which is 253
+// characters in text form without the trailing dot.
+const maxDNSNameLen = 253
+
 // ServingCert keeps an X509-SVID for one of trustbridge's own identities
-// (the https_spiffe bundle endpoint, later the gRPC listener), signed by
+// (the https_spiffe bundle endpoint, the certificate service), signed by
 // this CA and renewed at half its lifetime, for tls.Config.GetCertificate:
 // rotation never needs a restart.
 type ServingCert struct {
-	a   *Authority
-	id  spiffeid.ID
-	ttl time.Duration
-	cur atomic.Pointer[tls.Certificate]
+	a        *Authority
+	id       spiffeid.ID
+	dnsNames []string
+	ttl      time.Duration
+	cur      atomic.Pointer[tls.Certificate]
+}
+
+// ServingCertOption configures ServingCert. The set is sealed: only this
+// package provides options.
+type ServingCertOption interface {
+	applyServing(*servingOptions) error
+}
+
+type servingOptions struct {
+	dnsNames    []string
+	dnsNamesSet bool
+}
+
+type servingOptionFunc func(*servingOptions) error
+
+func (f servingOptionFunc) applyServing(o *servingOptions) error { return f(o) }
+
+// WithDNSNames adds DNS SANs to the serving certificate, next to its SPIFFE
+// ID, for clients that verify the server by host name (Istio agents dial
+// istiod.istio-system.svc). X509-SVID §2 allows an SVID any number of other
+// SAN types, DNS included, so the certificate stays a valid SVID.
+//
+// Each name must be an RFC 1123 host name: letters, digits and hyphens in
+// dot-separated labels of 1 to 63 characters, 253 characters at most, no
+// trailing dot, not an IP address. Names are lowercased. Wildcards are
+// refused: the certificate would then answer for every service in the zone,
+// and this CA's roots are trusted by every workload of the trust domain.
+// At most MaxServingDNSNames, without repeats. No names is the same as not
+// using the option.
+//
+// Workload certificates never get DNS names (Sign refuses CSRs asking for
+// them); that is what makes a host name check against this CA's roots mean
+// "trustbridge itself".
+func WithDNSNames(names ...string) ServingCertOption {
+	names = append([]string(nil), names...) // the caller's slice may change
+	return servingOptionFunc(func(o *servingOptions) error {
+		if o.dnsNamesSet {
+			return errors.New("WithDNSNames given more than once")
+		}
+		checked, err := checkDNSNames(names)
+		if err != nil {
+			return err
+		}
+		o.dnsNames, o.dnsNamesSet = checked, true
+		return nil
+	})
 }
 
 // ServingCert issues a first certificate for id, with a fresh key that
-// never leaves the process.
-func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration) (*ServingCert, error) {
-	s := &ServingCert{a: a, id: id, ttl: ttl}
+// never leaves the process. It never goes through the workload CSR path:
+// there is no CSR, and the key is generated here.
+func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration, opts ...ServingCertOption) (*ServingCert, error) {
+	var o servingOptions
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt.applyServing(&o); err != nil {
+			return nil, fmt.Errorf("ca: serving certificate for %s: %w", id, err)
+		}
+	}
+	s := &ServingCert{a: a, id: id, dnsNames: o.dnsNames, ttl: ttl}
 	if err := s.Renew(); err != nil {
 		return nil, err
 	}
@@ -47,21 +116,14 @@ func (s *ServingCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, er
 // Leaf is the current certificate.
 func (s *ServingCert) Leaf() *x509.Certificate { return s.cur.Load().Leaf }
 
-// Renew issues a new certificate now.
+// Renew issues a new certificate now, with a new key and the same names.
+// On failure the current certificate stays in service.
 func (s *ServingCert) Renew() error {
 	key, err := GenerateKey(KeyECP256)
 	if err != nil {
-		return err
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{s.id.URL()}}, key)
-	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
 	}
-	csr, err := ParseCSR(der)
-	if err != nil {
-		return err
-	}
-	issued, err := s.a.Sign(csr, s.id, s.ttl)
+	issued, err := s.a.signServing(key.Public(), s.id, s.dnsNames, s.ttl)
 	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
 	}
@@ -74,8 +136,123 @@ func (s *ServingCert) Renew() error {
 	}
 	s.cur.Store(cert)
 	s.a.cfg.Logger.Info("serving certificate issued", logattr.SPIFFEID, s.id.String(),
+		"dns_names", s.dnsNames,
 		"not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// signServing signs the serving certificate as Authority.Sign signs a
+// workload leaf (same lock, clock, policy and metric), for a key generated
+// in this process and with dnsNames, which only this path may add.
+func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
+	// As in Sign: the time is taken under the read lock, so that the leaf
+	// never outlives the RemoveAfter computed for its root.
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	m, err := a.signingMaterialLocked()
+	if err != nil {
+		a.metrics.signings.WithLabelValues("signing_material").Inc()
+		return nil, err
+	}
+	issued, err := signServing(a.cfg.Clock.Now(), m, a.policy(), pub, id, dnsNames, ttl)
+	if err != nil {
+		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
+		return nil, err
+	}
+	a.metrics.signings.WithLabelValues("ok").Inc()
+	return issued, nil
+}
+
+// signServing is Sign without a CSR: the key is ours, and dnsNames are
+// checked again here so that no caller can slip an unchecked name in.
+func signServing(now time.Time, m SigningMaterial, p Policy, pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
+	plan, err := planLeaf(now, m, p, id, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPublicKey(pub); err != nil {
+		return nil, fmt.Errorf("ca: serving key: %w", err)
+	}
+	checked, err := checkDNSNames(dnsNames)
+	if err != nil {
+		return nil, fmt.Errorf("ca: %w", err)
+	}
+	return signLeaf(m, plan, pub, checked)
+}
+
+// checkDNSNames validates and lowercases the serving certificate's DNS
+// names; see WithDNSNames for the rules. nil in, nil out.
+func checkDNSNames(names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if len(names) > MaxServingDNSNames {
+		return nil, fmt.Errorf("%d DNS names, at most %d allowed", len(names), MaxServingDNSNames)
+	}
+	out := make([]string, 0, len(names))
+	seen := make(map[string]int, len(names))
+	for i, n := range names {
+		c, err := checkDNSName(n)
+		if err != nil {
+			return nil, fmt.Errorf("DNS name %d (%q): %w", i, n, err)
+		}
+		if j, dup := seen[c]; dup {
+			return nil, fmt.Errorf("DNS name %d (%q): repeats DNS name %d", i, n, j)
+		}
+		seen[c] = i
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// checkDNSName returns name lowercased if it is an RFC 1123 host name
+// (RFC 5280 §4.2.1.6 preferred name syntax).
+func checkDNSName(name string) (string, error) {
+	switch {
+	case name == "":
+		return "", errors.New("empty")
+	case len(name) > maxDNSNameLen:
+		return "", fmt.Errorf("%d characters, at most %d allowed", len(name), maxDNSNameLen)
+	case strings.HasPrefix(name, "*"):
+		return "", errors.New("wildcards are not issued; list each host name")
+	case strings.HasSuffix(name, "."):
+		return "", errors.New("trailing dot; write the name without it")
+	}
+	if _, err := netip.ParseAddr(name); err == nil {
+		return "", errors.New("an IP address, not a DNS name")
+	}
+	// Byte by byte and ASCII only, before lowercasing: strings.ToLower maps
+	// some non-ASCII letters (U+212A KELVIN SIGN) onto ASCII ones, which
+	// would let a look-alike through.
+	b := []byte(name)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '.':
+		case 'A' <= c && c <= 'Z':
+			b[i] = c + ('a' - 'A')
+		default:
+			r, _ := utf8.DecodeRuneInString(name[i:])
+			return "", fmt.Errorf("character %+q at offset %d; only letters, digits, '-' and '.' are allowed", r, i)
+		}
+	}
+	lower := string(b)
+	labels := strings.Split(lower, ".")
+	for _, l := range labels {
+		switch {
+		case l == "":
+			return "", errors.New("empty label")
+		case len(l) > 63:
+			return "", fmt.Errorf("label %q is %d characters, at most 63 allowed", l, len(l))
+		case l[0] == '-' || l[len(l)-1] == '-':
+			return "", fmt.Errorf("label %q starts or ends with '-'", l)
+		}
+	}
+	// RFC 3696 §2: a top-level label is never all digits; resolvers and
+	// TLS stacks may take such a name for an IPv4 address ("10.1", "127.1").
+	if strings.Trim(labels[len(labels)-1], "0123456789") == "" {
+		return "", errors.New("last label is all digits, which reads as an IP address")
+	}
+	return lower, nil
 }
 
 // NextRenewal is half way through the current certificate's life.

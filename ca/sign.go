@@ -246,78 +246,112 @@ func isCSRType(t string) bool {
 // id (RFC 5280 §4.2.1.6, as Istio does): names other than the SPIFFE ID
 // would be unverified claims. It is safe for concurrent use if m.Key is.
 func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*Issued, error) {
-	p, err := p.withDefaults()
+	plan, err := planLeaf(now, m, p, id, ttl)
 	if err != nil {
 		return nil, err
-	}
-	bound, certIsRoot, err := m.check(now)
-	if err != nil {
-		return nil, err
-	}
-	uri, err := checkID(id, p.TrustDomain)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case ttl < 0:
-		return nil, fmt.Errorf("ca: %w: %s is negative", ErrInvalidTTL, ttl)
-	case ttl > p.MaxTTL:
-		return nil, fmt.Errorf("ca: %w: %s exceeds the maximum of %s", ErrInvalidTTL, ttl, p.MaxTTL)
-	case ttl == 0:
-		ttl = p.DefaultTTL
 	}
 	if err := checkCSR(csr, id); err != nil {
 		return nil, err
 	}
+	// No DNS names, ever: a workload leaf vouches for the SPIFFE ID alone.
+	// Only trustbridge's own serving certificate, whose key never leaves
+	// the process, carries DNS SANs (see ServingCert and WithDNSNames).
+	return signLeaf(m, plan, csr.PublicKey, nil)
+}
 
+// leafPlan is what has been decided about a leaf before its key is looked
+// at: the checked identity and the validity window.
+type leafPlan struct {
+	id         spiffeid.ID
+	uri        *url.URL
+	notBefore  time.Time
+	notAfter   time.Time
+	certIsRoot bool
+}
+
+// planLeaf applies the policy defaults, checks m, id and ttl, and clamps
+// the lifetime to the signing chain, for Sign and the serving certificate
+// alike.
+func planLeaf(now time.Time, m SigningMaterial, p Policy, id spiffeid.ID, ttl time.Duration) (leafPlan, error) {
+	p, err := p.withDefaults()
+	if err != nil {
+		return leafPlan{}, err
+	}
+	bound, certIsRoot, err := m.check(now)
+	if err != nil {
+		return leafPlan{}, err
+	}
+	uri, err := checkID(id, p.TrustDomain)
+	if err != nil {
+		return leafPlan{}, err
+	}
+	switch {
+	case ttl < 0:
+		return leafPlan{}, fmt.Errorf("ca: %w: %s is negative", ErrInvalidTTL, ttl)
+	case ttl > p.MaxTTL:
+		return leafPlan{}, fmt.Errorf("ca: %w: %s exceeds the maximum of %s", ErrInvalidTTL, ttl, p.MaxTTL)
+	case ttl == 0:
+		ttl = p.DefaultTTL
+	}
 	notAfter := now.Add(ttl)
 	if notAfter.After(bound) {
 		notAfter = bound
 	}
+	return leafPlan{id: id, uri: uri, notBefore: now.Add(-backdate), notAfter: notAfter, certIsRoot: certIsRoot}, nil
+}
+
+// signLeaf signs the leaf planned for pub, which the caller has checked
+// (checkPublicKey). dnsNames must be nil on the workload path; the serving
+// certificate passes names that checkDNSNames accepted.
+func signLeaf(m SigningMaterial, plan leafPlan, pub crypto.PublicKey, dnsNames []string) (*Issued, error) {
 	serial, err := newSerial()
 	if err != nil {
 		return nil, fmt.Errorf("ca: serial number: %w", err)
 	}
-	skid, err := subjectKeyID(csr.PublicKey)
+	skid, err := subjectKeyID(pub)
 	if err != nil {
 		return nil, fmt.Errorf("ca: %w: %w", ErrInvalidCSR, err)
 	}
 	usage := x509.KeyUsageDigitalSignature
-	if _, ok := csr.PublicKey.(*rsa.PublicKey); ok {
+	if _, ok := pub.(*rsa.PublicKey); ok {
 		// TLS 1.2 RSA key exchange encrypts to the leaf key; EC and Ed25519
 		// keys cannot encrypt, so the bit would be a false statement there.
 		usage |= x509.KeyUsageKeyEncipherment
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		NotBefore:             now.Add(-backdate),
-		NotAfter:              notAfter,
-		KeyUsage:              usage,
+		SerialNumber: serial,
+		NotBefore:    plan.notBefore,
+		NotAfter:     plan.notAfter,
+		KeyUsage:     usage,
+		// X509-SVID §4.4: when present, both purposes must be set.
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
-		URIs:                  []*url.URL{uri},
+		URIs:                  []*url.URL{plan.uri},
+		// X509-SVID §2: an SVID may carry other SAN types, DNS included,
+		// next to its one URI SAN.
+		DNSNames: dnsNames,
 		// Go derives a SubjectKeyId only for CA templates; peers building
 		// chains and operators matching keys both benefit from one.
 		SubjectKeyId: skid,
 		// Subject is left empty; CreateCertificate then marks the SAN
 		// extension critical, as RFC 5280 §4.2.1.6 requires.
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, csr.PublicKey, m.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, pub, m.Key)
 	if err != nil {
-		return nil, fmt.Errorf("ca: sign leaf for %q: %w", id, err)
+		return nil, fmt.Errorf("ca: sign leaf for %q: %w", plan.id, err)
 	}
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("ca: parse signed leaf for %q: %w", id, err)
+		return nil, fmt.Errorf("ca: parse signed leaf for %q: %w", plan.id, err)
 	}
 
 	n := 1 + len(m.Intermediates) + len(m.Roots)
-	if !certIsRoot {
+	if !plan.certIsRoot {
 		n++
 	}
 	chain := make([]*x509.Certificate, 0, n)
 	chain = append(chain, leaf)
-	if !certIsRoot {
+	if !plan.certIsRoot {
 		chain = append(chain, m.Cert)
 	}
 	chain = append(chain, m.Intermediates...)
