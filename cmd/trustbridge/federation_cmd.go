@@ -54,9 +54,13 @@ func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
 type federationSetup struct {
 	store  *trust.Store
 	poller *federation.Poller // nil without endpoints
+	// follower, when set, reports that another replica leads: only the
+	// leader polls and saves bundles, so a refresh here would fetch and
+	// then fail to save.
+	follower func() bool
 }
 
-func setupFederation(o federationOptions, td spiffeid.TrustDomain, dataDir string, reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
+func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
 	if o.federate == "" {
 		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
 	}
@@ -108,7 +112,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, dataDir strin
 			Timeout: o.timeout, WebRoots: webRoots, AllowPrivate: o.allowPrivate,
 		},
 		Policy:     federation.RefreshPolicy{Min: o.minRefresh, Max: o.maxRefresh},
-		LKG:        federation.NewLKGStore(dataDir),
+		LKG:        lkg,
 		Sink:       fs.store,
 		OtherRoots: fs.store,
 		AllowEmpty: o.allowEmpty,
@@ -202,6 +206,10 @@ func federationHandlers(mux *http.ServeMux, fs *federationSetup) {
 		}
 		if fs == nil || fs.poller == nil {
 			http.Error(w, "no federation is configured", http.StatusNotFound)
+			return
+		}
+		if fs.follower != nil && fs.follower() {
+			http.Error(w, "this replica is not the leader; only the leader polls federated endpoints (ask the leader, see the trustbridge_leader metric)", http.StatusConflict)
 			return
 		}
 		federated := false

@@ -43,6 +43,7 @@ type serverOptions struct {
 	bundle         bundleOptions
 	federation     federationOptions
 	grpc           grpcOptions
+	kube           kubeOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -82,6 +83,7 @@ The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
 	addBundleFlags(f, &o.bundle)
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
+	addKubeFlags(f, &o.kube)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -138,7 +140,11 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	authority, err := ca.New(ca.Config{
+	kube, err := setupKube(o.kube, o.grpc.kubeconfig, reg, logger)
+	if err != nil {
+		return err
+	}
+	caCfg := ca.Config{
 		TrustDomain:    td,
 		DataDir:        o.dataDir,
 		KeyType:        kt,
@@ -149,12 +155,23 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		Logger:         logger.With(logattr.Component, "ca"),
 		Registerer:     reg,
 		Plugin:         plugin,
-	})
+	}
+	kube.caConfig(&caCfg)
+	authority, err := ca.New(caCfg)
 	if err != nil {
 		return err
 	}
 
-	fed, err := setupFederation(o.federation, td, o.dataDir, reg, logger)
+	var bg *background
+	if kube != nil {
+		if bg, err = kube.start(ctx, authority, logger); err != nil {
+			return err
+		}
+		// Whatever returns early below must stop the background parts.
+		defer func() { _ = bg.stop() }()
+	}
+
+	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), reg, logger)
 	if err != nil {
 		return err
 	}
@@ -193,7 +210,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		MaxHeaderBytes:    16 << 10,
 	}
 	addr := ln.Addr().String()
-	printBanner(e.out, td.Name(), o.dataDir, o.caDir, addr, authority, ep)
+	printBanner(e.out, td.Name(), o.dataDir, o.caDir, kube, addr, authority, ep)
 	gs.report(e.out, logger)
 	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
 		"admin", "http://"+addr, logattr.Sequence, authority.Sequence())
@@ -209,12 +226,26 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 
 	runners := []func(context.Context) error{
-		authority.Run,
 		func(ctx context.Context) error { return serveAdmin(ctx, admin, ln) },
 		func(ctx context.Context) error { return followCA(ctx, authority, caChanges, fed) },
 	}
-	if fed.poller != nil {
-		runners = append(runners, fed.poller.Run)
+	if kube != nil {
+		kr, err := kube.wire(td, fed, reg, logger)
+		if err != nil {
+			gs.close()
+			_ = ln.Close()
+			if ep != nil {
+				_ = ep.ln.Close()
+			}
+			return err
+		}
+		runners = append(runners, bg.run) // authority.Run is among them
+		runners = append(runners, kr...)
+	} else {
+		runners = append(runners, authority.Run)
+		if fed.poller != nil {
+			runners = append(runners, fed.poller.Run)
+		}
 	}
 	if ep != nil {
 		runners = append(runners, ep.runners...)
@@ -264,10 +295,13 @@ func runAll(ctx context.Context, parts ...func(context.Context) error) error {
 	return first
 }
 
-func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority, ep *bundleEndpoint) {
+func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr string, a *ca.Authority, ep *bundleEndpoint) {
 	abs, _ := filepath.Abs(dataDir)
 	mode := fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
 	issue := "--data-dir " + dataDir
+	if kube != nil {
+		mode = kube.describe()
+	}
 	if caDir != "" {
 		mode = "plug-in CA from " + caDir + " (reloaded on change)"
 		issue = "--ca-dir " + caDir
@@ -277,8 +311,12 @@ func printBanner(w io.Writer, td, dataDir, caDir, addr string, a *ca.Authority, 
   roots:      %d published, bundle sequence %d
   admin:      http://%s/healthz  /readyz  /metrics  /v1/trust
   try:        curl -s http://%s/v1/trust
-              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds
-`, td, mode, len(a.Roots()), a.Sequence(), addr, addr, issue, td)
+`, td, mode, len(a.Roots()), a.Sequence(), addr, addr)
+	if kube == nil {
+		// ca issue reads the state directory; with Kubernetes storage
+		// certificates come from the gRPC service (ca request).
+		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
+	}
 	if ep != nil {
 		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(spiffeid.RequireTrustDomainFromString(td)))
 	}

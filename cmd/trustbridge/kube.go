@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/distribution"
+	"github.com/trustbridge/trustbridge/federation/kubelkg"
+	"github.com/trustbridge/trustbridge/internal/leader"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Storage backends for --storage.
+const (
+	storageFile = "file"
+	storageKube = "kube"
+)
+
+// klogOnce: klog is process-wide; the first server's logger takes it.
+var klogOnce sync.Once
+
+// serviceAccountNamespaceFile is where a pod finds its own namespace.
+const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+type kubeOptions struct {
+	storage           string
+	namespace         string
+	caSecret          string
+	leaderLease       string
+	leaseDuration     time.Duration
+	renewDeadline     time.Duration
+	retryPeriod       time.Duration
+	rootConfigMap     string
+	namespaceSelector string
+}
+
+func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
+	f.StringVar(&o.storage, "storage", storageFile, "where CA state and last-known-good federated bundles live: file (--data-dir) or kube (a Secret and ConfigMaps in --namespace; several replicas elect a leader)")
+	f.StringVar(&o.namespace, "namespace", "", "namespace of the CA Secret, the leader Lease and the federated bundles with --storage kube (default: env POD_NAMESPACE, else the pod's own namespace)")
+	f.StringVar(&o.caSecret, "ca-secret", kubestore.DefaultName, "name of the Secret holding the CA state with --storage kube")
+	f.StringVar(&o.leaderLease, "leader-lease", leader.DefaultName, "name of the coordination.k8s.io Lease replicas elect a leader with")
+	f.DurationVar(&o.leaseDuration, "leader-lease-duration", leader.DefaultLeaseDuration, "how long a dead leader's Lease blocks a successor: followers take over within this")
+	f.DurationVar(&o.renewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "a leader that could not renew for this long stops writing and steps down")
+	f.DurationVar(&o.retryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "how often the Lease is renewed or tried")
+	f.StringVar(&o.rootConfigMap, "root-configmap", distribution.DefaultName, `with --storage kube, the ConfigMap kept in every namespace matching --namespace-selector: root-cert.pem (local roots), bundle.spiffe.json (SPIFFE bundle map of every trust domain) and <trust-domain>.pem per federated trust domain; "" disables it`)
+	f.StringVar(&o.namespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
+}
+
+// kubeSetup is trustbridge on Kubernetes: shared state and one leader.
+type kubeSetup struct {
+	namespace string
+	elector   *leader.Elector
+	caStore   *kubestore.Store
+	lkg       *kubelkg.Store
+	client    kubernetes.Interface
+	selector  labels.Selector
+	o         kubeOptions
+
+	// Set by wire, read by the leader once wired is closed.
+	wired  chan struct{}
+	poller *federation.Poller
+	dist   *distribution.Controller
+}
+
+// setupKube connects to the API server for --storage kube; it returns nil
+// for file storage.
+func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logger *slog.Logger) (*kubeSetup, error) {
+	switch o.storage {
+	case "", storageFile:
+		return nil, nil
+	case storageKube:
+	default:
+		return nil, fmt.Errorf("--storage %q: want file or kube", o.storage)
+	}
+	sel := labels.Everything()
+	if o.namespaceSelector != "" {
+		var err error
+		if sel, err = labels.Parse(o.namespaceSelector); err != nil {
+			return nil, fmt.Errorf("--namespace-selector %q: %w", o.namespaceSelector, err)
+		}
+	}
+	cfg, ok, err := loadKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, errors.New("--storage kube needs --kubeconfig or an in-cluster config (KUBERNETES_SERVICE_HOST)")
+	}
+	ns, err := kubeNamespace(o.namespace)
+	if err != nil {
+		return nil, err
+	}
+	// client-go logs through klog; keep one log stream, in our format.
+	klogOnce.Do(func() { klog.SetSlogLogger(logger.With(logattr.Component, "client-go")) })
+	cfg.QPS, cfg.Burst = 50, 100
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	el, err := leader.New(leader.Config{
+		Client: client, Namespace: ns, Name: o.leaderLease,
+		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
+		Logger: logger.With(logattr.Component, "leader"), Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	st, err := kubestore.New(kubestore.Config{Client: client, Namespace: ns, Name: o.caSecret, Leader: el, Logger: logger.With(logattr.Component, "ca-store")})
+	if err != nil {
+		return nil, err
+	}
+	lkg, err := kubelkg.New(kubelkg.Config{Client: client, Namespace: ns, Leader: el, Logger: logger.With(logattr.Component, "federation-store")})
+	if err != nil {
+		return nil, err
+	}
+	return &kubeSetup{namespace: ns, elector: el, caStore: st, lkg: lkg, client: client, selector: sel, o: o}, nil
+}
+
+// kubeNamespace is --namespace, else POD_NAMESPACE, else the pod's own.
+func kubeNamespace(flag string) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns, nil
+	}
+	if data, err := os.ReadFile(serviceAccountNamespaceFile); err == nil {
+		if ns := strings.TrimSpace(string(data)); ns != "" {
+			return ns, nil
+		}
+	}
+	return "", errors.New("--storage kube needs --namespace (or env POD_NAMESPACE, or running in a pod)")
+}
+
+// caConfig points the CA at the Secret, fenced by leadership.
+func (k *kubeSetup) caConfig(c *ca.Config) {
+	if k == nil {
+		return
+	}
+	c.Backend = k.caStore
+	c.Leader = k.elector
+}
+
+// lastKnownGood is where federated bundles persist: ConfigMaps with kube
+// storage, files in the data directory otherwise.
+func (k *kubeSetup) lastKnownGood(dataDir string) federation.LastKnownGood {
+	if k == nil {
+		return federation.NewLKGStore(dataDir)
+	}
+	return k.lkg
+}
+
+// describe names where CA state lives, for the banner.
+func (k *kubeSetup) describe() string {
+	return fmt.Sprintf("self-signed, state in Secret %s/%s, leader elected with Lease %s/%s (this replica: %s)",
+		k.namespace, k.o.caSecret, k.namespace, k.o.leaderLease, k.elector.Identity())
+}
+
+// start runs, in the background, what every replica needs before it can
+// sign: the leader election (whose leader bootstraps or rotates roots) and
+// the watch on the CA Secret (through which followers load them). It
+// returns once the CA can sign, so serving certificates can be issued;
+// the leader's other duties wait for wire.
+func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Logger) (*background, error) {
+	k.wired = make(chan struct{})
+	log := logger.With(logattr.Component, "leader")
+	lead := func(ctx context.Context) error {
+		log.Info("leading: rotating roots, polling federation, distributing roots")
+		// A new leader decides at once on what the old one left.
+		a.Kick()
+		select {
+		case <-k.wired:
+		case <-ctx.Done():
+			return nil
+		}
+		parts := []func(context.Context) error{func(ctx context.Context) error { <-ctx.Done(); return nil }}
+		if k.poller != nil {
+			parts = append(parts, k.poller.Run)
+		}
+		if k.dist != nil {
+			parts = append(parts, k.dist.Run)
+		}
+		err := runAll(ctx, parts...)
+		log.Info("no longer leading")
+		return err
+	}
+	changes := a.Subscribe()
+	bg := startBackground(ctx,
+		a.Run, // reloads what the leader writes, and rotates when leading
+		func(ctx context.Context) error { return k.caStore.Watch(ctx, a.Kick) },
+		func(ctx context.Context) error { return k.elector.Run(ctx, lead) },
+	)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	waiting := time.Now()
+	for a.Ready() != nil {
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), bg.stop())
+		case <-bg.done:
+			return nil, fmt.Errorf("kubernetes: %w", bg.stop())
+		case <-changes:
+		case <-tick.C:
+			if time.Since(waiting) >= 10*time.Second {
+				waiting = time.Now()
+				logger.Info("waiting for CA state: a leader must be elected and bootstrap it, or the Secret must be readable",
+					"secret", k.namespace+"/"+k.o.caSecret, logattr.Error, a.Ready())
+			}
+		}
+	}
+	return bg, nil
+}
+
+// wire hands the leader its federation poller and root distribution and
+// returns what runs on every replica besides start's: followers reload the
+// federated bundles the leader saves.
+func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
+	if k.o.rootConfigMap != "" {
+		var err error
+		k.dist, err = distribution.New(distribution.Config{
+			Client: k.client, Store: fed.store, TrustDomain: td, Name: k.o.rootConfigMap,
+			NamespaceSelector: k.selector, Logger: logger.With(logattr.Component, "distribution"), Registerer: reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	k.poller = fed.poller
+	fed.follower = func() bool { return !k.elector.IsLeader() }
+	close(k.wired)
+	if fed.poller == nil {
+		return nil, nil
+	}
+	p := fed.poller
+	return []func(context.Context) error{func(ctx context.Context) error {
+		return k.lkg.Watch(ctx, func(td spiffeid.TrustDomain) {
+			if k.elector.IsLeader() {
+				return // the leader's own save
+			}
+			if err := p.LoadLastKnownGoodFor(td); err != nil {
+				logger.Error("federated bundle saved by the leader not taken", logattr.TrustDomain, td.Name(), logattr.Error, err)
+			}
+		})
+	}}, nil
+}
+
+// background is a set of parts started before the server's main run.
+type background struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+func startBackground(ctx context.Context, parts ...func(context.Context) error) *background {
+	ctx, cancel := context.WithCancel(ctx)
+	b := &background{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		b.err = runAll(ctx, parts...)
+	}()
+	return b
+}
+
+// stop ends the parts and returns their error.
+func (b *background) stop() error {
+	b.cancel()
+	<-b.done
+	return b.err
+}
+
+// run joins the background parts to the server's run: they stop with it,
+// and their ending stops it.
+func (b *background) run(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return b.stop()
+	case <-b.done:
+		if b.err == nil {
+			return errors.New("kubernetes: leader election or CA watch stopped")
+		}
+		return b.err
+	}
+}

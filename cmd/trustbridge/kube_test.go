@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/federation/distribution"
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+)
+
+func TestKubeStorageFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    kubeOptions
+		want string
+	}{
+		{"unknown storage", kubeOptions{storage: "etcd"}, `--storage "etcd"`},
+		{"bad selector", kubeOptions{storage: storageKube, namespaceSelector: "a in (("}, "--namespace-selector"},
+		{"no cluster", kubeOptions{storage: storageKube}, "--storage kube needs --kubeconfig"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("KUBERNETES_SERVICE_HOST", "")
+			o := baseServerOptions("example.org", t.TempDir())
+			o.kube = tc.o
+			_, errs, code := runCLI(t, "", append([]string{"server", "--trust-domain", "example.org", "--data-dir", t.TempDir(), "--grpc-listen", "", "--admin-listen", "127.0.0.1:0"}, kubeArgs(tc.o)...)...)
+			assert.NotEqual(t, 0, code)
+			assert.Contains(t, errs, tc.want)
+		})
+	}
+}
+
+func kubeArgs(o kubeOptions) []string {
+	args := []string{"--storage", o.storage}
+	if o.namespaceSelector != "" {
+		args = append(args, "--namespace-selector", o.namespaceSelector)
+	}
+	return args
+}
+
+// TestKubeReplicas runs two `trustbridge server --storage kube` replicas
+// against a real API server: one leader bootstraps the CA into the Secret,
+// the follower serves the same bundle and signs with the same root, the
+// leader distributes roots to selected namespaces, and when the leader
+// stops the follower takes over within about one lease duration and
+// repairs the distribution.
+func TestKubeReplicas(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	workloadNS := env.Namespace(t)
+	ctx := context.Background()
+	wns, err := env.Client.CoreV1().Namespaces().Get(ctx, workloadNS, metav1.GetOptions{})
+	require.NoError(t, err)
+	wns.Labels = map[string]string{"trustbridge-test": ns}
+	_, err = env.Client.CoreV1().Namespaces().Update(ctx, wns, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	kubeconfig := writeKubeconfig(t, env.Config.Host, env)
+	tokens := filepath.Join(t.TempDir(), "tokens.csv")
+	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	replica := func() serverOptions {
+		o := baseServerOptions("example.org", t.TempDir())
+		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff, kubeconfig: kubeconfig}
+		o.kube = kubeOptions{
+			storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
+			leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
+			rootConfigMap: distribution.DefaultName, namespaceSelector: "trustbridge-test=" + ns,
+		}
+		// An unreachable peer: only its presence matters here.
+		o.federation.federate = "peer.example|https://127.0.0.1:9/bundle"
+		return o
+	}
+
+	adminA, bannerA, stopA := launchServer(t, replica())
+	assert.Contains(t, bannerA, "state in Secret "+ns+"/trustbridge-ca")
+	assert.NotContains(t, bannerA, "ca issue", "ca issue reads a state directory, not the Secret")
+	trustA := trustOf(t, adminA)
+	require.Len(t, trustA.Authorities, 1, "the first leader bootstrapped one root")
+
+	adminB, bannerB, _ := launchServer(t, replica())
+	assert.Equal(t, trustA.Authorities, trustOf(t, adminB).Authorities, "the follower serves the leader's roots")
+	assert.Equal(t, "1", leaderGauge(t, adminA))
+	assert.Equal(t, "0", leaderGauge(t, adminB))
+
+	// The follower signs with the same root.
+	rootCert := filepath.Join(t.TempDir(), "root-cert.pem")
+	secret, err := env.Client.CoreV1().Secrets(ns).Get(ctx, kubestore.DefaultName, metav1.GetOptions{})
+	require.NoError(t, err)
+	var rootPEM []byte
+	for k, v := range secret.Data {
+		if strings.HasSuffix(k, ".crt.pem") {
+			rootPEM = append(rootPEM, v...)
+		}
+	}
+	require.NotEmpty(t, rootPEM)
+	require.NoError(t, os.WriteFile(rootCert, rootPEM, 0o644))
+	out := t.TempDir()
+	_, errs, code := runCLI(t, "", "ca", "request", "--ca-addr", grpcAddr(t, bannerB), "--root-cert", rootCert,
+		"--token-file", writeFile(t, laptopToken, 0o600), "--out", out)
+	require.Equal(t, 0, code, errs)
+	checkCreds(t, out, laptopID)
+	for k := range secret.Data {
+		assert.NotContains(t, bannerA+bannerB, string(secret.Data[k][:min(40, len(secret.Data[k]))]), "no state in the banner")
+	}
+
+	// The leader keeps the roots ConfigMap in the selected namespace.
+	cms := env.Client.CoreV1().ConfigMaps(workloadNS)
+	require.Eventually(t, func() bool {
+		cm, err := cms.Get(ctx, distribution.DefaultName, metav1.GetOptions{})
+		return err == nil && cm.Data["root-cert.pem"] == string(rootPEM)
+	}, 20*time.Second, 100*time.Millisecond, "root-cert.pem distributed")
+
+	// A follower refuses an operator refresh: only the leader polls.
+	resp, err := http.Post("http://"+adminB+"/v1/federation/refresh?trust_domain=peer.example", "text/plain", nil)
+	require.NoError(t, err)
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, string(msg))
+	assert.Contains(t, string(msg), "not the leader")
+
+	// Failover: stop the leader; the follower leads within about a lease
+	// duration and shows it by repairing the deleted ConfigMap.
+	stopA()
+	require.Eventually(t, func() bool { return leaderGauge(t, adminB) == "1" }, 15*time.Second, 100*time.Millisecond, "follower took over")
+	require.NoError(t, cms.Delete(ctx, distribution.DefaultName, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		_, err := cms.Get(ctx, distribution.DefaultName, metav1.GetOptions{})
+		return err == nil
+	}, 20*time.Second, 100*time.Millisecond, "the new leader restored the ConfigMap")
+	assert.Equal(t, trustA.Authorities, trustOf(t, adminB).Authorities, "no root was added or lost by the failover")
+	_, err = cms.Get(ctx, "unrelated", metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err))
+}
+
+func trustOf(t *testing.T, admin string) trustDoc {
+	t.Helper()
+	code, body := get(t, "http://"+admin+"/v1/trust")
+	require.Equal(t, 200, code, body)
+	var doc trustDoc
+	require.NoError(t, json.Unmarshal([]byte(body), &doc))
+	return doc
+}
+
+// leaderGauge reads trustbridge_leader from the admin listener.
+func leaderGauge(t *testing.T, admin string) string {
+	t.Helper()
+	_, body := get(t, "http://"+admin+"/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, "trustbridge_leader{") {
+			f := strings.Fields(line)
+			return f[len(f)-1]
+		}
+	}
+	return ""
+}
