@@ -16,6 +16,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/trustbridge/trustbridge/ca/kubestore"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
@@ -58,9 +60,14 @@ func kubeArgs(o kubeOptions) []string {
 // repairs the distribution.
 func TestKubeReplicas(t *testing.T) {
 	env := kubetest.Shared(t)
-	ns := env.Namespace(t)
-	workloadNS := env.Namespace(t)
+	// The replicas run as deploy/rbac's service account, with exactly its
+	// permissions, in its namespace.
+	const ns = "trustbridge-system"
+	env.Apply(t, []string{ns}, kubetest.LoadManifests(t, "../../deploy/rbac"))
 	ctx := context.Background()
+	_ = env.Client.CoreV1().Secrets(ns).Delete(ctx, kubestore.DefaultName, metav1.DeleteOptions{})
+	_ = env.Client.CoordinationV1().Leases(ns).Delete(ctx, "trustbridge-leader", metav1.DeleteOptions{})
+	workloadNS := env.Namespace(t)
 	wns, err := env.Client.CoreV1().Namespaces().Get(ctx, workloadNS, metav1.GetOptions{})
 	require.NoError(t, err)
 	wns.Labels = map[string]string{"trustbridge-test": ns}
@@ -68,6 +75,7 @@ func TestKubeReplicas(t *testing.T) {
 	require.NoError(t, err)
 
 	kubeconfig := writeKubeconfig(t, env.Config.Host, env)
+	impersonate(t, kubeconfig, "system:serviceaccount:"+ns+":trustbridge")
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
 	replica := func() serverOptions {
@@ -164,4 +172,15 @@ func leaderGauge(t *testing.T, admin string) string {
 		}
 	}
 	return ""
+}
+
+// impersonate makes the kubeconfig at path act as user.
+func impersonate(t *testing.T, path, user string) {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(path)
+	require.NoError(t, err)
+	for _, ai := range cfg.AuthInfos {
+		ai.Impersonate = user
+	}
+	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
 }

@@ -1,13 +1,7 @@
 package distribution
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,10 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/trustbridge/trustbridge/internal/kubetest"
@@ -39,76 +30,8 @@ const (
 	serviceAccountID = "system:serviceaccount:" + systemNamespace + ":" + serviceAccount
 )
 
-// loadManifests decodes every object of the files kustomization.yaml lists.
-func loadManifests(t *testing.T, dir string) []runtime.Object {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
-	require.NoError(t, err)
-	var k struct {
-		Resources []string `json:"resources"`
-	}
-	require.NoError(t, utilyaml.Unmarshal(raw, &k))
-	require.NotEmpty(t, k.Resources)
-
-	var objs []runtime.Object
-	for _, file := range k.Resources {
-		data, err := os.ReadFile(filepath.Join(dir, file))
-		require.NoError(t, err)
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		for {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			require.NoError(t, err, file)
-			if len(bytes.TrimSpace(doc)) == 0 {
-				continue
-			}
-			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-			require.NoError(t, err, file)
-			objs = append(objs, obj)
-		}
-	}
-	return objs
-}
-
-// applyManifests creates the objects (or leaves them if they exist: the
-// API server outlives one -count iteration).
-func applyManifests(t *testing.T, client kubernetes.Interface, objs []runtime.Object) {
-	t.Helper()
-	ctx := context.Background()
-	_, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}}, metav1.CreateOptions{})
-	if !apierrors.IsAlreadyExists(err) {
-		require.NoError(t, err)
-	}
-	for _, obj := range objs {
-		var err error
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *admissionregistrationv1.ValidatingAdmissionPolicy:
-			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
-		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
-			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("unexpected object of type %T in %s", obj, rbacDir)
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			require.NoError(t, err, "create %T", obj)
-		}
-	}
-}
-
 func TestRBACManifests(t *testing.T) {
-	objs := loadManifests(t, rbacDir)
+	objs := kubetest.LoadManifests(t, rbacDir)
 	var kinds []string
 	for _, obj := range objs {
 		m, ok := obj.(metav1.Object)
@@ -156,7 +79,7 @@ func TestRBACManifests(t *testing.T) {
 func TestKubeRBAC(t *testing.T) {
 	t.Parallel()
 	env := kubetest.Shared(t)
-	applyManifests(t, env.Client, loadManifests(t, rbacDir))
+	env.Apply(t, []string{systemNamespace}, kubetest.LoadManifests(t, rbacDir))
 
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: serviceAccountID}
