@@ -137,6 +137,13 @@ type Authority struct {
 	backend Backend
 	metrics *metrics
 
+	// stateMu serializes everything that reads or changes the shared
+	// state (reloads, rotation checks, plug-in syncs); it is taken before
+	// the backend's lock and before mu. Backend reads happen under stateMu
+	// alone, so a slow or unreachable API server never stalls Sign and
+	// Bundle, which take mu; every writer of journal, roots and version
+	// holds both.
+	stateMu sync.Mutex
 	mu      sync.RWMutex
 	journal *Journal
 	roots   []*Root // in journal order
@@ -228,6 +235,8 @@ func (a *Authority) syncPlugin() error {
 		return err
 	}
 	defer unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return err
@@ -479,30 +488,51 @@ func (a *Authority) withStateLocked(f func() error) error {
 	}
 	defer unlock()
 	for attempt := 0; ; attempt++ {
-		if err := a.reloadLocked(attempt > 0); err != nil {
+		if err := a.reloadStateLocked(attempt > 0); err != nil {
 			return err
 		}
-		// f changes state in place before saving it; if the save fails,
-		// what is in memory must go back to what is stored and published,
-		// or the CA would sign with a root nobody has seen.
-		journal, roots := a.journal.clone(), cloneRoots(a.roots)
-		err := f()
+		err := a.decideLocked(f)
 		if err == nil {
 			return nil
 		}
-		a.journal, a.roots = journal, roots
 		if !errors.Is(err, ErrConflict) {
 			return err
 		}
 		a.cfg.Logger.Warn("CA state changed by another writer; reloading it and deciding again", logattr.Error, err)
 		if attempt+1 == conflictAttempts {
 			// Serve what the other writer committed, not this version.
-			if rerr := a.reloadLocked(true); rerr != nil {
+			if rerr := a.reloadStateLocked(true); rerr != nil {
 				return errors.Join(err, rerr)
 			}
 			return err
 		}
 	}
+}
+
+// decideLocked runs f under mu. f changes state in place before saving
+// it; if the save fails, what is in memory goes back to what is stored and
+// published, or the CA would sign with a root nobody has seen.
+func (a *Authority) decideLocked(f func() error) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	journal, roots := a.journal.clone(), cloneRoots(a.roots)
+	err := f()
+	if err != nil {
+		a.journal, a.roots = journal, roots
+	}
+	return err
+}
+
+// reloadStateLocked reads the state (the caller holds lockState, not mu)
+// and, under mu, publishes it.
+func (a *Authority) reloadStateLocked(force bool) error {
+	st, err := a.readState(force)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.applyStateLocked(st)
 }
 
 // Reload picks up state another replica or process wrote and publishes
@@ -517,7 +547,7 @@ func (a *Authority) Reload() error {
 		return err
 	}
 	defer unlock()
-	return a.reloadLocked(false)
+	return a.reloadStateLocked(false)
 }
 
 // Kick makes Run check the state now instead of at its next scheduled
@@ -535,17 +565,18 @@ func (a *Authority) leading() bool {
 	return a.cfg.Leader == nil || a.cfg.Leader.IsLeader()
 }
 
-// lockState takes the state's exclusive lock, then a.mu; the returned
-// func releases both.
+// lockState takes stateMu, then the state's exclusive lock; the returned
+// func releases both. Callers take a.mu only around changes readers see.
 func (a *Authority) lockState() (func(), error) {
+	a.stateMu.Lock()
 	unlock, err := a.backend.Lock(true)
 	if err != nil {
+		a.stateMu.Unlock()
 		return nil, err
 	}
-	a.mu.Lock()
 	return func() {
-		a.mu.Unlock()
 		unlock()
+		a.stateMu.Unlock()
 	}, nil
 }
 
@@ -721,18 +752,37 @@ func (a *Authority) timesLocked() []RootTimes {
 	return out
 }
 
-// reloadLocked loads the state if its version changed since it was last
-// read or written (always, with force) and publishes it.
-func (a *Authority) reloadLocked(force bool) error {
+// loadedState is the state as read from the backend.
+type loadedState struct {
+	journal *Journal
+	roots   []*Root
+	version string
+}
+
+// readState loads the state if its version changed since it was last read
+// or written (always, with force); nil means unchanged. The caller holds
+// lockState but not mu: the backend may be an API server that does not
+// answer, and a.version only changes under lockState.
+func (a *Authority) readState(force bool) (*loadedState, error) {
 	if !force && a.version != "" {
 		if v, err := a.backend.Version(); err == nil && v == a.version {
-			return nil
+			return nil, nil
 		}
 	}
 	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return &loadedState{journal: j, roots: roots, version: version}, nil
+}
+
+// applyStateLocked checks state read by readState against what is
+// published and publishes it; nil st (unchanged) does nothing.
+func (a *Authority) applyStateLocked(st *loadedState) error {
+	if st == nil {
+		return nil
+	}
+	j, roots, version := st.journal, st.roots, st.version
 	if a.journal.Sequence > 0 {
 		// Once running, state never starts over: a vanished journal or a
 		// sequence going back means someone removed or replaced the

@@ -203,9 +203,15 @@ func loadLKG(path string, td spiffeid.TrustDomain) (*LKGEntry, error) {
 	case len(lf.Bundle) == 0 || string(lf.Bundle) == "null":
 		return nil, errors.New("envelope: bundle is missing")
 	}
-	b, _, err := bundledoc.Parse(td, lf.Bundle)
+	b, warnings, err := bundledoc.Parse(td, lf.Bundle)
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	for _, w := range warnings {
+		if w.Code == bundledoc.CodeForeignTrustDomain {
+			// Refused when fetched (applyLocked), so refused when stored.
+			return nil, fmt.Errorf("bundle: %w: %s", ErrTrustDomainMismatch, w.String())
+		}
 	}
 	return &LKGEntry{
 		TrustDomain: td,

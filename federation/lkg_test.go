@@ -209,6 +209,14 @@ func TestLKGLoadRefuses(t *testing.T) {
 			}}}
 			return encode(t, m)
 		}, "bundle:"},
+		// A root naming another trust domain: the poller refuses such a
+		// fetched bundle, so a stored one is refused too.
+		{"root of another trust domain", func(t *testing.T) []byte {
+			b := spiffebundle.FromX509Authorities(td("example.org"), testca.New(t, "evil.org").Bundle().X509Authorities())
+			m := valid(t, "example.org")
+			m["bundle"] = json.RawMessage(mustMarshal(t, b))
+			return encode(t, m)
+		}, "evil.org"},
 		{"oversized", func(t *testing.T) []byte {
 			m := valid(t, "example.org")
 			m["padding"] = strings.Repeat("x", maxLKGFileSize)

@@ -178,25 +178,34 @@ func SourceName(td spiffeid.TrustDomain) string { return "federation:" + td.Name
 // goes backwards.
 func (p *Poller) LoadLastKnownGood() []error {
 	var errs []error
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	// p.order is fixed at construction. The store is read without p.mu:
+	// it may be an API server that does not answer, and polls, Status and
+	// TLS handshakes must not wait for it; restoreLocked never goes back.
 	for _, td := range p.order {
-		st := p.states[td]
+		var (
+			e   *LKGEntry
+			err error
+		)
 		if p.cfg.LKG != nil {
-			e, err := p.cfg.LKG.Load(td)
-			if err != nil {
+			e, err = p.cfg.LKG.Load(td)
+		}
+		p.mu.Lock()
+		st := p.states[td]
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case e != nil:
+			if err := p.restoreLocked(st, e); err != nil {
 				errs = append(errs, err)
-			} else if e != nil {
-				if err := p.restoreLocked(st, e); err != nil {
-					errs = append(errs, err)
-				}
-				continue
 			}
+			p.mu.Unlock()
+			continue
 		}
 		if st.held == nil && st.ep.BootstrapBundle != nil {
 			st.held = st.ep.BootstrapBundle
 			p.cfg.Sink.Set(SourceName(td), st.ep.BootstrapBundle)
 		}
+		p.mu.Unlock()
 	}
 	return errs
 }
@@ -206,16 +215,19 @@ func (p *Poller) LoadLastKnownGood() []error {
 // federate is ignored: its entry adds no trust here.
 func (p *Poller) LoadLastKnownGoodFor(td spiffeid.TrustDomain) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	st, ok := p.states[td]
+	_, ok := p.states[td]
+	p.mu.Unlock()
 	if !ok || p.cfg.LKG == nil {
 		return nil
 	}
+	// Read without p.mu, as in LoadLastKnownGood.
 	e, err := p.cfg.LKG.Load(td)
 	if err != nil || e == nil {
 		return err
 	}
-	return p.restoreLocked(st, e)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restoreLocked(p.states[td], e)
 }
 
 // restoreLocked takes a stored entry for st, unless what st holds (other
@@ -343,13 +355,28 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 	start := p.cfg.Now()
 	res, err := p.fetcher.Fetch(ctx, ep, etag)
 
+	log := p.cfg.Logger.With(logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String())
+	var save *LKGEntry
+	defer func() {
+		// Persist after releasing p.mu: the store may be an API server
+		// that does not answer, and Status, other polls' TLS handshakes
+		// and followers' reloads must not wait for it. st.polling stays
+		// set until then, so saves of one trust domain stay in order.
+		if save != nil {
+			if err := p.cfg.LKG.Save(*save); err != nil {
+				// Trust is applied; only its persistence failed. Say so loudly.
+				log.Error("could not persist the last-known-good bundle", logattr.Error, err)
+			}
+		}
+		p.mu.Lock()
+		st.polling = false
+		p.mu.Unlock()
+	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st.polling = false
 	st.lastAttempt = start
-	log := p.cfg.Logger.With(logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String())
 	if err == nil {
-		err = p.applyLocked(st, res, log)
+		save, err = p.applyLocked(st, res, log)
 	}
 	if err != nil {
 		st.failures++
@@ -389,9 +416,11 @@ func rejectionKind(err error) string {
 	}
 }
 
-func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) error {
+// applyLocked takes a fetched bundle if Accept does; save is the entry
+// the caller persists, after releasing p.mu.
+func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) (save *LKGEntry, err error) {
 	if res.NotModified {
-		return nil
+		return nil, nil
 	}
 	for _, w := range res.Warnings {
 		if w.Code == bundledoc.CodeForeignTrustDomain {
@@ -400,7 +429,7 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 			// that domain's CA mint our peer's identities.
 			err := fmt.Errorf("%w: %s", ErrTrustDomainMismatch, w.String())
 			log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err)
-			return err
+			return nil, err
 		}
 		log.Warn("bundle element ignored", logattr.Warning, w.String())
 	}
@@ -408,26 +437,23 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 	if err != nil {
 		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err,
 			"old_sequence", seqString(st.held), "new_sequence", seqString(res.Bundle))
-		return err
+		return nil, err
 	}
 	st.etag = res.ETag
 	if dec == DecisionUnchanged && !st.fromLKG {
-		return nil
+		return nil, nil
 	}
 	diff := Diff(st.held, res.Bundle)
 	old := st.held
 	st.held, st.fromLKG = res.Bundle, false
 	p.cfg.Sink.Set(SourceName(st.ep.TrustDomain), res.Bundle)
 	if p.cfg.LKG != nil {
-		if err := p.cfg.LKG.Save(LKGEntry{TrustDomain: st.ep.TrustDomain, Bundle: res.Bundle, ETag: res.ETag,
-			EndpointURL: st.ep.URL.String(), FetchedAt: p.cfg.Now()}); err != nil {
-			// Trust is applied; only its persistence failed. Say so loudly.
-			log.Error("could not persist the last-known-good bundle", logattr.Error, err)
-		}
+		save = &LKGEntry{TrustDomain: st.ep.TrustDomain, Bundle: res.Bundle, ETag: res.ETag,
+			EndpointURL: st.ep.URL.String(), FetchedAt: p.cfg.Now()}
 	}
 	log.Info("bundle accepted", "old_sequence", seqString(old), "new_sequence", seqString(res.Bundle),
 		"added", fingerprintStrings(diff.Added), "removed", fingerprintStrings(diff.Removed))
-	return nil
+	return save, nil
 }
 
 func (p *Poller) intervalLocked(st *endpointState) time.Duration {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sort"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
 // Defaults and limits.
@@ -41,7 +43,9 @@ type Config struct {
 	// Name of the Secret; default trustbridge-ca.
 	Name string
 	// Leader fences writes: while it does not lead, Commit refuses with
-	// ca.ErrNotLeader. nil means always the leader (a single replica).
+	// ca.ErrNotLeader. nil means always the leader (a single replica). If
+	// it also has LeadingUntil() time.Time (leader.Elector does), a write
+	// still under way at that instant is abandoned.
 	Leader ca.Leader
 	// Timeout bounds each API call.
 	Timeout time.Duration
@@ -222,8 +226,43 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, er
 	if size > MaxSecretSize {
 		return "", s.wrap(fmt.Errorf("state of %d bytes is more than a Secret holds (%d)", size, MaxSecretSize))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	ctx, cancel, until, bounded := s.writeContext()
 	defer cancel()
+	if bounded && until.IsZero() {
+		return "", s.wrap(fmt.Errorf("%w: refusing to write", ca.ErrNotLeader))
+	}
+	version, err := s.commit(ctx, base, data)
+	if err != nil && bounded && !time.Now().Before(until) {
+		// The request may have gone out, but past the instant another
+		// replica may lead: abandoned, as far as this replica can.
+		return "", s.wrap(fmt.Errorf("%w: leadership may have lapsed during the write: %v", ca.ErrNotLeader, err))
+	}
+	if err != nil {
+		return "", s.wrap(err)
+	}
+	return version, nil
+}
+
+// leaseBound is the optional part of a Leader that says until when it
+// counts itself the leader.
+type leaseBound interface{ LeadingUntil() time.Time }
+
+// writeContext bounds a write by Timeout and, when the leader says
+// (bounded), by until: when it stops counting itself the leader, zero
+// when it already has.
+func (s *Store) writeContext() (ctx context.Context, cancel context.CancelFunc, until time.Time, bounded bool) {
+	deadline := time.Now().Add(s.cfg.Timeout)
+	if lb, ok := s.cfg.Leader.(leaseBound); ok {
+		until, bounded = lb.LeadingUntil(), true
+		if until.Before(deadline) {
+			deadline = until
+		}
+	}
+	ctx, cancel = context.WithDeadline(context.Background(), deadline)
+	return ctx, cancel, until, bounded
+}
+
+func (s *Store) commit(ctx context.Context, base string, data map[string][]byte) (string, error) {
 	secrets := s.cfg.Client.CoreV1().Secrets(s.cfg.Namespace)
 	if base == "" {
 		sec := &corev1.Secret{
@@ -233,10 +272,10 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, er
 		}
 		created, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			return "", s.wrap(fmt.Errorf("%w: created by another writer", ca.ErrConflict))
+			return "", fmt.Errorf("%w: created by another writer", ca.ErrConflict)
 		}
 		if err != nil {
-			return "", s.wrap(err)
+			return "", err
 		}
 		return created.ResourceVersion, nil
 	}
@@ -245,13 +284,13 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, er
 	// whole of it atomic.
 	cur, err := secrets.Get(ctx, s.cfg.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", s.wrap(fmt.Errorf("%w: deleted since it was read", ca.ErrConflict))
+		return "", fmt.Errorf("%w: deleted since it was read", ca.ErrConflict)
 	}
 	if err != nil {
-		return "", s.wrap(err)
+		return "", err
 	}
 	if cur.ResourceVersion != base {
-		return "", s.wrap(fmt.Errorf("%w: resourceVersion %s, read at %s", ca.ErrConflict, cur.ResourceVersion, base))
+		return "", fmt.Errorf("%w: resourceVersion %s, read at %s", ca.ErrConflict, cur.ResourceVersion, base)
 	}
 	cur.Data, cur.StringData = data, nil
 	if cur.Labels == nil {
@@ -260,10 +299,10 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, er
 	cur.Labels[ManagedByLabel] = managedBy
 	updated, err := secrets.Update(ctx, cur, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return "", s.wrap(fmt.Errorf("%w: %v", ca.ErrConflict, err))
+		return "", fmt.Errorf("%w: %v", ca.ErrConflict, err)
 	}
 	if err != nil {
-		return "", s.wrap(err)
+		return "", err
 	}
 	return updated.ResourceVersion, nil
 }
@@ -286,12 +325,18 @@ func (s *Store) Watch(ctx context.Context, onChange func()) error {
 		},
 	}
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Secret{}, 0, cache.Indexers{})
-	if err := inf.SetTransform(func(obj any) (any, error) {
-		if sec, ok := obj.(*corev1.Secret); ok {
-			meta := sec.ObjectMeta
-			return &corev1.Secret{ObjectMeta: meta, Type: sec.Type}, nil
+	if err := inf.SetTransform(metadataOnly); err != nil {
+		return s.wrap(err)
+	}
+	// The informer retries on its own; say why it had to, or a follower
+	// that cannot list the Secret (RBAC, an unreachable API server) would
+	// silently stop noticing the leader's writes until its next recheck.
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			s.cfg.Logger.Debug("watch of the CA state closed; resuming", "secret", s.cfg.Namespace+"/"+s.cfg.Name, logattr.Error, err)
+			return
 		}
-		return obj, nil
+		s.cfg.Logger.Warn("watch of the CA state failed; retrying", "secret", s.cfg.Namespace+"/"+s.cfg.Name, logattr.Error, err)
 	}); err != nil {
 		return s.wrap(err)
 	}
@@ -316,4 +361,18 @@ func (s *Store) Watch(ctx context.Context, onChange func()) error {
 	onChange()
 	inf.RunWithContext(ctx)
 	return nil
+}
+
+// metadataOnly is the watch's transform: what it keeps of a Secret, before
+// caching it.
+// That is the identity and version of the object, never its data nor
+// annotations or managed fields, which may quote it (kubectl apply keeps
+// the whole applied object in an annotation).
+func metadataOnly(obj any) (any, error) {
+	if sec, ok := obj.(*corev1.Secret); ok {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
+			Name: sec.Name, Namespace: sec.Namespace, UID: sec.UID, ResourceVersion: sec.ResourceVersion,
+		}, Type: sec.Type}, nil
+	}
+	return obj, nil
 }

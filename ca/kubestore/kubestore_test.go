@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
+	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"sort"
@@ -23,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -407,4 +410,123 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// syncBuffer is a log sink goroutines may write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestWatchErrorsAreLogged: a follower whose watch cannot list the Secret
+// (here RBAC forbids it) says so in its log, instead of silently never
+// noticing the leader's writes.
+func TestWatchErrorsAreLogged(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	tok := env.ServiceAccountToken(t, ns, "nobody", nil, 10*time.Minute)
+	cfg := rest.AnonymousClientConfig(env.Config)
+	cfg.BearerToken = tok
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	s, err := New(Config{Client: cs, Namespace: ns, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, func() {}) }()
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "watch of the CA state failed") && strings.Contains(logs.String(), "forbidden")
+	}, 10*time.Second, 10*time.Millisecond, logs.String())
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestWatchCacheHoldsNoKeyMaterial: the watch keeps only what it needs
+// to notice a change; not the data, and not annotations, which may hold
+// a copy of it (kubectl apply's last-applied-configuration).
+func TestWatchCacheHoldsNoKeyMaterial(t *testing.T) {
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: DefaultName, Namespace: "ns", ResourceVersion: "7", UID: "u",
+			Labels:        map[string]string{ManagedByLabel: "trustbridge"},
+			Annotations:   map[string]string{"kubectl.kubernetes.io/last-applied-configuration": `{"data":{"x.key.pem":"LS0tLS1CRUdJTiBQUklWQVRF"}}`},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+		},
+		Data: map[string][]byte{"x.key.pem": []byte("-----BEGIN PRIVATE KEY-----")},
+	}
+	got, err := metadataOnly(sec)
+	require.NoError(t, err)
+	out := got.(*corev1.Secret)
+	assert.Equal(t, "7", out.ResourceVersion)
+	assert.Equal(t, DefaultName, out.Name)
+	assert.Empty(t, out.Data)
+	assert.Empty(t, out.Annotations)
+	assert.Empty(t, out.ManagedFields)
+	b, err := json.Marshal(out)
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), "PRIVATE")
+	assert.NotContains(t, string(b), "LS0tLS1CRUdJTiBQUklWQVRF")
+}
+
+// leaseUntil leads until a fixed instant, as an Elector whose renewals
+// stopped succeeding.
+type leaseUntil struct{ until time.Time }
+
+func (l leaseUntil) IsLeader() bool          { return time.Now().Before(l.until) }
+func (l leaseUntil) LeadingUntil() time.Time { return l.until }
+
+// slowWrites holds every PUT until its request is cancelled or delay has
+// passed, like an API server that answers late.
+type slowWrites struct {
+	delay time.Duration
+	next  http.RoundTripper
+}
+
+func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPut {
+		select {
+		case <-r.Context().Done():
+			return nil, r.Context().Err()
+		case <-time.After(s.delay):
+		}
+	}
+	return s.next.RoundTrip(r)
+}
+
+// TestWriteAbandonedWhenTheLeaseMayBeGone: a commit that began while this
+// replica led, but would land after it stops counting itself the leader
+// (another replica may take over soon after), is abandoned, not written
+// late.
+func TestWriteAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	newAuthority(t, clocktesting.NewFakeClock(t0), newStore(t, env.Client, ns, nil), nil)
+	before := secret(t, env.Client, ns)
+
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &slowWrites{delay: 3 * time.Second, next: rt} })
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	s := newStore(t, cs, ns, leaseUntil{until: time.Now().Add(500 * time.Millisecond)})
+	j, roots, version, err := s.Load("example.org")
+	require.NoError(t, err)
+	require.Equal(t, before.ResourceVersion, version)
+	j.Sequence++
+	_, err = s.Commit(version, j, roots)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ca.ErrNotLeader)
+	assert.Equal(t, before.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "nothing written")
 }

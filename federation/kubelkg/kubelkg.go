@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -30,6 +31,7 @@ import (
 const (
 	DefaultPrefix  = "trustbridge-lkg-"
 	DefaultTimeout = 10 * time.Second
+	DefaultResync  = time.Minute
 	// EntryKey is the ConfigMap key holding the entry.
 	EntryKey = "entry.json"
 	// TrustDomainAnnotation records the trust domain a ConfigMap is for.
@@ -62,10 +64,16 @@ type Config struct {
 	Namespace string
 	// Prefix of every ConfigMap name; it must itself be a valid name start.
 	Prefix string
-	// Leader fences writes; nil means always the leader.
+	// Leader fences writes; nil means always the leader. If it also has
+	// LeadingUntil() time.Time (leader.Elector does), a save still under
+	// way at that instant is abandoned.
 	Leader  Leader
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// Resync is how often Watch reports every entry again, so that a
+	// follower whose load after a change failed (the API server blinked)
+	// retries it; default DefaultResync.
+	Resync time.Duration
+	Logger *slog.Logger
 }
 
 // Store is a federation.LastKnownGood on ConfigMaps.
@@ -89,6 +97,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -173,9 +184,16 @@ func decode(cm *corev1.ConfigMap, td spiffeid.TrustDomain) (*federation.LKGEntry
 	case len(e.Bundle) == 0 || string(e.Bundle) == "null":
 		return nil, fmt.Errorf("%s: bundle is missing", EntryKey)
 	}
-	b, _, err := bundledoc.Parse(td, e.Bundle)
+	b, warnings, err := bundledoc.Parse(td, e.Bundle)
 	if err != nil {
 		return nil, fmt.Errorf("%s: bundle: %w", EntryKey, err)
+	}
+	for _, w := range warnings {
+		if w.Code == bundledoc.CodeForeignTrustDomain {
+			// The poller refuses such a bundle when fetched; an edited
+			// ConfigMap must not bring it in.
+			return nil, fmt.Errorf("%s: bundle: %w: %s", EntryKey, federation.ErrTrustDomainMismatch, w.String())
+		}
 	}
 	return &federation.LKGEntry{TrustDomain: td, Bundle: b, ETag: e.ETag, EndpointURL: e.EndpointURL, FetchedAt: e.FetchedAt}, nil
 }
@@ -239,8 +257,36 @@ func (s *Store) Save(e federation.LKGEntry) error {
 	if len(raw) > MaxEntrySize {
 		return fmt.Errorf("kubelkg: %s: entry of %d bytes is more than the %d a load reads", where, len(raw), MaxEntrySize)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	deadline := time.Now().Add(s.cfg.Timeout)
+	var until time.Time
+	lb, bounded := s.cfg.Leader.(leaseBound)
+	if bounded {
+		if until = lb.LeadingUntil(); until.IsZero() {
+			return fmt.Errorf("kubelkg: %s: %w: refusing to write", where, ErrNotLeader)
+		}
+		if until.Before(deadline) {
+			deadline = until
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	err = s.save(ctx, e, where, raw)
+	if err != nil && bounded && !time.Now().Before(until) {
+		// The request may have gone out, but past the instant another
+		// replica may lead: abandoned, as far as this replica can.
+		return fmt.Errorf("kubelkg: %s: %w: leadership may have lapsed during the write: %v", where, ErrNotLeader, err)
+	}
+	return err
+}
+
+// leaseBound is the optional part of a Leader that says until when it
+// counts itself the leader.
+type leaseBound interface{ LeadingUntil() time.Time }
+
+// save writes raw, the encoding of e, as its trust domain's entry,
+// refusing to go back in sequence.
+func (s *Store) save(ctx context.Context, e federation.LKGEntry, where string, raw []byte) error {
+	td := e.TrustDomain
 	cms := s.cfg.Client.CoreV1().ConfigMaps(s.cfg.Namespace)
 	cur, err := s.get(ctx, td)
 	if err != nil {
@@ -293,9 +339,10 @@ func (s *Store) Save(e federation.LKGEntry) error {
 }
 
 // Watch calls onChange with the trust domain of every entry created,
-// changed or deleted (and of each existing one when the watch starts),
-// until ctx is done. Followers pass a function that calls
-// Poller.LoadLastKnownGoodFor.
+// changed or deleted (and of each existing one when the watch starts, and
+// again every Config.Resync, so a load that failed is retried), until ctx
+// is done. Followers pass a function that calls
+// Poller.LoadLastKnownGoodFor, which takes only a newer bundle.
 func (s *Store) Watch(ctx context.Context, onChange func(spiffeid.TrustDomain)) error {
 	sel := labels.SelectorFromSet(labels.Set{ComponentLabel: component}).String()
 	cms := s.cfg.Client.CoreV1().ConfigMaps(s.cfg.Namespace)
@@ -309,7 +356,19 @@ func (s *Store) Watch(ctx context.Context, onChange func(spiffeid.TrustDomain)) 
 			return cms.Watch(ctx, o)
 		},
 	}
-	inf := cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{})
+	inf := cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, s.cfg.Resync, cache.Indexers{})
+	// The informer retries on its own; say why it had to, or a follower
+	// that cannot list the entries (RBAC, an unreachable API server)
+	// would silently keep serving old bundles.
+	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			s.cfg.Logger.Debug("watch of last-known-good ConfigMaps closed; resuming", logattr.Error, err)
+			return
+		}
+		s.cfg.Logger.Warn("watch of last-known-good ConfigMaps failed; retrying", "namespace", s.cfg.Namespace, logattr.Error, err)
+	}); err != nil {
+		return fmt.Errorf("kubelkg: %w", err)
+	}
 	changed := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -327,14 +386,9 @@ func (s *Store) Watch(ctx context.Context, onChange func(spiffeid.TrustDomain)) 
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: changed,
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*corev1.ConfigMap)
-			n, ok2 := newObj.(*corev1.ConfigMap)
-			if ok1 && ok2 && o.ResourceVersion == n.ResourceVersion {
-				return
-			}
-			changed(newObj)
-		},
+		// Also on a resync (the same resourceVersion): the load that
+		// followed the change may have failed.
+		UpdateFunc: func(_, newObj any) { changed(newObj) },
 		DeleteFunc: changed,
 	}); err != nil {
 		return fmt.Errorf("kubelkg: %w", err)

@@ -2,6 +2,10 @@ package kubelkg
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -15,11 +19,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
@@ -225,4 +233,184 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("entry for another trust domain accepted: %q", annotation)
 		}
 	})
+}
+
+// failingGets makes GETs of ConfigMaps fail while on, like an API server
+// that is briefly unreachable for reads.
+type failingGets struct {
+	on   atomic.Bool
+	next http.RoundTripper
+}
+
+func (f *failingGets) RoundTrip(r *http.Request) (*http.Response, error) {
+	if f.on.Load() && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/configmaps/") {
+		return nil, errors.New("injected: connection refused")
+	}
+	return f.next.RoundTrip(r)
+}
+
+// TestFollowerRetriesALoadThatFailed: the watch tells a follower that an
+// entry changed, but reading it fails (the API server blinked). The
+// follower must still pick the bundle up later, not wait for the leader's
+// next save, which may be days away.
+func TestFollowerRetriesALoadThatFailed(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	leaderStore, err := New(Config{Client: env.Client, Namespace: ns})
+	require.NoError(t, err)
+	fail := &failingGets{}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { fail.next = rt; return fail })
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	followerStore, err := New(Config{Client: cs, Namespace: ns, Leader: &flag{}, Resync: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	eps, err := federation.ParseEndpoints(peer + "|https://" + peer + "/bundle")
+	require.NoError(t, err)
+	sink := &sink{}
+	follower, err := federation.NewPoller(federation.PollerConfig{Endpoints: eps, LKG: followerStore, Sink: sink, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	require.Empty(t, follower.LoadLastKnownGood())
+
+	var failed atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- followerStore.Watch(ctx, func(td spiffeid.TrustDomain) {
+			if err := follower.LoadLastKnownGoodFor(td); err != nil {
+				failed.Add(1)
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	fail.on.Store(true)
+	b := bundle(t, peer, 7)
+	require.NoError(t, leaderStore.Save(lkgEntry(b)))
+	require.Eventually(t, func() bool { return failed.Load() > 0 }, 10*time.Second, 10*time.Millisecond, "the event came and its load failed")
+	fail.on.Store(false)
+	source := federation.SourceName(spiffeid.RequireTrustDomainFromString(peer))
+	require.Eventually(t, func() bool { return b.Equal(sink.get(source)) }, 10*time.Second, 10*time.Millisecond)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestWatchErrorsAreLogged: a follower whose watch cannot list the
+// entries (here RBAC forbids it) says so in its log.
+func TestWatchErrorsAreLogged(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	cfg := rest.AnonymousClientConfig(env.Config)
+	cfg.BearerToken = env.ServiceAccountToken(t, ns, "nobody", nil, 10*time.Minute)
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	s, err := New(Config{Client: cs, Namespace: ns, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Watch(ctx, func(spiffeid.TrustDomain) {}) }()
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "watch of last-known-good ConfigMaps failed") && strings.Contains(logs.String(), "forbidden")
+	}, 10*time.Second, 10*time.Millisecond, logs.String())
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestForeignRootRefused: an entry whose bundle holds a root naming another
+// trust domain (an edited ConfigMap) is refused, as the poller refuses it
+// when fetched: that root could mint identities of the trust domain it
+// names. A follower keeps what it held.
+func TestForeignRootRefused(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	s, err := New(Config{Client: env.Client, Namespace: ns})
+	require.NoError(t, err)
+	good := bundle(t, peer, 7)
+	require.NoError(t, s.Save(lkgEntry(good)))
+
+	peerTD := spiffeid.RequireTrustDomainFromString(peer)
+	foreign := spiffebundle.FromX509Authorities(peerTD, testca.New(t, "evil.example").Bundle().X509Authorities())
+	foreign.SetSequenceNumber(8)
+	doc, err := bundledoc.Marshal(foreign)
+	require.NoError(t, err)
+	raw, err := json.Marshal(entry{TrustDomain: peer, FetchedAt: time.Now().UTC(), Bundle: doc})
+	require.NoError(t, err)
+	cm, err := env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), s.Name(peerTD), metav1.GetOptions{})
+	require.NoError(t, err)
+	cm.Data[EntryKey] = string(raw)
+	_, err = env.Client.CoreV1().ConfigMaps(ns).Update(t.Context(), cm, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	_, err = s.Load(peerTD)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "evil.example")
+
+	eps, err := federation.ParseEndpoints(peer + "|https://" + peer + "/bundle")
+	require.NoError(t, err)
+	sk := &sink{}
+	p, err := federation.NewPoller(federation.PollerConfig{Endpoints: eps, LKG: s, Sink: sk, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	errs := p.LoadLastKnownGood()
+	require.Len(t, errs, 1)
+	assert.Nil(t, sk.get(federation.SourceName(peerTD)), "nothing trusted from it")
+}
+
+// leaseUntil leads until a fixed instant, as an Elector whose renewals
+// stopped succeeding.
+type leaseUntil struct{ until time.Time }
+
+func (l leaseUntil) IsLeader() bool          { return time.Now().Before(l.until) }
+func (l leaseUntil) LeadingUntil() time.Time { return l.until }
+
+// slowWrites holds every PUT and POST until its request is cancelled or
+// delay has passed, like an API server that answers late.
+type slowWrites struct {
+	delay time.Duration
+	next  http.RoundTripper
+}
+
+func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPut || r.Method == http.MethodPost {
+		select {
+		case <-r.Context().Done():
+			return nil, r.Context().Err()
+		case <-time.After(s.delay):
+		}
+	}
+	return s.next.RoundTrip(r)
+}
+
+// TestSaveAbandonedWhenTheLeaseMayBeGone: a save that began while this
+// replica led, but would land after it stops counting itself the leader,
+// is abandoned, not written late over a newer leader's.
+func TestSaveAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &slowWrites{delay: 3 * time.Second, next: rt} })
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	s, err := New(Config{Client: cs, Namespace: ns, Leader: leaseUntil{until: time.Now().Add(500 * time.Millisecond)}})
+	require.NoError(t, err)
+	err = s.Save(lkgEntry(bundle(t, peer, 7)))
+	require.ErrorIs(t, err, ErrNotLeader)
+	_, err = env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), s.Name(spiffeid.RequireTrustDomainFromString(peer)), metav1.GetOptions{})
+	assert.True(t, apierrors.IsNotFound(err), "nothing written: %v", err)
 }

@@ -91,6 +91,10 @@ func New(cfg Config) (*Elector, error) {
 	}
 	// The elector's own rules, checked here so a bad flag fails at start.
 	switch {
+	case cfg.LeaseDuration < time.Second || cfg.LeaseDuration%time.Second != 0:
+		// The Lease records whole seconds and other replicas count from
+		// that; a truncated duration could end before our renew deadline.
+		return nil, fmt.Errorf("leader: lease duration %s must be a whole number of seconds: the Lease records seconds", cfg.LeaseDuration)
 	case cfg.LeaseDuration <= cfg.RenewDeadline:
 		return nil, fmt.Errorf("leader: lease duration %s must be longer than the renew deadline %s", cfg.LeaseDuration, cfg.RenewDeadline)
 	case cfg.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(cfg.RetryPeriod)):
@@ -132,6 +136,20 @@ func (e *Elector) IsLeader() bool {
 	return e.isLeaderLocked()
 }
 
+// LeadingUntil is when IsLeader turns false unless the lease is renewed
+// first, or zero while this replica does not lead. Writers bound their
+// requests by it (ca/kubestore, federation/kubelkg), so a write cannot
+// land long after another replica may have taken over.
+func (e *Elector) LeadingUntil() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.isLeaderLocked() {
+		return time.Time{}
+	}
+	// Measured on cfg.Clock; as a wall-clock instant for deadlines.
+	return time.Now().Add(e.cfg.RenewDeadline - e.cfg.Clock.Since(e.renewed))
+}
+
 func (e *Elector) isLeaderLocked() bool {
 	return e.leading && e.cfg.Clock.Since(e.renewed) < e.cfg.RenewDeadline
 }
@@ -156,6 +174,16 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context) error)
 		if err := e.round(ctx, lock, lead, log); err != nil {
 			return err
 		}
+		// A round ends after leading: lead failed or returned, or the
+		// lease was lost. Campaign again a retry period later, so lead
+		// work that fails at once does not spin acquiring and releasing
+		// the Lease, and other replicas get their chance.
+		t := e.cfg.Clock.NewTimer(e.cfg.RetryPeriod)
+		select {
+		case <-ctx.Done():
+		case <-t.C():
+		}
+		t.Stop()
 	}
 	return nil
 }

@@ -87,6 +87,9 @@ func TestOneLeaderAndFailover(t *testing.T) {
 		time.Sleep(retry) // observing that nothing changes over time
 	}
 	assert.True(t, first.el.IsLeader())
+	until := first.el.LeadingUntil()
+	assert.True(t, until.After(time.Now()) && !until.After(time.Now().Add(renew)), "leading until %s", until)
+	assert.Zero(t, second.el.LeadingUntil())
 	assert.Equal(t, 1.0, testutil.ToFloat64(first.el.gauge))
 	assert.Equal(t, 0.0, testutil.ToFloat64(second.el.gauge))
 
@@ -155,6 +158,11 @@ func TestNewChecksConfig(t *testing.T) {
 		{"no namespace", Config{Client: cs}, "namespace is required"},
 		{"lease not longer than renew", Config{Client: cs, Namespace: "x", LeaseDuration: time.Second, RenewDeadline: time.Second}, "must be longer than the renew deadline"},
 		{"renew too short for retry", Config{Client: cs, Namespace: "x", RenewDeadline: time.Second, RetryPeriod: time.Second}, "retry periods"},
+		// The Lease records whole seconds, and other replicas count the
+		// lease from that: 1.5s would be taken as 1s, shorter than the
+		// renew deadline this replica trusts itself to lead for.
+		{"lease not whole seconds", Config{Client: cs, Namespace: "x", LeaseDuration: 1500 * time.Millisecond, RenewDeadline: 1200 * time.Millisecond, RetryPeriod: 100 * time.Millisecond}, "whole number of seconds"},
+		{"lease under a second", Config{Client: cs, Namespace: "x", LeaseDuration: 900 * time.Millisecond, RenewDeadline: 600 * time.Millisecond, RetryPeriod: 100 * time.Millisecond}, "whole number of seconds"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -169,4 +177,35 @@ func TestNewChecksConfig(t *testing.T) {
 	e2, err := New(Config{Client: cs, Namespace: "x"})
 	require.NoError(t, err)
 	assert.NotEqual(t, e.Identity(), e2.Identity(), "identities are unique per process")
+}
+
+// TestFailingLeadBacksOff: lead work that fails at once gives up the
+// Lease; the replica campaigns again, but one retry period later, not in
+// a tight acquire-release loop against the API server.
+func TestFailingLeadBacksOff(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	el, err := New(Config{Client: env.Client, Namespace: ns, Identity: "a",
+		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	var leads atomic.Int32
+	first := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- el.Run(ctx, func(context.Context) error {
+			if leads.Add(1) == 1 {
+				close(first)
+			}
+			return assert.AnError
+		})
+	}()
+	<-first
+	start := time.Now()
+	time.Sleep(5 * retry) // observing how often it campaigns over time
+	n, elapsed := leads.Load(), time.Since(start)
+	cancel()
+	require.NoError(t, <-done)
+	assert.LessOrEqual(t, int(n), int(elapsed/retry)+2, "%d leads in %s", n, elapsed)
+	assert.GreaterOrEqual(t, n, int32(2), "it campaigns again")
 }
