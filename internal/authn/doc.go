@@ -19,7 +19,9 @@
 //     expiry; failures are not cached, so a revoked token stops working
 //     within the cache TTL plus the API server's own 10 second token cache.
 //     Bearer tokens that are not JWTs are left to the next authenticator and
-//     never reach the API server.
+//     never reach the API server. At most MaxConcurrentReviews reviews run
+//     at once; a new token beyond that is refused with ErrUnavailable, so
+//     a flood of distinct tokens is not a flood of goroutines and calls.
 //   - BootstrapTokens: shared secret tokens listed in a file
 //     ("token,spiffe-id" per line). This is a bootstrap-only path for
 //     laptops and VMs without Kubernetes: get a first SVID with the token,

@@ -33,6 +33,9 @@ const (
 	// DefaultTokenReviewTimeout bounds one TokenReview call when
 	// TokenReviewConfig.Timeout is 0.
 	DefaultTokenReviewTimeout = 5 * time.Second
+	// DefaultMaxConcurrentReviews bounds the TokenReviews in flight when
+	// TokenReviewConfig.MaxConcurrentReviews is 0.
+	DefaultMaxConcurrentReviews = 64
 )
 
 // serviceAccountUsernamePrefix starts every service account's username.
@@ -44,6 +47,7 @@ const (
 	reviewUnauthenticated = "unauthenticated" // the API server refused the token
 	reviewRefused         = "refused"         // authenticated, but not for our audience or not a service account
 	reviewError           = "error"           // the call failed
+	reviewBusy            = "busy"            // not asked: MaxConcurrentReviews in flight
 )
 
 // TokenReviewConfig configures NewTokenReview.
@@ -67,6 +71,12 @@ type TokenReviewConfig struct {
 	// Timeout bounds each TokenReview call; default
 	// DefaultTokenReviewTimeout.
 	Timeout time.Duration
+	// MaxConcurrentReviews bounds the TokenReviews in flight (callers with
+	// the same token share one); a new token beyond it is refused at once
+	// with ErrUnavailable, so a flood of distinct tokens costs neither
+	// unbounded goroutines nor unbounded calls queued on the API server.
+	// Cached tokens are unaffected. Default DefaultMaxConcurrentReviews.
+	MaxConcurrentReviews int
 	// Clock; nil means the real clock.
 	Clock clock.Clock
 	// Logger; nil discards.
@@ -87,6 +97,8 @@ func (c *TokenReviewConfig) setDefaults() error {
 		return fmt.Errorf("authn: token review: max cache entries %d is negative", c.MaxCacheEntries)
 	case c.Timeout < 0:
 		return fmt.Errorf("authn: token review: timeout %s is negative", c.Timeout)
+	case c.MaxConcurrentReviews < 0:
+		return fmt.Errorf("authn: token review: max concurrent reviews %d is negative", c.MaxConcurrentReviews)
 	}
 	if c.Audience == "" {
 		c.Audience = c.TrustDomain.Name()
@@ -99,6 +111,9 @@ func (c *TokenReviewConfig) setDefaults() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTokenReviewTimeout
+	}
+	if c.MaxConcurrentReviews == 0 {
+		c.MaxConcurrentReviews = DefaultMaxConcurrentReviews
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -192,9 +207,14 @@ func (a *TokenReview) Authenticate(ctx context.Context, r Request) (Identity, er
 		return Identity{ID: id, Method: MethodKubernetesJWT}, nil
 	}
 	call, shared := a.inflight[key]
-	if shared {
+	switch {
+	case shared:
 		call.waiters++
-	} else {
+	case len(a.inflight) >= a.cfg.MaxConcurrentReviews:
+		a.mu.Unlock()
+		a.m.reviews.WithLabelValues(reviewBusy).Inc()
+		return Identity{}, fmt.Errorf("authn: %s: %d token reviews in flight: %w", MethodKubernetesJWT, a.cfg.MaxConcurrentReviews, ErrUnavailable)
+	default:
 		call = &reviewCall{done: make(chan struct{})}
 		a.inflight[key] = call
 	}
@@ -321,7 +341,7 @@ func newTokenReviewMetrics(reg prometheus.Registerer, cacheLen func() float64) (
 	m := &tokenReviewMetrics{
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_authn_token_reviews_total",
-			Help: "TokenReview calls to the Kubernetes API server, by result (authenticated, unauthenticated, refused, error).",
+			Help: "TokenReview calls to the Kubernetes API server, by result (authenticated, unauthenticated, refused, error; busy: not made, too many in flight).",
 		}, []string{"result"}),
 		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_authn_token_review_cache_hits_total",
@@ -337,7 +357,7 @@ func newTokenReviewMetrics(reg prometheus.Registerer, cacheLen func() float64) (
 			return nil, err
 		}
 	}
-	for _, r := range []string{reviewAuthenticated, reviewUnauthenticated, reviewRefused, reviewError} {
+	for _, r := range []string{reviewAuthenticated, reviewUnauthenticated, reviewRefused, reviewError, reviewBusy} {
 		m.reviews.WithLabelValues(r)
 	}
 	return m, nil

@@ -3,6 +3,7 @@ package authn
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -454,6 +455,7 @@ func TestNewTokenReviewConfig(t *testing.T) {
 			assert.Equal(t, time.Minute, c.CacheTTL)
 			assert.Equal(t, DefaultTokenReviewCacheEntries, c.MaxCacheEntries)
 			assert.Equal(t, DefaultTokenReviewTimeout, c.Timeout)
+			assert.Equal(t, DefaultMaxConcurrentReviews, c.MaxConcurrentReviews)
 			assert.NotNil(t, c.Clock)
 			assert.NotNil(t, c.Logger)
 		}},
@@ -464,6 +466,7 @@ func TestNewTokenReviewConfig(t *testing.T) {
 		{name: "negative TTL", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, CacheTTL: -time.Second}, errHas: "cache TTL"},
 		{name: "negative entries", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, MaxCacheEntries: -1}, errHas: "negative"},
 		{name: "negative timeout", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, Timeout: -1}, errHas: "negative"},
+		{name: "negative concurrency", cfg: TokenReviewConfig{Client: cs, TrustDomain: localTD, MaxConcurrentReviews: -1}, errHas: "max concurrent reviews"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -548,4 +551,71 @@ func TestPeekJWT(t *testing.T) {
 			assert.Equal(t, tt.want.expInvalid, got.expInvalid)
 		})
 	}
+}
+
+// TestTokenReviewConcurrencyCap floods the authenticator with distinct
+// tokens while the API server is slow: beyond MaxConcurrentReviews a new
+// token is refused at once with ErrUnavailable and never reaches the API
+// server, while callers sharing a review in flight still join it, and the
+// cap frees up once reviews finish.
+func TestTokenReviewConcurrencyCap(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const limit = DefaultMaxConcurrentReviews
+	f := newReviewFixture(t, nil)
+	release := make(chan struct{})
+	tokens := make([]string, limit+1)
+	for i := range tokens {
+		tokens[i] = saToken(t, fmt.Sprintf("sa-%d", i), epoch.Add(time.Hour))
+		user := fmt.Sprintf("system:serviceaccount:default:sa-%d", i)
+		f.api.set(tokens[i], func(spec authenticationv1.TokenReviewSpec) (authenticationv1.TokenReviewStatus, error) {
+			<-release
+			return accept(user, "example.org")(spec)
+		})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, limit+1)
+	for _, tok := range tokens[:limit] {
+		wg.Go(func() {
+			_, err := f.auth(tok)
+			errs <- err
+		})
+	}
+	// The fake client serializes calls: one is in the API server, the
+	// others queue behind it, as they would behind client-go's limiter.
+	require.Eventually(t, func() bool {
+		f.a.mu.Lock()
+		defer f.a.mu.Unlock()
+		return len(f.a.inflight) == limit
+	}, 5*time.Second, time.Millisecond)
+
+	// One more distinct token: refused without a call, well before any
+	// review could time out.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := f.a.Authenticate(ctx, Request{BearerToken: tokens[limit]})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
+	assert.EqualValues(t, 1, f.reviews(reviewBusy))
+
+	// A caller with a token already under review joins it.
+	wg.Go(func() {
+		_, err := f.auth(tokens[0])
+		errs <- err
+	})
+	require.Eventually(t, func() bool {
+		f.a.mu.Lock()
+		defer f.a.mu.Unlock()
+		return f.a.inflight[tokenKey(sha256.Sum256([]byte(tokens[0])))].waiters == 1
+	}, 5*time.Second, time.Millisecond)
+
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	assert.EqualValues(t, limit, f.api.calls.Load(), "the refused token never reached the API server")
+	id, err := f.auth(tokens[limit])
+	require.NoError(t, err, "room again once the reviews finished")
+	assert.Equal(t, spiffeid.RequireFromPath(localTD, fmt.Sprintf("/ns/default/sa/sa-%d", limit)), id.ID)
 }

@@ -23,21 +23,58 @@ const maxPeerChain = 8
 // never authenticate, even if their roots are in the source: only the local
 // trust domain's bundle is asked for.
 type X509SVID struct {
-	td    spiffeid.TrustDomain
-	roots x509bundle.Source
-	clk   clock.PassiveClock
+	td        spiffeid.TrustDomain
+	roots     x509bundle.Source
+	clk       clock.PassiveClock
+	cacheSize int
+	cache     *verifyCache
+	// verify is x509svid.Verify; tests count the calls.
+	verify func([]*x509.Certificate, x509bundle.Source, ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error)
 }
 
 var _ Authenticator = (*X509SVID)(nil)
 
+// X509SVIDOption changes how NewX509SVID builds an authenticator.
+type X509SVIDOption interface {
+	apply(*X509SVID)
+}
+
+type x509SVIDOption func(*X509SVID)
+
+func (o x509SVIDOption) apply(a *X509SVID) { o(a) }
+
+// WithVerifyCacheSize bounds the verified chains remembered (default
+// DefaultVerifyCacheSize); zero or less turns the cache off, so that every
+// call verifies its chain.
+func WithVerifyCacheSize(n int) X509SVIDOption {
+	return x509SVIDOption(func(a *X509SVID) { a.cacheSize = n })
+}
+
 // NewX509SVID returns an authenticator for X509-SVIDs of td. roots is asked
 // for td's bundle on every call, so rotated roots take effect at once. A nil
 // clk means the real clock.
-func NewX509SVID(td spiffeid.TrustDomain, roots x509bundle.Source, clk clock.PassiveClock) *X509SVID {
+//
+// Successful verifications are cached, keyed by the presented chain (every
+// certificate's DER) and by the *x509bundle.Bundle pointer roots returned,
+// until the earliest NotAfter in the verified chain, checked against clk on
+// every call. This relies on a contract with roots: it returns the same
+// pointer for as long as td's roots are unchanged, a new one when they
+// change, and never changes a bundle it has returned (x509bundle.Set
+// behaves so when whole bundles are replaced with Add). A source that
+// builds a new bundle on every call is still correct, it just never hits
+// the cache. The root that anchored a cached chain is also looked up in
+// the current bundle on every hit, so a root removed from the bundle stops
+// authenticating at once even if the pointer stayed the same.
+func NewX509SVID(td spiffeid.TrustDomain, roots x509bundle.Source, clk clock.PassiveClock, opts ...X509SVIDOption) *X509SVID {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &X509SVID{td: td, roots: roots, clk: clk}
+	a := &X509SVID{td: td, roots: roots, clk: clk, cacheSize: DefaultVerifyCacheSize, verify: x509svid.Verify}
+	for _, o := range opts {
+		o.apply(a)
+	}
+	a.cache = newVerifyCache(a.cacheSize)
+	return a
 }
 
 // Authenticate verifies r.PeerCertificates. It reports ErrNoCredentials only
@@ -77,11 +114,21 @@ func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) 
 	if bundle == nil || len(bundle.X509Authorities()) == 0 {
 		return Identity{}, invalid(MethodX509SVID, errors.New("local trust domain has no X.509 roots"))
 	}
+	now := a.clk.Now()
+	var key verifyKey
+	if a.cache != nil {
+		key = verifyKey{chain: chainDigest(certs), bundle: bundle}
+		if a.cache.hit(key, bundle, now) {
+			return Identity{ID: id, Method: MethodX509SVID}, nil
+		}
+	}
 	// Verify against the local bundle alone, never the whole source.
 	local := x509bundle.FromX509Authorities(a.td, bundle.X509Authorities())
-	if _, _, err := x509svid.Verify(certs, local, x509svid.WithTime(a.clk.Now())); err != nil {
+	_, chains, err := a.verify(certs, local, x509svid.WithTime(now))
+	if err != nil {
 		return Identity{}, invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
 	}
+	a.cache.add(key, chains)
 	return Identity{ID: id, Method: MethodX509SVID}, nil
 }
 

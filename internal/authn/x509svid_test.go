@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"net/url"
+	"path"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -175,6 +180,285 @@ func TestX509SVIDNoTrustDomain(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, err := a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{leaf}})
 			require.ErrorIs(t, err, ErrInvalidCredentials)
+		})
+	}
+}
+
+// countVerify makes a count the chain verifications it does, which is how
+// the tests tell a cache hit from a miss.
+func countVerify(a *X509SVID) *atomic.Int64 {
+	var n atomic.Int64
+	next := a.verify
+	a.verify = func(certs []*x509.Certificate, src x509bundle.Source, opts ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error) {
+		n.Add(1)
+		return next(certs, src, opts...)
+	}
+	return &n
+}
+
+// TestX509SVIDVerifyCache shows which calls a verified chain serves again
+// and which go through verification: steps run in order on one
+// authenticator, each saying whether it verified and what it returned.
+func TestX509SVIDVerifyCache(t *testing.T) {
+	local := testca.New(t, "example.org")
+	inter := intermediate(t, local)
+	leaf, _ := local.Issue(t, workloadID)
+	interLeaf, _ := inter.Issue(t, workloadID)
+	otherID := spiffeid.RequireFromString("spiffe://example.org/ns/default/sa/db")
+	otherLeaf, _ := local.Issue(t, otherID)
+
+	type step struct {
+		name       string
+		certs      []*x509.Certificate
+		before     func(set *x509bundle.Set) // changes the roots first
+		wantVerify bool
+		wantErr    string // empty: authenticates as workloadID
+		want       spiffeid.ID
+	}
+	steps := []step{
+		{name: "first call verifies", certs: []*x509.Certificate{leaf}, wantVerify: true},
+		{name: "same chain again hits", certs: []*x509.Certificate{leaf}},
+		{name: "chain with intermediate verifies", certs: []*x509.Certificate{interLeaf, inter.Cert}, wantVerify: true},
+		{name: "chain with intermediate hits", certs: []*x509.Certificate{interLeaf, inter.Cert}},
+		{name: "same leaf without the intermediate does not hit", certs: []*x509.Certificate{interLeaf}, wantVerify: true, wantErr: "could not verify"},
+		{name: "same leaf with an extra certificate does not hit", certs: []*x509.Certificate{interLeaf, inter.Cert, local.Cert}, wantVerify: true},
+		{name: "another leaf verifies", certs: []*x509.Certificate{otherLeaf}, wantVerify: true, want: otherID},
+		{name: "another leaf hits as itself", certs: []*x509.Certificate{otherLeaf}, want: otherID},
+		{name: "same roots in a new bundle miss", certs: []*x509.Certificate{leaf}, wantVerify: true, before: func(set *x509bundle.Set) {
+			set.Add(x509bundle.FromX509Authorities(localTD, []*x509.Certificate{local.Cert}))
+		}},
+		{name: "then hit against the new bundle", certs: []*x509.Certificate{leaf}},
+		{name: "failures are not cached", certs: []*x509.Certificate{interLeaf}, wantVerify: true, wantErr: "could not verify"},
+	}
+
+	set := x509bundle.NewSet(x509bundle.FromX509Authorities(localTD, []*x509.Certificate{local.Cert}))
+	a := NewX509SVID(localTD, set, nil)
+	verified := countVerify(a)
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			if s.before != nil {
+				s.before(set)
+			}
+			before := verified.Load()
+			id, err := a.Authenticate(context.Background(), Request{PeerCertificates: s.certs})
+			assert.Equal(t, s.wantVerify, verified.Load() > before, "verified")
+			if s.wantErr != "" {
+				require.ErrorIs(t, err, ErrInvalidCredentials)
+				assert.Contains(t, err.Error(), s.wantErr)
+				assert.Zero(t, id)
+				return
+			}
+			require.NoError(t, err)
+			want := s.want
+			if want.IsZero() {
+				want = workloadID
+			}
+			assert.Equal(t, Identity{ID: want, Method: MethodX509SVID}, id)
+		})
+	}
+}
+
+// TestX509SVIDVerifyCacheRootRemoved shows a cached chain stops
+// authenticating as soon as its root leaves the bundle: through a new
+// bundle, as sources are meant to publish, and through a bundle changed in
+// place, which the contract rules out but which must still fail closed.
+func TestX509SVIDVerifyCacheRootRemoved(t *testing.T) {
+	tests := []struct {
+		name   string
+		rotate func(set *x509bundle.Set, b *x509bundle.Bundle, oldRoot, newRoot *x509.Certificate)
+	}{
+		{name: "new bundle without the root", rotate: func(set *x509bundle.Set, _ *x509bundle.Bundle, _, newRoot *x509.Certificate) {
+			set.Add(x509bundle.FromX509Authorities(localTD, []*x509.Certificate{newRoot}))
+		}},
+		{name: "root removed in place", rotate: func(_ *x509bundle.Set, b *x509bundle.Bundle, oldRoot, newRoot *x509.Certificate) {
+			b.AddX509Authority(newRoot)
+			b.RemoveX509Authority(oldRoot)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			oldRoot := testca.New(t, "example.org")
+			newRoot := testca.New(t, "example.org")
+			oldLeaf, _ := oldRoot.Issue(t, workloadID)
+			newLeaf, _ := newRoot.Issue(t, workloadID)
+			b := x509bundle.FromX509Authorities(localTD, []*x509.Certificate{oldRoot.Cert})
+			set := x509bundle.NewSet(b)
+			a := NewX509SVID(localTD, set, nil)
+			ctx := context.Background()
+
+			for range 2 { // verified, then cached
+				_, err := a.Authenticate(ctx, Request{PeerCertificates: []*x509.Certificate{oldLeaf}})
+				require.NoError(t, err)
+			}
+			require.Equal(t, 1, a.cache.len())
+
+			tt.rotate(set, b, oldRoot.Cert, newRoot.Cert)
+			_, err := a.Authenticate(ctx, Request{PeerCertificates: []*x509.Certificate{oldLeaf}})
+			require.ErrorIs(t, err, ErrInvalidCredentials)
+			assert.Contains(t, err.Error(), "could not verify")
+			id, err := a.Authenticate(ctx, Request{PeerCertificates: []*x509.Certificate{newLeaf}})
+			require.NoError(t, err)
+			assert.Equal(t, workloadID, id.ID)
+		})
+	}
+}
+
+// TestX509SVIDVerifyCacheExpiry shows a cached chain is good until the
+// earliest NotAfter in it, here the intermediate's, checked against the
+// clock on every hit, and not before the latest NotBefore.
+func TestX509SVIDVerifyCacheExpiry(t *testing.T) {
+	local := testca.New(t, "example.org")
+	inter := intermediate(t, local)
+	// The leaf outlives its intermediate, so the intermediate bounds the chain.
+	leaf, _ := inter.Issue(t, workloadID, testca.Options{Mutate: func(c *x509.Certificate) {
+		c.NotBefore = inter.Cert.NotBefore.Add(time.Minute)
+		c.NotAfter = inter.Cert.NotAfter.Add(6 * time.Hour)
+	}})
+	certs := []*x509.Certificate{leaf, inter.Cert}
+	start := leaf.NotBefore.Add(time.Hour)
+
+	tests := []struct {
+		name       string
+		at         time.Time
+		wantVerify bool
+		wantErr    string
+	}{
+		{name: "within validity hits", at: start},
+		{name: "at the intermediate's NotAfter still hits", at: inter.Cert.NotAfter},
+		{name: "past the intermediate's NotAfter verifies and fails", at: inter.Cert.NotAfter.Add(time.Second), wantVerify: true, wantErr: "expired"},
+		{name: "back within validity verifies again", at: start, wantVerify: true},
+		{name: "and hits", at: start.Add(time.Hour)},
+		{name: "before the leaf's NotBefore verifies and fails", at: leaf.NotBefore.Add(-time.Second), wantVerify: true, wantErr: "could not verify"},
+	}
+
+	clk := clocktesting.NewFakePassiveClock(start)
+	a := NewX509SVID(localTD, local.Bundle().X509Bundle(), clk)
+	verified := countVerify(a)
+	_, err := a.Authenticate(context.Background(), Request{PeerCertificates: certs})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, verified.Load())
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk.SetTime(tt.at)
+			before := verified.Load()
+			id, err := a.Authenticate(context.Background(), Request{PeerCertificates: certs})
+			assert.Equal(t, tt.wantVerify, verified.Load() > before, "verified")
+			if tt.wantErr != "" {
+				require.ErrorIs(t, err, ErrInvalidCredentials)
+				assert.Contains(t, err.Error(), tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, workloadID, id.ID)
+		})
+	}
+}
+
+// TestX509SVIDVerifyCacheBound shows the cache holds at most its size,
+// evicting the least recently used chain, and that size 0 turns it off.
+func TestX509SVIDVerifyCacheBound(t *testing.T) {
+	local := testca.New(t, "example.org")
+	var leaves []*x509.Certificate
+	for i := range 3 {
+		l, _ := local.Issue(t, spiffeid.RequireFromSegments(localTD, "bound", fmt.Sprint(i)))
+		leaves = append(leaves, l)
+	}
+	roots := local.Bundle().X509Bundle()
+
+	tests := []struct {
+		name      string
+		size      int
+		calls     []int // indexes into leaves
+		wantCalls int   // verifications
+		wantLen   int
+	}{
+		{name: "hits while under the bound", size: 2, calls: []int{0, 1, 0, 1}, wantCalls: 2, wantLen: 2},
+		{name: "third chain evicts the least recently used", size: 2, calls: []int{0, 1, 0, 2, 0, 1}, wantCalls: 4, wantLen: 2},
+		{name: "size one", size: 1, calls: []int{0, 0, 1, 0}, wantCalls: 3, wantLen: 1},
+		{name: "size zero turns the cache off", size: 0, calls: []int{0, 0, 0}, wantCalls: 3, wantLen: 0},
+		{name: "negative size turns the cache off", size: -1, calls: []int{0, 0}, wantCalls: 2, wantLen: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := NewX509SVID(localTD, roots, nil, WithVerifyCacheSize(tt.size))
+			verified := countVerify(a)
+			for _, i := range tt.calls {
+				id, err := a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{leaves[i]}})
+				require.NoError(t, err)
+				assert.Equal(t, fmt.Sprint(i), path.Base(id.ID.Path()))
+			}
+			assert.EqualValues(t, tt.wantCalls, verified.Load())
+			assert.Equal(t, tt.wantLen, a.cache.len())
+		})
+	}
+	assert.Equal(t, DefaultVerifyCacheSize, NewX509SVID(localTD, roots, nil).cache.max)
+}
+
+// TestX509SVIDVerifyCacheConcurrent runs many callers over more chains
+// than the cache holds while the roots are republished, for -race: every
+// call must authenticate as its own identity.
+func TestX509SVIDVerifyCacheConcurrent(t *testing.T) {
+	local := testca.New(t, "example.org")
+	var leaves []*x509.Certificate
+	for i := range 6 {
+		l, _ := local.Issue(t, spiffeid.RequireFromSegments(localTD, "c", fmt.Sprint(i)))
+		leaves = append(leaves, l)
+	}
+	set := x509bundle.NewSet(x509bundle.FromX509Authorities(localTD, []*x509.Certificate{local.Cert}))
+	a := NewX509SVID(localTD, set, nil, WithVerifyCacheSize(4))
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 50 {
+				leaf := leaves[(g+i)%len(leaves)]
+				if g == 0 && i%10 == 0 {
+					set.Add(x509bundle.FromX509Authorities(localTD, []*x509.Certificate{local.Cert}))
+				}
+				id, err := a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{leaf}})
+				if err == nil && id.ID.String() != leaf.URIs[0].String() {
+					err = fmt.Errorf("authenticated %s as %s", leaf.URIs[0], id.ID)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	assert.LessOrEqual(t, a.cache.len(), 4)
+}
+
+func TestChainDigest(t *testing.T) {
+	local := testca.New(t, "example.org")
+	inter := intermediate(t, local)
+	leaf, _ := inter.Issue(t, workloadID)
+	// The same bytes split differently must not collide.
+	a := &x509.Certificate{Raw: []byte("ab")}
+	b := &x509.Certificate{Raw: []byte("c")}
+	c := &x509.Certificate{Raw: []byte("a")}
+	d := &x509.Certificate{Raw: []byte("bc")}
+
+	tests := []struct {
+		name string
+		x, y []*x509.Certificate
+		same bool
+	}{
+		{name: "same chain", x: []*x509.Certificate{leaf, inter.Cert}, y: []*x509.Certificate{leaf, inter.Cert}, same: true},
+		{name: "intermediate dropped", x: []*x509.Certificate{leaf, inter.Cert}, y: []*x509.Certificate{leaf}},
+		{name: "order swapped", x: []*x509.Certificate{leaf, inter.Cert}, y: []*x509.Certificate{inter.Cert, leaf}},
+		{name: "extra certificate", x: []*x509.Certificate{leaf, inter.Cert}, y: []*x509.Certificate{leaf, inter.Cert, local.Cert}},
+		{name: "boundaries moved", x: []*x509.Certificate{a, b}, y: []*x509.Certificate{c, d}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.same, chainDigest(tt.x) == chainDigest(tt.y))
 		})
 	}
 }

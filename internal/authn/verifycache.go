@@ -1,0 +1,137 @@
+package authn
+
+import (
+	"container/list"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+)
+
+// DefaultVerifyCacheSize bounds the verified client chains X509SVID
+// remembers: one per client on a warm connection, a few hundred bytes each.
+const DefaultVerifyCacheSize = 8192
+
+// verifyKey names one successful verification: the chain exactly as
+// presented, against one published bundle. A new bundle pointer, as a
+// source hands out when the roots change, never matches an old entry.
+type verifyKey struct {
+	chain  [sha256.Size]byte
+	bundle *x509bundle.Bundle
+}
+
+// chainDigest hashes every presented certificate, each prefixed with its
+// length so that no two different chains hash the same input: a leaf sent
+// with other intermediates, or without them, is another chain.
+func chainDigest(certs []*x509.Certificate) [sha256.Size]byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, c := range certs {
+		binary.BigEndian.PutUint64(n[:], uint64(len(c.Raw)))
+		h.Write(n[:])
+		h.Write(c.Raw)
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// verifiedEntry is what a verification proved: the chain is good at any
+// time within [notBefore, notAfter] while anchor is one of the bundle's
+// authorities.
+type verifiedEntry struct {
+	key       verifyKey
+	anchor    *x509.Certificate
+	notBefore time.Time
+	notAfter  time.Time
+}
+
+// verifyCache is a bounded LRU of successful chain verifications. Safe for
+// concurrent use; verification itself happens outside its lock.
+type verifyCache struct {
+	mu      sync.Mutex
+	max     int
+	order   *list.List // of *verifiedEntry, most recently used first
+	entries map[verifyKey]*list.Element
+}
+
+func newVerifyCache(max int) *verifyCache {
+	if max <= 0 {
+		return nil
+	}
+	return &verifyCache{max: max, order: list.New(), entries: make(map[verifyKey]*list.Element)}
+}
+
+// hit reports whether key was verified against bundle and is still good
+// at now. The anchor is looked up in the bundle again, so that a bundle
+// changed in place, against the source's contract, fails closed rather
+// than trusting a root it no longer holds.
+func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Time) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	el, ok := c.entries[key]
+	if !ok {
+		c.mu.Unlock()
+		return false
+	}
+	e := el.Value.(*verifiedEntry)
+	if now.Before(e.notBefore) || now.After(e.notAfter) {
+		c.remove(el)
+		c.mu.Unlock()
+		return false
+	}
+	c.order.MoveToFront(el)
+	anchor := e.anchor
+	c.mu.Unlock()
+	// Outside our lock: the bundle takes its own.
+	return bundle.HasX509Authority(anchor)
+}
+
+// add remembers a verification whose chains x509svid.Verify returned. The
+// first chain alone bounds the entry: while all its certificates are
+// within their validity, verification would find it again.
+func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate) {
+	if c == nil || len(chains) == 0 || len(chains[0]) == 0 {
+		return
+	}
+	chain := chains[0]
+	e := &verifiedEntry{key: key, anchor: chain[len(chain)-1], notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
+	for _, cert := range chain[1:] {
+		if cert.NotBefore.After(e.notBefore) {
+			e.notBefore = cert.NotBefore
+		}
+		if cert.NotAfter.Before(e.notAfter) {
+			e.notAfter = cert.NotAfter
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.entries[key]; ok {
+		el.Value = e
+		c.order.MoveToFront(el)
+		return
+	}
+	for c.order.Len() >= c.max {
+		c.remove(c.order.Back())
+	}
+	c.entries[key] = c.order.PushFront(e)
+}
+
+func (c *verifyCache) remove(el *list.Element) {
+	delete(c.entries, el.Value.(*verifiedEntry).key)
+	c.order.Remove(el)
+}
+
+func (c *verifyCache) len() int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order.Len()
+}
