@@ -15,10 +15,11 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -76,7 +77,7 @@ type fixture struct {
 	signer    *countingSigner
 	svc       *certservice.Service
 	reg       *prometheus.Registry
-	logs      *syncBuffer
+	logs      *testlog.Buffer
 	addr      string
 }
 
@@ -84,7 +85,7 @@ type fixture struct {
 // when left nil, is the counting wrapper around the CA.
 func newFixture(tb testing.TB, mutate func(*certservice.Config, *ca.Authority)) *fixture {
 	tb.Helper()
-	f := &fixture{authority: newAuthority(tb, td), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	f := &fixture{authority: newAuthority(tb, td), reg: prometheus.NewRegistry(), logs: &testlog.Buffer{}}
 	f.signer = &countingSigner{next: f.authority}
 	cfg := certservice.Config{
 		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots{f.authority}, nil)},
@@ -231,27 +232,9 @@ func fakeJWT(exp time.Time) string {
 	return enc(map[string]string{"alg": "RS256"}) + "." + enc(map[string]any{"exp": exp.Unix(), "sub": "x"}) + ".c2lnbmF0dXJl"
 }
 
-// syncBuffer is a log sink tests read while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 var errSecret = errors.New("disk /secret/ca-key.pem unreadable")
 
-func newLogger(w *syncBuffer) *slog.Logger {
+func newLogger(w *testlog.Buffer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/utils/clock"
 
@@ -100,8 +101,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Authenticator == nil {
 		return nil, errors.New("certservice: no authenticator")
 	}
-	if cfg.QueueSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
-		return nil, fmt.Errorf("certservice: negative queue size (%d), rate limit (%v), burst (%d) or limiter count (%d)",
+	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
+	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
+		return nil, fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
 	if cfg.QueueSize == 0 {
@@ -200,7 +202,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	}
 	id := ident.ID
 
-	if v := req.GetMetadata().GetFields()[impersonationKey]; v != nil && v.GetStringValue() != "" {
+	if impersonates(req) {
 		return nil, ident, &refusal{codes.PermissionDenied, "impersonation", "impersonation is not supported: the certificate is for the authenticated identity only", nil}
 	}
 	if s.limits != nil && !s.limits.allow(id.String(), s.cfg.Clock.Now()) {
@@ -233,6 +235,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if err := checkRequestedID(csr, id); err != nil {
 		return nil, ident, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
 	}
+	if msg := otherNames(csr); msg != "" {
+		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
+	}
 
 	start := s.cfg.Clock.Now()
 	issued, err := s.cfg.Signer.Sign(csr, id, ttl)
@@ -247,6 +252,38 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	s.cfg.Logger.Info("certificate issued", logattr.SPIFFEID, id.String(), "method", ident.Method,
 		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer)
 	return resp, ident, nil
+}
+
+// impersonates reports whether the request carries Istio's impersonation
+// field with any value but null or "": a list, a struct or a number asks
+// for something too, and is refused rather than guessed at.
+func impersonates(req *securityv1alpha1.IstioCertificateRequest) bool {
+	v, ok := req.GetMetadata().GetFields()[impersonationKey]
+	if !ok || v == nil {
+		return false
+	}
+	switch k := v.GetKind().(type) {
+	case nil, *structpb.Value_NullValue:
+		return false
+	case *structpb.Value_StringValue:
+		return k.StringValue != ""
+	}
+	return true
+}
+
+// otherNames describes the names other than a SPIFFE ID that the CSR asks
+// for, "" when there are none. The CA refuses them too; judging them here
+// keeps them from any Signer.
+func otherNames(csr *x509.CertificateRequest) string {
+	switch {
+	case len(csr.DNSNames) > 0:
+		return fmt.Sprintf("the CSR requests %d DNS SANs; only the authenticated SPIFFE ID is issued", len(csr.DNSNames))
+	case len(csr.IPAddresses) > 0:
+		return fmt.Sprintf("the CSR requests %d IP SANs; only the authenticated SPIFFE ID is issued", len(csr.IPAddresses))
+	case len(csr.EmailAddresses) > 0:
+		return fmt.Sprintf("the CSR requests %d email SANs; only the authenticated SPIFFE ID is issued", len(csr.EmailAddresses))
+	}
+	return ""
 }
 
 // validity turns validity_duration (seconds) into a TTL for the signer:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -214,8 +215,18 @@ func TestCreateCertificateRefusals(t *testing.T) {
 			code: codes.InvalidArgument, msg: "invalid TTL", signerOK: true},
 		{name: "TTL beyond a Duration", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), ValidityDuration: math.MaxInt64},
 			code: codes.InvalidArgument, msg: "invalid TTL", signerOK: true},
+		// Names other than the SPIFFE ID are refused before the signer
+		// sees the CSR, whatever the Signer does with them.
 		{name: "DNS SAN", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: csrWithDNS(t)},
-			code: codes.InvalidArgument, msg: "DNS SANs", signerOK: true},
+			code: codes.InvalidArgument, msg: "DNS SANs"},
+		{name: "IP SAN", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: csrWith(t, &x509.CertificateRequest{IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}})},
+			code: codes.InvalidArgument, msg: "IP SANs"},
+		{name: "email SAN", client: f.client(t, local, ""), req: &securityv1alpha1.IstioCertificateRequest{Csr: csrWith(t, &x509.CertificateRequest{EmailAddresses: []string{"root@example.org"}})},
+			code: codes.InvalidArgument, msg: "email SANs"},
+		{name: "impersonation metadata, not a string", client: f.client(t, local, ""),
+			req: &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+				"ImpersonatedIdentity": structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue("spiffe://example.org/ns/a/sa/b")}})}}},
+			code: codes.PermissionDenied, msg: "impersonation"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -236,6 +247,16 @@ func TestCreateCertificateRefusals(t *testing.T) {
 	logs := f.logs.String()
 	assert.Contains(t, logs, `"msg":"certificate request refused","reason":"identity_not_allowed","code":"PermissionDenied","address":"127.0.0.1:`)
 	assert.NotContains(t, logs, `"msg":"certificate issued"`, "nothing was issued")
+}
+
+// csrWith signs tmpl with a fresh key.
+func csrWith(t *testing.T, tmpl *x509.CertificateRequest) string {
+	t.Helper()
+	key, err := ca.GenerateKey(ca.KeyECP256)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificateRequest(nil, tmpl, key)
+	require.NoError(t, err)
+	return string(pemCSR(der))
 }
 
 // csrWithDNS asks for a DNS name next to the identity.
@@ -478,6 +499,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"no authenticator":  {Signer: a},
 		"negative queue":    {Signer: a, Authenticator: auth, QueueSize: -1},
 		"negative rate":     {Signer: a, Authenticator: auth, RateLimit: -1},
+		"NaN rate":          {Signer: a, Authenticator: auth, RateLimit: rate.Limit(math.NaN())}, // would allow everything
 		"negative burst":    {Signer: a, Authenticator: auth, RateBurst: -1},
 		"negative limiters": {Signer: a, Authenticator: auth, MaxRateLimiters: -1},
 	} {

@@ -29,7 +29,6 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
 )
 
@@ -231,17 +230,28 @@ func rootTrustDomain(r *x509.Certificate) (spiffeid.TrustDomain, bool) {
 	return id.TrustDomain(), true
 }
 
-// rootsFor keeps the roots that may vouch for td: those naming td, and
-// those naming no trust domain (plug-in CAs' roots often do not). Roots of
-// other trust domains, which a merged root-cert.pem holds too, must not.
+// rootsFor keeps the roots that may vouch for td. Roots of other trust
+// domains, which a merged root-cert.pem holds too, must not. When some
+// roots name td (trustbridge's own always do), only those vouch: a
+// federated root naming no trust domain could otherwise mint td's server
+// identity. Only when none names td (a plug-in CA's roots often do not)
+// do the roots naming no trust domain vouch; merged trust that mixes such
+// roots of several trust domains cannot be told apart, so give a
+// --root-cert of the local roots alone then.
 func rootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certificate {
-	var out []*x509.Certificate
+	var named, anonymous []*x509.Certificate
 	for _, r := range roots {
-		if other, ok := rootTrustDomain(r); !ok || other == td {
-			out = append(out, r)
+		switch other, ok := rootTrustDomain(r); {
+		case !ok:
+			anonymous = append(anonymous, r)
+		case other == td:
+			named = append(named, r)
 		}
 	}
-	return out
+	if len(named) > 0 {
+		return named
+	}
+	return anonymous
 }
 
 func joinTDs(tds []spiffeid.TrustDomain) string {
@@ -395,12 +405,68 @@ func writeCredentials(dir string, key crypto.Signer, chain, roots []*x509.Certif
 		{"cert-chain.pem", certsPEM(chain), 0o644},
 		{"root-cert.pem", certsPEM(roots), 0o644},
 	}
+	// Every file is staged before any replaces its predecessor: when --out
+	// is --cert-dir, a failure part-way must not leave a new key.pem next
+	// to the old cert-chain.pem, a pair that no longer matches and cannot
+	// renew. A symlink in --out is replaced, never written through.
 	for _, f := range files {
-		if err := atomicfile.Write(filepath.Join(dir, f.name), f.data, f.perm); err != nil {
-			return err
+		p := filepath.Join(dir, f.name)
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+			return fmt.Errorf("%s is a directory", p)
 		}
 	}
-	return nil
+	staged := make([]string, len(files))
+	defer func() {
+		for _, tmp := range staged {
+			if tmp != "" {
+				_ = os.Remove(tmp)
+			}
+		}
+	}()
+	for i, f := range files {
+		tmp, err := stageFile(dir, f.name, f.data, f.perm)
+		if err != nil {
+			return err
+		}
+		staged[i] = tmp
+	}
+	for i, f := range files {
+		if err := os.Rename(staged[i], filepath.Join(dir, f.name)); err != nil {
+			return err
+		}
+		staged[i] = ""
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// stageFile writes data with perm to a new temporary file in dir, synced,
+// and returns its path for a rename over name.
+func stageFile(dir, name string, data []byte, perm os.FileMode) (string, error) {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return "", err
+	}
+	// The mode is set before any byte is written (CreateTemp makes 0600).
+	err = f.Chmod(perm)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", fmt.Errorf("write %s: %w", filepath.Join(dir, name), err)
+	}
+	return f.Name(), nil
 }
 
 // loadCertDir loads cert-chain.pem and key.pem as a client certificate

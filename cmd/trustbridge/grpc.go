@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/time/rate"
@@ -59,7 +60,7 @@ type grpcOptions struct {
 
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.listen, "grpc-listen", ":15012", `address of the certificate service (gRPC, Istio's IstioCertificateService, TLS) ("" disables it)`)
-	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names for the certificate service's serving certificate (comma-separated); not supported yet: the certificate carries only spiffe://<trust-domain>"+grpcServingPath)
+	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names the certificate service's serving certificate carries next to spiffe://<trust-domain>"+grpcServingPath+" (comma-separated), for clients that verify a host name, e.g. trustbridge.trustbridge-system.svc")
 	f.StringVar(&o.responseRoots, "ca-response-roots", rootsMerged, "roots appended to issued chains: merged (local roots first, then every federated trust domain's) or local")
 	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
 	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "CSV file of token,spiffe-id lines for callers without Kubernetes or an SVID (bootstrap only; reloaded on change)")
@@ -86,11 +87,6 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration
 		return nil, nil
 	}
 	logger = logger.With(logattr.Component, "ca-api")
-	if len(o.dnsNames) > 0 {
-		// Package ca signs only SPIFFE IDs; a flag that silently did
-		// nothing would leave clients checking host names locked out.
-		return nil, fmt.Errorf("--grpc-dns-names %q: DNS names in the serving certificate are not supported yet; clients verify spiffe://%s%s", strings.Join(o.dnsNames, ","), td.Name(), grpcServingPath)
-	}
 	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, grpcServingPath)}
 
 	var roots func() []*x509.Certificate
@@ -103,8 +99,9 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration
 	default:
 		return nil, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
 	}
-	if o.rateLimit < 0 || o.queueSize < 0 {
-		return nil, fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must not be negative", o.rateLimit, o.queueSize)
+	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
+	if !(o.rateLimit >= 0) || o.queueSize < 0 {
+		return nil, fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
 	}
 
 	auth, err := g.authenticators(o, td, authority, reg, logger)
@@ -123,9 +120,17 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration
 	if err != nil {
 		return nil, err
 	}
-	sc, err := authority.ServingCert(g.id, workloadTTL)
+	dns := make([]string, 0, len(o.dnsNames))
+	for _, n := range o.dnsNames {
+		if n = strings.TrimSpace(n); n != "" {
+			dns = append(dns, n)
+		}
+	}
+	// Istio agents reach the CA by host name and check it; workloads never
+	// get DNS names from us, so only this certificate can match them.
+	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(dns...))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -142,7 +147,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration
 // bootstrap token. The first that succeeds decides.
 func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority,
 	reg prometheus.Registerer, logger *slog.Logger) (authn.Chain, error) {
-	chain := authn.Chain{authn.NewX509SVID(td, caLocalRoots{authority}, nil)}
+	chain := authn.Chain{authn.NewX509SVID(td, newCALocalRoots(authority), nil)}
 	g.methods = append(g.methods, authn.MethodX509SVID)
 
 	mode := o.tokenReview
@@ -222,20 +227,55 @@ func loadKubeConfig(path string) (cfg *rest.Config, ok bool, err error) {
 }
 
 // caLocalRoots serves the CA's published roots, as they are at each call, as
-// the local trust domain's X.509 bundle.
-type caLocalRoots struct{ a *ca.Authority }
+// the local trust domain's X.509 bundle. It hands out the same
+// *x509bundle.Bundle until the CA publishes a new bundle, the contract
+// authn.NewX509SVID's cache of verified client chains relies on.
+type caLocalRoots struct {
+	a    *ca.Authority
+	last *atomic.Pointer[caLocalBundle]
+}
+
+// caLocalBundle is the X.509 bundle derived from one published bundle.
+type caLocalBundle struct {
+	published *spiffebundle.Bundle
+	x509      *x509bundle.Bundle
+}
+
+func newCALocalRoots(a *ca.Authority) caLocalRoots {
+	return caLocalRoots{a: a, last: new(atomic.Pointer[caLocalBundle])}
+}
 
 func (c caLocalRoots) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
 	if td != c.a.TrustDomain() {
 		return nil, fmt.Errorf("no roots for trust domain %q: the CA serves %q", td, c.a.TrustDomain())
 	}
-	return c.a.Bundle().X509Bundle(), nil
+	// The CA replaces its bundle on every publication and never changes
+	// one it has published, so the pointer names the roots.
+	published := c.a.Bundle()
+	if published == nil {
+		return nil, fmt.Errorf("the CA for %q has published no bundle yet", td)
+	}
+	old := c.last.Load()
+	if old != nil && old.published == published {
+		return old.x509, nil
+	}
+	next := &caLocalBundle{published: published, x509: published.X509Bundle()}
+	if !c.last.CompareAndSwap(old, next) {
+		// Another call derived it first: hand out the one it stored.
+		if cur := c.last.Load(); cur != nil && cur.published == published {
+			return cur.x509, nil
+		}
+	}
+	return next.x509, nil
 }
 
 // mergedRoots returns the trust store's roots, the local trust domain's
 // first, then each other trust domain's in name order; the certificate
-// service drops duplicates. The list is rebuilt only when the store
-// publishes a new snapshot.
+// service drops duplicates. A federated root whose URI SAN names a trust
+// domain other than the one that published it is left out: clients that
+// tell roots apart by that SAN (ca request) would take a peer's root
+// claiming spiffe://<local> for one of ours. The list is rebuilt only when
+// the store publishes a new snapshot.
 func mergedRoots(td spiffeid.TrustDomain, store *trust.Store) func() []*x509.Certificate {
 	type cached struct {
 		snap  *trust.Snapshot
@@ -256,7 +296,11 @@ func mergedRoots(td spiffeid.TrustDomain, store *trust.Store) func() []*x509.Cer
 				continue
 			}
 			if b, ok := snap.X509BundleFor(other); ok {
-				roots = append(roots, b.X509Authorities()...)
+				for _, r := range b.X509Authorities() {
+					if named, ok := rootTrustDomain(r); !ok || named == other {
+						roots = append(roots, r)
+					}
+				}
 			}
 		}
 		last.Store(&cached{snap: snap, roots: roots})

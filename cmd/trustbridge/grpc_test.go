@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,9 +19,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 // TestMain stops the shared real API server (internal/kubetest) after the
@@ -54,7 +58,7 @@ func serverError(t *testing.T, o serverOptions) error {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs syncBuffer
+	var out, logs testlog.Buffer
 	go func() {
 		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
 	}()
@@ -76,7 +80,8 @@ func TestGRPCFlagErrors(t *testing.T) {
 		o    grpcOptions
 		want string
 	}{
-		{"dns names", grpcOptions{dnsNames: []string{"trustbridge.example"}}, "--grpc-dns-names"},
+		{"wildcard dns name", grpcOptions{tokenReview: tokenReviewOff, dnsNames: []string{"*.example"}}, "--grpc-dns-names"},
+		{"ip as dns name", grpcOptions{tokenReview: tokenReviewOff, dnsNames: []string{"10.0.0.1"}}, "--grpc-dns-names"},
 		{"response roots", grpcOptions{responseRoots: "all"}, "--ca-response-roots"},
 		{"token review mode", grpcOptions{tokenReview: "yes"}, "--token-review"},
 		{"token review on without Kubernetes", grpcOptions{tokenReview: tokenReviewOn}, "--token-review on needs"},
@@ -85,6 +90,7 @@ func TestGRPCFlagErrors(t *testing.T) {
 		{"bad bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
 		{"bootstrap file of another trust domain", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, laptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
 		{"negative rate", grpcOptions{rateLimit: -1}, "--sign-rate-limit"},
+		{"NaN rate", grpcOptions{rateLimit: math.NaN()}, "--sign-rate-limit"},
 		{"negative queue", grpcOptions{queueSize: -1}, "--sign-queue-size"},
 		{"port taken", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: tokens}, "--grpc-listen"},
 	}
@@ -193,6 +199,27 @@ func TestMergedRoots(t *testing.T) {
 	assert.Equal(t, local.Cert, got[0])
 	assert.ElementsMatch(t, []*x509.Certificate{a.Cert, a2.Cert}, got[1:3])
 	assert.Equal(t, b.Cert, got[3])
+
+	// A federated bundle holding a root that names another trust domain,
+	// ours above all: a client that tells roots apart by their URI SAN
+	// (ca request) would take it for one of ours. It is left out; roots
+	// naming no trust domain (plug-in CAs) stay.
+	forged := testca.New(t, "example.org")
+	plain := testca.New(t, "evil.example", testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }})
+	store.Set("peer-evil", spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("evil.example"),
+		[]*x509.Certificate{forged.Cert, plain.Cert, b.Cert}))
+	got = roots()
+	require.Len(t, got, 5, "local, a, a2, b, then evil.example's plain root only")
+	assert.Equal(t, []*x509.Certificate{b.Cert, plain.Cert}, got[3:])
+	assert.NotContains(t, subjects(got), forged.Cert.Subject.String())
+}
+
+func subjects(certs []*x509.Certificate) []string {
+	out := make([]string, len(certs))
+	for i, c := range certs {
+		out[i] = c.Subject.String()
+	}
+	return out
 }
 
 // TestCARequestWithServiceAccountToken runs the whole path against a real
@@ -221,4 +248,55 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--out", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "did not accept the credentials")
+}
+
+// TestGRPCDNSNames: a client that checks a host name (an Istio agent
+// dialing the CA by Service name) verifies the serving certificate with
+// --grpc-dns-names, and only for those names.
+func TestGRPCDNSNames(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
+		o.grpc.dnsNames = []string{"trustbridge.trustbridge-system.svc", " Trustbridge.Example "}
+	})
+	roots, err := readPEMCerts(rootCert)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	for _, c := range roots {
+		pool.AddCert(c)
+	}
+	dial := func(name string) error {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: name, NextProtos: []string{"h2"}})
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}
+	assert.NoError(t, dial("trustbridge.trustbridge-system.svc"))
+	assert.NoError(t, dial("trustbridge.example"), "names are trimmed and lowercased")
+	var hostErr x509.HostnameError
+	assert.ErrorAs(t, dial("attacker.example"), &hostErr)
+}
+
+// TestCALocalRoots: the authenticator's verified-chain cache is keyed by
+// the bundle pointer, so the same pointer must come back until the CA
+// publishes, and a new one after.
+func TestCALocalRoots(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir()})
+	require.NoError(t, err)
+	r := newCALocalRoots(a)
+	b1, err := r.GetX509BundleForTrustDomain(td)
+	require.NoError(t, err)
+	b2, err := r.GetX509BundleForTrustDomain(td)
+	require.NoError(t, err)
+	assert.Same(t, b1, b2)
+	require.Len(t, b1.X509Authorities(), 1)
+
+	require.NoError(t, a.Rotate())
+	b3, err := r.GetX509BundleForTrustDomain(td)
+	require.NoError(t, err)
+	assert.NotSame(t, b1, b3)
+	assert.Len(t, b3.X509Authorities(), 2, "the prepared root is published")
+
+	_, err = r.GetX509BundleForTrustDomain(spiffeid.RequireTrustDomainFromString("peer.example"))
+	assert.Error(t, err, "federated trust domains never authenticate to our CA")
 }
