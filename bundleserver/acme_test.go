@@ -1,7 +1,6 @@
 package bundleserver
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"io/fs"
@@ -19,6 +18,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
 
 	"github.com/letsencrypt/pebble/v2/ca"
 	"github.com/letsencrypt/pebble/v2/db"
@@ -68,7 +69,7 @@ func startPebble(t *testing.T, opts pebbleOptions) *pebbleServer {
 	t.Setenv("PEBBLE_VA_NOSLEEP", "1")
 	t.Setenv("PEBBLE_WFE_NONCEREJECT", "0")
 
-	logs := &acmeSyncBuffer{}
+	logs := &testlog.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("pebble log:\n%s", logs.String())
@@ -164,24 +165,6 @@ func startLoopbackDNS(t *testing.T) string {
 		<-done
 	})
 	return ln.Addr().String()
-}
-
-// acmeSyncBuffer is a bytes.Buffer safe for pebble's goroutines.
-type acmeSyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *acmeSyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *acmeSyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // acmeHello is the ClientHello of a modern client: ECDSA-capable, so

@@ -8,10 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -22,24 +23,6 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
-
-// syncBuffer is a log sink tests can read while the code writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func writeBundle(t testing.TB, path string, b *spiffebundle.Bundle) {
 	t.Helper()
@@ -62,7 +45,7 @@ func TestFileSource(t *testing.T) {
 	path := filepath.Join(dir, "bundle.json")
 	v1 := newBundle(t, td, 1, 1, time.Minute)
 	writeBundle(t, path, v1)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	fs := bundleserver.NewFileSource(path, td, slog.New(slog.NewTextHandler(&logs, nil)))
 	assert.Nil(t, fs.Bundle(), "nothing before Load")
 
@@ -149,7 +132,7 @@ func TestFileSourceLogsWarnings(t *testing.T) {
 	// An element of an unknown kty is ignored with a warning.
 	doc = bytes.Replace(doc, []byte(`{"keys":[`), []byte(`{"keys":[{"kty":"AKP","use":"jwt-svid","kid":"pq"},`), 1)
 	require.NoError(t, os.WriteFile(path, doc, 0o644))
-	var logs syncBuffer
+	var logs testlog.Buffer
 	fs := bundleserver.NewFileSource(path, td, slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, fs.Load())
 	assert.Len(t, fs.Bundle().X509Authorities(), 1)

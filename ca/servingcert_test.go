@@ -1,7 +1,6 @@
 package ca
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,9 +13,10 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -328,7 +328,7 @@ func TestSignServingRefuses(t *testing.T) {
 // error and tries again.
 func TestServingCertRenewalFailureKeepsCertificate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	cfg := testConfig(t, clk)
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	a, err := New(cfg)
@@ -365,23 +365,6 @@ func TestServingCertRenewalFailureKeepsCertificate(t *testing.T) {
 	got, _ = s.GetCertificate(nil)
 	assert.Same(t, good, got)
 	assert.Equal(t, []string{"istiod.istio-system.svc"}, got.Leaf.DNSNames)
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func FuzzCheckDNSNames(f *testing.F) {

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trustbridge/trustbridge/internal/testlog"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
@@ -412,24 +414,6 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// syncBuffer is a log sink goroutines may write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestWatchErrorsAreLogged: a follower whose watch cannot list the Secret
 // (here RBAC forbids it) says so in its log, instead of silently never
 // noticing the leader's writes.
@@ -441,7 +425,7 @@ func TestWatchErrorsAreLogged(t *testing.T) {
 	cfg.BearerToken = tok
 	cs, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	s, err := New(Config{Client: cs, Namespace: ns, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trustbridge/trustbridge/internal/testlog"
+
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -35,7 +37,7 @@ func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop fun
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs syncBuffer
+	var out, logs testlog.Buffer
 	go func() {
 		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
 	}()
@@ -76,24 +78,6 @@ func startServer(t *testing.T, dataDir string, mutate ...func(*serverOptions)) (
 	}
 	admin, banner, _ := launchServer(t, o)
 	return admin, bytes.NewBufferString(banner)
-}
-
-// syncBuffer is a writer tests can read while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func get(t *testing.T, url string) (int, string) {

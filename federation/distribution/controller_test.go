@@ -1,14 +1,14 @@
 package distribution
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -115,7 +115,7 @@ func TestControllerFake(t *testing.T) {
 	_, err = client.CoreV1().Namespaces().Update(context.Background(), terminating, metav1.UpdateOptions{})
 	require.NoError(t, err)
 
-	var logs syncBuffer
+	var logs testlog.Buffer
 	reg := prometheus.NewRegistry()
 	c, err := New(Config{
 		Client: client, Store: store, TrustDomain: spiffeid.RequireTrustDomainFromString(localTD),
@@ -219,7 +219,7 @@ func TestControllerWriteErrorRetried(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	var logs syncBuffer
+	var logs testlog.Buffer
 	reg := prometheus.NewRegistry()
 	c, err := New(Config{Client: client, Store: store, TrustDomain: spiffeid.RequireTrustDomainFromString(localTD),
 		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -244,7 +244,7 @@ func TestControllerRenderFailureKeepsLastGood(t *testing.T) {
 	verifyNoLeaks(t)
 	store, cas := newStore(t)
 	client := fake.NewClientset(namespace("ns", nil))
-	var logs syncBuffer
+	var logs testlog.Buffer
 	reg := prometheus.NewRegistry()
 	c, err := New(Config{Client: client, Store: store, TrustDomain: spiffeid.RequireTrustDomainFromString(localTD),
 		Registerer: reg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -330,24 +330,6 @@ func TestControllerRunTwice(t *testing.T) {
 		_, err := client.CoreV1().ConfigMaps("ns").Get(context.Background(), DefaultName, metav1.GetOptions{})
 		return err == nil
 	}, waitFor, tick)
-}
-
-// syncBuffer is a bytes.Buffer safe for the controller's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestReconcile checks each decision of one reconcile against the API

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trustbridge/trustbridge/internal/testlog"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -294,23 +296,6 @@ func TestFollowerRetriesALoadThatFailed(t *testing.T) {
 	require.Eventually(t, func() bool { return b.Equal(sink.get(source)) }, 10*time.Second, 10*time.Millisecond)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestWatchErrorsAreLogged: a follower whose watch cannot list the
 // entries (here RBAC forbids it) says so in its log.
 func TestWatchErrorsAreLogged(t *testing.T) {
@@ -320,7 +305,7 @@ func TestWatchErrorsAreLogged(t *testing.T) {
 	cfg.BearerToken = env.ServiceAccountToken(t, ns, "nobody", nil, 10*time.Minute)
 	cs, err := kubernetes.NewForConfig(cfg)
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	s, err := New(Config{Client: cs, Namespace: ns, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

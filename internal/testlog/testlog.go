@@ -1,0 +1,33 @@
+// Package testlog captures logs in tests: a buffer the code under test may
+// write to from any goroutine while the test reads it.
+//
+//	var logs testlog.Buffer
+//	logger := slog.New(slog.NewTextHandler(&logs, nil))
+//	...
+//	assert.Contains(t, logs.String(), "refused")
+package testlog
+
+import (
+	"bytes"
+	"sync"
+)
+
+// Buffer is a bytes.Buffer safe for concurrent Write and String.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String is everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
