@@ -51,7 +51,7 @@ type kubeOptions struct {
 }
 
 func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
-	f.StringVar(&o.storage, "storage", storageFile, "where CA state and last-known-good federated bundles live: file (--data-dir) or kube (a Secret and ConfigMaps in --namespace; several replicas elect a leader)")
+	f.StringVar(&o.storage, "storage", storageFile, "where CA state and last-known-good federated bundles live: file (--data-dir) or kube (a Secret and ConfigMaps in --namespace; several replicas elect a leader; not with --ca-dir; ca issue and ca rotate read only file storage, use ca request)")
 	f.StringVar(&o.namespace, "namespace", "", "namespace of the CA Secret, the leader Lease and the federated bundles with --storage kube (default: env POD_NAMESPACE, else the pod's own namespace)")
 	f.StringVar(&o.caSecret, "ca-secret", kubestore.DefaultName, "name of the Secret holding the CA state with --storage kube")
 	f.StringVar(&o.leaderLease, "leader-lease", leader.DefaultName, "name of the coordination.k8s.io Lease replicas elect a leader with")
@@ -76,6 +76,15 @@ type kubeSetup struct {
 	wired  chan struct{}
 	poller *federation.Poller
 	dist   *distribution.Controller
+}
+
+// checkStorageFlags refuses flag combinations --storage cannot honour,
+// before anything connects or loads.
+func checkStorageFlags(o serverOptions) error {
+	if o.kube.storage == storageKube && o.caDir != "" {
+		return errors.New("--ca-dir and --storage kube do not combine: a plug-in CA is each replica's own directory, with no shared state and no leader; run --ca-dir with --storage file (the default)")
+	}
+	return nil
 }
 
 // setupKube connects to the API server for --storage kube; it returns nil
@@ -176,7 +185,8 @@ func (k *kubeSetup) describe() string {
 // sign: the leader election (whose leader bootstraps or rotates roots) and
 // the watch on the CA Secret (through which followers load them). It
 // returns once the CA can sign, so serving certificates can be issued;
-// the leader's other duties wait for wire.
+// the leader's other duties wait for wire. When ctx ends first it returns
+// a nil *background and the background parts' error.
 func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Logger) (*background, error) {
 	k.wired = make(chan struct{})
 	log := logger.With(logattr.Component, "leader")
@@ -191,6 +201,12 @@ func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Log
 		}
 		parts := []func(context.Context) error{func(ctx context.Context) error { <-ctx.Done(); return nil }}
 		if k.poller != nil {
+			// Everything the previous leader saved was written before its
+			// lease could lapse, so before this replica was elected: read
+			// it now rather than trust that its watch events arrived.
+			for _, err := range k.poller.LoadLastKnownGood() {
+				log.Error("last-known-good bundle not reloaded on taking the lead", logattr.Error, err)
+			}
 			parts = append(parts, k.poller.Run)
 		}
 		if k.dist != nil {
@@ -212,7 +228,9 @@ func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Log
 	for a.Ready() != nil {
 		select {
 		case <-ctx.Done():
-			return nil, errors.Join(ctx.Err(), bg.stop())
+			// Stopped before serving (SIGTERM while waiting for a
+			// first leader): as clean as a stop while serving.
+			return nil, bg.stop()
 		case <-bg.done:
 			return nil, fmt.Errorf("kubernetes: %w", bg.stop())
 		case <-changes:
@@ -250,9 +268,11 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 	p := fed.poller
 	return []func(context.Context) error{func(ctx context.Context) error {
 		return k.lkg.Watch(ctx, func(td spiffeid.TrustDomain) {
-			if k.elector.IsLeader() {
-				return // the leader's own save
-			}
+			// Also on the leader: an event may be its own save (then the
+			// load finds what it holds and changes nothing), or a save of
+			// the previous leader delivered only now, because the watch
+			// was down across the failover; skipping that one would leave
+			// the new leader serving an older bundle than the stored one.
 			if err := p.LoadLastKnownGoodFor(td); err != nil {
 				logger.Error("federated bundle saved by the leader not taken", logattr.TrustDomain, td.Name(), logattr.Error, err)
 			}

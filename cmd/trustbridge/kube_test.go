@@ -2,15 +2,24 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"io"
+	"math/big"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,7 +28,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/distribution"
+	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 )
 
@@ -67,6 +78,12 @@ func TestKubeReplicas(t *testing.T) {
 	ctx := context.Background()
 	_ = env.Client.CoreV1().Secrets(ns).Delete(ctx, kubestore.DefaultName, metav1.DeleteOptions{})
 	_ = env.Client.CoordinationV1().Leases(ns).Delete(ctx, "trustbridge-leader", metav1.DeleteOptions{})
+	// The previous leader's saves, as a replica reads them: written here
+	// by the test, standing for a save whose watch event came late.
+	lkg, err := kubelkg.New(kubelkg.Config{Client: env.Client, Namespace: ns})
+	require.NoError(t, err)
+	peerTD := spiffeid.RequireTrustDomainFromString("peer.example")
+	_ = env.Client.CoreV1().ConfigMaps(ns).Delete(ctx, lkg.Name(peerTD), metav1.DeleteOptions{})
 	workloadNS := env.Namespace(t)
 	wns, err := env.Client.CoreV1().Namespaces().Get(ctx, workloadNS, metav1.GetOptions{})
 	require.NoError(t, err)
@@ -88,6 +105,7 @@ func TestKubeReplicas(t *testing.T) {
 		}
 		// An unreachable peer: only its presence matters here.
 		o.federation.federate = "peer.example|https://127.0.0.1:9/bundle"
+		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
 		return o
 	}
 
@@ -101,6 +119,15 @@ func TestKubeReplicas(t *testing.T) {
 	assert.Equal(t, trustA.Authorities, trustOf(t, adminB).Authorities, "the follower serves the leader's roots")
 	assert.Equal(t, "1", leaderGauge(t, adminA))
 	assert.Equal(t, "0", leaderGauge(t, adminB))
+
+	// The follower is ready once it has the leader's state (the leader's
+	// own duties, such as distribution, are not part of it), reports the
+	// federation it loads from the leader's saves, and its bundle endpoint
+	// serves the same bundle.
+	code, body := get(t, "http://"+adminB+"/readyz")
+	assert.Equal(t, http.StatusOK, code, body)
+	assert.Equal(t, []string{"peer.example"}, federatedSequences(t, adminB, nil))
+	assert.Equal(t, fetchLocalBundle(t, bannerA), fetchLocalBundle(t, bannerB), "both replicas serve the same bundle")
 
 	// The follower signs with the same root.
 	rootCert := filepath.Join(t.TempDir(), "root-cert.pem")
@@ -148,8 +175,78 @@ func TestKubeReplicas(t *testing.T) {
 		return err == nil
 	}, 20*time.Second, 100*time.Millisecond, "the new leader restored the ConfigMap")
 	assert.Equal(t, trustA.Authorities, trustOf(t, adminB).Authorities, "no root was added or lost by the failover")
+
+	// A save the old leader made whose watch event reaches this replica
+	// only once it leads (a watch that was down across the failover) is
+	// still taken: the new leader must not serve an older federated bundle
+	// than the one stored.
+	peer := spiffeBundle(t, "peer.example", peerRoot(t, peerTD))
+	peer.SetSequenceNumber(7)
+	require.NoError(t, lkg.Save(federation.LKGEntry{TrustDomain: peerTD, Bundle: peer,
+		EndpointURL: "https://127.0.0.1:9/bundle", FetchedAt: time.Now()}))
+	require.Eventually(t, func() bool {
+		var seq []uint64
+		federatedSequences(t, adminB, &seq)
+		return len(seq) == 1 && seq[0] == 7
+	}, 20*time.Second, 100*time.Millisecond, "the new leader took the stored bundle")
 	_, err = cms.Get(ctx, "unrelated", metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err))
+}
+
+// federatedSequences returns the trust domains /v1/federation reports,
+// and, into seqs when not nil, their sequence numbers (0 for none).
+func federatedSequences(t *testing.T, admin string, seqs *[]uint64) []string {
+	t.Helper()
+	code, body := get(t, "http://"+admin+"/v1/federation")
+	require.Equal(t, http.StatusOK, code, body)
+	var status []federation.Status
+	require.NoError(t, json.Unmarshal([]byte(body), &status))
+	var tds []string
+	for _, s := range status {
+		tds = append(tds, s.TrustDomain)
+		if seqs != nil {
+			var n uint64
+			if s.Sequence != nil {
+				n = *s.Sequence
+			}
+			*seqs = append(*seqs, n)
+		}
+	}
+	return tds
+}
+
+// fetchLocalBundle fetches the bundle endpoint a server's banner names.
+// The endpoint proves itself with an X509-SVID, not a DNS name; what is
+// compared here is the document, so the TLS peer is not checked.
+func fetchLocalBundle(t *testing.T, banner string) string {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get(endpointURL(t, banner))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	return string(body)
+}
+
+// peerRoot is a self-signed CA certificate for a peer trust domain.
+func peerRoot(t *testing.T, td spiffeid.TrustDomain) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: td.Name()},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		URIs: []*url.URL{td.ID().URL()},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	require.NoError(t, err)
+	cert, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	return cert
 }
 
 func trustOf(t *testing.T, admin string) trustDoc {

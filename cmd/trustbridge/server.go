@@ -130,6 +130,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return fmt.Errorf("--ca-key-type: %w", err)
 	}
+	if err := checkStorageFlags(o); err != nil {
+		return err
+	}
 	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
 		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)
 	}
@@ -164,8 +167,8 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 
 	var bg *background
 	if kube != nil {
-		if bg, err = kube.start(ctx, authority, logger); err != nil {
-			return err
+		if bg, err = kube.start(ctx, authority, logger); err != nil || bg == nil {
+			return err // bg == nil: stopped before the CA could sign
 		}
 		// Whatever returns early below must stop the background parts.
 		defer func() { _ = bg.stop() }()

@@ -95,13 +95,11 @@ func TestOneLeaderAndFailover(t *testing.T) {
 
 	// The leader stops: it releases the Lease and the other takes over
 	// within about a lease duration.
-	stopped := time.Now()
 	first.stop()
 	assert.False(t, first.el.IsLeader(), "false at once after losing")
 	assert.False(t, first.leading.Load(), "lead returned before Run")
 	require.Eventually(t, second.el.IsLeader, lease+2*time.Second, 20*time.Millisecond)
 	require.Eventually(t, second.leading.Load, time.Second, 10*time.Millisecond)
-	assert.Less(t, time.Since(stopped), lease+2*time.Second)
 	assert.Equal(t, 0.0, testutil.ToFloat64(first.el.gauge))
 	assert.Equal(t, 1.0, testutil.ToFloat64(second.el.gauge))
 }
@@ -135,9 +133,7 @@ func TestLeaseTakenOverStopsLead(t *testing.T) {
 			}
 		}
 	}()
-	lost := time.Now()
 	require.Eventually(t, func() bool { return !a.el.IsLeader() }, renew+time.Second, 10*time.Millisecond)
-	assert.Less(t, time.Since(lost), renew+retry+500*time.Millisecond, "IsLeader turns false by the renew deadline")
 	require.Eventually(t, func() bool { return !a.leading.Load() }, 2*time.Second, 10*time.Millisecond, "lead cancelled")
 	leads := a.leads.Load()
 
