@@ -57,7 +57,7 @@ directory, so it is safe to run while a server uses it.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir")
+	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir (file storage only; with --storage kube use ca request)")
 	f.StringVar(&o.caDir, "ca-dir", "", "sign with a plug-in CA directory (Istio cacerts layout) instead of --data-dir")
 	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
@@ -242,6 +242,6 @@ waiting is kept; rotate does nothing then.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir (file storage only; with --storage kube use ca request)")
 	return cmd
 }

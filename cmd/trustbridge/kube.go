@@ -35,6 +35,12 @@ const (
 // klogOnce: klog is process-wide; the first server's logger takes it.
 var klogOnce sync.Once
 
+// routeKlog sends client-go's klog output (leader election, informers,
+// TokenReview clients) through our logger, in our format.
+func routeKlog(logger *slog.Logger) {
+	klogOnce.Do(func() { klog.SetSlogLogger(logger.With(logattr.Component, "client-go")) })
+}
+
 // serviceAccountNamespaceFile is where a pod finds its own namespace.
 const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -115,8 +121,6 @@ func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logg
 	if err != nil {
 		return nil, err
 	}
-	// client-go logs through klog; keep one log stream, in our format.
-	klogOnce.Do(func() { klog.SetSlogLogger(logger.With(logattr.Component, "client-go")) })
 	cfg.QPS, cfg.Burst = 50, 100
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

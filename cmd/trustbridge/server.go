@@ -119,6 +119,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	routeKlog(logger)
 	if o.trustDomain == "" {
 		return errors.New("--trust-domain (or TRUST_DOMAIN) is required")
 	}
