@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -141,36 +140,18 @@ func webRootPool(caFile string) (*x509.CertPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--federation-ca-file: %w", err)
 	}
-	n := 0
-	for rest := data; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			break
-		}
-		if b.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("--federation-ca-file %s: certificate %d: %w", caFile, n, err)
-		}
-		pool.AddCert(c)
-		n++
+	certs, err := parsePEMCerts(data)
+	if err != nil {
+		return nil, fmt.Errorf("--federation-ca-file %s: %w", caFile, err)
 	}
-	if n == 0 {
-		return nil, fmt.Errorf("--federation-ca-file %s: no PEM certificates", caFile)
+	for _, c := range certs {
+		pool.AddCert(c)
 	}
 	return pool, nil
 }
 
-func readCappedFile(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return bundledoc.ReadLimited(f, limit)
-}
+// readCappedFile reads at most limit bytes of a regular file.
+func readCappedFile(path string, limit int64) ([]byte, error) { return readSmallFile(path, limit) }
 
 // federationHandlers adds /v1/federation (status) and
 // /v1/federation/refresh (poll a trust domain now) to the admin mux.

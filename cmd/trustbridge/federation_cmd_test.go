@@ -83,12 +83,17 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	relayed, err := gofederation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("east.example"), westURL+"/bundles/east.example",
-		gofederation.WithSPIFFEAuth(x509bundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("west.example"),
-			[]*x509.Certificate{westRoots[0].Cert}), spiffeid.RequireFromString("spiffe://west.example/trustbridge/bundle-endpoint")))
-	require.NoError(t, err)
-	seq, _ := relayed.SequenceNumber()
-	assert.Equal(t, uint64(1), seq)
+	// The endpoint re-renders from the trust store just after the poller
+	// reports success: wait for it rather than race it.
+	var relayed *spiffebundle.Bundle
+	require.Eventually(t, func() bool {
+		relayed, err = gofederation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("east.example"), westURL+"/bundles/east.example",
+			gofederation.WithSPIFFEAuth(x509bundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("west.example"),
+				[]*x509.Certificate{westRoots[0].Cert}), spiffeid.RequireFromString("spiffe://west.example/trustbridge/bundle-endpoint")))
+		require.NoError(t, err)
+		seq, _ := relayed.SequenceNumber()
+		return seq == 1
+	}, 10*time.Second, 20*time.Millisecond, "west relays east's bundle as east published it")
 	assert.True(t, relayed.X509Authorities()[0].Equal(eastBundle))
 
 	// The status command reads at a glance; refresh polls now.

@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -41,6 +42,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // RequireEnv, when "require", makes a missing API server a failure.
@@ -113,6 +115,9 @@ func start() (*Env, *envtest.Environment, error) {
 			return nil, nil, fmt.Errorf("%s not found in %s: %w", name, dir, err)
 		}
 	}
+	// envtest logs through controller-runtime's logger, which otherwise
+	// prints a stack trace complaining that nobody set it.
+	ctrllog.SetLogger(logr.Discard())
 	te := &envtest.Environment{
 		BinaryAssetsDirectory:    dir,
 		ControlPlaneStartTimeout: 90 * time.Second,
