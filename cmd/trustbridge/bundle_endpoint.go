@@ -82,8 +82,16 @@ type bundleEndpoint struct {
 }
 
 func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
-	authority *ca.Authority, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*bundleEndpoint, error) {
+	authority *ca.Authority, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (_ *bundleEndpoint, err error) {
 	ep := &bundleEndpoint{}
+	var unsubscribe func()
+	defer func() {
+		// A failed setup runs nothing, so nothing else would release the
+		// trust store subscription.
+		if err != nil && unsubscribe != nil {
+			unsubscribe()
+		}
+	}()
 	srvLogger := logger // bundleserver names its own component
 	logger = logger.With(logattr.Component, "bundle-endpoint")
 
@@ -103,6 +111,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		// Federated bundles change the store; serve them as their
 		// endpoints published them.
 		storeChanges, cancel := fed.store.Subscribe()
+		unsubscribe = cancel
 		ep.runners = append(ep.runners, func(ctx context.Context) error { <-ctx.Done(); cancel(); return nil })
 		changes = append(changes, storeChanges)
 	}
