@@ -14,10 +14,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -26,6 +24,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/poll"
 )
@@ -329,26 +328,7 @@ func (f *FileCertificate) readFiles() (*webCertFiles, error) {
 }
 
 func readWebCertFile(path string) ([]byte, fs.FileMode, error) {
-	fh, err := os.Open(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer fh.Close()
-	fi, err := fh.Stat()
-	if err != nil {
-		return nil, 0, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, 0, fmt.Errorf("%s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(fh, maxWebCertFileSize+1))
-	if err != nil {
-		return nil, 0, err
-	}
-	if len(data) > maxWebCertFileSize {
-		return nil, 0, fmt.Errorf("%s is larger than %d bytes", path, maxWebCertFileSize)
-	}
-	return data, fi.Mode(), nil
+	return cappedfile.ReadFile(path, maxWebCertFileSize)
 }
 
 // parseWebCert builds the served certificate and checks it is a usable

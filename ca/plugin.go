@@ -14,10 +14,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,6 +25,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/poll"
 )
@@ -137,27 +136,11 @@ func readPluginFiles(dir string) (*pluginFiles, error) {
 // readPluginFile follows symlinks on purpose: Kubernetes mounts secrets as
 // links into a "..data" directory.
 func readPluginFile(dir, name string) ([]byte, fs.FileMode, error) {
-	f, err := os.Open(filepath.Join(dir, name))
+	data, mode, err := cappedfile.Read(filepath.Join(dir, name), maxPluginFileSize)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
-	}
-	// A FIFO or device would block or never end.
-	if !fi.Mode().IsRegular() {
-		return nil, 0, fmt.Errorf("%s: not a regular file (%s)", name, fi.Mode().Type())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxPluginFileSize+1))
-	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
-	}
-	if len(data) > maxPluginFileSize {
-		return nil, 0, fmt.Errorf("%s: larger than %d bytes", name, maxPluginFileSize)
-	}
-	return data, fi.Mode(), nil
+	return data, mode, nil
 }
 
 // pathless drops the path from an *fs.PathError, since callers already

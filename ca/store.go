@@ -9,7 +9,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 )
 
 // Layout of the CA's part of --data-dir. state.json is the commit point:
@@ -191,22 +191,14 @@ func (s *Store) load(td string) (*Journal, []*Root, string, error) {
 	return j, roots, journalVersion(data), nil
 }
 
-// readCapped reads a file, refusing one larger than limit before reading
-// it all.
+// readCapped reads a regular file, refusing one larger than limit before
+// reading it all.
 func readCapped(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+	data, _, err := cappedfile.Read(path, limit)
+	if errors.Is(err, cappedfile.ErrTooLarge) || errors.Is(err, cappedfile.ErrNotRegular) {
+		return nil, corrupt("%s is %v", filepath.Base(path), err)
 	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, corrupt("%s is larger than %d bytes", filepath.Base(path), limit)
-	}
-	return data, nil
+	return data, err
 }
 
 func (s *Store) rootFiles() []string {

@@ -472,24 +472,6 @@ type leaseUntil struct{ until time.Time }
 func (l leaseUntil) IsLeader() bool          { return time.Now().Before(l.until) }
 func (l leaseUntil) LeadingUntil() time.Time { return l.until }
 
-// slowWrites holds every PUT until its request is cancelled or delay has
-// passed, like an API server that answers late.
-type slowWrites struct {
-	delay time.Duration
-	next  http.RoundTripper
-}
-
-func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPut {
-		select {
-		case <-r.Context().Done():
-			return nil, r.Context().Err()
-		case <-time.After(s.delay):
-		}
-	}
-	return s.next.RoundTrip(r)
-}
-
 // TestWriteAbandonedWhenTheLeaseMayBeGone: a commit that began while this
 // replica led, but would land after it stops counting itself the leader
 // (another replica may take over soon after), is abandoned, not written
@@ -500,9 +482,7 @@ func TestWriteAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
 	newAuthority(t, clocktesting.NewFakeClock(t0), newStore(t, env.Client, ns, nil), nil)
 	before := secret(t, env.Client, ns)
 
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &slowWrites{delay: 3 * time.Second, next: rt} })
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(env.SlowWrites(3*time.Second, http.MethodPut))
 	require.NoError(t, err)
 	s := newStore(t, cs, ns, leaseUntil{until: time.Now().Add(500 * time.Millisecond)})
 	j, roots, version, err := s.Load("example.org")

@@ -10,7 +10,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 )
 
 // Size caps of the files `ca request` reads.
@@ -549,23 +549,6 @@ func parsePEMCerts(data []byte) ([]*x509.Certificate, error) {
 
 // readSmallFile reads at most limit bytes of a regular file.
 func readSmallFile(path string, limit int64) ([]byte, error) {
-	// Stat before opening: opening a FIFO would block.
-	if fi, err := os.Stat(path); err != nil {
-		return nil, err
-	} else if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return data, nil
+	data, _, err := cappedfile.ReadFile(path, limit)
+	return data, err
 }

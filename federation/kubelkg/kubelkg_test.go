@@ -364,33 +364,13 @@ type leaseUntil struct{ until time.Time }
 func (l leaseUntil) IsLeader() bool          { return time.Now().Before(l.until) }
 func (l leaseUntil) LeadingUntil() time.Time { return l.until }
 
-// slowWrites holds every PUT and POST until its request is cancelled or
-// delay has passed, like an API server that answers late.
-type slowWrites struct {
-	delay time.Duration
-	next  http.RoundTripper
-}
-
-func (s *slowWrites) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPut || r.Method == http.MethodPost {
-		select {
-		case <-r.Context().Done():
-			return nil, r.Context().Err()
-		case <-time.After(s.delay):
-		}
-	}
-	return s.next.RoundTrip(r)
-}
-
 // TestSaveAbandonedWhenTheLeaseMayBeGone: a save that began while this
 // replica led, but would land after it stops counting itself the leader,
 // is abandoned, not written late over a newer leader's.
 func TestSaveAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
 	env := kubetest.Shared(t)
 	ns := env.Namespace(t)
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &slowWrites{delay: 3 * time.Second, next: rt} })
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := kubernetes.NewForConfig(env.SlowWrites(3*time.Second, http.MethodPut, http.MethodPost))
 	require.NoError(t, err)
 	s, err := New(Config{Client: cs, Namespace: ns, Leader: leaseUntil{until: time.Now().Add(500 * time.Millisecond)}})
 	require.NoError(t, err)

@@ -7,10 +7,8 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +18,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -265,30 +264,7 @@ func (b *BootstrapTokens) load() (*tokenSet, []string, error) {
 
 // readTokenFile reads a regular file of at most MaxBootstrapFileSize bytes.
 func readTokenFile(path string) ([]byte, fs.FileMode, error) {
-	// Stat first: opening a FIFO would block.
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, 0, fmt.Errorf("%s is not a regular file", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer f.Close()
-	if fi, err = f.Stat(); err != nil {
-		return nil, 0, err
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxBootstrapFileSize+1))
-	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(data) > MaxBootstrapFileSize {
-		return nil, 0, fmt.Errorf("%s is larger than %d bytes", path, MaxBootstrapFileSize)
-	}
-	return data, fi.Mode(), nil
+	return cappedfile.ReadFile(path, MaxBootstrapFileSize)
 }
 
 // parseBootstrapTokens parses a token file. Errors name the line and never

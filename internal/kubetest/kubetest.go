@@ -27,9 +27,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -183,3 +185,27 @@ func (e *Env) ServiceAccountToken(t testing.TB, ns, sa string, audiences []strin
 	}
 	return tr.Status.Token
 }
+
+// SlowWrites returns a copy of e.Config whose requests with one of methods
+// (e.g. PUT, POST) are held until delay has passed or the request is
+// cancelled: an API server that answers writes late.
+func (e *Env) SlowWrites(delay time.Duration, methods ...string) *rest.Config {
+	cfg := rest.CopyConfig(e.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if slices.Contains(methods, r.Method) {
+				select {
+				case <-r.Context().Done():
+					return nil, r.Context().Err()
+				case <-time.After(delay):
+				}
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	return cfg
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
