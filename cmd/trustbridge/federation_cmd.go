@@ -69,7 +69,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 	}
 	var fromFile []federation.Endpoint
 	if o.configFile != "" {
-		data, err := readCappedFile(o.configFile, 1<<20)
+		data, err := readSmallFile(o.configFile, 1<<20)
 		if err != nil {
 			return nil, fmt.Errorf("--federation-config: %w", err)
 		}
@@ -78,7 +78,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 			if !filepath.IsAbs(p) {
 				p = filepath.Join(base, p)
 			}
-			return readCappedFile(p, bundledoc.DefaultMaxSize)
+			return readSmallFile(p, bundledoc.DefaultMaxSize)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("--federation-config %s: %w", o.configFile, err)
@@ -136,7 +136,7 @@ func webRootPool(caFile string) (*x509.CertPool, error) {
 	if err != nil {
 		pool = x509.NewCertPool()
 	}
-	data, err := readCappedFile(caFile, 1<<20)
+	data, err := readSmallFile(caFile, 1<<20)
 	if err != nil {
 		return nil, fmt.Errorf("--federation-ca-file: %w", err)
 	}
@@ -149,9 +149,6 @@ func webRootPool(caFile string) (*x509.CertPool, error) {
 	}
 	return pool, nil
 }
-
-// readCappedFile reads at most limit bytes of a regular file.
-func readCappedFile(path string, limit int64) ([]byte, error) { return readSmallFile(path, limit) }
 
 // federationHandlers adds /v1/federation (status) and
 // /v1/federation/refresh (poll a trust domain now) to the admin mux.

@@ -189,10 +189,7 @@ func TestTLSResumedSessionRecheckedAgainstStore(t *testing.T) {
 		name := map[uint16]string{tls.VersionTLS12: "tls1.2", tls.VersionTLS13: "tls1.3"}[version]
 		t.Run(name+"/client side", func(t *testing.T) {
 			p := newPeers(t)
-			client := p.clientCfg.Clone()
-			client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
-			client.ServerName = "server.test"
-			client.MaxVersion = version
+			client := resumingClient(p, version)
 			server := p.serverCfg.Clone()
 			server.SessionTicketsDisabled = false // a server that hands out tickets
 
@@ -207,10 +204,7 @@ func TestTLSResumedSessionRecheckedAgainstStore(t *testing.T) {
 		})
 		t.Run(name+"/server side", func(t *testing.T) {
 			p := newPeers(t)
-			client := p.clientCfg.Clone()
-			client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
-			client.ServerName = "server.test"
-			client.MaxVersion = version
+			client := resumingClient(p, version)
 			server := p.serverCfg.Clone()
 			server.SessionTicketsDisabled = false // re-enabled: VerifyConnection must still hold
 
@@ -225,14 +219,21 @@ func TestTLSResumedSessionRecheckedAgainstStore(t *testing.T) {
 		})
 		t.Run(name+"/helper default never resumes", func(t *testing.T) {
 			p := newPeers(t)
-			client := p.clientCfg.Clone()
-			client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
-			client.ServerName = "server.test"
-			client.MaxVersion = version
+			client := resumingClient(p, version)
 			require.NoError(t, handshake(t, client, p.serverCfg).serverErr)
 			res := handshake(t, client, p.serverCfg)
 			require.NoError(t, res.serverErr)
 			assert.False(t, res.client.DidResume)
 		})
 	}
+}
+
+// resumingClient is p's client config with a session cache, so a second
+// handshake resumes when the server allows it.
+func resumingClient(p *peers, version uint16) *tls.Config {
+	client := p.clientCfg.Clone()
+	client.ClientSessionCache = tls.NewLRUClientSessionCache(4)
+	client.ServerName = "server.test"
+	client.MaxVersion = version
+	return client
 }
