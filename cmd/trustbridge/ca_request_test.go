@@ -17,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -131,7 +132,7 @@ func TestCARequestRefusals(t *testing.T) {
 	// A certificate issued by another CA of the same trust domain.
 	foreignDir := t.TempDir()
 	leaf, key := otherCA.Issue(t, laptopID)
-	require.NoError(t, writeCredentials(foreignDir, key, []*x509.Certificate{leaf}, []*x509.Certificate{otherCA.Cert}))
+	require.NoError(t, caclient.WriteCredentials(foreignDir, key, []*x509.Certificate{leaf}, []*x509.Certificate{otherCA.Cert}))
 
 	// A certificate of ours that has expired by the time it is used.
 	expiredDir := filepath.Join(t.TempDir(), "expired")
@@ -266,98 +267,7 @@ func TestCARequestResponseRoots(t *testing.T) {
 	}
 }
 
-// TestServerTLSRoots: a root-cert.pem of merged trust holds the roots of
-// federated trust domains, and some of them name no trust domain (plug-in
-// CAs). When the server's trust domain has roots that name it, only those
-// vouch for the server: an anonymous federated root must not be able to
-// mint spiffe://<td>/trustbridge/ca and receive our bearer token. When no
-// root names it (a plug-in CA of our own), the anonymous ones still do.
-func TestServerTLSRoots(t *testing.T) {
-	anonymous := testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }}
-	local := testca.New(t, "example.org")
-	localPlain := testca.New(t, "example.org", anonymous)
-	foreignPlain := testca.New(t, "relay.example", anonymous)
-	foreign := testca.New(t, "relay.example")
-	serverID := spiffeid.RequireFromPath(spiffeid.RequireTrustDomainFromString("example.org"), grpcServingPath)
-	tests := []struct {
-		name   string
-		roots  []*x509.Certificate
-		signer *testca.CA
-		err    string
-	}{
-		{"local root", []*x509.Certificate{local.Cert, foreignPlain.Cert}, local, ""},
-		{"anonymous federated root next to named local roots", []*x509.Certificate{local.Cert, foreignPlain.Cert}, foreignPlain, "does not verify"},
-		{"named federated root", []*x509.Certificate{local.Cert, foreign.Cert}, foreign, "does not verify"},
-		{"plug-in local root names no trust domain", []*x509.Certificate{localPlain.Cert, foreign.Cert}, localPlain, ""},
-		{"plug-in: named federated root", []*x509.Certificate{localPlain.Cert, foreign.Cert}, foreign, "does not verify"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			leaf, _ := tt.signer.Issue(t, serverID)
-			err := serverTLS(tt.roots, serverID, nil).VerifyConnection(tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}})
-			if tt.err != "" {
-				assert.ErrorContains(t, err, tt.err)
-				return
-			}
-			assert.NoError(t, err)
-		})
-	}
-}
-
-// TestWriteCredentialsFailureKeepsOldPair: renewing in place (--out equal
-// to --cert-dir) must not leave a new key.pem next to the old
-// cert-chain.pem when a later file cannot be written: the pair would no
-// longer match and the machine could not renew without a new bootstrap.
-func TestWriteCredentialsFailureKeepsOldPair(t *testing.T) {
-	issuer := testca.New(t, "example.org")
-	leaf, _ := issuer.Issue(t, laptopID)
-	key := testca.NewKey(t, testca.ECP256)
-	for _, blocked := range []string{"key.pem", "cert-chain.pem", "root-cert.pem"} {
-		t.Run(blocked, func(t *testing.T) {
-			dir := t.TempDir()
-			old := map[string]string{"key.pem": "old key", "cert-chain.pem": "old chain", "root-cert.pem": "old roots"}
-			for name, data := range old {
-				if name == blocked {
-					// A directory in the way: its rename fails.
-					require.NoError(t, os.MkdirAll(filepath.Join(dir, name, "x"), 0o700))
-					continue
-				}
-				require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600))
-			}
-			err := writeCredentials(dir, key, []*x509.Certificate{leaf}, []*x509.Certificate{issuer.Cert})
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), blocked)
-			for name, data := range old {
-				if name == blocked {
-					continue
-				}
-				got, err := os.ReadFile(filepath.Join(dir, name))
-				require.NoError(t, err)
-				assert.Equal(t, data, string(got), "%s kept", name)
-			}
-			entries, err := os.ReadDir(dir)
-			require.NoError(t, err)
-			assert.Len(t, entries, 3, "no temp files left behind")
-		})
-	}
-}
-
-// TestWriteCredentialsSymlink: a symlink planted as key.pem in --out is
-// replaced, not written through, and the key is 0600.
-func TestWriteCredentialsSymlink(t *testing.T) {
-	issuer := testca.New(t, "example.org")
-	leaf, _ := issuer.Issue(t, laptopID)
-	key := testca.NewKey(t, testca.ECP256)
-	dir := t.TempDir()
-	target := filepath.Join(t.TempDir(), "elsewhere")
-	require.NoError(t, os.WriteFile(target, []byte("untouched"), 0o644))
-	require.NoError(t, os.Symlink(target, filepath.Join(dir, "key.pem")))
-	require.NoError(t, writeCredentials(dir, key, []*x509.Certificate{leaf}, []*x509.Certificate{issuer.Cert}))
-	got, err := os.ReadFile(target)
-	require.NoError(t, err)
-	assert.Equal(t, "untouched", string(got))
-	info, err := os.Lstat(filepath.Join(dir, "key.pem"))
-	require.NoError(t, err)
-	assert.True(t, info.Mode().IsRegular())
-	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+// The certificate service serves the ID the shared client expects.
+func TestGRPCServingPathIsCAClientServerPath(t *testing.T) {
+	assert.Equal(t, caclient.ServerPath, grpcServingPath)
 }

@@ -1,0 +1,135 @@
+package caclient
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
+)
+
+// Request is what one CreateCertificate asks for.
+type Request struct {
+	// Key is the workload key the CSR is signed with (required).
+	Key crypto.Signer
+	// ID, when not zero, is put in the CSR; the server refuses it unless
+	// it is the identity the caller authenticates as.
+	ID spiffeid.ID
+	// TTL is the lifetime to ask for, in whole seconds; zero leaves it to
+	// the server.
+	TTL time.Duration
+	// Token, when not empty, is sent as a bearer token (only over TLS).
+	Token string
+}
+
+// CreateCertificate sends one CreateCertificate to addr over a connection
+// configured by tlsCfg (ServerTLS, plus a client certificate to
+// authenticate with one) and returns the certificates of the answer in
+// order. An element with several PEM certificates (Istio's own CA sends
+// intermediates that way) counts as each of them. A failed call returns
+// the gRPC status error unwrapped, for status.FromError.
+func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req Request) ([]*x509.Certificate, error) {
+	if req.Key == nil {
+		return nil, errors.New("caclient: no key for the CSR")
+	}
+	tmpl := &x509.CertificateRequest{}
+	if !req.ID.IsZero() {
+		tmpl.URIs = []*url.URL{req.ID.URL()}
+	}
+	csrDER, err := x509.CreateCertificateRequest(rand.Reader, tmpl, req.Key)
+	if err != nil {
+		return nil, fmt.Errorf("create CSR: %w", err)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
+	if req.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(req.Token)))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-addr %q: %w", addr, err)
+	}
+	defer conn.Close()
+	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
+		Csr:              string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})),
+		ValidityDuration: int64(req.TTL / time.Second),
+	})
+	if err != nil {
+		return nil, err
+	}
+	var chain []*x509.Certificate
+	for i, p := range resp.GetCertChain() {
+		certs, err := ParsePEMCerts([]byte(p))
+		if err != nil {
+			return nil, fmt.Errorf("cert_chain element %d: %w", i, err)
+		}
+		chain = append(chain, certs...)
+	}
+	if len(chain) == 0 {
+		return nil, errors.New("the CA answered with an empty cert_chain")
+	}
+	return chain, nil
+}
+
+// BearerToken is gRPC per-RPC credentials sending "authorization: Bearer
+// <token>", only over TLS.
+type BearerToken string
+
+// GetRequestMetadata returns the authorization header.
+func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity is true: a token never travels in clear.
+func (BearerToken) RequireTransportSecurity() bool { return true }
+
+// CheckIssued splits the answer into the chain to present (the leaf and
+// intermediates, up to the first self-signed certificate) and the roots
+// after it, and checks that the leaf is an X509-SVID of td for key,
+// chaining to those roots (RootsFor td), and for want when set. opts go
+// to x509svid.Verify (x509svid.WithTime for an injected clock).
+func CheckIssued(chain []*x509.Certificate, key crypto.Signer, td spiffeid.TrustDomain, want spiffeid.ID, opts ...x509svid.VerifyOption) (leafChain, roots []*x509.Certificate, id spiffeid.ID, err error) {
+	if len(chain) == 0 {
+		return nil, nil, id, errors.New("no certificates")
+	}
+	n := len(chain)
+	for i, c := range chain {
+		if i > 0 && IsSelfSigned(c) {
+			n = i
+			break
+		}
+	}
+	leafChain, roots = chain[:n], chain[n:]
+	if len(roots) == 0 {
+		return nil, nil, id, errors.New("no roots after the certificate chain")
+	}
+	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(leafChain[0].PublicKey) {
+		return nil, nil, id, errors.New("the certificate is not for the key this request sent")
+	}
+	id, _, err = x509svid.Verify(leafChain, x509bundle.FromX509Authorities(td, RootsFor(td, roots)), opts...)
+	if err != nil {
+		return nil, nil, id, err
+	}
+	if !want.IsZero() && id != want {
+		return nil, nil, id, fmt.Errorf("issued %s, asked for %s", id, want)
+	}
+	return leafChain, roots, id, nil
+}
+
+// IsSelfSigned reports whether c is a CA certificate that signed itself.
+func IsSelfSigned(c *x509.Certificate) bool {
+	return c.IsCA && bytes.Equal(c.RawIssuer, c.RawSubject) && c.CheckSignatureFrom(c) == nil
+}

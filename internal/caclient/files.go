@@ -1,0 +1,214 @@
+package caclient
+
+import (
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
+)
+
+// Size caps of the files read here.
+const (
+	MaxTokenFileSize = authn.MaxTokenSize + 1024 // room for surrounding whitespace
+	MaxPEMFileSize   = 1 << 20
+)
+
+// Names of the files WriteCredentials writes and LoadCertDir reads, as
+// `trustbridge ca issue` and Istio name them.
+const (
+	KeyFile   = "key.pem"
+	ChainFile = "cert-chain.pem"
+	RootsFile = "root-cert.pem"
+)
+
+// WriteCredentials writes the files `ca issue` writes: key.pem (0600),
+// cert-chain.pem (leaf first, no roots) and root-cert.pem. Every file is
+// staged (synced, with its final mode) before any replaces its
+// predecessor: when dir is also where the current credentials come from,
+// a failure part-way must not leave a new key.pem next to the old
+// cert-chain.pem, a pair that no longer matches and cannot renew. A
+// symlink in dir is replaced, never written through.
+func WriteCredentials(dir string, key crypto.Signer, chain, roots []*x509.Certificate) error {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	files := []struct {
+		name string
+		data []byte
+		perm os.FileMode
+	}{
+		{KeyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600},
+		{ChainFile, EncodeCerts(chain), 0o644},
+		{RootsFile, EncodeCerts(roots), 0o644},
+	}
+	for _, f := range files {
+		p := filepath.Join(dir, f.name)
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+			return fmt.Errorf("%s is a directory", p)
+		}
+	}
+	staged := make([]string, len(files))
+	defer func() {
+		for _, tmp := range staged {
+			if tmp != "" {
+				_ = os.Remove(tmp)
+			}
+		}
+	}()
+	for i, f := range files {
+		tmp, err := stageFile(dir, f.name, f.data, f.perm)
+		if err != nil {
+			return err
+		}
+		staged[i] = tmp
+	}
+	for i, f := range files {
+		if err := os.Rename(staged[i], filepath.Join(dir, f.name)); err != nil {
+			return err
+		}
+		staged[i] = ""
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// stageFile writes data with perm to a new temporary file in dir, synced,
+// and returns its path for a rename over name. internal/atomicfile writes
+// one file; here the renames of three must come after all three writes.
+func stageFile(dir, name string, data []byte, perm os.FileMode) (string, error) {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return "", err
+	}
+	// The mode is set before any byte is written (CreateTemp makes 0600).
+	err = f.Chmod(perm)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", fmt.Errorf("write %s: %w", filepath.Join(dir, name), err)
+	}
+	return f.Name(), nil
+}
+
+// EncodeCerts is certs as concatenated PEM CERTIFICATE blocks.
+func EncodeCerts(certs []*x509.Certificate) []byte {
+	var out []byte
+	for _, c := range certs {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
+}
+
+// LoadCertDir loads cert-chain.pem and key.pem of dir as a client
+// certificate (Leaf set) and returns its SPIFFE ID; a certificate expired
+// at now is refused here rather than by the server, with advice.
+func LoadCertDir(dir string, now time.Time) (*tls.Certificate, spiffeid.ID, error) {
+	chainPEM, err := ReadFile(filepath.Join(dir, ChainFile), MaxPEMFileSize)
+	if err != nil {
+		return nil, spiffeid.ID{}, err
+	}
+	keyPEM, err := ReadFile(filepath.Join(dir, KeyFile), MaxPEMFileSize)
+	if err != nil {
+		return nil, spiffeid.ID{}, err
+	}
+	cert, err := tls.X509KeyPair(chainPEM, keyPEM)
+	if err != nil {
+		return nil, spiffeid.ID{}, fmt.Errorf("%s: %w", dir, err)
+	}
+	id, err := x509svid.IDFromCert(cert.Leaf)
+	if err != nil {
+		return nil, spiffeid.ID{}, fmt.Errorf("%s/%s is not an X509-SVID: %w", dir, ChainFile, err)
+	}
+	if now.After(cert.Leaf.NotAfter) {
+		return nil, spiffeid.ID{}, fmt.Errorf("the certificate for %s in %s expired at %s; bootstrap again with --token-file", id, dir, cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return &cert, id, nil
+}
+
+// ReadToken reads a bearer token file: surrounding whitespace (a trailing
+// newline) is not part of the token.
+func ReadToken(path string) (string, error) {
+	data, err := ReadFile(path, MaxTokenFileSize)
+	if err != nil {
+		return "", err
+	}
+	token := strings.TrimSpace(string(data))
+	if token == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	if strings.ContainsAny(token, " \t\r\n") {
+		return "", fmt.Errorf("%s holds more than one line or word; want the token alone", path)
+	}
+	return token, nil
+}
+
+// ReadPEMCerts reads and parses a PEM file of certificates (ParsePEMCerts).
+func ReadPEMCerts(path string) ([]*x509.Certificate, error) {
+	data, err := ReadFile(path, MaxPEMFileSize)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := ParsePEMCerts(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return certs, nil
+}
+
+// ParsePEMCerts parses every CERTIFICATE block, skipping blocks of other
+// types; there must be one.
+func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", len(certs), err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no PEM certificates")
+	}
+	return certs, nil
+}
+
+// ReadFile reads at most limit bytes of a regular file (internal/cappedfile).
+func ReadFile(path string, limit int64) ([]byte, error) {
+	data, _, err := cappedfile.ReadFile(path, limit)
+	return data, err
+}

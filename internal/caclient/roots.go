@@ -1,0 +1,148 @@
+package caclient
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+)
+
+// ServerPath is the path of the certificate service's own SPIFFE ID,
+// spiffe://<trust-domain>/trustbridge/ca.
+const ServerPath = "/trustbridge/ca"
+
+// ExpectedServerID is the certificate service's ID in the trust domain of
+// the identity requested (want), or else in the one trust domain the
+// roots name in their spiffe://<td> URI SAN, as trustbridge's roots do.
+func ExpectedServerID(roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
+	named, anonymous := RootTrustDomains(roots)
+	td := want.TrustDomain()
+	switch {
+	case !td.IsZero():
+		if !anonymous && !slices.Contains(named, td) {
+			return spiffeid.ID{}, fmt.Errorf("--root-cert holds roots of %s, not of %s, the trust domain of %s", joinTDs(named), td.Name(), want)
+		}
+	case len(named) == 1:
+		td = named[0]
+	case len(named) > 1:
+		return spiffeid.ID{}, fmt.Errorf("--root-cert holds roots of several trust domains (%s); pass --spiffe-id or --server-spiffe-id", joinTDs(named))
+	default:
+		return spiffeid.ID{}, errors.New("cannot tell the server's trust domain: --root-cert names none; pass --server-spiffe-id or --spiffe-id")
+	}
+	return spiffeid.RequireFromPath(td, ServerPath), nil
+}
+
+// RootTrustDomains lists the trust domains roots name in a spiffe://<td>
+// URI SAN, in order of first appearance, and whether some root names none.
+func RootTrustDomains(roots []*x509.Certificate) (named []spiffeid.TrustDomain, anonymous bool) {
+	for _, r := range roots {
+		td, ok := RootTrustDomain(r)
+		switch {
+		case !ok:
+			anonymous = true
+		case !slices.Contains(named, td):
+			named = append(named, td)
+		}
+	}
+	return named, anonymous
+}
+
+// RootTrustDomain is the trust domain a root names in its one URI SAN,
+// spiffe://<td> with no path; ok is false for any other root.
+func RootTrustDomain(r *x509.Certificate) (td spiffeid.TrustDomain, ok bool) {
+	if len(r.URIs) != 1 {
+		return spiffeid.TrustDomain{}, false
+	}
+	id, err := spiffeid.FromURI(r.URIs[0])
+	if err != nil || id.Path() != "" {
+		return spiffeid.TrustDomain{}, false
+	}
+	return id.TrustDomain(), true
+}
+
+// RootsFor keeps the roots that may vouch for td. Roots of other trust
+// domains, which a merged root-cert.pem holds too, must not. When some
+// roots name td (trustbridge's own always do), only those vouch: a
+// federated root naming no trust domain could otherwise mint td's server
+// identity. Only when none names td (a plug-in CA's roots often do not)
+// do the roots naming no trust domain vouch; merged trust that mixes such
+// roots of several trust domains cannot be told apart, so give a
+// --root-cert of the local roots alone then.
+func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certificate {
+	var named, anonymous []*x509.Certificate
+	for _, r := range roots {
+		switch other, ok := RootTrustDomain(r); {
+		case !ok:
+			anonymous = append(anonymous, r)
+		case other == td:
+			named = append(named, r)
+		}
+	}
+	if len(named) > 0 {
+		return named
+	}
+	return anonymous
+}
+
+// GroupRoots sorts roots by trust domain: a root naming a trust domain
+// (RootTrustDomain) belongs to it, any other to local. Order within a
+// trust domain is kept.
+func GroupRoots(local spiffeid.TrustDomain, roots []*x509.Certificate) map[spiffeid.TrustDomain][]*x509.Certificate {
+	out := make(map[spiffeid.TrustDomain][]*x509.Certificate)
+	for _, r := range roots {
+		td, ok := RootTrustDomain(r)
+		if !ok {
+			td = local
+		}
+		out[td] = append(out[td], r)
+	}
+	return out
+}
+
+func joinTDs(tds []spiffeid.TrustDomain) string {
+	names := make([]string, len(tds))
+	for i, td := range tds {
+		names[i] = td.Name()
+	}
+	return strings.Join(names, ", ")
+}
+
+// VerifyServer returns a tls.Config.VerifyConnection that accepts only an
+// X509-SVID for serverID chaining to RootsFor(serverID's trust domain,
+// roots); host names play no part.
+func VerifyServer(roots []*x509.Certificate, serverID spiffeid.ID) func(tls.ConnectionState) error {
+	bundle := x509bundle.FromX509Authorities(serverID.TrustDomain(), RootsFor(serverID.TrustDomain(), roots))
+	return func(cs tls.ConnectionState) error {
+		id, _, err := x509svid.Verify(cs.PeerCertificates, bundle)
+		if err != nil {
+			return fmt.Errorf("server certificate does not verify against --root-cert: %w", err)
+		}
+		if id != serverID {
+			return fmt.Errorf("server is %s, want %s (see --server-spiffe-id)", id, serverID)
+		}
+		return nil
+	}
+}
+
+// ServerTLS verifies the server as an X509-SVID for serverID against
+// roots (VerifyServer), on every handshake, and presents clientCert when
+// it is not nil.
+func ServerTLS(roots []*x509.Certificate, serverID spiffeid.ID, clientCert *tls.Certificate) *tls.Config {
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// crypto/tls's own verification checks a host name; it is
+		// replaced by VerifyConnection, which also runs on resumption.
+		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection as an X509-SVID
+		VerifyConnection:   VerifyServer(roots, serverID),
+	}
+	if clientCert != nil {
+		cfg.Certificates = []tls.Certificate{*clientCert}
+	}
+	return cfg
+}
