@@ -1,10 +1,53 @@
 // Package sds is an Envoy Secret Discovery Service (v3) that hands
 // workloads their X509-SVIDs and validation contexts holding the merged,
 // per-trust-domain roots, including Envoy's SPIFFE certificate validator
-// configuration.
+// configuration. A Server authenticates every stream (and every
+// FetchSecrets call) with an authn.Authenticator and serves, by resource
+// name:
 //
-// This package is being built; see the project issues for its scope.
+//   - "default", or the caller's own SPIFFE ID: its certificate chain and
+//     PKCS#8 key (tls_certificate) from the CredentialSource. Another
+//     workload's ID ends the stream with PermissionDenied; the source is
+//     never asked for an identity the caller did not prove.
+//   - "ROOTCA", or spiffe://<local trust domain>: the local roots
+//     (validation_context.trusted_ca).
+//   - spiffe://<trust domain>: that trust domain's roots only, sent once it
+//     is known (delta streams get it in removed_resources when it goes).
+//   - "ALL": every trust domain as envoy.tls.cert_validator.spiffe's
+//     SPIFFECertValidatorConfig, or, when the node metadata sets
+//     disable_spiffe_cert_validation, one trusted_ca with every root.
 //
-// Reference: envoy.service.secret.v3.SecretDiscoveryService and
-// envoy.extensions.transport_sockets.tls.v3.SPIFFECertValidatorConfig.
+// Unknown names are not answered, and an empty list is not a wildcard.
+//
+//	trust := sds.NewTrustCell()
+//	minter, err := sds.NewMinter(sds.MinterConfig{Signer: signer, TTL: time.Hour})
+//	srv, err := sds.New(sds.Config{TrustDomain: td, Trust: trust, Credentials: minter, Authenticator: chain})
+//	srv.Register(grpcServer)
+//	err = trust.Set(bundles) // pushed to every stream that asked for them
+//
+// Design. The server is a handler written over go-control-plane's
+// protos, as SPIRE's agent does, not go-control-plane's server and
+// SnapshotCache: the cache keys snapshots by a hash of the node proto the
+// client declares itself (we key by the identity we authenticated), builds
+// one response per watch and marshals it per stream, and would hold the
+// shared validation contexts once per identity. Here every resource is
+// marshalled once per version and the bytes are shared: validation
+// contexts once per Trust (the version is the first 8 bytes of the SHA-256
+// of the marshalled secret, in hex, stable across restarts), certificates
+// once per Credential and name, shared by the streams of one identity.
+// Each stream has one goroutine that waits on its requests, the Trust's
+// and the Credential's Changed channels and a timer at RefreshAt (when the
+// caller is authenticated again before the source is asked again; a
+// failure ends the stream with Unauthenticated). Updates are never queued:
+// a stream sends the newest state when it can, so a client that stops
+// reading blocks only its own stream and costs one response of memory.
+// A NACK is logged and counted and is not answered with the same version
+// again; the next change is pushed.
+//
+// References: the xDS transport protocol
+// (https://www.envoyproxy.io/docs/envoy/latest/api-docs/xds_protocol),
+// envoy.service.secret.v3.SecretDiscoveryService and
+// envoy.extensions.transport_sockets.tls.v3.SPIFFECertValidatorConfig
+// (https://www.envoyproxy.io/docs/envoy/latest/api-v3/extensions/transport_sockets/tls/v3/tls_spiffe_validator_config.proto),
+// X509-SVID §5 (https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md#5-validation).
 package sds

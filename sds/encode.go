@@ -1,0 +1,320 @@
+package sds
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"slices"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// encoded is one Secret, marshalled once and shared by every stream that
+// sends it. Never modify it: gRPC marshals the same *anypb.Any for many
+// streams at once.
+type encoded struct {
+	name    string
+	version string
+	any     *anypb.Any
+}
+
+// encodeSecret marshals s deterministically; the version is the first 8
+// bytes of the SHA-256 of those bytes, in hex, so it is the same across
+// restarts and replicas for the same content.
+func encodeSecret(s *tlsv3.Secret) (*encoded, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(b)
+	return &encoded{
+		name:    s.GetName(),
+		version: hex.EncodeToString(sum[:8]),
+		any:     &anypb.Any{TypeUrl: resourcev3.SecretType, Value: b},
+	}, nil
+}
+
+func inline(b []byte) *corev3.DataSource {
+	return &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: b}}
+}
+
+func appendPEM(dst []byte, certs ...*x509.Certificate) []byte {
+	for _, c := range certs {
+		dst = append(dst, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return dst
+}
+
+// certSecret is the tls_certificate Secret of cred, named name.
+func certSecret(name string, cred *Credential) (*tlsv3.Secret, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(cred.Key)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the private key: %w", err)
+	}
+	key := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	clear(der)
+	return &tlsv3.Secret{
+		Name: name,
+		Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+			CertificateChain: inline(appendPEM(nil, cred.Chain...)),
+			PrivateKey:       inline(key),
+		}},
+	}, nil
+}
+
+func trustedCASecret(name string, pemBytes []byte) *tlsv3.Secret {
+	return &tlsv3.Secret{
+		Name: name,
+		Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			TrustedCa: inline(pemBytes),
+		}},
+	}
+}
+
+// allSecret is ALL: Envoy's SPIFFE validator configured with every trust
+// domain that has roots, or, when plain, one trusted_ca with every root.
+// It returns nil when there are no roots at all: Envoy refuses a SPIFFE
+// validator without trust domains.
+func allSecret(bundles []*x509bundle.Bundle, plain bool) (*tlsv3.Secret, error) {
+	if plain {
+		var out []byte
+		seen := make(map[string]bool)
+		for _, b := range bundles {
+			for _, c := range b.X509Authorities() {
+				if seen[string(c.Raw)] {
+					continue
+				}
+				seen[string(c.Raw)] = true
+				out = appendPEM(out, c)
+			}
+		}
+		if len(out) == 0 {
+			return nil, nil
+		}
+		return trustedCASecret(AllName, out), nil
+	}
+	sorted := slices.Clone(bundles)
+	slices.SortStableFunc(sorted, func(a, b *x509bundle.Bundle) int {
+		return bytes.Compare([]byte(a.TrustDomain().Name()), []byte(b.TrustDomain().Name()))
+	})
+	cfg := &tlsv3.SPIFFECertValidatorConfig{}
+	var last spiffeid.TrustDomain
+	for _, b := range sorted {
+		roots := b.X509Authorities()
+		if len(roots) == 0 || b.TrustDomain() == last {
+			continue
+		}
+		last = b.TrustDomain()
+		cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
+			Name:        b.TrustDomain().Name(),
+			TrustBundle: inline(appendPEM(nil, roots...)),
+		})
+	}
+	if len(cfg.TrustDomains) == 0 {
+		return nil, nil
+	}
+	typed, err := anypb.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &tlsv3.Secret{
+		Name: AllName,
+		Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			CustomValidatorConfig: &corev3.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: typed},
+		}},
+	}, nil
+}
+
+// validationKey names one validation-context resource of one Trust.
+type validationKey struct {
+	name  string
+	plain bool // ALL as a plain trusted_ca
+}
+
+// validationCache holds the validation contexts of the newest Trust, and of
+// the one before for streams that have not moved on yet, built lazily,
+// once each.
+type validationCache struct {
+	onEncode func() // counts encodings
+
+	mu        sync.Mutex
+	cur, prev *trustEncodings
+}
+
+// trustEncodings are the encoded resources of one Trust.
+type trustEncodings struct {
+	trust   *Trust
+	byTD    map[spiffeid.TrustDomain]*x509bundle.Bundle
+	entries map[validationKey]*encoded // nil value: known not to exist
+}
+
+func (c *validationCache) of(t *Trust) *trustEncodings {
+	switch {
+	case c.cur != nil && c.cur.trust == t:
+		return c.cur
+	case c.prev != nil && c.prev.trust == t:
+		return c.prev
+	}
+	te := &trustEncodings{
+		trust:   t,
+		byTD:    make(map[spiffeid.TrustDomain]*x509bundle.Bundle, len(t.Bundles)),
+		entries: make(map[validationKey]*encoded),
+	}
+	for _, b := range t.Bundles {
+		if _, dup := te.byTD[b.TrustDomain()]; !dup {
+			te.byTD[b.TrustDomain()] = b
+		}
+	}
+	c.prev, c.cur = c.cur, te
+	return te
+}
+
+// get returns the resource named name (parsed as p) of t, nil when it does
+// not exist in t.
+func (c *validationCache) get(t *Trust, name string, p parsedName, plain bool) (*encoded, error) {
+	if p.kind != kindAll {
+		plain = false
+	}
+	k := validationKey{name: name, plain: plain}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	te := c.of(t)
+	if e, ok := te.entries[k]; ok {
+		return e, nil
+	}
+	var s *tlsv3.Secret
+	switch p.kind {
+	case kindTrustDomain:
+		if b := te.byTD[p.td]; b != nil && len(b.X509Authorities()) > 0 {
+			s = trustedCASecret(name, appendPEM(nil, b.X509Authorities()...))
+		}
+	case kindAll:
+		var err error
+		if s, err = allSecret(t.Bundles, plain); err != nil {
+			return nil, err
+		}
+	}
+	var e *encoded
+	if s != nil {
+		var err error
+		if e, err = encodeSecret(s); err != nil {
+			return nil, err
+		}
+		c.onEncode()
+	}
+	// Only names that exist or are known trust domains are remembered, so
+	// callers asking for made-up trust domains cannot grow the map.
+	if e != nil || p.kind != kindTrustDomain {
+		te.entries[k] = e
+	}
+	return e, nil
+}
+
+// certCache shares the encoded tls_certificate resources of one identity
+// among its open streams: one encoding per (Credential, name).
+type certCache struct {
+	onEncode func()
+
+	mu  sync.Mutex
+	ids map[spiffeid.ID]*certEntry
+}
+
+type certEntry struct {
+	refs int // open streams of the identity
+
+	// cur and prev are the encodings of the newest credential and of the
+	// one before, which streams still hold until they refresh.
+	mu        sync.Mutex
+	cur, prev credEncodings
+}
+
+type credEncodings struct {
+	cred *Credential
+	enc  map[string]*encoded
+}
+
+// acquire registers an open stream of id; release undoes it, dropping the
+// identity's encodings (with their private keys) when no stream is left.
+func (c *certCache) acquire(id spiffeid.ID) *certEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.ids[id]
+	if e == nil {
+		e = &certEntry{}
+		c.ids[id] = e
+	}
+	e.refs++
+	return e
+}
+
+func (c *certCache) release(id spiffeid.ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.ids[id]; e != nil {
+		if e.refs--; e.refs <= 0 {
+			delete(c.ids, id)
+		}
+	}
+}
+
+// get returns the encoding of cred named name, building it at most once
+// per credential. A nil entry (Fetch) encodes without caching.
+func (c *certCache) get(e *certEntry, cred *Credential, name string) (*encoded, error) {
+	if e == nil {
+		return c.encode(cred, name)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ce *credEncodings
+	switch cred {
+	case e.cur.cred:
+		ce = &e.cur
+	case e.prev.cred:
+		ce = &e.prev
+	default:
+		e.prev, e.cur = e.cur, credEncodings{cred: cred, enc: make(map[string]*encoded, 2)}
+		ce = &e.cur
+	}
+	if enc := ce.enc[name]; enc != nil {
+		return enc, nil
+	}
+	enc, err := c.encode(cred, name)
+	if err != nil {
+		return nil, err
+	}
+	ce.enc[name] = enc
+	return enc, nil
+}
+
+func (c *certCache) encode(cred *Credential, name string) (*encoded, error) {
+	s, err := certSecret(name, cred)
+	if err != nil {
+		return nil, err
+	}
+	enc, err := encodeSecret(s)
+	if err != nil {
+		return nil, err
+	}
+	c.onEncode()
+	return enc, nil
+}
+
+// versionOf is a SotW response's version_info: a hash of the sorted
+// (name, version) pairs it holds.
+func versionOf(res []*encoded) string {
+	h := sha256.New()
+	for _, r := range res {
+		fmt.Fprintf(h, "%d:%s%d:%s", len(r.name), r.name, len(r.version), r.version)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}

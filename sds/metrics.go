@@ -1,0 +1,53 @@
+package sds
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Values of the type label.
+const (
+	typeSotW  = "sotw"
+	typeDelta = "delta"
+	typeFetch = "fetch"
+)
+
+type metrics struct {
+	streams    *prometheus.GaugeVec
+	responses  *prometheus.CounterVec
+	nacks      *prometheus.CounterVec
+	authFails  prometheus.Counter
+	encodings  *prometheus.CounterVec
+	validation prometheus.Counter // encodings{kind="validation"}
+	cert       prometheus.Counter // encodings{kind="certificate"}
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trustbridge_sds_streams",
+			Help: "Open SDS streams, by protocol variant (sotw, delta).",
+		}, []string{"type"}),
+		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_sds_responses_total",
+			Help: "SDS responses sent, by protocol variant (sotw, delta, fetch).",
+		}, []string{"type"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_sds_nacks_total",
+			Help: "SDS responses the client rejected (NACK), by protocol variant.",
+		}, []string{"type"}),
+		authFails: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_sds_authentication_failures_total",
+			Help: "SDS streams and fetches refused because the caller did not authenticate (or re-authenticate at a refresh), or is not a member of the local trust domain.",
+		}),
+		encodings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_sds_encodings_total",
+			Help: "Secrets marshalled, by kind (validation, certificate); each is shared by every stream that sends it.",
+		}, []string{"kind"}),
+	}
+	m.validation = m.encodings.WithLabelValues("validation")
+	m.cert = m.encodings.WithLabelValues("certificate")
+	for _, c := range []prometheus.Collector{m.streams, m.responses, m.nacks, m.authFails, m.encodings} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

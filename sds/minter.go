@@ -1,0 +1,195 @@
+package sds
+
+import (
+	"container/list"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
+)
+
+// Minter defaults.
+const (
+	// DefaultGraceRatio is the fraction of a certificate's lifetime after
+	// which it is replaced, as Istio's SECRET_GRACE_PERIOD_RATIO.
+	DefaultGraceRatio = 0.5
+	// DefaultMaxEntries bounds the identities whose credentials a Minter
+	// keeps.
+	DefaultMaxEntries = 10000
+)
+
+// MinterConfig configures NewMinter. Signer and TTL are required.
+type MinterConfig struct {
+	// Signer issues the certificates.
+	Signer Signer
+	// TTL is the lifetime asked for; it must be positive.
+	TTL time.Duration
+	// GraceRatio is the fraction of the lifetime after which a credential
+	// is refreshed, in (0, 1]; zero means DefaultGraceRatio.
+	GraceRatio float64
+	// Clock; nil means the real clock.
+	Clock clock.Clock
+	// MaxEntries bounds the identities cached, the oldest minted being
+	// forgotten first; zero means DefaultMaxEntries.
+	MaxEntries int
+}
+
+// Minter is the server's CredentialSource: it generates an ECDSA P-256 key
+// in-process, signs a CSR for the authenticated id with Signer, and caches
+// the credential per id until its RefreshAt. Concurrent requests for one id
+// share one signing. Failures are not cached.
+type Minter struct {
+	cfg MinterConfig
+
+	mu      sync.Mutex
+	entries map[spiffeid.ID]*mintEntry
+	order   *list.List // of spiffeid.ID, oldest minted first
+}
+
+type mintEntry struct {
+	cred     *Credential   // nil before the first success
+	changed  chan struct{} // cred.Changed
+	inflight chan struct{} // closed when the signing in progress ends; nil when none
+	err      error         // of the last signing, for those who waited on it
+	elem     *list.Element // in Minter.order
+}
+
+// NewMinter checks cfg and applies defaults.
+func NewMinter(cfg MinterConfig) (*Minter, error) {
+	if cfg.Signer == nil {
+		return nil, errors.New("sds: minter: no signer")
+	}
+	if cfg.TTL <= 0 {
+		return nil, fmt.Errorf("sds: minter: TTL %v must be positive", cfg.TTL)
+	}
+	if cfg.GraceRatio == 0 {
+		cfg.GraceRatio = DefaultGraceRatio
+	}
+	if !(cfg.GraceRatio > 0 && cfg.GraceRatio <= 1) {
+		return nil, fmt.Errorf("sds: minter: grace ratio %v must be in (0, 1]", cfg.GraceRatio)
+	}
+	if cfg.MaxEntries < 0 {
+		return nil, fmt.Errorf("sds: minter: max entries %d must not be negative", cfg.MaxEntries)
+	}
+	if cfg.MaxEntries == 0 {
+		cfg.MaxEntries = DefaultMaxEntries
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	return &Minter{cfg: cfg, entries: make(map[spiffeid.ID]*mintEntry), order: list.New()}, nil
+}
+
+// Credential returns id's cached credential, or mints one when there is
+// none or it is due for refresh. The caller must have proven id.
+func (m *Minter) Credential(ctx context.Context, id spiffeid.ID) (*Credential, error) {
+	if id.IsZero() || id.Path() == "" {
+		return nil, fmt.Errorf("sds: minter: %q is not a workload SPIFFE ID", id.String())
+	}
+	for {
+		m.mu.Lock()
+		e := m.entries[id]
+		if e == nil {
+			e = &mintEntry{}
+			m.entries[id] = e
+			e.elem = m.order.PushBack(id)
+			m.evict()
+		}
+		if e.inflight == nil && e.cred != nil && m.cfg.Clock.Now().Before(e.cred.RefreshAt) {
+			cred := e.cred
+			m.mu.Unlock()
+			return cred, nil
+		}
+		if wait := e.inflight; wait != nil {
+			m.mu.Unlock()
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("sds: minter: %w", ctx.Err())
+			}
+			m.mu.Lock()
+			cred, err := e.cred, e.err
+			m.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			if cred != nil {
+				return cred, nil
+			}
+			continue
+		}
+		done := make(chan struct{})
+		e.inflight = done
+		m.mu.Unlock()
+
+		cred, err := m.mint(id)
+
+		m.mu.Lock()
+		e.inflight, e.err = nil, err
+		if err == nil {
+			if e.changed != nil {
+				close(e.changed)
+			}
+			e.changed = make(chan struct{})
+			cred.Changed = e.changed
+			e.cred = cred
+			if m.entries[id] == e {
+				m.order.MoveToBack(e.elem)
+			}
+		}
+		close(done)
+		m.mu.Unlock()
+		return cred, err
+	}
+}
+
+// evict forgets the oldest identities beyond MaxEntries. Their streams keep
+// the credential they hold and ask again at its RefreshAt. Called with mu
+// held.
+func (m *Minter) evict() {
+	for m.order.Len() > m.cfg.MaxEntries {
+		front := m.order.Front()
+		m.order.Remove(front)
+		delete(m.entries, front.Value.(spiffeid.ID))
+	}
+}
+
+// mint generates a key and has a certificate for id signed.
+func (m *Minter) mint(id spiffeid.ID) (*Credential, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("sds: minter: generating a key for %s: %w", id, err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
+	if err != nil {
+		return nil, fmt.Errorf("sds: minter: creating a CSR for %s: %w", id, err)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, fmt.Errorf("sds: minter: parsing the CSR for %s: %w", id, err)
+	}
+	chain, err := m.cfg.Signer.Sign(csr, id, m.cfg.TTL)
+	if err != nil {
+		return nil, fmt.Errorf("sds: minter: signing for %s: %w", id, err)
+	}
+	if err := checkCredential(chain, key, id); err != nil {
+		return nil, fmt.Errorf("sds: minter: signer returned an unusable certificate for %s: %w", id, err)
+	}
+	return &Credential{Chain: chain, Key: key, RefreshAt: refreshAt(chain[0], m.cfg.GraceRatio)}, nil
+}
+
+// refreshAt is NotBefore plus ratio of the certificate's lifetime.
+func refreshAt(leaf *x509.Certificate, ratio float64) time.Time {
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	return leaf.NotBefore.Add(time.Duration(math.Round(float64(life) * ratio)))
+}

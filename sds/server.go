@@ -1,0 +1,241 @@
+package sds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// minRefreshDelay is the shortest wait before a stream re-authenticates its
+// caller and asks the credential source again, so that a source handing
+// out credentials already due for refresh cannot make a stream spin.
+const minRefreshDelay = 5 * time.Second
+
+// Config configures a Server. TrustDomain, Trust and Authenticator are
+// required.
+type Config struct {
+	// TrustDomain is the local trust domain: ROOTCA names its roots, and
+	// callers must be members of it.
+	TrustDomain spiffeid.TrustDomain
+	// Trust provides the roots of every trust domain.
+	Trust TrustSource
+	// Credentials provides the callers' certificates and keys; nil refuses
+	// every tls_certificate resource with PermissionDenied.
+	Credentials CredentialSource
+	// Authenticator decides who the caller is, once per stream or Fetch
+	// call, and again whenever a stream's credential is refreshed.
+	Authenticator authn.Authenticator
+	// Clock drives credential refreshes; nil means the real clock.
+	Clock clock.Clock
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil means a private registry.
+	Registerer prometheus.Registerer
+}
+
+// Server implements Envoy's SecretDiscoveryService (v3): StreamSecrets
+// (state of the world), DeltaSecrets (incremental) and FetchSecrets.
+type Server struct {
+	secretv3.UnimplementedSecretDiscoveryServiceServer
+
+	cfg         Config
+	metrics     *metrics
+	validations *validationCache
+	certs       *certCache
+	empty       *Trust // stands in for a nil Trust
+
+	// requestDone, when set (tests only), is called after a stream has
+	// handled a request, so a test knows when to change the sources.
+	requestDone func()
+}
+
+// New checks cfg and returns a Server. It starts nothing.
+func New(cfg Config) (*Server, error) {
+	if cfg.TrustDomain.IsZero() {
+		return nil, errors.New("sds: no trust domain")
+	}
+	if cfg.Trust == nil {
+		return nil, errors.New("sds: no trust source")
+	}
+	if cfg.Authenticator == nil {
+		return nil, errors.New("sds: no authenticator")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("sds: %w", err)
+	}
+	return &Server{
+		cfg:         cfg,
+		metrics:     m,
+		validations: &validationCache{onEncode: m.validation.Inc},
+		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
+		empty:       &Trust{},
+	}, nil
+}
+
+// Register adds SecretDiscoveryService (StreamSecrets, DeltaSecrets,
+// FetchSecrets) to r.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	secretv3.RegisterSecretDiscoveryServiceServer(r, s)
+}
+
+func (s *Server) handled() {
+	if s.requestDone != nil {
+		s.requestDone()
+	}
+}
+
+// refusal ends a stream or call: the status returned to the client, and
+// the reason logged.
+type refusal struct {
+	code   codes.Code
+	reason string // log field, a fixed word
+	msg    string // returned to the client; holds no internals
+	err    error  // logged only
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+// authenticate decides who the caller of a stream or Fetch is.
+func (s *Server) authenticate(ctx context.Context, r authn.Request) (authn.Identity, *refusal) {
+	ident, err := s.cfg.Authenticator.Authenticate(ctx, r)
+	if err == nil && ident.ID.IsZero() {
+		err = errors.New("authenticator returned an empty identity")
+	}
+	if err != nil {
+		s.metrics.authFails.Inc()
+		if errors.Is(err, authn.ErrUnavailable) {
+			return authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
+		}
+		return authn.Identity{}, &refusal{codes.Unauthenticated, "unauthenticated",
+			"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
+	}
+	if !ident.ID.MemberOf(s.cfg.TrustDomain) {
+		s.metrics.authFails.Inc()
+		return ident, &refusal{codes.PermissionDenied, "foreign_trust_domain",
+			fmt.Sprintf("%s is not a member of trust domain %s", ident.ID, s.cfg.TrustDomain.Name()), nil}
+	}
+	return ident, nil
+}
+
+// finish turns a handler's result into what gRPC returns, logging refusals
+// the way the certificate service does.
+func (s *Server) finish(ctx context.Context, kind string, r authn.Request, ident authn.Identity, err error) error {
+	if err == nil {
+		return nil
+	}
+	var ref *refusal
+	if !errors.As(err, &ref) {
+		// Transport errors (the client went away) and context ends.
+		if st, ok := status.FromError(err); ok {
+			return st.Err()
+		}
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return err
+	}
+	attrs := []any{"type", kind, "reason", ref.reason, "code", ref.code.String(), logattr.Address, r.Peer}
+	if !ident.ID.IsZero() {
+		attrs = append(attrs, logattr.SPIFFEID, ident.ID.String(), "method", ident.Method)
+	}
+	if ref.err != nil {
+		attrs = append(attrs, logattr.Error, ref.err)
+	}
+	lvl := slog.LevelInfo
+	if ref.code == codes.Internal || ref.code == codes.Unavailable {
+		lvl = slog.LevelError
+	}
+	s.cfg.Logger.Log(ctx, lvl, "sds request refused", attrs...)
+	return status.Error(ref.code, ref.msg)
+}
+
+// FetchSecrets returns the current resources of the names requested.
+func (s *Server) FetchSecrets(ctx context.Context, req *discoveryv3.DiscoveryRequest) (*discoveryv3.DiscoveryResponse, error) {
+	r := authn.FromGRPC(ctx)
+	ident, ref := s.authenticate(ctx, r)
+	if ref != nil {
+		return nil, s.finish(ctx, typeFetch, r, ident, ref)
+	}
+	ss := s.newSession(typeFetch, ident, r, req.GetNode(), nil)
+	defer ss.stop()
+	names := req.GetResourceNames()
+	if ref := checkRequest(req.GetTypeUrl(), names); ref != nil {
+		return nil, s.finish(ctx, typeFetch, r, ident, ref)
+	}
+	res, err := ss.resources(ctx, dedupSorted(names))
+	if err != nil {
+		return nil, s.finish(ctx, typeFetch, r, ident, err)
+	}
+	s.metrics.responses.WithLabelValues(typeFetch).Inc()
+	return &discoveryv3.DiscoveryResponse{
+		VersionInfo: versionOf(res),
+		Resources:   anys(res),
+		TypeUrl:     resourcev3.SecretType,
+	}, nil
+}
+
+// checkRequest refuses another resource type and oversized subscriptions.
+func checkRequest(typeURL string, names []string) *refusal {
+	if typeURL != "" && typeURL != resourcev3.SecretType {
+		return &refusal{codes.InvalidArgument, "type_url", fmt.Sprintf("type_url %q is not served here; only %s", typeURL, resourcev3.SecretType), nil}
+	}
+	if err := checkNames(names); err != nil {
+		return &refusal{codes.InvalidArgument, "too_many_names", err.Error(), nil}
+	}
+	return nil
+}
+
+func anys(res []*encoded) []*anypb.Any {
+	out := make([]*anypb.Any, len(res))
+	for i, r := range res {
+		out[i] = r.any
+	}
+	return out
+}
+
+func dedupSorted(names []string) []string {
+	out := slices.Clone(names)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// disablesSPIFFEValidation reports whether node asks for ALL as a plain
+// trusted_ca: DisableSPIFFEValidationKey set to true or "true".
+func disablesSPIFFEValidation(n *corev3.Node) bool {
+	switch k := n.GetMetadata().GetFields()[DisableSPIFFEValidationKey].GetKind().(type) {
+	case *structpb.Value_BoolValue:
+		return k.BoolValue
+	case *structpb.Value_StringValue:
+		return k.StringValue == "true"
+	}
+	return false
+}

@@ -1,0 +1,249 @@
+package sds
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc/codes"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// session is what one stream or Fetch call knows about its caller: the
+// proven identity, the request it was proven with (to re-authenticate at a
+// refresh), the Trust and Credential it last sent from.
+type session struct {
+	s     *Server
+	kind  string
+	ident authn.Identity
+	areq  authn.Request
+	plain bool // ALL as a plain trusted_ca
+	entry *certEntry
+
+	trust *Trust
+	// spent is a Trust whose Changed fired without the source returning a
+	// newer one: not waited on again, so a faulty source cannot make the
+	// stream spin.
+	spent *Trust
+	cred  *Credential // nil until a tls_certificate is asked for
+	// spentCred is a Credential whose Changed fired without the source
+	// returning a newer one; likewise not waited on again.
+	spentCred *Credential
+	timer     clock.Timer // fires at cred.RefreshAt; nil when there is none
+}
+
+// newSession starts a session for an authenticated caller. Streams pass a
+// cert cache entry so that their encodings are shared; Fetch passes nil.
+func (s *Server) newSession(kind string, ident authn.Identity, r authn.Request, node *corev3.Node, entry *certEntry) *session {
+	ss := &session{s: s, kind: kind, ident: ident, areq: r, plain: disablesSPIFFEValidation(node), entry: entry}
+	ss.loadTrust()
+	return ss
+}
+
+func (ss *session) stop() {
+	if ss.timer != nil {
+		ss.timer.Stop()
+	}
+}
+
+func (ss *session) log() *slog.Logger {
+	return ss.s.cfg.Logger.With("type", ss.kind, logattr.SPIFFEID, ss.ident.ID.String(), logattr.Address, ss.areq.Peer)
+}
+
+func (ss *session) loadTrust() {
+	ss.trust = ss.s.cfg.Trust.Trust()
+	if ss.trust == nil {
+		ss.trust = ss.s.empty
+	}
+}
+
+// trustFired is called when the current Trust's Changed is closed.
+func (ss *session) trustFired() {
+	old := ss.trust
+	ss.loadTrust()
+	if ss.trust == old {
+		ss.spent = old
+	}
+}
+
+// trustChanged and credChanged are nil (never ready) when there is nothing
+// to wait for.
+func (ss *session) trustChanged() <-chan struct{} {
+	if ss.trust == ss.spent {
+		return nil
+	}
+	return ss.trust.Changed
+}
+
+func (ss *session) credChanged() <-chan struct{} {
+	if ss.cred == nil || ss.cred == ss.spentCred {
+		return nil
+	}
+	return ss.cred.Changed
+}
+
+func (ss *session) refreshDue() <-chan time.Time {
+	if ss.timer == nil {
+		return nil
+	}
+	return ss.timer.C()
+}
+
+// checkSubscription refuses names the caller may not have: another
+// identity's certificate, or any certificate when there is no credential
+// source. It never asks the source. Unknown names are logged when the
+// client subscribes (logUnknown), not at every push.
+func (ss *session) checkSubscription(names []string, logUnknown bool) *refusal {
+	for _, n := range names {
+		p := parseName(n, ss.s.cfg.TrustDomain)
+		switch p.kind {
+		case kindCert:
+			if !p.id.IsZero() && p.id != ss.ident.ID {
+				return &refusal{codes.PermissionDenied, "foreign_identity",
+					fmt.Sprintf("resource %q is not the certificate of the authenticated identity %s", n, ss.ident.ID), nil}
+			}
+			if ss.s.cfg.Credentials == nil {
+				return &refusal{codes.PermissionDenied, "no_credentials", "this server hands out no certificates; ask for validation contexts only", nil}
+			}
+		case kindUnknown:
+			if !logUnknown {
+				continue
+			}
+			ss.log().Debug("unknown resource name ignored", "resource", n)
+		}
+	}
+	return nil
+}
+
+// resources returns the encodings of those names that exist now, sorted
+// by name. names must be sorted and passed checkSubscription.
+func (ss *session) resources(ctx context.Context, names []string) ([]*encoded, error) {
+	if ref := ss.checkSubscription(names, false); ref != nil {
+		return nil, ref
+	}
+	// Always the newest Trust: a stream that has not seen Changed yet
+	// must not make the shared cache encode an older one again.
+	ss.loadTrust()
+	out := make([]*encoded, 0, len(names))
+	for _, n := range names {
+		p := parseName(n, ss.s.cfg.TrustDomain)
+		var e *encoded
+		var err error
+		switch p.kind {
+		case kindCert:
+			if ss.cred == nil {
+				if err := ss.loadCredential(ctx); err != nil {
+					return nil, err
+				}
+			}
+			e, err = ss.s.certs.get(ss.entry, ss.cred, n)
+		case kindTrustDomain, kindAll:
+			e, err = ss.s.validations.get(ss.trust, n, p, ss.plain)
+		}
+		if err != nil {
+			return nil, &refusal{codes.Internal, "encoding", "internal error", err}
+		}
+		if e != nil {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b *encoded) int { return cmp.Compare(a.name, b.name) })
+	return out, nil
+}
+
+// loadCredential asks the source for the caller's credential and arms the
+// refresh timer.
+func (ss *session) loadCredential(ctx context.Context) error {
+	cred, err := ss.s.cfg.Credentials.Credential(ctx, ss.ident.ID)
+	if err == nil {
+		if cred == nil {
+			err = errors.New("credential source returned no credential")
+		} else if cerr := checkCredential(cred.Chain, cred.Key, ss.ident.ID); cerr != nil {
+			// Defence in depth: a source bug must not hand one workload
+			// another's key.
+			err = fmt.Errorf("credential source returned an unusable credential: %w", cerr)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrNoCredential) {
+			return &refusal{codes.Unavailable, "no_credential", "no certificate for this identity yet; retry later", err}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &refusal{codes.Unavailable, "credential_source", "certificate not available; retry later", err}
+	}
+	if cred == ss.cred && closedChan(cred.Changed) {
+		ss.spentCred = cred
+	}
+	ss.cred = cred
+	ss.stop()
+	ss.timer = nil
+	if !cred.RefreshAt.IsZero() {
+		ss.timer = ss.s.cfg.Clock.NewTimer(max(cred.RefreshAt.Sub(ss.s.cfg.Clock.Now()), minRefreshDelay))
+	}
+	return nil
+}
+
+func closedChan(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// refreshCredential re-authenticates the caller with the request that
+// opened the stream, then asks the source again: a caller whose
+// credentials were revoked gets no new certificate.
+func (ss *session) refreshCredential(ctx context.Context) error {
+	ident, err := ss.s.cfg.Authenticator.Authenticate(ctx, ss.areq)
+	if err == nil && ident.ID != ss.ident.ID {
+		err = fmt.Errorf("re-authentication proved %q, not %s", ident.ID.String(), ss.ident.ID)
+	}
+	if err != nil {
+		ss.s.metrics.authFails.Inc()
+		if errors.Is(err, authn.ErrUnavailable) {
+			return &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
+		}
+		return &refusal{codes.Unauthenticated, "reauthentication_failed", "credentials no longer valid; reconnect with fresh credentials", err}
+	}
+	return ss.loadCredential(ctx)
+}
+
+// receive reads requests in their own goroutine, so that the stream's loop
+// can wait for requests and changes at once. It forwards one request at a
+// time: a client that sends faster than the loop handles them is held back
+// by gRPC flow control, not buffered here. The goroutine ends when recv
+// fails, which gRPC guarantees once the handler has returned.
+func receive[T any](ctx context.Context, recv func() (T, error)) (<-chan T, <-chan error) {
+	reqs := make(chan T)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			r, err := recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case reqs <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return reqs, errc
+}
