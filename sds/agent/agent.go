@@ -1,0 +1,417 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/poll"
+	"github.com/trustbridge/trustbridge/sds"
+)
+
+// Defaults of Config, the Istio agent's paths relative to the working
+// directory.
+const (
+	DefaultSocketPath     = "./var/run/secrets/workload-spiffe-uds/socket"
+	DefaultCredentialsDir = "./var/run/secrets/workload-spiffe-credentials"
+	DefaultPollInterval   = time.Second
+)
+
+// Names of the files of a pre-provisioned credential, as Istio names them.
+const (
+	CertChainFile = "cert-chain.pem"
+	KeyFile       = "key.pem"
+	RootCertFile  = "root-cert.pem"
+)
+
+// ErrAlreadyServing means an SDS server already answers on the socket; Run
+// returns it wrapped with the socket path and starts nothing.
+var ErrAlreadyServing = errors.New("an SDS server already answers on the socket")
+
+// Config configures an Agent.
+type Config struct {
+	// SocketPath is the unix socket SDS is served on; DefaultSocketPath
+	// when empty.
+	SocketPath string
+	// SocketGroup, when set, is a group name or numeric id that may also
+	// use the socket: the socket is then mode 0660 and owned by that
+	// group; otherwise it is 0600.
+	SocketGroup string
+	// CredentialsDir holds pre-provisioned credential files;
+	// DefaultCredentialsDir when empty.
+	CredentialsDir string
+	// Rotator configures the certificate service client; nil means no CA
+	// is configured, and then the credential files must be present.
+	Rotator *RotatorConfig
+	// Clock defaults to the real clock.
+	Clock clock.WithTicker
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Registerer receives the agent's metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+	// PollInterval is how often the credential files are checked;
+	// DefaultPollInterval when zero.
+	PollInterval time.Duration
+}
+
+// rotator is what the agent uses of *Rotator; tests substitute it.
+type rotator interface {
+	Init(ctx context.Context) error
+	Cell() *sds.CredentialCell
+	ID() spiffeid.ID
+	Run(ctx context.Context) error
+	ClientTLS() *tls.Config
+	SetServerRoots(roots []*x509.Certificate)
+}
+
+// Agent serves one workload's SDS on a unix socket. Build it with New.
+type Agent struct {
+	socketPath   string
+	socketGID    int // -1: no group access
+	credsDir     string
+	pollInterval time.Duration
+	clock        clock.WithTicker
+	log          *slog.Logger
+	reg          prometheus.Registerer
+	metrics      *metrics
+
+	caAddr  string
+	caRoots []*x509.Certificate
+	rot     rotator // nil: no CA configured
+
+	// probeTimeout bounds the check for a live SDS server on the socket.
+	probeTimeout time.Duration
+	// backoffBase and backoffMax bound the relay's reconnect delays.
+	backoffBase, backoffMax time.Duration
+
+	running atomic.Bool
+}
+
+// New checks cfg and applies its defaults. It starts nothing; with
+// cfg.Rotator set it builds the Rotator (NewRotator), so a bad CA
+// configuration fails here rather than after the decision flow.
+func New(cfg Config) (*Agent, error) {
+	a := &Agent{
+		socketPath:   cfg.SocketPath,
+		socketGID:    -1,
+		credsDir:     cfg.CredentialsDir,
+		pollInterval: cfg.PollInterval,
+		clock:        cfg.Clock,
+		log:          cfg.Logger,
+		reg:          cfg.Registerer,
+		probeTimeout: 2 * time.Second,
+		backoffBase:  250 * time.Millisecond,
+		backoffMax:   30 * time.Second,
+	}
+	if a.socketPath == "" {
+		a.socketPath = DefaultSocketPath
+	}
+	if a.credsDir == "" {
+		a.credsDir = DefaultCredentialsDir
+	}
+	if a.pollInterval == 0 {
+		a.pollInterval = DefaultPollInterval
+	}
+	if a.pollInterval < 0 {
+		return nil, fmt.Errorf("agent: poll interval %s must be positive", a.pollInterval)
+	}
+	if a.clock == nil {
+		a.clock = clock.RealClock{}
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.SocketGroup != "" {
+		gid, err := lookupGroup(cfg.SocketGroup)
+		if err != nil {
+			return nil, fmt.Errorf("agent: socket group: %w", err)
+		}
+		a.socketGID = gid
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.metrics = m
+	if cfg.Rotator != nil {
+		rc := *cfg.Rotator
+		if rc.Clock == nil {
+			rc.Clock = a.clock
+		}
+		if rc.Logger == nil {
+			rc.Logger = a.log
+		}
+		if rc.Registerer == nil {
+			rc.Registerer = cfg.Registerer
+		}
+		r, err := NewRotator(rc)
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.rot = r
+		a.caAddr = rc.CAAddr
+		a.caRoots = rc.Roots
+	}
+	return a, nil
+}
+
+// lookupGroup resolves a group name or numeric id.
+func lookupGroup(s string) (int, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 {
+			return 0, fmt.Errorf("group id %d is negative", n)
+		}
+		return n, nil
+	}
+	g, err := user.LookupGroup(s)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: %w", s, err)
+	}
+	n, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("group %q has a non-numeric id %q", s, g.Gid)
+	}
+	return n, nil
+}
+
+// Run takes the decision flow's first applicable step and serves until ctx
+// is done, then stops the server, removes the socket and returns nil. It
+// returns ErrAlreadyServing (wrapped) when an SDS server already answers
+// on the socket, and an error when no step applies. Run may be called
+// once.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.running.Swap(true) {
+		return errors.New("agent: Run called twice")
+	}
+	// Step 1: someone (an earlier agent, the Istio agent, SPIRE's) already
+	// serves Envoy here.
+	st, err := probeSocket(ctx, a.socketPath, a.probeTimeout)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	switch st {
+	case socketSDS:
+		return fmt.Errorf("agent: %w: %s", ErrAlreadyServing, a.socketPath)
+	case socketOtherGRPC:
+		return fmt.Errorf("agent: a gRPC server without SDS answers on %s; not replacing it", a.socketPath)
+	}
+
+	// Step 2: pre-provisioned files. Only some of them is a mistake an
+	// operator must see, not a reason to ask a CA instead.
+	present, missing := credentialFiles(a.credsDir)
+	switch {
+	case len(missing) == 0:
+		if a.rot != nil {
+			a.log.Info("credential files present; the CA configuration is not used", "credentials_dir", a.credsDir)
+		}
+		return a.runFiles(ctx)
+	case len(present) > 0:
+		return fmt.Errorf("agent: credentials directory %s holds %s but not %s: provide all three files or none",
+			a.credsDir, strings.Join(present, ", "), strings.Join(missing, ", "))
+	}
+
+	// Step 3: a CA.
+	if a.rot == nil {
+		return fmt.Errorf("agent: no credential files in %s and no CA configured: set --ca-addr, --root-cert and --token-file, or provide %s, %s and %s",
+			a.credsDir, CertChainFile, KeyFile, RootCertFile)
+	}
+	return a.runCA(ctx)
+}
+
+// credentialFiles reports which of the three credential files exist (as
+// anything: a directory in their place fails later, loudly).
+func credentialFiles(dir string) (present, missing []string) {
+	for _, name := range []string{CertChainFile, KeyFile, RootCertFile} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			present = append(present, name)
+		} else {
+			missing = append(missing, name)
+		}
+	}
+	return present, missing
+}
+
+func (a *Agent) runFiles(ctx context.Context) error {
+	w := newFileWatcher(a.credsDir, a.log, a.metrics)
+	if err := w.init(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.log.Info("serving credential files", "credentials_dir", a.credsDir, logattr.SPIFFEID, w.id.String())
+	return a.serve(ctx, w.id, w.cell, w.trust, nil, func(ctx context.Context) error {
+		return poll.Run(ctx, a.clock, a.pollInterval, w.check)
+	})
+}
+
+func (a *Agent) runCA(ctx context.Context) error {
+	if err := a.rot.Init(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // shut down while waiting for the CA
+		}
+		return fmt.Errorf("agent: first certificate: %w", err)
+	}
+	id := a.rot.ID()
+	trust := sds.NewTrustCell()
+	seed := caclient.GroupRoots(id.TrustDomain(), a.caRoots)
+	if err := trust.Set(bundlesOf(seed)); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	r := &relay{
+		addr:        a.caAddr,
+		tlsConfig:   a.rot.ClientTLS,
+		trust:       trust,
+		serverRoots: a.rot.SetServerRoots,
+		local:       id.TrustDomain(),
+		nodeID:      id.String(),
+		seed:        seed,
+		clock:       a.clock,
+		log:         a.log,
+		metrics:     a.metrics,
+		backoffBase: a.backoffBase,
+		backoffMax:  a.backoffMax,
+		relayed:     make(chan struct{}),
+	}
+	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())
+	return a.serve(ctx, id, a.rot.Cell(), trust, r.relayed, a.rot.Run, r.Run)
+}
+
+// Limits of the local gRPC server. Envoy's requests are small; a few
+// streams per Envoy suffice.
+const (
+	maxRequestSize       = 1 << 20
+	maxConcurrentStreams = 100
+)
+
+// firstTrustWait bounds how long the agent waits for the server's first
+// ALL before it opens the socket with the seed trust (--root-cert) alone.
+const firstTrustWait = 10 * time.Second
+
+// serve runs the workers and, once gate is closed (or after
+// firstTrustWait; nil means at once), the SDS server for id on the
+// socket, until ctx is done or a worker fails. Waiting for the gate keeps
+// Envoy from starting with the local roots only and failing its first
+// federated connections until the relayed trust arrives.
+func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialSource, trust sds.TrustSource, gate <-chan struct{}, workers ...func(context.Context) error) error {
+	// The socket's file mode is the access control (as in Istio): whoever
+	// can connect is this workload.
+	self := authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+		return authn.Identity{ID: id, Method: localMethod}, nil
+	})
+	srv, err := sds.New(sds.Config{
+		TrustDomain:   id.TrustDomain(),
+		Trust:         trust,
+		Credentials:   creds,
+		Authenticator: self,
+		Clock:         a.clock,
+		Logger:        a.log,
+		Registerer:    a.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	gs := grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxConcurrentStreams(maxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	srv.Register(gs)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	fail := func(err error) {
+		if err != nil {
+			errOnce.Do(func() { firstErr = err })
+		}
+		cancel()
+	}
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := w(ctx)
+			if ctx.Err() == nil {
+				if err == nil {
+					err = errors.New("stopped unexpectedly")
+				}
+				fail(fmt.Errorf("agent: %w", err))
+			}
+		}()
+	}
+	if gate != nil {
+		t := a.clock.NewTimer(firstTrustWait)
+		select {
+		case <-gate:
+		case <-t.C():
+			a.log.Warn("no trust from the server's SDS yet; serving the --root-cert roots until it arrives", "waited", firstTrustWait)
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	if ctx.Err() == nil {
+		ln, err := listenSocket(ctx, a.socketPath, a.socketGID, a.probeTimeout)
+		if err != nil {
+			fail(fmt.Errorf("agent: %w", err))
+		} else {
+			defer ln.Close()
+			a.log.Info("SDS listening", "socket", a.socketPath)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := gs.Serve(ln)
+				if ctx.Err() == nil {
+					if err == nil {
+						err = errors.New("gRPC server stopped")
+					}
+					fail(fmt.Errorf("agent: serving SDS: %w", err))
+				}
+			}()
+		}
+	}
+	<-ctx.Done()
+	// SDS streams never end by themselves, so a graceful stop would wait
+	// forever; Envoy reconnects to whoever serves the socket next.
+	gs.Stop()
+	wg.Wait()
+	return firstErr
+}
+
+// localMethod names how callers on the socket are authenticated in the
+// SDS server's logs: by being able to open the socket.
+const localMethod = "unix-socket"
+
+// bundlesOf turns a per-trust-domain map into bundles.
+func bundlesOf(m map[spiffeid.TrustDomain][]*x509.Certificate) []*x509bundle.Bundle {
+	out := make([]*x509bundle.Bundle, 0, len(m))
+	for td, roots := range m {
+		if len(roots) > 0 {
+			out = append(out, x509bundle.FromX509Authorities(td, roots))
+		}
+	}
+	return out
+}

@@ -1,0 +1,44 @@
+// Package agent is trustbridge's node agent: it runs next to one
+// workload's Envoy and serves it, over the Envoy Secret Discovery Service
+// on a unix socket, the workload's X509-SVID ("default") and the
+// validation contexts ("ROOTCA", "ALL", "spiffe://<td>") of every trust
+// domain the workload trusts.
+//
+// Run follows the Istio agent's decision flow:
+//
+//  1. an SDS server already answers on the socket: Run returns
+//     ErrAlreadyServing and nothing else happens;
+//  2. cert-chain.pem, key.pem and root-cert.pem are all in the credentials
+//     directory: they are served and polled, and a change is pushed;
+//  3. otherwise a Rotator obtains and renews the workload certificate from
+//     the trustbridge server's certificate service, and the validation
+//     contexts are relayed from the server's own SDS stream, so a
+//     federation change reaches Envoy as soon as the server pushes it.
+//
+// Usage:
+//
+//	a, err := agent.New(agent.Config{Rotator: &agent.RotatorConfig{...}})
+//	if err != nil { ... }
+//	err = a.Run(ctx) // errors.Is(err, agent.ErrAlreadyServing): exit 0
+//
+// Access control on the socket is its file mode, as with the Istio agent:
+// every caller that can connect is served the one workload identity this
+// agent holds. The socket is 0600 (0660 with Config.SocketGroup).
+//
+// "Answers" means a gRPC server completes a FetchSecrets for ROOTCA with any
+// status but Unimplemented (an error status is still an answer); a socket
+// nobody listens on, or whose listener does not speak gRPC within a short
+// timeout, is stale and is replaced. A gRPC server without SDS is left
+// alone and Run fails. Anything at the socket path that is not a socket
+// (file, directory, symlink) is never removed.
+//
+// Metrics: trustbridge_agent_credential_file_loads_total{result},
+// trustbridge_agent_relay_responses_total{result},
+// trustbridge_agent_relay_stream_failures_total and
+// trustbridge_agent_relay_connected, besides the SDS server's and the
+// Rotator's.
+//
+// References: envoy.service.secret.v3.SecretDiscoveryService,
+// envoy.extensions.transport_sockets.tls.v3.SPIFFECertValidatorConfig, the
+// xDS protocol's ACK/NACK rules, and the X509-SVID specification §5.
+package agent

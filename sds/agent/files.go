@@ -1,0 +1,268 @@
+package agent
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/sds"
+)
+
+// maxCredentialFileSize bounds each credential file.
+const maxCredentialFileSize = 1 << 20
+
+// fileWatcher serves the credential files of a directory and reloads them
+// when their content changes. A set that does not load (half written,
+// mismatched key, another identity) leaves the last good one in place.
+type fileWatcher struct {
+	dir     string
+	log     *slog.Logger
+	metrics *metrics
+
+	id    spiffeid.ID
+	cell  *sds.CredentialCell
+	trust *sds.TrustCell
+
+	// good and bad are digests of the last set served and the last set
+	// refused, so each change is loaded and logged once.
+	good, bad     [sha256.Size]byte
+	credDigest    [sha256.Size]byte
+	rootsDigest   [sha256.Size]byte
+	haveBadDigest bool
+}
+
+func newFileWatcher(dir string, log *slog.Logger, m *metrics) *fileWatcher {
+	return &fileWatcher{dir: dir, log: log, metrics: m, trust: sds.NewTrustCell()}
+}
+
+// credentialSet is the parsed content of the three files.
+type credentialSet struct {
+	id    spiffeid.ID
+	chain []*x509.Certificate
+	key   crypto.Signer
+	roots map[spiffeid.TrustDomain][]*x509.Certificate
+
+	digest, credDigest, rootsDigest [sha256.Size]byte
+}
+
+// init loads the files the first time; any error is fatal, since there is
+// no last good set to keep.
+func (w *fileWatcher) init() error {
+	set, err := readCredentialSet(w.dir)
+	if err != nil {
+		return err
+	}
+	w.id = set.id
+	w.cell = sds.NewCredentialCell(set.id)
+	if err := w.apply(set); err != nil {
+		return err
+	}
+	w.metrics.fileReloads.WithLabelValues(resultSuccess).Inc()
+	return nil
+}
+
+// check reloads the files if they changed. Errors are logged and counted.
+func (w *fileWatcher) check() {
+	set, err := readCredentialSet(w.dir)
+	var digest [sha256.Size]byte
+	if err != nil {
+		digest = sha256.Sum256([]byte(err.Error()))
+	} else {
+		digest = set.digest
+	}
+	if digest == w.good || (w.haveBadDigest && digest == w.bad) {
+		return
+	}
+	if err == nil {
+		err = w.apply(set)
+	}
+	if err != nil {
+		w.bad, w.haveBadDigest = digest, true
+		w.metrics.fileReloads.WithLabelValues(resultFailure).Inc()
+		w.log.Warn("credential files did not load; still serving the last good ones",
+			"credentials_dir", w.dir, logattr.Error, err.Error())
+		return
+	}
+	w.haveBadDigest = false
+	w.metrics.fileReloads.WithLabelValues(resultSuccess).Inc()
+	w.log.Info("credential files reloaded", "credentials_dir", w.dir, logattr.SPIFFEID, set.id.String())
+}
+
+// apply publishes set: the credential first, since it is what can still
+// be refused, so a refused set changes neither.
+func (w *fileWatcher) apply(set *credentialSet) error {
+	if set.id != w.id {
+		return fmt.Errorf("%s now holds a certificate for %s, not %s; restart the agent to serve another identity",
+			CertChainFile, set.id, w.id)
+	}
+	if set.credDigest != w.credDigest {
+		if err := w.cell.Set(set.chain, set.key); err != nil {
+			return fmt.Errorf("%s and %s: %w", CertChainFile, KeyFile, err)
+		}
+		w.credDigest = set.credDigest
+	}
+	if set.rootsDigest != w.rootsDigest {
+		if err := w.trust.Set(bundlesOf(set.roots)); err != nil {
+			return fmt.Errorf("%s: %w", RootCertFile, err)
+		}
+		w.rootsDigest = set.rootsDigest
+	}
+	w.good = set.digest
+	return nil
+}
+
+// readCredentialSet reads and parses the three files of dir.
+func readCredentialSet(dir string) (*credentialSet, error) {
+	var data [3][]byte
+	for i, name := range []string{CertChainFile, KeyFile, RootCertFile} {
+		b, _, err := cappedfile.Read(filepath.Join(dir, name), maxCredentialFileSize)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		data[i] = b
+	}
+	set, err := parseCredentialSet(data[0], data[1], data[2])
+	if err != nil {
+		return nil, err
+	}
+	return set, nil
+}
+
+// parseCredentialSet parses a certificate chain (leaf first; a trailing
+// self-signed root is dropped), a private key and roots. The identity is
+// the leaf's SPIFFE ID; its trust domain must have a root.
+func parseCredentialSet(chainPEM, keyPEM, rootsPEM []byte) (*credentialSet, error) {
+	chain, err := parseCertificates(chainPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", CertChainFile, err)
+	}
+	for len(chain) > 1 && isSelfSignedCA(chain[len(chain)-1]) {
+		chain = chain[:len(chain)-1]
+	}
+	id, err := x509svid.IDFromCert(chain[0])
+	if err != nil {
+		return nil, fmt.Errorf("%s: leaf: %w", CertChainFile, err)
+	}
+	// X509-SVID §5: a leaf is no CA and names a workload, not a trust
+	// domain.
+	if chain[0].IsCA || id.Path() == "" {
+		return nil, fmt.Errorf("%s: leaf: %s is not a workload X509-SVID (CA certificate or no path)", CertChainFile, id)
+	}
+	key, err := parsePrivateKey(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", KeyFile, err)
+	}
+	roots, err := parseCertificates(rootsPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", RootCertFile, err)
+	}
+	for i, r := range roots {
+		if !r.BasicConstraintsValid || !r.IsCA {
+			return nil, fmt.Errorf("%s: certificate %d is not a CA certificate", RootCertFile, i)
+		}
+	}
+	grouped := caclient.GroupRoots(id.TrustDomain(), roots)
+	if len(grouped[id.TrustDomain()]) == 0 {
+		return nil, fmt.Errorf("%s: no root for the trust domain %q of %s", RootCertFile, id.TrustDomain().Name(), id)
+	}
+	h := sha256.New()
+	for _, b := range [][]byte{chainPEM, keyPEM} {
+		fmt.Fprintf(h, "%d:", len(b))
+		h.Write(b)
+	}
+	set := &credentialSet{id: id, chain: chain, key: key, roots: grouped}
+	h.Sum(set.credDigest[:0])
+	set.rootsDigest = sha256.Sum256(rootsPEM)
+	set.digest = sha256.Sum256(append(set.credDigest[:], set.rootsDigest[:]...))
+	return set, nil
+}
+
+func isSelfSignedCA(c *x509.Certificate) bool {
+	return c.IsCA && bytes.Equal(c.RawSubject, c.RawIssuer) && c.CheckSignatureFrom(c) == nil
+}
+
+// maxPEMCertificates bounds the certificates of one PEM document.
+const maxPEMCertificates = 1000
+
+// parseCertificates parses a PEM document of CERTIFICATE blocks only, at
+// least one; anything else in it (other block types, trailing text) is an
+// error, since it means the file is not what it should be.
+func parseCertificates(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	rest := data
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("PEM block %d is a %q, not a CERTIFICATE", len(out), b.Type)
+		}
+		if len(out) == maxPEMCertificates {
+			return nil, fmt.Errorf("more than %d certificates", maxPEMCertificates)
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", len(out), err)
+		}
+		out = append(out, c)
+	}
+	if len(bytes.TrimSpace(rest)) > 0 {
+		return nil, errors.New("data that is not PEM after the last certificate")
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM certificate")
+	}
+	return out, nil
+}
+
+// parsePrivateKey parses one PEM private key: PKCS#8, SEC 1 (EC) or
+// PKCS#1 (RSA).
+func parsePrivateKey(data []byte) (crypto.Signer, error) {
+	b, rest := pem.Decode(data)
+	if b == nil {
+		return nil, errors.New("no PEM block")
+	}
+	if len(bytes.TrimSpace(rest)) > 0 {
+		return nil, errors.New("more than one PEM block")
+	}
+	var (
+		k   any
+		err error
+	)
+	switch b.Type {
+	case "PRIVATE KEY":
+		k, err = x509.ParsePKCS8PrivateKey(b.Bytes)
+	case "EC PRIVATE KEY":
+		k, err = x509.ParseECPrivateKey(b.Bytes)
+	case "RSA PRIVATE KEY":
+		k, err = x509.ParsePKCS1PrivateKey(b.Bytes)
+	default:
+		return nil, fmt.Errorf("PEM block is a %q, not a private key", b.Type)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch k := k.(type) {
+	case *ecdsa.PrivateKey, *rsa.PrivateKey, ed25519.PrivateKey:
+		return k.(crypto.Signer), nil
+	default:
+		return nil, fmt.Errorf("unsupported private key type %T", k)
+	}
+}

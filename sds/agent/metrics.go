@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Values of the result label.
+const (
+	resultSuccess = "success"
+	resultFailure = "failure"
+)
+
+// metrics are the agent's own; the SDS server and the Rotator register
+// theirs.
+type metrics struct {
+	fileReloads     *prometheus.CounterVec
+	relayResponses  *prometheus.CounterVec
+	relayStreamErrs prometheus.Counter
+	relayConnected  prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		fileReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_agent_credential_file_loads_total",
+			Help: "Loads of changed credential files, by result; on failure the last good credential stays.",
+		}, []string{"result"}),
+		relayResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_agent_relay_responses_total",
+			Help: "Validation-context responses from the server's SDS, by result (success: ACKed, failure: NACKed, last good trust kept).",
+		}, []string{"result"}),
+		relayStreamErrs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_relay_stream_failures_total",
+			Help: "Failed or broken SDS streams to the server; each is retried with backoff.",
+		}),
+		relayConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_agent_relay_connected",
+			Help: "1 while the SDS stream to the server is open.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.fileReloads, m.relayResponses, m.relayStreamErrs, m.relayConnected} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}
