@@ -91,6 +91,10 @@ func NewServer(svc *Service, tlsConfig *tls.Config, ln net.Listener, extra ...gr
 	return &Server{grpc: g, ln: ln}
 }
 
+// Registrar is where other services sharing the listener and its
+// authentication (the SDS server) register, before Run.
+func (s *Server) Registrar() grpc.ServiceRegistrar { return s.grpc }
+
 // Addr is the listener's address.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 

@@ -35,6 +35,7 @@ type e2eServer struct {
 	dataDir   string
 	admin     string // http://host:port of the admin API
 	bundleURL string // the bundle endpoint as the banner names it
+	banner    string
 	stop      func()
 }
 
@@ -53,7 +54,7 @@ func startE2EServer(t *testing.T, td, dataDir string, mutate func(*serverOptions
 	admin, banner, stop := launchServer(t, o)
 	return &e2eServer{
 		td: spiffeid.RequireTrustDomainFromString(td), dataDir: dataDir, admin: "http://" + admin,
-		bundleURL: endpointURL(t, banner), stop: stop,
+		bundleURL: endpointURL(t, banner), banner: banner, stop: stop,
 	}
 }
 

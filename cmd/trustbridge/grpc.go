@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 // Values of --ca-response-roots and --token-review.
@@ -56,6 +58,8 @@ type grpcOptions struct {
 	queueSize     int    // 0 = certservice.DefaultQueueSize
 	kubeconfig    string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
 	tokenReview   string // "" = auto
+	// noSDSCerts turns off tls_certificate resources on SDS.
+	noSDSCerts bool
 }
 
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
@@ -68,20 +72,50 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
 	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
+	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
-// grpcEndpoint is the wired certificate service.
+// invertedBool is a bool flag whose zero value is true, so that the
+// option's zero value is the default.
+type invertedBool struct{ off *bool }
+
+func newInvertedBool(off *bool) *invertedBool { return &invertedBool{off: off} }
+
+func (b *invertedBool) String() string {
+	if b.off != nil && *b.off {
+		return "false"
+	}
+	return "true"
+}
+
+func (b *invertedBool) Set(v string) error {
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return err
+	}
+	*b.off = !on
+	return nil
+}
+
+func (b *invertedBool) Type() string { return "bool" }
+
+// IsBoolFlag lets --sds-workload-certs stand alone for true.
+func (b *invertedBool) IsBoolFlag() bool { return true }
+
+// grpcEndpoint is the wired certificate service and the SDS server
+// sharing its listener.
 type grpcEndpoint struct {
-	ln      net.Listener
-	id      spiffeid.ID
-	roots   string
-	methods []string
-	runners []func(context.Context) error
+	ln       net.Listener
+	id       spiffeid.ID
+	roots    string
+	methods  []string
+	sdsCerts bool
+	runners  []func(context.Context) error
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
 // when --grpc-listen is "".
-func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration, authority *ca.Authority,
+func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadTTL time.Duration, authority *ca.Authority,
 	fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*grpcEndpoint, error) {
 	if o.listen == "" {
 		return nil, nil
@@ -132,14 +166,53 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL time.Duration
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
+	sdsServer, trustFeed, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, auth, reg, logger)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
+		trustFeed.cancel()
 		return nil, fmt.Errorf("--grpc-listen: %w", err)
 	}
 	g.ln = ln
 	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
-	g.runners = append(g.runners, sc.Run, srv.Run)
+	sdsServer.Register(srv.Registrar())
+	g.runners = append(g.runners, sc.Run, trustFeed.run, srv.Run)
 	return g, nil
+}
+
+// sds builds the Envoy SDS server that shares the certificate service's
+// listener and authenticators: validation contexts from the trust store,
+// pushed on every change, and, unless --sds-workload-certs=false, the
+// caller's own certificate minted by the CA for the identity it proved.
+func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Duration, authority *ca.Authority,
+	fed *federationSetup, auth authn.Authenticator, reg prometheus.Registerer, logger *slog.Logger) (*sds.Server, *storeTrust, error) {
+	cfg := sds.Config{
+		TrustDomain:   td,
+		Authenticator: auth,
+		Logger:        logger.With(logattr.Component, "sds"),
+		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
+	}
+	if !o.noSDSCerts {
+		minter, err := sds.NewMinter(sds.MinterConfig{Signer: authoritySigner{authority}, TTL: ttl})
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Credentials = minter
+		g.sdsCerts = true
+	}
+	feed, err := newStoreTrust(fed.store)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Trust = feed.cell
+	srv, err := sds.New(cfg)
+	if err != nil {
+		feed.cancel()
+		return nil, nil, err
+	}
+	return srv, feed, nil
 }
 
 // authenticators builds the chain in Istio's order: an X509-SVID of the
@@ -322,9 +395,14 @@ func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
 	}
 	addr := g.ln.Addr().String()
 	fmt.Fprintf(w, "  ca api:     %s (gRPC IstioCertificateService, TLS as %s; roots: %s; auth: %s)\n", addr, g.id, g.roots, strings.Join(g.methods, ", "))
+	certs := "validation contexts only"
+	if g.sdsCerts {
+		certs = "validation contexts and callers' own certificates"
+	}
+	fmt.Fprintf(w, "  sds:        %s (Envoy SecretDiscoveryService on the same listener: %s)\n", addr, certs)
 	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --out ./creds\n", addr)
 	logger.Info("certificate service listening", logattr.Address, addr, logattr.SPIFFEID, g.id.String(),
-		"response_roots", g.roots, "authenticators", strings.Join(g.methods, ","))
+		"response_roots", g.roots, "authenticators", strings.Join(g.methods, ","), "sds_workload_certs", g.sdsCerts)
 }
 
 // parts are the service's long-running parts, for runAll.

@@ -189,7 +189,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		}
 	}
 
-	gs, err := setupGRPC(o.grpc, td, o.workloadTTL, authority, fed, reg, logger)
+	gs, err := setupGRPC(o.grpc, td, o.workloadTTL, o.maxWorkloadTTL, authority, fed, reg, logger)
 	if err != nil {
 		if ep != nil {
 			_ = ep.ln.Close()

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
+	"github.com/trustbridge/trustbridge/sds"
+)
+
+// startAgent runs `trustbridge agent` with o until the test ends and waits
+// for its socket to appear.
+func startAgent(t *testing.T, o agentOptions) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var out, logs testlog.Buffer
+	go func() {
+		done <- runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done, "agent: clean shutdown\n%s", logs.String())
+	})
+	require.Eventually(t, func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("agent exited: %v\n%s", err, logs.String())
+		default:
+		}
+		fi, err := os.Stat(o.socket)
+		return err == nil && fi.Mode()&os.ModeSocket != 0
+	}, 30*time.Second, 10*time.Millisecond, "the agent's socket never appeared")
+}
+
+// agentFor is an agent of a trust domain whose certificate service is at
+// addr, authenticating with token, trusting rootsPEM for the server.
+func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agentOptions {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "root-cert.pem"), rootsPEM, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "token"), []byte(token+"\n"), 0o600))
+	return agentOptions{
+		socket:         filepath.Join(dir, "sds.sock"),
+		credentialsDir: filepath.Join(dir, "credentials"), // absent: ask the CA
+		caAddr:         addr,
+		rootCert:       filepath.Join(dir, "root-cert.pem"),
+		tokenFile:      filepath.Join(dir, "token"),
+		outputCerts:    filepath.Join(dir, "out"),
+		graceRatio:     0.5,
+		pollInterval:   time.Second,
+		logFormat:      "text",
+		logLevel:       "debug",
+	}
+}
+
+func TestAgentRenewsAtGracePeriod(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	rootsPEM, err := os.ReadFile(rootCert)
+	require.NoError(t, err)
+	roots, err := parsePEMCerts(rootsPEM)
+	require.NoError(t, err)
+	o := agentFor(t, addr, rootsPEM, laptopToken)
+	// 20s asked, 30s valid (the CA backdates by 10s): renewed 5s in.
+	o.ttl = 20 * time.Second
+	startAgent(t, o)
+
+	info, err := os.Stat(o.socket)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "only the agent's user may use the socket")
+
+	e := openEnvoy(t, dialSDSUnix(t, o.socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName)
+	r := e.recv(10 * time.Second)
+	got := secrets(t, r)
+	require.Len(t, got, 3)
+	id, first := workloadCert(t, got[sds.DefaultName], laptopID.TrustDomain(), roots)
+	assert.Equal(t, laptopID, id, "the identity the token proves")
+	sameCerts(t, roots, trustedCA(t, got[sds.RootCAName]), "ROOTCA relayed from the server")
+	names, _ := spiffeValidator(t, got[sds.AllName])
+	assert.Equal(t, []string{"example.org"}, names)
+	e.ack(r)
+	written := checkCreds(t, o.outputCerts, laptopID)
+	assert.Equal(t, first.SerialNumber, written.SerialNumber, "--output-certs holds the served certificate")
+
+	// Past the grace period the agent renews with its certificate and
+	// pushes the new one; nothing else changed, so nothing else is sent.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		r = e.recv(time.Until(deadline))
+		e.ack(r)
+		got = secrets(t, r)
+		s, ok := got[sds.DefaultName]
+		if !ok {
+			continue
+		}
+		id, next := workloadCert(t, s, laptopID.TrustDomain(), roots)
+		assert.Equal(t, laptopID, id)
+		if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
+			continue
+		}
+		assert.True(t, next.NotAfter.After(first.NotAfter), "the new certificate outlives the old")
+		assert.False(t, bytes.Equal(next.RawSubjectPublicKeyInfo, first.RawSubjectPublicKeyInfo), "a new key for every certificate")
+		break
+	}
+	require.Eventually(t, func() bool {
+		c := checkCreds(t, o.outputCerts, laptopID)
+		return c.NotAfter.After(first.NotAfter)
+	}, 10*time.Second, 20*time.Millisecond, "--output-certs follows the renewal")
+}
+
+func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	rootsPEM, err := os.ReadFile(rootCert)
+	require.NoError(t, err)
+	o := agentFor(t, addr, rootsPEM, laptopToken)
+	startAgent(t, o)
+
+	second := agentFor(t, addr, rootsPEM, laptopToken)
+	second.socket = o.socket
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &bytes.Buffer{}, now: time.Now}, second)
+	require.NoError(t, err, "exit status 0")
+	assert.Contains(t, out.String(), "already answers on "+o.socket)
+	require.NoError(t, ctx.Err(), "it returned at once instead of serving")
+}
+
+func TestAgentServesCredentialFiles(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	creds := filepath.Join(t.TempDir(), "creds")
+	token := writeFile(t, laptopToken+"\n", 0o600)
+	_, stderr, code := runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", creds)
+	require.Equal(t, 0, code, stderr)
+	roots, err := readPEMCerts(filepath.Join(creds, "root-cert.pem"))
+	require.NoError(t, err)
+
+	o := agentOptions{socket: filepath.Join(t.TempDir(), "sds.sock"), credentialsDir: creds, graceRatio: 0.5,
+		pollInterval: 50 * time.Millisecond, logFormat: "text", logLevel: "info"}
+	startAgent(t, o)
+	e := openEnvoy(t, dialSDSUnix(t, o.socket), nil, sds.DefaultName, sds.RootCAName)
+	r := e.recv(10 * time.Second)
+	got := secrets(t, r)
+	id, first := workloadCert(t, got[sds.DefaultName], laptopID.TrustDomain(), roots)
+	assert.Equal(t, laptopID, id)
+	sameCerts(t, roots, trustedCA(t, got[sds.RootCAName]), "ROOTCA from root-cert.pem")
+	e.ack(r)
+
+	// Renewing the files (ca request --cert-dir) is pushed.
+	_, stderr, code = runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", creds, "--out", creds)
+	require.Equal(t, 0, code, stderr)
+	for {
+		r = e.recv(10 * time.Second)
+		e.ack(r)
+		if s, ok := secrets(t, r)[sds.DefaultName]; ok {
+			_, next := workloadCert(t, s, laptopID.TrustDomain(), roots)
+			if next.SerialNumber.Cmp(first.SerialNumber) != 0 {
+				break
+			}
+		}
+	}
+}
+
+func TestAgentFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	base := agentOptions{socket: filepath.Join(dir, "sds.sock"), credentialsDir: filepath.Join(dir, "none"),
+		graceRatio: 0.5, pollInterval: time.Second, logFormat: "text", logLevel: "info"}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*agentOptions)
+		want   string
+	}{
+		{"ratio zero", func(o *agentOptions) { o.graceRatio = 0 }, "--secret-grace-period-ratio"},
+		{"ratio one", func(o *agentOptions) { o.graceRatio = 1 }, "--secret-grace-period-ratio"},
+		{"ttl fraction", func(o *agentOptions) { o.ttl = 1500 * time.Millisecond }, "--ttl"},
+		{"ca without roots", func(o *agentOptions) { o.caAddr = "127.0.0.1:1" }, "--root-cert"},
+		{"nothing to serve", func(*agentOptions) {}, "--ca-addr"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.mutate(&o)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := runAgent(ctx, env{in: strings.NewReader(""), out: &bytes.Buffer{}, err: &bytes.Buffer{}, now: time.Now}, o)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.False(t, errors.Is(err, context.DeadlineExceeded))
+		})
+	}
+}
