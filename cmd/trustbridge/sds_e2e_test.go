@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -22,8 +23,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
@@ -92,7 +95,10 @@ func openEnvoy(t *testing.T, conn *grpc.ClientConn, meta map[string]any, names .
 			e.resps <- r
 		}
 	}()
-	require.NoError(t, stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.SecretType, ResourceNames: names}))
+	// io.EOF means the server already ended the stream; Recv tells why.
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.SecretType, ResourceNames: names}); err != io.EOF {
+		require.NoError(t, err)
+	}
 	return e
 }
 
@@ -323,4 +329,37 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	sameCerts(t, newEast, trustedCA(t, got["spiffe://east.example"]), "the new east roots")
 	_, roots = spiffeValidator(t, got[sds.AllName])
 	sameCerts(t, newEast, roots["east.example"], "ALL follows")
+}
+
+// TestSDSRefusals checks the server's SDS on the real listener: a stream
+// without credentials is refused, and an authenticated workload asking
+// for another workload's certificate is refused without it being minted.
+func TestSDSRefusals(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	roots, err := readPEMCerts(rootCert)
+	require.NoError(t, err)
+	td := laptopID.TrustDomain()
+
+	for _, tc := range []struct {
+		name  string
+		token string
+		names []string
+		want  codes.Code
+	}{
+		{"no credentials", "", []string{sds.RootCAName}, codes.Unauthenticated},
+		{"unknown token", "not-a-known-bootstrap-token-0123", []string{sds.RootCAName}, codes.Unauthenticated},
+		{"another workload's certificate", laptopToken, []string{"spiffe://example.org/ns/prod/sa/payments"}, codes.PermissionDenied},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, tc.token), nil, tc.names...)
+			select {
+			case r := <-e.resps:
+				t.Fatalf("got a response: %v", r)
+			case err := <-e.errs:
+				assert.Equal(t, tc.want, status.Code(err), "%v", err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the stream was neither refused nor answered")
+			}
+		})
+	}
 }
