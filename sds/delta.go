@@ -18,20 +18,8 @@ import (
 // resources that changed since the client last got them, and the names of
 // those that went away.
 func (s *Server) DeltaSecrets(stream grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
-	ctx := stream.Context()
-	r := authn.FromGRPC(ctx)
-	ident, ref := s.authenticate(ctx, r)
-	if ref != nil {
-		return s.finish(ctx, typeDelta, r, ident, ref)
-	}
-	s.metrics.streams.WithLabelValues(typeDelta).Inc()
-	defer s.metrics.streams.WithLabelValues(typeDelta).Dec()
-	entry := s.certs.acquire(ident.ID)
-	defer s.certs.release(ident.ID)
-
 	x := &delta{stream: stream, subscribed: make(map[string]bool), known: make(map[string]string)}
-	err := x.run(ctx, s, ident, r, entry)
-	return s.finish(ctx, typeDelta, r, ident, err)
+	return s.serveStream(stream.Context(), typeDelta, x.run)
 }
 
 // delta is one DeltaSecrets stream.

@@ -124,6 +124,24 @@ type refusal struct {
 
 func (r *refusal) Error() string { return r.msg }
 
+// serveStream authenticates a new stream of kind and runs it with the
+// caller's identity, its saved request (for re-authentication) and the
+// shared certificate entry of that identity; every exit is logged and
+// counted by finish.
+func (s *Server) serveStream(ctx context.Context, kind string,
+	run func(ctx context.Context, s *Server, ident authn.Identity, r authn.Request, entry *certEntry) error) error {
+	r := authn.FromGRPC(ctx)
+	ident, ref := s.authenticate(ctx, r)
+	if ref != nil {
+		return s.finish(ctx, kind, r, ident, ref)
+	}
+	s.metrics.streams.WithLabelValues(kind).Inc()
+	defer s.metrics.streams.WithLabelValues(kind).Dec()
+	entry := s.certs.acquire(ident.ID)
+	defer s.certs.release(ident.ID)
+	return s.finish(ctx, kind, r, ident, run(ctx, s, ident, r, entry))
+}
+
 // authenticate decides who the caller of a stream or Fetch is.
 func (s *Server) authenticate(ctx context.Context, r authn.Request) (authn.Identity, *refusal) {
 	ident, err := s.cfg.Authenticator.Authenticate(ctx, r)

@@ -17,20 +17,8 @@ import (
 // StreamSecrets serves one state-of-the-world stream: every response holds
 // every subscribed resource that exists.
 func (s *Server) StreamSecrets(stream grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
-	ctx := stream.Context()
-	r := authn.FromGRPC(ctx)
-	ident, ref := s.authenticate(ctx, r)
-	if ref != nil {
-		return s.finish(ctx, typeSotW, r, ident, ref)
-	}
-	s.metrics.streams.WithLabelValues(typeSotW).Inc()
-	defer s.metrics.streams.WithLabelValues(typeSotW).Dec()
-	entry := s.certs.acquire(ident.ID)
-	defer s.certs.release(ident.ID)
-
 	x := &sotw{stream: stream}
-	err := x.run(ctx, s, ident, r, entry)
-	return s.finish(ctx, typeSotW, r, ident, err)
+	return s.serveStream(stream.Context(), typeSotW, x.run)
 }
 
 // sotw is one StreamSecrets stream.
