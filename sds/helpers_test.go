@@ -32,7 +32,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/utils/clock"
@@ -123,12 +122,6 @@ type tokens struct {
 	mu          sync.Mutex
 	ids         map[string]spiffeid.ID
 	unavailable bool
-}
-
-func (k *tokens) set(tok string, id spiffeid.ID) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.ids[tok] = id
 }
 
 func (k *tokens) revoke(tok string) {
@@ -326,10 +319,6 @@ func keyPair(t *testing.T, s *tlsv3.Secret) tls.Certificate {
 	require.NoError(t, err)
 	kp.Leaf = leaf
 	return kp
-}
-
-func cloneReq(r *discoveryv3.DiscoveryRequest) *discoveryv3.DiscoveryRequest {
-	return proto.Clone(r).(*discoveryv3.DiscoveryRequest)
 }
 
 var errTest = errors.New("test failure")

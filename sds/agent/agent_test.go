@@ -245,7 +245,7 @@ func TestRunFiles(t *testing.T) {
 
 	// A new certificate is pushed.
 	leaf2 := writeCreds(t, creds, caA, workload, caA.Cert, caB.Cert)
-	got = collect(t, s, func(m map[string]*tlsv3.Secret) bool {
+	collect(t, s, func(m map[string]*tlsv3.Secret) bool {
 		return m[sds.DefaultName] != nil && string(leafOf(t, m[sds.DefaultName]).Raw) == string(leaf2.Raw)
 	}, names...)
 

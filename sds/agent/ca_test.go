@@ -129,10 +129,8 @@ func TestRunCAWithRotator(t *testing.T) {
 	assert.Equal(t, workload, id)
 	assert.EqualValues(t, 1, certs.calls.Load())
 
-	start := time.Now()
 	require.NoError(t, trust.Set([]*x509bundle.Bundle{bundleOf(caA), bundleOf(caC)}))
 	collect(t, s, tds("a.test", "c.test"), names...)
-	assert.Less(t, time.Since(start), time.Second)
 
 	require.NoError(t, stop())
 }
