@@ -3,6 +3,10 @@
 //
 //	trustbridge version
 //	trustbridge bundle inspect [--trust-domain TD] [--format table|json|pem|spiffe] FILE
+//	trustbridge server --trust-domain TD [...]          CA, bundle endpoint, federation, gRPC CA + SDS
+//	trustbridge ca issue|rotate|request [...]
+//	trustbridge federation status|refresh [...]
+//	trustbridge agent [--ca-addr ADDR --root-cert FILE --token-file FILE] [--sds-socket PATH]
 //
 // `bundle inspect` applies exactly the rules trustbridge applies to fetched
 // bundles (package internal/bundledoc) and exits 1 with the reason on
