@@ -31,7 +31,8 @@ const (
 	// validator extension.
 	SPIFFEValidatorName = "envoy.tls.cert_validator.spiffe"
 	// DisableSPIFFEValidationKey is the node metadata key (bool true, or
-	// the string "true") that makes ALL a plain trusted_ca.
+	// a string strconv.ParseBool reads as true, as SPIRE's agent accepts)
+	// that makes ALL a plain trusted_ca.
 	DisableSPIFFEValidationKey = "disable_spiffe_cert_validation"
 )
 

@@ -35,10 +35,11 @@
 // contexts once per Trust (the version is the first 8 bytes of the SHA-256
 // of the marshalled secret, in hex, stable across restarts), certificates
 // once per Credential and name, shared by the streams of one identity.
-// Each stream has one goroutine that waits on its requests, the Trust's
-// and the Credential's Changed channels and a timer at RefreshAt (when the
-// caller is authenticated again before the source is asked again; a
-// failure ends the stream with Unauthenticated). Updates are never queued:
+// Each stream has one goroutine that reads its requests and one that waits
+// on them, the Trust's and the Credential's Changed channels and a timer
+// at RefreshAt (when the caller is authenticated again before the source
+// is asked again; a failure ends the stream with Unauthenticated, or
+// Unavailable when the authentication backend is). Updates are never queued:
 // a stream sends the newest state when it can, so a client that stops
 // reading blocks only its own stream and costs one response of memory.
 // A NACK is logged and counted and is not answered with the same version

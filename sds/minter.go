@@ -185,7 +185,15 @@ func (m *Minter) mint(id spiffeid.ID) (*Credential, error) {
 	if err := checkCredential(chain, key, id); err != nil {
 		return nil, fmt.Errorf("sds: minter: signer returned an unusable certificate for %s: %w", id, err)
 	}
-	return &Credential{Chain: chain, Key: key, RefreshAt: refreshAt(chain[0], m.cfg.GraceRatio)}, nil
+	// A certificate the signer cut short (its signing chain about to
+	// expire) may be due at once; it is still kept minRefreshDelay, or
+	// the streams of one identity would re-mint in turn without end, each
+	// new credential's Changed waking the streams holding the previous one.
+	at := refreshAt(chain[0], m.cfg.GraceRatio)
+	if earliest := m.cfg.Clock.Now().Add(minRefreshDelay); at.Before(earliest) {
+		at = earliest
+	}
+	return &Credential{Chain: chain, Key: key, RefreshAt: at}, nil
 }
 
 // refreshAt is NotBefore plus ratio of the certificate's lifetime.

@@ -2,7 +2,10 @@ package sds
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/x509"
+	"math/big"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -198,4 +201,71 @@ func TestMinterFailures(t *testing.T) {
 	cred, err := m.Credential(context.Background(), idA)
 	require.NoError(t, err, "failures are not cached")
 	assert.NoError(t, checkCredential(cred.Chain, cred.Key, idA))
+}
+
+// dueSigner issues certificates already past their refresh point, as a CA
+// whose signing chain is about to expire does: backdated by an hour, valid
+// for one more second.
+func dueSigner(t *testing.T, ca *testCA) (Signer, func() int) {
+	t.Helper()
+	var mu sync.Mutex
+	signs := 0
+	return SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, _ time.Duration) ([]*x509.Certificate, error) {
+			mu.Lock()
+			signs++
+			serial := int64(signs)
+			mu.Unlock()
+			now := ca.clock.Now()
+			tmpl := &x509.Certificate{
+				SerialNumber: big.NewInt(serial),
+				NotBefore:    now.Add(-time.Hour),
+				NotAfter:     now.Add(time.Second),
+				URIs:         []*url.URL{id.URL()},
+				KeyUsage:     x509.KeyUsageDigitalSignature,
+			}
+			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, csr.PublicKey, ca.key)
+			if err != nil {
+				return nil, err
+			}
+			leaf, err := x509.ParseCertificate(der)
+			if err != nil {
+				return nil, err
+			}
+			return []*x509.Certificate{leaf}, nil
+		}), func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return signs
+		}
+}
+
+func TestMinterKeepsDueCredentialsAWhile(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	signer, signs := dueSigner(t, newTestCA(t, localTD, clk))
+	m, err := NewMinter(MinterConfig{Signer: signer, TTL: time.Hour, Clock: clk})
+	require.NoError(t, err)
+
+	first, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	assert.Equal(t, clk.Now().Add(minRefreshDelay), first.RefreshAt, "not before minRefreshDelay")
+	tests := []struct {
+		name      string
+		step      time.Duration
+		wantSame  bool
+		wantSigns int
+	}{
+		{"asked again at once", 0, true, 1},
+		{"asked again just before", minRefreshDelay - time.Millisecond, true, 1},
+		{"asked again at the delay", time.Millisecond, false, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk.Step(tt.step)
+			got, err := m.Credential(ctx, idA)
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantSame, got == first)
+			assert.Equal(t, tt.wantSigns, signs())
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -247,13 +248,16 @@ func dedupSorted(names []string) []string {
 }
 
 // disablesSPIFFEValidation reports whether node asks for ALL as a plain
-// trusted_ca: DisableSPIFFEValidationKey set to true or "true".
+// trusted_ca: DisableSPIFFEValidationKey set to true, or to a string
+// strconv.ParseBool reads as true ("true", "True", "1"), as SPIRE's agent
+// reads it. Anything else keeps the SPIFFE validator.
 func disablesSPIFFEValidation(n *corev3.Node) bool {
 	switch k := n.GetMetadata().GetFields()[DisableSPIFFEValidationKey].GetKind().(type) {
 	case *structpb.Value_BoolValue:
 		return k.BoolValue
 	case *structpb.Value_StringValue:
-		return k.StringValue == "true"
+		b, err := strconv.ParseBool(k.StringValue)
+		return err == nil && b
 	}
 	return false
 }

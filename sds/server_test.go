@@ -20,6 +20,7 @@ import (
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func sotwReq(names ...string) *discoveryv3.DiscoveryRequest {
@@ -286,6 +287,10 @@ func TestStreamSecretsDisableSPIFFEValidation(t *testing.T) {
 	}{
 		{"bool true", map[string]any{DisableSPIFFEValidationKey: true}, true},
 		{"string true", map[string]any{DisableSPIFFEValidationKey: "true"}, true},
+		{"string True", map[string]any{DisableSPIFFEValidationKey: "True"}, true},
+		{"string 1", map[string]any{DisableSPIFFEValidationKey: "1"}, true},
+		{"string false", map[string]any{DisableSPIFFEValidationKey: "false"}, false},
+		{"number 1", map[string]any{DisableSPIFFEValidationKey: 1}, false},
 		{"bool false", map[string]any{DisableSPIFFEValidationKey: false}, false},
 		{"string yes", map[string]any{DisableSPIFFEValidationKey: "yes"}, false},
 		{"absent", nil, false},
@@ -646,4 +651,23 @@ func TestStreamSecretsNonceFromPreviousStream(t *testing.T) {
 	r := recv(t, s)
 	assert.Equal(t, "1", r.GetNonce())
 	assert.Equal(t, []string{"ROOTCA"}, keysOf(secretsOf(t, r)))
+}
+
+// Two streams of one identity whose certificates come out already due
+// (the CA's signing chain about to expire) share one signing instead of
+// re-minting in turn, each new credential waking the other stream.
+func TestStreamSecretsDueCredentialsDoNotPingPong(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	signer, signs := dueSigner(t, newTestCA(t, localTD, clk))
+	m, err := NewMinter(MinterConfig{Signer: signer, TTL: time.Hour, Clock: clk})
+	require.NoError(t, err)
+	e := newEnv(t, func(c *Config) { c.Credentials = m })
+	var certs [][]byte
+	for range 2 {
+		s := e.stream("token-a")
+		require.NoError(t, s.Send(sotwReq("default")))
+		certs = append(certs, keyPair(t, secretsOf(t, recv(t, s))["default"]).Certificate[0])
+	}
+	assert.True(t, bytes.Equal(certs[0], certs[1]), "one credential for both streams")
+	assert.Equal(t, 1, signs())
 }
