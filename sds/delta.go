@@ -37,13 +37,9 @@ func (x *delta) run(ctx context.Context, s *Server, ident authn.Identity, r auth
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	reqs, errc := receive(ctx, x.stream.Recv)
-	var first *discoveryv3.DeltaDiscoveryRequest
-	select {
-	case first = <-reqs:
-	case err := <-errc:
-		return recvEnd(err)
-	case <-ctx.Done():
-		return ctx.Err()
+	first, err := firstRequest(ctx, reqs, errc)
+	if first == nil {
+		return err
 	}
 	x.session = s.newSession(typeDelta, ident, r, first.GetNode(), entry)
 	defer x.stop()

@@ -223,6 +223,19 @@ func (ss *session) refreshCredential(ctx context.Context) error {
 	return ss.loadCredential(ctx)
 }
 
+// firstRequest waits for a stream's first request, which carries the
+// node; nil (with recvEnd's or the context's verdict) when none came.
+func firstRequest[T any](ctx context.Context, reqs <-chan *T, errc <-chan error) (*T, error) {
+	select {
+	case r := <-reqs:
+		return r, nil
+	case err := <-errc:
+		return nil, recvEnd(err)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // receive reads requests in their own goroutine, so that the stream's loop
 // can wait for requests and changes at once. It forwards one request at a
 // time: a client that sends faster than the loop handles them is held back

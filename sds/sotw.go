@@ -38,13 +38,9 @@ func (x *sotw) run(ctx context.Context, s *Server, ident authn.Identity, r authn
 	reqs, errc := receive(ctx, x.stream.Recv)
 	// The first request carries the node, whose metadata decides what ALL
 	// looks like for the whole stream.
-	var first *discoveryv3.DiscoveryRequest
-	select {
-	case first = <-reqs:
-	case err := <-errc:
-		return recvEnd(err)
-	case <-ctx.Done():
-		return ctx.Err()
+	first, err := firstRequest(ctx, reqs, errc)
+	if first == nil {
+		return err
 	}
 	x.session = s.newSession(typeSotW, ident, r, first.GetNode(), entry)
 	defer x.stop()
