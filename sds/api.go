@@ -36,6 +36,13 @@ const (
 	DisableSPIFFEValidationKey = "disable_spiffe_cert_validation"
 )
 
+// MaxRequestSize bounds one SDS request message. Envoy repeats its node
+// on a stream's first request, with its extensions and, under Istio, many
+// kilobytes of metadata: far more than a certificate request needs. A
+// gRPC server that serves both must raise its receive limit to this and
+// let the certificate service bound its own requests.
+const MaxRequestSize = 1 << 20
+
 // ErrNoCredential means a CredentialSource has no credential for the
 // identity (yet); the server answers Unavailable.
 var ErrNoCredential = errors.New("no credential for this identity")

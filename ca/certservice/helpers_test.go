@@ -82,8 +82,9 @@ type fixture struct {
 }
 
 // newFixture starts a service. mutate may change the config; its Signer,
-// when left nil, is the counting wrapper around the CA.
-func newFixture(tb testing.TB, mutate func(*certservice.Config, *ca.Authority)) *fixture {
+// when left nil, is the counting wrapper around the CA. opts are extra
+// gRPC server options.
+func newFixture(tb testing.TB, mutate func(*certservice.Config, *ca.Authority), opts ...grpc.ServerOption) *fixture {
 	tb.Helper()
 	f := &fixture{authority: newAuthority(tb, td), reg: prometheus.NewRegistry(), logs: &testlog.Buffer{}}
 	f.signer = &countingSigner{next: f.authority}
@@ -110,7 +111,7 @@ func newFixture(tb testing.TB, mutate func(*certservice.Config, *ca.Authority)) 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(tb, err)
 	f.addr = ln.Addr().String()
-	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
+	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()

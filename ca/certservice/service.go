@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/utils/clock"
@@ -159,7 +160,18 @@ type refusal struct {
 // proven identity, and signs it.
 func (s *Service) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	r := authn.FromGRPC(ctx)
-	resp, ident, ref := s.create(ctx, r, req)
+	var (
+		resp  *securityv1alpha1.IstioCertificateResponse
+		ident authn.Identity
+		ref   *refusal
+	)
+	if proto.Size(req) > MaxRecvMsgSize {
+		// The server's receive limit may be raised for services sharing
+		// it (SDS); certificate requests keep theirs.
+		ref = &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", MaxRecvMsgSize), nil}
+	} else {
+		resp, ident, ref = s.create(ctx, r, req)
+	}
 	method := ident.Method
 	if method == "" {
 		method = "none"

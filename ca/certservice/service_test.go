@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -450,6 +451,19 @@ func TestCreateCertificateMessageTooLarge(t *testing.T) {
 	// Just over ca.MaxCSRSize still reaches the handler, which refuses it.
 	_, err = c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: strings.Repeat("A", ca.MaxCSRSize+1)})
 	assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+}
+
+// A server whose receive limit is raised for SDS (trustbridge server)
+// still refuses certificate requests over MaxRecvMsgSize, before
+// authentication or signing, and says why.
+func TestCreateCertificateTooLargeUnderRaisedServerLimit(t *testing.T) {
+	f := newFixture(t, nil, grpc.MaxRecvMsgSize(4*certservice.MaxRecvMsgSize))
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: strings.Repeat("A", certservice.MaxRecvMsgSize)})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Zero(t, f.signer.calls.Load())
+	assert.Contains(t, f.logs.String(), `"reason":"too_large"`)
+	assert.Equal(t, 1.0, certRequests(t, f, codes.ResourceExhausted.String(), "none"))
 }
 
 func TestCreateCertificateConcurrentClients(t *testing.T) {

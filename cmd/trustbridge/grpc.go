@@ -20,6 +20,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -176,7 +177,9 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 		return nil, fmt.Errorf("--grpc-listen: %w", err)
 	}
 	g.ln = ln
-	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
+	// SDS requests carry Envoy's node and may be far larger than a
+	// certificate request; the certificate service bounds its own.
+	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, grpc.MaxRecvMsgSize(sds.MaxRequestSize))
 	sdsServer.Register(srv.Registrar())
 	g.runners = append(g.runners, sc.Run, trustFeed.run, srv.Run)
 	return g, nil

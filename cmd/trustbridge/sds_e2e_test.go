@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,8 +29,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -362,4 +366,23 @@ func TestSDSRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Envoy sends its node, with every extension it was built with and, under
+// Istio, kilobytes of metadata, on a stream's first request: far more than
+// the certificate service allows for a CSR, on the same listener.
+func TestSDSLargeNode(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	roots, err := readPEMCerts(rootCert)
+	require.NoError(t, err)
+	td := laptopID.TrustDomain()
+	meta := map[string]any{}
+	for i := range 400 {
+		meta[fmt.Sprintf("ISTIO_META_LABEL_%03d", i)] = strings.Repeat("v", 1000)
+	}
+	e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, laptopToken), meta, sds.RootCAName)
+	require.Greater(t, proto.Size(e.node), 4*certservice.MaxRecvMsgSize, "the node must exceed the certificate service's limit")
+	got := secrets(t, e.recv(10*time.Second))
+	require.Contains(t, got, sds.RootCAName)
+	sameCerts(t, roots, trustedCA(t, got[sds.RootCAName]), "ROOTCA")
 }

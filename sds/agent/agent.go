@@ -299,7 +299,7 @@ func (a *Agent) runCA(ctx context.Context) error {
 // Limits of the local gRPC server. Envoy's requests are small; a few
 // streams per Envoy suffice.
 const (
-	maxRequestSize       = 1 << 20
+	maxRequestSize       = sds.MaxRequestSize
 	maxConcurrentStreams = 100
 )
 
