@@ -31,6 +31,9 @@ import (
 // out credentials already due for refresh cannot make a stream spin.
 const minRefreshDelay = 5 * time.Second
 
+// DefaultReauthInterval is Config.ReauthInterval's default.
+const DefaultReauthInterval = 10 * time.Minute
+
 // Config configures a Server. TrustDomain, Trust and Authenticator are
 // required.
 type Config struct {
@@ -45,6 +48,12 @@ type Config struct {
 	// Authenticator decides who the caller is, once per stream or Fetch
 	// call, and again whenever a stream's credential is refreshed.
 	Authenticator authn.Authenticator
+	// ReauthInterval is how often a stream re-authenticates its caller
+	// even when it holds no certificate that needs refreshing (a stream of
+	// validation contexts only), so that revoking a token or letting a
+	// client certificate expire ends the stream within this; default
+	// DefaultReauthInterval.
+	ReauthInterval time.Duration
 	// Clock drives credential refreshes; nil means the real clock.
 	Clock clock.Clock
 	// Logger; nil discards.
@@ -79,6 +88,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Authenticator == nil {
 		return nil, errors.New("sds: no authenticator")
+	}
+	if cfg.ReauthInterval <= 0 {
+		cfg.ReauthInterval = DefaultReauthInterval
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}

@@ -671,3 +671,38 @@ func TestStreamSecretsDueCredentialsDoNotPingPong(t *testing.T) {
 	assert.True(t, bytes.Equal(certs[0], certs[1]), "one credential for both streams")
 	assert.Equal(t, 1, signs())
 }
+
+// A stream that asks for validation contexts only holds no certificate to
+// refresh, yet must still end when its caller's credentials are revoked.
+func TestValidationOnlyStreamsReauthenticate(t *testing.T) {
+	for _, proto := range []string{"sotw", "delta"} {
+		t.Run(proto, func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.ReauthInterval = time.Minute })
+			var recvErr func() error
+			if proto == "sotw" {
+				s := e.stream("token-a")
+				require.NoError(t, s.Send(sotwReq("ROOTCA", "ALL")))
+				r := recv(t, s)
+				require.NoError(t, s.Send(ack(r, "ROOTCA", "ALL")))
+				recvErr = func() error { _, err := s.Recv(); return err }
+			} else {
+				s := e.delta("token-a")
+				require.NoError(t, s.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node(nil), TypeUrl: resourcev3.SecretType, ResourceNamesSubscribe: []string{"ROOTCA"}}))
+				recvDelta(t, s)
+				recvErr = func() error { _, err := s.Recv(); return err }
+			}
+			<-e.handled
+			require.True(t, e.clock.HasWaiters(), "a re-authentication is scheduled")
+
+			// Still valid: the stream goes on, re-armed.
+			e.clock.Step(time.Minute)
+			require.Eventually(t, e.clock.HasWaiters, 10*time.Second, 10*time.Millisecond)
+
+			e.tokens.revoke("token-a")
+			e.clock.Step(time.Minute)
+			assert.Equal(t, codes.Unauthenticated, status.Code(recvErr()))
+			assert.Equal(t, 1.0, testutil.ToFloat64(e.server.metrics.authFails))
+			assert.Zero(t, e.ca.signCount(), "no certificate was asked for")
+		})
+	}
+}

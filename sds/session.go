@@ -37,7 +37,10 @@ type session struct {
 	// spentCred is a Credential whose Changed fired without the source
 	// returning a newer one; likewise not waited on again.
 	spentCred *Credential
-	timer     clock.Timer // fires at cred.RefreshAt; nil when there is none
+	// timer fires when the caller must be authenticated again: at
+	// cred.RefreshAt, and at the latest ReauthInterval after the last
+	// authentication; nil for Fetch.
+	timer clock.Timer
 }
 
 // newSession starts a session for an authenticated caller. Streams pass a
@@ -45,6 +48,9 @@ type session struct {
 func (s *Server) newSession(kind string, ident authn.Identity, r authn.Request, node *corev3.Node, entry *certEntry) *session {
 	ss := &session{s: s, kind: kind, ident: ident, areq: r, plain: disablesSPIFFEValidation(node), entry: entry}
 	ss.loadTrust()
+	if kind != typeFetch {
+		ss.armTimer()
+	}
 	return ss
 }
 
@@ -185,12 +191,19 @@ func (ss *session) loadCredential(ctx context.Context) error {
 		ss.spentCred = cred
 	}
 	ss.cred = cred
-	ss.stop()
-	ss.timer = nil
-	if !cred.RefreshAt.IsZero() {
-		ss.timer = ss.s.cfg.Clock.NewTimer(max(cred.RefreshAt.Sub(ss.s.cfg.Clock.Now()), minRefreshDelay))
-	}
+	ss.armTimer()
 	return nil
+}
+
+// armTimer sets the next re-authentication: ReauthInterval from now, or
+// the credential's refresh point when that comes first.
+func (ss *session) armTimer() {
+	ss.stop()
+	d := ss.s.cfg.ReauthInterval
+	if ss.cred != nil && !ss.cred.RefreshAt.IsZero() {
+		d = min(d, max(ss.cred.RefreshAt.Sub(ss.s.cfg.Clock.Now()), minRefreshDelay))
+	}
+	ss.timer = ss.s.cfg.Clock.NewTimer(d)
 }
 
 func closedChan(ch <-chan struct{}) bool {
@@ -207,7 +220,8 @@ func closedChan(ch <-chan struct{}) bool {
 
 // refreshCredential re-authenticates the caller with the request that
 // opened the stream, then asks the source again: a caller whose
-// credentials were revoked gets no new certificate.
+// credentials were revoked gets no new certificate, and a stream of
+// validation contexts only ends too.
 func (ss *session) refreshCredential(ctx context.Context) error {
 	ident, err := ss.s.cfg.Authenticator.Authenticate(ctx, ss.areq)
 	if err == nil && ident.ID != ss.ident.ID {
@@ -219,6 +233,10 @@ func (ss *session) refreshCredential(ctx context.Context) error {
 			return &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
 		}
 		return &refusal{codes.Unauthenticated, "reauthentication_failed", "credentials no longer valid; reconnect with fresh credentials", err}
+	}
+	if ss.cred == nil {
+		ss.armTimer()
+		return nil
 	}
 	return ss.loadCredential(ctx)
 }
