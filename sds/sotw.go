@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -30,6 +31,11 @@ type sotw struct {
 	nonce       uint64
 	lastNonce   string // of the last response; "" before the first
 	lastVersion string
+	// What the last push computed from: an ACK or NACK that changes none
+	// of it would compute the same response, so it is not recomputed.
+	pushedNames []string
+	pushedTrust *Trust
+	pushedCred  *Credential
 }
 
 func (x *sotw) run(ctx context.Context, s *Server, ident authn.Identity, r authn.Request, entry *certEntry) error {
@@ -119,6 +125,11 @@ func (x *sotw) onRequest(ctx context.Context, req *discoveryv3.DiscoveryRequest)
 		x.log().Warn("envoy rejected secrets", "nonce", nonce, "version", x.lastVersion,
 			"applied_version", req.GetVersionInfo(), "code", codes.Code(d.GetCode()).String(), "detail", d.GetMessage())
 	}
+	if x.pushedTrust == x.trust && x.pushedCred == x.cred && slices.Equal(x.pushedNames, names) {
+		// The common case, an ACK of what was just sent: every change
+		// since was pushed by the stream's loop, not by this request.
+		return nil
+	}
 	return x.push(ctx)
 }
 
@@ -129,6 +140,7 @@ func (x *sotw) push(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	x.pushedNames, x.pushedTrust, x.pushedCred = x.names, x.trust, x.cred
 	version := versionOf(res)
 	if x.lastNonce == "" && len(res) == 0 || x.lastNonce != "" && version == x.lastVersion {
 		return nil
