@@ -14,7 +14,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run test fmt-check vet tidy-check unit fuzz bench lint clean kube-tools
+.PHONY: all build run test fmt-check vet tidy-check unit fuzz bench lint clean kube-tools ui-tools ui-screenshot
 
 all: build
 
@@ -48,11 +48,12 @@ tidy-check:
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC)" >/dev/null 2>&1 && echo -race)
 
 # The Kubernetes tier (internal/kubetest) runs against a real kube-apiserver
-# and etcd from bin/kube; under make test a missing one fails the run
+# and etcd from bin/kube, the status page's browser tests (internal/statusui)
+# against headless Chromium; under make test a missing one fails the run
 # instead of skipping it.
-unit: kube-tools
+unit: kube-tools ui-tools
 	@[ -n "$(RACE)" ] || echo "note: no C compiler for cgo; running tests without -race (apt-get install gcc to enable it)"
-	TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
+	TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
 # kube-tools: kube-apiserver built from the k8s.io/kubernetes module pinned in
 # internal/kubetest/tools (about 9 minutes on 2 cores, once; cached in
@@ -71,6 +72,17 @@ $(KUBE_DIR)/etcd:
 	@mkdir -p $(KUBE_DIR)
 	@command -v etcd >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server; }
 	ln -sf "$$(command -v etcd)" $@
+
+# ui-tools: Debian's chromium for the status page's browser tests, installed
+# once like kube-tools' etcd. TRUSTBRIDGE_CHROMIUM=/path/to/chromium makes
+# the tests use another binary.
+ui-tools:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
+
+# ui-screenshot: regenerate docs/ui.png from the realistic snapshot in
+# internal/statusui's tests (commit the result when the page changes).
+ui-screenshot: ui-tools
+	TRUSTBRIDGE_UI_TESTS=require $(GO) test -count=1 -run '^TestChromiumStatusPage$$' ./internal/statusui -update-screenshot
 
 # fuzz: every fuzz target in the module for FUZZTIME each.
 fuzz:

@@ -1,0 +1,450 @@
+package statusui
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/trustbridge/trustbridge/internal/trustview"
+)
+
+// Expiry thresholds, the same as the audit findings'.
+const (
+	expiryWarning  = 30 * 24 * time.Hour
+	expiryCritical = 7 * 24 * time.Hour
+)
+
+// page is everything the template draws, computed from one snapshot.
+type page struct {
+	TrustDomain string
+	Actor       string
+	Leader      bool
+	Generated   stamp
+	Summary     summary
+	Rows        []tdRow
+	Graph       graph
+	Timeline    timeline
+	Authorities []authRow
+	// Evaluated is false when no findings function was given.
+	Evaluated bool
+	Findings  []findingRow
+}
+
+// stamp is one instant shown as a date, a distance from the snapshot
+// time, and machine-readable.
+type stamp struct {
+	Set      bool
+	Abs, Rel string
+	ISO      string
+}
+
+type summary struct {
+	TrustDomains, Federated, Static     int
+	Local                               int
+	OK, Failing, Stale, Pending         int
+	X509, Keys                          int
+	Expiry                              stamp
+	ExpiryClass, ExpiryWhat             string
+	Critical, Warning                   int
+	ActiveRoots, PreparedRoots, Retired int
+}
+
+// tdRow is one line of the trust-domain table.
+type tdRow struct {
+	Name                 string
+	Local                bool
+	HasFederation        bool
+	State, StateClass    string
+	Origin, OriginDetail string
+	Endpoint, Profile    string
+	EndpointID           string
+	Sequence             string
+	LastSuccess, LastTry stamp
+	NextRefresh          stamp
+	LastError            string
+	Failures             int
+	Refusals             []refusal
+	X509, Keys           int
+	Expiry               stamp
+	ExpiryClass          string
+}
+
+type refusal struct {
+	Kind  string
+	Count uint64
+}
+
+// authRow is one line of the authority table.
+type authRow struct {
+	TrustDomain string
+	Kind        string
+	State       string
+	StateClass  string
+	Name        string // subject or key ID
+	Short, Full string // fingerprint
+	From, Until stamp
+	UntilClass  string
+	Since       stamp
+	Key, Sig    string
+	CA          string
+}
+
+type findingRow struct {
+	Severity, Class string
+	Code            string
+	TrustDomain     string
+	Short, Full     string
+	Message, Fix    string
+}
+
+// build turns a snapshot and its findings into the page. It is pure: all
+// relative times are measured from s.Time.
+func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
+	now := s.Time.UTC()
+	p := page{
+		TrustDomain: s.TrustDomain, Actor: s.Actor, Leader: s.Leader,
+		Generated: stampOf(&now, now), Evaluated: evaluated,
+	}
+	if s.Time.IsZero() {
+		p.Generated = stamp{}
+	}
+	var earliest *time.Time
+	for _, td := range s.TrustDomains {
+		row := tdRowOf(td, now)
+		p.Rows = append(p.Rows, row)
+		p.Summary.TrustDomains++
+		switch {
+		case row.HasFederation:
+			p.Summary.Federated++
+			switch row.StateClass {
+			case "ok":
+				p.Summary.OK++
+			case "failing":
+				p.Summary.Failing++
+			case "stale":
+				p.Summary.Stale++
+			default:
+				p.Summary.Pending++
+			}
+		case td.Local:
+			p.Summary.Local++
+		default:
+			p.Summary.Static++
+		}
+		for _, a := range td.Authorities {
+			p.Authorities = append(p.Authorities, authRowOf(td.Name, a, now))
+			if a.Kind == trustview.KindX509 {
+				p.Summary.X509++
+			} else {
+				p.Summary.Keys++
+			}
+			if td.Local {
+				switch a.State {
+				case "active":
+					p.Summary.ActiveRoots++
+				case "prepared":
+					p.Summary.PreparedRoots++
+				case "retired":
+					p.Summary.Retired++
+				}
+			}
+			if a.NotAfter != nil && (earliest == nil || a.NotAfter.Before(*earliest)) {
+				earliest = a.NotAfter
+				p.Summary.Expiry = stampOf(a.NotAfter, now)
+				p.Summary.ExpiryClass = expiryClass(*a.NotAfter, now)
+				p.Summary.ExpiryWhat = td.Name + " · " + displayName(a)
+			}
+		}
+	}
+	sorted := slices.Clone(fs)
+	slices.SortStableFunc(sorted, func(a, b trustview.Finding) int {
+		return cmp.Compare(severityRank(a.Severity), severityRank(b.Severity))
+	})
+	for _, f := range sorted {
+		row := findingRow{
+			Severity: string(f.Severity), Class: severityClass(f.Severity), Code: f.Code,
+			TrustDomain: f.TrustDomain, Short: shortFP(f.Authority), Full: f.Authority,
+			Message: f.Message, Fix: f.Fix,
+		}
+		if row.Severity == "" {
+			row.Severity = "unknown"
+		}
+		switch f.Severity {
+		case trustview.SeverityCritical:
+			p.Summary.Critical++
+		case trustview.SeverityWarning:
+			p.Summary.Warning++
+		}
+		p.Findings = append(p.Findings, row)
+	}
+	p.Graph = layoutGraph(s)
+	p.Timeline = layoutTimeline(s, now)
+	return p
+}
+
+func tdRowOf(td trustview.TrustDomain, now time.Time) tdRow {
+	row := tdRow{Name: td.Name, Local: td.Local, Sequence: "—"}
+	if td.Sequence != nil {
+		row.Sequence = strconv.FormatUint(*td.Sequence, 10)
+	}
+	row.State, row.StateClass = tdState(td)
+	row.Origin, row.OriginDetail = origin(td)
+	if f := td.Federation; f != nil {
+		row.HasFederation = true
+		row.Endpoint, row.Profile, row.EndpointID = f.EndpointURL, f.Profile, f.EndpointSPIFFEID
+		row.LastSuccess = stampOf(f.LastSuccess, now)
+		row.LastTry = stampOf(f.LastAttempt, now)
+		row.NextRefresh = stampOf(f.NextRefresh, now)
+		row.LastError, row.Failures = f.LastError, f.ConsecutiveFailures
+		for kind, n := range f.Refusals {
+			row.Refusals = append(row.Refusals, refusal{Kind: kind, Count: n})
+		}
+		slices.SortFunc(row.Refusals, func(a, b refusal) int { return cmp.Compare(a.Kind, b.Kind) })
+	}
+	var earliest *time.Time
+	for _, a := range td.Authorities {
+		if a.Kind == trustview.KindX509 {
+			row.X509++
+		} else {
+			row.Keys++
+		}
+		if a.NotAfter != nil && (earliest == nil || a.NotAfter.Before(*earliest)) {
+			earliest = a.NotAfter
+		}
+	}
+	if earliest != nil {
+		row.Expiry, row.ExpiryClass = stampOf(earliest, now), expiryClass(*earliest, now)
+	}
+	return row
+}
+
+// tdState is the badge text and its CSS class. Classes come from a fixed
+// set so that no snapshot value reaches a class attribute.
+func tdState(td trustview.TrustDomain) (text, class string) {
+	switch {
+	case td.Local:
+		return "local", "local"
+	case td.Federation != nil:
+		switch td.Federation.State {
+		case "ok", "failing", "stale", "pending":
+			return td.Federation.State, td.Federation.State
+		}
+		if td.Federation.State == "" {
+			return "unknown", "unknown"
+		}
+		return td.Federation.State, "unknown"
+	default:
+		return "static", "static"
+	}
+}
+
+// origin says where a trust relationship is configured: a short label and
+// the detail (flag, file path, resource name).
+func origin(td trustview.TrustDomain) (label, detail string) {
+	var files []string
+	for _, src := range td.Sources {
+		if p, ok := strings.CutPrefix(src, "file:"); ok {
+			files = append(files, p)
+		}
+	}
+	if td.Local {
+		if len(files) > 0 {
+			return "own CA", "+ bundle file " + strings.Join(files, ", ")
+		}
+		return "own CA", ""
+	}
+	if f := td.Federation; f != nil {
+		switch {
+		case f.Origin == "flag":
+			return "flag", "--federate"
+		case f.Origin == "file":
+			return "config file", "--federation-config"
+		case strings.HasPrefix(f.Origin, "crd:"):
+			return "CRD", strings.TrimPrefix(f.Origin, "crd:")
+		case f.Origin != "":
+			return f.Origin, ""
+		}
+		return "—", ""
+	}
+	if len(files) > 0 {
+		return "bundle file", strings.Join(files, ", ")
+	}
+	if len(td.Sources) > 0 {
+		return strings.Join(td.Sources, ", "), ""
+	}
+	return "—", ""
+}
+
+func authRowOf(td string, a trustview.Authority, now time.Time) authRow {
+	row := authRow{
+		TrustDomain: td, Kind: a.Kind, Name: displayName(a),
+		Short: shortFP(a.SHA256), Full: a.SHA256,
+		From: stampOf(a.NotBefore, now), Until: stampOf(a.NotAfter, now),
+		Since: stampOf(a.Since, now), Sig: a.SignatureAlgorithm,
+	}
+	switch a.Kind {
+	case trustview.KindX509:
+		row.Kind = "X.509"
+	case trustview.KindJWT:
+		row.Kind = "JWT"
+	case trustview.KindWIT:
+		row.Kind = "WIT"
+	}
+	row.State, row.StateClass = a.State, rootStateClass(a.State)
+	if row.State == "" {
+		row.State, row.StateClass = "trusted", "trusted"
+	}
+	if a.NotAfter != nil {
+		row.UntilClass = expiryClass(*a.NotAfter, now)
+	}
+	if a.PublicKeyAlgorithm != "" {
+		row.Key = a.PublicKeyAlgorithm
+		if a.KeyBits > 0 {
+			row.Key += " " + strconv.Itoa(a.KeyBits)
+		}
+	}
+	if a.Kind == trustview.KindX509 && !a.IsCA {
+		row.CA = "not a CA"
+	}
+	return row
+}
+
+func rootStateClass(s string) string {
+	switch s {
+	case "active", "prepared", "retired", "external":
+		return s
+	}
+	return "trusted"
+}
+
+// displayName is the common name of an X.509 subject when it has one,
+// else the whole subject, else the key ID.
+func displayName(a trustview.Authority) string {
+	if a.Subject != "" {
+		if cn := commonName(a.Subject); cn != "" {
+			return cn
+		}
+		return a.Subject
+	}
+	if a.KeyID != "" {
+		return "key " + a.KeyID
+	}
+	return "(unnamed)"
+}
+
+// commonName picks CN=... out of an RFC 2253 string as pkix.Name.String
+// writes it (commas inside values are escaped with a backslash).
+func commonName(subject string) string {
+	var parts []string
+	var cur strings.Builder
+	esc := false
+	for _, r := range subject {
+		switch {
+		case esc:
+			cur.WriteRune(r)
+			esc = false
+		case r == '\\':
+			esc = true
+		case r == ',' || r == '+':
+			parts = append(parts, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	parts = append(parts, cur.String())
+	for _, p := range parts {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(p), "CN="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func shortFP(fp string) string {
+	if fp == "" {
+		return ""
+	}
+	return truncate(fp, 12)
+}
+
+func severityRank(s trustview.Severity) int {
+	switch s {
+	case trustview.SeverityCritical:
+		return 0
+	case trustview.SeverityWarning:
+		return 1
+	}
+	return 2
+}
+
+func severityClass(s trustview.Severity) string {
+	switch s {
+	case trustview.SeverityCritical:
+		return "critical"
+	case trustview.SeverityWarning:
+		return "warning"
+	}
+	return "unknown"
+}
+
+// expiryClass grades how close an expiry is: expired, critical (7 days),
+// warning (30 days) or fine.
+func expiryClass(notAfter, now time.Time) string {
+	switch d := notAfter.Sub(now); {
+	case d <= 0:
+		return "expired"
+	case d <= expiryCritical:
+		return "critical"
+	case d <= expiryWarning:
+		return "warning"
+	}
+	return "fine"
+}
+
+func stampOf(t *time.Time, now time.Time) stamp {
+	if t == nil || t.IsZero() {
+		return stamp{}
+	}
+	u := t.UTC()
+	return stamp{Set: true, Abs: u.Format("2006-01-02 15:04"), Rel: relative(u.Sub(now)), ISO: u.Format(time.RFC3339)}
+}
+
+// relative writes d as "in 3d" or "5m ago".
+func relative(d time.Duration) string {
+	future := d > 0
+	if d < 0 {
+		d = -d
+	}
+	var s string
+	switch {
+	case d < time.Minute:
+		return "now"
+	case d < time.Hour:
+		s = fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		s = fmt.Sprintf("%dh", int(d/time.Hour))
+	case d < 2*365*24*time.Hour:
+		s = fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+	default:
+		s = fmt.Sprintf("%.1fy", d.Hours()/(24*365))
+	}
+	if future {
+		return "in " + s
+	}
+	return s + " ago"
+}
+
+// truncate shortens s to at most n runes, marking the cut with an
+// ellipsis.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
