@@ -57,6 +57,14 @@ type federationSetup struct {
 	// leader polls and saves bundles, so a refresh here would fetch and
 	// then fail to save.
 	follower func() bool
+	// origins says where each configured endpoint comes from: "flag"
+	// (--federate or SPIFFE_BUNDLE_ENDPOINTS) or "file" (--federation-config).
+	origins map[spiffeid.TrustDomain]string
+}
+
+// origin says where td's federation is configured ("" when it is not).
+func (fs *federationSetup) origin(td spiffeid.TrustDomain) string {
+	return fs.origins[td]
 }
 
 func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
@@ -97,7 +105,13 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 			return nil, fmt.Errorf("federation endpoint %s is for our own trust domain %s; its bundle comes from our CA", ep, td.Name())
 		}
 	}
-	fs := &federationSetup{store: trust.NewStore()}
+	fs := &federationSetup{store: trust.NewStore(), origins: map[spiffeid.TrustDomain]string{}}
+	for _, ep := range fromFlag {
+		fs.origins[ep.TrustDomain] = "flag"
+	}
+	for _, ep := range fromFile {
+		fs.origins[ep.TrustDomain] = "file"
+	}
 	if len(eps) == 0 {
 		return fs, nil
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/statusui"
 )
 
 type serverOptions struct {
@@ -57,8 +58,12 @@ successor is published at half the active root's life and signs only after
 5 refresh hints, so federated peers always know a root before they meet a
 certificate it signed.
 
-The admin listener serves /healthz, /readyz, /metrics (Prometheus) and
-/v1/trust (JSON: the published roots, their state and fingerprints).`,
+The admin listener serves /healthz, /readyz, /metrics (Prometheus),
+/v1/trust (JSON: the published roots, their state and fingerprints),
+/v1/federation (every federated trust domain's polling state),
+/v1/snapshot (JSON: every trusted trust domain, by which authorities,
+since when, from where; what trustbridge audit reads) and /ui (the same as
+a read-only status page).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.trustDomain == "" {
@@ -206,7 +211,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return fmt.Errorf("--admin-listen: %w", err)
 	}
 	admin := &http.Server{
-		Handler:           adminHandler(authority, reg, fed, ep),
+		Handler:           adminHandler(authority, reg, fed, ep, newSnapshotter(td, authority, fed, kube, e.now)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -313,9 +318,10 @@ func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr s
 	fmt.Fprintf(w, `trustbridge is serving trust domain %s
   CA:         %s
   roots:      %d published, bundle sequence %d
-  admin:      http://%s/healthz  /readyz  /metrics  /v1/trust
+  admin:      http://%s/healthz  /readyz  /metrics  /v1/trust  /v1/snapshot
+  status:     http://%s/ui
   try:        curl -s http://%s/v1/trust
-`, td, mode, len(a.Roots()), a.Sequence(), addr, addr)
+`, td, mode, len(a.Roots()), a.Sequence(), addr, addr, addr)
 	if kube == nil {
 		// ca issue reads the state directory; with Kubernetes storage
 		// certificates come from the gRPC service (ca request).
@@ -341,9 +347,15 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 	}
 }
 
-func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ep *bundleEndpoint) http.Handler {
+func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ep *bundleEndpoint, snap *snapshotter) http.Handler {
 	mux := http.NewServeMux()
 	federationHandlers(mux, fed)
+	if snap != nil {
+		mux.HandleFunc("GET /v1/snapshot", serveSnapshot(snap))
+		// Not "GET /ui": the page answers other methods itself, with its
+		// security headers.
+		mux.Handle("/ui", statusui.Handler(snap.Snapshot, nil))
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
