@@ -38,6 +38,13 @@ var (
 	// profile (Web PKI failure, or not an X509-SVID for exactly the
 	// endpoint SPIFFE ID).
 	ErrTLS = errors.New("endpoint authentication failed")
+	// ErrProfileMismatch: the server authenticates the way the other
+	// profile would: an https_spiffe endpoint presenting a certificate
+	// without a SPIFFE ID (a Web PKI certificate), or an https_web endpoint
+	// presenting an X509-SVID. A client that fell back to the other
+	// profile (§7.2 forbids it) would have accepted the server; operators
+	// should know someone tried. It is always wrapped with ErrTLS.
+	ErrProfileMismatch = errors.New("server presented the other profile's certificate")
 	// ErrRefusedAddress: the endpoint URL or a redirect resolved to a
 	// loopback, link-local, unspecified or cloud metadata address and
 	// private addresses are not allowed.
@@ -53,7 +60,7 @@ var (
 )
 
 // FetchErrorKind returns a short stable label for a Fetch error, for metric
-// labels and status: "status", "too_large", "tls", "refused_address",
+// labels and status: "status", "too_large", "profile_mismatch", "tls", "refused_address",
 // "redirect", "content_type", "bundle", "timeout", "canceled", or
 // "transport" for anything else (refused connection, reset, DNS).
 func FetchErrorKind(err error) string {
@@ -64,6 +71,8 @@ func FetchErrorKind(err error) string {
 		return "refused_address"
 	case errors.Is(err, ErrRedirect):
 		return "redirect"
+	case errors.Is(err, ErrProfileMismatch):
+		return "profile_mismatch"
 	case errors.Is(err, ErrTLS):
 		return "tls"
 	case errors.Is(err, ErrStatus):
@@ -327,6 +336,10 @@ func verifyEndpointSVID(certs []*x509.Certificate, want spiffeid.ID, roots Bundl
 	// verified below either way.
 	got, err := x509svid.IDFromCert(certs[0])
 	if err != nil {
+		if len(certs[0].URIs) == 0 {
+			return fmt.Errorf("%w: %w: https_spiffe endpoint presented a certificate without a SPIFFE ID (%s), as an https_web server would: %w",
+				ErrTLS, ErrProfileMismatch, certs[0].Subject, err)
+		}
 		return fmt.Errorf("%w: server certificate is not an X509-SVID: %w", ErrTLS, err)
 	}
 	if got != want {
@@ -468,6 +481,9 @@ func classifyTransportError(err error) error {
 		oe   *net.OpError
 	)
 	switch {
+	case errors.As(err, &cve) && len(cve.UnverifiedCertificates) > 0 && isSVIDOnly(cve.UnverifiedCertificates[0]):
+		return fmt.Errorf("%w: %w: https_web endpoint presented an X509-SVID (%s) without a host name, as an https_spiffe server would: %w",
+			ErrTLS, ErrProfileMismatch, cve.UnverifiedCertificates[0].URIs[0], err)
 	case errors.As(err, &cve), errors.As(err, &uae), errors.As(err, &he), errors.As(err, &cie):
 		return fmt.Errorf("%w: %w", ErrTLS, err)
 	case errors.As(err, &rhe):
@@ -480,6 +496,12 @@ func classifyTransportError(err error) error {
 		return fmt.Errorf("%w: server aborted the TLS handshake: %w", ErrTLS, err)
 	}
 	return err
+}
+
+// isSVIDOnly reports whether c looks like an X509-SVID rather than a Web
+// PKI server certificate: a spiffe URI SAN and no DNS or IP SAN.
+func isSVIDOnly(c *x509.Certificate) bool {
+	return len(c.URIs) > 0 && c.URIs[0].Scheme == "spiffe" && len(c.DNSNames) == 0 && len(c.IPAddresses) == 0
 }
 
 // urlString renders u for errors; endpoint URLs never carry userinfo, but a

@@ -161,6 +161,8 @@ func TestFetchNeverFallsBackBetweenProfiles(t *testing.T) {
 	pool.AddCert(webSrv.Certificate())
 	_, err := fx.fetcher(FetcherConfig{AllowPrivate: true, WebRoots: pool}).Fetch(t.Context(), spiffeEndpoint(t, webSrv.URL), "")
 	assert.ErrorIs(t, err, ErrTLS)
+	assert.ErrorIs(t, err, ErrProfileMismatch, "a Web PKI certificate where an SVID belongs: what a falling-back client would accept")
+	assert.Equal(t, "profile_mismatch", FetchErrorKind(err))
 
 	// https_web against an SVID server: the SVID has no DNS/IP SAN and the
 	// SPIFFE CA is not a Web root.
@@ -170,6 +172,16 @@ func TestFetchNeverFallsBackBetweenProfiles(t *testing.T) {
 	spiffePool.AddCert(fx.ca.Cert)
 	_, err = fx.fetcher(FetcherConfig{AllowPrivate: true, WebRoots: spiffePool}).Fetch(t.Context(), web(t, fetchTD, svidSrv.URL), "")
 	assert.ErrorIs(t, err, ErrTLS)
+	assert.ErrorIs(t, err, ErrProfileMismatch)
+	assert.Equal(t, "profile_mismatch", FetchErrorKind(err))
+
+	// An SVID for the wrong ID is a plain authentication failure, not the
+	// other profile.
+	other := svidCert(t, fx.ca, "spiffe://"+fetchTD+"/someone-else")
+	otherSrv := startTLS(t, serveDoc(fx.doc), &other)
+	_, err = fx.fetcher(FetcherConfig{AllowPrivate: true}).Fetch(t.Context(), spiffeEndpoint(t, otherSrv.URL), "")
+	assert.ErrorIs(t, err, ErrTLS)
+	assert.NotErrorIs(t, err, ErrProfileMismatch)
 }
 
 func TestFetchNotModified(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sort"
 	"sync"
 	"time"
 
@@ -22,9 +21,11 @@ import (
 )
 
 // Sink receives every bundle the poller accepts (and the last-known-good
-// ones it loads): the trust store. Source names the endpoint.
+// ones it loads): the trust store. Source names the endpoint. Remove
+// withdraws an endpoint's bundle when the endpoint is no longer configured.
 type Sink interface {
 	Set(source string, b *spiffebundle.Bundle)
+	Remove(source string, td spiffeid.TrustDomain)
 }
 
 // State summarizes an endpoint for operators.
@@ -59,11 +60,51 @@ type PollerConfig struct {
 	OtherRoots BundleSource
 	// AllowEmpty applies keys: [] (revoking every key) instead of refusing it.
 	AllowEmpty bool
+	// OnEvent, when set, hears of every trust change: endpoints added,
+	// changed and removed, bundles accepted and refused. It is called
+	// without the poller's lock held, in order for each trust domain, and
+	// should not block for long: polls of that trust domain wait for it.
+	OnEvent func(Event)
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	// Now and Rand are injected for tests; defaults time.Now, rand.Float64.
 	Now  func() time.Time
 	Rand func() float64
+}
+
+// EventKind names a trust change.
+type EventKind string
+
+// Event kinds.
+const (
+	EventEndpointAdded   EventKind = "endpoint_added"
+	EventEndpointRemoved EventKind = "endpoint_removed"
+	EventEndpointChanged EventKind = "endpoint_changed"
+	// EventBundleAccepted: a new or changed bundle was applied (not an
+	// unchanged one, not a 304).
+	EventBundleAccepted EventKind = "bundle_accepted"
+	// EventBundleRejected: a bundle was fetched but refused (Accept's
+	// verdict, a foreign trust domain's roots). Fetches that failed before
+	// a bundle arrived are not trust changes and have no event.
+	EventBundleRejected EventKind = "bundle_rejected"
+)
+
+// Event is one trust change, for the audit log.
+type Event struct {
+	Kind        EventKind
+	TrustDomain spiffeid.TrustDomain
+	EndpointURL string
+	// OldSequence is the held bundle's sequence before the change,
+	// NewSequence the fetched (rejected) or applied one; nil when none.
+	OldSequence, NewSequence *uint64
+	// Added and Removed are the authorities the change added and removed
+	// (an added endpoint's restored bundle; a removed endpoint's last one).
+	Added, Removed []Fingerprint
+	// Reason is what changed (endpoint_changed: "url", "profile", ...) or
+	// the refusal kind (bundle_rejected: "sequence_regression", ...).
+	Reason string
+	// Err is why a bundle was rejected.
+	Err error
 }
 
 // Status is what /v1/federation reports for one trust domain.
@@ -80,7 +121,10 @@ type Status struct {
 	LastError           string          `json:"last_error,omitempty"`
 	NextRefresh         *time.Time      `json:"next_refresh"`
 	ConsecutiveFailures int             `json:"consecutive_failures"`
-	Authorities         []AuthorityInfo `json:"authorities"`
+	// Refusals counts failed and refused polls since the process started,
+	// by kind (the trustbridge_federation_fetches_total result label).
+	Refusals    map[string]uint64 `json:"refusals,omitempty"`
+	Authorities []AuthorityInfo   `json:"authorities"`
 }
 
 // AuthorityInfo describes one authority of a held bundle.
@@ -105,6 +149,7 @@ type endpointState struct {
 	next        time.Time
 	entry       cron.EntryID
 	polling     bool
+	refusals    map[string]uint64
 }
 
 // Poller polls every configured bundle endpoint on its own schedule
@@ -116,9 +161,11 @@ type Poller struct {
 	fetcher *Fetcher
 	metrics *pollerMetrics
 
+	// setMu serializes SetEndpoints calls.
+	setMu  sync.Mutex
 	mu     sync.Mutex
 	states map[spiffeid.TrustDomain]*endpointState
-	order  []spiffeid.TrustDomain
+	order  []spiffeid.TrustDomain // sorted by name; replaced, never changed in place
 	cron   *cron.Cron
 	runCtx context.Context // Run's context: scheduled polls end with it
 }
@@ -149,9 +196,8 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	p := &Poller{cfg: cfg, states: map[spiffeid.TrustDomain]*endpointState{}}
 	for _, ep := range cfg.Endpoints {
 		p.states[ep.TrustDomain] = &endpointState{ep: ep}
-		p.order = append(p.order, ep.TrustDomain)
 	}
-	sort.Slice(p.order, func(i, j int) bool { return p.order[i].Name() < p.order[j].Name() })
+	p.sortLocked()
 	fc := cfg.Fetcher
 	fc.Roots = BundleSourceFunc(p.x509BundleFor)
 	p.fetcher = NewFetcher(fc)
@@ -178,10 +224,13 @@ func SourceName(td spiffeid.TrustDomain) string { return "federation:" + td.Name
 // goes backwards.
 func (p *Poller) LoadLastKnownGood() []error {
 	var errs []error
-	// p.order is fixed at construction. The store is read without p.mu:
-	// it may be an API server that does not answer, and polls, Status and
-	// TLS handshakes must not wait for it; restoreLocked never goes back.
-	for _, td := range p.order {
+	// The store is read without p.mu: it may be an API server that does
+	// not answer, and polls, Status and TLS handshakes must not wait for
+	// it; restoreLocked never goes back.
+	p.mu.Lock()
+	order := p.order
+	p.mu.Unlock()
+	for _, td := range order {
 		var (
 			e   *LKGEntry
 			err error
@@ -190,8 +239,12 @@ func (p *Poller) LoadLastKnownGood() []error {
 			e, err = p.cfg.LKG.Load(td)
 		}
 		p.mu.Lock()
-		st := p.states[td]
+		st, ok := p.states[td]
 		switch {
+		case !ok:
+			// Removed meanwhile by SetEndpoints.
+			p.mu.Unlock()
+			continue
 		case err != nil:
 			errs = append(errs, err)
 		case e != nil:
@@ -227,7 +280,11 @@ func (p *Poller) LoadLastKnownGoodFor(td spiffeid.TrustDomain) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.restoreLocked(p.states[td], e)
+	st, ok := p.states[td]
+	if !ok {
+		return nil // removed meanwhile
+	}
+	return p.restoreLocked(st, e)
 }
 
 // restoreLocked takes a stored entry for st, unless what st holds (other
@@ -342,6 +399,11 @@ func (p *Poller) Refresh(ctx context.Context, td spiffeid.TrustDomain) error {
 func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 	p.mu.Lock()
 	st := p.states[td]
+	if st == nil {
+		// Removed by SetEndpoints after this poll was scheduled or asked for.
+		p.mu.Unlock()
+		return fmt.Errorf("federation: trust domain %q is not federated", td.Name())
+	}
 	if st.polling {
 		p.mu.Unlock()
 		// One poll per trust domain at a time; say so rather than claim a
@@ -356,7 +418,10 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 	res, err := p.fetcher.Fetch(ctx, ep, etag)
 
 	log := p.cfg.Logger.With(logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String())
-	var save *LKGEntry
+	var (
+		save *LKGEntry
+		ev   *Event
+	)
 	defer func() {
 		// Persist after releasing p.mu: the store may be an API server
 		// that does not answer, and Status, other polls' TLS handshakes
@@ -368,15 +433,24 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 				log.Error("could not persist the last-known-good bundle", logattr.Error, err)
 			}
 		}
+		if ev != nil && p.cfg.OnEvent != nil {
+			p.cfg.OnEvent(*ev)
+		}
 		p.mu.Lock()
 		st.polling = false
 		p.mu.Unlock()
 	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.states[td] != st {
+		// The endpoint was removed or reconfigured while this poll ran:
+		// what it fetched answers a question nobody asks any more.
+		log.Info("poll result discarded: the endpoint was reconfigured or removed meanwhile")
+		return fmt.Errorf("federation: %s was reconfigured or removed during the poll", td.Name())
+	}
 	st.lastAttempt = start
 	if err == nil {
-		save, err = p.applyLocked(st, res, log)
+		save, ev, err = p.applyLocked(st, res, log)
 	}
 	if err != nil {
 		st.failures++
@@ -385,6 +459,10 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 		if kind == "" || kind == "transport" {
 			kind = rejectionKind(err)
 		}
+		if st.refusals == nil {
+			st.refusals = map[string]uint64{}
+		}
+		st.refusals[kind]++
 		p.metrics.fetches.WithLabelValues(td.Name(), kind).Inc()
 		log.Warn("bundle poll failed; keeping the last good bundle", logattr.Error, err,
 			"consecutive_failures", st.failures, "held_sequence", seqString(st.held))
@@ -417,10 +495,14 @@ func rejectionKind(err error) string {
 }
 
 // applyLocked takes a fetched bundle if Accept does; save is the entry
-// the caller persists, after releasing p.mu.
-func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) (save *LKGEntry, err error) {
+// the caller persists and ev the event it reports, after releasing p.mu.
+func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) (save *LKGEntry, ev *Event, err error) {
 	if res.NotModified {
-		return nil, nil
+		return nil, nil, nil
+	}
+	rejected := func(err error) *Event {
+		return &Event{Kind: EventBundleRejected, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
+			OldSequence: sequenceOf(st.held), NewSequence: sequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
 	}
 	for _, w := range res.Warnings {
 		if w.Code == bundledoc.CodeForeignTrustDomain {
@@ -429,7 +511,7 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 			// that domain's CA mint our peer's identities.
 			err := fmt.Errorf("%w: %s", ErrTrustDomainMismatch, w.String())
 			log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err)
-			return nil, err
+			return nil, rejected(err), err
 		}
 		log.Warn("bundle element ignored", logattr.Warning, w.String())
 	}
@@ -437,11 +519,11 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 	if err != nil {
 		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err,
 			"old_sequence", seqString(st.held), "new_sequence", seqString(res.Bundle))
-		return nil, err
+		return nil, rejected(err), err
 	}
 	st.etag = res.ETag
 	if dec == DecisionUnchanged && !st.fromLKG {
-		return nil, nil
+		return nil, nil, nil
 	}
 	diff := Diff(st.held, res.Bundle)
 	old := st.held
@@ -453,7 +535,19 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 	}
 	log.Info("bundle accepted", "old_sequence", seqString(old), "new_sequence", seqString(res.Bundle),
 		"added", fingerprintStrings(diff.Added), "removed", fingerprintStrings(diff.Removed))
-	return save, nil
+	ev = &Event{Kind: EventBundleAccepted, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
+		OldSequence: sequenceOf(old), NewSequence: sequenceOf(res.Bundle), Added: diff.Added, Removed: diff.Removed}
+	return save, ev, nil
+}
+
+func sequenceOf(b *spiffebundle.Bundle) *uint64 {
+	if b == nil {
+		return nil
+	}
+	if s, ok := b.SequenceNumber(); ok {
+		return &s
+	}
+	return nil
 }
 
 func (p *Poller) intervalLocked(st *endpointState) time.Duration {
@@ -477,6 +571,12 @@ func (p *Poller) Status() []Status {
 			TrustDomain: td.Name(), EndpointURL: st.ep.URL.String(), Profile: st.ep.Profile,
 			ConsecutiveFailures: st.failures, LastAttempt: optTime(st.lastAttempt),
 			LastSuccess: optTime(st.lastSuccess), NextRefresh: optTime(st.next), Authorities: []AuthorityInfo{},
+		}
+		if len(st.refusals) > 0 {
+			s.Refusals = make(map[string]uint64, len(st.refusals))
+			for k, v := range st.refusals {
+				s.Refusals[k] = v
+			}
 		}
 		if !st.ep.EndpointSPIFFEID.IsZero() {
 			s.EndpointSPIFFEID = st.ep.EndpointSPIFFEID.String()

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -33,6 +34,13 @@ func (s *memSink) Set(source string, b *spiffebundle.Bundle) {
 		s.got = map[string]*spiffebundle.Bundle{}
 	}
 	s.got[source] = b
+	s.n++
+}
+
+func (s *memSink) Remove(source string, _ spiffeid.TrustDomain) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.got, source)
 	s.n++
 }
 

@@ -209,6 +209,12 @@ func (s *sink) Set(source string, b *spiffebundle.Bundle) {
 	s.m[source] = b
 }
 
+func (s *sink) Remove(source string, _ spiffeid.TrustDomain) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, source)
+}
+
 func (s *sink) get(source string) *spiffebundle.Bundle {
 	s.mu.Lock()
 	defer s.mu.Unlock()
