@@ -152,7 +152,10 @@ type Authority struct {
 
 	changes chan struct{}
 	subs    []chan struct{} // Subscribe
-	kick    chan struct{}   // Kick
+	// published is the root states last published (id=state,...), so
+	// subscribers hear of a state change that leaves the bundle alone.
+	published string
+	kick      chan struct{} // Kick
 
 	// served is when this process first published each root. The
 	// publication lead of a prepared root counts from when peers could
@@ -343,7 +346,8 @@ func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomai
 func (a *Authority) Changes() <-chan struct{} { return a.changes }
 
 // Subscribe returns a channel of its own, signalled (coalesced) on every
-// later change of the published bundle.
+// later change of the published bundle or of a root's state (a prepared
+// root activated leaves the bundle as it was).
 func (a *Authority) Subscribe() <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	a.mu.Lock()
@@ -941,12 +945,23 @@ func (a *Authority) publishLocked() {
 	changed := a.bundle == nil || !a.bundle.Equal(b)
 	a.bundle = b
 	a.metrics.observe(a.roots, a.journal.Sequence)
+	states := make([]string, 0, len(a.roots))
+	for _, r := range a.roots {
+		states = append(states, r.ID+"="+string(r.State))
+	}
+	stateKey := strings.Join(states, ",")
+	stateChanged := stateKey != a.published
+	a.published = stateKey
+	notify := a.subs
 	if changed {
-		for _, ch := range append([]chan struct{}{a.changes}, a.subs...) {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
+		notify = append([]chan struct{}{a.changes}, a.subs...)
+	} else if !stateChanged {
+		notify = nil
+	}
+	for _, ch := range notify {
+		select {
+		case ch <- struct{}{}:
+		default:
 		}
 	}
 }

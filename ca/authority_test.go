@@ -411,3 +411,34 @@ func TestRunActivatesOnTime(t *testing.T) {
 	require.Eventually(t, func() bool { return active() == 1 }, 15*time.Second, 50*time.Millisecond,
 		"activated about 5s after publication")
 }
+
+// Activating a prepared root leaves the published bundle as it was, yet
+// subscribers (the audit trail) must hear of it.
+func TestSubscribeHearsStateChanges(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	a, err := New(testConfig(t, clk))
+	require.NoError(t, err)
+	require.NoError(t, a.Rotate())
+	sub := a.Subscribe()
+	newest := func() RootInfo { return a.Roots()[len(a.Roots())-1] }
+	for range 1000 {
+		select {
+		case <-sub:
+		default:
+		}
+		before := a.Bundle()
+		clk.Step(time.Minute)
+		require.NoError(t, a.Reconcile())
+		if newest().State != StateActive {
+			continue
+		}
+		assert.True(t, before.Equal(a.Bundle()), "activation does not change the published bundle")
+		select {
+		case <-sub:
+		default:
+			t.Fatal("no signal for the activation")
+		}
+		return
+	}
+	t.Fatal("the prepared root never activated")
+}
