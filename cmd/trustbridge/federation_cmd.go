@@ -67,7 +67,8 @@ func (fs *federationSetup) origin(td spiffeid.TrustDomain) string {
 	return fs.origins[td]
 }
 
-func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
+func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, onEvent func(federation.Event),
+	reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
 	if o.federate == "" {
 		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
 	}
@@ -129,6 +130,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 		Sink:       fs.store,
 		OtherRoots: fs.store,
 		AllowEmpty: o.allowEmpty,
+		OnEvent:    onEvent,
 		Logger:     logger.With(logattr.Component, "federation"),
 		Registerer: reg,
 	})

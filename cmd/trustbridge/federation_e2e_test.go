@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -512,4 +513,26 @@ func TestFederationE2ERootRotation(t *testing.T) {
 	defer mu.Unlock()
 	t.Logf("%d handshakes during the rotation", handshakes)
 	assert.Empty(t, failed, "every handshake during the rotation succeeds")
+
+	// Both audit trails tell the story: east prepared and activated its
+	// new root, west accepted east's bundles that added it.
+	var newFP string
+	for _, r := range newRoots {
+		if !r.Equal(oldRoots[0]) {
+			newFP = "x509:" + sha256Hex(r.Raw)
+		}
+	}
+	eastLog := readAuditLog(t, east.dataDir)
+	assert.Contains(t, auditEvents(eastLog, "east.example"), "root_prepared")
+	assert.Contains(t, auditEvents(eastLog, "east.example"), "root_activated")
+	var sawNewRoot bool
+	for _, e := range readAuditLog(t, west.dataDir) {
+		if e.Event == "bundle_accepted" && e.TrustDomain == "east.example" && slices.Contains(e.Added, newFP) {
+			sawNewRoot = true
+			assert.Equal(t, east.bundleURL, e.SourceURL)
+			require.NotNil(t, e.OldSequence)
+			assert.Greater(t, *e.NewSequence, *e.OldSequence)
+		}
+	}
+	assert.True(t, sawNewRoot, "west's audit log records the bundle that added east's new root %s", newFP)
 }

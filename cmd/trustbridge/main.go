@@ -26,7 +26,7 @@ func run(args []string, e env) int {
 		// Cobra's own error output is silenced so every error is printed
 		// once, here, in one format.
 		_, _ = io.WriteString(e.err, "trustbridge: "+err.Error()+"\n")
-		return 1
+		return exitCode(err)
 	}
 	return 0
 }

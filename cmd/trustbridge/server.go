@@ -39,6 +39,7 @@ type serverOptions struct {
 	refreshHint    time.Duration
 	caDir          string
 	caDirPoll      time.Duration
+	auditLog       string
 	logFormat      string
 	logLevel       string
 	bundle         bundleOptions
@@ -89,6 +90,7 @@ a read-only status page).`,
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
 	addKubeFlags(f, &o.kube)
+	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
@@ -180,7 +182,12 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		defer func() { _ = bg.stop() }()
 	}
 
-	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), reg, logger)
+	trail, closeAudit, err := setupAudit(o, e, kube, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), trail.federationEvent, reg, logger)
 	if err != nil {
 		return err
 	}
@@ -234,9 +241,10 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		ready <- addr
 	}
 
+	trail.baseline(authority, fed)
 	runners := []func(context.Context) error{
 		func(ctx context.Context) error { return serveAdmin(ctx, admin, ln) },
-		func(ctx context.Context) error { return followCA(ctx, authority, caChanges, fed) },
+		func(ctx context.Context) error { return followCA(ctx, authority, caChanges, fed, trail) },
 	}
 	if kube != nil {
 		kr, err := kube.wire(td, fed, reg, logger)
@@ -335,14 +343,16 @@ func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr s
 // caSource names the CA's bundle in the trust store.
 const caSource = "ca"
 
-// followCA keeps the CA's bundle current in the trust store.
-func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed *federationSetup) error {
+// followCA keeps the CA's bundle current in the trust store and records
+// how its roots changed.
+func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed *federationSetup, trail *auditTrail) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changes:
 			fed.store.Set(caSource, a.Bundle())
+			trail.observeCA(a, false)
 		}
 	}
 }

@@ -148,7 +148,7 @@ func federationView(st federation.Status, origin string) *trustview.Federation {
 		Origin: origin, State: string(st.State),
 		LastAttempt: st.LastAttempt, LastSuccess: st.LastSuccess, NextRefresh: st.NextRefresh,
 		LastError: st.LastError, ConsecutiveFailures: st.ConsecutiveFailures,
-		RefreshHintSeconds: st.RefreshHintSeconds,
+		RefreshHintSeconds: st.RefreshHintSeconds, Refusals: st.Refusals,
 	}
 }
 

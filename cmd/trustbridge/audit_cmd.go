@@ -1,0 +1,191 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/trustview"
+)
+
+// exitFindings is the exit status of `trustbridge audit` when it found
+// problems at or above --fail-on; 1 means it could not audit at all.
+const exitFindings = 2
+
+// exitError ends the CLI with a status other than 1.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func newAuditCmd(e env) *cobra.Command {
+	var (
+		admin  string
+		asJSON bool
+		failOn string
+	)
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Judge what the running server trusts: expiring or weak authorities, stale federation, suspicious refusals",
+		Long: `Read the server's /v1/snapshot and report findings with a severity and a fix:
+
+  critical  authority expiring within 7 days or expired; non-CA certificate in a
+            bundle; a sequence regression was refused; the same root trusted for
+            two trust domains; endpoint not https; an endpoint presented the
+            other federation profile's certificate (a client falling back would
+            have trusted it)
+  warning   authority expiring within 30 days; RSA key under 3072 bits; SHA-1
+            signature; federation stale (last good bundle still trusted)
+
+The exit status is 2 when a finding at or above --fail-on exists (so it can gate
+a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var threshold trustview.Severity
+			switch failOn {
+			case "warning", "critical":
+				threshold = trustview.Severity(failOn)
+			case "none":
+			default:
+				return fmt.Errorf("--fail-on %q: want warning, critical or none", failOn)
+			}
+			body, err := adminCall(cmd.Context(), http.MethodGet, strings.TrimRight(admin, "/")+"/v1/snapshot")
+			if err != nil {
+				return err
+			}
+			var snap trustview.Snapshot
+			if err := json.Unmarshal([]byte(body), &snap); err != nil {
+				return fmt.Errorf("admin answer is not a snapshot: %w", err)
+			}
+			findings := audit.Findings(snap)
+			if asJSON {
+				enc := json.NewEncoder(e.out)
+				enc.SetIndent("", "  ")
+				if findings == nil {
+					findings = []trustview.Finding{}
+				}
+				if err := enc.Encode(findings); err != nil {
+					return err
+				}
+			} else if err := printFindings(e.out, snap, findings); err != nil {
+				return err
+			}
+			if threshold != "" && audit.AtLeast(findings, threshold) {
+				return &exitError{code: exitFindings, msg: fmt.Sprintf("%s: findings at or above %s", countFindings(findings), threshold)}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
+	f.BoolVar(&asJSON, "json", false, "print the findings as JSON")
+	f.StringVar(&failOn, "fail-on", "critical", "exit 2 when a finding of this severity or worse exists: warning, critical or none")
+	cmd.AddCommand(newAuditLogCmd(e))
+	return cmd
+}
+
+func countFindings(fs []trustview.Finding) string {
+	var c, w int
+	for _, f := range fs {
+		if f.Severity == trustview.SeverityCritical {
+			c++
+		} else {
+			w++
+		}
+	}
+	return fmt.Sprintf("%d critical, %d warning", c, w)
+}
+
+func printFindings(w io.Writer, snap trustview.Snapshot, fs []trustview.Finding) error {
+	var auths int
+	for _, td := range snap.TrustDomains {
+		auths += len(td.Authorities)
+	}
+	fmt.Fprintf(w, "trust domain %s (replica %s), %s: %d trust domains, %d authorities; %s\n",
+		snap.TrustDomain, snap.Actor, snap.Time.UTC().Format(time.RFC3339), len(snap.TrustDomains), auths, countFindings(fs))
+	if len(fs) == 0 {
+		_, err := fmt.Fprintln(w, "no findings")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEVERITY\tTRUST DOMAIN\tCODE\tFINDING")
+	for _, f := range fs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(f.Severity)), printable(f.TrustDomain), f.Code, printable(f.Message))
+		fmt.Fprintf(tw, "\t\t\tfix: %s\n", printable(f.Fix))
+	}
+	return tw.Flush()
+}
+
+func newAuditLogCmd(e env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "log",
+		Short: "Work with the hash-chained audit log (--audit-log)",
+	}
+	var (
+		expectHead string
+		asJSON     bool
+	)
+	verify := &cobra.Command{
+		Use:   "verify FILE",
+		Short: "Check that no entry of an audit log was edited, dropped, inserted or reordered",
+		Long: `Check every link of the chain: each entry's hash matches its content and holds
+the hash of the entry before it. Prints the number of entries and the head (the
+hash of the last entry). A chain cannot show that its newest entries were cut
+off: compare the head with one kept elsewhere (the server logs it with every
+entry), or pass it as --expect-head. "-" reads standard input.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var r io.Reader = e.in
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				r = f
+			}
+			res, err := audit.Verify(r)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if expectHead != "" && !strings.EqualFold(expectHead, res.Head) {
+				return fmt.Errorf("%s: %w: head is %s, expected %s: entries after the expected head were cut off or replaced",
+					args[0], audit.ErrBroken, res.Head, expectHead)
+			}
+			if asJSON {
+				return json.NewEncoder(e.out).Encode(res)
+			}
+			if res.Entries == 0 {
+				_, err = fmt.Fprintf(e.out, "%s: empty, nothing to verify\n", args[0])
+				return err
+			}
+			_, err = fmt.Fprintf(e.out, "%s: ok, %d entries from %s to %s\nhead %s\n", args[0], res.Entries,
+				res.First.UTC().Format(time.RFC3339), res.Last.UTC().Format(time.RFC3339), res.Head)
+			return err
+		},
+	}
+	verify.Flags().StringVar(&expectHead, "expect-head", "", "fail unless the last entry's hash is this one (detects a cut-off tail)")
+	verify.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	cmd.AddCommand(verify)
+	return cmd
+}
+
+// exitCode is the process status for err.
+func exitCode(err error) int {
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	return 1
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/trustview"
+)
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func readAuditLog(t *testing.T, dataDir string) []audit.Entry {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dataDir, "audit.jsonl"))
+	require.NoError(t, err)
+	var out []audit.Entry
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var e audit.Entry
+		require.NoError(t, json.Unmarshal([]byte(line), &e))
+		out = append(out, e)
+	}
+	return out
+}
+
+func auditEvents(entries []audit.Entry, td string) []string {
+	var out []string
+	for _, e := range entries {
+		if e.TrustDomain == td {
+			out = append(out, e.Event)
+		}
+	}
+	return out
+}
+
+// A federated pair writes what it trusts at start and every bundle it
+// accepts; the log verifies, and stops verifying once edited.
+func TestAuditLogE2E(t *testing.T) {
+	east, west := startSPIFFEPair(t, nil, nil)
+	waitFederated(t, west, "east.example", 1, 30*time.Second)
+
+	path := filepath.Join(west.dataDir, "audit.jsonl")
+	var entries []audit.Entry
+	require.Eventually(t, func() bool {
+		entries = readAuditLog(t, west.dataDir)
+		return len(auditEvents(entries, "east.example")) >= 2
+	}, 10*time.Second, 20*time.Millisecond)
+	host, _ := os.Hostname()
+	assert.Equal(t, "baseline", entries[0].Event)
+	assert.Equal(t, "west.example", entries[0].TrustDomain)
+	assert.Equal(t, host, entries[0].Actor)
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	var baseline, accepted *audit.Entry
+	for i, e := range entries {
+		switch {
+		case e.TrustDomain != "east.example":
+		case e.Event == "baseline":
+			baseline = &entries[i]
+		case e.Event == "bundle_accepted":
+			accepted = &entries[i]
+		}
+	}
+	// West starts from the bootstrap bundle its operator gave it; the
+	// first fetch confirms the same root under east's sequence.
+	require.NotNil(t, baseline, "events: %v", auditEvents(entries, "east.example"))
+	assert.Equal(t, east.bundleURL, baseline.SourceURL)
+	assert.Equal(t, []string{"x509:" + sha256Hex(caRootsOf(t, east)[0].Raw)}, baseline.Added)
+	require.NotNil(t, accepted, "events: %v", auditEvents(entries, "east.example"))
+	assert.Equal(t, east.bundleURL, accepted.SourceURL)
+	assert.NotNil(t, accepted.NewSequence)
+	assert.NotEmpty(t, accepted.Prev)
+
+	out, stderr, code := runCLI(t, "", "audit", "log", "verify", path)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, "ok, ")
+	head := strings.TrimSpace(out[strings.Index(out, "head ")+5:])
+	_, _, code = runCLI(t, "", "audit", "log", "verify", path, "--expect-head", head)
+	assert.Equal(t, 0, code)
+	_, stderr, code = runCLI(t, "", "audit", "log", "verify", path, "--expect-head", strings.Repeat("0", 64))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "cut off")
+
+	// Edit a copy: the chain no longer verifies.
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	edited := filepath.Join(t.TempDir(), "edited.jsonl")
+	require.NoError(t, os.WriteFile(edited, []byte(strings.Replace(string(data), `"event":"bundle_accepted"`, `"event":"bundle_rejected"`, 1)), 0o600))
+	_, stderr, code = runCLI(t, "", "audit", "log", "verify", edited)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "was edited")
+
+	// A server whose audit log does not verify refuses to start rather
+	// than vouch for it.
+	west.stop()
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(data), `"event":"bundle_accepted"`, `"event":"bundle_rejected"`, 1)), 0o600))
+	_, stderr, code = runCLI(t, "", "server", "--trust-domain", "west.example", "--data-dir", west.dataDir, "--admin-listen", "127.0.0.1:0")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "move it aside")
+}
+
+func serveFakeSnapshot(t *testing.T, snap trustview.Snapshot) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/snapshot" {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(snap)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func TestAuditCommand(t *testing.T) {
+	exp := time.Now().Add(20 * 24 * time.Hour)
+	warnOnly := trustview.Snapshot{Time: time.Now(), TrustDomain: "east.example", Actor: "r1", TrustDomains: []trustview.TrustDomain{{
+		Name: "east.example", Local: true, Authorities: []trustview.Authority{{Kind: "x509", SHA256: "aa", Subject: "CN=east root", NotAfter: &exp, IsCA: true}},
+	}}}
+	critical := warnOnly
+	critical.TrustDomains = append(critical.TrustDomains, trustview.TrustDomain{Name: "west.example",
+		Federation: &trustview.Federation{EndpointURL: "https://west.example/", State: "failing", Refusals: map[string]uint64{"sequence_regression": 1}}})
+	warnURL, critURL := serveFakeSnapshot(t, warnOnly), serveFakeSnapshot(t, critical)
+
+	out, stderr, code := runCLI(t, "", "audit", "--admin", warnURL)
+	assert.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, "0 critical, 1 warning")
+	assert.Contains(t, out, "WARNING")
+	assert.Contains(t, out, "fix: ")
+
+	_, stderr, code = runCLI(t, "", "audit", "--admin", warnURL, "--fail-on", "warning")
+	assert.Equal(t, exitFindings, code)
+	assert.Contains(t, stderr, "findings at or above warning")
+
+	out, _, code = runCLI(t, "", "audit", "--admin", critURL, "--json")
+	assert.Equal(t, exitFindings, code)
+	var fs []trustview.Finding
+	require.NoError(t, json.Unmarshal([]byte(out), &fs))
+	require.Len(t, fs, 2)
+	assert.Equal(t, audit.CodeSequenceRegress, fs[0].Code)
+
+	_, _, code = runCLI(t, "", "audit", "--admin", critURL, "--fail-on", "none")
+	assert.Equal(t, 0, code)
+	_, stderr, code = runCLI(t, "", "audit", "--admin", critURL, "--fail-on", "sometimes")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--fail-on")
+
+	// An admin that cannot be reached is an error, not a clean audit.
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	_, stderr, code = runCLI(t, "", "audit", "--admin", dead.URL)
+	assert.Equal(t, 1, code)
+	assert.NotEmpty(t, stderr)
+}
+
+// The real server's own snapshot of a fresh trust domain has no findings.
+func TestAuditCommandOnRealServer(t *testing.T) {
+	addr, _ := startServer(t, t.TempDir())
+	out, stderr, code := runCLIAt(t, time.Now, "", "audit", "--admin", "http://"+addr, "--fail-on", "warning")
+	assert.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, "no findings")
+}
