@@ -64,7 +64,7 @@ type PollerConfig struct {
 	// changed and removed, bundles accepted and refused. It is called
 	// without the poller's lock held, in order for each trust domain, and
 	// should not block for long: polls of that trust domain wait for it.
-	OnEvent func(Event)
+	OnEvent    func(Event)
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	// Now and Rand are injected for tests; defaults time.Now, rand.Float64.
@@ -109,18 +109,18 @@ type Event struct {
 
 // Status is what /v1/federation reports for one trust domain.
 type Status struct {
-	TrustDomain         string          `json:"trust_domain"`
-	EndpointURL         string          `json:"endpoint_url"`
-	Profile             Profile         `json:"profile"`
-	EndpointSPIFFEID    string          `json:"endpoint_spiffe_id,omitempty"`
-	State               State           `json:"state"`
-	Sequence            *uint64         `json:"sequence"`
-	RefreshHintSeconds  *int64          `json:"refresh_hint_seconds"`
-	LastAttempt         *time.Time      `json:"last_attempt"`
-	LastSuccess         *time.Time      `json:"last_success"`
-	LastError           string          `json:"last_error,omitempty"`
-	NextRefresh         *time.Time      `json:"next_refresh"`
-	ConsecutiveFailures int             `json:"consecutive_failures"`
+	TrustDomain         string     `json:"trust_domain"`
+	EndpointURL         string     `json:"endpoint_url"`
+	Profile             Profile    `json:"profile"`
+	EndpointSPIFFEID    string     `json:"endpoint_spiffe_id,omitempty"`
+	State               State      `json:"state"`
+	Sequence            *uint64    `json:"sequence"`
+	RefreshHintSeconds  *int64     `json:"refresh_hint_seconds"`
+	LastAttempt         *time.Time `json:"last_attempt"`
+	LastSuccess         *time.Time `json:"last_success"`
+	LastError           string     `json:"last_error,omitempty"`
+	NextRefresh         *time.Time `json:"next_refresh"`
+	ConsecutiveFailures int        `json:"consecutive_failures"`
 	// Refusals counts failed and refused polls since the process started,
 	// by kind (the trustbridge_federation_fetches_total result label).
 	Refusals    map[string]uint64 `json:"refusals,omitempty"`
