@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/statusui"
@@ -364,7 +365,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		mux.HandleFunc("GET /v1/snapshot", serveSnapshot(snap))
 		// Not "GET /ui": the page answers other methods itself, with its
 		// security headers.
-		mux.Handle("/ui", statusui.Handler(snap.Snapshot, nil))
+		mux.Handle("/ui", statusui.Handler(snap.Snapshot, audit.Findings))
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
