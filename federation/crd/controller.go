@@ -1,0 +1,499 @@
+package crd
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// DefaultStatusInterval is Config.StatusInterval's default.
+const DefaultStatusInterval = 10 * time.Second
+
+// Config configures a Controller.
+type Config struct {
+	// Dynamic reads the resources and writes their status.
+	Dynamic dynamic.Interface
+	// Events, when set, records events (events.k8s.io/v1) on refused
+	// resources; cluster-scoped objects' events land in namespace default.
+	Events kubernetes.Interface
+	// LocalTrustDomain is the server's own: a resource for it is refused.
+	LocalTrustDomain spiffeid.TrustDomain
+	// Reserved are trust domains configured by flag or file, with where:
+	// a resource for one of them is a conflict.
+	Reserved map[spiffeid.TrustDomain]string
+	// ClassName: resources whose spec.className is set and differs are
+	// ignored (spire-controller-manager's semantics).
+	ClassName string
+	// Apply receives the full set of endpoints the resources configure,
+	// after every change.
+	Apply func([]federation.Endpoint) error
+	// Status reports the poller's view, copied into each resource's status.
+	Status func() []federation.Status
+	// IsLeader: only the leader writes status and events; nil means
+	// always. Every replica applies the resources, so a new leader polls
+	// the same set at once.
+	IsLeader       func() bool
+	StatusInterval time.Duration
+	Clock          clock.WithTicker
+	Logger         *slog.Logger
+	Registerer     prometheus.Registerer
+}
+
+// Controller turns ClusterFederatedTrustDomain resources into federation
+// endpoints and reports each one's polling state in its status.
+type Controller struct {
+	cfg     Config
+	metrics *metrics
+
+	mu sync.Mutex
+	// valid is the last valid endpoint of each resource by name, with
+	// the generation it came from: an edit that makes a resource invalid
+	// leaves its last valid spec applied.
+	valid   map[string]validSpec
+	origins map[spiffeid.TrustDomain]string
+	// refused records, per resource, the refusal last reported as an
+	// event, so each is reported once per generation.
+	refused map[string]string
+}
+
+type validSpec struct {
+	ep         federation.Endpoint
+	generation int64
+}
+
+// New checks cfg; it starts nothing.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Dynamic == nil || cfg.Apply == nil || cfg.Status == nil {
+		return nil, errors.New("crd: Dynamic, Apply and Status are required")
+	}
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = DefaultStatusInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("crd: %w", err)
+	}
+	return &Controller{cfg: cfg, metrics: m, valid: map[string]validSpec{}, origins: map[spiffeid.TrustDomain]string{}, refused: map[string]string{}}, nil
+}
+
+// Origins names, for each trust domain a resource configures, that
+// resource ("crd:<name>").
+func (c *Controller) Origins() map[spiffeid.TrustDomain]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.origins)
+}
+
+// Run watches the resources until ctx is done.
+func (c *Controller) Run(ctx context.Context) error {
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.cfg.Dynamic, 10*time.Minute)
+	inf := factory.ForResource(GVR)
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	defer queue.ShutDown()
+	enqueue := func(any) { queue.Add(syncKey) }
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, _ any) { queue.Add(syncKey) }, DeleteFunc: enqueue,
+	}); err != nil {
+		return fmt.Errorf("crd: %w", err)
+	}
+	var recorder events.EventRecorder
+	if c.cfg.Events != nil {
+		b := events.NewBroadcaster(&events.EventSinkImpl{Interface: c.cfg.Events.EventsV1()})
+		b.StartRecordingToSink(ctx.Done())
+		defer b.Shutdown()
+		recorder = b.NewRecorder(runtime.NewScheme(), "trustbridge")
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return nil // ctx ended first
+	}
+	c.cfg.Logger.Info("watching ClusterFederatedTrustDomain resources", "class", c.cfg.ClassName)
+	lister := inf.Lister()
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			key, shutdown := queue.Get()
+			if shutdown {
+				return
+			}
+			err := c.sync(ctx, lister, recorder)
+			if err != nil && ctx.Err() == nil {
+				c.metrics.syncErrors.Inc()
+				c.cfg.Logger.Warn("ClusterFederatedTrustDomain sync failed; retrying", logattr.Error, err)
+				queue.AddRateLimited(key)
+			} else {
+				queue.Forget(key)
+			}
+			queue.Done(key)
+		}
+	}()
+	tick := c.cfg.Clock.NewTicker(c.cfg.StatusInterval)
+	defer tick.Stop()
+	queue.Add(syncKey)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-tick.C():
+			queue.Add(syncKey) // statuses follow the poller
+		}
+	}
+	queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// syncKey: every change leads to one full sync, since Apply takes the
+// whole set and conflicts depend on every resource.
+const syncKey = "all"
+
+// lister is the part of the informer's lister sync needs.
+type lister interface {
+	List(selector labels.Selector) ([]runtime.Object, error)
+}
+
+// resource is a listed object, decoded.
+type resource struct {
+	obj *unstructured.Unstructured
+	cr  ClusterFederatedTrustDomain
+	err error // decoding failed
+}
+
+// sync applies every resource and updates statuses.
+func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRecorder) error {
+	objs, err := l.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	var rs []resource
+	for _, o := range objs {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		r := resource{obj: u}
+		r.err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &r.cr)
+		if r.err == nil && c.cfg.ClassName != "" && r.cr.Spec.ClassName != "" && r.cr.Spec.ClassName != c.cfg.ClassName {
+			continue
+		}
+		if r.err == nil && c.cfg.ClassName == "" && r.cr.Spec.ClassName != "" {
+			continue // a class for another server
+		}
+		rs = append(rs, r)
+	}
+	// The oldest resource for a trust domain wins a conflict.
+	slices.SortFunc(rs, func(a, b resource) int {
+		return cmp.Or(a.obj.GetCreationTimestamp().Compare(b.obj.GetCreationTimestamp().Time), cmp.Compare(a.obj.GetName(), b.obj.GetName()))
+	})
+
+	c.mu.Lock()
+	names := map[string]bool{}
+	verdicts := make([]verdict, len(rs))
+	claimed := map[spiffeid.TrustDomain]string{}
+	for i, r := range rs {
+		name := r.obj.GetName()
+		names[name] = true
+		v := &verdicts[i]
+		if r.err != nil {
+			v.reason, v.msg = ReasonInvalidSpec, "spec does not decode: "+r.err.Error()
+		} else if ep, warnings, err := Endpoint(r.cr.Spec); err != nil {
+			v.reason, v.msg = ReasonInvalidSpec, err.Error()
+		} else if ep.TrustDomain == c.cfg.LocalTrustDomain {
+			v.reason, v.msg = ReasonInvalidSpec, fmt.Sprintf("%s is this server's own trust domain; its bundle comes from the CA", ep.TrustDomain.Name())
+		} else {
+			v.warnings = warnings
+			c.valid[name] = validSpec{ep: ep, generation: r.obj.GetGeneration()}
+		}
+		vs, ok := c.valid[name]
+		if !ok {
+			continue
+		}
+		td := vs.ep.TrustDomain
+		switch where, reserved := c.cfg.Reserved[td]; {
+		case reserved:
+			v.conflict = fmt.Sprintf("trust domain %s is already configured by %s; remove one of the two", td.Name(), where)
+		case claimed[td] != "":
+			v.conflict = fmt.Sprintf("trust domain %s is already configured by ClusterFederatedTrustDomain %s, which is older", td.Name(), claimed[td])
+		default:
+			claimed[td] = name
+			v.applied, v.ep, v.generation = true, vs.ep, vs.generation
+		}
+	}
+	for name := range c.valid {
+		if !names[name] {
+			delete(c.valid, name) // deleted resource: its endpoint goes
+			delete(c.refused, name)
+		}
+	}
+	var eps []federation.Endpoint
+	origins := map[spiffeid.TrustDomain]string{}
+	for _, v := range verdicts {
+		if v.applied {
+			eps = append(eps, v.ep)
+			origins[v.ep.TrustDomain] = "crd:" + claimed[v.ep.TrustDomain]
+		}
+	}
+	c.origins = origins
+	c.mu.Unlock()
+
+	if err := c.cfg.Apply(eps); err != nil {
+		// The endpoints were validated one by one; a refusal here is a
+		// bug, and the poller keeps its previous set.
+		return fmt.Errorf("applying %d endpoints: %w", len(eps), err)
+	}
+	c.metrics.resources.Reset()
+	for _, v := range verdicts {
+		c.metrics.resources.WithLabelValues(v.state()).Inc()
+	}
+	if c.cfg.IsLeader != nil && !c.cfg.IsLeader() {
+		return nil
+	}
+	statuses := map[string]federation.Status{}
+	for _, s := range c.cfg.Status() {
+		statuses[s.TrustDomain] = s
+	}
+	var errs []error
+	for i, r := range rs {
+		v := verdicts[i]
+		c.report(r, v, recorder)
+		if err := c.writeStatus(ctx, r, v, statuses); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// verdict is what sync decided about one resource.
+type verdict struct {
+	reason, msg string // refused spec (the current generation)
+	conflict    string
+	warnings    []string
+	applied     bool
+	ep          federation.Endpoint
+	generation  int64 // of the applied spec
+}
+
+func (v verdict) state() string {
+	switch {
+	case v.conflict != "":
+		return "conflict"
+	case v.reason != "" && v.applied:
+		return "invalid_last_valid_applied"
+	case v.reason != "":
+		return "invalid"
+	}
+	return "applied"
+}
+
+// report logs and records an event for a refusal, once per generation.
+func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder) {
+	name := r.obj.GetName()
+	var reason, note string
+	switch {
+	case v.reason != "":
+		reason, note = v.reason, v.msg
+		if v.applied {
+			note += fmt.Sprintf("; generation %d stays applied", v.generation)
+		}
+	case v.conflict != "":
+		reason, note = ReasonConflict, v.conflict
+	default:
+		delete(c.refused, name)
+		return
+	}
+	key := fmt.Sprintf("%d/%s/%s", r.obj.GetGeneration(), reason, note)
+	if c.refused[name] == key {
+		return
+	}
+	c.refused[name] = key
+	c.cfg.Logger.Warn("ClusterFederatedTrustDomain refused", "name", name, "reason", reason, logattr.Error, note)
+	if recorder != nil {
+		recorder.Eventf(r.obj, nil, corev1.EventTypeWarning, reason, "Apply", "%s", truncate(note, 1000))
+	}
+}
+
+// writeStatus updates r's status when it differs from what it should be.
+func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, statuses map[string]federation.Status) error {
+	want := Status{ObservedGeneration: r.obj.GetGeneration()}
+	old := r.cr.Status
+	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
+		cond := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: truncate(msg, 32000), ObservedGeneration: want.ObservedGeneration,
+			LastTransitionTime: metav1.NewTime(c.cfg.Clock.Now().Truncate(time.Second))}
+		if prev := meta.FindStatusCondition(old.Conditions, typ); prev != nil && prev.Status == status {
+			cond.LastTransitionTime = prev.LastTransitionTime
+		}
+		meta.SetStatusCondition(&want.Conditions, cond)
+	}
+	switch {
+	case v.conflict != "":
+		want.State = StateInvalid
+		set(ConditionReady, metav1.ConditionFalse, ReasonConflict, v.conflict)
+	case v.reason != "" && !v.applied:
+		want.State = StateInvalid
+		set(ConditionReady, metav1.ConditionFalse, v.reason, v.msg)
+	default:
+		st, ok := statuses[v.ep.TrustDomain.Name()]
+		if !ok {
+			st = federation.Status{State: federation.StatePending, EndpointURL: v.ep.URL.String()}
+		}
+		fillStatus(&want, st)
+		ready, reason, msg := metav1.ConditionFalse, ReasonPending, "no bundle fetched yet"
+		switch st.State {
+		case federation.StateOK:
+			ready, reason, msg = metav1.ConditionTrue, ReasonFetched, "bundle fetched and trusted"
+		case federation.StateFailing:
+			reason, msg = ReasonFailing, "polls fail; the last good bundle is kept: "+st.LastError
+		case federation.StateStale:
+			reason, msg = ReasonStale, "no successful poll for 3 refresh intervals; the last good bundle is kept: "+st.LastError
+		}
+		if v.reason != "" {
+			ready, reason = metav1.ConditionFalse, v.reason
+			msg = fmt.Sprintf("%s; generation %d stays applied", v.msg, v.generation)
+		} else if len(v.warnings) > 0 {
+			msg += "; warnings: " + fmt.Sprint(v.warnings)
+		}
+		set(ConditionReady, ready, reason, msg)
+		if st.State == federation.StateStale {
+			set(ConditionStale, metav1.ConditionTrue, ReasonStale, "no successful poll for 3 refresh intervals")
+		} else {
+			set(ConditionStale, metav1.ConditionFalse, ReasonFresh, "polled within its refresh intervals, or not yet due")
+		}
+	}
+	if reflect.DeepEqual(normalize(old), normalize(want)) {
+		return nil
+	}
+	u := r.obj.DeepCopy()
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&want)
+	if err != nil {
+		return err
+	}
+	u.Object["status"] = raw
+	if _, err := c.cfg.Dynamic.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil // deleted meanwhile
+		}
+		return fmt.Errorf("status of %s: %w", r.obj.GetName(), err)
+	}
+	c.metrics.statusWrites.Inc()
+	return nil
+}
+
+// fillStatus copies the poller's view of a trust domain into s.
+func fillStatus(s *Status, st federation.Status) {
+	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, truncate(st.LastError, 4000), st.ConsecutiveFailures
+	if st.Sequence != nil && *st.Sequence <= 1<<63-1 {
+		seq := int64(*st.Sequence)
+		s.Sequence = &seq
+	}
+	s.LastAttempt, s.LastSuccess, s.NextRefresh = metaTime(st.LastAttempt), metaTime(st.LastSuccess), metaTime(st.NextRefresh)
+	for _, a := range st.Authorities {
+		s.Authorities = append(s.Authorities, Authority{Kind: string(a.Kind), SHA256: a.SHA256, Subject: a.Subject, KeyID: a.KeyID, NotAfter: metaTime(a.NotAfter)})
+	}
+}
+
+// metaTime is t at the second precision the API server stores.
+func metaTime(t *time.Time) *metav1.Time {
+	if t == nil {
+		return nil
+	}
+	m := metav1.NewTime(t.UTC().Truncate(time.Second))
+	return &m
+}
+
+// normalize makes two statuses comparable after a round trip through the
+// API server (UTC, seconds, nil vs empty slices).
+func normalize(s Status) Status {
+	s = *s.DeepCopy()
+	for _, t := range []*metav1.Time{s.LastAttempt, s.LastSuccess, s.NextRefresh} {
+		if t != nil {
+			*t = metav1.NewTime(t.UTC().Truncate(time.Second))
+		}
+	}
+	for i := range s.Conditions {
+		s.Conditions[i].LastTransitionTime = metav1.NewTime(s.Conditions[i].LastTransitionTime.UTC().Truncate(time.Second))
+	}
+	for i := range s.Authorities {
+		if t := s.Authorities[i].NotAfter; t != nil {
+			*t = metav1.NewTime(t.UTC().Truncate(time.Second))
+		}
+	}
+	if len(s.Authorities) == 0 {
+		s.Authorities = nil
+	}
+	if len(s.Conditions) == 0 {
+		s.Conditions = nil
+	}
+	return s
+}
+
+// DeepCopy copies s.
+func (s Status) DeepCopy() *Status {
+	out := s
+	cp := func(t *metav1.Time) *metav1.Time {
+		if t == nil {
+			return nil
+		}
+		c := *t
+		return &c
+	}
+	out.LastAttempt, out.LastSuccess, out.NextRefresh = cp(s.LastAttempt), cp(s.LastSuccess), cp(s.NextRefresh)
+	if s.Sequence != nil {
+		v := *s.Sequence
+		out.Sequence = &v
+	}
+	out.Authorities = make([]Authority, len(s.Authorities))
+	for i, a := range s.Authorities {
+		a.NotAfter = cp(a.NotAfter)
+		out.Authorities[i] = a
+	}
+	out.Conditions = slices.Clone(s.Conditions)
+	return &out
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
