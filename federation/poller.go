@@ -586,7 +586,9 @@ func (p *Poller) Status() []Status {
 		}
 		interval := p.intervalLocked(st)
 		switch {
-		case st.held == nil:
+		case st.held == nil, st.lastAttempt.IsZero():
+			// Nothing held, or only what the operator or the store gave
+			// us: not yet confirmed by the endpoint.
 			s.State = StatePending
 		case !st.lastSuccess.IsZero() && now.Sub(st.lastSuccess) > staleAfter*interval,
 			st.lastSuccess.IsZero() && !st.lastAttempt.IsZero() && st.failures >= staleAfter:
