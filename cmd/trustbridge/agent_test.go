@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"os"
 	"path/filepath"
@@ -113,6 +114,11 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 		break
 	}
 	require.Eventually(t, func() bool {
+		// The key and the chain are two files, each replaced atomically:
+		// between the two writes they do not match yet.
+		if _, err := tls.LoadX509KeyPair(filepath.Join(o.outputCerts, "cert-chain.pem"), filepath.Join(o.outputCerts, "key.pem")); err != nil {
+			return false
+		}
 		c := checkCreds(t, o.outputCerts, laptopID)
 		return c.NotAfter.After(first.NotAfter)
 	}, 10*time.Second, 20*time.Millisecond, "--output-certs follows the renewal")

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -36,6 +37,13 @@ type federationOptions struct {
 	timeout      time.Duration
 	allowPrivate bool
 	allowEmpty   bool
+	// dynamic: endpoints come and go at run time (--federation-crd), so
+	// the poller runs even with none configured here.
+	dynamic bool
+	// inline is the federation list of the --config file inlineFrom, in
+	// the --federation-config schema, with the file's line numbers.
+	inline     []byte
+	inlineFrom string
 }
 
 func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
@@ -60,29 +68,52 @@ type federationSetup struct {
 	// origins says where each configured endpoint comes from: "flag"
 	// (--federate or SPIFFE_BUNDLE_ENDPOINTS) or "file" (--federation-config).
 	origins map[spiffeid.TrustDomain]string
+	// static are the endpoints from flags and files; resources
+	// (--federation-crd) add theirs to them.
+	static []federation.Endpoint
+	// crdOrigins names the resource behind each CRD-configured trust domain.
+	crdOrigins func() map[spiffeid.TrustDomain]string
 }
 
 // origin says where td's federation is configured ("" when it is not).
 func (fs *federationSetup) origin(td spiffeid.TrustDomain) string {
-	return fs.origins[td]
+	if o, ok := fs.origins[td]; ok {
+		return o
+	}
+	if fs.crdOrigins != nil {
+		return fs.crdOrigins()[td]
+	}
+	return ""
 }
 
-func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, onEvent func(federation.Event),
-	reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
+// applyCRD sets the poller's endpoints to the static ones plus those of
+// the ClusterFederatedTrustDomain resources.
+func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
+	return fs.poller.SetEndpoints(append(slices.Clone(fs.static), eps...))
+}
+
+// staticEndpoints reads the endpoints configured by --federate (or
+// SPIFFE_BUNDLE_ENDPOINTS) and by --federation-config or the --config file's
+// federation list, and checks them together. Warnings are problems that
+// did not stop the configuration from loading.
+func staticEndpoints(o federationOptions, td spiffeid.TrustDomain) (fromFlag, fromFile []federation.Endpoint, warnings []string, err error) {
 	if o.federate == "" {
 		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
 	}
-	fromFlag, err := federation.ParseEndpoints(o.federate)
+	fromFlag, err = federation.ParseEndpoints(o.federate)
 	if err != nil {
-		return nil, fmt.Errorf("--federate: %w", err)
+		return nil, nil, nil, fmt.Errorf("--federate: %w", err)
 	}
-	var fromFile []federation.Endpoint
-	if o.configFile != "" {
-		data, err := readSmallFile(o.configFile, 1<<20)
-		if err != nil {
-			return nil, fmt.Errorf("--federation-config: %w", err)
+	if o.configFile != "" || o.inline != nil {
+		data, name, flag := o.inline, o.inlineFrom, "--config"
+		if o.inline == nil {
+			var err error
+			if data, err = readSmallFile(o.configFile, 1<<20); err != nil {
+				return nil, nil, nil, fmt.Errorf("--federation-config: %w", err)
+			}
+			name, flag = o.configFile, "--federation-config"
 		}
-		base := filepath.Dir(o.configFile)
+		base := filepath.Dir(name)
 		cfg, err := federation.ParseConfig(data, func(p string) ([]byte, error) {
 			if !filepath.IsAbs(p) {
 				p = filepath.Join(base, p)
@@ -90,30 +121,42 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 			return readSmallFile(p, bundledoc.DefaultMaxSize)
 		})
 		if err != nil {
-			return nil, fmt.Errorf("--federation-config %s: %w", o.configFile, err)
+			return nil, nil, nil, fmt.Errorf("%s %s: %w", flag, name, err)
 		}
-		for _, w := range cfg.Warnings {
-			logger.Warn("federation config", logattr.Warning, w)
-		}
+		warnings = cfg.Warnings
 		fromFile = cfg.Endpoints
 	}
 	eps, err := federation.MergeEndpoints(fromFlag, fromFile)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
+
 	for _, ep := range eps {
 		if ep.TrustDomain == td {
-			return nil, fmt.Errorf("federation endpoint %s is for our own trust domain %s; its bundle comes from our CA", ep, td.Name())
+			return nil, nil, nil, fmt.Errorf("federation endpoint %s is for our own trust domain %s; its bundle comes from our CA", ep, td.Name())
 		}
 	}
-	fs := &federationSetup{store: trust.NewStore(), origins: map[spiffeid.TrustDomain]string{}}
+	return fromFlag, fromFile, warnings, nil
+}
+
+func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, onEvent func(federation.Event),
+	reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
+	fromFlag, fromFile, warnings, err := staticEndpoints(o, td)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warnings {
+		logger.Warn("federation config", logattr.Warning, w)
+	}
+	eps := append(slices.Clone(fromFlag), fromFile...)
+	fs := &federationSetup{store: trust.NewStore(), origins: map[spiffeid.TrustDomain]string{}, static: eps}
 	for _, ep := range fromFlag {
 		fs.origins[ep.TrustDomain] = "flag"
 	}
 	for _, ep := range fromFile {
 		fs.origins[ep.TrustDomain] = "file"
 	}
-	if len(eps) == 0 {
+	if len(eps) == 0 && !o.dynamic {
 		return fs, nil
 	}
 	webRoots, err := webRootPool(o.caFile)

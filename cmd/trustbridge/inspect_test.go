@@ -21,7 +21,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
-var update = flag.Bool("update", false, "rewrite golden files under testdata/")
+var update = flag.Bool("update", false, "rewrite golden files under testdata/ and the generated part of docs/configuration.md")
 
 // fixedNow keeps "expired" annotations in goldens stable.
 var fixedNow = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)

@@ -14,12 +14,14 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/kubestore"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/leader"
@@ -54,6 +56,8 @@ type kubeOptions struct {
 	retryPeriod       time.Duration
 	rootConfigMap     string
 	namespaceSelector string
+	federationCRD     bool
+	federationClass   string
 }
 
 func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
@@ -66,6 +70,8 @@ func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
 	f.DurationVar(&o.retryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "how often the Lease is renewed or tried")
 	f.StringVar(&o.rootConfigMap, "root-configmap", distribution.DefaultName, `with --storage kube, the ConfigMap kept in every namespace matching --namespace-selector: root-cert.pem (local roots), bundle.spiffe.json (SPIFFE bundle map of every trust domain) and <trust-domain>.pem per federated trust domain; "" disables it`)
 	f.StringVar(&o.namespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
+	f.BoolVar(&o.federationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
+	f.StringVar(&o.federationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
 }
 
 // kubeSetup is trustbridge on Kubernetes: shared state and one leader.
@@ -75,6 +81,7 @@ type kubeSetup struct {
 	caStore   *kubestore.Store
 	lkg       *kubelkg.Store
 	client    kubernetes.Interface
+	dynamic   dynamic.Interface
 	selector  labels.Selector
 	o         kubeOptions
 
@@ -87,6 +94,9 @@ type kubeSetup struct {
 // checkStorageFlags refuses flag combinations --storage cannot honour,
 // before anything connects or loads.
 func checkStorageFlags(o serverOptions) error {
+	if o.kube.federationCRD && o.kube.storage != storageKube {
+		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
+	}
 	if o.kube.storage == storageKube && o.caDir != "" {
 		return errors.New("--ca-dir and --storage kube do not combine: a plug-in CA is each replica's own directory, with no shared state and no leader; run --ca-dir with --storage file (the default)")
 	}
@@ -126,6 +136,10 @@ func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logg
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
 	el, err := leader.New(leader.Config{
 		Client: client, Namespace: ns, Name: o.leaderLease,
 		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
@@ -142,7 +156,7 @@ func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logg
 	if err != nil {
 		return nil, err
 	}
-	return &kubeSetup{namespace: ns, elector: el, caStore: st, lkg: lkg, client: client, selector: sel, o: o}, nil
+	return &kubeSetup{namespace: ns, elector: el, caStore: st, lkg: lkg, client: client, dynamic: dyn, selector: sel, o: o}, nil
 }
 
 // kubeNamespace is --namespace, else POD_NAMESPACE, else the pod's own.
@@ -269,8 +283,27 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 	if fed.poller == nil {
 		return nil, nil
 	}
+	var runners []func(context.Context) error
+	if k.o.federationCRD {
+		reserved := map[spiffeid.TrustDomain]string{}
+		for td, origin := range fed.origins {
+			reserved[td] = map[string]string{"flag": "--federate (or SPIFFE_BUNDLE_ENDPOINTS)", "file": "--federation-config"}[origin]
+		}
+		c, err := crd.New(crd.Config{
+			Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, ClassName: k.o.federationClass,
+			Apply: fed.applyCRD, Status: fed.poller.Status, IsLeader: k.elector.IsLeader,
+			Logger: logger.With(logattr.Component, "federation-crd"), Registerer: reg,
+		})
+		if err != nil {
+			return nil, err
+		}
+		fed.crdOrigins = c.Origins
+		// Every replica: followers keep the same endpoints, so a new
+		// leader polls them at once.
+		runners = append(runners, c.Run)
+	}
 	p := fed.poller
-	return []func(context.Context) error{func(ctx context.Context) error {
+	return append(runners, func(ctx context.Context) error {
 		return k.lkg.Watch(ctx, func(td spiffeid.TrustDomain) {
 			// Also on the leader: an event may be its own save (then the
 			// load finds what it holds and changes nothing), or a save of
@@ -281,7 +314,7 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 				logger.Error("federated bundle saved by the leader not taken", logattr.TrustDomain, td.Name(), logattr.Error, err)
 			}
 		})
-	}}, nil
+	}), nil
 }
 
 // background is a set of parts started before the server's main run.

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
@@ -40,6 +41,7 @@ type serverOptions struct {
 	refreshHint    time.Duration
 	caDir          string
 	caDirPoll      time.Duration
+	configPath     string
 	auditLog       string
 	logFormat      string
 	logLevel       string
@@ -68,15 +70,42 @@ since when, from where; what trustbridge audit reads) and /ui (the same as
 a read-only status page).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.trustDomain == "" {
-				o.trustDomain = os.Getenv("TRUST_DOMAIN")
+			if err := loadServerConfig(cmd.Flags(), &o, os.Getenv); err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return runServer(ctx, e, o, nil)
 		},
 	}
-	f := cmd.Flags()
+	addServerFlags(cmd.Flags(), &o)
+	return cmd
+}
+
+// loadServerConfig applies --config (flag > env > file > default) and the
+// environment variables of flags left empty.
+func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) string) error {
+	if o.configPath != "" {
+		cf, err := applyConfigFile(f, o.configPath, getenv)
+		if err != nil {
+			return err
+		}
+		if cf.federation != nil {
+			if o.federation.configFile != "" {
+				return fmt.Errorf("config %s: a federation list and --federation-config do not combine; keep one", o.configPath)
+			}
+			o.federation.inline, o.federation.inlineFrom = cf.federation, o.configPath
+		}
+	}
+	if o.trustDomain == "" {
+		o.trustDomain = getenv("TRUST_DOMAIN")
+	}
+	return nil
+}
+
+// addServerFlags registers every flag of trustbridge server.
+func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
+	f.StringVar(&o.configPath, configFlag, "", "YAML file whose keys are these flags' names (trust-domain: example.org), plus a federation list in the --federation-config schema; flags and environment variables win over it (see docs/configuration.md; check it with trustbridge config check)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
 	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
@@ -94,7 +123,6 @@ a read-only status page).`,
 	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	return cmd
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -188,6 +216,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	defer closeAudit()
+	o.federation.dynamic = o.kube.federationCRD
 	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), trail.federationEvent, reg, logger)
 	if err != nil {
 		return err

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+)
+
+// maxConfigSize bounds a --config file.
+const maxConfigSize = 1 << 20
+
+// configFlag is the flag naming the config file; it is not a key in it.
+const configFlag = "config"
+
+// federationKey is the config file's inline list of federation endpoints,
+// in the --federation-config schema.
+const federationKey = "federation"
+
+// envVars names, for the flags that have one, the environment variable
+// that sets them. A set variable beats the config file, a flag beats both.
+var envVars = map[string]string{
+	"trust-domain": "TRUST_DOMAIN",
+	"federate":     "SPIFFE_BUNDLE_ENDPOINTS",
+	"namespace":    "POD_NAMESPACE",
+}
+
+// configFile is what a --config file held besides flag values.
+type configFile struct {
+	path string
+	// federation is the file with every line outside the federation list
+	// commented out, so federation.ParseConfig reads the list with the
+	// file's own line numbers; nil without a federation key.
+	federation []byte
+}
+
+// applyConfigFile reads the YAML file at path and sets every flag it names
+// that was not given on the command line and whose environment variable
+// is unset. Keys are flag names; values are scalars, or lists for list
+// flags. Unknown or repeated keys, anchors and aliases, several documents
+// and values of the wrong kind are errors naming the line and the key.
+func applyConfigFile(fs *pflag.FlagSet, path string, getenv func(string) string) (*configFile, error) {
+	data, err := readSmallFile(path, maxConfigSize)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	cf, err := applyConfig(fs, data, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	cf.path = path
+	return cf, nil
+}
+
+// applyConfig is applyConfigFile on the file's bytes.
+func applyConfig(fs *pflag.FlagSet, data []byte, getenv func(string) string) (*configFile, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	switch err := dec.Decode(&doc); {
+	case errors.Is(err, io.EOF):
+		return &configFile{}, nil // empty file: nothing set
+	case err != nil:
+		return nil, err
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("line %d: a second YAML document; put everything in one mapping", extra.Line)
+	}
+	if len(doc.Content) == 0 {
+		return &configFile{}, nil
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return &configFile{}, nil
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: want a mapping of flag names to values, got %s", root.Line, nodeKind(root))
+	}
+	if err := noAliases(root); err != nil {
+		return nil, err
+	}
+	cf := &configFile{}
+	seen := map[string]int{}
+	var fedLines [2]int // first and last line of the federation entry
+	// Values are checked and collected first, and applied only if the
+	// whole file is good: a bad file changes nothing.
+	type setting struct {
+		flag   *pflag.Flag
+		values []string
+		line   int
+	}
+	var settings []setting
+	for i := 0; i < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("line %d: keys are flag names, got %s", k.Line, nodeKind(k))
+		}
+		key := k.Value
+		if first, dup := seen[key]; dup {
+			return nil, fmt.Errorf("line %d: key %q repeated (first on line %d)", k.Line, key, first)
+		}
+		seen[key] = k.Line
+		if key == federationKey {
+			if v.Kind != yaml.SequenceNode && v.Tag != "!!null" {
+				return nil, fmt.Errorf("line %d: %s: want a list of endpoints, got %s", v.Line, key, nodeKind(v))
+			}
+			fedLines[0] = k.Line
+			fedLines[1] = -1 // until the next key
+			if i+2 < len(root.Content) {
+				fedLines[1] = root.Content[i+2].Line - 1
+			}
+			continue
+		}
+		f := fs.Lookup(key)
+		if f == nil || key == configFlag || key == "help" {
+			return nil, fmt.Errorf("line %d: unknown key %q%s", k.Line, key, suggestFlag(fs, key))
+		}
+		var values []string
+		switch v.Kind {
+		case yaml.ScalarNode:
+			if v.Tag == "!!null" {
+				return nil, fmt.Errorf("line %d: %s: no value (remove the key to keep the default)", v.Line, key)
+			}
+			values = []string{v.Value}
+		case yaml.SequenceNode:
+			if !isListFlag(f) {
+				return nil, fmt.Errorf("line %d: %s takes one value, not a list", v.Line, key)
+			}
+			for _, item := range v.Content {
+				if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
+					return nil, fmt.Errorf("line %d: %s: list items must be values, got %s", item.Line, key, nodeKind(item))
+				}
+				values = append(values, item.Value)
+			}
+		default:
+			return nil, fmt.Errorf("line %d: %s: want a value, got %s", v.Line, key, nodeKind(v))
+		}
+		settings = append(settings, setting{flag: f, values: values, line: v.Line})
+	}
+	// Check every value on a scratch flag of the same type.
+	for _, s := range settings {
+		if err := checkValues(s.flag, s.values); err != nil {
+			return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+		}
+	}
+	for _, s := range settings {
+		if s.flag.Changed {
+			continue // the command line wins
+		}
+		if env, ok := envVars[s.flag.Name]; ok && getenv(env) != "" {
+			continue // so does the environment
+		}
+		if isListFlag(s.flag) {
+			// pflag's list flags append after the first Set; the file
+			// replaces the default instead.
+			if sv, ok := s.flag.Value.(pflag.SliceValue); ok {
+				if err := sv.Replace(s.values); err != nil {
+					return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+				}
+				continue
+			}
+		}
+		for _, val := range s.values {
+			if err := s.flag.Value.Set(val); err != nil {
+				return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+			}
+		}
+	}
+	if fedLines[0] != 0 {
+		cf.federation = federationOnly(data, fedLines[0], fedLines[1])
+	}
+	return cf, nil
+}
+
+// checkValues sets values on a fresh flag set holding a copy of f, so a
+// bad value is found before any flag changes.
+func checkValues(f *pflag.Flag, values []string) error {
+	scratch := pflag.NewFlagSet("check", pflag.ContinueOnError)
+	scratch.SetOutput(io.Discard)
+	v := cloneValue(f)
+	if v == nil {
+		return nil // unknown type: Set reports at apply time
+	}
+	scratch.Var(v, f.Name, "")
+	for _, val := range values {
+		if err := v.Set(val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cloneValue returns a new, empty flag value of f's type.
+func cloneValue(f *pflag.Flag) pflag.Value {
+	fs := pflag.NewFlagSet("clone", pflag.ContinueOnError)
+	switch f.Value.Type() {
+	case "string":
+		fs.String("x", "", "")
+	case "bool":
+		fs.Bool("x", false, "")
+	case "duration":
+		fs.Duration("x", 0, "")
+	case "int":
+		fs.Int("x", 0, "")
+	case "int64":
+		fs.Int64("x", 0, "")
+	case "uint":
+		fs.Uint("x", 0, "")
+	case "uint64":
+		fs.Uint64("x", 0, "")
+	case "float64":
+		fs.Float64("x", 0, "")
+	case "stringSlice":
+		fs.StringSlice("x", nil, "")
+	case "stringArray":
+		fs.StringArray("x", nil, "")
+	default:
+		if c, ok := f.Value.(interface{ clone() pflag.Value }); ok {
+			return c.clone()
+		}
+		return nil
+	}
+	return fs.Lookup("x").Value
+}
+
+func isListFlag(f *pflag.Flag) bool {
+	t := f.Value.Type()
+	return strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array")
+}
+
+// federationOnly comments out every line of data outside [from, to] (1-based,
+// inclusive; to -1 means the end), keeping line numbers.
+func federationOnly(data []byte, from, to int) []byte {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	var out bytes.Buffer
+	for i, l := range lines {
+		n := i + 1
+		if n >= from && (to < 0 || n <= to) {
+			out.Write(l)
+			continue
+		}
+		if len(bytes.TrimSpace(l)) == 0 {
+			out.Write(l)
+			continue
+		}
+		out.WriteString("# ")
+		out.Write(l)
+	}
+	return out.Bytes()
+}
+
+func noAliases(n *yaml.Node) error {
+	if n.Kind == yaml.AliasNode || n.Anchor != "" {
+		return fmt.Errorf("line %d: YAML anchors and aliases are not allowed in a security configuration: write each value out", n.Line)
+	}
+	for _, c := range n.Content {
+		if err := noAliases(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	if n.Tag == "!!null" {
+		return "nothing"
+	}
+	return fmt.Sprintf("%q", n.Value)
+}
+
+// suggestFlag proposes the flag a misspelt key probably means.
+func suggestFlag(fs *pflag.FlagSet, key string) string {
+	norm := func(s string) string { return strings.ToLower(strings.NewReplacer("_", "-", ".", "-").Replace(s)) }
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Name != configFlag && f.Name != "help" {
+			names = append(names, f.Name)
+		}
+	})
+	sort.Strings(names)
+	if i := slices.IndexFunc(names, func(n string) bool { return norm(n) == norm(key) }); i >= 0 {
+		return fmt.Sprintf(" (did you mean %q?)", names[i])
+	}
+	best, bestD := "", 3
+	for _, n := range names {
+		if d := editDistance(norm(key), n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	if best != "" {
+		return fmt.Sprintf(" (did you mean %q?)", best)
+	}
+	return "; keys are the flags of trustbridge server --help, without the dashes"
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/trustbridge/trustbridge/federation/crd"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/leader"
+)
+
+// A server with --federation-crd federates with a trust domain as soon as
+// its ClusterFederatedTrustDomain is created, reports the poll in the
+// resource's status, and stops trusting it when the resource is deleted:
+// no restart at any point.
+func TestKubeFederationCRD(t *testing.T) {
+	env := kubetest.Shared(t)
+	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join("..", "..", "deploy", "base", "crd.yaml")}, ErrorIfPathMissing: true,
+	})
+	require.NoError(t, err)
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	ns := env.Namespace(t)
+
+	eastData, eastRoots := bootstrapDataDir(t, "east.example")
+	east := startE2EServer(t, "east.example", eastData, nil)
+
+	o := baseServerOptions("west.example", t.TempDir())
+	o.federation.minRefresh = time.Second
+	o.federation.allowPrivate = true
+	o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+	o.kube = kubeOptions{
+		storage: storageKube, namespace: ns, caSecret: "trustbridge-ca", leaderLease: leader.DefaultName,
+		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
+		federationCRD: true, federationClass: "crd-e2e",
+	}
+	admin, _, _ := launchServer(t, o)
+	west := &e2eServer{admin: "http://" + admin}
+	_, ok := federationStatus(t, west, "east.example")
+	require.False(t, ok)
+
+	doc, err := bundledoc.Marshal(spiffeBundle(t, "east.example", eastRoots...))
+	require.NoError(t, err)
+	name := "east-example-e2e"
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": crd.Group + "/" + crd.Version, "kind": crd.Kind,
+		"metadata": map[string]any{"name": name},
+		"spec": map[string]any{
+			"trustDomain": "east.example", "bundleEndpointURL": east.bundleURL, "className": "crd-e2e",
+			"bundleEndpointProfile": map[string]any{"type": "https_spiffe", "endpointSPIFFEID": "spiffe://east.example/trustbridge/bundle-endpoint"},
+			"trustDomainBundle":     string(doc),
+		},
+	}}
+	res := dyn.Resource(crd.GVR)
+	_, err = res.Create(context.Background(), u, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = res.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+
+	st := waitFederated(t, west, "east.example", 1, 30*time.Second)
+	var cr crd.ClusterFederatedTrustDomain
+	require.Eventually(t, func() bool {
+		got, err := res.Get(context.Background(), name, metav1.GetOptions{})
+		require.NoError(t, err)
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr))
+		return meta.IsStatusConditionTrue(cr.Status.Conditions, crd.ConditionReady)
+	}, 30*time.Second, 100*time.Millisecond, "status never Ready: %+v", cr.Status)
+	assert.Equal(t, "ok", cr.Status.State)
+	require.NotNil(t, cr.Status.Sequence, "%+v", cr.Status)
+	assert.Equal(t, int64(*st.Sequence), *cr.Status.Sequence)
+	require.Len(t, cr.Status.Authorities, 1)
+	assert.Equal(t, sha256Hex(eastRoots[0].Raw), cr.Status.Authorities[0].SHA256)
+
+	// The snapshot names the resource as the relationship's origin.
+	view, ok := viewOf(getSnapshot(t, west.admin), "east.example")
+	require.True(t, ok)
+	assert.Equal(t, "crd:"+name, view.Federation.Origin)
+
+	require.NoError(t, res.Delete(context.Background(), name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool {
+		_, ok := federationStatus(t, west, "east.example")
+		return !ok
+	}, 30*time.Second, 100*time.Millisecond, "east.example still federated after its resource was deleted")
+	_, ok = viewOf(getSnapshot(t, west.admin), "east.example")
+	assert.False(t, ok, "no longer trusted")
+}
