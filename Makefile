@@ -55,17 +55,24 @@ unit: kube-tools ui-tools
 	@[ -n "$(RACE)" ] || echo "note: no C compiler for cgo; running tests without -race (apt-get install gcc to enable it)"
 	TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
-# kube-tools: kube-apiserver built from the k8s.io/kubernetes module pinned in
-# internal/kubetest/tools (about 9 minutes on 2 cores, once; cached in
-# bin/kube), and etcd from Debian's etcd-server package.
+# kube-tools: kube-apiserver and kubectl built from the k8s.io/kubernetes
+# module pinned in internal/kubetest/tools (about 9 minutes on 2 cores, once;
+# cached in bin/kube), and etcd from Debian's etcd-server package.
 KUBE_DIR := bin/kube
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-kube-tools: $(KUBE_DIR)/kube-apiserver $(KUBE_DIR)/etcd
+kube-tools: $(KUBE_DIR)/kube-apiserver $(KUBE_DIR)/kubectl $(KUBE_DIR)/etcd
 
 $(KUBE_DIR)/kube-apiserver: internal/kubetest/tools/go.mod internal/kubetest/tools/go.sum
 	@mkdir -p $(KUBE_DIR)
 	@echo "building kube-apiserver for the Kubernetes test tier (once; about 9 minutes on 2 cores)"
 	cd internal/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	mv $@.tmp $@
+
+# kubectl from the same pinned module: deploy/'s tests run
+# `kubectl apply --dry-run=server` of every overlay with it.
+$(KUBE_DIR)/kubectl: internal/kubetest/tools/go.mod internal/kubetest/tools/go.sum
+	@mkdir -p $(KUBE_DIR)
+	cd internal/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kubectl
 	mv $@.tmp $@
 
 $(KUBE_DIR)/etcd:

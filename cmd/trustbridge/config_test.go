@@ -280,3 +280,12 @@ func TestConfigurationDoc(t *testing.T) {
 	out, stderr, code := runCLI(t, "", "config", "check", example)
 	assert.Equal(t, 0, code, out+stderr)
 }
+
+// The config files the Kubernetes manifests ship are valid.
+func TestDeployConfigsCheck(t *testing.T) {
+	t.Setenv("TRUST_DOMAIN", "")
+	for _, path := range []string{"base/config.yaml", "examples/two-clusters/east/config.yaml", "examples/two-clusters/west/config.yaml"} {
+		out, stderr, code := runCLI(t, "", "config", "check", filepath.Join("..", "..", "deploy", path))
+		assert.Equal(t, 0, code, "%s: %s%s", path, out, stderr)
+	}
+}

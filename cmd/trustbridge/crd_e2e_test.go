@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,8 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
@@ -27,12 +24,8 @@ import (
 // no restart at any point.
 func TestKubeFederationCRD(t *testing.T) {
 	env := kubetest.Shared(t)
-	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join("..", "..", "deploy", "base", "crd.yaml")}, ErrorIfPathMissing: true,
-	})
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
+	installCRD(t, env)
+	dyn := dynamicClient(t, env)
 	ns := env.Namespace(t)
 
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")

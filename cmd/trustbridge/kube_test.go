@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,11 +25,15 @@ import (
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
@@ -75,6 +80,7 @@ func TestKubeReplicas(t *testing.T) {
 	// permissions, in its namespace.
 	const ns = "trustbridge-system"
 	env.Apply(t, []string{ns}, kubetest.LoadManifests(t, "../../deploy/rbac"))
+	installCRD(t, env)
 	ctx := context.Background()
 	_ = env.Client.CoreV1().Secrets(ns).Delete(ctx, kubestore.DefaultName, metav1.DeleteOptions{})
 	_ = env.Client.CoordinationV1().Leases(ns).Delete(ctx, "trustbridge-leader", metav1.DeleteOptions{})
@@ -102,6 +108,7 @@ func TestKubeReplicas(t *testing.T) {
 			storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
 			leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
 			rootConfigMap: distribution.DefaultName, namespaceSelector: "trustbridge-test=" + ns,
+			federationCRD: true, federationClass: "replicas",
 		}
 		// An unreachable peer: only its presence matters here.
 		o.federation.federate = "peer.example|https://127.0.0.1:9/bundle"
@@ -157,6 +164,34 @@ func TestKubeReplicas(t *testing.T) {
 		return err == nil && cm.Data["root-cert.pem"] == string(rootPEM)
 	}, 20*time.Second, 100*time.Millisecond, "root-cert.pem distributed")
 
+	// The CRD controller works within the service account's permissions:
+	// it reads resources, the leader writes their status, and a refused
+	// one gets an event.
+	res := dynamicClient(t, env).Resource(crd.GVR)
+	createCR(t, res, "replicas-crd-peer", map[string]any{"trustDomain": "crd-peer.example", "bundleEndpointURL": "https://127.0.0.1:9/",
+		"bundleEndpointProfile": map[string]any{"type": "https_web"}, "className": "replicas"})
+	createCR(t, res, "replicas-crd-bad", map[string]any{"trustDomain": "crd-bad.example", "bundleEndpointURL": "https://127.0.0.1:9/",
+		"bundleEndpointProfile": map[string]any{"type": "https_web"}, "className": "replicas", "trustDomainBundle": "{not json"})
+	require.Eventually(t, func() bool {
+		return slices.Contains(federatedSequences(t, adminA, nil), "crd-peer.example") && slices.Contains(federatedSequences(t, adminB, nil), "crd-peer.example")
+	}, 20*time.Second, 100*time.Millisecond, "both replicas apply the resource")
+	require.Eventually(t, func() bool {
+		u, err := res.Get(ctx, "replicas-crd-peer", metav1.GetOptions{})
+		require.NoError(t, err)
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		return len(conds) > 0
+	}, 20*time.Second, 100*time.Millisecond, "the leader writes the status")
+	require.Eventually(t, func() bool {
+		evs, err := env.Client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+		require.NoError(t, err)
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "replicas-crd-bad" && e.Reason == crd.ReasonInvalidSpec {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 100*time.Millisecond, "the refused resource gets an event")
+
 	// A follower refuses an operator refresh: only the leader polls.
 	resp, err := http.Post("http://"+adminB+"/v1/federation/refresh?trust_domain=peer.example", "text/plain", nil)
 	require.NoError(t, err)
@@ -186,8 +221,9 @@ func TestKubeReplicas(t *testing.T) {
 		EndpointURL: "https://127.0.0.1:9/bundle", FetchedAt: time.Now()}))
 	require.Eventually(t, func() bool {
 		var seq []uint64
-		federatedSequences(t, adminB, &seq)
-		return len(seq) == 1 && seq[0] == 7
+		tds := federatedSequences(t, adminB, &seq)
+		i := slices.Index(tds, "peer.example")
+		return i >= 0 && seq[i] == 7
 	}, 20*time.Second, 100*time.Millisecond, "the new leader took the stored bundle")
 	_, err = cms.Get(ctx, "unrelated", metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err))
@@ -280,4 +316,30 @@ func impersonate(t *testing.T, path, user string) {
 		ai.Impersonate = user
 	}
 	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
+}
+
+func installCRD(t *testing.T, env *kubetest.Env) {
+	t.Helper()
+	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{
+		Paths: []string{filepath.Join("..", "..", "deploy", "base", "crd.yaml")}, ErrorIfPathMissing: true,
+	})
+	require.NoError(t, err)
+}
+
+func dynamicClient(t *testing.T, env *kubetest.Env) dynamic.Interface {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(env.Config)
+	require.NoError(t, err)
+	return dyn
+}
+
+func createCR(t *testing.T, res dynamic.NamespaceableResourceInterface, name string, spec map[string]any) {
+	t.Helper()
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": crd.Group + "/" + crd.Version, "kind": crd.Kind, "metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+	_ = res.Delete(context.Background(), name, metav1.DeleteOptions{})
+	_, err := res.Create(context.Background(), u, metav1.CreateOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = res.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 }
