@@ -392,6 +392,8 @@ func (a *Authority) Sequence() uint64 {
 // Sign signs a workload CSR for id, an identity the caller has proved. The
 // CSR must come from ParseCSR, which checks its signature.
 func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*Issued, error) {
+	start := time.Now()
+	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
 	// Signing under the read lock, with the time taken under it, orders
 	// every signing before or after a retirement: a leaf never outlives
 	// the RemoveAfter computed for its root.

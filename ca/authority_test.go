@@ -379,6 +379,13 @@ func TestAuthorityMetrics(t *testing.T) {
 	n, err := testutil.GatherAndCount(reg, "trustbridge_ca_root_not_after_timestamp_seconds")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "trustbridge_ca_signing_duration_seconds" {
+			assert.Equal(t, uint64(2), mf.GetMetric()[0].GetHistogram().GetSampleCount(), "refusals are timed too")
+		}
+	}
 }
 
 // TestRunActivatesOnTime runs the real schedule: a prepared root signs

@@ -145,6 +145,8 @@ func (s *ServingCert) Renew() error {
 // workload leaf (same lock, clock, policy and metric), for a key generated
 // in this process and with dnsNames, which only this path may add.
 func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
+	start := time.Now()
+	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
 	// As in Sign: the time is taken under the read lock, so that the leaf
 	// never outlives the RemoveAfter computed for its root.
 	a.mu.RLock()
