@@ -14,7 +14,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run test fmt-check vet tidy-check unit fuzz bench lint clean kube-tools ui-tools ui-screenshot
+.PHONY: all build run demo test fmt-check vet tidy-check unit fuzz bench lint clean kube-tools ui-tools ui-screenshot
 
 all: build
 
@@ -28,6 +28,14 @@ build:
 RUN_ARGS ?=
 run: build
 	$(BIN) server --trust-domain example.org --data-dir ./data --bundle-listen 127.0.0.1:8443 --grpc-listen 127.0.0.1:15012 $(RUN_ARGS)
+
+# demo: east.example and west.example federating on this machine (one
+# https_spiffe, one https_web), a workload certificate in each, mTLS between
+# them, and a third trust domain refused; every step printed, everything
+# removed at the end. DEMO_ARGS=-keep leaves the servers up until Ctrl-C.
+DEMO_ARGS ?=
+demo: build
+	$(GO) run ./cmd/trustbridge-demo -bin $(BIN) $(DEMO_ARGS)
 
 # test: what CI runs. `go test` also runs every fuzz target's seed corpus
 # (f.Add seeds and testdata/fuzz/) as ordinary tests.
