@@ -502,7 +502,7 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 	}
 	rejected := func(err error) *Event {
 		return &Event{Kind: EventBundleRejected, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
-			OldSequence: sequenceOf(st.held), NewSequence: sequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
+			OldSequence: SequenceOf(st.held), NewSequence: SequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
 	}
 	for _, w := range res.Warnings {
 		if w.Code == bundledoc.CodeForeignTrustDomain {
@@ -536,11 +536,12 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 	log.Info("bundle accepted", "old_sequence", seqString(old), "new_sequence", seqString(res.Bundle),
 		"added", fingerprintStrings(diff.Added), "removed", fingerprintStrings(diff.Removed))
 	ev = &Event{Kind: EventBundleAccepted, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
-		OldSequence: sequenceOf(old), NewSequence: sequenceOf(res.Bundle), Added: diff.Added, Removed: diff.Removed}
+		OldSequence: SequenceOf(old), NewSequence: SequenceOf(res.Bundle), Added: diff.Added, Removed: diff.Removed}
 	return save, ev, nil
 }
 
-func sequenceOf(b *spiffebundle.Bundle) *uint64 {
+// SequenceOf is b's spiffe_sequence, nil when b is nil or has none.
+func SequenceOf(b *spiffebundle.Bundle) *uint64 {
 	if b == nil {
 		return nil
 	}

@@ -77,7 +77,7 @@ func (p *Poller) SetEndpoints(eps []Endpoint) error {
 		delete(p.states, td)
 		p.cfg.Sink.Remove(SourceName(td), td)
 		events = append(events, Event{Kind: EventEndpointRemoved, TrustDomain: td, EndpointURL: st.ep.URL.String(),
-			OldSequence: sequenceOf(st.held), Removed: Fingerprints(st.held)})
+			OldSequence: SequenceOf(st.held), Removed: Fingerprints(st.held)})
 		p.cfg.Logger.Info("federation endpoint removed; its bundle is no longer trusted", logattr.TrustDomain, td.Name(),
 			logattr.EndpointURL, st.ep.URL.String())
 	}
@@ -99,7 +99,7 @@ func (p *Poller) SetEndpoints(eps []Endpoint) error {
 			p.states[td] = st
 			p.startLocked(st, now)
 			events = append(events, Event{Kind: EventEndpointAdded, TrustDomain: td, EndpointURL: ep.URL.String(),
-				NewSequence: sequenceOf(st.held), Added: Fingerprints(st.held)})
+				NewSequence: SequenceOf(st.held), Added: Fingerprints(st.held)})
 			p.cfg.Logger.Info("federation endpoint added", logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String(),
 				"profile", ep.Profile, "held_sequence", seqString(st.held))
 		default:
@@ -125,7 +125,7 @@ func (p *Poller) SetEndpoints(eps []Endpoint) error {
 			p.states[td] = st
 			p.startLocked(st, now)
 			events = append(events, Event{Kind: EventEndpointChanged, TrustDomain: td, EndpointURL: ep.URL.String(),
-				OldSequence: sequenceOf(old.held), NewSequence: sequenceOf(st.held), Reason: strings.Join(what, ",")})
+				OldSequence: SequenceOf(old.held), NewSequence: SequenceOf(st.held), Reason: strings.Join(what, ",")})
 			p.cfg.Logger.Info("federation endpoint changed; polling it now", logattr.TrustDomain, td.Name(),
 				logattr.EndpointURL, ep.URL.String(), "changed", what)
 		}

@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
@@ -99,7 +98,7 @@ func (t *auditTrail) baseline(a *ca.Authority, fed *federationSetup) {
 		b, _ := snap.Bundle(td)
 		t.record(audit.Entry{
 			Event: "baseline", TrustDomain: td.Name(), SourceURL: urls[td.Name()],
-			NewSequence: sequenceOf(b), Added: fingerprints(federation.Fingerprints(b)),
+			NewSequence: federation.SequenceOf(b), Added: fingerprints(federation.Fingerprints(b)),
 			Reason: "trusted at start (" + fmt.Sprint(fed.store.Sources(td)) + ")",
 		})
 	}
@@ -189,16 +188,6 @@ func fingerprints(fs []federation.Fingerprint) []string {
 		out[i] = f.String()
 	}
 	return out
-}
-
-func sequenceOf(b *spiffebundle.Bundle) *uint64 {
-	if b == nil {
-		return nil
-	}
-	if s, ok := b.SequenceNumber(); ok {
-		return &s
-	}
-	return nil
 }
 
 // setupAudit opens --audit-log (default <data-dir>/audit.jsonl; "-" is
