@@ -46,6 +46,10 @@ func TestRBACManifests(t *testing.T) {
 		"ClusterRoleBinding//trustbridge",
 		"ValidatingAdmissionPolicy//trustbridge-configmap-create",
 		"ValidatingAdmissionPolicyBinding//trustbridge-configmap-create",
+		// Events about ClusterFederatedTrustDomains (cluster-scoped: they
+		// land in default), and nowhere else.
+		"Role/default/trustbridge-events",
+		"RoleBinding/default/trustbridge-events",
 	}, kinds)
 
 	// The ClusterRole pins ConfigMaps to the default name; the controller
