@@ -4,6 +4,8 @@ package deploy
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,14 +86,15 @@ func decode(t *testing.T, manifests string) []*unstructured.Unstructured {
 	d := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
 	for {
 		var u unstructured.Unstructured
-		if err := d.Decode(&u.Object); err != nil {
-			break
+		err := d.Decode(&u.Object)
+		if errors.Is(err, io.EOF) {
+			return out
 		}
+		require.NoError(t, err, "rendered manifests do not decode")
 		if len(u.Object) > 0 {
 			out = append(out, &u)
 		}
 	}
-	return out
 }
 
 // Every overlay renders and passes `kubectl apply --dry-run=server`: the
