@@ -101,7 +101,7 @@ func (x *delta) run(ctx context.Context, s *Server, ident authn.Identity, r auth
 
 // onRequest applies a request's subscription changes, which count even
 // when its nonce is stale, and logs a NACK. It sends nothing.
-func (x *delta) onRequest(_ context.Context, req *discoveryv3.DeltaDiscoveryRequest) error {
+func (x *delta) onRequest(ctx context.Context, req *discoveryv3.DeltaDiscoveryRequest) error {
 	sub, unsub := req.GetResourceNamesSubscribe(), req.GetResourceNamesUnsubscribe()
 	if ref := checkRequest(req.GetTypeUrl(), sub); ref != nil {
 		return ref
@@ -118,7 +118,7 @@ func (x *delta) onRequest(_ context.Context, req *discoveryv3.DeltaDiscoveryRequ
 			// No resend: the client's rejection stands until the next
 			// change, which is pushed as usual.
 			x.s.metrics.nacks.WithLabelValues(typeDelta).Inc()
-			x.log().Warn("envoy rejected secrets", "nonce", nonce,
+			x.log().Log(ctx, x.s.nackLevel(), "envoy rejected secrets", "nonce", nonce,
 				"code", codes.Code(d.GetCode()).String(), "detail", d.GetMessage())
 		}
 	}

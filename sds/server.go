@@ -15,6 +15,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -67,8 +68,12 @@ type Config struct {
 type Server struct {
 	secretv3.UnimplementedSecretDiscoveryServiceServer
 
-	cfg         Config
-	metrics     *metrics
+	cfg     Config
+	metrics *metrics
+	// nackLog bounds the NACK warnings: a bad push rejected by every
+	// Envoy would otherwise log once per stream. The rest go to Debug;
+	// the metric counts them all.
+	nackLog     *rate.Limiter
 	validations *validationCache
 	certs       *certCache
 	empty       *Trust // stands in for a nil Trust
@@ -111,7 +116,17 @@ func New(cfg Config) (*Server, error) {
 		validations: &validationCache{onEncode: m.validation.Inc},
 		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
 		empty:       &Trust{},
+		nackLog:     rate.NewLimiter(rate.Every(time.Second), 10),
 	}, nil
+}
+
+// nackLevel is the level of a NACK's log line: Warn for about one a
+// second (ten at once), Debug beyond.
+func (s *Server) nackLevel() slog.Level {
+	if s.nackLog.Allow() {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
 }
 
 // Register adds SecretDiscoveryService (StreamSecrets, DeltaSecrets,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -705,4 +707,32 @@ func TestValidationOnlyStreamsReauthenticate(t *testing.T) {
 			assert.Zero(t, e.ca.signCount(), "no certificate was asked for")
 		})
 	}
+}
+
+// A push every Envoy rejects would log once per stream; warnings are
+// bounded, every NACK is still counted.
+func TestNACKWarningsAreBounded(t *testing.T) {
+	logs := &testlog.Buffer{}
+	e := newEnv(t, func(c *Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	s := e.stream("token-a")
+	require.NoError(t, s.Send(sotwReq("ROOTCA")))
+	r := recv(t, s)
+	const n = 40
+	for range n {
+		nack := ack(r, "ROOTCA")
+		nack.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: "bad secret"}
+		require.NoError(t, s.Send(nack))
+	}
+	var warns, debugs int
+	require.Eventually(t, func() bool {
+		warns = strings.Count(logs.String(), `"level":"WARN","msg":"envoy rejected secrets"`)
+		debugs = strings.Count(logs.String(), `"level":"DEBUG","msg":"envoy rejected secrets"`)
+		return warns+debugs == n
+	}, 10*time.Second, 10*time.Millisecond, "every NACK is logged at some level")
+	t.Logf("%d warnings, %d debug lines for %d NACKs", warns, debugs, n)
+	assert.Equal(t, float64(n), testutil.ToFloat64(e.server.metrics.nacks.WithLabelValues(typeSotW)), "and counted")
+	assert.GreaterOrEqual(t, warns, 1, "the first is a warning")
+	assert.Less(t, warns, n, "not one warning per NACK")
 }

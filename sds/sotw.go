@@ -122,7 +122,7 @@ func (x *sotw) onRequest(ctx context.Context, req *discoveryv3.DiscoveryRequest)
 		// The client keeps what it had. Resending the same version would
 		// only be rejected again: the next change is pushed.
 		x.s.metrics.nacks.WithLabelValues(typeSotW).Inc()
-		x.log().Warn("envoy rejected secrets", "nonce", nonce, "version", x.lastVersion,
+		x.log().Log(ctx, x.s.nackLevel(), "envoy rejected secrets", "nonce", nonce, "version", x.lastVersion,
 			"applied_version", req.GetVersionInfo(), "code", codes.Code(d.GetCode()).String(), "detail", d.GetMessage())
 	}
 	if x.pushedTrust == x.trust && x.pushedCred == x.cred && slices.Equal(x.pushedNames, names) {
