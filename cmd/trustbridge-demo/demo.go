@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -670,11 +669,5 @@ func tail(path string, n int) string {
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return string(bytes.Join(func() [][]byte {
-		out := make([][]byte, len(lines))
-		for i, l := range lines {
-			out[i] = []byte(l + "\n")
-		}
-		return out
-	}(), nil))
+	return strings.Join(lines, "\n") + "\n"
 }

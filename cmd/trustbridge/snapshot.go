@@ -78,11 +78,7 @@ func (s *snapshotter) Snapshot() trustview.Snapshot {
 			view.Authorities = s.localAuthorities(b)
 		} else {
 			view.Authorities = bundleAuthorities(b, nil)
-			if b != nil {
-				if seq, ok := b.SequenceNumber(); ok {
-					view.Sequence = &seq
-				}
-			}
+			view.Sequence = federation.SequenceOf(b)
 		}
 		if st, ok := statuses[n]; ok {
 			view.Federation = federationView(st, s.fed.origin(td))
