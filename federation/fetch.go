@@ -46,8 +46,9 @@ var (
 	// should know someone tried. It is always wrapped with ErrTLS.
 	ErrProfileMismatch = errors.New("server presented the other profile's certificate")
 	// ErrRefusedAddress: the endpoint URL or a redirect resolved to a
-	// loopback, link-local, unspecified or cloud metadata address and
-	// private addresses are not allowed.
+	// loopback, link-local or unspecified address (unless
+	// FetcherConfig.AllowPrivate), or to a cloud metadata address, in any
+	// spelling (NAT64, 6to4, Teredo, IPv4-mapped or -compatible).
 	ErrRefusedAddress = errors.New("refused address")
 	// ErrRedirect: a redirect was refused (not https, too many hops).
 	ErrRedirect = errors.New("redirect refused")
@@ -131,7 +132,10 @@ type FetcherConfig struct {
 	// WebRoots verifies https_web servers; nil means the system pool. The
 	// caller adds --federation-ca-file roots to a system pool copy.
 	WebRoots *x509.CertPool
-	// AllowPrivate permits loopback, link-local and metadata addresses.
+	// AllowPrivate permits loopback, unspecified (0.0.0.0/8, ::) and
+	// link-local addresses, for labs and tests. Cloud metadata and
+	// credential addresses (see classifyAddr) stay refused: nothing
+	// legitimate serves a bundle there.
 	AllowPrivate bool
 	// Roots authenticates https_spiffe servers. Required for that profile.
 	Roots BundleSource
@@ -396,46 +400,18 @@ func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {
 // controlDial runs after name resolution, for every address dialed
 // (including redirect targets), before any packet is sent.
 func (f *Fetcher) controlDial(network, address string, _ syscall.RawConn) error {
-	if f.cfg.AllowPrivate {
-		return nil
-	}
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		return fmt.Errorf("%w: cannot parse dial address %q: %w", ErrRefusedAddress, address, err)
 	}
-	if why := refusedAddress(ap.Addr()); why != "" {
-		return fmt.Errorf("%w: %s is %s; set --federation-allow-private (FetcherConfig.AllowPrivate) to allow it", ErrRefusedAddress, address, why)
+	switch v := classifyAddr(ap.Addr()); {
+	case v.class == addrOpen, v.class == addrLocal && f.cfg.AllowPrivate:
+		return nil
+	case v.class == addrLocal:
+		return fmt.Errorf("%w: %s is %s; set --federation-allow-private (FetcherConfig.AllowPrivate) to allow it", ErrRefusedAddress, address, v.why)
+	default:
+		return fmt.Errorf("%w: %s is %s, never a bundle endpoint (refused even with --federation-allow-private)", ErrRefusedAddress, address, v.why)
 	}
-	return nil
-}
-
-// Cloud metadata services outside the link-local range.
-var metadataAddrs = map[netip.Addr]string{
-	netip.MustParseAddr("fd00:ec2::254"):   "the AWS IPv6 metadata address",
-	netip.MustParseAddr("100.100.100.200"): "the Alibaba Cloud metadata address",
-}
-
-// refusedAddress says why a bundle endpoint must not be reached at a, or ""
-// if it may. IPv4-mapped IPv6 addresses are judged as the IPv4 address they
-// carry.
-func refusedAddress(a netip.Addr) string {
-	a = a.Unmap()
-	if why, ok := metadataAddrs[a]; ok {
-		return why
-	}
-	switch {
-	case a.IsLoopback():
-		return "a loopback address"
-	case a.IsUnspecified():
-		return "an unspecified address"
-	case a.IsLinkLocalUnicast():
-		// 169.254.0.0/16 (including the 169.254.169.254 metadata service)
-		// and fe80::/10.
-		return "a link-local address"
-	case a.IsLinkLocalMulticast(), a.IsInterfaceLocalMulticast(), a.IsMulticast():
-		return "a multicast address"
-	}
-	return ""
 }
 
 // checkContentType refuses a media type that cannot be a bundle document

@@ -53,7 +53,7 @@ func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
 	f.DurationVar(&o.minRefresh, "federation-min-refresh", federation.DefaultMinRefresh, "poll no more often than this, whatever a peer's refresh hint says")
 	f.DurationVar(&o.maxRefresh, "federation-max-refresh", federation.DefaultMaxRefresh, "poll at least this often")
 	f.DurationVar(&o.timeout, "federation-timeout", federation.DefaultFetchTimeout, "deadline for one whole bundle fetch")
-	f.BoolVar(&o.allowPrivate, "federation-allow-private", false, "allow endpoints (and redirects) on loopback, link-local and cloud metadata addresses")
+	f.BoolVar(&o.allowPrivate, "federation-allow-private", false, "allow endpoints (and redirects) on loopback, unspecified and link-local addresses, for labs; cloud metadata addresses stay refused (see README, Federation)")
 	f.BoolVar(&o.allowEmpty, "federation-allow-empty", false, `apply a fetched "keys": [] (revoking every key) instead of refusing it`)
 }
 
