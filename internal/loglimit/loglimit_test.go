@@ -1,0 +1,49 @@
+package loglimit
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestLevel(t *testing.T) {
+	tests := []struct {
+		name  string
+		lim   *Limiter
+		want  slog.Level
+		calls int
+		// real is how many calls keep want.
+		real int
+	}{
+		{"burst then debug", New(0, 3), slog.LevelWarn, 10, 3},
+		{"errors too", New(0, 2), slog.LevelError, 5, 2},
+		{"debug costs nothing", New(0, 0), slog.LevelDebug, 5, 5},
+		{"nil never lowers", nil, slog.LevelError, 5, 5},
+		{"zero burst", New(0, 0), slog.LevelInfo, 4, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			real := 0
+			for range tt.calls {
+				switch got := tt.lim.Level(tt.want); got {
+				case tt.want:
+					real++
+				default:
+					assert.Equal(t, slog.LevelDebug, got)
+				}
+			}
+			assert.Equal(t, tt.real, real)
+		})
+	}
+}
+
+// Debug lines do not spend the budget of the lines that matter.
+func TestDebugDoesNotSpend(t *testing.T) {
+	l := New(0, 1)
+	for range 5 {
+		l.Level(slog.LevelDebug)
+	}
+	assert.Equal(t, slog.LevelWarn, l.Level(slog.LevelWarn))
+	assert.Equal(t, slog.LevelDebug, l.Level(slog.LevelWarn))
+}
