@@ -10,6 +10,15 @@
 // compare the head Verify reports with one recorded elsewhere (the server
 // logs the head of every entry it appends) for that.
 //
+// A write that fails part-way (a full disk, a file size limit) is undone:
+// the file is truncated back to the last whole entry, so the next entry
+// still links to it. A crash in the middle of a write leaves a torn final
+// line (bytes after the last newline); Verify reports it as ErrTornTail,
+// distinct from ErrBroken, and Open drops it, logs a warning and records
+// a log_recovered entry. Anything else that does not verify (a bad line
+// followed by others, a whole final line that fails its hash) is tamper
+// evidence, and Open refuses it.
+//
 // Findings judges a trustview.Snapshot by the rules `trustbridge audit`
 // applies: authorities near expiry, weak keys and signatures, non-CA
 // certificates in bundles, stale federation, sequence regressions, a root
@@ -26,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -45,7 +55,8 @@ type Entry struct {
 	Actor string `json:"actor"`
 	// Event: root_prepared, root_activated, root_retired, root_removed,
 	// root_loaded, bundle_accepted, bundle_rejected, endpoint_added,
-	// endpoint_changed, endpoint_removed, baseline.
+	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
+	// dropped a torn final line; Reason says how many bytes).
 	Event       string  `json:"event"`
 	TrustDomain string  `json:"trust_domain"`
 	SourceURL   string  `json:"source_url,omitempty"`
@@ -79,17 +90,68 @@ func lineHash(line []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// file is what a Log needs of the file it appends to; *os.File has it.
+// Tests inject one that fails part-way.
+type file interface {
+	io.ReadWriteSeeker
+	Sync() error
+	Truncate(size int64) error
+	Close() error
+}
+
 // Log appends entries to a chain. It is safe for concurrent use.
 type Log struct {
 	mu   sync.Mutex
 	w    io.Writer
-	file *os.File // nil for a plain writer
+	file file // nil for a plain writer
 	seq  uint64
 	head string // line hash of the last entry
 	now  func() time.Time
+	// size is the file's length up to the end of the last entry written
+	// whole: where a failed write is truncated back to.
+	size int64
+	// stuck is set when a failed write could not be undone: appending
+	// after its partial bytes would break the chain, so nothing more is
+	// appended until Open drops them as a torn tail.
+	stuck error
 }
 
-// New starts a new chain on w (standard output, say).
+// Option is an optional setting of Open.
+type Option interface{ apply(*options) }
+
+type options struct {
+	logger *slog.Logger
+	actor  string
+	now    func() time.Time
+}
+
+type optionFunc func(*options)
+
+func (f optionFunc) apply(o *options) { f(o) }
+
+// WithLogger sets where Open warns about a torn final line it dropped.
+// Default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	})
+}
+
+// WithActor names the replica in the log_recovered entry Open appends.
+func WithActor(actor string) Option {
+	return optionFunc(func(o *options) { o.actor = actor })
+}
+
+// withClock sets the time of the entries Open appends itself (tests).
+func withClock(now func() time.Time) Option {
+	return optionFunc(func(o *options) { o.now = now })
+}
+
+// New starts a new chain on w (standard output, say). A stream cannot be
+// rewound: a write to w that fails part-way leaves its bytes there, so
+// only a file opened with Open survives a full disk with its chain whole.
 func New(w io.Writer) *Log {
 	return &Log{w: w, now: time.Now}
 }
@@ -97,8 +159,12 @@ func New(w io.Writer) *Log {
 // Open appends to the chain in the file at path, creating it (mode 0600)
 // when missing. An existing file is verified first: a chain that does not
 // verify is never appended to, since an entry after a tampered one would
-// seem to vouch for it; Open fails and says to move the file aside.
-func Open(path string) (*Log, error) {
+// seem to vouch for it; Open fails and says to move the file aside. The
+// one exception is a torn final line, which only a write cut short leaves
+// (entries are written whole, newline last): Open truncates it away, logs
+// a warning and appends a log_recovered entry naming the bytes dropped,
+// so the gap is itself on the record.
+func Open(path string, opts ...Option) (*Log, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
@@ -114,16 +180,43 @@ func Open(path string) (*Log, error) {
 			return nil, fmt.Errorf("audit: %s: %w", path, err)
 		}
 	}
+	return openFile(f, path, opts...)
+}
+
+// openFile is Open on a file already opened; it closes f on failure.
+func openFile(f file, path string, opts ...Option) (*Log, error) {
+	o := options{logger: slog.New(slog.DiscardHandler), now: time.Now}
+	for _, opt := range opts {
+		opt.apply(&o)
+	}
 	res, err := Verify(f)
-	if err != nil {
+	torn := errors.Is(err, ErrTornTail)
+	if err != nil && !torn {
 		f.Close()
 		return nil, fmt.Errorf("audit: %s does not verify, so nothing is appended to it (move it aside to start a new chain; keep it as evidence): %w", path, err)
 	}
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+	l := &Log{w: f, file: f, seq: res.Entries, head: res.Head, now: o.now, size: res.Bytes}
+	if torn {
+		if err := l.undo(); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("audit: %s: dropping its torn final line (%d bytes after entry %d): %w", path, res.TornBytes, res.Entries, err)
+		}
+		o.logger.Warn("audit log ended in a torn write (a crash or a full disk cut an entry short); dropped it and continued the chain",
+			"path", path, "bytes_dropped", res.TornBytes, "torn_sha256", res.TornSHA256, "audit_seq", res.Entries, "audit_head", res.Head)
+		err := l.Append(Entry{Actor: o.actor, Event: "log_recovered",
+			Reason: fmt.Sprintf("dropped a torn final line of %d bytes (sha256 %s) after entry %d (head %s)",
+				res.TornBytes, res.TornSHA256, res.Entries, res.Head)})
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("audit: %s: recording the recovery of its torn final line: %w", path, err)
+		}
+		return l, nil
+	}
+	if _, err := f.Seek(res.Bytes, io.SeekStart); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("audit: %w", err)
 	}
-	return &Log{w: f, file: f, seq: res.Entries, head: res.Head, now: time.Now}, nil
+	return l, nil
 }
 
 // Head is the line hash of the newest entry and the number of entries.
@@ -134,10 +227,16 @@ func (l *Log) Head() (string, uint64) {
 }
 
 // Append sets e's Seq, Time (when zero), Prev and Hash, writes it as one
-// line, and syncs a file to disk before returning.
+// line, and syncs a file to disk before returning. When the write or the
+// sync fails, the file is truncated back to the previous entry and the
+// error says so: the chain stays whole and the next Append links to the
+// last entry written.
 func (l *Log) Append(e Entry) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.stuck != nil {
+		return fmt.Errorf("audit: entry not written: an earlier failed write could not be undone, so nothing more is appended until the log is reopened (which drops the torn bytes): %w", l.stuck)
+	}
 	e.Seq = l.seq + 1
 	if e.Time.IsZero() {
 		e.Time = l.now()
@@ -156,16 +255,44 @@ func (l *Log) Append(e Entry) error {
 	if len(line)+1 > MaxLineSize {
 		return fmt.Errorf("audit: entry of %d bytes exceeds %d", len(line), MaxLineSize)
 	}
-	if _, err := l.w.Write(append(line, '\n')); err != nil {
-		return fmt.Errorf("audit: %w", err)
-	}
-	if l.file != nil {
-		if err := l.file.Sync(); err != nil {
-			return fmt.Errorf("audit: %w", err)
-		}
+	if err := l.write(e.Seq, append(line, '\n')); err != nil {
+		return err
 	}
 	l.seq, l.head = e.Seq, lineHash(line)
+	l.size += int64(len(line)) + 1
 	return nil
+}
+
+// write writes one line and syncs it; on failure it undoes the write.
+// A failed sync undoes it too: the bytes may never reach the disk, and the
+// caller is told the entry was not written.
+func (l *Log) write(seq uint64, line []byte) error {
+	_, err := l.w.Write(line)
+	if err == nil && l.file != nil {
+		err = l.file.Sync()
+	}
+	switch {
+	case err == nil:
+		return nil
+	case l.file == nil:
+		return fmt.Errorf("audit: entry %d not written: %w", seq, err)
+	}
+	if uerr := l.undo(); uerr != nil {
+		l.stuck = fmt.Errorf("entry %d: %w; truncating back to %d bytes: %w", seq, err, l.size, uerr)
+		return fmt.Errorf("audit: entry %d not written and its partial bytes could not be removed, so nothing more is appended until the log is reopened: %w", seq, l.stuck)
+	}
+	return fmt.Errorf("audit: entry %d not written; the log is back at entry %d: %w", seq, l.seq, err)
+}
+
+// undo truncates the file back to its last whole entry.
+func (l *Log) undo() error {
+	if err := l.file.Truncate(l.size); err != nil {
+		return err
+	}
+	if _, err := l.file.Seek(l.size, io.SeekStart); err != nil {
+		return err
+	}
+	return l.file.Sync()
 }
 
 // Close closes a file opened by Open.
@@ -176,7 +303,8 @@ func (l *Log) Close() error {
 	return l.file.Close()
 }
 
-// VerifyResult is what Verify found in a chain that holds together.
+// VerifyResult is what Verify found in a chain that holds together, or
+// in the part of it before a torn final line.
 type VerifyResult struct {
 	Entries uint64 `json:"entries"`
 	// Head is the line hash of the last entry ("" for an empty log):
@@ -184,11 +312,26 @@ type VerifyResult struct {
 	Head  string    `json:"head"`
 	First time.Time `json:"first,omitempty"`
 	Last  time.Time `json:"last,omitempty"`
+	// Bytes is the length of the entries verified, newlines included.
+	Bytes int64 `json:"bytes"`
+	// TornBytes and TornSHA256 describe a torn final line after them
+	// (with ErrTornTail).
+	TornBytes  int64  `json:"torn_bytes,omitempty"`
+	TornSHA256 string `json:"torn_sha256,omitempty"`
 }
 
-// ErrBroken is wrapped by every verification failure; the error names the
-// line and what is wrong with it.
+// ErrBroken is wrapped by every verification failure that is evidence of
+// tampering (or of damage other than a cut-short write); the error names
+// the line and what is wrong with it.
 var ErrBroken = errors.New("audit log does not verify")
+
+// ErrTornTail is returned, instead of ErrBroken, when every whole line
+// verifies and the log ends in bytes without a newline, no longer than an
+// entry may be: what a write cut short by a crash leaves. The result
+// covers the entries before it. Open drops such a tail and records that
+// it did; it is not tamper evidence as such, though whoever can write the
+// file could also cut entries off, which only a head kept elsewhere shows.
+var ErrTornTail = errors.New("audit log ends in a torn write")
 
 // Verify reads a whole chain and checks every link: each line is one
 // entry of at most MaxLineSize, whose Hash matches its content, whose Prev
@@ -199,10 +342,16 @@ func Verify(r io.Reader) (VerifyResult, error) {
 	prevLine := ""
 	for n := 1; ; n++ {
 		line, err := readLine(br)
-		if err == io.EOF {
+		var torn tornLine
+		switch {
+		case err == io.EOF:
 			return res, nil
-		}
-		if err != nil {
+		case errors.As(err, &torn):
+			sum := sha256.Sum256(torn)
+			res.TornBytes, res.TornSHA256 = int64(len(torn)), hex.EncodeToString(sum[:])
+			return res, fmt.Errorf("%w: line %d: %d bytes after entry %d end without a newline (a write cut short; Open drops them and records a log_recovered entry)",
+				ErrTornTail, n, len(torn), res.Entries)
+		case err != nil:
 			return res, fmt.Errorf("%w: line %d: %w", ErrBroken, n, err)
 		}
 		var e Entry
@@ -226,11 +375,17 @@ func Verify(r io.Reader) (VerifyResult, error) {
 		res.Last = e.Time
 		prevLine = lineHash(line)
 		res.Head = prevLine
+		res.Bytes += int64(len(line)) + 1
 	}
 }
 
+// tornLine is the last line of a log when it has no newline.
+type tornLine []byte
+
+func (tornLine) Error() string { return "ends without a newline" }
+
 // readLine reads one newline-terminated line of at most MaxLineSize. A
-// last line without its newline is a torn write.
+// last line without its newline is returned as a tornLine error.
 func readLine(br *bufio.Reader) ([]byte, error) {
 	var buf []byte
 	for {
@@ -247,7 +402,7 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 		case err == io.EOF && len(buf) == 0:
 			return nil, io.EOF
 		case err == io.EOF:
-			return nil, errors.New("ends without a newline (a torn or truncated write)")
+			return nil, tornLine(buf)
 		default:
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package audit
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,7 +68,9 @@ func TestVerifyDetectsTampering(t *testing.T) {
 		{"duplicated", join(lines[0], lines[1], lines[1], lines[2]), "line 3 (seq 2) does not follow"},
 		{"not json", join(lines[0], "{nope\n"), "line 2 is not an audit entry"},
 		{"unknown field", join(strings.Replace(lines[0], `{"seq"`, `{"x":1,"seq"`, 1)), "line 1 is not an audit entry"},
-		{"torn last line", strings.Join(lines, "")[:len(strings.Join(lines, ""))-10], "line 4: ends without a newline"},
+		{"bad line before a torn tail", join(lines[0], "{nope\n") + lines[1][:20], "line 2 is not an audit entry"},
+		{"final line with its newline but cut short", join(lines[0], lines[1][:30]), "line 2 is not an audit entry"},
+		{"torn tail longer than an entry", lines[0] + strings.Repeat("x", MaxLineSize+1), "line 2: longer than"},
 		{"huge line", join(lines[0], strings.Repeat("x", MaxLineSize+1)), "line 2: longer than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -166,10 +169,26 @@ func FuzzVerify(f *testing.F) {
 	f.Add([]byte("{}\n"))
 	f.Add([]byte(""))
 	f.Add([]byte("\n\n"))
+	f.Add(buf.Bytes()[:buf.Len()-7])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		res, err := Verify(bytes.NewReader(data))
+		if errors.Is(err, ErrTornTail) {
+			// A torn tail is only ever the bytes after the entries that
+			// verify, and those verify alone with the same head.
+			if res.Bytes+res.TornBytes != int64(len(data)) || bytes.HasSuffix(data, []byte("\n")) {
+				t.Fatalf("torn tail of %d bytes after %d verified, in %d bytes", res.TornBytes, res.Bytes, len(data))
+			}
+			again, err := Verify(bytes.NewReader(data[:res.Bytes]))
+			if err != nil || again.Head != res.Head || again.Entries != res.Entries {
+				t.Fatalf("the part before a torn tail does not verify alone: %v", err)
+			}
+			return
+		}
 		if err != nil {
 			return
+		}
+		if res.Bytes != int64(len(data)) {
+			t.Fatalf("verified %d bytes of %d", res.Bytes, len(data))
 		}
 		// What verifies is a chain: re-appending its entries to a new log
 		// gives the same head.
