@@ -143,7 +143,13 @@ func newAuditLogCmd(e env) *cobra.Command {
 the hash of the entry before it. Prints the number of entries and the head (the
 hash of the last entry). A chain cannot show that its newest entries were cut
 off: compare the head with one kept elsewhere (the server logs it with every
-entry), or pass it as --expect-head. "-" reads standard input.`,
+entry), or pass it as --expect-head. "-" reads standard input.
+
+The exit status is 0 when the chain verifies, 3 when it verifies up to a torn
+final line (bytes without a newline, as a crash or a full disk in the middle of
+a write leaves; the server drops them at its next start and records a
+log_recovered entry), 1 when it does not verify (an entry edited, dropped,
+inserted or reordered: keep the file as evidence).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var r io.Reader = e.in
@@ -156,29 +162,53 @@ entry), or pass it as --expect-head. "-" reads standard input.`,
 				r = f
 			}
 			res, err := audit.Verify(r)
-			if err != nil {
+			torn := errors.Is(err, audit.ErrTornTail)
+			if err != nil && !torn {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
+			// With a torn tail, the head checked is that of the entries
+			// before it: what the server continues from.
 			if expectHead != "" && !strings.EqualFold(expectHead, res.Head) {
 				return fmt.Errorf("%s: %w: head is %s, expected %s: entries after the expected head were cut off or replaced",
 					args[0], audit.ErrBroken, res.Head, expectHead)
 			}
-			if asJSON {
-				return json.NewEncoder(e.out).Encode(res)
-			}
-			if res.Entries == 0 {
-				_, err = fmt.Fprintf(e.out, "%s: empty, nothing to verify\n", args[0])
+			if err := printVerified(e.out, args[0], res, asJSON); err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(e.out, "%s: ok, %d entries from %s to %s\nhead %s\n", args[0], res.Entries,
-				res.First.UTC().Format(time.RFC3339), res.Last.UTC().Format(time.RFC3339), res.Head)
-			return err
+			if torn {
+				return &exitError{code: exitTornTail, msg: fmt.Sprintf(
+					"%s: torn tail: %d bytes (sha256 %s) after the last entry end without a newline: a write cut short by a crash or a full disk, not an edit of any entry above; the server drops them at its next start and records a log_recovered entry",
+					args[0], res.TornBytes, audit.ShortHash(res.TornSHA256))}
+			}
+			return nil
 		},
 	}
 	verify.Flags().StringVar(&expectHead, "expect-head", "", "fail unless the last entry's hash is this one (detects a cut-off tail)")
 	verify.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	cmd.AddCommand(verify)
 	return cmd
+}
+
+// exitTornTail is the exit status of `trustbridge audit log verify` when
+// the chain verifies up to a torn final line.
+const exitTornTail = 3
+
+// printVerified reports the part of a chain that verifies.
+func printVerified(w io.Writer, name string, res audit.VerifyResult, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(res)
+	}
+	if res.Entries == 0 && res.TornBytes == 0 {
+		_, err := fmt.Fprintf(w, "%s: empty, nothing to verify\n", name)
+		return err
+	}
+	if res.Entries == 0 {
+		_, err := fmt.Fprintf(w, "%s: no whole entry\n", name)
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%s: ok, %d entries from %s to %s\nhead %s\n", name, res.Entries,
+		res.First.UTC().Format(time.RFC3339), res.Last.UTC().Format(time.RFC3339), res.Head)
+	return err
 }
 
 // exitCode is the process status for err.

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -175,4 +178,53 @@ func TestAuditCommandOnRealServer(t *testing.T) {
 	out, stderr, code := runCLIAt(t, time.Now, "", "audit", "--admin", "http://"+addr, "--fail-on", "warning")
 	assert.Equal(t, 0, code, stderr)
 	assert.Contains(t, out, "no findings")
+}
+
+// A log that ends in a torn write (a crash mid-append) is told apart from
+// tampering: verify says so with its own exit status and reports the
+// entries before it; the server drops the torn bytes at start, warns and
+// records a log_recovered entry, so it starts instead of refusing.
+func TestAuditLogTornTail(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := audit.Open(path)
+	require.NoError(t, err)
+	require.NoError(t, l.Append(audit.Entry{Event: "baseline", TrustDomain: "west.example"}))
+	require.NoError(t, l.Append(audit.Entry{Event: "bundle_accepted", TrustDomain: "east.example"}))
+	head, _ := l.Head()
+	require.NoError(t, l.Close())
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, append(good, `{"seq":3,"time":"2026-`...), 0o600))
+
+	out, stderr, code := runCLI(t, "", "audit", "log", "verify", path)
+	assert.Equal(t, exitTornTail, code)
+	assert.Contains(t, out, "ok, 2 entries")
+	assert.Contains(t, out, "head "+head)
+	assert.Contains(t, stderr, "torn tail: 22 bytes")
+	assert.Contains(t, stderr, "not an edit")
+	assert.NotContains(t, stderr, "does not verify")
+
+	out, _, code = runCLI(t, "", "audit", "log", "verify", "--json", "--expect-head", head, path)
+	assert.Equal(t, exitTornTail, code)
+	var res audit.VerifyResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	assert.Equal(t, int64(22), res.TornBytes)
+	assert.Equal(t, uint64(2), res.Entries)
+
+	var logs testlog.Buffer
+	trail, closeLog, err := setupAudit(serverOptions{dataDir: dir}, env{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	require.NotNil(t, trail)
+	closeLog()
+	assert.Contains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "bytes_dropped=22")
+	entries := readAuditLog(t, dir)
+	require.Len(t, entries, 3)
+	host, _ := os.Hostname()
+	assert.Equal(t, "log_recovered", entries[2].Event)
+	assert.Equal(t, host, entries[2].Actor)
+	assert.Equal(t, head, entries[2].Prev)
+	_, _, code = runCLI(t, "", "audit", "log", "verify", path)
+	assert.Equal(t, 0, code)
 }

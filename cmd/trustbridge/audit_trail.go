@@ -197,6 +197,13 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 		l   *audit.Log
 		err error
 	)
+	actor, leader := "", func() bool { return true }
+	if kube != nil {
+		actor, leader = kube.elector.Identity(), kube.elector.IsLeader
+	} else {
+		actor, _ = os.Hostname()
+	}
+	logger = logger.With(logattr.Component, "audit")
 	switch path := o.auditLog; path {
 	case "-":
 		l = audit.New(e.out)
@@ -207,17 +214,14 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 			}
 			path = filepath.Join(o.dataDir, "audit.jsonl")
 		}
-		if l, err = audit.Open(path); err != nil {
+		// Open drops a torn final line (a crash mid-write) with a warning
+		// and a log_recovered entry, leader or not: it is a fact about this
+		// file, and leaving it would stop every start.
+		if l, err = audit.Open(path, audit.WithLogger(logger), audit.WithActor(actor)); err != nil {
 			return nil, nil, fmt.Errorf("--audit-log: %w", err)
 		}
 	}
-	actor, leader := "", func() bool { return true }
-	if kube != nil {
-		actor, leader = kube.elector.Identity(), kube.elector.IsLeader
-	} else {
-		actor, _ = os.Hostname()
-	}
-	t, err := newAuditTrail(l, actor, leader, reg, logger.With(logattr.Component, "audit"))
+	t, err := newAuditTrail(l, actor, leader, reg, logger)
 	if err != nil {
 		_ = l.Close()
 		return nil, nil, err
