@@ -100,6 +100,11 @@ func checkServerOptions(o serverOptions) []error {
 			add(fmt.Errorf("%s %q: %w", l.flag, l.addr, err))
 		}
 	}
+	if _, _, err := net.SplitHostPort(o.adminListen); err == nil {
+		if _, err := adminHostCheck(o.adminListen, o.adminHosts); err != nil {
+			add(err)
+		}
+	}
 	switch o.bundle.profile {
 	case profileSPIFFE:
 		if o.bundle.tlsCert != "" || o.bundle.tlsKey != "" || len(o.bundle.acmeDomains) > 0 {

@@ -26,6 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/statusui"
 )
@@ -34,6 +35,7 @@ type serverOptions struct {
 	trustDomain    string
 	dataDir        string
 	adminListen    string
+	adminHosts     []string
 	keyType        string
 	caTTL          time.Duration
 	workloadTTL    time.Duration
@@ -67,7 +69,10 @@ The admin listener serves /healthz, /readyz, /metrics (Prometheus),
 /v1/federation (every federated trust domain's polling state),
 /v1/snapshot (JSON: every trusted trust domain, by which authorities,
 since when, from where; what trustbridge audit reads) and /ui (the same as
-a read-only status page).`,
+a read-only status page). A request whose Host header names anything but
+the listener's address, localhost or an --admin-allowed-hosts name gets
+421 Misdirected Request, so a web page that rebinds its own name to this
+address (DNS rebinding) cannot read it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := loadServerConfig(cmd.Flags(), &o, os.Getenv); err != nil {
@@ -109,6 +114,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
 	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
+	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
 	f.DurationVar(&o.workloadTTL, "workload-ttl", 0, "default lifetime of workload certificates (default 24h, or --max-workload-ttl if lower)")
@@ -247,8 +253,19 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		gs.close()
 		return fmt.Errorf("--admin-listen: %w", err)
 	}
+	// The Host check guards /v1/* and /ui from a browser whose page
+	// re-resolved its own name to this address (DNS rebinding).
+	hosts, err := adminHostCheck(ln.Addr().String(), o.adminHosts)
+	if err != nil {
+		_ = ln.Close()
+		if ep != nil {
+			_ = ep.ln.Close()
+		}
+		gs.close()
+		return err
+	}
 	admin := &http.Server{
-		Handler:           adminHandler(authority, reg, fed, ep, newSnapshotter(td, authority, fed, kube, e.now)),
+		Handler:           hosts.Wrap(adminHandler(authority, reg, fed, ep, newSnapshotter(td, authority, fed, kube, e.now))),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -301,6 +318,18 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	err = runAll(ctx, runners...)
 	logger.Info("trustbridge server stopped")
 	return err
+}
+
+// adminHostsFlag names the admin listener's allowed host names.
+const adminHostsFlag = "admin-allowed-hosts"
+
+// adminHostCheck is the Host check of the admin listener bound to listen.
+func adminHostCheck(listen string, allowed []string) (*hostcheck.Checker, error) {
+	c, err := hostcheck.New(hostcheck.Config{Listen: listen, Allowed: allowed, Flag: "--" + adminHostsFlag})
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", adminHostsFlag, err)
+	}
+	return c, nil
 }
 
 // serveAdmin serves the admin listener until ctx is done.
