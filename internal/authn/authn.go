@@ -66,6 +66,14 @@ type Identity struct {
 	ID spiffeid.ID
 	// Method is MethodX509SVID, MethodKubernetesJWT or MethodBootstrapToken.
 	Method string
+	// Grant is the credential that first granted ID: the token itself for
+	// the token methods, the grant recorded in the certificate for
+	// MethodX509SVID (see GrantFromCert). Nil when the authenticator does
+	// not know it.
+	Grant *Grant
+	// GrantErr is set instead of Grant when a verified X509-SVID carries a
+	// grant extension that does not parse.
+	GrantErr error
 }
 
 // Authenticator decides who the caller of one request is. It returns an

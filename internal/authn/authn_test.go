@@ -143,7 +143,7 @@ func TestChainAllAuthenticators(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tt.want, id)
+			assert.Equal(t, tt.want, idOnly(id))
 		})
 	}
 }

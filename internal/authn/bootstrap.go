@@ -90,6 +90,7 @@ type tokenSet struct {
 type tokenEntry struct {
 	hash tokenKey
 	id   spiffeid.ID
+	ref  string // BootstrapGrantRef(hash)
 }
 
 var _ Authenticator = (*BootstrapTokens)(nil)
@@ -167,7 +168,27 @@ func (b *BootstrapTokens) Authenticate(_ context.Context, r Request) (Identity, 
 	if found != 1 {
 		return Identity{}, invalidf(MethodBootstrapToken, "bearer token matches no bootstrap token")
 	}
-	return Identity{ID: set.entries[match].id, Method: MethodBootstrapToken}, nil
+	e := &set.entries[match]
+	return Identity{ID: e.id, Method: MethodBootstrapToken, Grant: &Grant{Method: MethodBootstrapToken, Ref: e.ref}}, nil
+}
+
+// CheckGrant reports whether a bootstrap grant still stands: a token with
+// reference g.Ref is listed in the file as it is now, for id. A token that
+// was removed, or now names another identity, no longer grants id, so the
+// certificates descended from it stop renewing. The answer follows the
+// last successful load; while a reload fails the previous tokens decide.
+func (b *BootstrapTokens) CheckGrant(_ context.Context, id spiffeid.ID, g Grant) error {
+	if g.Method != MethodBootstrapToken {
+		return fmt.Errorf("authn: %s: grant of method %q is not a bootstrap grant: %w", MethodBootstrapToken, g.Method, ErrGrantRevoked)
+	}
+	set := b.set.Load()
+	for i := range set.entries {
+		if set.entries[i].ref == g.Ref && set.entries[i].id == id {
+			return nil
+		}
+	}
+	return fmt.Errorf("authn: %s: the bootstrap token (reference %s) that granted %s is no longer listed in %s: %w",
+		MethodBootstrapToken, g.Ref, id, b.cfg.Path, ErrGrantRevoked)
 }
 
 // Len returns the number of tokens in force.
@@ -304,7 +325,7 @@ func parseBootstrapTokens(data []byte, td spiffeid.TrustDomain) (*tokenSet, erro
 			return nil, fmt.Errorf("line %d: token repeats the one on line %d", n, first)
 		}
 		seen[h] = n
-		set.entries = append(set.entries, tokenEntry{hash: h, id: id})
+		set.entries = append(set.entries, tokenEntry{hash: h, id: id, ref: BootstrapGrantRef(h)})
 	}
 	return set, nil
 }

@@ -80,7 +80,7 @@ func TestBootstrapTokens(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, Identity{ID: tt.want, Method: MethodBootstrapToken}, id)
+			assert.Equal(t, Identity{ID: tt.want, Method: MethodBootstrapToken}, idOnly(id))
 		})
 	}
 }

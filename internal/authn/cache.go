@@ -3,8 +3,6 @@ package authn
 import (
 	"container/list"
 	"time"
-
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // tokenKey is the SHA-256 of a token: the cache never holds token bytes.
@@ -20,7 +18,7 @@ type reviewCache struct {
 
 type cacheEntry struct {
 	key     tokenKey
-	id      spiffeid.ID
+	ident   Identity
 	expires time.Time
 }
 
@@ -29,36 +27,36 @@ func newReviewCache(max int) *reviewCache {
 }
 
 // get returns the cached identity for key if it has not expired at now.
-func (c *reviewCache) get(key tokenKey, now time.Time) (spiffeid.ID, bool) {
+func (c *reviewCache) get(key tokenKey, now time.Time) (Identity, bool) {
 	el, ok := c.entries[key]
 	if !ok {
-		return spiffeid.ID{}, false
+		return Identity{}, false
 	}
 	e := el.Value.(*cacheEntry)
 	if !now.Before(e.expires) {
 		c.remove(el)
-		return spiffeid.ID{}, false
+		return Identity{}, false
 	}
 	c.order.MoveToFront(el)
-	return e.id, true
+	return e.ident, true
 }
 
-// put stores id for key until expires, evicting the least recently used
+// put stores ident for key until expires, evicting the least recently used
 // entry when full.
-func (c *reviewCache) put(key tokenKey, id spiffeid.ID, expires time.Time) {
+func (c *reviewCache) put(key tokenKey, ident Identity, expires time.Time) {
 	if c.max <= 0 {
 		return
 	}
 	if el, ok := c.entries[key]; ok {
 		e := el.Value.(*cacheEntry)
-		e.id, e.expires = id, expires
+		e.ident, e.expires = ident, expires
 		c.order.MoveToFront(el)
 		return
 	}
 	for c.order.Len() >= c.max {
 		c.remove(c.order.Back())
 	}
-	c.entries[key] = c.order.PushFront(&cacheEntry{key: key, id: id, expires: expires})
+	c.entries[key] = c.order.PushFront(&cacheEntry{key: key, ident: ident, expires: expires})
 }
 
 func (c *reviewCache) remove(el *list.Element) {

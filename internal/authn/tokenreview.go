@@ -150,7 +150,7 @@ type TokenReview struct {
 // same token.
 type reviewCall struct {
 	done    chan struct{}
-	id      spiffeid.ID
+	ident   Identity
 	err     error
 	waiters int // callers that joined after the first; guarded by TokenReview.mu
 }
@@ -201,10 +201,10 @@ func (a *TokenReview) Authenticate(ctx context.Context, r Request) (Identity, er
 	key := tokenKey(sha256.Sum256([]byte(token)))
 
 	a.mu.Lock()
-	if id, ok := a.cache.get(key, now); ok {
+	if ident, ok := a.cache.get(key, now); ok {
 		a.mu.Unlock()
 		a.m.cacheHits.Inc()
-		return Identity{ID: id, Method: MethodKubernetesJWT}, nil
+		return ident, nil
 	}
 	call, shared := a.inflight[key]
 	switch {
@@ -233,17 +233,17 @@ func (a *TokenReview) Authenticate(ctx context.Context, r Request) (Identity, er
 	if call.err != nil {
 		return Identity{}, call.err
 	}
-	return Identity{ID: call.id, Method: MethodKubernetesJWT}, nil
+	return call.ident, nil
 }
 
 // run performs one review, caches a success and releases the waiters.
 func (a *TokenReview) run(ctx context.Context, key tokenKey, token string, info jwtInfo, call *reviewCall, peer string) {
-	call.id, call.err = a.review(ctx, token, peer)
+	call.ident, call.err = a.review(ctx, token, peer)
 	a.mu.Lock()
 	delete(a.inflight, key)
 	if call.err == nil {
 		if until := info.cacheUntil(a.cfg.Clock.Now(), a.cfg.CacheTTL); !until.IsZero() {
-			a.cache.put(key, call.id, until)
+			a.cache.put(key, call.ident, until)
 		}
 	}
 	a.mu.Unlock()
@@ -251,7 +251,7 @@ func (a *TokenReview) run(ctx context.Context, key tokenKey, token string, info 
 }
 
 // review asks the API server and checks its answer.
-func (a *TokenReview) review(ctx context.Context, token, peer string) (spiffeid.ID, error) {
+func (a *TokenReview) review(ctx context.Context, token, peer string) (Identity, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
 	tr, err := a.cfg.Client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
@@ -260,16 +260,16 @@ func (a *TokenReview) review(ctx context.Context, token, peer string) (spiffeid.
 	if err != nil {
 		a.m.reviews.WithLabelValues(reviewError).Inc()
 		a.cfg.Logger.Warn("token review failed", logattr.Address, peer, logattr.Error, err)
-		return spiffeid.ID{}, fmt.Errorf("authn: %s: token review: %w: %w", MethodKubernetesJWT, err, ErrUnavailable)
+		return Identity{}, fmt.Errorf("authn: %s: token review: %w: %w", MethodKubernetesJWT, err, ErrUnavailable)
 	}
 	id, result, err := a.check(tr)
 	a.m.reviews.WithLabelValues(result).Inc()
 	if err != nil {
 		a.cfg.Logger.Debug("token refused", logattr.Address, peer, logattr.Error, err)
-		return spiffeid.ID{}, err
+		return Identity{}, err
 	}
 	a.cfg.Logger.Debug("token authenticated", logattr.Address, peer, logattr.SPIFFEID, id.String())
-	return id, nil
+	return serviceAccountIdentity(id, tr.Status.User.UID), nil
 }
 
 // check turns the API server's answer into an identity, or a refusal and

@@ -119,7 +119,7 @@ func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) 
 	if a.cache != nil {
 		key = verifyKey{chain: chainDigest(certs), bundle: bundle}
 		if a.cache.hit(key, bundle, now) {
-			return Identity{ID: id, Method: MethodX509SVID}, nil
+			return svidIdentity(id, leaf), nil
 		}
 	}
 	// Verify against the local bundle alone, never the whole source.
@@ -129,7 +129,7 @@ func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) 
 		return Identity{}, invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
 	}
 	a.cache.add(key, chains)
-	return Identity{ID: id, Method: MethodX509SVID}, nil
+	return svidIdentity(id, leaf), nil
 }
 
 // clientAuthAllowed reports whether the leaf may be used as a TLS client

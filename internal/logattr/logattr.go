@@ -17,4 +17,9 @@ const (
 	Address     = "address"
 	RefreshHint = "refresh_hint"
 	Warning     = "warning"
+	// The grant a certificate descends from (internal/authn.Grant).
+	GrantMethod = "grant_method"
+	GrantRef    = "grant_ref"
+	GrantUID    = "grant_uid"
+	GrantedAt   = "granted_at"
 )

@@ -1,0 +1,219 @@
+package authn
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// GrantOID identifies the certificate extension that records the grant
+// behind an X509-SVID. It is the only place the OID is defined.
+//
+// trustbridge has no IANA Private Enterprise Number yet; the arc is
+// 1.3.6.1.4.1.32473, the number RFC 5612 reserves for documentation, with
+// a trustbridge-specific tail. A collision with someone else's use of that
+// arc is harmless here: the extension is read only from leaves our own CA
+// signed (after the X509SVID authenticator verified them against our
+// roots), and our CA never copies extensions from a CSR. Changing the OID
+// later turns every existing chain into a legacy one (see GrantMethodLegacy).
+var GrantOID = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 32473, 7405, 1, 1}
+
+// GrantMethodLegacy is the method of a grant read from an X509-SVID that
+// carries no grant extension: issued before grants were recorded, by
+// `trustbridge ca issue`, or by SDS. Its GrantedAt is that SVID's
+// NotBefore, so a bound on renewal chains still ends such a chain.
+const GrantMethodLegacy = "legacy"
+
+// ErrGrantRevoked means the credential that first granted an identity (a
+// bootstrap token, a service account) no longer exists, so renewals with
+// certificates descended from it must stop. It is always wrapped.
+var ErrGrantRevoked = errors.New("grant revoked")
+
+// Limits of the grant extension, so that a parser never holds more than a
+// few hundred bytes per certificate.
+const (
+	grantVersion      = 1
+	maxGrantExtension = 1024
+	maxGrantRef       = 317 // a namespace (63), "/" and a service account name (253)
+	maxGrantUID       = 128
+	bootstrapRefBytes = 16 // hex-encoded in the reference
+)
+
+// Grant is how an identity was first granted: the credential that proved
+// it before any renewal. A renewal by X509-SVID copies the grant of the
+// presented SVID, so every certificate of a renewal chain names the
+// credential the chain started from, and the certificate service can stop
+// the chain when that credential is removed.
+type Grant struct {
+	// Method is MethodBootstrapToken, MethodKubernetesJWT or
+	// GrantMethodLegacy; never MethodX509SVID.
+	Method string
+	// Ref names the credential. Bootstrap: BootstrapGrantRef of the token
+	// (a digest of its digest, never the token). Kubernetes: the service
+	// account as "<namespace>/<name>". Legacy: empty.
+	Ref string
+	// UID is the Kubernetes service account's UID, which tells a
+	// re-created account of the same name from the original; empty for
+	// other methods, and when the API server did not report one.
+	UID string
+	// GrantedAt is when the grant was first used to issue a certificate.
+	// Token authenticators leave it zero; the certificate service sets it
+	// on issuance.
+	GrantedAt time.Time
+}
+
+// grantASN1 is the extension's DER form:
+//
+//	TrustbridgeGrant ::= SEQUENCE {
+//	    version    INTEGER,          -- 1
+//	    method     UTF8String,
+//	    reference  UTF8String,
+//	    uid        UTF8String,       -- "" when not applicable
+//	    grantedAt  GeneralizedTime   -- whole seconds, UTC
+//	}
+type grantASN1 struct {
+	Version   int
+	Method    string    `asn1:"utf8"`
+	Ref       string    `asn1:"utf8"`
+	UID       string    `asn1:"utf8"`
+	GrantedAt time.Time `asn1:"generalized"`
+}
+
+// Extension encodes g as a non-critical certificate extension. Verifiers
+// that do not know the OID ignore it, which is why it must not be critical.
+func (g Grant) Extension() (pkix.Extension, error) {
+	g.GrantedAt = g.GrantedAt.UTC().Truncate(time.Second)
+	if err := g.check(); err != nil {
+		return pkix.Extension{}, fmt.Errorf("authn: grant: %w", err)
+	}
+	der, err := asn1.Marshal(grantASN1{Version: grantVersion, Method: g.Method, Ref: g.Ref, UID: g.UID, GrantedAt: g.GrantedAt})
+	if err != nil {
+		return pkix.Extension{}, fmt.Errorf("authn: grant: %w", err)
+	}
+	return pkix.Extension{Id: GrantOID, Critical: false, Value: der}, nil
+}
+
+// ParseGrant decodes the value of a GrantOID extension. It accepts exactly
+// what Extension writes: one DER value of version 1 with a known method and
+// a reference of that method's shape.
+func ParseGrant(der []byte) (Grant, error) {
+	if len(der) > maxGrantExtension {
+		return Grant{}, fmt.Errorf("authn: grant: %d bytes, more than %d", len(der), maxGrantExtension)
+	}
+	var v grantASN1
+	rest, err := asn1.Unmarshal(der, &v)
+	if err != nil {
+		return Grant{}, fmt.Errorf("authn: grant: %w", err)
+	}
+	if len(rest) > 0 {
+		return Grant{}, fmt.Errorf("authn: grant: %d bytes after the value", len(rest))
+	}
+	if v.Version != grantVersion {
+		return Grant{}, fmt.Errorf("authn: grant: version %d, want %d", v.Version, grantVersion)
+	}
+	g := Grant{Method: v.Method, Ref: v.Ref, UID: v.UID, GrantedAt: v.GrantedAt.UTC()}
+	if err := g.check(); err != nil {
+		return Grant{}, fmt.Errorf("authn: grant: %w", err)
+	}
+	return g, nil
+}
+
+// check applies the shape rules shared by Extension and ParseGrant.
+func (g Grant) check() error {
+	if !utf8.ValidString(g.Ref) || !utf8.ValidString(g.UID) {
+		return errors.New("reference or uid is not UTF-8")
+	}
+	if len(g.UID) > maxGrantUID {
+		return fmt.Errorf("uid is %d bytes, more than %d", len(g.UID), maxGrantUID)
+	}
+	if g.GrantedAt.IsZero() {
+		return errors.New("no grant time")
+	}
+	switch g.Method {
+	case MethodBootstrapToken:
+		if len(g.Ref) != 2*bootstrapRefBytes || strings.ToLower(g.Ref) != g.Ref {
+			return fmt.Errorf("bootstrap reference %q is not %d lowercase hex digits", g.Ref, 2*bootstrapRefBytes)
+		}
+		if _, err := hex.DecodeString(g.Ref); err != nil {
+			return fmt.Errorf("bootstrap reference %q is not %d lowercase hex digits", g.Ref, 2*bootstrapRefBytes)
+		}
+		if g.UID != "" {
+			return errors.New("bootstrap grant has a uid")
+		}
+	case MethodKubernetesJWT:
+		if len(g.Ref) > maxGrantRef {
+			return fmt.Errorf("service account reference is %d bytes, more than %d", len(g.Ref), maxGrantRef)
+		}
+		if _, _, err := SplitServiceAccountRef(g.Ref); err != nil {
+			return err
+		}
+	case GrantMethodLegacy:
+		if g.Ref != "" || g.UID != "" {
+			return errors.New("legacy grant has a reference or uid")
+		}
+	default:
+		return fmt.Errorf("unknown method %q", truncate(g.Method, 64))
+	}
+	return nil
+}
+
+// SplitServiceAccountRef splits a Kubernetes grant reference
+// "<namespace>/<name>".
+func SplitServiceAccountRef(ref string) (namespace, name string, err error) {
+	ns, sa, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || sa == "" || strings.Contains(sa, "/") {
+		return "", "", fmt.Errorf("service account reference %q is not <namespace>/<name>", truncate(ref, 64))
+	}
+	return ns, sa, nil
+}
+
+// BootstrapGrantRef is the grant reference of the bootstrap token whose
+// SHA-256 is tokenDigest: the first 16 bytes of a domain-separated SHA-256
+// of that digest, hex-encoded. Certificates are shown to every TLS peer,
+// so they never carry the token nor the digest the token file is matched
+// by; a reference still lets an operator match a chain to a token line
+// (`printf %s "$TOKEN" | sha256sum`, then this function) and lets the
+// service tell whether the token is still listed.
+func BootstrapGrantRef(tokenDigest [32]byte) string {
+	h := sha256.New()
+	h.Write([]byte("trustbridge bootstrap grant v1\x00"))
+	h.Write(tokenDigest[:])
+	return hex.EncodeToString(h.Sum(nil)[:bootstrapRefBytes])
+}
+
+// GrantFromCert returns the grant recorded in cert. A certificate without
+// the extension yields a GrantMethodLegacy grant dated at its NotBefore; an
+// extension that does not parse is an error. (x509.ParseCertificate already
+// refuses a certificate that repeats an extension.) Only call it on a
+// certificate that verified against the local roots: anyone can write the
+// extension into a certificate of their own.
+func GrantFromCert(cert *x509.Certificate) (Grant, error) {
+	for _, e := range cert.Extensions {
+		if e.Id.Equal(GrantOID) {
+			return ParseGrant(e.Value)
+		}
+	}
+	return Grant{Method: GrantMethodLegacy, GrantedAt: cert.NotBefore.UTC()}, nil
+}
+
+// svidIdentity is the Identity of a verified X509-SVID leaf: its ID and the
+// grant it carries. A grant that does not parse is reported in GrantErr
+// rather than failing authentication, so the certificate service can
+// refuse renewal with a clear reason while SDS, which does not renew
+// chains, keeps working.
+func svidIdentity(id spiffeid.ID, leaf *x509.Certificate) Identity {
+	g, err := GrantFromCert(leaf)
+	if err != nil {
+		return Identity{ID: id, Method: MethodX509SVID, GrantErr: err}
+	}
+	return Identity{ID: id, Method: MethodX509SVID, Grant: &g}
+}

@@ -1,0 +1,137 @@
+package authn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1informers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// serviceAccountIdentity is the Identity TokenReview proved for id, a
+// spiffe://<td>/ns/<namespace>/sa/<name> it built itself, with the service
+// account's UID from the review (status.user.uid) as the grant.
+func serviceAccountIdentity(id spiffeid.ID, uid string) Identity {
+	ident := Identity{ID: id, Method: MethodKubernetesJWT}
+	if ns, sa, ok := serviceAccountOf(id); ok {
+		ident.Grant = &Grant{Method: MethodKubernetesJWT, Ref: ns + "/" + sa, UID: uid}
+	}
+	return ident
+}
+
+// serviceAccountOf splits an ID of the form /ns/<namespace>/sa/<name>.
+func serviceAccountOf(id spiffeid.ID) (ns, sa string, ok bool) {
+	parts := strings.Split(id.Path(), "/")
+	if len(parts) != 5 || parts[0] != "" || parts[1] != "ns" || parts[3] != "sa" || parts[2] == "" || parts[4] == "" {
+		return "", "", false
+	}
+	return parts[2], parts[4], true
+}
+
+// ServiceAccountGrantsConfig configures NewServiceAccountGrants.
+type ServiceAccountGrantsConfig struct {
+	// Client lists and watches ServiceAccounts in every namespace (RBAC:
+	// get, list, watch serviceaccounts). Required.
+	Client kubernetes.Interface
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// ServiceAccountGrants decides whether a Kubernetes grant still stands:
+// the service account it names exists, is not being deleted, and has the
+// UID recorded in the grant (a re-created account of the same name is a
+// different grant). It answers from an informer's cache, so a renewal
+// costs no API call and a deleted account stops renewals within the watch
+// latency.
+//
+// Until the informer has listed every service account once, CheckGrant
+// answers ErrUnavailable: the certificate service refuses the renewal as
+// retryable, and the caller's certificate is still valid while it retries.
+// After that, if the API server becomes unreachable, the last known state
+// decides until the watch resumes: renewals keep working through an API
+// server outage, and a deletion made during the outage takes effect when
+// the watch catches up. A bound on renewal chains
+// (--max-renewal-lifetime) limits what that staleness can cost.
+type ServiceAccountGrants struct {
+	informer cache.SharedIndexInformer
+	lister   corev1listers.ServiceAccountLister
+	logger   *slog.Logger
+}
+
+// NewServiceAccountGrants builds the informer; Run starts it.
+func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGrants, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("authn: service account grants: a Kubernetes client is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	inf := corev1informers.NewServiceAccountInformer(cfg.Client, metav1.NamespaceAll, 0,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	// Only names, UIDs and deletion marks are needed; a cluster's service
+	// accounts cost a few hundred bytes each this way.
+	if err := inf.SetTransform(trimServiceAccount); err != nil {
+		return nil, fmt.Errorf("authn: service account grants: %w", err)
+	}
+	return &ServiceAccountGrants{informer: inf, lister: corev1listers.NewServiceAccountLister(inf.GetIndexer()), logger: cfg.Logger}, nil
+}
+
+// trimServiceAccount keeps what CheckGrant reads.
+func trimServiceAccount(obj any) (any, error) {
+	sa, ok := obj.(*corev1.ServiceAccount)
+	if !ok {
+		return obj, nil // a tombstone: the informer handles it
+	}
+	return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{
+		Name: sa.Name, Namespace: sa.Namespace, UID: sa.UID,
+		ResourceVersion: sa.ResourceVersion, DeletionTimestamp: sa.DeletionTimestamp,
+	}}, nil
+}
+
+// Run watches service accounts until ctx is done; it returns nil then.
+func (s *ServiceAccountGrants) Run(ctx context.Context) error {
+	s.informer.RunWithContext(ctx)
+	return nil
+}
+
+// HasSynced reports whether every service account has been listed once.
+func (s *ServiceAccountGrants) HasSynced() bool { return s.informer.HasSynced() }
+
+// CheckGrant implements the check described on ServiceAccountGrants.
+func (s *ServiceAccountGrants) CheckGrant(_ context.Context, id spiffeid.ID, g Grant) error {
+	if g.Method != MethodKubernetesJWT {
+		return fmt.Errorf("authn: %s: grant of method %q is not a service account grant: %w", MethodKubernetesJWT, g.Method, ErrGrantRevoked)
+	}
+	ns, name, err := SplitServiceAccountRef(g.Ref)
+	if err != nil {
+		return fmt.Errorf("authn: %s: %w: %w", MethodKubernetesJWT, err, ErrGrantRevoked)
+	}
+	if idNS, idSA, ok := serviceAccountOf(id); !ok || idNS != ns || idSA != name {
+		return fmt.Errorf("authn: %s: grant names service account %s, not the one of %s: %w", MethodKubernetesJWT, g.Ref, id, ErrGrantRevoked)
+	}
+	if !s.informer.HasSynced() {
+		return fmt.Errorf("authn: %s: service accounts not listed yet: %w", MethodKubernetesJWT, ErrUnavailable)
+	}
+	sa, err := s.lister.ServiceAccounts(ns).Get(name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("authn: %s: service account %s that granted %s was deleted: %w", MethodKubernetesJWT, g.Ref, id, ErrGrantRevoked)
+	case err != nil:
+		return fmt.Errorf("authn: %s: service account %s: %w: %w", MethodKubernetesJWT, g.Ref, err, ErrUnavailable)
+	case sa.DeletionTimestamp != nil:
+		return fmt.Errorf("authn: %s: service account %s that granted %s is being deleted: %w", MethodKubernetesJWT, g.Ref, id, ErrGrantRevoked)
+	case g.UID != "" && string(sa.UID) != g.UID:
+		return fmt.Errorf("authn: %s: service account %s that granted %s was deleted and re-created (uid %s, granted by %s): %w",
+			MethodKubernetesJWT, g.Ref, id, sa.UID, g.UID, ErrGrantRevoked)
+	}
+	return nil
+}
