@@ -390,8 +390,9 @@ func (a *Authority) Sequence() uint64 {
 }
 
 // Sign signs a workload CSR for id, an identity the caller has proved. The
-// CSR must come from ParseCSR, which checks its signature.
-func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*Issued, error) {
+// CSR must come from ParseCSR, which checks its signature. extra are
+// private extensions for the leaf, as for the package-level Sign.
+func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
 	start := time.Now()
 	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
 	// Signing under the read lock, with the time taken under it, orders
@@ -404,7 +405,7 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 		a.metrics.signings.WithLabelValues("signing_material").Inc()
 		return nil, err
 	}
-	issued, err := Sign(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl)
+	issued, err := Sign(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl, extra...)
 	if err != nil {
 		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
 		return nil, err

@@ -9,12 +9,14 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/asn1"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -245,11 +247,19 @@ func isCSRType(t string) bool {
 // The leaf has an empty subject and a critical SAN extension holding only
 // id (RFC 5280 §4.2.1.6, as Istio does): names other than the SPIFFE ID
 // would be unverified claims. It is safe for concurrent use if m.Key is.
-func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*Issued, error) {
+//
+// extra are private extensions the caller vouches for (the certificate
+// service records how the identity was first granted); see
+// checkExtraExtensions for what is allowed. They never come from the CSR.
+func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
 	plan, err := planLeaf(now, m, p, id, ttl)
 	if err != nil {
 		return nil, err
 	}
+	if err := checkExtraExtensions(extra); err != nil {
+		return nil, err
+	}
+	plan.extra = extra
 	if err := checkCSR(csr, id); err != nil {
 		return nil, err
 	}
@@ -267,6 +277,7 @@ type leafPlan struct {
 	notBefore  time.Time
 	notAfter   time.Time
 	certIsRoot bool
+	extra      []pkix.Extension // checked by checkExtraExtensions
 }
 
 // planLeaf applies the policy defaults, checks m, id and ttl, and clamps
@@ -335,6 +346,7 @@ func signLeaf(m SigningMaterial, plan leafPlan, pub crypto.PublicKey, dnsNames [
 		SubjectKeyId: skid,
 		// Subject is left empty; CreateCertificate then marks the SAN
 		// extension critical, as RFC 5280 §4.2.1.6 requires.
+		ExtraExtensions: plan.extra,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, pub, m.Key)
 	if err != nil {
@@ -572,6 +584,45 @@ func subjectKeyID(pub crypto.PublicKey) ([]byte, error) {
 	}
 	sum := sha256.Sum256(bits)
 	return sum[:20], nil
+}
+
+// Limits on Sign's extra extensions.
+const (
+	maxExtraExtensions    = 4
+	maxExtraExtensionSize = 2 << 10
+)
+
+// privateEnterpriseArc is 1.3.6.1.4.1, under which organisations define
+// their own extensions.
+var privateEnterpriseArc = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1}
+
+// checkExtraExtensions keeps Sign's extra extensions to what they are for:
+// a few small, non-critical private extensions. x509.CreateCertificate
+// lets an extra extension replace one it builds from the template (the
+// SAN, key usages, basic constraints), and a critical one would make
+// every verifier that does not know it reject the leaf; both are refused.
+// A fault here is the caller's code, not the client's request, so the
+// error wraps no sentinel.
+func checkExtraExtensions(extra []pkix.Extension) error {
+	if len(extra) > maxExtraExtensions {
+		return fmt.Errorf("ca: %d extra extensions, at most %d", len(extra), maxExtraExtensions)
+	}
+	for i, e := range extra {
+		switch {
+		case e.Critical:
+			return fmt.Errorf("ca: extra extension %s is critical", e.Id)
+		case len(e.Id) <= len(privateEnterpriseArc) || !slices.Equal(e.Id[:len(privateEnterpriseArc)], privateEnterpriseArc):
+			return fmt.Errorf("ca: extra extension %s is not under the private enterprise arc %s", e.Id, privateEnterpriseArc)
+		case len(e.Value) > maxExtraExtensionSize:
+			return fmt.Errorf("ca: extra extension %s is %d bytes, more than %d", e.Id, len(e.Value), maxExtraExtensionSize)
+		}
+		for _, prev := range extra[:i] {
+			if prev.Id.Equal(e.Id) {
+				return fmt.Errorf("ca: extra extension %s repeats", e.Id)
+			}
+		}
+	}
+	return nil
 }
 
 func csrErrorf(format string, args ...any) error {

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
@@ -65,9 +66,9 @@ type countingSigner struct {
 	calls atomic.Int64
 }
 
-func (c *countingSigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error) {
+func (c *countingSigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
 	c.calls.Add(1)
-	return c.next.Sign(csr, id, ttl)
+	return c.next.Sign(csr, id, ttl, extra...)
 }
 
 // fixture is a certificate service on loopback with TLS, backed by a real

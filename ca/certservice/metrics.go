@@ -7,6 +7,7 @@ import (
 type metrics struct {
 	requests     *prometheus.CounterVec
 	signDuration prometheus.Histogram
+	grantChecks  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -20,8 +21,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time the CA took to sign one certificate, refusals included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 100µs .. ~0.8s
 		}),
+		grantChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_renewal_grant_checks_total",
+			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, legacy: the certificate records none; unknown) and result (accepted; revoked: the token or service account is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
+		}, []string{"grant_method", "result"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.signDuration} {
+	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

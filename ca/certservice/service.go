@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -42,17 +43,18 @@ const (
 )
 
 // Signer issues a certificate for id, an identity the caller proved, to the
-// key in csr (from ca.ParseCSR). *ca.Authority implements it.
+// key in csr (from ca.ParseCSR), with extra private extensions in the leaf
+// (the grant record). *ca.Authority implements it.
 type Signer interface {
-	Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error)
+	Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error)
 }
 
 // SignerFunc adapts a function to Signer.
-type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error)
+type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error)
 
 // Sign calls f.
-func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error) {
-	return f(csr, id, ttl)
+func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
+	return f(csr, id, ttl, extra...)
 }
 
 // Config configures a Service. Signer and Authenticator are required.
@@ -78,9 +80,20 @@ type Config struct {
 	// MaxRateLimiters bounds the identities whose limiters are remembered;
 	// zero means DefaultMaxRateLimiters.
 	MaxRateLimiters int
-	Clock           clock.PassiveClock
-	Logger          *slog.Logger
-	Registerer      prometheus.Registerer
+	// Grants decides, by grant method (authn.MethodBootstrapToken,
+	// authn.MethodKubernetesJWT), whether the credential that first granted
+	// a renewing caller's identity still exists. A renewal whose grant has
+	// no checker here is refused: the server no longer accepts that kind of
+	// credential. See grantFor.
+	Grants map[string]GrantChecker
+	// MaxRenewalLifetime, when positive, refuses a renewal whose chain was
+	// first granted longer ago than this, so every chain has to go back to
+	// its bootstrap or service account token at least this often. Zero
+	// means no bound. A chain can outlive it by one certificate lifetime.
+	MaxRenewalLifetime time.Duration
+	Clock              clock.PassiveClock
+	Logger             *slog.Logger
+	Registerer         prometheus.Registerer
 }
 
 // Service implements securityv1alpha1.IstioCertificateServiceServer.
@@ -106,6 +119,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
 		return nil, fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	if cfg.MaxRenewalLifetime < 0 {
+		return nil, fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
 	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -221,6 +237,10 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), id), nil}
 	}
+	grantExt, grant, hasGrant, ref := s.grantFor(ctx, ident, r.Peer)
+	if ref != nil {
+		return nil, ident, ref
+	}
 	ttl, ref := validity(req.GetValidityDuration())
 	if ref != nil {
 		return nil, ident, ref
@@ -251,8 +271,12 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
 	}
 
+	var extra []pkix.Extension
+	if hasGrant {
+		extra = append(extra, grantExt)
+	}
 	start := s.cfg.Clock.Now()
-	issued, err := s.cfg.Signer.Sign(csr, id, ttl)
+	issued, err := s.cfg.Signer.Sign(csr, id, ttl, extra...)
 	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
 	if err != nil {
 		return nil, ident, signRefusal(err)
@@ -261,8 +285,12 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		return nil, ident, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
 	}
 	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued)}
-	s.cfg.Logger.Info("certificate issued", logattr.SPIFFEID, id.String(), "method", ident.Method,
-		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer)
+	attrs := []any{logattr.SPIFFEID, id.String(), "method", ident.Method,
+		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
+	if hasGrant {
+		attrs = append(attrs, grantAttrs(grant)...)
+	}
+	s.cfg.Logger.Info("certificate issued", attrs...)
 	return resp, ident, nil
 }
 

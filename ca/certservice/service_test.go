@@ -3,6 +3,7 @@ package certservice_test
 import (
 	"context"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"math"
 	"net"
 	"os"
@@ -280,21 +281,21 @@ func TestCreateCertificateServerFaults(t *testing.T) {
 	}{
 		{
 			name: "signing material",
-			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) (*ca.Issued, error) {
+			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
 				return nil, ca.ErrInvalidSigningMaterial
 			}),
 			code: codes.Unavailable, msg: "the CA cannot sign right now",
 		},
 		{
 			name: "internal",
-			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) (*ca.Issued, error) {
+			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
 				return nil, errSecret
 			}),
 			code: codes.Internal, msg: "internal error",
 		},
 		{
 			name: "signer returns nothing",
-			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) (*ca.Issued, error) {
+			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
 				return &ca.Issued{}, nil
 			}),
 			code: codes.Internal, msg: "internal error",
@@ -393,10 +394,10 @@ func TestCreateCertificateQueueFull(t *testing.T) {
 	release := make(chan struct{})
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
 		cfg.QueueSize = 1
-		cfg.Signer = certservice.SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) (*ca.Issued, error) {
+		cfg.Signer = certservice.SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
 			entered <- struct{}{}
 			<-release
-			return a.Sign(csr, id, ttl)
+			return a.Sign(csr, id, ttl, extra...)
 		})
 	})
 	c := f.client(t, svid(t, f.authority, workloadID), "")

@@ -1,0 +1,150 @@
+package certservice
+
+import (
+	"context"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// GrantChecker decides whether the grant behind a renewal still stands:
+// nil, an error wrapping authn.ErrGrantRevoked when the credential that
+// first granted id is gone, or one wrapping authn.ErrUnavailable when it
+// cannot tell right now. *authn.BootstrapTokens and
+// *authn.ServiceAccountGrants implement it.
+type GrantChecker interface {
+	CheckGrant(ctx context.Context, id spiffeid.ID, g authn.Grant) error
+}
+
+// GrantCheckerFunc adapts a function to GrantChecker.
+type GrantCheckerFunc func(ctx context.Context, id spiffeid.ID, g authn.Grant) error
+
+// CheckGrant calls f.
+func (f GrantCheckerFunc) CheckGrant(ctx context.Context, id spiffeid.ID, g authn.Grant) error {
+	return f(ctx, id, g)
+}
+
+// Results of a renewal's grant check, the result label of
+// trustbridge_certservice_renewal_grant_checks_total.
+const (
+	grantAccepted         = "accepted"
+	grantRevoked          = "revoked"
+	grantUnavailable      = "unavailable"
+	grantInvalid          = "invalid"
+	grantLifetimeExceeded = "lifetime_exceeded"
+)
+
+// grantFor decides the grant the new certificate records, and whether the
+// request may have one at all.
+//
+// A token method is a first issuance: the grant is the token's, dated now.
+// A renewal by X509-SVID copies the presented SVID's grant unchanged, so a
+// whole chain names the credential it started from, after checking that
+// the chain is not older than MaxRenewalLifetime and that the credential
+// still exists. An SVID without a grant (legacy: issued before grants were
+// recorded, by `ca issue` or by SDS) renews with a warning; its copy is
+// dated at that SVID's NotBefore, so MaxRenewalLifetime ends such chains
+// too.
+//
+// ok is false, with ext unset, when the authenticator reported no grant
+// for a token method: the certificate then records none.
+func (s *Service) grantFor(ctx context.Context, ident authn.Identity, peer string) (ext pkix.Extension, g authn.Grant, ok bool, ref *refusal) {
+	now := s.cfg.Clock.Now()
+	if ident.Method != authn.MethodX509SVID {
+		if ident.Grant == nil {
+			return ext, g, false, nil
+		}
+		g = *ident.Grant
+		if g.GrantedAt.IsZero() {
+			g.GrantedAt = now
+		}
+	} else {
+		var ref *refusal
+		if g, ref = s.checkRenewal(ctx, ident, now, peer); ref != nil {
+			return ext, g, false, ref
+		}
+	}
+	ext, err := g.Extension()
+	if err != nil {
+		return ext, g, false, &refusal{codes.Internal, "internal", "internal error", err}
+	}
+	return ext, g, true, nil
+}
+
+// checkRenewal judges the grant of the SVID a renewal presented.
+func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, now time.Time, peer string) (authn.Grant, *refusal) {
+	if ident.GrantErr != nil || ident.Grant == nil {
+		err := ident.GrantErr
+		if err == nil {
+			err = errors.New("the X509-SVID authenticator reported no grant")
+		}
+		s.metrics.grantChecks.WithLabelValues("unknown", grantInvalid).Inc()
+		return authn.Grant{}, &refusal{codes.PermissionDenied, "grant_invalid",
+			"the presented certificate's grant record cannot be read; obtain a new certificate with a bootstrap or service account token", err}
+	}
+	g := *ident.Grant
+	if max := s.cfg.MaxRenewalLifetime; max > 0 && now.Sub(g.GrantedAt) > max {
+		s.metrics.grantChecks.WithLabelValues(g.Method, grantLifetimeExceeded).Inc()
+		return g, &refusal{codes.PermissionDenied, "renewal_lifetime_exceeded",
+			fmt.Sprintf("the renewal chain of %s was granted at %s, more than the maximum renewal lifetime of %s ago; obtain a new certificate with a bootstrap or service account token",
+				ident.ID, g.GrantedAt.UTC().Format(time.RFC3339), max), nil}
+	}
+	if g.Method == authn.GrantMethodLegacy {
+		s.metrics.grantChecks.WithLabelValues(g.Method, grantAccepted).Inc()
+		s.cfg.Logger.Warn("renewing a certificate that records no grant; it cannot be revoked by removing a token or service account (set a maximum renewal lifetime to end such chains)",
+			logattr.SPIFFEID, ident.ID.String(), logattr.GrantedAt, g.GrantedAt.UTC().Format(time.RFC3339), logattr.Address, peer)
+		return g, nil
+	}
+	checker := s.cfg.Grants[g.Method]
+	if checker == nil {
+		s.metrics.grantChecks.WithLabelValues(g.Method, grantRevoked).Inc()
+		return g, &refusal{codes.PermissionDenied, "grant_revoked",
+			fmt.Sprintf("%s was granted by a %s, which this server no longer accepts; obtain a new certificate with a credential it accepts", ident.ID, g.Method), nil}
+	}
+	err := checker.CheckGrant(ctx, ident.ID, g)
+	switch {
+	case err == nil:
+		s.metrics.grantChecks.WithLabelValues(g.Method, grantAccepted).Inc()
+		return g, nil
+	case errors.Is(err, authn.ErrGrantRevoked):
+		s.metrics.grantChecks.WithLabelValues(g.Method, grantRevoked).Inc()
+		return g, &refusal{codes.PermissionDenied, "grant_revoked", revokedMessage(ident.ID, g), err}
+	case errors.Is(err, authn.ErrUnavailable):
+		s.metrics.grantChecks.WithLabelValues(g.Method, grantUnavailable).Inc()
+		return g, &refusal{codes.Unavailable, "grant_unavailable", "cannot check the grant behind this certificate right now; retry later", err}
+	}
+	s.metrics.grantChecks.WithLabelValues(g.Method, grantInvalid).Inc()
+	return g, &refusal{codes.Internal, "internal", "internal error", err}
+}
+
+// revokedMessage tells the caller what to do; it names the credential only
+// as far as the caller's own certificate already does.
+func revokedMessage(id spiffeid.ID, g authn.Grant) string {
+	switch g.Method {
+	case authn.MethodBootstrapToken:
+		return fmt.Sprintf("renewal refused: the bootstrap token that granted %s (reference %s) was removed; bootstrap again with a current token", id, g.Ref)
+	case authn.MethodKubernetesJWT:
+		return fmt.Sprintf("renewal refused: the service account %s that granted %s was deleted or re-created; obtain a new certificate with a current service account token", g.Ref, id)
+	}
+	return fmt.Sprintf("renewal refused: the %s grant of %s was revoked", g.Method, id)
+}
+
+// grantAttrs are the log attributes recording a certificate's grant: the
+// audit trail of which credential every certificate descends from.
+func grantAttrs(g authn.Grant) []any {
+	attrs := []any{logattr.GrantMethod, g.Method, logattr.GrantedAt, g.GrantedAt.UTC().Format(time.RFC3339)}
+	if g.Ref != "" {
+		attrs = append(attrs, logattr.GrantRef, g.Ref)
+	}
+	if g.UID != "" {
+		attrs = append(attrs, logattr.GrantUID, g.UID)
+	}
+	return attrs
+}
