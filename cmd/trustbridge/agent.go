@@ -53,14 +53,22 @@ The decision flow is the Istio agent's:
 
  1. an SDS server already answers on --sds-socket: nothing to do, exit 0;
  2. cert-chain.pem, key.pem and root-cert.pem are in --credentials-dir:
-    serve them, and push again whenever they change;
+    serve them, and push again whenever they change. root-cert.pem holds
+    the roots of the workload's own trust domain and nothing else (a root
+    naming another trust domain there is refused); federated trust comes
+    only from bundle.spiffe.json next to it, a SPIFFE bundle map, each
+    root trusted for the trust domain it is listed under (trustbridge ca
+    request writes both files);
  3. otherwise generate a key here (it never leaves the node), ask the
     certificate service at --ca-addr for a certificate (trusting
     --root-cert for the server; authenticating with the token in
     --token-file, or with a still valid certificate in --output-certs),
     renew it at --secret-grace-period-ratio of its lifetime, and relay
     the validation contexts from the server's own SDS stream, so a
-    federation change reaches Envoy as soon as the server has it.
+    federation change reaches Envoy as soon as the server has it. Until
+    that stream delivers, Envoy gets the trust fetched with the first
+    certificate (ROOTCA and ALL, per trust domain); --root-cert is only
+    ever used to verify the server.
 
 Envoy's SDS config points at the socket, e.g. a static cluster
 "sds-grpc" with a pipe address of the socket path.`,
@@ -74,11 +82,11 @@ Envoy's SDS config points at the socket, e.g. a static cluster
 	f := cmd.Flags()
 	f.StringVar(&o.socket, "sds-socket", defaultSDSSocket, "unix socket to serve SDS on (created mode 0600; a stale socket is removed, anything else at the path is an error)")
 	f.StringVar(&o.socketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
-	f.StringVar(&o.credentialsDir, "credentials-dir", defaultCredentialsDir, "directory of pre-provisioned cert-chain.pem, key.pem and root-cert.pem; when all three are there they are served and watched instead of asking a CA")
+	f.StringVar(&o.credentialsDir, "credentials-dir", defaultCredentialsDir, "directory of pre-provisioned cert-chain.pem, key.pem and root-cert.pem (the local trust domain's roots only), plus bundle.spiffe.json (optional: federated trust, per trust domain); when the first three are there they are served and watched instead of asking a CA")
 	f.StringVar(&o.caAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS")
 	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding a Kubernetes service account token or a bootstrap token, re-read at every use")
-	f.StringVar(&o.outputCerts, "output-certs", "", "directory to write the certificate, key (0600) and roots into; a still valid certificate found there at start authenticates instead of the token")
+	f.StringVar(&o.outputCerts, "output-certs", "", "directory to write the certificate, key (0600), root-cert.pem (local roots) and bundle.spiffe.json (every trust domain, per trust domain) into; a still valid certificate found there at start authenticates instead of the token")
 	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
 	f.Float64Var(&o.graceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
 	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for (default: the server's --workload-ttl)")

@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/sds/agent"
 )
 
 type caRequestOptions struct {
@@ -36,8 +39,18 @@ func newCARequestCmd(e env) *cobra.Command {
 		Use:   "request --ca-addr ADDR --root-cert FILE (--token-file FILE | --cert-dir DIR) --out DIR",
 		Short: "Obtain a workload certificate from a running server's certificate service (bootstrap a VM, renew)",
 		Long: `Generate a key locally and ask the certificate service of a running trustbridge
-(--grpc-listen) for an X509-SVID, writing key.pem (mode 0600), cert-chain.pem
-(leaf first) and root-cert.pem (the roots the server hands out) into --out.
+(--grpc-listen) for an X509-SVID, writing into --out: key.pem (mode 0600),
+cert-chain.pem (leaf first), root-cert.pem (the roots of the workload's own
+trust domain, and only those) and bundle.spiffe.json (a SPIFFE bundle map of
+every trust domain the server lets this workload trust, its own included).
+
+Trust stays per trust domain: the roots come from the server's SDS (ROOTCA and
+ALL, fetched with the new certificate on the same listener), never from the
+flat root list appended to the certificate chain, so a federated peer's root
+is only ever trusted for that peer's trust domain. Point Envoy's SPIFFE
+validator (trust_bundles) or go-spiffe's bundle source at bundle.spiffe.json;
+tools that take one PEM file of roots get root-cert.pem and trust the local
+trust domain alone.
 
 The server decides the identity from how the caller authenticates, never from
 the request: with --token-file, a bootstrap token (--bootstrap-token-file on
@@ -127,19 +140,16 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	chain, err := caclient.CreateCertificate(ctx, o.addr, caclient.ServerTLS(roots, serverID, clientCert),
-		caclient.Request{Key: key, ID: want, TTL: o.ttl, Token: token})
+	issued, err := agent.Obtain(ctx, o.addr, roots, serverID, clientCert, caclient.Request{Key: key, ID: want, TTL: o.ttl, Token: token})
 	if err != nil {
 		return requestError(o.addr, o.timeout, err)
 	}
-	leafChain, issuedRoots, id, err := caclient.CheckIssued(chain, key, td, want)
-	if err != nil {
-		return fmt.Errorf("the CA at %s answered with an unusable certificate: %w", o.addr, err)
-	}
-	if err := caclient.WriteCredentials(o.out, key, leafChain, issuedRoots); err != nil {
+	if err := caclient.WriteCredentials(o.out, key, issued.Chain, issued.Trust); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339), o.out)
+	id, leafChain := issued.ID, issued.Chain
+	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s (%s: %d roots of %s; %s: %s)\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339),
+		o.out, caclient.RootsFile, len(issued.Trust.Local), id.TrustDomain().Name(), caclient.BundleMapFile, trustDomainList(issued.Trust))
 	return nil
 }
 
@@ -156,6 +166,18 @@ func expectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) 
 		return id, nil
 	}
 	return caclient.ExpectedServerID(roots, want)
+}
+
+// trustDomainList names the trust domains of t's bundle map, sorted.
+func trustDomainList(t caclient.Trust) string {
+	names := []string{t.TrustDomain.Name()}
+	for td := range t.Bundles {
+		if td != t.TrustDomain {
+			names = append(names, td.Name())
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
 // rootTrustDomain is caclient.RootTrustDomain, for mergedRoots.

@@ -132,7 +132,7 @@ func TestCARequestRefusals(t *testing.T) {
 	// A certificate issued by another CA of the same trust domain.
 	foreignDir := t.TempDir()
 	leaf, key := otherCA.Issue(t, laptopID)
-	require.NoError(t, caclient.WriteCredentials(foreignDir, key, []*x509.Certificate{leaf}, []*x509.Certificate{otherCA.Cert}))
+	require.NoError(t, caclient.WriteCredentials(foreignDir, key, []*x509.Certificate{leaf}, caclient.Trust{TrustDomain: otherCA.TrustDomain, Local: []*x509.Certificate{otherCA.Cert}}))
 
 	// A certificate of ours that has expired by the time it is used.
 	expiredDir := filepath.Join(t.TempDir(), "expired")
@@ -229,15 +229,22 @@ func TestExpectedServerID(t *testing.T) {
 	}
 }
 
-// With --ca-response-roots merged (the default), the roots of federated
-// trust domains follow the local ones in the answer and in root-cert.pem;
-// a root-cert.pem holding them still verifies the next renewal against
-// the local roots only. With local, only the CA's roots are sent.
-func TestCARequestResponseRoots(t *testing.T) {
-	peer := testca.New(t, "relay.example")
+// TestCARequestTrustPerTrustDomain is the regression test of a peer's CA
+// trusted for the local trust domain: with the old default
+// (--ca-response-roots merged), ca request wrote every federated root into
+// root-cert.pem, and whatever read it as "our roots" (the agent grouped
+// roots without a spiffe:// URI SAN under the workload's trust domain)
+// accepted a leaf the peer minted for spiffe://example.org/admin. Now, in
+// both modes, root-cert.pem holds the local roots alone and the peer's
+// root is only in bundle.spiffe.json, under the peer's trust domain. The
+// peer here is Istio-style: its root names no trust domain.
+func TestCARequestTrustPerTrustDomain(t *testing.T) {
+	peer := testca.New(t, "relay.example", testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }})
 	doc, err := bundledoc.Marshal(peer.Bundle())
 	require.NoError(t, err)
 	relay := writeFile(t, string(doc), 0o644)
+	forged, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://example.org/admin"))
+	peerLeaf, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://relay.example/api"))
 	for _, mode := range []string{rootsMerged, rootsLocal} {
 		t.Run(mode, func(t *testing.T) {
 			addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
@@ -248,17 +255,31 @@ func TestCARequestResponseRoots(t *testing.T) {
 			local, err := readPEMCerts(rootCert)
 			require.NoError(t, err)
 			out := filepath.Join(t.TempDir(), "creds")
-			_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+			stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 				"--token-file", writeFile(t, laptopToken, 0o600), "--out", out)
 			require.Equal(t, 0, code, stderr)
+			assert.Contains(t, stdout, "bundle.spiffe.json: example.org, relay.example")
 			got, err := readPEMCerts(filepath.Join(out, "root-cert.pem"))
 			require.NoError(t, err)
-			want := local
-			if mode == rootsMerged {
-				want = append(want, peer.Cert)
-			}
-			assert.Equal(t, want, got, "local roots first")
+			assert.Equal(t, local, got, "root-cert.pem: the local roots and nothing else")
 
+			// The trust a workload builds from the files, per trust domain.
+			data, err := os.ReadFile(filepath.Join(out, "bundle.spiffe.json"))
+			require.NoError(t, err)
+			byTD, err := caclient.ParseBundleMap(data)
+			require.NoError(t, err)
+			require.Equal(t, []*x509.Certificate{peer.Cert}, byTD[peer.TrustDomain])
+			set := x509bundle.NewSet()
+			for td, roots := range byTD {
+				set.Add(x509bundle.FromX509Authorities(td, roots))
+			}
+			_, _, err = x509svid.Verify([]*x509.Certificate{forged}, set)
+			assert.Error(t, err, "the peer's CA must not vouch for spiffe://example.org/admin")
+			id, _, err := x509svid.Verify([]*x509.Certificate{peerLeaf}, set)
+			require.NoError(t, err, "the peer's CA vouches for its own trust domain")
+			assert.Equal(t, "spiffe://relay.example/api", id.String())
+
+			// Renewal with the files it wrote, in place.
 			_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(out, "root-cert.pem"),
 				"--cert-dir", out, "--out", out)
 			require.Equal(t, 0, code, stderr)

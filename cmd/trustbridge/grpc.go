@@ -52,7 +52,7 @@ const grpcServingPath = "/trustbridge/ca"
 type grpcOptions struct {
 	listen        string
 	dnsNames      []string
-	responseRoots string // "" = merged
+	responseRoots string // "" = local
 	tokenAudience string // "" = the trust domain name
 	bootstrapFile string
 	rateLimit     float64
@@ -66,7 +66,7 @@ type grpcOptions struct {
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.listen, "grpc-listen", ":15012", `address of the certificate service (gRPC, Istio's IstioCertificateService, TLS) ("" disables it)`)
 	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names the certificate service's serving certificate carries next to spiffe://<trust-domain>"+grpcServingPath+" (comma-separated), for clients that verify a host name, e.g. trustbridge.trustbridge-system.svc")
-	f.StringVar(&o.responseRoots, "ca-response-roots", rootsMerged, "roots appended to issued chains: merged (local roots first, then every federated trust domain's) or local")
+	f.StringVar(&o.responseRoots, "ca-response-roots", rootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then every federated trust domain's, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
 	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
 	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "CSV file of token,spiffe-id lines for callers without Kubernetes or an SVID (bootstrap only; reloaded on change)")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
@@ -126,10 +126,14 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 
 	var roots func() []*x509.Certificate
 	switch o.responseRoots {
-	case "", rootsMerged:
+	case rootsMerged:
 		g.roots = rootsMerged
 		roots = mergedRoots(td, fed.store)
-	case rootsLocal:
+		logger.Warn("--ca-response-roots merged: every federated trust domain's roots are appended to issued chains as one flat list; "+
+			"a client that cannot tell trust domains apart (an Istio sidecar, a tool reading one PEM file) trusts a peer's CA for "+
+			"this trust domain too, so a peer can impersonate local workloads to it. Use local unless every caller checks trust "+
+			"domains itself; trustbridge ca request and agent get federated trust per trust domain either way", "trust_domain", td.Name())
+	case "", rootsLocal:
 		g.roots = rootsLocal // the signing roots, which the service always sends
 	default:
 		return nil, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)

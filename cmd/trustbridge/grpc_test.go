@@ -35,7 +35,7 @@ func TestGRPCFlagDefaults(t *testing.T) {
 	for flag, want := range map[string]string{
 		"grpc-listen":          ":15012",
 		"grpc-dns-names":       "[]",
-		"ca-response-roots":    "merged",
+		"ca-response-roots":    "local",
 		"token-audience":       "",
 		"bootstrap-token-file": "",
 		"sign-rate-limit":      "0",

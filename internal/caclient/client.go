@@ -95,38 +95,44 @@ func (b BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]
 // RequireTransportSecurity is true: a token never travels in clear.
 func (BearerToken) RequireTransportSecurity() bool { return true }
 
-// CheckIssued splits the answer into the chain to present (the leaf and
-// intermediates, up to the first self-signed certificate) and the roots
-// after it, and checks that the leaf is an X509-SVID of td for key,
-// chaining to those roots (RootsFor td), and for want when set. opts go
-// to x509svid.Verify (x509svid.WithTime for an injected clock).
-func CheckIssued(chain []*x509.Certificate, key crypto.Signer, td spiffeid.TrustDomain, want spiffeid.ID, opts ...x509svid.VerifyOption) (leafChain, roots []*x509.Certificate, id spiffeid.ID, err error) {
+// CheckIssued takes the chain to present out of the answer (LeafChain:
+// the leaf and intermediates; the roots the CA appended after them are
+// ignored, since a flat list cannot say which trust domain each belongs
+// to) and checks that the leaf is an X509-SVID
+// of td for key, chaining to local, td's own roots (from the server's
+// ROOTCA, FetchTrust), and for want when set. opts go to x509svid.Verify
+// (x509svid.WithTime for an injected clock).
+func CheckIssued(chain []*x509.Certificate, key crypto.Signer, td spiffeid.TrustDomain, want spiffeid.ID, local []*x509.Certificate, opts ...x509svid.VerifyOption) (id spiffeid.ID, err error) {
 	if len(chain) == 0 {
-		return nil, nil, id, errors.New("no certificates")
+		return id, errors.New("no certificates")
 	}
-	n := len(chain)
-	for i, c := range chain {
-		if i > 0 && IsSelfSigned(c) {
-			n = i
-			break
-		}
-	}
-	leafChain, roots = chain[:n], chain[n:]
-	if len(roots) == 0 {
-		return nil, nil, id, errors.New("no roots after the certificate chain")
+	leafChain := LeafChain(chain)
+	if len(local) == 0 {
+		return id, fmt.Errorf("no roots of %s to verify the certificate with", td.Name())
 	}
 	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
 	if !ok || !pub.Equal(leafChain[0].PublicKey) {
-		return nil, nil, id, errors.New("the certificate is not for the key this request sent")
+		return id, errors.New("the certificate is not for the key this request sent")
 	}
-	id, _, err = x509svid.Verify(leafChain, x509bundle.FromX509Authorities(td, RootsFor(td, roots)), opts...)
+	id, _, err = x509svid.Verify(leafChain, x509bundle.FromX509Authorities(td, local), opts...)
 	if err != nil {
-		return nil, nil, id, err
+		return id, err
 	}
 	if !want.IsZero() && id != want {
-		return nil, nil, id, fmt.Errorf("issued %s, asked for %s", id, want)
+		return id, fmt.Errorf("issued %s, asked for %s", id, want)
 	}
-	return leafChain, roots, id, nil
+	return id, nil
+}
+
+// LeafChain is the part of a CA's answer to present: the leaf and the
+// intermediates, up to the first self-signed certificate after the leaf.
+func LeafChain(chain []*x509.Certificate) []*x509.Certificate {
+	for i, c := range chain {
+		if i > 0 && IsSelfSigned(c) {
+			return chain[:i]
+		}
+	}
+	return chain
 }
 
 // IsSelfSigned reports whether c is a CA certificate that signed itself.

@@ -149,11 +149,10 @@ func TestCreateCertificate(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.wantTTL, f.gotTTL)
-			leafChain, issuedRoots, id, err := CheckIssued(chain, key, exampleTD, tt.req.ID)
+			id, err := CheckIssued(chain, key, exampleTD, tt.req.ID, []*x509.Certificate{f.ca.Cert})
 			require.NoError(t, err)
 			assert.Equal(t, laptopID, id)
-			assert.Len(t, leafChain, 1)
-			assert.Equal(t, []*x509.Certificate{f.ca.Cert}, issuedRoots)
+			assert.Len(t, LeafChain(chain), 1)
 		})
 	}
 }
@@ -191,25 +190,30 @@ func TestCheckIssued(t *testing.T) {
 	otherLeaf, _ := other.Issue(t, laptopID, testca.Options{Key: key})
 	admin := spiffeid.RequireFromString("spiffe://example.org/admin")
 
+	local := []*x509.Certificate{issuer.Cert}
 	tests := []struct {
 		name      string
 		chain     []*x509.Certificate
+		local     []*x509.Certificate
 		key       crypto.Signer
 		want      spiffeid.ID
 		leafChain int
-		roots     int
 		err       string
 	}{
-		{name: "leaf and root", chain: []*x509.Certificate{leaf, issuer.Cert}, leafChain: 1, roots: 1},
-		{name: "merged roots after the local", chain: []*x509.Certificate{leaf, issuer.Cert, fed.Cert}, leafChain: 1, roots: 2},
-		{name: "intermediate", chain: []*x509.Certificate{viaInter, interCert, issuer.Cert}, leafChain: 2, roots: 1},
-		{name: "asked for and got", chain: []*x509.Certificate{leaf, issuer.Cert}, want: laptopID, leafChain: 1, roots: 1},
-		{name: "another identity", chain: []*x509.Certificate{leaf, issuer.Cert}, want: admin, err: "issued spiffe://example.org/vm/laptop, asked for spiffe://example.org/admin"},
-		{name: "no roots", chain: []*x509.Certificate{leaf}, err: "no roots"},
-		{name: "empty", err: "no certificates"},
-		{name: "another key", chain: []*x509.Certificate{leaf, issuer.Cert}, key: testca.NewKey(t, testca.ECP256), err: "not for the key"},
-		{name: "root not the issuer", chain: []*x509.Certificate{otherLeaf, issuer.Cert}, err: "x509svid"},
-		{name: "only a federated root", chain: []*x509.Certificate{leaf, fed.Cert}, err: "x509svid"},
+		{name: "leaf and root", chain: []*x509.Certificate{leaf, issuer.Cert}, local: local, leafChain: 1},
+		{name: "merged roots after the local", chain: []*x509.Certificate{leaf, issuer.Cert, fed.Cert}, local: local, leafChain: 1},
+		{name: "no roots in the answer", chain: []*x509.Certificate{leaf}, local: local, leafChain: 1},
+		{name: "intermediate", chain: []*x509.Certificate{viaInter, interCert, issuer.Cert}, local: local, leafChain: 2},
+		{name: "asked for and got", chain: []*x509.Certificate{leaf, issuer.Cert}, local: local, want: laptopID, leafChain: 1},
+		{name: "another identity", chain: []*x509.Certificate{leaf, issuer.Cert}, local: local, want: admin, err: "issued spiffe://example.org/vm/laptop, asked for spiffe://example.org/admin"},
+		{name: "no local roots", chain: []*x509.Certificate{leaf, issuer.Cert}, err: "no roots of example.org"},
+		{name: "empty", local: local, err: "no certificates"},
+		{name: "another key", chain: []*x509.Certificate{leaf, issuer.Cert}, local: local, key: testca.NewKey(t, testca.ECP256), err: "not for the key"},
+		{name: "root not the issuer", chain: []*x509.Certificate{otherLeaf, issuer.Cert}, local: local, err: "x509svid"},
+		// The roots appended to the answer vouch for nothing: only the
+		// local roots the caller holds do.
+		{name: "issuer only in the answer", chain: []*x509.Certificate{otherLeaf, other.Cert}, local: local, err: "x509svid"},
+		{name: "only a federated root held", chain: []*x509.Certificate{leaf, issuer.Cert}, local: []*x509.Certificate{fed.Cert}, err: "x509svid"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,16 +221,14 @@ func TestCheckIssued(t *testing.T) {
 			if tt.key != nil {
 				k = tt.key
 			}
-			lc, roots, id, err := CheckIssued(tt.chain, k, exampleTD, tt.want)
+			id, err := CheckIssued(tt.chain, k, exampleTD, tt.want, tt.local)
 			if tt.err != "" {
 				assert.ErrorContains(t, err, tt.err)
-				assert.Nil(t, lc)
 				return
 			}
 			require.NoError(t, err)
 			assert.Equal(t, laptopID, id)
-			assert.Len(t, lc, tt.leafChain)
-			assert.Len(t, roots, tt.roots)
+			assert.Len(t, LeafChain(tt.chain), tt.leafChain)
 		})
 	}
 }
@@ -235,7 +237,7 @@ func TestCheckIssuedAtTime(t *testing.T) {
 	issuer := testca.New(t, "example.org")
 	key := testca.NewKey(t, testca.ECP256)
 	leaf, _ := issuer.Issue(t, laptopID, testca.Options{Key: key})
-	_, _, _, err := CheckIssued([]*x509.Certificate{leaf, issuer.Cert}, key, exampleTD, laptopID, x509svid.WithTime(leaf.NotAfter.Add(time.Second)))
+	_, err := CheckIssued([]*x509.Certificate{leaf, issuer.Cert}, key, exampleTD, laptopID, []*x509.Certificate{issuer.Cert}, x509svid.WithTime(leaf.NotAfter.Add(time.Second)))
 	assert.ErrorContains(t, err, "expired")
 }
 

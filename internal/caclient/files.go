@@ -7,15 +7,18 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
 )
 
@@ -26,36 +29,93 @@ const (
 )
 
 // Names of the files WriteCredentials writes and LoadCertDir reads, as
-// `trustbridge ca issue` and Istio name them.
+// `trustbridge ca issue` and Istio name them, and the bundle map of every
+// trust domain the workload may trust, named as in the distributed
+// ConfigMap.
 const (
-	KeyFile   = "key.pem"
-	ChainFile = "cert-chain.pem"
-	RootsFile = "root-cert.pem"
+	KeyFile       = "key.pem"
+	ChainFile     = "cert-chain.pem"
+	RootsFile     = "root-cert.pem"
+	BundleMapFile = "bundle.spiffe.json"
 )
 
-// WriteCredentials writes the files `ca issue` writes: key.pem (0600),
-// cert-chain.pem (leaf first, no roots) and root-cert.pem. Every file is
-// staged (synced, with its final mode) before any replaces its
-// predecessor: when dir is also where the current credentials come from,
-// a failure part-way must not leave a new key.pem next to the old
-// cert-chain.pem, a pair that no longer matches and cannot renew. A
-// symlink in dir is replaced, never written through.
-func WriteCredentials(dir string, key crypto.Signer, chain, roots []*x509.Certificate) error {
+// Trust is what a workload trusts, kept per trust domain: a root is
+// trusted for a trust domain only because it came from that trust domain's
+// bundle.
+type Trust struct {
+	// TrustDomain is the workload's own.
+	TrustDomain spiffeid.TrustDomain
+	// Local are TrustDomain's roots: root-cert.pem, and the only roots
+	// that may vouch for TrustDomain.
+	Local []*x509.Certificate
+	// Bundles are the X.509 roots of every trust domain the workload may
+	// trust, as the server's SDS ALL hands them out (bundle.spiffe.json).
+	// TrustDomain's entry is always Local. Nil writes no bundle map and
+	// removes one left by an earlier run, so no stale federated trust
+	// stays next to new credentials.
+	Bundles map[spiffeid.TrustDomain][]*x509.Certificate
+}
+
+// BundleMap renders t.Bundles, with Local as TrustDomain's roots, as a
+// SPIFFE bundle map (X.509 authorities only, no refresh hints).
+func (t Trust) BundleMap() ([]byte, error) {
+	bundles := make([]*spiffebundle.Bundle, 0, len(t.Bundles)+1)
+	for td, roots := range t.Bundles {
+		if td != t.TrustDomain && len(roots) > 0 {
+			bundles = append(bundles, spiffebundle.FromX509Authorities(td, roots))
+		}
+	}
+	bundles = append(bundles, spiffebundle.FromX509Authorities(t.TrustDomain, t.Local))
+	return bundledoc.MarshalMap(bundles)
+}
+
+// ParseBundleMap reads a bundle map's X.509 roots per trust domain, as
+// BundleMap writes them (JWT authorities are ignored). A trust domain
+// without X.509 roots is left out.
+func ParseBundleMap(doc []byte) (map[spiffeid.TrustDomain][]*x509.Certificate, error) {
+	bundles, _, err := bundledoc.ParseMap(doc)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[spiffeid.TrustDomain][]*x509.Certificate, len(bundles))
+	for _, b := range bundles {
+		if roots := b.X509Authorities(); len(roots) > 0 {
+			out[b.TrustDomain()] = roots
+		}
+	}
+	return out, nil
+}
+
+// WriteCredentials writes key.pem (0600), cert-chain.pem (leaf first, no
+// roots), root-cert.pem (trust.Local: the workload's own trust domain's
+// roots, never a peer's) and bundle.spiffe.json (trust.Bundles, per trust
+// domain). Every file is staged (synced, with its final mode) before any
+// replaces its predecessor: when dir is also where the current
+// credentials come from, a failure part-way must not leave a new key.pem
+// next to the old cert-chain.pem, a pair that no longer matches and
+// cannot renew. A symlink in dir is replaced, never written through.
+func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, trust Trust) error {
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return err
 	}
+	if len(trust.Local) == 0 {
+		return errors.New("no roots of the workload's own trust domain to write")
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	files := []struct {
-		name string
-		data []byte
-		perm os.FileMode
-	}{
+	files := []credFile{
 		{KeyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600},
 		{ChainFile, EncodeCerts(chain), 0o644},
-		{RootsFile, EncodeCerts(roots), 0o644},
+		{RootsFile, EncodeCerts(trust.Local), 0o644},
+	}
+	if trust.Bundles != nil {
+		doc, err := trust.BundleMap()
+		if err != nil {
+			return fmt.Errorf("%s: %w", BundleMapFile, err)
+		}
+		files = append(files, credFile{BundleMapFile, doc, 0o644})
 	}
 	for _, f := range files {
 		p := filepath.Join(dir, f.name)
@@ -84,12 +144,24 @@ func WriteCredentials(dir string, key crypto.Signer, chain, roots []*x509.Certif
 		}
 		staged[i] = ""
 	}
+	if trust.Bundles == nil {
+		if err := os.Remove(filepath.Join(dir, BundleMapFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// credFile is one file WriteCredentials writes.
+type credFile struct {
+	name string
+	data []byte
+	perm os.FileMode
 }
 
 // stageFile writes data with perm to a new temporary file in dir, synced,

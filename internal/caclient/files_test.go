@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -22,10 +23,13 @@ func TestWriteCredentialsFailureKeepsOldPair(t *testing.T) {
 	issuer := testca.New(t, "example.org")
 	leaf, _ := issuer.Issue(t, laptopID)
 	key := testca.NewKey(t, testca.ECP256)
-	for _, blocked := range []string{KeyFile, ChainFile, RootsFile} {
+	peer := testca.New(t, "other.example")
+	trust := Trust{TrustDomain: exampleTD, Local: []*x509.Certificate{issuer.Cert},
+		Bundles: map[spiffeid.TrustDomain][]*x509.Certificate{otherTD: {peer.Cert}}}
+	for _, blocked := range []string{KeyFile, ChainFile, RootsFile, BundleMapFile} {
 		t.Run(blocked, func(t *testing.T) {
 			dir := t.TempDir()
-			old := map[string]string{KeyFile: "old key", ChainFile: "old chain", RootsFile: "old roots"}
+			old := map[string]string{KeyFile: "old key", ChainFile: "old chain", RootsFile: "old roots", BundleMapFile: "old map"}
 			for name, data := range old {
 				if name == blocked {
 					// A directory in the way: its rename fails.
@@ -34,7 +38,7 @@ func TestWriteCredentialsFailureKeepsOldPair(t *testing.T) {
 				}
 				require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600))
 			}
-			err := WriteCredentials(dir, key, []*x509.Certificate{leaf}, []*x509.Certificate{issuer.Cert})
+			err := WriteCredentials(dir, key, []*x509.Certificate{leaf}, trust)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), blocked)
 			for name, data := range old {
@@ -47,7 +51,7 @@ func TestWriteCredentialsFailureKeepsOldPair(t *testing.T) {
 			}
 			entries, err := os.ReadDir(dir)
 			require.NoError(t, err)
-			assert.Len(t, entries, 3, "no temp files left behind")
+			assert.Len(t, entries, 4, "no temp files left behind")
 		})
 	}
 }
@@ -62,7 +66,7 @@ func TestWriteCredentialsSymlink(t *testing.T) {
 	target := filepath.Join(t.TempDir(), "elsewhere")
 	require.NoError(t, os.WriteFile(target, []byte("untouched"), 0o644))
 	require.NoError(t, os.Symlink(target, filepath.Join(dir, KeyFile)))
-	require.NoError(t, WriteCredentials(dir, key, []*x509.Certificate{leaf}, []*x509.Certificate{issuer.Cert}))
+	require.NoError(t, WriteCredentials(dir, key, []*x509.Certificate{leaf}, Trust{TrustDomain: exampleTD, Local: []*x509.Certificate{issuer.Cert}}))
 	got, err := os.ReadFile(target)
 	require.NoError(t, err)
 	assert.Equal(t, "untouched", string(got))
@@ -72,14 +76,22 @@ func TestWriteCredentialsSymlink(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 }
 
-// What WriteCredentials writes, LoadCertDir and ReadPEMCerts read back.
+// What WriteCredentials writes, LoadCertDir, ReadPEMCerts and
+// ParseBundleMap read back: root-cert.pem holds the local roots alone,
+// federated ones are in the bundle map under their own trust domain.
 func TestWriteThenLoadCertDir(t *testing.T) {
 	issuer := testca.New(t, "example.org")
+	peer := testca.New(t, "other.example", anonymous)
 	key := testca.NewKey(t, testca.ECP256)
 	leaf, _ := issuer.Issue(t, laptopID, testca.Options{Key: key})
 	dir := filepath.Join(t.TempDir(), "new")
-	require.NoError(t, WriteCredentials(dir, key, []*x509.Certificate{leaf}, []*x509.Certificate{issuer.Cert}))
-	for name, perm := range map[string]os.FileMode{KeyFile: 0o600, ChainFile: 0o644, RootsFile: 0o644} {
+	trust := Trust{TrustDomain: exampleTD, Local: []*x509.Certificate{issuer.Cert},
+		Bundles: map[spiffeid.TrustDomain][]*x509.Certificate{
+			otherTD:   {peer.Cert},
+			exampleTD: {peer.Cert}, // never written: Local is the local entry
+		}}
+	require.NoError(t, WriteCredentials(dir, key, []*x509.Certificate{leaf}, trust))
+	for name, perm := range map[string]os.FileMode{KeyFile: 0o600, ChainFile: 0o644, RootsFile: 0o644, BundleMapFile: 0o644} {
 		info, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
 		assert.Equal(t, perm, info.Mode().Perm(), name)
@@ -95,9 +107,26 @@ func TestWriteThenLoadCertDir(t *testing.T) {
 	roots, err := ReadPEMCerts(filepath.Join(dir, RootsFile))
 	require.NoError(t, err)
 	assert.Equal(t, []*x509.Certificate{issuer.Cert}, roots)
+	doc, err := os.ReadFile(filepath.Join(dir, BundleMapFile))
+	require.NoError(t, err)
+	byTD, err := ParseBundleMap(doc)
+	require.NoError(t, err)
+	assert.Equal(t, map[spiffeid.TrustDomain][]*x509.Certificate{exampleTD: {issuer.Cert}, otherTD: {peer.Cert}}, byTD)
 
 	_, _, err = LoadCertDir(dir, leaf.NotAfter.Add(time.Second))
 	assert.ErrorContains(t, err, "expired at")
+
+	// Written again without a bundle map: the old one goes, so no stale
+	// federated trust stays next to the new credentials.
+	require.NoError(t, WriteCredentials(dir, key, []*x509.Certificate{leaf}, Trust{TrustDomain: exampleTD, Local: []*x509.Certificate{issuer.Cert}}))
+	_, err = os.Stat(filepath.Join(dir, BundleMapFile))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+
+	// No local roots: nothing is written.
+	empty := filepath.Join(t.TempDir(), "empty")
+	assert.ErrorContains(t, WriteCredentials(empty, key, []*x509.Certificate{leaf}, Trust{TrustDomain: exampleTD}), "no roots")
+	_, err = os.Stat(empty)
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }
 
 func TestLoadCertDirRefusals(t *testing.T) {

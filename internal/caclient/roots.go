@@ -66,14 +66,12 @@ func RootTrustDomain(r *x509.Certificate) (td spiffeid.TrustDomain, ok bool) {
 	return id.TrustDomain(), true
 }
 
-// RootsFor keeps the roots that may vouch for td. Roots of other trust
-// domains, which a merged root-cert.pem holds too, must not. When some
-// roots name td (trustbridge's own always do), only those vouch: a
-// federated root naming no trust domain could otherwise mint td's server
-// identity. Only when none names td (a plug-in CA's roots often do not)
-// do the roots naming no trust domain vouch; merged trust that mixes such
-// roots of several trust domains cannot be told apart, so give a
-// --root-cert of the local roots alone then.
+// RootsFor keeps the roots that may vouch for td, out of a file an
+// operator gave as td's roots (--root-cert). Roots naming another trust
+// domain never do. When some roots name td (trustbridge's own always do),
+// only those vouch: a root naming no trust domain could otherwise mint
+// td's server identity. Only when none names td (a plug-in CA's roots
+// often do not) do the roots naming no trust domain vouch.
 func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certificate {
 	var named, anonymous []*x509.Certificate
 	for _, r := range roots {
@@ -90,19 +88,22 @@ func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certif
 	return anonymous
 }
 
-// GroupRoots sorts roots by trust domain: a root naming a trust domain
-// (RootTrustDomain) belongs to it, any other to local. Order within a
-// trust domain is kept.
-func GroupRoots(local spiffeid.TrustDomain, roots []*x509.Certificate) map[spiffeid.TrustDomain][]*x509.Certificate {
-	out := make(map[spiffeid.TrustDomain][]*x509.Certificate)
-	for _, r := range roots {
-		td, ok := RootTrustDomain(r)
-		if !ok {
-			td = local
+// CheckLocalRoots checks a file meant to hold the roots of td alone
+// (root-cert.pem, --root-cert): a root that names another trust domain in
+// its URI SAN means the file is a merged pool, as `ca request` wrote before
+// federated trust moved to bundle.spiffe.json, and trusting it for td
+// would let that trust domain's CA mint td's identities. A root naming no
+// trust domain cannot be told apart and is taken as td's: the file's name
+// is its provenance. name labels the file in the error.
+func CheckLocalRoots(name string, td spiffeid.TrustDomain, roots []*x509.Certificate) error {
+	for i, r := range roots {
+		if other, ok := RootTrustDomain(r); ok && other != td {
+			return fmt.Errorf("%s: certificate %d is a root of %s, not of %s: this file must hold the roots of %s only "+
+				"(federated trust belongs in %s, per trust domain); write it again with trustbridge ca request, "+
+				"or keep only %s's roots in it", name, i, other.Name(), td.Name(), td.Name(), BundleMapFile, td.Name())
 		}
-		out[td] = append(out[td], r)
 	}
-	return out
+	return nil
 }
 
 func joinTDs(tds []spiffeid.TrustDomain) string {

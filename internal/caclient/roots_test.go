@@ -15,6 +15,7 @@ import (
 
 var (
 	exampleTD = spiffeid.RequireTrustDomainFromString("example.org")
+	otherTD   = spiffeid.RequireTrustDomainFromString("other.example")
 	laptopID  = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
 	anonymous = testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }}
 )
@@ -82,17 +83,17 @@ func TestRootTrustDomain(t *testing.T) {
 	}
 }
 
-func TestGroupRoots(t *testing.T) {
+func TestCheckLocalRoots(t *testing.T) {
 	local := testca.New(t, "example.org").Cert
-	local2 := testca.New(t, "example.org").Cert
 	plain := testca.New(t, "example.org", anonymous).Cert
 	fed := testca.New(t, "other.example").Cert
-	got := GroupRoots(exampleTD, []*x509.Certificate{local, fed, plain, local2})
-	assert.Equal(t, map[spiffeid.TrustDomain][]*x509.Certificate{
-		exampleTD: {local, plain, local2},
-		spiffeid.RequireTrustDomainFromString("other.example"): {fed},
-	}, got)
-	assert.Empty(t, GroupRoots(exampleTD, nil))
+	require.NoError(t, CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local, plain}))
+	require.NoError(t, CheckLocalRoots("root-cert.pem", exampleTD, nil))
+	err := CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local, fed})
+	require.Error(t, err)
+	for _, want := range []string{"root-cert.pem: certificate 1 is a root of other.example, not of example.org", "bundle.spiffe.json"} {
+		assert.ErrorContains(t, err, want)
+	}
 }
 
 func TestRootsFor(t *testing.T) {

@@ -44,6 +44,9 @@ const (
 	CertChainFile = "cert-chain.pem"
 	KeyFile       = "key.pem"
 	RootCertFile  = "root-cert.pem"
+	// BundleMapFile, optional, is a SPIFFE bundle map of the trust
+	// domains the workload may trust besides its own.
+	BundleMapFile = caclient.BundleMapFile
 )
 
 // ErrAlreadyServing means an SDS server already answers on the socket; Run
@@ -84,6 +87,7 @@ type rotator interface {
 	Run(ctx context.Context) error
 	ClientTLS() *tls.Config
 	SetServerRoots(roots []*x509.Certificate)
+	Trust() caclient.Trust
 }
 
 // Agent serves one workload's SDS on a unix socket. Build it with New.
@@ -97,9 +101,8 @@ type Agent struct {
 	reg          prometheus.Registerer
 	metrics      *metrics
 
-	caAddr  string
-	caRoots []*x509.Certificate
-	rot     rotator // nil: no CA configured
+	caAddr string
+	rot    rotator // nil: no CA configured
 
 	// probeTimeout bounds the check for a live SDS server on the socket.
 	probeTimeout time.Duration
@@ -172,7 +175,6 @@ func New(cfg Config) (*Agent, error) {
 		}
 		a.rot = r
 		a.caAddr = rc.CAAddr
-		a.caRoots = rc.Roots
 	}
 	return a, nil
 }
@@ -273,7 +275,10 @@ func (a *Agent) runCA(ctx context.Context) error {
 	}
 	id := a.rot.ID()
 	trust := sds.NewTrustCell()
-	seed := caclient.GroupRoots(id.TrustDomain(), a.caRoots)
+	// The first trust is what the server handed out with the first
+	// certificate, per trust domain; --root-cert only ever verifies the
+	// server.
+	seed := trustMap(a.rot.Trust())
 	if err := trust.Set(bundlesOf(seed)); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -404,6 +409,16 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 // localMethod names how callers on the socket are authenticated in the
 // SDS server's logs: by being able to open the socket.
 const localMethod = "unix-socket"
+
+// trustMap is t per trust domain, the local one's roots being t.Local.
+func trustMap(t caclient.Trust) map[spiffeid.TrustDomain][]*x509.Certificate {
+	m := make(map[spiffeid.TrustDomain][]*x509.Certificate, len(t.Bundles)+1)
+	for td, roots := range t.Bundles {
+		m[td] = roots
+	}
+	m[t.TrustDomain] = t.Local
+	return m
+}
 
 // bundlesOf turns a per-trust-domain map into bundles.
 func bundlesOf(m map[spiffeid.TrustDomain][]*x509.Certificate) []*x509bundle.Bundle {

@@ -347,10 +347,12 @@ func TestRunBadFilesAtStart(t *testing.T) {
 	dir := shortDir(t)
 	ca := testca.New(t, tdA.Name())
 	other := testca.New(t, tdB.Name())
-	writeCreds(t, dir, ca, workload, other.Cert) // no root for a.test
+	writeCreds(t, dir, ca, workload, ca.Cert)
+	// A merged root-cert.pem: a peer's root where a.test's belong.
+	writeFile(t, filepath.Join(dir, RootCertFile), pemCerts(ca.Cert, other.Cert))
 	err := newTestAgent(t, Config{SocketPath: filepath.Join(dir, "socket"), CredentialsDir: dir}).Run(context.Background())
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "no root for the trust domain")
+	assert.Contains(t, err.Error(), "is a root of b.test, not of a.test")
 }
 
 func TestRunTwice(t *testing.T) {

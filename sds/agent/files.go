@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"path/filepath"
 
@@ -118,7 +119,7 @@ func (w *fileWatcher) apply(set *credentialSet) error {
 	}
 	if set.rootsDigest != w.rootsDigest {
 		if err := w.trust.Set(bundlesOf(set.roots)); err != nil {
-			return fmt.Errorf("%s: %w", RootCertFile, err)
+			return fmt.Errorf("%s and %s: %w", RootCertFile, BundleMapFile, err)
 		}
 		w.rootsDigest = set.rootsDigest
 	}
@@ -126,7 +127,8 @@ func (w *fileWatcher) apply(set *credentialSet) error {
 	return nil
 }
 
-// readCredentialSet reads and parses the three files of dir.
+// readCredentialSet reads and parses the three files of dir, and
+// bundle.spiffe.json when it is there.
 func readCredentialSet(dir string) (*credentialSet, error) {
 	var data [3][]byte
 	for i, name := range []string{CertChainFile, KeyFile, RootCertFile} {
@@ -136,17 +138,26 @@ func readCredentialSet(dir string) (*credentialSet, error) {
 		}
 		data[i] = b
 	}
-	set, err := parseCredentialSet(data[0], data[1], data[2])
-	if err != nil {
-		return nil, err
+	bundleMap, _, err := cappedfile.Read(filepath.Join(dir, BundleMapFile), maxCredentialFileSize)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		bundleMap = nil
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", BundleMapFile, err)
 	}
-	return set, nil
+	return parseCredentialSet(data[0], data[1], data[2], bundleMap)
 }
 
 // parseCredentialSet parses a certificate chain (leaf first; a trailing
-// self-signed root is dropped), a private key and roots. The identity is
-// the leaf's SPIFFE ID; its trust domain must have a root.
-func parseCredentialSet(chainPEM, keyPEM, rootsPEM []byte) (*credentialSet, error) {
+// self-signed root is dropped), a private key, the roots of the leaf's
+// trust domain and, unless bundleMap is nil, a SPIFFE bundle map of the
+// trust domains the workload may trust. The identity is the leaf's SPIFFE
+// ID. root-cert.pem holds that trust domain's roots only: a root naming
+// another trust domain there is refused, and a peer's roots are trusted
+// only from the bundle map, for the trust domain they are listed under.
+// The map's entry for the local trust domain, if any, is ignored:
+// root-cert.pem is the one source of the local roots.
+func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credentialSet, error) {
 	chain, err := parseCertificates(chainPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", CertChainFile, err)
@@ -176,10 +187,19 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM []byte) (*credentialSet, erro
 			return nil, fmt.Errorf("%s: certificate %d is not a CA certificate", RootCertFile, i)
 		}
 	}
-	grouped := caclient.GroupRoots(id.TrustDomain(), roots)
-	if len(grouped[id.TrustDomain()]) == 0 {
-		return nil, fmt.Errorf("%s: no root for the trust domain %q of %s", RootCertFile, id.TrustDomain().Name(), id)
+	if err := caclient.CheckLocalRoots(RootCertFile, id.TrustDomain(), roots); err != nil {
+		return nil, err
 	}
+	grouped := map[spiffeid.TrustDomain][]*x509.Certificate{}
+	if bundleMap != nil {
+		if grouped, err = caclient.ParseBundleMap(bundleMap); err != nil {
+			return nil, fmt.Errorf("%s: %w", BundleMapFile, err)
+		}
+		if len(grouped) > maxTrustDomains {
+			return nil, fmt.Errorf("%s: %d trust domains; at most %d are accepted", BundleMapFile, len(grouped), maxTrustDomains)
+		}
+	}
+	grouped[id.TrustDomain()] = roots
 	h := sha256.New()
 	for _, b := range [][]byte{chainPEM, keyPEM} {
 		fmt.Fprintf(h, "%d:", len(b))
@@ -187,7 +207,12 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM []byte) (*credentialSet, erro
 	}
 	set := &credentialSet{id: id, chain: chain, key: key, roots: grouped}
 	h.Sum(set.credDigest[:0])
-	set.rootsDigest = sha256.Sum256(rootsPEM)
+	rh := sha256.New()
+	for _, b := range [][]byte{rootsPEM, bundleMap} {
+		fmt.Fprintf(rh, "%d:", len(b))
+		rh.Write(b)
+	}
+	rh.Sum(set.rootsDigest[:0])
 	set.digest = sha256.Sum256(append(set.credDigest[:], set.rootsDigest[:]...))
 	return set, nil
 }

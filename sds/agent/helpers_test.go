@@ -33,6 +33,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -64,14 +65,32 @@ func pemKey(t testing.TB, k crypto.Signer) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
 
-// writeCreds writes a credential set for id issued by ca, with roots, into
-// dir, and returns the leaf.
+// writeCreds writes a credential set for id issued by ca into dir, as `ca
+// request` does: the roots of id's trust domain in root-cert.pem, the
+// others (by the trust domain their URI SAN names) in bundle.spiffe.json,
+// which is removed when there are none. It returns the leaf.
 func writeCreds(t *testing.T, dir string, ca *testca.CA, id spiffeid.ID, roots ...*x509.Certificate) *x509.Certificate {
 	t.Helper()
 	leaf, key := ca.Issue(t, id)
+	var local []*x509.Certificate
+	peers := map[spiffeid.TrustDomain][]*x509.Certificate{}
+	for _, r := range roots {
+		td, ok := caclient.RootTrustDomain(r)
+		require.True(t, ok, "test roots name their trust domain")
+		if td == id.TrustDomain() {
+			local = append(local, r)
+		} else {
+			peers[td] = append(peers[td], r)
+		}
+	}
 	writeFile(t, filepath.Join(dir, CertChainFile), pemCerts(leaf))
 	writeFile(t, filepath.Join(dir, KeyFile), pemKey(t, key))
-	writeFile(t, filepath.Join(dir, RootCertFile), pemCerts(roots...))
+	writeFile(t, filepath.Join(dir, RootCertFile), pemCerts(local...))
+	if len(peers) == 0 {
+		require.NoError(t, os.RemoveAll(filepath.Join(dir, BundleMapFile)))
+	} else {
+		writeFile(t, filepath.Join(dir, BundleMapFile), bundleMapOf(t, peers))
+	}
 	return leaf
 }
 
@@ -351,6 +370,10 @@ func (f *fakeRotator) ClientTLS() *tls.Config {
 	return tlsconfig.MTLSClientConfig(f.svid, bundle, tlsconfig.AuthorizeID(serverID))
 }
 
+func (f *fakeRotator) Trust() caclient.Trust {
+	return caclient.Trust{TrustDomain: f.ca.TrustDomain, Local: []*x509.Certificate{f.ca.Cert}}
+}
+
 func (f *fakeRotator) SetServerRoots(roots []*x509.Certificate) {
 	f.mu.Lock()
 	f.serverRoots = roots
@@ -367,6 +390,5 @@ func caAgent(t *testing.T, socket string, rot *fakeRotator, caAddr string, reg p
 	a := newTestAgent(t, Config{SocketPath: socket, CredentialsDir: filepath.Join(filepath.Dir(socket), "none"), Registerer: reg})
 	a.rot = rot
 	a.caAddr = caAddr
-	a.caRoots = []*x509.Certificate{rot.ca.Cert}
 	return a
 }

@@ -100,6 +100,7 @@ type Rotator struct {
 	cur      *tls.Certificate    // Leaf set; nil before Init
 	id       spiffeid.ID         // the workload identity, fixed by Init
 	cell     *sds.CredentialCell
+	trust    caclient.Trust // from the server with the last certificate
 }
 
 // NewRotator checks cfg and applies its defaults. It starts nothing and
@@ -308,15 +309,12 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 	}
 	callCtx, cancel := context.WithTimeout(ctx, rotatorCallTimeout)
 	defer cancel()
-	chain, err := caclient.CreateCertificate(callCtx, r.addr, caclient.ServerTLS(roots, serverID, clientCert),
-		caclient.Request{Key: key, ID: want, TTL: r.ttl, Token: token})
+	issued, err := Obtain(callCtx, r.addr, roots, serverID, clientCert,
+		caclient.Request{Key: key, ID: want, TTL: r.ttl, Token: token}, x509svid.WithTime(r.clock.Now()))
 	if err != nil {
 		return err
 	}
-	leafChain, issuedRoots, id, err := caclient.CheckIssued(chain, key, serverID.TrustDomain(), want, x509svid.WithTime(r.clock.Now()))
-	if err != nil {
-		return fmt.Errorf("unusable certificate: %w", err)
-	}
+	id, leafChain := issued.ID, issued.Chain
 	if !pinned.IsZero() && id != pinned {
 		return fmt.Errorf("unusable certificate: issued %s, but this agent serves %s", id, pinned)
 	}
@@ -336,6 +334,11 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 		return err
 	}
 	r.cell, r.cur, r.id, r.serverID = cell, cert, id, serverID
+	// ROOTCA came over a connection verified against the roots held so
+	// far: the CA's roots as they are now, so a rotation does not strand
+	// the agent on its --root-cert file.
+	r.roots = slices.Clone(issued.Trust.Local)
+	r.trust = issued.Trust
 	r.mu.Unlock()
 	r.metrics.notAfter.Set(float64(cert.Leaf.NotAfter.Unix()))
 	r.log.Info("workload certificate issued", logattr.SPIFFEID, id.String(), "authenticated_by", auth,
@@ -344,7 +347,7 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 	// The new credential is served whether or not it reaches the disk;
 	// the files there stay a consistent older set on failure.
 	if r.outDir != "" {
-		if err := caclient.WriteCredentials(r.outDir, key, leafChain, issuedRoots); err != nil {
+		if err := caclient.WriteCredentials(r.outDir, key, leafChain, issued.Trust); err != nil {
 			r.metrics.writeFailures.Inc()
 			r.log.Error("writing the workload certificate failed", "dir", r.outDir, logattr.Error, err.Error())
 		}
@@ -494,6 +497,14 @@ func (r *Rotator) ClientTLS() *tls.Config {
 			return caclient.VerifyServer(roots, serverID)(cs)
 		},
 	}
+}
+
+// Trust is the trust the server handed out with the last certificate,
+// per trust domain (FetchTrust); empty before Init.
+func (r *Rotator) Trust() caclient.Trust {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.trust
 }
 
 // SetServerRoots replaces the roots trusted for the server, so a root

@@ -33,6 +33,7 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/internal/testlog"
@@ -63,6 +64,10 @@ type rotCertService struct {
 	issueAs spiffeid.ID // when set, issue for this identity whatever the caller is
 	auths   []string    // "token" or "certificate", per call, as authenticated
 	csrIDs  []string    // the URI SAN of each CSR, "" for none
+
+	// trust is what the real SDS server next to the fake hands out: the
+	// CA's roots for example.org, and federated roots tests add.
+	trust *sds.TrustCell
 }
 
 func startRotCertService(t *testing.T, fc *clocktesting.FakeClock) *rotCertService {
@@ -75,6 +80,19 @@ func startRotCertService(t *testing.T, fc *clocktesting.FakeClock) *rotCertServi
 		ClientAuth:   tls.RequestClientCert,
 	})))
 	securityv1alpha1.RegisterIstioCertificateServiceServer(gs, f)
+	// The trust that comes with a certificate is fetched from SDS on the
+	// same listener, authenticated by the new certificate, as from a
+	// trustbridge server.
+	f.trust = sds.NewTrustCell()
+	require.NoError(t, f.trust.Set([]*x509bundle.Bundle{x509bundle.FromX509Authorities(rotTD, []*x509.Certificate{f.ca.Cert})}))
+	sdsSrv, err := sds.New(sds.Config{
+		TrustDomain:   rotTD,
+		Trust:         f.trust,
+		Authenticator: authn.NewX509SVID(rotTD, x509bundle.FromX509Authorities(rotTD, []*x509.Certificate{f.ca.Cert}), fc),
+		Clock:         fc,
+	})
+	require.NoError(t, err)
+	sdsSrv.Register(gs)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	f.addr = ln.Addr().String()
@@ -258,7 +276,7 @@ func current(t *testing.T, r *Rotator) *sds.Credential {
 func writeIssued(t *testing.T, dir string, ca *testca.CA, id spiffeid.ID, opts testca.Options) *x509.Certificate {
 	t.Helper()
 	leaf, key := ca.Issue(t, id, opts)
-	require.NoError(t, caclient.WriteCredentials(dir, key, []*x509.Certificate{leaf}, []*x509.Certificate{ca.Cert}))
+	require.NoError(t, caclient.WriteCredentials(dir, key, []*x509.Certificate{leaf}, caclient.Trust{TrustDomain: ca.TrustDomain, Local: []*x509.Certificate{ca.Cert}}))
 	return leaf
 }
 
