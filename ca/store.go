@@ -17,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/securedir"
 )
 
 // Layout of the CA's part of --data-dir. state.json is the commit point:
@@ -143,8 +144,17 @@ func (s *Store) journalPath() string       { return filepath.Join(s.dir, journal
 func (s *Store) certPath(id string) string { return filepath.Join(s.dir, rootsDirName, id+".crt.pem") }
 func (s *Store) keyPath(id string) string  { return filepath.Join(s.dir, rootsDirName, id+".key.pem") }
 func (s *Store) lockPath() string          { return filepath.Join(s.dir, lockName) }
-func (s *Store) ensureDirs() error         { return os.MkdirAll(filepath.Join(s.dir, rootsDirName), 0o700) }
 func (s *Store) wrap(err error) error      { return fmt.Errorf("ca: state in %s: %w", s.dir, err) }
+
+// ensureDirs creates the state directory (0700) and refuses one another
+// user could write to: they could plant a root key the CA would sign with.
+func (s *Store) ensureDirs() error {
+	if err := securedir.Ensure(s.dir); err != nil {
+		return err
+	}
+	return os.MkdirAll(filepath.Join(s.dir, rootsDirName), securedir.Perm)
+}
+
 func corrupt(format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrCorruptState}, a...)...)
 }
@@ -165,6 +175,9 @@ func (s *Store) Load(td string) (*Journal, []*Root, error) {
 
 // load is Load, with the version (digest) of the journal it read.
 func (s *Store) load(td string) (*Journal, []*Root, string, error) {
+	if err := securedir.Check(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, "", s.wrap(err)
+	}
 	data, err := readCapped(s.journalPath(), maxJournal)
 	if errors.Is(err, fs.ErrNotExist) {
 		if leftovers := s.rootFiles(); len(leftovers) > 0 {

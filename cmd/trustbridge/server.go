@@ -28,6 +28,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/securedir"
 	"github.com/trustbridge/trustbridge/internal/statusui"
 )
 
@@ -112,7 +113,7 @@ func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) st
 func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.configPath, configFlag, "", "YAML file whose keys are these flags' names (trust-domain: example.org), plus a federation list in the --federation-config schema; flags and environment variables win over it (see docs/configuration.md; check it with trustbridge config check)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
-	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600")
+	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; created 0700, keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted)")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
 	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
@@ -175,6 +176,11 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	if err := checkStorageFlags(o); err != nil {
 		return err
+	}
+	// Whoever else can write to the data dir could plant a root key, a
+	// journal or an audit log this server would trust or extend.
+	if err := securedir.Ensure(o.dataDir); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
 	}
 	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
 		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)

@@ -1,0 +1,42 @@
+//go:build unix
+
+package ca
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/securedir"
+)
+
+// A ca/ directory another user could write to is refused for reading and
+// writing, and its content is left as it was; after chmod go-w it loads.
+func TestStoreRefusesAWritableStateDir(t *testing.T) {
+	s, _, id := storeWithRoot(t)
+	require.NoError(t, os.Chmod(s.Dir(), 0o777))
+
+	_, _, err := s.Load("example.org")
+	require.ErrorIs(t, err, securedir.ErrInsecure)
+	assert.ErrorContains(t, err, "chmod go-w "+s.Dir())
+	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour)
+	require.NoError(t, err)
+	_, err = s.WriteRoot(cert, key)
+	assert.ErrorIs(t, err, securedir.ErrInsecure)
+	assert.ErrorIs(t, s.Save(&Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
+	unlock, err := s.Lock(true)
+	if err == nil {
+		unlock()
+	}
+	assert.ErrorIs(t, err, securedir.ErrInsecure)
+
+	require.NoError(t, os.Chmod(s.Dir(), 0o700))
+	j, roots, err := s.Load("example.org")
+	require.NoError(t, err)
+	require.Len(t, roots, 1)
+	assert.Equal(t, id, roots[0].ID, "the last good state, untouched")
+	assert.Equal(t, uint64(1), j.Sequence)
+}
