@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -16,8 +14,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 )
 
 func newCACmd(e env) *cobra.Command {
@@ -46,7 +44,8 @@ func newCAIssueCmd(e env) *cobra.Command {
 		Short: "Issue a workload certificate from the CA state (bootstrap, examples)",
 		Long: `Generate a key locally and issue an X509-SVID for --spiffe-id from the active
 root in --data-dir, writing key.pem (mode 0600), cert-chain.pem (leaf first)
-and root-cert.pem (every published root) into --out.
+and root-cert.pem (every published root of this trust domain, and nothing
+else) into --out.
 
 This is for operators: whoever can read --data-dir holds the CA and may
 issue any identity of the trust domain. It takes a shared lock on the state
@@ -103,26 +102,12 @@ func runCAIssue(e env, o caIssueOptions) error {
 	if err != nil {
 		return err
 	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
+	// The CA's own roots only: whoever reads root-cert.pem trusts it for
+	// this trust domain. The files are staged and renamed together, so a
+	// failure leaves no key next to another certificate.
+	trust := caclient.Trust{TrustDomain: td, Local: m.Roots}
+	if err := caclient.WriteCredentials(o.out, key, withoutRoots(issued.Chain, m.Roots), trust); err != nil {
 		return err
-	}
-	if err := os.MkdirAll(o.out, 0o700); err != nil {
-		return err
-	}
-	files := []struct {
-		name string
-		data []byte
-		perm os.FileMode
-	}{
-		{"key.pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600},
-		{"cert-chain.pem", certsPEM(withoutRoots(issued.Chain, m.Roots)), 0o644},
-		{"root-cert.pem", certsPEM(m.Roots), 0o644},
-	}
-	for _, f := range files {
-		if err := atomicfile.Write(filepath.Join(o.out, f.name), f.data, f.perm); err != nil {
-			return err
-		}
 	}
 	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s\n", id, issued.Leaf.NotAfter.UTC().Format(time.RFC3339), o.out)
 	return nil
