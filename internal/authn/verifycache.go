@@ -135,3 +135,98 @@ func (c *verifyCache) len() int {
 	defer c.mu.Unlock()
 	return c.order.Len()
 }
+
+// Failure cache defaults. A failed chain is replayed by an attacker at no
+// cost to itself; remembering the failure makes each replay a map lookup.
+// The TTL is short because a few failures are not the chain's fault for
+// good: a certificate that is not valid yet (clock skew at issuance)
+// becomes valid, and new roots arrive as a new bundle pointer, which never
+// matches an old entry.
+const (
+	DefaultFailureCacheSize = 4096
+	DefaultFailureCacheTTL  = 30 * time.Second
+)
+
+// failedEntry is one failed verification of key at time at, reused until
+// expires. Before at (a clock set back) it is not reused: a verification
+// that failed on time grounds may pass at another time.
+type failedEntry struct {
+	key     verifyKey
+	err     error
+	at      time.Time
+	expires time.Time
+}
+
+// failureCache is a bounded LRU of failed chain verifications, keyed like
+// verifyCache by the chain as presented and the bundle pointer it failed
+// against. It is separate from verifyCache so that a flood of distinct bad
+// chains evicts only other failures, never a legitimate caller's success.
+// Safe for concurrent use.
+type failureCache struct {
+	mu      sync.Mutex
+	max     int
+	ttl     time.Duration
+	order   *list.List // of *failedEntry, most recently used first
+	entries map[verifyKey]*list.Element
+}
+
+func newFailureCache(max int, ttl time.Duration) *failureCache {
+	if max <= 0 || ttl <= 0 {
+		return nil
+	}
+	return &failureCache{max: max, ttl: ttl, order: list.New(), entries: make(map[verifyKey]*list.Element)}
+}
+
+// get returns the error key failed with, if that is still remembered at
+// now.
+func (c *failureCache) get(key verifyKey, now time.Time) (error, bool) {
+	if c == nil {
+		return nil, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.entries[key]
+	if !ok {
+		return nil, false
+	}
+	e := el.Value.(*failedEntry)
+	if now.Before(e.at) || !now.Before(e.expires) {
+		c.remove(el)
+		return nil, false
+	}
+	c.order.MoveToFront(el)
+	return e.err, true
+}
+
+// add remembers that key failed with err, for the cache's TTL from now.
+func (c *failureCache) add(key verifyKey, err error, now time.Time) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := &failedEntry{key: key, err: err, at: now, expires: now.Add(c.ttl)}
+	if el, ok := c.entries[key]; ok {
+		el.Value = e
+		c.order.MoveToFront(el)
+		return
+	}
+	for c.order.Len() >= c.max {
+		c.remove(c.order.Back())
+	}
+	c.entries[key] = c.order.PushFront(e)
+}
+
+func (c *failureCache) remove(el *list.Element) {
+	delete(c.entries, el.Value.(*failedEntry).key)
+	c.order.Remove(el)
+}
+
+func (c *failureCache) len() int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.order.Len()
+}

@@ -5,29 +5,75 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
 
 // maxPeerChain bounds the certificates a client may send. SVID chains are a
-// leaf and a few intermediates; a longer chain only costs verification time.
+// leaf and a few intermediates; nested SPIRE deployments add one per
+// level, so the bound is not lower. With checkChainBounds (distinct
+// subjects, CA intermediates, bounded keys) the work of verifying a chain
+// grows linearly with its length, so eight costs at most a few
+// milliseconds of CPU.
 const maxPeerChain = 8
+
+// Default bounds on verifications in flight: a verification is a few
+// signature checks of CPU, so a handful per client address is plenty for
+// agents that renew several workloads at once, and the global bound keeps
+// unauthenticated work to a few cores' worth however many addresses an
+// attacker has.
+const (
+	DefaultMaxVerificationsPerPeer = 4
+	DefaultMaxVerifications        = 32
+)
 
 // X509SVID authenticates a caller by its mTLS client certificate: an
 // X509-SVID of the local trust domain that verifies against the local roots
 // as they are at the time of the call. SVIDs of federated trust domains
 // never authenticate, even if their roots are in the source: only the local
 // trust domain's bundle is asked for.
+//
+// Verifying a chain the caller sent is work done before the caller proved
+// anything, so it is bounded four ways: checkChainBounds refuses chains
+// that would be expensive before any signature is checked; successes and
+// failures are cached by the chain's digest and the bundle pointer, so a
+// replayed chain costs a map lookup; at most MaxVerificationsPerPeer
+// verifications run at once per client address (IPv4 address, IPv6 /64)
+// and MaxVerifications in total, beyond which a call is refused at once
+// with ErrUnavailable (the client retries); and callers whose chain is
+// cached never wait for those slots.
+//
+// The caches also make verification once per connection and bundle: TLS
+// fixes the client's chain for the life of a connection (session tickets
+// are off and renegotiation is not offered), so every call on it presents
+// the same digest and, until the local roots change, hits the entry the
+// first call left. Memoizing on the connection itself would save only the
+// digest, and would need the transport's credentials wrapped.
 type X509SVID struct {
-	td        spiffeid.TrustDomain
-	roots     x509bundle.Source
-	clk       clock.PassiveClock
-	cacheSize int
-	cache     *verifyCache
+	td          spiffeid.TrustDomain
+	roots       x509bundle.Source
+	clk         clock.PassiveClock
+	cacheSize   int
+	cache       *verifyCache
+	failureSize int
+	failureTTL  time.Duration
+	failures    *failureCache
+	perPeer     int
+	global      int
+	gate        *peerGate
+	logger      *slog.Logger
+	logLim      *loglimit.Limiter
+	m           *x509Metrics
 	// verify is x509svid.Verify; tests count the calls.
 	verify func([]*x509.Certificate, x509bundle.Source, ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error)
 }
@@ -50,9 +96,30 @@ func WithVerifyCacheSize(n int) X509SVIDOption {
 	return x509SVIDOption(func(a *X509SVID) { a.cacheSize = n })
 }
 
+// WithFailureCache bounds the failed chains remembered and for how long
+// (defaults DefaultFailureCacheSize, DefaultFailureCacheTTL); a size or
+// TTL of zero or less turns it off.
+func WithFailureCache(size int, ttl time.Duration) X509SVIDOption {
+	return x509SVIDOption(func(a *X509SVID) { a.failureSize, a.failureTTL = size, ttl })
+}
+
+// WithMaxVerifications bounds the verifications in flight per client
+// address and in total (defaults DefaultMaxVerificationsPerPeer,
+// DefaultMaxVerifications); values below 1 mean the default.
+func WithMaxVerifications(perPeer, global int) X509SVIDOption {
+	return x509SVIDOption(func(a *X509SVID) { a.perPeer, a.global = perPeer, global })
+}
+
+// WithLogger sets where throttled calls are reported (rate-limited, the
+// rest at Debug); nil discards.
+func WithLogger(l *slog.Logger) X509SVIDOption {
+	return x509SVIDOption(func(a *X509SVID) { a.logger = l })
+}
+
 // NewX509SVID returns an authenticator for X509-SVIDs of td. roots is asked
 // for td's bundle on every call, so rotated roots take effect at once. A nil
-// clk means the real clock.
+// clk means the real clock. Its metrics exist from the start; Register
+// publishes them.
 //
 // Successful verifications are cached, keyed by the presented chain (every
 // certificate's DER) and by the *x509bundle.Bundle pointer roots returned,
@@ -64,48 +131,56 @@ func WithVerifyCacheSize(n int) X509SVIDOption {
 // builds a new bundle on every call is still correct, it just never hits
 // the cache. The root that anchored a cached chain is also looked up in
 // the current bundle on every hit, so a root removed from the bundle stops
-// authenticating at once even if the pointer stayed the same.
+// authenticating at once even if the pointer stayed the same. Failures are
+// cached under the same key for a short TTL: new roots are a new pointer,
+// so a chain refused under the old roots is verified again.
 func NewX509SVID(td spiffeid.TrustDomain, roots x509bundle.Source, clk clock.PassiveClock, opts ...X509SVIDOption) *X509SVID {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	a := &X509SVID{td: td, roots: roots, clk: clk, cacheSize: DefaultVerifyCacheSize, verify: x509svid.Verify}
+	a := &X509SVID{
+		td: td, roots: roots, clk: clk, verify: x509svid.Verify,
+		cacheSize: DefaultVerifyCacheSize, failureSize: DefaultFailureCacheSize, failureTTL: DefaultFailureCacheTTL,
+	}
 	for _, o := range opts {
 		o.apply(a)
 	}
+	if a.perPeer < 1 {
+		a.perPeer = DefaultMaxVerificationsPerPeer
+	}
+	if a.global < 1 {
+		a.global = DefaultMaxVerifications
+	}
+	if a.logger == nil {
+		a.logger = slog.New(slog.DiscardHandler)
+	}
 	a.cache = newVerifyCache(a.cacheSize)
+	a.failures = newFailureCache(a.failureSize, a.failureTTL)
+	a.gate = newPeerGate(a.perPeer, a.global)
+	a.logLim = loglimit.NewDefault()
+	a.m = newX509Metrics(a.failures.len)
 	return a
+}
+
+// Register publishes the authenticator's metrics on reg, labelled with the
+// trust domain.
+func (a *X509SVID) Register(reg prometheus.Registerer) error {
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": a.td.Name()}, reg)
+	for _, c := range a.m.collectors() {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("authn: %s metrics: %w", MethodX509SVID, err)
+		}
+	}
+	return nil
 }
 
 // Authenticate verifies r.PeerCertificates. It reports ErrNoCredentials only
 // when no certificate was sent.
 func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) {
 	certs := r.PeerCertificates
-	if len(certs) == 0 {
-		return Identity{}, noCredentials(MethodX509SVID, "no client certificate")
-	}
-	if len(certs) > maxPeerChain {
-		return Identity{}, invalidf(MethodX509SVID, "client sent %d certificates, more than %d", len(certs), maxPeerChain)
-	}
-	if slices.Contains(certs, nil) {
-		return Identity{}, invalidf(MethodX509SVID, "client certificate chain has a nil certificate")
-	}
-	if a.td.IsZero() || a.roots == nil {
-		return Identity{}, invalidf(MethodX509SVID, "authenticator has no trust domain or roots")
-	}
-	leaf := certs[0]
-	id, err := x509svid.IDFromCert(leaf)
+	id, err := a.precheck(certs)
 	if err != nil {
-		return Identity{}, invalid(MethodX509SVID, fmt.Errorf("client certificate is not an X509-SVID: %w", err))
-	}
-	if id.TrustDomain() != a.td {
-		return Identity{}, invalidf(MethodX509SVID, "client SVID %s is not in the local trust domain %s", id, a.td)
-	}
-	if id.Path() == "" {
-		return Identity{}, invalidf(MethodX509SVID, "client SVID %s has no path", id)
-	}
-	if !clientAuthAllowed(leaf) {
-		return Identity{}, invalidf(MethodX509SVID, "client SVID %s has extended key usages without clientAuth", id)
+		return Identity{}, err
 	}
 	bundle, err := a.roots.GetX509BundleForTrustDomain(a.td)
 	if err != nil {
@@ -114,22 +189,84 @@ func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) 
 	if bundle == nil || len(bundle.X509Authorities()) == 0 {
 		return Identity{}, invalid(MethodX509SVID, errors.New("local trust domain has no X.509 roots"))
 	}
-	now := a.clk.Now()
-	var key verifyKey
-	if a.cache != nil {
-		key = verifyKey{chain: chainDigest(certs), bundle: bundle}
-		if a.cache.hit(key, bundle, now) {
-			return svidIdentity(id, leaf), nil
-		}
+	if err := a.verifyChain(certs, id, bundle, r.Peer); err != nil {
+		return Identity{}, err
 	}
+	return svidIdentity(id, certs[0]), nil
+}
+
+// precheck refuses, without checking any signature, what cannot be an
+// X509-SVID chain of the local trust domain, or would cost too much to
+// verify.
+func (a *X509SVID) precheck(certs []*x509.Certificate) (spiffeid.ID, error) {
+	if len(certs) == 0 {
+		return spiffeid.ID{}, noCredentials(MethodX509SVID, "no client certificate")
+	}
+	if len(certs) > maxPeerChain {
+		a.m.results.WithLabelValues(x509OutOfBounds).Inc()
+		return spiffeid.ID{}, invalidf(MethodX509SVID, "client sent %d certificates, more than %d", len(certs), maxPeerChain)
+	}
+	if slices.Contains(certs, nil) {
+		return spiffeid.ID{}, invalidf(MethodX509SVID, "client certificate chain has a nil certificate")
+	}
+	if a.td.IsZero() || a.roots == nil {
+		return spiffeid.ID{}, invalidf(MethodX509SVID, "authenticator has no trust domain or roots")
+	}
+	leaf := certs[0]
+	id, err := x509svid.IDFromCert(leaf)
+	if err != nil {
+		return spiffeid.ID{}, invalid(MethodX509SVID, fmt.Errorf("client certificate is not an X509-SVID: %w", err))
+	}
+	if id.TrustDomain() != a.td {
+		return spiffeid.ID{}, invalidf(MethodX509SVID, "client SVID %s is not in the local trust domain %s", id, a.td)
+	}
+	if id.Path() == "" {
+		return spiffeid.ID{}, invalidf(MethodX509SVID, "client SVID %s has no path", id)
+	}
+	if !clientAuthAllowed(leaf) {
+		return spiffeid.ID{}, invalidf(MethodX509SVID, "client SVID %s has extended key usages without clientAuth", id)
+	}
+	if err := checkChainBounds(certs); err != nil {
+		a.m.results.WithLabelValues(x509OutOfBounds).Inc()
+		return spiffeid.ID{}, invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
+	}
+	return id, nil
+}
+
+// verifyChain verifies certs against bundle, or answers from the caches.
+// Only a chain neither cache knows takes a slot of the peer gate.
+func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle *x509bundle.Bundle, peer string) error {
+	now := a.clk.Now()
+	key := verifyKey{chain: chainDigest(certs), bundle: bundle}
+	if a.cache.hit(key, bundle, now) {
+		a.m.results.WithLabelValues(x509Cached).Inc()
+		return nil
+	}
+	if err, ok := a.failures.get(key, now); ok {
+		a.m.results.WithLabelValues(x509FailedCached).Inc()
+		return err
+	}
+	pk := peerKey(peer)
+	if ok, scope := a.gate.acquire(pk); !ok {
+		a.m.results.WithLabelValues(x509Throttled).Inc()
+		a.m.throttled.WithLabelValues(scope).Inc()
+		a.logger.Log(context.Background(), a.logLim.Level(slog.LevelWarn), "client certificate verification refused: too many in flight",
+			"scope", scope, logattr.Address, peer, logattr.SPIFFEID, id.String())
+		return fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
+	}
+	defer a.gate.release(pk)
 	// Verify against the local bundle alone, never the whole source.
 	local := x509bundle.FromX509Authorities(a.td, bundle.X509Authorities())
 	_, chains, err := a.verify(certs, local, x509svid.WithTime(now))
 	if err != nil {
-		return Identity{}, invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
+		err = invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
+		a.failures.add(key, err, now)
+		a.m.results.WithLabelValues(x509Failed).Inc()
+		return err
 	}
 	a.cache.add(key, chains)
-	return svidIdentity(id, leaf), nil
+	a.m.results.WithLabelValues(x509Verified).Inc()
+	return nil
 }
 
 // clientAuthAllowed reports whether the leaf may be used as a TLS client
@@ -142,4 +279,49 @@ func clientAuthAllowed(leaf *x509.Certificate) bool {
 	}
 	return slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageClientAuth) ||
 		slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageAny)
+}
+
+// Results of one X509SVID call that reached chain checks, the label of
+// trustbridge_authn_x509_verifications_total.
+const (
+	x509Verified     = "verified"      // verified now
+	x509Cached       = "cached"        // a cached success
+	x509Failed       = "failed"        // verified now, and refused
+	x509FailedCached = "failed_cached" // a cached failure
+	x509OutOfBounds  = "out_of_bounds" // refused by checkChainBounds or length, before any signature
+	x509Throttled    = "throttled"     // refused: too many verifications in flight
+)
+
+type x509Metrics struct {
+	results   *prometheus.CounterVec
+	throttled *prometheus.CounterVec
+	failures  prometheus.GaugeFunc
+}
+
+func newX509Metrics(failures func() int) *x509Metrics {
+	m := &x509Metrics{
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_authn_x509_verifications_total",
+			Help: "Client certificate chains checked, by result (verified, cached, failed, failed_cached, out_of_bounds: refused before any signature check, throttled: too many in flight).",
+		}, []string{"result"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_authn_x509_throttled_total",
+			Help: "Client certificate verifications refused with Unavailable because too many were in flight, by scope (peer: the client's address, global).",
+		}, []string{"scope"}),
+		failures: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "trustbridge_authn_x509_failure_cache_entries",
+			Help: "Failed client certificate verifications currently remembered.",
+		}, func() float64 { return float64(failures()) }),
+	}
+	for _, r := range []string{x509Verified, x509Cached, x509Failed, x509FailedCached, x509OutOfBounds, x509Throttled} {
+		m.results.WithLabelValues(r)
+	}
+	for _, s := range []string{scopePeer, scopeGlobal} {
+		m.throttled.WithLabelValues(s)
+	}
+	return m
+}
+
+func (m *x509Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.results, m.throttled, m.failures}
 }

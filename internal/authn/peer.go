@@ -1,0 +1,136 @@
+package authn
+
+import (
+	"container/list"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// peerKey reduces a peer address ("ip:port") to what one client controls:
+// the IPv4 address, or the /64 of an IPv6 address, since one host is
+// normally given a whole /64 and can pick any address in it. A port is
+// never part of the key: a client opens as many connections as it likes.
+// An address that does not parse (a test's bufconn, an empty peer) is its
+// own key, so such callers share one budget rather than escape it.
+func peerKey(addr string) string {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return addr
+	}
+	ip = ip.Unmap().WithZone("")
+	if ip.Is4() {
+		return ip.String()
+	}
+	p, _ := ip.Prefix(64)
+	return p.String()
+}
+
+// Scopes of a refusal by a gate or limiter, the label of the throttling
+// metrics.
+const (
+	scopePeer   = "peer"   // the caller's address has its share in flight
+	scopeGlobal = "global" // every slot is taken
+	scopeRate   = "rate"   // the caller's address is over its rate
+)
+
+// peerGate bounds work in flight per peer key and in total. A peer's
+// count leaves the map at zero, so the map never holds more keys than
+// there are slots. Safe for concurrent use.
+type peerGate struct {
+	perPeer, global int
+
+	mu     sync.Mutex
+	total  int
+	byPeer map[string]int
+}
+
+func newPeerGate(perPeer, global int) *peerGate {
+	return &peerGate{perPeer: perPeer, global: global, byPeer: make(map[string]int)}
+}
+
+// acquire takes a slot for key, or says which bound refused it.
+func (g *peerGate) acquire(key string) (ok bool, scope string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.byPeer[key] >= g.perPeer:
+		return false, scopePeer
+	case g.total >= g.global:
+		return false, scopeGlobal
+	}
+	g.byPeer[key]++
+	g.total++
+	return true, ""
+}
+
+func (g *peerGate) release(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.total--
+	if g.byPeer[key]--; g.byPeer[key] <= 0 {
+		delete(g.byPeer, key)
+	}
+}
+
+func (g *peerGate) inFlight(key string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byPeer[key]
+}
+
+// peerLimiters keeps one token bucket per peer key, at most max of them;
+// the least recently used is forgotten when a new key needs room. A
+// forgotten peer starts again with a full bucket: an attacker who cycles
+// through more addresses than max gets a burst per address, which is what
+// it could get from that many addresses anyway.
+type peerLimiters struct {
+	limit rate.Limit
+	burst int
+	max   int
+
+	mu    sync.Mutex
+	byKey map[string]*list.Element // of *peerBucket
+	lru   *list.List               // front: most recently used
+}
+
+type peerBucket struct {
+	key string
+	lim *rate.Limiter
+}
+
+func newPeerLimiters(limit rate.Limit, burst, maxKeys int) *peerLimiters {
+	return &peerLimiters{limit: limit, burst: burst, max: maxKeys, byKey: map[string]*list.Element{}, lru: list.New()}
+}
+
+// allow takes one token from key's bucket at now, if there is one.
+func (l *peerLimiters) allow(key string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.byKey[key]
+	if ok {
+		l.lru.MoveToFront(e)
+	} else {
+		for l.lru.Len() >= l.max {
+			old := l.lru.Back()
+			l.lru.Remove(old)
+			delete(l.byKey, old.Value.(*peerBucket).key)
+		}
+		e = l.lru.PushFront(&peerBucket{key: key, lim: rate.NewLimiter(l.limit, l.burst)})
+		l.byKey[key] = e
+	}
+	return e.Value.(*peerBucket).lim.AllowN(now, 1)
+}
+
+func (l *peerLimiters) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lru.Len()
+}
