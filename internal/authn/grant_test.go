@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -286,6 +287,17 @@ func TestServiceAccountGrants(t *testing.T) {
 		})
 	}
 
+	t.Run("an account the informer has not seen yet is confirmed with the API", func(t *testing.T) {
+		fresh := Grant{Method: MethodKubernetesJWT, Ref: "default/fresh", UID: "uid-fresh", GrantedAt: grantTime}
+		freshID := spiffeid.RequireFromString("spiffe://example.org/ns/default/sa/fresh")
+		client, limiter := s.client, s.confirm
+		defer func() { s.client, s.confirm = client, limiter }()
+		s.client = fake.NewClientset(serviceAccount("default", "fresh", "uid-fresh"))
+		require.NoError(t, s.CheckGrant(ctx, freshID, fresh))
+
+		s.confirm = rate.NewLimiter(0, 0)
+		require.ErrorIs(t, s.CheckGrant(ctx, freshID, fresh), ErrGrantRevoked, "beyond the confirmation rate the cache decides")
+	})
 	t.Run("deleted", func(t *testing.T) {
 		require.NoError(t, cs.CoreV1().ServiceAccounts("default").Delete(ctx, "web", metav1.DeleteOptions{}))
 		<-deleted

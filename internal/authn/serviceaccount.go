@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
 // serviceAccountIdentity is the Identity TokenReview proved for id, a
@@ -37,11 +42,24 @@ func serviceAccountOf(id spiffeid.ID) (ns, sa string, ok bool) {
 	return parts[2], parts[4], true
 }
 
+// Confirmation limits of ServiceAccountGrants.
+const (
+	// DefaultServiceAccountConfirmRate bounds the API calls that confirm a
+	// refusal, per second, with bursts of twice as many: enough for the
+	// rare fresh or re-created account, while a client that keeps renewing
+	// with a revoked certificate cannot turn its calls into API load.
+	DefaultServiceAccountConfirmRate = 5
+	serviceAccountConfirmTimeout     = 5 * time.Second
+)
+
 // ServiceAccountGrantsConfig configures NewServiceAccountGrants.
 type ServiceAccountGrantsConfig struct {
 	// Client lists and watches ServiceAccounts in every namespace (RBAC:
 	// get, list, watch serviceaccounts). Required.
 	Client kubernetes.Interface
+	// ConfirmRate bounds the API calls per second that confirm a refusal
+	// (see ServiceAccountGrants); default DefaultServiceAccountConfirmRate.
+	ConfirmRate rate.Limit
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -61,9 +79,17 @@ type ServiceAccountGrantsConfig struct {
 // server outage, and a deletion made during the outage takes effect when
 // the watch catches up. A bound on renewal chains
 // (--max-renewal-lifetime) limits what that staleness can cost.
+//
+// A refusal is confirmed with a GET before it is returned, because the
+// informer may not have seen an account created (or re-created) a moment
+// ago; a stale "not found" must not revoke a healthy chain. Confirmations
+// are rate-limited (ConfirmRate); beyond the limit the cache's answer
+// stands.
 type ServiceAccountGrants struct {
+	client   kubernetes.Interface
 	informer cache.SharedIndexInformer
 	lister   corev1listers.ServiceAccountLister
+	confirm  *rate.Limiter
 	logger   *slog.Logger
 }
 
@@ -75,6 +101,12 @@ func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGra
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if !(cfg.ConfirmRate >= 0) {
+		return nil, fmt.Errorf("authn: service account grants: confirm rate %v is negative", cfg.ConfirmRate)
+	}
+	if cfg.ConfirmRate == 0 {
+		cfg.ConfirmRate = DefaultServiceAccountConfirmRate
+	}
 	inf := corev1informers.NewServiceAccountInformer(cfg.Client, metav1.NamespaceAll, 0,
 		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	// Only names, UIDs and deletion marks are needed; a cluster's service
@@ -82,7 +114,10 @@ func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGra
 	if err := inf.SetTransform(trimServiceAccount); err != nil {
 		return nil, fmt.Errorf("authn: service account grants: %w", err)
 	}
-	return &ServiceAccountGrants{informer: inf, lister: corev1listers.NewServiceAccountLister(inf.GetIndexer()), logger: cfg.Logger}, nil
+	return &ServiceAccountGrants{
+		client: cfg.Client, informer: inf, lister: corev1listers.NewServiceAccountLister(inf.GetIndexer()),
+		confirm: rate.NewLimiter(cfg.ConfirmRate, 2*int(math.Ceil(float64(cfg.ConfirmRate)))), logger: cfg.Logger,
+	}, nil
 }
 
 // trimServiceAccount keeps what CheckGrant reads.
@@ -107,7 +142,7 @@ func (s *ServiceAccountGrants) Run(ctx context.Context) error {
 func (s *ServiceAccountGrants) HasSynced() bool { return s.informer.HasSynced() }
 
 // CheckGrant implements the check described on ServiceAccountGrants.
-func (s *ServiceAccountGrants) CheckGrant(_ context.Context, id spiffeid.ID, g Grant) error {
+func (s *ServiceAccountGrants) CheckGrant(ctx context.Context, id spiffeid.ID, g Grant) error {
 	if g.Method != MethodKubernetesJWT {
 		return fmt.Errorf("authn: %s: grant of method %q is not a service account grant: %w", MethodKubernetesJWT, g.Method, ErrGrantRevoked)
 	}
@@ -122,6 +157,38 @@ func (s *ServiceAccountGrants) CheckGrant(_ context.Context, id spiffeid.ID, g G
 		return fmt.Errorf("authn: %s: service accounts not listed yet: %w", MethodKubernetesJWT, ErrUnavailable)
 	}
 	sa, err := s.lister.ServiceAccounts(ns).Get(name)
+	if judge(sa, err, g) != nil && s.confirm.Allow() {
+		sa, err = s.get(ctx, ns, name)
+	}
+	return s.verdict(id, g, sa, err)
+}
+
+// judge is whether sa (or the error looking it up) still grants g.
+func judge(sa *corev1.ServiceAccount, err error, g Grant) error {
+	switch {
+	case err != nil:
+		return err
+	case sa.DeletionTimestamp != nil:
+		return errors.New("being deleted")
+	case g.UID != "" && string(sa.UID) != g.UID:
+		return errors.New("uid differs")
+	}
+	return nil
+}
+
+// get asks the API server itself.
+func (s *ServiceAccountGrants) get(ctx context.Context, ns, name string) (*corev1.ServiceAccount, error) {
+	ctx, cancel := context.WithTimeout(ctx, serviceAccountConfirmTimeout)
+	defer cancel()
+	sa, err := s.client.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		s.logger.Warn("could not confirm a service account with the API server", "service_account", ns+"/"+name, logattr.Error, err)
+	}
+	return sa, err
+}
+
+// verdict turns the lookup into CheckGrant's answer.
+func (s *ServiceAccountGrants) verdict(id spiffeid.ID, g Grant, sa *corev1.ServiceAccount, err error) error {
 	switch {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("authn: %s: service account %s that granted %s was deleted: %w", MethodKubernetesJWT, g.Ref, id, ErrGrantRevoked)
