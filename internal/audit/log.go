@@ -364,6 +364,12 @@ func Verify(r io.Reader) (VerifyResult, error) {
 		if err != nil || want != e.Hash {
 			return res, fmt.Errorf("%w: line %d (seq %d) was edited: its content does not match its hash", ErrBroken, n, e.Seq)
 		}
+		// JSON decoding forgives key case and spacing; the chain links
+		// lines by their bytes, so only the bytes Append writes are an
+		// entry, and no line can be reworded without breaking its hash.
+		if canon, err := json.Marshal(e); err != nil || !bytes.Equal(canon, line) {
+			return res, fmt.Errorf("%w: line %d (seq %d) was edited: its bytes are not those its content encodes to", ErrBroken, n, e.Seq)
+		}
 		if e.Prev != prevLine || e.Seq != res.Entries+1 {
 			return res, fmt.Errorf("%w: line %d (seq %d) does not follow line %d (seq %d): an entry before it was dropped, inserted or moved",
 				ErrBroken, n, e.Seq, n-1, res.Entries)

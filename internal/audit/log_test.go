@@ -68,6 +68,8 @@ func TestVerifyDetectsTampering(t *testing.T) {
 		{"duplicated", join(lines[0], lines[1], lines[1], lines[2]), "line 3 (seq 2) does not follow"},
 		{"not json", join(lines[0], "{nope\n"), "line 2 is not an audit entry"},
 		{"unknown field", join(strings.Replace(lines[0], `{"seq"`, `{"x":1,"seq"`, 1)), "line 1 is not an audit entry"},
+		{"key case changed", join(lines[0], strings.Replace(lines[1], `"actor"`, `"ACTOR"`, 1), lines[2], lines[3]), "line 2 (seq 2) was edited: its bytes"},
+		{"space added to the last line", join(lines[0], lines[1], lines[2], strings.Replace(lines[3], `,"prev"`, `, "prev"`, 1)), "line 4 (seq 4) was edited: its bytes"},
 		{"bad line before a torn tail", join(lines[0], "{nope\n") + lines[1][:20], "line 2 is not an audit entry"},
 		{"final line with its newline but cut short", join(lines[0], lines[1][:30]), "line 2 is not an audit entry"},
 		{"torn tail longer than an entry", lines[0] + strings.Repeat("x", MaxLineSize+1), "line 2: longer than"},
