@@ -61,6 +61,10 @@ type grpcOptions struct {
 	tokenReview   string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
+	// maxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
+	maxRenewalLifetime time.Duration
+	// Test hooks, no flags (grants.go).
+	grantHooks
 }
 
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
@@ -73,6 +77,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
 	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
+	addGrantFlags(f, o)
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
@@ -112,6 +117,7 @@ type grpcEndpoint struct {
 	methods  []string
 	sdsCerts bool
 	runners  []func(context.Context) error
+	grants   grantCheckers // by grant method; see grants.go
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
@@ -155,6 +161,10 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 		RateLimit:     rate.Limit(o.rateLimit),
 		Logger:        logger,
 		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
+
+		// Renewal chains end with their grant (grants.go).
+		Grants:             g.grants,
+		MaxRenewalLifetime: o.maxRenewalLifetime,
 	})
 	if err != nil {
 		return nil, err
@@ -264,6 +274,9 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 			return nil, err
 		}
 		chain = append(chain, tr)
+		if err := g.addServiceAccountGrants(client, o.onServiceAccountDeleted, logger); err != nil {
+			return nil, err
+		}
 		g.methods = append(g.methods, authn.MethodKubernetesJWT)
 	default:
 		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.tokenReview)
@@ -272,6 +285,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 	if o.bootstrapFile != "" {
 		boot, err := authn.NewBootstrapTokens(authn.BootstrapTokensConfig{
 			Path: o.bootstrapFile, TrustDomain: td,
+			ReloadInterval: o.bootstrapReload, OnReload: o.onBootstrapReload,
 			Logger: logger.With(logattr.Component, "bootstrap-tokens"), Registerer: reg,
 		})
 		if err != nil {
@@ -280,6 +294,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		logger.Warn("bootstrap tokens accepted: a token is a long-lived shared secret that proves nothing about the machine holding it; use it only to obtain a first certificate, then renew with that certificate (trustbridge ca request --cert-dir)",
 			"path", o.bootstrapFile, "tokens", boot.Len())
 		chain = append(chain, boot)
+		g.addBootstrapGrants(boot)
 		g.runners = append(g.runners, boot.Run)
 		g.methods = append(g.methods, authn.MethodBootstrapToken)
 	}

@@ -60,6 +60,10 @@ type ServiceAccountGrantsConfig struct {
 	// ConfirmRate bounds the API calls per second that confirm a refusal
 	// (see ServiceAccountGrants); default DefaultServiceAccountConfirmRate.
 	ConfirmRate rate.Limit
+	// OnDelete, when set, is called after the informer sees a service
+	// account deleted, once the deletion decides CheckGrant; tests wait on
+	// it.
+	OnDelete func(namespace, name string)
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -114,10 +118,35 @@ func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGra
 	if err := inf.SetTransform(trimServiceAccount); err != nil {
 		return nil, fmt.Errorf("authn: service account grants: %w", err)
 	}
-	return &ServiceAccountGrants{
+	s := &ServiceAccountGrants{
 		client: cfg.Client, informer: inf, lister: corev1listers.NewServiceAccountLister(inf.GetIndexer()),
 		confirm: rate.NewLimiter(cfg.ConfirmRate, 2*int(math.Ceil(float64(cfg.ConfirmRate)))), logger: cfg.Logger,
-	}, nil
+	}
+	// The indexer is updated before handlers run, so when OnDelete is
+	// called CheckGrant already sees the deletion.
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		s.deleted(obj, cfg.OnDelete)
+	}}); err != nil {
+		return nil, fmt.Errorf("authn: service account grants: %w", err)
+	}
+	return s, nil
+}
+
+// deleted records a deletion: renewals of every chain the account granted
+// stop from now on, which an operator wants to see in the log.
+func (s *ServiceAccountGrants) deleted(obj any, hook func(string, string)) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	sa, ok := obj.(*corev1.ServiceAccount)
+	if !ok {
+		return
+	}
+	s.logger.Info("service account deleted; renewals of the certificates it granted are refused from now on",
+		"service_account", sa.Namespace+"/"+sa.Name, "uid", string(sa.UID))
+	if hook != nil {
+		hook(sa.Namespace, sa.Name)
+	}
 }
 
 // trimServiceAccount keeps what CheckGrant reads.

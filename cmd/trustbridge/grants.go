@@ -1,0 +1,68 @@
+package main
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// addGrantFlags adds the flags that bound renewal chains.
+func addGrantFlags(f *pflag.FlagSet, o *grpcOptions) {
+	f.DurationVar(&o.maxRenewalLifetime, "max-renewal-lifetime", 0,
+		"longest a chain of renewals by X509-SVID may run from the bootstrap or service account token that first granted it, "+
+			"e.g. 720h: older chains are refused and the caller must present such a token again; 0 for no bound. "+
+			"Independently of it, a renewal is always refused once the bootstrap token that granted the chain is removed from "+
+			"--bootstrap-token-file, or its service account is deleted or re-created (needs get, list and watch on serviceaccounts). "+
+			"Certificates issued before grants were recorded, or by `ca issue`, renew with a warning and only this bound ends them")
+}
+
+// grantCheckers records, by grant method, what decides whether the grant
+// behind a renewal still stands; setupGRPC hands it to the certificate
+// service. A method without a checker (bootstrap tokens not configured,
+// no Kubernetes) has its renewals refused: the server no longer accepts
+// that kind of credential.
+type grantCheckers map[string]certservice.GrantChecker
+
+// addBootstrapGrants lets the token file decide bootstrap grants.
+func (g *grpcEndpoint) addBootstrapGrants(boot *authn.BootstrapTokens) {
+	g.grantMap()[authn.MethodBootstrapToken] = boot
+}
+
+// addServiceAccountGrants checks Kubernetes grants against the service
+// accounts the API server lists, and runs their informer with the server.
+func (g *grpcEndpoint) addServiceAccountGrants(client kubernetes.Interface, onDelete func(namespace, name string), logger *slog.Logger) error {
+	sa, err := authn.NewServiceAccountGrants(authn.ServiceAccountGrantsConfig{
+		Client: client, OnDelete: onDelete, Logger: logger.With(logattr.Component, "service-account-grants"),
+	})
+	if err != nil {
+		return err
+	}
+	g.grantMap()[authn.MethodKubernetesJWT] = sa
+	g.runners = append(g.runners, sa.Run)
+	return nil
+}
+
+// grantHooks are test hooks of grpcOptions, no flags: a test waits on
+// them instead of sleeping.
+type grantHooks struct {
+	// bootstrapReload is how often the bootstrap token file is re-read (0
+	// = authn's default); onBootstrapReload is called after every reload.
+	bootstrapReload   time.Duration
+	onBootstrapReload func(changed bool, err error)
+	// onServiceAccountDeleted is called once the server's informer has seen
+	// a service account deleted.
+	onServiceAccountDeleted func(namespace, name string)
+}
+
+func (g *grpcEndpoint) grantMap() grantCheckers {
+	if g.grants == nil {
+		g.grants = grantCheckers{}
+	}
+	return g.grants
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+)
+
+// TestRenewalRefusedAfterBootstrapTokenRemoved is the regression test of
+// renewals outliving their grant: a laptop bootstraps with a token, renews
+// with the certificate it got, and once the operator removes the token from
+// the file the next renewal is refused with a message that says why and
+// what to do, while another token's holder is still served.
+func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
+	const otherToken = "other-bootstrap-token-0123456789"
+	tokens := filepath.Join(t.TempDir(), "tokens.csv")
+	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"+otherToken+",spiffe://example.org/vm/other\n"), 0o600))
+	reloaded := make(chan struct{}, 1)
+	dataDir := t.TempDir()
+	admin, banner := startServer(t, dataDir, func(o *serverOptions) {
+		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff,
+			grantHooks: grantHooks{bootstrapReload: 10 * time.Millisecond, onBootstrapReload: func(changed bool, err error) {
+				if changed && err == nil {
+					select {
+					case reloaded <- struct{}{}:
+					default:
+					}
+				}
+			}}}
+	})
+	addr := grpcAddr(t, banner.String())
+	_, roots, err := ca.NewStore(dataDir).Load("example.org")
+	require.NoError(t, err)
+	var certs []*x509.Certificate
+	for _, r := range roots {
+		certs = append(certs, r.Cert)
+	}
+	rootCert := writeFile(t, string(certsPEM(certs)), 0o644)
+
+	// Bootstrap: the certificate records the token's grant, never the token.
+	out := filepath.Join(t.TempDir(), "creds")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--out", out)
+	require.Equal(t, 0, code, stderr)
+	first := checkCreds(t, out, laptopID)
+	grant, err := authn.GrantFromCert(first)
+	require.NoError(t, err)
+	assert.Equal(t, authn.MethodBootstrapToken, grant.Method)
+	assert.Equal(t, authn.BootstrapGrantRef(sha256.Sum256([]byte(laptopToken))), grant.Ref)
+	assert.NotContains(t, string(first.Raw), laptopToken)
+
+	// Renewal with the certificate works and carries the same grant.
+	renewed := filepath.Join(t.TempDir(), "renewed")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--cert-dir", out, "--out", renewed)
+	require.Equal(t, 0, code, stderr)
+	second := checkCreds(t, renewed, laptopID)
+	again, err := authn.GrantFromCert(second)
+	require.NoError(t, err)
+	assert.Equal(t, grant, again)
+
+	// The operator removes the laptop's token; the server reloads the file.
+	require.NoError(t, os.WriteFile(tokens, []byte(otherToken+",spiffe://example.org/vm/other\n"), 0o600))
+	select {
+	case <-reloaded:
+	case <-t.Context().Done():
+		t.Fatal("the token file was not reloaded")
+	}
+
+	// Both certificates of the chain are refused now, with the reason.
+	for _, dir := range []string{renewed, out} {
+		_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+			"--cert-dir", dir, "--out", t.TempDir())
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "refused to issue this identity: renewal refused: the bootstrap token that granted "+
+			laptopID.String()+" (reference "+grant.Ref+") was removed; bootstrap again")
+	}
+	// Presenting the removed token itself is refused too, and the other
+	// token still bootstraps.
+	_, _, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--out", t.TempDir())
+	assert.Equal(t, 1, code)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--token-file", writeFile(t, otherToken+"\n", 0o600), "--out", t.TempDir())
+	assert.Equal(t, 0, code, stderr)
+
+	_, metrics := get(t, "http://"+admin+"/metrics")
+	assert.Contains(t, metrics, `trustbridge_certservice_renewal_grant_checks_total{grant_method="bootstrap-token",result="accepted",trust_domain="example.org"} 1`)
+	assert.Contains(t, metrics, `trustbridge_certservice_renewal_grant_checks_total{grant_method="bootstrap-token",result="revoked",trust_domain="example.org"} 2`)
+}
+
+func TestMaxRenewalLifetimeFlag(t *testing.T) {
+	err := serverError(t, func() serverOptions {
+		o := baseServerOptions("example.org", t.TempDir())
+		o.grpc = grpcOptions{listen: "127.0.0.1:0", tokenReview: tokenReviewOff, maxRenewalLifetime: -time.Hour}
+		return o
+	}())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "maximum renewal lifetime -1h0m0s is negative")
+}
+
+// TestRenewalWithServiceAccountGrant runs the Kubernetes grant through a
+// real API server: the certificate a service account token bought records
+// the account's UID from TokenReview, renews while the account exists,
+// and stops renewing once it is deleted.
+func TestRenewalWithServiceAccountGrant(t *testing.T) {
+	k := kubetest.Shared(t)
+	ns := k.Namespace(t)
+	deleted := make(chan struct{}, 1)
+	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
+		o.grpc.tokenReview = tokenReviewOn
+		o.grpc.kubeconfig = writeKubeconfig(t, k.Config.Host, k)
+		o.grpc.onServiceAccountDeleted = func(namespace, _ string) {
+			if namespace == ns {
+				deleted <- struct{}{}
+			}
+		}
+	})
+	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
+	token := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
+	sa, err := k.Client.CoreV1().ServiceAccounts(ns).Get(t.Context(), "web", metav1.GetOptions{})
+	require.NoError(t, err)
+
+	out := filepath.Join(t.TempDir(), "creds")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", out)
+	require.Equal(t, 0, code, stderr)
+	grant, err := authn.GrantFromCert(checkCreds(t, out, want))
+	require.NoError(t, err)
+	assert.Equal(t, authn.MethodKubernetesJWT, grant.Method)
+	assert.Equal(t, ns+"/web", grant.Ref)
+	assert.Equal(t, string(sa.UID), grant.UID)
+
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", out, "--out", out)
+	require.Equal(t, 0, code, stderr)
+
+	// Deleted and re-created under the same name: once the server has seen
+	// the deletion, the old chain is refused, and the new account's token
+	// starts a new one.
+	require.NoError(t, k.Client.CoreV1().ServiceAccounts(ns).Delete(t.Context(), "web", metav1.DeleteOptions{}))
+	select {
+	case <-deleted:
+	case <-t.Context().Done():
+		t.Fatal("the server did not see the deletion")
+	}
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", out, "--out", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "renewal refused: the service account "+ns+"/web that granted "+want.String()+" was deleted or re-created")
+
+	token = writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", out, "--out", t.TempDir())
+	assert.Equal(t, 1, code, "the re-created account does not revive the old chain")
+	assert.Contains(t, stderr, "was deleted or re-created")
+	fresh := filepath.Join(t.TempDir(), "fresh")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", fresh)
+	require.Equal(t, 0, code, stderr)
+	newGrant, err := authn.GrantFromCert(checkCreds(t, fresh, want))
+	require.NoError(t, err)
+	assert.NotEqual(t, grant.UID, newGrant.UID)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", fresh, "--out", fresh)
+	assert.Equal(t, 0, code, stderr)
+}
