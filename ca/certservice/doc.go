@@ -14,6 +14,24 @@
 // the authentication backend is down). Errors from the CA's internals are
 // logged, not returned.
 //
+// Renewals end with their grant. Every certificate records, in a
+// non-critical private extension (authn.GrantOID), the credential that
+// first granted its identity: a bootstrap token (by a reference, never the
+// token) or a Kubernetes service account (namespace/name and UID), and
+// when. A renewal with an X509-SVID copies the grant of the presented,
+// verified leaf unchanged, so every certificate of a chain names where the
+// chain began. Before signing a renewal, Config.Grants decides whether that
+// credential still exists; when it is gone the renewal is refused with
+// PermissionDenied (reason grant_revoked), and when that cannot be told
+// right now, with Unavailable (the caller retries with its still valid
+// certificate). Config.MaxRenewalLifetime, when set, also refuses chains
+// granted longer ago than that. A leaf without the extension (issued
+// before grants were recorded, by `trustbridge ca issue`, or by SDS) is a
+// legacy chain: it renews with a warning, its grant dated at its
+// NotBefore, so only MaxRenewalLifetime ends it. Every grant check is
+// counted in trustbridge_certservice_renewal_grant_checks_total and every
+// issuance logs its grant.
+//
 // The response's cert_chain is the leaf, its intermediates, then the roots,
 // one PEM certificate per element: the roots that sign the leaf first, then
 // whatever Config.Roots adds (the merged trust of every federated trust
@@ -23,6 +41,11 @@
 //		Signer:        authority, // *ca.Authority
 //		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots, nil), bootstrap},
 //		Roots:         mergedRoots,
+//		Grants: map[string]certservice.GrantChecker{
+//			authn.MethodBootstrapToken: bootstrap, // *authn.BootstrapTokens
+//			authn.MethodKubernetesJWT:  serviceAccounts, // *authn.ServiceAccountGrants
+//		},
+//		MaxRenewalLifetime: 30 * 24 * time.Hour,
 //	})
 //	if err != nil {
 //		return err

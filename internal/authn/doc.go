@@ -30,6 +30,16 @@
 //     `openssl rand -base64 24`), compared in constant time. Run reloads the
 //     file; a bad edit keeps the previous tokens and is reported by Err.
 //
+// Grants: an Identity also carries the credential that first granted it
+// (Identity.Grant): the bootstrap token's reference (BootstrapGrantRef, a
+// digest of its digest), the service account and its UID from TokenReview,
+// or, for an X509-SVID, the grant recorded in the verified leaf's
+// extension (GrantOID, read by GrantFromCert; a leaf without one is a
+// GrantMethodLegacy grant). BootstrapTokens.CheckGrant and
+// ServiceAccountGrants.CheckGrant tell whether such a grant still stands,
+// so the certificate service can stop renewal chains whose token or
+// service account was removed.
+//
 // Errors: an authenticator that finds nothing it handles returns an error
 // wrapping ErrNoCredentials; one that finds bad credentials wraps
 // ErrInvalidCredentials (or ErrUnavailable when the API server could not
