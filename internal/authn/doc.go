@@ -11,7 +11,10 @@
 //   - X509SVID: the mTLS client certificate is an X509-SVID of the local
 //     trust domain that verifies against the local roots as they are now.
 //     SVIDs of federated trust domains never authenticate: they prove an
-//     identity to workloads, not to our CA.
+//     identity to workloads, not to our CA. Chains whose keys, length or
+//     subjects would make verification expensive are refused before any
+//     signature check; results are cached by chain and bundle, and
+//     verifications in flight are capped per client address and in total.
 //   - TokenReview: a Kubernetes service account JWT, checked by the API
 //     server with a TokenReview bound to an audience (default the trust
 //     domain), gives spiffe://<td>/ns/<namespace>/sa/<serviceaccount>.
@@ -19,9 +22,15 @@
 //     expiry; failures are not cached, so a revoked token stops working
 //     within the cache TTL plus the API server's own 10 second token cache.
 //     Bearer tokens that are not JWTs are left to the next authenticator and
-//     never reach the API server. At most MaxConcurrentReviews reviews run
-//     at once; a new token beyond that is refused with ErrUnavailable, so
-//     a flood of distinct tokens is not a flood of goroutines and calls.
+//     never reach the API server. Before a review, the token must look like
+//     a service account token for our audience (algorithm, iss, exp, nbf,
+//     iat, aud, sub, kubernetes.io) and, when the API server's service
+//     account issuer discovery is readable, carry a signature that verifies
+//     against the issuer's keys. At most MaxConcurrentReviews reviews run at
+//     once, MaxReviewsPerPeer of them for one client address, and each
+//     address may start PeerReviewRate a second; beyond, a new token is
+//     refused with ErrUnavailable at once, so a flood of distinct tokens is
+//     neither a flood of calls nor a way to starve other callers.
 //   - BootstrapTokens: shared secret tokens listed in a file
 //     ("token,spiffe-id" per line). This is a bootstrap-only path for
 //     laptops and VMs without Kubernetes: get a first SVID with the token,

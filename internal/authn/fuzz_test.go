@@ -1,8 +1,11 @@
 package authn
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 func FuzzBootstrapTokens(f *testing.F) {
@@ -106,5 +109,64 @@ func FuzzPeekJWT(f *testing.F) {
 			t.Fatalf("exp %s out of range", info.exp)
 		}
 		_ = info.cacheUntil(epoch, MaxTokenReviewCacheTTL)
+	})
+}
+
+// FuzzCheckTokenClaims: the local checks never panic, and a token they
+// accept names a service account whose SPIFFE ID can be built.
+func FuzzCheckTokenClaims(f *testing.F) {
+	for _, seed := range []string{
+		"eyJhbGciOiJSUzI1NiIsImtpZCI6ImsifQ.eyJpc3MiOiJodHRwczovL2t1YmVybmV0ZXMuZGVmYXVsdC5zdmMiLCJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6ZGVmYXVsdDp3ZWIiLCJhdWQiOlsiZXhhbXBsZS5vcmciXSwiZXhwIjoxODAwMDAwMDAwfQ.c2ln",
+		"eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.c2ln",
+		"eyJhbGciOiJSUzI1NiIsImNyaXQiOlsiYjY0Il19.e30.c2ln",
+		"a.b.c", "..",
+	} {
+		f.Add(seed, "example.org")
+	}
+	f.Fuzz(func(t *testing.T, tok, aud string) {
+		if _, err := peekJWT(tok); err != nil {
+			return
+		}
+		lt, ref := checkTokenClaims(tok, aud, epoch)
+		if ref != nil {
+			if ref.reason == "" || ref.err == nil {
+				t.Fatalf("refusal without reason: %+v", ref)
+			}
+			return
+		}
+		if _, err := spiffeid.FromSegments(localTD, "ns", lt.ns, "sa", lt.sa); err != nil {
+			t.Fatalf("accepted %s/%s: %v", lt.ns, lt.sa, err)
+		}
+		if !slices.Contains(tokenAlgs, lt.alg) {
+			t.Fatalf("accepted alg %q", lt.alg)
+		}
+	})
+}
+
+// FuzzParseIssuerJWKS: a key set never panics the parser, and what it
+// keeps is bounded and usable.
+func FuzzParseIssuerJWKS(f *testing.F) {
+	for _, seed := range []string{
+		`{"keys":[{"kty":"EC","crv":"P-256","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0","kid":"a","use":"sig"}]}`,
+		`{"keys":[{"kty":"AKP","alg":"ML-DSA-44","pub":"AAAA"}]}`,
+		`{"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]}`,
+		`{"keys":null}`, `[]`, ``,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		keys, err := parseIssuerJWKS(body)
+		if err != nil {
+			return
+		}
+		if len(keys) == 0 || len(keys) > maxIssuerKeys {
+			t.Fatalf("%d keys", len(keys))
+		}
+		for i := range keys {
+			if !usableIssuerKey(&keys[i]) {
+				t.Fatalf("kept an unusable key %d", i)
+			}
+		}
+		_, _ = jwksPath(body)
 	})
 }

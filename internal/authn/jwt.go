@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -84,4 +86,193 @@ func (j jwtInfo) cacheUntil(now time.Time, ttl time.Duration) time.Time {
 		return time.Time{}
 	}
 	return until
+}
+
+// Local checks of a service account token, made before a TokenReview is
+// spent on it. They are necessary conditions only: a token that passes is
+// still reviewed, since only the API server knows whether its service
+// account, pod or secret still exists.
+const (
+	// clockLeeway tolerates clocks of the API server and this server that
+	// disagree a little, for nbf and iat.
+	clockLeeway = time.Minute
+	// maxTokenAhead bounds exp: kube-apiserver extends projected tokens to
+	// at most a year (--service-account-extend-token-expiration), so a
+	// later exp is not one it wrote.
+	maxTokenAhead = 366 * 24 * time.Hour
+)
+
+// tokenAlgs are the JWS algorithms kube-apiserver signs service account
+// tokens with (RSA and ECDSA keys), and the RSA-PSS family a custom
+// signer may use. Never "none", never HMAC: a shared secret would mean
+// anyone who can verify can also forge.
+var tokenAlgs = []string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"}
+
+// Reasons a token is refused locally, labels of
+// trustbridge_authn_token_local_checks_total.
+const (
+	localRefusedAlg       = "refused_alg"
+	localRefusedClaims    = "refused_claims"
+	localRefusedTime      = "refused_time"
+	localRefusedAudience  = "refused_audience"
+	localRefusedSubject   = "refused_subject"
+	localRefusedKey       = "refused_unknown_key"
+	localRefusedSignature = "refused_signature"
+	localVerified         = "verified"   // the signature checked against the issuer's keys
+	localUnverified       = "unverified" // claims checked, no issuer keys to check the signature
+)
+
+// jwtHeader is the part of a JWS header read locally.
+type jwtHeader struct {
+	Alg  string   `json:"alg"`
+	Kid  string   `json:"kid"`
+	Crit []string `json:"crit"`
+}
+
+// saClaims are the claims kube-apiserver writes into a service account
+// token. Unknown claims are ignored.
+type saClaims struct {
+	Iss  string        `json:"iss"`
+	Sub  string        `json:"sub"`
+	Aud  audiences     `json:"aud"`
+	Exp  *json.Number  `json:"exp"`
+	Nbf  *json.Number  `json:"nbf"`
+	Iat  *json.Number  `json:"iat"`
+	Kube *kubeioClaims `json:"kubernetes.io"`
+}
+
+// kubeioClaims is the "kubernetes.io" claim of a service account token.
+type kubeioClaims struct {
+	Namespace      string     `json:"namespace"`
+	ServiceAccount *kubeioRef `json:"serviceaccount"`
+	Pod            *kubeioRef `json:"pod"`
+	Secret         *kubeioRef `json:"secret"`
+	Node           *kubeioRef `json:"node"`
+}
+
+type kubeioRef struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+}
+
+// audiences reads "aud" as RFC 7519 allows: one string or an array.
+type audiences []string
+
+func (a *audiences) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*a = audiences{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("aud is neither a string nor an array of strings")
+	}
+	*a = many
+	return nil
+}
+
+// localToken is a token that passed the local claim checks: what the
+// signature check and the review need.
+type localToken struct {
+	alg, kid string
+	ns, sa   string
+}
+
+// localRefusal is a token refused without a TokenReview: reason is the
+// metric label, err says what was wrong (never with token bytes).
+type localRefusal struct {
+	reason string
+	err    error
+}
+
+func (r *localRefusal) Error() string { return r.err.Error() }
+func (r *localRefusal) Unwrap() error { return r.err }
+
+func refuseLocal(reason, format string, args ...any) *localRefusal {
+	return &localRefusal{reason: reason, err: fmt.Errorf(format, args...)}
+}
+
+// checkTokenClaims checks what a service account token for audience must
+// say at now. token has passed peekJWT.
+func checkTokenClaims(token, audience string, now time.Time) (localToken, *localRefusal) {
+	parts := strings.SplitN(token, ".", 3)
+	var h jwtHeader
+	if err := decodeSegment(parts[0], &h); err != nil {
+		return localToken{}, refuseLocal(localRefusedClaims, "JWT header: %v", err)
+	}
+	if !slices.Contains(tokenAlgs, h.Alg) {
+		return localToken{}, refuseLocal(localRefusedAlg, "JWT algorithm %q is not one service account tokens are signed with", truncate(h.Alg, 32))
+	}
+	if len(h.Crit) > 0 {
+		return localToken{}, refuseLocal(localRefusedClaims, "JWT header has critical extensions")
+	}
+	var c saClaims
+	if err := decodeSegment(parts[1], &c); err != nil {
+		return localToken{}, refuseLocal(localRefusedClaims, "JWT claims: %v", err)
+	}
+	if c.Iss == "" {
+		return localToken{}, refuseLocal(localRefusedClaims, "token has no issuer")
+	}
+	if r := checkTokenTimes(c, now); r != nil {
+		return localToken{}, r
+	}
+	if !slices.Contains(c.Aud, audience) {
+		return localToken{}, refuseLocal(localRefusedAudience, "token is not for audience %q", audience)
+	}
+	ns, sa, err := parseServiceAccountUsername(c.Sub)
+	if err != nil {
+		return localToken{}, refuseLocal(localRefusedSubject, "token subject: %v", err)
+	}
+	if k := c.Kube; k != nil {
+		if k.Namespace != ns || k.ServiceAccount == nil || k.ServiceAccount.Name != sa {
+			return localToken{}, refuseLocal(localRefusedSubject, "kubernetes.io claim does not name the subject's service account %s/%s", ns, sa)
+		}
+	}
+	return localToken{alg: h.Alg, kid: h.Kid, ns: ns, sa: sa}, nil
+}
+
+// checkTokenTimes requires an exp in the future and at most maxTokenAhead
+// away, and nbf and iat, when present, not in the future.
+func checkTokenTimes(c saClaims, now time.Time) *localRefusal {
+	exp, ok := numericDate(c.Exp)
+	switch {
+	case c.Exp == nil:
+		return refuseLocal(localRefusedTime, "token has no exp")
+	case !ok:
+		return refuseLocal(localRefusedClaims, "token exp is not a date")
+	case !now.Before(exp):
+		return refuseLocal(localRefusedTime, "token expired at %s", exp.UTC().Format(time.RFC3339))
+	case exp.Sub(now) > maxTokenAhead:
+		return refuseLocal(localRefusedTime, "token exp %s is more than %s away", exp.UTC().Format(time.RFC3339), maxTokenAhead)
+	}
+	for _, claim := range []struct {
+		name string
+		v    *json.Number
+	}{{"nbf", c.Nbf}, {"iat", c.Iat}} {
+		if claim.v == nil {
+			continue
+		}
+		t, ok := numericDate(claim.v)
+		if !ok {
+			return refuseLocal(localRefusedClaims, "token %s is not a date", claim.name)
+		}
+		if t.After(now.Add(clockLeeway)) {
+			return refuseLocal(localRefusedTime, "token %s %s is in the future", claim.name, t.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
+}
+
+// numericDate reads an RFC 7519 NumericDate within [0, maxExpSeconds].
+func numericDate(n *json.Number) (time.Time, bool) {
+	if n == nil {
+		return time.Time{}, false
+	}
+	f, err := n.Float64()
+	if err != nil || math.IsNaN(f) || f < 0 || f > maxExpSeconds {
+		return time.Time{}, false
+	}
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)), true
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
 
 // TokenReview defaults and limits.
@@ -36,6 +38,18 @@ const (
 	// DefaultMaxConcurrentReviews bounds the TokenReviews in flight when
 	// TokenReviewConfig.MaxConcurrentReviews is 0.
 	DefaultMaxConcurrentReviews = 64
+	// DefaultMaxReviewsPerPeer is one client address's share of the
+	// reviews in flight: an eighth, so that no handful of addresses can
+	// take every slot from the rest.
+	DefaultMaxReviewsPerPeer = 8
+	// DefaultPeerReviewRate and DefaultPeerReviewBurst bound the new
+	// (uncached) reviews one client address may cause. A pod renews its
+	// certificate a few times a day with one token, so a few new tokens a
+	// second from one address is already a whole node restarting.
+	DefaultPeerReviewRate  = 5
+	DefaultPeerReviewBurst = 20
+	// DefaultMaxPeerLimiters bounds the per-address rate limiters kept.
+	DefaultMaxPeerLimiters = 10000
 )
 
 // serviceAccountUsernamePrefix starts every service account's username.
@@ -44,10 +58,12 @@ const serviceAccountUsernamePrefix = "system:serviceaccount:"
 // Results of a TokenReview, the label of trustbridge_authn_token_reviews_total.
 const (
 	reviewAuthenticated   = "authenticated"
-	reviewUnauthenticated = "unauthenticated" // the API server refused the token
-	reviewRefused         = "refused"         // authenticated, but not for our audience or not a service account
-	reviewError           = "error"           // the call failed
-	reviewBusy            = "busy"            // not asked: MaxConcurrentReviews in flight
+	reviewUnauthenticated = "unauthenticated"   // the API server refused the token
+	reviewRefused         = "refused"           // authenticated, but not for our audience or not a service account
+	reviewError           = "error"             // the call failed
+	reviewBusy            = "busy"              // not asked: MaxConcurrentReviews in flight
+	reviewPeerBusy        = "peer_busy"         // not asked: the caller's address has MaxReviewsPerPeer in flight
+	reviewPeerRateLimited = "peer_rate_limited" // not asked: the caller's address is over PeerReviewRate
 )
 
 // TokenReviewConfig configures NewTokenReview.
@@ -77,12 +93,52 @@ type TokenReviewConfig struct {
 	// unbounded goroutines nor unbounded calls queued on the API server.
 	// Cached tokens are unaffected. Default DefaultMaxConcurrentReviews.
 	MaxConcurrentReviews int
+	// MaxReviewsPerPeer bounds the reviews in flight caused by one client
+	// address (IPv4 address, IPv6 /64); default DefaultMaxReviewsPerPeer.
+	MaxReviewsPerPeer int
+	// PeerReviewRate and PeerReviewBurst bound the new reviews one client
+	// address may cause per second; defaults DefaultPeerReviewRate and
+	// DefaultPeerReviewBurst. Cached tokens and tokens already under
+	// review cost nothing.
+	PeerReviewRate  rate.Limit
+	PeerReviewBurst int
+	// MaxPeerLimiters bounds the addresses whose rate is remembered;
+	// default DefaultMaxPeerLimiters.
+	MaxPeerLimiters int
+	// IssuerKeys fetches the service account issuer discovery documents
+	// from the API server (see RESTFetch), so that a token whose signature
+	// does not verify against the issuer's keys is refused without a
+	// TokenReview. Nil turns signature checks off; claims are still
+	// checked. When discovery fails (RBAC, an old cluster) tokens are left
+	// to TokenReview, and the failure is logged once.
+	IssuerKeys FetchFunc
+	// KeysRefreshInterval is the least time between two fetches of the
+	// issuer's keys; default DefaultKeysRefreshInterval.
+	KeysRefreshInterval time.Duration
 	// Clock; nil means the real clock.
 	Clock clock.Clock
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means a private registry.
 	Registerer prometheus.Registerer
+}
+
+func (c *TokenReviewConfig) setLimitDefaults() {
+	if c.MaxReviewsPerPeer == 0 {
+		c.MaxReviewsPerPeer = DefaultMaxReviewsPerPeer
+	}
+	if c.PeerReviewRate == 0 {
+		c.PeerReviewRate = DefaultPeerReviewRate
+	}
+	if c.PeerReviewBurst == 0 {
+		c.PeerReviewBurst = DefaultPeerReviewBurst
+	}
+	if c.MaxPeerLimiters == 0 {
+		c.MaxPeerLimiters = DefaultMaxPeerLimiters
+	}
+	if c.KeysRefreshInterval == 0 {
+		c.KeysRefreshInterval = DefaultKeysRefreshInterval
+	}
 }
 
 func (c *TokenReviewConfig) setDefaults() error {
@@ -97,9 +153,14 @@ func (c *TokenReviewConfig) setDefaults() error {
 		return fmt.Errorf("authn: token review: max cache entries %d is negative", c.MaxCacheEntries)
 	case c.Timeout < 0:
 		return fmt.Errorf("authn: token review: timeout %s is negative", c.Timeout)
-	case c.MaxConcurrentReviews < 0:
-		return fmt.Errorf("authn: token review: max concurrent reviews %d is negative", c.MaxConcurrentReviews)
+	case c.MaxConcurrentReviews < 0 || c.MaxReviewsPerPeer < 0 || c.PeerReviewBurst < 0 || c.MaxPeerLimiters < 0:
+		return fmt.Errorf("authn: token review: max concurrent reviews (%d), per peer (%d), per-peer burst (%d) and limiter count (%d) must not be negative",
+			c.MaxConcurrentReviews, c.MaxReviewsPerPeer, c.PeerReviewBurst, c.MaxPeerLimiters)
+	case !(c.PeerReviewRate >= 0) || c.KeysRefreshInterval < 0:
+		// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
+		return fmt.Errorf("authn: token review: per-peer rate %v and keys refresh interval %s must not be negative", float64(c.PeerReviewRate), c.KeysRefreshInterval)
 	}
+	c.setLimitDefaults()
 	if c.Audience == "" {
 		c.Audience = c.TrustDomain.Name()
 	}
@@ -137,13 +198,27 @@ func (c *TokenReviewConfig) setDefaults() error {
 // within CacheTTL plus the API server's own cache of successful token
 // authentications (10 seconds by default). Concurrent calls with the same
 // token share one review.
+//
+// A review is a call to the API server that anyone able to open a TLS
+// connection can cause, so before one is made the token must look like a
+// service account token for our audience (checkTokenClaims: algorithm,
+// issuer, times, audience, subject) and, when the issuer's keys are known,
+// carry a valid signature; random JWT-shaped tokens never reach the API
+// server. What is left is shared fairly: each client address may have
+// MaxReviewsPerPeer reviews in flight and start PeerReviewRate a second,
+// and every refusal for want of room is ErrUnavailable at once (the
+// client retries), counted, and logged at a bounded rate.
 type TokenReview struct {
-	cfg TokenReviewConfig
-	m   *tokenReviewMetrics
+	cfg    TokenReviewConfig
+	m      *tokenReviewMetrics
+	keys   *issuerKeys
+	rates  *peerLimiters
+	logLim *loglimit.Limiter
 
 	mu       sync.Mutex
 	cache    *reviewCache
 	inflight map[tokenKey]*reviewCall
+	perPeer  map[string]int // reviews in flight by peerKey; guarded by mu
 }
 
 // reviewCall is one TokenReview shared by every concurrent caller with the
@@ -152,7 +227,8 @@ type reviewCall struct {
 	done    chan struct{}
 	ident   Identity
 	err     error
-	waiters int // callers that joined after the first; guarded by TokenReview.mu
+	waiters int    // callers that joined after the first; guarded by TokenReview.mu
+	peer    string // peerKey of the caller that started it, whose share it holds
 }
 
 var _ Authenticator = (*TokenReview)(nil)
@@ -166,9 +242,15 @@ func NewTokenReview(cfg TokenReviewConfig) (*TokenReview, error) {
 		cfg:      cfg,
 		cache:    newReviewCache(cfg.MaxCacheEntries),
 		inflight: make(map[tokenKey]*reviewCall),
+		perPeer:  make(map[string]int),
+		rates:    newPeerLimiters(cfg.PeerReviewRate, cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
+		logLim:   loglimit.NewDefault(),
+	}
+	if cfg.IssuerKeys != nil {
+		a.keys = newIssuerKeys(cfg.IssuerKeys, cfg.Clock, cfg.KeysRefreshInterval, cfg.Logger)
 	}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": cfg.TrustDomain.Name()}, cfg.Registerer)
-	m, err := newTokenReviewMetrics(reg, a.cacheLen)
+	m, err := newTokenReviewMetrics(reg, a.cacheLen, a.keys.count)
 	if err != nil {
 		return nil, fmt.Errorf("authn: token review metrics: %w", err)
 	}
@@ -176,55 +258,144 @@ func NewTokenReview(cfg TokenReviewConfig) (*TokenReview, error) {
 	return a, nil
 }
 
+// Run fetches the issuer's keys once at start, so that whether tokens are
+// checked locally is logged when the server starts rather than at the
+// first caller, then waits for ctx. Without IssuerKeys it only waits.
+func (a *TokenReview) Run(ctx context.Context) error {
+	if a.keys != nil {
+		a.keys.current(ctx, false)
+	}
+	<-ctx.Done()
+	return nil
+}
+
 // Authenticate reviews r.BearerToken, or reuses a cached review of it.
 func (a *TokenReview) Authenticate(ctx context.Context, r Request) (Identity, error) {
+	token, info, err := a.precheck(r)
+	if err != nil {
+		return Identity{}, err
+	}
+	key := tokenKey(sha256.Sum256([]byte(token)))
+	if ident, call, ok := a.lookup(key); ok {
+		a.m.cacheHits.Inc()
+		return ident, nil
+	} else if call != nil {
+		return a.wait(ctx, call)
+	}
+	if err := a.checkLocally(ctx, token, r.Peer); err != nil {
+		return Identity{}, err
+	}
+	call, started, err := a.start(key, r.Peer)
+	if err != nil {
+		return Identity{}, err
+	}
+	if started {
+		// The review outlives a caller that gives up, up to Timeout, so
+		// other callers waiting on it are not failed by that one.
+		go a.run(context.WithoutCancel(ctx), key, token, info, call, r.Peer)
+	}
+	return a.wait(ctx, call)
+}
+
+// precheck takes the token out of r and refuses, without any call, what
+// is not a JWT (left to the next authenticator) or cannot be a valid one.
+func (a *TokenReview) precheck(r Request) (string, jwtInfo, error) {
 	token := r.BearerToken
 	if token == "" {
 		if r.AuthorizationError != nil {
-			return Identity{}, invalid(MethodKubernetesJWT, r.AuthorizationError)
+			return "", jwtInfo{}, invalid(MethodKubernetesJWT, r.AuthorizationError)
 		}
-		return Identity{}, noCredentials(MethodKubernetesJWT, "no bearer token")
+		return "", jwtInfo{}, noCredentials(MethodKubernetesJWT, "no bearer token")
 	}
 	if len(token) > MaxTokenSize {
-		return Identity{}, invalidf(MethodKubernetesJWT, "bearer token is %d bytes, more than %d", len(token), MaxTokenSize)
+		return "", jwtInfo{}, invalidf(MethodKubernetesJWT, "bearer token is %d bytes, more than %d", len(token), MaxTokenSize)
 	}
 	info, err := peekJWT(token)
 	if err != nil {
-		return Identity{}, noCredentials(MethodKubernetesJWT, "bearer token is not a JWT")
+		return "", jwtInfo{}, noCredentials(MethodKubernetesJWT, "bearer token is not a JWT")
 	}
 	now := a.cfg.Clock.Now()
 	if !info.exp.IsZero() && !now.Before(info.exp) {
 		// Refused without asking: the token says it has expired. An
 		// unverified claim can only make its bearer fail.
-		return Identity{}, invalidf(MethodKubernetesJWT, "token expired at %s", info.exp.UTC().Format(time.RFC3339))
+		a.m.local.WithLabelValues(localRefusedTime).Inc()
+		return "", jwtInfo{}, invalidf(MethodKubernetesJWT, "token expired at %s", info.exp.UTC().Format(time.RFC3339))
 	}
-	key := tokenKey(sha256.Sum256([]byte(token)))
+	return token, info, nil
+}
 
+// lookup answers from the cache, or finds a review of the same token in
+// flight to join (ok false, call set).
+func (a *TokenReview) lookup(key tokenKey) (Identity, *reviewCall, bool) {
 	a.mu.Lock()
-	if ident, ok := a.cache.get(key, now); ok {
-		a.mu.Unlock()
-		a.m.cacheHits.Inc()
-		return ident, nil
+	defer a.mu.Unlock()
+	if ident, ok := a.cache.get(key, a.cfg.Clock.Now()); ok {
+		return ident, nil, true
 	}
-	call, shared := a.inflight[key]
-	switch {
-	case shared:
+	if call, ok := a.inflight[key]; ok {
 		call.waiters++
-	case len(a.inflight) >= a.cfg.MaxConcurrentReviews:
-		a.mu.Unlock()
-		a.m.reviews.WithLabelValues(reviewBusy).Inc()
-		return Identity{}, fmt.Errorf("authn: %s: %d token reviews in flight: %w", MethodKubernetesJWT, a.cfg.MaxConcurrentReviews, ErrUnavailable)
-	default:
-		call = &reviewCall{done: make(chan struct{})}
-		a.inflight[key] = call
+		return Identity{}, call, false
 	}
-	a.mu.Unlock()
+	return Identity{}, nil, false
+}
 
-	if !shared {
-		// The review outlives a caller that gives up, up to Timeout, so
-		// other callers waiting on it are not failed by that one.
-		go a.run(context.WithoutCancel(ctx), key, token, info, call, r.Peer)
+// checkLocally checks the claims, then the signature when the issuer's
+// keys are known. A refusal is counted, logged at Debug (a flood of bad
+// tokens is the caller's business, not the operator's) and never reaches
+// the API server.
+func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) error {
+	lt, ref := checkTokenClaims(token, a.cfg.Audience, a.cfg.Clock.Now())
+	if ref == nil {
+		var outcome verifyOutcome
+		switch outcome, ref = a.keys.verify(ctx, token, lt); outcome {
+		case sigVerified:
+			a.m.local.WithLabelValues(localVerified).Inc()
+		case sigUnverifiable:
+			a.m.local.WithLabelValues(localUnverified).Inc()
+		}
 	}
+	if ref != nil {
+		a.m.local.WithLabelValues(ref.reason).Inc()
+		a.cfg.Logger.Debug("token refused before review", logattr.Address, peer, "reason", ref.reason, logattr.Error, ref.err)
+		return invalid(MethodKubernetesJWT, ref)
+	}
+	return nil
+}
+
+// start registers a new review of key for peer, or joins one another
+// caller started meanwhile (started false). It refuses with ErrUnavailable
+// when peer is over its share or rate, or every slot is taken.
+func (a *TokenReview) start(key tokenKey, peer string) (*reviewCall, bool, error) {
+	pk := peerKey(peer)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if call, ok := a.inflight[key]; ok {
+		call.waiters++
+		return call, false, nil
+	}
+	var result, why string
+	switch {
+	case a.perPeer[pk] >= a.cfg.MaxReviewsPerPeer:
+		result, why = reviewPeerBusy, fmt.Sprintf("%d token reviews in flight for this client address", a.cfg.MaxReviewsPerPeer)
+	case len(a.inflight) >= a.cfg.MaxConcurrentReviews:
+		result, why = reviewBusy, fmt.Sprintf("%d token reviews in flight", a.cfg.MaxConcurrentReviews)
+	case !a.rates.allow(pk, a.cfg.Clock.Now()):
+		// Last, so that a refusal for want of a slot does not also spend
+		// the caller's rate.
+		result, why = reviewPeerRateLimited, fmt.Sprintf("more than %v new token reviews a second from this client address", float64(a.cfg.PeerReviewRate))
+	default:
+		call := &reviewCall{done: make(chan struct{}), peer: pk}
+		a.inflight[key] = call
+		a.perPeer[pk]++
+		return call, true, nil
+	}
+	a.m.reviews.WithLabelValues(result).Inc()
+	a.cfg.Logger.Log(context.Background(), a.logLim.Level(slog.LevelWarn), "token review refused: no room", "reason", result, logattr.Address, peer)
+	return nil, false, fmt.Errorf("authn: %s: %s: %w", MethodKubernetesJWT, why, ErrUnavailable)
+}
+
+// wait waits for call, or for the caller to give up.
+func (a *TokenReview) wait(ctx context.Context, call *reviewCall) (Identity, error) {
 	select {
 	case <-call.done:
 	case <-ctx.Done():
@@ -241,6 +412,9 @@ func (a *TokenReview) run(ctx context.Context, key tokenKey, token string, info 
 	call.ident, call.err = a.review(ctx, token, peer)
 	a.mu.Lock()
 	delete(a.inflight, key)
+	if a.perPeer[call.peer]--; a.perPeer[call.peer] <= 0 {
+		delete(a.perPeer, call.peer)
+	}
 	if call.err == nil {
 		if until := info.cacheUntil(a.cfg.Clock.Now(), a.cfg.CacheTTL); !until.IsZero() {
 			a.cache.put(key, call.ident, until)
@@ -259,7 +433,7 @@ func (a *TokenReview) review(ctx context.Context, token, peer string) (Identity,
 	}, metav1.CreateOptions{})
 	if err != nil {
 		a.m.reviews.WithLabelValues(reviewError).Inc()
-		a.cfg.Logger.Warn("token review failed", logattr.Address, peer, logattr.Error, err)
+		a.cfg.Logger.Log(ctx, a.logLim.Level(slog.LevelWarn), "token review failed", logattr.Address, peer, logattr.Error, err)
 		return Identity{}, fmt.Errorf("authn: %s: token review: %w: %w", MethodKubernetesJWT, err, ErrUnavailable)
 	}
 	id, result, err := a.check(tr)
@@ -334,14 +508,19 @@ func (a *TokenReview) cacheLen() float64 {
 
 type tokenReviewMetrics struct {
 	reviews   *prometheus.CounterVec
+	local     *prometheus.CounterVec
 	cacheHits prometheus.Counter
 }
 
-func newTokenReviewMetrics(reg prometheus.Registerer, cacheLen func() float64) (*tokenReviewMetrics, error) {
+func newTokenReviewMetrics(reg prometheus.Registerer, cacheLen func() float64, keys func() int) (*tokenReviewMetrics, error) {
 	m := &tokenReviewMetrics{
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_authn_token_reviews_total",
-			Help: "TokenReview calls to the Kubernetes API server, by result (authenticated, unauthenticated, refused, error; busy: not made, too many in flight).",
+			Help: "TokenReview calls to the Kubernetes API server, by result (authenticated, unauthenticated, refused, error; not made, refused with Unavailable: busy, too many in flight; peer_busy, too many in flight for the caller's address; peer_rate_limited, the caller's address over its rate).",
+		}, []string{"result"}),
+		local: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_authn_token_local_checks_total",
+			Help: "Service account tokens checked before a TokenReview, by result (verified: signature good; unverified: claims good, no issuer keys; refused_*: never reviewed, by reason: alg, claims, time, audience, subject, unknown_key, signature).",
 		}, []string{"result"}),
 		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_authn_token_review_cache_hits_total",
@@ -352,13 +531,21 @@ func newTokenReviewMetrics(reg prometheus.Registerer, cacheLen func() float64) (
 		Name: "trustbridge_authn_token_review_cache_entries",
 		Help: "Successful TokenReviews currently cached.",
 	}, cacheLen)
-	for _, c := range []prometheus.Collector{m.reviews, m.cacheHits, entries} {
+	issuerKeys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "trustbridge_authn_token_issuer_keys",
+		Help: "Service account issuer public keys known from issuer discovery; 0: signatures are not checked before TokenReview.",
+	}, func() float64 { return float64(keys()) })
+	for _, c := range []prometheus.Collector{m.reviews, m.local, m.cacheHits, entries, issuerKeys} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, r := range []string{reviewAuthenticated, reviewUnauthenticated, reviewRefused, reviewError, reviewBusy} {
+	for _, r := range []string{reviewAuthenticated, reviewUnauthenticated, reviewRefused, reviewError, reviewBusy, reviewPeerBusy, reviewPeerRateLimited} {
 		m.reviews.WithLabelValues(r)
+	}
+	for _, r := range []string{localVerified, localUnverified, localRefusedAlg, localRefusedClaims, localRefusedTime,
+		localRefusedAudience, localRefusedSubject, localRefusedKey, localRefusedSignature} {
+		m.local.WithLabelValues(r)
 	}
 	return m, nil
 }

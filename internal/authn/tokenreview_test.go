@@ -46,10 +46,13 @@ func makeJWT(t testing.TB, claims map[string]any) string {
 	return enc(map[string]string{"alg": "RS256", "kid": "k"}) + "." + enc(claims) + "." + base64.RawURLEncoding.EncodeToString([]byte("signature"))
 }
 
+// testIssuer is the iss of test tokens, kube-apiserver's default.
+const testIssuer = "https://kubernetes.default.svc.cluster.local"
+
 // saToken is a JWT for a service account that expires at exp (zero: no exp).
 func saToken(t testing.TB, name string, exp time.Time) string {
 	t.Helper()
-	claims := map[string]any{"sub": "system:serviceaccount:default:" + name, "aud": []string{"example.org"}}
+	claims := map[string]any{"iss": testIssuer, "sub": "system:serviceaccount:default:" + name, "aud": []string{"example.org"}}
 	if !exp.IsZero() {
 		claims["exp"] = exp.Unix()
 	}
@@ -179,7 +182,7 @@ func TestTokenReview(t *testing.T) {
 	}{
 		{name: "authenticated", token: valid, answer: accept("system:serviceaccount:default:web", "example.org"), want: webID, wantCalls: 1, wantResult: reviewAuthenticated},
 		{name: "sa name with dots", token: valid, answer: accept("system:serviceaccount:prod:web.v2", "example.org"), want: spiffeid.RequireFromString("spiffe://example.org/ns/prod/sa/web.v2"), wantCalls: 1, wantResult: reviewAuthenticated},
-		{name: "token without exp", token: saToken(t, "web", time.Time{}), answer: accept("system:serviceaccount:default:web", "example.org"), want: webID, wantCalls: 1, wantResult: reviewAuthenticated},
+		{name: "token without exp refused before review", token: saToken(t, "web", time.Time{}), answer: accept("system:serviceaccount:default:web", "example.org"), wantErr: ErrInvalidCredentials, errHas: "no exp"},
 		{name: "not authenticated", token: valid, answer: status(authenticationv1.TokenReviewStatus{}), wantErr: ErrInvalidCredentials, errHas: "not authenticated", wantCalls: 1, wantResult: reviewUnauthenticated},
 		{name: "status error", token: valid, answer: status(authenticationv1.TokenReviewStatus{Authenticated: true, Error: "service account deleted", Audiences: []string{"example.org"}, User: authenticationv1.UserInfo{Username: "system:serviceaccount:default:web"}}), wantErr: ErrInvalidCredentials, errHas: "service account deleted", wantCalls: 1, wantResult: reviewUnauthenticated},
 		{name: "wrong audience refused by API server", token: valid, answer: accept("system:serviceaccount:default:web", "istio-ca"), wantErr: ErrInvalidCredentials, errHas: "audiences are invalid", wantCalls: 1, wantResult: reviewUnauthenticated},
@@ -240,11 +243,14 @@ func TestTokenReviewAudienceConfig(t *testing.T) {
 	f.api.set(tok, accept("system:serviceaccount:default:web", "example.org"))
 	_, err := f.auth(tok)
 	require.ErrorIs(t, err, ErrInvalidCredentials, "token for the trust domain audience, authenticator wants trustbridge-ca")
+	assert.Zero(t, f.api.calls.Load(), "refused by its aud claim, before any review")
 
+	tok = makeJWT(t, map[string]any{"iss": testIssuer, "sub": "system:serviceaccount:default:web", "aud": "trustbridge-ca", "exp": epoch.Add(time.Hour).Unix()})
 	f.api.set(tok, accept("system:serviceaccount:default:web", "trustbridge-ca"))
 	_, err = f.auth(tok)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"trustbridge-ca"}, f.api.specs[1].Audiences)
+	require.Len(t, f.api.specs, 1)
+	assert.Equal(t, []string{"trustbridge-ca"}, f.api.specs[0].Audiences)
 }
 
 func TestTokenReviewCache(t *testing.T) {
@@ -305,15 +311,15 @@ func TestTokenReviewCache(t *testing.T) {
 		assert.Equal(t, 1.0, testutil.ToFloat64(f.a.m.cacheHits))
 	})
 
-	t.Run("unreadable exp is never cached", func(t *testing.T) {
+	t.Run("unreadable exp is never reviewed", func(t *testing.T) {
 		f := newReviewFixture(t, nil)
-		tok := makeJWT(t, map[string]any{"exp": "tomorrow"})
+		tok := makeJWT(t, map[string]any{"iss": testIssuer, "sub": user, "aud": "example.org", "exp": "tomorrow"})
 		f.api.set(tok, accept(user, "example.org"))
 		for range 2 {
 			_, err := f.auth(tok)
-			require.NoError(t, err)
+			require.ErrorIs(t, err, ErrInvalidCredentials)
 		}
-		assert.EqualValues(t, 2, f.api.calls.Load())
+		assert.Zero(t, f.api.calls.Load())
 	})
 
 	t.Run("failures are not cached", func(t *testing.T) {
@@ -561,7 +567,9 @@ func TestPeekJWT(t *testing.T) {
 func TestTokenReviewConcurrencyCap(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const limit = DefaultMaxConcurrentReviews
-	f := newReviewFixture(t, nil)
+	// One address may take every slot here: this test is about the global
+	// bound (TestTokenReviewPeerShare is about the per-address one).
+	f := newReviewFixture(t, func(c *TokenReviewConfig) { c.MaxReviewsPerPeer, c.PeerReviewBurst = limit, 2*limit })
 	release := make(chan struct{})
 	tokens := make([]string, limit+1)
 	for i := range tokens {
