@@ -10,13 +10,16 @@ const (
 )
 
 type metrics struct {
-	streams    *prometheus.GaugeVec
-	responses  *prometheus.CounterVec
-	nacks      *prometheus.CounterVec
-	authFails  prometheus.Counter
-	encodings  *prometheus.CounterVec
-	validation prometheus.Counter // encodings{kind="validation"}
-	cert       prometheus.Counter // encodings{kind="certificate"}
+	streams   *prometheus.GaugeVec
+	responses *prometheus.CounterVec
+	nacks     *prometheus.CounterVec
+	authFails prometheus.Counter
+	// reauthRetries counts re-authentications that found the backend
+	// unavailable and were retried with the stream kept.
+	reauthRetries prometheus.Counter
+	encodings     *prometheus.CounterVec
+	validation    prometheus.Counter // encodings{kind="validation"}
+	cert          prometheus.Counter // encodings{kind="certificate"}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -37,6 +40,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_sds_authentication_failures_total",
 			Help: "SDS streams and fetches refused because the caller did not authenticate (or re-authenticate at a refresh), or is not a member of the local trust domain.",
 		}),
+		reauthRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_sds_reauthentication_retries_total",
+			Help: "Stream re-authentications that found the authentication backend unavailable and were retried with backoff, the stream kept with its current credential.",
+		}),
 		encodings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_sds_encodings_total",
 			Help: "Secrets marshalled, by kind (validation, certificate); each is shared by every stream that sends it.",
@@ -44,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m.validation = m.encodings.WithLabelValues("validation")
 	m.cert = m.encodings.WithLabelValues("certificate")
-	for _, c := range []prometheus.Collector{m.streams, m.responses, m.nacks, m.authFails, m.encodings} {
+	for _, c := range []prometheus.Collector{m.streams, m.responses, m.nacks, m.authFails, m.reauthRetries, m.encodings} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

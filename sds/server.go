@@ -15,7 +15,6 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
 
 // minRefreshDelay is the shortest wait before a stream re-authenticates its
@@ -73,7 +73,11 @@ type Server struct {
 	// nackLog bounds the NACK warnings: a bad push rejected by every
 	// Envoy would otherwise log once per stream. The rest go to Debug;
 	// the metric counts them all.
-	nackLog     *rate.Limiter
+	nackLog *loglimit.Limiter
+	// refuseLog bounds the refusals a client can provoke (bad or
+	// unverifiable credentials, a busy authenticator) and the
+	// re-authentication retries, likewise.
+	refuseLog   *loglimit.Limiter
 	validations *validationCache
 	certs       *certCache
 	empty       *Trust // stands in for a nil Trust
@@ -116,17 +120,15 @@ func New(cfg Config) (*Server, error) {
 		validations: &validationCache{onEncode: m.validation.Inc},
 		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
 		empty:       &Trust{},
-		nackLog:     rate.NewLimiter(rate.Every(time.Second), 10),
+		nackLog:     loglimit.NewDefault(),
+		refuseLog:   loglimit.NewDefault(),
 	}, nil
 }
 
 // nackLevel is the level of a NACK's log line: Warn for about one a
 // second (ten at once), Debug beyond.
 func (s *Server) nackLevel() slog.Level {
-	if s.nackLog.Allow() {
-		return slog.LevelWarn
-	}
-	return slog.LevelDebug
+	return s.nackLog.Level(slog.LevelWarn)
 }
 
 // Register adds SecretDiscoveryService (StreamSecrets, DeltaSecrets,
@@ -216,9 +218,17 @@ func (s *Server) finish(ctx context.Context, kind string, r authn.Request, ident
 	if ref.err != nil {
 		attrs = append(attrs, logattr.Error, ref.err)
 	}
-	lvl := slog.LevelInfo
-	if ref.code == codes.Internal || ref.code == codes.Unavailable {
+	// A caller provokes refusals at will, and Unavailable is what a busy
+	// authenticator answers to a flood: bounded lines, at Warn rather
+	// than Error. Only an internal fault is ours, and always an Error.
+	var lvl slog.Level
+	switch ref.code {
+	case codes.Internal:
 		lvl = slog.LevelError
+	case codes.Unavailable:
+		lvl = s.refuseLog.Level(slog.LevelWarn)
+	default:
+		lvl = s.refuseLog.Level(slog.LevelInfo)
 	}
 	s.cfg.Logger.Log(ctx, lvl, "sds request refused", attrs...)
 	return status.Error(ref.code, ref.msg)

@@ -39,8 +39,14 @@ type session struct {
 	spentCred *Credential
 	// timer fires when the caller must be authenticated again: at
 	// cred.RefreshAt, and at the latest ReauthInterval after the last
-	// authentication; nil for Fetch.
+	// authentication, or sooner to retry one that found the backend
+	// unavailable; nil for Fetch.
 	timer clock.Timer
+	// unavailableSince is when re-authentication first failed with
+	// authn.ErrUnavailable in the current run of such failures; zero while
+	// the last one succeeded. unavailable counts that run.
+	unavailableSince time.Time
+	unavailable      int
 }
 
 // newSession starts a session for an authenticated caller. Streams pass a
@@ -222,23 +228,92 @@ func closedChan(ch <-chan struct{}) bool {
 // opened the stream, then asks the source again: a caller whose
 // credentials were revoked gets no new certificate, and a stream of
 // validation contexts only ends too.
+//
+// A re-authentication that cannot be decided (authn.ErrUnavailable: the
+// API server is down or busy, or the authenticators are shedding load
+// under a flood of bad credentials) is not a refusal: ending healthy
+// streams then would turn an attack on the authenticators into an outage
+// of every Envoy. The stream keeps its credential and retries with
+// backoff, and ends only on a definitive refusal, or when the grace runs
+// out (reauthGraceEnd).
 func (ss *session) refreshCredential(ctx context.Context) error {
 	ident, err := ss.s.cfg.Authenticator.Authenticate(ctx, ss.areq)
 	if err == nil && ident.ID != ss.ident.ID {
 		err = fmt.Errorf("re-authentication proved %q, not %s", ident.ID.String(), ss.ident.ID)
 	}
+	if err != nil && errors.Is(err, authn.ErrUnavailable) && ctx.Err() == nil {
+		return ss.reauthUnavailable(ctx, err)
+	}
 	if err != nil {
 		ss.s.metrics.authFails.Inc()
-		if errors.Is(err, authn.ErrUnavailable) {
-			return &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
-		}
 		return &refusal{codes.Unauthenticated, "reauthentication_failed", "credentials no longer valid; reconnect with fresh credentials", err}
+	}
+	if ss.unavailable > 0 {
+		ss.log().Info("sds re-authentication succeeded again", "failures", ss.unavailable)
+		ss.unavailableSince, ss.unavailable = time.Time{}, 0
+		// The credential kept meanwhile may have a newer one waiting.
+		ss.spentCred = nil
 	}
 	if ss.cred == nil {
 		ss.armTimer()
 		return nil
 	}
 	return ss.loadCredential(ctx)
+}
+
+// reauthUnavailable keeps the stream after a re-authentication the
+// backend could not decide, and schedules the next try, unless the grace
+// is over.
+func (ss *session) reauthUnavailable(ctx context.Context, err error) error {
+	now := ss.s.cfg.Clock.Now()
+	if ss.unavailable == 0 {
+		ss.unavailableSince = now
+	}
+	ss.unavailable++
+	end := reauthGraceEnd(ss.unavailableSince, ss.s.cfg.ReauthInterval, ss.cred)
+	if !now.Before(end) {
+		ss.s.metrics.authFails.Inc()
+		return &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
+	}
+	ss.s.metrics.reauthRetries.Inc()
+	delay := min(reauthRetryDelay(ss.unavailable), end.Sub(now))
+	ss.log().Log(ctx, ss.s.refuseLog.Level(slog.LevelWarn), "sds re-authentication unavailable; stream kept with its current credential",
+		"failures", ss.unavailable, "retry_in", delay.String(), "grace_until", end.UTC().Format(time.RFC3339), logattr.Error, err)
+	// A newer credential may be waiting (Changed closed): it is not
+	// handed out until the caller is authenticated again, and the closed
+	// channel must not wake the stream meanwhile.
+	if ss.cred != nil && closedChan(ss.cred.Changed) {
+		ss.spentCred = ss.cred
+	}
+	ss.stop()
+	ss.timer = ss.s.cfg.Clock.NewTimer(delay)
+	return nil
+}
+
+// reauthGraceEnd is how long a stream whose re-authentication keeps
+// finding the backend unavailable is kept: while its certificate is
+// valid, since that certificate is what the caller last proved it may
+// hold, or one ReauthInterval after the first failure for a stream of
+// validation contexts only, which holds none.
+func reauthGraceEnd(since time.Time, interval time.Duration, cred *Credential) time.Time {
+	if cred != nil && len(cred.Chain) > 0 && cred.Chain[0] != nil {
+		return cred.Chain[0].NotAfter
+	}
+	return since.Add(interval)
+}
+
+// Backoff of re-authentication retries: from minRefreshDelay, doubling,
+// at most maxReauthRetryDelay apart.
+const maxReauthRetryDelay = time.Minute
+
+// reauthRetryDelay is the wait before retry number failures (1 for the
+// first retry).
+func reauthRetryDelay(failures int) time.Duration {
+	d := minRefreshDelay
+	for i := 1; i < failures && d < maxReauthRetryDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxReauthRetryDelay)
 }
 
 // firstRequest waits for a stream's first request, which carries the
