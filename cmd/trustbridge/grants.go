@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -20,6 +21,15 @@ func addGrantFlags(f *pflag.FlagSet, o *grpcOptions) {
 			"Independently of it, a renewal is always refused once the bootstrap token that granted the chain is removed from "+
 			"--bootstrap-token-file, or its service account is deleted or re-created (needs get, list and watch on serviceaccounts). "+
 			"Certificates issued before grants were recorded, or by `ca issue`, renew with a warning and only this bound ends them")
+}
+
+// checkGrantFlags refuses values the certificate service would refuse,
+// naming the flag.
+func checkGrantFlags(o grpcOptions) error {
+	if o.maxRenewalLifetime < 0 {
+		return fmt.Errorf("--max-renewal-lifetime %s is negative; 0 means no bound", o.maxRenewalLifetime)
+	}
+	return nil
 }
 
 // grantCheckers records, by grant method, what decides whether the grant

@@ -108,7 +108,7 @@ func TestMaxRenewalLifetimeFlag(t *testing.T) {
 		return o
 	}())
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "maximum renewal lifetime -1h0m0s is negative")
+	assert.Contains(t, err.Error(), "--max-renewal-lifetime -1h0m0s is negative")
 }
 
 // TestRenewalWithServiceAccountGrant runs the Kubernetes grant through a

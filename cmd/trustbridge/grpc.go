@@ -148,6 +148,9 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if !(o.rateLimit >= 0) || o.queueSize < 0 {
 		return nil, fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
 	}
+	if err := checkGrantFlags(o); err != nil {
+		return nil, err
+	}
 
 	auth, err := g.authenticators(o, td, authority, reg, logger)
 	if err != nil {
