@@ -231,7 +231,13 @@ func fakeJWT(exp time.Time) string {
 		b, _ := json.Marshal(v)
 		return base64.RawURLEncoding.EncodeToString(b)
 	}
-	return enc(map[string]string{"alg": "RS256"}) + "." + enc(map[string]any{"exp": exp.Unix(), "sub": "x"}) + ".c2lnbmF0dXJl"
+	// The claims of a service account token for default/web and our
+	// audience: TokenReview refuses anything else before asking the (fake)
+	// API server.
+	return enc(map[string]string{"alg": "RS256"}) + "." + enc(map[string]any{
+		"exp": exp.Unix(), "iss": "https://kubernetes.default.svc.cluster.local",
+		"sub": "system:serviceaccount:default:web", "aud": []string{"example.org"},
+	}) + ".c2lnbmF0dXJl"
 }
 
 var errSecret = errors.New("disk /secret/ca-key.pem unreadable")

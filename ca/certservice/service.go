@@ -28,6 +28,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
 
 // Defaults for Config.
@@ -105,6 +106,8 @@ type Service struct {
 	limits  *limiters // nil when off
 	metrics *metrics
 	extra   atomic.Pointer[encodedRoots]
+	// refuseLog bounds the "certificate request refused" lines.
+	refuseLog *loglimit.Limiter
 }
 
 // New checks cfg and returns a Service. It starts nothing.
@@ -145,7 +148,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m}
+	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault()}
 	if cfg.RateLimit > 0 {
 		s.limits = newLimiters(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
@@ -201,9 +204,18 @@ func (s *Service) CreateCertificate(ctx context.Context, req *securityv1alpha1.I
 		if ref.err != nil {
 			attrs = append(attrs, logattr.Error, ref.err)
 		}
-		lvl := slog.LevelInfo
-		if ref.code == codes.Internal || ref.code == codes.Unavailable {
+		// A caller provokes refusals at will (bad credentials, limits, a
+		// busy authenticator under a flood): a burst of lines at their
+		// level, the rest at Debug, all counted by the metric. Only our own
+		// faults are Errors on every call.
+		var lvl slog.Level
+		switch {
+		case ref.code == codes.Internal || ref.reason == "signing_material":
 			lvl = slog.LevelError
+		case ref.code == codes.Unavailable:
+			lvl = s.refuseLog.Level(slog.LevelWarn)
+		default:
+			lvl = s.refuseLog.Level(slog.LevelInfo)
 		}
 		s.cfg.Logger.Log(ctx, lvl, "certificate request refused", attrs...)
 		return nil, status.Error(ref.code, ref.msg)
