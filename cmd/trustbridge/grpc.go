@@ -65,6 +65,8 @@ type grpcOptions struct {
 	maxRenewalLifetime time.Duration
 	// Test hooks, no flags (grants.go).
 	grantHooks
+	// Bounds on unauthenticated work (authn_limits.go).
+	authnLimits
 }
 
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
@@ -78,6 +80,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
 	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
 	addGrantFlags(f, o)
+	addAuthnLimitFlags(f, &o.authnLimits)
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
@@ -184,7 +187,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
-	sdsServer, trustFeed, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, auth, reg, logger)
+	sdsServer, trustFeed, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.sdsAuthenticator(auth, o), reg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -240,7 +243,17 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 // bootstrap token. The first that succeeds decides.
 func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority,
 	reg prometheus.Registerer, logger *slog.Logger) (authn.Chain, error) {
-	chain := authn.Chain{authn.NewX509SVID(td, newCALocalRoots(authority), nil)}
+	lim := o.authnLimits.withDefaults()
+	if err := lim.check(); err != nil {
+		return nil, err
+	}
+	svid := authn.NewX509SVID(td, newCALocalRoots(authority), nil,
+		authn.WithMaxVerifications(lim.verifyPerPeer, lim.verifyMax),
+		authn.WithLogger(logger.With(logattr.Component, "x509-svid")))
+	if err := svid.Register(reg); err != nil {
+		return nil, err
+	}
+	chain := authn.Chain{svid}
 	g.methods = append(g.methods, authn.MethodX509SVID)
 
 	mode := o.tokenReview
@@ -269,14 +282,21 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
 		}
+		var issuerKeys authn.FetchFunc
+		if !lim.noIssuerKeys {
+			issuerKeys = authn.RESTFetch(client.Discovery().RESTClient())
+		}
 		tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
 			Client: client, TrustDomain: td, Audience: o.tokenAudience,
-			Logger: logger.With(logattr.Component, "token-review"), Registerer: reg,
+			MaxReviewsPerPeer: lim.reviewPerPeer, PeerReviewRate: lim.peerRate(), PeerReviewBurst: lim.reviewPeerBurst,
+			IssuerKeys: issuerKeys,
+			Logger:     logger.With(logattr.Component, "token-review"), Registerer: reg,
 		})
 		if err != nil {
 			return nil, err
 		}
 		chain = append(chain, tr)
+		g.runners = append(g.runners, tr.Run)
 		if err := g.addServiceAccountGrants(client, o.onServiceAccountDeleted, logger); err != nil {
 			return nil, err
 		}
