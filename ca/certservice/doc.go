@@ -41,7 +41,7 @@
 //		Signer:        authority, // *ca.Authority
 //		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots, nil), bootstrap},
 //		Roots:         mergedRoots,
-//		Grants: map[string]certservice.GrantChecker{
+//		Grants: map[string]authn.GrantChecker{
 //			authn.MethodBootstrapToken: bootstrap, // *authn.BootstrapTokens
 //			authn.MethodKubernetesJWT:  serviceAccounts, // *authn.ServiceAccountGrants
 //		},

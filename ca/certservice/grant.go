@@ -14,23 +14,6 @@ import (
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
-// GrantChecker decides whether the grant behind a renewal still stands:
-// nil, an error wrapping authn.ErrGrantRevoked when the credential that
-// first granted id is gone, or one wrapping authn.ErrUnavailable when it
-// cannot tell right now. *authn.BootstrapTokens and
-// *authn.ServiceAccountGrants implement it.
-type GrantChecker interface {
-	CheckGrant(ctx context.Context, id spiffeid.ID, g authn.Grant) error
-}
-
-// GrantCheckerFunc adapts a function to GrantChecker.
-type GrantCheckerFunc func(ctx context.Context, id spiffeid.ID, g authn.Grant) error
-
-// CheckGrant calls f.
-func (f GrantCheckerFunc) CheckGrant(ctx context.Context, id spiffeid.ID, g authn.Grant) error {
-	return f(ctx, id, g)
-}
-
 // Results of a renewal's grant check, the result label of
 // trustbridge_certservice_renewal_grant_checks_total.
 const (
@@ -67,7 +50,7 @@ func (s *Service) grantFor(ctx context.Context, ident authn.Identity, peer strin
 		}
 	} else {
 		var ref *refusal
-		if g, ref = s.checkRenewal(ctx, ident, now, peer); ref != nil {
+		if g, ref = s.checkRenewal(ctx, ident, peer); ref != nil {
 			return ext, g, false, ref
 		}
 	}
@@ -78,55 +61,50 @@ func (s *Service) grantFor(ctx context.Context, ident authn.Identity, peer strin
 	return ext, g, true, nil
 }
 
-// checkRenewal judges the grant of the SVID a renewal presented.
-func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, now time.Time, peer string) (authn.Grant, *refusal) {
-	if ident.GrantErr != nil || ident.Grant == nil {
-		err := ident.GrantErr
-		if err == nil {
-			err = errors.New("the X509-SVID authenticator reported no grant")
-		}
-		s.metrics.grantChecks.WithLabelValues("unknown", grantInvalid).Inc()
-		return authn.Grant{}, &refusal{codes.PermissionDenied, "grant_invalid",
-			"the presented certificate's grant record cannot be read; obtain a new certificate with a bootstrap or service account token", err}
+// checkRenewal judges the grant of the SVID a renewal presented, with
+// the policy (authn.GrantPolicy) SDS's authenticators apply too.
+func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer string) (authn.Grant, *refusal) {
+	p, err := s.policy.Check(ctx, ident)
+	var g authn.Grant
+	method := "unknown"
+	if p != nil {
+		g, method = *p, p.Method
 	}
-	g := *ident.Grant
-	if max := s.cfg.MaxRenewalLifetime; max > 0 && now.Sub(g.GrantedAt) > max {
-		s.metrics.grantChecks.WithLabelValues(g.Method, grantLifetimeExceeded).Inc()
-		return g, &refusal{codes.PermissionDenied, "renewal_lifetime_exceeded",
-			fmt.Sprintf("the renewal chain of %s was granted at %s, more than the maximum renewal lifetime of %s ago; obtain a new certificate with a bootstrap or service account token",
-				ident.ID, g.GrantedAt.UTC().Format(time.RFC3339), max), nil}
-	}
-	if g.Method == authn.GrantMethodLegacy {
-		s.metrics.grantChecks.WithLabelValues(g.Method, grantAccepted).Inc()
+	switch {
+	case err == nil && g.Method == authn.GrantMethodLegacy:
+		s.metrics.grantChecks.WithLabelValues(method, grantAccepted).Inc()
 		s.cfg.Logger.Warn("renewing a certificate that records no grant; it cannot be revoked by removing a token or service account (set a maximum renewal lifetime to end such chains)",
 			logattr.SPIFFEID, ident.ID.String(), logattr.GrantedAt, g.GrantedAt.UTC().Format(time.RFC3339), logattr.Address, peer)
 		return g, nil
-	}
-	checker := s.cfg.Grants[g.Method]
-	if checker == nil {
-		s.metrics.grantChecks.WithLabelValues(g.Method, grantRevoked).Inc()
-		return g, &refusal{codes.PermissionDenied, "grant_revoked",
-			fmt.Sprintf("%s was granted by a %s, which this server no longer accepts; obtain a new certificate with a credential it accepts", ident.ID, g.Method), nil}
-	}
-	err := checker.CheckGrant(ctx, ident.ID, g)
-	switch {
 	case err == nil:
-		s.metrics.grantChecks.WithLabelValues(g.Method, grantAccepted).Inc()
+		s.metrics.grantChecks.WithLabelValues(method, grantAccepted).Inc()
 		return g, nil
+	case errors.Is(err, authn.ErrGrantUnreadable):
+		s.metrics.grantChecks.WithLabelValues(method, grantInvalid).Inc()
+		return g, &refusal{codes.PermissionDenied, "grant_invalid",
+			"the presented certificate's grant record cannot be read; obtain a new certificate with a bootstrap or service account token", err}
+	case errors.Is(err, authn.ErrGrantExpired):
+		s.metrics.grantChecks.WithLabelValues(method, grantLifetimeExceeded).Inc()
+		return g, &refusal{codes.PermissionDenied, "renewal_lifetime_exceeded",
+			fmt.Sprintf("the renewal chain of %s was granted at %s, more than the maximum renewal lifetime of %s ago; obtain a new certificate with a bootstrap or service account token",
+				ident.ID, g.GrantedAt.UTC().Format(time.RFC3339), s.cfg.MaxRenewalLifetime), nil}
 	case errors.Is(err, authn.ErrGrantRevoked):
-		s.metrics.grantChecks.WithLabelValues(g.Method, grantRevoked).Inc()
-		return g, &refusal{codes.PermissionDenied, "grant_revoked", revokedMessage(ident.ID, g), err}
+		s.metrics.grantChecks.WithLabelValues(method, grantRevoked).Inc()
+		return g, &refusal{codes.PermissionDenied, "grant_revoked", revokedMessage(ident.ID, g, s.cfg.Grants[g.Method] == nil), err}
 	case errors.Is(err, authn.ErrUnavailable):
-		s.metrics.grantChecks.WithLabelValues(g.Method, grantUnavailable).Inc()
+		s.metrics.grantChecks.WithLabelValues(method, grantUnavailable).Inc()
 		return g, &refusal{codes.Unavailable, "grant_unavailable", "cannot check the grant behind this certificate right now; retry later", err}
 	}
-	s.metrics.grantChecks.WithLabelValues(g.Method, grantInvalid).Inc()
+	s.metrics.grantChecks.WithLabelValues(method, grantInvalid).Inc()
 	return g, &refusal{codes.Internal, "internal", "internal error", err}
 }
 
 // revokedMessage tells the caller what to do; it names the credential only
 // as far as the caller's own certificate already does.
-func revokedMessage(id spiffeid.ID, g authn.Grant) string {
+func revokedMessage(id spiffeid.ID, g authn.Grant, noChecker bool) string {
+	if noChecker {
+		return fmt.Sprintf("%s was granted by a %s, which this server no longer accepts; obtain a new certificate with a credential it accepts", id, g.Method)
+	}
 	switch g.Method {
 	case authn.MethodBootstrapToken:
 		return fmt.Sprintf("renewal refused: the bootstrap token that granted %s (reference %s) was removed; bootstrap again with a current token", id, g.Ref)

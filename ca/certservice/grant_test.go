@@ -35,7 +35,7 @@ type grantFixture struct {
 	start time.Time
 }
 
-func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube certservice.GrantChecker) *grantFixture {
+func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantChecker) *grantFixture {
 	t.Helper()
 	g := &grantFixture{
 		clk:  clocktesting.NewFakeClock(time.Now()),
@@ -48,7 +48,7 @@ func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube certservice.G
 	g.boot = boot
 	g.fixture = newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
 		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), boot}
-		cfg.Grants = map[string]certservice.GrantChecker{authn.MethodBootstrapToken: boot}
+		cfg.Grants = map[string]authn.GrantChecker{authn.MethodBootstrapToken: boot}
 		if kube != nil {
 			cfg.Grants[authn.MethodKubernetesJWT] = kube
 		}
@@ -141,7 +141,7 @@ func TestRenewalRefused(t *testing.T) {
 		name string
 		// cert is the SVID the renewal presents; grantedAt is g.start.
 		cert     func(t *testing.T, g *grantFixture) *tls.Certificate
-		kube     certservice.GrantChecker // nil: the server does not check Kubernetes grants
+		kube     authn.GrantChecker // nil: the server does not check Kubernetes grants
 		before   func(t *testing.T, g *grantFixture)
 		age      time.Duration // the fake clock's step before renewing
 		wantCode codes.Code
@@ -172,7 +172,7 @@ func TestRenewalRefused(t *testing.T) {
 				kg.GrantedAt = g.start
 				return grantedSVID(t, g.authority, workloadID, grantExt(t, kg))
 			},
-			kube: certservice.GrantCheckerFunc(func(context.Context, spiffeid.ID, authn.Grant) error {
+			kube: authn.GrantCheckerFunc(func(context.Context, spiffeid.ID, authn.Grant) error {
 				return authn.ErrGrantRevoked
 			}),
 			wantCode: codes.PermissionDenied,
@@ -187,7 +187,7 @@ func TestRenewalRefused(t *testing.T) {
 				kg.GrantedAt = g.start
 				return grantedSVID(t, g.authority, workloadID, grantExt(t, kg))
 			},
-			kube: certservice.GrantCheckerFunc(func(context.Context, spiffeid.ID, authn.Grant) error {
+			kube: authn.GrantCheckerFunc(func(context.Context, spiffeid.ID, authn.Grant) error {
 				return authn.ErrUnavailable
 			}),
 			wantCode: codes.Unavailable,
@@ -267,7 +267,7 @@ func TestRenewalAccepted(t *testing.T) {
 	const maxLifetime = 30 * 24 * time.Hour
 	kubeGrant := authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "default/web", UID: "uid-1"}
 	var seen []authn.Grant
-	kube := certservice.GrantCheckerFunc(func(_ context.Context, id spiffeid.ID, g authn.Grant) error {
+	kube := authn.GrantCheckerFunc(func(_ context.Context, id spiffeid.ID, g authn.Grant) error {
 		seen = append(seen, g)
 		return nil
 	})

@@ -86,7 +86,7 @@ type Config struct {
 	// a renewing caller's identity still exists. A renewal whose grant has
 	// no checker here is refused: the server no longer accepts that kind of
 	// credential. See grantFor.
-	Grants map[string]GrantChecker
+	Grants map[string]authn.GrantChecker
 	// MaxRenewalLifetime, when positive, refuses a renewal whose chain was
 	// first granted longer ago than this, so every chain has to go back to
 	// its bootstrap or service account token at least this often. Zero
@@ -105,6 +105,7 @@ type Service struct {
 	slots   chan struct{}
 	limits  *limiters // nil when off
 	metrics *metrics
+	policy  *authn.GrantPolicy
 	extra   atomic.Pointer[encodedRoots]
 	// refuseLog bounds the "certificate request refused" lines.
 	refuseLog *loglimit.Limiter
@@ -148,7 +149,8 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault()}
+	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(),
+		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	if cfg.RateLimit > 0 {
 		s.limits = newLimiters(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -37,7 +36,7 @@ func checkGrantFlags(o grpcOptions) error {
 // service. A method without a checker (bootstrap tokens not configured,
 // no Kubernetes) has its renewals refused: the server no longer accepts
 // that kind of credential.
-type grantCheckers map[string]certservice.GrantChecker
+type grantCheckers map[string]authn.GrantChecker
 
 // addBootstrapGrants lets the token file decide bootstrap grants.
 func (g *grpcEndpoint) addBootstrapGrants(boot *authn.BootstrapTokens) {
@@ -68,6 +67,13 @@ type grantHooks struct {
 	// onServiceAccountDeleted is called once the server's informer has seen
 	// a service account deleted.
 	onServiceAccountDeleted func(namespace, name string)
+}
+
+// sdsAuthenticator applies the certificate service's grant policy to SDS
+// callers proved by an X509-SVID: SDS mints certificates too, so a chain
+// the certificate service refuses to renew must not get them from SDS.
+func (g *grpcEndpoint) sdsAuthenticator(auth authn.Authenticator, o grpcOptions) authn.Authenticator {
+	return authn.RequireGrant(auth, &authn.GrantPolicy{Checkers: g.grants, MaxLifetime: o.maxRenewalLifetime})
 }
 
 func (g *grpcEndpoint) grantMap() grantCheckers {

@@ -2,20 +2,28 @@ package main
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 // TestRenewalRefusedAfterBootstrapTokenRemoved is the regression test of
@@ -77,6 +85,20 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	case <-reloaded:
 	case <-t.Context().Done():
 		t.Fatal("the token file was not reloaded")
+	}
+
+	// SDS on the same listener, which mints certificates too, refuses the
+	// revoked chain as well, while a token still opens a stream.
+	cert, err := tls.LoadX509KeyPair(filepath.Join(renewed, "cert-chain.pem"), filepath.Join(renewed, "key.pem"))
+	require.NoError(t, err)
+	e := openEnvoy(t, dialSDSWithCert(t, addr, certs, &cert), nil, sds.RootCAName)
+	select {
+	case r := <-e.resps:
+		t.Fatalf("SDS answered a revoked chain: %v", r)
+	case err := <-e.errs:
+		assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	case <-t.Context().Done():
+		t.Fatal("the SDS stream was neither refused nor answered")
 	}
 
 	// Both certificates of the chain are refused now, with the reason.
@@ -170,4 +192,19 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	assert.NotEqual(t, grant.UID, newGrant.UID)
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", fresh, "--out", fresh)
 	assert.Equal(t, 0, code, stderr)
+}
+
+// dialSDSWithCert connects to the server's gRPC listener with a client
+// certificate, verifying the server as dialSDSTLS does.
+func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert *tls.Certificate) *grpc.ClientConn {
+	t.Helper()
+	td := laptopID.TrustDomain()
+	store := trust.NewStore()
+	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
+	cfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
+		&trust.Verifier{Store: store, Authorizer: trust.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }

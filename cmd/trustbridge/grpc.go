@@ -187,7 +187,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
-	sdsServer, trustFeed, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, auth, reg, logger)
+	sdsServer, trustFeed, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.sdsAuthenticator(auth, o), reg, logger)
 	if err != nil {
 		return nil, err
 	}
