@@ -26,9 +26,10 @@
 // right now, with Unavailable (the caller retries with its still valid
 // certificate). Config.MaxRenewalLifetime, when set, also refuses chains
 // granted longer ago than that. A leaf without the extension (issued
-// before grants were recorded, by `trustbridge ca issue`, or by SDS) is a
-// legacy chain: it renews with a warning, its grant dated at its
-// NotBefore, so only MaxRenewalLifetime ends it. Every grant check is
+// before grants were recorded, or by `trustbridge ca issue`) is a legacy
+// chain: it renews with a warning, its grant dated at its NotBefore, so
+// only MaxRenewalLifetime ends it. A leaf SDS minted for Envoy is marked
+// (authn.GrantMethodSDS) and never renews. Every grant check is
 // counted in trustbridge_certservice_renewal_grant_checks_total and every
 // issuance logs its grant.
 //

@@ -102,7 +102,10 @@ func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer s
 // revokedMessage tells the caller what to do; it names the credential only
 // as far as the caller's own certificate already does.
 func revokedMessage(id spiffeid.ID, g authn.Grant, noChecker bool) string {
-	if noChecker {
+	switch {
+	case g.Method == authn.GrantMethodSDS:
+		return fmt.Sprintf("renewal refused: the certificate of %s was minted by SDS for Envoy and cannot be renewed; request one with a bootstrap or service account token", id)
+	case noChecker:
 		return fmt.Sprintf("%s was granted by a %s, which this server no longer accepts; obtain a new certificate with a credential it accepts", id, g.Method)
 	}
 	switch g.Method {

@@ -232,6 +232,16 @@ func TestRenewalRefused(t *testing.T) {
 			metric:   [2]string{authn.GrantMethodLegacy, "lifetime_exceeded"},
 		},
 		{
+			name: "certificate minted by SDS",
+			cert: func(t *testing.T, g *grantFixture) *tls.Certificate {
+				return grantedSVID(t, g.authority, workloadID, grantExt(t, authn.Grant{Method: authn.GrantMethodSDS, GrantedAt: g.start}))
+			},
+			wantCode: codes.PermissionDenied,
+			wantMsg:  "was minted by SDS for Envoy and cannot be renewed",
+			wantLog:  `"reason":"grant_revoked"`,
+			metric:   [2]string{authn.GrantMethodSDS, "revoked"},
+		},
+		{
 			name: "grant record does not parse",
 			cert: func(t *testing.T, g *grantFixture) *tls.Certificate {
 				return grantedSVID(t, g.authority, workloadID, pkix.Extension{Id: authn.GrantOID, Value: []byte{0x30, 0x00}})

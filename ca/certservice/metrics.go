@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		grantChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_renewal_grant_checks_total",
-			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, legacy: the certificate records none; unknown) and result (accepted; revoked: the token or service account is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
+			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token or service account is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
 		}, []string{"grant_method", "result"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks} {

@@ -208,3 +208,44 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }
+
+// TestSDSMintedCertificateIsNoCredential: a certificate SDS minted for an
+// Envoy is marked so, and neither renews at the certificate service nor
+// opens another SDS stream: otherwise it would start a renewal chain of
+// its own, whatever became of the token the Envoy authenticated with.
+func TestSDSMintedCertificateIsNoCredential(t *testing.T) {
+	addr, rootCert, _ := grpcServer(t)
+	roots, err := readPEMCerts(rootCert)
+	require.NoError(t, err)
+	td := laptopID.TrustDomain()
+
+	e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, laptopToken), nil, sds.DefaultName)
+	resp := e.recv(30 * time.Second)
+	s, ok := secrets(t, resp)[sds.DefaultName]
+	require.True(t, ok, "the caller's certificate is served")
+	tc := s.GetTlsCertificate()
+	pair, err := tls.X509KeyPair(tc.GetCertificateChain().GetInlineBytes(), tc.GetPrivateKey().GetInlineBytes())
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	require.NoError(t, err)
+	grant, err := authn.GrantFromCert(leaf)
+	require.NoError(t, err)
+	assert.Equal(t, authn.GrantMethodSDS, grant.Method)
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cert-chain.pem"), tc.GetCertificateChain().GetInlineBytes(), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "key.pem"), tc.GetPrivateKey().GetInlineBytes(), 0o600))
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", dir, "--out", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "was minted by SDS for Envoy and cannot be renewed")
+
+	again := openEnvoy(t, dialSDSWithCert(t, addr, roots, &pair), nil, sds.RootCAName)
+	select {
+	case r := <-again.resps:
+		t.Fatalf("SDS answered a certificate it minted: %v", r)
+	case err := <-again.errs:
+		assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	case <-t.Context().Done():
+		t.Fatal("the SDS stream was neither refused nor answered")
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -82,7 +83,13 @@ func (s authoritySigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl 
 	if err != nil {
 		return nil, err
 	}
-	issued, err := s.a.Sign(parsed, id, ttl)
+	// Marked, so that the certificate never authenticates to this server
+	// (authn.GrantMethodSDS).
+	marker, err := authn.Grant{Method: authn.GrantMethodSDS, GrantedAt: time.Now()}.Extension()
+	if err != nil {
+		return nil, err
+	}
+	issued, err := s.a.Sign(parsed, id, ttl, marker)
 	if err != nil {
 		return nil, err
 	}

@@ -33,6 +33,13 @@ var GrantOID = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 32473, 7405, 1, 1}
 // NotBefore, so a bound on renewal chains still ends such a chain.
 const GrantMethodLegacy = "legacy"
 
+// GrantMethodSDS marks a certificate that SDS minted, with a key it made,
+// for an Envoy that authenticated to it. Such a certificate is what Envoy
+// presents to its peers, never a credential to this server: otherwise
+// it would start a renewal chain of its own, unbounded, whatever became
+// of the credential the Envoy authenticated with.
+const GrantMethodSDS = "sds-minted"
+
 // ErrGrantRevoked means the credential that first granted an identity (a
 // bootstrap token, a service account) no longer exists, so renewals with
 // certificates descended from it must stop. It is always wrapped.
@@ -54,8 +61,8 @@ const (
 // credential the chain started from, and the certificate service can stop
 // the chain when that credential is removed.
 type Grant struct {
-	// Method is MethodBootstrapToken, MethodKubernetesJWT or
-	// GrantMethodLegacy; never MethodX509SVID.
+	// Method is MethodBootstrapToken, MethodKubernetesJWT,
+	// GrantMethodLegacy or GrantMethodSDS; never MethodX509SVID.
 	Method string
 	// Ref names the credential. Bootstrap: BootstrapGrantRef of the token
 	// (a digest of its digest, never the token). Kubernetes: the service
@@ -156,9 +163,9 @@ func (g Grant) check() error {
 		if _, _, err := SplitServiceAccountRef(g.Ref); err != nil {
 			return err
 		}
-	case GrantMethodLegacy:
+	case GrantMethodLegacy, GrantMethodSDS:
 		if g.Ref != "" || g.UID != "" {
-			return errors.New("legacy grant has a reference or uid")
+			return fmt.Errorf("%s grant has a reference or uid", g.Method)
 		}
 	default:
 		return fmt.Errorf("unknown method %q", truncate(g.Method, 64))

@@ -43,6 +43,7 @@ func TestGrantExtensionRoundTrip(t *testing.T) {
 		{name: "kubernetes with uid", grant: Grant{Method: MethodKubernetesJWT, Ref: "default/web", UID: "8a7e3c52-0000-4000-8000-000000000001", GrantedAt: grantTime}},
 		{name: "kubernetes without uid", grant: Grant{Method: MethodKubernetesJWT, Ref: "prod/web.v2", GrantedAt: grantTime}},
 		{name: "legacy", grant: Grant{Method: GrantMethodLegacy, GrantedAt: grantTime}},
+		{name: "minted by SDS", grant: Grant{Method: GrantMethodSDS, GrantedAt: grantTime}},
 		{name: "time is kept to the second, in UTC", grant: Grant{Method: GrantMethodLegacy, GrantedAt: grantTime.Add(999 * time.Millisecond).In(time.FixedZone("x", 3600))}},
 	}
 	for _, tt := range tests {
@@ -77,6 +78,7 @@ func TestGrantExtensionRefuses(t *testing.T) {
 		{name: "kubernetes ref too long", grant: Grant{Method: MethodKubernetesJWT, Ref: "a/" + strings.Repeat("b", maxGrantRef), GrantedAt: grantTime}, errHas: "more than"},
 		{name: "uid too long", grant: Grant{Method: MethodKubernetesJWT, Ref: "a/b", UID: strings.Repeat("u", maxGrantUID+1), GrantedAt: grantTime}, errHas: "more than"},
 		{name: "legacy with ref", grant: Grant{Method: GrantMethodLegacy, Ref: "a/b", GrantedAt: grantTime}, errHas: "legacy grant has"},
+		{name: "SDS marker with uid", grant: Grant{Method: GrantMethodSDS, UID: "u", GrantedAt: grantTime}, errHas: "sds-minted grant has"},
 		{name: "not UTF-8", grant: Grant{Method: MethodKubernetesJWT, Ref: "a/\xff", GrantedAt: grantTime}, errHas: "UTF-8"},
 	}
 	for _, tt := range tests {
@@ -312,6 +314,7 @@ func FuzzParseGrant(f *testing.F) {
 		{Method: MethodBootstrapToken, Ref: bootstrapRef(tokLaptop), GrantedAt: grantTime},
 		{Method: MethodKubernetesJWT, Ref: "default/web", UID: "uid", GrantedAt: grantTime},
 		{Method: GrantMethodLegacy, GrantedAt: grantTime},
+		{Method: GrantMethodSDS, GrantedAt: grantTime},
 	} {
 		ext, err := g.Extension()
 		if err != nil {

@@ -68,8 +68,11 @@ func (p *GrantPolicy) Check(ctx context.Context, ident Identity) (*Grant, error)
 	if p.MaxLifetime > 0 && clk.Since(g.GrantedAt) > p.MaxLifetime {
 		return &g, fmt.Errorf("authn: %s: granted at %s: %w of %s", ident.ID, g.GrantedAt.UTC().Format(time.RFC3339), ErrGrantExpired, p.MaxLifetime)
 	}
-	if g.Method == GrantMethodLegacy {
+	switch g.Method {
+	case GrantMethodLegacy:
 		return &g, nil
+	case GrantMethodSDS:
+		return &g, fmt.Errorf("authn: %s: the certificate was minted by SDS for Envoy and is not a credential for this server: %w", ident.ID, ErrGrantRevoked)
 	}
 	checker := p.Checkers[g.Method]
 	if checker == nil {

@@ -17,6 +17,7 @@ func TestGrantPolicy(t *testing.T) {
 	boot := Grant{Method: MethodBootstrapToken, Ref: bootstrapRef(tokLaptop), GrantedAt: grantTime}
 	kube := Grant{Method: MethodKubernetesJWT, Ref: "default/web", UID: "uid", GrantedAt: grantTime}
 	legacy := Grant{Method: GrantMethodLegacy, GrantedAt: grantTime}
+	sdsMinted := Grant{Method: GrantMethodSDS, GrantedAt: grantTime}
 	answer := func(err error) GrantChecker {
 		return GrantCheckerFunc(func(context.Context, spiffeid.ID, Grant) error { return err })
 	}
@@ -41,6 +42,7 @@ func TestGrantPolicy(t *testing.T) {
 		{name: "checker fault", ident: svid(&kube), checkers: map[string]GrantChecker{MethodKubernetesJWT: answer(faulty)}, want: &kube, wantErr: faulty},
 		{name: "no checker for the method", ident: svid(&kube), checkers: map[string]GrantChecker{MethodBootstrapToken: answer(nil)}, want: &kube, wantErr: ErrGrantRevoked},
 		{name: "legacy passes unchecked", ident: svid(&legacy), want: &legacy},
+		{name: "minted by SDS is no credential", ident: svid(&sdsMinted), want: &sdsMinted, wantErr: ErrGrantRevoked},
 		{name: "legacy past the maximum lifetime", ident: svid(&legacy), age: maxLifetime + time.Second, want: &legacy, wantErr: ErrGrantExpired},
 		{name: "unreadable grant", ident: Identity{ID: workloadID, Method: MethodX509SVID, GrantErr: errors.New("bad DER")}, wantErr: ErrGrantUnreadable},
 		{name: "no grant reported", ident: Identity{ID: workloadID, Method: MethodX509SVID}, wantErr: ErrGrantUnreadable},
