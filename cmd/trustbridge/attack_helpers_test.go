@@ -130,8 +130,16 @@ func (at *attackTarget) logCount(level, msg string) int {
 // checked: these clients test the server's authentication of them.
 func dialFrom(tb testing.TB, addr, local string, cert *tls.Certificate) securityv1alpha1.IstioCertificateServiceClient {
 	tb.Helper()
+	cc := dialConn(tb, addr, local, cert)
+	tb.Cleanup(func() { _ = cc.Close() })
+	return securityv1alpha1.NewIstioCertificateServiceClient(cc)
+}
+
+// dialConn is dialFrom's connection, for a caller that closes it.
+func dialConn(tb testing.TB, addr, local string, cert *tls.Certificate) *grpc.ClientConn {
+	tb.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
-	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // see above
+	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // see dialFrom
 	if cert != nil {
 		cfg.Certificates = []tls.Certificate{*cert}
 	}
@@ -139,8 +147,7 @@ func dialFrom(tb testing.TB, addr, local string, cert *tls.Certificate) security
 		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
 		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
 	require.NoError(tb, err)
-	tb.Cleanup(func() { _ = cc.Close() })
-	return securityv1alpha1.NewIstioCertificateServiceClient(cc)
+	return cc
 }
 
 func withBearer(ctx context.Context, token string) context.Context {
