@@ -6,8 +6,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"errors"
+	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,12 +22,17 @@ import (
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 // idOnly drops the grant, for tests about who the caller is.
@@ -341,3 +349,35 @@ func FuzzParseGrant(f *testing.F) {
 		}
 	})
 }
+
+func TestServiceAccountGrantsListRefused(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cs := fake.NewClientset()
+	cs.PrependReactor("list", "serviceaccounts", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "serviceaccounts"}, "", errors.New("RBAC: access denied"))
+	})
+	var logs testlog.Buffer
+	warned := make(chan struct{})
+	var once sync.Once
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		n, err := logs.Write(p)
+		once.Do(func() { close(warned) })
+		return n, err
+	}), nil))
+	s, err := NewServiceAccountGrants(ServiceAccountGrantsConfig{Client: cs, Logger: logger})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-warned
+	cancel()
+	require.NoError(t, <-done)
+	assert.Contains(t, logs.String(), "cannot list service accounts")
+	assert.Contains(t, logs.String(), "RBAC: get, list, watch serviceaccounts")
+	err = s.CheckGrant(context.Background(), workloadID, Grant{Method: MethodKubernetesJWT, Ref: "default/web", GrantedAt: grantTime})
+	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

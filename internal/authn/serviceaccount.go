@@ -122,6 +122,17 @@ func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGra
 		client: cfg.Client, informer: inf, lister: corev1listers.NewServiceAccountLister(inf.GetIndexer()),
 		confirm: rate.NewLimiter(cfg.ConfirmRate, 2*int(math.Ceil(float64(cfg.ConfirmRate)))), logger: cfg.Logger,
 	}
+	// Before the first list succeeds every Kubernetes-granted renewal is
+	// refused as unavailable; say why, in our log, as long as that lasts.
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		if !inf.HasSynced() {
+			s.logger.Warn("cannot list service accounts: renewals of certificates a service account granted are refused as unavailable until it works (RBAC: get, list, watch serviceaccounts)",
+				logattr.Error, err)
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("authn: service account grants: %w", err)
+	}
 	// The indexer is updated before handlers run, so when OnDelete is
 	// called CheckGrant already sees the deletion.
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
