@@ -32,9 +32,9 @@ const (
 // whole chain names the credential it started from, after checking that
 // the chain is not older than MaxRenewalLifetime and that the credential
 // still exists. An SVID without a grant (legacy: issued before grants were
-// recorded, by `ca issue` or by SDS) renews with a warning; its copy is
-// dated at that SVID's NotBefore, so MaxRenewalLifetime ends such chains
-// too.
+// recorded, or by `ca issue`) renews with a warning; its copy is dated at
+// that SVID's NotBefore, so MaxRenewalLifetime ends such chains too. An
+// SVID SDS minted for Envoy never renews.
 //
 // ok is false, with ext unset, when the authenticator reported no grant
 // for a token method: the certificate then records none.
