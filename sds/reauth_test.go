@@ -2,6 +2,8 @@ package sds
 
 import (
 	"crypto/x509"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 func (k *tokens) setUnavailable(v bool) {
@@ -166,4 +171,27 @@ func TestReauthUnavailableKeepsCredential(t *testing.T) {
 		_, err := s.Recv()
 		assert.Equal(t, codes.Unauthenticated, status.Code(err))
 	})
+}
+
+// Streams refused because the authenticators are busy (a flood on the
+// shared listener) log a bounded burst at Warn, never an Error per stream;
+// the metric counts every one.
+func TestUnavailableRefusalsAreNotErrors(t *testing.T) {
+	logs := &testlog.Buffer{}
+	e := newEnv(t, func(c *Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	e.server.refuseLog = loglimit.New(0, 3)
+	e.tokens.setUnavailable(true)
+	const n = 20
+	for range n {
+		s := e.stream("token-a")
+		require.NoError(t, s.Send(sotwReq("ROOTCA")))
+		_, err := s.Recv()
+		require.Equal(t, codes.Unavailable, status.Code(err))
+	}
+	assert.Equal(t, float64(n), testutil.ToFloat64(e.server.metrics.authFails))
+	assert.Zero(t, strings.Count(logs.String(), `"level":"ERROR"`))
+	assert.Equal(t, 3, strings.Count(logs.String(), `"level":"WARN","msg":"sds request refused"`))
+	assert.Equal(t, n-3, strings.Count(logs.String(), `"level":"DEBUG","msg":"sds request refused"`))
 }
