@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -82,6 +84,33 @@ func TestTokenReviewRealAPIServer(t *testing.T) {
 		assert.Equal(t, webID, id.ID)
 		_, err = a.Authenticate(ctx, Request{BearerToken: right})
 		require.ErrorIs(t, err, ErrInvalidCredentials)
+	})
+
+	// With the API server's issuer discovery, a token whose signature does
+	// not verify is refused before any review; genuine tokens still are
+	// reviewed (a deleted service account is only known to the API server).
+	t.Run("issuer keys from discovery", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		a, err := NewTokenReview(TokenReviewConfig{Client: env.Client, TrustDomain: localTD, Registerer: reg,
+			IssuerKeys: RESTFetch(env.Client.Discovery().RESTClient())})
+		require.NoError(t, err)
+		_, err = a.Authenticate(ctx, Request{BearerToken: right})
+		require.NoError(t, err)
+		assert.Positive(t, a.keys.count(), "keys read through the REST client")
+		// The payload naming another account is caught by its
+		// kubernetes.io claim even before its signature.
+		_, err = a.Authenticate(ctx, Request{BearerToken: tamperedPayload})
+		require.ErrorIs(t, err, ErrInvalidCredentials)
+		_, err = a.Authenticate(ctx, Request{BearerToken: tamperedSig})
+		require.ErrorIs(t, err, ErrInvalidCredentials)
+		assert.ErrorContains(t, err, "signature")
+		_, err = a.Authenticate(ctx, Request{BearerToken: deleted})
+		require.ErrorIs(t, err, ErrInvalidCredentials, "signed by the issuer, refused by the review")
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.m.local.WithLabelValues(localRefusedSignature)))
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.m.local.WithLabelValues(localRefusedSubject)))
+		assert.Equal(t, 2.0, testutil.ToFloat64(a.m.local.WithLabelValues(localVerified)))
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.m.reviews.WithLabelValues(reviewAuthenticated)))
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.m.reviews.WithLabelValues(reviewUnauthenticated)))
 	})
 
 	// The API server minimum lifetime is 10 minutes, so an expired token is
