@@ -90,7 +90,7 @@ type tokenSet struct {
 type tokenEntry struct {
 	hash tokenKey
 	id   spiffeid.ID
-	ref  string // BootstrapGrantRef(hash)
+	ref  string // BootstrapGrantRef(hash), filled by load
 }
 
 var _ Authenticator = (*BootstrapTokens)(nil)
@@ -276,11 +276,32 @@ func (b *BootstrapTokens) load() (*tokenSet, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("authn: bootstrap tokens %s: %w", b.cfg.Path, err)
 	}
+	fillGrantRefs(set, b.set.Load())
 	var warnings []string
 	if mode.Perm()&0o077 != 0 {
 		warnings = append(warnings, fmt.Sprintf("%s has mode %#o: group or others may read or change the tokens; use 0600", b.cfg.Path, mode.Perm()))
 	}
 	return set, warnings, nil
+}
+
+// fillGrantRefs computes each token's grant reference, reusing those of
+// prev (nil on the first load): a reference costs milliseconds, and the
+// file is parsed on every reload.
+func fillGrantRefs(set, prev *tokenSet) {
+	known := map[tokenKey]string{}
+	if prev != nil {
+		for _, e := range prev.entries {
+			known[e.hash] = e.ref
+		}
+	}
+	for i := range set.entries {
+		e := &set.entries[i]
+		if ref, ok := known[e.hash]; ok {
+			e.ref = ref
+		} else {
+			e.ref = BootstrapGrantRef(e.hash)
+		}
+	}
 }
 
 // readTokenFile reads a regular file of at most MaxBootstrapFileSize bytes.
@@ -325,7 +346,7 @@ func parseBootstrapTokens(data []byte, td spiffeid.TrustDomain) (*tokenSet, erro
 			return nil, fmt.Errorf("line %d: token repeats the one on line %d", n, first)
 		}
 		seen[h] = n
-		set.entries = append(set.entries, tokenEntry{hash: h, id: id, ref: BootstrapGrantRef(h)})
+		set.entries = append(set.entries, tokenEntry{hash: h, id: id})
 	}
 	return set, nil
 }

@@ -41,7 +41,7 @@
 //
 // Grants: an Identity also carries the credential that first granted it
 // (Identity.Grant): the bootstrap token's reference (BootstrapGrantRef, a
-// digest of its digest), the service account and its UID from TokenReview,
+// slow PBKDF2 digest of its digest), the service account and its UID from TokenReview,
 // or, for an X509-SVID, the grant recorded in the verified leaf's
 // extension (GrantOID, read by GrantFromCert; a leaf without one is a
 // GrantMethodLegacy grant). BootstrapTokens.CheckGrant and

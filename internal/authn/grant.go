@@ -1,6 +1,7 @@
 package authn
 
 import (
+	"crypto/pbkdf2"
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -65,7 +66,7 @@ type Grant struct {
 	// GrantMethodLegacy or GrantMethodSDS; never MethodX509SVID.
 	Method string
 	// Ref names the credential. Bootstrap: BootstrapGrantRef of the token
-	// (a digest of its digest, never the token). Kubernetes: the service
+	// (a slow digest of its digest, never the token). Kubernetes: the service
 	// account as "<namespace>/<name>". Legacy: empty.
 	Ref string
 	// UID is the Kubernetes service account's UID, which tells a
@@ -183,18 +184,27 @@ func SplitServiceAccountRef(ref string) (namespace, name string, err error) {
 	return ns, sa, nil
 }
 
+// bootstrapRefIterations is the PBKDF2 work per reference: about 3 ms of
+// one core. Certificates are shown to every TLS peer, so a reference must
+// not make a guessable token cheap to guess offline; tokens are meant to be
+// random (and then no work factor matters), this protects the ones that
+// are not. References are computed once per token and kept across reloads.
+const bootstrapRefIterations = 20000
+
 // BootstrapGrantRef is the grant reference of the bootstrap token whose
-// SHA-256 is tokenDigest: the first 16 bytes of a domain-separated SHA-256
-// of that digest, hex-encoded. Certificates are shown to every TLS peer,
-// so they never carry the token nor the digest the token file is matched
-// by; a reference still lets an operator match a chain to a token line
-// (`printf %s "$TOKEN" | sha256sum`, then this function) and lets the
+// SHA-256 is tokenDigest: 16 bytes of PBKDF2-HMAC-SHA-256 over that digest,
+// hex-encoded. It never reveals the token nor the digest the token file is
+// matched by, and it is slow to compute (see bootstrapRefIterations);
+// it still lets an operator match a chain to a token line and lets the
 // service tell whether the token is still listed.
 func BootstrapGrantRef(tokenDigest [32]byte) string {
-	h := sha256.New()
-	h.Write([]byte("trustbridge bootstrap grant v1\x00"))
-	h.Write(tokenDigest[:])
-	return hex.EncodeToString(h.Sum(nil)[:bootstrapRefBytes])
+	ref, err := pbkdf2.Key(sha256.New, string(tokenDigest[:]), []byte("trustbridge bootstrap grant v1"), bootstrapRefIterations, bootstrapRefBytes)
+	if err != nil {
+		// Only a FIPS 140-3 mode refusing these parameters fails, and
+		// neither the salt nor the key length changes at run time.
+		panic(fmt.Sprintf("authn: bootstrap grant reference: %v", err))
+	}
+	return hex.EncodeToString(ref)
 }
 
 // GrantFromCert returns the grant recorded in cert. A certificate without
