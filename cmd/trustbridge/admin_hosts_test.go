@@ -53,6 +53,11 @@ func TestAdminRefusesRebindingHost(t *testing.T) {
 		assert.Equal(t, http.StatusOK, code, host)
 		assert.Contains(t, body, `"example.org"`, host)
 	}
+	// Each refusal is counted, so an operator whose probe uses an unlisted
+	// name sees why.
+	_, metrics := getWithHost(t, "http://"+addr+"/metrics", "127.0.0.1:"+port)
+	assert.Contains(t, metrics, "trustbridge_admin_misdirected_requests_total 8\n")
+
 	// The CLI reaches it by address, as before.
 	out, stderr, code := runCLI(t, "", "audit", "--admin", "http://"+addr, "--fail-on", "none")
 	assert.Equal(t, 0, code, stderr)

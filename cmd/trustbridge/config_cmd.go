@@ -101,7 +101,7 @@ func checkServerOptions(o serverOptions) []error {
 		}
 	}
 	if _, _, err := net.SplitHostPort(o.adminListen); err == nil {
-		if _, err := adminHostCheck(o.adminListen, o.adminHosts); err != nil {
+		if _, err := adminHostCheck(o.adminListen, o.adminHosts, nil); err != nil {
 			add(err)
 		}
 	}

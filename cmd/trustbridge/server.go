@@ -28,6 +28,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/securedir"
 	"github.com/trustbridge/trustbridge/internal/statusui"
 )
@@ -261,7 +262,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	// The Host check guards /v1/* and /ui from a browser whose page
 	// re-resolved its own name to this address (DNS rebinding).
-	hosts, err := adminHostCheck(ln.Addr().String(), o.adminHosts)
+	hosts, err := adminHostCheck(ln.Addr().String(), o.adminHosts, misdirected(reg, logger))
 	if err != nil {
 		_ = ln.Close()
 		if ep != nil {
@@ -329,13 +330,31 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 // adminHostsFlag names the admin listener's allowed host names.
 const adminHostsFlag = "admin-allowed-hosts"
 
-// adminHostCheck is the Host check of the admin listener bound to listen.
-func adminHostCheck(listen string, allowed []string) (*hostcheck.Checker, error) {
-	c, err := hostcheck.New(hostcheck.Config{Listen: listen, Allowed: allowed, Flag: "--" + adminHostsFlag})
+// adminHostCheck is the Host check of the admin listener bound to listen;
+// onRefuse (may be nil) hears of each refusal.
+func adminHostCheck(listen string, allowed []string, onRefuse func(*http.Request)) (*hostcheck.Checker, error) {
+	c, err := hostcheck.New(hostcheck.Config{Listen: listen, Allowed: allowed, Flag: "--" + adminHostsFlag, OnRefuse: onRefuse})
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", adminHostsFlag, err)
 	}
 	return c, nil
+}
+
+// misdirected counts the admin requests the Host check refuses and logs
+// them at a bounded rate: a DNS rebinding attempt, or a probe or proxy
+// that reaches the listener by a name --admin-allowed-hosts lacks.
+func misdirected(reg prometheus.Registerer, logger *slog.Logger) func(*http.Request) {
+	refused := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "trustbridge_admin_misdirected_requests_total",
+		Help: "Admin listener requests refused with 421 because their Host header is not a name of the listener (see --admin-allowed-hosts).",
+	})
+	reg.MustRegister(refused)
+	lim := loglimit.NewDefault()
+	return func(r *http.Request) {
+		refused.Inc()
+		logger.Log(r.Context(), lim.Level(slog.LevelWarn), "admin request refused: Host is not a name of this listener; list it with --"+adminHostsFlag+" if it is yours",
+			"host", r.Host, logattr.Address, r.RemoteAddr, "path", r.URL.Path)
+	}
 }
 
 // serveAdmin serves the admin listener until ctx is done.

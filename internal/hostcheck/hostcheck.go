@@ -19,11 +19,16 @@ type Config struct {
 	Allowed []string
 	// Flag is the setting a refusal tells the operator to change.
 	Flag string
+	// OnRefuse, when set, hears of every refused request, for a log line
+	// and a metric: an operator whose probe or proxy uses a name not
+	// listed sees why it gets 421.
+	OnRefuse func(r *http.Request)
 }
 
 // Checker decides whether a Host header names this listener.
 type Checker struct {
 	flag     string
+	onRefuse func(*http.Request)
 	anyIP    bool                // bound to every address
 	bindIP   netip.Addr          // bound to one address; invalid otherwise
 	loopback bool                // bound to loopback (or every address): localhost passes
@@ -38,7 +43,7 @@ func New(cfg Config) (*Checker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hostcheck: listen address %q: %w", cfg.Listen, err)
 	}
-	c := &Checker{flag: cfg.Flag, ips: map[netip.Addr]bool{}, names: map[string]bool{}, namePort: map[string]bool{}}
+	c := &Checker{flag: cfg.Flag, onRefuse: cfg.OnRefuse, ips: map[netip.Addr]bool{}, names: map[string]bool{}, namePort: map[string]bool{}}
 	if c.flag == "" {
 		c.flag = "the allowed host names"
 	}
@@ -132,6 +137,9 @@ func (c *Checker) Wrap(next http.Handler) http.Handler {
 		if c.Allowed(r.Host) {
 			next.ServeHTTP(w, r)
 			return
+		}
+		if c.onRefuse != nil {
+			c.onRefuse(r)
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")

@@ -99,7 +99,9 @@ func TestNewRefusesBadConfig(t *testing.T) {
 
 func TestWrap(t *testing.T) {
 	t.Parallel()
-	c, err := New(Config{Listen: "127.0.0.1:15014", Flag: "--admin-allowed-hosts"})
+	var refused []string
+	c, err := New(Config{Listen: "127.0.0.1:15014", Flag: "--admin-allowed-hosts",
+		OnRefuse: func(r *http.Request) { refused = append(refused, r.Host) }})
 	require.NoError(t, err)
 	h := c.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "snapshot") }))
 
@@ -117,6 +119,7 @@ func TestWrap(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	assert.Equal(t, http.StatusOK, rec.Code)
 	assert.Equal(t, "snapshot", rec.Body.String())
+	assert.Equal(t, []string{"evil.example:15014"}, refused, "OnRefuse hears of refusals only")
 }
 
 // FuzzAllowed: the Host parser never panics, and on a loopback bind with
