@@ -27,6 +27,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
@@ -103,7 +104,7 @@ type Service struct {
 
 	cfg     Config
 	slots   chan struct{}
-	limits  *limiters // nil when off
+	limits  *keyedrate.Limiters // nil when off
 	metrics *metrics
 	policy  *authn.GrantPolicy
 	extra   atomic.Pointer[encodedRoots]
@@ -152,7 +153,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	if cfg.RateLimit > 0 {
-		s.limits = newLimiters(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
 	return s, nil
 }
@@ -247,7 +248,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if impersonates(req) {
 		return nil, ident, &refusal{codes.PermissionDenied, "impersonation", "impersonation is not supported: the certificate is for the authenticated identity only", nil}
 	}
-	if s.limits != nil && !s.limits.allow(id.String(), s.cfg.Clock.Now()) {
+	if s.limits != nil && !s.limits.Allow(id.String(), s.cfg.Clock.Now()) {
 		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), id), nil}
 	}

@@ -1,13 +1,9 @@
 package authn
 
 import (
-	"container/list"
 	"net"
 	"net/netip"
 	"sync"
-	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // peerKey reduces a peer address ("ip:port") to what one client controls:
@@ -84,53 +80,4 @@ func (g *peerGate) inFlight(key string) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.byPeer[key]
-}
-
-// peerLimiters keeps one token bucket per peer key, at most max of them;
-// the least recently used is forgotten when a new key needs room. A
-// forgotten peer starts again with a full bucket: an attacker who cycles
-// through more addresses than max gets a burst per address, which is what
-// it could get from that many addresses anyway.
-type peerLimiters struct {
-	limit rate.Limit
-	burst int
-	max   int
-
-	mu    sync.Mutex
-	byKey map[string]*list.Element // of *peerBucket
-	lru   *list.List               // front: most recently used
-}
-
-type peerBucket struct {
-	key string
-	lim *rate.Limiter
-}
-
-func newPeerLimiters(limit rate.Limit, burst, maxKeys int) *peerLimiters {
-	return &peerLimiters{limit: limit, burst: burst, max: maxKeys, byKey: map[string]*list.Element{}, lru: list.New()}
-}
-
-// allow takes one token from key's bucket at now, if there is one.
-func (l *peerLimiters) allow(key string, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, ok := l.byKey[key]
-	if ok {
-		l.lru.MoveToFront(e)
-	} else {
-		for l.lru.Len() >= l.max {
-			old := l.lru.Back()
-			l.lru.Remove(old)
-			delete(l.byKey, old.Value.(*peerBucket).key)
-		}
-		e = l.lru.PushFront(&peerBucket{key: key, lim: rate.NewLimiter(l.limit, l.burst)})
-		l.byKey[key] = e
-	}
-	return e.Value.(*peerBucket).lim.AllowN(now, 1)
-}
-
-func (l *peerLimiters) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lru.Len()
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
@@ -212,7 +213,7 @@ type TokenReview struct {
 	cfg    TokenReviewConfig
 	m      *tokenReviewMetrics
 	keys   *issuerKeys
-	rates  *peerLimiters
+	rates  *keyedrate.Limiters
 	logLim *loglimit.Limiter
 
 	mu       sync.Mutex
@@ -243,7 +244,7 @@ func NewTokenReview(cfg TokenReviewConfig) (*TokenReview, error) {
 		cache:    newReviewCache(cfg.MaxCacheEntries),
 		inflight: make(map[tokenKey]*reviewCall),
 		perPeer:  make(map[string]int),
-		rates:    newPeerLimiters(cfg.PeerReviewRate, cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
+		rates:    keyedrate.New(cfg.PeerReviewRate, cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
 		logLim:   loglimit.NewDefault(),
 	}
 	if cfg.IssuerKeys != nil {
@@ -379,7 +380,7 @@ func (a *TokenReview) start(key tokenKey, peer string) (*reviewCall, bool, error
 		result, why = reviewPeerBusy, fmt.Sprintf("%d token reviews in flight for this client address", a.cfg.MaxReviewsPerPeer)
 	case len(a.inflight) >= a.cfg.MaxConcurrentReviews:
 		result, why = reviewBusy, fmt.Sprintf("%d token reviews in flight", a.cfg.MaxConcurrentReviews)
-	case !a.rates.allow(pk, a.cfg.Clock.Now()):
+	case !a.rates.Allow(pk, a.cfg.Clock.Now()):
 		// Last, so that a refusal for want of a slot does not also spend
 		// the caller's rate.
 		result, why = reviewPeerRateLimited, fmt.Sprintf("more than %v new token reviews a second from this client address", float64(a.cfg.PeerReviewRate))
