@@ -1,14 +1,13 @@
 package authn
 
 import (
-	"container/list"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/binary"
-	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"k8s.io/utils/lru"
 )
 
 // DefaultVerifyCacheSize bounds the verified client chains X509SVID
@@ -43,26 +42,24 @@ func chainDigest(certs []*x509.Certificate) [sha256.Size]byte {
 // time within [notBefore, notAfter] while anchor is one of the bundle's
 // authorities.
 type verifiedEntry struct {
-	key       verifyKey
 	anchor    *x509.Certificate
 	notBefore time.Time
 	notAfter  time.Time
 }
 
-// verifyCache is a bounded LRU of successful chain verifications. Safe for
-// concurrent use; verification itself happens outside its lock.
+// verifyCache is a bounded LRU (k8s.io/utils/lru) of successful chain
+// verifications. Safe for concurrent use; verification itself happens
+// outside it.
 type verifyCache struct {
-	mu      sync.Mutex
-	max     int
-	order   *list.List // of *verifiedEntry, most recently used first
-	entries map[verifyKey]*list.Element
+	max int
+	lru *lru.Cache // verifyKey → *verifiedEntry
 }
 
 func newVerifyCache(max int) *verifyCache {
 	if max <= 0 {
 		return nil
 	}
-	return &verifyCache{max: max, order: list.New(), entries: make(map[verifyKey]*list.Element)}
+	return &verifyCache{max: max, lru: lru.New(max)}
 }
 
 // hit reports whether key was verified against bundle and is still good
@@ -73,23 +70,16 @@ func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Tim
 	if c == nil {
 		return false
 	}
-	c.mu.Lock()
-	el, ok := c.entries[key]
+	v, ok := c.lru.Get(key)
 	if !ok {
-		c.mu.Unlock()
 		return false
 	}
-	e := el.Value.(*verifiedEntry)
+	e := v.(*verifiedEntry)
 	if now.Before(e.notBefore) || now.After(e.notAfter) {
-		c.remove(el)
-		c.mu.Unlock()
+		c.lru.Remove(key)
 		return false
 	}
-	c.order.MoveToFront(el)
-	anchor := e.anchor
-	c.mu.Unlock()
-	// Outside our lock: the bundle takes its own.
-	return bundle.HasX509Authority(anchor)
+	return bundle.HasX509Authority(e.anchor)
 }
 
 // add remembers a verification whose chains x509svid.Verify returned. The
@@ -100,7 +90,7 @@ func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate) {
 		return
 	}
 	chain := chains[0]
-	e := &verifiedEntry{key: key, anchor: chain[len(chain)-1], notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
+	e := &verifiedEntry{anchor: chain[len(chain)-1], notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
 	for _, cert := range chain[1:] {
 		if cert.NotBefore.After(e.notBefore) {
 			e.notBefore = cert.NotBefore
@@ -109,31 +99,14 @@ func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate) {
 			e.notAfter = cert.NotAfter
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.entries[key]; ok {
-		el.Value = e
-		c.order.MoveToFront(el)
-		return
-	}
-	for c.order.Len() >= c.max {
-		c.remove(c.order.Back())
-	}
-	c.entries[key] = c.order.PushFront(e)
-}
-
-func (c *verifyCache) remove(el *list.Element) {
-	delete(c.entries, el.Value.(*verifiedEntry).key)
-	c.order.Remove(el)
+	c.lru.Add(key, e)
 }
 
 func (c *verifyCache) len() int {
 	if c == nil {
 		return 0
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.order.Len()
+	return c.lru.Len()
 }
 
 // Failure cache defaults. A failed chain is replayed by an attacker at no
@@ -147,34 +120,30 @@ const (
 	DefaultFailureCacheTTL  = 30 * time.Second
 )
 
-// failedEntry is one failed verification of key at time at, reused until
+// failedEntry is one failed verification at time at, reused until
 // expires. Before at (a clock set back) it is not reused: a verification
 // that failed on time grounds may pass at another time.
 type failedEntry struct {
-	key     verifyKey
 	err     error
 	at      time.Time
 	expires time.Time
 }
 
-// failureCache is a bounded LRU of failed chain verifications, keyed like
-// verifyCache by the chain as presented and the bundle pointer it failed
-// against. It is separate from verifyCache so that a flood of distinct bad
-// chains evicts only other failures, never a legitimate caller's success.
-// Safe for concurrent use.
+// failureCache is a bounded LRU (k8s.io/utils/lru) of failed chain
+// verifications, keyed like verifyCache by the chain as presented and the
+// bundle pointer it failed against. It is separate from verifyCache so
+// that a flood of distinct bad chains evicts only other failures, never a
+// legitimate caller's success. Safe for concurrent use.
 type failureCache struct {
-	mu      sync.Mutex
-	max     int
-	ttl     time.Duration
-	order   *list.List // of *failedEntry, most recently used first
-	entries map[verifyKey]*list.Element
+	ttl time.Duration
+	lru *lru.Cache // verifyKey → *failedEntry
 }
 
 func newFailureCache(max int, ttl time.Duration) *failureCache {
 	if max <= 0 || ttl <= 0 {
 		return nil
 	}
-	return &failureCache{max: max, ttl: ttl, order: list.New(), entries: make(map[verifyKey]*list.Element)}
+	return &failureCache{ttl: ttl, lru: lru.New(max)}
 }
 
 // get returns the error key failed with, if that is still remembered at
@@ -183,18 +152,15 @@ func (c *failureCache) get(key verifyKey, now time.Time) (error, bool) {
 	if c == nil {
 		return nil, false
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	el, ok := c.entries[key]
+	v, ok := c.lru.Get(key)
 	if !ok {
 		return nil, false
 	}
-	e := el.Value.(*failedEntry)
+	e := v.(*failedEntry)
 	if now.Before(e.at) || !now.Before(e.expires) {
-		c.remove(el)
+		c.lru.Remove(key)
 		return nil, false
 	}
-	c.order.MoveToFront(el)
 	return e.err, true
 }
 
@@ -203,30 +169,12 @@ func (c *failureCache) add(key verifyKey, err error, now time.Time) {
 	if c == nil {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e := &failedEntry{key: key, err: err, at: now, expires: now.Add(c.ttl)}
-	if el, ok := c.entries[key]; ok {
-		el.Value = e
-		c.order.MoveToFront(el)
-		return
-	}
-	for c.order.Len() >= c.max {
-		c.remove(c.order.Back())
-	}
-	c.entries[key] = c.order.PushFront(e)
-}
-
-func (c *failureCache) remove(el *list.Element) {
-	delete(c.entries, el.Value.(*failedEntry).key)
-	c.order.Remove(el)
+	c.lru.Add(key, &failedEntry{err: err, at: now, expires: now.Add(c.ttl)})
 }
 
 func (c *failureCache) len() int {
 	if c == nil {
 		return 0
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.order.Len()
+	return c.lru.Len()
 }
