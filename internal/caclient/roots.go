@@ -89,21 +89,39 @@ func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certif
 }
 
 // CheckLocalRoots checks a file meant to hold the roots of td alone
-// (root-cert.pem, --root-cert): a root that names another trust domain in
-// its URI SAN means the file is a merged pool, as `ca request` wrote before
-// federated trust moved to bundle.spiffe.json, and trusting it for td
-// would let that trust domain's CA mint td's identities. A root naming no
-// trust domain cannot be told apart and is taken as td's: the file's name
-// is its provenance. name labels the file in the error.
+// (root-cert.pem): it must not look like a merged pool, as `ca request`
+// wrote before federated trust moved to bundle.spiffe.json, because
+// trusting a pool for td lets every other trust domain's CA in it mint
+// td's identities. A root naming another trust domain in its URI SAN is
+// refused; so are roots naming no trust domain next to roots naming td
+// (trustbridge's roots always name theirs, so the anonymous ones are a
+// peer's: an Istio-style or Web PKI root). A file of anonymous roots only
+// (a plug-in CA's) cannot be told apart and is taken as td's: the file's
+// name is its provenance. name labels the file in the error.
 func CheckLocalRoots(name string, td spiffeid.TrustDomain, roots []*x509.Certificate) error {
+	var named, anonymous []int
 	for i, r := range roots {
-		if other, ok := RootTrustDomain(r); ok && other != td {
-			return fmt.Errorf("%s: certificate %d is a root of %s, not of %s: this file must hold the roots of %s only "+
-				"(federated trust belongs in %s, per trust domain); write it again with trustbridge ca request, "+
-				"or keep only %s's roots in it", name, i, other.Name(), td.Name(), td.Name(), BundleMapFile, td.Name())
+		other, ok := RootTrustDomain(r)
+		switch {
+		case ok && other != td:
+			return fmt.Errorf("%s: certificate %d is a root of %s, not of %s: %s", name, i, other.Name(), td.Name(), mergedAdvice(td))
+		case ok:
+			named = append(named, i)
+		default:
+			anonymous = append(anonymous, i)
 		}
 	}
+	if len(named) > 0 && len(anonymous) > 0 {
+		return fmt.Errorf("%s: certificate %d names no trust domain while certificate %d is a root of %s, as a merged pool holds "+
+			"a peer's root next to ours: %s", name, anonymous[0], named[0], td.Name(), mergedAdvice(td))
+	}
 	return nil
+}
+
+// mergedAdvice says how to mend a root file that mixes trust domains.
+func mergedAdvice(td spiffeid.TrustDomain) string {
+	return fmt.Sprintf("this file must hold the roots of %s only (federated trust belongs in %s, per trust domain); "+
+		"write it again with trustbridge ca request, or keep only %s's roots in it", td.Name(), BundleMapFile, td.Name())
 }
 
 func joinTDs(tds []spiffeid.TrustDomain) string {

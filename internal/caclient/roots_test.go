@@ -87,9 +87,15 @@ func TestCheckLocalRoots(t *testing.T) {
 	local := testca.New(t, "example.org").Cert
 	plain := testca.New(t, "example.org", anonymous).Cert
 	fed := testca.New(t, "other.example").Cert
-	require.NoError(t, CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local, plain}))
+	plain2 := testca.New(t, "example.org", anonymous).Cert
+	require.NoError(t, CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local}))
+	require.NoError(t, CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{plain, plain2}), "a plug-in CA's roots name no trust domain")
 	require.NoError(t, CheckLocalRoots("root-cert.pem", exampleTD, nil))
-	err := CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local, fed})
+	// Our root next to one naming no trust domain: a merged pool holding a
+	// peer's Istio-style root.
+	err := CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local, plain})
+	assert.ErrorContains(t, err, "root-cert.pem: certificate 1 names no trust domain while certificate 0 is a root of example.org")
+	err = CheckLocalRoots("root-cert.pem", exampleTD, []*x509.Certificate{local, fed})
 	require.Error(t, err)
 	for _, want := range []string{"root-cert.pem: certificate 1 is a root of other.example, not of example.org", "bundle.spiffe.json"} {
 		assert.ErrorContains(t, err, want)

@@ -17,6 +17,7 @@ import (
 
 func TestParseCredentialSet(t *testing.T) {
 	caA, caB := testca.New(t, tdA.Name()), testca.New(t, tdB.Name())
+	anonB := testca.New(t, tdB.Name(), testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }})
 	leaf, key := caA.Issue(t, workload)
 	ecDER, err := x509.MarshalECPrivateKey(key.(*ecdsa.PrivateKey))
 	require.NoError(t, err)
@@ -47,6 +48,9 @@ func TestParseCredentialSet(t *testing.T) {
 		// trust moved to the bundle map: refused, not sorted by SAN.
 		{"peer root in root-cert.pem", pemCerts(leaf), pemKey(t, key), pemCerts(caA.Cert, caB.Cert), nil, "is a root of b.test, not of a.test"},
 		{"only a peer root", pemCerts(leaf), pemKey(t, key), pemCerts(caB.Cert), nil, "is a root of b.test"},
+		// The same with the peer's root naming no trust domain (Istio's,
+		// a Web PKI CA's): refused too, since ours names a.test.
+		{"anonymous peer root in root-cert.pem", pemCerts(leaf), pemKey(t, key), pemCerts(caA.Cert, anonB.Cert), nil, "names no trust domain while certificate 0 is a root of a.test"},
 		{"bundle map not a map", pemCerts(leaf), pemKey(t, key), roots, []byte(`{"keys":[]}`), "bundle.spiffe.json"},
 	}
 	for _, tt := range tests {
