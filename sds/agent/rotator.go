@@ -272,7 +272,15 @@ func (r *Rotator) rotate(ctx context.Context) error {
 	cur, id := r.cur, r.id
 	r.mu.Unlock()
 	if r.clock.Now().Before(cur.Leaf.NotAfter) {
-		return r.request(ctx, cur, "", id, "certificate")
+		err := r.request(ctx, cur, "", id, "certificate")
+		if err == nil || r.tokenFile == "" || !refused(err) {
+			return err
+		}
+		// The server no longer renews this chain (its grant was revoked or
+		// it reached --max-renewal-lifetime): a token proves the identity
+		// afresh, now rather than after the certificate expired.
+		r.log.Warn("the certificate service refused to renew with the current certificate; using the token",
+			logattr.SPIFFEID, id.String(), logattr.Error, r.explain(err).Error())
 	}
 	if r.tokenFile == "" {
 		return fmt.Errorf("%w: the certificate expired at %s and there is no token file", errNoAuth, cur.Leaf.NotAfter.UTC().Format(time.RFC3339))

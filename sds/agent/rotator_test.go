@@ -62,6 +62,10 @@ type rotCertService struct {
 	mu      sync.Mutex
 	fail    codes.Code  // answer with this code when not OK
 	issueAs spiffeid.ID // when set, issue for this identity whatever the caller is
+	// refuseRenewals, when set, refuses calls authenticated by a
+	// certificate with PermissionDenied, as a server does whose renewal
+	// grant was revoked; tokens still work.
+	refuseRenewals bool
 	auths   []string    // "token" or "certificate", per call, as authenticated
 	csrIDs  []string    // the URI SAN of each CSR, "" for none
 
@@ -151,6 +155,9 @@ func (f *rotCertService) CreateCertificate(ctx context.Context, req *securityv1a
 		return nil, status.Error(codes.Unauthenticated, "no credentials")
 	}
 	f.auths = append(f.auths, auth)
+	if f.refuseRenewals && auth == "certificate" {
+		return nil, status.Error(codes.PermissionDenied, "renewal refused: the bootstrap token that granted this identity was removed")
+	}
 	b, _ := pem.Decode([]byte(req.GetCsr()))
 	if b == nil {
 		return nil, status.Error(codes.InvalidArgument, "no CSR")
@@ -602,6 +609,30 @@ func TestRotatorRenewalFailureKeepsCredential(t *testing.T) {
 			checkDir(t, out, current(t, r))
 		})
 	}
+}
+
+// A renewal the server refuses (its grant was revoked, or the chain reached
+// --max-renewal-lifetime) falls back to the token at once, while the
+// current certificate is still valid, not after it expired.
+func TestRotatorRefusedRenewalUsesToken(t *testing.T) {
+	f := newRotFixture(t)
+	r := f.rotator(t, nil)
+	require.NoError(t, r.Init(t.Context()))
+	first := current(t, r)
+	attempts := runRotator(t, r)
+
+	f.svc.mu.Lock()
+	f.svc.refuseRenewals = true
+	f.svc.mu.Unlock()
+	f.clock.Step(30 * time.Minute) // the grace point, long before NotAfter
+	require.NoError(t, nextAttempt(t, attempts))
+	waitClosed(t, first.Changed)
+	auths, csrIDs := f.svc.calls()
+	assert.Equal(t, []string{"token", "certificate", "token"}, auths)
+	assert.Equal(t, []string{"", rotWorkload.String()}, csrIDs, "the token renews the same identity (the refused call's CSR was not read)")
+	assert.Contains(t, f.logs.String(), "refused to renew with the current certificate; using the token")
+	assert.Equal(t, 1.0, f.requests("certificate", "failure"))
+	assert.Equal(t, 2.0, f.requests("token", "success"))
 }
 
 // Once the current certificate has expired (renewals failed until then),
