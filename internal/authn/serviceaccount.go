@@ -197,7 +197,15 @@ func (s *ServiceAccountGrants) CheckGrant(ctx context.Context, id spiffeid.ID, g
 		return fmt.Errorf("authn: %s: service accounts not listed yet: %w", MethodKubernetesJWT, ErrUnavailable)
 	}
 	sa, err := s.lister.ServiceAccounts(ns).Get(name)
-	if judge(sa, err, g) != nil && s.confirm.Allow() {
+	if judge(sa, err, g) != nil {
+		// The cache says no; only the API server may make that final. When
+		// the confirmation budget is spent (callers with revoked grants
+		// can spend it at will), the answer stays a refusal but a
+		// retryable one, so a service account created moments ago is
+		// never refused for good because of them.
+		if !s.confirm.Allow() {
+			return fmt.Errorf("authn: %s: service account %s not confirmed (confirmation budget spent; retry): %w", MethodKubernetesJWT, g.Ref, ErrUnavailable)
+		}
 		sa, err = s.get(ctx, ns, name)
 	}
 	return s.verdict(id, g, sa, err)
