@@ -62,6 +62,7 @@ type issuerKeys struct {
 	mu        sync.Mutex
 	keys      []jose.JSONWebKey // empty: none known (never fetched, or unavailable)
 	attempted time.Time         // last fetch started; zero: never
+	fetched   time.Time         // start of the last fetch that succeeded: keys are as of then
 	fetching  chan struct{}     // closed when the fetch in progress ends; nil: none
 	lastErr   error             // of the last fetch; logged at Warn once per change of state
 	reported  bool              // whether the current state was logged
@@ -78,6 +79,7 @@ const (
 	sigUnverifiable verifyOutcome = iota // no keys: leave it to TokenReview
 	sigVerified
 	sigRefused
+	sigNotYet // signed by a key newer than the keys held, and no fetch allowed yet: retry
 )
 
 // verify checks token's signature against the issuer's keys. With no keys
@@ -99,6 +101,15 @@ func (k *issuerKeys) verify(ctx context.Context, token string, lt localToken) (v
 			if len(keys) == 0 {
 				return sigUnverifiable, nil
 			}
+			// Keys fetched after the token was issued would hold its key:
+			// it is not one. A token issued after them may be signed by a
+			// key rotated in since, which the next allowed fetch brings;
+			// the caller is told to retry, not refused for good, so junk
+			// key ids that keep a fetch recent cannot lock out a rotation.
+			if k.fetchedAt().Before(lt.iat) {
+				return sigNotYet, refuseLocal(localRefusedKey, "token key id %q is not one of the issuer's %d keys yet (keys from %s; the next fetch is at most %s away)",
+					truncate(lt.kid, 64), len(keys), k.fetchedAt().UTC().Format(time.RFC3339), k.interval)
+			}
 			return sigRefused, refuseLocal(localRefusedKey, "token key id %q is not one of the issuer's %d keys", truncate(lt.kid, 64), len(keys))
 		}
 	}
@@ -112,6 +123,13 @@ func (k *issuerKeys) verify(ctx context.Context, token string, lt localToken) (v
 		}
 	}
 	return sigRefused, refuseLocal(localRefusedSignature, "token signature does not verify with the issuer's keys")
+}
+
+// fetchedAt is when the fetch that brought the keys held started.
+func (k *issuerKeys) fetchedAt() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.fetched
 }
 
 // keysFor returns the keys a token with kid may be signed with: those with
@@ -174,7 +192,7 @@ func (k *issuerKeys) refresh(ctx context.Context, done chan struct{}) {
 	changed := (err == nil) != (k.lastErr == nil) || !k.reported
 	k.lastErr = err
 	if err == nil {
-		k.keys = keys
+		k.keys, k.fetched = keys, k.attempted
 	}
 	if !changed {
 		k.logger.Debug("service account issuer keys fetched", "keys", len(k.keys), logattr.Error, err)

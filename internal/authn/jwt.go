@@ -177,6 +177,7 @@ func (a *audiences) UnmarshalJSON(b []byte) error {
 type localToken struct {
 	alg, kid string
 	ns, sa   string
+	iat      time.Time // zero when the token has none
 }
 
 // localRefusal is a token refused without a TokenReview: reason is the
@@ -229,7 +230,8 @@ func checkTokenClaims(token, audience string, now time.Time) (localToken, *local
 			return localToken{}, refuseLocal(localRefusedSubject, "kubernetes.io claim does not name the subject's service account %s/%s", ns, sa)
 		}
 	}
-	return localToken{alg: h.Alg, kid: h.Kid, ns: ns, sa: sa}, nil
+	iat, _ := numericDate(c.Iat)
+	return localToken{alg: h.Alg, kid: h.Kid, ns: ns, sa: sa, iat: iat}, nil
 }
 
 // checkTokenTimes requires an exp in the future and at most maxTokenAhead

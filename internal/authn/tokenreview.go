@@ -346,8 +346,8 @@ func (a *TokenReview) lookup(key tokenKey) (Identity, *reviewCall, bool) {
 // the API server.
 func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) error {
 	lt, ref := checkTokenClaims(token, a.cfg.Audience, a.cfg.Clock.Now())
+	var outcome verifyOutcome
 	if ref == nil {
-		var outcome verifyOutcome
 		switch outcome, ref = a.keys.verify(ctx, token, lt); outcome {
 		case sigVerified:
 			a.m.local.WithLabelValues(localVerified).Inc()
@@ -358,6 +358,9 @@ func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) erro
 	if ref != nil {
 		a.m.local.WithLabelValues(ref.reason).Inc()
 		a.cfg.Logger.Debug("token refused before review", logattr.Address, peer, "reason", ref.reason, logattr.Error, ref.err)
+		if outcome == sigNotYet {
+			return fmt.Errorf("authn: %s: %w: %w", MethodKubernetesJWT, ref, ErrUnavailable)
+		}
 		return invalid(MethodKubernetesJWT, ref)
 	}
 	return nil
