@@ -25,7 +25,7 @@ type authnLimits struct {
 
 func addAuthnLimitFlags(f *pflag.FlagSet, o *authnLimits) {
 	f.IntVar(&o.verifyPerPeer, "client-cert-verify-per-peer", authn.DefaultMaxVerificationsPerPeer,
-		"client certificate chains verified at once for one client address (an IPv4 address, an IPv6 /64) before it has proved anything, e.g. 4; "+
+		"client certificate chains verified at once for one client address (an IPv4 or IPv6 address) before it has proved anything, e.g. 4; "+
 			"more are refused with Unavailable for the client to retry. Chains verified before (cached) never wait")
 	f.IntVar(&o.verifyMax, "client-cert-verify-max", authn.DefaultMaxVerifications,
 		"client certificate chains verified at once in total, e.g. 32 (see --client-cert-verify-per-peer)")

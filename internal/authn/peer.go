@@ -6,12 +6,14 @@ import (
 	"sync"
 )
 
-// peerKey reduces a peer address ("ip:port") to what one client controls:
-// the IPv4 address, or the /64 of an IPv6 address, since one host is
-// normally given a whole /64 and can pick any address in it. A port is
-// never part of the key: a client opens as many connections as it likes.
-// An address that does not parse (a test's bufconn, an empty peer) is its
-// own key, so such callers share one budget rather than escape it.
+// peerKey reduces a peer address ("ip:port") to the address: a port is
+// never part of the key, since a client opens as many connections as it
+// likes. IPv6 addresses count whole, not by /64: Kubernetes gives all the
+// pods of a node one /64, so a /64 key would make a node of pods one
+// caller and starve them on a restart, while a host that picks addresses
+// from its own /64 is still held by the global bounds. An address that
+// does not parse (a test's bufconn, an empty peer) is its own key, so
+// such callers share one budget rather than escape it.
 func peerKey(addr string) string {
 	host := addr
 	if h, _, err := net.SplitHostPort(addr); err == nil {
@@ -21,12 +23,7 @@ func peerKey(addr string) string {
 	if err != nil {
 		return addr
 	}
-	ip = ip.Unmap().WithZone("")
-	if ip.Is4() {
-		return ip.String()
-	}
-	p, _ := ip.Prefix(64)
-	return p.String()
+	return ip.Unmap().WithZone("").String()
 }
 
 // Scopes of a refusal by a gate or limiter, the label of the throttling

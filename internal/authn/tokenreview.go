@@ -95,7 +95,7 @@ type TokenReviewConfig struct {
 	// Cached tokens are unaffected. Default DefaultMaxConcurrentReviews.
 	MaxConcurrentReviews int
 	// MaxReviewsPerPeer bounds the reviews in flight caused by one client
-	// address (IPv4 address, IPv6 /64); default DefaultMaxReviewsPerPeer.
+	// address (an IPv4 or IPv6 address); default DefaultMaxReviewsPerPeer.
 	MaxReviewsPerPeer int
 	// PeerReviewRate and PeerReviewBurst bound the new reviews one client
 	// address may cause per second; defaults DefaultPeerReviewRate and

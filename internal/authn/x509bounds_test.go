@@ -166,7 +166,7 @@ func blockingVerify(a *X509SVID) (started chan struct{}, release chan struct{}) 
 }
 
 // Verifications in flight are bounded per client address (IPv4 address,
-// IPv6 /64) and in total: beyond, a call is refused at once with
+// IPv6 address) and in total: beyond, a call is refused at once with
 // ErrUnavailable and counted, while a caller whose chain is cached never
 // waits for a slot.
 func TestX509SVIDVerificationGate(t *testing.T) {
@@ -205,7 +205,7 @@ func TestX509SVIDVerificationGate(t *testing.T) {
 	_, err = a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{leaves[4]}, Peer: "[2001:db8:1:2:ffff::9]:443"})
 	require.ErrorIs(t, err, ErrUnavailable)
 	assert.Equal(t, 1.0, testutil.ToFloat64(a.m.throttled.WithLabelValues(scopeGlobal)))
-	assert.Equal(t, 1, a.gate.inFlight("2001:db8:1:2::/64"), "one /64 is one client")
+	assert.Equal(t, 1, a.gate.inFlight("2001:db8:1:2::1"), "an IPv6 address is one client (pods of a node share a /64)")
 
 	// The cached caller passes while every slot is taken.
 	id, err := a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{cached}, Peer: "192.0.2.1:5"})
@@ -225,9 +225,9 @@ func TestPeerKey(t *testing.T) {
 		{"192.0.2.1:443", "192.0.2.1"},
 		{"192.0.2.1", "192.0.2.1"},
 		{"[::ffff:192.0.2.1]:443", "192.0.2.1"},
-		{"[2001:db8:1:2:3:4:5:6]:443", "2001:db8:1:2::/64"},
-		{"[2001:db8:1:2::ffff]:1", "2001:db8:1:2::/64"},
-		{"[fe80::1%eth0]:1", "fe80::/64"},
+		{"[2001:db8:1:2:3:4:5:6]:443", "2001:db8:1:2:3:4:5:6"},
+		{"[2001:db8:1:2::ffff]:1", "2001:db8:1:2::ffff"},
+		{"[fe80::1%eth0]:1", "fe80::1"},
 		{"bufconn", "bufconn"},
 		{"", ""},
 	}

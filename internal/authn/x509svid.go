@@ -48,7 +48,7 @@ const (
 // that would be expensive before any signature is checked; successes and
 // failures are cached by the chain's digest and the bundle pointer, so a
 // replayed chain costs a map lookup; at most MaxVerificationsPerPeer
-// verifications run at once per client address (IPv4 address, IPv6 /64)
+// verifications run at once per client address (an IPv4 or IPv6 address)
 // and MaxVerifications in total, beyond which a call is refused at once
 // with ErrUnavailable (the client retries); and callers whose chain is
 // cached never wait for those slots.
