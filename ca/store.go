@@ -152,7 +152,9 @@ func (s *Store) ensureDirs() error {
 	if err := securedir.Ensure(s.dir); err != nil {
 		return err
 	}
-	return os.MkdirAll(filepath.Join(s.dir, rootsDirName), securedir.Perm)
+	// roots/ holds the keys themselves: a writable one would let another
+	// user plant one even under a tight state directory.
+	return securedir.Ensure(filepath.Join(s.dir, rootsDirName))
 }
 
 func corrupt(format string, a ...any) error {
@@ -175,8 +177,10 @@ func (s *Store) Load(td string) (*Journal, []*Root, error) {
 
 // load is Load, with the version (digest) of the journal it read.
 func (s *Store) load(td string) (*Journal, []*Root, string, error) {
-	if err := securedir.Check(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, "", s.wrap(err)
+	for _, dir := range []string{s.dir, filepath.Join(s.dir, rootsDirName)} {
+		if err := securedir.Check(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, "", s.wrap(err)
+		}
 	}
 	data, err := readCapped(s.journalPath(), maxJournal)
 	if errors.Is(err, fs.ErrNotExist) {

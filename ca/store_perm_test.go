@@ -40,3 +40,25 @@ func TestStoreRefusesAWritableStateDir(t *testing.T) {
 	assert.Equal(t, id, roots[0].ID, "the last good state, untouched")
 	assert.Equal(t, uint64(1), j.Sequence)
 }
+
+// roots/ holds the keys: writable by others, it is refused even under a
+// tight ca/, for reading and writing, and the state is kept.
+func TestStoreRefusesAWritableRootsDir(t *testing.T) {
+	s, _, id := storeWithRoot(t)
+	roots := s.Dir() + "/roots"
+	require.NoError(t, os.Chmod(roots, 0o777))
+
+	_, _, err := s.Load("example.org")
+	require.ErrorIs(t, err, securedir.ErrInsecure)
+	assert.ErrorContains(t, err, "chmod go-w "+roots)
+	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour)
+	require.NoError(t, err)
+	_, err = s.WriteRoot(cert, key)
+	assert.ErrorIs(t, err, securedir.ErrInsecure)
+
+	require.NoError(t, os.Chmod(roots, 0o700))
+	_, loaded, err := s.Load("example.org")
+	require.NoError(t, err)
+	require.Len(t, loaded, 1)
+	assert.Equal(t, id, loaded[0].ID, "the last good state, untouched")
+}
