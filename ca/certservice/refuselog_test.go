@@ -5,9 +5,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/ca"
@@ -37,4 +40,30 @@ func TestRefusalLogsAreBounded(t *testing.T) {
 	assert.Zero(t, strings.Count(logs, `"level":"ERROR"`))
 	assert.LessOrEqual(t, warns, loglimit.DefaultBurst+1, "a burst, then about one a second")
 	assert.Equal(t, n, warns+debugs, "every refusal logged at some level")
+}
+
+// Refusals of callers that proved who they are (a revoked grant, a
+// forbidden request) keep their own log budget: a flood of junk from
+// others, which spends the unauthenticated budget, does not push them to
+// Debug.
+func TestAuthenticatedRefusalsKeepTheirLogBudget(t *testing.T) {
+	f := newFixture(t, func(cfg *certservice.Config, _ *ca.Authority) {
+		cfg.Authenticator = authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
+			if r.BearerToken == "good-token-0123456789" {
+				return authn.Identity{ID: spiffeid.RequireFromString("spiffe://example.org/ns/default/sa/web"), Method: authn.MethodBootstrapToken}, nil
+			}
+			return authn.Identity{}, authn.ErrInvalidCredentials
+		})
+	})
+	junk := f.client(t, nil, "junk-token-0123456789")
+	for range 40 {
+		_, err := junk.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+		assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	}
+	md, err := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": "spiffe://example.org/ns/default/sa/other"})
+	require.NoError(t, err)
+	_, err = f.client(t, nil, "good-token-0123456789").CreateCertificate(t.Context(),
+		&securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), Metadata: md})
+	assert.Equal(t, codes.PermissionDenied, status.Code(err))
+	assert.Equal(t, 1, strings.Count(f.logs.String(), `"level":"INFO","msg":"certificate request refused","reason":"impersonation"`))
 }

@@ -108,8 +108,11 @@ type Service struct {
 	metrics *metrics
 	policy  *authn.GrantPolicy
 	extra   atomic.Pointer[encodedRoots]
-	// refuseLog bounds the "certificate request refused" lines.
-	refuseLog *loglimit.Limiter
+	// refuseLog bounds the "certificate request refused" lines of
+	// callers that proved nothing; authedLog those of callers that did
+	// (a revoked grant, a rate limit), so a flood of junk cannot push
+	// those to Debug.
+	refuseLog, authedLog *loglimit.Limiter
 }
 
 // New checks cfg and returns a Service. It starts nothing.
@@ -150,7 +153,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(),
+	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	if cfg.RateLimit > 0 {
 		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
@@ -211,14 +214,18 @@ func (s *Service) CreateCertificate(ctx context.Context, req *securityv1alpha1.I
 		// busy authenticator under a flood): a burst of lines at their
 		// level, the rest at Debug, all counted by the metric. Only our own
 		// faults are Errors on every call.
+		lim := s.refuseLog
+		if !ident.ID.IsZero() {
+			lim = s.authedLog
+		}
 		var lvl slog.Level
 		switch {
 		case ref.code == codes.Internal || ref.reason == "signing_material":
 			lvl = slog.LevelError
 		case ref.code == codes.Unavailable:
-			lvl = s.refuseLog.Level(slog.LevelWarn)
+			lvl = lim.Level(slog.LevelWarn)
 		default:
-			lvl = s.refuseLog.Level(slog.LevelInfo)
+			lvl = lim.Level(slog.LevelInfo)
 		}
 		s.cfg.Logger.Log(ctx, lvl, "certificate request refused", attrs...)
 		return nil, status.Error(ref.code, ref.msg)
