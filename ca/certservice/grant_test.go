@@ -2,9 +2,12 @@ package certservice_test
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"testing"
@@ -313,4 +316,36 @@ func TestNewRejectsNegativeRenewalLifetime(t *testing.T) {
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "maximum renewal lifetime -1s is negative")
+}
+
+// The grant comes from authentication alone: a CSR asking for a grant
+// extension of its own (an old grant time, to escape
+// --max-renewal-lifetime, or another method) is either refused or signed
+// without it, and the leaf carries the grant the caller proved.
+func TestCSRCannotPlantAGrant(t *testing.T) {
+	g := newGrantFixture(t, time.Hour, nil)
+	forged := grantExt(t, authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "default/web", UID: "uid-1", GrantedAt: g.start.Add(100 * 24 * time.Hour)})
+	key, err := ca.GenerateKey(ca.KeyECP256)
+	require.NoError(t, err)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{forged}}, key)
+	require.NoError(t, err)
+	csr := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+
+	resp, err := g.client(t, nil, bootstrapToken).CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
+	if err != nil {
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "refused as an invalid CSR, if refused")
+		return
+	}
+	leaf := parseChain(t, resp.CertChain)[0]
+	var grants int
+	for _, e := range leaf.Extensions {
+		if e.Id.Equal(authn.GrantOID) {
+			grants++
+		}
+	}
+	assert.Equal(t, 1, grants, "one grant extension, ours")
+	got, err := authn.GrantFromCert(leaf)
+	require.NoError(t, err)
+	assert.Equal(t, authn.MethodBootstrapToken, got.Method, "the proven grant, not the CSR's")
+	assert.Equal(t, g.start.UTC().Truncate(time.Second), got.GrantedAt)
 }
