@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,4 +56,46 @@ func TestAuditTrailReportsWriteFailures(t *testing.T) {
 	_, n = l.Head()
 	assert.Equal(t, uint64(2), n)
 	assert.Equal(t, 1.0, testutil.ToFloat64(trail.appended.WithLabelValues("bundle_accepted")))
+}
+
+// A real server whose audit log was torn by a crash mid-write (issue 14
+// item 4) starts again: the torn tail is dropped and recorded, and the
+// chain verifies. An edited entry in the middle still stops it.
+func TestServerRecoversATornAuditTail(t *testing.T) {
+	dataDir := t.TempDir()
+	o := baseServerOptions("example.org", dataDir)
+	_, _, stop := launchServer(t, o)
+	stop()
+	path := filepath.Join(dataDir, "audit.jsonl")
+	whole, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NotEmpty(t, whole)
+
+	// The crash: half an entry, no newline.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"seq":99,"time":"2026-11-24T00:00:00Z","kind":"bundle_acc`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	_, stderr, code := runCLI(t, "", "audit", "log", "verify", path)
+	assert.Equal(t, 3, code, "a torn tail is told apart from tampering")
+	assert.Contains(t, stderr, "torn")
+
+	_, _, stop = launchServer(t, o)
+	stop()
+	out, stderr, code := runCLI(t, "", "audit", "log", "verify", path)
+	require.Equal(t, 0, code, stderr)
+	assert.NotEmpty(t, out)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.True(t, bytes.HasPrefix(data, whole), "every whole entry kept")
+	assert.Contains(t, string(data[len(whole):]), `"log_recovered"`)
+
+	// Tampering in the middle is not a torn tail: the server refuses.
+	edited := bytes.Replace(data, []byte(`"example.org"`), []byte(`"exampl3.org"`), 1)
+	require.NotEqual(t, data, edited)
+	require.NoError(t, os.WriteFile(path, edited, 0o600))
+	err = serverError(t, o)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "audit")
 }
