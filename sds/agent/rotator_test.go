@@ -66,8 +66,8 @@ type rotCertService struct {
 	// certificate with PermissionDenied, as a server does whose renewal
 	// grant was revoked; tokens still work.
 	refuseRenewals bool
-	auths   []string    // "token" or "certificate", per call, as authenticated
-	csrIDs  []string    // the URI SAN of each CSR, "" for none
+	auths          []string // "token" or "certificate", per call, as authenticated
+	csrIDs         []string // the URI SAN of each CSR, "" for none
 
 	// trust is what the real SDS server next to the fake hands out: the
 	// CA's roots for example.org, and federated roots tests add.
