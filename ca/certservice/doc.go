@@ -33,10 +33,14 @@
 // counted in trustbridge_certservice_renewal_grant_checks_total and every
 // issuance logs its grant.
 //
-// The response's cert_chain is the leaf, its intermediates, then the roots,
-// one PEM certificate per element: the roots that sign the leaf first, then
-// whatever Config.Roots adds (the merged trust of every federated trust
-// domain, for Istio agents that put the trailing roots into ROOTCA).
+// The response's cert_chain has istiod's layout: the leaf and each
+// intermediate, one PEM certificate per element, then ONE element holding
+// every root the caller should trust, concatenated: the roots that sign
+// the leaf first (the CA's published roots, a successor included before it
+// signs), then whatever Config.Roots adds (the server's --ca-response-roots
+// merged). Istio's agent takes that last element as its whole ROOTCA when
+// its CA client has no separate root fetch, so one element per root would
+// leave a sidecar with only the last root through every rotation.
 //
 //	svc, err := certservice.New(certservice.Config{
 //		Signer:        authority, // *ca.Authority

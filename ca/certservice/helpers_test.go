@@ -208,19 +208,39 @@ func freshCSR(tb testing.TB, uris ...string) string {
 	return newCSR(tb, key, uris...)
 }
 
-// parseChain decodes a response's cert_chain, checking one certificate
-// per element.
+// parseChain decodes a response's cert_chain in istiod's layout: one
+// certificate per element, but for the last, which holds every root.
 func parseChain(tb testing.TB, chain []string) []*x509.Certificate {
 	tb.Helper()
 	var out []*x509.Certificate
 	for i, p := range chain {
-		block, rest := pem.Decode([]byte(p))
-		require.NotNil(tb, block, "element %d", i)
-		require.Empty(tb, bytes.TrimSpace(rest), "element %d holds one certificate", i)
+		certs := parsePEMCerts(tb, p)
+		if i < len(chain)-1 {
+			require.Len(tb, certs, 1, "element %d holds one certificate", i)
+		}
+		out = append(out, certs...)
+	}
+	return out
+}
+
+// parsePEMCerts decodes the certificates of one element; there is at least
+// one and nothing else.
+func parsePEMCerts(tb testing.TB, p string) []*x509.Certificate {
+	tb.Helper()
+	var out []*x509.Certificate
+	rest := []byte(p)
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
 		c, err := x509.ParseCertificate(block.Bytes)
 		require.NoError(tb, err)
 		out = append(out, c)
 	}
+	require.NotEmpty(tb, out)
+	require.Empty(tb, bytes.TrimSpace(rest), "nothing but certificates")
 	return out
 }
 

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -102,12 +103,13 @@ type Config struct {
 type Service struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
 
-	cfg     Config
-	slots   chan struct{}
-	limits  *keyedrate.Limiters // nil when off
-	metrics *metrics
-	policy  *authn.GrantPolicy
-	extra   atomic.Pointer[encodedRoots]
+	cfg       Config
+	slots     chan struct{}
+	limits    *keyedrate.Limiters // nil when off
+	metrics   *metrics
+	policy    *authn.GrantPolicy
+	extra     atomic.Pointer[encodedRoots]
+	rootsElem atomic.Pointer[rootsElement]
 	// refuseLog bounds the "certificate request refused" lines of
 	// callers that proved nothing; authedLog those of callers that did
 	// (a revoked grant, a rate limit), so a flood of junk cannot push
@@ -155,6 +157,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
+	if cfg.Roots == nil {
+		s.extra.Store(&encodedRoots{})
+	}
 	if cfg.RateLimit > 0 {
 		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
@@ -396,34 +401,66 @@ func clientMessage(err error) string {
 	return err.Error()
 }
 
-// chainPEM is the response's cert_chain: the leaf and intermediates as
-// signed, then the signing roots, then Config.Roots, deduplicated; one PEM
-// certificate per element.
+// chainPEM is the response's cert_chain in istiod's layout: the leaf and
+// each intermediate as signed, one PEM certificate per element, then every
+// root the caller should trust (the signing roots, then Config.Roots,
+// deduplicated) concatenated into ONE last element. Istio's agent takes
+// that last element as its whole root bundle when its CA client has no
+// separate root fetch (the citadel client has none): one element per root
+// would leave a sidecar trusting only the last root, dropping the one in
+// use during a rotation.
 func (s *Service) chainPEM(issued *ca.Issued) []string {
 	n := max(len(issued.Chain)-len(issued.Roots), 1)
-	extra := s.extraRoots()
-	out := make([]string, 0, len(issued.Chain)+len(extra.pems))
+	out := make([]string, 0, n+1)
 	for _, c := range issued.Chain[:n] {
 		out = append(out, encode(c))
 	}
-	var sent [][]byte // DER of the roots sent so far; a handful
-	var skip []int    // positions in extra.pems already sent
-	for _, c := range issued.Chain[n:] {
-		if c == nil || slices.ContainsFunc(sent, func(der []byte) bool { return bytes.Equal(der, c.Raw) }) {
+	if roots := s.rootsElement(issued.Chain[n:]); roots != "" {
+		out = append(out, roots)
+	}
+	return out
+}
+
+// rootsElement is cert_chain's last element: signing, then Config.Roots'
+// roots not among them, as concatenated PEM. It is built once per change
+// of either (merged trust can hold thousands of roots) and reused.
+func (s *Service) rootsElement(signing []*x509.Certificate) string {
+	extra := s.extraRoots()
+	if e := s.rootsElem.Load(); e != nil && e.extra == extra && slices.EqualFunc(e.signing, signing, sameCert) {
+		return e.pem
+	}
+	var b strings.Builder
+	var sent []*x509.Certificate // the signing roots sent so far; a handful
+	var skip []int               // positions in extra.pems already sent
+	for _, c := range signing {
+		if c == nil || slices.ContainsFunc(sent, func(o *x509.Certificate) bool { return sameCert(o, c) }) {
 			continue
 		}
-		sent = append(sent, c.Raw)
-		out = append(out, encode(c))
+		sent = append(sent, c)
+		b.WriteString(encode(c))
 		if i, ok := extra.index[string(c.Raw)]; ok {
 			skip = append(skip, i)
 		}
 	}
 	for i, p := range extra.pems {
 		if !slices.Contains(skip, i) {
-			out = append(out, p)
+			b.WriteString(p)
 		}
 	}
-	return out
+	e := &rootsElement{signing: slices.Clone(signing), extra: extra, pem: b.String()}
+	s.rootsElem.Store(e)
+	return e.pem
+}
+
+// rootsElement is one rendering of cert_chain's roots element.
+type rootsElement struct {
+	signing []*x509.Certificate
+	extra   *encodedRoots
+	pem     string
+}
+
+func sameCert(a, b *x509.Certificate) bool {
+	return a == b || a != nil && b != nil && bytes.Equal(a.Raw, b.Raw)
 }
 
 // encodedRoots is Config.Roots' answer, deduplicated and PEM-encoded once:
@@ -438,7 +475,7 @@ type encodedRoots struct {
 // while it returns the same slice.
 func (s *Service) extraRoots() *encodedRoots {
 	if s.cfg.Roots == nil {
-		return &encodedRoots{}
+		return s.extra.Load() // empty, stored by New
 	}
 	certs := s.cfg.Roots()
 	if e := s.extra.Load(); e != nil && len(e.src) == len(certs) && (len(certs) == 0 || &e.src[0] == &certs[0]) {

@@ -373,6 +373,9 @@ func TestCreateCertificateMergedRoots(t *testing.T) {
 	}
 	assert.Equal(t, []string{"leaf", "local", "a", "b"}, names())
 	assert.Equal(t, []string{"leaf", "local", "a", "b"}, names(), "the same slice again")
+	resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	require.NoError(t, err)
+	assert.Len(t, resp.CertChain, 2, "the leaf, then every root in one element")
 	roots.Store(&[]*x509.Certificate{fed2.Cert})
 	assert.Equal(t, []string{"leaf", "local", "b"}, names(), "a new slice")
 }
@@ -532,4 +535,41 @@ func TestServerStopsOnCancel(t *testing.T) {
 	c := f.client(t, svid(t, f.authority, workloadID), "")
 	_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
 	require.NoError(t, err)
+}
+
+// istioRootBundle is what Istio's agent cache makes of cert_chain when its
+// CA client has no separate root fetch (the citadel client): the last
+// element is the whole root bundle handed to Envoy as ROOTCA.
+func istioRootBundle(tb testing.TB, chain []string) []*x509.Certificate {
+	tb.Helper()
+	require.NotEmpty(tb, chain)
+	return parsePEMCerts(tb, chain[len(chain)-1])
+}
+
+// Issue 15: istiod's layout. A sidecar that takes the last element as its
+// roots must hold every local root, above all during a rotation, when the
+// successor is published before it signs: one element per root would
+// leave it trusting only the newest, and dropping the root in use.
+func TestCertChainIstioLayoutAcrossRotation(t *testing.T) {
+	f := newFixture(t, nil)
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	ask := func() []string {
+		resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+		require.NoError(t, err)
+		return resp.CertChain
+	}
+	before := ask()
+	require.Len(t, before, 2)
+	assert.Equal(t, f.authority.Bundle().X509Authorities(), istioRootBundle(t, before))
+
+	require.NoError(t, f.authority.Rotate())
+	published := f.authority.Bundle().X509Authorities()
+	require.Len(t, published, 2, "the successor is published before it signs")
+	during := ask()
+	require.Len(t, during, 2)
+	got := istioRootBundle(t, during)
+	assert.ElementsMatch(t, published, got, "both roots, the one in use and the next")
+	leaf := parseChain(t, during)[0]
+	_, _, err := x509svid.Verify([]*x509.Certificate{leaf}, x509bundle.FromX509Authorities(td, got))
+	assert.NoError(t, err, "the leaf verifies against the bundle Istio keeps")
 }
