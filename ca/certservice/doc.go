@@ -40,7 +40,9 @@
 // signs), then whatever Config.Roots adds (the server's --ca-response-roots
 // merged). Istio's agent takes that last element as its whole ROOTCA when
 // its CA client has no separate root fetch, so one element per root would
-// leave a sidecar with only the last root through every rotation.
+// leave a sidecar with only the last root through every rotation; ztunnel
+// splits that last element into its roots too, and wants every other
+// element to be one certificate, as here.
 //
 //	svc, err := certservice.New(certservice.Config{
 //		Signer:        authority, // *ca.Authority
