@@ -54,6 +54,7 @@ type grpcOptions struct {
 	dnsNames      []string
 	responseRoots string // "" = local
 	tokenAudience string // "" = the trust domain name
+	clusterID     string // "" = any ClusterID metadata accepted
 	bootstrapFile string
 	rateLimit     float64
 	queueSize     int    // 0 = certservice.DefaultQueueSize
@@ -74,6 +75,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names the certificate service's serving certificate carries next to spiffe://<trust-domain>"+grpcServingPath+" (comma-separated), for clients that verify a host name, e.g. trustbridge.trustbridge-system.svc")
 	f.StringVar(&o.responseRoots, "ca-response-roots", rootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then every federated trust domain's, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
 	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
+	f.StringVar(&o.clusterID, "cluster-id", "", `name of the Kubernetes cluster whose API server reviews tokens here, as Istio's CLUSTER_ID (istiod's default is "Kubernetes"): a caller whose ClusterID metadata names another cluster is refused before any review, as istiod does; "" accepts any ClusterID and lets the review decide`)
 	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "CSV file of token,spiffe-id lines for callers without Kubernetes or an SVID (bootstrap only; reloaded on change)")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
@@ -287,7 +289,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 			issuerKeys = authn.RESTFetch(client.Discovery().RESTClient())
 		}
 		tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
-			Client: client, TrustDomain: td, Audience: o.tokenAudience,
+			Client: client, TrustDomain: td, Audience: o.tokenAudience, ClusterID: o.clusterID,
 			MaxReviewsPerPeer: lim.reviewPerPeer, PeerReviewRate: lim.peerRate(), PeerReviewBurst: lim.reviewPeerBurst,
 			IssuerKeys: issuerKeys,
 			Logger:     logger.With(logattr.Component, "token-review"), Registerer: reg,

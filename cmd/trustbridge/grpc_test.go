@@ -16,11 +16,15 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/internal/testlog"
@@ -37,6 +41,7 @@ func TestGRPCFlagDefaults(t *testing.T) {
 		"grpc-dns-names":       "[]",
 		"ca-response-roots":    "local",
 		"token-audience":       "",
+		"cluster-id":           "",
 		"bootstrap-token-file": "",
 		"sign-rate-limit":      "0",
 		"sign-queue-size":      "64",
@@ -232,6 +237,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
 		o.grpc.tokenReview = tokenReviewOn
 		o.grpc.kubeconfig = kubeconfig
+		o.grpc.clusterID = "east"
 	})
 	ns := k.Namespace(t)
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
@@ -242,6 +248,20 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued "+want.String())
 	checkCreds(t, out, want)
+
+	// Istio's agents say which cluster their token is from (ClusterID
+	// metadata): this server's own is accepted, another is refused before
+	// any review, as istiod refuses a cluster it does not know.
+	roots, err := readPEMCerts(rootCert)
+	require.NoError(t, err)
+	token, err := caclient.ReadToken(good)
+	require.NoError(t, err)
+	serverTLS := caclient.ServerTLS(roots, spiffeid.RequireFromPath(want.TrustDomain(), grpcServingPath), nil)
+	for cluster, wantCode := range map[string]codes.Code{"east": codes.OK, "west": codes.Unauthenticated} {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "ClusterID", cluster)
+		_, err := caclient.CreateCertificate(ctx, addr, serverTLS, caclient.Request{Key: testca.NewKey(t, testca.ECP256), Token: token})
+		assert.Equal(t, wantCode, status.Code(err), "ClusterID %s: %v", cluster, err)
+	}
 
 	// A token for another audience is refused.
 	wrong := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"someone-else"}, 10*time.Minute), 0o600)

@@ -59,6 +59,10 @@ type Request struct {
 	// Peer identifies the remote end for logs and rate limits (e.g.
 	// "127.0.0.1:5555").
 	Peer string
+	// ClusterIDs are the "ClusterID" metadata values Istio's agents and
+	// ztunnel send: the Kubernetes cluster their service account token
+	// comes from (none means the local one).
+	ClusterIDs []string
 }
 
 // Identity is who the caller proved to be.

@@ -12,9 +12,12 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
-// authorizationKey is the gRPC metadata key of the bearer token; gRPC
-// lowercases keys.
-const authorizationKey = "authorization"
+// Metadata keys read from a call; gRPC lowercases keys. Istio's agents and
+// ztunnel send "ClusterID": the Kubernetes cluster their token comes from.
+const (
+	authorizationKey = "authorization"
+	clusterIDKey     = "clusterid"
+)
 
 // FromGRPC builds a Request from a gRPC server handler or stream context:
 // the client's TLS certificates (not verified: that is X509SVID's job), the
@@ -44,6 +47,7 @@ func FromGRPC(ctx context.Context) Request {
 	default:
 		r.AuthorizationError = fmt.Errorf("authorization metadata has %d values, want one", len(values))
 	}
+	r.ClusterIDs = slices.Clone(md.Get(clusterIDKey))
 	return r
 }
 

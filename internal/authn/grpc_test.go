@@ -87,6 +87,9 @@ func TestFromGRPC(t *testing.T) {
 		{name: "two values", md: metadata.Pairs("authorization", "Bearer one", "authorization", "Bearer two"), wantError: "2 values"},
 		{name: "other scheme", md: metadata.Pairs("authorization", "Basic dXNlcjpwYXNz"), wantError: "not Bearer"},
 		{name: "other metadata ignored", md: metadata.Pairs("x-token", "Bearer tok")},
+		// Istio's agents send "ClusterID"; gRPC lowercases the key.
+		{name: "cluster id", md: metadata.MD{"clusterid": []string{"east"}}, want: Request{ClusterIDs: []string{"east"}}},
+		{name: "cluster id from Istio's key", md: metadata.Pairs("ClusterID", "east"), want: Request{ClusterIDs: []string{"east"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -118,8 +118,9 @@ const (
 	localRefusedSubject   = "refused_subject"
 	localRefusedKey       = "refused_unknown_key"
 	localRefusedSignature = "refused_signature"
-	localVerified         = "verified"   // the signature checked against the issuer's keys
-	localUnverified       = "unverified" // claims checked, no issuer keys to check the signature
+	localRefusedCluster   = "refused_cluster" // ClusterID metadata names a cluster not reviewed here
+	localVerified         = "verified"        // the signature checked against the issuer's keys
+	localUnverified       = "unverified"      // claims checked, no issuer keys to check the signature
 )
 
 // jwtHeader is the part of a JWS header read locally.

@@ -78,6 +78,12 @@ type TokenReviewConfig struct {
 	TrustDomain spiffeid.TrustDomain
 	// Audience is required of every token; default the trust domain name.
 	Audience string
+	// ClusterID, when set, is the name of the cluster whose API server
+	// reviews tokens (Istio's CLUSTER_ID, "Kubernetes" by default there):
+	// a caller whose ClusterID metadata names another cluster is refused
+	// before any review, as istiod refuses a cluster it does not know.
+	// Empty accepts any ClusterID: the review alone decides.
+	ClusterID string
 	// CacheTTL is how long a successful review is reused, never past the
 	// token's exp claim; default and maximum MaxTokenReviewCacheTTL.
 	// Failures are never cached.
@@ -315,6 +321,10 @@ func (a *TokenReview) precheck(r Request) (string, jwtInfo, error) {
 	if err != nil {
 		return "", jwtInfo{}, noCredentials(MethodKubernetesJWT, "bearer token is not a JWT")
 	}
+	if err := a.checkCluster(r.ClusterIDs); err != nil {
+		a.m.local.WithLabelValues(localRefusedCluster).Inc()
+		return "", jwtInfo{}, invalid(MethodKubernetesJWT, err)
+	}
 	now := a.cfg.Clock.Now()
 	if !info.exp.IsZero() && !now.Before(info.exp) {
 		// Refused without asking: the token says it has expired. An
@@ -323,6 +333,21 @@ func (a *TokenReview) precheck(r Request) (string, jwtInfo, error) {
 		return "", jwtInfo{}, invalidf(MethodKubernetesJWT, "token expired at %s", info.exp.UTC().Format(time.RFC3339))
 	}
 	return token, info, nil
+}
+
+// checkCluster judges the caller's ClusterID metadata as istiod does: none
+// means the local cluster; one naming a cluster other than ClusterID (when
+// set) is refused, since only ClusterID's API server reviews tokens here.
+// Several values are refused too: they would let two readers disagree.
+func (a *TokenReview) checkCluster(ids []string) error {
+	switch {
+	case len(ids) > 1:
+		return fmt.Errorf("ClusterID metadata has %d values, want one", len(ids))
+	case len(ids) == 0 || a.cfg.ClusterID == "" || ids[0] == a.cfg.ClusterID:
+		return nil
+	}
+	return fmt.Errorf("client claims to be in cluster %q, but this server only reviews tokens of cluster %q (--cluster-id)",
+		truncate(ids[0], 64), a.cfg.ClusterID)
 }
 
 // lookup answers from the cache, or finds a review of the same token in
@@ -548,7 +573,7 @@ func newTokenReviewMetrics(reg prometheus.Registerer, cacheLen func() float64, k
 		m.reviews.WithLabelValues(r)
 	}
 	for _, r := range []string{localVerified, localUnverified, localRefusedAlg, localRefusedClaims, localRefusedTime,
-		localRefusedAudience, localRefusedSubject, localRefusedKey, localRefusedSignature} {
+		localRefusedAudience, localRefusedSubject, localRefusedKey, localRefusedSignature, localRefusedCluster} {
 		m.local.WithLabelValues(r)
 	}
 	return m, nil

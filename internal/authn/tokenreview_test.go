@@ -253,6 +253,37 @@ func TestTokenReviewAudienceConfig(t *testing.T) {
 	assert.Equal(t, []string{"trustbridge-ca"}, f.api.specs[0].Audiences)
 }
 
+// ClusterID metadata, as Istio's agents and ztunnel send it, is judged as
+// istiod does: absent means the local cluster; with --cluster-id set, a
+// caller claiming another cluster is refused before any review; several
+// values are refused. Without --cluster-id any is accepted.
+func TestTokenReviewClusterID(t *testing.T) {
+	const user = "system:serviceaccount:default:web"
+	f := newReviewFixture(t, func(c *TokenReviewConfig) { c.ClusterID = "east" })
+	tok := saToken(t, "web", epoch.Add(time.Hour))
+	f.api.set(tok, accept(user, "example.org"))
+	authAs := func(a *TokenReview, ids ...string) error {
+		_, err := a.Authenticate(context.Background(), Request{BearerToken: tok, Peer: "127.0.0.1:5555", ClusterIDs: ids})
+		return err
+	}
+
+	err := authAs(f.a, "west")
+	require.ErrorIs(t, err, ErrInvalidCredentials)
+	assert.ErrorContains(t, err, `client claims to be in cluster "west", but this server only reviews tokens of cluster "east"`)
+	err = authAs(f.a, "east", "west")
+	require.ErrorIs(t, err, ErrInvalidCredentials)
+	assert.ErrorContains(t, err, "2 values")
+	assert.Zero(t, f.api.calls.Load(), "refused before any review")
+	assert.Equal(t, 2.0, testutil.ToFloat64(f.a.m.local.WithLabelValues(localRefusedCluster)))
+
+	require.NoError(t, authAs(f.a, "east"))
+	require.NoError(t, authAs(f.a), "no ClusterID: the local cluster")
+
+	any := newReviewFixture(t, nil)
+	any.api.set(tok, accept(user, "example.org"))
+	require.NoError(t, authAs(any.a, "Kubernetes"), "without --cluster-id the review alone decides")
+}
+
 func TestTokenReviewCache(t *testing.T) {
 	const user = "system:serviceaccount:default:web"
 
