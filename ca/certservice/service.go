@@ -60,6 +60,15 @@ func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 	return f(csr, id, ttl, extra...)
 }
 
+// Impersonator decides whether caller may obtain a certificate for target,
+// another workload: Istio's ImpersonatedIdentity, which a node proxy
+// (ztunnel) sends for the pods of its node. nodeauth.Authorizer implements
+// it. An error wrapping authn.ErrUnavailable means the answer is not known
+// yet; any other refuses.
+type Impersonator interface {
+	AuthorizeImpersonation(ctx context.Context, caller authn.Identity, target spiffeid.ID) error
+}
+
 // Config configures a Service. Signer and Authenticator are required.
 type Config struct {
 	Signer        Signer
@@ -70,6 +79,10 @@ type Config struct {
 	// A returned slice must not be changed afterwards: while Roots returns
 	// the same slice, its PEM encoding is reused.
 	Roots func() []*x509.Certificate
+	// Impersonator, when set, lets the callers it authorizes ask for a
+	// certificate of another identity (ImpersonatedIdentity); nil refuses
+	// every such request.
+	Impersonator Impersonator
 	// QueueSize bounds the signings in flight; when they are all taken a
 	// request is refused with ResourceExhausted at once. Zero means
 	// DefaultQueueSize.
@@ -172,9 +185,10 @@ func (s *Service) Register(r grpc.ServiceRegistrar) {
 }
 
 // impersonationKey is the request metadata field with which Istio's node
-// agents ask for another workload's identity. We never sign an identity
-// the caller did not prove, so such a request is refused rather than
-// quietly answered with the caller's own identity.
+// proxies ask for another workload's identity. Unless an Impersonator
+// authorizes it, such a request is refused rather than quietly answered
+// with the caller's own identity: we never sign an identity the caller
+// did not prove, and a node proxy proves its node through its pod.
 const impersonationKey = "ImpersonatedIdentity"
 
 // refusal is one way a request fails: the status returned to the client,
@@ -256,9 +270,12 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 			"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
 	}
 	id := ident.ID
-
 	if impersonates(req) {
-		return nil, ident, &refusal{codes.PermissionDenied, "impersonation", "impersonation is not supported: the certificate is for the authenticated identity only", nil}
+		target, ref := s.impersonation(ctx, ident, req)
+		if ref != nil {
+			return nil, ident, ref
+		}
+		id = target
 	}
 	if s.limits != nil && !s.limits.Allow(id.String(), s.cfg.Clock.Now()) {
 		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
@@ -317,8 +334,42 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if hasGrant {
 		attrs = append(attrs, grantAttrs(grant)...)
 	}
+	if id != ident.ID {
+		attrs = append(attrs, "impersonated_by", ident.ID.String())
+	}
 	s.cfg.Logger.Info("certificate issued", attrs...)
 	return resp, ident, nil
+}
+
+// impersonation judges a request for another identity: only a caller
+// the Impersonator authorizes, for a well-formed SPIFFE ID. The
+// certificate then carries the caller's grant, which names the caller's
+// service account, so it can never be renewed as the impersonated
+// workload: a node proxy asks again with its own token.
+func (s *Service) impersonation(ctx context.Context, caller authn.Identity, req *securityv1alpha1.IstioCertificateRequest) (spiffeid.ID, *refusal) {
+	if s.cfg.Impersonator == nil {
+		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation",
+			"impersonation is not enabled on this server (--ca-trusted-node-accounts): the certificate is for the authenticated identity only", nil}
+	}
+	v := req.GetMetadata().GetFields()[impersonationKey].GetStringValue()
+	target, err := spiffeid.FromString(v)
+	if err != nil || target.Path() == "" {
+		return spiffeid.ID{}, &refusal{codes.InvalidArgument, "impersonation", fmt.Sprintf("%s %q is not a SPIFFE ID of a workload", impersonationKey, truncate(v, 256)), err}
+	}
+	if err := s.cfg.Impersonator.AuthorizeImpersonation(ctx, caller, target); err != nil {
+		if errors.Is(err, authn.ErrUnavailable) {
+			return spiffeid.ID{}, &refusal{codes.Unavailable, "impersonation_unavailable", "cannot decide on impersonation right now; retry later", err}
+		}
+		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation", fmt.Sprintf("%s may not have a certificate for %s: %v", caller.ID, target, err), err}
+	}
+	return target, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // impersonates reports whether the request carries Istio's impersonation

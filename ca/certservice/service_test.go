@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -572,4 +574,71 @@ func TestCertChainIstioLayoutAcrossRotation(t *testing.T) {
 	leaf := parseChain(t, during)[0]
 	_, _, err := x509svid.Verify([]*x509.Certificate{leaf}, x509bundle.FromX509Authorities(td, got))
 	assert.NoError(t, err, "the leaf verifies against the bundle Istio keeps")
+}
+
+// fakeImpersonator authorizes the caller allowed for target only.
+type fakeImpersonator struct {
+	allowed spiffeid.ID // the caller
+	target  spiffeid.ID
+	err     error // returned for anything else
+}
+
+func (f fakeImpersonator) AuthorizeImpersonation(_ context.Context, caller authn.Identity, target spiffeid.ID) error {
+	if caller.ID == f.allowed && target == f.target {
+		return nil
+	}
+	return f.err
+}
+
+// Istio's ImpersonatedIdentity (ztunnel asking for the pods of its node):
+// signed for the target when the Impersonator authorizes the caller,
+// refused otherwise, and the certificate cannot be renewed as the target.
+func TestCreateCertificateImpersonation(t *testing.T) {
+	node := spiffeid.RequireFromString("spiffe://example.org/ns/istio-system/sa/ztunnel")
+	target := spiffeid.RequireFromString("spiffe://example.org/ns/shop/sa/web")
+	imp := fakeImpersonator{allowed: workloadID, target: target, err: errors.New("not on this node")}
+	f := newFixture(t, func(cfg *certservice.Config, _ *ca.Authority) { cfg.Impersonator = imp })
+	ask := func(c securityv1alpha1.IstioCertificateServiceClient, who string, csrURIs ...string) (*securityv1alpha1.IstioCertificateResponse, error) {
+		md, err := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": who})
+		require.NoError(t, err)
+		return c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t, csrURIs...), Metadata: md})
+	}
+
+	caller := f.client(t, svid(t, f.authority, workloadID), "")
+	resp, err := ask(caller, target.String(), target.String())
+	require.NoError(t, err)
+	leaf := parseChain(t, resp.CertChain)[0]
+	got, _, err := x509svid.Verify([]*x509.Certificate{leaf}, f.authority.Bundle().X509Bundle())
+	require.NoError(t, err)
+	assert.Equal(t, target, got, "the certificate is for the impersonated workload")
+	assert.Contains(t, f.logs.String(), `"impersonated_by":"`+workloadID.String()+`"`)
+
+	for name, tt := range map[string]struct {
+		client securityv1alpha1.IstioCertificateServiceClient
+		who    string
+		code   codes.Code
+		msg    string
+	}{
+		"another target":      {caller, "spiffe://example.org/ns/shop/sa/api", codes.PermissionDenied, "not on this node"},
+		"an unauthorized one": {f.client(t, svid(t, f.authority, node), ""), target.String(), codes.PermissionDenied, "may not have a certificate"},
+		"not a SPIFFE ID":     {caller, "web", codes.InvalidArgument, "not a SPIFFE ID"},
+		"a trust domain only": {caller, "spiffe://example.org", codes.InvalidArgument, "not a SPIFFE ID of a workload"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ask(tt.client, tt.who)
+			assert.Equal(t, tt.code, status.Code(err), "%v", err)
+			assert.ErrorContains(t, err, tt.msg)
+		})
+	}
+
+	// The CSR must name the impersonated identity, if any.
+	_, err = ask(caller, target.String(), workloadID.String())
+	assert.Equal(t, codes.PermissionDenied, status.Code(err))
+
+	// A backend that cannot decide yet: retry.
+	busy := newFixture(t, func(cfg *certservice.Config, _ *ca.Authority) {
+		cfg.Impersonator = fakeImpersonator{err: fmt.Errorf("pods not listed yet: %w", authn.ErrUnavailable)}
+	})
+	_, err = ask(busy.client(t, svid(t, busy.authority, workloadID), ""), target.String())
+	assert.Equal(t, codes.Unavailable, status.Code(err))
 }

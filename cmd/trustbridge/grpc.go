@@ -30,6 +30,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/nodeauth"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -55,11 +56,13 @@ type grpcOptions struct {
 	responseRoots string // "" = local
 	tokenAudience string // "" = the trust domain name
 	clusterID     string // "" = any ClusterID metadata accepted
-	bootstrapFile string
-	rateLimit     float64
-	queueSize     int    // 0 = certservice.DefaultQueueSize
-	kubeconfig    string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
-	tokenReview   string // "" = auto
+	// trustedNodeAccounts may impersonate the pods of their node.
+	trustedNodeAccounts []string
+	bootstrapFile       string
+	rateLimit           float64
+	queueSize           int    // 0 = certservice.DefaultQueueSize
+	kubeconfig          string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
+	tokenReview         string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
 	// maxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
@@ -82,6 +85,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
 	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
 	addGrantFlags(f, o)
+	addImpersonationFlags(f, o)
 	addAuthnLimitFlags(f, &o.authnLimits)
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
@@ -123,6 +127,9 @@ type grpcEndpoint struct {
 	sdsCerts bool
 	runners  []func(context.Context) error
 	grants   grantCheckers // by grant method; see grants.go
+	// impersonator authorizes node proxies (impersonation.go); nil when
+	// impersonation is off.
+	impersonator certservice.Impersonator
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
@@ -153,6 +160,11 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if !(o.rateLimit >= 0) || o.queueSize < 0 {
 		return nil, fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
 	}
+	for _, acct := range nonEmpty(o.trustedNodeAccounts) {
+		if err := nodeauth.CheckAccount(acct); err != nil {
+			return nil, fmt.Errorf("--ca-trusted-node-accounts %q: %w", acct, err)
+		}
+	}
 	if err := checkGrantFlags(o); err != nil {
 		return nil, err
 	}
@@ -173,6 +185,8 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 		// Renewal chains end with their grant (grants.go).
 		Grants:             g.grants,
 		MaxRenewalLifetime: o.maxRenewalLifetime,
+		// Node proxies may impersonate the pods of their node.
+		Impersonator: g.impersonator,
 	})
 	if err != nil {
 		return nil, err
@@ -300,6 +314,9 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		chain = append(chain, tr)
 		g.runners = append(g.runners, tr.Run)
 		if err := g.addServiceAccountGrants(client, o.onServiceAccountDeleted, logger); err != nil {
+			return nil, err
+		}
+		if err := g.addImpersonation(client, o, td, logger); err != nil {
 			return nil, err
 		}
 		g.methods = append(g.methods, authn.MethodKubernetesJWT)

@@ -127,6 +127,8 @@ func TestKubeRBAC(t *testing.T) {
 		name string
 		do   func() error
 	}{
+		// The node authorizer (ztunnel's ImpersonatedIdentity) watches pods.
+		{"list pods", func() error { _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
 		{"create the CA Secret", func() error {
 			_, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: caSecret}}, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
@@ -218,7 +220,7 @@ func TestKubeRBAC(t *testing.T) {
 			return err
 		}},
 		{"delete a namespace", func() error { return sa.CoreV1().Namespaces().Delete(ctx, other, metav1.DeleteOptions{}) }},
-		{"list pods", func() error { _, err := sa.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
+		{"delete a pod", func() error { return sa.CoreV1().Pods(other).Delete(ctx, "any", metav1.DeleteOptions{}) }},
 		// Nothing in trustbridge records Events.
 		{"create an Event", func() error {
 			_, err := sa.CoreV1().Events(systemNamespace).Create(ctx, &corev1.Event{

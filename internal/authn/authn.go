@@ -78,7 +78,19 @@ type Identity struct {
 	// GrantErr is set instead of Grant when a verified X509-SVID carries a
 	// grant extension that does not parse.
 	GrantErr error
+	// Pod is the pod a Kubernetes service account token is bound to, as
+	// the API server said in its TokenReview; zero for other methods and
+	// for tokens not bound to a pod.
+	Pod PodRef
 }
+
+// PodRef names a pod and the incarnation of it (UID) a token was bound to.
+type PodRef struct {
+	Namespace, Name, UID string
+}
+
+// IsZero reports whether p names no pod.
+func (p PodRef) IsZero() bool { return p.Name == "" }
 
 // Authenticator decides who the caller of one request is. It returns an
 // error wrapping ErrNoCredentials when the request carries nothing it

@@ -472,7 +472,27 @@ func (a *TokenReview) review(ctx context.Context, token, peer string) (Identity,
 		return Identity{}, err
 	}
 	a.cfg.Logger.Debug("token authenticated", logattr.Address, peer, logattr.SPIFFEID, id.String())
-	return serviceAccountIdentity(id, tr.Status.User.UID), nil
+	ident := serviceAccountIdentity(id, tr.Status.User.UID)
+	ident.Pod = boundPod(tr.Status.User.Extra, id)
+	return ident, nil
+}
+
+// Extra keys of a TokenReview for a token bound to a pod.
+const (
+	extraPodName = "authentication.kubernetes.io/pod-name"
+	extraPodUID  = "authentication.kubernetes.io/pod-uid"
+)
+
+// boundPod is the pod the API server says the token is bound to, in the
+// service account's namespace; zero unless both name and UID are there,
+// once each.
+func boundPod(extra map[string]authenticationv1.ExtraValue, id spiffeid.ID) PodRef {
+	name, uid := extra[extraPodName], extra[extraPodUID]
+	ns, _, ok := serviceAccountOf(id)
+	if !ok || len(name) != 1 || len(uid) != 1 || name[0] == "" || uid[0] == "" {
+		return PodRef{}
+	}
+	return PodRef{Namespace: ns, Name: name[0], UID: uid[0]}
 }
 
 // check turns the API server's answer into an identity, or a refusal and

@@ -658,3 +658,23 @@ func TestTokenReviewConcurrencyCap(t *testing.T) {
 	require.NoError(t, err, "room again once the reviews finished")
 	assert.Equal(t, spiffeid.RequireFromPath(localTD, fmt.Sprintf("/ns/default/sa/sa-%d", limit)), id.ID)
 }
+
+// The pod a token is bound to comes from the API server's answer (a node
+// proxy proves its node through it); anything but one name and one UID is
+// no pod.
+func TestBoundPod(t *testing.T) {
+	id := spiffeid.RequireFromString("spiffe://example.org/ns/istio-system/sa/ztunnel")
+	extra := func(kv ...string) map[string]authenticationv1.ExtraValue {
+		m := map[string]authenticationv1.ExtraValue{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = append(m[kv[i]], kv[i+1])
+		}
+		return m
+	}
+	assert.Equal(t, PodRef{Namespace: "istio-system", Name: "ztunnel-a", UID: "u-1"},
+		boundPod(extra(extraPodName, "ztunnel-a", extraPodUID, "u-1"), id))
+	assert.True(t, boundPod(extra(extraPodName, "ztunnel-a"), id).IsZero(), "no UID")
+	assert.True(t, boundPod(extra(extraPodName, "a", extraPodName, "b", extraPodUID, "u"), id).IsZero(), "two names")
+	assert.True(t, boundPod(nil, id).IsZero())
+	assert.True(t, boundPod(extra(extraPodName, "p", extraPodUID, "u"), spiffeid.RequireFromString("spiffe://example.org/vm")).IsZero())
+}
