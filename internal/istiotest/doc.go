@@ -1,0 +1,22 @@
+// Package istiotest runs Istio's own client code against a real trustbridge
+// binary: the istio-agent's citadel CA client
+// (istio.io/istio/security/pkg/nodeagent/caclient/providers/citadel) and its
+// secret cache (istio.io/istio/security/pkg/nodeagent/cache,
+// SecretManagerClient), so that the certificate service's responses are
+// decoded exactly as a sidecar decodes them. Istio's cache takes the last
+// cert_chain element as the whole root bundle it hands Envoy as ROOTCA,
+// which is why trustbridge sends every root in that one element, as istiod
+// does.
+//
+// It is a module of its own so that istio.io/istio never enters trustbridge's
+// dependency graph (binary size, CVE surface); it imports no trustbridge
+// package and drives the binary as a subprocess:
+//
+//	make istio-tests
+//	# or, with a binary built elsewhere:
+//	cd internal/istiotest && TRUSTBRIDGE_BIN=/path/to/trustbridge go test ./...
+//
+// Without TRUSTBRIDGE_BIN the tests skip, unless TRUSTBRIDGE_ISTIO_TESTS=require,
+// which fails them instead. See issue 15, item 1, and the README's Istio
+// section.
+package istiotest
