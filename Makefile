@@ -133,8 +133,11 @@ bench:
 	$(GO) run ./internal/benchreport -in bin/bench.txt -out BENCHMARKS.md \
 		-notes internal/benchreport/NOTES.md -cmd "make bench BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT)"
 
+# lint: staticcheck over the main module, and vet, tidy and staticcheck over
+# internal/istiotest, a module of its own that ./... does not reach.
 lint:
 	$(GO) run $(STATICCHECK) ./...
+	cd internal/istiotest && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) run $(STATICCHECK) ./...
 
 clean:
 	rm -rf bin
