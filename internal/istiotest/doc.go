@@ -8,6 +8,13 @@
 // which is why trustbridge sends every root in that one element, as istiod
 // does.
 //
+// The agent's whole flow runs too (TestIstioAgentSDS): Istio's own SDS
+// server (istio.io/istio/security/pkg/nodeagent/sds) serves that cache on
+// the agent's unix socket, and an Envoy-like client built on
+// go-control-plane's SDS stubs watches default and ROOTCA there, ACKing each
+// response, through a workload certificate renewal at the grace ratio and a
+// trustbridge root rotation.
+//
 // It is a module of its own so that istio.io/istio never enters trustbridge's
 // dependency graph (binary size, CVE surface); it imports no trustbridge
 // package and drives the binary as a subprocess:
@@ -17,6 +24,6 @@
 //	cd internal/istiotest && TRUSTBRIDGE_BIN=/path/to/trustbridge go test ./...
 //
 // Without TRUSTBRIDGE_BIN the tests skip, unless TRUSTBRIDGE_ISTIO_TESTS=require,
-// which fails them instead. See issue 15, item 1, and the README's Istio
-// section.
+// which fails them instead. See issue 15, items 1 and 3, and the README's
+// Istio section.
 package istiotest

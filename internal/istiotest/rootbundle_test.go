@@ -41,6 +41,9 @@ const (
 	publishWithin = 60 * time.Second
 	// Activation comes 5 refresh hints after publication.
 	activateWithin = 5*refreshHint + publishWithin
+	// The agent's SECRET_GRACE_PERIOD_RATIO (Istio's default): it renews
+	// a workload certificate when this share of its life remains.
+	graceRatio = 0.5
 )
 
 // TestIstioAgentRootBundle: the ROOTCA that Istio's agent would hand Envoy,
@@ -51,29 +54,7 @@ const (
 // peers whose certificates the other root signed.
 func TestIstioAgentRootBundle(t *testing.T) {
 	bin := trustbridgeBinary(t)
-	dir := t.TempDir()
-	dataDir := filepath.Join(dir, "data")
-	token := "istio-agent-bootstrap-token-0123456789"
-	tokenFile := filepath.Join(dir, "tokens")
-	require.NoError(t, os.WriteFile(tokenFile,
-		fmt.Appendf(nil, "%s,spiffe://%s/ns/%s/sa/%s\n", token, trustDomain, namespace, account), 0o600))
-	// Istio's JWT credential plugin reads the bearer token from this file,
-	// as the agent reads its projected service account token.
-	jwtFile := filepath.Join(dir, "istio-token")
-	require.NoError(t, os.WriteFile(jwtFile, []byte(token), 0o600))
-
-	srv := startServer(t, bin,
-		"--trust-domain", trustDomain,
-		"--data-dir", dataDir,
-		"--admin-listen", "127.0.0.1:0",
-		"--grpc-listen", "127.0.0.1:0",
-		"--bundle-listen", "",
-		"--grpc-dns-names", "localhost",
-		"--bootstrap-token-file", tokenFile,
-		"--bundle-refresh-hint", refreshHint.String(),
-		"--log-format", "json",
-	)
-	agent := agentConfig{caAddr: srv.grpcAddr, jwtFile: jwtFile, dataDir: dataDir, dir: dir}
+	srv, agent := startAgentCA(t, bin, t.TempDir())
 
 	before := srv.trust(t)
 	require.Len(t, before.Authorities, 1, "a fresh server publishes one root")
@@ -81,7 +62,7 @@ func TestIstioAgentRootBundle(t *testing.T) {
 		assertRootCAHolds(t, agent.fetch(t), before)
 	})
 
-	runCLI(t, bin, "ca", "rotate", "--data-dir", dataDir)
+	runCLI(t, bin, "ca", "rotate", "--data-dir", agent.dataDir)
 	during := srv.waitTrust(t, publishWithin, "the successor root published", func(v trustView) bool {
 		return len(v.Authorities) == 2
 	})
@@ -118,7 +99,45 @@ func trustbridgeBinary(t *testing.T) string {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("TRUSTBRIDGE_BIN: %v", err)
 	}
-	return bin
+	// Absolute, so that a test may change directory after finding it.
+	abs, err := filepath.Abs(bin)
+	require.NoError(t, err)
+	return abs
+}
+
+// startAgentCA starts a trustbridge server in dir that takes a bootstrap
+// token as the web workload's credential, and returns it with the
+// configuration of an agent presenting that token. extra are more server
+// flags.
+func startAgentCA(t *testing.T, bin, dir string, extra ...string) (*server, agentConfig) {
+	t.Helper()
+	dataDir := filepath.Join(dir, "data")
+	token := "istio-agent-bootstrap-token-0123456789"
+	tokenFile := filepath.Join(dir, "tokens")
+	require.NoError(t, os.WriteFile(tokenFile,
+		fmt.Appendf(nil, "%s,%s\n", token, workloadID()), 0o600))
+	// Istio's JWT credential plugin reads the bearer token from this file,
+	// as the agent reads its projected service account token.
+	jwtFile := filepath.Join(dir, "istio-token")
+	require.NoError(t, os.WriteFile(jwtFile, []byte(token), 0o600))
+
+	srv := startServer(t, bin, append([]string{
+		"--trust-domain", trustDomain,
+		"--data-dir", dataDir,
+		"--admin-listen", "127.0.0.1:0",
+		"--grpc-listen", "127.0.0.1:0",
+		"--bundle-listen", "",
+		"--grpc-dns-names", "localhost",
+		"--bootstrap-token-file", tokenFile,
+		"--bundle-refresh-hint", refreshHint.String(),
+		"--log-format", "json",
+	}, extra...)...)
+	return srv, agentConfig{caAddr: srv.grpcAddr, jwtFile: jwtFile, dataDir: dataDir, dir: dir}
+}
+
+// workloadID is the SPIFFE ID Istio's CSR asks for and the token grants.
+func workloadID() string {
+	return fmt.Sprintf("spiffe://%s/ns/%s/sa/%s", trustDomain, namespace, account)
 }
 
 // agentConfig is what an istio-agent is configured with: the CA address
@@ -140,7 +159,20 @@ type agentSecrets struct {
 // for default and then ROOTCA, as Envoy asks for them.
 func (a agentConfig) fetch(t *testing.T) agentSecrets {
 	t.Helper()
-	opts := &security.Options{
+	secrets := a.secretManager(t, a.options(time.Hour))
+	defer secrets.Close() // closes the CA client too
+
+	workload, err := secrets.GenerateSecret(security.WorkloadKeyCertResourceName)
+	require.NoError(t, err, "default from trustbridge through Istio's cache")
+	root, err := secrets.GenerateSecret(security.RootCertReqResourceName)
+	require.NoError(t, err, "ROOTCA from Istio's cache")
+	return agentSecrets{rootCA: root.RootCert, chain: workload.CertificateChain}
+}
+
+// options are the agent's settings, as its environment sets them
+// (CA_ADDR, ISTIOD_SAN, TRUST_DOMAIN, SECRET_TTL, SECRET_GRACE_PERIOD_RATIO).
+func (a agentConfig) options(secretTTL time.Duration) *security.Options {
+	return &security.Options{
 		CAEndpoint: a.caAddr,
 		// The agent's ISTIOD_SAN: the name the serving certificate carries
 		// (--grpc-dns-names), so the client neither uses the address nor
@@ -150,23 +182,23 @@ func (a agentConfig) fetch(t *testing.T) agentSecrets {
 		WorkloadNamespace:              namespace,
 		ServiceAccount:                 account,
 		ClusterID:                      "Kubernetes",
-		SecretTTL:                      time.Hour,
-		SecretRotationGracePeriodRatio: 0.5,
+		SecretTTL:                      secretTTL,
+		SecretRotationGracePeriodRatio: graceRatio,
 		ECCSigAlg:                      "ECDSA",
 		WorkloadRSAKeySize:             2048,
 		CredFetcher:                    plugin.CreateTokenPlugin(a.jwtFile),
 	}
+}
+
+// secretManager is Istio's agent cache over its citadel CA client; the
+// caller closes it, which closes the CA client too.
+func (a agentConfig) secretManager(t *testing.T, opts *security.Options) *cache.SecretManagerClient {
+	t.Helper()
 	client, err := citadel.NewCitadelClient(opts, &citadel.TLSOptions{RootCert: a.caRootFile(t)})
 	require.NoError(t, err)
 	secrets, err := cache.NewSecretManagerClient(client, opts)
 	require.NoError(t, err)
-	defer secrets.Close() // closes the CA client too
-
-	workload, err := secrets.GenerateSecret(security.WorkloadKeyCertResourceName)
-	require.NoError(t, err, "default from trustbridge through Istio's cache")
-	root, err := secrets.GenerateSecret(security.RootCertReqResourceName)
-	require.NoError(t, err, "ROOTCA from Istio's cache")
-	return agentSecrets{rootCA: root.RootCert, chain: workload.CertificateChain}
+	return secrets
 }
 
 // caRootFile writes the CA's roots, read from its state directory as an
@@ -210,7 +242,7 @@ func assertRootCAHolds(t *testing.T, got agentSecrets, want trustView) {
 
 	leaf := parseLeaf(t, got.chain)
 	require.Len(t, leaf.URIs, 1)
-	assert.Equal(t, fmt.Sprintf("spiffe://%s/ns/%s/sa/%s", trustDomain, namespace, account), leaf.URIs[0].String())
+	assert.Equal(t, workloadID(), leaf.URIs[0].String())
 	assert.NoError(t, verify(t, got.chain, pool), "default does not verify against ROOTCA")
 }
 
