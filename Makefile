@@ -63,14 +63,16 @@ unit: kube-tools ui-tools
 	@[ -n "$(RACE)" ] || echo "note: no C compiler for cgo; running tests without -race (apt-get install gcc to enable it)"
 	TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
-# istio-tests: Istio's own agent code (its citadel CA client and the
-# SecretManagerClient cache, from the istio.io/istio module pinned in
-# internal/istiotest, a module of its own) against bin/trustbridge: the ROOTCA
-# a sidecar would hand Envoy holds every local root before, during and after
-# a root rotation. The phase after activation waits 5 refresh hints (the
-# server's minimum is 1m), so the whole run takes about 6 minutes;
-# istio-tests-short, part of make test, stops after the phase during
-# rotation (about 35s; 75s with cold module and build caches).
+# istio-tests: Istio's own agent code (its citadel CA client, the
+# SecretManagerClient cache and its SDS server, from the istio.io/istio module
+# pinned in internal/istiotest, a module of its own) against bin/trustbridge:
+# the ROOTCA a sidecar would hand Envoy holds every local root before, during
+# and after a root rotation, and an Envoy-like SDS client gets certificates
+# renewed at the grace ratio across one. The phase after activation waits 5
+# refresh hints (the server's minimum is 1m), so the whole run takes about 6
+# minutes; istio-tests-short, part of make test, stops the root-bundle test
+# after the phase during rotation (about 70s warm; add about 40s with cold
+# module and build caches).
 ISTIO_TESTFLAGS ?=
 istio-tests: build
 	cd internal/istiotest && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_ISTIO_TESTS=require $(GO) test -count=1 $(ISTIO_TESTFLAGS) ./...
