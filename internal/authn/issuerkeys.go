@@ -106,7 +106,10 @@ func (k *issuerKeys) verify(ctx context.Context, token string, lt localToken) (v
 			// key rotated in since, which the next allowed fetch brings;
 			// the caller is told to retry, not refused for good, so junk
 			// key ids that keep a fetch recent cannot lock out a rotation.
-			if k.fetchedAt().Before(lt.iat) {
+			// iat has whole seconds and the API server's clock: a token
+			// issued within kidIssuedSkew before the fetch may still be
+			// newer than the keys.
+			if k.fetchedAt().Before(lt.iat.Add(kidIssuedSkew)) {
 				return sigNotYet, refuseLocal(localRefusedKey, "token key id %q is not one of the issuer's %d keys yet (keys from %s; the next fetch is at most %s away)",
 					truncate(lt.kid, 64), len(keys), k.fetchedAt().UTC().Format(time.RFC3339), k.interval)
 			}
@@ -124,6 +127,12 @@ func (k *issuerKeys) verify(ctx context.Context, token string, lt localToken) (v
 	}
 	return sigRefused, refuseLocal(localRefusedSignature, "token signature does not verify with the issuer's keys")
 }
+
+// kidIssuedSkew is how much earlier than a key fetch a token may say it
+// was issued and still be taken as possibly signed by a key the fetch
+// missed: iat's whole seconds and clock differences between trustbridge
+// and the API server.
+const kidIssuedSkew = 5 * time.Second
 
 // fetchedAt is when the fetch that brought the keys held started.
 func (k *issuerKeys) fetchedAt() time.Time {

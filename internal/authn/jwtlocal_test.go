@@ -246,9 +246,10 @@ func TestTokenReviewIssuerKeys(t *testing.T) {
 	// fetched, is refused as retryable, not as invalid: junk kids that keep
 	// a fetch recent cannot lock a rotation out for good. (The tokens above
 	// were issued before the keys were fetched: their kids are not keys.)
+	// A token issued a second before the fetch (whole-second iat, skewed
+	// clocks) counts as possibly newer too.
 	is.addKey(t, "rsa-2")
-	f.clk.Step(time.Second)
-	rotated := is.sign(t, "rsa-2", with(claimsFor("web"), "iat", f.clk.Now().Unix()), false)
+	rotated := is.sign(t, "rsa-2", with(claimsFor("web"), "iat", f.clk.Now().Add(-time.Second).Unix()), false)
 	f.api.set(rotated, accept(user, "example.org"))
 	_, err = f.auth(rotated)
 	require.ErrorIs(t, err, ErrUnavailable, "within the interval the new kid is not known yet")
@@ -264,7 +265,8 @@ func withKid(t *testing.T, other *issuer, kid string) string {
 	other.mu.Lock()
 	other.keys[kid] = other.keys["rsa-1"]
 	other.mu.Unlock()
-	return other.sign(t, kid, claimsFor("web"), false)
+	// Issued well before any key fetch: an unknown kid is then no key.
+	return other.sign(t, kid, with(claimsFor("web"), "iat", epoch.Add(-time.Minute).Unix()), false)
 }
 
 func mustJSON(t *testing.T, v any) string {
