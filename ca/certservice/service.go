@@ -277,9 +277,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		}
 		id = target
 	}
-	if s.limits != nil && !s.limits.Allow(id.String(), s.cfg.Clock.Now()) {
+	if !s.allow(ident.ID, id) {
 		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
-			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), id), nil}
+			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
 	}
 	grantExt, grant, hasGrant, ref := s.grantFor(ctx, ident, r.Peer)
 	if ref != nil {
@@ -341,6 +341,21 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	return resp, ident, nil
 }
 
+// allow charges a signing for id to the caller's rate limit. A node proxy
+// impersonating pods is charged once for itself and once per workload it
+// asks for, so it has an overall bound and the workload's own pods elsewhere
+// cannot spend the budget it needs for the pods of its node.
+func (s *Service) allow(caller, id spiffeid.ID) bool {
+	if s.limits == nil {
+		return true
+	}
+	now := s.cfg.Clock.Now()
+	if caller == id {
+		return s.limits.Allow(id.String(), now)
+	}
+	return s.limits.Allow(caller.String(), now) && s.limits.Allow(caller.String()+" for "+id.String(), now)
+}
+
 // impersonation judges a request for another identity: only a caller
 // the Impersonator authorizes, for a well-formed SPIFFE ID. The
 // certificate then carries the caller's grant, which names the caller's
@@ -350,6 +365,14 @@ func (s *Service) impersonation(ctx context.Context, caller authn.Identity, req 
 	if s.cfg.Impersonator == nil {
 		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation",
 			"impersonation is not enabled on this server (--ca-trusted-node-accounts): the certificate is for the authenticated identity only", nil}
+	}
+	// Whatever the Impersonator decides, the certificate must carry a
+	// grant naming the caller's own token, which never renews it as the
+	// workload; a certificate (whose grant may be legacy) or a token
+	// without a grant could start a renewal chain of the workload's.
+	if caller.Method == authn.MethodX509SVID || caller.Grant == nil {
+		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation",
+			"impersonation needs a caller authenticated by its own token (a node proxy's service account token), not a certificate", nil}
 	}
 	v := req.GetMetadata().GetFields()[impersonationKey].GetStringValue()
 	target, err := spiffeid.FromString(v)

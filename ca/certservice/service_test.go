@@ -595,23 +595,46 @@ func (f fakeImpersonator) AuthorizeImpersonation(_ context.Context, caller authn
 // refused otherwise, and the certificate cannot be renewed as the target.
 func TestCreateCertificateImpersonation(t *testing.T) {
 	node := spiffeid.RequireFromString("spiffe://example.org/ns/istio-system/sa/ztunnel")
+	other := spiffeid.RequireFromString("spiffe://example.org/ns/istio-system/sa/other")
 	target := spiffeid.RequireFromString("spiffe://example.org/ns/shop/sa/web")
-	imp := fakeImpersonator{allowed: workloadID, target: target, err: errors.New("not on this node")}
-	f := newFixture(t, func(cfg *certservice.Config, _ *ca.Authority) { cfg.Impersonator = imp })
+	const nodeToken, otherToken = "node-token-0123456789", "other-token-0123456789"
+	// Service account tokens as TokenReview proves them, grant included.
+	tokens := authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
+		for token, id := range map[string]spiffeid.ID{nodeToken: node, otherToken: other} {
+			if r.BearerToken == token {
+				ns, sa := strings.Split(id.Path(), "/")[2], strings.Split(id.Path(), "/")[4]
+				return authn.Identity{ID: id, Method: authn.MethodKubernetesJWT,
+					Grant: &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: ns + "/" + sa, UID: "uid-" + sa}}, nil
+			}
+		}
+		return authn.Identity{}, fmt.Errorf("unknown token: %w", authn.ErrInvalidCredentials)
+	})
+	imp := fakeImpersonator{allowed: node, target: target, err: errors.New("not on this node")}
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), tokens}
+		cfg.Impersonator = imp
+	})
 	ask := func(c securityv1alpha1.IstioCertificateServiceClient, who string, csrURIs ...string) (*securityv1alpha1.IstioCertificateResponse, error) {
 		md, err := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": who})
 		require.NoError(t, err)
 		return c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t, csrURIs...), Metadata: md})
 	}
 
-	caller := f.client(t, svid(t, f.authority, workloadID), "")
-	resp, err := ask(caller, target.String(), target.String())
+	caller := f.client(t, nil, nodeToken)
+	key, err := ca.GenerateKey(ca.KeyECP256)
+	require.NoError(t, err)
+	md, err := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": target.String()})
+	require.NoError(t, err)
+	resp, err := caller.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: newCSR(t, key, target.String()), Metadata: md})
 	require.NoError(t, err)
 	leaf := parseChain(t, resp.CertChain)[0]
 	got, _, err := x509svid.Verify([]*x509.Certificate{leaf}, f.authority.Bundle().X509Bundle())
 	require.NoError(t, err)
 	assert.Equal(t, target, got, "the certificate is for the impersonated workload")
-	assert.Contains(t, f.logs.String(), `"impersonated_by":"`+workloadID.String()+`"`)
+	assert.Contains(t, f.logs.String(), `"impersonated_by":"`+node.String()+`"`)
+	g, err := authn.GrantFromCert(leaf)
+	require.NoError(t, err)
+	assert.Equal(t, "istio-system/ztunnel", g.Ref, "the node proxy's grant, not the workload's")
 
 	for name, tt := range map[string]struct {
 		client securityv1alpha1.IstioCertificateServiceClient
@@ -620,7 +643,8 @@ func TestCreateCertificateImpersonation(t *testing.T) {
 		msg    string
 	}{
 		"another target":      {caller, "spiffe://example.org/ns/shop/sa/api", codes.PermissionDenied, "not on this node"},
-		"an unauthorized one": {f.client(t, svid(t, f.authority, node), ""), target.String(), codes.PermissionDenied, "may not have a certificate"},
+		"an unauthorized one": {f.client(t, nil, otherToken), target.String(), codes.PermissionDenied, "may not have a certificate"},
+		"a certificate":       {f.client(t, svid(t, f.authority, node), ""), target.String(), codes.PermissionDenied, "not a certificate"},
 		"not a SPIFFE ID":     {caller, "web", codes.InvalidArgument, "not a SPIFFE ID"},
 		"a trust domain only": {caller, "spiffe://example.org", codes.InvalidArgument, "not a SPIFFE ID of a workload"},
 	} {
@@ -632,13 +656,14 @@ func TestCreateCertificateImpersonation(t *testing.T) {
 	}
 
 	// The CSR must name the impersonated identity, if any.
-	_, err = ask(caller, target.String(), workloadID.String())
+	_, err = ask(caller, target.String(), node.String())
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 
 	// A backend that cannot decide yet: retry.
-	busy := newFixture(t, func(cfg *certservice.Config, _ *ca.Authority) {
+	busy := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Authenticator = tokens
 		cfg.Impersonator = fakeImpersonator{err: fmt.Errorf("pods not listed yet: %w", authn.ErrUnavailable)}
 	})
-	_, err = ask(busy.client(t, svid(t, busy.authority, workloadID), ""), target.String())
+	_, err = ask(busy.client(t, nil, nodeToken), target.String())
 	assert.Equal(t, codes.Unavailable, status.Code(err))
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"net/url"
@@ -80,6 +82,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 
 	// impersonate asks, as ztunnel does, for target's certificate with a
 	// CSR naming target and the ImpersonatedIdentity metadata.
+	var lastKey crypto.Signer
 	impersonate := func(token string, target spiffeid.ID) (*x509.Certificate, error) {
 		conn, err := grpc.NewClient(addr,
 			grpc.WithTransportCredentials(credentials.NewTLS(caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, grpcServingPath), nil))),
@@ -87,6 +90,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 		require.NoError(t, err)
 		defer conn.Close()
 		key := testca.NewKey(t, testca.ECP256)
+		lastKey = key
 		csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{target.URL()}}, key)
 		require.NoError(t, err)
 		md, err := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": target.String()})
@@ -113,6 +117,12 @@ func TestZtunnelImpersonation(t *testing.T) {
 	id, err := x509svid.IDFromCert(leaf)
 	require.NoError(t, err)
 	assert.Equal(t, workload("web"), id, "web's certificate, issued to ztunnel")
+
+	// That certificate never renews as web: it records ztunnel's grant.
+	webCert := &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: lastKey, Leaf: leaf}
+	_, err = caclient.CreateCertificate(ctx, addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, grpcServingPath), webCert),
+		caclient.Request{Key: testca.NewKey(t, testca.ECP256)})
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "renewal with an impersonated certificate: %v", err)
 
 	for name, tt := range map[string]struct {
 		token  string
