@@ -318,6 +318,18 @@ func TestServiceAccountGrants(t *testing.T) {
 		err := s.CheckGrant(ctx, workloadID, web)
 		require.ErrorIs(t, err, ErrGrantRevoked)
 		assert.Contains(t, err.Error(), "service account default/web that granted spiffe://example.org/ns/default/sa/web was deleted")
+
+		// Confirmed once, the refusal is remembered: a revoked caller that
+		// keeps calling spends no confirmation budget, and stays revoked
+		// (not merely unavailable) when the budget is gone.
+		limiter := s.confirm
+		defer func() { s.confirm = limiter }()
+		s.confirm = rate.NewLimiter(0, 0)
+		for range 3 {
+			err = s.CheckGrant(ctx, workloadID, web)
+			require.ErrorIs(t, err, ErrGrantRevoked)
+			assert.NotErrorIs(t, err, ErrUnavailable)
+		}
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/lru"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -87,15 +88,26 @@ type ServiceAccountGrantsConfig struct {
 // A refusal is confirmed with a GET before it is returned, because the
 // informer may not have seen an account created (or re-created) a moment
 // ago; a stale "not found" must not revoke a healthy chain. Confirmations
-// are rate-limited (ConfirmRate); beyond the limit the cache's answer
-// stands.
+// are rate-limited (ConfirmRate); beyond the limit the refusal is
+// retryable (ErrUnavailable), never final. A refusal the API server
+// confirmed for a grant with a UID is remembered: UIDs are never reused,
+// so that grant is gone for good and its holder, however often it calls,
+// never spends the confirmation budget again.
 type ServiceAccountGrants struct {
 	client   kubernetes.Interface
 	informer cache.SharedIndexInformer
 	lister   corev1listers.ServiceAccountLister
 	confirm  *rate.Limiter
+	revoked  *lru.Cache // revokedGrant → error: refusals the API server confirmed
 	logger   *slog.Logger
 }
+
+// revokedGrant names a service account incarnation the API server said is
+// gone: deleted, or re-created under another UID.
+type revokedGrant struct{ ref, uid string }
+
+// maxRevokedGrants bounds the confirmed refusals remembered.
+const maxRevokedGrants = 4096
 
 // NewServiceAccountGrants builds the informer; Run starts it.
 func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGrants, error) {
@@ -121,6 +133,7 @@ func NewServiceAccountGrants(cfg ServiceAccountGrantsConfig) (*ServiceAccountGra
 	s := &ServiceAccountGrants{
 		client: cfg.Client, informer: inf, lister: corev1listers.NewServiceAccountLister(inf.GetIndexer()),
 		confirm: rate.NewLimiter(cfg.ConfirmRate, 2*int(math.Ceil(float64(cfg.ConfirmRate)))), logger: cfg.Logger,
+		revoked: lru.New(maxRevokedGrants),
 	}
 	// Before the first list succeeds every Kubernetes-granted renewal is
 	// refused as unavailable; say why, in our log, as long as that lasts.
@@ -196,6 +209,10 @@ func (s *ServiceAccountGrants) CheckGrant(ctx context.Context, id spiffeid.ID, g
 	if !s.informer.HasSynced() {
 		return fmt.Errorf("authn: %s: service accounts not listed yet: %w", MethodKubernetesJWT, ErrUnavailable)
 	}
+	key := revokedGrant{ref: g.Ref, uid: g.UID}
+	if v, gone := s.revoked.Get(key); gone && g.UID != "" {
+		return v.(error) // the verdict the API server confirmed
+	}
 	sa, err := s.lister.ServiceAccounts(ns).Get(name)
 	if judge(sa, err, g) != nil {
 		// The cache says no; only the API server may make that final. When
@@ -207,6 +224,10 @@ func (s *ServiceAccountGrants) CheckGrant(ctx context.Context, id spiffeid.ID, g
 			return fmt.Errorf("authn: %s: service account %s not confirmed (confirmation budget spent; retry): %w", MethodKubernetesJWT, g.Ref, ErrUnavailable)
 		}
 		sa, err = s.get(ctx, ns, name)
+		if v := s.verdict(id, g, sa, err); errors.Is(v, ErrGrantRevoked) && g.UID != "" {
+			s.revoked.Add(key, v)
+			return v
+		}
 	}
 	return s.verdict(id, g, sa, err)
 }
