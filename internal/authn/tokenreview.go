@@ -216,11 +216,14 @@ func (c *TokenReviewConfig) setDefaults() error {
 // and every refusal for want of room is ErrUnavailable at once (the
 // client retries), counted, and logged at a bounded rate.
 type TokenReview struct {
-	cfg    TokenReviewConfig
-	m      *tokenReviewMetrics
-	keys   *issuerKeys
-	rates  *keyedrate.Limiters
-	logLim *loglimit.Limiter
+	cfg   TokenReviewConfig
+	m     *tokenReviewMetrics
+	keys  *issuerKeys
+	rates *keyedrate.Limiters
+	// netRates is the rate of an IPv6 /64 as a whole: netShare times an
+	// address's.
+	netRates *keyedrate.Limiters
+	logLim   *loglimit.Limiter
 
 	mu       sync.Mutex
 	cache    *reviewCache
@@ -236,6 +239,7 @@ type reviewCall struct {
 	err     error
 	waiters int    // callers that joined after the first; guarded by TokenReview.mu
 	peer    string // peerKey of the caller that started it, whose share it holds
+	net     string // peerNet of that caller ("" for IPv4), whose share it holds too
 }
 
 var _ Authenticator = (*TokenReview)(nil)
@@ -251,6 +255,7 @@ func NewTokenReview(cfg TokenReviewConfig) (*TokenReview, error) {
 		inflight: make(map[tokenKey]*reviewCall),
 		perPeer:  make(map[string]int),
 		rates:    keyedrate.New(cfg.PeerReviewRate, cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
+		netRates: keyedrate.New(netShare*cfg.PeerReviewRate, netShare*cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
 		logLim:   loglimit.NewDefault(),
 	}
 	if cfg.IssuerKeys != nil {
@@ -395,27 +400,33 @@ func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) erro
 // caller started meanwhile (started false). It refuses with ErrUnavailable
 // when peer is over its share or rate, or every slot is taken.
 func (a *TokenReview) start(key tokenKey, peer string) (*reviewCall, bool, error) {
-	pk := peerKey(peer)
+	pk, nk := peerKey(peer), peerNet(peer)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if call, ok := a.inflight[key]; ok {
 		call.waiters++
 		return call, false, nil
 	}
+	now := a.cfg.Clock.Now()
 	var result, why string
 	switch {
 	case a.perPeer[pk] >= a.cfg.MaxReviewsPerPeer:
 		result, why = reviewPeerBusy, fmt.Sprintf("%d token reviews in flight for this client address", a.cfg.MaxReviewsPerPeer)
+	case nk != "" && a.perPeer[nk] >= netShare*a.cfg.MaxReviewsPerPeer:
+		result, why = reviewPeerBusy, fmt.Sprintf("%d token reviews in flight for this client's IPv6 network", netShare*a.cfg.MaxReviewsPerPeer)
 	case len(a.inflight) >= a.cfg.MaxConcurrentReviews:
 		result, why = reviewBusy, fmt.Sprintf("%d token reviews in flight", a.cfg.MaxConcurrentReviews)
-	case !a.rates.Allow(pk, a.cfg.Clock.Now()):
+	case !a.rates.Allow(pk, now) || nk != "" && !a.netRates.Allow(nk, now):
 		// Last, so that a refusal for want of a slot does not also spend
 		// the caller's rate.
 		result, why = reviewPeerRateLimited, fmt.Sprintf("more than %v new token reviews a second from this client address", float64(a.cfg.PeerReviewRate))
 	default:
-		call := &reviewCall{done: make(chan struct{}), peer: pk}
+		call := &reviewCall{done: make(chan struct{}), peer: pk, net: nk}
 		a.inflight[key] = call
 		a.perPeer[pk]++
+		if nk != "" {
+			a.perPeer[nk]++
+		}
 		return call, true, nil
 	}
 	a.m.reviews.WithLabelValues(result).Inc()
@@ -441,8 +452,14 @@ func (a *TokenReview) run(ctx context.Context, key tokenKey, token string, info 
 	call.ident, call.err = a.review(ctx, token, peer)
 	a.mu.Lock()
 	delete(a.inflight, key)
-	if a.perPeer[call.peer]--; a.perPeer[call.peer] <= 0 {
-		delete(a.perPeer, call.peer)
+	keys := []string{call.peer}
+	if call.net != "" {
+		keys = append(keys, call.net)
+	}
+	for _, k := range keys {
+		if a.perPeer[k]--; a.perPeer[k] <= 0 {
+			delete(a.perPeer, k)
+		}
 	}
 	if call.err == nil {
 		if until := info.cacheUntil(a.cfg.Clock.Now(), a.cfg.CacheTTL); !until.IsZero() {

@@ -8,6 +8,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"math/big"
 	"net/url"
 	"sync"
@@ -272,4 +273,30 @@ func TestX509SVIDFailureCache(t *testing.T) {
 
 	off := NewX509SVID(localTD, local.Bundle().X509Bundle(), clk, WithFailureCache(0, 0))
 	assert.Nil(t, off.failures)
+}
+
+// An IPv6 host that opens each connection from another address of its
+// /64 gets each address's share only up to the network's (netShare
+// addresses' worth); another network, and IPv4 callers, are unaffected.
+func TestPeerGateIPv6Network(t *testing.T) {
+	g := newPeerGate(1, 100)
+	addr := func(net string, i int) string { return fmt.Sprintf("[%s::%x]:443", net, i+1) }
+	for i := range netShare {
+		ok, _ := g.acquire(addr("2001:db8:1:2", i))
+		require.True(t, ok, "address %d of the /64", i)
+	}
+	ok, scope := g.acquire(addr("2001:db8:1:2", netShare))
+	assert.False(t, ok, "the /64's share is spent")
+	assert.Equal(t, scopePeer, scope)
+	ok, _ = g.acquire(addr("2001:db8:9:9", 0))
+	assert.True(t, ok, "another /64 has its own")
+	ok, _ = g.acquire("192.0.2.7:1")
+	assert.True(t, ok)
+
+	g.release(addr("2001:db8:1:2", 0))
+	ok, _ = g.acquire(addr("2001:db8:1:2", netShare))
+	assert.True(t, ok, "room again in the /64")
+	assert.Equal(t, "2001:db8:1:2::/64", peerNet(addr("2001:db8:1:2", 3)))
+	assert.Empty(t, peerNet("192.0.2.7:1"))
+	assert.Empty(t, peerNet("bufconn"))
 }
