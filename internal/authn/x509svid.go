@@ -246,15 +246,14 @@ func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle
 		a.m.results.WithLabelValues(x509FailedCached).Inc()
 		return err
 	}
-	pk := peerKey(peer)
-	if ok, scope := a.gate.acquire(pk); !ok {
+	if ok, scope := a.gate.acquire(peer); !ok {
 		a.m.results.WithLabelValues(x509Throttled).Inc()
 		a.m.throttled.WithLabelValues(scope).Inc()
 		a.logger.Log(context.Background(), a.logLim.Level(slog.LevelWarn), "client certificate verification refused: too many in flight",
 			"scope", scope, logattr.Address, peer, logattr.SPIFFEID, id.String())
 		return fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
 	}
-	defer a.gate.release(pk)
+	defer a.gate.release(peer)
 	// Verify against the local bundle alone, never the whole source.
 	local := x509bundle.FromX509Authorities(a.td, bundle.X509Authorities())
 	_, chains, err := a.verify(certs, local, x509svid.WithTime(now))
