@@ -28,14 +28,15 @@ import (
 // account's UID from the review (status.user.uid) as the grant.
 func serviceAccountIdentity(id spiffeid.ID, uid string) Identity {
 	ident := Identity{ID: id, Method: MethodKubernetesJWT}
-	if ns, sa, ok := serviceAccountOf(id); ok {
+	if ns, sa, ok := ServiceAccountOf(id); ok {
 		ident.Grant = &Grant{Method: MethodKubernetesJWT, Ref: ns + "/" + sa, UID: uid}
 	}
 	return ident
 }
 
-// serviceAccountOf splits an ID of the form /ns/<namespace>/sa/<name>.
-func serviceAccountOf(id spiffeid.ID) (ns, sa string, ok bool) {
+// ServiceAccountOf splits an ID of the form /ns/<namespace>/sa/<name>, the
+// identity of a Kubernetes service account.
+func ServiceAccountOf(id spiffeid.ID) (ns, sa string, ok bool) {
 	parts := strings.Split(id.Path(), "/")
 	if len(parts) != 5 || parts[0] != "" || parts[1] != "ns" || parts[3] != "sa" || parts[2] == "" || parts[4] == "" {
 		return "", "", false
@@ -203,7 +204,7 @@ func (s *ServiceAccountGrants) CheckGrant(ctx context.Context, id spiffeid.ID, g
 	if err != nil {
 		return fmt.Errorf("authn: %s: %w: %w", MethodKubernetesJWT, err, ErrGrantRevoked)
 	}
-	if idNS, idSA, ok := serviceAccountOf(id); !ok || idNS != ns || idSA != name {
+	if idNS, idSA, ok := ServiceAccountOf(id); !ok || idNS != ns || idSA != name {
 		return fmt.Errorf("authn: %s: grant names service account %s, not the one of %s: %w", MethodKubernetesJWT, g.Ref, id, ErrGrantRevoked)
 	}
 	if !s.informer.HasSynced() {

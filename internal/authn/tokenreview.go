@@ -505,7 +505,7 @@ const (
 // once each.
 func boundPod(extra map[string]authenticationv1.ExtraValue, id spiffeid.ID) PodRef {
 	name, uid := extra[extraPodName], extra[extraPodUID]
-	ns, _, ok := serviceAccountOf(id)
+	ns, _, ok := ServiceAccountOf(id)
 	if !ok || len(name) != 1 || len(uid) != 1 || name[0] == "" || uid[0] == "" {
 		return PodRef{}
 	}

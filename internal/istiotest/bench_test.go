@@ -1,7 +1,6 @@
 package istiotest
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -12,7 +11,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"math/big"
 	"os"
 	"os/exec"
@@ -139,92 +137,13 @@ type benchServer struct {
 	tokenFile string
 }
 
-// startBenchServer is startServer for a benchmark, which also keeps the
-// process id to read the server's CPU time.
+// startBenchServer is startAgentCA for a benchmark: the same server, at
+// log level warn, since a log line per certificate would be part of the
+// measurement.
 func startBenchServer(b *testing.B, bin, dir string) *benchServer {
 	b.Helper()
-	dataDir := filepath.Join(dir, "data")
-	token := "istio-load-bootstrap-token-0123456789"
-	tokens := filepath.Join(dir, "tokens")
-	s := &benchServer{tokenFile: filepath.Join(dir, "istio-token"), rootCert: filepath.Join(dir, "root-cert.pem")}
-	writeFile(b, tokens, fmt.Appendf(nil, "%s,spiffe://%s/ns/%s/sa/%s\n", token, trustDomain, namespace, account))
-	writeFile(b, s.tokenFile, []byte(token))
-
-	cmd := exec.Command(bin, "server",
-		"--trust-domain", trustDomain,
-		"--data-dir", dataDir,
-		"--admin-listen", "127.0.0.1:0",
-		"--grpc-listen", "127.0.0.1:0",
-		"--bundle-listen", "",
-		"--grpc-dns-names", "localhost",
-		"--bootstrap-token-file", tokens,
-		"--log-format", "json",
-		// A log line per certificate would be part of the measurement.
-		"--log-level", "warn",
-	)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	s.pid = cmd.Process.Pid
-	exited := make(chan struct{})
-	addr := make(chan string, 1)
-	go func() {
-		defer close(exited)
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if m := grpcLine.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case addr <- m[1]:
-				default: // only the first is read; never block the drain
-				}
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		_ = cmd.Wait()
-	}()
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			b.Error("trustbridge server did not stop within 15s of SIGTERM")
-		}
-		if b.Failed() {
-			b.Logf("trustbridge server stderr:\n%s", stderr.String())
-		}
-	})
-	select {
-	case s.grpcAddr = <-addr:
-	case <-exited:
-		b.Fatalf("trustbridge server exited; stderr:\n%s", stderr.String())
-	case <-time.After(30 * time.Second):
-		b.Fatalf("no ca api address in trustbridge's banner within 30s; stderr:\n%s", stderr.String())
-	}
-
-	// The roots that verify the serving certificate, from the state
-	// directory, as an operator gives them to the agent (root-cert.pem).
-	pems, err := filepath.Glob(filepath.Join(dataDir, "ca", "roots", "*.crt.pem"))
-	if err != nil || len(pems) == 0 {
-		b.Fatalf("no roots in the CA state directory (%v)", err)
-	}
-	var roots []byte
-	for _, p := range pems {
-		pb, err := os.ReadFile(p)
-		if err != nil {
-			b.Fatal(err)
-		}
-		roots = append(roots, pb...)
-	}
-	writeFile(b, s.rootCert, roots)
-	return s
+	srv, agent := startAgentCA(b, bin, dir, "--log-level", "warn")
+	return &benchServer{pid: srv.pid, grpcAddr: srv.grpcAddr, rootCert: agent.caRootFile(b), tokenFile: agent.jwtFile}
 }
 
 // load runs cmd/istioload once: n certificates from this many clients.
@@ -387,11 +306,4 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func writeFile(b *testing.B, path string, data []byte) {
-	b.Helper()
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		b.Fatal(err)
-	}
 }

@@ -109,7 +109,7 @@ func trustbridgeBinary(t *testing.T) string {
 // token as the web workload's credential, and returns it with the
 // configuration of an agent presenting that token. extra are more server
 // flags.
-func startAgentCA(t *testing.T, bin, dir string, extra ...string) (*server, agentConfig) {
+func startAgentCA(t testing.TB, bin, dir string, extra ...string) (*server, agentConfig) {
 	t.Helper()
 	dataDir := filepath.Join(dir, "data")
 	token := "istio-agent-bootstrap-token-0123456789"
@@ -203,7 +203,7 @@ func (a agentConfig) secretManager(t *testing.T, opts *security.Options) *cache.
 
 // caRootFile writes the CA's roots, read from its state directory as an
 // operator would for the agent's CA root (root-cert.pem), to a new file.
-func (a agentConfig) caRootFile(t *testing.T) string {
+func (a agentConfig) caRootFile(t testing.TB) string {
 	t.Helper()
 	pems, err := filepath.Glob(filepath.Join(a.dataDir, "ca", "roots", "*.crt.pem"))
 	require.NoError(t, err)
@@ -329,6 +329,7 @@ func (v trustView) newest(old trustView) string {
 
 // server is a running `trustbridge server`.
 type server struct {
+	pid       int // for its CPU time, in a benchmark
 	adminAddr string
 	grpcAddr  string
 }
@@ -340,7 +341,7 @@ var (
 
 // startServer starts the binary and reads its listeners' addresses from the
 // banner; it is stopped (SIGTERM, then killed) when the test ends.
-func startServer(t *testing.T, bin string, args ...string) *server {
+func startServer(t testing.TB, bin string, args ...string) *server {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"server"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
@@ -364,8 +365,9 @@ func startServer(t *testing.T, bin string, args ...string) *server {
 	})
 
 	addrs := make(chan *server, 1)
+	pid := cmd.Process.Pid
 	go func() {
-		s := &server{}
+		s := &server{pid: pid}
 		sent := false
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {

@@ -218,16 +218,12 @@ func (a *Authorizer) workload(target spiffeid.ID) (ns, sa string, err error) {
 	return ns, sa, nil
 }
 
-// accountOf splits spiffe://<td>/ns/<ns>/sa/<sa>.
+// accountOf splits spiffe://<td>/ns/<ns>/sa/<sa> of trust domain td.
 func accountOf(td spiffeid.TrustDomain, id spiffeid.ID) (ns, sa string, ok bool) {
 	if id.TrustDomain() != td {
 		return "", "", false
 	}
-	parts := strings.Split(id.Path(), "/")
-	if len(parts) != 5 || parts[0] != "" || parts[1] != "ns" || parts[3] != "sa" || parts[2] == "" || parts[4] == "" {
-		return "", "", false
-	}
-	return parts[2], parts[4], true
+	return authn.ServiceAccountOf(id)
 }
 
 // running reports whether a pod is on its node and not finished or going.

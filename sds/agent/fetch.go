@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -82,7 +83,7 @@ func trustOf(resp *discoveryv3.DiscoveryResponse, td spiffeid.TrustDomain) (cacl
 	case t.Bundles == nil:
 		return caclient.Trust{}, fmt.Errorf("no %s in the answer", sds.AllName)
 	}
-	if all, ok := t.Bundles[td]; ok && !sameRoots(map[spiffeid.TrustDomain][]*x509.Certificate{td: all}, map[spiffeid.TrustDomain][]*x509.Certificate{td: t.Local}) {
+	if all, ok := t.Bundles[td]; ok && !slices.EqualFunc(all, t.Local, func(a, b *x509.Certificate) bool { return a.Equal(b) }) {
 		return caclient.Trust{}, errors.New("ALL and ROOTCA disagree on the local trust domain's roots")
 	}
 	return t, nil
