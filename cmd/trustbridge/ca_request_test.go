@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -71,20 +72,39 @@ func checkCreds(t *testing.T, dir string, want spiffeid.ID) *x509.Certificate {
 	info, err := os.Stat(filepath.Join(dir, "key.pem"))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"))
-	require.NoError(t, err, "the key matches the certificate")
-	roots, err := readPEMCerts(filepath.Join(dir, "root-cert.pem"))
+	leaf, err := loadCreds(dir, want)
 	require.NoError(t, err)
+	return leaf
+}
+
+// loadCreds reads the key, chain and roots in dir once and verifies them
+// together: a caller polling a directory the agent is rewriting retries on
+// an error instead of failing between the key's rename and the chain's.
+func loadCreds(dir string, want spiffeid.ID) (*x509.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert-chain.pem"), filepath.Join(dir, "key.pem"))
+	if err != nil {
+		return nil, fmt.Errorf("the key matches the certificate: %w", err)
+	}
+	roots, err := readPEMCerts(filepath.Join(dir, "root-cert.pem"))
+	if err != nil {
+		return nil, err
+	}
 	var chain []*x509.Certificate
 	for _, der := range cert.Certificate {
 		c, err := x509.ParseCertificate(der)
-		require.NoError(t, err)
+		if err != nil {
+			return nil, err
+		}
 		chain = append(chain, c)
 	}
 	id, _, err := x509svid.Verify(chain, x509bundle.FromX509Authorities(want.TrustDomain(), roots))
-	require.NoError(t, err)
-	assert.Equal(t, want, id)
-	return chain[0]
+	if err != nil {
+		return nil, err
+	}
+	if id != want {
+		return nil, fmt.Errorf("the certificate names %s, not %s", id, want)
+	}
+	return chain[0], nil
 }
 
 func TestCARequestBootstrapThenRenew(t *testing.T) {
