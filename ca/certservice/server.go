@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,7 +38,11 @@ const (
 // ServerOptions are the limits for a certificate service gRPC server:
 // message and header sizes, concurrent streams per connection, keepalive
 // enforcement (a client pinging more often than every 10s is disconnected)
-// and the connection setup timeout.
+// and the connection setup timeout; and one stream worker per CPU, whose
+// goroutines keep the stack a signing grew, where a goroutine per call
+// grows a new one each time (about 3% of the CPU per certificate under
+// load, issue 15's benchmark; calls beyond the workers, and long-lived SDS
+// streams, still get a goroutine each).
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
@@ -45,6 +50,7 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.MaxHeaderListSize(MaxHeaderListSize),
 		grpc.ConnectionTimeout(ConnectionTimeout),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             10 * time.Second,
 			PermitWithoutStream: true,
