@@ -16,8 +16,11 @@
 // trustbridge root rotation.
 //
 // It is a module of its own so that istio.io/istio never enters trustbridge's
-// dependency graph (binary size, CVE surface); it imports no trustbridge
-// package and drives the binary as a subprocess:
+// dependency graph (binary size, CVE surface). The tests drive the binary
+// as a subprocess; only the throughput benchmark's in-process baseline
+// imports a trustbridge package (ca, through the replace directive in
+// go.mod), so this module builds Istio against trustbridge's versions of
+// the dependencies they share:
 //
 //	make istio-tests
 //	# or, with a binary built elsewhere:
