@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
@@ -164,7 +162,7 @@ func newBenchFixture(b *testing.B) *benchFixture {
 		cfg.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil)) // the production handler, without the buffer
 		// As cmd/trustbridge wires it: the roots source hands out one
 		// bundle per CA publication, so verified chains are cached.
-		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, &publishedRoots{a: a}, nil)}
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, ca.NewLocalRoots(a), nil)}
 	})
 	key, err := ca.GenerateKey(ca.KeyECP256)
 	if err != nil {
@@ -186,31 +184,6 @@ func (bf *benchFixture) sign() error {
 	}
 	_, err = bf.f.authority.Sign(csr, workloadID, time.Hour)
 	return err
-}
-
-// publishedRoots is the CA's current X.509 bundle, derived once per
-// published bundle, as cmd/trustbridge's source does.
-type publishedRoots struct {
-	a    *ca.Authority
-	last atomic.Pointer[publishedBundle]
-}
-
-type publishedBundle struct {
-	published *spiffebundle.Bundle
-	x509      *x509bundle.Bundle
-}
-
-func (p *publishedRoots) GetX509BundleForTrustDomain(t spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
-	if t != p.a.TrustDomain() {
-		return nil, fmt.Errorf("no bundle for %s", t)
-	}
-	published := p.a.Bundle()
-	if l := p.last.Load(); l != nil && l.published == published {
-		return l.x509, nil
-	}
-	l := &publishedBundle{published: published, x509: published.X509Bundle()}
-	p.last.Store(l)
-	return l.x509, nil
 }
 
 func (bf *benchFixture) call(c securityv1alpha1.IstioCertificateServiceClient) error {

@@ -180,11 +180,6 @@ func trustDomainList(t caclient.Trust) string {
 	return strings.Join(names, ", ")
 }
 
-// rootTrustDomain is caclient.RootTrustDomain, for mergedRoots.
-func rootTrustDomain(r *x509.Certificate) (spiffeid.TrustDomain, bool) {
-	return caclient.RootTrustDomain(r)
-}
-
 // bearerToken sends "authorization: Bearer <token>", only over TLS.
 type bearerToken = caclient.BearerToken
 

@@ -11,13 +11,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
@@ -27,7 +24,6 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
-	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/nodeauth"
@@ -146,7 +142,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	switch o.responseRoots {
 	case rootsMerged:
 		g.roots = rootsMerged
-		roots = mergedRoots(td, fed.store)
+		roots = fed.store.MergedRoots(td)
 		logger.Warn("--ca-response-roots merged: every federated trust domain's roots are appended to issued chains as one flat list; "+
 			"a client that cannot tell trust domains apart (an Istio sidecar, a tool reading one PEM file) trusts a peer's CA for "+
 			"this trust domain too, so a peer can impersonate local workloads to it. Use local unless every caller checks trust "+
@@ -263,7 +259,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 	if err := lim.check(); err != nil {
 		return nil, err
 	}
-	svid := authn.NewX509SVID(td, newCALocalRoots(authority), nil,
+	svid := authn.NewX509SVID(td, ca.NewLocalRoots(authority), nil,
 		authn.WithMaxVerifications(lim.verifyPerPeer, lim.verifyMax),
 		authn.WithLogger(logger.With(logattr.Component, "x509-svid")))
 	if err := svid.Register(reg); err != nil {
@@ -361,88 +357,6 @@ func loadKubeConfig(path string) (cfg *rest.Config, ok bool, err error) {
 		}
 	}
 	return rest.AddUserAgent(cfg, "trustbridge"), true, nil
-}
-
-// caLocalRoots serves the CA's published roots, as they are at each call, as
-// the local trust domain's X.509 bundle. It hands out the same
-// *x509bundle.Bundle until the CA publishes a new bundle, the contract
-// authn.NewX509SVID's cache of verified client chains relies on.
-type caLocalRoots struct {
-	a    *ca.Authority
-	last *atomic.Pointer[caLocalBundle]
-}
-
-// caLocalBundle is the X.509 bundle derived from one published bundle.
-type caLocalBundle struct {
-	published *spiffebundle.Bundle
-	x509      *x509bundle.Bundle
-}
-
-func newCALocalRoots(a *ca.Authority) caLocalRoots {
-	return caLocalRoots{a: a, last: new(atomic.Pointer[caLocalBundle])}
-}
-
-func (c caLocalRoots) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
-	if td != c.a.TrustDomain() {
-		return nil, fmt.Errorf("no roots for trust domain %q: the CA serves %q", td, c.a.TrustDomain())
-	}
-	// The CA replaces its bundle on every publication and never changes
-	// one it has published, so the pointer names the roots.
-	published := c.a.Bundle()
-	if published == nil {
-		return nil, fmt.Errorf("the CA for %q has published no bundle yet", td)
-	}
-	old := c.last.Load()
-	if old != nil && old.published == published {
-		return old.x509, nil
-	}
-	next := &caLocalBundle{published: published, x509: published.X509Bundle()}
-	if !c.last.CompareAndSwap(old, next) {
-		// Another call derived it first: hand out the one it stored.
-		if cur := c.last.Load(); cur != nil && cur.published == published {
-			return cur.x509, nil
-		}
-	}
-	return next.x509, nil
-}
-
-// mergedRoots returns the trust store's roots, the local trust domain's
-// first, then each other trust domain's in name order; the certificate
-// service drops duplicates. A federated root whose URI SAN names a trust
-// domain other than the one that published it is left out: clients that
-// tell roots apart by that SAN (ca request) would take a peer's root
-// claiming spiffe://<local> for one of ours. The list is rebuilt only when
-// the store publishes a new snapshot.
-func mergedRoots(td spiffeid.TrustDomain, store *trust.Store) func() []*x509.Certificate {
-	type cached struct {
-		snap  *trust.Snapshot
-		roots []*x509.Certificate
-	}
-	var last atomic.Pointer[cached]
-	return func() []*x509.Certificate {
-		snap := store.Snapshot()
-		if c := last.Load(); c != nil && c.snap == snap {
-			return c.roots
-		}
-		var roots []*x509.Certificate
-		if b, ok := snap.X509BundleFor(td); ok {
-			roots = append(roots, b.X509Authorities()...)
-		}
-		for _, other := range snap.TrustDomains() {
-			if other == td {
-				continue
-			}
-			if b, ok := snap.X509BundleFor(other); ok {
-				for _, r := range b.X509Authorities() {
-					if named, ok := rootTrustDomain(r); !ok || named == other {
-						roots = append(roots, r)
-					}
-				}
-			}
-		}
-		last.Store(&cached{snap: snap, roots: roots})
-		return roots
-	}
 }
 
 // close releases the listener when the server does not start after all.

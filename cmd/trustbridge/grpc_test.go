@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,8 +21,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
@@ -180,53 +177,6 @@ func writeKubeconfig(t *testing.T, host string, from *kubetest.Env) string {
 	return path
 }
 
-func TestMergedRoots(t *testing.T) {
-	td := spiffeid.RequireTrustDomainFromString("example.org")
-	local := testca.New(t, "example.org", testca.Options{})
-	b := testca.New(t, "b.example", testca.Options{})
-	a := testca.New(t, "a.example", testca.Options{})
-	store := trust.NewStore()
-	roots := mergedRoots(td, store)
-	assert.Empty(t, roots())
-
-	store.Set("peer", b.Bundle())
-	store.Set(caSource, local.Bundle())
-	store.Set("peer", a.Bundle())
-	got := roots()
-	assert.Equal(t, []*x509.Certificate{local.Cert, a.Cert, b.Cert}, got, "local first, then by trust domain name")
-	assert.Same(t, &got[0], &roots()[0], "reused until the store changes")
-
-	// A second source for a.example adds its root after a's first.
-	a2 := testca.New(t, "a.example", testca.Options{})
-	store.Set("file:a2", spiffebundle.FromX509Authorities(a.TrustDomain, []*x509.Certificate{a2.Cert}))
-	got = roots()
-	require.Len(t, got, 4)
-	assert.Equal(t, local.Cert, got[0])
-	assert.ElementsMatch(t, []*x509.Certificate{a.Cert, a2.Cert}, got[1:3])
-	assert.Equal(t, b.Cert, got[3])
-
-	// A federated bundle holding a root that names another trust domain,
-	// ours above all: a client that tells roots apart by their URI SAN
-	// (ca request) would take it for one of ours. It is left out; roots
-	// naming no trust domain (plug-in CAs) stay.
-	forged := testca.New(t, "example.org")
-	plain := testca.New(t, "evil.example", testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }})
-	store.Set("peer-evil", spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("evil.example"),
-		[]*x509.Certificate{forged.Cert, plain.Cert, b.Cert}))
-	got = roots()
-	require.Len(t, got, 5, "local, a, a2, b, then evil.example's plain root only")
-	assert.Equal(t, []*x509.Certificate{b.Cert, plain.Cert}, got[3:])
-	assert.NotContains(t, subjects(got), forged.Cert.Subject.String())
-}
-
-func subjects(certs []*x509.Certificate) []string {
-	out := make([]string, len(certs))
-	for i, c := range certs {
-		out[i] = c.Subject.String()
-	}
-	return out
-}
-
 // TestCARequestWithServiceAccountToken runs the whole path against a real
 // API server: `trustbridge server --kubeconfig` reviews a service account
 // token from the TokenRequest API, and `ca request --token-file` receives
@@ -294,29 +244,4 @@ func TestGRPCDNSNames(t *testing.T) {
 	assert.NoError(t, dial("trustbridge.example"), "names are trimmed and lowercased")
 	var hostErr x509.HostnameError
 	assert.ErrorAs(t, dial("attacker.example"), &hostErr)
-}
-
-// TestCALocalRoots: the authenticator's verified-chain cache is keyed by
-// the bundle pointer, so the same pointer must come back until the CA
-// publishes, and a new one after.
-func TestCALocalRoots(t *testing.T) {
-	td := spiffeid.RequireTrustDomainFromString("example.org")
-	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir()})
-	require.NoError(t, err)
-	r := newCALocalRoots(a)
-	b1, err := r.GetX509BundleForTrustDomain(td)
-	require.NoError(t, err)
-	b2, err := r.GetX509BundleForTrustDomain(td)
-	require.NoError(t, err)
-	assert.Same(t, b1, b2)
-	require.Len(t, b1.X509Authorities(), 1)
-
-	require.NoError(t, a.Rotate())
-	b3, err := r.GetX509BundleForTrustDomain(td)
-	require.NoError(t, err)
-	assert.NotSame(t, b1, b3)
-	assert.Len(t, b3.X509Authorities(), 2, "the prepared root is published")
-
-	_, err = r.GetX509BundleForTrustDomain(spiffeid.RequireTrustDomainFromString("peer.example"))
-	assert.Error(t, err, "federated trust domains never authenticate to our CA")
 }

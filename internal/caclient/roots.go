@@ -11,6 +11,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/trustbridge/trustbridge/internal/spifferoot"
 )
 
 // ServerPath is the path of the certificate service's own SPIFFE ID,
@@ -21,7 +23,7 @@ const ServerPath = "/trustbridge/ca"
 // the identity requested (want), or else in the one trust domain the
 // roots name in their spiffe://<td> URI SAN, as trustbridge's roots do.
 func ExpectedServerID(roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
-	named, anonymous := RootTrustDomains(roots)
+	named, anonymous := spifferoot.TrustDomains(roots)
 	td := want.TrustDomain()
 	switch {
 	case !td.IsZero():
@@ -38,34 +40,6 @@ func ExpectedServerID(roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID,
 	return spiffeid.RequireFromPath(td, ServerPath), nil
 }
 
-// RootTrustDomains lists the trust domains roots name in a spiffe://<td>
-// URI SAN, in order of first appearance, and whether some root names none.
-func RootTrustDomains(roots []*x509.Certificate) (named []spiffeid.TrustDomain, anonymous bool) {
-	for _, r := range roots {
-		td, ok := RootTrustDomain(r)
-		switch {
-		case !ok:
-			anonymous = true
-		case !slices.Contains(named, td):
-			named = append(named, td)
-		}
-	}
-	return named, anonymous
-}
-
-// RootTrustDomain is the trust domain a root names in its one URI SAN,
-// spiffe://<td> with no path; ok is false for any other root.
-func RootTrustDomain(r *x509.Certificate) (td spiffeid.TrustDomain, ok bool) {
-	if len(r.URIs) != 1 {
-		return spiffeid.TrustDomain{}, false
-	}
-	id, err := spiffeid.FromURI(r.URIs[0])
-	if err != nil || id.Path() != "" {
-		return spiffeid.TrustDomain{}, false
-	}
-	return id.TrustDomain(), true
-}
-
 // RootsFor keeps the roots that may vouch for td, out of a file an
 // operator gave as td's roots (--root-cert). Roots naming another trust
 // domain never do. When some roots name td (trustbridge's own always do),
@@ -75,7 +49,7 @@ func RootTrustDomain(r *x509.Certificate) (td spiffeid.TrustDomain, ok bool) {
 func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certificate {
 	var named, anonymous []*x509.Certificate
 	for _, r := range roots {
-		switch other, ok := RootTrustDomain(r); {
+		switch other, ok := spifferoot.TrustDomain(r); {
 		case !ok:
 			anonymous = append(anonymous, r)
 		case other == td:
@@ -101,7 +75,7 @@ func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certif
 func CheckLocalRoots(name string, td spiffeid.TrustDomain, roots []*x509.Certificate) error {
 	var named, anonymous []int
 	for i, r := range roots {
-		other, ok := RootTrustDomain(r)
+		other, ok := spifferoot.TrustDomain(r)
 		switch {
 		case ok && other != td:
 			return fmt.Errorf("%s: certificate %d is a root of %s, not of %s: %s", name, i, other.Name(), td.Name(), mergedAdvice(td))

@@ -3,7 +3,6 @@ package caclient
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"net/url"
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -50,35 +49,6 @@ func TestExpectedServerID(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.id, id.String())
-		})
-	}
-}
-
-func TestRootTrustDomain(t *testing.T) {
-	named := testca.New(t, "example.org").Cert
-	tests := []struct {
-		name   string
-		mutate func(*x509.Certificate)
-		td     string
-	}{
-		{"spiffe://td", nil, "example.org"},
-		{"no URI", func(c *x509.Certificate) { c.URIs = nil }, ""},
-		{"a path", func(c *x509.Certificate) { c.URIs = []*url.URL{laptopID.URL()} }, ""},
-		{"two URIs", func(c *x509.Certificate) { c.URIs = append(c.URIs, c.URIs[0]) }, ""},
-		{"not spiffe", func(c *x509.Certificate) { c.URIs = []*url.URL{{Scheme: "https", Host: "example.org"}} }, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := *named
-			c.URIs = append([]*url.URL(nil), named.URIs...)
-			if tt.mutate != nil {
-				tt.mutate(&c)
-			}
-			td, ok := RootTrustDomain(&c)
-			assert.Equal(t, tt.td != "", ok)
-			if ok {
-				assert.Equal(t, tt.td, td.Name())
-			}
 		})
 	}
 }

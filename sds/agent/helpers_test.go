@@ -34,6 +34,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/spifferoot"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -75,7 +76,7 @@ func writeCreds(t *testing.T, dir string, ca *testca.CA, id spiffeid.ID, roots .
 	var local []*x509.Certificate
 	peers := map[spiffeid.TrustDomain][]*x509.Certificate{}
 	for _, r := range roots {
-		td, ok := caclient.RootTrustDomain(r)
+		td, ok := spifferoot.TrustDomain(r)
 		require.True(t, ok, "test roots name their trust domain")
 		if td == id.TrustDomain() {
 			local = append(local, r)

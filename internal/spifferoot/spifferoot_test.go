@@ -1,0 +1,70 @@
+package spifferoot
+
+import (
+	"crypto/x509"
+	"net/url"
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+func TestTrustDomain(t *testing.T) {
+	named := testca.New(t, "example.org").Cert
+	tests := []struct {
+		name   string
+		mutate func(*x509.Certificate)
+		td     string
+	}{
+		{"spiffe://td", nil, "example.org"},
+		{"no URI", func(c *x509.Certificate) { c.URIs = nil }, ""},
+		{"a path", func(c *x509.Certificate) {
+			c.URIs = []*url.URL{spiffeid.RequireFromString("spiffe://example.org/vm/laptop").URL()}
+		}, ""},
+		{"two URIs", func(c *x509.Certificate) { c.URIs = append(c.URIs, c.URIs[0]) }, ""},
+		{"not spiffe", func(c *x509.Certificate) { c.URIs = []*url.URL{{Scheme: "https", Host: "example.org"}} }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := *named
+			c.URIs = append([]*url.URL(nil), named.URIs...)
+			if tt.mutate != nil {
+				tt.mutate(&c)
+			}
+			td, ok := TrustDomain(&c)
+			assert.Equal(t, tt.td != "", ok)
+			if ok {
+				assert.Equal(t, tt.td, td.Name())
+			}
+		})
+	}
+}
+
+func TestTrustDomains(t *testing.T) {
+	a := testca.New(t, "a.example").Cert
+	a2 := testca.New(t, "a.example").Cert
+	b := testca.New(t, "b.example").Cert
+	plain := testca.New(t, "c.example", testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }}).Cert
+
+	named, anonymous := TrustDomains([]*x509.Certificate{b, a, a2})
+	assert.Equal(t, []string{"b.example", "a.example"}, names(named), "in order of first appearance, once each")
+	assert.False(t, anonymous)
+
+	named, anonymous = TrustDomains([]*x509.Certificate{plain, a})
+	assert.Equal(t, []string{"a.example"}, names(named))
+	assert.True(t, anonymous, "a root naming no trust domain")
+
+	named, anonymous = TrustDomains(nil)
+	assert.Empty(t, named)
+	assert.False(t, anonymous)
+}
+
+func names(tds []spiffeid.TrustDomain) []string {
+	var out []string
+	for _, td := range tds {
+		out = append(out, td.Name())
+	}
+	return out
+}
