@@ -242,32 +242,84 @@ type key struct {
 // parseKey decodes one JWK element. It returns (nil, warnings, nil) for an
 // element the spec says to ignore.
 func parseKey(raw json.RawMessage) (*key, []note, error) {
-	m, err := decodeObject(raw, "element")
+	m, use, ignored, err := keyHeader(raw)
+	if err != nil || ignored != nil {
+		return nil, ignored, err
+	}
+	pub, ignored, err := keyMaterial(m)
+	if err != nil || ignored != nil {
+		return nil, ignored, err
+	}
+	kid, hasKid, err := stringMember(m, "kid")
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkMemberNames(m, jwkMembers...); err != nil {
+	k := &key{use: use, pub: pub}
+	var warnings []note
+	if rk, ok := pub.(*rsa.PublicKey); ok && rk.N.BitLen() > goJoseMaxRSABits {
+		warnings = append(warnings, note{CodeRSAInterop, fmt.Sprintf("RSA key of %d bits: go-spiffe and SPIRE refuse keys over %d bits, so their consumers will reject a bundle holding it", rk.N.BitLen(), goJoseMaxRSABits)})
+	}
+	if use != UseX509SVID {
+		if !hasKid || kid == "" {
+			return nil, nil, fmt.Errorf("%s element has no kid", use)
+		}
+		k.kid = kid
+		if _, ok := m["x5c"]; ok {
+			warnings = append(warnings, note{CodeX5COnJWT, fmt.Sprintf("x5c on a %s element is ignored", use)})
+		}
+		return k, warnings, nil
+	}
+	if hasKid {
+		warnings = append(warnings, note{CodeKidOnX509, "kid must not be set on an x509-svid element; ignored"})
+	}
+	cert, notes, err := x5cCert(m, pub)
+	warnings = append(warnings, notes...)
+	if err != nil {
 		return nil, nil, err
+	}
+	if cert == nil {
+		return nil, warnings, nil
+	}
+	k.cert = cert
+	return k, warnings, nil
+}
+
+// keyHeader decodes an element's members and judges its use. ignored is
+// set for an element the spec says to ignore (no use, or one we do not
+// support); published private key material is an error.
+func keyHeader(raw json.RawMessage) (m map[string]json.RawMessage, use string, ignored []note, err error) {
+	m, err = decodeObject(raw, "element")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if err := checkMemberNames(m, jwkMembers...); err != nil {
+		return nil, "", nil, err
 	}
 	use, present, err := stringMember(m, "use")
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	if !present {
-		return nil, []note{{CodeMissingUse, `missing "use"; element ignored`}}, nil
+		return nil, "", []note{{CodeMissingUse, `missing "use"; element ignored`}}, nil
 	}
 	switch use {
 	case UseX509SVID, UseJWTSVID, UseWITSVID:
 	default:
-		return nil, []note{{CodeUnknownUse, fmt.Sprintf("use %q is not supported; element ignored", use)}}, nil
+		return nil, "", []note{{CodeUnknownUse, fmt.Sprintf("use %q is not supported; element ignored", use)}}, nil
 	}
 	// A published private or symmetric key is a leak whatever its type,
 	// and go-spiffe would even take an "oct" key as a JWT authority.
 	for _, name := range privateMembers {
 		if _, ok := m[name]; ok {
-			return nil, nil, fmt.Errorf("element contains private key material (%q); the publisher's key is exposed", name)
+			return nil, "", nil, fmt.Errorf("element contains private key material (%q); the publisher's key is exposed", name)
 		}
 	}
+	return m, use, nil, nil
+}
+
+// keyMaterial decodes and checks an element's public key. ignored is set
+// for a key type or curve we do not support.
+func keyMaterial(m map[string]json.RawMessage) (pub crypto.PublicKey, ignored []note, err error) {
 	kty, present, err := stringMember(m, "kty")
 	if err != nil {
 		return nil, nil, err
@@ -303,7 +355,6 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	default:
 		return nil, []note{{CodeUnknownKty, fmt.Sprintf("kty %q is not supported; element ignored", kty)}}, nil
 	}
-	var pub crypto.PublicKey
 	if kty == "RSA" {
 		pub, err = decodeRSA(m)
 	} else {
@@ -315,30 +366,13 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	if err := checkKey(pub); err != nil {
 		return nil, nil, err
 	}
+	return pub, nil, nil
+}
 
-	kid, hasKid, err := stringMember(m, "kid")
-	if err != nil {
-		return nil, nil, err
-	}
-	k := &key{use: use, pub: pub}
-	var warnings []note
-	if rk, ok := pub.(*rsa.PublicKey); ok && rk.N.BitLen() > goJoseMaxRSABits {
-		warnings = append(warnings, note{CodeRSAInterop, fmt.Sprintf("RSA key of %d bits: go-spiffe and SPIRE refuse keys over %d bits, so their consumers will reject a bundle holding it", rk.N.BitLen(), goJoseMaxRSABits)})
-	}
-	if use != UseX509SVID {
-		if !hasKid || kid == "" {
-			return nil, nil, fmt.Errorf("%s element has no kid", use)
-		}
-		k.kid = kid
-		if _, ok := m["x5c"]; ok {
-			warnings = append(warnings, note{CodeX5COnJWT, fmt.Sprintf("x5c on a %s element is ignored", use)})
-		}
-		return k, warnings, nil
-	}
-
-	if hasKid {
-		warnings = append(warnings, note{CodeKidOnX509, "kid must not be set on an x509-svid element; ignored"})
-	}
+// x5cCert decodes an x509-svid element's certificate, which must be a CA
+// holding the element's key pub. A nil certificate without an error means
+// the element is ignored, as the notes say.
+func x5cCert(m map[string]json.RawMessage, pub crypto.PublicKey) (*x509.Certificate, []note, error) {
 	var x5c []string
 	if raw, ok := m["x5c"]; ok && jsonKind(raw) != "null" {
 		if err := json.Unmarshal(raw, &x5c); err != nil {
@@ -346,10 +380,11 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 		}
 	}
 	if len(x5c) == 0 {
-		return nil, append(warnings, note{CodeEmptyX5C, "x509-svid element has no x5c certificate; element ignored"}), nil
+		return nil, []note{{CodeEmptyX5C, "x509-svid element has no x5c certificate; element ignored"}}, nil
 	}
+	var notes []note
 	if len(x5c) > 1 {
-		warnings = append(warnings, note{CodeExtraX5C, fmt.Sprintf("x5c holds %d certificates; only the first is used", len(x5c))})
+		notes = append(notes, note{CodeExtraX5C, fmt.Sprintf("x5c holds %d certificates; only the first is used", len(x5c))})
 	}
 	// RFC 7517 §4.7: standard base64, not base64url. Go's decoder skips
 	// \r and \n, which have no place in a JSON string value here.
@@ -370,8 +405,7 @@ func parseKey(raw json.RawMessage) (*key, []note, error) {
 	if !publicKeysEqual(pub, cert.PublicKey) {
 		return nil, nil, errors.New("x5c certificate public key does not match the JWK key")
 	}
-	k.cert = cert
-	return k, warnings, nil
+	return cert, notes, nil
 }
 
 // stringMember returns a member that must be a JSON string when present.
