@@ -206,6 +206,49 @@ func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRe
 	if err != nil {
 		return err
 	}
+	rs := c.decode(objs)
+
+	c.mu.Lock()
+	j := judge(rs, c.valid, c.cfg.LocalTrustDomain, c.cfg.Reserved)
+	for name := range c.valid {
+		if _, ok := j.valid[name]; !ok {
+			delete(c.refused, name) // deleted resource: its endpoint goes
+		}
+	}
+	c.valid, c.origins = j.valid, j.origins
+	c.mu.Unlock()
+
+	if err := c.cfg.Apply(j.endpoints); err != nil {
+		// The endpoints were validated one by one; a refusal here is a
+		// bug, and the poller keeps its previous set.
+		return fmt.Errorf("applying %d endpoints: %w", len(j.endpoints), err)
+	}
+	c.metrics.resources.Reset()
+	for _, v := range j.verdicts {
+		c.metrics.resources.WithLabelValues(v.state()).Inc()
+	}
+	if c.cfg.IsLeader != nil && !c.cfg.IsLeader() {
+		return nil
+	}
+	statuses := map[string]federation.Status{}
+	for _, s := range c.cfg.Status() {
+		statuses[s.TrustDomain] = s
+	}
+	var errs []error
+	for i, r := range rs {
+		v := j.verdicts[i]
+		c.report(r, v, recorder)
+		if err := c.writeStatus(ctx, r, v, statuses); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// decode keeps the listed resources of this server's class, decoded (a
+// resource that does not decode is kept, with its error), oldest first:
+// the oldest resource for a trust domain wins a conflict.
+func (c *Controller) decode(objs []runtime.Object) []resource {
 	var rs []resource
 	for _, o := range objs {
 		u, ok := o.(*unstructured.Unstructured)
@@ -222,36 +265,56 @@ func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRe
 		}
 		rs = append(rs, r)
 	}
-	// The oldest resource for a trust domain wins a conflict.
 	slices.SortFunc(rs, func(a, b resource) int {
 		return cmp.Or(a.obj.GetCreationTimestamp().Compare(b.obj.GetCreationTimestamp().Time), cmp.Compare(a.obj.GetName(), b.obj.GetName()))
 	})
+	return rs
+}
 
-	c.mu.Lock()
-	names := map[string]bool{}
-	verdicts := make([]verdict, len(rs))
+// judgment is what judge decided about a set of resources.
+type judgment struct {
+	verdicts  []verdict // one per resource, in order
+	valid     map[string]validSpec
+	endpoints []federation.Endpoint
+	origins   map[spiffeid.TrustDomain]string
+}
+
+// judge decides, without side effects, what each resource (oldest first)
+// applies: its spec if valid, else its last valid one from valid (which it
+// does not change), unless another source already configures the trust
+// domain (reserved, or an older resource). The judgment's valid map holds
+// the present resources only, so a deleted resource's endpoint goes.
+func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain, reserved map[spiffeid.TrustDomain]string) judgment {
+	j := judgment{
+		verdicts: make([]verdict, len(rs)),
+		valid:    map[string]validSpec{},
+		origins:  map[spiffeid.TrustDomain]string{},
+	}
 	claimed := map[spiffeid.TrustDomain]string{}
 	for i, r := range rs {
 		name := r.obj.GetName()
-		names[name] = true
-		v := &verdicts[i]
+		v := &j.verdicts[i]
 		if r.err != nil {
 			v.reason, v.msg = ReasonInvalidSpec, "spec does not decode: "+r.err.Error()
 		} else if ep, warnings, err := Endpoint(r.cr.Spec); err != nil {
 			v.reason, v.msg = ReasonInvalidSpec, err.Error()
-		} else if ep.TrustDomain == c.cfg.LocalTrustDomain {
+		} else if ep.TrustDomain == local {
 			v.reason, v.msg = ReasonInvalidSpec, fmt.Sprintf("%s is this server's own trust domain; its bundle comes from the CA", ep.TrustDomain.Name())
 		} else {
 			v.warnings = warnings
-			c.valid[name] = validSpec{ep: ep, generation: r.obj.GetGeneration()}
+			j.valid[name] = validSpec{ep: ep, generation: r.obj.GetGeneration()}
 		}
-		vs, ok := c.valid[name]
+		vs, ok := j.valid[name]
+		if !ok {
+			vs, ok = valid[name]
+		}
 		if !ok {
 			continue
 		}
+		j.valid[name] = vs
 		td := vs.ep.TrustDomain
-		switch where, reserved := c.cfg.Reserved[td]; {
-		case reserved:
+		switch where, isReserved := reserved[td]; {
+		case isReserved:
 			v.conflict = fmt.Sprintf("trust domain %s is already configured by %s; remove one of the two", td.Name(), where)
 		case claimed[td] != "":
 			v.conflict = fmt.Sprintf("trust domain %s is already configured by ClusterFederatedTrustDomain %s, which is older", td.Name(), claimed[td])
@@ -260,48 +323,13 @@ func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRe
 			v.applied, v.ep, v.generation = true, vs.ep, vs.generation
 		}
 	}
-	for name := range c.valid {
-		if !names[name] {
-			delete(c.valid, name) // deleted resource: its endpoint goes
-			delete(c.refused, name)
-		}
-	}
-	var eps []federation.Endpoint
-	origins := map[spiffeid.TrustDomain]string{}
-	for _, v := range verdicts {
+	for _, v := range j.verdicts {
 		if v.applied {
-			eps = append(eps, v.ep)
-			origins[v.ep.TrustDomain] = "crd:" + claimed[v.ep.TrustDomain]
+			j.endpoints = append(j.endpoints, v.ep)
+			j.origins[v.ep.TrustDomain] = "crd:" + claimed[v.ep.TrustDomain]
 		}
 	}
-	c.origins = origins
-	c.mu.Unlock()
-
-	if err := c.cfg.Apply(eps); err != nil {
-		// The endpoints were validated one by one; a refusal here is a
-		// bug, and the poller keeps its previous set.
-		return fmt.Errorf("applying %d endpoints: %w", len(eps), err)
-	}
-	c.metrics.resources.Reset()
-	for _, v := range verdicts {
-		c.metrics.resources.WithLabelValues(v.state()).Inc()
-	}
-	if c.cfg.IsLeader != nil && !c.cfg.IsLeader() {
-		return nil
-	}
-	statuses := map[string]federation.Status{}
-	for _, s := range c.cfg.Status() {
-		statuses[s.TrustDomain] = s
-	}
-	var errs []error
-	for i, r := range rs {
-		v := verdicts[i]
-		c.report(r, v, recorder)
-		if err := c.writeStatus(ctx, r, v, statuses); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return j
 }
 
 // verdict is what sync decided about one resource.

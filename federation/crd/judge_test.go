@@ -1,0 +1,94 @@
+package crd
+
+import (
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/trustbridge/trustbridge/federation"
+)
+
+// judgeResource is a decoded resource as judge sees it, created age ago.
+func judgeResource(name string, generation int64, age time.Duration, spec Spec) resource {
+	u := &unstructured.Unstructured{}
+	u.SetName(name)
+	u.SetGeneration(generation)
+	u.SetCreationTimestamp(metav1.NewTime(time.Unix(1_800_000_000, 0).Add(-age)))
+	return resource{obj: u, cr: ClusterFederatedTrustDomain{Spec: spec}}
+}
+
+func webSpec(td string) Spec {
+	return Spec{TrustDomain: td, BundleEndpointURL: "https://" + td + "/bundle", BundleEndpointProfile: Profile{Type: "https_web"}}
+}
+
+// TestJudge decides without an API server what sync applies: a valid spec,
+// the last valid spec of a resource edited into an invalid one, conflicts
+// with a flag-configured trust domain and with an older resource, the
+// server's own trust domain, and a resource whose spec does not decode.
+func TestJudge(t *testing.T) {
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	reserved := map[spiffeid.TrustDomain]string{spiffeid.RequireTrustDomainFromString("flag.test"): "--federation"}
+	broken := judgeResource("broken", 1, 9*time.Hour, Spec{})
+	broken.err = assert.AnError
+
+	edited := webSpec("edited.test")
+	edited.BundleEndpointURL = "http://edited.test/" // not https: invalid
+	prev := map[string]validSpec{
+		"edited": {ep: mustEndpoint(t, webSpec("edited.test")), generation: 3},
+		"gone":   {ep: mustEndpoint(t, webSpec("gone.test")), generation: 1},
+	}
+	rs := []resource{
+		broken,
+		judgeResource("older", 1, 8*time.Hour, webSpec("a.test")),
+		judgeResource("newer", 1, 7*time.Hour, webSpec("a.test")),
+		judgeResource("edited", 4, 6*time.Hour, edited),
+		judgeResource("flagged", 1, 5*time.Hour, webSpec("flag.test")),
+		judgeResource("self", 1, 4*time.Hour, webSpec("example.org")),
+	}
+	j := judge(rs, prev, local, reserved)
+	require.Len(t, j.verdicts, len(rs))
+
+	states := map[string]string{}
+	for i, r := range rs {
+		states[r.obj.GetName()] = j.verdicts[i].state()
+	}
+	assert.Equal(t, map[string]string{
+		"broken":  "invalid",
+		"older":   "applied",
+		"newer":   "conflict",
+		"edited":  "invalid_last_valid_applied",
+		"flagged": "conflict",
+		"self":    "invalid",
+	}, states)
+	assert.Contains(t, j.verdicts[0].msg, "spec does not decode")
+	assert.Contains(t, j.verdicts[2].conflict, "ClusterFederatedTrustDomain older, which is older")
+	assert.Equal(t, int64(3), j.verdicts[3].generation, "the last valid generation stays applied")
+	assert.Contains(t, j.verdicts[4].conflict, "already configured by --federation")
+	assert.Contains(t, j.verdicts[5].msg, "this server's own trust domain")
+
+	var tds []string
+	for _, ep := range j.endpoints {
+		tds = append(tds, ep.TrustDomain.Name())
+	}
+	assert.Equal(t, []string{"a.test", "edited.test"}, tds)
+	assert.Equal(t, map[spiffeid.TrustDomain]string{
+		spiffeid.RequireTrustDomainFromString("a.test"):      "crd:older",
+		spiffeid.RequireTrustDomainFromString("edited.test"): "crd:edited",
+	}, j.origins)
+	assert.NotContains(t, j.valid, "gone", "a deleted resource's endpoint goes")
+	assert.NotContains(t, j.valid, "broken")
+	assert.Contains(t, j.valid, "edited")
+	assert.Len(t, prev, 2, "judge leaves the previous valid specs alone")
+}
+
+func mustEndpoint(t *testing.T, spec Spec) federation.Endpoint {
+	t.Helper()
+	ep, _, err := Endpoint(spec)
+	require.NoError(t, err)
+	return ep
+}
