@@ -377,70 +377,94 @@ func signLeaf(m SigningMaterial, plan leafPlan, pub crypto.PublicKey, dnsNames [
 // signature on each call would cost more than signing the leaf, and the
 // material was verified when it was loaded.
 func (m SigningMaterial) check(now time.Time) (bound time.Time, certIsRoot bool, err error) {
-	if m.Cert == nil {
-		return bound, false, materialErrorf("no signing certificate")
-	}
-	if m.Key == nil {
-		return bound, false, materialErrorf("no signing key")
-	}
-	pub, ok := m.Key.Public().(interface{ Equal(crypto.PublicKey) bool })
-	if !ok || !pub.Equal(m.Cert.PublicKey) {
-		return bound, false, materialErrorf("signing key does not match certificate %s", describe(m.Cert))
-	}
-	if !m.Cert.BasicConstraintsValid || !m.Cert.IsCA {
-		return bound, false, materialErrorf("certificate %s is not a CA", describe(m.Cert))
-	}
-	// X509-SVID §4.3: signing certificates must assert keyCertSign; an
-	// absent keyUsage extension is not enough here.
-	if m.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return bound, false, materialErrorf("certificate %s lacks keyCertSign", describe(m.Cert))
-	}
-	if len(m.Roots) == 0 {
-		return bound, false, materialErrorf("no roots")
-	}
-	for i, r := range m.Roots {
-		if r == nil {
-			return bound, false, materialErrorf("root %d is nil", i)
-		}
+	if err := m.checkSigner(); err != nil {
+		return bound, false, err
 	}
 	certIsRoot = isRoot(m.Cert, m.Roots)
 	if certIsRoot && len(m.Intermediates) > 0 {
 		return bound, false, materialErrorf("certificate %s is a root but has %d intermediates", describe(m.Cert), len(m.Intermediates))
 	}
-
 	if err := checkValidAt(m.Cert, now); err != nil {
 		return bound, false, err
 	}
-	bound = m.Cert.NotAfter
-	top := m.Cert
-	for i, c := range m.Intermediates {
-		switch {
-		case c == nil:
-			return bound, false, materialErrorf("intermediate %d is nil", i)
-		case isRoot(c, m.Roots):
-			return bound, false, materialErrorf("intermediate %d %s is a root; list it only in Roots", i, describe(c))
-		case !bytes.Equal(top.RawIssuer, c.RawSubject):
-			return bound, false, materialErrorf("intermediate %d %s did not issue %s (issuer %q)", i, describe(c), describe(top), top.Issuer)
-		case !c.BasicConstraintsValid || !c.IsCA:
-			return bound, false, materialErrorf("intermediate %d %s is not a CA", i, describe(c))
-		case c.KeyUsage != 0 && c.KeyUsage&x509.KeyUsageCertSign == 0:
-			return bound, false, materialErrorf("intermediate %d %s lacks keyCertSign", i, describe(c))
-		}
-		if err := checkValidAt(c, now); err != nil {
-			return bound, false, err
-		}
-		if c.NotAfter.Before(bound) {
-			bound = c.NotAfter
-		}
-		top = c
+	bound, top, err := m.intermediatesBound(now)
+	if err != nil {
+		return bound, false, err
 	}
 	if certIsRoot {
 		return bound, true, nil
 	}
+	rootNotAfter, err := m.rootBound(now, top)
+	if err != nil {
+		return bound, false, err
+	}
+	return minTime(bound, rootNotAfter), false, nil
+}
 
-	// Several roots can match during rotation or cross-signing; any one of
-	// them completes a chain, so the latest-expiring one bounds the leaf.
-	// Roots that have nothing to do with this chain must not bound it.
+// checkSigner checks the signing certificate and key on their own: present,
+// matching, a CA asserting keyCertSign, with roots to chain to.
+func (m SigningMaterial) checkSigner() error {
+	if m.Cert == nil {
+		return materialErrorf("no signing certificate")
+	}
+	if m.Key == nil {
+		return materialErrorf("no signing key")
+	}
+	pub, ok := m.Key.Public().(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(m.Cert.PublicKey) {
+		return materialErrorf("signing key does not match certificate %s", describe(m.Cert))
+	}
+	if !m.Cert.BasicConstraintsValid || !m.Cert.IsCA {
+		return materialErrorf("certificate %s is not a CA", describe(m.Cert))
+	}
+	// X509-SVID §4.3: signing certificates must assert keyCertSign; an
+	// absent keyUsage extension is not enough here.
+	if m.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return materialErrorf("certificate %s lacks keyCertSign", describe(m.Cert))
+	}
+	if len(m.Roots) == 0 {
+		return materialErrorf("no roots")
+	}
+	for i, r := range m.Roots {
+		if r == nil {
+			return materialErrorf("root %d is nil", i)
+		}
+	}
+	return nil
+}
+
+// intermediatesBound walks from m.Cert up the intermediates, each of which
+// must have issued the one below it and be a valid CA at now, and returns
+// the earliest NotAfter on the way and the topmost certificate.
+func (m SigningMaterial) intermediatesBound(now time.Time) (bound time.Time, top *x509.Certificate, err error) {
+	bound, top = m.Cert.NotAfter, m.Cert
+	for i, c := range m.Intermediates {
+		switch {
+		case c == nil:
+			return bound, nil, materialErrorf("intermediate %d is nil", i)
+		case isRoot(c, m.Roots):
+			return bound, nil, materialErrorf("intermediate %d %s is a root; list it only in Roots", i, describe(c))
+		case !bytes.Equal(top.RawIssuer, c.RawSubject):
+			return bound, nil, materialErrorf("intermediate %d %s did not issue %s (issuer %q)", i, describe(c), describe(top), top.Issuer)
+		case !c.BasicConstraintsValid || !c.IsCA:
+			return bound, nil, materialErrorf("intermediate %d %s is not a CA", i, describe(c))
+		case c.KeyUsage != 0 && c.KeyUsage&x509.KeyUsageCertSign == 0:
+			return bound, nil, materialErrorf("intermediate %d %s lacks keyCertSign", i, describe(c))
+		}
+		if err := checkValidAt(c, now); err != nil {
+			return bound, nil, err
+		}
+		bound = minTime(bound, c.NotAfter)
+		top = c
+	}
+	return bound, top, nil
+}
+
+// rootBound is the latest NotAfter among the roots valid at now that issued
+// top. Several roots can match during rotation or cross-signing; any one of
+// them completes a chain, so the latest-expiring one bounds the leaf. Roots
+// that have nothing to do with this chain must not bound it.
+func (m SigningMaterial) rootBound(now time.Time, top *x509.Certificate) (time.Time, error) {
 	var rootNotAfter time.Time
 	for _, r := range m.Roots {
 		if !bytes.Equal(r.RawSubject, top.RawIssuer) ||
@@ -453,12 +477,17 @@ func (m SigningMaterial) check(now time.Time) (bound time.Time, certIsRoot bool,
 		}
 	}
 	if rootNotAfter.IsZero() {
-		return bound, false, materialErrorf("no valid root among %d issued %s (issuer %q)", len(m.Roots), describe(top), top.Issuer)
+		return rootNotAfter, materialErrorf("no valid root among %d issued %s (issuer %q)", len(m.Roots), describe(top), top.Issuer)
 	}
-	if rootNotAfter.Before(bound) {
-		bound = rootNotAfter
+	return rootNotAfter, nil
+}
+
+// minTime is the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
 	}
-	return bound, false, nil
+	return a
 }
 
 func isRoot(c *x509.Certificate, roots []*x509.Certificate) bool {
