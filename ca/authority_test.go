@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -388,35 +389,47 @@ func TestAuthorityMetrics(t *testing.T) {
 	}
 }
 
-// TestRunActivatesOnTime runs the real schedule: a prepared root signs
-// PublishLead hints after publication, not at the next 30s recheck.
+// TestRunActivatesOnTime runs the real schedule on synctest's fake time: a
+// prepared root signs PublishLead hints after publication, not at the next
+// 30s recheck, and not before.
 func TestRunActivatesOnTime(t *testing.T) {
-	cfg := Config{
-		TrustDomain: tdExample, DataDir: t.TempDir(), RootTTL: time.Hour,
-		RefreshHint: time.Second, WorkloadTTL: time.Second, MaxWorkloadTTL: time.Second,
-		Registerer: prometheus.NewRegistry(),
-	}
-	a, err := New(cfg)
-	require.NoError(t, err)
-	require.NoError(t, a.Rotate())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := Config{
+			TrustDomain: tdExample, DataDir: t.TempDir(), RootTTL: time.Hour,
+			RefreshHint: time.Second, WorkloadTTL: time.Second, MaxWorkloadTTL: time.Second,
+			Registerer: prometheus.NewRegistry(),
+		}
+		a, err := New(cfg)
+		require.NoError(t, err)
+		require.NoError(t, a.Rotate())
+		published := time.Now()
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		active := func() int {
+			n := 0
+			for _, r := range a.Roots() {
+				if r.State == StateActive && r.ActivatedAt.After(r.PreparedAt) {
+					n++
+				}
+			}
+			return n
+		}
+		lead := PublishLead * cfg.RefreshHint
+		time.Sleep(lead - time.Millisecond)
+		synctest.Wait()
+		assert.Zero(t, active(), "not active before %s", lead)
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, 1, active(), "active %s after publication, not at the 30s recheck", lead)
+		for _, r := range a.Roots() {
+			if r.State == StateActive && r.ActivatedAt.After(r.PreparedAt) {
+				assert.Equal(t, published.Add(lead), r.ActivatedAt, "activated on the dot")
+			}
+		}
 		cancel()
 		require.NoError(t, <-done)
 	})
-	active := func() int {
-		n := 0
-		for _, r := range a.Roots() {
-			if r.State == StateActive && r.ActivatedAt.After(r.PreparedAt) {
-				n++
-			}
-		}
-		return n
-	}
-	require.Eventually(t, func() bool { return active() == 1 }, 15*time.Second, 50*time.Millisecond,
-		"activated about 5s after publication")
 }
 
 // Activating a prepared root leaves the published bundle as it was, yet
