@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,16 +32,25 @@ func startAgent(t *testing.T, o agentOptions) {
 		cancel()
 		assert.NoError(t, <-done, "agent: clean shutdown\n%s", logs.String())
 	})
+	// The condition runs on another goroutine: an agent that exits is
+	// noted there and failed here.
+	var exited atomic.Bool
 	require.Eventually(t, func() bool {
 		select {
 		case err := <-done:
 			done <- err
-			t.Fatalf("agent exited: %v\n%s", err, logs.String())
+			exited.Store(true)
+			return true
 		default:
 		}
 		fi, err := os.Stat(o.socket)
 		return err == nil && fi.Mode()&os.ModeSocket != 0
 	}, 30*time.Second, 10*time.Millisecond, "the agent's socket never appeared")
+	if exited.Load() {
+		err := <-done
+		done <- err
+		t.Fatalf("agent exited: %v\n%s", err, logs.String())
+	}
 }
 
 // agentFor is an agent of a trust domain whose certificate service is at

@@ -64,12 +64,13 @@ func TestKubeFederationCRD(t *testing.T) {
 
 	st := waitFederated(t, west, "east.example", 1, 30*time.Second)
 	var cr crd.ClusterFederatedTrustDomain
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		got, err := res.Get(context.Background(), name, metav1.GetOptions{})
-		require.NoError(t, err)
-		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr))
-		return meta.IsStatusConditionTrue(cr.Status.Conditions, crd.ConditionReady)
-	}, 30*time.Second, 100*time.Millisecond, "status never Ready: %+v", cr.Status)
+		require.NoError(c, err)
+		cr = crd.ClusterFederatedTrustDomain{}
+		require.NoError(c, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr))
+		assert.True(c, meta.IsStatusConditionTrue(cr.Status.Conditions, crd.ConditionReady), "status never Ready: %+v", cr.Status)
+	}, 30*time.Second, 100*time.Millisecond)
 	assert.Equal(t, "ok", cr.Status.State)
 	require.NotNil(t, cr.Status.Sequence, "%+v", cr.Status)
 	assert.Equal(t, int64(*st.Sequence), *cr.Status.Sequence)

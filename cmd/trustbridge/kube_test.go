@@ -175,21 +175,21 @@ func TestKubeReplicas(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return slices.Contains(federatedSequences(t, adminA, nil), "crd-peer.example") && slices.Contains(federatedSequences(t, adminB, nil), "crd-peer.example")
 	}, 20*time.Second, 100*time.Millisecond, "both replicas apply the resource")
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		u, err := res.Get(ctx, "replicas-crd-peer", metav1.GetOptions{})
-		require.NoError(t, err)
+		require.NoError(c, err)
 		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		return len(conds) > 0
-	}, 20*time.Second, 100*time.Millisecond, "the leader writes the status")
-	require.Eventually(t, func() bool {
+		assert.NotEmpty(c, conds, "the leader writes the status")
+	}, 20*time.Second, 100*time.Millisecond)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		evs, err := env.Client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
-		require.NoError(t, err)
+		require.NoError(c, err)
 		for _, e := range evs.Items {
 			if e.Regarding.Name == "replicas-crd-bad" && e.Reason == crd.ReasonInvalidSpec {
-				return true
+				return
 			}
 		}
-		return false
+		c.Errorf("no %s event for replicas-crd-bad yet", crd.ReasonInvalidSpec)
 	}, 20*time.Second, 100*time.Millisecond, "the refused resource gets an event")
 
 	// A follower refuses an operator refresh: only the leader polls.

@@ -148,13 +148,13 @@ func (f *fixture) create(name string, spec map[string]any) error {
 
 func (f *fixture) update(name string, edit func(spec map[string]any)) {
 	f.t.Helper()
-	require.Eventually(f.t, func() bool {
+	require.EventuallyWithT(f.t, func(c *assert.CollectT) {
 		u, err := f.dyn.Resource(GVR).Get(context.Background(), name, metav1.GetOptions{})
-		require.NoError(f.t, err)
+		require.NoError(c, err)
 		spec := u.Object["spec"].(map[string]any)
 		edit(spec)
 		_, err = f.dyn.Resource(GVR).Update(context.Background(), u, metav1.UpdateOptions{})
-		return err == nil
+		assert.NoError(c, err, "update (a conflict is retried)")
 	}, 10*time.Second, 20*time.Millisecond)
 }
 

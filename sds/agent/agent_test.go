@@ -189,15 +189,10 @@ func TestRunReplacesStaleSocket(t *testing.T) {
 
 			a := newTestAgent(t, Config{SocketPath: sock, CredentialsDir: dir})
 			stop, done := runAgent(t, a)
-			require.Eventually(t, func() bool {
-				select {
-				case err := <-done:
-					t.Fatalf("Run ended: %v", err)
-				default:
-				}
+			waitUnlessEnded(t, done, func() bool {
 				fi, err := os.Lstat(sock)
 				return err == nil && !os.SameFile(before, fi)
-			}, 5*time.Second, 5*time.Millisecond)
+			})
 			got := collect(t, mustStream(t, sock, sds.DefaultName), hasAll(sds.DefaultName), sds.DefaultName)
 			assert.Equal(t, leaf.Raw, leafOf(t, got[sds.DefaultName]).Raw)
 			require.NoError(t, stop())

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,15 +259,30 @@ func runAgent(t *testing.T, a *Agent) (stop func() error, done <-chan error) {
 // waitSocket waits until the agent listens on path or Run ended.
 func waitSocket(t *testing.T, path string, done <-chan error) {
 	t.Helper()
+	waitUnlessEnded(t, done, func() bool {
+		fi, err := os.Lstat(path)
+		return err == nil && fi.Mode().Type() == os.ModeSocket
+	})
+}
+
+// waitUnlessEnded waits until cond holds, failing the test at once if Run
+// ends first (done delivers) and after 5s otherwise. cond runs on another
+// goroutine, so the test fails here, on its own.
+func waitUnlessEnded(t *testing.T, done <-chan error, cond func() bool) {
+	t.Helper()
+	var ended atomic.Pointer[error]
 	require.Eventually(t, func() bool {
 		select {
 		case err := <-done:
-			t.Fatalf("Run ended: %v", err)
+			ended.Store(&err)
+			return true
 		default:
 		}
-		fi, err := os.Lstat(path)
-		return err == nil && fi.Mode().Type() == os.ModeSocket
+		return cond()
 	}, 5*time.Second, 5*time.Millisecond)
+	if err := ended.Load(); err != nil {
+		t.Fatalf("Run ended: %v", *err)
+	}
 }
 
 func newTestAgent(t *testing.T, cfg Config) *Agent {
