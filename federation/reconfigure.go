@@ -39,95 +39,25 @@ func (p *Poller) SetEndpoints(eps []Endpoint) error {
 	for _, ep := range eps {
 		want[ep.TrustDomain] = ep
 	}
-	p.mu.Lock()
-	var added []spiffeid.TrustDomain
-	for td := range want {
-		if _, ok := p.states[td]; !ok {
-			added = append(added, td)
-		}
-	}
-	p.mu.Unlock()
-
-	// Stored bundles are read without p.mu, as in LoadLastKnownGood;
-	// setMu keeps the set from changing meanwhile.
-	stored := map[spiffeid.TrustDomain]*LKGEntry{}
-	if p.cfg.LKG != nil {
-		for _, td := range added {
-			e, err := p.cfg.LKG.Load(td)
-			if err != nil {
-				p.cfg.Logger.Error("last-known-good bundle not restored; the new endpoint starts from its bootstrap bundle",
-					logattr.TrustDomain, td.Name(), logattr.Error, err)
-				continue
-			}
-			if e != nil {
-				stored[td] = e
-			}
-		}
-	}
+	stored := p.storedBundles(want)
 
 	var events []Event
 	p.mu.Lock()
 	now := p.cfg.Now()
 	for _, td := range slices.SortedFunc(maps.Keys(p.states), compareTrustDomains) {
-		st := p.states[td]
-		if _, ok := want[td]; ok {
-			continue
+		if _, ok := want[td]; !ok {
+			events = append(events, p.removeLocked(td))
 		}
-		p.unscheduleLocked(st)
-		delete(p.states, td)
-		p.cfg.Sink.Remove(SourceName(td), td)
-		events = append(events, Event{Kind: EventEndpointRemoved, TrustDomain: td, EndpointURL: st.ep.URL.String(),
-			OldSequence: SequenceOf(st.held), Removed: Fingerprints(st.held)})
-		p.cfg.Logger.Info("federation endpoint removed; its bundle is no longer trusted", logattr.TrustDomain, td.Name(),
-			logattr.EndpointURL, st.ep.URL.String())
 	}
 	for _, td := range slices.SortedFunc(maps.Keys(want), compareTrustDomains) {
-		ep := want[td]
 		old, ok := p.states[td]
 		switch {
 		case !ok:
-			st := &endpointState{ep: ep}
-			if e := stored[td]; e != nil {
-				if err := p.restoreLocked(st, e); err != nil {
-					p.cfg.Logger.Error("last-known-good bundle not restored", logattr.TrustDomain, td.Name(), logattr.Error, err)
-				}
-			}
-			if st.held == nil && ep.BootstrapBundle != nil {
-				st.held = ep.BootstrapBundle
-				p.cfg.Sink.Set(SourceName(td), ep.BootstrapBundle)
-			}
-			p.states[td] = st
-			p.startLocked(st, now)
-			events = append(events, Event{Kind: EventEndpointAdded, TrustDomain: td, EndpointURL: ep.URL.String(),
-				NewSequence: SequenceOf(st.held), Added: Fingerprints(st.held)})
-			p.cfg.Logger.Info("federation endpoint added", logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String(),
-				"profile", ep.Profile, "held_sequence", seqString(st.held))
+			events = append(events, p.addLocked(want[td], stored[td], now))
 		default:
-			what := endpointChanges(old.ep, ep)
-			if len(what) == 0 {
-				continue
+			if ev, changed := p.changeLocked(old, want[td], now); changed {
+				events = append(events, ev)
 			}
-			// A new state, so that a poll running for the old
-			// configuration finds itself replaced and discards its result.
-			st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
-				lastSuccess: old.lastSuccess, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
-			if old.held == old.ep.BootstrapBundle {
-				// Never fetched: the operator's new bootstrap bundle (or
-				// none) replaces the old one.
-				st.held, st.fromLKG = ep.BootstrapBundle, false
-				if st.held != nil {
-					p.cfg.Sink.Set(SourceName(td), st.held)
-				} else {
-					p.cfg.Sink.Remove(SourceName(td), td)
-				}
-			}
-			p.unscheduleLocked(old)
-			p.states[td] = st
-			p.startLocked(st, now)
-			events = append(events, Event{Kind: EventEndpointChanged, TrustDomain: td, EndpointURL: ep.URL.String(),
-				OldSequence: SequenceOf(old.held), NewSequence: SequenceOf(st.held), Reason: strings.Join(what, ",")})
-			p.cfg.Logger.Info("federation endpoint changed; polling it now", logattr.TrustDomain, td.Name(),
-				logattr.EndpointURL, ep.URL.String(), "changed", what)
 		}
 	}
 	p.sortLocked()
@@ -139,6 +69,104 @@ func (p *Poller) SetEndpoints(eps []Endpoint) error {
 		}
 	}
 	return nil
+}
+
+// storedBundles loads the last-known-good bundle of each trust domain in
+// want that the poller does not follow yet. Stored bundles are read without
+// p.mu, as in LoadLastKnownGood; setMu keeps the set from changing
+// meanwhile. A bundle that cannot be loaded is logged and left out: the
+// endpoint starts from its bootstrap bundle.
+func (p *Poller) storedBundles(want map[spiffeid.TrustDomain]Endpoint) map[spiffeid.TrustDomain]*LKGEntry {
+	p.mu.Lock()
+	var added []spiffeid.TrustDomain
+	for td := range want {
+		if _, ok := p.states[td]; !ok {
+			added = append(added, td)
+		}
+	}
+	p.mu.Unlock()
+
+	stored := map[spiffeid.TrustDomain]*LKGEntry{}
+	if p.cfg.LKG == nil {
+		return stored
+	}
+	for _, td := range added {
+		e, err := p.cfg.LKG.Load(td)
+		if err != nil {
+			p.cfg.Logger.Error("last-known-good bundle not restored; the new endpoint starts from its bootstrap bundle",
+				logattr.TrustDomain, td.Name(), logattr.Error, err)
+			continue
+		}
+		if e != nil {
+			stored[td] = e
+		}
+	}
+	return stored
+}
+
+// removeLocked stops following td: its bundle leaves the trust store.
+func (p *Poller) removeLocked(td spiffeid.TrustDomain) Event {
+	st := p.states[td]
+	p.unscheduleLocked(st)
+	delete(p.states, td)
+	p.cfg.Sink.Remove(SourceName(td), td)
+	p.cfg.Logger.Info("federation endpoint removed; its bundle is no longer trusted", logattr.TrustDomain, td.Name(),
+		logattr.EndpointURL, st.ep.URL.String())
+	return Event{Kind: EventEndpointRemoved, TrustDomain: td, EndpointURL: st.ep.URL.String(),
+		OldSequence: SequenceOf(st.held), Removed: Fingerprints(st.held)}
+}
+
+// addLocked starts following ep, from its stored last-known-good bundle
+// (e, if any), else its bootstrap bundle, and polls it now.
+func (p *Poller) addLocked(ep Endpoint, e *LKGEntry, now time.Time) Event {
+	td := ep.TrustDomain
+	st := &endpointState{ep: ep}
+	if e != nil {
+		if err := p.restoreLocked(st, e); err != nil {
+			p.cfg.Logger.Error("last-known-good bundle not restored", logattr.TrustDomain, td.Name(), logattr.Error, err)
+		}
+	}
+	if st.held == nil && ep.BootstrapBundle != nil {
+		st.held = ep.BootstrapBundle
+		p.cfg.Sink.Set(SourceName(td), ep.BootstrapBundle)
+	}
+	p.states[td] = st
+	p.startLocked(st, now)
+	p.cfg.Logger.Info("federation endpoint added", logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String(),
+		"profile", ep.Profile, "held_sequence", seqString(st.held))
+	return Event{Kind: EventEndpointAdded, TrustDomain: td, EndpointURL: ep.URL.String(),
+		NewSequence: SequenceOf(st.held), Added: Fingerprints(st.held)}
+}
+
+// changeLocked applies a new configuration ep for a followed trust domain
+// and polls it now; changed is false when nothing that matters changed.
+func (p *Poller) changeLocked(old *endpointState, ep Endpoint, now time.Time) (ev Event, changed bool) {
+	what := endpointChanges(old.ep, ep)
+	if len(what) == 0 {
+		return Event{}, false
+	}
+	td := ep.TrustDomain
+	// A new state, so that a poll running for the old configuration finds
+	// itself replaced and discards its result.
+	st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
+		lastSuccess: old.lastSuccess, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
+	if old.held == old.ep.BootstrapBundle {
+		// Never fetched: the operator's new bootstrap bundle (or none)
+		// replaces the old one.
+		st.held, st.fromLKG = ep.BootstrapBundle, false
+		if st.held != nil {
+			p.cfg.Sink.Set(SourceName(td), st.held)
+		} else {
+			p.cfg.Sink.Remove(SourceName(td), td)
+		}
+	}
+	p.unscheduleLocked(old)
+	p.states[td] = st
+	p.startLocked(st, now)
+	p.cfg.Logger.Info("federation endpoint changed; polling it now", logattr.TrustDomain, td.Name(),
+		logattr.EndpointURL, ep.URL.String(), "changed", what)
+	return Event{Kind: EventEndpointChanged, TrustDomain: td, EndpointURL: ep.URL.String(),
+		OldSequence: SequenceOf(old.held), NewSequence: SequenceOf(st.held), Reason: strings.Join(what, ",")}, true
 }
 
 // startLocked schedules a new state's first poll now, when Run runs.
