@@ -53,7 +53,8 @@ type Config struct {
 	Ready func() error
 	// Gatherer is served at /metrics; nil serves an empty registry.
 	Gatherer prometheus.Gatherer
-	// Federation is nil when no federation is configured.
+	// Federation is nil when no federation is configured: leave it unset
+	// rather than holding a nil *federation.Poller, which is not nil here.
 	Federation Federation
 	// Trust, when set, mounts /v1/snapshot and /ui.
 	Trust TrustStore
