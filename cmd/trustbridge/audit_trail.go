@@ -197,12 +197,8 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 		l   *audit.Log
 		err error
 	)
-	actor, leader := "", func() bool { return true }
-	if kube != nil {
-		actor, leader = kube.elector.Identity(), kube.elector.IsLeader
-	} else {
-		actor, _ = os.Hostname()
-	}
+	rep := replicaOf(kube)
+	actor := rep.actor
 	logger = logger.With(logattr.Component, "audit")
 	switch path := o.auditLog; path {
 	case "-":
@@ -221,7 +217,7 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 			return nil, nil, fmt.Errorf("--audit-log: %w", err)
 		}
 	}
-	t, err := newAuditTrail(l, actor, leader, reg, logger)
+	t, err := newAuditTrail(l, actor, rep.leader, reg, logger)
 	if err != nil {
 		_ = l.Close()
 		return nil, nil, err

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -61,10 +60,6 @@ func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
 type federationSetup struct {
 	store  *trust.Store
 	poller *federation.Poller // nil without endpoints
-	// follower, when set, reports that another replica leads: only the
-	// leader polls and saves bundles, so a refresh here would fetch and
-	// then fail to save.
-	follower func() bool
 	// origins says where each configured endpoint comes from: "flag"
 	// (--federate or SPIFFE_BUNDLE_ENDPOINTS) or "file" (--federation-config).
 	origins map[spiffeid.TrustDomain]string
@@ -207,73 +202,6 @@ func webRootPool(caFile string) (*x509.CertPool, error) {
 		pool.AddCert(c)
 	}
 	return pool, nil
-}
-
-// federationHandlers adds /v1/federation (status) and
-// /v1/federation/refresh (poll a trust domain now) to the admin mux.
-func federationHandlers(mux *http.ServeMux, fs *federationSetup) {
-	// At most one operator refresh a second: each is a real fetch.
-	var (
-		refreshMu   sync.Mutex
-		lastRefresh time.Time
-	)
-	mux.HandleFunc("GET /v1/federation", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		status := []federation.Status{}
-		if fs != nil && fs.poller != nil {
-			status = fs.poller.Status()
-		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(status)
-	})
-	mux.HandleFunc("POST /v1/federation/refresh", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		// Browsers send Origin on cross-site POSTs; a web page the operator
-		// visits must not be able to drive the server. The CLI sends none.
-		if r.Header.Get("Origin") != "" || (r.Header.Get("Sec-Fetch-Site") != "" && r.Header.Get("Sec-Fetch-Site") != "none") {
-			http.Error(w, "cross-site requests are refused", http.StatusForbidden)
-			return
-		}
-		name := r.URL.Query().Get("trust_domain")
-		td, err := bundledoc.TrustDomainName(name)
-		if err != nil {
-			http.Error(w, fmt.Sprintf("trust_domain %q: %v", name, err), http.StatusBadRequest)
-			return
-		}
-		if fs == nil || fs.poller == nil {
-			http.Error(w, "no federation is configured", http.StatusNotFound)
-			return
-		}
-		if fs.follower != nil && fs.follower() {
-			http.Error(w, "this replica is not the leader; only the leader polls federated endpoints (ask the leader, see the trustbridge_leader metric)", http.StatusConflict)
-			return
-		}
-		federated := false
-		for _, st := range fs.poller.Status() {
-			federated = federated || st.TrustDomain == td.Name()
-		}
-		if !federated {
-			http.Error(w, fmt.Sprintf("trust domain %q is not federated", td.Name()), http.StatusNotFound)
-			return
-		}
-		refreshMu.Lock()
-		tooSoon := time.Since(lastRefresh) < time.Second
-		if !tooSoon {
-			lastRefresh = time.Now()
-		}
-		refreshMu.Unlock()
-		if tooSoon {
-			w.Header().Set("Retry-After", "1")
-			http.Error(w, "one refresh a second; try again", http.StatusTooManyRequests)
-			return
-		}
-		if err := fs.poller.Refresh(r.Context(), td); err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		_, _ = io.WriteString(w, "refreshed "+td.Name()+"\n")
-	})
 }
 
 func newFederationCmd(e env) *cobra.Command {

@@ -115,9 +115,8 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "nowhere.example", "--admin", "http://"+westAdmin)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "not federated")
-	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "east.example", "--admin", "http://"+westAdmin)
-	assert.Equal(t, 1, code, "one refresh a second")
-	assert.Contains(t, stderr, "429")
+	// One refresh a second is internal/admin's TestRefreshRateLimit, on a
+	// fake clock: here a slow fetch could take longer than the second.
 
 	// A web page the operator visits cannot drive the admin API.
 	req, err := http.NewRequest(http.MethodPost, "http://"+westAdmin+"/v1/federation/refresh?trust_domain=east.example", nil)

@@ -278,7 +278,6 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 		}
 	}
 	k.poller = fed.poller
-	fed.follower = func() bool { return !k.elector.IsLeader() }
 	close(k.wired)
 	if fed.poller == nil {
 		return nil, nil

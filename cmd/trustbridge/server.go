@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,20 +16,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/securedir"
-	"github.com/trustbridge/trustbridge/internal/statusui"
 )
 
 type serverOptions struct {
@@ -271,8 +268,8 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		gs.close()
 		return err
 	}
-	admin := &http.Server{
-		Handler:           hosts.Wrap(adminHandler(authority, reg, fed, ep, newSnapshotter(td, authority, fed, kube, e.now))),
+	adminSrv := &http.Server{
+		Handler:           hosts.Wrap(adminHandler(authority, reg, fed, ep, replicaOf(kube).at(e.now))),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -297,7 +294,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 
 	trail.baseline(authority, fed)
 	runners := []func(context.Context) error{
-		func(ctx context.Context) error { return serveAdmin(ctx, admin, ln) },
+		func(ctx context.Context) error { return serveAdmin(ctx, adminSrv, ln) },
 		func(ctx context.Context) error { return followCA(ctx, authority, caChanges, fed, trail) },
 	}
 	if kube != nil {
@@ -358,9 +355,9 @@ func misdirected(reg prometheus.Registerer, logger *slog.Logger) func(*http.Requ
 }
 
 // serveAdmin serves the admin listener until ctx is done.
-func serveAdmin(ctx context.Context, admin *http.Server, ln net.Listener) error {
+func serveAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	errc := make(chan error, 1)
-	go func() { errc <- admin.Serve(ln) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("admin listener: %w", err)
@@ -368,7 +365,7 @@ func serveAdmin(ctx context.Context, admin *http.Server, ln net.Listener) error 
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	err := admin.Shutdown(sctx)
+	err := srv.Shutdown(sctx)
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
@@ -441,81 +438,56 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 	}
 }
 
-func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ep *bundleEndpoint, snap *snapshotter) http.Handler {
-	mux := http.NewServeMux()
-	federationHandlers(mux, fed)
-	if snap != nil {
-		mux.HandleFunc("GET /v1/snapshot", serveSnapshot(snap))
-		// Not "GET /ui": the page answers other methods itself, with its
-		// security headers.
-		mux.Handle("/ui", statusui.Handler(snap.Snapshot, audit.Findings))
+// adminHandler mounts the admin API on the server's parts. rep, when
+// set, names this replica and adds /v1/snapshot and /ui, which show fed's
+// trust store.
+func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ep *bundleEndpoint, rep *replica) http.Handler {
+	cfg := admin.Config{
+		TrustDomain: a.TrustDomain(), CA: a, Gatherer: reg,
+		Ready: func() error {
+			if err := a.Ready(); err != nil {
+				return err
+			}
+			return ep.Ready()
+		},
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		err := a.Ready()
-		if err == nil {
-			err = ep.Ready()
+	if fed != nil {
+		cfg.Origin = fed.origin
+		if fed.poller != nil { // a nil *Poller in the interface would not be nil
+			cfg.Federation = fed.poller
 		}
-		if err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
-			return
+		if rep != nil {
+			cfg.Trust, cfg.Actor, cfg.IsLeader, cfg.Clock = fed.store, rep.actor, rep.leader, rep.clock
 		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(trustReport(a))
-	})
-	return mux
-}
-
-type trustAuthority struct {
-	ID          string     `json:"id"`
-	State       string     `json:"state"`
-	SHA256      string     `json:"sha256"`
-	Subject     string     `json:"subject"`
-	NotBefore   time.Time  `json:"not_before"`
-	NotAfter    time.Time  `json:"not_after"`
-	PreparedAt  time.Time  `json:"prepared_at"`
-	ActivatedAt *time.Time `json:"activated_at,omitempty"`
-	RetiredAt   *time.Time `json:"retired_at,omitempty"`
-	RemoveAfter *time.Time `json:"remove_after,omitempty"`
-}
-
-type trustDoc struct {
-	TrustDomain        string           `json:"trust_domain"`
-	Sequence           uint64           `json:"sequence"`
-	RefreshHintSeconds int64            `json:"refresh_hint_seconds"`
-	Authorities        []trustAuthority `json:"authorities"`
-}
-
-func optTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
 	}
-	u := t.UTC()
-	return &u
+	return admin.New(cfg)
 }
 
-func trustReport(a *ca.Authority) trustDoc {
-	b := a.Bundle()
-	seq, _ := b.SequenceNumber()
-	hint, _ := b.RefreshHint()
-	doc := trustDoc{TrustDomain: a.TrustDomain().Name(), Sequence: seq, RefreshHintSeconds: int64(hint / time.Second), Authorities: []trustAuthority{}}
-	for _, r := range a.Roots() {
-		doc.Authorities = append(doc.Authorities, trustAuthority{
-			ID: r.ID, State: string(r.State), SHA256: r.CertSHA256, Subject: r.Cert.Subject.String(),
-			NotBefore: r.Cert.NotBefore.UTC(), NotAfter: r.Cert.NotAfter.UTC(), PreparedAt: r.PreparedAt.UTC(),
-			ActivatedAt: optTime(r.ActivatedAt), RetiredAt: optTime(r.RetiredAt), RemoveAfter: optTime(r.RemoveAfter),
-		})
-	}
-	return doc
+// replica names this server among its peers, in snapshots and the audit
+// log: the leader-election identity with Kubernetes, else the host name.
+type replica struct {
+	actor  string
+	leader func() bool // nil: a single server, always leading
+	clock  clock.PassiveClock
 }
+
+func replicaOf(kube *kubeSetup) replica {
+	if kube != nil {
+		return replica{actor: kube.elector.Identity(), leader: kube.elector.IsLeader}
+	}
+	host, _ := os.Hostname()
+	return replica{actor: host}
+}
+
+// at is r with the clock now, which dates its snapshots and paces
+// operator refreshes.
+func (r replica) at(now func() time.Time) *replica {
+	r.clock = nowClock(now)
+	return &r
+}
+
+// nowClock is env.now as a clock.PassiveClock.
+type nowClock func() time.Time
+
+func (c nowClock) Now() time.Time                  { return c() }
+func (c nowClock) Since(t time.Time) time.Duration { return c().Sub(t) }

@@ -16,7 +16,7 @@
 //
 // Usage, next to /v1/snapshot on the admin mux:
 //
-//	mux.Handle("/ui", statusui.Handler(snapshotter.Snapshot, audit.Findings))
+//	mux.Handle("/ui", statusui.Handler(h.Snapshot, audit.Findings)) // internal/admin
 //
 // Mount it without a method in the pattern ("/ui", not "GET /ui"), so that
 // it refuses other methods itself, with its security headers.

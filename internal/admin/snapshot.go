@@ -1,10 +1,8 @@
-package main
+package admin
 
 import (
 	"cmp"
-	"encoding/json"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -12,50 +10,31 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
-// snapshotter builds what /v1/snapshot, `trustbridge audit` and /ui show:
-// every trust domain the server trusts, by which authorities, since when
-// and from where.
-type snapshotter struct {
-	td        spiffeid.TrustDomain
-	authority *ca.Authority
-	fed       *federationSetup
-	// actor names this replica; leader reports whether it leads (nil:
-	// a single server, always).
-	actor  string
-	leader func() bool
-	now    func() time.Time
+// serveSnapshot answers GET /v1/snapshot, indented unless ?compact.
+func (h *Handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, h.Snapshot(), !strings.Contains(r.URL.RawQuery, "compact"))
 }
 
-func newSnapshotter(td spiffeid.TrustDomain, a *ca.Authority, fed *federationSetup, kube *kubeSetup, now func() time.Time) *snapshotter {
-	s := &snapshotter{td: td, authority: a, fed: fed, now: now}
-	if kube != nil {
-		s.actor, s.leader = kube.elector.Identity(), kube.elector.IsLeader
-	} else {
-		s.actor, _ = os.Hostname()
-	}
-	return s
-}
-
-// isLeader is whether this replica writes trust changes.
-func (s *snapshotter) isLeader() bool { return s.leader == nil || s.leader() }
-
-func (s *snapshotter) Snapshot() trustview.Snapshot {
+// Snapshot is what /v1/snapshot, `trustbridge audit` and /ui show: every
+// trust domain the server trusts, by which authorities, since when and
+// from where. It needs Config.Trust.
+func (h *Handler) Snapshot() trustview.Snapshot {
 	snap := trustview.Snapshot{
-		Time: s.now().UTC(), TrustDomain: s.td.Name(), Actor: s.actor, Leader: s.isLeader(),
+		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
 	}
-	store := s.fed.store.Snapshot()
+	store := h.cfg.Trust.Snapshot()
 	statuses := map[string]federation.Status{}
-	if s.fed.poller != nil {
-		for _, st := range s.fed.poller.Status() {
+	if h.cfg.Federation != nil {
+		for _, st := range h.cfg.Federation.Status() {
 			statuses[st.TrustDomain] = st
 		}
 	}
-	names := map[string]bool{s.td.Name(): true}
+	names := map[string]bool{h.cfg.TrustDomain.Name(): true}
 	for _, td := range store.TrustDomains() {
 		names[td.Name()] = true
 	}
@@ -67,21 +46,21 @@ func (s *snapshotter) Snapshot() trustview.Snapshot {
 		if err != nil {
 			continue
 		}
-		view := trustview.TrustDomain{Name: n, Local: td == s.td, Sources: s.fed.store.Sources(td), Authorities: []trustview.Authority{}}
+		view := trustview.TrustDomain{Name: n, Local: td == h.cfg.TrustDomain, Sources: h.cfg.Trust.Sources(td), Authorities: []trustview.Authority{}}
 		if view.Sources == nil {
 			view.Sources = []string{}
 		}
 		b, _ := store.Bundle(td)
 		if view.Local {
-			seq := s.authority.Sequence()
+			seq := h.cfg.CA.Sequence()
 			view.Sequence = &seq
-			view.Authorities = s.localAuthorities(b)
+			view.Authorities = h.localAuthorities(b)
 		} else {
 			view.Authorities = bundleAuthorities(b, nil)
 			view.Sequence = federation.SequenceOf(b)
 		}
 		if st, ok := statuses[n]; ok {
-			view.Federation = federationView(st, s.fed.origin(td))
+			view.Federation = federationView(st, h.origin(td))
 			view.Sequence = st.Sequence
 		}
 		snap.TrustDomains = append(snap.TrustDomains, view)
@@ -98,12 +77,19 @@ func (s *snapshotter) Snapshot() trustview.Snapshot {
 	return snap
 }
 
+func (h *Handler) origin(td spiffeid.TrustDomain) string {
+	if h.cfg.Origin == nil {
+		return ""
+	}
+	return h.cfg.Origin(td)
+}
+
 // localAuthorities are the CA's roots with their rotation state, then any
 // other authority trusted for the local trust domain (a bundle file).
-func (s *snapshotter) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority {
+func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority {
 	out := []trustview.Authority{}
 	seen := map[string]bool{}
-	for _, r := range s.authority.Roots() {
+	for _, r := range h.cfg.CA.Roots() {
 		a := trustview.X509Authority(r.Cert)
 		a.State = string(r.State)
 		for _, t := range []time.Time{r.RetiredAt, r.ActivatedAt, r.PreparedAt} {
@@ -145,18 +131,5 @@ func federationView(st federation.Status, origin string) *trustview.Federation {
 		LastAttempt: st.LastAttempt, LastSuccess: st.LastSuccess, NextRefresh: st.NextRefresh,
 		LastError: st.LastError, ConsecutiveFailures: st.ConsecutiveFailures,
 		RefreshHintSeconds: st.RefreshHintSeconds, Refusals: st.Refusals,
-	}
-}
-
-// serveSnapshot answers GET /v1/snapshot.
-func serveSnapshot(s *snapshotter) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		enc := json.NewEncoder(w)
-		if !strings.Contains(r.URL.RawQuery, "compact") {
-			enc.SetIndent("", "  ")
-		}
-		_ = enc.Encode(s.Snapshot())
 	}
 }

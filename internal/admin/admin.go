@@ -1,0 +1,143 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/statusui"
+)
+
+// Authority is the embedded CA as the admin API reads it (ca.Authority).
+type Authority interface {
+	// Bundle is the published bundle (sequence and refresh hint).
+	Bundle() *spiffebundle.Bundle
+	// Roots are the roots with their rotation state.
+	Roots() []ca.RootInfo
+	// Sequence is the published bundle's sequence number.
+	Sequence() uint64
+}
+
+// Federation is the poller of federated trust domains (federation.Poller).
+type Federation interface {
+	Status() []federation.Status
+	// Refresh polls td now.
+	Refresh(ctx context.Context, td spiffeid.TrustDomain) error
+}
+
+// TrustStore is the trust store the snapshot reads (trust.Store).
+type TrustStore interface {
+	Snapshot() *trust.Snapshot
+	// Sources names what contributes to td's bundle.
+	Sources(td spiffeid.TrustDomain) []string
+}
+
+// Config is what the admin API serves.
+type Config struct {
+	// TrustDomain is the server's own trust domain.
+	TrustDomain spiffeid.TrustDomain
+	// CA is required.
+	CA Authority
+	// Ready reports readiness for /readyz; nil is always ready.
+	Ready func() error
+	// Gatherer is served at /metrics; nil serves an empty registry.
+	Gatherer prometheus.Gatherer
+	// Federation is nil when no federation is configured: leave it unset
+	// rather than holding a nil *federation.Poller, which is not nil here.
+	Federation Federation
+	// Trust, when set, mounts /v1/snapshot and /ui.
+	Trust TrustStore
+	// Origin says where a federated trust domain is configured ("flag",
+	// "file", "crd:<name>"); nil says nothing.
+	Origin func(spiffeid.TrustDomain) string
+	// Actor names this replica in snapshots.
+	Actor string
+	// IsLeader reports whether this replica leads; nil: a single server,
+	// always. Only the leader polls and saves bundles, so a follower
+	// refuses refreshes: it would fetch and then fail to save.
+	IsLeader func() bool
+	// Clock dates snapshots and paces refreshes; nil is the real clock.
+	Clock clock.PassiveClock
+}
+
+// Handler serves the admin API.
+type Handler struct {
+	cfg     Config
+	mux     *http.ServeMux
+	refresh rateLimit
+}
+
+// New returns the admin API of cfg. A nil cfg.CA is a programming error
+// and panics.
+func New(cfg Config) *Handler {
+	if cfg.CA == nil {
+		panic("admin: nil CA")
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.NewRegistry()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	h := &Handler{cfg: cfg, mux: http.NewServeMux(), refresh: rateLimit{clock: cfg.Clock}}
+	h.routes()
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+func (h *Handler) routes() {
+	h.mux.HandleFunc("GET /v1/federation", h.serveFederation)
+	h.mux.HandleFunc("POST /v1/federation/refresh", refuseCrossSite(h.serveRefresh))
+	if h.cfg.Trust != nil {
+		h.mux.HandleFunc("GET /v1/snapshot", h.serveSnapshot)
+		// Not "GET /ui": the page answers other methods itself, with its
+		// security headers.
+		h.mux.Handle("/ui", statusui.Handler(h.Snapshot, audit.Findings))
+	}
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	h.mux.HandleFunc("GET /readyz", h.serveReady)
+	h.mux.Handle("GET /metrics", promhttp.HandlerFor(h.cfg.Gatherer, promhttp.HandlerOpts{}))
+	h.mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, h.Trust(), true)
+	})
+}
+
+func (h *Handler) serveReady(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if h.cfg.Ready != nil {
+		if err := h.cfg.Ready(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
+			return
+		}
+	}
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+// isLeader is whether this replica writes trust changes.
+func (h *Handler) isLeader() bool { return h.cfg.IsLeader == nil || h.cfg.IsLeader() }
+
+// writeJSON writes v as the JSON answer, indented when asked.
+func writeJSON(w http.ResponseWriter, v any, indent bool) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	if indent {
+		enc.SetIndent("", "  ")
+	}
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,27 @@
+// Package admin is trustbridge's admin HTTP API: liveness and readiness,
+// Prometheus metrics, the CA's published roots, the federation's polling
+// state and an operator refresh, and the trust snapshot as JSON and as the
+// read-only status page.
+//
+//	h := admin.New(admin.Config{
+//		TrustDomain: td, CA: authority, Ready: ready, Gatherer: reg,
+//		Federation: poller, Trust: store, Origin: origin,
+//		Actor: hostname, IsLeader: elector.IsLeader,
+//	})
+//	srv := &http.Server{Handler: hostChecker.Wrap(h)}
+//
+// Routes:
+//   - GET /healthz, GET /readyz (503 with the reason when Config.Ready fails)
+//   - GET /metrics (Config.Gatherer)
+//   - GET /v1/trust: Trust, the CA's roots with their rotation state
+//   - GET /v1/federation: []federation.Status, one per federated trust domain
+//   - POST /v1/federation/refresh?trust_domain=TD: poll TD now; refused
+//     with 403 when a browser sends it cross-site, 409 on a follower, 429
+//     more often than once a second
+//   - GET /v1/snapshot (?compact: unindented) and /ui: the trustview.Snapshot
+//     of everything trusted, as JSON and as statusui's page; mounted only
+//     with a Config.Trust store
+//
+// The package checks no Host header: the caller wraps the handler in a
+// hostcheck.Checker (DNS rebinding) and binds the listener.
+package admin

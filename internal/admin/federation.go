@@ -1,0 +1,89 @@
+package admin
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+func (h *Handler) serveFederation(w http.ResponseWriter, _ *http.Request) {
+	status := []federation.Status{}
+	if h.cfg.Federation != nil {
+		status = h.cfg.Federation.Status()
+	}
+	writeJSON(w, status, true)
+}
+
+func (h *Handler) serveRefresh(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("trust_domain")
+	td, err := bundledoc.TrustDomainName(name)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("trust_domain %q: %v", name, err), http.StatusBadRequest)
+		return
+	}
+	fed := h.cfg.Federation
+	if fed == nil {
+		http.Error(w, "no federation is configured", http.StatusNotFound)
+		return
+	}
+	if !h.isLeader() {
+		http.Error(w, "this replica is not the leader; only the leader polls federated endpoints (ask the leader, see the trustbridge_leader metric)", http.StatusConflict)
+		return
+	}
+	federated := false
+	for _, st := range fed.Status() {
+		federated = federated || st.TrustDomain == td.Name()
+	}
+	if !federated {
+		http.Error(w, fmt.Sprintf("trust domain %q is not federated", td.Name()), http.StatusNotFound)
+		return
+	}
+	if !h.refresh.allow() {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "one refresh a second; try again", http.StatusTooManyRequests)
+		return
+	}
+	if err := fed.Refresh(r.Context(), td); err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	_, _ = io.WriteString(w, "refreshed "+td.Name()+"\n")
+}
+
+// refuseCrossSite guards a state-changing handler: browsers send Origin
+// on cross-site POSTs, and a web page the operator visits must not be able
+// to drive the server. The CLI sends neither header.
+func refuseCrossSite(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if site := r.Header.Get("Sec-Fetch-Site"); r.Header.Get("Origin") != "" || (site != "" && site != "none") {
+			http.Error(w, "cross-site requests are refused", http.StatusForbidden)
+			return
+		}
+		next(w, r)
+	}
+}
+
+// rateLimit allows one operator refresh a second: each is a real fetch.
+type rateLimit struct {
+	clock clock.PassiveClock
+	mu    sync.Mutex
+	last  time.Time
+}
+
+func (l *rateLimit) allow() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clock.Since(l.last) < time.Second {
+		return false
+	}
+	l.last = l.clock.Now()
+	return true
+}
