@@ -161,38 +161,170 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	routeKlog(logger)
-	if o.trustDomain == "" {
-		return errors.New("--trust-domain (or TRUST_DOMAIN) is required")
-	}
-	td, err := bundledoc.TrustDomainName(o.trustDomain)
+	td, kt, err := checkServerBasics(o, logger)
 	if err != nil {
-		return fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
-	}
-	kt, err := ca.ParseKeyType(o.keyType)
-	if err != nil {
-		return fmt.Errorf("--ca-key-type: %w", err)
-	}
-	if err := checkStorageFlags(o); err != nil {
 		return err
-	}
-	// Whoever else can write to the data dir could plant a root key, a
-	// journal or an audit log this server would trust or extend.
-	if err := securedir.Ensure(o.dataDir); err != nil {
-		return fmt.Errorf("--data-dir: %w", err)
-	}
-	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
-		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)
-	}
-
-	var plugin *ca.PluginWatcher
-	if o.caDir != "" {
-		plugin = ca.NewPluginWatcher(o.caDir, td, clock.RealClock{}, o.caDirPoll, logger.With(logattr.Component, "ca-dir"))
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	kube, err := setupKube(o.kube, o.grpc.kubeconfig, reg, logger)
 	if err != nil {
 		return err
+	}
+	authority, err := newAuthority(o, td, kt, kube, reg, logger)
+	if err != nil {
+		return err
+	}
+	var bg *background
+	if kube != nil {
+		if bg, err = kube.start(ctx, authority, logger); err != nil || bg == nil {
+			return err // bg == nil: stopped before the CA could sign
+		}
+		// Whatever returns early below must stop the background parts.
+		defer func() { _ = bg.stop() }()
+	}
+	trail, closeAudit, err := setupAudit(o, e, kube, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+	o.federation.dynamic = o.kube.federationCRD
+	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), trail.federationEvent, reg, logger)
+	if err != nil {
+		return err
+	}
+	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, bg: bg, fed: fed, trail: trail}
+	fed.store.Set(caSource, authority.Bundle())
+
+	// The listeners opened below are the runners' to close once they run;
+	// until then a failed start closes them, in reverse order.
+	var undo cleanups
+	defer undo.run()
+	if o.bundle.listen != "" {
+		if p.ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, o.refreshHint, authority, fed, reg, logger); err != nil {
+			return err
+		}
+		undo.add(func() { _ = p.ep.ln.Close() })
+	}
+	if p.gs, err = setupGRPC(o.grpc, td, o.workloadTTL, o.maxWorkloadTTL, authority, fed, reg, logger); err != nil {
+		return err
+	}
+	undo.add(p.gs.close)
+	ln, hosts, err := listenAdmin(o, reg, logger)
+	if err != nil {
+		return err
+	}
+	undo.add(func() { _ = ln.Close() })
+	p.adminLn = ln
+	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(authority, reg, fed, p.ep, replicaOf(kube).at(e.now))))
+
+	addr := ln.Addr().String()
+	announce(e, o, td, kube, addr, authority, p.ep, p.gs, logger)
+	if ready != nil {
+		ready <- addr
+	}
+	trail.baseline(authority, fed)
+	runners, err := p.runners(reg, logger)
+	if err != nil {
+		return err
+	}
+	undo = nil // the runners own the listeners now
+	err = runAll(ctx, runners...)
+	logger.Info("trustbridge server stopped")
+	return err
+}
+
+// serverParts is what runServer built, for runners to start.
+type serverParts struct {
+	td        spiffeid.TrustDomain
+	authority *ca.Authority
+	caChanges <-chan struct{}
+	kube      *kubeSetup
+	bg        *background // with kube only
+	fed       *federationSetup
+	trail     *auditTrail
+	ep        *bundleEndpoint // nil without a bundle endpoint
+	gs        *grpcEndpoint
+	adminSrv  *http.Server
+	adminLn   net.Listener
+}
+
+// runners lists everything the server runs until it stops: the admin
+// listener, the CA's follower, the CA and the federation poller (under
+// leader election with kube), the bundle endpoint and the gRPC services.
+func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
+	runners := []func(context.Context) error{
+		func(ctx context.Context) error { return serveAdmin(ctx, p.adminSrv, p.adminLn) },
+		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail) },
+	}
+	if p.kube != nil {
+		kr, err := p.kube.wire(p.td, p.fed, reg, logger)
+		if err != nil {
+			return nil, err
+		}
+		runners = append(runners, p.bg.run) // authority.Run is among them
+		runners = append(runners, kr...)
+	} else {
+		runners = append(runners, p.authority.Run)
+		if p.fed.poller != nil {
+			runners = append(runners, p.fed.poller.Run)
+		}
+	}
+	if p.ep != nil {
+		runners = append(runners, p.ep.runners...)
+	}
+	return append(runners, p.gs.parts()...), nil
+}
+
+// cleanups is a stack of releases for a start that fails part way.
+type cleanups []func()
+
+func (c *cleanups) add(f func()) { *c = append(*c, f) }
+
+// run releases in reverse order of acquisition.
+func (c cleanups) run() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
+	}
+}
+
+// checkServerBasics checks the flags every server needs before anything
+// starts: the trust domain, the CA key type, storage, the data directory
+// (created 0700 if missing), and warns about an unusual refresh hint.
+func checkServerBasics(o serverOptions, logger *slog.Logger) (spiffeid.TrustDomain, ca.KeyType, error) {
+	var kt ca.KeyType
+	if o.trustDomain == "" {
+		return spiffeid.TrustDomain{}, kt, errors.New("--trust-domain (or TRUST_DOMAIN) is required")
+	}
+	td, err := bundledoc.TrustDomainName(o.trustDomain)
+	if err != nil {
+		return td, kt, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
+	}
+	kt, err = ca.ParseKeyType(o.keyType)
+	if err != nil {
+		return td, kt, fmt.Errorf("--ca-key-type: %w", err)
+	}
+	if err := checkStorageFlags(o); err != nil {
+		return td, kt, err
+	}
+	// Whoever else can write to the data dir could plant a root key, a
+	// journal or an audit log this server would trust or extend.
+	if err := securedir.Ensure(o.dataDir); err != nil {
+		return td, kt, fmt.Errorf("--data-dir: %w", err)
+	}
+	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
+		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)
+	}
+	return td, kt, nil
+}
+
+// newAuthority builds the CA from the flags: its state in the data
+// directory or, with kube, in Kubernetes, and a plug-in directory's roots
+// when --ca-dir is set.
+func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube *kubeSetup, reg prometheus.Registerer, logger *slog.Logger) (*ca.Authority, error) {
+	var plugin *ca.PluginWatcher
+	if o.caDir != "" {
+		plugin = ca.NewPluginWatcher(o.caDir, td, clock.RealClock{}, o.caDirPoll, logger.With(logattr.Component, "ca-dir"))
 	}
 	caCfg := ca.Config{
 		TrustDomain:    td,
@@ -207,76 +339,41 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		Plugin:         plugin,
 	}
 	kube.caConfig(&caCfg)
-	authority, err := ca.New(caCfg)
-	if err != nil {
-		return err
-	}
+	return ca.New(caCfg)
+}
 
-	var bg *background
-	if kube != nil {
-		if bg, err = kube.start(ctx, authority, logger); err != nil || bg == nil {
-			return err // bg == nil: stopped before the CA could sign
-		}
-		// Whatever returns early below must stop the background parts.
-		defer func() { _ = bg.stop() }()
-	}
-
-	trail, closeAudit, err := setupAudit(o, e, kube, reg, logger)
-	if err != nil {
-		return err
-	}
-	defer closeAudit()
-	o.federation.dynamic = o.kube.federationCRD
-	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), trail.federationEvent, reg, logger)
-	if err != nil {
-		return err
-	}
-	caChanges := authority.Subscribe()
-	fed.store.Set(caSource, authority.Bundle())
-
-	var ep *bundleEndpoint
-	if o.bundle.listen != "" {
-		if ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, o.refreshHint, authority, fed, reg, logger); err != nil {
-			return err
-		}
-	}
-
-	gs, err := setupGRPC(o.grpc, td, o.workloadTTL, o.maxWorkloadTTL, authority, fed, reg, logger)
-	if err != nil {
-		if ep != nil {
-			_ = ep.ln.Close()
-		}
-		return err
-	}
-
+// listenAdmin opens the admin listener and its Host check, which guards
+// /v1/* and /ui from a browser whose page re-resolved its own name to this
+// address (DNS rebinding).
+func listenAdmin(o serverOptions, reg prometheus.Registerer, logger *slog.Logger) (net.Listener, *hostcheck.Checker, error) {
 	ln, err := net.Listen("tcp", o.adminListen)
 	if err != nil {
-		if ep != nil {
-			_ = ep.ln.Close()
-		}
-		gs.close()
-		return fmt.Errorf("--admin-listen: %w", err)
+		return nil, nil, fmt.Errorf("--admin-listen: %w", err)
 	}
-	// The Host check guards /v1/* and /ui from a browser whose page
-	// re-resolved its own name to this address (DNS rebinding).
 	hosts, err := adminHostCheck(ln.Addr().String(), o.adminHosts, misdirected(reg, logger))
 	if err != nil {
 		_ = ln.Close()
-		if ep != nil {
-			_ = ep.ln.Close()
-		}
-		gs.close()
-		return err
+		return nil, nil, err
 	}
-	adminSrv := &http.Server{
-		Handler:           hosts.Wrap(adminHandler(authority, reg, fed, ep, replicaOf(kube).at(e.now))),
+	return ln, hosts, nil
+}
+
+// newAdminServer is the admin listener's HTTP server, with its timeouts.
+func newAdminServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 	}
-	addr := ln.Addr().String()
+}
+
+// announce prints the banner and logs that the server started, with the
+// tuple peers federate with when the bundle endpoint is on.
+func announce(e env, o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, addr string, authority *ca.Authority,
+	ep *bundleEndpoint, gs *grpcEndpoint, logger *slog.Logger) {
 	printBanner(e.out, td.Name(), o.dataDir, o.caDir, kube, addr, authority, ep)
 	gs.report(e.out, logger)
 	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
@@ -288,40 +385,6 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		}
 		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
 	}
-	if ready != nil {
-		ready <- addr
-	}
-
-	trail.baseline(authority, fed)
-	runners := []func(context.Context) error{
-		func(ctx context.Context) error { return serveAdmin(ctx, adminSrv, ln) },
-		func(ctx context.Context) error { return followCA(ctx, authority, caChanges, fed, trail) },
-	}
-	if kube != nil {
-		kr, err := kube.wire(td, fed, reg, logger)
-		if err != nil {
-			gs.close()
-			_ = ln.Close()
-			if ep != nil {
-				_ = ep.ln.Close()
-			}
-			return err
-		}
-		runners = append(runners, bg.run) // authority.Run is among them
-		runners = append(runners, kr...)
-	} else {
-		runners = append(runners, authority.Run)
-		if fed.poller != nil {
-			runners = append(runners, fed.poller.Run)
-		}
-	}
-	if ep != nil {
-		runners = append(runners, ep.runners...)
-	}
-	runners = append(runners, gs.parts()...)
-	err = runAll(ctx, runners...)
-	logger.Info("trustbridge server stopped")
-	return err
 }
 
 // adminHostsFlag names the admin listener's allowed host names.
