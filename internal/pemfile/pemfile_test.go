@@ -41,12 +41,7 @@ func TestParseCertificates(t *testing.T) {
 	b := testca.New(t, "other.example").Cert
 	key := pkcs8(t, testca.NewKey(t, testca.ECP256))
 	withHeaders := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Headers: map[string]string{"Proc-Type": "4,ENCRYPTED"}, Bytes: a.Raw})
-	tests := []struct {
-		name string
-		data []byte
-		want []*x509.Certificate
-		err  string
-	}{
+	checkCertCases(t, ParseCertificates, []certCase{
 		{name: "one", data: certsPEM(a), want: []*x509.Certificate{a}},
 		{name: "two in order", data: certsPEM(a, b), want: []*x509.Certificate{a, b}},
 		{name: "whitespace around and between", data: append(append([]byte(" \r\n\t"), append(certsPEM(a), "\n\n"...)...), certsPEM(b)...), want: []*x509.Certificate{a, b}},
@@ -61,10 +56,21 @@ func TestParseCertificates(t *testing.T) {
 		{name: "bad DER", data: pemBlock("CERTIFICATE", []byte{0x30, 0}), err: "certificate 1:"},
 		{name: "too large", data: make([]byte, MaxSize+1), err: "at most 1048576 are accepted"},
 		{name: "too many", data: bytes.Repeat(certsPEM(a), MaxCertificates+1), err: "more than 1000 PEM blocks"},
-	}
+	})
+}
+
+type certCase struct {
+	name string
+	data []byte
+	want []*x509.Certificate
+	err  string
+}
+
+func checkCertCases(t *testing.T, parse func([]byte) ([]*x509.Certificate, error), tests []certCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseCertificates(tt.data)
+			got, err := parse(tt.data)
 			if tt.err != "" {
 				assert.ErrorContains(t, err, tt.err)
 				assert.Nil(t, got)
@@ -141,12 +147,7 @@ func TestFindCertificates(t *testing.T) {
 	a := testca.New(t, "example.org").Cert
 	b := testca.New(t, "other.example").Cert
 	key := pemBlock("PRIVATE KEY", []byte("x"))
-	tests := []struct {
-		name string
-		data []byte
-		want []*x509.Certificate
-		err  string
-	}{
+	checkCertCases(t, FindCertificates, []certCase{
 		{name: "two", data: certsPEM(a, b), want: []*x509.Certificate{a, b}},
 		{name: "comments and other blocks skipped", data: append(append([]byte("# Root A\n"), key...), certsPEM(b)...), want: []*x509.Certificate{b}},
 		{name: "none", data: key, err: "no PEM certificates"},
@@ -154,19 +155,7 @@ func TestFindCertificates(t *testing.T) {
 		{name: "bad DER", data: pemBlock("CERTIFICATE", []byte("nope")), err: "certificate 0"},
 		{name: "too large", data: make([]byte, MaxSize+1), err: "at most 1048576 are accepted"},
 		{name: "too many", data: bytes.Repeat(certsPEM(a), MaxCertificates+1), err: "more than 1000 certificates"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := FindCertificates(tt.data)
-			if tt.err != "" {
-				assert.ErrorContains(t, err, tt.err)
-				assert.Nil(t, got)
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, tt.want, got)
-		})
-	}
+	})
 }
 
 // Every refusal says what is wrong without quoting key material.
