@@ -3,21 +3,16 @@ package bundleserver
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +21,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
@@ -380,60 +376,19 @@ func parseWebCert(files *webCertFiles) (*tls.Certificate, []string, error) {
 
 // mismatched reports whether both PEM inputs parse on their own but the
 // key is not the leaf's: the one failure that a writer between the two
-// files explains.
+// files explains. Only clean PEM files (pemfile's strict parsers) count:
+// what tls.X509KeyPair tolerates beyond them fails at once instead.
 func mismatched(certPEM, keyPEM []byte) bool {
-	var leaf *x509.Certificate
-	for rest := certPEM; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			return false
-		}
-		if b.Type == "CERTIFICATE" {
-			c, err := x509.ParseCertificate(b.Bytes)
-			if err != nil {
-				return false
-			}
-			leaf = c
-			break
-		}
-	}
-	key := parsePEMPrivateKey(keyPEM)
-	if key == nil {
+	certs, err := pemfile.ParseCertificates(certPEM)
+	if err != nil {
 		return false
 	}
-	pub, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
-	return ok && !pub.Equal(key.Public())
-}
-
-// parsePEMPrivateKey returns the first private key in data, or nil.
-func parsePEMPrivateKey(data []byte) crypto.Signer {
-	for rest := data; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			return nil
-		}
-		if !strings.HasSuffix(b.Type, "PRIVATE KEY") {
-			continue
-		}
-		if k, err := x509.ParsePKCS8PrivateKey(b.Bytes); err == nil {
-			switch k := k.(type) {
-			case *rsa.PrivateKey:
-				return k
-			case *ecdsa.PrivateKey:
-				return k
-			case ed25519.PrivateKey:
-				return k
-			}
-			return nil
-		}
-		if k, err := x509.ParsePKCS1PrivateKey(b.Bytes); err == nil {
-			return k
-		}
-		if k, err := x509.ParseECPrivateKey(b.Bytes); err == nil {
-			return k
-		}
-		return nil
+	key, err := pemfile.ParsePrivateKey(keyPEM)
+	if err != nil {
+		return false
 	}
+	pub, ok := certs[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && !pub.Equal(key.Public())
 }
 
 func serverAuthAllowed(leaf *x509.Certificate) bool {

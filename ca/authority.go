@@ -415,6 +415,17 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 }
 
 func signResult(err error) string {
+	if kind := SignErrorKind(err); kind != "" {
+		return kind
+	}
+	return "error"
+}
+
+// SignErrorKind returns the stable label of a Sign error, for metric
+// labels and logs: "invalid_csr", "identity_not_allowed", "invalid_ttl",
+// "signing_material", or "" for any other error (a server fault, which
+// each caller names itself).
+func SignErrorKind(err error) string {
 	switch {
 	case errors.Is(err, ErrInvalidCSR):
 		return "invalid_csr"
@@ -425,7 +436,7 @@ func signResult(err error) string {
 	case errors.Is(err, ErrInvalidSigningMaterial):
 		return "signing_material"
 	default:
-		return "error"
+		return ""
 	}
 }
 

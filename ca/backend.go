@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 )
 
 // Sentinel errors of shared CA state.
@@ -168,18 +170,18 @@ func EncodeRoot(r *Root) (certPEM, keyPEM []byte, err error) {
 // that matches it. Every refusal wraps ErrCorruptState and never quotes
 // the key.
 func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
-	block, rest := pem.Decode(certPEM)
-	if block == nil || block.Type != "CERTIFICATE" || len(bytes.TrimSpace(rest)) > 0 {
-		return nil, corrupt("root %s: certificate is not a single PEM certificate", rec.ID)
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
+	certs, err := pemfile.ParseCertificates(certPEM)
 	if err != nil {
-		return nil, corrupt("root %s: %v", rec.ID, err)
+		return nil, corrupt("root %s: certificate: %v", rec.ID, err)
 	}
+	if len(certs) != 1 {
+		return nil, corrupt("root %s: certificate file holds %d certificates, want 1", rec.ID, len(certs))
+	}
+	cert := certs[0]
 	if fingerprint(cert) != rec.CertSHA256 {
 		return nil, corrupt("root %s: certificate does not match the fingerprint in %s", rec.ID, journalName)
 	}
-	key, err := parsePrivateKeyPEM(keyPEM)
+	key, err := pemfile.ParsePrivateKey(keyPEM)
 	if err != nil {
 		return nil, corrupt("root %s: private key: %v", rec.ID, err)
 	}

@@ -11,7 +11,6 @@ import (
 	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
@@ -271,20 +271,9 @@ func (m *PluginMaterial) verify(now time.Time) error {
 
 // pluginCerts decodes a file of one or more CERTIFICATE blocks.
 func pluginCerts(name string, data []byte) ([]*x509.Certificate, error) {
-	blocks, err := pluginPEMBlocks(name, data)
+	certs, err := pemfile.ParseCertificates(data)
 	if err != nil {
-		return nil, err
-	}
-	certs := make([]*x509.Certificate, 0, len(blocks))
-	for i, b := range blocks {
-		if b.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("%s: block %d: unexpected PEM block %q, want CERTIFICATE", name, i+1, b.Type)
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("%s: certificate %d: %w", name, i+1, err)
-		}
-		certs = append(certs, c)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return certs, nil
 }
@@ -292,48 +281,11 @@ func pluginCerts(name string, data []byte) ([]*x509.Certificate, error) {
 // pluginKey decodes ca-key.pem in the forms Istio's tools and openssl
 // write.
 func pluginKey(data []byte) (crypto.Signer, error) {
-	blocks, err := pluginPEMBlocks(pluginKeyFile, data)
-	if err != nil {
-		return nil, err
-	}
-	if len(blocks) != 1 {
-		return nil, fmt.Errorf("%s: holds %d PEM blocks, want exactly 1 private key", pluginKeyFile, len(blocks))
-	}
-	key, err := parsePrivateKeyBlock(blocks[0])
+	key, err := pemfile.ParsePrivateKey(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", pluginKeyFile, err)
 	}
 	return key, nil
-}
-
-// pluginPEMBlocks splits data into PEM blocks and refuses anything else.
-// pem.Decode on its own skips text before a block and malformed blocks,
-// which would let a damaged file pass with part of it ignored.
-func pluginPEMBlocks(name string, data []byte) ([]*pem.Block, error) {
-	var blocks []*pem.Block
-	rest := data
-	for {
-		trimmed := bytes.TrimLeft(rest, " \t\r\n")
-		if len(trimmed) == 0 {
-			break
-		}
-		block, next := pem.Decode(trimmed)
-		consumed := trimmed[:len(trimmed)-len(next)]
-		if block == nil || !bytes.HasPrefix(trimmed, []byte("-----BEGIN ")) || bytes.Count(consumed, []byte("-----BEGIN ")) != 1 {
-			return nil, fmt.Errorf("%s: unexpected data at byte %d, want only PEM blocks", name, len(data)-len(trimmed))
-		}
-		// Proc-Type/DEK-Info headers mean a legacy encrypted key, which we
-		// could not use without a passphrase anyway.
-		if len(block.Headers) > 0 {
-			return nil, fmt.Errorf("%s: block %d: PEM headers are not supported (encrypted key?)", name, len(blocks)+1)
-		}
-		blocks = append(blocks, block)
-		rest = next
-	}
-	if len(blocks) == 0 {
-		return nil, fmt.Errorf("%s: no PEM block", name)
-	}
-	return blocks, nil
 }
 
 func checkPluginCA(c *x509.Certificate) error {

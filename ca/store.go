@@ -1,7 +1,6 @@
 package ca
 
 import (
-	"bytes"
 	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
@@ -317,41 +316,6 @@ func (s *Store) JournalDigest() ([32]byte, error) {
 		return [32]byte{}, err
 	}
 	return sha256.Sum256(data), nil
-}
-
-func parsePrivateKeyPEM(data []byte) (crypto.Signer, error) {
-	block, rest := pem.Decode(data)
-	if block == nil || len(bytes.TrimSpace(rest)) > 0 {
-		return nil, errors.New("not a single PEM block")
-	}
-	return parsePrivateKeyBlock(block)
-}
-
-// parsePrivateKeyBlock parses the private key PEM types Go and Istio's
-// tools write: PKCS#8, SEC1 EC and PKCS#1 RSA.
-func parsePrivateKeyBlock(block *pem.Block) (crypto.Signer, error) {
-	var (
-		key any
-		err error
-	)
-	switch block.Type {
-	case "PRIVATE KEY":
-		key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-	case "EC PRIVATE KEY":
-		key, err = x509.ParseECPrivateKey(block.Bytes)
-	case "RSA PRIVATE KEY":
-		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-	default:
-		return nil, fmt.Errorf("unexpected PEM block %q, want PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY", block.Type)
-	}
-	if err != nil {
-		return nil, err
-	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("%T keys cannot sign", key)
-	}
-	return signer, nil
 }
 
 func publicKeysMatch(a, b crypto.PublicKey) bool {

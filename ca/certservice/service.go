@@ -456,15 +456,13 @@ func checkRequestedID(csr *x509.CertificateRequest, id spiffeid.ID) error {
 // signRefusal maps the CA's sentinel errors. Anything else is a server
 // fault whose details stay in the log.
 func signRefusal(err error) *refusal {
-	switch {
-	case errors.Is(err, ca.ErrInvalidCSR):
-		return &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
-	case errors.Is(err, ca.ErrInvalidTTL):
-		return &refusal{codes.InvalidArgument, "invalid_ttl", clientMessage(err), nil}
-	case errors.Is(err, ca.ErrIdentityNotAllowed):
-		return &refusal{codes.PermissionDenied, "identity_not_allowed", clientMessage(err), nil}
-	case errors.Is(err, ca.ErrInvalidSigningMaterial):
-		return &refusal{codes.Unavailable, "signing_material", "the CA cannot sign right now; retry later", err}
+	switch kind := ca.SignErrorKind(err); kind {
+	case "invalid_csr", "invalid_ttl":
+		return &refusal{codes.InvalidArgument, kind, clientMessage(err), nil}
+	case "identity_not_allowed":
+		return &refusal{codes.PermissionDenied, kind, clientMessage(err), nil}
+	case "signing_material":
+		return &refusal{codes.Unavailable, kind, "the CA cannot sign right now; retry later", err}
 	}
 	return &refusal{codes.Internal, "internal", "internal error", err}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -495,17 +496,9 @@ func bundleMap(ctx context.Context, url string, cfg *tls.Config) (*x509bundle.Se
 // issue) and the endpoint's SPIFFE ID: the https_spiffe profile.
 func ownEndpointTLS(creds, endpointID string) *tls.Config {
 	roots, _ := os.ReadFile(filepath.Join(creds, "root-cert.pem"))
-	var certs []*x509.Certificate
-	for rest := roots; ; {
-		var blk *pem.Block
-		blk, rest = pem.Decode(rest)
-		if blk == nil {
-			break
-		}
-		if c, err := x509.ParseCertificate(blk.Bytes); err == nil {
-			certs = append(certs, c)
-		}
-	}
+	// Errors are ignored, as for the read: without roots the request
+	// fails with a TLS error that names the problem.
+	certs, _ := pemfile.ParseCertificates(roots)
 	id := spiffeid.RequireFromString(endpointID)
 	return tlsconfig.TLSClientConfig(x509bundle.FromX509Authorities(id.TrustDomain(), certs), tlsconfig.AuthorizeID(id))
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 )
 
 // Size caps of the files read here.
@@ -255,28 +256,11 @@ func ReadPEMCerts(path string) ([]*x509.Certificate, error) {
 	return certs, nil
 }
 
-// ParsePEMCerts parses every CERTIFICATE block, skipping blocks of other
-// types; there must be one.
+// ParsePEMCerts parses every CERTIFICATE block, skipping text and blocks
+// of other types (pemfile.FindCertificates): --root-cert may name a CA
+// bundle with comments between its roots. There must be one.
 func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for rest := data; ; {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			break
-		}
-		if b.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("certificate %d: %w", len(certs), err)
-		}
-		certs = append(certs, c)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no PEM certificates")
-	}
-	return certs, nil
+	return pemfile.FindCertificates(data)
 }
 
 // ReadFile reads at most limit bytes of a regular file (internal/cappedfile).

@@ -3,12 +3,8 @@ package agent
 import (
 	"bytes"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,6 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -158,7 +155,7 @@ func readCredentialSet(dir string) (*credentialSet, error) {
 // The map's entry for the local trust domain, if any, is ignored:
 // root-cert.pem is the one source of the local roots.
 func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credentialSet, error) {
-	chain, err := parseCertificates(chainPEM)
+	chain, err := pemfile.ParseCertificates(chainPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", CertChainFile, err)
 	}
@@ -174,11 +171,11 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credenti
 	if chain[0].IsCA || id.Path() == "" {
 		return nil, fmt.Errorf("%s: leaf: %s is not a workload X509-SVID (CA certificate or no path)", CertChainFile, id)
 	}
-	key, err := parsePrivateKey(keyPEM)
+	key, err := pemfile.ParsePrivateKey(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", KeyFile, err)
 	}
-	roots, err := parseCertificates(rootsPEM)
+	roots, err := pemfile.ParseCertificates(rootsPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", RootCertFile, err)
 	}
@@ -219,75 +216,4 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credenti
 
 func isSelfSignedCA(c *x509.Certificate) bool {
 	return c.IsCA && bytes.Equal(c.RawSubject, c.RawIssuer) && c.CheckSignatureFrom(c) == nil
-}
-
-// maxPEMCertificates bounds the certificates of one PEM document.
-const maxPEMCertificates = 1000
-
-// parseCertificates parses a PEM document of CERTIFICATE blocks only, at
-// least one; anything else in it (other block types, trailing text) is an
-// error, since it means the file is not what it should be.
-func parseCertificates(data []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	rest := data
-	for {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		if b.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("PEM block %d is a %q, not a CERTIFICATE", len(out), b.Type)
-		}
-		if len(out) == maxPEMCertificates {
-			return nil, fmt.Errorf("more than %d certificates", maxPEMCertificates)
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("certificate %d: %w", len(out), err)
-		}
-		out = append(out, c)
-	}
-	if len(bytes.TrimSpace(rest)) > 0 {
-		return nil, errors.New("data that is not PEM after the last certificate")
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no PEM certificate")
-	}
-	return out, nil
-}
-
-// parsePrivateKey parses one PEM private key: PKCS#8, SEC 1 (EC) or
-// PKCS#1 (RSA).
-func parsePrivateKey(data []byte) (crypto.Signer, error) {
-	b, rest := pem.Decode(data)
-	if b == nil {
-		return nil, errors.New("no PEM block")
-	}
-	if len(bytes.TrimSpace(rest)) > 0 {
-		return nil, errors.New("more than one PEM block")
-	}
-	var (
-		k   any
-		err error
-	)
-	switch b.Type {
-	case "PRIVATE KEY":
-		k, err = x509.ParsePKCS8PrivateKey(b.Bytes)
-	case "EC PRIVATE KEY":
-		k, err = x509.ParseECPrivateKey(b.Bytes)
-	case "RSA PRIVATE KEY":
-		k, err = x509.ParsePKCS1PrivateKey(b.Bytes)
-	default:
-		return nil, fmt.Errorf("PEM block is a %q, not a private key", b.Type)
-	}
-	if err != nil {
-		return nil, err
-	}
-	switch k := k.(type) {
-	case *ecdsa.PrivateKey, *rsa.PrivateKey, ed25519.PrivateKey:
-		return k.(crypto.Signer), nil
-	default:
-		return nil, fmt.Errorf("unsupported private key type %T", k)
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -121,7 +122,7 @@ func FuzzParseCredentialSet(f *testing.F) {
 			t.Fatalf("accepted an incomplete set: %+v", set)
 		}
 		// Whatever the map says, the local roots are root-cert.pem's.
-		local, err := parseCertificates(roots)
+		local, err := pemfile.ParseCertificates(roots)
 		if err != nil || len(local) != len(set.roots[set.id.TrustDomain()]) {
 			t.Fatalf("local roots not from root-cert.pem: %v", err)
 		}

@@ -35,6 +35,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/spifferoot"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/sds"
@@ -144,7 +145,7 @@ func secretsOf(t *testing.T, resp *discoveryv3.DiscoveryResponse) map[string]*tl
 func leafOf(t *testing.T, s *tlsv3.Secret) *x509.Certificate {
 	t.Helper()
 	require.NotNil(t, s.GetTlsCertificate(), "secret %q", s.GetName())
-	certs, err := parseCertificates(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+	certs, err := pemfile.ParseCertificates(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
 	require.NoError(t, err)
 	return certs[0]
 }

@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -383,7 +384,7 @@ func parseRootsSource(ds *corev3.DataSource) ([]*x509.Certificate, error) {
 	if len(data) > maxBundlePEM {
 		return nil, fmt.Errorf("%d bytes of roots; at most %d are accepted", len(data), maxBundlePEM)
 	}
-	roots, err := parseCertificates(data)
+	roots, err := pemfile.ParseCertificates(data)
 	if err != nil {
 		return nil, err
 	}
