@@ -79,8 +79,12 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, grant, again)
 
-	// The operator removes the laptop's token; the server reloads the file.
-	require.NoError(t, os.WriteFile(tokens, []byte(otherToken+",spiffe://example.org/vm/other\n"), 0o600))
+	// The operator removes the laptop's token, replacing the file
+	// atomically as the flag's help says (os.WriteFile truncates first: a
+	// reload in between would see no tokens at all); the server reloads it.
+	next := tokens + ".new"
+	require.NoError(t, os.WriteFile(next, []byte(otherToken+",spiffe://example.org/vm/other\n"), 0o600))
+	require.NoError(t, os.Rename(next, tokens))
 	select {
 	case <-reloaded:
 	case <-t.Context().Done():
