@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/yamlcheck"
 )
 
 // Config is the federation part of the configuration file.
@@ -96,6 +97,9 @@ func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, e
 		return &Config{}, nil
 	}
 	root := doc.Content[0]
+	if err := noAlias(root, ""); err != nil {
+		return nil, err
+	}
 	if isNull(root) {
 		return &Config{}, nil
 	}
@@ -104,15 +108,51 @@ func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, e
 		return nil, err
 	}
 	list := top[keyFederation]
-	if list == nil || isNull(list.value) {
+	if list == nil {
 		return &Config{}, nil
 	}
-	if list.value.Kind != yaml.SequenceNode {
-		return nil, errAt(list.value, "%s must be a list, got %s", keyFederation, describe(list.value))
+	return parseList(list.value, readFile)
+}
+
+// ParseConfigList is ParseConfig for the federation list alone, already
+// parsed: the value of the federation key of a larger YAML file (the
+// server's --config), whose line numbers its errors give.
+func ParseConfigList(list *yaml.Node, readFile func(path string) ([]byte, error)) (*Config, error) {
+	err := noAlias(list, keyFederation)
+	var cfg *Config
+	if err == nil {
+		cfg, err = parseList(list, readFile)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("federation: %w", err)
+	}
+	return cfg, nil
+}
+
+// noAlias refuses aliases anywhere under n, whose path is where: they make
+// the file harder to review, and nothing in this schema needs them.
+func noAlias(n *yaml.Node, where string) error {
+	found, path := yamlcheck.Find(n, where, yamlcheck.IsAlias)
+	if found == nil {
+		return nil
+	}
+	if path == "" {
+		path = "the top level"
+	}
+	return errAt(found, "%s: YAML aliases are not supported", path)
+}
+
+// parseList reads the federation list, checked for aliases.
+func parseList(list *yaml.Node, readFile func(string) ([]byte, error)) (*Config, error) {
+	if list == nil || isNull(list) {
+		return &Config{}, nil
+	}
+	if list.Kind != yaml.SequenceNode {
+		return nil, errAt(list, "%s must be a list, got %s", keyFederation, describe(list))
 	}
 	p := configParser{readFile: readFile, seen: make(trustDomainSet)}
 	cfg := &Config{}
-	for i, item := range list.value.Content {
+	for i, item := range list.Content {
 		ep, err := p.item(i, item)
 		if err != nil {
 			return nil, err
@@ -322,18 +362,12 @@ type keyValue struct {
 // and returns its entries by key. yaml/v3 reports duplicate keys only when
 // decoding into Go values, not into a yaml.Node, so the check is ours.
 func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, error) {
-	if err := notAlias(n, where); err != nil {
-		return nil, err
-	}
 	if n.Kind != yaml.MappingNode {
 		return nil, errAt(n, "%s must be a mapping, got %s", where, describe(n))
 	}
 	m := make(map[string]*keyValue, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
-		if err := notAlias(k, where); err != nil {
-			return nil, err
-		}
 		if k.Kind != yaml.ScalarNode {
 			return nil, errAt(k, "%s: keys must be strings, got %s", where, describe(k))
 		}
@@ -346,9 +380,6 @@ func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, 
 		if !slices.Contains(known, k.Value) {
 			return nil, errAt(k, "unknown key %q in %s%s (known: %s)", k.Value, where, didYouMean(k.Value, known), strings.Join(known, ", "))
 		}
-		if err := notAlias(v, where+"."+k.Value); err != nil {
-			return nil, err
-		}
 		m[k.Value] = &keyValue{key: k, value: v}
 	}
 	return m, nil
@@ -359,9 +390,6 @@ func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, 
 // a trust domain, and quoting it is easy.
 func scalar(n *yaml.Node, where, key string) (string, error) {
 	where += "." + key
-	if err := notAlias(n, where); err != nil {
-		return "", err
-	}
 	switch {
 	case n.Kind != yaml.ScalarNode:
 		return "", errAt(n, "%s must be a string, got %s", where, describe(n))
@@ -371,15 +399,6 @@ func scalar(n *yaml.Node, where, key string) (string, error) {
 		return "", errAt(n, "%s must be a string, got %s; quote it if it is meant as one", where, describe(n))
 	}
 	return n.Value, nil
-}
-
-// notAlias refuses aliases: they make the file harder to review, and
-// nothing in this schema needs them.
-func notAlias(n *yaml.Node, where string) error {
-	if n.Kind == yaml.AliasNode {
-		return errAt(n, "%s: YAML aliases are not supported", where)
-	}
-	return nil
 }
 
 func isNull(n *yaml.Node) bool {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/trustbridge/trustbridge/internal/yamlcheck"
 )
 
 // maxConfigSize bounds a --config file.
@@ -34,10 +36,10 @@ var envVars = map[string]string{
 // configFile is what a --config file held besides flag values.
 type configFile struct {
 	path string
-	// federation is the file with every line outside the federation list
-	// commented out, so federation.ParseConfig reads the list with the
-	// file's own line numbers; nil without a federation key.
-	federation []byte
+	// federation is the file's federation list, for
+	// federation.ParseConfigList (its nodes carry the file's line numbers);
+	// nil without a federation key.
+	federation *yaml.Node
 }
 
 // applyConfigFile reads the YAML file at path and sets every flag it names
@@ -60,11 +62,45 @@ func applyConfigFile(fs *pflag.FlagSet, path string, getenv func(string) string)
 
 // applyConfig is applyConfigFile on the file's bytes.
 func applyConfig(fs *pflag.FlagSet, data []byte, getenv func(string) string) (*configFile, error) {
+	root, err := configRoot(data)
+	if err != nil {
+		return nil, err
+	}
+	if root == nil {
+		return &configFile{}, nil // nothing set
+	}
+	if n, _ := yamlcheck.Find(root, "", yamlcheck.IsAliasOrAnchor); n != nil {
+		return nil, fmt.Errorf("line %d: YAML anchors and aliases are not allowed in a security configuration: write each value out", n.Line)
+	}
+	cf := &configFile{}
+	settings, err := readSettings(fs, root, cf)
+	if err != nil {
+		return nil, err
+	}
+	// Values are checked first, and applied only if the whole file is
+	// good: a bad file changes nothing. Each is checked on a scratch flag
+	// of the same type.
+	for _, s := range settings {
+		if err := checkValues(s.flag, s.values); err != nil {
+			return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+		}
+	}
+	for _, s := range settings {
+		if err := s.apply(getenv); err != nil {
+			return nil, err
+		}
+	}
+	return cf, nil
+}
+
+// configRoot decodes the file's one YAML document and returns its top
+// mapping, nil for an empty file or document.
+func configRoot(data []byte) (*yaml.Node, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	switch err := dec.Decode(&doc); {
 	case errors.Is(err, io.EOF):
-		return &configFile{}, nil // empty file: nothing set
+		return nil, nil // empty file: nothing set
 	case err != nil:
 		return nil, err
 	}
@@ -76,28 +112,29 @@ func applyConfig(fs *pflag.FlagSet, data []byte, getenv func(string) string) (*c
 		return nil, fmt.Errorf("line %d: a second YAML document; put everything in one mapping", extra.Line)
 	}
 	if len(doc.Content) == 0 {
-		return &configFile{}, nil
+		return nil, nil
 	}
 	root := doc.Content[0]
 	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return &configFile{}, nil
+		return nil, nil
 	}
 	if root.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("line %d: want a mapping of flag names to values, got %s", root.Line, nodeKind(root))
 	}
-	if err := noAliases(root); err != nil {
-		return nil, err
-	}
-	cf := &configFile{}
+	return root, nil
+}
+
+// setting is a flag's values from the config file.
+type setting struct {
+	flag   *pflag.Flag
+	values []string
+	line   int
+}
+
+// readSettings reads each key of root as a flag of fs, except the
+// federation list, which goes to cf.
+func readSettings(fs *pflag.FlagSet, root *yaml.Node, cf *configFile) ([]setting, error) {
 	seen := map[string]int{}
-	var fedLines [2]int // first and last line of the federation entry
-	// Values are checked and collected first, and applied only if the
-	// whole file is good: a bad file changes nothing.
-	type setting struct {
-		flag   *pflag.Flag
-		values []string
-		line   int
-	}
 	var settings []setting
 	for i := 0; i < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
@@ -113,72 +150,73 @@ func applyConfig(fs *pflag.FlagSet, data []byte, getenv func(string) string) (*c
 			if v.Kind != yaml.SequenceNode && v.Tag != "!!null" {
 				return nil, fmt.Errorf("line %d: %s: want a list of endpoints, got %s", v.Line, key, nodeKind(v))
 			}
-			fedLines[0] = k.Line
-			fedLines[1] = -1 // until the next key
-			if i+2 < len(root.Content) {
-				fedLines[1] = root.Content[i+2].Line - 1
-			}
+			cf.federation = v
 			continue
 		}
 		f := fs.Lookup(key)
 		if f == nil || key == configFlag || key == "help" {
 			return nil, fmt.Errorf("line %d: unknown key %q%s", k.Line, key, suggestFlag(fs, key))
 		}
-		var values []string
-		switch v.Kind {
-		case yaml.ScalarNode:
-			if v.Tag == "!!null" {
-				return nil, fmt.Errorf("line %d: %s: no value (remove the key to keep the default)", v.Line, key)
-			}
-			values = []string{v.Value}
-		case yaml.SequenceNode:
-			if !isListFlag(f) {
-				return nil, fmt.Errorf("line %d: %s takes one value, not a list", v.Line, key)
-			}
-			for _, item := range v.Content {
-				if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
-					return nil, fmt.Errorf("line %d: %s: list items must be values, got %s", item.Line, key, nodeKind(item))
-				}
-				values = append(values, item.Value)
-			}
-		default:
-			return nil, fmt.Errorf("line %d: %s: want a value, got %s", v.Line, key, nodeKind(v))
+		values, err := settingValues(f, key, v)
+		if err != nil {
+			return nil, err
 		}
 		settings = append(settings, setting{flag: f, values: values, line: v.Line})
 	}
-	// Check every value on a scratch flag of the same type.
-	for _, s := range settings {
-		if err := checkValues(s.flag, s.values); err != nil {
-			return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+	return settings, nil
+}
+
+// settingValues are the values v gives flag f: one scalar, or a list of
+// scalars for a list flag.
+func settingValues(f *pflag.Flag, key string, v *yaml.Node) ([]string, error) {
+	switch v.Kind {
+	case yaml.ScalarNode:
+		if v.Tag == "!!null" {
+			return nil, fmt.Errorf("line %d: %s: no value (remove the key to keep the default)", v.Line, key)
 		}
-	}
-	for _, s := range settings {
-		if s.flag.Changed {
-			continue // the command line wins
+		return []string{v.Value}, nil
+	case yaml.SequenceNode:
+		if !isListFlag(f) {
+			return nil, fmt.Errorf("line %d: %s takes one value, not a list", v.Line, key)
 		}
-		if env, ok := envVars[s.flag.Name]; ok && getenv(env) != "" {
-			continue // so does the environment
-		}
-		if isListFlag(s.flag) {
-			// pflag's list flags append after the first Set; the file
-			// replaces the default instead.
-			if sv, ok := s.flag.Value.(pflag.SliceValue); ok {
-				if err := sv.Replace(s.values); err != nil {
-					return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
-				}
-				continue
+		var values []string
+		for _, item := range v.Content {
+			if item.Kind != yaml.ScalarNode || item.Tag == "!!null" {
+				return nil, fmt.Errorf("line %d: %s: list items must be values, got %s", item.Line, key, nodeKind(item))
 			}
+			values = append(values, item.Value)
 		}
-		for _, val := range s.values {
-			if err := s.flag.Value.Set(val); err != nil {
-				return nil, fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+		return values, nil
+	default:
+		return nil, fmt.Errorf("line %d: %s: want a value, got %s", v.Line, key, nodeKind(v))
+	}
+}
+
+// apply sets the flag, unless the command line or its environment
+// variable already did: they win over the file.
+func (s setting) apply(getenv func(string) string) error {
+	if s.flag.Changed {
+		return nil
+	}
+	if env, ok := envVars[s.flag.Name]; ok && getenv(env) != "" {
+		return nil
+	}
+	if isListFlag(s.flag) {
+		// pflag's list flags append after the first Set; the file
+		// replaces the default instead.
+		if sv, ok := s.flag.Value.(pflag.SliceValue); ok {
+			if err := sv.Replace(s.values); err != nil {
+				return fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
 			}
+			return nil
 		}
 	}
-	if fedLines[0] != 0 {
-		cf.federation = federationOnly(data, fedLines[0], fedLines[1])
+	for _, val := range s.values {
+		if err := s.flag.Value.Set(val); err != nil {
+			return fmt.Errorf("line %d: %s: %w", s.line, s.flag.Name, err)
+		}
 	}
-	return cf, nil
+	return nil
 }
 
 // checkValues sets values on a fresh flag set holding a copy of f, so a
@@ -235,39 +273,6 @@ func cloneValue(f *pflag.Flag) pflag.Value {
 func isListFlag(f *pflag.Flag) bool {
 	t := f.Value.Type()
 	return strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array")
-}
-
-// federationOnly comments out every line of data outside [from, to] (1-based,
-// inclusive; to -1 means the end), keeping line numbers.
-func federationOnly(data []byte, from, to int) []byte {
-	lines := bytes.SplitAfter(data, []byte("\n"))
-	var out bytes.Buffer
-	for i, l := range lines {
-		n := i + 1
-		if n >= from && (to < 0 || n <= to) {
-			out.Write(l)
-			continue
-		}
-		if len(bytes.TrimSpace(l)) == 0 {
-			out.Write(l)
-			continue
-		}
-		out.WriteString("# ")
-		out.Write(l)
-	}
-	return out.Bytes()
-}
-
-func noAliases(n *yaml.Node) error {
-	if n.Kind == yaml.AliasNode || n.Anchor != "" {
-		return fmt.Errorf("line %d: YAML anchors and aliases are not allowed in a security configuration: write each value out", n.Line)
-	}
-	for _, c := range n.Content {
-		if err := noAliases(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func nodeKind(n *yaml.Node) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/federation"
 )
 
 func serverFlagSet() (*pflag.FlagSet, *serverOptions) {
@@ -204,8 +207,10 @@ func FuzzConfig(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if cf.federation != nil && bytes.Count(cf.federation, []byte("\n")) != bytes.Count(data, []byte("\n")) {
-			t.Fatalf("the federation part must keep the file's lines")
+		if cf.federation != nil {
+			// Whatever the list holds, reading it fails cleanly or yields
+			// endpoints: never a panic.
+			_, _ = federation.ParseConfigList(cf.federation, func(string) ([]byte, error) { return nil, errors.New("no files") })
 		}
 	})
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
@@ -40,8 +41,8 @@ type federationOptions struct {
 	// the poller runs even with none configured here.
 	dynamic bool
 	// inline is the federation list of the --config file inlineFrom, in
-	// the --federation-config schema, with the file's line numbers.
-	inline     []byte
+	// the --federation-config schema, as parsed there (with its lines).
+	inline     *yaml.Node
 	inlineFrom string
 }
 
@@ -100,21 +101,27 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain) (fromFlag, fr
 		return nil, nil, nil, fmt.Errorf("--federate: %w", err)
 	}
 	if o.configFile != "" || o.inline != nil {
-		data, name, flag := o.inline, o.inlineFrom, "--config"
+		name, flag := o.inlineFrom, "--config"
 		if o.inline == nil {
-			var err error
-			if data, err = readSmallFile(o.configFile, 1<<20); err != nil {
-				return nil, nil, nil, fmt.Errorf("--federation-config: %w", err)
-			}
 			name, flag = o.configFile, "--federation-config"
 		}
 		base := filepath.Dir(name)
-		cfg, err := federation.ParseConfig(data, func(p string) ([]byte, error) {
+		readFile := func(p string) ([]byte, error) {
 			if !filepath.IsAbs(p) {
 				p = filepath.Join(base, p)
 			}
 			return readSmallFile(p, bundledoc.DefaultMaxSize)
-		})
+		}
+		var cfg *federation.Config
+		if o.inline != nil {
+			cfg, err = federation.ParseConfigList(o.inline, readFile)
+		} else {
+			var data []byte
+			if data, err = readSmallFile(o.configFile, 1<<20); err != nil {
+				return nil, nil, nil, fmt.Errorf("--federation-config: %w", err)
+			}
+			cfg, err = federation.ParseConfig(data, readFile)
+		}
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("%s %s: %w", flag, name, err)
 		}
