@@ -26,6 +26,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/runall"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -181,7 +182,7 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runAll(ctx, ep.runners...) }()
+	go func() { done <- runall.Run(ctx, ep.runners...) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)

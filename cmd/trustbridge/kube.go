@@ -24,6 +24,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
+	"github.com/trustbridge/trustbridge/internal/ha"
 	"github.com/trustbridge/trustbridge/internal/leader"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -85,10 +86,7 @@ type kubeSetup struct {
 	selector  labels.Selector
 	o         kubeOptions
 
-	// Set by wire, read by the leader once wired is closed.
-	wired  chan struct{}
-	poller *federation.Poller
-	dist   *distribution.Controller
+	replica *ha.Replica // set by start
 }
 
 // checkStorageFlags refuses flag combinations --storage cannot honour,
@@ -204,72 +202,24 @@ func (k *kubeSetup) describe() string {
 // the watch on the CA Secret (through which followers load them). It
 // returns once the CA can sign, so serving certificates can be issued;
 // the leader's other duties wait for wire. When ctx ends first it returns
-// a nil *background and the background parts' error.
-func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Logger) (*background, error) {
-	k.wired = make(chan struct{})
-	log := logger.With(logattr.Component, "leader")
-	lead := func(ctx context.Context) error {
-		log.Info("leading: rotating roots, polling federation, distributing roots")
-		// A new leader decides at once on what the old one left.
-		a.Kick()
-		select {
-		case <-k.wired:
-		case <-ctx.Done():
-			return nil
-		}
-		parts := []func(context.Context) error{func(ctx context.Context) error { <-ctx.Done(); return nil }}
-		if k.poller != nil {
-			// Everything the previous leader saved was written before its
-			// lease could lapse, so before this replica was elected: read
-			// it now rather than trust that its watch events arrived.
-			for _, err := range k.poller.LoadLastKnownGood() {
-				log.Error("last-known-good bundle not reloaded on taking the lead", logattr.Error, err)
-			}
-			parts = append(parts, k.poller.Run)
-		}
-		if k.dist != nil {
-			parts = append(parts, k.dist.Run)
-		}
-		err := runAll(ctx, parts...)
-		log.Info("no longer leading")
-		return err
-	}
-	changes := a.Subscribe()
-	bg := startBackground(ctx,
-		a.Run, // reloads what the leader writes, and rotates when leading
-		func(ctx context.Context) error { return k.caStore.Watch(ctx, a.Kick) },
-		func(ctx context.Context) error { return k.elector.Run(ctx, lead) },
-	)
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	waiting := time.Now()
-	for a.Ready() != nil {
-		select {
-		case <-ctx.Done():
-			// Stopped before serving (SIGTERM while waiting for a
-			// first leader): as clean as a stop while serving.
-			return nil, bg.stop()
-		case <-bg.done:
-			return nil, fmt.Errorf("kubernetes: %w", bg.stop())
-		case <-changes:
-		case <-tick.C:
-			if time.Since(waiting) >= 10*time.Second {
-				waiting = time.Now()
-				logger.Info("waiting for CA state: a leader must be elected and bootstrap it, or the Secret must be readable",
-					"secret", k.namespace+"/"+k.o.caSecret, logattr.Error, a.Ready())
-			}
-		}
-	}
-	return bg, nil
+// a nil replica and the background parts' error.
+func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Logger) (*ha.Replica, error) {
+	r, err := ha.Start(ctx, ha.Config{
+		CA: a, WatchCA: k.caStore.Watch, Elector: k.elector,
+		State: k.namespace + "/" + k.o.caSecret, Logger: logger,
+	})
+	k.replica = r
+	return r, err
 }
 
 // wire hands the leader its federation poller and root distribution and
 // returns what runs on every replica besides start's: followers reload the
 // federated bundles the leader saves.
 func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
+	var dist *distribution.Controller
 	if k.o.rootConfigMap != "" {
 		var err error
-		k.dist, err = distribution.New(distribution.Config{
+		dist, err = distribution.New(distribution.Config{
 			Client: k.client, Store: fed.store, TrustDomain: td, Name: k.o.rootConfigMap,
 			NamespaceSelector: k.selector, Logger: logger.With(logattr.Component, "distribution"), Registerer: reg,
 		})
@@ -277,8 +227,7 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 			return nil, err
 		}
 	}
-	k.poller = fed.poller
-	close(k.wired)
+	k.replica.Lead(k.leaderDuties(fed.poller, dist, logger)...)
 	if fed.poller == nil {
 		return nil, nil
 	}
@@ -316,40 +265,25 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 	}), nil
 }
 
-// background is a set of parts started before the server's main run.
-type background struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func startBackground(ctx context.Context, parts ...func(context.Context) error) *background {
-	ctx, cancel := context.WithCancel(ctx)
-	b := &background{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(b.done)
-		b.err = runAll(ctx, parts...)
-	}()
-	return b
-}
-
-// stop ends the parts and returns their error.
-func (b *background) stop() error {
-	b.cancel()
-	<-b.done
-	return b.err
-}
-
-// run joins the background parts to the server's run: they stop with it,
-// and their ending stops it.
-func (b *background) run(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return b.stop()
-	case <-b.done:
-		if b.err == nil {
-			return errors.New("kubernetes: leader election or CA watch stopped")
-		}
-		return b.err
+// leaderDuties is what the leader runs besides the CA's rotation: the
+// federation poller, after reloading what the previous leader saved, and
+// the root distribution.
+func (k *kubeSetup) leaderDuties(p *federation.Poller, dist *distribution.Controller, logger *slog.Logger) []func(context.Context) error {
+	var duties []func(context.Context) error
+	if p != nil {
+		log := logger.With(logattr.Component, "leader")
+		duties = append(duties, func(ctx context.Context) error {
+			// Everything the previous leader saved was written before its
+			// lease could lapse, so before this replica was elected: read
+			// it now rather than trust that its watch events arrived.
+			for _, err := range p.LoadLastKnownGood() {
+				log.Error("last-known-good bundle not reloaded on taking the lead", logattr.Error, err)
+			}
+			return p.Run(ctx)
+		})
 	}
+	if dist != nil {
+		duties = append(duties, dist.Run)
+	}
+	return duties
 }

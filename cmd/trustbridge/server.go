@@ -24,9 +24,11 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/ha"
 	"github.com/trustbridge/trustbridge/internal/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/runall"
 	"github.com/trustbridge/trustbridge/internal/securedir"
 )
 
@@ -175,13 +177,13 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	var bg *background
+	var replica *ha.Replica
 	if kube != nil {
-		if bg, err = kube.start(ctx, authority, logger); err != nil || bg == nil {
-			return err // bg == nil: stopped before the CA could sign
+		if replica, err = kube.start(ctx, authority, logger); err != nil || replica == nil {
+			return err // nil: stopped before the CA could sign
 		}
 		// Whatever returns early below must stop the background parts.
-		defer func() { _ = bg.stop() }()
+		defer func() { _ = replica.Stop() }()
 	}
 	trail, closeAudit, err := setupAudit(o, e, kube, reg, logger)
 	if err != nil {
@@ -193,7 +195,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, bg: bg, fed: fed, trail: trail}
+	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
 	fed.store.Set(caSource, authority.Bundle())
 
 	// The listeners opened below are the runners' to close once they run;
@@ -229,7 +231,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	undo = nil // the runners own the listeners now
-	err = runAll(ctx, runners...)
+	err = runall.Run(ctx, runners...)
 	logger.Info("trustbridge server stopped")
 	return err
 }
@@ -240,7 +242,7 @@ type serverParts struct {
 	authority *ca.Authority
 	caChanges <-chan struct{}
 	kube      *kubeSetup
-	bg        *background // with kube only
+	replica   *ha.Replica // with kube only
 	fed       *federationSetup
 	trail     *auditTrail
 	ep        *bundleEndpoint // nil without a bundle endpoint
@@ -262,7 +264,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 		if err != nil {
 			return nil, err
 		}
-		runners = append(runners, p.bg.run) // authority.Run is among them
+		runners = append(runners, p.replica.Run) // authority.Run is among them
 		runners = append(runners, kr...)
 	} else {
 		runners = append(runners, p.authority.Run)
@@ -433,27 +435,6 @@ func serveAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
 		err = serr
 	}
 	return err
-}
-
-// runAll runs every part until ctx is done or one of them fails, then
-// stops the others and returns the first error.
-func runAll(ctx context.Context, parts ...func(context.Context) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, len(parts))
-	for _, run := range parts {
-		go func() { errs <- run(ctx) }()
-	}
-	var first error
-	for range parts {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-		// Whatever ends first, error or not, ends the server: a half-running
-		// server would look healthy while part of it is gone.
-		cancel()
-	}
-	return first
 }
 
 func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr string, a *ca.Authority, ep *bundleEndpoint) {
