@@ -23,6 +23,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
@@ -67,19 +68,21 @@ type federationSetup struct {
 	// static are the endpoints from flags and files; resources
 	// (--federation-crd) add theirs to them.
 	static []federation.Endpoint
-	// crdOrigins names the resource behind each CRD-configured trust domain.
-	crdOrigins func() map[spiffeid.TrustDomain]string
 }
 
-// origin says where td's federation is configured ("" when it is not).
-func (fs *federationSetup) origin(td spiffeid.TrustDomain) string {
-	if o, ok := fs.origins[td]; ok {
-		return o
+// originOf says where a trust domain's federation is configured: flags
+// and files first, then the resources of ctl (may be nil); "" when it is
+// not configured.
+func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomain) string {
+	return func(td spiffeid.TrustDomain) string {
+		if o, ok := fs.origins[td]; ok {
+			return o
+		}
+		if ctl != nil {
+			return ctl.Origins()[td]
+		}
+		return ""
 	}
-	if fs.crdOrigins != nil {
-		return fs.crdOrigins()[td]
-	}
-	return ""
 }
 
 // applyCRD sets the poller's endpoints to the static ones plus those of

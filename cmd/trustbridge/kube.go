@@ -212,10 +212,29 @@ func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Log
 	return r, err
 }
 
+// federationCRD is the controller of the ClusterFederatedTrustDomain
+// resources (--federation-crd), nil when they are not configured. Trust
+// domains the flags or files configure are reserved: a resource for one is
+// refused as a conflict.
+func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*crd.Controller, error) {
+	if k == nil || !k.o.federationCRD || fed.poller == nil {
+		return nil, nil
+	}
+	reserved := map[spiffeid.TrustDomain]string{}
+	for td, origin := range fed.origins {
+		reserved[td] = map[string]string{"flag": "--federate (or SPIFFE_BUNDLE_ENDPOINTS)", "file": "--federation-config"}[origin]
+	}
+	return crd.New(crd.Config{
+		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, ClassName: k.o.federationClass,
+		Apply: fed.applyCRD, Status: fed.poller.Status, IsLeader: k.elector.IsLeader,
+		Logger: logger.With(logattr.Component, "federation-crd"), Registerer: reg,
+	})
+}
+
 // wire hands the leader its federation poller and root distribution and
 // returns what runs on every replica besides start's: followers reload the
 // federated bundles the leader saves.
-func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
+func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd.Controller, reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
 	var dist *distribution.Controller
 	if k.o.rootConfigMap != "" {
 		var err error
@@ -232,23 +251,10 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, reg prom
 		return nil, nil
 	}
 	var runners []func(context.Context) error
-	if k.o.federationCRD {
-		reserved := map[spiffeid.TrustDomain]string{}
-		for td, origin := range fed.origins {
-			reserved[td] = map[string]string{"flag": "--federate (or SPIFFE_BUNDLE_ENDPOINTS)", "file": "--federation-config"}[origin]
-		}
-		c, err := crd.New(crd.Config{
-			Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, ClassName: k.o.federationClass,
-			Apply: fed.applyCRD, Status: fed.poller.Status, IsLeader: k.elector.IsLeader,
-			Logger: logger.With(logattr.Component, "federation-crd"), Registerer: reg,
-		})
-		if err != nil {
-			return nil, err
-		}
-		fed.crdOrigins = c.Origins
+	if ctl != nil {
 		// Every replica: followers keep the same endpoints, so a new
 		// leader polls them at once.
-		runners = append(runners, c.Run)
+		runners = append(runners, ctl.Run)
 	}
 	p := fed.poller
 	return append(runners, func(ctx context.Context) error {

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/ha"
@@ -196,6 +197,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
+	if p.crd, err = kube.federationCRD(td, fed, reg, logger); err != nil {
+		return err
+	}
 	fed.store.Set(caSource, authority.Bundle())
 
 	// The listeners opened below are the runners' to close once they run;
@@ -218,7 +222,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
-	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(authority, reg, fed, p.ep, replicaOf(kube).at(e.now))))
+	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(authority, reg, fed, p.crd, p.ep, replicaOf(kube).at(e.now))))
 
 	addr := ln.Addr().String()
 	announce(e, o, td, kube, addr, authority, p.ep, p.gs, logger)
@@ -244,6 +248,7 @@ type serverParts struct {
 	kube      *kubeSetup
 	replica   *ha.Replica // with kube only
 	fed       *federationSetup
+	crd       *crd.Controller // nil without --federation-crd
 	trail     *auditTrail
 	ep        *bundleEndpoint // nil without a bundle endpoint
 	gs        *grpcEndpoint
@@ -260,7 +265,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail) },
 	}
 	if p.kube != nil {
-		kr, err := p.kube.wire(p.td, p.fed, reg, logger)
+		kr, err := p.kube.wire(p.td, p.fed, p.crd, reg, logger)
 		if err != nil {
 			return nil, err
 		}
@@ -485,7 +490,7 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 // adminHandler mounts the admin API on the server's parts. rep, when
 // set, names this replica and adds /v1/snapshot and /ui, which show fed's
 // trust store.
-func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ep *bundleEndpoint, rep *replica) http.Handler {
+func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica) http.Handler {
 	cfg := admin.Config{
 		TrustDomain: a.TrustDomain(), CA: a, Gatherer: reg,
 		Ready: func() error {
@@ -496,7 +501,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		},
 	}
 	if fed != nil {
-		cfg.Origin = fed.origin
+		cfg.Origin = originOf(fed, ctl)
 		if fed.poller != nil { // a nil *Poller in the interface would not be nil
 			cfg.Federation = fed.poller
 		}
