@@ -69,7 +69,7 @@ func TestStalledLastKnownGoodStoreDoesNotBlockThePoller(t *testing.T) {
 			<-store.entered
 			answered := make(chan []Status, 1)
 			go func() {
-				_, _ = p.x509BundleFor(td)
+				_, _ = p.fetcher.cfg.Roots.X509BundleFor(td)
 				answered <- p.Status()
 			}()
 			select {

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/robfig/cron/v3"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
@@ -20,12 +19,17 @@ import (
 	"github.com/trustbridge/trustbridge/internal/schedule"
 )
 
-// Sink receives every bundle the poller accepts (and the last-known-good
-// ones it loads): the trust store. Source names the endpoint. Remove
-// withdraws an endpoint's bundle when the endpoint is no longer configured.
+// Sink is the trust store: it receives every bundle the poller accepts
+// (and the last-known-good ones it loads), and it is where the fetcher
+// reads the roots that authenticate an https_spiffe endpoint, so a
+// fetched bundle goes one way, poller to store, and every reader (the
+// fetcher, SDS, the bundle endpoint) takes it from there. Source names the
+// endpoint. Remove withdraws an endpoint's bundle when the endpoint is no
+// longer configured.
 type Sink interface {
 	Set(source string, b *spiffebundle.Bundle)
 	Remove(source string, td spiffeid.TrustDomain)
+	BundleSource
 }
 
 // State summarizes an endpoint for operators.
@@ -50,14 +54,11 @@ const staleAfter = 3
 // PollerConfig configures a Poller.
 type PollerConfig struct {
 	Endpoints []Endpoint
-	Fetcher   FetcherConfig // Roots is set by the poller: it authenticates https_spiffe servers with what it holds
+	Fetcher   FetcherConfig // Roots is set by the poller: the Sink
 	Policy    RefreshPolicy // server-wide clamps
 	// LKG persists accepted bundles; nil keeps them in memory only.
 	LKG  LastKnownGood
 	Sink Sink
-	// OtherRoots supplies roots for endpoint SPIFFE IDs of trust domains
-	// this poller does not fetch itself (an endpoint served by a hub).
-	OtherRoots BundleSource
 	// AllowEmpty applies keys: [] (revoking every key) instead of refusing it.
 	AllowEmpty bool
 	// OnEvent, when set, hears of every trust change: endpoints added,
@@ -196,10 +197,20 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	p := &Poller{cfg: cfg, states: map[spiffeid.TrustDomain]*endpointState{}}
 	for _, ep := range cfg.Endpoints {
 		p.states[ep.TrustDomain] = &endpointState{ep: ep}
+		// The store holds the bootstrap bundle from the start, so the
+		// fetcher can authenticate the first poll with it; nothing is held
+		// yet, so LoadLastKnownGood still restores any stored bundle.
+		if ep.BootstrapBundle != nil {
+			cfg.Sink.Set(SourceName(ep.TrustDomain), ep.BootstrapBundle)
+		}
 	}
 	p.sortLocked()
 	fc := cfg.Fetcher
-	fc.Roots = BundleSourceFunc(p.x509BundleFor)
+	// The store authenticates an https_spiffe server with the roots of its
+	// SPIFFE ID's trust domain: the bundle held for a polled one (the
+	// bootstrap bundle until the first fetch), and whatever the store holds
+	// for others (an endpoint served by a hub, or by our own CA).
+	fc.Roots = cfg.Sink
 	p.fetcher = NewFetcher(fc)
 	m, err := newPollerMetrics(cfg.Registerer, p)
 	if err != nil {
@@ -312,30 +323,6 @@ func (p *Poller) restoreLocked(st *endpointState, e *LKGEntry) error {
 	p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
 		logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
 	return nil
-}
-
-// x509BundleFor gives the roots that authenticate an https_spiffe server
-// whose SPIFFE ID is in td: the latest bundle held for td (the bootstrap
-// bundle until the first fetch), or, for trust domains fetched elsewhere,
-// OtherRoots.
-func (p *Poller) x509BundleFor(td spiffeid.TrustDomain) (*x509bundle.Bundle, bool) {
-	p.mu.Lock()
-	st, ok := p.states[td]
-	var held *spiffebundle.Bundle
-	if ok {
-		held = st.held
-		if held == nil {
-			held = st.ep.BootstrapBundle
-		}
-	}
-	p.mu.Unlock()
-	if held != nil {
-		return held.X509Bundle(), true
-	}
-	if p.cfg.OtherRoots != nil {
-		return p.cfg.OtherRoots.X509BundleFor(td)
-	}
-	return nil, false
 }
 
 // Run polls every endpoint until ctx is done; each trust domain has its

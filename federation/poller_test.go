@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -42,6 +43,14 @@ func (s *memSink) Remove(source string, _ spiffeid.TrustDomain) {
 	defer s.mu.Unlock()
 	delete(s.got, source)
 	s.n++
+}
+
+// X509BundleFor is what the poller wrote for td: the fetcher's roots.
+func (s *memSink) X509BundleFor(td spiffeid.TrustDomain) (*x509bundle.Bundle, bool) {
+	if b := s.get(SourceName(td)); b != nil {
+		return b.X509Bundle(), true
+	}
+	return nil, false
 }
 
 func (s *memSink) get(source string) *spiffebundle.Bundle {

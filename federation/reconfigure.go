@@ -150,9 +150,9 @@ func (p *Poller) changeLocked(old *endpointState, ep Endpoint, now time.Time) (e
 	// itself replaced and discards its result.
 	st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
 		lastSuccess: old.lastSuccess, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
-	if old.held == old.ep.BootstrapBundle {
-		// Never fetched: the operator's new bootstrap bundle (or none)
-		// replaces the old one.
+	if old.held == nil || old.held == old.ep.BootstrapBundle {
+		// Never fetched (nor restored): the operator's new bootstrap
+		// bundle (or none) replaces the old one.
 		st.held, st.fromLKG = ep.BootstrapBundle, false
 		if st.held != nil {
 			p.cfg.Sink.Set(SourceName(td), st.held)

@@ -176,7 +176,6 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 		Policy:     federation.RefreshPolicy{Min: o.minRefresh, Max: o.maxRefresh},
 		LKG:        lkg,
 		Sink:       fs.store,
-		OtherRoots: fs.store,
 		AllowEmpty: o.allowEmpty,
 		OnEvent:    onEvent,
 		Logger:     logger.With(logattr.Component, "federation"),

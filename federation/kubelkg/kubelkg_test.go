@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -213,6 +214,14 @@ func (s *sink) Remove(source string, _ spiffeid.TrustDomain) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.m, source)
+}
+
+// X509BundleFor is what the poller wrote for td: the fetcher's roots.
+func (s *sink) X509BundleFor(td spiffeid.TrustDomain) (*x509bundle.Bundle, bool) {
+	if b := s.get(federation.SourceName(td)); b != nil {
+		return b.X509Bundle(), true
+	}
+	return nil, false
 }
 
 func (s *sink) get(source string) *spiffebundle.Bundle {
