@@ -199,13 +199,12 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
-	sdsServer, trustFeed, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.sdsAuthenticator(auth, o), reg, logger)
+	sdsServer, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.sdsAuthenticator(auth, o), reg, logger)
 	if err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
-		trustFeed.cancel()
 		return nil, fmt.Errorf("--grpc-listen: %w", err)
 	}
 	g.ln = ln
@@ -213,7 +212,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	// certificate request; the certificate service bounds its own.
 	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, grpc.MaxRecvMsgSize(sds.MaxRequestSize))
 	sdsServer.Register(srv.Registrar())
-	g.runners = append(g.runners, sc.Run, trustFeed.run, srv.Run)
+	g.runners = append(g.runners, sc.Run, srv.Run)
 	return g, nil
 }
 
@@ -222,7 +221,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 // pushed on every change, and, unless --sds-workload-certs=false, the
 // caller's own certificate minted by the CA for the identity it proved.
 func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Duration, authority *ca.Authority,
-	fed *federationSetup, auth authn.Authenticator, reg prometheus.Registerer, logger *slog.Logger) (*sds.Server, *storeTrust, error) {
+	fed *federationSetup, auth authn.Authenticator, reg prometheus.Registerer, logger *slog.Logger) (*sds.Server, error) {
 	cfg := sds.Config{
 		TrustDomain:   td,
 		Authenticator: auth,
@@ -232,22 +231,13 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 	if !o.noSDSCerts {
 		minter, err := sds.NewMinter(sds.MinterConfig{Signer: authoritySigner{authority}, TTL: ttl})
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		cfg.Credentials = minter
 		g.sdsCerts = true
 	}
-	feed, err := newStoreTrust(fed.store)
-	if err != nil {
-		return nil, nil, err
-	}
-	cfg.Trust = feed.cell
-	srv, err := sds.New(cfg)
-	if err != nil {
-		feed.cancel()
-		return nil, nil, err
-	}
-	return srv, feed, nil
+	cfg.Trust = &storeTrust{store: fed.store}
+	return sds.New(cfg)
 }
 
 // authenticators builds the chain in Istio's order: an X509-SVID of the

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"crypto/x509"
-	"fmt"
+	"sync/atomic"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/ca"
@@ -15,61 +13,31 @@ import (
 	"github.com/trustbridge/trustbridge/sds"
 )
 
-// storeTrust publishes the trust store to SDS: the cell holds the store's
-// current snapshot from the start, and run republishes it after every
-// change, so a federation update or a CA rotation reaches every SDS stream
-// as soon as the store has it.
+// storeTrust is the trust store as SDS's TrustSource: the current
+// snapshot's X.509 bundles, with the snapshot's Superseded channel as
+// Changed, so every SDS stream follows the store itself and a federation
+// update or a CA rotation reaches it as soon as the store has it, with no
+// copy in between.
 type storeTrust struct {
 	store *trust.Store
-	cell  *sds.TrustCell
-	// changes is subscribed at construction, so no change between setup
-	// and run is missed.
-	changes <-chan struct{}
-	cancel  func()
+	last  atomic.Pointer[storeTrustView]
 }
 
-func newStoreTrust(store *trust.Store) (*storeTrust, error) {
-	changes, cancel := store.Subscribe()
-	st := &storeTrust{store: store, cell: sds.NewTrustCell(), changes: changes, cancel: cancel}
-	if err := st.publish(); err != nil {
-		cancel()
-		return nil, err
-	}
-	return st, nil
+// storeTrustView is the Trust of one snapshot, made once.
+type storeTrustView struct {
+	snap  *trust.Snapshot
+	trust *sds.Trust
 }
 
-// publish copies the store's current snapshot into the cell.
-func (st *storeTrust) publish() error {
-	snap := st.store.Snapshot()
-	tds := snap.TrustDomains()
-	bundles := make([]*x509bundle.Bundle, 0, len(tds))
-	for _, td := range tds {
-		if b, ok := snap.X509BundleFor(td); ok && len(b.X509Authorities()) > 0 {
-			bundles = append(bundles, b)
-		}
+// Trust implements sds.TrustSource.
+func (s *storeTrust) Trust() *sds.Trust {
+	snap := s.store.Snapshot()
+	if v := s.last.Load(); v != nil && v.snap == snap {
+		return v.trust
 	}
-	return st.cell.Set(bundles)
-}
-
-// run republishes after each change until ctx is done. The store keeps
-// one bundle per trust domain, so Set cannot refuse what it publishes; if
-// it ever did, the previous trust stays and the error ends the server
-// rather than leaving SDS silently behind.
-func (st *storeTrust) run(ctx context.Context) error {
-	defer st.cancel()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case _, ok := <-st.changes:
-			if !ok {
-				return nil
-			}
-			if err := st.publish(); err != nil {
-				return fmt.Errorf("sds: publishing the trust store: %w", err)
-			}
-		}
-	}
+	v := &storeTrustView{snap: snap, trust: &sds.Trust{Bundles: snap.X509Bundles(), Changed: snap.Superseded()}}
+	s.last.Store(v)
+	return v.trust
 }
 
 // authoritySigner signs the CSRs sds.Minter makes for callers SDS has

@@ -108,6 +108,7 @@ func (s *Store) publishLocked(td spiffeid.TrustDomain) {
 	next := &Snapshot{
 		generation: old.generation + 1,
 		entries:    maps.Clone(old.entries),
+		superseded: make(chan struct{}),
 	}
 	if bySource, ok := s.sources[td]; ok {
 		e := newEntry(td, bySource)
@@ -119,6 +120,7 @@ func (s *Store) publishLocked(td spiffeid.TrustDomain) {
 		delete(next.entries, td)
 	}
 	s.snap.Store(next)
+	close(old.superseded)
 	s.notify()
 }
 
@@ -193,6 +195,10 @@ func (s *Store) notify() {
 type Snapshot struct {
 	generation uint64
 	entries    map[spiffeid.TrustDomain]*entry
+	superseded chan struct{} // closed when the store publishes the next
+
+	x509sOnce sync.Once
+	x509s     []*x509bundle.Bundle
 }
 
 type entry struct {
@@ -203,7 +209,25 @@ type entry struct {
 }
 
 func emptySnapshot() *Snapshot {
-	return &Snapshot{entries: map[spiffeid.TrustDomain]*entry{}}
+	return &Snapshot{entries: map[spiffeid.TrustDomain]*entry{}, superseded: make(chan struct{})}
+}
+
+// Superseded is closed when the store publishes a newer snapshot: a reader
+// that holds this one waits on it instead of subscribing.
+func (sn *Snapshot) Superseded() <-chan struct{} { return sn.superseded }
+
+// X509Bundles returns the X.509 roots of every trust domain that has
+// some, one bundle per trust domain, sorted by trust domain name. The
+// slice and bundles are shared and must not be changed.
+func (sn *Snapshot) X509Bundles() []*x509bundle.Bundle {
+	sn.x509sOnce.Do(func() {
+		for _, td := range sn.TrustDomains() {
+			if b := sn.entries[td].x509; len(b.X509Authorities()) > 0 {
+				sn.x509s = append(sn.x509s, b)
+			}
+		}
+	})
+	return sn.x509s
 }
 
 // Generation counts the changes the store has published; it grows by one

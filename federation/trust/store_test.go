@@ -245,3 +245,33 @@ func TestStoreAsGoSpiffeSource(t *testing.T) {
 func TestStoreSetPanicsOnNil(t *testing.T) {
 	assert.Panics(t, func() { trust.NewStore().Set("x", nil) })
 }
+
+// A reader holding a snapshot learns from it that a newer one exists; the
+// X.509 bundles are every trust domain's with roots, in name order.
+func TestSnapshotSupersededAndX509Bundles(t *testing.T) {
+	s := trust.NewStore()
+	first := s.Snapshot()
+	assert.Empty(t, first.X509Bundles())
+	b := testca.New(t, "b.example")
+	a := testca.New(t, "a.example")
+	s.Set("peer", b.Bundle())
+	select {
+	case <-first.Superseded():
+	default:
+		t.Fatal("the first snapshot is not superseded after a change")
+	}
+	second := s.Snapshot()
+	s.Set("peer", b.Bundle()) // the same keys: nothing published
+	select {
+	case <-second.Superseded():
+		t.Fatal("a change that changes nothing supersedes nothing")
+	default:
+	}
+	s.Set("other", a.Bundle())
+	s.Set("jwt-only", spiffebundle.New(spiffeid.RequireTrustDomainFromString("c.example")))
+	var names []string
+	for _, x := range s.Snapshot().X509Bundles() {
+		names = append(names, x.TrustDomain().Name())
+	}
+	assert.Equal(t, []string{"a.example", "b.example"}, names, "sorted, and without trust domains that have no X.509 roots")
+}
