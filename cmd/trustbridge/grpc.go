@@ -137,34 +137,13 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	}
 	logger = logger.With(logattr.Component, "ca-api")
 	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, grpcServingPath)}
-
-	var roots func() []*x509.Certificate
-	switch o.responseRoots {
-	case rootsMerged:
-		g.roots = rootsMerged
-		roots = fed.store.MergedRoots(td)
-		logger.Warn("--ca-response-roots merged: every federated trust domain's roots are appended to issued chains as one flat list; "+
-			"a client that cannot tell trust domains apart (an Istio sidecar, a tool reading one PEM file) trusts a peer's CA for "+
-			"this trust domain too, so a peer can impersonate local workloads to it. Use local unless every caller checks trust "+
-			"domains itself; trustbridge ca request and agent get federated trust per trust domain either way", "trust_domain", td.Name())
-	case "", rootsLocal:
-		g.roots = rootsLocal // the signing roots, which the service always sends
-	default:
-		return nil, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
-	}
-	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
-	if !(o.rateLimit >= 0) || o.queueSize < 0 {
-		return nil, fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
-	}
-	for _, acct := range nonEmpty(o.trustedNodeAccounts) {
-		if err := nodeauth.CheckAccount(acct); err != nil {
-			return nil, fmt.Errorf("--ca-trusted-node-accounts %q: %w", acct, err)
-		}
-	}
-	if err := checkGrantFlags(o); err != nil {
+	roots, err := g.responseRoots(o, td, fed, logger)
+	if err != nil {
 		return nil, err
 	}
-
+	if err := checkGRPCFlags(o); err != nil {
+		return nil, err
+	}
 	auth, err := g.authenticators(o, td, authority, reg, logger)
 	if err != nil {
 		return nil, err
@@ -187,15 +166,9 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, err
 	}
-	dns := make([]string, 0, len(o.dnsNames))
-	for _, n := range o.dnsNames {
-		if n = strings.TrimSpace(n); n != "" {
-			dns = append(dns, n)
-		}
-	}
 	// Istio agents reach the CA by host name and check it; workloads never
 	// get DNS names from us, so only this certificate can match them.
-	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(dns...))
+	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(nonEmpty(o.dnsNames)...))
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
@@ -214,6 +187,41 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	sdsServer.Register(srv.Registrar())
 	g.runners = append(g.runners, sc.Run, srv.Run)
 	return g, nil
+}
+
+// responseRoots is what --ca-response-roots puts after issued chains: nil
+// for the local roots (the signing roots, which the service always sends),
+// or every trust domain's as one flat list, with a warning.
+func (g *grpcEndpoint) responseRoots(o grpcOptions, td spiffeid.TrustDomain, fed *federationSetup, logger *slog.Logger) (func() []*x509.Certificate, error) {
+	switch o.responseRoots {
+	case rootsMerged:
+		g.roots = rootsMerged
+		logger.Warn("--ca-response-roots merged: every federated trust domain's roots are appended to issued chains as one flat list; "+
+			"a client that cannot tell trust domains apart (an Istio sidecar, a tool reading one PEM file) trusts a peer's CA for "+
+			"this trust domain too, so a peer can impersonate local workloads to it. Use local unless every caller checks trust "+
+			"domains itself; trustbridge ca request and agent get federated trust per trust domain either way", "trust_domain", td.Name())
+		return fed.store.MergedRoots(td), nil
+	case "", rootsLocal:
+		g.roots = rootsLocal
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
+	}
+}
+
+// checkGRPCFlags checks the signing limits, the node proxies' accounts
+// and the grant flags.
+func checkGRPCFlags(o grpcOptions) error {
+	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
+	if !(o.rateLimit >= 0) || o.queueSize < 0 {
+		return fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
+	}
+	for _, acct := range nonEmpty(o.trustedNodeAccounts) {
+		if err := nodeauth.CheckAccount(acct); err != nil {
+			return fmt.Errorf("--ca-trusted-node-accounts %q: %w", acct, err)
+		}
+	}
+	return checkGrantFlags(o)
 }
 
 // sds builds the Envoy SDS server that shares the certificate service's
@@ -258,58 +266,13 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 	chain := authn.Chain{svid}
 	g.methods = append(g.methods, authn.MethodX509SVID)
 
-	mode := o.tokenReview
-	if mode == "" {
-		mode = tokenReviewAuto
+	tr, err := g.tokenReview(o, lim, td, reg, logger)
+	if err != nil {
+		return nil, err
 	}
-	switch mode {
-	case tokenReviewOff:
-	case tokenReviewAuto, tokenReviewOn:
-		cfg, ok, err := loadKubeConfig(o.kubeconfig)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			if mode == tokenReviewOn {
-				return nil, errors.New("--token-review on needs --kubeconfig or an in-cluster config (KUBERNETES_SERVICE_HOST)")
-			}
-			logger.Info("no Kubernetes config; service account tokens are not accepted (--token-review auto)")
-			break
-		}
-		cfg = rest.CopyConfig(cfg)
-		// Agents renew in waves; client-go's default of 5 calls a second
-		// would queue their reviews. Successful reviews are cached.
-		cfg.QPS, cfg.Burst = 50, 100
-		client, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes client: %w", err)
-		}
-		var issuerKeys authn.FetchFunc
-		if !lim.noIssuerKeys {
-			issuerKeys = authn.RESTFetch(client.Discovery().RESTClient())
-		}
-		tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
-			Client: client, TrustDomain: td, Audience: o.tokenAudience, ClusterID: o.clusterID,
-			MaxReviewsPerPeer: lim.reviewPerPeer, PeerReviewRate: lim.peerRate(), PeerReviewBurst: lim.reviewPeerBurst,
-			IssuerKeys: issuerKeys,
-			Logger:     logger.With(logattr.Component, "token-review"), Registerer: reg,
-		})
-		if err != nil {
-			return nil, err
-		}
+	if tr != nil {
 		chain = append(chain, tr)
-		g.runners = append(g.runners, tr.Run)
-		if err := g.addServiceAccountGrants(client, o.onServiceAccountDeleted, logger); err != nil {
-			return nil, err
-		}
-		if err := g.addImpersonation(client, o, td, logger); err != nil {
-			return nil, err
-		}
-		g.methods = append(g.methods, authn.MethodKubernetesJWT)
-	default:
-		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.tokenReview)
 	}
-
 	if o.bootstrapFile != "" {
 		boot, err := authn.NewBootstrapTokens(authn.BootstrapTokensConfig{
 			Path: o.bootstrapFile, TrustDomain: td,
@@ -327,6 +290,65 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		g.methods = append(g.methods, authn.MethodBootstrapToken)
 	}
 	return chain, nil
+}
+
+// tokenReview is the service account token authenticator as --token-review
+// says (auto: when a Kubernetes config is found), with the grants and
+// impersonation that need the same client; nil when tokens are off.
+func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.TrustDomain,
+	reg prometheus.Registerer, logger *slog.Logger) (*authn.TokenReview, error) {
+	mode := o.tokenReview
+	if mode == "" {
+		mode = tokenReviewAuto
+	}
+	switch mode {
+	case tokenReviewOff:
+		return nil, nil
+	case tokenReviewAuto, tokenReviewOn:
+	default:
+		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.tokenReview)
+	}
+	cfg, ok, err := loadKubeConfig(o.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if mode == tokenReviewOn {
+			return nil, errors.New("--token-review on needs --kubeconfig or an in-cluster config (KUBERNETES_SERVICE_HOST)")
+		}
+		logger.Info("no Kubernetes config; service account tokens are not accepted (--token-review auto)")
+		return nil, nil
+	}
+	cfg = rest.CopyConfig(cfg)
+	// Agents renew in waves; client-go's default of 5 calls a second
+	// would queue their reviews. Successful reviews are cached.
+	cfg.QPS, cfg.Burst = 50, 100
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	var issuerKeys authn.FetchFunc
+	if !lim.noIssuerKeys {
+		issuerKeys = authn.RESTFetch(client.Discovery().RESTClient())
+	}
+	tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
+		Client: client, TrustDomain: td, Audience: o.tokenAudience, ClusterID: o.clusterID,
+		MaxReviewsPerPeer: lim.reviewPerPeer, PeerReviewRate: lim.peerRate(), PeerReviewBurst: lim.reviewPeerBurst,
+		IssuerKeys: issuerKeys,
+		Logger:     logger.With(logattr.Component, "token-review"), Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.runners = append(g.runners, tr.Run)
+	if err := g.addServiceAccountGrants(client, o.onServiceAccountDeleted, logger); err != nil {
+		return nil, err
+	}
+	if err := g.addImpersonation(client, o, td, logger); err != nil {
+		return nil, err
+	}
+	g.methods = append(g.methods, authn.MethodKubernetesJWT)
+	return tr, nil
 }
 
 // loadKubeConfig returns the Kubernetes client configuration: from path
