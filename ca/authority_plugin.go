@@ -23,39 +23,68 @@ func (a *Authority) syncPlugin() error {
 	defer unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
+	j, version, err := a.loadPluginJournalLocked()
 	if err != nil {
 		return err
-	}
-	if len(roots) > 0 {
-		return fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
-	}
-	if j == nil {
-		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	}
 	a.journal = j
 	now := a.cfg.Clock.Now()
 	m := a.cfg.Plugin.Current()
-	recs, changed := a.pluginRecords(now, m, j.PluginRoots)
-	if changed || j.Sequence == 0 {
-		j.PluginRoots = recs
-		j.Sequence++
-		j.Updated = now
-		ids := make([]string, 0, len(recs))
-		for _, r := range recs {
-			ids = append(ids, r.SHA256)
-		}
-		j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
-		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
-		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
-		if version, err = a.backend.Commit(version, j, nil); err != nil {
-			return err
-		}
+	if version, err = a.commitPluginRootsLocked(now, m, version); err != nil {
+		return err
 	}
 	a.version = version
 	a.plugin = m
+	if err := a.setPluginRootsLocked(j.PluginRoots); err != nil {
+		return err
+	}
+	a.publishLocked()
+	return nil
+}
+
+// loadPluginJournalLocked reads the journal a plug-in CA publishes from,
+// refusing state that holds self-signed roots.
+func (a *Authority) loadPluginJournalLocked() (*Journal, string, error) {
+	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
+	if err != nil {
+		return nil, "", err
+	}
+	if len(roots) > 0 {
+		return nil, "", fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
+	}
+	if j == nil {
+		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
+	}
+	return j, version, nil
+}
+
+// commitPluginRootsLocked records m's roots in a.journal and persists it
+// when the published set changed (or nothing was ever published), and
+// returns the state's version, new or as it was.
+func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, version string) (string, error) {
+	j := a.journal
+	recs, changed := a.pluginRecords(now, m, j.PluginRoots)
+	if !changed && j.Sequence != 0 {
+		return version, nil
+	}
+	j.PluginRoots = recs
+	j.Sequence++
+	j.Updated = now
+	ids := make([]string, 0, len(recs))
+	for _, r := range recs {
+		ids = append(ids, r.SHA256)
+	}
+	j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
+	a.metrics.rotations.WithLabelValues("plugin_change").Inc()
+	a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
+	return a.backend.Commit(version, j, nil)
+}
+
+// setPluginRootsLocked makes a.roots the journal's plug-in roots: external,
+// or retired once they left the directory.
+func (a *Authority) setPluginRootsLocked(recs []PluginRootRecord) error {
 	a.roots = a.roots[:0]
-	for _, rec := range j.PluginRoots {
+	for _, rec := range recs {
 		cert, err := x509.ParseCertificate(rec.DER)
 		if err != nil {
 			return fmt.Errorf("ca: journal plug-in root %s: %w", rec.SHA256, err)
@@ -68,7 +97,6 @@ func (a *Authority) syncPlugin() error {
 			ID: cert.SerialNumber.Text(16), State: state, CertSHA256: rec.SHA256, RemoveAfter: rec.RemoveAfter,
 		}, Cert: cert})
 	}
-	a.publishLocked()
 	return nil
 }
 
