@@ -57,6 +57,25 @@ type Config struct {
 }
 
 func (c *Config) applyDefaults() error {
+	if err := c.checkRequired(); err != nil {
+		return err
+	}
+	if c.KeyType == "" {
+		c.KeyType = KeyECP256
+	}
+	if _, err := ParseKeyType(string(c.KeyType)); err != nil {
+		return err
+	}
+	if err := c.applyTTLDefaults(); err != nil {
+		return err
+	}
+	c.applyRuntimeDefaults()
+	return c.timeline().Validate(c.RootTTL)
+}
+
+// checkRequired checks the fields without defaults and the modes that
+// cannot be combined.
+func (c *Config) checkRequired() error {
 	if c.TrustDomain.IsZero() {
 		return errors.New("trust domain is required")
 	}
@@ -66,12 +85,10 @@ func (c *Config) applyDefaults() error {
 	if c.Plugin != nil && c.Leader != nil {
 		return errors.New("leader election is not supported in plug-in mode: every replica publishes its own --ca-dir")
 	}
-	if c.KeyType == "" {
-		c.KeyType = KeyECP256
-	}
-	if _, err := ParseKeyType(string(c.KeyType)); err != nil {
-		return err
-	}
+	return nil
+}
+
+func (c *Config) applyTTLDefaults() error {
 	if c.RootTTL == 0 {
 		c.RootTTL = DefaultRootTTL
 	}
@@ -90,6 +107,10 @@ func (c *Config) applyDefaults() error {
 	if c.WorkloadTTL > c.MaxWorkloadTTL {
 		return fmt.Errorf("workload TTL %s exceeds the maximum %s", c.WorkloadTTL, c.MaxWorkloadTTL)
 	}
+	return nil
+}
+
+func (c *Config) applyRuntimeDefaults() {
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
 	}
@@ -99,7 +120,6 @@ func (c *Config) applyDefaults() error {
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
 	}
-	return c.timeline().Validate(c.RootTTL)
 }
 
 func (c *Config) timeline() Timeline {
