@@ -1,0 +1,180 @@
+package ca
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// syncPlugin publishes the plug-in directory's roots, bumping the
+// sequence when the set changed, and persists it.
+func (a *Authority) syncPlugin() error {
+	unlock, err := a.lockState()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	j, version, err := a.loadPluginJournalLocked()
+	if err != nil {
+		return err
+	}
+	a.journal = j
+	now := a.cfg.Clock.Now()
+	m := a.cfg.Plugin.Current()
+	if version, err = a.commitPluginRootsLocked(now, m, version); err != nil {
+		return err
+	}
+	a.version = version
+	a.plugin = m
+	if err := a.setPluginRootsLocked(j.PluginRoots); err != nil {
+		return err
+	}
+	a.publishLocked()
+	return nil
+}
+
+// loadPluginJournalLocked reads the journal a plug-in CA publishes from,
+// refusing state that holds self-signed roots.
+func (a *Authority) loadPluginJournalLocked() (*Journal, string, error) {
+	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
+	if err != nil {
+		return nil, "", err
+	}
+	if len(roots) > 0 {
+		return nil, "", fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
+	}
+	if j == nil {
+		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
+	}
+	return j, version, nil
+}
+
+// commitPluginRootsLocked records m's roots in a.journal and persists it
+// when the published set changed (or nothing was ever published), and
+// returns the state's version, new or as it was.
+func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, version string) (string, error) {
+	j := a.journal
+	recs, changed := a.pluginRecords(now, m, j.PluginRoots)
+	if !changed && j.Sequence != 0 {
+		return version, nil
+	}
+	j.PluginRoots = recs
+	j.Sequence++
+	j.Updated = now
+	ids := make([]string, 0, len(recs))
+	for _, r := range recs {
+		ids = append(ids, r.SHA256)
+	}
+	j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
+	a.metrics.rotations.WithLabelValues("plugin_change").Inc()
+	a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
+	return a.backend.Commit(version, j, nil)
+}
+
+// setPluginRootsLocked makes a.roots the journal's plug-in roots: external,
+// or retired once they left the directory.
+func (a *Authority) setPluginRootsLocked(recs []PluginRootRecord) error {
+	a.roots = a.roots[:0]
+	for _, rec := range recs {
+		cert, err := x509.ParseCertificate(rec.DER)
+		if err != nil {
+			return fmt.Errorf("ca: journal plug-in root %s: %w", rec.SHA256, err)
+		}
+		state := StateExternal
+		if !rec.RemoveAfter.IsZero() {
+			state = StateRetired
+		}
+		a.roots = append(a.roots, &Root{RootRecord: RootRecord{
+			ID: cert.SerialNumber.Text(16), State: state, CertSHA256: rec.SHA256, RemoveAfter: rec.RemoveAfter,
+		}, Cert: cert})
+	}
+	return nil
+}
+
+// pluginRecords computes the plug-in roots to publish: those of the
+// directory, plus earlier ones that left it, kept (as retired) until every
+// leaf they could have signed has expired. changed reports whether the
+// published set differs from prev.
+func (a *Authority) pluginRecords(now time.Time, m *PluginMaterial, prev []PluginRootRecord) ([]PluginRootRecord, bool) {
+	current := map[string]bool{}
+	var recs []PluginRootRecord
+	for _, r := range m.Roots {
+		fp := fingerprint(r)
+		current[fp] = true
+		recs = append(recs, PluginRootRecord{SHA256: fp, DER: r.Raw})
+	}
+	removeAfter := now.Add(retireMargin + a.timelineLocked().MaxWorkloadTTL)
+	for _, p := range prev {
+		if current[p.SHA256] {
+			continue
+		}
+		if p.RemoveAfter.IsZero() {
+			p.RemoveAfter = removeAfter
+		}
+		if now.Before(p.RemoveAfter) {
+			recs = append(recs, p)
+		}
+	}
+	key := func(rs []PluginRootRecord) string {
+		ids := make([]string, len(rs))
+		for i, r := range rs {
+			ids[i] = r.SHA256
+		}
+		sort.Strings(ids)
+		return strings.Join(ids, ",")
+	}
+	return recs, key(recs) != key(prev)
+}
+
+// nextPluginRemoval is when the next retired plug-in root leaves the
+// bundle, or zero.
+func (a *Authority) nextPluginRemoval() time.Time {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var next time.Time
+	for _, r := range a.roots {
+		if r.State == StateRetired && (next.IsZero() || r.RemoveAfter.Before(next)) {
+			next = r.RemoveAfter
+		}
+	}
+	return next
+}
+
+func (a *Authority) runPlugin(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- a.cfg.Plugin.Run(ctx) }()
+	for {
+		// Wake up for a directory change, or when a retired plug-in root
+		// is due to leave the bundle.
+		var (
+			removal <-chan time.Time
+			timer   clock.Timer
+		)
+		if next := a.nextPluginRemoval(); !next.IsZero() {
+			timer = a.cfg.Clock.NewTimer(next.Sub(a.cfg.Clock.Now()))
+			removal = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			return <-done
+		case <-removal:
+		case <-a.cfg.Plugin.Changes():
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		a.recordCheck(a.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
+	}
+}

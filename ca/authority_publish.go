@@ -1,0 +1,139 @@
+package ca
+
+import (
+	"crypto/x509"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+)
+
+// Changes is signalled (coalesced) whenever the published bundle changes.
+// It has one reader; other consumers use Subscribe.
+func (a *Authority) Changes() <-chan struct{} { return a.changes }
+
+// Subscribe returns a channel of its own, signalled (coalesced) on every
+// later change of the published bundle or of a root's state (a prepared
+// root activated leaves the bundle as it was).
+func (a *Authority) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	a.mu.Lock()
+	a.subs = append(a.subs, ch)
+	a.mu.Unlock()
+	return ch
+}
+
+// Bundle returns the published bundle: every prepared, active and retired
+// root, the sequence number and the refresh hint. It is shared and must
+// not be modified; Clone it first.
+func (a *Authority) Bundle() *spiffebundle.Bundle {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.bundle
+}
+
+// RootInfo describes a root for status reports.
+type RootInfo struct {
+	RootRecord
+	Cert *x509.Certificate
+}
+
+// Roots lists the roots and their state.
+func (a *Authority) Roots() []RootInfo {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := make([]RootInfo, 0, len(a.roots))
+	for _, r := range a.roots {
+		out = append(out, RootInfo{RootRecord: r.RootRecord, Cert: r.Cert})
+	}
+	return out
+}
+
+// Sequence is the published bundle's sequence number.
+func (a *Authority) Sequence() uint64 {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.journal.Sequence
+}
+
+func (a *Authority) publishLocked() {
+	if len(a.roots) == 0 && a.cfg.Plugin == nil {
+		// No state yet (a follower before the leader wrote it): nothing
+		// to publish.
+		return
+	}
+	now := a.cfg.Clock.Now()
+	current := make(map[string]bool, len(a.roots))
+	certs := make([]*x509.Certificate, 0, len(a.roots))
+	for _, r := range a.roots {
+		certs = append(certs, r.Cert)
+		current[r.ID] = true
+		if _, ok := a.served[r.ID]; !ok {
+			a.served[r.ID] = now
+		}
+	}
+	for id := range a.served {
+		if !current[id] {
+			delete(a.served, id)
+		}
+	}
+	b := spiffebundle.FromX509Authorities(a.cfg.TrustDomain, certs)
+	b.SetSequenceNumber(a.journal.Sequence)
+	b.SetRefreshHint(a.cfg.RefreshHint)
+	changed := a.bundle == nil || !a.bundle.Equal(b)
+	a.bundle = b
+	a.metrics.observe(a.roots, a.journal.Sequence)
+	states := make([]string, 0, len(a.roots))
+	for _, r := range a.roots {
+		states = append(states, r.ID+"="+string(r.State))
+	}
+	stateKey := strings.Join(states, ",")
+	stateChanged := stateKey != a.published
+	a.published = stateKey
+	notify := a.subs
+	if changed {
+		notify = append([]chan struct{}{a.changes}, a.subs...)
+	} else if !stateChanged {
+		notify = nil
+	}
+	for _, ch := range notify {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Ready reports why the CA cannot sign, or nil. In plug-in mode a bad
+// change to the directory makes it not ready, though it keeps signing
+// with the last good material: operators must see the error.
+func (a *Authority) Ready() error {
+	if a.cfg.Plugin != nil {
+		if err := a.cfg.Plugin.LastError(); err != nil {
+			return fmt.Errorf("%w (still signing with the last good material)", err)
+		}
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.lastErr != nil {
+		return fmt.Errorf("last CA check failed: %w", a.lastErr)
+	}
+	m, err := a.signingMaterialLocked()
+	if err != nil {
+		return err
+	}
+	if now := a.cfg.Clock.Now(); now.After(m.Cert.NotAfter) {
+		return fmt.Errorf("ca: active root %s expired at %s", fingerprint(m.Cert)[:16], m.Cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// readinessGauge is 1 while Ready reports a problem, so alerts need not
+// scrape /readyz.
+func (a *Authority) readinessGauge() float64 {
+	if a.Ready() != nil {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,226 @@
+package ca
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/url"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// timelineLocked is the configured timeline, with the maximum workload TTL
+// raised to the largest ever recorded in the journal: leaves signed under
+// an earlier, longer maximum may still be out there.
+func (a *Authority) timelineLocked() Timeline {
+	tl := a.cfg.timeline()
+	if rec := time.Duration(a.journal.MaxWorkloadTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
+		tl.MaxWorkloadTTL = rec
+	}
+	return tl
+}
+
+// Rotate publishes a successor root now, unless one is already waiting.
+// The successor signs only after the usual publication lead.
+func (a *Authority) Rotate() error {
+	if a.cfg.Plugin != nil {
+		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
+	}
+	if !a.leading() {
+		return fmt.Errorf("ca: %w: only the leader rotates roots", ErrNotLeader)
+	}
+	return a.withStateLocked(func() error {
+		for _, r := range a.roots {
+			if r.State == StatePrepared {
+				a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
+				return nil
+			}
+		}
+		if err := a.prepareLocked(a.cfg.Clock.Now(), "forced"); err != nil {
+			return err
+		}
+		return a.commitLocked()
+	})
+}
+
+// Reconcile applies every rotation step due now and persists the result.
+// On a follower (Config.Leader says it does not lead) it only reloads the
+// state and publishes what it found.
+func (a *Authority) Reconcile() error {
+	if !a.leading() {
+		return a.Reload()
+	}
+	return a.withStateLocked(a.reconcileLocked)
+}
+
+func (a *Authority) reconcileLocked() error {
+	changed := false
+	for _, r := range a.roots {
+		// A root prepared by `ca rotate` has no PublishedAt; one that
+		// waited while no server ran, or that this process began serving
+		// only later, starts its lead when this process began serving it
+		// (see served).
+		if r.State != StatePrepared {
+			continue
+		}
+		if s, ok := a.served[r.ID]; ok && s.After(r.PublishedAt) {
+			r.PublishedAt = s
+			changed = true
+		}
+	}
+	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
+		// The hint is part of the published document.
+		a.journal.Sequence++
+		changed = true
+	}
+	for range 10 { // a handful of steps at most; the bound guards against a plan bug
+		now := a.cfg.Clock.Now()
+		step, index, _ := a.timelineLocked().Plan(now, a.timesLocked())
+		if step == StepNone {
+			break
+		}
+		if err := a.applyLocked(now, step, index); err != nil {
+			return err
+		}
+		changed = true
+	}
+	if changed || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
+		return a.commitLocked()
+	}
+	return nil
+}
+
+func (a *Authority) timesLocked() []RootTimes {
+	out := make([]RootTimes, len(a.roots))
+	for i, r := range a.roots {
+		out[i] = RootTimes{
+			State: r.State, NotBefore: r.Cert.NotBefore, NotAfter: r.Cert.NotAfter,
+			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, PublishedAt: r.PublishedAt, RemoveAfter: r.RemoveAfter,
+		}
+	}
+	return out
+}
+
+func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
+	switch step {
+	case StepBootstrap:
+		return a.newRootLocked(now, StateActive, "bootstrap")
+	case StepPrepare:
+		return a.prepareLocked(now, "scheduled")
+	case StepActivate:
+		for _, r := range a.roots {
+			if r.State == StateActive {
+				r.State = StateRetired
+				r.RetiredAt = now
+				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+				a.event(now, "retired", r.ID)
+			}
+		}
+		p := a.roots[index]
+		p.State = StateActive
+		p.ActivatedAt = now
+		a.event(now, "activated", p.ID)
+		return nil
+	case StepRemove:
+		r := a.roots[index]
+		a.roots = append(a.roots[:index:index], a.roots[index+1:]...)
+		a.journal.Sequence++
+		a.event(now, "removed", r.ID)
+		return nil
+	}
+	return fmt.Errorf("ca: unknown rotation step %v", step)
+}
+
+func (a *Authority) prepareLocked(now time.Time, why string) error {
+	if err := a.newRootLocked(now, StatePrepared, why); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
+	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL)
+	if err != nil {
+		return fmt.Errorf("ca: create root: %w", err)
+	}
+	id := cert.SerialNumber.Text(16)
+	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now}, Cert: cert, Key: key}
+	if state == StatePrepared {
+		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
+	} else {
+		r.ActivatedAt = now
+	}
+	a.roots = append(a.roots, r)
+	a.journal.Sequence++
+	event := "prepared (" + why + ")"
+	if state == StateActive {
+		event = "bootstrap"
+	}
+	a.event(now, event, id)
+	return nil
+}
+
+func (a *Authority) event(now time.Time, what, id string) {
+	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: what, RootID: id})
+	a.metrics.rotations.WithLabelValues(firstWord(what)).Inc()
+	a.cfg.Logger.Info("CA root "+what, logattr.RootID, id, logattr.Sequence, a.journal.Sequence)
+}
+
+func firstWord(s string) string {
+	for i, c := range s {
+		if c == ' ' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+// newRootCert mints a self-signed root for td. Its subject carries the
+// serial number so that no two roots share a subject: Go's chain builder
+// gives up after a fixed number of signature checks per candidate subject,
+// which broke SPIRE deployments with many same-named roots.
+func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration) (*x509.Certificate, crypto.Signer, error) {
+	key, err := GenerateKey(kt)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return nil, nil, err
+	}
+	serial.SetBit(serial, 127, 1) // fixed length keeps ids uniform
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject: pkix.Name{
+			Organization: []string{td.Name()},
+			CommonName:   "trustbridge root CA",
+			SerialNumber: serial.Text(16),
+		},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(ttl),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		MaxPathLenZero:        true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		URIs:                  []*url.URL{td.ID().URL()},
+		// Verifiers that honour name constraints refuse anything this root
+		// signs for another trust domain.
+		PermittedURIDomains: []string{td.Name()},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cert, key, nil
+}

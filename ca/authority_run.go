@@ -1,0 +1,88 @@
+package ca
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/schedule"
+)
+
+// Kick makes Run check the state now instead of at its next scheduled
+// check: call it when the shared state changed (a watch) or when this
+// replica became the leader. It never blocks.
+func (a *Authority) Kick() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// recordCheck keeps the outcome of a scheduled check for Ready and
+// reports a failure (metric, log); what says what was kept.
+func (a *Authority) recordCheck(err error, msg string) {
+	a.mu.Lock()
+	a.lastErr = err
+	a.mu.Unlock()
+	if err != nil {
+		a.metrics.reconcileErrors.Inc()
+		a.cfg.Logger.Error(msg, logattr.Error, err)
+	}
+}
+
+// NextCheck is when Reconcile next has work to do, or sooner so that
+// changes from other processes are picked up.
+func (a *Authority) NextCheck(now time.Time) time.Time {
+	a.mu.RLock()
+	_, _, next := a.timelineLocked().Plan(now, a.timesLocked())
+	a.mu.RUnlock()
+	limit := now.Add(recheckInterval)
+	if next.IsZero() || next.After(limit) {
+		return limit
+	}
+	return next
+}
+
+// Run reconciles on schedule (self-signed mode) or follows the plug-in
+// directory (plug-in mode) until ctx is done.
+func (a *Authority) Run(ctx context.Context) error {
+	if a.cfg.Plugin != nil {
+		return a.runPlugin(ctx)
+	}
+	c := cron.New(cron.WithLocation(time.UTC))
+	// cron asks the schedule for the next time right after starting a job,
+	// before the job has run; a step the job itself makes due (activation
+	// after publication) would wait for the next recheck. So each run
+	// re-arms the entry with the time the plan gives after it.
+	var (
+		armMu sync.Mutex
+		entry cron.EntryID
+		arm   func()
+	)
+	job := cron.FuncJob(func() {
+		a.recordCheck(a.Reconcile(), "CA rotation check failed; keeping the current roots")
+		arm()
+	})
+	arm = func() {
+		armMu.Lock()
+		defer armMu.Unlock()
+		if entry != 0 {
+			c.Remove(entry)
+		}
+		entry = c.Schedule(schedule.Once(a.NextCheck(a.cfg.Clock.Now())), job)
+	}
+	arm()
+	c.Start()
+	for {
+		select {
+		case <-ctx.Done():
+			<-c.Stop().Done()
+			return nil
+		case <-a.kick:
+			job()
+		}
+	}
+}
