@@ -29,6 +29,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 const (
@@ -253,7 +254,7 @@ func start(b *testing.B, name string, cmd *exec.Cmd, line *regexp.Regexp, stop f
 	if err != nil {
 		b.Fatal(err)
 	}
-	var stderr syncBuffer
+	var stderr testlog.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -287,23 +288,6 @@ func start(b *testing.B, name string, cmd *exec.Cmd, line *regexp.Regexp, stop f
 		b.Fatalf("%s server printed no address within 30s; stderr:\n%s", name, stderr.String())
 	}
 	return nil
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
 
 // target is one server process and its clients' tallies.
