@@ -128,10 +128,12 @@ fuzz:
 	done
 
 # bench: benchmarks, reported as ratios against a baseline measured in the
-# same run, written to BENCHMARKS.md.
-bench:
+# same run, written to BENCHMARKS.md. internal/bundlebench runs bin/trustbridge
+# (TRUSTBRIDGE_BIN) against a static-bytes server in a process of its own;
+# TRUSTBRIDGE_BIN_BASE=/path/to/an/older/build adds an A/B of two versions.
+bench: build
 	mkdir -p bin
-	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... > bin/bench.txt || (cat bin/bench.txt; exit 1)
+	TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... > bin/bench.txt || (cat bin/bench.txt; exit 1)
 	$(GO) run ./internal/benchreport -in bin/bench.txt -out BENCHMARKS.md \
 		-notes internal/benchreport/NOTES.md -cmd "make bench BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT)"
 

@@ -12,7 +12,10 @@
 // requested, and the serving certificate comes from GetCertificate on
 // every handshake, so it rotates without a restart. FileSource serves a
 // bundle document from a file for relays and offline CAs; FileCertificate
-// and ACME supply https_web certificates.
+// and ACME supply https_web certificates. Endpoint wires a Server to its
+// sources as a composition root would: the CA's bundle unless a file
+// replaces it (static mode), relayed files beside federated bundles, and
+// an update on every change signal (NewEndpoint, Endpoint.Run).
 //
 //	srv, err := bundleserver.New(bundleserver.Config{
 //		TrustDomain:    td,

@@ -20,7 +20,6 @@ import (
 
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -30,12 +29,8 @@ const (
 	profileWeb    = "https_web"
 )
 
-// filePollInterval is how often bundle and certificate files are checked;
-// updateInterval how often the served documents are re-checked anyway.
-const (
-	filePollInterval = 10 * time.Second
-	updateInterval   = 30 * time.Second
-)
+// filePollInterval is how often bundle and certificate files are checked.
+const filePollInterval = 10 * time.Second
 
 type bundleOptions struct {
 	listen        string
@@ -69,13 +64,13 @@ func addBundleFlags(f *pflag.FlagSet, o *bundleOptions) {
 
 // bundleEndpoint is the wired bundle server and what keeps it current.
 type bundleEndpoint struct {
-	srv      *bundleserver.Server
+	endpoint *bundleserver.Endpoint
 	ln       net.Listener
 	url      string
 	id       spiffeid.ID // https_spiffe only
 	certHost string      // https_web: the name the certificate is for
-	// checks report problems for /readyz: a bad certificate or bundle
-	// file change (the last good one is still served).
+	// checks report problems of the serving certificate for /readyz (the
+	// last good one is still served); the endpoint reports its files'.
 	checks  []func() error
 	files   []*bundleserver.FileSource
 	runners []func(context.Context) error
@@ -84,115 +79,47 @@ type bundleEndpoint struct {
 func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
 	authority *ca.Authority, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (_ *bundleEndpoint, err error) {
 	ep := &bundleEndpoint{}
-	var unsubscribe func()
-	defer func() {
-		// A failed setup runs nothing, so nothing else would release the
-		// trust store subscription.
-		if err != nil && unsubscribe != nil {
-			unsubscribe()
-		}
-	}()
-	srvLogger := logger // bundleserver names its own component
-	logger = logger.With(logattr.Component, "bundle-endpoint")
-
 	if err := checkBundleFlags(o, td); err != nil {
 		return nil, err
 	}
-	getCert, nextProtos, err := ep.certificate(o, td, dataDir, workloadTTL, authority, logger)
+	getCert, nextProtos, err := ep.certificate(o, td, dataDir, workloadTTL, authority, logger.With(logattr.Component, "bundle-endpoint"))
 	if err != nil {
 		return nil, err
 	}
-
-	// Sources: the CA's bundle, unless a file replaces it (static mode),
-	// and bundle files of other trust domains (relay).
-	var local bundleserver.Source = authority
-	changes := []<-chan struct{}{authority.Changes()}
+	cfg := bundleserver.EndpointConfig{
+		Config: bundleserver.Config{
+			TrustDomain: td, Local: authority, Path: o.path, RefreshHint: refreshHint, ServeOthers: o.serveOthers,
+			GetCertificate: getCert, NextProtos: nextProtos, Logger: logger, Registerer: reg,
+		},
+		Changes:          []<-chan struct{}{authority.Changes()},
+		Files:            o.files,
+		FilePollInterval: filePollInterval,
+	}
 	if fed != nil {
 		// Federated bundles change the store; serve them as their
 		// endpoints published them.
 		storeChanges, cancel := fed.store.Subscribe()
-		unsubscribe = cancel
+		defer func() {
+			// A failed setup runs nothing, so nothing else would release
+			// the trust store subscription.
+			if err != nil {
+				cancel()
+			}
+		}()
 		ep.runners = append(ep.runners, func(ctx context.Context) error { <-ctx.Done(); cancel(); return nil })
-		changes = append(changes, storeChanges)
+		cfg.Changes = append(cfg.Changes, storeChanges)
+		if fed.poller != nil {
+			cfg.Others = fed.poller.Bundles
+		}
+		// Bundle files are trust sources too: the trust store (and
+		// through it SDS and peer verification) holds them under their
+		// trust domain.
+		cfg.OnRelayed = func(path string, b *spiffebundle.Bundle) { fed.store.Set("file:"+path, b) }
 	}
-	var others []*bundleserver.FileSource
-	seen := map[spiffeid.TrustDomain]string{}
-	for _, spec := range o.files {
-		name, path, found := strings.Cut(spec, "=")
-		fileTD := td
-		if !found {
-			path = spec
-		} else if fileTD, err = bundledoc.TrustDomainName(name); err != nil {
-			return nil, fmt.Errorf("--bundle-file %q: trust domain %q: %w", spec, name, err)
-		}
-		if prev, dup := seen[fileTD]; dup {
-			return nil, fmt.Errorf("--bundle-file %q: trust domain %s already comes from %q", spec, fileTD.Name(), prev)
-		}
-		seen[fileTD] = spec
-		fs := bundleserver.NewFileSource(path, fileTD, logger)
-		if err := fs.Load(); err != nil {
-			return nil, fmt.Errorf("--bundle-file %q: %w", spec, err)
-		}
-		ep.runners = append(ep.runners, func(ctx context.Context) error { return fs.Run(ctx, filePollInterval) })
-		ep.files = append(ep.files, fs)
-		ep.checks = append(ep.checks, func() error {
-			if err := fs.LastError(); err != nil {
-				return fmt.Errorf("--bundle-file %s: %w (serving the last good bundle)", spec, err)
-			}
-			return nil
-		})
-		changes = append(changes, fs.Changes())
-		if fileTD == td {
-			local = fs
-			logger.Warn("serving the local trust domain's bundle from a file (static mode); the CA's own roots are not published unless the file holds them", "file", path)
-			continue
-		}
-		others = append(others, fs)
+	if ep.endpoint, err = bundleserver.NewEndpoint(cfg); err != nil {
+		return nil, bundleFileFlagError(err, "--bundle-file %q: %w")
 	}
-
-	srv, err := bundleserver.New(bundleserver.Config{
-		TrustDomain: td,
-		Local:       local,
-		Path:        o.path,
-		RefreshHint: refreshHint,
-		Others: func() []*spiffebundle.Bundle {
-			var out []*spiffebundle.Bundle
-			if fed != nil && fed.poller != nil {
-				out = append(out, fed.poller.Bundles()...)
-			}
-			for _, fs := range others {
-				if b := fs.Bundle(); b != nil {
-					out = append(out, b)
-				}
-			}
-			return out
-		},
-		ServeOthers:    o.serveOthers,
-		GetCertificate: getCert,
-		NextProtos:     nextProtos,
-		Logger:         srvLogger,
-		Registerer:     reg,
-	})
-	if err != nil {
-		return nil, err
-	}
-	ep.srv = srv
-	// Bundle files are trust sources too: the trust store (and through it
-	// SDS and peer verification) holds them under their trust domain.
-	syncFiles := func() {
-		if fed == nil {
-			return
-		}
-		for _, fs := range append([]*bundleserver.FileSource{}, others...) {
-			if b := fs.Bundle(); b != nil {
-				fed.store.Set("file:"+fs.Path(), b)
-			}
-		}
-	}
-	syncFiles()
-	ep.runners = append(ep.runners, func(ctx context.Context) error {
-		return updateOnChange(ctx, srv, logger, syncFiles, changes...)
-	})
+	ep.files = ep.endpoint.Files()
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -200,118 +127,108 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 	}
 	ep.ln = ln
 	ep.url = "https://" + net.JoinHostPort(ep.publicHost(ln.Addr()), portOf(ln.Addr())) + o.path
-	ep.runners = append(ep.runners, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+	srv := ep.endpoint.Server()
+	ep.runners = append(ep.runners, ep.endpoint.Run, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	return ep, nil
+}
+
+// bundleFileFlagError names a bundle file problem by its --bundle-file
+// value; format has a verb for the value and %w for the problem.
+func bundleFileFlagError(err error, format string) error {
+	var fe *bundleserver.FileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf(format, fe.Spec, fe.Err)
+	}
+	return err
 }
 
 // certificate sets up the serving certificate for the chosen profile.
 // There is no fallback from one profile to the other (Federation §7.1).
 func (ep *bundleEndpoint) certificate(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL time.Duration,
 	authority *ca.Authority, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), []string, error) {
-	webFlags := o.tlsCert != "" || o.tlsKey != "" || len(o.acmeDomains) > 0
 	switch o.profile {
 	case profileSPIFFE:
-		if webFlags {
-			return nil, nil, errors.New("--bundle-tls-cert, --bundle-tls-key and --acme-domain need --bundle-profile https_web")
-		}
-		idText := o.endpointID
-		if idText == "" {
-			idText = "spiffe://" + td.Name() + "/trustbridge/bundle-endpoint"
-		}
-		id, err := spiffeid.FromString(idText)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--bundle-endpoint-spiffe-id %q: %w", idText, err)
-		}
-		if !id.MemberOf(td) {
-			return nil, nil, fmt.Errorf("--bundle-endpoint-spiffe-id %q: our CA signs only %s identities", idText, td.Name())
-		}
-		sc, err := authority.ServingCert(id, workloadTTL)
-		if err != nil {
-			return nil, nil, err
-		}
-		ep.id = id
-		ep.runners = append(ep.runners, sc.Run)
-		return sc.GetCertificate, nil, nil
+		getCert, err := ep.spiffeCertificate(o, td, workloadTTL, authority)
+		return getCert, nil, err
 	case profileWeb:
-		if o.endpointID != "" {
-			return nil, nil, errors.New("--bundle-endpoint-spiffe-id needs --bundle-profile https_spiffe")
-		}
-		switch {
-		case len(o.acmeDomains) > 0 && (o.tlsCert != "" || o.tlsKey != ""):
-			return nil, nil, errors.New("use either --acme-domain or --bundle-tls-cert/--bundle-tls-key, not both")
-		case len(o.acmeDomains) > 0:
-			ep.certHost = o.acmeDomains[0]
-			if !strings.HasSuffix(o.listen, ":443") {
-				logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.listen)
-			}
-			acme, err := bundleserver.NewACME(bundleserver.ACMEConfig{
-				Domains: o.acmeDomains, Email: o.acmeEmail, DirectoryURL: o.acmeDirectory,
-				TOSAccepted: o.acmeTOS, CacheDir: filepath.Join(dataDir, "acme"),
-			}, logger)
-			if err != nil {
-				return nil, nil, err
-			}
-			return acme.GetCertificate, acme.TLSConfig().NextProtos, nil
-		case o.tlsCert != "" && o.tlsKey != "":
-			fc := bundleserver.NewFileCertificate(o.tlsCert, o.tlsKey, clock.RealClock{}, logger)
-			if err := fc.Load(); err != nil {
-				return nil, nil, err
-			}
-			if c, err := fc.GetCertificate(nil); err == nil && c != nil && c.Leaf != nil && len(c.Leaf.DNSNames) > 0 {
-				ep.certHost = c.Leaf.DNSNames[0]
-			}
-			ep.runners = append(ep.runners, func(ctx context.Context) error { return fc.Run(ctx, filePollInterval) })
-			ep.checks = append(ep.checks, func() error {
-				if err := fc.LastError(); err != nil {
-					return fmt.Errorf("--bundle-tls-cert: %w (serving the last good certificate)", err)
-				}
-				return nil
-			})
-			return fc.GetCertificate, nil, nil
-		default:
-			return nil, nil, errors.New("--bundle-profile https_web needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain")
-		}
+		return ep.webCertificate(o, dataDir, logger)
 	default:
 		return nil, nil, fmt.Errorf("--bundle-profile %q: want https_spiffe or https_web", o.profile)
 	}
 }
 
-// updateOnChange re-renders the served documents whenever a source
-// changes, until ctx is done.
-func updateOnChange(ctx context.Context, srv *bundleserver.Server, logger *slog.Logger, onChange func(), changes ...<-chan struct{}) error {
-	merged := make(chan struct{}, 1)
-	for _, ch := range changes {
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-ch:
-					select {
-					case merged <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
+// spiffeCertificate is an X509-SVID from our CA for the endpoint's ID.
+func (ep *bundleEndpoint) spiffeCertificate(o bundleOptions, td spiffeid.TrustDomain, workloadTTL time.Duration,
+	authority *ca.Authority) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
+	if o.tlsCert != "" || o.tlsKey != "" || len(o.acmeDomains) > 0 {
+		return nil, errors.New("--bundle-tls-cert, --bundle-tls-key and --acme-domain need --bundle-profile https_web")
 	}
-	// A periodic update too: cheap when nothing changed, and it catches
-	// a change signal another reader of a shared channel took.
-	tick := time.NewTicker(updateInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-merged:
-		case <-tick.C:
-		}
-		onChange()
-		if err := srv.Update(); err != nil {
-			// bundleserver logs each refusal once; this is for debugging.
-			logger.Debug("bundle update refused; the last good document stays served", logattr.Error, err)
-		}
+	idText := o.endpointID
+	if idText == "" {
+		idText = "spiffe://" + td.Name() + "/trustbridge/bundle-endpoint"
 	}
+	id, err := spiffeid.FromString(idText)
+	if err != nil {
+		return nil, fmt.Errorf("--bundle-endpoint-spiffe-id %q: %w", idText, err)
+	}
+	if !id.MemberOf(td) {
+		return nil, fmt.Errorf("--bundle-endpoint-spiffe-id %q: our CA signs only %s identities", idText, td.Name())
+	}
+	sc, err := authority.ServingCert(id, workloadTTL)
+	if err != nil {
+		return nil, err
+	}
+	ep.id = id
+	ep.runners = append(ep.runners, sc.Run)
+	return sc.GetCertificate, nil
+}
+
+// webCertificate is a Web PKI certificate from ACME or from files.
+func (ep *bundleEndpoint) webCertificate(o bundleOptions, dataDir string, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), []string, error) {
+	if o.endpointID != "" {
+		return nil, nil, errors.New("--bundle-endpoint-spiffe-id needs --bundle-profile https_spiffe")
+	}
+	switch {
+	case len(o.acmeDomains) > 0 && (o.tlsCert != "" || o.tlsKey != ""):
+		return nil, nil, errors.New("use either --acme-domain or --bundle-tls-cert/--bundle-tls-key, not both")
+	case len(o.acmeDomains) > 0:
+		ep.certHost = o.acmeDomains[0]
+		if !strings.HasSuffix(o.listen, ":443") {
+			logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.listen)
+		}
+		acme, err := bundleserver.NewACME(bundleserver.ACMEConfig{
+			Domains: o.acmeDomains, Email: o.acmeEmail, DirectoryURL: o.acmeDirectory,
+			TOSAccepted: o.acmeTOS, CacheDir: filepath.Join(dataDir, "acme"),
+		}, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return acme.GetCertificate, acme.TLSConfig().NextProtos, nil
+	case o.tlsCert != "" && o.tlsKey != "":
+		getCert, err := ep.fileCertificate(o, logger)
+		return getCert, nil, err
+	default:
+		return nil, nil, errors.New("--bundle-profile https_web needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain")
+	}
+}
+
+// fileCertificate reads the certificate and key files, reloaded on change.
+func (ep *bundleEndpoint) fileCertificate(o bundleOptions, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
+	fc := bundleserver.NewFileCertificate(o.tlsCert, o.tlsKey, clock.RealClock{}, logger)
+	if err := fc.Load(); err != nil {
+		return nil, err
+	}
+	if c, err := fc.GetCertificate(nil); err == nil && c != nil && c.Leaf != nil && len(c.Leaf.DNSNames) > 0 {
+		ep.certHost = c.Leaf.DNSNames[0]
+	}
+	ep.runners = append(ep.runners, func(ctx context.Context) error { return fc.Run(ctx, filePollInterval) })
+	ep.checks = append(ep.checks, func() error {
+		if err := fc.LastError(); err != nil {
+			return fmt.Errorf("--bundle-tls-cert: %w (serving the last good certificate)", err)
+		}
+		return nil
+	})
+	return fc.GetCertificate, nil
 }
 
 // publicHost names the endpoint in the URL peers should configure: for
@@ -384,5 +301,5 @@ func (ep *bundleEndpoint) Ready() error {
 			return err
 		}
 	}
-	return nil
+	return bundleFileFlagError(ep.endpoint.Ready(), "--bundle-file %s: %w")
 }

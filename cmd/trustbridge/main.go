@@ -3,11 +3,26 @@ package main
 import (
 	"io"
 	"os"
+	"runtime"
 	"time"
 )
 
+// gcBallastSize is a floor under the heap the garbage collector paces
+// against. Package initialisation (client-go's scheme, Envoy's protos)
+// leaves about 3 MiB live, so at GOGC=100 a collection came every 3 MiB
+// allocated, each marking those 3 MiB: on the bundle endpoint that was
+// about 5% of the CPU per request a small static server does not spend
+// (issue 20 item 6, BENCHMARKS.md). The ballast holds no pointers and is
+// never written, so it costs no marking and, its pages never touched, no
+// resident memory; the extra heap between collections is bounded by its
+// size whatever the live heap.
+const gcBallastSize = 8 << 20
+
 func main() {
-	os.Exit(run(os.Args[1:], env{in: os.Stdin, out: os.Stdout, err: os.Stderr, now: time.Now}))
+	ballast := make([]byte, gcBallastSize)
+	code := run(os.Args[1:], env{in: os.Stdin, out: os.Stdout, err: os.Stderr, now: time.Now})
+	runtime.KeepAlive(ballast)
+	os.Exit(code)
 }
 
 // env is what the CLI takes from the process: streams and the clock.
