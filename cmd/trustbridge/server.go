@@ -168,8 +168,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	kube, err := setupKube(o.kube, o.grpc.kubeconfig, reg, logger)
 	if err != nil {
 		return err
@@ -202,29 +201,12 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	fed.store.Set(caSource, authority.Bundle())
 
-	// The listeners opened below are the runners' to close once they run;
-	// until then a failed start closes them, in reverse order.
-	var undo cleanups
+	undo, err := p.listen(o, e, reg, logger)
 	defer undo.run()
-	if o.bundle.listen != "" {
-		if p.ep, err = setupBundleEndpoint(o.bundle, td, o.dataDir, o.workloadTTL, o.refreshHint, authority, fed, reg, logger); err != nil {
-			return err
-		}
-		undo.add(func() { _ = p.ep.ln.Close() })
-	}
-	if p.gs, err = setupGRPC(o.grpc, td, o.workloadTTL, o.maxWorkloadTTL, authority, fed, reg, logger); err != nil {
-		return err
-	}
-	undo.add(p.gs.close)
-	ln, hosts, err := listenAdmin(o, reg, logger)
 	if err != nil {
 		return err
 	}
-	undo.add(func() { _ = ln.Close() })
-	p.adminLn = ln
-	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(authority, reg, fed, p.crd, p.ep, replicaOf(kube).at(e.now))))
-
-	addr := ln.Addr().String()
+	addr := p.adminLn.Addr().String()
 	announce(e, o, td, kube, addr, authority, p.ep, p.gs, logger)
 	if ready != nil {
 		ready <- addr
@@ -234,7 +216,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	undo = nil // the runners own the listeners now
+	undo.clear() // the runners own the listeners now
 	err = runall.Run(ctx, runners...)
 	logger.Info("trustbridge server stopped")
 	return err
@@ -254,6 +236,33 @@ type serverParts struct {
 	gs        *grpcEndpoint
 	adminSrv  *http.Server
 	adminLn   net.Listener
+}
+
+// listen opens the bundle endpoint, the certificate service and the
+// admin listener. The listeners are the runners' to close once they run;
+// until then the returned clean-ups close them, in reverse order, also
+// when listen fails part way.
+func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, logger *slog.Logger) (*cleanups, error) {
+	undo := &cleanups{}
+	var err error
+	if o.bundle.listen != "" {
+		if p.ep, err = setupBundleEndpoint(o.bundle, p.td, o.dataDir, o.workloadTTL, o.refreshHint, p.authority, p.fed, reg, logger); err != nil {
+			return undo, err
+		}
+		undo.add(func() { _ = p.ep.ln.Close() })
+	}
+	if p.gs, err = setupGRPC(o.grpc, p.td, o.workloadTTL, o.maxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
+		return undo, err
+	}
+	undo.add(p.gs.close)
+	ln, hosts, err := listenAdmin(o, reg, logger)
+	if err != nil {
+		return undo, err
+	}
+	undo.add(func() { _ = ln.Close() })
+	p.adminLn = ln
+	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))))
+	return undo, nil
 }
 
 // runners lists everything the server runs until it stops: the admin
@@ -283,15 +292,26 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	return append(runners, p.gs.parts()...), nil
 }
 
+// newRegistry is the server's metrics registry, with the Go runtime's
+// and the process's collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
 // cleanups is a stack of releases for a start that fails part way.
 type cleanups []func()
 
 func (c *cleanups) add(f func()) { *c = append(*c, f) }
 
+// clear forgets the releases: what they would release is in use.
+func (c *cleanups) clear() { *c = nil }
+
 // run releases in reverse order of acquisition.
-func (c cleanups) run() {
-	for i := len(c) - 1; i >= 0; i-- {
-		c[i]()
+func (c *cleanups) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
 	}
 }
 
