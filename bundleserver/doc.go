@@ -20,7 +20,7 @@
 //	srv, err := bundleserver.New(bundleserver.Config{
 //		TrustDomain:    td,
 //		Local:          authority, // anything with Bundle() *spiffebundle.Bundle
-//		Others:         store.Bundles,
+//		Others:         relayed, // func() []*spiffebundle.Bundle, as their endpoints published them
 //		ServeOthers:    serveFederated,
 //		GetCertificate: svids.GetCertificate,
 //		Logger:         logger,

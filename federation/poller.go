@@ -643,7 +643,10 @@ func fingerprintStrings(fs []Fingerprint) []string {
 
 // Bundles returns the bundle held for every federated trust domain (the
 // last good one fetched, restored or bootstrapped), as published by its
-// endpoint, for serving on /bundles/{trustDomain}.
+// endpoint. It is the poller's own state, the base of its sequence checks;
+// consumers read what it set in the Sink instead (a trust.Store's
+// Published, under SourceName), so that every one of them follows one
+// source.
 func (p *Poller) Bundles() []*spiffebundle.Bundle {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -96,9 +97,10 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		FilePollInterval: filePollInterval,
 	}
 	if fed != nil {
-		// Federated bundles change the store; serve them as their
-		// endpoints published them.
-		storeChanges, cancel := fed.store.Subscribe()
+		// Federated bundles come from the trust store, every consumer's
+		// one source, as their endpoints published them (sequence
+		// included): a new sequence on the same keys is a change here.
+		storeChanges, cancel := fed.store.SubscribePublished()
 		defer func() {
 			// A failed setup runs nothing, so nothing else would release
 			// the trust store subscription.
@@ -108,9 +110,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		}()
 		ep.runners = append(ep.runners, func(ctx context.Context) error { <-ctx.Done(); cancel(); return nil })
 		cfg.Changes = append(cfg.Changes, storeChanges)
-		if fed.poller != nil {
-			cfg.Others = fed.poller.Bundles
-		}
+		cfg.Others = func() []*spiffebundle.Bundle { return fed.store.Published().BundlesOf(federation.SourceName) }
 		// Bundle files are trust sources too: the trust store (and
 		// through it SDS and peer verification) holds them under their
 		// trust domain.

@@ -23,6 +23,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/runall"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -168,4 +169,63 @@ func TestBundleFilesJoinTheTrustStore(t *testing.T) {
 	b, ok := fed.store.Bundle(peer.TrustDomain)
 	require.True(t, ok, "the relayed bundle is a trust source")
 	assert.True(t, b.X509Authorities()[0].Equal(peer.Cert))
+}
+
+// TestRelayServesTheStore: the bundle endpoint relays federated bundles
+// from the trust store, the one source every consumer reads, as their
+// endpoints published them: a new sequence on the same keys (no change to
+// the trust the store computes) reaches /bundles/{td} too.
+func TestRelayServesTheStore(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	peer := testca.New(t, "peer.example")
+	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	published := func(seq uint64) {
+		b := peer.Bundle()
+		b.SetSequenceNumber(seq)
+		fed.store.Set(federation.SourceName(peer.TrustDomain), b)
+	}
+	published(5)
+	fed.store.Set("file:/elsewhere.json", peer.Bundle()) // another source: not what the endpoint published
+	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
+		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runall.Run(ctx, ep.runners...) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	served := func() (uint64, bool) {
+		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer fcancel()
+		b, err := gofederation.FetchBundle(fctx, peer.TrustDomain, strings.TrimSuffix(ep.url, "/")+"/bundles/peer.example",
+			gofederation.WithSPIFFEAuth(x509bundle.FromX509Authorities(td, a.Bundle().X509Authorities()), ep.id))
+		if err != nil {
+			return 0, false
+		}
+		return b.SequenceNumber()
+	}
+	seq, ok := served()
+	require.True(t, ok)
+	assert.Equal(t, uint64(5), seq, "the federation source's document, sequence included")
+
+	union := fed.store.Snapshot()
+	published(6)
+	require.Same(t, union, fed.store.Snapshot(), "the trust the store computes did not change")
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		seq, ok := served()
+		assert.True(c, ok)
+		assert.Equal(c, uint64(6), seq)
+	}, 5*time.Second, 10*time.Millisecond, "the new sequence reaches the relay")
+
+	fed.store.Remove(federation.SourceName(peer.TrustDomain), peer.TrustDomain)
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, ok := served()
+		assert.False(c, ok, "no longer relayed once the federation source is gone, whatever else holds the trust domain")
+	}, 5*time.Second, 10*time.Millisecond)
 }

@@ -5,7 +5,11 @@
 // bundles of different trust domains are never merged. Every change
 // publishes a new immutable Snapshot (effective bundles plus one X.509 cert
 // pool per trust domain) with an atomic swap, so readers never lock, and
-// wakes subscribers (SDS, the CA) with a coalesced notification. A Verifier
+// wakes subscribers (SDS, the CA) with a coalesced notification. Published
+// keeps each source's bundle as that source set it, sequence number
+// included, for readers that relay documents rather than trust them (the
+// bundle endpoint); SubscribePublished also wakes for source changes that
+// leave the union as it was. A Verifier
 // authenticates a peer chain against the roots of the trust domain named by
 // the leaf's one SPIFFE ID, and only those, then applies an Authorizer.
 // ServerTLSConfig and ClientTLSConfig wire a Verifier into crypto/tls so

@@ -26,6 +26,8 @@ type Store struct {
 	mu      sync.Mutex // serializes writers; readers never take it
 	sources map[spiffeid.TrustDomain]map[string]*spiffebundle.Bundle
 	snap    atomic.Pointer[Snapshot]
+	// published is sources as readers see it, copied on write.
+	published atomic.Pointer[Published]
 
 	subsMu sync.Mutex
 	subs   map[*subscriber]struct{}
@@ -34,6 +36,9 @@ type Store struct {
 type subscriber struct {
 	ch   chan struct{}
 	once sync.Once
+	// everySource: woken by every change of what a source set, not only
+	// by changes of the union (SubscribePublished).
+	everySource bool
 }
 
 // NewStore returns an empty store.
@@ -43,6 +48,7 @@ func NewStore() *Store {
 		subs:    make(map[*subscriber]struct{}),
 	}
 	s.snap.Store(emptySnapshot())
+	s.published.Store(&Published{})
 	return s
 }
 
@@ -91,19 +97,29 @@ func (s *Store) Remove(source string, td spiffeid.TrustDomain) {
 
 // Sources returns the names of the sources holding a bundle for td, sorted.
 func (s *Store) Sources(td spiffeid.TrustDomain) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Sorted(maps.Keys(s.sources[td]))
+	return slices.Sorted(maps.Keys(s.published.Load().bySource[td]))
 }
 
-// publishLocked rebuilds the entry of the one trust domain that changed and
-// swaps in a new snapshot that shares every other entry with the old one:
-// an update costs one union and one pool, not one per trust domain.
+// Published returns what every source last set, as it set it. It never
+// changes; later updates publish a new one.
+func (s *Store) Published() *Published { return s.published.Load() }
+
+// publishLocked publishes td's change: always to Published, since a
+// source's bundle changed, and to a new Snapshot when the union changed.
+// The new snapshot shares every other entry with the old one: an update
+// costs one union and one pool, not one per trust domain.
 //
 // A source change that leaves the union as it was (a new sequence number
-// on the same keys, a key another source already supplies) publishes
-// nothing, so subscribers only wake for changes they can see.
+// on the same keys, a key another source already supplies) publishes no
+// snapshot, so Subscribe's subscribers only wake for changes they can
+// see; SubscribePublished's wake for it.
 func (s *Store) publishLocked(td spiffeid.TrustDomain) {
+	s.published.Store(s.published.Load().with(td, s.sources[td]))
+	unionChanged := s.publishSnapshotLocked(td)
+	s.notify(unionChanged)
+}
+
+func (s *Store) publishSnapshotLocked(td spiffeid.TrustDomain) bool {
 	old := s.snap.Load()
 	next := &Snapshot{
 		generation: old.generation + 1,
@@ -113,7 +129,7 @@ func (s *Store) publishLocked(td spiffeid.TrustDomain) {
 	if bySource, ok := s.sources[td]; ok {
 		e := newEntry(td, bySource)
 		if prev, ok := old.entries[td]; ok && prev.bundle.Equal(e.bundle) {
-			return
+			return false
 		}
 		next.entries[td] = e
 	} else {
@@ -121,7 +137,7 @@ func (s *Store) publishLocked(td spiffeid.TrustDomain) {
 	}
 	s.snap.Store(next)
 	close(old.superseded)
-	s.notify()
+	return true
 }
 
 // Snapshot returns the current snapshot. It never changes; later updates
@@ -158,13 +174,24 @@ func (s *Store) GetBundleForTrustDomain(td spiffeid.TrustDomain) (*spiffebundle.
 	return s.Snapshot().GetBundleForTrustDomain(td)
 }
 
-// Subscribe returns a channel that receives a value after each change.
-// Notifications coalesce: a subscriber that has not yet drained the channel
-// receives one value for any number of changes, and should then read the
-// current Snapshot. cancel stops notifications and closes the channel; it
-// may be called more than once.
+// Subscribe returns a channel that receives a value after each change of
+// the Snapshot. Notifications coalesce: a subscriber that has not yet
+// drained the channel receives one value for any number of changes, and
+// should then read the current Snapshot. cancel stops notifications and
+// closes the channel; it may be called more than once.
 func (s *Store) Subscribe() (<-chan struct{}, func()) {
-	sub := &subscriber{ch: make(chan struct{}, 1)}
+	return s.subscribe(false)
+}
+
+// SubscribePublished is Subscribe for readers of Published: its channel
+// also receives a value when a source's bundle changed but the union did
+// not (a new sequence number on the same keys).
+func (s *Store) SubscribePublished() (<-chan struct{}, func()) {
+	return s.subscribe(true)
+}
+
+func (s *Store) subscribe(everySource bool) (<-chan struct{}, func()) {
+	sub := &subscriber{ch: make(chan struct{}, 1), everySource: everySource}
 	s.subsMu.Lock()
 	s.subs[sub] = struct{}{}
 	s.subsMu.Unlock()
@@ -179,15 +206,67 @@ func (s *Store) Subscribe() (<-chan struct{}, func()) {
 	return sub.ch, cancel
 }
 
-func (s *Store) notify() {
+func (s *Store) notify(unionChanged bool) {
 	s.subsMu.Lock()
 	defer s.subsMu.Unlock()
 	for sub := range s.subs {
+		if !unionChanged && !sub.everySource {
+			continue
+		}
 		select {
 		case sub.ch <- struct{}{}:
 		default: // a notification is already pending
 		}
 	}
+}
+
+// Published is an immutable view of the store's sources: per trust
+// domain and source, the bundle that source last set, as it set it
+// (sequence number and refresh hint included). It is what a relay serves,
+// where a Snapshot's union is what a verifier trusts. The zero value is
+// empty.
+type Published struct {
+	bySource map[spiffeid.TrustDomain]map[string]*spiffebundle.Bundle
+}
+
+// with returns p with td's sources replaced by bySource (copied; nil or
+// empty removes td). p itself is not changed.
+func (p *Published) with(td spiffeid.TrustDomain, bySource map[string]*spiffebundle.Bundle) *Published {
+	next := maps.Clone(p.bySource)
+	if next == nil {
+		next = make(map[spiffeid.TrustDomain]map[string]*spiffebundle.Bundle)
+	}
+	if len(bySource) == 0 {
+		delete(next, td)
+	} else {
+		next[td] = maps.Clone(bySource)
+	}
+	return &Published{bySource: next}
+}
+
+// Bundle returns the bundle source last set for td, as it set it. It is
+// shared: Clone it before changing it.
+func (p *Published) Bundle(td spiffeid.TrustDomain, source string) (*spiffebundle.Bundle, bool) {
+	b, ok := p.bySource[td][source]
+	return b, ok
+}
+
+// BundlesOf returns, for every trust domain in name order, the bundle the
+// source named source(td) set for it, skipping trust domains that source
+// set nothing for: federation.SourceName, say, gives every fetched bundle
+// as its endpoint published it. The bundles are shared: Clone them before
+// changing them.
+func (p *Published) BundlesOf(source func(spiffeid.TrustDomain) string) []*spiffebundle.Bundle {
+	tds := slices.SortedFunc(maps.Keys(p.bySource), func(a, b spiffeid.TrustDomain) int {
+		return cmp.Compare(a.Name(), b.Name())
+	})
+	var out []*spiffebundle.Bundle
+	for _, td := range tds {
+		if b, ok := p.bySource[td][source(td)]; ok {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // Snapshot is an immutable view of the store: per trust domain, the

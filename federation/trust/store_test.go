@@ -275,3 +275,57 @@ func TestSnapshotSupersededAndX509Bundles(t *testing.T) {
 	}
 	assert.Equal(t, []string{"a.example", "b.example"}, names, "sorted, and without trust domains that have no X.509 roots")
 }
+
+// Published holds each source's bundle as the source set it, sequence
+// included, and its subscribers wake for changes the union does not show;
+// Subscribe's do not. An earlier Published never changes.
+func TestStorePublished(t *testing.T) {
+	a, b := testca.New(t, "a.test"), testca.New(t, "b.test")
+	s := trust.NewStore()
+	union, cancelUnion := s.Subscribe()
+	defer cancelUnion()
+	every, cancelEvery := s.SubscribePublished()
+	defer cancelEvery()
+	fed := func(td spiffeid.TrustDomain) string { return "federation:" + td.Name() }
+
+	first := a.Bundle()
+	first.SetSequenceNumber(7)
+	s.Set(fed(tdA), first)
+	s.Set("ca", a.Bundle()) // the same keys under another source
+	s.Set(fed(tdB), b.Bundle())
+	<-union
+	<-every
+	before := s.Published()
+	got := before.BundlesOf(fed)
+	require.Len(t, got, 2)
+	assert.Equal(t, []spiffeid.TrustDomain{tdA, tdB}, []spiffeid.TrustDomain{got[0].TrustDomain(), got[1].TrustDomain()}, "in trust domain name order")
+	assert.True(t, first.Equal(got[0]), "as the source set it, sequence included")
+	assert.NotSame(t, first, got[0], "a copy: the caller may go on changing its own")
+	assert.Equal(t, []string{"ca", "federation:a.test"}, s.Sources(tdA))
+
+	// A new sequence on the same keys: the union is as it was.
+	union0 := s.Snapshot()
+	bumped := a.Bundle()
+	bumped.SetSequenceNumber(8)
+	s.Set(fed(tdA), bumped)
+	assert.Len(t, union, 0, "the union did not change: Subscribe's subscribers sleep")
+	assert.Len(t, every, 1, "a source's bundle did: SubscribePublished's wake")
+	<-every
+	assert.Same(t, union0, s.Snapshot(), "no snapshot published")
+	now, ok := s.Published().Bundle(tdA, fed(tdA))
+	require.True(t, ok)
+	seq, _ := now.SequenceNumber()
+	assert.Equal(t, uint64(8), seq)
+	old, _ := before.Bundle(tdA, fed(tdA))
+	seq, _ = old.SequenceNumber()
+	assert.Equal(t, uint64(7), seq, "an earlier Published never changes")
+
+	s.Remove(fed(tdB), tdB)
+	<-union
+	<-every
+	assert.Len(t, s.Published().BundlesOf(fed), 1)
+	_, ok = s.Published().Bundle(tdB, fed(tdB))
+	assert.False(t, ok, "removed")
+	assert.Len(t, before.BundlesOf(fed), 2, "an earlier Published never changes")
+	assert.Empty(t, (&trust.Published{}).BundlesOf(fed), "the zero value is empty")
+}
