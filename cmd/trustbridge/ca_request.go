@@ -82,49 +82,18 @@ earlier run, produces it.`,
 }
 
 func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
-	if o.addr == "" || o.rootCert == "" || o.out == "" {
-		return errors.New("--ca-addr, --root-cert and --out are required")
-	}
-	if (o.tokenFile == "") == (o.certDir == "") {
-		return errors.New("give exactly one of --token-file (bootstrap or service account token) and --cert-dir (renew with an issued certificate)")
-	}
-	if o.ttl < 0 || o.ttl%time.Second != 0 {
-		return fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
-	}
-	if o.timeout <= 0 {
-		return fmt.Errorf("--timeout %s must be positive", o.timeout)
-	}
-	kt, err := ca.ParseKeyType(o.keyType)
+	kt, want, err := o.check()
 	if err != nil {
-		return fmt.Errorf("--key-type: %w", err)
-	}
-	var want spiffeid.ID
-	if o.spiffeID != "" {
-		if want, err = spiffeid.FromString(o.spiffeID); err != nil {
-			return fmt.Errorf("--spiffe-id %q: %w", o.spiffeID, err)
-		}
+		return err
 	}
 	roots, err := readPEMCerts(o.rootCert)
 	if err != nil {
 		return fmt.Errorf("--root-cert: %w", err)
 	}
-
-	var (
-		clientCert *tls.Certificate
-		token      string
-	)
-	if o.certDir != "" {
-		var id spiffeid.ID
-		if clientCert, id, err = caclient.LoadCertDir(o.certDir, e.now()); err != nil {
-			return fmt.Errorf("--cert-dir: %w", err)
-		}
-		if want.IsZero() {
-			want = id // renewal keeps the identity
-		}
-	} else if token, err = caclient.ReadToken(o.tokenFile); err != nil {
-		return fmt.Errorf("--token-file: %w", err)
+	clientCert, token, err := o.credentials(e.now(), &want)
+	if err != nil {
+		return err
 	}
-
 	serverID, err := expectedServerID(o.serverID, roots, want)
 	if err != nil {
 		return err
@@ -151,6 +120,56 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s (%s: %d roots of %s; %s: %s)\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339),
 		o.out, caclient.RootsFile, len(issued.Trust.Local), id.TrustDomain().Name(), caclient.BundleMapFile, trustDomainList(issued.Trust))
 	return nil
+}
+
+// check checks the flags that need no file, and returns the key type and
+// the identity asked for (zero without --spiffe-id).
+func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
+	if o.addr == "" || o.rootCert == "" || o.out == "" {
+		return "", spiffeid.ID{}, errors.New("--ca-addr, --root-cert and --out are required")
+	}
+	if (o.tokenFile == "") == (o.certDir == "") {
+		return "", spiffeid.ID{}, errors.New("give exactly one of --token-file (bootstrap or service account token) and --cert-dir (renew with an issued certificate)")
+	}
+	if o.ttl < 0 || o.ttl%time.Second != 0 {
+		return "", spiffeid.ID{}, fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
+	}
+	if o.timeout <= 0 {
+		return "", spiffeid.ID{}, fmt.Errorf("--timeout %s must be positive", o.timeout)
+	}
+	kt, err := ca.ParseKeyType(o.keyType)
+	if err != nil {
+		return "", spiffeid.ID{}, fmt.Errorf("--key-type: %w", err)
+	}
+	if o.spiffeID == "" {
+		return kt, spiffeid.ID{}, nil
+	}
+	want, err := spiffeid.FromString(o.spiffeID)
+	if err != nil {
+		return "", spiffeid.ID{}, fmt.Errorf("--spiffe-id %q: %w", o.spiffeID, err)
+	}
+	return kt, want, nil
+}
+
+// credentials reads what the caller authenticates with: the certificate
+// of --cert-dir (a renewal, which keeps its identity when *want is zero)
+// or the token of --token-file.
+func (o caRequestOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
+	if o.certDir == "" {
+		token, err := caclient.ReadToken(o.tokenFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("--token-file: %w", err)
+		}
+		return nil, token, nil
+	}
+	cert, id, err := caclient.LoadCertDir(o.certDir, now)
+	if err != nil {
+		return nil, "", fmt.Errorf("--cert-dir: %w", err)
+	}
+	if want.IsZero() {
+		*want = id // renewal keeps the identity
+	}
+	return cert, "", nil
 }
 
 // expectedServerID is --server-spiffe-id, or else the certificate

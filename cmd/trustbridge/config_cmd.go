@@ -57,39 +57,68 @@ status is 1 on any problem.`,
 }
 
 // checkServerOptions finds every problem runServer would stop on before
-// serving, without opening, binding or connecting anything.
+// serving, without opening, binding or connecting anything, in the order
+// the flags are documented.
 func checkServerOptions(o serverOptions) []error {
-	var errs []error
-	add := func(err error) {
-		if err != nil {
-			errs = append(errs, err)
+	var p problems
+	td := p.trustDomain(o.trustDomain)
+	if _, err := ca.ParseKeyType(o.keyType); err != nil {
+		p.add(fmt.Errorf("ca-key-type: %w", err))
+	}
+	p.add(checkStorageFlags(o))
+	p.storage(o.kube)
+	if _, err := newLogger(io.Discard, o.logFormat, o.logLevel); err != nil {
+		p.add(err)
+	}
+	p.listeners(o)
+	p.bundleProfile(o.bundle, td)
+	if !td.IsZero() {
+		if _, _, _, err := staticEndpoints(o.federation, td); err != nil {
+			p.add(err)
 		}
 	}
-	var td spiffeid.TrustDomain
-	if o.trustDomain == "" {
-		add(errors.New("trust-domain (or TRUST_DOMAIN) is required"))
-	} else if t, err := bundledoc.TrustDomainName(o.trustDomain); err != nil {
-		add(fmt.Errorf("trust-domain %q: %w", o.trustDomain, err))
-	} else {
-		td = t
+	return p
+}
+
+// problems collects what checkServerOptions finds.
+type problems []error
+
+func (p *problems) add(err error) {
+	if err != nil {
+		*p = append(*p, err)
 	}
-	if _, err := ca.ParseKeyType(o.keyType); err != nil {
-		add(fmt.Errorf("ca-key-type: %w", err))
+}
+
+// trustDomain checks --trust-domain; the zero value when it is missing or
+// invalid, so that checks that need it are skipped.
+func (p *problems) trustDomain(name string) spiffeid.TrustDomain {
+	if name == "" {
+		p.add(errors.New("trust-domain (or TRUST_DOMAIN) is required"))
+		return spiffeid.TrustDomain{}
 	}
-	add(checkStorageFlags(o))
-	switch o.kube.storage {
+	td, err := bundledoc.TrustDomainName(name)
+	if err != nil {
+		p.add(fmt.Errorf("trust-domain %q: %w", name, err))
+		return spiffeid.TrustDomain{}
+	}
+	return td
+}
+
+func (p *problems) storage(k kubeOptions) {
+	switch k.storage {
 	case "", storageFile, storageKube:
 	default:
-		add(fmt.Errorf("storage %q: want file or kube", o.kube.storage))
+		p.add(fmt.Errorf("storage %q: want file or kube", k.storage))
 	}
-	if o.kube.namespaceSelector != "" {
-		if _, err := labels.Parse(o.kube.namespaceSelector); err != nil {
-			add(fmt.Errorf("namespace-selector %q: %w", o.kube.namespaceSelector, err))
+	if k.namespaceSelector != "" {
+		if _, err := labels.Parse(k.namespaceSelector); err != nil {
+			p.add(fmt.Errorf("namespace-selector %q: %w", k.namespaceSelector, err))
 		}
 	}
-	if _, err := newLogger(io.Discard, o.logFormat, o.logLevel); err != nil {
-		add(err)
-	}
+}
+
+// listeners checks the listen addresses and the admin API's host check.
+func (p *problems) listeners(o serverOptions) {
 	for _, l := range []struct{ flag, addr string }{
 		{"admin-listen", o.adminListen}, {"bundle-listen", o.bundle.listen}, {"grpc-listen", o.grpc.listen},
 	} {
@@ -97,40 +126,45 @@ func checkServerOptions(o serverOptions) []error {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {
-			add(fmt.Errorf("%s %q: %w", l.flag, l.addr, err))
+			p.add(fmt.Errorf("%s %q: %w", l.flag, l.addr, err))
 		}
 	}
 	if _, _, err := net.SplitHostPort(o.adminListen); err == nil {
 		if _, err := adminHostCheck(o.adminListen, o.adminHosts, nil); err != nil {
-			add(err)
+			p.add(err)
 		}
 	}
-	switch o.bundle.profile {
+}
+
+// bundleProfile checks the flags that only one --bundle-profile takes.
+func (p *problems) bundleProfile(b bundleOptions, td spiffeid.TrustDomain) {
+	switch b.profile {
 	case profileSPIFFE:
-		if o.bundle.tlsCert != "" || o.bundle.tlsKey != "" || len(o.bundle.acmeDomains) > 0 {
-			add(errors.New("bundle-tls-cert, bundle-tls-key and acme-domain need bundle-profile https_web"))
+		if b.tlsCert != "" || b.tlsKey != "" || len(b.acmeDomains) > 0 {
+			p.add(errors.New("bundle-tls-cert, bundle-tls-key and acme-domain need bundle-profile https_web"))
 		}
-		if o.bundle.endpointID != "" && !td.IsZero() {
-			if id, err := spiffeid.FromString(o.bundle.endpointID); err != nil {
-				add(fmt.Errorf("bundle-endpoint-spiffe-id %q: %w", o.bundle.endpointID, err))
-			} else if !id.MemberOf(td) {
-				add(fmt.Errorf("bundle-endpoint-spiffe-id %q: our CA signs only %s identities", o.bundle.endpointID, td.Name()))
-			}
+		if b.endpointID != "" && !td.IsZero() {
+			p.add(checkEndpointID(b.endpointID, td))
 		}
 	case profileWeb:
-		if o.bundle.endpointID != "" {
-			add(errors.New("bundle-endpoint-spiffe-id needs bundle-profile https_spiffe"))
+		if b.endpointID != "" {
+			p.add(errors.New("bundle-endpoint-spiffe-id needs bundle-profile https_spiffe"))
 		}
-		if len(o.bundle.acmeDomains) > 0 && (o.bundle.tlsCert != "" || o.bundle.tlsKey != "") {
-			add(errors.New("use either acme-domain or bundle-tls-cert/bundle-tls-key, not both"))
+		if len(b.acmeDomains) > 0 && (b.tlsCert != "" || b.tlsKey != "") {
+			p.add(errors.New("use either acme-domain or bundle-tls-cert/bundle-tls-key, not both"))
 		}
 	default:
-		add(fmt.Errorf("bundle-profile %q: want %s or %s", o.bundle.profile, profileSPIFFE, profileWeb))
+		p.add(fmt.Errorf("bundle-profile %q: want %s or %s", b.profile, profileSPIFFE, profileWeb))
 	}
-	if !td.IsZero() {
-		if _, _, _, err := staticEndpoints(o.federation, td); err != nil {
-			add(err)
-		}
+}
+
+func checkEndpointID(s string, td spiffeid.TrustDomain) error {
+	id, err := spiffeid.FromString(s)
+	if err != nil {
+		return fmt.Errorf("bundle-endpoint-spiffe-id %q: %w", s, err)
 	}
-	return errs
+	if !id.MemberOf(td) {
+		return fmt.Errorf("bundle-endpoint-spiffe-id %q: our CA signs only %s identities", s, td.Name())
+	}
+	return nil
 }
