@@ -142,6 +142,12 @@ type FetcherConfig struct {
 	// MaxRedirects is the number of redirects followed per fetch. Zero
 	// means DefaultMaxRedirects; negative means none.
 	MaxRedirects int
+
+	// withTimeout puts the Timeout deadline on each fetch's context; nil
+	// means context.WithTimeout. Only tests set it, so that a fetch held
+	// open by a fault ends when the test says its deadline has passed,
+	// not after Timeout of real time.
+	withTimeout func(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc)
 }
 
 // FetchResult is the outcome of a successful Fetch.
@@ -180,6 +186,9 @@ func NewFetcher(cfg FetcherConfig) *Fetcher {
 	} else if cfg.MaxRedirects < 0 {
 		cfg.MaxRedirects = 0
 	}
+	if cfg.withTimeout == nil {
+		cfg.withTimeout = context.WithTimeout
+	}
 	return &Fetcher{cfg: cfg}
 }
 
@@ -207,7 +216,7 @@ func (f *Fetcher) fetch(ctx context.Context, ep Endpoint, etag string) (*FetchRe
 		return nil, err
 	}
 	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.Timeout)
+	ctx, cancel := f.cfg.withTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 
 	dialer := &net.Dialer{Control: f.controlDial}

@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"log"
@@ -122,7 +123,72 @@ type faultEnv struct {
 	p    *Poller
 }
 
-func newFaultEnv(t *testing.T, timeout time.Duration) *faultEnv {
+// testDeadlines stands in for context.WithTimeout in a fetcher
+// (FetcherConfig.withTimeout): the deadlines it hands out pass when the
+// test calls expire, so a fetch held open by a fault ends at a point the
+// test chooses, not after some amount of real time.
+type testDeadlines struct {
+	mu     sync.Mutex
+	issued []*testDeadlineCtx
+}
+
+func (d *testDeadlines) withTimeout(parent context.Context, _ time.Duration) (context.Context, context.CancelFunc) {
+	c := &testDeadlineCtx{Context: parent, done: make(chan struct{})}
+	stop := context.AfterFunc(parent, func() { c.end(parent.Err()) })
+	d.mu.Lock()
+	d.issued = append(d.issued, c)
+	d.mu.Unlock()
+	return c, func() {
+		stop()
+		c.end(context.Canceled)
+	}
+}
+
+// expire passes the deadline of every fetch still in flight; those that
+// have ended keep the error they ended with.
+func (d *testDeadlines) expire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.issued {
+		c.end(context.DeadlineExceeded)
+	}
+}
+
+// testDeadlineCtx ends as a context.WithTimeout child does: with
+// DeadlineExceeded when its deadline passes (expire), with the parent's
+// error when the parent ends, and with Canceled when cancelled. Deadline
+// and Value are the parent's.
+type testDeadlineCtx struct {
+	context.Context
+	done chan struct{}
+
+	once sync.Once
+	mu   sync.Mutex
+	err  error
+}
+
+func (c *testDeadlineCtx) Done() <-chan struct{} { return c.done }
+
+func (c *testDeadlineCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// end records err before closing done, so whoever sees Done closed reads
+// it from Err; only the first end counts.
+func (c *testDeadlineCtx) end(err error) {
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+		close(c.done)
+	})
+}
+
+// newFaultEnv federates a poller with both trust domains; fc sets the
+// fetch Timeout and, for a case that hangs, the deadline hook.
+func newFaultEnv(t *testing.T, fc FetcherConfig) *faultEnv {
 	t.Helper()
 	e := &faultEnv{fx: newFetchFixture(t), healthy: testca.New(t, healthyTD), sink: &memSink{},
 		reg: prometheus.NewRegistry(), faultyTD: td(fetchTD), healthyTD: td(healthyTD)}
@@ -136,9 +202,10 @@ func newFaultEnv(t *testing.T, timeout time.Duration) *faultEnv {
 	faultyEP.BootstrapBundle = e.fx.ca.Bundle()
 	healthyEP := spiffe(t, healthyTD, e.healthySrv.URL+"/bundle", healthyServerID)
 	healthyEP.BootstrapBundle = e.healthy.Bundle()
+	fc.AllowPrivate = true
 	p, err := NewPoller(PollerConfig{
 		Endpoints:  []Endpoint{faultyEP, healthyEP},
-		Fetcher:    FetcherConfig{AllowPrivate: true, Timeout: timeout},
+		Fetcher:    fc,
 		Sink:       e.sink,
 		Registerer: e.reg,
 		Rand:       func() float64 { return 0.5 },
@@ -206,16 +273,17 @@ func TestPollerFaultMatrix(t *testing.T) {
 	t.Parallel()
 	const (
 		fast = 5 * time.Second
-		// slow bounds the cases that hang: long enough that the healthy
-		// trust domain's poll, run while the faulty one hangs, always
-		// finishes first, short enough to keep the matrix quick.
+		// slow is the Timeout a case that hangs reports in its error. No
+		// case waits for it: the test passes the hanging fetch's deadline
+		// itself (testDeadlines), once the healthy trust domain's poll
+		// has finished, so that poll always finishes first.
 		slow = 2 * time.Second
 	)
 	tests := []struct {
 		name    string
 		timeout time.Duration
-		// hangs: the faulty poll stays in flight until its timeout, and
-		// signals e.engaged once it has reached the fault.
+		// hangs: the faulty poll stays in flight until its deadline
+		// passes, and signals e.engaged once it has reached the fault.
 		hangs  bool
 		inject func(t *testing.T, e *faultEnv)
 		result string // fetches_total result label
@@ -420,11 +488,15 @@ func TestPollerFaultMatrix(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			timeout := tt.timeout
-			if timeout == 0 {
-				timeout = fast
+			fc := FetcherConfig{Timeout: tt.timeout}
+			if fc.Timeout == 0 {
+				fc.Timeout = fast
 			}
-			e := newFaultEnv(t, timeout)
+			var deadlines testDeadlines
+			if tt.hangs {
+				fc.withTimeout = deadlines.withTimeout
+			}
+			e := newFaultEnv(t, fc)
 
 			// A good poll of both first.
 			require.NoError(t, e.p.Refresh(t.Context(), e.faultyTD))
@@ -459,6 +531,7 @@ func TestPollerFaultMatrix(t *testing.T) {
 					t.Fatalf("the faulty poll ended (%v) before the healthy one", err)
 				default:
 				}
+				deadlines.expire()
 			}
 			err := <-faultyErr
 			require.Error(t, err)

@@ -5,14 +5,18 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 )
@@ -80,12 +84,12 @@ func TestOneLeaderAndFailover(t *testing.T) {
 		first, second = b, a
 	}
 	require.Eventually(t, first.leading.Load, 5*time.Second, 10*time.Millisecond)
-	// One leader, held over several renewals.
-	for range 10 {
+	// One leader, held over several renewals: at each one the Lease
+	// records, the other replica neither leads nor runs its lead.
+	watchRenewals(t, env, ns, first.el.Identity(), 5, func() {
 		assert.False(t, second.el.IsLeader())
 		assert.False(t, second.leading.Load())
-		time.Sleep(retry) // observing that nothing changes over time
-	}
+	})
 	assert.True(t, first.el.IsLeader())
 	until := first.el.LeadingUntil()
 	assert.True(t, until.After(time.Now()) && !until.After(time.Now().Add(renew)), "leading until %s", until)
@@ -102,6 +106,34 @@ func TestOneLeaderAndFailover(t *testing.T) {
 	require.Eventually(t, second.leading.Load, time.Second, 10*time.Millisecond)
 	assert.Equal(t, 0.0, testutil.ToFloat64(first.el.gauge))
 	assert.Equal(t, 1.0, testutil.ToFloat64(second.el.gauge))
+}
+
+// watchRenewals watches the Lease and calls check at each renewal by
+// holder it records, until it has seen n; it fails if the Lease changes
+// hands meanwhile.
+func watchRenewals(t *testing.T, env *kubetest.Env, ns, holder string, n int, check func()) {
+	t.Helper()
+	// A bound on failure only: the holder renews every retry period.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	w, err := env.Client.CoordinationV1().Leases(ns).Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", DefaultName).String(),
+	})
+	require.NoError(t, err)
+	defer w.Stop()
+	var last *metav1.MicroTime
+	for seen := 0; seen < n; {
+		ev, ok := <-w.ResultChan()
+		require.True(t, ok, "watch ended after %d of %d renewals: %v", seen, n, ctx.Err())
+		l, ok := ev.Object.(*coordinationv1.Lease)
+		require.True(t, ok, "watch event %s: %v", ev.Type, ev.Object)
+		require.Equal(t, holder, ptr.Deref(l.Spec.HolderIdentity, ""), "the Lease changed hands")
+		if rt := l.Spec.RenewTime; rt != nil && last != nil && !rt.Equal(last) {
+			seen++
+			check()
+		}
+		last = l.Spec.RenewTime
+	}
 }
 
 // TestLeaseTakenOverStopsLead: another holder takes the Lease (as after a
@@ -177,31 +209,36 @@ func TestNewChecksConfig(t *testing.T) {
 
 // TestFailingLeadBacksOff: lead work that fails at once gives up the
 // Lease; the replica campaigns again, but one retry period later, not in
-// a tight acquire-release loop against the API server.
+// a tight acquire-release loop against the API server. It runs in a
+// synctest bubble on a fake clientset, so the time it observes passes
+// at once and exactly; one replica needs no resourceVersion conflicts,
+// which the fake does not enforce.
 func TestFailingLeadBacksOff(t *testing.T) {
-	env := kubetest.Shared(t)
-	ns := env.Namespace(t)
-	el, err := New(Config{Client: env.Client, Namespace: ns, Identity: "a",
-		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry, Registerer: prometheus.NewRegistry()})
-	require.NoError(t, err)
-	var leads atomic.Int32
-	first := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- el.Run(ctx, func(context.Context) error {
-			if leads.Add(1) == 1 {
-				close(first)
-			}
-			return assert.AnError
-		})
-	}()
-	<-first
-	start := time.Now()
-	time.Sleep(5 * retry) // observing how often it campaigns over time
-	n, elapsed := leads.Load(), time.Since(start)
-	cancel()
-	require.NoError(t, <-done)
-	assert.LessOrEqual(t, int(n), int(elapsed/retry)+2, "%d leads in %s", n, elapsed)
-	assert.GreaterOrEqual(t, n, int32(2), "it campaigns again")
+	synctest.Test(t, func(t *testing.T) {
+		el, err := New(Config{Client: fake.NewClientset(), Namespace: "ns", Identity: "a",
+			LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry, Registerer: prometheus.NewRegistry()})
+		require.NoError(t, err)
+		var leads atomic.Int32
+		first := make(chan struct{})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- el.Run(ctx, func(context.Context) error {
+				if leads.Add(1) == 1 {
+					close(first)
+				}
+				return assert.AnError
+			})
+		}()
+		<-first
+		start := time.Now()
+		// Bubble time moves only while every goroutine in the bubble is
+		// blocked, so the count covers exactly five retry periods.
+		time.Sleep(5 * retry)
+		n, elapsed := leads.Load(), time.Since(start)
+		cancel()
+		require.NoError(t, <-done)
+		assert.LessOrEqual(t, int(n), int(elapsed/retry)+2, "%d leads in %s", n, elapsed)
+		assert.GreaterOrEqual(t, n, int32(2), "it campaigns again")
+	})
 }
