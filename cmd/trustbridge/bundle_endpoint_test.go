@@ -180,13 +180,7 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
 		td, dataDir, 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- runall.Run(ctx, ep.runners...) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	ctx := runEndpoint(t, ep)
 
 	fetch := func() (*spiffebundle.Bundle, error) {
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -276,4 +270,18 @@ func TestReadyzReportsABadBundleFileChange(t *testing.T) {
 	code, body := get(t, admin.URL+"/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "serving the last good bundle")
+}
+
+// runEndpoint runs ep's runners until the test ends, and returns the
+// context they run in.
+func runEndpoint(t *testing.T, ep *bundleEndpoint) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- runall.Run(ctx, ep.runners...) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return ctx
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/runall"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -192,13 +191,7 @@ func TestRelayServesTheStore(t *testing.T) {
 	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
 		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- runall.Run(ctx, ep.runners...) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	ctx := runEndpoint(t, ep)
 
 	served := func() (uint64, bool) {
 		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
