@@ -86,13 +86,17 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	// The endpoint re-renders from the trust store just after the poller
 	// reports success: wait for it rather than race it.
 	var relayed *spiffebundle.Bundle
-	require.Eventually(t, func() bool {
-		relayed, err = gofederation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("east.example"), westURL+"/bundles/east.example",
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		b, err := gofederation.FetchBundle(ctx, spiffeid.RequireTrustDomainFromString("east.example"), westURL+"/bundles/east.example",
 			gofederation.WithSPIFFEAuth(x509bundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("west.example"),
 				[]*x509.Certificate{westRoots[0].Cert}), spiffeid.RequireFromString("spiffe://west.example/trustbridge/bundle-endpoint")))
-		require.NoError(t, err)
-		seq, _ := relayed.SequenceNumber()
-		return seq == 1
+		if !assert.NoError(c, err) {
+			return
+		}
+		seq, _ := b.SequenceNumber()
+		if assert.Equal(c, uint64(1), seq) {
+			relayed = b
+		}
 	}, 10*time.Second, 20*time.Millisecond, "west relays east's bundle as east published it")
 	assert.True(t, relayed.X509Authorities()[0].Equal(eastBundle))
 
@@ -103,14 +107,12 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	assert.Contains(t, stdout, "east.example  OK")
 	// The first poll reports success before it has finished saving the
 	// bundle; a refresh in that moment is told a poll is running.
-	require.Eventually(t, func() bool {
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		stdout, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "east.example", "--admin", "http://"+westAdmin)
-		if strings.Contains(stderr, "already running") || strings.Contains(stderr, "429") {
-			return false
-		}
-		require.Equal(t, 0, code, stderr)
-		return true
+		busy := strings.Contains(stderr, "already running") || strings.Contains(stderr, "429")
+		assert.False(c, busy, "refused while busy: %s", stderr)
 	}, 10*time.Second, 250*time.Millisecond)
+	require.Equal(t, 0, code, stderr, "any other answer than busy is final")
 	assert.Contains(t, stdout, "refreshed east.example")
 	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "nowhere.example", "--admin", "http://"+westAdmin)
 	assert.Equal(t, 1, code)
