@@ -163,9 +163,13 @@ func TestControllerFake(t *testing.T) {
 	assert.True(t, apierrors.IsNotFound(err), "nothing is created in a terminating namespace")
 
 	assert.Equal(t, 0.0, metricValue(t, reg, "trustbridge_distribution_writes_total", map[string]string{"result": resultError}))
-	assert.Equal(t, 1.0, metricValue(t, reg, "trustbridge_distribution_namespaces", map[string]string{"state": stateCurrent}))
-	assert.Equal(t, 1.0, metricValue(t, reg, "trustbridge_distribution_namespaces", map[string]string{"state": stateForeign}))
-	assert.Equal(t, 0.0, metricValue(t, reg, "trustbridge_distribution_namespaces", map[string]string{"state": statePending}))
+	// The states are counted from the informer caches at scrape time, and
+	// the cache hears of our write after the write counter moved.
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 1.0, metricValue(c, reg, "trustbridge_distribution_namespaces", map[string]string{"state": stateCurrent}))
+		assert.Equal(c, 1.0, metricValue(c, reg, "trustbridge_distribution_namespaces", map[string]string{"state": stateForeign}))
+		assert.Equal(c, 0.0, metricValue(c, reg, "trustbridge_distribution_namespaces", map[string]string{"state": statePending}))
+	}, waitFor, tick)
 	assert.Greater(t, metricValue(t, reg, "trustbridge_distribution_last_sync_timestamp_seconds", nil), 0.0)
 	// The metric moves just before the log line is written.
 	assert.Eventually(t, func() bool { return strings.Contains(logs.String(), "not managed by trustbridge") }, waitFor, tick, "logged")

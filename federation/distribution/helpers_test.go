@@ -103,9 +103,12 @@ func startController(t testing.TB, c *Controller) (stop func()) {
 }
 
 // metricValue returns the value of the gathered metric name whose labels
-// include want, or -1 when there is none.
-func metricValue(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) float64 {
-	t.Helper()
+// include want, or -1 when there is none. t may be an EventuallyWithT's
+// *assert.CollectT.
+func metricValue(t require.TestingT, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
 	families, err := g.Gather()
 	require.NoError(t, err)
 	for _, f := range families {

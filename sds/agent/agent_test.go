@@ -258,8 +258,11 @@ func TestRunFiles(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, leaf2.Raw, leafOf(t, secretsOf(t, resp)[sds.DefaultName]).Raw)
 
-	// Another identity is refused too.
-	writeCreds(t, creds, caA, spiffeid.RequireFromString("spiffe://a.test/other"), caA.Cert)
+	// Another identity is refused too. The roots stay as they are, so
+	// that the files, written one at a time, pass through no state but
+	// the garbage key's and the final one: a reload that caught the chain
+	// and key before the bundle map went would count a second failure.
+	writeCreds(t, creds, caA, spiffeid.RequireFromString("spiffe://a.test/other"), caA.Cert, caB.Cert)
 	require.Eventually(t, func() bool { return testutil.ToFloat64(fail) == 3 }, 5*time.Second, 5*time.Millisecond)
 
 	// Roots change alone: ALL is pushed without b.test.
