@@ -14,7 +14,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/schedule"
 )
@@ -532,18 +531,13 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 		return &Event{Kind: EventBundleRejected, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
 			OldSequence: SequenceOf(st.held), NewSequence: SequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
 	}
-	for _, w := range res.Warnings {
-		if w.Code == bundledoc.CodeForeignTrustDomain {
-			// The endpoint serves a bundle whose roots name another trust
-			// domain (a misrouted URL, or an attack): trusting it would let
-			// that domain's CA mint our peer's identities.
-			err := fmt.Errorf("%w: %s", ErrTrustDomainMismatch, w.String())
-			log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err)
-			return nil, rejected(err), err
+	// The same verdict as CheckDocument's (bundle inspect).
+	dec, err := CheckBundle(st.held, res.Bundle, res.Warnings, p.cfg.AllowEmpty)
+	if err == nil {
+		for _, w := range res.Warnings {
+			log.Warn("bundle element ignored", logattr.Warning, w.String())
 		}
-		log.Warn("bundle element ignored", logattr.Warning, w.String())
 	}
-	dec, err := Accept(st.held, res.Bundle, p.cfg.AllowEmpty)
 	if err != nil {
 		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err,
 			"old_sequence", seqString(st.held), "new_sequence", seqString(res.Bundle))
