@@ -408,7 +408,7 @@ func announce(e env, o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, 
 	if ep != nil {
 		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.bundle.profile, "tuple", ep.tuple(td)}
 		if !ep.id.IsZero() {
-			attrs = append(attrs, logattr.SPIFFEID, ep.id.String())
+			attrs = append(attrs, logattr.SPIFFEID, ep.id.String(), "bootstrap", ep.bootstrapCommand(td, addr))
 		}
 		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
 	}
@@ -486,7 +486,14 @@ func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr s
 		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
 	}
 	if ep != nil {
-		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(spiffeid.RequireTrustDomainFromString(td)))
+		id := spiffeid.RequireTrustDomainFromString(td)
+		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(id))
+		if cmd := ep.bootstrapCommand(id, addr); cmd != "" {
+			// https_spiffe peers authenticate their first fetch with our
+			// bundle, which they must get over a channel they trust.
+			fmt.Fprintf(w, "  bootstrap:  %s   (hand it to each peer's operator over a channel you trust; SPIRE: spire-server bundle set -format spiffe -id spiffe://%s -path %s)\n",
+				cmd, td, bootstrapFile(id))
+		}
 	}
 }
 
