@@ -68,13 +68,18 @@ certificate it signed.
 
 The admin listener serves /healthz, /readyz, /metrics (Prometheus),
 /v1/trust (JSON: the published roots, their state and fingerprints),
-/v1/federation (every federated trust domain's polling state),
+/v1/bundle (the SPIFFE bundle document https_spiffe peers need once, to
+authenticate their first fetch), /v1/federation (every federated trust domain's polling state),
 /v1/snapshot (JSON: every trusted trust domain, by which authorities,
 since when, from where; what trustbridge audit reads) and /ui (the same as
 a read-only status page). A request whose Host header names anything but
 the listener's address, localhost or an --admin-allowed-hosts name gets
 421 Misdirected Request, so a web page that rebinds its own name to this
 address (DNS rebinding) cannot read it.`,
+		Example: `  # federate with an https_web peer (Istio's form) and an https_spiffe peer
+  # whose bundle its operator handed over (the fourth field)
+  trustbridge server --trust-domain example.org --data-dir /var/lib/trustbridge \
+    --federate 'web.example|https://web.example/bundle||east.example|https://east.example:8443/|spiffe://east.example/trustbridge/bundle-endpoint|east.example.json'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := loadServerConfig(cmd.Flags(), &o, os.Getenv); err != nil {
