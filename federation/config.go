@@ -11,7 +11,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/yamlcheck"
 )
 
@@ -328,22 +327,15 @@ func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, lab
 		if name == "" {
 			return errAt(at, "%s: %s is empty", label, keyTrustDomainBundleFile)
 		}
-		if doc, err = p.readFile(name); err != nil {
+		if doc, err = readBootstrapFile(name, p.readFile); err != nil {
 			return errAt(at, "%s: %s: %w", label, source, err)
-		}
-		if len(doc) > bundledoc.DefaultMaxSize {
-			return errAt(at, "%s: %s: larger than %d bytes", label, source, bundledoc.DefaultMaxSize)
 		}
 		ep.BootstrapBundleFile = name
 	default:
 		return nil
 	}
-	b, warnings, err := bundledoc.Parse(ep.TrustDomain, doc)
+	warnings, err := setBootstrap(ep, doc)
 	if err != nil {
-		return errAt(at, "%s: %s: %w", label, source, err)
-	}
-	ep.BootstrapBundle = b
-	if err := checkBootstrap(*ep); err != nil {
 		return errAt(at, "%s: %s: %w", label, source, err)
 	}
 	for _, w := range warnings {

@@ -4,11 +4,20 @@
 //
 // Configuration: the Istio-compatible string form used by --federate and
 // SPIFFE_BUNDLE_ENDPOINTS ("td|url" tuples joined by "||", with an optional
-// third field naming the endpoint SPIFFE ID for https_spiffe), and a YAML
-// file using spire-controller-manager's ClusterFederatedTrustDomain field
-// names, which can also carry a bootstrap bundle and refresh bounds. Both
-// forms share one set of rules, refuse the whole configuration on any
-// error, and name entries by 0-based index ("endpoint 0", "federation[0]").
+// third field naming the endpoint SPIFFE ID for https_spiffe and a fourth
+// naming its bootstrap bundle file), and a YAML file using
+// spire-controller-manager's ClusterFederatedTrustDomain field names, which
+// can also carry a bootstrap bundle and refresh bounds. Both forms share one
+// set of rules, refuse the whole configuration on any error, and name
+// entries by 0-based index ("endpoint 0", "federation[0]"). CheckFirstFetch
+// is the one rule every configuration path applies before polling: a
+// self-serving https_spiffe endpoint needs a bootstrap bundle or a held
+// bundle of its trust domain.
+//
+// Judging: CheckBundle is the verdict on every fetched document (a root
+// naming another trust domain, then Accept over the held bundle), and
+// CheckDocument is it from the raw document, as `trustbridge bundle
+// inspect` runs it.
 //
 // Polling: a Poller gives every trust domain its own schedule (the clamped
 // refresh hint with jitter, backoff from 1s on failure). A Fetcher fetches
@@ -21,10 +30,11 @@
 // restart keeps trust. Accepted bundles go to a Sink, the per-trust-domain
 // store of package federation/trust.
 //
-//	flagEps, err := federation.ParseEndpoints(os.Getenv("SPIFFE_BUNDLE_ENDPOINTS"))
+//	flagCfg, err := federation.ParseEndpointsConfig(os.Getenv("SPIFFE_BUNDLE_ENDPOINTS"), os.ReadFile)
 //	if err != nil {
 //		return err
 //	}
+//	flagEps := flagCfg.Endpoints
 //	cfg, err := federation.ParseConfig(data, func(p string) ([]byte, error) {
 //		return os.ReadFile(filepath.Join(configDir, p))
 //	})
@@ -35,6 +45,13 @@
 //		log.Warn("federation config", "warning", w)
 //	}
 //	eps, err := federation.MergeEndpoints(flagEps, cfg.Endpoints)
+//	for _, ep := range eps {
+//		if err := federation.CheckFirstFetch(ep, func(td spiffeid.TrustDomain) bool {
+//			return federation.StoreHolds(lkg, td)
+//		}); err != nil {
+//			return err
+//		}
+//	}
 //
 // Spec: SPIFFE Federation §5.1 (endpoint parameters), §6.2 (maintaining a
 // relationship: polling, refresh hints), §7.5.1 (redirects), §5.2.1.1 and §5.2.2.1

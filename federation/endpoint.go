@@ -48,11 +48,12 @@ type Endpoint struct {
 	EndpointSPIFFEID spiffeid.ID
 	// BootstrapBundle, when set, is the operator-supplied bundle of
 	// TrustDomain: it seeds the trust store and authenticates the first fetch
-	// from a self-serving https_spiffe endpoint (§5.2.2.2). Only the YAML
-	// form can carry it.
+	// from a self-serving https_spiffe endpoint (§5.2.2.2). The YAML form
+	// carries it (trustDomainBundle, trustDomainBundleFile), and so does the
+	// string form's fourth field (ParseEndpointsConfig).
 	BootstrapBundle *spiffebundle.Bundle
-	// BootstrapBundleFile is the trustDomainBundleFile path as configured,
-	// kept for display only.
+	// BootstrapBundleFile is the trustDomainBundleFile path (or the fourth
+	// tuple field) as configured, kept for display only.
 	BootstrapBundleFile string
 	// Refresh is set only by the YAML form.
 	Refresh Refresh
@@ -60,8 +61,8 @@ type Endpoint struct {
 
 // String returns the endpoint in the tuple form of ParseEndpoints:
 // "td|url" for https_web, "td|url|spiffe-id" for https_spiffe. The
-// bootstrap bundle and refresh bounds have no place in that form and are
-// left out.
+// bootstrap bundle file and refresh bounds are left out: the string names
+// the relationship in errors and logs.
 func (e Endpoint) String() string {
 	var b strings.Builder
 	b.WriteString(e.TrustDomain.Name())
@@ -85,39 +86,134 @@ func (e Endpoint) String() string {
 // A third field, our extension, is the endpoint SPIFFE ID and makes the
 // tuple https_spiffe. Whitespace around a tuple is ignored (so a multi-line
 // YAML env value works); whitespace inside a field is an error. Empty or
-// all-whitespace input yields no endpoints.
+// all-whitespace input yields no endpoints. A fourth field (a bootstrap
+// bundle file) needs ParseEndpointsConfig, which reads it.
 //
 // Errors name the offending tuple by its 0-based index and its text. On any
 // error no endpoints are returned: a partial federation set would silently
 // drop trust in the peers that failed.
 func ParseEndpoints(s string) ([]Endpoint, error) {
+	cfg, err := ParseEndpointsConfig(s, nil)
+	if err != nil {
+		return nil, err
+	}
+	return cfg.Endpoints, nil
+}
+
+// ParseEndpointsConfig is ParseEndpoints with our second extension, a
+// fourth field naming the bootstrap bundle file of an https_spiffe tuple
+// (the YAML form's trustDomainBundleFile):
+//
+//	bar.com|https://bar.com:8443/|spiffe://bar.com/spire/server|/etc/trustbridge/bar.com.json
+//
+// readFile loads the file exactly as named (resolving a relative path is
+// the caller's business); with a nil readFile a fourth field is an error,
+// as in ParseEndpoints.
+// The path may hold no whitespace, control character or "|". The bundle
+// obeys the same rules as trustDomainBundleFile, and Warnings are the
+// elements of it that were ignored.
+func ParseEndpointsConfig(s string, readFile func(path string) ([]byte, error)) (*Config, error) {
+	cfg := &Config{}
 	if strings.Trim(s, asciiSpace) == "" {
-		return nil, nil
+		return cfg, nil
 	}
 	tuples := strings.Split(s, "||")
-	eps := make([]Endpoint, 0, len(tuples))
+	cfg.Endpoints = make([]Endpoint, 0, len(tuples))
 	seen := make(trustDomainSet, len(tuples))
 	for i, raw := range tuples {
 		tuple := strings.Trim(raw, asciiSpace)
 		where := fmt.Sprintf("endpoint %d (%q)", i, redact(tuple))
-		ep, err := parseTuple(tuple)
+		ep, warnings, err := parseTuple(tuple, readFile)
 		if err == nil {
 			err = seen.add(ep.TrustDomain, where)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("federation: %s: %w", where, err)
 		}
-		eps = append(eps, ep)
+		for _, w := range warnings {
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("%s: bundle file %q: %s", where, ep.BootstrapBundleFile, w.String()))
+		}
+		cfg.Endpoints = append(cfg.Endpoints, ep)
 	}
-	return eps, nil
+	return cfg, nil
 }
 
-func parseTuple(tuple string) (Endpoint, error) {
+func parseTuple(tuple string, readFile func(string) ([]byte, error)) (Endpoint, []bundledoc.Warning, error) {
+	ep, err := parseTupleFields(tuple, readFile != nil)
+	if err != nil {
+		return Endpoint{}, nil, err
+	}
+	fields := strings.Split(tuple, "|")
+	if len(fields) < 4 {
+		return ep, nil, nil
+	}
+	name := fields[3]
+	if err := checkTupleFile(name); err != nil {
+		return Endpoint{}, nil, fmt.Errorf("bootstrap bundle file %q: %w", name, err)
+	}
+	doc, err := readBootstrapFile(name, readFile)
+	if err != nil {
+		return Endpoint{}, nil, fmt.Errorf("bootstrap bundle file %q: %w", name, err)
+	}
+	ep.BootstrapBundleFile = name
+	warnings, err := setBootstrap(&ep, doc)
+	if err != nil {
+		return Endpoint{}, nil, fmt.Errorf("bootstrap bundle file %q: %w", name, err)
+	}
+	return ep, warnings, nil
+}
+
+// checkTupleFile checks the fourth field of a tuple before it is read.
+func checkTupleFile(name string) error {
+	if name == "" {
+		return errors.New("is empty")
+	}
+	for _, r := range name {
+		if r < 0x20 || r == 0x7f || strings.ContainsRune(asciiSpace, r) {
+			return fmt.Errorf("contains %q; a path in a tuple cannot hold whitespace or control characters (use trustDomainBundleFile in --federation-config for such a path)", r)
+		}
+	}
+	return nil
+}
+
+// readBootstrapFile reads a bootstrap bundle file, capped at what a
+// fetched bundle may weigh.
+func readBootstrapFile(name string, readFile func(string) ([]byte, error)) ([]byte, error) {
+	doc, err := readFile(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(doc) > bundledoc.DefaultMaxSize {
+		return nil, fmt.Errorf("larger than %d bytes", bundledoc.DefaultMaxSize)
+	}
+	return doc, nil
+}
+
+// setBootstrap parses doc as ep's bootstrap bundle and checks it against
+// ep, for every form that carries one.
+func setBootstrap(ep *Endpoint, doc []byte) ([]bundledoc.Warning, error) {
+	b, warnings, err := bundledoc.Parse(ep.TrustDomain, doc)
+	if err != nil {
+		return nil, err
+	}
+	ep.BootstrapBundle = b
+	if err := checkBootstrap(*ep); err != nil {
+		return nil, err
+	}
+	return warnings, nil
+}
+
+// parseTupleFields parses the first three fields; withFile allows a
+// fourth, which the caller reads.
+func parseTupleFields(tuple string, withFile bool) (Endpoint, error) {
 	if tuple == "" {
 		return Endpoint{}, errors.New(`empty tuple (stray "||"?)`)
 	}
 	fields := strings.Split(tuple, "|")
-	if len(fields) < 2 || len(fields) > 3 {
+	switch {
+	case withFile && (len(fields) < 2 || len(fields) > 4):
+		return Endpoint{}, fmt.Errorf("has %d field(s), want trust-domain|url, trust-domain|url|endpoint-spiffe-id or trust-domain|url|endpoint-spiffe-id|bundle-file", len(fields))
+	case !withFile && (len(fields) < 2 || len(fields) > 3):
 		return Endpoint{}, fmt.Errorf("has %d field(s), want trust-domain|url or trust-domain|url|endpoint-spiffe-id", len(fields))
 	}
 	td, err := parseTrustDomain(fields[0])
@@ -129,7 +225,7 @@ func parseTuple(tuple string) (Endpoint, error) {
 		return Endpoint{}, fmt.Errorf("URL %q: %w", redact(fields[1]), err)
 	}
 	ep := Endpoint{TrustDomain: td, URL: u, Profile: ProfileHTTPSWeb}
-	if len(fields) == 3 {
+	if len(fields) >= 3 {
 		id, err := parseEndpointSPIFFEID(fields[2])
 		if err != nil {
 			return Endpoint{}, fmt.Errorf("endpoint SPIFFE ID %q: %w", fields[2], err)

@@ -276,12 +276,9 @@ func (f *Fetcher) fetch(ctx context.Context, ep Endpoint, etag string) (*FetchRe
 	if err != nil {
 		return nil, f.timeoutError(parent, ctx, fmt.Errorf("read body: %w", err))
 	}
-	b, parseWarnings, err := bundledoc.Parse(ep.TrustDomain, raw)
+	b, parseWarnings, err := parseDocument(ep.TrustDomain, raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBundle, err)
-	}
-	if b.TrustDomain() != ep.TrustDomain {
-		return nil, fmt.Errorf("%w: parsed for trust domain %q, want %q", ErrBundle, b.TrustDomain().Name(), ep.TrustDomain.Name())
+		return nil, err
 	}
 	return &FetchResult{
 		Bundle:   b,

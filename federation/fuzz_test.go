@@ -1,12 +1,16 @@
 package federation
 
 import (
+	"io/fs"
 	"testing"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
 // checkInvariants checks what every accepted endpoint must satisfy,
@@ -100,17 +104,58 @@ func FuzzParseEndpoints(f *testing.F) {
 		"bar|https://bar/|spiffe://bar",
 		"bar|https://bar/|spiffe://bar/",
 		"bar|https://[fe80::1%25en0]/",
+		"bar|https://bar/|spiffe://bar/s|bar.json",
+		"bar|https://bar/|spiffe://bar/s|bar.json||foo|https://foo/",
+		"bar|https://bar/|spiffe://bar/s|other.json",
+		"bar|https://bar/|spiffe://bar/s|",
+		"bar|https://bar/|spiffe://bar/s|a b",
+		"bar|https://bar/|spiffe://bar/s|missing.json",
+		"bar|https://bar/|spiffe://bar/s|bar.json|x",
 	} {
 		f.Add(s)
+	}
+	// The fourth field's files: the fuzzer reaches them by name.
+	bar := testca.New(f, "bar")
+	read := func(p string) ([]byte, error) {
+		switch p {
+		case "bar.json":
+			return bundledoc.Marshal(bar.Bundle())
+		case "other.json":
+			return []byte(`{"keys":[{"kty":"EC"}]}`), nil
+		}
+		return nil, fs.ErrNotExist
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		eps, err := ParseEndpoints(s)
 		if err != nil {
 			require.Nil(t, eps, "partial configuration returned with error %v", err)
+		} else {
+			checkInvariants(t, eps)
+			checkStringRoundTrip(t, eps)
+		}
+
+		// With files: whatever ParseEndpoints accepts parses the same,
+		// and a fourth field always brings a checked bootstrap bundle.
+		cfg, ferr := ParseEndpointsConfig(s, read)
+		if err == nil {
+			require.NoError(t, ferr, "a file reader must not refuse what parses without one")
+			assert.Equal(t, eps, cfg.Endpoints)
+		}
+		if ferr != nil {
+			require.Nil(t, cfg, "partial configuration returned with error %v", ferr)
 			return
 		}
-		checkInvariants(t, eps)
-		checkStringRoundTrip(t, eps)
+		checkInvariants(t, cfg.Endpoints)
+		for i, ep := range cfg.Endpoints {
+			if ep.BootstrapBundleFile == "" {
+				assert.Nil(t, ep.BootstrapBundle, "endpoint %d", i)
+				continue
+			}
+			assert.Equal(t, ProfileHTTPSSPIFFE, ep.Profile, "endpoint %d: only https_spiffe tuples carry a file", i)
+			require.NotNil(t, ep.BootstrapBundle, "endpoint %d", i)
+			assert.NoError(t, CheckFirstFetch(ep, nil), "endpoint %d", i)
+		}
+		checkStringRoundTrip(t, cfg.Endpoints)
 	})
 }
 

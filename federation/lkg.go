@@ -207,11 +207,9 @@ func loadLKG(path string, td spiffeid.TrustDomain) (*LKGEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	for _, w := range warnings {
-		if w.Code == bundledoc.CodeForeignTrustDomain {
-			// Refused when fetched (applyLocked), so refused when stored.
-			return nil, fmt.Errorf("bundle: %w: %s", ErrTrustDomainMismatch, w.String())
-		}
+	// Refused when fetched (CheckBundle), so refused when stored.
+	if err := RefusedWarning(warnings); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
 	}
 	return &LKGEntry{
 		TrustDomain: td,

@@ -14,7 +14,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/schedule"
 )
@@ -37,11 +36,18 @@ type State string
 
 // Endpoint states.
 const (
-	StatePending State = "pending" // no bundle yet
+	StatePending State = "pending" // no poll yet since the start (or no bundle yet)
 	StateOK      State = "ok"      // last poll succeeded
 	StateFailing State = "failing" // last poll failed; the last good bundle is kept
 	StateStale   State = "stale"   // no success for staleAfter refresh intervals
 )
+
+// maxClockSkew is how far in the future a stored fetch time may lie and
+// still count as the last success (clamped to now): replicas sharing a
+// store disagree on the time by a little. Further out, the clock or the
+// file went wrong, and the entry claims no success at all rather than
+// hide staleness.
+const maxClockSkew = 5 * time.Minute
 
 // ErrPollInProgress is returned by Refresh while a poll of the same trust
 // domain is still running.
@@ -144,13 +150,17 @@ type endpointState struct {
 	fromLKG     bool
 	etag        string
 	lastAttempt time.Time
+	// lastSuccess is when the endpoint last served a good bundle: a poll
+	// of this process, or the fetch time a restored entry records.
 	lastSuccess time.Time
-	lastErr     error
-	failures    int
-	next        time.Time
-	entry       cron.EntryID
-	polling     bool
-	refusals    map[string]uint64
+	// savedAt is the fetch time the last-known-good store holds for held.
+	savedAt  time.Time
+	lastErr  error
+	failures int
+	next     time.Time
+	entry    cron.EntryID
+	polling  bool
+	refusals map[string]uint64
 }
 
 // Poller polls every configured bundle endpoint on its own schedule
@@ -311,6 +321,8 @@ func (p *Poller) restoreLocked(st *endpointState, e *LKGEntry) error {
 		case err != nil:
 			return fmt.Errorf("federation: last-known-good for %q not taken, keeping sequence %s: %w", td.Name(), seqString(st.held), err)
 		case dec == DecisionUnchanged:
+			// The same bundle, fetched again by the replica that polls.
+			p.restoredSuccessLocked(st, e.FetchedAt)
 			return nil
 		}
 	}
@@ -319,10 +331,38 @@ func (p *Poller) restoreLocked(st *endpointState, e *LKGEntry) error {
 		// An entity tag only means something for the URL that sent it.
 		st.etag = ""
 	}
+	p.restoredSuccessLocked(st, e.FetchedAt)
 	p.cfg.Sink.Set(SourceName(td), e.Bundle)
 	p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
 		logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
 	return nil
+}
+
+// restoredSuccessLocked takes a stored entry's fetch time as st's last
+// success when it is later: after a restart with the endpoint down, the
+// status shows when the bundle was last fetched, and the staleness rule
+// applies to it, instead of "never".
+func (p *Poller) restoredSuccessLocked(st *endpointState, fetchedAt time.Time) {
+	t := restoredSuccess(fetchedAt, p.cfg.Now())
+	if t.After(st.lastSuccess) {
+		st.lastSuccess = t
+	}
+	if fetchedAt.After(st.savedAt) {
+		st.savedAt = fetchedAt
+	}
+}
+
+// restoredSuccess is the last success a stored fetch time stands for: none
+// for a zero time or one further in the future than maxClockSkew, now for
+// one a little in the future.
+func restoredSuccess(fetchedAt, now time.Time) time.Time {
+	switch {
+	case fetchedAt.IsZero(), fetchedAt.After(now.Add(maxClockSkew)):
+		return time.Time{}
+	case fetchedAt.After(now):
+		return now
+	}
+	return fetchedAt
 }
 
 // Run polls every endpoint until ctx is done; each trust domain has its
@@ -485,24 +525,19 @@ func rejectionKind(err error) string {
 // the caller persists and ev the event it reports, after releasing p.mu.
 func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) (save *LKGEntry, ev *Event, err error) {
 	if res.NotModified {
-		return nil, nil, nil
+		return p.confirmedLocked(st), nil, nil
 	}
 	rejected := func(err error) *Event {
 		return &Event{Kind: EventBundleRejected, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
 			OldSequence: SequenceOf(st.held), NewSequence: SequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
 	}
-	for _, w := range res.Warnings {
-		if w.Code == bundledoc.CodeForeignTrustDomain {
-			// The endpoint serves a bundle whose roots name another trust
-			// domain (a misrouted URL, or an attack): trusting it would let
-			// that domain's CA mint our peer's identities.
-			err := fmt.Errorf("%w: %s", ErrTrustDomainMismatch, w.String())
-			log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err)
-			return nil, rejected(err), err
+	// The same verdict as CheckDocument's (bundle inspect).
+	dec, err := CheckBundle(st.held, res.Bundle, res.Warnings, p.cfg.AllowEmpty)
+	if err == nil {
+		for _, w := range res.Warnings {
+			log.Warn("bundle element ignored", logattr.Warning, w.String())
 		}
-		log.Warn("bundle element ignored", logattr.Warning, w.String())
 	}
-	dec, err := Accept(st.held, res.Bundle, p.cfg.AllowEmpty)
 	if err != nil {
 		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err,
 			"old_sequence", seqString(st.held), "new_sequence", seqString(res.Bundle))
@@ -510,21 +545,42 @@ func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logg
 	}
 	st.etag = res.ETag
 	if dec == DecisionUnchanged && !st.fromLKG {
-		return nil, nil, nil
+		return p.confirmedLocked(st), nil, nil
 	}
 	diff := Diff(st.held, res.Bundle)
 	old := st.held
 	st.held, st.fromLKG = res.Bundle, false
 	p.cfg.Sink.Set(SourceName(st.ep.TrustDomain), res.Bundle)
-	if p.cfg.LKG != nil {
-		save = &LKGEntry{TrustDomain: st.ep.TrustDomain, Bundle: res.Bundle, ETag: res.ETag,
-			EndpointURL: st.ep.URL.String(), FetchedAt: p.cfg.Now()}
-	}
+	save = p.entryLocked(st)
 	log.Info("bundle accepted", "old_sequence", seqString(old), "new_sequence", seqString(res.Bundle),
 		"added", fingerprintStrings(diff.Added), "removed", fingerprintStrings(diff.Removed))
 	ev = &Event{Kind: EventBundleAccepted, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
 		OldSequence: SequenceOf(old), NewSequence: SequenceOf(res.Bundle), Added: diff.Added, Removed: diff.Removed}
 	return save, ev, nil
+}
+
+// confirmedLocked is the entry to save when the endpoint served the held
+// bundle again (unchanged, or 304): only its fetch time is new. It is
+// saved at most every half refresh interval, so the store's fetch time,
+// which becomes the last success after a restart, is at most that old
+// without the store being written on every operator refresh.
+func (p *Poller) confirmedLocked(st *endpointState) *LKGEntry {
+	if st.held == nil || p.cfg.Now().Sub(st.savedAt) < p.intervalLocked(st)/2 {
+		return nil
+	}
+	return p.entryLocked(st)
+}
+
+// entryLocked is the last-known-good entry of st's held bundle, fetched
+// now; nil without a store.
+func (p *Poller) entryLocked(st *endpointState) *LKGEntry {
+	if p.cfg.LKG == nil {
+		return nil
+	}
+	now := p.cfg.Now()
+	st.savedAt = now
+	return &LKGEntry{TrustDomain: st.ep.TrustDomain, Bundle: st.held, ETag: st.etag,
+		EndpointURL: st.ep.URL.String(), FetchedAt: now}
 }
 
 // SequenceOf is b's spiffe_sequence, nil when b is nil or has none.

@@ -149,7 +149,7 @@ func (p *Poller) changeLocked(old *endpointState, ep Endpoint, now time.Time) (e
 	// A new state, so that a poll running for the old configuration finds
 	// itself replaced and discards its result.
 	st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
-		lastSuccess: old.lastSuccess, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
+		lastSuccess: old.lastSuccess, savedAt: old.savedAt, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
 	if old.held == nil || old.held == old.ep.BootstrapBundle {
 		// Never fetched (nor restored): the operator's new bootstrap
 		// bundle (or none) replaces the old one.

@@ -282,13 +282,30 @@ func checkBundleFlags(o bundleOptions, td spiffeid.TrustDomain) error {
 }
 
 // tuple is the federation configuration peers write for this endpoint, in
-// the --federate / SPIFFE_BUNDLE_ENDPOINTS form.
+// the --federate / SPIFFE_BUNDLE_ENDPOINTS form. With https_spiffe the
+// endpoint serves its own trust domain's bundle, so peers need that bundle
+// for their first fetch (federation.CheckFirstFetch): the fourth field
+// names the file bootstrapFile says how to make.
 func (ep *bundleEndpoint) tuple(td spiffeid.TrustDomain) string {
 	t := td.Name() + "|" + ep.url
 	if !ep.id.IsZero() {
-		t += "|" + ep.id.String()
+		t += "|" + ep.id.String() + "|" + bootstrapFile(td)
 	}
 	return t
+}
+
+// bootstrapFile is the file name the banner tells peers to keep our
+// bundle in.
+func bootstrapFile(td spiffeid.TrustDomain) string { return td.Name() + ".json" }
+
+// bootstrapCommand is how this server's operator exports the bundle
+// https_spiffe peers need once (the admin API's /v1/bundle, on the admin
+// listener they reach), "" for https_web, whose peers need none.
+func (ep *bundleEndpoint) bootstrapCommand(td spiffeid.TrustDomain, admin string) string {
+	if ep.id.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf("curl -s http://%s/v1/bundle > %s", admin, bootstrapFile(td))
 }
 
 // Ready reports the first problem of the endpoint's reloaded inputs.

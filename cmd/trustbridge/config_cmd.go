@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
@@ -29,8 +30,11 @@ variables that apply (TRUST_DOMAIN, SPIFFE_BUNDLE_ENDPOINTS, POD_NAMESPACE), and
 check everything that can be checked without starting: unknown or repeated keys,
 every value's type, the trust domain, the CA key type, the storage and flag
 combinations, listen addresses, log settings and every federation endpoint
-(including bootstrap bundles). Prints "ok" or every problem found; the exit
-status is 1 on any problem.`,
+(including bootstrap bundles). A self-serving https_spiffe endpoint without a
+bootstrap bundle passes only when the last-known-good store of --data-dir
+holds its trust domain's bundle; with --storage kube, whose store is in
+ConfigMaps, config check does not connect and needs the bootstrap bundle.
+Prints "ok" or every problem found; the exit status is 1 on any problem.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var o serverOptions
@@ -73,11 +77,24 @@ func checkServerOptions(o serverOptions) []error {
 	p.listeners(o)
 	p.bundleProfile(o.bundle, td)
 	if !td.IsZero() {
-		if _, _, _, err := staticEndpoints(o.federation, td); err != nil {
+		if _, _, _, err := staticEndpoints(o.federation, td, storedBundles(o)); err != nil {
 			p.add(err)
 		}
 	}
 	return p
+}
+
+// storedBundles is what config check knows of held bundles: the
+// last-known-good files of --data-dir. With --storage kube they are in
+// ConfigMaps, which config check does not connect to, so none are known
+// and an https_spiffe endpoint without its bootstrap bundle is refused,
+// which the server too would do on a cluster whose store is empty.
+func storedBundles(o serverOptions) func(spiffeid.TrustDomain) bool {
+	if o.kube.storage == storageKube {
+		return nil
+	}
+	lkg := federation.NewLKGStore(o.dataDir)
+	return func(td spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, td) }
 }
 
 // problems collects what checkServerOptions finds.

@@ -20,6 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
 func serverFlagSet() (*pflag.FlagSet, *serverOptions) {
@@ -129,7 +131,7 @@ log-level: debug
 	require.NoError(t, fs.Parse([]string{"--config", path}))
 	require.NoError(t, loadServerConfig(fs, o, noEnv))
 	assert.Equal(t, "debug", o.logLevel)
-	_, fromFile, _, err := staticEndpoints(o.federation, spiffeid.RequireTrustDomainFromString("east.example"))
+	_, fromFile, _, err := staticEndpoints(o.federation, spiffeid.RequireTrustDomainFromString("east.example"), nil)
 	require.NoError(t, err)
 	require.Len(t, fromFile, 1)
 	assert.Equal(t, "west.example|https://west.example/", fromFile[0].String())
@@ -280,6 +282,10 @@ func TestConfigurationDoc(t *testing.T) {
 	m := regexp.MustCompile("(?s)<!-- example -->\n```yaml\n(.*?)```").FindSubmatch(current)
 	require.NotNil(t, m, "example config missing")
 	example := writeConfig(t, string(m[1]))
+	// The example's bootstrap bundle, as west's operator would hand it over.
+	west, err := bundledoc.Marshal(testca.New(t, "west.example").Bundle())
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(example), "west.example.json"), west, 0o600))
 	t.Setenv("TRUST_DOMAIN", "")
 	t.Setenv("POD_NAMESPACE", "")
 	out, stderr, code := runCLI(t, "", "config", "check", example)

@@ -48,7 +48,7 @@ type federationOptions struct {
 }
 
 func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
-	f.StringVar(&o.federate, "federate", "", `trust domains to federate with: "td|https://url[|endpoint-spiffe-id]" joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
+	f.StringVar(&o.federate, "federate", "", `trust domains to federate with: "td|https://url" (https_web) or "td|https://url|endpoint-spiffe-id|bundle-file" (https_spiffe; the peer's bundle file authenticates the first fetch and may be left out only while a bundle of td is held), joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
 	f.StringVar(&o.configFile, "federation-config", "", "YAML file of federation endpoints (spire-controller-manager ClusterFederatedTrustDomain field names)")
 	f.StringVar(&o.caFile, "federation-ca-file", "", "PEM roots trusted for https_web endpoints in addition to the system pool")
 	f.DurationVar(&o.minRefresh, "federation-min-refresh", federation.DefaultMinRefresh, "poll no more often than this, whatever a peer's refresh hint says")
@@ -93,15 +93,27 @@ func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
 
 // staticEndpoints reads the endpoints configured by --federate (or
 // SPIFFE_BUNDLE_ENDPOINTS) and by --federation-config or the --config file's
-// federation list, and checks them together. Warnings are problems that
-// did not stop the configuration from loading.
-func staticEndpoints(o federationOptions, td spiffeid.TrustDomain) (fromFlag, fromFile []federation.Endpoint, warnings []string, err error) {
+// federation list, and checks them together, each with
+// federation.CheckFirstFetch against held (the last-known-good store; nil:
+// nothing held). Warnings are problems that did not stop the configuration
+// from loading.
+func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spiffeid.TrustDomain) bool) (fromFlag, fromFile []federation.Endpoint, warnings []string, err error) {
 	if o.federate == "" {
 		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
 	}
-	fromFlag, err = federation.ParseEndpoints(o.federate)
+	// A tuple's bundle file is read as named: relative to the working
+	// directory, like any path on a command line.
+	flagCfg, err := federation.ParseEndpointsConfig(o.federate, func(p string) ([]byte, error) {
+		return readSmallFile(p, bundledoc.DefaultMaxSize)
+	})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--federate: %w", err)
+	}
+	fromFlag, warnings = flagCfg.Endpoints, flagCfg.Warnings
+	for _, ep := range fromFlag {
+		if err := federation.CheckFirstFetch(ep, held); err != nil {
+			return nil, nil, nil, fmt.Errorf("--federate %s: %w", ep, err)
+		}
 	}
 	if o.configFile != "" || o.inline != nil {
 		name, flag := o.inlineFrom, "--config"
@@ -128,8 +140,13 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain) (fromFlag, fr
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("%s %s: %w", flag, name, err)
 		}
-		warnings = cfg.Warnings
+		warnings = append(warnings, cfg.Warnings...)
 		fromFile = cfg.Endpoints
+		for i, ep := range fromFile {
+			if err := federation.CheckFirstFetch(ep, held); err != nil {
+				return nil, nil, nil, fmt.Errorf("%s %s: federation[%d] (%s): %w", flag, name, i, ep.TrustDomain.Name(), err)
+			}
+		}
 	}
 	eps, err := federation.MergeEndpoints(fromFlag, fromFile)
 	if err != nil {
@@ -146,7 +163,7 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain) (fromFlag, fr
 
 func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, onEvent func(federation.Event),
 	reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
-	fromFlag, fromFile, warnings, err := staticEndpoints(o, td)
+	fromFlag, fromFile, warnings, err := staticEndpoints(o, td, func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) })
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -26,6 +27,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
@@ -42,6 +44,8 @@ type inspectOptions struct {
 	trustDomain string
 	format      string
 	maxSize     int64
+	allowEmpty  bool
+	held        string
 }
 
 var inspectFormats = []string{"table", "json", "pem", "spiffe"}
@@ -52,9 +56,22 @@ func newInspectCmd(now func() time.Time) *cobra.Command {
 		Use:   "inspect FILE",
 		Short: "Validate a SPIFFE bundle or bundle map and show what it trusts",
 		Long: `Parse FILE ("-" for standard input) as a SPIFFE bundle document or, when it
-has "trust_domains" and no "keys", as a SPIFFE bundle map, with the same
-rules trustbridge applies to fetched bundles. Exit status 1 and the reason on
-stderr if the document would be refused.
+has "trust_domains" and no "keys", as a SPIFFE bundle map, and decide it with
+the code the federation poller runs on every fetched bundle: exit status 1,
+with the poller's reason on stderr, exactly when the poller would refuse the
+document from the --trust-domain's bundle endpoint. Each entry of a bundle
+map is decided as if fetched from its trust domain's endpoint.
+
+What the poller checks: the strict parse (one "use" per key, no duplicate or
+case-variant members, key sizes, CA certificates...), that no x5c
+certificate names another trust domain, and that the bundle has an X.509 or
+JWT authority (--allow-empty, as --federation-allow-empty, lets "keys": []
+through). A bundle document does not name its trust domain: without
+--trust-domain, a document whose x5c certificates name one is refused as the
+poller would refuse it from any other trust domain's endpoint. The sequence
+rules (a spiffe_sequence going back, or other keys under the same one) need
+the bundle the poller holds; they apply only with --held. Transport rules
+(HTTP status, Content-Type, TLS) have no meaning for a file.
 
 Formats:
   table   trust domain, sequence, refresh hint, one line per authority, warnings
@@ -66,6 +83,7 @@ Fingerprints are SHA-256 in hex: of the certificate DER for x509-svid
 authorities (as "openssl x509 -fingerprint -sha256" shows, without colons),
 of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json
+  trustbridge bundle inspect -t example.org --held previous.json next.json   # would the poller move to next.json?
   curl -s https://peer.example/ | trustbridge bundle inspect -t peer.example --format pem - > root-cert.pem`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -76,6 +94,8 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
 	f.StringVarP(&o.format, "format", "o", "table", "output format: "+strings.Join(inspectFormats, "|"))
 	f.Int64Var(&o.maxSize, "max-size", bundledoc.DefaultMaxSize, "refuse documents larger than this many bytes")
+	f.BoolVar(&o.allowEmpty, "allow-empty", false, `accept a bundle without X.509 or JWT authorities ("keys": []), as a server with --federation-allow-empty does`)
+	f.StringVar(&o.held, "held", "", "bundle document the poller holds for --trust-domain (e.g. a previous inspect -o spiffe); the sequence rules are checked against it")
 	return cmd
 }
 
@@ -135,11 +155,15 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 			return fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
 		}
 	}
+	held, err := readHeld(o, td)
+	if err != nil {
+		return err
+	}
 	data, err := readInput(cmd.InOrStdin(), path, o.maxSize)
 	if err != nil {
 		return err
 	}
-	ins, err := inspect(path, data, td)
+	ins, err := inspect(path, data, td, verdictRules{held: held, allowEmpty: o.allowEmpty})
 	if err != nil {
 		return fmt.Errorf("%s: %w", displayName(path), err)
 	}
@@ -214,9 +238,42 @@ func readInput(stdin io.Reader, path string, limit int64) ([]byte, error) {
 	return data, nil
 }
 
-// inspect parses data as a bundle map or a bundle. With a trust domain, a
-// bundle map is narrowed to that entry.
-func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, error) {
+// readHeld reads --held: the bundle the poller holds for td, itself
+// checked as the poller checked it when it took it.
+func readHeld(o inspectOptions, td spiffeid.TrustDomain) (*spiffebundle.Bundle, error) {
+	if o.held == "" {
+		return nil, nil
+	}
+	if td.IsZero() {
+		return nil, errors.New("--held needs --trust-domain: a held bundle is the bundle of one trust domain")
+	}
+	f, err := os.Open(o.held)
+	if err != nil {
+		return nil, fmt.Errorf("--held: %w", err)
+	}
+	defer f.Close()
+	data, err := bundledoc.ReadLimited(f, o.maxSize)
+	if err != nil {
+		return nil, fmt.Errorf("--held %s: %w", o.held, err)
+	}
+	b, _, _, err := federation.CheckDocument(td, data, nil, true)
+	if err != nil {
+		return nil, fmt.Errorf("--held %s: %w", o.held, err)
+	}
+	return b, nil
+}
+
+// verdictRules are the settings of the poller's verdict that inspect
+// takes from flags.
+type verdictRules struct {
+	held       *spiffebundle.Bundle
+	allowEmpty bool
+}
+
+// inspect parses data as a bundle map or a bundle and decides it as the
+// poller would (federation.CheckDocument, CheckBundle). With a trust
+// domain, a bundle map is narrowed to that entry.
+func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRules) (*inspection, error) {
 	ins := &inspection{Source: displayName(path), Warnings: []warningReport{}}
 	var warnings []bundledoc.Warning
 	if bundledoc.IsMap(data) {
@@ -226,16 +283,17 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, er
 			return nil, err
 		}
 		warnings = warns
-		if td.IsZero() {
-			ins.bundles = bundles
-		} else {
-			for _, b := range bundles {
-				if b.TrustDomain() == td {
-					ins.bundles = []*spiffebundle.Bundle{b}
-				}
+		for _, b := range bundles {
+			if td.IsZero() || b.TrustDomain() == td {
+				ins.bundles = append(ins.bundles, b)
 			}
-			if ins.bundles == nil {
-				return nil, fmt.Errorf("bundle map has no trust domain %q", td.Name())
+		}
+		if ins.bundles == nil && !td.IsZero() {
+			return nil, fmt.Errorf("bundle map has no trust domain %q", td.Name())
+		}
+		for _, b := range ins.bundles {
+			if err := checkMapEntry(b, warnings, rules); err != nil {
+				return nil, err
 			}
 		}
 	} else {
@@ -244,8 +302,11 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, er
 		if td.IsZero() {
 			parseTD, ins.unnamed = unnamedTD, true
 		}
-		b, warns, err := bundledoc.Parse(parseTD, data)
+		b, _, warns, err := federation.CheckDocument(parseTD, data, rules.held, rules.allowEmpty)
 		if err != nil {
+			if ins.unnamed && errors.Is(err, federation.ErrTrustDomainMismatch) {
+				return nil, unnamedRefusal(data)
+			}
 			return nil, err
 		}
 		ins.bundles = []*spiffebundle.Bundle{b}
@@ -255,13 +316,49 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain) (*inspection, er
 		if !td.IsZero() && w.TrustDomain != "" && w.TrustDomain != td.Name() {
 			continue
 		}
-		// Without --trust-domain there is nothing to compare roots with.
-		if td.IsZero() && ins.Kind == "bundle" && w.Code == bundledoc.CodeForeignTrustDomain {
-			continue
-		}
 		ins.Warnings = append(ins.Warnings, warningReport{TrustDomain: w.TrustDomain, Code: string(w.Code), Message: w.String()})
 	}
 	return ins, nil
+}
+
+// unnamedRefusal explains the refusal of a plain bundle inspected without
+// --trust-domain whose roots name a trust domain: the poller refuses it
+// from every other trust domain's endpoint, and inspect cannot know which
+// endpoint serves it. Naming the trust domain the roots name is a hint to
+// the operator, never a guess inspect acts on.
+func unnamedRefusal(data []byte) error {
+	named := map[string]bool{}
+	if b, _, err := bundledoc.Parse(unnamedTD, data); err == nil {
+		for _, c := range b.X509Authorities() {
+			for _, u := range c.URIs {
+				if id, err := spiffeid.FromURI(u); err == nil {
+					named[id.TrustDomain().Name()] = true
+				}
+			}
+		}
+	}
+	names := slices.Sorted(maps.Keys(named))
+	hint := "pass the trust domain of the endpoint that serves it as --trust-domain"
+	if len(names) == 1 {
+		hint = fmt.Sprintf("pass --trust-domain %s if that is the trust domain of the endpoint that serves it", names[0])
+	}
+	return fmt.Errorf("a bundle document does not name its trust domain, and its x5c certificates name %s: the poller refuses it (%w) from the endpoint of any other; %s",
+		strings.Join(names, ", "), federation.ErrTrustDomainMismatch, hint)
+}
+
+// checkMapEntry decides one entry of a bundle map as the poller would
+// decide it fetched from its trust domain's endpoint.
+func checkMapEntry(b *spiffebundle.Bundle, warnings []bundledoc.Warning, rules verdictRules) error {
+	var own []bundledoc.Warning
+	for _, w := range warnings {
+		if w.TrustDomain == b.TrustDomain().Name() {
+			own = append(own, w)
+		}
+	}
+	if _, err := federation.CheckBundle(rules.held, b, own, rules.allowEmpty); err != nil {
+		return fmt.Errorf("trust_domains[%q]: %w", b.TrustDomain().Name(), err)
+	}
+	return nil
 }
 
 func (ins *inspection) warn(w io.Writer) {

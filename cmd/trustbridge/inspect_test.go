@@ -70,30 +70,51 @@ func TestInspectEveryTestdataFile(t *testing.T) {
 	}))
 	require.NotEmpty(t, files)
 	for _, f := range files {
+		// Each for the trust domain it belongs to, as the poller of that
+		// trust domain's endpoint would see it.
+		var args []string
+		for _, gc := range goldenCases {
+			if gc.file == filepath.Base(f) {
+				args = gc.args()
+			}
+		}
 		for _, format := range []string{"table", "json", "spiffe"} {
-			_, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", format, f)
+			_, stderr, code := runCLI(t, "", append(append([]string{"bundle", "inspect", "--format", format}, args...), f)...)
 			assert.Equal(t, 0, code, "%s --format %s: %s", f, format, stderr)
 		}
 	}
 }
 
-var goldenCases = []struct{ file, td string }{
-	{"spire.json", "example.org"},
-	{"istio.json", "cluster.local"},
-	{"pq-akp.json", "pq.example"},
-	{"tolerant.json", "example.org"},
-	{"revoked.json", ""},
-	{"bundle-map.json", ""},
+type goldenCase struct {
+	file, td string
+	extra    []string
+}
+
+// args are the inspect flags the case is inspected with.
+func (gc goldenCase) args() []string {
+	var args []string
+	if gc.td != "" {
+		args = append(args, "--trust-domain", gc.td)
+	}
+	return append(args, gc.extra...)
+}
+
+var goldenCases = []goldenCase{
+	{file: "spire.json", td: "example.org"},
+	{file: "istio.json", td: "cluster.local"},
+	{file: "pq-akp.json", td: "pq.example"},
+	{file: "tolerant.json", td: "example.org"},
+	// keys: [] revokes every key: the poller takes it only with
+	// --federation-allow-empty.
+	{file: "revoked.json", extra: []string{"--allow-empty"}},
+	{file: "bundle-map.json"},
 }
 
 func TestInspectGolden(t *testing.T) {
 	for _, gc := range goldenCases {
 		for _, format := range []string{"table", "json"} {
 			t.Run(gc.file+"/"+format, func(t *testing.T) {
-				args := []string{"bundle", "inspect", "--format", format}
-				if gc.td != "" {
-					args = append(args, "--trust-domain", gc.td)
-				}
+				args := append([]string{"bundle", "inspect", "--format", format}, gc.args()...)
 				path := repoTestdata("bundles", gc.file)
 				stdout, stderr, code := runCLI(t, "", append(args, path)...)
 				require.Equal(t, 0, code, stderr)
@@ -153,10 +174,7 @@ func TestInspectPEM(t *testing.T) {
 func TestInspectSPIFFEFormatIsCanonical(t *testing.T) {
 	for _, gc := range goldenCases {
 		t.Run(gc.file, func(t *testing.T) {
-			args := []string{"bundle", "inspect", "--format", "spiffe"}
-			if gc.td != "" {
-				args = append(args, "-t", gc.td)
-			}
+			args := append([]string{"bundle", "inspect", "--format", "spiffe"}, gc.args()...)
 			stdout, _, code := runCLI(t, "", append(args, repoTestdata("bundles", gc.file))...)
 			require.Equal(t, 0, code)
 			want, err := os.ReadFile(repoTestdata("bundles", "canonical", gc.file))
@@ -175,14 +193,20 @@ func TestInspectStdinAndWarningsOnStderr(t *testing.T) {
 	assert.Contains(t, stderr, `warning: keys[1]: use "foo-svid" is not supported; element ignored`)
 }
 
-func TestInspectForeignTrustDomainWarning(t *testing.T) {
+// A root naming another trust domain was a warning here while the poller
+// refused the document; now it is the poller's refusal (issue 21 item 6).
+func TestInspectForeignTrustDomainRefused(t *testing.T) {
 	// With the wrong trust domain, the roots' SPIFFE IDs give it away.
-	stdout, _, code := runCLI(t, "", "bundle", "inspect", "-t", "other.org", repoTestdata("bundles", "pq-akp.json"))
-	require.Equal(t, 0, code)
-	assert.Contains(t, stdout, `x5c certificate names trust domain "pq.example" but the bundle is for "other.org"`)
-	// Without one there is nothing to compare to, so no warning.
-	stdout, _, _ = runCLI(t, "", "bundle", "inspect", repoTestdata("bundles", "pq-akp.json"))
-	assert.NotContains(t, stdout, "names trust domain")
+	stdout, stderr, code := runCLI(t, "", "bundle", "inspect", "-t", "other.org", repoTestdata("bundles", "pq-akp.json"))
+	assert.Equal(t, 1, code)
+	assert.Empty(t, stdout)
+	assert.Contains(t, stderr, `bundle is for another trust domain: keys[0]: x5c certificate names trust domain "pq.example" but the bundle is for "other.org"`)
+	// Without one, no endpoint but pq.example's could serve it.
+	stdout, stderr, code = runCLI(t, "", "bundle", "inspect", repoTestdata("bundles", "pq-akp.json"))
+	assert.Equal(t, 1, code)
+	assert.Empty(t, stdout)
+	assert.Contains(t, stderr, `its x5c certificates name pq.example: the poller refuses it (bundle is for another trust domain) from the endpoint of any other; pass --trust-domain pq.example`)
+	assert.NotContains(t, stderr, unnamedTD.Name(), "the placeholder is not the user's business")
 }
 
 func TestInspectEscapesControlCharacters(t *testing.T) {
@@ -198,7 +222,7 @@ func TestInspectEscapesControlCharacters(t *testing.T) {
 }
 
 func TestInspectRealTrustDomainNamedLikeThePlaceholder(t *testing.T) {
-	stdout, _, code := runCLI(t, `{"keys":[]}`, "bundle", "inspect", "-o", "json", "-t", unnamedTD.Name(), "-")
+	stdout, _, code := runCLI(t, `{"keys":[]}`, "bundle", "inspect", "-o", "json", "--allow-empty", "-t", unnamedTD.Name(), "-")
 	require.Equal(t, 0, code)
 	assert.Contains(t, stdout, `"trust_domain": "unnamed.invalid"`)
 }
@@ -233,7 +257,7 @@ func TestInspectErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"missing keys", []string{write("a.json", `{"spiffe_sequence":1}`)}, `a.json: bundledoc: missing "keys"`},
+		{"missing keys", []string{write("a.json", `{"spiffe_sequence":1}`)}, `a.json: federation: invalid bundle document: bundledoc: missing "keys"`},
 		{"trailing data", []string{write("b.json", `{"keys":[]} {}`)}, "unexpected data after the JSON document"},
 		{"bad element", []string{write("c.json", string(bad))}, "bundledoc: keys[0]: invalid JWK"},
 		{"no such file", []string{filepath.Join(dir, "nope.json")}, "no such file or directory"},
@@ -265,4 +289,66 @@ func TestRunExitStatus(t *testing.T) {
 	_, stderr, code = runCLI(t, "", "no-such-command")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `unknown command "no-such-command"`)
+}
+
+// inspect runs the poller's verdict (federation.CheckDocument): exit 1,
+// with the poller's reason, exactly where the poller refuses (issue 21
+// item 6).
+func TestInspectSharesThePollersVerdict(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, b *spiffebundle.Bundle, seq uint64) string {
+		c := b.Clone()
+		c.SetSequenceNumber(seq)
+		doc, err := bundledoc.Marshal(c)
+		require.NoError(t, err)
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, doc, 0o600))
+		return p
+	}
+	ca := testca.New(t, "example.org")
+	other := testca.New(t, "example.org")
+	held := write("held.json", ca.Bundle(), 7)
+	foreign := testca.New(t, "other.org")
+	foreignMap, err := bundledoc.MarshalMap([]*spiffebundle.Bundle{ca.Bundle(), spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("west.example"), foreign.Bundle().X509Authorities())})
+	require.NoError(t, err)
+	tolerant := repoTestdata("bundles", "tolerant.json")
+	revoked := repoTestdata("bundles", "revoked.json")
+	tests := []struct {
+		name string
+		args []string
+		want string // "" means exit 0
+	}{
+		{"tolerant.json for its trust domain", []string{"-t", "example.org", tolerant}, ""},
+		{"tolerant.json without a trust domain", []string{tolerant}, `its x5c certificates name example.org: the poller refuses it (bundle is for another trust domain) from the endpoint of any other; pass --trust-domain example.org`},
+		{"tolerant.json for another trust domain", []string{"-t", "peer.example", tolerant}, `federation: bundle is for another trust domain: keys[0]: x5c certificate names trust domain "example.org" but the bundle is for "peer.example"`},
+		{"keys: []", []string{revoked}, "federation: accept: bundle has no X.509 or JWT authorities"},
+		{"keys: [] with --allow-empty", []string{"--allow-empty", revoked}, ""},
+		{"sequence going back", []string{"-t", "example.org", "--held", held, write("old.json", ca.Bundle(), 6)}, "spiffe_sequence regressed: fetched 6, held 7"},
+		{"other keys under the same sequence", []string{"-t", "example.org", "--held", held, write("same.json", other.Bundle(), 7)}, "same spiffe_sequence with different authorities"},
+		{"next sequence", []string{"-t", "example.org", "--held", held, write("next.json", other.Bundle(), 8)}, ""},
+		{"--held needs a trust domain", []string{"--held", held, tolerant}, "--held needs --trust-domain"},
+		{"--held is checked too", []string{"-t", "peer.example", "--held", held, write("peer.json", ca.Bundle(), 8)}, `--held ` + held + `: federation: bundle is for another trust domain`},
+		{"bundle map entry naming another trust domain", []string{writeRaw(t, dir, "map.json", foreignMap)}, `trust_domains["west.example"]: federation: bundle is for another trust domain`},
+		{"the other entry of that map", []string{"-t", "example.org", filepath.Join(dir, "map.json")}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, stderr, code := runCLI(t, "", append([]string{"bundle", "inspect"}, tt.args...)...)
+			if tt.want == "" {
+				assert.Equal(t, 0, code, stderr)
+				assert.NotEmpty(t, stdout)
+				return
+			}
+			assert.Equal(t, 1, code)
+			assert.Empty(t, stdout)
+			assert.Contains(t, stderr, tt.want)
+		})
+	}
+}
+
+func writeRaw(t *testing.T, dir, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, data, 0o600))
+	return p
 }

@@ -68,13 +68,18 @@ certificate it signed.
 
 The admin listener serves /healthz, /readyz, /metrics (Prometheus),
 /v1/trust (JSON: the published roots, their state and fingerprints),
-/v1/federation (every federated trust domain's polling state),
+/v1/bundle (the SPIFFE bundle document https_spiffe peers need once, to
+authenticate their first fetch), /v1/federation (every federated trust domain's polling state),
 /v1/snapshot (JSON: every trusted trust domain, by which authorities,
 since when, from where; what trustbridge audit reads) and /ui (the same as
 a read-only status page). A request whose Host header names anything but
 the listener's address, localhost or an --admin-allowed-hosts name gets
 421 Misdirected Request, so a web page that rebinds its own name to this
 address (DNS rebinding) cannot read it.`,
+		Example: `  # federate with an https_web peer (Istio's form) and an https_spiffe peer
+  # whose bundle its operator handed over (the fourth field)
+  trustbridge server --trust-domain example.org --data-dir /var/lib/trustbridge \
+    --federate 'web.example|https://web.example/bundle||east.example|https://east.example:8443/|spiffe://east.example/trustbridge/bundle-endpoint|east.example.json'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := loadServerConfig(cmd.Flags(), &o, os.Getenv); err != nil {
@@ -408,7 +413,7 @@ func announce(e env, o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, 
 	if ep != nil {
 		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.bundle.profile, "tuple", ep.tuple(td)}
 		if !ep.id.IsZero() {
-			attrs = append(attrs, logattr.SPIFFEID, ep.id.String())
+			attrs = append(attrs, logattr.SPIFFEID, ep.id.String(), "bootstrap", ep.bootstrapCommand(td, addr))
 		}
 		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
 	}
@@ -486,7 +491,14 @@ func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr s
 		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
 	}
 	if ep != nil {
-		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(spiffeid.RequireTrustDomainFromString(td)))
+		id := spiffeid.RequireTrustDomainFromString(td)
+		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(id))
+		if cmd := ep.bootstrapCommand(id, addr); cmd != "" {
+			// https_spiffe peers authenticate their first fetch with our
+			// bundle, which they must get over a channel they trust.
+			fmt.Fprintf(w, "  bootstrap:  %s   (hand it to each peer's operator over a channel you trust; SPIRE: spire-server bundle set -format spiffe -id spiffe://%s -path %s)\n",
+				cmd, td, bootstrapFile(id))
+		}
 	}
 }
 

@@ -48,6 +48,11 @@ type Config struct {
 	// Reserved are trust domains configured by flag or file, with where:
 	// a resource for one of them is a conflict.
 	Reserved map[spiffeid.TrustDomain]string
+	// Held reports whether a bundle of a trust domain is held (the
+	// poller's Holds): a self-serving https_spiffe resource without
+	// trustDomainBundle is valid only then (federation.CheckFirstFetch).
+	// Nil means none is.
+	Held func(spiffeid.TrustDomain) bool
 	// ClassName: resources whose spec.className is set and differs are
 	// ignored (spire-controller-manager's semantics).
 	ClassName string
@@ -209,7 +214,7 @@ func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRe
 	rs := c.decode(objs)
 
 	c.mu.Lock()
-	j := judge(rs, c.valid, c.cfg.LocalTrustDomain, c.cfg.Reserved)
+	j := judge(rs, c.valid, c.cfg.LocalTrustDomain, c.cfg.Reserved, c.cfg.Held)
 	for name := range c.valid {
 		if _, ok := j.valid[name]; !ok {
 			delete(c.refused, name) // deleted resource: its endpoint goes
@@ -282,9 +287,10 @@ type judgment struct {
 // judge decides, without side effects, what each resource (oldest first)
 // applies: its spec if valid, else its last valid one from valid (which it
 // does not change), unless another source already configures the trust
-// domain (reserved, or an older resource). The judgment's valid map holds
-// the present resources only, so a deleted resource's endpoint goes.
-func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain, reserved map[spiffeid.TrustDomain]string) judgment {
+// domain (reserved, or an older resource). held (may be nil) answers
+// federation.CheckFirstFetch. The judgment's valid map holds the present
+// resources only, so a deleted resource's endpoint goes.
+func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain, reserved map[spiffeid.TrustDomain]string, held func(spiffeid.TrustDomain) bool) judgment {
 	j := judgment{
 		verdicts: make([]verdict, len(rs)),
 		valid:    map[string]validSpec{},
@@ -300,6 +306,8 @@ func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain
 			v.reason, v.msg = ReasonInvalidSpec, err.Error()
 		} else if ep.TrustDomain == local {
 			v.reason, v.msg = ReasonInvalidSpec, fmt.Sprintf("%s is this server's own trust domain; its bundle comes from the CA", ep.TrustDomain.Name())
+		} else if err := federation.CheckFirstFetch(ep, held); err != nil {
+			v.reason, v.msg = ReasonInvalidSpec, err.Error()
 		} else {
 			v.warnings = warnings
 			j.valid[name] = validSpec{ep: ep, generation: r.obj.GetGeneration()}

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
 // judgeResource is a decoded resource as judge sees it, created age ago.
@@ -50,7 +52,7 @@ func TestJudge(t *testing.T) {
 		judgeResource("flagged", 1, 5*time.Hour, webSpec("flag.test")),
 		judgeResource("self", 1, 4*time.Hour, webSpec("example.org")),
 	}
-	j := judge(rs, prev, local, reserved)
+	j := judge(rs, prev, local, reserved, nil)
 	require.Len(t, j.verdicts, len(rs))
 
 	states := map[string]string{}
@@ -91,4 +93,48 @@ func mustEndpoint(t *testing.T, spec Spec) federation.Endpoint {
 	ep, _, err := Endpoint(spec)
 	require.NoError(t, err)
 	return ep
+}
+
+// A self-serving https_spiffe resource without trustDomainBundle is
+// refused as InvalidSpec with federation.CheckFirstFetch's message, the one
+// every other path gives, unless a bundle of its trust domain is held; an
+// edit that drops the bundle of an endpoint already held stays applied
+// (issue 21 item 5).
+func TestJudgeRefusesUnanchoredPeer(t *testing.T) {
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	peer := spiffeid.RequireTrustDomainFromString("peer.test")
+	spec := Spec{TrustDomain: "peer.test", BundleEndpointURL: "https://peer.test/",
+		BundleEndpointProfile: Profile{Type: "https_spiffe", EndpointSPIFFEID: "spiffe://peer.test/bundle-endpoint"}}
+	want := federation.CheckFirstFetch(mustEndpoint(t, spec), nil)
+	require.ErrorIs(t, want, federation.ErrNoBootstrapBundle)
+
+	withBundle := spec
+	doc, err := bundledoc.Marshal(testca.New(t, "peer.test").Bundle())
+	require.NoError(t, err)
+	withBundle.TrustDomainBundle = string(doc)
+	prev := map[string]validSpec{"peer": {ep: mustEndpoint(t, withBundle), generation: 1}}
+	held := func(d spiffeid.TrustDomain) bool { return d == peer }
+
+	tests := []struct {
+		name  string
+		prev  map[string]validSpec
+		held  func(spiffeid.TrustDomain) bool
+		state string
+	}{
+		{"new, nothing held", nil, nil, "invalid"},
+		{"new, held in the store", nil, held, "applied"},
+		{"edited to drop the bundle, never fetched", prev, nil, "invalid_last_valid_applied"},
+		{"edited to drop the bundle, held", prev, held, "applied"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := judge([]resource{judgeResource("peer", 2, time.Hour, spec)}, tt.prev, local, nil, tt.held)
+			v := j.verdicts[0]
+			assert.Equal(t, tt.state, v.state())
+			if tt.state != "applied" {
+				assert.Equal(t, ReasonInvalidSpec, v.reason)
+				assert.Equal(t, want.Error(), v.msg, "the same message as every other path")
+			}
+		})
+	}
 }

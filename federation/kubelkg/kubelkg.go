@@ -188,12 +188,10 @@ func decode(cm *corev1.ConfigMap, td spiffeid.TrustDomain) (*federation.LKGEntry
 	if err != nil {
 		return nil, fmt.Errorf("%s: bundle: %w", EntryKey, err)
 	}
-	for _, w := range warnings {
-		if w.Code == bundledoc.CodeForeignTrustDomain {
-			// The poller refuses such a bundle when fetched; an edited
-			// ConfigMap must not bring it in.
-			return nil, fmt.Errorf("%s: bundle: %w: %s", EntryKey, federation.ErrTrustDomainMismatch, w.String())
-		}
+	// The poller refuses such a bundle when fetched; an edited ConfigMap
+	// must not bring it in.
+	if err := federation.RefusedWarning(warnings); err != nil {
+		return nil, fmt.Errorf("%s: bundle: %w", EntryKey, err)
 	}
 	return &federation.LKGEntry{TrustDomain: td, Bundle: b, ETag: e.ETag, EndpointURL: e.EndpointURL, FetchedAt: e.FetchedAt}, nil
 }

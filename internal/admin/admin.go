@@ -16,6 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/statusui"
 )
 
@@ -115,6 +116,22 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, h.Trust(), true)
 	})
+	h.mux.HandleFunc("GET /v1/bundle", h.serveBundle)
+}
+
+// serveBundle answers the local trust domain's SPIFFE bundle document, as
+// the bundle endpoint serves it: what an https_spiffe peer's operator
+// needs once, out of band, to authenticate the first fetch (the banner's
+// "bootstrap:" line). Public material; the admin listener is where an
+// operator can reach it without trusting the network for it.
+func (h *Handler) serveBundle(w http.ResponseWriter, _ *http.Request) {
+	doc, err := bundledoc.Marshal(h.cfg.CA.Bundle())
+	if err != nil {
+		http.Error(w, "bundle: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(doc, '\n'))
 }
 
 func (h *Handler) serveReady(w http.ResponseWriter, _ *http.Request) {

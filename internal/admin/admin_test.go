@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/statusui"
 )
 
@@ -27,6 +28,7 @@ func TestRoutes(t *testing.T) {
 		{http.MethodGet, "/readyz", http.StatusOK, "text/plain; charset=utf-8"},
 		{http.MethodGet, "/metrics", http.StatusOK, ""},
 		{http.MethodGet, "/v1/trust", http.StatusOK, "application/json"},
+		{http.MethodGet, "/v1/bundle", http.StatusOK, "application/json"},
 		{http.MethodGet, "/v1/federation", http.StatusOK, "application/json"},
 		{http.MethodGet, "/v1/snapshot", http.StatusOK, "application/json"},
 		{http.MethodGet, "/ui", http.StatusOK, "text/html; charset=utf-8"},
@@ -54,6 +56,20 @@ func TestRoutes(t *testing.T) {
 	assert.Equal(t, "ok\n", body(t, do(t, h, http.MethodGet, "/healthz")))
 	assert.Contains(t, do(t, h, http.MethodPost, "/ui").Header().Get("Content-Security-Policy"), statusui.ContentSecurityPolicy,
 		"the page refuses other methods itself, with its headers")
+}
+
+// /v1/bundle is the local bundle document, exactly what an https_spiffe
+// peer needs as its bootstrap bundle (issue 21 item 5).
+func TestBundleIsTheLocalBundleDocument(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rec := do(t, New(f.cfg), http.MethodGet, "/v1/bundle")
+	require.Equal(t, http.StatusOK, rec.Code)
+	got, warnings, err := bundledoc.Parse(localTD, rec.Body.Bytes())
+	require.NoError(t, err)
+	assert.Empty(t, warnings)
+	assert.True(t, f.cfg.CA.Bundle().Equal(got), "roots, sequence and refresh hint")
+	assert.Equal(t, http.StatusMethodNotAllowed, do(t, New(f.cfg), http.MethodPost, "/v1/bundle").Code)
 }
 
 func TestNoTrustStoreMountsNoSnapshot(t *testing.T) {

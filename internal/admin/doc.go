@@ -14,6 +14,8 @@
 //   - GET /healthz, GET /readyz (503 with the reason when Config.Ready fails)
 //   - GET /metrics (Config.Gatherer)
 //   - GET /v1/trust: Trust, the CA's roots with their rotation state
+//   - GET /v1/bundle: the local trust domain's SPIFFE bundle document, for
+//     the operators of https_spiffe peers (their bootstrap bundle)
 //   - GET /v1/federation: []federation.Status, one per federated trust domain
 //   - POST /v1/federation/refresh?trust_domain=TD: poll TD now; refused
 //     with 403 when a browser sends it cross-site, 409 on a follower, 429

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+// A self-serving https_spiffe peer without its bootstrap bundle.
+const (
+	unanchoredTuple = "peer.example|https://peer.example:8443/|spiffe://peer.example/trustbridge/bundle-endpoint"
+	unanchoredYAML  = `federation:
+  - trustDomain: peer.example
+    bundleEndpointURL: https://peer.example:8443/
+    bundleEndpointProfile:
+      type: https_spiffe
+      endpointSPIFFEID: spiffe://peer.example/trustbridge/bundle-endpoint
+`
+)
+
+// unanchoredRefusal is federation.CheckFirstFetch's message for the peer:
+// every path must give exactly it.
+func unanchoredRefusal(t *testing.T) string {
+	t.Helper()
+	eps, err := federation.ParseEndpoints(unanchoredTuple)
+	require.NoError(t, err)
+	err = federation.CheckFirstFetch(eps[0], nil)
+	require.ErrorIs(t, err, federation.ErrNoBootstrapBundle)
+	return err.Error()
+}
+
+// Flag, environment, files, config check and the server itself refuse the
+// peer with the same message (issue 21 item 5; the resources' path is
+// federation/crd's TestJudgeRefusesUnanchoredPeer).
+func TestUnanchoredSPIFFEPeerRefusedOnEveryPath(t *testing.T) {
+	want := unanchoredRefusal(t)
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	dir := t.TempDir()
+	fedFile := filepath.Join(dir, "federation.yaml")
+	require.NoError(t, os.WriteFile(fedFile, []byte(unanchoredYAML), 0o600))
+	configFile := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+unanchoredYAML), 0o600))
+
+	t.Run("--federate", func(t *testing.T) {
+		_, _, _, err := staticEndpoints(federationOptions{federate: unanchoredTuple}, local, nil)
+		assert.EqualError(t, err, "--federate "+unanchoredTuple+": "+want)
+	})
+	t.Run("SPIFFE_BUNDLE_ENDPOINTS", func(t *testing.T) {
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", unanchoredTuple)
+		_, _, _, err := staticEndpoints(federationOptions{}, local, nil)
+		assert.EqualError(t, err, "--federate "+unanchoredTuple+": "+want)
+	})
+	t.Run("--federation-config", func(t *testing.T) {
+		_, _, _, err := staticEndpoints(federationOptions{configFile: fedFile}, local, nil)
+		assert.EqualError(t, err, "--federation-config "+fedFile+": federation[0] (peer.example): "+want)
+	})
+	t.Run("config check", func(t *testing.T) {
+		t.Setenv("TRUST_DOMAIN", "")
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
+		stdout, _, code := runCLI(t, "", "config", "check", configFile)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stdout, "federation[0] (peer.example): "+want)
+	})
+	t.Run("server", func(t *testing.T) {
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
+		_, stderr, code := runCLI(t, "", "server", "--trust-domain", "example.org", "--data-dir", t.TempDir(),
+			"--admin-listen", "127.0.0.1:0", "--bundle-listen", "", "--grpc-listen", "", "--federate", unanchoredTuple)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, want)
+	})
+}
+
+// A last-known-good bundle of the peer's trust domain authenticates the
+// first fetch, so the same configuration is accepted: the server restores
+// it before polling, and config check reads the same store.
+func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
+	dataDir := t.TempDir()
+	peer := testca.New(t, "peer.example")
+	require.NoError(t, federation.NewLKGStore(dataDir).Save(federation.LKGEntry{
+		TrustDomain: peer.TrustDomain, Bundle: peer.Bundle(), EndpointURL: "https://peer.example:8443/", FetchedAt: time.Now(),
+	}))
+
+	configFile := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+dataDir+"\n"+unanchoredYAML), 0o600))
+	t.Setenv("TRUST_DOMAIN", "")
+	t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
+	stdout, _, code := runCLI(t, "", "config", "check", configFile)
+	assert.Equal(t, 0, code, stdout)
+
+	o := baseServerOptions("example.org", dataDir)
+	o.federation.federate = unanchoredTuple
+	admin, _, _ := launchServer(t, o)
+	code, body := get(t, "http://"+admin+"/v1/federation")
+	require.Equal(t, http.StatusOK, code)
+	var status []federation.Status
+	require.NoError(t, json.Unmarshal([]byte(body), &status))
+	require.Len(t, status, 1)
+	assert.Equal(t, "peer.example", status[0].TrustDomain)
+	require.Len(t, status[0].Authorities, 1, "the stored bundle is held")
+}
+
+var (
+	peersUse  = regexp.MustCompile(`peers use:\s+(\S+)`)
+	bootstrap = regexp.MustCompile(`bootstrap:\s+curl -s (\S+) > (\S+)`)
+)
+
+// The banner's tuple and bootstrap command, used verbatim by a peer's
+// operator, federate: the tuple names the bundle file the command writes
+// (issue 21 item 5).
+func TestBannerTupleFederates(t *testing.T) {
+	_, eastBanner, _ := startNamedServer(t, "east.example", nil)
+	tuple := peersUse.FindStringSubmatch(eastBanner)
+	require.NotNil(t, tuple, eastBanner)
+	cmd := bootstrap.FindStringSubmatch(eastBanner)
+	require.NotNil(t, cmd, eastBanner)
+	assert.True(t, strings.HasSuffix(tuple[1], "|spiffe://east.example/trustbridge/bundle-endpoint|"+cmd[2]), "the tuple names the file the command writes:\n%s", eastBanner)
+
+	// West's operator runs the command in the directory west starts in.
+	dir := t.TempDir()
+	t.Chdir(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cmd[1], nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	doc, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(doc))
+	require.NoError(t, os.WriteFile(cmd[2], doc, 0o600))
+
+	westAdmin, _, _ := startNamedServer(t, "west.example", func(o *serverOptions) { o.federation.federate = tuple[1] })
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		code, body := get(t, "http://"+westAdmin+"/v1/federation")
+		var status []federation.Status
+		if !assert.Equal(c, http.StatusOK, code) || !assert.NoError(c, json.Unmarshal([]byte(body), &status)) || !assert.Len(c, status, 1) {
+			return
+		}
+		assert.Equal(c, federation.StateOK, status[0].State, status[0].LastError)
+	}, 15*time.Second, 20*time.Millisecond, "west federates with east over the banner's tuple")
+}
+
+// https_web peers need no bundle: the tuple stays Istio's two fields and
+// there is no bootstrap line.
+func TestBannerWebTupleHasNoBootstrap(t *testing.T) {
+	dir := t.TempDir()
+	web := testca.New(t, "web.test")
+	certFile, keyFile := writeWebCert(t, dir, web)
+	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
+		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, serveOthers: true}
+	})
+	tuple := peersUse.FindStringSubmatch(out.String())
+	require.NotNil(t, tuple, out.String())
+	assert.Equal(t, 2, strings.Count(tuple[1], "|")+1, tuple[1])
+	assert.NotContains(t, out.String(), "bootstrap:")
+}
+
+// writeWebCert writes a Web PKI serving certificate for 127.0.0.1 from web.
+func writeWebCert(t *testing.T, dir string, web *testca.CA) (certFile, keyFile string) {
+	t.Helper()
+	leaf, key := web.Issue(t, spiffeid.RequireFromString("spiffe://web.test/x"), testca.Options{Mutate: func(c *x509.Certificate) {
+		c.URIs = nil
+		c.DNSNames = []string{"localhost"}
+		c.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	}})
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
+	return certFile, keyFile
+}
