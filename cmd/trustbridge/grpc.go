@@ -82,7 +82,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "file of bootstrap tokens for callers without Kubernetes or an SVID, one "+authn.TokenLineFormat+" per line, e.g. "+
 		"TOKEN,spiffe://example.org/vm/laptop,expires=2026-12-01T10:00:00Z; add lines with trustbridge token create. "+
 		"A token is single-use unless its line says reusable: it buys one certificate, which then renews itself, and is recorded as consumed "+
-		"(by a hash) in --data-dir, or with --storage kube in --bootstrap-token-secret; consumed and expired tokens are refused (Unauthenticated). "+
+		"(by a digest, never the token) in --data-dir, or with --storage kube in --bootstrap-token-secret; consumed and expired tokens are refused (Unauthenticated). "+
 		"Reloaded on change: replace it atomically, by writing a new file and renaming it over this one (token create does), since a reload that finds it truncated mid-write takes it as empty")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")

@@ -101,7 +101,8 @@ certificate renews itself afterwards. --reusable makes a token that buys
 certificates until it expires or its line is removed, as all tokens did before
 single-use tokens: for labs only. Removing a line also stops the renewals of
 the certificates its token bought.`,
-		Example: `  trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h \
+		Example: `  umask 077
+  trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h \
       --file /etc/trustbridge/bootstrap-tokens > laptop.token
   trustbridge ca request --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
       --token-file laptop.token --out ./creds

@@ -23,7 +23,7 @@ const (
 	// DefaultLedgerTimeout bounds each API call.
 	DefaultLedgerTimeout = 10 * time.Second
 	// maxLedgerSecretSize keeps the Secret under the API server's 1 MiB
-	// limit for an object, metadata included: about 9,000 consumptions.
+	// limit for an object, metadata included: about 8,000 consumptions.
 	maxLedgerSecretSize = 1<<20 - 64<<10
 	ledgerManagedBy     = "trustbridge"
 	ledgerManagedLabel  = "app.kubernetes.io/managed-by"
