@@ -120,7 +120,9 @@ var _ Authenticator = (*BootstrapTokens)(nil)
 // LoadBootstrapTokens reads the token file at path, for the bootstrap-only
 // path of machines without Kubernetes (see BootstrapTokens). Identities must
 // belong to td and have a path. Warnings reports a file others may read.
-// Use NewBootstrapTokens for a logger, metrics and reloading with Run.
+// Consumed single-use tokens are remembered in memory only (MemoryLedger).
+// Use NewBootstrapTokens for a persistent ledger, a logger, metrics and
+// reloading with Run.
 func LoadBootstrapTokens(path string, td spiffeid.TrustDomain) (*BootstrapTokens, error) {
 	return NewBootstrapTokens(BootstrapTokensConfig{Path: path, TrustDomain: td})
 }

@@ -72,6 +72,11 @@ func (l TokenLine) Ref() string {
 // l's trust domain: a file the server would refuse is not extended.
 func AppendBootstrapToken(path string, l TokenLine) error {
 	td := l.ID.TrustDomain()
+	// The token as given, before the line's parser trims around fields:
+	// the holder presents exactly these bytes.
+	if err := checkBootstrapToken(l.Token); err != nil {
+		return fmt.Errorf("authn: bootstrap tokens: the new line: %w", err)
+	}
 	if _, err := parseTokenLine(l.String(), td); err != nil {
 		return fmt.Errorf("authn: bootstrap tokens: the new line: %w", err)
 	}

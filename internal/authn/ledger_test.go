@@ -217,6 +217,7 @@ func TestAppendBootstrapToken(t *testing.T) {
 		"same token twice":    {content: tokLaptop + ",spiffe://example.org/a\n", line: first, errHas: "line 2: token repeats the one on line 1"},
 		"ID without a path":   {line: TokenLine{Token: tokLaptop, ID: spiffeid.RequireFromString("spiffe://example.org")}, errHas: "has no path"},
 		"token of bad format": {line: TokenLine{Token: "short", ID: laptopID}, errHas: "token is 5 bytes"},
+		"token with a space":  {line: TokenLine{Token: " " + tokLaptop, ID: laptopID}, errHas: "b64token"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "tokens.csv")
@@ -256,7 +257,7 @@ func FuzzTokenLine(f *testing.F) {
 	f.Add("bad token", "", int64(-1), false)
 	f.Fuzz(func(t *testing.T, token, path string, unix int64, reusable bool) {
 		id, err := spiffeid.FromPath(localTD, path)
-		if err != nil {
+		if err != nil || checkBootstrapToken(token) != nil {
 			return
 		}
 		l := TokenLine{Token: token, ID: id, Reusable: reusable}
