@@ -184,20 +184,33 @@ func (k *KubeLedger) consumeOnce(ctx context.Context, c Consumption, value []byt
 	if err != nil {
 		return err
 	}
+	if sec == nil {
+		err = k.create(ctx, c, value)
+	} else {
+		err = k.add(ctx, sec, c, value)
+	}
+	if err == nil {
+		k.remember(c)
+	}
+	return err
+}
+
+// create makes the Secret with c as its first entry; AlreadyExists when
+// another replica got there first.
+func (k *KubeLedger) create(ctx context.Context, c Consumption, value []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, k.cfg.Timeout)
 	defer cancel()
-	secrets := k.cfg.Client.CoreV1().Secrets(k.cfg.Namespace)
-	if sec == nil {
-		_, err := secrets.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: k.cfg.Name, Namespace: k.cfg.Namespace, Labels: map[string]string{ledgerManagedLabel: ledgerManagedBy}},
-			Type:       corev1.SecretTypeOpaque,
-			Data:       map[string][]byte{c.Ref: value},
-		}, metav1.CreateOptions{})
-		if err == nil {
-			k.remember(c)
-		}
-		return err
-	}
+	_, err := k.cfg.Client.CoreV1().Secrets(k.cfg.Namespace).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: k.cfg.Name, Namespace: k.cfg.Namespace, Labels: map[string]string{ledgerManagedLabel: ledgerManagedBy}},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{c.Ref: value},
+	}, metav1.CreateOptions{})
+	return err
+}
+
+// add writes sec back with c added, at the resourceVersion it was read
+// at: the API server refuses it with Conflict if anyone wrote in between.
+func (k *KubeLedger) add(ctx context.Context, sec *corev1.Secret, c Consumption, value []byte) error {
 	if raw, ok := sec.Data[c.Ref]; ok {
 		k.remember(decodeKubeEntry(c.Ref, raw))
 		return k.wrap(fmt.Errorf("reference %s: %w", c.Ref, ErrTokenConsumed))
@@ -217,11 +230,8 @@ func (k *KubeLedger) consumeOnce(ctx context.Context, c Consumption, value []byt
 		sec.Labels = map[string]string{}
 	}
 	sec.Labels[ledgerManagedLabel] = ledgerManagedBy
-	// Update carries the resourceVersion read above: the API server
-	// refuses it with Conflict if anyone wrote in between.
-	if _, err := secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
-		return err
-	}
-	k.remember(c)
-	return nil
+	ctx, cancel := context.WithTimeout(ctx, k.cfg.Timeout)
+	defer cancel()
+	_, err := k.cfg.Client.CoreV1().Secrets(k.cfg.Namespace).Update(ctx, sec, metav1.UpdateOptions{})
+	return err
 }

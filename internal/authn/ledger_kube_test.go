@@ -184,3 +184,25 @@ func TestBootstrapTokensKubeReplicas(t *testing.T) {
 	require.ErrorIs(t, err, ErrTokenConsumed)
 	assert.True(t, strings.Contains(err.Error(), "consumed at "), err.Error())
 }
+
+// TestKubeLedgerFull: a Secret that cannot take another entry refuses the
+// consumption with an error saying what to do; the token is not recorded.
+func TestKubeLedgerFull(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	filler := consumption(tokVM, vmID)
+	_, err := env.Client.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: DefaultLedgerSecret, Namespace: ns},
+		Data:       map[string][]byte{filler.Ref: []byte(strings.Repeat("x", maxLedgerSecretSize-40))},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	l := replicaLedger(t, env, ns)
+	c := consumption(tokLaptop, laptopID)
+	err = l.Consume(ctx, c)
+	require.ErrorContains(t, err, "consumed tokens fill the Secret")
+	assert.NotErrorIs(t, err, ErrTokenConsumed)
+	_, ok, err := replicaLedger(t, env, ns).Consumed(ctx, c.Ref)
+	require.NoError(t, err)
+	assert.False(t, ok)
+}
