@@ -266,8 +266,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		if errors.Is(err, authn.ErrUnavailable) {
 			return nil, authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
 		}
-		return nil, authn.Identity{}, &refusal{codes.Unauthenticated, "unauthenticated",
-			"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
+		return nil, authn.Identity{}, unauthenticated(err)
 	}
 	id := ident.ID
 	if impersonates(req) {
@@ -328,6 +327,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if issued == nil || issued.Leaf == nil || len(issued.Chain) == 0 || issued.Chain[0] != issued.Leaf {
 		return nil, ident, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
 	}
+	if ref := spend(ctx, ident, issued); ref != nil {
+		return nil, ident, ref
+	}
 	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued)}
 	attrs := []any{logattr.SPIFFEID, id.String(), "method", ident.Method,
 		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
@@ -339,6 +341,41 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	}
 	s.cfg.Logger.Info("certificate issued", attrs...)
 	return resp, ident, nil
+}
+
+// unauthenticated is the refusal of a caller no authenticator accepted.
+// A bootstrap token that matched but was consumed or expired says so: only
+// a holder of the real token learns it, and it tells them what to do.
+func unauthenticated(err error) *refusal {
+	switch {
+	case errors.Is(err, authn.ErrTokenConsumed):
+		return &refusal{codes.Unauthenticated, "token_consumed",
+			"the bootstrap token was already used: it is single-use; ask for a new one (trustbridge token create), or renew with the certificate it bought (ca request --cert-dir)", err}
+	case errors.Is(err, authn.ErrTokenExpired):
+		return &refusal{codes.Unauthenticated, "token_expired", "the bootstrap token expired; ask for a new one (trustbridge token create)", err}
+	}
+	return &refusal{codes.Unauthenticated, "unauthenticated",
+		"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
+}
+
+// spend consumes a single-use credential (authn.Identity.Spend) once its
+// certificate is signed: a request refused earlier, by a bad CSR or a
+// limit, leaves the token usable. Of concurrent requests with one token,
+// the one whose spending fails has its certificate withheld; the
+// certificate, never sent, is as good as never issued.
+func spend(ctx context.Context, ident authn.Identity, issued *ca.Issued) *refusal {
+	if ident.Spend == nil {
+		return nil
+	}
+	err := ident.Spend(ctx)
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("certificate %s withheld: %w", issued.Leaf.SerialNumber.Text(16), err)
+	if errors.Is(err, authn.ErrUnavailable) {
+		return &refusal{codes.Unavailable, "token_ledger_unavailable", "cannot record the bootstrap token as used right now; retry later", err}
+	}
+	return unauthenticated(err)
 }
 
 // allow charges a signing for id to the caller's rate limit. A node proxy

@@ -75,7 +75,9 @@ func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agentOpt
 }
 
 func TestAgentRenewsAtGracePeriod(t *testing.T) {
-	addr, rootCert, _ := grpcServer(t)
+	// A single-use token: it buys the first certificate, so every
+	// renewal must go by that certificate (mTLS).
+	addr, rootCert, _ := grpcServerWithTokens(t, laptopToken+","+laptopID.String()+"\n")
 	rootsPEM, err := os.ReadFile(rootCert)
 	require.NoError(t, err)
 	roots, err := parsePEMCerts(rootsPEM)
@@ -102,8 +104,9 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	written := checkCreds(t, o.outputCerts, laptopID)
 	assert.Equal(t, first.SerialNumber, written.SerialNumber, "--output-certs holds the served certificate")
 
-	// Past the grace period the agent renews with its certificate and
-	// pushes the new one; nothing else changed, so nothing else is sent.
+	// Past the grace period the agent renews with its certificate (the
+	// token is spent) and pushes the new one; nothing else changed, so
+	// nothing else is sent.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		r = e.recv(time.Until(deadline))

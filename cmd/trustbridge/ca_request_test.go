@@ -29,11 +29,22 @@ var laptopID = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
 // grpcServer starts `trustbridge server` for example.org with the
 // certificate service on loopback and a bootstrap token for laptopID. It
 // returns the service's address and a root-cert.pem of the CA.
+//
+// The token is marked reusable: the tests on this fixture present it many
+// times, to SDS and to the certificate service, to test other things
+// (refusals, agents, SDS). Single-use tokens, the default, are tested in
+// tokens_test.go.
 func grpcServer(t *testing.T, mutate ...func(*serverOptions)) (addr, rootCert, dataDir string) {
+	t.Helper()
+	return grpcServerWithTokens(t, laptopToken+","+laptopID.String()+",reusable\n", mutate...)
+}
+
+// grpcServerWithTokens is grpcServer with the token file's content.
+func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*serverOptions)) (addr, rootCert, dataDir string) {
 	t.Helper()
 	dataDir = t.TempDir()
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(lines), 0o600))
 	_, banner := startServer(t, dataDir, append([]func(*serverOptions){func(o *serverOptions) {
 		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
 	}}, mutate...)...)

@@ -72,8 +72,12 @@ type grantHooks struct {
 // sdsAuthenticator applies the certificate service's grant policy to SDS
 // callers proved by an X509-SVID: SDS mints certificates too, so a chain
 // the certificate service refuses to renew must not get them from SDS.
+// For the same reason it refuses single-use bootstrap tokens.
 func (g *grpcEndpoint) sdsAuthenticator(auth authn.Authenticator, o grpcOptions) authn.Authenticator {
-	return authn.RequireGrant(auth, &authn.GrantPolicy{Checkers: g.grants, MaxLifetime: o.maxRenewalLifetime})
+	// A single-use bootstrap token buys one certificate from the
+	// certificate service; an SDS stream would mint with it for as long
+	// as it lasts.
+	return authn.ReusableOnly(authn.RequireGrant(auth, &authn.GrantPolicy{Checkers: g.grants, MaxLifetime: o.maxRenewalLifetime}))
 }
 
 func (g *grpcEndpoint) grantMap() grantCheckers {

@@ -63,6 +63,10 @@ type grpcOptions struct {
 	noSDSCerts bool
 	// maxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
 	maxRenewalLifetime time.Duration
+	// tokenLedger opens where single-use bootstrap tokens are recorded as
+	// consumed (the data directory, or a Secret with --storage kube); set
+	// by runServer, no flag (tokens.go).
+	tokenLedger func() (authn.TokenLedger, error)
 	// Test hooks, no flags (grants.go).
 	grantHooks
 	// Bounds on unauthenticated work (authn_limits.go).
@@ -75,7 +79,11 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.responseRoots, "ca-response-roots", rootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then every federated trust domain's, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
 	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
 	f.StringVar(&o.clusterID, "cluster-id", "", `name of the Kubernetes cluster whose API server reviews tokens here, as Istio's CLUSTER_ID (istiod's default is "Kubernetes"): a caller whose ClusterID metadata names another cluster is refused before any review, as istiod does; "" accepts any ClusterID and lets the review decide`)
-	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "CSV file of token,spiffe-id lines for callers without Kubernetes or an SVID (bootstrap only; reloaded on change: replace it atomically, by writing a new file and renaming it over this one, since a reload that finds it truncated mid-write takes it as empty)")
+	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "file of bootstrap tokens for callers without Kubernetes or an SVID, one "+authn.TokenLineFormat+" per line, e.g. "+
+		"TOKEN,spiffe://example.org/vm/laptop,expires=2026-12-01T10:00:00Z; add lines with trustbridge token create. "+
+		"A token is single-use unless its line says reusable: it buys one certificate, which then renews itself, and is recorded as consumed "+
+		"(by a digest, never the token) in --data-dir, or with --storage kube in --bootstrap-token-secret; consumed and expired tokens are refused (Unauthenticated). "+
+		"Reloaded on change: replace it atomically, by writing a new file and renaming it over this one (token create does), since a reload that finds it truncated mid-write takes it as empty")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
@@ -274,16 +282,10 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		chain = append(chain, tr)
 	}
 	if o.bootstrapFile != "" {
-		boot, err := authn.NewBootstrapTokens(authn.BootstrapTokensConfig{
-			Path: o.bootstrapFile, TrustDomain: td,
-			ReloadInterval: o.bootstrapReload, OnReload: o.onBootstrapReload,
-			Logger: logger.With(logattr.Component, "bootstrap-tokens"), Registerer: reg,
-		})
+		boot, err := bootstrapTokens(o, td, reg, logger)
 		if err != nil {
-			return nil, fmt.Errorf("--bootstrap-token-file: %w", err)
+			return nil, err
 		}
-		logger.Warn("bootstrap tokens accepted: a token is a long-lived shared secret that proves nothing about the machine holding it; use it only to obtain a first certificate, then renew with that certificate (trustbridge ca request --cert-dir)",
-			"path", o.bootstrapFile, "tokens", boot.Len())
 		chain = append(chain, boot)
 		g.addBootstrapGrants(boot)
 		g.runners = append(g.runners, boot.Run)

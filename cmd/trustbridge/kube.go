@@ -24,6 +24,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/ha"
 	"github.com/trustbridge/trustbridge/internal/leader"
 	"github.com/trustbridge/trustbridge/internal/logattr"
@@ -59,12 +60,14 @@ type kubeOptions struct {
 	namespaceSelector string
 	federationCRD     bool
 	federationClass   string
+	tokenSecret       string
 }
 
 func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
 	f.StringVar(&o.storage, "storage", storageFile, "where CA state and last-known-good federated bundles live: file (--data-dir) or kube (a Secret and ConfigMaps in --namespace; several replicas elect a leader; not with --ca-dir; ca issue and ca rotate read only file storage, use ca request)")
 	f.StringVar(&o.namespace, "namespace", "", "namespace of the CA Secret, the leader Lease and the federated bundles with --storage kube (default: env POD_NAMESPACE, else the pod's own namespace)")
 	f.StringVar(&o.caSecret, "ca-secret", kubestore.DefaultName, "name of the Secret holding the CA state with --storage kube")
+	f.StringVar(&o.tokenSecret, "bootstrap-token-secret", authn.DefaultLedgerSecret, "name of the Secret in --namespace where replicas record the single-use bootstrap tokens (--bootstrap-token-file) consumed, by reference, never the token, with --storage kube")
 	f.StringVar(&o.leaderLease, "leader-lease", leader.DefaultName, "name of the coordination.k8s.io Lease replicas elect a leader with")
 	f.DurationVar(&o.leaseDuration, "leader-lease-duration", leader.DefaultLeaseDuration, "how long a dead leader's Lease blocks a successor: followers take over within this")
 	f.DurationVar(&o.renewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "a leader that could not renew for this long stops writing and steps down")

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -36,6 +37,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 )
 
@@ -84,6 +86,7 @@ func TestKubeReplicas(t *testing.T) {
 	ctx := context.Background()
 	_ = env.Client.CoreV1().Secrets(ns).Delete(ctx, kubestore.DefaultName, metav1.DeleteOptions{})
 	_ = env.Client.CoordinationV1().Leases(ns).Delete(ctx, "trustbridge-leader", metav1.DeleteOptions{})
+	_ = env.Client.CoreV1().Secrets(ns).Delete(ctx, authn.DefaultLedgerSecret, metav1.DeleteOptions{})
 	// The previous leader's saves, as a replica reads them: written here
 	// by the test, standing for a save whose watch event came late.
 	lkg, err := kubelkg.New(kubelkg.Config{Client: env.Client, Namespace: ns})
@@ -153,6 +156,19 @@ func TestKubeReplicas(t *testing.T) {
 		"--token-file", writeFile(t, laptopToken, 0o600), "--out", out)
 	require.Equal(t, 0, code, errs)
 	checkCreds(t, out, laptopID)
+	// The token is single-use across replicas: the other one refuses it,
+	// from the Secret the first wrote (by reference, never the token)
+	// within deploy/rbac's permissions.
+	_, errs, code = runCLI(t, "", "ca", "request", "--ca-addr", grpcAddr(t, bannerA), "--root-cert", rootCert,
+		"--token-file", writeFile(t, laptopToken, 0o600), "--out", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errs, "the bootstrap token was already used")
+	consumed, err := env.Client.CoreV1().Secrets(ns).Get(ctx, authn.DefaultLedgerSecret, metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Contains(t, consumed.Data, authn.BootstrapGrantRef(sha256.Sum256([]byte(laptopToken))))
+	for _, v := range consumed.Data {
+		assert.NotContains(t, string(v), laptopToken)
+	}
 	for k := range secret.Data {
 		assert.NotContains(t, bannerA+bannerB, string(secret.Data[k][:min(40, len(secret.Data[k]))]), "no state in the banner")
 	}

@@ -260,7 +260,9 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the server's CA recheck (up to 30s)")
 	}
-	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+"\n")
+	// Envoy authenticates its SDS stream with the token itself, which
+	// needs a reusable one (a stream mints for as long as it lasts).
+	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")
 	east, west := startSPIFFEPair(t,
 		func(o *serverOptions) { o.refreshHint = 2 * time.Second },
 		func(o *serverOptions) {

@@ -200,6 +200,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	o.grpc.tokenLedger = kube.tokenLedger(o.dataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
 	if p.crd, err = kube.federationCRD(td, fed, reg, logger); err != nil {
 		return err

@@ -4,6 +4,9 @@
 package atomicfile
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -12,6 +15,44 @@ import (
 // content, never a mix, even across a crash: temp file in the same
 // directory, fsync, rename, fsync the directory.
 func Write(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, nil)
+}
+
+// Replace is Write for a file that another account may own: an operator
+// running a tool as root on a file a service reads. The new file gets the
+// owner (and, where allowed, the group) of the file it replaces, so the
+// service can still read it; when the owner cannot be kept, nothing is
+// written and the error says so. A missing file is created
+// as Write does.
+func Replace(path string, data []byte, perm os.FileMode) error {
+	info, err := os.Stat(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err != nil {
+		return write(path, data, perm, nil)
+	}
+	uid, gid, ok := ownerOf(info)
+	if !ok || uid == os.Geteuid() && gid == os.Getegid() {
+		return write(path, data, perm, nil)
+	}
+	return write(path, data, perm, func(f *os.File) error {
+		if uid == os.Geteuid() {
+			// The owner reads it whatever the group; keep the group
+			// where the writer may.
+			_ = f.Chown(-1, gid)
+			return nil
+		}
+		if err := f.Chown(uid, gid); err != nil {
+			return fmt.Errorf("%s belongs to uid %d and its replacement could not be given to that user (%w); run as that user or as root", path, uid, err)
+		}
+		return nil
+	})
+}
+
+// write is Write with prepare, when not nil, called on the temporary file
+// before anything is written to it.
+func write(path string, data []byte, perm os.FileMode, prepare func(*os.File) error) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -28,6 +69,12 @@ func Write(path string, data []byte, perm os.FileMode) error {
 	if err := f.Chmod(perm); err != nil {
 		f.Close()
 		return err
+	}
+	if prepare != nil {
+		if err := prepare(f); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if _, err := f.Write(data); err != nil {
 		f.Close()

@@ -35,3 +35,11 @@ func TestWriteFailureLeavesOldContent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "old", string(got))
 }
+
+func TestReplaceCreatesLikeWrite(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, Replace(p, []byte("one"), 0o600))
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	assert.Equal(t, "one", string(got))
+}

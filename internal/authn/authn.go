@@ -82,6 +82,15 @@ type Identity struct {
 	// the API server said in its TokenReview; zero for other methods and
 	// for tokens not bound to a pod.
 	Pod PodRef
+	// Spend is set when the credential is single-use (a bootstrap token
+	// without the reusable marker): whoever issues a certificate on this
+	// identity calls it after signing and before handing the certificate
+	// out, and withholds the certificate when it fails. It fails wrapping
+	// ErrTokenConsumed and ErrInvalidCredentials when another request
+	// spent the credential first, or ErrUnavailable when the spending
+	// could not be recorded. A service that cannot spend it on one
+	// certificate (an SDS stream) refuses the identity: see ReusableOnly.
+	Spend func(ctx context.Context) error
 }
 
 // PodRef names a pod and the incarnation of it (UID) a token was bound to.

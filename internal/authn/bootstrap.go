@@ -57,19 +57,34 @@ type BootstrapTokensConfig struct {
 	// OnReload, when set, is called after every reload attempt (Run or
 	// Reload) with whether the token set changed and the error, if any.
 	OnReload func(changed bool, err error)
+	// Ledger remembers which single-use tokens were consumed. nil keeps
+	// them in memory, for this value's life only: a server passes a
+	// persistent one (FileLedger, KubeLedger), or a restart would make
+	// every consumed token usable again.
+	Ledger TokenLedger
 }
 
 // BootstrapTokens authenticates callers by a shared secret bearer token
 // listed in a file, for laptops and VMs without Kubernetes. It is a
-// bootstrap-only path: a token is a long-lived secret that proves nothing
-// about the machine holding it, so use it to obtain a first X509-SVID and
+// bootstrap-only path: a token is a secret that proves nothing about the
+// machine holding it, so use it to obtain a first X509-SVID and
 // authenticate with that SVID afterwards.
 //
-// The file has one "token,spiffe-id" per line; blank lines and lines
-// starting with # are ignored. Only SHA-256 digests of the tokens are kept
-// in memory, and a presented token is compared with every entry in constant
-// time. A file that fails to load on Reload leaves the previous token set in
-// force; Err reports the failure.
+// The file has one "token,spiffe-id[,expires=<RFC 3339 time>][,reusable]"
+// per line; blank lines and lines starting with # are ignored. A token is
+// single-use unless its line says reusable: the Identity it proves carries
+// a Spend function, which the certificate service calls once it has signed
+// the certificate the token buys, and which records the token as consumed
+// in the Ledger; of concurrent requests with one token exactly one gets
+// its certificate. A consumed token, or one past its expiry, no longer
+// authenticates (ErrTokenConsumed, ErrTokenExpired); certificates it bought
+// renew with themselves, as before.
+//
+// Only SHA-256 digests of the tokens are kept in memory, the ledger keys
+// consumptions by grant reference (BootstrapGrantRef), and a presented
+// token is compared with every entry in constant time. A file that fails
+// to load on Reload leaves the previous token set in force; Err reports
+// the failure.
 type BootstrapTokens struct {
 	cfg BootstrapTokensConfig
 	m   *bootstrapMetrics
@@ -91,6 +106,13 @@ type tokenEntry struct {
 	hash tokenKey
 	id   spiffeid.ID
 	ref  string // BootstrapGrantRef(hash), filled by load
+	line int
+	// expires, when not zero, is the first instant the token no longer
+	// authenticates.
+	expires time.Time
+	// reusable tokens are never consumed (the behaviour before single-use
+	// tokens, for labs).
+	reusable bool
 }
 
 var _ Authenticator = (*BootstrapTokens)(nil)
@@ -98,7 +120,9 @@ var _ Authenticator = (*BootstrapTokens)(nil)
 // LoadBootstrapTokens reads the token file at path, for the bootstrap-only
 // path of machines without Kubernetes (see BootstrapTokens). Identities must
 // belong to td and have a path. Warnings reports a file others may read.
-// Use NewBootstrapTokens for a logger, metrics and reloading with Run.
+// Consumed single-use tokens are remembered in memory only (MemoryLedger).
+// Use NewBootstrapTokens for a persistent ledger, a logger, metrics and
+// reloading with Run.
 func LoadBootstrapTokens(path string, td spiffeid.TrustDomain) (*BootstrapTokens, error) {
 	return NewBootstrapTokens(BootstrapTokensConfig{Path: path, TrustDomain: td})
 }
@@ -126,6 +150,9 @@ func NewBootstrapTokens(cfg BootstrapTokensConfig) (*BootstrapTokens, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	if cfg.Ledger == nil {
+		cfg.Ledger = NewMemoryLedger()
+	}
 	b := &BootstrapTokens{cfg: cfg}
 	set, warnings, err := b.load()
 	if err != nil {
@@ -145,8 +172,11 @@ func NewBootstrapTokens(cfg BootstrapTokensConfig) (*BootstrapTokens, error) {
 
 // Authenticate looks r.BearerToken up among the tokens. Every entry is
 // compared, whether or not an earlier one matched, so the time taken does
-// not reveal which entry matched or how close a guess came.
-func (b *BootstrapTokens) Authenticate(_ context.Context, r Request) (Identity, error) {
+// not reveal which entry matched or how close a guess came. A matching
+// token past its expiry, or single-use and already consumed, is refused;
+// a single-use one that is not yet consumed proves an Identity whose Spend
+// consumes it.
+func (b *BootstrapTokens) Authenticate(ctx context.Context, r Request) (Identity, error) {
 	token := r.BearerToken
 	if token == "" {
 		if r.AuthorizationError != nil {
@@ -166,10 +196,74 @@ func (b *BootstrapTokens) Authenticate(_ context.Context, r Request) (Identity, 
 		found |= eq
 	}
 	if found != 1 {
+		b.m.refusals.WithLabelValues(refusedUnknown).Inc()
 		return Identity{}, invalidf(MethodBootstrapToken, "bearer token matches no bootstrap token")
 	}
-	e := &set.entries[match]
-	return Identity{ID: e.id, Method: MethodBootstrapToken, Grant: &Grant{Method: MethodBootstrapToken, Ref: e.ref}}, nil
+	e := set.entries[match]
+	if err := b.usable(ctx, e); err != nil {
+		return Identity{}, err
+	}
+	ident := Identity{ID: e.id, Method: MethodBootstrapToken, Grant: &Grant{Method: MethodBootstrapToken, Ref: e.ref}}
+	if !e.reusable {
+		ident.Spend = func(ctx context.Context) error { return b.consume(ctx, e) }
+	}
+	return ident, nil
+}
+
+// usable refuses a matched token that expired, or that is single-use and
+// consumed. A ledger that cannot answer is ErrUnavailable: the caller
+// retries rather than being told its token is bad.
+func (b *BootstrapTokens) usable(ctx context.Context, e tokenEntry) error {
+	if now := b.cfg.Clock.Now(); !e.expires.IsZero() && !now.Before(e.expires) {
+		b.m.refusals.WithLabelValues(refusedExpired).Inc()
+		return invalid(MethodBootstrapToken, fmt.Errorf("the bootstrap token on line %d of %s (reference %s) for %s expired at %s: %w",
+			e.line, b.cfg.Path, e.ref, e.id, e.expires.UTC().Format(time.RFC3339), ErrTokenExpired))
+	}
+	if e.reusable {
+		return nil
+	}
+	c, consumed, err := b.cfg.Ledger.Consumed(ctx, e.ref)
+	if err != nil {
+		return fmt.Errorf("authn: %s: consumed-token ledger: %w: %w", MethodBootstrapToken, ErrUnavailable, err)
+	}
+	if consumed {
+		b.m.refusals.WithLabelValues(refusedConsumed).Inc()
+		return invalid(MethodBootstrapToken, consumedError(b.cfg.Path, e, c))
+	}
+	return nil
+}
+
+// consume records e as consumed: Identity.Spend of a single-use token. It
+// wraps ErrTokenConsumed and ErrInvalidCredentials when another request
+// consumed the token first, and ErrUnavailable when the ledger failed.
+func (b *BootstrapTokens) consume(ctx context.Context, e tokenEntry) error {
+	c := Consumption{Ref: e.ref, ID: e.id, At: b.cfg.Clock.Now().UTC().Truncate(time.Second)}
+	err := b.cfg.Ledger.Consume(ctx, c)
+	switch {
+	case err == nil:
+		b.m.consumptions.WithLabelValues(consumeOK).Inc()
+		b.cfg.Logger.Info("single-use bootstrap token consumed", logattr.GrantRef, e.ref, logattr.SPIFFEID, e.id.String(), "line", e.line, "path", b.cfg.Path)
+		return nil
+	case errors.Is(err, ErrTokenConsumed):
+		b.m.consumptions.WithLabelValues(consumeLost).Inc()
+		b.m.refusals.WithLabelValues(refusedConsumed).Inc()
+		prev, _, _ := b.cfg.Ledger.Consumed(ctx, e.ref)
+		return invalid(MethodBootstrapToken, consumedError(b.cfg.Path, e, prev))
+	default:
+		b.m.consumptions.WithLabelValues(consumeFailed).Inc()
+		return fmt.Errorf("authn: %s: recording the token (reference %s) as consumed: %w: %w", MethodBootstrapToken, e.ref, ErrUnavailable, err)
+	}
+}
+
+// consumedError says which token was consumed, when and for whom, as far
+// as the ledger knows; it never holds the token.
+func consumedError(path string, e tokenEntry, c Consumption) error {
+	when := ""
+	if !c.At.IsZero() {
+		when = " at " + c.At.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("the single-use bootstrap token on line %d of %s (reference %s) for %s was consumed%s: %w",
+		e.line, path, e.ref, e.id, when, ErrTokenConsumed)
 }
 
 // CheckGrant reports whether a bootstrap grant still stands: a token with
@@ -189,6 +283,27 @@ func (b *BootstrapTokens) CheckGrant(_ context.Context, id spiffeid.ID, g Grant)
 	}
 	return fmt.Errorf("authn: %s: the bootstrap token (reference %s) that granted %s is no longer listed in %s: %w",
 		MethodBootstrapToken, g.Ref, id, b.cfg.Path, ErrGrantRevoked)
+}
+
+// ErrSingleUse means a service that cannot spend a credential on one
+// certificate (an SDS stream, which mints and re-authenticates for as long
+// as it lasts) was offered a single-use one. It is always wrapped.
+var ErrSingleUse = errors.New("single-use credential")
+
+// ReusableOnly wraps an authenticator for a service that cannot spend a
+// single-use credential on one certificate: an identity whose Spend is set
+// is refused (ErrInvalidCredentials, ErrSingleUse). Such a token buys one
+// certificate from the certificate service; the caller then authenticates
+// with that certificate.
+func ReusableOnly(next Authenticator) Authenticator {
+	return AuthenticatorFunc(func(ctx context.Context, r Request) (Identity, error) {
+		ident, err := next.Authenticate(ctx, r)
+		if err != nil || ident.Spend == nil {
+			return ident, err
+		}
+		return Identity{}, invalid(ident.Method, fmt.Errorf("the token for %s is single-use: it buys one certificate from the certificate service "+
+			"(trustbridge ca request, trustbridge agent), which then authenticates here; mark its line reusable to use it directly: %w", ident.ID, ErrSingleUse))
+	})
 }
 
 // Len returns the number of tokens in force.
@@ -309,9 +424,19 @@ func readTokenFile(path string) ([]byte, fs.FileMode, error) {
 	return cappedfile.ReadFile(path, MaxBootstrapFileSize)
 }
 
+// TokenLineFormat is the shape of a token file line, for messages and help.
+const TokenLineFormat = "token,spiffe-id[,expires=<RFC 3339 time>][,reusable]"
+
+// Options of a token file line, after the token and the SPIFFE ID.
+const (
+	optionReusable = "reusable"
+	optionExpires  = "expires="
+)
+
 // parseBootstrapTokens parses a token file. Errors name the line and never
 // include a token; a SPIFFE ID is quoted only once it parsed as one, so a
-// line with its fields swapped does not echo the token either.
+// line with its fields swapped does not echo the token either, and an
+// option that does not parse is named by its position, not its text.
 func parseBootstrapTokens(data []byte, td spiffeid.TrustDomain) (*tokenSet, error) {
 	set := &tokenSet{digest: sha256.Sum256(data)}
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
@@ -322,33 +447,77 @@ func parseBootstrapTokens(data []byte, td spiffeid.TrustDomain) (*tokenSet, erro
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		fields := strings.Split(line, ",")
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("line %d: want token,spiffe-id, got %d fields", n, len(fields))
-		}
-		token := strings.Trim(fields[0], " \t")
-		rawID := strings.Trim(fields[1], " \t")
-		if err := checkBootstrapToken(token); err != nil {
+		e, err := parseTokenLine(line, td)
+		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
-		id, err := spiffeid.FromString(rawID)
-		if err != nil {
-			return nil, fmt.Errorf("line %d: second field is not a SPIFFE ID: %w", n, err)
-		}
-		if !id.MemberOf(td) {
-			return nil, fmt.Errorf("line %d: %s is not in trust domain %s", n, id, td)
-		}
-		if id.Path() == "" {
-			return nil, fmt.Errorf("line %d: %s has no path; a workload ID needs one", n, id)
-		}
-		h := tokenKey(sha256.Sum256([]byte(token)))
-		if first, dup := seen[h]; dup {
+		if first, dup := seen[e.hash]; dup {
 			return nil, fmt.Errorf("line %d: token repeats the one on line %d", n, first)
 		}
-		seen[h] = n
-		set.entries = append(set.entries, tokenEntry{hash: h, id: id})
+		seen[e.hash] = n
+		e.line = n
+		set.entries = append(set.entries, e)
 	}
 	return set, nil
+}
+
+// parseTokenLine parses one line that is neither blank nor a comment.
+func parseTokenLine(line string, td spiffeid.TrustDomain) (tokenEntry, error) {
+	fields := strings.Split(line, ",")
+	if len(fields) < 2 {
+		return tokenEntry{}, fmt.Errorf("want token,spiffe-id, got %d fields (a line is %s)", len(fields), TokenLineFormat)
+	}
+	token := strings.Trim(fields[0], " \t")
+	rawID := strings.Trim(fields[1], " \t")
+	if err := checkBootstrapToken(token); err != nil {
+		return tokenEntry{}, err
+	}
+	id, err := spiffeid.FromString(rawID)
+	if err != nil {
+		return tokenEntry{}, fmt.Errorf("second field is not a SPIFFE ID: %w", err)
+	}
+	if !id.MemberOf(td) {
+		return tokenEntry{}, fmt.Errorf("%s is not in trust domain %s", id, td)
+	}
+	if id.Path() == "" {
+		return tokenEntry{}, fmt.Errorf("%s has no path; a workload ID needs one", id)
+	}
+	e := tokenEntry{hash: tokenKey(sha256.Sum256([]byte(token))), id: id}
+	if err := e.parseOptions(fields[2:]); err != nil {
+		return tokenEntry{}, err
+	}
+	return e, nil
+}
+
+// parseOptions reads the fields after the SPIFFE ID: each of expires= and
+// reusable at most once, in any order. Old files have none.
+func (e *tokenEntry) parseOptions(fields []string) error {
+	hasExpiry := false
+	for i, f := range fields {
+		n := i + 3
+		f = strings.Trim(f, " \t")
+		switch {
+		case f == optionReusable:
+			if e.reusable {
+				return fmt.Errorf("field %d repeats %s", n, optionReusable)
+			}
+			e.reusable = true
+		case strings.HasPrefix(f, optionExpires):
+			if hasExpiry {
+				return fmt.Errorf("field %d repeats %s", n, strings.TrimSuffix(optionExpires, "="))
+			}
+			t, err := time.Parse(time.RFC3339, strings.TrimPrefix(f, optionExpires))
+			if err != nil {
+				return fmt.Errorf("field %d: expires= wants an RFC 3339 time, such as 2026-12-01T10:00:00Z", n)
+			}
+			e.expires, hasExpiry = t.UTC(), true
+		case f == "":
+			return fmt.Errorf("field %d is empty (a line is %s)", n, TokenLineFormat)
+		default:
+			return fmt.Errorf("field %d is neither %s nor expires=<RFC 3339 time> (a line is %s)", n, optionReusable, TokenLineFormat)
+		}
+	}
+	return nil
 }
 
 // checkBootstrapToken applies the token rules without echoing the token.
@@ -369,8 +538,21 @@ func checkBootstrapToken(token string) error {
 	return nil
 }
 
+// Labels of the bootstrap token metrics.
+const (
+	refusedUnknown  = "unknown"  // matches no token
+	refusedConsumed = "consumed" // single-use, already consumed
+	refusedExpired  = "expired"  // past its expires=
+
+	consumeOK     = "consumed"         // this request consumed it
+	consumeLost   = "already_consumed" // another request got there first
+	consumeFailed = "error"            // the ledger could not record it
+)
+
 type bootstrapMetrics struct {
-	reloads *prometheus.CounterVec
+	reloads      *prometheus.CounterVec
+	refusals     *prometheus.CounterVec
+	consumptions *prometheus.CounterVec
 }
 
 func newBootstrapMetrics(reg prometheus.Registerer, n func() int) (*bootstrapMetrics, error) {
@@ -379,17 +561,32 @@ func newBootstrapMetrics(reg prometheus.Registerer, n func() int) (*bootstrapMet
 			Name: "trustbridge_authn_bootstrap_token_reloads_total",
 			Help: "Reloads of the bootstrap token file, by result (success, error); on error the previous tokens stay in force.",
 		}, []string{"result"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_authn_bootstrap_token_refusals_total",
+			Help: "Bearer tokens the bootstrap token authenticator refused, by reason (unknown: matches no token in the file, also every token of another kind when nothing earlier accepted it; consumed: a single-use token already used, including the losers of concurrent requests; expired: past its expires=).",
+		}, []string{"reason"}),
+		consumptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_authn_bootstrap_token_consumptions_total",
+			Help: "Single-use bootstrap tokens spent on an issued certificate, by result (consumed; already_consumed: a concurrent request consumed it first, its certificate is withheld; error: the ledger could not record it, its certificate is withheld and the token stays usable).",
+		}, []string{"result"}),
 	}
 	tokens := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "trustbridge_authn_bootstrap_tokens",
 		Help: "Bootstrap tokens in force.",
 	}, func() float64 { return float64(n()) })
-	for _, c := range []prometheus.Collector{m.reloads, tokens} {
+	for _, c := range []prometheus.Collector{m.reloads, m.refusals, m.consumptions, tokens} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	m.reloads.WithLabelValues("success")
-	m.reloads.WithLabelValues("error")
+	for _, l := range []string{"success", "error"} {
+		m.reloads.WithLabelValues(l)
+	}
+	for _, l := range []string{refusedUnknown, refusedConsumed, refusedExpired} {
+		m.refusals.WithLabelValues(l)
+	}
+	for _, l := range []string{consumeOK, consumeLost, consumeFailed} {
+		m.consumptions.WithLabelValues(l)
+	}
 	return m, nil
 }

@@ -32,12 +32,22 @@
 //     refused with ErrUnavailable at once, so a flood of distinct tokens is
 //     neither a flood of calls nor a way to starve other callers.
 //   - BootstrapTokens: shared secret tokens listed in a file
-//     ("token,spiffe-id" per line). This is a bootstrap-only path for
-//     laptops and VMs without Kubernetes: get a first SVID with the token,
-//     then renew with the SVID. Keep the file 0600; tokens are at least 16
-//     characters of the RFC 6750 b64token alphabet (for example
-//     `openssl rand -base64 24`), compared in constant time. Run reloads the
-//     file; a bad edit keeps the previous tokens and is reported by Err.
+//     ("token,spiffe-id[,expires=<RFC 3339 time>][,reusable]" per line).
+//     This is a bootstrap-only path for laptops and VMs without Kubernetes:
+//     get a first SVID with the token, then renew with the SVID. A token is
+//     single-use unless its line says reusable: the Identity it proves has
+//     a Spend function, which the issuer calls once the certificate is
+//     signed and which records the token as consumed in a TokenLedger
+//     (FileLedger in the data directory, KubeLedger in a Secret replicas
+//     share, with optimistic concurrency), keyed by its grant reference;
+//     of concurrent requests with one token exactly one gets a
+//     certificate. Consumed and expired tokens are refused
+//     (ErrTokenConsumed, ErrTokenExpired); ReusableOnly refuses single-use
+//     ones for services that cannot spend them (SDS). Keep the file 0600;
+//     tokens are at least 16 characters of the RFC 6750 b64token alphabet
+//     (NewBootstrapToken makes 256-bit ones, AppendBootstrapToken adds
+//     them), compared in constant time. Run reloads the file; a bad edit
+//     keeps the previous tokens and is reported by Err.
 //
 // Grants: an Identity also carries the credential that first granted it
 // (Identity.Grant): the bootstrap token's reference (BootstrapGrantRef, a

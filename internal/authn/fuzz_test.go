@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -23,6 +24,11 @@ func FuzzBootstrapTokens(f *testing.F) {
 		"eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln,spiffe://example.org/a\n",
 		tokLaptop + "\n",
 		",\n",
+		tokLaptop + ",spiffe://example.org/a,expires=2026-12-01T10:00:00Z,reusable\n",
+		tokLaptop + ",spiffe://example.org/a, reusable ,expires=2026-12-01T10:00:00+02:00\n",
+		tokLaptop + ",spiffe://example.org/a,reusable,reusable\n",
+		tokLaptop + ",spiffe://example.org/a,expires=" + tokVM + "\n",
+		tokLaptop + ",spiffe://example.org/a,\n",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -53,6 +59,14 @@ func FuzzBootstrapTokens(f *testing.F) {
 				t.Fatal("duplicate token accepted")
 			}
 			seen[e.hash] = true
+			// Options come only from their own fields: reusable never
+			// by accident, an expiry always in UTC.
+			if e.reusable && !strings.Contains(string(data), "reusable") {
+				t.Fatal("reusable without the marker")
+			}
+			if !e.expires.IsZero() && e.expires.Location() != time.UTC {
+				t.Fatalf("expiry %s not in UTC", e.expires)
+			}
 		}
 	})
 }

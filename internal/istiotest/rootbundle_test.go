@@ -114,8 +114,10 @@ func startAgentCA(t testing.TB, bin, dir string, extra ...string) (*server, agen
 	dataDir := filepath.Join(dir, "data")
 	token := "istio-agent-bootstrap-token-0123456789"
 	tokenFile := filepath.Join(dir, "tokens")
+	// reusable: Istio's agent presents its token on every request,
+	// renewals included, as it would a service account token.
 	require.NoError(t, os.WriteFile(tokenFile,
-		fmt.Appendf(nil, "%s,%s\n", token, workloadID()), 0o600))
+		fmt.Appendf(nil, "%s,%s,reusable\n", token, workloadID()), 0o600))
 	// Istio's JWT credential plugin reads the bearer token from this file,
 	// as the agent reads its projected service account token.
 	jwtFile := filepath.Join(dir, "istio-token")
