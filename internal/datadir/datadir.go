@@ -207,6 +207,21 @@ func readHolder(f *os.File) (Holder, error) {
 	return ParseHolder(data)
 }
 
+// LockFile takes an exclusive lock on an open file without waiting, for
+// state a server keeps outside its data directory (an --audit-log
+// elsewhere). Closing the file releases it. It returns an error wrapping
+// ErrHeld when another open file holds the lock.
+func LockFile(f *os.File) error {
+	held, err := tryLock(f, true)
+	if err != nil {
+		return err
+	}
+	if held {
+		return fmt.Errorf("%w: %s is locked by another process", ErrHeld, f.Name())
+	}
+	return nil
+}
+
 // Probe says whether a process holds dir's lock and, if so, who. It
 // creates nothing: a directory without a lock file is not held. Where
 // flock is not available it reports the record, held or not.
