@@ -214,7 +214,7 @@ func whoPublishes(dataDir string) string {
 	case err != nil:
 		return fmt.Sprintf("a server running on %s publishes it within 30s and activates it 5 refresh hints later (whether one runs is unknown: %v)", dataDir, err)
 	case held:
-		return fmt.Sprintf("the server holding %s (%s) publishes it within 30s and activates it 5 refresh hints later", dataDir, h)
+		return fmt.Sprintf("the server holding %s publishes it within 30s and activates it 5 refresh hints later; it is %s", dataDir, h)
 	default:
 		return fmt.Sprintf("no server is running on %s now: the root is published when one starts there, and activates 5 refresh hints after that", dataDir)
 	}

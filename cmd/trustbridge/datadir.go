@@ -56,6 +56,11 @@ func prepareDataDir(o serverOptions) error {
 		return fmt.Errorf("--data-dir: %w", err)
 	}
 	if len(others) > 0 {
+		// A server that holds the directory and is creating its first CA
+		// right now: say that, not that the directory looks foreign.
+		if h, held, _ := datadir.Probe(o.dataDir); held {
+			return fmt.Errorf("--data-dir: %w", &datadir.HeldError{Dir: o.dataDir, Holder: h})
+		}
 		return fmt.Errorf("--data-dir %s holds %s but no CA state (%s), and starting would %s; "+
 			"if the path is wrong, fix it; if the CA state was lost, restore it from a backup; to start new CA state in this directory anyway, pass --%s",
 			o.dataDir, strings.Join(others, ", "), filepath.Join(store.Dir(), ca.JournalKey), startsOver(o), initFlag)

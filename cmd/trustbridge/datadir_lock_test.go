@@ -116,8 +116,7 @@ func TestSecondServerIsRefusedAndACrashFreesTheDataDir(t *testing.T) {
 
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "rotate", "--data-dir", dataDir)
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, fmt.Sprintf("; the server holding %s (pid %d on host %s (trustbridge server), started ", dataDir, pid, host))
-	assert.Contains(t, stdout, "publishes it within 30s")
+	assert.Contains(t, stdout, fmt.Sprintf("; the server holding %s publishes it within 30s and activates it 5 refresh hints later; it is pid %d on host %s (trustbridge server), started ", dataDir, pid, host))
 
 	first.kill(t)
 	rec, err := datadir.ParseHolder(mustReadFile(t, filepath.Join(dataDir, datadir.LockName)))
@@ -235,6 +234,17 @@ func TestServerRefusesADataDirWithOtherFilesWithoutInit(t *testing.T) {
 		require.NoError(t, os.Mkdir(filepath.Join(dataDir, "lost+found"), 0o700))
 		admin, _ := startServer(t, dataDir)
 		assert.Len(t, trustOf(t, admin).Authorities, 1)
+	})
+	t.Run("a server creating its first CA there is named instead", func(t *testing.T) {
+		dataDir := t.TempDir()
+		lock, err := datadir.Acquire(dataDir, datadir.Self("trustbridge server"))
+		require.NoError(t, err)
+		defer lock.Release()
+		require.NoError(t, os.WriteFile(filepath.Join(dataDir, "audit.jsonl"), nil, 0o600))
+		err = serverError(t, baseServerOptions("example.org", dataDir))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "is in use by another trustbridge: pid "+strconv.Itoa(os.Getpid()))
+		assert.NotContains(t, err.Error(), "--init")
 	})
 	t.Run("root files without a journal are not a blank start", func(t *testing.T) {
 		dataDir := t.TempDir()
