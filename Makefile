@@ -24,10 +24,11 @@ build:
 # run: the server on an embedded default: trust domain example.org, state
 # in ./data, self-signed CA, no Kubernetes, bundle endpoint (https_spiffe)
 # on loopback port 8443, certificate service (gRPC) on loopback port 15012.
-# Ctrl-C stops it; a second run reuses ./data.
+# Ctrl-C stops it; a second run reuses ./data (--init creates it and its CA
+# on the first run only; without it a missing --data-dir is refused).
 RUN_ARGS ?=
 run: build
-	$(BIN) server --trust-domain example.org --data-dir ./data --bundle-listen 127.0.0.1:8443 --grpc-listen 127.0.0.1:15012 $(RUN_ARGS)
+	$(BIN) server --trust-domain example.org --data-dir ./data --init --bundle-listen 127.0.0.1:8443 --grpc-listen 127.0.0.1:15012 $(RUN_ARGS)
 
 # demo: east.example and west.example federating on this machine (one
 # https_spiffe, one https_web), a workload certificate in each, mTLS between

@@ -308,6 +308,48 @@ func (s *Store) save(j *Journal) ([]byte, error) {
 	return data, nil
 }
 
+// HasState says whether the directory holds a journal, the CA state a
+// server started before (whether or not it loads).
+func (s *Store) HasState() (bool, error) {
+	_, err := os.Lstat(s.journalPath())
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, s.wrap(err)
+	}
+	return true, nil
+}
+
+// Blank says whether the state directory holds nothing but what a start
+// that was cut short leaves before its first root: it is missing, or
+// holds only the lock file and an empty roots/.
+func (s *Store) Blank() (bool, error) {
+	entries, err := os.ReadDir(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, s.wrap(err)
+	}
+	for _, e := range entries {
+		switch {
+		case e.Name() == lockName && e.Type().IsRegular():
+		case e.Name() == rootsDirName && e.IsDir():
+			roots, err := os.ReadDir(filepath.Join(s.dir, rootsDirName))
+			if err != nil {
+				return false, s.wrap(err)
+			}
+			if len(roots) > 0 {
+				return false, nil
+			}
+		default:
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // JournalDigest identifies the journal's current content, so a running
 // server notices changes made by `trustbridge ca rotate`.
 func (s *Store) JournalDigest() ([32]byte, error) {

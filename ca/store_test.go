@@ -162,3 +162,35 @@ func snapshotDir(t *testing.T, dir string) map[string]string {
 	}))
 	return out
 }
+
+// Blank tells the skeleton a first start leaves before its first root
+// (the lock file, an empty roots/) from state; HasState looks for the
+// journal only.
+func TestStoreBlankAndHasState(t *testing.T) {
+	dataDir := t.TempDir()
+	s := NewStore(dataDir)
+	check := func(wantBlank, wantState bool) {
+		t.Helper()
+		blank, err := s.Blank()
+		require.NoError(t, err)
+		assert.Equal(t, wantBlank, blank, "Blank")
+		has, err := s.HasState()
+		require.NoError(t, err)
+		assert.Equal(t, wantState, has, "HasState")
+	}
+	check(true, false) // no ca/ at all
+	unlock, err := s.Lock(true)
+	require.NoError(t, err)
+	unlock()
+	check(true, false) // ca/.lock and an empty ca/roots/
+
+	require.NoError(t, os.WriteFile(filepath.Join(s.Dir(), "roots", "x.key.pem"), nil, 0o600))
+	check(false, false) // a root file without a journal
+	require.NoError(t, os.Remove(filepath.Join(s.Dir(), "roots", "x.key.pem")))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Dir(), "stray"), nil, 0o600))
+	check(false, false)
+	require.NoError(t, os.Remove(filepath.Join(s.Dir(), "stray")))
+
+	require.NoError(t, os.WriteFile(filepath.Join(s.Dir(), JournalKey), []byte("{"), 0o600))
+	check(false, true) // a journal, even one that does not load
+}

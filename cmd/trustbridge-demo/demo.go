@@ -260,7 +260,7 @@ func (d *demo) play(keepCtx context.Context) error {
 // start runs a trustbridge server for td and waits until it is ready.
 func (d *demo) start(ctx context.Context, td, bundlePort string, extra ...string) (*server, error) {
 	s := &server{td: td, dataDir: filepath.Join(d.dir, td), log: filepath.Join(d.dir, td+".log"), exited: make(chan struct{})}
-	args := append([]string{"server", "--trust-domain", td, "--data-dir", s.dataDir,
+	args := append([]string{"server", "--trust-domain", td, "--data-dir", s.dataDir, "--init",
 		"--admin-listen", "127.0.0.1:0", "--bundle-listen", "127.0.0.1:" + bundlePort, "--grpc-listen", "",
 		"--federation-allow-private", "--federation-min-refresh", "1s", "--bundle-refresh-hint", "1m",
 		"--log-format", "json"}, extra...)

@@ -147,8 +147,8 @@ entry), or pass it as --expect-head. "-" reads standard input.
 
 The exit status is 0 when the chain verifies, 3 when it verifies up to a torn
 final line (bytes without a newline, as a crash or a full disk in the middle of
-a write leaves; the server drops them at its next start and records a
-log_recovered entry), 1 when it does not verify (an entry edited, dropped,
+a write leaves; the server moves them into FILE.torn-after-<seq>-<hash> at its
+next start and records a log_recovered entry), 1 when it does not verify (an entry edited, dropped,
 inserted or reordered: keep the file as evidence).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -177,8 +177,8 @@ inserted or reordered: keep the file as evidence).`,
 			}
 			if torn {
 				return &exitError{code: exitTornTail, msg: fmt.Sprintf(
-					"%s: torn tail: %d bytes (sha256 %s) after the last entry end without a newline: a write cut short by a crash or a full disk, not an edit of any entry above; the server drops them at its next start and records a log_recovered entry",
-					args[0], res.TornBytes, audit.ShortHash(res.TornSHA256))}
+					"%s: torn tail: %d bytes (sha256 %s) after the last entry end without a newline: a write cut short by a crash or a full disk, not an edit of any entry above; the server moves them into %s%s<seq>-<hash> at its next start and records a log_recovered entry",
+					args[0], res.TornBytes, audit.ShortHash(res.TornSHA256), args[0], audit.TornTailSuffix)}
 			}
 			return nil
 		},

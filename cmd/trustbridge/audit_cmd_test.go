@@ -182,8 +182,9 @@ func TestAuditCommandOnRealServer(t *testing.T) {
 
 // A log that ends in a torn write (a crash mid-append) is told apart from
 // tampering: verify says so with its own exit status and reports the
-// entries before it; the server drops the torn bytes at start, warns and
-// records a log_recovered entry, so it starts instead of refusing.
+// entries before it; the server moves the torn bytes into a file of their
+// own at start, warns and records a log_recovered entry, so it starts
+// instead of refusing.
 func TestAuditLogTornTail(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "audit.jsonl")
@@ -218,7 +219,8 @@ func TestAuditLogTornTail(t *testing.T) {
 	require.NotNil(t, trail)
 	closeLog()
 	assert.Contains(t, logs.String(), "level=WARN")
-	assert.Contains(t, logs.String(), "bytes_dropped=22")
+	assert.Contains(t, logs.String(), "torn_bytes=22")
+	assert.Contains(t, logs.String(), "torn_file="+path+audit.TornTailSuffix+"2-")
 	entries := readAuditLog(t, dir)
 	require.Len(t, entries, 3)
 	host, _ := os.Hostname()

@@ -210,9 +210,10 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 			}
 			path = filepath.Join(o.dataDir, "audit.jsonl")
 		}
-		// Open drops a torn final line (a crash mid-write) with a warning
-		// and a log_recovered entry, leader or not: it is a fact about this
-		// file, and leaving it would stop every start.
+		// Open moves a torn final line (a crash mid-write) into a file of
+		// its own, with a warning and a log_recovered entry, leader or not:
+		// it is a fact about this file, and leaving it would stop every
+		// start. It also locks the file: one writer, wherever it lives.
 		if l, err = audit.Open(path, audit.WithLogger(logger), audit.WithActor(actor)); err != nil {
 			return nil, nil, fmt.Errorf("--audit-log: %w", err)
 		}
@@ -221,6 +222,9 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 	if err != nil {
 		_ = l.Close()
 		return nil, nil, err
+	}
+	if l.Recovered() != "" {
+		t.appended.WithLabelValues("log_recovered").Inc()
 	}
 	return t, func() { _ = l.Close() }, nil
 }

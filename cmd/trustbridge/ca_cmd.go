@@ -16,6 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
 func newCACmd(e env) *cobra.Command {
@@ -48,9 +49,12 @@ and root-cert.pem (every published root of this trust domain, and nothing
 else) into --out.
 
 This is for operators: whoever can read --data-dir holds the CA and may
-issue any identity of the trust domain. It takes a shared lock on the state
-directory, so it is safe to run while a server uses it.`,
-		Args: cobra.NoArgs,
+issue any identity of the trust domain. It takes a shared lock on the CA
+state (not the server's lock on the data directory), so it is safe to run
+while a server uses it, and the server cannot retire the root it signs with
+meanwhile.`,
+		Example: `  trustbridge ca issue --data-dir ./data --spiffe-id spiffe://example.org/demo --out ./demo-creds`,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runCAIssue(e, o)
 		},
@@ -202,6 +206,20 @@ func certsPEM(certs []*x509.Certificate) []byte {
 	return out
 }
 
+// whoPublishes says what becomes of a root `ca rotate` prepared in
+// dataDir: whether a server holds the directory and will publish it.
+func whoPublishes(dataDir string) string {
+	h, held, err := datadir.Probe(dataDir)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("a server running on %s publishes it within 30s and activates it 5 refresh hints later (whether one runs is unknown: %v)", dataDir, err)
+	case held:
+		return fmt.Sprintf("the server holding %s publishes it within 30s and activates it 5 refresh hints later; it is %s", dataDir, h)
+	default:
+		return fmt.Sprintf("no server is running on %s now: the root is published when one starts there, and activates 5 refresh hints after that", dataDir)
+	}
+}
+
 func newCARotateCmd(e env) *cobra.Command {
 	var dataDir string
 	cmd := &cobra.Command{
@@ -211,9 +229,13 @@ func newCARotateCmd(e env) *cobra.Command {
 type and lifetime the server recorded in --data-dir. The server publishes it
 at its next check (within 30s) and activates it no earlier than 5 of its
 refresh hints after that, so federated peers learn it first. If no server
-runs, nothing is published or activated until one does. A root already
-waiting is kept; rotate does nothing then.`,
-		Args: cobra.NoArgs,
+runs, nothing is published or activated until one does; the output says
+which server holds --data-dir (its lock file, trustbridge.lock, names it), or
+that none does. The server's lock on the data directory does not stop this
+command: it writes the CA state under the state's own short lock, as the
+server does. A root already waiting is kept; rotate does nothing then.`,
+		Example: `  trustbridge ca rotate --data-dir /var/lib/trustbridge/data`,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			id, created, err := ca.RequestRotation(dataDir, e.now())
 			if err != nil {
@@ -223,7 +245,7 @@ waiting is kept; rotate does nothing then.`,
 				fmt.Fprintf(e.out, "root %s is already prepared and waiting; nothing to do\n", id)
 				return nil
 			}
-			fmt.Fprintf(e.out, "prepared root %s; the server publishes it within 30s and activates it 5 refresh hints later\n", id)
+			fmt.Fprintf(e.out, "prepared root %s; %s\n", id, whoPublishes(dataDir))
 			return nil
 		},
 	}

@@ -29,7 +29,17 @@ import (
 
 // TestMain stops the shared real API server (internal/kubetest) after the
 // package's tests, if one of them started it.
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+// cliEnv makes the test binary run the CLI on its arguments instead of
+// the tests: a real trustbridge process for tests that need one (a
+// server to kill with SIGKILL).
+const cliEnv = "TRUSTBRIDGE_TEST_RUN_CLI"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(cliEnv) == "1" {
+		main()
+	}
+	os.Exit(kubetest.Main(m))
+}
 
 func TestGRPCFlagDefaults(t *testing.T) {
 	f := newServerCmd(env{}).Flags()

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/internal/datadir"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testlog"
 )
@@ -137,4 +138,33 @@ func TestKubeNamespace(t *testing.T) {
 			assert.EqualError(t, err, "--storage kube needs --namespace (or env POD_NAMESPACE, or running in a pod)")
 		})
 	}
+}
+
+// With --storage kube the data directory holds no CA (issue 21 item 3):
+// a missing one is created without --init, 0700, and locked like any
+// other, so replicas that get a fresh emptyDir on every start need no
+// flag that would also let a file-storage server start a new CA.
+func TestKubeStorageCreatesItsDataDirWithoutInit(t *testing.T) {
+	kenv := kubetest.Shared(t)
+	ns := kenv.Namespace(t)
+	kubeconfig := writeKubeconfig(t, kenv.Config.Host, kenv)
+	dataDir := filepath.Join(t.TempDir(), "data")
+	o := baseServerOptions("example.org", dataDir)
+	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
+	o.kube = kubeOptions{
+		storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
+		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
+	}
+	admin, banner, _ := launchServer(t, o)
+	assert.Contains(t, banner, "state in Secret "+ns+"/trustbridge-ca")
+	assert.Len(t, trustOf(t, admin).Authorities, 1)
+	info, err := os.Stat(dataDir)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), info.Mode().Perm())
+	holder, held, err := datadir.Probe(dataDir)
+	require.NoError(t, err)
+	assert.True(t, held, "the replica holds its data directory")
+	assert.Equal(t, os.Getpid(), holder.PID)
+	_, err = os.Stat(filepath.Join(dataDir, "ca"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "no CA state on disk")
 }

@@ -30,12 +30,12 @@ import (
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/runall"
-	"github.com/trustbridge/trustbridge/internal/securedir"
 )
 
 type serverOptions struct {
 	trustDomain    string
 	dataDir        string
+	init           bool
 	adminListen    string
 	adminHosts     []string
 	keyType        string
@@ -60,8 +60,12 @@ func newServerCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the trust domain: embedded CA with root rotation and an admin endpoint",
-		Long: `Run trustbridge for one trust domain. On first start it creates a self-signed
-root in --data-dir; later starts reuse it. Roots rotate on their own: a
+		Long: `Run trustbridge for one trust domain. The first start, in an empty --data-dir
+or with --init, creates a self-signed root there; later starts reuse it. A
+--data-dir that does not exist, or holds files but no CA state, is refused
+without --init, so a mistyped path never bootstraps a new root. One server
+per data directory: a second one fails at once, naming the first (its lock
+file, trustbridge.lock, records its pid and start). Roots rotate on their own: a
 successor is published at half the active root's life and signs only after
 5 refresh hints, so federated peers always know a root before they meet a
 certificate it signed.
@@ -76,7 +80,12 @@ a read-only status page). A request whose Host header names anything but
 the listener's address, localhost or an --admin-allowed-hosts name gets
 421 Misdirected Request, so a web page that rebinds its own name to this
 address (DNS rebinding) cannot read it.`,
-		Example: `  # federate with an https_web peer (Istio's form) and an https_spiffe peer
+		Example: `  # first start of a trust domain: --init creates ./data and its root CA
+  trustbridge server --trust-domain example.org --data-dir ./data --init
+  # later starts reuse ./data (--init changes nothing then)
+  trustbridge server --trust-domain example.org --data-dir ./data
+
+  # federate with an https_web peer (Istio's form) and an https_spiffe peer
   # whose bundle its operator handed over (the fourth field)
   trustbridge server --trust-domain example.org --data-dir /var/lib/trustbridge \
     --federate 'web.example|https://web.example/bundle||east.example|https://east.example:8443/|spiffe://east.example/trustbridge/bundle-endpoint|east.example.json'`,
@@ -119,7 +128,8 @@ func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) st
 func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.configPath, configFlag, "", "YAML file whose keys are these flags' names (trust-domain: example.org), plus a federation list in the --federation-config schema; flags and environment variables win over it (see docs/configuration.md; check it with trustbridge config check)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
-	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; created 0700, keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted)")
+	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted), or locked by another server (trustbridge.lock names it); with file storage, a missing directory is created (0700) only with --init")
+	f.BoolVar(&o.init, initFlag, false, "first start with file storage: create --data-dir if missing, and new CA state in it even if it holds other files; without it a new CA is created only in an empty existing directory, so a mistyped path never bootstraps a new root. Harmless once the state exists (make run passes it every time); --storage kube needs none")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
 	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
@@ -173,6 +183,11 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	lock, err := lockDataDir(o, logger)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lock.Release() }()
 	reg := newRegistry()
 	kube, err := setupKube(o.kube, o.grpc.kubeconfig, reg, logger)
 	if err != nil {
@@ -323,7 +338,8 @@ func (c *cleanups) run() {
 
 // checkServerBasics checks the flags every server needs before anything
 // starts: the trust domain, the CA key type, storage, the data directory
-// (created 0700 if missing), and warns about an unusual refresh hint.
+// (created 0700 if missing and allowed), and warns about an unusual
+// refresh hint.
 func checkServerBasics(o serverOptions, logger *slog.Logger) (spiffeid.TrustDomain, ca.KeyType, error) {
 	var kt ca.KeyType
 	if o.trustDomain == "" {
@@ -340,10 +356,8 @@ func checkServerBasics(o serverOptions, logger *slog.Logger) (spiffeid.TrustDoma
 	if err := checkStorageFlags(o); err != nil {
 		return td, kt, err
 	}
-	// Whoever else can write to the data dir could plant a root key, a
-	// journal or an audit log this server would trust or extend.
-	if err := securedir.Ensure(o.dataDir); err != nil {
-		return td, kt, fmt.Errorf("--data-dir: %w", err)
+	if err := prepareDataDir(o); err != nil {
+		return td, kt, err
 	}
 	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
 		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)

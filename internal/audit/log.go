@@ -10,14 +10,18 @@
 // compare the head Verify reports with one recorded elsewhere (the server
 // logs the head of every entry it appends) for that.
 //
-// A write that fails part-way (a full disk, a file size limit) is undone:
-// the file is truncated back to the last whole entry, so the next entry
-// still links to it. A crash in the middle of a write leaves a torn final
-// line (bytes after the last newline); Verify reports it as ErrTornTail,
-// distinct from ErrBroken, and Open drops it, logs a warning and records
-// a log_recovered entry. Anything else that does not verify (a bad line
-// followed by others, a whole final line that fails its hash) is tamper
-// evidence, and Open refuses it.
+// A log file has one writer: Open takes an exclusive lock on it and
+// appends with O_APPEND, syncing each entry. A write that fails part-way
+// (a full disk, a file size limit) is undone: the file is truncated back
+// to the last whole entry, so the next entry still links to it. A crash in
+// the middle of a write leaves a torn final line (bytes after the last
+// newline); Verify reports it as ErrTornTail, distinct from ErrBroken, and
+// Open moves those bytes into a file of their own beside the log
+// (<log>.torn-after-<seq>-<sha256 prefix>), logs a warning and records a
+// log_recovered entry naming that file: nothing is lost, and nothing is
+// appended after bytes that are not an entry. Anything else that does not
+// verify (a bad line followed by others, a whole final line that fails its
+// hash) is tamper evidence, and Open refuses it.
 //
 // Findings judges a trustview.Snapshot by the rules `trustbridge audit`
 // applies: authorities near expiry, weak keys and signatures, non-CA
@@ -35,11 +39,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
 // MaxLineSize bounds one entry as written and as read back.
@@ -56,7 +64,8 @@ type Entry struct {
 	// Event: root_prepared, root_activated, root_retired, root_removed,
 	// root_loaded, bundle_accepted, bundle_rejected, endpoint_added,
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
-	// dropped a torn final line; Reason says how many bytes).
+	// moved a torn final line out of the log; Reason says how many bytes
+	// and into which file).
 	Event       string  `json:"event"`
 	TrustDomain string  `json:"trust_domain"`
 	SourceURL   string  `json:"source_url,omitempty"`
@@ -112,8 +121,10 @@ type Log struct {
 	size int64
 	// stuck is set when a failed write could not be undone: appending
 	// after its partial bytes would break the chain, so nothing more is
-	// appended until Open drops them as a torn tail.
+	// appended until Open moves them aside as a torn tail.
 	stuck error
+	// recovered is the file Open moved a torn final line into.
+	recovered string
 }
 
 // Option is an optional setting of Open.
@@ -129,7 +140,7 @@ type optionFunc func(*options)
 
 func (f optionFunc) apply(o *options) { f(o) }
 
-// WithLogger sets where Open warns about a torn final line it dropped.
+// WithLogger sets where Open warns about a torn final line it moved aside.
 // Default: discard.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) {
@@ -157,17 +168,31 @@ func New(w io.Writer) *Log {
 }
 
 // Open appends to the chain in the file at path, creating it (mode 0600)
-// when missing. An existing file is verified first: a chain that does not
-// verify is never appended to, since an entry after a tampered one would
-// seem to vouch for it; Open fails and says to move the file aside. The
-// one exception is a torn final line, which only a write cut short leaves
-// (entries are written whole, newline last): Open truncates it away, logs
-// a warning and appends a log_recovered entry naming the bytes dropped,
-// so the gap is itself on the record.
+// when missing, and holds an exclusive lock on it until Close: a second
+// writer would interleave its entries with ours and break the chain, so a
+// file another process holds open through Open is refused. An existing
+// file is verified first: a chain that does not verify is never appended
+// to, since an entry after a tampered one would seem to vouch for it; Open
+// fails and says to move the file aside. The one exception is a torn final
+// line, which only a write cut short leaves (entries are written whole,
+// newline last): Open copies its bytes into a file of their own beside the
+// log, truncates them away, logs a warning and appends a log_recovered
+// entry naming that file, so the gap is itself on the record and the
+// bytes are kept as they were.
 func Open(path string, opts ...Option) (*Log, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	// O_APPEND: every write lands at the end of the file, whatever the
+	// offset, so even a writer that ignored the lock could not overwrite
+	// an entry.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
+	}
+	if err := datadir.LockFile(f); err != nil {
+		f.Close()
+		if errors.Is(err, datadir.ErrHeld) {
+			return nil, fmt.Errorf("audit: %s is being appended to by another process (a second server?); an audit log has one writer: %w", path, err)
+		}
+		return nil, fmt.Errorf("audit: lock %s: %w", path, err)
 	}
 	info, err := f.Stat()
 	if err != nil {
@@ -197,18 +222,9 @@ func openFile(f file, path string, opts ...Option) (*Log, error) {
 	}
 	l := &Log{w: f, file: f, seq: res.Entries, head: res.Head, now: o.now, size: res.Bytes}
 	if torn {
-		if err := l.undo(); err != nil {
+		if err := l.recoverTornTail(path, res, o); err != nil {
 			f.Close()
-			return nil, fmt.Errorf("audit: %s: dropping its torn final line (%d bytes after entry %d): %w", path, res.TornBytes, res.Entries, err)
-		}
-		o.logger.Warn("audit log ended in a torn write (a crash or a full disk cut an entry short); dropped it and continued the chain",
-			"path", path, "bytes_dropped", res.TornBytes, "torn_sha256", res.TornSHA256, "audit_seq", res.Entries, "audit_head", res.Head)
-		err := l.Append(Entry{Actor: o.actor, Event: "log_recovered",
-			Reason: fmt.Sprintf("dropped a torn final line of %d bytes (sha256 %s) after entry %d (head %s)",
-				res.TornBytes, res.TornSHA256, res.Entries, res.Head)})
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("audit: %s: recording the recovery of its torn final line: %w", path, err)
+			return nil, err
 		}
 		return l, nil
 	}
@@ -217,6 +233,87 @@ func openFile(f file, path string, opts ...Option) (*Log, error) {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	return l, nil
+}
+
+// recoverTornTail moves the torn final line after the entries res
+// verified into a file of its own, truncates it away and records that in
+// the chain. The copy is on disk before the log is cut, so a crash or a
+// failure at any step loses nothing.
+func (l *Log) recoverTornTail(path string, res VerifyResult, o options) error {
+	aside, err := keepTornTail(l.file, path, res)
+	if err != nil {
+		return fmt.Errorf("audit: %s: keeping its torn final line (%d bytes after entry %d) in a file of its own: %w", path, res.TornBytes, res.Entries, err)
+	}
+	if err := l.undo(); err != nil {
+		return fmt.Errorf("audit: %s: dropping its torn final line (%d bytes after entry %d) from the log, a copy of which is in %s: %w", path, res.TornBytes, res.Entries, aside, err)
+	}
+	l.recovered = aside
+	o.logger.Warn("audit log ended in a torn write (a crash or a full disk cut an entry short); moved the torn bytes to a file of their own and continued the chain",
+		"path", path, "torn_file", aside, "torn_bytes", res.TornBytes, "torn_sha256", res.TornSHA256, "audit_seq", res.Entries, "audit_head", res.Head)
+	err = l.Append(Entry{Actor: o.actor, Event: "log_recovered",
+		Reason: fmt.Sprintf("moved a torn final line of %d bytes (sha256 %s) after entry %d (head %s) out of the log into %s",
+			res.TornBytes, res.TornSHA256, res.Entries, res.Head, filepath.Base(aside))})
+	if err != nil {
+		return fmt.Errorf("audit: %s: recording the recovery of its torn final line (kept in %s): %w", path, aside, err)
+	}
+	return nil
+}
+
+// TornTailSuffix begins the suffix of the file a torn final line is
+// moved into: <log>.torn-after-<seq>-<first 16 hex digits of its SHA-256>.
+const TornTailSuffix = ".torn-after-"
+
+// keepTornTail copies the torn bytes after res.Bytes into a new file
+// beside path (mode 0600, synced, its directory synced) and returns its
+// name. The name is fixed by the bytes, so a start that failed after the
+// copy finds it again and goes on.
+func keepTornTail(f file, path string, res VerifyResult) (string, error) {
+	if _, err := f.Seek(res.Bytes, io.SeekStart); err != nil {
+		return "", err
+	}
+	torn, err := io.ReadAll(io.LimitReader(f, MaxLineSize+1))
+	if err != nil {
+		return "", err
+	}
+	if sum := sha256.Sum256(torn); hex.EncodeToString(sum[:]) != res.TornSHA256 {
+		return "", errors.New("the torn bytes changed while being read")
+	}
+	name := fmt.Sprintf("%s%s%d-%s", path, TornTailSuffix, res.Entries, ShortHash(res.TornSHA256))
+	out, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		if kept, rerr := os.ReadFile(name); rerr == nil && bytes.Equal(kept, torn) {
+			return name, nil
+		}
+		return "", fmt.Errorf("%s exists and holds other bytes; move it away", name)
+	}
+	if err != nil {
+		return "", err
+	}
+	_, err = out.Write(torn)
+	if serr := out.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(name)
+		return "", err
+	}
+	dir, err := os.Open(filepath.Dir(name))
+	if err != nil {
+		return "", err
+	}
+	defer dir.Close()
+	return name, dir.Sync()
+}
+
+// Recovered is the file Open moved a torn final line into; "" when the
+// log ended whole.
+func (l *Log) Recovered() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.recovered
 }
 
 // Head is the line hash of the newest entry and the number of entries.
@@ -235,7 +332,7 @@ func (l *Log) Append(e Entry) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stuck != nil {
-		return fmt.Errorf("audit: entry not written: an earlier failed write could not be undone, so nothing more is appended until the log is reopened (which drops the torn bytes): %w", l.stuck)
+		return fmt.Errorf("audit: entry not written: an earlier failed write could not be undone, so nothing more is appended until the log is reopened (which moves the torn bytes aside): %w", l.stuck)
 	}
 	e.Seq = l.seq + 1
 	if e.Time.IsZero() {
@@ -328,9 +425,10 @@ var ErrBroken = errors.New("audit log does not verify")
 // ErrTornTail is returned, instead of ErrBroken, when every whole line
 // verifies and the log ends in bytes without a newline, no longer than an
 // entry may be: what a write cut short by a crash leaves. The result
-// covers the entries before it. Open drops such a tail and records that
-// it did; it is not tamper evidence as such, though whoever can write the
-// file could also cut entries off, which only a head kept elsewhere shows.
+// covers the entries before it. Open moves such a tail into a file of its
+// own and records that it did; it is not tamper evidence as such, though
+// whoever can write the file could also cut entries off, which only a
+// head kept elsewhere shows.
 var ErrTornTail = errors.New("audit log ends in a torn write")
 
 // Verify reads a whole chain and checks every link: each line is one
@@ -349,7 +447,7 @@ func Verify(r io.Reader) (VerifyResult, error) {
 		case errors.As(err, &torn):
 			sum := sha256.Sum256(torn)
 			res.TornBytes, res.TornSHA256 = int64(len(torn)), hex.EncodeToString(sum[:])
-			return res, fmt.Errorf("%w: line %d: %d bytes after entry %d end without a newline (a write cut short; Open drops them and records a log_recovered entry)",
+			return res, fmt.Errorf("%w: line %d: %d bytes after entry %d end without a newline (a write cut short; Open moves them into a file of their own and records a log_recovered entry)",
 				ErrTornTail, n, len(torn), res.Entries)
 		case err != nil:
 			return res, fmt.Errorf("%w: line %d: %w", ErrBroken, n, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
 func u64(v uint64) *uint64 { return &v }
@@ -227,4 +230,45 @@ func encodeLine(buf *bytes.Buffer, e Entry) error {
 	}
 	buf.Write(append(b, '\n'))
 	return nil
+}
+
+// One writer per log: a second Open of the same file, in this process or
+// another, is refused while the first is open, and allowed after Close.
+func TestOpenRefusesASecondWriter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := Open(path)
+	require.NoError(t, err)
+	require.NoError(t, l.Append(sampleEntries()[0]))
+
+	_, err = Open(path)
+	require.ErrorIs(t, err, datadir.ErrHeld)
+	assert.ErrorContains(t, err, path+" is being appended to by another process")
+	res, err := verifyFile(t, path)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), res.Entries, "the refused writer changed nothing")
+
+	require.NoError(t, l.Close())
+	l, err = Open(path)
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
+}
+
+// Entries are appended with O_APPEND: wherever the file's offset stands,
+// an entry lands after the last one and never overwrites it.
+func TestAppendWritesAtTheEnd(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := Open(path)
+	require.NoError(t, err)
+	defer l.Close()
+	require.NoError(t, l.Append(sampleEntries()[0]))
+	before := mustRead(t, path)
+
+	_, err = l.file.Seek(0, io.SeekStart)
+	require.NoError(t, err)
+	require.NoError(t, l.Append(sampleEntries()[1]))
+	after := mustRead(t, path)
+	assert.True(t, strings.HasPrefix(after, before), "the first entry is intact")
+	res, err := verifyFile(t, path)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), res.Entries)
 }

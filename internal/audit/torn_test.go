@@ -2,6 +2,8 @@ package audit
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -137,8 +139,8 @@ func TestAppendUndoesAFailedWrite(t *testing.T) {
 }
 
 // When the partial bytes cannot be removed either, nothing more is
-// appended (it would follow them and break the chain); reopening drops
-// them as a torn tail and records that.
+// appended (it would follow them and break the chain); reopening moves
+// them aside as a torn tail and records that.
 func TestAppendStopsWhenAFailedWriteCannotBeUndone(t *testing.T) {
 	path, good := goodLog(t)
 	l, ff := openFaulty(t, path)
@@ -168,11 +170,13 @@ func TestAppendStopsWhenAFailedWriteCannotBeUndone(t *testing.T) {
 	res, err = verifyFile(t, path)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(3), res.Entries, "the two good entries and log_recovered")
+	assert.Equal(t, data[len(good):], mustRead(t, l.Recovered()), "the torn bytes are kept")
 }
 
-// Open drops a torn final line (a crash cut a write short), warns, and
-// records the recovery in the chain; the previous head is kept as the
-// recovery entry's Prev.
+// Open moves a torn final line (a crash cut a write short) into a file of
+// its own, byte for byte, warns, and records the recovery in the chain,
+// naming that file; the previous head is kept as the recovery entry's
+// Prev.
 func TestOpenRecoversATornFinalLine(t *testing.T) {
 	lines := chain(t)
 	whole := strings.Join(lines[:3], "")
@@ -202,7 +206,15 @@ func TestOpenRecoversATornFinalLine(t *testing.T) {
 
 			assert.Contains(t, logs.String(), "level=WARN")
 			assert.Contains(t, logs.String(), "torn write")
-			assert.Contains(t, logs.String(), "bytes_dropped="+strconv.Itoa(len(tc.tail)))
+			assert.Contains(t, logs.String(), "torn_bytes="+strconv.Itoa(len(tc.tail)))
+			sum := sha256.Sum256([]byte(tc.tail))
+			aside := path + ".torn-after-3-" + hex.EncodeToString(sum[:8])
+			assert.Equal(t, aside, l.Recovered())
+			assert.Contains(t, logs.String(), "torn_file="+aside)
+			assert.Equal(t, tc.tail, mustRead(t, aside), "the torn bytes are kept as they were")
+			info, err := os.Stat(aside)
+			require.NoError(t, err)
+			assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 
 			data := mustRead(t, path)
 			require.True(t, strings.HasPrefix(data, whole), "the good entries are kept as they were")
@@ -214,8 +226,9 @@ func TestOpenRecoversATornFinalLine(t *testing.T) {
 			assert.Equal(t, "replica-1", rec.Actor)
 			assert.Equal(t, now, rec.Time)
 			assert.Equal(t, before.Head, rec.Prev)
-			assert.Contains(t, rec.Reason, "dropped a torn final line of "+strconv.Itoa(len(tc.tail))+" bytes")
+			assert.Contains(t, rec.Reason, "moved a torn final line of "+strconv.Itoa(len(tc.tail))+" bytes")
 			assert.Contains(t, rec.Reason, "after entry 3 (head "+before.Head+")")
+			assert.Contains(t, rec.Reason, "into "+filepath.Base(aside))
 			assert.NotEqual(t, before.Head, head)
 		})
 	}
@@ -266,7 +279,8 @@ func TestVerifyReportsATornTail(t *testing.T) {
 	assert.Len(t, res.TornSHA256, 64)
 }
 
-// When dropping a torn tail fails, Open fails and appends nothing.
+// When dropping a torn tail fails, Open fails and appends nothing; the
+// copy of the torn bytes made first is kept.
 func TestOpenFailsWhenATornTailCannotBeDropped(t *testing.T) {
 	path, good := goodLog(t)
 	torn := append(bytes.Clone(good), `{"seq":3,"ti`...)
@@ -274,10 +288,15 @@ func TestOpenFailsWhenATornTailCannotBeDropped(t *testing.T) {
 	osf, err := os.OpenFile(path, os.O_RDWR, 0)
 	require.NoError(t, err)
 	ff := &faultyFile{File: osf, room: -1, truncErr: syscall.EROFS}
-	_, err = openFile(ff, path)
-	require.ErrorIs(t, err, syscall.EROFS)
-	assert.ErrorContains(t, err, "dropping its torn final line (12 bytes after entry 2)")
+	_, openErr := openFile(ff, path)
+	require.ErrorIs(t, openErr, syscall.EROFS)
+	assert.ErrorContains(t, openErr, "dropping its torn final line (12 bytes after entry 2)")
 	assert.Equal(t, string(torn), mustRead(t, path))
+	copies, err := filepath.Glob(path + TornTailSuffix + "*")
+	require.NoError(t, err)
+	require.Len(t, copies, 1)
+	assert.ErrorContains(t, openErr, "a copy of which is in "+copies[0])
+	assert.Equal(t, `{"seq":3,"ti`, mustRead(t, copies[0]))
 
 	// And when recording the recovery fails, the tail is gone but the
 	// chain is whole: the next Open finds nothing to recover.
@@ -287,7 +306,9 @@ func TestOpenFailsWhenATornTailCannotBeDropped(t *testing.T) {
 	_, err = openFile(ff, path)
 	require.ErrorIs(t, err, syscall.ENOSPC)
 	assert.ErrorContains(t, err, "recording the recovery")
+	assert.ErrorContains(t, err, "kept in "+copies[0])
 	assert.Equal(t, string(good), mustRead(t, path))
+	assert.Equal(t, `{"seq":3,"ti`, mustRead(t, copies[0]), "found again, kept as it was")
 }
 
 func mustRead(t *testing.T, path string) string {
@@ -295,4 +316,31 @@ func mustRead(t *testing.T, path string) string {
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return string(data)
+}
+
+// A copy an earlier start made and could not finish with is found again
+// when it holds the same bytes; one holding other bytes is never
+// overwritten, and the log is left as it was.
+func TestOpenKeepsAnEarlierCopyOfATornTail(t *testing.T) {
+	path, good := goodLog(t)
+	tail := `{"seq":3,"ti`
+	require.NoError(t, os.WriteFile(path, append(bytes.Clone(good), tail...), 0o600))
+	sum := sha256.Sum256([]byte(tail))
+	aside := path + TornTailSuffix + "2-" + hex.EncodeToString(sum[:8])
+
+	require.NoError(t, os.WriteFile(aside, []byte("other bytes"), 0o600))
+	_, err := Open(path)
+	require.ErrorContains(t, err, aside+" exists and holds other bytes; move it away")
+	assert.Equal(t, string(good)+tail, mustRead(t, path), "the log is left as it was")
+	assert.Equal(t, "other bytes", mustRead(t, aside))
+
+	require.NoError(t, os.WriteFile(aside, []byte(tail), 0o600))
+	l, err := Open(path)
+	require.NoError(t, err)
+	assert.Equal(t, aside, l.Recovered())
+	require.NoError(t, l.Close())
+	res, err := verifyFile(t, path)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(3), res.Entries)
+	assert.Equal(t, tail, mustRead(t, aside))
 }

@@ -224,7 +224,13 @@ var (
 // warn, with no certificate service.
 func (e *env) startTrustbridge(b *testing.B, name, bin string) *target {
 	b.Helper()
-	cmd := exec.Command(bin, "server", "--trust-domain", trustDomain, "--data-dir", filepath.Join(e.dir, name),
+	// An empty data directory needs no --init, which a build older than
+	// it (TRUSTBRIDGE_BIN_BASE) would not know.
+	dataDir := filepath.Join(e.dir, name)
+	if err := os.Mkdir(dataDir, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "server", "--trust-domain", trustDomain, "--data-dir", dataDir,
 		"--admin-listen", "127.0.0.1:0", "--grpc-listen", "", "--bundle-listen", "127.0.0.1:0",
 		"--bundle-profile", "https_web", "--bundle-tls-cert", e.certFile, "--bundle-tls-key", e.keyFile,
 		"--log-level", "warn", "--log-format", "json")

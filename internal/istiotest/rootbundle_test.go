@@ -125,7 +125,7 @@ func startAgentCA(t testing.TB, bin, dir string, extra ...string) (*server, agen
 
 	srv := startServer(t, bin, append([]string{
 		"--trust-domain", trustDomain,
-		"--data-dir", dataDir,
+		"--data-dir", dataDir, "--init",
 		"--admin-listen", "127.0.0.1:0",
 		"--grpc-listen", "127.0.0.1:0",
 		"--bundle-listen", "",
