@@ -105,6 +105,7 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 
 	o := baseServerOptions("example.org", dataDir)
 	o.federation.federate = unanchoredTuple
+	o.init = true // the directory holds the peer's bundle but no CA state yet
 	admin, _, _ := launchServer(t, o)
 	code, body := get(t, "http://"+admin+"/v1/federation")
 	require.Equal(t, http.StatusOK, code)

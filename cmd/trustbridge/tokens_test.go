@@ -202,6 +202,7 @@ func TestBootstrapTokenLedgerCorrupt(t *testing.T) {
 	dataDir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dataDir, authn.LedgerFileName), []byte(`{"version":1,"consumed":`), 0o600))
 	o := baseServerOptions("example.org", dataDir)
+	o.init = true // the directory holds the ledger but no CA state yet
 	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: writeTokenFile(t, laptopToken+","+laptopID.String()+"\n"), tokenReview: tokenReviewOff}
 	err := serverError(t, o)
 	require.Error(t, err)
