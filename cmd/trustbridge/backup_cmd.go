@@ -272,3 +272,39 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 	}
 	return m, seq, nil
 }
+
+func newCARaiseSequenceCmd(e env) *cobra.Command {
+	var (
+		dataDir string
+		atLeast uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "raise-sequence --data-dir DIR --at-least N",
+		Short: "Move the published spiffe_sequence up to at least N, for peers that hold a higher one",
+		Long: `Raise the spiffe_sequence of the CA state in --data-dir to at least N; it never
+lowers it. Peers refuse a bundle whose sequence is below the one they hold
+(sequence_regression). trustbridge keeps every sequence above the Unix time
+and above any it published before, so this is needed only when peers hold a
+sequence from a clock that once ran ahead, or one that was never ours. Take
+N from the peer (trustbridge federation status, or the metric
+trustbridge_federation_bundle_sequence on a trustbridge peer). A running
+server publishes the raised sequence at its next check (within 30s); a
+server started later publishes one more.`,
+		Example: `  trustbridge ca raise-sequence --data-dir /var/lib/trustbridge --at-least 2208988800`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if atLeast == 0 {
+				return errors.New("--at-least is required: the highest sequence a peer holds")
+			}
+			seq, err := ca.RaiseSequence(dataDir, atLeast)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.out, "the CA state in %s holds sequence %d\n", dataDir, seq)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir (file storage only)")
+	cmd.Flags().Uint64Var(&atLeast, "at-least", 0, "the sequence to reach: the highest a peer holds")
+	return cmd
+}

@@ -199,3 +199,28 @@ func TestRestoreMinSequence(t *testing.T) {
 	s := startE2EServer(t, "east.example", target, nil)
 	assert.Equal(t, ahead+1, servedSequence(t, s))
 }
+
+// TestCARaiseSequenceWhileServing: a running server publishes the raised
+// sequence at its next check, and never a lower one.
+func TestCARaiseSequenceWhileServing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the server's CA recheck (up to 30s)")
+	}
+	dataDir, _ := bootstrapDataDir(t, "east.example")
+	s := startE2EServer(t, "east.example", dataDir, nil)
+	ahead := servedSequence(t, s) + 1_000_000
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--at-least", strconv.FormatUint(ahead, 10))
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "holds sequence "+strconv.FormatUint(ahead, 10))
+	assert.Eventually(t, func() bool { return servedSequence(t, s) == ahead }, 60*time.Second, 100*time.Millisecond)
+
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--at-least", "5")
+	require.Equal(t, 0, code, stderr)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--at-least is required")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", filepath.Join(t.TempDir(), "typo"), "--at-least", "5")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "no CA state")
+	assert.Equal(t, ahead, servedSequence(t, s), "never lowered")
+}
