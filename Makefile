@@ -14,7 +14,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short fuzz bench bench-istio lint clean kube-tools ui-tools ui-screenshot
+.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short fuzz bench bench-istio lint clean kube-tools spire-tools ui-tools ui-screenshot
 
 all: build
 
@@ -57,12 +57,13 @@ tidy-check:
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC)" >/dev/null 2>&1 && echo -race)
 
 # The Kubernetes tier (internal/kubetest) runs against a real kube-apiserver
-# and etcd from bin/kube, the status page's browser tests (internal/statusui)
-# against headless Chromium; under make test a missing one fails the run
-# instead of skipping it.
-unit: kube-tools ui-tools
+# and etcd from bin/kube, the SPIRE tier (internal/spiretest) against a real
+# spire-server from bin/spire, the status page's browser tests
+# (internal/statusui) against headless Chromium; under make test a missing
+# one fails the run instead of skipping it.
+unit: kube-tools spire-tools ui-tools
 	@[ -n "$(RACE)" ] || echo "note: no C compiler for cgo; running tests without -race (apt-get install gcc to enable it)"
-	TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
+	TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require TRUSTBRIDGE_SPIRE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
 # istio-tests: Istio's own agent code (its citadel CA client, the
 # SecretManagerClient cache and its SDS server, from the istio.io/istio module
@@ -105,6 +106,20 @@ $(KUBE_DIR)/etcd:
 	@mkdir -p $(KUBE_DIR)
 	@command -v etcd >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server; }
 	ln -sf "$$(command -v etcd)" $@
+
+# spire-tools: spire-server v1.13.3 built from the module pinned in
+# internal/spiretest/tools (about 4 minutes on 2 cores, once; cached in
+# bin/spire). Only the server: federation is between servers, no agent runs.
+# GONOSUMDB: the checksum database does not know one of SPIRE's old
+# dependencies; go.sum pins every hash anyway.
+SPIRE_DIR := bin/spire
+spire-tools: $(SPIRE_DIR)/spire-server
+
+$(SPIRE_DIR)/spire-server: internal/spiretest/tools/go.mod internal/spiretest/tools/go.sum
+	@mkdir -p $(SPIRE_DIR)
+	@echo "building spire-server for the SPIRE test tier (once; about 4 minutes on 2 cores)"
+	cd internal/spiretest/tools && GONOSUMDB=github.com/GoogleCloudPlatform/cloudsql-proxy $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@.tmp github.com/spiffe/spire/cmd/spire-server
+	mv $@.tmp $@
 
 # ui-tools: Debian's chromium for the status page's browser tests, installed
 # once like kube-tools' etcd. TRUSTBRIDGE_CHROMIUM=/path/to/chromium makes

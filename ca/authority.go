@@ -177,6 +177,9 @@ type Authority struct {
 	// any gap when nobody served the root. The lead is never shortened,
 	// at worst restarted.
 	served map[string]time.Time
+	// floored is set once this process wrote the state for the first
+	// time, with a new sequence (sequence.go, rule 2).
+	floored bool
 	// lastErr is the error of the last scheduled rotation check, for Ready.
 	lastErr error
 	// plugin is the plug-in material as last published, so signing never

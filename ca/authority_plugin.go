@@ -34,6 +34,7 @@ func (a *Authority) syncPlugin() error {
 		return err
 	}
 	a.version = version
+	a.floored = true
 	a.plugin = m
 	if err := a.setPluginRootsLocked(j.PluginRoots); err != nil {
 		return err
@@ -64,19 +65,26 @@ func (a *Authority) loadPluginJournalLocked() (*Journal, string, error) {
 func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, version string) (string, error) {
 	j := a.journal
 	recs, changed := a.pluginRecords(now, m, j.PluginRoots)
-	if !changed && j.Sequence != 0 {
+	if !changed && j.Sequence != 0 && a.floored {
 		return version, nil
 	}
+	prev := j.Sequence
 	j.PluginRoots = recs
-	j.Sequence++
+	// A change, or this process's first write (sequence.go, rule 2).
+	j.Sequence = NextSequence(prev, now)
 	j.Updated = now
-	ids := make([]string, 0, len(recs))
-	for _, r := range recs {
-		ids = append(ids, r.SHA256)
+	if changed || prev == 0 {
+		ids := make([]string, 0, len(recs))
+		for _, r := range recs {
+			ids = append(ids, r.SHA256)
+		}
+		j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
+		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
+		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
+	} else {
+		a.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
+			logattr.OldSequence, prev, logattr.Sequence, j.Sequence)
 	}
-	j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
-	a.metrics.rotations.WithLabelValues("plugin_change").Inc()
-	a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
 	return a.backend.Commit(version, j, nil)
 }
 

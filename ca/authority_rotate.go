@@ -77,7 +77,17 @@ func (a *Authority) reconcileLocked() error {
 	}
 	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
 		// The hint is part of the published document.
-		a.journal.Sequence++
+		a.journal.Sequence = NextSequence(a.journal.Sequence, a.cfg.Clock.Now())
+		changed = true
+	}
+	if !a.floored && len(a.roots) > 0 {
+		// The first write of this process publishes a new sequence: the
+		// state may be a restored copy whose counter is below what peers
+		// hold (see sequence.go).
+		prev := a.journal.Sequence
+		a.journal.Sequence = NextSequence(prev, a.cfg.Clock.Now())
+		a.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
+			logattr.OldSequence, prev, logattr.Sequence, a.journal.Sequence)
 		changed = true
 	}
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
@@ -92,8 +102,11 @@ func (a *Authority) reconcileLocked() error {
 		changed = true
 	}
 	if changed || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
-		return a.commitLocked()
+		if err := a.commitLocked(); err != nil {
+			return err
+		}
 	}
+	a.floored = true
 	return nil
 }
 
@@ -131,7 +144,7 @@ func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 	case StepRemove:
 		r := a.roots[index]
 		a.roots = append(a.roots[:index:index], a.roots[index+1:]...)
-		a.journal.Sequence++
+		a.journal.Sequence = NextSequence(a.journal.Sequence, now)
 		a.event(now, "removed", r.ID)
 		return nil
 	}
@@ -158,7 +171,7 @@ func (a *Authority) newRootLocked(now time.Time, state RootState, why string) er
 		r.ActivatedAt = now
 	}
 	a.roots = append(a.roots, r)
-	a.journal.Sequence++
+	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
 	event := "prepared (" + why + ")"
 	if state == StateActive {
 		event = "bootstrap"

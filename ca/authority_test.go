@@ -61,19 +61,31 @@ func TestAuthorityBootstrapAndRestart(t *testing.T) {
 	assert.Contains(t, root.Subject.String(), "O=example.org")
 	assert.Contains(t, root.Subject.String(), root.SerialNumber.Text(16), "every root's subject is unique")
 	assert.True(t, root.IsCA)
-	assert.Equal(t, uint64(1), a.Sequence())
+	assert.Equal(t, uint64(t0.Unix()), a.Sequence(), "the first sequence is the bootstrap time")
 	select {
 	case <-a.Changes():
 	default:
 		t.Fatal("the first bundle is announced")
 	}
 
+	// A restart a minute later cannot tell its state from a restored
+	// copy: it publishes the same root with the restart time as sequence.
+	clk.Step(time.Minute)
 	cfg.Registerer = prometheus.NewRegistry()
 	b, err := New(cfg)
 	require.NoError(t, err)
 	require.Len(t, b.Roots(), 1)
 	assert.True(t, root.Equal(b.Roots()[0].Cert), "a restart reuses the root")
-	assert.Equal(t, uint64(1), b.Sequence(), "and does not bump the sequence")
+	assert.Equal(t, uint64(t0.Add(time.Minute).Unix()), b.Sequence(), "and publishes it under a new sequence")
+	j, _, err := NewStore(cfg.DataDir).Load("")
+	require.NoError(t, err)
+	assert.Equal(t, b.Sequence(), j.Sequence, "the new sequence is persisted before it is published")
+
+	// Restarted again in the same second: one more.
+	cfg.Registerer = prometheus.NewRegistry()
+	c, err := New(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, b.Sequence()+1, c.Sequence())
 }
 
 func TestAuthorityKeyTypes(t *testing.T) {
@@ -105,8 +117,9 @@ func TestAuthorityRefusesBadConfig(t *testing.T) {
 // rotations, issuing certificates all along. At every instant, every
 // certificate issued so far that is still valid verifies against the
 // bundle published at that instant; no root signs before it has been
-// published for PublishLead refresh hints; and the sequence moves by
-// exactly one whenever the published set of roots changes.
+// published for PublishLead refresh hints; and the sequence moves to
+// NextSequence (one more, at least the time) whenever the published set of
+// roots changes, and only then.
 func TestRotationProperty(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	cfg := testConfig(t, clk)
@@ -145,7 +158,7 @@ func TestRotationProperty(t *testing.T) {
 		seq, _ := bundle.SequenceNumber()
 		if joined := strings.Join(set, ","); joined != lastSet {
 			if lastSet != "" {
-				assert.Equal(t, lastSeq+1, seq, "one published-set change, one sequence step (at %s)", now)
+				assert.Equal(t, NextSequence(lastSeq, now), seq, "one published-set change, one sequence step (at %s)", now)
 			}
 			lastSet = joined
 		} else {
@@ -207,7 +220,8 @@ func TestRestartMidRotation(t *testing.T) {
 	cfg.Registerer = prometheus.NewRegistry()
 	b, err := New(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, seq, b.Sequence(), "the same published set")
+	assert.Equal(t, NextSequence(seq, restart), b.Sequence(), "the same published set, under a sequence past the restart")
+	seq = b.Sequence()
 	require.Len(t, b.Roots(), 2)
 	rootState := func(id string) RootInfo {
 		for _, r := range b.Roots() {
@@ -245,7 +259,7 @@ func TestForcedRotate(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, a.Rotate())
 	require.Len(t, a.Roots(), 2)
-	assert.Equal(t, uint64(2), a.Sequence())
+	assert.Equal(t, uint64(t0.Unix())+1, a.Sequence(), "bootstrapped and rotated in the same second: one step above the time")
 	require.NoError(t, a.Rotate(), "a second request while one waits is a no-op")
 	assert.Len(t, a.Roots(), 2)
 }
@@ -376,7 +390,7 @@ func TestAuthorityMetrics(t *testing.T) {
 	require.Error(t, err)
 	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.signings.WithLabelValues("ok")))
 	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.signings.WithLabelValues("identity_not_allowed")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.sequence))
+	assert.Equal(t, float64(t0.Unix()), testutil.ToFloat64(a.metrics.sequence))
 	n, err := testutil.GatherAndCount(reg, "trustbridge_ca_root_not_after_timestamp_seconds")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)

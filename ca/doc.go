@@ -10,10 +10,14 @@
 // PublishLead (5) refresh hints later, so every peer polling at the hint
 // has it before it meets a certificate it signed (SPIFFE Federation §4.1).
 // The old root is retired and stays published until every leaf it could
-// have signed has expired. Each change to the published set increments
-// the bundle's spiffe_sequence once. Plug-in mode (Config.Plugin): Istio's
-// cacerts directory, validated and watched by PluginWatcher; a bad change
-// keeps the last good material and makes Ready report the error.
+// have signed has expired. Each change to the published set moves the
+// bundle's spiffe_sequence to NextSequence: one more, and at least the
+// Unix time in seconds; a process's first write of the state moves it
+// too, so a restored backup or a new backend never publishes a sequence
+// below one peers already hold (sequence.go). Plug-in mode
+// (Config.Plugin): Istio's cacerts directory, validated and watched by
+// PluginWatcher; a bad change keeps the last good material and makes
+// Ready report the error.
 //
 // State lives under <data-dir>/ca: a JSON journal (state.json, the commit
 // point, written atomically) and one key (0600) and certificate per root.

@@ -62,7 +62,7 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 		ID: id, State: StatePrepared, CertSHA256: fingerprint(cert), PreparedAt: now,
 		MinActivateAt: now.Add(PublishLead * time.Duration(st.RefreshHintSeconds) * time.Second),
 	})
-	j.Sequence++
+	j.Sequence = NextSequence(j.Sequence, now)
 	j.Events = append(j.Events, JournalNote{At: now, Event: "prepared (requested)", RootID: id})
 	j.Updated = now
 	if err := s.Save(j); err != nil {

@@ -123,17 +123,23 @@ func TestSecretRoundTrip(t *testing.T) {
 		keys = append(keys, k)
 	}
 	assert.ElementsMatch(t, []string{"state.json", id + ".crt.pem", id + ".key.pem"}, keys)
-	assert.Equal(t, uint64(1), journalOf(t, sec).Sequence)
+	assert.Equal(t, uint64(t0.Unix()), journalOf(t, sec).Sequence)
 
-	// Another replica (a restart) loads the same state and writes nothing.
+	// A restart of the single replica (it leads) loads the same roots and
+	// publishes them under a new sequence, once: the Secret could be a
+	// restored copy.
 	b := newAuthority(t, clk, newStore(t, env.Client, ns, nil), nil)
+	started := secret(t, env.Client, ns)
+	assert.Equal(t, uint64(t0.Unix())+1, journalOf(t, started).Sequence)
+	require.NoError(t, a.Reload())
 	assert.True(t, a.Bundle().Equal(b.Bundle()))
-	assert.Equal(t, sec.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "a reload writes nothing")
+	require.NoError(t, b.Reconcile())
+	assert.Equal(t, started.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "a check with nothing due writes nothing")
 
 	require.NoError(t, b.Rotate())
 	require.NoError(t, a.Reload())
 	assert.True(t, a.Bundle().Equal(b.Bundle()))
-	assert.Equal(t, uint64(2), a.Sequence())
+	assert.Equal(t, uint64(t0.Unix())+2, a.Sequence())
 }
 
 // racing runs before() once, before its first Commit: another writer that
@@ -156,15 +162,17 @@ func TestConflictBetweenTwoWriters(t *testing.T) {
 	ns := env.Namespace(t)
 	clk := clocktesting.NewFakeClock(t0)
 	a := newAuthority(t, clk, newStore(t, env.Client, ns, nil), nil)
-	rb := &racing{Store: newStore(t, env.Client, ns, nil), before: func() { require.NoError(t, a.Rotate()) }}
-	b := newAuthority(t, clk, rb, nil)
+	rb := &racing{Store: newStore(t, env.Client, ns, nil), before: func() {}}
+	b := newAuthority(t, clk, rb, nil) // its first write (a new sequence) is not raced
+	rb.before = func() { require.NoError(t, a.Rotate()) }
+	rb.fired.Store(false)
 
 	// b decides to rotate; a rotates first. b's write conflicts, b reloads,
 	// finds a's successor waiting and does nothing more.
 	require.NoError(t, b.Rotate())
 	j := journalOf(t, secret(t, env.Client, ns))
 	require.Len(t, j.Roots, 2, "one rotation, not two")
-	assert.Equal(t, uint64(2), j.Sequence)
+	assert.Equal(t, uint64(t0.Unix())+2, j.Sequence, "bootstrap, b's start, one rotation")
 	assert.Equal(t, serials(a), serials(b), "the loser serves the winner's state")
 
 	t.Run("stale commit writes nothing", func(t *testing.T) {
@@ -369,7 +377,8 @@ func TestFailoverWithoutLostOrDuplicatedRotation(t *testing.T) {
 	require.NoError(t, first.a.Reconcile())
 
 	j := journalOf(t, secret(t, env.Client, ns))
-	assert.Equal(t, uint64(3), j.Sequence, "bootstrap, one root before and one after the failover")
+	assert.Equal(t, uint64(t0.Add(5*time.Minute).Unix())+1, j.Sequence,
+		"bootstrap and one root before the failover, the new leader's first write at its time, one root after")
 	var states []ca.RootState
 	for _, r := range j.Roots {
 		states = append(states, r.State)

@@ -24,7 +24,7 @@ func newCACmd(e env) *cobra.Command {
 		Use:   "ca",
 		Short: "Operate the embedded CA's state directory",
 	}
-	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e), newCARequestCmd(e))
+	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e), newCARequestCmd(e), newCARaiseSequenceCmd(e))
 	return cmd
 }
 

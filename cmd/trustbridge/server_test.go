@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,7 @@ func get(t *testing.T, url string) (int, string) {
 
 func TestServerAdminEndpoints(t *testing.T) {
 	dataDir := t.TempDir()
+	started := time.Now()
 	addr, out := startServer(t, dataDir)
 	assert.Contains(t, out.String(), "trustbridge is serving trust domain example.org")
 	assert.Contains(t, out.String(), "http://"+addr+"/healthz")
@@ -107,7 +109,9 @@ func TestServerAdminEndpoints(t *testing.T) {
 	var doc trustDoc
 	require.NoError(t, json.Unmarshal([]byte(body), &doc))
 	assert.Equal(t, "example.org", doc.TrustDomain)
-	assert.Equal(t, uint64(1), doc.Sequence)
+	// The first sequence is the bootstrap time in Unix seconds.
+	assert.GreaterOrEqual(t, doc.Sequence, uint64(started.Unix()))
+	assert.LessOrEqual(t, doc.Sequence, uint64(time.Now().Unix()))
 	assert.Equal(t, int64(300), doc.RefreshHintSeconds)
 	require.Len(t, doc.Authorities, 1)
 	assert.Equal(t, "active", doc.Authorities[0].State)
@@ -116,7 +120,7 @@ func TestServerAdminEndpoints(t *testing.T) {
 	code, body = get(t, "http://"+addr+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `trustbridge_ca_root_not_after_timestamp_seconds{root_id="`)
-	assert.Contains(t, body, `trustbridge_ca_bundle_sequence{trust_domain="example.org"} 1`)
+	assert.Contains(t, body, `trustbridge_ca_bundle_sequence{trust_domain="example.org"} `+strconv.FormatFloat(float64(doc.Sequence), 'g', -1, 64)+"\n")
 	assert.Contains(t, body, `trustbridge_ca_not_ready{trust_domain="example.org"} 0`)
 
 	resp, err := http.Post("http://"+addr+"/v1/trust", "application/json", nil)

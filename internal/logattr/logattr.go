@@ -9,6 +9,8 @@ const (
 	EndpointURL = "endpoint_url"
 	SPIFFEID    = "spiffe_id"
 	Sequence    = "sequence"
+	// OldSequence is the sequence a change replaced.
+	OldSequence = "old_sequence"
 	RootID      = "root_id"
 	Roots       = "roots"
 	Error       = "error"

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/backup"
+)
+
+func newBackupCmd(e env) *cobra.Command {
+	var dataDir, out string
+	cmd := &cobra.Command{
+		Use:   "backup --data-dir DIR --out FILE",
+		Short: "Archive a data directory (CA state, federated bundles, audit log) while the server runs",
+		Long: `Write a tar.gz archive of --data-dir: a manifest (format, trust domain, time,
+spiffe_sequence), every file, and their SHA-256 checksums. It is safe while
+the server runs: the CA state is read under its lock and checked as a start
+would check it, other files are replaced whole by the server and are read
+as they were when opened, and the audit log is copied up to its last
+complete line. Lock files are left out.
+
+The archive holds the CA's private keys: it is written mode 0600, and an
+existing FILE is never overwritten. Keep it as you keep the keys.
+--out - writes it to standard output (to encrypt it on the way).
+
+A server started on a restored archive publishes a spiffe_sequence above
+any it published before, so federated peers accept it (docs/operations.md,
+"Backup and restore").`,
+		Example: `  trustbridge backup --data-dir /var/lib/trustbridge --out trustbridge-$(date +%F).tar.gz
+  trustbridge backup --data-dir ./data --out - | age -r "$RECIPIENT" > backup.tar.gz.age`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBackup(e, dataDir, out)
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir to archive (file storage; with --storage kube back up the CA Secret)")
+	cmd.Flags().StringVar(&out, "out", "", `archive to write, mode 0600; refused if it exists or lies inside --data-dir; "-" for standard output`)
+	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func runBackup(e env, dataDir, out string) error {
+	if err := checkBackupOut(dataDir, out); err != nil {
+		return err
+	}
+	j, state, err := ca.Snapshot(dataDir)
+	if err != nil {
+		return fmt.Errorf("backup: %w (is --data-dir the server's?)", err)
+	}
+	others, err := backup.Collect(dataDir, ca.StateDir)
+	if err != nil {
+		return err
+	}
+	files := make([]backup.File, 0, len(state)+len(others))
+	for _, f := range state {
+		files = append(files, backup.File{Path: f.Name, Mode: f.Mode, Data: f.Data})
+	}
+	files = append(files, others...)
+	m := backup.Manifest{TrustDomain: j.TrustDomain, Created: e.now().UTC(), Sequence: j.Sequence, Version: versionString()}
+	report := e.out
+	if out == "-" {
+		report = e.err
+		if err := backup.Write(e.out, m, files); err != nil {
+			return fmt.Errorf("backup: %w", err)
+		}
+	} else if err := writeNewFile(out, func(w io.Writer) error { return backup.Write(w, m, files) }); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	fmt.Fprintf(report, "backed up trust domain %s (sequence %d, %d files) from %s to %s\n", m.TrustDomain, m.Sequence, len(files), dataDir, out)
+	return nil
+}
+
+// checkBackupOut refuses an archive inside the directory it archives (a
+// later backup would hold this one) and one that already exists.
+func checkBackupOut(dataDir, out string) error {
+	if out == "" {
+		return errors.New("backup: --out is required")
+	}
+	if out == "-" {
+		return nil
+	}
+	absDir, err := filepath.Abs(dataDir)
+	if err != nil {
+		return err
+	}
+	absOut, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+	if rel, err := filepath.Rel(absDir, absOut); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return fmt.Errorf("backup: --out %s is inside --data-dir %s; write the archive elsewhere", out, dataDir)
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return fmt.Errorf("backup: %s exists; backup never overwrites an archive, pick a new name", out)
+	}
+	return nil
+}
+
+// writeNewFile writes path (mode 0600) through a temporary file in the
+// same directory, synced, then linked into place: path never holds half
+// an archive, and one created meanwhile is not overwritten.
+func writeNewFile(path string, write func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	err = f.Chmod(0o600)
+	if err == nil {
+		err = write(f)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%s exists; backup never overwrites an archive, pick a new name", path)
+		}
+		return err
+	}
+	return nil
+}
+
+func newRestoreCmd(e env) *cobra.Command {
+	var (
+		dataDir, from string
+		force         bool
+		minSequence   uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "restore --data-dir DIR --from FILE",
+		Short: "Restore a data directory from a trustbridge backup archive",
+		Long: `Restore --data-dir from an archive written by trustbridge backup. The archive is
+checked before anything is put in place: every file against its checksum,
+names and file types, and the CA state as a server start would check it.
+Files are written without group or other write, private keys 0600.
+
+A missing or empty --data-dir is filled. A non-empty one is refused unless
+--force, which first moves it aside to DIR.replaced-<time> (nothing is
+deleted) and is refused while a process (a running server, a ca command)
+holds a lock in it: stop the server first.
+
+The restored state holds the sequence it had at the backup, lower than what
+peers may hold now. The server's first start on it publishes a sequence
+above both (the start time in Unix seconds), so peers accept it. If peers
+hold a sequence from a clock that ran ahead, --min-sequence moves the
+restored state past it (docs/operations.md, "Disaster cases").`,
+		Example: `  systemctl stop trustbridge
+  trustbridge restore --data-dir /var/lib/trustbridge --from trustbridge-2026-05-01.tar.gz --force
+  systemctl start trustbridge`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runRestore(e, restoreOptions{dataDir: dataDir, from: from, force: force, minSequence: minSequence})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", "./data", "directory to restore into: missing or empty, or moved aside with --force")
+	f.StringVar(&from, "from", "", `archive written by trustbridge backup; "-" for standard input`)
+	f.BoolVar(&force, "force", false, "restore over a non-empty --data-dir, after moving it aside to DIR.replaced-<time>")
+	f.Uint64Var(&minSequence, "min-sequence", 0, "raise the restored spiffe_sequence to at least this (the highest a peer holds, from its status), for peers that hold one from a clock that ran ahead; the server then publishes one more")
+	_ = cmd.MarkFlagRequired("from")
+	return cmd
+}
+
+type restoreOptions struct {
+	dataDir, from string
+	force         bool
+	minSequence   uint64
+}
+
+func runRestore(e env, o restoreOptions) error {
+	target, err := filepath.Abs(o.dataDir)
+	if err != nil {
+		return err
+	}
+	if err := checkRestoreTarget(target, o.force); err != nil {
+		return err
+	}
+	in := e.in
+	if o.from != "-" {
+		f, err := os.Open(o.from)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	staged, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".restore-")
+	if err != nil {
+		return fmt.Errorf("restore: %w (the parent of --data-dir must exist)", err)
+	}
+	installed := false
+	defer func() {
+		if !installed {
+			_ = os.RemoveAll(staged)
+		}
+	}()
+	m, seq, err := stageRestore(in, staged, o)
+	if err != nil {
+		return fmt.Errorf("restore: %s: %w", o.from, err)
+	}
+	replaced, err := backup.Install(staged, target, o.force, e.now())
+	if err != nil {
+		return err
+	}
+	installed = true
+	fmt.Fprintf(e.out, "restored trust domain %s into %s from %s (backed up %s, sequence %d)\n",
+		m.TrustDomain, o.dataDir, o.from, m.Created.UTC().Format("2006-01-02T15:04:05Z"), seq)
+	if replaced != "" {
+		fmt.Fprintf(e.out, "the previous contents of %s are in %s\n", o.dataDir, replaced)
+	}
+	fmt.Fprintf(e.out, "start the server on %s: it publishes the restored roots with a sequence above %d and above its start time, which peers accept\n", o.dataDir, seq)
+	return nil
+}
+
+// checkRestoreTarget refuses, before reading the archive, what Install
+// would refuse after.
+func checkRestoreTarget(target string, force bool) error {
+	entries, err := os.ReadDir(target)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(entries) == 0) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if !force {
+		return fmt.Errorf("restore: %w: %s holds %d entries; restore into a new or empty directory, or pass --force to move it aside (to %s.replaced-<time>) first",
+			backup.ErrTargetNotEmpty, target, len(entries), target)
+	}
+	return backup.Busy(target)
+}
+
+// stageRestore extracts the archive into staged and checks the CA state in
+// it as a start would: it loads, belongs to the manifest's trust domain
+// and holds the manifest's sequence. It returns the sequence the state
+// holds after --min-sequence.
+func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manifest, uint64, error) {
+	m, err := backup.Extract(in, staged, backup.DefaultLimits)
+	if err != nil {
+		return nil, 0, err
+	}
+	j, _, err := ca.NewStore(staged).Load(m.TrustDomain)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the archived CA state does not load: %w", err)
+	}
+	if j == nil {
+		return nil, 0, errors.New("the archive holds no CA state")
+	}
+	if j.Sequence != m.Sequence {
+		return nil, 0, fmt.Errorf("the manifest says sequence %d, the archived CA state holds %d", m.Sequence, j.Sequence)
+	}
+	seq := j.Sequence
+	if o.minSequence > 0 {
+		if seq, err = ca.RaiseSequence(staged, o.minSequence); err != nil {
+			return nil, 0, err
+		}
+	}
+	return m, seq, nil
+}
+
+func newCARaiseSequenceCmd(e env) *cobra.Command {
+	var (
+		dataDir string
+		atLeast uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "raise-sequence --data-dir DIR --at-least N",
+		Short: "Move the published spiffe_sequence up to at least N, for peers that hold a higher one",
+		Long: `Raise the spiffe_sequence of the CA state in --data-dir to at least N; it never
+lowers it. Peers refuse a bundle whose sequence is below the one they hold
+(sequence_regression). trustbridge keeps every sequence above the Unix time
+and above any it published before, so this is needed only when peers hold a
+sequence from a clock that once ran ahead, or one that was never ours. Take
+N from the peer (trustbridge federation status, or the metric
+trustbridge_federation_bundle_sequence on a trustbridge peer). A running
+server publishes the raised sequence at its next check (within 30s); a
+server started later publishes one more.`,
+		Example: `  trustbridge ca raise-sequence --data-dir /var/lib/trustbridge --at-least 2208988800`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if atLeast == 0 {
+				return errors.New("--at-least is required: the highest sequence a peer holds")
+			}
+			seq, err := ca.RaiseSequence(dataDir, atLeast)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.out, "the CA state in %s holds sequence %d\n", dataDir, seq)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir (file storage only)")
+	cmd.Flags().Uint64Var(&atLeast, "at-least", 0, "the sequence to reach: the highest a peer holds")
+	return cmd
+}

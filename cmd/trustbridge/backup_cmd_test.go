@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/backup"
+)
+
+// backedUpDataDir is a data dir a server ran on once, with a federated
+// bundle and an audit log next to the CA state, and its archive.
+func backedUpDataDir(t *testing.T) (dataDir, archive string) {
+	t.Helper()
+	dataDir, _ = bootstrapDataDir(t, "east.example")
+	require.NoError(t, os.MkdirAll(filepath.Join(dataDir, "federation"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "federation", "west.example.json"), []byte(`{"trust_domain":"west.example"}`), 0o600))
+	archive = filepath.Join(t.TempDir(), "b.tar.gz")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "backup", "--data-dir", dataDir, "--out", archive)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "backed up trust domain east.example")
+	return dataDir, archive
+}
+
+func TestBackupRestoreRoundTrip(t *testing.T) {
+	dataDir, archive := backedUpDataDir(t)
+	target := filepath.Join(t.TempDir(), "restored")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "restore", "--data-dir", target, "--from", archive)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "restored trust domain east.example into "+target)
+	assert.NotContains(t, stdout, "previous contents", "nothing was there to move aside")
+	assert.FileExists(t, filepath.Join(dataDir, "ca", ".lock"))
+	assert.NoFileExists(t, filepath.Join(target, "ca", ".lock"), "lock files are not state")
+
+	want, _, err := ca.Snapshot(dataDir)
+	require.NoError(t, err)
+	got, files, err := ca.Snapshot(target)
+	require.NoError(t, err)
+	assert.Equal(t, want.Sequence, got.Sequence)
+	assert.Equal(t, want.Roots, got.Roots)
+	for _, f := range files {
+		info, err := os.Stat(filepath.Join(target, filepath.FromSlash(f.Name)))
+		require.NoError(t, err)
+		assert.Equal(t, f.Mode, info.Mode().Perm(), f.Name)
+	}
+	for _, rel := range []string{"federation/west.example.json", "audit.jsonl"} {
+		w, err := os.ReadFile(filepath.Join(dataDir, rel))
+		require.NoError(t, err)
+		g, err := os.ReadFile(filepath.Join(target, rel))
+		require.NoError(t, err, rel)
+		assert.Equal(t, w, g, rel)
+	}
+	info, err := os.Stat(target)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), info.Mode().Perm())
+}
+
+func TestBackupAndRestoreThroughPipes(t *testing.T) {
+	dataDir, _ := bootstrapDataDir(t, "east.example")
+	var out, errb bytes.Buffer
+	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, env{in: strings.NewReader(""), out: &out, err: &errb, now: time.Now})
+	require.Equal(t, 0, code, errb.String())
+	assert.Contains(t, errb.String(), "backed up trust domain east.example", "the report goes to stderr, the archive to stdout")
+
+	target := filepath.Join(t.TempDir(), "restored")
+	_, stderr, code := runCLIAt(t, time.Now, out.String(), "restore", "--data-dir", target, "--from", "-")
+	require.Equal(t, 0, code, stderr)
+	_, _, err := ca.Snapshot(target)
+	assert.NoError(t, err)
+}
+
+func TestBackupRefuses(t *testing.T) {
+	dataDir, _ := bootstrapDataDir(t, "east.example")
+	existing := filepath.Join(t.TempDir(), "old.tar.gz")
+	require.NoError(t, os.WriteFile(existing, []byte("an earlier backup"), 0o600))
+	typo := filepath.Join(t.TempDir(), "dtaa")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no state: a mistyped data dir", []string{"--data-dir", typo, "--out", filepath.Join(t.TempDir(), "x.tar.gz")}, "no CA state"},
+		{"an empty data dir", []string{"--data-dir", t.TempDir(), "--out", filepath.Join(t.TempDir(), "x.tar.gz")}, "no CA state"},
+		{"archive inside the data dir", []string{"--data-dir", dataDir, "--out", filepath.Join(dataDir, "b.tar.gz")}, "inside --data-dir"},
+		{"an existing archive", []string{"--data-dir", dataDir, "--out", existing}, "never overwrites"},
+		{"no --out", []string{"--data-dir", dataDir}, `"out" not set`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := runCLIAt(t, time.Now, "", append([]string{"backup"}, tc.args...)...)
+			assert.Equal(t, 1, code)
+			assert.Contains(t, stderr, tc.want)
+		})
+	}
+	assert.NoDirExists(t, typo, "backup creates no data dir")
+	data, err := os.ReadFile(existing)
+	require.NoError(t, err)
+	assert.Equal(t, "an earlier backup", string(data))
+	assert.NoFileExists(t, filepath.Join(dataDir, "b.tar.gz"))
+}
+
+// TestRestoreRefusesAndKeepsTheTarget: every refusal leaves the target as
+// it was and no staging directory behind.
+func TestRestoreRefusesAndKeepsTheTarget(t *testing.T) {
+	dataDir, archive := backedUpDataDir(t)
+	good, err := os.ReadFile(archive)
+	require.NoError(t, err)
+	tampered := append([]byte(nil), good...)
+	tampered[len(tampered)/2] ^= 0xff
+	write := func(name string, data []byte) string {
+		p := filepath.Join(t.TempDir(), name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	// A well-formed archive whose CA state does not load: the journal
+	// names a root whose files are not in it.
+	j, files, err := ca.Snapshot(dataDir)
+	require.NoError(t, err)
+	var broken bytes.Buffer
+	require.NoError(t, backup.Write(&broken, backup.Manifest{TrustDomain: "east.example", Sequence: j.Sequence, Created: time.Now()},
+		[]backup.File{{Path: files[0].Name, Mode: files[0].Mode, Data: files[0].Data}}))
+	var otherSeq bytes.Buffer
+	all := make([]backup.File, 0, len(files))
+	for _, f := range files {
+		all = append(all, backup.File{Path: f.Name, Mode: f.Mode, Data: f.Data})
+	}
+	require.NoError(t, backup.Write(&otherSeq, backup.Manifest{TrustDomain: "east.example", Sequence: j.Sequence + 1, Created: time.Now()}, all))
+	var otherTD bytes.Buffer
+	require.NoError(t, backup.Write(&otherTD, backup.Manifest{TrustDomain: "west.example", Sequence: j.Sequence, Created: time.Now()}, all))
+
+	for _, tc := range []struct {
+		name    string
+		archive string
+		force   bool
+		want    string
+	}{
+		{"non-empty target without --force", archive, false, "--force"},
+		{"tampered archive", write("t.tar.gz", tampered), true, "invalid backup archive"},
+		{"truncated archive", write("c.tar.gz", good[:len(good)/2]), true, "invalid backup archive"},
+		{"CA state that does not load", write("b.tar.gz", broken.Bytes()), true, "does not load"},
+		{"manifest and state disagree on the sequence", write("s.tar.gz", otherSeq.Bytes()), true, "the manifest says sequence"},
+		{"manifest of another trust domain", write("d.tar.gz", otherTD.Bytes()), true, "does not load"},
+		{"missing archive", filepath.Join(t.TempDir(), "none.tar.gz"), true, "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, before, err := ca.Snapshot(dataDir)
+			require.NoError(t, err)
+			args := []string{"restore", "--data-dir", dataDir, "--from", tc.archive}
+			if tc.force {
+				args = append(args, "--force")
+			}
+			_, stderr, code := runCLIAt(t, time.Now, "", args...)
+			assert.Equal(t, 1, code)
+			assert.Contains(t, stderr, tc.want)
+			_, after, err := ca.Snapshot(dataDir)
+			require.NoError(t, err)
+			assert.Equal(t, before, after, "the target is untouched")
+			for _, pattern := range []string{"." + filepath.Base(dataDir) + ".restore-*", filepath.Base(dataDir) + ".replaced-*"} {
+				left, err := filepath.Glob(filepath.Join(filepath.Dir(dataDir), pattern))
+				require.NoError(t, err)
+				assert.Empty(t, left, "no staging directory or moved-aside copy is left behind")
+			}
+		})
+	}
+}
+
+func TestRestoreForceMovesTheTargetAside(t *testing.T) {
+	dataDir, archive := backedUpDataDir(t)
+	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "newer.txt"), []byte("written after the backup"), 0o600))
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "restore", "--data-dir", dataDir, "--from", archive, "--force")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "the previous contents of "+dataDir+" are in "+dataDir+".replaced-")
+	assert.NoFileExists(t, filepath.Join(dataDir, "newer.txt"))
+	moved, err := filepath.Glob(dataDir + ".replaced-*")
+	require.NoError(t, err)
+	require.Len(t, moved, 1)
+	data, err := os.ReadFile(filepath.Join(moved[0], "newer.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "written after the backup", string(data), "nothing deleted")
+}
+
+// TestRestoreMinSequence: the way past a sequence peers hold from a clock
+// that ran ahead; the server's start publishes one more.
+func TestRestoreMinSequence(t *testing.T) {
+	_, archive := backedUpDataDir(t)
+	target := filepath.Join(t.TempDir(), "restored")
+	ahead := uint64(time.Now().Add(365 * 24 * time.Hour).Unix())
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "restore", "--data-dir", target, "--from", archive,
+		"--min-sequence", strconv.FormatUint(ahead, 10))
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "sequence "+strconv.FormatUint(ahead, 10))
+	s := startE2EServer(t, "east.example", target, nil)
+	assert.Equal(t, ahead+1, servedSequence(t, s))
+}
+
+// TestCARaiseSequenceWhileServing: a running server publishes the raised
+// sequence at its next check, and never a lower one.
+func TestCARaiseSequenceWhileServing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the server's CA recheck (up to 30s)")
+	}
+	dataDir, _ := bootstrapDataDir(t, "east.example")
+	s := startE2EServer(t, "east.example", dataDir, nil)
+	ahead := servedSequence(t, s) + 1_000_000
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--at-least", strconv.FormatUint(ahead, 10))
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "holds sequence "+strconv.FormatUint(ahead, 10))
+	assert.Eventually(t, func() bool { return servedSequence(t, s) == ahead }, 60*time.Second, 100*time.Millisecond)
+
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--at-least", "5")
+	require.Equal(t, 0, code, stderr)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--at-least is required")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", filepath.Join(t.TempDir(), "typo"), "--at-least", "5")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "no CA state")
+	assert.Equal(t, ahead, servedSequence(t, s), "never lowered")
+}

@@ -1,0 +1,34 @@
+//go:build unix
+
+package backup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// ErrBusy: a process holds a lock in the data directory.
+var ErrBusy = errors.New("data directory in use")
+
+// Busy reports whether a process holds a lock file in dir: a running
+// server, `ca issue` or `ca rotate`. It only tries each lock, without
+// waiting, and releases it at once.
+func Busy(dir string) error {
+	for _, p := range lockFiles(dir) {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		}
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("restore: %w: a running process holds %s; stop the trustbridge server (and any ca command) using %s first", ErrBusy, p, dir)
+		}
+	}
+	return nil
+}
