@@ -47,12 +47,24 @@ func NextSequence(prev uint64, now time.Time) uint64 {
 	return next
 }
 
-// RaiseSequence moves the sequence of the CA state in dataDir up to
-// atLeast, never down, and returns the sequence the state holds now. It is
-// for the one case the rules above do not cover: peers hold a sequence
-// from a clock that once ran ahead. The server's next start publishes one
-// more than this.
-func RaiseSequence(dataDir string, atLeast uint64) (uint64, error) {
+// MaxRaise is the largest sequence RaiseSequence moves past: 2^53, above
+// which many JSON parsers lose integer precision, and which no clock
+// reaches (it is 285 million years in Unix seconds). A larger one is a
+// typo; moving to it would leave no room for the +1 of later changes.
+const MaxRaise = 1 << 53
+
+// RaiseSequence moves the sequence of the CA state in dataDir above
+// above (to above+1), never down, and returns the sequence the state holds
+// now. It is for the one case the rules above do not cover: peers hold a
+// sequence from a clock that once ran ahead. Peers refuse the same
+// sequence with other keys (a sequence conflict) as they refuse a lower
+// one, so the state must go past what they hold, not to it. A running
+// server publishes the raised sequence at its next check; the next start
+// publishes one more.
+func RaiseSequence(dataDir string, above uint64) (uint64, error) {
+	if above >= MaxRaise {
+		return 0, fmt.Errorf("ca: sequence %d is beyond what any clock published (at most %d)", above, uint64(MaxRaise-1))
+	}
 	s := NewStore(dataDir)
 	unlock, err := s.Lock(false) // refuse to create a state dir where there is none
 	if err != nil {
@@ -71,12 +83,12 @@ func RaiseSequence(dataDir string, atLeast uint64) (uint64, error) {
 	if j == nil {
 		return 0, fmt.Errorf("ca: no CA state in %s", s.Dir())
 	}
-	if j.Sequence >= atLeast {
+	if j.Sequence > above {
 		return j.Sequence, nil
 	}
-	j.Sequence = atLeast
+	j.Sequence = above + 1
 	if err := s.Save(j); err != nil {
 		return 0, err
 	}
-	return atLeast, nil
+	return j.Sequence, nil
 }

@@ -117,8 +117,10 @@ func TestRestartWithTheClockBehind(t *testing.T) {
 }
 
 // TestRaiseSequence: the operator's way past a sequence from a clock that
-// once ran ahead. It never lowers the sequence, and refuses a data
-// directory without CA state instead of creating one.
+// once ran ahead. It goes past the sequence given, since peers refuse that
+// same sequence with other keys; it never lowers the sequence, refuses a
+// number no clock reached, and refuses a data directory without CA state
+// instead of creating one.
 func TestRaiseSequence(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	cfg := testConfig(t, clk)
@@ -128,17 +130,25 @@ func TestRaiseSequence(t *testing.T) {
 
 	got, err := RaiseSequence(cfg.DataDir, ahead)
 	require.NoError(t, err)
-	assert.Equal(t, ahead, got)
+	assert.Equal(t, ahead+1, got, "past the sequence a peer holds")
 	got, err = RaiseSequence(cfg.DataDir, 5)
 	require.NoError(t, err)
-	assert.Equal(t, ahead, got, "never lowered")
+	assert.Equal(t, ahead+1, got, "never lowered")
+	got, err = RaiseSequence(cfg.DataDir, ahead)
+	require.NoError(t, err)
+	assert.Equal(t, ahead+1, got, "already past it: unchanged")
+	_, err = RaiseSequence(cfg.DataDir, MaxRaise)
+	assert.ErrorContains(t, err, "beyond what any clock published")
+	got, err = RaiseSequence(cfg.DataDir, 0)
+	require.NoError(t, err)
+	assert.Equal(t, ahead+1, got)
 
 	require.NoError(t, a.Reload())
-	assert.Equal(t, ahead, a.Sequence(), "a running server picks the raised sequence up")
+	assert.Equal(t, ahead+1, a.Sequence(), "a running server picks the raised sequence up")
 	cfg.Registerer = prometheus.NewRegistry()
 	b, err := New(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, ahead+1, b.Sequence(), "the next start publishes one more")
+	assert.Equal(t, ahead+2, b.Sequence(), "the next start publishes one more")
 
 	missing := filepath.Join(t.TempDir(), "typo")
 	_, err = RaiseSequence(missing, ahead)

@@ -140,7 +140,7 @@ func newRestoreCmd(e env) *cobra.Command {
 	var (
 		dataDir, from string
 		force         bool
-		minSequence   uint64
+		sequenceAbove uint64
 	)
 	cmd := &cobra.Command{
 		Use:   "restore --data-dir DIR --from FILE",
@@ -158,21 +158,21 @@ holds a lock in it: stop the server first.
 The restored state holds the sequence it had at the backup, lower than what
 peers may hold now. The server's first start on it publishes a sequence
 above both (the start time in Unix seconds), so peers accept it. If peers
-hold a sequence from a clock that ran ahead, --min-sequence moves the
+hold a sequence from a clock that ran ahead, --sequence-above moves the
 restored state past it (docs/operations.md, "Disaster cases").`,
 		Example: `  systemctl stop trustbridge
   trustbridge restore --data-dir /var/lib/trustbridge --from trustbridge-2026-05-01.tar.gz --force
   systemctl start trustbridge`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runRestore(e, restoreOptions{dataDir: dataDir, from: from, force: force, minSequence: minSequence})
+			return runRestore(e, restoreOptions{dataDir: dataDir, from: from, force: force, sequenceAbove: sequenceAbove})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&dataDir, "data-dir", "./data", "directory to restore into: missing or empty, or moved aside with --force")
 	f.StringVar(&from, "from", "", `archive written by trustbridge backup; "-" for standard input`)
 	f.BoolVar(&force, "force", false, "restore over a non-empty --data-dir, after moving it aside to DIR.replaced-<time>")
-	f.Uint64Var(&minSequence, "min-sequence", 0, "raise the restored spiffe_sequence to at least this (the highest a peer holds, from its status), for peers that hold one from a clock that ran ahead; the server then publishes one more")
+	f.Uint64Var(&sequenceAbove, "sequence-above", 0, "move the restored spiffe_sequence past this one (the highest a peer holds, from its status), for peers that hold one from a clock that ran ahead; peers refuse that same sequence with other keys, so the state goes to one more, and the server's start publishes one more again")
 	_ = cmd.MarkFlagRequired("from")
 	return cmd
 }
@@ -180,7 +180,7 @@ restored state past it (docs/operations.md, "Disaster cases").`,
 type restoreOptions struct {
 	dataDir, from string
 	force         bool
-	minSequence   uint64
+	sequenceAbove uint64
 }
 
 func runRestore(e env, o restoreOptions) error {
@@ -248,7 +248,7 @@ func checkRestoreTarget(target string, force bool) error {
 // stageRestore extracts the archive into staged and checks the CA state in
 // it as a start would: it loads, belongs to the manifest's trust domain
 // and holds the manifest's sequence. It returns the sequence the state
-// holds after --min-sequence.
+// holds after --sequence-above.
 func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manifest, uint64, error) {
 	m, err := backup.Extract(in, staged, backup.DefaultLimits)
 	if err != nil {
@@ -265,8 +265,8 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 		return nil, 0, fmt.Errorf("the manifest says sequence %d, the archived CA state holds %d", m.Sequence, j.Sequence)
 	}
 	seq := j.Sequence
-	if o.minSequence > 0 {
-		if seq, err = ca.RaiseSequence(staged, o.minSequence); err != nil {
+	if o.sequenceAbove > 0 {
+		if seq, err = ca.RaiseSequence(staged, o.sequenceAbove); err != nil {
 			return nil, 0, err
 		}
 	}
@@ -276,27 +276,29 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 func newCARaiseSequenceCmd(e env) *cobra.Command {
 	var (
 		dataDir string
-		atLeast uint64
+		above   uint64
 	)
 	cmd := &cobra.Command{
-		Use:   "raise-sequence --data-dir DIR --at-least N",
-		Short: "Move the published spiffe_sequence up to at least N, for peers that hold a higher one",
-		Long: `Raise the spiffe_sequence of the CA state in --data-dir to at least N; it never
+		Use:   "raise-sequence --data-dir DIR --above N",
+		Short: "Move the published spiffe_sequence past N, for peers that hold N or more",
+		Long: `Raise the spiffe_sequence of the CA state in --data-dir to N+1; it never
 lowers it. Peers refuse a bundle whose sequence is below the one they hold
-(sequence_regression). trustbridge keeps every sequence above the Unix time
+(sequence_regression), and one with the same sequence but other keys
+(sequence_conflict). trustbridge keeps every sequence above the Unix time
 and above any it published before, so this is needed only when peers hold a
 sequence from a clock that once ran ahead, or one that was never ours. Take
 N from the peer (trustbridge federation status, or the metric
-trustbridge_federation_bundle_sequence on a trustbridge peer). A running
-server publishes the raised sequence at its next check (within 30s); a
-server started later publishes one more.`,
-		Example: `  trustbridge ca raise-sequence --data-dir /var/lib/trustbridge --at-least 2208988800`,
-		Args:    cobra.NoArgs,
+trustbridge_federation_bundle_sequence on a trustbridge peer): the highest
+it holds. A running server publishes the raised sequence at its next check
+(within 30s); a server started later publishes one more.`,
+		Example: `  # a peer's federation status shows our sequence 2208988800 (a clock that ran ahead)
+  trustbridge ca raise-sequence --data-dir /var/lib/trustbridge --above 2208988800`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if atLeast == 0 {
-				return errors.New("--at-least is required: the highest sequence a peer holds")
+			if above == 0 {
+				return errors.New("--above is required: the highest sequence a peer holds")
 			}
-			seq, err := ca.RaiseSequence(dataDir, atLeast)
+			seq, err := ca.RaiseSequence(dataDir, above)
 			if err != nil {
 				return err
 			}
@@ -305,6 +307,6 @@ server started later publishes one more.`,
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir (file storage only)")
-	cmd.Flags().Uint64Var(&atLeast, "at-least", 0, "the sequence to reach: the highest a peer holds")
+	cmd.Flags().Uint64Var(&above, "above", 0, "the highest sequence a peer holds; the state goes to one more")
 	return cmd
 }

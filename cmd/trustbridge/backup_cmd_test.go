@@ -186,22 +186,24 @@ func TestRestoreForceMovesTheTargetAside(t *testing.T) {
 	assert.Equal(t, "written after the backup", string(data), "nothing deleted")
 }
 
-// TestRestoreMinSequence: the way past a sequence peers hold from a clock
-// that ran ahead; the server's start publishes one more.
-func TestRestoreMinSequence(t *testing.T) {
+// TestRestoreSequenceAbove: the way past a sequence peers hold from a
+// clock that ran ahead: the restored state goes one past it, and the
+// server's start publishes one more again.
+func TestRestoreSequenceAbove(t *testing.T) {
 	_, archive := backedUpDataDir(t)
 	target := filepath.Join(t.TempDir(), "restored")
 	ahead := uint64(time.Now().Add(365 * 24 * time.Hour).Unix())
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "restore", "--data-dir", target, "--from", archive,
-		"--min-sequence", strconv.FormatUint(ahead, 10))
+		"--sequence-above", strconv.FormatUint(ahead, 10))
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "sequence "+strconv.FormatUint(ahead, 10))
+	assert.Contains(t, stdout, "sequence "+strconv.FormatUint(ahead+1, 10))
 	s := startE2EServer(t, "east.example", target, nil)
-	assert.Equal(t, ahead+1, servedSequence(t, s))
+	assert.Equal(t, ahead+2, servedSequence(t, s))
 }
 
 // TestCARaiseSequenceWhileServing: a running server publishes the raised
-// sequence at its next check, and never a lower one.
+// sequence, one past the one given, at its next check, and never a lower
+// one.
 func TestCARaiseSequenceWhileServing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the server's CA recheck (up to 30s)")
@@ -209,18 +211,21 @@ func TestCARaiseSequenceWhileServing(t *testing.T) {
 	dataDir, _ := bootstrapDataDir(t, "east.example")
 	s := startE2EServer(t, "east.example", dataDir, nil)
 	ahead := servedSequence(t, s) + 1_000_000
-	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--at-least", strconv.FormatUint(ahead, 10))
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--above", strconv.FormatUint(ahead, 10))
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "holds sequence "+strconv.FormatUint(ahead, 10))
-	assert.Eventually(t, func() bool { return servedSequence(t, s) == ahead }, 60*time.Second, 100*time.Millisecond)
+	assert.Contains(t, stdout, "holds sequence "+strconv.FormatUint(ahead+1, 10))
+	assert.Eventually(t, func() bool { return servedSequence(t, s) == ahead+1 }, 60*time.Second, 100*time.Millisecond)
 
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--at-least", "5")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--above", "5")
 	require.Equal(t, 0, code, stderr)
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "--at-least is required")
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", filepath.Join(t.TempDir(), "typo"), "--at-least", "5")
+	assert.Contains(t, stderr, "--above is required")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", dataDir, "--above", "18446744073709551615")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "beyond what any clock published")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "raise-sequence", "--data-dir", filepath.Join(t.TempDir(), "typo"), "--above", "5")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "no CA state")
-	assert.Equal(t, ahead, servedSequence(t, s), "never lowered")
+	assert.Equal(t, ahead+1, servedSequence(t, s), "never lowered")
 }
