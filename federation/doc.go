@@ -10,9 +10,11 @@
 // can also carry a bootstrap bundle and refresh bounds. Both forms share one
 // set of rules, refuse the whole configuration on any error, and name
 // entries by 0-based index ("endpoint 0", "federation[0]"). CheckFirstFetch
-// is the one rule every configuration path applies before polling: a
-// self-serving https_spiffe endpoint needs a bootstrap bundle or a held
-// bundle of its trust domain.
+// is the one rule every configuration path applies before polling: the
+// trust domain of an https_spiffe endpoint's SPIFFE ID must have roots in
+// the trust store at the first fetch (a self-serving endpoint's bootstrap
+// bundle or a held bundle; for a hub, ours, held, or brought in by the
+// endpoint federating with it).
 //
 // Judging: CheckBundle is the verdict on every fetched document (a root
 // naming another trust domain, then Accept over the held bundle), and
@@ -45,10 +47,11 @@
 //		log.Warn("federation config", "warning", w)
 //	}
 //	eps, err := federation.MergeEndpoints(flagEps, cfg.Endpoints)
+//	anchors := &federation.Anchors{Local: localTD, Endpoints: eps, Held: func(td spiffeid.TrustDomain) bool {
+//		return federation.StoreHolds(lkg, td)
+//	}}
 //	for _, ep := range eps {
-//		if err := federation.CheckFirstFetch(ep, func(td spiffeid.TrustDomain) bool {
-//			return federation.StoreHolds(lkg, td)
-//		}); err != nil {
+//		if err := federation.CheckFirstFetch(ep, anchors); err != nil {
 //			return err
 //		}
 //	}

@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -32,22 +33,106 @@ func TestCheckFirstFetch(t *testing.T) {
 		{"self-serving, bundle held", selfServing, heldPeer, true},
 		{"self-serving, nothing given or held", selfServing, nil, false},
 		{"self-serving, another trust domain held", selfServing, heldOther, false},
-		{"served by another trust domain: its bundle comes from the store", spiffe(t, "peer.example", "https://hub/", "spiffe://hub.example/bundle-server"), nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := CheckFirstFetch(tt.ep, tt.held)
+			err := CheckFirstFetch(tt.ep, &Anchors{Local: td("example.org"), Endpoints: []Endpoint{tt.ep}, Held: tt.held})
 			if tt.ok {
 				assert.NoError(t, err)
 				return
 			}
 			require.ErrorIs(t, err, ErrNoBootstrapBundle)
+			assert.Equal(t, CheckFirstFetch(tt.ep, nil).Error(), err.Error(), "our trust domain and the set change nothing for a self-serving endpoint")
 			for _, fix := range []string{"trustDomainBundleFile", "trustDomainBundle", "ClusterFederatedTrustDomain", "--federate",
 				`"peer.example|https://peer.example/|spiffe://peer.example/bundle-endpoint|peer.example.json"`} {
 				assert.Contains(t, err.Error(), fix, "the message names how to fix it")
 			}
 		})
 	}
+}
+
+// An endpoint served by another trust domain (a hub) is authenticated with
+// the trust store's roots of that trust domain, so that trust domain must
+// be ours, held, or federated in the same set by an endpoint that brings
+// its roots in; the endpoint's own bootstrap bundle does not count, and a
+// cycle of endpoints serving each other brings nothing (issue 21 item 5).
+func TestCheckFirstFetchServedByAnotherTrustDomain(t *testing.T) {
+	local := td("example.org")
+	hubCA, aCA, bCA := testca.New(t, "hub.example"), testca.New(t, "a.example"), testca.New(t, "b.example")
+	withBundle := func(ep Endpoint, b *testca.CA) Endpoint {
+		ep.BootstrapBundle = b.Bundle()
+		return ep
+	}
+	viaHub := spiffe(t, "peer.example", "https://hub.example/peer", "spiffe://hub.example/bundle-server")
+	viaLocal := spiffe(t, "peer.example", "https://bundles.example.org/peer", "spiffe://example.org/bundle-server")
+	hubSelf := spiffe(t, "hub.example", "https://hub.example/", "spiffe://hub.example/bundle-server")
+	hubWeb := web(t, "hub.example", "https://hub.example/")
+	// a.example is served by b.example's server and b.example by a.example's.
+	aViaB := spiffe(t, "a.example", "https://b.example/a", "spiffe://b.example/bundle-server")
+	bViaA := spiffe(t, "b.example", "https://a.example/b", "spiffe://a.example/bundle-server")
+	// hub.example is served by a.example's server.
+	hubViaA := spiffe(t, "hub.example", "https://a.example/hub", "spiffe://a.example/bundle-server")
+	heldHub := func(d spiffeid.TrustDomain) bool { return d == td("hub.example") }
+	heldPeer := func(d spiffeid.TrustDomain) bool { return d == td("peer.example") }
+
+	tests := []struct {
+		name string
+		ep   Endpoint
+		set  []Endpoint
+		held func(spiffeid.TrustDomain) bool
+		ok   bool
+		// configured: the refusal names the endpoint federating with the
+		// server's trust domain rather than asking for a new one.
+		configured bool
+	}{
+		{"served by our trust domain", viaLocal, []Endpoint{viaLocal}, nil, true, false},
+		{"hub federated with its bootstrap bundle", viaHub, []Endpoint{viaHub, withBundle(hubSelf, hubCA)}, nil, true, false},
+		{"hub federated with its bootstrap bundle, listed after", viaHub, []Endpoint{withBundle(hubSelf, hubCA), viaHub}, nil, true, false},
+		{"hub federated over https_web", viaHub, []Endpoint{viaHub, hubWeb}, nil, true, false},
+		{"hub held", viaHub, []Endpoint{viaHub}, heldHub, true, false},
+		{"hub federated and held", viaHub, []Endpoint{viaHub, hubSelf}, heldHub, true, false},
+		{"hub not federated", viaHub, []Endpoint{viaHub}, nil, false, false},
+		{"hub not federated, nothing in the set", viaHub, nil, nil, false, false},
+		{"hub not federated, own bootstrap bundle", withBundle(viaHub, testca.New(t, "peer.example")), nil, nil, false, false},
+		{"hub not federated, own bundle held", viaHub, []Endpoint{viaHub}, heldPeer, false, false},
+		{"hub federated without a bundle", viaHub, []Endpoint{viaHub, hubSelf}, nil, false, true},
+		{"cycle without a bundle", aViaB, []Endpoint{aViaB, bViaA}, nil, false, true},
+		{"cycle without a bundle, the other way", bViaA, []Endpoint{aViaB, bViaA}, nil, false, true},
+		{"cycle, b.example bootstrapped: a.example", aViaB, []Endpoint{aViaB, withBundle(bViaA, bCA)}, nil, true, false},
+		{"cycle, b.example bootstrapped: b.example", withBundle(bViaA, bCA), []Endpoint{aViaB, withBundle(bViaA, bCA)}, nil, true, false},
+		{"chain ending in a bootstrap bundle", viaHub, []Endpoint{viaHub, hubViaA, withBundle(aViaB, aCA), bViaA}, nil, true, false},
+		{"chain ending in a cycle", viaHub, []Endpoint{viaHub, hubViaA, aViaB, bViaA}, nil, false, true},
+		{"the first endpoint of a trust domain counts", viaHub, []Endpoint{viaHub, hubSelf, withBundle(hubSelf, hubCA)}, nil, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckFirstFetch(tt.ep, &Anchors{Local: local, Endpoints: tt.set, Held: tt.held})
+			if tt.ok {
+				assert.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrNoServerBundle)
+			assert.NotErrorIs(t, err, ErrNoBootstrapBundle)
+			server := tt.ep.EndpointSPIFFEID.TrustDomain().Name()
+			assert.Contains(t, err.Error(), fmt.Sprintf("%q is served as %s, an identity of %s", tt.ep.String(), tt.ep.EndpointSPIFFEID, server))
+			for _, fix := range []string{"trustDomainBundleFile", "trustDomainBundle", "ClusterFederatedTrustDomain", "--federate", server + ".json"} {
+				assert.Contains(t, err.Error(), fix, "the message names how to fix it")
+			}
+			if tt.configured {
+				assert.Contains(t, err.Error(), server+" is federated here by")
+			} else {
+				assert.Contains(t, err.Error(), server+" is neither this server's trust domain nor federated here")
+				assert.Contains(t, err.Error(), fmt.Sprintf("%q", server+"|https://<"+server+" bundle endpoint>|<"+server+" endpoint SPIFFE ID>|"+server+".json"))
+			}
+			if tt.ep.BootstrapBundle != nil {
+				assert.Contains(t, err.Error(), "does not help")
+			}
+		})
+	}
+
+	// Named: the fix for a configured hub is its own entry's fourth field.
+	err := CheckFirstFetch(viaHub, &Anchors{Local: local, Endpoints: []Endpoint{viaHub, hubSelf}})
+	assert.ErrorContains(t, err, `as the fourth field of its --federate (SPIFFE_BUNDLE_ENDPOINTS) tuple: "hub.example|https://hub.example/|spiffe://hub.example/bundle-server|hub.example.json"`)
 }
 
 // The fourth field reads the bootstrap bundle as trustDomainBundleFile

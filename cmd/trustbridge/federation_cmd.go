@@ -94,9 +94,9 @@ func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
 // staticEndpoints reads the endpoints configured by --federate (or
 // SPIFFE_BUNDLE_ENDPOINTS) and by --federation-config or the --config file's
 // federation list, and checks them together, each with
-// federation.CheckFirstFetch against held (the last-known-good store; nil:
-// nothing held). Warnings are problems that did not stop the configuration
-// from loading.
+// federation.CheckFirstFetch in that set, with td's roots (our CA's) and
+// held (the last-known-good store; nil: nothing held). Warnings are
+// problems that did not stop the configuration from loading.
 func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spiffeid.TrustDomain) bool) (fromFlag, fromFile []federation.Endpoint, warnings []string, err error) {
 	if o.federate == "" {
 		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
@@ -110,11 +110,7 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spi
 		return nil, nil, nil, fmt.Errorf("--federate: %w", err)
 	}
 	fromFlag, warnings = flagCfg.Endpoints, flagCfg.Warnings
-	for _, ep := range fromFlag {
-		if err := federation.CheckFirstFetch(ep, held); err != nil {
-			return nil, nil, nil, fmt.Errorf("--federate %s: %w", ep, err)
-		}
-	}
+	var fileFlag, fileName string
 	if o.configFile != "" || o.inline != nil {
 		name, flag := o.inlineFrom, "--config"
 		if o.inline == nil {
@@ -141,11 +137,19 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spi
 			return nil, nil, nil, fmt.Errorf("%s %s: %w", flag, name, err)
 		}
 		warnings = append(warnings, cfg.Warnings...)
-		fromFile = cfg.Endpoints
-		for i, ep := range fromFile {
-			if err := federation.CheckFirstFetch(ep, held); err != nil {
-				return nil, nil, nil, fmt.Errorf("%s %s: federation[%d] (%s): %w", flag, name, i, ep.TrustDomain.Name(), err)
-			}
+		fromFile, fileFlag, fileName = cfg.Endpoints, flag, name
+	}
+	// Flags and files are one set: an endpoint served by another trust
+	// domain may rely on an entry of either for that trust domain's roots.
+	anchors := &federation.Anchors{Local: td, Endpoints: slices.Concat(fromFlag, fromFile), Held: held}
+	for _, ep := range fromFlag {
+		if err := federation.CheckFirstFetch(ep, anchors); err != nil {
+			return nil, nil, nil, fmt.Errorf("--federate %s: %w", ep, err)
+		}
+	}
+	for i, ep := range fromFile {
+		if err := federation.CheckFirstFetch(ep, anchors); err != nil {
+			return nil, nil, nil, fmt.Errorf("%s %s: federation[%d] (%s): %w", fileFlag, fileName, i, ep.TrustDomain.Name(), err)
 		}
 	}
 	eps, err := federation.MergeEndpoints(fromFlag, fromFile)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -187,4 +188,152 @@ func writeWebCert(t *testing.T, dir string, web *testca.CA) (certFile, keyFile s
 	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 	return certFile, keyFile
+}
+
+// A peer whose bundle is served by a hub of another trust domain,
+// hub.example, which nothing here federates with.
+const (
+	hubServedTuple = "peer.example|https://hub.example:8443/peer|spiffe://hub.example/bundle-server"
+	hubServedYAML  = `federation:
+  - trustDomain: peer.example
+    bundleEndpointURL: https://hub.example:8443/peer
+    bundleEndpointProfile:
+      type: https_spiffe
+      endpointSPIFFEID: spiffe://hub.example/bundle-server
+`
+)
+
+// Flag, environment, files, config check and the server itself refuse a
+// peer served by a trust domain whose roots nothing brings in, with the
+// same message, naming the fix: federate with hub.example too, with its
+// bundle (issue 21 item 5; the resources' path is federation/crd's
+// TestJudgeServedByAnotherTrustDomain).
+func TestHubServedPeerRefusedOnEveryPath(t *testing.T) {
+	eps, err := federation.ParseEndpoints(hubServedTuple)
+	require.NoError(t, err)
+	refusal := federation.CheckFirstFetch(eps[0], nil)
+	require.ErrorIs(t, refusal, federation.ErrNoServerBundle)
+	want := refusal.Error()
+	assert.Contains(t, want, "federate with hub.example too")
+
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	dir := t.TempDir()
+	fedFile := filepath.Join(dir, "federation.yaml")
+	require.NoError(t, os.WriteFile(fedFile, []byte(hubServedYAML), 0o600))
+	configFile := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+hubServedYAML), 0o600))
+	// The peer's own bundle does not authenticate hub.example's server.
+	peerFile := filepath.Join(dir, "peer.example.json")
+	writeBundleDoc(t, peerFile, testca.New(t, "peer.example"))
+	peerWant := federation.CheckFirstFetch(federation.Endpoint{
+		TrustDomain: eps[0].TrustDomain, URL: eps[0].URL, Profile: eps[0].Profile, EndpointSPIFFEID: eps[0].EndpointSPIFFEID,
+		BootstrapBundle: testca.New(t, "peer.example").Bundle(),
+	}, nil).Error()
+
+	t.Run("--federate", func(t *testing.T) {
+		_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple}, local, nil)
+		assert.EqualError(t, err, "--federate "+hubServedTuple+": "+want)
+	})
+	t.Run("--federate with the peer's own bundle", func(t *testing.T) {
+		_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple + "|" + peerFile}, local, nil)
+		assert.EqualError(t, err, "--federate "+hubServedTuple+": "+peerWant)
+	})
+	t.Run("SPIFFE_BUNDLE_ENDPOINTS", func(t *testing.T) {
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", hubServedTuple)
+		_, _, _, err := staticEndpoints(federationOptions{}, local, nil)
+		assert.EqualError(t, err, "--federate "+hubServedTuple+": "+want)
+	})
+	t.Run("--federation-config", func(t *testing.T) {
+		_, _, _, err := staticEndpoints(federationOptions{configFile: fedFile}, local, nil)
+		assert.EqualError(t, err, "--federation-config "+fedFile+": federation[0] (peer.example): "+want)
+	})
+	t.Run("config check", func(t *testing.T) {
+		t.Setenv("TRUST_DOMAIN", "")
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
+		stdout, _, code := runCLI(t, "", "config", "check", configFile)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stdout, "federation[0] (peer.example): "+want)
+	})
+	t.Run("server", func(t *testing.T) {
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
+		_, stderr, code := runCLI(t, "", "server", "--trust-domain", "example.org", "--data-dir", t.TempDir(),
+			"--admin-listen", "127.0.0.1:0", "--bundle-listen", "", "--grpc-listen", "", "--federate", hubServedTuple)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, want)
+	})
+}
+
+// The same peer is accepted once hub.example's roots will be in the trust
+// store: served by our own trust domain, hub.example federated with its
+// bundle by the flag or the file (either way round), or a stored bundle of
+// hub.example; a cycle of peers serving each other is refused until one
+// has its bundle.
+func TestHubServedPeerAcceptedWhenServerAnchored(t *testing.T) {
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	dir := t.TempDir()
+	hubFile := filepath.Join(dir, "hub.example.json")
+	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
+	hubTuple := "hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server"
+	fedFile := filepath.Join(dir, "federation.yaml")
+	require.NoError(t, os.WriteFile(fedFile, []byte(hubServedYAML+`  - trustDomain: hub.example
+    bundleEndpointURL: https://hub.example:8443/
+    bundleEndpointProfile:
+      type: https_spiffe
+      endpointSPIFFEID: spiffe://hub.example/bundle-server
+    trustDomainBundleFile: hub.example.json
+`), 0o600))
+	hubOnlyFile := filepath.Join(dir, "hub-only.yaml")
+	require.NoError(t, os.WriteFile(hubOnlyFile, []byte(`federation:
+  - trustDomain: hub.example
+    bundleEndpointURL: https://hub.example:8443/
+    bundleEndpointProfile:
+      type: https_spiffe
+      endpointSPIFFEID: spiffe://hub.example/bundle-server
+    trustDomainBundleFile: hub.example.json
+`), 0o600))
+	storeDir := t.TempDir()
+	require.NoError(t, federation.NewLKGStore(storeDir).Save(federation.LKGEntry{
+		TrustDomain: spiffeid.RequireTrustDomainFromString("hub.example"), Bundle: testca.New(t, "hub.example").Bundle(),
+		EndpointURL: "https://hub.example:8443/", FetchedAt: time.Now(),
+	}))
+	lkg := federation.NewLKGStore(storeDir)
+
+	aViaB := "a.example|https://b.example/a|spiffe://b.example/bundle-server"
+	bViaA := "b.example|https://a.example/b|spiffe://a.example/bundle-server"
+	bFile := filepath.Join(dir, "b.example.json")
+	writeBundleDoc(t, bFile, testca.New(t, "b.example"))
+
+	tests := []struct {
+		name string
+		o    federationOptions
+		held func(spiffeid.TrustDomain) bool
+		want string // "" accepted, else a part of the refusal
+	}{
+		{"served by our trust domain", federationOptions{federate: "peer.example|https://bundles.example.org/peer|spiffe://example.org/bundle-server"}, nil, ""},
+		{"hub by flag with its bundle", federationOptions{federate: hubServedTuple + "||" + hubTuple + "|" + hubFile}, nil, ""},
+		{"hub by flag with its bundle, listed first", federationOptions{federate: hubTuple + "|" + hubFile + "||" + hubServedTuple}, nil, ""},
+		{"peer and hub in one file", federationOptions{configFile: fedFile}, nil, ""},
+		{"peer by flag, hub in a file", federationOptions{federate: hubServedTuple, configFile: hubOnlyFile}, nil, ""},
+		{"hub stored", federationOptions{federate: hubServedTuple}, func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) }, ""},
+		{"hub by flag without its bundle", federationOptions{federate: hubServedTuple + "||" + hubTuple}, nil, "hub.example is federated here by \"hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server\""},
+		{"cycle", federationOptions{federate: aViaB + "||" + bViaA}, nil, "b.example is federated here by"},
+		{"cycle, b.example with its bundle", federationOptions{federate: aViaB + "||" + bViaA + "|" + bFile}, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, _, err := staticEndpoints(tt.o, local, tt.held)
+			if tt.want == "" {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorContains(t, err, tt.want)
+			}
+		})
+	}
+}
+
+func writeBundleDoc(t *testing.T, path string, ca *testca.CA) {
+	t.Helper()
+	doc, err := bundledoc.Marshal(ca.Bundle())
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, doc, 0o600))
 }

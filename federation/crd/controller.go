@@ -48,6 +48,11 @@ type Config struct {
 	// Reserved are trust domains configured by flag or file, with where:
 	// a resource for one of them is a conflict.
 	Reserved map[spiffeid.TrustDomain]string
+	// Static are the endpoints flags and files configure (the trust
+	// domains of Reserved): with the resources, the set in which
+	// federation.CheckFirstFetch judges a resource served by another
+	// trust domain.
+	Static []federation.Endpoint
 	// Held reports whether a bundle of a trust domain is held (the
 	// poller's Holds): a self-serving https_spiffe resource without
 	// trustDomainBundle is valid only then (federation.CheckFirstFetch).
@@ -214,7 +219,7 @@ func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRe
 	rs := c.decode(objs)
 
 	c.mu.Lock()
-	j := judge(rs, c.valid, c.cfg.LocalTrustDomain, c.cfg.Reserved, c.cfg.Held)
+	j := judge(rs, c.valid, c.cfg.LocalTrustDomain, c.cfg.Reserved, c.cfg.Static, c.cfg.Held)
 	for name := range c.valid {
 		if _, ok := j.valid[name]; !ok {
 			delete(c.refused, name) // deleted resource: its endpoint goes
@@ -287,14 +292,37 @@ type judgment struct {
 // judge decides, without side effects, what each resource (oldest first)
 // applies: its spec if valid, else its last valid one from valid (which it
 // does not change), unless another source already configures the trust
-// domain (reserved, or an older resource). held (may be nil) answers
-// federation.CheckFirstFetch. The judgment's valid map holds the present
+// domain (reserved, or an older resource). federation.CheckFirstFetch
+// judges each resource in the set of static (the flags' and files'
+// endpoints) and every resource's spec, oldest first, with local's roots
+// and held (may be nil). The judgment's valid map holds the present
 // resources only, so a deleted resource's endpoint goes.
-func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain, reserved map[spiffeid.TrustDomain]string, held func(spiffeid.TrustDomain) bool) judgment {
+func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain, reserved map[spiffeid.TrustDomain]string,
+	static []federation.Endpoint, held func(spiffeid.TrustDomain) bool) judgment {
 	j := judgment{
 		verdicts: make([]verdict, len(rs)),
 		valid:    map[string]validSpec{},
 		origins:  map[spiffeid.TrustDomain]string{},
+	}
+	type parsed struct {
+		ep       federation.Endpoint
+		warnings []string
+		err      error
+	}
+	specs := make([]parsed, len(rs))
+	// The set: static endpoints first, as they win a trust domain over any
+	// resource, then the resources oldest first, as the oldest claims it.
+	// CheckFirstFetch counts the first endpoint of a trust domain only; if
+	// that one is refused, a younger one that takes its place is not
+	// counted, which can refuse, never wrongly accept.
+	anchors := &federation.Anchors{Local: local, Endpoints: slices.Clone(static), Held: held}
+	for i, r := range rs {
+		if r.err == nil {
+			p := &specs[i]
+			if p.ep, p.warnings, p.err = Endpoint(r.cr.Spec); p.err == nil && p.ep.TrustDomain != local {
+				anchors.Endpoints = append(anchors.Endpoints, p.ep)
+			}
+		}
 	}
 	claimed := map[spiffeid.TrustDomain]string{}
 	for i, r := range rs {
@@ -302,11 +330,11 @@ func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain
 		v := &j.verdicts[i]
 		if r.err != nil {
 			v.reason, v.msg = ReasonInvalidSpec, "spec does not decode: "+r.err.Error()
-		} else if ep, warnings, err := Endpoint(r.cr.Spec); err != nil {
+		} else if ep, warnings, err := specs[i].ep, specs[i].warnings, specs[i].err; err != nil {
 			v.reason, v.msg = ReasonInvalidSpec, err.Error()
 		} else if ep.TrustDomain == local {
 			v.reason, v.msg = ReasonInvalidSpec, fmt.Sprintf("%s is this server's own trust domain; its bundle comes from the CA", ep.TrustDomain.Name())
-		} else if err := federation.CheckFirstFetch(ep, held); err != nil {
+		} else if err := federation.CheckFirstFetch(ep, anchors); err != nil {
 			v.reason, v.msg = ReasonInvalidSpec, err.Error()
 		} else {
 			v.warnings = warnings

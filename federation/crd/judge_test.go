@@ -1,6 +1,7 @@
 package crd
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -52,7 +53,7 @@ func TestJudge(t *testing.T) {
 		judgeResource("flagged", 1, 5*time.Hour, webSpec("flag.test")),
 		judgeResource("self", 1, 4*time.Hour, webSpec("example.org")),
 	}
-	j := judge(rs, prev, local, reserved, nil)
+	j := judge(rs, prev, local, reserved, nil, nil)
 	require.Len(t, j.verdicts, len(rs))
 
 	states := map[string]string{}
@@ -128,12 +129,85 @@ func TestJudgeRefusesUnanchoredPeer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			j := judge([]resource{judgeResource("peer", 2, time.Hour, spec)}, tt.prev, local, nil, tt.held)
+			j := judge([]resource{judgeResource("peer", 2, time.Hour, spec)}, tt.prev, local, nil, nil, tt.held)
 			v := j.verdicts[0]
 			assert.Equal(t, tt.state, v.state())
 			if tt.state != "applied" {
 				assert.Equal(t, ReasonInvalidSpec, v.reason)
 				assert.Equal(t, want.Error(), v.msg, "the same message as every other path")
+			}
+		})
+	}
+}
+
+func spiffeSpec(td, endpointID string) Spec {
+	return Spec{TrustDomain: td, BundleEndpointURL: "https://" + td + "/bundle",
+		BundleEndpointProfile: Profile{Type: "https_spiffe", EndpointSPIFFEID: endpointID}}
+}
+
+func withBundleSpec(t *testing.T, spec Spec) Spec {
+	t.Helper()
+	doc, err := bundledoc.Marshal(testca.New(t, spec.TrustDomain).Bundle())
+	require.NoError(t, err)
+	spec.TrustDomainBundle = string(doc)
+	return spec
+}
+
+// A resource served by another trust domain (a hub) is valid only when
+// that trust domain's roots will be in the trust store: ours, held, or
+// brought in by a flag, a file or another resource for it, younger or
+// older; a cycle of resources serving each other brings none. The
+// refusal is federation.CheckFirstFetch's message, the one every other
+// path gives (issue 21 item 5).
+func TestJudgeServedByAnotherTrustDomain(t *testing.T) {
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	hub := spiffeid.RequireTrustDomainFromString("hub.test")
+	viaHub := spiffeSpec("peer.test", "spiffe://hub.test/bundle-server")
+	viaLocal := spiffeSpec("peer.test", "spiffe://example.org/bundle-server")
+	hubSelf := spiffeSpec("hub.test", "spiffe://hub.test/bundle-server")
+	aViaB := spiffeSpec("a.test", "spiffe://b.test/bundle-server")
+	bViaA := spiffeSpec("b.test", "spiffe://a.test/bundle-server")
+	staticHub := mustEndpoint(t, withBundleSpec(t, hubSelf))
+	staticHub.BootstrapBundleFile = "hub.json"
+	unconfigured := federation.CheckFirstFetch(mustEndpoint(t, viaHub), nil)
+	require.ErrorIs(t, unconfigured, federation.ErrNoServerBundle)
+
+	tests := []struct {
+		name   string
+		specs  []Spec // oldest first; the first is judged
+		static []federation.Endpoint
+		held   func(spiffeid.TrustDomain) bool
+		states []string
+	}{
+		{"served by our trust domain", []Spec{viaLocal}, nil, nil, []string{"applied"}},
+		{"hub configured by a flag with its bundle", []Spec{viaHub}, []federation.Endpoint{staticHub}, nil, []string{"applied"}},
+		{"hub configured by a younger resource with its bundle", []Spec{viaHub, withBundleSpec(t, hubSelf)}, nil, nil, []string{"applied", "applied"}},
+		{"hub held", []Spec{viaHub}, nil, func(d spiffeid.TrustDomain) bool { return d == hub }, []string{"applied"}},
+		{"hub not configured", []Spec{viaHub}, nil, nil, []string{"invalid"}},
+		{"hub configured without its bundle", []Spec{viaHub, hubSelf}, nil, nil, []string{"invalid", "invalid"}},
+		{"cycle without a bundle", []Spec{aViaB, bViaA}, nil, nil, []string{"invalid", "invalid"}},
+		{"cycle, b.test with its bundle", []Spec{aViaB, withBundleSpec(t, bViaA)}, nil, nil, []string{"applied", "applied"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var rs []resource
+			for i, spec := range tt.specs {
+				rs = append(rs, judgeResource(fmt.Sprintf("r%d", i), 1, time.Duration(len(tt.specs)-i)*time.Hour, spec))
+			}
+			j := judge(rs, nil, local, nil, tt.static, tt.held)
+			var states []string
+			for _, v := range j.verdicts {
+				states = append(states, v.state())
+			}
+			assert.Equal(t, tt.states, states)
+			if tt.name == "hub not configured" {
+				assert.Equal(t, ReasonInvalidSpec, j.verdicts[0].reason)
+				assert.Equal(t, unconfigured.Error(), j.verdicts[0].msg, "the same message as every other path")
+			}
+			for _, v := range j.verdicts {
+				if v.state() == "invalid" {
+					assert.Contains(t, v.msg, "trustDomainBundle")
+				}
 			}
 		})
 	}
