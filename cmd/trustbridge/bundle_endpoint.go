@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -279,6 +281,35 @@ func checkBundleFlags(o bundleOptions, td spiffeid.TrustDomain) error {
 		}
 	}
 	return nil
+}
+
+// relayedTrustDomains are the trust domains --bundle-file relays
+// ("TD=FILE") when the bundle endpoint runs: their roots join the trust
+// store from the file before any fetch, so they anchor a first fetch as a
+// held bundle does (federation.CheckFirstFetch). A spec that does not parse
+// counts for nothing here; the bundle endpoint refuses it.
+func relayedTrustDomains(o bundleOptions) []spiffeid.TrustDomain {
+	if o.listen == "" {
+		return nil
+	}
+	var out []spiffeid.TrustDomain
+	for _, spec := range o.files {
+		name, _, found := strings.Cut(spec, "=")
+		if !found {
+			continue
+		}
+		if td, err := bundledoc.TrustDomainName(name); err == nil {
+			out = append(out, td)
+		}
+	}
+	return out
+}
+
+// orRelayed is held, true also for the relayed trust domains.
+func orRelayed(held func(spiffeid.TrustDomain) bool, relayed []spiffeid.TrustDomain) func(spiffeid.TrustDomain) bool {
+	return func(td spiffeid.TrustDomain) bool {
+		return slices.Contains(relayed, td) || held != nil && held(td)
+	}
 }
 
 // tuple is the federation configuration peers write for this endpoint, in

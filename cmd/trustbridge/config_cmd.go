@@ -77,7 +77,7 @@ func checkServerOptions(o serverOptions) []error {
 	p.listeners(o)
 	p.bundleProfile(o.bundle, td)
 	if !td.IsZero() {
-		if _, _, _, err := staticEndpoints(o.federation, td, storedBundles(o)); err != nil {
+		if _, _, _, err := staticEndpoints(o.federation, td, orRelayed(storedBundles(o), relayedTrustDomains(o.bundle))); err != nil {
 			p.add(err)
 		}
 	}

@@ -68,6 +68,19 @@ type federationSetup struct {
 	// static are the endpoints from flags and files; resources
 	// (--federation-crd) add theirs to them.
 	static []federation.Endpoint
+	// relayed are the trust domains --bundle-file puts in the store.
+	relayed []spiffeid.TrustDomain
+}
+
+// holds reports whether td's roots are in the store before any fetch, for
+// the resources' first-fetch rule: relayed by a bundle file, or held by
+// the poller (fetched, restored or in the last-known-good store).
+func (fs *federationSetup) holds(td spiffeid.TrustDomain) bool {
+	var held func(spiffeid.TrustDomain) bool
+	if fs.poller != nil {
+		held = fs.poller.Holds
+	}
+	return orRelayed(held, fs.relayed)(td)
 }
 
 // originOf says where a trust domain's federation is configured: flags
@@ -165,9 +178,13 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spi
 	return fromFlag, fromFile, warnings, nil
 }
 
-func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, onEvent func(federation.Event),
-	reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
-	fromFlag, fromFile, warnings, err := staticEndpoints(o, td, func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) })
+// setupFederation builds the trust store and the poller of the endpoints
+// configured by flags and files. relayed are the trust domains whose
+// bundles --bundle-file puts in the store (relayedTrustDomains).
+func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, relayed []spiffeid.TrustDomain,
+	onEvent func(federation.Event), reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
+	stored := func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) }
+	fromFlag, fromFile, warnings, err := staticEndpoints(o, td, orRelayed(stored, relayed))
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +192,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 		logger.Warn("federation config", logattr.Warning, w)
 	}
 	eps := append(slices.Clone(fromFlag), fromFile...)
-	fs := &federationSetup{store: trust.NewStore(), origins: map[spiffeid.TrustDomain]string{}, static: eps}
+	fs := &federationSetup{store: trust.NewStore(), origins: map[spiffeid.TrustDomain]string{}, static: eps, relayed: relayed}
 	for _, ep := range fromFlag {
 		fs.origins[ep.TrustDomain] = "flag"
 	}

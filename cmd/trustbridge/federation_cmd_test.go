@@ -162,7 +162,7 @@ func TestBundleFilesJoinTheTrustStore(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true, files: []string{"relay.example=" + file}},
 		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
@@ -182,7 +182,7 @@ func TestRelayServesTheStore(t *testing.T) {
 	peer := testca.New(t, "peer.example")
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	published := func(seq uint64) {
 		b := peer.Bundle()

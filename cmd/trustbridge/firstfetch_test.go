@@ -337,3 +337,38 @@ func writeBundleDoc(t *testing.T, path string, ca *testca.CA) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, doc, 0o600))
 }
+
+// TestHubServedPeerAnchoredByARelayedFile: a bundle file the endpoint
+// relays ("--bundle-file hub.example=FILE") puts hub.example's roots in the
+// trust store before any fetch, so it anchors a peer that hub.example
+// serves, at start and in config check alike; without the bundle endpoint
+// the file is never read, and the peer is refused.
+func TestHubServedPeerAnchoredByARelayedFile(t *testing.T) {
+	dir := t.TempDir()
+	hubFile := filepath.Join(dir, "hub.example.json")
+	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
+	relay := bundleOptions{listen: "127.0.0.1:0", files: []string{"hub.example=" + hubFile, "not a spec=" + hubFile, dir + "/local.json"}}
+	assert.Equal(t, []spiffeid.TrustDomain{spiffeid.RequireTrustDomainFromString("hub.example")}, relayedTrustDomains(relay))
+	off := relay
+	off.listen = ""
+	assert.Empty(t, relayedTrustDomains(off), "no bundle endpoint: the files are not read")
+
+	local := spiffeid.RequireTrustDomainFromString("example.org")
+	_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple}, local, orRelayed(nil, relayedTrustDomains(relay)))
+	require.NoError(t, err)
+	_, _, _, err = staticEndpoints(federationOptions{federate: hubServedTuple}, local, orRelayed(nil, relayedTrustDomains(off)))
+	require.ErrorIs(t, err, federation.ErrNoServerBundle)
+
+	t.Setenv("TRUST_DOMAIN", "")
+	t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
+	for _, tt := range []struct {
+		listen string
+		code   int
+	}{{"127.0.0.1:0", 0}, {`""`, 1}} {
+		configFile := filepath.Join(t.TempDir(), "config.yaml")
+		require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+
+			"\nbundle-profile: https_web\nbundle-listen: "+tt.listen+"\nbundle-file: [\"hub.example="+hubFile+"\"]\nfederate: \""+hubServedTuple+"\"\n"), 0o600))
+		stdout, _, code := runCLI(t, "", "config", "check", configFile)
+		assert.Equal(t, tt.code, code, "bundle-listen %s: %s", tt.listen, stdout)
+	}
+}

@@ -228,7 +228,7 @@ func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup,
 		reserved[td] = map[string]string{"flag": "--federate (or SPIFFE_BUNDLE_ENDPOINTS)", "file": "--federation-config"}[origin]
 	}
 	return crd.New(crd.Config{
-		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, Static: fed.static, Held: fed.poller.Holds, ClassName: k.o.federationClass,
+		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, Static: fed.static, Held: fed.holds, ClassName: k.o.federationClass,
 		Apply: fed.applyCRD, Status: fed.poller.Status, IsLeader: k.elector.IsLeader,
 		Logger: logger.With(logattr.Component, "federation-crd"), Registerer: reg,
 	})

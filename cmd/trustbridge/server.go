@@ -211,7 +211,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	defer closeAudit()
 	o.federation.dynamic = o.kube.federationCRD
-	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), trail.federationEvent, reg, logger)
+	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), trail.federationEvent, reg, logger)
 	if err != nil {
 		return err
 	}
