@@ -32,3 +32,9 @@ func Busy(dir string) error {
 	}
 	return nil
 }
+
+// openSource opens a file to archive without following a symbolic link
+// put in its place since it was listed.
+func openSource(p string) (*os.File, error) {
+	return os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+}

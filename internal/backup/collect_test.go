@@ -1,6 +1,7 @@
 package backup
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -35,9 +36,24 @@ func TestCollect(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{"federation/peer.example.json", "audit.jsonl", "torn.jsonl", "acme/account.key"}, keys(got),
 		"the skipped state dir, lock files and temporary files stay out")
-	assert.Equal(t, int64(len("{\"n\":1}\n{\"n\":2}\n")), got["audit.jsonl"].Size, "a log stops after its last complete line")
-	assert.Zero(t, got["torn.jsonl"].Size)
-	assert.Equal(t, os.FileMode(0o600), got["acme/account.key"].Mode)
+	assert.True(t, got["audit.jsonl"].Log)
+	assert.True(t, got["torn.jsonl"].Log)
+	assert.False(t, got["acme/account.key"].Log)
+
+	var buf bytes.Buffer
+	require.NoError(t, Write(&buf, Manifest{TrustDomain: "example.org"}, files))
+	out := t.TempDir()
+	_, err = Extract(&buf, out, DefaultLimits)
+	require.NoError(t, err)
+	data, err := os.ReadFile(filepath.Join(out, "audit.jsonl"))
+	require.NoError(t, err)
+	assert.Equal(t, "{\"n\":1}\n{\"n\":2}\n", string(data), "a log stops after its last complete line")
+	data, err = os.ReadFile(filepath.Join(out, "torn.jsonl"))
+	require.NoError(t, err)
+	assert.Empty(t, data)
+	info, err := os.Stat(filepath.Join(out, "acme", "account.key"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
 }
 
 func TestCollectRefusesSymlinks(t *testing.T) {
@@ -57,7 +73,10 @@ func TestCompleteLinesAcrossChunks(t *testing.T) {
 	}
 	body[10] = '\n'
 	require.NoError(t, os.WriteFile(p, body, 0o600))
-	n, err := completeLines(p, int64(len(body)))
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	n, err := completeLines(f, int64(len(body)))
 	require.NoError(t, err)
 	assert.Equal(t, int64(11), n, "the newline is three chunks back")
 }
