@@ -12,6 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/backup"
 )
 
@@ -245,10 +247,13 @@ func checkRestoreTarget(target string, force bool) error {
 	return backup.Busy(target)
 }
 
-// stageRestore extracts the archive into staged and checks the CA state in
-// it as a start would: it loads, belongs to the manifest's trust domain
-// and holds the manifest's sequence. It returns the sequence the state
-// holds after --min-sequence.
+// stageRestore extracts the archive into staged and checks the state in it
+// as a start would: the CA state loads, belongs to the manifest's trust
+// domain and holds the manifest's sequence; the consumed-token ledger (if
+// any) loads, since a server refuses to start without it and dropping it
+// would make every single-use token it records usable again; every
+// last-known-good bundle loads. It returns the sequence the state holds
+// after --min-sequence.
 func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manifest, uint64, error) {
 	m, err := backup.Extract(in, staged, backup.DefaultLimits)
 	if err != nil {
@@ -263,6 +268,12 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 	}
 	if j.Sequence != m.Sequence {
 		return nil, 0, fmt.Errorf("the manifest says sequence %d, the archived CA state holds %d", m.Sequence, j.Sequence)
+	}
+	if _, err := authn.OpenFileLedger(filepath.Join(staged, authn.LedgerFileName)); err != nil {
+		return nil, 0, fmt.Errorf("the archived consumed-token ledger does not load: %w", err)
+	}
+	if _, errs := federation.NewLKGStore(staged).LoadAll(); len(errs) > 0 {
+		return nil, 0, fmt.Errorf("an archived last-known-good bundle does not load: %w", errors.Join(errs...))
 	}
 	seq := j.Sequence
 	if o.minSequence > 0 {
