@@ -152,10 +152,14 @@ checked before anything is put in place: every file against its checksum,
 names and file types, and the CA state as a server start would check it.
 Files are written without group or other write, private keys 0600.
 
-A missing or empty --data-dir is filled. A non-empty one is refused unless
---force, which first moves it aside to DIR.replaced-<time> (nothing is
-deleted) and is refused while a process (a running server, a ca command)
-holds a lock in it: stop the server first.
+A missing or empty --data-dir is filled (lost+found does not count). A
+non-empty one is refused unless --force, which first moves it aside to
+DIR.replaced-<time>; a mount point (a volume), which cannot be moved, keeps
+its place and its old entries move into DIR/replaced-<time> instead, with
+lost+found left where it is. Nothing is deleted. --data-dir stays locked
+from the first check until the restored state is in place: a restore is
+refused while a server or a ca command uses it, and a server starting
+during the restore is refused. Stop the server first.
 
 The restored state holds the sequence it had at the backup, lower than what
 peers may hold now. The server's first start on it publishes a sequence
@@ -173,7 +177,7 @@ restored state past it (docs/operations.md, "Disaster cases").`,
 	f := cmd.Flags()
 	f.StringVar(&dataDir, "data-dir", "./data", "directory to restore into: missing or empty, or moved aside with --force")
 	f.StringVar(&from, "from", "", `archive written by trustbridge backup; "-" for standard input`)
-	f.BoolVar(&force, "force", false, "restore over a non-empty --data-dir, after moving it aside to DIR.replaced-<time>")
+	f.BoolVar(&force, "force", false, "restore over a non-empty --data-dir, after moving it aside to DIR.replaced-<time> (on a mount point its entries to DIR/replaced-<time>)")
 	f.Uint64Var(&minSequence, "min-sequence", 0, "raise the restored spiffe_sequence to at least this (the highest a peer holds, from its status), for peers that hold one from a clock that ran ahead; the server then publishes one more")
 	_ = cmd.MarkFlagRequired("from")
 	return cmd
@@ -185,14 +189,21 @@ type restoreOptions struct {
 	minSequence   uint64
 }
 
+// restoreLockCommand is what the lock record of a restore's target names.
+const restoreLockCommand = "trustbridge restore"
+
 func runRestore(e env, o restoreOptions) error {
 	target, err := filepath.Abs(o.dataDir)
 	if err != nil {
 		return err
 	}
-	if err := checkRestoreTarget(target, o.force); err != nil {
+	// The target stays locked from this check until the restored state is
+	// in place: a server starting meanwhile is refused, naming the restore.
+	t, err := backup.OpenTarget(target, backup.TargetOptions{Force: o.force, Commit: ca.StateDir, Command: restoreLockCommand})
+	if err != nil {
 		return err
 	}
+	defer t.Release()
 	in := e.in
 	if o.from != "-" {
 		f, err := os.Open(o.from)
@@ -202,13 +213,13 @@ func runRestore(e env, o restoreOptions) error {
 		defer f.Close()
 		in = f
 	}
-	staged, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".restore-")
+	staged, err := t.StageDir()
 	if err != nil {
-		return fmt.Errorf("restore: %w (the parent of --data-dir must exist)", err)
+		return err
 	}
-	installed := false
+	keep := false
 	defer func() {
-		if !installed {
+		if !keep {
 			_ = os.RemoveAll(staged)
 		}
 	}()
@@ -216,11 +227,14 @@ func runRestore(e env, o restoreOptions) error {
 	if err != nil {
 		return fmt.Errorf("restore: %s: %w", o.from, err)
 	}
-	replaced, err := backup.Install(staged, target, o.force, e.now())
+	replaced, err := t.Install(staged, e.now())
 	if err != nil {
+		// Half way, the staging directory holds restored state the error
+		// names: keep it.
+		keep = errors.Is(err, backup.ErrHalfway)
 		return err
 	}
-	installed = true
+	keep = true
 	fmt.Fprintf(e.out, "restored trust domain %s into %s from %s (backed up %s, sequence %d)\n",
 		m.TrustDomain, o.dataDir, o.from, m.Created.UTC().Format("2006-01-02T15:04:05Z"), seq)
 	if replaced != "" {
@@ -228,23 +242,6 @@ func runRestore(e env, o restoreOptions) error {
 	}
 	fmt.Fprintf(e.out, "start the server on %s: it publishes the restored roots with a sequence above %d and above its start time, which peers accept\n", o.dataDir, seq)
 	return nil
-}
-
-// checkRestoreTarget refuses, before reading the archive, what Install
-// would refuse after.
-func checkRestoreTarget(target string, force bool) error {
-	entries, err := os.ReadDir(target)
-	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(entries) == 0) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	if !force {
-		return fmt.Errorf("restore: %w: %s holds %d entries; restore into a new or empty directory, or pass --force to move it aside (to %s.replaced-<time>) first",
-			backup.ErrTargetNotEmpty, target, len(entries), target)
-	}
-	return backup.Busy(target)
 }
 
 // stageRestore extracts the archive into staged and checks the state in it
