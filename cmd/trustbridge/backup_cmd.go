@@ -12,6 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/backup"
 )
 
@@ -150,10 +152,14 @@ checked before anything is put in place: every file against its checksum,
 names and file types, and the CA state as a server start would check it.
 Files are written without group or other write, private keys 0600.
 
-A missing or empty --data-dir is filled. A non-empty one is refused unless
---force, which first moves it aside to DIR.replaced-<time> (nothing is
-deleted) and is refused while a process (a running server, a ca command)
-holds a lock in it: stop the server first.
+A missing or empty --data-dir is filled (lost+found does not count). A
+non-empty one is refused unless --force, which first moves it aside to
+DIR.replaced-<time>; a mount point (a volume), which cannot be moved, keeps
+its place and its old entries move into DIR/replaced-<time> instead, with
+lost+found left where it is. Nothing is deleted. --data-dir stays locked
+from the first check until the restored state is in place: a restore is
+refused while a server or a ca command uses it, and a server starting
+during the restore is refused. Stop the server first.
 
 The restored state holds the sequence it had at the backup, lower than what
 peers may hold now. The server's first start on it publishes a sequence
@@ -171,7 +177,7 @@ restored state past it (docs/operations.md, "Disaster cases").`,
 	f := cmd.Flags()
 	f.StringVar(&dataDir, "data-dir", "./data", "directory to restore into: missing or empty, or moved aside with --force")
 	f.StringVar(&from, "from", "", `archive written by trustbridge backup; "-" for standard input`)
-	f.BoolVar(&force, "force", false, "restore over a non-empty --data-dir, after moving it aside to DIR.replaced-<time>")
+	f.BoolVar(&force, "force", false, "restore over a non-empty --data-dir, after moving it aside to DIR.replaced-<time> (on a mount point its entries to DIR/replaced-<time>)")
 	f.Uint64Var(&sequenceAbove, "sequence-above", 0, "move the restored spiffe_sequence past this one (the highest a peer holds, from its status), for peers that hold one from a clock that ran ahead; peers refuse that same sequence with other keys, so the state goes to one more, and the server's start publishes one more again")
 	_ = cmd.MarkFlagRequired("from")
 	return cmd
@@ -183,14 +189,21 @@ type restoreOptions struct {
 	sequenceAbove uint64
 }
 
+// restoreLockCommand is what the lock record of a restore's target names.
+const restoreLockCommand = "trustbridge restore"
+
 func runRestore(e env, o restoreOptions) error {
 	target, err := filepath.Abs(o.dataDir)
 	if err != nil {
 		return err
 	}
-	if err := checkRestoreTarget(target, o.force); err != nil {
+	// The target stays locked from this check until the restored state is
+	// in place: a server starting meanwhile is refused, naming the restore.
+	t, err := backup.OpenTarget(target, backup.TargetOptions{Force: o.force, Commit: ca.StateDir, Command: restoreLockCommand})
+	if err != nil {
 		return err
 	}
+	defer t.Release()
 	in := e.in
 	if o.from != "-" {
 		f, err := os.Open(o.from)
@@ -200,13 +213,13 @@ func runRestore(e env, o restoreOptions) error {
 		defer f.Close()
 		in = f
 	}
-	staged, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".restore-")
+	staged, err := t.StageDir()
 	if err != nil {
-		return fmt.Errorf("restore: %w (the parent of --data-dir must exist)", err)
+		return err
 	}
-	installed := false
+	keep := false
 	defer func() {
-		if !installed {
+		if !keep {
 			_ = os.RemoveAll(staged)
 		}
 	}()
@@ -214,11 +227,14 @@ func runRestore(e env, o restoreOptions) error {
 	if err != nil {
 		return fmt.Errorf("restore: %s: %w", o.from, err)
 	}
-	replaced, err := backup.Install(staged, target, o.force, e.now())
+	replaced, err := t.Install(staged, e.now())
 	if err != nil {
+		// Half way, the staging directory holds restored state the error
+		// names: keep it.
+		keep = errors.Is(err, backup.ErrHalfway)
 		return err
 	}
-	installed = true
+	keep = true
 	fmt.Fprintf(e.out, "restored trust domain %s into %s from %s (backed up %s, sequence %d)\n",
 		m.TrustDomain, o.dataDir, o.from, m.Created.UTC().Format("2006-01-02T15:04:05Z"), seq)
 	if replaced != "" {
@@ -228,27 +244,13 @@ func runRestore(e env, o restoreOptions) error {
 	return nil
 }
 
-// checkRestoreTarget refuses, before reading the archive, what Install
-// would refuse after.
-func checkRestoreTarget(target string, force bool) error {
-	entries, err := os.ReadDir(target)
-	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(entries) == 0) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	if !force {
-		return fmt.Errorf("restore: %w: %s holds %d entries; restore into a new or empty directory, or pass --force to move it aside (to %s.replaced-<time>) first",
-			backup.ErrTargetNotEmpty, target, len(entries), target)
-	}
-	return backup.Busy(target)
-}
-
-// stageRestore extracts the archive into staged and checks the CA state in
-// it as a start would: it loads, belongs to the manifest's trust domain
-// and holds the manifest's sequence. It returns the sequence the state
-// holds after --sequence-above.
+// stageRestore extracts the archive into staged and checks the state in it
+// as a start would: the CA state loads, belongs to the manifest's trust
+// domain and holds the manifest's sequence; the consumed-token ledger (if
+// any) loads, since a server refuses to start without it and dropping it
+// would make every single-use token it records usable again; every
+// last-known-good bundle loads. It returns the sequence the state holds
+// after --sequence-above.
 func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manifest, uint64, error) {
 	m, err := backup.Extract(in, staged, backup.DefaultLimits)
 	if err != nil {
@@ -263,6 +265,12 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 	}
 	if j.Sequence != m.Sequence {
 		return nil, 0, fmt.Errorf("the manifest says sequence %d, the archived CA state holds %d", m.Sequence, j.Sequence)
+	}
+	if _, err := authn.OpenFileLedger(filepath.Join(staged, authn.LedgerFileName)); err != nil {
+		return nil, 0, fmt.Errorf("the archived consumed-token ledger does not load: %w", err)
+	}
+	if _, errs := federation.NewLKGStore(staged).LoadAll(); len(errs) > 0 {
+		return nil, 0, fmt.Errorf("an archived last-known-good bundle does not load: %w", errors.Join(errs...))
 	}
 	seq := j.Sequence
 	if o.sequenceAbove > 0 {

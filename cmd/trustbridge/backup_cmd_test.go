@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,20 +11,32 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/backup"
+	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
 // backedUpDataDir is a data dir a server ran on once, with a federated
-// bundle and an audit log next to the CA state, and its archive.
+// last-known-good bundle, a consumed-token ledger and an audit log next to
+// the CA state, and its archive.
 func backedUpDataDir(t *testing.T) (dataDir, archive string) {
 	t.Helper()
 	dataDir, _ = bootstrapDataDir(t, "east.example")
-	require.NoError(t, os.MkdirAll(filepath.Join(dataDir, "federation"), 0o700))
-	require.NoError(t, os.WriteFile(filepath.Join(dataDir, "federation", "west.example.json"), []byte(`{"trust_domain":"west.example"}`), 0o600))
+	peer := testca.New(t, "west.example")
+	require.NoError(t, federation.NewLKGStore(dataDir).Save(federation.LKGEntry{
+		TrustDomain: peer.TrustDomain, Bundle: peer.Bundle(), EndpointURL: "https://west.example/bundle", FetchedAt: time.Now().Truncate(time.Second),
+	}))
+	ledger, err := authn.OpenFileLedger(filepath.Join(dataDir, authn.LedgerFileName))
+	require.NoError(t, err)
+	require.NoError(t, ledger.Consume(context.Background(), authn.Consumption{
+		Ref: authn.BootstrapGrantRef(sha256.Sum256([]byte("laptop-token"))), ID: spiffeid.RequireFromString("spiffe://east.example/vm/laptop"), At: time.Now().Truncate(time.Second),
+	}))
 	archive = filepath.Join(t.TempDir(), "b.tar.gz")
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "backup", "--data-dir", dataDir, "--out", archive)
 	require.Equal(t, 0, code, stderr)
@@ -51,7 +65,7 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, f.Mode, info.Mode().Perm(), f.Name)
 	}
-	for _, rel := range []string{"federation/west.example.json", "audit.jsonl"} {
+	for _, rel := range []string{"federation/west.example.json", "audit.jsonl", authn.LedgerFileName} {
 		w, err := os.ReadFile(filepath.Join(dataDir, rel))
 		require.NoError(t, err)
 		g, err := os.ReadFile(filepath.Join(target, rel))
@@ -61,6 +75,18 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 	info, err := os.Stat(target)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o700), info.Mode().Perm())
+
+	// The consumed token stays consumed: a restore does not make it usable
+	// again.
+	ledger, err := authn.OpenFileLedger(filepath.Join(target, authn.LedgerFileName))
+	require.NoError(t, err)
+	_, consumed, err := ledger.Consumed(context.Background(), authn.BootstrapGrantRef(sha256.Sum256([]byte("laptop-token"))))
+	require.NoError(t, err)
+	assert.True(t, consumed)
+	lkg, err := federation.NewLKGStore(target).Load(spiffeid.RequireTrustDomainFromString("west.example"))
+	require.NoError(t, err)
+	require.NotNil(t, lkg)
+	assert.Equal(t, "https://west.example/bundle", lkg.EndpointURL)
 }
 
 func TestBackupAndRestoreThroughPipes(t *testing.T) {
@@ -134,6 +160,13 @@ func TestRestoreRefusesAndKeepsTheTarget(t *testing.T) {
 	require.NoError(t, backup.Write(&otherSeq, backup.Manifest{TrustDomain: "east.example", Sequence: j.Sequence + 1, Created: time.Now()}, all))
 	var otherTD bytes.Buffer
 	require.NoError(t, backup.Write(&otherTD, backup.Manifest{TrustDomain: "west.example", Sequence: j.Sequence, Created: time.Now()}, all))
+	// Well-formed archives with a valid CA state and a corrupt ledger or
+	// last-known-good bundle: refused before anything moves.
+	var badLedger, badLKG bytes.Buffer
+	require.NoError(t, backup.Write(&badLedger, backup.Manifest{TrustDomain: "east.example", Sequence: j.Sequence, Created: time.Now()},
+		append(all[:len(all):len(all)], backup.File{Path: authn.LedgerFileName, Mode: 0o600, Data: []byte(`{"version":1,"consumed":{"ref`)})))
+	require.NoError(t, backup.Write(&badLKG, backup.Manifest{TrustDomain: "east.example", Sequence: j.Sequence, Created: time.Now()},
+		append(all[:len(all):len(all)], backup.File{Path: "federation/west.example.json", Mode: 0o600, Data: []byte(`{"trust_domain":"west.example"}`)})))
 
 	for _, tc := range []struct {
 		name    string
@@ -147,6 +180,8 @@ func TestRestoreRefusesAndKeepsTheTarget(t *testing.T) {
 		{"CA state that does not load", write("b.tar.gz", broken.Bytes()), true, "does not load"},
 		{"manifest and state disagree on the sequence", write("s.tar.gz", otherSeq.Bytes()), true, "the manifest says sequence"},
 		{"manifest of another trust domain", write("d.tar.gz", otherTD.Bytes()), true, "does not load"},
+		{"corrupt consumed-token ledger", write("l.tar.gz", badLedger.Bytes()), true, "the archived consumed-token ledger does not load"},
+		{"corrupt last-known-good bundle", write("f.tar.gz", badLKG.Bytes()), true, "an archived last-known-good bundle does not load"},
 		{"missing archive", filepath.Join(t.TempDir(), "none.tar.gz"), true, "no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

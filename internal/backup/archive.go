@@ -53,18 +53,25 @@ type Entry struct {
 }
 
 // File is one file to archive, named relative to the data directory with
-// forward slashes: Data when not nil, otherwise the first Size bytes of
-// the file Source.
+// forward slashes: Data with Mode when Data is not nil, otherwise the file
+// Source.
 type File struct {
-	Path   string
-	Mode   fs.FileMode
-	Size   int64
-	Data   []byte
+	Path string
+	Mode fs.FileMode
+	Data []byte
+	// Source is read through one open handle: its size and mode are the
+	// open inode's (fstat), so a rename over Source after it is opened
+	// changes nothing, and one before is archived whole, as the new file.
 	Source string
+	// Log marks an append-only log: its copy stops after the last
+	// complete line, so a line being appended is left out whole.
+	Log bool
 }
 
 // Write writes the archive of files to w: the manifest, the files, their
-// checksums. It fails if a Source file is shorter than its Size.
+// checksums. It fails if a Source file is not a regular file when opened,
+// or shrinks while it is copied (truncated in place: trustbridge never
+// does that).
 func Write(w io.Writer, m Manifest, files []File) error {
 	m.Format = Format
 	gz := gzip.NewWriter(w)
@@ -78,11 +85,11 @@ func Write(w io.Writer, m Manifest, files []File) error {
 	}
 	sums := make([]Entry, 0, len(files))
 	for _, f := range files {
-		sum, err := writeFile(tw, f, m.Created)
+		e, err := writeFile(tw, f, m.Created)
 		if err != nil {
 			return err
 		}
-		sums = append(sums, Entry{Path: f.Path, Mode: uint32(f.Mode.Perm()), Size: f.size(), SHA256: sum})
+		sums = append(sums, e)
 	}
 	meta, err = json.MarshalIndent(sums, "", "  ")
 	if err != nil {
@@ -97,34 +104,45 @@ func Write(w io.Writer, m Manifest, files []File) error {
 	return gz.Close()
 }
 
-func (f File) size() int64 {
-	if f.Data != nil {
-		return int64(len(f.Data))
-	}
-	return f.Size
-}
-
-func writeFile(tw *tar.Writer, f File, at time.Time) (string, error) {
+func writeFile(tw *tar.Writer, f File, at time.Time) (Entry, error) {
 	if err := checkPath(f.Path); err != nil {
-		return "", err
+		return Entry{}, err
 	}
-	h := sha256.New()
-	var r io.Reader
+	var (
+		r    io.Reader
+		size int64
+		mode = f.Mode.Perm()
+	)
 	if f.Data != nil {
-		r = bytes.NewReader(f.Data)
+		r, size = bytes.NewReader(f.Data), int64(len(f.Data))
 	} else {
-		src, err := os.Open(f.Source)
+		src, err := openSource(f.Source)
 		if err != nil {
-			return "", err
+			return Entry{}, fmt.Errorf("%s: %w", f.Path, err)
 		}
 		defer src.Close()
-		r = io.LimitReader(src, f.Size)
+		// Size and mode of the inode this handle reads, not of whatever
+		// the path names by now.
+		info, err := src.Stat()
+		if err != nil {
+			return Entry{}, fmt.Errorf("%s: %w", f.Path, err)
+		}
+		if !info.Mode().IsRegular() {
+			return Entry{}, fmt.Errorf("%s is not a regular file (%s); trustbridge writes none, move it out of the data directory", f.Source, info.Mode().Type())
+		}
+		size, mode = info.Size(), info.Mode().Perm()
+		if f.Log {
+			if size, err = completeLines(src, size); err != nil {
+				return Entry{}, fmt.Errorf("%s: %w", f.Path, err)
+			}
+		}
+		r = io.NewSectionReader(src, 0, size)
 	}
-	err := writeEntry(tw, dataPrefix+f.Path, f.Mode.Perm(), f.size(), io.TeeReader(r, h), at)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", f.Path, err)
+	h := sha256.New()
+	if err := writeEntry(tw, dataPrefix+f.Path, mode, size, io.TeeReader(r, h), at); err != nil {
+		return Entry{}, fmt.Errorf("%s: %w", f.Path, err)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return Entry{Path: f.Path, Mode: uint32(mode), Size: size, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
 func writeEntry(tw *tar.Writer, name string, mode fs.FileMode, size int64, r io.Reader, at time.Time) error {

@@ -26,12 +26,12 @@ func testManifest() Manifest {
 func TestWriteExtractRoundTrip(t *testing.T) {
 	src := t.TempDir()
 	log := filepath.Join(src, "audit.jsonl")
-	require.NoError(t, os.WriteFile(log, []byte("{\"a\":1}\n{\"a\":2}\n"), 0o600))
+	require.NoError(t, os.WriteFile(log, []byte("{\"a\":1}\n{\"a\":"), 0o600))
 	files := []File{
 		{Path: "ca/state.json", Mode: 0o600, Data: []byte(`{"sequence":1}`)},
 		{Path: "ca/roots/ab.crt.pem", Mode: 0o644, Data: []byte("cert")},
 		{Path: "ca/roots/ab.key.pem", Mode: 0o600, Data: []byte("key")},
-		{Path: "audit.jsonl", Mode: 0o600, Size: 8, Source: log}, // the first line only
+		{Path: "audit.jsonl", Mode: 0o600, Source: log, Log: true}, // the complete line only
 		{Path: "empty", Mode: 0o644, Data: []byte{}},
 	}
 	var buf bytes.Buffer
@@ -59,11 +59,64 @@ func TestWriteExtractRoundTrip(t *testing.T) {
 	assert.Equal(t, "{\"a\":1}\n", string(got))
 }
 
-func TestWriteFailsOnAShrunkFile(t *testing.T) {
-	src := filepath.Join(t.TempDir(), "f")
-	require.NoError(t, os.WriteFile(src, []byte("abc"), 0o600))
-	err := Write(&bytes.Buffer{}, testManifest(), []File{{Path: "f", Mode: 0o600, Size: 10, Source: src}})
-	assert.ErrorContains(t, err, "shrank")
+// TestWriteArchivesTheFileAsOpened: the token ledger and the
+// last-known-good bundles are replaced by rename while the server runs. A
+// file replaced between Collect's listing and Write's copy, by a larger or
+// a smaller one, is archived whole as the new file, with a checksum of the
+// new bytes: never a truncated copy whose checksum matches the truncation,
+// never "file shrank".
+func TestWriteArchivesTheFileAsOpened(t *testing.T) {
+	for _, tc := range []struct{ name, before, after string }{
+		{"grew", `{"version":1,"consumed":{}}`, `{"version":1,"consumed":{"ref-a":{"spiffe_id":"spiffe://example.org/vm/a"}}}`},
+		{"shrank", `{"version":1,"consumed":{"ref-a":{"spiffe_id":"spiffe://example.org/vm/a"}}}`, `{"version":1,"consumed":{}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, dir, "bootstrap-tokens-consumed.json", tc.before, 0o600)
+			files, err := Collect(dir)
+			require.NoError(t, err)
+			// The server consumes a token: atomic write, temporary file
+			// renamed over the old one.
+			write(t, dir, ".new.tmp-1", tc.after, 0o600)
+			require.NoError(t, os.Rename(filepath.Join(dir, ".new.tmp-1"), filepath.Join(dir, "bootstrap-tokens-consumed.json")))
+
+			var buf bytes.Buffer
+			require.NoError(t, Write(&buf, testManifest(), files))
+			out := t.TempDir()
+			_, err = Extract(bytes.NewReader(buf.Bytes()), out, DefaultLimits)
+			require.NoError(t, err)
+			got, err := os.ReadFile(filepath.Join(out, "bootstrap-tokens-consumed.json"))
+			require.NoError(t, err)
+			assert.Equal(t, tc.after, string(got))
+		})
+	}
+}
+
+// TestWriteReadsTheOpenedInode: a rename over the file after Write opened
+// it does not change what is archived (the handle keeps the old inode);
+// shown with the handle completeLines and the copy read.
+func TestWriteReadsTheOpenedInode(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "audit.jsonl", "{\"n\":1}\n{\"n\":2}\n{\"n\":", 0o600)
+	src, err := openSource(filepath.Join(dir, "audit.jsonl"))
+	require.NoError(t, err)
+	defer src.Close()
+	write(t, dir, "other", "replaced", 0o600)
+	require.NoError(t, os.Rename(filepath.Join(dir, "other"), filepath.Join(dir, "audit.jsonl")))
+	n, err := completeLines(src, 100)
+	require.NoError(t, err)
+	assert.Equal(t, int64(len("{\"n\":1}\n{\"n\":2}\n")), n)
+}
+
+func TestWriteRefusesANonRegularSource(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "f", "x", 0o600)
+	files, err := Collect(dir)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(filepath.Join(dir, "f")))
+	require.NoError(t, os.Symlink(filepath.Join(t.TempDir(), "elsewhere"), filepath.Join(dir, "f")))
+	err = Write(&bytes.Buffer{}, testManifest(), files)
+	assert.Error(t, err, "a symbolic link put in place after the listing is not followed")
 }
 
 // entry is one raw tar entry for hand-made archives.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -15,9 +14,11 @@ import (
 // every regular file except those under the top-level names in skip (the
 // caller archives them itself, from a consistent read), lock files (they
 // name a process of this machine, not state) and the temporary files of
-// an interrupted atomic write. The size of an append-only log (*.jsonl)
-// stops after its last complete line, so a line being appended while the
-// backup runs is left out whole. A symbolic link or any other
+// an interrupted atomic write. It takes no sizes: Write archives each file
+// as the inode it opens holds it, so a file replaced by rename between
+// the listing and the copy is archived whole, as the new file. An
+// append-only log (*.jsonl) is marked Log: its copy stops after its last
+// complete line. A symbolic link or any other
 // non-regular file is refused: trustbridge writes none, and following one
 // could archive a file from outside the directory.
 func Collect(dataDir string, skip ...string) ([]File, error) {
@@ -48,17 +49,7 @@ func Collect(dataDir string, skip ...string) ([]File, error) {
 		case skipFile(path.Base(rel)):
 			return nil
 		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		size := info.Size()
-		if strings.HasSuffix(rel, ".jsonl") {
-			if size, err = completeLines(p, size); err != nil {
-				return err
-			}
-		}
-		files = append(files, File{Path: rel, Mode: info.Mode().Perm(), Size: size, Source: p})
+		files = append(files, File{Path: rel, Source: p, Log: strings.HasSuffix(rel, ".jsonl")})
 		return nil
 	})
 	if err != nil {
@@ -83,19 +74,14 @@ func skipFile(name string) bool {
 		(strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-"))
 }
 
-// completeLines is the length of the file's first size bytes up to and
+// completeLines is the length of the first size bytes of r up to and
 // including the last newline.
-func completeLines(p string, size int64) (int64, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
+func completeLines(r io.ReaderAt, size int64) (int64, error) {
 	const chunk = 64 << 10
 	buf := make([]byte, chunk)
 	for end := size; end > 0; {
 		start := max(end-chunk, 0)
-		n, err := f.ReadAt(buf[:end-start], start)
+		n, err := r.ReadAt(buf[:end-start], start)
 		if err != nil && err != io.EOF {
 			return 0, err
 		}

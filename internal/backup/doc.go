@@ -16,13 +16,19 @@
 // only, bounds the number of files and the bytes it inflates, writes into
 // a new directory it then checks against checksums.json as a whole, never
 // keeps group or other write permission, and leaves private keys 0600.
+// OpenTarget locks the target data directory (datadir.Acquire) from the
+// first check until Release, so no server starts on it mid-restore, and
 // Install puts the checked directory in place and never deletes data: a
-// non-empty target is refused, or with force moved aside.
+// non-empty target is refused, or with force moved aside. A target that
+// is a mount point keeps its place: entries move instead of the
+// directory, and lost+found stays.
 //
 //	files, err := backup.Collect(dataDir, ca.StateDir)
 //	err = backup.Write(out, backup.Manifest{TrustDomain: td, Sequence: seq, Created: now}, append(stateFiles, files...))
 //
-//	staged, _ := os.MkdirTemp(filepath.Dir(target), ".restore-")
+//	t, err := backup.OpenTarget(target, backup.TargetOptions{Force: force, Commit: ca.StateDir, Command: "trustbridge restore"})
+//	defer t.Release()
+//	staged, err := t.StageDir()
 //	m, err := backup.Extract(in, staged, backup.DefaultLimits)
-//	replaced, err := backup.Install(staged, target, force, now)
+//	replaced, err := t.Install(staged, now)
 package backup

@@ -6,69 +6,381 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
-// ErrTargetNotEmpty: Install refuses to put a restore over data.
-var ErrTargetNotEmpty = errors.New("target directory is not empty")
+var (
+	// ErrTargetNotEmpty: a restore is refused over data without force.
+	ErrTargetNotEmpty = errors.New("target directory is not empty")
+	// ErrHalfway marks an Install that failed after moving some entries
+	// and could not undo every move: the error says what is where, and
+	// the staging directory must be kept.
+	ErrHalfway = errors.New("restore stopped half way")
+)
 
-// Install moves staged, a directory Extract filled and the caller
-// checked, to target. staged must be in target's parent directory, so the
-// move is one rename. A missing or empty target is replaced. A non-empty
-// one is refused unless force; with force it is first moved aside to
-// <target>.replaced-<UTC time>, whose path Install returns: nothing is
-// deleted. A target some process holds a lock file in (a running server)
-// is refused even with force.
-func Install(staged, target string, force bool, now time.Time) (replaced string, err error) {
-	info, err := os.Lstat(target)
+// lostFound is a file system's own directory at the root of a volume; a
+// server ignores it, so a restore leaves it where it is.
+const lostFound = "lost+found"
+
+// TargetOptions say how OpenTarget treats the data directory.
+type TargetOptions struct {
+	// Force allows a restore over a non-empty directory, whose contents
+	// are moved aside first.
+	Force bool
+	// Commit names the entry moved aside first and into place last (the
+	// CA state directory), so that a target left half way never holds a
+	// complete-looking mix of old and restored state.
+	Commit string
+	// Command is what the lock record names, e.g. "trustbridge restore".
+	Command string
+
+	// inPlace takes the path a mount point needs, whatever the target is.
+	inPlace bool
+	// rename replaces os.Rename, to inject failures.
+	rename func(oldpath, newpath string) error
+}
+
+// Target is a data directory being restored, locked (datadir.Acquire)
+// from OpenTarget to Release, so no server starts on it in between.
+type Target struct {
+	dir     string
+	o       TargetOptions
+	exists  bool
+	inPlace bool
+	lock    *datadir.Lock
+	rename  func(oldpath, newpath string) error
+}
+
+// OpenTarget checks dir as a restore target and, if it exists, takes its
+// data directory lock until Release. It refuses a path that is not a
+// directory, a directory a server (or a ca command) holds, and a
+// non-empty one unless o.Force. The lock file and lost+found do not make
+// a directory non-empty. A missing dir is locked by Install through the
+// staging directory that becomes it.
+//
+// A directory that is a mount point (another device than its parent, or
+// holding lost+found) cannot be renamed: its entries are moved instead
+// (see Install).
+func OpenTarget(dir string, o TargetOptions) (*Target, error) {
+	t := &Target{dir: dir, o: o, rename: o.rename}
+	if t.rename == nil {
+		t.rename = os.Rename
+	}
+	info, err := os.Lstat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return "", os.Rename(staged, target)
+		return t, nil
 	case err != nil:
-		return "", err
+		return nil, fmt.Errorf("restore: %w", err)
 	case !info.IsDir():
-		return "", fmt.Errorf("restore: %s exists and is not a directory", target)
+		return nil, fmt.Errorf("restore: %s exists and is not a directory", dir)
 	}
-	entries, err := os.ReadDir(target)
+	t.exists = true
+	t.lock, err = datadir.Acquire(dir, datadir.Self(o.Command))
 	if err != nil {
-		return "", err
-	}
-	if len(entries) == 0 {
-		if err := os.Remove(target); err != nil {
-			return "", err
+		if errors.Is(err, datadir.ErrHeld) {
+			return nil, fmt.Errorf("restore: %w: %w", ErrBusy, err)
 		}
-		return "", os.Rename(staged, target)
+		return nil, fmt.Errorf("restore: %w", err)
 	}
-	if !force {
-		return "", fmt.Errorf("restore: %w: %s holds %d entries; restore into a new or empty directory, or pass --force to move %s aside (to %s.replaced-<time>) first",
-			ErrTargetNotEmpty, target, len(entries), target, target)
+	if err := t.check(); err != nil {
+		_ = t.Release()
+		return nil, err
 	}
-	if err := Busy(target); err != nil {
-		return "", err
+	return t, nil
+}
+
+func (t *Target) check() error {
+	if err := Busy(t.dir); err != nil {
+		return err
 	}
-	replaced = target + ".replaced-" + now.UTC().Format("20060102T150405Z")
-	if _, err := os.Lstat(replaced); err == nil {
-		return "", fmt.Errorf("restore: %s already exists; try again in a second", replaced)
+	old, err := t.entries(t.dir, "")
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
 	}
-	if err := os.Rename(target, replaced); err != nil {
-		return "", err
+	if len(old) > 0 && !t.o.Force {
+		return fmt.Errorf("restore: %w: %s holds %d entries; restore into a new or empty directory, or pass --force to move them aside (to %s.replaced-<time>) first",
+			ErrTargetNotEmpty, t.dir, len(old), t.dir)
 	}
-	if err := os.Rename(staged, target); err != nil {
-		if rerr := os.Rename(replaced, target); rerr != nil {
-			return "", fmt.Errorf("restore: %w; and moving %s back to %s failed: %v", err, replaced, target, rerr)
+	_, err = os.Lstat(filepath.Join(t.dir, lostFound))
+	t.inPlace = t.o.inPlace || err == nil || mountPoint(t.dir)
+	return nil
+}
+
+// Release releases the target's lock.
+func (t *Target) Release() error {
+	if t == nil || t.lock == nil {
+		return nil
+	}
+	err := t.lock.Release()
+	t.lock = nil
+	return err
+}
+
+// StageDir makes the directory to extract the archive into: beside a
+// missing target, inside an existing one (on its file system, so that
+// its entries move into place by rename even on a mount point).
+func (t *Target) StageDir() (string, error) {
+	if !t.exists {
+		d, err := os.MkdirTemp(filepath.Dir(t.dir), "."+filepath.Base(t.dir)+".restore-")
+		if err != nil {
+			return "", fmt.Errorf("restore: %w (the parent of the data directory must exist)", err)
 		}
+		return d, nil
+	}
+	d, err := os.MkdirTemp(t.dir, ".restore-")
+	if err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	return d, nil
+}
+
+// Install puts staged, a directory Extract filled and the caller checked,
+// in place of the target, and returns where the target's old contents
+// went ("" if it had none). Nothing is deleted.
+//
+//   - A missing target: staged is renamed to it.
+//   - An empty one (but for lost+found and the lock file): staged's
+//     entries are moved into it.
+//   - A non-empty one: renamed aside to <dir>.replaced-<UTC time> and
+//     staged renamed to <dir>; a mount point, which cannot be renamed,
+//     keeps its place: its entries move into <dir>/replaced-<UTC time>
+//     (lost+found and the lock file stay), then staged's entries move
+//     in. If a move fails, the moves made are undone; if undoing fails
+//     too, the error wraps ErrHalfway and says what is where.
+//
+// Every directory renamed in or out of is synced.
+func (t *Target) Install(staged string, now time.Time) (replaced string, err error) {
+	stamp := now.UTC().Format("20060102T150405Z")
+	if !t.exists {
+		return "", t.renameWhole(staged, "", "")
+	}
+	old, err := t.entries(t.dir, staged)
+	if err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	if len(old) == 0 {
+		return "", t.moveEntries(staged, "", nil)
+	}
+	if !t.o.Force {
+		return "", fmt.Errorf("restore: %w: %s holds %d entries", ErrTargetNotEmpty, t.dir, len(old))
+	}
+	if !t.inPlace {
+		replaced = t.dir + ".replaced-" + stamp
+		if _, err := os.Lstat(replaced); err == nil {
+			return "", fmt.Errorf("restore: %s already exists; try again in a second", replaced)
+		}
+		err := t.renameWhole(staged, replaced, stamp)
+		if !errors.Is(err, syscall.EBUSY) {
+			if err != nil {
+				return "", err
+			}
+			return replaced, nil
+		}
+		// A mount point not seen as one: move its entries instead.
+	}
+	replaced = filepath.Join(t.dir, "replaced-"+stamp)
+	if err := os.Mkdir(replaced, 0o700); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	if err := t.moveEntries(staged, replaced, old); err != nil {
 		return "", err
 	}
 	return replaced, nil
 }
 
-// lockFiles lists the lock files of a data directory: at its top and one
-// level down (ca/.lock).
+// renameWhole renames staged to the target, first renaming an existing
+// target to replaced. staged's own lock is held meanwhile: a server that
+// starts while the target path is missing or new finds it held.
+func (t *Target) renameWhole(staged, replaced, stamp string) error {
+	lock, err := datadir.Acquire(staged, datadir.Self(t.o.Command))
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	defer lock.Release()
+	src := staged
+	if replaced != "" {
+		if err := t.rename(t.dir, replaced); err != nil {
+			_ = lock.Release()
+			// The lock file would otherwise be moved in as an entry.
+			_ = os.Remove(filepath.Join(staged, datadir.LockName))
+			return fmt.Errorf("restore: moving %s aside: %w", t.dir, err)
+		}
+		if rel, ok := inside(t.dir, staged); ok {
+			src = filepath.Join(replaced, rel)
+		}
+	}
+	if err := t.rename(src, t.dir); err != nil {
+		if replaced == "" {
+			if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+				return fmt.Errorf("restore: %s appeared while the archive was checked (a server started with --init?); nothing was moved: %w", t.dir, err)
+			}
+			return fmt.Errorf("restore: %w", err)
+		}
+		if rerr := t.rename(replaced, t.dir); rerr != nil {
+			return fmt.Errorf("restore: %w: putting the restored state at %s failed (%v), and moving the previous contents back from %s failed too (%v); "+
+				"the previous contents are in %s, the checked restored state in %s: move the one you want to %s",
+				ErrHalfway, t.dir, err, replaced, rerr, replaced, src, t.dir)
+		}
+		return fmt.Errorf("restore: putting the restored state at %s: %w; %s is as it was", t.dir, err, t.dir)
+	}
+	if err := syncDir(filepath.Dir(t.dir)); err != nil {
+		return fmt.Errorf("restore: restored %s, but syncing its parent directory failed: %w", t.dir, err)
+	}
+	return nil
+}
+
+// moveEntries moves the target's old entries into replaced (the Commit
+// entry first), then staged's entries into the target (the Commit entry
+// last), and removes the emptied staged. A failed move undoes the moves
+// made; if that fails too the error wraps ErrHalfway and lists where
+// every entry is.
+func (t *Target) moveEntries(staged, replaced string, old []string) error {
+	commitFirst := func(names []string, first bool) {
+		slices.SortStableFunc(names, func(a, b string) int {
+			ca, cb := a == t.o.Commit, b == t.o.Commit
+			switch {
+			case ca == cb:
+				return 0
+			case ca == first:
+				return -1
+			default:
+				return 1
+			}
+		})
+	}
+	commitFirst(old, true)
+	restored, err := t.entries(staged, "")
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	commitFirst(restored, false)
+
+	type move struct{ from, to string }
+	var done []move
+	fail := func(what string, err error) error {
+		var undoErrs []error
+		for i := len(done) - 1; i >= 0; i-- {
+			if uerr := t.rename(done[i].to, done[i].from); uerr != nil {
+				undoErrs = append(undoErrs, uerr)
+			}
+		}
+		if len(undoErrs) == 0 {
+			if replaced != "" {
+				_ = os.Remove(replaced)
+			}
+			return fmt.Errorf("restore: %s: %w; every entry was moved back: %s is as it was", what, err, t.dir)
+		}
+		return fmt.Errorf("restore: %w: %s: %v; moving back failed too (%v). Now %s; "+
+			"to go back, move the entries of %s into %s and the restored ones back; to finish the restore, move the old entries out of %s and the entries of %s in; nothing was deleted",
+			ErrHalfway, what, err, errors.Join(undoErrs...), t.where(staged, replaced), replaced, t.dir, t.dir, staged)
+	}
+	for _, name := range old {
+		m := move{filepath.Join(t.dir, name), filepath.Join(replaced, name)}
+		if err := t.rename(m.from, m.to); err != nil {
+			return fail("moving "+m.from+" aside", err)
+		}
+		done = append(done, m)
+	}
+	for _, name := range restored {
+		m := move{filepath.Join(staged, name), filepath.Join(t.dir, name)}
+		if err := t.rename(m.from, m.to); err != nil {
+			return fail("moving "+m.from+" into place", err)
+		}
+		done = append(done, m)
+	}
+	if err := os.Remove(staged); err != nil {
+		return fmt.Errorf("restore: restored %s, but removing the emptied %s failed: %w", t.dir, staged, err)
+	}
+	dirs := []string{t.dir, filepath.Dir(staged)}
+	if replaced != "" {
+		dirs = append(dirs, replaced)
+	}
+	for _, d := range dirs {
+		if err := syncDir(d); err != nil {
+			return fmt.Errorf("restore: restored %s, but syncing %s failed: %w", t.dir, d, err)
+		}
+	}
+	return nil
+}
+
+// where says which entries each directory holds, for an error message.
+func (t *Target) where(staged, replaced string) string {
+	var parts []string
+	for _, d := range []struct{ dir, what string }{{t.dir, "the data directory"}, {replaced, "the moved-aside directory"}, {staged, "the staging directory"}} {
+		if d.dir == "" {
+			continue
+		}
+		names, err := t.entries(d.dir, staged)
+		switch {
+		case err != nil:
+			parts = append(parts, fmt.Sprintf("%s %s cannot be read (%v)", d.what, d.dir, err))
+		case len(names) == 0:
+			parts = append(parts, fmt.Sprintf("%s %s holds nothing", d.what, d.dir))
+		default:
+			parts = append(parts, fmt.Sprintf("%s %s holds %s", d.what, d.dir, strings.Join(names, ", ")))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// entries lists dir's entries but for lost+found, the data directory lock
+// file, the staging directory skip and moved-aside directories of
+// earlier in-place restores.
+func (t *Target) entries(dir, skip string) ([]string, error) {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, de := range des {
+		name := de.Name()
+		if name == lostFound || name == datadir.LockName || filepath.Join(dir, name) == skip {
+			continue
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
+
+// inside says whether p is inside dir, and where.
+func inside(dir, p string) (string, bool) {
+	rel, err := filepath.Rel(dir, p)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+		return "", false
+	}
+	return rel, true
+}
+
+// Install moves staged to target in one call: OpenTarget, Target.Install,
+// Release. staged must be on target's file system (beside it, or inside
+// it when it exists).
+func Install(staged, target string, force bool, now time.Time) (replaced string, err error) {
+	t, err := OpenTarget(target, TargetOptions{Force: force, Command: "trustbridge restore"})
+	if err != nil {
+		return "", err
+	}
+	defer t.Release()
+	return t.Install(staged, now)
+}
+
+// lockFiles lists the lock files of a data directory other than the data
+// directory lock, which OpenTarget holds: at its top and one level down
+// (ca/.lock).
 func lockFiles(dir string) []string {
 	var out []string
 	for _, pattern := range []string{"*.lock", ".lock", filepath.Join("*", "*.lock"), filepath.Join("*", ".lock")} {
 		matches, _ := filepath.Glob(filepath.Join(dir, pattern))
-		out = append(out, matches...)
+		for _, m := range matches {
+			if m != filepath.Join(dir, datadir.LockName) {
+				out = append(out, m)
+			}
+		}
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -118,6 +119,7 @@ func (l *Lock) Release() error {
 	}
 	terr := l.f.Truncate(0)
 	uerr := unlock(l.f)
+	heldHere.forget(l.f)
 	cerr := l.f.Close()
 	l.f = nil
 	return errors.Join(terr, uerr, cerr)
@@ -153,7 +155,7 @@ func acquire(dir string, h Holder, retries int, wait func()) (*Lock, error) {
 			break
 		}
 		other, _ := readHolder(f)
-		if recorded(other) {
+		if recorded(other, heldHere.holds(f)) {
 			f.Close()
 			return nil, &HeldError{Dir: dir, Holder: other}
 		}
@@ -170,19 +172,71 @@ func acquire(dir string, h Holder, retries int, wait func()) (*Lock, error) {
 		f.Close()
 		return nil, fmt.Errorf("lock %s: recording the holder: %w", path, err)
 	}
+	heldHere.add(f)
 	return &Lock{f: f, path: path, holder: h}, nil
 }
 
 // recorded says whether h names a live process: the holder of a held
-// lock, as against a record left by a dead one.
-func recorded(h Holder) bool {
+// lock, as against a record left by a dead one. A record naming this
+// process (pid and host) is live only if this process holds the lock
+// (ours says whether it does): otherwise it is a crashed predecessor's
+// that had the same pid, as pid 1 of a restarted container has, and the
+// lock is held by someone who has not recorded itself yet (or a Probe).
+func recorded(h Holder, ours bool) bool {
 	if h.PID <= 0 {
 		return false
 	}
-	if host, _ := os.Hostname(); h.Host != "" && h.Host != host {
+	host, _ := os.Hostname()
+	if h.Host != "" && h.Host != host {
 		return true // its liveness cannot be checked from here
 	}
+	if h.PID == os.Getpid() {
+		return ours
+	}
 	return alive(h.PID)
+}
+
+// heldHere lists the lock files this process holds, so that a record
+// naming this process can be told from a predecessor's. The kernel keeps
+// the locks per process; this mirrors what it holds for this one.
+var heldHere lockSet
+
+type lockSet struct {
+	mu    sync.Mutex
+	files []*os.File
+}
+
+func (s *lockSet) add(f *os.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.files = append(s.files, f)
+}
+
+func (s *lockSet) forget(f *os.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, g := range s.files {
+		if g == f {
+			s.files = append(s.files[:i], s.files[i+1:]...)
+			return
+		}
+	}
+}
+
+// holds says whether this process holds a lock on the file f is open on.
+func (s *lockSet) holds(f *os.File) bool {
+	fi, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.files {
+		if gi, err := g.Stat(); err == nil && os.SameFile(fi, gi) {
+			return true
+		}
+	}
+	return false
 }
 
 func writeHolder(f *os.File, h Holder) error {

@@ -279,3 +279,29 @@ func TestProbeCreatesNothing(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "Acquire does not create the directory")
 	assert.False(t, strings.Contains(fmt.Sprint(err), "in use"))
 }
+
+// A crashed server's record naming this process's pid and host (pid 1 of
+// a restarted container) is not a live holder: while a Probe holds the
+// lock for a moment, Acquire waits it out instead of refusing, naming
+// itself as the holder.
+func TestOwnPIDInAStaleRecordIsNotALiveHolder(t *testing.T) {
+	dir := t.TempDir()
+	host, _ := os.Hostname()
+	stale := fmt.Sprintf(`{"pid":%d,"host":%q,"started":"2026-11-24T10:00:00Z","command":"trustbridge server"}`, os.Getpid(), host)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, LockName), []byte(stale), 0o600))
+	probe, err := openForProbe(filepath.Join(dir, LockName))
+	require.NoError(t, err)
+	held, err := tryLock(probe, false)
+	require.NoError(t, err)
+	require.False(t, held)
+
+	waits := 0
+	l, err := acquire(dir, Self("server"), 3, func() {
+		waits++
+		require.NoError(t, probe.Close()) // the probe is done
+	})
+	require.NoError(t, err, "the stale record names this process, which holds nothing")
+	assert.Equal(t, 1, waits)
+	assert.Equal(t, "server", readRecord(t, dir).Command)
+	require.NoError(t, l.Release())
+}
