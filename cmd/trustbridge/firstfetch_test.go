@@ -50,22 +50,30 @@ func unanchoredRefusal(t *testing.T) string {
 // peer with the same message (issue 21 item 5; the resources' path is
 // federation/crd's TestJudgeRefusesUnanchoredPeer).
 func TestUnanchoredSPIFFEPeerRefusedOnEveryPath(t *testing.T) {
-	want := unanchoredRefusal(t)
+	refusedOnEveryPath(t, unanchoredTuple, unanchoredYAML, unanchoredRefusal(t))
+}
+
+// refusedOnEveryPath checks that --federate, SPIFFE_BUNDLE_ENDPOINTS,
+// --federation-config, config check and the server refuse the peer of
+// tuple (or of the federation list yaml, whose first entry it is) with the
+// message want.
+func refusedOnEveryPath(t *testing.T, tuple, yaml, want string) {
+	t.Helper()
 	local := spiffeid.RequireTrustDomainFromString("example.org")
 	dir := t.TempDir()
 	fedFile := filepath.Join(dir, "federation.yaml")
-	require.NoError(t, os.WriteFile(fedFile, []byte(unanchoredYAML), 0o600))
+	require.NoError(t, os.WriteFile(fedFile, []byte(yaml), 0o600))
 	configFile := filepath.Join(dir, "config.yaml")
-	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+unanchoredYAML), 0o600))
+	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+yaml), 0o600))
 
 	t.Run("--federate", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{federate: unanchoredTuple}, local, nil)
-		assert.EqualError(t, err, "--federate "+unanchoredTuple+": "+want)
+		_, _, _, err := staticEndpoints(federationOptions{federate: tuple}, local, nil)
+		assert.EqualError(t, err, "--federate "+tuple+": "+want)
 	})
 	t.Run("SPIFFE_BUNDLE_ENDPOINTS", func(t *testing.T) {
-		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", unanchoredTuple)
+		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", tuple)
 		_, _, _, err := staticEndpoints(federationOptions{}, local, nil)
-		assert.EqualError(t, err, "--federate "+unanchoredTuple+": "+want)
+		assert.EqualError(t, err, "--federate "+tuple+": "+want)
 	})
 	t.Run("--federation-config", func(t *testing.T) {
 		_, _, _, err := staticEndpoints(federationOptions{configFile: fedFile}, local, nil)
@@ -81,7 +89,7 @@ func TestUnanchoredSPIFFEPeerRefusedOnEveryPath(t *testing.T) {
 	t.Run("server", func(t *testing.T) {
 		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
 		_, stderr, code := runCLI(t, "", "server", "--trust-domain", "example.org", "--data-dir", t.TempDir(),
-			"--admin-listen", "127.0.0.1:0", "--bundle-listen", "", "--grpc-listen", "", "--federate", unanchoredTuple)
+			"--admin-listen", "127.0.0.1:0", "--bundle-listen", "", "--grpc-listen", "", "--federate", tuple)
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, want)
 	})
@@ -216,51 +224,17 @@ func TestHubServedPeerRefusedOnEveryPath(t *testing.T) {
 	want := refusal.Error()
 	assert.Contains(t, want, "federate with hub.example too")
 
-	local := spiffeid.RequireTrustDomainFromString("example.org")
-	dir := t.TempDir()
-	fedFile := filepath.Join(dir, "federation.yaml")
-	require.NoError(t, os.WriteFile(fedFile, []byte(hubServedYAML), 0o600))
-	configFile := filepath.Join(dir, "config.yaml")
-	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+hubServedYAML), 0o600))
+	refusedOnEveryPath(t, hubServedTuple, hubServedYAML, want)
+
 	// The peer's own bundle does not authenticate hub.example's server.
-	peerFile := filepath.Join(dir, "peer.example.json")
+	peerFile := filepath.Join(t.TempDir(), "peer.example.json")
 	writeBundleDoc(t, peerFile, testca.New(t, "peer.example"))
 	peerWant := federation.CheckFirstFetch(federation.Endpoint{
 		TrustDomain: eps[0].TrustDomain, URL: eps[0].URL, Profile: eps[0].Profile, EndpointSPIFFEID: eps[0].EndpointSPIFFEID,
 		BootstrapBundle: testca.New(t, "peer.example").Bundle(),
 	}, nil).Error()
-
-	t.Run("--federate", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple}, local, nil)
-		assert.EqualError(t, err, "--federate "+hubServedTuple+": "+want)
-	})
-	t.Run("--federate with the peer's own bundle", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple + "|" + peerFile}, local, nil)
-		assert.EqualError(t, err, "--federate "+hubServedTuple+": "+peerWant)
-	})
-	t.Run("SPIFFE_BUNDLE_ENDPOINTS", func(t *testing.T) {
-		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", hubServedTuple)
-		_, _, _, err := staticEndpoints(federationOptions{}, local, nil)
-		assert.EqualError(t, err, "--federate "+hubServedTuple+": "+want)
-	})
-	t.Run("--federation-config", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{configFile: fedFile}, local, nil)
-		assert.EqualError(t, err, "--federation-config "+fedFile+": federation[0] (peer.example): "+want)
-	})
-	t.Run("config check", func(t *testing.T) {
-		t.Setenv("TRUST_DOMAIN", "")
-		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
-		stdout, _, code := runCLI(t, "", "config", "check", configFile)
-		assert.Equal(t, 1, code)
-		assert.Contains(t, stdout, "federation[0] (peer.example): "+want)
-	})
-	t.Run("server", func(t *testing.T) {
-		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", "")
-		_, stderr, code := runCLI(t, "", "server", "--trust-domain", "example.org", "--data-dir", t.TempDir(),
-			"--admin-listen", "127.0.0.1:0", "--bundle-listen", "", "--grpc-listen", "", "--federate", hubServedTuple)
-		assert.Equal(t, 1, code)
-		assert.Contains(t, stderr, want)
-	})
+	_, _, _, err = staticEndpoints(federationOptions{federate: hubServedTuple + "|" + peerFile}, spiffeid.RequireTrustDomainFromString("example.org"), nil)
+	assert.EqualError(t, err, "--federate "+hubServedTuple+": "+peerWant)
 }
 
 // The same peer is accepted once hub.example's roots will be in the trust
