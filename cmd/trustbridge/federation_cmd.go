@@ -123,34 +123,13 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spi
 		return nil, nil, nil, fmt.Errorf("--federate: %w", err)
 	}
 	fromFlag, warnings = flagCfg.Endpoints, flagCfg.Warnings
-	var fileFlag, fileName string
-	if o.configFile != "" || o.inline != nil {
-		name, flag := o.inlineFrom, "--config"
-		if o.inline == nil {
-			name, flag = o.configFile, "--federation-config"
-		}
-		base := filepath.Dir(name)
-		readFile := func(p string) ([]byte, error) {
-			if !filepath.IsAbs(p) {
-				p = filepath.Join(base, p)
-			}
-			return readSmallFile(p, bundledoc.DefaultMaxSize)
-		}
-		var cfg *federation.Config
-		if o.inline != nil {
-			cfg, err = federation.ParseConfigList(o.inline, readFile)
-		} else {
-			var data []byte
-			if data, err = readSmallFile(o.configFile, 1<<20); err != nil {
-				return nil, nil, nil, fmt.Errorf("--federation-config: %w", err)
-			}
-			cfg, err = federation.ParseConfig(data, readFile)
-		}
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%s %s: %w", flag, name, err)
-		}
-		warnings = append(warnings, cfg.Warnings...)
-		fromFile, fileFlag, fileName = cfg.Endpoints, flag, name
+	fileCfg, fileFlag, fileName, err := federationFile(o)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if fileCfg != nil {
+		fromFile = fileCfg.Endpoints
+		warnings = append(warnings, fileCfg.Warnings...)
 	}
 	// Flags and files are one set: an endpoint served by another trust
 	// domain may rely on an entry of either for that trust domain's roots.
@@ -176,6 +155,39 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spi
 		}
 	}
 	return fromFlag, fromFile, warnings, nil
+}
+
+// federationFile reads the federation list of --federation-config or of
+// the --config file (nil when there is neither), and says which flag and
+// file it came from; bundle files it names are read relative to it.
+func federationFile(o federationOptions) (cfg *federation.Config, flag, name string, err error) {
+	if o.configFile == "" && o.inline == nil {
+		return nil, "", "", nil
+	}
+	name, flag = o.inlineFrom, "--config"
+	if o.inline == nil {
+		name, flag = o.configFile, "--federation-config"
+	}
+	base := filepath.Dir(name)
+	readFile := func(p string) ([]byte, error) {
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(base, p)
+		}
+		return readSmallFile(p, bundledoc.DefaultMaxSize)
+	}
+	if o.inline != nil {
+		cfg, err = federation.ParseConfigList(o.inline, readFile)
+	} else {
+		var data []byte
+		if data, err = readSmallFile(o.configFile, 1<<20); err != nil {
+			return nil, "", "", fmt.Errorf("--federation-config: %w", err)
+		}
+		cfg, err = federation.ParseConfig(data, readFile)
+	}
+	if err != nil {
+		return nil, "", "", fmt.Errorf("%s %s: %w", flag, name, err)
+	}
+	return cfg, flag, name, nil
 }
 
 // setupFederation builds the trust store and the poller of the endpoints
