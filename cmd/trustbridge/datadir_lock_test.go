@@ -153,7 +153,15 @@ func TestSecondServerOnOneAuditLogIsRefused(t *testing.T) {
 	auditPath := filepath.Join(t.TempDir(), "audit.jsonl")
 	withLog := func(o *serverOptions) { o.auditLog = auditPath }
 	startServer(t, t.TempDir(), withLog)
-	before := mustReadFile(t, auditPath)
+	// The first server writes its baseline entry as it starts serving;
+	// compare against the log once that entry is in.
+	var before []byte
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		b, err := os.ReadFile(auditPath)
+		if assert.NoError(c, err) && assert.Contains(c, string(b), `"event":"baseline"`) && assert.True(c, strings.HasSuffix(string(b), "\n")) {
+			before = b
+		}
+	}, 10*time.Second, 10*time.Millisecond)
 
 	o := baseServerOptions("example.org", t.TempDir())
 	withLog(&o)
