@@ -48,7 +48,7 @@ type federationOptions struct {
 }
 
 func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
-	f.StringVar(&o.federate, "federate", "", `trust domains to federate with: "td|https://url" (https_web) or "td|https://url|endpoint-spiffe-id|bundle-file" (https_spiffe; the peer's bundle file authenticates the first fetch and may be left out only while a bundle of td is held), joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
+	f.StringVar(&o.federate, "federate", "", `trust domains to federate with: "td|https://url" (https_web) or "td|https://url|endpoint-spiffe-id|bundle-file" (https_spiffe; when the endpoint's SPIFFE ID is in td, td's bundle file authenticates the first fetch and may be left out only while a bundle of td is held; when it is in another trust domain, that one must be ours, federated here with its bundle, relayed by --bundle-file, or held), joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
 	f.StringVar(&o.configFile, "federation-config", "", "YAML file of federation endpoints (spire-controller-manager ClusterFederatedTrustDomain field names)")
 	f.StringVar(&o.caFile, "federation-ca-file", "", "PEM roots trusted for https_web endpoints in addition to the system pool")
 	f.DurationVar(&o.minRefresh, "federation-min-refresh", federation.DefaultMinRefresh, "poll no more often than this, whatever a peer's refresh hint says")
