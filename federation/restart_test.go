@@ -16,18 +16,10 @@ import (
 // bundle was fetched, and staleness is judged from that time, not from
 // "never" (issue 21 item 6).
 func TestPollerStatusAfterRestartShowsStoredLastSuccess(t *testing.T) {
-	pf := newPollFixture(t)
-	td := pf.ep.TrustDomain
-	fetched := pf.now
-	require.NoError(t, pf.poller(t).Refresh(t.Context(), td))
-
 	// The process stops; two minutes later a new one starts on the same
 	// store while the peer is down.
-	pf.now = fetched.Add(2 * time.Minute)
-	pf.srv.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
-	pf.sink, pf.reg = &memSink{}, prometheus.NewRegistry()
-	p := pf.poller(t)
-	require.Empty(t, p.LoadLastKnownGood())
+	pf, fetched, p := restartWithPeerDown(t, 2*time.Minute)
+	td := pf.ep.TrustDomain
 
 	st := p.Status()[0]
 	assert.Equal(t, StatePending, st.State, "not confirmed by the endpoint since the start")
@@ -58,17 +50,8 @@ trustbridge_federation_bundle_age_seconds{trust_domain="example.org"} 120
 // A restart long after the last fetch is stale at the first failed poll,
 // exactly as a process that had been running all along would be.
 func TestPollerRestartOfOldStoreIsStale(t *testing.T) {
-	pf := newPollFixture(t)
-	td := pf.ep.TrustDomain
-	fetched := pf.now
-	require.NoError(t, pf.poller(t).Refresh(t.Context(), td))
-
-	pf.now = fetched.Add(24 * time.Hour)
-	pf.srv.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
-	pf.sink, pf.reg = &memSink{}, prometheus.NewRegistry()
-	p := pf.poller(t)
-	require.Empty(t, p.LoadLastKnownGood())
-	require.Error(t, p.Refresh(t.Context(), td))
+	pf, fetched, p := restartWithPeerDown(t, 24*time.Hour)
+	require.Error(t, p.Refresh(t.Context(), pf.ep.TrustDomain))
 	st := p.Status()[0]
 	assert.Equal(t, StateStale, st.State)
 	assert.Equal(t, fetched.UTC(), *st.LastSuccess)
@@ -133,4 +116,20 @@ func TestPollerRestoreWithFutureFetchTime(t *testing.T) {
 	st := p.Status()[0]
 	assert.Nil(t, st.LastSuccess)
 	assert.Equal(t, uint64(7), *st.Sequence, "the bundle itself is restored")
+}
+
+// restartWithPeerDown fetches once with a poller, then, after, starts a
+// new poller (a new process) on the same last-known-good store with the
+// endpoint answering 502, restored from the store.
+func restartWithPeerDown(t *testing.T, after time.Duration) (pf *pollFixture, fetched time.Time, p *Poller) {
+	t.Helper()
+	pf = newPollFixture(t)
+	fetched = pf.now
+	require.NoError(t, pf.poller(t).Refresh(t.Context(), pf.ep.TrustDomain))
+	pf.now = fetched.Add(after)
+	pf.srv.set(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
+	pf.sink, pf.reg = &memSink{}, prometheus.NewRegistry()
+	p = pf.poller(t)
+	require.Empty(t, p.LoadLastKnownGood())
+	return pf, fetched, p
 }
