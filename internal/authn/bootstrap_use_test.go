@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -152,26 +151,7 @@ func TestBootstrapTokenConcurrentUse(t *testing.T) {
 				ids[i], err = f.b.Authenticate(context.Background(), Request{BearerToken: tokLaptop})
 				require.NoError(t, err)
 			}
-			start := make(chan struct{})
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range ids {
-				wg.Go(func() {
-					<-start
-					errs[i] = ids[i].Spend(context.Background())
-				})
-			}
-			close(start)
-			wg.Wait()
-			won := 0
-			for _, err := range errs {
-				if err == nil {
-					won++
-					continue
-				}
-				assert.ErrorIs(t, err, ErrTokenConsumed)
-			}
-			assert.Equal(t, 1, won, "exactly one request consumes the token")
+			exactlyOneConsumes(t, n, func(i int) error { return ids[i].Spend(context.Background()) }, "request")
 			assert.Equal(t, 1.0, f.consumptions("consumed"))
 			assert.Equal(t, float64(n-1), f.consumptions("already_consumed"))
 		})

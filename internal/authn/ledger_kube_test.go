@@ -86,26 +86,7 @@ func TestKubeLedgerRace(t *testing.T) {
 				require.NoError(t, replicas[0].Consume(ctx, consumption(tokVM2, vmID)))
 			}
 			c := consumption(tokLaptop, laptopID)
-			start := make(chan struct{})
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i, r := range replicas {
-				wg.Go(func() {
-					<-start
-					errs[i] = r.Consume(ctx, c)
-				})
-			}
-			close(start)
-			wg.Wait()
-			won := 0
-			for _, err := range errs {
-				if err == nil {
-					won++
-					continue
-				}
-				assert.ErrorIs(t, err, ErrTokenConsumed)
-			}
-			assert.Equal(t, 1, won, "exactly one replica consumes the token: %v", errs)
+			exactlyOneConsumes(t, n, func(i int) error { return replicas[i].Consume(ctx, c) }, "replica")
 		})
 	}
 
