@@ -113,7 +113,7 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 func (e *Endpoint) openFiles(specs []string, td spiffeid.TrustDomain) (local *FileSource, err error) {
 	seen := map[spiffeid.TrustDomain]string{}
 	for _, spec := range specs {
-		fileTD, path, err := parseFileSpec(spec, td)
+		fileTD, path, err := ParseFileSpec(spec, td)
 		if err != nil {
 			return nil, &FileError{Spec: spec, Err: err}
 		}
@@ -138,9 +138,9 @@ func (e *Endpoint) openFiles(specs []string, td spiffeid.TrustDomain) (local *Fi
 	return local, nil
 }
 
-// parseFileSpec splits "TD=FILE"; a bare "FILE" is the local trust
-// domain's.
-func parseFileSpec(spec string, local spiffeid.TrustDomain) (spiffeid.TrustDomain, string, error) {
+// ParseFileSpec splits an EndpointConfig.Files spec, "TD=FILE"; a bare
+// "FILE" is the local trust domain's.
+func ParseFileSpec(spec string, local spiffeid.TrustDomain) (spiffeid.TrustDomain, string, error) {
 	name, path, found := strings.Cut(spec, "=")
 	if !found {
 		return local, spec, nil

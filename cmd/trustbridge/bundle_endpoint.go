@@ -22,7 +22,6 @@ import (
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -294,11 +293,8 @@ func relayedTrustDomains(o bundleOptions) []spiffeid.TrustDomain {
 	}
 	var out []spiffeid.TrustDomain
 	for _, spec := range o.files {
-		name, _, found := strings.Cut(spec, "=")
-		if !found {
-			continue
-		}
-		if td, err := bundledoc.TrustDomainName(name); err == nil {
+		// A bare FILE is the local bundle's: the zero trust domain here.
+		if td, _, err := bundleserver.ParseFileSpec(spec, spiffeid.TrustDomain{}); err == nil && !td.IsZero() {
 			out = append(out, td)
 		}
 	}
