@@ -23,11 +23,11 @@ import (
 // lock, so a handshake never waits behind a bundle update. The zero value is
 // not usable; call NewStore.
 type Store struct {
-	mu      sync.Mutex // serializes writers; readers never take it
-	sources map[spiffeid.TrustDomain]map[string]*spiffebundle.Bundle
-	snap    atomic.Pointer[Snapshot]
-	// published is sources as readers see it, copied on write.
+	mu sync.Mutex // serializes writers; readers never take it
+	// published is what each source set, per trust domain; snap is its
+	// per-trust-domain union. Both are replaced, never changed.
 	published atomic.Pointer[Published]
+	snap      atomic.Pointer[Snapshot]
 
 	subsMu sync.Mutex
 	subs   map[*subscriber]struct{}
@@ -43,10 +43,7 @@ type subscriber struct {
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	s := &Store{
-		sources: make(map[spiffeid.TrustDomain]map[string]*spiffebundle.Bundle),
-		subs:    make(map[*subscriber]struct{}),
-	}
+	s := &Store{subs: make(map[*subscriber]struct{})}
 	s.snap.Store(emptySnapshot())
 	s.published.Store(&Published{})
 	return s
@@ -66,16 +63,16 @@ func (s *Store) Set(source string, b *spiffebundle.Bundle) {
 	td := b.TrustDomain()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	bySource := s.sources[td]
-	if old, ok := bySource[source]; ok && old.Equal(b) {
+	current := s.published.Load().bySource[td]
+	if old, ok := current[source]; ok && old.Equal(b) {
 		return
 	}
+	bySource := maps.Clone(current)
 	if bySource == nil {
-		bySource = make(map[string]*spiffebundle.Bundle)
-		s.sources[td] = bySource
+		bySource = make(map[string]*spiffebundle.Bundle, 1)
 	}
 	bySource[source] = b.Clone()
-	s.publishLocked(td)
+	s.publishLocked(td, bySource)
 }
 
 // Remove forgets what source set for td. The trust domain disappears from
@@ -84,15 +81,13 @@ func (s *Store) Set(source string, b *spiffebundle.Bundle) {
 func (s *Store) Remove(source string, td spiffeid.TrustDomain) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	bySource := s.sources[td]
-	if _, ok := bySource[source]; !ok {
+	current := s.published.Load().bySource[td]
+	if _, ok := current[source]; !ok {
 		return
 	}
+	bySource := maps.Clone(current)
 	delete(bySource, source)
-	if len(bySource) == 0 {
-		delete(s.sources, td)
-	}
-	s.publishLocked(td)
+	s.publishLocked(td, bySource)
 }
 
 // Sources returns the names of the sources holding a bundle for td, sorted.
@@ -104,8 +99,9 @@ func (s *Store) Sources(td spiffeid.TrustDomain) []string {
 // changes; later updates publish a new one.
 func (s *Store) Published() *Published { return s.published.Load() }
 
-// publishLocked publishes td's change: always to Published, since a
-// source's bundle changed, and to a new Snapshot when the union changed.
+// publishLocked publishes td's new sources, bySource (a fresh map, never
+// changed after; empty removes td): always to Published, since a source's
+// bundle changed, and to a new Snapshot when the union changed.
 // The new snapshot shares every other entry with the old one: an update
 // costs one union and one pool, not one per trust domain.
 //
@@ -113,24 +109,27 @@ func (s *Store) Published() *Published { return s.published.Load() }
 // on the same keys, a key another source already supplies) publishes no
 // snapshot, so Subscribe's subscribers only wake for changes they can
 // see; SubscribePublished's wake for it.
-func (s *Store) publishLocked(td spiffeid.TrustDomain) {
-	s.published.Store(s.published.Load().with(td, s.sources[td]))
-	unionChanged := s.publishSnapshotLocked(td)
+func (s *Store) publishLocked(td spiffeid.TrustDomain, bySource map[string]*spiffebundle.Bundle) {
+	s.published.Store(s.published.Load().with(td, bySource))
+	unionChanged := s.publishSnapshotLocked(td, bySource)
 	s.notify(unionChanged)
 }
 
-func (s *Store) publishSnapshotLocked(td spiffeid.TrustDomain) bool {
+func (s *Store) publishSnapshotLocked(td spiffeid.TrustDomain, bySource map[string]*spiffebundle.Bundle) bool {
 	old := s.snap.Load()
+	var e *entry
+	if len(bySource) > 0 {
+		e = newEntry(td, bySource)
+		if prev, ok := old.entries[td]; ok && prev.bundle.Equal(e.bundle) {
+			return false
+		}
+	}
 	next := &Snapshot{
 		generation: old.generation + 1,
 		entries:    maps.Clone(old.entries),
 		superseded: make(chan struct{}),
 	}
-	if bySource, ok := s.sources[td]; ok {
-		e := newEntry(td, bySource)
-		if prev, ok := old.entries[td]; ok && prev.bundle.Equal(e.bundle) {
-			return false
-		}
+	if e != nil {
 		next.entries[td] = e
 	} else {
 		delete(next.entries, td)
@@ -229,8 +228,8 @@ type Published struct {
 	bySource map[spiffeid.TrustDomain]map[string]*spiffebundle.Bundle
 }
 
-// with returns p with td's sources replaced by bySource (copied; nil or
-// empty removes td). p itself is not changed.
+// with returns p with td's sources replaced by bySource, which the result
+// keeps (nil or empty removes td). p itself is not changed.
 func (p *Published) with(td spiffeid.TrustDomain, bySource map[string]*spiffebundle.Bundle) *Published {
 	next := maps.Clone(p.bySource)
 	if next == nil {
@@ -239,7 +238,7 @@ func (p *Published) with(td spiffeid.TrustDomain, bySource map[string]*spiffebun
 	if len(bySource) == 0 {
 		delete(next, td)
 	} else {
-		next[td] = maps.Clone(bySource)
+		next[td] = bySource
 	}
 	return &Published{bySource: next}
 }
