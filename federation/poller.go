@@ -696,21 +696,3 @@ func fingerprintStrings(fs []Fingerprint) []string {
 	}
 	return out
 }
-
-// Bundles returns the bundle held for every federated trust domain (the
-// last good one fetched, restored or bootstrapped), as published by its
-// endpoint. It is the poller's own state, the base of its sequence checks;
-// consumers read what it set in the Sink instead (a trust.Store's
-// Published, under SourceName), so that every one of them follows one
-// source.
-func (p *Poller) Bundles() []*spiffebundle.Bundle {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([]*spiffebundle.Bundle, 0, len(p.order))
-	for _, td := range p.order {
-		if b := p.states[td].held; b != nil {
-			out = append(out, b)
-		}
-	}
-	return out
-}
