@@ -20,7 +20,9 @@ var ErrNoBootstrapBundle = errors.New("no bundle to authenticate the first fetch
 var ErrNoServerBundle = errors.New("no bundle to authenticate the first fetch from an https_spiffe endpoint served by another trust domain")
 
 // Anchors is what the trust store will hold when an endpoint is first
-// fetched, for CheckFirstFetch. A nil *Anchors holds nothing.
+// fetched, for CheckFirstFetch. A nil *Anchors holds nothing. It remembers
+// Held's answers, so build one per check of a configuration set and use it
+// from one goroutine.
 type Anchors struct {
 	// Local is this server's trust domain: its CA's roots are in the trust
 	// store, so they authenticate an endpoint whose SPIFFE ID is ours.
@@ -34,6 +36,8 @@ type Anchors struct {
 	// earlier fetch (a last-known-good entry, or a bundle the poller
 	// fetched); nil means none is.
 	Held func(spiffeid.TrustDomain) bool
+
+	asked map[spiffeid.TrustDomain]bool // Held's answers so far
 }
 
 // CheckFirstFetch is the one rule every way of configuring an endpoint
@@ -99,7 +103,23 @@ func CheckFirstFetch(ep Endpoint, a *Anchors) error {
 		ErrNoServerBundle, ep.String(), ep.EndpointSPIFFEID, s, own, s, s, s, s+"|https://<"+s+" bundle endpoint>|<"+s+" endpoint SPIFFE ID>|"+s+".json")
 }
 
-func (a *Anchors) held(td spiffeid.TrustDomain) bool { return a.Held != nil && a.Held(td) }
+// held asks Held once per trust domain for the life of a: the answer may
+// cost a read of the last-known-good store (an API call with Kubernetes
+// storage), and one configuration set asks about a trust domain once per
+// endpoint that depends on it.
+func (a *Anchors) held(td spiffeid.TrustDomain) bool {
+	if a.Held == nil {
+		return false
+	}
+	if h, ok := a.asked[td]; ok {
+		return h
+	}
+	if a.asked == nil {
+		a.asked = map[spiffeid.TrustDomain]bool{}
+	}
+	a.asked[td] = a.Held(td)
+	return a.asked[td]
+}
 
 // endpoint returns the first endpoint of a.Endpoints for td.
 func (a *Anchors) endpoint(td spiffeid.TrustDomain) (Endpoint, bool) {

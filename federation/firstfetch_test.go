@@ -214,3 +214,27 @@ func TestPollerHolds(t *testing.T) {
 	assert.False(t, StoreHolds(NewLKGStore(t.TempDir()), d))
 	assert.False(t, StoreHolds(nil, d))
 }
+
+// One Anchors asks Held once per trust domain, however many endpoints of
+// its set depend on it: Held may be an API call.
+func TestAnchorsAskHeldOnce(t *testing.T) {
+	asked := map[string]int{}
+	a := &Anchors{Local: td("example.org"), Held: func(d spiffeid.TrustDomain) bool {
+		asked[d.Name()]++
+		return d == td("hub.example")
+	}}
+	for _, ep := range []Endpoint{
+		spiffe(t, "a.example", "https://hub.example/a", "spiffe://hub.example/bundle-server"),
+		spiffe(t, "b.example", "https://hub.example/b", "spiffe://hub.example/bundle-server"),
+		spiffe(t, "c.example", "https://c.example/", "spiffe://c.example/bundle-server"),
+		spiffe(t, "d.example", "https://c.example/d", "spiffe://c.example/bundle-server"),
+	} {
+		err := CheckFirstFetch(ep, a)
+		if ep.EndpointSPIFFEID.TrustDomain() == td("hub.example") {
+			assert.NoError(t, err)
+		} else {
+			assert.Error(t, err)
+		}
+	}
+	assert.Equal(t, map[string]int{"hub.example": 1, "c.example": 1}, asked)
+}
