@@ -350,16 +350,6 @@ func (s *Store) Blank() (bool, error) {
 	return true, nil
 }
 
-// JournalDigest identifies the journal's current content, so a running
-// server notices changes made by `trustbridge ca rotate`.
-func (s *Store) JournalDigest() ([32]byte, error) {
-	data, err := os.ReadFile(s.journalPath())
-	if err != nil {
-		return [32]byte{}, err
-	}
-	return sha256.Sum256(data), nil
-}
-
 func publicKeysMatch(a, b crypto.PublicKey) bool {
 	eq, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && eq.Equal(b)

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -205,9 +204,8 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 		l = audit.New(e.out)
 	default:
 		if path == "" {
-			if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
-				return nil, nil, fmt.Errorf("--audit-log: %w", err)
-			}
+			// The data directory exists: the server made it private and
+			// locked it before this.
 			path = filepath.Join(o.dataDir, "audit.jsonl")
 		}
 		// Open moves a torn final line (a crash mid-write) into a file of

@@ -74,7 +74,6 @@ type bundleEndpoint struct {
 	// checks report problems of the serving certificate for /readyz (the
 	// last good one is still served); the endpoint reports its files'.
 	checks  []func() error
-	files   []*bundleserver.FileSource
 	runners []func(context.Context) error
 }
 
@@ -120,7 +119,6 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 	if ep.endpoint, err = bundleserver.NewEndpoint(cfg); err != nil {
 		return nil, bundleFileFlagError(err, "--bundle-file %q: %w")
 	}
-	ep.files = ep.endpoint.Files()
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

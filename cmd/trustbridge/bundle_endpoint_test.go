@@ -268,7 +268,7 @@ func TestReadyzReportsABadBundleFileChange(t *testing.T) {
 
 	// A broken change, as the file's poll loop would find it.
 	require.NoError(t, os.WriteFile(file, []byte("{broken"), 0o600))
-	require.Error(t, ep.files[0].Check())
+	require.Error(t, ep.endpoint.Files()[0].Check())
 	code, body := get(t, admin.URL+"/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "serving the last good bundle")

@@ -53,7 +53,6 @@ type Target struct {
 	exists  bool
 	inPlace bool
 	lock    *datadir.Lock
-	rename  func(oldpath, newpath string) error
 }
 
 // OpenTarget checks dir as a restore target and, if it exists, takes its
@@ -67,10 +66,10 @@ type Target struct {
 // holding lost+found) cannot be renamed: its entries are moved instead
 // (see Install).
 func OpenTarget(dir string, o TargetOptions) (*Target, error) {
-	t := &Target{dir: dir, o: o, rename: o.rename}
-	if t.rename == nil {
-		t.rename = os.Rename
+	if o.rename == nil {
+		o.rename = os.Rename
 	}
+	t := &Target{dir: dir, o: o}
 	info, err := os.Lstat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -205,7 +204,7 @@ func (t *Target) renameWhole(staged, replaced, stamp string) error {
 	defer lock.Release()
 	src := staged
 	if replaced != "" {
-		if err := t.rename(t.dir, replaced); err != nil {
+		if err := t.o.rename(t.dir, replaced); err != nil {
 			_ = lock.Release()
 			// The lock file would otherwise be moved in as an entry.
 			_ = os.Remove(filepath.Join(staged, datadir.LockName))
@@ -215,14 +214,14 @@ func (t *Target) renameWhole(staged, replaced, stamp string) error {
 			src = filepath.Join(replaced, rel)
 		}
 	}
-	if err := t.rename(src, t.dir); err != nil {
+	if err := t.o.rename(src, t.dir); err != nil {
 		if replaced == "" {
 			if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
 				return fmt.Errorf("restore: %s appeared while the archive was checked (a server started with --init?); nothing was moved: %w", t.dir, err)
 			}
 			return fmt.Errorf("restore: %w", err)
 		}
-		if rerr := t.rename(replaced, t.dir); rerr != nil {
+		if rerr := t.o.rename(replaced, t.dir); rerr != nil {
 			return fmt.Errorf("restore: %w: putting the restored state at %s failed (%v), and moving the previous contents back from %s failed too (%v); "+
 				"the previous contents are in %s, the checked restored state in %s: move the one you want to %s",
 				ErrHalfway, t.dir, err, replaced, rerr, replaced, src, t.dir)
@@ -266,7 +265,7 @@ func (t *Target) moveEntries(staged, replaced string, old []string) error {
 	fail := func(what string, err error) error {
 		var undoErrs []error
 		for i := len(done) - 1; i >= 0; i-- {
-			if uerr := t.rename(done[i].to, done[i].from); uerr != nil {
+			if uerr := t.o.rename(done[i].to, done[i].from); uerr != nil {
 				undoErrs = append(undoErrs, uerr)
 			}
 		}
@@ -282,14 +281,14 @@ func (t *Target) moveEntries(staged, replaced string, old []string) error {
 	}
 	for _, name := range old {
 		m := move{filepath.Join(t.dir, name), filepath.Join(replaced, name)}
-		if err := t.rename(m.from, m.to); err != nil {
+		if err := t.o.rename(m.from, m.to); err != nil {
 			return fail("moving "+m.from+" aside", err)
 		}
 		done = append(done, m)
 	}
 	for _, name := range restored {
 		m := move{filepath.Join(staged, name), filepath.Join(t.dir, name)}
-		if err := t.rename(m.from, m.to); err != nil {
+		if err := t.o.rename(m.from, m.to); err != nil {
 			return fail("moving "+m.from+" into place", err)
 		}
 		done = append(done, m)
@@ -355,18 +354,6 @@ func inside(dir, p string) (string, bool) {
 		return "", false
 	}
 	return rel, true
-}
-
-// Install moves staged to target in one call: OpenTarget, Target.Install,
-// Release. staged must be on target's file system (beside it, or inside
-// it when it exists).
-func Install(staged, target string, force bool, now time.Time) (replaced string, err error) {
-	t, err := OpenTarget(target, TargetOptions{Force: force, Command: "trustbridge restore"})
-	if err != nil {
-		return "", err
-	}
-	defer t.Release()
-	return t.Install(staged, now)
 }
 
 // lockFiles lists the lock files of a data directory other than the data

@@ -99,16 +99,12 @@ func (e *HeldError) Unwrap() error { return ErrHeld }
 
 // Lock is a held data directory lock.
 type Lock struct {
-	f      *os.File
-	path   string
-	holder Holder
+	f    *os.File
+	path string
 }
 
 // Path is the lock file's path.
 func (l *Lock) Path() string { return l.path }
-
-// Holder is the record this lock wrote.
-func (l *Lock) Holder() Holder { return l.holder }
 
 // Release empties the record and releases the lock. The file stays:
 // removing a lock file another process may have open would let two
@@ -173,7 +169,7 @@ func acquire(dir string, h Holder, retries int, wait func()) (*Lock, error) {
 		return nil, fmt.Errorf("lock %s: recording the holder: %w", path, err)
 	}
 	heldHere.add(f)
-	return &Lock{f: f, path: path, holder: h}, nil
+	return &Lock{f: f, path: path}, nil
 }
 
 // recorded says whether h names a live process: the holder of a held
