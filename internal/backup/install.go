@@ -27,6 +27,29 @@ var (
 // server ignores it, so a restore leaves it where it is.
 const lostFound = "lost+found"
 
+// ErrBusy: a process holds a lock in the data directory.
+var ErrBusy = errors.New("data directory in use")
+
+// busy reports whether a process holds a lock file in dir other than the
+// data directory lock (OpenTarget holds that one): `ca issue` or `ca
+// rotate` writing the CA state. It tries each lock without waiting
+// (datadir.LockFile); closing the file releases it at once. Where flock
+// is unavailable it cannot tell: stop the server before a restore.
+func busy(dir string) error {
+	for _, p := range lockFiles(dir) {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		err = datadir.LockFile(f)
+		f.Close()
+		if errors.Is(err, datadir.ErrHeld) {
+			return fmt.Errorf("restore: %w: a running process holds %s; stop the trustbridge server (and any ca command) using %s first", ErrBusy, p, dir)
+		}
+	}
+	return nil
+}
+
 // TargetOptions say how OpenTarget treats the data directory.
 type TargetOptions struct {
 	// Force allows a restore over a non-empty directory, whose contents
@@ -95,7 +118,7 @@ func OpenTarget(dir string, o TargetOptions) (*Target, error) {
 }
 
 func (t *Target) check() error {
-	if err := Busy(t.dir); err != nil {
+	if err := busy(t.dir); err != nil {
 		return err
 	}
 	old, err := t.entries(t.dir, "")
