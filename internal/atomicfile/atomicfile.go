@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // Write writes data to path so that readers see the old or the new
@@ -50,11 +51,21 @@ func Replace(path string, data []byte, perm os.FileMode) error {
 	})
 }
 
+// IsTemp says whether name (a base name) is one of the temporary files
+// Write creates beside its target and renames or removes before it
+// returns: one left by a crash holds nothing anyone committed.
+func IsTemp(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, tempInfix)
+}
+
+// tempInfix marks Write's temporary files: "."+base+tempInfix+random.
+const tempInfix = ".tmp-"
+
 // write is Write with prepare, when not nil, called on the temporary file
 // before anything is written to it.
 func write(path string, data []byte, perm os.FileMode, prepare func(*os.File) error) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempInfix+"*")
 	if err != nil {
 		return err
 	}

@@ -47,6 +47,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
@@ -279,33 +280,21 @@ func keepTornTail(f file, path string, res VerifyResult) (string, error) {
 		return "", errors.New("the torn bytes changed while being read")
 	}
 	name := fmt.Sprintf("%s%s%d-%s", path, TornTailSuffix, res.Entries, ShortHash(res.TornSHA256))
-	out, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		if kept, rerr := os.ReadFile(name); rerr == nil && bytes.Equal(kept, torn) {
-			return name, nil
-		}
+	// An earlier start that kept the same bytes (and then failed) left
+	// this name; other bytes under it are evidence too, never replaced.
+	// The log's lock keeps other writers of the name away.
+	switch kept, err := os.ReadFile(name); {
+	case err == nil && bytes.Equal(kept, torn):
+		return name, nil
+	case err == nil:
 		return "", fmt.Errorf("%s exists and holds other bytes; move it away", name)
-	}
-	if err != nil {
+	case !errors.Is(err, fs.ErrNotExist):
 		return "", err
 	}
-	_, err = out.Write(torn)
-	if serr := out.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(name)
+	if err := atomicfile.Write(name, torn, 0o600); err != nil {
 		return "", err
 	}
-	dir, err := os.Open(filepath.Dir(name))
-	if err != nil {
-		return "", err
-	}
-	defer dir.Close()
-	return name, dir.Sync()
+	return name, nil
 }
 
 // Recovered is the file Open moved a torn final line into; "" when the

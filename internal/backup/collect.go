@@ -8,6 +8,8 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
 )
 
 // Collect lists the files of dataDir to archive as they are on disk:
@@ -70,8 +72,7 @@ func contains(list []string, s string) bool {
 // skipFile: lock files, and the temporary files of internal/atomicfile
 // (".<name>.tmp-<random>").
 func skipFile(name string) bool {
-	return name == ".lock" || strings.HasSuffix(name, ".lock") ||
-		(strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-"))
+	return name == ".lock" || strings.HasSuffix(name, ".lock") || atomicfile.IsTemp(name)
 }
 
 // completeLines is the length of the first size bytes of r up to and
