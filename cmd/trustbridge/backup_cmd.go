@@ -13,6 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/backup"
 )
@@ -106,36 +107,15 @@ func checkBackupOut(dataDir, out string) error {
 	return nil
 }
 
-// writeNewFile writes path (mode 0600) through a temporary file in the
-// same directory, synced, then linked into place: path never holds half
-// an archive, and one created meanwhile is not overwritten.
+// writeNewFile writes path (mode 0600) with atomicfile.WriteNew: path
+// never holds half an archive, and one created meanwhile is not
+// overwritten.
 func writeNewFile(path string, write func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
+	err := atomicfile.WriteNew(path, 0o600, write)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%s exists; backup never overwrites an archive, pick a new name", path)
 	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	err = f.Chmod(0o600)
-	if err == nil {
-		err = write(f)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Link(tmp, path); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%s exists; backup never overwrites an archive, pick a new name", path)
-		}
-		return err
-	}
-	return nil
+	return err
 }
 
 func newRestoreCmd(e env) *cobra.Command {

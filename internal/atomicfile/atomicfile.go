@@ -6,6 +6,7 @@ package atomicfile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -17,6 +18,14 @@ import (
 // directory, fsync, rename, fsync the directory.
 func Write(path string, data []byte, perm os.FileMode) error {
 	return write(path, data, perm, nil)
+}
+
+// WriteNew is Write for a file that must not exist yet: fill writes the
+// content (mode perm) into a temporary file beside path, synced, which is
+// then linked to path, so path never holds half a file and a file created
+// there meanwhile is never replaced: the error is then fs.ErrExist.
+func WriteNew(path string, perm os.FileMode, fill func(io.Writer) error) error {
+	return create(path, perm, nil, fill, false)
 }
 
 // Replace is Write for a file that another account may own: an operator
@@ -64,6 +73,16 @@ const tempInfix = ".tmp-"
 // write is Write with prepare, when not nil, called on the temporary file
 // before anything is written to it.
 func write(path string, data []byte, perm os.FileMode, prepare func(*os.File) error) error {
+	return create(path, perm, prepare, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}, true)
+}
+
+// create writes path through a temporary file beside it: prepare (may be
+// nil), then fill, sync, and then a rename over path (replace) or a link
+// that fails if path exists, and a sync of the directory.
+func create(path string, perm os.FileMode, prepare func(*os.File) error, fill func(io.Writer) error, replace bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempInfix+"*")
 	if err != nil {
@@ -87,7 +106,7 @@ func write(path string, data []byte, perm os.FileMode, prepare func(*os.File) er
 			return err
 		}
 	}
-	if _, err := f.Write(data); err != nil {
+	if err := fill(f); err != nil {
 		f.Close()
 		return err
 	}
@@ -98,10 +117,14 @@ func write(path string, data []byte, perm os.FileMode, prepare func(*os.File) er
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if replace {
+		if err := os.Rename(tmp, path); err != nil {
+			return err
+		}
+		tmp = ""
+	} else if err := os.Link(tmp, path); err != nil {
 		return err
 	}
-	tmp = ""
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

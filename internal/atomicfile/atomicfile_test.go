@@ -1,6 +1,8 @@
 package atomicfile
 
 import (
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -42,4 +44,33 @@ func TestReplaceCreatesLikeWrite(t *testing.T) {
 	got, err := os.ReadFile(p)
 	require.NoError(t, err)
 	assert.Equal(t, "one", string(got))
+}
+
+// WriteNew creates the file whole, with its mode, and never replaces one
+// that exists; a failed fill leaves nothing, not even a temporary file.
+func TestWriteNew(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "archive.tar.gz")
+	fill := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	require.NoError(t, WriteNew(p, 0o600, fill("one")))
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	assert.Equal(t, "one", string(got))
+	info, err := os.Stat(p)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	assert.ErrorIs(t, WriteNew(p, 0o600, fill("two")), fs.ErrExist)
+	got, err = os.ReadFile(p)
+	require.NoError(t, err)
+	assert.Equal(t, "one", string(got), "never replaced")
+
+	q := filepath.Join(dir, "failed")
+	assert.ErrorIs(t, WriteNew(q, 0o600, func(io.Writer) error { return assert.AnError }), assert.AnError)
+	assert.NoFileExists(t, q)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temporary file left")
 }
