@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -98,7 +97,7 @@ func checkBackupOut(dataDir, out string) error {
 	if err != nil {
 		return err
 	}
-	if rel, err := filepath.Rel(absDir, absOut); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+	if _, in := backup.Inside(absDir, absOut); in || absOut == absDir {
 		return fmt.Errorf("backup: --out %s is inside --data-dir %s; write the archive elsewhere", out, dataDir)
 	}
 	if _, err := os.Lstat(out); err == nil {

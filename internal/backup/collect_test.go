@@ -164,7 +164,7 @@ func inPlaceTarget(t *testing.T, rename func(string, string) error) (*Target, st
 	t.Cleanup(func() { _ = tg.Release() })
 	staged, err := tg.StageDir()
 	require.NoError(t, err)
-	rel, ok := inside(target, staged)
+	rel, ok := Inside(target, staged)
 	require.True(t, ok, "staged inside the target, on its file system")
 	assert.NotContains(t, rel, string(filepath.Separator))
 	write(t, staged, "ca/state.json", "restored", 0o600)

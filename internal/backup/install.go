@@ -233,7 +233,7 @@ func (t *Target) renameWhole(staged, replaced, stamp string) error {
 			_ = os.Remove(filepath.Join(staged, datadir.LockName))
 			return fmt.Errorf("restore: moving %s aside: %w", t.dir, err)
 		}
-		if rel, ok := inside(t.dir, staged); ok {
+		if rel, ok := Inside(t.dir, staged); ok {
 			src = filepath.Join(replaced, rel)
 		}
 	}
@@ -370,8 +370,8 @@ func (t *Target) entries(dir, skip string) ([]string, error) {
 	return names, nil
 }
 
-// inside says whether p is inside dir, and where.
-func inside(dir, p string) (string, bool) {
+// Inside says whether p is inside dir (dir itself is not), and where.
+func Inside(dir, p string) (string, bool) {
 	rel, err := filepath.Rel(dir, p)
 	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
 		return "", false
