@@ -62,8 +62,10 @@ const waitLogEvery = 10 * time.Second
 
 // Replica is a running replica.
 type Replica struct {
-	cfg    Config
-	duties chan []func(context.Context) error // takes one hand-over
+	cfg Config
+	// handed is closed by Lead once duties are set; every term runs them.
+	handed chan struct{}
+	duties []func(context.Context) error
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error
@@ -80,7 +82,7 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	r := &Replica{cfg: cfg, duties: make(chan []func(context.Context) error, 1), done: make(chan struct{})}
+	r := &Replica{cfg: cfg, handed: make(chan struct{}), done: make(chan struct{})}
 	changes := cfg.CA.Subscribe()
 	ctx, r.cancel = context.WithCancel(ctx)
 	go func() {
@@ -128,7 +130,8 @@ func (r *Replica) waitReady(ctx context.Context, changes <-chan struct{}) error 
 // (this replica now if it leads, or when it is elected). Until then a
 // leader only runs the CA's rotation. Call it once.
 func (r *Replica) Lead(duties ...func(context.Context) error) {
-	r.duties <- duties
+	r.duties = duties
+	close(r.handed)
 }
 
 // lead is what the elector runs while this replica leads.
@@ -137,14 +140,12 @@ func (r *Replica) lead(ctx context.Context) error {
 	log.Info("leading: rotating roots, polling federation, distributing roots")
 	// A new leader decides at once on what the old one left.
 	r.cfg.CA.Kick()
-	var duties []func(context.Context) error
 	select {
-	case duties = <-r.duties:
-		r.duties <- duties // for the next term
+	case <-r.handed:
 	case <-ctx.Done():
 		return nil
 	}
-	parts := append([]func(context.Context) error{func(ctx context.Context) error { <-ctx.Done(); return nil }}, duties...)
+	parts := append([]func(context.Context) error{func(ctx context.Context) error { <-ctx.Done(); return nil }}, r.duties...)
 	err := runall.Run(ctx, parts...)
 	log.Info("no longer leading")
 	return err
