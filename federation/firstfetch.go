@@ -172,7 +172,7 @@ func StoreHolds(lkg LastKnownGood, td spiffeid.TrustDomain) bool {
 func (p *Poller) Holds(td spiffeid.TrustDomain) bool {
 	p.mu.Lock()
 	st, ok := p.states[td]
-	fetched := ok && st.held != nil && st.held != st.ep.BootstrapBundle
+	fetched := ok && st.fetched()
 	p.mu.Unlock()
 	return fetched || StoreHolds(p.cfg.LKG, td)
 }

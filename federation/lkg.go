@@ -203,13 +203,9 @@ func loadLKG(path string, td spiffeid.TrustDomain) (*LKGEntry, error) {
 	case len(lf.Bundle) == 0 || string(lf.Bundle) == "null":
 		return nil, errors.New("envelope: bundle is missing")
 	}
-	b, warnings, err := bundledoc.Parse(td, lf.Bundle)
+	b, err := ParseStoredBundle(td, lf.Bundle)
 	if err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
-	}
-	// Refused when fetched (CheckBundle), so refused when stored.
-	if err := RefusedWarning(warnings); err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, err
 	}
 	return &LKGEntry{
 		TrustDomain: td,
@@ -283,4 +279,19 @@ func (s *LKGStore) Remove(td spiffeid.TrustDomain) error {
 		return fmt.Errorf("federation: last-known-good: %w", err)
 	}
 	return nil
+}
+
+// ParseStoredBundle parses a last-known-good store's bundle document for
+// td by the rules a fetched one meets: refused when fetched (CheckBundle),
+// so refused when stored, and an edited store cannot bring it in. Errors
+// start with "bundle: ".
+func ParseStoredBundle(td spiffeid.TrustDomain, raw []byte) (*spiffebundle.Bundle, error) {
+	b, warnings, err := bundledoc.Parse(td, raw)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	if err := RefusedWarning(warnings); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	return b, nil
 }

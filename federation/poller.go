@@ -163,6 +163,12 @@ type endpointState struct {
 	refusals map[string]uint64
 }
 
+// fetched says whether st holds a bundle its endpoint served (fetched, or
+// restored from the last-known-good store), not only its bootstrap one.
+func (st *endpointState) fetched() bool {
+	return st.held != nil && st.held != st.ep.BootstrapBundle
+}
+
 // Poller polls every configured bundle endpoint on its own schedule
 // (SPIFFE Federation §6.2): at the clamped refresh hint with jitter, with
 // exponential backoff on failure, keeping the last good bundle through
@@ -313,7 +319,7 @@ func (p *Poller) LoadLastKnownGoodFor(td spiffeid.TrustDomain) error {
 // same or newer.
 func (p *Poller) restoreLocked(st *endpointState, e *LKGEntry) error {
 	td := st.ep.TrustDomain
-	if st.held != nil && st.held != st.ep.BootstrapBundle {
+	if st.fetched() {
 		dec, err := Accept(st.held, e.Bundle, p.cfg.AllowEmpty)
 		switch {
 		case errors.Is(err, ErrSequenceRegression):

@@ -150,7 +150,7 @@ func (p *Poller) changeLocked(old *endpointState, ep Endpoint, now time.Time) (e
 	// itself replaced and discards its result.
 	st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
 		lastSuccess: old.lastSuccess, savedAt: old.savedAt, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
-	if old.held == nil || old.held == old.ep.BootstrapBundle {
+	if !old.fetched() {
 		// Never fetched (nor restored): the operator's new bootstrap
 		// bundle (or none) replaces the old one.
 		st.held, st.fromLKG = ep.BootstrapBundle, false

@@ -184,14 +184,9 @@ func decode(cm *corev1.ConfigMap, td spiffeid.TrustDomain) (*federation.LKGEntry
 	case len(e.Bundle) == 0 || string(e.Bundle) == "null":
 		return nil, fmt.Errorf("%s: bundle is missing", EntryKey)
 	}
-	b, warnings, err := bundledoc.Parse(td, e.Bundle)
+	b, err := federation.ParseStoredBundle(td, e.Bundle)
 	if err != nil {
-		return nil, fmt.Errorf("%s: bundle: %w", EntryKey, err)
-	}
-	// The poller refuses such a bundle when fetched; an edited ConfigMap
-	// must not bring it in.
-	if err := federation.RefusedWarning(warnings); err != nil {
-		return nil, fmt.Errorf("%s: bundle: %w", EntryKey, err)
+		return nil, fmt.Errorf("%s: %w", EntryKey, err)
 	}
 	return &federation.LKGEntry{TrustDomain: td, Bundle: b, ETag: e.ETag, EndpointURL: e.EndpointURL, FetchedAt: e.FetchedAt}, nil
 }
