@@ -97,11 +97,14 @@ Envoy's SDS config points at the socket, e.g. a static cluster
 }
 
 func runAgent(ctx context.Context, e env, o agentOptions) error {
-	logger, err := newLogger(e.err, o.logFormat, o.logLevel)
+	base, err := newLogger(e.err, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
 	}
-	logger = logger.With(logattr.Component, "agent")
+	// Each part names its component on the process's logger; one derived
+	// from another's would carry both (the rotator's records said
+	// "component" twice).
+	logger := base.With(logattr.Component, "agent")
 	if !(o.graceRatio > 0 && o.graceRatio < 1) {
 		return fmt.Errorf("--secret-grace-period-ratio %v: want a number between 0 and 1", o.graceRatio)
 	}
@@ -144,7 +147,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 			OutputCertsDir: o.outputCerts,
 			GraceRatio:     o.graceRatio,
 			TTL:            o.ttl,
-			Logger:         logger.With(logattr.Component, "rotator"),
+			Logger:         base.With(logattr.Component, "rotator"),
 			Registerer:     reg,
 		}
 	}

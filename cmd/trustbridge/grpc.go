@@ -381,7 +381,8 @@ func (g *grpcEndpoint) close() {
 }
 
 // report prints the service in the banner and logs it.
-func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
+// printBanner adds the service's lines to the start banner.
+func (g *grpcEndpoint) printBanner(w io.Writer) {
 	if g == nil {
 		return
 	}
@@ -393,7 +394,14 @@ func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
 	}
 	fmt.Fprintf(w, "  sds:        %s (Envoy SecretDiscoveryService on the same listener: %s)\n", addr, certs)
 	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --out ./creds\n", addr)
-	logger.Info("certificate service listening", logattr.Address, addr, logattr.SPIFFEID, g.id.String(),
+}
+
+// logStart logs the service's start-up record.
+func (g *grpcEndpoint) logStart(logger *slog.Logger) {
+	if g == nil {
+		return
+	}
+	logger.Info("certificate service listening", logattr.Address, g.ln.Addr().String(), logattr.SPIFFEID, g.id.String(),
 		"response_roots", g.roots, "authenticators", strings.Join(g.methods, ","), "sds_workload_certs", g.sdsCerts)
 }
 
