@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -141,4 +140,3 @@ func sortedEndpoints(eps []federation.Endpoint) []federation.Endpoint {
 	slices.SortFunc(eps, func(a, b federation.Endpoint) int { return strings.Compare(a.TrustDomain.Name(), b.TrustDomain.Name()) })
 	return eps
 }
-
