@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -31,6 +29,7 @@ type agentOptions struct {
 	pollInterval   time.Duration
 	logFormat      string
 	logLevel       string
+	admin          agentAdminOptions
 }
 
 // Defaults of the agent's paths: Istio's, relative to the working
@@ -76,6 +75,8 @@ Envoy's SDS config points at the socket, e.g. a static cluster
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			e, stopHUP := hupSignals(e)
+			defer stopHUP()
 			return runAgent(ctx, e, o)
 		},
 	}
@@ -93,6 +94,7 @@ Envoy's SDS config points at the socket, e.g. a static cluster
 	f.DurationVar(&o.pollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	addAgentAdminFlags(f, &o.admin)
 	return cmd
 }
 
@@ -114,8 +116,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	if o.pollInterval <= 0 {
 		return fmt.Errorf("--credentials-poll-interval %s must be positive", o.pollInterval)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 
 	cfg := agent.Config{
 		SocketPath:     o.socket,
@@ -155,6 +156,11 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	if err != nil {
 		return err
 	}
+	stopSide, err := startAgentSide(ctx, e, o.admin, a, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopSide()
 	err = a.Run(ctx)
 	if errors.Is(err, agent.ErrAlreadyServing) {
 		fmt.Fprintf(e.out, "an SDS server already answers on %s; not starting another (%v)\n", o.socket, err)

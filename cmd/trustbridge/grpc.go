@@ -134,6 +134,9 @@ type grpcEndpoint struct {
 	// impersonator authorizes node proxies (impersonation.go); nil when
 	// impersonation is off.
 	impersonator certservice.Impersonator
+	// tokens are the bootstrap tokens, nil without --bootstrap-token-file;
+	// SIGHUP reloads them.
+	tokens *authn.BootstrapTokens
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
@@ -288,6 +291,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		}
 		chain = append(chain, boot)
 		g.addBootstrapGrants(boot)
+		g.tokens = boot
 		g.runners = append(g.runners, boot.Run)
 		g.methods = append(g.methods, authn.MethodBootstrapToken)
 	}

@@ -95,6 +95,8 @@ address (DNS rebinding) cannot read it.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			e, stopHUP := hupSignals(e)
+			defer stopHUP()
 			return runServer(ctx, e, o, nil)
 		},
 	}
@@ -254,6 +256,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	runners = append(runners, p.reloadRunner(e.hup, o, logger))
 	undo.clear() // the runners own the listeners now
 	err = runall.Run(ctx, runners...)
 	logger.Info("trustbridge server stopped")
@@ -330,11 +333,12 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	return append(runners, p.gs.parts()...), nil
 }
 
-// newRegistry is the server's metrics registry, with the Go runtime's
-// and the process's collectors.
+// newRegistry is a process's metrics registry (server and agent), with
+// the Go runtime's and the process's collectors and the build info.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg)
 	return reg
 }
 
