@@ -113,15 +113,44 @@ func commandLines(body string) []string {
 	return out
 }
 
-// shellWords splits one command line as the shell would for the plain
-// words, single and double quotes used in the guide; it stops at a
-// comment, a pipe or a redirection, which a trustbridge flag check ignores.
+// shellWords is the first command of a line, see shellSegments.
 func shellWords(t *testing.T, line string) []string {
 	t.Helper()
+	segs := shellSegments(t, line)
+	if len(segs) == 0 {
+		return nil
+	}
+	return segs[0]
+}
+
+// shellSegments splits one command line as the shell would for the plain
+// words, single and double quotes used in the guide, into the commands
+// of its pipes and lists (|, ;, &&); a redirection's target and a comment
+// are dropped.
+func shellSegments(t *testing.T, line string) [][]string {
+	t.Helper()
+	var segs [][]string
 	var words []string
 	var cur strings.Builder
-	inWord := false
+	inWord, redirect := false, false
 	var quote rune
+	endWord := func() {
+		if inWord && !redirect {
+			words = append(words, cur.String())
+		}
+		if inWord {
+			redirect = false
+		}
+		cur.Reset()
+		inWord = false
+	}
+	endSeg := func() {
+		endWord()
+		if len(words) > 0 {
+			segs = append(segs, words)
+		}
+		words = nil
+	}
 	for _, r := range line {
 		switch {
 		case quote != 0 && r == quote:
@@ -131,27 +160,23 @@ func shellWords(t *testing.T, line string) []string {
 		case r == '"' || r == '\'':
 			quote, inWord = r, true
 		case r == ' ' || r == '\t':
-			if inWord {
-				words = append(words, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		case (r == '#' && !inWord) || r == '|' || r == '>' || r == '<' || r == ';' || r == '&':
-			require.Zero(t, quote, "unterminated quote in %q", line)
-			if inWord {
-				words = append(words, cur.String())
-			}
-			return words
+			endWord()
+		case r == '#' && !inWord:
+			endSeg()
+			return segs
+		case r == '|' || r == ';' || r == '&':
+			endSeg()
+		case r == '>' || r == '<':
+			endWord()
+			redirect = true
 		default:
 			cur.WriteRune(r)
 			inWord = true
 		}
 	}
 	require.Zero(t, quote, "unterminated quote in %q", line)
-	if inWord {
-		words = append(words, cur.String())
-	}
-	return words
+	endSeg()
+	return segs
 }
 
 func TestShellWords(t *testing.T) {
@@ -162,6 +187,7 @@ func TestShellWords(t *testing.T) {
 		{`trustbridge server --bundle-listen "" --x 'a b'`, []string{"trustbridge", "server", "--bundle-listen", "", "--x", "a b"}},
 		{`trustbridge audit --admin http://x # why`, []string{"trustbridge", "audit", "--admin", "http://x"}},
 		{`curl -s http://x | trustbridge bundle inspect -o pem - > f`, []string{"curl", "-s", "http://x"}},
+		{`a 'x|y' | b`, []string{"a", "x|y"}},
 		{`kubectl get cm -o jsonpath='{.data.root-cert\.pem}'`, []string{"kubectl", "get", "cm", "-o", `jsonpath={.data.root-cert\.pem}`}},
 	}
 	for _, tt := range tests {
@@ -169,6 +195,11 @@ func TestShellWords(t *testing.T) {
 			require.Equal(t, tt.want, shellWords(t, tt.line))
 		})
 	}
+}
+
+func TestShellSegments(t *testing.T) {
+	got := shellSegments(t, `mkdir -p d && cp a d/b; curl -s u | trustbridge x -o pem - > f # c`)
+	require.Equal(t, [][]string{{"mkdir", "-p", "d"}, {"cp", "a", "d/b"}, {"curl", "-s", "u"}, {"trustbridge", "x", "-o", "pem", "-"}}, got)
 }
 
 func TestCommandLines(t *testing.T) {
