@@ -115,7 +115,7 @@ func runIstioAgent(t *testing.T, dir string, env map[string]string) agentSecrets
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestIstioDocAgentProcess$", "-test.count", "1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestIstioDocAgentProcess$", "-test.count", "1", "-test.v")
 	cmd.Dir = dir
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir(), agentProcessOut + "=" + out}
 	for k, v := range env {
@@ -123,7 +123,7 @@ func runIstioAgent(t *testing.T, dir string, env map[string]string) agentSecrets
 	}
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "Istio's agent with the guide's environment %v:\n%s", env, b)
-	require.NotContains(t, string(b), "SKIP", "the agent process skipped:\n%s", b)
+	require.NotContains(t, string(b), "--- SKIP", "the agent process skipped:\n%s", b)
 	chain, err := os.ReadFile(filepath.Join(out, "cert-chain.pem"))
 	require.NoError(t, err)
 	root, err := os.ReadFile(filepath.Join(out, "ROOTCA.pem"))
