@@ -334,6 +334,7 @@ type server struct {
 	pid       int // for its CPU time, in a benchmark
 	adminAddr string
 	grpcAddr  string
+	bundleURL string // when the bundle endpoint is on
 }
 
 var (
