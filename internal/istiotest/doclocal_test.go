@@ -1,19 +1,16 @@
 package istiotest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -205,68 +202,6 @@ func startDocServer(t *testing.T, bin, dir string, b docBlock) *server {
 	}
 	return startServerIn(t, bin, dir, args...)
 }
-
-// startServerIn is startServer with the process in dir, as the guide runs
-// it.
-func startServerIn(t *testing.T, bin, dir string, args ...string) *server {
-	t.Helper()
-	cmd := exec.Command(bin, append([]string{"server"}, args...)...)
-	cmd.Dir = dir
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Error("trustbridge server did not stop within 15s of SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("trustbridge server stderr:\n%s", stderr.String())
-		}
-	})
-	addrs := make(chan *server, 1)
-	go func() {
-		defer close(exited)
-		s := &server{pid: cmd.Process.Pid}
-		sent := false
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if m := adminLine.FindStringSubmatch(sc.Text()); m != nil {
-				s.adminAddr = m[1]
-			}
-			if m := grpcLine.FindStringSubmatch(sc.Text()); m != nil {
-				s.grpcAddr = m[1]
-			}
-			if m := bundleLine.FindStringSubmatch(sc.Text()); m != nil {
-				s.bundleURL = m[1]
-			}
-			if s.adminAddr != "" && s.grpcAddr != "" && !sent {
-				addrs <- s
-				sent = true
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		_ = cmd.Wait()
-	}()
-	select {
-	case s := <-addrs:
-		return s
-	case <-exited:
-		t.Fatalf("trustbridge server %v exited; stderr:\n%s", args, stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no admin and ca api addresses in trustbridge's banner within 30s; stderr:\n%s", stderr.String())
-	}
-	return nil
-}
-
-var bundleLine = regexp.MustCompile(`^\s+bundle:\s+(https://\S+)`)
 
 func portOf(t *testing.T, addr string) string {
 	t.Helper()
