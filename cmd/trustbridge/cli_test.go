@@ -1,10 +1,13 @@
 package main
 
 import (
+	"encoding/json"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestLevenshtein(t *testing.T) {
@@ -75,4 +78,18 @@ func TestVersionFlag(t *testing.T) {
 	cmd, _, _ := runCLI(t, "", "version")
 	assert.Equal(t, cmd, flag, "--version prints what trustbridge version prints")
 	assert.True(t, strings.HasPrefix(flag, "trustbridge "), flag)
+}
+
+func TestVersionOutput(t *testing.T) {
+	out, stderr, code := runCLI(t, "", "version", "-o", "json")
+	require.Equal(t, 0, code, stderr)
+	var v map[string]string
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	assert.Equal(t, runtime.Version(), v["go_version"])
+	assert.Equal(t, runtime.GOOS, v["os"])
+	assert.Equal(t, runtime.GOARCH, v["arch"])
+	assert.NotEmpty(t, v["version"])
+	out, _, code = runCLI(t, "", "version", "-o", "yaml")
+	require.Equal(t, 0, code)
+	assert.Contains(t, out, "go_version: "+runtime.Version())
 }
