@@ -130,8 +130,9 @@ func printFindings(w io.Writer, snap trustview.Snapshot, fs []trustview.Finding)
 
 func newAuditLogCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "log",
-		Short: "Work with the hash-chained audit log (--audit-log)",
+		Use:     "log",
+		Short:   "Work with the hash-chained audit log (--audit-log)",
+		Example: `  trustbridge audit log verify ./data/audit.jsonl`,
 	}
 	var (
 		expectHead string

@@ -23,6 +23,8 @@ func newCACmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ca",
 		Short: "Operate the embedded CA's state directory",
+		Example: `  trustbridge ca rotate --data-dir ./data
+  trustbridge ca issue --data-dir ./data --spiffe-id spiffe://example.org/demo --credentials-dir ./demo-creds`,
 	}
 	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e), newCARequestCmd(e), newCARaiseSequenceCmd(e))
 	return cmd

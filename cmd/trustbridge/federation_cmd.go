@@ -267,6 +267,8 @@ func newFederationCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "federation",
 		Short: "See and drive the running server's federation",
+		Example: `  trustbridge federation status
+  trustbridge federation refresh west.example`,
 	}
 	var admin string
 	var output *outputFlag

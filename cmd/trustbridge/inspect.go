@@ -32,8 +32,9 @@ import (
 
 func newBundleCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "bundle",
-		Short: "Work with SPIFFE bundle documents and bundle maps",
+		Use:     "bundle",
+		Short:   "Work with SPIFFE bundle documents and bundle maps",
+		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json`,
 	}
 	cmd.AddCommand(newInspectCmd(e.now))
 	return cmd

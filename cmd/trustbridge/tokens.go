@@ -66,8 +66,9 @@ func (k *kubeSetup) tokenLedger(dataDir string) func() (authn.TokenLedger, error
 
 func newTokenCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "token",
-		Short: "Manage the server's bootstrap tokens (--bootstrap-token-file)",
+		Use:     "token",
+		Short:   "Manage the server's bootstrap tokens (--bootstrap-token-file)",
+		Example: `  trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h --file /etc/trustbridge/bootstrap-tokens`,
 	}
 	cmd.AddCommand(newTokenCreateCmd(e))
 	return cmd
