@@ -392,7 +392,7 @@ func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
 		certs = "validation contexts and callers' own certificates"
 	}
 	fmt.Fprintf(w, "  sds:        %s (Envoy SecretDiscoveryService on the same listener: %s)\n", addr, certs)
-	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --out ./creds\n", addr)
+	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --credentials-dir ./creds\n", addr)
 	logger.Info("certificate service listening", logattr.Address, addr, logattr.SPIFFEID, g.id.String(),
 		"response_roots", g.roots, "authenticators", strings.Join(g.methods, ","), "sds_workload_certs", g.sdsCerts)
 }

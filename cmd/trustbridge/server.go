@@ -146,6 +146,9 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	for flag, env := range envVars {
+		bindEnv(f, flag, env)
+	}
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -503,7 +506,7 @@ func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr s
 	if kube == nil {
 		// ca issue reads the state directory; with Kubernetes storage
 		// certificates come from the gRPC service (ca request).
-		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
+		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --credentials-dir ./demo-creds\n", issue, td)
 	}
 	if ep != nil {
 		id := spiffeid.RequireTrustDomainFromString(td)
