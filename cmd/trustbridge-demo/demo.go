@@ -173,10 +173,10 @@ func (d *demo) play(keepCtx context.Context) error {
 
 	// A workload certificate in each trust domain, from its own CA.
 	eastCreds, westCreds := filepath.Join(d.dir, "east-frontend"), filepath.Join(d.dir, "west-backend")
-	if err := d.cli(ctx, "ca", "issue", "--data-dir", east.dataDir, "--spiffe-id", "spiffe://east.example/frontend", "--out", eastCreds); err != nil {
+	if err := d.cli(ctx, "ca", "issue", "--data-dir", east.dataDir, "--spiffe-id", "spiffe://east.example/frontend", "--credentials-dir", eastCreds); err != nil {
 		return err
 	}
-	if err := d.cli(ctx, "ca", "issue", "--data-dir", west.dataDir, "--spiffe-id", "spiffe://west.example/backend", "--out", westCreds); err != nil {
+	if err := d.cli(ctx, "ca", "issue", "--data-dir", west.dataDir, "--spiffe-id", "spiffe://west.example/backend", "--credentials-dir", westCreds); err != nil {
 		return err
 	}
 	d.say("issued spiffe://east.example/frontend (east's CA) and spiffe://west.example/backend (west's CA)")
@@ -221,7 +221,7 @@ func (d *demo) play(keepCtx context.Context) error {
 		return err
 	}
 	northCreds := filepath.Join(d.dir, "north-intruder")
-	if err := d.cli(ctx, "ca", "issue", "--data-dir", north.dataDir, "--spiffe-id", "spiffe://north.example/frontend", "--out", northCreds); err != nil {
+	if err := d.cli(ctx, "ca", "issue", "--data-dir", north.dataDir, "--spiffe-id", "spiffe://north.example/frontend", "--credentials-dir", northCreds); err != nil {
 		return err
 	}
 	intruder, err := x509svid.Load(filepath.Join(northCreds, "cert-chain.pem"), filepath.Join(northCreds, "key.pem"))

@@ -335,22 +335,30 @@ func newFederationCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "federation",
 		Short: "See and drive the running server's federation",
+		Example: `  trustbridge federation status
+  trustbridge federation refresh west.example`,
 	}
 	var admin string
-	var asJSON bool
+	var output *outputFlag
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Show every federated trust domain: state, sequence, last success and error, authorities",
-		Args:  cobra.NoArgs,
+		Long: `Read the server's /v1/federation and show one line per federated trust domain.
+-o json prints the server's documents (indented, keys as the server sends
+them, including any this version does not know); -o yaml the same as YAML.`,
+		Example: `  trustbridge federation status
+  trustbridge federation status --admin http://127.0.0.1:15014 -o json | jq '.[] | select(.state != "ok")'`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runFederationStatus(cmd.Context(), e, admin, asJSON)
+			return runFederationStatus(cmd.Context(), e, admin, output)
 		},
 	}
-	status.Flags().BoolVar(&asJSON, "json", false, "print the server's JSON as is")
+	output = addOutputFlag(status)
 	refresh := &cobra.Command{
-		Use:   "refresh TRUST_DOMAIN",
-		Short: "Poll one trust domain's bundle endpoint now",
-		Args:  cobra.ExactArgs(1),
+		Use:     "refresh TRUST_DOMAIN",
+		Short:   "Poll one trust domain's bundle endpoint now",
+		Example: `  trustbridge federation refresh west.example --admin http://127.0.0.1:15014`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			u := strings.TrimRight(admin, "/") + "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
 			body, err := adminCall(cmd.Context(), http.MethodPost, u)
@@ -388,25 +396,31 @@ func adminCall(ctx context.Context, method, u string) (string, error) {
 	return string(body), nil
 }
 
-func runFederationStatus(ctx context.Context, e env, admin string, asJSON bool) error {
-	body, err := adminCall(ctx, http.MethodGet, strings.TrimRight(admin, "/")+"/v1/federation")
-	if err != nil {
+func runFederationStatus(ctx context.Context, e env, admin string, output *outputFlag) error {
+	if err := output.check(); err != nil {
 		return err
 	}
-	if asJSON {
-		_, err = io.WriteString(e.out, body)
+	body, err := adminCall(ctx, http.MethodGet, strings.TrimRight(admin, "/")+"/v1/federation")
+	if err != nil {
 		return err
 	}
 	var status []federation.Status
 	if err := json.Unmarshal([]byte(body), &status); err != nil {
 		return fmt.Errorf("admin answer: %w", err)
 	}
+	// json and yaml are the server's documents, not their decoding: a
+	// newer server's keys pass through.
+	return output.write(e.out, json.RawMessage(body), func(w io.Writer) error {
+		return printFederationStatus(w, e.now(), status)
+	})
+}
+
+func printFederationStatus(w io.Writer, now time.Time, status []federation.Status) error {
 	if len(status) == 0 {
-		_, err = fmt.Fprintln(e.out, "no federated trust domains")
+		_, err := fmt.Fprintln(w, "no federated trust domains")
 		return err
 	}
-	now := e.now()
-	tw := tabwriter.NewWriter(e.out, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TRUST DOMAIN\tSTATE\tSEQ\tLAST SUCCESS\tNEXT\tFAILURES\tROOTS\tEARLIEST EXPIRY\tLAST ERROR")
 	for _, s := range status {
 		seq := "-"

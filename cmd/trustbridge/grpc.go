@@ -397,7 +397,7 @@ func (g *grpcEndpoint) printBanner(w io.Writer) {
 		certs = "validation contexts and callers' own certificates"
 	}
 	fmt.Fprintf(w, "  sds:        %s (Envoy SecretDiscoveryService on the same listener: %s)\n", addr, certs)
-	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --out ./creds\n", addr)
+	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --credentials-dir ./creds\n", addr)
 }
 
 // logStart logs the service's start-up record.

@@ -202,7 +202,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 
 	good := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
 	out := filepath.Join(t.TempDir(), "creds")
-	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", good, "--out", out)
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", good, "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued "+want.String())
 	checkCreds(t, out, want)
@@ -223,7 +223,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 
 	// A token for another audience is refused.
 	wrong := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"someone-else"}, 10*time.Minute), 0o600)
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--out", t.TempDir())
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "did not accept the credentials")
 }

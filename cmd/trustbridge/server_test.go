@@ -153,7 +153,7 @@ func TestCAIssueWhileServerRuns(t *testing.T) {
 	dataDir := t.TempDir()
 	startServer(t, dataDir)
 	out := filepath.Join(t.TempDir(), "creds")
-	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", out, "--ttl", "1h")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--credentials-dir", out, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued spiffe://example.org/demo")
 
@@ -187,19 +187,29 @@ func TestCAIssueWhileServerRuns(t *testing.T) {
 		t.Log("openssl not installed; skipping openssl verify")
 	}
 
+	t.Run("--out, the old name of --credentials-dir", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "old")
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", dir)
+		require.Equal(t, 0, code, stderr)
+		assert.Contains(t, stderr, "--out is deprecated")
+		assert.FileExists(t, filepath.Join(dir, "key.pem"))
+		_, stderr, code = runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", dir, "--credentials-dir", t.TempDir())
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "pass only --credentials-dir")
+	})
 	t.Run("refuses other trust domains", func(t *testing.T) {
-		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://other.org/demo", "--out", t.TempDir())
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://other.org/demo", "--credentials-dir", t.TempDir())
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "other.org")
 	})
 	t.Run("refuses TTL over the maximum", func(t *testing.T) {
-		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", t.TempDir(), "--ttl", "2160h1s")
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--credentials-dir", t.TempDir(), "--ttl", "2160h1s")
 		assert.Equal(t, 1, code)
 		assert.NotEmpty(t, stderr)
 	})
 	t.Run("no state", func(t *testing.T) {
 		empty := t.TempDir()
-		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", empty, "--spiffe-id", "spiffe://example.org/demo", "--out", t.TempDir())
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", empty, "--spiffe-id", "spiffe://example.org/demo", "--credentials-dir", t.TempDir())
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "no CA state")
 	})
@@ -279,7 +289,7 @@ func TestServerPluginCA(t *testing.T) {
 	require.NoError(t, <-done)
 
 	creds := t.TempDir()
-	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--ca-dir", caDir, "--spiffe-id", "spiffe://example.org/vm", "--out", creds, "--ttl", "1h")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--ca-dir", caDir, "--spiffe-id", "spiffe://example.org/vm", "--credentials-dir", creds, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	chain, err := os.ReadFile(filepath.Join(creds, "cert-chain.pem"))
 	require.NoError(t, err)

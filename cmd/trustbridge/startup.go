@@ -108,7 +108,7 @@ func printBanner(w io.Writer, o serverOptions, p *serverParts, addr string) {
 		if o.caDir != "" {
 			issue = "--ca-dir " + o.caDir
 		}
-		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
+		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --credentials-dir ./demo-creds\n", issue, td)
 	}
 	if ep := p.ep; ep != nil {
 		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(p.td))
