@@ -70,7 +70,7 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts AddOptio
 
 // Remove stops federating with td as managed here: its endpoint, or else
 // its static bundle. Its bundle is trusted no more.
-func (m *Manager) Remove(td spiffeid.TrustDomain, actor string) error {
+func (m *Manager) Remove(_ context.Context, td spiffeid.TrustDomain, actor string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.free(td); err != nil {
@@ -94,7 +94,7 @@ func (m *Manager) Remove(td spiffeid.TrustDomain, actor string) error {
 // its managed endpoint, which authenticates that endpoint's first fetch
 // (a held, fetched bundle stays in force), or else a static bundle,
 // trusted as is until set again or removed. kind says which.
-func (m *Manager) SetBundle(b *spiffebundle.Bundle, actor string) (kind string, err error) {
+func (m *Manager) SetBundle(_ context.Context, b *spiffebundle.Bundle, actor string) (kind string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	td := b.TrustDomain()

@@ -114,8 +114,8 @@ func TestAddRemovePersist(t *testing.T) {
 	assert.True(t, got.Endpoints[0].BootstrapBundle.Equal(peer.Bundle()))
 	assert.Equal(t, h.m.State().Endpoints[1].String(), got.Endpoints[1].String())
 
-	require.NoError(t, h.m.Remove(spiffeid.RequireTrustDomainFromString("web.example"), "op"))
-	require.NoError(t, h.m.Remove(spiffeid.RequireTrustDomainFromString("peer.example"), "op"))
+	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("web.example"), "op"))
+	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("peer.example"), "op"))
 	assert.Empty(t, h.inForce().Endpoints)
 	assert.NoFileExists(t, filepath.Join(dir, EndpointsFile))
 	var kinds []string
@@ -141,15 +141,15 @@ func TestRefusals(t *testing.T) {
 	}{
 		{"own trust domain", func() error { return h.m.Add(ctx, web(t, "example.org", "https://example.org/"), AddOptions{}) }, ErrInvalid, "this server's own trust domain"},
 		{"configured by flag", func() error { return h.m.Add(ctx, web(t, "flag.example", "https://f/"), AddOptions{}) }, ErrReserved, "flag.example is configured by --federate; change it there"},
-		{"remove configured by flag", func() error { return h.m.Remove(spiffeid.RequireTrustDomainFromString("flag.example"), "") }, ErrReserved, "--federate"},
+		{"remove configured by flag", func() error { return h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("flag.example"), "") }, ErrReserved, "--federate"},
 		{"exists", func() error { return h.m.Add(ctx, web(t, "web.example", "https://other/"), AddOptions{}) }, ErrExists, "replace it with --force"},
 		{"first fetch unanchored", func() error { return h.m.Add(ctx, unanchored, AddOptions{}) }, federation.ErrNoBootstrapBundle, "trustDomainBundleFile"},
-		{"remove unknown", func() error { return h.m.Remove(spiffeid.RequireTrustDomainFromString("nope.example"), "") }, ErrNotFound, "federation list"},
+		{"remove unknown", func() error { return h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("nope.example"), "") }, ErrNotFound, "federation list"},
 		{"empty bundle", func() error {
-			_, err := h.m.SetBundle(spiffebundle.New(spiffeid.RequireTrustDomainFromString("s.example")), "")
+			_, err := h.m.SetBundle(ctx, spiffebundle.New(spiffeid.RequireTrustDomainFromString("s.example")), "")
 			return err
 		}, ErrInvalid, "no X.509 or JWT authority"},
-		{"bundle for own", func() error { _, err := h.m.SetBundle(testca.New(t, "example.org").Bundle(), ""); return err }, ErrInvalid, "own trust domain"},
+		{"bundle for own", func() error { _, err := h.m.SetBundle(ctx, testca.New(t, "example.org").Bundle(), ""); return err }, ErrInvalid, "own trust domain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,7 +178,7 @@ func TestFailuresKeepLastGoodState(t *testing.T) {
 	assert.ErrorContains(t, err, "connection refused; nothing was changed")
 	// --no-fetch adds it anyway.
 	require.NoError(t, h.m.Add(ctx, web(t, "down.example", "https://down.example/"), AddOptions{NoProbe: true}))
-	require.NoError(t, h.m.Remove(spiffeid.RequireTrustDomainFromString("down.example"), ""))
+	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("down.example"), ""))
 	h.probeErr = nil
 
 	h.applyErr = errors.New("poller refused")
@@ -204,7 +204,7 @@ func TestSetBundle(t *testing.T) {
 	peer := testca.New(t, "peer.example")
 	peer2 := testca.New(t, "peer.example")
 
-	kind, err := h.m.SetBundle(peer.Bundle(), "op")
+	kind, err := h.m.SetBundle(ctx, peer.Bundle(), "op")
 	require.NoError(t, err)
 	assert.Equal(t, KindStaticSet, kind)
 	_, bundles := names(h.inForce())
@@ -219,7 +219,7 @@ func TestSetBundle(t *testing.T) {
 	assert.True(t, got.Endpoints[0].BootstrapBundle.Equal(peer.Bundle()))
 
 	// Set again: now the endpoint's bootstrap bundle.
-	kind, err = h.m.SetBundle(peer2.Bundle(), "op")
+	kind, err = h.m.SetBundle(ctx, peer2.Bundle(), "op")
 	require.NoError(t, err)
 	assert.Equal(t, KindBootstrap, kind)
 	assert.True(t, h.inForce().Endpoints[0].BootstrapBundle.Equal(peer2.Bundle()))
