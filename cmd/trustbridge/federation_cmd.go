@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -70,6 +71,11 @@ type federationSetup struct {
 	static []federation.Endpoint
 	// relayed are the trust domains --bundle-file puts in the store.
 	relayed []spiffeid.TrustDomain
+	// mu guards crd and runtime's state, the parts of the union the
+	// poller follows besides static (endpoints).
+	mu      sync.Mutex
+	crd     []federation.Endpoint
+	runtime *runtimeFederation // nil until manage wires it
 }
 
 // holds reports whether td's roots are in the store before any fetch, for
@@ -91,6 +97,9 @@ func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomai
 		if o, ok := fs.origins[td]; ok {
 			return o
 		}
+		if fs.runtime.has(td) {
+			return originRuntime
+		}
 		if ctl != nil {
 			return ctl.Origins()[td]
 		}
@@ -98,10 +107,18 @@ func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomai
 	}
 }
 
-// applyCRD sets the poller's endpoints to the static ones plus those of
-// the ClusterFederatedTrustDomain resources.
+// applyCRD sets the poller's endpoints to the union (endpoints) with
+// those of the ClusterFederatedTrustDomain resources.
 func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
-	return fs.poller.SetEndpoints(append(slices.Clone(fs.static), eps...))
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	old := fs.crd
+	fs.crd = eps
+	if err := fs.applyLocked(); err != nil {
+		fs.crd = old
+		return err
+	}
+	return nil
 }
 
 // staticEndpoints reads the endpoints configured by --federate (or
@@ -295,6 +312,7 @@ func newFederationCmd(e env) *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
 	cmd.AddCommand(status, refresh)
+	cmd.AddCommand(newFederationManageCmds(e)...)
 	return cmd
 }
 

@@ -37,6 +37,7 @@ func newBundleCmd(e env) *cobra.Command {
 		Short: "Work with SPIFFE bundle documents and bundle maps",
 	}
 	cmd.AddCommand(newInspectCmd(e.now))
+	cmd.AddCommand(newBundleShowCmd(e), newBundleSetCmd(e))
 	return cmd
 }
 

@@ -210,7 +210,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	defer closeAudit()
-	o.federation.dynamic = o.kube.federationCRD
+	// Runtime federation (federation add) needs the poller running even
+	// with no endpoints yet; with kube storage it comes from resources.
+	o.federation.dynamic = o.kube.federationCRD || fileStorage(o)
 	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), trail.federationEvent, reg, logger)
 	if err != nil {
 		return err
@@ -218,6 +220,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	o.grpc.tokenLedger = kube.tokenLedger(o.dataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
 	if p.crd, err = kube.federationCRD(td, fed, reg, logger); err != nil {
+		return err
+	}
+	if err := p.manage(o, logger); err != nil {
 		return err
 	}
 	fed.store.Set(caSource, authority.Bundle())
@@ -555,6 +560,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		if rep != nil {
 			cfg.Trust, cfg.Actor, cfg.IsLeader, cfg.Clock = fed.store, rep.actor, rep.leader, rep.clock
 		}
+		fed.runtime.configure(&cfg)
 	}
 	return admin.New(cfg)
 }
