@@ -271,4 +271,3 @@ func orDash(s string) string {
 	}
 	return s
 }
-

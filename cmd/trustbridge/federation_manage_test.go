@@ -146,3 +146,11 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 	assert.NotEmpty(t, b.X509Authorities())
 	assert.Contains(t, cli(t, "bundle", "show", "--data-dir", dir), "example.org")
 }
+
+// writeTemp writes content to a file of its own and returns its path.
+func writeTemp(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+	return path
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/managed"
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
@@ -80,8 +81,7 @@ func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
 	rt := &runtimeFederation{token: token, tokenFile: file}
 	p.fed.runtime = rt
 	if !fileStorage(o) {
-		rt.manager = kubeManager{crd: p.crd != nil}
-		return nil
+		return p.manageKube(o, rt)
 	}
 	fs := p.fed
 	m, warnings, err := managed.New(managed.Config{
@@ -215,15 +215,35 @@ func (t *auditTrail) runtimeChange(c managed.Change) {
 	})
 }
 
-// kubeManager changes nothing: with Kubernetes storage the federation
-// lives in ClusterFederatedTrustDomain resources.
-type kubeManager struct{ crd bool }
-
-func (k kubeManager) refuse() error {
-	if !k.crd {
-		return fmt.Errorf("%w: with --storage kube, run-time federation is ClusterFederatedTrustDomain resources: start the server with --federation-crd and kubectl apply one (deploy/base/crd.yaml)", managed.ErrInvalid)
+// manageKube makes federation add|remove write ClusterFederatedTrustDomain
+// resources, which every replica's controller applies; without
+// --federation-crd they are refused, saying so.
+func (p *serverParts) manageKube(o serverOptions, rt *runtimeFederation) error {
+	if p.crd == nil {
+		rt.manager = kubeManager{}
+		return nil
 	}
-	return fmt.Errorf("%w: with --storage kube, change the ClusterFederatedTrustDomain resources (kubectl apply / kubectl delete clusterfederatedtrustdomain NAME)", managed.ErrInvalid)
+	reserved := map[spiffeid.TrustDomain]string{}
+	for td := range p.fed.origins {
+		reserved[td] = p.fed.reservedBy(td)
+	}
+	m, err := crd.NewManager(crd.ManagerConfig{
+		Dynamic: p.kube.dynamic, Controller: p.crd, ClassName: o.kube.federationClass,
+		Local: p.td, Reserved: reserved, Others: p.fed.others, Held: p.fed.holds,
+		Probe: p.fed.probe(o.federation), OnChange: p.trail.runtimeChange,
+	})
+	rt.manager = m
+	return err
+}
+
+// kubeManager refuses every change: with Kubernetes storage the run-time
+// federation is ClusterFederatedTrustDomain resources, which need
+// --federation-crd.
+type kubeManager struct{}
+
+func (kubeManager) refuse() error {
+	return fmt.Errorf("%w: with --storage kube, run-time federation is ClusterFederatedTrustDomain resources, and this server runs without --federation-crd: "+
+		"restart it with --federation-crd (the CRD is deploy/base/crd.yaml)", managed.ErrInvalid)
 }
 
 func (k kubeManager) Add(context.Context, federation.Endpoint, managed.AddOptions) error {
