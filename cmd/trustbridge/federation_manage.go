@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -62,19 +63,20 @@ func (c *adminClient) token() (string, error) {
 func (c *adminClient) do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	u := strings.TrimRight(c.addr, "/") + path
+	client, base := c.client()
+	u := base + path
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return "", err
 	}
-	if auth {
+	if auth && client == http.DefaultClient {
 		tok, err := c.token()
 		if err != nil {
 			return "", err
 		}
 		req.Header.Set("Authorization", "Bearer "+tok)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("%w (is the server running? its admin address is --admin)", err)
 	}
@@ -87,6 +89,19 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 		return "", fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
+}
+
+// client is the HTTP client and base URL of c.addr: "unix://PATH" is the
+// server's --admin-socket, where the socket's mode stands for the token.
+func (c *adminClient) client() (*http.Client, string) {
+	path, ok := strings.CutPrefix(c.addr, "unix://")
+	if !ok {
+		return http.DefaultClient, strings.TrimRight(c.addr, "/")
+	}
+	var d net.Dialer
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", path)
+	}}}, "http://localhost"
 }
 
 // adminFrom is the client of a federation subcommand: --admin is the

@@ -1,14 +1,20 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/pem"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -153,4 +159,91 @@ func writeTemp(t *testing.T, content string) string {
 	path := filepath.Join(t.TempDir(), "file")
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
 	return path
+}
+
+// An add that fails keeps the last good state and says how to fix it: a
+// peer that does not answer (unless --no-fetch), a bundle file that is not
+// a CA's; a run-time file corrupted while the server was stopped stops the
+// next start, naming the file, as a bad --federation-config does.
+func TestFederationAddFailuresKeepState(t *testing.T) {
+	dir := t.TempDir()
+	local := startE2EServer(t, "example.org", dir, nil)
+	down := "https://" + reservePort(t) + "/"
+	run := func(args ...string) (string, string, int) {
+		return runCLIAt(t, time.Now, "", append(args, "--admin", local.admin, "--data-dir", dir)...)
+	}
+	peer := testca.New(t, "peer.example")
+	leaf, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://peer.example/w"))
+	leafPEM := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw})))
+	rootPEM := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peer.Cert.Raw})))
+	spiffeAdd := []string{"federation", "add", "peer.example", down, "--endpoint-spiffe-id", "spiffe://peer.example/s"}
+
+	tests := []struct {
+		name string
+		args []string
+		msg  []string
+	}{
+		{"peer down", append(slices.Clone(spiffeAdd), "--bundle", rootPEM), []string{"502 Bad Gateway", "first fetch failed", "nothing was changed", "--no-fetch"}},
+		{"leaf as bundle", append(slices.Clone(spiffeAdd), "--bundle", leafPEM), []string{"400 Bad Request", "x5c certificate is not a CA"}},
+		{"no bundle", spiffeAdd, []string{"400 Bad Request", "no bundle to authenticate the first fetch", "trustDomainBundleFile"}},
+		{"our own", []string{"federation", "add", "example.org", down}, []string{"own trust domain"}},
+		{"not https", []string{"federation", "add", "web.example", "http://web.example/"}, []string{"400 Bad Request", "https"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, code := run(tt.args...)
+			assert.Equal(t, 1, code)
+			for _, m := range tt.msg {
+				assert.Contains(t, stderr, m)
+			}
+			assert.Empty(t, relationships(t, local))
+			assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
+		})
+	}
+
+	// --no-fetch adds the peer that is down: it is polled until it answers.
+	stdout, stderr, code := run(append(slices.Clone(spiffeAdd), "--bundle", rootPEM, "--no-fetch")...)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "federated with peer.example")
+	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+	local.stop()
+
+	path := filepath.Join(dir, "federation-managed.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("federation:\n  - trustDomian: peer.example\n"), 0o600))
+	o := baseServerOptions("example.org", dir)
+	var logs bytes.Buffer
+	err := runServer(context.Background(), env{in: strings.NewReader(""), out: io.Discard, err: &logs, now: time.Now}, o, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "run-time federation")
+	assert.Contains(t, err.Error(), "federation-managed.yaml")
+	assert.Contains(t, err.Error(), `unknown key "trustDomian"`)
+}
+
+// Over --admin-socket (mode 0600) changes need no token: the socket's
+// owner is the server's user. The audit log names the socket as actor.
+func TestFederationAddOverAdminSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "admin.sock")
+	local := startE2EServer(t, "example.org", dir, func(o *serverOptions) { o.adminSocket = sock })
+	info, err := os.Stat(sock)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	static := testca.New(t, "static.example")
+	file := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: static.Cert.Raw})))
+	noToken := filepath.Join(t.TempDir(), "none")
+	out := cli(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
+	assert.Contains(t, out, "static bundle")
+	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
+	assert.Equal(t, originRuntime, relationships(t, local)["web.example"].Origin)
+
+	var reasons []string
+	for _, e := range readAuditLog(t, dir) {
+		if e.Event == "static_bundle_set" || e.Event == "federation_added" {
+			reasons = append(reasons, e.Event+" "+e.Reason)
+		}
+	}
+	assert.Equal(t, []string{"static_bundle_set by admin-socket (admin API)", "federation_added by admin-socket (admin API)"}, reasons)
+	local.stop()
+	assert.NoFileExists(t, sock, "removed at stop")
 }
