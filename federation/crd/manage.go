@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -158,40 +159,58 @@ func (m *Manager) SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor s
 	return managed.KindBootstrap, nil
 }
 
-// write creates the resource name with the spec edit makes, or updates
-// its spec; a resource created meanwhile is an ErrExists.
+// write creates the resource name with the spec edit makes or, when
+// create is false, edits its spec, again on a conflict: the controller
+// writes the status of the same resource meanwhile. A resource created
+// meanwhile is an ErrExists.
 func (m *Manager) write(ctx context.Context, name string, create bool, edit func(*Spec)) error {
 	res := m.cfg.Dynamic.Resource(GVR)
-	cr := ClusterFederatedTrustDomain{TypeMeta: metav1.TypeMeta{APIVersion: Group + "/" + Version, Kind: Kind}, ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if !create {
-		got, err := res.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("crd: reading ClusterFederatedTrustDomain %s: %w", name, err)
-		}
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr); err != nil {
-			return fmt.Errorf("crd: ClusterFederatedTrustDomain %s: %w", name, err)
-		}
-	}
-	edit(&cr.Spec)
-	cr.Status = Status{}
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&cr)
-	if err != nil {
-		return err
-	}
-	unstructured.RemoveNestedField(obj, "status")
-	u := &unstructured.Unstructured{Object: obj}
 	if create {
-		_, err = res.Create(ctx, u, metav1.CreateOptions{})
+		cr := ClusterFederatedTrustDomain{TypeMeta: metav1.TypeMeta{APIVersion: Group + "/" + Version, Kind: Kind}, ObjectMeta: metav1.ObjectMeta{Name: name}}
+		edit(&cr.Spec)
+		u, err := toUnstructured(&cr)
+		if err == nil {
+			_, err = res.Create(ctx, u, metav1.CreateOptions{})
+		}
 		if apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("%w: ClusterFederatedTrustDomain %s exists (perhaps for another server's class); edit it, or delete it", managed.ErrExists, name)
 		}
-	} else {
-		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("crd: creating ClusterFederatedTrustDomain %s: %w", name, err)
+		}
+		return nil
 	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got, err := res.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var cr ClusterFederatedTrustDomain
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr); err != nil {
+			return err
+		}
+		edit(&cr.Spec)
+		u, err := toUnstructured(&cr)
+		if err != nil {
+			return err
+		}
+		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("crd: writing ClusterFederatedTrustDomain %s: %w", name, err)
+		return fmt.Errorf("crd: updating ClusterFederatedTrustDomain %s: %w", name, err)
 	}
 	return nil
+}
+
+// toUnstructured is cr without its status, which the controller owns.
+func toUnstructured(cr *ClusterFederatedTrustDomain) (*unstructured.Unstructured, error) {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cr)
+	if err != nil {
+		return nil, err
+	}
+	unstructured.RemoveNestedField(obj, "status")
+	return &unstructured.Unstructured{Object: obj}, nil
 }
 
 func (m *Manager) changed(c managed.Change) {
