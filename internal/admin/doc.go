@@ -31,7 +31,8 @@
 //     certificates as its bootstrap or static bundle. Mounted with a
 //     Config.Manager; they need "Authorization: Bearer <Config.Token>"
 //     (401 otherwise), or a connection of the admin socket (OverSocket),
-//     and are refused cross-site (403)
+//     and are refused cross-site (403) and on a follower (409: only the
+//     leader writes the audit log)
 //   - GET /v1/snapshot (?compact: unindented) and /ui: the trustview.Snapshot
 //     of everything trusted, as JSON and as statusui's page; mounted only
 //     with a Config.Trust store

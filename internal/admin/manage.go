@@ -68,28 +68,42 @@ func (h *Handler) manageRoutes() {
 }
 
 // mutation guards a state-changing handler: no cross-site browser
-// request, and the admin token (compared in constant time) unless the
-// request came in on the admin socket.
+// request, the admin token (compared in constant time) unless the request
+// came in on the admin socket, and the leader only.
 func (h *Handler) mutation(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
 	return refuseCrossSite(func(w http.ResponseWriter, r *http.Request) {
-		if r.Context().Value(socketKey{}) != nil {
-			next(w, r, ActorSocket)
+		actor, ok := h.authenticate(w, r)
+		if !ok {
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		want := h.cfg.Token
-		if !ok || want == "" || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(want)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="trustbridge-admin"`)
-			what := "missing admin token"
-			if ok {
-				what = "wrong admin token"
-			}
-			http.Error(w, what+": send Authorization: Bearer <token>, the token the server wrote to "+h.cfg.TokenFile+
-				" (trustbridge reads it with --data-dir or --admin-token-file)", http.StatusUnauthorized)
+		if !h.isLeader() {
+			// The leader records trust changes in the audit log; a change
+			// made through a follower would go unrecorded.
+			http.Error(w, "this replica is not the leader; make changes through the leader (see the trustbridge_leader metric), where they are audited", http.StatusConflict)
 			return
 		}
-		next(w, r, "admin-token")
+		next(w, r, actor)
 	})
+}
+
+// authenticate names who asks, or answers 401 saying where the token is.
+func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (actor string, ok bool) {
+	if r.Context().Value(socketKey{}) != nil {
+		return ActorSocket, true
+	}
+	got, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	want := h.cfg.Token
+	if bearer && want != "" && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(want)) == 1 {
+		return "admin-token", true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="trustbridge-admin"`)
+	what := "missing admin token"
+	if bearer {
+		what = "wrong admin token"
+	}
+	http.Error(w, what+": send Authorization: Bearer <token>, the token the server wrote to "+h.cfg.TokenFile+
+		" (trustbridge reads it with --data-dir or --admin-token-file)", http.StatusUnauthorized)
+	return "", false
 }
 
 func (h *Handler) serveRelationships(w http.ResponseWriter, _ *http.Request) {

@@ -89,6 +89,7 @@ func TestMutationsNeedTheToken(t *testing.T) {
 		{"no token configured", []string{"Authorization", "Bearer "}, false, "", http.StatusUnauthorized, "wrong admin token"},
 		{"cross-site with the token", append([]string{"Origin", "https://evil.example"}, bearer...), false, testToken, http.StatusForbidden, "cross-site"},
 		{"good token", bearer, false, testToken, http.StatusCreated, "federated with web.example"},
+		{"follower", bearer, false, testToken, http.StatusConflict, "not the leader"},
 		{"admin socket", nil, true, testToken, http.StatusCreated, "federated with web.example"},
 	}
 	for _, tt := range tests {
@@ -96,6 +97,9 @@ func TestMutationsNeedTheToken(t *testing.T) {
 			t.Parallel()
 			f := newManagedFixture(t)
 			f.cfg.Token = tt.token
+			if tt.name == "follower" {
+				f.cfg.IsLeader = func() bool { return false }
+			}
 			h := New(f.cfg)
 			for _, r := range []struct{ method, target, body string }{
 				{http.MethodPost, "/v1/federation/relationships", webEntry("web.example")},
