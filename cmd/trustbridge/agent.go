@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -31,6 +29,7 @@ type agentOptions struct {
 	pollInterval   time.Duration
 	logFormat      string
 	logLevel       string
+	admin          agentAdminOptions
 }
 
 // Defaults of the agent's paths: Istio's, relative to the working
@@ -76,6 +75,8 @@ Envoy's SDS config points at the socket, e.g. a static cluster
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			e, stopHUP := hupSignals(e)
+			defer stopHUP()
 			return runAgent(ctx, e, o)
 		},
 	}
@@ -93,15 +94,19 @@ Envoy's SDS config points at the socket, e.g. a static cluster
 	f.DurationVar(&o.pollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	addAgentAdminFlags(f, &o.admin)
 	return cmd
 }
 
 func runAgent(ctx context.Context, e env, o agentOptions) error {
-	logger, err := newLogger(e.err, o.logFormat, o.logLevel)
+	base, err := newLogger(e.err, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
 	}
-	logger = logger.With(logattr.Component, "agent")
+	// Each part names its component on the process's logger; one derived
+	// from another's would carry both (the rotator's records said
+	// "component" twice).
+	logger := base.With(logattr.Component, "agent")
 	if !(o.graceRatio > 0 && o.graceRatio < 1) {
 		return fmt.Errorf("--secret-grace-period-ratio %v: want a number between 0 and 1", o.graceRatio)
 	}
@@ -111,8 +116,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	if o.pollInterval <= 0 {
 		return fmt.Errorf("--credentials-poll-interval %s must be positive", o.pollInterval)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 
 	cfg := agent.Config{
 		SocketPath:     o.socket,
@@ -144,7 +148,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 			OutputCertsDir: o.outputCerts,
 			GraceRatio:     o.graceRatio,
 			TTL:            o.ttl,
-			Logger:         logger.With(logattr.Component, "rotator"),
+			Logger:         base.With(logattr.Component, "rotator"),
 			Registerer:     reg,
 		}
 	}
@@ -152,6 +156,11 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	if err != nil {
 		return err
 	}
+	stopSide, err := startAgentSide(ctx, e, o.admin, a, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopSide()
 	err = a.Run(ctx)
 	if errors.Is(err, agent.ErrAlreadyServing) {
 		fmt.Fprintf(e.out, "an SDS server already answers on %s; not starting another (%v)\n", o.socket, err)

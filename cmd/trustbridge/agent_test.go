@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/testlog"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -24,9 +23,9 @@ func startAgent(t *testing.T, o agentOptions) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var out, logs testlog.Buffer
+	e, _, logs := testEnv(t, o.logFormat)
 	go func() {
-		done <- runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o)
+		done <- runAgent(ctx, e, o)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -69,7 +68,7 @@ func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agentOpt
 		outputCerts:    filepath.Join(dir, "out"),
 		graceRatio:     0.5,
 		pollInterval:   time.Second,
-		logFormat:      "text",
+		logFormat:      "json",
 		logLevel:       "debug",
 	}
 }
@@ -162,7 +161,7 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 	require.NoError(t, err)
 
 	o := agentOptions{socket: filepath.Join(t.TempDir(), "sds.sock"), credentialsDir: creds, graceRatio: 0.5,
-		pollInterval: 50 * time.Millisecond, logFormat: "text", logLevel: "info"}
+		pollInterval: 50 * time.Millisecond, logFormat: "json", logLevel: "info"}
 	startAgent(t, o)
 	e := openEnvoy(t, dialSDSUnix(t, o.socket), nil, sds.DefaultName, sds.RootCAName)
 	r := e.recv(10 * time.Second)

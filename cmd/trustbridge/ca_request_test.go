@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"testing"
 	"time"
 
@@ -61,13 +60,11 @@ func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*serverOpti
 	return addr, rootCert, dataDir
 }
 
-var grpcAddrLine = regexp.MustCompile(`(?m)^  ca api:     (\S+) `)
-
-func grpcAddr(t *testing.T, banner string) string {
-	t.Helper()
-	m := grpcAddrLine.FindStringSubmatch(banner)
-	require.NotNil(t, m, "banner names the certificate service:\n%s", banner)
-	return m[1]
+// grpcAddr is the certificate service's address, as the start-up record
+// in a server's log names it.
+func grpcAddr(tb testing.TB, logs string) string {
+	tb.Helper()
+	return logAttr(tb, logs, "certificate service listening", "address")
 }
 
 func writeFile(t *testing.T, data string, perm os.FileMode) string {

@@ -194,7 +194,7 @@ func TestServerFromConfigFile(t *testing.T) {
 	require.NoError(t, fs.Parse([]string{"--config", path}))
 	require.NoError(t, loadServerConfig(fs, o, noEnv))
 	admin, banner, _ := launchServer(t, *o)
-	assert.Contains(t, banner, "trustbridge is serving trust domain conf.example")
+	assert.Equal(t, "conf.example", logAttr(t, banner, "trustbridge server started", "trust_domain"))
 	assert.Equal(t, "conf.example", trustOf(t, admin).TrustDomain)
 }
 

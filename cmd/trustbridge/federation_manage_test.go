@@ -247,3 +247,31 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	local.stop()
 	assert.NoFileExists(t, sock, "removed at stop")
 }
+
+// A SIGHUP reload that would configure, in a file, a trust domain added
+// at run time is refused, saying how to move it; the endpoints in force
+// stay.
+func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
+	dir := t.TempDir()
+	fedFile := filepath.Join(t.TempDir(), "federation.yaml")
+	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example")), 0o600))
+	o := baseServerOptions("example.org", dir)
+	o.federation.configFile = fedFile
+	o.federation.allowPrivate = true
+	admin, hup, logs := launchReloadable(t, o)
+	cli(t, "federation", "add", "b.example", "https://127.0.0.1:1/b", "--no-fetch", "--admin", "http://"+admin, "--data-dir", dir)
+	require.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+
+	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
+	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
+	assert.Contains(t, logs.String(), "b.example was added at run time (trustbridge federation add): remove it with trustbridge federation remove b.example")
+	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+
+	// Moved: removed at run time, then reloaded from the file.
+	cli(t, "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
+	hupAndWait(t, hup, logs, "reloaded", 1)
+	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "b.example is configured by --federation-config")
+}

@@ -119,15 +119,13 @@ func writeAdminToken(dataDir string) (token, path string, err error) {
 	return token, path, nil
 }
 
-// applyLocked sets the poller's endpoints to the union of the static
-// ones (flags, files), the resources' and those added at run time: the
-// one place that computes it, for every source that changes.
-func (fs *federationSetup) applyLocked() error {
-	var managedEPs []federation.Endpoint
-	if fs.runtime != nil {
-		managedEPs = fs.runtime.inForce.Endpoints
+// endpoints are the run-time endpoints in force (nil-safe), for
+// federationSetup.applyLocked, under its mu.
+func (r *runtimeFederation) endpoints() []federation.Endpoint {
+	if r == nil {
+		return nil
 	}
-	return fs.poller.SetEndpoints(slices.Concat(fs.static, fs.crd, managedEPs))
+	return r.inForce.Endpoints
 }
 
 // applyManaged puts a run-time state in force: its endpoints polled (in
@@ -136,7 +134,9 @@ func (fs *federationSetup) applyManaged(s managed.State) error {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	old := fs.runtime.inForce
-	if err := fs.poller.SetEndpoints(slices.Concat(fs.static, fs.crd, s.Endpoints)); err != nil {
+	fs.runtime.inForce = s
+	if err := fs.applyLocked(); err != nil {
+		fs.runtime.inForce = old
 		return err
 	}
 	for _, b := range old.Bundles {
@@ -147,22 +147,21 @@ func (fs *federationSetup) applyManaged(s managed.State) error {
 	for _, b := range s.Bundles {
 		fs.store.Set(staticSource, b)
 	}
-	fs.runtime.inForce = s
 	return nil
 }
 
 // reservedBy says where else td is configured: flags, files, resources,
 // a relayed bundle file.
 func (fs *federationSetup) reservedBy(td spiffeid.TrustDomain) string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
 	switch fs.origins[td] {
 	case "flag":
 		return "--federate (or SPIFFE_BUNDLE_ENDPOINTS)"
 	case "file":
 		return "--federation-config (or the --config file's federation list)"
 	}
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if slices.ContainsFunc(fs.crd, func(ep federation.Endpoint) bool { return ep.TrustDomain == td }) {
+	if slices.ContainsFunc(fs.resources, func(ep federation.Endpoint) bool { return ep.TrustDomain == td }) {
 		return "a ClusterFederatedTrustDomain resource"
 	}
 	if slices.Contains(fs.relayed, td) {
@@ -175,7 +174,7 @@ func (fs *federationSetup) reservedBy(td spiffeid.TrustDomain) string {
 func (fs *federationSetup) others() []federation.Endpoint {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	return slices.Concat(fs.static, fs.crd)
+	return slices.Concat(fs.static, fs.resources)
 }
 
 // probe fetches a new endpoint's bundle once, as its first poll would:
@@ -224,7 +223,8 @@ func (p *serverParts) manageKube(o serverOptions, rt *runtimeFederation) error {
 		return nil
 	}
 	reserved := map[spiffeid.TrustDomain]string{}
-	for td := range p.fed.origins {
+	_, origins := p.fed.staticSet()
+	for td := range origins {
 		reserved[td] = p.fed.reservedBy(td)
 	}
 	m, err := crd.NewManager(crd.ManagerConfig{

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +23,6 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
-	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 // TestMain stops the shared real API server (internal/kubetest) after the
@@ -70,9 +68,9 @@ func serverError(t *testing.T, o serverOptions) error {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs testlog.Buffer
+	e, _, _ := testEnv(t, o.logFormat)
 	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+		done <- runServer(ctx, e, o, ready)
 	}()
 	select {
 	case <-ready:
@@ -134,7 +132,7 @@ func reservePortHeld(t *testing.T) string {
 
 func TestServerWithoutGRPC(t *testing.T) {
 	_, banner := startServer(t, t.TempDir()) // the test helper leaves --grpc-listen ""
-	assert.NotContains(t, banner.String(), "ca api:")
+	assert.Nil(t, logRecord(banner.String(), "certificate service listening"))
 }
 
 func TestLoadKubeConfig(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -97,6 +96,8 @@ address (DNS rebinding) cannot read it.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			e, stopHUP := hupSignals(e)
+			defer stopHUP()
 			return runServer(ctx, e, o, nil)
 		},
 	}
@@ -150,7 +151,17 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 }
 
+// newLogger is the process's logger: JSON, or text on a terminal (auto),
+// never writing a key twice in a record (logattr.UniqueKeys).
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	h, err := newLogHandler(w, format, level)
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(logattr.UniqueKeys(h)), nil
+}
+
+func newLogHandler(w io.Writer, format, level string) (slog.Handler, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
@@ -158,19 +169,27 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.NewJSONHandler(w, opts), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.NewTextHandler(w, opts), nil
 	case "auto":
-		if f, ok := w.(*os.File); ok {
-			if info, err := f.Stat(); err == nil && info.Mode()&os.ModeCharDevice != 0 {
-				return slog.New(slog.NewTextHandler(w, opts)), nil
-			}
+		if isTerminal(w) {
+			return slog.NewTextHandler(w, opts), nil
 		}
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.NewJSONHandler(w, opts), nil
 	default:
 		return nil, fmt.Errorf("--log-format %q: want auto, json or text", format)
 	}
+}
+
+// isTerminal says whether w is a character device: a person reading.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	info, err := f.Stat()
+	return err == nil && info.Mode()&os.ModeCharDevice != 0
 }
 
 // runServer runs until ctx is done. ready, when not nil, receives the
@@ -235,7 +254,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	addr := p.adminLn.Addr().String()
-	announce(e, o, td, kube, addr, authority, p.ep, p.gs, logger)
+	announce(e, o, p, addr, logger)
 	if ready != nil {
 		ready <- addr
 	}
@@ -244,6 +263,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	runners = append(runners, p.reloadRunner(e.hup, o, logger))
 	undo.clear() // the runners own the listeners now
 	err = runall.Run(ctx, runners...)
 	logger.Info("trustbridge server stopped")
@@ -327,11 +347,12 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	return append(runners, p.gs.parts()...), nil
 }
 
-// newRegistry is the server's metrics registry, with the Go runtime's
-// and the process's collectors.
+// newRegistry is a process's metrics registry (server and agent), with
+// the Go runtime's and the process's collectors and the build info.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg)
 	return reg
 }
 
@@ -431,23 +452,6 @@ func newAdminServer(h http.Handler) *http.Server {
 	}
 }
 
-// announce prints the banner and logs that the server started, with the
-// tuple peers federate with when the bundle endpoint is on.
-func announce(e env, o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, addr string, authority *ca.Authority,
-	ep *bundleEndpoint, gs *grpcEndpoint, logger *slog.Logger) {
-	printBanner(e.out, td.Name(), o.dataDir, o.caDir, kube, addr, authority, ep)
-	gs.report(e.out, logger)
-	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
-		"admin", "http://"+addr, logattr.Sequence, authority.Sequence())
-	if ep != nil {
-		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.bundle.profile, "tuple", ep.tuple(td)}
-		if !ep.id.IsZero() {
-			attrs = append(attrs, logattr.SPIFFEID, ep.id.String(), "bootstrap", ep.bootstrapCommand(td, addr))
-		}
-		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
-	}
-}
-
 // adminHostsFlag names the admin listener's allowed host names.
 const adminHostsFlag = "admin-allowed-hosts"
 
@@ -494,41 +498,6 @@ func serveAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
 		err = serr
 	}
 	return err
-}
-
-func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr string, a *ca.Authority, ep *bundleEndpoint) {
-	abs, _ := filepath.Abs(dataDir)
-	mode := fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
-	issue := "--data-dir " + dataDir
-	if kube != nil {
-		mode = kube.describe()
-	}
-	if caDir != "" {
-		mode = "plug-in CA from " + caDir + " (reloaded on change)"
-		issue = "--ca-dir " + caDir
-	}
-	fmt.Fprintf(w, `trustbridge is serving trust domain %s
-  CA:         %s
-  roots:      %d published, bundle sequence %d
-  admin:      http://%s/healthz  /readyz  /metrics  /v1/trust  /v1/snapshot
-  status:     http://%s/ui
-  try:        curl -s http://%s/v1/trust
-`, td, mode, len(a.Roots()), a.Sequence(), addr, addr, addr)
-	if kube == nil {
-		// ca issue reads the state directory; with Kubernetes storage
-		// certificates come from the gRPC service (ca request).
-		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
-	}
-	if ep != nil {
-		id := spiffeid.RequireTrustDomainFromString(td)
-		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(id))
-		if cmd := ep.bootstrapCommand(id, addr); cmd != "" {
-			// https_spiffe peers authenticate their first fetch with our
-			// bundle, which they must get over a channel they trust.
-			fmt.Fprintf(w, "  bootstrap:  %s   (hand it to each peer's operator over a channel you trust; SPIRE: spire-server bundle set -format spiffe -id spiffe://%s -path %s)\n",
-				cmd, td, bootstrapFile(id))
-		}
-	}
 }
 
 // caSource names the CA's bundle in the trust store.

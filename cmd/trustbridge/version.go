@@ -12,14 +12,19 @@ import (
 var version = ""
 
 func versionString() string {
-	v := version
-	if v == "" {
-		v = "dev"
-		if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
-			v = info.Main.Version
-		}
+	return fmt.Sprintf("trustbridge %s (%s, %s/%s)", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// buildVersion is trustbridge's version: set at build time, else the
+// module's, else "dev".
+func buildVersion() string {
+	if version != "" {
+		return version
 	}
-	return fmt.Sprintf("trustbridge %s (%s, %s/%s)", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
+		return info.Main.Version
+	}
+	return "dev"
 }
 
 func newVersionCmd() *cobra.Command {

@@ -110,6 +110,9 @@ type Agent struct {
 	backoffBase, backoffMax time.Duration
 
 	running atomic.Bool
+	// serving is set while the SDS socket is open: the agent has a
+	// credential to serve (Ready).
+	serving atomic.Bool
 }
 
 // New checks cfg and applies its defaults. It starts nothing; with
@@ -177,6 +180,18 @@ func New(cfg Config) (*Agent, error) {
 		a.caAddr = rc.CAAddr
 	}
 	return a, nil
+}
+
+// ErrNotServing is Ready's answer until the SDS socket is open.
+var ErrNotServing = errors.New("agent: not serving SDS yet: no certificate, or no trust, yet")
+
+// Ready says whether the agent serves SDS: it holds a certificate (from
+// the files or the CA) and has opened the socket. For a readiness probe.
+func (a *Agent) Ready() error {
+	if !a.serving.Load() {
+		return ErrNotServing
+	}
+	return nil
 }
 
 // lookupGroup resolves a group name or numeric id.
@@ -384,6 +399,8 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 			fail(fmt.Errorf("agent: %w", err))
 		} else {
 			defer ln.Close()
+			a.serving.Store(true)
+			defer a.serving.Store(false)
 			a.log.Info("SDS listening", "socket", a.socketPath)
 			wg.Add(1)
 			go func() {
