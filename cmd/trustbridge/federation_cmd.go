@@ -81,6 +81,9 @@ type federationSetup struct {
 	// resources are the endpoints of the ClusterFederatedTrustDomain
 	// resources (--federation-crd) as last applied.
 	resources []federation.Endpoint
+	// runtime is the federation changed at run time (federation add),
+	// nil until manage wires it; its inForce endpoints join the union.
+	runtime *runtimeFederation
 }
 
 // holds reports whether td's roots are in the store before any fetch, for
@@ -118,6 +121,9 @@ func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomai
 		if o := fs.origin(td); o != "" {
 			return o
 		}
+		if fs.runtime.has(td) {
+			return originRuntime
+		}
 		if ctl != nil {
 			return ctl.Origins()[td]
 		}
@@ -126,15 +132,15 @@ func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomai
 }
 
 // applyLocked sets the poller's endpoints to the union of every source:
-// the static ones and the resources'. It is the one place that joins
-// them; a new source keeps its endpoints in fs and adds them here.
-// SetEndpoints is all or nothing, so on error the poller keeps its
-// endpoints and the caller restores its source's.
+// the static ones, the resources' and those added at run time. It is the
+// one place that joins them; a new source keeps its endpoints in fs and
+// adds them here. SetEndpoints is all or nothing, so on error the poller
+// keeps its endpoints and the caller restores its source's.
 func (fs *federationSetup) applyLocked() error {
 	if fs.poller == nil {
 		return errors.New("the server started without federation (no --federate, --federation-config or --federation-crd): restart it to federate")
 	}
-	return fs.poller.SetEndpoints(slices.Concat(fs.static, fs.resources))
+	return fs.poller.SetEndpoints(slices.Concat(fs.static, fs.resources, fs.runtime.endpoints()))
 }
 
 // applyCRD replaces the endpoints of the ClusterFederatedTrustDomain
@@ -155,6 +161,11 @@ func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
 func (fs *federationSetup) setStatic(fromFlag, fromFile []federation.Endpoint) error {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	for _, ep := range slices.Concat(fromFlag, fromFile) {
+		if slices.ContainsFunc(fs.runtime.endpoints(), func(r federation.Endpoint) bool { return r.TrustDomain == ep.TrustDomain }) {
+			return fmt.Errorf("%s was added at run time (trustbridge federation add): remove it with trustbridge federation remove %s before configuring it in flags or files", ep.TrustDomain.Name(), ep.TrustDomain.Name())
+		}
+	}
 	old, oldOrigins := fs.static, fs.origins
 	fs.setStaticLocked(fromFlag, fromFile)
 	if err := fs.applyLocked(); err != nil {
@@ -371,6 +382,7 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 	}
 	cmd.PersistentFlags().StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
 	cmd.AddCommand(status, refresh)
+	cmd.AddCommand(newFederationManageCmds(e)...)
 	return cmd
 }
 

@@ -37,6 +37,7 @@ func newBundleCmd(e env) *cobra.Command {
 		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json`,
 	}
 	cmd.AddCommand(newInspectCmd(e.now))
+	cmd.AddCommand(newBundleShowCmd(e), newBundleSetCmd(e))
 	return cmd
 }
 

@@ -36,6 +36,7 @@ type serverOptions struct {
 	dataDir        string
 	init           bool
 	adminListen    string
+	adminSocket    string
 	adminHosts     []string
 	keyType        string
 	caTTL          time.Duration
@@ -132,6 +133,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted), or locked by another server (trustbridge.lock names it); with file storage, a missing directory is created (0700) only with --init")
 	f.BoolVar(&o.init, initFlag, false, "first start with file storage: create --data-dir if missing, and new CA state in it even if it holds other files; without it a new CA is created only in an empty existing directory, so a mistyped path never bootstraps a new root. Harmless once the state exists (make run passes it every time); --storage kube needs none")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
+	addAdminSocketFlag(f, &o.adminSocket)
 	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
@@ -232,7 +234,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	defer closeAudit()
-	o.federation.dynamic = o.kube.federationCRD
+	// Runtime federation (federation add) needs the poller running even
+	// with no endpoints yet; with kube storage it comes from resources.
+	o.federation.dynamic = o.kube.federationCRD || fileStorage(o)
 	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), trail.federationEvent, reg, logger)
 	if err != nil {
 		return err
@@ -240,6 +244,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	o.grpc.tokenLedger = kube.tokenLedger(o.dataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
 	if p.crd, err = kube.federationCRD(td, fed, reg, logger); err != nil {
+		return err
+	}
+	if err := p.manage(o, logger); err != nil {
 		return err
 	}
 	fed.store.Set(caSource, authority.Bundle())
@@ -280,6 +287,7 @@ type serverParts struct {
 	gs        *grpcEndpoint
 	adminSrv  *http.Server
 	adminLn   net.Listener
+	socket    *adminSocket // nil without --admin-socket
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -305,7 +313,12 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 	}
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
-	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))))
+	h := adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))
+	p.adminSrv = newAdminServer(hosts.Wrap(h))
+	if p.socket, err = listenAdminSocket(o.adminSocket, h); err != nil {
+		return undo, err
+	}
+	undo.add(p.socket.close)
 	return undo, nil
 }
 
@@ -317,6 +330,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 		func(ctx context.Context) error { return serveAdmin(ctx, p.adminSrv, p.adminLn) },
 		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail) },
 	}
+	runners = append(runners, p.socket.runners()...)
 	if p.kube != nil {
 		kr, err := p.kube.wire(p.td, p.fed, p.crd, reg, logger)
 		if err != nil {
@@ -527,6 +541,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		if rep != nil {
 			cfg.Trust, cfg.Actor, cfg.IsLeader, cfg.Clock = fed.store, rep.actor, rep.leader, rep.clock
 		}
+		fed.runtime.configure(&cfg)
 	}
 	return admin.New(cfg)
 }

@@ -70,6 +70,16 @@ type Config struct {
 	IsLeader func() bool
 	// Clock dates snapshots and paces refreshes; nil is the real clock.
 	Clock clock.PassiveClock
+	// Manager, when set, mounts the routes that change the federation at
+	// run time; they need Token (or the admin socket, OverSocket).
+	Manager Manager
+	// Token is the admin token mutations must bear; "" refuses every
+	// request that is not on the admin socket.
+	Token string
+	// TokenFile names where Token is, for the 401 message.
+	TokenFile string
+	// Static lists the trust domains trusted by a static bundle.
+	Static func() []spiffeid.TrustDomain
 }
 
 // Handler serves the admin API.
@@ -112,6 +122,7 @@ func (h *Handler) routes() {
 		writeJSON(w, h.Trust(), true)
 	})
 	h.mux.HandleFunc("GET /v1/bundle", h.serveBundle)
+	h.manageRoutes()
 }
 
 // serveBundle answers the local trust domain's SPIFFE bundle document, as
