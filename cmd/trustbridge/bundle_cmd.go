@@ -175,8 +175,9 @@ the data directory. Trust domains configured by flags or files, and our own,
 are refused. Needs the admin token (<data-dir>/admin.token).`,
 		Example: `  trustbridge bundle set east.example east.example.json --data-dir /var/lib/trustbridge
   trustbridge bundle set mesh.example /etc/cacerts/root-cert.pem
-  trustbridge bundle set east.example east.example.pem && \
-    trustbridge federation add east.example https://east.example:8443/ \
+  # the bundle first, then the endpoint it bootstraps (SPIRE's order)
+  trustbridge bundle set east.example east.example.pem
+  trustbridge federation add east.example https://east.example:8443/ \
       --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {

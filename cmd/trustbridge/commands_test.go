@@ -21,6 +21,8 @@ var stateReaders = []string{
 	"trustbridge audit log verify",
 	"trustbridge bundle inspect",
 	"trustbridge federation status",
+	"trustbridge federation list",
+	"trustbridge bundle show",
 }
 
 // Every command, groups included, shows an example of its use, and every
