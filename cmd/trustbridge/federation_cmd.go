@@ -105,6 +105,21 @@ func (fs *federationSetup) staticSet() ([]federation.Endpoint, map[spiffeid.Trus
 	return sortedEndpoints(fs.static), maps.Clone(fs.origins)
 }
 
+// configured is a copy of the endpoints of flags, files and run-time
+// changes (trustbridge federation add), sorted by trust domain, and where
+// each comes from: what the server was started to federate with, before
+// any resource (--federation-crd) adds its own.
+func (fs *federationSetup) configured() ([]federation.Endpoint, map[spiffeid.TrustDomain]string) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	origins := maps.Clone(fs.origins)
+	rt := fs.runtime.endpoints()
+	for _, ep := range rt {
+		origins[ep.TrustDomain] = originRuntime
+	}
+	return sortedEndpoints(slices.Concat(fs.static, rt)), origins
+}
+
 // origin is where td's federation is configured by flag or file; "" when
 // it is not.
 func (fs *federationSetup) origin(td spiffeid.TrustDomain) string {

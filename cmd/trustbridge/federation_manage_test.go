@@ -87,6 +87,8 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	// A restart keeps it.
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
+	assert.Equal(t, originRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
+		"the start-up records list the peers added at run time too")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
 	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
 

@@ -70,10 +70,10 @@ func logStart(o serverOptions, p *serverParts, addr string, logger *slog.Logger)
 	logPeers(p.fed, logger)
 }
 
-// logPeers logs one record per federated trust domain of fed's flags and
-// files, with where it is configured.
+// logPeers logs one record per federated trust domain of fed's flags,
+// files and run-time changes, with where it is configured.
 func logPeers(fed *federationSetup, logger *slog.Logger) {
-	eps, origins := fed.staticSet()
+	eps, origins := fed.configured()
 	for _, ep := range eps {
 		logger.Info("federated trust domain configured", peerAttrs(ep, origins[ep.TrustDomain])...)
 	}
