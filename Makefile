@@ -14,7 +14,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short fuzz bench bench-istio lint clean kube-tools spire-tools ui-tools ui-screenshot
+.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image fuzz bench bench-istio lint clean kube-tools spire-tools ui-tools ui-screenshot
 
 all: build
 
@@ -40,7 +40,7 @@ demo: build
 
 # test: what CI runs. `go test` also runs every fuzz target's seed corpus
 # (f.Add seeds and testdata/fuzz/) as ordinary tests.
-test: fmt-check vet tidy-check build unit istio-tests-short
+test: fmt-check vet tidy-check build unit istio-tests-short helm-tests
 
 fmt-check:
 	@out=$$(find . -name '*.go' -not -path './bin/*' -not -path './.git/*' -print0 | xargs -0 gofmt -l); \
@@ -81,6 +81,16 @@ istio-tests: build
 
 istio-tests-short: build
 	$(MAKE) --no-print-directory istio-tests ISTIO_TESTFLAGS=-short
+
+# helm-tests: the Helm chart (deploy/helm/trustbridge) rendered by Helm's own
+# Go packages (helm.sh/helm/v3, pinned in deploy/helm/test, a module of its
+# own): equal to deploy/base with default values, every value landing on a
+# server flag that bin/trustbridge's `config check` accepts, bad values
+# refused, every rendering through `kubectl apply --dry-run=server` against
+# the real API server tier. About 10s warm; the module's first build about
+# a minute more (it shares client-go and the API server tier with unit).
+helm-tests: build kube-tools
+	cd deploy/helm/test && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test -count=1 ./...
 
 # kube-tools: kube-apiserver and kubectl built from the k8s.io/kubernetes
 # module pinned in internal/kubetest/tools (about 9 minutes on 2 cores, once;
@@ -167,10 +177,13 @@ bench-istio: build
 	cat bin/bench-istio.txt
 
 # lint: staticcheck over the main module, and vet, tidy and staticcheck over
-# internal/istiotest, a module of its own that ./... does not reach.
+# the modules of their own that ./... does not reach.
+TOOL_MODULES := internal/istiotest deploy/helm/test
 lint:
 	$(GO) run $(STATICCHECK) ./...
-	cd internal/istiotest && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) run $(STATICCHECK) ./...
+	@set -e; for m in $(TOOL_MODULES); do \
+		echo "lint $$m"; (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) run $(STATICCHECK) ./...); \
+	done
 
 clean:
 	rm -rf bin
