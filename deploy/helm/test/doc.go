@@ -10,6 +10,7 @@
 //     key of the server's config file that `trustbridge config check`
 //     accepts);
 //   - values the server would refuse fail rendering, naming the value;
+//   - helm lint finds nothing worse than information;
 //   - every rendering passes `kubectl apply --dry-run=server` against the
 //     real API server tier (internal/kubetest).
 //

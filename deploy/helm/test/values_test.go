@@ -220,6 +220,17 @@ func TestFileStorage(t *testing.T) {
 	assert.Equal(t, "5Gi", size)
 	assert.NotContains(t, kinds(objs), "PodDisruptionBudget")
 	assert.NotContains(t, kinds(objs), "CustomResourceDefinition", "crds.install=false")
+	// Least privilege: no Secrets, Leases or distribution without kube
+	// storage, no CRD access without federation.crd; token reviews stay.
+	for _, kind := range []string{"Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		assert.NotContains(t, kinds(objs), kind)
+	}
+	rules, _, _ := unstructured.NestedSlice(find(t, objs, "ClusterRole", "trustbridge").Object, "rules")
+	var resources []any
+	for _, r := range rules {
+		resources = append(resources, r.(map[string]any)["resources"].([]any)...)
+	}
+	assert.ElementsMatch(t, []any{"tokenreviews", "serviceaccounts", "pods"}, resources)
 
 	objs = mustRender(t, valuesFile(t, "file-claim.yaml"))
 	assert.NotContains(t, kinds(objs), "PersistentVolumeClaim")
