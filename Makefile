@@ -93,7 +93,7 @@ istio-tests-short: build
 # the real API server tier. About 10s warm. Built with unit's $(RACE), so
 # that client-go, envtest and the rest it shares with the main module's
 # tests come from the build cache: after unit, a cold build of it adds about
-# 50s (3.5 minutes from an empty cache).
+# a minute (3.5 minutes from an empty cache).
 helm-tests: build kube-tools
 	cd deploy/helm/test && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
