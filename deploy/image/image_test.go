@@ -209,3 +209,50 @@ func TestDockerfileAgrees(t *testing.T) {
 	assert.Equal(t, `["`+Entrypoint+`"]`, entrypoint)
 	assert.True(t, bytes.Contains(data, []byte("CGO_ENABLED=0")), "a static binary, as make image builds")
 }
+
+// A build that fails half way leaves the previous archive as it was and
+// no temporary file behind.
+func TestWriteFileAtomicKeepsLastGood(t *testing.T) {
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "image.tar")
+	require.NoError(t, os.WriteFile(archive, []byte("last good"), 0o644))
+	err := writeFileAtomic(archive, func(w io.Writer) error {
+		_, _ = w.Write([]byte("half"))
+		return errors.New("layer: disk full")
+	})
+	require.ErrorContains(t, err, "disk full")
+	data, err := os.ReadFile(archive)
+	require.NoError(t, err)
+	assert.Equal(t, "last good", string(data))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "no temporary file left")
+}
+
+// checkCACerts lets nothing but certificates through, whatever the input.
+func FuzzCheckCACerts(f *testing.F) {
+	cert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2, 3}})
+	f.Add(cert)
+	f.Add(append(append([]byte{}, cert...), "-----BEGIN PRIVATE KEY-----\nAQID\n-----END PRIVATE KEY-----\n"...))
+	f.Add([]byte("junk\n" + string(cert) + "trailing"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if checkCACerts(data) != nil {
+			return
+		}
+		n := 0
+		for rest := data; ; n++ {
+			b, r := pem.Decode(rest)
+			if b == nil {
+				break
+			}
+			if b.Type != "CERTIFICATE" {
+				t.Fatalf("accepted a %q block", b.Type)
+			}
+			rest = r
+		}
+		if n == 0 {
+			t.Fatal("accepted a file without a certificate")
+		}
+	})
+}
