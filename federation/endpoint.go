@@ -190,10 +190,17 @@ func readBootstrapFile(name string, readFile func(string) ([]byte, error)) ([]by
 }
 
 // setBootstrap parses doc as ep's bootstrap bundle and checks it against
-// ep, for every form that carries one.
+// ep, for every form that carries one. doc is a SPIFFE bundle document or
+// PEM certificates (a root-cert.pem from Istio's cacerts, a `spire-server
+// bundle show -format pem`), held to the same rules: CA certificates only,
+// and none naming another trust domain, which the poller would refuse in a
+// fetched bundle too (RefusedWarning).
 func setBootstrap(ep *Endpoint, doc []byte) ([]bundledoc.Warning, error) {
-	b, warnings, err := bundledoc.Parse(ep.TrustDomain, doc)
+	b, warnings, err := bundledoc.ParseAny(ep.TrustDomain, doc)
 	if err != nil {
+		return nil, err
+	}
+	if err := RefusedWarning(warnings); err != nil {
 		return nil, err
 	}
 	ep.BootstrapBundle = b

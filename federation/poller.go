@@ -161,6 +161,9 @@ type endpointState struct {
 	entry    cron.EntryID
 	polling  bool
 	refusals map[string]uint64
+	// state is the state last logged; "" until the first poll outcome,
+	// which counts as pending.
+	state State
 }
 
 // fetched says whether st holds a bundle its endpoint served (fetched, or
@@ -505,9 +508,50 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 		st.lastSuccess = p.cfg.Now()
 		p.metrics.fetches.WithLabelValues(td.Name(), "ok").Inc()
 	}
+	p.noteStateLocked(st, log)
 	st.next = p.cfg.Now().Add(NextRefresh(p.intervalLocked(st), st.failures, p.cfg.Rand()))
 	p.scheduleLocked(st)
 	return err
+}
+
+// noteStateLocked logs st's state when a poll changed it, once per
+// change: a recovery is as much news to an operator as a failure, and a
+// peer failing for days must not repeat it on every poll. Staleness is a
+// matter of time, not of a poll's outcome; it is noticed, and logged, at
+// the first poll past the threshold (polls never stop while Run runs).
+func (p *Poller) noteStateLocked(st *endpointState, log *slog.Logger) {
+	from, to := st.state, p.stateLocked(st, p.cfg.Now())
+	if from == "" {
+		from = StatePending
+	}
+	st.state = to
+	if from == to {
+		return
+	}
+	attrs := []any{"from", string(from), "to", string(to), "reason", transitionReason(st, to)}
+	switch to {
+	case StateOK:
+		log.Info("federation state changed", attrs...)
+	case StateStale:
+		log.Error("federation state changed", append(attrs, "last_success", optTime(st.lastSuccess))...)
+	default:
+		log.Warn("federation state changed", attrs...)
+	}
+}
+
+// transitionReason says why st entered state to.
+func transitionReason(st *endpointState, to State) string {
+	switch {
+	case to == StateOK:
+		return "bundle fetched (sequence " + seqString(st.held) + ")"
+	case to == StateStale && st.lastSuccess.IsZero():
+		return fmt.Sprintf("no successful poll yet after %d failures; last error: %v", st.failures, st.lastErr)
+	case to == StateStale:
+		return fmt.Sprintf("no successful poll for %d refresh intervals; last error: %v", staleAfter, st.lastErr)
+	case st.lastErr != nil:
+		return st.lastErr.Error()
+	}
+	return "no bundle held"
 }
 
 func rejectionKind(err error) string {
@@ -634,20 +678,7 @@ func (p *Poller) Status() []Status {
 		if st.lastErr != nil {
 			s.LastError = st.lastErr.Error()
 		}
-		interval := p.intervalLocked(st)
-		switch {
-		case st.held == nil, st.lastAttempt.IsZero():
-			// Nothing held, or only what the operator or the store gave
-			// us: not yet confirmed by the endpoint.
-			s.State = StatePending
-		case !st.lastSuccess.IsZero() && now.Sub(st.lastSuccess) > staleAfter*interval,
-			st.lastSuccess.IsZero() && !st.lastAttempt.IsZero() && st.failures >= staleAfter:
-			s.State = StateStale
-		case st.failures > 0:
-			s.State = StateFailing
-		default:
-			s.State = StateOK
-		}
+		s.State = p.stateLocked(st, now)
 		if st.held != nil {
 			if seq, ok := st.held.SequenceNumber(); ok {
 				s.Sequence = &seq
@@ -661,6 +692,23 @@ func (p *Poller) Status() []Status {
 		out = append(out, s)
 	}
 	return out
+}
+
+// stateLocked is st's state at now.
+func (p *Poller) stateLocked(st *endpointState, now time.Time) State {
+	interval := p.intervalLocked(st)
+	switch {
+	case st.held == nil, st.lastAttempt.IsZero():
+		// Nothing held, or only what the operator or the store gave
+		// us: not yet confirmed by the endpoint.
+		return StatePending
+	case !st.lastSuccess.IsZero() && now.Sub(st.lastSuccess) > staleAfter*interval,
+		st.lastSuccess.IsZero() && st.failures >= staleAfter:
+		return StateStale
+	case st.failures > 0:
+		return StateFailing
+	}
+	return StateOK
 }
 
 func authorityInfos(b *spiffebundle.Bundle) []AuthorityInfo {

@@ -3,6 +3,7 @@ package federation
 import (
 	"context"
 	"crypto/x509"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,7 @@ type pollFixture struct {
 	reg     *prometheus.Registry
 	dataDir string
 	now     time.Time
+	logger  *slog.Logger // nil discards
 }
 
 func newPollFixture(t *testing.T) *pollFixture {
@@ -97,6 +99,7 @@ func (pf *pollFixture) poller(t *testing.T) *Poller {
 		LKG:        NewLKGStore(pf.dataDir),
 		Sink:       pf.sink,
 		Registerer: pf.reg,
+		Logger:     pf.logger,
 		Now:        func() time.Time { return pf.now },
 		Rand:       func() float64 { return 0.5 },
 	})

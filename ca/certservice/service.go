@@ -350,7 +350,7 @@ func unauthenticated(err error) *refusal {
 	switch {
 	case errors.Is(err, authn.ErrTokenConsumed):
 		return &refusal{codes.Unauthenticated, "token_consumed",
-			"the bootstrap token was already used: it is single-use; ask for a new one (trustbridge token create), or renew with the certificate it bought (ca request --cert-dir)", err}
+			"the bootstrap token was already used: it is single-use; ask for a new one (trustbridge token create), or renew with the certificate it bought (ca request --renew)", err}
 	case errors.Is(err, authn.ErrTokenExpired):
 		return &refusal{codes.Unauthenticated, "token_expired", "the bootstrap token expired; ask for a new one (trustbridge token create)", err}
 	}

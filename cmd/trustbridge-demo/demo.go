@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -174,10 +173,10 @@ func (d *demo) play(keepCtx context.Context) error {
 
 	// A workload certificate in each trust domain, from its own CA.
 	eastCreds, westCreds := filepath.Join(d.dir, "east-frontend"), filepath.Join(d.dir, "west-backend")
-	if err := d.cli(ctx, "ca", "issue", "--data-dir", east.dataDir, "--spiffe-id", "spiffe://east.example/frontend", "--out", eastCreds); err != nil {
+	if err := d.cli(ctx, "ca", "issue", "--data-dir", east.dataDir, "--spiffe-id", "spiffe://east.example/frontend", "--credentials-dir", eastCreds); err != nil {
 		return err
 	}
-	if err := d.cli(ctx, "ca", "issue", "--data-dir", west.dataDir, "--spiffe-id", "spiffe://west.example/backend", "--out", westCreds); err != nil {
+	if err := d.cli(ctx, "ca", "issue", "--data-dir", west.dataDir, "--spiffe-id", "spiffe://west.example/backend", "--credentials-dir", westCreds); err != nil {
 		return err
 	}
 	d.say("issued spiffe://east.example/frontend (east's CA) and spiffe://west.example/backend (west's CA)")
@@ -222,7 +221,7 @@ func (d *demo) play(keepCtx context.Context) error {
 		return err
 	}
 	northCreds := filepath.Join(d.dir, "north-intruder")
-	if err := d.cli(ctx, "ca", "issue", "--data-dir", north.dataDir, "--spiffe-id", "spiffe://north.example/frontend", "--out", northCreds); err != nil {
+	if err := d.cli(ctx, "ca", "issue", "--data-dir", north.dataDir, "--spiffe-id", "spiffe://north.example/frontend", "--credentials-dir", northCreds); err != nil {
 		return err
 	}
 	intruder, err := x509svid.Load(filepath.Join(northCreds, "cert-chain.pem"), filepath.Join(northCreds, "key.pem"))
@@ -268,60 +267,38 @@ func (d *demo) start(ctx context.Context, td, bundlePort string, extra ...string
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
 	s.cmd = exec.Command(d.o.bin, args...)
-	s.cmd.Stderr = logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := s.cmd.StdoutPipe()
+	logs, err := s.cmd.StderrPipe()
 	if err != nil {
+		logf.Close()
 		return nil, err
 	}
 	if err := s.cmd.Start(); err != nil {
+		logf.Close()
 		return nil, err
 	}
 	d.servers = append(d.servers, s)
-	banner := make(chan string, 1)
+	started := make(chan startRecords, 1)
 	go func() {
-		var b strings.Builder
-		sc := bufio.NewScanner(stdout)
-		sent := false
-		for sc.Scan() {
-			b.WriteString(sc.Text() + "\n")
-			// The banner's last line, for a server with a bundle endpoint.
-			if !sent && strings.Contains(sc.Text(), "peers use:") {
-				banner <- b.String()
-				sent = true
-			}
-		}
-		if !sent {
-			banner <- b.String()
-		}
-	}()
-	go func() {
+		defer logf.Close()
+		started <- readStart(io.TeeReader(logs, logf))
+		_, _ = io.Copy(logf, logs)
+		// Wait closes the pipe: only once everything is read.
 		s.exitErr = s.cmd.Wait()
 		close(s.exited)
 	}()
 	select {
-	case text := <-banner:
-		if text == "" {
-			<-s.exited // stdout closed: the process is ending
-			return nil, fmt.Errorf("%s exited: %v", td, s.exitErr)
-		}
-		if m := adminRe.FindStringSubmatch(text); m != nil {
-			s.admin = "http://" + m[1]
-		}
-		if m := bundleRe.FindStringSubmatch(text); m != nil {
-			s.bundleURL = m[1]
-		}
-	case <-s.exited:
-		return nil, fmt.Errorf("%s exited: %v", td, s.exitErr)
+	case rec := <-started:
+		s.admin, s.bundleURL = rec.admin, rec.bundleURL
 	case <-time.After(waitFor):
 		return nil, fmt.Errorf("%s did not start within %s", td, waitFor)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 	if s.admin == "" || s.bundleURL == "" {
-		return nil, fmt.Errorf("%s: no admin or bundle address in its banner", td)
+		<-s.exited // the log ended: the process is ending
+		return nil, fmt.Errorf("%s exited: %v", td, s.exitErr)
 	}
 	return s, waitUntil(ctx, func() bool {
 		resp, err := http.Get(s.admin + "/readyz")
@@ -333,10 +310,37 @@ func (d *demo) start(ctx context.Context, td, bundlePort string, extra ...string
 	}, td+" ready")
 }
 
-var (
-	adminRe  = regexp.MustCompile(`admin:\s+http://(\S+)/healthz`)
-	bundleRe = regexp.MustCompile(`bundle:\s+(https://\S+)`)
-)
+// startRecords are what a server's JSON start-up records say: its admin
+// URL and its bundle endpoint's URL.
+type startRecords struct{ admin, bundleURL string }
+
+// readStart reads JSON log lines from r until the start-up records named
+// both addresses, or r ends (then it returns what it found).
+func readStart(r io.Reader) startRecords {
+	var rec startRecords
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Msg   string `json:"msg"`
+			Admin string `json:"admin"`
+			URL   string `json:"endpoint_url"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) != nil {
+			continue
+		}
+		switch line.Msg {
+		case "trustbridge server started":
+			rec.admin = line.Admin
+		case "bundle endpoint: peers federate with this tuple":
+			rec.bundleURL = line.URL
+		}
+		if rec.admin != "" && rec.bundleURL != "" {
+			return rec
+		}
+	}
+	return rec
+}
 
 // cli runs a trustbridge command and returns its error with its output.
 func (d *demo) cli(ctx context.Context, args ...string) error {

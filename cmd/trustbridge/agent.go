@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spf13/pflag"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/sds/agent"
@@ -21,16 +20,24 @@ type agentOptions struct {
 	socket         string
 	socketGroup    string
 	credentialsDir string
-	caAddr         string
-	rootCert       string
-	tokenFile      string
-	outputCerts    string
-	serverID       string
-	graceRatio     float64
-	ttl            time.Duration
-	pollInterval   time.Duration
-	logFormat      string
-	logLevel       string
+	// keepCerts: --credentials-dir was given (flag, --output-certs or
+	// OUTPUT_CERTS), so with a CA the agent keeps its certificates there.
+	keepCerts   bool
+	fileMounted bool
+	caAddr      string
+	rootCert    string
+	tokenFile   string
+	provCert    string
+	trustDomain string
+	serverID    string
+	// from names, per flag an environment variable set, that variable.
+	from         map[string]string
+	graceRatio   float64
+	ttl          time.Duration
+	pollInterval time.Duration
+	logFormat    string
+	logLevel     string
+	admin        agentAdminOptions
 }
 
 // Defaults of the agent's paths: Istio's, relative to the working
@@ -42,7 +49,10 @@ const (
 )
 
 func newAgentCmd(e env) *cobra.Command {
-	var o agentOptions
+	var (
+		o           agentOptions
+		outputCerts *oldName
+	)
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Node agent: serve a workload's certificate and the federated trust to Envoy over SDS on a unix socket",
@@ -52,8 +62,11 @@ Service on a unix socket (--sds-socket, mode 0600), its certificate
 The decision flow is the Istio agent's:
 
  1. an SDS server already answers on --sds-socket: nothing to do, exit 0;
- 2. cert-chain.pem, key.pem and root-cert.pem are in --credentials-dir:
-    serve them, and push again whenever they change. root-cert.pem holds
+ 2. without --ca-addr, or with --file-mounted-certs: serve cert-chain.pem,
+    key.pem and root-cert.pem of --credentials-dir, and push again
+    whenever they change (with --ca-addr and no --credentials-dir given,
+    files in the default directory are served too, as Istio's agent
+    prefers mounted credentials to its CA). root-cert.pem holds
     the roots of the workload's own trust domain and nothing else (a root
     naming another trust domain there is refused); federated trust comes
     only from bundle.spiffe.json next to it, a SPIFFE bundle map, each
@@ -61,9 +74,11 @@ The decision flow is the Istio agent's:
     request writes both files);
  3. otherwise generate a key here (it never leaves the node), ask the
     certificate service at --ca-addr for a certificate (trusting
-    --root-cert for the server; authenticating with the token in
-    --token-file, or with a still valid certificate in --output-certs),
-    renew it at --secret-grace-period-ratio of its lifetime, and relay
+    --root-cert for the server; authenticating with a still valid
+    certificate in --credentials-dir, else in --prov-cert, else with the
+    token in --token-file), keep it in --credentials-dir when that was
+    given (nothing is written otherwise), renew it at
+    --secret-grace-period-ratio of its lifetime, and relay
     the validation contexts from the server's own SDS stream, so a
     federation change reaches Envoy as soon as the server has it. Until
     that stream delivers, Envoy gets the trust fetched with the first
@@ -71,87 +86,86 @@ The decision flow is the Istio agent's:
     ever used to verify the server.
 
 Envoy's SDS config points at the socket, e.g. a static cluster
-"sds-grpc" with a pipe address of the socket path.`,
+"sds-grpc" with a pipe address of the socket path.
+
+The istio-agent environment variables that mean the same thing set the
+flags (a flag wins over its variable, which wins over the default):
+CA_ADDR, CA_ROOT_CA, OUTPUT_CERTS, PROV_CERT, FILE_MOUNTED_CERTS,
+SECRET_GRACE_PERIOD_RATIO, SECRET_TTL and TRUST_DOMAIN; each flag's help
+names its variable and says where the meaning differs from Istio's. A
+value that cannot be honoured is an error naming the variable.`,
+		Example: `  # a workload on a VM: bootstrap with a token, keep and renew the certificate in ./creds
+  trustbridge agent --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --token-file agent.token --credentials-dir ./creds --sds-socket ./sds.sock
+  # serve files another tool keeps up to date (cert-manager's csi-driver-spiffe, ca request)
+  trustbridge agent --file-mounted-certs --credentials-dir /var/run/secrets/workload-spiffe-credentials
+  # the istio-agent names, as in a pod spec written for it
+  CA_ADDR=trustbridge.trustbridge-system.svc:15012 CA_ROOT_CA=/etc/trustbridge/root-cert.pem \
+      OUTPUT_CERTS=/var/run/secrets/workload-spiffe-credentials trustbridge agent --token-file /var/run/secrets/tokens/trustbridge`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.fromFlags(cmd.Flags(), outputCerts, os.Getenv); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			e, stopHUP := hupSignals(e)
+			defer stopHUP()
 			return runAgent(ctx, e, o)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&o.socket, "sds-socket", defaultSDSSocket, "unix socket to serve SDS on (created mode 0600; a stale socket is removed, anything else at the path is an error)")
-	f.StringVar(&o.socketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
-	f.StringVar(&o.credentialsDir, "credentials-dir", defaultCredentialsDir, "directory of pre-provisioned cert-chain.pem, key.pem and root-cert.pem (the local trust domain's roots only), plus bundle.spiffe.json (optional: federated trust, per trust domain); when the first three are there they are served and watched instead of asking a CA")
-	f.StringVar(&o.caAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS")
-	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA)")
-	f.StringVar(&o.tokenFile, "token-file", "", "file holding a Kubernetes service account token or a bootstrap token, re-read at every use")
-	f.StringVar(&o.outputCerts, "output-certs", "", "directory to write the certificate, key (0600), root-cert.pem (local roots) and bundle.spiffe.json (every trust domain, per trust domain) into; a still valid certificate found there at start authenticates instead of the token")
-	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
-	f.Float64Var(&o.graceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
-	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for (default: the server's --workload-ttl)")
-	f.DurationVar(&o.pollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
-	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	outputCerts = addOldName(cmd, "output-certs", credentialsDirFlag)
+	addAgentFlags(cmd.Flags(), &o)
 	return cmd
 }
 
+// addAgentFlags registers the agent's flags and the istio-agent
+// environment variables that set them.
+func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
+	f.StringVar(&o.socket, "sds-socket", defaultSDSSocket, "unix socket to serve SDS on (created mode 0600; a stale socket is removed, anything else at the path is an error)")
+	f.StringVar(&o.socketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
+	f.StringVar(&o.credentialsDir, credentialsDirFlag, defaultCredentialsDir, "directory of the workload's cert-chain.pem, key.pem (0600), root-cert.pem (the local trust domain's roots only) and bundle.spiffe.json (federated trust, per trust domain). Without --ca-addr, or with --file-mounted-certs, the files there are served and watched; with --ca-addr, when given, the agent keeps its certificates there and a still valid one found at start authenticates instead of the token (nothing is written when not given). OUTPUT_CERTS, Istio's directory to write certificates to, sets it only with a CA: without one it is refused")
+	f.BoolVar(&o.fileMounted, "file-mounted-certs", false, "serve the files in --credentials-dir and never ask a CA, even with --ca-addr. Istio's FILE_MOUNTED_CERTS reads ./etc/certs: pass --credentials-dir ./etc/certs for that layout")
+	f.StringVar(&o.caAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS (Istio's default, the discovery address, does not apply: unset means no CA)")
+	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA). Istio's CA_ROOT_CA=SYSTEM (the system's web roots) is refused: the server presents an X509-SVID, which no web root signs")
+	f.StringVar(&o.tokenFile, "token-file", "", "file holding a Kubernetes service account token or a bootstrap token, re-read at every use")
+	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem of a provisioning certificate that authenticates the first request when --credentials-dir holds no valid one; only read")
+	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the workload and of the certificate service at --ca-addr, which must present spiffe://<trust-domain>"+grpcServingPath+" (default: the one trust domain --root-cert names). Istio's agent puts it in its CSR; here the server decides the identity from how the agent authenticates")
+	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
+	f.Float64Var(&o.graceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
+	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for, whole seconds (default: the server's --workload-ttl; Istio's SECRET_TTL defaults to 24h)")
+	f.DurationVar(&o.pollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
+	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	addAgentAdminFlags(f, &o.admin)
+	for flag, env := range agentEnv {
+		bindEnv(f, flag, env)
+	}
+}
+
 func runAgent(ctx context.Context, e env, o agentOptions) error {
-	logger, err := newLogger(e.err, o.logFormat, o.logLevel)
+	base, err := newLogger(e.err, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
 	}
-	logger = logger.With(logattr.Component, "agent")
-	if !(o.graceRatio > 0 && o.graceRatio < 1) {
-		return fmt.Errorf("--secret-grace-period-ratio %v: want a number between 0 and 1", o.graceRatio)
-	}
-	if o.ttl < 0 || o.ttl%time.Second != 0 {
-		return fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
-	}
-	if o.pollInterval <= 0 {
-		return fmt.Errorf("--credentials-poll-interval %s must be positive", o.pollInterval)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	cfg := agent.Config{
-		SocketPath:     o.socket,
-		SocketGroup:    o.socketGroup,
-		CredentialsDir: o.credentialsDir,
-		PollInterval:   o.pollInterval,
-		Logger:         logger,
-		Registerer:     reg,
-	}
-	if o.caAddr != "" {
-		if o.rootCert == "" {
-			return errors.New("--ca-addr needs --root-cert: the roots that vouch for the server on the first connection")
-		}
-		roots, err := readPEMCerts(o.rootCert)
-		if err != nil {
-			return fmt.Errorf("--root-cert: %w", err)
-		}
-		var serverID spiffeid.ID
-		if o.serverID != "" {
-			if serverID, err = spiffeid.FromString(o.serverID); err != nil {
-				return fmt.Errorf("--server-spiffe-id %q: %w", o.serverID, err)
-			}
-		}
-		cfg.Rotator = &agent.RotatorConfig{
-			CAAddr:         o.caAddr,
-			Roots:          roots,
-			ServerID:       serverID,
-			TokenFile:      o.tokenFile,
-			OutputCertsDir: o.outputCerts,
-			GraceRatio:     o.graceRatio,
-			TTL:            o.ttl,
-			Logger:         logger.With(logattr.Component, "rotator"),
-			Registerer:     reg,
-		}
+	// Each part names its component on the process's logger; one derived
+	// from another's would carry both (the rotator's records said
+	// "component" twice).
+	logger := base.With(logattr.Component, "agent")
+	reg := newRegistry()
+	cfg, err := o.config(base, reg)
+	if err != nil {
+		return err
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err
 	}
+	stopSide, err := startAgentSide(ctx, e, o.admin, a, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopSide()
 	err = a.Run(ctx)
 	if errors.Is(err, agent.ErrAlreadyServing) {
 		fmt.Fprintf(e.out, "an SDS server already answers on %s; not starting another (%v)\n", o.socket, err)

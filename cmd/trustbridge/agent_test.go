@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/testlog"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -24,9 +23,9 @@ func startAgent(t *testing.T, o agentOptions) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var out, logs testlog.Buffer
+	e, _, logs := testEnv(t, o.logFormat)
 	go func() {
-		done <- runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o)
+		done <- runAgent(ctx, e, o)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -62,14 +61,14 @@ func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agentOpt
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "token"), []byte(token+"\n"), 0o600))
 	return agentOptions{
 		socket:         filepath.Join(dir, "sds.sock"),
-		credentialsDir: filepath.Join(dir, "credentials"), // absent: ask the CA
+		credentialsDir: filepath.Join(dir, "creds"),
+		keepCerts:      true, // as when --credentials-dir is given
 		caAddr:         addr,
 		rootCert:       filepath.Join(dir, "root-cert.pem"),
 		tokenFile:      filepath.Join(dir, "token"),
-		outputCerts:    filepath.Join(dir, "out"),
 		graceRatio:     0.5,
 		pollInterval:   time.Second,
-		logFormat:      "text",
+		logFormat:      "json",
 		logLevel:       "debug",
 	}
 }
@@ -101,8 +100,8 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	names, _ := spiffeValidator(t, got[sds.AllName])
 	assert.Equal(t, []string{"example.org"}, names)
 	e.ack(r)
-	written := checkCreds(t, o.outputCerts, laptopID)
-	assert.Equal(t, first.SerialNumber, written.SerialNumber, "--output-certs holds the served certificate")
+	written := checkCreds(t, o.credentialsDir, laptopID)
+	assert.Equal(t, first.SerialNumber, written.SerialNumber, "--credentials-dir holds the served certificate")
 
 	// Past the grace period the agent renews with its certificate (the
 	// token is spent) and pushes the new one; nothing else changed, so
@@ -129,9 +128,9 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 		// The key and the chain are two files, each replaced atomically:
 		// between the two renames they do not match yet, so each poll
 		// reads and verifies them together once.
-		c, err := loadCreds(o.outputCerts, laptopID)
+		c, err := loadCreds(o.credentialsDir, laptopID)
 		return err == nil && c.NotAfter.After(first.NotAfter)
-	}, 10*time.Second, 20*time.Millisecond, "--output-certs follows the renewal")
+	}, 10*time.Second, 20*time.Millisecond, "--credentials-dir follows the renewal")
 }
 
 func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
@@ -156,13 +155,13 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	creds := filepath.Join(t.TempDir(), "creds")
 	token := writeFile(t, laptopToken+"\n", 0o600)
-	_, stderr, code := runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", creds)
+	_, stderr, code := runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--credentials-dir", creds)
 	require.Equal(t, 0, code, stderr)
 	roots, err := readPEMCerts(filepath.Join(creds, "root-cert.pem"))
 	require.NoError(t, err)
 
 	o := agentOptions{socket: filepath.Join(t.TempDir(), "sds.sock"), credentialsDir: creds, graceRatio: 0.5,
-		pollInterval: 50 * time.Millisecond, logFormat: "text", logLevel: "info"}
+		pollInterval: 50 * time.Millisecond, logFormat: "json", logLevel: "info"}
 	startAgent(t, o)
 	e := openEnvoy(t, dialSDSUnix(t, o.socket), nil, sds.DefaultName, sds.RootCAName)
 	r := e.recv(10 * time.Second)
@@ -172,8 +171,8 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 	sameCerts(t, roots, trustedCA(t, got[sds.RootCAName]), "ROOTCA from root-cert.pem")
 	e.ack(r)
 
-	// Renewing the files (ca request --cert-dir) is pushed.
-	_, stderr, code = runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", creds, "--out", creds)
+	// Renewing the files (ca request --renew) is pushed.
+	_, stderr, code = runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--renew", "--credentials-dir", creds)
 	require.Equal(t, 0, code, stderr)
 	for {
 		r = e.recv(10 * time.Second)

@@ -63,10 +63,10 @@ func startAttackTarget(tb testing.TB, mutate func(*serverOptions)) *attackTarget
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	at := &attackTarget{logs: &testlog.Buffer{}}
-	var out testlog.Buffer
+	e, _, logs := testEnv(tb, o.logFormat)
+	at := &attackTarget{logs: logs}
 	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: at.logs, now: time.Now}, o, ready)
+		done <- runServer(ctx, e, o, ready)
 	}()
 	select {
 	case at.admin = <-ready:
@@ -78,9 +78,7 @@ func startAttackTarget(tb testing.TB, mutate func(*serverOptions)) *attackTarget
 		cancel()
 		<-done
 	})
-	m := grpcAddrLine.FindStringSubmatch(out.String())
-	require.NotNil(tb, m, "banner names the certificate service:\n%s", out.String())
-	at.grpc = m[1]
+	at.grpc = grpcAddr(tb, logs.String())
 	return at
 }
 

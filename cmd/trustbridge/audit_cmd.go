@@ -32,7 +32,7 @@ func (e *exitError) Error() string { return e.msg }
 func newAuditCmd(e env) *cobra.Command {
 	var (
 		admin  string
-		asJSON bool
+		output *outputFlag
 		failOn string
 	)
 	cmd := &cobra.Command{
@@ -50,8 +50,14 @@ func newAuditCmd(e env) *cobra.Command {
 
 The exit status is 2 when a finding at or above --fail-on exists (so it can gate
 a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
+		Example: `  trustbridge audit
+  trustbridge audit --admin http://127.0.0.1:15014 --fail-on warning   # gate a pipeline on warnings too
+  trustbridge audit -o json | jq -r '.[] | select(.severity == "critical") | .fix'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			var threshold trustview.Severity
 			switch failOn {
 			case "warning", "critical":
@@ -69,16 +75,11 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 				return fmt.Errorf("admin answer is not a snapshot: %w", err)
 			}
 			findings := audit.Findings(snap)
-			if asJSON {
-				enc := json.NewEncoder(e.out)
-				enc.SetIndent("", "  ")
-				if findings == nil {
-					findings = []trustview.Finding{}
-				}
-				if err := enc.Encode(findings); err != nil {
-					return err
-				}
-			} else if err := printFindings(e.out, snap, findings); err != nil {
+			if findings == nil {
+				findings = []trustview.Finding{}
+			}
+			err = output.write(e.out, findings, func(w io.Writer) error { return printFindings(w, snap, findings) })
+			if err != nil {
 				return err
 			}
 			if threshold != "" && audit.AtLeast(findings, threshold) {
@@ -89,7 +90,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
-	f.BoolVar(&asJSON, "json", false, "print the findings as JSON")
+	output = addOutputFlag(cmd)
 	f.StringVar(&failOn, "fail-on", "critical", "exit 2 when a finding of this severity or worse exists: warning, critical or none")
 	cmd.AddCommand(newAuditLogCmd(e))
 	return cmd
@@ -129,12 +130,13 @@ func printFindings(w io.Writer, snap trustview.Snapshot, fs []trustview.Finding)
 
 func newAuditLogCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "log",
-		Short: "Work with the hash-chained audit log (--audit-log)",
+		Use:     "log",
+		Short:   "Work with the hash-chained audit log (--audit-log)",
+		Example: `  trustbridge audit log verify ./data/audit.jsonl`,
 	}
 	var (
 		expectHead string
-		asJSON     bool
+		output     *outputFlag
 	)
 	verify := &cobra.Command{
 		Use:   "verify FILE",
@@ -150,8 +152,14 @@ final line (bytes without a newline, as a crash or a full disk in the middle of
 a write leaves; the server moves them into FILE.torn-after-<seq>-<hash> at its
 next start and records a log_recovered entry), 1 when it does not verify (an entry edited, dropped,
 inserted or reordered: keep the file as evidence).`,
+		Example: `  trustbridge audit log verify ./data/audit.jsonl
+  trustbridge audit log verify --expect-head "$(cat head.txt)" ./data/audit.jsonl
+  cat ./data/audit.jsonl | trustbridge audit log verify -o json -`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := output.check(); err != nil {
+				return err
+			}
 			var r io.Reader = e.in
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
@@ -172,7 +180,7 @@ inserted or reordered: keep the file as evidence).`,
 				return fmt.Errorf("%s: %w: head is %s, expected %s: entries after the expected head were cut off or replaced",
 					args[0], audit.ErrBroken, res.Head, expectHead)
 			}
-			if err := printVerified(e.out, args[0], res, asJSON); err != nil {
+			if err := output.write(e.out, res, func(w io.Writer) error { return printVerified(w, args[0], res) }); err != nil {
 				return err
 			}
 			if torn {
@@ -184,7 +192,7 @@ inserted or reordered: keep the file as evidence).`,
 		},
 	}
 	verify.Flags().StringVar(&expectHead, "expect-head", "", "fail unless the last entry's hash is this one (detects a cut-off tail)")
-	verify.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	output = addOutputFlag(verify)
 	cmd.AddCommand(verify)
 	return cmd
 }
@@ -194,10 +202,7 @@ inserted or reordered: keep the file as evidence).`,
 const exitTornTail = 3
 
 // printVerified reports the part of a chain that verifies.
-func printVerified(w io.Writer, name string, res audit.VerifyResult, asJSON bool) error {
-	if asJSON {
-		return json.NewEncoder(w).Encode(res)
-	}
+func printVerified(w io.Writer, name string, res audit.VerifyResult) error {
 	if res.Entries == 0 && res.TornBytes == 0 {
 		_, err := fmt.Fprintf(w, "%s: empty, nothing to verify\n", name)
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/testlog"
@@ -151,11 +152,21 @@ func TestAuditCommand(t *testing.T) {
 	assert.Equal(t, exitFindings, code)
 	assert.Contains(t, stderr, "findings at or above warning")
 
-	out, _, code = runCLI(t, "", "audit", "--admin", critURL, "--json")
+	out, _, code = runCLI(t, "", "audit", "--admin", critURL, "-o", "json")
 	assert.Equal(t, exitFindings, code)
 	var fs []trustview.Finding
 	require.NoError(t, json.Unmarshal([]byte(out), &fs))
 	require.Len(t, fs, 2)
+	// --json, the flag -o replaced, prints the same and warns on stderr.
+	old, stderr, code := runCLI(t, "", "audit", "--admin", critURL, "--json")
+	assert.Equal(t, exitFindings, code)
+	assert.Equal(t, out, old)
+	assert.Contains(t, stderr, "use -o json")
+	yml, _, code := runCLI(t, "", "audit", "--admin", critURL, "-o", "yaml")
+	assert.Equal(t, exitFindings, code)
+	var fromYAML []trustview.Finding
+	require.NoError(t, yaml.Unmarshal([]byte(yml), &fromYAML))
+	assert.Equal(t, fs, fromYAML, "yaml carries the json keys")
 	assert.Equal(t, audit.CodeSequenceRegress, fs[0].Code)
 
 	_, _, code = runCLI(t, "", "audit", "--admin", critURL, "--fail-on", "none")
@@ -206,7 +217,7 @@ func TestAuditLogTornTail(t *testing.T) {
 	assert.Contains(t, stderr, "not an edit")
 	assert.NotContains(t, stderr, "does not verify")
 
-	out, _, code = runCLI(t, "", "audit", "log", "verify", "--json", "--expect-head", head, path)
+	out, _, code = runCLI(t, "", "audit", "log", "verify", "-o", "json", "--expect-head", head, path)
 	assert.Equal(t, exitTornTail, code)
 	var res audit.VerifyResult
 	require.NoError(t, json.Unmarshal([]byte(out), &res))

@@ -57,7 +57,9 @@ func runBackup(e env, dataDir, out string) error {
 	if err != nil {
 		return fmt.Errorf("backup: %w (is --data-dir the server's?)", err)
 	}
-	others, err := backup.Collect(dataDir, ca.StateDir)
+	// The admin token is a credential of the running server, new at each
+	// start: an archive has no use for it and should not carry it.
+	others, err := backup.Collect(dataDir, ca.StateDir, adminTokenName)
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -30,14 +29,14 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
-var bundleURL = regexp.MustCompile(`bundle:\s+(https://\S+)`)
-
-func endpointURL(t *testing.T, out string) string {
+// endpointURL is the bundle endpoint's URL, as the start-up record in a
+// server's log names it.
+func endpointURL(t *testing.T, logs string) string {
 	t.Helper()
-	m := bundleURL.FindStringSubmatch(out)
-	require.NotNil(t, m, "banner names the bundle endpoint:\n%s", out)
-	return m[1]
+	return logAttr(t, logs, bundleEndpointStarted, "endpoint_url")
 }
+
+const bundleEndpointStarted = "bundle endpoint: peers federate with this tuple"
 
 // caRoots reads the published roots from the data directory.
 func caRoots(t *testing.T, dataDir string) []*x509.Certificate {
@@ -57,7 +56,8 @@ func TestServerBundleEndpointSPIFFEProfile(t *testing.T) {
 		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
 	})
 	url := endpointURL(t, out.String())
-	assert.Contains(t, out.String(), "peers use:  example.org|"+url+"|spiffe://example.org/trustbridge/bundle-endpoint")
+	assert.Equal(t, "example.org|"+url+"|spiffe://example.org/trustbridge/bundle-endpoint|example.org.json",
+		logAttr(t, out.String(), bundleEndpointStarted, "tuple"))
 
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	roots := x509bundle.FromX509Authorities(td, caRoots(t, dataDir))

@@ -23,6 +23,8 @@ func newCACmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ca",
 		Short: "Operate the embedded CA's state directory",
+		Example: `  trustbridge ca rotate --data-dir ./data
+  trustbridge ca issue --data-dir ./data --spiffe-id spiffe://example.org/demo --credentials-dir ./demo-creds`,
 	}
 	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e), newCARequestCmd(e), newCARaiseSequenceCmd(e))
 	return cmd
@@ -33,46 +35,55 @@ type caIssueOptions struct {
 	caDir    string
 	td       string
 	spiffeID string
-	out      string
+	credsDir string
 	ttl      time.Duration
 	keyType  string
 }
 
 func newCAIssueCmd(e env) *cobra.Command {
-	var o caIssueOptions
+	var (
+		o   caIssueOptions
+		out *oldName
+	)
 	cmd := &cobra.Command{
-		Use:   "issue --data-dir DIR --spiffe-id ID --out DIR",
+		Use:   "issue --data-dir DIR --spiffe-id ID --credentials-dir DIR",
 		Short: "Issue a workload certificate from the CA state (bootstrap, examples)",
 		Long: `Generate a key locally and issue an X509-SVID for --spiffe-id from the active
 root in --data-dir, writing key.pem (mode 0600), cert-chain.pem (leaf first)
 and root-cert.pem (every published root of this trust domain, and nothing
-else) into --out.
+else) into --credentials-dir, the directory a workload (or trustbridge agent
+--credentials-dir) reads them from.
 
 This is for operators: whoever can read --data-dir holds the CA and may
 issue any identity of the trust domain. It takes a shared lock on the CA
 state (not the server's lock on the data directory), so it is safe to run
 while a server uses it, and the server cannot retire the root it signs with
 meanwhile.`,
-		Example: `  trustbridge ca issue --data-dir ./data --spiffe-id spiffe://example.org/demo --out ./demo-creds`,
-		Args:    cobra.NoArgs,
+		Example: `  trustbridge ca issue --data-dir ./data --spiffe-id spiffe://example.org/demo --credentials-dir ./demo-creds
+  trustbridge ca issue --ca-dir /etc/cacerts --spiffe-id spiffe://example.org/vm/db --credentials-dir ./db-creds --ttl 1h`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.merge(&o.credsDir, ""); err != nil {
+				return err
+			}
 			return runCAIssue(e, o)
 		},
 	}
+	out = addOldName(cmd, "out", credentialsDirFlag)
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir (file storage only; with --storage kube use ca request)")
 	f.StringVar(&o.caDir, "ca-dir", "", "sign with a plug-in CA directory (Istio cacerts layout) instead of --data-dir")
 	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
-	f.StringVar(&o.out, "out", "", "directory to write key.pem, cert-chain.pem and root-cert.pem into (required)")
+	f.StringVar(&o.credsDir, credentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
 	f.DurationVar(&o.ttl, "ttl", ca.DefaultWorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
 	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	return cmd
 }
 
 func runCAIssue(e env, o caIssueOptions) error {
-	if o.spiffeID == "" || o.out == "" {
-		return errors.New("--spiffe-id and --out are required")
+	if o.spiffeID == "" || o.credsDir == "" {
+		return errors.New("--spiffe-id and --credentials-dir are required")
 	}
 	id, err := spiffeid.FromString(o.spiffeID)
 	if err != nil {
@@ -110,10 +121,10 @@ func runCAIssue(e env, o caIssueOptions) error {
 	// this trust domain. The files are staged and renamed together, so a
 	// failure leaves no key next to another certificate.
 	trust := caclient.Trust{TrustDomain: td, Local: m.Roots}
-	if err := caclient.WriteCredentials(o.out, key, withoutRoots(issued.Chain, m.Roots), trust); err != nil {
+	if err := caclient.WriteCredentials(o.credsDir, key, withoutRoots(issued.Chain, m.Roots), trust); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s\n", id, issued.Leaf.NotAfter.UTC().Format(time.RFC3339), o.out)
+	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s\n", id, issued.Leaf.NotAfter.UTC().Format(time.RFC3339), o.credsDir)
 	return nil
 }
 

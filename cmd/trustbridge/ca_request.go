@@ -24,8 +24,9 @@ type caRequestOptions struct {
 	addr      string
 	rootCert  string
 	tokenFile string
-	certDir   string
-	out       string
+	credsDir  string
+	renew     bool
+	provCert  string
 	spiffeID  string
 	serverID  string
 	ttl       time.Duration
@@ -34,12 +35,15 @@ type caRequestOptions struct {
 }
 
 func newCARequestCmd(e env) *cobra.Command {
-	var o caRequestOptions
+	var (
+		o               caRequestOptions
+		outOld, certOld *oldName
+	)
 	cmd := &cobra.Command{
-		Use:   "request --ca-addr ADDR --root-cert FILE (--token-file FILE | --cert-dir DIR) --out DIR",
+		Use:   "request --ca-addr ADDR --root-cert FILE (--token-file FILE | --renew | --prov-cert DIR) --credentials-dir DIR",
 		Short: "Obtain a workload certificate from a running server's certificate service (bootstrap a VM, renew)",
 		Long: `Generate a key locally and ask the certificate service of a running trustbridge
-(--grpc-listen) for an X509-SVID, writing into --out: key.pem (mode 0600),
+(--grpc-listen) for an X509-SVID, writing into --credentials-dir: key.pem (mode 0600),
 cert-chain.pem (leaf first), root-cert.pem (the roots of the workload's own
 trust domain, and only those) and bundle.spiffe.json (a SPIFFE bundle map of
 every trust domain the server lets this workload trust, its own included).
@@ -54,25 +58,43 @@ trust domain alone.
 
 The server decides the identity from how the caller authenticates, never from
 the request: with --token-file, a bootstrap token (--bootstrap-token-file on
-the server) or a Kubernetes service account token; with --cert-dir, the
-certificate in cert-chain.pem and key.pem, as written by this command or
-'ca issue', which renews it.
+the server) or a Kubernetes service account token; with --renew, the
+certificate in --credentials-dir (cert-chain.pem and key.pem, as written by
+this command or 'ca issue'), which renews it in place; with --prov-cert DIR,
+the certificate in another directory (Istio's PROV_CERT), which is only read.
 
 --root-cert is the trust for the connection: the server must present an
 X509-SVID for --server-spiffe-id that chains to these roots. 'trustbridge
-bundle inspect --format pem' of a fetched bundle, or the root-cert.pem of an
+bundle inspect -o pem' of a fetched bundle, or the root-cert.pem of an
 earlier run, produces it.`,
+		Example: `  # bootstrap with a token, then renew in place before the certificate expires
+  trustbridge ca request --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --token-file laptop.token --credentials-dir /etc/creds
+  trustbridge ca request --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --renew --credentials-dir /etc/creds
+  # renew with the certificate of one directory into another
+  trustbridge ca request --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --prov-cert /etc/creds --credentials-dir /etc/creds.new`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := outOld.merge(&o.credsDir, ""); err != nil {
+				return err
+			}
+			if err := certOld.merge(&o.provCert, "pass only --prov-cert, or --renew to renew the certificate of --credentials-dir in place"); err != nil {
+				return err
+			}
 			return runCARequest(cmd.Context(), e, o)
 		},
 	}
+	outOld = addOldName(cmd, "out", credentialsDirFlag)
+	certOld = addOldName(cmd, "cert-dir", "prov-cert")
 	f := cmd.Flags()
 	f.StringVar(&o.addr, "ca-addr", "", "address of the certificate service, host:port (required)")
 	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, to verify the server (required)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding a bearer token (bootstrap token or Kubernetes service account token)")
-	f.StringVar(&o.certDir, "cert-dir", "", "directory holding cert-chain.pem and key.pem: authenticate with that certificate (renewal)")
-	f.StringVar(&o.out, "out", "", "directory to write key.pem, cert-chain.pem and root-cert.pem into (required; may be --cert-dir)")
+	f.StringVar(&o.credsDir, credentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem, root-cert.pem and bundle.spiffe.json into (required)")
+	f.BoolVar(&o.renew, "renew", false, "authenticate with the certificate in --credentials-dir and replace it (renewal in place)")
+	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem to authenticate with (Istio's PROV_CERT); only read")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to put in the CSR; the server refuses it unless it is the identity you authenticate as")
 	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
 	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for (default: the server's --workload-ttl)")
@@ -113,23 +135,23 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	if err != nil {
 		return requestError(o.addr, o.timeout, err)
 	}
-	if err := caclient.WriteCredentials(o.out, key, issued.Chain, issued.Trust); err != nil {
+	if err := caclient.WriteCredentials(o.credsDir, key, issued.Chain, issued.Trust); err != nil {
 		return err
 	}
 	id, leafChain := issued.ID, issued.Chain
 	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s (%s: %d roots of %s; %s: %s)\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339),
-		o.out, caclient.RootsFile, len(issued.Trust.Local), id.TrustDomain().Name(), caclient.BundleMapFile, trustDomainList(issued.Trust))
+		o.credsDir, caclient.RootsFile, len(issued.Trust.Local), id.TrustDomain().Name(), caclient.BundleMapFile, trustDomainList(issued.Trust))
 	return nil
 }
 
 // check checks the flags that need no file, and returns the key type and
 // the identity asked for (zero without --spiffe-id).
 func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
-	if o.addr == "" || o.rootCert == "" || o.out == "" {
-		return "", spiffeid.ID{}, errors.New("--ca-addr, --root-cert and --out are required")
+	if o.addr == "" || o.rootCert == "" || o.credsDir == "" {
+		return "", spiffeid.ID{}, errors.New("--ca-addr, --root-cert and --credentials-dir are required")
 	}
-	if (o.tokenFile == "") == (o.certDir == "") {
-		return "", spiffeid.ID{}, errors.New("give exactly one of --token-file (bootstrap or service account token) and --cert-dir (renew with an issued certificate)")
+	if n := countTrue(o.tokenFile != "", o.renew, o.provCert != ""); n != 1 {
+		return "", spiffeid.ID{}, errors.New("give exactly one of --token-file (bootstrap or service account token), --renew (renew the certificate in --credentials-dir) and --prov-cert DIR (authenticate with the certificate in DIR)")
 	}
 	if o.ttl < 0 || o.ttl%time.Second != 0 {
 		return "", spiffeid.ID{}, fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
@@ -152,19 +174,24 @@ func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
 }
 
 // credentials reads what the caller authenticates with: the certificate
-// of --cert-dir (a renewal, which keeps its identity when *want is zero)
+// of --renew or --prov-cert (a renewal, which keeps its identity when
+// *want is zero)
 // or the token of --token-file.
 func (o caRequestOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
-	if o.certDir == "" {
+	dir, name := o.provCert, "--prov-cert"
+	if o.renew {
+		dir, name = o.credsDir, "--renew: --credentials-dir"
+	}
+	if dir == "" {
 		token, err := caclient.ReadToken(o.tokenFile)
 		if err != nil {
 			return nil, "", fmt.Errorf("--token-file: %w", err)
 		}
 		return nil, token, nil
 	}
-	cert, id, err := caclient.LoadCertDir(o.certDir, now)
+	cert, id, err := caclient.LoadCertDir(dir, now)
 	if err != nil {
-		return nil, "", fmt.Errorf("--cert-dir: %w", err)
+		return nil, "", fmt.Errorf("%s: %w", name, err)
 	}
 	if want.IsZero() {
 		*want = id // renewal keeps the identity
@@ -174,7 +201,7 @@ func (o caRequestOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Ce
 
 // expectedServerID is --server-spiffe-id, or else the certificate
 // service's ID in the trust domain of the identity requested (--spiffe-id,
-// or the certificate of --cert-dir), or else in the one trust domain the
+// or the certificate of --renew or --prov-cert), or else in the one trust domain the
 // roots name (caclient.ExpectedServerID).
 func expectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
 	if flag != "" {
@@ -238,4 +265,15 @@ func parsePEMCerts(data []byte) ([]*x509.Certificate, error) {
 // readSmallFile reads at most limit bytes of a regular file.
 func readSmallFile(path string, limit int64) ([]byte, error) {
 	return caclient.ReadFile(path, limit)
+}
+
+// countTrue is how many of bs are true.
+func countTrue(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }

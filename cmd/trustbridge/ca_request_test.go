@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"testing"
 	"time"
 
@@ -61,13 +60,11 @@ func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*serverOpti
 	return addr, rootCert, dataDir
 }
 
-var grpcAddrLine = regexp.MustCompile(`(?m)^  ca api:     (\S+) `)
-
-func grpcAddr(t *testing.T, banner string) string {
-	t.Helper()
-	m := grpcAddrLine.FindStringSubmatch(banner)
-	require.NotNil(t, m, "banner names the certificate service:\n%s", banner)
-	return m[1]
+// grpcAddr is the certificate service's address, as the start-up record
+// in a server's log names it.
+func grpcAddr(tb testing.TB, logs string) string {
+	tb.Helper()
+	return logAttr(tb, logs, "certificate service listening", "address")
 }
 
 func writeFile(t *testing.T, data string, perm os.FileMode) string {
@@ -124,7 +121,7 @@ func TestCARequestBootstrapThenRenew(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "creds")
 
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", token, "--out", out, "--ttl", "2h")
+		"--token-file", token, "--credentials-dir", out, "--ttl", "2h")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued "+laptopID.String())
 	first := checkCreds(t, out, laptopID)
@@ -135,7 +132,7 @@ func TestCARequestBootstrapThenRenew(t *testing.T) {
 	// Renew with the certificate just issued, into another directory.
 	renewed := filepath.Join(t.TempDir(), "renewed")
 	stdout, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--cert-dir", out, "--out", renewed)
+		"--prov-cert", out, "--credentials-dir", renewed)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued "+laptopID.String())
 	second := checkCreds(t, renewed, laptopID)
@@ -146,10 +143,21 @@ func TestCARequestBootstrapThenRenew(t *testing.T) {
 
 	// And in place, with the root-cert.pem it wrote.
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(renewed, "root-cert.pem"),
-		"--cert-dir", renewed, "--out", renewed, "--spiffe-id", laptopID.String())
+		"--renew", "--credentials-dir", renewed, "--spiffe-id", laptopID.String())
 	require.Equal(t, 0, code, stderr)
 	third := checkCreds(t, renewed, laptopID)
 	assert.NotEqual(t, second.SerialNumber, third.SerialNumber)
+
+	// The names before --credentials-dir and --prov-cert still work for a
+	// release, warning on stderr only.
+	stdout, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
+		"--cert-dir", renewed, "--out", renewed)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "--cert-dir is deprecated and goes in a later release; use --prov-cert")
+	assert.Contains(t, stderr, "--out is deprecated and goes in a later release; use --credentials-dir")
+	assert.NotContains(t, stdout, "deprecated")
+	fourth := checkCreds(t, renewed, laptopID)
+	assert.NotEqual(t, third.SerialNumber, fourth.SerialNumber)
 }
 
 func TestCARequestRefusals(t *testing.T) {
@@ -168,7 +176,7 @@ func TestCARequestRefusals(t *testing.T) {
 	// A certificate of ours that has expired by the time it is used.
 	expiredDir := filepath.Join(t.TempDir(), "expired")
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", token, "--out", expiredDir, "--ttl", "1h")
+		"--token-file", token, "--credentials-dir", expiredDir, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 
 	stopped := reservePort(t) // nothing listens there
@@ -181,7 +189,7 @@ func TestCARequestRefusals(t *testing.T) {
 	}{
 		{"unknown token", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "not-the-token-0123456789", 0o600)},
 			"did not accept the credentials"},
-		{"certificate from another CA", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", foreignDir},
+		{"certificate from another CA", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", foreignDir},
 			"did not accept the credentials"},
 		{"identity not ours", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--spiffe-id", "spiffe://example.org/admin"},
 			"refused to issue this identity"},
@@ -197,11 +205,18 @@ func TestCARequestRefusals(t *testing.T) {
 			"want spiffe://example.org/trustbridge/bundle-endpoint"},
 		{"nothing listening", nil, []string{"--ca-addr", stopped, "--root-cert", rootCert, "--token-file", token, "--timeout", "5s"},
 			"cannot get a certificate from " + stopped},
-		{"expired certificate", func() time.Time { return time.Now().Add(2 * time.Hour) }, []string{"--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", expiredDir},
+		{"expired certificate", func() time.Time { return time.Now().Add(2 * time.Hour) }, []string{"--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", expiredDir},
 			"expired at"},
-		{"both credentials", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--cert-dir", expiredDir},
+		{"both credentials", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--prov-cert", expiredDir},
 			"exactly one of --token-file"},
 		{"no credentials", nil, []string{"--ca-addr", addr, "--root-cert", rootCert}, "exactly one of --token-file"},
+		{"token and --renew", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--renew"}, "exactly one of --token-file"},
+		{"--renew and --prov-cert", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--renew", "--prov-cert", expiredDir}, "exactly one of --token-file"},
+		{"--renew without a certificate", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--renew"}, "--renew: --credentials-dir"},
+		{"old and new name, two directories", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", t.TempDir()},
+			"--out is the old name of --credentials-dir; pass only --credentials-dir"},
+		{"--cert-dir and --prov-cert, two directories", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", expiredDir, "--prov-cert", foreignDir},
+			"pass only --prov-cert, or --renew"},
 		{"empty token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "\n", 0o600)}, "is empty"},
 		{"token file with two tokens", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "a b\n", 0o600)}, "more than one"},
 		{"oversized token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, string(make([]byte, 64<<10)), 0o600)}, "larger than"},
@@ -215,7 +230,7 @@ func TestCARequestRefusals(t *testing.T) {
 				now = time.Now
 			}
 			out := filepath.Join(t.TempDir(), "out")
-			_, stderr, code := runCLIAt(t, now, "", append([]string{"ca", "request", "--out", out}, tt.args...)...)
+			_, stderr, code := runCLIAt(t, now, "", append([]string{"ca", "request", "--credentials-dir", out}, tt.args...)...)
 			assert.Equal(t, 1, code)
 			assert.Contains(t, stderr, tt.want)
 			assert.NotContains(t, stderr, laptopToken)
@@ -287,7 +302,7 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 			require.NoError(t, err)
 			out := filepath.Join(t.TempDir(), "creds")
 			stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-				"--token-file", writeFile(t, laptopToken, 0o600), "--out", out)
+				"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", out)
 			require.Equal(t, 0, code, stderr)
 			assert.Contains(t, stdout, "bundle.spiffe.json: example.org, relay.example")
 			got, err := readPEMCerts(filepath.Join(out, "root-cert.pem"))
@@ -312,7 +327,7 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 
 			// Renewal with the files it wrote, in place.
 			_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(out, "root-cert.pem"),
-				"--cert-dir", out, "--out", out)
+				"--renew", "--credentials-dir", out)
 			require.Equal(t, 0, code, stderr)
 			checkCreds(t, out, laptopID)
 		})

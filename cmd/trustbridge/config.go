@@ -25,8 +25,9 @@ const configFlag = "config"
 // in the --federation-config schema.
 const federationKey = "federation"
 
-// envVars names, for the flags that have one, the environment variable
-// that sets them. A set variable beats the config file, a flag beats both.
+// envVars names, for the server's flags that have one, the environment
+// variable that sets them (declared on the flags with bindEnv). A set
+// variable beats the config file, a flag beats both.
 var envVars = map[string]string{
 	"trust-domain": "TRUST_DOMAIN",
 	"federate":     "SPIFFE_BUNDLE_ENDPOINTS",
@@ -198,8 +199,10 @@ func (s setting) apply(getenv func(string) string) error {
 	if s.flag.Changed {
 		return nil
 	}
-	if env, ok := envVars[s.flag.Name]; ok && getenv(env) != "" {
-		return nil
+	for _, env := range flagEnv(s.flag) {
+		if getenv(env) != "" {
+			return nil
+		}
 	}
 	if isListFlag(s.flag) {
 		// pflag's list flags append after the first Set; the file

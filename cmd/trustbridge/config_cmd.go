@@ -19,8 +19,9 @@ import (
 
 func newConfigCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "config",
-		Short: "Work with trustbridge server's --config file",
+		Use:     "config",
+		Short:   "Work with trustbridge server's --config file",
+		Example: `  trustbridge config check /etc/trustbridge/config.yaml`,
 	}
 	check := &cobra.Command{
 		Use:   "check FILE",
@@ -35,6 +36,8 @@ bootstrap bundle passes only when the last-known-good store of --data-dir
 holds its trust domain's bundle; with --storage kube, whose store is in
 ConfigMaps, config check does not connect and needs the bootstrap bundle.
 Prints "ok" or every problem found; the exit status is 1 on any problem.`,
+		Example: `  trustbridge config check /etc/trustbridge/config.yaml
+  TRUST_DOMAIN=example.org trustbridge config check deploy/base/config.yaml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var o serverOptions

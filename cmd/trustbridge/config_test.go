@@ -194,7 +194,7 @@ func TestServerFromConfigFile(t *testing.T) {
 	require.NoError(t, fs.Parse([]string{"--config", path}))
 	require.NoError(t, loadServerConfig(fs, o, noEnv))
 	admin, banner, _ := launchServer(t, *o)
-	assert.Contains(t, banner, "trustbridge is serving trust domain conf.example")
+	assert.Equal(t, "conf.example", logAttr(t, banner, "trustbridge server started", "trust_domain"))
 	assert.Equal(t, "conf.example", trustOf(t, admin).TrustDomain)
 }
 
@@ -227,7 +227,7 @@ func TestConfigurationDoc(t *testing.T) {
 	walk = func(c *cobra.Command) {
 		var rows []string
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
-			if f.Name == "help" {
+			if f.Name == "help" || f.Hidden { // hidden: deprecated names
 				return
 			}
 			if strings.TrimSpace(f.Usage) == "" {
@@ -240,10 +240,8 @@ func TestConfigurationDoc(t *testing.T) {
 				def = "`" + def + "`"
 			}
 			envName := "—"
-			if c.Name() == "server" {
-				if e, ok := envVars[f.Name]; ok {
-					envName = "`" + e + "`"
-				}
+			if e := flagEnv(f); len(e) > 0 {
+				envName = "`" + strings.Join(e, "`, `") + "`"
 			}
 			rows = append(rows, fmt.Sprintf("| `--%s` | %s | %s | %s | %s |", f.Name, f.Value.Type(), def, envName,
 				strings.ReplaceAll(strings.ReplaceAll(f.Usage, "|", "\\|"), "\n", " ")))

@@ -4,13 +4,11 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 // serverProcess is `trustbridge server` in a process of its own: this
@@ -28,20 +27,19 @@ import (
 type serverProcess struct {
 	cmd    *exec.Cmd
 	admin  string
-	stderr *bytes.Buffer
+	stderr *testlog.Buffer
 }
 
-var adminLine = regexp.MustCompile(`^\s+admin:\s+http://(\S+)/healthz`)
-
-// startServerProcess starts a server process with args and returns once
-// it serves; the test's end kills it if it still runs.
+// startServerProcess starts a server process with args (logging JSON) and
+// returns once it serves; the test's end kills it if it still runs. Every
+// line it writes to standard error must be JSON with unique keys.
 func startServerProcess(t *testing.T, args ...string) *serverProcess {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"server"}, args...)...)
 	cmd.Env = append(os.Environ(), cliEnv+"=1")
-	p := &serverProcess{cmd: cmd, stderr: &bytes.Buffer{}}
-	cmd.Stderr = p.stderr
-	stdout, err := cmd.StdoutPipe()
+	p := &serverProcess{cmd: cmd, stderr: testlog.JSONLines(t)}
+	cmd.Stdout = testlog.JSONLines(t)
+	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -50,16 +48,19 @@ func startServerProcess(t *testing.T, args ...string) *serverProcess {
 			_ = cmd.Wait()
 		}
 	})
-	sc := bufio.NewScanner(stdout)
+	sc := bufio.NewScanner(stderr)
 	for sc.Scan() {
-		if m := adminLine.FindStringSubmatch(sc.Text()); m != nil {
-			p.admin = m[1]
+		_, _ = p.stderr.Write(append(sc.Bytes(), '\n'))
+		if rec := logRecord(sc.Text(), "trustbridge server started"); rec != nil {
+			p.admin, _ = rec["admin"].(string)
+			p.admin = strings.TrimPrefix(p.admin, "http://")
 			break
 		}
 	}
-	require.NotEmpty(t, p.admin, "the server never printed its admin address; stderr:\n%s", p.stderr)
+	require.NotEmpty(t, p.admin, "the server never logged its admin address; stderr:\n%s", p.stderr)
 	go func() {
 		for sc.Scan() {
+			_, _ = p.stderr.Write(append(sc.Bytes(), '\n'))
 		}
 	}()
 	return p

@@ -5,7 +5,8 @@
 //	trustbridge bundle inspect [--trust-domain TD] [--format table|json|pem|spiffe] FILE
 //	trustbridge server --trust-domain TD [...]          CA, bundle endpoint, federation, gRPC CA + SDS
 //	trustbridge ca issue|rotate|request [...]
-//	trustbridge federation status|refresh [...]
+//	trustbridge bundle show [-o spiffe|pem|...] | set TD FILE
+//	trustbridge federation status|refresh|list|add|remove [...]
 //	trustbridge agent [--ca-addr ADDR --root-cert FILE --token-file FILE] [--sds-socket PATH]
 //
 // `bundle inspect` applies exactly the rules trustbridge applies to fetched

@@ -4,15 +4,18 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -62,14 +65,25 @@ func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
 type federationSetup struct {
 	store  *trust.Store
 	poller *federation.Poller // nil without endpoints
-	// origins says where each configured endpoint comes from: "flag"
-	// (--federate or SPIFFE_BUNDLE_ENDPOINTS) or "file" (--federation-config).
-	origins map[spiffeid.TrustDomain]string
-	// static are the endpoints from flags and files; resources
-	// (--federation-crd) add theirs to them.
-	static []federation.Endpoint
 	// relayed are the trust domains --bundle-file puts in the store.
 	relayed []spiffeid.TrustDomain
+	// stored says whether the last-known-good store holds a bundle of a
+	// trust domain, for the first-fetch checks of a reloaded set.
+	stored func(spiffeid.TrustDomain) bool
+
+	// mu guards the sources of the poller's endpoints, which apply joins.
+	mu sync.Mutex
+	// static are the endpoints from flags and files; origins says where
+	// each comes from: "flag" (--federate or SPIFFE_BUNDLE_ENDPOINTS) or
+	// "file" (--federation-config, or the --config file's list).
+	static  []federation.Endpoint
+	origins map[spiffeid.TrustDomain]string
+	// resources are the endpoints of the ClusterFederatedTrustDomain
+	// resources (--federation-crd) as last applied.
+	resources []federation.Endpoint
+	// runtime is the federation changed at run time (federation add),
+	// nil until manage wires it; its inForce endpoints join the union.
+	runtime *runtimeFederation
 }
 
 // holds reports whether td's roots are in the store before any fetch, for
@@ -83,13 +97,32 @@ func (fs *federationSetup) holds(td spiffeid.TrustDomain) bool {
 	return orRelayed(held, fs.relayed)(td)
 }
 
+// staticSet is a copy of the endpoints of flags and files, sorted by trust
+// domain, and where each comes from.
+func (fs *federationSetup) staticSet() ([]federation.Endpoint, map[spiffeid.TrustDomain]string) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return sortedEndpoints(fs.static), maps.Clone(fs.origins)
+}
+
+// origin is where td's federation is configured by flag or file; "" when
+// it is not.
+func (fs *federationSetup) origin(td spiffeid.TrustDomain) string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.origins[td]
+}
+
 // originOf says where a trust domain's federation is configured: flags
 // and files first, then the resources of ctl (may be nil); "" when it is
 // not configured.
 func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomain) string {
 	return func(td spiffeid.TrustDomain) string {
-		if o, ok := fs.origins[td]; ok {
+		if o := fs.origin(td); o != "" {
 			return o
+		}
+		if fs.runtime.has(td) {
+			return originRuntime
 		}
 		if ctl != nil {
 			return ctl.Origins()[td]
@@ -98,10 +131,59 @@ func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomai
 	}
 }
 
-// applyCRD sets the poller's endpoints to the static ones plus those of
-// the ClusterFederatedTrustDomain resources.
+// applyLocked sets the poller's endpoints to the union of every source:
+// the static ones, the resources' and those added at run time. It is the
+// one place that joins them; a new source keeps its endpoints in fs and
+// adds them here. SetEndpoints is all or nothing, so on error the poller
+// keeps its endpoints and the caller restores its source's.
+func (fs *federationSetup) applyLocked() error {
+	if fs.poller == nil {
+		return errors.New("the server started without federation (no --federate, --federation-config or --federation-crd): restart it to federate")
+	}
+	return fs.poller.SetEndpoints(slices.Concat(fs.static, fs.resources, fs.runtime.endpoints()))
+}
+
+// applyCRD replaces the endpoints of the ClusterFederatedTrustDomain
+// resources.
 func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
-	return fs.poller.SetEndpoints(append(slices.Clone(fs.static), eps...))
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	old := fs.resources
+	fs.resources = eps
+	if err := fs.applyLocked(); err != nil {
+		fs.resources = old
+		return err
+	}
+	return nil
+}
+
+// setStatic replaces the endpoints of flags and files (a reload).
+func (fs *federationSetup) setStatic(fromFlag, fromFile []federation.Endpoint) error {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, ep := range slices.Concat(fromFlag, fromFile) {
+		if slices.ContainsFunc(fs.runtime.endpoints(), func(r federation.Endpoint) bool { return r.TrustDomain == ep.TrustDomain }) {
+			return fmt.Errorf("%s was added at run time (trustbridge federation add): remove it with trustbridge federation remove %s before configuring it in flags or files", ep.TrustDomain.Name(), ep.TrustDomain.Name())
+		}
+	}
+	old, oldOrigins := fs.static, fs.origins
+	fs.setStaticLocked(fromFlag, fromFile)
+	if err := fs.applyLocked(); err != nil {
+		fs.static, fs.origins = old, oldOrigins
+		return err
+	}
+	return nil
+}
+
+func (fs *federationSetup) setStaticLocked(fromFlag, fromFile []federation.Endpoint) {
+	fs.static = slices.Concat(fromFlag, fromFile)
+	fs.origins = map[spiffeid.TrustDomain]string{}
+	for _, ep := range fromFlag {
+		fs.origins[ep.TrustDomain] = "flag"
+	}
+	for _, ep := range fromFile {
+		fs.origins[ep.TrustDomain] = "file"
+	}
 }
 
 // staticEndpoints reads the endpoints configured by --federate (or
@@ -203,15 +285,12 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 	for _, w := range warnings {
 		logger.Warn("federation config", logattr.Warning, w)
 	}
-	eps := append(slices.Clone(fromFlag), fromFile...)
-	fs := &federationSetup{store: trust.NewStore(), origins: map[spiffeid.TrustDomain]string{}, static: eps, relayed: relayed}
-	for _, ep := range fromFlag {
-		fs.origins[ep.TrustDomain] = "flag"
-	}
-	for _, ep := range fromFile {
-		fs.origins[ep.TrustDomain] = "file"
-	}
-	if len(eps) == 0 && !o.dynamic {
+	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, stored: stored}
+	fs.setStaticLocked(fromFlag, fromFile)
+	// A federation file may list peers only after a reload: the poller
+	// runs for it even when it starts empty.
+	hasFile := o.configFile != "" || o.inline != nil
+	if len(fs.static) == 0 && !o.dynamic && !hasFile {
 		return fs, nil
 	}
 	webRoots, err := webRootPool(o.caFile)
@@ -219,7 +298,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 		return nil, err
 	}
 	fs.poller, err = federation.NewPoller(federation.PollerConfig{
-		Endpoints: eps,
+		Endpoints: fs.static,
 		Fetcher: federation.FetcherConfig{
 			Timeout: o.timeout, WebRoots: webRoots, AllowPrivate: o.allowPrivate,
 		},
@@ -267,22 +346,30 @@ func newFederationCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "federation",
 		Short: "See and drive the running server's federation",
+		Example: `  trustbridge federation status
+  trustbridge federation refresh west.example`,
 	}
 	var admin string
-	var asJSON bool
+	var output *outputFlag
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Show every federated trust domain: state, sequence, last success and error, authorities",
-		Args:  cobra.NoArgs,
+		Long: `Read the server's /v1/federation and show one line per federated trust domain.
+-o json prints the server's documents (indented, keys as the server sends
+them, including any this version does not know); -o yaml the same as YAML.`,
+		Example: `  trustbridge federation status
+  trustbridge federation status --admin http://127.0.0.1:15014 -o json | jq '.[] | select(.state != "ok")'`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runFederationStatus(cmd.Context(), e, admin, asJSON)
+			return runFederationStatus(cmd.Context(), e, admin, output)
 		},
 	}
-	status.Flags().BoolVar(&asJSON, "json", false, "print the server's JSON as is")
+	output = addOutputFlag(status)
 	refresh := &cobra.Command{
-		Use:   "refresh TRUST_DOMAIN",
-		Short: "Poll one trust domain's bundle endpoint now",
-		Args:  cobra.ExactArgs(1),
+		Use:     "refresh TRUST_DOMAIN",
+		Short:   "Poll one trust domain's bundle endpoint now",
+		Example: `  trustbridge federation refresh west.example --admin http://127.0.0.1:15014`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			u := strings.TrimRight(admin, "/") + "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
 			body, err := adminCall(cmd.Context(), http.MethodPost, u)
@@ -295,6 +382,7 @@ func newFederationCmd(e env) *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
 	cmd.AddCommand(status, refresh)
+	cmd.AddCommand(newFederationManageCmds(e)...)
 	return cmd
 }
 
@@ -320,25 +408,31 @@ func adminCall(ctx context.Context, method, u string) (string, error) {
 	return string(body), nil
 }
 
-func runFederationStatus(ctx context.Context, e env, admin string, asJSON bool) error {
-	body, err := adminCall(ctx, http.MethodGet, strings.TrimRight(admin, "/")+"/v1/federation")
-	if err != nil {
+func runFederationStatus(ctx context.Context, e env, admin string, output *outputFlag) error {
+	if err := output.check(); err != nil {
 		return err
 	}
-	if asJSON {
-		_, err = io.WriteString(e.out, body)
+	body, err := adminCall(ctx, http.MethodGet, strings.TrimRight(admin, "/")+"/v1/federation")
+	if err != nil {
 		return err
 	}
 	var status []federation.Status
 	if err := json.Unmarshal([]byte(body), &status); err != nil {
 		return fmt.Errorf("admin answer: %w", err)
 	}
+	// json and yaml are the server's documents, not their decoding: a
+	// newer server's keys pass through.
+	return output.write(e.out, json.RawMessage(body), func(w io.Writer) error {
+		return printFederationStatus(w, e.now(), status)
+	})
+}
+
+func printFederationStatus(w io.Writer, now time.Time, status []federation.Status) error {
 	if len(status) == 0 {
-		_, err = fmt.Fprintln(e.out, "no federated trust domains")
+		_, err := fmt.Fprintln(w, "no federated trust domains")
 		return err
 	}
-	now := e.now()
-	tw := tabwriter.NewWriter(e.out, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TRUST DOMAIN\tSTATE\tSEQ\tLAST SUCCESS\tNEXT\tFAILURES\tROOTS\tEARLIEST EXPIRY\tLAST ERROR")
 	for _, s := range status {
 		seq := "-"

@@ -216,7 +216,7 @@ func peerVerifier(t *testing.T, s *e2eServer, serverTLS *tls.Config, peer spiffe
 func issueWorkload(t *testing.T, s *e2eServer, id string) *tls.Certificate {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "creds")
-	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", s.dataDir, "--spiffe-id", id, "--out", out, "--ttl", "1h")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", s.dataDir, "--spiffe-id", id, "--credentials-dir", out, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	cert, err := tls.LoadX509KeyPair(filepath.Join(out, "cert-chain.pem"), filepath.Join(out, "key.pem"))
 	require.NoError(t, err)

@@ -125,19 +125,15 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 	require.Len(t, status[0].Authorities, 1, "the stored bundle is held")
 }
 
-var (
-	peersUse  = regexp.MustCompile(`peers use:\s+(\S+)`)
-	bootstrap = regexp.MustCompile(`bootstrap:\s+curl -s (\S+) > (\S+)`)
-)
+var bootstrap = regexp.MustCompile(`^curl -s (\S+) > (\S+)$`)
 
-// The banner's tuple and bootstrap command, used verbatim by a peer's
+// The start-up record's tuple and bootstrap command, used verbatim by a peer's
 // operator, federate: the tuple names the bundle file the command writes
 // (issue 21 item 5).
 func TestBannerTupleFederates(t *testing.T) {
 	_, eastBanner, _ := startNamedServer(t, "east.example", nil)
-	tuple := peersUse.FindStringSubmatch(eastBanner)
-	require.NotNil(t, tuple, eastBanner)
-	cmd := bootstrap.FindStringSubmatch(eastBanner)
+	tuple := []string{"", logAttr(t, eastBanner, bundleEndpointStarted, "tuple")}
+	cmd := bootstrap.FindStringSubmatch(logAttr(t, eastBanner, bundleEndpointStarted, "bootstrap"))
 	require.NotNil(t, cmd, eastBanner)
 	assert.True(t, strings.HasSuffix(tuple[1], "|spiffe://east.example/trustbridge/bundle-endpoint|"+cmd[2]), "the tuple names the file the command writes:\n%s", eastBanner)
 
@@ -176,10 +172,9 @@ func TestBannerWebTupleHasNoBootstrap(t *testing.T) {
 	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
 		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, serveOthers: true}
 	})
-	tuple := peersUse.FindStringSubmatch(out.String())
-	require.NotNil(t, tuple, out.String())
-	assert.Equal(t, 2, strings.Count(tuple[1], "|")+1, tuple[1])
-	assert.NotContains(t, out.String(), "bootstrap:")
+	tuple := logAttr(t, out.String(), bundleEndpointStarted, "tuple")
+	assert.Equal(t, 2, strings.Count(tuple, "|")+1, tuple)
+	assert.NotContains(t, logRecord(out.String(), bundleEndpointStarted), "bootstrap")
 }
 
 // writeWebCert writes a Web PKI serving certificate for 127.0.0.1 from web.

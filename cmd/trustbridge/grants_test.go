@@ -60,7 +60,7 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	// Bootstrap: the certificate records the token's grant, never the token.
 	out := filepath.Join(t.TempDir(), "creds")
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--out", out)
+		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
 	first := checkCreds(t, out, laptopID)
 	grant, err := authn.GrantFromCert(first)
@@ -72,7 +72,7 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	// Renewal with the certificate works and carries the same grant.
 	renewed := filepath.Join(t.TempDir(), "renewed")
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--cert-dir", out, "--out", renewed)
+		"--prov-cert", out, "--credentials-dir", renewed)
 	require.Equal(t, 0, code, stderr)
 	second := checkCreds(t, renewed, laptopID)
 	again, err := authn.GrantFromCert(second)
@@ -108,7 +108,7 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	// Both certificates of the chain are refused now, with the reason.
 	for _, dir := range []string{renewed, out} {
 		_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-			"--cert-dir", dir, "--out", t.TempDir())
+			"--prov-cert", dir, "--credentials-dir", t.TempDir())
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "refused to issue this identity: renewal refused: the bootstrap token that granted "+
 			laptopID.String()+" (reference "+grant.Ref+") was removed; bootstrap again")
@@ -116,10 +116,10 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	// Presenting the removed token itself is refused too, and the other
 	// token still bootstraps.
 	_, _, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--out", t.TempDir())
+		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, otherToken+"\n", 0o600), "--out", t.TempDir())
+		"--token-file", writeFile(t, otherToken+"\n", 0o600), "--credentials-dir", t.TempDir())
 	assert.Equal(t, 0, code, stderr)
 
 	_, metrics := get(t, "http://"+admin+"/metrics")
@@ -160,7 +160,7 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	require.NoError(t, err)
 
 	out := filepath.Join(t.TempDir(), "creds")
-	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", out)
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
 	grant, err := authn.GrantFromCert(checkCreds(t, out, want))
 	require.NoError(t, err)
@@ -168,7 +168,7 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	assert.Equal(t, ns+"/web", grant.Ref)
 	assert.Equal(t, string(sa.UID), grant.UID)
 
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", out, "--out", out)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--renew", "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
 
 	// Deleted and re-created under the same name: once the server has seen
@@ -180,21 +180,21 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	case <-t.Context().Done():
 		t.Fatal("the server did not see the deletion")
 	}
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", out, "--out", t.TempDir())
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", out, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "renewal refused: the service account "+ns+"/web that granted "+want.String()+" was deleted or re-created")
 
 	token = writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", out, "--out", t.TempDir())
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", out, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code, "the re-created account does not revive the old chain")
 	assert.Contains(t, stderr, "was deleted or re-created")
 	fresh := filepath.Join(t.TempDir(), "fresh")
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--out", fresh)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--credentials-dir", fresh)
 	require.Equal(t, 0, code, stderr)
 	newGrant, err := authn.GrantFromCert(checkCreds(t, fresh, want))
 	require.NoError(t, err)
 	assert.NotEqual(t, grant.UID, newGrant.UID)
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", fresh, "--out", fresh)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--renew", "--credentials-dir", fresh)
 	assert.Equal(t, 0, code, stderr)
 }
 
@@ -239,7 +239,7 @@ func TestSDSMintedCertificateIsNoCredential(t *testing.T) {
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "cert-chain.pem"), tc.GetCertificateChain().GetInlineBytes(), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "key.pem"), tc.GetPrivateKey().GetInlineBytes(), 0o600))
-	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", dir, "--out", t.TempDir())
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", dir, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "was minted by SDS for Envoy and cannot be renewed")
 

@@ -134,6 +134,9 @@ type grpcEndpoint struct {
 	// impersonator authorizes node proxies (impersonation.go); nil when
 	// impersonation is off.
 	impersonator certservice.Impersonator
+	// tokens are the bootstrap tokens, nil without --bootstrap-token-file;
+	// SIGHUP reloads them.
+	tokens *authn.BootstrapTokens
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
@@ -288,6 +291,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		}
 		chain = append(chain, boot)
 		g.addBootstrapGrants(boot)
+		g.tokens = boot
 		g.runners = append(g.runners, boot.Run)
 		g.methods = append(g.methods, authn.MethodBootstrapToken)
 	}
@@ -381,7 +385,8 @@ func (g *grpcEndpoint) close() {
 }
 
 // report prints the service in the banner and logs it.
-func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
+// printBanner adds the service's lines to the start banner.
+func (g *grpcEndpoint) printBanner(w io.Writer) {
 	if g == nil {
 		return
 	}
@@ -392,8 +397,15 @@ func (g *grpcEndpoint) report(w io.Writer, logger *slog.Logger) {
 		certs = "validation contexts and callers' own certificates"
 	}
 	fmt.Fprintf(w, "  sds:        %s (Envoy SecretDiscoveryService on the same listener: %s)\n", addr, certs)
-	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --out ./creds\n", addr)
-	logger.Info("certificate service listening", logattr.Address, addr, logattr.SPIFFEID, g.id.String(),
+	fmt.Fprintf(w, "  request:    trustbridge ca request --ca-addr %s --root-cert root-cert.pem --token-file TOKEN --credentials-dir ./creds\n", addr)
+}
+
+// logStart logs the service's start-up record.
+func (g *grpcEndpoint) logStart(logger *slog.Logger) {
+	if g == nil {
+		return
+	}
+	logger.Info("certificate service listening", logattr.Address, g.ln.Addr().String(), logattr.SPIFFEID, g.id.String(),
 		"response_roots", g.roots, "authenticators", strings.Join(g.methods, ","), "sds_workload_certs", g.sdsCerts)
 }
 

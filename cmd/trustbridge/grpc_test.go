@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +23,6 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
-	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 // TestMain stops the shared real API server (internal/kubetest) after the
@@ -70,9 +68,9 @@ func serverError(t *testing.T, o serverOptions) error {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs testlog.Buffer
+	e, _, _ := testEnv(t, o.logFormat)
 	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+		done <- runServer(ctx, e, o, ready)
 	}()
 	select {
 	case <-ready:
@@ -134,7 +132,7 @@ func reservePortHeld(t *testing.T) string {
 
 func TestServerWithoutGRPC(t *testing.T) {
 	_, banner := startServer(t, t.TempDir()) // the test helper leaves --grpc-listen ""
-	assert.NotContains(t, banner.String(), "ca api:")
+	assert.Nil(t, logRecord(banner.String(), "certificate service listening"))
 }
 
 func TestLoadKubeConfig(t *testing.T) {
@@ -204,7 +202,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 
 	good := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
 	out := filepath.Join(t.TempDir(), "creds")
-	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", good, "--out", out)
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", good, "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued "+want.String())
 	checkCreds(t, out, want)
@@ -225,7 +223,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 
 	// A token for another audience is refused.
 	wrong := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"someone-else"}, 10*time.Minute), 0o600)
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--out", t.TempDir())
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "did not accept the credentials")
 }

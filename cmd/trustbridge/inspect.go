@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -33,22 +32,28 @@ import (
 
 func newBundleCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "bundle",
-		Short: "Work with SPIFFE bundle documents and bundle maps",
+		Use:     "bundle",
+		Short:   "Work with SPIFFE bundle documents and bundle maps",
+		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json`,
 	}
 	cmd.AddCommand(newInspectCmd(e.now))
+	cmd.AddCommand(newBundleShowCmd(e), newBundleSetCmd(e))
 	return cmd
 }
 
 type inspectOptions struct {
 	trustDomain string
-	format      string
+	output      *outputFlag
 	maxSize     int64
 	allowEmpty  bool
 	held        string
 }
 
-var inspectFormats = []string{"table", "json", "pem", "spiffe"}
+// inspect's formats besides table, json and yaml.
+const (
+	inspectPEM    = "pem"
+	inspectSPIFFE = "spiffe"
+)
 
 func newInspectCmd(now func() time.Time) *cobra.Command {
 	var o inspectOptions
@@ -73,9 +78,10 @@ rules (a spiffe_sequence going back, or other keys under the same one) need
 the bundle the poller holds; they apply only with --held. Transport rules
 (HTTP status, Content-Type, TLS) have no meaning for a file.
 
-Formats:
+Formats (-o):
   table   trust domain, sequence, refresh hint, one line per authority, warnings
   json    the same, as a JSON object for scripts
+  yaml    the json object as YAML
   pem     the X.509 authorities as PEM (root-cert.pem); needs one trust domain
   spiffe  the canonical bundle document (or bundle map) trustbridge would serve
 
@@ -84,7 +90,7 @@ authorities (as "openssl x509 -fingerprint -sha256" shows, without colons),
 of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json
   trustbridge bundle inspect -t example.org --held previous.json next.json   # would the poller move to next.json?
-  curl -s https://peer.example/ | trustbridge bundle inspect -t peer.example --format pem - > root-cert.pem`,
+  curl -s https://peer.example/ | trustbridge bundle inspect -t peer.example -o pem - > root-cert.pem`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runInspect(cmd, args[0], o, now())
@@ -92,11 +98,28 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
-	f.StringVarP(&o.format, "format", "o", "table", "output format: "+strings.Join(inspectFormats, "|"))
+	o.output = addOutputFlag(cmd, inspectPEM, inspectSPIFFE)
+	f.Var(formatAlias{o.output, cmd}, "format", "same as -o")
+	_ = f.MarkHidden("format")
 	f.Int64Var(&o.maxSize, "max-size", bundledoc.DefaultMaxSize, "refuse documents larger than this many bytes")
 	f.BoolVar(&o.allowEmpty, "allow-empty", false, `accept a bundle without X.509 or JWT authorities ("keys": []), as a server with --federation-allow-empty does`)
 	f.StringVar(&o.held, "held", "", "bundle document the poller holds for --trust-domain (e.g. a previous inspect -o spiffe); the sequence rules are checked against it")
 	return cmd
+}
+
+// formatAlias is inspect's --format, the flag -o replaced: it sets -o
+// and warns on stderr, as the --json of addOutputFlag does.
+type formatAlias struct {
+	o   *outputFlag
+	cmd *cobra.Command
+}
+
+func (a formatAlias) String() string { return a.o.format }
+func (a formatAlias) Type() string   { return "string" }
+func (a formatAlias) Set(s string) error {
+	a.o.format = s
+	fmt.Fprintf(a.cmd.ErrOrStderr(), "trustbridge: --format is deprecated and goes in a later release; use -o %s\n", s)
+	return nil
 }
 
 // unnamedTD stands in when a plain bundle is inspected without
@@ -145,8 +168,8 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 	if o.maxSize <= 0 {
 		return fmt.Errorf("--max-size must be positive, got %d", o.maxSize)
 	}
-	if !slices.Contains(inspectFormats, o.format) {
-		return fmt.Errorf("unknown --format %q (want %s)", o.format, strings.Join(inspectFormats, ", "))
+	if err := o.output.check(); err != nil {
+		return err
 	}
 	var td spiffeid.TrustDomain
 	if o.trustDomain != "" {
@@ -168,16 +191,11 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 		return fmt.Errorf("%s: %w", displayName(path), err)
 	}
 	out := cmd.OutOrStdout()
-	switch o.format {
-	case "json":
+	switch o.output.format {
+	case outputTable, outputJSON, outputYAML:
 		ins.fill(now)
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(ins)
-	case "table":
-		ins.fill(now)
-		return ins.writeTable(out)
-	case "pem":
+		return o.output.write(out, ins, ins.writeTable)
+	case inspectPEM:
 		if len(ins.bundles) == 0 {
 			return fmt.Errorf("%s is an empty bundle map: there are no roots to write", displayName(path))
 		}

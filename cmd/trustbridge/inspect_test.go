@@ -78,9 +78,9 @@ func TestInspectEveryTestdataFile(t *testing.T) {
 				args = gc.args()
 			}
 		}
-		for _, format := range []string{"table", "json", "spiffe"} {
-			_, stderr, code := runCLI(t, "", append(append([]string{"bundle", "inspect", "--format", format}, args...), f)...)
-			assert.Equal(t, 0, code, "%s --format %s: %s", f, format, stderr)
+		for _, format := range []string{"table", "json", "yaml", "spiffe"} {
+			_, stderr, code := runCLI(t, "", append(append([]string{"bundle", "inspect", "-o", format}, args...), f)...)
+			assert.Equal(t, 0, code, "%s -o %s: %s", f, format, stderr)
 		}
 	}
 }
@@ -114,7 +114,7 @@ func TestInspectGolden(t *testing.T) {
 	for _, gc := range goldenCases {
 		for _, format := range []string{"table", "json"} {
 			t.Run(gc.file+"/"+format, func(t *testing.T) {
-				args := append([]string{"bundle", "inspect", "--format", format}, gc.args()...)
+				args := append([]string{"bundle", "inspect", "-o", format}, gc.args()...)
 				path := repoTestdata("bundles", gc.file)
 				stdout, stderr, code := runCLI(t, "", append(args, path)...)
 				require.Equal(t, 0, code, stderr)
@@ -145,7 +145,7 @@ func TestInspectJSONIsMachineReadable(t *testing.T) {
 }
 
 func TestInspectPEM(t *testing.T) {
-	stdout, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", "pem", "-t", "example.org", repoTestdata("bundles", "spire.json"))
+	stdout, stderr, code := runCLI(t, "", "bundle", "inspect", "-o", "pem", "-t", "example.org", repoTestdata("bundles", "spire.json"))
 	require.Equal(t, 0, code, stderr)
 	var n int
 	for rest := []byte(stdout); ; n++ {
@@ -160,12 +160,12 @@ func TestInspectPEM(t *testing.T) {
 	assert.Contains(t, stderr, "2 JWT/WIT authorities have no certificate")
 
 	t.Run("bundle map needs one trust domain", func(t *testing.T) {
-		_, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", "pem", repoTestdata("bundles", "bundle-map.json"))
+		_, stderr, code := runCLI(t, "", "bundle", "inspect", "-o", "pem", repoTestdata("bundles", "bundle-map.json"))
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "holds 2 trust domains; PEM cannot say which root belongs to which")
 	})
 	t.Run("bundle map entry", func(t *testing.T) {
-		stdout, _, code := runCLI(t, "", "bundle", "inspect", "--format", "pem", "-t", "west.example", repoTestdata("bundles", "bundle-map.json"))
+		stdout, _, code := runCLI(t, "", "bundle", "inspect", "-o", "pem", "-t", "west.example", repoTestdata("bundles", "bundle-map.json"))
 		assert.Equal(t, 0, code)
 		assert.Equal(t, 1, strings.Count(stdout, "BEGIN CERTIFICATE"))
 	})
@@ -174,7 +174,7 @@ func TestInspectPEM(t *testing.T) {
 func TestInspectSPIFFEFormatIsCanonical(t *testing.T) {
 	for _, gc := range goldenCases {
 		t.Run(gc.file, func(t *testing.T) {
-			args := append([]string{"bundle", "inspect", "--format", "spiffe"}, gc.args()...)
+			args := append([]string{"bundle", "inspect", "-o", "spiffe"}, gc.args()...)
 			stdout, _, code := runCLI(t, "", append(args, repoTestdata("bundles", gc.file))...)
 			require.Equal(t, 0, code)
 			want, err := os.ReadFile(repoTestdata("bundles", "canonical", gc.file))
@@ -263,7 +263,7 @@ func TestInspectErrors(t *testing.T) {
 		{"no such file", []string{filepath.Join(dir, "nope.json")}, "no such file or directory"},
 		{"too large", []string{"--max-size", "10", write("d.json", `{"keys":[],"x":"0123456789"}`)}, "document too large: more than 10 bytes"},
 		{"bad trust domain", []string{"-t", "spiffe://example.org", write("e.json", `{"keys":[]}`)}, `--trust-domain "spiffe://example.org": must be a bare trust-domain name`},
-		{"unknown format", []string{"-o", "yaml", write("f.json", `{"keys":[]}`)}, `unknown --format "yaml"`},
+		{"unknown format", []string{"-o", "xml", write("f.json", `{"keys":[]}`)}, `-o "xml": want table, json, yaml, pem, spiffe`},
 		{"map without that trust domain", []string{"-t", "nope.example", repoTestdata("bundles", "bundle-map.json")}, `bundle map has no trust domain "nope.example"`},
 		{"no file", []string{}, "accepts 1 arg(s), received 0"},
 		{"non-positive max size", []string{"--max-size", "0", write("g.json", `{"keys":[]}`)}, "--max-size must be positive"},
@@ -351,4 +351,18 @@ func writeRaw(t *testing.T, dir, name string, data []byte) string {
 	p := filepath.Join(dir, name)
 	require.NoError(t, os.WriteFile(p, data, 0o600))
 	return p
+}
+
+// --format, the flag -o replaced, still works and warns on stderr only.
+func TestInspectFormatAlias(t *testing.T) {
+	file := repoTestdata("bundles", "spire.json")
+	want, _, code := runCLI(t, "", "bundle", "inspect", "-o", "json", "-t", "example.org", file)
+	require.Equal(t, 0, code)
+	got, stderr, code := runCLI(t, "", "bundle", "inspect", "--format", "json", "-t", "example.org", file)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, want, got, "stdout is the JSON alone")
+	assert.Contains(t, stderr, "--format is deprecated and goes in a later release; use -o json")
+	_, stderr, code = runCLI(t, "", "bundle", "inspect", "--format", "xml", file)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `-o "xml": want`)
 }

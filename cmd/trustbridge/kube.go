@@ -223,12 +223,13 @@ func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup,
 	if k == nil || !k.o.federationCRD || fed.poller == nil {
 		return nil, nil
 	}
+	static, origins := fed.staticSet()
 	reserved := map[spiffeid.TrustDomain]string{}
-	for td, origin := range fed.origins {
+	for td, origin := range origins {
 		reserved[td] = map[string]string{"flag": "--federate (or SPIFFE_BUNDLE_ENDPOINTS)", "file": "--federation-config"}[origin]
 	}
 	return crd.New(crd.Config{
-		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, Static: fed.static, Held: fed.holds, ClassName: k.o.federationClass,
+		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, Static: static, Held: fed.holds, ClassName: k.o.federationClass,
 		Apply: fed.applyCRD, Status: fed.poller.Status, IsLeader: k.elector.IsLeader,
 		Logger: logger.With(logattr.Component, "federation-crd"), Registerer: reg,
 	})

@@ -153,14 +153,14 @@ func TestKubeReplicas(t *testing.T) {
 	require.NoError(t, os.WriteFile(rootCert, rootPEM, 0o644))
 	out := t.TempDir()
 	_, errs, code := runCLI(t, "", "ca", "request", "--ca-addr", grpcAddr(t, bannerB), "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken, 0o600), "--out", out)
+		"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", out)
 	require.Equal(t, 0, code, errs)
 	checkCreds(t, out, laptopID)
 	// The token is single-use across replicas: the other one refuses it,
 	// from the Secret the first wrote (by reference, never the token)
 	// within deploy/rbac's permissions.
 	_, errs, code = runCLI(t, "", "ca", "request", "--ca-addr", grpcAddr(t, bannerA), "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken, 0o600), "--out", t.TempDir())
+		"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "the bootstrap token was already used")
 	consumed, err := env.Client.CoreV1().Secrets(ns).Get(ctx, authn.DefaultLedgerSecret, metav1.GetOptions{})

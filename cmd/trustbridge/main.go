@@ -25,12 +25,15 @@ func main() {
 	os.Exit(code)
 }
 
-// env is what the CLI takes from the process: streams and the clock.
-// Tests pass their own.
+// env is what the CLI takes from the process: streams, the clock and
+// SIGHUP. Tests pass their own.
 type env struct {
 	in       io.Reader
 	out, err io.Writer
 	now      func() time.Time
+	// hup delivers SIGHUP to the commands that reload on it (server,
+	// agent); nil: they subscribe to the process's (hupSignals).
+	hup <-chan os.Signal
 }
 
 // run executes the CLI and returns the process exit status.

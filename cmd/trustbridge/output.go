@@ -71,7 +71,7 @@ func (o *outputFlag) check() error {
 	return nil
 }
 
-// is reports whether the chosen format is f.
+// is reports whether the chosen format is f, for a command's own formats.
 func (o *outputFlag) is(f string) bool { return o.format == f }
 
 // write prints v as the chosen format: table calls table, json and yaml

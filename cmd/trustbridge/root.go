@@ -10,6 +10,10 @@ func newRootCmd(e env) *cobra.Command {
 		Short: "SPIFFE federation and trust bundle endpoint server",
 		Long: `trustbridge serves and fetches SPIFFE trust bundles so that meshes, clusters
 and companies can trust each other's workloads, one trust domain at a time.`,
+		Example: `  trustbridge server --trust-domain example.org --data-dir ./data --init
+  trustbridge federation status
+  trustbridge bundle inspect -t example.org bundle.json
+  trustbridge --version`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -17,5 +21,6 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 	root.SetOut(e.out)
 	root.SetErr(e.err)
 	root.AddCommand(newVersionCmd(), newBundleCmd(e), newServerCmd(e), newCACmd(e), newFederationCmd(e), newAgentCmd(e), newAuditCmd(e), newConfigCmd(e), newTokenCmd(e), newBackupCmd(e), newRestoreCmd(e))
+	setupCLI(root)
 	return root
 }

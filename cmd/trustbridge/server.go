@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -37,6 +36,7 @@ type serverOptions struct {
 	dataDir        string
 	init           bool
 	adminListen    string
+	adminSocket    string
 	adminHosts     []string
 	keyType        string
 	caTTL          time.Duration
@@ -96,6 +96,8 @@ address (DNS rebinding) cannot read it.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			e, stopHUP := hupSignals(e)
+			defer stopHUP()
 			return runServer(ctx, e, o, nil)
 		},
 	}
@@ -131,6 +133,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted), or locked by another server (trustbridge.lock names it); with file storage, a missing directory is created (0700) only with --init")
 	f.BoolVar(&o.init, initFlag, false, "first start with file storage: create --data-dir if missing, and new CA state in it even if it holds other files; without it a new CA is created only in an empty existing directory, so a mistyped path never bootstraps a new root. Harmless once the state exists (make run passes it every time); --storage kube needs none")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
+	addAdminSocketFlag(f, &o.adminSocket)
 	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
@@ -146,9 +149,22 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	for flag, env := range envVars {
+		bindEnv(f, flag, env)
+	}
 }
 
+// newLogger is the process's logger: JSON, or text on a terminal (auto),
+// never writing a key twice in a record (logattr.UniqueKeys).
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	h, err := newLogHandler(w, format, level)
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(logattr.UniqueKeys(h)), nil
+}
+
+func newLogHandler(w io.Writer, format, level string) (slog.Handler, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
@@ -156,19 +172,27 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.NewJSONHandler(w, opts), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.NewTextHandler(w, opts), nil
 	case "auto":
-		if f, ok := w.(*os.File); ok {
-			if info, err := f.Stat(); err == nil && info.Mode()&os.ModeCharDevice != 0 {
-				return slog.New(slog.NewTextHandler(w, opts)), nil
-			}
+		if isTerminal(w) {
+			return slog.NewTextHandler(w, opts), nil
 		}
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.NewJSONHandler(w, opts), nil
 	default:
 		return nil, fmt.Errorf("--log-format %q: want auto, json or text", format)
 	}
+}
+
+// isTerminal says whether w is a character device: a person reading.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	info, err := f.Stat()
+	return err == nil && info.Mode()&os.ModeCharDevice != 0
 }
 
 // runServer runs until ctx is done. ready, when not nil, receives the
@@ -210,7 +234,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	defer closeAudit()
-	o.federation.dynamic = o.kube.federationCRD
+	// Runtime federation (federation add) needs the poller running even
+	// with no endpoints yet; with kube storage it comes from resources.
+	o.federation.dynamic = o.kube.federationCRD || fileStorage(o)
 	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), trail.federationEvent, reg, logger)
 	if err != nil {
 		return err
@@ -218,6 +244,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	o.grpc.tokenLedger = kube.tokenLedger(o.dataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
 	if p.crd, err = kube.federationCRD(td, fed, reg, logger); err != nil {
+		return err
+	}
+	if err := p.manage(o, logger); err != nil {
 		return err
 	}
 	fed.store.Set(caSource, authority.Bundle())
@@ -228,7 +257,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	addr := p.adminLn.Addr().String()
-	announce(e, o, td, kube, addr, authority, p.ep, p.gs, logger)
+	announce(e, o, p, addr, logger)
 	if ready != nil {
 		ready <- addr
 	}
@@ -237,6 +266,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	runners = append(runners, p.reloadRunner(e.hup, o, logger))
 	undo.clear() // the runners own the listeners now
 	err = runall.Run(ctx, runners...)
 	logger.Info("trustbridge server stopped")
@@ -257,6 +287,7 @@ type serverParts struct {
 	gs        *grpcEndpoint
 	adminSrv  *http.Server
 	adminLn   net.Listener
+	socket    *adminSocket // nil without --admin-socket
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -282,7 +313,12 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 	}
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
-	p.adminSrv = newAdminServer(hosts.Wrap(adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))))
+	h := adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))
+	p.adminSrv = newAdminServer(hosts.Wrap(h))
+	if p.socket, err = listenAdminSocket(o.adminSocket, h); err != nil {
+		return undo, err
+	}
+	undo.add(p.socket.close)
 	return undo, nil
 }
 
@@ -294,6 +330,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 		func(ctx context.Context) error { return serveAdmin(ctx, p.adminSrv, p.adminLn) },
 		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail) },
 	}
+	runners = append(runners, p.socket.runners()...)
 	if p.kube != nil {
 		kr, err := p.kube.wire(p.td, p.fed, p.crd, reg, logger)
 		if err != nil {
@@ -313,11 +350,12 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	return append(runners, p.gs.parts()...), nil
 }
 
-// newRegistry is the server's metrics registry, with the Go runtime's
-// and the process's collectors.
+// newRegistry is a process's metrics registry (server and agent), with
+// the Go runtime's and the process's collectors and the build info.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg)
 	return reg
 }
 
@@ -417,23 +455,6 @@ func newAdminServer(h http.Handler) *http.Server {
 	}
 }
 
-// announce prints the banner and logs that the server started, with the
-// tuple peers federate with when the bundle endpoint is on.
-func announce(e env, o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, addr string, authority *ca.Authority,
-	ep *bundleEndpoint, gs *grpcEndpoint, logger *slog.Logger) {
-	printBanner(e.out, td.Name(), o.dataDir, o.caDir, kube, addr, authority, ep)
-	gs.report(e.out, logger)
-	logger.Info("trustbridge server started", logattr.TrustDomain, td.Name(), logattr.DataDir, o.dataDir,
-		"admin", "http://"+addr, logattr.Sequence, authority.Sequence())
-	if ep != nil {
-		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.bundle.profile, "tuple", ep.tuple(td)}
-		if !ep.id.IsZero() {
-			attrs = append(attrs, logattr.SPIFFEID, ep.id.String(), "bootstrap", ep.bootstrapCommand(td, addr))
-		}
-		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
-	}
-}
-
 // adminHostsFlag names the admin listener's allowed host names.
 const adminHostsFlag = "admin-allowed-hosts"
 
@@ -482,41 +503,6 @@ func serveAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	return err
 }
 
-func printBanner(w io.Writer, td, dataDir, caDir string, kube *kubeSetup, addr string, a *ca.Authority, ep *bundleEndpoint) {
-	abs, _ := filepath.Abs(dataDir)
-	mode := fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
-	issue := "--data-dir " + dataDir
-	if kube != nil {
-		mode = kube.describe()
-	}
-	if caDir != "" {
-		mode = "plug-in CA from " + caDir + " (reloaded on change)"
-		issue = "--ca-dir " + caDir
-	}
-	fmt.Fprintf(w, `trustbridge is serving trust domain %s
-  CA:         %s
-  roots:      %d published, bundle sequence %d
-  admin:      http://%s/healthz  /readyz  /metrics  /v1/trust  /v1/snapshot
-  status:     http://%s/ui
-  try:        curl -s http://%s/v1/trust
-`, td, mode, len(a.Roots()), a.Sequence(), addr, addr, addr)
-	if kube == nil {
-		// ca issue reads the state directory; with Kubernetes storage
-		// certificates come from the gRPC service (ca request).
-		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --out ./demo-creds\n", issue, td)
-	}
-	if ep != nil {
-		id := spiffeid.RequireTrustDomainFromString(td)
-		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(id))
-		if cmd := ep.bootstrapCommand(id, addr); cmd != "" {
-			// https_spiffe peers authenticate their first fetch with our
-			// bundle, which they must get over a channel they trust.
-			fmt.Fprintf(w, "  bootstrap:  %s   (hand it to each peer's operator over a channel you trust; SPIRE: spire-server bundle set -format spiffe -id spiffe://%s -path %s)\n",
-				cmd, td, bootstrapFile(id))
-		}
-	}
-}
-
 // caSource names the CA's bundle in the trust store.
 const caSource = "ca"
 
@@ -555,6 +541,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		if rep != nil {
 			cfg.Trust, cfg.Actor, cfg.IsLeader, cfg.Clock = fed.store, rep.actor, rep.leader, rep.clock
 		}
+		fed.runtime.configure(&cfg)
 	}
 	return admin.New(cfg)
 }

@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/testlog"
-
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -32,15 +30,17 @@ import (
 )
 
 // launchServer runs runServer with o until the returned stop (or the end
-// of the test) and returns the admin address and the start banner.
+// of the test) and returns the admin address and what it wrote until it
+// served: the start-up records (logRecord), after the banner when o logs
+// text.
 func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs testlog.Buffer
+	e, out, logs := testEnv(t, o.logFormat)
 	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+		done <- runServer(ctx, e, o, ready)
 	}()
 	select {
 	case admin = <-ready:
@@ -56,7 +56,7 @@ func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop fun
 		})
 	}
 	t.Cleanup(stop)
-	return admin, out.String(), stop
+	return admin, out.String() + logs.String(), stop
 }
 
 // baseServerOptions is a server for td on dataDir with the defaults of the
@@ -95,8 +95,8 @@ func TestServerAdminEndpoints(t *testing.T) {
 	dataDir := t.TempDir()
 	started := time.Now()
 	addr, out := startServer(t, dataDir)
-	assert.Contains(t, out.String(), "trustbridge is serving trust domain example.org")
-	assert.Contains(t, out.String(), "http://"+addr+"/healthz")
+	assert.Equal(t, "example.org", logAttr(t, out.String(), "trustbridge server started", "trust_domain"))
+	assert.Equal(t, "http://"+addr, logAttr(t, out.String(), "trustbridge server started", "admin"))
 
 	code, body := get(t, "http://"+addr+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
@@ -153,7 +153,7 @@ func TestCAIssueWhileServerRuns(t *testing.T) {
 	dataDir := t.TempDir()
 	startServer(t, dataDir)
 	out := filepath.Join(t.TempDir(), "creds")
-	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", out, "--ttl", "1h")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--credentials-dir", out, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued spiffe://example.org/demo")
 
@@ -187,19 +187,29 @@ func TestCAIssueWhileServerRuns(t *testing.T) {
 		t.Log("openssl not installed; skipping openssl verify")
 	}
 
+	t.Run("--out, the old name of --credentials-dir", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "old")
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", dir)
+		require.Equal(t, 0, code, stderr)
+		assert.Contains(t, stderr, "--out is deprecated")
+		assert.FileExists(t, filepath.Join(dir, "key.pem"))
+		_, stderr, code = runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", dir, "--credentials-dir", t.TempDir())
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "pass only --credentials-dir")
+	})
 	t.Run("refuses other trust domains", func(t *testing.T) {
-		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://other.org/demo", "--out", t.TempDir())
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://other.org/demo", "--credentials-dir", t.TempDir())
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "other.org")
 	})
 	t.Run("refuses TTL over the maximum", func(t *testing.T) {
-		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--out", t.TempDir(), "--ttl", "2160h1s")
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", dataDir, "--spiffe-id", "spiffe://example.org/demo", "--credentials-dir", t.TempDir(), "--ttl", "2160h1s")
 		assert.Equal(t, 1, code)
 		assert.NotEmpty(t, stderr)
 	})
 	t.Run("no state", func(t *testing.T) {
 		empty := t.TempDir()
-		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", empty, "--spiffe-id", "spiffe://example.org/demo", "--out", t.TempDir())
+		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", empty, "--spiffe-id", "spiffe://example.org/demo", "--credentials-dir", t.TempDir())
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "no CA state")
 	})
@@ -252,14 +262,14 @@ func TestServerPluginCA(t *testing.T) {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out, logs bytes.Buffer
 	o := serverOptions{
 		trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
 		caTTL: 8760 * time.Hour, workloadTTL: time.Hour, maxWorkloadTTL: 24 * time.Hour, refreshHint: 5 * time.Minute,
 		caDir: caDir, caDirPoll: time.Hour, logFormat: "json", logLevel: "info",
 	}
+	e, _, logs := testEnv(t, o.logFormat)
 	go func() {
-		done <- runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, ready)
+		done <- runServer(ctx, e, o, ready)
 	}()
 	var addr string
 	select {
@@ -267,7 +277,7 @@ func TestServerPluginCA(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("server exited: %v\n%s", err, logs.String())
 	}
-	assert.Contains(t, out.String(), "plug-in CA from "+caDir)
+	assert.Equal(t, "plug-in CA from "+caDir+" (reloaded on change)", logAttr(t, logs.String(), "trustbridge server started", "ca"))
 	_, body := get(t, "http://"+addr+"/v1/trust")
 	var doc trustDoc
 	require.NoError(t, json.Unmarshal([]byte(body), &doc))
@@ -279,7 +289,7 @@ func TestServerPluginCA(t *testing.T) {
 	require.NoError(t, <-done)
 
 	creds := t.TempDir()
-	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--ca-dir", caDir, "--spiffe-id", "spiffe://example.org/vm", "--out", creds, "--ttl", "1h")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--ca-dir", caDir, "--spiffe-id", "spiffe://example.org/vm", "--credentials-dir", creds, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	chain, err := os.ReadFile(filepath.Join(creds, "cert-chain.pem"))
 	require.NoError(t, err)

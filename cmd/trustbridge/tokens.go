@@ -33,7 +33,7 @@ func bootstrapTokens(o grpcOptions, td spiffeid.TrustDomain, reg prometheus.Regi
 	if err != nil {
 		return nil, fmt.Errorf("--bootstrap-token-file: %w", err)
 	}
-	logger.Warn("bootstrap tokens accepted: a token is a shared secret that proves nothing about the machine holding it; it buys a first certificate, which then renews itself (trustbridge ca request --cert-dir, trustbridge agent). Tokens are single-use unless their line says reusable",
+	logger.Warn("bootstrap tokens accepted: a token is a shared secret that proves nothing about the machine holding it; it buys a first certificate, which then renews itself (trustbridge ca request --renew, trustbridge agent). Tokens are single-use unless their line says reusable",
 		"path", o.bootstrapFile, "tokens", boot.Len(), "consumed_ledger", describeLedger(ledger))
 	return boot, nil
 }
@@ -66,8 +66,9 @@ func (k *kubeSetup) tokenLedger(dataDir string) func() (authn.TokenLedger, error
 
 func newTokenCmd(e env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "token",
-		Short: "Manage the server's bootstrap tokens (--bootstrap-token-file)",
+		Use:     "token",
+		Short:   "Manage the server's bootstrap tokens (--bootstrap-token-file)",
+		Example: `  trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h --file /etc/trustbridge/bootstrap-tokens`,
 	}
 	cmd.AddCommand(newTokenCreateCmd(e))
 	return cmd
@@ -105,7 +106,7 @@ the certificates its token bought.`,
   trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h \
       --file /etc/trustbridge/bootstrap-tokens > laptop.token
   trustbridge ca request --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
-      --token-file laptop.token --out ./creds
+      --token-file laptop.token --credentials-dir ./creds
 
   # a lab token that never expires and is never consumed
   trustbridge token create --spiffe-id spiffe://example.org/lab/demo --ttl 0 --reusable --file tokens.csv`,

@@ -110,7 +110,7 @@ func (s tokenServer) request(t *testing.T, auth, value string, extra ...string) 
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "creds")
 	_, stderr, code := runCLIAt(t, time.Now, "", append([]string{"ca", "request", "--ca-addr", s.addr, "--root-cert", s.rootCert,
-		auth, value, "--out", out}, extra...)...)
+		auth, value, "--credentials-dir", out}, extra...)...)
 	return code, stderr, out
 }
 
@@ -158,7 +158,7 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 
 	// Renewal is by the certificate (mTLS), never the token: it works
 	// after the token is consumed.
-	code, stderr, renewed := srv.request(t, "--cert-dir", creds)
+	code, stderr, renewed := srv.request(t, "--prov-cert", creds)
 	require.Equal(t, 0, code, stderr)
 	checkCreds(t, renewed, laptopID)
 
@@ -189,7 +189,7 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "already used")
 	srv.metric(t, `trustbridge_authn_bootstrap_token_refusals_total{reason="consumed",trust_domain="example.org"} 1`)
-	code, stderr, _ = srv.request(t, "--cert-dir", renewed)
+	code, stderr, _ = srv.request(t, "--prov-cert", renewed)
 	require.Equal(t, 0, code, "renewal still works after the restart: %s", stderr)
 	code, stderr, _ = srv.request(t, "--token-file", lab)
 	require.Equal(t, 0, code, stderr)

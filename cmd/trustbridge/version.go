@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"runtime"
 	"runtime/debug"
 
@@ -11,7 +12,17 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = ""
 
-func versionString() string {
+// versionInfo is what `trustbridge version -o json|yaml` prints, the
+// fields kubectl and istioctl give: enough to tell which build a bug
+// report is about.
+type versionInfo struct {
+	Version   string `json:"version"`
+	GoVersion string `json:"go_version"`
+	OS        string `json:"os"`
+	Arch      string `json:"arch"`
+}
+
+func buildInfo() versionInfo {
 	v := version
 	if v == "" {
 		v = "dev"
@@ -19,17 +30,35 @@ func versionString() string {
 			v = info.Main.Version
 		}
 	}
-	return fmt.Sprintf("trustbridge %s (%s, %s/%s)", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return versionInfo{Version: v, GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH}
 }
 
+func (v versionInfo) String() string {
+	return fmt.Sprintf("trustbridge %s (%s, %s/%s)", v.Version, v.GoVersion, v.OS, v.Arch)
+}
+
+func versionString() string { return buildInfo().String() }
+
+// buildVersion is trustbridge's version: set at build time, else the
+// module's, else "dev".
+func buildVersion() string { return buildInfo().Version }
+
 func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
+	var output *outputFlag
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the trustbridge version",
-		Args:  cobra.NoArgs,
+		Example: `  trustbridge version
+  trustbridge version -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), versionString())
-			return err
+			v := buildInfo()
+			return output.write(cmd.OutOrStdout(), v, func(w io.Writer) error {
+				_, err := fmt.Fprintln(w, v)
+				return err
+			})
 		},
 	}
+	output = addOutputFlag(cmd)
+	return cmd
 }

@@ -70,6 +70,16 @@ type Config struct {
 	IsLeader func() bool
 	// Clock dates snapshots and paces refreshes; nil is the real clock.
 	Clock clock.PassiveClock
+	// Manager, when set, mounts the routes that change the federation at
+	// run time; they need Token (or the admin socket, OverSocket).
+	Manager Manager
+	// Token is the admin token mutations must bear; "" refuses every
+	// request that is not on the admin socket.
+	Token string
+	// TokenFile names where Token is, for the 401 message.
+	TokenFile string
+	// Static lists the trust domains trusted by a static bundle.
+	Static func() []spiffeid.TrustDomain
 }
 
 // Handler serves the admin API.
@@ -107,16 +117,12 @@ func (h *Handler) routes() {
 		// security headers.
 		h.mux.Handle("/ui", statusui.Handler(h.Snapshot, audit.Findings))
 	}
-	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	h.mux.HandleFunc("GET /readyz", h.serveReady)
-	h.mux.Handle("GET /metrics", promhttp.HandlerFor(h.cfg.Gatherer, promhttp.HandlerOpts{}))
+	addProbes(h.mux, h.cfg.Ready, h.cfg.Gatherer)
 	h.mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, h.Trust(), true)
 	})
 	h.mux.HandleFunc("GET /v1/bundle", h.serveBundle)
+	h.manageRoutes()
 }
 
 // serveBundle answers the local trust domain's SPIFFE bundle document, as
@@ -134,10 +140,28 @@ func (h *Handler) serveBundle(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(append(doc, '\n'))
 }
 
-func (h *Handler) serveReady(w http.ResponseWriter, _ *http.Request) {
+// Probes serves only GET /healthz, /readyz (503 with the reason while
+// ready, which may be nil, fails) and /metrics from g: the admin listener
+// of a process that has no trust domain to show, trustbridge agent.
+func Probes(ready func() error, g prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	addProbes(mux, ready, g)
+	return mux
+}
+
+func addProbes(mux *http.ServeMux, ready func() error, g prometheus.Gatherer) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { serveReady(w, ready) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+}
+
+func serveReady(w http.ResponseWriter, ready func() error) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if h.cfg.Ready != nil {
-		if err := h.cfg.Ready(); err != nil {
+	if ready != nil {
+		if err := ready(); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
 			return

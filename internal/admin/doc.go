@@ -20,6 +20,19 @@
 //   - POST /v1/federation/refresh?trust_domain=TD: poll TD now; refused
 //     with 403 when a browser sends it cross-site, 409 on a follower, 429
 //     more often than once a second
+//   - GET /v1/federation/relationships: []Relationship, every federated
+//     trust domain with its endpoint and origin (flag, file, crd:<name>,
+//     runtime), and those trusted by a static bundle (origin static)
+//   - POST /v1/federation/relationships (?force replaces, ?no_fetch skips
+//     the first fetch): add one endpoint, the body one entry in the
+//     --federation-config schema with its bundle inline; DELETE
+//     /v1/federation/relationships/{trust_domain}: remove one added at run
+//     time; PUT /v1/bundles/{trust_domain}: a SPIFFE bundle or PEM
+//     certificates as its bootstrap or static bundle. Mounted with a
+//     Config.Manager; they need "Authorization: Bearer <Config.Token>"
+//     (401 otherwise), or a connection of the admin socket (OverSocket),
+//     and are refused cross-site (403) and on a follower (409: only the
+//     leader writes the audit log)
 //   - GET /v1/snapshot (?compact: unindented) and /ui: the trustview.Snapshot
 //     of everything trusted, as JSON and as statusui's page; mounted only
 //     with a Config.Trust store

@@ -15,7 +15,8 @@ import (
 // Collect lists the files of dataDir to archive as they are on disk:
 // every regular file except those under the top-level names in skip (the
 // caller archives them itself, from a consistent read), lock files (they
-// name a process of this machine, not state) and the temporary files of
+// name a process of this machine, not state), unix sockets (the same)
+// and the temporary files of
 // an interrupted atomic write. It takes no sizes: Write archives each file
 // as the inode it opens holds it, so a file replaced by rename between
 // the listing and the copy is archived whole, as the new file. An
@@ -45,6 +46,10 @@ func Collect(dataDir string, skip ...string) ([]File, error) {
 		}
 		switch {
 		case d.IsDir():
+			return nil
+		case d.Type()&fs.ModeSocket != 0:
+			// A listening server's socket (--admin-socket may be in the
+			// data directory): a process of this machine, not state.
 			return nil
 		case !d.Type().IsRegular():
 			return fmt.Errorf("backup: %s is not a regular file (%s); trustbridge writes none, move it out of the data directory", p, d.Type())

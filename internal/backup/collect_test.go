@@ -2,6 +2,7 @@ package backup
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,15 +32,20 @@ func TestCollect(t *testing.T) {
 	write(t, dir, "audit.jsonl", "{\"n\":1}\n{\"n\":2}\n{\"n\":", 0o600)
 	write(t, dir, "torn.jsonl", "no newline yet", 0o600)
 	write(t, dir, "acme/account.key", "k", 0o600)
+	write(t, dir, "admin.token", "t", 0o600)
+	// A running server's --admin-socket in the data directory.
+	sock, err := net.Listen("unix", filepath.Join(dir, "admin.sock"))
+	require.NoError(t, err)
+	defer sock.Close()
 
-	files, err := Collect(dir, "ca")
+	files, err := Collect(dir, "ca", "admin.token")
 	require.NoError(t, err)
 	got := map[string]File{}
 	for _, f := range files {
 		got[f.Path] = f
 	}
 	assert.ElementsMatch(t, []string{"federation/peer.example.json", "audit.jsonl", "torn.jsonl", "acme/account.key"}, keys(got),
-		"the skipped state dir, lock files and temporary files stay out")
+		"the skipped state dir and file, lock files, sockets and temporary files stay out")
 	assert.True(t, got["audit.jsonl"].Log)
 	assert.True(t, got["torn.jsonl"].Log)
 	assert.False(t, got["acme/account.key"].Log)

@@ -15,6 +15,14 @@
 // response, through a workload certificate renewal at the grace ratio and a
 // trustbridge root rotation.
 //
+// The guide for Istio users, docs/istio.md, is checked here too
+// (TestIstioDoc*): its local steps run as written and their environment is
+// handed to Istio's agent code (pilot-agent's option parsing,
+// FindRootCAForCA, the citadel client) in a process of its own; its Helm
+// values, mesh config and commands are checked against the pinned chart's
+// values.yaml, the MeshConfig proto, Istio's registered environment
+// variables and trustbridge --help; a fenced block no test knows fails.
+//
 // It is a module of its own so that istio.io/istio never enters trustbridge's
 // dependency graph (binary size, CVE surface). The tests drive the binary
 // as a subprocess; only the throughput benchmark's in-process baseline

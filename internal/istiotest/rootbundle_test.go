@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -334,24 +333,30 @@ type server struct {
 	pid       int // for its CPU time, in a benchmark
 	adminAddr string
 	grpcAddr  string
+	bundleURL string // when the bundle endpoint is on
 }
 
-var (
-	adminLine = regexp.MustCompile(`^\s+admin:\s+http://(\S+)/healthz`)
-	grpcLine  = regexp.MustCompile(`^\s+ca api:\s+(\S+) \(`)
-)
-
-// startServer starts the binary and reads its listeners' addresses from the
-// banner; it is stopped (SIGTERM, then killed) when the test ends.
+// startServer starts the binary and reads its listeners' addresses from
+// its start-up records; it is stopped (SIGTERM, then killed) when the test
+// ends.
 func startServer(t testing.TB, bin string, args ...string) *server {
 	t.Helper()
+	return startServerIn(t, bin, "", args...)
+}
+
+// startServerIn is startServer with the process in dir ("": the test's).
+// The server logs JSON (its --log-format auto, stderr not a terminal):
+// "trustbridge server started" names its listeners, and the bundle
+// endpoint's record its URL.
+func startServerIn(t testing.TB, bin, dir string, args ...string) *server {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"server"}, args...)...)
-	stdout, err := cmd.StdoutPipe()
+	cmd.Dir = dir
+	logs, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	stderr := &syncBuffer{}
-	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
+	exited := make(chan struct{})
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -365,35 +370,55 @@ func startServer(t testing.TB, bin string, args ...string) *server {
 			t.Logf("trustbridge server stderr:\n%s", stderr.String())
 		}
 	})
-
 	addrs := make(chan *server, 1)
-	pid := cmd.Process.Pid
 	go func() {
-		s := &server{pid: pid}
-		sent := false
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if m := adminLine.FindStringSubmatch(sc.Text()); m != nil {
-				s.adminAddr = m[1]
-			}
-			if m := grpcLine.FindStringSubmatch(sc.Text()); m != nil {
-				s.grpcAddr = m[1]
-			}
-			if s.adminAddr != "" && s.grpcAddr != "" && !sent {
-				addrs <- s
-				sent = true
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		exited <- cmd.Wait()
+		defer close(exited)
+		readStartRecords(io.TeeReader(logs, stderr), &server{pid: cmd.Process.Pid}, addrs)
+		_, _ = io.Copy(stderr, logs)
+		_ = cmd.Wait()
 	}()
 	select {
 	case s := <-addrs:
 		return s
+	case <-exited:
+		t.Fatalf("trustbridge server %v exited; stderr:\n%s", args, stderr.String())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("no admin and ca api addresses in trustbridge's banner within 30s; stderr:\n%s", stderr.String())
+		t.Fatalf("no start-up records naming the admin and gRPC listeners within 30s; stderr:\n%s", stderr.String())
 	}
 	return nil
+}
+
+// startRecord is what the start-up records say of the listeners.
+type startRecord struct {
+	Msg       string            `json:"msg"`
+	Listeners map[string]string `json:"listeners"`
+	URL       string            `json:"endpoint_url"`
+}
+
+// readStartRecords fills s from the JSON log lines of r and sends it on
+// ready once it has the admin and gRPC addresses and, with a bundle
+// endpoint, its URL; then it reads r to its end.
+func readStartRecords(r io.Reader, s *server, ready chan<- *server) {
+	sent, wantBundle := false, false
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var rec startRecord
+		if json.Unmarshal(sc.Bytes(), &rec) != nil {
+			continue
+		}
+		switch rec.Msg {
+		case "trustbridge server started":
+			s.adminAddr, s.grpcAddr = rec.Listeners["admin"], rec.Listeners["grpc"]
+			wantBundle = rec.Listeners["bundle"] != ""
+		case "bundle endpoint: peers federate with this tuple":
+			s.bundleURL = rec.URL
+		}
+		if !sent && s.adminAddr != "" && s.grpcAddr != "" && (!wantBundle || s.bundleURL != "") {
+			ready <- s
+			sent = true
+		}
+	}
 }
 
 // trust reads /v1/trust.

@@ -16,12 +16,20 @@ import (
 type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
+	// With checkJSON (JSONLines), partial holds the line being written
+	// and bad the lines that failed CheckJSONLine.
+	checkJSON bool
+	partial   []byte
+	bad       []string
 }
 
 // Write appends p.
 func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.checkJSON {
+		b.checkLinesLocked(p)
+	}
 	return b.buf.Write(p)
 }
 

@@ -63,7 +63,10 @@ type Config struct {
 	// group; otherwise it is 0600.
 	SocketGroup string
 	// CredentialsDir holds pre-provisioned credential files;
-	// DefaultCredentialsDir when empty.
+	// DefaultCredentialsDir when empty. When it is also the Rotator's
+	// OutputCertsDir, the files there are the Rotator's own: they
+	// authenticate its first request and are renewed, never served as
+	// pre-provisioned (they would go stale).
 	CredentialsDir string
 	// Rotator configures the certificate service client; nil means no CA
 	// is configured, and then the credential files must be present.
@@ -103,6 +106,9 @@ type Agent struct {
 
 	caAddr string
 	rot    rotator // nil: no CA configured
+	// ownsCreds: credsDir is the Rotator's output directory, so step 2
+	// of the decision flow does not apply to it.
+	ownsCreds bool
 
 	// probeTimeout bounds the check for a live SDS server on the socket.
 	probeTimeout time.Duration
@@ -110,6 +116,9 @@ type Agent struct {
 	backoffBase, backoffMax time.Duration
 
 	running atomic.Bool
+	// serving is set while the SDS socket is open: the agent has a
+	// credential to serve (Ready).
+	serving atomic.Bool
 }
 
 // New checks cfg and applies its defaults. It starts nothing; with
@@ -175,8 +184,21 @@ func New(cfg Config) (*Agent, error) {
 		}
 		a.rot = r
 		a.caAddr = rc.CAAddr
+		a.ownsCreds = rc.OutputCertsDir != "" && filepath.Clean(rc.OutputCertsDir) == filepath.Clean(a.credsDir)
 	}
 	return a, nil
+}
+
+// ErrNotServing is Ready's answer until the SDS socket is open.
+var ErrNotServing = errors.New("agent: not serving SDS yet: no certificate, or no trust, yet")
+
+// Ready says whether the agent serves SDS: it holds a certificate (from
+// the files or the CA) and has opened the socket. For a readiness probe.
+func (a *Agent) Ready() error {
+	if !a.serving.Load() {
+		return ErrNotServing
+	}
+	return nil
 }
 
 // lookupGroup resolves a group name or numeric id.
@@ -220,6 +242,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: a gRPC server without SDS answers on %s; not replacing it", a.socketPath)
 	}
 
+	if a.ownsCreds {
+		return a.runCA(ctx)
+	}
 	// Step 2: pre-provisioned files. Only some of them is a mistake an
 	// operator must see, not a reason to ask a CA instead.
 	present, missing := credentialFiles(a.credsDir)
@@ -384,6 +409,8 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 			fail(fmt.Errorf("agent: %w", err))
 		} else {
 			defer ln.Close()
+			a.serving.Store(true)
+			defer a.serving.Store(false)
 			a.log.Info("SDS listening", "socket", a.socketPath)
 			wg.Add(1)
 			go func() {

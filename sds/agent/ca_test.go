@@ -140,3 +140,45 @@ func TestNewRotatorConfigError(t *testing.T) {
 	require.Error(t, err)
 	assert.False(t, errors.Is(err, ErrAlreadyServing))
 }
+
+// When the credentials directory is also the Rotator's output directory,
+// the files there are the Rotator's own: they are renewed through the
+// CA, not served as pre-provisioned files (which would go stale).
+func TestRunCAOwnsCredentialsDir(t *testing.T) {
+	dir := shortDir(t)
+	sock := filepath.Join(dir, "socket")
+	caA := testca.New(t, tdA.Name())
+	tokenFile := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret-token"), 0o600))
+	creds := filepath.Join(dir, "creds")
+	// Files from an earlier run, for another identity.
+	old := spiffeid.RequireFromPath(tdA, "/earlier")
+	writeIssued(t, creds, caA, old, testca.Options{})
+
+	trust := sds.NewTrustCell()
+	require.NoError(t, trust.Set([]*x509bundle.Bundle{bundleOf(caA)}))
+	srv, err := sds.New(sds.Config{TrustDomain: tdA, Trust: trust, Authenticator: authn.NewX509SVID(tdA, bundleOf(caA), nil)})
+	require.NoError(t, err)
+	leaf, key := caA.Issue(t, serverID)
+	u := &upstream{ca: caA, trust: trust, tls: upstreamTLS(leaf, key)}
+	u.gs = grpc.NewServer(grpc.Creds(credentials.NewTLS(u.tls)))
+	srv.Register(u.gs)
+	certs := &agentCertService{ca: caA, token: "s3cret-token", id: workload}
+	securityv1alpha1.RegisterIstioCertificateServiceServer(u.gs, certs)
+	u.start(t, "")
+
+	a := newTestAgent(t, Config{
+		SocketPath:     sock,
+		CredentialsDir: creds + "/",
+		Registerer:     prometheus.NewRegistry(),
+		Rotator:        &RotatorConfig{CAAddr: u.addr, Roots: []*x509.Certificate{caA.Cert}, TokenFile: tokenFile, OutputCertsDir: creds},
+	})
+	stop, done := runAgent(t, a)
+	waitSocket(t, sock, done)
+	got := collect(t, mustStream(t, sock, sds.DefaultName), hasAll(sds.DefaultName), sds.DefaultName)
+	id, err := x509svid.IDFromCert(leafOf(t, got[sds.DefaultName]))
+	require.NoError(t, err)
+	assert.Equal(t, workload, id, "the CA's certificate, not the file's")
+	assert.Positive(t, certs.calls.Load())
+	require.NoError(t, stop())
+}

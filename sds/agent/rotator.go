@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	mathrand "math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +61,11 @@ type RotatorConfig struct {
 	// certificate found there at start authenticates the first request
 	// by mTLS instead of the token.
 	OutputCertsDir string
+	// ProvCertDir, when set, holds a provisioning certificate
+	// (cert-chain.pem, key.pem; Istio's PROV_CERT) that authenticates
+	// the first request when OutputCertsDir holds no valid one. It is
+	// only read.
+	ProvCertDir string
 	// GraceRatio places the rotation at NotBefore + GraceRatio*lifetime;
 	// 0.5 when zero, else in (0, 1).
 	GraceRatio float64
@@ -82,6 +88,7 @@ type Rotator struct {
 	addr      string
 	tokenFile string
 	outDir    string
+	provDir   string
 	grace     float64
 	ttl       time.Duration
 	clock     clock.Clock
@@ -112,8 +119,8 @@ func NewRotator(cfg RotatorConfig) (*Rotator, error) {
 	if len(cfg.Roots) == 0 || slices.Contains(cfg.Roots, nil) {
 		return nil, errors.New("rotator: no roots to verify the certificate service with")
 	}
-	if cfg.TokenFile == "" && cfg.OutputCertsDir == "" {
-		return nil, errors.New("rotator: neither a token file nor an output certificates directory: nothing to authenticate the first request with")
+	if cfg.TokenFile == "" && cfg.OutputCertsDir == "" && cfg.ProvCertDir == "" {
+		return nil, errors.New("rotator: no token file, output certificates directory or provisioning certificate directory: nothing to authenticate the first request with")
 	}
 	grace := cfg.GraceRatio
 	if grace == 0 {
@@ -127,13 +134,13 @@ func NewRotator(cfg RotatorConfig) (*Rotator, error) {
 	}
 	serverID := cfg.ServerID
 	if serverID.IsZero() {
-		// The identity in OutputCertsDir may still tell the trust
-		// domain, in Init; without it the roots must.
+		// The identity in OutputCertsDir or ProvCertDir may still tell
+		// the trust domain, in Init; without them the roots must.
 		id, err := caclient.ExpectedServerID(cfg.Roots, spiffeid.ID{})
 		switch {
 		case err == nil:
 			serverID = id
-		case cfg.OutputCertsDir == "":
+		case cfg.OutputCertsDir == "" && cfg.ProvCertDir == "":
 			return nil, fmt.Errorf("rotator: %w", err)
 		}
 	}
@@ -141,6 +148,7 @@ func NewRotator(cfg RotatorConfig) (*Rotator, error) {
 		addr:      cfg.CAAddr,
 		tokenFile: cfg.TokenFile,
 		outDir:    cfg.OutputCertsDir,
+		provDir:   cfg.ProvCertDir,
 		grace:     grace,
 		ttl:       cfg.TTL,
 		clock:     cfg.Clock,
@@ -204,14 +212,19 @@ func (r *Rotator) initOnce(ctx context.Context) error {
 		cert *tls.Certificate
 		want spiffeid.ID
 	)
-	if r.outDir != "" {
-		c, id, err := caclient.LoadCertDir(r.outDir, r.clock.Now())
+	// The certificate this agent keeps first, then the provisioning one
+	// it was given to start with.
+	for _, dir := range []string{r.outDir, r.provDir} {
+		if dir == "" || cert != nil {
+			continue
+		}
+		c, id, err := caclient.LoadCertDir(dir, r.clock.Now())
 		switch {
 		case err == nil:
 			cert, want = c, id
 		case errors.Is(err, fs.ErrNotExist):
 		default:
-			r.log.Warn("not authenticating with the certificate in the output directory", "dir", r.outDir, logattr.Error, err.Error())
+			r.log.Warn("not authenticating with the certificate in this directory", "dir", dir, logattr.Error, err.Error())
 		}
 	}
 	if cert != nil {
@@ -219,11 +232,11 @@ func (r *Rotator) initOnce(ctx context.Context) error {
 		if err == nil || r.tokenFile == "" || !refused(err) {
 			return err
 		}
-		r.log.Warn("the certificate service refused the certificate in the output directory; using the token",
+		r.log.Warn("the certificate service refused the certificate on disk; using the token",
 			logattr.SPIFFEID, want.String(), logattr.Error, r.explain(err).Error())
 	}
 	if r.tokenFile == "" {
-		return fmt.Errorf("%w: no valid certificate in %s and no token file", errNoAuth, r.outDir)
+		return fmt.Errorf("%w: no valid certificate in %s and no token file", errNoAuth, strings.Join(nonEmpty(r.outDir, r.provDir), " or "))
 	}
 	token, err := caclient.ReadToken(r.tokenFile)
 	if err != nil {
@@ -558,4 +571,9 @@ func newRotatorMetrics(reg prometheus.Registerer) (*rotatorMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// nonEmpty is its arguments without the empty ones.
+func nonEmpty(s ...string) []string {
+	return slices.DeleteFunc(s, func(v string) bool { return v == "" })
 }

@@ -311,7 +311,7 @@ func TestNewRotatorRefusals(t *testing.T) {
 		{"no address", func(c *RotatorConfig) { c.CAAddr = "" }, "no certificate service address"},
 		{"no roots", func(c *RotatorConfig) { c.Roots = nil }, "no roots"},
 		{"nil root", func(c *RotatorConfig) { c.Roots = []*x509.Certificate{nil} }, "no roots"},
-		{"no way to authenticate", func(c *RotatorConfig) { c.TokenFile = "" }, "neither a token file nor"},
+		{"no way to authenticate", func(c *RotatorConfig) { c.TokenFile = "" }, "nothing to authenticate the first request with"},
 		{"grace ratio 1", func(c *RotatorConfig) { c.GraceRatio = 1 }, "grace ratio"},
 		{"negative grace ratio", func(c *RotatorConfig) { c.GraceRatio = -0.1 }, "grace ratio"},
 		{"negative ttl", func(c *RotatorConfig) { c.TTL = -time.Hour }, "ttl"},
@@ -740,4 +740,39 @@ func TestSleepUntil(t *testing.T) {
 	cancel()
 	assert.False(t, sleepUntil(ctx, fc, fc.Now().Add(time.Hour)))
 	assert.False(t, fc.HasWaiters(), "timers stopped")
+}
+
+// A provisioning certificate (Istio's PROV_CERT) authenticates the first
+// request when the output directory holds none; it is only read, and a
+// valid certificate in the output directory goes first.
+func TestRotatorInitFromProvCertDir(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		outValid bool
+		auths    []string
+	}{
+		{name: "provisioning certificate", auths: []string{"certificate"}},
+		{name: "output directory first", outValid: true, auths: []string{"certificate"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRotFixture(t)
+			now := f.clock.Now()
+			prov, out := t.TempDir(), t.TempDir()
+			valid := testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)}
+			provLeaf := writeIssued(t, prov, f.svc.ca, rotWorkload, valid)
+			if tc.outValid {
+				writeIssued(t, out, f.svc.ca, rotWorkload, valid)
+			}
+			r := f.rotator(t, func(c *RotatorConfig) { c.OutputCertsDir, c.ProvCertDir, c.TokenFile = out, prov, "" })
+			require.NoError(t, r.Init(t.Context()))
+			auths, _ := f.svc.calls()
+			assert.Equal(t, tc.auths, auths)
+			checkDir(t, out, current(t, r))
+			cert, _, err := caclient.LoadCertDir(prov, now)
+			require.NoError(t, err)
+			assert.Equal(t, provLeaf.Raw, cert.Leaf.Raw, "the provisioning directory is never written")
+		})
+	}
+	_, err := NewRotator(newRotFixture(t).config(func(c *RotatorConfig) { c.TokenFile = "" }))
+	assert.ErrorContains(t, err, "nothing to authenticate the first request with")
 }

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// stateReaders are the commands that read state and print it: each takes
+// -o table|json|yaml (addOutputFlag). A command added here without the
+// flag, or a new state-reading command, fails TestCommandTree until it
+// has it.
+var stateReaders = []string{
+	"trustbridge version",
+	"trustbridge audit",
+	"trustbridge audit log verify",
+	"trustbridge bundle inspect",
+	"trustbridge federation status",
+	"trustbridge federation list",
+	"trustbridge bundle show",
+}
+
+// Every command, groups included, shows an example of its use, and every
+// state reader takes -o.
+func TestCommandTree(t *testing.T) {
+	root := newRootCmd(env{in: strings.NewReader(""), out: io.Discard, err: io.Discard, now: time.Now})
+	seen := map[string]*cobra.Command{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		seen[c.CommandPath()] = c
+		assert.NotEmpty(t, strings.TrimSpace(c.Example), "%s has no Example", c.CommandPath())
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(root)
+	for _, path := range stateReaders {
+		c, ok := seen[path]
+		if !assert.True(t, ok, "%s: no such command", path) {
+			continue
+		}
+		o := c.Flags().Lookup("output")
+		if assert.NotNil(t, o, "%s has no -o", path) {
+			assert.Equal(t, "o", o.Shorthand, path)
+			for _, f := range []string{outputTable, outputJSON, outputYAML} {
+				assert.Contains(t, o.Usage, f, "%s -o", path)
+			}
+		}
+	}
+}
+
+// Every example line that starts with "trustbridge" parses: the command
+// exists and every flag it names is one of that command's.
+func TestExamplesParse(t *testing.T) {
+	root := newRootCmd(env{in: strings.NewReader(""), out: io.Discard, err: io.Discard, now: time.Now})
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, line := range exampleCommands(c.Example) {
+			t.Run(line, func(t *testing.T) {
+				args := shellWords(line)[1:]
+				cmd, rest, err := root.Find(args)
+				require.NoError(t, err)
+				cmd.InitDefaultHelpFlag()
+				cmd.InitDefaultVersionFlag()
+				fs := cmd.Flags()
+				require.NoError(t, fs.Parse(rest), "%s", cmd.CommandPath())
+				for _, f := range []string{"json", "format", "out", "cert-dir", "output-certs"} {
+					if fl := fs.Lookup(f); fl != nil && fl.Changed && fl.Hidden {
+						t.Errorf("example uses the deprecated --%s", f)
+					}
+				}
+			})
+		}
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(root)
+}
+
+// exampleCommands are the trustbridge invocations of an Example, with
+// continuation lines joined, comments, pipes and redirections cut.
+func exampleCommands(example string) []string {
+	var out []string
+	var cur string
+	for _, l := range strings.Split(example, "\n") {
+		l = strings.TrimSpace(l)
+		if cur != "" {
+			cur += " " + l
+		} else {
+			cur = l
+		}
+		if strings.HasSuffix(cur, "\\") {
+			cur = strings.TrimSuffix(cur, "\\")
+			continue
+		}
+		for _, part := range strings.Split(cur, "|") {
+			part = strings.TrimSpace(part)
+			if i := strings.Index(part, " #"); i >= 0 {
+				part = part[:i]
+			}
+			for _, r := range []string{" >", " <"} {
+				if i := strings.Index(part, r); i >= 0 {
+					part = part[:i]
+				}
+			}
+			if strings.HasPrefix(part, "trustbridge ") || part == "trustbridge" {
+				out = append(out, strings.TrimSpace(part))
+			}
+		}
+		cur = ""
+	}
+	return out
+}
+
+// shellWords splits on spaces, keeping '...' and "..." together (enough
+// for the examples, which have no escapes inside quotes).
+func shellWords(s string) []string {
+	var words []string
+	var w strings.Builder
+	var quote rune
+	in := false
+	for _, r := range s {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			w.WriteRune(r)
+		case r == '\'' || r == '"':
+			quote, in = r, true
+		case r == ' ':
+			if in {
+				words = append(words, w.String())
+				w.Reset()
+				in = false
+			}
+		default:
+			w.WriteRune(r)
+			in = true
+		}
+	}
+	if in {
+		words = append(words, w.String())
+	}
+	return words
+}

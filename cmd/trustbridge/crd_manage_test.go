@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/trustbridge/trustbridge/federation/crd"
+	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/leader"
+)
+
+// With --storage kube, federation add creates a ClusterFederatedTrustDomain
+// (of the server's class) that the controller applies, and federation
+// remove deletes it; without --federation-crd both are refused, saying
+// what to do.
+func TestKubeFederationAddCreatesResource(t *testing.T) {
+	env := kubetest.Shared(t)
+	installCRD(t, env)
+	dyn := dynamicClient(t, env)
+
+	eastData, _ := bootstrapDataDir(t, "east.example")
+	east := startE2EServer(t, "east.example", eastData, nil)
+	eastPEM := writeTemp(t, cli(t, "bundle", "show", "-o", "pem", "--data-dir", eastData))
+
+	kubeServer := func(federationCRD bool) (*e2eServer, string) {
+		dir := t.TempDir()
+		o := baseServerOptions("west.example", dir)
+		o.federation.minRefresh = time.Second
+		o.federation.allowPrivate = true
+		o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+		o.kube = kubeOptions{
+			storage: storageKube, namespace: env.Namespace(t), caSecret: "trustbridge-ca", leaderLease: leader.DefaultName,
+			leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
+			federationCRD: federationCRD, federationClass: "manage-e2e",
+		}
+		admin, _, _ := launchServer(t, o)
+		return &e2eServer{admin: "http://" + admin}, dir
+	}
+	add := func(s *e2eServer, dir string) (string, string, int) {
+		return runCLIAt(t, time.Now, "", "federation", "add", "east.example", east.bundleURL,
+			"--endpoint-spiffe-id", "spiffe://east.example/trustbridge/bundle-endpoint", "--bundle", eastPEM, "--admin", s.admin, "--data-dir", dir)
+	}
+
+	t.Run("without --federation-crd", func(t *testing.T) {
+		s, dir := kubeServer(false)
+		_, stderr, code := add(s, dir)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "restart it with --federation-crd")
+	})
+
+	west, dir := kubeServer(true)
+	stdout, stderr, code := add(west, dir)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "federated with east.example")
+	t.Cleanup(func() { _ = dyn.Resource(crd.GVR).Delete(context.Background(), "east.example", metav1.DeleteOptions{}) })
+
+	got, err := dyn.Resource(crd.GVR).Get(context.Background(), "east.example", metav1.GetOptions{})
+	require.NoError(t, err)
+	var cr crd.ClusterFederatedTrustDomain
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr))
+	assert.Equal(t, "manage-e2e", cr.Spec.ClassName)
+	assert.Equal(t, east.bundleURL, cr.Spec.BundleEndpointURL)
+	assert.NotEmpty(t, cr.Spec.TrustDomainBundle)
+
+	waitFederated(t, west, "east.example", 1, 30*time.Second)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, "crd:east.example", relationships(t, west)["east.example"].Origin)
+	}, 30*time.Second, 100*time.Millisecond)
+
+	stdout, stderr, code = runCLIAt(t, time.Now, "", "federation", "remove", "east.example", "--admin", west.admin, "--data-dir", dir)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "removed east.example")
+	require.Eventually(t, func() bool {
+		_, ok := federationStatus(t, west, "east.example")
+		return !ok
+	}, 30*time.Second, 100*time.Millisecond, "east.example still federated after federation remove")
+}

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/admin"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+// adminTokenEnv names the admin token file when --admin-token-file is not
+// given.
+const adminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
+
+// adminClient talks to a running server's admin API; mutations bear the
+// token the server wrote into its data directory.
+type adminClient struct {
+	addr      string
+	dataDir   string
+	tokenFile string
+}
+
+// addAuthFlags registers where the admin token is.
+func (c *adminClient) addAuthFlags(f *pflag.FlagSet) {
+	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+adminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.tokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+adminTokenName+"; env "+adminTokenEnv+")")
+}
+
+// token reads the admin token: --admin-token-file, else the environment,
+// else the data directory's.
+func (c *adminClient) token() (string, error) {
+	path := c.tokenFile
+	if path == "" {
+		path = os.Getenv(adminTokenEnv)
+	}
+	if path == "" {
+		path = filepath.Join(c.dataDir, adminTokenName)
+	}
+	data, err := readSmallFile(path, 4<<10)
+	if err != nil {
+		return "", fmt.Errorf("admin token: %w; run this as the server's user on its host with the server's --data-dir (or --admin-token-file): the server writes the token there at each start", err)
+	}
+	return strings.TrimSpace(string(data)), nil
+}
+
+// do sends one request; auth adds the token. A non-2xx answer is an error
+// carrying the server's message.
+func (c *adminClient) do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	client, base := c.client()
+	u := base + path
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	if auth && client == http.DefaultClient {
+		tok, err := c.token()
+		if err != nil {
+			return "", err
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("%w (is the server running? its admin address is --admin)", err)
+	}
+	defer resp.Body.Close()
+	out, err := bundledoc.ReadLimited(resp.Body, 16<<20)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode/100 != 2 {
+		return "", fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// client is the HTTP client and base URL of c.addr: "unix://PATH" is the
+// server's --admin-socket, where the socket's mode stands for the token.
+func (c *adminClient) client() (*http.Client, string) {
+	path, ok := strings.CutPrefix(c.addr, "unix://")
+	if !ok {
+		return http.DefaultClient, strings.TrimRight(c.addr, "/")
+	}
+	var d net.Dialer
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", path)
+	}}}, "http://localhost"
+}
+
+// adminFrom is the client of a federation subcommand: --admin is the
+// parent's persistent flag.
+func adminFrom(cmd *cobra.Command, c *adminClient) *adminClient {
+	if f := cmd.Flag("admin"); f != nil {
+		c.addr = f.Value.String()
+	}
+	return c
+}
+
+// newFederationManageCmds are federation add, remove and list.
+func newFederationManageCmds(e env) []*cobra.Command {
+	return []*cobra.Command{newFederationAddCmd(e), newFederationRemoveCmd(e), newFederationListCmd(e)}
+}
+
+type federationAddOptions struct {
+	endpointID string
+	bundle     string
+	force      bool
+	noFetch    bool
+}
+
+func newFederationAddCmd(e env) *cobra.Command {
+	var (
+		c adminClient
+		o federationAddOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "add TRUST_DOMAIN URL",
+		Short: "Federate with a trust domain's bundle endpoint now, without a restart",
+		Long: `Add a federation relationship to the running server (like spire-server
+federation create): https_web, or https_spiffe with --endpoint-spiffe-id.
+The server checks it as it checks --federation-config (a self-serving
+https_spiffe endpoint needs --bundle, its trust domain's bundle from its
+operator, unless a bundle of it is held or set with bundle set), fetches it
+once (refused, with nothing changed, if that fails; --no-fetch adds it
+anyway), starts polling it, records it in the audit log and keeps it in
+<data-dir>/federation-managed.yaml (the --federation-config schema) across
+restarts. Trust domains configured by --federate or --federation-config are
+changed there, not here. Needs the admin token: the server writes it at each
+start to <data-dir>/admin.token (mode 0600).
+
+With --storage kube, federate with ClusterFederatedTrustDomain resources
+instead (--federation-crd).`,
+		Example: `  # an https_web peer
+  trustbridge federation add web.example https://web.example/bundle --data-dir /var/lib/trustbridge
+  # an https_spiffe peer with its bundle (SPIFFE bundle or PEM roots) from its operator
+  trustbridge federation add east.example https://east.example:8443/ \
+    --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint --bundle east.example.pem
+  # change its URL
+  trustbridge federation add east.example https://east2.example:8443/ \
+    --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint --force`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body, err := addBody(args[0], args[1], o)
+			if err != nil {
+				return err
+			}
+			q := url.Values{}
+			if o.force {
+				q.Set("force", "true")
+			}
+			if o.noFetch {
+				q.Set("no_fetch", "true")
+			}
+			path := "/v1/federation/relationships"
+			if len(q) > 0 {
+				path += "?" + q.Encode()
+			}
+			out, err := adminFrom(cmd, &c).do(cmd.Context(), http.MethodPost, path, body, true)
+			if err != nil {
+				return err
+			}
+			_, err = io.WriteString(e.out, out)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.endpointID, "endpoint-spiffe-id", "", "the endpoint server's SPIFFE ID: makes the relationship https_spiffe (without it, https_web)")
+	f.StringVar(&o.bundle, "bundle", "", "the trust domain's bundle for the first https_spiffe fetch: a SPIFFE bundle document or PEM CA certificates, from its operator over a channel you trust")
+	f.BoolVar(&o.force, "force", false, "replace the trust domain's relationship if one was added at run time (without --bundle it keeps its bootstrap bundle)")
+	f.BoolVar(&o.noFetch, "no-fetch", false, "add it without fetching it first: a peer that is down now is polled until it answers")
+	c.addAuthFlags(f)
+	return cmd
+}
+
+// addBody is the entry federation add sends: one item in the
+// --federation-config schema, so the server parses it as it parses files.
+func addBody(td, endpoint string, o federationAddOptions) ([]byte, error) {
+	profile := map[string]string{"type": string(federation.ProfileHTTPSWeb)}
+	if o.endpointID != "" {
+		profile = map[string]string{"type": string(federation.ProfileHTTPSSPIFFE), "endpointSPIFFEID": o.endpointID}
+	}
+	item := map[string]any{"trustDomain": td, "bundleEndpointURL": endpoint, "bundleEndpointProfile": profile}
+	if o.bundle != "" {
+		doc, err := readSmallFile(o.bundle, bundledoc.DefaultMaxSize)
+		if err != nil {
+			return nil, fmt.Errorf("--bundle: %w", err)
+		}
+		item["trustDomainBundle"] = string(doc)
+	}
+	return json.Marshal(map[string]any{"federation": []any{item}})
+}
+
+func newFederationRemoveCmd(e env) *cobra.Command {
+	var c adminClient
+	cmd := &cobra.Command{
+		Use:   "remove TRUST_DOMAIN",
+		Short: "Stop federating with a trust domain added at run time",
+		Long: `Remove a relationship added with federation add (or a static bundle set with
+bundle set), at once: the trust domain is polled no more and its bundle is no
+longer trusted. Recorded in the audit log. Trust domains configured by
+--federate or --federation-config are removed there, with a restart.`,
+		Example: `  trustbridge federation remove east.example --data-dir /var/lib/trustbridge`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			td, err := bundledoc.TrustDomainName(args[0])
+			if err != nil {
+				return fmt.Errorf("trust domain %q: %w", args[0], err)
+			}
+			out, err := adminFrom(cmd, &c).do(cmd.Context(), http.MethodDelete, "/v1/federation/relationships/"+url.PathEscape(td.Name()), nil, true)
+			if err != nil {
+				return err
+			}
+			_, err = io.WriteString(e.out, out)
+			return err
+		},
+	}
+	c.addAuthFlags(cmd.Flags())
+	return cmd
+}
+
+func newFederationListCmd(e env) *cobra.Command {
+	var c adminClient
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List every federated trust domain: endpoint, profile, origin",
+		Long: `List the running server's federated trust domains with their endpoint URL,
+profile, endpoint SPIFFE ID, polling state and origin: flag (--federate),
+file (--federation-config), crd:NAME (a ClusterFederatedTrustDomain),
+runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
+		Example: `  trustbridge federation list
+  trustbridge federation list -o json`,
+		Args: cobra.NoArgs,
+	}
+	out := addOutputFlag(cmd)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := out.check(); err != nil {
+			return err
+		}
+		body, err := adminFrom(cmd, &c).do(cmd.Context(), http.MethodGet, "/v1/federation/relationships", nil, false)
+		if err != nil {
+			return err
+		}
+		var rels []admin.Relationship
+		if err := json.Unmarshal([]byte(body), &rels); err != nil {
+			return fmt.Errorf("admin answer: %w", err)
+		}
+		return out.write(e.out, rels, func(w io.Writer) error { return relationshipsTable(w, rels) })
+	}
+	return cmd
+}
+
+func relationshipsTable(w io.Writer, rels []admin.Relationship) error {
+	if len(rels) == 0 {
+		_, err := fmt.Fprintln(w, "no federated trust domains")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TRUST DOMAIN\tORIGIN\tPROFILE\tSTATE\tENDPOINT URL\tENDPOINT SPIFFE ID")
+	for _, r := range rels {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.TrustDomain, orDash(r.Origin), orDash(r.Profile), orDash(strings.ToUpper(r.State)),
+			orDash(printable(r.EndpointURL)), orDash(r.EndpointSPIFFEID))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/admin"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+// cli runs the CLI with the real clock and requires success.
+func cli(t *testing.T, args ...string) string {
+	t.Helper()
+	stdout, stderr, code := runCLIAt(t, time.Now, "", args...)
+	require.Equal(t, 0, code, "trustbridge %v: %s", args, stderr)
+	return stdout
+}
+
+func relationships(t *testing.T, s *e2eServer) map[string]admin.Relationship {
+	t.Helper()
+	var rels []admin.Relationship
+	require.NoError(t, json.Unmarshal([]byte(cli(t, "federation", "list", "-o", "json", "--admin", s.admin)), &rels))
+	out := map[string]admin.Relationship{}
+	for _, r := range rels {
+		out[r.TrustDomain] = r
+	}
+	return out
+}
+
+// federation add against a running server, with the peer's PEM roots
+// (bundle show -o pem on the peer's data dir) as the bootstrap bundle:
+// fetched without a restart, kept across one, removed, audited (issue 22).
+func TestFederationAddRemoveAtRunTime(t *testing.T) {
+	peerDir := t.TempDir()
+	peer := startE2EServer(t, "peer.example", peerDir, nil)
+	peerPEM := filepath.Join(t.TempDir(), "peer.pem")
+	require.NoError(t, os.WriteFile(peerPEM, []byte(cli(t, "bundle", "show", "-o", "pem", "--data-dir", peerDir)), 0o600))
+
+	dir := t.TempDir()
+	local := startE2EServer(t, "example.org", dir, nil)
+	add := []string{"federation", "add", "peer.example", peer.bundleURL, "--endpoint-spiffe-id", "spiffe://peer.example/trustbridge/bundle-endpoint",
+		"--bundle", peerPEM, "--admin", local.admin, "--data-dir", dir}
+
+	t.Run("without the token", func(t *testing.T) {
+		_, stderr, code := runCLIAt(t, time.Now, "", append(add[:len(add)-2:len(add)-2], "--admin-token-file", filepath.Join(t.TempDir(), "none"))...)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "admin token:")
+		wrong := filepath.Join(t.TempDir(), "wrong")
+		require.NoError(t, os.WriteFile(wrong, []byte("nope\n"), 0o600))
+		_, stderr, code = runCLIAt(t, time.Now, "", append(add[:len(add)-2:len(add)-2], "--admin-token-file", wrong)...)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "401 Unauthorized: wrong admin token")
+		assert.Contains(t, stderr, filepath.Join(dir, adminTokenName))
+		_, ok := federationStatus(t, local, "peer.example")
+		assert.False(t, ok, "nothing added")
+	})
+
+	assert.Contains(t, cli(t, add...), "federated with peer.example")
+	waitFederated(t, local, "peer.example", 0, 30*time.Second)
+	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: originRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
+		EndpointSPIFFEID: "spiffe://peer.example/trustbridge/bundle-endpoint", State: "ok"}, relationships(t, local)["peer.example"])
+
+	_, stderr, code := runCLIAt(t, time.Now, "", add...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "409 Conflict")
+	assert.Contains(t, stderr, "--force")
+
+	info, err := os.Stat(filepath.Join(dir, "federation-managed.yaml"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	// A restart keeps it.
+	local.stop()
+	local = startE2EServer(t, "example.org", dir, nil)
+	waitFederated(t, local, "peer.example", 0, 30*time.Second)
+	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+
+	assert.Contains(t, cli(t, "federation", "remove", "peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
+	_, ok := federationStatus(t, local, "peer.example")
+	assert.False(t, ok)
+	assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
+
+	var seen []string
+	for _, e := range readAuditLog(t, dir) {
+		if e.Event == "federation_added" || e.Event == "federation_removed" {
+			seen = append(seen, e.Event+" "+e.TrustDomain+" "+e.Reason)
+		}
+	}
+	assert.Equal(t, []string{"federation_added peer.example by admin-token (admin API)", "federation_removed peer.example by admin-token (admin API)"}, seen)
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "audit", "log", "verify", filepath.Join(dir, "audit.jsonl"))
+	assert.Equal(t, 0, code, stdout+stderr)
+}
+
+// bundle set with PEM roots: a static bundle, trusted at once, listed,
+// kept across a restart; refused for our own trust domain and for one
+// naming another trust domain.
+func TestBundleSetPEMAndShow(t *testing.T) {
+	dir := t.TempDir()
+	local := startE2EServer(t, "example.org", dir, nil)
+	static := testca.New(t, "static.example")
+	file := filepath.Join(t.TempDir(), "root-cert.pem")
+	require.NoError(t, os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: static.Cert.Raw}), 0o600))
+	set := func(td, f string) (string, string, int) {
+		return runCLIAt(t, time.Now, "", "bundle", "set", td, f, "--admin", local.admin, "--data-dir", dir)
+	}
+
+	stdout, stderr, code := set("static.example", file)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "set static.example's static bundle (trusted as is): 1 X.509")
+	assert.Equal(t, admin.Relationship{TrustDomain: "static.example", Origin: admin.OriginStatic}, relationships(t, local)["static.example"])
+
+	_, stderr, code = set("example.org", file)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "bundle is for another trust domain") // checked before sending
+	own := filepath.Join(t.TempDir(), "own.pem")
+	require.NoError(t, os.WriteFile(own, []byte(cli(t, "bundle", "show", "-o", "pem", "--data-dir", dir)), 0o600))
+	_, stderr, code = set("example.org", own)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "this server's own trust domain")
+
+	local.stop()
+	local = startE2EServer(t, "example.org", dir, nil)
+	assert.Equal(t, admin.OriginStatic, relationships(t, local)["static.example"].Origin)
+	code, body := get(t, local.admin+"/v1/snapshot")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"static.example"`)
+
+	// bundle show from the data dir, while the server runs, is what the
+	// server publishes.
+	shown := cli(t, "bundle", "show", "-o", "spiffe", "--data-dir", dir)
+	code, served := get(t, local.admin+"/v1/bundle")
+	require.Equal(t, http.StatusOK, code)
+	assert.JSONEq(t, served, shown)
+	assert.JSONEq(t, served, cli(t, "bundle", "show", "-o", "spiffe", "--admin", local.admin))
+	b, _, err := bundledoc.ParsePEM(local.td, []byte(cli(t, "bundle", "show", "-o", "pem", "--admin", local.admin)))
+	require.NoError(t, err)
+	assert.NotEmpty(t, b.X509Authorities())
+	assert.Contains(t, cli(t, "bundle", "show", "--data-dir", dir), "example.org")
+}
+
+// writeTemp writes content to a file of its own and returns its path.
+func writeTemp(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+	return path
+}
+
+// An add that fails keeps the last good state and says how to fix it: a
+// peer that does not answer (unless --no-fetch), a bundle file that is not
+// a CA's; a run-time file corrupted while the server was stopped stops the
+// next start, naming the file, as a bad --federation-config does.
+func TestFederationAddFailuresKeepState(t *testing.T) {
+	dir := t.TempDir()
+	local := startE2EServer(t, "example.org", dir, nil)
+	down := "https://" + reservePort(t) + "/"
+	run := func(args ...string) (string, string, int) {
+		return runCLIAt(t, time.Now, "", append(args, "--admin", local.admin, "--data-dir", dir)...)
+	}
+	peer := testca.New(t, "peer.example")
+	leaf, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://peer.example/w"))
+	leafPEM := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw})))
+	rootPEM := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peer.Cert.Raw})))
+	spiffeAdd := []string{"federation", "add", "peer.example", down, "--endpoint-spiffe-id", "spiffe://peer.example/s"}
+
+	tests := []struct {
+		name string
+		args []string
+		msg  []string
+	}{
+		{"peer down", append(slices.Clone(spiffeAdd), "--bundle", rootPEM), []string{"502 Bad Gateway", "first fetch failed", "nothing was changed", "--no-fetch"}},
+		{"leaf as bundle", append(slices.Clone(spiffeAdd), "--bundle", leafPEM), []string{"400 Bad Request", "x5c certificate is not a CA"}},
+		{"no bundle", spiffeAdd, []string{"400 Bad Request", "no bundle to authenticate the first fetch", "trustDomainBundleFile"}},
+		{"our own", []string{"federation", "add", "example.org", down}, []string{"own trust domain"}},
+		{"not https", []string{"federation", "add", "web.example", "http://web.example/"}, []string{"400 Bad Request", "https"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, code := run(tt.args...)
+			assert.Equal(t, 1, code)
+			for _, m := range tt.msg {
+				assert.Contains(t, stderr, m)
+			}
+			assert.Empty(t, relationships(t, local))
+			assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
+		})
+	}
+
+	// --no-fetch adds the peer that is down: it is polled until it answers.
+	stdout, stderr, code := run(append(slices.Clone(spiffeAdd), "--bundle", rootPEM, "--no-fetch")...)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "federated with peer.example")
+	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+	local.stop()
+
+	path := filepath.Join(dir, "federation-managed.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("federation:\n  - trustDomian: peer.example\n"), 0o600))
+	o := baseServerOptions("example.org", dir)
+	var logs bytes.Buffer
+	err := runServer(context.Background(), env{in: strings.NewReader(""), out: io.Discard, err: &logs, now: time.Now}, o, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "run-time federation")
+	assert.Contains(t, err.Error(), "federation-managed.yaml")
+	assert.Contains(t, err.Error(), `unknown key "trustDomian"`)
+}
+
+// Over --admin-socket (mode 0600) changes need no token: the socket's
+// owner is the server's user. The audit log names the socket as actor.
+func TestFederationAddOverAdminSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "admin.sock")
+	local := startE2EServer(t, "example.org", dir, func(o *serverOptions) { o.adminSocket = sock })
+	info, err := os.Stat(sock)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	static := testca.New(t, "static.example")
+	file := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: static.Cert.Raw})))
+	noToken := filepath.Join(t.TempDir(), "none")
+	out := cli(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
+	assert.Contains(t, out, "static bundle")
+	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
+	assert.Equal(t, originRuntime, relationships(t, local)["web.example"].Origin)
+
+	var reasons []string
+	for _, e := range readAuditLog(t, dir) {
+		if e.Event == "static_bundle_set" || e.Event == "federation_added" {
+			reasons = append(reasons, e.Event+" "+e.Reason)
+		}
+	}
+	assert.Equal(t, []string{"static_bundle_set by admin-socket (admin API)", "federation_added by admin-socket (admin API)"}, reasons)
+	local.stop()
+	assert.NoFileExists(t, sock, "removed at stop")
+}
+
+// A SIGHUP reload that would configure, in a file, a trust domain added
+// at run time is refused, saying how to move it; the endpoints in force
+// stay.
+func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
+	dir := t.TempDir()
+	fedFile := filepath.Join(t.TempDir(), "federation.yaml")
+	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example")), 0o600))
+	o := baseServerOptions("example.org", dir)
+	o.federation.configFile = fedFile
+	o.federation.allowPrivate = true
+	admin, hup, logs := launchReloadable(t, o)
+	cli(t, "federation", "add", "b.example", "https://127.0.0.1:1/b", "--no-fetch", "--admin", "http://"+admin, "--data-dir", dir)
+	require.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+
+	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
+	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
+	assert.Contains(t, logs.String(), "b.example was added at run time (trustbridge federation add): remove it with trustbridge federation remove b.example")
+	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+
+	// Moved: removed at run time, then reloaded from the file.
+	cli(t, "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
+	hupAndWait(t, hup, logs, "reloaded", 1)
+	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "b.example is configured by --federation-config")
+}

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"syscall"
+
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// hupSignals is e with SIGHUP delivered on e.hup, and the function that
+// stops the delivery. SIGHUP's default action ends the process without a
+// word; a command that subscribes reloads, or says it ignores it.
+func hupSignals(e env) (env, func()) {
+	if e.hup != nil {
+		return e, func() {}
+	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGHUP)
+	e.hup = c
+	return e, func() { signal.Stop(c) }
+}
+
+// reloader re-reads one part of the configuration; it returns what it
+// applied, and on error keeps what was in force.
+type reloader struct {
+	name   string
+	reload func() (string, error)
+}
+
+// notReloadable is what a reload never changes, for the log.
+const notReloadable = "flags, environment variables and the --config file's other settings (restart to change them)"
+
+// serveReloads runs every reloader on each signal from hup until ctx is
+// done; with none, it logs that the signal is ignored and why (idle). A
+// nil hup never delivers.
+func serveReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle string, logger *slog.Logger) error {
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.name
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+		}
+		if len(rs) == 0 {
+			logger.Info("SIGHUP ignored: nothing here is reloadable", "reason", idle, "not_reloadable", notReloadable)
+			continue
+		}
+		logger.Info("SIGHUP: reloading", "reloadable", names, "not_reloadable", notReloadable)
+		for _, r := range rs {
+			if what, err := r.reload(); err != nil {
+				logger.Error("reload failed; the previous configuration stays in force", "part", r.name, logattr.Error, err)
+			} else {
+				logger.Info("reloaded", "part", r.name, "applied", what)
+			}
+		}
+	}
+}
+
+// reloadRunner is the server's SIGHUP handler: it reloads the federation
+// list of --federation-config or of the --config file, and the bootstrap
+// token file (also re-read every 10s: SIGHUP makes it now). There is no
+// trust policy to reload yet.
+func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger *slog.Logger) func(context.Context) error {
+	var rs []reloader
+	if p.fed.poller != nil && (o.federation.configFile != "" || o.configPath != "") {
+		rs = append(rs, reloader{name: "federation", reload: func() (string, error) {
+			return reloadFederation(o, p.td, p.fed, p.crd != nil, logger)
+		}})
+	}
+	if p.gs != nil && p.gs.tokens != nil {
+		tokens := p.gs.tokens
+		rs = append(rs, reloader{name: "bootstrap tokens", reload: func() (string, error) {
+			if err := tokens.Reload(); err != nil {
+				return "", fmt.Errorf("--bootstrap-token-file: %w", err)
+			}
+			return fmt.Sprintf("%d tokens in force", tokens.Len()), nil
+		}})
+	}
+	idle := "no --federation-config, --config or --bootstrap-token-file; there is no trust policy yet"
+	return func(ctx context.Context) error { return serveReloads(ctx, hup, rs, idle, logger) }
+}
+
+// reloadFederation reads the endpoints of flags and files again, checks
+// them as at start (with what the store and the poller hold now), and
+// applies them with the resources' through federationSetup.setStatic. On
+// error the endpoints in force stay.
+func reloadFederation(o serverOptions, td spiffeid.TrustDomain, fed *federationSetup, withCRD bool, logger *slog.Logger) (string, error) {
+	fo := o.federation
+	if o.configPath != "" {
+		list, err := configFederationList(o.configPath)
+		if err != nil {
+			return "", err
+		}
+		if list != nil && fo.configFile != "" {
+			return "", fmt.Errorf("config %s: a federation list and --federation-config do not combine; keep one", o.configPath)
+		}
+		fo.inline, fo.inlineFrom = list, o.configPath
+	}
+	held := orRelayed(func(d spiffeid.TrustDomain) bool { return fed.stored(d) || fed.poller.Holds(d) }, fed.relayed)
+	fromFlag, fromFile, warnings, err := staticEndpoints(fo, td, held)
+	if err != nil {
+		return "", err
+	}
+	for _, w := range warnings {
+		logger.Warn("federation config", logattr.Warning, w)
+	}
+	if withCRD {
+		// The resources were judged against the trust domains of flags and
+		// files at start (reserved for them); that set stays until restart.
+		old, _ := fed.staticSet()
+		if !slices.Equal(trustDomainsOf(old), trustDomainsOf(slices.Concat(fromFlag, fromFile))) {
+			return "", errors.New("with --federation-crd a reload may change the endpoints of the trust domains flags and files configure, not add or remove trust domains: restart for that")
+		}
+	}
+	if err := fed.setStatic(fromFlag, fromFile); err != nil {
+		return "", err
+	}
+	logPeers(fed, logger)
+	return fmt.Sprintf("%d federated trust domains from flags and files", len(fromFlag)+len(fromFile)), nil
+}
+
+// configFederationList is the federation list of the --config file at
+// path, nil when it has none. The whole file is checked as at start, on a
+// scratch flag set: its other settings are not applied.
+func configFederationList(path string) (*yaml.Node, error) {
+	fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
+	var scratch serverOptions
+	addServerFlags(fs, &scratch)
+	cf, err := applyConfigFile(fs, path, func(string) string { return "" })
+	if err != nil {
+		return nil, err
+	}
+	return cf.federation, nil
+}
+
+// trustDomainsOf is the sorted trust domain names of eps.
+func trustDomainsOf(eps []federation.Endpoint) []string {
+	out := make([]string, len(eps))
+	for i, ep := range eps {
+		out[i] = ep.TrustDomain.Name()
+	}
+	slices.Sort(out)
+	return out
+}

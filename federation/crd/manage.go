@@ -1,0 +1,246 @@
+package crd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/managed"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+// ManagerConfig configures a Manager.
+type ManagerConfig struct {
+	// Dynamic writes the resources.
+	Dynamic dynamic.Interface
+	// Controller says which resource configures a trust domain.
+	Controller *Controller
+	// ClassName is written into the resources' spec.className, so that
+	// this server's controller takes them.
+	ClassName string
+	// Local, Reserved: as the Controller's Config.
+	Local    spiffeid.TrustDomain
+	Reserved map[spiffeid.TrustDomain]string
+	// Others are the endpoints applied now (flags, files, resources), the
+	// set in which federation.CheckFirstFetch judges a new one.
+	Others func() []federation.Endpoint
+	// Held, Probe, OnChange: as managed.Config's.
+	Held     func(spiffeid.TrustDomain) bool
+	Probe    func(context.Context, federation.Endpoint) error
+	OnChange func(managed.Change)
+}
+
+// Manager is `trustbridge federation add|remove` and `bundle set` with
+// Kubernetes storage: it writes ClusterFederatedTrustDomain resources,
+// which every replica's Controller applies, so the change survives
+// restarts and failovers. It refuses what managed.Manager refuses, with
+// its errors; a static bundle (no endpoint) has no resource form and is
+// refused.
+type Manager struct{ cfg ManagerConfig }
+
+// NewManager checks cfg.
+func NewManager(cfg ManagerConfig) (*Manager, error) {
+	if cfg.Dynamic == nil || cfg.Controller == nil {
+		return nil, errors.New("crd: Dynamic and Controller are required")
+	}
+	if cfg.Others == nil {
+		cfg.Others = func() []federation.Endpoint { return nil }
+	}
+	return &Manager{cfg: cfg}, nil
+}
+
+// ResourceName is the name federation add gives td's resource.
+func ResourceName(td spiffeid.TrustDomain) string {
+	return strings.ReplaceAll(td.Name(), "_", "-")
+}
+
+func (m *Manager) free(td spiffeid.TrustDomain) error {
+	if td == m.cfg.Local {
+		return fmt.Errorf("%w: %s is this server's own trust domain; its bundle comes from our CA", managed.ErrInvalid, td.Name())
+	}
+	if where := m.cfg.Reserved[td]; where != "" {
+		return fmt.Errorf("%w: %s is configured by %s; change it there", managed.ErrReserved, td.Name(), where)
+	}
+	return nil
+}
+
+// resourceOf names the resource that configures td, "" when none does.
+func (m *Manager) resourceOf(td spiffeid.TrustDomain) string {
+	return strings.TrimPrefix(m.cfg.Controller.Origins()[td], "crd:")
+}
+
+// Add creates td's resource or, with opts.Force, updates the one that
+// configures it.
+func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.AddOptions) error {
+	td := ep.TrustDomain
+	if err := m.free(td); err != nil {
+		return err
+	}
+	name := m.resourceOf(td)
+	if name != "" && !opts.Force {
+		return fmt.Errorf("%w: %s is already federated by ClusterFederatedTrustDomain %s; edit it, or replace it with --force", managed.ErrExists, td.Name(), name)
+	}
+	if _, err := federation.MergeEndpoints([]federation.Endpoint{ep}); err != nil {
+		return fmt.Errorf("%w: %w", managed.ErrInvalid, err)
+	}
+	others := slices.DeleteFunc(m.cfg.Others(), func(o federation.Endpoint) bool { return o.TrustDomain == td })
+	anchors := &federation.Anchors{Local: m.cfg.Local, Endpoints: append([]federation.Endpoint{ep}, others...), Held: m.cfg.Held}
+	if err := federation.CheckFirstFetch(ep, anchors); err != nil {
+		return fmt.Errorf("%w: %w", managed.ErrInvalid, err)
+	}
+	if m.cfg.Probe != nil && !opts.NoProbe {
+		if err := m.cfg.Probe(ctx, ep); err != nil {
+			return fmt.Errorf("%w: %s: %w; nothing was changed: fix the URL, endpoint SPIFFE ID or bundle, or add it with --no-fetch to poll it until it answers", managed.ErrFirstFetch, ep, err)
+		}
+	}
+	spec, err := specOf(ep, m.cfg.ClassName)
+	if err != nil {
+		return err
+	}
+	kind := managed.KindReplaced
+	if name == "" {
+		name, kind = ResourceName(td), managed.KindAdded
+	}
+	if err := m.write(ctx, name, kind == managed.KindAdded, func(s *Spec) { *s = spec }); err != nil {
+		return err
+	}
+	m.changed(managed.Change{Kind: kind, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+	return nil
+}
+
+// Remove deletes the resource that configures td.
+func (m *Manager) Remove(ctx context.Context, td spiffeid.TrustDomain, actor string) error {
+	if err := m.free(td); err != nil {
+		return err
+	}
+	name := m.resourceOf(td)
+	if name == "" {
+		return fmt.Errorf("%w: no ClusterFederatedTrustDomain of this server configures %s (see trustbridge federation list)", managed.ErrNotFound, td.Name())
+	}
+	if err := m.cfg.Dynamic.Resource(GVR).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		return fmt.Errorf("crd: deleting ClusterFederatedTrustDomain %s: %w", name, err)
+	}
+	m.changed(managed.Change{Kind: managed.KindRemoved, TrustDomain: td, Actor: actor})
+	return nil
+}
+
+// SetBundle sets the trustDomainBundle of the resource that configures
+// b's trust domain.
+func (m *Manager) SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor string) (string, error) {
+	td := b.TrustDomain()
+	if err := m.free(td); err != nil {
+		return "", err
+	}
+	name := m.resourceOf(td)
+	if name == "" {
+		return "", fmt.Errorf("%w: with --storage kube a bundle is set on a trust domain's ClusterFederatedTrustDomain (trustDomainBundle), and none configures %s: add it first with trustbridge federation add", managed.ErrInvalid, td.Name())
+	}
+	doc, err := bundledoc.Marshal(b)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", managed.ErrInvalid, err)
+	}
+	if err := m.write(ctx, name, false, func(s *Spec) { s.TrustDomainBundle = string(doc) }); err != nil {
+		return "", err
+	}
+	m.changed(managed.Change{Kind: managed.KindBootstrap, TrustDomain: td, Actor: actor, Bundle: b})
+	return managed.KindBootstrap, nil
+}
+
+// write creates the resource name with the spec edit makes or, when
+// create is false, edits its spec, again on a conflict: the controller
+// writes the status of the same resource meanwhile. A resource created
+// meanwhile is an ErrExists.
+func (m *Manager) write(ctx context.Context, name string, create bool, edit func(*Spec)) error {
+	res := m.cfg.Dynamic.Resource(GVR)
+	if create {
+		cr := ClusterFederatedTrustDomain{TypeMeta: metav1.TypeMeta{APIVersion: Group + "/" + Version, Kind: Kind}, ObjectMeta: metav1.ObjectMeta{Name: name}}
+		edit(&cr.Spec)
+		u, err := toUnstructured(&cr)
+		if err == nil {
+			_, err = res.Create(ctx, u, metav1.CreateOptions{})
+		}
+		if apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("%w: ClusterFederatedTrustDomain %s exists (perhaps for another server's class); edit it, or delete it", managed.ErrExists, name)
+		}
+		if err != nil {
+			return fmt.Errorf("crd: creating ClusterFederatedTrustDomain %s: %w", name, err)
+		}
+		return nil
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		got, err := res.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var cr ClusterFederatedTrustDomain
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr); err != nil {
+			return err
+		}
+		edit(&cr.Spec)
+		u, err := toUnstructured(&cr)
+		if err != nil {
+			return err
+		}
+		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("crd: updating ClusterFederatedTrustDomain %s: %w", name, err)
+	}
+	return nil
+}
+
+// toUnstructured is cr without its status, which the controller owns.
+func toUnstructured(cr *ClusterFederatedTrustDomain) (*unstructured.Unstructured, error) {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cr)
+	if err != nil {
+		return nil, err
+	}
+	unstructured.RemoveNestedField(obj, "status")
+	return &unstructured.Unstructured{Object: obj}, nil
+}
+
+func (m *Manager) changed(c managed.Change) {
+	if m.cfg.OnChange != nil {
+		m.cfg.OnChange(c)
+	}
+}
+
+// specOf is ep as a resource spec, its bootstrap bundle inline.
+func specOf(ep federation.Endpoint, className string) (Spec, error) {
+	s := Spec{TrustDomain: ep.TrustDomain.Name(), BundleEndpointURL: ep.URL.String(), ClassName: className,
+		BundleEndpointProfile: Profile{Type: string(ep.Profile)}}
+	if ep.Profile == federation.ProfileHTTPSSPIFFE {
+		s.BundleEndpointProfile.EndpointSPIFFEID = ep.EndpointSPIFFEID.String()
+	}
+	if ep.BootstrapBundle != nil {
+		doc, err := bundledoc.Marshal(ep.BootstrapBundle)
+		if err != nil {
+			return Spec{}, fmt.Errorf("%w: %w", managed.ErrInvalid, err)
+		}
+		s.TrustDomainBundle = string(doc)
+	}
+	if r := ep.Refresh; r.Min > 0 || r.Max > 0 {
+		s.Refresh = &RefreshBounds{}
+		if r.Min > 0 {
+			s.Refresh.Min = r.Min.String()
+		}
+		if r.Max > 0 {
+			s.Refresh.Max = r.Max.String()
+		}
+	}
+	return s, nil
+}

@@ -1,0 +1,216 @@
+package managed
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+// Files in the data directory.
+const (
+	EndpointsFile = "federation-managed.yaml"
+	BundlesFile   = "federation-bundles.json"
+)
+
+// maxFileSize bounds what Load reads: a bundle is at most
+// bundledoc.DefaultMaxSize, and a few peers' bundles fit well under this.
+const maxFileSize = 16 << 20
+
+// State is the managed federation: endpoints and static bundles, each
+// sorted by trust domain, no trust domain in both.
+type State struct {
+	Endpoints []federation.Endpoint
+	Bundles   []*spiffebundle.Bundle
+}
+
+func (s State) clone() State {
+	return State{Endpoints: slices.Clone(s.Endpoints), Bundles: slices.Clone(s.Bundles)}
+}
+
+func (s *State) sort() {
+	slices.SortFunc(s.Endpoints, func(a, b federation.Endpoint) int { return cmp.Compare(a.TrustDomain.Name(), b.TrustDomain.Name()) })
+	slices.SortFunc(s.Bundles, func(a, b *spiffebundle.Bundle) int {
+		return cmp.Compare(a.TrustDomain().Name(), b.TrustDomain().Name())
+	})
+}
+
+// Load reads the state persisted in dir; missing files are an empty
+// state. Warnings are elements the parsers ignored.
+func Load(dir string) (State, []string, error) {
+	eps, err := readOptional(filepath.Join(dir, EndpointsFile))
+	if err != nil {
+		return State{}, nil, err
+	}
+	bundles, err := readOptional(filepath.Join(dir, BundlesFile))
+	if err != nil {
+		return State{}, nil, err
+	}
+	s, warnings, err := Parse(eps, bundles)
+	if err != nil {
+		return State{}, nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return s, warnings, nil
+}
+
+// Parse parses the two files' contents (nil: absent) into a State with
+// the rules of the --federation-config parser and the bundle checks: a
+// bundle naming another trust domain is refused, as the poller refuses it.
+func Parse(endpoints, bundles []byte) (State, []string, error) {
+	var s State
+	cfg, err := federation.ParseConfig(endpoints, nil)
+	if err != nil {
+		return State{}, nil, fmt.Errorf("%s: %w", EndpointsFile, err)
+	}
+	s.Endpoints, s.Bundles = cfg.Endpoints, nil
+	warnings := cfg.Warnings
+	if len(bytes.TrimSpace(bundles)) > 0 {
+		bs, ws, err := bundledoc.ParseMap(bundles)
+		if err != nil {
+			return State{}, nil, fmt.Errorf("%s: %w", BundlesFile, err)
+		}
+		if err := federation.RefusedWarning(ws); err != nil {
+			return State{}, nil, fmt.Errorf("%s: %w", BundlesFile, err)
+		}
+		for _, w := range ws {
+			warnings = append(warnings, BundlesFile+": "+w.String())
+		}
+		s.Bundles = bs
+	}
+	for _, b := range s.Bundles {
+		if b.Empty() {
+			return State{}, nil, fmt.Errorf("%s: the bundle of %q has no X.509 or JWT authority", BundlesFile, b.TrustDomain().Name())
+		}
+		if i := slices.IndexFunc(s.Endpoints, func(ep federation.Endpoint) bool { return ep.TrustDomain == b.TrustDomain() }); i >= 0 {
+			return State{}, nil, fmt.Errorf("%s: trust domain %q also has an endpoint in %s; keep one (the endpoint's trustDomainBundle is its bootstrap bundle)", BundlesFile, b.TrustDomain().Name(), EndpointsFile)
+		}
+	}
+	s.sort()
+	return s, warnings, nil
+}
+
+// readOptional reads a file that may be absent (nil, nil).
+func readOptional(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := bundledoc.ReadLimited(f, maxFileSize)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return data, nil
+}
+
+// Save writes s into dir, each file atomically, mode 0600; a file whose
+// part of s is empty is removed.
+func Save(dir string, s State) error {
+	eps, err := MarshalEndpoints(s.Endpoints)
+	if err != nil {
+		return err
+	}
+	if err := writeOrRemove(filepath.Join(dir, EndpointsFile), eps, len(s.Endpoints) > 0); err != nil {
+		return err
+	}
+	var bundles []byte
+	if len(s.Bundles) > 0 {
+		if bundles, err = bundledoc.MarshalMap(s.Bundles); err != nil {
+			return fmt.Errorf("%s: %w", BundlesFile, err)
+		}
+	}
+	return writeOrRemove(filepath.Join(dir, BundlesFile), bundles, len(s.Bundles) > 0)
+}
+
+func writeOrRemove(path string, data []byte, keep bool) error {
+	if keep {
+		return atomicfile.Write(path, data, 0o600)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// header says what the endpoints file is, for the operator who opens it.
+const header = `# Federation relationships added at run time (trustbridge federation add),
+# written by the server: change them with trustbridge federation add|remove
+# while it runs. Same schema as --federation-config: to make one permanent,
+# move its entry there and remove it here (with the server stopped).
+`
+
+type item struct {
+	TrustDomain           string         `yaml:"trustDomain"`
+	BundleEndpointURL     string         `yaml:"bundleEndpointURL"`
+	BundleEndpointProfile profileItem    `yaml:"bundleEndpointProfile"`
+	TrustDomainBundle     string         `yaml:"trustDomainBundle,omitempty"`
+	Refresh               *refreshBounds `yaml:"refresh,omitempty"`
+}
+
+type profileItem struct {
+	Type             string `yaml:"type"`
+	EndpointSPIFFEID string `yaml:"endpointSPIFFEID,omitempty"`
+}
+
+type refreshBounds struct {
+	Min string `yaml:"min,omitempty"`
+	Max string `yaml:"max,omitempty"`
+}
+
+// MarshalEndpoints writes eps in the --federation-config schema, each
+// bootstrap bundle inline as its canonical document, so that
+// federation.ParseConfig reads back the same endpoints.
+func MarshalEndpoints(eps []federation.Endpoint) ([]byte, error) {
+	items := make([]item, 0, len(eps))
+	for _, ep := range eps {
+		it := item{
+			TrustDomain: ep.TrustDomain.Name(), BundleEndpointURL: ep.URL.String(),
+			BundleEndpointProfile: profileItem{Type: string(ep.Profile)},
+		}
+		if ep.Profile == federation.ProfileHTTPSSPIFFE {
+			it.BundleEndpointProfile.EndpointSPIFFEID = ep.EndpointSPIFFEID.String()
+		}
+		if ep.BootstrapBundle != nil {
+			doc, err := bundledoc.Marshal(ep.BootstrapBundle)
+			if err != nil {
+				return nil, fmt.Errorf("%s: bootstrap bundle: %w", ep.TrustDomain.Name(), err)
+			}
+			it.TrustDomainBundle = string(doc)
+		}
+		if r := ep.Refresh; r.Min > 0 || r.Max > 0 {
+			it.Refresh = &refreshBounds{}
+			if r.Min > 0 {
+				it.Refresh.Min = r.Min.String()
+			}
+			if r.Max > 0 {
+				it.Refresh.Max = r.Max.String()
+			}
+		}
+		items = append(items, it)
+	}
+	var buf bytes.Buffer
+	buf.WriteString(header)
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(map[string][]item{"federation": items}); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,233 @@
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/managed"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+)
+
+// Manager changes the federation at run time (managed.Manager, or the
+// ClusterFederatedTrustDomain resources with Kubernetes storage).
+type Manager interface {
+	Add(ctx context.Context, ep federation.Endpoint, opts managed.AddOptions) error
+	Remove(ctx context.Context, td spiffeid.TrustDomain, actor string) error
+	SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor string) (kind string, err error)
+}
+
+// Relationship is one entry of GET /v1/federation/relationships: a trust
+// domain federated by an endpoint, or trusted by a static bundle.
+type Relationship struct {
+	TrustDomain      string `json:"trust_domain"`
+	Origin           string `json:"origin"`
+	EndpointURL      string `json:"endpoint_url,omitempty"`
+	Profile          string `json:"profile,omitempty"`
+	EndpointSPIFFEID string `json:"endpoint_spiffe_id,omitempty"`
+	State            string `json:"state,omitempty"`
+}
+
+// OriginStatic is the origin of a trust domain trusted by a static
+// bundle (bundle set).
+const OriginStatic = "static"
+
+// maxMutationBody bounds a request body: a bundle is at most
+// bundledoc.DefaultMaxSize, and a federation entry holds one, escaped.
+const maxMutationBody = 2*bundledoc.DefaultMaxSize + 64<<10
+
+// ActorSocket names the operator of a request that came in on the admin
+// socket, whose file mode is its authentication.
+const ActorSocket = "admin-socket"
+
+type socketKey struct{}
+
+// OverSocket marks ctx as a connection of the admin socket (an
+// http.Server's ConnContext): its requests may change state without the
+// token.
+func OverSocket(ctx context.Context) context.Context {
+	return context.WithValue(ctx, socketKey{}, true)
+}
+
+func (h *Handler) manageRoutes() {
+	h.mux.HandleFunc("GET /v1/federation/relationships", h.serveRelationships)
+	if h.cfg.Manager == nil {
+		return
+	}
+	h.mux.HandleFunc("POST /v1/federation/relationships", h.mutation(h.serveAdd))
+	h.mux.HandleFunc("DELETE /v1/federation/relationships/{trust_domain}", h.mutation(h.serveRemove))
+	h.mux.HandleFunc("PUT /v1/bundles/{trust_domain}", h.mutation(h.serveSetBundle))
+}
+
+// mutation guards a state-changing handler: no cross-site browser
+// request, the admin token (compared in constant time) unless the request
+// came in on the admin socket, and the leader only.
+func (h *Handler) mutation(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return refuseCrossSite(func(w http.ResponseWriter, r *http.Request) {
+		actor, ok := h.authenticate(w, r)
+		if !ok {
+			return
+		}
+		if !h.isLeader() {
+			// The leader records trust changes in the audit log; a change
+			// made through a follower would go unrecorded.
+			http.Error(w, "this replica is not the leader; make changes through the leader (see the trustbridge_leader metric), where they are audited", http.StatusConflict)
+			return
+		}
+		next(w, r, actor)
+	})
+}
+
+// authenticate names who asks, or answers 401 saying where the token is.
+func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (actor string, ok bool) {
+	if r.Context().Value(socketKey{}) != nil {
+		return ActorSocket, true
+	}
+	got, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	want := h.cfg.Token
+	if bearer && want != "" && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(want)) == 1 {
+		return "admin-token", true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="trustbridge-admin"`)
+	what := "missing admin token"
+	if bearer {
+		what = "wrong admin token"
+	}
+	http.Error(w, what+": send Authorization: Bearer <token>, the token the server wrote to "+h.cfg.TokenFile+
+		" (trustbridge reads it with --data-dir or --admin-token-file)", http.StatusUnauthorized)
+	return "", false
+}
+
+func (h *Handler) serveRelationships(w http.ResponseWriter, _ *http.Request) {
+	out := []Relationship{}
+	if h.cfg.Federation != nil {
+		for _, st := range h.cfg.Federation.Status() {
+			td, err := spiffeid.TrustDomainFromString(st.TrustDomain)
+			if err != nil {
+				continue
+			}
+			out = append(out, Relationship{TrustDomain: st.TrustDomain, Origin: h.origin(td), EndpointURL: st.EndpointURL,
+				Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID, State: string(st.State)})
+		}
+	}
+	if h.cfg.Static != nil {
+		for _, td := range h.cfg.Static() {
+			out = append(out, Relationship{TrustDomain: td.Name(), Origin: OriginStatic})
+		}
+	}
+	writeJSON(w, out, true)
+}
+
+// serveAdd takes one entry in the --federation-config schema (JSON is
+// YAML), with its bootstrap bundle inline (trustDomainBundle): the
+// parser every other path uses. ?force replaces a managed endpoint;
+// ?no_fetch skips the first fetch.
+func (h *Handler) serveAdd(w http.ResponseWriter, r *http.Request, actor string) {
+	body, err := bundledoc.ReadLimited(r.Body, maxMutationBody)
+	if err != nil {
+		http.Error(w, "request body: "+err.Error(), http.StatusRequestEntityTooLarge)
+		return
+	}
+	cfg, err := federation.ParseConfig(body, nil)
+	if err == nil && len(cfg.Endpoints) != 1 {
+		err = fmt.Errorf("the body holds %d federation entries, want 1", len(cfg.Endpoints))
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	q := r.URL.Query()
+	ep := cfg.Endpoints[0]
+	opts := managed.AddOptions{Force: q.Has("force"), NoProbe: q.Has("no_fetch"), Actor: actor}
+	if err := h.cfg.Manager.Add(r.Context(), ep, opts); err != nil {
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, "federated with %s by %s\n", ep.TrustDomain.Name(), ep)
+	for _, warn := range cfg.Warnings {
+		_, _ = fmt.Fprintf(w, "warning: %s\n", warn)
+	}
+}
+
+func (h *Handler) serveRemove(w http.ResponseWriter, r *http.Request, actor string) {
+	td, ok := pathTrustDomain(w, r)
+	if !ok {
+		return
+	}
+	if err := h.cfg.Manager.Remove(r.Context(), td, actor); err != nil {
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	_, _ = io.WriteString(w, "removed "+td.Name()+"; its bundle is no longer trusted\n")
+}
+
+// serveSetBundle takes a SPIFFE bundle document or PEM certificates as
+// the trust domain's bundle, refused as the poller refuses a fetched one
+// (a certificate naming another trust domain, no CA).
+func (h *Handler) serveSetBundle(w http.ResponseWriter, r *http.Request, actor string) {
+	td, ok := pathTrustDomain(w, r)
+	if !ok {
+		return
+	}
+	body, err := bundledoc.ReadLimited(r.Body, bundledoc.DefaultMaxSize)
+	if err != nil {
+		http.Error(w, "request body: "+err.Error(), http.StatusRequestEntityTooLarge)
+		return
+	}
+	b, warnings, err := bundledoc.ParseAny(td, body)
+	if err == nil {
+		err = federation.RefusedWarning(warnings)
+	}
+	if err != nil {
+		http.Error(w, "bundle for "+td.Name()+": "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	kind, err := h.cfg.Manager.SetBundle(r.Context(), b, actor)
+	if err != nil {
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	what := "static bundle (trusted as is)"
+	if kind == managed.KindBootstrap {
+		what = "bootstrap bundle (authenticates its endpoint's first fetch)"
+	}
+	_, _ = fmt.Fprintf(w, "set %s's %s: %d X.509 and %d JWT authorities\n", td.Name(), what, len(b.X509Authorities()), len(b.JWTAuthorities()))
+	for _, warn := range warnings {
+		_, _ = fmt.Fprintf(w, "warning: %s\n", warn)
+	}
+}
+
+func pathTrustDomain(w http.ResponseWriter, r *http.Request) (spiffeid.TrustDomain, bool) {
+	name := r.PathValue("trust_domain")
+	td, err := bundledoc.TrustDomainName(name)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("trust domain %q: %v", name, err), http.StatusBadRequest)
+		return td, false
+	}
+	return td, true
+}
+
+// statusOf maps the managed package's errors to HTTP.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, managed.ErrReserved), errors.Is(err, managed.ErrExists):
+		return http.StatusConflict
+	case errors.Is(err, managed.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, managed.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, managed.ErrFirstFetch):
+		return http.StatusBadGateway
+	default:
+		return http.StatusInternalServerError
+	}
+}
