@@ -1,0 +1,86 @@
+{{/* Labels of every object: the base's app.kubernetes.io/name, plus Helm's. */}}
+{{- define "trustbridge.labels" -}}
+app.kubernetes.io/name: {{ .Values.name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/* The selector: the base's, unchanged, so that the chart can take over a
+kustomize installation's Deployment (selectors are immutable). */}}
+{{- define "trustbridge.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Values.name }}
+{{- end }}
+
+{{- define "trustbridge.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end }}
+
+{{/* Server defaults the RBAC rules name; an empty value means the default. */}}
+{{- define "trustbridge.caSecret" -}}
+{{ .Values.storage.caSecret | default "trustbridge-ca" }}
+{{- end }}
+{{- define "trustbridge.rootConfigMap" -}}
+{{ .Values.distribution.rootConfigMap | default "trustbridge-ca-root-cert" }}
+{{- end }}
+
+{{/* Combinations the server refuses at start, refused at render time with
+the value to change. values.schema.json checks each value alone. */}}
+{{- define "trustbridge.validate" -}}
+{{- if not .Values.trustDomain -}}
+{{- fail "trustDomain is required: the trust domain this server is the CA of, e.g. --set trustDomain=example.org" -}}
+{{- end -}}
+{{- if eq .Values.storage.type "file" -}}
+{{- if gt (int .Values.replicas) 1 -}}
+{{- fail (printf "replicas is %d but storage.type=file holds the CA state in one replica's volume: set replicas=1, or storage.type=kube to run several" (int .Values.replicas)) -}}
+{{- end -}}
+{{- if .Values.federation.crd -}}
+{{- fail "federation.crd needs storage.type=kube (the server's --federation-crd): set federation.crd=false and list peers in federation.peers, or use kube storage" -}}
+{{- end -}}
+{{- if .Values.storage.caSecret -}}
+{{- fail "storage.caSecret names the CA Secret of kube storage; with storage.type=file leave it empty" -}}
+{{- end -}}
+{{- end -}}
+{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" -}}
+{{- range $k, $v := .Values.extraConfig -}}
+{{- if has $k $reserved -}}
+{{- fail (printf "extraConfig.%s is set by the chart (a value of its own, or a name RBAC or the pod spec is written for); set the chart's value instead" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The server's config file. Keys are its flag names; a value left empty
+leaves the server's default, so that the defaults render deploy/base's
+config.yaml exactly. */}}
+{{- define "trustbridge.config" -}}
+{{- $v := .Values -}}
+{{- $c := dict "trust-domain" $v.trustDomain "data-dir" "/var/lib/trustbridge/data" "admin-listen" "0.0.0.0:15014" "bundle-listen" "0.0.0.0:8443" "grpc-listen" "0.0.0.0:15012" "storage" $v.storage.type "audit-log" $v.auditLog "log-format" $v.logFormat -}}
+{{- $_ := set $c "grpc-dns-names" (concat (list (printf "%s.%s.svc" $v.name .Release.Namespace)) $v.grpcDNSNames) -}}
+{{- if eq $v.storage.type "file" -}}
+{{- /* Creates the CA on the first start; harmless once it exists. */ -}}
+{{- $_ := set $c "init" true -}}
+{{- end -}}
+{{- if $v.federation.crd -}}{{- $_ := set $c "federation-crd" true -}}{{- end -}}
+{{- $strings := dict "ca-secret" $v.storage.caSecret "root-configmap" $v.distribution.rootConfigMap "namespace-selector" $v.distribution.namespaceSelector "federation-crd-class" $v.federation.crdClass "federation-min-refresh" $v.federation.minRefresh "federation-max-refresh" $v.federation.maxRefresh "federation-timeout" $v.federation.timeout "workload-ttl" $v.policy.workloadTTL "max-workload-ttl" $v.policy.maxWorkloadTTL "max-renewal-lifetime" $v.policy.maxRenewalLifetime "ca-response-roots" $v.policy.caResponseRoots "token-audience" $v.policy.tokenAudience "cluster-id" $v.policy.clusterID "log-level" $v.logLevel -}}
+{{- range $k, $s := $strings -}}
+{{- if $s -}}{{- $_ := set $c $k $s -}}{{- end -}}
+{{- end -}}
+{{- $optional := dict "federation-allow-private" $v.federation.allowPrivate "federation-allow-empty" $v.federation.allowEmpty "ca-trusted-node-accounts" $v.policy.caTrustedNodeAccounts "sds-workload-certs" $v.policy.sdsWorkloadCerts "serve-federated" $v.policy.serveFederated "sign-rate-limit" $v.policy.signRateLimit -}}
+{{- range $k, $o := $optional -}}
+{{- if not (kindIs "invalid" $o) -}}{{- $_ := set $c $k $o -}}{{- end -}}
+{{- end -}}
+{{- if $v.adminAllowedHosts -}}{{- $_ := set $c "admin-allowed-hosts" $v.adminAllowedHosts -}}{{- end -}}
+{{- if $v.federation.peers -}}{{- $_ := set $c "federation" $v.federation.peers -}}{{- end -}}
+{{- range $k, $x := $v.extraConfig -}}
+{{- if hasKey $c $k -}}
+{{- fail (printf "extraConfig.%s is already set by a chart value; set it in one place" $k) -}}
+{{- end -}}
+{{- $_ := set $c $k $x -}}
+{{- end -}}
+{{- toYaml $c -}}
+{{- end }}
