@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -30,7 +31,7 @@ func addAdminSocketFlag(f *pflag.FlagSet, path *string) {
 
 // listenAdminSocket opens path (nil, nil when it is ""), replacing a
 // socket a crashed server left there, never another kind of file.
-func listenAdminSocket(path string, h http.Handler) (*adminSocket, error) {
+func listenAdminSocket(path string, h http.Handler, logger *slog.Logger) (*adminSocket, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -48,7 +49,7 @@ func listenAdminSocket(path string, h http.Handler) (*adminSocket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--admin-socket: %w", err)
 	}
-	srv := newAdminServer(h)
+	srv := newAdminServer(h, logger)
 	srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return admin.OverSocket(ctx) }
 	return &adminSocket{path: path, ln: ln, srv: srv}, nil
 }

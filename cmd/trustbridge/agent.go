@@ -153,6 +153,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	// from another's would carry both (the rotator's records said
 	// "component" twice).
 	logger := base.With(logattr.Component, "agent")
+	routeGRPCLog(base)
 	reg := newRegistry()
 	cfg, err := o.config(base, reg)
 	if err != nil {
