@@ -177,8 +177,8 @@ func (fs *federationSetup) setStatic(fromFlag, fromFile []federation.Endpoint) e
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, ep := range slices.Concat(fromFlag, fromFile) {
-		if slices.ContainsFunc(fs.runtime.endpoints(), func(r federation.Endpoint) bool { return r.TrustDomain == ep.TrustDomain }) {
-			return fmt.Errorf("%s was added at run time (trustbridge federation add): remove it with trustbridge federation remove %s before configuring it in flags or files", ep.TrustDomain.Name(), ep.TrustDomain.Name())
+		if what := fs.runtime.holdsLocked(ep.TrustDomain); what != "" {
+			return fmt.Errorf("%s has %s set at run time: remove it with trustbridge federation remove %s before configuring it in flags or files", ep.TrustDomain.Name(), what, ep.TrustDomain.Name())
 		}
 	}
 	old, oldOrigins := fs.static, fs.origins

@@ -266,7 +266,7 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
 	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
-	assert.Contains(t, logs.String(), "b.example was added at run time (trustbridge federation add): remove it with trustbridge federation remove b.example")
+	assert.Contains(t, logs.String(), "b.example has an endpoint set at run time: remove it with trustbridge federation remove b.example")
 	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
 
 	// Moved: removed at run time, then reloaded from the file.
@@ -276,4 +276,15 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "b.example is configured by --federation-config")
+
+	// A static bundle set at run time is refused by a reload too: both
+	// sources would be trusted, and the static one could not be removed.
+	c := testca.New(t, "c.example")
+	pemFile := filepath.Join(t.TempDir(), "c.pem")
+	require.NoError(t, os.WriteFile(pemFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw}), 0o600))
+	cli(t, "bundle", "set", "c.example", pemFile, "--admin", "http://"+admin, "--data-dir", dir)
+	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example", "c.example")), 0o600))
+	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 2)
+	assert.Contains(t, logs.String(), "c.example has a static bundle set at run time: remove it with trustbridge federation remove c.example")
+	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
 }

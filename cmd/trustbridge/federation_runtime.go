@@ -54,6 +54,22 @@ func (r *runtimeFederation) has(td spiffeid.TrustDomain) bool {
 	return r != nil && r.managed != nil && r.managed.Has(td)
 }
 
+// holdsLocked says what the run-time state in force sets for td: "an
+// endpoint" (federation add), "a static bundle" (bundle set) or "" (nil-
+// safe; under the federationSetup's mu).
+func (r *runtimeFederation) holdsLocked(td spiffeid.TrustDomain) string {
+	if r == nil {
+		return ""
+	}
+	if slices.ContainsFunc(r.inForce.Endpoints, func(ep federation.Endpoint) bool { return ep.TrustDomain == td }) {
+		return "an endpoint"
+	}
+	if slices.ContainsFunc(r.inForce.Bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == td }) {
+		return "a static bundle"
+	}
+	return ""
+}
+
 // configure mounts the run-time routes on the admin API (nil-safe).
 func (r *runtimeFederation) configure(cfg *admin.Config) {
 	if r == nil {
@@ -133,6 +149,14 @@ func (r *runtimeFederation) endpoints() []federation.Endpoint {
 func (fs *federationSetup) applyManaged(s managed.State) error {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	// The manager checked s against reservedBy before it applied; a
+	// reload may have configured a trust domain since. Checked again
+	// under the lock that a reload takes too.
+	for _, td := range s.TrustDomains() {
+		if where := fs.reservedByLocked(td); where != "" {
+			return fmt.Errorf("%w: %s is configured by %s; change it there", managed.ErrReserved, td.Name(), where)
+		}
+	}
 	old := fs.runtime.inForce
 	fs.runtime.inForce = s
 	if err := fs.applyLocked(); err != nil {
@@ -155,6 +179,10 @@ func (fs *federationSetup) applyManaged(s managed.State) error {
 func (fs *federationSetup) reservedBy(td spiffeid.TrustDomain) string {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	return fs.reservedByLocked(td)
+}
+
+func (fs *federationSetup) reservedByLocked(td spiffeid.TrustDomain) string {
 	switch fs.origins[td] {
 	case "flag":
 		return "--federate (or SPIFFE_BUNDLE_ENDPOINTS)"

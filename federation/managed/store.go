@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/federation"
@@ -33,6 +34,18 @@ const maxFileSize = 16 << 20
 type State struct {
 	Endpoints []federation.Endpoint
 	Bundles   []*spiffebundle.Bundle
+}
+
+// TrustDomains are the trust domains s sets, endpoints' then bundles'.
+func (s State) TrustDomains() []spiffeid.TrustDomain {
+	tds := make([]spiffeid.TrustDomain, 0, len(s.Endpoints)+len(s.Bundles))
+	for _, ep := range s.Endpoints {
+		tds = append(tds, ep.TrustDomain)
+	}
+	for _, b := range s.Bundles {
+		tds = append(tds, b.TrustDomain())
+	}
+	return tds
 }
 
 func (s State) clone() State {
