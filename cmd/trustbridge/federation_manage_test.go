@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
@@ -96,6 +97,9 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	_, ok := federationStatus(t, local, "peer.example")
 	assert.False(t, ok)
 	assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
+	stored, err := federation.NewLKGStore(dir).Load(spiffeid.RequireTrustDomainFromString("peer.example"))
+	require.NoError(t, err)
+	assert.Nil(t, stored, "removing a peer deletes its stored bundle: adding it again starts from the new --bundle, not the old roots")
 
 	var seen []string
 	for _, e := range readAuditLog(t, dir) {

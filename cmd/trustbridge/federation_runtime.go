@@ -43,6 +43,9 @@ type runtimeFederation struct {
 	managed   *managed.Manager // file storage only
 	token     string
 	tokenFile string
+	// forget deletes a trust domain's last-known-good bundle (file
+	// storage; nil: nothing to delete).
+	forget func(spiffeid.TrustDomain) error
 	// inForce is the managed state applied, guarded by the
 	// federationSetup's mu (not the manager's lock, which is held while
 	// it applies: reading it from there would invert the locks).
@@ -68,6 +71,27 @@ func (r *runtimeFederation) holdsLocked(td spiffeid.TrustDomain) string {
 		return "a static bundle"
 	}
 	return ""
+}
+
+// forgetRemoved deletes the last-known-good bundles of the endpoints old
+// has and next has not. Removing a peer withdraws its trust, also from
+// the data directory: otherwise adding it again, say with a new --bundle
+// after its CA was compromised, would restore the old roots and let them
+// authenticate the first fetch. The poller no longer follows them, so
+// nothing saves them again.
+func (r *runtimeFederation) forgetRemoved(old, next managed.State) error {
+	if r.forget == nil {
+		return nil
+	}
+	for _, ep := range old.Endpoints {
+		if slices.ContainsFunc(next.Endpoints, func(n federation.Endpoint) bool { return n.TrustDomain == ep.TrustDomain }) {
+			continue
+		}
+		if err := r.forget(ep.TrustDomain); err != nil {
+			return fmt.Errorf("%s: its stored bundle could not be deleted, so it stays federated: %w", ep.TrustDomain.Name(), err)
+		}
+	}
+	return nil
 }
 
 // configure mounts the run-time routes on the admin API (nil-safe).
@@ -99,6 +123,7 @@ func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
 	if !fileStorage(o) {
 		return p.manageKube(o, rt)
 	}
+	rt.forget = federation.NewLKGStore(o.dataDir).Remove
 	fs := p.fed
 	m, warnings, err := managed.New(managed.Config{
 		Dir: o.dataDir, Local: p.td,
@@ -161,6 +186,11 @@ func (fs *federationSetup) applyManaged(s managed.State) error {
 	fs.runtime.inForce = s
 	if err := fs.applyLocked(); err != nil {
 		fs.runtime.inForce = old
+		return err
+	}
+	if err := fs.runtime.forgetRemoved(old, s); err != nil {
+		fs.runtime.inForce = old
+		_ = fs.applyLocked() // the old endpoints, which it held a moment ago
 		return err
 	}
 	for _, b := range old.Bundles {
