@@ -114,7 +114,15 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 	if name == "" {
 		name, kind = ResourceName(td), managed.KindAdded
 	}
-	if err := m.write(ctx, name, kind == managed.KindAdded, func(s *Spec) { *s = spec }); err != nil {
+	if err := m.write(ctx, name, kind == managed.KindAdded, func(s *Spec) {
+		// --force without --bundle keeps the bootstrap bundle, as with
+		// file storage.
+		kept := s.TrustDomainBundle
+		*s = spec
+		if s.TrustDomainBundle == "" {
+			s.TrustDomainBundle = kept
+		}
+	}); err != nil {
 		return err
 	}
 	m.changed(managed.Change{Kind: kind, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})

@@ -55,6 +55,16 @@ func TestManagerWritesResources(t *testing.T) {
 	assert.Equal(t, f.class, cr.Spec.ClassName)
 	assert.NotEmpty(t, cr.Spec.TrustDomainBundle)
 
+	// --force without a bundle keeps the bootstrap bundle.
+	require.NoError(t, m.Add(ctx, webEndpoint(t, td, "https://c.test/"), managed.AddOptions{Force: true, Actor: "op"}))
+	f.waitApplied(td + "|https://c.test/")
+	got, err = f.dyn.Resource(GVR).Get(ctx, td, metav1.GetOptions{})
+	require.NoError(t, err)
+	var replaced ClusterFederatedTrustDomain
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &replaced))
+	assert.Equal(t, "https://c.test/", replaced.Spec.BundleEndpointURL)
+	assert.Equal(t, cr.Spec.TrustDomainBundle, replaced.Spec.TrustDomainBundle)
+
 	refusals := []struct {
 		name string
 		err  error
@@ -71,5 +81,5 @@ func TestManagerWritesResources(t *testing.T) {
 
 	require.NoError(t, m.Remove(ctx, spiffeid.RequireTrustDomainFromString(td), "op"))
 	f.waitApplied()
-	assert.Equal(t, []string{"federation_added " + td + " op", "federation_replaced " + td + " op", "bootstrap_bundle_set " + td + " op", "federation_removed " + td + " op"}, changes)
+	assert.Equal(t, []string{"federation_added " + td + " op", "federation_replaced " + td + " op", "bootstrap_bundle_set " + td + " op", "federation_replaced " + td + " op", "federation_removed " + td + " op"}, changes)
 }
