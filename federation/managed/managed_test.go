@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -329,4 +330,24 @@ func FuzzParse(f *testing.F) {
 			assert.Equal(t, s.Endpoints[i].String(), again.Endpoints[i].String())
 		}
 	})
+}
+
+// An add of a trust domain with a static bundle that stopped between the
+// two files' writes leaves it in both: the start keeps the endpoint (the
+// newer state, whose bootstrap bundle holds those roots) and says so.
+func TestLoadAfterAnInterruptedAdd(t *testing.T) {
+	peer := testca.New(t, "peer.example")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, EndpointsFile), mustMarshal(t, selfServing(t, "peer.example", peer.Bundle())), 0o600))
+	m, err := bundledoc.MarshalMap([]*spiffebundle.Bundle{peer.Bundle()})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, BundlesFile), m, 0o600))
+
+	s, warnings, err := Load(dir)
+	require.NoError(t, err)
+	eps, bundles := names(s)
+	assert.Equal(t, []string{"peer.example"}, eps)
+	assert.Empty(t, bundles)
+	require.Len(t, warnings, 1)
+	assert.Contains(t, warnings[0], "the endpoint is kept, the static bundle dropped")
 }

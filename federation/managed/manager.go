@@ -172,6 +172,11 @@ func (m *Manager) commit(next State, change Change) error {
 		if rerr := m.cfg.Apply(m.state); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("restoring the previous state: %w", rerr))
 		}
+		// One file may hold next already: put the previous state back on
+		// disk too, so that a restart loads what runs.
+		if rerr := Save(m.cfg.Dir, m.state); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("restoring the previous files: %w", rerr))
+		}
 		return fmt.Errorf("managed: not saved in %s, not applied: %w", m.cfg.Dir, err)
 	}
 	m.state = next
