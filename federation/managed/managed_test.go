@@ -351,3 +351,29 @@ func TestLoadAfterAnInterruptedAdd(t *testing.T) {
 	require.Len(t, warnings, 1)
 	assert.Contains(t, warnings[0], "the endpoint is kept, the static bundle dropped")
 }
+
+// Reads (federation list, the snapshot's origins) do not wait for a
+// change whose first-fetch probe hangs on a slow peer.
+func TestReadsDoNotWaitForAProbe(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	require.NoError(t, h.m.Add(context.Background(), web(t, "web.example", "https://web.example/"), AddOptions{}))
+	probing, release := make(chan struct{}), make(chan struct{})
+	h.m.cfg.Probe = func(context.Context, federation.Endpoint) error {
+		close(probing)
+		<-release
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- h.m.Add(context.Background(), web(t, "slow.example", "https://slow.example/"), AddOptions{})
+	}()
+	<-probing
+	assert.True(t, h.m.Has(spiffeid.RequireTrustDomainFromString("web.example")))
+	assert.False(t, h.m.Has(spiffeid.RequireTrustDomainFromString("slow.example")), "not in force before its probe ends")
+	eps, _ := names(h.m.State())
+	assert.Equal(t, []string{"web.example"}, eps)
+	close(release)
+	require.NoError(t, <-done)
+	eps, _ = names(h.m.State())
+	assert.Equal(t, []string{"slow.example", "web.example"}, eps)
+}
