@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 
@@ -280,9 +281,12 @@ func (p *serverParts) manageKube(o serverOptions, rt *runtimeFederation) error {
 		rt.manager = kubeManager{}
 		return nil
 	}
+	// Flags, files and relayed bundle files, as with file storage (the
+	// resources are this manager's own). A reload changes no trust
+	// domain of these with --federation-crd, so a snapshot holds.
 	reserved := map[spiffeid.TrustDomain]string{}
 	_, origins := p.fed.staticSet()
-	for td := range origins {
+	for _, td := range slices.Concat(slices.Collect(maps.Keys(origins)), p.fed.relayed) {
 		reserved[td] = p.fed.reservedBy(td)
 	}
 	m, err := crd.NewManager(crd.ManagerConfig{
