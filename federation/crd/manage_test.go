@@ -3,6 +3,7 @@ package crd
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/managed"
@@ -82,4 +84,21 @@ func TestManagerWritesResources(t *testing.T) {
 	require.NoError(t, m.Remove(ctx, spiffeid.RequireTrustDomainFromString(td), "op"))
 	f.waitApplied()
 	assert.Equal(t, []string{"federation_added " + td + " op", "federation_replaced " + td + " op", "bootstrap_bundle_set " + td + " op", "federation_replaced " + td + " op", "federation_removed " + td + " op"}, changes)
+}
+
+func TestResourceName(t *testing.T) {
+	long := strings.Repeat("a", 250) + ".example"
+	for _, tt := range []struct{ td, want string }{
+		{"partner.example", "partner.example"},
+		{"a-b.example", "a-b.example"},
+		{"a_b.example", "a-b.example-"},
+		{"_x.example", "x.example-"},
+		{long, strings.Repeat("a", 244) + "-"},
+	} {
+		td := spiffeid.RequireTrustDomainFromString(tt.td)
+		got := ResourceName(td)
+		assert.True(t, strings.HasPrefix(got, tt.want), "%s: %s", tt.td, got)
+		assert.Empty(t, validation.IsDNS1123Subdomain(got), "%s: %s", tt.td, got)
+	}
+	assert.NotEqual(t, ResourceName(spiffeid.RequireTrustDomainFromString("a_b.example")), ResourceName(spiffeid.RequireTrustDomainFromString("a-b.example")))
 }
