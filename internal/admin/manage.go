@@ -91,7 +91,9 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (actor st
 	if r.Context().Value(socketKey{}) != nil {
 		return ActorSocket, true
 	}
-	got, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	// The scheme is case-insensitive (RFC 9110 §11.1).
+	scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	bearer := strings.EqualFold(scheme, "Bearer")
 	want := h.cfg.Token
 	if bearer && want != "" && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(want)) == 1 {
 		return "admin-token", true

@@ -92,7 +92,7 @@ func TestMutationsNeedTheToken(t *testing.T) {
 		{"not bearer", []string{"Authorization", "Basic " + testToken}, false, testToken, http.StatusUnauthorized, "missing admin token"},
 		{"no token configured", []string{"Authorization", "Bearer "}, false, "", http.StatusUnauthorized, "wrong admin token"},
 		{"cross-site with the token", append([]string{"Origin", "https://evil.example"}, bearer...), false, testToken, http.StatusForbidden, "cross-site"},
-		{"good token", bearer, false, testToken, http.StatusCreated, "federated with web.example"},
+		{"good token, scheme in any case", []string{"Authorization", "bearer " + testToken}, false, testToken, http.StatusCreated, "federated with web.example"},
 		{"follower", bearer, false, testToken, http.StatusConflict, "not the leader"},
 		{"admin socket", nil, true, testToken, http.StatusCreated, "federated with web.example"},
 	}
