@@ -27,6 +27,9 @@ import (
 // given.
 const adminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
 
+// adminFlagHelp describes --admin wherever a command talks to the admin API.
+const adminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
+
 // adminClient talks to a running server's admin API; mutations bear the
 // token the server wrote into its data directory.
 type adminClient struct {

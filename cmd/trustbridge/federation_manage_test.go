@@ -239,6 +239,14 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
 	assert.Equal(t, originRuntime, relationships(t, local)["web.example"].Origin)
 
+	// Every admin command takes unix://PATH, the reading ones too.
+	sockAdmin := []string{"--admin", "unix://" + sock}
+	assert.Contains(t, cli(t, append([]string{"federation", "status"}, sockAdmin...)...), "web.example")
+	assert.Contains(t, cli(t, append([]string{"audit", "--fail-on", "none"}, sockAdmin...)...), "trust domain example.org")
+	_, stderr, code := runCLIAt(t, time.Now, "", append([]string{"federation", "refresh", "nope.example"}, sockAdmin...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "the server answered")
+
 	var reasons []string
 	for _, e := range readAuditLog(t, dir) {
 		if e.Event == "static_bundle_set" || e.Event == "federation_added" {
