@@ -91,6 +91,18 @@ func TestAgentEnvPrecedence(t *testing.T) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
 		}},
+		{"--output-certs beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+			assert.Equal(t, "/old", cfg.CredentialsDir)
+			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
+			assert.Equal(t, "--output-certs /old", o.source(credentialsDirFlag, o.credentialsDir), "errors name the flag typed")
+		}},
+		{"--output-certs without a CA beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, map[string]string{"OUTPUT_CERTS": "/out"}, func(t *testing.T, o agentOptions, cfg agent.Config) {
+			assert.Equal(t, "/old", cfg.CredentialsDir)
+			assert.Nil(t, cfg.Rotator)
+		}},
+		{"--credentials-dir names itself", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+			assert.Equal(t, "--credentials-dir /flag", o.source(credentialsDirFlag, o.credentialsDir))
+		}},
 		{"PROV_CERT", nil, with(map[string]string{"PROV_CERT": "/prov"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/prov", cfg.Rotator.ProvCertDir)
 		}},
