@@ -89,6 +89,9 @@ func (o agentOptions) config(base *slog.Logger, reg prometheus.Registerer) (agen
 		return agent.Config{}, err
 	}
 	cfg.Rotator = rc
+	// --output-certs and OUTPUT_CERTS always meant "write here"; only
+	// --credentials-dir used to mean "serve these", so only it is guarded.
+	cfg.AdoptCredentialsDir = o.typed[credentialsDirFlag] != "" || o.from[credentialsDirFlag] != ""
 	return cfg, nil
 }
 
