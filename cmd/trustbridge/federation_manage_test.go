@@ -366,3 +366,32 @@ func TestAdminTokenNotSentInClearText(t *testing.T) {
 	assert.Equal(t, "removed\n", out)
 	assert.Equal(t, []string{"Bearer s3cret"}, seen())
 }
+
+// --admin-socket is not taken from a server that still answers on it
+// (the error names the path, its socket stays); a stale one is replaced.
+func TestAdminSocketInUse(t *testing.T) {
+	dir, err := os.MkdirTemp("", "as")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "admin.sock")
+	first, err := listenAdminSocket(sock, http.NotFoundHandler())
+	require.NoError(t, err)
+	_, err = listenAdminSocket(sock, http.NotFoundHandler())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), sock+": another server answers on this socket")
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err, "the first server's socket is kept")
+	conn.Close()
+	first.close()
+	assert.NoFileExists(t, sock)
+
+	// A crashed server's socket: bound, never unlinked, nothing listens.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	require.NoError(t, err)
+	ln.SetUnlinkOnClose(false)
+	require.NoError(t, ln.Close())
+	require.FileExists(t, sock)
+	again, err := listenAdminSocket(sock, http.NotFoundHandler())
+	require.NoError(t, err, "a stale socket is replaced")
+	again.close()
+}
