@@ -148,8 +148,11 @@ func (p *Poller) changeLocked(old *endpointState, ep Endpoint, now time.Time) (e
 	td := ep.TrustDomain
 	// A new state, so that a poll running for the old configuration finds
 	// itself replaced and discards its result.
+	// The state last logged carries over too: the next poll's outcome
+	// is a transition only if it differs from what the status showed.
 	st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
-		lastSuccess: old.lastSuccess, savedAt: old.savedAt, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals}
+		lastSuccess: old.lastSuccess, savedAt: old.savedAt, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals,
+		state: old.state}
 	if !old.fetched() {
 		// Never fetched (nor restored): the operator's new bootstrap
 		// bundle (or none) replaces the old one.

@@ -70,4 +70,17 @@ func TestPollerLogsStateTransitionsOnce(t *testing.T) {
 		assert.Equal(t, td.Name(), rec["trust_domain"], step.name)
 		assert.Equal(t, pf.ep.URL.String(), rec["endpoint_url"], step.name)
 	}
+
+	// A changed configuration (a reload, federation add --force, a
+	// resource edit) of a peer that stays ok is no transition.
+	changed := pf.ep
+	u := *pf.ep.URL
+	u.RawQuery = "moved=1"
+	changed.URL = &u
+	require.NoError(t, p.SetEndpoints([]Endpoint{changed}))
+	for range 2 {
+		_ = p.Refresh(t.Context(), td)
+	}
+	require.Equal(t, StateOK, p.Status()[0].State)
+	assert.Len(t, transitions(t, logs.String()), len(steps), "no pending→ok record for a peer that was ok\n%s", logs.String())
 }

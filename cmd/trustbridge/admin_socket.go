@@ -2,17 +2,16 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/trustbridge/trustbridge/internal/admin"
+	"github.com/trustbridge/trustbridge/internal/unixsock"
 )
 
 // adminSocket is --admin-socket: the admin API on a unix socket, mode
@@ -20,9 +19,8 @@ import (
 // server's user (or root), so changes need no token there. No browser
 // reaches a unix socket, so neither the Host check nor a token guards it.
 type adminSocket struct {
-	path string
-	ln   net.Listener
-	srv  *http.Server
+	ln  net.Listener
+	srv *http.Server
 }
 
 func addAdminSocketFlag(f *pflag.FlagSet, path *string) {
@@ -30,28 +28,21 @@ func addAdminSocketFlag(f *pflag.FlagSet, path *string) {
 }
 
 // listenAdminSocket opens path (nil, nil when it is ""), replacing a
-// socket a crashed server left there, never another kind of file.
+// socket a crashed server left there, never another kind of file, nor a
+// socket another server still answers on. The socket is bound as the
+// agent's SDS socket is (internal/unixsock): mode 0600 before it gets its
+// name, and removed at close only while the path still names it.
 func listenAdminSocket(path string, h http.Handler, logger *slog.Logger) (*adminSocket, error) {
 	if path == "" {
 		return nil, nil
 	}
-	if info, err := os.Lstat(path); err == nil {
-		if info.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("--admin-socket %s: exists and is not a socket; remove it or pick another path", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("--admin-socket: %w", err)
-		}
-	}
-	// Bound in a private umask so that no other user can connect in the
-	// moment before the chmod.
-	ln, err := listenUnixPrivate(path)
+	ln, err := unixsock.Listen(path, -1, adminSocketInUse)
 	if err != nil {
 		return nil, fmt.Errorf("--admin-socket: %w", err)
 	}
 	srv := newAdminServer(h, logger)
 	srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return admin.OverSocket(ctx) }
-	return &adminSocket{path: path, ln: ln, srv: srv}, nil
+	return &adminSocket{ln: ln, srv: srv}, nil
 }
 
 // close releases the listener before the runners own it (nil-safe).
@@ -67,10 +58,19 @@ func (s *adminSocket) runners() []func(context.Context) error {
 		return nil
 	}
 	return []func(context.Context) error{func(ctx context.Context) error {
-		err := serveAdmin(ctx, s.srv, s.ln)
-		if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && err == nil {
-			err = rerr
-		}
-		return err
+		// The listener's Close removes the socket, if it is still ours.
+		return serveAdmin(ctx, s.srv, s.ln)
 	}}
+}
+
+// adminSocketInUse dials a socket found at path: one that answers belongs
+// to a running server (another one, on the same data directory perhaps),
+// and is not ours to replace.
+func adminSocketInUse(path string) error {
+	conn, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err != nil {
+		return nil // stale: nothing listens
+	}
+	_ = conn.Close()
+	return fmt.Errorf("%s: another server answers on this socket; stop it, or give this one another --admin-socket", path)
 }

@@ -32,7 +32,9 @@ type agentOptions struct {
 	trustDomain string
 	serverID    string
 	// from names, per flag an environment variable set, that variable.
-	from         map[string]string
+	from map[string]string
+	// typed names, per flag given by its deprecated name, that name.
+	typed        map[string]string
 	graceRatio   float64
 	ttl          time.Duration
 	pollInterval time.Duration

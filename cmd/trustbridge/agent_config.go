@@ -45,15 +45,21 @@ func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *oldName, getenv 
 		return err
 	}
 	o.from = from
-	o.keepCerts = f.Changed(credentialsDirFlag) || outputCerts.set
+	if outputCerts.set {
+		o.typed = map[string]string{credentialsDirFlag: outputCerts.old}
+	}
+	o.keepCerts = f.Changed(credentialsDirFlag)
 	return nil
 }
 
 // source names where a flag's value came from, for errors: the
-// environment variable that set it, else the flag.
+// environment variable that set it, else the flag by the name typed.
 func (o agentOptions) source(flag string, value any) string {
 	if env, ok := o.from[flag]; ok {
 		return fmt.Sprintf("%s=%v", env, value)
+	}
+	if old, ok := o.typed[flag]; ok {
+		flag = old
 	}
 	return fmt.Sprintf("--%s %v", flag, value)
 }
@@ -83,6 +89,9 @@ func (o agentOptions) config(base *slog.Logger, reg prometheus.Registerer) (agen
 		return agent.Config{}, err
 	}
 	cfg.Rotator = rc
+	// --output-certs and OUTPUT_CERTS always meant "write here"; only
+	// --credentials-dir used to mean "serve these", so only it is guarded.
+	cfg.AdoptCredentialsDir = o.typed[credentialsDirFlag] != "" || o.from[credentialsDirFlag] != ""
 	return cfg, nil
 }
 

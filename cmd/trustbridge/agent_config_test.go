@@ -83,13 +83,28 @@ func TestAgentEnvPrecedence(t *testing.T) {
 		{"OUTPUT_CERTS: the agent keeps its certificates there", nil, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/out", cfg.CredentialsDir)
 			assert.Equal(t, "/out", cfg.Rotator.OutputCertsDir)
+			assert.True(t, cfg.AdoptCredentialsDir, "OUTPUT_CERTS always meant: write here")
 		}},
 		{"--credentials-dir beats OUTPUT_CERTS", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/flag", cfg.Rotator.OutputCertsDir)
+			assert.False(t, cfg.AdoptCredentialsDir, "files there may be another tool's")
 		}},
 		{"--output-certs, the old name", []string{"--output-certs", "/old"}, ca, func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
+			assert.True(t, cfg.AdoptCredentialsDir, "--output-certs always meant: write here")
+		}},
+		{"--output-certs beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+			assert.Equal(t, "/old", cfg.CredentialsDir)
+			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
+			assert.Equal(t, "--output-certs /old", o.source(credentialsDirFlag, o.credentialsDir), "errors name the flag typed")
+		}},
+		{"--output-certs without a CA beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, map[string]string{"OUTPUT_CERTS": "/out"}, func(t *testing.T, o agentOptions, cfg agent.Config) {
+			assert.Equal(t, "/old", cfg.CredentialsDir)
+			assert.Nil(t, cfg.Rotator)
+		}},
+		{"--credentials-dir names itself", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+			assert.Equal(t, "--credentials-dir /flag", o.source(credentialsDirFlag, o.credentialsDir))
 		}},
 		{"PROV_CERT", nil, with(map[string]string{"PROV_CERT": "/prov"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/prov", cfg.Rotator.ProvCertDir)

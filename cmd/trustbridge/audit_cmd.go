@@ -31,7 +31,7 @@ func (e *exitError) Error() string { return e.msg }
 
 func newAuditCmd(e env) *cobra.Command {
 	var (
-		admin  string
+		client adminClient
 		output *outputFlag
 		failOn string
 	)
@@ -66,7 +66,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			default:
 				return fmt.Errorf("--fail-on %q: want warning, critical or none", failOn)
 			}
-			body, err := adminCall(cmd.Context(), http.MethodGet, strings.TrimRight(admin, "/")+"/v1/snapshot")
+			body, err := client.do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
 			if err != nil {
 				return err
 			}
@@ -89,7 +89,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
+	f.StringVar(&client.addr, "admin", "http://127.0.0.1:15014", adminFlagHelp)
 	output = addOutputFlag(cmd)
 	f.StringVar(&failOn, "fail-on", "critical", "exit 2 when a finding of this severity or worse exists: warning, critical or none")
 	cmd.AddCommand(newAuditLogCmd(e))

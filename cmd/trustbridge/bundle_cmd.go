@@ -203,7 +203,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.addr, "admin", "http://127.0.0.1:15014", "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)")
+	f.StringVar(&c.addr, "admin", "http://127.0.0.1:15014", adminFlagHelp)
 	c.addAuthFlags(f)
 	return cmd
 }

@@ -308,7 +308,7 @@ func suggestFlag(fs *pflag.FlagSet, key string) string {
 	}
 	best, bestD := "", 3
 	for _, n := range names {
-		if d := editDistance(norm(key), n); d < bestD {
+		if d := levenshtein(norm(key), n); d < bestD {
 			best, bestD = n, d
 		}
 	}
@@ -316,25 +316,4 @@ func suggestFlag(fs *pflag.FlagSet, key string) string {
 		return fmt.Sprintf(" (did you mean %q?)", best)
 	}
 	return "; keys are the flags of trustbridge server --help, without the dashes"
-}
-
-// editDistance is the Levenshtein distance of a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }

@@ -177,8 +177,8 @@ func (fs *federationSetup) setStatic(fromFlag, fromFile []federation.Endpoint) e
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, ep := range slices.Concat(fromFlag, fromFile) {
-		if slices.ContainsFunc(fs.runtime.endpoints(), func(r federation.Endpoint) bool { return r.TrustDomain == ep.TrustDomain }) {
-			return fmt.Errorf("%s was added at run time (trustbridge federation add): remove it with trustbridge federation remove %s before configuring it in flags or files", ep.TrustDomain.Name(), ep.TrustDomain.Name())
+		if what := fs.runtime.holdsLocked(ep.TrustDomain); what != "" {
+			return fmt.Errorf("%s has %s set at run time: remove it with trustbridge federation remove %s before configuring it in flags or files", ep.TrustDomain.Name(), what, ep.TrustDomain.Name())
 		}
 	}
 	old, oldOrigins := fs.static, fs.origins
@@ -364,7 +364,6 @@ func newFederationCmd(e env) *cobra.Command {
 		Example: `  trustbridge federation status
   trustbridge federation refresh west.example`,
 	}
-	var admin string
 	var output *outputFlag
 	status := &cobra.Command{
 		Use:   "status",
@@ -376,7 +375,7 @@ them, including any this version does not know); -o yaml the same as YAML.`,
   trustbridge federation status --admin http://127.0.0.1:15014 -o json | jq '.[] | select(.state != "ok")'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runFederationStatus(cmd.Context(), e, admin, output)
+			return runFederationStatus(cmd.Context(), e, adminFrom(cmd, &adminClient{}), output)
 		},
 	}
 	output = addOutputFlag(status)
@@ -386,8 +385,8 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 		Example: `  trustbridge federation refresh west.example --admin http://127.0.0.1:15014`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			u := strings.TrimRight(admin, "/") + "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
-			body, err := adminCall(cmd.Context(), http.MethodPost, u)
+			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
+			body, err := adminFrom(cmd, &adminClient{}).do(cmd.Context(), http.MethodPost, path, nil, false)
 			if err != nil {
 				return err
 			}
@@ -395,39 +394,17 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 			return err
 		},
 	}
-	cmd.PersistentFlags().StringVar(&admin, "admin", "http://127.0.0.1:15014", "the server's admin address")
+	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", adminFlagHelp)
 	cmd.AddCommand(status, refresh)
 	cmd.AddCommand(newFederationManageCmds(e)...)
 	return cmd
 }
 
-func adminCall(ctx context.Context, method, u string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, u, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := bundledoc.ReadLimited(resp.Body, 16<<20)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
-	}
-	return string(body), nil
-}
-
-func runFederationStatus(ctx context.Context, e env, admin string, output *outputFlag) error {
+func runFederationStatus(ctx context.Context, e env, c *adminClient, output *outputFlag) error {
 	if err := output.check(); err != nil {
 		return err
 	}
-	body, err := adminCall(ctx, http.MethodGet, strings.TrimRight(admin, "/")+"/v1/federation")
+	body, err := c.do(ctx, http.MethodGet, "/v1/federation", nil, false)
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,9 @@ import (
 // given.
 const adminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
 
+// adminFlagHelp describes --admin wherever a command talks to the admin API.
+const adminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
+
 // adminClient talks to a running server's admin API; mutations bear the
 // token the server wrote into its data directory.
 type adminClient struct {
@@ -69,7 +72,10 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 	if err != nil {
 		return "", err
 	}
-	if auth && client == http.DefaultClient {
+	if auth && !strings.HasPrefix(c.addr, "unix://") {
+		if err := tokenTransportOK(c.addr); err != nil {
+			return "", err
+		}
 		tok, err := c.token()
 		if err != nil {
 			return "", err
@@ -93,15 +99,52 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 
 // client is the HTTP client and base URL of c.addr: "unix://PATH" is the
 // server's --admin-socket, where the socket's mode stands for the token.
+// Neither follows a proxy (HTTP_PROXY would see the token) nor a redirect
+// (Go keeps the token on a redirect to the same host, even to http).
 func (c *adminClient) client() (*http.Client, string) {
-	path, ok := strings.CutPrefix(c.addr, "unix://")
-	if !ok {
-		return http.DefaultClient, strings.TrimRight(c.addr, "/")
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	base := strings.TrimRight(c.addr, "/")
+	if path, ok := strings.CutPrefix(c.addr, "unix://"); ok {
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		}
+		base = "http://localhost"
 	}
-	var d net.Dialer
-	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return d.DialContext(ctx, "unix", path)
-	}}}, "http://localhost"
+	return &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}, base
+}
+
+// tokenTransportOK refuses to let the admin token leave the host in clear
+// text: it goes over https, or plain http to a loopback host only. The
+// admin listener may bind 0.0.0.0 (the Helm chart does), which makes an
+// http://POD-IP address work, and sends the token over the pod network.
+func tokenTransportOK(addr string) error {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return fmt.Errorf("--admin %q: %w", addr, err)
+	}
+	switch {
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && isLoopbackHost(u.Hostname()):
+		return nil
+	case u.Scheme != "http":
+		return fmt.Errorf("--admin %q: want http://127.0.0.1:PORT, https://HOST:PORT or unix://PATH", addr)
+	}
+	return fmt.Errorf("--admin %s: refusing to send the admin token in clear text to a host that is not loopback "+
+		"(plain http is for 127.0.0.0/8, ::1 or localhost); run this on the server's host, use its --admin-socket "+
+		"(--admin unix://PATH), or forward the admin port to loopback (kubectl port-forward POD 15014) and use --admin http://127.0.0.1:15014", addr)
+}
+
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // adminFrom is the client of a federation subcommand: --admin is the

@@ -5,12 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
@@ -96,6 +102,9 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	_, ok := federationStatus(t, local, "peer.example")
 	assert.False(t, ok)
 	assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
+	stored, err := federation.NewLKGStore(dir).Load(spiffeid.RequireTrustDomainFromString("peer.example"))
+	require.NoError(t, err)
+	assert.Nil(t, stored, "removing a peer deletes its stored bundle: adding it again starts from the new --bundle, not the old roots")
 
 	var seen []string
 	for _, e := range readAuditLog(t, dir) {
@@ -239,6 +248,14 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
 	assert.Equal(t, originRuntime, relationships(t, local)["web.example"].Origin)
 
+	// Every admin command takes unix://PATH, the reading ones too.
+	sockAdmin := []string{"--admin", "unix://" + sock}
+	assert.Contains(t, cli(t, append([]string{"federation", "status"}, sockAdmin...)...), "web.example")
+	assert.Contains(t, cli(t, append([]string{"audit", "--fail-on", "none"}, sockAdmin...)...), "trust domain example.org")
+	_, stderr, code := runCLIAt(t, time.Now, "", append([]string{"federation", "refresh", "nope.example"}, sockAdmin...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "the server answered")
+
 	var reasons []string
 	for _, e := range readAuditLog(t, dir) {
 		if e.Event == "static_bundle_set" || e.Event == "federation_added" {
@@ -266,7 +283,7 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
 	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
-	assert.Contains(t, logs.String(), "b.example was added at run time (trustbridge federation add): remove it with trustbridge federation remove b.example")
+	assert.Contains(t, logs.String(), "b.example has an endpoint set at run time: remove it with trustbridge federation remove b.example")
 	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
 
 	// Moved: removed at run time, then reloaded from the file.
@@ -276,4 +293,121 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "b.example is configured by --federation-config")
+
+	// A static bundle set at run time is refused by a reload too: both
+	// sources would be trusted, and the static one could not be removed.
+	c := testca.New(t, "c.example")
+	pemFile := filepath.Join(t.TempDir(), "c.pem")
+	require.NoError(t, os.WriteFile(pemFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw}), 0o600))
+	cli(t, "bundle", "set", "c.example", pemFile, "--admin", "http://"+admin, "--data-dir", dir)
+	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example", "c.example")), 0o600))
+	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 2)
+	assert.Contains(t, logs.String(), "c.example has a static bundle set at run time: remove it with trustbridge federation remove c.example")
+	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+}
+
+// The admin token goes over https, plain http to loopback, or the admin
+// socket, nowhere else.
+func TestTokenTransportOK(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"http://127.0.0.1:15014", true},
+		{"http://127.9.8.7:15014/", true},
+		{"http://[::1]:15014", true},
+		{"http://localhost:15014", true},
+		{"http://LocalHost:15014", true},
+		{"https://trustbridge.example:15014", true},
+		{"http://10.0.0.5:15014", false},
+		{"http://0.0.0.0:15014", false},
+		{"http://trustbridge.trustbridge.svc:15014", false},
+		{"http://localhost.attacker.example:15014", false},
+		{"http://127.0.0.1.attacker.example:15014", false},
+		{"ftp://127.0.0.1:15014", false},
+		{"127.0.0.1:15014", false},
+		{"http://%zz", false},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			err := tokenTransportOK(tc.addr)
+			if tc.ok {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "--admin")
+		})
+	}
+}
+
+// The admin client uses no proxy: HTTP_PROXY would see the token.
+func TestAdminClientNoProxy(t *testing.T) {
+	for _, addr := range []string{"http://127.0.0.1:15014", "https://trustbridge.example", "unix:///run/admin.sock"} {
+		client, _ := (&adminClient{addr: addr}).client()
+		tr, ok := client.Transport.(*http.Transport)
+		require.True(t, ok, addr)
+		assert.Nil(t, tr.Proxy, addr)
+		assert.NotNil(t, client.CheckRedirect, "%s: redirects are not followed", addr)
+	}
+}
+
+// A mutation to a non-loopback http address is refused before anything is
+// sent: the server (reachable here as 0.0.0.0, which Linux routes to
+// loopback) never sees the token, and the error says what to do.
+func TestAdminTokenNotSentInClearText(t *testing.T) {
+	tokenFile := writeTemp(t, "s3cret\n")
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	seen := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(got) }
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+		_, _ = io.WriteString(w, "removed\n")
+	}))
+	t.Cleanup(srv.Close)
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "peer.example",
+		"--admin", fmt.Sprintf("http://0.0.0.0:%d", port), "--admin-token-file", tokenFile)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "refusing to send the admin token in clear text")
+	assert.Contains(t, stderr, "--admin-socket")
+	assert.Contains(t, stderr, "port-forward")
+	assert.Empty(t, seen(), "nothing reached the server")
+
+	// The same server over loopback gets it.
+	out := cli(t, "federation", "remove", "peer.example", "--admin", srv.URL, "--admin-token-file", tokenFile)
+	assert.Equal(t, "removed\n", out)
+	assert.Equal(t, []string{"Bearer s3cret"}, seen())
+}
+
+// --admin-socket is not taken from a server that still answers on it
+// (the error names the path, its socket stays); a stale one is replaced.
+func TestAdminSocketInUse(t *testing.T) {
+	dir, err := os.MkdirTemp("", "as")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "admin.sock")
+	first, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, err = listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), sock+": another server answers on this socket")
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err, "the first server's socket is kept")
+	conn.Close()
+	first.close()
+	assert.NoFileExists(t, sock)
+
+	// A crashed server's socket: bound, never unlinked, nothing listens.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	require.NoError(t, err)
+	ln.SetUnlinkOnClose(false)
+	require.NoError(t, ln.Close())
+	require.FileExists(t, sock)
+	again, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err, "a stale socket is replaced")
+	again.close()
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 
@@ -43,6 +44,9 @@ type runtimeFederation struct {
 	managed   *managed.Manager // file storage only
 	token     string
 	tokenFile string
+	// forget deletes a trust domain's last-known-good bundle (file
+	// storage; nil: nothing to delete).
+	forget func(spiffeid.TrustDomain) error
 	// inForce is the managed state applied, guarded by the
 	// federationSetup's mu (not the manager's lock, which is held while
 	// it applies: reading it from there would invert the locks).
@@ -52,6 +56,43 @@ type runtimeFederation struct {
 // has reports whether td is managed at run time (nil-safe).
 func (r *runtimeFederation) has(td spiffeid.TrustDomain) bool {
 	return r != nil && r.managed != nil && r.managed.Has(td)
+}
+
+// holdsLocked says what the run-time state in force sets for td: "an
+// endpoint" (federation add), "a static bundle" (bundle set) or "" (nil-
+// safe; under the federationSetup's mu).
+func (r *runtimeFederation) holdsLocked(td spiffeid.TrustDomain) string {
+	if r == nil {
+		return ""
+	}
+	if slices.ContainsFunc(r.inForce.Endpoints, func(ep federation.Endpoint) bool { return ep.TrustDomain == td }) {
+		return "an endpoint"
+	}
+	if slices.ContainsFunc(r.inForce.Bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == td }) {
+		return "a static bundle"
+	}
+	return ""
+}
+
+// forgetRemoved deletes the last-known-good bundles of the endpoints old
+// has and next has not. Removing a peer withdraws its trust, also from
+// the data directory: otherwise adding it again, say with a new --bundle
+// after its CA was compromised, would restore the old roots and let them
+// authenticate the first fetch. The poller no longer follows them, so
+// nothing saves them again.
+func (r *runtimeFederation) forgetRemoved(old, next managed.State) error {
+	if r.forget == nil {
+		return nil
+	}
+	for _, ep := range old.Endpoints {
+		if slices.ContainsFunc(next.Endpoints, func(n federation.Endpoint) bool { return n.TrustDomain == ep.TrustDomain }) {
+			continue
+		}
+		if err := r.forget(ep.TrustDomain); err != nil {
+			return fmt.Errorf("%s: its stored bundle could not be deleted, so it stays federated: %w", ep.TrustDomain.Name(), err)
+		}
+	}
+	return nil
 }
 
 // configure mounts the run-time routes on the admin API (nil-safe).
@@ -83,6 +124,7 @@ func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
 	if !fileStorage(o) {
 		return p.manageKube(o, rt)
 	}
+	rt.forget = federation.NewLKGStore(o.dataDir).Remove
 	fs := p.fed
 	m, warnings, err := managed.New(managed.Config{
 		Dir: o.dataDir, Local: p.td,
@@ -133,10 +175,23 @@ func (r *runtimeFederation) endpoints() []federation.Endpoint {
 func (fs *federationSetup) applyManaged(s managed.State) error {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	// The manager checked s against reservedBy before it applied; a
+	// reload may have configured a trust domain since. Checked again
+	// under the lock that a reload takes too.
+	for _, td := range s.TrustDomains() {
+		if where := fs.reservedByLocked(td); where != "" {
+			return fmt.Errorf("%w: %s is configured by %s; change it there", managed.ErrReserved, td.Name(), where)
+		}
+	}
 	old := fs.runtime.inForce
 	fs.runtime.inForce = s
 	if err := fs.applyLocked(); err != nil {
 		fs.runtime.inForce = old
+		return err
+	}
+	if err := fs.runtime.forgetRemoved(old, s); err != nil {
+		fs.runtime.inForce = old
+		_ = fs.applyLocked() // the old endpoints, which it held a moment ago
 		return err
 	}
 	for _, b := range old.Bundles {
@@ -155,6 +210,10 @@ func (fs *federationSetup) applyManaged(s managed.State) error {
 func (fs *federationSetup) reservedBy(td spiffeid.TrustDomain) string {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	return fs.reservedByLocked(td)
+}
+
+func (fs *federationSetup) reservedByLocked(td spiffeid.TrustDomain) string {
 	switch fs.origins[td] {
 	case "flag":
 		return "--federate (or SPIFFE_BUNDLE_ENDPOINTS)"
@@ -222,9 +281,12 @@ func (p *serverParts) manageKube(o serverOptions, rt *runtimeFederation) error {
 		rt.manager = kubeManager{}
 		return nil
 	}
+	// Flags, files and relayed bundle files, as with file storage (the
+	// resources are this manager's own). A reload changes no trust
+	// domain of these with --federation-crd, so a snapshot holds.
 	reserved := map[spiffeid.TrustDomain]string{}
 	_, origins := p.fed.staticSet()
-	for td := range origins {
+	for _, td := range slices.Concat(slices.Collect(maps.Keys(origins)), p.fed.relayed) {
 		reserved[td] = p.fed.reservedBy(td)
 	}
 	m, err := crd.NewManager(crd.ManagerConfig{

@@ -89,9 +89,11 @@ func (n *oldName) Set(s string) error {
 	return nil
 }
 
-// merge puts the old flag's value in dst, the new flag's variable. Both
-// given, naming different directories, is an error: which one was meant
-// cannot be known. hint, when set, says what to pass instead.
+// merge puts the old flag's value in dst, the new flag's variable, and
+// marks the new flag given: a flag by either name beats its environment
+// variable. Both given, naming different directories, is an error: which
+// one was meant cannot be known. hint, when set, says what to pass
+// instead.
 func (n *oldName) merge(dst *string, hint string) error {
 	if !n.set {
 		return nil
@@ -103,5 +105,6 @@ func (n *oldName) merge(dst *string, hint string) error {
 		return fmt.Errorf("--%s %s and --%s %s: --%s is the old name of --%s; %s", n.old, n.value, n.new, *dst, n.old, n.new, hint)
 	}
 	*dst = n.value
+	n.cmd.Flags().Lookup(n.new).Changed = true
 	return nil
 }

@@ -2,6 +2,8 @@ package crd
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
 
@@ -62,9 +65,26 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	return &Manager{cfg: cfg}, nil
 }
 
-// ResourceName is the name federation add gives td's resource.
+// ResourceName is the name federation add gives td's resource: the
+// trust domain's name when it is a valid object name. A trust domain name
+// may hold '_' or be longer than an object name may: then the name made
+// valid, plus a digest of the trust domain, so that a_b.example and
+// a-b.example never share a resource.
 func ResourceName(td spiffeid.TrustDomain) string {
-	return strings.ReplaceAll(td.Name(), "_", "-")
+	name := td.Name()
+	if len(validation.IsDNS1123Subdomain(name)) == 0 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	suffix := hex.EncodeToString(sum[:4])
+	clean := strings.Trim(strings.ReplaceAll(name, "_", "-"), ".-")
+	if max := validation.DNS1123SubdomainMaxLength - len(suffix) - 1; len(clean) > max {
+		clean = strings.TrimRight(clean[:max], ".-")
+	}
+	if clean == "" {
+		return "td-" + suffix
+	}
+	return clean + "-" + suffix
 }
 
 func (m *Manager) free(td spiffeid.TrustDomain) error {
@@ -114,7 +134,15 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 	if name == "" {
 		name, kind = ResourceName(td), managed.KindAdded
 	}
-	if err := m.write(ctx, name, kind == managed.KindAdded, func(s *Spec) { *s = spec }); err != nil {
+	if err := m.write(ctx, name, kind == managed.KindAdded, func(s *Spec) {
+		// --force without --bundle keeps the bootstrap bundle, as with
+		// file storage.
+		kept := s.TrustDomainBundle
+		*s = spec
+		if s.TrustDomainBundle == "" {
+			s.TrustDomainBundle = kept
+		}
+	}); err != nil {
 		return err
 	}
 	m.changed(managed.Change{Kind: kind, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})

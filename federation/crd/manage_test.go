@@ -3,6 +3,7 @@ package crd
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/managed"
@@ -55,6 +57,16 @@ func TestManagerWritesResources(t *testing.T) {
 	assert.Equal(t, f.class, cr.Spec.ClassName)
 	assert.NotEmpty(t, cr.Spec.TrustDomainBundle)
 
+	// --force without a bundle keeps the bootstrap bundle.
+	require.NoError(t, m.Add(ctx, webEndpoint(t, td, "https://c.test/"), managed.AddOptions{Force: true, Actor: "op"}))
+	f.waitApplied(td + "|https://c.test/")
+	got, err = f.dyn.Resource(GVR).Get(ctx, td, metav1.GetOptions{})
+	require.NoError(t, err)
+	var replaced ClusterFederatedTrustDomain
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &replaced))
+	assert.Equal(t, "https://c.test/", replaced.Spec.BundleEndpointURL)
+	assert.Equal(t, cr.Spec.TrustDomainBundle, replaced.Spec.TrustDomainBundle)
+
 	refusals := []struct {
 		name string
 		err  error
@@ -71,5 +83,22 @@ func TestManagerWritesResources(t *testing.T) {
 
 	require.NoError(t, m.Remove(ctx, spiffeid.RequireTrustDomainFromString(td), "op"))
 	f.waitApplied()
-	assert.Equal(t, []string{"federation_added " + td + " op", "federation_replaced " + td + " op", "bootstrap_bundle_set " + td + " op", "federation_removed " + td + " op"}, changes)
+	assert.Equal(t, []string{"federation_added " + td + " op", "federation_replaced " + td + " op", "bootstrap_bundle_set " + td + " op", "federation_replaced " + td + " op", "federation_removed " + td + " op"}, changes)
+}
+
+func TestResourceName(t *testing.T) {
+	long := strings.Repeat("a", 250) + ".example"
+	for _, tt := range []struct{ td, want string }{
+		{"partner.example", "partner.example"},
+		{"a-b.example", "a-b.example"},
+		{"a_b.example", "a-b.example-"},
+		{"_x.example", "x.example-"},
+		{long, strings.Repeat("a", 244) + "-"},
+	} {
+		td := spiffeid.RequireTrustDomainFromString(tt.td)
+		got := ResourceName(td)
+		assert.True(t, strings.HasPrefix(got, tt.want), "%s: %s", tt.td, got)
+		assert.Empty(t, validation.IsDNS1123Subdomain(got), "%s: %s", tt.td, got)
+	}
+	assert.NotEqual(t, ResourceName(spiffeid.RequireTrustDomainFromString("a_b.example")), ResourceName(spiffeid.RequireTrustDomainFromString("a-b.example")))
 }

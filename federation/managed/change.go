@@ -124,7 +124,6 @@ func (m *Manager) SetBundle(_ context.Context, b *spiffebundle.Bundle, actor str
 
 // Has reports whether td is managed here, by an endpoint or a bundle.
 func (m *Manager) Has(td spiffeid.TrustDomain) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return indexEndpoint(m.state.Endpoints, td) >= 0 || indexBundle(m.state.Bundles, td) >= 0
+	s := m.view.Load()
+	return indexEndpoint(s.Endpoints, td) >= 0 || indexBundle(s.Bundles, td) >= 0
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -329,4 +330,50 @@ func FuzzParse(f *testing.F) {
 			assert.Equal(t, s.Endpoints[i].String(), again.Endpoints[i].String())
 		}
 	})
+}
+
+// An add of a trust domain with a static bundle that stopped between the
+// two files' writes leaves it in both: the start keeps the endpoint (the
+// newer state, whose bootstrap bundle holds those roots) and says so.
+func TestLoadAfterAnInterruptedAdd(t *testing.T) {
+	peer := testca.New(t, "peer.example")
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, EndpointsFile), mustMarshal(t, selfServing(t, "peer.example", peer.Bundle())), 0o600))
+	m, err := bundledoc.MarshalMap([]*spiffebundle.Bundle{peer.Bundle()})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, BundlesFile), m, 0o600))
+
+	s, warnings, err := Load(dir)
+	require.NoError(t, err)
+	eps, bundles := names(s)
+	assert.Equal(t, []string{"peer.example"}, eps)
+	assert.Empty(t, bundles)
+	require.Len(t, warnings, 1)
+	assert.Contains(t, warnings[0], "the endpoint is kept, the static bundle dropped")
+}
+
+// Reads (federation list, the snapshot's origins) do not wait for a
+// change whose first-fetch probe hangs on a slow peer.
+func TestReadsDoNotWaitForAProbe(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	require.NoError(t, h.m.Add(context.Background(), web(t, "web.example", "https://web.example/"), AddOptions{}))
+	probing, release := make(chan struct{}), make(chan struct{})
+	h.m.cfg.Probe = func(context.Context, federation.Endpoint) error {
+		close(probing)
+		<-release
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- h.m.Add(context.Background(), web(t, "slow.example", "https://slow.example/"), AddOptions{})
+	}()
+	<-probing
+	assert.True(t, h.m.Has(spiffeid.RequireTrustDomainFromString("web.example")))
+	assert.False(t, h.m.Has(spiffeid.RequireTrustDomainFromString("slow.example")), "not in force before its probe ends")
+	eps, _ := names(h.m.State())
+	assert.Equal(t, []string{"web.example"}, eps)
+	close(release)
+	require.NoError(t, <-done)
+	eps, _ = names(h.m.State())
+	assert.Equal(t, []string{"slow.example", "web.example"}, eps)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -82,9 +83,19 @@ type Config struct {
 // Manager applies and persists the managed federation. Its methods are
 // safe for concurrent use; changes are serialized.
 type Manager struct {
-	cfg   Config
-	mu    sync.Mutex
+	cfg Config
+	mu  sync.Mutex // serializes changes (a change may wait on a probe)
+	// state is the state in force, written under mu; view is a copy of
+	// it that readers take without waiting for a change in progress.
 	state State
+	view  atomic.Pointer[State]
+}
+
+// setState makes s the state in force.
+func (m *Manager) setState(s State) {
+	m.state = s
+	v := s.clone()
+	m.view.Store(&v)
 }
 
 // New loads the state persisted in cfg.Dir, checks it as a change would
@@ -111,7 +122,7 @@ func New(cfg Config) (*Manager, []string, error) {
 	if err := cfg.Apply(s); err != nil {
 		return nil, nil, fmt.Errorf("managed: %w", err)
 	}
-	m.state = s
+	m.setState(s)
 	return m, warnings, nil
 }
 
@@ -133,11 +144,10 @@ func (m *Manager) check(s State) error {
 	return nil
 }
 
-// State is the managed state in force.
+// State is the managed state in force. It does not wait for a change in
+// progress (whose first-fetch probe may take --federation-timeout).
 func (m *Manager) State() State {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.state.clone()
+	return m.view.Load().clone()
 }
 
 // free refuses our own trust domain and those configured elsewhere.
@@ -172,9 +182,14 @@ func (m *Manager) commit(next State, change Change) error {
 		if rerr := m.cfg.Apply(m.state); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("restoring the previous state: %w", rerr))
 		}
+		// One file may hold next already: put the previous state back on
+		// disk too, so that a restart loads what runs.
+		if rerr := Save(m.cfg.Dir, m.state); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("restoring the previous files: %w", rerr))
+		}
 		return fmt.Errorf("managed: not saved in %s, not applied: %w", m.cfg.Dir, err)
 	}
-	m.state = next
+	m.setState(next)
 	if m.cfg.OnChange != nil {
 		m.cfg.OnChange(change)
 	}

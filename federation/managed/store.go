@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/federation"
@@ -33,6 +34,18 @@ const maxFileSize = 16 << 20
 type State struct {
 	Endpoints []federation.Endpoint
 	Bundles   []*spiffebundle.Bundle
+}
+
+// TrustDomains are the trust domains s sets, endpoints' then bundles'.
+func (s State) TrustDomains() []spiffeid.TrustDomain {
+	tds := make([]spiffeid.TrustDomain, 0, len(s.Endpoints)+len(s.Bundles))
+	for _, ep := range s.Endpoints {
+		tds = append(tds, ep.TrustDomain)
+	}
+	for _, b := range s.Bundles {
+		tds = append(tds, b.TrustDomain())
+	}
+	return tds
 }
 
 func (s State) clone() State {
@@ -92,10 +105,18 @@ func Parse(endpoints, bundles []byte) (State, []string, error) {
 		if b.Empty() {
 			return State{}, nil, fmt.Errorf("%s: the bundle of %q has no X.509 or JWT authority", BundlesFile, b.TrustDomain().Name())
 		}
-		if i := slices.IndexFunc(s.Endpoints, func(ep federation.Endpoint) bool { return ep.TrustDomain == b.TrustDomain() }); i >= 0 {
-			return State{}, nil, fmt.Errorf("%s: trust domain %q also has an endpoint in %s; keep one (the endpoint's trustDomainBundle is its bootstrap bundle)", BundlesFile, b.TrustDomain().Name(), EndpointsFile)
-		}
 	}
+	// A trust domain in both files is an add of a trust domain with a
+	// static bundle that stopped between the two writes (Save writes the
+	// endpoints first): the endpoint, the newer state, wins; its
+	// trustDomainBundle holds the roots the add took over.
+	s.Bundles = slices.DeleteFunc(s.Bundles, func(b *spiffebundle.Bundle) bool {
+		if !slices.ContainsFunc(s.Endpoints, func(ep federation.Endpoint) bool { return ep.TrustDomain == b.TrustDomain() }) {
+			return false
+		}
+		warnings = append(warnings, fmt.Sprintf("%s: trust domain %q also has an endpoint in %s (an add interrupted between the two writes): the endpoint is kept, the static bundle dropped", BundlesFile, b.TrustDomain().Name(), EndpointsFile))
+		return true
+	})
 	s.sort()
 	return s, warnings, nil
 }
@@ -118,7 +139,9 @@ func readOptional(path string) ([]byte, error) {
 }
 
 // Save writes s into dir, each file atomically, mode 0600; a file whose
-// part of s is empty is removed.
+// part of s is empty is removed. The endpoints are written first: a crash
+// between the two writes leaves a trust domain in both files at worst,
+// which Parse resolves, never in neither (its static bundle lost).
 func Save(dir string, s State) error {
 	eps, err := MarshalEndpoints(s.Endpoints)
 	if err != nil {

@@ -91,7 +91,9 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (actor st
 	if r.Context().Value(socketKey{}) != nil {
 		return ActorSocket, true
 	}
-	got, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	// The scheme is case-insensitive (RFC 9110 §11.1).
+	scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	bearer := strings.EqualFold(scheme, "Bearer")
 	want := h.cfg.Token
 	if bearer && want != "" && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(want)) == 1 {
 		return "admin-token", true
@@ -131,9 +133,8 @@ func (h *Handler) serveRelationships(w http.ResponseWriter, _ *http.Request) {
 // parser every other path uses. ?force replaces a managed endpoint;
 // ?no_fetch skips the first fetch.
 func (h *Handler) serveAdd(w http.ResponseWriter, r *http.Request, actor string) {
-	body, err := bundledoc.ReadLimited(r.Body, maxMutationBody)
-	if err != nil {
-		http.Error(w, "request body: "+err.Error(), http.StatusRequestEntityTooLarge)
+	body, ok := readBody(w, r, maxMutationBody)
+	if !ok {
 		return
 	}
 	cfg, err := federation.ParseConfig(body, nil)
@@ -178,9 +179,8 @@ func (h *Handler) serveSetBundle(w http.ResponseWriter, r *http.Request, actor s
 	if !ok {
 		return
 	}
-	body, err := bundledoc.ReadLimited(r.Body, bundledoc.DefaultMaxSize)
-	if err != nil {
-		http.Error(w, "request body: "+err.Error(), http.StatusRequestEntityTooLarge)
+	body, ok := readBody(w, r, bundledoc.DefaultMaxSize)
+	if !ok {
 		return
 	}
 	b, warnings, err := bundledoc.ParseAny(td, body)
@@ -198,12 +198,30 @@ func (h *Handler) serveSetBundle(w http.ResponseWriter, r *http.Request, actor s
 	}
 	what := "static bundle (trusted as is)"
 	if kind == managed.KindBootstrap {
-		what = "bootstrap bundle (authenticates its endpoint's first fetch)"
+		// Once fetched, the endpoint's own bundle stays in force (the
+		// federation spec): say so, lest an operator recovering from a
+		// rotation believe these roots are now trusted.
+		what = "bootstrap bundle (authenticates its endpoint's first fetch only: a bundle already fetched from it stays in force; to start over from this one, federation remove then add)"
 	}
 	_, _ = fmt.Fprintf(w, "set %s's %s: %d X.509 and %d JWT authorities\n", td.Name(), what, len(b.X509Authorities()), len(b.JWTAuthorities()))
 	for _, warn := range warnings {
 		_, _ = fmt.Fprintf(w, "warning: %s\n", warn)
 	}
+}
+
+// readBody reads a request body of at most limit bytes, or answers 413
+// (too large) or 400 (the read failed: a reset, a timeout).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	body, err := bundledoc.ReadLimited(r.Body, limit)
+	switch {
+	case errors.Is(err, bundledoc.ErrTooLarge):
+		http.Error(w, "request body: "+err.Error(), http.StatusRequestEntityTooLarge)
+		return nil, false
+	case err != nil:
+		http.Error(w, "request body: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	return body, true
 }
 
 func pathTrustDomain(w http.ResponseWriter, r *http.Request) (spiffeid.TrustDomain, bool) {

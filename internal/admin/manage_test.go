@@ -5,17 +5,21 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation/managed"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -88,7 +92,7 @@ func TestMutationsNeedTheToken(t *testing.T) {
 		{"not bearer", []string{"Authorization", "Basic " + testToken}, false, testToken, http.StatusUnauthorized, "missing admin token"},
 		{"no token configured", []string{"Authorization", "Bearer "}, false, "", http.StatusUnauthorized, "wrong admin token"},
 		{"cross-site with the token", append([]string{"Origin", "https://evil.example"}, bearer...), false, testToken, http.StatusForbidden, "cross-site"},
-		{"good token", bearer, false, testToken, http.StatusCreated, "federated with web.example"},
+		{"good token, scheme in any case", []string{"Authorization", "bearer " + testToken}, false, testToken, http.StatusCreated, "federated with web.example"},
 		{"follower", bearer, false, testToken, http.StatusConflict, "not the leader"},
 		{"admin socket", nil, true, testToken, http.StatusCreated, "federated with web.example"},
 	}
@@ -201,6 +205,7 @@ func TestSetBundleRefusals(t *testing.T) {
 		{"garbage", "static.example", "{", http.StatusBadRequest, "bundle for static.example"},
 		{"our own", "example.org", string(pemOf(testca.New(t, "example.org").Cert)), http.StatusBadRequest, "own trust domain"},
 		{"configured in a file", "peer.example", string(pemOf(testca.New(t, "peer.example").Cert)), http.StatusConflict, "--federation-config"},
+		{"too large", "static.example", strings.Repeat(" ", int(bundledoc.DefaultMaxSize)+1), http.StatusRequestEntityTooLarge, "request body"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -210,6 +215,19 @@ func TestSetBundleRefusals(t *testing.T) {
 			assert.Empty(t, f.m.State().Bundles)
 		})
 	}
+}
+
+// A body whose read fails (a reset, a timeout) is a bad request, not one
+// too large.
+func TestBodyReadFailure(t *testing.T) {
+	t.Parallel()
+	f := newManagedFixture(t)
+	req := httptest.NewRequest(http.MethodPost, "/v1/federation/relationships", iotest.ErrReader(errors.New("connection reset")))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	rec := httptest.NewRecorder()
+	New(f.cfg).ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusBadRequest, rec.Code)
+	assert.Contains(t, rec.Body.String(), "connection reset")
 }
 
 // Concurrent requests are serialized by the manager: none is lost.

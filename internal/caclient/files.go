@@ -38,7 +38,15 @@ const (
 	ChainFile     = "cert-chain.pem"
 	RootsFile     = "root-cert.pem"
 	BundleMapFile = "bundle.spiffe.json"
+	// OwnerFile (0600) marks a directory whose credentials trustbridge
+	// wrote: WriteCredentials writes it before the credentials, so the
+	// agent renews them in place, and never takes over a directory
+	// another tool keeps (csi-driver-spiffe's, say) without it.
+	OwnerFile = ".trustbridge-owned"
 )
+
+// ownerNote is OwnerFile's content, for whoever finds it.
+const ownerNote = "trustbridge wrote the credentials in this directory and renews them here; remove this file to stop trustbridge agent --ca-addr from overwriting them\n"
 
 // Trust is what a workload trusts, kept per trust domain: a root is
 // trusted for a trust domain only because it came from that trust domain's
@@ -124,6 +132,11 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 			return fmt.Errorf("%s is a directory", p)
 		}
 	}
+	// The mark goes first: credentials without it are refused by the
+	// agent as another tool's, so a crash here must not leave them.
+	if err := markOwned(dir); err != nil {
+		return err
+	}
 	staged := make([]string, len(files))
 	defer func() {
 		for _, tmp := range staged {
@@ -156,6 +169,41 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// markOwned writes OwnerFile in dir unless it is there.
+func markOwned(dir string) error {
+	p := filepath.Join(dir, OwnerFile)
+	if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+		return nil
+	}
+	tmp, err := stageFile(dir, OwnerFile, []byte(ownerNote), 0o600)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// ForeignCredentials lists the credentials in dir another tool wrote: a
+// certificate chain or key, when OwnerFile is not there.
+func ForeignCredentials(dir string) (foreign []string, err error) {
+	if _, err := os.Lstat(filepath.Join(dir, OwnerFile)); err == nil {
+		return nil, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, name := range []string{ChainFile, KeyFile} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+			foreign = append(foreign, name)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
+	return foreign, nil
 }
 
 // credFile is one file WriteCredentials writes.

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +26,8 @@ import (
 	"istio.io/istio/security/pkg/credentialfetcher/plugin"
 	"istio.io/istio/security/pkg/nodeagent/cache"
 	"istio.io/istio/security/pkg/nodeagent/caclient/providers/citadel"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
 const (
@@ -345,6 +346,7 @@ func startServer(t testing.TB, bin string, args ...string) *server {
 }
 
 // startServerIn is startServer with the process in dir ("": the test's).
+// It fails the test if the server writes a line that is not a JSON record.
 // The server logs JSON (its --log-format auto, stderr not a terminal):
 // "trustbridge server started" names its listeners, and the bundle
 // endpoint's record its URL.
@@ -354,7 +356,10 @@ func startServerIn(t testing.TB, bin, dir string, args ...string) *server {
 	cmd.Dir = dir
 	logs, err := cmd.StderrPipe()
 	require.NoError(t, err)
-	stderr := &syncBuffer{}
+	// Every line the server writes is a JSON record with unique keys, on
+	// stderr and stdout alike (issue 22: nothing else in JSON mode).
+	stderr := testlog.JSONLines(t)
+	cmd.Stdout = testlog.JSONLines(t)
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})
 	t.Cleanup(func() {
@@ -484,22 +489,4 @@ func runCLI(t *testing.T, bin string, args ...string) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 	require.NoError(t, err, "trustbridge %s: %s", strings.Join(args, " "), out)
-}
-
-// syncBuffer collects the server's stderr for failure reports.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -80,6 +80,11 @@ type Config struct {
 	// PollInterval is how often the credential files are checked;
 	// DefaultPollInterval when zero.
 	PollInterval time.Duration
+	// AdoptCredentialsDir lets the Rotator write into CredentialsDir even
+	// when it holds credentials trustbridge did not write (no
+	// caclient.OwnerFile): the operator named it as the CA's output
+	// directory (Istio's OUTPUT_CERTS), not as files to serve.
+	AdoptCredentialsDir bool
 }
 
 // rotator is what the agent uses of *Rotator; tests substitute it.
@@ -109,6 +114,8 @@ type Agent struct {
 	// ownsCreds: credsDir is the Rotator's output directory, so step 2
 	// of the decision flow does not apply to it.
 	ownsCreds bool
+	// adopt: take credsDir over even without the owner mark.
+	adopt bool
 
 	// probeTimeout bounds the check for a live SDS server on the socket.
 	probeTimeout time.Duration
@@ -130,6 +137,7 @@ func New(cfg Config) (*Agent, error) {
 		socketGID:    -1,
 		credsDir:     cfg.CredentialsDir,
 		pollInterval: cfg.PollInterval,
+		adopt:        cfg.AdoptCredentialsDir,
 		clock:        cfg.Clock,
 		log:          cfg.Logger,
 		reg:          cfg.Registerer,
@@ -243,6 +251,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	if a.ownsCreds {
+		if err := a.checkOwned(); err != nil {
+			return err
+		}
 		return a.runCA(ctx)
 	}
 	// Step 2: pre-provisioned files. Only some of them is a mistake an
@@ -265,6 +276,26 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.credsDir, CertChainFile, KeyFile, RootCertFile)
 	}
 	return a.runCA(ctx)
+}
+
+// checkOwned refuses to renew into a credentials directory whose
+// certificate or key trustbridge did not write: before the agent kept its
+// certificates in --credentials-dir, the files there were served and the
+// CA left unused, so they may be another tool's (csi-driver-spiffe's).
+func (a *Agent) checkOwned() error {
+	if a.adopt {
+		return nil
+	}
+	foreign, err := caclient.ForeignCredentials(a.credsDir)
+	if err != nil {
+		return fmt.Errorf("agent: credentials directory: %w", err)
+	}
+	if len(foreign) == 0 {
+		return nil
+	}
+	return fmt.Errorf("agent: credentials directory %s holds %s that trustbridge did not write (no %s), and with a CA the agent would overwrite them: "+
+		"to serve them, add --file-mounted-certs; to let the agent own the directory, empty it (or, if trustbridge wrote them, e.g. ca request, create %s)",
+		a.credsDir, strings.Join(foreign, ", "), caclient.OwnerFile, filepath.Join(a.credsDir, caclient.OwnerFile))
 }
 
 // credentialFiles reports which of the three credential files exist (as

@@ -28,6 +28,7 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -167,6 +168,8 @@ func TestRunCAOwnsCredentialsDir(t *testing.T) {
 	securityv1alpha1.RegisterIstioCertificateServiceServer(u.gs, certs)
 	u.start(t, "")
 
+	require.FileExists(t, filepath.Join(creds, caclient.OwnerFile), "an earlier run marked the directory its own")
+
 	a := newTestAgent(t, Config{
 		SocketPath:     sock,
 		CredentialsDir: creds + "/",
@@ -181,4 +184,52 @@ func TestRunCAOwnsCredentialsDir(t *testing.T) {
 	assert.Equal(t, workload, id, "the CA's certificate, not the file's")
 	assert.Positive(t, certs.calls.Load())
 	require.NoError(t, stop())
+}
+
+// With a CA, credentials another tool wrote in the credentials directory
+// (no owner mark) are neither overwritten nor served: Run refuses, saying
+// how to serve them or hand the directory over, and asks no CA. Named as
+// the CA's output directory (OUTPUT_CERTS), the directory is adopted.
+func TestRunCARefusesForeignCredentialsDir(t *testing.T) {
+	dir := shortDir(t)
+	caA := testca.New(t, tdA.Name())
+	creds := filepath.Join(dir, "creds")
+	writeIssued(t, creds, caA, spiffeid.RequireFromPath(tdA, "/csi"), testca.Options{})
+	require.NoError(t, os.Remove(filepath.Join(creds, caclient.OwnerFile)))
+	before, err := os.ReadFile(filepath.Join(creds, caclient.ChainFile))
+	require.NoError(t, err)
+	tokenFile := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("t"), 0o600))
+
+	for _, tc := range []struct {
+		name  string
+		adopt bool
+	}{{"refused", false}, {"adopted", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := filepath.Join(dir, tc.name+".sock")
+			a := newTestAgent(t, Config{
+				SocketPath:          sock,
+				CredentialsDir:      creds,
+				AdoptCredentialsDir: tc.adopt,
+				Rotator:             &RotatorConfig{CAAddr: "127.0.0.1:1", Roots: []*x509.Certificate{caA.Cert}, TokenFile: tokenFile, OutputCertsDir: creds},
+			})
+			if !tc.adopt {
+				err := a.Run(context.Background())
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "cert-chain.pem, key.pem that trustbridge did not write")
+				assert.Contains(t, err.Error(), "--file-mounted-certs")
+				assert.Contains(t, err.Error(), "empty it")
+				assert.NoFileExists(t, sock, "nothing served")
+				after, err := os.ReadFile(filepath.Join(creds, caclient.ChainFile))
+				require.NoError(t, err)
+				assert.Equal(t, before, after, "the files are kept")
+				return
+			}
+			// Adopted: the agent goes on to the CA (unreachable here) and
+			// stops when told.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			assert.NoError(t, a.Run(ctx))
+		})
+	}
 }

@@ -2,12 +2,10 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/trustbridge/trustbridge/internal/unixsock"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -110,104 +109,17 @@ func probeStream(ctx context.Context, client secretv3.SecretDiscoveryServiceClie
 	return status.Code(err)
 }
 
-// socketListener is a unix listener that removes its socket on Close, if
-// the path still names the socket it created.
-type socketListener struct {
-	*net.UnixListener
-	path string
-	fi   fs.FileInfo
-}
-
-// Close stops listening and removes the socket.
-func (l *socketListener) Close() error {
-	err := l.UnixListener.Close()
-	if cur, lerr := os.Lstat(l.path); lerr == nil && os.SameFile(cur, l.fi) {
-		if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && err == nil {
-			err = rerr
-		}
-	}
-	if errors.Is(err, net.ErrClosed) {
-		err = nil
-	}
-	return err
-}
-
-// maxSocketPath is the size of sun_path on Linux, including the NUL.
-const maxSocketPath = 108
-
-// listenSocket creates the SDS socket at path.
-//
-// Parent directories are created 0750. Something already at path is
-// removed only when it is a socket (Lstat: never a regular file, directory
-// or symlink) and nothing answers on it.
-//
-// The socket is never reachable with a wider mode than intended: it is
-// bound inside a fresh 0700 directory next to path, chmod'ed (0600, or
-// 0660 and chown'ed to gid when gid >= 0), and only then hard-linked to
-// path, which also fails rather than replace anything that appeared at
-// path meanwhile. The temporary directory (and its link) is removed
-// before listenSocket returns, so the bound socket's name is path from
-// then on.
-func listenSocket(ctx context.Context, path string, gid int, probeTimeout time.Duration) (*socketListener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("socket directory: %w", err)
-	}
-	fi, err := os.Lstat(path)
-	switch {
-	case err == nil:
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("%s exists and is not a socket (%s); refusing to replace it", path, fi.Mode().Type())
-		}
+// listenSocket creates the SDS socket at path (see unixsock.Listen),
+// replacing a socket there only when no gRPC server answers on it.
+func listenSocket(ctx context.Context, path string, gid int, probeTimeout time.Duration) (*unixsock.Listener, error) {
+	return unixsock.Listen(path, gid, func(path string) error {
 		st, err := probeSocket(ctx, path, probeTimeout)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if st != socketNone {
-			return nil, fmt.Errorf("%w: %s", ErrAlreadyServing, path)
+			return fmt.Errorf("%w: %s", ErrAlreadyServing, path)
 		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("removing stale socket: %w", err)
-		}
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("socket path: %w", err)
-	}
-
-	tmp, err := os.MkdirTemp(dir, ".sds")
-	if err != nil {
-		return nil, fmt.Errorf("socket: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	tmpPath := filepath.Join(tmp, "s")
-	if len(tmpPath) >= maxSocketPath {
-		return nil, fmt.Errorf("socket path %s is too long: the socket is first bound at %s, over the %d-byte limit of unix socket paths", path, tmpPath, maxSocketPath-1)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmpPath, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("socket: %w", err)
-	}
-	// The name bound is the temporary one; Close removes path itself.
-	ln.SetUnlinkOnClose(false)
-	mode := os.FileMode(0o600)
-	if gid >= 0 {
-		mode = 0o660
-		if err := os.Lchown(tmpPath, -1, gid); err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("socket group: %w", err)
-		}
-	}
-	if err := os.Chmod(tmpPath, mode); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("socket mode: %w", err)
-	}
-	if err := os.Link(tmpPath, path); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("socket: %w", err)
-	}
-	fi, err = os.Lstat(path)
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("socket: %w", err)
-	}
-	return &socketListener{UnixListener: ln, path: path, fi: fi}, nil
+		return nil
+	})
 }
