@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -31,7 +32,7 @@ func addAdminSocketFlag(f *pflag.FlagSet, path *string) {
 // socket another server still answers on. The socket is bound as the
 // agent's SDS socket is (internal/unixsock): mode 0600 before it gets its
 // name, and removed at close only while the path still names it.
-func listenAdminSocket(path string, h http.Handler) (*adminSocket, error) {
+func listenAdminSocket(path string, h http.Handler, logger *slog.Logger) (*adminSocket, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -39,7 +40,7 @@ func listenAdminSocket(path string, h http.Handler) (*adminSocket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--admin-socket: %w", err)
 	}
-	srv := newAdminServer(h)
+	srv := newAdminServer(h, logger)
 	srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return admin.OverSocket(ctx) }
 	return &adminSocket{ln: ln, srv: srv}, nil
 }

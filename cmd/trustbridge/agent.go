@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -154,6 +155,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	// from another's would carry both (the rotator's records said
 	// "component" twice).
 	logger := base.With(logattr.Component, "agent")
+	routeGRPCLog(base)
 	reg := newRegistry()
 	cfg, err := o.config(base, reg)
 	if err != nil {
@@ -163,16 +165,28 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	if err != nil {
 		return err
 	}
+	// Decide "someone already serves" before opening anything beside the
+	// agent: a second agent given the same --admin-listen would otherwise
+	// fail on the port the first holds instead of exiting 0.
+	if err := a.CheckSocket(ctx); err != nil {
+		return alreadyServing(e, o, logger, err)
+	}
 	stopSide, err := startAgentSide(ctx, e, o.admin, a, reg, logger)
 	if err != nil {
 		return err
 	}
 	defer stopSide()
-	err = a.Run(ctx)
-	if errors.Is(err, agent.ErrAlreadyServing) {
-		fmt.Fprintf(e.out, "an SDS server already answers on %s; not starting another (%v)\n", o.socket, err)
-		logger.Info("SDS server already running; exiting", "socket", o.socket)
-		return nil
+	// Run probes again: a server may have started since.
+	return alreadyServing(e, o, logger, a.Run(ctx))
+}
+
+// alreadyServing turns agent.ErrAlreadyServing into exit status 0 with a
+// note, as Istio's agent does; other errors pass through.
+func alreadyServing(e env, o agentOptions, logger *slog.Logger, err error) error {
+	if !errors.Is(err, agent.ErrAlreadyServing) {
+		return err
 	}
-	return err
+	fmt.Fprintf(e.out, "an SDS server already answers on %s; not starting another (%v)\n", o.socket, err)
+	logger.Info("SDS server already running; exiting", "socket", o.socket)
+	return nil
 }

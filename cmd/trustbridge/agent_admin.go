@@ -52,7 +52,7 @@ func startAgentSide(ctx context.Context, e env, o agentAdminOptions, a agentRead
 		stop()
 		return nil, err
 	}
-	srv := newAdminServer(hosts.Wrap(admin.Probes(a.Ready, reg)))
+	srv := newAdminServer(hosts.Wrap(admin.Probes(a.Ready, reg)), logger)
 	logger.Info("admin listening", logattr.Address, ln.Addr().String(), "paths", "/healthz /readyz /metrics")
 	wg.Add(1)
 	go func() {

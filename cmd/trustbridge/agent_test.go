@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,15 +141,27 @@ func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
 	o := agentFor(t, addr, rootsPEM, laptopToken)
 	startAgent(t, o)
 
-	second := agentFor(t, addr, rootsPEM, laptopToken)
-	second.socket = o.socket
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &bytes.Buffer{}, now: time.Now}, second)
-	require.NoError(t, err, "exit status 0")
-	assert.Contains(t, out.String(), "already answers on "+o.socket)
-	require.NoError(t, ctx.Err(), "it returned at once instead of serving")
+	// The first agent's admin port, as a second agent with the same
+	// --admin-listen finds it: taken. The decision comes before the
+	// listener opens.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { taken.Close() })
+
+	for _, adminListen := range []string{"", taken.Addr().String()} {
+		t.Run("admin-listen="+adminListen, func(t *testing.T) {
+			second := agentFor(t, addr, rootsPEM, laptopToken)
+			second.socket = o.socket
+			second.admin.listen = adminListen
+			var out bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &bytes.Buffer{}, now: time.Now}, second)
+			require.NoError(t, err, "exit status 0")
+			assert.Contains(t, out.String(), "already answers on "+o.socket)
+			require.NoError(t, ctx.Err(), "it returned at once instead of serving")
+		})
+	}
 }
 
 func TestAgentServesCredentialFiles(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -389,9 +390,9 @@ func TestAdminSocketInUse(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "admin.sock")
-	first, err := listenAdminSocket(sock, http.NotFoundHandler())
+	first, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	_, err = listenAdminSocket(sock, http.NotFoundHandler())
+	_, err = listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), sock+": another server answers on this socket")
 	conn, err := net.Dial("unix", sock)
@@ -406,7 +407,7 @@ func TestAdminSocketInUse(t *testing.T) {
 	ln.SetUnlinkOnClose(false)
 	require.NoError(t, ln.Close())
 	require.FileExists(t, sock)
-	again, err := listenAdminSocket(sock, http.NotFoundHandler())
+	again, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err, "a stale socket is replaced")
 	again.close()
 }

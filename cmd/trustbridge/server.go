@@ -203,6 +203,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	routeKlog(logger)
+	routeGRPCLog(logger)
 	td, kt, err := checkServerBasics(o, logger)
 	if err != nil {
 		return err
@@ -314,8 +315,8 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
 	h := adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))
-	p.adminSrv = newAdminServer(hosts.Wrap(h))
-	if p.socket, err = listenAdminSocket(o.adminSocket, h); err != nil {
+	p.adminSrv = newAdminServer(hosts.Wrap(h), logger)
+	if p.socket, err = listenAdminSocket(o.adminSocket, h, logger); err != nil {
 		return undo, err
 	}
 	undo.add(p.socket.close)
@@ -444,9 +445,12 @@ func listenAdmin(o serverOptions, reg prometheus.Registerer, logger *slog.Logger
 }
 
 // newAdminServer is the admin listener's HTTP server, with its timeouts.
-func newAdminServer(h http.Handler) *http.Server {
+// net/http's own errors (a failed accept, a handler's panic) go to
+// logger, in its format, not as text through the log package.
+func newAdminServer(h http.Handler, logger *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

@@ -122,9 +122,10 @@ func printBanner(w io.Writer, o serverOptions, p *serverParts, addr string) {
 	printPeers(w, p.fed)
 }
 
-// printPeers adds the configured federated trust domains to the banner.
+// printPeers adds the configured federated trust domains to the banner:
+// the same set as logPeers' records (flags, files and run-time changes).
 func printPeers(w io.Writer, fed *federationSetup) {
-	eps, origins := fed.staticSet()
+	eps, origins := fed.configured()
 	for i, ep := range eps {
 		label := ""
 		if i == 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -109,25 +110,53 @@ func (s Spec) layerTar() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// checkCACerts refuses anything but PEM certificates: a private key
-// concatenated into the file by mistake must not ship in the image.
+// checkCACerts refuses anything but PEM certificates, each parseable,
+// with only whitespace between them: a private key concatenated into the
+// file by mistake must not ship in the image, whole or truncated (a lone
+// "-----BEGIN PRIVATE KEY-----" line, or its base64, between two
+// certificates). pem.Decode alone skips any text that is not a complete
+// block, so each block is cut out here first. Errors name a line, never
+// quote it: it may be key material.
 func checkCACerts(data []byte) error {
+	const begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
 	n := 0
-	for rest := data; ; n++ {
-		b, r := pem.Decode(rest)
-		if b == nil {
-			break
+	for rest := bytes.TrimLeft(data, pemSpace); len(rest) > 0; rest = bytes.TrimLeft(rest, pemSpace) {
+		line := bytes.Count(data[:len(data)-len(rest)], []byte("\n")) + 1
+		if !bytes.HasPrefix(rest, []byte(begin)) {
+			return fmt.Errorf("line %d: not a %s line; the file must hold only PEM certificates, with only whitespace between them (remove comment lines, keys and anything else)", line, begin)
 		}
-		if b.Type != "CERTIFICATE" {
-			return fmt.Errorf("block %d is a %q, not a CERTIFICATE", n+1, b.Type)
+		i := bytes.Index(rest, []byte(end))
+		if i < 0 {
+			return fmt.Errorf("line %d: certificate %d has no %s line", line, n+1, end)
 		}
-		rest = r
+		// The block ends with its END line's line break.
+		j := i + len(end)
+		if k := bytes.IndexByte(rest[j:], '\n'); k >= 0 {
+			j += k + 1
+		} else {
+			j = len(rest)
+		}
+		chunk := rest[:j]
+		// One BEGIN only: pem.Decode would skip a broken first block and
+		// return the next one.
+		b, after := pem.Decode(chunk)
+		if b == nil || bytes.Count(chunk, []byte("-----BEGIN")) != 1 || len(bytes.TrimLeft(after, pemSpace)) != 0 {
+			return fmt.Errorf("line %d: certificate %d is not a well-formed PEM block", line, n+1)
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return fmt.Errorf("line %d: certificate %d: %w", line, n+1, err)
+		}
+		n++
+		rest = rest[j:]
 	}
 	if n == 0 {
 		return errors.New("no PEM certificate in it")
 	}
 	return nil
 }
+
+// pemSpace is the whitespace allowed around certificates.
+const pemSpace = " \t\r\n"
 
 // Build assembles the image: one layer on an empty base, OCI media types,
 // the non-root user and the binary as the entrypoint.

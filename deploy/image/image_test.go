@@ -112,7 +112,7 @@ func checkImage(t *testing.T, img v1.Image) []byte {
 	return binary
 }
 
-func testCACerts(t *testing.T) []byte {
+func testCACerts(t testing.TB) []byte {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -153,18 +153,43 @@ func TestBuildAndWriteLayout(t *testing.T) {
 	assert.Equal(t, digests[0], digests[1], "reproducible")
 }
 
-// A private key in the CA certificates file stops the build.
+// A private key in the CA certificates file stops the build, whole or
+// truncated, and so does anything else between the certificates.
 func TestBuildRefusesKeysInCACerts(t *testing.T) {
-	for name, certs := range map[string][]byte{
-		"key":   append(testCACerts(t), []byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n")...),
-		"empty": []byte("not pem\n"),
-	} {
-		t.Run(name, func(t *testing.T) {
+	cert := testCACerts(t)
+	two := append(append([]byte{}, cert...), cert...)
+	cat := func(parts ...string) []byte { return []byte(strings.Join(parts, "")) }
+	tests := []struct {
+		name  string
+		certs []byte
+		want  string // "" means accepted
+	}{
+		{"one", cert, ""},
+		{"two, whitespace around", cat("\n  ", string(cert), "\r\n\t\n", string(cert), "\n\n"), ""},
+		{"CRLF", bytes.ReplaceAll(two, []byte("\n"), []byte("\r\n")), ""},
+		{"key", cat(string(cert), "-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"), "not a -----BEGIN CERTIFICATE----- line"},
+		{"truncated key between certificates", cat(string(cert), "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49\n", string(cert)), "not a -----BEGIN CERTIFICATE----- line"},
+		{"raw base64 after", cat(string(two), "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n"), "not a -----BEGIN CERTIFICATE----- line"},
+		{"comment line", cat("# a root\n", string(cert)), "line 1: not a"},
+		{"truncated certificate", cert[:len(cert)/2], "has no -----END CERTIFICATE----- line"},
+		{"not DER", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2, 3}}), "certificate 1"},
+		{"broken first block hiding a second", cat("-----BEGIN CERTIFICATE-----\n!!\n", string(cert)), "not a well-formed PEM block"},
+		{"empty", []byte("\n"), "no PEM certificate"},
+		{"not pem", []byte("not pem\n"), "line 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
 			spec := testSpec(t)
-			spec.CACerts = certs
+			spec.CACerts = tt.certs
 			_, err := Build(spec)
+			if tt.want == "" {
+				require.NoError(t, err)
+				return
+			}
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "CA certificates")
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "MIGH", "never quotes the file")
 		})
 	}
 }
@@ -229,16 +254,24 @@ func TestWriteFileAtomicKeepsLastGood(t *testing.T) {
 	assert.Len(t, entries, 1, "no temporary file left")
 }
 
-// checkCACerts lets nothing but certificates through, whatever the input.
+// checkCACerts lets nothing but certificates through, whatever the input:
+// what it accepts holds no private key, and every PEM block in it (as many
+// as there are BEGIN lines) is a certificate x509 parses.
 func FuzzCheckCACerts(f *testing.F) {
-	cert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2, 3}})
+	cert := testCACerts(f)
 	f.Add(cert)
+	f.Add(append(append([]byte{}, cert...), cert...))
 	f.Add(append(append([]byte{}, cert...), "-----BEGIN PRIVATE KEY-----\nAQID\n-----END PRIVATE KEY-----\n"...))
+	f.Add(append(append([]byte{}, cert...), "-----BEGIN PRIVATE KEY-----\nAQID\n"...))
 	f.Add([]byte("junk\n" + string(cert) + "trailing"))
+	f.Add([]byte("-----BEGIN CERTIFICATE-----\n!!\n" + string(cert)))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if checkCACerts(data) != nil {
 			return
+		}
+		if bytes.Contains(data, []byte("PRIVATE KEY")) {
+			t.Fatal("accepted a file naming a private key")
 		}
 		n := 0
 		for rest := data; ; n++ {
@@ -249,10 +282,19 @@ func FuzzCheckCACerts(f *testing.F) {
 			if b.Type != "CERTIFICATE" {
 				t.Fatalf("accepted a %q block", b.Type)
 			}
+			if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+				t.Fatalf("accepted block %d, not a certificate: %v", n+1, err)
+			}
 			rest = r
 		}
 		if n == 0 {
 			t.Fatal("accepted a file without a certificate")
+		}
+		if begins := bytes.Count(data, []byte("-----BEGIN")); begins != n {
+			t.Fatalf("accepted %d BEGIN lines around %d certificates", begins, n)
+		}
+		if len(bytes.TrimSpace(data)) == 0 || !bytes.HasPrefix(bytes.TrimSpace(data), []byte("-----BEGIN CERTIFICATE-----")) {
+			t.Fatal("accepted text before the first certificate")
 		}
 	})
 }
