@@ -239,15 +239,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// Step 1: someone (an earlier agent, the Istio agent, SPIRE's) already
 	// serves Envoy here.
-	st, err := probeSocket(ctx, a.socketPath, a.probeTimeout)
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	switch st {
-	case socketSDS:
-		return fmt.Errorf("agent: %w: %s", ErrAlreadyServing, a.socketPath)
-	case socketOtherGRPC:
-		return fmt.Errorf("agent: a gRPC server without SDS answers on %s; not replacing it", a.socketPath)
+	if err := a.CheckSocket(ctx); err != nil {
+		return err
 	}
 
 	if a.ownsCreds {
