@@ -12,9 +12,10 @@ import (
 )
 
 // stateReaders are the commands that read state and print it: each takes
-// -o table|json|yaml (addOutputFlag). A command added here without the
-// flag, or a new state-reading command, fails TestCommandTree until it
-// has it.
+// -o table|json|yaml (addOutputFlag). TestCommandTree fails for a command
+// listed here without the flag and for a command with -o missing here; a
+// new state-reading command must be added by hand (a test cannot tell it
+// reads state).
 var stateReaders = []string{
 	"trustbridge version",
 	"trustbridge audit",
@@ -42,6 +43,11 @@ func TestCommandTree(t *testing.T) {
 		}
 	}
 	walk(root)
+	for path, c := range seen {
+		if c.Flags().Lookup("output") != nil {
+			assert.Contains(t, stateReaders, path, "%s takes -o: list it in stateReaders", path)
+		}
+	}
 	for _, path := range stateReaders {
 		c, ok := seen[path]
 		if !assert.True(t, ok, "%s: no such command", path) {

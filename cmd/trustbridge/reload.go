@@ -56,7 +56,7 @@ func serveReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle
 		case <-hup:
 		}
 		if len(rs) == 0 {
-			logger.Info("SIGHUP ignored: nothing here is reloadable", "reason", idle, "not_reloadable", notReloadable)
+			logger.Info("SIGHUP ignored: nothing here is reloadable", "reason", idle)
 			continue
 		}
 		logger.Info("SIGHUP: reloading", "reloadable", names, "not_reloadable", notReloadable)

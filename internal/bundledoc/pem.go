@@ -64,5 +64,10 @@ func ParseAny(td spiffeid.TrustDomain, doc []byte) (*spiffebundle.Bundle, []Warn
 	if IsPEM(doc) {
 		return ParsePEM(td, doc)
 	}
+	if bytes.Contains(doc, []byte("-----BEGIN ")) && !bytes.HasPrefix(bytes.TrimSpace(doc), []byte("{")) {
+		// What `openssl x509 -text` prints: text, then the PEM block.
+		// Not parsed as JSON, whose error would say nothing useful.
+		return nil, nil, wrap(errors.New("text before the first -----BEGIN line: keep only the PEM CERTIFICATE blocks (openssl x509 -in FILE -out root-cert.pem), or give a SPIFFE bundle document"))
+	}
 	return Parse(td, doc)
 }

@@ -74,6 +74,16 @@ func TestParseAnyTakesJSON(t *testing.T) {
 	assert.True(t, b.Equal(a.Bundle()))
 }
 
+// openssl x509 -text output: text, then the PEM block; refused with what
+// to do, not a JSON syntax error.
+func TestParseAnyTextBeforePEM(t *testing.T) {
+	a := testca.New(t, "example.org")
+	doc := append([]byte("Certificate:\n    Data:\n        Version: 3 (0x2)\n"), pemOf(a.Cert)...)
+	_, _, err := bundledoc.ParseAny(td, doc)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "text before the first -----BEGIN line: keep only the PEM CERTIFICATE blocks")
+}
+
 func FuzzParsePEM(f *testing.F) {
 	a := testca.New(f, "example.org")
 	f.Add(pemOf(a.Cert))
