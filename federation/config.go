@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/yamlcheck"
 )
 
@@ -46,6 +47,58 @@ var (
 	profileKeys = []string{keyType, keyEndpointSPIFFEID}
 	refreshKeys = []string{keyMin, keyMax}
 )
+
+// ConfigEntry is one endpoint in the schema ParseConfig reads (the spec
+// of a ClusterFederatedTrustDomain): what EntryOf writes, for the run-time
+// federation's file and its resources.
+type ConfigEntry struct {
+	TrustDomain           string         `json:"trustDomain" yaml:"trustDomain"`
+	BundleEndpointURL     string         `json:"bundleEndpointURL" yaml:"bundleEndpointURL"`
+	BundleEndpointProfile ConfigProfile  `json:"bundleEndpointProfile" yaml:"bundleEndpointProfile"`
+	TrustDomainBundle     string         `json:"trustDomainBundle,omitempty" yaml:"trustDomainBundle,omitempty"`
+	Refresh               *ConfigRefresh `json:"refresh,omitempty" yaml:"refresh,omitempty"`
+}
+
+// ConfigProfile is a ConfigEntry's bundleEndpointProfile.
+type ConfigProfile struct {
+	Type             string `json:"type" yaml:"type"`
+	EndpointSPIFFEID string `json:"endpointSPIFFEID,omitempty" yaml:"endpointSPIFFEID,omitempty"`
+}
+
+// ConfigRefresh is a ConfigEntry's refresh bounds, as Go durations.
+type ConfigRefresh struct {
+	Min string `json:"min,omitempty" yaml:"min,omitempty"`
+	Max string `json:"max,omitempty" yaml:"max,omitempty"`
+}
+
+// EntryOf is ep in the configuration schema, its bootstrap bundle inline
+// as its canonical document: ParseConfig reads back the same endpoint.
+func EntryOf(ep Endpoint) (ConfigEntry, error) {
+	e := ConfigEntry{
+		TrustDomain: ep.TrustDomain.Name(), BundleEndpointURL: ep.URL.String(),
+		BundleEndpointProfile: ConfigProfile{Type: string(ep.Profile)},
+	}
+	if ep.Profile == ProfileHTTPSSPIFFE {
+		e.BundleEndpointProfile.EndpointSPIFFEID = ep.EndpointSPIFFEID.String()
+	}
+	if ep.BootstrapBundle != nil {
+		doc, err := bundledoc.Marshal(ep.BootstrapBundle)
+		if err != nil {
+			return ConfigEntry{}, fmt.Errorf("%s: bootstrap bundle: %w", ep.TrustDomain.Name(), err)
+		}
+		e.TrustDomainBundle = string(doc)
+	}
+	if r := ep.Refresh; r.Min > 0 || r.Max > 0 {
+		e.Refresh = &ConfigRefresh{}
+		if r.Min > 0 {
+			e.Refresh.Min = r.Min.String()
+		}
+		if r.Max > 0 {
+			e.Refresh.Max = r.Max.String()
+		}
+	}
+	return e, nil
+}
 
 // ParseConfig parses a YAML federation file:
 //

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
@@ -65,15 +64,7 @@ func hupAndWait(t *testing.T, hup chan<- os.Signal, logs *testlog.Buffer, msg st
 
 func federated(t *testing.T, admin string) []string {
 	t.Helper()
-	code, body := get(t, "http://"+admin+"/v1/federation")
-	require.Equal(t, http.StatusOK, code, body)
-	var all []federation.Status
-	require.NoError(t, json.Unmarshal([]byte(body), &all))
-	var tds []string
-	for _, s := range all {
-		tds = append(tds, s.TrustDomain)
-	}
-	return tds
+	return federatedSequences(t, admin, nil)
 }
 
 func webPeers(tds ...string) string {

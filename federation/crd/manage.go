@@ -249,26 +249,13 @@ func (m *Manager) changed(c managed.Change) {
 
 // specOf is ep as a resource spec, its bootstrap bundle inline.
 func specOf(ep federation.Endpoint, className string) (Spec, error) {
-	s := Spec{TrustDomain: ep.TrustDomain.Name(), BundleEndpointURL: ep.URL.String(), ClassName: className,
-		BundleEndpointProfile: Profile{Type: string(ep.Profile)}}
-	if ep.Profile == federation.ProfileHTTPSSPIFFE {
-		s.BundleEndpointProfile.EndpointSPIFFEID = ep.EndpointSPIFFEID.String()
+	e, err := federation.EntryOf(ep)
+	if err != nil {
+		return Spec{}, fmt.Errorf("%w: %w", managed.ErrInvalid, err)
 	}
-	if ep.BootstrapBundle != nil {
-		doc, err := bundledoc.Marshal(ep.BootstrapBundle)
-		if err != nil {
-			return Spec{}, fmt.Errorf("%w: %w", managed.ErrInvalid, err)
-		}
-		s.TrustDomainBundle = string(doc)
-	}
-	if r := ep.Refresh; r.Min > 0 || r.Max > 0 {
-		s.Refresh = &RefreshBounds{}
-		if r.Min > 0 {
-			s.Refresh.Min = r.Min.String()
-		}
-		if r.Max > 0 {
-			s.Refresh.Max = r.Max.String()
-		}
-	}
-	return s, nil
+	return Spec{
+		TrustDomain: e.TrustDomain, BundleEndpointURL: e.BundleEndpointURL,
+		BundleEndpointProfile: Profile(e.BundleEndpointProfile), TrustDomainBundle: e.TrustDomainBundle,
+		ClassName: className, Refresh: (*RefreshBounds)(e.Refresh),
+	}, nil
 }

@@ -176,52 +176,15 @@ const header = `# Federation relationships added at run time (trustbridge federa
 # move its entry there and remove it here (with the server stopped).
 `
 
-type item struct {
-	TrustDomain           string         `yaml:"trustDomain"`
-	BundleEndpointURL     string         `yaml:"bundleEndpointURL"`
-	BundleEndpointProfile profileItem    `yaml:"bundleEndpointProfile"`
-	TrustDomainBundle     string         `yaml:"trustDomainBundle,omitempty"`
-	Refresh               *refreshBounds `yaml:"refresh,omitempty"`
-}
-
-type profileItem struct {
-	Type             string `yaml:"type"`
-	EndpointSPIFFEID string `yaml:"endpointSPIFFEID,omitempty"`
-}
-
-type refreshBounds struct {
-	Min string `yaml:"min,omitempty"`
-	Max string `yaml:"max,omitempty"`
-}
-
 // MarshalEndpoints writes eps in the --federation-config schema, each
 // bootstrap bundle inline as its canonical document, so that
 // federation.ParseConfig reads back the same endpoints.
 func MarshalEndpoints(eps []federation.Endpoint) ([]byte, error) {
-	items := make([]item, 0, len(eps))
+	items := make([]federation.ConfigEntry, 0, len(eps))
 	for _, ep := range eps {
-		it := item{
-			TrustDomain: ep.TrustDomain.Name(), BundleEndpointURL: ep.URL.String(),
-			BundleEndpointProfile: profileItem{Type: string(ep.Profile)},
-		}
-		if ep.Profile == federation.ProfileHTTPSSPIFFE {
-			it.BundleEndpointProfile.EndpointSPIFFEID = ep.EndpointSPIFFEID.String()
-		}
-		if ep.BootstrapBundle != nil {
-			doc, err := bundledoc.Marshal(ep.BootstrapBundle)
-			if err != nil {
-				return nil, fmt.Errorf("%s: bootstrap bundle: %w", ep.TrustDomain.Name(), err)
-			}
-			it.TrustDomainBundle = string(doc)
-		}
-		if r := ep.Refresh; r.Min > 0 || r.Max > 0 {
-			it.Refresh = &refreshBounds{}
-			if r.Min > 0 {
-				it.Refresh.Min = r.Min.String()
-			}
-			if r.Max > 0 {
-				it.Refresh.Max = r.Max.String()
-			}
+		it, err := federation.EntryOf(ep)
+		if err != nil {
+			return nil, err
 		}
 		items = append(items, it)
 	}
@@ -229,7 +192,7 @@ func MarshalEndpoints(eps []federation.Endpoint) ([]byte, error) {
 	buf.WriteString(header)
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
-	if err := enc.Encode(map[string][]item{"federation": items}); err != nil {
+	if err := enc.Encode(map[string][]federation.ConfigEntry{"federation": items}); err != nil {
 		return nil, err
 	}
 	if err := enc.Close(); err != nil {
