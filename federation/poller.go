@@ -182,7 +182,11 @@ type Poller struct {
 	metrics *pollerMetrics
 
 	// setMu serializes SetEndpoints calls.
-	setMu  sync.Mutex
+	setMu sync.Mutex
+	// saveMu orders last-known-good writes with Forget: a save decides
+	// under it whether its trust domain is still followed, so a bundle
+	// Forget deleted is never written back by a poll that ended before.
+	saveMu sync.Mutex
 	mu     sync.Mutex
 	states map[spiffeid.TrustDomain]*endpointState
 	order  []spiffeid.TrustDomain // sorted by name; replaced, never changed in place
@@ -405,6 +409,52 @@ func (p *Poller) Run(ctx context.Context) error {
 	return nil
 }
 
+// saveLKG persists st's bundle, unless td stopped being followed by st
+// since the poll (then Forget may have deleted what this would write).
+func (p *Poller) saveLKG(td spiffeid.TrustDomain, st *endpointState, e *LKGEntry, log *slog.Logger) {
+	p.saveMu.Lock()
+	defer p.saveMu.Unlock()
+	p.mu.Lock()
+	current := p.states[td] == st
+	p.mu.Unlock()
+	if !current {
+		return
+	}
+	if err := p.cfg.LKG.Save(*e); err != nil {
+		// Trust is applied; only its persistence failed. Say so loudly.
+		log.Error("could not persist the last-known-good bundle", logattr.Error, err)
+	}
+}
+
+// Forget deletes the stored bundle of td, a trust domain the poller no
+// longer follows (SetEndpoints removed it): its trust is withdrawn from
+// the store too, and adding td again starts from its bootstrap bundle.
+// A store without deletion (Kubernetes' ConfigMap) keeps it; Forget says
+// so with ErrCannotForget.
+func (p *Poller) Forget(td spiffeid.TrustDomain) error {
+	p.saveMu.Lock()
+	defer p.saveMu.Unlock()
+	p.mu.Lock()
+	_, followed := p.states[td]
+	p.mu.Unlock()
+	if followed {
+		return fmt.Errorf("federation: %s is still federated: remove its endpoint first", td.Name())
+	}
+	if p.cfg.LKG == nil {
+		return nil
+	}
+	r, ok := p.cfg.LKG.(interface {
+		Remove(spiffeid.TrustDomain) error
+	})
+	if !ok {
+		return fmt.Errorf("federation: %w: %s", ErrCannotForget, td.Name())
+	}
+	return r.Remove(td)
+}
+
+// ErrCannotForget: the last-known-good store cannot delete a bundle.
+var ErrCannotForget = errors.New("the last-known-good store cannot delete a stored bundle")
+
 // scheduleLocked (re)adds st's cron entry for st.next. The entry parks
 // itself after firing; the job re-adds it with the time the poll's
 // outcome decides.
@@ -464,10 +514,7 @@ func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
 		// and followers' reloads must not wait for it. st.polling stays
 		// set until then, so saves of one trust domain stay in order.
 		if save != nil {
-			if err := p.cfg.LKG.Save(*save); err != nil {
-				// Trust is applied; only its persistence failed. Say so loudly.
-				log.Error("could not persist the last-known-good bundle", logattr.Error, err)
-			}
+			p.saveLKG(td, st, save, log)
 		}
 		if ev != nil && p.cfg.OnEvent != nil {
 			p.cfg.OnEvent(*ev)

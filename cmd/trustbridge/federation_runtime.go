@@ -44,8 +44,8 @@ type runtimeFederation struct {
 	managed   *managed.Manager // file storage only
 	token     string
 	tokenFile string
-	// forget deletes a trust domain's last-known-good bundle (file
-	// storage; nil: nothing to delete).
+	// forget deletes a removed trust domain's last-known-good bundle
+	// (the poller's Forget, with file storage; nil: nothing to delete).
 	forget func(spiffeid.TrustDomain) error
 	// inForce is the managed state applied, guarded by the
 	// federationSetup's mu (not the manager's lock, which is held while
@@ -78,8 +78,9 @@ func (r *runtimeFederation) holdsLocked(td spiffeid.TrustDomain) string {
 // has and next has not. Removing a peer withdraws its trust, also from
 // the data directory: otherwise adding it again, say with a new --bundle
 // after its CA was compromised, would restore the old roots and let them
-// authenticate the first fetch. The poller no longer follows them, so
-// nothing saves them again.
+// authenticate the first fetch. The poller no longer follows them, and
+// its Forget orders the deletion after any save of a poll that ended
+// before the removal.
 func (r *runtimeFederation) forgetRemoved(old, next managed.State) error {
 	if r.forget == nil {
 		return nil
@@ -124,8 +125,10 @@ func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
 	if !fileStorage(o) {
 		return p.manageKube(o, rt)
 	}
-	rt.forget = federation.NewLKGStore(o.dataDir).Remove
 	fs := p.fed
+	if fs.poller != nil {
+		rt.forget = fs.poller.Forget
+	}
 	m, warnings, err := managed.New(managed.Config{
 		Dir: o.dataDir, Local: p.td,
 		Reserved: fs.reservedBy, Others: fs.others, Held: fs.holds,
