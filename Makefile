@@ -4,7 +4,11 @@
 GO        ?= go
 BIN       := bin/trustbridge
 PKG       := github.com/trustbridge/trustbridge
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Evaluated once (a recursive ?= ran git at each use: a commit during a
+# long make gave the image's binary and its label two versions).
+ifeq ($(origin VERSION),undefined)
+VERSION   := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+endif
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 30s
 # Minimizing a new interesting input is not counted as progress and, on
