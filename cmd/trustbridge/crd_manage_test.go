@@ -5,20 +5,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/trustbridge/trustbridge/federation/crd"
+	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/leader"
 )
 
 // With --storage kube, federation add creates a ClusterFederatedTrustDomain
 // (of the server's class) that the controller applies, and federation
-// remove deletes it; without --federation-crd both are refused, saying
-// what to do.
+// remove deletes it, and with it east's stored bundle; without
+// --federation-crd both are refused, saying what to do.
 func TestKubeFederationAddCreatesResource(t *testing.T) {
 	env := kubetest.Shared(t)
 	installCRD(t, env)
@@ -28,14 +30,16 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 	east := startE2EServer(t, "east.example", eastData, nil)
 	eastPEM := writeTemp(t, cli(t, "bundle", "show", "-o", "pem", "--data-dir", eastData))
 
+	var ns string // the last server's namespace
 	kubeServer := func(federationCRD bool) (*e2eServer, string) {
 		dir := t.TempDir()
+		ns = env.Namespace(t)
 		o := baseServerOptions("west.example", dir)
 		o.federation.minRefresh = time.Second
 		o.federation.allowPrivate = true
 		o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
 		o.kube = kubeOptions{
-			storage: storageKube, namespace: env.Namespace(t), caSecret: "trustbridge-ca", leaderLease: leader.DefaultName,
+			storage: storageKube, namespace: ns, caSecret: "trustbridge-ca", leaderLease: leader.DefaultName,
 			leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
 			federationCRD: federationCRD, federationClass: "manage-e2e",
 		}
@@ -73,6 +77,15 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		assert.Equal(c, "crd:east.example", relationships(t, west)["east.example"].Origin)
 	}, 30*time.Second, 100*time.Millisecond)
 
+	lkg, err := kubelkg.New(kubelkg.Config{Client: env.Client, Namespace: ns})
+	require.NoError(t, err)
+	eastTD := spiffeid.RequireTrustDomainFromString("east.example")
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		e, err := lkg.Load(eastTD)
+		assert.NoError(c, err)
+		assert.NotNil(c, e, "the leader stored east's bundle")
+	}, 30*time.Second, 100*time.Millisecond)
+
 	stdout, stderr, code = runCLIAt(t, time.Now, "", "federation", "remove", "east.example", "--admin", west.admin, "--data-dir", dir)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "removed east.example")
@@ -80,4 +93,9 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		_, ok := federationStatus(t, west, "east.example")
 		return !ok
 	}, 30*time.Second, 100*time.Millisecond, "east.example still federated after federation remove")
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		e, err := lkg.Load(eastTD)
+		assert.NoError(c, err)
+		assert.Nil(c, e, "removing the resource deletes east's stored bundle: adding it again starts from its new bundle")
+	}, 30*time.Second, 100*time.Millisecond)
 }

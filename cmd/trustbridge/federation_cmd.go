@@ -27,6 +27,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/crd"
+	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
@@ -84,6 +85,7 @@ type federationSetup struct {
 	// runtime is the federation changed at run time (federation add),
 	// nil until manage wires it; its inForce endpoints join the union.
 	runtime *runtimeFederation
+	logger  *slog.Logger
 }
 
 // holds reports whether td's roots are in the store before any fetch, for
@@ -159,17 +161,50 @@ func (fs *federationSetup) applyLocked() error {
 }
 
 // applyCRD replaces the endpoints of the ClusterFederatedTrustDomain
-// resources.
+// resources, then forgets the stored bundles of those that went away.
 func (fs *federationSetup) applyCRD(eps []federation.Endpoint) error {
+	gone, err := fs.applyResources(eps)
+	if err != nil {
+		return err
+	}
+	fs.forget(gone)
+	return nil
+}
+
+// applyResources puts eps in force and returns the trust domains whose
+// resource went away and that no other source configures.
+func (fs *federationSetup) applyResources(eps []federation.Endpoint) ([]spiffeid.TrustDomain, error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	old := fs.resources
 	fs.resources = eps
 	if err := fs.applyLocked(); err != nil {
 		fs.resources = old
-		return err
+		return nil, err
 	}
-	return nil
+	var gone []spiffeid.TrustDomain
+	for _, ep := range old {
+		td := ep.TrustDomain
+		if !slices.ContainsFunc(eps, func(n federation.Endpoint) bool { return n.TrustDomain == td }) && fs.origins[td] == "" && fs.runtime.holdsLocked(td) == "" {
+			gone = append(gone, td)
+		}
+	}
+	return gone, nil
+}
+
+// forget deletes the stored bundles of trust domains no longer federated
+// (kubectl delete of their resource, federation remove with --storage
+// kube): removing a peer withdraws its trust, and adding it again starts
+// from its bootstrap bundle. Not under fs.mu: the store may be an API
+// server that is slow to answer. The leader deletes; a follower's store
+// refuses, as it should.
+func (fs *federationSetup) forget(tds []spiffeid.TrustDomain) {
+	for _, td := range tds {
+		if err := fs.poller.Forget(td); err != nil && !errors.Is(err, kubelkg.ErrNotLeader) {
+			fs.logger.Warn("the stored bundle of a trust domain no longer federated was not deleted: adding it again would start from these roots; delete it first (its last-known-good ConfigMap, or <data-dir>/federation/)",
+				logattr.TrustDomain, td.Name(), logattr.Error, err)
+		}
+	}
 }
 
 // setStatic replaces the endpoints of flags and files (a reload).
@@ -300,7 +335,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 	for _, w := range warnings {
 		logger.Warn("federation config", logattr.Warning, w)
 	}
-	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, stored: stored}
+	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, stored: stored, logger: logger}
 	fs.setStaticLocked(fromFlag, fromFile)
 	// A federation file may list peers only after a reload: the poller
 	// runs for it even when it starts empty.

@@ -272,6 +272,41 @@ func (s *Store) Save(e federation.LKGEntry) error {
 	return err
 }
 
+// Remove deletes td's entry (a trust domain no longer federated: adding
+// it again must start from its bootstrap bundle, not these roots); a
+// missing one is not an error. Only the leader deletes, like Save; a
+// ConfigMap of that name naming another trust domain is left alone.
+func (s *Store) Remove(td spiffeid.TrustDomain) error {
+	where := s.describe(td)
+	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
+		return fmt.Errorf("kubelkg: %s: %w: refusing to delete", where, ErrNotLeader)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	defer cancel()
+	cur, err := s.get(ctx, td)
+	if err != nil {
+		return fmt.Errorf("kubelkg: %s: %w", where, err)
+	}
+	if cur == nil {
+		return nil
+	}
+	if got := cur.Annotations[TrustDomainAnnotation]; got != td.Name() {
+		return fmt.Errorf("kubelkg: %s: belongs to trust domain %q (annotation %s); refusing to delete it", where, got, TrustDomainAnnotation)
+	}
+	err = s.cfg.Client.CoreV1().ConfigMaps(s.cfg.Namespace).Delete(ctx, cur.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion},
+	})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("kubelkg: %s: %w: changed while being deleted: %v", where, ErrConflict, err)
+	case err != nil:
+		return fmt.Errorf("kubelkg: %s: %w", where, err)
+	}
+	return nil
+}
+
 // leaseBound is the optional part of a Leader that says until when it
 // counts itself the leader.
 type leaseBound interface{ LeadingUntil() time.Time }

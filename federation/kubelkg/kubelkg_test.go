@@ -155,6 +155,49 @@ func TestRoundTripAndRefusals(t *testing.T) {
 	})
 }
 
+// Remove deletes a trust domain's entry (federation remove): only the
+// leader, only an entry that names that trust domain, and a missing one
+// is no error. Through it Poller.Forget works on Kubernetes storage too.
+func TestRemove(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	s, err := New(Config{Client: env.Client, Namespace: ns})
+	require.NoError(t, err)
+	td := spiffeid.RequireTrustDomainFromString(peer)
+	require.NoError(t, s.Save(lkgEntry(bundle(t, peer, 7))))
+
+	f := &flag{}
+	follower, err := New(Config{Client: env.Client, Namespace: ns, Leader: f})
+	require.NoError(t, err)
+	require.ErrorIs(t, follower.Remove(td), ErrNotLeader)
+	got, err := s.Load(td)
+	require.NoError(t, err)
+	require.NotNil(t, got, "a follower deletes nothing")
+
+	other := spiffeid.RequireTrustDomainFromString("other.example")
+	require.NoError(t, s.Save(lkgEntry(bundle(t, "other.example", 1))))
+	cm, err := env.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), s.Name(other), metav1.GetOptions{})
+	require.NoError(t, err)
+	cm.Annotations[TrustDomainAnnotation] = "third.example"
+	_, err = env.Client.CoreV1().ConfigMaps(ns).Update(context.Background(), cm, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	assert.ErrorContains(t, s.Remove(other), "refusing to delete")
+
+	require.NoError(t, s.Remove(td))
+	got, err = s.Load(td)
+	require.NoError(t, err)
+	assert.Nil(t, got)
+	require.NoError(t, s.Remove(td), "already gone")
+
+	p, err := federation.NewPoller(federation.PollerConfig{LKG: s, Sink: &sink{}})
+	require.NoError(t, err)
+	require.NoError(t, s.Save(lkgEntry(bundle(t, peer, 8))))
+	require.NoError(t, p.Forget(td))
+	got, err = s.Load(td)
+	require.NoError(t, err)
+	assert.Nil(t, got, "Poller.Forget deletes through the store")
+}
+
 // TestFollowerPicksUpTheLeadersBundle: the leader saves what its poller
 // accepted; a follower's poller, driven by the watch, takes it.
 func TestFollowerPicksUpTheLeadersBundle(t *testing.T) {
