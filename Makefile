@@ -104,16 +104,16 @@ helm-tests: build kube-tools
 # image: the container image, without a container engine or network: a
 # static bin/image/trustbridge (CGO_ENABLED=0, GOOS=linux: the same build
 # as make build's on Linux, so only a link more) on an empty base with a
-# nonroot /etc/passwd (uid 65532) and this machine's CA certificates (Debian's
-# ca-certificates, the system roots https_web federation and ACME verify
-# with; CA_CERTS= leaves them out), written by deploy/image (a module of its
+# nonroot /etc/passwd (uid 65532) and no CA file (the binary links Mozilla's
+# roots, pinned in go.mod, for where the system has none; CA_CERTS=FILE adds
+# a bundle of your own, which replaces them), written by deploy/image (a module of its
 # own, go-containerregistry) as an OCI image layout archive, reproducible from
 # the commit: docker load -i bin/trustbridge-image.tar (or podman load,
 # skopeo copy oci-archive:bin/trustbridge-image.tar docker://REGISTRY/...).
 # image-tests reads it back and runs its binary; deploy/image's own tests check
 # the builder and that deploy/Dockerfile makes the same user and entrypoint.
 IMAGE_TAR := bin/trustbridge-image.tar
-CA_CERTS  ?= /etc/ssl/certs/ca-certificates.crt
+CA_CERTS  ?=
 IMAGE_ARCH := $(shell $(GO) env GOARCH)
 image:
 	@mkdir -p bin/image

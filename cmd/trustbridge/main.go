@@ -5,6 +5,13 @@ import (
 	"os"
 	"runtime"
 	"time"
+
+	// Mozilla's roots, pinned with this module, for where the system has
+	// none (the container image is an empty base): https_web federation and
+	// ACME verify with them. Go uses them only when the system pool is
+	// empty, so a host's own roots (a corporate CA) still win; and the
+	// image no longer carries whatever CA file its build host had.
+	_ "golang.org/x/crypto/x509roots/fallback"
 )
 
 // gcBallastSize is a floor under the heap the garbage collector paces

@@ -32,7 +32,7 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("image", flag.ContinueOnError)
 	binary := fs.String("binary", "", "static trustbridge binary (CGO_ENABLED=0) to put at "+Entrypoint)
-	caCerts := fs.String("ca-certs", "/etc/ssl/certs/ca-certificates.crt", "PEM CA certificates for "+caCertPath+" (system roots for https_web federation and ACME); empty leaves them out")
+	caCerts := fs.String("ca-certs", "", "PEM CA certificates to put at "+caCertPath+", which replace the binary's embedded roots for https_web federation and ACME (default: none)")
 	out := fs.String("out", "", "OCI image layout tar archive to write")
 	repo := fs.String("repository", "ghcr.io/trustbridge/trustbridge", "image name recorded in the archive's index")
 	version := fs.String("version", "dev", "image tag and org.opencontainers.image.version")
@@ -59,7 +59,7 @@ func run(args []string) error {
 	}
 	if *caCerts != "" {
 		if spec.CACerts, err = os.ReadFile(*caCerts); err != nil {
-			return fmt.Errorf("%w (install Debian's ca-certificates, or pass -ca-certs \"\" for an image without system roots)", err)
+			return fmt.Errorf("-ca-certs: %w (leave it empty: the binary carries its own roots)", err)
 		}
 	}
 	img, err := Build(spec)
