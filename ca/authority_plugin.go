@@ -186,3 +186,8 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 		a.recordCheck(a.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
 	}
 }
+
+// Plugin is the plug-in CA directory's watcher, nil without one: cmd
+// re-reads it on SIGHUP (PluginWatcher.Check) instead of waiting for its
+// next poll.
+func (a *Authority) Plugin() *PluginWatcher { return a.cfg.Plugin }

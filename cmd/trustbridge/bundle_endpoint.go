@@ -75,6 +75,8 @@ type bundleEndpoint struct {
 	// last good one is still served); the endpoint reports its files'.
 	checks  []func() error
 	runners []func(context.Context) error
+	// reloads re-read its files now, on SIGHUP (each is polled anyway).
+	reloads []reloader
 }
 
 func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
@@ -118,6 +120,9 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 	}
 	if ep.endpoint, err = bundleserver.NewEndpoint(cfg); err != nil {
 		return nil, bundleFileFlagError(err, "--bundle-file %q: %w")
+	}
+	for _, f := range ep.endpoint.Files() {
+		ep.reloads = append(ep.reloads, checkReloader("--bundle-file "+f.Path(), f.Check))
 	}
 
 	ln, err := net.Listen("tcp", o.listen)
@@ -221,6 +226,7 @@ func (ep *bundleEndpoint) fileCertificate(o bundleOptions, logger *slog.Logger) 
 		ep.certHost = c.Leaf.DNSNames[0]
 	}
 	ep.runners = append(ep.runners, func(ctx context.Context) error { return fc.Run(ctx, filePollInterval) })
+	ep.reloads = append(ep.reloads, checkReloader("--bundle-tls-cert", fc.Check))
 	ep.checks = append(ep.checks, func() error {
 		if err := fc.LastError(); err != nil {
 			return fmt.Errorf("--bundle-tls-cert: %w (serving the last good certificate)", err)

@@ -71,9 +71,10 @@ func serveReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle
 }
 
 // reloadRunner is the server's SIGHUP handler: it reloads the federation
-// list of --federation-config or of the --config file, and the bootstrap
-// token file (also re-read every 10s: SIGHUP makes it now). There is no
-// trust policy to reload yet.
+// list of --federation-config or of the --config file, the bootstrap
+// token file, the bundle endpoint's --bundle-file and --bundle-tls-cert
+// files and the --ca-dir plug-in CA (all but the first are also polled:
+// SIGHUP makes it now). There is no trust policy to reload yet.
 func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger *slog.Logger) func(context.Context) error {
 	var rs []reloader
 	if p.fed.poller != nil && (o.federation.configFile != "" || o.configPath != "") {
@@ -90,8 +91,25 @@ func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger
 			return fmt.Sprintf("%d tokens in force", tokens.Len()), nil
 		}})
 	}
-	idle := "no --federation-config, --config or --bootstrap-token-file; there is no trust policy yet"
+	if p.ep != nil {
+		rs = append(rs, p.ep.reloads...)
+	}
+	if w := p.authority.Plugin(); w != nil {
+		rs = append(rs, checkReloader("--ca-dir", w.Check))
+	}
+	idle := "no --federation-config, --config, --bootstrap-token-file, --bundle-file, --bundle-tls-cert or --ca-dir; there is no trust policy yet"
 	return func(ctx context.Context) error { return serveReloads(ctx, hup, rs, idle, logger) }
+}
+
+// checkReloader re-reads a watched file now with its watcher's Check,
+// which keeps the last good content when the new one is invalid.
+func checkReloader(name string, check func() error) reloader {
+	return reloader{name: name, reload: func() (string, error) {
+		if err := check(); err != nil {
+			return "", err
+		}
+		return "re-read", nil
+	}}
 }
 
 // reloadFederation reads the endpoints of flags and files again, checks

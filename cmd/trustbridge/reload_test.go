@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/internal/testlog"
 )
 
@@ -114,4 +116,26 @@ func TestServerSIGHUPIgnoredWithNothingToReload(t *testing.T) {
 	hupAndWait(t, hup, logs, "SIGHUP ignored: nothing here is reloadable", 1)
 	code, _ := get(t, "http://"+admin+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
+}
+
+// SIGHUP re-reads the bundle endpoint's --bundle-file files now, and a bad
+// one is reported while its last good bundle stays served.
+func TestServerSIGHUPRereadsBundleFiles(t *testing.T) {
+	dir := t.TempDir()
+	peer := testca.New(t, "peer.example")
+	doc, err := bundledoc.Marshal(peer.Bundle())
+	require.NoError(t, err)
+	peerFile := filepath.Join(dir, "peer.json")
+	require.NoError(t, os.WriteFile(peerFile, doc, 0o600))
+	o := baseServerOptions("example.org", t.TempDir())
+	o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"peer.example=" + peerFile}, serveOthers: true}
+	_, hup, logs := launchReloadable(t, o)
+
+	hupAndWait(t, hup, logs, "reloaded", 1)
+	assert.Contains(t, logs.String(), `"part":"--bundle-file `+peerFile+`"`)
+
+	require.NoError(t, os.WriteFile(peerFile, []byte(`{"keys": [`), 0o600))
+	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
+	rec := logRecord(logs.String(), "reload failed; the previous configuration stays in force")
+	assert.Equal(t, "--bundle-file "+peerFile, rec["part"])
 }
