@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -118,14 +119,20 @@ func exampleCommands(example string) []string {
 					part = part[:i]
 				}
 			}
+			// Environment assignments before the command (the agent's
+			// istio-agent variables) are the shell's, not arguments.
+			part = strings.TrimSpace(envAssignments.ReplaceAllString(part, ""))
 			if strings.HasPrefix(part, "trustbridge ") || part == "trustbridge" {
-				out = append(out, strings.TrimSpace(part))
+				out = append(out, part)
 			}
 		}
 		cur = ""
 	}
 	return out
 }
+
+// envAssignments are leading NAME=value words of a command line.
+var envAssignments = regexp.MustCompile(`^([A-Z_][A-Z0-9_]*=\S*\s+)+`)
 
 // shellWords splits on spaces, keeping '...' and "..." together (enough
 // for the examples, which have no escapes inside quotes).
