@@ -51,13 +51,31 @@ func (h *uniqueHandler) Handle(ctx context.Context, r slog.Record) error {
 }
 
 // mergeAttrs is base followed by add, an attribute of add replacing the
-// earlier one of the same key in place. base is not modified.
+// earlier one of the same key in place. base is not modified. add's
+// inline groups (a group with an empty key) are flattened first, as a
+// handler writes them, so their keys take part too.
 func mergeAttrs(base, add []slog.Attr) []slog.Attr {
 	out := slices.Clone(base)
-	for _, a := range add {
+	for _, a := range inline(nil, add) {
 		if i := slices.IndexFunc(out, func(b slog.Attr) bool { return b.Key == a.Key }); i >= 0 {
 			out[i] = a
 		} else {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// inline appends as to out with inline groups flattened and empty
+// attributes dropped, the handler rules of log/slog.
+func inline(out, as []slog.Attr) []slog.Attr {
+	for _, a := range as {
+		a.Value = a.Value.Resolve()
+		switch {
+		case a.Key == "" && a.Value.Kind() == slog.KindGroup:
+			out = inline(out, a.Value.Group())
+		case a.Equal(slog.Attr{}):
+		default:
 			out = append(out, a)
 		}
 	}

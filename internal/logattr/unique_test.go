@@ -24,6 +24,13 @@ func TestUniqueKeys(t *testing.T) {
 		{"groups do not collide", func(l *slog.Logger) {
 			l.With("k", 1).WithGroup("g").With("k", 2).Info("m", "k", 3)
 		}, `{"level":"INFO","msg":"m","k":1,"g":{"k":3}}`},
+		{"inline groups are flattened", func(l *slog.Logger) {
+			l.Info("m", slog.Group("", "a", 1), slog.Group("", "b", 2))
+		}, `{"level":"INFO","msg":"m","a":1,"b":2}`},
+		{"an inline group's key replaces a With", func(l *slog.Logger) {
+			l.With("k", 1).Info("m", slog.Group("", "k", 2))
+		}, `{"level":"INFO","msg":"m","k":2}`},
+		{"empty attributes are dropped", func(l *slog.Logger) { l.Info("m", slog.Attr{}, "k", 1) }, `{"level":"INFO","msg":"m","k":1}`},
 		{"the parent logger is unchanged", func(l *slog.Logger) {
 			parent := l.With("k", 1)
 			_ = parent.With("k", 2)
