@@ -3,7 +3,10 @@ package federation
 import (
 	"log/slog"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -45,4 +48,46 @@ func TestForgetWithoutDeletion(t *testing.T) {
 	p, err := NewPoller(PollerConfig{LKG: &memLKG{}, Sink: pf.sink})
 	require.NoError(t, err)
 	assert.ErrorIs(t, p.Forget(pf.ep.TrustDomain), ErrCannotForget)
+}
+
+// blockingRemoveLKG is a file store whose Remove waits for release.
+type blockingRemoveLKG struct {
+	*LKGStore
+	entered, release chan struct{}
+}
+
+func (s blockingRemoveLKG) Remove(td spiffeid.TrustDomain) error {
+	close(s.entered)
+	<-s.release
+	return s.LKGStore.Remove(td)
+}
+
+// A slow deletion of one trust domain's bundle does not hold up another
+// trust domain's poll and save: the save locks are per trust domain.
+func TestForgetDoesNotHoldUpOtherTrustDomains(t *testing.T) {
+	pf := newPollFixture(t)
+	store := blockingRemoveLKG{LKGStore: NewLKGStore(pf.dataDir), entered: make(chan struct{}), release: make(chan struct{})}
+	p, err := NewPoller(PollerConfig{
+		Endpoints: []Endpoint{pf.ep},
+		Fetcher:   FetcherConfig{AllowPrivate: true, WebRoots: pf.pool, Timeout: 5 * time.Second},
+		LKG:       store, Sink: pf.sink, Registerer: prometheus.NewRegistry(),
+	})
+	require.NoError(t, err)
+	forgot := make(chan error, 1)
+	go func() { forgot <- p.Forget(spiffeid.RequireTrustDomainFromString("gone.example")) }()
+	<-store.entered
+
+	polled := make(chan error, 1)
+	go func() { polled <- p.Refresh(t.Context(), pf.ep.TrustDomain) }()
+	select {
+	case err := <-polled:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second): // a guard against a hang, not a measurement
+		t.Fatal("a poll of another trust domain waited for Forget")
+	}
+	stored, err := store.Load(pf.ep.TrustDomain)
+	require.NoError(t, err)
+	assert.NotNil(t, stored, "saved while the other deletion waits")
+	close(store.release)
+	require.NoError(t, <-forgot)
 }

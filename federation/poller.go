@@ -183,15 +183,18 @@ type Poller struct {
 
 	// setMu serializes SetEndpoints calls.
 	setMu sync.Mutex
-	// saveMu orders last-known-good writes with Forget: a save decides
-	// under it whether its trust domain is still followed, so a bundle
-	// Forget deleted is never written back by a poll that ended before.
-	saveMu sync.Mutex
-	mu     sync.Mutex
-	states map[spiffeid.TrustDomain]*endpointState
-	order  []spiffeid.TrustDomain // sorted by name; replaced, never changed in place
-	cron   *cron.Cron
-	runCtx context.Context // Run's context: scheduled polls end with it
+	// saveMus order each trust domain's last-known-good writes with
+	// Forget: a save decides under its trust domain's lock whether that
+	// trust domain is still followed, so a bundle Forget deleted is never
+	// written back by a poll that ended before. One lock per trust domain
+	// (under mu; kept for the poller's life): a slow store write of one
+	// peer must not hold up another's.
+	saveMus map[spiffeid.TrustDomain]*sync.Mutex
+	mu      sync.Mutex
+	states  map[spiffeid.TrustDomain]*endpointState
+	order   []spiffeid.TrustDomain // sorted by name; replaced, never changed in place
+	cron    *cron.Cron
+	runCtx  context.Context // Run's context: scheduled polls end with it
 }
 
 // NewPoller checks cfg; it starts nothing.
@@ -412,8 +415,9 @@ func (p *Poller) Run(ctx context.Context) error {
 // saveLKG persists st's bundle, unless td stopped being followed by st
 // since the poll (then Forget may have deleted what this would write).
 func (p *Poller) saveLKG(td spiffeid.TrustDomain, st *endpointState, e *LKGEntry, log *slog.Logger) {
-	p.saveMu.Lock()
-	defer p.saveMu.Unlock()
+	mu := p.saveMu(td)
+	mu.Lock()
+	defer mu.Unlock()
 	p.mu.Lock()
 	current := p.states[td] == st
 	p.mu.Unlock()
@@ -432,8 +436,9 @@ func (p *Poller) saveLKG(td spiffeid.TrustDomain, st *endpointState, e *LKGEntry
 // A store without deletion (Kubernetes' ConfigMap) keeps it; Forget says
 // so with ErrCannotForget.
 func (p *Poller) Forget(td spiffeid.TrustDomain) error {
-	p.saveMu.Lock()
-	defer p.saveMu.Unlock()
+	mu := p.saveMu(td)
+	mu.Lock()
+	defer mu.Unlock()
 	p.mu.Lock()
 	_, followed := p.states[td]
 	p.mu.Unlock()
@@ -450,6 +455,21 @@ func (p *Poller) Forget(td spiffeid.TrustDomain) error {
 		return fmt.Errorf("federation: %w: %s", ErrCannotForget, td.Name())
 	}
 	return r.Remove(td)
+}
+
+// saveMu is td's save lock.
+func (p *Poller) saveMu(td spiffeid.TrustDomain) *sync.Mutex {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.saveMus == nil {
+		p.saveMus = map[spiffeid.TrustDomain]*sync.Mutex{}
+	}
+	mu, ok := p.saveMus[td]
+	if !ok {
+		mu = &sync.Mutex{}
+		p.saveMus[td] = mu
+	}
+	return mu
 }
 
 // ErrCannotForget: the last-known-good store cannot delete a bundle.
