@@ -74,26 +74,25 @@ func (r *runtimeFederation) holdsLocked(td spiffeid.TrustDomain) string {
 	return ""
 }
 
-// forgetRemoved deletes the last-known-good bundles of the endpoints old
-// has and next has not. Removing a peer withdraws its trust, also from
-// the data directory: otherwise adding it again, say with a new --bundle
-// after its CA was compromised, would restore the old roots and let them
-// authenticate the first fetch. The poller no longer follows them, and
-// its Forget orders the deletion after any save of a poll that ended
-// before the removal.
-func (r *runtimeFederation) forgetRemoved(old, next managed.State) error {
-	if r.forget == nil {
-		return nil
-	}
-	for _, ep := range old.Endpoints {
-		if slices.ContainsFunc(next.Endpoints, func(n federation.Endpoint) bool { return n.TrustDomain == ep.TrustDomain }) {
-			continue
+// changed hears of each run-time change once applied and persisted: it
+// goes to the audit log, and a removed peer's stored bundle is deleted.
+// Removing a peer withdraws its trust, also from the data directory:
+// otherwise adding it again, say with a new --bundle after its CA was
+// compromised, would restore the old roots and let them authenticate the
+// first fetch. Only once the removal is saved: a removal that could not
+// be saved is undone and keeps its bundle. The poller's Forget orders the
+// deletion after any save of a poll that ended before the removal.
+func (r *runtimeFederation) changed(audit func(managed.Change), logger *slog.Logger) func(managed.Change) {
+	return func(c managed.Change) {
+		audit(c)
+		if c.Kind != managed.KindRemoved || r.forget == nil {
+			return
 		}
-		if err := r.forget(ep.TrustDomain); err != nil {
-			return fmt.Errorf("%s: its stored bundle could not be deleted, so it stays federated: %w", ep.TrustDomain.Name(), err)
+		if err := r.forget(c.TrustDomain); err != nil {
+			logger.Error("a removed peer's stored bundle could not be deleted: adding it again would start from these roots; delete <data-dir>/federation/ entry of this trust domain first",
+				logattr.TrustDomain, c.TrustDomain.Name(), logattr.Error, err)
 		}
 	}
-	return nil
 }
 
 // configure mounts the run-time routes on the admin API (nil-safe).
@@ -133,7 +132,7 @@ func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
 		Dir: o.dataDir, Local: p.td,
 		Reserved: fs.reservedBy, Others: fs.others, Held: fs.holds,
 		Apply: fs.applyManaged, Probe: fs.probe(o.federation),
-		OnChange: p.trail.runtimeChange,
+		OnChange: rt.changed(p.trail.runtimeChange, logger),
 	})
 	if err != nil {
 		return fmt.Errorf("run-time federation: %w", err)
@@ -190,11 +189,6 @@ func (fs *federationSetup) applyManaged(s managed.State) error {
 	fs.runtime.inForce = s
 	if err := fs.applyLocked(); err != nil {
 		fs.runtime.inForce = old
-		return err
-	}
-	if err := fs.runtime.forgetRemoved(old, s); err != nil {
-		fs.runtime.inForce = old
-		_ = fs.applyLocked() // the old endpoints, which it held a moment ago
 		return err
 	}
 	for _, b := range old.Bundles {
