@@ -81,10 +81,12 @@ func ResourceName(td spiffeid.TrustDomain) string {
 	if max := validation.DNS1123SubdomainMaxLength - len(suffix) - 1; len(clean) > max {
 		clean = strings.TrimRight(clean[:max], ".-")
 	}
-	if clean == "" {
-		return "td-" + suffix
+	if name := clean + "-" + suffix; clean != "" && len(validation.IsDNS1123Subdomain(name)) == 0 {
+		return name
 	}
-	return clean + "-" + suffix
+	// Labels the cleaning leaves invalid (a_.example, a..b): the digest
+	// alone.
+	return "td-" + suffix
 }
 
 func (m *Manager) free(td spiffeid.TrustDomain) error {

@@ -94,6 +94,9 @@ func TestResourceName(t *testing.T) {
 		{"a_b.example", "a-b.example-"},
 		{"_x.example", "x.example-"},
 		{long, strings.Repeat("a", 244) + "-"},
+		{"a_.example", "td-"},
+		{"x._b.example", "td-"},
+		{"a..b", "td-"},
 	} {
 		td := spiffeid.RequireTrustDomainFromString(tt.td)
 		got := ResourceName(td)
