@@ -9,6 +9,7 @@ PKG       := github.com/trustbridge/trustbridge
 ifeq ($(origin VERSION),undefined)
 VERSION   := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 endif
+export VERSION
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 30s
 # Minimizing a new interesting input is not counted as progress and, on
@@ -118,7 +119,7 @@ IMAGE_ARCH := $(shell $(GO) env GOARCH)
 image:
 	@mkdir -p bin/image
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/image/trustbridge ./cmd/trustbridge
-	cd deploy/image && $(GO) run . -binary $(CURDIR)/bin/image/trustbridge -ca-certs '$(CA_CERTS)' -arch $(IMAGE_ARCH) \
+	cd deploy/image && $(GO) run . -binary $(CURDIR)/bin/image/trustbridge -ca-certs '$(if $(CA_CERTS),$(abspath $(CA_CERTS)))' -arch $(IMAGE_ARCH) \
 		-version $(VERSION) -revision "$$(git rev-parse HEAD 2>/dev/null)" \
 		-created "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" -out $(CURDIR)/$(IMAGE_TAR)
 

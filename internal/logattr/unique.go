@@ -75,6 +75,8 @@ func inline(out, as []slog.Attr) []slog.Attr {
 		case a.Key == "" && a.Value.Kind() == slog.KindGroup:
 			out = inline(out, a.Value.Group())
 		case a.Equal(slog.Attr{}):
+		case a.Value.Kind() == slog.KindGroup && len(a.Value.Group()) == 0:
+			// An empty group is not written; it replaces nothing.
 		default:
 			out = append(out, a)
 		}

@@ -31,6 +31,9 @@ func TestUniqueKeys(t *testing.T) {
 			l.With("k", 1).Info("m", slog.Group("", "k", 2))
 		}, `{"level":"INFO","msg":"m","k":2}`},
 		{"empty attributes are dropped", func(l *slog.Logger) { l.Info("m", slog.Attr{}, "k", 1) }, `{"level":"INFO","msg":"m","k":1}`},
+		{"an empty group replaces nothing", func(l *slog.Logger) {
+			l.With(slog.Group("g", "a", 1)).Info("m", slog.Group("g"))
+		}, `{"level":"INFO","msg":"m","g":{"a":1}}`},
 		{"the parent logger is unchanged", func(l *slog.Logger) {
 			parent := l.With("k", 1)
 			_ = parent.With("k", 2)
