@@ -90,13 +90,7 @@ func ResourceName(td spiffeid.TrustDomain) string {
 }
 
 func (m *Manager) free(td spiffeid.TrustDomain) error {
-	if td == m.cfg.Local {
-		return fmt.Errorf("%w: %s is this server's own trust domain; its bundle comes from our CA", managed.ErrInvalid, td.Name())
-	}
-	if where := m.cfg.Reserved[td]; where != "" {
-		return fmt.Errorf("%w: %s is configured by %s; change it there", managed.ErrReserved, td.Name(), where)
-	}
-	return nil
+	return managed.CheckFree(td, m.cfg.Local, m.cfg.Reserved[td])
 }
 
 // resourceOf names the resource that configures td, "" when none does.

@@ -152,10 +152,17 @@ func (m *Manager) State() State {
 
 // free refuses our own trust domain and those configured elsewhere.
 func (m *Manager) free(td spiffeid.TrustDomain) error {
-	if td == m.cfg.Local {
+	return CheckFree(td, m.cfg.Local, m.cfg.Reserved(td))
+}
+
+// CheckFree refuses, with the errors of a change, td when it is local
+// (this server's own trust domain) or configured elsewhere (where, ""
+// when nowhere): the rule of every storage's manager.
+func CheckFree(td, local spiffeid.TrustDomain, where string) error {
+	if td == local {
 		return fmt.Errorf("%w: %s is this server's own trust domain; its bundle comes from our CA", ErrInvalid, td.Name())
 	}
-	if where := m.cfg.Reserved(td); where != "" {
+	if where != "" {
 		return fmt.Errorf("%w: %s is configured by %s; change it there", ErrReserved, td.Name(), where)
 	}
 	return nil
