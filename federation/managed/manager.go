@@ -132,7 +132,7 @@ func (m *Manager) check(s State) error {
 		if err := m.free(ep.TrustDomain); err != nil {
 			return fmt.Errorf("%s: %w", EndpointsFile, err)
 		}
-		if err := m.firstFetch(ep, s.Endpoints); err != nil {
+		if err := checkFirstFetch(ep, m.anchors(ep, s.Endpoints)); err != nil {
 			return fmt.Errorf("%s: %w", EndpointsFile, err)
 		}
 	}
@@ -168,11 +168,16 @@ func CheckFree(td, local spiffeid.TrustDomain, where string) error {
 	return nil
 }
 
-// firstFetch is federation.CheckFirstFetch for ep among the managed
-// endpoints eps (which may hold ep) and the others.
-func (m *Manager) firstFetch(ep federation.Endpoint, eps []federation.Endpoint) error {
+// anchors are those of ep's first fetch among the managed endpoints eps
+// (which may hold ep) and the others.
+func (m *Manager) anchors(ep federation.Endpoint, eps []federation.Endpoint) *federation.Anchors {
 	set := append([]federation.Endpoint{ep}, slices.Concat(eps, m.cfg.Others())...)
-	if err := federation.CheckFirstFetch(ep, &federation.Anchors{Local: m.cfg.Local, Endpoints: set, Held: m.cfg.Held}); err != nil {
+	return &federation.Anchors{Local: m.cfg.Local, Endpoints: set, Held: m.cfg.Held}
+}
+
+// checkFirstFetch is federation.CheckFirstFetch, refusing with ErrInvalid.
+func checkFirstFetch(ep federation.Endpoint, a *federation.Anchors) error {
+	if err := federation.CheckFirstFetch(ep, a); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return nil
