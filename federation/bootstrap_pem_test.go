@@ -2,7 +2,6 @@ package federation
 
 import (
 	"crypto/x509"
-	"encoding/pem"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -10,14 +9,6 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
-
-func rootPEM(certs ...*x509.Certificate) []byte {
-	var out []byte
-	for _, c := range certs {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-	}
-	return out
-}
 
 // A PEM root (Istio's root-cert.pem) is a bootstrap bundle wherever a
 // bundle file is: the fourth tuple field and trustDomainBundleFile; it is
@@ -27,9 +18,9 @@ func TestBootstrapBundleFromPEM(t *testing.T) {
 	leaf, _ := bar.Issue(t, id("spiffe://bar.example/w"))
 	other := testca.New(t, "other.example")
 	files := map[string][]byte{
-		"root.pem":    rootPEM(bar.Cert),
-		"leaf.pem":    rootPEM(bar.Cert, leaf),
-		"foreign.pem": rootPEM(other.Cert),
+		"root.pem":    testca.PEM(bar.Cert),
+		"leaf.pem":    testca.PEM(bar.Cert, leaf),
+		"foreign.pem": testca.PEM(other.Cert),
 	}
 	read := func(p string) ([]byte, error) { return files[p], nil }
 	yaml := func(file string) []byte {

@@ -90,13 +90,7 @@ func ResourceName(td spiffeid.TrustDomain) string {
 }
 
 func (m *Manager) free(td spiffeid.TrustDomain) error {
-	if td == m.cfg.Local {
-		return fmt.Errorf("%w: %s is this server's own trust domain; its bundle comes from our CA", managed.ErrInvalid, td.Name())
-	}
-	if where := m.cfg.Reserved[td]; where != "" {
-		return fmt.Errorf("%w: %s is configured by %s; change it there", managed.ErrReserved, td.Name(), where)
-	}
-	return nil
+	return managed.CheckFree(td, m.cfg.Local, m.cfg.Reserved[td])
 }
 
 // resourceOf names the resource that configures td, "" when none does.
@@ -115,18 +109,10 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 	if name != "" && !opts.Force {
 		return fmt.Errorf("%w: %s is already federated by ClusterFederatedTrustDomain %s; edit it, or replace it with --force", managed.ErrExists, td.Name(), name)
 	}
-	if _, err := federation.MergeEndpoints([]federation.Endpoint{ep}); err != nil {
-		return fmt.Errorf("%w: %w", managed.ErrInvalid, err)
-	}
 	others := slices.DeleteFunc(m.cfg.Others(), func(o federation.Endpoint) bool { return o.TrustDomain == td })
 	anchors := &federation.Anchors{Local: m.cfg.Local, Endpoints: append([]federation.Endpoint{ep}, others...), Held: m.cfg.Held}
-	if err := federation.CheckFirstFetch(ep, anchors); err != nil {
-		return fmt.Errorf("%w: %w", managed.ErrInvalid, err)
-	}
-	if m.cfg.Probe != nil && !opts.NoProbe {
-		if err := m.cfg.Probe(ctx, ep); err != nil {
-			return fmt.Errorf("%w: %s: %w; nothing was changed: fix the URL, endpoint SPIFFE ID or bundle, or add it with --no-fetch to poll it until it answers", managed.ErrFirstFetch, ep, err)
-		}
+	if err := managed.CheckEndpoint(ctx, ep, anchors, m.cfg.Probe, opts.NoProbe); err != nil {
+		return err
 	}
 	spec, err := specOf(ep, m.cfg.ClassName)
 	if err != nil {

@@ -53,19 +53,30 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts AddOptio
 		}
 		next.Bundles = slices.Delete(next.Bundles, i, i+1)
 	}
-	if _, err := federation.MergeEndpoints([]federation.Endpoint{ep}); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if err := m.firstFetch(ep, next.Endpoints); err != nil {
+	if err := CheckEndpoint(ctx, ep, m.anchors(ep, next.Endpoints), m.cfg.Probe, opts.NoProbe); err != nil {
 		return err
-	}
-	if m.cfg.Probe != nil && !opts.NoProbe {
-		if err := m.cfg.Probe(ctx, ep); err != nil {
-			return fmt.Errorf("%w: %s: %w; nothing was changed: fix the URL, endpoint SPIFFE ID or bundle, or add it with --no-fetch to poll it until it answers", ErrFirstFetch, ep, err)
-		}
 	}
 	next.Endpoints = append(next.Endpoints, ep)
 	return m.commit(next, Change{Kind: kind, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+}
+
+// CheckEndpoint is what an endpoint must pass to be added, with either
+// storage: a valid endpoint (federation.MergeEndpoints) whose first fetch
+// can be authenticated with a (federation.CheckFirstFetch) and, with
+// probe and unless noProbe, succeeds (ErrFirstFetch).
+func CheckEndpoint(ctx context.Context, ep federation.Endpoint, a *federation.Anchors, probe func(context.Context, federation.Endpoint) error, noProbe bool) error {
+	if _, err := federation.MergeEndpoints([]federation.Endpoint{ep}); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := checkFirstFetch(ep, a); err != nil {
+		return err
+	}
+	if probe != nil && !noProbe {
+		if err := probe(ctx, ep); err != nil {
+			return fmt.Errorf("%w: %s: %w; nothing was changed: fix the URL, endpoint SPIFFE ID or bundle, or add it with --no-fetch to poll it until it answers", ErrFirstFetch, ep, err)
+		}
+	}
+	return nil
 }
 
 // Remove stops federating with td as managed here: its endpoint, or else

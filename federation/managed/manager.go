@@ -132,7 +132,7 @@ func (m *Manager) check(s State) error {
 		if err := m.free(ep.TrustDomain); err != nil {
 			return fmt.Errorf("%s: %w", EndpointsFile, err)
 		}
-		if err := m.firstFetch(ep, s.Endpoints); err != nil {
+		if err := checkFirstFetch(ep, m.anchors(ep, s.Endpoints)); err != nil {
 			return fmt.Errorf("%s: %w", EndpointsFile, err)
 		}
 	}
@@ -152,20 +152,32 @@ func (m *Manager) State() State {
 
 // free refuses our own trust domain and those configured elsewhere.
 func (m *Manager) free(td spiffeid.TrustDomain) error {
-	if td == m.cfg.Local {
+	return CheckFree(td, m.cfg.Local, m.cfg.Reserved(td))
+}
+
+// CheckFree refuses, with the errors of a change, td when it is local
+// (this server's own trust domain) or configured elsewhere (where, ""
+// when nowhere): the rule of every storage's manager.
+func CheckFree(td, local spiffeid.TrustDomain, where string) error {
+	if td == local {
 		return fmt.Errorf("%w: %s is this server's own trust domain; its bundle comes from our CA", ErrInvalid, td.Name())
 	}
-	if where := m.cfg.Reserved(td); where != "" {
+	if where != "" {
 		return fmt.Errorf("%w: %s is configured by %s; change it there", ErrReserved, td.Name(), where)
 	}
 	return nil
 }
 
-// firstFetch is federation.CheckFirstFetch for ep among the managed
-// endpoints eps (which may hold ep) and the others.
-func (m *Manager) firstFetch(ep federation.Endpoint, eps []federation.Endpoint) error {
+// anchors are those of ep's first fetch among the managed endpoints eps
+// (which may hold ep) and the others.
+func (m *Manager) anchors(ep federation.Endpoint, eps []federation.Endpoint) *federation.Anchors {
 	set := append([]federation.Endpoint{ep}, slices.Concat(eps, m.cfg.Others())...)
-	if err := federation.CheckFirstFetch(ep, &federation.Anchors{Local: m.cfg.Local, Endpoints: set, Held: m.cfg.Held}); err != nil {
+	return &federation.Anchors{Local: m.cfg.Local, Endpoints: set, Held: m.cfg.Held}
+}
+
+// checkFirstFetch is federation.CheckFirstFetch, refusing with ErrInvalid.
+func checkFirstFetch(ep federation.Endpoint, a *federation.Anchors) error {
+	if err := federation.CheckFirstFetch(ep, a); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return nil

@@ -2,9 +2,7 @@ package admin
 
 import (
 	"bytes"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
@@ -163,7 +161,7 @@ func TestAddRemoveAndList(t *testing.T) {
 		assert.Contains(t, body(t, rec), tt.msg, tt.name)
 	}
 
-	rec := send(t, h, http.MethodPut, "/v1/bundles/static.example", string(pemOf(testca.New(t, "static.example").Cert)), bearer...)
+	rec := send(t, h, http.MethodPut, "/v1/bundles/static.example", string(testca.PEM(testca.New(t, "static.example").Cert)), bearer...)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 	assert.Contains(t, rec.Body.String(), "set static.example's static bundle (trusted as is): 1 X.509 and 0 JWT authorities")
 
@@ -181,14 +179,6 @@ func TestAddRemoveAndList(t *testing.T) {
 	assert.Empty(t, f.m.State().Endpoints)
 }
 
-func pemOf(certs ...*x509.Certificate) []byte {
-	var out []byte
-	for _, c := range certs {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-	}
-	return out
-}
-
 func TestSetBundleRefusals(t *testing.T) {
 	t.Parallel()
 	f := newManagedFixture(t)
@@ -200,11 +190,11 @@ func TestSetBundleRefusals(t *testing.T) {
 		want           int
 		msg            string
 	}{
-		{"names another trust domain", "static.example", string(pemOf(testca.New(t, "other.example").Cert)), http.StatusBadRequest, "bundle is for another trust domain"},
-		{"a leaf", "static.example", string(pemOf(leaf)), http.StatusBadRequest, "not a CA"},
+		{"names another trust domain", "static.example", string(testca.PEM(testca.New(t, "other.example").Cert)), http.StatusBadRequest, "bundle is for another trust domain"},
+		{"a leaf", "static.example", string(testca.PEM(leaf)), http.StatusBadRequest, "not a CA"},
 		{"garbage", "static.example", "{", http.StatusBadRequest, "bundle for static.example"},
-		{"our own", "example.org", string(pemOf(testca.New(t, "example.org").Cert)), http.StatusBadRequest, "own trust domain"},
-		{"configured in a file", "peer.example", string(pemOf(testca.New(t, "peer.example").Cert)), http.StatusConflict, "--federation-config"},
+		{"our own", "example.org", string(testca.PEM(testca.New(t, "example.org").Cert)), http.StatusBadRequest, "own trust domain"},
+		{"configured in a file", "peer.example", string(testca.PEM(testca.New(t, "peer.example").Cert)), http.StatusConflict, "--federation-config"},
 		{"too large", "static.example", strings.Repeat(" ", int(bundledoc.DefaultMaxSize)+1), http.StatusRequestEntityTooLarge, "request body"},
 	}
 	for _, tt := range tests {
