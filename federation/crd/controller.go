@@ -304,12 +304,7 @@ func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain
 		valid:    map[string]validSpec{},
 		origins:  map[spiffeid.TrustDomain]string{},
 	}
-	type parsed struct {
-		ep       federation.Endpoint
-		warnings []string
-		err      error
-	}
-	specs := make([]parsed, len(rs))
+	specs := make([]parsedSpec, len(rs))
 	// The set: static endpoints first, as they win a trust domain over any
 	// resource, then the resources oldest first, as the oldest claims it.
 	// CheckFirstFetch counts the first endpoint of a trust domain only; if
@@ -328,17 +323,9 @@ func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain
 	for i, r := range rs {
 		name := r.obj.GetName()
 		v := &j.verdicts[i]
-		if r.err != nil {
-			v.reason, v.msg = ReasonInvalidSpec, "spec does not decode: "+r.err.Error()
-		} else if ep, warnings, err := specs[i].ep, specs[i].warnings, specs[i].err; err != nil {
-			v.reason, v.msg = ReasonInvalidSpec, err.Error()
-		} else if ep.TrustDomain == local {
-			v.reason, v.msg = ReasonInvalidSpec, fmt.Sprintf("%s is this server's own trust domain; its bundle comes from the CA", ep.TrustDomain.Name())
-		} else if err := federation.CheckFirstFetch(ep, anchors); err != nil {
-			v.reason, v.msg = ReasonInvalidSpec, err.Error()
-		} else {
-			v.warnings = warnings
-			j.valid[name] = validSpec{ep: ep, generation: r.obj.GetGeneration()}
+		if v.reason, v.msg = specs[i].refusal(r, local, anchors); v.reason == "" {
+			v.warnings = specs[i].warnings
+			j.valid[name] = validSpec{ep: specs[i].ep, generation: r.obj.GetGeneration()}
 		}
 		vs, ok := j.valid[name]
 		if !ok {
@@ -366,6 +353,30 @@ func judge(rs []resource, valid map[string]validSpec, local spiffeid.TrustDomain
 		}
 	}
 	return j
+}
+
+// parsedSpec is a resource's spec as Endpoint parsed it.
+type parsedSpec struct {
+	ep       federation.Endpoint
+	warnings []string
+	err      error
+}
+
+// refusal says why resource r, whose spec parsed as p, is invalid
+// (ReasonInvalidSpec and a message), or "" when it is valid.
+func (p parsedSpec) refusal(r resource, local spiffeid.TrustDomain, anchors *federation.Anchors) (reason, msg string) {
+	switch {
+	case r.err != nil:
+		return ReasonInvalidSpec, "spec does not decode: " + r.err.Error()
+	case p.err != nil:
+		return ReasonInvalidSpec, p.err.Error()
+	case p.ep.TrustDomain == local:
+		return ReasonInvalidSpec, fmt.Sprintf("%s is this server's own trust domain; its bundle comes from the CA", p.ep.TrustDomain.Name())
+	}
+	if err := federation.CheckFirstFetch(p.ep, anchors); err != nil {
+		return ReasonInvalidSpec, err.Error()
+	}
+	return "", ""
 }
 
 // verdict is what sync decided about one resource.
