@@ -164,12 +164,7 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 			return err
 		}
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.SyncDir(dir)
 }
 
 // markOwned writes OwnerFile in dir unless it is there.
