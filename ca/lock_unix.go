@@ -5,7 +5,8 @@ package ca
 import (
 	"fmt"
 	"os"
-	"syscall"
+
+	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
 // Lock takes an advisory lock on the state directory: exclusive for
@@ -26,16 +27,9 @@ func (s *Store) Lock(exclusive bool) (func(), error) {
 	if err != nil {
 		return nil, s.wrap(err)
 	}
-	how := syscall.LOCK_SH
-	if exclusive {
-		how = syscall.LOCK_EX
-	}
-	if err := syscall.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
+	unlock, err := datadir.Wait(f, exclusive)
+	if err != nil {
 		return nil, s.wrap(fmt.Errorf("lock: %w", err))
 	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		_ = f.Close()
-	}, nil
+	return unlock, nil
 }

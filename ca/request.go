@@ -17,12 +17,7 @@ import (
 // waiting, nothing changes and created is false.
 func RequestRotation(dataDir string, now time.Time) (rootID string, created bool, err error) {
 	s := NewStore(dataDir)
-	unlock, err := s.Lock(false) // refuse to create a state dir where there is none
-	if err != nil {
-		return "", false, err
-	}
-	unlock()
-	unlock, err = s.Lock(true)
+	unlock, err := s.lockExisting()
 	if err != nil {
 		return "", false, err
 	}
@@ -70,4 +65,17 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 		return "", false, err
 	}
 	return id, true, nil
+}
+
+// lockExisting takes the exclusive lock for a change a tool makes to the
+// state beside a server. The shared lock comes first: it refuses to
+// create a state directory where there is none (a mistyped --data-dir),
+// which the exclusive one would.
+func (s *Store) lockExisting() (func(), error) {
+	unlock, err := s.Lock(false)
+	if err != nil {
+		return nil, err
+	}
+	unlock()
+	return s.Lock(true)
 }

@@ -66,12 +66,7 @@ func RaiseSequence(dataDir string, above uint64) (uint64, error) {
 		return 0, fmt.Errorf("ca: sequence %d is beyond what any clock published (at most %d)", above, uint64(MaxRaise-1))
 	}
 	s := NewStore(dataDir)
-	unlock, err := s.Lock(false) // refuse to create a state dir where there is none
-	if err != nil {
-		return 0, err
-	}
-	unlock()
-	unlock, err = s.Lock(true)
+	unlock, err := s.lockExisting()
 	if err != nil {
 		return 0, err
 	}

@@ -125,10 +125,5 @@ func create(path string, perm os.FileMode, prepare func(*os.File) error, fill fu
 	} else if err := os.Link(tmp, path); err != nil {
 		return err
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return SyncDir(dir)
 }

@@ -12,6 +12,3 @@ func openSource(p string) (*os.File, error) { return os.Open(p) }
 // mountPoint cannot tell here; a rename that fails with EBUSY takes the
 // mount point path all the same.
 func mountPoint(string) bool { return false }
-
-// syncDir: directories cannot be synced here.
-func syncDir(string) error { return nil }

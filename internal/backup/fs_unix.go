@@ -23,13 +23,3 @@ func mountPoint(dir string) bool {
 	}
 	return st.Dev != parent.Dev
 }
-
-// syncDir makes the renames in dir durable.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}

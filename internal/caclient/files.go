@@ -17,6 +17,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
+	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
@@ -163,12 +164,7 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 			return err
 		}
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.SyncDir(dir)
 }
 
 // markOwned writes OwnerFile in dir unless it is there.
@@ -177,15 +173,7 @@ func markOwned(dir string) error {
 	if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
 		return nil
 	}
-	tmp, err := stageFile(dir, OwnerFile, []byte(ownerNote), 0o600)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return nil
+	return atomicfile.Write(p, []byte(ownerNote), 0o600)
 }
 
 // ForeignCredentials lists the credentials in dir another tool wrote: a

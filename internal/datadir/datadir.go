@@ -272,6 +272,23 @@ func LockFile(f *os.File) error {
 	return nil
 }
 
+// Wait takes an advisory lock on the open file f, waiting for whoever
+// holds it: exclusive for a writer, shared for a reader, for tools that
+// take turns on state (ca rotate and ca issue on the CA directory, token
+// appends on their file's directory) rather than refuse each other. The
+// returned func releases the lock and closes f; on an error f is closed.
+// Where flock is not available it excludes no one.
+func Wait(f *os.File, exclusive bool) (func(), error) {
+	if err := lockWait(f, exclusive); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		_ = unlock(f)
+		_ = f.Close()
+	}, nil
+}
+
 // Probe says whether a process holds dir's lock and, if so, who. It
 // creates nothing: a directory without a lock file is not held. Where
 // flock is not available it reports the record, held or not.

@@ -40,6 +40,15 @@ func tryLock(f *os.File, exclusive bool) (held bool, err error) {
 	return false, err
 }
 
+// lockWait takes the lock, waiting for whoever holds it.
+func lockWait(f *os.File, exclusive bool) error {
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	return syscall.Flock(int(f.Fd()), how)
+}
+
 func unlock(f *os.File) error {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 }

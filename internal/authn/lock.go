@@ -1,11 +1,10 @@
-//go:build unix
-
 package authn
 
 import (
 	"fmt"
 	"os"
-	"syscall"
+
+	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
 // lockDir takes an exclusive advisory lock on a directory, so that two
@@ -16,12 +15,9 @@ func lockDir(dir string) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
+	unlock, err := datadir.Wait(f, true)
+	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
-	return func() {
-		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		_ = f.Close()
-	}, nil
+	return unlock, nil
 }
