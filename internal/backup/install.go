@@ -264,58 +264,23 @@ func (t *Target) renameWhole(staged, replaced, stamp string) error {
 // made; if that fails too the error wraps ErrHalfway and lists where
 // every entry is.
 func (t *Target) moveEntries(staged, replaced string, old []string) error {
-	commitFirst := func(names []string, first bool) {
-		slices.SortStableFunc(names, func(a, b string) int {
-			ca, cb := a == t.o.Commit, b == t.o.Commit
-			switch {
-			case ca == cb:
-				return 0
-			case ca == first:
-				return -1
-			default:
-				return 1
-			}
-		})
-	}
-	commitFirst(old, true)
+	t.commitFirst(old, true)
 	restored, err := t.entries(staged, "")
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
-	commitFirst(restored, false)
+	t.commitFirst(restored, false)
 
-	type move struct{ from, to string }
-	var done []move
-	fail := func(what string, err error) error {
-		var undoErrs []error
-		for i := len(done) - 1; i >= 0; i-- {
-			if uerr := t.o.rename(done[i].to, done[i].from); uerr != nil {
-				undoErrs = append(undoErrs, uerr)
-			}
-		}
-		if len(undoErrs) == 0 {
-			if replaced != "" {
-				_ = os.Remove(replaced)
-			}
-			return fmt.Errorf("restore: %s: %w; every entry was moved back: %s is as it was", what, err, t.dir)
-		}
-		return fmt.Errorf("restore: %w: %s: %v; moving back failed too (%v). Now %s; "+
-			"to go back, move the entries of %s into %s and the restored ones back; to finish the restore, move the old entries out of %s and the entries of %s in; nothing was deleted",
-			ErrHalfway, what, err, errors.Join(undoErrs...), t.where(staged, replaced), replaced, t.dir, t.dir, staged)
-	}
+	m := &mover{t: t, staged: staged, replaced: replaced}
 	for _, name := range old {
-		m := move{filepath.Join(t.dir, name), filepath.Join(replaced, name)}
-		if err := t.o.rename(m.from, m.to); err != nil {
-			return fail("moving "+m.from+" aside", err)
+		if err := m.move(filepath.Join(t.dir, name), filepath.Join(replaced, name), "aside"); err != nil {
+			return err
 		}
-		done = append(done, m)
 	}
 	for _, name := range restored {
-		m := move{filepath.Join(staged, name), filepath.Join(t.dir, name)}
-		if err := t.o.rename(m.from, m.to); err != nil {
-			return fail("moving "+m.from+" into place", err)
+		if err := m.move(filepath.Join(staged, name), filepath.Join(t.dir, name), "into place"); err != nil {
+			return err
 		}
-		done = append(done, m)
 	}
 	if err := os.Remove(staged); err != nil {
 		return fmt.Errorf("restore: restored %s, but removing the emptied %s failed: %w", t.dir, staged, err)
@@ -330,6 +295,57 @@ func (t *Target) moveEntries(staged, replaced string, old []string) error {
 		}
 	}
 	return nil
+}
+
+// commitFirst sorts names so that the commit entry (the CA state) comes
+// first (first) or last, the order of the others kept.
+func (t *Target) commitFirst(names []string, first bool) {
+	slices.SortStableFunc(names, func(a, b string) int {
+		ca, cb := a == t.o.Commit, b == t.o.Commit
+		switch {
+		case ca == cb:
+			return 0
+		case ca == first:
+			return -1
+		default:
+			return 1
+		}
+	})
+}
+
+// mover renames a restore's entries one by one and, when one fails, moves
+// back every entry it moved, newest first.
+type mover struct {
+	t                *Target
+	staged, replaced string
+	done             [][2]string // from, to
+}
+
+func (m *mover) move(from, to, where string) error {
+	if err := m.t.o.rename(from, to); err != nil {
+		return m.fail("moving "+from+" "+where, err)
+	}
+	m.done = append(m.done, [2]string{from, to})
+	return nil
+}
+
+func (m *mover) fail(what string, err error) error {
+	t := m.t
+	var undoErrs []error
+	for i := len(m.done) - 1; i >= 0; i-- {
+		if uerr := t.o.rename(m.done[i][1], m.done[i][0]); uerr != nil {
+			undoErrs = append(undoErrs, uerr)
+		}
+	}
+	if len(undoErrs) == 0 {
+		if m.replaced != "" {
+			_ = os.Remove(m.replaced)
+		}
+		return fmt.Errorf("restore: %s: %w; every entry was moved back: %s is as it was", what, err, t.dir)
+	}
+	return fmt.Errorf("restore: %w: %s: %v; moving back failed too (%v). Now %s; "+
+		"to go back, move the entries of %s into %s and the restored ones back; to finish the restore, move the old entries out of %s and the entries of %s in; nothing was deleted",
+		ErrHalfway, what, err, errors.Join(undoErrs...), t.where(m.staged, m.replaced), m.replaced, t.dir, t.dir, m.staged)
 }
 
 // where says which entries each directory holds, for an error message.
