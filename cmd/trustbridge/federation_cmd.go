@@ -68,9 +68,6 @@ type federationSetup struct {
 	poller *federation.Poller // nil without endpoints
 	// relayed are the trust domains --bundle-file puts in the store.
 	relayed []spiffeid.TrustDomain
-	// stored says whether the last-known-good store holds a bundle of a
-	// trust domain, for the first-fetch checks of a reloaded set.
-	stored func(spiffeid.TrustDomain) bool
 
 	// mu guards the sources of the poller's endpoints, which apply joins.
 	mu sync.Mutex
@@ -335,7 +332,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 	for _, w := range warnings {
 		logger.Warn("federation config", logattr.Warning, w)
 	}
-	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, stored: stored, logger: logger}
+	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, logger: logger}
 	fs.setStaticLocked(fromFlag, fromFile)
 	// A federation file may list peers only after a reload: the poller
 	// runs for it even when it starts empty.
