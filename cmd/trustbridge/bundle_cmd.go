@@ -195,12 +195,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 			if _, _, err := bundledoc.ParseAny(td, doc); err != nil {
 				return fmt.Errorf("%s: %w", displayName(args[1]), err)
 			}
-			out, err := c.do(cmd.Context(), http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(e.out, out)
-			return err
+			return c.relay(cmd.Context(), e.out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
 		},
 	}
 	f := cmd.Flags()

@@ -418,12 +418,7 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
-			body, err := adminFrom(cmd, &adminClient{}).do(cmd.Context(), http.MethodPost, path, nil, false)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(e.out, body)
-			return err
+			return adminFrom(cmd, &adminClient{}).relay(cmd.Context(), e.out, http.MethodPost, path, nil, false)
 		},
 	}
 	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", adminFlagHelp)
