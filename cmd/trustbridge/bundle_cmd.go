@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,9 +17,10 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 )
 
-// Formats of bundle show besides table, json and yaml.
+// Formats of bundle show and bundle inspect besides table, json and yaml.
 const (
 	outputSPIFFE = "spiffe"
 	outputPEM    = "pem"
@@ -143,16 +143,17 @@ func writeBundle(w io.Writer, out *outputFlag, b *spiffebundle.Bundle, src strin
 		_, err = fmt.Fprintf(w, "%s\n", doc)
 		return err
 	case out.is(outputPEM):
-		for _, c := range b.X509Authorities() {
-			if err := pem.Encode(w, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}); err != nil {
-				return err
-			}
-		}
-		return nil
+		return writePEM(w, b)
 	}
 	ins := &inspection{Source: src, Kind: "bundle", bundles: []*spiffebundle.Bundle{b}, Warnings: []warningReport{}}
 	ins.fill(now)
 	return out.write(w, ins, ins.writeTable)
+}
+
+// writePEM writes b's X.509 authorities as PEM CERTIFICATE blocks.
+func writePEM(w io.Writer, b *spiffebundle.Bundle) error {
+	_, err := w.Write(caclient.EncodeCerts(b.X509Authorities()))
+	return err
 }
 
 func newBundleSetCmd(e env) *cobra.Command {
@@ -194,12 +195,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 			if _, _, err := bundledoc.ParseAny(td, doc); err != nil {
 				return fmt.Errorf("%s: %w", displayName(args[1]), err)
 			}
-			out, err := c.do(cmd.Context(), http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(e.out, out)
-			return err
+			return c.relay(cmd.Context(), e.out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
 		},
 	}
 	f := cmd.Flags()

@@ -68,9 +68,6 @@ type federationSetup struct {
 	poller *federation.Poller // nil without endpoints
 	// relayed are the trust domains --bundle-file puts in the store.
 	relayed []spiffeid.TrustDomain
-	// stored says whether the last-known-good store holds a bundle of a
-	// trust domain, for the first-fetch checks of a reloaded set.
-	stored func(spiffeid.TrustDomain) bool
 
 	// mu guards the sources of the poller's endpoints, which apply joins.
 	mu sync.Mutex
@@ -335,7 +332,7 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 	for _, w := range warnings {
 		logger.Warn("federation config", logattr.Warning, w)
 	}
-	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, stored: stored, logger: logger}
+	fs := &federationSetup{store: trust.NewStore(), relayed: relayed, logger: logger}
 	fs.setStaticLocked(fromFlag, fromFile)
 	// A federation file may list peers only after a reload: the poller
 	// runs for it even when it starts empty.
@@ -421,12 +418,7 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
-			body, err := adminFrom(cmd, &adminClient{}).do(cmd.Context(), http.MethodPost, path, nil, false)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(e.out, body)
-			return err
+			return adminFrom(cmd, &adminClient{}).relay(cmd.Context(), e.out, http.MethodPost, path, nil, false)
 		},
 	}
 	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", adminFlagHelp)

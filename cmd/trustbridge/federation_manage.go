@@ -97,6 +97,16 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 	return string(out), nil
 }
 
+// relay sends one request, as do, and copies the server's answer to w.
+func (c *adminClient) relay(ctx context.Context, w io.Writer, method, path string, body []byte, auth bool) error {
+	out, err := c.do(ctx, method, path, body, auth)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, out)
+	return err
+}
+
 // client is the HTTP client and base URL of c.addr: "unix://PATH" is the
 // server's --admin-socket, where the socket's mode stands for the token.
 // Neither follows a proxy (HTTP_PROXY would see the token) nor a redirect
@@ -204,23 +214,7 @@ instead (--federation-crd).`,
 			if err != nil {
 				return err
 			}
-			q := url.Values{}
-			if o.force {
-				q.Set("force", "true")
-			}
-			if o.noFetch {
-				q.Set("no_fetch", "true")
-			}
-			path := "/v1/federation/relationships"
-			if len(q) > 0 {
-				path += "?" + q.Encode()
-			}
-			out, err := adminFrom(cmd, &c).do(cmd.Context(), http.MethodPost, path, body, true)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(e.out, out)
-			return err
+			return adminFrom(cmd, &c).relay(cmd.Context(), e.out, http.MethodPost, o.path(), body, true)
 		},
 	}
 	f := cmd.Flags()
@@ -230,6 +224,22 @@ instead (--federation-crd).`,
 	f.BoolVar(&o.noFetch, "no-fetch", false, "add it without fetching it first: a peer that is down now is polled until it answers")
 	c.addAuthFlags(f)
 	return cmd
+}
+
+// path is federation add's admin path, its flags as the query.
+func (o federationAddOptions) path() string {
+	q := url.Values{}
+	if o.force {
+		q.Set("force", "true")
+	}
+	if o.noFetch {
+		q.Set("no_fetch", "true")
+	}
+	path := "/v1/federation/relationships"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	return path
 }
 
 // addBody is the entry federation add sends: one item in the
@@ -266,12 +276,7 @@ longer trusted. Recorded in the audit log. Trust domains configured by
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}
-			out, err := adminFrom(cmd, &c).do(cmd.Context(), http.MethodDelete, "/v1/federation/relationships/"+url.PathEscape(td.Name()), nil, true)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(e.out, out)
-			return err
+			return adminFrom(cmd, &c).relay(cmd.Context(), e.out, http.MethodDelete, "/v1/federation/relationships/"+url.PathEscape(td.Name()), nil, true)
 		},
 	}
 	c.addAuthFlags(cmd.Flags())

@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -48,12 +47,6 @@ type inspectOptions struct {
 	allowEmpty  bool
 	held        string
 }
-
-// inspect's formats besides table, json and yaml.
-const (
-	inspectPEM    = "pem"
-	inspectSPIFFE = "spiffe"
-)
 
 func newInspectCmd(now func() time.Time) *cobra.Command {
 	var o inspectOptions
@@ -98,7 +91,7 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
-	o.output = addOutputFlag(cmd, inspectPEM, inspectSPIFFE)
+	o.output = addOutputFlag(cmd, outputPEM, outputSPIFFE)
 	f.Var(formatAlias{o.output, cmd}, "format", "same as -o")
 	_ = f.MarkHidden("format")
 	f.Int64Var(&o.maxSize, "max-size", bundledoc.DefaultMaxSize, "refuse documents larger than this many bytes")
@@ -195,7 +188,7 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 	case outputTable, outputJSON, outputYAML:
 		ins.fill(now)
 		return o.output.write(out, ins, ins.writeTable)
-	case inspectPEM:
+	case outputPEM:
 		if len(ins.bundles) == 0 {
 			return fmt.Errorf("%s is an empty bundle map: there are no roots to write", displayName(path))
 		}
@@ -207,12 +200,7 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 		if n := len(b.JWTAuthorities()) + len(b.WITAuthorities()); n > 0 {
 			fmt.Fprintf(cmd.ErrOrStderr(), "note: %d JWT/WIT authorities have no certificate and are not in the PEM output\n", n)
 		}
-		for _, c := range b.X509Authorities() {
-			if err := pem.Encode(out, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}); err != nil {
-				return err
-			}
-		}
-		return nil
+		return writePEM(out, b)
 	default: // spiffe
 		ins.warn(cmd.ErrOrStderr())
 		var doc []byte

@@ -128,8 +128,8 @@ func reloadFederation(o serverOptions, td spiffeid.TrustDomain, fed *federationS
 		}
 		fo.inline, fo.inlineFrom = list, o.configPath
 	}
-	held := orRelayed(func(d spiffeid.TrustDomain) bool { return fed.stored(d) || fed.poller.Holds(d) }, fed.relayed)
-	fromFlag, fromFile, warnings, err := staticEndpoints(fo, td, held)
+	// The poller's Holds reads the last-known-good store too.
+	fromFlag, fromFile, warnings, err := staticEndpoints(fo, td, fed.holds)
 	if err != nil {
 		return "", err
 	}
