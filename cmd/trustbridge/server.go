@@ -235,34 +235,29 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	defer closeAudit()
-	// Runtime federation (federation add) needs the poller running even
-	// with no endpoints yet; with kube storage it comes from resources.
-	o.federation.dynamic = o.kube.federationCRD || fileStorage(o)
-	fed, err := setupFederation(o.federation, td, kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), trail.federationEvent, reg, logger)
-	if err != nil {
-		return err
-	}
 	o.grpc.tokenLedger = kube.tokenLedger(o.dataDir)
-	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, fed: fed, trail: trail}
-	if p.crd, err = kube.federationCRD(td, fed, reg, logger); err != nil {
+	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail}
+	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
-	if err := p.manage(o, logger); err != nil {
-		return err
-	}
-	fed.store.Set(caSource, authority.Bundle())
 
 	undo, err := p.listen(o, e, reg, logger)
 	defer undo.run()
 	if err != nil {
 		return err
 	}
+	return p.serve(ctx, e, o, undo, ready, reg, logger)
+}
+
+// serve announces the server, records the audit baseline and runs every
+// part until ctx is done. The runners take over the listeners from undo.
+func (p *serverParts) serve(ctx context.Context, e env, o serverOptions, undo *cleanups, ready chan<- string, reg prometheus.Registerer, logger *slog.Logger) error {
 	addr := p.adminLn.Addr().String()
 	announce(e, o, p, addr, logger)
 	if ready != nil {
 		ready <- addr
 	}
-	trail.baseline(authority, fed)
+	p.trail.baseline(p.authority, p.fed)
 	runners, err := p.runners(reg, logger)
 	if err != nil {
 		return err
@@ -272,6 +267,28 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	err = runall.Run(ctx, runners...)
 	logger.Info("trustbridge server stopped")
 	return err
+}
+
+// federate builds the federation: the trust store and the poller of the
+// flags' and files' endpoints, the resources' controller, the changes made
+// at run time; then puts the CA's bundle in the store.
+func (p *serverParts) federate(o serverOptions, reg prometheus.Registerer, logger *slog.Logger) error {
+	// Runtime federation (federation add) needs the poller running even
+	// with no endpoints yet; with kube storage it comes from resources.
+	o.federation.dynamic = o.kube.federationCRD || fileStorage(o)
+	fed, err := setupFederation(o.federation, p.td, p.kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), p.trail.federationEvent, reg, logger)
+	if err != nil {
+		return err
+	}
+	p.fed = fed
+	if p.crd, err = p.kube.federationCRD(p.td, fed, reg, logger); err != nil {
+		return err
+	}
+	if err := p.manage(o, logger); err != nil {
+		return err
+	}
+	fed.store.Set(caSource, p.authority.Bundle())
+	return nil
 }
 
 // serverParts is what runServer built, for runners to start.
