@@ -15,7 +15,6 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
-	"github.com/trustbridge/trustbridge/internal/leader"
 )
 
 // A server with --federation-crd federates with a trust domain as soon as
@@ -35,11 +34,8 @@ func TestKubeFederationCRD(t *testing.T) {
 	o.federation.minRefresh = time.Second
 	o.federation.allowPrivate = true
 	o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
-	o.kube = kubeOptions{
-		storage: storageKube, namespace: ns, caSecret: "trustbridge-ca", leaderLease: leader.DefaultName,
-		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
-		federationCRD: true, federationClass: "crd-e2e",
-	}
+	o.kube = fastKubeStorage(ns)
+	o.kube.federationCRD, o.kube.federationClass = true, "crd-e2e"
 	admin, _, _ := launchServer(t, o)
 	west := &e2eServer{admin: "http://" + admin}
 	_, ok := federationStatus(t, west, "east.example")

@@ -14,7 +14,6 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
-	"github.com/trustbridge/trustbridge/internal/leader"
 )
 
 // With --storage kube, federation add creates a ClusterFederatedTrustDomain
@@ -38,11 +37,8 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		o.federation.minRefresh = time.Second
 		o.federation.allowPrivate = true
 		o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
-		o.kube = kubeOptions{
-			storage: storageKube, namespace: ns, caSecret: "trustbridge-ca", leaderLease: leader.DefaultName,
-			leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
-			federationCRD: federationCRD, federationClass: "manage-e2e",
-		}
+		o.kube = fastKubeStorage(ns)
+		o.kube.federationCRD, o.kube.federationClass = federationCRD, "manage-e2e"
 		admin, _, _ := launchServer(t, o)
 		return &e2eServer{admin: "http://" + admin}, dir
 	}

@@ -47,10 +47,7 @@ func TestKubeEarlyReturnStopsBackground(t *testing.T) {
 	o := baseServerOptions("example.org", t.TempDir())
 	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
 	o.bundle = bundleOptions{listen: busy.Addr().String(), path: "/", profile: profileSPIFFE}
-	o.kube = kubeOptions{
-		storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
-		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
-	}
+	o.kube = fastKubeStorage(ns)
 
 	leaks := goleak.IgnoreCurrent()
 	var out, logs testlog.Buffer
@@ -95,10 +92,7 @@ func TestKubeStopWhileWaitingForALeader(t *testing.T) {
 
 	o := baseServerOptions("example.org", t.TempDir())
 	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
-	o.kube = kubeOptions{
-		storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
-		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
-	}
+	o.kube = fastKubeStorage(ns)
 	leaks := goleak.IgnoreCurrent()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -151,10 +145,7 @@ func TestKubeStorageCreatesItsDataDirWithoutInit(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
 	o := baseServerOptions("example.org", dataDir)
 	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
-	o.kube = kubeOptions{
-		storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
-		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
-	}
+	o.kube = fastKubeStorage(ns)
 	admin, banner, _ := launchServer(t, o)
 	assert.Contains(t, banner, "state in Secret "+ns+"/trustbridge-ca")
 	assert.Len(t, trustOf(t, admin).Authorities, 1)

@@ -39,6 +39,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/leader"
 )
 
 func TestKubeStorageFlagErrors(t *testing.T) {
@@ -358,4 +359,14 @@ func createCR(t *testing.T, res dynamic.NamespaceableResourceInterface, name str
 	_, err := res.Create(context.Background(), u, metav1.CreateOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = res.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+}
+
+// fastKubeStorage is --storage kube in namespace ns with the default CA
+// Secret and leader Lease and leader election timings short enough for
+// tests.
+func fastKubeStorage(ns string) kubeOptions {
+	return kubeOptions{
+		storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: leader.DefaultName,
+		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
+	}
 }
