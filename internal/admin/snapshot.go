@@ -11,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -41,6 +42,11 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 	for n := range statuses {
 		names[n] = true
 	}
+	var policy *trustpolicy.Policy
+	if h.cfg.Policy != nil {
+		policy, _ = h.cfg.Policy.Cell.Load()
+		snap.TrustPolicy = policyView(h.cfg.Policy, policy)
+	}
 	for n := range names {
 		td, err := spiffeid.TrustDomainFromString(n)
 		if err != nil {
@@ -62,6 +68,9 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 		if st, ok := statuses[n]; ok {
 			view.Federation = federationView(st, h.origin(td))
 			view.Sequence = st.Sequence
+		}
+		if h.cfg.Policy != nil {
+			view.TrustedBy = trustedBy(h.cfg.Policy, policy, td, view.Local)
 		}
 		snap.TrustDomains = append(snap.TrustDomains, view)
 	}
