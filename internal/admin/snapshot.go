@@ -74,16 +74,19 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 		}
 		snap.TrustDomains = append(snap.TrustDomains, view)
 	}
-	slices.SortFunc(snap.TrustDomains, func(a, b trustview.TrustDomain) int {
-		if a.Local != b.Local {
-			if a.Local {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(snap.TrustDomains, localFirst)
 	return snap
+}
+
+// localFirst orders the local trust domain first, then by name.
+func localFirst(a, b trustview.TrustDomain) int {
+	if a.Local != b.Local {
+		if a.Local {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.Name, b.Name)
 }
 
 func (h *Handler) origin(td spiffeid.TrustDomain) string {
