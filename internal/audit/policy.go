@@ -1,8 +1,14 @@
 package audit
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"reflect"
+	"slices"
 
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -73,4 +79,61 @@ type PolicyChange struct {
 	RulesAdded   []string `json:"rules_added,omitempty"`
 	RulesRemoved []string `json:"rules_removed,omitempty"`
 	RulesChanged []string `json:"rules_changed,omitempty"`
+}
+
+// NewPolicyChange describes how the trust policy went from before to
+// after (either may be nil: no policy), for source. Rules are matched by
+// name; a rule whose workloads or trust domains differ is changed (one
+// that only moved, a new Origin line, is not).
+func NewPolicyChange(source string, before, after *trustpolicy.Policy) PolicyChange {
+	c := PolicyChange{Source: source, Default: string(trustpolicy.DefaultAllow), DigestBefore: PolicyDigest(before), DigestAfter: PolicyDigest(after)}
+	if after != nil {
+		c.Rules, c.Default = len(after.Rules()), string(after.Default())
+	}
+	old := map[string]trustpolicy.Rule{}
+	for _, r := range rulesOf(before) {
+		old[r.Name] = r
+	}
+	for _, r := range rulesOf(after) {
+		o, ok := old[r.Name]
+		switch {
+		case !ok:
+			c.RulesAdded = append(c.RulesAdded, r.Name)
+		case !reflect.DeepEqual(o.Workloads, r.Workloads) || !reflect.DeepEqual(o.TrustDomains, r.TrustDomains):
+			c.RulesChanged = append(c.RulesChanged, r.Name)
+		}
+		delete(old, r.Name)
+	}
+	for name := range old {
+		c.RulesRemoved = append(c.RulesRemoved, name)
+	}
+	slices.Sort(c.RulesAdded)
+	slices.Sort(c.RulesChanged)
+	slices.Sort(c.RulesRemoved)
+	return c
+}
+
+// PolicyDigest identifies a policy's text: its default and every rule
+// with its origin (SHA-256, hex, of their JSON); "" for nil or a policy
+// without rules under the default allow, which is no policy.
+func PolicyDigest(p *trustpolicy.Policy) string {
+	if p == nil || p.Empty() && p.Default() == trustpolicy.DefaultAllow {
+		return ""
+	}
+	b, err := json.Marshal(struct {
+		Default trustpolicy.Default
+		Rules   []trustpolicy.Rule
+	}{p.Default(), p.Rules()})
+	if err != nil { // plain strings and maps: cannot fail
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func rulesOf(p *trustpolicy.Policy) []trustpolicy.Rule {
+	if p == nil {
+		return nil
+	}
+	return p.Rules()
 }

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -79,4 +81,39 @@ func TestPolicyEntriesChain(t *testing.T) {
 	edited := strings.Replace(buf.String(), `"rules_removed":["old"]`, `"rules_removed":[]`, 1)
 	_, err = Verify(strings.NewReader(edited))
 	assert.ErrorIs(t, err, ErrBroken)
+}
+
+func TestNewPolicyChange(t *testing.T) {
+	local := spiffeid.RequireTrustDomainFromString("east.example")
+	rule := func(name, origin, td string) trustpolicy.Rule {
+		return trustpolicy.Rule{Name: name, Origin: origin,
+			Workloads:    []trustpolicy.Selector{{SPIFFEID: "spiffe://east.example/ns/" + name + "/*"}},
+			TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: td}}}
+	}
+	compile := func(def trustpolicy.Default, rules ...trustpolicy.Rule) *trustpolicy.Policy {
+		p, err := trustpolicy.Compile(local, def, rules)
+		require.NoError(t, err)
+		return p
+	}
+	before := compile(trustpolicy.DefaultAllow, rule("kept", "file:p:2", "west.example"), rule("moved", "file:p:8", "west.example"),
+		rule("edited", "file:p:14", "west.example"), rule("gone", "file:p:20", "west.example"))
+	after := compile(trustpolicy.DefaultDeny, rule("kept", "file:p:2", "west.example"), rule("moved", "file:p:9", "west.example"),
+		rule("edited", "file:p:14", "north.example"), rule("new", "file:p:20", "west.example"))
+
+	c := NewPolicyChange("file:p", before, after)
+	assert.Equal(t, "file:p", c.Source)
+	assert.Equal(t, 4, c.Rules)
+	assert.Equal(t, "deny", c.Default)
+	assert.Equal(t, []string{"new"}, c.RulesAdded)
+	assert.Equal(t, []string{"gone"}, c.RulesRemoved)
+	assert.Equal(t, []string{"edited"}, c.RulesChanged, "a rule that only moved lines is not changed")
+	assert.Len(t, c.DigestBefore, 64)
+	assert.NotEqual(t, c.DigestBefore, c.DigestAfter)
+	assert.Equal(t, c.DigestAfter, PolicyDigest(compile(trustpolicy.DefaultDeny, after.Rules()...)), "the digest is the text's")
+
+	start := NewPolicyChange("start", nil, compile(trustpolicy.DefaultAllow))
+	assert.Equal(t, PolicyChange{Source: "start", Default: "allow"}, start, "no policy: no digest, no rules")
+	deny := NewPolicyChange("start", nil, compile(trustpolicy.DefaultDeny))
+	assert.NotEmpty(t, deny.DigestAfter, "default deny without rules is a policy")
+	assert.Equal(t, "deny", deny.Default)
 }
