@@ -10,27 +10,11 @@ import (
 	"errors"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 )
 
 var errTODO = errors.New("trustpolicy: not implemented yet")
-
-// Document is a parsed policy file, or the trustPolicy section of --config.
-type Document struct {
-	// Default is "" when the document does not set one.
-	Default Default
-	Rules   []Rule
-}
-
-// Parse parses a policy document (YAML: default, rules[]); origin names the
-// file in errors and in each Rule's Origin ("<origin>:<line>").
-func Parse(data []byte, origin string) (Document, error) { return Document{}, errTODO }
-
-// ParseNode parses a document already read as YAML (the --config file's
-// trustPolicy key), keeping that file's line numbers.
-func ParseNode(n *yaml.Node, origin string) (Document, error) { return Document{}, errTODO }
 
 // Status is what one policy source last did, for /v1/snapshot, metrics and
 // the audit log.
