@@ -10,48 +10,11 @@ import (
 	"errors"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 )
 
 var errTODO = errors.New("trustpolicy: not implemented yet")
-
-// Document is a parsed policy file, or the trustPolicy section of --config.
-type Document struct {
-	// Default is "" when the document does not set one.
-	Default Default
-	Rules   []Rule
-}
-
-// Parse parses a policy document (YAML: default, rules[]); origin names the
-// file in errors and in each Rule's Origin ("<origin>:<line>").
-func Parse(data []byte, origin string) (Document, error) { return Document{}, errTODO }
-
-// ParseNode parses a document already read as YAML (the --config file's
-// trustPolicy key), keeping that file's line numbers.
-func ParseNode(n *yaml.Node, origin string) (Document, error) { return Document{}, errTODO }
-
-// Status is what one policy source last did, for /v1/snapshot, metrics and
-// the audit log.
-type Status struct {
-	Source      string // "file:<path>", "config:<path>", "crd"
-	Rules       int
-	LastError   string // "" when the last load succeeded
-	LastSuccess int64  // unix seconds; 0 never
-}
-
-// Combiner merges the rules of every source (file, config, CRD) with the
-// default into one Policy and publishes it in Cell. A source whose new
-// rules do not compile keeps its last good rules; the error is in Status.
-type Combiner struct{}
-
-// SetSource replaces the rules of source and republishes; on error the
-// source's previous rules stay.
-func (c *Combiner) SetSource(source string, rules []Rule) error { return errTODO }
-
-// Statuses returns every source's status.
-func (c *Combiner) Statuses() []Status { return nil }
 
 // FileSource polls a policy file and hands each new good Document's rules
 // to a Combiner.

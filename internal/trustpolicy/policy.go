@@ -135,6 +135,8 @@ func Compile(local spiffeid.TrustDomain, def Default, rules []Rule) (*Policy, er
 	return p, nil
 }
 
+// compileRule checks one rule. With a zero local trust domain (Parse, which
+// does not know it) the checks that need it are left to Compile.
 func compileRule(local spiffeid.TrustDomain, r Rule) (compiledRule, error) {
 	cr := compiledRule{Rule: r}
 	if r.Name == "" {
@@ -179,7 +181,7 @@ func compileSelector(local spiffeid.TrustDomain, s Selector) (compiledSelector, 
 		if err != nil {
 			return cs, err
 		}
-		if p.TrustDomain() != local {
+		if !local.IsZero() && p.TrustDomain() != local {
 			return cs, fmt.Errorf("spiffeID %q is not in the local trust domain %q: rules select local workloads", s.SPIFFEID, local.Name())
 		}
 		cs.id = &p
@@ -200,7 +202,7 @@ func compileGrant(local spiffeid.TrustDomain, g TrustDomainGrant) (Grant, error)
 	if err != nil || td.Name() != g.TrustDomain {
 		return Grant{}, fmt.Errorf("trust domain %q: want a trust domain name such as partner.example (no spiffe:// prefix, lower case)", g.TrustDomain)
 	}
-	if td == local {
+	if !local.IsZero() && td == local {
 		return Grant{}, fmt.Errorf("trust domain %q is the local one, which every workload trusts; rules grant federated trust domains", g.TrustDomain)
 	}
 	out := Grant{TrustDomain: td}
@@ -282,10 +284,11 @@ func (p *Policy) Decide(sub Subject) Decision {
 
 // Match is one rule that selected a subject.
 type Match struct {
-	Rule, Origin string
+	Rule   string `json:"rule"`
+	Origin string `json:"origin"`
 	// Selector is the index of the first of the rule's workload selectors
 	// that matched.
-	Selector int
+	Selector int `json:"selector"`
 }
 
 // Grant is one governed trust domain a subject may trust.
