@@ -53,6 +53,7 @@ type serverOptions struct {
 	federation     federationOptions
 	grpc           grpcOptions
 	kube           kubeOptions
+	policy         policyOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -119,6 +120,7 @@ func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) st
 			}
 			o.federation.inline, o.federation.inlineFrom = cf.federation, o.configPath
 		}
+		o.policy.inline, o.policy.inlineFrom = cf.trustPolicy, o.configPath
 	}
 	if o.trustDomain == "" {
 		o.trustDomain = getenv("TRUST_DOMAIN")
@@ -146,6 +148,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
 	addKubeFlags(f, &o.kube)
+	addPolicyFlags(f, &o.policy)
 	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")

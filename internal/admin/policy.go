@@ -59,43 +59,10 @@ func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy
 			v.Grants = append(v.Grants, trustview.PolicyGrant{Rule: r.Name, Origin: r.Origin, TrustDomain: g.TrustDomain})
 		}
 	}
-	v.Conflicts = PolicyConflicts(rules)
+	for _, c := range p.Conflicts() {
+		v.Conflicts = append(v.Conflicts, c.Message)
+	}
 	return v
-}
-
-// PolicyConflicts finds rules that grant the same trust domain, one with
-// a peer limit and one without: a workload both select trusts every
-// member, since grants add up and the one without peers lifts the limit.
-// Which workloads both select is not decidable from the selectors alone
-// (labels, namespaces), so each pair is a sentence for the operator.
-func PolicyConflicts(rules []trustpolicy.Rule) []string {
-	type grant struct{ rule, origin string }
-	limited, open := map[string][]grant{}, map[string][]grant{}
-	var tds []string
-	for _, r := range rules {
-		for _, g := range r.TrustDomains {
-			if _, seen := limited[g.TrustDomain]; !seen {
-				if _, seen := open[g.TrustDomain]; !seen {
-					tds = append(tds, g.TrustDomain)
-				}
-			}
-			if len(g.Peers) > 0 {
-				limited[g.TrustDomain] = append(limited[g.TrustDomain], grant{r.Name, r.Origin})
-			} else {
-				open[g.TrustDomain] = append(open[g.TrustDomain], grant{r.Name, r.Origin})
-			}
-		}
-	}
-	out := []string{}
-	for _, td := range tds {
-		for _, l := range limited[td] {
-			for _, o := range open[td] {
-				out = append(out, fmt.Sprintf("rule %q (%s) limits %s to some peers, but rule %q (%s) grants it without a peer limit: a workload both select accepts every member of %s",
-					l.rule, l.origin, td, o.rule, o.origin, td))
-			}
-		}
-	}
-	return out
 }
 
 // trustedBy is who may trust td under p; nil for the local trust domain.

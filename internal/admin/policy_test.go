@@ -79,7 +79,7 @@ func TestSnapshotTrustPolicy(t *testing.T) {
 	assert.Equal(t, `rule "x": no workloads`, tp.Sources[1].LastError)
 	require.Len(t, tp.Conflicts, 1)
 	assert.Contains(t, tp.Conflicts[0], `rule "payments-to-peer" (file:/etc/policy.yaml:3) limits peer.example`)
-	assert.Contains(t, tp.Conflicts[0], `rule "ops" (crd:ops) grants it without a peer limit`)
+	assert.Contains(t, tp.Conflicts[0], `rule "ops" (crd:ops) grants peer.example without peers`)
 	assert.Equal(t, []trustview.PolicyGrant{
 		{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", TrustDomain: "peer.example"},
 		{Rule: "ops", Origin: "crd:ops", TrustDomain: "peer.example"},
