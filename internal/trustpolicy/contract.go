@@ -6,7 +6,6 @@ package trustpolicy
 // files, keeping the names and signatures.
 
 import (
-	"context"
 	"errors"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -15,13 +14,6 @@ import (
 )
 
 var errTODO = errors.New("trustpolicy: not implemented yet")
-
-// FileSource polls a policy file and hands each new good Document's rules
-// to a Combiner.
-type FileSource struct{}
-
-// Run polls until ctx is done.
-func (f *FileSource) Run(ctx context.Context) error { return errTODO }
 
 // LabelSource returns the labels of a Kubernetes service account, and a
 // channel closed when any labels change; nil when unknown.
