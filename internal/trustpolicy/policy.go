@@ -88,6 +88,9 @@ type Policy struct {
 	def      Default
 	rules    []compiledRule
 	governed map[spiffeid.TrustDomain]bool
+	// usesLabels says some selector reads labels: only then do decisions
+	// depend on them.
+	usesLabels bool
 	// digest identifies what the policy decides: equal digests decide
 	// every subject alike.
 	digest string
@@ -129,6 +132,7 @@ func Compile(local spiffeid.TrustDomain, def Default, rules []Rule) (*Policy, er
 		for _, g := range cr.grants {
 			p.governed[g.TrustDomain] = true
 		}
+		p.usesLabels = p.usesLabels || slices.ContainsFunc(cr.selectors, func(s compiledSelector) bool { return s.labels != nil })
 		p.rules = append(p.rules, cr)
 	}
 	p.digest = p.computeDigest()
@@ -246,6 +250,9 @@ func (p *Policy) Rules() []Rule {
 	}
 	return out
 }
+
+// UsesLabels reports whether any selector reads service account labels.
+func (p *Policy) UsesLabels() bool { return p.usesLabels }
 
 // Empty reports whether the policy has no rules.
 func (p *Policy) Empty() bool { return len(p.rules) == 0 }
