@@ -79,7 +79,9 @@ func TestSubjectOf(t *testing.T) {
 }
 
 func TestDecide(t *testing.T) {
-	grant := func(td string, peers ...string) TrustDomainGrant { return TrustDomainGrant{TrustDomain: td, Peers: peers} }
+	grant := func(td string, peers ...string) TrustDomainGrant {
+		return TrustDomainGrant{TrustDomain: td, Peers: peers}
+	}
 	rules := []Rule{
 		{Name: "pay-partner", Workloads: []Selector{{SPIFFEID: "spiffe://example.org/ns/pay/*"}},
 			TrustDomains: []TrustDomainGrant{grant("partner.example", "spiffe://partner.example/ns/billing/sa/api")}},
