@@ -87,6 +87,7 @@ type Policy struct {
 	local    spiffeid.TrustDomain
 	def      Default
 	rules    []compiledRule
+	index    ruleIndex
 	governed map[spiffeid.TrustDomain]bool
 	// usesLabels says some selector reads labels: only then do decisions
 	// depend on them.
@@ -135,6 +136,7 @@ func Compile(local spiffeid.TrustDomain, def Default, rules []Rule) (*Policy, er
 		p.usesLabels = p.usesLabels || slices.ContainsFunc(cr.selectors, func(s compiledSelector) bool { return s.labels != nil })
 		p.rules = append(p.rules, cr)
 	}
+	p.index = newRuleIndex(p.rules)
 	p.digest = p.computeDigest()
 	return p, nil
 }
@@ -268,12 +270,9 @@ func (p *Policy) Digest() string { return p.digest }
 func (p *Policy) Decide(sub Subject) Decision {
 	d := Decision{policy: p}
 	byTD := make(map[spiffeid.TrustDomain]int)
-	for _, r := range p.rules {
-		sel := slices.IndexFunc(r.selectors, func(s compiledSelector) bool { return s.matches(sub) })
-		if sel < 0 {
-			continue
-		}
-		d.Matched = append(d.Matched, Match{Rule: r.Name, Origin: r.Origin, Selector: sel})
+	for _, m := range p.matches(sub) {
+		r := &p.rules[m.rule]
+		d.Matched = append(d.Matched, Match{Rule: r.Name, Origin: r.Origin, Selector: m.sel})
 		for _, g := range r.grants {
 			i, ok := byTD[g.TrustDomain]
 			if !ok {
