@@ -219,3 +219,33 @@ func TestRecorderBounded(t *testing.T) {
 	assert.Equal(t, 0, a.Matched("all").Count, "a removed rule's record is freed")
 	assert.Equal(t, MaxCountedWorkloads-31+1, a.rec.counted, "the removed rule's 31 freed, w1 counted for the new one")
 }
+
+// TestAccessConcurrent is for -race: streams decide while the policy and
+// the labels change.
+func TestAccessConcurrent(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	labels := newFakeLabels()
+	a := NewAccess(cell, labels)
+	defer a.Close()
+	labelRule := Rule{Name: "tier", Workloads: []Selector{{Labels: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "api"}}}},
+		TrustDomains: []TrustDomainGrant{{TrustDomain: "partner.example"}}}
+	require.NoError(t, c.SetSource("crd", []Rule{labelRule}))
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for j := range 200 {
+				_, _ = a.Decide(saIdentity("web", fmt.Sprintf("sa%d", (i+j)%5)))
+				_ = a.Matched("tier")
+			}
+		})
+	}
+	for j := range 50 {
+		labels.set(fmt.Sprintf("web/sa%d", j%5), map[string]string{"tier": "api"})
+		require.NoError(t, c.SetSource("crd", []Rule{labelRule, rule(fmt.Sprintf("r%d", j), "spiffe://example.org/*", "other.example")}))
+	}
+	wg.Wait()
+	d, _ := a.Decide(saIdentity("web", "sa0"))
+	_, ok := d.Allows(partnerTD)
+	assert.True(t, ok)
+	assert.Positive(t, a.Matched("tier").Count)
+}
