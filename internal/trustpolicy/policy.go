@@ -87,7 +87,11 @@ type Policy struct {
 	local    spiffeid.TrustDomain
 	def      Default
 	rules    []compiledRule
+	index    ruleIndex
 	governed map[spiffeid.TrustDomain]bool
+	// usesLabels says some selector reads labels: only then do decisions
+	// depend on them.
+	usesLabels bool
 	// digest identifies what the policy decides: equal digests decide
 	// every subject alike.
 	digest string
@@ -129,12 +133,16 @@ func Compile(local spiffeid.TrustDomain, def Default, rules []Rule) (*Policy, er
 		for _, g := range cr.grants {
 			p.governed[g.TrustDomain] = true
 		}
+		p.usesLabels = p.usesLabels || slices.ContainsFunc(cr.selectors, func(s compiledSelector) bool { return s.labels != nil })
 		p.rules = append(p.rules, cr)
 	}
+	p.index = newRuleIndex(p.rules)
 	p.digest = p.computeDigest()
 	return p, nil
 }
 
+// compileRule checks one rule. With a zero local trust domain (Parse, which
+// does not know it) the checks that need it are left to Compile.
 func compileRule(local spiffeid.TrustDomain, r Rule) (compiledRule, error) {
 	cr := compiledRule{Rule: r}
 	if r.Name == "" {
@@ -179,7 +187,7 @@ func compileSelector(local spiffeid.TrustDomain, s Selector) (compiledSelector, 
 		if err != nil {
 			return cs, err
 		}
-		if p.TrustDomain() != local {
+		if !local.IsZero() && p.TrustDomain() != local {
 			return cs, fmt.Errorf("spiffeID %q is not in the local trust domain %q: rules select local workloads", s.SPIFFEID, local.Name())
 		}
 		cs.id = &p
@@ -200,7 +208,7 @@ func compileGrant(local spiffeid.TrustDomain, g TrustDomainGrant) (Grant, error)
 	if err != nil || td.Name() != g.TrustDomain {
 		return Grant{}, fmt.Errorf("trust domain %q: want a trust domain name such as partner.example (no spiffe:// prefix, lower case)", g.TrustDomain)
 	}
-	if td == local {
+	if !local.IsZero() && td == local {
 		return Grant{}, fmt.Errorf("trust domain %q is the local one, which every workload trusts; rules grant federated trust domains", g.TrustDomain)
 	}
 	out := Grant{TrustDomain: td}
@@ -245,6 +253,9 @@ func (p *Policy) Rules() []Rule {
 	return out
 }
 
+// UsesLabels reports whether any selector reads service account labels.
+func (p *Policy) UsesLabels() bool { return p.usesLabels }
+
 // Empty reports whether the policy has no rules.
 func (p *Policy) Empty() bool { return len(p.rules) == 0 }
 
@@ -259,12 +270,9 @@ func (p *Policy) Digest() string { return p.digest }
 func (p *Policy) Decide(sub Subject) Decision {
 	d := Decision{policy: p}
 	byTD := make(map[spiffeid.TrustDomain]int)
-	for _, r := range p.rules {
-		sel := slices.IndexFunc(r.selectors, func(s compiledSelector) bool { return s.matches(sub) })
-		if sel < 0 {
-			continue
-		}
-		d.Matched = append(d.Matched, Match{Rule: r.Name, Origin: r.Origin, Selector: sel})
+	for _, m := range p.matches(sub) {
+		r := &p.rules[m.rule]
+		d.Matched = append(d.Matched, Match{Rule: r.Name, Origin: r.Origin, Selector: m.sel})
 		for _, g := range r.grants {
 			i, ok := byTD[g.TrustDomain]
 			if !ok {
@@ -282,10 +290,11 @@ func (p *Policy) Decide(sub Subject) Decision {
 
 // Match is one rule that selected a subject.
 type Match struct {
-	Rule, Origin string
+	Rule   string `json:"rule"`
+	Origin string `json:"origin"`
 	// Selector is the index of the first of the rule's workload selectors
 	// that matched.
-	Selector int
+	Selector int `json:"selector"`
 }
 
 // Grant is one governed trust domain a subject may trust.
