@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/testca"
@@ -35,10 +36,10 @@ func newBenchEnv(b *testing.B, n int) *benchEnv {
 	leaf, _ := peer.Issue(b, spiffeid.RequireFromPath(peer.TrustDomain, "/workload"))
 	single := trust.NewStore()
 	single.Set("federation", peer.Bundle())
-	auth := trust.AuthorizeMemberOf(peer.TrustDomain)
+	auth := tlsconfig.AuthorizeMemberOf(peer.TrustDomain)
 	return &benchEnv{
-		full:   &trust.Verifier{Store: full, Authorizer: auth},
-		single: &trust.Verifier{Store: single, Authorizer: auth},
+		full:   &trust.Verifier{Bundles: full, Authorizer: auth},
+		single: &trust.Verifier{Bundles: single, Authorizer: auth},
 		chain:  raw(leaf),
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -186,7 +187,7 @@ func TestStoreConcurrentSetAndVerify(t *testing.T) {
 		others[i] = testca.New(t, "b.test")
 	}
 	s := storeWith(caA)
-	v := &trust.Verifier{Store: s, Authorizer: trust.AuthorizeAny()}
+	v := &trust.Verifier{Bundles: s, Authorizer: tlsconfig.AuthorizeAny()}
 	leaf, _ := caA.Issue(t, idA)
 	chain := raw(leaf)
 	ch, cancel := s.Subscribe()
