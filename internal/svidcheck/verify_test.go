@@ -161,3 +161,27 @@ type sourceFunc func(spiffeid.TrustDomain) (*x509bundle.Bundle, error)
 func (f sourceFunc) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
 	return f(td)
 }
+
+// BenchmarkLeafID measures the leaf check that precedes every
+// verification, and that internal/authn runs on every call, cached or
+// not, against go-spiffe's x509svid.IDFromCert (sibling "baseline"), which
+// trusts crypto/x509's re-serialized URL; same leaf, same run.
+func BenchmarkLeafID(b *testing.B) {
+	leaf, _ := testca.New(b, "a.test").Issue(b, idA)
+	b.Run("baseline:x509svid.IDFromCert", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := x509svid.IDFromCert(leaf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ours", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := svidcheck.LeafID(leaf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
