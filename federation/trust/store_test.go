@@ -131,13 +131,11 @@ func TestStoreSnapshotsAreImmutable(t *testing.T) {
 	assert.Len(t, b.X509Authorities(), 2)
 	assert.Equal(t, before.Generation()+1, after.Generation())
 
-	// A leaf of ca2 verifies against the new snapshot's pool only.
+	// A leaf of ca2 verifies against the new snapshot only.
 	leaf, _ := ca2.Issue(t, idA)
-	oldPool, _ := before.Roots(tdA)
-	newPool, _ := after.Roots(tdA)
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: oldPool})
-	assert.Error(t, err)
-	_, err = leaf.Verify(x509.VerifyOptions{Roots: newPool})
+	_, err := (&trust.Verifier{Bundles: before, Authorizer: tlsconfig.AuthorizeAny()}).VerifyPeer(raw(leaf))
+	assert.ErrorIs(t, err, trust.ErrChain)
+	_, err = (&trust.Verifier{Bundles: after, Authorizer: tlsconfig.AuthorizeAny()}).VerifyPeer(raw(leaf))
 	assert.NoError(t, err)
 }
 
