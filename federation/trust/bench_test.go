@@ -47,8 +47,8 @@ func newBenchEnv(b *testing.B, n int) *benchEnv {
 // BenchmarkVerify measures peer verification with n trust domains in the
 // store against a store holding only the peer's trust domain (sibling
 // "baseline:tds=1"), same leaf, same run: the ratio is what the other
-// trust domains cost. Goal: at most 1.1. A verification looks up one trust
-// domain's precomputed pool and never touches the others.
+// trust domains cost. Goal: at most 1.1. A verification asks the store for
+// one trust domain's bundle and never touches the others.
 func BenchmarkVerify(b *testing.B) {
 	for _, n := range benchTDs {
 		e := newBenchEnv(b, n)
