@@ -102,4 +102,3 @@ func exampleSign(tmpl, parent *x509.Certificate, key, parentKey crypto.Signer) *
 	}
 	return cert
 }
-
