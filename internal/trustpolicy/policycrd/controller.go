@@ -89,6 +89,8 @@ type Controller struct {
 	// applied is the set Apply last accepted; synced once it accepted one.
 	applied []trustpolicy.Rule
 	synced  bool
+	// firstApply is closed once Apply accepted a set.
+	firstApply chan struct{}
 	// refused records, per resource, the refusal last reported as an
 	// event, so each is reported once.
 	refused map[string]string
@@ -120,8 +122,13 @@ func New(cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policycrd: %w", err)
 	}
-	return &Controller{cfg: cfg, metrics: m, valid: map[string]validRule{}, refused: map[string]string{}}, nil
+	return &Controller{cfg: cfg, metrics: m, valid: map[string]validRule{}, refused: map[string]string{}, firstApply: make(chan struct{})}, nil
 }
+
+// Synced is closed once the rules of every resource listed at start were
+// applied: until then a workload lacks what resources grant it, so the
+// server may hold back SDS answers (or readiness) until it is closed.
+func (c *Controller) Synced() <-chan struct{} { return c.firstApply }
 
 // Rules returns the rules Apply last accepted.
 func (c *Controller) Rules() []trustpolicy.Rule {
@@ -262,6 +269,9 @@ func (c *Controller) apply(verdicts []verdict) error {
 		// The rules were checked one by one; what Apply refuses conflicts
 		// with another source (a file rule of the same name, say).
 		return fmt.Errorf("applying %d ClusterTrustPolicy rules: %w", len(rules), err)
+	}
+	if !c.synced {
+		close(c.firstApply)
 	}
 	c.applied, c.synced = rules, true
 	return nil

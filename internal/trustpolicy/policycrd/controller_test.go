@@ -300,6 +300,11 @@ func TestSyncUndecodable(t *testing.T) {
 	assert.Equal(t, ReasonInvalid, c.Reason)
 	assert.Contains(t, c.Message, "spec does not decode")
 	assert.Empty(t, u.lastApplied(), "the first sync applies the empty set: the CRD source is known empty")
+	select {
+	case <-u.c.Synced():
+	default:
+		t.Fatal("Synced not closed after the first Apply")
+	}
 }
 
 // When the policy refuses the set (a file rule of the same name, say), the
@@ -415,4 +420,27 @@ func (rs ruleList) names() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Synced waits for a set the policy accepted: a refused first set leaves
+// workloads without what resources grant them.
+func TestSyncedWaitsForAcceptedSet(t *testing.T) {
+	u := newUnit(t)
+	u.mu.Lock()
+	u.refuse = errors.New("refused")
+	u.mu.Unlock()
+	u.put("r", grant("partner.example"))
+	require.Error(t, u.sync())
+	select {
+	case <-u.c.Synced():
+		t.Fatal("Synced closed before any set was accepted")
+	default:
+	}
+	assert.Equal(t, ReasonConflict, u.ready("r").Reason)
+	u.mu.Lock()
+	u.refuse = nil
+	u.mu.Unlock()
+	u.mustSync()
+	<-u.c.Synced()
+	assert.Equal(t, ReasonApplied, u.ready("r").Reason)
 }

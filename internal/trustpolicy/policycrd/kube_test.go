@@ -367,7 +367,11 @@ func TestKubeControllerStopsCleanly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	require.Eventually(t, func() bool { return c.isSynced() }, 30*time.Second, 10*time.Millisecond)
+	select {
+	case <-c.Synced():
+	case <-time.After(30 * time.Second):
+		t.Fatal("never synced")
+	}
 	cancel()
 	require.NoError(t, <-done)
 	goleak.VerifyNone(t, opts, goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
@@ -376,12 +380,6 @@ func TestKubeControllerStopsCleanly(t *testing.T) {
 
 func yamlToObject(doc string, out *map[string]any) error {
 	return yaml.Unmarshal([]byte(strings.TrimSpace(doc)), out)
-}
-
-func (c *Controller) isSynced() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.synced
 }
 
 // The schema's limits are the controller's.
