@@ -28,4 +28,6 @@ const (
 	GrantRef    = "grant_ref"
 	GrantUID    = "grant_uid"
 	GrantedAt   = "granted_at"
+	// Rule names a trust policy rule (internal/trustpolicy).
+	Rule = "rule"
 )
