@@ -194,6 +194,11 @@ func compileSelector(local spiffeid.TrustDomain, s Selector) (compiledSelector, 
 	}
 	cs.namespace = s.Namespace
 	if s.Labels != nil {
+		// An empty selector would select every service account whose
+		// labels are known: too broad to be what anyone meant.
+		if len(s.Labels.MatchLabels) == 0 && len(s.Labels.MatchExpressions) == 0 {
+			return cs, errors.New("labels: empty label selector; set matchLabels or matchExpressions")
+		}
 		sel, err := metav1.LabelSelectorAsSelector(s.Labels)
 		if err != nil {
 			return cs, fmt.Errorf("labels: %w", err)

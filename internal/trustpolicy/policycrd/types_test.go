@@ -65,6 +65,7 @@ func TestCheckNamesTheField(t *testing.T) {
 			s.Workloads[1].Labels = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: "Near"}}}
 		}, "spec.workloads[1].labels: "},
 		{"empty selector", func(s *Spec) { s.Workloads[1] = WorkloadSelector{} }, "spec.workloads[1]: empty selector"},
+		{"empty labels", func(s *Spec) { s.Workloads[1].Labels = &metav1.LabelSelector{} }, "spec.workloads[1].labels: empty label selector"},
 		{"no workloads", func(s *Spec) { s.Workloads = nil }, "spec.workloads: a rule must select at least one workload"},
 		{"no trust domains", func(s *Spec) { s.TrustDomains = nil }, "spec.trustDomains: a rule must grant"},
 		{"trust domain with scheme", func(s *Spec) { s.TrustDomains[1].Name = "spiffe://other.example" }, `spec.trustDomains[1].name: trust domain "spiffe://other.example"`},
