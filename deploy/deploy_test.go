@@ -26,8 +26,9 @@ func TestApplyDryRunServer(t *testing.T) {
 	k := kubetest.Shared(t).Kubectl(t)
 	// Server dry-run of namespaced objects and of custom resources needs
 	// the namespace and the CRD to exist.
-	k.Must(nil, "apply", "-f", "base/crd.yaml")
-	k.Must(nil, "wait", "--for", "condition=established", "--timeout", "60s", "crd/clusterfederatedtrustdomains.trustbridge.dev")
+	k.Must(nil, "apply", "-f", "base/crd.yaml", "-f", "base/trustpolicy-crd.yaml")
+	k.Must(nil, "wait", "--for", "condition=established", "--timeout", "60s", "crd/clusterfederatedtrustdomains.trustbridge.dev",
+		"crd/clustertrustpolicies.trustbridge.dev")
 	k.Must(nil, "apply", "-f", "base/namespace.yaml")
 
 	for _, dir := range overlays {

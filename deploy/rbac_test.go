@@ -50,3 +50,48 @@ func TestServerRBACClusterFederatedTrustDomains(t *testing.T) {
 		})
 	}
 }
+
+// The server's service account reads ClusterTrustPolicy resources and
+// writes their status, and nothing else: it never makes trust policy. It
+// lists and watches service accounts in every namespace for the labels
+// trust policy rules select by.
+func TestServerRBACClusterTrustPolicies(t *testing.T) {
+	env := kubetest.Shared(t)
+	const ns = "trustbridge-system"
+	env.Apply(t, []string{ns}, kubetest.LoadManifests(t, "rbac"))
+	sa := "system:serviceaccount:" + ns + ":trustbridge"
+
+	tests := []struct {
+		group, resource, subresource, verb string
+		allowed                            bool
+	}{
+		{"trustbridge.dev", "clustertrustpolicies", "", "get", true},
+		{"trustbridge.dev", "clustertrustpolicies", "", "list", true},
+		{"trustbridge.dev", "clustertrustpolicies", "", "watch", true},
+		{"trustbridge.dev", "clustertrustpolicies", "status", "update", true},
+		{"trustbridge.dev", "clustertrustpolicies", "status", "patch", true},
+		{"", "serviceaccounts", "", "list", true},
+		{"", "serviceaccounts", "", "watch", true},
+		// trustbridge never makes trust policy.
+		{"trustbridge.dev", "clustertrustpolicies", "", "create", false},
+		{"trustbridge.dev", "clustertrustpolicies", "", "update", false},
+		{"trustbridge.dev", "clustertrustpolicies", "", "patch", false},
+		{"trustbridge.dev", "clustertrustpolicies", "", "delete", false},
+		{"", "serviceaccounts", "", "update", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.resource+"/"+tt.subresource+"/"+tt.verb, func(t *testing.T) {
+			review, err := env.Client.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authzv1.SubjectAccessReview{
+				Spec: authzv1.SubjectAccessReviewSpec{
+					User:   sa,
+					Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+					ResourceAttributes: &authzv1.ResourceAttributes{
+						Group: tt.group, Resource: tt.resource, Subresource: tt.subresource, Verb: tt.verb, Name: "payments-to-partner",
+					},
+				},
+			}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, tt.allowed, review.Status.Allowed, "%s %s: %s", tt.verb, tt.resource, review.Status.Reason)
+		})
+	}
+}

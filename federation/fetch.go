@@ -18,8 +18,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
+	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
@@ -300,20 +301,15 @@ func (f *Fetcher) timeoutError(parent, ctx context.Context, err error) error {
 
 // tlsConfig builds the client TLS configuration for ep's profile. There is
 // no fallback: an https_spiffe endpoint is never tried with Web PKI or the
-// other way round (§7.1).
+// other way round (§7.1). Neither has a session cache: no resumption, so
+// every handshake verifies (VerifyConnection would run on resumption
+// anyway).
 func (f *Fetcher) tlsConfig(ep Endpoint) (*tls.Config, error) {
-	cfg := &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		// No session cache: no resumption, so every handshake verifies.
-		// (VerifyConnection would run on resumption anyway.)
-		ClientSessionCache: nil,
-	}
 	switch ep.Profile {
 	case ProfileHTTPSWeb:
 		// ServerName is left empty: the transport sets it per host, so a
 		// redirect target gets its own RFC 6125 host check.
-		cfg.RootCAs = f.cfg.WebRoots
-		return cfg, nil
+		return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: f.cfg.WebRoots}, nil
 	case ProfileHTTPSSPIFFE:
 		if ep.EndpointSPIFFEID.IsZero() {
 			return nil, errors.New("https_spiffe endpoint has no endpoint SPIFFE ID")
@@ -321,14 +317,15 @@ func (f *Fetcher) tlsConfig(ep Endpoint) (*tls.Config, error) {
 		if f.cfg.Roots == nil {
 			return nil, errors.New("https_spiffe endpoint needs a bundle source (FetcherConfig.Roots)")
 		}
-		// Host names mean nothing for https_spiffe (§5.2.2): the identity is
-		// the SPIFFE ID, checked below on every handshake, including the
-		// ones after a redirect.
-		cfg.InsecureSkipVerify = true
+		// Host names mean nothing for https_spiffe (§5.2.2): the identity
+		// is the SPIFFE ID, which trust.Verifier checks on every
+		// handshake, including the ones after a redirect, against the
+		// roots of its own trust domain only.
 		want := ep.EndpointSPIFFEID
-		roots := f.cfg.Roots
+		cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: x509Source{f.cfg.Roots}, Authorizer: tlsconfig.AuthorizeID(want)})
+		verify := cfg.VerifyConnection
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-			return verifyEndpointSVID(cs.PeerCertificates, want, roots)
+			return endpointError(verify(cs), cs.PeerCertificates, want)
 		}
 		return cfg, nil
 	default:
@@ -336,52 +333,38 @@ func (f *Fetcher) tlsConfig(ep Endpoint) (*tls.Config, error) {
 	}
 }
 
-// verifyEndpointSVID checks that certs is an X509-SVID chain for exactly
-// want, verified against the roots held for want's trust domain only.
-func verifyEndpointSVID(certs []*x509.Certificate, want spiffeid.ID, roots BundleSource) error {
-	if len(certs) == 0 {
+// endpointError tags the verifier's refusal of an https_spiffe server as
+// ErrTLS and says what was wrong for an operator reading a poll failure.
+func endpointError(err error, certs []*x509.Certificate, want spiffeid.ID) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, trust.ErrNoPeerCertChain):
 		return fmt.Errorf("%w: server presented no certificate", ErrTLS)
-	}
-	// Compare the ID first only for a clearer message; the chain is
-	// verified below either way.
-	got, err := x509svid.IDFromCert(certs[0])
-	if err != nil {
-		if len(certs[0].URIs) == 0 {
-			return fmt.Errorf("%w: %w: https_spiffe endpoint presented a certificate without a SPIFFE ID (%s), as an https_web server would: %w",
-				ErrTLS, ErrProfileMismatch, certs[0].Subject, err)
-		}
+	case errors.Is(err, trust.ErrNotSVID) && len(certs[0].URIs) == 0:
+		return fmt.Errorf("%w: %w: https_spiffe endpoint presented a certificate without a SPIFFE ID (%s), as an https_web server would: %w",
+			ErrTLS, ErrProfileMismatch, certs[0].Subject, err)
+	case errors.Is(err, trust.ErrNotSVID):
 		return fmt.Errorf("%w: server certificate is not an X509-SVID: %w", ErrTLS, err)
+	case errors.Is(err, trust.ErrUnauthorized):
+		// Only a verified SVID reaches the authorizer: one URI SAN.
+		return fmt.Errorf("%w: server presented SPIFFE ID %q, want %q", ErrTLS, certs[0].URIs[0], want)
+	case errors.Is(err, trust.ErrUnknownDomain):
+		return fmt.Errorf("%w: no X.509 roots held to authenticate %q: %w", ErrTLS, want, err)
+	default:
+		return fmt.Errorf("%w: server X509-SVID for %q: %w", ErrTLS, want, err)
 	}
-	if got != want {
-		return fmt.Errorf("%w: server presented SPIFFE ID %q, want %q", ErrTLS, got, want)
-	}
-	td := want.TrustDomain()
-	bundle, ok := roots.X509BundleFor(td)
-	if !ok || bundle == nil || len(bundle.X509Authorities()) == 0 {
-		return fmt.Errorf("%w: no X.509 roots held for trust domain %q to authenticate %q", ErrTLS, td.Name(), want)
-	}
-	if bundle.TrustDomain() != td {
-		// Never let one trust domain's keys stand for another's (§4.2).
-		return fmt.Errorf("%w: bundle source returned roots of %q for trust domain %q", ErrTLS, bundle.TrustDomain().Name(), td.Name())
-	}
-	if _, _, err := x509svid.Verify(certs, singleBundle{td: td, b: bundle}); err != nil {
-		return fmt.Errorf("%w: server X509-SVID %q: %w", ErrTLS, want, err)
-	}
-	return nil
 }
 
-// singleBundle is an x509bundle.Source holding one trust domain's roots, so
-// a chain is never verified against another trust domain's keys.
-type singleBundle struct {
-	td spiffeid.TrustDomain
-	b  *x509bundle.Bundle
-}
+// x509Source adapts BundleSource to go-spiffe's x509bundle.Source.
+type x509Source struct{ roots BundleSource }
 
-func (s singleBundle) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
-	if td != s.td {
-		return nil, fmt.Errorf("no roots for trust domain %q", td.Name())
+func (s x509Source) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	b, ok := s.roots.X509BundleFor(td)
+	if !ok || b == nil {
+		return nil, fmt.Errorf("no roots held for trust domain %q", td.Name())
 	}
-	return s.b, nil
+	return b, nil
 }
 
 // checkRedirect applies §7.5.1: follow a bounded number of https redirects;

@@ -20,6 +20,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -177,7 +178,7 @@ func ownVerifier(t *testing.T, s *e2eServer) *trust.Verifier {
 	}
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(s.td, roots))
-	return &trust.Verifier{Store: store, Authorizer: trust.AuthorizeID(
+	return &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(
 		spiffeid.RequireFromString("spiffe://" + s.td.Name() + "/trustbridge/bundle-endpoint"))}
 }
 
@@ -209,7 +210,7 @@ func peerVerifier(t *testing.T, s *e2eServer, serverTLS *tls.Config, peer spiffe
 	require.True(t, ok, "%s relays no bundle for %s", s.td.Name(), peer.Name())
 	store := trust.NewStore()
 	store.Set("bundle-map", b)
-	return &trust.Verifier{Store: store, Authorizer: trust.AuthorizeID(peerID)}, b
+	return &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(peerID)}, b
 }
 
 // issueWorkload issues an X509-SVID for id from the running server's CA.
@@ -305,7 +306,7 @@ func TestFederationE2ESPIFFEBothWays(t *testing.T) {
 	assert.Equal(t, servedSequence(t, east), mustSeq(t, eastBundle))
 
 	serverErr, clientErr := mtls(t,
-		trust.ServerTLSConfig(staticCert(eastCert), eastTrust),
+		mtlsServer(staticCert(eastCert), eastTrust),
 		trust.ClientTLSConfig(staticClientCert(westCert), westTrust))
 	require.NoError(t, serverErr, "east workload accepts west's")
 	require.NoError(t, clientErr, "west workload accepts east's")
@@ -316,7 +317,7 @@ func TestFederationE2ESPIFFEBothWays(t *testing.T) {
 		onlyEast := trust.NewStore()
 		onlyEast.Set("bundle-map", eastBundle)
 		serverErr, _ := mtls(t,
-			trust.ServerTLSConfig(staticCert(eastCert), &trust.Verifier{Store: onlyEast, Authorizer: trust.AuthorizeAny()}),
+			mtlsServer(staticCert(eastCert), &trust.Verifier{Bundles: onlyEast, Authorizer: tlsconfig.AuthorizeAny()}),
 			trust.ClientTLSConfig(staticClientCert(westCert), westTrust))
 		assert.ErrorIs(t, serverErr, trust.ErrUnknownDomain)
 
@@ -326,8 +327,8 @@ func TestFederationE2ESPIFFEBothWays(t *testing.T) {
 		wrong := trust.NewStore()
 		wrong.Set("bundle-map", fake)
 		_, clientErr := mtls(t,
-			trust.ServerTLSConfig(staticCert(eastCert), eastTrust),
-			trust.ClientTLSConfig(staticClientCert(westCert), &trust.Verifier{Store: wrong, Authorizer: trust.AuthorizeMemberOf(east.td)}))
+			mtlsServer(staticCert(eastCert), eastTrust),
+			trust.ClientTLSConfig(staticClientCert(westCert), &trust.Verifier{Bundles: wrong, Authorizer: tlsconfig.AuthorizeMemberOf(east.td)}))
 		assert.ErrorIs(t, clientErr, trust.ErrChain)
 	})
 }
@@ -397,7 +398,7 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	assert.True(t, eastBundle.X509Authorities()[0].Equal(caRootsOf(t, east)[0]))
 
 	serverErr, clientErr := mtls(t,
-		trust.ServerTLSConfig(staticCert(eastCert), eastTrust),
+		mtlsServer(staticCert(eastCert), eastTrust),
 		trust.ClientTLSConfig(staticClientCert(westCert), westTrust))
 	require.NoError(t, serverErr, "east workload accepts west's")
 	require.NoError(t, clientErr, "west workload accepts east's")
@@ -436,7 +437,7 @@ func TestFederationE2ERootRotation(t *testing.T) {
 	// it from west's /bundle-map, as an SDS client would.
 	westTLS := trust.ClientTLSConfig(nil, ownVerifier(t, west))
 	westStore := trust.NewStore()
-	westTrust := &trust.Verifier{Store: westStore, Authorizer: trust.AuthorizeID(eastID)}
+	westTrust := &trust.Verifier{Bundles: westStore, Authorizer: tlsconfig.AuthorizeID(eastID)}
 	refreshWest := func() *spiffebundle.Bundle {
 		b, ok := fetchBundleMap(t, west, westTLS)[east.td]
 		require.True(t, ok)
@@ -451,7 +452,7 @@ func TestFederationE2ERootRotation(t *testing.T) {
 	handshakes := 0
 	handshake := func(eastCert *tls.Certificate) {
 		serverErr, clientErr := mtls(t,
-			trust.ServerTLSConfig(staticCert(eastCert), eastTrust),
+			mtlsServer(staticCert(eastCert), eastTrust),
 			trust.ClientTLSConfig(staticClientCert(westCert), westTrust))
 		mu.Lock()
 		defer mu.Unlock()
@@ -535,4 +536,21 @@ func TestFederationE2ERootRotation(t *testing.T) {
 		}
 	}
 	assert.True(t, sawNewRoot, "west's audit log records the bundle that added east's new root %s", newFP)
+}
+
+// mtlsServer is the server side of a federated workload's mTLS, as a Go
+// program embedding trustbridge would write it: v verifies the client's
+// X509-SVID in VerifyConnection, which runs on resumed handshakes too,
+// and session tickets are off besides.
+func mtlsServer(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), v *trust.Verifier) *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS12,
+		GetCertificate:         getCert,
+		ClientAuth:             tls.RequireAnyClientCert,
+		SessionTicketsDisabled: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			_, err := v.VerifyCertificates(cs.PeerCertificates, x509.ExtKeyUsageClientAuth)
+			return err
+		},
+	}
 }

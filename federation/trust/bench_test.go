@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/testca"
@@ -35,10 +36,10 @@ func newBenchEnv(b *testing.B, n int) *benchEnv {
 	leaf, _ := peer.Issue(b, spiffeid.RequireFromPath(peer.TrustDomain, "/workload"))
 	single := trust.NewStore()
 	single.Set("federation", peer.Bundle())
-	auth := trust.AuthorizeMemberOf(peer.TrustDomain)
+	auth := tlsconfig.AuthorizeMemberOf(peer.TrustDomain)
 	return &benchEnv{
-		full:   &trust.Verifier{Store: full, Authorizer: auth},
-		single: &trust.Verifier{Store: single, Authorizer: auth},
+		full:   &trust.Verifier{Bundles: full, Authorizer: auth},
+		single: &trust.Verifier{Bundles: single, Authorizer: auth},
 		chain:  raw(leaf),
 	}
 }
@@ -46,8 +47,8 @@ func newBenchEnv(b *testing.B, n int) *benchEnv {
 // BenchmarkVerify measures peer verification with n trust domains in the
 // store against a store holding only the peer's trust domain (sibling
 // "baseline:tds=1"), same leaf, same run: the ratio is what the other
-// trust domains cost. Goal: at most 1.1. A verification looks up one trust
-// domain's precomputed pool and never touches the others.
+// trust domains cost. Goal: at most 1.1. A verification asks the store for
+// one trust domain's bundle and never touches the others.
 func BenchmarkVerify(b *testing.B) {
 	for _, n := range benchTDs {
 		e := newBenchEnv(b, n)

@@ -9,18 +9,32 @@
 // keeps each source's bundle as that source set it, sequence number
 // included, for readers that relay documents rather than trust them (the
 // bundle endpoint); SubscribePublished also wakes for source changes that
-// leave the union as it was. A Verifier
-// authenticates a peer chain against the roots of the trust domain named by
-// the leaf's one SPIFFE ID, and only those, then applies an Authorizer.
-// ServerTLSConfig and ClientTLSConfig wire a Verifier into crypto/tls so
-// that every handshake, resumed ones included, is checked against the
-// store as it is at that moment.
+// leave the union as it was.
+//
+// A Verifier is trustbridge's X509-SVID peer verifier, and what a Go
+// program embedding trustbridge uses to authenticate peers of federated
+// trust domains (see ExampleVerifier). It takes its roots from any
+// x509bundle.Source (a Store, which answers from its current snapshot, an
+// x509bundle.Set, or one bundle), verifies a chain against the roots of
+// the trust domain named by the leaf's one SPIFFE ID, and only those, and
+// then applies a go-spiffe tlsconfig.Authorizer (AuthorizeMemberOf,
+// AuthorizeID, AuthorizeOneOf, ...); a nil Authorizer refuses everyone.
+// The chain check is internal/svidcheck's, the one every X509-SVID in the
+// binary goes through (the https_spiffe bundle endpoint client here, the
+// mTLS authenticator of the SDS and certificate services, the node
+// agent's check of the certificate service): go-spiffe's x509svid.Verify
+// after a stricter leaf check (the URI SAN must be a canonical SPIFFE ID
+// exactly as encoded) and with the extended key usage checked along the
+// chain. ClientTLSConfig wires a Verifier into crypto/tls so that every
+// handshake, resumed ones included, is checked against the store as it is
+// at that moment; the https_spiffe fetcher uses it.
 //
 //	store := trust.NewStore()
 //	store.Set("ca", ownBundle)                        // keyed by ownBundle.TrustDomain()
 //	store.Set("federation:https://b.example/bundle", fetched)
-//	v := &trust.Verifier{Store: store, Authorizer: trust.AuthorizeMemberOf(peerTD)}
-//	srv := &http.Server{TLSConfig: trust.ServerTLSConfig(svidSource.GetCertificate, v)}
+//	v := &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeMemberOf(peerTD)}
+//	id, err := v.VerifyPeer(rawCerts)
+//	client := &http.Client{Transport: &http.Transport{TLSClientConfig: trust.ClientTLSConfig(svid.GetClientCertificate, v)}}
 //
 //	changed, cancel := store.Subscribe()
 //	defer cancel()

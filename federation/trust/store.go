@@ -3,7 +3,6 @@ package trust
 import (
 	"cmp"
 	"crypto"
-	"crypto/x509"
 	"fmt"
 	"maps"
 	"slices"
@@ -103,7 +102,7 @@ func (s *Store) Published() *Published { return s.published.Load() }
 // changed after; empty removes td): always to Published, since a source's
 // bundle changed, and to a new Snapshot when the union changed.
 // The new snapshot shares every other entry with the old one: an update
-// costs one union and one pool, not one per trust domain.
+// costs one union, not one per trust domain.
 //
 // A source change that leaves the union as it was (a new sequence number
 // on the same keys, a key another source already supplies) publishes no
@@ -269,7 +268,7 @@ func (p *Published) BundlesOf(source func(spiffeid.TrustDomain) string) []*spiff
 }
 
 // Snapshot is an immutable view of the store: per trust domain, the
-// effective bundle and the X.509 roots precomputed as a cert pool.
+// effective bundle and its X.509 and JWT parts.
 type Snapshot struct {
 	generation uint64
 	entries    map[spiffeid.TrustDomain]*entry
@@ -283,7 +282,6 @@ type entry struct {
 	bundle *spiffebundle.Bundle
 	x509   *x509bundle.Bundle
 	jwt    *jwtbundle.Bundle
-	pool   *x509.CertPool
 }
 
 func emptySnapshot() *Snapshot {
@@ -330,16 +328,6 @@ func (sn *Snapshot) X509BundleFor(td spiffeid.TrustDomain) (*x509bundle.Bundle, 
 		return nil, false
 	}
 	return e.x509, true
-}
-
-// Roots returns td's X.509 roots as a cert pool, for chain verification.
-// The pool is shared and must not be changed.
-func (sn *Snapshot) Roots(td spiffeid.TrustDomain) (*x509.CertPool, bool) {
-	e, ok := sn.entries[td]
-	if !ok {
-		return nil, false
-	}
-	return e.pool, true
 }
 
 // TrustDomains returns the trust domains in the snapshot, sorted.
@@ -399,11 +387,7 @@ func newEntry(td spiffeid.TrustDomain, bySource map[string]*spiffebundle.Bundle)
 	if hasHint {
 		union.SetRefreshHint(hint)
 	}
-	pool := x509.NewCertPool()
-	for _, c := range union.X509Authorities() {
-		pool.AddCert(c)
-	}
-	return &entry{bundle: union, x509: union.X509Bundle(), jwt: union.JWTBundle(), pool: pool}
+	return &entry{bundle: union, x509: union.X509Bundle(), jwt: union.JWTBundle()}
 }
 
 func addKeys(keys map[string]crypto.PublicKey, has func(string) bool, add func(string, crypto.PublicKey) error) {

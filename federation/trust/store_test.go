@@ -11,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -130,13 +131,11 @@ func TestStoreSnapshotsAreImmutable(t *testing.T) {
 	assert.Len(t, b.X509Authorities(), 2)
 	assert.Equal(t, before.Generation()+1, after.Generation())
 
-	// A leaf of ca2 verifies against the new snapshot's pool only.
+	// A leaf of ca2 verifies against the new snapshot only.
 	leaf, _ := ca2.Issue(t, idA)
-	oldPool, _ := before.Roots(tdA)
-	newPool, _ := after.Roots(tdA)
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: oldPool})
-	assert.Error(t, err)
-	_, err = leaf.Verify(x509.VerifyOptions{Roots: newPool})
+	_, err := (&trust.Verifier{Bundles: before, Authorizer: tlsconfig.AuthorizeAny()}).VerifyPeer(raw(leaf))
+	assert.ErrorIs(t, err, trust.ErrChain)
+	_, err = (&trust.Verifier{Bundles: after, Authorizer: tlsconfig.AuthorizeAny()}).VerifyPeer(raw(leaf))
 	assert.NoError(t, err)
 }
 
@@ -186,7 +185,7 @@ func TestStoreConcurrentSetAndVerify(t *testing.T) {
 		others[i] = testca.New(t, "b.test")
 	}
 	s := storeWith(caA)
-	v := &trust.Verifier{Store: s, Authorizer: trust.AuthorizeAny()}
+	v := &trust.Verifier{Bundles: s, Authorizer: tlsconfig.AuthorizeAny()}
 	leaf, _ := caA.Issue(t, idA)
 	chain := raw(leaf)
 	ch, cancel := s.Subscribe()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -74,45 +75,39 @@ func handshake(t *testing.T, client, server *tls.Config) result {
 }
 
 type peers struct {
-	caA, caB             *testca.CA
-	serverStore          *trust.Store // trusts a.test (clients) and b.test
-	clientStore          *trust.Store // trusts b.test (the server)
-	serverCfg, clientCfg *tls.Config
-	serverSeen           atomic.Value // spiffeid.ID the server's authorizer saw
-	serverCert           atomic.Pointer[tls.Certificate]
+	caA, caB    *testca.CA
+	clientStore *trust.Store // trusts b.test (the server)
+	serverCfg   *tls.Config  // a plain server in b.test
+	clientCfg   *tls.Config  // accepts only spiffe://b.test/workload
+	serverCert  atomic.Pointer[tls.Certificate]
 }
 
-// newPeers sets up a server in b.test that accepts any member of a.test and
-// a client in a.test that accepts only spiffe://b.test/workload.
+// newPeers sets up a server in b.test and a client in a.test that accepts
+// only spiffe://b.test/workload as its server.
 func newPeers(t *testing.T) *peers {
 	p := &peers{caA: testca.New(t, "a.test"), caB: testca.New(t, "b.test")}
-	p.serverStore = storeWith(p.caA, p.caB)
 	p.clientStore = storeWith(p.caB)
 	p.serverCert.Store(tlsCert(t, p.caB, idB))
 	clientCert := tlsCert(t, p.caA, idA)
-
-	member := trust.AuthorizeMemberOf(tdA)
-	p.serverCfg = trust.ServerTLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-		return p.serverCert.Load(), nil
-	}, &trust.Verifier{Store: p.serverStore, Authorizer: func(id spiffeid.ID) error {
-		p.serverSeen.Store(id)
-		return member(id)
-	}})
+	p.serverCfg = &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return p.serverCert.Load(), nil
+		},
+	}
 	p.clientCfg = trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 		return clientCert, nil
-	}, &trust.Verifier{Store: p.clientStore, Authorizer: trust.AuthorizeID(idB)})
+	}, &trust.Verifier{Bundles: p.clientStore, Authorizer: tlsconfig.AuthorizeID(idB)})
 	return p
 }
 
-func TestTLSMutualAuthentication(t *testing.T) {
+func TestTLSServerAuthentication(t *testing.T) {
 	p := newPeers(t)
 	res := handshake(t, p.clientCfg, p.serverCfg)
 	require.NoError(t, res.clientErr)
 	require.NoError(t, res.serverErr)
-	assert.Equal(t, idA, p.serverSeen.Load())
 	require.NotEmpty(t, res.client.PeerCertificates)
 	assert.Equal(t, idB.String(), res.client.PeerCertificates[0].URIs[0].String())
-	assert.True(t, p.serverCfg.SessionTicketsDisabled)
 
 	t.Run("server rotates to a root added to the client's store later", func(t *testing.T) {
 		caB2 := testca.New(t, "b.test")
@@ -128,104 +123,86 @@ func TestTLSMutualAuthentication(t *testing.T) {
 }
 
 func TestTLSRejections(t *testing.T) {
-	t.Run("server identity not authorized", func(t *testing.T) {
-		p := newPeers(t)
-		p.serverCert.Store(tlsCert(t, p.caB, spiffeid.RequireFromString("spiffe://b.test/impostor")))
-		res := handshake(t, p.clientCfg, p.serverCfg)
-		assert.ErrorIs(t, res.clientErr, trust.ErrUnauthorized)
-	})
-	t.Run("server cert of a.test signed by b.test root", func(t *testing.T) {
-		p := newPeers(t)
-		p.clientStore.Set("fed", p.caA.Bundle())
-		cfg := p.clientCfg.Clone()
-		cfg.VerifyConnection = trust.ClientTLSConfig(nil, &trust.Verifier{Store: p.clientStore, Authorizer: trust.AuthorizeAny()}).VerifyConnection
-		p.serverCert.Store(tlsCert(t, p.caB, idA))
-		res := handshake(t, cfg, p.serverCfg)
-		assert.ErrorIs(t, res.clientErr, trust.ErrChain)
-	})
-	t.Run("client without certificate", func(t *testing.T) {
-		p := newPeers(t)
-		cfg := p.clientCfg.Clone()
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }
-		res := handshake(t, cfg, p.serverCfg)
-		assert.Error(t, res.serverErr)
-		assert.Error(t, res.clientErr)
-	})
-	t.Run("client presents a CA certificate", func(t *testing.T) {
-		p := newPeers(t)
-		leaf, key := p.caA.Issue(t, idA, testca.Options{Mutate: func(c *x509.Certificate) { c.IsCA = true }})
-		cfg := p.clientCfg.Clone()
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key}, nil
-		}
-		res := handshake(t, cfg, p.serverCfg)
-		assert.ErrorIs(t, res.serverErr, trust.ErrNotSVID)
-	})
+	serverCert := func(t *testing.T, ca *testca.CA, id spiffeid.ID, mutate func(*x509.Certificate)) *tls.Certificate {
+		leaf, key := ca.Issue(t, id, testca.Options{Mutate: mutate})
+		return &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, p *peers) *tls.Config // the client's config; nil: p.clientCfg
+		want  error
+	}{
+		{name: "server identity not authorized", want: trust.ErrUnauthorized, setup: func(t *testing.T, p *peers) *tls.Config {
+			p.serverCert.Store(tlsCert(t, p.caB, spiffeid.RequireFromString("spiffe://b.test/impostor")))
+			return nil
+		}},
+		{name: "server cert of a.test signed by b.test root, both trusted", want: trust.ErrChain, setup: func(t *testing.T, p *peers) *tls.Config {
+			p.clientStore.Set("fed", p.caA.Bundle())
+			p.serverCert.Store(tlsCert(t, p.caB, idA))
+			return trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: p.clientStore, Authorizer: tlsconfig.AuthorizeAny()})
+		}},
+		{name: "server presents a CA certificate", want: trust.ErrNotSVID, setup: func(t *testing.T, p *peers) *tls.Config {
+			p.serverCert.Store(serverCert(t, p.caB, idB, func(c *x509.Certificate) { c.IsCA = true }))
+			return nil
+		}},
+		{name: "server certificate for client use only", want: trust.ErrChain, setup: func(t *testing.T, p *peers) *tls.Config {
+			p.serverCert.Store(serverCert(t, p.caB, idB, func(c *x509.Certificate) {
+				c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+			}))
+			return nil
+		}},
+		{name: "nil authorizer", want: trust.ErrUnauthorized, setup: func(t *testing.T, p *peers) *tls.Config {
+			return trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: p.clientStore})
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPeers(t)
+			client := tt.setup(t, p)
+			if client == nil {
+				client = p.clientCfg
+			}
+			res := handshake(t, client, p.serverCfg)
+			assert.ErrorIs(t, res.clientErr, tt.want)
+		})
+	}
 }
 
 func TestTLSRootRemovedFailsNewHandshakes(t *testing.T) {
-	t.Run("server drops the client's trust domain", func(t *testing.T) {
-		p := newPeers(t)
-		require.NoError(t, handshake(t, p.clientCfg, p.serverCfg).serverErr)
-		p.serverStore.Remove("test", tdA)
-		res := handshake(t, p.clientCfg, p.serverCfg)
-		assert.ErrorIs(t, res.serverErr, trust.ErrUnknownDomain)
-		assert.Error(t, res.clientErr)
-	})
-	t.Run("client drops the server's trust domain", func(t *testing.T) {
-		p := newPeers(t)
-		require.NoError(t, handshake(t, p.clientCfg, p.serverCfg).clientErr)
-		p.clientStore.Remove("test", tdB)
-		res := handshake(t, p.clientCfg, p.serverCfg)
-		assert.ErrorIs(t, res.clientErr, trust.ErrUnknownDomain)
-	})
+	p := newPeers(t)
+	require.NoError(t, handshake(t, p.clientCfg, p.serverCfg).clientErr)
+	p.clientStore.Remove("test", tdB)
+	res := handshake(t, p.clientCfg, p.serverCfg)
+	assert.ErrorIs(t, res.clientErr, trust.ErrUnknownDomain)
 }
 
 // Resumed sessions skip VerifyPeerCertificate; they must not skip the
 // store. Each case first proves that the session really resumes, then
-// removes the peer's root and resumes again.
+// removes the server's root and resumes again.
 func TestTLSResumedSessionRecheckedAgainstStore(t *testing.T) {
 	for _, version := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
 		name := map[uint16]string{tls.VersionTLS12: "tls1.2", tls.VersionTLS13: "tls1.3"}[version]
-		t.Run(name+"/client side", func(t *testing.T) {
+		t.Run(name, func(t *testing.T) {
 			p := newPeers(t)
 			client := resumingClient(p, version)
-			server := p.serverCfg.Clone()
-			server.SessionTicketsDisabled = false // a server that hands out tickets
 
-			require.NoError(t, handshake(t, client, server).clientErr)
-			res := handshake(t, client, server)
+			require.NoError(t, handshake(t, client, p.serverCfg).clientErr)
+			res := handshake(t, client, p.serverCfg)
 			require.NoError(t, res.clientErr)
 			require.True(t, res.client.DidResume, "the cached session is resumed")
 
 			p.clientStore.Remove("test", tdB)
-			res = handshake(t, client, server)
+			res = handshake(t, client, p.serverCfg)
 			assert.ErrorIs(t, res.clientErr, trust.ErrUnknownDomain)
 		})
-		t.Run(name+"/server side", func(t *testing.T) {
-			p := newPeers(t)
-			client := resumingClient(p, version)
-			server := p.serverCfg.Clone()
-			server.SessionTicketsDisabled = false // re-enabled: VerifyConnection must still hold
-
-			require.NoError(t, handshake(t, client, server).serverErr)
-			res := handshake(t, client, server)
-			require.NoError(t, res.serverErr)
-			require.True(t, res.client.DidResume, "the cached session is resumed")
-
-			p.serverStore.Remove("test", tdA)
-			res = handshake(t, client, server)
-			assert.ErrorIs(t, res.serverErr, trust.ErrUnknownDomain)
-		})
-		t.Run(name+"/helper default never resumes", func(t *testing.T) {
-			p := newPeers(t)
-			client := resumingClient(p, version)
-			require.NoError(t, handshake(t, client, p.serverCfg).serverErr)
-			res := handshake(t, client, p.serverCfg)
-			require.NoError(t, res.serverErr)
-			assert.False(t, res.client.DidResume)
-		})
 	}
+	t.Run("helper default never resumes", func(t *testing.T) {
+		p := newPeers(t)
+		require.NoError(t, handshake(t, p.clientCfg, p.serverCfg).clientErr)
+		res := handshake(t, p.clientCfg, p.serverCfg)
+		require.NoError(t, res.clientErr)
+		assert.False(t, res.client.DidResume)
+	})
 }
 
 // resumingClient is p's client config with a session cache, so a second

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -20,7 +22,7 @@ import (
 func TestVerifyPeerAccepts(t *testing.T) {
 	caA, caB := testca.New(t, "a.test"), testca.New(t, "b.test")
 	store := storeWith(caA, caB)
-	v := &trust.Verifier{Store: store, Authorizer: trust.AuthorizeAny()}
+	v := &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeAny()}
 
 	leafA, _ := caA.Issue(t, idA)
 	id, err := v.VerifyPeer(raw(leafA))
@@ -84,7 +86,7 @@ func TestVerifyPeerRejects(t *testing.T) {
 	tests := []struct {
 		name  string
 		chain [][]byte
-		auth  trust.Authorizer
+		auth  tlsconfig.Authorizer
 		want  error
 	}{
 		{"CA leaf", issue(caA, idA, func(c *x509.Certificate) { c.IsCA = true }), nil, trust.ErrNotSVID},
@@ -96,7 +98,7 @@ func TestVerifyPeerRejects(t *testing.T) {
 		{"https scheme", issue(caA, idA, setURIs("https://a.test/workload")), nil, trust.ErrNotSVID},
 		{"uppercase scheme", issue(caA, idA, rawSAN("SPIFFE://a.test/workload")), nil, trust.ErrNotSVID},
 		{"uppercase scheme, written by hand", issue(caA, idA, rawSAN("Spiffe://a.test/workload")), nil, trust.ErrNotSVID},
-		{"raw SAN control", issue(caA, idA, rawSAN("spiffe://a.test/workload")), trust.AuthorizeID(idA2), trust.ErrUnauthorized},
+		{"raw SAN control", issue(caA, idA, rawSAN("spiffe://a.test/workload")), tlsconfig.AuthorizeID(idA2), trust.ErrUnauthorized},
 		{"uppercase host", issue(caA, idA, setURIs("spiffe://A.test/workload")), nil, trust.ErrNotSVID},
 		{"trailing slash", issue(caA, idA, setURIs("spiffe://a.test/workload/")), nil, trust.ErrNotSVID},
 		{"percent-encoded path", issue(caA, idA, setURIs("spiffe://a.test/w%6Frkload")), nil, trust.ErrNotSVID},
@@ -110,16 +112,16 @@ func TestVerifyPeerRejects(t *testing.T) {
 		{"expired", issue(caA, idA, func(c *x509.Certificate) { c.NotBefore, c.NotAfter = past, past.Add(time.Hour) }), nil, trust.ErrChain},
 		{"not DER", [][]byte{{0x30, 0x01}}, nil, trust.ErrNotSVID},
 		{"empty chain", nil, nil, trust.ErrNoPeerCertChain},
-		{"nil authorizer", issue(caA, idA, nil), trust.Authorizer(nil), trust.ErrUnauthorized},
-		{"authorizer refuses", issue(caA, idA, nil), trust.AuthorizeID(idA2), trust.ErrUnauthorized},
+		{"nil authorizer", issue(caA, idA, nil), tlsconfig.Authorizer(nil), trust.ErrUnauthorized},
+		{"authorizer refuses", issue(caA, idA, nil), tlsconfig.AuthorizeID(idA2), trust.ErrUnauthorized},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			auth := tt.auth
 			if auth == nil && !errors.Is(tt.want, trust.ErrUnauthorized) {
-				auth = trust.AuthorizeAny()
+				auth = tlsconfig.AuthorizeAny()
 			}
-			v := &trust.Verifier{Store: store, Authorizer: auth}
+			v := &trust.Verifier{Bundles: store, Authorizer: auth}
 			_, err := v.VerifyPeer(tt.chain)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, tt.want)
@@ -130,7 +132,7 @@ func TestVerifyPeerRejects(t *testing.T) {
 
 func TestVerifyCertificatesKeyUsage(t *testing.T) {
 	caA := testca.New(t, "a.test")
-	v := &trust.Verifier{Store: storeWith(caA), Authorizer: trust.AuthorizeAny()}
+	v := &trust.Verifier{Bundles: storeWith(caA), Authorizer: tlsconfig.AuthorizeAny()}
 	serverOnly, _ := caA.Issue(t, idA, testca.Options{Mutate: func(c *x509.Certificate) {
 		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}})
@@ -145,33 +147,79 @@ func TestVerifyCertificatesKeyUsage(t *testing.T) {
 func TestVerifierNow(t *testing.T) {
 	caA := testca.New(t, "a.test")
 	leaf, _ := caA.Issue(t, idA)
-	v := &trust.Verifier{Store: storeWith(caA), Authorizer: trust.AuthorizeAny(),
+	v := &trust.Verifier{Bundles: storeWith(caA), Authorizer: tlsconfig.AuthorizeAny(),
 		Now: func() time.Time { return leaf.NotAfter.Add(time.Second) }}
 	_, err := v.VerifyPeer(raw(leaf))
 	assert.ErrorIs(t, err, trust.ErrChain)
 }
 
-func TestAuthorizers(t *testing.T) {
-	tests := []struct {
-		name string
-		auth trust.Authorizer
-		ok   []spiffeid.ID
-		bad  []spiffeid.ID
+// A peer of trust domain B whose chain leads to A's roots is refused,
+// whichever source the roots come from and however the chain is built:
+// only B's own roots may vouch for a B identity, even when A is trusted
+// too and the authorizer would accept any member of B.
+func TestVerifyPeerOfOtherDomainUnderOurRoots(t *testing.T) {
+	caA, caB := testca.New(t, "a.test"), testca.New(t, "b.test")
+	direct, _ := caA.Issue(t, idB)
+	// An intermediate A signed, naming B's trust domain.
+	interKey := testca.NewKey(t, testca.ECP256)
+	interCert := testca.Sign(t, &x509.Certificate{
+		SerialNumber:          caA.Cert.SerialNumber,
+		NotBefore:             time.Now().Add(-time.Minute),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		URIs:                  []*url.URL{tdB.ID().URL()},
+	}, caA.Cert, interKey.Public(), caA.Key)
+	viaInter, _ := (&testca.CA{TrustDomain: tdB, Cert: interCert, Key: interKey}).Issue(t, idB)
+
+	bundleA := x509bundle.FromX509Authorities(tdA, []*x509.Certificate{caA.Cert})
+	sources := map[string]struct {
+		src  x509bundle.Source
+		want error
 	}{
-		{"any", trust.AuthorizeAny(), []spiffeid.ID{idA, idA2, idB}, nil},
-		{"id", trust.AuthorizeID(idA), []spiffeid.ID{idA}, []spiffeid.ID{idA2, idB}},
-		{"one of", trust.AuthorizeOneOf(idA, idB), []spiffeid.ID{idA, idB}, []spiffeid.ID{idA2}},
-		{"one of nothing", trust.AuthorizeOneOf(), nil, []spiffeid.ID{idA}},
-		{"member of", trust.AuthorizeMemberOf(tdA), []spiffeid.ID{idA, idA2}, []spiffeid.ID{idB}},
+		"store holding A and B": {storeWith(caA, caB), trust.ErrChain},
+		"set holding A and B":   {x509bundle.NewSet(bundleA, x509bundle.FromX509Authorities(tdB, []*x509.Certificate{caB.Cert})), trust.ErrChain},
+		"A's bundle alone":      {bundleA, trust.ErrUnknownDomain},
+		"store holding A alone": {storeWith(caA), trust.ErrUnknownDomain},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			for _, id := range tt.ok {
-				assert.NoError(t, tt.auth(id), id.String())
-			}
-			for _, id := range tt.bad {
-				assert.Error(t, tt.auth(id), id.String())
-			}
-		})
+	chains := map[string][][]byte{
+		"leaf signed by A's root":       raw(direct),
+		"leaf via an intermediate of A": raw(viaInter, interCert),
 	}
+	for sname, s := range sources {
+		for cname, chain := range chains {
+			t.Run(sname+"/"+cname, func(t *testing.T) {
+				v := &trust.Verifier{Bundles: s.src, Authorizer: tlsconfig.AuthorizeMemberOf(tdB)}
+				id, err := v.VerifyPeer(chain)
+				assert.ErrorIs(t, err, s.want)
+				assert.Equal(t, idB, id, "named in the error, never authenticated")
+			})
+		}
+	}
+}
+
+// The Verifier hands the authorizer the chains it verified, as go-spiffe's
+// tlsconfig does, so an authorizer may look at them.
+func TestVerifierAuthorizerSeesChains(t *testing.T) {
+	caA := testca.New(t, "a.test")
+	leaf, _ := caA.Issue(t, idA)
+	var seen [][]*x509.Certificate
+	v := &trust.Verifier{Bundles: storeWith(caA), Authorizer: func(id spiffeid.ID, chains [][]*x509.Certificate) error {
+		seen = chains
+		return nil
+	}}
+	_, err := v.VerifyPeer(raw(leaf))
+	require.NoError(t, err)
+	require.Len(t, seen, 1)
+	assert.Equal(t, []*x509.Certificate{leaf, caA.Cert}, seen[0])
+}
+
+func TestVerifierWithoutBundles(t *testing.T) {
+	caA := testca.New(t, "a.test")
+	leaf, _ := caA.Issue(t, idA)
+	_, err := (&trust.Verifier{Authorizer: tlsconfig.AuthorizeAny()}).VerifyPeer(raw(leaf))
+	assert.ErrorContains(t, err, "no bundle source")
+	_, err = (*trust.Verifier)(nil).VerifyPeer(raw(leaf))
+	assert.Error(t, err)
 }

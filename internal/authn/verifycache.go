@@ -82,7 +82,7 @@ func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Tim
 	return bundle.HasX509Authority(e.anchor)
 }
 
-// add remembers a verification whose chains x509svid.Verify returned. The
+// add remembers a verification whose chains svidcheck.Verify returned. The
 // first chain alone bounds the entry: while all its certificates are
 // within their validity, verification would find it again.
 func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate) {

@@ -158,10 +158,10 @@ func TestX509SVIDRefusesExpensiveChain(t *testing.T) {
 func blockingVerify(a *X509SVID) (started chan struct{}, release chan struct{}) {
 	started, release = make(chan struct{}, 64), make(chan struct{})
 	inner := a.verify
-	a.verify = func(certs []*x509.Certificate, b x509bundle.Source, opts ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error) {
+	a.verify = func(certs []*x509.Certificate, b x509bundle.Source, usage x509.ExtKeyUsage, opts ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error) {
 		started <- struct{}{}
 		<-release
-		return inner(certs, b, opts...)
+		return inner(certs, b, usage, opts...)
 	}
 	return started, release
 }

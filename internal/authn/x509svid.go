@@ -17,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
 // maxPeerChain bounds the certificates a client may send. SVID chains are a
@@ -74,8 +75,10 @@ type X509SVID struct {
 	logger      *slog.Logger
 	logLim      *loglimit.Limiter
 	m           *x509Metrics
-	// verify is x509svid.Verify; tests count the calls.
-	verify func([]*x509.Certificate, x509bundle.Source, ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error)
+	// verify is svidcheck.Verify, trustbridge's one X509-SVID chain
+	// check (federation/trust's Verifier runs the same); tests count the
+	// calls.
+	verify func([]*x509.Certificate, x509bundle.Source, x509.ExtKeyUsage, ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error)
 }
 
 var _ Authenticator = (*X509SVID)(nil)
@@ -139,7 +142,7 @@ func NewX509SVID(td spiffeid.TrustDomain, roots x509bundle.Source, clk clock.Pas
 		clk = clock.RealClock{}
 	}
 	a := &X509SVID{
-		td: td, roots: roots, clk: clk, verify: x509svid.Verify,
+		td: td, roots: roots, clk: clk, verify: svidcheck.Verify,
 		cacheSize: DefaultVerifyCacheSize, failureSize: DefaultFailureCacheSize, failureTTL: DefaultFailureCacheTTL,
 	}
 	for _, o := range opts {
@@ -213,6 +216,9 @@ func (a *X509SVID) precheck(certs []*x509.Certificate) (spiffeid.ID, error) {
 		return spiffeid.ID{}, invalidf(MethodX509SVID, "authenticator has no trust domain or roots")
 	}
 	leaf := certs[0]
+	// go-spiffe's cheap reading of the ID, not svidcheck.LeafID: this
+	// runs on every call, cached ones included, and only a chain that
+	// passed svidcheck (canonical URI SAN included) is ever cached.
 	id, err := x509svid.IDFromCert(leaf)
 	if err != nil {
 		return spiffeid.ID{}, invalid(MethodX509SVID, fmt.Errorf("client certificate is not an X509-SVID: %w", err))
@@ -254,9 +260,10 @@ func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle
 		return fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
 	}
 	defer a.gate.release(peer)
-	// Verify against the local bundle alone, never the whole source.
-	local := x509bundle.FromX509Authorities(a.td, bundle.X509Authorities())
-	_, chains, err := a.verify(certs, local, x509svid.WithTime(now))
+	// Verify against the local bundle alone, never the whole source: the
+	// bundle answers for its own trust domain only, and it is the one the
+	// cache key names.
+	_, chains, err := a.verify(certs, bundle, x509.ExtKeyUsageClientAuth, x509svid.WithTime(now))
 	if err != nil {
 		err = invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
 		a.failures.add(key, err, now)
@@ -269,9 +276,9 @@ func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle
 }
 
 // clientAuthAllowed reports whether the leaf may be used as a TLS client
-// certificate. x509svid.Verify accepts any extended key usage; a leaf that
-// lists usages but not clientAuth was not meant for this, as Go's own TLS
-// client verification would also decide.
+// certificate: a leaf that lists usages but not clientAuth was not meant
+// for this. Verification checks it along the whole chain; this refuses
+// such a leaf before any signature is checked.
 func clientAuthAllowed(leaf *x509.Certificate) bool {
 	if len(leaf.ExtKeyUsage) == 0 && len(leaf.UnknownExtKeyUsage) == 0 {
 		return true

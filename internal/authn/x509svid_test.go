@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"fmt"
 	"net/url"
 	"path"
@@ -28,8 +29,15 @@ var (
 	workloadID  = spiffeid.RequireFromString("spiffe://example.org/ns/default/sa/web")
 )
 
+// withEKU is a template from c restricted to usages.
+func withEKU(c *x509.Certificate, usages ...x509.ExtKeyUsage) *x509.Certificate {
+	tmpl := *c
+	tmpl.ExtKeyUsage = usages
+	return &tmpl
+}
+
 // intermediate mints a CA signed by parent, for chains longer than a leaf.
-func intermediate(t *testing.T, parent *testca.CA) *testca.CA {
+func intermediate(t testing.TB, parent *testca.CA) *testca.CA {
 	t.Helper()
 	key := testca.NewKey(t, testca.ECP256)
 	now := time.Now().Add(-time.Minute)
@@ -75,6 +83,18 @@ func TestX509SVID(t *testing.T) {
 	noEKU, _ := local.Issue(t, workloadID, testca.Options{Mutate: func(c *x509.Certificate) {
 		c.ExtKeyUsage = nil
 	}})
+	noPath, _ := local.Issue(t, workloadID, testca.Options{Mutate: func(c *x509.Certificate) {
+		c.URIs = []*url.URL{localTD.ID().URL()}
+	}})
+	upperScheme, _ := local.Issue(t, workloadID, testca.Options{Mutate: func(c *x509.Certificate) {
+		c.URIs = nil
+		val, err := asn1.Marshal([]asn1.RawValue{{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte("SPIFFE://" + workloadID.String()[len("spiffe://"):])}})
+		require.NoError(t, err)
+		c.ExtraExtensions = append(c.ExtraExtensions, pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Value: val})
+	}})
+	serverInter := intermediate(t, local)
+	serverInter.Cert = testca.Sign(t, withEKU(serverInter.Cert, x509.ExtKeyUsageServerAuth), local.Cert, serverInter.Key.Public(), local.Key)
+	underServerInter, _ := serverInter.Issue(t, workloadID)
 	now := time.Now()
 
 	roots := x509bundle.NewSet(
@@ -103,8 +123,11 @@ func TestX509SVID(t *testing.T) {
 		{name: "not yet valid", certs: []*x509.Certificate{leaf}, at: leaf.NotBefore.Add(-time.Second), wantErr: ErrInvalidCredentials},
 		{name: "not an SVID: no URI SAN", certs: []*x509.Certificate{noURI}, wantErr: ErrInvalidCredentials, errHas: "not an X509-SVID"},
 		{name: "not an SVID: two URI SANs", certs: []*x509.Certificate{twoURIs}, wantErr: ErrInvalidCredentials, errHas: "not an X509-SVID"},
-		{name: "CA certificate as leaf", certs: []*x509.Certificate{caLeaf}, wantErr: ErrInvalidCredentials, errHas: "CA flag"},
+		{name: "CA certificate as leaf", certs: []*x509.Certificate{caLeaf}, wantErr: ErrInvalidCredentials, errHas: "is a CA"},
 		{name: "root itself has no path", certs: []*x509.Certificate{local.Cert}, wantErr: ErrInvalidCredentials, errHas: "no path"},
+		{name: "leaf without a path", certs: []*x509.Certificate{noPath}, wantErr: ErrInvalidCredentials, errHas: "no path"},
+		{name: "URI SAN the ID only once normalized", certs: []*x509.Certificate{upperScheme}, wantErr: ErrInvalidCredentials, errHas: "not a valid X509-SVID leaf"},
+		{name: "intermediate for serverAuth only", certs: []*x509.Certificate{underServerInter, serverInter.Cert}, wantErr: ErrInvalidCredentials, errHas: "clientAuth"},
 		{name: "serverAuth only", certs: []*x509.Certificate{serverOnly}, wantErr: ErrInvalidCredentials, errHas: "clientAuth"},
 		{name: "too many certificates", certs: []*x509.Certificate{leaf, inter.Cert, inter.Cert, inter.Cert, inter.Cert, inter.Cert, inter.Cert, inter.Cert, inter.Cert}, wantErr: ErrInvalidCredentials, errHas: "more than"},
 		{name: "nil certificate", certs: []*x509.Certificate{leaf, nil}, wantErr: ErrInvalidCredentials},
@@ -189,9 +212,9 @@ func TestX509SVIDNoTrustDomain(t *testing.T) {
 func countVerify(a *X509SVID) *atomic.Int64 {
 	var n atomic.Int64
 	next := a.verify
-	a.verify = func(certs []*x509.Certificate, src x509bundle.Source, opts ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error) {
+	a.verify = func(certs []*x509.Certificate, src x509bundle.Source, usage x509.ExtKeyUsage, opts ...x509svid.VerifyOption) (spiffeid.ID, [][]*x509.Certificate, error) {
 		n.Add(1)
-		return next(certs, src, opts...)
+		return next(certs, src, usage, opts...)
 	}
 	return &n
 }

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
+
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
 // Request is what one CreateCertificate asks for.
@@ -100,8 +102,9 @@ func (BearerToken) RequireTransportSecurity() bool { return true }
 // ignored, since a flat list cannot say which trust domain each belongs
 // to) and checks that the leaf is an X509-SVID
 // of td for key, chaining to local, td's own roots (from the server's
-// ROOTCA, FetchTrust), and for want when set. opts go to x509svid.Verify
-// (x509svid.WithTime for an injected clock).
+// ROOTCA, FetchTrust), and for want when set, with svidcheck.Verify, the
+// check every X509-SVID in trustbridge goes through. opts go to
+// x509svid.Verify (x509svid.WithTime for an injected clock).
 func CheckIssued(chain []*x509.Certificate, key crypto.Signer, td spiffeid.TrustDomain, want spiffeid.ID, local []*x509.Certificate, opts ...x509svid.VerifyOption) (id spiffeid.ID, err error) {
 	if len(chain) == 0 {
 		return id, errors.New("no certificates")
@@ -114,7 +117,8 @@ func CheckIssued(chain []*x509.Certificate, key crypto.Signer, td spiffeid.Trust
 	if !ok || !pub.Equal(leafChain[0].PublicKey) {
 		return id, errors.New("the certificate is not for the key this request sent")
 	}
-	id, _, err = x509svid.Verify(leafChain, x509bundle.FromX509Authorities(td, local), opts...)
+	// Any usage: the leaf serves the workload as client and server alike.
+	id, _, err = svidcheck.Verify(leafChain, x509bundle.FromX509Authorities(td, local), x509.ExtKeyUsageAny, opts...)
 	if err != nil {
 		return id, err
 	}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/trustbridge/trustbridge/internal/spifferoot"
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
 // ServerPath is the path of the certificate service's own SPIFFE ID,
@@ -108,11 +108,11 @@ func joinTDs(tds []spiffeid.TrustDomain) string {
 
 // VerifyServer returns a tls.Config.VerifyConnection that accepts only an
 // X509-SVID for serverID chaining to RootsFor(serverID's trust domain,
-// roots); host names play no part.
+// roots) (svidcheck.Verify, for serverAuth); host names play no part.
 func VerifyServer(roots []*x509.Certificate, serverID spiffeid.ID) func(tls.ConnectionState) error {
 	bundle := x509bundle.FromX509Authorities(serverID.TrustDomain(), RootsFor(serverID.TrustDomain(), roots))
 	return func(cs tls.ConnectionState) error {
-		id, _, err := x509svid.Verify(cs.PeerCertificates, bundle)
+		id, _, err := svidcheck.Verify(cs.PeerCertificates, bundle, x509.ExtKeyUsageServerAuth)
 		if err != nil {
 			return fmt.Errorf("server certificate does not verify against --root-cert: %w", err)
 		}

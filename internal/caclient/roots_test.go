@@ -99,17 +99,23 @@ func TestServerTLSRoots(t *testing.T) {
 		signer *testca.CA
 		id     spiffeid.ID
 		err    string
+		mutate func(*x509.Certificate)
 	}{
-		{"local root", []*x509.Certificate{local.Cert, foreignPlain.Cert}, local, serverID, ""},
-		{"anonymous federated root next to named local roots", []*x509.Certificate{local.Cert, foreignPlain.Cert}, foreignPlain, serverID, "does not verify"},
-		{"named federated root", []*x509.Certificate{local.Cert, foreign.Cert}, foreign, serverID, "does not verify"},
-		{"plug-in local root names no trust domain", []*x509.Certificate{localPlain.Cert, foreign.Cert}, localPlain, serverID, ""},
-		{"plug-in: named federated root", []*x509.Certificate{localPlain.Cert, foreign.Cert}, foreign, serverID, "does not verify"},
-		{"another identity of the trust domain", []*x509.Certificate{local.Cert}, local, laptopID, "want " + serverID.String()},
+		{"local root", []*x509.Certificate{local.Cert, foreignPlain.Cert}, local, serverID, "", nil},
+		{"anonymous federated root next to named local roots", []*x509.Certificate{local.Cert, foreignPlain.Cert}, foreignPlain, serverID, "does not verify", nil},
+		{"named federated root", []*x509.Certificate{local.Cert, foreign.Cert}, foreign, serverID, "does not verify", nil},
+		{"plug-in local root names no trust domain", []*x509.Certificate{localPlain.Cert, foreign.Cert}, localPlain, serverID, "", nil},
+		{"plug-in: named federated root", []*x509.Certificate{localPlain.Cert, foreign.Cert}, foreign, serverID, "does not verify", nil},
+		{"another identity of the trust domain", []*x509.Certificate{local.Cert}, local, laptopID, "want " + serverID.String(), nil},
+		// svidcheck's rules, as for every X509-SVID trustbridge checks.
+		{"server certificate for clientAuth only", []*x509.Certificate{local.Cert}, local, serverID, "serverAuth", func(c *x509.Certificate) {
+			c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+		}},
+		{"leaf is a CA", []*x509.Certificate{local.Cert}, local, serverID, "is a CA", func(c *x509.Certificate) { c.IsCA = true }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			leaf, _ := tt.signer.Issue(t, tt.id)
+			leaf, _ := tt.signer.Issue(t, tt.id, testca.Options{Mutate: tt.mutate})
 			cfg := ServerTLS(tt.roots, serverID, nil)
 			assert.Empty(t, cfg.Certificates)
 			err := cfg.VerifyConnection(tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}})

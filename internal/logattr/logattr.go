@@ -19,9 +19,15 @@ const (
 	Address     = "address"
 	RefreshHint = "refresh_hint"
 	Warning     = "warning"
+	// PolicySource is a trust policy source ("file:<path>", "crd"), and
+	// PolicyRules the number of rules it holds (internal/trustpolicy).
+	PolicySource = "policy_source"
+	PolicyRules  = "policy_rules"
 	// The grant a certificate descends from (internal/authn.Grant).
 	GrantMethod = "grant_method"
 	GrantRef    = "grant_ref"
 	GrantUID    = "grant_uid"
 	GrantedAt   = "granted_at"
+	// Rule names a trust policy rule (internal/trustpolicy).
+	Rule = "rule"
 )

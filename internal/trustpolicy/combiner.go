@@ -177,7 +177,9 @@ func (c *Combiner) setLocked(source string, rules []Rule, def Default) error {
 		return errors.New("trustpolicy: a policy source needs a name")
 	}
 	st := c.sources[source]
-	if st != nil && st.status.LastError == "" && st.def == def && reflect.DeepEqual(st.rules, rules) {
+	// The same rules again (a resync, a file restored after an error)
+	// change nothing in force: clear the error, wake nobody.
+	if st != nil && st.def == def && reflect.DeepEqual(st.rules, rules) {
 		c.succeeded(st)
 		return nil
 	}

@@ -21,6 +21,21 @@
 //	d := p.Decide(trustpolicy.Subject{ID: id})
 //	grant, ok := d.Allows(partnerTD) // ok, grant.Peers == [spiffe://partner.example/ns/billing/sa/api]
 //
+// Rules come from sources, each parsed by Parse or ParseNode (one YAML
+// schema for the --trust-policy file, the trustPolicy section of --config
+// and, rule by rule, the ClusterTrustPolicy resource): a Combiner merges
+// every source's last good rules with the default and publishes the
+// Policy in a Cell; a FileSource polls the file into it; Access reads the
+// Cell (and service account labels) for every authenticated SDS caller and
+// remembers which workloads each rule matched; Explain says why.
+//
+//	cell := trustpolicy.NewCell(nil)
+//	comb, err := trustpolicy.NewCombiner(local, trustpolicy.DefaultAllow, cell, trustpolicy.WithRegisterer(reg))
+//	file := trustpolicy.NewFileSource(path, comb, logger, 0)
+//	err = file.Load() // then go file.Run(ctx)
+//	access := trustpolicy.NewAccess(cell, labels)
+//	d, changed := access.Decide(ident) // re-decide when changed closes
+//
 // Patterns are exact IDs or path prefixes ending in "/*", never regular
 // expressions (Istio CVE-2026-39350): "spiffe://td/ns/pay/*" matches
 // /ns/pay/sa/x but not /ns/payments/sa/x.

@@ -87,7 +87,11 @@ type Policy struct {
 	local    spiffeid.TrustDomain
 	def      Default
 	rules    []compiledRule
+	index    ruleIndex
 	governed map[spiffeid.TrustDomain]bool
+	// usesLabels says some selector reads labels: only then do decisions
+	// depend on them.
+	usesLabels bool
 	// digest identifies what the policy decides: equal digests decide
 	// every subject alike.
 	digest string
@@ -129,8 +133,10 @@ func Compile(local spiffeid.TrustDomain, def Default, rules []Rule) (*Policy, er
 		for _, g := range cr.grants {
 			p.governed[g.TrustDomain] = true
 		}
+		p.usesLabels = p.usesLabels || slices.ContainsFunc(cr.selectors, func(s compiledSelector) bool { return s.labels != nil })
 		p.rules = append(p.rules, cr)
 	}
+	p.index = newRuleIndex(p.rules)
 	p.digest = p.computeDigest()
 	return p, nil
 }
@@ -188,6 +194,11 @@ func compileSelector(local spiffeid.TrustDomain, s Selector) (compiledSelector, 
 	}
 	cs.namespace = s.Namespace
 	if s.Labels != nil {
+		// An empty selector would select every service account whose
+		// labels are known: too broad to be what anyone meant.
+		if len(s.Labels.MatchLabels) == 0 && len(s.Labels.MatchExpressions) == 0 {
+			return cs, errors.New("labels: empty label selector; set matchLabels or matchExpressions")
+		}
 		sel, err := metav1.LabelSelectorAsSelector(s.Labels)
 		if err != nil {
 			return cs, fmt.Errorf("labels: %w", err)
@@ -247,6 +258,9 @@ func (p *Policy) Rules() []Rule {
 	return out
 }
 
+// UsesLabels reports whether any selector reads service account labels.
+func (p *Policy) UsesLabels() bool { return p.usesLabels }
+
 // Empty reports whether the policy has no rules.
 func (p *Policy) Empty() bool { return len(p.rules) == 0 }
 
@@ -261,12 +275,9 @@ func (p *Policy) Digest() string { return p.digest }
 func (p *Policy) Decide(sub Subject) Decision {
 	d := Decision{policy: p}
 	byTD := make(map[spiffeid.TrustDomain]int)
-	for _, r := range p.rules {
-		sel := slices.IndexFunc(r.selectors, func(s compiledSelector) bool { return s.matches(sub) })
-		if sel < 0 {
-			continue
-		}
-		d.Matched = append(d.Matched, Match{Rule: r.Name, Origin: r.Origin, Selector: sel})
+	for _, m := range p.matches(sub) {
+		r := &p.rules[m.rule]
+		d.Matched = append(d.Matched, Match{Rule: r.Name, Origin: r.Origin, Selector: m.sel})
 		for _, g := range r.grants {
 			i, ok := byTD[g.TrustDomain]
 			if !ok {

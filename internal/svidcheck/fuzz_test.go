@@ -1,4 +1,4 @@
-package trust
+package svidcheck
 
 import (
 	"crypto/x509"
@@ -45,7 +45,7 @@ func FuzzLeafID(f *testing.F) {
 				c.URIs = append(c.URIs, u)
 			}
 		}
-		id, err := leafID(c)
+		id, err := LeafID(c)
 		if err != nil {
 			return
 		}

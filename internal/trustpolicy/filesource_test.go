@@ -1,0 +1,136 @@
+package trustpolicy
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/internal/testlog"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const filePolicy = `rules:
+- name: pay
+  workloads: [{spiffeID: spiffe://example.org/ns/pay/*}]
+  trustDomains: [{name: partner.example}]
+`
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+}
+
+func TestFileSourceMissingAtStart(t *testing.T) {
+	c, _, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	err := NewFileSource(path, c, nil, 0).Load()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), path+" does not exist: create it (an empty file has no rules) or drop --trust-policy")
+	assert.Equal(t, err.Error(), c.Statuses()[0].LastError)
+}
+
+func TestFileSourceReload(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, filePolicy)
+	logs := testlog.JSONLines(t)
+	f := NewFileSource(path, c, slog.New(slog.NewJSONHandler(logs, nil)), 0)
+	require.NoError(t, f.Load())
+	good, ch := cell.Load()
+	require.NotNil(t, good)
+	assert.Equal(t, "file:"+path+":2", good.Rules()[0].Origin)
+	errors := c.metrics.reloads.WithLabelValues(f.Source(), resultError)
+	successes := c.metrics.reloads.WithLabelValues(f.Source(), resultSuccess)
+
+	require.NoError(t, f.Check())
+	assert.False(t, isClosed(ch), "unchanged file: nothing published")
+	assert.Equal(t, 1.0, testutil.ToFloat64(successes))
+
+	writeFile(t, path, strings.Replace(filePolicy, "partner.example", "spiffe://partner.example", 1))
+	for range 2 {
+		err := f.Check()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `file:`+path+`:4: rule 1 "pay": trustDomains[0].name`)
+	}
+	p, _ := cell.Load()
+	assert.Same(t, good, p, "the last good policy stays")
+	assert.False(t, isClosed(ch))
+	assert.Equal(t, 1.0, testutil.ToFloat64(errors), "a persisting problem counts once")
+	assert.Equal(t, 1, strings.Count(logs.String(), "trust policy file refused"), "and is logged once")
+	assert.Contains(t, logs.String(), `"level":"WARN"`)
+	assert.Contains(t, c.Statuses()[0].LastError, "trustDomains[0].name")
+
+	// A file that parses but does not compile (a selector of another
+	// trust domain) is refused by the Combiner, counted once too.
+	writeFile(t, path, strings.Replace(filePolicy, "example.org", "partner.example", 1))
+	require.Error(t, f.Check())
+	assert.Equal(t, 2.0, testutil.ToFloat64(errors))
+
+	require.NoError(t, os.Remove(path))
+	require.ErrorContains(t, f.Check(), "does not exist")
+	p, _ = cell.Load()
+	assert.Same(t, good, p, "a removed file keeps the last good policy too")
+
+	writeFile(t, path, strings.Replace(filePolicy, "ns/pay/*", "ns/payments/*", 1))
+	require.NoError(t, f.Check())
+	assert.True(t, isClosed(ch))
+	p, _ = cell.Load()
+	assert.Equal(t, "spiffe://example.org/ns/payments/*", p.Rules()[0].Workloads[0].SPIFFEID)
+	assert.Empty(t, c.Statuses()[0].LastError)
+}
+
+// Kubernetes updates ConfigMap volumes by swapping the ..data symlink.
+func TestFileSourceSymlinkSwap(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	dir := t.TempDir()
+	for name, content := range map[string]string{"v1": filePolicy, "v2": strings.Replace(filePolicy, "pay", "web", 2)} {
+		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o700))
+		writeFile(t, filepath.Join(dir, name, "policy.yaml"), content)
+	}
+	require.NoError(t, os.Symlink("v1", filepath.Join(dir, "..data")))
+	require.NoError(t, os.Symlink("..data/policy.yaml", filepath.Join(dir, "policy.yaml")))
+	f := NewFileSource(filepath.Join(dir, "policy.yaml"), c, nil, 0)
+	require.NoError(t, f.Load())
+
+	require.NoError(t, os.Symlink("v2", filepath.Join(dir, "..data_tmp")))
+	require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+	require.NoError(t, f.Check())
+	p, _ := cell.Load()
+	assert.Equal(t, "web", p.Rules()[0].Name)
+}
+
+func TestFileSourceRun(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, "")
+	f := NewFileSource(path, c, nil, time.Second)
+	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
+	f.clock = clk
+	require.NoError(t, f.Load())
+	_, ch := cell.Load()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- f.Run(ctx) }()
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "Run's ticker")
+	writeFile(t, path, filePolicy)
+	clk.Step(time.Second)
+	<-ch
+	p, _ := cell.Load()
+	_, ok := p.Decide(Subject{ID: spiffeid.RequireFromString("spiffe://example.org/ns/web/sa/a")}).Allows(partnerTD)
+	assert.False(t, ok)
+	cancel()
+	require.NoError(t, <-done)
+}

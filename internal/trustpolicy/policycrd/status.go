@@ -1,0 +1,113 @@
+package policycrd
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
+
+// status is what r's status should be under verdict v.
+func (c *Controller) status(r resource, v verdict) Status {
+	want := Status{ObservedGeneration: r.obj.GetGeneration()}
+	ready, reason, msg := metav1.ConditionTrue, ReasonApplied, ""
+	switch {
+	case v.invalid != "":
+		ready, reason, msg = metav1.ConditionFalse, ReasonInvalid, v.invalid+v.lastGood()
+	case v.conflict != "":
+		ready, reason, msg = metav1.ConditionFalse, ReasonConflict, v.conflict
+	}
+	if v.rule != nil && v.conflict == "" {
+		c.inForce(&want, *v.rule)
+		if msg == "" {
+			msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
+		}
+	}
+	cond := metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: truncate(msg, 32000),
+		ObservedGeneration: want.ObservedGeneration, LastTransitionTime: metav1.NewTime(c.cfg.Clock.Now().Truncate(time.Second))}
+	if prev := meta.FindStatusCondition(r.cr.Status.Conditions, ConditionReady); prev != nil && prev.Status == ready {
+		cond.LastTransitionTime = prev.LastTransitionTime
+	}
+	meta.SetStatusCondition(&want.Conditions, cond)
+	return want
+}
+
+// inForce fills in what the rule in force grants and matched.
+func (c *Controller) inForce(s *Status, rule trustpolicy.Rule) {
+	for _, g := range rule.TrustDomains {
+		s.TrustDomains = append(s.TrustDomains, g.TrustDomain)
+	}
+	if c.cfg.Matched != nil {
+		n, recent := c.cfg.Matched(rule.Name)
+		s.MatchedWorkloads = &MatchedWorkloads{Count: int64(n), Recent: capStrings(recent, MaxRecent, 2048)}
+	}
+	if c.cfg.Conflicts != nil {
+		s.Conflicts = capStrings(c.cfg.Conflicts(rule.Name), MaxConflicts, 1000)
+	}
+}
+
+// capStrings keeps the first n of ss, each at most size bytes.
+func capStrings(ss []string, n, size int) []string {
+	if len(ss) == 0 {
+		return nil
+	}
+	out := slices.Clone(ss[:min(n, len(ss))])
+	for i := range out {
+		out[i] = truncate(out[i], size)
+	}
+	return out
+}
+
+// writeStatus updates r's status when it differs from what it should be,
+// so that a periodic sync with nothing new writes nothing.
+func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict) error {
+	want := c.status(r, v)
+	if reflect.DeepEqual(normalize(r.cr.Status), normalize(want)) {
+		return nil
+	}
+	u := r.obj.DeepCopy()
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&want)
+	if err != nil {
+		return err
+	}
+	u.Object["status"] = raw
+	if _, err := c.cfg.Dynamic.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil // deleted meanwhile
+		}
+		return fmt.Errorf("status of ClusterTrustPolicy %s: %w", r.obj.GetName(), err)
+	}
+	c.metrics.statusWrites.Inc()
+	return nil
+}
+
+// normalize makes two statuses comparable after a round trip through the
+// API server (UTC seconds, nil vs empty slices).
+func normalize(s Status) Status {
+	s.Conditions = slices.Clone(s.Conditions)
+	for i := range s.Conditions {
+		s.Conditions[i].LastTransitionTime = metav1.NewTime(s.Conditions[i].LastTransitionTime.UTC().Truncate(time.Second))
+	}
+	if len(s.Conditions) == 0 {
+		s.Conditions = nil
+	}
+	if len(s.TrustDomains) == 0 {
+		s.TrustDomains = nil
+	}
+	if len(s.Conflicts) == 0 {
+		s.Conflicts = nil
+	}
+	if m := s.MatchedWorkloads; m != nil && len(m.Recent) == 0 {
+		s.MatchedWorkloads = &MatchedWorkloads{Count: m.Count}
+	}
+	return s
+}
