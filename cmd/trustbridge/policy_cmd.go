@@ -234,5 +234,3 @@ func cmpDefault(d trustpolicy.Default) string {
 	}
 	return string(d)
 }
-
-
