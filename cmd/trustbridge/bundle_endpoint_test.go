@@ -261,7 +261,7 @@ func TestReadyzReportsABadBundleFileChange(t *testing.T) {
 		a.TrustDomain(), t.TempDir(), 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ep.ln.Close() })
-	admin := httptest.NewServer(adminHandler(a, prometheus.NewRegistry(), nil, nil, ep, nil))
+	admin := httptest.NewServer(adminHandler(a, prometheus.NewRegistry(), nil, nil, ep, nil, nil))
 	t.Cleanup(admin.Close)
 	code, _ := get(t, admin.URL+"/readyz")
 	assert.Equal(t, http.StatusOK, code)

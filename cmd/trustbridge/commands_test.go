@@ -25,6 +25,7 @@ var stateReaders = []string{
 	"trustbridge federation status",
 	"trustbridge federation list",
 	"trustbridge bundle show",
+	"trustbridge policy explain",
 }
 
 // Every command, groups included, shows an example of its use, and every

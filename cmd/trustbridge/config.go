@@ -41,6 +41,9 @@ type configFile struct {
 	// federation.ParseConfigList (its nodes carry the file's line numbers);
 	// nil without a federation key.
 	federation *yaml.Node
+	// trustPolicy is the file's trust policy, for trustpolicy.ParseNode;
+	// nil without a trustPolicy key.
+	trustPolicy *yaml.Node
 }
 
 // applyConfigFile reads the YAML file at path and sets every flag it names
@@ -133,7 +136,7 @@ type setting struct {
 }
 
 // readSettings reads each key of root as a flag of fs, except the
-// federation list, which goes to cf.
+// federation list and the trust policy, which go to cf.
 func readSettings(fs *pflag.FlagSet, root *yaml.Node, cf *configFile) ([]setting, error) {
 	seen := map[string]int{}
 	var settings []setting
@@ -152,6 +155,12 @@ func readSettings(fs *pflag.FlagSet, root *yaml.Node, cf *configFile) ([]setting
 				return nil, fmt.Errorf("line %d: %s: want a list of endpoints, got %s", v.Line, key, nodeKind(v))
 			}
 			cf.federation = v
+			continue
+		}
+		if key == trustPolicyKey {
+			if err := readTrustPolicyNode(cf, k, v); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		f := fs.Lookup(key)

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"syscall"
 
-	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.yaml.in/yaml/v3"
 
@@ -73,8 +72,9 @@ func serveReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle
 // reloadRunner is the server's SIGHUP handler: it reloads the federation
 // list of --federation-config or of the --config file, the bootstrap
 // token file, the bundle endpoint's --bundle-file and --bundle-tls-cert
-// files and the --ca-dir plug-in CA (all but the first are also polled:
-// SIGHUP makes it now). There is no trust policy to reload yet.
+// files, the --ca-dir plug-in CA and the trust policy of --trust-policy
+// and of the --config file (the token, bundle, --ca-dir and
+// --trust-policy files are also polled: SIGHUP makes it now).
 func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger *slog.Logger) func(context.Context) error {
 	var rs []reloader
 	if p.fed.poller != nil && (o.federation.configFile != "" || o.configPath != "") {
@@ -97,7 +97,8 @@ func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger
 	if w := p.authority.Plugin(); w != nil {
 		rs = append(rs, checkReloader("--ca-dir", w.Check))
 	}
-	idle := "no --federation-config, --config, --bootstrap-token-file, --bundle-file, --bundle-tls-cert or --ca-dir; there is no trust policy yet"
+	rs = append(rs, p.policy.reloader()...)
+	idle := "no --federation-config, --config, --bootstrap-token-file, --bundle-file, --bundle-tls-cert, --ca-dir or --trust-policy"
 	return func(ctx context.Context) error { return serveReloads(ctx, hup, rs, idle, logger) }
 }
 
@@ -155,10 +156,7 @@ func reloadFederation(o serverOptions, td spiffeid.TrustDomain, fed *federationS
 // path, nil when it has none. The whole file is checked as at start, on a
 // scratch flag set: its other settings are not applied.
 func configFederationList(path string) (*yaml.Node, error) {
-	fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
-	var scratch serverOptions
-	addServerFlags(fs, &scratch)
-	cf, err := applyConfigFile(fs, path, func(string) string { return "" })
+	cf, err := rereadConfig(path)
 	if err != nil {
 		return nil, err
 	}

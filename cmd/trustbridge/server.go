@@ -53,6 +53,7 @@ type serverOptions struct {
 	federation     federationOptions
 	grpc           grpcOptions
 	kube           kubeOptions
+	policy         policyOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -119,6 +120,7 @@ func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) st
 			}
 			o.federation.inline, o.federation.inlineFrom = cf.federation, o.configPath
 		}
+		o.policy.inline, o.policy.inlineFrom = cf.trustPolicy, o.configPath
 	}
 	if o.trustDomain == "" {
 		o.trustDomain = getenv("TRUST_DOMAIN")
@@ -146,6 +148,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
 	addKubeFlags(f, &o.kube)
+	addPolicyFlags(f, &o.policy)
 	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -240,6 +243,9 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
+	if p.policy, err = setupPolicy(o, td, trail, reg, logger); err != nil {
+		return err
+	}
 
 	undo, err := p.listen(o, e, reg, logger)
 	defer undo.run()
@@ -306,6 +312,7 @@ type serverParts struct {
 	adminSrv  *http.Server
 	adminLn   net.Listener
 	socket    *adminSocket // nil without --admin-socket
+	policy    *policySetup
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -331,7 +338,7 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 	}
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
-	h := adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now))
+	h := adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now), p.policy)
 	p.adminSrv = newAdminServer(hosts.Wrap(h), logger)
 	if p.socket, err = listenAdminSocket(o.adminSocket, h, logger); err != nil {
 		return undo, err
@@ -365,6 +372,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	if p.ep != nil {
 		runners = append(runners, p.ep.runners...)
 	}
+	runners = append(runners, p.policy.runners()...)
 	return append(runners, p.gs.parts()...), nil
 }
 
@@ -544,7 +552,7 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 // adminHandler mounts the admin API on the server's parts. rep, when
 // set, names this replica and adds /v1/snapshot and /ui, which show fed's
 // trust store.
-func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica) http.Handler {
+func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica, pol *policySetup) http.Handler {
 	cfg := admin.Config{
 		TrustDomain: a.TrustDomain(), CA: a, Gatherer: reg,
 		Ready: func() error {
@@ -561,6 +569,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		}
 		if rep != nil {
 			cfg.Trust, cfg.Actor, cfg.IsLeader, cfg.Clock = fed.store, rep.actor, rep.leader, rep.clock
+			cfg.Policy = pol.adminConfig()
 		}
 		fed.runtime.configure(&cfg)
 	}

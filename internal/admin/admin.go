@@ -80,6 +80,9 @@ type Config struct {
 	TokenFile string
 	// Static lists the trust domains trusted by a static bundle.
 	Static func() []spiffeid.TrustDomain
+	// Policy, with Trust, adds the trust policy to /v1/snapshot and /ui
+	// and mounts GET /v1/policy/explain; nil: no trust policy wiring.
+	Policy *PolicyConfig
 }
 
 // Handler serves the admin API.
@@ -116,6 +119,9 @@ func (h *Handler) routes() {
 		// Not "GET /ui": the page answers other methods itself, with its
 		// security headers.
 		h.mux.Handle("/ui", statusui.Handler(h.Snapshot, audit.Findings))
+		if h.cfg.Policy != nil {
+			h.mux.HandleFunc("GET /v1/policy/explain", h.servePolicyExplain)
+		}
 	}
 	addProbes(h.mux, h.cfg.Ready, h.cfg.Gatherer)
 	h.mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {

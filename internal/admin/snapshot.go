@@ -11,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -41,6 +42,11 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 	for n := range statuses {
 		names[n] = true
 	}
+	var policy *trustpolicy.Policy
+	if h.cfg.Policy != nil {
+		policy, _ = h.cfg.Policy.Cell.Load()
+		snap.TrustPolicy = policyView(h.cfg.Policy, policy)
+	}
 	for n := range names {
 		td, err := spiffeid.TrustDomainFromString(n)
 		if err != nil {
@@ -63,18 +69,24 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 			view.Federation = federationView(st, h.origin(td))
 			view.Sequence = st.Sequence
 		}
+		if h.cfg.Policy != nil {
+			view.TrustedBy = trustedBy(h.cfg.Policy, policy, td, view.Local)
+		}
 		snap.TrustDomains = append(snap.TrustDomains, view)
 	}
-	slices.SortFunc(snap.TrustDomains, func(a, b trustview.TrustDomain) int {
-		if a.Local != b.Local {
-			if a.Local {
-				return -1
-			}
-			return 1
-		}
-		return cmp.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(snap.TrustDomains, localFirst)
 	return snap
+}
+
+// localFirst orders the local trust domain first, then by name.
+func localFirst(a, b trustview.TrustDomain) int {
+	if a.Local != b.Local {
+		if a.Local {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.Name, b.Name)
 }
 
 func (h *Handler) origin(td spiffeid.TrustDomain) string {

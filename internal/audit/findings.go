@@ -32,6 +32,10 @@ const (
 	CodeNotHTTPS         = "endpoint_not_https"
 	CodeProfileFallback  = "profile_fallback"
 	CodeUnparsableAuthor = "authority_unparsable"
+	CodeNoTrustPolicy    = "no_trust_policy"
+	CodePolicyConflict   = "trust_policy_conflict"
+	CodePolicyUnfederate = "trust_policy_grants_unfederated"
+	CodePolicyRejected   = "trust_policy_source_rejected"
 )
 
 // Findings judges s. They are sorted critical first, then by trust domain
@@ -87,6 +91,7 @@ func Findings(s trustview.Snapshot) []trustview.Finding {
 			}
 		}
 	}
+	out = append(out, policyFindings(s)...)
 	for sha, tds := range holders {
 		if len(tds) > 1 {
 			slices.Sort(tds)

@@ -66,7 +66,8 @@ type Entry struct {
 	// root_loaded, bundle_accepted, bundle_rejected, endpoint_added,
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
 	// moved a torn final line out of the log; Reason says how many bytes
-	// and into which file).
+	// and into which file), trust_policy_changed, trust_policy_rejected
+	// (Reason holds the error; the previous policy stays).
 	Event       string  `json:"event"`
 	TrustDomain string  `json:"trust_domain"`
 	SourceURL   string  `json:"source_url,omitempty"`
@@ -77,6 +78,8 @@ type Entry struct {
 	Added   []string `json:"fingerprints_added,omitempty"`
 	Removed []string `json:"fingerprints_removed,omitempty"`
 	Reason  string   `json:"reason,omitempty"`
+	// Policy is set on trust_policy_changed and trust_policy_rejected.
+	Policy *PolicyChange `json:"policy,omitempty"`
 	// Prev is the SHA-256 (hex) of the previous entry's line, without its
 	// newline; empty for the first entry of a chain.
 	Prev string `json:"prev"`

@@ -113,6 +113,7 @@ func realisticSnapshot() (trustview.Snapshot, []trustview.Finding) {
 			},
 		},
 	}
+	addPolicy(&s)
 	findings := []trustview.Finding{
 		{Severity: trustview.SeverityWarning, Code: "authority_expiring", TrustDomain: "prod.acme.example", Authority: retired.SHA256,
 			Message: "retired root \"prod.acme.example root 2025-12\" expires in 9 days (2026-12-01)",
@@ -131,6 +132,41 @@ func realisticSnapshot() (trustview.Snapshot, []trustview.Finding) {
 			Fix:     "serve a Web PKI certificate for the host, or configure the endpoint as https_spiffe with its SPIFFE ID"},
 	}
 	return s, findings
+}
+
+// addPolicy gives the realistic snapshot a trust policy: payments may
+// trust partner-bank.example's billing API only, ops every member of it;
+// analytics.vendor.example follows the default (deny), the others too.
+func addPolicy(s *trustview.Snapshot) {
+	s.TrustPolicy = &trustview.TrustPolicy{
+		Sources: []trustview.PolicySource{
+			{Source: "file:/etc/trustbridge/policy.yaml", Rules: 1, LastSuccess: ago(time.Hour)},
+			{Source: "crd", Rules: 1, LastError: "ClusterTrustPolicy ops-wide: workloads[0]: empty selector"},
+		},
+		Rules: 2, Default: "deny", Digest: "5f1c0a",
+		Conflicts: []string{`rule "payments-to-bank" (file:/etc/trustbridge/policy.yaml:4) limits partner-bank.example to some peers, but rule "ops" (crd:ops) grants it without a peer limit`},
+		Grants: []trustview.PolicyGrant{
+			{Rule: "payments-to-bank", Origin: "file:/etc/trustbridge/policy.yaml:4", TrustDomain: "partner-bank.example"},
+			{Rule: "ops", Origin: "crd:ops", TrustDomain: "partner-bank.example"},
+		},
+	}
+	for i := range s.TrustDomains {
+		td := &s.TrustDomains[i]
+		if td.Local {
+			continue
+		}
+		td.TrustedBy = &trustview.TrustedBy{Default: "deny", Rules: []trustview.PolicyRule{}}
+		if td.Name == "partner-bank.example" {
+			td.TrustedBy.Governed = true
+			td.TrustedBy.Rules = []trustview.PolicyRule{
+				{Name: "payments-to-bank", Origin: "file:/etc/trustbridge/policy.yaml:4",
+					Workloads: []string{"spiffe://prod.acme.example/ns/payments/*", "namespace=payments labels=tier=api"},
+					Peers:     []string{"spiffe://partner-bank.example/ns/billing/sa/api"},
+					Matched:   &trustview.PolicyMatches{Count: 3, Recent: []string{"spiffe://prod.acme.example/ns/payments/sa/checkout"}}},
+				{Name: "ops", Origin: "crd:ops", Workloads: []string{"spiffe://prod.acme.example/ns/ops/*"}, Peers: []string{}},
+			}
+		}
+	}
 }
 
 // manySnapshot has a local trust domain and n federated ones, in mixed
@@ -176,6 +212,12 @@ func hostileSnapshot() (trustview.Snapshot, []trustview.Finding) {
 				Authorities: []trustview.Authority{a}},
 		},
 	}
+	s.TrustPolicy = &trustview.TrustPolicy{Default: hostile, Conflicts: []string{hostile},
+		Sources: []trustview.PolicySource{{Source: hostile, LastError: hostile}, {Source: hostile}}}
+	s.TrustDomains[2].TrustedBy = &trustview.TrustedBy{Default: hostile, Governed: true, Rules: []trustview.PolicyRule{{
+		Name: hostile, Origin: hostile, Workloads: []string{hostile}, Peers: []string{hostile},
+		Matched: &trustview.PolicyMatches{Count: 1, Recent: []string{hostile}},
+	}}}
 	fs := []trustview.Finding{{Severity: trustview.Severity(hostile), Code: hostile, TrustDomain: hostile, Authority: hostile, Message: hostile, Fix: hostile}}
 	return s, fs
 }

@@ -32,6 +32,8 @@ type page struct {
 	// Evaluated is false when no findings function was given.
 	Evaluated bool
 	Findings  []findingRow
+	// Policy is nil when the snapshot carries no trust policy state.
+	Policy *policyPanel
 }
 
 // stamp is one instant shown as a date, a distance from the snapshot
@@ -183,6 +185,7 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 	}
 	p.Graph = layoutGraph(s)
 	p.Timeline = layoutTimeline(s, now)
+	p.Policy = policyPanelOf(s)
 	return p
 }
 

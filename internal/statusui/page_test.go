@@ -366,3 +366,48 @@ func TestNum(t *testing.T) {
 		assert.Equal(t, want, num(v), fmt.Sprint(v))
 	}
 }
+
+// The trust policy panel says, per federated trust domain, which local
+// workloads may trust it and by which rule, with the policy's sources
+// and conflicts.
+func TestPagePolicy(t *testing.T) {
+	s, fs := realisticSnapshot()
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+	assertInert(t, d)
+	panel := text(d.byID("trust-policy"))
+	for _, want := range []string{
+		"2 rules", "default deny", "file:/etc/trustbridge/policy.yaml", "last change refused, previous rules kept: ClusterTrustPolicy ops-wide",
+		`rule "payments-to-bank"`, "payments-to-bank", "spiffe://prod.acme.example/ns/payments/* · namespace=payments labels=tier=api",
+		"peers: spiffe://partner-bank.example/ns/billing/sa/api", "3 workloads seen, recently spiffe://prod.acme.example/ns/payments/sa/checkout",
+		"peers: every member",
+	} {
+		assert.Contains(t, panel, want)
+	}
+	rows := d.withClass("policy-row")
+	require.Len(t, rows, len(s.TrustDomains)-1, "every federated trust domain, not the local one")
+	who := map[string]string{}
+	for _, row := range rows {
+		who[attr(row, "data-td")] = text(parseDOMNode(row).withClass("who")[0])
+	}
+	assert.Equal(t, "workloads of 2 rules", who["partner-bank.example"])
+	assert.Equal(t, "no workload (no rule names it; default deny)", who["analytics.vendor.example"])
+
+	// Without a policy: everyone, said plainly.
+	s.TrustPolicy = &trustview.TrustPolicy{Default: "allow"}
+	for i := range s.TrustDomains {
+		if !s.TrustDomains[i].Local {
+			s.TrustDomains[i].TrustedBy = &trustview.TrustedBy{Default: "allow"}
+		}
+	}
+	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	d = parseDOM(t, rec.Body)
+	assert.Contains(t, text(d.byID("trust-policy")), "No policy source: every workload trusts every federated trust domain")
+	assert.Contains(t, text(d.byID("trust-policy")), "every workload (no rule names it; default allow)")
+
+	// A server that predates policies: no panel.
+	s.TrustPolicy = nil
+	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	assert.Nil(t, parseDOM(t, rec.Body).byID("trust-policy"))
+}

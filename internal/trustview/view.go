@@ -27,6 +27,9 @@ type Snapshot struct {
 	// TrustDomains holds the local trust domain first, then every other
 	// trusted or federated one sorted by name.
 	TrustDomains []TrustDomain `json:"trust_domains"`
+	// TrustPolicy is the per-workload trust policy in force; nil from a
+	// server that predates trust policies.
+	TrustPolicy *TrustPolicy `json:"trust_policy,omitempty"`
 }
 
 // TrustDomain is one trust domain and the authorities trusted for it.
@@ -41,6 +44,10 @@ type TrustDomain struct {
 	// Sequence is the spiffe_sequence of the bundle trusted now.
 	Sequence    *uint64     `json:"sequence,omitempty"`
 	Authorities []Authority `json:"authorities"`
+	// TrustedBy says which local workloads may trust this trust domain
+	// under the trust policy; nil for the local trust domain (every
+	// workload trusts it) and from servers without trust policies.
+	TrustedBy *TrustedBy `json:"trusted_by,omitempty"`
 }
 
 // Federation is the polling state of a federated trust domain, as

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/trustview"
+)
+
+// policy explain asks the running server what a workload receives and
+// why, as a table and as JSON.
+func TestPolicyExplainCommand(t *testing.T) {
+	o := policyServer(t, func(o *serverOptions) { o.policy.file = writePolicy(t, t.TempDir(), goodPolicy) })
+	admin, _, _ := launchServer(t, o)
+	id := "spiffe://example.org/ns/payments/sa/api"
+
+	out, stderr, code := runCLI(t, "", "policy", "explain", id, "--admin", "http://"+admin)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, id+", default deny")
+	assert.Contains(t, out, "selected by rule payments-to-partner (file:"+o.policy.file+":3)")
+	assert.Contains(t, out, "TRUST DOMAIN")
+	assert.Contains(t, out, "example.org")
+
+	out, stderr, code = runCLI(t, "", "policy", "explain", id, "--admin", "http://"+admin, "-o", "json")
+	require.Equal(t, 0, code, stderr)
+	var ex trustview.Explanation
+	require.NoError(t, json.Unmarshal([]byte(out), &ex))
+	assert.Equal(t, id, ex.SPIFFEID)
+	assert.Equal(t, "deny", ex.Default)
+	require.Len(t, ex.Matched, 1)
+	assert.Equal(t, "payments-to-partner", ex.Matched[0].Rule)
+	require.NotEmpty(t, ex.TrustDomains)
+	assert.Equal(t, "example.org", ex.TrustDomains[0].TrustDomain)
+	assert.True(t, ex.TrustDomains[0].Trusted, "the local trust domain")
+
+	_, stderr, code = runCLI(t, "", "policy", "explain", "spiffe://other.example/x", "--admin", "http://"+admin)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "is not a workload of example.org")
+}
+
+// Offline, from a file: the partner is granted with its peer limit to
+// payments, refused to others.
+func TestPolicyExplainOffline(t *testing.T) {
+	path := writePolicy(t, t.TempDir(), goodPolicy)
+	for _, tc := range []struct {
+		id      string
+		trusted bool
+	}{
+		{"spiffe://example.org/ns/payments/sa/api", true},
+		{"spiffe://example.org/ns/paymentsx/sa/api", false},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			out, stderr, code := runCLI(t, "", "policy", "explain", tc.id, "--trust-policy", path, "--trust-domain", "example.org", "-o", "json")
+			require.Equal(t, 0, code, stderr)
+			var ex trustview.Explanation
+			require.NoError(t, json.Unmarshal([]byte(out), &ex))
+			var partner *trustview.ExplainedTrustDomain
+			for i := range ex.TrustDomains {
+				if ex.TrustDomains[i].TrustDomain == "partner.example" {
+					partner = &ex.TrustDomains[i]
+				}
+			}
+			require.NotNil(t, partner, out)
+			assert.Equal(t, tc.trusted, partner.Trusted)
+			if tc.trusted {
+				assert.Equal(t, []string{"spiffe://partner.example/ns/billing/sa/api"}, partner.Peers)
+			}
+			assert.NotEmpty(t, partner.Because)
+		})
+	}
+	_, stderr, code := runCLI(t, "", "policy", "explain", "spiffe://example.org/a", "--trust-policy", path)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--trust-domain")
+}
+
+func TestPolicyCheckCommand(t *testing.T) {
+	dir := t.TempDir()
+	good := writePolicy(t, dir, goodPolicy)
+	out, stderr, code := runCLI(t, "", "policy", "check", good, "--trust-domain", "example.org")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, out, "1 rules, default deny")
+
+	bad := filepath.Join(t.TempDir(), "policy.yaml")
+	writePolicy(t, filepath.Dir(bad), badPolicy)
+	_, stderr, code = runCLI(t, "", "policy", "check", bad)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "policy.yaml:7")
+	assert.Contains(t, stderr, `rule 2 "broken"`)
+}

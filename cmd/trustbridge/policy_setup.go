@@ -1,0 +1,264 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/admin"
+	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/poll"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
+
+// policySetup is the server's trust policy: the Cell SDS reads, the
+// Combiner of its sources (--trust-policy, the --config file's
+// trustPolicy, ClusterTrustPolicy resources), and the audit trail of its
+// changes.
+type policySetup struct {
+	o          policyOptions
+	cell       *trustpolicy.Cell
+	combiner   *trustpolicy.Combiner
+	trail      *auditTrail
+	logger     *slog.Logger
+	configPath string
+
+	mu      sync.Mutex
+	started bool // changes before are the start's, recorded as one
+
+	// fileMu serializes loads of --trust-policy (poll and SIGHUP); the
+	// Combiner's publish hook takes mu, never fileMu.
+	fileMu   sync.Mutex
+	lastFile [32]byte // SHA-256 of the bytes last handled
+	fileErr  error    // and what came of them
+}
+
+// setupPolicy builds the policy from the flags and files. A bad policy at
+// start is an error naming the file, line and rule.
+func setupPolicy(o serverOptions, td spiffeid.TrustDomain, trail *auditTrail, reg prometheus.Registerer, logger *slog.Logger) (*policySetup, error) {
+	// Zero options (tests, embedders) mean the flags' defaults.
+	o.policy.def = cmp.Or(o.policy.def, string(trustpolicy.DefaultAllow))
+	o.policy.poll = cmp.Or(o.policy.poll, defaultPolicyPoll)
+	def, err := trustpolicy.ParseDefault(o.policy.def)
+	if err != nil {
+		return nil, fmt.Errorf("--trust-policy-default: %w", err)
+	}
+	p := &policySetup{o: o.policy, cell: trustpolicy.NewCell(nil), trail: trail, configPath: o.configPath,
+		logger: logger.With(logattr.Component, "trust-policy")}
+	if p.combiner, err = newPolicyCombiner(td, def, p.cell, reg, p.published); err != nil {
+		return nil, err
+	}
+	if o.policy.file != "" {
+		if _, err := p.loadFile(); err != nil {
+			return nil, fmt.Errorf("--trust-policy: %w", err)
+		}
+	}
+	if n := o.policy.inline; n != nil {
+		doc, err := trustpolicy.ParseNode(n, p.configSource())
+		if err == nil {
+			err = p.combiner.SetSourceDocument(p.configSource(), doc)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("config %s: %s: %w", o.policy.inlineFrom, trustPolicyKey, err)
+		}
+	}
+	p.start(o.kube.policyCRD())
+	return p, nil
+}
+
+// newPolicyCombiner is the one place the Combiner is built: its metrics
+// on reg, every publication to hook.
+func newPolicyCombiner(td spiffeid.TrustDomain, def trustpolicy.Default, cell *trustpolicy.Cell, reg prometheus.Registerer, hook func(trustpolicy.Publish)) (*trustpolicy.Combiner, error) {
+	c, err := trustpolicy.NewCombiner(td, def, cell, trustpolicy.WithRegisterer(reg), trustpolicy.WithPublishHook(hook))
+	if err != nil {
+		return nil, fmt.Errorf("trust policy: %w", err)
+	}
+	return c, nil
+}
+
+func (p *policySetup) fileSource() string   { return "file:" + p.o.file }
+func (p *policySetup) configSource() string { return "config:" + p.configPath }
+
+// start records the policy the server starts with, once, in the audit
+// log, and says at Warn when there is none.
+func (p *policySetup) start(crd bool) {
+	pol := p.combiner.Policy()
+	p.mu.Lock()
+	p.started = true
+	p.mu.Unlock()
+	c := audit.NewPolicyChange("start", nil, pol)
+	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c, Reason: "trust policy in force at start"})
+	sources := make([]string, 0, 2)
+	for _, st := range p.combiner.Statuses() {
+		sources = append(sources, st.Source)
+	}
+	if c.DigestAfter == "" && !crd {
+		p.logger.Warn("no trust policy: every workload receives every federated trust domain",
+			"how", "add rules with --trust-policy FILE, the --config file's trustPolicy key or ClusterTrustPolicy resources; --trust-policy-default deny trusts only the local trust domain until a rule grants more (docs/trust-policy.md)")
+		return
+	}
+	p.logger.Info("trust policy in force", "rules", c.Rules, "default", c.Default, "sources", sources, "crd", crd)
+}
+
+// Audit events of the trust policy.
+const (
+	eventPolicyChanged  = "trust_policy_changed"
+	eventPolicyRejected = "trust_policy_rejected"
+)
+
+// published records a policy the Combiner published after start. It runs
+// under the Combiner's lock: it must not call the Combiner.
+func (p *policySetup) published(pub trustpolicy.Publish) {
+	p.mu.Lock()
+	started := p.started
+	p.mu.Unlock()
+	if !started {
+		return
+	}
+	source := pub.Source
+	if source == "" {
+		source = "default"
+	}
+	c := audit.NewPolicyChange(source, pub.Previous, pub.Policy)
+	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c})
+	p.logger.Info("trust policy changed", "source", source, "rules", c.Rules, "default", c.Default,
+		"rules_added", c.RulesAdded, "rules_removed", c.RulesRemoved, "rules_changed", c.RulesChanged)
+}
+
+// rejected records a source's refused change: the last good policy stays.
+func (p *policySetup) rejected(source string, err error) {
+	pol := p.combiner.Policy()
+	c := audit.NewPolicyChange(source, pol, pol)
+	c.DigestAfter = ""
+	p.trail.record(audit.Entry{Event: eventPolicyRejected, Policy: &c, Reason: err.Error()})
+	p.logger.Error("trust policy change refused; the last good policy stays in force", "source", source, logattr.Error, err)
+}
+
+// loadFile reads --trust-policy and hands it to the Combiner, unless its
+// bytes are those last handled. Errors keep the source's last good rules.
+// fresh is false when the outcome is the last one again (the same bytes,
+// or the same read error): nothing new to log or audit.
+func (p *policySetup) loadFile() (fresh bool, err error) {
+	data, err := readSmallFile(p.o.file, trustpolicy.MaxDocumentSize)
+	p.fileMu.Lock()
+	defer p.fileMu.Unlock()
+	if err != nil {
+		fresh = p.fileErr == nil || p.fileErr.Error() != err.Error()
+		p.lastFile, p.fileErr = [32]byte{}, err
+		p.combiner.SetSourceError(p.fileSource(), err)
+		return fresh, err
+	}
+	sum := sha256.Sum256(data)
+	if sum == p.lastFile {
+		return false, p.fileErr
+	}
+	p.lastFile = sum
+	doc, err := trustpolicy.Parse(data, p.fileSource())
+	if err != nil {
+		p.combiner.SetSourceError(p.fileSource(), err)
+	} else {
+		err = p.combiner.SetSourceDocument(p.fileSource(), doc)
+	}
+	p.fileErr = err
+	return true, err
+}
+
+// reloadFile is loadFile at run time: a new failure is logged and audited.
+func (p *policySetup) reloadFile() error {
+	fresh, err := p.loadFile()
+	if err != nil && fresh {
+		p.rejected(p.fileSource(), err)
+	}
+	return err
+}
+
+// reloadConfig re-reads the --config file's trustPolicy; a file without
+// one any more drops its rules.
+func (p *policySetup) reloadConfig() error {
+	cf, err := rereadConfig(p.configPath)
+	src := p.configSource()
+	if err == nil {
+		if cf.trustPolicy == nil {
+			p.combiner.RemoveSource(src)
+			return nil
+		}
+		var doc trustpolicy.Document
+		if doc, err = trustpolicy.ParseNode(cf.trustPolicy, src); err == nil {
+			err = p.combiner.SetSourceDocument(src, doc)
+		}
+	}
+	if err != nil {
+		p.combiner.SetSourceError(src, err)
+		p.rejected(src, err)
+	}
+	return err
+}
+
+// reloader is the trust policy's part of SIGHUP: the file and the config
+// file's section, read now.
+func (p *policySetup) reloader() []reloader {
+	var rs []reloader
+	if p.o.file != "" {
+		rs = append(rs, reloader{name: "trust policy file", reload: func() (string, error) {
+			if err := p.reloadFile(); err != nil {
+				return "", fmt.Errorf("--trust-policy: %w", err)
+			}
+			return p.summary(), nil
+		}})
+	}
+	if p.configPath != "" {
+		rs = append(rs, reloader{name: "trust policy of --config", reload: func() (string, error) {
+			if err := p.reloadConfig(); err != nil {
+				return "", err
+			}
+			return p.summary(), nil
+		}})
+	}
+	return rs
+}
+
+func (p *policySetup) summary() string {
+	pol := p.combiner.Policy()
+	return fmt.Sprintf("%d trust policy rules, default %s", len(pol.Rules()), pol.Default())
+}
+
+// runners polls --trust-policy.
+func (p *policySetup) runners() []func(context.Context) error {
+	if p.o.file == "" {
+		return nil
+	}
+	return []func(context.Context) error{func(ctx context.Context) error {
+		return poll.Run(ctx, clock.RealClock{}, p.o.poll, func() { _ = p.reloadFile() })
+	}}
+}
+
+// adminConfig is the policy as the admin API shows and explains it.
+func (p *policySetup) adminConfig() *admin.PolicyConfig {
+	if p == nil {
+		return nil
+	}
+	return &admin.PolicyConfig{Cell: p.cell, Statuses: p.combiner.Statuses}
+}
+
+// rereadConfig reads the --config file at path again, checked whole as at
+// start, on a scratch flag set: its flag settings are not applied.
+func rereadConfig(path string) (*configFile, error) {
+	fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
+	var scratch serverOptions
+	addServerFlags(fs, &scratch)
+	return applyConfigFile(fs, path, func(string) string { return "" })
+}
+
+// policyCRD says whether ClusterTrustPolicy resources feed the policy.
+// PLACEHOLDER for the lead: the CRD controller's flag (kubeOptions) goes
+// here, and the controller calls policySetup.combiner.SetSource("crd:...").
+func (k kubeOptions) policyCRD() bool { return false }

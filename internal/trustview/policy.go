@@ -1,0 +1,109 @@
+package trustview
+
+import "time"
+
+// TrustPolicy is the trust policy in force: how many rules, from which
+// sources, and what trust domains no rule names get.
+type TrustPolicy struct {
+	// Sources are the policy's sources ("file:<path>", "config:<path>",
+	// "crd") and what each last did.
+	Sources []PolicySource `json:"sources"`
+	Rules   int            `json:"rules"`
+	// Default is "allow" or "deny": what a trust domain no rule names gets.
+	Default string `json:"default"`
+	// Digest identifies what the policy decides ("" without a policy).
+	Digest string `json:"digest,omitempty"`
+	// Conflicts are rule combinations an operator should look at, each a
+	// sentence naming the rules.
+	Conflicts []string `json:"conflicts"`
+	// Grants lists every trust domain each rule grants, also those the
+	// server does not federate with (which trusted_by cannot show).
+	Grants []PolicyGrant `json:"grants"`
+}
+
+// None reports whether p is "no policy": no rules and default allow, so
+// every workload trusts every federated trust domain. A nil p (a server
+// that predates trust policies) is not judged.
+func (p *TrustPolicy) None() bool {
+	return p != nil && p.Rules == 0 && p.Default == "allow"
+}
+
+// PolicySource is what one policy source last did.
+type PolicySource struct {
+	Source    string `json:"source"`
+	Rules     int    `json:"rules"`
+	LastError string `json:"last_error,omitempty"`
+	// LastSuccess is when the source's rules were last accepted.
+	LastSuccess *time.Time `json:"last_success,omitempty"`
+}
+
+// PolicyGrant is one trust domain one rule grants.
+type PolicyGrant struct {
+	Rule        string `json:"rule"`
+	Origin      string `json:"origin"`
+	TrustDomain string `json:"trust_domain"`
+}
+
+// TrustedBy is which local workloads may trust one federated trust domain.
+type TrustedBy struct {
+	// Default is the policy's default; it decides when Governed is false.
+	Default string `json:"default"`
+	// Governed is whether a rule names the trust domain: then only the
+	// workloads Rules select trust it, whatever the default.
+	Governed bool         `json:"governed"`
+	Rules    []PolicyRule `json:"rules"`
+}
+
+// Everyone reports whether every local workload trusts the trust domain.
+func (t TrustedBy) Everyone() bool { return !t.Governed && t.Default == "allow" }
+
+// PolicyRule is one rule granting a trust domain.
+type PolicyRule struct {
+	Name   string `json:"name"`
+	Origin string `json:"origin"`
+	// Workloads are the rule's selectors, one string each
+	// ("spiffe://td/ns/a/*", "namespace=a", "labels=tier=api", joined
+	// by " " when one selector has several fields).
+	Workloads []string `json:"workloads"`
+	// Peers are the only peers of the trust domain the workloads accept;
+	// empty: every member.
+	Peers []string `json:"peers"`
+	// Matched is which workloads the rule selected since the server
+	// started; nil when the server does not record it.
+	Matched *PolicyMatches `json:"matched,omitempty"`
+}
+
+// PolicyMatches counts the workloads a rule selected.
+type PolicyMatches struct {
+	Count  uint64   `json:"count"`
+	Recent []string `json:"recent"`
+}
+
+// Explanation is what one workload would receive under the trust policy
+// and why: GET /v1/policy/explain and `trustbridge policy explain`.
+type Explanation struct {
+	SPIFFEID       string `json:"spiffe_id"`
+	Namespace      string `json:"namespace,omitempty"`
+	ServiceAccount string `json:"service_account,omitempty"`
+	Default        string `json:"default"`
+	// Matched are the rules that select the workload, in policy order.
+	Matched      []ExplainedMatch       `json:"matched"`
+	TrustDomains []ExplainedTrustDomain `json:"trust_domains"`
+}
+
+// ExplainedMatch is one rule that selects the workload.
+type ExplainedMatch struct {
+	Rule   string `json:"rule"`
+	Origin string `json:"origin"`
+	// Selector is the index of the rule's first workload selector that
+	// matched.
+	Selector int `json:"selector"`
+}
+
+// ExplainedTrustDomain is one trust domain of an Explanation.
+type ExplainedTrustDomain struct {
+	TrustDomain string   `json:"trust_domain"`
+	Trusted     bool     `json:"trusted"`
+	Peers       []string `json:"peers"` // empty: every member
+	Because     string   `json:"because"`
+}
