@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -11,12 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/poll"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -35,11 +32,8 @@ type policySetup struct {
 	mu      sync.Mutex
 	started bool // changes before are the start's, recorded as one
 
-	// fileMu serializes loads of --trust-policy (poll and SIGHUP); the
-	// Combiner's publish hook takes mu, never fileMu.
-	fileMu   sync.Mutex
-	lastFile [32]byte // SHA-256 of the bytes last handled
-	fileErr  error    // and what came of them
+	// file polls --trust-policy; nil without it.
+	file *trustpolicy.FileSource
 }
 
 // setupPolicy builds the policy from the flags and files. A bad policy at
@@ -58,7 +52,9 @@ func setupPolicy(o serverOptions, td spiffeid.TrustDomain, trail *auditTrail, re
 		return nil, err
 	}
 	if o.policy.file != "" {
-		if _, err := p.loadFile(); err != nil {
+		p.file = trustpolicy.NewFileSource(o.policy.file, p.combiner, p.logger, o.policy.poll,
+			trustpolicy.WithRefusedHook(p.audited))
+		if err := p.file.Load(); err != nil {
 			return nil, fmt.Errorf("--trust-policy: %w", err)
 		}
 	}
@@ -85,7 +81,6 @@ func newPolicyCombiner(td spiffeid.TrustDomain, def trustpolicy.Default, cell *t
 	return c, nil
 }
 
-func (p *policySetup) fileSource() string   { return "file:" + p.o.file }
 func (p *policySetup) configSource() string { return "config:" + p.configPath }
 
 // start records the policy the server starts with, once, in the audit
@@ -134,51 +129,20 @@ func (p *policySetup) published(pub trustpolicy.Publish) {
 		"rules_added", c.RulesAdded, "rules_removed", c.RulesRemoved, "rules_changed", c.RulesChanged)
 }
 
-// rejected records a source's refused change: the last good policy stays.
+// rejected records and logs a source's refused change: the last good
+// policy stays.
 func (p *policySetup) rejected(source string, err error) {
+	p.audited(source, err)
+	p.logger.Error("trust policy change refused; the last good policy stays in force", "source", source, logattr.Error, err)
+}
+
+// audited appends a refused change to the audit log; the FileSource logs
+// its own refusals.
+func (p *policySetup) audited(source string, err error) {
 	pol := p.combiner.Policy()
 	c := audit.NewPolicyChange(source, pol, pol)
 	c.DigestAfter = ""
 	p.trail.record(audit.Entry{Event: eventPolicyRejected, Policy: &c, Reason: err.Error()})
-	p.logger.Error("trust policy change refused; the last good policy stays in force", "source", source, logattr.Error, err)
-}
-
-// loadFile reads --trust-policy and hands it to the Combiner, unless its
-// bytes are those last handled. Errors keep the source's last good rules.
-// fresh is false when the outcome is the last one again (the same bytes,
-// or the same read error): nothing new to log or audit.
-func (p *policySetup) loadFile() (fresh bool, err error) {
-	data, err := readSmallFile(p.o.file, trustpolicy.MaxDocumentSize)
-	p.fileMu.Lock()
-	defer p.fileMu.Unlock()
-	if err != nil {
-		fresh = p.fileErr == nil || p.fileErr.Error() != err.Error()
-		p.lastFile, p.fileErr = [32]byte{}, err
-		p.combiner.SetSourceError(p.fileSource(), err)
-		return fresh, err
-	}
-	sum := sha256.Sum256(data)
-	if sum == p.lastFile {
-		return false, p.fileErr
-	}
-	p.lastFile = sum
-	doc, err := trustpolicy.Parse(data, p.fileSource())
-	if err != nil {
-		p.combiner.SetSourceError(p.fileSource(), err)
-	} else {
-		err = p.combiner.SetSourceDocument(p.fileSource(), doc)
-	}
-	p.fileErr = err
-	return true, err
-}
-
-// reloadFile is loadFile at run time: a new failure is logged and audited.
-func (p *policySetup) reloadFile() error {
-	fresh, err := p.loadFile()
-	if err != nil && fresh {
-		p.rejected(p.fileSource(), err)
-	}
-	return err
 }
 
 // reloadConfig re-reads the --config file's trustPolicy; a file without
@@ -207,9 +171,9 @@ func (p *policySetup) reloadConfig() error {
 // file's section, read now.
 func (p *policySetup) reloader() []reloader {
 	var rs []reloader
-	if p.o.file != "" {
+	if p.file != nil {
 		rs = append(rs, reloader{name: "trust policy file", reload: func() (string, error) {
-			if err := p.reloadFile(); err != nil {
+			if err := p.file.Check(); err != nil {
 				return "", fmt.Errorf("--trust-policy: %w", err)
 			}
 			return p.summary(), nil
@@ -233,12 +197,10 @@ func (p *policySetup) summary() string {
 
 // runners polls --trust-policy.
 func (p *policySetup) runners() []func(context.Context) error {
-	if p.o.file == "" {
+	if p.file == nil {
 		return nil
 	}
-	return []func(context.Context) error{func(ctx context.Context) error {
-		return poll.Run(ctx, clock.RealClock{}, p.o.poll, func() { _ = p.reloadFile() })
-	}}
+	return []func(context.Context) error{p.file.Run}
 }
 
 // adminConfig is the policy as the admin API shows and explains it.

@@ -173,7 +173,7 @@ func TestPolicyReload(t *testing.T) {
 	admin, hup, logs := launchReloadable(t, o)
 
 	require.NoError(t, os.WriteFile(path, []byte(badPolicy), 0o600))
-	hupAndWait(t, hup, logs, "trust policy change refused; the last good policy stays in force", 1)
+	hupAndWait(t, hup, logs, "trust policy file refused; keeping the last good rules", 1)
 	snap := getSnapshot(t, "http://"+admin)
 	assert.Equal(t, 1, snap.TrustPolicy.Rules, "the last good policy")
 	assert.Equal(t, "deny", snap.TrustPolicy.Default)

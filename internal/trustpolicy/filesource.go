@@ -35,6 +35,7 @@ type FileSource struct {
 	logger   *slog.Logger
 	interval time.Duration
 	clock    clock.WithTicker
+	refused  func(source string, err error)
 
 	mu sync.Mutex // serialises checks; guards the fields below
 	// good is the digest of the content in force; loaded says there is
@@ -46,10 +47,20 @@ type FileSource struct {
 	failedMsg string
 }
 
+// FileSourceOption changes how NewFileSource builds a source.
+type FileSourceOption func(*FileSource)
+
+// WithRefusedHook calls hook once per distinct refused change after Load
+// (the same bad bytes polled again do not call it again), so the caller
+// can audit it; Load's error is the caller's to handle.
+func WithRefusedHook(hook func(source string, err error)) FileSourceOption {
+	return func(f *FileSource) { f.refused = hook }
+}
+
 // NewFileSource returns a source for the policy file at path feeding comb.
 // It reads nothing until Load. A nil logger discards; interval is
 // DefaultFilePollInterval when not positive.
-func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval time.Duration) *FileSource {
+func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval time.Duration, opts ...FileSourceOption) *FileSource {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -57,7 +68,7 @@ func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval ti
 		interval = DefaultFilePollInterval
 	}
 	source := "file:" + path
-	return &FileSource{
+	f := &FileSource{
 		path:     path,
 		source:   source,
 		comb:     comb,
@@ -65,6 +76,10 @@ func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval ti
 		interval: interval,
 		clock:    clock.RealClock{},
 	}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
 }
 
 // Source is the source name the rules have in the Combiner.
@@ -116,6 +131,9 @@ func (f *FileSource) checkLocked(logFailure bool) error {
 			}
 			if logFailure {
 				f.logger.Warn("trust policy file refused; keeping the last good rules", logattr.Error, err)
+				if f.refused != nil {
+					f.refused(f.source, err)
+				}
 			}
 		}
 		f.failed, f.failedMsg = digest, err.Error()
