@@ -60,6 +60,7 @@ type kubeOptions struct {
 	namespaceSelector string
 	federationCRD     bool
 	federationClass   string
+	trustPolicyCRD    bool
 	tokenSecret       string
 }
 
@@ -75,6 +76,7 @@ func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
 	f.StringVar(&o.rootConfigMap, "root-configmap", distribution.DefaultName, `with --storage kube, the ConfigMap kept in every namespace matching --namespace-selector: root-cert.pem (local roots), bundle.spiffe.json (SPIFFE bundle map of every trust domain) and <trust-domain>.pem per federated trust domain; "" disables it`)
 	f.StringVar(&o.namespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
 	f.BoolVar(&o.federationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
+	f.BoolVar(&o.trustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
 	f.StringVar(&o.federationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
 }
 
@@ -95,6 +97,9 @@ type kubeSetup struct {
 // checkStorageFlags refuses flag combinations --storage cannot honour,
 // before anything connects or loads.
 func checkStorageFlags(o serverOptions) error {
+	if o.kube.trustPolicyCRD && o.kube.storage != storageKube {
+		return errPolicyCRDStorage
+	}
 	if o.kube.federationCRD && o.kube.storage != storageKube {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
 	}

@@ -34,11 +34,15 @@ type policySetup struct {
 
 	// file polls --trust-policy; nil without it.
 	file *trustpolicy.FileSource
+	// access decides for SDS callers; kubeRunners read the API server
+	// for it (service account labels, ClusterTrustPolicy resources).
+	access      *trustpolicy.Access
+	kubeRunners []func(context.Context) error
 }
 
 // setupPolicy builds the policy from the flags and files. A bad policy at
 // start is an error naming the file, line and rule.
-func setupPolicy(o serverOptions, td spiffeid.TrustDomain, trail *auditTrail, reg prometheus.Registerer, logger *slog.Logger) (*policySetup, error) {
+func setupPolicy(o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, trail *auditTrail, reg prometheus.Registerer, logger *slog.Logger) (*policySetup, error) {
 	// Zero options (tests, embedders) mean the flags' defaults.
 	o.policy.def = cmp.Or(o.policy.def, string(trustpolicy.DefaultAllow))
 	o.policy.poll = cmp.Or(o.policy.poll, defaultPolicyPoll)
@@ -67,7 +71,10 @@ func setupPolicy(o serverOptions, td spiffeid.TrustDomain, trail *auditTrail, re
 			return nil, fmt.Errorf("config %s: %s: %w", o.policy.inlineFrom, trustPolicyKey, err)
 		}
 	}
-	p.start(o.kube.policyCRD())
+	if err := p.wireAccess(kube, td, reg, logger); err != nil {
+		return nil, fmt.Errorf("trust policy: %w", err)
+	}
+	p.start(o.kube.trustPolicyCRD, kube != nil)
 	return p, nil
 }
 
@@ -85,7 +92,7 @@ func (p *policySetup) configSource() string { return "config:" + p.configPath }
 
 // start records the policy the server starts with, once, in the audit
 // log, and says at Warn when there is none.
-func (p *policySetup) start(crd bool) {
+func (p *policySetup) start(crd, kube bool) {
 	pol := p.combiner.Policy()
 	p.mu.Lock()
 	p.started = true
@@ -102,6 +109,9 @@ func (p *policySetup) start(crd bool) {
 		return
 	}
 	p.logger.Info("trust policy in force", "rules", c.Rules, "default", c.Default, "sources", sources, "crd", crd)
+	if pol.UsesLabels() && !kube {
+		p.logger.Warn("trust policy rules select service accounts by labels, but without Kubernetes (--storage kube) no labels are known: those selectors select no workload")
+	}
 }
 
 // Audit events of the trust policy.
@@ -195,12 +205,14 @@ func (p *policySetup) summary() string {
 	return fmt.Sprintf("%d trust policy rules, default %s", len(pol.Rules()), pol.Default())
 }
 
-// runners polls --trust-policy.
+// runners polls --trust-policy, reads the API server for the policy
+// (labels, resources) and closes the Access at the end.
 func (p *policySetup) runners() []func(context.Context) error {
-	if p.file == nil {
-		return nil
+	rs := append([]func(context.Context) error{p.closeAccess}, p.kubeRunners...)
+	if p.file != nil {
+		rs = append(rs, p.file.Run)
 	}
-	return []func(context.Context) error{p.file.Run}
+	return rs
 }
 
 // adminConfig is the policy as the admin API shows and explains it.
@@ -219,8 +231,3 @@ func rereadConfig(path string) (*configFile, error) {
 	addServerFlags(fs, &scratch)
 	return applyConfigFile(fs, path, func(string) string { return "" })
 }
-
-// policyCRD says whether ClusterTrustPolicy resources feed the policy.
-// PLACEHOLDER for the lead: the CRD controller's flag (kubeOptions) goes
-// here, and the controller calls policySetup.combiner.SetSource("crd:...").
-func (k kubeOptions) policyCRD() bool { return false }

@@ -243,7 +243,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
-	if p.policy, err = setupPolicy(o, td, trail, reg, logger); err != nil {
+	if p.policy, err = setupPolicy(o, td, kube, trail, reg, logger); err != nil {
 		return err
 	}
 

@@ -86,7 +86,7 @@ func TestValuesSetServerConfig(t *testing.T) {
 		"admin-listen": "0.0.0.0:15014", "bundle-listen": "0.0.0.0:8443", "grpc-listen": "0.0.0.0:15012",
 		"grpc-dns-names": []any{"tb.trustbridge-system.svc", "ca.east.example"},
 		"storage":        "kube", "ca-secret": "east-ca",
-		"federation-crd": true, "federation-crd-class": "east", "federation": peers,
+		"federation-crd": true, "federation-crd-class": "east", "federation": peers, "trust-policy-crd": true,
 		"federation-allow-private": true, "federation-allow-empty": true,
 		"federation-min-refresh": "45s", "federation-max-refresh": "30m", "federation-timeout": "20s",
 		"workload-ttl": "12h", "max-workload-ttl": "48h", "max-renewal-lifetime": "720h",
@@ -104,6 +104,7 @@ func TestValuesSetServerConfig(t *testing.T) {
 	assert.Equal(t, "file", fileCfg["storage"])
 	assert.Equal(t, true, fileCfg["init"], "the first start creates the CA in the claim")
 	assert.NotContains(t, fileCfg, "federation-crd")
+	assert.NotContains(t, fileCfg, "trust-policy-crd")
 }
 
 // The server itself accepts every config file the chart renders: each key
@@ -257,6 +258,8 @@ func TestBadValuesFail(t *testing.T) {
 			"replicas is 2 but storage.type=file holds the CA state in one replica's volume"},
 		{"federation CRD with file storage", with(fileStorage(), func(v map[string]any) { v["federation"] = map[string]any{"crd": true} }),
 			"federation.crd needs storage.type=kube"},
+		{"trust policy CRD with file storage", with(fileStorage(), func(v map[string]any) { v["trustPolicy"] = map[string]any{"crd": true} }),
+			"trustPolicy.crd needs storage.type=kube"},
 		{"CA Secret with file storage", with(fileStorage(), func(v map[string]any) { v["storage"].(map[string]any)["caSecret"] = "x" }),
 			"storage.caSecret names the CA Secret of kube storage"},
 		{"unknown storage", with(baseValues(), func(v map[string]any) { v["storage"] = map[string]any{"type": "s3"} }), "at '/storage/type': value must be one of 'kube', 'file'"},

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
+)
+
+// crdPolicySource is the Combiner source of ClusterTrustPolicy resources.
+const crdPolicySource = "crd"
+
+// errPolicyCRDStorage refuses --trust-policy-crd without Kubernetes.
+var errPolicyCRDStorage = errors.New("--trust-policy-crd needs --storage kube: the resources are read from the API server, and every replica applies them")
+
+// wireAccess builds what SDS asks per caller: the Access over the policy,
+// reading service account labels from the API server when there is one
+// (without one, label selectors select nobody), and with --trust-policy-crd
+// the ClusterTrustPolicy controller feeding the Combiner.
+func (p *policySetup) wireAccess(k *kubeSetup, td spiffeid.TrustDomain, reg prometheus.Registerer, logger *slog.Logger) error {
+	var labels trustpolicy.LabelSource
+	if k != nil {
+		sa, err := policycrd.NewServiceAccountLabels(k.client, logger.With(logattr.Component, "trust-policy-labels"))
+		if err != nil {
+			return err
+		}
+		labels = sa
+		p.kubeRunners = append(p.kubeRunners, sa.Run)
+	}
+	p.access = trustpolicy.NewAccess(p.cell, labels)
+	if k == nil || !k.o.trustPolicyCRD {
+		return nil
+	}
+	ctl, err := policycrd.New(policycrd.Config{
+		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td,
+		Apply: policycrd.ApplyFunc(func(rules []trustpolicy.Rule) error {
+			return p.combiner.SetSource(crdPolicySource, rules)
+		}),
+		Matched: func(rule string) (int, []string) {
+			m := p.access.Matched(rule)
+			return m.Count, m.Recent
+		},
+		Conflicts: p.conflictsOf,
+		IsLeader:  k.elector.IsLeader,
+		Logger:    logger.With(logattr.Component, "trust-policy-crd"), Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	p.kubeRunners = append(p.kubeRunners, ctl.Run)
+	return nil
+}
+
+// conflictsOf is what the policy finds at odds with rule, for its
+// ClusterTrustPolicy status.
+func (p *policySetup) conflictsOf(rule string) []string {
+	var out []string
+	for _, c := range p.combiner.Conflicts() {
+		if c.Restricting.Name == rule || c.Lifting.Name == rule {
+			out = append(out, c.Message)
+		}
+	}
+	return out
+}
+
+// closeAccess ends the Access's signal merger when the server stops.
+func (p *policySetup) closeAccess(ctx context.Context) error {
+	<-ctx.Done()
+	p.access.Close()
+	return nil
+}
