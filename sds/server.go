@@ -122,8 +122,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("sds: %w", err)
 	}
 	return &Server{
-		cfg:         cfg,
-		metrics:     m,
+		cfg:     cfg,
+		metrics: m,
 		validations: &validationCache{
 			onEncode: m.validation.Inc,
 			local:    cfg.TrustDomain,
@@ -131,10 +131,10 @@ func New(cfg Config) (*Server, error) {
 			live:     make(map[string]int),
 			denials:  make(map[spiffeid.TrustDomain]*x509.Certificate),
 		},
-		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
-		empty:       &Trust{},
-		nackLog:     loglimit.NewDefault(),
-		refuseLog:   loglimit.NewDefault(),
+		certs:     &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
+		empty:     &Trust{},
+		nackLog:   loglimit.NewDefault(),
+		refuseLog: loglimit.NewDefault(),
 	}, nil
 }
 
