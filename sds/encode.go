@@ -212,6 +212,16 @@ type trustEncodings struct {
 	entries map[string]map[validationKey]*encoded // decision key → …; nil value: known not to exist
 }
 
+func newValidationCache(local spiffeid.TrustDomain, now func() time.Time, onEncode func()) *validationCache {
+	return &validationCache{
+		onEncode: onEncode,
+		local:    local,
+		now:      now,
+		live:     make(map[string]int),
+		denials:  make(map[spiffeid.TrustDomain]*x509.Certificate),
+	}
+}
+
 func (c *validationCache) of(t *Trust) *trustEncodings {
 	switch {
 	case c.cur != nil && c.cur.trust == t:

@@ -2,7 +2,6 @@ package sds
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,19 +121,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("sds: %w", err)
 	}
 	return &Server{
-		cfg:     cfg,
-		metrics: m,
-		validations: &validationCache{
-			onEncode: m.validation.Inc,
-			local:    cfg.TrustDomain,
-			now:      cfg.Clock.Now,
-			live:     make(map[string]int),
-			denials:  make(map[spiffeid.TrustDomain]*x509.Certificate),
-		},
-		certs:     &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
-		empty:     &Trust{},
-		nackLog:   loglimit.NewDefault(),
-		refuseLog: loglimit.NewDefault(),
+		cfg:         cfg,
+		metrics:     m,
+		validations: newValidationCache(cfg.TrustDomain, cfg.Clock.Now, m.validation.Inc),
+		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
+		empty:       &Trust{},
+		nackLog:     loglimit.NewDefault(),
+		refuseLog:   loglimit.NewDefault(),
 	}, nil
 }
 

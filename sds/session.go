@@ -271,7 +271,7 @@ func (ss *session) loadCredential(ctx context.Context) error {
 // armTimer sets the next re-authentication: ReauthInterval from now, or
 // the credential's refresh point when that comes first.
 func (ss *session) armTimer() {
-	ss.stop()
+	ss.stopTimer()
 	d := ss.s.cfg.ReauthInterval
 	if ss.cred != nil && !ss.cred.RefreshAt.IsZero() {
 		d = min(d, max(ss.cred.RefreshAt.Sub(ss.s.cfg.Clock.Now()), minRefreshDelay))
