@@ -29,6 +29,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -176,7 +177,7 @@ func TestRelayNACKKeepsLastGood(t *testing.T) {
 	require.NoError(t, err)
 	r := &relay{
 		addr: up.addr, tlsConfig: rot.ClientTLS, trust: trust, serverRoots: rot.SetServerRoots,
-		local: tdA, nodeID: workload.String(),
+		local: tdA, nodeID: workload.String(), id: workload, policy: trustpolicy.NewCell(nil),
 		seed:  map[spiffeid.TrustDomain][]*x509.Certificate{tdA: {caA.Cert}},
 		clock: clock.RealClock{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: m,
 		backoffBase: 10 * time.Millisecond, backoffMax: 50 * time.Millisecond,
@@ -291,7 +292,7 @@ func TestParseValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := parseValidation(tt.in)
+			v, err := parseValidation(tt.in, tdA)
 			if tt.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.wantErr)
@@ -323,7 +324,7 @@ func FuzzParseValidation(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := parseValidation(&anypb.Any{TypeUrl: resourcev3.SecretType, Value: data})
+		v, err := parseValidation(&anypb.Any{TypeUrl: resourcev3.SecretType, Value: data}, tdA)
 		if err != nil {
 			return
 		}
