@@ -243,7 +243,8 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 
 // publish sets the trust from the last good resources: ALL's trust
 // domains (the seed until ALL arrives), with the local trust domain's
-// roots from ROOTCA when it arrived.
+// roots from ROOTCA when it arrived, and those it served before (see
+// below).
 func (r *relay) publish() {
 	m := maps.Clone(r.all)
 	if m == nil {
@@ -256,6 +257,15 @@ func (r *relay) publish() {
 		m[r.local] = r.rootCA
 	} else if _, ok := m[r.local]; !ok && len(r.seed[r.local]) > 0 {
 		m[r.local] = r.seed[r.local]
+	}
+	// A trust domain served before and absent from ALL now stays in the
+	// local trust, where the policy (which grants only ALL's) denies it:
+	// Envoy keeps an SDS resource the server stops naming, so its
+	// spiffe://<td> must be answered with the denial, not fall silent.
+	for td, roots := range r.published {
+		if _, ok := m[td]; !ok && len(m) < maxTrustDomains {
+			m[td] = roots
+		}
 	}
 	if sameRoots(m, r.published) {
 		if r.all != nil && r.relayed != nil {
