@@ -9,6 +9,9 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 // Resource names Envoy asks for, as SPIRE's agent and Istio's agent name
@@ -103,4 +106,39 @@ type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Dura
 // Sign calls f.
 func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
 	return f(csr, id, ttl)
+}
+
+// AccessPolicy decides which trust domains, and which of their peers, an
+// authenticated caller may trust. Decide returns the caller's decision and
+// a channel closed when it may have changed (a policy edit, new service
+// account labels); nil never fires. The zero Decision (no policy) trusts
+// every trust domain.
+type AccessPolicy interface {
+	Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{})
+}
+
+// AccessPolicyFunc adapts a function to AccessPolicy.
+type AccessPolicyFunc func(ident authn.Identity) (trustpolicy.Decision, <-chan struct{})
+
+// Decide calls f.
+func (f AccessPolicyFunc) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
+	return f(ident)
+}
+
+// CellPolicy is an AccessPolicy that decides by the caller's SPIFFE ID
+// alone, under the Policy a trustpolicy.Cell holds (nil: every trust
+// domain). The node agent serves the policy the server relayed with it;
+// a server with Kubernetes identities uses trustpolicy.Access, which also
+// knows service account labels.
+type CellPolicy struct {
+	Cell *trustpolicy.Cell
+}
+
+// Decide decides for ident.ID under the cell's current policy.
+func (c CellPolicy) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
+	p, ch := c.Cell.Load()
+	if p == nil {
+		return trustpolicy.Decision{}, ch
+	}
+	return p.Decide(trustpolicy.Subject{ID: ident.ID}), ch
 }

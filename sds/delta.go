@@ -84,6 +84,12 @@ func (x *delta) run(ctx context.Context, s *Server, ident authn.Identity, r auth
 		case <-x.trustChanged():
 			x.trustFired()
 			err = x.push(ctx)
+		case <-x.policyChanged():
+			// Every stream wakes; only those whose decision's effect
+			// changed push.
+			if x.decide() {
+				err = x.push(ctx)
+			}
 		case <-x.credChanged():
 			if err = x.refreshCredential(ctx); err == nil {
 				err = x.push(ctx)

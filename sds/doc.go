@@ -19,9 +19,28 @@
 //
 // Unknown names are not answered, and an empty list is not a wildcard.
 //
+// Trust policy. With Config.Policy set (an AccessPolicy such as
+// trustpolicy.Access, or CellPolicy), ALL and spiffe://<td> carry only the
+// trust domains the caller's trustpolicy.Decision allows; the local one
+// always. A grant limited to some peers becomes
+// match_typed_subject_alt_names (URI SAN, exact or prefix) on
+// spiffe://<td>, and on ALL, which then lists every trust domain it holds
+// ("spiffe://<td>/" for the local and unlimited ones): Envoy's SPIFFE
+// validator applies them after the chain check, as the default validator
+// does. A denied spiffe://<td> of a trust domain the server knows gets an
+// explicit denial (DeniedSAN, a sentinel CA named "trustbridge trust
+// policy: <td> denied" whose key was discarded), never silence or another
+// domain's roots; delta streams get it as a resource. A stream decides
+// when it opens, when the policy's channel fires and after each
+// re-authentication, and pushes only when Decision.Key changed, so a
+// policy edit reaches the affected streams at once and no others.
+// Encodings are shared per (Trust, name, decision key) and kept only
+// while an open stream holds that decision.
+//
 //	trust := sds.NewTrustCell()
 //	minter, err := sds.NewMinter(sds.MinterConfig{Signer: signer, TTL: time.Hour})
-//	srv, err := sds.New(sds.Config{TrustDomain: td, Trust: trust, Credentials: minter, Authenticator: chain})
+//	srv, err := sds.New(sds.Config{TrustDomain: td, Trust: trust, Credentials: minter, Authenticator: chain,
+//		Policy: access}) // nil Policy: every caller trusts every trust domain
 //	srv.Register(grpcServer)
 //	err = trust.Set(bundles) // pushed to every stream that asked for them
 //

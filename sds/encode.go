@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -17,6 +18,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 // encoded is one Secret, marshalled once and shared by every stream that
@@ -26,6 +29,8 @@ type encoded struct {
 	name    string
 	version string
 	any     *anypb.Any
+	// denied marks the explicit denial of a trust domain.
+	denied bool
 }
 
 // encodeSecret marshals s deterministically; the version is the first 8
@@ -81,61 +86,99 @@ func trustedCASecret(name string, pemBytes []byte) *tlsv3.Secret {
 	}
 }
 
-// allSecret is ALL: Envoy's SPIFFE validator configured with every trust
-// domain that has roots, or, when plain, one trusted_ca with every root.
-// It returns nil when there are no roots at all: Envoy refuses a SPIFFE
-// validator without trust domains.
-func allSecret(bundles []*x509bundle.Bundle, plain bool) (*tlsv3.Secret, error) {
-	if plain {
-		var out []byte
-		seen := make(map[string]bool)
-		for _, b := range bundles {
-			for _, c := range b.X509Authorities() {
-				if seen[string(c.Raw)] {
-					continue
-				}
-				seen[string(c.Raw)] = true
-				out = appendPEM(out, c)
-			}
-		}
-		if len(out) == 0 {
-			return nil, nil
-		}
-		return trustedCASecret(AllName, out), nil
+// allSecret is ALL for decision d: Envoy's SPIFFE validator configured
+// with every trust domain d allows that has roots, or, when plain, one
+// trusted_ca with their roots. It returns nil when there are no roots at
+// all: Envoy refuses a SPIFFE validator without trust domains.
+//
+// When a grant among them limits its peers, ALL also carries
+// match_typed_subject_alt_names accepting, per trust domain, the granted
+// peers, or every member ("spiffe://<td>/") of the local trust domain and
+// of unrestricted ones. Envoy's SPIFFE validator honours them: its
+// constructor keeps the URI matchers of the validation context and
+// verifyCertChainUsingTrustBundleStore requires one to match once the
+// chain verified against the leaf's own trust domain's bundle
+// (source/extensions/transport_sockets/tls/cert_validator/spiffe/spiffe_validator.cc,
+// SPIFFEValidator::SPIFFEValidator and matchSubjectAltName), as the
+// default validator does for a plain trusted_ca.
+func allSecret(bundles []*x509bundle.Bundle, plain bool, d trustpolicy.Decision) (*tlsv3.Secret, error) {
+	allowed, matchers := allowedBundles(bundles, d)
+	if len(allowed) == 0 {
+		return nil, nil
 	}
+	var vc *tlsv3.CertificateValidationContext
+	if plain {
+		vc = &tlsv3.CertificateValidationContext{TrustedCa: inline(plainRoots(allowed))}
+	} else {
+		cfg := &tlsv3.SPIFFECertValidatorConfig{}
+		for _, b := range allowed {
+			cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
+				Name:        b.TrustDomain().Name(),
+				TrustBundle: inline(appendPEM(nil, b.X509Authorities()...)),
+			})
+		}
+		typed, err := anypb.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		vc = &tlsv3.CertificateValidationContext{
+			CustomValidatorConfig: &corev3.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: typed},
+		}
+	}
+	vc.MatchTypedSubjectAltNames = matchers
+	return &tlsv3.Secret{Name: AllName, Type: &tlsv3.Secret_ValidationContext{ValidationContext: vc}}, nil
+}
+
+// allowedBundles returns the bundles with roots that d allows, sorted by
+// trust domain and one per trust domain, and, when any of their grants
+// limits its peers, the SAN matchers of them all.
+func allowedBundles(bundles []*x509bundle.Bundle, d trustpolicy.Decision) ([]*x509bundle.Bundle, []*tlsv3.SubjectAltNameMatcher) {
 	sorted := slices.Clone(bundles)
 	slices.SortStableFunc(sorted, func(a, b *x509bundle.Bundle) int {
 		return bytes.Compare([]byte(a.TrustDomain().Name()), []byte(b.TrustDomain().Name()))
 	})
-	cfg := &tlsv3.SPIFFECertValidatorConfig{}
-	var last spiffeid.TrustDomain
+	var (
+		out        []*x509bundle.Bundle
+		matchers   []*tlsv3.SubjectAltNameMatcher
+		restricted bool
+		last       spiffeid.TrustDomain
+	)
 	for _, b := range sorted {
-		roots := b.X509Authorities()
-		if len(roots) == 0 || b.TrustDomain() == last {
+		if len(b.X509Authorities()) == 0 || b.TrustDomain() == last {
 			continue
 		}
 		last = b.TrustDomain()
-		cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
-			Name:        b.TrustDomain().Name(),
-			TrustBundle: inline(appendPEM(nil, roots...)),
-		})
+		g, ok := d.Allows(last)
+		if !ok {
+			continue
+		}
+		out = append(out, b)
+		matchers = append(matchers, grantMatchers(last, g)...)
+		restricted = restricted || len(g.Peers) > 0
 	}
-	if len(cfg.TrustDomains) == 0 {
-		return nil, nil
+	if !restricted {
+		matchers = nil
 	}
-	typed, err := anypb.New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &tlsv3.Secret{
-		Name: AllName,
-		Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-			CustomValidatorConfig: &corev3.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: typed},
-		}},
-	}, nil
+	return out, matchers
 }
 
-// validationKey names one validation-context resource of one Trust.
+// plainRoots is every root of bundles once, in order.
+func plainRoots(bundles []*x509bundle.Bundle) []byte {
+	var out []byte
+	seen := make(map[string]bool)
+	for _, b := range bundles {
+		for _, c := range b.X509Authorities() {
+			if !seen[string(c.Raw)] {
+				seen[string(c.Raw)] = true
+				out = appendPEM(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// validationKey names one validation-context resource of one Trust and
+// one decision key (decisionKeyFor).
 type validationKey struct {
 	name  string
 	plain bool // ALL as a plain trusted_ca
@@ -143,19 +186,40 @@ type validationKey struct {
 
 // validationCache holds the validation contexts of the newest Trust, and of
 // the one before for streams that have not moved on yet, built lazily,
-// once each.
+// once each per decision key. Callers' decisions are as many as their
+// identities: the encodings of a decision are kept only while a stream
+// holds it (acquire, release), so callers cannot grow the cache beyond
+// what their open streams cost anyway.
 type validationCache struct {
 	onEncode func() // counts encodings
+	local    spiffeid.TrustDomain
+	now      func() time.Time
 
 	mu        sync.Mutex
 	cur, prev *trustEncodings
+	// live counts the open sessions holding each decision key.
+	live map[string]int
+	// denials are the sentinel CAs of denied trust domains, one per trust
+	// domain of the current and previous Trust, so that a denial keeps
+	// its version across Trust changes.
+	denials map[spiffeid.TrustDomain]*x509.Certificate
 }
 
 // trustEncodings are the encoded resources of one Trust.
 type trustEncodings struct {
 	trust   *Trust
 	byTD    map[spiffeid.TrustDomain]*x509bundle.Bundle
-	entries map[validationKey]*encoded // nil value: known not to exist
+	entries map[string]map[validationKey]*encoded // decision key → …; nil value: known not to exist
+}
+
+func newValidationCache(local spiffeid.TrustDomain, now func() time.Time, onEncode func()) *validationCache {
+	return &validationCache{
+		onEncode: onEncode,
+		local:    local,
+		now:      now,
+		live:     make(map[string]int),
+		denials:  make(map[spiffeid.TrustDomain]*x509.Certificate),
+	}
 }
 
 func (c *validationCache) of(t *Trust) *trustEncodings {
@@ -168,7 +232,7 @@ func (c *validationCache) of(t *Trust) *trustEncodings {
 	te := &trustEncodings{
 		trust:   t,
 		byTD:    make(map[spiffeid.TrustDomain]*x509bundle.Bundle, len(t.Bundles)),
-		entries: make(map[validationKey]*encoded),
+		entries: make(map[string]map[validationKey]*encoded),
 	}
 	for _, b := range t.Bundles {
 		if _, dup := te.byTD[b.TrustDomain()]; !dup {
@@ -176,48 +240,120 @@ func (c *validationCache) of(t *Trust) *trustEncodings {
 		}
 	}
 	c.prev, c.cur = c.cur, te
+	for td := range c.denials {
+		if _, ok := te.byTD[td]; !ok && (c.prev == nil || c.prev.byTD[td] == nil) {
+			delete(c.denials, td)
+		}
+	}
 	return te
 }
 
-// get returns the resource named name (parsed as p) of t, nil when it does
-// not exist in t.
-func (c *validationCache) get(t *Trust, name string, p parsedName, plain bool) (*encoded, error) {
+// acquire registers a session holding decision key k; release undoes it,
+// dropping k's encodings when no session is left.
+func (c *validationCache) acquire(k string) {
+	if k == anyDecision {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.live[k]++
+}
+
+func (c *validationCache) release(k string) {
+	if k == anyDecision {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live[k]--; c.live[k] > 0 {
+		return
+	}
+	delete(c.live, k)
+	for _, te := range []*trustEncodings{c.cur, c.prev} {
+		if te != nil {
+			delete(te.entries, k)
+		}
+	}
+}
+
+// get returns the resource named name (parsed as p) of t under decision
+// d, nil when it does not exist in t.
+func (c *validationCache) get(t *Trust, name string, p parsedName, plain bool, d trustpolicy.Decision) (*encoded, error) {
 	if p.kind != kindAll {
 		plain = false
 	}
+	dk := decisionKeyFor(p, d, c.local)
 	k := validationKey{name: name, plain: plain}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	te := c.of(t)
-	if e, ok := te.entries[k]; ok {
+	if e, ok := te.entries[dk][k]; ok {
 		return e, nil
 	}
+	e, err := c.build(te, name, p, plain, d, dk)
+	if err != nil {
+		return nil, err
+	}
+	// Only names that exist or are known trust domains are remembered, so
+	// callers asking for made-up trust domains cannot grow the map; and
+	// only for decisions an open stream holds (a Fetch's is not kept).
+	keep := dk == anyDecision || dk == deniedDecision || c.live[dk] > 0
+	if keep && (e != nil || p.kind != kindTrustDomain) {
+		if te.entries[dk] == nil {
+			te.entries[dk] = make(map[validationKey]*encoded)
+		}
+		te.entries[dk][k] = e
+	}
+	return e, nil
+}
+
+// build encodes one resource; dk says whether it is a denial.
+func (c *validationCache) build(te *trustEncodings, name string, p parsedName, plain bool, d trustpolicy.Decision, dk string) (*encoded, error) {
 	var s *tlsv3.Secret
 	switch p.kind {
 	case kindTrustDomain:
-		if b := te.byTD[p.td]; b != nil && len(b.X509Authorities()) > 0 {
-			s = trustedCASecret(name, appendPEM(nil, b.X509Authorities()...))
+		b := te.byTD[p.td]
+		if b == nil || len(b.X509Authorities()) == 0 {
+			return nil, nil
 		}
+		if dk != deniedDecision {
+			g, _ := d.Allows(p.td)
+			s = tdSecret(name, b, g)
+			break
+		}
+		sentinel, err := c.sentinel(p.td)
+		if err != nil {
+			return nil, err
+		}
+		s = deniedSecret(name, sentinel)
 	case kindAll:
 		var err error
-		if s, err = allSecret(t.Bundles, plain); err != nil {
+		if s, err = allSecret(te.trust.Bundles, plain, d); err != nil || s == nil {
 			return nil, err
 		}
+	default:
+		return nil, nil
 	}
-	var e *encoded
-	if s != nil {
-		var err error
-		if e, err = encodeSecret(s); err != nil {
-			return nil, err
-		}
-		c.onEncode()
+	e, err := encodeSecret(s)
+	if err != nil {
+		return nil, err
 	}
-	// Only names that exist or are known trust domains are remembered, so
-	// callers asking for made-up trust domains cannot grow the map.
-	if e != nil || p.kind != kindTrustDomain {
-		te.entries[k] = e
-	}
+	e.denied = dk == deniedDecision
+	c.onEncode()
 	return e, nil
+}
+
+// sentinel returns td's sentinel CA, minting it the first time.
+func (c *validationCache) sentinel(td spiffeid.TrustDomain) (*x509.Certificate, error) {
+	if cert := c.denials[td]; cert != nil {
+		return cert, nil
+	}
+	cert, err := newSentinelCA(td, c.now())
+	if err != nil {
+		return nil, err
+	}
+	c.denials[td] = cert
+	return cert, nil
 }
 
 // certCache shares the encoded tls_certificate resources of one identity

@@ -18,6 +18,9 @@ type metrics struct {
 	// unavailable and were retried with the stream kept.
 	reauthRetries prometheus.Counter
 	encodings     *prometheus.CounterVec
+	// policyDenials counts explicit denials of a trust domain a stream
+	// asked for, once per stream, resource and decision.
+	policyDenials *prometheus.CounterVec
 	validation    prometheus.Counter // encodings{kind="validation"}
 	cert          prometheus.Counter // encodings{kind="certificate"}
 }
@@ -48,10 +51,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_sds_encodings_total",
 			Help: "Secrets marshalled, by kind (validation, certificate); each is shared by every stream that sends it.",
 		}, []string{"kind"}),
+		policyDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_sds_policy_denials_total",
+			Help: "Validation contexts of a trust domain (spiffe://<td>) answered with an explicit denial because the trust policy does not let the caller trust it, by trust domain; counted once per stream, resource and decision.",
+		}, []string{"trust_domain"}),
 	}
 	m.validation = m.encodings.WithLabelValues("validation")
 	m.cert = m.encodings.WithLabelValues("certificate")
-	for _, c := range []prometheus.Collector{m.streams, m.responses, m.nacks, m.authFails, m.reauthRetries, m.encodings} {
+	for _, c := range []prometheus.Collector{m.streams, m.responses, m.nacks, m.authFails, m.reauthRetries, m.encodings, m.policyDenials} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

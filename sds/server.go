@@ -55,6 +55,12 @@ type Config struct {
 	// client certificate expire ends the stream within this; default
 	// DefaultReauthInterval.
 	ReauthInterval time.Duration
+	// Policy decides which trust domains (and which of their peers) each
+	// caller may trust; nil trusts every trust domain, as before trust
+	// policies. A stream decides when it opens, again when the policy's
+	// channel fires and after every re-authentication, and pushes only
+	// when the decision's effect (Decision.Key) changed.
+	Policy AccessPolicy
 	// Clock drives credential refreshes; nil means the real clock.
 	Clock clock.Clock
 	// Logger; nil discards.
@@ -117,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 	return &Server{
 		cfg:         cfg,
 		metrics:     m,
-		validations: &validationCache{onEncode: m.validation.Inc},
+		validations: newValidationCache(cfg.TrustDomain, cfg.Clock.Now, m.validation.Inc),
 		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
 		empty:       &Trust{},
 		nackLog:     loglimit.NewDefault(),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 // session is what one stream or Fetch call knows about its caller: the
@@ -37,6 +38,15 @@ type session struct {
 	// spentCred is a Credential whose Changed fired without the source
 	// returning a newer one; likewise not waited on again.
 	spentCred *Credential
+	// decision is what the caller may trust, decided at open and again
+	// when decisionCh fires or the caller re-authenticates; decisionCh is
+	// nil without a policy, or once spent (Decide handed back the channel
+	// that had fired).
+	decision   trustpolicy.Decision
+	decisionCh <-chan struct{}
+	// deniedSent remembers which denials were counted, by resource name
+	// and decision key, so that a push does not count one again.
+	deniedSent map[string]string
 	// timer fires when the caller must be authenticated again: at
 	// cred.RefreshAt, and at the latest ReauthInterval after the last
 	// authentication, or sooner to retry one that found the backend
@@ -54,6 +64,7 @@ type session struct {
 func (s *Server) newSession(kind string, ident authn.Identity, r authn.Request, node *corev3.Node, entry *certEntry) *session {
 	ss := &session{s: s, kind: kind, ident: ident, areq: r, plain: disablesSPIFFEValidation(node), entry: entry}
 	ss.loadTrust()
+	ss.decide()
 	if kind != typeFetch {
 		ss.armTimer()
 	}
@@ -61,6 +72,12 @@ func (s *Server) newSession(kind string, ident authn.Identity, r authn.Request, 
 }
 
 func (ss *session) stop() {
+	ss.stopTimer()
+	ss.s.validations.release(ss.decision.Key())
+	ss.decision, ss.decisionCh = trustpolicy.Decision{}, nil
+}
+
+func (ss *session) stopTimer() {
 	if ss.timer != nil {
 		ss.timer.Stop()
 	}
@@ -100,6 +117,34 @@ func (ss *session) credChanged() <-chan struct{} {
 		return nil
 	}
 	return ss.cred.Changed
+}
+
+func (ss *session) policyChanged() <-chan struct{} {
+	return ss.decisionCh
+}
+
+// decide asks the policy what the caller may trust and reports whether
+// the effect changed. The cache keeps the encodings of the new decision
+// before it may drop the old one's.
+func (ss *session) decide() bool {
+	if ss.s.cfg.Policy == nil {
+		return false
+	}
+	d, ch := ss.s.cfg.Policy.Decide(ss.ident)
+	if ch == ss.decisionCh {
+		// A faulty policy handing back the channel that fired must not
+		// make the stream spin.
+		ch = nil
+	}
+	old := ss.decision
+	ss.s.validations.acquire(d.Key())
+	ss.s.validations.release(old.Key())
+	ss.decision, ss.decisionCh = d, ch
+	if d.Key() == old.Key() {
+		return false
+	}
+	ss.log().Debug("sds trust policy decided", "decision", d.Key(), "rules", len(d.Matched), "grants", len(d.Grants))
+	return true
 }
 
 func (ss *session) refreshDue() <-chan time.Time {
@@ -144,6 +189,9 @@ func (ss *session) resources(ctx context.Context, names []string) ([]*encoded, e
 	// Always the newest Trust: a stream that has not seen Changed yet
 	// must not make the shared cache encode an older one again.
 	ss.loadTrust()
+	if closedChan(ss.decisionCh) {
+		ss.decide()
+	}
 	out := make([]*encoded, 0, len(names))
 	for _, n := range names {
 		p := parseName(n, ss.s.cfg.TrustDomain)
@@ -158,17 +206,36 @@ func (ss *session) resources(ctx context.Context, names []string) ([]*encoded, e
 			}
 			e, err = ss.s.certs.get(ss.entry, ss.cred, n)
 		case kindTrustDomain, kindAll:
-			e, err = ss.s.validations.get(ss.trust, n, p, ss.plain)
+			e, err = ss.s.validations.get(ss.trust, n, p, ss.plain, ss.decision)
 		}
 		if err != nil {
 			return nil, &refusal{codes.Internal, "encoding", "internal error", err}
 		}
 		if e != nil {
+			ss.noteDenial(e, p)
 			out = append(out, e)
 		}
 	}
 	slices.SortFunc(out, func(a, b *encoded) int { return cmp.Compare(a.name, b.name) })
 	return out, nil
+}
+
+// noteDenial counts and logs a denial the first time this session sends
+// it under its current decision.
+func (ss *session) noteDenial(e *encoded, p parsedName) {
+	if !e.denied {
+		return
+	}
+	if k, seen := ss.deniedSent[e.name]; seen && k == ss.decision.Key() {
+		return
+	}
+	if ss.deniedSent == nil {
+		ss.deniedSent = make(map[string]string)
+	}
+	ss.deniedSent[e.name] = ss.decision.Key()
+	ss.s.metrics.policyDenials.WithLabelValues(p.td.Name()).Inc()
+	ss.log().Debug("trust domain denied by the trust policy", logattr.TrustDomain, p.td.Name(), "resource", e.name,
+		"decision", ss.decision.Key())
 }
 
 // loadCredential asks the source for the caller's credential and arms the
@@ -204,7 +271,7 @@ func (ss *session) loadCredential(ctx context.Context) error {
 // armTimer sets the next re-authentication: ReauthInterval from now, or
 // the credential's refresh point when that comes first.
 func (ss *session) armTimer() {
-	ss.stop()
+	ss.stopTimer()
 	d := ss.s.cfg.ReauthInterval
 	if ss.cred != nil && !ss.cred.RefreshAt.IsZero() {
 		d = min(d, max(ss.cred.RefreshAt.Sub(ss.s.cfg.Clock.Now()), minRefreshDelay))
@@ -248,6 +315,10 @@ func (ss *session) refreshCredential(ctx context.Context) error {
 		ss.s.metrics.authFails.Inc()
 		return &refusal{codes.Unauthenticated, "reauthentication_failed", "credentials no longer valid; reconnect with fresh credentials", err}
 	}
+	// The same SPIFFE ID, but perhaps new service account labels or grant:
+	// the policy decides on what was proved last.
+	ss.ident = ident
+	ss.decide()
 	if ss.unavailable > 0 {
 		ss.log().Info("sds re-authentication succeeded again", "failures", ss.unavailable)
 		ss.unavailableSince, ss.unavailable = time.Time{}, 0
@@ -285,7 +356,7 @@ func (ss *session) reauthUnavailable(ctx context.Context, err error) error {
 	if ss.cred != nil && closedChan(ss.cred.Changed) {
 		ss.spentCred = ss.cred
 	}
-	ss.stop()
+	ss.stopTimer()
 	ss.timer = ss.s.cfg.Clock.NewTimer(delay)
 	return nil
 }

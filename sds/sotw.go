@@ -36,6 +36,7 @@ type sotw struct {
 	pushedNames []string
 	pushedTrust *Trust
 	pushedCred  *Credential
+	pushedKey   string // decision key
 }
 
 func (x *sotw) run(ctx context.Context, s *Server, ident authn.Identity, r authn.Request, entry *certEntry) error {
@@ -69,6 +70,12 @@ func (x *sotw) run(ctx context.Context, s *Server, ident authn.Identity, r authn
 		case <-x.trustChanged():
 			x.trustFired()
 			err = x.push(ctx)
+		case <-x.policyChanged():
+			// Every stream wakes; only those whose decision's effect
+			// changed push.
+			if x.decide() {
+				err = x.push(ctx)
+			}
 		case <-x.credChanged():
 			if err = x.refreshCredential(ctx); err == nil {
 				err = x.push(ctx)
@@ -125,7 +132,7 @@ func (x *sotw) onRequest(ctx context.Context, req *discoveryv3.DiscoveryRequest)
 		x.log().Log(ctx, x.s.nackLevel(), "envoy rejected secrets", "nonce", nonce, "version", x.lastVersion,
 			"applied_version", req.GetVersionInfo(), "code", codes.Code(d.GetCode()).String(), "detail", d.GetMessage())
 	}
-	if x.pushedTrust == x.trust && x.pushedCred == x.cred && slices.Equal(x.pushedNames, names) {
+	if x.pushedTrust == x.trust && x.pushedCred == x.cred && x.pushedKey == x.decision.Key() && slices.Equal(x.pushedNames, names) {
 		// The common case, an ACK of what was just sent: every change
 		// since was pushed by the stream's loop, not by this request.
 		return nil
@@ -140,7 +147,7 @@ func (x *sotw) push(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	x.pushedNames, x.pushedTrust, x.pushedCred = x.names, x.trust, x.cred
+	x.pushedNames, x.pushedTrust, x.pushedCred, x.pushedKey = x.names, x.trust, x.cred, x.decision.Key()
 	version := versionOf(res)
 	if x.lastNonce == "" && len(res) == 0 || x.lastNonce != "" && version == x.lastVersion {
 		return nil

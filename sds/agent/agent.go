@@ -28,6 +28,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/poll"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -310,7 +311,7 @@ func (a *Agent) runFiles(ctx context.Context) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.log.Info("serving credential files", "credentials_dir", a.credsDir, logattr.SPIFFEID, w.id.String())
-	return a.serve(ctx, w.id, w.cell, w.trust, nil, func(ctx context.Context) error {
+	return a.serve(ctx, w.id, w.cell, w.trust, nil, nil, func(ctx context.Context) error {
 		return poll.Run(ctx, a.clock, a.pollInterval, w.check)
 	})
 }
@@ -331,8 +332,20 @@ func (a *Agent) runCA(ctx context.Context) error {
 	if err := trust.Set(bundlesOf(seed)); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	// The server's decision for this workload (which trust domains, which
+	// peers) is the local SDS server's policy, taken from the relayed ALL.
+	// Until that arrives only the local trust domain is served: the seed
+	// knows the trust domains the server allowed but not their peer
+	// limits, and serving them unlimited would widen the decision.
+	initial, err := relayedPolicy(id.TrustDomain(), id, "agent start", nil)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	policy := trustpolicy.NewCell(initial)
 	r := &relay{
 		addr:        a.caAddr,
+		id:          id,
+		policy:      policy,
 		tlsConfig:   a.rot.ClientTLS,
 		trust:       trust,
 		serverRoots: a.rot.SetServerRoots,
@@ -347,7 +360,7 @@ func (a *Agent) runCA(ctx context.Context) error {
 		relayed:     make(chan struct{}),
 	}
 	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())
-	return a.serve(ctx, id, a.rot.Cell(), trust, r.relayed, a.rot.Run, r.Run)
+	return a.serve(ctx, id, a.rot.Cell(), trust, sds.CellPolicy{Cell: policy}, r.relayed, a.rot.Run, r.Run)
 }
 
 // Limits of the local gRPC server. Envoy's requests are small; a few
@@ -366,7 +379,8 @@ const firstTrustWait = 10 * time.Second
 // socket, until ctx is done or a worker fails. Waiting for the gate keeps
 // Envoy from starting with the local roots only and failing its first
 // federated connections until the relayed trust arrives.
-func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialSource, trust sds.TrustSource, gate <-chan struct{}, workers ...func(context.Context) error) error {
+func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialSource, trust sds.TrustSource, policy sds.AccessPolicy,
+	gate <-chan struct{}, workers ...func(context.Context) error) error {
 	// The socket's file mode is the access control (as in Istio): whoever
 	// can connect is this workload.
 	self := authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
@@ -377,6 +391,7 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 		Trust:         trust,
 		Credentials:   creds,
 		Authenticator: self,
+		Policy:        policy,
 		Clock:         a.clock,
 		Logger:        a.log,
 		Registerer:    a.reg,

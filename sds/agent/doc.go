@@ -21,6 +21,16 @@
 //	if err != nil { ... }
 //	err = a.Run(ctx) // errors.Is(err, agent.ErrAlreadyServing): exit 0
 //
+// The agent relays what the server decided for its workload and never
+// widens it: the server's ALL carries only the trust domains the
+// workload may trust, with their peer limits as URI SAN matchers; the
+// relay maps each matcher back to its trust domain (refusing, with a
+// NACK, any it cannot) and gives the local SDS server a policy granting
+// exactly those, so local ALL and spiffe://<td> answers carry the same
+// matchers and any other trust domain is denied, explicitly where the
+// agent knew it before. Until the server's first ALL only the local trust
+// domain is served.
+//
 // Access control on the socket is its file mode, as with the Istio agent:
 // every caller that can connect is served the one workload identity this
 // agent holds. The socket is 0600 (0660 with Config.SocketGroup).

@@ -64,7 +64,7 @@ func trustOf(resp *discoveryv3.DiscoveryResponse, td spiffeid.TrustDomain) (cacl
 	}
 	t := caclient.Trust{TrustDomain: td}
 	for i, a := range resp.GetResources() {
-		v, err := parseValidation(a)
+		v, err := parseValidation(a, td)
 		if err != nil {
 			return caclient.Trust{}, fmt.Errorf("resource %d: %w", i, err)
 		}

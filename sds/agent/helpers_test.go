@@ -311,12 +311,19 @@ type upstream struct {
 
 func newUpstream(t *testing.T, ca *testca.CA, trust *sds.TrustCell, addr string) *upstream {
 	t.Helper()
+	return newUpstreamWith(t, ca, trust, addr, nil)
+}
+
+// newUpstreamWith is newUpstream with a trust policy.
+func newUpstreamWith(t *testing.T, ca *testca.CA, trust *sds.TrustCell, addr string, policy sds.AccessPolicy) *upstream {
+	t.Helper()
 	leaf, key := ca.Issue(t, serverID)
 	bundle := x509bundle.FromX509Authorities(ca.TrustDomain, []*x509.Certificate{ca.Cert})
 	srv, err := sds.New(sds.Config{
 		TrustDomain:   ca.TrustDomain,
 		Trust:         trust,
 		Authenticator: authn.NewX509SVID(ca.TrustDomain, bundle, nil),
+		Policy:        policy,
 	})
 	require.NoError(t, err)
 	u := &upstream{ca: ca, trust: trust}

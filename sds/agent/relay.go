@@ -31,6 +31,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -62,6 +63,10 @@ type relay struct {
 	serverRoots func([]*x509.Certificate)
 	local       spiffeid.TrustDomain
 	nodeID      string
+	// id is the workload's; policy holds the server's decision for it
+	// (the peer limits of ALL) as the local SDS server's policy.
+	id     spiffeid.ID
+	policy *trustpolicy.Cell
 	// seed is the trust before the server said anything: the roots the
 	// agent was configured with.
 	seed        map[spiffeid.TrustDomain][]*x509.Certificate
@@ -74,6 +79,9 @@ type relay struct {
 	// Last good resources; nil until received.
 	all    map[spiffeid.TrustDomain][]*x509.Certificate
 	rootCA []*x509.Certificate
+	// limits are ALL's peer limits, published in policy; nil until ALL
+	// arrives.
+	limits peerLimits
 	// published is the trust last Set, to skip identical updates.
 	published map[spiffeid.TrustDomain][]*x509.Certificate
 	// relayed, when not nil, is closed once the server's ALL has been
@@ -190,12 +198,13 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 	}
 	var (
 		all     map[spiffeid.TrustDomain][]*x509.Certificate
+		limits  peerLimits
 		rootCA  []*x509.Certificate
 		seenAll bool
 		seenCA  bool
 	)
 	for i, a := range res {
-		v, err := parseValidation(a)
+		v, err := parseValidation(a, r.local)
 		if err != nil {
 			return fmt.Errorf("resource %d: %w", i, err)
 		}
@@ -204,7 +213,7 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 			if seenAll {
 				return fmt.Errorf("resource %d: %s twice", i, sds.AllName)
 			}
-			seenAll, all = true, v.byTD
+			seenAll, all, limits = true, v.byTD, v.limits
 		case sds.RootCAName:
 			if seenCA {
 				return fmt.Errorf("resource %d: %s twice", i, sds.RootCAName)
@@ -213,6 +222,16 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 		}
 	}
 	if seenAll {
+		pol, err := relayedPolicy(r.local, r.id, "server:"+r.addr, limits)
+		if err != nil {
+			return fmt.Errorf("%s: peer limits: %w", sds.AllName, err)
+		}
+		// The policy goes first: a trust domain the server now limits or
+		// took away must not be served unlimited in between.
+		if r.limits == nil || !maps.EqualFunc(r.limits, limits, slices.Equal) {
+			r.policy.Set(pol)
+			r.limits = limits
+		}
 		r.all = all
 	}
 	if seenCA {
@@ -224,7 +243,8 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 
 // publish sets the trust from the last good resources: ALL's trust
 // domains (the seed until ALL arrives), with the local trust domain's
-// roots from ROOTCA when it arrived.
+// roots from ROOTCA when it arrived, and those it served before (see
+// below).
 func (r *relay) publish() {
 	m := maps.Clone(r.all)
 	if m == nil {
@@ -237,6 +257,15 @@ func (r *relay) publish() {
 		m[r.local] = r.rootCA
 	} else if _, ok := m[r.local]; !ok && len(r.seed[r.local]) > 0 {
 		m[r.local] = r.seed[r.local]
+	}
+	// A trust domain served before and absent from ALL now stays in the
+	// local trust, where the policy (which grants only ALL's) denies it:
+	// Envoy keeps an SDS resource the server stops naming, so its
+	// spiffe://<td> must be answered with the denial, not fall silent.
+	for td, roots := range r.published {
+		if _, ok := m[td]; !ok && len(m) < maxTrustDomains {
+			m[td] = roots
+		}
 	}
 	if sameRoots(m, r.published) {
 		if r.all != nil && r.relayed != nil {
@@ -275,9 +304,10 @@ func sameRoots(a, b map[spiffeid.TrustDomain][]*x509.Certificate) bool {
 
 // validation is one parsed validation-context resource.
 type validation struct {
-	name  string                                       // sds.AllName or sds.RootCAName
-	byTD  map[spiffeid.TrustDomain][]*x509.Certificate // ALL
-	roots []*x509.Certificate                          // ROOTCA
+	name   string                                       // sds.AllName or sds.RootCAName
+	byTD   map[spiffeid.TrustDomain][]*x509.Certificate // ALL
+	limits peerLimits                                   // ALL
+	roots  []*x509.Certificate                          // ROOTCA
 }
 
 // parseValidation parses a relayed resource, untrusted input: a Secret
@@ -286,7 +316,7 @@ type validation struct {
 // and unique, and every bundle inline PEM of CA certificates; file and
 // environment data sources are refused (the server must not make the
 // agent read local files).
-func parseValidation(a *anypb.Any) (*validation, error) {
+func parseValidation(a *anypb.Any, local spiffeid.TrustDomain) (*validation, error) {
 	if a.GetTypeUrl() != resourcev3.SecretType {
 		return nil, fmt.Errorf("type %q, want %q", a.GetTypeUrl(), resourcev3.SecretType)
 	}
@@ -313,7 +343,11 @@ func parseValidation(a *anypb.Any) (*validation, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", sds.AllName, err)
 		}
-		return &validation{name: sds.AllName, byTD: byTD}, nil
+		limits, err := parseSANMatchers(vc.GetMatchTypedSubjectAltNames(), byTD, local)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sds.AllName, err)
+		}
+		return &validation{name: sds.AllName, byTD: byTD, limits: limits}, nil
 	default:
 		return nil, fmt.Errorf("secret %q was not asked for", s.GetName())
 	}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -176,7 +177,7 @@ func TestRelayNACKKeepsLastGood(t *testing.T) {
 	require.NoError(t, err)
 	r := &relay{
 		addr: up.addr, tlsConfig: rot.ClientTLS, trust: trust, serverRoots: rot.SetServerRoots,
-		local: tdA, nodeID: workload.String(),
+		local: tdA, nodeID: workload.String(), id: workload, policy: trustpolicy.NewCell(nil),
 		seed:  map[spiffeid.TrustDomain][]*x509.Certificate{tdA: {caA.Cert}},
 		clock: clock.RealClock{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: m,
 		backoffBase: 10 * time.Millisecond, backoffMax: 50 * time.Millisecond,
@@ -244,7 +245,13 @@ func TestRelayNACKKeepsLastGood(t *testing.T) {
 	send("v2", "n2", allAny(t, tdEntry("a.test", pemCerts(caA.Cert)), tdEntry("c.test", pemCerts(caC.Cert))))
 	req = next()
 	assert.Nil(t, req.GetErrorDetail())
-	assert.Equal(t, []string{"a.test", "c.test"}, trustNames(trust.Trust()))
+	assert.Equal(t, []string{"a.test", "b.test", "c.test"}, trustNames(trust.Trust()), "b.test stays, to be denied")
+	pol, _ := r.policy.Load()
+	require.NotNil(t, pol)
+	for td, want := range map[spiffeid.TrustDomain]bool{tdA: true, tdB: false, tdC: true} {
+		_, ok := pol.Decide(trustpolicy.Subject{ID: workload}).Allows(td)
+		assert.Equal(t, want, ok, td.Name())
+	}
 	assert.GreaterOrEqual(t, testutil.ToFloat64(m.relayStreamErrs), 1.0)
 }
 
@@ -291,7 +298,7 @@ func TestParseValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := parseValidation(tt.in)
+			v, err := parseValidation(tt.in, tdA)
 			if tt.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.wantErr)
@@ -321,9 +328,15 @@ func FuzzParseValidation(f *testing.F) {
 	} {
 		f.Add(a.GetValue())
 	}
+	// ALL with peer limits, as a server with a trust policy sends it.
+	limited := &tlsv3.Secret{}
+	require.NoError(f, proto.Unmarshal(allAny(f, tdEntry("a.test", pemCerts(caA.Cert)), tdEntry("b.test", pemCerts(caB.Cert))).GetValue(), limited))
+	limited.GetValidationContext().MatchTypedSubjectAltNames = []*tlsv3.SubjectAltNameMatcher{
+		uriMatcher("spiffe://a.test/", true), uriMatcher("spiffe://b.test/ns/billing/sa/api", false), uriMatcher("spiffe://b.test/ns/ops/", true)}
+	f.Add(secretAny(f, limited).GetValue())
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := parseValidation(&anypb.Any{TypeUrl: resourcev3.SecretType, Value: data})
+		v, err := parseValidation(&anypb.Any{TypeUrl: resourcev3.SecretType, Value: data}, tdA)
 		if err != nil {
 			return
 		}
@@ -331,6 +344,14 @@ func FuzzParseValidation(f *testing.F) {
 		case sds.AllName:
 			if len(v.byTD) == 0 {
 				t.Fatal("ALL accepted without trust domains")
+			}
+			for td := range v.limits {
+				if _, ok := v.byTD[td]; !ok {
+					t.Fatalf("peer limits for %q, which ALL does not carry", td.Name())
+				}
+			}
+			if _, err := relayedPolicy(tdA, workload, "fuzz", v.limits); err != nil {
+				t.Fatalf("accepted peer limits do not compile: %v", err)
 			}
 			for td, roots := range v.byTD {
 				if td.IsZero() || len(roots) == 0 {
