@@ -53,8 +53,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 		policyDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_sds_policy_denials_total",
-			Help: "Validation contexts of a trust domain (spiffe://<td>) answered with an explicit denial because the trust policy does not let the caller trust it, by trust domain; counted once per stream, resource and decision.",
-		}, []string{"trust_domain"}),
+			Help: "Validation contexts of a trust domain (spiffe://<td>) answered with an explicit denial because the trust policy does not let the caller trust it, by the trust domain denied (trust_domain is the server's own); counted once per stream, resource and decision.",
+		}, []string{"denied_trust_domain"}),
 	}
 	m.validation = m.encodings.WithLabelValues("validation")
 	m.cert = m.encodings.WithLabelValues("certificate")

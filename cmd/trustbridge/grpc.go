@@ -67,6 +67,9 @@ type grpcOptions struct {
 	// consumed (the data directory, or a Secret with --storage kube); set
 	// by runServer, no flag (tokens.go).
 	tokenLedger func() (authn.TokenLedger, error)
+	// access decides, per SDS caller, which trust domains and peers it
+	// receives (the trust policy); nil gives every caller everything.
+	access sds.AccessPolicy
 	// Test hooks, no flags (grants.go).
 	grantHooks
 	// Bounds on unauthenticated work (authn_limits.go).
@@ -244,6 +247,7 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 	cfg := sds.Config{
 		TrustDomain:   td,
 		Authenticator: auth,
+		Policy:        o.access,
 		Logger:        logger.With(logattr.Component, "sds"),
 		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
 	}

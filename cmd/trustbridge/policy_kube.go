@@ -24,16 +24,15 @@ var errPolicyCRDStorage = errors.New("--trust-policy-crd needs --storage kube: t
 // (without one, label selectors select nobody), and with --trust-policy-crd
 // the ClusterTrustPolicy controller feeding the Combiner.
 func (p *policySetup) wireAccess(k *kubeSetup, td spiffeid.TrustDomain, reg prometheus.Registerer, logger *slog.Logger) error {
-	var labels trustpolicy.LabelSource
 	if k != nil {
 		sa, err := policycrd.NewServiceAccountLabels(k.client, logger.With(logattr.Component, "trust-policy-labels"))
 		if err != nil {
 			return err
 		}
-		labels = sa
+		p.labels = sa
 		p.kubeRunners = append(p.kubeRunners, sa.Run)
 	}
-	p.access = trustpolicy.NewAccess(p.cell, labels)
+	p.access = trustpolicy.NewAccess(p.cell, p.labels)
 	if k == nil || !k.o.trustPolicyCRD {
 		return nil
 	}

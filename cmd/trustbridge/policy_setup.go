@@ -37,6 +37,7 @@ type policySetup struct {
 	// access decides for SDS callers; kubeRunners read the API server
 	// for it (service account labels, ClusterTrustPolicy resources).
 	access      *trustpolicy.Access
+	labels      trustpolicy.LabelSource // nil without Kubernetes
 	kubeRunners []func(context.Context) error
 }
 
@@ -220,7 +221,15 @@ func (p *policySetup) adminConfig() *admin.PolicyConfig {
 	if p == nil {
 		return nil
 	}
-	return &admin.PolicyConfig{Cell: p.cell, Statuses: p.combiner.Statuses}
+	cfg := &admin.PolicyConfig{Cell: p.cell, Statuses: p.combiner.Statuses,
+		Matches: func(rule string) (uint64, []string) {
+			m := p.access.Matched(rule)
+			return uint64(m.Count), m.Recent
+		}}
+	if p.labels != nil {
+		cfg.Labels = p.labels.Labels
+	}
+	return cfg
 }
 
 // rereadConfig reads the --config file at path again, checked whole as at
