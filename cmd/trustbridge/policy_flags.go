@@ -13,7 +13,7 @@ import (
 const trustPolicyKey = "trustPolicy"
 
 // defaultPolicyPoll is how often --trust-policy is checked by default.
-const defaultPolicyPoll = 10 * time.Second
+const defaultPolicyPoll = time.Second
 
 // policyOptions are the trust policy's flags and the --config file's
 // trustPolicy section.
