@@ -45,26 +45,7 @@ func (x *delta) run(ctx context.Context, s *Server, ident authn.Identity, r auth
 	defer x.stop()
 	x.log().Debug("sds delta stream opened", "disable_spiffe_validation", x.plain)
 
-	initial := first.GetInitialResourceVersions()
-	if len(initial) > MaxNames {
-		return &refusal{codes.InvalidArgument, "too_many_names", fmt.Sprintf("%d initial resource versions; at most %d are allowed", len(initial), MaxNames), nil}
-	}
-	for n, v := range initial {
-		if len(n) > MaxNameLen {
-			return &refusal{codes.InvalidArgument, "too_many_names", fmt.Sprintf("an initial resource name is %d bytes long; at most %d are allowed", len(n), MaxNameLen), nil}
-		}
-		x.known[n] = v
-	}
-	if err := x.onRequest(ctx, first); err != nil {
-		return err
-	}
-	// Versions of names the client did not subscribe to mean nothing.
-	for n := range x.known {
-		if !x.subscribed[n] {
-			delete(x.known, n)
-		}
-	}
-	if err := x.push(ctx); err != nil {
+	if err := x.open(ctx, first); err != nil {
 		return err
 	}
 	s.handled()
@@ -103,6 +84,31 @@ func (x *delta) run(ctx context.Context, s *Server, ident authn.Identity, r auth
 			return err
 		}
 	}
+}
+
+// open takes the versions a reconnecting client already holds and its
+// first subscription, and sends what it lacks.
+func (x *delta) open(ctx context.Context, first *discoveryv3.DeltaDiscoveryRequest) error {
+	initial := first.GetInitialResourceVersions()
+	if len(initial) > MaxNames {
+		return &refusal{codes.InvalidArgument, "too_many_names", fmt.Sprintf("%d initial resource versions; at most %d are allowed", len(initial), MaxNames), nil}
+	}
+	for n, v := range initial {
+		if len(n) > MaxNameLen {
+			return &refusal{codes.InvalidArgument, "too_many_names", fmt.Sprintf("an initial resource name is %d bytes long; at most %d are allowed", len(n), MaxNameLen), nil}
+		}
+		x.known[n] = v
+	}
+	if err := x.onRequest(ctx, first); err != nil {
+		return err
+	}
+	// Versions of names the client did not subscribe to mean nothing.
+	for n := range x.known {
+		if !x.subscribed[n] {
+			delete(x.known, n)
+		}
+	}
+	return x.push(ctx)
 }
 
 // onRequest applies a request's subscription changes, which count even
