@@ -429,6 +429,46 @@ func TestPolicyReauthenticationDecides(t *testing.T) {
 	assert.Equal(t, []string{"local.test", "remote.test"}, sortedKeys(spiffeConfig(t, secretsOf(t, r2)[AllName])))
 }
 
+// A stream that re-authenticated (deciding again, and getting the same
+// open channel back) still hears the next policy change at once: the
+// same channel is not taken for a spent one while it is open.
+func TestPolicyChangeAfterReauthentication(t *testing.T) {
+	for _, kind := range []string{"sotw", "delta"} {
+		t.Run(kind, func(t *testing.T) {
+			e, pol := newPolicyEnv(t)
+			names := []string{AllName}
+			var first func() map[string]*tlsv3.Secret
+			var next func() map[string]*tlsv3.Secret
+			if kind == "sotw" {
+				a := e.stream("token-a")
+				require.NoError(t, a.Send(sotwReq(names...)))
+				// (the SotW request carries its node)
+				r := recv(t, a)
+				require.NoError(t, a.Send(ack(r, names...)))
+				first = func() map[string]*tlsv3.Secret { return secretsOf(t, r) }
+				next = func() map[string]*tlsv3.Secret { return secretsOf(t, recv(t, a)) }
+			} else {
+				a := e.delta("token-a")
+				require.NoError(t, a.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node(nil), TypeUrl: resourcev3.SecretType, ResourceNamesSubscribe: names}))
+				r := recvDelta(t, a)
+				require.NoError(t, a.Send(deltaAck(r)))
+				first = func() map[string]*tlsv3.Secret { return deltaSecrets(t, r) }
+				next = func() map[string]*tlsv3.Secret { return deltaSecrets(t, recvDelta(t, a)) }
+			}
+			assert.Contains(t, spiffeConfig(t, first()[AllName]), "remote.test")
+			e.waitHandled(2)
+			before := pol.decides.Load()
+			e.clock.Step(DefaultReauthInterval)
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				assert.Greater(c, pol.decides.Load(), before, "the stream re-authenticated and decided again")
+			}, 10*time.Second, 5*time.Millisecond)
+
+			pol.cell.Set(mustCompile(t, trustpolicy.DefaultAllow, grantRule("payments", idB.String(), "remote.test")))
+			assert.NotContains(t, spiffeConfig(t, next()[AllName]), "remote.test", "the revocation reached the stream")
+		})
+	}
+}
+
 // A policy that hands back the channel that fired does not make streams
 // spin: the stream stops waiting on it.
 func TestPolicySpentChannel(t *testing.T) {

@@ -40,10 +40,11 @@ type session struct {
 	spentCred *Credential
 	// decision is what the caller may trust, decided at open and again
 	// when decisionCh fires or the caller re-authenticates; decisionCh is
-	// nil without a policy, or once spent (Decide handed back the channel
-	// that had fired).
-	decision   trustpolicy.Decision
-	decisionCh <-chan struct{}
+	// nil without a policy, or once spent (Decide handed back, a second
+	// time, a channel that had already fired: spentDecisionCh).
+	decision        trustpolicy.Decision
+	decisionCh      <-chan struct{}
+	spentDecisionCh <-chan struct{}
 	// deniedSent remembers which denials were counted, by resource name
 	// and decision key, so that a push does not count one again.
 	deniedSent map[string]string
@@ -131,10 +132,18 @@ func (ss *session) decide() bool {
 		return false
 	}
 	d, ch := ss.s.cfg.Policy.Decide(ss.ident)
-	if ch == ss.decisionCh {
-		// A faulty policy handing back the channel that fired must not
-		// make the stream spin.
-		ch = nil
+	if closedChan(ch) {
+		// The policy changed while deciding (the stream's loop wakes at
+		// once and decides again), or a faulty policy hands back a
+		// channel that already fired: the second time the same closed
+		// channel comes back it is not waited on, so the stream cannot
+		// spin. An open channel, even the same one as before (nothing
+		// changed, as at a re-authentication), is always waited on.
+		if ch == ss.spentDecisionCh {
+			ch = nil
+		} else {
+			ss.spentDecisionCh = ch
+		}
 	}
 	old := ss.decision
 	ss.s.validations.acquire(d.Key())
