@@ -15,6 +15,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 // policySetup is the server's trust policy: the Cell SDS reads, the
@@ -37,6 +38,8 @@ type policySetup struct {
 	// access decides for SDS callers; kubeRunners read the API server
 	// for it (service account labels, ClusterTrustPolicy resources).
 	access      *trustpolicy.Access
+	sdsAccess   sds.AccessPolicy        // access, gated until ClusterTrustPolicy resources are read
+	crdErr      error                   // the ClusterTrustPolicy set last refused; under mu
 	labels      trustpolicy.LabelSource // nil without Kubernetes
 	kubeRunners []func(context.Context) error
 }

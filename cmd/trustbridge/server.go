@@ -328,7 +328,7 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 		}
 		undo.add(func() { _ = p.ep.ln.Close() })
 	}
-	o.grpc.access = p.policy.access
+	o.grpc.access = p.policy.sdsAccess
 	if p.gs, err = setupGRPC(o.grpc, p.td, o.workloadTTL, o.maxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
 		return undo, err
 	}

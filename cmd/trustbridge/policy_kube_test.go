@@ -1,0 +1,39 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
+
+// Until the ClusterTrustPolicy resources are read, SDS callers get the
+// local trust domain only, even where the policy in force (here none:
+// every trust domain) would give more; once read, the policy decides, and
+// the streams waiting on the gate's channel are woken.
+func TestCRDGateFailsClosedUntilSynced(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	partner := spiffeid.RequireTrustDomainFromString("partner.example")
+	access := trustpolicy.NewAccess(trustpolicy.NewCell(nil), nil)
+	t.Cleanup(access.Close)
+	synced := make(chan struct{})
+	gate, err := newCRDGate(access, synced, td)
+	require.NoError(t, err)
+	ident := authn.Identity{ID: spiffeid.RequireFromPath(td, "/ns/a/sa/b")}
+
+	d, ch := gate.Decide(ident)
+	_, ok := d.Allows(partner)
+	assert.False(t, ok, "not synced: no federated trust domain")
+	_, ok = d.Allows(td)
+	assert.True(t, ok, "the local trust domain always")
+	assert.Equal(t, (<-chan struct{})(synced), ch, "woken when the resources are read")
+
+	close(synced)
+	d, _ = gate.Decide(ident)
+	_, ok = d.Allows(partner)
+	assert.True(t, ok, "synced, no policy: every trust domain")
+}
