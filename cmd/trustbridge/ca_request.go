@@ -141,6 +141,10 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	id, leafChain := issued.ID, issued.Chain
 	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s (%s: %d roots of %s; %s: %s)\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339),
 		o.credsDir, caclient.RootsFile, len(issued.Trust.Local), id.TrustDomain().Name(), caclient.BundleMapFile, trustDomainList(issued.Trust))
+	for _, td := range issued.Trust.Withheld {
+		fmt.Fprintf(e.err, "warning: %s left out of %s: the server's trust policy lets %s trust only some of its peers, which a bundle file cannot say; use trustbridge agent (SDS) for it\n",
+			td.Name(), caclient.BundleMapFile, id)
+	}
 	return nil
 }
 

@@ -64,6 +64,10 @@ type Trust struct {
 	// removes one left by an earlier run, so no stale federated trust
 	// stays next to new credentials.
 	Bundles map[spiffeid.TrustDomain][]*x509.Certificate
+	// Withheld are trust domains the server grants only with peer limits
+	// (its trust policy), which a bundle map cannot carry: they are left
+	// out of Bundles rather than trusted for every member.
+	Withheld []spiffeid.TrustDomain
 }
 
 // BundleMap renders t.Bundles, with Local as TrustDomain's roots, as a

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -72,7 +73,7 @@ func trustOf(resp *discoveryv3.DiscoveryResponse, td spiffeid.TrustDomain) (cacl
 		case v.name == sds.RootCAName && t.Local == nil:
 			t.Local = v.roots
 		case v.name == sds.AllName && t.Bundles == nil:
-			t.Bundles = v.byTD
+			t.Bundles, t.Withheld = withoutLimited(v.byTD, v.limits)
 		default:
 			return caclient.Trust{}, fmt.Errorf("resource %d: %s twice", i, v.name)
 		}
@@ -87,6 +88,24 @@ func trustOf(resp *discoveryv3.DiscoveryResponse, td spiffeid.TrustDomain) (cacl
 		return caclient.Trust{}, errors.New("ALL and ROOTCA disagree on the local trust domain's roots")
 	}
 	return t, nil
+}
+
+// withoutLimited is byTD without the trust domains the server limits to
+// some peers, and those trust domains, sorted: files (bundle.spiffe.json,
+// a trust bundle) cannot say which peers, and trusting every member would
+// widen what the server decided.
+func withoutLimited(byTD map[spiffeid.TrustDomain][]*x509.Certificate, limits peerLimits) (map[spiffeid.TrustDomain][]*x509.Certificate, []spiffeid.TrustDomain) {
+	var withheld []spiffeid.TrustDomain
+	out := make(map[spiffeid.TrustDomain][]*x509.Certificate, len(byTD))
+	for td, roots := range byTD {
+		if len(limits[td]) > 0 {
+			withheld = append(withheld, td)
+			continue
+		}
+		out[td] = roots
+	}
+	slices.SortFunc(withheld, func(a, b spiffeid.TrustDomain) int { return strings.Compare(a.Name(), b.Name()) })
+	return out, withheld
 }
 
 // Issued is a certificate obtained with Obtain and the trust that came

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 // TestTrustOf: the trust that comes with a certificate is exactly ROOTCA
@@ -33,6 +35,23 @@ func TestTrustOf(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, caclient.Trust{TrustDomain: tdA, Local: []*x509.Certificate{caA.Cert},
 		Bundles: map[spiffeid.TrustDomain][]*x509.Certificate{tdA: {caA.Cert}, tdB: {caB.Cert}}}, got)
+
+	// A trust domain the server limits to some peers is left out: a
+	// bundle file cannot carry the limit.
+	cfg, err := anypb.New(&tlsv3.SPIFFECertValidatorConfig{TrustDomains: []*tlsv3.SPIFFECertValidatorConfig_TrustDomain{
+		tdEntry("a.test", pemCerts(caA.Cert)), tdEntry("b.test", pemCerts(caB.Cert))}})
+	require.NoError(t, err)
+	limited := secretAny(t, &tlsv3.Secret{Name: sds.AllName, Type: &tlsv3.Secret_ValidationContext{
+		ValidationContext: &tlsv3.CertificateValidationContext{
+			CustomValidatorConfig:     &corev3.TypedExtensionConfig{Name: sds.SPIFFEValidatorName, TypedConfig: cfg},
+			MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{uriMatcher("spiffe://a.test/", true), uriMatcher("spiffe://b.test/ns/billing/sa/api", false)},
+		},
+	}})
+	got, err = trustOf(resp(limited, rootCA), tdA)
+	require.NoError(t, err)
+	assert.Equal(t, caclient.Trust{TrustDomain: tdA, Local: []*x509.Certificate{caA.Cert},
+		Bundles:  map[spiffeid.TrustDomain][]*x509.Certificate{tdA: {caA.Cert}},
+		Withheld: []spiffeid.TrustDomain{tdB}}, got)
 
 	for name, tt := range map[string]struct {
 		resp *discoveryv3.DiscoveryResponse
