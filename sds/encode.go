@@ -296,7 +296,7 @@ func (c *validationCache) get(t *Trust, name string, p parsedName, plain bool, d
 	}
 	// Only names that exist or are known trust domains are remembered, so
 	// callers asking for made-up trust domains cannot grow the map; and
-	// only for decisions an open stream holds (a Fetch's is not kept).
+	// only for decisions an open stream (or Fetch call) holds.
 	keep := dk == anyDecision || dk == deniedDecision || c.live[dk] > 0
 	if keep && (e != nil || p.kind != kindTrustDomain) {
 		if te.entries[dk] == nil {
@@ -313,13 +313,21 @@ func (c *validationCache) build(te *trustEncodings, name string, p parsedName, p
 	switch p.kind {
 	case kindTrustDomain:
 		b := te.byTD[p.td]
-		if b == nil || len(b.X509Authorities()) == 0 {
-			return nil, nil
-		}
 		if dk != deniedDecision {
+			if b == nil || len(b.X509Authorities()) == 0 {
+				return nil, nil
+			}
 			g, _ := d.Allows(p.td)
 			s = tdSecret(name, b, g)
 			break
+		}
+		// A denial is sent for a trust domain the server knows, with roots
+		// or without (a bundle of no keys), and for one a rule governs even
+		// while the server holds no bundle of it: silence would leave the
+		// roots Envoy had before. Not for made-up names, so a caller cannot
+		// make the server mint sentinels at will.
+		if b == nil && !d.Governs(p.td) {
+			return nil, nil
 		}
 		sentinel, err := c.sentinel(p.td)
 		if err != nil {

@@ -199,6 +199,25 @@ func TestTrustDomainSecretPolicy(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, c.denials)
 	})
+	t.Run("denied without roots", func(t *testing.T) {
+		// A governed trust domain the server holds no roots of, or no
+		// bundle of at all, is still denied explicitly: silence would
+		// leave Envoy the roots it had. An ungoverned unknown one is not
+		// answered (default deny here), so made-up names mint nothing.
+		deny := mustCompile(t, trustpolicy.DefaultDeny, grantRule("c", "spiffe://local.test/ns/c/*", "gone.test"))
+		d := deny.Decide(trustpolicy.Subject{ID: idB})
+		empty := &Trust{Bundles: []*x509bundle.Bundle{local.bundle(), x509bundle.New(remoteTD)}}
+		c := newValidationCache(localTD, clk.Now, func() {})
+		for _, name := range []string{"spiffe://remote.test", "spiffe://gone.test"} {
+			e, err := c.get(empty, name, parseName(name, localTD), false, d)
+			require.NoError(t, err)
+			require.NotNil(t, e, name)
+			assert.True(t, e.denied, name)
+		}
+		e, err := c.get(empty, "spiffe://made-up.test", parseName("spiffe://made-up.test", localTD), false, d)
+		require.NoError(t, err)
+		assert.Nil(t, e)
+	})
 }
 
 // The encodings of a decision live while a stream holds it: callers with

@@ -357,6 +357,11 @@ func (d Decision) Allows(td spiffeid.TrustDomain) (Grant, bool) {
 	return Grant{TrustDomain: td}, d.policy.def == DefaultAllow
 }
 
+// Governs reports whether a rule of the decision's policy names td.
+func (d Decision) Governs(td spiffeid.TrustDomain) bool {
+	return d.policy != nil && d.policy.governed[td]
+}
+
 // Restricted reports whether any granted trust domain limits its peers.
 func (d Decision) Restricted() bool {
 	return slices.ContainsFunc(d.Grants, func(g Grant) bool { return len(g.Peers) > 0 })
