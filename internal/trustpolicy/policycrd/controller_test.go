@@ -65,11 +65,13 @@ func newUnit(t testing.TB) *unit {
 			return nil
 		}),
 		Matched: func(rule string) (int, []string) {
+			rule = strings.TrimPrefix(rule, RuleNamePrefix)
 			u.mu.Lock()
 			defer u.mu.Unlock()
 			return len(u.matched[rule]), u.matched[rule]
 		},
 		Conflicts: func(rule string) []string {
+			rule = strings.TrimPrefix(rule, RuleNamePrefix)
 			u.mu.Lock()
 			defer u.mu.Unlock()
 			return u.conflict[rule]
@@ -174,7 +176,7 @@ func (u *unit) lastApplied() []string {
 		for _, g := range r.TrustDomains {
 			tds = append(tds, g.TrustDomain)
 		}
-		out = append(out, r.Name+"="+strings.Join(tds, ","))
+		out = append(out, strings.TrimPrefix(r.Name, RuleNamePrefix)+"="+strings.Join(tds, ","))
 	}
 	return out
 }
@@ -416,7 +418,7 @@ func (rs ruleList) names() []string {
 		for _, g := range r.TrustDomains {
 			tds = append(tds, g.TrustDomain)
 		}
-		out = append(out, r.Name+"="+strings.Join(tds, ","))
+		out = append(out, strings.TrimPrefix(r.Name, RuleNamePrefix)+"="+strings.Join(tds, ","))
 	}
 	slices.Sort(out)
 	return out

@@ -74,6 +74,7 @@ func newKube(t *testing.T) *kube {
 			return nil
 		}),
 		Matched: func(rule string) (int, []string) {
+			rule = strings.TrimPrefix(rule, RuleNamePrefix)
 			k.mu.Lock()
 			defer k.mu.Unlock()
 			return len(k.matched[rule]), k.matched[rule]

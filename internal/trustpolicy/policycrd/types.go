@@ -101,7 +101,7 @@ const OriginPrefix = "crd:"
 
 // RuleOf is the rule resource name's spec makes. It does not check it.
 func RuleOf(name string, spec Spec) trustpolicy.Rule {
-	r := trustpolicy.Rule{Name: name, Origin: OriginPrefix + name}
+	r := trustpolicy.Rule{Name: RuleName(name), Origin: OriginPrefix + name}
 	for _, w := range spec.Workloads {
 		r.Workloads = append(r.Workloads, trustpolicy.Selector{SPIFFEID: w.SPIFFEID, Namespace: w.Namespace, Labels: w.Labels.DeepCopy()})
 	}
@@ -110,6 +110,15 @@ func RuleOf(name string, spec Spec) trustpolicy.Rule {
 	}
 	return r
 }
+
+// RuleNamePrefix begins the rule name of every resource: a file or
+// --config rule name is a DNS subdomain, which has no "/", so a resource
+// and a file rule can never clash by name (a clash would make the policy
+// refuse every later change of the resources, revocations included).
+const RuleNamePrefix = "clustertrustpolicy/"
+
+// RuleName is the rule name of the resource named name.
+func RuleName(name string) string { return RuleNamePrefix + name }
 
 // Check checks r, a rule RuleOf made, alone (trustpolicy.Compile with
 // this rule only), so that one bad resource never refuses the others.

@@ -32,7 +32,7 @@ func TestRuleOf(t *testing.T) {
 	spec := validSpec()
 	r := RuleOf("payments-to-partner", spec)
 	assert.Equal(t, trustpolicy.Rule{
-		Name: "payments-to-partner", Origin: "crd:payments-to-partner",
+		Name: "clustertrustpolicy/payments-to-partner", Origin: "crd:payments-to-partner",
 		Workloads: []trustpolicy.Selector{
 			{SPIFFEID: "spiffe://example.org/ns/payments/*"},
 			{Namespace: "payments", Labels: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "api"}}},
