@@ -49,6 +49,13 @@ type Rule struct {
 	Workloads []Selector
 	// TrustDomains are granted to the selected workloads.
 	TrustDomains []TrustDomainGrant
+	// GovernOnly makes a rule that selects no workload and grants
+	// nothing, but keeps its trust domains governed (their peers are not
+	// read): what stands for a rule that cannot be applied (a
+	// ClusterTrustPolicy that is invalid with no valid generation to keep),
+	// so that its trust domains do not fall to the default and widen to
+	// every workload. Parse never sets it.
+	GovernOnly bool
 }
 
 // Selector selects local workloads. Every field that is set must match.
@@ -148,6 +155,9 @@ func compileRule(local spiffeid.TrustDomain, r Rule) (compiledRule, error) {
 	if r.Name == "" {
 		return cr, errors.New("no name")
 	}
+	if r.GovernOnly {
+		return compileGovernOnly(local, cr)
+	}
 	if len(r.Workloads) == 0 {
 		return cr, errors.New("no workloads: a rule must select at least one workload")
 	}
@@ -172,6 +182,23 @@ func compileRule(local spiffeid.TrustDomain, r Rule) (compiledRule, error) {
 		}
 		seen[cg.TrustDomain] = true
 		cg.Rules = []string{r.Name}
+		cr.grants = append(cr.grants, cg)
+	}
+	return cr, nil
+}
+
+// compileGovernOnly keeps the trust domains of a GovernOnly rule, with no
+// selectors: it never matches, so it grants nothing.
+func compileGovernOnly(local spiffeid.TrustDomain, cr compiledRule) (compiledRule, error) {
+	if len(cr.Workloads) > 0 {
+		return cr, errors.New("a governOnly rule selects no workloads")
+	}
+	for i, g := range cr.TrustDomains {
+		cg, err := compileGrant(local, TrustDomainGrant{TrustDomain: g.TrustDomain})
+		if err != nil {
+			return cr, fmt.Errorf("trustDomains[%d]: %w", i, err)
+		}
+		cg.Rules = []string{cr.Name}
 		cr.grants = append(cr.grants, cg)
 	}
 	return cr, nil

@@ -317,18 +317,41 @@ func judge(rs []resource, valid map[string]validRule, local spiffeid.TrustDomain
 		if !ok {
 			vr, ok = valid[name]
 		}
-		if ok {
+		switch {
+		case ok:
 			next[name] = vr
 			v.rule, v.generation = &vr.rule, vr.generation
+		case r.err == nil:
+			v.rule, v.governOnly = governOnly(name, r.cr.Spec, local), true
 		}
 	}
 	return verdicts, next
+}
+
+// governOnly stands for a resource that is invalid with no valid
+// generation to keep (as after a restart): it grants nothing but keeps
+// the trust domains it names governed, so that they do not fall to the
+// default and reach every workload. Nil when it names none that parse.
+func governOnly(name string, spec Spec, local spiffeid.TrustDomain) *trustpolicy.Rule {
+	r := trustpolicy.Rule{Name: RuleName(name), Origin: OriginPrefix + name, GovernOnly: true}
+	for _, g := range spec.TrustDomains {
+		td, err := spiffeid.TrustDomainFromString(g.Name)
+		if err != nil || td.Name() != g.Name || td == local || slices.ContainsFunc(r.TrustDomains, func(x trustpolicy.TrustDomainGrant) bool { return x.TrustDomain == g.Name }) {
+			continue
+		}
+		r.TrustDomains = append(r.TrustDomains, trustpolicy.TrustDomainGrant{TrustDomain: g.Name})
+	}
+	if len(r.TrustDomains) == 0 {
+		return nil
+	}
+	return &r
 }
 
 // verdict is what sync decided about one resource.
 type verdict struct {
 	invalid    string            // the current generation is refused: why
 	rule       *trustpolicy.Rule // the rule handed to Apply, if any
+	governOnly bool              // rule is governOnly's stand-in for an invalid resource
 	generation int64             // of rule
 	conflict   string            // Apply refused the set and rule is not in force
 }
@@ -352,6 +375,8 @@ func (v verdict) lastGood() string {
 	switch {
 	case v.rule == nil:
 		return ""
+	case v.governOnly:
+		return "; no valid generation to keep: it grants nothing, and the trust domains it names stay withheld from every workload no other rule grants them to"
 	case v.conflict != "":
 		return fmt.Sprintf("; generation %d was valid but is %s", v.generation, v.conflict)
 	}
@@ -362,7 +387,7 @@ func (v verdict) state() string {
 	switch {
 	case v.conflict != "":
 		return "conflict"
-	case v.invalid != "" && v.rule != nil:
+	case v.invalid != "" && v.rule != nil && !v.governOnly:
 		return "invalid_last_valid_applied"
 	case v.invalid != "":
 		return "invalid"

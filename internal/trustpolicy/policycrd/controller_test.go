@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"slices"
 	"strings"
 	"sync"
@@ -172,6 +173,9 @@ func (u *unit) lastApplied() []string {
 	require.NotEmpty(u.t, u.applies, "nothing applied")
 	var out []string
 	for _, r := range u.applies[len(u.applies)-1] {
+		if r.GovernOnly {
+			continue // the stand-in of an invalid resource: TestSyncInvalidStillGoverns
+		}
 		var tds []string
 		for _, g := range r.TrustDomains {
 			tds = append(tds, g.TrustDomain)
@@ -228,7 +232,7 @@ func TestSyncValidAndInvalid(t *testing.T) {
 
 	assert.Equal(t, []string{"good=partner.example,other.example"}, u.lastApplied(), "the invalid one is refused alone")
 	u.mu.Lock()
-	assert.Equal(t, RuleOf("good", validSpec()), u.applies[0][0])
+	assert.Contains(t, u.applies[0], RuleOf("good", validSpec()))
 	u.mu.Unlock()
 
 	c := u.ready("good")
@@ -409,11 +413,41 @@ func TestNewRequires(t *testing.T) {
 	assert.ErrorContains(t, err, "LocalTrustDomain")
 }
 
+// An invalid resource with no valid generation to keep (as after a
+// restart) grants nothing but keeps the trust domains it names governed,
+// so they do not fall to the default and reach every workload.
+func TestSyncInvalidStillGoverns(t *testing.T) {
+	u := newUnit(t)
+	bad := grant("partner.example", "spiffe://not-a-name", "example.org")
+	bad.TrustDomains[0].Peers = []string{"spiffe://elsewhere.example/x"}
+	u.put("bad", bad)
+	u.mustSync()
+	u.mu.Lock()
+	applied := u.applies[len(u.applies)-1]
+	u.mu.Unlock()
+	require.Len(t, applied, 1)
+	assert.Equal(t, trustpolicy.Rule{Name: "clustertrustpolicy/bad", Origin: "crd:bad", GovernOnly: true,
+		TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: "partner.example"}}}, applied[0])
+	p, err := trustpolicy.Compile(local, trustpolicy.DefaultAllow, applied)
+	require.NoError(t, err)
+	_, ok := p.Decide(trustpolicy.Subject{ID: spiffeid.RequireFromString("spiffe://example.org/ns/payments/sa/api")}).Allows(spiffeid.RequireTrustDomainFromString("partner.example"))
+	assert.False(t, ok, "governed, granted to nobody")
+
+	c := u.ready("bad")
+	assert.Equal(t, ReasonInvalid, c.Reason)
+	assert.Contains(t, c.Message, "grants nothing")
+	assert.Empty(t, u.get("bad").Status.TrustDomains)
+	assert.Equal(t, 1.0, u.states()["invalid"])
+}
+
 type ruleList []trustpolicy.Rule
 
 func (rs ruleList) names() []string {
 	var out []string
 	for _, r := range rs {
+		if r.GovernOnly {
+			continue // the stand-in of an invalid resource: TestSyncInvalidStillGoverns
+		}
 		var tds []string
 		for _, g := range r.TrustDomains {
 			tds = append(tds, g.TrustDomain)

@@ -26,7 +26,7 @@ func (c *Controller) status(r resource, v verdict) Status {
 	case v.conflict != "":
 		ready, reason, msg = metav1.ConditionFalse, ReasonConflict, v.conflict
 	}
-	if v.rule != nil && v.conflict == "" {
+	if v.rule != nil && v.conflict == "" && !v.governOnly {
 		c.inForce(&want, *v.rule)
 		if msg == "" {
 			msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
