@@ -57,13 +57,12 @@ func (p *policySetup) wireAccess(k *kubeSetup, td spiffeid.TrustDomain, reg prom
 }
 
 // conflictsOf is what the policy finds at odds with rule, for its
-// ClusterTrustPolicy status.
+// ClusterTrustPolicy status: a lookup in the policy's conflicts, found
+// once per policy, not a scan per resource per status update.
 func (p *policySetup) conflictsOf(rule string) []string {
 	var out []string
-	for _, c := range p.combiner.Conflicts() {
-		if c.Restricting.Name == rule || c.Lifting.Name == rule {
-			out = append(out, c.Message)
-		}
+	for _, c := range p.combiner.ConflictsOf(rule) {
+		out = append(out, c.Message)
 	}
 	return out
 }

@@ -288,6 +288,10 @@ func (c *Combiner) Policy() *Policy {
 // Conflicts are the current policy's conflicts (see Policy.Conflicts).
 func (c *Combiner) Conflicts() []Conflict { return c.Policy().Conflicts() }
 
+// ConflictsOf are the current policy's conflicts of rule (see
+// Policy.ConflictsOf).
+func (c *Combiner) ConflictsOf(rule string) []Conflict { return c.Policy().ConflictsOf(rule) }
+
 // Statuses returns every source's status, sorted by source.
 func (c *Combiner) Statuses() []Status {
 	c.mu.Lock()

@@ -94,7 +94,8 @@ type Policy struct {
 	usesLabels bool
 	// digest identifies what the policy decides: equal digests decide
 	// every subject alike.
-	digest string
+	digest    string
+	conflicts conflictSet
 }
 
 type compiledRule struct {
