@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"slices"
@@ -172,14 +173,17 @@ func Explain(p *trustpolicy.Policy, sub trustpolicy.Subject, tds []spiffeid.Trus
 }
 
 // trustDomains are the trust domains the server trusts or federates
-// with, local first: those the snapshot shows.
+// with, local first: those the snapshot shows, without building one (an
+// explain request needs no token; it should cost names, not every
+// authority of every bundle).
 func (h *Handler) trustDomains() []spiffeid.TrustDomain {
-	snap := h.Snapshot()
-	out := make([]spiffeid.TrustDomain, 0, len(snap.TrustDomains))
-	for _, v := range snap.TrustDomains {
-		if td, err := spiffeid.TrustDomainFromString(v.Name); err == nil {
+	names := h.trustDomainNames(h.cfg.Trust.Snapshot(), h.federationStatuses())
+	out := make([]spiffeid.TrustDomain, 0, len(names))
+	for n := range names {
+		if td, err := spiffeid.TrustDomainFromString(n); err == nil && td != h.cfg.TrustDomain {
 			out = append(out, td)
 		}
 	}
-	return out
+	slices.SortFunc(out, func(a, b spiffeid.TrustDomain) int { return cmp.Compare(a.Name(), b.Name()) })
+	return append([]spiffeid.TrustDomain{h.cfg.TrustDomain}, out...)
 }

@@ -188,3 +188,31 @@ func TestSelectorString(t *testing.T) {
 		t.Run(tc.want, func(t *testing.T) { assert.Equal(t, tc.want, SelectorString(tc.sel)) })
 	}
 }
+
+// An explain request, which needs no token, lists the trust domains
+// without building a snapshot: no source statuses, no rule matches, no
+// CA roots read.
+func TestPolicyExplainBuildsNoSnapshot(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
+	var snapshotWork int
+	f.cfg.Policy.Statuses = func() []trustpolicy.Status { snapshotWork++; return nil }
+	f.cfg.Policy.Matches = func(string) (uint64, []string) { snapshotWork++; return 0, nil }
+	h := New(f.cfg)
+	require.NotEmpty(t, h.Snapshot().TrustDomains)
+	require.Positive(t, snapshotWork, "the counters see a snapshot")
+	snapshotWork = 0
+
+	rec := do(t, h, http.MethodGet, "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a")
+	b := body(t, rec)
+	require.Equal(t, http.StatusOK, rec.Code, b)
+	assert.Zero(t, snapshotWork)
+	var ex trustview.Explanation
+	require.NoError(t, json.Unmarshal([]byte(b), &ex))
+	var tds []string
+	for _, td := range ex.TrustDomains {
+		tds = append(tds, td.TrustDomain)
+	}
+	assert.Equal(t, []string{"example.org", "peer.example"}, tds, "the snapshot's trust domains, local first")
+}
