@@ -210,6 +210,11 @@ func (c *Combiner) failLocked(source string, err error) error {
 		st = &sourceState{status: Status{Source: source}}
 		c.sources[source] = st
 	}
+	if st.status.LastError == err.Error() {
+		// The same refusal again (a file polled while another source's
+		// rule still clashes with it): a persisting problem counts once.
+		return err
+	}
 	st.status.LastError = err.Error()
 	c.metrics.reloaded(st.status, false)
 	return err
