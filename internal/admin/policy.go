@@ -139,13 +139,35 @@ func (h *Handler) servePolicyExplain(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "namespace and service_account go together: a workload proves a service account, which lives in a namespace", http.StatusBadRequest)
 		return
 	}
-	if sub.Namespace != "" && h.cfg.Policy.Labels != nil {
-		sub.Labels = h.cfg.Policy.Labels(sub.Namespace, sub.ServiceAccount)
+	// Like /v1/snapshot this endpoint needs no token, but a wrong one
+	// is refused rather than quietly explaining less.
+	actor, bearer := h.credential(r)
+	if actor == "" && bearer {
+		h.unauthorized(w, true)
+		return
 	}
 	p, _ := h.cfg.Policy.Cell.Load()
+	note := ""
+	if sub.Namespace != "" && h.cfg.Policy.Labels != nil && p.UsesLabels() {
+		// Labels are read only for a caller with the admin token or on
+		// the admin socket: anyone could otherwise learn which service
+		// accounts exist and which labels they carry, one guess at a
+		// time.
+		if actor != "" {
+			sub.Labels = h.cfg.Policy.Labels(sub.Namespace, sub.ServiceAccount)
+		} else {
+			note = LabelsNotLookedUp
+		}
+	}
+	ex := Explain(p, sub, h.trustDomains())
+	ex.LabelsNote = note
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, Explain(p, sub, h.trustDomains()), true)
+	writeJSON(w, ex, true)
 }
+
+// LabelsNotLookedUp is an explanation's labels_note when the caller had
+// no admin token: rules that select by labels then select nothing.
+const LabelsNotLookedUp = "service account labels not looked up: ask with the admin token or on the admin socket; rules selecting by labels are explained as not selecting this workload"
 
 // Explain is what sub would receive under p of tds, for people: the
 // policy's own explanation in the snapshot's JSON names.

@@ -3,8 +3,10 @@ package admin
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -155,11 +157,6 @@ func TestPolicyExplain(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
-	var gotNS, gotSA string
-	f.cfg.Policy.Labels = func(ns, sa string) map[string]string {
-		gotNS, gotSA = ns, sa
-		return map[string]string{"tier": "api"}
-	}
 	q := url.Values{"spiffe_id": {"spiffe://example.org/ns/payments/sa/api"}, "namespace": {"payments"}, "service_account": {"api"}}
 	rec := do(t, New(f.cfg), http.MethodGet, "/v1/policy/explain?"+q.Encode())
 	b := body(t, rec)
@@ -170,9 +167,75 @@ func TestPolicyExplain(t *testing.T) {
 	assert.Equal(t, "spiffe://example.org/ns/payments/sa/api", ex.SPIFFEID)
 	assert.Equal(t, "payments", ex.Namespace)
 	assert.Equal(t, "api", ex.ServiceAccount)
-	assert.Equal(t, []string{"payments", "api"}, []string{gotNS, gotSA}, "labels looked up for the service account")
 	assert.NotNil(t, ex.Matched)
 	assert.NotNil(t, ex.TrustDomains)
+}
+
+// Explain needs no token, so without one it does not read service
+// account labels: an unauthenticated caller cannot probe which accounts
+// exist and which labels they carry. With the admin token or on the
+// admin socket it does; a wrong token is refused.
+func TestPolicyExplainLabelsNeedToken(t *testing.T) {
+	t.Parallel()
+	// The workload's SPIFFE ID is outside the rule's prefix: only its
+	// second selector, namespace and labels, can select it.
+	q := url.Values{"spiffe_id": {"spiffe://example.org/sa/api"}, "namespace": {"payments"}, "service_account": {"api"}}
+	target := "/v1/policy/explain?" + q.Encode()
+	tests := []struct {
+		name       string
+		socket     bool
+		header     []string
+		wantCode   int
+		wantLookup bool
+	}{
+		{"no token", false, nil, http.StatusOK, false},
+		{"admin token", false, []string{"Authorization", "Bearer s3cret"}, http.StatusOK, true},
+		{"admin socket", true, nil, http.StatusOK, true},
+		{"wrong token", false, []string{"Authorization", "Bearer guess"}, http.StatusUnauthorized, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
+			f.cfg.Token = "s3cret"
+			var lookups []string
+			var mu sync.Mutex
+			f.cfg.Policy.Labels = func(ns, sa string) map[string]string {
+				mu.Lock()
+				defer mu.Unlock()
+				lookups = append(lookups, ns+"/"+sa)
+				return map[string]string{"tier": "api"}
+			}
+			req := httptest.NewRequest(http.MethodGet, target, nil)
+			for i := 0; i+1 < len(tt.header); i += 2 {
+				req.Header.Set(tt.header[i], tt.header[i+1])
+			}
+			if tt.socket {
+				req = req.WithContext(OverSocket(req.Context()))
+			}
+			rec := httptest.NewRecorder()
+			New(f.cfg).ServeHTTP(rec, req)
+			b := body(t, rec)
+			require.Equal(t, tt.wantCode, rec.Code, b)
+			if !tt.wantLookup {
+				assert.Empty(t, lookups, "labels not looked up")
+			}
+			if tt.wantCode != http.StatusOK {
+				return
+			}
+			var ex trustview.Explanation
+			require.NoError(t, json.Unmarshal([]byte(b), &ex))
+			if tt.wantLookup {
+				assert.Equal(t, []string{"payments/api"}, lookups)
+				assert.Empty(t, ex.LabelsNote)
+				assert.Equal(t, []trustview.ExplainedMatch{{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", Selector: 1}}, ex.Matched)
+				return
+			}
+			assert.Equal(t, LabelsNotLookedUp, ex.LabelsNote)
+			assert.Empty(t, ex.Matched, "label selectors select nothing without labels")
+		})
+	}
 }
 
 func TestSelectorString(t *testing.T) {

@@ -259,8 +259,9 @@ func (p *Policy) Rules() []Rule {
 	return out
 }
 
-// UsesLabels reports whether any selector reads service account labels.
-func (p *Policy) UsesLabels() bool { return p.usesLabels }
+// UsesLabels reports whether any selector reads service account labels
+// (false for nil, no policy).
+func (p *Policy) UsesLabels() bool { return p != nil && p.usesLabels }
 
 // Empty reports whether the policy has no rules.
 func (p *Policy) Empty() bool { return len(p.rules) == 0 }

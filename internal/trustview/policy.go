@@ -86,6 +86,10 @@ type Explanation struct {
 	Namespace      string `json:"namespace,omitempty"`
 	ServiceAccount string `json:"service_account,omitempty"`
 	Default        string `json:"default"`
+	// LabelsNote, when set, says why the service account's labels were
+	// not used (the caller had no admin token): label selectors then
+	// select nothing.
+	LabelsNote string `json:"labels_note,omitempty"`
 	// Matched are the rules that select the workload, in policy order.
 	Matched      []ExplainedMatch       `json:"matched"`
 	TrustDomains []ExplainedTrustDomain `json:"trust_domains"`
