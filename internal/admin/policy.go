@@ -11,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
@@ -54,7 +55,8 @@ func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy
 		return v
 	}
 	rules := p.Rules()
-	v.Rules, v.Default, v.Digest = len(rules), string(p.Default()), p.Digest()
+	v.Rules, v.Default = len(rules), string(p.Default())
+	v.TextDigest, v.DecisionDigest = audit.PolicyDigest(p), p.Digest()
 	for _, r := range rules {
 		for _, g := range r.TrustDomains {
 			v.Grants = append(v.Grants, trustview.PolicyGrant{Rule: r.Name, Origin: r.Origin, TrustDomain: g.TrustDomain})

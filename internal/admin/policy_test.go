@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
@@ -73,7 +74,10 @@ func TestSnapshotTrustPolicy(t *testing.T) {
 	require.NotNil(t, tp)
 	assert.Equal(t, 2, tp.Rules)
 	assert.Equal(t, "deny", tp.Default)
-	assert.NotEmpty(t, tp.Digest)
+	p, _ := f.cfg.Policy.Cell.Load()
+	assert.Equal(t, audit.PolicyDigest(p), tp.TextDigest, "the audit log's digest_after, to match entries to the policy shown")
+	assert.Len(t, tp.TextDigest, 64)
+	assert.Equal(t, p.Digest(), tp.DecisionDigest)
 	require.Len(t, tp.Sources, 2)
 	assert.Equal(t, "file:/etc/policy.yaml", tp.Sources[0].Source)
 	require.NotNil(t, tp.Sources[0].LastSuccess)

@@ -71,8 +71,10 @@ type PolicyChange struct {
 	// Rules and Default are the policy in force after the entry.
 	Rules   int    `json:"rules"`
 	Default string `json:"default"`
-	// DigestBefore and DigestAfter identify what the policy decides ("":
-	// no policy).
+	// DigestBefore and DigestAfter are the PolicyDigest (the policy's
+	// text, as /v1/snapshot's trust_policy.text_digest) in force before
+	// and after the entry; "" is no policy. A trust_policy_rejected entry
+	// changed nothing: both are the digest still in force.
 	DigestBefore string `json:"digest_before,omitempty"`
 	DigestAfter  string `json:"digest_after,omitempty"`
 	// RulesAdded, RulesRemoved and RulesChanged are rule names, sorted,

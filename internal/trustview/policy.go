@@ -11,8 +11,18 @@ type TrustPolicy struct {
 	Rules   int            `json:"rules"`
 	// Default is "allow" or "deny": what a trust domain no rule names gets.
 	Default string `json:"default"`
-	// Digest identifies what the policy decides ("" without a policy).
-	Digest string `json:"digest,omitempty"`
+	// TextDigest identifies the policy as written: its default and every
+	// rule with its origin. It is the digest_before/digest_after of the
+	// audit log's trust_policy_changed entries, so an entry can be matched
+	// to the policy a snapshot shows ("" without a policy).
+	TextDigest string `json:"text_digest,omitempty"`
+	// DecisionDigest covers what every decision shares besides the
+	// rules: the local trust domain, the default and the governed trust
+	// domains (trustpolicy.Policy.Digest, from which SDS decision keys
+	// derive). Rules that change who is granted what without changing
+	// those leave it alone: compare TextDigest for "did the policy
+	// change".
+	DecisionDigest string `json:"decision_digest,omitempty"`
 	// Conflicts are rule combinations an operator should look at, each a
 	// sentence naming the rules.
 	Conflicts []string `json:"conflicts"`
