@@ -30,6 +30,7 @@ func newPolicyCmd(e env) *cobra.Command {
 }
 
 type policyExplainOptions struct {
+	admin                     adminClient
 	namespace, serviceAccount string
 	file, local, federated    string
 	def                       string
@@ -45,7 +46,10 @@ func newPolicyExplainCmd(e env) *cobra.Command {
 the workload with this SPIFFE ID would receive of every trust domain the server
 trusts, with which peers, and why. A workload that proves a Kubernetes service
 account is also selected by namespace and label rules: give --namespace and
---service-account. With --trust-policy FILE (and --trust-domain) it explains
+--service-account. The server reads that service account's labels only for the
+admin: the command sends the admin token when it can read it (--data-dir,
+--admin-token-file) and --admin is loopback or https, and none is needed on the
+admin socket; without it, label rules are explained as not selecting. With --trust-policy FILE (and --trust-domain) it explains
 from that file alone, without a server; --federated lists the trust domains to
 explain then.`,
 		Example: `  trustbridge policy explain spiffe://example.org/ns/payments/sa/api
@@ -58,7 +62,7 @@ explain then.`,
 			if err := output.check(); err != nil {
 				return err
 			}
-			ex, err := o.explain(cmd.Context(), adminFrom(cmd, &adminClient{}), args[0])
+			ex, err := o.explain(cmd.Context(), adminFrom(cmd, &o.admin), args[0])
 			if err != nil {
 				return err
 			}
@@ -67,6 +71,7 @@ explain then.`,
 	}
 	f := cmd.Flags()
 	f.String("admin", "http://127.0.0.1:15014", adminFlagHelp)
+	o.admin.addAuthFlags(f)
 	f.StringVar(&o.namespace, "namespace", "", "the Kubernetes namespace of the service account the workload proves")
 	f.StringVar(&o.serviceAccount, "service-account", "", "the service account the workload proves")
 	f.StringVar(&o.file, "trust-policy", "", "explain from this policy file instead of asking a server")
@@ -88,7 +93,7 @@ func (o policyExplainOptions) explain(ctx context.Context, c *adminClient, id st
 		q.Set("namespace", o.namespace)
 		q.Set("service_account", o.serviceAccount)
 	}
-	body, err := c.do(ctx, http.MethodGet, "/v1/policy/explain?"+q.Encode(), nil, false)
+	body, err := c.do(ctx, http.MethodGet, "/v1/policy/explain?"+q.Encode(), nil, c.mayAuthenticate())
 	if err != nil {
 		return ex, err
 	}
@@ -96,6 +101,18 @@ func (o policyExplainOptions) explain(ctx context.Context, c *adminClient, id st
 		return ex, fmt.Errorf("admin answer: %w", err)
 	}
 	return ex, nil
+}
+
+// mayAuthenticate says the token can go with a read that tells more
+// with it (explain reads service account labels only for the admin): the
+// token is readable and the address safe for it. The admin socket needs
+// none.
+func (c *adminClient) mayAuthenticate() bool {
+	if strings.HasPrefix(c.addr, "unix://") || tokenTransportOK(c.addr) != nil {
+		return false
+	}
+	_, err := c.token()
+	return err == nil
 }
 
 // offline explains id from --trust-policy alone.
@@ -165,6 +182,9 @@ func printExplanation(w io.Writer, ex trustview.Explanation) error {
 		who += fmt.Sprintf(" (service account %s/%s)", ex.Namespace, ex.ServiceAccount)
 	}
 	fmt.Fprintf(w, "%s, default %s\n", who, ex.Default)
+	if ex.LabelsNote != "" {
+		fmt.Fprintln(w, printable(ex.LabelsNote))
+	}
 	if len(ex.Matched) == 0 {
 		fmt.Fprintln(w, "no rule selects it")
 	}

@@ -2,12 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/admin"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
@@ -90,4 +95,40 @@ func TestPolicyCheckCommand(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "policy.yaml:7")
 	assert.Contains(t, stderr, `rule 2 "broken"`)
+}
+
+// policy explain sends the admin token when it can read it, so the
+// server reads service account labels; without one it still explains,
+// and says the labels were not looked up.
+func TestPolicyExplainSendsToken(t *testing.T) {
+	var mu sync.Mutex
+	var auth []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auth = append(auth, r.Header.Get("Authorization"))
+		mu.Unlock()
+		ex := trustview.Explanation{SPIFFEID: r.URL.Query().Get("spiffe_id"), Default: "deny", Matched: []trustview.ExplainedMatch{}, TrustDomains: []trustview.ExplainedTrustDomain{}}
+		if r.Header.Get("Authorization") == "" {
+			ex.LabelsNote = admin.LabelsNotLookedUp
+		}
+		_ = json.NewEncoder(w).Encode(ex)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600))
+	id := "spiffe://example.org/ns/payments/sa/api"
+	args := []string{"policy", "explain", id, "--admin", srv.URL, "--namespace", "payments", "--service-account", "api"}
+
+	out, stderr, code := runCLI(t, "", append(args, "--admin-token-file", tokenFile)...)
+	require.Equal(t, 0, code, stderr)
+	assert.NotContains(t, out, "not looked up")
+
+	out, stderr, code = runCLI(t, "", append(args, "--data-dir", dir)...)
+	require.Equal(t, 0, code, stderr, "no token in the data directory: asked without")
+	assert.Contains(t, out, "service account labels not looked up: ask with the admin token")
+
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"Bearer s3cret", ""}, auth)
 }

@@ -136,13 +136,12 @@ func (g *crdGate) watch(ctx context.Context, warnAfter time.Duration, logger *sl
 }
 
 // conflictsOf is what the policy finds at odds with rule, for its
-// ClusterTrustPolicy status.
+// ClusterTrustPolicy status: a lookup in the policy's conflicts, found
+// once per policy, not a scan per resource per status update.
 func (p *policySetup) conflictsOf(rule string) []string {
 	var out []string
-	for _, c := range p.combiner.Conflicts() {
-		if c.Restricting.Name == rule || c.Lifting.Name == rule {
-			out = append(out, c.Message)
-		}
+	for _, c := range p.combiner.ConflictsOf(rule) {
+		out = append(out, c.Message)
 	}
 	return out
 }

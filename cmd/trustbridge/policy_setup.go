@@ -154,8 +154,7 @@ func (p *policySetup) rejected(source string, err error) {
 // its own refusals.
 func (p *policySetup) audited(source string, err error) {
 	pol := p.combiner.Policy()
-	c := audit.NewPolicyChange(source, pol, pol)
-	c.DigestAfter = ""
+	c := audit.NewPolicyChange(source, pol, pol) // nothing changed: after is before
 	p.trail.record(audit.Entry{Event: eventPolicyRejected, Policy: &c, Reason: err.Error()})
 }
 

@@ -88,16 +88,33 @@ func (h *Handler) mutation(next func(http.ResponseWriter, *http.Request, string)
 
 // authenticate names who asks, or answers 401 saying where the token is.
 func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (actor string, ok bool) {
+	actor, bearer := h.credential(r)
+	if actor != "" {
+		return actor, true
+	}
+	h.unauthorized(w, bearer)
+	return "", false
+}
+
+// credential names who asks: ActorSocket on the admin socket,
+// "admin-token" with the right token, "" otherwise; bearer says a token
+// was sent (a wrong one, when actor is "").
+func (h *Handler) credential(r *http.Request) (actor string, bearer bool) {
 	if r.Context().Value(socketKey{}) != nil {
-		return ActorSocket, true
+		return ActorSocket, false
 	}
 	// The scheme is case-insensitive (RFC 9110 §11.1).
 	scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	bearer := strings.EqualFold(scheme, "Bearer")
+	bearer = strings.EqualFold(scheme, "Bearer")
 	want := h.cfg.Token
 	if bearer && want != "" && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(want)) == 1 {
 		return "admin-token", true
 	}
+	return "", bearer
+}
+
+// unauthorized answers 401 saying where the token is.
+func (h *Handler) unauthorized(w http.ResponseWriter, bearer bool) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="trustbridge-admin"`)
 	what := "missing admin token"
 	if bearer {
@@ -105,7 +122,6 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (actor st
 	}
 	http.Error(w, what+": send Authorization: Bearer <token>, the token the server wrote to "+h.cfg.TokenFile+
 		" (trustbridge reads it with --data-dir or --admin-token-file)", http.StatusUnauthorized)
-	return "", false
 }
 
 func (h *Handler) serveRelationships(w http.ResponseWriter, _ *http.Request) {

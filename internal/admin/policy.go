@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
@@ -53,7 +55,8 @@ func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy
 		return v
 	}
 	rules := p.Rules()
-	v.Rules, v.Default, v.Digest = len(rules), string(p.Default()), p.Digest()
+	v.Rules, v.Default = len(rules), string(p.Default())
+	v.TextDigest, v.DecisionDigest = audit.PolicyDigest(p), p.Digest()
 	for _, r := range rules {
 		for _, g := range r.TrustDomains {
 			v.Grants = append(v.Grants, trustview.PolicyGrant{Rule: r.Name, Origin: r.Origin, TrustDomain: g.TrustDomain})
@@ -138,13 +141,35 @@ func (h *Handler) servePolicyExplain(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "namespace and service_account go together: a workload proves a service account, which lives in a namespace", http.StatusBadRequest)
 		return
 	}
-	if sub.Namespace != "" && h.cfg.Policy.Labels != nil {
-		sub.Labels = h.cfg.Policy.Labels(sub.Namespace, sub.ServiceAccount)
+	// Like /v1/snapshot this endpoint needs no token, but a wrong one
+	// is refused rather than quietly explaining less.
+	actor, bearer := h.credential(r)
+	if actor == "" && bearer {
+		h.unauthorized(w, true)
+		return
 	}
 	p, _ := h.cfg.Policy.Cell.Load()
+	note := ""
+	if sub.Namespace != "" && h.cfg.Policy.Labels != nil && p.UsesLabels() {
+		// Labels are read only for a caller with the admin token or on
+		// the admin socket: anyone could otherwise learn which service
+		// accounts exist and which labels they carry, one guess at a
+		// time.
+		if actor != "" {
+			sub.Labels = h.cfg.Policy.Labels(sub.Namespace, sub.ServiceAccount)
+		} else {
+			note = LabelsNotLookedUp
+		}
+	}
+	ex := Explain(p, sub, h.trustDomains())
+	ex.LabelsNote = note
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, Explain(p, sub, h.trustDomains()), true)
+	writeJSON(w, ex, true)
 }
+
+// LabelsNotLookedUp is an explanation's labels_note when the caller had
+// no admin token: rules that select by labels then select nothing.
+const LabelsNotLookedUp = "service account labels not looked up: ask with the admin token or on the admin socket; rules selecting by labels are explained as not selecting this workload"
 
 // Explain is what sub would receive under p of tds, for people: the
 // policy's own explanation in the snapshot's JSON names.
@@ -172,14 +197,17 @@ func Explain(p *trustpolicy.Policy, sub trustpolicy.Subject, tds []spiffeid.Trus
 }
 
 // trustDomains are the trust domains the server trusts or federates
-// with, local first: those the snapshot shows.
+// with, local first: those the snapshot shows, without building one (an
+// explain request needs no token; it should cost names, not every
+// authority of every bundle).
 func (h *Handler) trustDomains() []spiffeid.TrustDomain {
-	snap := h.Snapshot()
-	out := make([]spiffeid.TrustDomain, 0, len(snap.TrustDomains))
-	for _, v := range snap.TrustDomains {
-		if td, err := spiffeid.TrustDomainFromString(v.Name); err == nil {
+	names := h.trustDomainNames(h.cfg.Trust.Snapshot(), h.federationStatuses())
+	out := make([]spiffeid.TrustDomain, 0, len(names))
+	for n := range names {
+		if td, err := spiffeid.TrustDomainFromString(n); err == nil && td != h.cfg.TrustDomain {
 			out = append(out, td)
 		}
 	}
-	return out
+	slices.SortFunc(out, func(a, b spiffeid.TrustDomain) int { return cmp.Compare(a.Name(), b.Name()) })
+	return append([]spiffeid.TrustDomain{h.cfg.TrustDomain}, out...)
 }

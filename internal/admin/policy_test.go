@@ -3,14 +3,17 @@ package admin
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
@@ -71,7 +74,10 @@ func TestSnapshotTrustPolicy(t *testing.T) {
 	require.NotNil(t, tp)
 	assert.Equal(t, 2, tp.Rules)
 	assert.Equal(t, "deny", tp.Default)
-	assert.NotEmpty(t, tp.Digest)
+	p, _ := f.cfg.Policy.Cell.Load()
+	assert.Equal(t, audit.PolicyDigest(p), tp.TextDigest, "the audit log's digest_after, to match entries to the policy shown")
+	assert.Len(t, tp.TextDigest, 64)
+	assert.Equal(t, p.Digest(), tp.DecisionDigest)
 	require.Len(t, tp.Sources, 2)
 	assert.Equal(t, "file:/etc/policy.yaml", tp.Sources[0].Source)
 	require.NotNil(t, tp.Sources[0].LastSuccess)
@@ -155,11 +161,6 @@ func TestPolicyExplain(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
-	var gotNS, gotSA string
-	f.cfg.Policy.Labels = func(ns, sa string) map[string]string {
-		gotNS, gotSA = ns, sa
-		return map[string]string{"tier": "api"}
-	}
 	q := url.Values{"spiffe_id": {"spiffe://example.org/ns/payments/sa/api"}, "namespace": {"payments"}, "service_account": {"api"}}
 	rec := do(t, New(f.cfg), http.MethodGet, "/v1/policy/explain?"+q.Encode())
 	b := body(t, rec)
@@ -170,9 +171,75 @@ func TestPolicyExplain(t *testing.T) {
 	assert.Equal(t, "spiffe://example.org/ns/payments/sa/api", ex.SPIFFEID)
 	assert.Equal(t, "payments", ex.Namespace)
 	assert.Equal(t, "api", ex.ServiceAccount)
-	assert.Equal(t, []string{"payments", "api"}, []string{gotNS, gotSA}, "labels looked up for the service account")
 	assert.NotNil(t, ex.Matched)
 	assert.NotNil(t, ex.TrustDomains)
+}
+
+// Explain needs no token, so without one it does not read service
+// account labels: an unauthenticated caller cannot probe which accounts
+// exist and which labels they carry. With the admin token or on the
+// admin socket it does; a wrong token is refused.
+func TestPolicyExplainLabelsNeedToken(t *testing.T) {
+	t.Parallel()
+	// The workload's SPIFFE ID is outside the rule's prefix: only its
+	// second selector, namespace and labels, can select it.
+	q := url.Values{"spiffe_id": {"spiffe://example.org/sa/api"}, "namespace": {"payments"}, "service_account": {"api"}}
+	target := "/v1/policy/explain?" + q.Encode()
+	tests := []struct {
+		name       string
+		socket     bool
+		header     []string
+		wantCode   int
+		wantLookup bool
+	}{
+		{"no token", false, nil, http.StatusOK, false},
+		{"admin token", false, []string{"Authorization", "Bearer s3cret"}, http.StatusOK, true},
+		{"admin socket", true, nil, http.StatusOK, true},
+		{"wrong token", false, []string{"Authorization", "Bearer guess"}, http.StatusUnauthorized, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
+			f.cfg.Token = "s3cret"
+			var lookups []string
+			var mu sync.Mutex
+			f.cfg.Policy.Labels = func(ns, sa string) map[string]string {
+				mu.Lock()
+				defer mu.Unlock()
+				lookups = append(lookups, ns+"/"+sa)
+				return map[string]string{"tier": "api"}
+			}
+			req := httptest.NewRequest(http.MethodGet, target, nil)
+			for i := 0; i+1 < len(tt.header); i += 2 {
+				req.Header.Set(tt.header[i], tt.header[i+1])
+			}
+			if tt.socket {
+				req = req.WithContext(OverSocket(req.Context()))
+			}
+			rec := httptest.NewRecorder()
+			New(f.cfg).ServeHTTP(rec, req)
+			b := body(t, rec)
+			require.Equal(t, tt.wantCode, rec.Code, b)
+			if !tt.wantLookup {
+				assert.Empty(t, lookups, "labels not looked up")
+			}
+			if tt.wantCode != http.StatusOK {
+				return
+			}
+			var ex trustview.Explanation
+			require.NoError(t, json.Unmarshal([]byte(b), &ex))
+			if tt.wantLookup {
+				assert.Equal(t, []string{"payments/api"}, lookups)
+				assert.Empty(t, ex.LabelsNote)
+				assert.Equal(t, []trustview.ExplainedMatch{{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", Selector: 1}}, ex.Matched)
+				return
+			}
+			assert.Equal(t, LabelsNotLookedUp, ex.LabelsNote)
+			assert.Empty(t, ex.Matched, "label selectors select nothing without labels")
+		})
+	}
 }
 
 func TestSelectorString(t *testing.T) {
@@ -187,4 +254,32 @@ func TestSelectorString(t *testing.T) {
 	} {
 		t.Run(tc.want, func(t *testing.T) { assert.Equal(t, tc.want, SelectorString(tc.sel)) })
 	}
+}
+
+// An explain request, which needs no token, lists the trust domains
+// without building a snapshot: no source statuses, no rule matches, no
+// CA roots read.
+func TestPolicyExplainBuildsNoSnapshot(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
+	var snapshotWork int
+	f.cfg.Policy.Statuses = func() []trustpolicy.Status { snapshotWork++; return nil }
+	f.cfg.Policy.Matches = func(string) (uint64, []string) { snapshotWork++; return 0, nil }
+	h := New(f.cfg)
+	require.NotEmpty(t, h.Snapshot().TrustDomains)
+	require.Positive(t, snapshotWork, "the counters see a snapshot")
+	snapshotWork = 0
+
+	rec := do(t, h, http.MethodGet, "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a")
+	b := body(t, rec)
+	require.Equal(t, http.StatusOK, rec.Code, b)
+	assert.Zero(t, snapshotWork)
+	var ex trustview.Explanation
+	require.NoError(t, json.Unmarshal([]byte(b), &ex))
+	var tds []string
+	for _, td := range ex.TrustDomains {
+		tds = append(tds, td.TrustDomain)
+	}
+	assert.Equal(t, []string{"example.org", "peer.example"}, tds, "the snapshot's trust domains, local first")
 }

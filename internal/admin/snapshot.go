@@ -11,6 +11,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
 )
@@ -29,19 +30,8 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
 	}
 	store := h.cfg.Trust.Snapshot()
-	statuses := map[string]federation.Status{}
-	if h.cfg.Federation != nil {
-		for _, st := range h.cfg.Federation.Status() {
-			statuses[st.TrustDomain] = st
-		}
-	}
-	names := map[string]bool{h.cfg.TrustDomain.Name(): true}
-	for _, td := range store.TrustDomains() {
-		names[td.Name()] = true
-	}
-	for n := range statuses {
-		names[n] = true
-	}
+	statuses := h.federationStatuses()
+	names := h.trustDomainNames(store, statuses)
 	var policy *trustpolicy.Policy
 	if h.cfg.Policy != nil {
 		policy, _ = h.cfg.Policy.Cell.Load()
@@ -76,6 +66,30 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 	}
 	slices.SortFunc(snap.TrustDomains, localFirst)
 	return snap
+}
+
+// federationStatuses are the federation's statuses by trust domain name.
+func (h *Handler) federationStatuses() map[string]federation.Status {
+	statuses := map[string]federation.Status{}
+	if h.cfg.Federation != nil {
+		for _, st := range h.cfg.Federation.Status() {
+			statuses[st.TrustDomain] = st
+		}
+	}
+	return statuses
+}
+
+// trustDomainNames are the trust domains the snapshot shows: the local
+// one, those in the trust store and those federated (fetched or not).
+func (h *Handler) trustDomainNames(store *trust.Snapshot, statuses map[string]federation.Status) map[string]bool {
+	names := map[string]bool{h.cfg.TrustDomain.Name(): true}
+	for _, td := range store.TrustDomains() {
+		names[td.Name()] = true
+	}
+	for n := range statuses {
+		names[n] = true
+	}
+	return names
 }
 
 // localFirst orders the local trust domain first, then by name.

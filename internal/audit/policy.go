@@ -71,15 +71,36 @@ type PolicyChange struct {
 	// Rules and Default are the policy in force after the entry.
 	Rules   int    `json:"rules"`
 	Default string `json:"default"`
-	// DigestBefore and DigestAfter identify what the policy decides ("":
-	// no policy).
+	// DigestBefore and DigestAfter are the PolicyDigest (the policy's
+	// text, as /v1/snapshot's trust_policy.text_digest) in force before
+	// and after the entry; "" is no policy. A trust_policy_rejected entry
+	// changed nothing: both are the digest still in force.
 	DigestBefore string `json:"digest_before,omitempty"`
 	DigestAfter  string `json:"digest_after,omitempty"`
-	// RulesAdded, RulesRemoved and RulesChanged are rule names.
+	// RulesAdded, RulesRemoved and RulesChanged are rule names, sorted,
+	// each list cut to its first MaxPolicyChangeNames (and
+	// maxPolicyChangeNameBytes) so that the entry fits in MaxLineSize:
+	// 10,000 rules, the parser's limit, have names enough for 2.5 MB.
 	RulesAdded   []string `json:"rules_added,omitempty"`
 	RulesRemoved []string `json:"rules_removed,omitempty"`
 	RulesChanged []string `json:"rules_changed,omitempty"`
+	// The counts are how many rules each list had before it was cut
+	// (0 is left out, so entries written before they existed keep their
+	// bytes); RulesTruncated says some list was cut.
+	RulesAddedCount   int  `json:"rules_added_count,omitempty"`
+	RulesRemovedCount int  `json:"rules_removed_count,omitempty"`
+	RulesChangedCount int  `json:"rules_changed_count,omitempty"`
+	RulesTruncated    bool `json:"rules_truncated,omitempty"`
 }
+
+// MaxPolicyChangeNames caps each rule name list of a PolicyChange; the
+// counts say how many there were.
+const MaxPolicyChangeNames = 100
+
+// maxPolicyChangeNameBytes caps the names of one list too: a rule name
+// may be 253 bytes, and three full lists must leave room in MaxLineSize
+// for the rest of the entry.
+const maxPolicyChangeNameBytes = 12 << 10
 
 // NewPolicyChange describes how the trust policy went from before to
 // after (either may be nil: no policy), for source. Rules are matched by
@@ -107,10 +128,26 @@ func NewPolicyChange(source string, before, after *trustpolicy.Policy) PolicyCha
 	for name := range old {
 		c.RulesRemoved = append(c.RulesRemoved, name)
 	}
-	slices.Sort(c.RulesAdded)
-	slices.Sort(c.RulesChanged)
-	slices.Sort(c.RulesRemoved)
+	c.RulesAdded, c.RulesAddedCount = capNames(c.RulesAdded, &c.RulesTruncated)
+	c.RulesChanged, c.RulesChangedCount = capNames(c.RulesChanged, &c.RulesTruncated)
+	c.RulesRemoved, c.RulesRemovedCount = capNames(c.RulesRemoved, &c.RulesTruncated)
 	return c
+}
+
+// capNames sorts names and keeps the first MaxPolicyChangeNames of them
+// within maxPolicyChangeNameBytes, setting *truncated when it drops any;
+// n is how many there were.
+func capNames(names []string, truncated *bool) (kept []string, n int) {
+	slices.Sort(names)
+	size := 0
+	for i, name := range names {
+		size += len(name) + 3 // quotes and comma
+		if i == MaxPolicyChangeNames || size > maxPolicyChangeNameBytes {
+			*truncated = true
+			return names[:i:i], len(names)
+		}
+	}
+	return names, len(names)
 }
 
 // PolicyDigest identifies a policy's text: its default and every rule

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +117,58 @@ func TestNewPolicyChange(t *testing.T) {
 	deny := NewPolicyChange("start", nil, compile(trustpolicy.DefaultDeny))
 	assert.NotEmpty(t, deny.DigestAfter, "default deny without rules is a policy")
 	assert.Equal(t, "deny", deny.Default)
+}
+
+// A change of 10,000 rules (the parser's limit) with the longest names a
+// rule may have still fits one audit entry: each name list is cut, the
+// counts say how many there were.
+func TestPolicyChangeOfManyRulesAppends(t *testing.T) {
+	local := spiffeid.RequireTrustDomainFromString("east.example")
+	compile := func(prefix string, n int) *trustpolicy.Policy {
+		rules := make([]trustpolicy.Rule, n)
+		for i := range rules {
+			name := fmt.Sprintf("%s-%05d-", prefix, i)
+			name += strings.Repeat("x", 253-len(name))
+			rules[i] = trustpolicy.Rule{Name: name, Origin: "file:p",
+				Workloads:    []trustpolicy.Selector{{Namespace: fmt.Sprintf("ns%d", i)}},
+				TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: "west.example"}}}
+		}
+		p, err := trustpolicy.Compile(local, trustpolicy.DefaultAllow, rules)
+		require.NoError(t, err)
+		return p
+	}
+	before, after := compile("old", trustpolicy.MaxRules), compile("new", trustpolicy.MaxRules)
+	c := NewPolicyChange("file:p", before, after)
+	assert.Equal(t, trustpolicy.MaxRules, c.RulesAddedCount)
+	assert.Equal(t, trustpolicy.MaxRules, c.RulesRemovedCount)
+	assert.Zero(t, c.RulesChangedCount)
+	assert.True(t, c.RulesTruncated)
+	assert.NotEmpty(t, c.RulesAdded)
+	assert.LessOrEqual(t, len(c.RulesAdded), MaxPolicyChangeNames)
+	assert.True(t, strings.HasPrefix(c.RulesAdded[0], "new-00000-"), "the first names, sorted")
+
+	var buf bytes.Buffer
+	l := New(&buf)
+	require.NoError(t, l.Append(Entry{Time: now, Actor: "a", Event: "trust_policy_changed", Policy: &c}))
+	res, err := Verify(bytes.NewReader(buf.Bytes()))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), res.Entries)
+	assert.Contains(t, buf.String(), `"rules_added_count":10000`)
+}
+
+// A small change lists every name and says it is complete.
+func TestPolicyChangeCounts(t *testing.T) {
+	names := []string{"b", "a"}
+	kept, n := capNames(names, new(bool))
+	assert.Equal(t, []string{"a", "b"}, kept)
+	assert.Equal(t, 2, n)
+	truncated := false
+	many := make([]string, MaxPolicyChangeNames+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("r%03d", i)
+	}
+	kept, n = capNames(many, &truncated)
+	assert.Len(t, kept, MaxPolicyChangeNames)
+	assert.Equal(t, MaxPolicyChangeNames+1, n)
+	assert.True(t, truncated)
 }

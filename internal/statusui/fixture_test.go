@@ -143,7 +143,7 @@ func addPolicy(s *trustview.Snapshot) {
 			{Source: "file:/etc/trustbridge/policy.yaml", Rules: 1, LastSuccess: ago(time.Hour)},
 			{Source: "crd", Rules: 1, LastError: "ClusterTrustPolicy ops-wide: workloads[0]: empty selector"},
 		},
-		Rules: 2, Default: "deny", Digest: "5f1c0a",
+		Rules: 2, Default: "deny", TextDigest: "5f1c0a9e", DecisionDigest: "0d2b7e",
 		Conflicts: []string{`rule "payments-to-bank" (file:/etc/trustbridge/policy.yaml:4) limits partner-bank.example to some peers, but rule "ops" (crd:ops) grants it without a peer limit`},
 		Grants: []trustview.PolicyGrant{
 			{Rule: "payments-to-bank", Origin: "file:/etc/trustbridge/policy.yaml:4", TrustDomain: "partner-bank.example"},

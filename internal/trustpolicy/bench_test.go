@@ -60,3 +60,40 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	}
 }
+
+// peerLimitedRules is n rules, each selecting its own namespace and
+// granting one trust domain with peers, and every tenth also granting a
+// second without: the reviewer's shape, where conflicts are few but every
+// restricted grant used to be checked against every rule.
+func peerLimitedRules(n int) []Rule {
+	rules := make([]Rule, n)
+	for i := range n {
+		rules[i] = Rule{Name: fmt.Sprintf("r%d", i), Origin: "bench", Workloads: []Selector{{Namespace: fmt.Sprintf("ns%d", i)}},
+			TrustDomains: []TrustDomainGrant{{TrustDomain: "partner.example", Peers: []string{fmt.Sprintf("spiffe://partner.example/ns/p%d/*", i)}}}}
+		if i%10 == 0 {
+			rules[i].TrustDomains = append(rules[i].TrustDomains, TrustDomainGrant{TrustDomain: "other.example"})
+		}
+	}
+	return rules
+}
+
+// BenchmarkConflicts is what the first Conflicts call of a new policy
+// costs (later calls reuse it), against a one-rule baseline.
+func BenchmarkConflicts(b *testing.B) {
+	for _, n := range []int{1, 1000, 10000} {
+		name := fmt.Sprintf("peer-limited-%d", n)
+		if n == 1 {
+			name = "baseline-1-rule"
+		}
+		b.Run(name, func(b *testing.B) {
+			rules := peerLimitedRules(n)
+			for b.Loop() {
+				b.StopTimer()
+				p, err := Compile(localTD, DefaultAllow, rules)
+				require.NoError(b, err)
+				b.StartTimer()
+				p.Conflicts()
+			}
+		})
+	}
+}

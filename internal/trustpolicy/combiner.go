@@ -210,6 +210,11 @@ func (c *Combiner) failLocked(source string, err error) error {
 		st = &sourceState{status: Status{Source: source}}
 		c.sources[source] = st
 	}
+	if st.status.LastError == err.Error() {
+		// The same refusal again (a file polled while another source's
+		// rule still clashes with it): a persisting problem counts once.
+		return err
+	}
 	st.status.LastError = err.Error()
 	c.metrics.reloaded(st.status, false)
 	return err
@@ -287,6 +292,10 @@ func (c *Combiner) Policy() *Policy {
 
 // Conflicts are the current policy's conflicts (see Policy.Conflicts).
 func (c *Combiner) Conflicts() []Conflict { return c.Policy().Conflicts() }
+
+// ConflictsOf are the current policy's conflicts of rule (see
+// Policy.ConflictsOf).
+func (c *Combiner) ConflictsOf(rule string) []Conflict { return c.Policy().ConflictsOf(rule) }
 
 // Statuses returns every source's status, sorted by source.
 func (c *Combiner) Statuses() []Status {

@@ -3,6 +3,7 @@ package trustpolicy
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -39,20 +40,30 @@ type FileSource struct {
 
 	mu sync.Mutex // serialises checks; guards the fields below
 	// good is the digest of the content in force; loaded says there is
-	// one. failed and failedMsg identify the last refused content, so a
-	// problem that persists is reported once, not every interval.
-	good      [sha256.Size]byte
-	loaded    bool
-	failed    [sha256.Size]byte
-	failedMsg string
+	// one.
+	good   [sha256.Size]byte
+	loaded bool
+	// parseFailed and parseErr remember the last bytes Parse refused:
+	// parsing is deterministic, so the same bytes fail the same way.
+	// Nothing else is cached: a read error says nothing about the next
+	// read, and the Combiner's refusal (a rule name another source
+	// already uses) depends on the other sources, so both are tried again
+	// at every check.
+	parseFailed [sha256.Size]byte
+	parseErr    string
+	// reported identifies the last failure logged and audited (its
+	// content and error), so a problem that persists is reported once,
+	// not every interval; "" after a success.
+	reported string
 }
 
 // FileSourceOption changes how NewFileSource builds a source.
 type FileSourceOption func(*FileSource)
 
-// WithRefusedHook calls hook once per distinct refused change after Load
-// (the same bad bytes polled again do not call it again), so the caller
-// can audit it; Load's error is the caller's to handle.
+// WithRefusedHook calls hook once per distinct refusal after Load (the
+// same bytes refused the same way again, or the same read error, do not
+// call it again), so the caller can audit it; Load's error is the
+// caller's to handle.
 func WithRefusedHook(hook func(source string, err error)) FileSourceOption {
 	return func(f *FileSource) { f.refused = hook }
 }
@@ -112,50 +123,52 @@ func (f *FileSource) Run(ctx context.Context) error {
 
 func (f *FileSource) checkLocked(logFailure bool) error {
 	data, err := f.read()
-	digest := sha256.Sum256(data)
-	recorded := false // by the Combiner, which saw the rules
-	if err == nil {
-		switch {
-		case f.loaded && digest == f.good && f.failedMsg == "":
-			return nil // unchanged
-		case digest == f.failed && f.failedMsg != "":
-			// Parsing is deterministic: the same bytes fail the same way.
-			return errors.New(f.failedMsg)
-		}
-		recorded, err = f.apply(data)
-	}
 	if err != nil {
-		if digest != f.failed || err.Error() != f.failedMsg {
-			if !recorded {
-				f.comb.SetSourceError(f.source, err)
-			}
-			if logFailure {
-				f.logger.Warn("trust policy file refused; keeping the last good rules", logattr.Error, err)
-				if f.refused != nil {
-					f.refused(f.source, err)
-				}
-			}
-		}
-		f.failed, f.failedMsg = digest, err.Error()
+		f.comb.SetSourceError(f.source, err)
+		f.report("read", err, logFailure)
 		return err
 	}
-	f.good, f.loaded = digest, true
-	f.failed, f.failedMsg = [sha256.Size]byte{}, ""
+	digest := sha256.Sum256(data)
+	key := hex.EncodeToString(digest[:])
+	switch {
+	case f.loaded && digest == f.good && f.reported == "":
+		return nil // unchanged
+	case f.parseErr != "" && digest == f.parseFailed:
+		return errors.New(f.parseErr)
+	}
+	doc, err := Parse(data, f.source)
+	if err != nil {
+		f.parseFailed, f.parseErr = digest, err.Error()
+		f.comb.SetSourceError(f.source, err)
+		f.report(key, err, logFailure)
+		return err
+	}
+	// The Combiner records its own refusals in Status and metrics.
+	if err := f.comb.SetSourceDocument(f.source, doc); err != nil {
+		f.report(key, err, logFailure)
+		return err
+	}
+	f.logger.Info("trust policy file loaded", logattr.PolicyRules, len(doc.Rules))
+	f.good, f.loaded, f.reported = digest, true, ""
 	return nil
 }
 
-// apply parses data and gives it to the Combiner; recorded says the
-// Combiner has recorded the outcome.
-func (f *FileSource) apply(data []byte) (recorded bool, err error) {
-	doc, err := Parse(data, f.source)
-	if err != nil {
-		return false, err
+// report logs err and calls the refused hook, once per distinct failure:
+// what failed (the content's digest, or "read") and how. Load reports
+// nothing: its caller does not start.
+func (f *FileSource) report(what string, err error, logFailure bool) {
+	key := what + "\x00" + err.Error()
+	if key == f.reported {
+		return
 	}
-	if err := f.comb.SetSourceDocument(f.source, doc); err != nil {
-		return true, err
+	f.reported = key
+	if !logFailure {
+		return
 	}
-	f.logger.Info("trust policy file loaded", logattr.PolicyRules, len(doc.Rules))
-	return true, nil
+	f.logger.Warn("trust policy file refused; keeping the last good rules", logattr.Error, err)
+	if f.refused != nil {
+		f.refused(f.source, err)
+	}
 }
 
 func (f *FileSource) read() ([]byte, error) {

@@ -134,3 +134,74 @@ func TestFileSourceRun(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// A file refused because its rule's name is taken by another source is
+// tried again at the next check: once that rule is gone, the same bytes
+// load. The refusal is reported (hook, log, metric) once while it
+// persists.
+func TestFileSourceRetriesCombinerRefusal(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	require.NoError(t, c.SetSource("crd", []Rule{rule("pay", "spiffe://example.org/ns/other/*", "other.example")}))
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, filePolicy)
+	var refused []string
+	f := NewFileSource(path, c, nil, 0, WithRefusedHook(func(_ string, err error) { refused = append(refused, err.Error()) }))
+	require.ErrorContains(t, f.Load(), "have the same name")
+	for range 2 {
+		require.ErrorContains(t, f.Check(), "have the same name")
+	}
+	assert.Empty(t, refused, "Load's refusal is its caller's to report; the same one again is not new")
+	errs := c.metrics.reloads.WithLabelValues(f.Source(), resultError)
+	assert.Equal(t, 1.0, testutil.ToFloat64(errs), "a persisting refusal counts once")
+
+	c.RemoveSource("crd")
+	require.NoError(t, f.Check(), "the clash is gone: the same bytes load")
+	p, _ := cell.Load()
+	require.NotNil(t, p)
+	assert.Equal(t, "file:"+path+":2", p.Rules()[0].Origin)
+	assert.Empty(t, c.Statuses()[0].LastError)
+
+	// Refused again after a success: reported again.
+	require.NoError(t, c.SetSource("crd", []Rule{rule("web", "spiffe://example.org/ns/web/*", "other.example")}))
+	writeFile(t, path, strings.Replace(filePolicy, "name: pay", "name: web", 1))
+	require.ErrorContains(t, f.Check(), "have the same name")
+	require.ErrorContains(t, f.Check(), "have the same name")
+	assert.Len(t, refused, 1)
+}
+
+// Deleting the policy file and writing an empty one in its place loads
+// the empty file (no rules): a read error is not remembered as the
+// error of the bytes read (none).
+func TestFileSourceEmptyAfterMissing(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, filePolicy)
+	f := NewFileSource(path, c, nil, 0)
+	require.NoError(t, f.Load())
+	p, _ := cell.Load()
+	require.NotNil(t, p)
+
+	require.NoError(t, os.Remove(path))
+	require.ErrorContains(t, f.Check(), "does not exist")
+	p, _ = cell.Load()
+	assert.NotNil(t, p, "a missing file keeps the last good rules")
+
+	writeFile(t, path, "")
+	require.NoError(t, f.Check())
+	p, _ = cell.Load()
+	assert.Nil(t, p, "the empty file is in force: no rules, no policy")
+	assert.Empty(t, c.Statuses()[0].LastError)
+}
+
+// The same bytes Parse refused are not parsed again, but are refused
+// again with the same error.
+func TestFileSourceParseErrorCached(t *testing.T) {
+	c, _, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, "rules: [")
+	f := NewFileSource(path, c, nil, 0)
+	first := f.Load()
+	require.Error(t, first)
+	assert.Equal(t, first.Error(), f.Check().Error())
+	assert.NotEmpty(t, f.parseErr)
+}

@@ -99,9 +99,9 @@ type Policy struct {
 	// usesLabels says some selector reads labels: only then do decisions
 	// depend on them.
 	usesLabels bool
-	// digest identifies what the policy decides: equal digests decide
-	// every subject alike.
-	digest string
+	// digest is Digest's: see there.
+	digest    string
+	conflicts conflictSet
 }
 
 type compiledRule struct {
@@ -285,8 +285,9 @@ func (p *Policy) Rules() []Rule {
 	return out
 }
 
-// UsesLabels reports whether any selector reads service account labels.
-func (p *Policy) UsesLabels() bool { return p.usesLabels }
+// UsesLabels reports whether any selector reads service account labels
+// (false for nil, no policy).
+func (p *Policy) UsesLabels() bool { return p != nil && p.usesLabels }
 
 // Empty reports whether the policy has no rules.
 func (p *Policy) Empty() bool { return len(p.rules) == 0 }
@@ -294,8 +295,12 @@ func (p *Policy) Empty() bool { return len(p.rules) == 0 }
 // Governed reports whether a rule names td.
 func (p *Policy) Governed(td spiffeid.TrustDomain) bool { return p.governed[td] }
 
-// Digest identifies the policy's decisions: two policies with the same
-// digest decide every subject the same way.
+// Digest covers what Decision.Allows reads besides a subject's grants:
+// the local trust domain, the default and the governed trust domains.
+// Decision keys derive from it, so two decisions with equal grants under
+// policies that differ there differ in key. It does not identify the
+// rules (policies with other selectors or peers may share it): the
+// audit log's digest of the policy text does.
 func (p *Policy) Digest() string { return p.digest }
 
 // Decide returns what sub may trust.

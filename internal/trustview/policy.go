@@ -11,8 +11,18 @@ type TrustPolicy struct {
 	Rules   int            `json:"rules"`
 	// Default is "allow" or "deny": what a trust domain no rule names gets.
 	Default string `json:"default"`
-	// Digest identifies what the policy decides ("" without a policy).
-	Digest string `json:"digest,omitempty"`
+	// TextDigest identifies the policy as written: its default and every
+	// rule with its origin. It is the digest_before/digest_after of the
+	// audit log's trust_policy_changed entries, so an entry can be matched
+	// to the policy a snapshot shows ("" without a policy).
+	TextDigest string `json:"text_digest,omitempty"`
+	// DecisionDigest covers what every decision shares besides the
+	// rules: the local trust domain, the default and the governed trust
+	// domains (trustpolicy.Policy.Digest, from which SDS decision keys
+	// derive). Rules that change who is granted what without changing
+	// those leave it alone: compare TextDigest for "did the policy
+	// change".
+	DecisionDigest string `json:"decision_digest,omitempty"`
 	// Conflicts are rule combinations an operator should look at, each a
 	// sentence naming the rules.
 	Conflicts []string `json:"conflicts"`
@@ -86,6 +96,10 @@ type Explanation struct {
 	Namespace      string `json:"namespace,omitempty"`
 	ServiceAccount string `json:"service_account,omitempty"`
 	Default        string `json:"default"`
+	// LabelsNote, when set, says why the service account's labels were
+	// not used (the caller had no admin token): label selectors then
+	// select nothing.
+	LabelsNote string `json:"labels_note,omitempty"`
 	// Matched are the rules that select the workload, in policy order.
 	Matched      []ExplainedMatch       `json:"matched"`
 	TrustDomains []ExplainedTrustDomain `json:"trust_domains"`
