@@ -94,15 +94,11 @@ func newPolicyCombiner(td spiffeid.TrustDomain, def trustpolicy.Default, cell *t
 
 func (p *policySetup) configSource() string { return "config:" + p.configPath }
 
-// start records the policy the server starts with, once, in the audit
-// log, and says at Warn when there is none.
+// start says which policy the server starts with, at Warn when there is
+// none.
 func (p *policySetup) start(crd, kube bool) {
 	pol := p.combiner.Policy()
-	p.mu.Lock()
-	p.started = true
-	p.mu.Unlock()
 	c := audit.NewPolicyChange("start", nil, pol)
-	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c, Reason: "trust policy in force at start"})
 	sources := make([]string, 0, 2)
 	for _, st := range p.combiner.Statuses() {
 		sources = append(sources, st.Source)
@@ -116,6 +112,17 @@ func (p *policySetup) start(crd, kube bool) {
 	if pol.UsesLabels() && !kube {
 		p.logger.Warn("trust policy rules select service accounts by labels, but without Kubernetes (--storage kube) no labels are known: those selectors select no workload")
 	}
+}
+
+// recordStart appends the policy the server starts with to the audit log,
+// after the baseline of what is trusted (serve); changes from then on are
+// recorded as they are published.
+func (p *policySetup) recordStart() {
+	p.mu.Lock()
+	p.started = true
+	p.mu.Unlock()
+	c := audit.NewPolicyChange("start", nil, p.combiner.Policy())
+	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c, Reason: "trust policy in force at start"})
 }
 
 // Audit events of the trust policy.

@@ -259,11 +259,14 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 // part until ctx is done. The runners take over the listeners from undo.
 func (p *serverParts) serve(ctx context.Context, e env, o serverOptions, undo *cleanups, ready chan<- string, reg prometheus.Registerer, logger *slog.Logger) error {
 	addr := p.adminLn.Addr().String()
+	// The audit log's baseline, then the policy in force, before anyone
+	// is told the server is up.
+	p.trail.baseline(p.authority, p.fed)
+	p.policy.recordStart()
 	announce(e, o, p, addr, logger)
 	if ready != nil {
 		ready <- addr
 	}
-	p.trail.baseline(p.authority, p.fed)
 	runners, err := p.runners(reg, logger)
 	if err != nil {
 		return err
