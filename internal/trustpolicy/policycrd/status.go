@@ -8,11 +8,10 @@ import (
 	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/trustbridge/trustbridge/internal/kubeloop"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -74,19 +73,13 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict) err
 	if reflect.DeepEqual(normalize(r.cr.Status), normalize(want)) {
 		return nil
 	}
-	u := r.obj.DeepCopy()
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&want)
+	written, err := kubeloop.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
 	if err != nil {
-		return err
-	}
-	u.Object["status"] = raw
-	if _, err := c.cfg.Dynamic.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil // deleted meanwhile
-		}
 		return fmt.Errorf("status of ClusterTrustPolicy %s: %w", r.obj.GetName(), err)
 	}
-	c.metrics.statusWrites.Inc()
+	if written {
+		c.metrics.statusWrites.Inc()
+	}
 	return nil
 }
 
