@@ -14,8 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -354,14 +352,8 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		delete(c.refused, name)
 		return
 	}
-	key := fmt.Sprintf("%d/%s/%s", r.obj.GetGeneration(), reason, note)
-	if c.refused[name] == key {
-		return
-	}
-	c.refused[name] = key
-	c.cfg.Logger.Warn("ClusterFederatedTrustDomain refused", "name", name, "reason", reason, logattr.Error, note)
-	if recorder != nil {
-		recorder.Eventf(r.obj, nil, corev1.EventTypeWarning, reason, "Apply", "%s", truncate(note, 1000))
+	if kubeloop.Refused(c.refused, recorder, r.obj, reason, note) {
+		c.cfg.Logger.Warn("ClusterFederatedTrustDomain refused", "name", name, "reason", reason, logattr.Error, note)
 	}
 }
 
@@ -370,12 +362,8 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, sta
 	want := Status{ObservedGeneration: r.obj.GetGeneration()}
 	old := r.cr.Status
 	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
-		cond := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: truncate(msg, 32000), ObservedGeneration: want.ObservedGeneration,
-			LastTransitionTime: metav1.NewTime(c.cfg.Clock.Now().Truncate(time.Second))}
-		if prev := meta.FindStatusCondition(old.Conditions, typ); prev != nil && prev.Status == status {
-			cond.LastTransitionTime = prev.LastTransitionTime
-		}
-		meta.SetStatusCondition(&want.Conditions, cond)
+		kubeloop.SetCondition(&want.Conditions, old.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg,
+			ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
 	}
 	switch {
 	case v.conflict != "":
@@ -427,7 +415,7 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, sta
 
 // fillStatus copies the poller's view of a trust domain into s.
 func fillStatus(s *Status, st federation.Status) {
-	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, truncate(st.LastError, 4000), st.ConsecutiveFailures
+	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, kubeloop.Truncate(st.LastError, 4000), st.ConsecutiveFailures
 	if st.Sequence != nil && *st.Sequence <= 1<<63-1 {
 		seq := int64(*st.Sequence)
 		s.Sequence = &seq
@@ -495,11 +483,4 @@ func (s Status) DeepCopy() *Status {
 	}
 	out.Conditions = slices.Clone(s.Conditions)
 	return &out
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -349,20 +348,7 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		delete(c.refused, name)
 		return
 	}
-	key := fmt.Sprintf("%d/%s/%s", r.obj.GetGeneration(), reason, note)
-	if c.refused[name] == key {
-		return
+	if kubeloop.Refused(c.refused, recorder, r.obj, reason, note) {
+		c.cfg.Logger.Warn("ClusterTrustPolicy refused: "+reason, logattr.Rule, name, logattr.Error, note)
 	}
-	c.refused[name] = key
-	c.cfg.Logger.Warn("ClusterTrustPolicy refused: "+reason, logattr.Rule, name, logattr.Error, note)
-	if recorder != nil {
-		recorder.Eventf(r.obj, nil, corev1.EventTypeWarning, reason, "Apply", "%s", truncate(note, 1000))
-	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

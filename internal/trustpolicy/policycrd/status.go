@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/internal/kubeloop"
@@ -31,12 +30,8 @@ func (c *Controller) status(r resource, v verdict) Status {
 			msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
 		}
 	}
-	cond := metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: truncate(msg, 32000),
-		ObservedGeneration: want.ObservedGeneration, LastTransitionTime: metav1.NewTime(c.cfg.Clock.Now().Truncate(time.Second))}
-	if prev := meta.FindStatusCondition(r.cr.Status.Conditions, ConditionReady); prev != nil && prev.Status == ready {
-		cond.LastTransitionTime = prev.LastTransitionTime
-	}
-	meta.SetStatusCondition(&want.Conditions, cond)
+	kubeloop.SetCondition(&want.Conditions, r.cr.Status.Conditions, metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: msg,
+		ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
 	return want
 }
 
@@ -61,7 +56,7 @@ func capStrings(ss []string, n, size int) []string {
 	}
 	out := slices.Clone(ss[:min(n, len(ss))])
 	for i := range out {
-		out[i] = truncate(out[i], size)
+		out[i] = kubeloop.Truncate(out[i], size)
 	}
 	return out
 }
