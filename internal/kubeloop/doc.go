@@ -6,7 +6,8 @@
 // set of resources at once), an optional events recorder, and a ticker
 // that syncs again so that statuses follow what the server observes
 // between changes. It also holds the pieces around the loop both
-// controllers use: their metrics' shape and the status write.
+// controllers use: their metrics' shape, the status write, the Ready
+// condition's transition time and refusal events reported once.
 //
 // Usage:
 //
