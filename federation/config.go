@@ -152,7 +152,7 @@ func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, e
 	if err := noAlias(root, ""); err != nil {
 		return nil, err
 	}
-	if isNull(root) {
+	if yamlcheck.IsNull(root) {
 		return &Config{}, nil
 	}
 	top, err := mapping(root, "the top level", topKeys)
@@ -196,11 +196,11 @@ func noAlias(n *yaml.Node, where string) error {
 
 // parseList reads the federation list, checked for aliases.
 func parseList(list *yaml.Node, readFile func(string) ([]byte, error)) (*Config, error) {
-	if list == nil || isNull(list) {
+	if list == nil || yamlcheck.IsNull(list) {
 		return &Config{}, nil
 	}
 	if list.Kind != yaml.SequenceNode {
-		return nil, errAt(list, "%s must be a list, got %s", keyFederation, describe(list))
+		return nil, errAt(list, "%s must be a list, got %s", keyFederation, yamlcheck.Describe(list))
 	}
 	p := configParser{readFile: readFile, seen: make(trustDomainSet)}
 	cfg := &Config{}
@@ -408,13 +408,13 @@ type keyValue struct {
 // decoding into Go values, not into a yaml.Node, so the check is ours.
 func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, error) {
 	if n.Kind != yaml.MappingNode {
-		return nil, errAt(n, "%s must be a mapping, got %s", where, describe(n))
+		return nil, errAt(n, "%s must be a mapping, got %s", where, yamlcheck.Describe(n))
 	}
 	m := make(map[string]*keyValue, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
-			return nil, errAt(k, "%s: keys must be strings, got %s", where, describe(k))
+			return nil, errAt(k, "%s: keys must be strings, got %s", where, yamlcheck.Describe(k))
 		}
 		if k.ShortTag() == "!!merge" {
 			return nil, errAt(k, "%s: merge keys (<<) are not supported", where)
@@ -423,7 +423,7 @@ func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, 
 			return nil, errAt(k, "duplicate key %q in %s (first at line %d)", k.Value, where, first.key.Line)
 		}
 		if !slices.Contains(known, k.Value) {
-			return nil, errAt(k, "unknown key %q in %s%s (known: %s)", k.Value, where, didYouMean(k.Value, known), strings.Join(known, ", "))
+			return nil, errAt(k, "unknown key %q in %s%s (known: %s)", k.Value, where, yamlcheck.DidYouMean(k.Value, known), strings.Join(known, ", "))
 		}
 		m[k.Value] = &keyValue{key: k, value: v}
 	}
@@ -434,51 +434,12 @@ func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, 
 // rather than stringified: "trustDomain: 1e3" is more likely a mistake than
 // a trust domain, and quoting it is easy.
 func scalar(n *yaml.Node, where, key string) (string, error) {
-	where += "." + key
-	switch {
-	case n.Kind != yaml.ScalarNode:
-		return "", errAt(n, "%s must be a string, got %s", where, describe(n))
-	case isNull(n):
-		return "", errAt(n, "%s has no value", where)
-	case n.ShortTag() != "!!str":
-		return "", errAt(n, "%s must be a string, got %s; quote it if it is meant as one", where, describe(n))
+	if problem := yamlcheck.StringProblem(n); problem != "" {
+		return "", errAt(n, "%s.%s %s", where, key, problem)
 	}
 	return n.Value, nil
 }
 
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
-}
-
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	case yaml.ScalarNode:
-		if isNull(n) {
-			return "null"
-		}
-		return fmt.Sprintf("%s %q", n.ShortTag(), n.Value)
-	default:
-		return "an unexpected YAML node"
-	}
-}
-
 func errAt(n *yaml.Node, format string, args ...any) error {
 	return fmt.Errorf("line %d: "+format, append([]any{n.Line}, args...)...)
-}
-
-// didYouMean catches the most common slip, wrong capitalisation
-// ("trustdomain", "bundleEndpointUrl").
-func didYouMean(s string, known []string) string {
-	for _, k := range known {
-		if strings.EqualFold(s, k) {
-			return fmt.Sprintf(" (did you mean %q?)", k)
-		}
-	}
-	return ""
 }

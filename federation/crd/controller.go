@@ -14,22 +14,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/kubeloop"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -132,75 +127,15 @@ func (c *Controller) Origins() map[spiffeid.TrustDomain]string {
 
 // Run watches the resources until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.cfg.Dynamic, 10*time.Minute)
-	inf := factory.ForResource(GVR)
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	defer queue.ShutDown()
-	enqueue := func(any) { queue.Add(syncKey) }
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, _ any) { queue.Add(syncKey) }, DeleteFunc: enqueue,
-	}); err != nil {
+	err := kubeloop.Run(ctx, kubeloop.Config{
+		Dynamic: c.cfg.Dynamic, GVR: GVR, Kind: "ClusterFederatedTrustDomain", WatchAttrs: []any{"class", c.cfg.ClassName},
+		Events: c.cfg.Events, Interval: c.cfg.StatusInterval, Sync: c.sync, SyncErrors: c.metrics.syncErrors,
+		Clock: c.cfg.Clock, Logger: c.cfg.Logger,
+	})
+	if err != nil {
 		return fmt.Errorf("crd: %w", err)
 	}
-	var recorder events.EventRecorder
-	if c.cfg.Events != nil {
-		b := events.NewBroadcaster(&events.EventSinkImpl{Interface: c.cfg.Events.EventsV1()})
-		b.StartRecordingToSink(ctx.Done())
-		defer b.Shutdown()
-		recorder = b.NewRecorder(runtime.NewScheme(), "trustbridge")
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		return nil // ctx ended first
-	}
-	c.cfg.Logger.Info("watching ClusterFederatedTrustDomain resources", "class", c.cfg.ClassName)
-	lister := inf.Lister()
-
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			key, shutdown := queue.Get()
-			if shutdown {
-				return
-			}
-			err := c.sync(ctx, lister, recorder)
-			if err != nil && ctx.Err() == nil {
-				c.metrics.syncErrors.Inc()
-				c.cfg.Logger.Warn("ClusterFederatedTrustDomain sync failed; retrying", logattr.Error, err)
-				queue.AddRateLimited(key)
-			} else {
-				queue.Forget(key)
-			}
-			queue.Done(key)
-		}
-	}()
-	tick := c.cfg.Clock.NewTicker(c.cfg.StatusInterval)
-	defer tick.Stop()
-	queue.Add(syncKey)
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-tick.C():
-			queue.Add(syncKey) // statuses follow the poller
-		}
-	}
-	queue.ShutDown()
-	wg.Wait()
 	return nil
-}
-
-// syncKey: every change leads to one full sync, since Apply takes the
-// whole set and conflicts depend on every resource.
-const syncKey = "all"
-
-// lister is the part of the informer's lister sync needs.
-type lister interface {
-	List(selector labels.Selector) ([]runtime.Object, error)
 }
 
 // resource is a listed object, decoded.
@@ -211,7 +146,7 @@ type resource struct {
 }
 
 // sync applies every resource and updates statuses.
-func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRecorder) error {
+func (c *Controller) sync(ctx context.Context, l kubeloop.Lister, recorder events.EventRecorder) error {
 	objs, err := l.List(labels.Everything())
 	if err != nil {
 		return err
@@ -417,14 +352,8 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		delete(c.refused, name)
 		return
 	}
-	key := fmt.Sprintf("%d/%s/%s", r.obj.GetGeneration(), reason, note)
-	if c.refused[name] == key {
-		return
-	}
-	c.refused[name] = key
-	c.cfg.Logger.Warn("ClusterFederatedTrustDomain refused", "name", name, "reason", reason, logattr.Error, note)
-	if recorder != nil {
-		recorder.Eventf(r.obj, nil, corev1.EventTypeWarning, reason, "Apply", "%s", truncate(note, 1000))
+	if kubeloop.Refused(c.refused, recorder, r.obj, reason, note) {
+		c.cfg.Logger.Warn("ClusterFederatedTrustDomain refused", "name", name, "reason", reason, logattr.Error, note)
 	}
 }
 
@@ -433,12 +362,8 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, sta
 	want := Status{ObservedGeneration: r.obj.GetGeneration()}
 	old := r.cr.Status
 	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
-		cond := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: truncate(msg, 32000), ObservedGeneration: want.ObservedGeneration,
-			LastTransitionTime: metav1.NewTime(c.cfg.Clock.Now().Truncate(time.Second))}
-		if prev := meta.FindStatusCondition(old.Conditions, typ); prev != nil && prev.Status == status {
-			cond.LastTransitionTime = prev.LastTransitionTime
-		}
-		meta.SetStatusCondition(&want.Conditions, cond)
+		kubeloop.SetCondition(&want.Conditions, old.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg,
+			ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
 	}
 	switch {
 	case v.conflict != "":
@@ -478,25 +403,19 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, sta
 	if reflect.DeepEqual(normalize(old), normalize(want)) {
 		return nil
 	}
-	u := r.obj.DeepCopy()
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&want)
+	written, err := kubeloop.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
 	if err != nil {
-		return err
-	}
-	u.Object["status"] = raw
-	if _, err := c.cfg.Dynamic.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil // deleted meanwhile
-		}
 		return fmt.Errorf("status of %s: %w", r.obj.GetName(), err)
 	}
-	c.metrics.statusWrites.Inc()
+	if written {
+		c.metrics.statusWrites.Inc()
+	}
 	return nil
 }
 
 // fillStatus copies the poller's view of a trust domain into s.
 func fillStatus(s *Status, st federation.Status) {
-	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, truncate(st.LastError, 4000), st.ConsecutiveFailures
+	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, kubeloop.Truncate(st.LastError, 4000), st.ConsecutiveFailures
 	if st.Sequence != nil && *st.Sequence <= 1<<63-1 {
 		seq := int64(*st.Sequence)
 		s.Sequence = &seq
@@ -564,11 +483,4 @@ func (s Status) DeepCopy() *Status {
 	}
 	out.Conditions = slices.Clone(s.Conditions)
 	return &out
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

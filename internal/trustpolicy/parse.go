@@ -117,7 +117,7 @@ func (p *parser) document(n *yaml.Node) (Document, error) {
 		}
 		n = n.Content[0]
 	}
-	if n == nil || isNull(n) {
+	if n == nil || yamlcheck.IsNull(n) {
 		return Document{}, nil
 	}
 	if found, path := yamlcheck.Find(n, "", yamlcheck.IsAliasOrAnchor); found != nil {
@@ -397,7 +397,7 @@ func (p *parser) mapping(n *yaml.Node, where string, known []string) (map[string
 	if err != nil {
 		var u unknownKey
 		if errors.As(err, &u) {
-			return nil, p.errAt(u.node, "unknown key %q in %s%s (known: %s)", u.node.Value, where, didYouMean(u.node.Value, known), strings.Join(known, ", "))
+			return nil, p.errAt(u.node, "unknown key %q in %s%s (known: %s)", u.node.Value, where, yamlcheck.DidYouMean(u.node.Value, known), strings.Join(known, ", "))
 		}
 		return nil, err
 	}
@@ -416,7 +416,7 @@ func (unknownKey) Error() string { return "unknown key" }
 // duplicates and no merge keys.
 func (p *parser) pairs(n *yaml.Node, where string, known func(string) bool) ([][2]*yaml.Node, error) {
 	if n.Kind != yaml.MappingNode {
-		return nil, p.errAt(n, "%s must be a mapping, got %s", where, describe(n))
+		return nil, p.errAt(n, "%s must be a mapping, got %s", where, yamlcheck.Describe(n))
 	}
 	out := make([][2]*yaml.Node, 0, len(n.Content)/2)
 	lines := make(map[string]int, len(n.Content)/2)
@@ -424,7 +424,7 @@ func (p *parser) pairs(n *yaml.Node, where string, known func(string) bool) ([][
 		k, v := n.Content[i], n.Content[i+1]
 		switch {
 		case k.Kind != yaml.ScalarNode || k.ShortTag() == "!!null":
-			return nil, p.errAt(k, "%s: keys must be strings, got %s", where, describe(k))
+			return nil, p.errAt(k, "%s: keys must be strings, got %s", where, yamlcheck.Describe(k))
 		case k.ShortTag() == "!!merge":
 			return nil, p.errAt(k, "%s: merge keys (<<) are not supported", where)
 		case lines[k.Value] != 0:
@@ -441,10 +441,10 @@ func (p *parser) pairs(n *yaml.Node, where string, known func(string) bool) ([][
 // list reads n as a list; null is an empty list.
 func (p *parser) list(n *yaml.Node, where string) ([]*yaml.Node, error) {
 	switch {
-	case n == nil || isNull(n):
+	case n == nil || yamlcheck.IsNull(n):
 		return nil, nil
 	case n.Kind != yaml.SequenceNode:
-		return nil, p.errAt(n, "%s must be a list, got %s", where, describe(n))
+		return nil, p.errAt(n, "%s must be a list, got %s", where, yamlcheck.Describe(n))
 	}
 	return n.Content, nil
 }
@@ -469,46 +469,8 @@ func (p *parser) strings(n *yaml.Node, where string) ([]string, error) {
 // rather than stringified: "namespace: 1e3" or "tier: yes" is more likely
 // a mistake than meant.
 func (p *parser) scalar(n *yaml.Node, where string) (string, error) {
-	switch {
-	case n.Kind != yaml.ScalarNode:
-		return "", p.errAt(n, "%s must be a string, got %s", where, describe(n))
-	case isNull(n):
-		return "", p.errAt(n, "%s has no value", where)
-	case n.ShortTag() != "!!str":
-		return "", p.errAt(n, "%s must be a string, got %s; quote it if it is meant as one", where, describe(n))
+	if problem := yamlcheck.StringProblem(n); problem != "" {
+		return "", p.errAt(n, "%s %s", where, problem)
 	}
 	return n.Value, nil
-}
-
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
-}
-
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	case yaml.ScalarNode:
-		if isNull(n) {
-			return "null"
-		}
-		return fmt.Sprintf("%s %q", n.ShortTag(), n.Value)
-	default:
-		return "an unexpected YAML node"
-	}
-}
-
-// didYouMean catches the most common slip, wrong capitalisation
-// ("spiffeId", "trustdomains").
-func didYouMean(s string, known []string) string {
-	for _, k := range known {
-		if strings.EqualFold(s, k) && k != s {
-			return fmt.Sprintf(" (did you mean %q?)", k)
-		}
-	}
-	return ""
 }

@@ -1,12 +1,16 @@
-// Package yamlcheck finds what trustbridge's YAML configurations refuse
-// before they are read: aliases (and, for the server's --config, anchors),
-// which let one value stand in many places and make a security
-// configuration harder to review. One walk serves both readers, each with
-// its own rule and message.
+// Package yamlcheck holds what trustbridge's strict YAML readers (the
+// federation file, the trust policy file, the server's --config) share.
+// Find locates what they refuse before they read: aliases (and, for the
+// server's --config, anchors), which let one value stand in many places
+// and make a security configuration harder to review; one walk serves
+// every reader, each with its own rule and message. IsNull, Describe,
+// StringProblem and DidYouMean word their errors the same way.
 package yamlcheck
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -62,3 +66,57 @@ func IsAlias(n *yaml.Node) bool { return n.Kind == yaml.AliasNode }
 
 // IsAliasOrAnchor matches an alias or a node with an anchor (&name).
 func IsAliasOrAnchor(n *yaml.Node) bool { return n.Kind == yaml.AliasNode || n.Anchor != "" }
+
+// IsNull matches a null scalar ("~", "null" or no value at all).
+func IsNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// Describe names what n is, for an error message: "a mapping", "a list",
+// "an alias", "null", or a scalar's tag and value (`!!int "3"`).
+func Describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		if IsNull(n) {
+			return "null"
+		}
+		return fmt.Sprintf("%s %q", n.ShortTag(), n.Value)
+	default:
+		return "an unexpected YAML node"
+	}
+}
+
+// StringProblem says what keeps n from being a string value, to follow
+// the field's path in an error ("must be a string, got a list"), or ""
+// when n is a string scalar. Other scalars are refused rather than
+// stringified: "trustDomain: 1e3" or "tier: yes" is more likely a mistake
+// than meant, and quoting it is easy.
+func StringProblem(n *yaml.Node) string {
+	switch {
+	case n.Kind != yaml.ScalarNode:
+		return "must be a string, got " + Describe(n)
+	case IsNull(n):
+		return "has no value"
+	case n.ShortTag() != "!!str":
+		return "must be a string, got " + Describe(n) + "; quote it if it is meant as one"
+	}
+	return ""
+}
+
+// DidYouMean catches the most common slip in an unknown key, wrong
+// capitalisation ("trustdomain", "spiffeId"): it returns
+// ` (did you mean "trustDomain"?)` to append to the message, or "".
+func DidYouMean(s string, known []string) string {
+	for _, k := range known {
+		if strings.EqualFold(s, k) && k != s {
+			return fmt.Sprintf(" (did you mean %q?)", k)
+		}
+	}
+	return ""
+}

@@ -13,18 +13,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/kubeloop"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -139,73 +136,15 @@ func (c *Controller) Rules() []trustpolicy.Rule {
 
 // Run watches the resources until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.cfg.Dynamic, 10*time.Minute)
-	inf := factory.ForResource(GVR)
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	defer queue.ShutDown()
-	enqueue := func(any) { queue.Add(syncKey) }
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, _ any) { queue.Add(syncKey) }, DeleteFunc: enqueue,
-	}); err != nil {
+	err := kubeloop.Run(ctx, kubeloop.Config{
+		Dynamic: c.cfg.Dynamic, GVR: GVR, Kind: "ClusterTrustPolicy",
+		Events: c.cfg.Events, Interval: c.cfg.StatusInterval, Sync: c.sync, SyncErrors: c.metrics.syncErrors,
+		Clock: c.cfg.Clock, Logger: c.cfg.Logger,
+	})
+	if err != nil {
 		return fmt.Errorf("policycrd: %w", err)
 	}
-	var recorder events.EventRecorder
-	if c.cfg.Events != nil {
-		b := events.NewBroadcaster(&events.EventSinkImpl{Interface: c.cfg.Events.EventsV1()})
-		b.StartRecordingToSink(ctx.Done())
-		defer b.Shutdown()
-		recorder = b.NewRecorder(runtime.NewScheme(), "trustbridge")
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		return nil // ctx ended first
-	}
-	c.cfg.Logger.Info("watching ClusterTrustPolicy resources")
-	var wg sync.WaitGroup
-	wg.Go(func() { c.work(ctx, queue, inf.Lister(), recorder) })
-	tick := c.cfg.Clock.NewTicker(c.cfg.StatusInterval)
-	defer tick.Stop()
-	queue.Add(syncKey)
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-tick.C():
-			queue.Add(syncKey) // statuses follow the matched workloads
-		}
-	}
-	queue.ShutDown()
-	wg.Wait()
 	return nil
-}
-
-func (c *Controller) work(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string], l lister, recorder events.EventRecorder) {
-	for {
-		key, shutdown := queue.Get()
-		if shutdown {
-			return
-		}
-		err := c.sync(ctx, l, recorder)
-		if err != nil && ctx.Err() == nil {
-			c.metrics.syncErrors.Inc()
-			c.cfg.Logger.Warn("ClusterTrustPolicy sync failed; retrying", logattr.Error, err)
-			queue.AddRateLimited(key)
-		} else {
-			queue.Forget(key)
-		}
-		queue.Done(key)
-	}
-}
-
-// syncKey: every change leads to one full sync, since Apply takes the
-// whole set.
-const syncKey = "all"
-
-// lister is the part of the informer's lister sync needs.
-type lister interface {
-	List(selector labels.Selector) ([]runtime.Object, error)
 }
 
 // resource is a listed object, decoded.
@@ -216,7 +155,7 @@ type resource struct {
 }
 
 // sync applies every valid resource and updates statuses.
-func (c *Controller) sync(ctx context.Context, l lister, recorder events.EventRecorder) error {
+func (c *Controller) sync(ctx context.Context, l kubeloop.Lister, recorder events.EventRecorder) error {
 	objs, err := l.List(labels.Everything())
 	if err != nil {
 		return err
@@ -409,20 +348,7 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		delete(c.refused, name)
 		return
 	}
-	key := fmt.Sprintf("%d/%s/%s", r.obj.GetGeneration(), reason, note)
-	if c.refused[name] == key {
-		return
+	if kubeloop.Refused(c.refused, recorder, r.obj, reason, note) {
+		c.cfg.Logger.Warn("ClusterTrustPolicy refused: "+reason, logattr.Rule, name, logattr.Error, note)
 	}
-	c.refused[name] = key
-	c.cfg.Logger.Warn("ClusterTrustPolicy refused: "+reason, logattr.Rule, name, logattr.Error, note)
-	if recorder != nil {
-		recorder.Eventf(r.obj, nil, corev1.EventTypeWarning, reason, "Apply", "%s", truncate(note, 1000))
-	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

@@ -8,11 +8,9 @@ import (
 	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/trustbridge/trustbridge/internal/kubeloop"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -32,12 +30,8 @@ func (c *Controller) status(r resource, v verdict) Status {
 			msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
 		}
 	}
-	cond := metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: truncate(msg, 32000),
-		ObservedGeneration: want.ObservedGeneration, LastTransitionTime: metav1.NewTime(c.cfg.Clock.Now().Truncate(time.Second))}
-	if prev := meta.FindStatusCondition(r.cr.Status.Conditions, ConditionReady); prev != nil && prev.Status == ready {
-		cond.LastTransitionTime = prev.LastTransitionTime
-	}
-	meta.SetStatusCondition(&want.Conditions, cond)
+	kubeloop.SetCondition(&want.Conditions, r.cr.Status.Conditions, metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: msg,
+		ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
 	return want
 }
 
@@ -62,7 +56,7 @@ func capStrings(ss []string, n, size int) []string {
 	}
 	out := slices.Clone(ss[:min(n, len(ss))])
 	for i := range out {
-		out[i] = truncate(out[i], size)
+		out[i] = kubeloop.Truncate(out[i], size)
 	}
 	return out
 }
@@ -74,19 +68,13 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict) err
 	if reflect.DeepEqual(normalize(r.cr.Status), normalize(want)) {
 		return nil
 	}
-	u := r.obj.DeepCopy()
-	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&want)
+	written, err := kubeloop.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
 	if err != nil {
-		return err
-	}
-	u.Object["status"] = raw
-	if _, err := c.cfg.Dynamic.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil // deleted meanwhile
-		}
 		return fmt.Errorf("status of ClusterTrustPolicy %s: %w", r.obj.GetName(), err)
 	}
-	c.metrics.statusWrites.Inc()
+	if written {
+		c.metrics.statusWrites.Inc()
+	}
 	return nil
 }
 
