@@ -1,10 +1,6 @@
 package crd
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/trustbridge/trustbridge/internal/kubeloop"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	resources    *prometheus.GaugeVec
@@ -13,14 +9,24 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m, err := kubeloop.NewMetrics(reg, kubeloop.MetricsOpts{
-		Prefix:           "trustbridge_crd",
-		ResourcesHelp:    "ClusterFederatedTrustDomain resources this server acts on, by outcome (applied, invalid, invalid_last_valid_applied, conflict).",
-		StatusWritesHelp: "Status updates written to ClusterFederatedTrustDomain resources.",
-		SyncErrorsHelp:   "ClusterFederatedTrustDomain syncs that failed (applying the endpoints or writing a status) and were retried.",
-	})
-	if err != nil {
-		return nil, err
+	m := &metrics{
+		resources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trustbridge_crd_resources",
+			Help: "ClusterFederatedTrustDomain resources this server acts on, by outcome (applied, invalid, invalid_last_valid_applied, conflict).",
+		}, []string{"state"}),
+		statusWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_crd_status_writes_total",
+			Help: "Status updates written to ClusterFederatedTrustDomain resources.",
+		}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_crd_sync_errors_total",
+			Help: "ClusterFederatedTrustDomain syncs that failed (applying the endpoints or writing a status) and were retried.",
+		}),
 	}
-	return &metrics{resources: m.Resources, statusWrites: m.StatusWrites, syncErrors: m.SyncErrors}, nil
+	for _, c := range []prometheus.Collector{m.resources, m.statusWrites, m.syncErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }

@@ -6,8 +6,9 @@
 // set of resources at once), an optional events recorder, and a ticker
 // that syncs again so that statuses follow what the server observes
 // between changes. It also holds the pieces around the loop both
-// controllers use: their metrics' shape, the status write, the Ready
-// condition's transition time and refusal events reported once.
+// controllers use: the status write, the Ready condition's transition time
+// and refusal events reported once. Each controller keeps its own metric
+// definitions, written out where docs/metrics.md's generator reads them.
 //
 // Usage:
 //

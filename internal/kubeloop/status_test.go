@@ -3,11 +3,8 @@ package kubeloop
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,27 +51,4 @@ func TestUpdateStatusFailures(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestNewMetrics(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	opts := MetricsOpts{Prefix: "test_widget", ResourcesHelp: "r", StatusWritesHelp: "w", SyncErrorsHelp: "e"}
-	m, err := NewMetrics(reg, opts)
-	require.NoError(t, err)
-	m.Resources.WithLabelValues("applied").Set(2)
-	m.StatusWrites.Inc()
-	m.SyncErrors.Inc()
-	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP test_widget_resources r
-# TYPE test_widget_resources gauge
-test_widget_resources{state="applied"} 2
-# HELP test_widget_status_writes_total w
-# TYPE test_widget_status_writes_total counter
-test_widget_status_writes_total 1
-# HELP test_widget_sync_errors_total e
-# TYPE test_widget_sync_errors_total counter
-test_widget_sync_errors_total 1
-`)))
-	_, err = NewMetrics(reg, opts)
-	assert.Error(t, err, "the same names twice on one registry")
 }
