@@ -246,6 +246,29 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 // roots from ROOTCA when it arrived, and those it served before (see
 // below).
 func (r *relay) publish() {
+	m := r.wanted()
+	if sameRoots(m, r.published) {
+		r.markRelayed()
+		return
+	}
+	// Set refuses only nil bundles and duplicate trust domains, which a
+	// map cannot hold.
+	if err := r.trust.Set(bundlesOf(m)); err != nil {
+		r.log.Error("publishing relayed trust", logattr.Error, err.Error())
+		return
+	}
+	r.published = m
+	r.markRelayed()
+	if roots := m[r.local]; len(roots) > 0 {
+		r.serverRoots(slices.Clone(roots))
+	}
+	r.log.Info("trust updated from the server", "trust_domains", len(m))
+}
+
+// wanted is the local trust the server's last answers call for: ALL (or
+// the seed before it), ROOTCA as the local roots, and every trust domain
+// served before.
+func (r *relay) wanted() map[spiffeid.TrustDomain][]*x509.Certificate {
 	m := maps.Clone(r.all)
 	if m == nil {
 		m = maps.Clone(r.seed)
@@ -267,26 +290,14 @@ func (r *relay) publish() {
 			m[td] = roots
 		}
 	}
-	if sameRoots(m, r.published) {
-		if r.all != nil && r.relayed != nil {
-			r.relayedOnce.Do(func() { close(r.relayed) })
-		}
-		return
-	}
-	// Set refuses only nil bundles and duplicate trust domains, which a
-	// map cannot hold.
-	if err := r.trust.Set(bundlesOf(m)); err != nil {
-		r.log.Error("publishing relayed trust", logattr.Error, err.Error())
-		return
-	}
-	r.published = m
+	return m
+}
+
+// markRelayed says, once, that the server's ALL has been published.
+func (r *relay) markRelayed() {
 	if r.all != nil && r.relayed != nil {
 		r.relayedOnce.Do(func() { close(r.relayed) })
 	}
-	if roots := m[r.local]; len(roots) > 0 {
-		r.serverRoots(slices.Clone(roots))
-	}
-	r.log.Info("trust updated from the server", "trust_domains", len(m))
 }
 
 func sameRoots(a, b map[spiffeid.TrustDomain][]*x509.Certificate) bool {
