@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"log/slog"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
@@ -36,4 +41,43 @@ func TestCRDGateFailsClosedUntilSynced(t *testing.T) {
 	d, _ = gate.Decide(ident)
 	_, ok = d.Allows(partner)
 	assert.True(t, ok, "synced, no policy: every trust domain")
+}
+
+// The gate's watcher runs until the server stops, also once the resources
+// were read: the server's parts run as a group that ends when any part
+// returns, so returning at sync stopped the whole server a second after
+// it started with --trust-policy-crd.
+func TestCRDGateWatchRunsUntilStopped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		td := spiffeid.RequireTrustDomainFromString("example.org")
+		access := trustpolicy.NewAccess(trustpolicy.NewCell(nil), nil)
+		t.Cleanup(access.Close)
+		synced := make(chan struct{})
+		gate, err := newCRDGate(access, synced, td)
+		require.NoError(t, err)
+		var logs bytes.Buffer
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- gate.watch(ctx, time.Minute, slog.New(slog.NewTextHandler(&logs, nil))) }()
+
+		time.Sleep(time.Minute) // the fake clock of the bubble: the warning is due
+		synctest.Wait()
+		assert.Contains(t, logs.String(), "ClusterTrustPolicy resources not read yet")
+		close(synced)
+		synctest.Wait()
+		assert.Contains(t, logs.String(), "ClusterTrustPolicy resources read")
+		select {
+		case err := <-done:
+			t.Fatalf("watch returned after the sync (%v): that stops the server", err)
+		default:
+		}
+		cancel()
+		synctest.Wait()
+		select {
+		case err := <-done:
+			assert.NoError(t, err)
+		default:
+			t.Fatal("watch still running after the server stopped")
+		}
+	})
 }
