@@ -114,15 +114,22 @@ func (g *crdGate) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan str
 }
 
 // watch warns when the resources were not read within warnAfter, and
-// says when they are.
+// says when they are. It returns only when ctx is done: the server is a
+// runall group, where any part that returns stops every other.
 func (g *crdGate) watch(ctx context.Context, warnAfter time.Duration, logger *slog.Logger) error {
+	g.warnUntilSynced(ctx, warnAfter, logger)
+	<-ctx.Done()
+	return nil
+}
+
+func (g *crdGate) warnUntilSynced(ctx context.Context, warnAfter time.Duration, logger *slog.Logger) {
 	t := time.NewTimer(warnAfter)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return nil
+		return
 	case <-g.synced:
-		return nil
+		return
 	case <-t.C:
 	}
 	logger.Warn("ClusterTrustPolicy resources not read yet: SDS hands every workload only the local trust domain until they are; check that the CRD is installed (deploy/base/trustpolicy-crd.yaml), the server may list clustertrustpolicies, and the trust-policy-crd logs",
@@ -132,7 +139,6 @@ func (g *crdGate) watch(ctx context.Context, warnAfter time.Duration, logger *sl
 	case <-g.synced:
 		logger.Info("ClusterTrustPolicy resources read: SDS applies the trust policy")
 	}
-	return nil
 }
 
 // conflictsOf is what the policy finds at odds with rule, for its

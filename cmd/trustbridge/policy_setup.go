@@ -131,8 +131,9 @@ const (
 	eventPolicyRejected = "trust_policy_rejected"
 )
 
-// published records a policy the Combiner published after start. It runs
-// under the Combiner's lock: it must not call the Combiner.
+// published records a policy the Combiner published after start, when it
+// differs from the one before. It runs under the Combiner's lock: it must
+// not call the Combiner.
 func (p *policySetup) published(pub trustpolicy.Publish) {
 	p.mu.Lock()
 	started := p.started
@@ -145,6 +146,11 @@ func (p *policySetup) published(pub trustpolicy.Publish) {
 		source = "default"
 	}
 	c := audit.NewPolicyChange(source, pub.Previous, pub.Policy)
+	if c.DigestBefore == c.DigestAfter {
+		// The same policy again (a source read with nothing new, such as
+		// the first read of no ClusterTrustPolicy resources): no change.
+		return
+	}
 	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c})
 	p.logger.Info("trust policy changed", "source", source, "rules", c.Rules, "default", c.Default,
 		"rules_added", c.RulesAdded, "rules_removed", c.RulesRemoved, "rules_changed", c.RulesChanged)
