@@ -274,12 +274,22 @@ func (c *Combiner) publish(p *Policy, source string) {
 	if p.Empty() && p.Default() == DefaultAllow {
 		cellPolicy = nil
 	}
-	if cur, _ := c.cell.Load(); !(cur == nil && cellPolicy == nil) {
+	if cur, _ := c.cell.Load(); !samePolicy(cur, cellPolicy) {
 		c.cell.Set(cellPolicy)
 	}
 	if c.hook != nil {
 		c.hook(Publish{Source: source, Policy: p, Previous: prev})
 	}
+}
+
+// samePolicy reports whether a and b hold the same rules, origins
+// included, and default: publishing b in place of a would wake every SDS
+// stream for nothing (a source read again with nothing new).
+func samePolicy(a, b *Policy) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.local == b.local && a.def == b.def && reflect.DeepEqual(a.Rules(), b.Rules())
 }
 
 // Policy is the current combined policy, compiled even when it has no

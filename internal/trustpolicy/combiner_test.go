@@ -69,6 +69,8 @@ func TestCombinerPublishes(t *testing.T) {
 
 	require.NoError(t, c.SetSource("file:a", []Rule{rule("pay", "spiffe://example.org/ns/pay/*", "partner.example")}))
 	assert.False(t, isClosed(ch), "the same rules again wake nobody")
+	require.NoError(t, c.SetSource("crd", nil))
+	assert.False(t, isClosed(ch), "a new source without rules changes nothing and wakes nobody")
 
 	c.RemoveSource("file:a")
 	assert.True(t, isClosed(ch))
