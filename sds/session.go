@@ -146,12 +146,12 @@ func (ss *session) decide() bool {
 		}
 	}
 	old := ss.decision
-	ss.s.validations.acquire(d.Key())
-	ss.s.validations.release(old.Key())
 	ss.decision, ss.decisionCh = d, ch
 	if d.Key() == old.Key() {
 		return false
 	}
+	ss.s.validations.acquire(d.Key())
+	ss.s.validations.release(old.Key())
 	ss.log().Debug("sds trust policy decided", "decision", d.Key(), "rules", len(d.Matched), "grants", len(d.Grants))
 	return true
 }

@@ -222,13 +222,14 @@ func (r *relay) apply(resp *discoveryv3.DiscoveryResponse) error {
 		}
 	}
 	if seenAll {
-		pol, err := relayedPolicy(r.local, r.id, "server:"+r.addr, limits)
-		if err != nil {
-			return fmt.Errorf("%s: peer limits: %w", sds.AllName, err)
-		}
 		// The policy goes first: a trust domain the server now limits or
-		// took away must not be served unlimited in between.
+		// took away must not be served unlimited in between. It is
+		// compiled only when the limits changed.
 		if r.limits == nil || !maps.EqualFunc(r.limits, limits, slices.Equal) {
+			pol, err := relayedPolicy(r.local, r.id, "server:"+r.addr, limits)
+			if err != nil {
+				return fmt.Errorf("%s: peer limits: %w", sds.AllName, err)
+			}
 			r.policy.Set(pol)
 			r.limits = limits
 		}
