@@ -124,21 +124,3 @@ type AccessPolicyFunc func(ident authn.Identity) (trustpolicy.Decision, <-chan s
 func (f AccessPolicyFunc) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
 	return f(ident)
 }
-
-// CellPolicy is an AccessPolicy that decides by the caller's SPIFFE ID
-// alone, under the Policy a trustpolicy.Cell holds (nil: every trust
-// domain). The node agent serves the policy the server relayed with it;
-// a server with Kubernetes identities uses trustpolicy.Access, which also
-// knows service account labels.
-type CellPolicy struct {
-	Cell *trustpolicy.Cell
-}
-
-// Decide decides for ident.ID under the cell's current policy.
-func (c CellPolicy) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
-	p, ch := c.Cell.Load()
-	if p == nil {
-		return trustpolicy.Decision{}, ch
-	}
-	return p.Decide(trustpolicy.Subject{ID: ident.ID}), ch
-}

@@ -333,7 +333,7 @@ func newPolicySDSService(tb testing.TB, withPolicy bool) benchService {
 		Registerer: prometheus.NewRegistry(),
 	}
 	if withPolicy {
-		cfg.Policy = sds.CellPolicy{Cell: trustpolicy.NewCell(benchPolicy(tb))}
+		cfg.Policy = trustpolicy.NewAccess(trustpolicy.NewCell(benchPolicy(tb)), nil)
 	}
 	srv, err := sds.New(cfg)
 	if err != nil {

@@ -20,7 +20,7 @@
 // Unknown names are not answered, and an empty list is not a wildcard.
 //
 // Trust policy. With Config.Policy set (an AccessPolicy such as
-// trustpolicy.Access, or CellPolicy), ALL and spiffe://<td> carry only the
+// trustpolicy.Access), ALL and spiffe://<td> carry only the
 // trust domains the caller's trustpolicy.Decision allows; the local one
 // always. A grant limited to some peers becomes
 // match_typed_subject_alt_names (URI SAN, exact or prefix) on

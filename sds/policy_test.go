@@ -22,20 +22,22 @@ import (
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
-// cellPolicy is a test AccessPolicy over a trustpolicy.Cell: the caller's
-// SPIFFE ID decides.
+// cellPolicy is the server's AccessPolicy (trustpolicy.Access) over a
+// Cell, counting its decisions.
 type cellPolicy struct {
 	cell    *trustpolicy.Cell
+	access  *trustpolicy.Access
 	decides atomic.Int64
+}
+
+func newCellPolicy(p *trustpolicy.Policy) *cellPolicy {
+	cell := trustpolicy.NewCell(p)
+	return &cellPolicy{cell: cell, access: trustpolicy.NewAccess(cell, nil)}
 }
 
 func (c *cellPolicy) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
 	c.decides.Add(1)
-	p, ch := c.cell.Load()
-	if p == nil {
-		return trustpolicy.Decision{}, ch
-	}
-	return p.Decide(trustpolicy.Subject{ID: ident.ID}), ch
+	return c.access.Decide(ident)
 }
 
 func mustCompile(t *testing.T, def trustpolicy.Default, rules ...trustpolicy.Rule) *trustpolicy.Policy {
@@ -260,8 +262,8 @@ const billingPeer = "spiffe://remote.test/ns/billing/sa/api"
 // billingPeer only; idB is not granted it, so it is denied.
 func newPolicyEnv(t *testing.T) (*env, *cellPolicy) {
 	t.Helper()
-	pol := &cellPolicy{cell: trustpolicy.NewCell(mustCompile(t, trustpolicy.DefaultAllow,
-		grantRule("payments", idA.String(), "remote.test", billingPeer)))}
+	pol := newCellPolicy(mustCompile(t, trustpolicy.DefaultAllow,
+		grantRule("payments", idA.String(), "remote.test", billingPeer)))
 	return newEnv(t, func(c *Config) { c.Policy = pol }), pol
 }
 

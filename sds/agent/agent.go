@@ -360,7 +360,7 @@ func (a *Agent) runCA(ctx context.Context) error {
 		relayed:     make(chan struct{}),
 	}
 	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())
-	return a.serve(ctx, id, a.rot.Cell(), trust, sds.CellPolicy{Cell: policy}, r.relayed, a.rot.Run, r.Run)
+	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), r.relayed, a.rot.Run, r.Run)
 }
 
 // Limits of the local gRPC server. Envoy's requests are small; a few

@@ -120,7 +120,7 @@ func TestRelayPolicy(t *testing.T) {
 	cell := trustpolicy.NewCell(compile(rule("web", workload.String(),
 		trustpolicy.TrustDomainGrant{TrustDomain: "b.test", Peers: []string{peer}},
 		trustpolicy.TrustDomainGrant{TrustDomain: "c.test"})))
-	up := newUpstreamWith(t, caA, trust, "", sds.CellPolicy{Cell: cell})
+	up := newUpstreamWith(t, caA, trust, "", trustpolicy.NewAccess(cell, nil))
 	a := caAgent(t, sock, newFakeRotator(t, caA, workload), up.addr, prometheus.NewRegistry())
 	_, done := runAgent(t, a)
 	waitSocket(t, sock, done)
