@@ -185,10 +185,16 @@ func BenchmarkSDSStreams(b *testing.B) {
 // median: one stall of the machine must not decide it. The pair runs one
 // after the other; on a shared machine read BenchmarkSDSFanoutInterleaved.
 func BenchmarkSDSFanout(b *testing.B) {
+	benchFanout(b, benchTargets)
+}
+
+// benchFanout runs each target's fan-out one after the other: the median
+// of at least five publications to 10,000 streams.
+func benchFanout(b *testing.B, targets []benchTarget) {
 	roots := benchRoots(b, 2)
 	for _, n := range []int{10000} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
-			for _, tg := range benchTargets {
+			for _, tg := range targets {
 				b.Run(tg.name, func(b *testing.B) {
 					f := startFanout(b, tg, n, roots)
 					var pushes []float64
@@ -267,24 +273,7 @@ func BenchmarkSDSFanoutPolicyInterleaved(b *testing.B) {
 // once) and 500 exact rules that match no stream. Each publication
 // rotates the local root, which changes every stream's ALL.
 func BenchmarkSDSFanoutPolicy(b *testing.B) {
-	roots := benchRoots(b, 2)
-	for _, n := range []int{10000} {
-		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
-			for _, tg := range policyTargets {
-				b.Run(tg.name, func(b *testing.B) {
-					f := startFanout(b, tg, n, roots)
-					var pushes []float64
-					b.ResetTimer()
-					for i := range max(b.N, 5) {
-						pushes = append(pushes, float64(f.push(b, roots[i%len(roots)])))
-					}
-					b.StopTimer()
-					b.ReportMetric(median(pushes), "ns/op")
-					f.stop(b)
-				})
-			}
-		})
-	}
+	benchFanout(b, policyTargets)
 }
 
 var benchPartner = spiffeid.RequireTrustDomainFromString("partner.example")
