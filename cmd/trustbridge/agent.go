@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/sds/agent"
 )
 
@@ -154,13 +153,13 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	// Each part names its component on the process's logger; one derived
 	// from another's would carry both (the rotator's records said
 	// "component" twice).
-	logger := base.With(logattr.Component, "agent")
 	routeGRPCLog(base)
 	reg := newRegistry()
 	cfg, err := o.config(base, reg)
 	if err != nil {
 		return err
 	}
+	logger := cfg.Logger
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err

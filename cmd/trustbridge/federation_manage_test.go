@@ -167,9 +167,7 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 // writeTemp writes content to a file of its own and returns its path.
 func writeTemp(t *testing.T, content string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
-	return path
+	return writeFile(t, content, 0o600)
 }
 
 // An add that fails keeps the last good state and says how to fix it: a

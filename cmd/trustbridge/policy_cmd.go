@@ -162,11 +162,7 @@ func (o policyExplainOptions) offline(id string) (trustview.Explanation, error) 
 // compilePolicyFile reads, parses and compiles a policy file as the
 // server would, with def as --trust-policy-default (the stricter wins).
 func compilePolicyFile(path string, local spiffeid.TrustDomain, def trustpolicy.Default) (*trustpolicy.Policy, error) {
-	data, err := readSmallFile(path, trustpolicy.MaxDocumentSize)
-	if err != nil {
-		return nil, err
-	}
-	doc, err := trustpolicy.Parse(data, "file:"+path)
+	doc, err := parsePolicyFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +170,15 @@ func compilePolicyFile(path string, local spiffeid.TrustDomain, def trustpolicy.
 		def = trustpolicy.DefaultDeny
 	}
 	return trustpolicy.Compile(local, def, doc.Rules)
+}
+
+// parsePolicyFile reads and parses a policy file as the server would.
+func parsePolicyFile(path string) (trustpolicy.Document, error) {
+	data, err := readSmallFile(path, trustpolicy.MaxDocumentSize)
+	if err != nil {
+		return trustpolicy.Document{}, err
+	}
+	return trustpolicy.Parse(data, "file:"+path)
 }
 
 func printExplanation(w io.Writer, ex trustview.Explanation) error {
@@ -216,11 +221,7 @@ func newPolicyCheckCmd(e env) *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			if local == "" {
-				data, err := readSmallFile(args[0], trustpolicy.MaxDocumentSize)
-				if err != nil {
-					return err
-				}
-				doc, err := trustpolicy.Parse(data, "file:"+args[0])
+				doc, err := parsePolicyFile(args[0])
 				if err != nil {
 					return err
 				}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,13 +60,7 @@ func auditEntries(t *testing.T, path string) []audit.Entry {
 	require.NoError(t, err)
 	_, err = audit.Verify(bytes.NewReader(data))
 	require.NoError(t, err, "the chain verifies")
-	var out []audit.Entry
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var e audit.Entry
-		require.NoError(t, json.Unmarshal([]byte(line), &e))
-		out = append(out, e)
-	}
-	return out
+	return readAuditLog(t, filepath.Dir(path))
 }
 
 func policyEvents(t *testing.T, path string) []audit.Entry {

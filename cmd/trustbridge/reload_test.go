@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -48,8 +47,7 @@ func launchReloadable(t *testing.T, o serverOptions) (admin string, hup chan<- o
 func countRecords(logs, msg string) int {
 	n := 0
 	for _, line := range strings.Split(logs, "\n") {
-		var rec map[string]any
-		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == msg {
+		if logRecord(line, msg) != nil {
 			n++
 		}
 	}
