@@ -17,6 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 )
 
 // Files in the data directory.
@@ -123,19 +124,11 @@ func Parse(endpoints, bundles []byte) (State, []string, error) {
 
 // readOptional reads a file that may be absent (nil, nil).
 func readOptional(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	data, _, err := cappedfile.ReadFile(path, maxFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := bundledoc.ReadLimited(f, maxFileSize)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return data, nil
+	return data, err
 }
 
 // Save writes s into dir, each file atomically, mode 0600; a file whose

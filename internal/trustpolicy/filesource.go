@@ -6,15 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/poll"
 )
@@ -172,19 +171,14 @@ func (f *FileSource) report(what string, err error, logFailure bool) {
 }
 
 func (f *FileSource) read() ([]byte, error) {
-	file, err := os.Open(f.path)
+	// cappedfile refuses what is not a regular file (a FIFO would block
+	// the poller, and SIGHUP's Check behind it) and what is too large.
+	data, _, err := cappedfile.Read(f.path, MaxDocumentSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("trustpolicy: policy file %s does not exist: create it (an empty file has no rules) or drop --trust-policy", f.path)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("trustpolicy: policy file: %w", err)
+		return nil, fmt.Errorf("trustpolicy: policy file %s: %w", f.path, err)
 	}
-	defer file.Close()
-	data, err := io.ReadAll(io.LimitReader(file, MaxDocumentSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("trustpolicy: policy file: %w", err)
-	}
-	// Parse refuses an oversized document; reading one byte more than
-	// the limit is enough to know.
 	return data, nil
 }
