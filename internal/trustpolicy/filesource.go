@@ -129,13 +129,19 @@ func (f *FileSource) checkLocked(logFailure bool) error {
 	}
 	digest := sha256.Sum256(data)
 	key := hex.EncodeToString(digest[:])
-	switch {
-	case f.loaded && digest == f.good && f.reported == "":
+	if f.loaded && digest == f.good && f.reported == "" {
 		return nil // unchanged
-	case f.parseErr != "" && digest == f.parseFailed:
-		return errors.New(f.parseErr)
 	}
-	doc, err := Parse(data, f.source)
+	// Parsing is deterministic: the same bytes fail the same way, so only
+	// the parse is skipped for them; the failure is still recorded and
+	// reported (once per distinct failure), as another failure may have
+	// come in between.
+	var doc Document
+	if f.parseErr != "" && digest == f.parseFailed {
+		err = errors.New(f.parseErr)
+	} else {
+		doc, err = Parse(data, f.source)
+	}
 	if err != nil {
 		f.parseFailed, f.parseErr = digest, err.Error()
 		f.comb.SetSourceError(f.source, err)

@@ -205,3 +205,25 @@ func TestFileSourceParseErrorCached(t *testing.T) {
 	assert.Equal(t, first.Error(), f.Check().Error())
 	assert.NotEmpty(t, f.parseErr)
 }
+
+// Bad bytes, then the file gone, then the same bad bytes again: the
+// status shows the parse error again, not the missing file, and the
+// refusal is reported again (another failure came in between).
+func TestFileSourceCachedParseErrorStillRecorded(t *testing.T) {
+	c, _, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, filePolicy)
+	var refused []string
+	f := NewFileSource(path, c, nil, 0, WithRefusedHook(func(_ string, err error) { refused = append(refused, err.Error()) }))
+	require.NoError(t, f.Load())
+
+	writeFile(t, path, "rules: [")
+	parseErr := f.Check()
+	require.Error(t, parseErr)
+	require.NoError(t, os.Remove(path))
+	require.ErrorContains(t, f.Check(), "does not exist")
+	writeFile(t, path, "rules: [")
+	assert.Equal(t, parseErr.Error(), f.Check().Error())
+	assert.Equal(t, parseErr.Error(), c.Statuses()[0].LastError)
+	assert.Len(t, refused, 3)
+}
