@@ -229,7 +229,7 @@ func (a *X509SVID) precheck(certs []*x509.Certificate) (spiffeid.ID, error) {
 	if id.Path() == "" {
 		return spiffeid.ID{}, invalidf(MethodX509SVID, "client SVID %s has no path", id)
 	}
-	if !clientAuthAllowed(leaf) {
+	if !svidcheck.AllowsUsage(leaf, x509.ExtKeyUsageClientAuth) {
 		return spiffeid.ID{}, invalidf(MethodX509SVID, "client SVID %s has extended key usages without clientAuth", id)
 	}
 	if err := checkChainBounds(certs); err != nil {
@@ -273,18 +273,6 @@ func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle
 	a.cache.add(key, chains)
 	a.m.results.WithLabelValues(x509Verified).Inc()
 	return nil
-}
-
-// clientAuthAllowed reports whether the leaf may be used as a TLS client
-// certificate: a leaf that lists usages but not clientAuth was not meant
-// for this. Verification checks it along the whole chain; this refuses
-// such a leaf before any signature is checked.
-func clientAuthAllowed(leaf *x509.Certificate) bool {
-	if len(leaf.ExtKeyUsage) == 0 && len(leaf.UnknownExtKeyUsage) == 0 {
-		return true
-	}
-	return slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageClientAuth) ||
-		slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageAny)
 }
 
 // Results of one X509SVID call that reached chain checks, the label of

@@ -83,11 +83,13 @@ func allowingUsage(chains [][]*x509.Certificate, usage x509.ExtKeyUsage) [][]*x5
 		return chains
 	}
 	return slices.DeleteFunc(chains, func(chain []*x509.Certificate) bool {
-		return slices.ContainsFunc(chain, func(c *x509.Certificate) bool { return !allows(c, usage) })
+		return slices.ContainsFunc(chain, func(c *x509.Certificate) bool { return !AllowsUsage(c, usage) })
 	})
 }
 
-func allows(c *x509.Certificate, usage x509.ExtKeyUsage) bool {
+// AllowsUsage reports whether c may be used for usage: it lists no
+// extended key usage, or lists usage or any.
+func AllowsUsage(c *x509.Certificate, usage x509.ExtKeyUsage) bool {
 	if len(c.ExtKeyUsage) == 0 && len(c.UnknownExtKeyUsage) == 0 {
 		return true
 	}

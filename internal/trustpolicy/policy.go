@@ -270,9 +270,6 @@ func (s compiledSelector) matches(sub Subject) bool {
 	return true
 }
 
-// Local is the policy's local trust domain.
-func (p *Policy) Local() spiffeid.TrustDomain { return p.local }
-
 // Default is what ungoverned trust domains get.
 func (p *Policy) Default() Default { return p.def }
 
@@ -355,14 +352,6 @@ func (g Grant) merge(o Grant, rule string) Grant {
 	return out
 }
 
-// AllowsPeer reports whether id is an accepted peer of the grant.
-func (g Grant) AllowsPeer(id spiffeid.ID) bool {
-	if !id.MemberOf(g.TrustDomain) {
-		return false
-	}
-	return len(g.Peers) == 0 || slices.ContainsFunc(g.Peers, func(p Pattern) bool { return p.Matches(id) })
-}
-
 // Decision is what one subject may trust under one Policy.
 type Decision struct {
 	policy *Policy
@@ -392,11 +381,6 @@ func (d Decision) Allows(td spiffeid.TrustDomain) (Grant, bool) {
 // Governs reports whether a rule of the decision's policy names td.
 func (d Decision) Governs(td spiffeid.TrustDomain) bool {
 	return d.policy != nil && d.policy.governed[td]
-}
-
-// Restricted reports whether any granted trust domain limits its peers.
-func (d Decision) Restricted() bool {
-	return slices.ContainsFunc(d.Grants, func(g Grant) bool { return len(g.Peers) > 0 })
 }
 
 // Key identifies the decision's effect: two decisions with equal keys
