@@ -69,7 +69,8 @@ func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy
 }
 
 // trustedBy is who may trust td under p; nil for the local trust domain.
-func trustedBy(cfg *PolicyConfig, p *trustpolicy.Policy, td spiffeid.TrustDomain, local bool) *trustview.TrustedBy {
+// byTD is rulesByTrustDomain's, built once per snapshot.
+func trustedBy(p *trustpolicy.Policy, byTD map[string][]trustview.PolicyRule, td spiffeid.TrustDomain, local bool) *trustview.TrustedBy {
 	if local {
 		return nil
 	}
@@ -78,25 +79,35 @@ func trustedBy(cfg *PolicyConfig, p *trustpolicy.Policy, td spiffeid.TrustDomain
 		return tb
 	}
 	tb.Default, tb.Governed = string(p.Default()), p.Governed(td)
+	tb.Rules = append(tb.Rules, byTD[td.Name()]...)
+	return tb
+}
+
+// rulesByTrustDomain is, per trust domain a rule names, the rules naming
+// it in policy order, each with its workloads, its peers there and what
+// it matched: one pass over the rules however many trust domains the
+// snapshot shows.
+func rulesByTrustDomain(cfg *PolicyConfig, p *trustpolicy.Policy) map[string][]trustview.PolicyRule {
+	if p == nil {
+		return nil
+	}
+	out := make(map[string][]trustview.PolicyRule)
 	for _, r := range p.Rules() {
-		i := slices.IndexFunc(r.TrustDomains, func(g trustpolicy.TrustDomainGrant) bool { return g.TrustDomain == td.Name() })
-		if i < 0 {
-			continue
-		}
-		pr := trustview.PolicyRule{Name: r.Name, Origin: r.Origin, Workloads: []string{}, Peers: slices.Clone(r.TrustDomains[i].Peers)}
-		if pr.Peers == nil {
-			pr.Peers = []string{}
-		}
+		workloads := []string{}
 		for _, s := range r.Workloads {
-			pr.Workloads = append(pr.Workloads, SelectorString(s))
+			workloads = append(workloads, SelectorString(s))
 		}
+		var matched *trustview.PolicyMatches
 		if cfg.Matches != nil {
 			n, recent := cfg.Matches(r.Name)
-			pr.Matched = &trustview.PolicyMatches{Count: n, Recent: append([]string{}, recent...)}
+			matched = &trustview.PolicyMatches{Count: n, Recent: append([]string{}, recent...)}
 		}
-		tb.Rules = append(tb.Rules, pr)
+		for _, g := range r.TrustDomains {
+			pr := trustview.PolicyRule{Name: r.Name, Origin: r.Origin, Workloads: slices.Clone(workloads), Peers: append([]string{}, g.Peers...), Matched: matched}
+			out[g.TrustDomain] = append(out[g.TrustDomain], pr)
+		}
 	}
-	return tb
+	return out
 }
 
 // SelectorString is one workload selector as one line: its fields

@@ -33,9 +33,11 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 	statuses := h.federationStatuses()
 	names := h.trustDomainNames(store, statuses)
 	var policy *trustpolicy.Policy
+	var byTD map[string][]trustview.PolicyRule
 	if h.cfg.Policy != nil {
 		policy, _ = h.cfg.Policy.Cell.Load()
 		snap.TrustPolicy = policyView(h.cfg.Policy, policy)
+		byTD = rulesByTrustDomain(h.cfg.Policy, policy)
 	}
 	for n := range names {
 		td, err := spiffeid.TrustDomainFromString(n)
@@ -60,7 +62,7 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 			view.Sequence = st.Sequence
 		}
 		if h.cfg.Policy != nil {
-			view.TrustedBy = trustedBy(h.cfg.Policy, policy, td, view.Local)
+			view.TrustedBy = trustedBy(policy, byTD, td, view.Local)
 		}
 		snap.TrustDomains = append(snap.TrustDomains, view)
 	}
