@@ -49,41 +49,12 @@ func (x *delta) run(ctx context.Context, s *Server, ident authn.Identity, r auth
 		return err
 	}
 	s.handled()
-	for {
-		var err error
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-errc:
-			return recvEnd(err)
-		case req := <-reqs:
-			if err = x.onRequest(ctx, req); err == nil {
-				if err = x.push(ctx); err == nil {
-					s.handled()
-				}
-			}
-		case <-x.trustChanged():
-			x.trustFired()
-			err = x.push(ctx)
-		case <-x.policyChanged():
-			// Every stream wakes; only those whose decision's effect
-			// changed push.
-			if x.decide() {
-				err = x.push(ctx)
-			}
-		case <-x.credChanged():
-			if err = x.refreshCredential(ctx); err == nil {
-				err = x.push(ctx)
-			}
-		case <-x.refreshDue():
-			if err = x.refreshCredential(ctx); err == nil {
-				err = x.push(ctx)
-			}
-		}
-		if err != nil {
+	return loop(ctx, x.session, reqs, errc, func(req *discoveryv3.DeltaDiscoveryRequest) error {
+		if err := x.onRequest(ctx, req); err != nil {
 			return err
 		}
-	}
+		return x.push(ctx)
+	}, x.push)
 }
 
 // open takes the versions a reconnecting client already holds and its

@@ -396,6 +396,46 @@ func reauthRetryDelay(failures int) time.Duration {
 	return min(d, maxReauthRetryDelay)
 }
 
+// loop serves a stream after its first request until it ends: each
+// request goes to onRequest, and every change of what the stream sends
+// (trust, policy, credential, a refresh due) is pushed with push. Updates
+// are not queued: push sends the newest state.
+func loop[R any](ctx context.Context, ss *session, reqs <-chan R, errc <-chan error, onRequest func(R) error, push func(context.Context) error) error {
+	for {
+		var err error
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errc:
+			return recvEnd(err)
+		case req := <-reqs:
+			if err = onRequest(req); err == nil {
+				ss.s.handled()
+			}
+		case <-ss.trustChanged():
+			ss.trustFired()
+			err = push(ctx)
+		case <-ss.policyChanged():
+			// Every stream wakes; only those whose decision's effect
+			// changed push.
+			if ss.decide() {
+				err = push(ctx)
+			}
+		case <-ss.credChanged():
+			if err = ss.refreshCredential(ctx); err == nil {
+				err = push(ctx)
+			}
+		case <-ss.refreshDue():
+			if err = ss.refreshCredential(ctx); err == nil {
+				err = push(ctx)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
 // firstRequest waits for a stream's first request, which carries the
 // node; nil (with recvEnd's or the context's verdict) when none came.
 func firstRequest[T any](ctx context.Context, reqs <-chan *T, errc <-chan error) (*T, error) {

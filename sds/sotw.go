@@ -56,39 +56,7 @@ func (x *sotw) run(ctx context.Context, s *Server, ident authn.Identity, r authn
 		return err
 	}
 	s.handled()
-	for {
-		var err error
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-errc:
-			return recvEnd(err)
-		case req := <-reqs:
-			if err = x.onRequest(ctx, req); err == nil {
-				s.handled()
-			}
-		case <-x.trustChanged():
-			x.trustFired()
-			err = x.push(ctx)
-		case <-x.policyChanged():
-			// Every stream wakes; only those whose decision's effect
-			// changed push.
-			if x.decide() {
-				err = x.push(ctx)
-			}
-		case <-x.credChanged():
-			if err = x.refreshCredential(ctx); err == nil {
-				err = x.push(ctx)
-			}
-		case <-x.refreshDue():
-			if err = x.refreshCredential(ctx); err == nil {
-				err = x.push(ctx)
-			}
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return loop(ctx, x.session, reqs, errc, func(req *discoveryv3.DiscoveryRequest) error { return x.onRequest(ctx, req) }, x.push)
 }
 
 // recvEnd is the stream's result when reading failed: a client that closed
