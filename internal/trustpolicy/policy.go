@@ -204,6 +204,24 @@ func compileGovernOnly(local spiffeid.TrustDomain, cr compiledRule) (compiledRul
 	return cr, nil
 }
 
+// GovernOnlyRule is the GovernOnly stand-in, named name from origin, of
+// a rule that cannot be applied: the trust domains of tds that are valid
+// federated trust domains, each once; nil when none is.
+func GovernOnlyRule(name, origin string, local spiffeid.TrustDomain, tds []string) *Rule {
+	r := Rule{Name: name, Origin: origin, GovernOnly: true}
+	for _, td := range tds {
+		if _, err := compileGrant(local, TrustDomainGrant{TrustDomain: td}); err != nil ||
+			slices.ContainsFunc(r.TrustDomains, func(g TrustDomainGrant) bool { return g.TrustDomain == td }) {
+			continue
+		}
+		r.TrustDomains = append(r.TrustDomains, TrustDomainGrant{TrustDomain: td})
+	}
+	if len(r.TrustDomains) == 0 {
+		return nil
+	}
+	return &r
+}
+
 func compileSelector(local spiffeid.TrustDomain, s Selector) (compiledSelector, error) {
 	var cs compiledSelector
 	if s.SPIFFEID == "" && s.Namespace == "" && s.Labels == nil {

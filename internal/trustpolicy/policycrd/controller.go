@@ -272,18 +272,11 @@ func judge(rs []resource, valid map[string]validRule, local spiffeid.TrustDomain
 // the trust domains it names governed, so that they do not fall to the
 // default and reach every workload. Nil when it names none that parse.
 func governOnly(name string, spec Spec, local spiffeid.TrustDomain) *trustpolicy.Rule {
-	r := trustpolicy.Rule{Name: RuleName(name), Origin: OriginPrefix + name, GovernOnly: true}
-	for _, g := range spec.TrustDomains {
-		td, err := spiffeid.TrustDomainFromString(g.Name)
-		if err != nil || td.Name() != g.Name || td == local || slices.ContainsFunc(r.TrustDomains, func(x trustpolicy.TrustDomainGrant) bool { return x.TrustDomain == g.Name }) {
-			continue
-		}
-		r.TrustDomains = append(r.TrustDomains, trustpolicy.TrustDomainGrant{TrustDomain: g.Name})
+	tds := make([]string, len(spec.TrustDomains))
+	for i, g := range spec.TrustDomains {
+		tds[i] = g.Name
 	}
-	if len(r.TrustDomains) == 0 {
-		return nil
-	}
-	return &r
+	return trustpolicy.GovernOnlyRule(RuleName(name), OriginPrefix+name, local, tds)
 }
 
 // verdict is what sync decided about one resource.
