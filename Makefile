@@ -19,7 +19,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint clean kube-tools spire-tools ui-tools ui-screenshot
+.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot
 
 all: build
 
@@ -209,6 +209,17 @@ bench-istio: build
 	mkdir -p bin
 	cd internal/istiotest && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench BenchmarkIstioClientThroughput -benchtime $(BENCHISTIO_TIME) -count $(BENCHISTIO_COUNT) . > $(CURDIR)/bin/bench-istio.txt || (cat $(CURDIR)/bin/bench-istio.txt; exit 1)
 	cat bin/bench-istio.txt
+
+# proto: regenerate internal/identityapi from identity.proto (the generated
+# code is committed; CI does not run this). protoc from Debian, the Go
+# plugins at pinned versions into bin/proto.
+PROTO_BIN := $(CURDIR)/bin/proto
+proto:
+	@command -v protoc >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler; }
+	GOBIN=$(PROTO_BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	GOBIN=$(PROTO_BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+	cd internal/identityapi && PATH=$(PROTO_BIN):$$PATH protoc --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative identity.proto
 
 # lint: staticcheck over the main module, and vet, tidy and staticcheck over
 # the modules of their own that ./... does not reach.
