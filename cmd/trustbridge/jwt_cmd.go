@@ -171,6 +171,10 @@ of every trust domain the server's trust policy lets you trust.`,
 	}
 	f := cmd.Flags()
 	addCAConnFlags(f, &o.caConnOptions)
+	for _, name := range []string{"ca-addr", "root-cert"} {
+		fl := f.Lookup(name)
+		fl.Usage = strings.Replace(fl.Usage, "(required)", "(required without --bundle)", 1)
+	}
 	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
 	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
