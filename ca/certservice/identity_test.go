@@ -36,13 +36,12 @@ type fakeJWTSigner struct {
 	key *ecdsa.PrivateKey
 	clk clock.PassiveClock
 
-	mu       sync.Mutex
-	err      error
-	calls    int
-	lastID   spiffeid.ID
-	lastAud  []string
-	lastTTL  time.Duration
-	lastSent time.Time
+	mu      sync.Mutex
+	err     error
+	calls   int
+	lastID  spiffeid.ID
+	lastAud []string
+	lastTTL time.Duration
 }
 
 const testKID = "kid-1"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"testing"
 	"time"
 
@@ -53,11 +54,20 @@ func BenchmarkMintJWTSVIDInterleaved(b *testing.B) {
 		clients := bf.clients(b, n)
 		ops := 16 * n // a JWT is fast: longer rounds, for a steadier ratio
 		sign := func() (time.Duration, error) { return timedRound(n, ops, func(int) error { return bf.mint() }) }
+		var (
+			ratios         []float64
+			total          time.Duration
+			bytes, mallocs uint64
+			before, after  runtime.MemStats
+		)
 		call := func() (time.Duration, error) {
-			return timedRound(n, ops, func(i int) error { return bf.call(clients[i]) })
+			runtime.ReadMemStats(&before) // outside the timed round: it stops the world
+			d, err := timedRound(n, ops, func(i int) error { return bf.call(clients[i]) })
+			runtime.ReadMemStats(&after)
+			bytes += after.TotalAlloc - before.TotalAlloc
+			mallocs += after.Mallocs - before.Mallocs
+			return d, err
 		}
-		var ratios []float64
-		var total time.Duration
 		b.ResetTimer()
 		for i := range max(b.N, 5) {
 			first, second := sign, call
@@ -77,7 +87,11 @@ func BenchmarkMintJWTSVIDInterleaved(b *testing.B) {
 			total += dc
 		}
 		b.StopTimer()
-		b.ReportMetric(float64(total)/float64(len(ratios)*ops), "ns/op")
+		calls := float64(len(ratios) * ops)
+		b.ReportMetric(float64(total)/calls, "ns/op")
+		// Per gRPC call, client and server together, not per iteration.
+		b.ReportMetric(float64(bytes)/calls, "B/op")
+		b.ReportMetric(float64(mallocs)/calls, "allocs/op")
 		b.ReportMetric(median(ratios), "x-baseline")
 	})
 }
