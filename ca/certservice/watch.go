@@ -48,12 +48,16 @@ func (is *identityService) WatchBundles(_ *identityapi.WatchBundlesRequest, stre
 	}
 	defer release()
 	w := &watch{s: s, stream: stream, r: r, ident: ident, expiry: credentialExpiry(ident, r)}
-	ref = w.run(ctx)
+	ref, err := w.run(ctx)
 	method := methodLabel(w.ident)
 	switch {
 	case ref == nil:
+		// The caller left, or the transport failed under the stream.
 		s.metrics.watches.WithLabelValues(codes.Canceled.String(), method).Inc()
-		return status.FromContextError(ctx.Err()).Err()
+		if err == nil {
+			err = status.FromContextError(ctx.Err()).Err()
+		}
+		return err
 	case ref.reason == "shutdown":
 		// Every stream ends at once: one log line for the server, not
 		// one per stream.
@@ -100,19 +104,20 @@ type watch struct {
 	last   *identityapi.WatchBundlesResponse
 }
 
-// run sends until the stream ends; nil when the caller left.
-func (w *watch) run(ctx context.Context) *refusal {
+// run sends until the stream ends: a refusal, or none when the caller
+// left (with the error of the send that found it gone, if any).
+func (w *watch) run(ctx context.Context) (*refusal, error) {
 	clk := w.s.timers()
 	for {
 		bundles, trustChanged := w.s.cfg.Bundles.Bundles()
 		d, decisionChanged := w.s.decide(w.ident)
 		msg, err := w.s.render(w.ident.ID.TrustDomain(), bundles, trustChanged, d)
 		if err != nil {
-			return &refusal{codes.Internal, "internal", "internal error", err}
+			return &refusal{codes.Internal, "internal", "internal error", err}, nil
 		}
 		if w.last == nil || !sameMessage(w.last, msg) {
 			if err := w.stream.Send(msg); err != nil {
-				return nil // the caller left, or the transport failed
+				return nil, err
 			}
 			w.last = msg
 			w.s.metrics.watchMessages.Inc()
@@ -121,15 +126,15 @@ func (w *watch) run(ctx context.Context) *refusal {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return nil, nil
 		case <-w.s.stopping:
 			t.Stop()
-			return &refusal{codes.Unavailable, "shutdown", "the server is shutting down; reconnect", nil}
+			return &refusal{codes.Unavailable, "shutdown", "the server is shutting down; reconnect", nil}, nil
 		case <-trustChanged:
 		case <-decisionChanged:
 		case <-t.C():
 			if ref := w.reauthenticate(ctx, clk.Now()); ref != nil {
-				return ref
+				return ref, nil
 			}
 		}
 		t.Stop()

@@ -320,3 +320,24 @@ func TestWatchBundlesReauthentication(t *testing.T) {
 	assert.Equal(t, codes.Unauthenticated, status.Code(err))
 	assert.Equal(t, 1.0, testutil.ToFloat64(w.svc.WatchMessagesForTest()), "nothing sent between")
 }
+
+// Callers with different decisions on one trust each get their own map,
+// however the encodings are shared.
+func TestWatchBundlesPerCallerOnSharedTrust(t *testing.T) {
+	pol := &fakePolicy{p: testPolicy(t, trustpolicy.DefaultDeny), ch: make(chan struct{})}
+	w := newWatchFixture(t, func(cfg *certservice.Config) { cfg.Policy = pol })
+	other := spiffeid.RequireFromString("spiffe://example.org/other")
+	web := w.watch(t, w.identityClient(t, svid(t, w.authority, workloadID), ""))
+	oth := w.watch(t, w.identityClient(t, svid(t, w.authority, other), ""))
+	web2 := w.watch(t, w.identityClient(t, svid(t, w.authority, workloadID), ""))
+	for range 2 { // at once, then after a rotation of both granted trust domains
+		got, _ := recvMap(t, web)
+		assert.ElementsMatch(t, []string{"allowed.example", "example.org"}, names(got))
+		got, _ = recvMap(t, oth)
+		assert.ElementsMatch(t, []string{"denied.example", "example.org"}, names(got))
+		got, _ = recvMap(t, web2)
+		assert.ElementsMatch(t, []string{"allowed.example", "example.org"}, names(got))
+		w.bundles.set(w.authority.Bundle(), testca.New(t, "allowed.example").Bundle(), testca.New(t, "denied.example").Bundle(), w.fed[withheldTD])
+	}
+	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()))
+}
