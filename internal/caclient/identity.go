@@ -10,6 +10,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
@@ -73,21 +74,45 @@ func FetchBundles(ctx context.Context, addr string, tlsCfg *tls.Config, token st
 		return nil, err
 	}
 	defer conn.Close()
+	var first *Bundles
+	err = WatchBundles(ctx, conn, func(b *Bundles) error {
+		first = b
+		return errStop
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	return first, err
+}
+
+var errStop = errors.New("stop")
+
+// WatchBundles streams the caller's bundles on conn (from Dial) to fn,
+// one call per message the server sends (a new one only when what the
+// caller may trust changed), until ctx ends, the stream fails, or fn
+// returns an error, which WatchBundles returns. A stream the server ends
+// returns its gRPC status error: Unauthenticated when the credential that
+// opened it expired, Unavailable when the server stops; reconnect.
+func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, fn func(*Bundles) error) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the stream after the first message
+	defer cancel()
 	stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	msg, err := stream.Recv()
-	if err != nil {
-		return nil, err
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		bundles, _, err := bundledoc.ParseMap(msg.GetBundleMap())
+		if err != nil {
+			return fmt.Errorf("the server's bundle map: %w", err)
+		}
+		if err := fn(&Bundles{Bundles: bundles, Withheld: msg.GetWithheldTrustDomains()}); err != nil {
+			return err
+		}
 	}
-	bundles, _, err := bundledoc.ParseMap(msg.GetBundleMap())
-	if err != nil {
-		return nil, fmt.Errorf("the server's bundle map: %w", err)
-	}
-	return &Bundles{Bundles: bundles, Withheld: msg.GetWithheldTrustDomains()}, nil
 }
 
 // ParseBundles reads trust from a file's content: a SPIFFE bundle map, or

@@ -1,17 +1,25 @@
 package caclient
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"fmt"
+	"net"
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
@@ -92,4 +100,58 @@ func FuzzParseBundles(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fakeIdentity sends each of msgs on WatchBundles, then ends the stream
+// with Unauthenticated, as the server does when a credential expires.
+type fakeIdentity struct {
+	identityapi.UnimplementedIdentityServiceServer
+	msgs [][]byte
+}
+
+func (f *fakeIdentity) WatchBundles(_ *identityapi.WatchBundlesRequest, s grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
+	for i, m := range f.msgs {
+		if err := s.Send(&identityapi.WatchBundlesResponse{BundleMap: m, WithheldTrustDomains: []string{fmt.Sprint("w", i, ".example")}}); err != nil {
+			return err
+		}
+	}
+	return status.Error(codes.Unauthenticated, "credential expired")
+}
+
+func TestWatchBundles(t *testing.T) {
+	mapDoc, _, _ := jwtBundleDocs(t)
+	g := grpc.NewServer()
+	identityapi.RegisterIdentityServiceServer(g, &fakeIdentity{msgs: [][]byte{mapDoc, []byte(`{"trust_domains":{}}`), []byte("junk")}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+
+	var got []*Bundles
+	err = WatchBundles(context.Background(), conn, func(b *Bundles) error {
+		got = append(got, b)
+		return nil
+	})
+	require.Len(t, got, 2)
+	assert.Len(t, got[0].Bundles, 2)
+	assert.Equal(t, []string{"w0.example"}, got[0].Withheld)
+	assert.Empty(t, got[1].Bundles)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the server's bundle map", "a bad map ends the watch")
+
+	// The stream's own end comes back as its status.
+	g2 := grpc.NewServer()
+	identityapi.RegisterIdentityServiceServer(g2, &fakeIdentity{msgs: [][]byte{mapDoc}})
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = g2.Serve(ln2) }()
+	t.Cleanup(g2.Stop)
+	conn2, err := grpc.NewClient(ln2.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn2.Close() })
+	err = WatchBundles(context.Background(), conn2, func(*Bundles) error { return nil })
+	assert.Equal(t, codes.Unauthenticated, status.Code(err))
 }
