@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -255,4 +256,26 @@ func TestIdentityServiceNotRegisteredWithoutConfig(t *testing.T) {
 	f := newFixture(t, nil)
 	_, err := f.identityClient(t, nil, goodToken).MintJWTSVID(context.Background(), &identityapi.MintJWTSVIDRequest{Audience: []string{"a"}})
 	assert.Equal(t, codes.Unimplemented, status.Code(err))
+}
+
+// ttl_seconds reaches the signer as asked: 0 for its default, anything
+// larger than a time.Duration holds as the largest one, for it to clamp.
+func TestMintJWTSVIDLifetime(t *testing.T) {
+	f, signer := jwtFixture(t, nil)
+	c := f.identityClient(t, nil, goodToken)
+	for _, tc := range []struct {
+		seconds int64
+		toSign  time.Duration
+		life    time.Duration
+	}{
+		{0, 0, 5 * time.Minute},
+		{90, 90 * time.Second, 90 * time.Second},
+		{1 << 40, time.Duration(math.MaxInt64), time.Hour},
+	} {
+		resp, err := c.MintJWTSVID(context.Background(), &identityapi.MintJWTSVIDRequest{Audience: []string{"a"}, TtlSeconds: tc.seconds})
+		require.NoError(t, err)
+		_, _, ttl, _ := signer.last()
+		assert.Equal(t, tc.toSign, ttl, "%d", tc.seconds)
+		assert.WithinDuration(t, time.Now().Add(tc.life), time.Unix(resp.GetExpiresAt(), 0), 5*time.Second, "%d", tc.seconds)
+	}
 }
