@@ -44,6 +44,28 @@
 // splits that last element into its roots too, and wants every other
 // element to be one certificate, as here.
 //
+// trustbridge.identity.v1.IdentityService (internal/identityapi) shares
+// the server, the authenticators, the per-identity rate limit, the
+// signing queue and the refusal logs, and is registered when Config.JWT
+// or Config.Bundles is set. Its callers authenticate as for a certificate,
+// except that an X509-SVID whose grant no longer stands, or SDS minted,
+// and a single-use bootstrap token (which buys one certificate) are
+// refused, as on SDS. MintJWTSVID signs a JWT-SVID whose subject is the
+// caller's proven identity (no request field names one) for 1 to
+// MaxAudiences audiences of at most MaxAudienceBytes each; ttl_seconds 0
+// takes the signer's default and a larger one is clamped by it; without
+// Config.JWT it answers FailedPrecondition. WatchBundles streams the
+// caller's SPIFFE bundle map: at once, then whenever Config.Bundles or
+// the caller's Config.Policy decision changes what it holds, never the
+// same bytes twice. The caller's own trust domain is always in it; a
+// federated one is in it when the decision allows it to every member,
+// named in withheld_trust_domains when allowed only for some peers
+// (which a bundle cannot say), and absent when denied. Streams are
+// bounded (Config.MaxBundleWatches), re-authenticate every
+// Config.WatchReauthInterval, end with Unauthenticated when the
+// credential that opened them (the X509-SVID's NotAfter, a JWT bearer
+// token's exp) expires, and with Unavailable when the server stops.
+//
 //	svc, err := certservice.New(certservice.Config{
 //		Signer:        authority, // *ca.Authority
 //		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots, nil), bootstrap},
@@ -53,6 +75,9 @@
 //			authn.MethodKubernetesJWT:  serviceAccounts, // *authn.ServiceAccountGrants
 //		},
 //		MaxRenewalLifetime: 30 * 24 * time.Hour,
+//		JWT:                authority,    // JWT-SVIDs (IdentityService)
+//		Bundles:            trustBundles, // every trust domain's bundle, for WatchBundles
+//		Policy:             access,       // *trustpolicy.Access; nil: every trust domain
 //	})
 //	if err != nil {
 //		return err
@@ -60,7 +85,8 @@
 //	srv := certservice.NewServer(svc, certservice.TLSConfig(servingCert.GetCertificate), ln)
 //	return srv.Run(ctx)
 //
-// Specs: X509-SVID §5 (leaf certificates); Istio's CA API
+// Specs: X509-SVID §5 (leaf certificates); JWT-SVID §3 (claims) and the
+// SPIFFE Trust Domain and Bundle spec §4 (bundle maps); Istio's CA API
 // (https://github.com/istio/api/blob/master/security/v1alpha1/ca.proto);
 // SPIRE GHSA-h746-rm5q-8mgq on why the CSR never names the identity.
 package certservice

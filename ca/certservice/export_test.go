@@ -7,3 +7,19 @@ import "github.com/prometheus/client_golang/prometheus"
 func (s *Service) GrantChecksForTest(method, result string) prometheus.Counter {
 	return s.metrics.grantChecks.WithLabelValues(method, result)
 }
+
+// JWTSVIDsForTest is one series of trustbridge_certservice_jwt_svids_total.
+func (s *Service) JWTSVIDsForTest(code, method string) prometheus.Counter {
+	return s.metrics.jwtSVIDs.WithLabelValues(code, method)
+}
+
+// WatchesForTest is one series of trustbridge_certservice_bundle_watches_total.
+func (s *Service) WatchesForTest(code, method string) prometheus.Counter {
+	return s.metrics.watches.WithLabelValues(code, method)
+}
+
+// WatchesOpenForTest is trustbridge_certservice_bundle_watches_open.
+func (s *Service) WatchesOpenForTest() prometheus.Gauge { return s.metrics.watchesOpen }
+
+// WatchMessagesForTest is trustbridge_certservice_bundle_watch_messages_total.
+func (s *Service) WatchMessagesForTest() prometheus.Counter { return s.metrics.watchMessages }

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
 
 var (
@@ -80,6 +82,8 @@ type fixture struct {
 	reg       *prometheus.Registry
 	logs      *testlog.Buffer
 	addr      string
+	// stop stops the server and waits for Run to return (also at cleanup).
+	stop func()
 }
 
 // newFixture starts a service. mutate may change the config; its Signer,
@@ -116,10 +120,14 @@ func newFixture(tb testing.TB, mutate func(*certservice.Config, *ca.Authority), 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		require.NoError(tb, <-done)
-	})
+	var once sync.Once
+	f.stop = func() {
+		once.Do(func() {
+			cancel()
+			require.NoError(tb, <-done)
+		})
+	}
+	tb.Cleanup(f.stop)
 	return f
 }
 
@@ -153,6 +161,17 @@ func (f *fixture) tlsConfig(cert *tls.Certificate) *tls.Config {
 
 func (f *fixture) clientTLS(tb testing.TB, tlsCfg *tls.Config, token string) securityv1alpha1.IstioCertificateServiceClient {
 	tb.Helper()
+	return securityv1alpha1.NewIstioCertificateServiceClient(f.conn(tb, tlsCfg, token))
+}
+
+// identityClient is a client of the identity service, as client.
+func (f *fixture) identityClient(tb testing.TB, cert *tls.Certificate, token string) identityapi.IdentityServiceClient {
+	tb.Helper()
+	return identityapi.NewIdentityServiceClient(f.conn(tb, f.tlsConfig(cert), token))
+}
+
+func (f *fixture) conn(tb testing.TB, tlsCfg *tls.Config, token string) *grpc.ClientConn {
+	tb.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(token)))
@@ -160,7 +179,7 @@ func (f *fixture) clientTLS(tb testing.TB, tlsCfg *tls.Config, token string) sec
 	conn, err := grpc.NewClient(f.addr, opts...)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close() })
-	return securityv1alpha1.NewIstioCertificateServiceClient(conn)
+	return conn
 }
 
 type bearer string

@@ -19,7 +19,7 @@ func TestValidity(t *testing.T) {
 		{1 << 62, time.Duration(1<<63 - 1), false},
 	}
 	for _, tt := range tests {
-		got, ref := validity(tt.seconds)
+		got, ref := validity("validity_duration", tt.seconds)
 		assert.Equal(t, tt.refused, ref != nil, "%d", tt.seconds)
 		if ref == nil {
 			assert.Equal(t, tt.want, got, "%d", tt.seconds)

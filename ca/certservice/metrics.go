@@ -8,6 +8,11 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	signDuration prometheus.Histogram
 	grantChecks  *prometheus.CounterVec
+	// The identity service (identity.go, watch.go).
+	jwtSVIDs      *prometheus.CounterVec
+	watches       *prometheus.CounterVec
+	watchesOpen   prometheus.Gauge
+	watchMessages prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -25,8 +30,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_certservice_renewal_grant_checks_total",
 			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token or service account is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
 		}, []string{"grant_method", "result"}),
+		jwtSVIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_jwt_svids_total",
+			Help: "MintJWTSVID calls, by gRPC status code (OK: a JWT-SVID was issued) and authentication method (none when authentication failed).",
+		}, []string{"code", "method"}),
+		watches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_bundle_watches_total",
+			Help: "WatchBundles streams refused or ended, by gRPC status code (Canceled: the caller left; Unauthenticated: its credential expired or no longer authenticates; Unavailable: the server stopped) and authentication method.",
+		}, []string{"code", "method"}),
+		watchesOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_certservice_bundle_watches_open",
+			Help: "WatchBundles streams open now.",
+		}),
+		watchMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_bundle_watch_messages_total",
+			Help: "Bundle maps sent on WatchBundles streams: one when a stream opens, one per change of what its caller may trust.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks} {
+	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.jwtSVIDs, m.watches, m.watchesOpen, m.watchMessages} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

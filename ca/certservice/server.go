@@ -85,6 +85,7 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) *tl
 type Server struct {
 	grpc *grpc.Server
 	ln   net.Listener
+	svc  *Service
 }
 
 // NewServer returns a gRPC server on ln with ServerOptions, TLS from
@@ -94,7 +95,7 @@ func NewServer(svc *Service, tlsConfig *tls.Config, ln net.Listener, extra ...gr
 	opts = append(opts, extra...)
 	g := grpc.NewServer(opts...)
 	svc.Register(g)
-	return &Server{grpc: g, ln: ln}
+	return &Server{grpc: g, ln: ln, svc: svc}
 }
 
 // Registrar is where other services sharing the listener and its
@@ -117,6 +118,9 @@ func (s *Server) Run(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
+	// Bundle streams never end by themselves; a graceful stop waits for
+	// calls in progress only.
+	s.svc.stopWatches()
 	stopped := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()

@@ -12,6 +12,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
@@ -107,9 +109,31 @@ type Config struct {
 	// its bootstrap or service account token at least this often. Zero
 	// means no bound. A chain can outlive it by one certificate lifetime.
 	MaxRenewalLifetime time.Duration
-	Clock              clock.PassiveClock
-	Logger             *slog.Logger
-	Registerer         prometheus.Registerer
+
+	// JWT, when set, mints JWT-SVIDs for callers of
+	// trustbridge.identity.v1.IdentityService/MintJWTSVID; nil refuses
+	// them (FailedPrecondition). The identity service is registered when
+	// JWT or Bundles is set.
+	JWT JWTSigner
+	// Bundles, when set, is the trust WatchBundles streams, every trust
+	// domain's bundle including the local one; nil refuses such streams.
+	Bundles BundleSource
+	// Policy filters what WatchBundles sends each caller; nil sends every
+	// trust domain.
+	Policy AccessPolicy
+	// MaxBundleWatches bounds the WatchBundles streams open at once; zero
+	// means DefaultMaxBundleWatches.
+	MaxBundleWatches int
+	// WatchReauthInterval is how often a WatchBundles stream
+	// re-authenticates its caller; zero means DefaultWatchReauthInterval.
+	// A stream also ends when its caller's credential expires.
+	WatchReauthInterval time.Duration
+
+	// Clock is the time; when it is a clock.Clock, WatchBundles' timers
+	// run on it too.
+	Clock      clock.PassiveClock
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Service implements securityv1alpha1.IstioCertificateServiceServer.
@@ -128,6 +152,14 @@ type Service struct {
 	// (a revoked grant, a rate limit), so a flood of junk cannot push
 	// those to Debug.
 	refuseLog, authedLog *loglimit.Limiter
+
+	// identityAuth authenticates the identity service's callers
+	// (identityAuthenticator).
+	identityAuth authn.Authenticator
+	watchCount   atomic.Int64
+	renderings   renderCache
+	stopping     chan struct{} // closed by stopWatches
+	stopOnce     sync.Once
 }
 
 // New checks cfg and returns a Service. It starts nothing.
@@ -142,6 +174,15 @@ func New(cfg Config) (*Service, error) {
 	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
 		return nil, fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	if cfg.MaxBundleWatches < 0 || cfg.WatchReauthInterval < 0 {
+		return nil, fmt.Errorf("certservice: bundle stream limit (%d) and re-authentication interval (%s) must not be negative", cfg.MaxBundleWatches, cfg.WatchReauthInterval)
+	}
+	if cfg.MaxBundleWatches == 0 {
+		cfg.MaxBundleWatches = DefaultMaxBundleWatches
+	}
+	if cfg.WatchReauthInterval == 0 {
+		cfg.WatchReauthInterval = DefaultWatchReauthInterval
 	}
 	if cfg.MaxRenewalLifetime < 0 {
 		return nil, fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
@@ -170,6 +211,8 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
+	s.stopping = make(chan struct{})
+	s.identityAuth = identityAuthenticator(cfg, s.policy)
 	if cfg.Roots == nil {
 		s.extra.Store(&encodedRoots{})
 	}
@@ -179,9 +222,14 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// Register adds the service to a gRPC server.
+// Register adds the service to a gRPC server: Istio's certificate
+// service, and trustbridge.identity.v1.IdentityService when Config.JWT
+// or Config.Bundles is set.
 func (s *Service) Register(r grpc.ServiceRegistrar) {
 	securityv1alpha1.RegisterIstioCertificateServiceServer(r, s)
+	if s.cfg.JWT != nil || s.cfg.Bundles != nil {
+		identityapi.RegisterIdentityServiceServer(r, &identityService{s: s})
+	}
 }
 
 // impersonationKey is the request metadata field with which Istio's node
@@ -216,45 +264,59 @@ func (s *Service) CreateCertificate(ctx context.Context, req *securityv1alpha1.I
 	} else {
 		resp, ident, ref = s.create(ctx, r, req)
 	}
-	method := ident.Method
-	if method == "" {
-		method = "none"
-	}
+	method := methodLabel(ident)
 	if ref != nil {
 		s.metrics.requests.WithLabelValues(ref.code.String(), method).Inc()
-		attrs := []any{"reason", ref.reason, "code", ref.code.String(), logattr.Address, r.Peer}
-		if !ident.ID.IsZero() {
-			attrs = append(attrs, logattr.SPIFFEID, ident.ID.String(), "method", ident.Method)
-		}
-		if ref.err != nil {
-			attrs = append(attrs, logattr.Error, ref.err)
-		}
-		// A caller provokes refusals at will (bad credentials, limits, a
-		// busy authenticator under a flood): a burst of lines at their
-		// level, the rest at Debug, all counted by the metric. Only our own
-		// faults are Errors on every call.
-		lim := s.refuseLog
-		if !ident.ID.IsZero() {
-			lim = s.authedLog
-		}
-		var lvl slog.Level
-		switch {
-		case ref.code == codes.Internal || ref.reason == "signing_material":
-			lvl = slog.LevelError
-		case ref.code == codes.Unavailable:
-			lvl = lim.Level(slog.LevelWarn)
-		default:
-			lvl = lim.Level(slog.LevelInfo)
-		}
-		s.cfg.Logger.Log(ctx, lvl, "certificate request refused", attrs...)
-		return nil, status.Error(ref.code, ref.msg)
+		return nil, s.refuse(ctx, "certificate request refused", r, ident, ref)
 	}
 	s.metrics.requests.WithLabelValues(codes.OK.String(), method).Inc()
 	return resp, nil
 }
 
-func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
-	ident, err := s.cfg.Authenticator.Authenticate(ctx, r)
+// methodLabel is the metric label of how ident was proved, "none" when
+// authentication failed.
+func methodLabel(ident authn.Identity) string {
+	if ident.Method == "" {
+		return "none"
+	}
+	return ident.Method
+}
+
+// refuse logs a refusal and returns its status. Every RPC of the service
+// logs its refusals here, so that all share the bounds below.
+func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident authn.Identity, ref *refusal) error {
+	attrs := []any{"reason", ref.reason, "code", ref.code.String(), logattr.Address, r.Peer}
+	if !ident.ID.IsZero() {
+		attrs = append(attrs, logattr.SPIFFEID, ident.ID.String(), "method", ident.Method)
+	}
+	if ref.err != nil {
+		attrs = append(attrs, logattr.Error, ref.err)
+	}
+	// A caller provokes refusals at will (bad credentials, limits, a
+	// busy authenticator under a flood): a burst of lines at their
+	// level, the rest at Debug, all counted by the metric. Only our own
+	// faults are Errors on every call.
+	lim := s.refuseLog
+	if !ident.ID.IsZero() {
+		lim = s.authedLog
+	}
+	var lvl slog.Level
+	switch {
+	case ref.code == codes.Internal || ref.reason == "signing_material":
+		lvl = slog.LevelError
+	case ref.code == codes.Unavailable:
+		lvl = lim.Level(slog.LevelWarn)
+	default:
+		lvl = lim.Level(slog.LevelInfo)
+	}
+	s.cfg.Logger.Log(ctx, lvl, msg, attrs...)
+	return status.Error(ref.code, ref.msg)
+}
+
+// authenticate proves who the caller is with auth: Config.Authenticator
+// for certificates, the stricter identityAuth for the identity service.
+func (s *Service) authenticate(ctx context.Context, r authn.Request, auth authn.Authenticator) (authn.Identity, *refusal) {
+	ident, err := auth.Authenticate(ctx, r)
 	if err == nil && ident.ID.IsZero() {
 		err = errors.New("authenticator returned an empty identity")
 	}
@@ -264,9 +326,17 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		// another authenticator found the same token invalid (a bootstrap
 		// token list rejects every service account token).
 		if errors.Is(err, authn.ErrUnavailable) {
-			return nil, authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
+			return authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
 		}
-		return nil, authn.Identity{}, unauthenticated(err)
+		return authn.Identity{}, unauthenticated(err)
+	}
+	return ident, nil
+}
+
+func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
+	ident, ref := s.authenticate(ctx, r, s.cfg.Authenticator)
+	if ref != nil {
+		return nil, ident, ref
 	}
 	id := ident.ID
 	if impersonates(req) {
@@ -284,7 +354,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if ref != nil {
 		return nil, ident, ref
 	}
-	ttl, ref := validity(req.GetValidityDuration())
+	ttl, ref := validity("validity_duration", req.GetValidityDuration())
 	if ref != nil {
 		return nil, ident, ref
 	}
@@ -353,6 +423,9 @@ func unauthenticated(err error) *refusal {
 			"the bootstrap token was already used: it is single-use; ask for a new one (trustbridge token create), or renew with the certificate it bought (ca request --renew)", err}
 	case errors.Is(err, authn.ErrTokenExpired):
 		return &refusal{codes.Unauthenticated, "token_expired", "the bootstrap token expired; ask for a new one (trustbridge token create)", err}
+	case errors.Is(err, authn.ErrSingleUse):
+		return &refusal{codes.Unauthenticated, "token_single_use",
+			"the bootstrap token is single-use: it buys one certificate (trustbridge ca request), which then authenticates here (mTLS); or mark its line reusable", err}
 	}
 	return &refusal{codes.Unauthenticated, "unauthenticated",
 		"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
@@ -464,14 +537,15 @@ func otherNames(csr *x509.CertificateRequest) string {
 	return ""
 }
 
-// validity turns validity_duration (seconds) into a TTL for the signer:
+// validity turns a lifetime in seconds (field names it: validity_duration,
+// ttl_seconds) into a TTL for the signer:
 // zero means the CA's default, and a value too large for a time.Duration
 // is passed on as the largest one, for the signer to refuse as over its
 // maximum.
-func validity(seconds int64) (time.Duration, *refusal) {
+func validity(field string, seconds int64) (time.Duration, *refusal) {
 	switch {
 	case seconds < 0:
-		return 0, &refusal{codes.InvalidArgument, "invalid_ttl", fmt.Sprintf("validity_duration %d is negative", seconds), nil}
+		return 0, &refusal{codes.InvalidArgument, "invalid_ttl", fmt.Sprintf("%s %d is negative", field, seconds), nil}
 	case seconds > int64(math.MaxInt64/time.Second):
 		return time.Duration(math.MaxInt64), nil
 	}

@@ -21,17 +21,12 @@ import (
 )
 
 type caRequestOptions struct {
-	addr      string
-	rootCert  string
-	tokenFile string
-	credsDir  string
-	renew     bool
-	provCert  string
-	spiffeID  string
-	serverID  string
-	ttl       time.Duration
-	keyType   string
-	timeout   time.Duration
+	caConnOptions
+	credsDir string
+	renew    bool
+	spiffeID string
+	ttl      time.Duration
+	keyType  string
 }
 
 func newCARequestCmd(e env) *cobra.Command {
@@ -89,17 +84,12 @@ earlier run, produces it.`,
 	outOld = addOldName(cmd, "out", credentialsDirFlag)
 	certOld = addOldName(cmd, "cert-dir", "prov-cert")
 	f := cmd.Flags()
-	f.StringVar(&o.addr, "ca-addr", "", "address of the certificate service, host:port (required)")
-	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, to verify the server (required)")
-	f.StringVar(&o.tokenFile, "token-file", "", "file holding a bearer token (bootstrap token or Kubernetes service account token)")
+	addCAConnFlags(f, &o.caConnOptions)
 	f.StringVar(&o.credsDir, credentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem, root-cert.pem and bundle.spiffe.json into (required)")
 	f.BoolVar(&o.renew, "renew", false, "authenticate with the certificate in --credentials-dir and replace it (renewal in place)")
-	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem to authenticate with (Istio's PROV_CERT); only read")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to put in the CSR; the server refuses it unless it is the identity you authenticate as")
-	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
 	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for (default: the server's --workload-ttl)")
 	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
-	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline for the whole request")
 	return cmd
 }
 
@@ -108,15 +98,11 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	if err != nil {
 		return err
 	}
-	roots, err := readPEMCerts(o.rootCert)
-	if err != nil {
-		return fmt.Errorf("--root-cert: %w", err)
-	}
 	clientCert, token, err := o.credentials(e.now(), &want)
 	if err != nil {
 		return err
 	}
-	serverID, err := expectedServerID(o.serverID, roots, want)
+	roots, serverID, err := o.server(want)
 	if err != nil {
 		return err
 	}
@@ -133,7 +119,7 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	defer cancel()
 	issued, err := agent.Obtain(ctx, o.addr, roots, serverID, clientCert, caclient.Request{Key: key, ID: want, TTL: o.ttl, Token: token})
 	if err != nil {
-		return requestError(o.addr, o.timeout, err)
+		return requestError(o.addr, o.timeout, "a certificate", err)
 	}
 	if err := caclient.WriteCredentials(o.credsDir, key, issued.Chain, issued.Trust); err != nil {
 		return err
@@ -179,43 +165,12 @@ func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
 
 // credentials reads what the caller authenticates with: the certificate
 // of --renew or --prov-cert (a renewal, which keeps its identity when
-// *want is zero)
-// or the token of --token-file.
+// *want is zero) or the token of --token-file.
 func (o caRequestOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
-	dir, name := o.provCert, "--prov-cert"
 	if o.renew {
-		dir, name = o.credsDir, "--renew: --credentials-dir"
+		return clientCredentials(o.credsDir, "--renew: --credentials-dir", "", now, want)
 	}
-	if dir == "" {
-		token, err := caclient.ReadToken(o.tokenFile)
-		if err != nil {
-			return nil, "", fmt.Errorf("--token-file: %w", err)
-		}
-		return nil, token, nil
-	}
-	cert, id, err := caclient.LoadCertDir(dir, now)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", name, err)
-	}
-	if want.IsZero() {
-		*want = id // renewal keeps the identity
-	}
-	return cert, "", nil
-}
-
-// expectedServerID is --server-spiffe-id, or else the certificate
-// service's ID in the trust domain of the identity requested (--spiffe-id,
-// or the certificate of --renew or --prov-cert), or else in the one trust domain the
-// roots name (caclient.ExpectedServerID).
-func expectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
-	if flag != "" {
-		id, err := spiffeid.FromString(flag)
-		if err != nil {
-			return id, fmt.Errorf("--server-spiffe-id %q: %w", flag, err)
-		}
-		return id, nil
-	}
-	return caclient.ExpectedServerID(roots, want)
+	return o.caConnOptions.credentials(now, want)
 }
 
 // trustDomainList names the trust domains of t's bundle map, sorted.
@@ -234,7 +189,7 @@ func trustDomainList(t caclient.Trust) string {
 type bearerToken = caclient.BearerToken
 
 // requestError says what a failed call means for the person running it.
-func requestError(addr string, timeout time.Duration, err error) error {
+func requestError(addr string, timeout time.Duration, what string, err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
 		return err
@@ -250,7 +205,7 @@ func requestError(addr string, timeout time.Duration, err error) error {
 	case codes.ResourceExhausted:
 		return fmt.Errorf("the CA at %s is busy or rate-limits this identity; retry later: %s", addr, msg)
 	case codes.Unavailable:
-		return fmt.Errorf("cannot get a certificate from %s (is the server running with --grpc-listen, and does --root-cert hold its roots?): %s", addr, msg)
+		return fmt.Errorf("cannot get %s from %s (is the server running with --grpc-listen, and does --root-cert hold its roots?): %s", what, addr, msg)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("no answer from the CA at %s within --timeout %s: %s", addr, timeout, msg)
 	}

@@ -26,6 +26,8 @@ var stateReaders = []string{
 	"trustbridge federation list",
 	"trustbridge bundle show",
 	"trustbridge policy explain",
+	"trustbridge jwt mint",
+	"trustbridge jwt validate",
 }
 
 // Every command, groups included, shows an example of its use, and every

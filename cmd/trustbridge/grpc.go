@@ -72,6 +72,8 @@ type grpcOptions struct {
 	access sds.AccessPolicy
 	// Test hooks, no flags (grants.go).
 	grantHooks
+	// testJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
+	testJWT certservice.JWTSigner
 	// Bounds on unauthenticated work (authn_limits.go).
 	authnLimits
 }
@@ -176,6 +178,12 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 		MaxRenewalLifetime: o.maxRenewalLifetime,
 		// Node proxies may impersonate the pods of their node.
 		Impersonator: g.impersonator,
+		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
+		// JWT-SVIDs, and bundle streams filtered by the trust policy
+		// that filters SDS.
+		JWT:     jwtSigner(authority, o.testJWT),
+		Bundles: &storeBundles{store: fed.store},
+		Policy:  o.access,
 	})
 	if err != nil {
 		return nil, err

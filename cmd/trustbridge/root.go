@@ -20,7 +20,7 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 	root.SetIn(e.in)
 	root.SetOut(e.out)
 	root.SetErr(e.err)
-	root.AddCommand(newVersionCmd(), newBundleCmd(e), newServerCmd(e), newCACmd(e), newFederationCmd(e), newAgentCmd(e), newAuditCmd(e), newConfigCmd(e), newTokenCmd(e), newBackupCmd(e), newRestoreCmd(e), newPolicyCmd(e))
+	root.AddCommand(newVersionCmd(), newBundleCmd(e), newServerCmd(e), newCACmd(e), newFederationCmd(e), newAgentCmd(e), newAuditCmd(e), newConfigCmd(e), newTokenCmd(e), newBackupCmd(e), newRestoreCmd(e), newPolicyCmd(e), newJWTCmd(e))
 	setupCLI(root)
 	return root
 }

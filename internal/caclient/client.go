@@ -55,13 +55,9 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 	if err != nil {
 		return nil, fmt.Errorf("create CSR: %w", err)
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
-	if req.Token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(req.Token)))
-	}
-	conn, err := grpc.NewClient(addr, opts...)
+	conn, err := Dial(addr, tlsCfg, req.Token)
 	if err != nil {
-		return nil, fmt.Errorf("--ca-addr %q: %w", addr, err)
+		return nil, err
 	}
 	defer conn.Close()
 	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
@@ -83,6 +79,21 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 		return nil, errors.New("the CA answered with an empty cert_chain")
 	}
 	return chain, nil
+}
+
+// Dial returns a client connection to the certificate service at addr
+// over TLS configured by tlsCfg, sending token, when not empty, as a
+// bearer token on every call. Close it when done.
+func Dial(addr string, tlsCfg *tls.Config, token string) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(token)))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-addr %q: %w", addr, err)
+	}
+	return conn, nil
 }
 
 // BearerToken is gRPC per-RPC credentials sending "authorization: Bearer

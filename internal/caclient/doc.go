@@ -12,6 +12,12 @@
 //	leafChain, issuedRoots, id, err := caclient.CheckIssued(chain, key, serverID.TrustDomain(), spiffeid.ID{})
 //	err = caclient.WriteCredentials(dir, key, leafChain, issuedRoots)
 //
+// The identity service on the same listener (trustbridge.identity.v1,
+// authenticated the same way) gives MintJWTSVID, and WatchBundles and
+// FetchBundles, the caller's SPIFFE bundle map as the server's trust
+// policy filters it; ParseBundles and JWTSource turn a bundle file into
+// what jwtsvid.Validate takes.
+//
 // Error messages name the flags `ca request` and `agent` share
 // (--root-cert, --server-spiffe-id, --ca-addr), as they are what the
 // person reading them can change.

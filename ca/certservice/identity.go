@@ -1,0 +1,196 @@
+package certservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
+
+// Bounds of a MintJWTSVID request. A JWT-SVID names a handful of
+// audiences (an OIDC client ID, a URL); these leave room for any real one
+// while keeping a token well under what HTTP headers carry.
+const (
+	// MaxAudiences is the most audiences one JWT-SVID may name.
+	MaxAudiences = 16
+	// MaxAudienceBytes bounds one audience value.
+	MaxAudienceBytes = 512
+	// maxMintRequestSize bounds the whole request: the audiences at their
+	// limit, and framing.
+	maxMintRequestSize = MaxAudiences*(MaxAudienceBytes+8) + 64
+)
+
+// JWTSigner signs JWT-SVIDs for identities the service authenticated.
+// ttl 0 takes the signer's default, a ttl over its maximum is clamped;
+// it returns the compact token and its expiry. *ca.Authority implements
+// it. Errors wrapping jwtsvid.ErrInvalidClaims, or with
+// ca.SignErrorKind "invalid_ttl", describe the request; kind
+// "signing_material" means the signer cannot sign now.
+type JWTSigner interface {
+	SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error)
+}
+
+// JWTSignerFunc adapts a function to JWTSigner.
+type JWTSignerFunc func(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error)
+
+// SignJWT calls f.
+func (f JWTSignerFunc) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+	return f(id, audience, ttl)
+}
+
+// BundleSource is every trust domain's bundle, the local one included, at
+// one moment, and a channel closed once that changes (nil never fires).
+// The bundles are shared and never changed.
+type BundleSource interface {
+	Bundles() ([]*spiffebundle.Bundle, <-chan struct{})
+}
+
+// BundleSourceFunc adapts a function to BundleSource.
+type BundleSourceFunc func() ([]*spiffebundle.Bundle, <-chan struct{})
+
+// Bundles calls f.
+func (f BundleSourceFunc) Bundles() ([]*spiffebundle.Bundle, <-chan struct{}) { return f() }
+
+// AccessPolicy decides which trust domains, and which of their peers, an
+// authenticated caller may trust (sds.AccessPolicy has the same shape,
+// and trustpolicy.Access implements both). Decide returns a channel
+// closed when the decision may have changed; nil never fires.
+type AccessPolicy interface {
+	Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{})
+}
+
+// AccessPolicyFunc adapts a function to AccessPolicy.
+type AccessPolicyFunc func(ident authn.Identity) (trustpolicy.Decision, <-chan struct{})
+
+// Decide calls f.
+func (f AccessPolicyFunc) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
+	return f(ident)
+}
+
+// identityService is trustbridge.identity.v1.IdentityService on a
+// Service: the same authenticators, limits and refusal logs.
+type identityService struct {
+	identityapi.UnimplementedIdentityServiceServer
+	s *Service
+}
+
+// identityAuthenticator is what the identity service accepts: as for
+// certificates, except that a renewal chain whose grant no longer stands
+// does not authenticate (as on SDS), and a single-use bootstrap token,
+// which buys one certificate, buys no JWT-SVIDs or bundle streams.
+func identityAuthenticator(cfg Config, p *authn.GrantPolicy) authn.Authenticator {
+	return authn.ReusableOnly(authn.RequireGrant(cfg.Authenticator, p))
+}
+
+// MintJWTSVID signs a JWT-SVID for the caller's proven identity.
+func (is *identityService) MintJWTSVID(ctx context.Context, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, error) {
+	s := is.s
+	r := authn.FromGRPC(ctx)
+	resp, ident, ref := s.mint(ctx, r, req)
+	if ref != nil {
+		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
+		return nil, s.refuse(ctx, "jwt-svid request refused", r, ident, ref)
+	}
+	s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
+	return resp, nil
+}
+
+func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, authn.Identity, *refusal) {
+	if s.cfg.JWT == nil {
+		return nil, authn.Identity{}, &refusal{codes.FailedPrecondition, "not_configured", "this server does not mint JWT-SVIDs", nil}
+	}
+	if proto.Size(req) > maxMintRequestSize {
+		return nil, authn.Identity{}, &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", maxMintRequestSize), nil}
+	}
+	ident, ref := s.authenticate(ctx, r, s.identityAuth)
+	if ref != nil {
+		return nil, ident, ref
+	}
+	audience, ttl, ref := checkMintRequest(req)
+	if ref != nil {
+		return nil, ident, ref
+	}
+	if !s.allow(ident.ID, ident.ID) {
+		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
+			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return nil, ident, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
+	}
+	defer func() { <-s.slots }()
+
+	// The subject is the identity the caller proved; nothing in the
+	// request can name another.
+	token, exp, err := s.cfg.JWT.SignJWT(ident.ID, audience, ttl)
+	if err == nil && (token == "" || !exp.After(s.cfg.Clock.Now())) {
+		err = errors.New("signer returned no token, or one already expired")
+	}
+	if err != nil {
+		return nil, ident, jwtRefusal(err)
+	}
+	s.cfg.Logger.Info("jwt-svid issued", logattr.SPIFFEID, ident.ID.String(), "method", ident.Method,
+		"audience", strings.Join(audience, ","), "expires_at", exp.UTC().Format(time.RFC3339), logattr.Address, r.Peer)
+	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: ident.ID.String(), ExpiresAt: exp.Unix()}, ident, nil
+}
+
+// checkMintRequest returns the audiences and lifetime a request asks for,
+// or why it cannot be served: no audience, too many, an empty, oversized
+// or non-UTF-8 one, a negative lifetime.
+func checkMintRequest(req *identityapi.MintJWTSVIDRequest) ([]string, time.Duration, *refusal) {
+	aud := req.GetAudience()
+	bad := func(format string, args ...any) ([]string, time.Duration, *refusal) {
+		return nil, 0, &refusal{codes.InvalidArgument, "invalid_audience", fmt.Sprintf(format, args...), nil}
+	}
+	switch {
+	case len(aud) == 0:
+		return bad("audience is required: name at least one party the token is for")
+	case len(aud) > MaxAudiences:
+		return bad("%d audiences requested; at most %d are allowed", len(aud), MaxAudiences)
+	}
+	for i, a := range aud {
+		switch {
+		case a == "":
+			return bad("audience %d is empty", i+1)
+		case len(a) > MaxAudienceBytes:
+			return bad("audience %d is %d bytes; at most %d are allowed", i+1, len(a), MaxAudienceBytes)
+		case !utf8.ValidString(a):
+			return bad("audience %d is not valid UTF-8", i+1)
+		}
+	}
+	ttl, ref := validity("ttl_seconds", req.GetTtlSeconds())
+	if ref != nil {
+		return nil, 0, ref
+	}
+	return aud, ttl, nil
+}
+
+// jwtRefusal maps the signer's errors: about the request, or the signer
+// unable to sign now; anything else is our fault, kept in the log.
+func jwtRefusal(err error) *refusal {
+	kind := ca.SignErrorKind(err)
+	switch {
+	case errors.Is(err, jwtsvid.ErrInvalidClaims), kind == "invalid_ttl":
+		return &refusal{codes.InvalidArgument, "invalid_claims", clientMessage(err), nil}
+	case kind == "identity_not_allowed":
+		return &refusal{codes.PermissionDenied, kind, clientMessage(err), nil}
+	case kind == "signing_material", errors.Is(err, jwtsvid.ErrInvalidKey):
+		return &refusal{codes.Unavailable, "signing_material", "the CA cannot sign JWT-SVIDs right now; retry later", err}
+	}
+	return &refusal{codes.Internal, "internal", "internal error", err}
+}

@@ -1,0 +1,308 @@
+package certservice
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
+
+// Defaults for Config's bundle streams.
+const (
+	// DefaultMaxBundleWatches bounds the WatchBundles streams open at once:
+	// one per agent, each a goroutine and a copy of its bundle map.
+	DefaultMaxBundleWatches = 10000
+	// DefaultWatchReauthInterval is how often a stream re-authenticates
+	// its caller, as SDS does (sds.DefaultReauthInterval).
+	DefaultWatchReauthInterval = 10 * time.Minute
+)
+
+// WatchBundles streams the caller's bundle map: at once, then whenever the
+// trust or the caller's decision changes what it holds. The stream ends
+// with Unauthenticated when the credential that opened it expires or no
+// longer authenticates, and with Unavailable when the server stops.
+func (is *identityService) WatchBundles(_ *identityapi.WatchBundlesRequest, stream grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
+	s := is.s
+	ctx := stream.Context()
+	r := authn.FromGRPC(ctx)
+	ident, release, ref := s.openWatch(ctx, r)
+	if ref != nil {
+		s.metrics.watches.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
+		return s.refuse(ctx, "bundle watch refused", r, ident, ref)
+	}
+	defer release()
+	w := &watch{s: s, stream: stream, r: r, ident: ident, expiry: credentialExpiry(ident, r)}
+	ref, err := w.run(ctx)
+	method := methodLabel(w.ident)
+	switch {
+	case ref == nil:
+		// The caller left, or the transport failed under the stream.
+		s.metrics.watches.WithLabelValues(codes.Canceled.String(), method).Inc()
+		if err == nil {
+			err = status.FromContextError(ctx.Err()).Err()
+		}
+		return err
+	case ref.reason == "shutdown":
+		// Every stream ends at once: one log line for the server, not
+		// one per stream.
+		s.metrics.watches.WithLabelValues(ref.code.String(), method).Inc()
+		return status.Error(ref.code, ref.msg)
+	}
+	s.metrics.watches.WithLabelValues(ref.code.String(), method).Inc()
+	return s.refuse(ctx, "bundle watch ended", r, w.ident, ref)
+}
+
+// openWatch authenticates the caller and takes a stream slot, charged to
+// its rate limit like a signing.
+func (s *Service) openWatch(ctx context.Context, r authn.Request) (authn.Identity, func(), *refusal) {
+	if s.cfg.Bundles == nil {
+		return authn.Identity{}, nil, &refusal{codes.FailedPrecondition, "not_configured", "this server does not stream bundles", nil}
+	}
+	ident, ref := s.authenticate(ctx, r, s.identityAuth)
+	if ref != nil {
+		return ident, nil, ref
+	}
+	if !s.allow(ident.ID, ident.ID) {
+		return ident, nil, &refusal{codes.ResourceExhausted, "rate_limited",
+			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
+	}
+	if n := s.watchCount.Add(1); n > int64(s.cfg.MaxBundleWatches) {
+		s.watchCount.Add(-1)
+		return ident, nil, &refusal{codes.ResourceExhausted, "too_many_streams",
+			fmt.Sprintf("%d bundle streams are open, the most this server keeps; retry later", s.cfg.MaxBundleWatches), nil}
+	}
+	s.metrics.watchesOpen.Inc()
+	return ident, func() {
+		s.watchCount.Add(-1)
+		s.metrics.watchesOpen.Dec()
+	}, nil
+}
+
+// watch is one WatchBundles stream.
+type watch struct {
+	s      *Service
+	stream grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]
+	r      authn.Request // what opened the stream, to re-authenticate
+	ident  authn.Identity
+	expiry time.Time // of the caller's credential; zero when unknown
+	last   *identityapi.WatchBundlesResponse
+}
+
+// run sends until the stream ends: a refusal, or none when the caller
+// left (with the error of the send that found it gone, if any).
+func (w *watch) run(ctx context.Context) (*refusal, error) {
+	clk := w.s.timers()
+	for {
+		bundles, trustChanged := w.s.cfg.Bundles.Bundles()
+		d, decisionChanged := w.s.decide(w.ident)
+		msg, err := w.s.render(w.ident.ID.TrustDomain(), bundles, trustChanged, d)
+		if err != nil {
+			return &refusal{codes.Internal, "internal", "internal error", err}, nil
+		}
+		if w.last == nil || !sameMessage(w.last, msg) {
+			if err := w.stream.Send(msg); err != nil {
+				return nil, err
+			}
+			w.last = msg
+			w.s.metrics.watchMessages.Inc()
+		}
+		t := clk.NewTimer(w.untilCheck(clk.Now()))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil
+		case <-w.s.stopping:
+			t.Stop()
+			return &refusal{codes.Unavailable, "shutdown", "the server is shutting down; reconnect", nil}, nil
+		case <-trustChanged:
+		case <-decisionChanged:
+		case <-t.C():
+			if ref := w.reauthenticate(ctx, clk.Now()); ref != nil {
+				return ref, nil
+			}
+		}
+		t.Stop()
+	}
+}
+
+// untilCheck is the wait until the credential expires or the next
+// re-authentication, whichever comes first.
+func (w *watch) untilCheck(now time.Time) time.Duration {
+	d := w.s.cfg.WatchReauthInterval
+	if !w.expiry.IsZero() {
+		d = min(d, w.expiry.Sub(now))
+	}
+	return max(d, 0)
+}
+
+// reauthenticate ends the stream once the credential that opened it has
+// expired, and otherwise proves the caller again with it, as SDS does: a
+// revoked token or grant ends the stream within one interval. A backend
+// that cannot decide ends it too (Unavailable): the caller reconnects and
+// keeps its last bundles meanwhile.
+func (w *watch) reauthenticate(ctx context.Context, now time.Time) *refusal {
+	if !w.expiry.IsZero() && !now.Before(w.expiry) {
+		return &refusal{codes.Unauthenticated, "credential_expired",
+			fmt.Sprintf("the credential that opened this stream expired at %s; reconnect with a fresh one", w.expiry.UTC().Format(time.RFC3339)), nil}
+	}
+	ident, ref := w.s.authenticate(ctx, w.r, w.s.identityAuth)
+	if ref != nil {
+		return ref
+	}
+	if ident.ID != w.ident.ID {
+		return &refusal{codes.Unauthenticated, "identity_changed", "credentials no longer prove the identity that opened this stream; reconnect",
+			fmt.Errorf("re-authentication proved %s, not %s", ident.ID, w.ident.ID)}
+	}
+	w.ident = ident
+	return nil
+}
+
+// decide is the caller's decision; without a Policy, everything.
+func (s *Service) decide(ident authn.Identity) (trustpolicy.Decision, <-chan struct{}) {
+	if s.cfg.Policy == nil {
+		return trustpolicy.Decision{}, nil
+	}
+	return s.cfg.Policy.Decide(ident)
+}
+
+// timers is the clock streams wait on: Config.Clock when it has timers.
+func (s *Service) timers() clock.Clock {
+	if c, ok := s.cfg.Clock.(clock.Clock); ok {
+		return c
+	}
+	return clock.RealClock{}
+}
+
+// stopWatches ends every bundle stream: the server is stopping, and a
+// graceful stop would otherwise wait on streams that never end.
+func (s *Service) stopWatches() {
+	s.stopOnce.Do(func() { close(s.stopping) })
+}
+
+func sameMessage(a, b *identityapi.WatchBundlesResponse) bool {
+	return bytes.Equal(a.GetBundleMap(), b.GetBundleMap()) && slices.Equal(a.GetWithheldTrustDomains(), b.GetWithheldTrustDomains())
+}
+
+// credentialExpiry is when what the caller authenticated with stops
+// proving anything: its X509-SVID's NotAfter, or a JWT bearer token's exp;
+// zero for a bootstrap token, whose expiry the service does not see
+// (re-authentication catches it).
+func credentialExpiry(ident authn.Identity, r authn.Request) time.Time {
+	if ident.Method == authn.MethodX509SVID {
+		if len(r.PeerCertificates) > 0 && r.PeerCertificates[0] != nil {
+			return r.PeerCertificates[0].NotAfter
+		}
+		return time.Time{}
+	}
+	return tokenExpiry(r.BearerToken)
+}
+
+// jwtAlgorithms are those a service account token may be signed with;
+// tokenExpiry only reads claims an authenticator has already verified.
+var jwtAlgorithms = []jose.SignatureAlgorithm{jose.RS256, jose.RS384, jose.RS512, jose.PS256, jose.PS384, jose.PS512, jose.ES256, jose.ES384, jose.ES512, jose.EdDSA}
+
+// tokenExpiry is the exp claim of a JWT, zero when token is not a JWT or
+// has none.
+func tokenExpiry(token string) time.Time {
+	if token == "" || len(token) > authn.MaxTokenSize {
+		return time.Time{}
+	}
+	tok, err := jwt.ParseSigned(token, jwtAlgorithms)
+	if err != nil {
+		return time.Time{}
+	}
+	var c jwt.Claims
+	if err := tok.UnsafeClaimsWithoutVerification(&c); err != nil || c.Expiry == nil {
+		return time.Time{}
+	}
+	return c.Expiry.Time()
+}
+
+// renderBundles is the message for a caller of trust domain local under
+// d: its own bundle always, a federated one the decision allows to every
+// member, and the names of those it allows only for some peers, which a
+// bundle map cannot say. Denied trust domains are absent.
+func renderBundles(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
+	keep := make([]*spiffebundle.Bundle, 0, len(bundles))
+	var withheld []string
+	for _, b := range bundles {
+		if b == nil {
+			continue
+		}
+		td := b.TrustDomain()
+		if td == local {
+			keep = append(keep, b)
+			continue
+		}
+		switch g, ok := d.Allows(td); {
+		case !ok:
+		case len(g.Peers) > 0:
+			withheld = append(withheld, td.Name())
+		default:
+			keep = append(keep, b)
+		}
+	}
+	doc, err := bundledoc.MarshalMap(keep)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(withheld)
+	return &identityapi.WatchBundlesResponse{BundleMap: doc, WithheldTrustDomains: withheld}, nil
+}
+
+// maxRenderings bounds the cache of renderings of one trust: one per
+// distinct decision in use, which the policy's rules bound in practice.
+const maxRenderings = 1024
+
+// renderCache keeps the renderings of the current trust by caller trust
+// domain and decision key, so the streams of callers with the same
+// decision share one encoding per change.
+type renderCache struct {
+	mu      sync.Mutex
+	changed <-chan struct{}
+	first   *spiffebundle.Bundle
+	n       int
+	byKey   map[string]*identityapi.WatchBundlesResponse
+}
+
+// render is renderBundles through the cache. A trust is told apart from
+// the last by its change channel and its slice.
+func (s *Service) render(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, changed <-chan struct{}, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
+	var first *spiffebundle.Bundle
+	if len(bundles) > 0 {
+		first = bundles[0]
+	}
+	key := local.Name() + "|" + d.Key()
+	c := &s.renderings
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byKey == nil || c.changed != changed || c.first != first || c.n != len(bundles) || len(c.byKey) >= maxRenderings {
+		c.changed, c.first, c.n = changed, first, len(bundles)
+		c.byKey = make(map[string]*identityapi.WatchBundlesResponse)
+	}
+	if msg, ok := c.byKey[key]; ok {
+		return msg, nil
+	}
+	msg, err := renderBundles(local, bundles, d)
+	if err != nil {
+		return nil, err
+	}
+	c.byKey[key] = msg
+	return msg, nil
+}

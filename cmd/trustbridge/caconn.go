@@ -1,0 +1,121 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/caclient"
+)
+
+// caConnOptions are how a client command reaches the certificate
+// service's listener and authenticates there: `ca request` and `jwt`
+// share them, so a caller proves itself the same way to both.
+type caConnOptions struct {
+	addr      string
+	rootCert  string
+	tokenFile string
+	provCert  string
+	serverID  string
+	timeout   time.Duration
+}
+
+func addCAConnFlags(f *pflag.FlagSet, o *caConnOptions) {
+	f.StringVar(&o.addr, "ca-addr", "", "address of the certificate service, host:port (required)")
+	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, to verify the server (required)")
+	f.StringVar(&o.tokenFile, "token-file", "", "file holding a bearer token (bootstrap token or Kubernetes service account token)")
+	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem to authenticate with (Istio's PROV_CERT); only read")
+	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline for the whole request")
+}
+
+// checkAuth checks the flags of a command that authenticates with
+// --token-file or --prov-cert, one of them.
+func (o caConnOptions) checkAuth() error {
+	if o.addr == "" || o.rootCert == "" {
+		return errors.New("--ca-addr and --root-cert are required")
+	}
+	if countTrue(o.tokenFile != "", o.provCert != "") != 1 {
+		return errors.New("give exactly one of --token-file (bootstrap or service account token) and --prov-cert DIR (authenticate with the certificate in DIR)")
+	}
+	if o.timeout <= 0 {
+		return fmt.Errorf("--timeout %s must be positive", o.timeout)
+	}
+	return nil
+}
+
+// credentials reads the certificate of --prov-cert (whose identity sets
+// *want when it is zero) or the token of --token-file.
+func (o caConnOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
+	return clientCredentials(o.provCert, "--prov-cert", o.tokenFile, now, want)
+}
+
+// clientCredentials is the certificate in dir (flag names it in errors),
+// whose identity sets *want when it is zero, or else the token in
+// tokenFile.
+func clientCredentials(dir, flag, tokenFile string, now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
+	if dir == "" {
+		token, err := caclient.ReadToken(tokenFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("--token-file: %w", err)
+		}
+		return nil, token, nil
+	}
+	cert, id, err := caclient.LoadCertDir(dir, now)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", flag, err)
+	}
+	if want.IsZero() {
+		*want = id
+	}
+	return cert, "", nil
+}
+
+// server reads --root-cert and returns the roots and the SPIFFE ID the
+// server must present (expectedServerID).
+func (o caConnOptions) server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.ID, error) {
+	roots, err := readPEMCerts(o.rootCert)
+	if err != nil {
+		return nil, spiffeid.ID{}, fmt.Errorf("--root-cert: %w", err)
+	}
+	serverID, err := expectedServerID(o.serverID, roots, want)
+	if err != nil {
+		return nil, spiffeid.ID{}, err
+	}
+	return roots, serverID, nil
+}
+
+// dial is what a call needs: TLS verifying the server and presenting
+// the client certificate, if any, and the bearer token, if any.
+func (o caConnOptions) dial(now time.Time) (*tls.Config, string, error) {
+	var want spiffeid.ID
+	cert, token, err := o.credentials(now, &want)
+	if err != nil {
+		return nil, "", err
+	}
+	roots, serverID, err := o.server(want)
+	if err != nil {
+		return nil, "", err
+	}
+	return caclient.ServerTLS(roots, serverID, cert), token, nil
+}
+
+// expectedServerID is --server-spiffe-id, or else the certificate
+// service's ID in the trust domain of the identity requested (--spiffe-id,
+// or the certificate of --renew or --prov-cert), or else in the one trust domain the
+// roots name (caclient.ExpectedServerID).
+func expectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
+	if flag != "" {
+		id, err := spiffeid.FromString(flag)
+		if err != nil {
+			return id, fmt.Errorf("--server-spiffe-id %q: %w", flag, err)
+		}
+		return id, nil
+	}
+	return caclient.ExpectedServerID(roots, want)
+}

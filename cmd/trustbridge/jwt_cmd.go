@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+)
+
+func newJWTCmd(e env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "jwt",
+		Short: "Mint and validate JWT-SVIDs",
+		Long: `Mint a JWT-SVID from a running server's certificate service, for the identity
+you authenticate as, or validate one against SPIFFE bundles.`,
+		Example: `  trustbridge jwt mint --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com
+  trustbridge jwt validate --bundle bundle.spiffe.json --audience https://api.example.com TOKEN`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(newJWTMintCmd(e), newJWTValidateCmd(e))
+	return cmd
+}
+
+type jwtMintOptions struct {
+	caConnOptions
+	audience []string
+	ttl      time.Duration
+	out      *outputFlag
+}
+
+func newJWTMintCmd(e env) *cobra.Command {
+	var o jwtMintOptions
+	cmd := &cobra.Command{
+		Use:   "mint --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR) --audience AUD [--audience AUD]...",
+		Short: "Obtain a JWT-SVID for your own identity from a running server",
+		Long: `Ask the certificate service of a running trustbridge (--grpc-listen) for a
+JWT-SVID and print it. Its subject is the identity you authenticate as, exactly
+as with 'trustbridge ca request': the X509-SVID in --prov-cert DIR (mTLS), or
+the bearer token in --token-file (a reusable bootstrap token or a Kubernetes
+service account token). The request cannot name another subject.
+
+--audience is required (at most 16, each at most 512 bytes): who the token is
+for; the receiver refuses a token not naming it. --ttl asks for a lifetime,
+which the server clamps to its maximum; without it the server's default
+(5 minutes) applies. -o table prints the token alone, for $(...); -o json or
+yaml also print its SPIFFE ID and expiry.`,
+		Example: `  # with the certificate trustbridge ca request or agent wrote
+  trustbridge jwt mint --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com
+  # with a Kubernetes service account token, two audiences, 10 minutes, as JSON
+  trustbridge jwt mint --ca-addr trustbridge.trustbridge-system.svc:15012 --root-cert root-cert.pem \
+      --token-file /var/run/secrets/tokens/trustbridge --audience a --audience b --ttl 10m -o json
+  # call an API with it
+  curl -H "Authorization: Bearer $(trustbridge jwt mint ... --audience https://api.example.com)" https://api.example.com`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runJWTMint(cmd.Context(), e, o)
+		},
+	}
+	f := cmd.Flags()
+	addCAConnFlags(f, &o.caConnOptions)
+	f.StringArrayVar(&o.audience, "audience", nil, "audience (aud) of the token; repeat for several (required)")
+	f.DurationVar(&o.ttl, "ttl", 0, "lifetime to ask for, whole seconds (default: the server's, 5m; clamped to its maximum)")
+	o.out = addOutputFlag(cmd)
+	return cmd
+}
+
+// jwtMintOutput is `jwt mint -o json|yaml`.
+type jwtMintOutput struct {
+	SPIFFEID  string    `json:"spiffe_id"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Token     string    `json:"token"`
+}
+
+func runJWTMint(ctx context.Context, e env, o jwtMintOptions) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	tlsCfg, token, err := o.dial(e.now())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	svid, err := caclient.MintJWTSVID(ctx, o.addr, tlsCfg, token, o.audience, o.ttl)
+	if err != nil {
+		return requestError(o.addr, o.timeout, "a JWT-SVID", err)
+	}
+	out := jwtMintOutput{SPIFFEID: svid.ID.String(), ExpiresAt: svid.ExpiresAt, Token: svid.Token}
+	return o.out.write(e.out, out, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, svid.Token)
+		return err
+	})
+}
+
+func (o jwtMintOptions) check() error {
+	if err := o.out.check(); err != nil {
+		return err
+	}
+	if err := o.checkAuth(); err != nil {
+		return err
+	}
+	if err := checkAudiences(o.audience); err != nil {
+		return err
+	}
+	if o.ttl < 0 || o.ttl%time.Second != 0 {
+		return fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
+	}
+	return nil
+}
+
+// checkAudiences refuses what the server would: none, or an empty one.
+func checkAudiences(aud []string) error {
+	if len(aud) == 0 {
+		return errors.New("--audience is required: name who the token is for")
+	}
+	if slices.Contains(aud, "") {
+		return errors.New("--audience must not be empty")
+	}
+	return nil
+}
+
+type jwtValidateOptions struct {
+	caConnOptions
+	audience    []string
+	bundle      string
+	trustDomain string
+	out         *outputFlag
+}
+
+func newJWTValidateCmd(e env) *cobra.Command {
+	var o jwtValidateOptions
+	cmd := &cobra.Command{
+		Use:   "validate [TOKEN|-] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
+		Short: "Validate a JWT-SVID against SPIFFE bundles",
+		Long: `Validate a JWT-SVID (the argument, or standard input when it is - or absent):
+its signature against the JWT authorities of its own trust domain only (the
+trust domain of its subject), its expiry, and that its audience names one of
+--audience. Prints the SPIFFE ID, audience, expiry and every claim; exits
+non-zero, saying why, when the token is not valid.
+
+The bundles come from --bundle FILE, a SPIFFE bundle map (bundle.spiffe.json,
+as 'ca request' writes it) or, with --trust-domain, one trust domain's SPIFFE
+bundle; or, without --bundle, from the running server (WatchBundles on the
+certificate service's listener), authenticated as for 'jwt mint': the bundles
+of every trust domain the server's trust policy lets you trust.`,
+		Example: `  # against a bundle map
+  trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com "$TOKEN"
+  # against one peer's bundle, token on standard input, as JSON
+  echo "$TOKEN" | trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json
+  # against what the server lets this workload trust
+  trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com "$TOKEN"`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runJWTValidate(cmd.Context(), e, o, args)
+		},
+	}
+	f := cmd.Flags()
+	addCAConnFlags(f, &o.caConnOptions)
+	for _, name := range []string{"ca-addr", "root-cert"} {
+		fl := f.Lookup(name)
+		fl.Usage = strings.Replace(fl.Usage, "(required)", "(required without --bundle)", 1)
+	}
+	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
+	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
+	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
+	o.out = addOutputFlag(cmd)
+	return cmd
+}
+
+// jwtValidateOutput is what `jwt validate` prints.
+type jwtValidateOutput struct {
+	SPIFFEID  string         `json:"spiffe_id"`
+	Audience  []string       `json:"audience"`
+	ExpiresAt time.Time      `json:"expires_at"`
+	Claims    map[string]any `json:"claims"`
+}
+
+func runJWTValidate(ctx context.Context, e env, o jwtValidateOptions, args []string) error {
+	if err := o.out.check(); err != nil {
+		return err
+	}
+	if err := checkAudiences(o.audience); err != nil {
+		return err
+	}
+	token, err := readTokenArg(e.in, args)
+	if err != nil {
+		return err
+	}
+	source, err := o.bundles(ctx, e.now())
+	if err != nil {
+		return err
+	}
+	svid, err := jwtsvid.Validate(token, source, o.audience)
+	if err != nil {
+		return fmt.Errorf("the token is not a valid JWT-SVID for audience %s: %w", strings.Join(o.audience, ", "), err)
+	}
+	out := jwtValidateOutput{SPIFFEID: svid.ID.String(), Audience: svid.Audience, ExpiresAt: svid.Expiry.UTC(), Claims: svid.Claims}
+	return o.out.write(e.out, out, func(w io.Writer) error { return printJWTValidation(w, out) })
+}
+
+// readTokenArg is the token argument, or standard input for - or none.
+func readTokenArg(in io.Reader, args []string) (string, error) {
+	if len(args) == 1 && args[0] != "-" {
+		return args[0], nil
+	}
+	data, err := io.ReadAll(io.LimitReader(in, jwtsvid.MaxTokenBytes+2))
+	if err != nil {
+		return "", fmt.Errorf("read the token from standard input: %w", err)
+	}
+	token := strings.TrimSpace(string(data))
+	switch {
+	case token == "":
+		return "", errors.New("no token: pass it as the argument or on standard input")
+	case len(token) > jwtsvid.MaxTokenBytes:
+		return "", fmt.Errorf("the token on standard input is over %d bytes; a JWT-SVID is a few hundred", jwtsvid.MaxTokenBytes)
+	}
+	return token, nil
+}
+
+// bundles is the trust to validate with: --bundle, or the server's.
+func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, error) {
+	if o.bundle == "" {
+		return o.serverBundles(ctx, now)
+	}
+	if o.addr != "" || o.tokenFile != "" || o.provCert != "" {
+		return nil, errors.New("--bundle is the trust to validate with; --ca-addr, --token-file and --prov-cert fetch it from the server instead: give one or the other")
+	}
+	var td spiffeid.TrustDomain
+	if o.trustDomain != "" {
+		var err error
+		if td, err = bundledoc.TrustDomainName(o.trustDomain); err != nil {
+			return nil, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
+		}
+	}
+	doc, err := readSmallFile(o.bundle, bundledoc.DefaultMaxSize)
+	if err != nil {
+		return nil, fmt.Errorf("--bundle: %w", err)
+	}
+	bundles, err := caclient.ParseBundles(doc, td)
+	if err != nil {
+		return nil, fmt.Errorf("--bundle %s: %w", o.bundle, err)
+	}
+	return caclient.JWTSource(bundles), nil
+}
+
+func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, error) {
+	if o.trustDomain != "" {
+		return nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
+	}
+	if err := o.checkAuth(); err != nil {
+		return nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
+	}
+	tlsCfg, token, err := o.dial(now)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	b, err := caclient.FetchBundles(ctx, o.addr, tlsCfg, token)
+	if err != nil {
+		return nil, requestError(o.addr, o.timeout, "bundles", err)
+	}
+	return caclient.JWTSource(b.Bundles), nil
+}
+
+func printJWTValidation(w io.Writer, v jwtValidateOutput) error {
+	fmt.Fprintf(w, "valid JWT-SVID\n  spiffe id:  %s\n  audience:   %s\n  expires at: %s\n  claims:\n", v.SPIFFEID, strings.Join(v.Audience, ", "), v.ExpiresAt.Format(time.RFC3339))
+	for _, k := range slices.Sorted(maps.Keys(v.Claims)) {
+		if _, err := fmt.Fprintf(w, "    %s: %v\n", k, v.Claims[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

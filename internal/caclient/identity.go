@@ -1,0 +1,146 @@
+package caclient
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
+)
+
+// JWTSVID is a JWT-SVID the identity service minted.
+type JWTSVID struct {
+	Token     string
+	ID        spiffeid.ID
+	ExpiresAt time.Time
+}
+
+// MintJWTSVID asks the identity service at addr (beside the certificate
+// service, on the same listener and with the same authentication: the
+// client certificate in tlsCfg or token) for a JWT-SVID for audience. ttl
+// zero leaves the lifetime to the server, which clamps it to its maximum.
+// A failed call returns the gRPC status error unwrapped.
+func MintJWTSVID(ctx context.Context, addr string, tlsCfg *tls.Config, token string, audience []string, ttl time.Duration) (*JWTSVID, error) {
+	if ttl < 0 {
+		return nil, fmt.Errorf("lifetime %s is negative", ttl)
+	}
+	conn, err := Dial(addr, tlsCfg, token)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, &identityapi.MintJWTSVIDRequest{
+		Audience: audience, TtlSeconds: int64((ttl + time.Second - 1) / time.Second),
+	})
+	if err != nil {
+		return nil, err
+	}
+	id, err := spiffeid.FromString(resp.GetSpiffeId())
+	if err != nil {
+		return nil, fmt.Errorf("the server answered with an invalid spiffe_id: %w", err)
+	}
+	if resp.GetToken() == "" {
+		return nil, errors.New("the server answered with an empty token")
+	}
+	return &JWTSVID{Token: resp.GetToken(), ID: id, ExpiresAt: time.Unix(resp.GetExpiresAt(), 0).UTC()}, nil
+}
+
+// Bundles is one message of the identity service's WatchBundles: what
+// the caller may trust.
+type Bundles struct {
+	// Bundles are the trust domains' bundles, the caller's own included,
+	// sorted by trust domain.
+	Bundles []*spiffebundle.Bundle
+	// Withheld are trust domains granted only for some peers, left out.
+	Withheld []string
+}
+
+// JWTSource is the JWT authorities of b, per trust domain.
+func (b *Bundles) JWTSource() jwtbundle.Source { return JWTSource(b.Bundles) }
+
+// FetchBundles opens WatchBundles on the identity service at addr and
+// returns its first message: the caller's bundle map now.
+func FetchBundles(ctx context.Context, addr string, tlsCfg *tls.Config, token string) (*Bundles, error) {
+	conn, err := Dial(addr, tlsCfg, token)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var first *Bundles
+	err = WatchBundles(ctx, conn, func(b *Bundles) error {
+		first = b
+		return errStop
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	return first, err
+}
+
+var errStop = errors.New("stop")
+
+// WatchBundles streams the caller's bundles on conn (from Dial) to fn,
+// one call per message the server sends (a new one only when what the
+// caller may trust changed), until ctx ends, the stream fails, or fn
+// returns an error, which WatchBundles returns. A stream the server ends
+// returns its gRPC status error: Unauthenticated when the credential that
+// opened it expired, Unavailable when the server stops; reconnect.
+func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, fn func(*Bundles) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		bundles, _, err := bundledoc.ParseMap(msg.GetBundleMap())
+		if err != nil {
+			return fmt.Errorf("the server's bundle map: %w", err)
+		}
+		if err := fn(&Bundles{Bundles: bundles, Withheld: msg.GetWithheldTrustDomains()}); err != nil {
+			return err
+		}
+	}
+}
+
+// ParseBundles reads trust from a file's content: a SPIFFE bundle map, or
+// one SPIFFE bundle (JWKS) of td, which must then be given.
+func ParseBundles(doc []byte, td spiffeid.TrustDomain) ([]*spiffebundle.Bundle, error) {
+	if bundledoc.IsMap(doc) {
+		if !td.IsZero() {
+			return nil, fmt.Errorf("a bundle map names its trust domains; --trust-domain %s applies to a single bundle only", td.Name())
+		}
+		bundles, _, err := bundledoc.ParseMap(doc)
+		return bundles, err
+	}
+	if td.IsZero() {
+		return nil, errors.New("not a SPIFFE bundle map; for a single bundle, say whose it is with --trust-domain")
+	}
+	b, _, err := bundledoc.Parse(td, doc)
+	if err != nil {
+		return nil, err
+	}
+	return []*spiffebundle.Bundle{b}, nil
+}
+
+// JWTSource is the JWT authorities of bundles, per trust domain: a token
+// validates only against the bundle of its own trust domain.
+func JWTSource(bundles []*spiffebundle.Bundle) jwtbundle.Source {
+	set := jwtbundle.NewSet()
+	for _, b := range bundles {
+		set.Add(b.JWTBundle())
+	}
+	return set
+}
