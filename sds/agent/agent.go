@@ -383,17 +383,17 @@ func (a *Agent) runCA(ctx context.Context) error {
 	}
 	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())
 	workers := []func(context.Context) error{a.rot.Run, r.Run}
-	gate := (<-chan struct{})(r.relayed)
+	// The Workload API opens with SDS, whose gate is the relay's alone:
+	// until WatchBundles answers it serves the local roots, marked stale,
+	// and an older server without it must not hold SDS back.
 	var wl *workloadAPI
 	if a.wlSocket != "" {
 		var wlWorkers []func(context.Context) error
-		var bundlesFirst <-chan struct{}
-		wl, wlWorkers, bundlesFirst = a.caWorkloadAPI(id)
+		wl, wlWorkers = a.caWorkloadAPI(id)
 		defer wl.close()
 		workers = append(workers, wlWorkers...)
-		gate = allClosed(ctx, r.relayed, bundlesFirst)
 	}
-	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), wl, gate, workers...)
+	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), wl, r.relayed, workers...)
 }
 
 // Limits of the local gRPC server. Envoy's requests are small; a few

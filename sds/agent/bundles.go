@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -44,9 +43,6 @@ type bundleWatcher struct {
 	backoffBase time.Duration
 	backoffMax  time.Duration
 
-	// first is closed once the first bundles were published.
-	first     chan struct{}
-	firstOnce sync.Once
 	// down is set while an outage is logged; withheld holds the trust
 	// domains already logged as withheld.
 	down     bool
@@ -134,7 +130,6 @@ func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error)
 
 func (w *bundleWatcher) publish(bundles []*spiffebundle.Bundle, withheld []string) {
 	w.out.set(bundles)
-	w.firstOnce.Do(func() { close(w.first) })
 	if w.down {
 		w.down = false
 		w.log.Info("bundle stream from the certificate service is back", "ca_addr", w.addr, "trust_domains", len(bundles))

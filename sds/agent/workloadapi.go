@@ -125,15 +125,13 @@ func grpcAnswers(ctx context.Context, path string, timeout time.Duration) bool {
 
 // caWorkloadAPI is the Workload API of an agent with a CA: the SVID from
 // the Rotator, bundles from the server's WatchBundles, JWT-SVIDs from its
-// MintJWTSVID. It returns the workers to run and a channel closed once
-// the first bundles arrived.
-func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Context) error, <-chan struct{}) {
+// MintJWTSVID. It returns the workers to run.
+func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Context) error) {
 	bundles := newBundleCell(seedBundles(a.rot.Trust()), errNoBundlesYet)
 	bw := &bundleWatcher{
 		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles,
 		clock: a.clock, log: a.log, metrics: a.metrics,
 		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
-		first: make(chan struct{}),
 	}
 	minter := newJWTMinter(a.caAddr, a.rot.ClientTLS, a.clock)
 	cell := wapi.NewCell()
@@ -141,7 +139,7 @@ func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Cont
 		return composeState(ctx, a.rot.Cell(), id, bundles, cell, a.log)
 	}
 	wl := &workloadAPI{src: cell, jwt: minter, closers: []func(){minter.close}}
-	return wl, []func(context.Context) error{bw.Run, compose}, bw.first
+	return wl, []func(context.Context) error{bw.Run, compose}
 }
 
 // errNoBundlesYet is the Stale of the bundles before the server's first
@@ -180,26 +178,6 @@ func composeState(ctx context.Context, creds *sds.CredentialCell, id spiffeid.ID
 		case <-changed:
 		}
 	}
-}
-
-// allClosed is a channel closed once every one of chs is (nil ones
-// count as closed), or ctx is done.
-func allClosed(ctx context.Context, chs ...<-chan struct{}) <-chan struct{} {
-	out := make(chan struct{})
-	go func() {
-		defer close(out)
-		for _, ch := range chs {
-			if ch == nil {
-				continue
-			}
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out
 }
 
 // bundleCell holds the bundles for the Workload API and whether they are
