@@ -80,7 +80,7 @@ func (w *world) svid(t testing.TB) *SVID {
 
 // shortDir is a temporary directory with a short path: unix socket paths
 // are limited to about 100 bytes.
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "wl")
 	require.NoError(t, err)
