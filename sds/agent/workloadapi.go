@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -166,7 +165,7 @@ func composeState(ctx context.Context, creds *sds.CredentialCell, id spiffeid.ID
 		if err != nil {
 			return fmt.Errorf("workload API: %w", err)
 		}
-		bs, stale, changed := bundles.get()
+		bs, changed, stale := bundles.get()
 		st := wapi.State{SVID: &wapi.SVID{ID: id, Chain: cred.Chain, Key: cred.Key}, Bundles: bs, Stale: stale}
 		if err := out.Set(st); err != nil {
 			log.Error("not serving this identity and bundles over the Workload API; keeping the last good ones", logattr.Error, err.Error())
@@ -193,10 +192,12 @@ func newBundleCell(seed []*spiffebundle.Bundle, stale error) *bundleCell {
 	return &bundleCell{bundles: seed, stale: stale, changed: make(chan struct{})}
 }
 
-func (c *bundleCell) get() ([]*spiffebundle.Bundle, error, <-chan struct{}) {
+// get returns the bundles, a channel closed on change, and the error
+// that makes them stale (nil when fresh).
+func (c *bundleCell) get() ([]*spiffebundle.Bundle, <-chan struct{}, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.bundles, c.stale, c.changed
+	return c.bundles, c.changed, c.stale
 }
 
 // set replaces the bundles and clears stale.
@@ -215,13 +216,4 @@ func (c *bundleCell) update(f func()) {
 	f()
 	close(c.changed)
 	c.changed = make(chan struct{})
-}
-
-// x509Bundles groups certificates per trust domain as bundles (files mode).
-func x509Bundles(m map[spiffeid.TrustDomain][]*x509.Certificate) []*spiffebundle.Bundle {
-	out := make([]*spiffebundle.Bundle, 0, len(m))
-	for td, roots := range m {
-		out = append(out, spiffebundle.FromX509Authorities(td, roots))
-	}
-	return out
 }

@@ -315,4 +315,3 @@ func TestFanoutHarness(t *testing.T) {
 		})
 	}
 }
-

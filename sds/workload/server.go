@@ -182,7 +182,12 @@ func (s *Server) encoded(st *State) *encoded {
 	}
 	e := encodeState(st, prev)
 	s.metrics.encodings.Inc()
-	s.lastEncoded.Store(e)
+	// A stream late to a State already replaced gets it encoded but not
+	// cached: caching it would make every stream on the current State
+	// encode that one again.
+	if cur, _ := s.src.State(); cur == st {
+		s.lastEncoded.Store(e)
+	}
 	if e.encodingFailed != nil {
 		s.log.Error("the Workload API cannot encode the current identity or bundles; streams are refused until it changes", logattr.Error, e.encodingFailed.Error())
 	}

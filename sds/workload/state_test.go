@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
@@ -71,32 +72,44 @@ func TestCellOrdersOwnTrustDomainFirst(t *testing.T) {
 // pushed a copy of what it has.
 func TestEncodeOncePerState(t *testing.T) {
 	w := newWorld(t)
-	srv, err := New(Config{Source: NewCell()})
+	cell := NewCell()
+	srv, err := New(Config{Source: cell})
 	require.NoError(t, err)
-	st1 := &State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{w.bundleA(t), w.bundleB(t)}}
+	publish := func(st State) *State {
+		require.NoError(t, cell.Set(st))
+		cur, _ := cell.State()
+		return cur
+	}
+	st1 := publish(State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{w.bundleA(t), w.bundleB(t)}})
 	e1 := srv.encoded(st1)
 	assert.Same(t, e1, srv.encoded(st1))
 
 	stale := *st1
 	stale.Stale = errors.New("unreachable")
-	e2 := srv.encoded(&stale)
+	st2 := publish(stale)
+	e2 := srv.encoded(st2)
 	assert.NotSame(t, e1, e2)
 	assert.Same(t, e1.x509SVID, e2.x509SVID)
 	assert.Same(t, e1.x509Bundles, e2.x509Bundles)
 	assert.Same(t, e1.jwtBundles, e2.jwtBundles)
 
-	rotated := State{SVID: w.svid(t), Bundles: st1.Bundles}
-	e3 := srv.encoded(&rotated)
+	st3 := publish(State{SVID: w.svid(t), Bundles: st1.Bundles})
+	e3 := srv.encoded(st3)
 	assert.NotSame(t, e2.x509SVID, e3.x509SVID)
 	assert.Same(t, e2.x509Bundles, e3.x509Bundles, "a rotation leaves the bundles stream alone")
 	assert.Same(t, e2.jwtBundles, e3.jwtBundles)
 
+	// A stream late to st2 gets it encoded, without evicting st3's.
+	assert.NotNil(t, srv.encoded(st2).x509SVID)
+	assert.Same(t, e3, srv.encoded(st3))
+
 	var resp workloadpb.X509SVIDResponse
 	require.NoError(t, proto.Unmarshal(e3.x509SVID.b, &resp))
 	require.Len(t, resp.GetSvids(), 1)
-	assert.Equal(t, rotated.SVID.Chain[0].Raw, resp.GetSvids()[0].GetX509Svid())
+	assert.Equal(t, st3.SVID.Chain[0].Raw, resp.GetSvids()[0].GetX509Svid())
 	assert.Equal(t, w.caA.Cert.Raw, resp.GetSvids()[0].GetBundle())
 	assert.Equal(t, map[string][]byte{tdB.IDString(): w.caB.Cert.Raw}, resp.GetFederatedBundles())
+	assert.Equal(t, 4.0, testutil.ToFloat64(srv.metrics.encodings))
 }
 
 // FuzzValidateJWTSVID feeds arbitrary tokens and audiences to
