@@ -6,6 +6,7 @@ import (
 	"crypto"
 	"crypto/x509"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -155,7 +156,9 @@ func TestWorkloadAPIWithCA(t *testing.T) {
 	a.wlSocket = wlSock
 	_, done := runAgent(t, a)
 	waitSocket(t, wlSock, done)
-	assert.Contains(t, logs.String(), "SPIFFE_ENDPOINT_SOCKET=unix://"+wlSock)
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Contains(c, logs.String(), "SPIFFE_ENDPOINT_SOCKET=unix://"+wlSock)
+	}, 5*time.Second, 5*time.Millisecond)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -191,8 +194,8 @@ func TestWorkloadAPIWithCA(t *testing.T) {
 		assert.EventuallyWithT(t, func(c *assert.CollectT) {
 			_, err := bundles.GetBundleForTrustDomain(tdB)
 			assert.Error(c, err)
+			assert.Contains(c, logs.String(), "trust_domain=b.test")
 		}, 5*time.Second, 5*time.Millisecond)
-		assert.Contains(t, logs.String(), "trust_domain=b.test")
 	})
 
 	t.Run("JWT-SVIDs are minted upstream and cached per audience set", func(t *testing.T) {
@@ -277,3 +280,62 @@ func authnFor(ca *testca.CA) authn.Authenticator {
 }
 
 func mkdir(dir string) error { return os.MkdirAll(dir, 0o700) }
+
+// The Workload API socket is handled like the SDS socket: a stale one is
+// replaced, one a gRPC server answers on is left alone and Run fails, and
+// the socket is 0600.
+func TestWorkloadAPISocketHandling(t *testing.T) {
+	t.Run("stale socket replaced", func(t *testing.T) {
+		dir := shortDir(t)
+		wlSock := filepath.Join(dir, "wl.sock")
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: wlSock, Net: "unix"})
+		require.NoError(t, err)
+		ln.SetUnlinkOnClose(false)
+		require.NoError(t, ln.Close())
+		before, err := os.Lstat(wlSock)
+		require.NoError(t, err)
+		ca := testca.New(t, tdA.Name())
+		writeCreds(t, dir, ca, workload, ca.Cert)
+
+		a := newTestAgent(t, Config{SocketPath: filepath.Join(dir, "socket"), WorkloadAPISocket: wlSock, CredentialsDir: dir})
+		stop, done := runAgent(t, a)
+		waitUnlessEnded(t, done, func() bool {
+			fi, err := os.Lstat(wlSock)
+			return err == nil && !os.SameFile(before, fi)
+		})
+		fi, err := os.Lstat(wlSock)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := workloadapi.New(ctx, workloadapi.WithAddr(endpointSocket(wlSock)))
+		require.NoError(t, err)
+		defer c.Close()
+		svid, err := c.FetchX509SVID(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, workload, svid.ID)
+		require.NoError(t, stop())
+		_, err = os.Lstat(wlSock)
+		assert.ErrorIs(t, err, os.ErrNotExist, "removed at stop")
+	})
+	t.Run("live gRPC server kept", func(t *testing.T) {
+		dir := shortDir(t)
+		wlSock := filepath.Join(dir, "wl.sock")
+		serveOn(t, grpc.NewServer(), wlSock)
+		ca := testca.New(t, tdA.Name())
+		writeCreds(t, dir, ca, workload, ca.Cert)
+		a := newTestAgent(t, Config{SocketPath: filepath.Join(dir, "socket"), WorkloadAPISocket: wlSock, CredentialsDir: dir})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := a.Run(ctx)
+		require.Error(t, err, "Run fails rather than serve beside another server")
+		assert.Contains(t, err.Error(), "already answers on "+wlSock)
+		fi, err := os.Lstat(wlSock)
+		require.NoError(t, err, "the other server's socket stays")
+		assert.Equal(t, os.ModeSocket, fi.Mode().Type())
+	})
+	t.Run("same path as SDS refused", func(t *testing.T) {
+		_, err := New(Config{SocketPath: "/tmp/x.sock", WorkloadAPISocket: "/tmp/./x.sock"})
+		assert.ErrorContains(t, err, "is the SDS socket")
+	})
+}
