@@ -17,9 +17,12 @@ import (
 )
 
 type agentOptions struct {
-	socket         string
-	socketGroup    string
-	credentialsDir string
+	socket      string
+	socketGroup string
+	// workloadSocket is --workload-api-socket, "" for none.
+	workloadSocket      string
+	workloadSocketGroup string
+	credentialsDir      string
 	// keepCerts: --credentials-dir was given (flag, --output-certs or
 	// OUTPUT_CERTS), so with a CA the agent keeps its certificates there.
 	keepCerts   bool
@@ -46,7 +49,11 @@ type agentOptions struct {
 // directory as the Istio agent's are, so that a sidecar with the usual
 // volume mounts works unchanged.
 const (
-	defaultSDSSocket      = "./var/run/secrets/workload-spiffe-uds/socket"
+	defaultSDSSocket = "./var/run/secrets/workload-spiffe-uds/socket"
+	// defaultWorkloadSocket is the SPIFFE Workload API's socket: beside
+	// the SDS socket, in the directory Istio shares with the workload.
+	defaultWorkloadSocket = "./var/run/secrets/workload-spiffe-uds/" + workloadSocketName
+	workloadSocketName    = "workload-api.sock"
 	defaultCredentialsDir = "./var/run/secrets/workload-spiffe-credentials"
 )
 
@@ -90,6 +97,18 @@ The decision flow is the Istio agent's:
 Envoy's SDS config points at the socket, e.g. a static cluster
 "sds-grpc" with a pipe address of the socket path.
 
+The same identity and trust are served over the SPIFFE Workload API on
+--workload-api-socket (mode 0600, or 0660 with
+--workload-api-socket-group), for go-spiffe, java-spiffe, py-spiffe and
+spiffe-helper: point them at it with SPIFFE_ENDPOINT_SOCKET=unix://<the
+absolute path>, which the agent logs at start. With a CA, the federated
+bundles come from the server's WatchBundles (as the trust policy allows
+them to this workload) and JWT-SVIDs from its MintJWTSVID; while the
+server is unreachable the last good bundles are served and the agent
+warns (trustbridge_agent_bundles_connected 0). From credential files,
+bundle.spiffe.json may carry JWT authorities, and JWT-SVIDs are not
+available.
+
 The istio-agent environment variables that mean the same thing set the
 flags (a flag wins over its variable, which wins over the default):
 CA_ADDR, CA_ROOT_CA, OUTPUT_CERTS, PROV_CERT, FILE_MOUNTED_CERTS,
@@ -99,6 +118,9 @@ value that cannot be honoured is an error naming the variable.`,
 		Example: `  # a workload on a VM: bootstrap with a token, keep and renew the certificate in ./creds
   trustbridge agent --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
       --token-file agent.token --credentials-dir ./creds --sds-socket ./sds.sock
+  # the same, with the Workload API for a go-spiffe workload (SPIFFE_ENDPOINT_SOCKET=unix://$PWD/api.sock)
+  trustbridge agent --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --token-file agent.token --sds-socket ./sds.sock --workload-api-socket ./api.sock
   # serve files another tool keeps up to date (cert-manager's csi-driver-spiffe, ca request)
   trustbridge agent --file-mounted-certs --credentials-dir /var/run/secrets/workload-spiffe-credentials
   # the istio-agent names, as in a pod spec written for it
@@ -126,6 +148,8 @@ value that cannot be honoured is an error naming the variable.`,
 func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
 	f.StringVar(&o.socket, "sds-socket", defaultSDSSocket, "unix socket to serve SDS on (created mode 0600; a stale socket is removed, anything else at the path is an error)")
 	f.StringVar(&o.socketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
+	f.StringVar(&o.workloadSocket, "workload-api-socket", defaultWorkloadSocket, "unix socket to serve the SPIFFE Workload API on, for the same identity as SDS (created mode 0600, stale socket replaced like --sds-socket's; clients use SPIFFE_ENDPOINT_SOCKET=unix://<absolute path>). When --sds-socket is given and this flag is not, "+workloadSocketName+" in --sds-socket's directory. Empty: no Workload API")
+	f.StringVar(&o.workloadSocketGroup, "workload-api-socket-group", "", "group (name or id) that may also use the Workload API socket (mode 0660), e.g. the workload's when it runs as another user than the agent")
 	f.StringVar(&o.credentialsDir, credentialsDirFlag, defaultCredentialsDir, "directory of the workload's cert-chain.pem, key.pem (0600), root-cert.pem (the local trust domain's roots only) and bundle.spiffe.json (federated trust, per trust domain). Without --ca-addr, or with --file-mounted-certs, the files there are served and watched; with --ca-addr, when given, the agent keeps its certificates there and a still valid one found at start authenticates instead of the token (nothing is written when not given). OUTPUT_CERTS, Istio's directory to write certificates to, sets it only with a CA: without one it is refused")
 	f.BoolVar(&o.fileMounted, "file-mounted-certs", false, "serve the files in --credentials-dir and never ask a CA, even with --ca-addr. Istio's FILE_MOUNTED_CERTS reads ./etc/certs: pass --credentials-dir ./etc/certs for that layout")
 	f.StringVar(&o.caAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS (Istio's default, the discovery address, does not apply: unset means no CA)")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -49,6 +50,9 @@ func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *oldName, getenv 
 		o.typed = map[string]string{credentialsDirFlag: outputCerts.old}
 	}
 	o.keepCerts = f.Changed(credentialsDirFlag)
+	if f.Changed("sds-socket") && !f.Changed("workload-api-socket") {
+		o.workloadSocket = filepath.Join(filepath.Dir(o.socket), workloadSocketName)
+	}
 	return nil
 }
 
@@ -71,12 +75,14 @@ func (o agentOptions) config(base *slog.Logger, reg prometheus.Registerer) (agen
 		return agent.Config{}, err
 	}
 	cfg := agent.Config{
-		SocketPath:     o.socket,
-		SocketGroup:    o.socketGroup,
-		CredentialsDir: o.credentialsDir,
-		PollInterval:   o.pollInterval,
-		Logger:         base.With(logattr.Component, "agent"),
-		Registerer:     reg,
+		SocketPath:             o.socket,
+		SocketGroup:            o.socketGroup,
+		WorkloadAPISocket:      o.workloadSocket,
+		WorkloadAPISocketGroup: o.workloadSocketGroup,
+		CredentialsDir:         o.credentialsDir,
+		PollInterval:           o.pollInterval,
+		Logger:                 base.With(logattr.Component, "agent"),
+		Registerer:             reg,
 	}
 	if o.caAddr == "" || o.fileMounted {
 		if o.caAddr != "" {

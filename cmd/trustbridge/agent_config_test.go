@@ -171,3 +171,24 @@ func TestAgentEnvErrors(t *testing.T) {
 		})
 	}
 }
+
+// The Workload API socket sits beside the SDS socket unless named; an
+// empty --workload-api-socket turns it off.
+func TestAgentWorkloadAPISocket(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"default", nil, defaultWorkloadSocket},
+		{"beside --sds-socket", []string{"--sds-socket", "/run/tb/sds.sock"}, "/run/tb/" + workloadSocketName},
+		{"named", []string{"--sds-socket", "/run/tb/sds.sock", "--workload-api-socket", "/run/api.sock"}, "/run/api.sock"},
+		{"off", []string{"--workload-api-socket="}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cfg, _, err := parseAgent(t, tc.args, nil)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.WorkloadAPISocket)
+		})
+	}
+}

@@ -81,6 +81,13 @@ type Config struct {
 	// PollInterval is how often the credential files are checked;
 	// DefaultPollInterval when zero.
 	PollInterval time.Duration
+	// WorkloadAPISocket, when set, is the unix socket the SPIFFE
+	// Workload API is served on (sds/workload), for the same identity as
+	// SDS; empty serves none.
+	WorkloadAPISocket string
+	// WorkloadAPISocketGroup is SocketGroup for the Workload API socket:
+	// the workload's group, where SocketGroup is Envoy's.
+	WorkloadAPISocketGroup string
 	// AdoptCredentialsDir lets the Rotator write into CredentialsDir even
 	// when it holds credentials trustbridge did not write (no
 	// caclient.OwnerFile): the operator named it as the CA's output
@@ -103,6 +110,8 @@ type rotator interface {
 type Agent struct {
 	socketPath   string
 	socketGID    int // -1: no group access
+	wlSocket     string
+	wlGID        int // -1: no group access
 	credsDir     string
 	pollInterval time.Duration
 	clock        clock.WithTicker
@@ -136,6 +145,8 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		socketPath:   cfg.SocketPath,
 		socketGID:    -1,
+		wlSocket:     cfg.WorkloadAPISocket,
+		wlGID:        -1,
 		credsDir:     cfg.CredentialsDir,
 		pollInterval: cfg.PollInterval,
 		adopt:        cfg.AdoptCredentialsDir,
@@ -170,6 +181,16 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent: socket group: %w", err)
 		}
 		a.socketGID = gid
+	}
+	if cfg.WorkloadAPISocketGroup != "" {
+		gid, err := lookupGroup(cfg.WorkloadAPISocketGroup)
+		if err != nil {
+			return nil, fmt.Errorf("agent: Workload API socket group: %w", err)
+		}
+		a.wlGID = gid
+	}
+	if a.wlSocket != "" && filepath.Clean(a.wlSocket) == filepath.Clean(a.socketPath) {
+		return nil, fmt.Errorf("agent: the Workload API socket %s is the SDS socket; give each its own path", a.wlSocket)
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -311,7 +332,8 @@ func (a *Agent) runFiles(ctx context.Context) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.log.Info("serving credential files", "credentials_dir", a.credsDir, logattr.SPIFFEID, w.id.String())
-	return a.serve(ctx, w.id, w.cell, w.trust, nil, nil, func(ctx context.Context) error {
+	wl := &workloadAPI{src: w.wl, noJWT: noJWTFiles}
+	return a.serve(ctx, w.id, w.cell, w.trust, nil, wl, nil, func(ctx context.Context) error {
 		return poll.Run(ctx, a.clock, a.pollInterval, w.check)
 	})
 }
@@ -360,7 +382,18 @@ func (a *Agent) runCA(ctx context.Context) error {
 		relayed:     make(chan struct{}),
 	}
 	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())
-	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), r.relayed, a.rot.Run, r.Run)
+	workers := []func(context.Context) error{a.rot.Run, r.Run}
+	// The Workload API opens with SDS, whose gate is the relay's alone:
+	// until WatchBundles answers it serves the local roots, marked stale,
+	// and an older server without it must not hold SDS back.
+	var wl *workloadAPI
+	if a.wlSocket != "" {
+		var wlWorkers []func(context.Context) error
+		wl, wlWorkers = a.caWorkloadAPI(id)
+		defer wl.close()
+		workers = append(workers, wlWorkers...)
+	}
+	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), wl, r.relayed, workers...)
 }
 
 // Limits of the local gRPC server. Envoy's requests are small; a few
@@ -380,7 +413,7 @@ const firstTrustWait = 10 * time.Second
 // Envoy from starting with the local roots only and failing its first
 // federated connections until the relayed trust arrives.
 func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialSource, trust sds.TrustSource, policy sds.AccessPolicy,
-	gate <-chan struct{}, workers ...func(context.Context) error) error {
+	wl *workloadAPI, gate <-chan struct{}, workers ...func(context.Context) error) error {
 	// The socket's file mode is the access control (as in Istio): whoever
 	// can connect is this workload.
 	self := authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
@@ -462,6 +495,9 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 					fail(fmt.Errorf("agent: serving SDS: %w", err))
 				}
 			}()
+			if wl != nil && a.wlSocket != "" {
+				a.startWorkloadAPI(ctx, wl, &wg, fail)
+			}
 		}
 	}
 	<-ctx.Done()

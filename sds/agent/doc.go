@@ -42,13 +42,34 @@
 // alone and Run fails. Anything at the socket path that is not a socket
 // (file, directory, symlink) is never removed.
 //
+// With Config.WorkloadAPISocket the agent also serves the SPIFFE Workload
+// API (sds/workload) on a socket of its own, for the same identity:
+// clients find it through SPIFFE_ENDPOINT_SOCKET=unix://<absolute path>,
+// which the agent logs. It opens with the SDS socket, is handled the same
+// way (0600, or 0660 with Config.WorkloadAPISocketGroup; a stale socket
+// replaced, one a gRPC server answers on left alone and Run fails). With
+// a CA the SVID is the Rotator's (a rotation is pushed), the bundles are
+// the server's WatchBundles (the trust domains the trust policy lets the
+// workload trust, JWT authorities included; those granted only for some
+// peers are withheld, since a bundle cannot carry that limit) and
+// JWT-SVIDs come from the server's MintJWTSVID, reused per audience set
+// for half their lifetime. While the server is unreachable the last good
+// bundles are served, marked stale, with one warning per outage and
+// trustbridge_agent_bundles_connected 0. From credential files the SVID
+// and bundles are the files' (bundle.spiffe.json may carry JWT
+// authorities) and FetchJWTSVID is Unavailable.
+//
 // Metrics: trustbridge_agent_credential_file_loads_total{result},
 // trustbridge_agent_relay_responses_total{result},
 // trustbridge_agent_relay_stream_failures_total and
-// trustbridge_agent_relay_connected, besides the SDS server's and the
-// Rotator's.
+// trustbridge_agent_relay_connected,
+// trustbridge_agent_bundles_responses_total{result},
+// trustbridge_agent_bundles_stream_failures_total and
+// trustbridge_agent_bundles_connected, besides the SDS server's, the
+// Workload API server's and the Rotator's.
 //
 // References: envoy.service.secret.v3.SecretDiscoveryService,
 // envoy.extensions.transport_sockets.tls.v3.SPIFFECertValidatorConfig, the
-// xDS protocol's ACK/NACK rules, and the X509-SVID specification §5.
+// xDS protocol's ACK/NACK rules, the X509-SVID specification §5, and
+// the SPIFFE Workload Endpoint and Workload API specifications.
 package agent

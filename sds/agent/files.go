@@ -11,14 +11,17 @@ import (
 	"log/slog"
 	"path/filepath"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/sds"
+	wapi "github.com/trustbridge/trustbridge/sds/workload"
 )
 
 // maxCredentialFileSize bounds each credential file.
@@ -35,6 +38,9 @@ type fileWatcher struct {
 	id    spiffeid.ID
 	cell  *sds.CredentialCell
 	trust *sds.TrustCell
+	// wl is the same credential and trust, JWT authorities included,
+	// for the Workload API.
+	wl *wapi.Cell
 
 	// good and bad are digests of the last set served and the last set
 	// refused, so each change is loaded and logged once.
@@ -45,7 +51,7 @@ type fileWatcher struct {
 }
 
 func newFileWatcher(dir string, log *slog.Logger, m *metrics) *fileWatcher {
-	return &fileWatcher{dir: dir, log: log, metrics: m, trust: sds.NewTrustCell()}
+	return &fileWatcher{dir: dir, log: log, metrics: m, trust: sds.NewTrustCell(), wl: wapi.NewCell()}
 }
 
 // credentialSet is the parsed content of the three files.
@@ -54,6 +60,8 @@ type credentialSet struct {
 	chain []*x509.Certificate
 	key   crypto.Signer
 	roots map[spiffeid.TrustDomain][]*x509.Certificate
+	// bundles are roots with the JWT authorities of the bundle map.
+	bundles []*spiffebundle.Bundle
 
 	digest, credDigest, rootsDigest [sha256.Size]byte
 }
@@ -119,6 +127,11 @@ func (w *fileWatcher) apply(set *credentialSet) error {
 			return fmt.Errorf("%s and %s: %w", RootCertFile, BundleMapFile, err)
 		}
 		w.rootsDigest = set.rootsDigest
+	}
+	// The Workload API gets the set whole; Set refuses only what the
+	// checks above already did.
+	if err := w.wl.Set(wapi.State{SVID: &wapi.SVID{ID: set.id, Chain: set.chain, Key: set.key}, Bundles: set.bundles}); err != nil {
+		return fmt.Errorf("workload API: %w", err)
 	}
 	w.good = set.digest
 	return nil
@@ -187,22 +200,16 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credenti
 	if err := caclient.CheckLocalRoots(RootCertFile, id.TrustDomain(), roots); err != nil {
 		return nil, err
 	}
-	grouped := map[spiffeid.TrustDomain][]*x509.Certificate{}
-	if bundleMap != nil {
-		if grouped, err = caclient.ParseBundleMap(bundleMap); err != nil {
-			return nil, fmt.Errorf("%s: %w", BundleMapFile, err)
-		}
-		if len(grouped) > maxTrustDomains {
-			return nil, fmt.Errorf("%s: %d trust domains; at most %d are accepted", BundleMapFile, len(grouped), maxTrustDomains)
-		}
+	grouped, bundles, err := parseFileBundles(bundleMap, id.TrustDomain(), roots)
+	if err != nil {
+		return nil, err
 	}
-	grouped[id.TrustDomain()] = roots
 	h := sha256.New()
 	for _, b := range [][]byte{chainPEM, keyPEM} {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 	}
-	set := &credentialSet{id: id, chain: chain, key: key, roots: grouped}
+	set := &credentialSet{id: id, chain: chain, key: key, roots: grouped, bundles: bundles}
 	h.Sum(set.credDigest[:0])
 	rh := sha256.New()
 	for _, b := range [][]byte{rootsPEM, bundleMap} {
@@ -216,4 +223,36 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credenti
 
 func isSelfSignedCA(c *x509.Certificate) bool {
 	return c.IsCA && bytes.Equal(c.RawSubject, c.RawIssuer) && c.CheckSignatureFrom(c) == nil
+}
+
+// parseFileBundles parses the optional bundle map (nil: none) into the
+// X.509 roots per trust domain SDS serves and the bundles, JWT
+// authorities included, the Workload API serves. The local trust
+// domain's X.509 roots are roots (root-cert.pem), whatever the map says;
+// its JWT authorities, which root-cert.pem cannot hold, come from the map.
+func parseFileBundles(bundleMap []byte, local spiffeid.TrustDomain, roots []*x509.Certificate) (map[spiffeid.TrustDomain][]*x509.Certificate, []*spiffebundle.Bundle, error) {
+	var parsed []*spiffebundle.Bundle
+	if bundleMap != nil {
+		var err error
+		if parsed, _, err = bundledoc.ParseMap(bundleMap); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", BundleMapFile, err)
+		}
+		if len(parsed) > maxTrustDomains {
+			return nil, nil, fmt.Errorf("%s: %d trust domains; at most %d are accepted", BundleMapFile, len(parsed), maxTrustDomains)
+		}
+	}
+	own := spiffebundle.FromX509Authorities(local, roots)
+	grouped := map[spiffeid.TrustDomain][]*x509.Certificate{local: roots}
+	bundles := []*spiffebundle.Bundle{own}
+	for _, b := range parsed {
+		if b.TrustDomain() == local {
+			own.SetJWTAuthorities(b.JWTAuthorities())
+			continue
+		}
+		if r := b.X509Authorities(); len(r) > 0 {
+			grouped[b.TrustDomain()] = r
+		}
+		bundles = append(bundles, b)
+	}
+	return grouped, bundles, nil
 }

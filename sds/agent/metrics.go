@@ -19,6 +19,10 @@ type metrics struct {
 	relayResponses  *prometheus.CounterVec
 	relayStreamErrs prometheus.Counter
 	relayConnected  prometheus.Gauge
+	// The Workload API's bundle stream (WatchBundles).
+	bundleResponses  *prometheus.CounterVec
+	bundleStreamErrs prometheus.Counter
+	bundlesConnected prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,11 +43,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_agent_relay_connected",
 			Help: "1 while the SDS stream to the server is open.",
 		}),
+		bundleResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_agent_bundles_responses_total",
+			Help: "Bundle maps from the server's WatchBundles for the Workload API, by result (failure: did not parse, last good bundles kept).",
+		}, []string{"result"}),
+		bundleStreamErrs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_bundles_stream_failures_total",
+			Help: "Failed or broken WatchBundles streams to the server; each is retried with backoff while the Workload API serves the last good bundles.",
+		}),
+		bundlesConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_agent_bundles_connected",
+			Help: "1 while the WatchBundles stream to the server delivers; 0 while the Workload API serves the last good bundles (stale) or none came yet.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.fileReloads, m.relayResponses, m.relayStreamErrs, m.relayConnected} {
+	for _, c := range []prometheus.Collector{m.fileReloads, m.relayResponses, m.relayStreamErrs, m.relayConnected,
+		m.bundleResponses, m.bundleStreamErrs, m.bundlesConnected} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

@@ -1,0 +1,168 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// maxBundleMap bounds one WatchBundles message.
+const maxBundleMap = maxRelayResponse
+
+// bundleWatcher follows the server's WatchBundles (the bundles the trust
+// policy lets this workload trust, X.509 and JWT authorities) into a
+// bundleCell for the Workload API. While the server cannot be reached the
+// last good bundles stay, marked stale, and the outage is logged once and
+// shown by trustbridge_agent_bundles_connected.
+type bundleWatcher struct {
+	addr        string
+	tlsConfig   func() *tls.Config
+	local       spiffeid.TrustDomain
+	out         *bundleCell
+	clock       clock.Clock
+	log         *slog.Logger
+	metrics     *metrics
+	backoffBase time.Duration
+	backoffMax  time.Duration
+
+	// down is set while an outage is logged; withheld holds the trust
+	// domains already logged as withheld.
+	down     bool
+	withheld map[string]bool
+}
+
+// Run watches until ctx is done, reconnecting with capped exponential
+// backoff and jitter; it returns nil when ctx is done.
+func (w *bundleWatcher) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		progressed, err := w.stream(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if progressed {
+			failures = 0
+		}
+		failures++
+		d := backoff(failures, w.backoffBase, w.backoffMax, rand.Float64())
+		w.metrics.bundleStreamErrs.Inc()
+		w.outage(err, d)
+		t := w.clock.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C():
+		}
+	}
+}
+
+// outage marks the bundles stale and says so once per outage.
+func (w *bundleWatcher) outage(err error, retry time.Duration) {
+	stale := fmt.Errorf("the certificate service at %s is unreachable: %w", w.addr, err)
+	w.out.setStale(stale)
+	w.metrics.bundlesConnected.Set(0)
+	if w.down {
+		w.log.Debug("WatchBundles still failing", "ca_addr", w.addr, logattr.Error, err.Error(), "retry_in", retry)
+		return
+	}
+	w.down = true
+	msg := "lost the bundle stream from the certificate service; the Workload API keeps serving the last good bundles until it is back"
+	if status.Code(err) == codes.Unimplemented {
+		msg = "the server does not serve trustbridge.identity.v1 WatchBundles (older than this agent?); the Workload API serves the local trust domain only"
+	}
+	w.log.Warn(msg, "ca_addr", w.addr, logattr.Error, err.Error(), "retry_in", retry)
+}
+
+// stream runs one WatchBundles stream; progressed reports whether it
+// delivered good bundles.
+func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error) {
+	conn, err := grpc.NewClient(w.addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(w.tlsConfig())),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxBundleMap)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
+	if err != nil {
+		return false, err
+	}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			return progressed, err
+		}
+		bundles, err := parseWatchBundles(resp, w.local)
+		if err != nil {
+			w.metrics.bundleResponses.WithLabelValues(resultFailure).Inc()
+			w.log.Warn("the server sent bundles that do not parse; keeping the last good ones", "ca_addr", w.addr, logattr.Error, err.Error())
+			continue
+		}
+		w.metrics.bundleResponses.WithLabelValues(resultSuccess).Inc()
+		w.metrics.bundlesConnected.Set(1)
+		progressed = true
+		w.publish(bundles, resp.GetWithheldTrustDomains())
+	}
+}
+
+func (w *bundleWatcher) publish(bundles []*spiffebundle.Bundle, withheld []string) {
+	w.out.set(bundles)
+	if w.down {
+		w.down = false
+		w.log.Info("bundle stream from the certificate service is back", "ca_addr", w.addr, "trust_domains", len(bundles))
+	}
+	if w.withheld == nil {
+		w.withheld = make(map[string]bool)
+	}
+	for _, td := range withheld {
+		if !w.withheld[td] && len(w.withheld) < maxTrustDomains {
+			w.withheld[td] = true
+			w.log.Info("trust domain granted only for some peers; a Workload API bundle cannot carry that limit, so it is not served there (SDS serves it with the limit)",
+				logattr.TrustDomain, td)
+		}
+	}
+}
+
+// parseWatchBundles parses a WatchBundles message, untrusted input: a
+// bundle map of at most maxTrustDomains trust domains that holds the
+// local one.
+func parseWatchBundles(resp *identityapi.WatchBundlesResponse, local spiffeid.TrustDomain) ([]*spiffebundle.Bundle, error) {
+	doc := resp.GetBundleMap()
+	if len(doc) > maxBundleMap {
+		return nil, fmt.Errorf("bundle map of %d bytes; at most %d are accepted", len(doc), maxBundleMap)
+	}
+	bundles, _, err := bundledoc.ParseMap(doc)
+	if err != nil {
+		return nil, fmt.Errorf("bundle map: %w", err)
+	}
+	if len(bundles) > maxTrustDomains {
+		return nil, fmt.Errorf("%d trust domains; at most %d are accepted", len(bundles), maxTrustDomains)
+	}
+	if !slices.ContainsFunc(bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == local }) {
+		return nil, errors.New("bundle map without the local trust domain " + local.Name())
+	}
+	return bundles, nil
+}

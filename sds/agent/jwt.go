@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/identityapi"
+)
+
+// Limits of the JWT-SVID cache.
+const (
+	maxCachedJWTs  = 1000
+	jwtCallTimeout = 30 * time.Second
+)
+
+// jwtMinter mints JWT-SVIDs with the certificate service's MintJWTSVID
+// over mTLS as the workload, and reuses a token for the same audience set
+// until half its lifetime passed, so a workload asking per request does
+// not become a signing per request upstream.
+type jwtMinter struct {
+	addr  string
+	tls   func() *tls.Config
+	clock clock.Clock
+
+	mu    sync.Mutex
+	conn  *grpc.ClientConn // nil until the first call
+	cache map[string]cachedJWT
+}
+
+type cachedJWT struct {
+	token            string
+	refreshAt, expAt time.Time
+}
+
+func newJWTMinter(addr string, tlsConfig func() *tls.Config, c clock.Clock) *jwtMinter {
+	return &jwtMinter{addr: addr, tls: tlsConfig, clock: c, cache: make(map[string]cachedJWT)}
+}
+
+// MintJWTSVID returns a cached token for the audience set while it is in
+// the first half of its lifetime, else mints one.
+func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string, error) {
+	key := audienceKey(audience)
+	now := m.clock.Now()
+	m.mu.Lock()
+	c, ok := m.cache[key]
+	m.mu.Unlock()
+	if ok && now.Before(c.refreshAt) {
+		return c.token, nil
+	}
+	conn, err := m.client()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, jwtCallTimeout)
+	defer cancel()
+	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, &identityapi.MintJWTSVIDRequest{Audience: audience})
+	if err != nil {
+		return "", err
+	}
+	exp := time.Unix(resp.GetExpiresAt(), 0)
+	if !exp.After(now) {
+		return "", errors.New("the certificate service minted a JWT-SVID that has already expired (clock skew?)")
+	}
+	m.store(key, cachedJWT{token: resp.GetToken(), refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp}, now)
+	return resp.GetToken(), nil
+}
+
+// store caches c under key, first dropping expired tokens and, when the
+// cache is still full, an arbitrary one.
+func (m *jwtMinter) store(key string, c cachedJWT, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.cache) >= maxCachedJWTs {
+		for k, v := range m.cache {
+			if !now.Before(v.expAt) {
+				delete(m.cache, k)
+			}
+		}
+	}
+	for k := range m.cache {
+		if len(m.cache) < maxCachedJWTs {
+			break
+		}
+		delete(m.cache, k)
+	}
+	m.cache[key] = c
+}
+
+func (m *jwtMinter) client() (*grpc.ClientConn, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn != nil {
+		return m.conn, nil
+	}
+	conn, err := grpc.NewClient(m.addr, grpc.WithTransportCredentials(credentials.NewTLS(m.tls())))
+	if err != nil {
+		return nil, err
+	}
+	m.conn = conn
+	return conn, nil
+}
+
+func (m *jwtMinter) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn != nil {
+		m.conn.Close()
+		m.conn = nil
+	}
+}
+
+// audienceKey is the audience set, order and repeats ignored.
+func audienceKey(aud []string) string {
+	s := slices.Clone(aud)
+	slices.Sort(s)
+	return strings.Join(slices.Compact(s), "\x00")
+}

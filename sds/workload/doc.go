@@ -1,0 +1,59 @@
+// Package workload serves the SPIFFE Workload API
+// (spiffe.workload.SpiffeWorkloadAPI, go-spiffe's proto) on a listener,
+// for the one identity its Source holds: go-spiffe's, java-spiffe's and
+// py-spiffe's clients, spiffe-helper and anything else that reads
+// SPIFFE_ENDPOINT_SOCKET get their X509-SVID, JWT-SVIDs and bundles from
+// it. trustbridge's node agent runs it on a unix socket next to its SDS
+// socket (sds/agent).
+//
+//	cell := workload.NewCell()
+//	_ = cell.Set(workload.State{SVID: &workload.SVID{ID: id, Chain: chain, Key: key}, Bundles: bundles})
+//	srv, err := workload.New(workload.Config{Source: cell, JWT: minter})
+//	err = srv.Serve(ctx, ln) // until ctx is done
+//
+// What it serves:
+//
+//   - FetchX509SVID streams the SVID (chain leaf first, PKCS#8 key, the
+//     bundle of its own trust domain) and, as federated_bundles, every
+//     other trust domain of the State; FetchX509Bundles streams every
+//     trust domain's X.509 authorities; both as ASN.1 DER, the
+//     certificates concatenated (§5.2). FetchJWTBundles streams each
+//     trust domain's JWT authorities as a JWKS document (§6.2). Each
+//     stream sends at once and again on every change of what it carries;
+//     a trust domain that leaves the State leaves the next message.
+//   - FetchJWTSVID asks the JWTMinter for a token for the held identity;
+//     an audience is required and a spiffe_id other than the held
+//     identity is refused with PermissionDenied (§6.2).
+//   - ValidateJWTSVID checks a token against the JWT authorities of its
+//     subject's own trust domain only (internal/jwtsvid.Validate: no alg
+//     none, no HMAC, known kid, time and audience) and answers its SPIFFE
+//     ID and claims; an invalid token is InvalidArgument (§6.3).
+//   - Without an identity every call is PermissionDenied "no identity
+//     issued" (§5.2, §6.2); a call without the metadata
+//     "workload.spiffe.io: true" is InvalidArgument (Workload Endpoint,
+//     as SPIRE does). The WIT-SVID profile is Unimplemented.
+//
+// Whoever can connect is the workload: access control is the socket's
+// file mode, as with the node agent's SDS socket; the server has no other
+// notion of the caller.
+//
+// Fan-out. A State is encoded once into its three stream responses,
+// shared by every stream (a codec sends the bytes as they are), and a
+// response equal to the previous State's keeps its identity, so a stream
+// compares pointers to know whether it has something to send. A rotation
+// to 10,000 FetchX509SVID watchers costs one marshal and 10,000 writes
+// (BenchmarkWorkloadFanout).
+//
+// Metrics: trustbridge_workload_api_streams{method},
+// trustbridge_workload_api_requests_total{method,code},
+// trustbridge_workload_api_pushes_total{method} and
+// trustbridge_workload_api_encodings_total.
+//
+// References:
+// https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Workload_API.md
+// (§4.3 stream responses, §4.6 federated bundles, §5 X.509-SVID profile,
+// §6 JWT-SVID profile),
+// https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Workload_Endpoint.md
+// (transport, SPIFFE_ENDPOINT_SOCKET, the security header, error codes),
+// https://github.com/spiffe/spiffe/blob/main/standards/JWT-SVID.md.
+package workload

@@ -1,0 +1,130 @@
+package workload
+
+import (
+	"context"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	spiffejwt "github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+)
+
+// Limits on the audiences of one FetchJWTSVID: each is minted into a
+// token and, upstream, into a cache key.
+const (
+	maxAudiences    = 32
+	maxAudienceSize = 1024
+)
+
+// FetchJWTSVID mints a JWT-SVID for the held identity (Workload API
+// §6.2): the audience is required, and a spiffe_id other than the held
+// identity is refused, since the workload is entitled to that one only.
+func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDRequest) (*workloadpb.JWTSVIDResponse, error) {
+	if err := checkAudience(req.GetAudience()); err != nil {
+		return nil, err
+	}
+	st, _ := s.src.State()
+	if st.SVID == nil {
+		return nil, errNoIdentity
+	}
+	id := st.SVID.ID
+	if want := req.GetSpiffeId(); want != "" {
+		asked, err := spiffeid.FromString(want)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "spiffe_id %q: %v", want, err)
+		}
+		if asked != id {
+			return nil, status.Errorf(codes.PermissionDenied, "this workload is entitled to %s only, not %s", id, asked)
+		}
+	}
+	if s.jwt == nil {
+		return nil, status.Errorf(codes.Unavailable, "JWT-SVIDs are not available: %s", s.noJWT)
+	}
+	token, err := s.jwt.MintJWTSVID(ctx, req.GetAudience())
+	if err != nil {
+		return nil, mintStatus(err)
+	}
+	// The minter is upstream of this server: what it returns is checked
+	// to be the held identity's before a workload gets it.
+	svid, err := spiffejwt.ParseInsecure(token, req.GetAudience())
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "the minted JWT-SVID does not parse: %v", err)
+	}
+	if svid.ID != id {
+		return nil, status.Errorf(codes.Internal, "the minted JWT-SVID is for %s, not %s", svid.ID, id)
+	}
+	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: id.String(), Svid: token}}}, nil
+}
+
+func checkAudience(aud []string) error {
+	switch {
+	case len(aud) == 0:
+		return status.Error(codes.InvalidArgument, "audience must be specified")
+	case len(aud) > maxAudiences:
+		return status.Errorf(codes.InvalidArgument, "%d audiences; at most %d are accepted", len(aud), maxAudiences)
+	}
+	for i, a := range aud {
+		if a == "" || len(a) > maxAudienceSize {
+			return status.Errorf(codes.InvalidArgument, "audience %d: want 1 to %d bytes, got %d", i+1, maxAudienceSize, len(a))
+		}
+	}
+	return nil
+}
+
+// mintStatus maps a minting failure to the status the workload gets: the
+// upstream's code where it is about the request, Unavailable where it is
+// about reaching or authenticating to the upstream.
+func mintStatus(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return status.Errorf(codes.Unavailable, "minting the JWT-SVID: %v", err)
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.ResourceExhausted, codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return status.Errorf(st.Code(), "minting the JWT-SVID: %s", st.Message())
+	}
+	return status.Errorf(codes.Unavailable, "minting the JWT-SVID: %s: %s", st.Code(), st.Message())
+}
+
+// ValidateJWTSVID validates a JWT-SVID for an audience against the JWT
+// authorities of the token's own trust domain (Workload API §6.3), as
+// internal/jwtsvid.Validate does: alg none, HMAC, an unknown kid, an
+// expired or not yet valid token and another audience are refused.
+func (s *Server) ValidateJWTSVID(_ context.Context, req *workloadpb.ValidateJWTSVIDRequest) (*workloadpb.ValidateJWTSVIDResponse, error) {
+	switch {
+	case req.GetAudience() == "":
+		return nil, status.Error(codes.InvalidArgument, "audience must be specified")
+	case req.GetSvid() == "":
+		return nil, status.Error(codes.InvalidArgument, "svid must be specified")
+	}
+	if err := checkAudience([]string{req.GetAudience()}); err != nil {
+		return nil, err
+	}
+	st, _ := s.src.State()
+	if st.SVID == nil {
+		return nil, errNoIdentity
+	}
+	svid, err := jwtsvid.Validate(req.GetSvid(), jwtBundles(st), []string{req.GetAudience()})
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	claims, err := structpb.NewStruct(svid.Claims)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "claims of a valid JWT-SVID: %v", err)
+	}
+	return &workloadpb.ValidateJWTSVIDResponse{SpiffeId: svid.ID.String(), Claims: claims}, nil
+}
+
+// jwtBundles is the JWT authorities of st, per trust domain.
+func jwtBundles(st *State) *jwtbundle.Set {
+	set := jwtbundle.NewSet()
+	for _, b := range st.Bundles {
+		set.Add(b.JWTBundle())
+	}
+	return set
+}

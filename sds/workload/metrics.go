@@ -1,0 +1,44 @@
+package workload
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	streams   *prometheus.GaugeVec
+	requests  *prometheus.CounterVec
+	pushes    *prometheus.CounterVec
+	encodings prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "trustbridge_workload_api_streams",
+			Help: "Open SPIFFE Workload API streams, by method (FetchX509SVID, FetchX509Bundles, FetchJWTBundles).",
+		}, []string{"method"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_workload_api_requests_total",
+			Help: "SPIFFE Workload API calls, by method and gRPC status code; a stream counts when it ends.",
+		}, []string{"method", "code"}),
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_workload_api_pushes_total",
+			Help: "Messages sent on SPIFFE Workload API streams, by method: the first one and one per change of what the stream carries.",
+		}, []string{"method"}),
+		encodings: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_workload_api_encodings_total",
+			Help: "States encoded into Workload API responses; each encoding is shared by every stream that sends it.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.streams, m.requests, m.pushes, m.encodings} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,244 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Limits of the server. Requests are small (a JWT-SVID of at most
+// jwtsvid.MaxTokenBytes is the largest field); a workload opens a few
+// streams per connection.
+const (
+	maxRequestSize = 64 << 10
+	// DefaultMaxConcurrentStreams is Config.MaxConcurrentStreams when 0.
+	DefaultMaxConcurrentStreams = 100
+)
+
+// Header is the metadata key every Workload API call must carry with the
+// value "true" (SPIFFE Workload Endpoint §6): a browser or a proxy that
+// forwards requests to the socket cannot set it.
+const Header = "workload.spiffe.io"
+
+// Config configures a Server.
+type Config struct {
+	// Source gives what is served (required).
+	Source Source
+	// JWT mints JWT-SVIDs; nil makes FetchJWTSVID Unavailable, saying
+	// NoJWTReason.
+	JWT         JWTMinter
+	NoJWTReason string
+	// MaxConcurrentStreams bounds the streams of one connection;
+	// DefaultMaxConcurrentStreams when 0.
+	MaxConcurrentStreams uint32
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// Registerer receives the server's metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Server serves the SPIFFE Workload API for the one identity its Source
+// holds. Build it with New, run it with Serve.
+type Server struct {
+	workloadpb.UnimplementedSpiffeWorkloadAPIServer
+
+	src         Source
+	jwt         JWTMinter
+	noJWT       string
+	maxStreams  uint32
+	log         *slog.Logger
+	metrics     *metrics
+	encodeMu    sync.Mutex
+	lastEncoded atomic.Pointer[encoded]
+}
+
+// New checks cfg and applies its defaults; it starts nothing.
+func New(cfg Config) (*Server, error) {
+	if cfg.Source == nil {
+		return nil, errors.New("workload: no source")
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("workload: %w", err)
+	}
+	s := &Server{
+		src:        cfg.Source,
+		jwt:        cfg.JWT,
+		noJWT:      cfg.NoJWTReason,
+		maxStreams: cfg.MaxConcurrentStreams,
+		log:        cfg.Logger,
+		metrics:    m,
+	}
+	if s.maxStreams == 0 {
+		s.maxStreams = DefaultMaxConcurrentStreams
+	}
+	if s.noJWT == "" {
+		s.noJWT = "this server mints no JWT-SVIDs"
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return s, nil
+}
+
+// Serve serves the Workload API on ln until ctx is done, then stops
+// (streams never end by themselves, so it does not wait for them) and
+// returns nil; an error if serving fails first.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	gs := grpc.NewServer(
+		grpc.ForceServerCodecV2(newCodec()),
+		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxConcurrentStreams(s.maxStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.streamInterceptor),
+	)
+	workloadpb.RegisterSpiffeWorkloadAPIServer(gs, s)
+	done := make(chan error, 1)
+	go func() { done <- gs.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+		gs.Stop()
+		<-done
+		return nil
+	case err := <-done:
+		if err == nil {
+			err = errors.New("gRPC server stopped")
+		}
+		return fmt.Errorf("workload: serving: %w", err)
+	}
+}
+
+// checkHeader refuses a call without the security header, as SPIRE does.
+func checkHeader(ctx context.Context) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(Header); len(v) != 1 || v[0] != "true" {
+		return status.Errorf(codes.InvalidArgument, "security header missing from request: set metadata %q to \"true\"", Header)
+	}
+	return nil
+}
+
+func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := func() (any, error) {
+		if err := checkHeader(ctx); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}()
+	s.metrics.requests.WithLabelValues(methodName(info.FullMethod), status.Code(err).String()).Inc()
+	return resp, err
+}
+
+func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	method := methodName(info.FullMethod)
+	err := checkHeader(ss.Context())
+	if err == nil {
+		g := s.metrics.streams.WithLabelValues(method)
+		g.Inc()
+		err = handler(srv, ss)
+		g.Dec()
+	}
+	s.metrics.requests.WithLabelValues(method, status.Code(err).String()).Inc()
+	return err
+}
+
+// methodName is the last element of a full gRPC method name.
+func methodName(full string) string {
+	for i := len(full) - 1; i >= 0; i-- {
+		if full[i] == '/' {
+			return full[i+1:]
+		}
+	}
+	return full
+}
+
+// encoded returns st's responses, encoding them once per State whatever
+// the number of streams asking.
+func (s *Server) encoded(st *State) *encoded {
+	if e := s.lastEncoded.Load(); e != nil && e.state == st {
+		return e
+	}
+	s.encodeMu.Lock()
+	defer s.encodeMu.Unlock()
+	prev := s.lastEncoded.Load()
+	if prev != nil && prev.state == st {
+		return prev
+	}
+	e := encodeState(st, prev)
+	s.metrics.encodings.Inc()
+	// A stream late to a State already replaced gets it encoded but not
+	// cached: caching it would make every stream on the current State
+	// encode that one again.
+	if cur, _ := s.src.State(); cur == st {
+		s.lastEncoded.Store(e)
+	}
+	if e.encodingFailed != nil {
+		s.log.Error("the Workload API cannot encode the current identity or bundles; streams are refused until it changes", logattr.Error, e.encodingFailed.Error())
+	}
+	return e
+}
+
+// watch sends pick's frame of the current State on a stream at once and
+// again whenever it changes, until the client goes away.
+func (s *Server) watch(ss grpc.ServerStream, method string, pick func(*encoded) *frame) error {
+	ctx := ss.Context()
+	pushes := s.metrics.pushes.WithLabelValues(method)
+	var last *frame
+	for {
+		st, changed := s.src.State()
+		e := s.encoded(st)
+		if e.refusal != nil {
+			return e.refusal
+		}
+		if e.encodingFailed != nil {
+			return e.encodingFailed
+		}
+		if f := pick(e); f != last {
+			if err := ss.SendMsg(f); err != nil {
+				return err
+			}
+			pushes.Inc()
+			last = f
+		}
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-changed:
+		}
+	}
+}
+
+// FetchX509SVID streams the X509-SVID, its bundle and the federated
+// bundles (Workload API §5.2).
+func (s *Server) FetchX509SVID(_ *workloadpb.X509SVIDRequest, ss grpc.ServerStreamingServer[workloadpb.X509SVIDResponse]) error {
+	return s.watch(ss, "FetchX509SVID", func(e *encoded) *frame { return e.x509SVID })
+}
+
+// FetchX509Bundles streams the X.509 bundles of every trust domain the
+// workload may trust (Workload API §5.2).
+func (s *Server) FetchX509Bundles(_ *workloadpb.X509BundlesRequest, ss grpc.ServerStreamingServer[workloadpb.X509BundlesResponse]) error {
+	return s.watch(ss, "FetchX509Bundles", func(e *encoded) *frame { return e.x509Bundles })
+}
+
+// FetchJWTBundles streams the JWT bundles, as JWKS documents, of every
+// trust domain the workload may trust that has JWT authorities
+// (Workload API §6.2).
+func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, ss grpc.ServerStreamingServer[workloadpb.JWTBundlesResponse]) error {
+	return s.watch(ss, "FetchJWTBundles", func(e *encoded) *frame { return e.jwtBundles })
+}

@@ -1,0 +1,161 @@
+package workload
+
+import (
+	"cmp"
+	"context"
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+)
+
+// SVID is the X509-SVID the Workload API serves: its SPIFFE ID, its
+// chain (leaf first, no root) and its private key, which must be
+// exportable as PKCS#8: the Workload API hands it to the workload.
+type SVID struct {
+	ID    spiffeid.ID
+	Chain []*x509.Certificate
+	Key   crypto.Signer
+}
+
+// State is what the server serves at one moment. A State is immutable
+// once published: build a new one for every change.
+type State struct {
+	// SVID is the workload's identity; nil until one is issued (every
+	// call is then refused with PermissionDenied).
+	SVID *SVID
+	// Bundles are the trust domains the workload may trust, each at most
+	// once: the SVID's own first, then the federated ones.
+	Bundles []*spiffebundle.Bundle
+	// Stale is non-nil while the upstream the State comes from is
+	// unreachable: the State is the last good one and is still served.
+	Stale error
+}
+
+// Source gives the current State and a channel closed when a newer one
+// replaces it.
+type Source interface {
+	State() (*State, <-chan struct{})
+}
+
+// JWTMinter mints JWT-SVIDs for the identity of the current State.
+type JWTMinter interface {
+	MintJWTSVID(ctx context.Context, audience []string) (token string, err error)
+}
+
+// Cell is a Source whose State is replaced with Set.
+type Cell struct {
+	mu      sync.Mutex
+	cur     *State
+	changed chan struct{}
+}
+
+// NewCell returns a Cell holding an empty State (no identity).
+func NewCell() *Cell {
+	return &Cell{cur: &State{}, changed: make(chan struct{})}
+}
+
+// State returns the current State and a channel closed by the next Set.
+func (c *Cell) State() (*State, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur, c.changed
+}
+
+// Set checks st (see Check), publishes a copy with the SVID's trust
+// domain first and the others sorted by name, and wakes every watcher.
+// On error the previous State stays.
+func (c *Cell) Set(st State) error {
+	if err := Check(&st); err != nil {
+		return err
+	}
+	st.Bundles = ordered(st.SVID, st.Bundles)
+	ch := make(chan struct{})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev := c.changed
+	c.cur, c.changed = &st, ch
+	close(prev)
+	return nil
+}
+
+// Check refuses a State the server could not serve as the Workload API
+// requires: an SVID whose leaf is not an X509-SVID for its ID, is a CA,
+// does not match its key, or whose key cannot be exported; a nil or
+// repeated bundle; no bundle for the SVID's own trust domain.
+func Check(st *State) error {
+	seen := make(map[spiffeid.TrustDomain]bool, len(st.Bundles))
+	for i, b := range st.Bundles {
+		if b == nil {
+			return fmt.Errorf("workload: bundle %d is nil", i)
+		}
+		if seen[b.TrustDomain()] {
+			return fmt.Errorf("workload: two bundles for trust domain %q", b.TrustDomain().Name())
+		}
+		seen[b.TrustDomain()] = true
+	}
+	if st.SVID == nil {
+		return nil
+	}
+	if err := checkSVID(st.SVID); err != nil {
+		return fmt.Errorf("workload: SVID for %s: %w", st.SVID.ID, err)
+	}
+	if !seen[st.SVID.ID.TrustDomain()] {
+		return fmt.Errorf("workload: no bundle for the SVID's trust domain %q", st.SVID.ID.TrustDomain().Name())
+	}
+	return nil
+}
+
+func checkSVID(s *SVID) error {
+	if len(s.Chain) == 0 || slices.Contains(s.Chain, nil) {
+		return errors.New("empty certificate chain or a nil certificate in it")
+	}
+	if s.Key == nil {
+		return errors.New("no private key")
+	}
+	leaf := s.Chain[0]
+	id, err := x509svid.IDFromCert(leaf)
+	if err != nil {
+		return fmt.Errorf("leaf is not an X509-SVID: %w", err)
+	}
+	if id != s.ID {
+		return fmt.Errorf("leaf is for %s", id)
+	}
+	if leaf.IsCA {
+		return errors.New("leaf is a CA certificate")
+	}
+	pub, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(s.Key.Public()) {
+		return errors.New("private key does not match the leaf")
+	}
+	if _, err := x509.MarshalPKCS8PrivateKey(s.Key); err != nil {
+		return fmt.Errorf("private key cannot be exported as PKCS#8: %w", err)
+	}
+	return nil
+}
+
+// ordered is bundles with svid's trust domain first and the others
+// sorted by name.
+func ordered(svid *SVID, bundles []*spiffebundle.Bundle) []*spiffebundle.Bundle {
+	var own spiffeid.TrustDomain
+	if svid != nil {
+		own = svid.ID.TrustDomain()
+	}
+	out := slices.Clone(bundles)
+	slices.SortFunc(out, func(a, b *spiffebundle.Bundle) int {
+		switch {
+		case a.TrustDomain() == own:
+			return -1
+		case b.TrustDomain() == own:
+			return 1
+		}
+		return cmp.Compare(a.TrustDomain().Name(), b.TrustDomain().Name())
+	})
+	return out
+}

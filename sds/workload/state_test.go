@@ -1,0 +1,135 @@
+package workload
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+func TestCellSetRefuses(t *testing.T) {
+	w := newWorld(t)
+	good := w.svid(t)
+	otherLeaf, otherKey := w.caA.Issue(t, spiffeid.RequireFromString("spiffe://a.test/db"))
+	tests := []struct {
+		name string
+		st   State
+		want string
+	}{
+		{"nil bundle", State{Bundles: []*spiffebundle.Bundle{nil}}, "bundle 0 is nil"},
+		{"duplicate trust domain", State{Bundles: []*spiffebundle.Bundle{w.bundleA(t), w.bundleA(t)}}, "two bundles"},
+		{"no own bundle", State{SVID: good, Bundles: []*spiffebundle.Bundle{w.bundleB(t)}}, "no bundle for the SVID's trust domain"},
+		{"empty chain", State{SVID: &SVID{ID: web, Key: good.Key}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "empty certificate chain"},
+		{"leaf for another ID", State{SVID: &SVID{ID: web, Chain: []*x509.Certificate{otherLeaf}, Key: otherKey}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "leaf is for spiffe://a.test/db"},
+		{"key mismatch", State{SVID: &SVID{ID: web, Chain: good.Chain, Key: otherKey}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "does not match"},
+		{"CA leaf", State{SVID: &SVID{ID: tdA.ID(), Chain: []*x509.Certificate{w.caA.Cert}, Key: w.caA.Key}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "leaf is a CA certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewCell()
+			before, changed := c.State()
+			err := c.Set(tt.st)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			after, _ := c.State()
+			assert.Same(t, before, after, "the previous state stays")
+			select {
+			case <-changed:
+				t.Fatal("watchers woken by a refused state")
+			default:
+			}
+		})
+	}
+}
+
+func TestCellOrdersOwnTrustDomainFirst(t *testing.T) {
+	w := newWorld(t)
+	caC := testca.New(t, tdC.Name())
+	c := NewCell()
+	require.NoError(t, c.Set(State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{caC.Bundle(), w.bundleB(t), w.bundleA(t)}}))
+	st, _ := c.State()
+	var got []spiffeid.TrustDomain
+	for _, b := range st.Bundles {
+		got = append(got, b.TrustDomain())
+	}
+	assert.Equal(t, []spiffeid.TrustDomain{tdA, tdB, tdC}, got)
+}
+
+// TestEncodeOncePerState: one encoding per State whatever the streams,
+// and a change that leaves a response as it was (Stale alone; a rotation
+// for the bundle streams) keeps that response's frame, so no stream is
+// pushed a copy of what it has.
+func TestEncodeOncePerState(t *testing.T) {
+	w := newWorld(t)
+	cell := NewCell()
+	srv, err := New(Config{Source: cell})
+	require.NoError(t, err)
+	publish := func(st State) *State {
+		require.NoError(t, cell.Set(st))
+		cur, _ := cell.State()
+		return cur
+	}
+	st1 := publish(State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{w.bundleA(t), w.bundleB(t)}})
+	e1 := srv.encoded(st1)
+	assert.Same(t, e1, srv.encoded(st1))
+
+	stale := *st1
+	stale.Stale = errors.New("unreachable")
+	st2 := publish(stale)
+	e2 := srv.encoded(st2)
+	assert.NotSame(t, e1, e2)
+	assert.Same(t, e1.x509SVID, e2.x509SVID)
+	assert.Same(t, e1.x509Bundles, e2.x509Bundles)
+	assert.Same(t, e1.jwtBundles, e2.jwtBundles)
+
+	st3 := publish(State{SVID: w.svid(t), Bundles: st1.Bundles})
+	e3 := srv.encoded(st3)
+	assert.NotSame(t, e2.x509SVID, e3.x509SVID)
+	assert.Same(t, e2.x509Bundles, e3.x509Bundles, "a rotation leaves the bundles stream alone")
+	assert.Same(t, e2.jwtBundles, e3.jwtBundles)
+
+	// A stream late to st2 gets it encoded, without evicting st3's.
+	assert.NotNil(t, srv.encoded(st2).x509SVID)
+	assert.Same(t, e3, srv.encoded(st3))
+
+	var resp workloadpb.X509SVIDResponse
+	require.NoError(t, proto.Unmarshal(e3.x509SVID.b, &resp))
+	require.Len(t, resp.GetSvids(), 1)
+	assert.Equal(t, st3.SVID.Chain[0].Raw, resp.GetSvids()[0].GetX509Svid())
+	assert.Equal(t, w.caA.Cert.Raw, resp.GetSvids()[0].GetBundle())
+	assert.Equal(t, map[string][]byte{tdB.IDString(): w.caB.Cert.Raw}, resp.GetFederatedBundles())
+	assert.Equal(t, 4.0, testutil.ToFloat64(srv.metrics.encodings))
+}
+
+// FuzzValidateJWTSVID feeds arbitrary tokens and audiences to
+// ValidateJWTSVID: it must never panic, and accept only what the key of
+// the subject's trust domain signed for that audience.
+func FuzzValidateJWTSVID(f *testing.F) {
+	w := newWorld(f)
+	f.Add("eyJhbGciOiJub25lIn0.e30.", "svc")
+	f.Add("a.b.c", "svc")
+	f.Add("", "")
+	f.Add("eyJhbGciOiJFUzI1NiIsImtpZCI6ImtpZC1hIiwidHlwIjoiSldUIn0.eyJzdWIiOiJzcGlmZmU6Ly9hLnRlc3QveCIsImF1ZCI6WyJzdmMiXSwiZXhwIjo0MTAyNDQ0ODAwfQ.AAAA", "svc")
+	cell := NewCell()
+	require.NoError(f, cell.Set(State{SVID: w.svid(f), Bundles: []*spiffebundle.Bundle{w.bundleA(f)}}))
+	srv, err := New(Config{Source: cell})
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, token, aud string) {
+		resp, err := srv.ValidateJWTSVID(context.Background(), &workloadpb.ValidateJWTSVIDRequest{Audience: aud, Svid: token})
+		if err == nil {
+			// Without the private key a fuzzer cannot forge a token.
+			t.Fatalf("accepted a token no key signed: %q for %q: %v", token, aud, resp)
+		}
+	})
+}
