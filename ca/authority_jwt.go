@@ -313,6 +313,8 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 	if exp.After(k.NotAfter) {
 		exp = k.NotAfter
 	}
+	// exp is whole seconds in the token (NumericDate); return what it says.
+	exp = exp.Truncate(time.Second)
 	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: now, Expiry: exp})
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("ca: %w", err)

@@ -473,6 +473,14 @@ func FuzzDecodeJournal(f *testing.F) {
 	f.Add([]byte(`{"format":1,"roots":[{"id":"../x","state":"active"}]}`))
 	f.Add([]byte(`{"format":2}`))
 	f.Add([]byte(`null`))
+	j.JWTKeys = []JWTKeyRecord{{KID: "k1", State: StateActive, Algorithm: "ES256"}, {KID: "k2", State: StatePrepared, Algorithm: "RS256"}}
+	data, err = EncodeJournal(j)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add([]byte(`{"format":1,"jwt_keys":[{"kid":"a","state":"active","algorithm":"HS256"}]}`))
+	f.Add([]byte(`{"format":1,"jwt_keys":[{"kid":"a/b","state":"active","algorithm":"ES256"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		j, err := DecodeJournal(data, "")
 		if err != nil {
@@ -492,6 +500,9 @@ func FuzzDecodeJournal(f *testing.F) {
 		}
 		if active > 1 {
 			t.Fatal("two active roots accepted")
+		}
+		if err := checkJWTRecords(j.JWTKeys); err != nil {
+			t.Fatalf("JWT keys accepted that do not check out: %v", err)
 		}
 		again, err := EncodeJournal(j)
 		if err != nil {
