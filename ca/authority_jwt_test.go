@@ -512,3 +512,34 @@ func FuzzDecodeJWTKey(f *testing.F) {
 		}
 	})
 }
+
+// `ca rotate --jwt` beside a running server: the server publishes the key
+// at its next check and counts the lead from then.
+func TestRequestJWTRotation(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	cfg := jwtConfig(t, clk)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	kid, created, err := RequestJWTRotation(cfg.DataDir, t0)
+	require.NoError(t, err)
+	require.True(t, created)
+	again, created, err := RequestJWTRotation(cfg.DataDir, t0)
+	require.NoError(t, err)
+	assert.False(t, created, "one waits already")
+	assert.Equal(t, kid, again)
+
+	clk.Step(time.Minute)
+	require.NoError(t, a.Reconcile())
+	require.Equal(t, "active,prepared", jwtStates(a))
+	assert.Equal(t, t0.Add(time.Minute), a.JWTKeys()[1].PublishedAt, "published when the server picked it up")
+	clk.Step(PublishLead*time.Minute - time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, "active,prepared", jwtStates(a))
+	clk.Step(time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, "retired,active", jwtStates(a))
+	assert.Equal(t, kid, signedKID(t, a))
+
+	_, _, err = RequestJWTRotation(t.TempDir(), t0)
+	assert.ErrorContains(t, err, "no CA state")
+}

@@ -17,10 +17,9 @@ type StateFile struct {
 // Snapshot reads the CA state in dataDir under the state's shared lock,
 // so no writer is half way through a change, checks it as a start would,
 // and returns its journal and the files a store would write for it
-// (journal, then each root's certificate and key, then each JWT key,
-// keys mode 0600). Files
-// the journal does not name, such as leftovers of an interrupted write,
-// are not part of the state and are left out.
+// (journal, then each root's certificate and key, then each JWT key;
+// keys mode 0600). Files the journal does not name, such as leftovers of
+// an interrupted write, are not part of the state and are left out.
 func Snapshot(dataDir string) (*Journal, []StateFile, error) {
 	s := NewStore(dataDir)
 	unlock, err := s.Lock(false)

@@ -192,11 +192,17 @@ func fingerprint(c *x509.Certificate) string {
 // journal, a journal that does not parse, or a root whose files are
 // missing or do not match the journal is refused with ErrCorruptState.
 //
-// JWT keys the journal names are loaded and checked the same way; use
-// the Backend's Load (fileBackend) to get them.
+// JWT keys the journal names are loaded and checked the same way;
+// LoadWithJWTKeys returns them.
 func (s *Store) Load(td string) (*Journal, []*Root, error) {
 	j, roots, _, _, err := s.load(td)
 	return j, roots, err
+}
+
+// LoadWithJWTKeys is Load, with the JWT signing keys the journal names.
+func (s *Store) LoadWithJWTKeys(td string) (*Journal, []*Root, []*JWTKey, error) {
+	j, roots, keys, _, err := s.load(td)
+	return j, roots, keys, err
 }
 
 // load is Load, with the JWT keys and the version (digest) of the journal

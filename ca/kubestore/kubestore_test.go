@@ -134,6 +134,10 @@ func TestSecretRoundTrip(t *testing.T) {
 	assert.Equal(t, uint64(t0.Unix())+1, journalOf(t, started).Sequence)
 	require.NoError(t, a.Reload())
 	assert.True(t, a.Bundle().Equal(b.Bundle()))
+	require.Len(t, b.JWTKeys(), 1)
+	assert.Equal(t, kid, b.JWTKeys()[0].KID, "the JWT key comes back from the Secret")
+	_, _, err := b.SignJWT(spiffeid.RequireFromPath(td, "/w"), []string{"aud"}, 0)
+	require.NoError(t, err)
 	require.NoError(t, b.Reconcile())
 	assert.Equal(t, started.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "a check with nothing due writes nothing")
 

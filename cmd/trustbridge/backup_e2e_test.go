@@ -148,7 +148,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 				return
 			}
 			assert.Equal(c, seq, *st.Sequence)
-			assert.Len(c, st.Authorities, roots)
+			assert.Len(c, x509Held(st.Authorities), roots)
 		}, 60*time.Second, 20*time.Millisecond, "west holds east's sequence %d with %d roots", seq, roots)
 		return st
 	}
@@ -166,7 +166,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 	assert.Greater(t, restored, before, "the restored state is published above everything before it: %v", d.published)
 	st := waitHolds(restored, 1)
 	assert.Equal(t, federation.StateOK, st.State)
-	assert.Equal(t, sha256Hex(d.roots[0].Raw), st.Authorities[0].SHA256, "west trusts the restored root")
+	assert.Equal(t, sha256Hex(d.roots[0].Raw), x509Held(st.Authorities)[0].SHA256, "west trusts the restored root")
 	assert.NotContains(t, st.Refusals, "sequence_regression", "west never refused a bundle as a regression: %v", st.Refusals)
 	assert.NotContains(t, st.Refusals, "sequence_conflict", "%v", st.Refusals)
 	for i := 1; i < len(d.published); i++ {

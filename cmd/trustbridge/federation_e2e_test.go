@@ -290,8 +290,8 @@ func TestFederationE2ESPIFFEBothWays(t *testing.T) {
 	assert.Equal(t, "spiffe://west.example/trustbridge/bundle-endpoint", eastSt.EndpointSPIFFEID)
 	assert.Equal(t, servedSequence(t, west), *eastSt.Sequence)
 	assert.Equal(t, servedSequence(t, east), *westSt.Sequence)
-	assert.Len(t, eastSt.Authorities, 1)
-	assert.Len(t, westSt.Authorities, 1)
+	assert.Len(t, x509Held(eastSt.Authorities), 1)
+	assert.Len(t, x509Held(westSt.Authorities), 1)
 
 	eastID := spiffeid.RequireFromString("spiffe://east.example/api")
 	westID := spiffeid.RequireFromString("spiffe://west.example/client")
@@ -380,8 +380,8 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	westSt := waitFederated(t, west, "east.example", 1, 30*time.Second)
 	assert.Equal(t, federation.ProfileHTTPSWeb, eastSt.Profile)
 	assert.Equal(t, federation.ProfileHTTPSWeb, westSt.Profile)
-	assert.Len(t, eastSt.Authorities, len(caRootsOf(t, west)))
-	assert.Len(t, westSt.Authorities, len(caRootsOf(t, east)))
+	assert.Len(t, x509Held(eastSt.Authorities), len(caRootsOf(t, west)))
+	assert.Len(t, x509Held(westSt.Authorities), len(caRootsOf(t, east)))
 
 	// Workloads read the peer's bundle from their own server over
 	// https_web, with the private CA as the only root.

@@ -50,9 +50,9 @@ func TestSnapshotAndStatusPage(t *testing.T) {
 	assert.Equal(t, "west.example", local.Name)
 	assert.True(t, local.Local)
 	assert.Equal(t, []string{"ca"}, local.Sources)
-	require.Len(t, local.Authorities, 1)
-	assert.Equal(t, "active", local.Authorities[0].State)
-	assert.NotNil(t, local.Authorities[0].Since)
+	require.Len(t, x509Viewed(local.Authorities), 1)
+	assert.Equal(t, "active", x509Viewed(local.Authorities)[0].State)
+	assert.NotNil(t, x509Viewed(local.Authorities)[0].Since)
 
 	peer, ok := viewOf(snap, "east.example")
 	require.True(t, ok)
