@@ -13,7 +13,7 @@ const (
 	OldSequence = "old_sequence"
 	RootID      = "root_id"
 	// KeyID is a JWT signing key's kid.
-	KeyID = "kid"
+	KeyID       = "kid"
 	Roots       = "roots"
 	Error       = "error"
 	Component   = "component"
