@@ -60,7 +60,7 @@ func signedKID(t *testing.T, a *Authority) string {
 	t.Helper()
 	token, _, err := a.SignJWT(jwtWorkload, []string{"aud"}, 0)
 	require.NoError(t, err)
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
 	require.NoError(t, err)
 	return jws.Signatures[0].Header.KeyID
 }
