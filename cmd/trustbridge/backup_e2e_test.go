@@ -118,10 +118,12 @@ func (d *restoreDrill) restore(archive string) {
 		require.Contains(d.t, out, ".replaced-")
 		keys, err := filepath.Glob(filepath.Join(d.dataDir, "ca", "roots", "*.key.pem"))
 		require.NoError(d.t, err)
-		require.Len(d.t, keys, 1, "the backed-up state: one root")
-		info, err := os.Stat(keys[0])
-		require.NoError(d.t, err)
-		assert.Equal(d.t, os.FileMode(0o600), info.Mode().Perm())
+		require.Len(d.t, keys, 2, "the backed-up state: one root, one JWT key")
+		for _, k := range keys {
+			info, err := os.Stat(k)
+			require.NoError(d.t, err)
+			assert.Equal(d.t, os.FileMode(0o600), info.Mode().Perm(), k)
+		}
 	})
 }
 
