@@ -48,6 +48,19 @@ type Config struct {
 	Plugin *PluginWatcher
 	// Backend keeps the CA state; nil is the file store in DataDir.
 	Backend Backend
+	// JWTKeyType is the algorithm of new JWT-SVID signing keys (default
+	// ES256). JWT keys rotate like roots, in plug-in mode too: the
+	// directory holds X.509 material only.
+	JWTKeyType JWTKeyType
+	// JWTKeyTTL is the lifetime of new JWT keys (default 720h); a
+	// successor is published at half of it.
+	JWTKeyTTL time.Duration
+	// JWTSVIDTTL is the lifetime of a JWT-SVID asked for with TTL 0
+	// (default 5m, or MaxJWTSVIDTTL if lower).
+	JWTSVIDTTL time.Duration
+	// MaxJWTSVIDTTL bounds every JWT-SVID (default 1h); a retired JWT key
+	// stays published that long (the largest ever used).
+	MaxJWTSVIDTTL time.Duration
 	// Leader, when set, makes this Authority one of several replicas
 	// sharing Backend: only while Leader.IsLeader() does it bootstrap,
 	// prepare, activate, retire or remove roots, or write at all; otherwise
@@ -70,7 +83,10 @@ func (c *Config) applyDefaults() error {
 		return err
 	}
 	c.applyRuntimeDefaults()
-	return c.timeline().Validate(c.RootTTL)
+	if err := c.timeline().Validate(c.RootTTL); err != nil {
+		return err
+	}
+	return c.applyJWTDefaults()
 }
 
 // checkRequired checks the fields without defaults and the modes that
@@ -144,9 +160,12 @@ type Authority struct {
 	stateMu sync.Mutex
 	mu      sync.RWMutex
 	journal *Journal
-	roots   []*Root // in journal order
-	version string  // of the state as last written or read
-	bundle  *spiffebundle.Bundle
+	roots   []*Root   // in journal order
+	jwtKeys []*JWTKey // in journal order
+	// forceJWT asks the next plug-in sync for a JWT key rotation.
+	forceJWT bool
+	version  string // of the state as last written or read
+	bundle   *spiffebundle.Bundle
 
 	changes chan struct{}
 	subs    []chan struct{} // Subscribe

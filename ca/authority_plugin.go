@@ -23,18 +23,29 @@ func (a *Authority) syncPlugin() error {
 	defer unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	j, version, err := a.loadPluginJournalLocked()
+	j, keys, version, err := a.loadPluginJournalLocked()
 	if err != nil {
 		return err
 	}
 	a.journal = j
-	now := a.cfg.Clock.Now()
+	// JWT keys are the CA's own in plug-in mode too (the directory has
+	// X.509 material only); they rotate here as in self-signed mode. Until
+	// the commit succeeds, SignJWT keeps the keys last published.
+	prevKeys := a.jwtKeys
+	a.jwtKeys = keys
 	m := a.cfg.Plugin.Current()
-	if version, err = a.commitPluginRootsLocked(now, m, version); err != nil {
+	stored := j.Sequence
+	jwtChanged, err := a.jwtStepsLocked()
+	if err == nil {
+		version, err = a.commitPluginRootsLocked(a.cfg.Clock.Now(), m, version, jwtChanged, stored)
+	}
+	if err != nil {
+		a.jwtKeys = prevKeys
 		return err
 	}
 	a.version = version
 	a.floored = true
+	a.forceJWT = false
 	a.plugin = m
 	if err := a.setPluginRootsLocked(j.PluginRoots); err != nil {
 		return err
@@ -45,33 +56,36 @@ func (a *Authority) syncPlugin() error {
 
 // loadPluginJournalLocked reads the journal a plug-in CA publishes from,
 // refusing state that holds self-signed roots.
-func (a *Authority) loadPluginJournalLocked() (*Journal, string, error) {
-	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
+func (a *Authority) loadPluginJournalLocked() (*Journal, []*JWTKey, string, error) {
+	j, roots, keys, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	if len(roots) > 0 {
-		return nil, "", fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
+		return nil, nil, "", fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
 	}
 	if j == nil {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	}
-	return j, version, nil
+	return j, keys, version, nil
 }
 
-// commitPluginRootsLocked records m's roots in a.journal and persists it
-// when the published set changed (or nothing was ever published), and
-// returns the state's version, new or as it was.
-func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, version string) (string, error) {
+// commitPluginRootsLocked records m's roots and a.jwtKeys in a.journal
+// and persists it when the published set changed (or nothing was ever
+// published), and returns the state's version, new or as it was. stored
+// is the sequence as loaded: a JWT key change may have moved it already.
+func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, version string, jwtChanged bool, stored uint64) (string, error) {
 	j := a.journal
 	recs, changed := a.pluginRecords(now, m, j.PluginRoots)
-	if !changed && j.Sequence != 0 && a.floored {
+	if !changed && !jwtChanged && j.Sequence != 0 && a.floored {
 		return version, nil
 	}
 	prev := j.Sequence
 	j.PluginRoots = recs
 	// A change, or this process's first write (sequence.go, rule 2).
-	j.Sequence = NextSequence(prev, now)
+	if j.Sequence == stored {
+		j.Sequence = NextSequence(prev, now)
+	}
 	j.Updated = now
 	if changed || prev == 0 {
 		ids := make([]string, 0, len(recs))
@@ -81,11 +95,18 @@ func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, ve
 		j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
 		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
 		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
-	} else {
+	} else if !a.floored {
 		a.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
 			logattr.OldSequence, prev, logattr.Sequence, j.Sequence)
 	}
-	return a.backend.Commit(version, j, nil)
+	a.recordJWTKeysLocked()
+	st := a.settings()
+	j.Settings = &st
+	version, err := a.backend.Commit(version, j, nil, a.jwtKeys)
+	if err == nil {
+		a.markJWTServedLocked()
+	}
+	return version, err
 }
 
 // setPluginRootsLocked makes a.roots the journal's plug-in roots: external,
@@ -144,14 +165,14 @@ func (a *Authority) pluginRecords(now time.Time, m *PluginMaterial, prev []Plugi
 }
 
 // nextPluginRemoval is when the next retired plug-in root leaves the
-// bundle, or zero.
+// bundle or a JWT key step is due, or zero.
 func (a *Authority) nextPluginRemoval() time.Time {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	var next time.Time
+	next := a.nextJWTStepLocked(a.cfg.Clock.Now())
 	for _, r := range a.roots {
-		if r.State == StateRetired && (next.IsZero() || r.RemoveAfter.Before(next)) {
-			next = r.RemoveAfter
+		if r.State == StateRetired {
+			next = earliest(next, r.RemoveAfter)
 		}
 	}
 	return next

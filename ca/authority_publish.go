@@ -25,7 +25,8 @@ func (a *Authority) Subscribe() <-chan struct{} {
 }
 
 // Bundle returns the published bundle: every prepared, active and retired
-// root, the sequence number and the refresh hint. It is shared and must
+// root and JWT key (a JWT authority under its kid), the sequence number
+// and the refresh hint. It is shared and must
 // not be modified; Clone it first.
 func (a *Authority) Bundle() *spiffebundle.Bundle {
 	a.mu.RLock()
@@ -73,20 +74,24 @@ func (a *Authority) publishLocked() {
 			a.served[r.ID] = now
 		}
 	}
+	b := spiffebundle.FromX509Authorities(a.cfg.TrustDomain, certs)
+	a.publishJWTLocked(b, now, current)
 	for id := range a.served {
 		if !current[id] {
 			delete(a.served, id)
 		}
 	}
-	b := spiffebundle.FromX509Authorities(a.cfg.TrustDomain, certs)
 	b.SetSequenceNumber(a.journal.Sequence)
 	b.SetRefreshHint(a.cfg.RefreshHint)
 	changed := a.bundle == nil || !a.bundle.Equal(b)
 	a.bundle = b
-	a.metrics.observe(a.roots, a.journal.Sequence)
-	states := make([]string, 0, len(a.roots))
+	a.metrics.observe(a.roots, a.jwtKeys, a.journal.Sequence)
+	states := make([]string, 0, len(a.roots)+len(a.jwtKeys))
 	for _, r := range a.roots {
 		states = append(states, r.ID+"="+string(r.State))
+	}
+	for _, k := range a.jwtKeys {
+		states = append(states, jwtServedKey(k.KID)+"="+string(k.State))
 	}
 	stateKey := strings.Join(states, ",")
 	stateChanged := stateKey != a.published

@@ -101,7 +101,11 @@ func (a *Authority) reconcileLocked() error {
 		}
 		changed = true
 	}
-	if changed || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
+	jwtChanged, err := a.reconcileJWTLocked()
+	if err != nil {
+		return err
+	}
+	if changed || jwtChanged || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
 		if err := a.commitLocked(); err != nil {
 			return err
 		}

@@ -38,6 +38,7 @@ func (a *Authority) recordCheck(err error, msg string) {
 func (a *Authority) NextCheck(now time.Time) time.Time {
 	a.mu.RLock()
 	_, _, next := a.timelineLocked().Plan(now, a.timesLocked())
+	next = earliest(next, a.nextJWTStepLocked(now))
 	a.mu.RUnlock()
 	limit := now.Add(recheckInterval)
 	if next.IsZero() || next.After(limit) {
@@ -85,4 +86,20 @@ func (a *Authority) Run(ctx context.Context) error {
 			job()
 		}
 	}
+}
+
+// nextJWTStepLocked is when the JWT keys' plan next has work, or zero
+// when it has none or some is due already (the check that just ran could
+// not do it, say on a follower: the recheck interval paces retries).
+func (a *Authority) nextJWTStepLocked(now time.Time) time.Time {
+	_, _, next := a.jwtTimelineLocked().Plan(now, a.jwtTimesLocked())
+	return next
+}
+
+// earliest is the earlier of two times, zero meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
 }

@@ -50,10 +50,10 @@ func (a *Authority) withStateLocked(f func() error) error {
 func (a *Authority) decideLocked(f func() error) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	journal, roots := a.journal.clone(), cloneRoots(a.roots)
+	journal, roots, jwtKeys := a.journal.clone(), cloneRoots(a.roots), cloneJWTKeys(a.jwtKeys)
 	err := f()
 	if err != nil {
-		a.journal, a.roots = journal, roots
+		a.journal, a.roots, a.jwtKeys = journal, roots, jwtKeys
 	}
 	return err
 }
@@ -120,6 +120,9 @@ func (a *Authority) settings() JournalSettings {
 		RootTTLSeconds:            int64(a.cfg.RootTTL / time.Second),
 		RefreshHintSeconds:        int64(a.cfg.RefreshHint / time.Second),
 		CurrentMaxWorkloadSeconds: int64(a.cfg.MaxWorkloadTTL / time.Second),
+		JWTKeyType:                a.cfg.JWTKeyType,
+		JWTKeyTTLSeconds:          int64(a.cfg.JWTKeyTTL / time.Second),
+		CurrentMaxJWTSVIDSeconds:  int64(a.cfg.MaxJWTSVIDTTL / time.Second),
 	}
 }
 
@@ -127,6 +130,7 @@ func (a *Authority) settings() JournalSettings {
 type loadedState struct {
 	journal *Journal
 	roots   []*Root
+	jwtKeys []*JWTKey
 	version string
 }
 
@@ -140,11 +144,11 @@ func (a *Authority) readState(force bool) (*loadedState, error) {
 			return nil, nil
 		}
 	}
-	j, roots, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
+	j, roots, jwtKeys, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return nil, err
 	}
-	return &loadedState{journal: j, roots: roots, version: version}, nil
+	return &loadedState{journal: j, roots: roots, jwtKeys: jwtKeys, version: version}, nil
 }
 
 // applyStateLocked checks state read by readState against what is
@@ -172,7 +176,7 @@ func (a *Authority) applyStateLocked(st *loadedState) error {
 	} else if a.version != "" && version != a.version {
 		a.cfg.Logger.Info("CA state changed in "+a.backend.Describe()+"; reloaded", logattr.Sequence, j.Sequence)
 	}
-	a.journal, a.roots, a.version = j, roots, version
+	a.journal, a.roots, a.jwtKeys, a.version = j, roots, st.jwtKeys, version
 	a.publishLocked()
 	return nil
 }
@@ -189,13 +193,14 @@ func (a *Authority) commitLocked() error {
 	for _, r := range a.roots {
 		a.journal.Roots = append(a.journal.Roots, r.RootRecord)
 	}
+	a.recordJWTKeysLocked()
 	a.journal.Updated = a.cfg.Clock.Now()
 	if s := int64(a.cfg.MaxWorkloadTTL / time.Second); s > a.journal.MaxWorkloadTTLSeconds {
 		a.journal.MaxWorkloadTTLSeconds = s
 	}
 	st := a.settings()
 	a.journal.Settings = &st
-	version, err := a.backend.Commit(a.version, a.journal, a.roots)
+	version, err := a.backend.Commit(a.version, a.journal, a.roots, a.jwtKeys)
 	if err != nil {
 		return err
 	}
@@ -207,6 +212,7 @@ func (a *Authority) commitLocked() error {
 			a.served[r.ID] = r.PublishedAt
 		}
 	}
+	a.markJWTServedLocked()
 	a.publishLocked()
 	return nil
 }

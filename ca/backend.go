@@ -28,19 +28,20 @@ var (
 )
 
 // Backend keeps the CA state: the journal and the material of every root
-// it names. The file store in --data-dir is the default; ca/kubestore keeps
-// it in a Kubernetes Secret.
+// and JWT key it names. The file store in --data-dir is the default;
+// ca/kubestore keeps it in a Kubernetes Secret.
 type Backend interface {
-	// Load reads the journal and every root it names, refusing a journal
-	// of another trust domain than td (any, when td is empty), and returns
-	// the version they were read at. No state yet is (nil, nil, "", nil).
-	// State that does not parse or check out is ErrCorruptState.
-	Load(td string) (j *Journal, roots []*Root, version string, err error)
-	// Commit persists j together with the material of exactly roots (the
-	// roots j names), all or nothing, if the state is still at version
-	// base ("" for none); otherwise it writes nothing and returns an error
-	// wrapping ErrConflict. It returns the new version.
-	Commit(base string, j *Journal, roots []*Root) (version string, err error)
+	// Load reads the journal and every root and JWT key it names, refusing
+	// a journal of another trust domain than td (any, when td is empty),
+	// and returns the version they were read at. No state yet is (nil,
+	// nil, nil, "", nil). State that does not parse or check out is
+	// ErrCorruptState.
+	Load(td string) (j *Journal, roots []*Root, jwtKeys []*JWTKey, version string, err error)
+	// Commit persists j together with the material of exactly roots and
+	// jwtKeys (those j names), all or nothing, if the state is still at
+	// version base ("" for none); otherwise it writes nothing and returns
+	// an error wrapping ErrConflict. It returns the new version.
+	Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (version string, err error)
 	// Version is the state's current version, "" when there is none; a
 	// change means another writer committed.
 	Version() (string, error)
@@ -136,6 +137,9 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 	if active > 1 {
 		return nil, corrupt("%s names %d active roots", journalName, active)
 	}
+	if err := checkJWTRecords(j.JWTKeys); err != nil {
+		return nil, err
+	}
 	return &j, nil
 }
 
@@ -191,9 +195,12 @@ func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
 	return &Root{RootRecord: rec, Cert: cert, Key: key}, nil
 }
 
-// checkCommit refuses to persist a journal whose roots are not exactly
-// the ones given with material.
-func checkCommit(j *Journal, roots []*Root) error {
+// checkCommit refuses to persist a journal whose roots and JWT keys are
+// not exactly the ones given with material.
+func checkCommit(j *Journal, roots []*Root, jwtKeys []*JWTKey) error {
+	if err := checkJWTCommit(j, jwtKeys); err != nil {
+		return err
+	}
 	if len(j.Roots) != len(roots) {
 		return fmt.Errorf("journal names %d roots, %d given", len(j.Roots), len(roots))
 	}
@@ -212,9 +219,11 @@ func checkCommit(j *Journal, roots []*Root) error {
 // journal's digest as version.
 type fileBackend struct{ s *Store }
 
-func (b fileBackend) Load(td string) (*Journal, []*Root, string, error) { return b.s.load(td) }
-func (b fileBackend) Lock(exclusive bool) (func(), error)               { return b.s.Lock(exclusive) }
-func (b fileBackend) Describe() string                                  { return b.s.journalPath() }
+func (b fileBackend) Load(td string) (*Journal, []*Root, []*JWTKey, string, error) {
+	return b.s.load(td)
+}
+func (b fileBackend) Lock(exclusive bool) (func(), error) { return b.s.Lock(exclusive) }
+func (b fileBackend) Describe() string                    { return b.s.journalPath() }
 
 func (b fileBackend) Version() (string, error) {
 	data, err := readCapped(b.s.journalPath(), maxJournal)
@@ -232,14 +241,15 @@ func journalVersion(data []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Commit writes the key and certificate files of roots not yet on disk,
-// each atomically, then the journal, the commit point; then it removes
-// files of roots the journal no longer names and temporary files a crash
-// left (they may hold a key copy). The caller holds the exclusive lock, so
-// a version other than base means a writer that does not take it.
-func (b fileBackend) Commit(base string, j *Journal, roots []*Root) (string, error) {
+// Commit writes the key and certificate files of roots and JWT keys not
+// yet on disk, each atomically, then the journal, the commit point; then
+// it removes files of roots and keys the journal no longer names and
+// temporary files a crash left (they may hold a key copy). The caller
+// holds the exclusive lock, so a version other than base means a writer
+// that does not take it.
+func (b fileBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (string, error) {
 	s := b.s
-	if err := checkCommit(j, roots); err != nil {
+	if err := checkCommit(j, roots, jwtKeys); err != nil {
 		return "", s.wrap(err)
 	}
 	cur, err := b.Version()
@@ -261,6 +271,12 @@ func (b fileBackend) Commit(base string, j *Journal, roots []*Root) (string, err
 		}
 		if id != r.ID {
 			return "", s.wrap(fmt.Errorf("root %s: certificate serial names it %s", r.ID, id))
+		}
+	}
+	for _, k := range jwtKeys {
+		keep[strings.TrimSuffix(JWTKeyKey(k.KID), ".key.pem")] = true
+		if err := s.writeJWTKeyOnce(k); err != nil {
+			return "", err
 		}
 	}
 	data, err := s.save(j)

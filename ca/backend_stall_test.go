@@ -30,7 +30,7 @@ func (s *stallingBackend) wait() {
 }
 
 func (s *stallingBackend) Version() (string, error) { s.wait(); return s.memBackend.Version() }
-func (s *stallingBackend) Load(td string) (*Journal, []*Root, string, error) {
+func (s *stallingBackend) Load(td string) (*Journal, []*Root, []*JWTKey, string, error) {
 	s.wait()
 	return s.memBackend.Load(td)
 }

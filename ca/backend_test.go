@@ -50,28 +50,36 @@ func (m *memBackend) Version() (string, error) {
 	return m.versionLocked(), nil
 }
 
-func (m *memBackend) Load(td string) (*Journal, []*Root, string, error) {
+func (m *memBackend) Load(td string) (*Journal, []*Root, []*JWTKey, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.data == nil {
-		return nil, nil, "", nil
+		return nil, nil, nil, "", nil
 	}
 	j, err := DecodeJournal(m.data[JournalKey], td)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, nil, "", err
 	}
 	var roots []*Root
 	for _, rec := range j.Roots {
 		r, err := DecodeRoot(rec, m.data[RootCertKey(rec.ID)], m.data[RootKeyKey(rec.ID)])
 		if err != nil {
-			return nil, nil, "", err
+			return nil, nil, nil, "", err
 		}
 		roots = append(roots, r)
 	}
-	return j, roots, m.versionLocked(), nil
+	var keys []*JWTKey
+	for _, rec := range j.JWTKeys {
+		k, err := DecodeJWTKey(rec, m.data[JWTKeyKey(rec.KID)])
+		if err != nil {
+			return nil, nil, nil, "", err
+		}
+		keys = append(keys, k)
+	}
+	return j, roots, keys, m.versionLocked(), nil
 }
 
-func (m *memBackend) Commit(base string, j *Journal, roots []*Root) (string, error) {
+func (m *memBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (string, error) {
 	if f := m.beforeCommit; f != nil {
 		f()
 	}
@@ -80,7 +88,7 @@ func (m *memBackend) Commit(base string, j *Journal, roots []*Root) (string, err
 	if base != m.versionLocked() {
 		return "", fmt.Errorf("memory: %w", ErrConflict)
 	}
-	if err := checkCommit(j, roots); err != nil {
+	if err := checkCommit(j, roots, jwtKeys); err != nil {
 		return "", err
 	}
 	data := map[string][]byte{}
@@ -96,6 +104,13 @@ func (m *memBackend) Commit(base string, j *Journal, roots []*Root) (string, err
 		}
 		data[RootCertKey(r.ID)], data[RootKeyKey(r.ID)] = c, k
 	}
+	for _, k := range jwtKeys {
+		pem, err := EncodeJWTKey(k)
+		if err != nil {
+			return "", err
+		}
+		data[JWTKeyKey(k.KID)] = pem
+	}
 	m.data = data
 	m.version++
 	m.commits++
@@ -104,7 +119,7 @@ func (m *memBackend) Commit(base string, j *Journal, roots []*Root) (string, err
 
 func (m *memBackend) rootIDs(t *testing.T) []string {
 	t.Helper()
-	j, _, _, err := m.Load("")
+	j, _, _, _, err := m.Load("")
 	require.NoError(t, err)
 	var ids []string
 	for _, r := range j.Roots {
@@ -373,13 +388,13 @@ func TestKickReloadsAFollowerAtOnce(t *testing.T) {
 func TestFileBackendRefusesAStaleCommit(t *testing.T) {
 	s, j, _ := storeWithRoot(t)
 	b := fileBackend{s}
-	j2, roots, v, err := b.Load("example.org")
+	j2, roots, keys, v, err := b.Load("example.org")
 	require.NoError(t, err)
 	j.Sequence = 5
 	require.NoError(t, s.Save(j)) // a writer that bypasses the lock
 	before := snapshotDir(t, s.Dir())
 	j2.Sequence++
-	_, err = b.Commit(v, j2, roots)
+	_, err = b.Commit(v, j2, roots, keys)
 	require.ErrorIs(t, err, ErrConflict)
 	assert.Equal(t, before, snapshotDir(t, s.Dir()), "nothing written")
 }
@@ -387,14 +402,14 @@ func TestFileBackendRefusesAStaleCommit(t *testing.T) {
 func TestFileBackendCommitPrunesAndWritesNewRoots(t *testing.T) {
 	s, _, oldID := storeWithRoot(t)
 	b := fileBackend{s}
-	j, _, v, err := b.Load("example.org")
+	j, _, _, v, err := b.Load("example.org")
 	require.NoError(t, err)
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour)
 	require.NoError(t, err)
 	r := &Root{RootRecord: RootRecord{ID: cert.SerialNumber.Text(16), State: StateActive, CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
 	j.Roots = []RootRecord{r.RootRecord}
 	require.NoError(t, os.WriteFile(s.Dir()+"/roots/.x.key.pem.tmp-1", []byte("k"), 0o600))
-	v2, err := b.Commit(v, j, []*Root{r})
+	v2, err := b.Commit(v, j, []*Root{r}, nil)
 	require.NoError(t, err)
 	assert.NotEqual(t, v, v2)
 	got, err := b.Version()
@@ -403,7 +418,7 @@ func TestFileBackendCommitPrunesAndWritesNewRoots(t *testing.T) {
 	files := s.rootFiles()
 	assert.ElementsMatch(t, []string{RootCertKey(r.ID), RootKeyKey(r.ID)}, files, "old root %s and leftovers pruned", oldID)
 
-	_, err = b.Commit(v2, j, nil)
+	_, err = b.Commit(v2, j, nil, nil)
 	assert.ErrorContains(t, err, "journal names 1 roots, 0 given")
 }
 
@@ -458,6 +473,14 @@ func FuzzDecodeJournal(f *testing.F) {
 	f.Add([]byte(`{"format":1,"roots":[{"id":"../x","state":"active"}]}`))
 	f.Add([]byte(`{"format":2}`))
 	f.Add([]byte(`null`))
+	j.JWTKeys = []JWTKeyRecord{{KID: "k1", State: StateActive, Algorithm: "ES256"}, {KID: "k2", State: StatePrepared, Algorithm: "RS256"}}
+	data, err = EncodeJournal(j)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add([]byte(`{"format":1,"jwt_keys":[{"kid":"a","state":"active","algorithm":"HS256"}]}`))
+	f.Add([]byte(`{"format":1,"jwt_keys":[{"kid":"a/b","state":"active","algorithm":"ES256"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		j, err := DecodeJournal(data, "")
 		if err != nil {
@@ -477,6 +500,9 @@ func FuzzDecodeJournal(f *testing.F) {
 		}
 		if active > 1 {
 			t.Fatal("two active roots accepted")
+		}
+		if err := checkJWTRecords(j.JWTKeys); err != nil {
+			t.Fatalf("JWT keys accepted that do not check out: %v", err)
 		}
 		again, err := EncodeJournal(j)
 		if err != nil {

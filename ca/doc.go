@@ -19,8 +19,24 @@
 // PluginWatcher; a bad change keeps the last good material and makes
 // Ready report the error.
 //
+// JWT-SVID signing keys (JWTKeyType: ES256 default, ES384, RS256 of 3072
+// bits) follow the same Timeline, with MaxJWTSVIDTTL in place of the
+// workload TTL: the first key signs at once (nothing can depend on a key
+// that did not exist, also when state from before JWT keys is loaded),
+// its successor is published at half its JWTKeyTTL and signs PublishLead
+// hints later, and a retired key stays published until the longest
+// JWT-SVID it could have signed has expired. They appear in the bundle as
+// JWT authorities (use jwt-svid) under their kid, the RFC 7638 thumbprint.
+// SignJWT mints with the active key (internal/jwtsvid); Rotate leaves
+// them alone, RotateJWTKey (`ca rotate --jwt`) rotates them. They are the
+// CA's own in plug-in mode too. Ready does not depend on them: a follower
+// of an earlier leader that wrote none keeps serving X.509 and refuses
+// SignJWT with ErrInvalidSigningMaterial (trustbridge_ca_jwt_keys{state=
+// "active"} is 0), so a rolling upgrade is not stalled.
+//
 // State lives under <data-dir>/ca: a JSON journal (state.json, the commit
-// point, written atomically) and one key (0600) and certificate per root.
+// point, written atomically) and one key (0600) and certificate per root,
+// and one key (0600, roots/jwt-<kid>.key.pem) per JWT key.
 // A corrupt state directory is refused with ErrCorruptState and never
 // overwritten. `trustbridge ca issue` and `ca rotate` share the directory
 // with a running server through an advisory lock.
@@ -41,9 +57,12 @@
 //	go a.Run(ctx) // rotation on schedule
 //	csr, err := ca.ParseCSR(pemOrDER)
 //	issued, err := a.Sign(csr, provenID, 0) // the ID comes from authentication, never from the CSR
+//	token, exp, err := a.SignJWT(provenID, []string{"db"}, 0)
 //
 // Specs: X509-SVID §4 (signing certificates) and §5 (leaf certificates),
-// SPIFFE Federation §4.1 (adding and removing keys).
+// JWT-SVID §2.2 (key ID) and §6.1 (publishing bundle elements), SPIFFE
+// Federation §4.1 (adding and removing keys).
 // https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md
+// https://github.com/spiffe/spiffe/blob/main/standards/JWT-SVID.md
 // https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Federation.md#41-adding-and-removing-keys
 package ca

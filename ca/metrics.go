@@ -11,6 +11,10 @@ type metrics struct {
 	signingTime     prometheus.Histogram
 	rotations       *prometheus.CounterVec
 	reconcileErrors prometheus.Counter
+	jwtKeys         *prometheus.GaugeVec
+	jwtNotAfter     *prometheus.GaugeVec
+	jwtSignings     *prometheus.CounterVec
+	jwtEvents       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, error) {
@@ -43,11 +47,13 @@ func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, e
 			Help: "Scheduled rotation checks that failed; the current roots were kept.",
 		}),
 	}
+	m.addJWT()
 	notReadyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "trustbridge_ca_not_ready",
 		Help: "1 while the CA reports a problem on /readyz (invalid --ca-dir change, failed rotation check, expired root), else 0.",
 	}, notReady)
-	for _, c := range []prometheus.Collector{m.rootNotAfter, m.sequence, m.signings, m.signingTime, m.rotations, m.reconcileErrors, notReadyGauge} {
+	for _, c := range []prometheus.Collector{m.rootNotAfter, m.sequence, m.signings, m.signingTime, m.rotations, m.reconcileErrors, notReadyGauge,
+		m.jwtKeys, m.jwtNotAfter, m.jwtSignings, m.jwtEvents} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -55,10 +61,38 @@ func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, e
 	return m, nil
 }
 
-func (m *metrics) observe(roots []*Root, sequence uint64) {
+func (m *metrics) addJWT() {
+	m.jwtKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustbridge_ca_jwt_keys",
+		Help: "JWT-SVID signing keys published in the bundle, by state (prepared, active, retired); active 0 means the CA cannot mint JWT-SVIDs.",
+	}, []string{"state"})
+	m.jwtNotAfter = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trustbridge_ca_jwt_key_not_after_timestamp_seconds",
+		Help: "End of life of each JWT-SVID signing key, by kid and state; no JWT-SVID it signs outlives it.",
+	}, []string{"kid", "state"})
+	m.jwtSignings = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustbridge_ca_jwt_svids_signed_total",
+		Help: "JWT-SVID signing requests, by result (ok, invalid_claims, invalid_ttl, identity_not_allowed, signing_material, error).",
+	}, []string{"result"})
+	m.jwtEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustbridge_ca_jwt_key_events_total",
+		Help: "JWT signing key lifecycle events: bootstrap, prepared, activated, retired, removed.",
+	}, []string{"event"})
+}
+
+func (m *metrics) observe(roots []*Root, jwtKeys []*JWTKey, sequence uint64) {
 	m.rootNotAfter.Reset()
 	for _, r := range roots {
 		m.rootNotAfter.WithLabelValues(r.ID, string(r.State)).Set(float64(r.Cert.NotAfter.Unix()))
 	}
 	m.sequence.Set(float64(sequence))
+	m.jwtNotAfter.Reset()
+	count := map[RootState]int{StatePrepared: 0, StateActive: 0, StateRetired: 0}
+	for _, k := range jwtKeys {
+		count[k.State]++
+		m.jwtNotAfter.WithLabelValues(k.KID, string(k.State)).Set(float64(k.NotAfter.Unix()))
+	}
+	for state, n := range count {
+		m.jwtKeys.WithLabelValues(string(state)).Set(float64(n))
+	}
 }

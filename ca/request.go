@@ -3,6 +3,7 @@ package ca
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -78,4 +79,54 @@ func (s *Store) lockExisting() (func(), error) {
 	}
 	unlock()
 	return s.Lock(true)
+}
+
+// RequestJWTRotation is RequestRotation for the JWT-SVID signing keys
+// (`trustbridge ca rotate --jwt`): it prepares a successor JWT key in
+// dataDir with the key type and lifetime the server recorded, unless one
+// is already waiting (then it returns that one's kid). The server
+// publishes it at its next check and activates it PublishLead refresh
+// hints later. It also works on a plug-in CA's state: JWT keys are
+// trustbridge's own there too.
+func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool, err error) {
+	s := NewStore(dataDir)
+	unlock, err := s.lockExisting()
+	if err != nil {
+		return "", false, err
+	}
+	defer unlock()
+	j, _, keys, _, err := s.load("")
+	if err != nil {
+		return "", false, err
+	}
+	if j == nil {
+		return "", false, fmt.Errorf("ca: no CA state in %s; start the server first", s.Dir())
+	}
+	for _, k := range keys {
+		if k.State == StatePrepared {
+			return k.KID, false, nil
+		}
+	}
+	kt, ttl, hint := DefaultJWTKeyType, DefaultJWTKeyTTL, DefaultRefreshHint
+	if st := j.Settings; st != nil && st.JWTKeyType != "" {
+		kt, ttl, hint = st.JWTKeyType, time.Duration(st.JWTKeyTTLSeconds)*time.Second, time.Duration(st.RefreshHintSeconds)*time.Second
+	}
+	k, err := newJWTKey(kt, now, ttl)
+	if err != nil {
+		return "", false, err
+	}
+	// No PublishedAt: the lead counts from when a server publishes it.
+	k.State, k.MinActivateAt = StatePrepared, now.Add(PublishLead*hint)
+	if err := s.writeJWTKeyOnce(k); err != nil {
+		return "", false, err
+	}
+	j.JWTKeys = append(j.JWTKeys, k.JWTKeyRecord)
+	j.Sequence = NextSequence(j.Sequence, now)
+	j.Events = append(j.Events, JournalNote{At: now, Event: "JWT key prepared (requested)", KID: k.KID})
+	j.Updated = now
+	if err := s.Save(j); err != nil {
+		_ = os.Remove(s.jwtKeyPath(k.KID))
+		return "", false, err
+	}
+	return k.KID, true, nil
 }

@@ -171,7 +171,8 @@ func TestSnapshot(t *testing.T) {
 	j, files, err := Snapshot(cfg.DataDir)
 	require.NoError(t, err)
 	assert.Equal(t, a.Sequence(), j.Sequence)
-	require.Len(t, files, 5, "journal, two roots' certificate and key")
+	require.Len(t, files, 6, "journal, two roots' certificate and key, the JWT key")
+	assert.Equal(t, "ca/roots/"+JWTKeyKey(a.JWTKeys()[0].KID), files[5].Name)
 	assert.Equal(t, "ca/state.json", files[0].Name)
 	restored := t.TempDir()
 	for _, f := range files {
@@ -183,10 +184,12 @@ func TestSnapshot(t *testing.T) {
 			assert.Equal(t, os.FileMode(0o600), f.Mode, f.Name)
 		}
 	}
-	j2, roots, err := NewStore(restored).Load(tdExample.Name())
+	j2, roots, keys, _, err := NewStore(restored).load(tdExample.Name())
 	require.NoError(t, err, "the snapshot loads as state")
 	assert.Equal(t, j.Sequence, j2.Sequence)
 	assert.Len(t, roots, 2)
+	require.Len(t, keys, 1, "JWT keys are part of the snapshot")
+	assert.Equal(t, a.JWTKeys()[0].KID, keys[0].KID)
 
 	_, _, err = Snapshot(filepath.Join(t.TempDir(), "typo"))
 	require.Error(t, err)

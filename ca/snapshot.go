@@ -17,9 +17,9 @@ type StateFile struct {
 // Snapshot reads the CA state in dataDir under the state's shared lock,
 // so no writer is half way through a change, checks it as a start would,
 // and returns its journal and the files a store would write for it
-// (journal, then each root's certificate and key, keys mode 0600). Files
-// the journal does not name, such as leftovers of an interrupted write,
-// are not part of the state and are left out.
+// (journal, then each root's certificate and key, then each JWT key;
+// keys mode 0600). Files the journal does not name, such as leftovers of
+// an interrupted write, are not part of the state and are left out.
 func Snapshot(dataDir string) (*Journal, []StateFile, error) {
 	s := NewStore(dataDir)
 	unlock, err := s.Lock(false)
@@ -27,7 +27,7 @@ func Snapshot(dataDir string) (*Journal, []StateFile, error) {
 		return nil, nil, err
 	}
 	defer unlock()
-	j, roots, err := s.Load("")
+	j, roots, jwtKeys, _, err := s.load("")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -47,6 +47,13 @@ func Snapshot(dataDir string) (*Journal, []StateFile, error) {
 		files = append(files,
 			StateFile{Name: path.Join(stateDirName, rootsDirName, RootCertKey(r.ID)), Data: certPEM, Mode: 0o644},
 			StateFile{Name: path.Join(stateDirName, rootsDirName, RootKeyKey(r.ID)), Data: keyPEM, Mode: 0o600})
+	}
+	for _, k := range jwtKeys {
+		keyPEM, err := EncodeJWTKey(k)
+		if err != nil {
+			return nil, nil, s.wrap(err)
+		}
+		files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, JWTKeyKey(k.KID)), Data: keyPEM, Mode: 0o600})
 	}
 	return j, files, nil
 }

@@ -51,6 +51,13 @@ type Journal struct {
 	// in another process follow them instead of their own defaults.
 	Settings *JournalSettings `json:"settings,omitempty"`
 	Roots    []RootRecord     `json:"roots"`
+	// MaxJWTSVIDTTLSeconds is the longest JWT-SVID TTL ever allowed with
+	// these JWT keys; like MaxWorkloadTTLSeconds it only grows, and a
+	// retired JWT key stays published that long.
+	MaxJWTSVIDTTLSeconds int64 `json:"max_jwt_svid_ttl_seconds,omitempty"`
+	// JWTKeys are the JWT-SVID signing keys. State written before they
+	// existed has none; the next leader's check bootstraps one.
+	JWTKeys []JWTKeyRecord `json:"jwt_keys,omitempty"`
 	// PluginRoots are the roots published in plug-in mode: those of the
 	// directory, and earlier ones kept until the leaves they signed expire.
 	PluginRoots []PluginRootRecord `json:"plugin_roots,omitempty"`
@@ -62,6 +69,7 @@ type Journal struct {
 func (j *Journal) clone() *Journal {
 	c := *j
 	c.Roots = append([]RootRecord(nil), j.Roots...)
+	c.JWTKeys = append([]JWTKeyRecord(nil), j.JWTKeys...)
 	c.Events = append([]JournalNote(nil), j.Events...)
 	c.PluginRoots = append([]PluginRootRecord(nil), j.PluginRoots...)
 	if j.Settings != nil {
@@ -85,6 +93,11 @@ type JournalSettings struct {
 	RootTTLSeconds            int64   `json:"root_ttl_seconds"`
 	RefreshHintSeconds        int64   `json:"refresh_hint_seconds"`
 	CurrentMaxWorkloadSeconds int64   `json:"current_max_workload_ttl_seconds"`
+	// JWT key settings, for `ca rotate --jwt`; absent in state written
+	// before JWT keys existed.
+	JWTKeyType               JWTKeyType `json:"jwt_key_type,omitempty"`
+	JWTKeyTTLSeconds         int64      `json:"jwt_key_ttl_seconds,omitempty"`
+	CurrentMaxJWTSVIDSeconds int64      `json:"current_max_jwt_svid_ttl_seconds,omitempty"`
 }
 
 // JournalNote records a rotation event, newest last, for operators.
@@ -92,6 +105,8 @@ type JournalNote struct {
 	At     time.Time `json:"at"`
 	Event  string    `json:"event"`
 	RootID string    `json:"root_id"`
+	// KID names the JWT key of a JWT key event (RootID is empty then).
+	KID string `json:"kid,omitempty"`
 }
 
 // maxJournalNotes bounds the event history kept in the journal.
@@ -143,7 +158,14 @@ func (s *Store) journalPath() string       { return filepath.Join(s.dir, journal
 func (s *Store) certPath(id string) string { return filepath.Join(s.dir, rootsDirName, id+".crt.pem") }
 func (s *Store) keyPath(id string) string  { return filepath.Join(s.dir, rootsDirName, id+".key.pem") }
 func (s *Store) lockPath() string          { return filepath.Join(s.dir, lockName) }
-func (s *Store) wrap(err error) error      { return fmt.Errorf("ca: state in %s: %w", s.dir, err) }
+
+// jwtKeyPath is where JWT key kid's private key lives: beside the root
+// keys, so the directory checks, leftover detection and backups that
+// cover them cover it too.
+func (s *Store) jwtKeyPath(kid string) string {
+	return filepath.Join(s.dir, rootsDirName, JWTKeyKey(kid))
+}
+func (s *Store) wrap(err error) error { return fmt.Errorf("ca: state in %s: %w", s.dir, err) }
 
 // ensureDirs creates the state directory (0700) and refuses one another
 // user could write to: they could plant a root key the CA would sign with.
@@ -169,42 +191,60 @@ func fingerprint(c *x509.Certificate) string {
 // nil, nil) for a fresh directory. A directory holding root files but no
 // journal, a journal that does not parse, or a root whose files are
 // missing or do not match the journal is refused with ErrCorruptState.
+//
+// JWT keys the journal names are loaded and checked the same way;
+// LoadWithJWTKeys returns them.
 func (s *Store) Load(td string) (*Journal, []*Root, error) {
-	j, roots, _, err := s.load(td)
+	j, roots, _, _, err := s.load(td)
 	return j, roots, err
 }
 
-// load is Load, with the version (digest) of the journal it read.
-func (s *Store) load(td string) (*Journal, []*Root, string, error) {
+// LoadWithJWTKeys is Load, with the JWT signing keys the journal names.
+func (s *Store) LoadWithJWTKeys(td string) (*Journal, []*Root, []*JWTKey, error) {
+	j, roots, keys, _, err := s.load(td)
+	return j, roots, keys, err
+}
+
+// load is Load, with the JWT keys and the version (digest) of the journal
+// it read.
+func (s *Store) load(td string) (*Journal, []*Root, []*JWTKey, string, error) {
 	for _, dir := range []string{s.dir, filepath.Join(s.dir, rootsDirName)} {
 		if err := securedir.Check(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, "", s.wrap(err)
+			return nil, nil, nil, "", s.wrap(err)
 		}
 	}
 	data, err := readCapped(s.journalPath(), maxJournal)
 	if errors.Is(err, fs.ErrNotExist) {
 		if leftovers := s.rootFiles(); len(leftovers) > 0 {
-			return nil, nil, "", s.wrap(corrupt("%s is missing but root files exist (%s); refusing to start over and orphan them",
+			return nil, nil, nil, "", s.wrap(corrupt("%s is missing but root files exist (%s); refusing to start over and orphan them",
 				journalName, strings.Join(leftovers, ", ")))
 		}
-		return nil, nil, "", nil
+		return nil, nil, nil, "", nil
 	}
 	if err != nil {
-		return nil, nil, "", s.wrap(err)
+		return nil, nil, nil, "", s.wrap(err)
 	}
 	j, err := DecodeJournal(data, td)
 	if err != nil {
-		return nil, nil, "", s.wrap(err)
+		return nil, nil, nil, "", s.wrap(err)
 	}
 	roots := make([]*Root, 0, len(j.Roots))
 	for _, rec := range j.Roots {
 		r, err := s.loadRoot(rec)
 		if err != nil {
-			return nil, nil, "", s.wrap(err)
+			return nil, nil, nil, "", s.wrap(err)
 		}
 		roots = append(roots, r)
 	}
-	return j, roots, journalVersion(data), nil
+	keys := make([]*JWTKey, 0, len(j.JWTKeys))
+	for _, rec := range j.JWTKeys {
+		k, err := s.loadJWTKey(rec)
+		if err != nil {
+			return nil, nil, nil, "", s.wrap(err)
+		}
+		keys = append(keys, k)
+	}
+	return j, roots, keys, journalVersion(data), nil
 }
 
 // readCapped reads a regular file, refusing one larger than limit before
@@ -234,22 +274,71 @@ func (s *Store) loadRoot(rec RootRecord) (*Root, error) {
 	if err != nil {
 		return nil, corrupt("root %s: %v", rec.ID, err)
 	}
-	info, err := os.Stat(s.keyPath(rec.ID))
+	keyPEM, err := readPrivateKeyFile(s.keyPath(rec.ID), "root "+rec.ID)
 	if err != nil {
-		return nil, corrupt("root %s: %v", rec.ID, err)
-	}
-	if info.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("root %s: private key %s is mode %04o; it must not be readable by group or others (chmod 600)", rec.ID, s.keyPath(rec.ID), info.Mode().Perm())
-	}
-	keyPEM, err := os.ReadFile(s.keyPath(rec.ID))
-	if err != nil {
-		return nil, corrupt("root %s: %v", rec.ID, err)
+		return nil, err
 	}
 	r, err := DecodeRoot(rec, certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%w (files in %s)", err, filepath.Join(s.dir, rootsDirName))
 	}
 	return r, nil
+}
+
+func (s *Store) loadJWTKey(rec JWTKeyRecord) (*JWTKey, error) {
+	keyPEM, err := readPrivateKeyFile(s.jwtKeyPath(rec.KID), "JWT key "+rec.KID)
+	if err != nil {
+		return nil, err
+	}
+	k, err := DecodeJWTKey(rec, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%w (file %s)", err, s.jwtKeyPath(rec.KID))
+	}
+	return k, nil
+}
+
+// readPrivateKeyFile reads a key file the journal names, refusing one
+// group or others could read, and one missing (ErrCorruptState).
+func readPrivateKeyFile(path, what string) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, corrupt("%s: %v", what, err)
+	}
+	if info.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s: private key %s is mode %04o; it must not be readable by group or others (chmod 600)", what, path, info.Mode().Perm())
+	}
+	data, err := readCapped(path, maxKeyFile)
+	if errors.Is(err, ErrCorruptState) {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if err != nil {
+		return nil, corrupt("%s: %v", what, err)
+	}
+	return data, nil
+}
+
+// maxKeyFile bounds a private key file: an RSA-4096 PKCS#8 PEM is about
+// 3.3 KiB.
+const maxKeyFile = 64 << 10
+
+// writeJWTKeyOnce writes k's private key (0600) unless its file exists.
+// It must be followed by Save of a journal naming the key; until then the
+// file is a leftover.
+func (s *Store) writeJWTKeyOnce(k *JWTKey) error {
+	if fileExists(s.jwtKeyPath(k.KID)) {
+		return nil
+	}
+	if err := s.ensureDirs(); err != nil {
+		return s.wrap(err)
+	}
+	keyPEM, err := EncodeJWTKey(k)
+	if err != nil {
+		return s.wrap(err)
+	}
+	if err := atomicfile.Write(s.jwtKeyPath(k.KID), keyPEM, 0o600); err != nil {
+		return s.wrap(err)
+	}
+	return nil
 }
 
 // WriteRoot writes a new root's key (0600) and certificate. It must be

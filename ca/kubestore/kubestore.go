@@ -124,22 +124,34 @@ func (s *Store) Version() (string, error) {
 
 // Load reads and checks the state. A missing Secret, or one without data
 // (created empty by an operator), is no state.
-func (s *Store) Load(td string) (*ca.Journal, []*ca.Root, string, error) {
+func (s *Store) Load(td string) (*ca.Journal, []*ca.Root, []*ca.JWTKey, string, error) {
 	sec, err := s.get()
 	if err != nil || sec == nil {
-		return nil, nil, "", err
+		return nil, nil, nil, "", err
 	}
-	j, roots, err := decode(sec, td)
+	st, err := decode(sec, td)
 	if err != nil {
-		return nil, nil, "", s.wrap(err)
+		return nil, nil, nil, "", s.wrap(err)
 	}
-	return j, roots, sec.ResourceVersion, nil
+	if st == nil {
+		// An empty Secret an operator created: no state, but a version to
+		// update it at.
+		return nil, nil, nil, sec.ResourceVersion, nil
+	}
+	return st.journal, st.roots, st.jwtKeys, sec.ResourceVersion, nil
 }
 
-// decode checks a Secret and parses the state in it.
-func decode(sec *corev1.Secret, td string) (*ca.Journal, []*ca.Root, error) {
+// state is what a Secret holds.
+type state struct {
+	journal *ca.Journal
+	roots   []*ca.Root
+	jwtKeys []*ca.JWTKey
+}
+
+// decode checks a Secret and parses the state in it; nil is none.
+func decode(sec *corev1.Secret, td string) (*state, error) {
 	if sec.Type != "" && sec.Type != corev1.SecretTypeOpaque {
-		return nil, nil, corrupt("type is %q, not %q", sec.Type, corev1.SecretTypeOpaque)
+		return nil, corrupt("type is %q, not %q", sec.Type, corev1.SecretTypeOpaque)
 	}
 	size := 0
 	for k, v := range sec.Data {
@@ -149,43 +161,74 @@ func decode(sec *corev1.Secret, td string) (*ca.Journal, []*ca.Root, error) {
 		size += len(k) + len(v)
 	}
 	if size > MaxSecretSize {
-		return nil, nil, corrupt("%d bytes of data, more than %d", size, MaxSecretSize)
+		return nil, corrupt("%d bytes of data, more than %d", size, MaxSecretSize)
 	}
 	if len(sec.Data) == 0 {
-		return nil, nil, nil
+		return nil, nil
 	}
 	data, ok := sec.Data[ca.JournalKey]
 	if !ok {
-		return nil, nil, corrupt("%s is missing but %s exist; refusing to start over and orphan them", ca.JournalKey, strings.Join(sortedKeys(sec.Data), ", "))
+		return nil, corrupt("%s is missing but %s exist; refusing to start over and orphan them", ca.JournalKey, strings.Join(sortedKeys(sec.Data), ", "))
 	}
 	j, err := ca.DecodeJournal(data, td)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	named := map[string]bool{ca.JournalKey: true}
-	roots := make([]*ca.Root, 0, len(j.Roots))
-	for _, rec := range j.Roots {
-		ck, kk := ca.RootCertKey(rec.ID), ca.RootKeyKey(rec.ID)
-		named[ck], named[kk] = true, true
-		certPEM, ok1 := sec.Data[ck]
-		keyPEM, ok2 := sec.Data[kk]
-		if !ok1 || !ok2 {
-			return nil, nil, corrupt("root %s: %s or %s is missing", rec.ID, ck, kk)
-		}
-		r, err := ca.DecodeRoot(rec, certPEM, keyPEM)
-		if err != nil {
-			return nil, nil, err
-		}
-		roots = append(roots, r)
+	st := &state{journal: j}
+	if st.roots, err = decodeRoots(sec.Data, j, named); err != nil {
+		return nil, err
+	}
+	if st.jwtKeys, err = decodeJWTKeys(sec.Data, j, named); err != nil {
+		return nil, err
 	}
 	for _, k := range sortedKeys(sec.Data) {
 		if !named[k] {
 			// Commits replace the whole state at once, so nothing is ever
 			// left over: someone else edited the Secret.
-			return nil, nil, corrupt("key %q is not part of the CA state", k)
+			return nil, corrupt("key %q is not part of the CA state", k)
 		}
 	}
-	return j, roots, nil
+	return st, nil
+}
+
+// decodeRoots parses the roots j names, adding their keys to named.
+func decodeRoots(data map[string][]byte, j *ca.Journal, named map[string]bool) ([]*ca.Root, error) {
+	roots := make([]*ca.Root, 0, len(j.Roots))
+	for _, rec := range j.Roots {
+		ck, kk := ca.RootCertKey(rec.ID), ca.RootKeyKey(rec.ID)
+		named[ck], named[kk] = true, true
+		certPEM, ok1 := data[ck]
+		keyPEM, ok2 := data[kk]
+		if !ok1 || !ok2 {
+			return nil, corrupt("root %s: %s or %s is missing", rec.ID, ck, kk)
+		}
+		r, err := ca.DecodeRoot(rec, certPEM, keyPEM)
+		if err != nil {
+			return nil, err
+		}
+		roots = append(roots, r)
+	}
+	return roots, nil
+}
+
+// decodeJWTKeys parses the JWT keys j names, adding their keys to named.
+func decodeJWTKeys(data map[string][]byte, j *ca.Journal, named map[string]bool) ([]*ca.JWTKey, error) {
+	keys := make([]*ca.JWTKey, 0, len(j.JWTKeys))
+	for _, rec := range j.JWTKeys {
+		kk := ca.JWTKeyKey(rec.KID)
+		named[kk] = true
+		keyPEM, ok := data[kk]
+		if !ok {
+			return nil, corrupt("JWT key %s: %s is missing", rec.KID, kk)
+		}
+		k, err := ca.DecodeJWTKey(rec, keyPEM)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
 
 func sortedKeys(m map[string][]byte) []string {
@@ -198,30 +241,17 @@ func sortedKeys(m map[string][]byte) []string {
 }
 
 // Commit writes the whole state if the Secret is still at version base.
-func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, error) {
+func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (string, error) {
 	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
 		return "", s.wrap(fmt.Errorf("%w: refusing to write", ca.ErrNotLeader))
 	}
-	if len(j.Roots) != len(roots) {
-		return "", s.wrap(fmt.Errorf("journal names %d roots, %d given", len(j.Roots), len(roots)))
-	}
-	data := make(map[string][]byte, 1+2*len(roots))
-	jb, err := ca.EncodeJournal(j)
+	data, err := encode(j, roots, jwtKeys)
 	if err != nil {
 		return "", s.wrap(err)
 	}
-	data[ca.JournalKey] = jb
-	size := len(jb)
-	for i, r := range roots {
-		if r.ID != j.Roots[i].ID {
-			return "", s.wrap(fmt.Errorf("journal root %d is %s, material is for %s", i, j.Roots[i].ID, r.ID))
-		}
-		certPEM, keyPEM, err := ca.EncodeRoot(r)
-		if err != nil {
-			return "", s.wrap(err)
-		}
-		data[ca.RootCertKey(r.ID)], data[ca.RootKeyKey(r.ID)] = certPEM, keyPEM
-		size += len(certPEM) + len(keyPEM)
+	size := 0
+	for k, v := range data {
+		size += len(k) + len(v)
 	}
 	if size > MaxSecretSize {
 		return "", s.wrap(fmt.Errorf("state of %d bytes is more than a Secret holds (%d)", size, MaxSecretSize))
@@ -241,6 +271,44 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, er
 		return "", s.wrap(err)
 	}
 	return version, nil
+}
+
+// encode is the Secret data of the state: the journal, and the material
+// of exactly the roots and JWT keys it names.
+func encode(j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (map[string][]byte, error) {
+	if len(j.Roots) != len(roots) {
+		return nil, fmt.Errorf("journal names %d roots, %d given", len(j.Roots), len(roots))
+	}
+	if len(j.JWTKeys) != len(jwtKeys) {
+		return nil, fmt.Errorf("journal names %d JWT keys, %d given", len(j.JWTKeys), len(jwtKeys))
+	}
+	data := make(map[string][]byte, 1+2*len(roots)+len(jwtKeys))
+	jb, err := ca.EncodeJournal(j)
+	if err != nil {
+		return nil, err
+	}
+	data[ca.JournalKey] = jb
+	for i, r := range roots {
+		if r.ID != j.Roots[i].ID {
+			return nil, fmt.Errorf("journal root %d is %s, material is for %s", i, j.Roots[i].ID, r.ID)
+		}
+		certPEM, keyPEM, err := ca.EncodeRoot(r)
+		if err != nil {
+			return nil, err
+		}
+		data[ca.RootCertKey(r.ID)], data[ca.RootKeyKey(r.ID)] = certPEM, keyPEM
+	}
+	for i, k := range jwtKeys {
+		if k.KID != j.JWTKeys[i].KID {
+			return nil, fmt.Errorf("journal JWT key %d is %s, material is for %s", i, j.JWTKeys[i].KID, k.KID)
+		}
+		keyPEM, err := ca.EncodeJWTKey(k)
+		if err != nil {
+			return nil, err
+		}
+		data[ca.JWTKeyKey(k.KID)] = keyPEM
+	}
+	return data, nil
 }
 
 // leaseBound is the optional part of a Leader that says until when it

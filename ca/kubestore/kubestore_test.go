@@ -122,7 +122,8 @@ func TestSecretRoundTrip(t *testing.T) {
 	for k := range sec.Data {
 		keys = append(keys, k)
 	}
-	assert.ElementsMatch(t, []string{"state.json", id + ".crt.pem", id + ".key.pem"}, keys)
+	kid := a.JWTKeys()[0].KID
+	assert.ElementsMatch(t, []string{"state.json", id + ".crt.pem", id + ".key.pem", "jwt-" + kid + ".key.pem"}, keys)
 	assert.Equal(t, uint64(t0.Unix()), journalOf(t, sec).Sequence)
 
 	// A restart of the single replica (it leads) loads the same roots and
@@ -133,6 +134,10 @@ func TestSecretRoundTrip(t *testing.T) {
 	assert.Equal(t, uint64(t0.Unix())+1, journalOf(t, started).Sequence)
 	require.NoError(t, a.Reload())
 	assert.True(t, a.Bundle().Equal(b.Bundle()))
+	require.Len(t, b.JWTKeys(), 1)
+	assert.Equal(t, kid, b.JWTKeys()[0].KID, "the JWT key comes back from the Secret")
+	_, _, err := b.SignJWT(spiffeid.RequireFromPath(td, "/w"), []string{"aud"}, 0)
+	require.NoError(t, err)
 	require.NoError(t, b.Reconcile())
 	assert.Equal(t, started.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "a check with nothing due writes nothing")
 
@@ -150,11 +155,11 @@ type racing struct {
 	fired  atomic.Bool
 }
 
-func (r *racing) Commit(base string, j *ca.Journal, roots []*ca.Root) (string, error) {
+func (r *racing) Commit(base string, j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (string, error) {
 	if r.fired.CompareAndSwap(false, true) {
 		r.before()
 	}
-	return r.Store.Commit(base, j, roots)
+	return r.Store.Commit(base, j, roots, jwtKeys)
 }
 
 func TestConflictBetweenTwoWriters(t *testing.T) {
@@ -177,7 +182,7 @@ func TestConflictBetweenTwoWriters(t *testing.T) {
 
 	t.Run("stale commit writes nothing", func(t *testing.T) {
 		s := newStore(t, env.Client, ns, nil)
-		j, roots, v, err := s.Load("example.org")
+		j, roots, keys, v, err := s.Load("example.org")
 		require.NoError(t, err)
 		require.NoError(t, a.Rotate()) // no-op: a root waits
 		clk.Step(10 * time.Minute)
@@ -185,10 +190,10 @@ func TestConflictBetweenTwoWriters(t *testing.T) {
 		before := secret(t, env.Client, ns)
 		require.NotEqual(t, v, before.ResourceVersion)
 		j.Sequence += 10
-		_, err = s.Commit(v, j, roots)
+		_, err = s.Commit(v, j, roots, keys)
 		require.ErrorIs(t, err, ca.ErrConflict)
 		assert.Equal(t, before.ResourceVersion, secret(t, env.Client, ns).ResourceVersion)
-		_, err = s.Commit("", j, roots)
+		_, err = s.Commit("", j, roots, keys)
 		require.ErrorIs(t, err, ca.ErrConflict, "a create over an existing Secret")
 	})
 }
@@ -197,17 +202,21 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 	env := kubetest.Shared(t)
 	tests := []struct {
 		name   string
-		break_ func(sec *corev1.Secret, id string)
+		break_ func(sec *corev1.Secret, id, kid string)
 		want   string
 	}{
-		{"journal does not parse", func(sec *corev1.Secret, _ string) { sec.Data["state.json"] = []byte(`{"format":1,`) }, "does not parse"},
-		{"journal missing", func(sec *corev1.Secret, _ string) { delete(sec.Data, "state.json") }, "state.json is missing"},
-		{"key missing", func(sec *corev1.Secret, id string) { delete(sec.Data, id+".key.pem") }, "is missing"},
-		{"key swapped", func(sec *corev1.Secret, id string) {
+		{"JWT key missing", func(sec *corev1.Secret, _, kid string) { delete(sec.Data, "jwt-"+kid+".key.pem") }, "is missing"},
+		{"JWT key swapped", func(sec *corev1.Secret, id, kid string) {
+			sec.Data["jwt-"+kid+".key.pem"] = sec.Data[id+".key.pem"]
+		}, "does not match the kid"},
+		{"journal does not parse", func(sec *corev1.Secret, _, _ string) { sec.Data["state.json"] = []byte(`{"format":1,`) }, "does not parse"},
+		{"journal missing", func(sec *corev1.Secret, _, _ string) { delete(sec.Data, "state.json") }, "state.json is missing"},
+		{"key missing", func(sec *corev1.Secret, id, _ string) { delete(sec.Data, id+".key.pem") }, "is missing"},
+		{"key swapped", func(sec *corev1.Secret, id, _ string) {
 			sec.Data[id+".key.pem"] = sec.Data[id+".crt.pem"]
 		}, "private key"},
-		{"unknown key", func(sec *corev1.Secret, _ string) { sec.Data["extra"] = []byte("x") }, `key "extra" is not part of the CA state`},
-		{"other trust domain", func(sec *corev1.Secret, _ string) {
+		{"unknown key", func(sec *corev1.Secret, _, _ string) { sec.Data["extra"] = []byte("x") }, `key "extra" is not part of the CA state`},
+		{"other trust domain", func(sec *corev1.Secret, _, _ string) {
 			var j map[string]any
 			_ = json.Unmarshal(sec.Data["state.json"], &j)
 			j["trust_domain"] = "other.org"
@@ -221,7 +230,7 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 			running := newAuthority(t, clk, newStore(t, env.Client, ns, nil), nil)
 			bundle := running.Bundle()
 			sec := secret(t, env.Client, ns)
-			tt.break_(sec, running.Roots()[0].ID)
+			tt.break_(sec, running.Roots()[0].ID, running.JWTKeys()[0].KID)
 			sec, err := env.Client.CoreV1().Secrets(ns).Update(context.Background(), sec, metav1.UpdateOptions{})
 			require.NoError(t, err)
 
@@ -259,13 +268,13 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 		require.NoError(t, a.Ready())
 		sec := secret(t, env.Client, ns)
 		assert.Equal(t, "ops", sec.Annotations["owner"], "what others set is kept")
-		assert.Len(t, sec.Data, 3)
+		assert.Len(t, sec.Data, 4, "journal, root certificate and key, JWT key")
 	})
 }
 
 func TestDecodeRefusesOversizedSecret(t *testing.T) {
 	sec := &corev1.Secret{Data: map[string][]byte{"state.json": make([]byte, MaxSecretSize+1)}}
-	_, _, err := decode(sec, "")
+	_, err := decode(sec, "")
 	require.ErrorIs(t, err, ca.ErrCorruptState)
 	assert.ErrorContains(t, err, "more than")
 }
@@ -274,7 +283,7 @@ func TestNonLeaderWriteRefused(t *testing.T) {
 	env := kubetest.Shared(t)
 	ns := env.Namespace(t)
 	s := newStore(t, env.Client, ns, leaderFlag(false))
-	_, err := s.Commit("", &ca.Journal{TrustDomain: "example.org"}, nil)
+	_, err := s.Commit("", &ca.Journal{TrustDomain: "example.org"}, nil, nil)
 	require.ErrorIs(t, err, ca.ErrNotLeader)
 	_, err = env.Client.CoreV1().Secrets(ns).Get(context.Background(), DefaultName, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "nothing written")
@@ -388,7 +397,7 @@ func TestFailoverWithoutLostOrDuplicatedRotation(t *testing.T) {
 	for _, e := range j.Events {
 		events = append(events, e.Event)
 	}
-	assert.Equal(t, "bootstrap,prepared (forced),retired,activated,prepared (forced)", strings.Join(events, ","))
+	assert.Equal(t, "bootstrap,JWT key bootstrap,prepared (forced),retired,activated,prepared (forced)", strings.Join(events, ","))
 	assert.True(t, first.a.Bundle().Equal(second.a.Bundle()))
 }
 
@@ -407,17 +416,22 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"format":1,"trust_domain":"example.org","roots":[{"id":"ab","state":"active","cert_sha256":"00"}]}`), []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"))
 	f.Add([]byte(`{`), []byte(nil))
 	f.Fuzz(func(t *testing.T, journal, material []byte) {
-		sec := &corev1.Secret{Data: map[string][]byte{"state.json": journal, "ab.crt.pem": material, "ab.key.pem": material}}
-		j, roots, err := decode(sec, "example.org")
-		if err != nil {
+		sec := &corev1.Secret{Data: map[string][]byte{"state.json": journal, "ab.crt.pem": material, "ab.key.pem": material, "jwt-ab.key.pem": material}}
+		st, err := decode(sec, "example.org")
+		if err != nil || st == nil {
 			return
 		}
-		if j != nil && len(j.Roots) != len(roots) {
+		if len(st.journal.Roots) != len(st.roots) || len(st.journal.JWTKeys) != len(st.jwtKeys) {
 			t.Fatal("journal and material disagree")
 		}
-		for _, r := range roots {
+		for _, r := range st.roots {
 			if r.Key == nil || r.Cert == nil {
 				t.Fatal("root without material accepted")
+			}
+		}
+		for _, k := range st.jwtKeys {
+			if k.Key == nil {
+				t.Fatal("JWT key without material accepted")
 			}
 		}
 	})
@@ -494,11 +508,11 @@ func TestWriteAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
 	cs, err := kubernetes.NewForConfig(env.SlowWrites(3*time.Second, http.MethodPut))
 	require.NoError(t, err)
 	s := newStore(t, cs, ns, leaseUntil{until: time.Now().Add(500 * time.Millisecond)})
-	j, roots, version, err := s.Load("example.org")
+	j, roots, keys, version, err := s.Load("example.org")
 	require.NoError(t, err)
 	require.Equal(t, before.ResourceVersion, version)
 	j.Sequence++
-	_, err = s.Commit(version, j, roots)
+	_, err = s.Commit(version, j, roots, keys)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ca.ErrNotLeader)
 	assert.Equal(t, before.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "nothing written")

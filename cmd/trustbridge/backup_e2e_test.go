@@ -118,10 +118,12 @@ func (d *restoreDrill) restore(archive string) {
 		require.Contains(d.t, out, ".replaced-")
 		keys, err := filepath.Glob(filepath.Join(d.dataDir, "ca", "roots", "*.key.pem"))
 		require.NoError(d.t, err)
-		require.Len(d.t, keys, 1, "the backed-up state: one root")
-		info, err := os.Stat(keys[0])
-		require.NoError(d.t, err)
-		assert.Equal(d.t, os.FileMode(0o600), info.Mode().Perm())
+		require.Len(d.t, keys, 2, "the backed-up state: one root, one JWT key")
+		for _, k := range keys {
+			info, err := os.Stat(k)
+			require.NoError(d.t, err)
+			assert.Equal(d.t, os.FileMode(0o600), info.Mode().Perm(), k)
+		}
 	})
 }
 
@@ -148,7 +150,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 				return
 			}
 			assert.Equal(c, seq, *st.Sequence)
-			assert.Len(c, st.Authorities, roots)
+			assert.Len(c, x509Held(st.Authorities), roots)
 		}, 60*time.Second, 20*time.Millisecond, "west holds east's sequence %d with %d roots", seq, roots)
 		return st
 	}
@@ -166,7 +168,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 	assert.Greater(t, restored, before, "the restored state is published above everything before it: %v", d.published)
 	st := waitHolds(restored, 1)
 	assert.Equal(t, federation.StateOK, st.State)
-	assert.Equal(t, sha256Hex(d.roots[0].Raw), st.Authorities[0].SHA256, "west trusts the restored root")
+	assert.Equal(t, sha256Hex(d.roots[0].Raw), x509Held(st.Authorities)[0].SHA256, "west trusts the restored root")
 	assert.NotContains(t, st.Refusals, "sequence_regression", "west never refused a bundle as a regression: %v", st.Refusals)
 	assert.NotContains(t, st.Refusals, "sequence_conflict", "%v", st.Refusals)
 	for i := 1; i < len(d.published); i++ {

@@ -75,11 +75,12 @@ it works while the server runs, or, with --admin, asks the running server
 	return cmd
 }
 
-// bundleFromDataDir reads the published roots from the CA state in dir,
-// read-only: the journal is written atomically after the roots it names.
+// bundleFromDataDir reads the published roots and JWT keys from the CA
+// state in dir, read-only: the journal is written atomically after the
+// material it names.
 func bundleFromDataDir(dir string) (*spiffebundle.Bundle, error) {
 	store := ca.NewStore(dir)
-	j, roots, err := store.Load("")
+	j, roots, jwtKeys, err := store.LoadWithJWTKeys("")
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +99,11 @@ func bundleFromDataDir(dir string) (*spiffebundle.Bundle, error) {
 		return nil, fmt.Errorf("no roots in %s (a --ca-dir server keeps its roots in that directory); use --admin to ask the running server", store.Dir())
 	}
 	b := spiffebundle.FromX509Authorities(td, certs)
+	for _, k := range jwtKeys {
+		if err := b.AddJWTAuthority(k.KID, k.Key.Public()); err != nil {
+			return nil, fmt.Errorf("%s: JWT key %s: %w", store.Dir(), k.KID, err)
+		}
+	}
 	b.SetSequenceNumber(j.Sequence)
 	if j.Settings != nil && j.Settings.RefreshHintSeconds > 0 {
 		b.SetRefreshHint(time.Duration(j.Settings.RefreshHintSeconds) * time.Second)

@@ -232,9 +232,12 @@ func whoPublishes(dataDir string) string {
 }
 
 func newCARotateCmd(e env) *cobra.Command {
-	var dataDir string
+	var (
+		dataDir string
+		jwt     bool
+	)
 	cmd := &cobra.Command{
-		Use:   "rotate --data-dir DIR",
+		Use:   "rotate --data-dir DIR [--jwt]",
 		Short: "Prepare a successor root now; it signs only 5 refresh hints after the server publishes it",
 		Long: `Prepare a new root now instead of at the active root's half life, with the key
 type and lifetime the server recorded in --data-dir. The server publishes it
@@ -244,10 +247,20 @@ runs, nothing is published or activated until one does; the output says
 which server holds --data-dir (its lock file, trustbridge.lock, names it), or
 that none does. The server's lock on the data directory does not stop this
 command: it writes the CA state under the state's own short lock, as the
-server does. A root already waiting is kept; rotate does nothing then.`,
-		Example: `  trustbridge ca rotate --data-dir /var/lib/trustbridge/data`,
-		Args:    cobra.NoArgs,
+server does. A root already waiting is kept; rotate does nothing then.
+
+With --jwt it prepares a successor JWT-SVID signing key instead, with the
+same publication lead, and leaves the roots alone (and without it, the JWT
+keys): the two are separate keys, and replacing one need not churn the
+other. --jwt also works on a plug-in CA's state (--ca-dir), whose JWT keys
+are trustbridge's own.`,
+		Example: `  trustbridge ca rotate --data-dir /var/lib/trustbridge/data
+  trustbridge ca rotate --data-dir /var/lib/trustbridge/data --jwt`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if jwt {
+				return runCARotateJWT(e, dataDir)
+			}
 			id, created, err := ca.RequestRotation(dataDir, e.now())
 			if err != nil {
 				return err
@@ -261,5 +274,19 @@ server does. A root already waiting is kept; rotate does nothing then.`,
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir (file storage only; with --storage kube use ca request)")
+	cmd.Flags().BoolVar(&jwt, "jwt", false, "prepare a successor JWT-SVID signing key instead of a root")
 	return cmd
+}
+
+func runCARotateJWT(e env, dataDir string) error {
+	kid, created, err := ca.RequestJWTRotation(dataDir, e.now())
+	if err != nil {
+		return err
+	}
+	if !created {
+		fmt.Fprintf(e.out, "JWT key %s is already prepared and waiting; nothing to do\n", kid)
+		return nil
+	}
+	fmt.Fprintf(e.out, "prepared JWT key %s; %s\n", kid, whoPublishes(dataDir))
+	return nil
 }

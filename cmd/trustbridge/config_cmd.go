@@ -72,6 +72,7 @@ func checkServerOptions(o serverOptions) []error {
 	if _, err := ca.ParseKeyType(o.keyType); err != nil {
 		p.add(fmt.Errorf("ca-key-type: %w", err))
 	}
+	p.add(o.jwt.check())
 	p.add(checkStorageFlags(o))
 	p.storage(o.kube)
 	if _, err := newLogger(io.Discard, o.logFormat, o.logLevel); err != nil {

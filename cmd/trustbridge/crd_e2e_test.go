@@ -70,8 +70,14 @@ func TestKubeFederationCRD(t *testing.T) {
 	assert.Equal(t, "ok", cr.Status.State)
 	require.NotNil(t, cr.Status.Sequence, "%+v", cr.Status)
 	assert.Equal(t, int64(*st.Sequence), *cr.Status.Sequence)
-	require.Len(t, cr.Status.Authorities, 1)
-	assert.Equal(t, sha256Hex(eastRoots[0].Raw), cr.Status.Authorities[0].SHA256)
+	var roots []crd.Authority
+	for _, a := range cr.Status.Authorities {
+		if a.Kind == "x509" {
+			roots = append(roots, a)
+		}
+	}
+	require.Len(t, roots, 1, "east's root (and its JWT key)")
+	assert.Equal(t, sha256Hex(eastRoots[0].Raw), roots[0].SHA256)
 
 	// The snapshot names the resource as the relationship's origin.
 	view, ok := viewOf(getSnapshot(t, west.admin), "east.example")

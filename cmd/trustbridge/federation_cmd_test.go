@@ -75,7 +75,7 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	assert.Equal(t, "east.example", s.TrustDomain)
 	assert.Equal(t, federation.StateOK, s.State)
 	assert.Equal(t, eastSeq, *s.Sequence, "the sequence east published")
-	require.Len(t, s.Authorities, 1)
+	require.Len(t, x509Held(s.Authorities), 1)
 	assert.Equal(t, "spiffe://east.example/trustbridge/bundle-endpoint", s.EndpointSPIFFEID)
 
 	// West relays east's bundle as east published it, sequence included.

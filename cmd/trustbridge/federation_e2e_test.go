@@ -290,8 +290,8 @@ func TestFederationE2ESPIFFEBothWays(t *testing.T) {
 	assert.Equal(t, "spiffe://west.example/trustbridge/bundle-endpoint", eastSt.EndpointSPIFFEID)
 	assert.Equal(t, servedSequence(t, west), *eastSt.Sequence)
 	assert.Equal(t, servedSequence(t, east), *westSt.Sequence)
-	assert.Len(t, eastSt.Authorities, 1)
-	assert.Len(t, westSt.Authorities, 1)
+	assert.Len(t, x509Held(eastSt.Authorities), 1)
+	assert.Len(t, x509Held(westSt.Authorities), 1)
 
 	eastID := spiffeid.RequireFromString("spiffe://east.example/api")
 	westID := spiffeid.RequireFromString("spiffe://west.example/client")
@@ -380,8 +380,8 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	westSt := waitFederated(t, west, "east.example", 1, 30*time.Second)
 	assert.Equal(t, federation.ProfileHTTPSWeb, eastSt.Profile)
 	assert.Equal(t, federation.ProfileHTTPSWeb, westSt.Profile)
-	assert.Len(t, eastSt.Authorities, len(caRootsOf(t, west)))
-	assert.Len(t, westSt.Authorities, len(caRootsOf(t, east)))
+	assert.Len(t, x509Held(eastSt.Authorities), len(caRootsOf(t, west)))
+	assert.Len(t, x509Held(westSt.Authorities), len(caRootsOf(t, east)))
 
 	// Workloads read the peer's bundle from their own server over
 	// https_web, with the private CA as the only root.
@@ -475,7 +475,7 @@ func TestFederationE2ERootRotation(t *testing.T) {
 		refreshWest()
 		var ok bool
 		st, ok = federationStatus(t, west, "east.example")
-		return ok && st.Sequence != nil && *st.Sequence > before && len(st.Authorities) == 2
+		return ok && st.Sequence != nil && *st.Sequence > before && len(x509Held(st.Authorities)) == 2
 	}, 60*time.Second, 250*time.Millisecond, "west never saw east's new root: %+v", st)
 	t.Logf("west saw east's new root (sequence %d -> %d) %s after ca rotate", before, *st.Sequence, time.Since(rotated).Round(time.Millisecond))
 	assert.Equal(t, federation.StateOK, st.State)

@@ -228,7 +228,7 @@ func watchAuthorities(t *testing.T, s *e2eServer, td string, n int) <-chan time.
 				return
 			case <-tick.C:
 			}
-			if st, ok := federationStatus(t, s, td); ok && len(st.Authorities) >= n {
+			if st, ok := federationStatus(t, s, td); ok && len(x509Held(st.Authorities)) >= n {
 				seen <- time.Now()
 				return
 			}

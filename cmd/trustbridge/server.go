@@ -54,6 +54,7 @@ type serverOptions struct {
 	grpc           grpcOptions
 	kube           kubeOptions
 	policy         policyOptions
+	jwt            jwtKeyOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -144,6 +145,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "spiffe_refresh_hint published with the bundle; new roots wait 5 of these before signing")
 	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
+	addJWTKeyFlags(f, &o.jwt)
 	addBundleFlags(f, &o.bundle)
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
@@ -452,6 +454,9 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		Logger:         logger.With(logattr.Component, "ca"),
 		Registerer:     reg,
 		Plugin:         plugin,
+	}
+	if err := o.jwt.apply(&caCfg); err != nil {
+		return nil, err
 	}
 	kube.caConfig(&caCfg)
 	return ca.New(caCfg)

@@ -12,6 +12,8 @@ const (
 	// OldSequence is the sequence a change replaced.
 	OldSequence = "old_sequence"
 	RootID      = "root_id"
+	// KeyID is a JWT signing key's kid.
+	KeyID       = "kid"
 	Roots       = "roots"
 	Error       = "error"
 	Component   = "component"

@@ -1,0 +1,356 @@
+package ca
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// Defaults for the JWT fields of Config.
+const (
+	DefaultJWTKeyType    = JWTKeyES256
+	DefaultJWTKeyTTL     = 720 * time.Hour
+	DefaultJWTSVIDTTL    = 5 * time.Minute
+	DefaultMaxJWTSVIDTTL = time.Hour
+)
+
+func (c *Config) applyJWTDefaults() error {
+	if c.JWTKeyType == "" {
+		c.JWTKeyType = DefaultJWTKeyType
+	}
+	if _, err := ParseJWTKeyType(string(c.JWTKeyType)); err != nil {
+		return err
+	}
+	if c.JWTKeyTTL < 0 || c.JWTSVIDTTL < 0 || c.MaxJWTSVIDTTL < 0 {
+		return errors.New("JWT key TTL, JWT-SVID TTL and maximum JWT-SVID TTL must not be negative")
+	}
+	if c.JWTKeyTTL == 0 {
+		c.JWTKeyTTL = DefaultJWTKeyTTL
+	}
+	if c.MaxJWTSVIDTTL == 0 {
+		c.MaxJWTSVIDTTL = DefaultMaxJWTSVIDTTL
+	}
+	if c.JWTSVIDTTL == 0 {
+		c.JWTSVIDTTL = min(DefaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
+	}
+	if c.JWTSVIDTTL > c.MaxJWTSVIDTTL {
+		return fmt.Errorf("JWT-SVID TTL %s exceeds the maximum %s; lower the one or raise the other", c.JWTSVIDTTL, c.MaxJWTSVIDTTL)
+	}
+	if need := PublishLead*c.RefreshHint + c.MaxJWTSVIDTTL; c.JWTKeyTTL/2 < need {
+		return fmt.Errorf("JWT key TTL %s is too short: half of it must cover %d refresh hints (%s) plus the maximum JWT-SVID TTL (%s); use at least %s",
+			c.JWTKeyTTL, PublishLead, PublishLead*c.RefreshHint, c.MaxJWTSVIDTTL, 2*need)
+	}
+	return nil
+}
+
+// jwtTimelineLocked is the JWT keys' Timeline: a root's, with the longest
+// JWT-SVID TTL ever recorded in place of the workload certificates'.
+func (a *Authority) jwtTimelineLocked() Timeline {
+	tl := Timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}
+	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
+		tl.MaxWorkloadTTL = rec
+	}
+	return tl
+}
+
+func (a *Authority) jwtTimesLocked() []RootTimes {
+	out := make([]RootTimes, len(a.jwtKeys))
+	for i, k := range a.jwtKeys {
+		out[i] = k.times()
+	}
+	return out
+}
+
+// served keys JWT keys apart from roots.
+func jwtServedKey(kid string) string { return "jwt:" + kid }
+
+// reconcileJWTLocked applies every JWT key step due now, and reports
+// whether anything changed. A prepared key's publication lead starts when
+// this process began serving it, as a root's (see served); one it has not
+// served yet (plug-in mode publishes after this) starts now.
+func (a *Authority) reconcileJWTLocked() (bool, error) {
+	changed := false
+	now := a.cfg.Clock.Now()
+	for _, k := range a.jwtKeys {
+		if k.State != StatePrepared {
+			continue
+		}
+		s, ok := a.served[jwtServedKey(k.KID)]
+		if !ok {
+			s = now
+		}
+		if s.After(k.PublishedAt) {
+			k.PublishedAt = s
+			changed = true
+		}
+	}
+	for range 10 { // a handful of steps at most; the bound guards against a plan bug
+		now := a.cfg.Clock.Now()
+		step, index, _ := a.jwtTimelineLocked().Plan(now, a.jwtTimesLocked())
+		if step == StepNone {
+			break
+		}
+		if err := a.applyJWTLocked(now, step, index); err != nil {
+			return changed, err
+		}
+		changed = true
+	}
+	return changed, nil
+}
+
+func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
+	switch step {
+	case StepBootstrap:
+		// No active JWT key: a fresh CA, or state written before JWT keys
+		// existed. The first key signs at once: no JWT-SVID can depend on
+		// a key that did not exist, so there is nothing for peers to have
+		// learnt first, and waiting would only leave the CA unable to
+		// mint. (Its successors wait out the lead: peers then hold tokens
+		// signed by the old key and must learn the new one before meeting
+		// tokens it signed.)
+		return a.newJWTKeyLocked(now, StateActive, "bootstrap")
+	case StepPrepare:
+		return a.newJWTKeyLocked(now, StatePrepared, "scheduled")
+	case StepActivate:
+		for _, k := range a.jwtKeys {
+			if k.State == StateActive {
+				k.State = StateRetired
+				k.RetiredAt = now
+				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(k.times(), now.Add(retireMargin))
+				a.jwtEvent(now, "retired", k.KID)
+			}
+		}
+		p := a.jwtKeys[index]
+		p.State = StateActive
+		p.ActivatedAt = now
+		a.jwtEvent(now, "activated", p.KID)
+		return nil
+	case StepRemove:
+		k := a.jwtKeys[index]
+		a.jwtKeys = append(a.jwtKeys[:index:index], a.jwtKeys[index+1:]...)
+		a.moveSequenceLocked(now)
+		a.jwtEvent(now, "removed", k.KID)
+		return nil
+	}
+	return fmt.Errorf("ca: unknown JWT key rotation step %v", step)
+}
+
+func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) error {
+	k, err := newJWTKey(a.cfg.JWTKeyType, now, a.cfg.JWTKeyTTL)
+	if err != nil {
+		return err
+	}
+	k.State, k.PublishedAt = state, now
+	if state == StatePrepared {
+		k.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
+	} else {
+		k.ActivatedAt = now
+	}
+	a.jwtKeys = append(a.jwtKeys, k)
+	a.moveSequenceLocked(now)
+	event := "prepared (" + why + ")"
+	if state == StateActive {
+		event = "bootstrap"
+	}
+	a.jwtEvent(now, event, k.KID)
+	return nil
+}
+
+// moveSequenceLocked moves the sequence for a change to the published
+// JWT keys, unless this decision moved it already: a sequence above the
+// published bundle's is new to peers whatever else changes with it, and a
+// fresh CA's first bundle carries its bootstrap time.
+func (a *Authority) moveSequenceLocked(now time.Time) {
+	if pub, _ := a.bundle.SequenceNumber(); a.journal.Sequence > pub {
+		return
+	}
+	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+}
+
+func (a *Authority) jwtEvent(now time.Time, what, kid string) {
+	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: "JWT key " + what, KID: kid})
+	a.metrics.jwtEvents.WithLabelValues(firstWord(what)).Inc()
+	a.cfg.Logger.Info("CA JWT key "+what, logattr.KeyID, kid, logattr.Sequence, a.journal.Sequence)
+}
+
+// recordJWTKeysLocked copies the JWT keys' records into the journal
+// before a commit, with the largest maximum JWT-SVID TTL ever used.
+func (a *Authority) recordJWTKeysLocked() {
+	a.journal.JWTKeys = a.journal.JWTKeys[:0]
+	for _, k := range a.jwtKeys {
+		a.journal.JWTKeys = append(a.journal.JWTKeys, k.JWTKeyRecord)
+	}
+	if s := int64(a.cfg.MaxJWTSVIDTTL / time.Second); s > a.journal.MaxJWTSVIDTTLSeconds {
+		a.journal.MaxJWTSVIDTTLSeconds = s
+	}
+}
+
+// markJWTServedLocked notes, after a commit, that the keys it publishes
+// were published when decided (as commitLocked does for roots).
+func (a *Authority) markJWTServedLocked() {
+	for _, k := range a.jwtKeys {
+		if _, ok := a.served[jwtServedKey(k.KID)]; !ok && !k.PublishedAt.IsZero() {
+			a.served[jwtServedKey(k.KID)] = k.PublishedAt
+		}
+	}
+}
+
+// publishJWTLocked adds the JWT keys to b and notes when this process
+// first served each; current collects the served keys in use.
+func (a *Authority) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, current map[string]bool) {
+	for _, k := range a.jwtKeys {
+		if err := b.AddJWTAuthority(k.KID, k.Key.Public()); err != nil {
+			// Only an empty kid fails, which DecodeJournal refuses.
+			a.cfg.Logger.Error("CA JWT key not published", logattr.KeyID, k.KID, logattr.Error, err)
+			continue
+		}
+		key := jwtServedKey(k.KID)
+		current[key] = true
+		if _, ok := a.served[key]; !ok {
+			a.served[key] = now
+		}
+	}
+}
+
+// RotateJWTKey publishes a successor JWT key now, unless one is already
+// waiting; it signs only after the usual publication lead. Rotate leaves
+// JWT keys alone and this leaves roots alone: the two are separate keys,
+// and replacing one (a suspected compromise) need not churn the other.
+func (a *Authority) RotateJWTKey() error {
+	if !a.leading() {
+		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", ErrNotLeader)
+	}
+	if a.cfg.Plugin != nil {
+		return a.rotateJWTKeyPlugin()
+	}
+	return a.withStateLocked(func() error {
+		if !a.prepareJWTKeyNowLocked() {
+			return nil
+		}
+		if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
+			return err
+		}
+		return a.commitLocked()
+	})
+}
+
+// prepareJWTKeyNowLocked says whether a forced rotation has anything to
+// do: not while a prepared key is already waiting.
+func (a *Authority) prepareJWTKeyNowLocked() bool {
+	for _, k := range a.jwtKeys {
+		if k.State == StatePrepared {
+			a.cfg.Logger.Info("JWT key rotation requested but a prepared key is already waiting", logattr.KeyID, k.KID)
+			return false
+		}
+	}
+	return true
+}
+
+// rotateJWTKeyPlugin is RotateJWTKey in plug-in mode: the prepared key is
+// committed with the plug-in journal by the next sync, which this runs.
+func (a *Authority) rotateJWTKeyPlugin() error {
+	a.mu.Lock()
+	a.forceJWT = true
+	a.mu.Unlock()
+	return a.syncPlugin()
+}
+
+// jwtStepsLocked runs the JWT key steps due now and, in plug-in mode, a
+// rotation RotateJWTKey asked for.
+func (a *Authority) jwtStepsLocked() (bool, error) {
+	changed, err := a.reconcileJWTLocked()
+	if err != nil || !a.forceJWT || !a.prepareJWTKeyNowLocked() {
+		return changed, err
+	}
+	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
+		return changed, err
+	}
+	return true, nil
+}
+
+// SignJWT mints a JWT-SVID for id, an identity the caller has proved, for
+// audience, with the active JWT key. ttl 0 is Config.JWTSVIDTTL; a ttl
+// over Config.MaxJWTSVIDTTL is clamped to it, and the token never
+// outlives the key's NotAfter (the key leaves the bundle then); a
+// negative ttl is ErrInvalidTTL. An empty audience is refused (wrapping
+// jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
+// anyone who validates it without naming one.
+func (a *Authority) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+	token, exp, err := a.signJWT(id, audience, ttl)
+	a.metrics.jwtSignings.WithLabelValues(jwtSignResult(err)).Inc()
+	return token, exp, err
+}
+
+func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+	switch {
+	case id.IsZero() || id.TrustDomain() != a.cfg.TrustDomain:
+		return "", time.Time{}, fmt.Errorf("ca: %w: %q is not in trust domain %s", ErrIdentityNotAllowed, id, a.cfg.TrustDomain)
+	case ttl < 0:
+		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is negative", ErrInvalidTTL, ttl)
+	case len(audience) == 0:
+		return "", time.Time{}, fmt.Errorf("ca: %w: at least one audience is required", jwtsvid.ErrInvalidClaims)
+	case ttl == 0:
+		ttl = a.cfg.JWTSVIDTTL
+	}
+	ttl = min(ttl, a.cfg.MaxJWTSVIDTTL)
+	// Under the read lock, with the time taken under it: a token is
+	// signed before or after a retirement, never across it, so it never
+	// outlives the RemoveAfter computed for its key.
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	k := a.activeJWTKeyLocked()
+	now := a.cfg.Clock.Now()
+	if k == nil || !now.Before(k.NotAfter) {
+		return "", time.Time{}, fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
+	}
+	exp := now.Add(ttl)
+	if exp.After(k.NotAfter) {
+		exp = k.NotAfter
+	}
+	// exp is whole seconds in the token (NumericDate); return what it says.
+	exp = exp.Truncate(time.Second)
+	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: now, Expiry: exp})
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("ca: %w", err)
+	}
+	return token, exp, nil
+}
+
+func (a *Authority) activeJWTKeyLocked() *JWTKey {
+	for _, k := range a.jwtKeys {
+		if k.State == StateActive {
+			return k
+		}
+	}
+	return nil
+}
+
+func jwtSignResult(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, jwtsvid.ErrInvalidClaims):
+		return "invalid_claims"
+	}
+	if kind := SignErrorKind(err); kind != "" {
+		return kind
+	}
+	return "error"
+}
+
+// JWTKeys lists the JWT signing keys and their state, in journal order.
+func (a *Authority) JWTKeys() []JWTKeyInfo {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := make([]JWTKeyInfo, 0, len(a.jwtKeys))
+	for _, k := range a.jwtKeys {
+		out = append(out, JWTKeyInfo{JWTKeyRecord: k.JWTKeyRecord, Public: k.Key.Public()})
+	}
+	return out
+}
