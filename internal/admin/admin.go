@@ -85,8 +85,8 @@ type Config struct {
 	Policy *PolicyConfig
 	// JWT, when set, adds the CA's JWT signing keys and their rotation
 	// state to /v1/trust, /v1/snapshot and /ui, and marks the local trust
-	// domain as a JWT-SVID issuer; nil shows the bundle's JWT authorities
-	// without state.
+	// domain as a JWT-SVID issuer when it reports any; nil shows the
+	// bundle's JWT authorities without state.
 	JWT JWTKeys
 }
 

@@ -99,3 +99,16 @@ func jwtKeyAuthority(k ca.JWTKeyInfo) trustview.Authority {
 	}
 	return a
 }
+
+// jwtIssuer reports whether the CA reported JWT signing keys among the
+// local authorities: a CA that reports none (a plug-in CA directory
+// without them, a build before JWT-SVIDs) does not mint JWT-SVIDs, so
+// having no active key is no finding there.
+func jwtIssuer(auths []trustview.Authority) bool {
+	for _, a := range auths {
+		if a.JWTKey != nil {
+			return true
+		}
+	}
+	return false
+}

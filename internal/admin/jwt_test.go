@@ -141,6 +141,9 @@ func TestSnapshotJWTAuthoritiesWithoutRecords(t *testing.T) {
 	assert.Empty(t, a.State)
 	assert.Nil(t, a.JWTKey)
 	assert.Equal(t, "ES256", a.Algorithm, "implied by the curve")
+
+	f.cfg.JWT = fakeJWTKeys{}
+	assert.False(t, New(f.cfg).Snapshot().TrustDomains[0].JWTIssuer, "a CA with no JWT keys mints no JWT-SVIDs")
 }
 
 // /v1/trust lists the CA's JWT keys beside its roots; the field names are

@@ -55,7 +55,7 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 			seq := h.cfg.CA.Sequence()
 			view.Sequence = &seq
 			view.Authorities = h.localAuthorities(b)
-			view.JWTIssuer = h.cfg.JWT != nil
+			view.JWTIssuer = jwtIssuer(view.Authorities)
 		} else {
 			view.Authorities = bundleAuthorities(b, nil)
 			view.Sequence = federation.SequenceOf(b)
