@@ -89,8 +89,8 @@ type Authority struct {
 	Kind   string `json:"kind"`
 	SHA256 string `json:"sha256"` // of the certificate DER; of the SPKI for keys
 	KeyID  string `json:"key_id,omitempty"`
-	// State is the local CA's state of its own roots (prepared, active,
-	// retired); empty for other trust domains.
+	// State is the local CA's state of its own roots and JWT signing keys
+	// (prepared, active, retired); empty for other trust domains.
 	State string `json:"state,omitempty"`
 	// Since is when the authority entered its current state, where known.
 	Since *time.Time `json:"since,omitempty"`
