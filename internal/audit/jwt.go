@@ -24,6 +24,18 @@ const (
 	CodeJWTKeyExpiring = "jwt_key_expiring"
 )
 
+// jwtFindings judges td's JWT authorities and, for the local trust
+// domain, the CA's own JWT keys.
+func jwtFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding {
+	out := jwtKeyFindings(td, now)
+	for _, a := range td.Authorities {
+		if a.Kind == trustview.KindJWT {
+			out = append(out, jwtAuthorityFindings(td, a)...)
+		}
+	}
+	return out
+}
+
 // jwtAuthorityFindings judges one JWT authority's key: the key itself
 // when the snapshot carries it, else what the server says of it. A key
 // described by neither (a server that predates JWT details) is not
