@@ -44,9 +44,14 @@ func newAuditCmd(e env) *cobra.Command {
             bundle; a sequence regression was refused; the same root trusted for
             two trust domains; endpoint not https; an endpoint presented the
             other federation profile's certificate (a client falling back would
-            have trusted it)
+            have trusted it);
+            JWT authority with an RSA key under 2048 bits or an EC curve below
+            P-256; our CA has no active JWT key, or its active JWT key is past
+            its not_after, or has an eighth of its life left with no successor
   warning   authority expiring within 30 days; RSA key under 3072 bits; SHA-1
-            signature; federation stale (last good bundle still trusted)
+            signature; federation stale (last good bundle still trusted); JWT
+            authority of an unknown key type; our active JWT key has a quarter
+            of its life left with no successor prepared
 
 The exit status is 2 when a finding at or above --fail-on exists (so it can gate
 a CI pipeline), 1 when the audit could not run, 0 otherwise.`,

@@ -16,7 +16,7 @@ import (
 )
 
 // auditTrail turns trust changes into audit log entries: the CA's roots
-// being prepared, activated, retired and removed, federated bundles
+// and JWT signing keys being prepared, activated, retired and removed, federated bundles
 // accepted and rejected, endpoints added, changed and removed. Only the
 // leader writes (it is the one making the changes; followers only load
 // them), but every replica follows the CA's roots, so a new leader
@@ -27,8 +27,9 @@ type auditTrail struct {
 	leader func() bool // nil: always
 	logger *slog.Logger
 
-	mu    sync.Mutex
-	roots map[string]rootSeen // the CA's roots by ID, as last seen
+	mu      sync.Mutex
+	roots   map[string]rootSeen   // the CA's roots by ID, as last seen
+	jwtKeys map[string]jwtKeySeen // the CA's JWT signing keys by kid, as last seen
 
 	appended *prometheus.CounterVec
 	failures prometheus.Counter
@@ -146,6 +147,7 @@ func (t *auditTrail) observeCA(a *ca.Authority, baseline bool) {
 		}
 	}
 	t.roots = now
+	entries = append(entries, t.jwtKeyEntriesLocked(a.JWTKeys(), a.TrustDomain().Name(), seq, baseline)...)
 	for _, e := range entries {
 		t.record(e)
 	}

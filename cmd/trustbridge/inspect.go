@@ -27,6 +27,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
 func newBundleCmd(e env) *cobra.Command {
@@ -149,6 +150,10 @@ type authorityReport struct {
 	NotAfter  *time.Time `json:"not_after,omitempty"`
 	Expired   bool       `json:"expired,omitempty"`
 	SHA256    string     `json:"sha256"`
+	// JWT and WIT keys: the JWS algorithm the key implies and its RFC
+	// 7638 thumbprint, as /v1/snapshot shows them.
+	Algorithm  string `json:"algorithm,omitempty"`
+	Thumbprint string `json:"thumbprint,omitempty"`
 }
 
 type warningReport struct {
@@ -431,6 +436,8 @@ func (ins *inspection) fill(now time.Time) {
 					sum := sha256.Sum256(der)
 					ar.SHA256 = hex.EncodeToString(sum[:])
 				}
+				key := trustview.KeyAuthority("", kid, set.keys[kid])
+				ar.Algorithm, ar.Thumbprint = key.Algorithm, key.Thumbprint
 				r.Authorities = append(r.Authorities, ar)
 			}
 		}

@@ -563,7 +563,7 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 // trust store.
 func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica, pol *policySetup) http.Handler {
 	cfg := admin.Config{
-		TrustDomain: a.TrustDomain(), CA: a, Gatherer: reg,
+		TrustDomain: a.TrustDomain(), CA: a, JWT: a, Gatherer: reg,
 		Ready: func() error {
 			if err := a.Ready(); err != nil {
 				return err

@@ -83,6 +83,11 @@ type Config struct {
 	// Policy, with Trust, adds the trust policy to /v1/snapshot and /ui
 	// and mounts GET /v1/policy/explain; nil: no trust policy wiring.
 	Policy *PolicyConfig
+	// JWT, when set, adds the CA's JWT signing keys and their rotation
+	// state to /v1/trust, /v1/snapshot and /ui, and marks the local trust
+	// domain as a JWT-SVID issuer when it reports any; nil shows the
+	// bundle's JWT authorities without state.
+	JWT JWTKeys
 }
 
 // Handler serves the admin API.

@@ -13,7 +13,8 @@
 // Routes:
 //   - GET /healthz, GET /readyz (503 with the reason when Config.Ready fails)
 //   - GET /metrics (Config.Gatherer)
-//   - GET /v1/trust: Trust, the CA's roots with their rotation state
+//   - GET /v1/trust: Trust, the CA's roots and JWT signing keys with their
+//     rotation state
 //   - GET /v1/bundle: the local trust domain's SPIFFE bundle document, for
 //     the operators of https_spiffe peers (their bootstrap bundle)
 //   - GET /v1/federation: []federation.Status, one per federated trust domain

@@ -2,6 +2,8 @@ package admin
 
 import (
 	"cmp"
+	"crypto"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -53,6 +55,7 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 			seq := h.cfg.CA.Sequence()
 			view.Sequence = &seq
 			view.Authorities = h.localAuthorities(b)
+			view.JWTIssuer = jwtIssuer(view.Authorities)
 		} else {
 			view.Authorities = bundleAuthorities(b, nil)
 			view.Sequence = federation.SequenceOf(b)
@@ -130,6 +133,10 @@ func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority
 		seen[a.SHA256] = true
 		out = append(out, a)
 	}
+	for _, a := range h.localJWTAuthorities(b) {
+		seen[a.SHA256] = true
+		out = append(out, a)
+	}
 	return append(out, bundleAuthorities(b, seen)...)
 }
 
@@ -144,9 +151,14 @@ func bundleAuthorities(b *spiffebundle.Bundle, skip map[string]bool) []trustview
 			out = append(out, a)
 		}
 	}
-	for _, f := range federation.Fingerprints(b) {
-		if f.Kind != federation.AuthorityX509 && !skip[f.SHA256] {
-			out = append(out, trustview.Authority{Kind: string(f.Kind), SHA256: f.SHA256, KeyID: f.KeyID})
+	for _, set := range []struct {
+		kind string
+		keys map[string]crypto.PublicKey
+	}{{trustview.KindJWT, b.JWTAuthorities()}, {trustview.KindWIT, b.WITAuthorities()}} {
+		for _, kid := range slices.Sorted(maps.Keys(set.keys)) {
+			if a := trustview.KeyAuthority(set.kind, kid, set.keys[kid]); !skip[a.SHA256] {
+				out = append(out, a)
+			}
 		}
 	}
 	return out

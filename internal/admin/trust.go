@@ -8,6 +8,9 @@ type Trust struct {
 	Sequence           uint64           `json:"sequence"`
 	RefreshHintSeconds int64            `json:"refresh_hint_seconds"`
 	Authorities        []TrustAuthority `json:"authorities"`
+	// JWTAuthorities are the bundle's JWT authorities: the CA's signing
+	// keys with their rotation state when the CA reports them.
+	JWTAuthorities []TrustJWTAuthority `json:"jwt_authorities"`
 }
 
 // TrustAuthority is one of the CA's roots and its rotation state.
@@ -37,6 +40,7 @@ func (h *Handler) Trust() Trust {
 			ActivatedAt: optTime(r.ActivatedAt), RetiredAt: optTime(r.RetiredAt), RemoveAfter: optTime(r.RemoveAfter),
 		})
 	}
+	doc.JWTAuthorities = h.trustJWTAuthorities(b)
 	return doc
 }
 

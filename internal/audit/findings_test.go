@@ -138,6 +138,7 @@ func TestAtLeast(t *testing.T) {
 func FuzzFindings(f *testing.F) {
 	f.Add([]byte(`{"time":"2026-11-22T12:00:00Z","trust_domains":[{"name":"a","authorities":[{"kind":"x509","sha256":"aa","certificate":"AAAA"}],"federation":{"endpoint_url":"%zz","state":"stale","refusals":{"sequence_regression":1}}}]}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"time":"2026-11-22T12:00:00Z","trust_domains":[{"name":"a","local":true,"jwt_issuer":true,"authorities":[{"kind":"jwt","key_id":"k","public_key":"AAAA","state":"active","jwt_key":{"created_at":"2026-11-23T00:00:00Z","not_after":"2026-11-22T12:00:00Z"}},{"kind":"jwt","key_id":"r","public_key_algorithm":"RSA","key_bits":512}]}]}`))
 	f.Add([]byte(`{"trust_domains":[{"name":"a","local":true},{"name":"b"}],"trust_policy":{"default":"allow","rules":0,"conflicts":["x"],"grants":[{"rule":"r","trust_domain":"c"}],"sources":[{"source":"crd","last_error":"e"}]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var s trustview.Snapshot

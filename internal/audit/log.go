@@ -63,7 +63,8 @@ type Entry struct {
 	// identity, or the host name).
 	Actor string `json:"actor"`
 	// Event: root_prepared, root_activated, root_retired, root_removed,
-	// root_loaded, bundle_accepted, bundle_rejected, endpoint_added,
+	// root_loaded, jwt_key_prepared, jwt_key_activated, jwt_key_retired,
+	// jwt_key_removed (the CA's JWT signing keys), bundle_accepted, bundle_rejected, endpoint_added,
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
 	// moved a torn final line out of the log; Reason says how many bytes
 	// and into which file), trust_policy_changed, trust_policy_rejected

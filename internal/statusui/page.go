@@ -53,7 +53,12 @@ type summary struct {
 	ExpiryClass, ExpiryWhat             string
 	Critical, Warning                   int
 	ActiveRoots, PreparedRoots, Retired int
+	// JWT is the own CA's JWT signing keys, set when it mints JWT-SVIDs.
+	JWT *keyCounts
 }
+
+// keyCounts counts keys by rotation state.
+type keyCounts struct{ Active, Prepared, Retired int }
 
 // tdRow is one line of the trust-domain table.
 type tdRow struct {
@@ -93,6 +98,8 @@ type authRow struct {
 	Since       stamp
 	Key, Sig    string
 	CA          string
+	// Thumbprint is a JWT/WIT key's RFC 7638 thumbprint, shortened.
+	Thumbprint, ThumbprintFull string
 }
 
 type findingRow struct {
@@ -119,6 +126,9 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 		row := tdRowOf(td, now)
 		p.Rows = append(p.Rows, row)
 		p.Summary.TrustDomains++
+		if td.Local && td.JWTIssuer {
+			p.Summary.JWT = jwtKeyCounts(td)
+		}
 		switch {
 		case row.HasFederation:
 			p.Summary.Federated++
@@ -144,7 +154,7 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 			} else {
 				p.Summary.Keys++
 			}
-			if td.Local {
+			if td.Local && a.Kind == trustview.KindX509 {
 				switch a.State {
 				case "active":
 					p.Summary.ActiveRoots++
@@ -306,9 +316,15 @@ func authRowOf(td string, a trustview.Authority, now time.Time) authRow {
 	}
 	if a.PublicKeyAlgorithm != "" {
 		row.Key = a.PublicKeyAlgorithm
-		if a.KeyBits > 0 {
+		switch {
+		case a.Curve != "":
+			row.Key += " " + a.Curve
+		case a.KeyBits > 0:
 			row.Key += " " + strconv.Itoa(a.KeyBits)
 		}
+	}
+	if a.Kind != trustview.KindX509 {
+		keyRow(&row, a, now)
 	}
 	if a.Kind == trustview.KindX509 && !a.IsCA {
 		row.CA = "not a CA"
@@ -450,4 +466,44 @@ func truncate(s string, n int) string {
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
+}
+
+// keyRow fills what a JWT or WIT key shows besides an X.509 root: the
+// algorithm it implies where a root shows its signature, its thumbprint,
+// and for our own JWT keys their life. That life is drawn expired or
+// fine, never by the roots' 30-day thresholds: JWT keys are short-lived
+// by design, and a late successor is a finding of its own.
+func keyRow(row *authRow, a trustview.Authority, now time.Time) {
+	row.Sig = a.Algorithm
+	row.Thumbprint, row.ThumbprintFull = shortFP(a.Thumbprint), a.Thumbprint
+	k := a.JWTKey
+	if k == nil {
+		return
+	}
+	row.From, row.Until = stampOf(k.CreatedAt, now), stampOf(k.NotAfter, now)
+	if k.NotAfter != nil {
+		row.UntilClass = "fine"
+		if !k.NotAfter.After(now) {
+			row.UntilClass = "expired"
+		}
+	}
+}
+
+// jwtKeyCounts counts the own CA's JWT signing keys by state.
+func jwtKeyCounts(td trustview.TrustDomain) *keyCounts {
+	c := &keyCounts{}
+	for _, a := range td.Authorities {
+		if a.Kind != trustview.KindJWT || a.JWTKey == nil {
+			continue
+		}
+		switch a.State {
+		case "active":
+			c.Active++
+		case "prepared":
+			c.Prepared++
+		case "retired":
+			c.Retired++
+		}
+	}
+	return c
 }

@@ -48,6 +48,11 @@ type TrustDomain struct {
 	// under the trust policy; nil for the local trust domain (every
 	// workload trusts it) and from servers without trust policies.
 	TrustedBy *TrustedBy `json:"trusted_by,omitempty"`
+	// JWTIssuer is set on the local trust domain when our CA mints
+	// JWT-SVIDs: its JWT authorities then carry their key state (JWTKey),
+	// and having none active is a finding. Unset from servers that
+	// predate JWT-SVIDs, which are not judged on it.
+	JWTIssuer bool `json:"jwt_issuer,omitempty"`
 }
 
 // Federation is the polling state of a federated trust domain, as
@@ -84,8 +89,8 @@ type Authority struct {
 	Kind   string `json:"kind"`
 	SHA256 string `json:"sha256"` // of the certificate DER; of the SPKI for keys
 	KeyID  string `json:"key_id,omitempty"`
-	// State is the local CA's state of its own roots (prepared, active,
-	// retired); empty for other trust domains.
+	// State is the local CA's state of its own roots and JWT signing keys
+	// (prepared, active, retired); empty for other trust domains.
 	State string `json:"state,omitempty"`
 	// Since is when the authority entered its current state, where known.
 	Since *time.Time `json:"since,omitempty"`
@@ -100,6 +105,23 @@ type Authority struct {
 	KeyBits            int        `json:"key_bits,omitempty"`
 	// Certificate is the DER (base64 in JSON), so audits can re-check.
 	Certificate []byte `json:"certificate,omitempty"`
+
+	// JWT and WIT keys only (PublicKeyAlgorithm and KeyBits above are set
+	// for them too).
+	Curve string `json:"curve,omitempty"` // ECDSA: P-256, P-384, P-521
+	// Algorithm is the JWS algorithm the key implies (ES256 for P-256,
+	// RS256/PS256 family for RSA, EdDSA); for our own keys, the one the
+	// CA signs with.
+	Algorithm string `json:"algorithm,omitempty"`
+	// Thumbprint is the RFC 7638 JWK thumbprint (SHA-256, base64url), the
+	// key's name in most JOSE tooling.
+	Thumbprint string `json:"thumbprint,omitempty"`
+	// PublicKey is the SubjectPublicKeyInfo DER (base64 in JSON), so
+	// audits can re-check the key itself.
+	PublicKey []byte `json:"public_key,omitempty"`
+	// JWTKey is the local CA's lifecycle record of its own JWT signing
+	// key; nil for every other key.
+	JWTKey *JWTKey `json:"jwt_key,omitempty"`
 }
 
 // X509Authority describes a certificate authority.
