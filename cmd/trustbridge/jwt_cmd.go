@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -281,9 +282,18 @@ func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (j
 func printJWTValidation(w io.Writer, v jwtValidateOutput) error {
 	fmt.Fprintf(w, "valid JWT-SVID\n  spiffe id:  %s\n  audience:   %s\n  expires at: %s\n  claims:\n", v.SPIFFEID, strings.Join(v.Audience, ", "), v.ExpiresAt.Format(time.RFC3339))
 	for _, k := range slices.Sorted(maps.Keys(v.Claims)) {
-		if _, err := fmt.Fprintf(w, "    %s: %v\n", k, v.Claims[k]); err != nil {
+		if _, err := fmt.Fprintf(w, "    %s: %s\n", k, claimText(v.Claims[k])); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// claimText shows a claim as it reads in the token: JSON numbers decode as
+// float64, which %v would print as 1.795574191e+09 for an exp.
+func claimText(v any) string {
+	if f, ok := v.(float64); ok {
+		return strconv.FormatFloat(f, 'f', -1, 64)
+	}
+	return fmt.Sprint(v)
 }

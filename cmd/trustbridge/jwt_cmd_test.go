@@ -226,3 +226,10 @@ func TestServerStreamsBundles(t *testing.T) {
 	assert.Equal(t, "example.org", b.Bundles[0].TrustDomain().Name())
 	assert.Empty(t, b.Withheld)
 }
+
+func TestClaimText(t *testing.T) {
+	assert.Equal(t, "1795574191", claimText(float64(1795574191)), "exp as the token has it, not 1.795574191e+09")
+	assert.Equal(t, "1.5", claimText(1.5))
+	assert.Equal(t, "spiffe://example.org/x", claimText("spiffe://example.org/x"))
+	assert.Equal(t, "[a b]", claimText([]any{"a", "b"}))
+}
