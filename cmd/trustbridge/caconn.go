@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 )
@@ -90,19 +91,21 @@ func (o caConnOptions) server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.I
 	return roots, serverID, nil
 }
 
-// dial is what a call needs: TLS verifying the server and presenting
-// the client certificate, if any, and the bearer token, if any.
-func (o caConnOptions) dial(now time.Time) (*tls.Config, string, error) {
+// dial connects as a call needs: TLS verifying the server and
+// presenting the client certificate, if any, and the bearer token, if
+// any. local is the server's trust domain, the caller's own.
+func (o caConnOptions) dial(now time.Time) (conn *grpc.ClientConn, local spiffeid.TrustDomain, err error) {
 	var want spiffeid.ID
 	cert, token, err := o.credentials(now, &want)
 	if err != nil {
-		return nil, "", err
+		return nil, local, err
 	}
 	roots, serverID, err := o.server(want)
 	if err != nil {
-		return nil, "", err
+		return nil, local, err
 	}
-	return caclient.ServerTLS(roots, serverID, cert), token, nil
+	conn, err = caclient.Dial(o.addr, caclient.ServerTLS(roots, serverID, cert), token)
+	return conn, serverID.TrustDomain(), err
 }
 
 // expectedServerID is --server-spiffe-id, or else the certificate

@@ -90,13 +90,14 @@ func runJWTMint(ctx context.Context, e env, o jwtMintOptions) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	tlsCfg, token, err := o.dial(e.now())
+	conn, _, err := o.dial(e.now())
 	if err != nil {
 		return err
 	}
+	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	svid, err := caclient.MintJWTSVID(ctx, o.addr, tlsCfg, token, o.audience, o.ttl)
+	svid, err := caclient.MintJWTSVID(ctx, conn, o.audience, o.ttl)
 	if err != nil {
 		return requestError(o.addr, o.timeout, "a JWT-SVID", err)
 	}
@@ -266,13 +267,14 @@ func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (j
 	if err := o.checkAuth(); err != nil {
 		return nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
 	}
-	tlsCfg, token, err := o.dial(now)
+	conn, local, err := o.dial(now)
 	if err != nil {
 		return nil, err
 	}
+	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	b, err := caclient.FetchBundles(ctx, o.addr, tlsCfg, token)
+	b, err := caclient.FetchBundles(ctx, conn, local)
 	if err != nil {
 		return nil, requestError(o.addr, o.timeout, "bundles", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
@@ -83,9 +84,14 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 
 // Dial returns a client connection to the certificate service at addr
 // over TLS configured by tlsCfg, sending token, when not empty, as a
-// bearer token on every call. Close it when done.
+// bearer token on every call. Close it when done. Keepalive pings (every
+// 30s while a call is open, so only long streams send them; the server
+// allows every 10s) find a dead server under an idle WatchBundles stream.
 func Dial(addr string, tlsCfg *tls.Config, token string) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(token)))
 	}

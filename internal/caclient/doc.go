@@ -15,7 +15,9 @@
 // The identity service on the same listener (trustbridge.identity.v1,
 // authenticated the same way) gives MintJWTSVID, and WatchBundles and
 // FetchBundles, the caller's SPIFFE bundle map as the server's trust
-// policy filters it; ParseBundles and JWTSource turn a bundle file into
+// policy filters it, each message bounded and checked by
+// ParseWatchBundles; all take a connection from Dial, which `jwt` and
+// the agent share. ParseBundles and JWTSource turn a bundle file into
 // what jwtsvid.Validate takes.
 //
 // Error messages name the flags `ca request` and `agent` share

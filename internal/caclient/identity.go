@@ -2,9 +2,9 @@ package caclient
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
@@ -23,20 +23,15 @@ type JWTSVID struct {
 	ExpiresAt time.Time
 }
 
-// MintJWTSVID asks the identity service at addr (beside the certificate
-// service, on the same listener and with the same authentication: the
-// client certificate in tlsCfg or token) for a JWT-SVID for audience. ttl
-// zero leaves the lifetime to the server, which clamps it to its maximum.
-// A failed call returns the gRPC status error unwrapped.
-func MintJWTSVID(ctx context.Context, addr string, tlsCfg *tls.Config, token string, audience []string, ttl time.Duration) (*JWTSVID, error) {
+// MintJWTSVID asks the identity service on conn (from Dial: beside the
+// certificate service, on the same listener and with the same
+// authentication) for a JWT-SVID for audience. ttl zero leaves the
+// lifetime to the server, which clamps it to its maximum. A failed call
+// returns the gRPC status error unwrapped.
+func MintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, audience []string, ttl time.Duration) (*JWTSVID, error) {
 	if ttl < 0 {
 		return nil, fmt.Errorf("lifetime %s is negative", ttl)
 	}
-	conn, err := Dial(addr, tlsCfg, token)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
 	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, &identityapi.MintJWTSVIDRequest{
 		Audience: audience, TtlSeconds: int64((ttl + time.Second - 1) / time.Second),
 	})
@@ -66,16 +61,26 @@ type Bundles struct {
 // JWTSource is the JWT authorities of b, per trust domain.
 func (b *Bundles) JWTSource() jwtbundle.Source { return JWTSource(b.Bundles) }
 
-// FetchBundles opens WatchBundles on the identity service at addr and
-// returns its first message: the caller's bundle map now.
-func FetchBundles(ctx context.Context, addr string, tlsCfg *tls.Config, token string) (*Bundles, error) {
-	conn, err := Dial(addr, tlsCfg, token)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
+// Limits of one WatchBundles message, which is untrusted input: the
+// server is authenticated, but a bug or a compromise there must not make
+// every agent allocate without bound.
+const (
+	// MaxBundleMapBytes bounds the message and the bundle map in it.
+	MaxBundleMapBytes = 16 << 20
+	// MaxTrustDomains bounds the trust domains of the bundle map, and
+	// the withheld ones.
+	MaxTrustDomains = 1024
+)
+
+// FetchBundles opens WatchBundles on conn (from Dial) and returns its
+// first message: the caller's bundle map now, checked by
+// ParseWatchBundles with local (zero: not checked).
+func FetchBundles(ctx context.Context, conn grpc.ClientConnInterface, local spiffeid.TrustDomain) (*Bundles, error) {
 	var first *Bundles
-	err = WatchBundles(ctx, conn, func(b *Bundles) error {
+	err := WatchBundles(ctx, conn, local, func(b *Bundles, err error) error {
+		if err != nil {
+			return err
+		}
 		first = b
 		return errStop
 	})
@@ -90,13 +95,20 @@ var errStop = errors.New("stop")
 // WatchBundles streams the caller's bundles on conn (from Dial) to fn,
 // one call per message the server sends (a new one only when what the
 // caller may trust changed), until ctx ends, the stream fails, or fn
-// returns an error, which WatchBundles returns. A stream the server ends
-// returns its gRPC status error: Unauthenticated when the credential that
-// opened it expired, Unavailable when the server stops; reconnect.
-func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, fn func(*Bundles) error) error {
+// returns an error, which WatchBundles returns. A message that
+// ParseWatchBundles refuses (local: the caller's own trust domain, which
+// must be in it; zero: not checked) reaches fn as (nil, err) and the
+// stream goes on: the server sends a new message only when what the
+// caller may trust changes, so a reconnect would fetch the same bad map
+// again, while the caller keeps its last good bundles and counts the
+// failure. A stream the server ends returns its gRPC status error:
+// Unauthenticated when the credential that opened it expired,
+// Unavailable when the server stops; reconnect.
+func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, local spiffeid.TrustDomain, fn func(*Bundles, error) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
+	stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{},
+		grpc.MaxCallRecvMsgSize(MaxBundleMapBytes))
 	if err != nil {
 		return err
 	}
@@ -105,14 +117,36 @@ func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, fn func(*B
 		if err != nil {
 			return err
 		}
-		bundles, _, err := bundledoc.ParseMap(msg.GetBundleMap())
-		if err != nil {
-			return fmt.Errorf("the server's bundle map: %w", err)
-		}
-		if err := fn(&Bundles{Bundles: bundles, Withheld: msg.GetWithheldTrustDomains()}); err != nil {
+		if err := fn(ParseWatchBundles(msg, local)); err != nil {
 			return err
 		}
 	}
+}
+
+// ParseWatchBundles reads one WatchBundles message, untrusted input: a
+// bundle map of at most MaxBundleMapBytes and MaxTrustDomains trust
+// domains, holding local's bundle when local is not zero, and at most
+// MaxTrustDomains withheld trust domains.
+func ParseWatchBundles(msg *identityapi.WatchBundlesResponse, local spiffeid.TrustDomain) (*Bundles, error) {
+	doc := msg.GetBundleMap()
+	if len(doc) > MaxBundleMapBytes {
+		return nil, fmt.Errorf("the server's bundle map is %d bytes; at most %d are accepted", len(doc), MaxBundleMapBytes)
+	}
+	bundles, _, err := bundledoc.ParseMap(doc)
+	if err != nil {
+		return nil, fmt.Errorf("the server's bundle map: %w", err)
+	}
+	if len(bundles) > MaxTrustDomains {
+		return nil, fmt.Errorf("the server's bundle map has %d trust domains; at most %d are accepted", len(bundles), MaxTrustDomains)
+	}
+	if !local.IsZero() && !slices.ContainsFunc(bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == local }) {
+		return nil, fmt.Errorf("the server's bundle map is without the local trust domain %s, whose bundle it must always carry", local.Name())
+	}
+	withheld := msg.GetWithheldTrustDomains()
+	if len(withheld) > MaxTrustDomains {
+		return nil, fmt.Errorf("the server withheld %d trust domains; at most %d are accepted", len(withheld), MaxTrustDomains)
+	}
+	return &Bundles{Bundles: bundles, Withheld: withheld}, nil
 }
 
 // ParseBundles reads trust from a file's content: a SPIFFE bundle map, or

@@ -5,9 +5,12 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -23,14 +26,21 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
 
+// tdA is the local trust domain of these tests.
+var tdA = spiffeid.RequireTrustDomainFromString("a.example")
+
+func marshalMap(t testing.TB, bundles ...*spiffebundle.Bundle) []byte {
+	doc, err := bundledoc.MarshalMap(bundles)
+	require.NoError(t, err)
+	return doc
+}
+
 func jwtBundleDocs(t testing.TB) (mapDoc, single []byte, key *ecdsa.PrivateKey) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
-	a := testca.New(t, "a.example").Bundle().Clone()
+	a := testca.New(t, tdA.Name()).Bundle().Clone()
 	require.NoError(t, a.AddJWTAuthority("kid-a", key.Public()))
-	b := testca.New(t, "b.example").Bundle()
-	mapDoc, err = bundledoc.MarshalMap([]*spiffebundle.Bundle{a, b})
-	require.NoError(t, err)
+	mapDoc = marshalMap(t, a, testca.New(t, "b.example").Bundle())
 	single, err = bundledoc.Marshal(a)
 	require.NoError(t, err)
 	return mapDoc, single, key
@@ -38,7 +48,6 @@ func jwtBundleDocs(t testing.TB) (mapDoc, single []byte, key *ecdsa.PrivateKey) 
 
 func TestParseBundles(t *testing.T) {
 	mapDoc, single, key := jwtBundleDocs(t)
-	a := spiffeid.RequireTrustDomainFromString("a.example")
 	for _, tc := range []struct {
 		name    string
 		doc     []byte
@@ -47,10 +56,10 @@ func TestParseBundles(t *testing.T) {
 		wantErr string
 	}{
 		{"bundle map", mapDoc, spiffeid.TrustDomain{}, []string{"a.example", "b.example"}, ""},
-		{"single bundle", single, a, []string{"a.example"}, ""},
+		{"single bundle", single, tdA, []string{"a.example"}, ""},
 		{"single bundle without trust domain", single, spiffeid.TrustDomain{}, nil, "--trust-domain"},
-		{"bundle map with trust domain", mapDoc, a, nil, "applies to a single bundle only"},
-		{"junk", []byte("{"), a, nil, "bundledoc"},
+		{"bundle map with trust domain", mapDoc, tdA, nil, "applies to a single bundle only"},
+		{"junk", []byte("{"), tdA, nil, "bundledoc"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseBundles(tc.doc, tc.td)
@@ -65,7 +74,7 @@ func TestParseBundles(t *testing.T) {
 				names = append(names, b.TrustDomain().Name())
 			}
 			assert.Equal(t, tc.want, names)
-			jb, err := JWTSource(got).GetJWTBundleForTrustDomain(a)
+			jb, err := JWTSource(got).GetJWTBundleForTrustDomain(tdA)
 			require.NoError(t, err)
 			k, ok := jb.FindJWTAuthority("kid-a")
 			require.True(t, ok)
@@ -103,10 +112,13 @@ func FuzzParseBundles(f *testing.F) {
 }
 
 // fakeIdentity sends each of msgs on WatchBundles, then ends the stream
-// with Unauthenticated, as the server does when a credential expires.
+// with Unauthenticated, as the server does when a credential expires;
+// MintJWTSVID answers mint and records the request.
 type fakeIdentity struct {
 	identityapi.UnimplementedIdentityServiceServer
 	msgs [][]byte
+	mint *identityapi.MintJWTSVIDResponse
+	req  *identityapi.MintJWTSVIDRequest
 }
 
 func (f *fakeIdentity) WatchBundles(_ *identityapi.WatchBundlesRequest, s grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
@@ -118,10 +130,16 @@ func (f *fakeIdentity) WatchBundles(_ *identityapi.WatchBundlesRequest, s grpc.S
 	return status.Error(codes.Unauthenticated, "credential expired")
 }
 
-func TestWatchBundles(t *testing.T) {
-	mapDoc, _, _ := jwtBundleDocs(t)
+func (f *fakeIdentity) MintJWTSVID(_ context.Context, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, error) {
+	f.req = req
+	return f.mint, nil
+}
+
+// serveIdentity serves f on loopback and returns a connection to it.
+func serveIdentity(t *testing.T, f *fakeIdentity) *grpc.ClientConn {
+	t.Helper()
 	g := grpc.NewServer()
-	identityapi.RegisterIdentityServiceServer(g, &fakeIdentity{msgs: [][]byte{mapDoc, []byte(`{"trust_domains":{}}`), []byte("junk")}})
+	identityapi.RegisterIdentityServiceServer(g, f)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = g.Serve(ln) }()
@@ -129,29 +147,181 @@ func TestWatchBundles(t *testing.T) {
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
 
-	var got []*Bundles
-	err = WatchBundles(context.Background(), conn, func(b *Bundles) error {
-		got = append(got, b)
+// watchResult is one call of WatchBundles' fn.
+type watchResult struct {
+	b   *Bundles
+	err error
+}
+
+func watchAll(conn grpc.ClientConnInterface, local spiffeid.TrustDomain) ([]watchResult, error) {
+	var got []watchResult
+	err := WatchBundles(context.Background(), conn, local, func(b *Bundles, err error) error {
+		got = append(got, watchResult{b, err})
 		return nil
 	})
-	require.Len(t, got, 2)
-	assert.Len(t, got[0].Bundles, 2)
-	assert.Equal(t, []string{"w0.example"}, got[0].Withheld)
-	assert.Empty(t, got[1].Bundles)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "the server's bundle map", "a bad map ends the watch")
+	return got, err
+}
 
-	// The stream's own end comes back as its status.
-	g2 := grpc.NewServer()
-	identityapi.RegisterIdentityServiceServer(g2, &fakeIdentity{msgs: [][]byte{mapDoc}})
-	ln2, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	go func() { _ = g2.Serve(ln2) }()
-	t.Cleanup(g2.Stop)
-	conn2, err := grpc.NewClient(ln2.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn2.Close() })
-	err = WatchBundles(context.Background(), conn2, func(*Bundles) error { return nil })
-	assert.Equal(t, codes.Unauthenticated, status.Code(err))
+func TestWatchBundles(t *testing.T) {
+	mapDoc, _, _ := jwtBundleDocs(t)
+	empty := []byte(`{"trust_domains":{}}`)
+	conn := serveIdentity(t, &fakeIdentity{msgs: [][]byte{mapDoc, empty, []byte("junk"), mapDoc}})
+
+	t.Run("a bad message reaches fn and the stream goes on", func(t *testing.T) {
+		got, err := watchAll(conn, spiffeid.TrustDomain{})
+		require.Len(t, got, 4)
+		require.NoError(t, got[0].err)
+		assert.Len(t, got[0].b.Bundles, 2)
+		assert.Equal(t, []string{"w0.example"}, got[0].b.Withheld)
+		require.NoError(t, got[1].err, "without a local trust domain an empty map is no error")
+		assert.Empty(t, got[1].b.Bundles)
+		assert.Nil(t, got[2].b)
+		require.Error(t, got[2].err)
+		assert.Contains(t, got[2].err.Error(), "the server's bundle map")
+		require.NoError(t, got[3].err, "the message after a bad one is read")
+		assert.Equal(t, []string{"w3.example"}, got[3].b.Withheld)
+		// The stream's own end comes back as its status.
+		assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	})
+	t.Run("the local trust domain is required when named", func(t *testing.T) {
+		got, err := watchAll(conn, tdA)
+		require.Len(t, got, 4)
+		assert.NoError(t, got[0].err)
+		assert.ErrorContains(t, got[1].err, "without the local trust domain a.example")
+		assert.Error(t, got[2].err)
+		assert.NoError(t, got[3].err)
+		assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	})
+	t.Run("an error from fn ends the watch", func(t *testing.T) {
+		stop := errors.New("enough")
+		calls := 0
+		err := WatchBundles(context.Background(), conn, spiffeid.TrustDomain{}, func(*Bundles, error) error {
+			calls++
+			return stop
+		})
+		assert.ErrorIs(t, err, stop)
+		assert.Equal(t, 1, calls)
+	})
+}
+
+func TestFetchBundles(t *testing.T) {
+	mapDoc, _, _ := jwtBundleDocs(t)
+	for _, tc := range []struct {
+		name    string
+		first   []byte
+		local   spiffeid.TrustDomain
+		wantErr string
+	}{
+		{"first message", mapDoc, tdA, ""},
+		{"first message without the local trust domain", []byte(`{"trust_domains":{}}`), tdA, "without the local trust domain"},
+		{"first message bad", []byte("junk"), spiffeid.TrustDomain{}, "the server's bundle map"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn := serveIdentity(t, &fakeIdentity{msgs: [][]byte{tc.first, mapDoc}})
+			b, err := FetchBundles(context.Background(), conn, tc.local)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr, "fails closed, not on to the next message")
+				assert.Nil(t, b)
+				return
+			}
+			require.NoError(t, err)
+			assert.Len(t, b.Bundles, 2)
+			assert.Equal(t, []string{"w0.example"}, b.Withheld)
+		})
+	}
+}
+
+func TestParseWatchBundles(t *testing.T) {
+	a, b := testca.New(t, tdA.Name()).Bundle(), testca.New(t, "b.example").Bundle()
+	tests := []struct {
+		name     string
+		doc      []byte
+		withheld int
+		want     string
+	}{
+		{"local and federated", marshalMap(t, a, b), MaxTrustDomains, ""},
+		{"no local trust domain", marshalMap(t, b), 0, "without the local trust domain"},
+		{"not JSON", []byte("{"), 0, "bundle map"},
+		{"too large", make([]byte, MaxBundleMapBytes+1), 0, "at most"},
+		{"too many withheld", marshalMap(t, a, b), MaxTrustDomains + 1, "at most"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := &identityapi.WatchBundlesResponse{BundleMap: tt.doc, WithheldTrustDomains: make([]string, tt.withheld)}
+			got, err := ParseWatchBundles(msg, tdA)
+			if tt.want == "" {
+				require.NoError(t, err)
+				assert.Len(t, got.Bundles, 2)
+				assert.Len(t, got.Withheld, tt.withheld)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+	t.Run("too many trust domains", func(t *testing.T) {
+		var doc strings.Builder
+		doc.WriteString(`{"trust_domains":{"a.example":{"keys":[]}`)
+		for i := range MaxTrustDomains {
+			fmt.Fprintf(&doc, `,"t%d.example":{"keys":[]}`, i)
+		}
+		doc.WriteString("}}")
+		_, err := ParseWatchBundles(&identityapi.WatchBundlesResponse{BundleMap: []byte(doc.String())}, tdA)
+		assert.ErrorContains(t, err, "trust domains; at most")
+	})
+}
+
+// FuzzParseWatchBundles: whatever the server sends, ParseWatchBundles
+// refuses it or returns each trust domain once, the local one among them.
+func FuzzParseWatchBundles(f *testing.F) {
+	f.Add(marshalMap(f, testca.New(f, tdA.Name()).Bundle()))
+	f.Add([]byte(`{"trust_domains":{"a.example":{"keys":[]}}}`))
+	f.Add([]byte(`{"trust_domains":{"a.example":{"keys":[]},"a.example":{"keys":[]}}}`))
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		got, err := ParseWatchBundles(&identityapi.WatchBundlesResponse{BundleMap: doc}, tdA)
+		if err != nil {
+			return
+		}
+		seen := map[string]bool{}
+		for _, b := range got.Bundles {
+			require.False(t, seen[b.TrustDomain().Name()], "a trust domain twice")
+			seen[b.TrustDomain().Name()] = true
+		}
+		require.True(t, seen[tdA.Name()])
+	})
+}
+
+func TestMintJWTSVID(t *testing.T) {
+	good := &identityapi.MintJWTSVIDResponse{Token: "tok", SpiffeId: "spiffe://a.example/w", ExpiresAt: 1_800_000_000}
+	for _, tc := range []struct {
+		name    string
+		resp    *identityapi.MintJWTSVIDResponse
+		ttl     time.Duration
+		wantTTL int64
+		wantErr string
+	}{
+		{"server's lifetime", good, 0, 0, ""},
+		{"ttl rounded up to whole seconds", good, 1500 * time.Millisecond, 2, ""},
+		{"negative ttl", good, -time.Second, 0, "negative"},
+		{"invalid spiffe_id", &identityapi.MintJWTSVIDResponse{Token: "tok", SpiffeId: "a.example/w"}, 0, 0, "invalid spiffe_id"},
+		{"empty token", &identityapi.MintJWTSVIDResponse{SpiffeId: "spiffe://a.example/w"}, 0, 0, "empty token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeIdentity{mint: tc.resp}
+			svid, err := MintJWTSVID(context.Background(), serveIdentity(t, f), []string{"x", "y"}, tc.ttl)
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				assert.Nil(t, svid)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, &JWTSVID{Token: "tok", ID: spiffeid.RequireFromString("spiffe://a.example/w"), ExpiresAt: time.Unix(1_800_000_000, 0).UTC()}, svid)
+			assert.Equal(t, []string{"x", "y"}, f.req.GetAudience())
+			assert.Equal(t, tc.wantTTL, f.req.GetTtlSeconds())
+		})
+	}
 }

@@ -3,29 +3,20 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
-
-// maxBundleMap bounds one WatchBundles message.
-const maxBundleMap = maxRelayResponse
 
 // bundleWatcher follows the server's WatchBundles (the bundles the trust
 // policy lets this workload trust, X.509 and JWT authorities) into a
@@ -93,39 +84,27 @@ func (w *bundleWatcher) outage(err error, retry time.Duration) {
 }
 
 // stream runs one WatchBundles stream; progressed reports whether it
-// delivered good bundles.
+// delivered good bundles. A message caclient refuses is counted and
+// logged and the stream goes on, the last good bundles still served.
 func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error) {
-	conn, err := grpc.NewClient(w.addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(w.tlsConfig())),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxBundleMap)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	)
+	conn, err := caclient.Dial(w.addr, w.tlsConfig(), "")
 	if err != nil {
 		return false, err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
-	if err != nil {
-		return false, err
-	}
-	for {
-		resp, err := st.Recv()
-		if err != nil {
-			return progressed, err
-		}
-		bundles, err := parseWatchBundles(resp, w.local)
+	err = caclient.WatchBundles(ctx, conn, w.local, func(b *caclient.Bundles, err error) error {
 		if err != nil {
 			w.metrics.bundleResponses.WithLabelValues(resultFailure).Inc()
 			w.log.Warn("the server sent bundles that do not parse; keeping the last good ones", "ca_addr", w.addr, logattr.Error, err.Error())
-			continue
+			return nil
 		}
 		w.metrics.bundleResponses.WithLabelValues(resultSuccess).Inc()
 		w.metrics.bundlesConnected.Set(1)
 		progressed = true
-		w.publish(bundles, resp.GetWithheldTrustDomains())
-	}
+		w.publish(b.Bundles, b.Withheld)
+		return nil
+	})
+	return progressed, err
 }
 
 func (w *bundleWatcher) publish(bundles []*spiffebundle.Bundle, withheld []string) {
@@ -144,25 +123,4 @@ func (w *bundleWatcher) publish(bundles []*spiffebundle.Bundle, withheld []strin
 				logattr.TrustDomain, td)
 		}
 	}
-}
-
-// parseWatchBundles parses a WatchBundles message, untrusted input: a
-// bundle map of at most maxTrustDomains trust domains that holds the
-// local one.
-func parseWatchBundles(resp *identityapi.WatchBundlesResponse, local spiffeid.TrustDomain) ([]*spiffebundle.Bundle, error) {
-	doc := resp.GetBundleMap()
-	if len(doc) > maxBundleMap {
-		return nil, fmt.Errorf("bundle map of %d bytes; at most %d are accepted", len(doc), maxBundleMap)
-	}
-	bundles, _, err := bundledoc.ParseMap(doc)
-	if err != nil {
-		return nil, fmt.Errorf("bundle map: %w", err)
-	}
-	if len(bundles) > maxTrustDomains {
-		return nil, fmt.Errorf("%d trust domains; at most %d are accepted", len(bundles), maxTrustDomains)
-	}
-	if !slices.ContainsFunc(bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == local }) {
-		return nil, errors.New("bundle map without the local trust domain " + local.Name())
-	}
-	return bundles, nil
 }

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 )
 
 // Limits of the JWT-SVID cache.
@@ -62,16 +61,16 @@ func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string,
 	}
 	ctx, cancel := context.WithTimeout(ctx, jwtCallTimeout)
 	defer cancel()
-	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, &identityapi.MintJWTSVIDRequest{Audience: audience})
+	svid, err := caclient.MintJWTSVID(ctx, conn, audience, 0)
 	if err != nil {
 		return "", err
 	}
-	exp := time.Unix(resp.GetExpiresAt(), 0)
+	exp := svid.ExpiresAt
 	if !exp.After(now) {
 		return "", errors.New("the certificate service minted a JWT-SVID that has already expired (clock skew?)")
 	}
-	m.store(key, cachedJWT{token: resp.GetToken(), refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp}, now)
-	return resp.GetToken(), nil
+	m.store(key, cachedJWT{token: svid.Token, refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp}, now)
+	return svid.Token, nil
 }
 
 // store caches c under key, first dropping expired tokens and, when the
@@ -101,7 +100,7 @@ func (m *jwtMinter) client() (*grpc.ClientConn, error) {
 	if m.conn != nil {
 		return m.conn, nil
 	}
-	conn, err := grpc.NewClient(m.addr, grpc.WithTransportCredentials(credentials.NewTLS(m.tls())))
+	conn, err := caclient.Dial(m.addr, m.tls(), "")
 	if err != nil {
 		return nil, err
 	}

@@ -213,6 +213,24 @@ func TestWorkloadAPIWithCA(t *testing.T) {
 		assert.NoError(t, err, "the local JWT authorities from WatchBundles validate it")
 	})
 
+	t.Run("a bad bundle map keeps the last good bundles and the stream, and says so", func(t *testing.T) {
+		failures := a.metrics.bundleResponses.WithLabelValues(resultFailure)
+		before, streamErrs := testutil.ToFloat64(failures), testutil.ToFloat64(a.metrics.bundleStreamErrs)
+		ident.set(t, []*spiffebundle.Bundle{caB.Bundle()}) // without the local trust domain
+		assert.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.Equal(c, before+1, testutil.ToFloat64(failures))
+			assert.Contains(c, logs.String(), "without the local trust domain a.test")
+		}, 5*time.Second, 5*time.Millisecond)
+		assert.Contains(t, logs.String(), "do not parse; keeping the last good ones")
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.bundlesConnected), "the stream stays")
+		assert.Equal(t, streamErrs, testutil.ToFloat64(a.metrics.bundleStreamErrs), "no reconnect")
+		b, err := bundles.GetX509BundleForTrustDomain(tdA)
+		require.NoError(t, err)
+		assert.True(t, b.HasX509Authority(caA.Cert))
+		_, err = bundles.GetBundleForTrustDomain(tdB)
+		assert.Error(t, err, "nothing of the bad map is served")
+	})
+
 	t.Run("the server going away keeps the last good bundles, and says so", func(t *testing.T) {
 		require.Equal(t, 1.0, testutil.ToFloat64(a.metrics.bundlesConnected))
 		up.gs.Stop()
