@@ -445,21 +445,38 @@ func localBundle(snap trustview.Snapshot) (*spiffebundle.Bundle, error) {
 		if !td.Local {
 			continue
 		}
-		var certs []*x509.Certificate
+		// The whole bundle, JWT authorities too: the peer refuses a later
+		// fetch of the same sequence with other authorities.
+		b := spiffebundle.New(spiffeid.RequireTrustDomainFromString(td.Name))
 		for _, a := range td.Authorities {
-			c, err := x509.ParseCertificate(a.Certificate)
-			if err != nil {
+			if err := addAuthority(b, a); err != nil {
 				return nil, err
 			}
-			certs = append(certs, c)
 		}
-		b := spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString(td.Name), certs)
 		if td.Sequence != nil {
 			b.SetSequenceNumber(*td.Sequence)
 		}
 		return b, nil
 	}
 	return nil, errors.New("snapshot has no local trust domain")
+}
+
+func addAuthority(b *spiffebundle.Bundle, a trustview.Authority) error {
+	switch a.Kind {
+	case trustview.KindX509:
+		c, err := x509.ParseCertificate(a.Certificate)
+		if err != nil {
+			return err
+		}
+		b.AddX509Authority(c)
+	case trustview.KindJWT:
+		pub, err := x509.ParsePKIXPublicKey(a.PublicKey)
+		if err != nil {
+			return fmt.Errorf("JWT authority %q: %w", a.KeyID, err)
+		}
+		return b.AddJWTAuthority(a.KeyID, pub)
+	}
+	return nil
 }
 
 func writeBundle(path string, b *spiffebundle.Bundle) error {
