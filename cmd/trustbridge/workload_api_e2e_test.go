@@ -113,6 +113,17 @@ func TestWorkloadAPIE2E(t *testing.T) {
 	got, err := westClient.ValidateJWTSVID(ctx, token.Marshal(), "spiffe://west.example/ns/default/sa/web")
 	require.NoError(t, err, "a JWT-SVID minted in east validates in west")
 	assert.Equal(t, eastWorkload, got.ID)
+	// West's workload holds east's JWT authorities itself, too, and can
+	// validate offline with go-spiffe.
+	westBundles, err := workloadapi.NewBundleSource(ctx, workloadapi.WithClientOptions(workloadapi.WithAddr(westAddr)))
+	require.NoError(t, err)
+	defer westBundles.Close()
+	offline, err := jwtsvid.ParseAndValidate(token.Marshal(), westBundles, []string{"spiffe://west.example/ns/default/sa/web"})
+	require.NoError(t, err, "east's JWT authorities reach west's BundleSource")
+	assert.Equal(t, eastWorkload, offline.ID)
+	eastJWT, err := westBundles.GetJWTBundleForTrustDomain(east.td)
+	require.NoError(t, err)
+	assert.NotEmpty(t, eastJWT.JWTAuthorities())
 	_, err = westClient.ValidateJWTSVID(ctx, token.Marshal(), "spiffe://west.example/other")
 	assert.Error(t, err, "for another audience it does not")
 
