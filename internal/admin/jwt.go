@@ -26,17 +26,13 @@ type TrustJWTAuthority struct {
 	// the one its type implies.
 	Algorithm string `json:"algorithm,omitempty"`
 	// KeyType is RSA, ECDSA or Ed25519; Curve and KeyBits its size.
-	KeyType     string     `json:"key_type"`
-	Curve       string     `json:"curve,omitempty"`
-	KeyBits     int        `json:"key_bits,omitempty"`
-	Thumbprint  string     `json:"thumbprint,omitempty"` // RFC 7638, SHA-256, base64url
-	SHA256      string     `json:"sha256"`               // of the SubjectPublicKeyInfo DER
-	CreatedAt   *time.Time `json:"created_at,omitempty"`
-	NotAfter    *time.Time `json:"not_after,omitempty"`
-	PreparedAt  *time.Time `json:"prepared_at,omitempty"`
-	ActivatedAt *time.Time `json:"activated_at,omitempty"`
-	RetiredAt   *time.Time `json:"retired_at,omitempty"`
-	RemoveAfter *time.Time `json:"remove_after,omitempty"`
+	KeyType    string `json:"key_type"`
+	Curve      string `json:"curve,omitempty"`
+	KeyBits    int    `json:"key_bits,omitempty"`
+	Thumbprint string `json:"thumbprint,omitempty"` // RFC 7638, SHA-256, base64url
+	SHA256     string `json:"sha256"`               // of the SubjectPublicKeyInfo DER
+	// The key's times, for the CA's own keys (inlined in JSON).
+	trustview.JWTKey
 }
 
 // trustJWTAuthorities are the CA's JWT keys with their state, then any
@@ -48,9 +44,8 @@ func (h *Handler) trustJWTAuthorities(b *spiffebundle.Bundle) []TrustJWTAuthorit
 			KID: a.KeyID, State: a.State, Algorithm: a.Algorithm, KeyType: a.PublicKeyAlgorithm,
 			Curve: a.Curve, KeyBits: a.KeyBits, Thumbprint: a.Thumbprint, SHA256: a.SHA256,
 		}
-		if k := a.JWTKey; k != nil {
-			t.CreatedAt, t.NotAfter, t.PreparedAt = k.CreatedAt, k.NotAfter, k.PreparedAt
-			t.ActivatedAt, t.RetiredAt, t.RemoveAfter = k.ActivatedAt, k.RetiredAt, k.RemoveAfter
+		if a.JWTKey != nil {
+			t.JWTKey = *a.JWTKey
 		}
 		out = append(out, t)
 	}
