@@ -36,6 +36,28 @@ type State struct {
 	// Stale is non-nil while the upstream the State comes from is
 	// unreachable: the State is the last good one and is still served.
 	Stale error
+
+	// enc holds the State's encoding once a stream asked for it; Cell.Set
+	// gives each published State its own, so every stream on a State,
+	// current or already replaced, shares one encoding.
+	enc *encSlot
+}
+
+// encSlot is where a published State's encoding is kept. owner guards
+// against a copy of a published State (which copies the pointer) being
+// served by another Source: the slot is used only for its own State.
+type encSlot struct {
+	owner *State
+	once  sync.Once
+	e     *encoded
+}
+
+// slot is st's encoding slot, nil when st was not published by a Cell.
+func (st *State) slot() *encSlot {
+	if st.enc == nil || st.enc.owner != st {
+		return nil
+	}
+	return st.enc
 }
 
 // Source gives the current State and a channel closed when a newer one
@@ -76,6 +98,7 @@ func (c *Cell) Set(st State) error {
 		return err
 	}
 	st.Bundles = ordered(st.SVID, st.Bundles)
+	st.enc = &encSlot{owner: &st}
 	ch := make(chan struct{})
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -99,8 +100,8 @@ func TestEncodeOncePerState(t *testing.T) {
 	assert.Same(t, e2.x509Bundles, e3.x509Bundles, "a rotation leaves the bundles stream alone")
 	assert.Same(t, e2.jwtBundles, e3.jwtBundles)
 
-	// A stream late to st2 gets it encoded, without evicting st3's.
-	assert.NotNil(t, srv.encoded(st2).x509SVID)
+	// A stream late to st2 gets st2's encoding, without evicting st3's.
+	assert.Same(t, e2, srv.encoded(st2))
 	assert.Same(t, e3, srv.encoded(st3))
 
 	var resp workloadpb.X509SVIDResponse
@@ -109,7 +110,40 @@ func TestEncodeOncePerState(t *testing.T) {
 	assert.Equal(t, st3.SVID.Chain[0].Raw, resp.GetSvids()[0].GetX509Svid())
 	assert.Equal(t, w.caA.Cert.Raw, resp.GetSvids()[0].GetBundle())
 	assert.Equal(t, map[string][]byte{tdB.IDString(): w.caB.Cert.Raw}, resp.GetFederatedBundles())
-	assert.Equal(t, 4.0, testutil.ToFloat64(srv.metrics.encodings))
+	assert.Equal(t, 3.0, testutil.ToFloat64(srv.metrics.encodings), "one encoding per State")
+}
+
+// TestLateStreamsShareEncoding: streams still on States that close Sets
+// already replaced (a fan-out overtaken by the next Set) share one
+// encoding per State instead of encoding it once each.
+func TestLateStreamsShareEncoding(t *testing.T) {
+	w := newWorld(t)
+	cell := NewCell()
+	srv, err := New(Config{Source: cell})
+	require.NoError(t, err)
+	const sets, streams = 5, 200
+	var published []*State
+	for range sets {
+		require.NoError(t, cell.Set(State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}))
+		st, _ := cell.State()
+		published = append(published, st)
+	}
+	got := make([][]*encoded, sets)
+	var wg sync.WaitGroup
+	for i, st := range published {
+		got[i] = make([]*encoded, streams)
+		for j := range streams {
+			wg.Go(func() { got[i][j] = srv.encoded(st) })
+		}
+	}
+	wg.Wait()
+	for i := range published {
+		for j := range streams {
+			require.Same(t, got[i][0], got[i][j], "state %d, stream %d", i, j)
+		}
+		assert.Same(t, published[i], got[i][0].state)
+	}
+	assert.Equal(t, float64(sets), testutil.ToFloat64(srv.metrics.encodings), "one encoding per State")
 }
 
 // FuzzValidateJWTSVID feeds arbitrary tokens and audiences to
