@@ -167,3 +167,53 @@ func FuzzValidateJWTSVID(f *testing.F) {
 		}
 	})
 }
+
+// TestJWTBundlesEncodeDeterministically: during a JWT key rotation a trust
+// domain has several JWT authorities; equal States must encode to equal
+// JWT bundle bytes (go-spiffe's jwtbundle Marshal follows map order), so
+// that a State change that leaves them alone (Stale alone) pushes nothing
+// to FetchJWTBundles watchers.
+func TestJWTBundlesEncodeDeterministically(t *testing.T) {
+	w := newWorld(t)
+	rotating := func() *spiffebundle.Bundle {
+		b := w.caA.Bundle()
+		for _, kid := range []string{"k3", "k1", "k2"} {
+			require.NoError(t, b.AddJWTAuthority(kid, w.jwtA.Public()))
+		}
+		return b
+	}
+	svid := w.svid(t)
+	first := encodeState(&State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}, nil)
+	require.NoError(t, first.encodingFailed)
+	for range 20 {
+		again := encodeState(&State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}, nil)
+		require.Equal(t, first.jwtBundles.b, again.jwtBundles.b)
+	}
+
+	t.Run("a Stale-only change pushes nothing to a JWT bundles watcher", func(t *testing.T) {
+		cell := NewCell()
+		require.NoError(t, cell.Set(State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}))
+		addr, reg := serve(t, Config{Source: cell})
+		ctx, cancel := context.WithTimeout(withHeader(context.Background()), waitFor)
+		defer cancel()
+		stream, err := rawClient(t, addr).FetchJWTBundles(ctx, &workloadpb.JWTBundlesRequest{})
+		require.NoError(t, err)
+		_, err = stream.Recv()
+		require.NoError(t, err)
+		for i := range 10 {
+			st := State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}
+			if i%2 == 0 {
+				st.Stale = errors.New("certificate service unreachable")
+			}
+			require.NoError(t, cell.Set(st))
+		}
+		// Then a real change: the next message the watcher gets must be it.
+		changed := rotating()
+		require.NoError(t, changed.AddJWTAuthority("k4", w.jwtB.Public()))
+		require.NoError(t, cell.Set(State{SVID: svid, Bundles: []*spiffebundle.Bundle{changed}}))
+		resp, err := stream.Recv()
+		require.NoError(t, err)
+		assert.Contains(t, string(resp.GetBundles()[tdA.IDString()]), `"k4"`, "the message after the Stale-only changes is the real change")
+		assert.Equal(t, 2.0, testutil.ToFloat64(gatherOne(t, reg, "trustbridge_workload_api_pushes_total", map[string]string{"method": "FetchJWTBundles"})))
+	})
+}
