@@ -13,6 +13,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
 // SVID is the X509-SVID the Workload API serves: its SPIFFE ID, its
@@ -111,7 +113,10 @@ func (c *Cell) Set(st State) error {
 // Check refuses a State the server could not serve as the Workload API
 // requires: an SVID whose leaf is not an X509-SVID for its ID, is a CA,
 // does not match its key, or whose key cannot be exported; a nil or
-// repeated bundle; no bundle for the SVID's own trust domain.
+// repeated bundle; no bundle for the SVID's own trust domain; an SVID
+// that does not chain to that bundle's X.509 authorities (a workload
+// would be handed a certificate its own bundle rejects, as when the
+// bundle lags a root rotation).
 func Check(st *State) error {
 	seen := make(map[spiffeid.TrustDomain]bool, len(st.Bundles))
 	for i, b := range st.Bundles {
@@ -129,10 +134,30 @@ func Check(st *State) error {
 	if err := checkSVID(st.SVID); err != nil {
 		return fmt.Errorf("workload: SVID for %s: %w", st.SVID.ID, err)
 	}
-	if !seen[st.SVID.ID.TrustDomain()] {
-		return fmt.Errorf("workload: no bundle for the SVID's trust domain %q", st.SVID.ID.TrustDomain().Name())
+	own := st.SVID.ID.TrustDomain()
+	if !seen[own] {
+		return fmt.Errorf("workload: no bundle for the SVID's trust domain %q", own.Name())
+	}
+	i := slices.IndexFunc(st.Bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == own })
+	if err := verifyChain(st.SVID.Chain, st.Bundles[i]); err != nil {
+		return fmt.Errorf("workload: SVID for %s: %w; check that the bundle of %q carries the root that issued it", st.SVID.ID, err, own.Name())
 	}
 	return nil
+}
+
+// verifyChain checks that chain verifies against own's X.509 authorities
+// at a moment every certificate of the chain is valid (the latest
+// NotBefore): Check has no clock, and an SVID served past its expiry
+// during an outage is the last good one, not a wrong one.
+func verifyChain(chain []*x509.Certificate, own *spiffebundle.Bundle) error {
+	at := chain[0].NotBefore
+	for _, c := range chain[1:] {
+		if c.NotBefore.After(at) {
+			at = c.NotBefore
+		}
+	}
+	_, _, err := svidcheck.Verify(chain, own, x509.ExtKeyUsageAny, x509svid.WithTime(at))
+	return err
 }
 
 func checkSVID(s *SVID) error {

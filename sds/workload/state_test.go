@@ -34,6 +34,8 @@ func TestCellSetRefuses(t *testing.T) {
 		{"empty chain", State{SVID: &SVID{ID: web, Key: good.Key}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "empty certificate chain"},
 		{"leaf for another ID", State{SVID: &SVID{ID: web, Chain: []*x509.Certificate{otherLeaf}, Key: otherKey}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "leaf is for spiffe://a.test/db"},
 		{"key mismatch", State{SVID: &SVID{ID: web, Chain: good.Chain, Key: otherKey}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "does not match"},
+		{"SVID from a root its bundle lacks", State{SVID: good, Bundles: []*spiffebundle.Bundle{testca.New(t, tdA.Name()).Bundle()}}, "chain does not verify"},
+		{"SVID vouched for by another trust domain's root only", State{SVID: good, Bundles: []*spiffebundle.Bundle{spiffebundle.FromX509Authorities(tdA, []*x509.Certificate{testca.New(t, tdA.Name()).Cert}), spiffebundle.FromX509Authorities(tdB, []*x509.Certificate{w.caA.Cert})}}, "chain does not verify"},
 		{"CA leaf", State{SVID: &SVID{ID: tdA.ID(), Chain: []*x509.Certificate{w.caA.Cert}, Key: w.caA.Key}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "leaf is a CA certificate"},
 	}
 	for _, tt := range tests {
