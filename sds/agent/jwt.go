@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -117,9 +118,17 @@ func (m *jwtMinter) close() {
 	}
 }
 
-// audienceKey is the audience set, order and repeats ignored.
+// audienceKey is the audience set, order and repeats ignored, each
+// audience length-prefixed so that no two sets share a key whatever
+// bytes the audiences hold.
 func audienceKey(aud []string) string {
 	s := slices.Clone(aud)
 	slices.Sort(s)
-	return strings.Join(slices.Compact(s), "\x00")
+	var b strings.Builder
+	for _, a := range slices.Compact(s) {
+		b.WriteString(strconv.Itoa(len(a)))
+		b.WriteByte(':')
+		b.WriteString(a)
+	}
+	return b.String()
 }

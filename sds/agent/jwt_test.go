@@ -14,6 +14,8 @@ import (
 func TestAudienceKey(t *testing.T) {
 	assert.Equal(t, audienceKey([]string{"b", "a", "b"}), audienceKey([]string{"a", "b"}))
 	assert.NotEqual(t, audienceKey([]string{"a,b"}), audienceKey([]string{"a", "b"}))
+	assert.NotEqual(t, audienceKey([]string{"a\x00b"}), audienceKey([]string{"a", "b"}), "no separator an audience can hold")
+	assert.NotEqual(t, audienceKey([]string{"1:a"}), audienceKey([]string{"a"}))
 }
 
 func TestJWTMinterCache(t *testing.T) {
