@@ -48,8 +48,10 @@
 //
 // Metrics: trustbridge_workload_api_streams{method},
 // trustbridge_workload_api_requests_total{method,code},
-// trustbridge_workload_api_pushes_total{method} and
-// trustbridge_workload_api_encodings_total.
+// trustbridge_workload_api_pushes_total{method},
+// trustbridge_workload_api_encodings_total and
+// trustbridge_workload_api_stale (1 while State.Stale is set; the server
+// also logs when that changes).
 //
 // References:
 // https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Workload_API.md

@@ -112,6 +112,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	workloadpb.RegisterSpiffeWorkloadAPIServer(gs, s)
 	done := make(chan error, 1)
 	go func() { done <- gs.Serve(ln) }()
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); s.watchStale(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 	select {
 	case <-ctx.Done():
 		gs.Stop()
@@ -122,6 +126,30 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			err = errors.New("gRPC server stopped")
 		}
 		return fmt.Errorf("workload: serving: %w", err)
+	}
+}
+
+// watchStale shows whether the State served is stale, in
+// trustbridge_workload_api_stale and a log line when that changes, until
+// ctx is done.
+func (s *Server) watchStale(ctx context.Context) {
+	var was error
+	for {
+		st, changed := s.src.State()
+		switch {
+		case st.Stale != nil && was == nil:
+			s.metrics.stale.Set(1)
+			s.log.Warn("the Workload API serves identity and bundles that may be out of date (the last good ones, or the first ones before their upstream answered)", logattr.Error, st.Stale.Error())
+		case st.Stale == nil && was != nil:
+			s.metrics.stale.Set(0)
+			s.log.Info("the Workload API serves current identity and bundles again")
+		}
+		was = st.Stale
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
 	}
 }
 
