@@ -2,6 +2,7 @@ package bundledoc
 
 import (
 	"bytes"
+	"cmp"
 	"crypto"
 	"crypto/x509"
 	"encoding/json"
@@ -35,47 +36,23 @@ func Marshal(b *spiffebundle.Bundle) ([]byte, error) {
 
 func writeBundle(buf *bytes.Buffer, b *spiffebundle.Bundle, withHint bool) error {
 	buf.WriteString(`{"keys":[`)
-	n := 0
-	emit := func(k jose.JSONWebKey) error {
-		data, err := k.MarshalJSON()
-		if err != nil {
-			return fmt.Errorf("keys[%d]: %w", n, err)
-		}
-		if n > 0 {
-			buf.WriteByte(',')
-		}
-		buf.Write(data)
-		n++
-		return nil
-	}
+	emit := keyWriter(buf)
 	for _, cert := range b.X509Authorities() {
 		if err := checkCA(cert); err != nil {
-			return fmt.Errorf("keys[%d]: %w", n, err)
+			return fmt.Errorf("keys[%d]: %w", emit.n, err)
 		}
 		if err := checkKey(cert.PublicKey); err != nil {
-			return fmt.Errorf("keys[%d]: %w", n, err)
+			return fmt.Errorf("keys[%d]: %w", emit.n, err)
 		}
-		if err := emit(jose.JSONWebKey{Key: cert.PublicKey, Use: UseX509SVID, Certificates: []*x509.Certificate{cert}}); err != nil {
+		if err := emit.write(jose.JSONWebKey{Key: cert.PublicKey, Use: UseX509SVID, Certificates: []*x509.Certificate{cert}}); err != nil {
 			return err
 		}
 	}
-	for _, set := range []struct {
-		use  string
-		keys map[string]crypto.PublicKey
-	}{{UseJWTSVID, b.JWTAuthorities()}, {UseWITSVID, b.WITAuthorities()}} {
-		kids := make([]string, 0, len(set.keys))
-		for kid := range set.keys {
-			kids = append(kids, kid)
-		}
-		sort.Strings(kids)
-		for _, kid := range kids {
-			if err := checkKey(set.keys[kid]); err != nil {
-				return fmt.Errorf("keys[%d] (%s kid %q): %w", n, set.use, kid, err)
-			}
-			if err := emit(jose.JSONWebKey{Key: set.keys[kid], KeyID: kid, Use: set.use}); err != nil {
-				return err
-			}
-		}
+	if err := writeKeysByID(emit, UseJWTSVID, b.JWTAuthorities()); err != nil {
+		return err
+	}
+	if err := writeKeysByID(emit, UseWITSVID, b.WITAuthorities()); err != nil {
+		return err
 	}
 	buf.WriteByte(']')
 	if seq, ok := b.SequenceNumber(); ok {
@@ -93,6 +70,61 @@ func writeBundle(buf *bytes.Buffer, b *spiffebundle.Bundle, withHint bool) error
 	}
 	buf.WriteByte('}')
 	return nil
+}
+
+// keys writes JSON web keys comma-separated into buf, counting them.
+type keys struct {
+	buf *bytes.Buffer
+	n   int
+}
+
+func keyWriter(buf *bytes.Buffer) *keys { return &keys{buf: buf} }
+
+func (w *keys) write(k jose.JSONWebKey) error {
+	data, err := k.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("keys[%d]: %w", w.n, err)
+	}
+	if w.n > 0 {
+		w.buf.WriteByte(',')
+	}
+	w.buf.Write(data)
+	w.n++
+	return nil
+}
+
+// writeKeysByID writes keys sorted by key ID, each with "use" set to use
+// unless it is empty.
+func writeKeysByID(w *keys, use string, keys map[string]crypto.PublicKey) error {
+	kids := make([]string, 0, len(keys))
+	for kid := range keys {
+		kids = append(kids, kid)
+	}
+	sort.Strings(kids)
+	for _, kid := range kids {
+		if err := checkKey(keys[kid]); err != nil {
+			return fmt.Errorf("keys[%d] (%s kid %q): %w", w.n, cmp.Or(use, "JWKS"), kid, err)
+		}
+		if err := w.write(jose.JSONWebKey{Key: keys[kid], KeyID: kid, Use: use}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MarshalJWKS renders keys as a standard JWKS document (RFC 7517, no
+// SPIFFE parameters, as the Workload API's JWT bundles are): the same keys
+// always yield the same bytes, sorted by key ID, where go-spiffe's
+// jwtbundle.Bundle.Marshal follows map order. It refuses a key Parse
+// would refuse.
+func MarshalJWKS(keys map[string]crypto.PublicKey) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"keys":[`)
+	if err := writeKeysByID(keyWriter(&buf), "", keys); err != nil {
+		return nil, wrap(err)
+	}
+	buf.WriteString("]}")
+	return buf.Bytes(), nil
 }
 
 // MarshalMap renders bundles as a SPIFFE bundle map, trust domains sorted by

@@ -3,10 +3,12 @@ package bundledoc_test
 import (
 	"crypto"
 	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
@@ -248,4 +250,35 @@ func TestParseMapRules(t *testing.T) {
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
+}
+
+// TestMarshalJWKS: a standard JWKS (no "use", no SPIFFE members) sorted by
+// key ID, the same bytes for the same keys, that go-spiffe's jwtbundle
+// parses back to the same authorities.
+func TestMarshalJWKS(t *testing.T) {
+	keys := fullBundle(t).JWTAuthorities()
+	first, err := bundledoc.MarshalJWKS(keys)
+	require.NoError(t, err)
+	for range 20 {
+		again, err := bundledoc.MarshalJWKS(maps.Clone(keys))
+		require.NoError(t, err)
+		require.Equal(t, string(first), string(again))
+	}
+	var doc struct {
+		Keys []map[string]any `json:"keys"`
+	}
+	require.NoError(t, json.Unmarshal(first, &doc))
+	var kids []string
+	for _, k := range doc.Keys {
+		kids = append(kids, k["kid"].(string))
+		assert.NotContains(t, k, "use")
+	}
+	assert.Equal(t, []string{"aa", "ed", "mm", "rsa", "zz"}, kids)
+	parsed, err := jwtbundle.Parse(td, first)
+	require.NoError(t, err)
+	assert.True(t, jwtbundle.FromJWTAuthorities(td, keys).Equal(parsed))
+
+	empty, err := bundledoc.MarshalJWKS(nil)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"keys":[]}`, string(empty))
 }

@@ -49,6 +49,15 @@ func (w *bundleWatcher) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if progressed && status.Code(err) == codes.Unauthenticated {
+			// The server ends a stream at the NotAfter of the certificate
+			// that opened it, once per certificate lifetime; the Rotator
+			// renewed before: reconnect at once with the current one, no
+			// outage. A failing reconnect makes no progress and is one.
+			w.log.Debug("the server ended WatchBundles at the end of this agent's certificate; reconnecting with the current one", "ca_addr", w.addr, logattr.Error, err.Error())
+			failures = 0
+			continue
+		}
 		if progressed {
 			failures = 0
 		}

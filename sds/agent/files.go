@@ -165,8 +165,10 @@ func readCredentialSet(dir string) (*credentialSet, error) {
 // ID. root-cert.pem holds that trust domain's roots only: a root naming
 // another trust domain there is refused, and a peer's roots are trusted
 // only from the bundle map, for the trust domain they are listed under.
-// The map's entry for the local trust domain, if any, is ignored:
-// root-cert.pem is the one source of the local roots.
+// The X.509 authorities of the map's entry for the local trust domain,
+// if any, are ignored (root-cert.pem is the one source of the local
+// roots); its JWT authorities, which root-cert.pem cannot hold, are the
+// local trust domain's.
 func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credentialSet, error) {
 	chain, err := pemfile.ParseCertificates(chainPEM)
 	if err != nil {

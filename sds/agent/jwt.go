@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,7 +34,13 @@ type jwtMinter struct {
 	mu    sync.Mutex
 	conn  *grpc.ClientConn // nil until the first call
 	cache map[string]cachedJWT
+	// closed is set by close: a call still running during shutdown must
+	// not open a connection nobody closes.
+	closed bool
 }
+
+// errMinterClosed is what a call gets once the agent is stopping.
+var errMinterClosed = errors.New("the agent is stopping; no JWT-SVIDs are minted")
 
 type cachedJWT struct {
 	token            string
@@ -97,6 +104,9 @@ func (m *jwtMinter) store(key string, c cachedJWT, now time.Time) {
 func (m *jwtMinter) client() (*grpc.ClientConn, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return nil, errMinterClosed
+	}
 	if m.conn != nil {
 		return m.conn, nil
 	}
@@ -111,15 +121,24 @@ func (m *jwtMinter) client() (*grpc.ClientConn, error) {
 func (m *jwtMinter) close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.closed = true
 	if m.conn != nil {
 		m.conn.Close()
 		m.conn = nil
 	}
 }
 
-// audienceKey is the audience set, order and repeats ignored.
+// audienceKey is the audience set, order and repeats ignored, each
+// audience length-prefixed so that no two sets share a key whatever
+// bytes the audiences hold.
 func audienceKey(aud []string) string {
 	s := slices.Clone(aud)
 	slices.Sort(s)
-	return strings.Join(slices.Compact(s), "\x00")
+	var b strings.Builder
+	for _, a := range slices.Compact(s) {
+		b.WriteString(strconv.Itoa(len(a)))
+		b.WriteByte(':')
+		b.WriteString(a)
+	}
+	return b.String()
 }

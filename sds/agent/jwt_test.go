@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"testing"
 	"time"
@@ -14,6 +15,8 @@ import (
 func TestAudienceKey(t *testing.T) {
 	assert.Equal(t, audienceKey([]string{"b", "a", "b"}), audienceKey([]string{"a", "b"}))
 	assert.NotEqual(t, audienceKey([]string{"a,b"}), audienceKey([]string{"a", "b"}))
+	assert.NotEqual(t, audienceKey([]string{"a\x00b"}), audienceKey([]string{"a", "b"}), "no separator an audience can hold")
+	assert.NotEqual(t, audienceKey([]string{"1:a"}), audienceKey([]string{"a"}))
 }
 
 func TestJWTMinterCache(t *testing.T) {
@@ -36,4 +39,17 @@ func TestJWTMinterCache(t *testing.T) {
 		m.store("fresh", cachedJWT{token: "t", refreshAt: later.Add(time.Minute), expAt: later.Add(2 * time.Minute)}, later)
 		assert.Len(t, m.cache, 1)
 	})
+}
+
+// TestJWTMinterClosed: a FetchJWTSVID still running while the agent stops
+// must not open a connection after close, which nothing would close.
+func TestJWTMinterClosed(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
+	m := newJWTMinter("127.0.0.1:1", func() *tls.Config { return &tls.Config{MinVersion: tls.VersionTLS13} }, clk)
+	m.close()
+	_, err := m.MintJWTSVID(context.Background(), []string{"x"})
+	require.ErrorIs(t, err, errMinterClosed)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	assert.Nil(t, m.conn, "no connection opened after close")
 }

@@ -134,9 +134,8 @@ func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Cont
 	}
 	minter := newJWTMinter(a.caAddr, a.rot.ClientTLS, a.clock)
 	cell := wapi.NewCell()
-	compose := func(ctx context.Context) error {
-		return composeState(ctx, a.rot.Cell(), id, bundles, cell, a.log)
-	}
+	c := &composer{creds: a.rot.Cell(), id: id, bundles: bundles, trust: a.rot.Trust, out: cell, log: a.log}
+	compose := c.Run
 	wl := &workloadAPI{src: cell, jwt: minter, closers: []func(){minter.close}}
 	return wl, []func(context.Context) error{bw.Run, compose}
 }
@@ -155,20 +154,39 @@ func seedBundles(t caclient.Trust) []*spiffebundle.Bundle {
 	return []*spiffebundle.Bundle{spiffebundle.FromX509Authorities(t.TrustDomain, t.Local)}
 }
 
-// composeState publishes the Rotator's credential with the bundles into
-// out, again on every change of either, until ctx is done. A State the
-// cell refuses (bundles without the local trust domain) is logged and
-// the last good one stays.
-func composeState(ctx context.Context, creds *sds.CredentialCell, id spiffeid.ID, bundles *bundleCell, out *wapi.Cell, log *slog.Logger) error {
+// composer publishes the Rotator's credential with the bundles into out,
+// again on every change of either. A State the cell refuses (bundles
+// without the local trust domain, an SVID its bundle does not vouch for)
+// is logged and the last good one stays.
+type composer struct {
+	creds   *sds.CredentialCell
+	id      spiffeid.ID
+	bundles *bundleCell
+	// trust is the Rotator's, renewed with every certificate: the local
+	// trust domain's roots while the bundles are the seed or stale.
+	trust func() caclient.Trust
+	out   *wapi.Cell
+	log   *slog.Logger
+}
+
+// Run composes until ctx is done.
+func (c *composer) Run(ctx context.Context) error {
 	for {
-		cred, err := creds.Credential(ctx, id)
+		cred, err := c.creds.Credential(ctx, c.id)
 		if err != nil {
 			return fmt.Errorf("workload API: %w", err)
 		}
-		bs, changed, stale := bundles.get()
-		st := wapi.State{SVID: &wapi.SVID{ID: id, Chain: cred.Chain, Key: cred.Key}, Bundles: bs, Stale: stale}
-		if err := out.Set(st); err != nil {
-			log.Error("not serving this identity and bundles over the Workload API; keeping the last good ones", logattr.Error, err.Error())
+		bs, changed, stale := c.bundles.get()
+		if stale != nil {
+			// Without WatchBundles (an older server, an outage) the local
+			// roots would stay those of the seed while the Rotator follows
+			// a root rotation: serve the roots the new certificate came
+			// with. Read after the credential, so they are at least as new.
+			bs = withLocalRoots(bs, c.trust(), c.id.TrustDomain())
+		}
+		st := wapi.State{SVID: &wapi.SVID{ID: c.id, Chain: cred.Chain, Key: cred.Key}, Bundles: bs, Stale: stale}
+		if err := c.out.Set(st); err != nil {
+			c.log.Error("not serving this identity and bundles over the Workload API; keeping the last good ones", logattr.Error, err.Error())
 		}
 		select {
 		case <-ctx.Done():
@@ -177,6 +195,30 @@ func composeState(ctx context.Context, creds *sds.CredentialCell, id spiffeid.ID
 		case <-changed:
 		}
 	}
+}
+
+// withLocalRoots is bs with local's X.509 authorities replaced by t's
+// local roots, its JWT authorities kept. Only the local trust domain is
+// taken from t: federated trust comes from WatchBundles alone, which
+// applies the trust policy's limits.
+func withLocalRoots(bs []*spiffebundle.Bundle, t caclient.Trust, local spiffeid.TrustDomain) []*spiffebundle.Bundle {
+	if t.TrustDomain != local || len(t.Local) == 0 {
+		return bs
+	}
+	out := make([]*spiffebundle.Bundle, 0, len(bs)+1)
+	found := false
+	for _, b := range bs {
+		if b.TrustDomain() == local {
+			b = b.Clone()
+			b.SetX509Authorities(t.Local)
+			found = true
+		}
+		out = append(out, b)
+	}
+	if !found {
+		out = append(out, spiffebundle.FromX509Authorities(local, t.Local))
+	}
+	return out
 }
 
 // bundleCell holds the bundles for the Workload API and whether they are

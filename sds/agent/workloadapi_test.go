@@ -44,6 +44,10 @@ type fakeIdentity struct {
 	key   crypto.Signer
 	kid   string
 	mints atomic.Int32
+	// ends ends the open WatchBundles streams with the error sent; while
+	// refuse is set a new one ends at once, Unauthenticated.
+	ends   chan error
+	refuse atomic.Bool
 
 	mu      sync.Mutex
 	cur     *identityapi.WatchBundlesResponse
@@ -51,7 +55,7 @@ type fakeIdentity struct {
 }
 
 func newFakeIdentity(t *testing.T) *fakeIdentity {
-	return &fakeIdentity{key: testca.NewKey(t, testca.ECP256), kid: "jwt-a", changed: make(chan struct{})}
+	return &fakeIdentity{key: testca.NewKey(t, testca.ECP256), kid: "jwt-a", changed: make(chan struct{}), ends: make(chan error)}
 }
 
 // set publishes bundles (and withheld trust domains) to every watcher.
@@ -67,6 +71,9 @@ func (f *fakeIdentity) set(t *testing.T, bundles []*spiffebundle.Bundle, withhel
 }
 
 func (f *fakeIdentity) WatchBundles(_ *identityapi.WatchBundlesRequest, st grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
+	if f.refuse.Load() {
+		return status.Error(codes.Unauthenticated, "certificate expired")
+	}
 	for {
 		f.mu.Lock()
 		cur, changed := f.cur, f.changed
@@ -79,6 +86,8 @@ func (f *fakeIdentity) WatchBundles(_ *identityapi.WatchBundlesRequest, st grpc.
 		select {
 		case <-st.Context().Done():
 			return nil
+		case err := <-f.ends:
+			return err
 		case <-changed:
 		}
 	}

@@ -38,7 +38,9 @@
 // notion of the caller.
 //
 // Fan-out. A State is encoded once into its three stream responses,
-// shared by every stream (a codec sends the bytes as they are), and a
+// shared by every stream (a codec sends the bytes as they are), streams
+// still on a State a newer one replaced included (the encoding is kept
+// with the State the Cell published), and a
 // response equal to the previous State's keeps its identity, so a stream
 // compares pointers to know whether it has something to send. A rotation
 // to 10,000 FetchX509SVID watchers costs one marshal and 10,000 writes
@@ -46,8 +48,10 @@
 //
 // Metrics: trustbridge_workload_api_streams{method},
 // trustbridge_workload_api_requests_total{method,code},
-// trustbridge_workload_api_pushes_total{method} and
-// trustbridge_workload_api_encodings_total.
+// trustbridge_workload_api_pushes_total{method},
+// trustbridge_workload_api_encodings_total and
+// trustbridge_workload_api_stale (1 while State.Stale is set; the server
+// also logs when that changes).
 //
 // References:
 // https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Workload_API.md

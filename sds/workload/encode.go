@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	protobuf "google.golang.org/protobuf/proto"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
 // frame is a response message already marshalled, sent as is by codec:
@@ -139,14 +141,17 @@ func x509BundlesResponse(bundles []*spiffebundle.Bundle) *workloadpb.X509Bundles
 }
 
 // jwtBundlesResponse holds every trust domain with JWT authorities as a
-// JWKS document (Workload API §6.2, FetchJWTBundles).
+// JWKS document (Workload API §6.2, FetchJWTBundles), keys sorted by key
+// ID: go-spiffe's jwtbundle.Bundle.Marshal follows map order, so with two
+// authorities (during every JWT key rotation) equal States would encode
+// to different bytes and every watcher be pushed on every State.
 func jwtBundlesResponse(bundles []*spiffebundle.Bundle) (*workloadpb.JWTBundlesResponse, error) {
 	resp := &workloadpb.JWTBundlesResponse{Bundles: make(map[string][]byte, len(bundles))}
 	for _, b := range bundles {
 		if len(b.JWTAuthorities()) == 0 {
 			continue
 		}
-		doc, err := b.JWTBundle().Marshal()
+		doc, err := bundledoc.MarshalJWKS(b.JWTAuthorities())
 		if err != nil {
 			return nil, fmt.Errorf("trust domain %q: %w", b.TrustDomain().Name(), err)
 		}

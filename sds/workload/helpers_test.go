@@ -1,12 +1,14 @@
 package workload
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/x509"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,4 +186,23 @@ type signer struct {
 func (s signer) MintJWTSVID(_ context.Context, audience []string) (string, error) {
 	now := time.Now()
 	return jwtsvid.Mint(s.key, s.kid, jwtsvid.Claims{Subject: s.id, Audience: audience, IssuedAt: now, Expiry: now.Add(5 * time.Minute)})
+}
+
+// syncBuffer is a log sink the server's goroutines write while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -2,6 +2,9 @@ package workload
 
 import (
 	"context"
+	"maps"
+	"strings"
+	"unicode"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
@@ -58,6 +61,12 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 	if svid.ID != id {
 		return nil, status.Errorf(codes.Internal, "the minted JWT-SVID is for %s, not %s", svid.ID, id)
 	}
+	// ParseInsecure accepts a token whose audience merely overlaps the
+	// requested one; a workload must get a token for exactly what it
+	// asked, no audience more (it would be accepted there) or less.
+	if !sameSet(svid.Audience, req.GetAudience()) {
+		return nil, status.Errorf(codes.Internal, "the minted JWT-SVID is for audience %q, not the requested %q", svid.Audience, req.GetAudience())
+	}
 	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: id.String(), Svid: token}}}, nil
 }
 
@@ -72,8 +81,27 @@ func checkAudience(aud []string) error {
 		if a == "" || len(a) > maxAudienceSize {
 			return status.Errorf(codes.InvalidArgument, "audience %d: want 1 to %d bytes, got %d", i+1, maxAudienceSize, len(a))
 		}
+		// An audience names a service; a control character in one is
+		// never meant, and NUL or a newline would reach cache keys and
+		// logs.
+		if j := strings.IndexFunc(a, unicode.IsControl); j >= 0 {
+			return status.Errorf(codes.InvalidArgument, "audience %d: control character %U at byte %d; an audience names a service (a URI or a name)", i+1, []rune(a[j:])[0], j)
+		}
 	}
 	return nil
+}
+
+// sameSet reports whether a and b hold the same strings, order and
+// repeats aside.
+func sameSet(a, b []string) bool {
+	in := func(s []string) map[string]bool {
+		m := make(map[string]bool, len(s))
+		for _, v := range s {
+			m[v] = true
+		}
+		return m
+	}
+	return maps.Equal(in(a), in(b))
 }
 
 // mintStatus maps a minting failure to the status the workload gets: the

@@ -105,6 +105,7 @@ func TestValidateJWTSVIDRefuses(t *testing.T) {
 		{"garbage", "not.a.jwt", "svc", false},
 		{"no audience", good, "", false},
 		{"no token", "", "svc", false},
+		{"control character in the audience", mint(w.jwtA, kidA, web, "svc\x00x", now, now.Add(time.Minute)), "svc\x00x", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,6 +171,10 @@ func TestFetchJWTSVIDRefuses(t *testing.T) {
 		{"empty audience", &workloadpb.JWTSVIDRequest{Audience: []string{""}}, codes.InvalidArgument},
 		{"audience too long", &workloadpb.JWTSVIDRequest{Audience: []string{long}}, codes.InvalidArgument},
 		{"too many audiences", &workloadpb.JWTSVIDRequest{Audience: make([]string, maxAudiences+1)}, codes.InvalidArgument},
+		{"NUL in an audience", &workloadpb.JWTSVIDRequest{Audience: []string{"svc", "a\x00b"}}, codes.InvalidArgument},
+		{"newline in an audience", &workloadpb.JWTSVIDRequest{Audience: []string{"svc\n"}}, codes.InvalidArgument},
+		{"DEL in an audience", &workloadpb.JWTSVIDRequest{Audience: []string{"svc\x7f"}}, codes.InvalidArgument},
+		{"C1 control in an audience", &workloadpb.JWTSVIDRequest{Audience: []string{"svc\u0085"}}, codes.InvalidArgument},
 		{"another identity", &workloadpb.JWTSVIDRequest{Audience: []string{"svc"}, SpiffeId: "spiffe://a.test/ns/default/sa/db"}, codes.PermissionDenied},
 		{"not a SPIFFE ID", &workloadpb.JWTSVIDRequest{Audience: []string{"svc"}, SpiffeId: "https://a.test/x"}, codes.InvalidArgument},
 		{"the held identity", &workloadpb.JWTSVIDRequest{Audience: []string{"svc"}, SpiffeId: web.String()}, codes.OK},
@@ -209,6 +214,12 @@ func TestFetchJWTSVIDMinterFailures(t *testing.T) {
 			return "", status.Error(codes.Unauthenticated, "bad certificate")
 		}), codes.Unavailable, "Unauthenticated"},
 		{"token for another identity", signer{w.jwtA, kidA, other}, codes.Internal, "not " + web.String()},
+		{"token for one audience more", minterFunc(func(ctx context.Context, aud []string) (string, error) {
+			return signer{w.jwtA, kidA, web}.MintJWTSVID(ctx, append(aud, "elsewhere"))
+		}), codes.Internal, "not the requested"},
+		{"token for part of the audiences", minterFunc(func(ctx context.Context, aud []string) (string, error) {
+			return signer{w.jwtA, kidA, web}.MintJWTSVID(ctx, aud[:1])
+		}), codes.Internal, "not the requested"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -221,7 +232,7 @@ func TestFetchJWTSVIDMinterFailures(t *testing.T) {
 			addr, _ := serve(t, cfg)
 			ctx, cancel := context.WithTimeout(withHeader(context.Background()), waitFor)
 			defer cancel()
-			_, err := rawClient(t, addr).FetchJWTSVID(ctx, &workloadpb.JWTSVIDRequest{Audience: []string{"svc"}})
+			_, err := rawClient(t, addr).FetchJWTSVID(ctx, &workloadpb.JWTSVIDRequest{Audience: []string{"svc", "other"}})
 			assert.Equal(t, tt.code, status.Code(err))
 			assert.Contains(t, status.Convert(err).Message(), tt.msg)
 		})

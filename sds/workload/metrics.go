@@ -11,6 +11,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	pushes    *prometheus.CounterVec
 	encodings prometheus.Counter
+	stale     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -31,11 +32,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_workload_api_encodings_total",
 			Help: "States encoded into Workload API responses; each encoding is shared by every stream that sends it.",
 		}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_workload_api_stale",
+			Help: "1 while the Workload API serves the last good identity and bundles because their upstream is unreachable, else 0.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.requests, m.pushes, m.encodings} {
+	for _, c := range []prometheus.Collector{m.streams, m.requests, m.pushes, m.encodings, m.stale} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

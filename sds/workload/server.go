@@ -112,6 +112,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	workloadpb.RegisterSpiffeWorkloadAPIServer(gs, s)
 	done := make(chan error, 1)
 	go func() { done <- gs.Serve(ln) }()
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); s.watchStale(wctx) }()
+	defer func() { stopWatch(); <-watched }()
 	select {
 	case <-ctx.Done():
 		gs.Stop()
@@ -122,6 +126,30 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			err = errors.New("gRPC server stopped")
 		}
 		return fmt.Errorf("workload: serving: %w", err)
+	}
+}
+
+// watchStale shows whether the State served is stale, in
+// trustbridge_workload_api_stale and a log line when that changes, until
+// ctx is done.
+func (s *Server) watchStale(ctx context.Context) {
+	var was error
+	for {
+		st, changed := s.src.State()
+		switch {
+		case st.Stale != nil && was == nil:
+			s.metrics.stale.Set(1)
+			s.log.Warn("the Workload API serves identity and bundles that may be out of date (the last good ones, or the first ones before their upstream answered)", logattr.Error, st.Stale.Error())
+		case st.Stale == nil && was != nil:
+			s.metrics.stale.Set(0)
+			s.log.Info("the Workload API serves current identity and bundles again")
+		}
+		was = st.Stale
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
 	}
 }
 
@@ -169,11 +197,32 @@ func methodName(full string) string {
 }
 
 // encoded returns st's responses, encoding them once per State whatever
-// the number of streams asking.
+// the number of streams asking and whether st is still current: a State
+// published by a Cell keeps its encoding in its slot, so streams late to a
+// State already replaced share it too.
 func (s *Server) encoded(st *State) *encoded {
+	slot := st.slot()
+	if slot == nil {
+		return s.encodedUnslotted(st)
+	}
+	slot.once.Do(func() { slot.e = s.encode(st) })
+	return slot.e
+}
+
+// encodedUnslotted serves a Source other than a Cell: the encoding of the
+// current State is cached, one already replaced is encoded again per
+// stream late to it.
+func (s *Server) encodedUnslotted(st *State) *encoded {
 	if e := s.lastEncoded.Load(); e != nil && e.state == st {
 		return e
 	}
+	return s.encode(st)
+}
+
+// encode encodes st, sharing the frames equal to those of the last
+// encoding of a State that was current, and caches it as that encoding
+// while st is current.
+func (s *Server) encode(st *State) *encoded {
 	s.encodeMu.Lock()
 	defer s.encodeMu.Unlock()
 	prev := s.lastEncoded.Load()
@@ -182,9 +231,9 @@ func (s *Server) encoded(st *State) *encoded {
 	}
 	e := encodeState(st, prev)
 	s.metrics.encodings.Inc()
-	// A stream late to a State already replaced gets it encoded but not
-	// cached: caching it would make every stream on the current State
-	// encode that one again.
+	// A State already replaced is not the reference for the next one:
+	// frames are shared with the newest State's so that a stream moving
+	// on compares against what it has.
 	if cur, _ := s.src.State(); cur == st {
 		s.lastEncoded.Store(e)
 	}

@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -29,7 +30,8 @@ func TestX509SourceFollowsRotationAndFederation(t *testing.T) {
 	cell := NewCell()
 	first := w.svid(t)
 	require.NoError(t, cell.Set(State{SVID: first, Bundles: []*spiffebundle.Bundle{w.bundleB(t), w.bundleA(t)}}))
-	addr, reg := serve(t, Config{Source: cell})
+	var logs syncBuffer
+	addr, reg := serve(t, Config{Source: cell, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
@@ -93,11 +95,26 @@ func TestX509SourceFollowsRotationAndFederation(t *testing.T) {
 		assert.NoError(t, err, "the own trust domain's JWT bundle stays")
 	})
 
-	t.Run("a stale state is still served", func(t *testing.T) {
+	t.Run("a stale state is still served, and shown", func(t *testing.T) {
+		staleGauge := func() float64 {
+			return testutil.ToFloat64(gatherOne(t, reg, "trustbridge_workload_api_stale", nil))
+		}
+		require.Equal(t, 0.0, staleGauge())
 		st, _ := cell.State()
 		stale := *st
 		stale.Stale = errors.New("certificate service unreachable")
 		require.NoError(t, cell.Set(stale))
+		assert.EventuallyWithT(t, func(c *assert.CollectT) {
+			assert.Equal(c, 1.0, staleGauge())
+			assert.Contains(c, logs.String(), "certificate service unreachable")
+		}, waitFor, 5*time.Millisecond)
+		defer func() {
+			require.NoError(t, cell.Set(*st))
+			assert.EventuallyWithT(t, func(c *assert.CollectT) {
+				assert.Equal(c, 0.0, staleGauge())
+				assert.Contains(c, logs.String(), "current identity and bundles again")
+			}, waitFor, 5*time.Millisecond)
+		}()
 		got, err := src.GetX509SVID()
 		require.NoError(t, err)
 		assert.Equal(t, first.Chain[0].Raw, got.Certificates[0].Raw)

@@ -13,6 +13,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
 // SVID is the X509-SVID the Workload API serves: its SPIFFE ID, its
@@ -36,6 +38,28 @@ type State struct {
 	// Stale is non-nil while the upstream the State comes from is
 	// unreachable: the State is the last good one and is still served.
 	Stale error
+
+	// enc holds the State's encoding once a stream asked for it; Cell.Set
+	// gives each published State its own, so every stream on a State,
+	// current or already replaced, shares one encoding.
+	enc *encSlot
+}
+
+// encSlot is where a published State's encoding is kept. owner guards
+// against a copy of a published State (which copies the pointer) being
+// served by another Source: the slot is used only for its own State.
+type encSlot struct {
+	owner *State
+	once  sync.Once
+	e     *encoded
+}
+
+// slot is st's encoding slot, nil when st was not published by a Cell.
+func (st *State) slot() *encSlot {
+	if st.enc == nil || st.enc.owner != st {
+		return nil
+	}
+	return st.enc
 }
 
 // Source gives the current State and a channel closed when a newer one
@@ -76,6 +100,7 @@ func (c *Cell) Set(st State) error {
 		return err
 	}
 	st.Bundles = ordered(st.SVID, st.Bundles)
+	st.enc = &encSlot{owner: &st}
 	ch := make(chan struct{})
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -88,7 +113,10 @@ func (c *Cell) Set(st State) error {
 // Check refuses a State the server could not serve as the Workload API
 // requires: an SVID whose leaf is not an X509-SVID for its ID, is a CA,
 // does not match its key, or whose key cannot be exported; a nil or
-// repeated bundle; no bundle for the SVID's own trust domain.
+// repeated bundle; no bundle for the SVID's own trust domain; an SVID
+// that does not chain to that bundle's X.509 authorities (a workload
+// would be handed a certificate its own bundle rejects, as when the
+// bundle lags a root rotation).
 func Check(st *State) error {
 	seen := make(map[spiffeid.TrustDomain]bool, len(st.Bundles))
 	for i, b := range st.Bundles {
@@ -106,10 +134,30 @@ func Check(st *State) error {
 	if err := checkSVID(st.SVID); err != nil {
 		return fmt.Errorf("workload: SVID for %s: %w", st.SVID.ID, err)
 	}
-	if !seen[st.SVID.ID.TrustDomain()] {
-		return fmt.Errorf("workload: no bundle for the SVID's trust domain %q", st.SVID.ID.TrustDomain().Name())
+	own := st.SVID.ID.TrustDomain()
+	if !seen[own] {
+		return fmt.Errorf("workload: no bundle for the SVID's trust domain %q", own.Name())
+	}
+	i := slices.IndexFunc(st.Bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == own })
+	if err := verifyChain(st.SVID.Chain, st.Bundles[i]); err != nil {
+		return fmt.Errorf("workload: SVID for %s: %w; check that the bundle of %q carries the root that issued it", st.SVID.ID, err, own.Name())
 	}
 	return nil
+}
+
+// verifyChain checks that chain verifies against own's X.509 authorities
+// at a moment every certificate of the chain is valid (the latest
+// NotBefore): Check has no clock, and an SVID served past its expiry
+// during an outage is the last good one, not a wrong one.
+func verifyChain(chain []*x509.Certificate, own *spiffebundle.Bundle) error {
+	at := chain[0].NotBefore
+	for _, c := range chain[1:] {
+		if c.NotBefore.After(at) {
+			at = c.NotBefore
+		}
+	}
+	_, _, err := svidcheck.Verify(chain, own, x509.ExtKeyUsageAny, x509svid.WithTime(at))
+	return err
 }
 
 func checkSVID(s *SVID) error {

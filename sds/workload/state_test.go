@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -33,6 +34,8 @@ func TestCellSetRefuses(t *testing.T) {
 		{"empty chain", State{SVID: &SVID{ID: web, Key: good.Key}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "empty certificate chain"},
 		{"leaf for another ID", State{SVID: &SVID{ID: web, Chain: []*x509.Certificate{otherLeaf}, Key: otherKey}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "leaf is for spiffe://a.test/db"},
 		{"key mismatch", State{SVID: &SVID{ID: web, Chain: good.Chain, Key: otherKey}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "does not match"},
+		{"SVID from a root its bundle lacks", State{SVID: good, Bundles: []*spiffebundle.Bundle{testca.New(t, tdA.Name()).Bundle()}}, "chain does not verify"},
+		{"SVID vouched for by another trust domain's root only", State{SVID: good, Bundles: []*spiffebundle.Bundle{spiffebundle.FromX509Authorities(tdA, []*x509.Certificate{testca.New(t, tdA.Name()).Cert}), spiffebundle.FromX509Authorities(tdB, []*x509.Certificate{w.caA.Cert})}}, "chain does not verify"},
 		{"CA leaf", State{SVID: &SVID{ID: tdA.ID(), Chain: []*x509.Certificate{w.caA.Cert}, Key: w.caA.Key}, Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}, "leaf is a CA certificate"},
 	}
 	for _, tt := range tests {
@@ -99,8 +102,8 @@ func TestEncodeOncePerState(t *testing.T) {
 	assert.Same(t, e2.x509Bundles, e3.x509Bundles, "a rotation leaves the bundles stream alone")
 	assert.Same(t, e2.jwtBundles, e3.jwtBundles)
 
-	// A stream late to st2 gets it encoded, without evicting st3's.
-	assert.NotNil(t, srv.encoded(st2).x509SVID)
+	// A stream late to st2 gets st2's encoding, without evicting st3's.
+	assert.Same(t, e2, srv.encoded(st2))
 	assert.Same(t, e3, srv.encoded(st3))
 
 	var resp workloadpb.X509SVIDResponse
@@ -109,7 +112,40 @@ func TestEncodeOncePerState(t *testing.T) {
 	assert.Equal(t, st3.SVID.Chain[0].Raw, resp.GetSvids()[0].GetX509Svid())
 	assert.Equal(t, w.caA.Cert.Raw, resp.GetSvids()[0].GetBundle())
 	assert.Equal(t, map[string][]byte{tdB.IDString(): w.caB.Cert.Raw}, resp.GetFederatedBundles())
-	assert.Equal(t, 4.0, testutil.ToFloat64(srv.metrics.encodings))
+	assert.Equal(t, 3.0, testutil.ToFloat64(srv.metrics.encodings), "one encoding per State")
+}
+
+// TestLateStreamsShareEncoding: streams still on States that close Sets
+// already replaced (a fan-out overtaken by the next Set) share one
+// encoding per State instead of encoding it once each.
+func TestLateStreamsShareEncoding(t *testing.T) {
+	w := newWorld(t)
+	cell := NewCell()
+	srv, err := New(Config{Source: cell})
+	require.NoError(t, err)
+	const sets, streams = 5, 200
+	var published []*State
+	for range sets {
+		require.NoError(t, cell.Set(State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{w.bundleA(t)}}))
+		st, _ := cell.State()
+		published = append(published, st)
+	}
+	got := make([][]*encoded, sets)
+	var wg sync.WaitGroup
+	for i, st := range published {
+		got[i] = make([]*encoded, streams)
+		for j := range streams {
+			wg.Go(func() { got[i][j] = srv.encoded(st) })
+		}
+	}
+	wg.Wait()
+	for i := range published {
+		for j := range streams {
+			require.Same(t, got[i][0], got[i][j], "state %d, stream %d", i, j)
+		}
+		assert.Same(t, published[i], got[i][0].state)
+	}
+	assert.Equal(t, float64(sets), testutil.ToFloat64(srv.metrics.encodings), "one encoding per State")
 }
 
 // FuzzValidateJWTSVID feeds arbitrary tokens and audiences to
@@ -131,5 +167,55 @@ func FuzzValidateJWTSVID(f *testing.F) {
 			// Without the private key a fuzzer cannot forge a token.
 			t.Fatalf("accepted a token no key signed: %q for %q: %v", token, aud, resp)
 		}
+	})
+}
+
+// TestJWTBundlesEncodeDeterministically: during a JWT key rotation a trust
+// domain has several JWT authorities; equal States must encode to equal
+// JWT bundle bytes (go-spiffe's jwtbundle Marshal follows map order), so
+// that a State change that leaves them alone (Stale alone) pushes nothing
+// to FetchJWTBundles watchers.
+func TestJWTBundlesEncodeDeterministically(t *testing.T) {
+	w := newWorld(t)
+	rotating := func() *spiffebundle.Bundle {
+		b := w.caA.Bundle()
+		for _, kid := range []string{"k3", "k1", "k2"} {
+			require.NoError(t, b.AddJWTAuthority(kid, w.jwtA.Public()))
+		}
+		return b
+	}
+	svid := w.svid(t)
+	first := encodeState(&State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}, nil)
+	require.NoError(t, first.encodingFailed)
+	for range 20 {
+		again := encodeState(&State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}, nil)
+		require.Equal(t, first.jwtBundles.b, again.jwtBundles.b)
+	}
+
+	t.Run("a Stale-only change pushes nothing to a JWT bundles watcher", func(t *testing.T) {
+		cell := NewCell()
+		require.NoError(t, cell.Set(State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}))
+		addr, reg := serve(t, Config{Source: cell})
+		ctx, cancel := context.WithTimeout(withHeader(context.Background()), waitFor)
+		defer cancel()
+		stream, err := rawClient(t, addr).FetchJWTBundles(ctx, &workloadpb.JWTBundlesRequest{})
+		require.NoError(t, err)
+		_, err = stream.Recv()
+		require.NoError(t, err)
+		for i := range 10 {
+			st := State{SVID: svid, Bundles: []*spiffebundle.Bundle{rotating()}}
+			if i%2 == 0 {
+				st.Stale = errors.New("certificate service unreachable")
+			}
+			require.NoError(t, cell.Set(st))
+		}
+		// Then a real change: the next message the watcher gets must be it.
+		changed := rotating()
+		require.NoError(t, changed.AddJWTAuthority("k4", w.jwtB.Public()))
+		require.NoError(t, cell.Set(State{SVID: svid, Bundles: []*spiffebundle.Bundle{changed}}))
+		resp, err := stream.Recv()
+		require.NoError(t, err)
+		assert.Contains(t, string(resp.GetBundles()[tdA.IDString()]), `"k4"`, "the message after the Stale-only changes is the real change")
+		assert.Equal(t, 2.0, testutil.ToFloat64(gatherOne(t, reg, "trustbridge_workload_api_pushes_total", map[string]string{"method": "FetchJWTBundles"})))
 	})
 }
