@@ -59,6 +59,19 @@ func (a *Authority) jwtTimelineLocked() Timeline {
 	return tl
 }
 
+// maxJWTSVIDTTLLocked is the longest JWT-SVID this replica may mint: the
+// configured maximum, lowered to the one the journal records when that is
+// shorter. The leader removes a retired key once the recorded maximum has
+// passed; a replica configured with a higher maximum than the leader's
+// would otherwise mint tokens that outlive their key in the bundle.
+func (a *Authority) maxJWTSVIDTTLLocked() time.Duration {
+	limit := a.cfg.MaxJWTSVIDTTL
+	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > 0 && rec < limit {
+		limit = rec
+	}
+	return limit
+}
+
 func (a *Authority) jwtTimesLocked() []RootTimes {
 	out := make([]RootTimes, len(a.jwtKeys))
 	for i, k := range a.jwtKeys {
@@ -276,7 +289,8 @@ func (a *Authority) jwtStepsLocked() (bool, error) {
 
 // SignJWT mints a JWT-SVID for id, an identity the caller has proved, for
 // audience, with the active JWT key. ttl 0 is Config.JWTSVIDTTL; a ttl
-// over Config.MaxJWTSVIDTTL is clamped to it, and the token never
+// over Config.MaxJWTSVIDTTL (or the journal's recorded maximum, when the
+// leader's is lower) is clamped to it, and the token never
 // outlives the key's NotAfter (the key leaves the bundle then); a
 // negative ttl is ErrInvalidTTL. An empty audience is refused (wrapping
 // jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
@@ -298,12 +312,12 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 	case ttl == 0:
 		ttl = a.cfg.JWTSVIDTTL
 	}
-	ttl = min(ttl, a.cfg.MaxJWTSVIDTTL)
 	// Under the read lock, with the time taken under it: a token is
 	// signed before or after a retirement, never across it, so it never
 	// outlives the RemoveAfter computed for its key.
 	a.mu.RLock()
 	defer a.mu.RUnlock()
+	ttl = min(ttl, a.maxJWTSVIDTTLLocked())
 	k := a.activeJWTKeyLocked()
 	now := a.cfg.Clock.Now()
 	if k == nil || !now.Before(k.NotAfter) {

@@ -543,3 +543,26 @@ func TestRequestJWTRotation(t *testing.T) {
 	_, _, err = RequestJWTRotation(t.TempDir(), t0)
 	assert.ErrorContains(t, err, "no CA state")
 }
+
+// A replica configured with a higher maximum JWT-SVID TTL than the leader
+// mints no token longer than the journal's recorded maximum: the leader
+// removes a retired key once that has passed.
+func TestFollowerClampsJWTSVIDTTLToRecordedMax(t *testing.T) {
+	now := time.Now().Truncate(time.Second)
+	clk := clocktesting.NewFakeClock(now)
+	mem := newMemBackend()
+	lcfg := backendConfig(clk, mem, leaderFlag(true))
+	lcfg.MaxJWTSVIDTTL = 10 * time.Minute
+	_, err := New(lcfg)
+	require.NoError(t, err)
+	fcfg := backendConfig(clk, mem, leaderFlag(false))
+	fcfg.MaxJWTSVIDTTL = 2 * time.Hour
+	follower, err := New(fcfg)
+	require.NoError(t, err)
+	_, exp, err := follower.SignJWT(jwtWorkload, []string{"aud"}, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, now.Add(10*time.Minute), exp, "clamped to the leader's recorded maximum")
+	_, exp, err = follower.SignJWT(jwtWorkload, []string{"aud"}, 0)
+	require.NoError(t, err)
+	assert.Equal(t, now.Add(5*time.Minute), exp, "the default is below both maxima")
+}
