@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/utils/clock"
-
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -182,28 +180,20 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- a.cfg.Plugin.Run(ctx) }()
 	for {
-		// Wake up for a directory change, or when a retired plug-in root
-		// is due to leave the bundle.
-		var (
-			removal <-chan time.Time
-			timer   clock.Timer
-		)
-		if next := a.nextPluginRemoval(); !next.IsZero() {
-			timer = a.cfg.Clock.NewTimer(next.Sub(a.cfg.Clock.Now()))
-			removal = timer.C()
-		}
+		// Wake up for a directory change, when a retired plug-in root is
+		// due to leave the bundle or a JWT key step is due, and at least
+		// every recheckInterval: a step that failed is retried, and a key
+		// `ca rotate --jwt` wrote into the state is published.
+		now := a.cfg.Clock.Now()
+		timer := a.cfg.Clock.NewTimer(recheckBy(now, a.nextPluginRemoval()).Sub(now))
 		select {
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
+			timer.Stop()
 			return <-done
-		case <-removal:
+		case <-timer.C():
 		case <-a.cfg.Plugin.Changes():
 		}
-		if timer != nil {
-			timer.Stop()
-		}
+		timer.Stop()
 		a.recordCheck(a.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
 	}
 }

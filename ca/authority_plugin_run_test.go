@@ -1,0 +1,122 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// failingBackend is a memBackend whose commits fail while fail is set.
+type failingBackend struct {
+	*memBackend
+	fail atomic.Bool
+}
+
+func (f *failingBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (string, error) {
+	if f.fail.Load() {
+		return "", errors.New("memory: injected commit failure")
+	}
+	return f.memBackend.Commit(base, j, roots, jwtKeys)
+}
+
+// runPluginAuthority starts a plug-in CA whose loop runs on clk; its
+// directory watcher runs on a clock of its own that never moves, so clk's
+// only waiter is the loop's timer.
+func runPluginAuthority(t *testing.T, clk *clocktesting.FakeClock, cfg Config) *Authority {
+	t.Helper()
+	now := clk.Now()
+	pluginDir := t.TempDir()
+	writePluginDir(t, pluginDir, newPluginPKI(t, pluginPKIOptions{now: now}).files(t, true))
+	cfg.TrustDomain, cfg.Clock, cfg.Registerer = tdExample, clk, prometheus.NewRegistry()
+	cfg.RefreshHint, cfg.WorkloadTTL, cfg.MaxWorkloadTTL = time.Minute, time.Hour, 2*time.Hour
+	cfg.JWTKeyTTL, cfg.MaxJWTSVIDTTL = 4*time.Hour, 30*time.Minute
+	cfg.Plugin = NewPluginWatcher(pluginDir, tdExample, clocktesting.NewFakeClock(now), time.Second, nil)
+	a, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	return a
+}
+
+// waitArmed waits until the plug-in loop sleeps on its timer.
+func waitArmed(t *testing.T, clk *clocktesting.FakeClock, msg string) {
+	t.Helper()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.True(c, clk.HasWaiters())
+	}, 10*time.Second, 5*time.Millisecond, msg)
+}
+
+// In plug-in mode a JWT key step that failed is retried within
+// recheckInterval, not only at the next directory change.
+func TestPluginRunRetriesFailedJWTStep(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	fb := &failingBackend{memBackend: newMemBackend()}
+	a := runPluginAuthority(t, clk, Config{Backend: fb})
+	waitArmed(t, clk, "the loop sleeps until its next check")
+	fb.fail.Store(true)
+	clk.Step(2 * time.Hour) // half the JWT key's life: its successor is due
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 1.0, testutil.ToFloat64(a.metrics.reconcileErrors))
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, "active", jwtStates(a), "the last good state is kept")
+	assert.ErrorContains(t, a.Ready(), "injected commit failure")
+	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
+
+	fb.fail.Store(false)
+	waitArmed(t, clk, "a due step that failed is retried on a timer")
+	clk.Step(recheckInterval)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, "active,prepared", jwtStates(a))
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.NoError(t, a.Ready())
+	assert.Len(t, a.Bundle().JWTAuthorities(), 2)
+}
+
+// `ca rotate --jwt` beside a running plug-in CA: the key is published
+// within recheckInterval, not at the next JWT step days away.
+func TestPluginRunPicksUpRequestedJWTKey(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	dataDir := t.TempDir()
+	a := runPluginAuthority(t, clk, Config{DataDir: dataDir})
+	waitArmed(t, clk, "the loop sleeps until its next check")
+	kid, created, err := RequestJWTRotation(dataDir, clk.Now())
+	require.NoError(t, err)
+	require.True(t, created)
+	clk.Step(recheckInterval)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, "active,prepared", jwtStates(a))
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, kid, a.JWTKeys()[1].KID)
+	assert.Len(t, a.Bundle().JWTAuthorities(), 2)
+}
+
+func TestRecheckBy(t *testing.T) {
+	tests := []struct {
+		name string
+		next time.Time
+		want time.Time
+	}{
+		{"nothing planned", time.Time{}, t0.Add(recheckInterval)},
+		{"due already (zero)", time.Time{}, t0.Add(recheckInterval)},
+		{"sooner than the recheck", t0.Add(time.Second), t0.Add(time.Second)},
+		{"later than the recheck", t0.Add(time.Hour), t0.Add(recheckInterval)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, recheckBy(t0, tt.next))
+		})
+	}
+}
