@@ -39,6 +39,10 @@ func (c *Config) applyJWTDefaults() error {
 	if c.JWTSVIDTTL == 0 {
 		c.JWTSVIDTTL = min(DefaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
+	if c.JWTSVIDTTL < time.Second {
+		// JWT times are whole seconds (NumericDate); see signJWT.
+		return fmt.Errorf("JWT-SVID TTL %s is under one second, the resolution of JWT times; use at least 1s", c.JWTSVIDTTL)
+	}
 	if c.JWTSVIDTTL > c.MaxJWTSVIDTTL {
 		return fmt.Errorf("JWT-SVID TTL %s exceeds the maximum %s; lower the one or raise the other", c.JWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
@@ -292,7 +296,8 @@ func (a *Authority) jwtStepsLocked() (bool, error) {
 // over Config.MaxJWTSVIDTTL (or the journal's recorded maximum, when the
 // leader's is lower) is clamped to it, and the token never
 // outlives the key's NotAfter (the key leaves the bundle then); a
-// negative ttl is ErrInvalidTTL. An empty audience is refused (wrapping
+// negative ttl, or one under a second (the resolution of JWT times), is
+// ErrInvalidTTL. An empty audience is refused (wrapping
 // jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
 // anyone who validates it without naming one.
 func (a *Authority) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
@@ -307,6 +312,10 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 		return "", time.Time{}, fmt.Errorf("ca: %w: %q is not in trust domain %s", ErrIdentityNotAllowed, id, a.cfg.TrustDomain)
 	case ttl < 0:
 		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is negative", ErrInvalidTTL, ttl)
+	case ttl > 0 && ttl < time.Second:
+		// Refused rather than rounded up: a caller asking for less than
+		// the claims can say would get a token longer than it asked for.
+		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is under one second, the resolution of JWT times; ask for at least 1s", ErrInvalidTTL, ttl)
 	case len(audience) == 0:
 		return "", time.Time{}, fmt.Errorf("ca: %w: at least one audience is required", jwtsvid.ErrInvalidClaims)
 	case ttl == 0:
@@ -323,13 +332,17 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 	if k == nil || !now.Before(k.NotAfter) {
 		return "", time.Time{}, fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
 	}
-	exp := now.Add(ttl)
-	if exp.After(k.NotAfter) {
-		exp = k.NotAfter
+	// iat and exp are whole seconds in the token (NumericDate): truncate
+	// both here, or a sub-second remainder could put exp at or before iat.
+	// A ttl of at least 1s then always leaves exp after iat, unless the
+	// key's NotAfter is within the second.
+	iat := now.Truncate(time.Second)
+	exp := minTime(iat.Add(ttl), k.NotAfter).Truncate(time.Second)
+	if !exp.After(iat) {
+		return "", time.Time{}, fmt.Errorf("ca: %w: active JWT key %s expires at %s, less than a second from now; the leader activates its successor before then unless rotation is failing (see the CA's logs)",
+			ErrInvalidSigningMaterial, k.KID, k.NotAfter.UTC().Format(time.RFC3339))
 	}
-	// exp is whole seconds in the token (NumericDate); return what it says.
-	exp = exp.Truncate(time.Second)
-	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: now, Expiry: exp})
+	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: iat, Expiry: exp})
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("ca: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	josejwt "github.com/go-jose/go-jose/v4/jwt"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
@@ -419,6 +420,7 @@ func TestJWTConfigValidation(t *testing.T) {
 		{"negative", func(c *Config) { c.JWTSVIDTTL = -time.Second }, "must not be negative"},
 		{"default over max", func(c *Config) { c.JWTSVIDTTL = time.Hour }, "JWT-SVID TTL 1h0m0s exceeds the maximum 30m0s"},
 		{"key TTL too short", func(c *Config) { c.JWTKeyTTL = time.Hour }, "JWT key TTL 1h0m0s is too short"},
+		{"default under a second", func(c *Config) { c.JWTSVIDTTL = 500 * time.Millisecond }, "JWT-SVID TTL 500ms is under one second"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -565,4 +567,52 @@ func TestFollowerClampsJWTSVIDTTLToRecordedMax(t *testing.T) {
 	_, exp, err = follower.SignJWT(jwtWorkload, []string{"aud"}, 0)
 	require.NoError(t, err)
 	assert.Equal(t, now.Add(5*time.Minute), exp, "the default is below both maxima")
+}
+
+// JWT times are whole seconds: a TTL under a second is refused, and a key
+// whose NotAfter is within the second cannot sign (signing material, not
+// invalid claims). The clock sits off whole seconds, where exp used to land
+// at or before iat.
+func TestSignJWTSubSecond(t *testing.T) {
+	start := t0.Add(300 * time.Millisecond)
+	clk := clocktesting.NewFakeClock(start)
+	a, err := New(jwtConfig(t, clk))
+	require.NoError(t, err)
+	notAfter := a.JWTKeys()[0].NotAfter
+	tests := []struct {
+		name   string
+		at     time.Time
+		ttl    time.Duration
+		err    error
+		result string
+		exp    time.Time
+	}{
+		{"100ms", t0.Add(800 * time.Millisecond), 100 * time.Millisecond, ErrInvalidTTL, "invalid_ttl", time.Time{}},
+		{"900ms", start, 900 * time.Millisecond, ErrInvalidTTL, "invalid_ttl", time.Time{}},
+		{"1s off a whole second", t0.Add(800 * time.Millisecond), time.Second, nil, "ok", t0.Add(time.Second)},
+		{"1.5s", t0.Add(800 * time.Millisecond), 1500 * time.Millisecond, nil, "ok", t0.Add(time.Second)},
+		{"key expires within the second", notAfter.Add(-200 * time.Millisecond), 0, ErrInvalidSigningMaterial, "signing_material", time.Time{}},
+		{"key expires in a second and a bit", notAfter.Add(-1200 * time.Millisecond), 0, nil, "ok", notAfter.Truncate(time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk.SetTime(tt.at)
+			before := testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues(tt.result))
+			token, exp, err := a.SignJWT(jwtWorkload, []string{"aud"}, tt.ttl)
+			assert.Equal(t, before+1, testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues(tt.result)))
+			if tt.err != nil {
+				require.ErrorIs(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.exp, exp)
+			jws, err := josejwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256})
+			require.NoError(t, err)
+			var c josejwt.Claims
+			require.NoError(t, jws.UnsafeClaimsWithoutVerification(&c))
+			assert.True(t, tt.at.Truncate(time.Second).Equal(c.IssuedAt.Time()), "iat is the whole second")
+			assert.True(t, c.Expiry.Time().After(c.IssuedAt.Time()))
+			assert.True(t, exp.Equal(c.Expiry.Time()), "the returned expiry is the token's")
+		})
+	}
 }
