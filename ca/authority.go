@@ -162,10 +162,8 @@ type Authority struct {
 	journal *Journal
 	roots   []*Root   // in journal order
 	jwtKeys []*JWTKey // in journal order
-	// forceJWT asks the next plug-in sync for a JWT key rotation.
-	forceJWT bool
-	version  string // of the state as last written or read
-	bundle   *spiffebundle.Bundle
+	version string    // of the state as last written or read
+	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
 	subs    []chan struct{} // Subscribe

@@ -270,19 +270,16 @@ func (a *Authority) prepareJWTKeyNowLocked() bool {
 }
 
 // rotateJWTKeyPlugin is RotateJWTKey in plug-in mode: the prepared key is
-// committed with the plug-in journal by the next sync, which this runs.
+// committed with the plug-in journal by a sync, which this runs.
 func (a *Authority) rotateJWTKeyPlugin() error {
-	a.mu.Lock()
-	a.forceJWT = true
-	a.mu.Unlock()
-	return a.syncPlugin()
+	return a.syncPluginWith(true)
 }
 
-// jwtStepsLocked runs the JWT key steps due now and, in plug-in mode, a
-// rotation RotateJWTKey asked for.
-func (a *Authority) jwtStepsLocked() (bool, error) {
+// jwtStepsLocked runs the JWT key steps due now and, when force (plug-in
+// mode), a rotation RotateJWTKey asked for.
+func (a *Authority) jwtStepsLocked(force bool) (bool, error) {
 	changed, err := a.reconcileJWTLocked()
-	if err != nil || !a.forceJWT || !a.prepareJWTKeyNowLocked() {
+	if err != nil || !force || !a.prepareJWTKeyNowLocked() {
 		return changed, err
 	}
 	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {

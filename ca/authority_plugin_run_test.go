@@ -27,10 +27,10 @@ func (f *failingBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys 
 	return f.memBackend.Commit(base, j, roots, jwtKeys)
 }
 
-// runPluginAuthority starts a plug-in CA whose loop runs on clk; its
-// directory watcher runs on a clock of its own that never moves, so clk's
-// only waiter is the loop's timer.
-func runPluginAuthority(t *testing.T, clk *clocktesting.FakeClock, cfg Config) *Authority {
+// newPluginAuthority makes a plug-in CA on clk whose directory watcher
+// runs on a clock of its own that never moves, so that clk's only waiter
+// is Run's timer.
+func newPluginAuthority(t *testing.T, clk *clocktesting.FakeClock, cfg Config) *Authority {
 	t.Helper()
 	now := clk.Now()
 	pluginDir := t.TempDir()
@@ -41,6 +41,13 @@ func runPluginAuthority(t *testing.T, clk *clocktesting.FakeClock, cfg Config) *
 	cfg.Plugin = NewPluginWatcher(pluginDir, tdExample, clocktesting.NewFakeClock(now), time.Second, nil)
 	a, err := New(cfg)
 	require.NoError(t, err)
+	return a
+}
+
+// runPluginAuthority starts newPluginAuthority's CA.
+func runPluginAuthority(t *testing.T, clk *clocktesting.FakeClock, cfg Config) *Authority {
+	t.Helper()
+	a := newPluginAuthority(t, clk, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -110,7 +117,6 @@ func TestRecheckBy(t *testing.T) {
 		want time.Time
 	}{
 		{"nothing planned", time.Time{}, t0.Add(recheckInterval)},
-		{"due already (zero)", time.Time{}, t0.Add(recheckInterval)},
 		{"sooner than the recheck", t0.Add(time.Second), t0.Add(time.Second)},
 		{"later than the recheck", t0.Add(time.Hour), t0.Add(recheckInterval)},
 	}
@@ -119,4 +125,32 @@ func TestRecheckBy(t *testing.T) {
 			assert.Equal(t, tt.want, recheckBy(t0, tt.next))
 		})
 	}
+}
+
+// A plug-in sync that fails to commit leaves the journal, keys and
+// sequence last published in memory, and a JWT rotation asked for by the
+// failed RotateJWTKey is not carried out later by a sync nobody asked for.
+func TestPluginSyncFailureRollsBack(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	fb := &failingBackend{memBackend: newMemBackend()}
+	a := newPluginAuthority(t, clk, Config{Backend: fb})
+	seq, events := a.Sequence(), len(a.journal.Events)
+
+	fb.fail.Store(true)
+	clk.Step(time.Minute)
+	require.ErrorContains(t, a.RotateJWTKey(), "injected commit failure")
+	assert.Equal(t, seq, a.Sequence(), "the unsaved sequence is not reported")
+	assert.Len(t, a.journal.Events, events, "the unsaved events are dropped")
+	assert.Equal(t, "active", jwtStates(a))
+	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
+	published, _ := a.Bundle().SequenceNumber()
+	assert.Equal(t, seq, published)
+
+	fb.fail.Store(false)
+	require.NoError(t, a.syncPlugin())
+	assert.Equal(t, "active", jwtStates(a), "the failed request left nothing pending")
+	assert.Equal(t, seq, a.Sequence())
+	require.NoError(t, a.RotateJWTKey())
+	assert.Equal(t, "active,prepared", jwtStates(a))
+	assert.Greater(t, a.Sequence(), seq)
 }
