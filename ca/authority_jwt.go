@@ -124,13 +124,17 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 	switch step {
 	case StepBootstrap:
-		// No active JWT key: a fresh CA, or state written before JWT keys
-		// existed. The first key signs at once: no JWT-SVID can depend on
-		// a key that did not exist, so there is nothing for peers to have
-		// learnt first, and waiting would only leave the CA unable to
-		// mint. (Its successors wait out the lead: peers then hold tokens
-		// signed by the old key and must learn the new one before meeting
-		// tokens it signed.)
+		// No JWT key: a fresh CA, or state written before JWT keys
+		// existed. A fresh CA's first key signs at once: no peer can hold
+		// its bundle yet, so none can be missing the key. A CA whose
+		// bundle peers already poll (roots from before this decision)
+		// publishes its first key PublishLead hints before it signs, as
+		// every successor does: a peer that has not refreshed would
+		// otherwise refuse the first tokens (issue 17: keys are published
+		// at least 5 refresh hints before first use). Plan activates it.
+		if a.publishedBeforeLocked() {
+			return a.newJWTKeyLocked(now, StatePrepared, "first, upgraded CA")
+		}
 		return a.newJWTKeyLocked(now, StateActive, "bootstrap")
 	case StepPrepare:
 		return a.newJWTKeyLocked(now, StatePrepared, "scheduled")
@@ -156,6 +160,13 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 		return nil
 	}
 	return fmt.Errorf("ca: unknown JWT key rotation step %v", step)
+}
+
+// publishedBeforeLocked says whether the journal, as loaded for this
+// decision, holds roots: its bundle may be in peers' hands already. Roots
+// this decision bootstrapped are not in it until the commit.
+func (a *Authority) publishedBeforeLocked() bool {
+	return len(a.journal.Roots) > 0 || len(a.journal.PluginRoots) > 0
 }
 
 func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) error {
@@ -327,7 +338,7 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 	k := a.activeJWTKeyLocked()
 	now := a.cfg.Clock.Now()
 	if k == nil || !now.Before(k.NotAfter) {
-		return "", time.Time{}, fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
+		return "", time.Time{}, a.noActiveJWTKeyLocked(k)
 	}
 	// iat and exp are whole seconds in the token (NumericDate): truncate
 	// both here, or a sub-second remainder could put exp at or before iat.
@@ -344,6 +355,27 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 		return "", time.Time{}, fmt.Errorf("ca: %w", err)
 	}
 	return token, exp, nil
+}
+
+// noActiveJWTKeyLocked says why SignJWT cannot sign with active (nil or
+// expired), and when it will.
+func (a *Authority) noActiveJWTKeyLocked(active *JWTKey) error {
+	if active != nil {
+		return fmt.Errorf("ca: %w: active JWT key %s expired at %s and JWT-SVID minting has stopped; JWT key rotation is failing (see the CA's logs), or run `trustbridge ca rotate --jwt`",
+			ErrInvalidSigningMaterial, active.KID, active.NotAfter.UTC().Format(time.RFC3339))
+	}
+	for _, k := range a.jwtKeys {
+		if k.State != StatePrepared {
+			continue
+		}
+		if at := a.jwtTimelineLocked().ActivateAt(k.times()); !at.IsZero() {
+			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
+				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
+		}
+		return fmt.Errorf("ca: %w: JWT key %s signs %s after a server first publishes it",
+			ErrInvalidSigningMaterial, k.KID, PublishLead*a.cfg.RefreshHint)
+	}
+	return fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
 }
 
 func (a *Authority) activeJWTKeyLocked() *JWTKey {

@@ -192,26 +192,85 @@ func TestJWTKeysSurviveRestart(t *testing.T) {
 	assert.Equal(t, kid, signedKID(t, b))
 }
 
-// State written before JWT keys existed loads; the first JWT key is
-// created and published at once, and the roots are kept.
+// State written before JWT keys existed loads and the roots are kept.
+// Peers already poll its bundle, so the first JWT key is published
+// PublishLead refresh hints before it signs, like every successor; until
+// then SignJWT says when it will sign.
 func TestOldStateWithoutJWTKeysLoads(t *testing.T) {
 	s, j, rootID := storeWithRoot(t)
 	data, err := os.ReadFile(s.journalPath())
 	require.NoError(t, err)
 	require.NotContains(t, string(data), "jwt")
-	clk := clocktesting.NewFakeClock(t0.Add(time.Hour))
+	start := t0.Add(time.Hour)
+	clk := clocktesting.NewFakeClock(start)
 	cfg := jwtConfig(t, clk)
 	cfg.DataDir = filepath.Dir(s.Dir())
 	a, err := New(cfg)
 	require.NoError(t, err)
 	require.Len(t, a.Roots(), 1)
 	assert.Equal(t, rootID, a.Roots()[0].ID)
-	assert.Equal(t, "active", jwtStates(a))
-	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
+	assert.Equal(t, "prepared", jwtStates(a))
+	assert.Len(t, a.Bundle().JWTAuthorities(), 1, "published at once")
 	assert.Greater(t, a.Sequence(), j.Sequence)
-	assert.Equal(t, uint64(t0.Add(time.Hour).Unix()), a.Sequence(), "one new sequence for the start and the new key")
-	require.NoError(t, a.Ready())
-	signedKID(t, a)
+	assert.Equal(t, uint64(start.Unix()), a.Sequence(), "one new sequence for the start and the new key")
+	require.NoError(t, a.Ready(), "JWT keys do not gate readiness")
+
+	lead := PublishLead * cfg.RefreshHint
+	_, _, err = a.SignJWT(jwtWorkload, []string{"aud"}, 0)
+	require.ErrorIs(t, err, ErrInvalidSigningMaterial)
+	assert.ErrorContains(t, err, "signs from "+start.Add(lead).UTC().Format(time.RFC3339))
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues("signing_material")))
+	a.mu.RLock()
+	assert.Equal(t, start.Add(lead), a.nextJWTStepLocked(start), "the plan activates it then")
+	a.mu.RUnlock()
+
+	clk.Step(lead - time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, "prepared", jwtStates(a), "not before the lead")
+	clk.Step(time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, "active", jwtStates(a))
+	assert.Equal(t, a.JWTKeys()[0].KID, signedKID(t, a))
+}
+
+// Where no peer can hold the bundle yet (a fresh CA, self-signed or
+// plug-in) the first JWT key signs at once; a plug-in CA whose state
+// already publishes roots gets a prepared one.
+func TestFirstJWTKeyState(t *testing.T) {
+	t.Run("fresh self-signed", func(t *testing.T) {
+		a, err := New(jwtConfig(t, clocktesting.NewFakeClock(t0)))
+		require.NoError(t, err)
+		assert.Equal(t, "active", jwtStates(a))
+		signedKID(t, a)
+	})
+	t.Run("fresh plug-in", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Now())
+		a := newPluginAuthority(t, clk, Config{Backend: newMemBackend()})
+		assert.Equal(t, "active", jwtStates(a))
+		signedKID(t, a)
+	})
+	t.Run("plug-in state from before JWT keys", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Now())
+		mem := newMemBackend()
+		newPluginAuthority(t, clk, Config{Backend: mem})
+		j, _, _, v, err := mem.Load(tdExample.Name())
+		require.NoError(t, err)
+		require.NotEmpty(t, j.PluginRoots)
+		j.JWTKeys = nil
+		_, err = mem.Commit(v, j, nil, nil)
+		require.NoError(t, err)
+
+		clk.Step(time.Minute)
+		a := newPluginAuthority(t, clk, Config{Backend: mem})
+		assert.Equal(t, "prepared", jwtStates(a))
+		_, _, err = a.SignJWT(jwtWorkload, []string{"aud"}, 0)
+		require.ErrorIs(t, err, ErrInvalidSigningMaterial)
+		assert.ErrorContains(t, err, "published ahead of use")
+		clk.Step(PublishLead * time.Minute)
+		require.NoError(t, a.syncPlugin())
+		assert.Equal(t, "active", jwtStates(a))
+		signedKID(t, a)
+	})
 }
 
 func TestCorruptJWTKeyRefused(t *testing.T) {
