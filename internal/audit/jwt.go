@@ -117,8 +117,8 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 		left := na.Sub(now)
 		if left <= 0 {
 			add(trustview.SeverityCritical, CodeJWTKeyExpired, a.SHA256,
-				fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s and still signs: validators that check key lifetimes refuse its tokens", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
-				checkLeader)
+				fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s: the CA refuses to sign with it, so JWT-SVID minting has stopped until a successor signs", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
+				expiredKeyFix(prepared, checkLeader))
 			continue
 		}
 		if prepared {
@@ -131,6 +131,16 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 		}
 	}
 	return out
+}
+
+// expiredKeyFix says how minting resumes after the active key expired: a
+// prepared successor activates after its lead; without one, a forced
+// rotation publishes one, which signs after its lead too.
+func expiredKeyFix(prepared bool, checkLeader string) string {
+	if prepared {
+		return "a successor is prepared and signs once it has been published for 5 refresh hints; if it does not, " + checkLeader
+	}
+	return "run `trustbridge ca rotate --jwt` against the leader's state: the new key signs once it has been published for 5 refresh hints; then " + checkLeader
 }
 
 // jwtExpirySeverity grades time left on an active key without a
