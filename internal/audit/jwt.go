@@ -105,7 +105,13 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td.Name, Authority: authority, Message: msg, Fix: fix})
 	}
 	const checkLeader = "check that the leader runs and what its log says about JWT key rotation; the leader creates and rotates JWT keys, followers only load them"
-	if len(active) == 0 {
+	switch {
+	case len(active) == 0 && prepared:
+		// An upgraded CA's first key waits out its publication lead.
+		add(trustview.SeverityWarning, CodeJWTNoActiveKey, "",
+			fmt.Sprintf("the CA of %s has no active JWT signing key yet: a prepared key signs once it has been published for 5 refresh hints (a CA upgraded to JWT-SVIDs publishes its first key that way); until then it cannot mint JWT-SVIDs", td.Name),
+			"wait 5 refresh hints; if no key signs by then, "+checkLeader)
+	case len(active) == 0:
 		add(trustview.SeverityCritical, CodeJWTNoActiveKey, "",
 			fmt.Sprintf("the CA of %s has no active JWT signing key: it cannot mint JWT-SVIDs", td.Name), checkLeader)
 	}

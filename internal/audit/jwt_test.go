@@ -87,6 +87,8 @@ func TestJWTFindings(t *testing.T) {
 			[]found{c(CodeJWTNoActiveKey, "east.example")}},
 		{"no JWT key at all", []trustview.TrustDomain{issuer(x509Root)},
 			[]found{c(CodeJWTNoActiveKey, "east.example")}},
+		{"only a prepared key (an upgraded CA's first)", []trustview.TrustDomain{issuer(x509Root, ownKey(t, "a", "prepared", month, month))},
+			[]found{w(CodeJWTNoActiveKey, "east.example")}},
 		{"not an issuer: not judged", []trustview.TrustDomain{local(x509Root)}, []found{}},
 		{"active key past not_after", []trustview.TrustDomain{issuer(x509Root, ownKey(t, "a", "active", month, -time.Hour), ownKey(t, "b", "prepared", month, month))},
 			[]found{c(CodeJWTKeyExpired, "east.example")}},
