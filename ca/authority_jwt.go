@@ -39,8 +39,11 @@ func (c *Config) applyJWTDefaults() error {
 	if c.JWTSVIDTTL == 0 {
 		c.JWTSVIDTTL = min(DefaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
+	// JWT times are whole seconds (NumericDate); see signJWT.
+	if c.MaxJWTSVIDTTL < time.Second {
+		return fmt.Errorf("maximum JWT-SVID TTL %s is under one second, the resolution of JWT times; use at least 1s", c.MaxJWTSVIDTTL)
+	}
 	if c.JWTSVIDTTL < time.Second {
-		// JWT times are whole seconds (NumericDate); see signJWT.
 		return fmt.Errorf("JWT-SVID TTL %s is under one second, the resolution of JWT times; use at least 1s", c.JWTSVIDTTL)
 	}
 	if c.JWTSVIDTTL > c.MaxJWTSVIDTTL {

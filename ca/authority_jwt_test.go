@@ -480,6 +480,7 @@ func TestJWTConfigValidation(t *testing.T) {
 		{"default over max", func(c *Config) { c.JWTSVIDTTL = time.Hour }, "JWT-SVID TTL 1h0m0s exceeds the maximum 30m0s"},
 		{"key TTL too short", func(c *Config) { c.JWTKeyTTL = time.Hour }, "JWT key TTL 1h0m0s is too short"},
 		{"default under a second", func(c *Config) { c.JWTSVIDTTL = 500 * time.Millisecond }, "JWT-SVID TTL 500ms is under one second"},
+		{"maximum under a second", func(c *Config) { c.JWTSVIDTTL, c.MaxJWTSVIDTTL = 0, 500*time.Millisecond }, "maximum JWT-SVID TTL 500ms is under one second"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
