@@ -162,10 +162,8 @@ type Authority struct {
 	journal *Journal
 	roots   []*Root   // in journal order
 	jwtKeys []*JWTKey // in journal order
-	// forceJWT asks the next plug-in sync for a JWT key rotation.
-	forceJWT bool
-	version  string // of the state as last written or read
-	bundle   *spiffebundle.Bundle
+	version string    // of the state as last written or read
+	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
 	subs    []chan struct{} // Subscribe
@@ -304,8 +302,17 @@ func SignErrorKind(err error) string {
 	}
 }
 
+// policy is the leaf policy; call it under mu. The maximum is the
+// configured one, lowered to the journal's recorded maximum when that is
+// shorter: the leader removes a retired root once the recorded maximum has
+// passed, and a replica configured with a higher maximum than the leader's
+// would otherwise sign leaves that outlive their root in the bundle.
 func (a *Authority) policy() Policy {
-	return Policy{TrustDomain: a.cfg.TrustDomain, DefaultTTL: a.cfg.WorkloadTTL, MaxTTL: a.cfg.MaxWorkloadTTL}
+	limit := a.cfg.MaxWorkloadTTL
+	if rec := time.Duration(a.journal.MaxWorkloadTTLSeconds) * time.Second; rec > 0 && rec < limit {
+		limit = rec
+	}
+	return Policy{TrustDomain: a.cfg.TrustDomain, DefaultTTL: min(a.cfg.WorkloadTTL, limit), MaxTTL: limit}
 }
 
 func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {

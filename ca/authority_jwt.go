@@ -39,6 +39,13 @@ func (c *Config) applyJWTDefaults() error {
 	if c.JWTSVIDTTL == 0 {
 		c.JWTSVIDTTL = min(DefaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
+	// JWT times are whole seconds (NumericDate); see signJWT.
+	if c.MaxJWTSVIDTTL < time.Second {
+		return fmt.Errorf("maximum JWT-SVID TTL %s is under one second, the resolution of JWT times; use at least 1s", c.MaxJWTSVIDTTL)
+	}
+	if c.JWTSVIDTTL < time.Second {
+		return fmt.Errorf("JWT-SVID TTL %s is under one second, the resolution of JWT times; use at least 1s", c.JWTSVIDTTL)
+	}
 	if c.JWTSVIDTTL > c.MaxJWTSVIDTTL {
 		return fmt.Errorf("JWT-SVID TTL %s exceeds the maximum %s; lower the one or raise the other", c.JWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
@@ -57,6 +64,19 @@ func (a *Authority) jwtTimelineLocked() Timeline {
 		tl.MaxWorkloadTTL = rec
 	}
 	return tl
+}
+
+// maxJWTSVIDTTLLocked is the longest JWT-SVID this replica may mint: the
+// configured maximum, lowered to the one the journal records when that is
+// shorter. The leader removes a retired key once the recorded maximum has
+// passed; a replica configured with a higher maximum than the leader's
+// would otherwise mint tokens that outlive their key in the bundle.
+func (a *Authority) maxJWTSVIDTTLLocked() time.Duration {
+	limit := a.cfg.MaxJWTSVIDTTL
+	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > 0 && rec < limit {
+		limit = rec
+	}
+	return limit
 }
 
 func (a *Authority) jwtTimesLocked() []RootTimes {
@@ -107,13 +127,17 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 	switch step {
 	case StepBootstrap:
-		// No active JWT key: a fresh CA, or state written before JWT keys
-		// existed. The first key signs at once: no JWT-SVID can depend on
-		// a key that did not exist, so there is nothing for peers to have
-		// learnt first, and waiting would only leave the CA unable to
-		// mint. (Its successors wait out the lead: peers then hold tokens
-		// signed by the old key and must learn the new one before meeting
-		// tokens it signed.)
+		// No JWT key: a fresh CA, or state written before JWT keys
+		// existed. A fresh CA's first key signs at once: no peer can hold
+		// its bundle yet, so none can be missing the key. A CA whose
+		// bundle peers already poll (roots from before this decision)
+		// publishes its first key PublishLead hints before it signs, as
+		// every successor does: a peer that has not refreshed would
+		// otherwise refuse the first tokens (issue 17: keys are published
+		// at least 5 refresh hints before first use). Plan activates it.
+		if a.publishedBeforeLocked() {
+			return a.newJWTKeyLocked(now, StatePrepared, "first, upgraded CA")
+		}
 		return a.newJWTKeyLocked(now, StateActive, "bootstrap")
 	case StepPrepare:
 		return a.newJWTKeyLocked(now, StatePrepared, "scheduled")
@@ -139,6 +163,13 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 		return nil
 	}
 	return fmt.Errorf("ca: unknown JWT key rotation step %v", step)
+}
+
+// publishedBeforeLocked says whether the journal, as loaded for this
+// decision, holds roots: its bundle may be in peers' hands already. Roots
+// this decision bootstrapped are not in it until the commit.
+func (a *Authority) publishedBeforeLocked() bool {
+	return len(a.journal.Roots) > 0 || len(a.journal.PluginRoots) > 0
 }
 
 func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) error {
@@ -253,19 +284,16 @@ func (a *Authority) prepareJWTKeyNowLocked() bool {
 }
 
 // rotateJWTKeyPlugin is RotateJWTKey in plug-in mode: the prepared key is
-// committed with the plug-in journal by the next sync, which this runs.
+// committed with the plug-in journal by a sync, which this runs.
 func (a *Authority) rotateJWTKeyPlugin() error {
-	a.mu.Lock()
-	a.forceJWT = true
-	a.mu.Unlock()
-	return a.syncPlugin()
+	return a.syncPluginWith(true)
 }
 
-// jwtStepsLocked runs the JWT key steps due now and, in plug-in mode, a
-// rotation RotateJWTKey asked for.
-func (a *Authority) jwtStepsLocked() (bool, error) {
+// jwtStepsLocked runs the JWT key steps due now and, when force (plug-in
+// mode), a rotation RotateJWTKey asked for.
+func (a *Authority) jwtStepsLocked(force bool) (bool, error) {
 	changed, err := a.reconcileJWTLocked()
-	if err != nil || !a.forceJWT || !a.prepareJWTKeyNowLocked() {
+	if err != nil || !force || !a.prepareJWTKeyNowLocked() {
 		return changed, err
 	}
 	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
@@ -276,9 +304,11 @@ func (a *Authority) jwtStepsLocked() (bool, error) {
 
 // SignJWT mints a JWT-SVID for id, an identity the caller has proved, for
 // audience, with the active JWT key. ttl 0 is Config.JWTSVIDTTL; a ttl
-// over Config.MaxJWTSVIDTTL is clamped to it, and the token never
+// over Config.MaxJWTSVIDTTL (or the journal's recorded maximum, when the
+// leader's is lower) is clamped to it, and the token never
 // outlives the key's NotAfter (the key leaves the bundle then); a
-// negative ttl is ErrInvalidTTL. An empty audience is refused (wrapping
+// negative ttl, or one under a second (the resolution of JWT times), is
+// ErrInvalidTTL. An empty audience is refused (wrapping
 // jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
 // anyone who validates it without naming one.
 func (a *Authority) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
@@ -293,33 +323,62 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 		return "", time.Time{}, fmt.Errorf("ca: %w: %q is not in trust domain %s", ErrIdentityNotAllowed, id, a.cfg.TrustDomain)
 	case ttl < 0:
 		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is negative", ErrInvalidTTL, ttl)
+	case ttl > 0 && ttl < time.Second:
+		// Refused rather than rounded up: a caller asking for less than
+		// the claims can say would get a token longer than it asked for.
+		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is under one second, the resolution of JWT times; ask for at least 1s", ErrInvalidTTL, ttl)
 	case len(audience) == 0:
 		return "", time.Time{}, fmt.Errorf("ca: %w: at least one audience is required", jwtsvid.ErrInvalidClaims)
 	case ttl == 0:
 		ttl = a.cfg.JWTSVIDTTL
 	}
-	ttl = min(ttl, a.cfg.MaxJWTSVIDTTL)
 	// Under the read lock, with the time taken under it: a token is
 	// signed before or after a retirement, never across it, so it never
 	// outlives the RemoveAfter computed for its key.
 	a.mu.RLock()
 	defer a.mu.RUnlock()
+	ttl = min(ttl, a.maxJWTSVIDTTLLocked())
 	k := a.activeJWTKeyLocked()
 	now := a.cfg.Clock.Now()
 	if k == nil || !now.Before(k.NotAfter) {
-		return "", time.Time{}, fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
+		return "", time.Time{}, a.noActiveJWTKeyLocked(k)
 	}
-	exp := now.Add(ttl)
-	if exp.After(k.NotAfter) {
-		exp = k.NotAfter
+	// iat and exp are whole seconds in the token (NumericDate): truncate
+	// both here, or a sub-second remainder could put exp at or before iat.
+	// A ttl of at least 1s then always leaves exp after iat, unless the
+	// key's NotAfter is within the second.
+	iat := now.Truncate(time.Second)
+	exp := minTime(iat.Add(ttl), k.NotAfter).Truncate(time.Second)
+	if !exp.After(iat) {
+		return "", time.Time{}, fmt.Errorf("ca: %w: active JWT key %s expires at %s, less than a second from now; the leader activates its successor before then unless rotation is failing (see the CA's logs)",
+			ErrInvalidSigningMaterial, k.KID, k.NotAfter.UTC().Format(time.RFC3339))
 	}
-	// exp is whole seconds in the token (NumericDate); return what it says.
-	exp = exp.Truncate(time.Second)
-	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: now, Expiry: exp})
+	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: iat, Expiry: exp})
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("ca: %w", err)
 	}
 	return token, exp, nil
+}
+
+// noActiveJWTKeyLocked says why SignJWT cannot sign with active (nil or
+// expired), and when it will.
+func (a *Authority) noActiveJWTKeyLocked(active *JWTKey) error {
+	if active != nil {
+		return fmt.Errorf("ca: %w: active JWT key %s expired at %s and JWT-SVID minting has stopped; JWT key rotation is failing (see the CA's logs), or run `trustbridge ca rotate --jwt`",
+			ErrInvalidSigningMaterial, active.KID, active.NotAfter.UTC().Format(time.RFC3339))
+	}
+	for _, k := range a.jwtKeys {
+		if k.State != StatePrepared {
+			continue
+		}
+		if at := a.jwtTimelineLocked().ActivateAt(k.times()); !at.IsZero() {
+			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
+				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
+		}
+		return fmt.Errorf("ca: %w: JWT key %s signs %s after a server first publishes it",
+			ErrInvalidSigningMaterial, k.KID, PublishLead*a.cfg.RefreshHint)
+	}
+	return fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
 }
 
 func (a *Authority) activeJWTKeyLocked() *JWTKey {

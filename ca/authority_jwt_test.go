@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	josejwt "github.com/go-jose/go-jose/v4/jwt"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
@@ -191,26 +192,85 @@ func TestJWTKeysSurviveRestart(t *testing.T) {
 	assert.Equal(t, kid, signedKID(t, b))
 }
 
-// State written before JWT keys existed loads; the first JWT key is
-// created and published at once, and the roots are kept.
+// State written before JWT keys existed loads and the roots are kept.
+// Peers already poll its bundle, so the first JWT key is published
+// PublishLead refresh hints before it signs, like every successor; until
+// then SignJWT says when it will sign.
 func TestOldStateWithoutJWTKeysLoads(t *testing.T) {
 	s, j, rootID := storeWithRoot(t)
 	data, err := os.ReadFile(s.journalPath())
 	require.NoError(t, err)
 	require.NotContains(t, string(data), "jwt")
-	clk := clocktesting.NewFakeClock(t0.Add(time.Hour))
+	start := t0.Add(time.Hour)
+	clk := clocktesting.NewFakeClock(start)
 	cfg := jwtConfig(t, clk)
 	cfg.DataDir = filepath.Dir(s.Dir())
 	a, err := New(cfg)
 	require.NoError(t, err)
 	require.Len(t, a.Roots(), 1)
 	assert.Equal(t, rootID, a.Roots()[0].ID)
-	assert.Equal(t, "active", jwtStates(a))
-	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
+	assert.Equal(t, "prepared", jwtStates(a))
+	assert.Len(t, a.Bundle().JWTAuthorities(), 1, "published at once")
 	assert.Greater(t, a.Sequence(), j.Sequence)
-	assert.Equal(t, uint64(t0.Add(time.Hour).Unix()), a.Sequence(), "one new sequence for the start and the new key")
-	require.NoError(t, a.Ready())
-	signedKID(t, a)
+	assert.Equal(t, uint64(start.Unix()), a.Sequence(), "one new sequence for the start and the new key")
+	require.NoError(t, a.Ready(), "JWT keys do not gate readiness")
+
+	lead := PublishLead * cfg.RefreshHint
+	_, _, err = a.SignJWT(jwtWorkload, []string{"aud"}, 0)
+	require.ErrorIs(t, err, ErrInvalidSigningMaterial)
+	assert.ErrorContains(t, err, "signs from "+start.Add(lead).UTC().Format(time.RFC3339))
+	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues("signing_material")))
+	a.mu.RLock()
+	assert.Equal(t, start.Add(lead), a.nextJWTStepLocked(start), "the plan activates it then")
+	a.mu.RUnlock()
+
+	clk.Step(lead - time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, "prepared", jwtStates(a), "not before the lead")
+	clk.Step(time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, "active", jwtStates(a))
+	assert.Equal(t, a.JWTKeys()[0].KID, signedKID(t, a))
+}
+
+// Where no peer can hold the bundle yet (a fresh CA, self-signed or
+// plug-in) the first JWT key signs at once; a plug-in CA whose state
+// already publishes roots gets a prepared one.
+func TestFirstJWTKeyState(t *testing.T) {
+	t.Run("fresh self-signed", func(t *testing.T) {
+		a, err := New(jwtConfig(t, clocktesting.NewFakeClock(t0)))
+		require.NoError(t, err)
+		assert.Equal(t, "active", jwtStates(a))
+		signedKID(t, a)
+	})
+	t.Run("fresh plug-in", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Now())
+		a := newPluginAuthority(t, clk, Config{Backend: newMemBackend()})
+		assert.Equal(t, "active", jwtStates(a))
+		signedKID(t, a)
+	})
+	t.Run("plug-in state from before JWT keys", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Now())
+		mem := newMemBackend()
+		newPluginAuthority(t, clk, Config{Backend: mem})
+		j, _, _, v, err := mem.Load(tdExample.Name())
+		require.NoError(t, err)
+		require.NotEmpty(t, j.PluginRoots)
+		j.JWTKeys = nil
+		_, err = mem.Commit(v, j, nil, nil)
+		require.NoError(t, err)
+
+		clk.Step(time.Minute)
+		a := newPluginAuthority(t, clk, Config{Backend: mem})
+		assert.Equal(t, "prepared", jwtStates(a))
+		_, _, err = a.SignJWT(jwtWorkload, []string{"aud"}, 0)
+		require.ErrorIs(t, err, ErrInvalidSigningMaterial)
+		assert.ErrorContains(t, err, "published ahead of use")
+		clk.Step(PublishLead * time.Minute)
+		require.NoError(t, a.syncPlugin())
+		assert.Equal(t, "active", jwtStates(a))
+		signedKID(t, a)
+	})
 }
 
 func TestCorruptJWTKeyRefused(t *testing.T) {
@@ -419,6 +479,8 @@ func TestJWTConfigValidation(t *testing.T) {
 		{"negative", func(c *Config) { c.JWTSVIDTTL = -time.Second }, "must not be negative"},
 		{"default over max", func(c *Config) { c.JWTSVIDTTL = time.Hour }, "JWT-SVID TTL 1h0m0s exceeds the maximum 30m0s"},
 		{"key TTL too short", func(c *Config) { c.JWTKeyTTL = time.Hour }, "JWT key TTL 1h0m0s is too short"},
+		{"default under a second", func(c *Config) { c.JWTSVIDTTL = 500 * time.Millisecond }, "JWT-SVID TTL 500ms is under one second"},
+		{"maximum under a second", func(c *Config) { c.JWTSVIDTTL, c.MaxJWTSVIDTTL = 0, 500*time.Millisecond }, "maximum JWT-SVID TTL 500ms is under one second"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -542,4 +604,75 @@ func TestRequestJWTRotation(t *testing.T) {
 
 	_, _, err = RequestJWTRotation(t.TempDir(), t0)
 	assert.ErrorContains(t, err, "no CA state")
+}
+
+// A replica configured with a higher maximum JWT-SVID TTL than the leader
+// mints no token longer than the journal's recorded maximum: the leader
+// removes a retired key once that has passed.
+func TestFollowerClampsJWTSVIDTTLToRecordedMax(t *testing.T) {
+	now := time.Now().Truncate(time.Second)
+	clk := clocktesting.NewFakeClock(now)
+	mem := newMemBackend()
+	lcfg := backendConfig(clk, mem, leaderFlag(true))
+	lcfg.MaxJWTSVIDTTL = 10 * time.Minute
+	_, err := New(lcfg)
+	require.NoError(t, err)
+	fcfg := backendConfig(clk, mem, leaderFlag(false))
+	fcfg.MaxJWTSVIDTTL = 2 * time.Hour
+	follower, err := New(fcfg)
+	require.NoError(t, err)
+	_, exp, err := follower.SignJWT(jwtWorkload, []string{"aud"}, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, now.Add(10*time.Minute), exp, "clamped to the leader's recorded maximum")
+	_, exp, err = follower.SignJWT(jwtWorkload, []string{"aud"}, 0)
+	require.NoError(t, err)
+	assert.Equal(t, now.Add(5*time.Minute), exp, "the default is below both maxima")
+}
+
+// JWT times are whole seconds: a TTL under a second is refused, and a key
+// whose NotAfter is within the second cannot sign (signing material, not
+// invalid claims). The clock sits off whole seconds, where exp used to land
+// at or before iat.
+func TestSignJWTSubSecond(t *testing.T) {
+	start := t0.Add(300 * time.Millisecond)
+	clk := clocktesting.NewFakeClock(start)
+	a, err := New(jwtConfig(t, clk))
+	require.NoError(t, err)
+	notAfter := a.JWTKeys()[0].NotAfter
+	tests := []struct {
+		name   string
+		at     time.Time
+		ttl    time.Duration
+		err    error
+		result string
+		exp    time.Time
+	}{
+		{"100ms", t0.Add(800 * time.Millisecond), 100 * time.Millisecond, ErrInvalidTTL, "invalid_ttl", time.Time{}},
+		{"900ms", start, 900 * time.Millisecond, ErrInvalidTTL, "invalid_ttl", time.Time{}},
+		{"1s off a whole second", t0.Add(800 * time.Millisecond), time.Second, nil, "ok", t0.Add(time.Second)},
+		{"1.5s", t0.Add(800 * time.Millisecond), 1500 * time.Millisecond, nil, "ok", t0.Add(time.Second)},
+		{"key expires within the second", notAfter.Add(-200 * time.Millisecond), 0, ErrInvalidSigningMaterial, "signing_material", time.Time{}},
+		{"key expires in a second and a bit", notAfter.Add(-1200 * time.Millisecond), 0, nil, "ok", notAfter.Truncate(time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk.SetTime(tt.at)
+			before := testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues(tt.result))
+			token, exp, err := a.SignJWT(jwtWorkload, []string{"aud"}, tt.ttl)
+			assert.Equal(t, before+1, testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues(tt.result)))
+			if tt.err != nil {
+				require.ErrorIs(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.exp, exp)
+			jws, err := josejwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256})
+			require.NoError(t, err)
+			var c josejwt.Claims
+			require.NoError(t, jws.UnsafeClaimsWithoutVerification(&c))
+			assert.True(t, tt.at.Truncate(time.Second).Equal(c.IssuedAt.Time()), "iat is the whole second")
+			assert.True(t, c.Expiry.Time().After(c.IssuedAt.Time()))
+			assert.True(t, exp.Equal(c.Expiry.Time()), "the returned expiry is the token's")
+		})
+	}
 }

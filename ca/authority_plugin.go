@@ -8,14 +8,18 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/utils/clock"
-
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
 // syncPlugin publishes the plug-in directory's roots, bumping the
 // sequence when the set changed, and persists it.
-func (a *Authority) syncPlugin() error {
+func (a *Authority) syncPlugin() error { return a.syncPluginWith(false) }
+
+// syncPluginWith is syncPlugin, also preparing a JWT key when forceJWT
+// (RotateJWTKey). The request lives only as long as this call, which
+// reports its outcome: a failed one leaves nothing pending, as in
+// self-signed mode, rather than rotating later when nobody asks.
+func (a *Authority) syncPluginWith(forceJWT bool) error {
 	unlock, err := a.lockState()
 	if err != nil {
 		return err
@@ -27,25 +31,24 @@ func (a *Authority) syncPlugin() error {
 	if err != nil {
 		return err
 	}
-	a.journal = j
 	// JWT keys are the CA's own in plug-in mode too (the directory has
 	// X.509 material only); they rotate here as in self-signed mode. Until
-	// the commit succeeds, SignJWT keeps the keys last published.
-	prevKeys := a.jwtKeys
-	a.jwtKeys = keys
+	// the commit succeeds, SignJWT, Sequence and the next sync keep the
+	// journal and keys last published.
+	prevJournal, prevKeys := a.journal, a.jwtKeys
+	a.journal, a.jwtKeys = j, keys
 	m := a.cfg.Plugin.Current()
 	stored := j.Sequence
-	jwtChanged, err := a.jwtStepsLocked()
+	jwtChanged, err := a.jwtStepsLocked(forceJWT)
 	if err == nil {
 		version, err = a.commitPluginRootsLocked(a.cfg.Clock.Now(), m, version, jwtChanged, stored)
 	}
 	if err != nil {
-		a.jwtKeys = prevKeys
+		a.journal, a.jwtKeys = prevJournal, prevKeys
 		return err
 	}
 	a.version = version
 	a.floored = true
-	a.forceJWT = false
 	a.plugin = m
 	if err := a.setPluginRootsLocked(j.PluginRoots); err != nil {
 		return err
@@ -182,28 +185,20 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- a.cfg.Plugin.Run(ctx) }()
 	for {
-		// Wake up for a directory change, or when a retired plug-in root
-		// is due to leave the bundle.
-		var (
-			removal <-chan time.Time
-			timer   clock.Timer
-		)
-		if next := a.nextPluginRemoval(); !next.IsZero() {
-			timer = a.cfg.Clock.NewTimer(next.Sub(a.cfg.Clock.Now()))
-			removal = timer.C()
-		}
+		// Wake up for a directory change, when a retired plug-in root is
+		// due to leave the bundle or a JWT key step is due, and at least
+		// every recheckInterval: a step that failed is retried, and a key
+		// `ca rotate --jwt` wrote into the state is published.
+		now := a.cfg.Clock.Now()
+		timer := a.cfg.Clock.NewTimer(recheckBy(now, a.nextPluginRemoval()).Sub(now))
 		select {
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
+			timer.Stop()
 			return <-done
-		case <-removal:
+		case <-timer.C():
 		case <-a.cfg.Plugin.Changes():
 		}
-		if timer != nil {
-			timer.Stop()
-		}
+		timer.Stop()
 		a.recordCheck(a.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
 	}
 }

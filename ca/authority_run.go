@@ -40,6 +40,14 @@ func (a *Authority) NextCheck(now time.Time) time.Time {
 	_, _, next := a.timelineLocked().Plan(now, a.timesLocked())
 	next = earliest(next, a.nextJWTStepLocked(now))
 	a.mu.RUnlock()
+	return recheckBy(now, next)
+}
+
+// recheckBy is when to check next for work planned at next: then, but no
+// later than recheckInterval from now, so that changes from other
+// processes are picked up and a step that is due (zero: the check that
+// just ran could not make it) is retried.
+func recheckBy(now, next time.Time) time.Time {
 	limit := now.Add(recheckInterval)
 	if next.IsZero() || next.After(limit) {
 		return limit

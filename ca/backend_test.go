@@ -513,3 +513,24 @@ func FuzzDecodeJournal(f *testing.F) {
 		}
 	})
 }
+
+// A replica configured with a longer maximum workload TTL than the leader
+// signs no leaf longer than the journal's recorded maximum: the leader
+// removes a retired root once that has passed.
+func TestFollowerClampsWorkloadTTLToRecordedMax(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	mem := newMemBackend()
+	_, err := New(backendConfig(clk, mem, leaderFlag(true))) // maximum 2h
+	require.NoError(t, err)
+	fcfg := backendConfig(clk, mem, leaderFlag(false))
+	fcfg.WorkloadTTL, fcfg.MaxWorkloadTTL = 3*time.Hour, 4*time.Hour
+	follower, err := New(fcfg)
+	require.NoError(t, err)
+	id := spiffeid.RequireFromPath(tdExample, "/w")
+	res, err := follower.Sign(workloadCSR(t, id), id, 0)
+	require.NoError(t, err)
+	assert.Equal(t, t0.Add(2*time.Hour), res.Leaf.NotAfter, "the default is lowered to the recorded maximum")
+	_, err = follower.Sign(workloadCSR(t, id), id, 3*time.Hour)
+	assert.ErrorIs(t, err, ErrInvalidTTL, "over the recorded maximum")
+	assert.ErrorContains(t, err, "2h0m0s")
+}

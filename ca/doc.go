@@ -21,12 +21,13 @@
 //
 // JWT-SVID signing keys (JWTKeyType: ES256 default, ES384, RS256 of 3072
 // bits) follow the same Timeline, with MaxJWTSVIDTTL in place of the
-// workload TTL: the first key signs at once (nothing can depend on a key
-// that did not exist, also when state from before JWT keys is loaded),
-// its successor is published at half its JWTKeyTTL and signs PublishLead
-// hints later, and a retired key stays published until the longest
-// JWT-SVID it could have signed has expired. They appear in the bundle as
-// JWT authorities (use jwt-svid) under their kid, the RFC 7638 thumbprint.
+// workload TTL: a fresh CA's first key signs at once (no peer can hold its
+// bundle yet); state from before JWT keys, whose bundle peers already
+// poll, gets a prepared first key that signs PublishLead hints later
+// (until then SignJWT says when); a key's successor is published at half
+// its JWTKeyTTL and signs PublishLead hints later, and a retired key stays
+// published until the longest JWT-SVID it could have signed has expired.
+// They appear in the bundle as JWT authorities (use jwt-svid) under their kid, the RFC 7638 thumbprint.
 // SignJWT mints with the active key (internal/jwtsvid); Rotate leaves
 // them alone, RotateJWTKey (`ca rotate --jwt`) rotates them. They are the
 // CA's own in plug-in mode too. Ready does not depend on them: a follower

@@ -105,7 +105,13 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td.Name, Authority: authority, Message: msg, Fix: fix})
 	}
 	const checkLeader = "check that the leader runs and what its log says about JWT key rotation; the leader creates and rotates JWT keys, followers only load them"
-	if len(active) == 0 {
+	switch {
+	case len(active) == 0 && prepared:
+		// An upgraded CA's first key waits out its publication lead.
+		add(trustview.SeverityWarning, CodeJWTNoActiveKey, "",
+			fmt.Sprintf("the CA of %s has no active JWT signing key yet: a prepared key signs once it has been published for 5 refresh hints (a CA upgraded to JWT-SVIDs publishes its first key that way); until then it cannot mint JWT-SVIDs", td.Name),
+			"wait 5 refresh hints; if no key signs by then, "+checkLeader)
+	case len(active) == 0:
 		add(trustview.SeverityCritical, CodeJWTNoActiveKey, "",
 			fmt.Sprintf("the CA of %s has no active JWT signing key: it cannot mint JWT-SVIDs", td.Name), checkLeader)
 	}
@@ -117,8 +123,8 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 		left := na.Sub(now)
 		if left <= 0 {
 			add(trustview.SeverityCritical, CodeJWTKeyExpired, a.SHA256,
-				fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s and still signs: validators that check key lifetimes refuse its tokens", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
-				checkLeader)
+				fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s: the CA refuses to sign with it, so JWT-SVID minting has stopped until a successor signs", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
+				expiredKeyFix(prepared, checkLeader))
 			continue
 		}
 		if prepared {
@@ -131,6 +137,16 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 		}
 	}
 	return out
+}
+
+// expiredKeyFix says how minting resumes after the active key expired: a
+// prepared successor activates after its lead; without one, a forced
+// rotation publishes one, which signs after its lead too.
+func expiredKeyFix(prepared bool, checkLeader string) string {
+	if prepared {
+		return "a successor is prepared and signs once it has been published for 5 refresh hints; if it does not, " + checkLeader
+	}
+	return "run `trustbridge ca rotate --jwt` against the leader's state: the new key signs once it has been published for 5 refresh hints; then " + checkLeader
 }
 
 // jwtExpirySeverity grades time left on an active key without a

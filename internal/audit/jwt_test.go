@@ -87,6 +87,8 @@ func TestJWTFindings(t *testing.T) {
 			[]found{c(CodeJWTNoActiveKey, "east.example")}},
 		{"no JWT key at all", []trustview.TrustDomain{issuer(x509Root)},
 			[]found{c(CodeJWTNoActiveKey, "east.example")}},
+		{"only a prepared key (an upgraded CA's first)", []trustview.TrustDomain{issuer(x509Root, ownKey(t, "a", "prepared", month, month))},
+			[]found{w(CodeJWTNoActiveKey, "east.example")}},
 		{"not an issuer: not judged", []trustview.TrustDomain{local(x509Root)}, []found{}},
 		{"active key past not_after", []trustview.TrustDomain{issuer(x509Root, ownKey(t, "a", "active", month, -time.Hour), ownKey(t, "b", "prepared", month, month))},
 			[]found{c(CodeJWTKeyExpired, "east.example")}},
@@ -130,4 +132,28 @@ func TestJWTFindingsReadTheKey(t *testing.T) {
 	old := trustview.Authority{Kind: trustview.KindJWT, KeyID: "k", SHA256: "aa"}
 	fs = Findings(trustview.Snapshot{Time: now, TrustDomains: []trustview.TrustDomain{peer("west.example", okFed("https://w/"), old)}})
 	assert.Empty(t, fs, "a server that predates JWT details")
+}
+
+// An expired active key is refused by the CA: the finding says minting
+// has stopped and how it resumes, with or without a prepared successor.
+func TestJWTKeyExpiredFindingSaysMintingStopped(t *testing.T) {
+	expired := ownKey(t, "a", "active", 30*24*time.Hour, -time.Hour)
+	cases := []struct {
+		name string
+		tds  []trustview.TrustDomain
+		fix  string
+	}{
+		{"no successor", []trustview.TrustDomain{issuer(expired)}, "trustbridge ca rotate --jwt"},
+		{"a prepared successor", []trustview.TrustDomain{issuer(expired, ownKey(t, "b", "prepared", 30*24*time.Hour, 29*24*time.Hour))}, "a successor is prepared"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := Findings(trustview.Snapshot{Time: now, TrustDomain: "east.example", TrustDomains: tc.tds})
+			require.Len(t, fs, 1)
+			assert.Equal(t, CodeJWTKeyExpired, fs[0].Code)
+			assert.Contains(t, fs[0].Message, "minting has stopped")
+			assert.NotContains(t, fs[0].Message, "still signs")
+			assert.Contains(t, fs[0].Fix, tc.fix)
+		})
+	}
 }
