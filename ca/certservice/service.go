@@ -124,6 +124,12 @@ type Config struct {
 	// MaxBundleWatches bounds the WatchBundles streams open at once; zero
 	// means DefaultMaxBundleWatches.
 	MaxBundleWatches int
+	// MaxBundleWatchesPerIdentity bounds those one identity holds; zero
+	// means DefaultMaxBundleWatchesPerIdentity, or MaxBundleWatches when
+	// that is smaller. Every pod of a Deployment or DaemonSet shares its
+	// identity and opens one stream, so this must exceed the pods of the
+	// largest one.
+	MaxBundleWatchesPerIdentity int
 	// WatchReauthInterval is how often a WatchBundles stream
 	// re-authenticates its caller; zero means DefaultWatchReauthInterval.
 	// A stream also ends when its caller's credential expires.
@@ -156,7 +162,7 @@ type Service struct {
 	// identityAuth authenticates the identity service's callers
 	// (identityAuthenticator).
 	identityAuth authn.Authenticator
-	watchCount   atomic.Int64
+	watchSlots   watchSlots
 	renderings   renderCache
 	stopping     chan struct{} // closed by stopWatches
 	stopOnce     sync.Once
@@ -175,11 +181,15 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
-	if cfg.MaxBundleWatches < 0 || cfg.WatchReauthInterval < 0 {
-		return nil, fmt.Errorf("certservice: bundle stream limit (%d) and re-authentication interval (%s) must not be negative", cfg.MaxBundleWatches, cfg.WatchReauthInterval)
+	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
+		return nil, fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
+			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
 	}
 	if cfg.MaxBundleWatches == 0 {
 		cfg.MaxBundleWatches = DefaultMaxBundleWatches
+	}
+	if cfg.MaxBundleWatchesPerIdentity == 0 {
+		cfg.MaxBundleWatchesPerIdentity = min(DefaultMaxBundleWatchesPerIdentity, cfg.MaxBundleWatches)
 	}
 	if cfg.WatchReauthInterval == 0 {
 		cfg.WatchReauthInterval = DefaultWatchReauthInterval

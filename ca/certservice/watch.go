@@ -28,6 +28,14 @@ const (
 	// DefaultMaxBundleWatches bounds the WatchBundles streams open at once:
 	// one per agent, each a goroutine and a copy of its bundle map.
 	DefaultMaxBundleWatches = 10000
+	// DefaultMaxBundleWatchesPerIdentity bounds the streams one identity
+	// may hold, so that one caller cannot take every slot and lock out
+	// every agent. An agent opens one stream, but every replica of a
+	// Deployment or pod of a DaemonSet shares its service account's
+	// identity: a cap of a handful would lock out the tenth replica. A
+	// tenth of the global cap serves a thousand pods of one identity (and
+	// their reconnects) while it takes ten identities to fill the server.
+	DefaultMaxBundleWatchesPerIdentity = DefaultMaxBundleWatches / 10
 	// DefaultWatchReauthInterval is how often a stream re-authenticates
 	// its caller, as SDS does (sds.DefaultReauthInterval).
 	DefaultWatchReauthInterval = 10 * time.Minute
@@ -82,16 +90,55 @@ func (s *Service) openWatch(ctx context.Context, r authn.Request) (authn.Identit
 		return ident, nil, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
 	}
-	if n := s.watchCount.Add(1); n > int64(s.cfg.MaxBundleWatches) {
-		s.watchCount.Add(-1)
-		return ident, nil, &refusal{codes.ResourceExhausted, "too_many_streams",
-			fmt.Sprintf("%d bundle streams are open, the most this server keeps; retry later", s.cfg.MaxBundleWatches), nil}
+	if ref := s.takeWatchSlot(ident.ID); ref != nil {
+		return ident, nil, ref
 	}
 	s.metrics.watchesOpen.Inc()
 	return ident, func() {
-		s.watchCount.Add(-1)
+		s.releaseWatchSlot(ident.ID)
 		s.metrics.watchesOpen.Dec()
 	}, nil
+}
+
+// watchSlots counts the open WatchBundles streams, in all and by caller.
+type watchSlots struct {
+	mu    sync.Mutex
+	total int
+	by    map[spiffeid.ID]int
+}
+
+// takeWatchSlot counts a stream for id, or refuses it when the server or
+// id holds as many as it may.
+func (s *Service) takeWatchSlot(id spiffeid.ID) *refusal {
+	w := &s.watchSlots
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.total >= s.cfg.MaxBundleWatches:
+		return &refusal{codes.ResourceExhausted, "too_many_streams",
+			fmt.Sprintf("%d bundle streams are open, the most this server keeps; retry later", s.cfg.MaxBundleWatches), nil}
+	case w.by[id] >= s.cfg.MaxBundleWatchesPerIdentity:
+		return &refusal{codes.ResourceExhausted, "too_many_streams_per_identity",
+			fmt.Sprintf("%s holds %d bundle streams, the most one identity may; close one or retry later", id, s.cfg.MaxBundleWatchesPerIdentity), nil}
+	}
+	if w.by == nil {
+		w.by = make(map[spiffeid.ID]int)
+	}
+	w.total++
+	w.by[id]++
+	return nil
+}
+
+// releaseWatchSlot uncounts a stream of id; an identity with none left
+// is forgotten, so the map holds only callers with open streams.
+func (s *Service) releaseWatchSlot(id spiffeid.ID) {
+	w := &s.watchSlots
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.total--
+	if w.by[id]--; w.by[id] <= 0 {
+		delete(w.by, id)
+	}
 }
 
 // watch is one WatchBundles stream.

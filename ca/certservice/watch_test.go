@@ -341,3 +341,36 @@ func TestWatchBundlesPerCallerOnSharedTrust(t *testing.T) {
 	}
 	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()))
 }
+
+// One identity filling its share of the streams leaves the rest to
+// others, and a stream that ends gives its slot back.
+func TestWatchBundlesPerIdentityCap(t *testing.T) {
+	w := newWatchFixture(t, func(cfg *certservice.Config) { cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity = 10, 2 })
+	greedy := w.identityClient(t, nil, goodToken)
+	ctx, cancel := context.WithCancel(t.Context())
+	first, err := greedy.WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
+	require.NoError(t, err)
+	recvMap(t, first)
+	recvMap(t, w.watch(t, greedy))
+
+	_, err = w.watch(t, greedy).Recv()
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "holds 2 bundle streams, the most one identity may")
+	assert.Contains(t, w.logs.String(), `"reason":"too_many_streams_per_identity"`)
+	assert.Equal(t, 1.0, testutil.ToFloat64(w.svc.WatchesForTest("ResourceExhausted", "fake-token")))
+
+	recvMap(t, w.watch(t, w.identityClient(t, svid(t, w.authority, workloadID), "")))
+	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()), "another identity still gets a stream")
+
+	cancel()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 2.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()))
+	}, 10*time.Second, time.Millisecond)
+	recvMap(t, w.watch(t, greedy))
+	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()), "the ended stream's slot is free again")
+}
+
+func TestNewRefusesNegativeWatchCap(t *testing.T) {
+	_, err := certservice.New(certservice.Config{Signer: certservice.SignerFunc(nil), Authenticator: fakeTokens, MaxBundleWatchesPerIdentity: -1})
+	assert.ErrorContains(t, err, "must not be negative")
+}
