@@ -23,3 +23,9 @@ func (s *Service) WatchesOpenForTest() prometheus.Gauge { return s.metrics.watch
 
 // WatchMessagesForTest is trustbridge_certservice_bundle_watch_messages_total.
 func (s *Service) WatchMessagesForTest() prometheus.Counter { return s.metrics.watchMessages }
+
+// WatchOversizedForTest is trustbridge_certservice_bundle_watch_oversized_total.
+func (s *Service) WatchOversizedForTest() prometheus.Counter { return s.metrics.watchOversized }
+
+// SetMaxWatchMessageForTest lowers the largest WatchBundles message sent.
+func (s *Service) SetMaxWatchMessageForTest(n int64) { s.maxWatchMessage.Store(n) }

@@ -163,9 +163,11 @@ type Service struct {
 	// (identityAuthenticator).
 	identityAuth authn.Authenticator
 	watchSlots   watchSlots
-	renderings   renderCache
-	stopping     chan struct{} // closed by stopWatches
-	stopOnce     sync.Once
+	// maxWatchMessage is MaxBundleMessageSize; tests lower it.
+	maxWatchMessage atomic.Int64
+	renderings      renderCache
+	stopping        chan struct{} // closed by stopWatches
+	stopOnce        sync.Once
 }
 
 // New checks cfg and returns a Service. It starts nothing.
@@ -222,6 +224,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
+	s.maxWatchMessage.Store(MaxBundleMessageSize)
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
 	if cfg.Roots == nil {
 		s.extra.Store(&encodedRoots{})
@@ -312,7 +315,7 @@ func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident
 	}
 	var lvl slog.Level
 	switch {
-	case ref.code == codes.Internal || ref.reason == "signing_material":
+	case ref.code == codes.Internal || ref.reason == "signing_material" || ref.reason == "message_too_large":
 		lvl = slog.LevelError
 	case ref.code == codes.Unavailable:
 		lvl = lim.Level(slog.LevelWarn)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
@@ -163,6 +164,9 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 			return &refusal{codes.Internal, "internal", "internal error", err}, nil
 		}
 		if w.last == nil || !sameMessage(w.last, msg) {
+			if ref := w.s.checkSize(msg); ref != nil {
+				return ref, nil
+			}
 			if err := w.stream.Send(msg); err != nil {
 				return nil, err
 			}
@@ -186,6 +190,21 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 		}
 		t.Stop()
 	}
+}
+
+// checkSize refuses a message gRPC would not send (over the server's
+// MaxSendMsgSize): the stream ends with the reason, counted and logged,
+// where the failed send would look like a caller gone and the caller
+// would reconnect to the same failure without a word.
+func (s *Service) checkSize(msg *identityapi.WatchBundlesResponse) *refusal {
+	n, limit := proto.Size(msg), s.maxWatchMessage.Load()
+	if int64(n) <= limit {
+		return nil
+	}
+	s.metrics.watchOversized.Inc()
+	return &refusal{codes.ResourceExhausted, "message_too_large",
+		fmt.Sprintf("your bundle map is %d bytes, over the %d this server sends; the trust policy must grant you fewer trust domains", n, limit),
+		fmt.Errorf("bundle map of %d bytes (%d trust domains withheld) over the limit of %d", n, len(msg.GetWithheldTrustDomains()), limit)}
 }
 
 // untilCheck is the wait until the credential expires or the next
