@@ -29,3 +29,9 @@ func (s *Service) WatchOversizedForTest() prometheus.Counter { return s.metrics.
 
 // SetMaxWatchMessageForTest lowers the largest WatchBundles message sent.
 func (s *Service) SetMaxWatchMessageForTest(n int64) { s.maxWatchMessage.Store(n) }
+
+// SetRandForTest fixes the jitter of re-authentication.
+func (s *Service) SetRandForTest(f func() float64) { s.rand.Store(&f) }
+
+// Jittered is jittered.
+var Jittered = jittered

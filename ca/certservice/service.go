@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -165,9 +166,12 @@ type Service struct {
 	watchSlots   watchSlots
 	// maxWatchMessage is MaxBundleMessageSize; tests lower it.
 	maxWatchMessage atomic.Int64
-	renderings      renderCache
-	stopping        chan struct{} // closed by stopWatches
-	stopOnce        sync.Once
+	// rand jitters re-authentication (math/rand/v2's Float64); tests
+	// fix it.
+	rand       atomic.Pointer[func() float64]
+	renderings renderCache
+	stopping   chan struct{} // closed by stopWatches
+	stopOnce   sync.Once
 }
 
 // New checks cfg and returns a Service. It starts nothing.
@@ -225,6 +229,7 @@ func New(cfg Config) (*Service, error) {
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
 	s.maxWatchMessage.Store(MaxBundleMessageSize)
+	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
 	if cfg.Roots == nil {
 		s.extra.Store(&encodedRoots{})
@@ -698,3 +703,5 @@ func encode(c *x509.Certificate) string {
 	_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	return b.String()
 }
+
+func ptr[T any](v T) *T { return &v }

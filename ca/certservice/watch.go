@@ -40,6 +40,11 @@ const (
 	// DefaultWatchReauthInterval is how often a stream re-authenticates
 	// its caller, as SDS does (sds.DefaultReauthInterval).
 	DefaultWatchReauthInterval = 10 * time.Minute
+	// reauthJitter spreads re-authentications over ±15% of the interval:
+	// streams opened together (every agent reconnecting after a server
+	// restart) would otherwise ask the authenticators, and the API
+	// server behind them, all at once every interval.
+	reauthJitter = 0.15
 )
 
 // WatchBundles streams the caller's bundle map: at once, then whenever the
@@ -210,11 +215,17 @@ func (s *Service) checkSize(msg *identityapi.WatchBundlesResponse) *refusal {
 // untilCheck is the wait until the credential expires or the next
 // re-authentication, whichever comes first.
 func (w *watch) untilCheck(now time.Time) time.Duration {
-	d := w.s.cfg.WatchReauthInterval
+	d := jittered(w.s.cfg.WatchReauthInterval, (*w.s.rand.Load())())
 	if !w.expiry.IsZero() {
 		d = min(d, w.expiry.Sub(now))
 	}
 	return max(d, 0)
+}
+
+// jittered is d moved by up to ±reauthJitter of itself: r in [0, 1)
+// picks where.
+func jittered(d time.Duration, r float64) time.Duration {
+	return time.Duration(float64(d) * (1 - reauthJitter + 2*reauthJitter*r))
 }
 
 // reauthenticate ends the stream once the credential that opened it has
