@@ -53,7 +53,8 @@
 // refused, as on SDS. MintJWTSVID signs a JWT-SVID whose subject is the
 // caller's proven identity (no request field names one) for 1 to
 // MaxAudiences audiences of at most MaxAudienceBytes each; ttl_seconds 0
-// takes the signer's default and a larger one is clamped by it; without
+// takes the signer's default and a larger one is clamped by it, and both
+// to what the caller's credential has left (under a second: Unauthenticated); without
 // Config.JWT it answers FailedPrecondition. WatchBundles streams the
 // caller's SPIFFE bundle map: at once, then whenever Config.Bundles or
 // the caller's Config.Policy decision changes what it holds, never the
