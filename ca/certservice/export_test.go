@@ -1,6 +1,10 @@
 package certservice
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/trustbridge/trustbridge/internal/loglimit"
+)
 
 // GrantChecksForTest is one series of
 // trustbridge_certservice_renewal_grant_checks_total.
@@ -35,3 +39,6 @@ func (s *Service) SetRandForTest(f func() float64) { s.rand.Store(&f) }
 
 // Jittered is jittered.
 var Jittered = jittered
+
+// SetFaultLogForTest replaces the limiter of lasting faults' Error lines.
+func (s *Service) SetFaultLogForTest(l *loglimit.Limiter) { s.faultLog.Store(l) }

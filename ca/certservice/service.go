@@ -46,6 +46,9 @@ const (
 	// DefaultMaxRateLimiters bounds the per-identity limiters kept in
 	// memory; the least recently used is forgotten first.
 	DefaultMaxRateLimiters = 10000
+	// faultLogEvery is how often a lasting fault of ours (the CA cannot
+	// sign) is logged as an Error; the lines between go to Debug.
+	faultLogEvery = 10 * time.Second
 )
 
 // Signer issues a certificate for id, an identity the caller proved, to the
@@ -159,6 +162,9 @@ type Service struct {
 	// (a revoked grant, a rate limit), so a flood of junk cannot push
 	// those to Debug.
 	refuseLog, authedLog *loglimit.Limiter
+	// faultLog bounds the Error lines of faults of ours that repeat on
+	// every call until fixed; tests replace it.
+	faultLog atomic.Pointer[loglimit.Limiter]
 
 	// identityAuth authenticates the identity service's callers
 	// (identityAuthenticator).
@@ -229,6 +235,7 @@ func New(cfg Config) (*Service, error) {
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
 	s.maxWatchMessage.Store(MaxBundleMessageSize)
+	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
 	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
 	if cfg.Roots == nil {
@@ -320,8 +327,13 @@ func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident
 	}
 	var lvl slog.Level
 	switch {
-	case ref.code == codes.Internal || ref.reason == "signing_material" || ref.reason == "message_too_large":
+	case ref.code == codes.Internal:
 		lvl = slog.LevelError
+	case ref.reason == "signing_material" || ref.reason == "message_too_large":
+		// Our fault, but one that lasts and repeats on every call (a CA
+		// without a key, a map too large for a caller that reconnects):
+		// an Error line an interval says it, the metric counts them all.
+		lvl = s.faultLog.Load().Level(slog.LevelError)
 	case ref.code == codes.Unavailable:
 		lvl = lim.Level(slog.LevelWarn)
 	default:
