@@ -153,10 +153,11 @@ type jwtValidateOptions struct {
 func newJWTValidateCmd(e env) *cobra.Command {
 	var o jwtValidateOptions
 	cmd := &cobra.Command{
-		Use:   "validate [TOKEN|-] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
+		Use:   "validate [-|TOKEN] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
 		Short: "Validate a JWT-SVID against SPIFFE bundles",
-		Long: `Validate a JWT-SVID (the argument, or standard input when it is - or absent):
-its signature against the JWT authorities of its own trust domain only (the
+		Long: `Validate a JWT-SVID (from standard input when the argument is - or absent,
+the preferred form; or the argument, which other users can read in
+/proc/PID/cmdline and which stays in shell history: a warning says so): its signature against the JWT authorities of its own trust domain only (the
 trust domain of its subject), its expiry, and that its audience names one of
 --audience. Prints the SPIFFE ID, audience, expiry and every claim; exits
 non-zero, saying why, when the token is not valid.
@@ -166,13 +167,13 @@ as 'ca request' writes it) or, with --trust-domain, one trust domain's SPIFFE
 bundle; or, without --bundle, from the running server (WatchBundles on the
 certificate service's listener), authenticated as for 'jwt mint': the bundles
 of every trust domain the server's trust policy lets you trust.`,
-		Example: `  # against a bundle map
-  trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com "$TOKEN"
-  # against one peer's bundle, token on standard input, as JSON
-  echo "$TOKEN" | trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json
+		Example: `  # against a bundle map, the token on standard input (-)
+  printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com -
+  # against one peer's bundle, token from a file, as JSON
+  trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json - < token.jwt
   # against what the server lets this workload trust
-  trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
-      --prov-cert /etc/creds --audience https://api.example.com "$TOKEN"`,
+  printf '%s' "$TOKEN" | trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJWTValidate(cmd.Context(), e, o, args)
@@ -209,6 +210,9 @@ func runJWTValidate(ctx context.Context, e env, o jwtValidateOptions, args []str
 	token, err := readTokenArg(e.in, args)
 	if err != nil {
 		return err
+	}
+	if len(args) == 1 && args[0] != "-" {
+		fmt.Fprintln(e.err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
 	}
 	source, withheld, err := o.bundles(ctx, e.now())
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,3 +83,35 @@ func withholdPartner(t *testing.T, cfg *certservice.Config) {
 // olderServer serves certificates only, as servers before the identity
 // service did.
 func olderServer(_ *testing.T, cfg *certservice.Config) { cfg.JWT, cfg.Bundles = nil, nil }
+
+// A token on the command line leaks through /proc/PID/cmdline and shell
+// history: validate warns, once, on standard error; not for standard
+// input.
+func TestJWTValidateWarnsAboutTokenInArgs(t *testing.T) {
+	signer, key := testJWTSigner(t)
+	mapFile, _ := bundleWithJWTKey(t, key)
+	token, _, err := signer.SignJWT(laptopID, []string{"a"}, 0)
+	require.NoError(t, err)
+	const warning = "warning: a token on the command line is readable by other users"
+	for _, tc := range []struct {
+		name  string
+		stdin string
+		arg   []string
+		warns bool
+	}{
+		{"argument", "", []string{token}, true},
+		{"dash", token, []string{"-"}, false},
+		{"no argument", token, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout, stderr, code := runCLI(t, tc.stdin, append([]string{"jwt", "validate", "--bundle", mapFile, "--audience", "a"}, tc.arg...)...)
+			require.Equal(t, 0, code, stderr)
+			assert.Contains(t, stdout, "valid JWT-SVID")
+			if tc.warns {
+				assert.Equal(t, 1, strings.Count(stderr, warning))
+			} else {
+				assert.NotContains(t, stderr, warning)
+			}
+		})
+	}
+}
