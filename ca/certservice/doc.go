@@ -53,7 +53,8 @@
 // refused, as on SDS. MintJWTSVID signs a JWT-SVID whose subject is the
 // caller's proven identity (no request field names one) for 1 to
 // MaxAudiences audiences of at most MaxAudienceBytes each; ttl_seconds 0
-// takes the signer's default and a larger one is clamped by it; without
+// takes the signer's default and a larger one is clamped by it, and both
+// to what the caller's credential has left (under a second: Unauthenticated); without
 // Config.JWT it answers FailedPrecondition. WatchBundles streams the
 // caller's SPIFFE bundle map: at once, then whenever Config.Bundles or
 // the caller's Config.Policy decision changes what it holds, never the
@@ -61,7 +62,8 @@
 // federated one is in it when the decision allows it to every member,
 // named in withheld_trust_domains when allowed only for some peers
 // (which a bundle cannot say), and absent when denied. Streams are
-// bounded (Config.MaxBundleWatches), re-authenticate every
+// bounded (Config.MaxBundleWatches, MaxBundleWatchesPerIdentity; a
+// message over MaxBundleMessageSize ends the stream), re-authenticate every
 // Config.WatchReauthInterval, end with Unauthenticated when the
 // credential that opened them (the X509-SVID's NotAfter, a JWT bearer
 // token's exp) expires, and with Unavailable when the server stops.

@@ -1,6 +1,10 @@
 package certservice
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/trustbridge/trustbridge/internal/loglimit"
+)
 
 // GrantChecksForTest is one series of
 // trustbridge_certservice_renewal_grant_checks_total.
@@ -23,3 +27,18 @@ func (s *Service) WatchesOpenForTest() prometheus.Gauge { return s.metrics.watch
 
 // WatchMessagesForTest is trustbridge_certservice_bundle_watch_messages_total.
 func (s *Service) WatchMessagesForTest() prometheus.Counter { return s.metrics.watchMessages }
+
+// WatchOversizedForTest is trustbridge_certservice_bundle_watch_oversized_total.
+func (s *Service) WatchOversizedForTest() prometheus.Counter { return s.metrics.watchOversized }
+
+// SetMaxWatchMessageForTest lowers the largest WatchBundles message sent.
+func (s *Service) SetMaxWatchMessageForTest(n int64) { s.maxWatchMessage.Store(n) }
+
+// SetRandForTest fixes the jitter of re-authentication.
+func (s *Service) SetRandForTest(f func() float64) { s.rand.Store(&f) }
+
+// Jittered is jittered.
+var Jittered = jittered
+
+// SetFaultLogForTest replaces the limiter of lasting faults' Error lines.
+func (s *Service) SetFaultLogForTest(l *loglimit.Limiter) { s.faultLog.Store(l) }

@@ -124,6 +124,10 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref != nil {
 		return nil, ident, ref
 	}
+	credExp, now := credentialExpiry(ident, r), s.cfg.Clock.Now()
+	if ref := checkCredentialLeft(credExp, now); ref != nil {
+		return nil, ident, ref
+	}
 	if !s.allow(ident.ID, ident.ID) {
 		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
@@ -137,7 +141,7 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 
 	// The subject is the identity the caller proved; nothing in the
 	// request can name another.
-	token, exp, err := s.cfg.JWT.SignJWT(ident.ID, audience, ttl)
+	token, exp, err := s.signJWT(ident.ID, audience, ttl, credExp, now)
 	if err == nil && (token == "" || !exp.After(s.cfg.Clock.Now())) {
 		err = errors.New("signer returned no token, or one already expired")
 	}
@@ -147,6 +151,42 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	s.cfg.Logger.Info("jwt-svid issued", logattr.SPIFFEID, ident.ID.String(), "method", ident.Method,
 		"audience", strings.Join(audience, ","), "expires_at", exp.UTC().Format(time.RFC3339), logattr.Address, r.Peer)
 	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: ident.ID.String(), ExpiresAt: exp.Unix()}, ident, nil
+}
+
+// minCredentialLeft is the least time the caller's credential must have
+// left to buy a JWT-SVID: one shorter is useless to anyone receiving it.
+const minCredentialLeft = time.Second
+
+// checkCredentialLeft refuses a caller whose credential (expiring at
+// credExp, zero when unknown) has less than minCredentialLeft left.
+func checkCredentialLeft(credExp, now time.Time) *refusal {
+	if credExp.IsZero() || credExp.Sub(now) >= minCredentialLeft {
+		return nil
+	}
+	return &refusal{codes.Unauthenticated, "credential_expiring",
+		fmt.Sprintf("the credential you authenticated with expires at %s, in under %s; renew it and ask again", credExp.UTC().Format(time.RFC3339), minCredentialLeft), nil}
+}
+
+// signJWT signs a JWT-SVID that expires no later than the credential
+// that bought it (credExp, zero when unknown): a token must not prove an
+// identity for longer than its holder could. A request over what the
+// credential has left is clamped to it; the signer's default, which the
+// service does not know, is signed again clamped when it would outlive it.
+// now is when checkCredentialLeft found at least a second left, so the
+// clamp is never 0, which would mean the default.
+func (s *Service) signJWT(id spiffeid.ID, audience []string, ttl time.Duration, credExp, now time.Time) (string, time.Time, error) {
+	if credExp.IsZero() {
+		return s.cfg.JWT.SignJWT(id, audience, ttl)
+	}
+	left := max(credExp.Sub(now).Truncate(time.Second), minCredentialLeft)
+	if ttl > left {
+		ttl = left
+	}
+	token, exp, err := s.cfg.JWT.SignJWT(id, audience, ttl)
+	if err == nil && exp.After(credExp) {
+		token, exp, err = s.cfg.JWT.SignJWT(id, audience, left)
+	}
+	return token, exp, err
 }
 
 // checkMintRequest returns the audiences and lifetime a request asks for,

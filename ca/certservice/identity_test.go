@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
@@ -277,5 +278,79 @@ func TestMintJWTSVIDLifetime(t *testing.T) {
 		_, _, ttl, _ := signer.last()
 		assert.Equal(t, tc.toSign, ttl, "%d", tc.seconds)
 		assert.WithinDuration(t, time.Now().Add(tc.life), time.Unix(resp.GetExpiresAt(), 0), 5*time.Second, "%d", tc.seconds)
+	}
+}
+
+// A JWT-SVID never outlives the credential that bought it: the lifetime
+// asked for, or the signer's default, is clamped to what the caller's
+// X509-SVID or token has left, and a credential with under a second left
+// buys none.
+func TestMintJWTSVIDClampedToCredential(t *testing.T) {
+	now := time.Unix(time.Now().Unix(), 0)
+	for _, tc := range []struct {
+		name     string
+		token    string        // a JWT bearer token, or "" for an X509-SVID caller
+		svidLeft time.Duration // the X509-SVID's time left at the service's clock
+		ttl      int64
+		wantTTL  []time.Duration // what the signer was asked for, in order
+		wantExp  time.Time
+		wantCode codes.Code
+	}{
+		{name: "token: request clamped", token: fakeJWT(now.Add(90 * time.Second)), ttl: 600, wantTTL: []time.Duration{90 * time.Second}, wantExp: now.Add(90 * time.Second)},
+		{name: "token: default clamped", token: fakeJWT(now.Add(90 * time.Second)), wantTTL: []time.Duration{0, 90 * time.Second}, wantExp: now.Add(90 * time.Second)},
+		{name: "token: request within", token: fakeJWT(now.Add(2 * time.Hour)), ttl: 600, wantTTL: []time.Duration{10 * time.Minute}, wantExp: now.Add(10 * time.Minute)},
+		{name: "token: default within", token: fakeJWT(now.Add(2 * time.Hour)), wantTTL: []time.Duration{0}, wantExp: now.Add(5 * time.Minute)},
+		{name: "token: under a second left", token: fakeJWT(now), ttl: 600, wantCode: codes.Unauthenticated},
+		{name: "x509-svid: request clamped", svidLeft: 30 * time.Second, ttl: 600, wantTTL: []time.Duration{30 * time.Second}, wantExp: now.Add(30 * time.Second)},
+		{name: "x509-svid: under a second left", svidLeft: 500 * time.Millisecond, ttl: 600, wantCode: codes.Unauthenticated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(now)
+			var (
+				mu    sync.Mutex
+				asked []time.Duration
+			)
+			signed := func() []time.Duration {
+				mu.Lock()
+				defer mu.Unlock()
+				return asked
+			}
+			signer := newFakeJWTSigner(t)
+			signer.clk = clk
+			f, _ := jwtFixture(t, func(cfg *certservice.Config) {
+				cfg.Clock = clk
+				cfg.JWT = certservice.JWTSignerFunc(func(id spiffeid.ID, aud []string, ttl time.Duration) (string, time.Time, error) {
+					mu.Lock()
+					asked = append(asked, ttl)
+					mu.Unlock()
+					return signer.SignJWT(id, aud, ttl)
+				})
+				cfg.Authenticator = authn.Chain{cfg.Authenticator, authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
+					if strings.Count(r.BearerToken, ".") != 2 {
+						return authn.Identity{}, authn.ErrNoCredentials
+					}
+					return authn.Identity{ID: tokenID, Method: authn.MethodKubernetesJWT}, nil
+				})}
+			})
+			c := f.identityClient(t, nil, tc.token)
+			if tc.token == "" {
+				cert := svid(t, f.authority, workloadID)
+				clk.SetTime(cert.Leaf.NotAfter.Add(-tc.svidLeft))
+				now := clk.Now()
+				tc.wantExp = now.Add(tc.svidLeft).Truncate(time.Second)
+				c = f.identityClient(t, cert, "")
+			}
+			resp, err := c.MintJWTSVID(t.Context(), &identityapi.MintJWTSVIDRequest{Audience: []string{"aud"}, TtlSeconds: tc.ttl})
+			if tc.wantCode != codes.OK {
+				assert.Equal(t, tc.wantCode, status.Code(err))
+				assert.Contains(t, status.Convert(err).Message(), "renew it and ask again")
+				assert.Empty(t, signed(), "nothing signed")
+				assert.Contains(t, f.logs.String(), `"reason":"credential_expiring"`)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantTTL, signed())
+			assert.Equal(t, tc.wantExp.Unix(), resp.GetExpiresAt())
+		})
 	}
 }

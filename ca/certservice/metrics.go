@@ -13,6 +13,8 @@ type metrics struct {
 	watches       *prometheus.CounterVec
 	watchesOpen   prometheus.Gauge
 	watchMessages prometheus.Counter
+	// watchOversized counts bundle maps too large to send.
+	watchOversized prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,8 +48,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_certservice_bundle_watch_messages_total",
 			Help: "Bundle maps sent on WatchBundles streams: one when a stream opens, one per change of what its caller may trust.",
 		}),
+		watchOversized: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_bundle_watch_oversized_total",
+			Help: "Bundle maps over the 16 MiB a WatchBundles message may carry, not sent: the stream ends with ResourceExhausted and the agent keeps its last bundles. Grant that caller fewer trust domains.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.jwtSVIDs, m.watches, m.watchesOpen, m.watchMessages} {
+	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.jwtSVIDs, m.watches, m.watchesOpen, m.watchMessages, m.watchOversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

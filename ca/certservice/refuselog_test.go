@@ -2,9 +2,11 @@ package certservice_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 )
 
@@ -66,4 +69,22 @@ func TestAuthenticatedRefusalsKeepTheirLogBudget(t *testing.T) {
 		&securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), Metadata: md})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 	assert.Equal(t, 1, strings.Count(f.logs.String(), `"level":"INFO","msg":"certificate request refused","reason":"impersonation"`))
+}
+
+// A CA that cannot sign refuses every MintJWTSVID: one Error line an
+// interval says so, the rest go to Debug, and the metric counts them all.
+func TestSigningMaterialErrorsAreBounded(t *testing.T) {
+	f, signer := jwtFixture(t, nil)
+	f.svc.SetFaultLogForTest(loglimit.New(0, 1)) // one line, however long the test runs
+	signer.set(fmt.Errorf("ca: %w", ca.ErrInvalidSigningMaterial))
+	c := f.identityClient(t, nil, goodToken)
+	const n = 5
+	for range n {
+		_, err := c.MintJWTSVID(t.Context(), &identityapi.MintJWTSVIDRequest{Audience: []string{"aud"}})
+		assert.Equal(t, codes.Unavailable, status.Code(err))
+	}
+	logs := f.logs.String()
+	assert.Equal(t, 1, strings.Count(logs, `"level":"ERROR","msg":"jwt-svid request refused","reason":"signing_material"`))
+	assert.Equal(t, n-1, strings.Count(logs, `"level":"DEBUG","msg":"jwt-svid request refused","reason":"signing_material"`))
+	assert.Equal(t, float64(n), testutil.ToFloat64(f.svc.JWTSVIDsForTest("Unavailable", "fake-token")))
 }

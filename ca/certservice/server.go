@@ -21,9 +21,16 @@ const (
 	// MaxRecvMsgSize bounds a request: a CSR is at most ca.MaxCSRSize,
 	// plus room for the other fields and their framing.
 	MaxRecvMsgSize = ca.MaxCSRSize + 16<<10
-	// MaxSendMsgSize bounds a response, gRPC clients' default receive
-	// limit: merged roots of a thousand trust domains fit.
-	MaxSendMsgSize = 4 << 20
+	// MaxBundleMessageSize bounds one WatchBundles message: what agents
+	// accept (caclient.MaxBundleMapBytes), room for the bundles of a
+	// thousand trust domains with rotations and JWT authorities under way.
+	// A larger one is refused, never sent to fail at the client.
+	MaxBundleMessageSize = 16 << 20
+	// MaxSendMsgSize bounds a response. gRPC's limit is the server's, not
+	// a method's, so it is WatchBundles' limit: a smaller one would fail
+	// every send of a bundle map the agents accept. Other responses are
+	// much smaller (a certificate chain and merged roots).
+	MaxSendMsgSize = MaxBundleMessageSize
 	// MaxConcurrentStreams bounds the calls one connection may have open.
 	MaxConcurrentStreams = 128
 	// MaxHeaderListSize bounds request metadata; a bearer token is at most

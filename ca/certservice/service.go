@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -45,6 +46,9 @@ const (
 	// DefaultMaxRateLimiters bounds the per-identity limiters kept in
 	// memory; the least recently used is forgotten first.
 	DefaultMaxRateLimiters = 10000
+	// faultLogEvery is how often a lasting fault of ours (the CA cannot
+	// sign) is logged as an Error; the lines between go to Debug.
+	faultLogEvery = 10 * time.Second
 )
 
 // Signer issues a certificate for id, an identity the caller proved, to the
@@ -124,6 +128,12 @@ type Config struct {
 	// MaxBundleWatches bounds the WatchBundles streams open at once; zero
 	// means DefaultMaxBundleWatches.
 	MaxBundleWatches int
+	// MaxBundleWatchesPerIdentity bounds those one identity holds; zero
+	// means DefaultMaxBundleWatchesPerIdentity, or MaxBundleWatches when
+	// that is smaller. Every pod of a Deployment or DaemonSet shares its
+	// identity and opens one stream, so this must exceed the pods of the
+	// largest one.
+	MaxBundleWatchesPerIdentity int
 	// WatchReauthInterval is how often a WatchBundles stream
 	// re-authenticates its caller; zero means DefaultWatchReauthInterval.
 	// A stream also ends when its caller's credential expires.
@@ -152,14 +162,22 @@ type Service struct {
 	// (a revoked grant, a rate limit), so a flood of junk cannot push
 	// those to Debug.
 	refuseLog, authedLog *loglimit.Limiter
+	// faultLog bounds the Error lines of faults of ours that repeat on
+	// every call until fixed; tests replace it.
+	faultLog atomic.Pointer[loglimit.Limiter]
 
 	// identityAuth authenticates the identity service's callers
 	// (identityAuthenticator).
 	identityAuth authn.Authenticator
-	watchCount   atomic.Int64
-	renderings   renderCache
-	stopping     chan struct{} // closed by stopWatches
-	stopOnce     sync.Once
+	watchSlots   watchSlots
+	// maxWatchMessage is MaxBundleMessageSize; tests lower it.
+	maxWatchMessage atomic.Int64
+	// rand jitters re-authentication (math/rand/v2's Float64); tests
+	// fix it.
+	rand       atomic.Pointer[func() float64]
+	renderings renderCache
+	stopping   chan struct{} // closed by stopWatches
+	stopOnce   sync.Once
 }
 
 // New checks cfg and returns a Service. It starts nothing.
@@ -175,11 +193,15 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
-	if cfg.MaxBundleWatches < 0 || cfg.WatchReauthInterval < 0 {
-		return nil, fmt.Errorf("certservice: bundle stream limit (%d) and re-authentication interval (%s) must not be negative", cfg.MaxBundleWatches, cfg.WatchReauthInterval)
+	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
+		return nil, fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
+			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
 	}
 	if cfg.MaxBundleWatches == 0 {
 		cfg.MaxBundleWatches = DefaultMaxBundleWatches
+	}
+	if cfg.MaxBundleWatchesPerIdentity == 0 {
+		cfg.MaxBundleWatchesPerIdentity = min(DefaultMaxBundleWatchesPerIdentity, cfg.MaxBundleWatches)
 	}
 	if cfg.WatchReauthInterval == 0 {
 		cfg.WatchReauthInterval = DefaultWatchReauthInterval
@@ -212,6 +234,9 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
+	s.maxWatchMessage.Store(MaxBundleMessageSize)
+	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
+	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
 	if cfg.Roots == nil {
 		s.extra.Store(&encodedRoots{})
@@ -302,8 +327,13 @@ func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident
 	}
 	var lvl slog.Level
 	switch {
-	case ref.code == codes.Internal || ref.reason == "signing_material":
+	case ref.code == codes.Internal:
 		lvl = slog.LevelError
+	case ref.reason == "signing_material" || ref.reason == "message_too_large":
+		// Our fault, but one that lasts and repeats on every call (a CA
+		// without a key, a map too large for a caller that reconnects):
+		// an Error line an interval says it, the metric counts them all.
+		lvl = s.faultLog.Load().Level(slog.LevelError)
 	case ref.code == codes.Unavailable:
 		lvl = lim.Level(slog.LevelWarn)
 	default:
@@ -685,3 +715,5 @@ func encode(c *x509.Certificate) string {
 	_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	return b.String()
 }
+
+func ptr[T any](v T) *T { return &v }

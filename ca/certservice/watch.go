@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
@@ -28,9 +29,22 @@ const (
 	// DefaultMaxBundleWatches bounds the WatchBundles streams open at once:
 	// one per agent, each a goroutine and a copy of its bundle map.
 	DefaultMaxBundleWatches = 10000
+	// DefaultMaxBundleWatchesPerIdentity bounds the streams one identity
+	// may hold, so that one caller cannot take every slot and lock out
+	// every agent. An agent opens one stream, but every replica of a
+	// Deployment or pod of a DaemonSet shares its service account's
+	// identity: a cap of a handful would lock out the tenth replica. A
+	// tenth of the global cap serves a thousand pods of one identity (and
+	// their reconnects) while it takes ten identities to fill the server.
+	DefaultMaxBundleWatchesPerIdentity = DefaultMaxBundleWatches / 10
 	// DefaultWatchReauthInterval is how often a stream re-authenticates
 	// its caller, as SDS does (sds.DefaultReauthInterval).
 	DefaultWatchReauthInterval = 10 * time.Minute
+	// reauthJitter spreads re-authentications over ±15% of the interval:
+	// streams opened together (every agent reconnecting after a server
+	// restart) would otherwise ask the authenticators, and the API
+	// server behind them, all at once every interval.
+	reauthJitter = 0.15
 )
 
 // WatchBundles streams the caller's bundle map: at once, then whenever the
@@ -82,16 +96,55 @@ func (s *Service) openWatch(ctx context.Context, r authn.Request) (authn.Identit
 		return ident, nil, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
 	}
-	if n := s.watchCount.Add(1); n > int64(s.cfg.MaxBundleWatches) {
-		s.watchCount.Add(-1)
-		return ident, nil, &refusal{codes.ResourceExhausted, "too_many_streams",
-			fmt.Sprintf("%d bundle streams are open, the most this server keeps; retry later", s.cfg.MaxBundleWatches), nil}
+	if ref := s.takeWatchSlot(ident.ID); ref != nil {
+		return ident, nil, ref
 	}
 	s.metrics.watchesOpen.Inc()
 	return ident, func() {
-		s.watchCount.Add(-1)
+		s.releaseWatchSlot(ident.ID)
 		s.metrics.watchesOpen.Dec()
 	}, nil
+}
+
+// watchSlots counts the open WatchBundles streams, in all and by caller.
+type watchSlots struct {
+	mu    sync.Mutex
+	total int
+	by    map[spiffeid.ID]int
+}
+
+// takeWatchSlot counts a stream for id, or refuses it when the server or
+// id holds as many as it may.
+func (s *Service) takeWatchSlot(id spiffeid.ID) *refusal {
+	w := &s.watchSlots
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.total >= s.cfg.MaxBundleWatches:
+		return &refusal{codes.ResourceExhausted, "too_many_streams",
+			fmt.Sprintf("%d bundle streams are open, the most this server keeps; retry later", s.cfg.MaxBundleWatches), nil}
+	case w.by[id] >= s.cfg.MaxBundleWatchesPerIdentity:
+		return &refusal{codes.ResourceExhausted, "too_many_streams_per_identity",
+			fmt.Sprintf("%s holds %d bundle streams, the most one identity may; close one or retry later", id, s.cfg.MaxBundleWatchesPerIdentity), nil}
+	}
+	if w.by == nil {
+		w.by = make(map[spiffeid.ID]int)
+	}
+	w.total++
+	w.by[id]++
+	return nil
+}
+
+// releaseWatchSlot uncounts a stream of id; an identity with none left
+// is forgotten, so the map holds only callers with open streams.
+func (s *Service) releaseWatchSlot(id spiffeid.ID) {
+	w := &s.watchSlots
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.total--
+	if w.by[id]--; w.by[id] <= 0 {
+		delete(w.by, id)
+	}
 }
 
 // watch is one WatchBundles stream.
@@ -116,6 +169,9 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 			return &refusal{codes.Internal, "internal", "internal error", err}, nil
 		}
 		if w.last == nil || !sameMessage(w.last, msg) {
+			if ref := w.s.checkSize(msg); ref != nil {
+				return ref, nil
+			}
 			if err := w.stream.Send(msg); err != nil {
 				return nil, err
 			}
@@ -141,14 +197,35 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 	}
 }
 
+// checkSize refuses a message gRPC would not send (over the server's
+// MaxSendMsgSize): the stream ends with the reason, counted and logged,
+// where the failed send would look like a caller gone and the caller
+// would reconnect to the same failure without a word.
+func (s *Service) checkSize(msg *identityapi.WatchBundlesResponse) *refusal {
+	n, limit := proto.Size(msg), s.maxWatchMessage.Load()
+	if int64(n) <= limit {
+		return nil
+	}
+	s.metrics.watchOversized.Inc()
+	return &refusal{codes.ResourceExhausted, "message_too_large",
+		fmt.Sprintf("your bundle map is %d bytes, over the %d this server sends; the trust policy must grant you fewer trust domains", n, limit),
+		fmt.Errorf("bundle map of %d bytes (%d trust domains withheld) over the limit of %d", n, len(msg.GetWithheldTrustDomains()), limit)}
+}
+
 // untilCheck is the wait until the credential expires or the next
 // re-authentication, whichever comes first.
 func (w *watch) untilCheck(now time.Time) time.Duration {
-	d := w.s.cfg.WatchReauthInterval
+	d := jittered(w.s.cfg.WatchReauthInterval, (*w.s.rand.Load())())
 	if !w.expiry.IsZero() {
 		d = min(d, w.expiry.Sub(now))
 	}
 	return max(d, 0)
+}
+
+// jittered is d moved by up to ±reauthJitter of itself: r in [0, 1)
+// picks where.
+func jittered(d time.Duration, r float64) time.Duration {
+	return time.Duration(float64(d) * (1 - reauthJitter + 2*reauthJitter*r))
 }
 
 // reauthenticate ends the stream once the credential that opened it has

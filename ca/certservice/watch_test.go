@@ -2,6 +2,7 @@ package certservice_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -308,6 +309,7 @@ func TestWatchBundlesReauthentication(t *testing.T) {
 			return fakeTokens(ctx, r)
 		})
 	})
+	w.svc.SetRandForTest(func() float64 { return 0.5 }) // no jitter: TestWatchBundlesReauthJitter
 	stream := w.watch(t, w.identityClient(t, nil, goodToken))
 	recvMap(t, stream)
 	// One interval with the token still good keeps the stream.
@@ -340,4 +342,85 @@ func TestWatchBundlesPerCallerOnSharedTrust(t *testing.T) {
 		w.bundles.set(w.authority.Bundle(), testca.New(t, "allowed.example").Bundle(), testca.New(t, "denied.example").Bundle(), w.fed[withheldTD])
 	}
 	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()))
+}
+
+// One identity filling its share of the streams leaves the rest to
+// others, and a stream that ends gives its slot back.
+func TestWatchBundlesPerIdentityCap(t *testing.T) {
+	w := newWatchFixture(t, func(cfg *certservice.Config) { cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity = 10, 2 })
+	greedy := w.identityClient(t, nil, goodToken)
+	ctx, cancel := context.WithCancel(t.Context())
+	first, err := greedy.WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
+	require.NoError(t, err)
+	recvMap(t, first)
+	recvMap(t, w.watch(t, greedy))
+
+	_, err = w.watch(t, greedy).Recv()
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "holds 2 bundle streams, the most one identity may")
+	assert.Contains(t, w.logs.String(), `"reason":"too_many_streams_per_identity"`)
+	assert.Equal(t, 1.0, testutil.ToFloat64(w.svc.WatchesForTest("ResourceExhausted", "fake-token")))
+
+	recvMap(t, w.watch(t, w.identityClient(t, svid(t, w.authority, workloadID), "")))
+	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()), "another identity still gets a stream")
+
+	cancel()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 2.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()))
+	}, 10*time.Second, time.Millisecond)
+	recvMap(t, w.watch(t, greedy))
+	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchesOpenForTest()), "the ended stream's slot is free again")
+}
+
+func TestNewRefusesNegativeWatchCap(t *testing.T) {
+	_, err := certservice.New(certservice.Config{Signer: certservice.SignerFunc(nil), Authenticator: fakeTokens, MaxBundleWatchesPerIdentity: -1})
+	assert.ErrorContains(t, err, "must not be negative")
+}
+
+// Streams re-authenticate within ±15% of the interval, each at its own
+// point, so those opened together do not ask the authenticators at once.
+func TestWatchBundlesReauthJitter(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	var revoked atomic.Bool
+	w := newWatchFixture(t, func(cfg *certservice.Config) {
+		cfg.Clock = clk
+		cfg.WatchReauthInterval = 100 * time.Second
+		cfg.Authenticator = authn.AuthenticatorFunc(func(ctx context.Context, r authn.Request) (authn.Identity, error) {
+			if revoked.Load() {
+				return authn.Identity{}, authn.ErrInvalidCredentials
+			}
+			return fakeTokens(ctx, r)
+		})
+	})
+	w.svc.SetRandForTest(func() float64 { return 0 }) // the earliest point
+	stream := w.watch(t, w.identityClient(t, nil, goodToken))
+	recvMap(t, stream)
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond)
+	revoked.Store(true)
+	clk.Step(85 * time.Second)
+	// Without jitter the stream would wait for the full interval: wait
+	// on the refusal's count, bounded, rather than on Recv.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 1.0, testutil.ToFloat64(w.svc.WatchesForTest("Unauthenticated", "fake-token")), "re-authenticated 15% before the interval")
+	}, 10*time.Second, time.Millisecond)
+	_, err := stream.Recv()
+	assert.Equal(t, codes.Unauthenticated, status.Code(err))
+}
+
+func TestJittered(t *testing.T) {
+	for _, tc := range []struct {
+		r    float64
+		want time.Duration
+	}{
+		{0, 85 * time.Second},
+		{0.5, 100 * time.Second},
+		{0.999999, 114999970 * time.Microsecond},
+	} {
+		t.Run(fmt.Sprint(tc.r), func(t *testing.T) {
+			got := certservice.Jittered(100*time.Second, tc.r)
+			assert.InDelta(t, tc.want, got, float64(time.Microsecond))
+			assert.GreaterOrEqual(t, got, 85*time.Second)
+			assert.Less(t, got, 115*time.Second)
+		})
+	}
 }

@@ -11,9 +11,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
@@ -97,9 +103,10 @@ func runJWTMint(ctx context.Context, e env, o jwtMintOptions) error {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	svid, err := caclient.MintJWTSVID(ctx, conn, o.audience, o.ttl)
+	var p peer.Peer
+	svid, err := caclient.MintJWTSVID(ctx, conn, o.audience, o.ttl, grpc.Peer(&p))
 	if err != nil {
-		return requestError(o.addr, o.timeout, "a JWT-SVID", err)
+		return identityError(o.addr, o.timeout, "a JWT-SVID", err, p.Addr != nil)
 	}
 	out := jwtMintOutput{SPIFFEID: svid.ID.String(), ExpiresAt: svid.ExpiresAt, Token: svid.Token}
 	return o.out.write(e.out, out, func(w io.Writer) error {
@@ -146,10 +153,11 @@ type jwtValidateOptions struct {
 func newJWTValidateCmd(e env) *cobra.Command {
 	var o jwtValidateOptions
 	cmd := &cobra.Command{
-		Use:   "validate [TOKEN|-] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
+		Use:   "validate [-|TOKEN] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
 		Short: "Validate a JWT-SVID against SPIFFE bundles",
-		Long: `Validate a JWT-SVID (the argument, or standard input when it is - or absent):
-its signature against the JWT authorities of its own trust domain only (the
+		Long: `Validate a JWT-SVID (from standard input when the argument is - or absent,
+the preferred form; or the argument, which other users can read in
+/proc/PID/cmdline and which stays in shell history: a warning says so): its signature against the JWT authorities of its own trust domain only (the
 trust domain of its subject), its expiry, and that its audience names one of
 --audience. Prints the SPIFFE ID, audience, expiry and every claim; exits
 non-zero, saying why, when the token is not valid.
@@ -159,13 +167,13 @@ as 'ca request' writes it) or, with --trust-domain, one trust domain's SPIFFE
 bundle; or, without --bundle, from the running server (WatchBundles on the
 certificate service's listener), authenticated as for 'jwt mint': the bundles
 of every trust domain the server's trust policy lets you trust.`,
-		Example: `  # against a bundle map
-  trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com "$TOKEN"
-  # against one peer's bundle, token on standard input, as JSON
-  echo "$TOKEN" | trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json
+		Example: `  # against a bundle map, the token on standard input (-)
+  printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com -
+  # against one peer's bundle, token from a file, as JSON
+  trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json - < token.jwt
   # against what the server lets this workload trust
-  trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
-      --prov-cert /etc/creds --audience https://api.example.com "$TOKEN"`,
+  printf '%s' "$TOKEN" | trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJWTValidate(cmd.Context(), e, o, args)
@@ -203,12 +211,18 @@ func runJWTValidate(ctx context.Context, e env, o jwtValidateOptions, args []str
 	if err != nil {
 		return err
 	}
-	source, err := o.bundles(ctx, e.now())
+	if len(args) == 1 && args[0] != "-" {
+		fmt.Fprintln(e.err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
+	}
+	source, withheld, err := o.bundles(ctx, e.now())
 	if err != nil {
 		return err
 	}
 	svid, err := jwtsvid.Validate(token, source, o.audience)
 	if err != nil {
+		if td := unverifiedTrustDomain(token); slices.Contains(withheld, td) {
+			return fmt.Errorf("the token is of trust domain %s, which the server's trust policy grants you only for some peers: a bundle cannot carry that limit, so the server does not hand its bundle out; validate with --bundle holding it, or ask for a grant without peers", td)
+		}
 		return fmt.Errorf("the token is not a valid JWT-SVID for audience %s: %w", strings.Join(o.audience, ", "), err)
 	}
 	out := jwtValidateOutput{SPIFFEID: svid.ID.String(), Audience: svid.Audience, ExpiresAt: svid.Expiry.UTC(), Claims: svid.Claims}
@@ -234,11 +248,35 @@ func readTokenArg(in io.Reader, args []string) (string, error) {
 	return token, nil
 }
 
-// bundles is the trust to validate with: --bundle, or the server's.
-func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, error) {
+// unverifiedTrustDomain is the trust domain of the token's subject, read
+// without verifying anything, to explain a failure; "" when there is none.
+func unverifiedTrustDomain(token string) string {
+	tok, err := jwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.ES512, jose.RS256, jose.RS384, jose.RS512, jose.PS256, jose.PS384, jose.PS512})
+	if err != nil {
+		return ""
+	}
+	var c jwt.Claims
+	if err := tok.UnsafeClaimsWithoutVerification(&c); err != nil {
+		return ""
+	}
+	id, err := spiffeid.FromString(c.Subject)
+	if err != nil {
+		return ""
+	}
+	return id.TrustDomain().Name()
+}
+
+// bundles is the trust to validate with: --bundle, or the server's, with
+// the trust domains the server withheld.
+func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, error) {
 	if o.bundle == "" {
 		return o.serverBundles(ctx, now)
 	}
+	source, err := o.fileBundles()
+	return source, nil, err
+}
+
+func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
 	if o.addr != "" || o.tokenFile != "" || o.provCert != "" {
 		return nil, errors.New("--bundle is the trust to validate with; --ca-addr, --token-file and --prov-cert fetch it from the server instead: give one or the other")
 	}
@@ -260,25 +298,42 @@ func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbund
 	return caclient.JWTSource(bundles), nil
 }
 
-func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, error) {
+func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, error) {
 	if o.trustDomain != "" {
-		return nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
+		return nil, nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
 	}
 	if err := o.checkAuth(); err != nil {
-		return nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
+		return nil, nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
 	}
 	conn, local, err := o.dial(now)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	b, err := caclient.FetchBundles(ctx, conn, local)
 	if err != nil {
-		return nil, requestError(o.addr, o.timeout, "bundles", err)
+		return nil, nil, identityError(o.addr, o.timeout, "bundles", err, false)
 	}
-	return caclient.JWTSource(b.Bundles), nil
+	return caclient.JWTSource(b.Bundles), b.Withheld, nil
+}
+
+// identityError is requestError for the identity service's calls:
+// Unimplemented means a server older than the service, and Unavailable
+// from a server that answered (answered: the call reached it) is its own
+// word, such as a CA that cannot sign now, not a connection problem.
+func identityError(addr string, timeout time.Duration, what string, err error, answered bool) error {
+	st, _ := status.FromError(err)
+	switch st.Code() {
+	case codes.Unimplemented:
+		return fmt.Errorf("the server at %s does not serve %s: it predates trustbridge's identity service (trustbridge.identity.v1) and must be upgraded: %s", addr, what, st.Message())
+	case codes.Unavailable:
+		if answered {
+			return fmt.Errorf("the CA at %s cannot give %s right now; retry later: %s", addr, what, st.Message())
+		}
+	}
+	return requestError(addr, timeout, what, err)
 }
 
 func printJWTValidation(w io.Writer, v jwtValidateOutput) error {

@@ -176,7 +176,8 @@ func TestJWTValidateWithServerBundles(t *testing.T) {
 // identityServer is a certificate service in this process whose local
 // bundle carries key as a JWT authority; laptopToken authenticates as
 // laptopID.
-func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.PrivateKey) (addr, rootCert, tokenFile string) {
+// mutate, when given, changes the service's config before it starts.
+func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.PrivateKey, mutate ...func(*certservice.Config)) (addr, rootCert, tokenFile string) {
 	t.Helper()
 	td := laptopID.TrustDomain()
 	authority, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir()})
@@ -189,12 +190,16 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 		}
 		return authn.Identity{ID: laptopID, Method: "test-token"}, nil
 	})
-	svc, err := certservice.New(certservice.Config{
+	cfg := certservice.Config{
 		Signer: authority, Authenticator: tokens, JWT: signer,
 		Bundles: certservice.BundleSourceFunc(func() ([]*spiffebundle.Bundle, <-chan struct{}) {
 			return []*spiffebundle.Bundle{local}, nil
 		}),
-	})
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	svc, err := certservice.New(cfg)
 	require.NoError(t, err)
 	sc, err := authority.ServingCert(spiffeid.RequireFromPath(td, grpcServingPath), time.Hour)
 	require.NoError(t, err)

@@ -27,14 +27,15 @@ type JWTSVID struct {
 // certificate service, on the same listener and with the same
 // authentication) for a JWT-SVID for audience. ttl zero leaves the
 // lifetime to the server, which clamps it to its maximum. A failed call
-// returns the gRPC status error unwrapped.
-func MintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, audience []string, ttl time.Duration) (*JWTSVID, error) {
+// returns the gRPC status error unwrapped. opts apply to the call (such
+// as grpc.Peer, to tell a server's refusal from no connection).
+func MintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, audience []string, ttl time.Duration, opts ...grpc.CallOption) (*JWTSVID, error) {
 	if ttl < 0 {
 		return nil, fmt.Errorf("lifetime %s is negative", ttl)
 	}
 	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, &identityapi.MintJWTSVIDRequest{
 		Audience: audience, TtlSeconds: int64((ttl + time.Second - 1) / time.Second),
-	})
+	}, opts...)
 	if err != nil {
 		return nil, err
 	}
