@@ -17,15 +17,8 @@ func TestREADMEShowsThisProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var indented []string
-	for _, l := range strings.Split(strings.TrimRight(string(src), "\n"), "\n") {
-		if l != "" {
-			l = "  " + l
-		}
-		indented = append(indented, l)
-	}
-	block := "  ```go\n" + strings.Join(indented, "\n") + "\n  ```\n"
+	block := "```go\n" + string(src) + "```\n"
 	if !strings.Contains(string(readme), block) {
-		t.Fatalf("README.md does not show docs/examples/workload-api/main.go as it is; paste it (indented by two spaces) into the Workload API item")
+		t.Fatalf("README.md does not show docs/examples/workload-api/main.go as it is; paste it into the \"SPIFFE Workload API and JWT-SVIDs\" section")
 	}
 }
