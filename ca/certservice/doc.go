@@ -62,7 +62,8 @@
 // federated one is in it when the decision allows it to every member,
 // named in withheld_trust_domains when allowed only for some peers
 // (which a bundle cannot say), and absent when denied. Streams are
-// bounded (Config.MaxBundleWatches, MaxBundleWatchesPerIdentity; a
+// bounded (Config.MaxBundleWatches, MaxBundleWatchesPerIdentity, freed by
+// keepalive within KeepaliveTime+KeepaliveTimeout of a peer vanishing; a
 // message over MaxBundleMessageSize ends the stream), re-authenticate every
 // Config.WatchReauthInterval, end with Unauthenticated when the
 // credential that opened them (the X509-SVID's NotAfter, a JWT bearer

@@ -38,6 +38,20 @@ const (
 	MaxHeaderListSize = 32 << 10
 	// ConnectionTimeout bounds the TLS handshake and HTTP/2 setup.
 	ConnectionTimeout = 10 * time.Second
+	// KeepaliveTime is how long a connection may be silent before the
+	// server pings it, and KeepaliveTimeout how long it then waits for
+	// the answer. A peer gone without closing (its node vanished, a
+	// network partition) keeps its WatchBundles stream, and the slot it
+	// holds of its identity's MaxBundleWatchesPerIdentity, until then:
+	// with gRPC's default of two hours, a DaemonSet's agents, sharing one
+	// identity, reconnecting after a network blip would be refused for
+	// hours. Agents ping every caclient.KeepaliveTime while a stream is
+	// open, so the server pings only quiet callers.
+	KeepaliveTime    = time.Minute
+	KeepaliveTimeout = 20 * time.Second
+	// KeepaliveMinTime is the most often a client may ping before it is
+	// disconnected; it must allow caclient.KeepaliveTime.
+	KeepaliveMinTime = 10 * time.Second
 	// shutdownGrace is how long Run lets calls in progress finish.
 	shutdownGrace = 10 * time.Second
 )
@@ -45,7 +59,8 @@ const (
 // ServerOptions are the limits for a certificate service gRPC server:
 // message and header sizes, concurrent streams per connection, keepalive
 // enforcement (a client pinging more often than every 10s is disconnected)
-// and the connection setup timeout; and one stream worker per CPU, whose
+// and detection of dead peers (KeepaliveTime), and the connection setup
+// timeout; and one stream worker per CPU, whose
 // goroutines keep the stack a signing grew, where a goroutine per call
 // grows a new one each time (about 3% of the CPU per certificate under
 // load, issue 15's benchmark; calls beyond the workers, and long-lived SDS
@@ -59,15 +74,15 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.ConnectionTimeout(ConnectionTimeout),
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
-			MinTime:             10 * time.Second,
+			MinTime:             KeepaliveMinTime,
 			PermitWithoutStream: true,
 		}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			// Idle agents reconnect when they next need a certificate,
 			// hours later; holding their connections costs memory.
 			MaxConnectionIdle: 15 * time.Minute,
-			Time:              2 * time.Hour,
-			Timeout:           20 * time.Second,
+			Time:              KeepaliveTime,
+			Timeout:           KeepaliveTimeout,
 		}),
 	}
 }

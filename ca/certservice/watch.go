@@ -62,6 +62,7 @@ func (is *identityService) WatchBundles(_ *identityapi.WatchBundlesRequest, stre
 	}
 	defer release()
 	w := &watch{s: s, stream: stream, r: r, ident: ident, expiry: credentialExpiry(ident, r)}
+	w.reauthAt = w.nextReauth(s.timers().Now())
 	ref, err := w.run(ctx)
 	method := methodLabel(w.ident)
 	switch {
@@ -154,7 +155,12 @@ type watch struct {
 	r      authn.Request // what opened the stream, to re-authenticate
 	ident  authn.Identity
 	expiry time.Time // of the caller's credential; zero when unknown
-	last   *identityapi.WatchBundlesResponse
+	// reauthAt is when the caller is next proved again: fixed when the
+	// stream opens and after each re-authentication, never by other
+	// wake-ups, which trust or decision changes may bring more often
+	// than the interval.
+	reauthAt time.Time
+	last     *identityapi.WatchBundlesResponse
 }
 
 // run sends until the stream ends: a refusal, or none when the caller
@@ -189,7 +195,7 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 		case <-trustChanged:
 		case <-decisionChanged:
 		case <-t.C():
-			if ref := w.reauthenticate(ctx, clk.Now()); ref != nil {
+			if ref := w.check(ctx, clk.Now()); ref != nil {
 				return ref, nil
 			}
 		}
@@ -215,11 +221,29 @@ func (s *Service) checkSize(msg *identityapi.WatchBundlesResponse) *refusal {
 // untilCheck is the wait until the credential expires or the next
 // re-authentication, whichever comes first.
 func (w *watch) untilCheck(now time.Time) time.Duration {
-	d := jittered(w.s.cfg.WatchReauthInterval, (*w.s.rand.Load())())
+	d := w.reauthAt.Sub(now)
 	if !w.expiry.IsZero() {
 		d = min(d, w.expiry.Sub(now))
 	}
 	return max(d, 0)
+}
+
+// nextReauth is a jittered interval after now.
+func (w *watch) nextReauth(now time.Time) time.Time {
+	return now.Add(jittered(w.s.cfg.WatchReauthInterval, (*w.s.rand.Load())()))
+}
+
+// check ends the stream once the credential has expired, and proves the
+// caller again once its re-authentication is due, setting the next.
+func (w *watch) check(ctx context.Context, now time.Time) *refusal {
+	if now.Before(w.reauthAt) && (w.expiry.IsZero() || now.Before(w.expiry)) {
+		return nil
+	}
+	if ref := w.reauthenticate(ctx, now); ref != nil {
+		return ref
+	}
+	w.reauthAt = w.nextReauth(now)
+	return nil
 }
 
 // jittered is d moved by up to ±reauthJitter of itself: r in [0, 1)

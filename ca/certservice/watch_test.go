@@ -424,3 +424,74 @@ func TestJittered(t *testing.T) {
 		})
 	}
 }
+
+// A stream whose trust or decision changes more often than it
+// re-authenticates still re-authenticates at its deadline: were each
+// wake-up to re-arm the wait, changes every few minutes would postpone
+// re-authentication for as long as they came, and a bootstrap token (the
+// fake token here: its expiry unknown, as a bootstrap token's is) revoked
+// meanwhile would keep its stream.
+func TestWatchBundlesReauthDeadlineSurvivesChanges(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	var revoked atomic.Bool
+	var auths atomic.Int64
+	pol := &fakePolicy{p: testPolicy(t, trustpolicy.DefaultAllow), ch: make(chan struct{})}
+	w := newWatchFixture(t, func(cfg *certservice.Config) {
+		cfg.Clock = clk
+		cfg.Policy = pol
+		cfg.WatchReauthInterval = 100 * time.Second
+		cfg.Authenticator = authn.AuthenticatorFunc(func(ctx context.Context, r authn.Request) (authn.Identity, error) {
+			auths.Add(1)
+			if revoked.Load() {
+				return authn.Identity{}, authn.ErrInvalidCredentials
+			}
+			return fakeTokens(ctx, r)
+		})
+	})
+	w.svc.SetRandForTest(func() float64 { return 0.5 }) // no jitter: the deadline is the interval
+	stream := w.watch(t, w.identityClient(t, nil, goodToken))
+	recvMap(t, stream)
+	require.Equal(t, int64(1), auths.Load(), "opening the stream authenticates once")
+
+	// A quarter interval passes, then the trust or the decision changes
+	// (to the same content: the stream wakes and sends nothing).
+	same := pol.p
+	changes := []func(){
+		func() { w.bundles.set(w.all(w.authority.Bundle())...) },
+		func() { pol.set(same) },
+	}
+	quarter := func(change func()) {
+		t.Helper()
+		require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond)
+		clk.Step(25 * time.Second)
+		if change == nil {
+			return
+		}
+		before := w.bundles.calls.Load()
+		change()
+		require.Eventually(t, func() bool { return w.bundles.calls.Load() > before }, 10*time.Second, time.Millisecond, "the stream woke for the change")
+	}
+
+	for i := range 3 {
+		quarter(changes[i%2])
+	}
+	quarter(nil) // the deadline
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, int64(2), auths.Load(), "re-authenticated at the deadline despite a change every quarter interval")
+	}, 10*time.Second, time.Millisecond)
+
+	// The next deadline is an interval after that re-authentication,
+	// changes again notwithstanding; the token is revoked meanwhile.
+	revoked.Store(true)
+	for i := range 3 {
+		quarter(changes[i%2])
+	}
+	assert.Equal(t, int64(2), auths.Load(), "no re-authentication before the deadline")
+	quarter(nil)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, 1.0, testutil.ToFloat64(w.svc.WatchesForTest("Unauthenticated", "fake-token")), "the revoked token's stream ended at the deadline")
+	}, 10*time.Second, time.Millisecond)
+	_, err := stream.Recv()
+	assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	assert.Equal(t, 1.0, testutil.ToFloat64(w.svc.WatchMessagesForTest()), "the changes sent nothing")
+}

@@ -82,6 +82,10 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 	return chain, nil
 }
 
+// KeepaliveTime is how often a client pings the server while a call is
+// open; the server's enforcement policy must allow it.
+const KeepaliveTime = 30 * time.Second
+
 // Dial returns a client connection to the certificate service at addr
 // over TLS configured by tlsCfg, sending token, when not empty, as a
 // bearer token on every call. Close it when done. Keepalive pings (every
@@ -90,7 +94,7 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 func Dial(addr string, tlsCfg *tls.Config, token string) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: 10 * time.Second}),
 	}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(token)))
