@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -302,17 +303,33 @@ func SignErrorKind(err error) string {
 	}
 }
 
-// policy is the leaf policy; call it under mu. The maximum is the
-// configured one, lowered to the journal's recorded maximum when that is
-// shorter: the leader removes a retired root once the recorded maximum has
-// passed, and a replica configured with a higher maximum than the leader's
-// would otherwise sign leaves that outlive their root in the bundle.
+// policy is the leaf policy; call it under mu. Requests are refused only
+// over the configured maximum; the journal's recorded maximum, when
+// shorter, only clamps a leaf's lifetime. The leader removes a retired root
+// once the recorded maximum has passed, so a replica configured with a
+// higher maximum than the leader's must not sign leaves that outlive their
+// root in the bundle; but refusing would fail a rollout that raises the
+// maximum, whose new pods follow the old leader until they lead and raise
+// the record themselves.
 func (a *Authority) policy() Policy {
-	limit := a.cfg.MaxWorkloadTTL
-	if rec := time.Duration(a.journal.MaxWorkloadTTLSeconds) * time.Second; rec > 0 && rec < limit {
-		limit = rec
+	return Policy{
+		TrustDomain: a.cfg.TrustDomain, DefaultTTL: a.cfg.WorkloadTTL, MaxTTL: a.cfg.MaxWorkloadTTL,
+		ClampTTL: recordedTTL(a.journal.MaxWorkloadTTLSeconds),
 	}
-	return Policy{TrustDomain: a.cfg.TrustDomain, DefaultTTL: min(a.cfg.WorkloadTTL, limit), MaxTTL: limit}
+}
+
+// recordedTTL is a journal's recorded maximum as a clamp: zero (none) when
+// it is not positive, and no shorter than it is when it would overflow a
+// Duration, so a damaged journal never turns into a negative policy.
+func recordedTTL(seconds int64) time.Duration {
+	switch {
+	case seconds <= 0:
+		return 0
+	case seconds > math.MaxInt64/int64(time.Second):
+		return math.MaxInt64
+	default:
+		return time.Duration(seconds) * time.Second
+	}
 }
 
 func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {

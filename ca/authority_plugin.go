@@ -184,13 +184,16 @@ func (a *Authority) nextPluginRemoval() time.Time {
 func (a *Authority) runPlugin(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- a.cfg.Plugin.Run(ctx) }()
+	// checked is when the last sync here started; New's is not known, so
+	// work due at the start is done at once.
+	var checked time.Time
 	for {
 		// Wake up for a directory change, when a retired plug-in root is
 		// due to leave the bundle or a JWT key step is due, and at least
 		// every recheckInterval: a step that failed is retried, and a key
 		// `ca rotate --jwt` wrote into the state is published.
 		now := a.cfg.Clock.Now()
-		timer := a.cfg.Clock.NewTimer(recheckBy(now, a.nextPluginRemoval()).Sub(now))
+		timer := a.cfg.Clock.NewTimer(retryBy(now, checked, a.nextPluginRemoval()).Sub(now))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -199,6 +202,7 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 		case <-a.cfg.Plugin.Changes():
 		}
 		timer.Stop()
+		checked = a.cfg.Clock.Now()
 		a.recordCheck(a.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
 	}
 }

@@ -55,6 +55,18 @@ func recheckBy(now, next time.Time) time.Time {
 	return next
 }
 
+// retryBy is recheckBy for work planned at next, seen by a check that
+// ran at checked: work due by then and still planned is work that check
+// could not do (a failed commit), retried at the recheck rather than at
+// once, which would spin for as long as the failure lasts. Work that came
+// due after the check is done now.
+func retryBy(now, checked, next time.Time) time.Time {
+	if !next.After(checked) {
+		next = time.Time{}
+	}
+	return recheckBy(now, next)
+}
+
 // Run reconciles on schedule (self-signed mode) or follows the plug-in
 // directory (plug-in mode) until ctx is done.
 func (a *Authority) Run(ctx context.Context) error {

@@ -516,7 +516,8 @@ func FuzzDecodeJournal(f *testing.F) {
 
 // A replica configured with a longer maximum workload TTL than the leader
 // signs no leaf longer than the journal's recorded maximum: the leader
-// removes a retired root once that has passed.
+// removes a retired root once that has passed. The recorded maximum only
+// shortens leaves; requests are refused over the configured maximum alone.
 func TestFollowerClampsWorkloadTTLToRecordedMax(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	mem := newMemBackend()
@@ -527,10 +528,57 @@ func TestFollowerClampsWorkloadTTLToRecordedMax(t *testing.T) {
 	follower, err := New(fcfg)
 	require.NoError(t, err)
 	id := spiffeid.RequireFromPath(tdExample, "/w")
-	res, err := follower.Sign(workloadCSR(t, id), id, 0)
+	tests := []struct {
+		name     string
+		ttl      time.Duration
+		notAfter time.Time
+		err      error
+	}{
+		{"default over the recorded maximum", 0, t0.Add(2 * time.Hour), nil},
+		{"request over the recorded maximum", 3 * time.Hour, t0.Add(2 * time.Hour), nil},
+		{"request under the recorded maximum", time.Hour, t0.Add(time.Hour), nil},
+		{"request over the configured maximum", 5 * time.Hour, time.Time{}, ErrInvalidTTL},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := follower.Sign(workloadCSR(t, id), id, tt.ttl)
+			if tt.err != nil {
+				assert.ErrorIs(t, err, tt.err)
+				assert.ErrorContains(t, err, "4h0m0s", "the configured maximum is the one a client can act on")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.notAfter, res.Leaf.NotAfter)
+		})
+	}
+}
+
+// A rollout that raises --max-workload-ttl and --workload-ttl above the
+// journal's recorded maximum: the new pods follow the old leader until one
+// leads, and must start meanwhile. Their serving certificates and the
+// leaves they sign succeed, no longer than the recorded maximum.
+func TestFollowerWithRaisedMaxWorkloadTTLStarts(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	mem := newMemBackend()
+	lcfg := backendConfig(clk, mem, leaderFlag(true))
+	lcfg.WorkloadTTL, lcfg.MaxWorkloadTTL = 30*time.Minute, time.Hour
+	_, err := New(lcfg)
 	require.NoError(t, err)
-	assert.Equal(t, t0.Add(2*time.Hour), res.Leaf.NotAfter, "the default is lowered to the recorded maximum")
-	_, err = follower.Sign(workloadCSR(t, id), id, 3*time.Hour)
-	assert.ErrorIs(t, err, ErrInvalidTTL, "over the recorded maximum")
-	assert.ErrorContains(t, err, "2h0m0s")
+	fcfg := backendConfig(clk, mem, leaderFlag(false))
+	fcfg.WorkloadTTL, fcfg.MaxWorkloadTTL, fcfg.RootTTL = 12*time.Hour, 24*time.Hour, 72*time.Hour
+	follower, err := New(fcfg)
+	require.NoError(t, err)
+	bound := t0.Add(time.Hour)
+
+	sc, err := follower.ServingCert(servingID, 12*time.Hour, WithDNSNames("trustbridge.trustbridge.svc"))
+	require.NoError(t, err, "the pod must start")
+	assert.Equal(t, bound, sc.Leaf().NotAfter, "clamped to the recorded maximum")
+	assert.True(t, sc.NextRenewal().Before(bound), "renewed within the clamped lifetime, at %s", sc.NextRenewal())
+
+	id := spiffeid.RequireFromPath(tdExample, "/w")
+	for _, ttl := range []time.Duration{0, 12 * time.Hour, 24 * time.Hour} {
+		res, err := follower.Sign(workloadCSR(t, id), id, ttl)
+		require.NoError(t, err, "ttl %s", ttl)
+		assert.Equal(t, bound, res.Leaf.NotAfter, "ttl %s: clamped to the recorded maximum", ttl)
+	}
 }

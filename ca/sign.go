@@ -82,6 +82,11 @@ type Policy struct {
 	// MaxTTL is the longest lifetime a request may ask for. Zero means
 	// DefaultMaxLeafTTL.
 	MaxTTL time.Duration
+	// ClampTTL, when positive, shortens every leaf to at most this
+	// lifetime, whether asked for or the default, without refusing the
+	// request: a bound that is the CA's business rather than the
+	// client's, like the signing chain's NotAfter. Zero means none.
+	ClampTTL time.Duration
 }
 
 // withDefaults fills zero fields. Its errors are configuration faults and
@@ -91,8 +96,8 @@ func (p Policy) withDefaults() (Policy, error) {
 	if p.TrustDomain.IsZero() {
 		return p, errors.New("ca: policy: trust domain not set")
 	}
-	if p.DefaultTTL < 0 || p.MaxTTL < 0 {
-		return p, fmt.Errorf("ca: policy: negative TTL (default %s, max %s)", p.DefaultTTL, p.MaxTTL)
+	if p.DefaultTTL < 0 || p.MaxTTL < 0 || p.ClampTTL < 0 {
+		return p, fmt.Errorf("ca: policy: negative TTL (default %s, max %s, clamp %s)", p.DefaultTTL, p.MaxTTL, p.ClampTTL)
 	}
 	if p.MaxTTL == 0 {
 		p.MaxTTL = DefaultMaxLeafTTL
@@ -237,8 +242,8 @@ func isCSRType(t string) bool {
 //
 // ttl zero means p.DefaultTTL; over p.MaxTTL is refused rather than
 // clamped, so a client never silently gets less than it asked for because
-// of policy. NotAfter is clamped to the signing chain's NotAfter, which is
-// the CA's own business and not the client's.
+// of policy. NotAfter is clamped to p.ClampTTL from now and to the signing
+// chain's NotAfter, which are the CA's own business and not the client's.
 //
 // NotBefore is now minus 10 seconds even when that precedes the CA's own
 // NotBefore: RFC 5280 does not require validity nesting, and verifiers
@@ -303,6 +308,9 @@ func planLeaf(now time.Time, m SigningMaterial, p Policy, id spiffeid.ID, ttl ti
 		return leafPlan{}, fmt.Errorf("ca: %w: %s exceeds the maximum of %s", ErrInvalidTTL, ttl, p.MaxTTL)
 	case ttl == 0:
 		ttl = p.DefaultTTL
+	}
+	if p.ClampTTL > 0 {
+		ttl = min(ttl, p.ClampTTL)
 	}
 	notAfter := now.Add(ttl)
 	if notAfter.After(bound) {
