@@ -110,33 +110,47 @@ func TestComposeStaleLocalRoots(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		// prepare brings the cell into the state under test.
-		prepare func(*bundleCell)
+		// prepare brings the seeded cell into the state under test, or
+		// returns another.
+		prepare func(seeded *bundleCell) *bundleCell
 		rotator []*testca.CA
 		want    []*x509.Certificate
 	}{
 		{
 			name: "seed, outage before the first delivery: the Rotator's roots replace it",
-			prepare: func(c *bundleCell) {
+			prepare: func(c *bundleCell) *bundleCell {
 				c.setStale(errors.New("connection refused"))
+				return c
 			},
 			rotator: []*testca.CA{r2},
 			want:    []*x509.Certificate{r2.Cert},
 		},
 		{
 			name: "delivered then stale: a prepared root learnt over WatchBundles stays",
-			prepare: func(c *bundleCell) {
+			prepare: func(c *bundleCell) *bundleCell {
 				c.set([]*spiffebundle.Bundle{ownWith(r1, r3), caB.Bundle()})
 				c.setStale(errors.New("server restarting"))
+				return c
+			},
+			rotator: []*testca.CA{r1},
+			want:    []*x509.Certificate{r1.Cert, r3.Cert},
+		},
+		{
+			name: "made fresh then stale: counts as delivered",
+			prepare: func(*bundleCell) *bundleCell {
+				c := newBundleCell([]*spiffebundle.Bundle{ownWith(r1, r3), caB.Bundle()}, nil)
+				c.setStale(errors.New("server restarting"))
+				return c
 			},
 			rotator: []*testca.CA{r1},
 			want:    []*x509.Certificate{r1.Cert, r3.Cert},
 		},
 		{
 			name: "delivered then stale, the Rotator renewed under a root not seen: both",
-			prepare: func(c *bundleCell) {
+			prepare: func(c *bundleCell) *bundleCell {
 				c.set([]*spiffebundle.Bundle{ownWith(r1, r3), caB.Bundle()})
 				c.setStale(errors.New("server restarting"))
+				return c
 			},
 			rotator: []*testca.CA{r1, r2},
 			want:    []*x509.Certificate{r1.Cert, r3.Cert, r2.Cert},
@@ -152,8 +166,7 @@ func TestComposeStaleLocalRoots(t *testing.T) {
 			creds := sds.NewCredentialCell(workload)
 			leaf, key := tt.rotator[0].Issue(t, workload)
 			require.NoError(t, creds.Set([]*x509.Certificate{leaf}, key))
-			bundles := newBundleCell([]*spiffebundle.Bundle{ownWith(r1), caB.Bundle()}, errNoBundlesYet)
-			tt.prepare(bundles)
+			bundles := tt.prepare(newBundleCell([]*spiffebundle.Bundle{ownWith(r1), caB.Bundle()}, errNoBundlesYet))
 			out := wapi.NewCell()
 			c := &composer{creds: creds, id: workload, bundles: bundles, trust: func() caclient.Trust { return tr }, out: out, log: slog.New(slog.DiscardHandler)}
 			ctx, cancel := context.WithCancel(context.Background())

@@ -237,14 +237,16 @@ type bundleCell struct {
 	mu      sync.Mutex
 	bundles []*spiffebundle.Bundle
 	stale   error
-	// delivered is set once the bundles are the server's rather than
-	// the seed.
+	// delivered is set once the bundles were good (the server's)
+	// rather than the seed.
 	delivered bool
 	changed   chan struct{}
 }
 
+// newBundleCell holds seed, stale when stale is non-nil; bundles that are
+// not stale count as delivered, so a later outage keeps their roots.
 func newBundleCell(seed []*spiffebundle.Bundle, stale error) *bundleCell {
-	return &bundleCell{bundles: seed, stale: stale, changed: make(chan struct{})}
+	return &bundleCell{bundles: seed, stale: stale, delivered: stale == nil, changed: make(chan struct{})}
 }
 
 // get returns the bundles, a channel closed on change, whether they were
