@@ -59,7 +59,7 @@ func TestBundleWatcherReconnectsAtCertificateEnd(t *testing.T) {
 	received(1)
 	ident.ends <- status.Error(codes.Unauthenticated, "the client certificate expired")
 	received(2)
-	_, _, stale := out.get()
+	_, _, _, stale := out.get()
 	assert.NoError(t, stale)
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.bundlesConnected))
 	assert.Equal(t, 0.0, testutil.ToFloat64(m.bundleStreamErrs))
@@ -71,7 +71,7 @@ func TestBundleWatcherReconnectsAtCertificateEnd(t *testing.T) {
 		assert.EventuallyWithT(t, func(c *assert.CollectT) {
 			assert.Contains(c, logs.String(), "lost the bundle stream")
 			assert.Equal(c, 0.0, testutil.ToFloat64(m.bundlesConnected))
-			_, _, stale := out.get()
+			_, _, _, stale := out.get()
 			assert.Error(c, stale)
 		}, 5*time.Second, time.Millisecond)
 	})

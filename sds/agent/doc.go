@@ -55,7 +55,9 @@
 // JWT-SVIDs come from the server's MintJWTSVID, reused per audience set
 // for half their lifetime. While the server is unreachable the last good
 // bundles are served, marked stale, with one warning per outage and
-// trustbridge_agent_bundles_connected 0. From credential files the SVID
+// trustbridge_agent_bundles_connected 0; the local roots the Rotator's
+// latest certificate came with are added to them (before the first
+// WatchBundles answer they replace the first certificate's). From credential files the SVID
 // and bundles are the files' (bundle.spiffe.json may carry JWT
 // authorities) and FetchJWTSVID is Unavailable.
 //

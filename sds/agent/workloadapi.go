@@ -176,13 +176,14 @@ func (c *composer) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("workload API: %w", err)
 		}
-		bs, changed, stale := c.bundles.get()
+		bs, changed, delivered, stale := c.bundles.get()
 		if stale != nil {
 			// Without WatchBundles (an older server, an outage) the local
-			// roots would stay those of the seed while the Rotator follows
-			// a root rotation: serve the roots the new certificate came
-			// with. Read after the credential, so they are at least as new.
-			bs = withLocalRoots(bs, c.trust(), c.id.TrustDomain())
+			// roots would stay those of the seed or the last good bundles
+			// while the Rotator follows a root rotation: serve the roots
+			// the new certificate came with too. Read after the
+			// credential, so they are at least as new.
+			bs = withLocalRoots(bs, c.trust(), c.id.TrustDomain(), delivered)
 		}
 		st := wapi.State{SVID: &wapi.SVID{ID: c.id, Chain: cred.Chain, Key: cred.Key}, Bundles: bs, Stale: stale}
 		if err := c.out.Set(st); err != nil {
@@ -197,11 +198,15 @@ func (c *composer) Run(ctx context.Context) error {
 	}
 }
 
-// withLocalRoots is bs with local's X.509 authorities replaced by t's
-// local roots, its JWT authorities kept. Only the local trust domain is
-// taken from t: federated trust comes from WatchBundles alone, which
-// applies the trust policy's limits.
-func withLocalRoots(bs []*spiffebundle.Bundle, t caclient.Trust, local spiffeid.TrustDomain) []*spiffebundle.Bundle {
+// withLocalRoots is bs with t's local roots as local's X.509 authorities,
+// its JWT authorities kept. With keep (bs are WatchBundles' last good
+// ones) they are added to local's: those may hold a root the CA prepared
+// after the Rotator's last renewal, and dropping it on a stream error
+// would make workloads refuse peers it signs for while the server is
+// away. Otherwise (bs are the seed) they replace them. Only the local
+// trust domain is taken from t: federated trust comes from WatchBundles
+// alone, which applies the trust policy's limits.
+func withLocalRoots(bs []*spiffebundle.Bundle, t caclient.Trust, local spiffeid.TrustDomain, keep bool) []*spiffebundle.Bundle {
 	if t.TrustDomain != local || len(t.Local) == 0 {
 		return bs
 	}
@@ -210,7 +215,12 @@ func withLocalRoots(bs []*spiffebundle.Bundle, t caclient.Trust, local spiffeid.
 	for _, b := range bs {
 		if b.TrustDomain() == local {
 			b = b.Clone()
-			b.SetX509Authorities(t.Local)
+			if !keep {
+				b.SetX509Authorities(nil)
+			}
+			for _, r := range t.Local {
+				b.AddX509Authority(r)
+			}
 			found = true
 		}
 		out = append(out, b)
@@ -227,24 +237,30 @@ type bundleCell struct {
 	mu      sync.Mutex
 	bundles []*spiffebundle.Bundle
 	stale   error
-	changed chan struct{}
+	// delivered is set once the bundles were good (the server's)
+	// rather than the seed.
+	delivered bool
+	changed   chan struct{}
 }
 
+// newBundleCell holds seed, stale when stale is non-nil; bundles that are
+// not stale count as delivered, so a later outage keeps their roots.
 func newBundleCell(seed []*spiffebundle.Bundle, stale error) *bundleCell {
-	return &bundleCell{bundles: seed, stale: stale, changed: make(chan struct{})}
+	return &bundleCell{bundles: seed, stale: stale, delivered: stale == nil, changed: make(chan struct{})}
 }
 
-// get returns the bundles, a channel closed on change, and the error
-// that makes them stale (nil when fresh).
-func (c *bundleCell) get() ([]*spiffebundle.Bundle, <-chan struct{}, error) {
+// get returns the bundles, a channel closed on change, whether they were
+// ever set (false while they are the seed), and the error that makes
+// them stale (nil when fresh).
+func (c *bundleCell) get() ([]*spiffebundle.Bundle, <-chan struct{}, bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.bundles, c.changed, c.stale
+	return c.bundles, c.changed, c.delivered, c.stale
 }
 
 // set replaces the bundles and clears stale.
 func (c *bundleCell) set(bundles []*spiffebundle.Bundle) {
-	c.update(func() { c.bundles, c.stale = bundles, nil })
+	c.update(func() { c.bundles, c.stale, c.delivered = bundles, nil, true })
 }
 
 // setStale keeps the bundles and marks them stale (err non-nil).

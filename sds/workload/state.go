@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -146,18 +148,58 @@ func Check(st *State) error {
 }
 
 // verifyChain checks that chain verifies against own's X.509 authorities
-// at a moment every certificate of the chain is valid (the latest
-// NotBefore): Check has no clock, and an SVID served past its expiry
-// during an outage is the last good one, not a wrong one.
+// at some moment: Check has no clock, and an SVID served past its expiry
+// during an outage is the last good one, not a wrong one. crypto/x509
+// checks the root's validity too, and a CA backdates leaves even before
+// its own NotBefore, so the moments tried are the starts of the windows
+// in which the chain and one of own's roots that could have issued it
+// are all valid.
 func verifyChain(chain []*x509.Certificate, own *spiffebundle.Bundle) error {
-	at := chain[0].NotBefore
-	for _, c := range chain[1:] {
-		if c.NotBefore.After(at) {
-			at = c.NotBefore
+	var first error
+	for _, at := range verifyInstants(chain, own.X509Authorities()) {
+		_, _, err := svidcheck.Verify(chain, own, x509.ExtKeyUsageAny, x509svid.WithTime(at))
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
 		}
 	}
-	_, _, err := svidcheck.Verify(chain, own, x509.ExtKeyUsageAny, x509svid.WithTime(at))
-	return err
+	return first
+}
+
+// verifyInstants is the start of chain's validity window (the latest
+// NotBefore, whose error is returned when nothing verifies), then the
+// start of its intersection with each root that names the issuer of a
+// certificate in chain, where that is not empty; no instant twice.
+func verifyInstants(chain, roots []*x509.Certificate) []time.Time {
+	lo, hi := chain[0].NotBefore, chain[0].NotAfter
+	for _, c := range chain[1:] {
+		lo, hi = later(lo, c.NotBefore), earlier(hi, c.NotAfter)
+	}
+	out := []time.Time{lo}
+	for _, r := range roots {
+		issues := slices.ContainsFunc(chain, func(c *x509.Certificate) bool { return bytes.Equal(c.RawIssuer, r.RawSubject) })
+		at := later(lo, r.NotBefore)
+		if issues && !at.After(earlier(hi, r.NotAfter)) && !slices.ContainsFunc(out, at.Equal) {
+			out = append(out, at)
+		}
+	}
+	return out
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func checkSVID(s *SVID) error {

@@ -2,10 +2,15 @@ package workload
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
+	"math/big"
+	"net/url"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -218,4 +223,68 @@ func TestJWTBundlesEncodeDeterministically(t *testing.T) {
 		assert.Contains(t, string(resp.GetBundles()[tdA.IDString()]), `"k4"`, "the message after the Stale-only changes is the real change")
 		assert.Equal(t, 2.0, testutil.ToFloat64(gatherOne(t, reg, "trustbridge_workload_api_pushes_total", map[string]string{"method": "FetchJWTBundles"})))
 	})
+}
+
+// TestCellSetVerifiesAtACommonInstant: Check has no clock, so it verifies
+// the SVID at an instant every certificate of the path is valid. The CA
+// backdates leaves (ca/sign.go) even before its own NotBefore; with a
+// plug-in CA whose signing certificate is the root, the leaf's NotBefore
+// is before the root's, and the instant must come from the root too or
+// the Workload API has nothing to serve until the next renewal. A chain
+// to no root of the own trust domain, or to one never valid with it, is
+// still refused.
+func TestCellSetVerifiesAtACommonInstant(t *testing.T) {
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Second)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	root := testca.New(t, tdA.Name(), testca.Options{NotBefore: at(0), NotAfter: at(48 * time.Hour)})
+	// later is a root prepared after root, valid from an hour on.
+	later := testca.New(t, tdA.Name(), testca.Options{NotBefore: at(time.Hour), NotAfter: at(72 * time.Hour)})
+	expired := testca.New(t, tdA.Name(), testca.Options{NotBefore: at(-48 * time.Hour), NotAfter: at(-24 * time.Hour)})
+	backdated := testca.Options{NotBefore: at(-10 * time.Second), NotAfter: at(30 * time.Minute)}
+
+	leaf, key := root.Issue(t, web, backdated)
+	interKey := testca.NewKey(t, testca.ECP256)
+	inter := testca.Sign(t, &x509.Certificate{
+		SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "intermediate"},
+		NotBefore: at(-10 * time.Second), NotAfter: at(40 * time.Minute),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+		URIs: []*url.URL{tdA.ID().URL()},
+	}, root.Cert, interKey.Public(), root.Key)
+	interCA := &testca.CA{TrustDomain: tdA, Cert: inter, Key: interKey}
+	viaInter, viaInterKey := interCA.Issue(t, web, backdated)
+	// stray is signed by expired but valid only after it expired.
+	strayCA := &testca.CA{TrustDomain: tdA, Cert: expired.Cert, Key: expired.Key}
+	stray, strayKey := strayCA.Issue(t, web, testca.Options{NotBefore: at(-10 * time.Second), Mutate: func(c *x509.Certificate) { c.NotAfter = at(time.Hour) }})
+
+	bundle := func(roots ...*testca.CA) []*spiffebundle.Bundle {
+		b := spiffebundle.New(tdA)
+		for _, r := range roots {
+			b.AddX509Authority(r.Cert)
+		}
+		return []*spiffebundle.Bundle{b}
+	}
+	tests := []struct {
+		name    string
+		chain   []*x509.Certificate
+		key     crypto.Signer
+		bundles []*spiffebundle.Bundle
+		wantErr string
+	}{
+		{"leaf backdated before the root's NotBefore", []*x509.Certificate{leaf}, key, bundle(root), ""},
+		{"the same with a later prepared root in the bundle", []*x509.Certificate{leaf}, key, bundle(later, root), ""},
+		{"leaf and intermediate backdated before the root's NotBefore", []*x509.Certificate{viaInter, inter}, viaInterKey, bundle(root), ""},
+		{"root not in the bundle", []*x509.Certificate{leaf}, key, bundle(later), "chain does not verify"},
+		{"root never valid with the leaf", []*x509.Certificate{stray}, strayKey, bundle(expired, root), "chain does not verify"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := NewCell().Set(State{SVID: &SVID{ID: web, Chain: tt.chain, Key: tt.key}, Bundles: tt.bundles})
+			if tt.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.wantErr)
+		})
+	}
 }
