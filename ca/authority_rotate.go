@@ -61,12 +61,36 @@ func (a *Authority) Reconcile() error {
 }
 
 func (a *Authority) reconcileLocked() error {
+	changed := a.startServedLeadsLocked()
+	if a.bumpSequenceLocked() {
+		changed = true
+	}
+	stepped, err := a.applyDueStepsLocked()
+	if err != nil {
+		return err
+	}
+	jwtChanged, err := a.reconcileJWTLocked()
+	if err != nil {
+		return err
+	}
+	if changed || stepped || jwtChanged || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
+		if err := a.commitLocked(); err != nil {
+			return err
+		}
+	}
+	a.floored = true
+	return nil
+}
+
+// startServedLeadsLocked moves a prepared root's PublishedAt to when
+// this process began serving it, when that is later, and reports whether
+// any moved. A root prepared by `ca rotate` has no PublishedAt; one that
+// waited while no server ran, or that this process began serving only
+// later, starts its lead when this process began serving it (see
+// served).
+func (a *Authority) startServedLeadsLocked() bool {
 	changed := false
 	for _, r := range a.roots {
-		// A root prepared by `ca rotate` has no PublishedAt; one that
-		// waited while no server ran, or that this process began serving
-		// only later, starts its lead when this process began serving it
-		// (see served).
 		if r.State != StatePrepared {
 			continue
 		}
@@ -75,6 +99,14 @@ func (a *Authority) reconcileLocked() error {
 			changed = true
 		}
 	}
+	return changed
+}
+
+// bumpSequenceLocked moves the sequence on where the published state
+// changes without a rotation step (a new refresh hint, the first write
+// of this process), and reports whether it did.
+func (a *Authority) bumpSequenceLocked() bool {
+	changed := false
 	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
 		// The hint is part of the published document.
 		a.journal.Sequence = NextSequence(a.journal.Sequence, a.cfg.Clock.Now())
@@ -90,6 +122,14 @@ func (a *Authority) reconcileLocked() error {
 			logattr.OldSequence, prev, logattr.Sequence, a.journal.Sequence)
 		changed = true
 	}
+	return changed
+}
+
+// applyDueStepsLocked applies the rotation steps the timeline plans for
+// now, one after another, and reports whether it applied any. Several
+// can be due at once, after the server was down past more than one.
+func (a *Authority) applyDueStepsLocked() (bool, error) {
+	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()
 		step, index, _ := a.timelineLocked().Plan(now, a.timesLocked())
@@ -97,21 +137,11 @@ func (a *Authority) reconcileLocked() error {
 			break
 		}
 		if err := a.applyLocked(now, step, index); err != nil {
-			return err
+			return changed, err
 		}
 		changed = true
 	}
-	jwtChanged, err := a.reconcileJWTLocked()
-	if err != nil {
-		return err
-	}
-	if changed || jwtChanged || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
-		if err := a.commitLocked(); err != nil {
-			return err
-		}
-	}
-	a.floored = true
-	return nil
+	return changed, nil
 }
 
 func (a *Authority) timesLocked() []RootTimes {

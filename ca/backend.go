@@ -259,6 +259,23 @@ func (b fileBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*J
 	if cur != base {
 		return "", s.wrap(fmt.Errorf("%w: %s changed since it was read", ErrConflict, journalName))
 	}
+	keep, err := s.writeMissingMaterial(roots, jwtKeys)
+	if err != nil {
+		return "", err
+	}
+	data, err := s.save(j)
+	if err != nil {
+		return "", err
+	}
+	s.pruneRootFiles(keep)
+	return journalVersion(data), nil
+}
+
+// writeMissingMaterial writes the files of roots and JWT keys not yet on
+// disk, before the journal that names them, so a committed journal never
+// names missing material. It returns the file stems (root IDs, JWT key
+// stems) to keep when pruning.
+func (s *Store) writeMissingMaterial(roots []*Root, jwtKeys []*JWTKey) (map[string]bool, error) {
 	keep := map[string]bool{}
 	for _, r := range roots {
 		keep[r.ID] = true
@@ -267,22 +284,26 @@ func (b fileBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*J
 		}
 		id, err := s.WriteRoot(r.Cert, r.Key)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		if id != r.ID {
-			return "", s.wrap(fmt.Errorf("root %s: certificate serial names it %s", r.ID, id))
+			return nil, s.wrap(fmt.Errorf("root %s: certificate serial names it %s", r.ID, id))
 		}
 	}
 	for _, k := range jwtKeys {
 		keep[strings.TrimSuffix(JWTKeyKey(k.KID), ".key.pem")] = true
 		if err := s.writeJWTKeyOnce(k); err != nil {
-			return "", err
+			return nil, err
 		}
 	}
-	data, err := s.save(j)
-	if err != nil {
-		return "", err
-	}
+	return keep, nil
+}
+
+// pruneRootFiles removes, after the journal was saved, the files of
+// roots and keys whose stem is not in keep and the temporary files a
+// crash left (they may hold a key copy). Failures are ignored: the
+// journal is already committed, and the next commit tries again.
+func (s *Store) pruneRootFiles(keep map[string]bool) {
 	for _, name := range s.rootFiles() {
 		if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
 			_ = os.Remove(filepath.Join(s.Dir(), rootsDirName, name))
@@ -292,7 +313,6 @@ func (b fileBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*J
 			_ = s.RemoveRootFiles(id)
 		}
 	}
-	return journalVersion(data), nil
 }
 
 func fileExists(p string) bool {

@@ -182,32 +182,70 @@ type Service struct {
 
 // New checks cfg and returns a Service. It starts nothing.
 func New(cfg Config) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("certservice: %w", err)
+	}
+	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
+		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
+	s.stopping = make(chan struct{})
+	s.maxWatchMessage.Store(MaxBundleMessageSize)
+	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
+	s.rand.Store(ptr(rand.Float64))
+	s.identityAuth = identityAuthenticator(cfg, s.policy)
+	if cfg.Roots == nil {
+		s.extra.Store(&encodedRoots{})
+	}
+	if cfg.RateLimit > 0 {
+		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	return s, nil
+}
+
+// validate refuses what no default can repair. It runs before
+// withDefaults because zero means "default" there, so only what the
+// caller set is judged; the checks keep their order so that a config
+// with several faults names the same one first.
+func (cfg Config) validate() error {
 	if cfg.Signer == nil {
-		return nil, errors.New("certservice: no signer")
+		return errors.New("certservice: no signer")
 	}
 	if cfg.Authenticator == nil {
-		return nil, errors.New("certservice: no authenticator")
+		return errors.New("certservice: no authenticator")
 	}
 	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
 	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
-		return nil, fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
+		return fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
 	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
-		return nil, fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
+		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
 			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
 	}
+	if cfg.MaxRenewalLifetime < 0 {
+		return fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
+	}
+	return nil
+}
+
+// withDefaults returns cfg with its zero values replaced by the
+// documented defaults. It takes and returns a copy so the caller's
+// Config is never changed behind its back.
+func (cfg Config) withDefaults() Config {
 	if cfg.MaxBundleWatches == 0 {
 		cfg.MaxBundleWatches = DefaultMaxBundleWatches
 	}
+	// After MaxBundleWatches: the per-identity default never exceeds
+	// the overall bound.
 	if cfg.MaxBundleWatchesPerIdentity == 0 {
 		cfg.MaxBundleWatchesPerIdentity = min(DefaultMaxBundleWatchesPerIdentity, cfg.MaxBundleWatches)
 	}
 	if cfg.WatchReauthInterval == 0 {
 		cfg.WatchReauthInterval = DefaultWatchReauthInterval
-	}
-	if cfg.MaxRenewalLifetime < 0 {
-		return nil, fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
 	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -227,24 +265,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("certservice: %w", err)
-	}
-	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
-		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
-	s.stopping = make(chan struct{})
-	s.maxWatchMessage.Store(MaxBundleMessageSize)
-	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
-	s.rand.Store(ptr(rand.Float64))
-	s.identityAuth = identityAuthenticator(cfg, s.policy)
-	if cfg.Roots == nil {
-		s.extra.Store(&encodedRoots{})
-	}
-	if cfg.RateLimit > 0 {
-		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
-	}
-	return s, nil
+	return cfg
 }
 
 // Register adds the service to a gRPC server: Istio's certificate

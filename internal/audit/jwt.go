@@ -89,8 +89,28 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 	if !td.Local || !td.JWTIssuer {
 		return nil
 	}
-	var active []trustview.Authority
-	prepared := false
+	active, prepared := jwtKeysByState(td)
+	var out []trustview.Finding
+	if len(active) == 0 {
+		out = append(out, noActiveJWTKeyFinding(td, prepared))
+	}
+	for _, a := range active {
+		if f, ok := activeJWTKeyFinding(td, a, prepared, now); ok {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// checkJWTLeader is the common advice of the JWT key findings: only the
+// leader creates and rotates JWT keys, so a stuck rotation is the
+// leader's.
+const checkJWTLeader = "check that the leader runs and what its log says about JWT key rotation; the leader creates and rotates JWT keys, followers only load them"
+
+// jwtKeysByState is td's own JWT keys that are active, and whether one
+// is prepared. X.509 authorities, and JWT ones without the CA's key
+// details, count as neither.
+func jwtKeysByState(td trustview.TrustDomain) (active []trustview.Authority, prepared bool) {
 	for _, a := range td.Authorities {
 		switch {
 		case a.Kind != trustview.KindJWT || a.JWTKey == nil:
@@ -100,43 +120,51 @@ func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding
 			prepared = true
 		}
 	}
-	var out []trustview.Finding
-	add := func(sev trustview.Severity, code, authority, msg, fix string) {
-		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td.Name, Authority: authority, Message: msg, Fix: fix})
+	return active, prepared
+}
+
+// noActiveJWTKeyFinding is the finding of a CA with no active JWT key: a
+// warning while a prepared key waits out its publication lead (an
+// upgraded CA's first key does), critical otherwise.
+func noActiveJWTKeyFinding(td trustview.TrustDomain, prepared bool) trustview.Finding {
+	f := trustview.Finding{Code: CodeJWTNoActiveKey, TrustDomain: td.Name}
+	if prepared {
+		f.Severity = trustview.SeverityWarning
+		f.Message = fmt.Sprintf("the CA of %s has no active JWT signing key yet: a prepared key signs once it has been published for 5 refresh hints (a CA upgraded to JWT-SVIDs publishes its first key that way); until then it cannot mint JWT-SVIDs", td.Name)
+		f.Fix = "wait 5 refresh hints; if no key signs by then, " + checkJWTLeader
+		return f
 	}
-	const checkLeader = "check that the leader runs and what its log says about JWT key rotation; the leader creates and rotates JWT keys, followers only load them"
-	switch {
-	case len(active) == 0 && prepared:
-		// An upgraded CA's first key waits out its publication lead.
-		add(trustview.SeverityWarning, CodeJWTNoActiveKey, "",
-			fmt.Sprintf("the CA of %s has no active JWT signing key yet: a prepared key signs once it has been published for 5 refresh hints (a CA upgraded to JWT-SVIDs publishes its first key that way); until then it cannot mint JWT-SVIDs", td.Name),
-			"wait 5 refresh hints; if no key signs by then, "+checkLeader)
-	case len(active) == 0:
-		add(trustview.SeverityCritical, CodeJWTNoActiveKey, "",
-			fmt.Sprintf("the CA of %s has no active JWT signing key: it cannot mint JWT-SVIDs", td.Name), checkLeader)
+	f.Severity = trustview.SeverityCritical
+	f.Message = fmt.Sprintf("the CA of %s has no active JWT signing key: it cannot mint JWT-SVIDs", td.Name)
+	f.Fix = checkJWTLeader
+	return f
+}
+
+// activeJWTKeyFinding judges the life left on a, an active key of td:
+// expired, or running out with no successor prepared. A key whose
+// not_after is unknown is not judged; with a successor prepared, only
+// expiry is, since the successor takes over in time.
+func activeJWTKeyFinding(td trustview.TrustDomain, a trustview.Authority, prepared bool, now time.Time) (trustview.Finding, bool) {
+	na := a.JWTKey.NotAfter
+	if na == nil {
+		return trustview.Finding{}, false
 	}
-	for _, a := range active {
-		na := a.JWTKey.NotAfter
-		if na == nil {
-			continue
-		}
-		left := na.Sub(now)
-		if left <= 0 {
-			add(trustview.SeverityCritical, CodeJWTKeyExpired, a.SHA256,
-				fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s: the CA refuses to sign with it, so JWT-SVID minting has stopped until a successor signs", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
-				expiredKeyFix(prepared, checkLeader))
-			continue
-		}
-		if prepared {
-			continue
-		}
-		if sev, ok := jwtExpirySeverity(a.JWTKey, left); ok {
-			add(sev, CodeJWTKeyExpiring, a.SHA256,
-				fmt.Sprintf("the active JWT key %q of %s expires in %s (%s) and no successor is prepared: a successor is published 5 refresh hints before it signs", a.KeyID, td.Name, durationLeft(left), na.UTC().Format(time.RFC3339)),
-				checkLeader)
-		}
+	left := na.Sub(now)
+	if left <= 0 {
+		return trustview.Finding{Severity: trustview.SeverityCritical, Code: CodeJWTKeyExpired, TrustDomain: td.Name, Authority: a.SHA256,
+			Message: fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s: the CA refuses to sign with it, so JWT-SVID minting has stopped until a successor signs", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
+			Fix:     expiredKeyFix(prepared, checkJWTLeader)}, true
 	}
-	return out
+	if prepared {
+		return trustview.Finding{}, false
+	}
+	sev, ok := jwtExpirySeverity(a.JWTKey, left)
+	if !ok {
+		return trustview.Finding{}, false
+	}
+	return trustview.Finding{Severity: sev, Code: CodeJWTKeyExpiring, TrustDomain: td.Name, Authority: a.SHA256,
+		Message: fmt.Sprintf("the active JWT key %q of %s expires in %s (%s) and no successor is prepared: a successor is published 5 refresh hints before it signs", a.KeyID, td.Name, durationLeft(left), na.UTC().Format(time.RFC3339)),
+		Fix:     checkJWTLeader}, true
 }
 
 // expiredKeyFix says how minting resumes after the active key expired: a

@@ -121,49 +121,16 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 	if s.Time.IsZero() {
 		p.Generated = stamp{}
 	}
+	// earliest spans every trust domain: the summary names the one
+	// authority that runs out first.
 	var earliest *time.Time
 	for _, td := range s.TrustDomains {
 		row := tdRowOf(td, now)
 		p.Rows = append(p.Rows, row)
-		p.Summary.TrustDomains++
-		if td.Local && td.JWTIssuer {
-			p.Summary.JWT = jwtKeyCounts(td)
-		}
-		switch {
-		case row.HasFederation:
-			p.Summary.Federated++
-			switch row.StateClass {
-			case "ok":
-				p.Summary.OK++
-			case "failing":
-				p.Summary.Failing++
-			case "stale":
-				p.Summary.Stale++
-			default:
-				p.Summary.Pending++
-			}
-		case td.Local:
-			p.Summary.Local++
-		default:
-			p.Summary.Static++
-		}
+		p.Summary.countTrustDomain(td, row)
 		for _, a := range td.Authorities {
 			p.Authorities = append(p.Authorities, authRowOf(td.Name, a, now))
-			if a.Kind == trustview.KindX509 {
-				p.Summary.X509++
-			} else {
-				p.Summary.Keys++
-			}
-			if td.Local && a.Kind == trustview.KindX509 {
-				switch a.State {
-				case "active":
-					p.Summary.ActiveRoots++
-				case "prepared":
-					p.Summary.PreparedRoots++
-				case "retired":
-					p.Summary.Retired++
-				}
-			}
+			p.Summary.countAuthority(td, a)
 			if a.NotAfter != nil && (earliest == nil || a.NotAfter.Before(*earliest)) {
 				earliest = a.NotAfter
 				p.Summary.Expiry = stampOf(a.NotAfter, now)
@@ -172,10 +139,70 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 			}
 		}
 	}
+	p.Findings = findingRows(fs, &p.Summary)
+	p.Graph = layoutGraph(s)
+	p.Timeline = layoutTimeline(s, now)
+	p.Policy = policyPanelOf(s)
+	return p
+}
+
+// countTrustDomain adds td, whose table row is row, to the summary's
+// counts by kind and, for a federated one, by the state its row shows,
+// so that the summary and the table never disagree.
+func (sum *summary) countTrustDomain(td trustview.TrustDomain, row tdRow) {
+	sum.TrustDomains++
+	if td.Local && td.JWTIssuer {
+		sum.JWT = jwtKeyCounts(td)
+	}
+	switch {
+	case row.HasFederation:
+		sum.Federated++
+		switch row.StateClass {
+		case "ok":
+			sum.OK++
+		case "failing":
+			sum.Failing++
+		case "stale":
+			sum.Stale++
+		default:
+			sum.Pending++
+		}
+	case td.Local:
+		sum.Local++
+	default:
+		sum.Static++
+	}
+}
+
+// countAuthority adds a, an authority of td, to the summary's counts by
+// kind and, for the local CA's roots, by rotation state.
+func (sum *summary) countAuthority(td trustview.TrustDomain, a trustview.Authority) {
+	if a.Kind == trustview.KindX509 {
+		sum.X509++
+	} else {
+		sum.Keys++
+	}
+	if td.Local && a.Kind == trustview.KindX509 {
+		switch a.State {
+		case "active":
+			sum.ActiveRoots++
+		case "prepared":
+			sum.PreparedRoots++
+		case "retired":
+			sum.Retired++
+		}
+	}
+}
+
+// findingRows is the findings table, most severe first (a stable sort,
+// so equal severities keep the evaluator's order), counting critical and
+// warning findings into sum. It is nil when there are no findings.
+func findingRows(fs []trustview.Finding, sum *summary) []findingRow {
 	sorted := slices.Clone(fs)
 	slices.SortStableFunc(sorted, func(a, b trustview.Finding) int {
 		return cmp.Compare(severityRank(a.Severity), severityRank(b.Severity))
 	})
+	var rows []findingRow
 	for _, f := range sorted {
 		row := findingRow{
 			Severity: string(f.Severity), Class: severityClass(f.Severity), Code: f.Code,
@@ -187,16 +214,13 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 		}
 		switch f.Severity {
 		case trustview.SeverityCritical:
-			p.Summary.Critical++
+			sum.Critical++
 		case trustview.SeverityWarning:
-			p.Summary.Warning++
+			sum.Warning++
 		}
-		p.Findings = append(p.Findings, row)
+		rows = append(rows, row)
 	}
-	p.Graph = layoutGraph(s)
-	p.Timeline = layoutTimeline(s, now)
-	p.Policy = policyPanelOf(s)
-	return p
+	return rows
 }
 
 func tdRowOf(td trustview.TrustDomain, now time.Time) tdRow {

@@ -157,6 +157,29 @@ func New(cfg Config) (*Agent, error) {
 		backoffBase:  250 * time.Millisecond,
 		backoffMax:   30 * time.Second,
 	}
+	a.applyDefaults()
+	if a.pollInterval < 0 {
+		return nil, fmt.Errorf("agent: poll interval %s must be positive", a.pollInterval)
+	}
+	if err := a.resolveSockets(cfg); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.metrics = m
+	if cfg.Rotator != nil {
+		if err := a.useRotator(*cfg.Rotator, cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// applyDefaults fills in what Config leaves zero. A negative poll
+// interval is left for New to refuse: no default repairs it.
+func (a *Agent) applyDefaults() {
 	if a.socketPath == "" {
 		a.socketPath = DefaultSocketPath
 	}
@@ -166,57 +189,60 @@ func New(cfg Config) (*Agent, error) {
 	if a.pollInterval == 0 {
 		a.pollInterval = DefaultPollInterval
 	}
-	if a.pollInterval < 0 {
-		return nil, fmt.Errorf("agent: poll interval %s must be positive", a.pollInterval)
-	}
 	if a.clock == nil {
 		a.clock = clock.RealClock{}
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+}
+
+// resolveSockets looks up the sockets' groups and refuses one path for
+// both sockets, after applyDefaults so that an empty SocketPath is
+// compared as the default it stands for: the second listener would
+// replace the first one's socket.
+func (a *Agent) resolveSockets(cfg Config) error {
 	if cfg.SocketGroup != "" {
 		gid, err := lookupGroup(cfg.SocketGroup)
 		if err != nil {
-			return nil, fmt.Errorf("agent: socket group: %w", err)
+			return fmt.Errorf("agent: socket group: %w", err)
 		}
 		a.socketGID = gid
 	}
 	if cfg.WorkloadAPISocketGroup != "" {
 		gid, err := lookupGroup(cfg.WorkloadAPISocketGroup)
 		if err != nil {
-			return nil, fmt.Errorf("agent: Workload API socket group: %w", err)
+			return fmt.Errorf("agent: Workload API socket group: %w", err)
 		}
 		a.wlGID = gid
 	}
 	if a.wlSocket != "" && filepath.Clean(a.wlSocket) == filepath.Clean(a.socketPath) {
-		return nil, fmt.Errorf("agent: the Workload API socket %s is the SDS socket; give each its own path", a.wlSocket)
+		return fmt.Errorf("agent: the Workload API socket %s is the SDS socket; give each its own path", a.wlSocket)
 	}
-	m, err := newMetrics(cfg.Registerer)
+	return nil
+}
+
+// useRotator builds the Rotator of rc, sharing the agent's clock, logger
+// and registerer where rc sets none, so that a bad CA configuration
+// fails in New rather than after the decision flow.
+func (a *Agent) useRotator(rc RotatorConfig, reg prometheus.Registerer) error {
+	if rc.Clock == nil {
+		rc.Clock = a.clock
+	}
+	if rc.Logger == nil {
+		rc.Logger = a.log
+	}
+	if rc.Registerer == nil {
+		rc.Registerer = reg
+	}
+	r, err := NewRotator(rc)
 	if err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
+		return fmt.Errorf("agent: %w", err)
 	}
-	a.metrics = m
-	if cfg.Rotator != nil {
-		rc := *cfg.Rotator
-		if rc.Clock == nil {
-			rc.Clock = a.clock
-		}
-		if rc.Logger == nil {
-			rc.Logger = a.log
-		}
-		if rc.Registerer == nil {
-			rc.Registerer = cfg.Registerer
-		}
-		r, err := NewRotator(rc)
-		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-		a.rot = r
-		a.caAddr = rc.CAAddr
-		a.ownsCreds = rc.OutputCertsDir != "" && filepath.Clean(rc.OutputCertsDir) == filepath.Clean(a.credsDir)
-	}
-	return a, nil
+	a.rot = r
+	a.caAddr = rc.CAAddr
+	a.ownsCreds = rc.OutputCertsDir != "" && filepath.Clean(rc.OutputCertsDir) == filepath.Clean(a.credsDir)
+	return nil
 }
 
 // ErrNotServing is Ready's answer until the SDS socket is open.
@@ -414,30 +440,10 @@ const firstTrustWait = 10 * time.Second
 // federated connections until the relayed trust arrives.
 func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialSource, trust sds.TrustSource, policy sds.AccessPolicy,
 	wl *workloadAPI, gate <-chan struct{}, workers ...func(context.Context) error) error {
-	// The socket's file mode is the access control (as in Istio): whoever
-	// can connect is this workload.
-	self := authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
-		return authn.Identity{ID: id, Method: localMethod}, nil
-	})
-	srv, err := sds.New(sds.Config{
-		TrustDomain:   id.TrustDomain(),
-		Trust:         trust,
-		Credentials:   creds,
-		Authenticator: self,
-		Policy:        policy,
-		Clock:         a.clock,
-		Logger:        a.log,
-		Registerer:    a.reg,
-	})
+	gs, err := a.newSDSServer(id, creds, trust, policy)
 	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+		return err
 	}
-	gs := grpc.NewServer(
-		grpc.MaxRecvMsgSize(maxRequestSize),
-		grpc.MaxConcurrentStreams(maxConcurrentStreams),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
-	srv.Register(gs)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -452,28 +458,9 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 		}
 		cancel()
 	}
-	for _, w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := w(ctx)
-			if ctx.Err() == nil {
-				if err == nil {
-					err = errors.New("stopped unexpectedly")
-				}
-				fail(fmt.Errorf("agent: %w", err))
-			}
-		}()
-	}
+	startWorkers(ctx, &wg, fail, workers)
 	if gate != nil {
-		t := a.clock.NewTimer(firstTrustWait)
-		select {
-		case <-gate:
-		case <-t.C():
-			a.log.Warn("no trust from the server's SDS yet; serving the --root-cert roots until it arrives", "waited", firstTrustWait)
-		case <-ctx.Done():
-		}
-		t.Stop()
+		a.waitForTrust(ctx, gate)
 	}
 	if ctx.Err() == nil {
 		ln, err := listenSocket(ctx, a.socketPath, a.socketGID, a.probeTimeout)
@@ -506,6 +493,70 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 	gs.Stop()
 	wg.Wait()
 	return firstErr
+}
+
+// newSDSServer is the gRPC server with the SDS service for id, within
+// the local server's limits.
+func (a *Agent) newSDSServer(id spiffeid.ID, creds sds.CredentialSource, trust sds.TrustSource, policy sds.AccessPolicy) (*grpc.Server, error) {
+	// The socket's file mode is the access control (as in Istio): whoever
+	// can connect is this workload.
+	self := authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+		return authn.Identity{ID: id, Method: localMethod}, nil
+	})
+	srv, err := sds.New(sds.Config{
+		TrustDomain:   id.TrustDomain(),
+		Trust:         trust,
+		Credentials:   creds,
+		Authenticator: self,
+		Policy:        policy,
+		Clock:         a.clock,
+		Logger:        a.log,
+		Registerer:    a.reg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	gs := grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxConcurrentStreams(maxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	srv.Register(gs)
+	return gs, nil
+}
+
+// startWorkers runs each worker in a goroutine on wg. A worker that
+// returns before ctx is done, even without an error, fails the agent
+// (fail): the workload's credentials or trust would stop being renewed
+// while SDS went on serving them.
+func startWorkers(ctx context.Context, wg *sync.WaitGroup, fail func(error), workers []func(context.Context) error) {
+	for _, w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := w(ctx)
+			if ctx.Err() == nil {
+				if err == nil {
+					err = errors.New("stopped unexpectedly")
+				}
+				fail(fmt.Errorf("agent: %w", err))
+			}
+		}()
+	}
+}
+
+// waitForTrust returns once gate is closed, after firstTrustWait, or
+// when ctx is done, whichever comes first. The bound keeps a server
+// without trust to relay from holding the workload's certificate back.
+func (a *Agent) waitForTrust(ctx context.Context, gate <-chan struct{}) {
+	t := a.clock.NewTimer(firstTrustWait)
+	select {
+	case <-gate:
+	case <-t.C():
+		a.log.Warn("no trust from the server's SDS yet; serving the --root-cert roots until it arrives", "waited", firstTrustWait)
+	case <-ctx.Done():
+	}
+	t.Stop()
 }
 
 // localMethod names how callers on the socket are authenticated in the
