@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -190,8 +191,8 @@ func (s *Service) signJWT(id spiffeid.ID, audience []string, ttl time.Duration, 
 }
 
 // checkMintRequest returns the audiences and lifetime a request asks for,
-// or why it cannot be served: no audience, too many, an empty, oversized
-// or non-UTF-8 one, a negative lifetime.
+// or why it cannot be served: no audience, too many, an empty, oversized,
+// non-UTF-8 or control-character one, a negative lifetime.
 func checkMintRequest(req *identityapi.MintJWTSVIDRequest) ([]string, time.Duration, *refusal) {
 	aud := req.GetAudience()
 	bad := func(format string, args ...any) ([]string, time.Duration, *refusal) {
@@ -211,6 +212,11 @@ func checkMintRequest(req *identityapi.MintJWTSVIDRequest) ([]string, time.Durat
 			return bad("audience %d is %d bytes; at most %d are allowed", i+1, len(a), MaxAudienceBytes)
 		case !utf8.ValidString(a):
 			return bad("audience %d is not valid UTF-8", i+1)
+		case strings.ContainsFunc(a, unicode.IsControl):
+			// As the Workload API refuses them: an audience is a name or a
+			// URL, and a control character in a token's aud only misleads
+			// whoever reads it (logs, audit, a naive comparison).
+			return bad("audience %d holds a control character", i+1)
 		}
 	}
 	ttl, ref := validity("ttl_seconds", req.GetTtlSeconds())

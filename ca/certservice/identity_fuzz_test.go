@@ -3,6 +3,7 @@ package certservice
 import (
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
@@ -50,6 +51,7 @@ func FuzzMintRequest(f *testing.F) {
 			assert.NotEmpty(t, a)
 			assert.LessOrEqual(t, len(a), MaxAudienceBytes)
 			assert.True(t, utf8.ValidString(a))
+			assert.False(t, strings.ContainsFunc(a, unicode.IsControl))
 		}
 		assert.GreaterOrEqual(t, int64(ttl), int64(0))
 	})

@@ -167,6 +167,8 @@ func TestMintJWTSVIDAudienceBounds(t *testing.T) {
 		{"empty", []string{"a", ""}, 0, "audience 2 is empty"},
 		{"513 bytes", []string{strings.Repeat("a", certservice.MaxAudienceBytes+1)}, 0, "audience 1 is 513 bytes; at most 512"},
 		{"negative ttl", []string{"a"}, -1, "ttl_seconds -1 is negative"},
+		{"NUL", []string{"a", "b\x00c"}, 0, "audience 2 holds a control character"},
+		{"newline", []string{"https://api.example\nforged"}, 0, "audience 1 holds a control character"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.MintJWTSVID(context.Background(), &identityapi.MintJWTSVIDRequest{Audience: tc.aud, TtlSeconds: tc.ttl})
