@@ -110,18 +110,8 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 			changed = true
 		}
 	}
-	for range 10 { // a handful of steps at most; the bound guards against a plan bug
-		now := a.cfg.Clock.Now()
-		step, index, _ := a.jwtTimelineLocked().Plan(now, a.jwtTimesLocked())
-		if step == StepNone {
-			break
-		}
-		if err := a.applyJWTLocked(now, step, index); err != nil {
-			return changed, err
-		}
-		changed = true
-	}
-	return changed, nil
+	stepped, err := a.applyDue(a.jwtTimelineLocked, a.jwtTimesLocked, a.applyJWTLocked)
+	return changed || stepped, err
 }
 
 func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {

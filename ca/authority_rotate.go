@@ -129,14 +129,21 @@ func (a *Authority) bumpSequenceLocked() bool {
 // now, one after another, and reports whether it applied any. Several
 // can be due at once, after the server was down past more than one.
 func (a *Authority) applyDueStepsLocked() (bool, error) {
+	return a.applyDue(a.timelineLocked, a.timesLocked, a.applyLocked)
+}
+
+// applyDue applies, one after another, the steps the timeline tl plans
+// for the lifecycle items times describes (roots or JWT keys), with
+// apply, and reports whether it applied any.
+func (a *Authority) applyDue(tl func() Timeline, times func() []RootTimes, apply func(time.Time, Step, int) error) (bool, error) {
 	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()
-		step, index, _ := a.timelineLocked().Plan(now, a.timesLocked())
+		step, index, _ := tl().Plan(now, times())
 		if step == StepNone {
 			break
 		}
-		if err := a.applyLocked(now, step, index); err != nil {
+		if err := apply(now, step, index); err != nil {
 			return changed, err
 		}
 		changed = true
