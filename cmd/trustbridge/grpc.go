@@ -164,27 +164,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, err
 	}
-	svc, err := certservice.New(certservice.Config{
-		Signer:        authority,
-		Authenticator: auth,
-		Roots:         roots,
-		QueueSize:     o.queueSize,
-		RateLimit:     rate.Limit(o.rateLimit),
-		Logger:        logger,
-		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
-
-		// Renewal chains end with their grant (grants.go).
-		Grants:             g.grants,
-		MaxRenewalLifetime: o.maxRenewalLifetime,
-		// Node proxies may impersonate the pods of their node.
-		Impersonator: g.impersonator,
-		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
-		// JWT-SVIDs, and bundle streams filtered by the trust policy
-		// that filters SDS.
-		JWT:     jwtSigner(authority, o.testJWT),
-		Bundles: &storeBundles{store: fed.store},
-		Policy:  o.access,
-	})
+	svc, err := g.certService(o, td, authority, fed, auth, roots, reg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -209,6 +189,33 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	sdsServer.Register(srv.Registrar())
 	g.runners = append(g.runners, sc.Run, srv.Run)
 	return g, nil
+}
+
+// certService is Istio's certificate service and trustbridge's identity
+// service, with the authentication, grants and trust they share.
+func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority, fed *federationSetup,
+	auth authn.Authenticator, roots func() []*x509.Certificate, reg prometheus.Registerer, logger *slog.Logger) (*certservice.Service, error) {
+	return certservice.New(certservice.Config{
+		Signer:        authority,
+		Authenticator: auth,
+		Roots:         roots,
+		QueueSize:     o.queueSize,
+		RateLimit:     rate.Limit(o.rateLimit),
+		Logger:        logger,
+		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
+
+		// Renewal chains end with their grant (grants.go).
+		Grants:             g.grants,
+		MaxRenewalLifetime: o.maxRenewalLifetime,
+		// Node proxies may impersonate the pods of their node.
+		Impersonator: g.impersonator,
+		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
+		// JWT-SVIDs, and bundle streams filtered by the trust policy
+		// that filters SDS.
+		JWT:     jwtSigner(authority, o.testJWT),
+		Bundles: &storeBundles{store: fed.store},
+		Policy:  o.access,
+	})
 }
 
 // responseRoots is what --ca-response-roots puts after issued chains: nil
