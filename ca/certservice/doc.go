@@ -66,8 +66,9 @@
 // keepalive within KeepaliveTime+KeepaliveTimeout of a peer vanishing; a
 // message over MaxBundleMessageSize ends the stream), re-authenticate every
 // Config.WatchReauthInterval, end with Unauthenticated when the
-// credential that opened them (the X509-SVID's NotAfter, a JWT bearer
-// token's exp) expires, and with Unavailable when the server stops.
+// credential that opened them expires (authn.Identity.NotAfter: the
+// X509-SVID's NotAfter, a JWT bearer token's exp, a bootstrap token's
+// expires=), and with Unavailable when the server stops.
 //
 //	svc, err := certservice.New(certservice.Config{
 //		Signer:        authority, // *ca.Authority

@@ -125,7 +125,7 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref != nil {
 		return nil, ident, ref
 	}
-	credExp, now := credentialExpiry(ident, r), s.cfg.Clock.Now()
+	credExp, now := ident.NotAfter, s.cfg.Clock.Now()
 	if ref := checkCredentialLeft(credExp, now); ref != nil {
 		return nil, ident, ref
 	}

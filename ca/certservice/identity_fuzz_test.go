@@ -56,25 +56,3 @@ func FuzzMintRequest(f *testing.F) {
 		assert.GreaterOrEqual(t, int64(ttl), int64(0))
 	})
 }
-
-// FuzzTokenExpiry feeds arbitrary bearer tokens to the reader of a JWT's
-// exp claim, which must never panic and reads exp only from a JWS.
-func FuzzTokenExpiry(f *testing.F) {
-	f.Add("")
-	f.Add("not-a-jwt")
-	f.Add("eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjE3MDAwMDAwMDB9.c2ln")
-	f.Add("eyJhbGciOiJub25lIn0.eyJleHAiOjE3MDAwMDAwMDB9.")
-	f.Add("eyJhbGciOiJSUzI1NiJ9.eyJleHAiOiJzb29uIn0.c2ln")
-	f.Fuzz(func(t *testing.T, token string) {
-		exp := tokenExpiry(token)
-		if !exp.IsZero() {
-			assert.Equal(t, 2, strings.Count(token, "."), "only a compact JWS has an exp")
-		}
-	})
-}
-
-func TestTokenExpiry(t *testing.T) {
-	assert.Equal(t, int64(1700000000), tokenExpiry("eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjE3MDAwMDAwMDB9.c2ln").Unix())
-	assert.True(t, tokenExpiry("eyJhbGciOiJub25lIn0.eyJleHAiOjE3MDAwMDAwMDB9.").IsZero(), "alg none is no service account token")
-	assert.True(t, tokenExpiry("bootstrap-token-abcdefghijklmnop").IsZero())
-}

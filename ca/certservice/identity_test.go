@@ -291,18 +291,18 @@ func TestMintJWTSVIDClampedToCredential(t *testing.T) {
 	now := time.Unix(time.Now().Unix(), 0)
 	for _, tc := range []struct {
 		name     string
-		token    string        // a JWT bearer token, or "" for an X509-SVID caller
+		tokenExp time.Time     // a JWT bearer token's exp, or zero for an X509-SVID caller
 		svidLeft time.Duration // the X509-SVID's time left at the service's clock
 		ttl      int64
 		wantTTL  []time.Duration // what the signer was asked for, in order
 		wantExp  time.Time
 		wantCode codes.Code
 	}{
-		{name: "token: request clamped", token: fakeJWT(now.Add(90 * time.Second)), ttl: 600, wantTTL: []time.Duration{90 * time.Second}, wantExp: now.Add(90 * time.Second)},
-		{name: "token: default clamped", token: fakeJWT(now.Add(90 * time.Second)), wantTTL: []time.Duration{0, 90 * time.Second}, wantExp: now.Add(90 * time.Second)},
-		{name: "token: request within", token: fakeJWT(now.Add(2 * time.Hour)), ttl: 600, wantTTL: []time.Duration{10 * time.Minute}, wantExp: now.Add(10 * time.Minute)},
-		{name: "token: default within", token: fakeJWT(now.Add(2 * time.Hour)), wantTTL: []time.Duration{0}, wantExp: now.Add(5 * time.Minute)},
-		{name: "token: under a second left", token: fakeJWT(now), ttl: 600, wantCode: codes.Unauthenticated},
+		{name: "token: request clamped", tokenExp: now.Add(90 * time.Second), ttl: 600, wantTTL: []time.Duration{90 * time.Second}, wantExp: now.Add(90 * time.Second)},
+		{name: "token: default clamped", tokenExp: now.Add(90 * time.Second), wantTTL: []time.Duration{0, 90 * time.Second}, wantExp: now.Add(90 * time.Second)},
+		{name: "token: request within", tokenExp: now.Add(2 * time.Hour), ttl: 600, wantTTL: []time.Duration{10 * time.Minute}, wantExp: now.Add(10 * time.Minute)},
+		{name: "token: default within", tokenExp: now.Add(2 * time.Hour), wantTTL: []time.Duration{0}, wantExp: now.Add(5 * time.Minute)},
+		{name: "token: under a second left", tokenExp: now, ttl: 600, wantCode: codes.Unauthenticated},
 		{name: "x509-svid: request clamped", svidLeft: 30 * time.Second, ttl: 600, wantTTL: []time.Duration{30 * time.Second}, wantExp: now.Add(30 * time.Second)},
 		{name: "x509-svid: under a second left", svidLeft: 500 * time.Millisecond, ttl: 600, wantCode: codes.Unauthenticated},
 	} {
@@ -331,11 +331,15 @@ func TestMintJWTSVIDClampedToCredential(t *testing.T) {
 					if strings.Count(r.BearerToken, ".") != 2 {
 						return authn.Identity{}, authn.ErrNoCredentials
 					}
-					return authn.Identity{ID: tokenID, Method: authn.MethodKubernetesJWT}, nil
+					// What a token authenticator proves: the identity, and
+					// when the token stops proving it.
+					return authn.Identity{ID: tokenID, Method: authn.MethodKubernetesJWT, NotAfter: tc.tokenExp}, nil
 				})}
 			})
-			c := f.identityClient(t, nil, tc.token)
-			if tc.token == "" {
+			var c identityapi.IdentityServiceClient
+			if !tc.tokenExp.IsZero() {
+				c = f.identityClient(t, nil, fakeJWT(tc.tokenExp))
+			} else {
 				cert := svid(t, f.authority, workloadID)
 				clk.SetTime(cert.Leaf.NotAfter.Add(-tc.svidLeft))
 				now := clk.Now()

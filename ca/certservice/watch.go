@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-jose/go-jose/v4"
-	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
@@ -61,7 +59,7 @@ func (is *identityService) WatchBundles(_ *identityapi.WatchBundlesRequest, stre
 		return s.refuse(ctx, "bundle watch refused", r, ident, ref)
 	}
 	defer release()
-	w := &watch{s: s, stream: stream, r: r, ident: ident, expiry: credentialExpiry(ident, r)}
+	w := &watch{s: s, stream: stream, r: r, ident: ident}
 	w.reauthAt = w.nextReauth(s.timers().Now())
 	ref, err := w.run(ctx)
 	method := methodLabel(w.ident)
@@ -153,8 +151,9 @@ type watch struct {
 	s      *Service
 	stream grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]
 	r      authn.Request // what opened the stream, to re-authenticate
-	ident  authn.Identity
-	expiry time.Time // of the caller's credential; zero when unknown
+	// ident is the caller as last proved; its NotAfter, when set, ends
+	// the stream.
+	ident authn.Identity
 	// reauthAt is when the caller is next proved again: fixed when the
 	// stream opens and after each re-authentication, never by other
 	// wake-ups, which trust or decision changes may bring more often
@@ -222,8 +221,8 @@ func (s *Service) checkSize(msg *identityapi.WatchBundlesResponse) *refusal {
 // re-authentication, whichever comes first.
 func (w *watch) untilCheck(now time.Time) time.Duration {
 	d := w.reauthAt.Sub(now)
-	if !w.expiry.IsZero() {
-		d = min(d, w.expiry.Sub(now))
+	if exp := w.ident.NotAfter; !exp.IsZero() {
+		d = min(d, exp.Sub(now))
 	}
 	return max(d, 0)
 }
@@ -236,7 +235,7 @@ func (w *watch) nextReauth(now time.Time) time.Time {
 // check ends the stream once the credential has expired, and proves the
 // caller again once its re-authentication is due, setting the next.
 func (w *watch) check(ctx context.Context, now time.Time) *refusal {
-	if now.Before(w.reauthAt) && (w.expiry.IsZero() || now.Before(w.expiry)) {
+	if exp := w.ident.NotAfter; now.Before(w.reauthAt) && (exp.IsZero() || now.Before(exp)) {
 		return nil
 	}
 	if ref := w.reauthenticate(ctx, now); ref != nil {
@@ -258,9 +257,9 @@ func jittered(d time.Duration, r float64) time.Duration {
 // that cannot decide ends it too (Unavailable): the caller reconnects and
 // keeps its last bundles meanwhile.
 func (w *watch) reauthenticate(ctx context.Context, now time.Time) *refusal {
-	if !w.expiry.IsZero() && !now.Before(w.expiry) {
+	if exp := w.ident.NotAfter; !exp.IsZero() && !now.Before(exp) {
 		return &refusal{codes.Unauthenticated, "credential_expired",
-			fmt.Sprintf("the credential that opened this stream expired at %s; reconnect with a fresh one", w.expiry.UTC().Format(time.RFC3339)), nil}
+			fmt.Sprintf("the credential that opened this stream expired at %s; reconnect with a fresh one", exp.UTC().Format(time.RFC3339)), nil}
 	}
 	ident, ref := w.s.authenticate(ctx, w.r, w.s.identityAuth)
 	if ref != nil {
@@ -298,41 +297,6 @@ func (s *Service) stopWatches() {
 
 func sameMessage(a, b *identityapi.WatchBundlesResponse) bool {
 	return bytes.Equal(a.GetBundleMap(), b.GetBundleMap()) && slices.Equal(a.GetWithheldTrustDomains(), b.GetWithheldTrustDomains())
-}
-
-// credentialExpiry is when what the caller authenticated with stops
-// proving anything: its X509-SVID's NotAfter, or a JWT bearer token's exp;
-// zero for a bootstrap token, whose expiry the service does not see
-// (re-authentication catches it).
-func credentialExpiry(ident authn.Identity, r authn.Request) time.Time {
-	if ident.Method == authn.MethodX509SVID {
-		if len(r.PeerCertificates) > 0 && r.PeerCertificates[0] != nil {
-			return r.PeerCertificates[0].NotAfter
-		}
-		return time.Time{}
-	}
-	return tokenExpiry(r.BearerToken)
-}
-
-// jwtAlgorithms are those a service account token may be signed with;
-// tokenExpiry only reads claims an authenticator has already verified.
-var jwtAlgorithms = []jose.SignatureAlgorithm{jose.RS256, jose.RS384, jose.RS512, jose.PS256, jose.PS384, jose.PS512, jose.ES256, jose.ES384, jose.ES512, jose.EdDSA}
-
-// tokenExpiry is the exp claim of a JWT, zero when token is not a JWT or
-// has none.
-func tokenExpiry(token string) time.Time {
-	if token == "" || len(token) > authn.MaxTokenSize {
-		return time.Time{}
-	}
-	tok, err := jwt.ParseSigned(token, jwtAlgorithms)
-	if err != nil {
-		return time.Time{}
-	}
-	var c jwt.Claims
-	if err := tok.UnsafeClaimsWithoutVerification(&c); err != nil || c.Expiry == nil {
-		return time.Time{}
-	}
-	return c.Expiry.Time()
 }
 
 // renderBundles is the message for a caller of trust domain local under

@@ -296,6 +296,29 @@ func TestWatchBundlesEndsWhenCredentialExpires(t *testing.T) {
 	assert.Contains(t, w.logs.String(), `"reason":"credential_expired"`)
 }
 
+// A service account token's stream ends at its exp, which the TokenReview
+// authenticator reports (authn.Identity.NotAfter); the service reads no
+// token itself.
+func TestWatchBundlesEndsWhenTokenExpires(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	jwt := fakeJWT(clk.Now().Add(30 * time.Minute))
+	w := newWatchFixture(t, func(cfg *certservice.Config) {
+		cfg.Clock = clk
+		cfg.WatchReauthInterval = 1000 * time.Hour
+		tr, err := authn.NewTokenReview(authn.TokenReviewConfig{Client: fakeAPIServer(jwt), TrustDomain: td, Clock: clk})
+		require.NoError(t, err)
+		cfg.Authenticator = tr
+	})
+	stream := w.watch(t, w.identityClient(t, nil, jwt))
+	recvMap(t, stream)
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond)
+	clk.Step(30*time.Minute + time.Second)
+	_, err := stream.Recv()
+	assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "expired at")
+	assert.Contains(t, w.logs.String(), `"reason":"credential_expired"`)
+}
+
 func TestWatchBundlesReauthentication(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	var revoked atomic.Bool

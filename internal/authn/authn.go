@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -91,6 +92,12 @@ type Identity struct {
 	// could not be recorded. A service that cannot spend it on one
 	// certificate (an SDS stream) refuses the identity: see ReusableOnly.
 	Spend func(ctx context.Context) error
+	// NotAfter is when the credential that proved this identity stops
+	// proving it: an X509-SVID's NotAfter, a service account token's exp,
+	// a bootstrap token's expires=. Zero when unknown (a bootstrap token
+	// without expires=). A service that keeps a caller (a stream) ends it
+	// then, without parsing the credential again.
+	NotAfter time.Time
 }
 
 // PodRef names a pod and the incarnation of it (UID) a token was bound to.

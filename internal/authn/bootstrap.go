@@ -203,7 +203,7 @@ func (b *BootstrapTokens) Authenticate(ctx context.Context, r Request) (Identity
 	if err := b.usable(ctx, e); err != nil {
 		return Identity{}, err
 	}
-	ident := Identity{ID: e.id, Method: MethodBootstrapToken, Grant: &Grant{Method: MethodBootstrapToken, Ref: e.ref}}
+	ident := Identity{ID: e.id, Method: MethodBootstrapToken, Grant: &Grant{Method: MethodBootstrapToken, Ref: e.ref}, NotAfter: e.expires}
 	if !e.reusable {
 		ident.Spend = func(ctx context.Context) error { return b.consume(ctx, e) }
 	}

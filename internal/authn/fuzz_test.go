@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func FuzzBootstrapTokens(f *testing.F) {
@@ -126,11 +128,15 @@ func FuzzPeekJWT(f *testing.F) {
 	})
 }
 
+// checkTokenClaimsSeed is a service account token of default/web for
+// example.org that the local checks accept at epoch, exp 1800000000.
+const checkTokenClaimsSeed = "eyJhbGciOiJSUzI1NiIsImtpZCI6ImsifQ.eyJpc3MiOiJodHRwczovL2t1YmVybmV0ZXMuZGVmYXVsdC5zdmMiLCJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6ZGVmYXVsdDp3ZWIiLCJhdWQiOlsiZXhhbXBsZS5vcmciXSwiZXhwIjoxODAwMDAwMDAwfQ.c2ln"
+
 // FuzzCheckTokenClaims: the local checks never panic, and a token they
 // accept names a service account whose SPIFFE ID can be built.
 func FuzzCheckTokenClaims(f *testing.F) {
 	for _, seed := range []string{
-		"eyJhbGciOiJSUzI1NiIsImtpZCI6ImsifQ.eyJpc3MiOiJodHRwczovL2t1YmVybmV0ZXMuZGVmYXVsdC5zdmMiLCJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6ZGVmYXVsdDp3ZWIiLCJhdWQiOlsiZXhhbXBsZS5vcmciXSwiZXhwIjoxODAwMDAwMDAwfQ.c2ln",
+		checkTokenClaimsSeed,
 		"eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.c2ln",
 		"eyJhbGciOiJSUzI1NiIsImNyaXQiOlsiYjY0Il19.e30.c2ln",
 		"a.b.c", "..",
@@ -154,7 +160,20 @@ func FuzzCheckTokenClaims(f *testing.F) {
 		if !slices.Contains(tokenAlgs, lt.alg) {
 			t.Fatalf("accepted alg %q", lt.alg)
 		}
+		// exp becomes Identity.NotAfter: set, in the future, and no
+		// further than kube-apiserver would write it.
+		if !lt.exp.After(epoch) || lt.exp.Sub(epoch) > maxTokenAhead {
+			t.Fatalf("accepted exp %s at %s", lt.exp, epoch)
+		}
 	})
+}
+
+// The accepted seed of FuzzCheckTokenClaims keeps its exp (1800000000),
+// which TokenReview hands on as Identity.NotAfter.
+func TestCheckTokenClaimsSeedExp(t *testing.T) {
+	lt, ref := checkTokenClaims(checkTokenClaimsSeed, "example.org", epoch)
+	require.Nil(t, ref)
+	assert.Equal(t, time.Unix(1800000000, 0), lt.exp)
 }
 
 // FuzzParseIssuerJWKS: a key set never panics the parser, and what it

@@ -222,15 +222,15 @@ func GrantFromCert(cert *x509.Certificate) (Grant, error) {
 	return Grant{Method: GrantMethodLegacy, GrantedAt: cert.NotBefore.UTC()}, nil
 }
 
-// svidIdentity is the Identity of a verified X509-SVID leaf: its ID and the
-// grant it carries. A grant that does not parse is reported in GrantErr
+// svidIdentity is the Identity of a verified X509-SVID leaf: its ID, the
+// grant it carries and its NotAfter. A grant that does not parse is reported in GrantErr
 // rather than failing authentication, so the certificate service can
 // refuse renewal with a clear reason while SDS, which does not renew
 // chains, keeps working.
 func svidIdentity(id spiffeid.ID, leaf *x509.Certificate) Identity {
 	g, err := GrantFromCert(leaf)
 	if err != nil {
-		return Identity{ID: id, Method: MethodX509SVID, GrantErr: err}
+		return Identity{ID: id, Method: MethodX509SVID, GrantErr: err, NotAfter: leaf.NotAfter}
 	}
-	return Identity{ID: id, Method: MethodX509SVID, Grant: &g}
+	return Identity{ID: id, Method: MethodX509SVID, Grant: &g, NotAfter: leaf.NotAfter}
 }

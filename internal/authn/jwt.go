@@ -179,6 +179,7 @@ type localToken struct {
 	alg, kid string
 	ns, sa   string
 	iat      time.Time // zero when the token has none
+	exp      time.Time // always set: checkTokenTimes requires it
 }
 
 // localRefusal is a token refused without a TokenReview: reason is the
@@ -216,7 +217,8 @@ func checkTokenClaims(token, audience string, now time.Time) (localToken, *local
 	if c.Iss == "" {
 		return localToken{}, refuseLocal(localRefusedClaims, "token has no issuer")
 	}
-	if r := checkTokenTimes(c, now); r != nil {
+	exp, r := checkTokenTimes(c, now)
+	if r != nil {
 		return localToken{}, r
 	}
 	if !slices.Contains(c.Aud, audience) {
@@ -232,22 +234,22 @@ func checkTokenClaims(token, audience string, now time.Time) (localToken, *local
 		}
 	}
 	iat, _ := numericDate(c.Iat)
-	return localToken{alg: h.Alg, kid: h.Kid, ns: ns, sa: sa, iat: iat}, nil
+	return localToken{alg: h.Alg, kid: h.Kid, ns: ns, sa: sa, iat: iat, exp: exp}, nil
 }
 
 // checkTokenTimes requires an exp in the future and at most maxTokenAhead
-// away, and nbf and iat, when present, not in the future.
-func checkTokenTimes(c saClaims, now time.Time) *localRefusal {
+// away, and nbf and iat, when present, not in the future. It returns exp.
+func checkTokenTimes(c saClaims, now time.Time) (time.Time, *localRefusal) {
 	exp, ok := numericDate(c.Exp)
 	switch {
 	case c.Exp == nil:
-		return refuseLocal(localRefusedTime, "token has no exp")
+		return time.Time{}, refuseLocal(localRefusedTime, "token has no exp")
 	case !ok:
-		return refuseLocal(localRefusedClaims, "token exp is not a date")
+		return time.Time{}, refuseLocal(localRefusedClaims, "token exp is not a date")
 	case !now.Before(exp):
-		return refuseLocal(localRefusedTime, "token expired at %s", exp.UTC().Format(time.RFC3339))
+		return time.Time{}, refuseLocal(localRefusedTime, "token expired at %s", exp.UTC().Format(time.RFC3339))
 	case exp.Sub(now) > maxTokenAhead:
-		return refuseLocal(localRefusedTime, "token exp %s is more than %s away", exp.UTC().Format(time.RFC3339), maxTokenAhead)
+		return time.Time{}, refuseLocal(localRefusedTime, "token exp %s is more than %s away", exp.UTC().Format(time.RFC3339), maxTokenAhead)
 	}
 	for _, claim := range []struct {
 		name string
@@ -258,13 +260,13 @@ func checkTokenTimes(c saClaims, now time.Time) *localRefusal {
 		}
 		t, ok := numericDate(claim.v)
 		if !ok {
-			return refuseLocal(localRefusedClaims, "token %s is not a date", claim.name)
+			return time.Time{}, refuseLocal(localRefusedClaims, "token %s is not a date", claim.name)
 		}
 		if t.After(now.Add(clockLeeway)) {
-			return refuseLocal(localRefusedTime, "token %s %s is in the future", claim.name, t.UTC().Format(time.RFC3339))
+			return time.Time{}, refuseLocal(localRefusedTime, "token %s %s is in the future", claim.name, t.UTC().Format(time.RFC3339))
 		}
 	}
-	return nil
+	return exp, nil
 }
 
 // numericDate reads an RFC 7519 NumericDate within [0, maxExpSeconds].

@@ -103,6 +103,7 @@ func TestCheckTokenClaims(t *testing.T) {
 				require.Nil(t, ref)
 				assert.Equal(t, "default", lt.ns)
 				assert.Equal(t, "web", lt.sa)
+				assert.Equal(t, tt.claims["exp"], lt.exp.Unix(), "exp kept for Identity.NotAfter")
 				return
 			}
 			require.NotNil(t, ref)

@@ -294,7 +294,8 @@ func (a *TokenReview) Authenticate(ctx context.Context, r Request) (Identity, er
 	} else if call != nil {
 		return a.wait(ctx, call)
 	}
-	if err := a.checkLocally(ctx, token, r.Peer); err != nil {
+	lt, err := a.checkLocally(ctx, token, r.Peer)
+	if err != nil {
 		return Identity{}, err
 	}
 	call, started, err := a.start(key, r.Peer)
@@ -304,7 +305,7 @@ func (a *TokenReview) Authenticate(ctx context.Context, r Request) (Identity, er
 	if started {
 		// The review outlives a caller that gives up, up to Timeout, so
 		// other callers waiting on it are not failed by that one.
-		go a.run(context.WithoutCancel(ctx), key, token, info, call, r.Peer)
+		go a.run(context.WithoutCancel(ctx), key, token, info, lt.exp, call, r.Peer)
 	}
 	return a.wait(ctx, call)
 }
@@ -371,10 +372,10 @@ func (a *TokenReview) lookup(key tokenKey) (Identity, *reviewCall, bool) {
 }
 
 // checkLocally checks the claims, then the signature when the issuer's
-// keys are known. A refusal is counted, logged at Debug (a flood of bad
-// tokens is the caller's business, not the operator's) and never reaches
-// the API server.
-func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) error {
+// keys are known, and returns what it read. A refusal is counted, logged
+// at Debug (a flood of bad tokens is the caller's business, not the
+// operator's) and never reaches the API server.
+func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) (localToken, error) {
 	lt, ref := checkTokenClaims(token, a.cfg.Audience, a.cfg.Clock.Now())
 	var outcome verifyOutcome
 	if ref == nil {
@@ -389,11 +390,11 @@ func (a *TokenReview) checkLocally(ctx context.Context, token, peer string) erro
 		a.m.local.WithLabelValues(ref.reason).Inc()
 		a.cfg.Logger.Debug("token refused before review", logattr.Address, peer, "reason", ref.reason, logattr.Error, ref.err)
 		if outcome == sigNotYet {
-			return fmt.Errorf("authn: %s: %w: %w", MethodKubernetesJWT, ref, ErrUnavailable)
+			return localToken{}, fmt.Errorf("authn: %s: %w: %w", MethodKubernetesJWT, ref, ErrUnavailable)
 		}
-		return invalid(MethodKubernetesJWT, ref)
+		return localToken{}, invalid(MethodKubernetesJWT, ref)
 	}
-	return nil
+	return lt, nil
 }
 
 // start registers a new review of key for peer, or joins one another
@@ -448,8 +449,14 @@ func (a *TokenReview) wait(ctx context.Context, call *reviewCall) (Identity, err
 }
 
 // run performs one review, caches a success and releases the waiters.
-func (a *TokenReview) run(ctx context.Context, key tokenKey, token string, info jwtInfo, call *reviewCall, peer string) {
+// exp is the token's, as checkLocally read it: the identity's NotAfter,
+// shared by every caller of the call and of the cache entry, all of whom
+// presented this very token.
+func (a *TokenReview) run(ctx context.Context, key tokenKey, token string, info jwtInfo, exp time.Time, call *reviewCall, peer string) {
 	call.ident, call.err = a.review(ctx, token, peer)
+	if call.err == nil {
+		call.ident.NotAfter = exp
+	}
 	a.mu.Lock()
 	delete(a.inflight, key)
 	keys := []string{call.peer}
