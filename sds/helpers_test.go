@@ -122,6 +122,7 @@ type tokens struct {
 	mu          sync.Mutex
 	ids         map[string]spiffeid.ID
 	unavailable bool
+	denied      bool // a valid token whose claims no issuer rule allows
 }
 
 func (k *tokens) revoke(tok string) {
@@ -135,6 +136,9 @@ func (k *tokens) Authenticate(_ context.Context, r authn.Request) (authn.Identit
 	defer k.mu.Unlock()
 	if k.unavailable {
 		return authn.Identity{}, fmt.Errorf("test: %w", authn.ErrUnavailable)
+	}
+	if k.denied {
+		return authn.Identity{}, fmt.Errorf("test: claim ref not allowed: %w", authn.ErrPermissionDenied)
 	}
 	if r.BearerToken == "" {
 		return authn.Identity{}, fmt.Errorf("test: %w", authn.ErrNoCredentials)

@@ -189,6 +189,10 @@ func (s *Server) authenticate(ctx context.Context, r authn.Request) (authn.Ident
 		if errors.Is(err, authn.ErrUnavailable) {
 			return authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
 		}
+		if errors.Is(err, authn.ErrPermissionDenied) {
+			return authn.Identity{}, &refusal{codes.PermissionDenied, "token_claims_refused",
+				"the token is valid, but its claims do not grant an identity under this server's issuer rules", err}
+		}
 		return authn.Identity{}, &refusal{codes.Unauthenticated, "unauthenticated",
 			"no valid credentials: present an X509-SVID of this trust domain (mTLS) or a bearer token", err}
 	}

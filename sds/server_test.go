@@ -249,6 +249,16 @@ func TestStreamSecretsRefused(t *testing.T) {
 		_, err := s.Recv()
 		assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	})
+	t.Run("token valid, its claims not allowed", func(t *testing.T) {
+		e := newEnv(t)
+		e.tokens.denied = true
+		s := e.stream("token-a")
+		send(t, s, sotwReq("ROOTCA"))
+		_, err := s.Recv()
+		assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+		assert.ErrorContains(t, err, "its claims do not grant an identity")
+		assert.Equal(t, 1.0, testutil.ToFloat64(e.server.metrics.authFails))
+	})
 	t.Run("wrong type", func(t *testing.T) {
 		e := newEnv(t)
 		s := e.stream("token-a")

@@ -379,6 +379,12 @@ func (s *Service) authenticate(ctx context.Context, r authn.Request, auth authn.
 		if errors.Is(err, authn.ErrUnavailable) {
 			return authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
 		}
+		if errors.Is(err, authn.ErrPermissionDenied) {
+			// A valid token whose identity its issuer's rules do not
+			// allow: the reason (which rule) is logged, not sent.
+			return authn.Identity{}, &refusal{codes.PermissionDenied, "token_claims_refused",
+				"the token is valid, but its claims do not grant an identity under this server's issuer rules", err}
+		}
 		return authn.Identity{}, unauthenticated(err)
 	}
 	return ident, nil

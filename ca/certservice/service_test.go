@@ -322,6 +322,25 @@ func TestCreateCertificateServerFaults(t *testing.T) {
 			code: codes.Unavailable, msg: "authentication backend unavailable",
 		},
 		{
+			name: "token valid, its claims not allowed",
+			auth: authn.Chain{authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+				return authn.Identity{}, fmt.Errorf("authn: oidc: issuer ci: claim ref %q not allowed: %w", "refs/heads/dev", authn.ErrPermissionDenied)
+			})},
+			code: codes.PermissionDenied, msg: "the token is valid, but its claims do not grant an identity",
+		},
+		{
+			name: "claims not allowed, another authenticator unavailable",
+			auth: authn.Chain{
+				authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+					return authn.Identity{}, authn.ErrUnavailable
+				}),
+				authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
+					return authn.Identity{}, authn.ErrPermissionDenied
+				}),
+			},
+			code: codes.Unavailable, msg: "authentication backend unavailable",
+		},
+		{
 			name: "authenticator returns an empty identity",
 			auth: authn.AuthenticatorFunc(func(context.Context, authn.Request) (authn.Identity, error) {
 				return authn.Identity{}, nil

@@ -17,7 +17,25 @@ const (
 	MethodX509SVID       = "x509-svid"
 	MethodKubernetesJWT  = "kubernetes-jwt"
 	MethodBootstrapToken = "bootstrap-token"
+	// MethodOIDC is a JWT from a configured OpenID Connect issuer (a CI
+	// platform, a cloud, a VM's identity provider), verified offline
+	// against the issuer's published keys; the SPIFFE ID comes from the
+	// issuer's template.
+	MethodOIDC = "oidc"
+	// MethodKubernetesIssuer is a service account token of another
+	// Kubernetes cluster, verified offline against that cluster's service
+	// account issuer (discovery and JWKS) instead of a TokenReview; the
+	// identity is spiffe://<td>/ns/<namespace>/sa/<name> from its
+	// kubernetes.io claims.
+	MethodKubernetesIssuer = "kubernetes-issuer"
 )
+
+// IsKubernetesMethod reports whether method (an Identity's, or a Grant's)
+// is a Kubernetes service account token: reviewed by the local API server
+// or verified against a remote cluster's issuer.
+func IsKubernetesMethod(method string) bool {
+	return method == MethodKubernetesJWT || method == MethodKubernetesIssuer
+}
 
 // MaxTokenSize is the largest bearer token accepted, in bytes. Kubernetes
 // service account tokens are about 1 KiB; anything near this size is not one
@@ -37,6 +55,12 @@ var (
 	// wraps it too, so a transport may answer Unavailable instead of
 	// Unauthenticated.
 	ErrUnavailable = errors.New("authentication backend unavailable")
+	// ErrPermissionDenied means the credentials were valid but the identity
+	// they would prove is not allowed: a token from a configured issuer
+	// whose claims do not satisfy the issuer's rules, or whose claim values
+	// cannot form a SPIFFE ID. Transports answer PermissionDenied rather
+	// than Unauthenticated (unless another authenticator was unavailable).
+	ErrPermissionDenied = errors.New("permission denied")
 	// ErrUnauthenticated is returned (wrapped) by Chain when no authenticator
 	// succeeded.
 	ErrUnauthenticated = errors.New("unauthenticated")
@@ -69,7 +93,8 @@ type Request struct {
 // Identity is who the caller proved to be.
 type Identity struct {
 	ID spiffeid.ID
-	// Method is MethodX509SVID, MethodKubernetesJWT or MethodBootstrapToken.
+	// Method is MethodX509SVID, MethodKubernetesJWT, MethodKubernetesIssuer,
+	// MethodOIDC or MethodBootstrapToken.
 	Method string
 	// Grant is the credential that first granted ID: the token itself for
 	// the token methods, the grant recorded in the certificate for

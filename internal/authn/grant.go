@@ -62,12 +62,14 @@ const (
 // credential the chain started from, and the certificate service can stop
 // the chain when that credential is removed.
 type Grant struct {
-	// Method is MethodBootstrapToken, MethodKubernetesJWT,
-	// GrantMethodLegacy or GrantMethodSDS; never MethodX509SVID.
+	// Method is MethodBootstrapToken, MethodKubernetesJWT, MethodOIDC,
+	// MethodKubernetesIssuer, GrantMethodLegacy or GrantMethodSDS; never
+	// MethodX509SVID.
 	Method string
 	// Ref names the credential. Bootstrap: BootstrapGrantRef of the token
 	// (a slow digest of its digest, never the token). Kubernetes: the service
-	// account as "<namespace>/<name>". Legacy: empty.
+	// account as "<namespace>/<name>". OIDC and Kubernetes issuers: the
+	// issuer's configured name (CheckIssuerName). Legacy: empty.
 	Ref string
 	// UID is the Kubernetes service account's UID, which tells a
 	// re-created account of the same name from the original; empty for
@@ -164,12 +166,46 @@ func (g Grant) check() error {
 		if _, _, err := SplitServiceAccountRef(g.Ref); err != nil {
 			return err
 		}
+	case MethodOIDC, MethodKubernetesIssuer:
+		if !validIssuerName(g.Ref) {
+			return fmt.Errorf("issuer reference %q is not an issuer name (1 to %d of a-z, 0-9 and -)", truncate(g.Ref, 64), MaxIssuerNameLen)
+		}
+		if g.UID != "" {
+			return fmt.Errorf("%s grant has a uid", g.Method)
+		}
 	case GrantMethodLegacy, GrantMethodSDS:
 		if g.Ref != "" || g.UID != "" {
 			return fmt.Errorf("%s grant has a reference or uid", g.Method)
 		}
 	default:
 		return fmt.Errorf("unknown method %q", truncate(g.Method, 64))
+	}
+	return nil
+}
+
+// MaxIssuerNameLen bounds an OIDC issuer's configured name, which is its
+// grant reference and metric label.
+const MaxIssuerNameLen = 63
+
+// validIssuerName reports whether s is an issuer name: a DNS label's
+// characters (lowercase letters, digits, '-', not at either end).
+func validIssuerName(s string) bool {
+	if s == "" || len(s) > MaxIssuerNameLen || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckIssuerName returns an error saying what is wrong with an OIDC
+// issuer name, nil for a good one.
+func CheckIssuerName(s string) error {
+	if !validIssuerName(s) {
+		return fmt.Errorf("issuer name %q must be 1 to %d lowercase letters, digits and '-' (not first or last)", truncate(s, 64), MaxIssuerNameLen)
 	}
 	return nil
 }
