@@ -45,7 +45,7 @@ func jwks(t *testing.T, iss *Issuer) jose.JSONWebKeySet {
 
 func verify(t *testing.T, token string, set jose.JSONWebKeySet, alg jose.SignatureAlgorithm) map[string]any {
 	t.Helper()
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{alg})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{alg})
 	require.NoError(t, err)
 	keys := set.Key(jws.Signatures[0].Header.KeyID)
 	require.Len(t, keys, 1)
@@ -97,7 +97,7 @@ func TestMintWithHeaderAndKey(t *testing.T) {
 	require.NoError(t, err)
 	tok = iss.MintWith(map[string]any{"alg": "ES256"}, iss.StandardClaims("s", "a"), stranger)
 	assert.Equal(t, iss.KeyID(), header(t, tok)["kid"])
-	jws, err := jose.ParseSigned(tok, []jose.SignatureAlgorithm{jose.ES256})
+	jws, err := jose.ParseSignedCompact(tok, []jose.SignatureAlgorithm{jose.ES256})
 	require.NoError(t, err)
 	_, err = jws.Verify(&stranger.PublicKey)
 	assert.NoError(t, err)
@@ -117,7 +117,7 @@ func TestHostileTokens(t *testing.T) {
 	set := jwks(t, iss)
 	der, err := x509.MarshalPKIXPublicKey(set.Keys[0].Key)
 	require.NoError(t, err)
-	jws, err := jose.ParseSigned(hmac, []jose.SignatureAlgorithm{jose.HS256})
+	jws, err := jose.ParseSignedCompact(hmac, []jose.SignatureAlgorithm{jose.HS256})
 	require.NoError(t, err)
 	_, err = jws.Verify(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
 	assert.NoError(t, err, "keyed with the published key's PEM")
