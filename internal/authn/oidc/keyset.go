@@ -317,8 +317,10 @@ func (k *keySet) logStateLocked() {
 	k.logged = state
 	log := k.cfg.logger.With(logattr.Issuer, k.cfg.name, logattr.IssuerURL, k.cfg.issuer, logattr.Keys, len(k.keys))
 	switch {
+	case state == prev && k.lastErr != nil:
+		log.Debug("issuer key fetch failed again", logattr.Error, k.lastErr)
 	case state == prev:
-		log.Debug("issuer key fetch", logattr.Error, k.lastErr)
+		log.Debug("issuer keys fetched")
 	case state == keysOK && prev == keysNotFetched:
 		log.Info("issuer keys fetched")
 	case state == keysOK:
