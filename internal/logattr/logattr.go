@@ -32,4 +32,6 @@ const (
 	GrantedAt   = "granted_at"
 	// Rule names a trust policy rule (internal/trustpolicy).
 	Rule = "rule"
+	// DNSNames are the DNS SANs of a certificate (internal/workloaddns).
+	DNSNames = "dns_names"
 )

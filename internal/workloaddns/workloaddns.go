@@ -42,6 +42,8 @@ type Template struct {
 	// parts are literal text (the trust domain already substituted) and
 	// the placeholders {sa} and {ns}, in order.
 	parts []string
+	// reserved are names no workload gets, lowercased.
+	reserved map[string]bool
 }
 
 // String is the template as written.
@@ -52,7 +54,13 @@ func (t *Template) String() string { return t.raw }
 // do not depend on a workload are made here, at startup: characters,
 // placeholders, and that the result for one-letter names is a valid DNS
 // name.
-func Parse(template string, td spiffeid.TrustDomain) (*Template, error) {
+//
+// reserved are names no workload may have: those of the server's own
+// serving certificates. Clients that reach the server by host name and
+// check it against the CA's roots (Istio agents dialing
+// istiod.istio-system.svc) must not accept a workload in its place, which
+// {sa}.{ns}.svc would allow for a service account istiod in istio-system.
+func Parse(template string, td spiffeid.TrustDomain, reserved ...string) (*Template, error) {
 	if td.IsZero() {
 		return nil, errors.New("workload DNS name template: no trust domain")
 	}
@@ -66,7 +74,10 @@ func Parse(template string, td spiffeid.TrustDomain) (*Template, error) {
 	if err := checkPlacement(parts); err != nil {
 		return nil, fmt.Errorf("workload DNS name template %q: %w", template, err)
 	}
-	t := &Template{raw: template, td: td}
+	t := &Template{raw: template, td: td, reserved: make(map[string]bool, len(reserved))}
+	for _, r := range reserved {
+		t.reserved[strings.ToLower(r)] = true
+	}
 	for _, p := range parts {
 		if p == PlaceholderTrustDomain {
 			if err := checkTrustDomain(td); err != nil {
@@ -222,6 +233,9 @@ func (t *Template) Names(id spiffeid.ID, g authn.Grant) ([]string, error) {
 	name := t.expand(ns, sa)
 	if err := CheckName(name); err != nil {
 		return nil, fmt.Errorf("%w: %q: %w", ErrSkipped, truncate(name, 64), err)
+	}
+	if t.reserved[name] {
+		return nil, fmt.Errorf("%w: %q is a name of the server's own certificate, reserved", ErrSkipped, name)
 	}
 	return []string{name}, nil
 }

@@ -197,6 +197,24 @@ func TestNamesNumericLastLabel(t *testing.T) {
 	assert.ErrorContains(t, err, "all digits")
 }
 
+// TestNamesReserved: a workload never gets a name of the server's own
+// certificate, whatever its service account is called.
+func TestNamesReserved(t *testing.T) {
+	tmpl, err := Parse("{sa}.{ns}.svc", td, "Istiod.istio-system.svc", "trustbridge.trustbridge.svc")
+	require.NoError(t, err)
+	for _, path := range []string{"/ns/istio-system/sa/istiod", "/ns/trustbridge/sa/trustbridge"} {
+		id := spiffeid.RequireFromPath(td, path)
+		ns, sa, _ := authn.ServiceAccountOf(id)
+		names, err := tmpl.Names(id, authn.Grant{Method: authn.MethodKubernetesJWT, Ref: ns + "/" + sa})
+		assert.ErrorIs(t, err, ErrSkipped)
+		assert.ErrorContains(t, err, "reserved")
+		assert.Nil(t, names)
+	}
+	names, err := tmpl.Names(spiffeid.RequireFromPath(td, "/ns/istio-system/sa/other"), authn.Grant{Method: authn.MethodKubernetesIssuer})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"other.istio-system.svc"}, names)
+}
+
 func TestCheckName(t *testing.T) {
 	for _, tc := range []struct{ name, wantErr string }{
 		{"a", ""},
