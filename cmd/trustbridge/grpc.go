@@ -279,7 +279,8 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
 	}
 	if !o.noSDSCerts {
-		minter, err := sds.NewMinter(sds.MinterConfig{Signer: authoritySigner{authority}, TTL: ttl})
+		minter, err := sds.NewMinter(sds.MinterConfig{Signer: authoritySigner{authority}, TTL: ttl,
+			WorkloadDNSNames: g.dnsNames, Logger: cfg.Logger, Registerer: cfg.Registerer})
 		if err != nil {
 			return nil, err
 		}
