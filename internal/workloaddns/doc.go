@@ -4,7 +4,7 @@
 // check host names (Open Service Mesh, plain TLS) can then talk to mesh
 // workloads whose certificates are X509-SVIDs.
 //
-//	t, err := workloaddns.Parse("{sa}.{ns}.svc.cluster.local", td)
+//	t, err := workloaddns.Parse("{sa}.{ns}.svc.cluster.local", td, servingNames...)
 //	names, err := t.Names(id, grant) // nil, nil: not a Kubernetes identity
 //
 // The name sits beside the SPIFFE URI SAN, never instead of it: X509-SVID
