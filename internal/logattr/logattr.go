@@ -21,6 +21,8 @@ const (
 	Address     = "address"
 	RefreshHint = "refresh_hint"
 	Warning     = "warning"
+	// DNSNames are the DNS SANs of a certificate (internal/workloaddns).
+	DNSNames = "dns_names"
 	// PolicySource is a trust policy source ("file:<path>", "crd"), and
 	// PolicyRules the number of rules it holds (internal/trustpolicy).
 	PolicySource = "policy_source"
