@@ -256,6 +256,12 @@ func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomai
 // CSR must come from ParseCSR, which checks its signature. extra are
 // private extensions for the leaf, as for the package-level Sign.
 func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
+	return a.SignWithDNSNames(csr, id, ttl, nil, extra...)
+}
+
+// SignWithDNSNames is Sign with DNS SANs the server decided, as the
+// package-level SignWithDNSNames.
+func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
 	start := time.Now()
 	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
 	// Signing under the read lock, with the time taken under it, orders
@@ -268,7 +274,7 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 		a.metrics.signings.WithLabelValues("signing_material").Inc()
 		return nil, err
 	}
-	issued, err := Sign(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl, extra...)
+	issued, err := SignWithDNSNames(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl, dnsNames, extra...)
 	if err != nil {
 		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
 		return nil, err

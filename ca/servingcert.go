@@ -70,9 +70,11 @@ func (f servingOptionFunc) applyServing(o *servingOptions) error { return f(o) }
 // At most MaxServingDNSNames, without repeats. No names is the same as not
 // using the option.
 //
-// Workload certificates never get DNS names (Sign refuses CSRs asking for
-// them); that is what makes a host name check against this CA's roots mean
-// "trustbridge itself".
+// Workload certificates get no DNS names from their CSR (Sign refuses CSRs
+// asking for them), and those SignWithDNSNames adds for them
+// (--workload-dns-name-template) never include these names (see
+// internal/workloaddns, reserved names): that is what makes a host name
+// check for these names against this CA's roots mean "trustbridge itself".
 func WithDNSNames(names ...string) ServingCertOption {
 	names = append([]string(nil), names...) // the caller's slice may change
 	return servingOptionFunc(func(o *servingOptions) error {

@@ -250,13 +250,35 @@ func isCSRType(t string) bool {
 // check each certificate against the current time only.
 //
 // The leaf has an empty subject and a critical SAN extension holding only
-// id (RFC 5280 §4.2.1.6, as Istio does): names other than the SPIFFE ID
-// would be unverified claims. It is safe for concurrent use if m.Key is.
+// id (RFC 5280 §4.2.1.6, as Istio does): names the CSR asks for would be
+// unverified claims. It is safe for concurrent use if m.Key is.
 //
 // extra are private extensions the caller vouches for (the certificate
 // service records how the identity was first granted); see
 // checkExtraExtensions for what is allowed. They never come from the CSR.
 func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
+	// No DNS names: by default a workload leaf vouches for the SPIFFE ID
+	// alone. Only the server decides otherwise (SignWithDNSNames), never
+	// the CSR.
+	return SignWithDNSNames(now, m, p, csr, id, ttl, nil, extra...)
+}
+
+// MaxWorkloadDNSNames bounds the DNS names SignWithDNSNames puts in a
+// workload leaf: a template gives one; more would be a bug.
+const MaxWorkloadDNSNames = 4
+
+// SignWithDNSNames is Sign, with dnsNames as DNS SANs beside the SPIFFE
+// ID: names the server derived from what the caller proved (a Kubernetes
+// service account's workload DNS name, see internal/workloaddns), never
+// names the CSR asks for, which are still refused. X509-SVID §2 allows an
+// SVID DNS SANs next to its one URI SAN, so the leaf stays an X509-SVID.
+//
+// dnsNames follow the rules of WithDNSNames (RFC 1123 host names, no
+// wildcard, no IP address, no repeats), at most MaxWorkloadDNSNames. A
+// name that breaks them is the caller's code at fault, not the client's
+// request: the error wraps no sentinel.
+func SignWithDNSNames(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration,
+	dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
 	plan, err := planLeaf(now, m, p, id, ttl)
 	if err != nil {
 		return nil, err
@@ -268,10 +290,14 @@ func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateReque
 	if err := checkCSR(csr, id); err != nil {
 		return nil, err
 	}
-	// No DNS names, ever: a workload leaf vouches for the SPIFFE ID alone.
-	// Only trustbridge's own serving certificate, whose key never leaves
-	// the process, carries DNS SANs (see ServingCert and WithDNSNames).
-	return signLeaf(m, plan, csr.PublicKey, nil)
+	if len(dnsNames) > MaxWorkloadDNSNames {
+		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(dnsNames), id, MaxWorkloadDNSNames)
+	}
+	checked, err := checkDNSNames(dnsNames)
+	if err != nil {
+		return nil, fmt.Errorf("ca: workload %s: %w", id, err)
+	}
+	return signLeaf(m, plan, csr.PublicKey, checked)
 }
 
 // leafPlan is what has been decided about a leaf before its key is looked
@@ -320,8 +346,8 @@ func planLeaf(now time.Time, m SigningMaterial, p Policy, id spiffeid.ID, ttl ti
 }
 
 // signLeaf signs the leaf planned for pub, which the caller has checked
-// (checkPublicKey). dnsNames must be nil on the workload path; the serving
-// certificate passes names that checkDNSNames accepted.
+// (checkPublicKey), with dnsNames that checkDNSNames accepted: the
+// serving certificate's, or those SignWithDNSNames was given.
 func signLeaf(m SigningMaterial, plan leafPlan, pub crypto.PublicKey, dnsNames []string) (*Issued, error) {
 	serial, err := newSerial()
 	if err != nil {

@@ -37,6 +37,12 @@
 // Encodings are shared per (Trust, name, decision key) and kept only
 // while an open stream holds that decision.
 //
+// A Minter with WorkloadDNSNames (--workload-dns-name-template) puts the
+// template's DNS name beside the SPIFFE ID when the caller's grant is a
+// Kubernetes token; the server hands it the authenticated identity
+// (IdentityCredentialSource), and credentials with and without a name are
+// cached apart.
+//
 //	trust := sds.NewTrustCell()
 //	minter, err := sds.NewMinter(sds.MinterConfig{Signer: signer, TTL: time.Hour})
 //	srv, err := sds.New(sds.Config{TrustDomain: td, Trust: trust, Credentials: minter, Authenticator: chain,

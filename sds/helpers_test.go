@@ -87,6 +87,11 @@ func (c *testCA) bundle() *x509bundle.Bundle {
 
 // Sign implements Signer.
 func (c *testCA) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	return c.SignWithDNSNames(csr, id, ttl, nil)
+}
+
+// SignWithDNSNames implements DNSSigner.
+func (c *testCA) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error) {
 	c.mu.Lock()
 	c.signs++
 	serial := int64(c.signs + 1)
@@ -97,6 +102,7 @@ func (c *testCA) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Dur
 		NotBefore:    now,
 		NotAfter:     now.Add(ttl),
 		URIs:         []*url.URL{id.URL()},
+		DNSNames:     dnsNames,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	}

@@ -9,13 +9,17 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/url"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/workloaddns"
 )
 
 // Minter defaults.
@@ -42,6 +46,16 @@ type MinterConfig struct {
 	// MaxEntries bounds the identities cached, the oldest minted being
 	// forgotten first; zero means DefaultMaxEntries.
 	MaxEntries int
+	// WorkloadDNSNames, when set, gives the certificates of identities a
+	// Kubernetes grant proved a DNS SAN from this template beside the
+	// SPIFFE ID (see CredentialFor); Signer must then be a DNSSigner.
+	WorkloadDNSNames *workloaddns.Template
+	// Logger hears of identities WorkloadDNSNames gives no name; nil
+	// discards.
+	Logger *slog.Logger
+	// Registerer, when set, gets
+	// trustbridge_sds_workload_dns_names_total.
+	Registerer prometheus.Registerer
 }
 
 // Minter is the server's CredentialSource: it generates an ECDSA P-256 key
@@ -51,9 +65,20 @@ type MinterConfig struct {
 type Minter struct {
 	cfg MinterConfig
 
+	dnsNames *prometheus.CounterVec // by result; see WorkloadDNSNames
+
 	mu      sync.Mutex
-	entries map[spiffeid.ID]*mintEntry
-	order   *list.List // of spiffeid.ID, oldest minted first
+	entries map[mintKey]*mintEntry
+	order   *list.List // of mintKey, oldest minted first
+}
+
+// mintKey is what a credential is minted for: the identity and the DNS
+// names its grant gives it, so that a caller proved by a bootstrap token
+// never receives the credential minted for a Kubernetes one of the same
+// SPIFFE ID, with its DNS name.
+type mintKey struct {
+	id       spiffeid.ID
+	dnsNames string // joined by ','
 }
 
 type mintEntry struct {
@@ -87,22 +112,35 @@ func NewMinter(cfg MinterConfig) (*Minter, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	return &Minter{cfg: cfg, entries: make(map[spiffeid.ID]*mintEntry), order: list.New()}, nil
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m := &Minter{cfg: cfg, entries: make(map[mintKey]*mintEntry), order: list.New()}
+	if err := m.initDNSNames(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // Credential returns id's cached credential, or mints one when there is
-// none or it is due for refresh. The caller must have proven id.
+// none or it is due for refresh. The caller must have proven id. The
+// certificate carries no DNS names; the server asks CredentialFor.
 func (m *Minter) Credential(ctx context.Context, id spiffeid.ID) (*Credential, error) {
+	return m.credential(ctx, mintKey{id: id}, mintNames{})
+}
+
+func (m *Minter) credential(ctx context.Context, key mintKey, names mintNames) (*Credential, error) {
+	id := key.id
 	if id.IsZero() || id.Path() == "" {
 		return nil, fmt.Errorf("sds: minter: %q is not a workload SPIFFE ID", id.String())
 	}
 	for {
 		m.mu.Lock()
-		e := m.entries[id]
+		e := m.entries[key]
 		if e == nil {
 			e = &mintEntry{}
-			m.entries[id] = e
-			e.elem = m.order.PushBack(id)
+			m.entries[key] = e
+			e.elem = m.order.PushBack(key)
 			m.evict()
 		}
 		if e.inflight == nil && e.cred != nil && m.cfg.Clock.Now().Before(e.cred.RefreshAt) {
@@ -132,7 +170,7 @@ func (m *Minter) Credential(ctx context.Context, id spiffeid.ID) (*Credential, e
 		e.inflight = done
 		m.mu.Unlock()
 
-		cred, err := m.mint(id)
+		cred, err := m.mint(id, names)
 
 		m.mu.Lock()
 		e.inflight, e.err = nil, err
@@ -143,7 +181,7 @@ func (m *Minter) Credential(ctx context.Context, id spiffeid.ID) (*Credential, e
 			e.changed = make(chan struct{})
 			cred.Changed = e.changed
 			e.cred = cred
-			if m.entries[id] == e {
+			if m.entries[key] == e {
 				m.order.MoveToBack(e.elem)
 			}
 		}
@@ -160,12 +198,12 @@ func (m *Minter) evict() {
 	for m.order.Len() > m.cfg.MaxEntries {
 		front := m.order.Front()
 		m.order.Remove(front)
-		delete(m.entries, front.Value.(spiffeid.ID))
+		delete(m.entries, front.Value.(mintKey))
 	}
 }
 
-// mint generates a key and has a certificate for id signed.
-func (m *Minter) mint(id spiffeid.ID) (*Credential, error) {
+// mint generates a key and has a certificate for id signed, with names.
+func (m *Minter) mint(id spiffeid.ID, names mintNames) (*Credential, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("sds: minter: generating a key for %s: %w", id, err)
@@ -178,7 +216,7 @@ func (m *Minter) mint(id spiffeid.ID) (*Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sds: minter: parsing the CSR for %s: %w", id, err)
 	}
-	chain, err := m.cfg.Signer.Sign(csr, id, m.cfg.TTL)
+	chain, err := m.sign(csr, id, names)
 	if err != nil {
 		return nil, fmt.Errorf("sds: minter: signing for %s: %w", id, err)
 	}

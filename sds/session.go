@@ -250,7 +250,13 @@ func (ss *session) noteDenial(e *encoded, p parsedName) {
 // loadCredential asks the source for the caller's credential and arms the
 // refresh timer.
 func (ss *session) loadCredential(ctx context.Context) error {
-	cred, err := ss.s.cfg.Credentials.Credential(ctx, ss.ident.ID)
+	var cred *Credential
+	var err error
+	if src, ok := ss.s.cfg.Credentials.(IdentityCredentialSource); ok {
+		cred, err = src.CredentialFor(ctx, ss.ident)
+	} else {
+		cred, err = ss.s.cfg.Credentials.Credential(ctx, ss.ident.ID)
+	}
 	if err == nil {
 		if cred == nil {
 			err = errors.New("credential source returned no credential")

@@ -14,6 +14,13 @@
 // the authentication backend is down). Errors from the CA's internals are
 // logged, not returned.
 //
+// Workload DNS names: with Config.WorkloadDNSNames (a workloaddns
+// template, --workload-dns-name-template), a certificate whose grant is a
+// Kubernetes token (kubernetes-jwt, kubernetes-issuer), on a first issuance
+// or copied into a renewal, also carries the template's DNS name beside
+// its SPIFFE ID (X509-SVID §2). The name never comes from the CSR, which
+// is refused when it asks for one.
+//
 // Renewals end with their grant. Every certificate records, in a
 // non-critical private extension (authn.GrantOID), the credential that
 // first granted its identity: a bootstrap token (by a reference, never the

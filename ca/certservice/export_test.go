@@ -42,3 +42,9 @@ var Jittered = jittered
 
 // SetFaultLogForTest replaces the limiter of lasting faults' Error lines.
 func (s *Service) SetFaultLogForTest(l *loglimit.Limiter) { s.faultLog.Store(l) }
+
+// WorkloadDNSNamesForTest is one series of
+// trustbridge_certservice_workload_dns_names_total.
+func (s *Service) WorkloadDNSNamesForTest(result string) prometheus.Counter {
+	return s.metrics.dnsNames.WithLabelValues(result)
+}

@@ -73,6 +73,12 @@ func (c *countingSigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl 
 	return c.next.Sign(csr, id, ttl, extra...)
 }
 
+// SignWithDNSNames counts too; next must be a DNSSigner.
+func (c *countingSigner) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*ca.Issued, error) {
+	c.calls.Add(1)
+	return c.next.(certservice.DNSSigner).SignWithDNSNames(csr, id, ttl, dnsNames, extra...)
+}
+
 // fixture is a certificate service on loopback with TLS, backed by a real
 // CA.
 type fixture struct {

@@ -8,6 +8,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	signDuration prometheus.Histogram
 	grantChecks  *prometheus.CounterVec
+	dnsNames     *prometheus.CounterVec
 	// The identity service (identity.go, watch.go).
 	jwtSVIDs      *prometheus.CounterVec
 	watches       *prometheus.CounterVec
@@ -32,6 +33,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_certservice_renewal_grant_checks_total",
 			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token or service account is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
 		}, []string{"grant_method", "result"}),
+		dnsNames: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_workload_dns_names_total",
+			Help: "Certificates of Kubernetes identities under --workload-dns-name-template, by result (added: the certificate carries the workload DNS name; skipped: issued with its SPIFFE ID only, because the namespace or service account is not one DNS label, the ID is not /ns/<namespace>/sa/<name>, or the name is reserved; the reason is logged).",
+		}, []string{"result"}),
 		jwtSVIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_jwt_svids_total",
 			Help: "MintJWTSVID calls, by gRPC status code (OK: a JWT-SVID was issued) and authentication method (none when authentication failed).",
@@ -53,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bundle maps over the 16 MiB a WatchBundles message may carry, not sent: the stream ends with ResourceExhausted and the agent keeps its last bundles. Grant that caller fewer trust domains.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.jwtSVIDs, m.watches, m.watchesOpen, m.watchMessages, m.watchOversized} {
+	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.dnsNames, m.jwtSVIDs, m.watches, m.watchesOpen, m.watchMessages, m.watchOversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -34,6 +34,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/workloaddns"
 )
 
 // Defaults for Config.
@@ -108,6 +109,13 @@ type Config struct {
 	// no checker here is refused: the server no longer accepts that kind of
 	// credential. See grantFor.
 	Grants map[string]authn.GrantChecker
+	// WorkloadDNSNames, when set, gives the certificates of Kubernetes
+	// identities (a kubernetes-jwt or kubernetes-issuer grant, on a first
+	// issuance or a renewal) a DNS SAN from this template beside the
+	// SPIFFE ID (--workload-dns-name-template); Signer must then be a
+	// DNSSigner. Nil: no DNS names. A CSR asking for DNS names is refused
+	// either way.
+	WorkloadDNSNames *workloaddns.Template
 	// MaxRenewalLifetime, when positive, refuses a renewal whose chain was
 	// first granted longer ago than this, so every chain has to go back to
 	// its bootstrap or service account token at least this often. Zero
@@ -225,6 +233,9 @@ func (cfg Config) validate() error {
 	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
 		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
 			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
+	}
+	if _, ok := cfg.Signer.(DNSSigner); cfg.WorkloadDNSNames != nil && !ok {
+		return fmt.Errorf("certservice: workload DNS names need a signer that adds DNS names (%T is no DNSSigner)", cfg.Signer)
 	}
 	if cfg.MaxRenewalLifetime < 0 {
 		return fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
@@ -445,8 +456,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if hasGrant {
 		extra = append(extra, grantExt)
 	}
+	dnsNames := s.workloadDNSNames(ctx, ident, id, grant, hasGrant, r.Peer)
 	start := s.cfg.Clock.Now()
-	issued, err := s.cfg.Signer.Sign(csr, id, ttl, extra...)
+	issued, err := s.sign(csr, id, ttl, dnsNames, extra)
 	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
 	if err != nil {
 		return nil, ident, signRefusal(err)
@@ -465,6 +477,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	}
 	if id != ident.ID {
 		attrs = append(attrs, "impersonated_by", ident.ID.String())
+	}
+	if len(dnsNames) > 0 {
+		attrs = append(attrs, logattr.DNSNames, dnsNames)
 	}
 	s.cfg.Logger.Info("certificate issued", attrs...)
 	return resp, ident, nil

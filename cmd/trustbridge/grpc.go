@@ -27,6 +27,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/nodeauth"
+	"github.com/trustbridge/trustbridge/internal/workloaddns"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -61,6 +62,8 @@ type grpcOptions struct {
 	tokenReview         string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
+	// workloadDNSNameTemplate: "" = no DNS names (workload_dns.go).
+	workloadDNSNameTemplate string
 	// maxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
 	maxRenewalLifetime time.Duration
 	// tokenLedger opens where single-use bootstrap tokens are recorded as
@@ -97,6 +100,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
 	addGrantFlags(f, o)
 	addImpersonationFlags(f, o)
+	addWorkloadDNSFlags(f, o)
 	addAuthnLimitFlags(f, &o.authnLimits)
 	addOIDCFlags(f, &o.oidc)
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
@@ -137,6 +141,8 @@ type grpcEndpoint struct {
 	roots    string
 	methods  []string
 	sdsCerts bool
+	// dnsNames is --workload-dns-name-template, nil when off.
+	dnsNames *workloaddns.Template
 	runners  []func(context.Context) error
 	grants   grantCheckers // by grant method; see grants.go
 	// impersonator authorizes node proxies (impersonation.go); nil when
@@ -163,6 +169,9 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err := checkGRPCFlags(o); err != nil {
 		return nil, err
 	}
+	if g.dnsNames, err = workloadDNSNames(o, td); err != nil {
+		return nil, err
+	}
 	auth, err := g.authenticators(o, td, authority, reg, logger)
 	if err != nil {
 		return nil, err
@@ -172,7 +181,8 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 		return nil, err
 	}
 	// Istio agents reach the CA by host name and check it; workloads never
-	// get DNS names from us, so only this certificate can match them.
+	// get these names (workloadDNSNames reserves them), so only this
+	// certificate can match them.
 	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(nonEmpty(o.dnsNames)...))
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
@@ -212,6 +222,8 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 		MaxRenewalLifetime: o.maxRenewalLifetime,
 		// Node proxies may impersonate the pods of their node.
 		Impersonator: g.impersonator,
+		// Kubernetes workloads' DNS names (workload_dns.go).
+		WorkloadDNSNames: g.dnsNames,
 		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
 		// JWT-SVIDs, and bundle streams filtered by the trust policy
 		// that filters SDS.
@@ -270,7 +282,8 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
 	}
 	if !o.noSDSCerts {
-		minter, err := sds.NewMinter(sds.MinterConfig{Signer: authoritySigner{authority}, TTL: ttl})
+		minter, err := sds.NewMinter(sds.MinterConfig{Signer: authoritySigner{authority}, TTL: ttl,
+			WorkloadDNSNames: g.dnsNames, Logger: cfg.Logger, Registerer: cfg.Registerer})
 		if err != nil {
 			return nil, err
 		}
@@ -426,7 +439,11 @@ func (g *grpcEndpoint) printBanner(w io.Writer) {
 		return
 	}
 	addr := g.ln.Addr().String()
-	fmt.Fprintf(w, "  ca api:     %s (gRPC IstioCertificateService, TLS as %s; roots: %s; auth: %s)\n", addr, g.id, g.roots, strings.Join(g.methods, ", "))
+	dns := ""
+	if g.dnsNames != nil {
+		dns = "; workload DNS names: " + g.dnsNames.String()
+	}
+	fmt.Fprintf(w, "  ca api:     %s (gRPC IstioCertificateService, TLS as %s; roots: %s; auth: %s%s)\n", addr, g.id, g.roots, strings.Join(g.methods, ", "), dns)
 	certs := "validation contexts only"
 	if g.sdsCerts {
 		certs = "validation contexts and callers' own certificates"

@@ -46,6 +46,12 @@ func (s *storeTrust) Trust() *sds.Trust {
 type authoritySigner struct{ a *ca.Authority }
 
 func (s authoritySigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	return s.SignWithDNSNames(csr, id, ttl, nil)
+}
+
+// SignWithDNSNames implements sds.DNSSigner: the workload DNS names the
+// minter decided from the caller's grant (--workload-dns-name-template).
+func (s authoritySigner) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error) {
 	// Authority.Sign wants a CSR whose signature ParseCSR checked.
 	parsed, err := ca.ParseCSR(csr.Raw)
 	if err != nil {
@@ -57,7 +63,7 @@ func (s authoritySigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl 
 	if err != nil {
 		return nil, err
 	}
-	issued, err := s.a.Sign(parsed, id, ttl, marker)
+	issued, err := s.a.SignWithDNSNames(parsed, id, ttl, dnsNames, marker)
 	if err != nil {
 		return nil, err
 	}

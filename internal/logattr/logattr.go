@@ -21,6 +21,8 @@ const (
 	Address     = "address"
 	RefreshHint = "refresh_hint"
 	Warning     = "warning"
+	// DNSNames are the DNS SANs of a certificate (internal/workloaddns).
+	DNSNames = "dns_names"
 	// PolicySource is a trust policy source ("file:<path>", "crd"), and
 	// PolicyRules the number of rules it holds (internal/trustpolicy).
 	PolicySource = "policy_source"
@@ -32,4 +34,9 @@ const (
 	GrantedAt   = "granted_at"
 	// Rule names a trust policy rule (internal/trustpolicy).
 	Rule = "rule"
+	// Issuer is a token issuer's configured name, IssuerURL its URL
+	// (internal/authn/oidc), and Keys how many keys it holds.
+	Issuer    = "issuer"
+	IssuerURL = "issuer_url"
+	Keys      = "keys"
 )

@@ -1,0 +1,74 @@
+package certservice
+
+import (
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"log/slog"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// DNSSigner is a Signer that also puts DNS SANs the server decided beside
+// the SPIFFE ID (Config.WorkloadDNSNames). *ca.Authority implements it.
+type DNSSigner interface {
+	SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*ca.Issued, error)
+}
+
+// Results of trustbridge_certservice_workload_dns_names_total.
+const (
+	dnsNamesAdded   = "added"
+	dnsNamesSkipped = "skipped"
+)
+
+// workloadDNSNames are the DNS names of the certificate for id, which
+// records grant g (Config.WorkloadDNSNames): only for a Kubernetes grant,
+// on a first issuance or a renewal alike, so a workload renewing with its
+// SVID keeps its name. A Kubernetes identity that cannot have one (a
+// service account name with dots) gets its certificate without, with a
+// Warn line saying why.
+//
+// Impersonation: a node proxy proved the target with its own Kubernetes
+// token, and the Impersonator saw a pod of the target's service account
+// on the proxy's node; the target is then as much a Kubernetes identity as
+// if it had asked itself. The grant names the proxy's account, so the name
+// is decided as if it named the target's. A proxy that authenticated with
+// another kind of token gives its targets no name.
+func (s *Service) workloadDNSNames(ctx context.Context, ident authn.Identity, id spiffeid.ID, g authn.Grant, hasGrant bool, peer string) []string {
+	if s.cfg.WorkloadDNSNames == nil || !hasGrant || !authn.IsKubernetesMethod(g.Method) {
+		return nil
+	}
+	if id != ident.ID && g.Method == authn.MethodKubernetesJWT {
+		if ns, sa, ok := authn.ServiceAccountOf(id); ok {
+			g.Ref = ns + "/" + sa
+		}
+	}
+	names, err := s.cfg.WorkloadDNSNames.Names(id, g)
+	if err != nil {
+		s.metrics.dnsNames.WithLabelValues(dnsNamesSkipped).Inc()
+		// A caller's own identity triggers this on every issuance; the
+		// limiter of authenticated callers' lines bounds it, the metric
+		// counts them all.
+		s.cfg.Logger.Log(ctx, s.authedLog.Level(slog.LevelWarn), "certificate issued without a workload DNS name (--workload-dns-name-template)",
+			logattr.SPIFFEID, id.String(), logattr.GrantMethod, g.Method, logattr.Address, peer, "reason", err.Error())
+		return nil
+	}
+	if len(names) > 0 {
+		s.metrics.dnsNames.WithLabelValues(dnsNamesAdded).Inc()
+	}
+	return names
+}
+
+// sign has the certificate signed, with dnsNames when there are any.
+func (s *Service) sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra []pkix.Extension) (*ca.Issued, error) {
+	if len(dnsNames) == 0 {
+		return s.cfg.Signer.Sign(csr, id, ttl, extra...)
+	}
+	// New made sure the Signer is a DNSSigner when names are configured.
+	return s.cfg.Signer.(DNSSigner).SignWithDNSNames(csr, id, ttl, dnsNames, extra...)
+}
