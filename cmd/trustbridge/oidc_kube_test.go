@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -79,6 +80,7 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
 		o.grpc.tokenReview = tokenReviewOff
 		o.grpc.oidc = oidcOptions{file: cfg}
+		o.grpc.workloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
 	})
 
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
@@ -87,10 +89,24 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 		"--token-file", writeFile(t, token, 0o600), "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "issued "+want.String())
-	g, err := authn.GrantFromCert(checkCreds(t, out, want))
+	leaf := checkCreds(t, out, want)
+	g, err := authn.GrantFromCert(leaf)
 	require.NoError(t, err)
 	assert.Equal(t, authn.MethodKubernetesIssuer, g.Method)
 	assert.Equal(t, "west", g.Ref)
+
+	// A remote cluster's token is a Kubernetes token: the certificate
+	// also carries the OSM-style name, which a plain TLS client checks.
+	host := "web." + ns + ".svc.cluster.local"
+	assert.Equal(t, []string{host}, leaf.DNSNames)
+	roots, err := readPEMCerts(rootCert)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	_, err = leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: host})
+	assert.NoError(t, err)
 
 	for name, tt := range map[string]struct{ token, stderr string }{
 		"a namespace the rule does not allow": {k.ServiceAccountToken(t, other, "web", []string{"example.org"}, 10*time.Minute), "refused to issue this identity"},
