@@ -32,4 +32,8 @@ const (
 	GrantedAt   = "granted_at"
 	// Rule names a trust policy rule (internal/trustpolicy).
 	Rule = "rule"
+	// Issuer is a configured token issuer's name (internal/authn/oidc),
+	// and Keys a number of verification keys held.
+	Issuer = "issuer"
+	Keys   = "keys"
 )
