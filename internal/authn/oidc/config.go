@@ -467,14 +467,24 @@ func checkClaimPath(p string) error {
 		return fmt.Errorf("claim path must be 1 to %d bytes", maxClaimPathLen)
 	}
 	for i := 0; i < len(p); i++ {
-		if c := p[i]; c <= ' ' || c >= 0x7f || c == '{' || c == '}' {
-			return fmt.Errorf("claim path %q: byte %d is not printable ASCII (spaces and braces are not allowed either)", truncate(p, 64), i+1)
+		if !claimPathByte(p[i]) {
+			return fmt.Errorf("claim path %q: byte %d is not one of A-Z a-z 0-9 %s", truncate(p, 64), i+1, claimPathPunct)
 		}
 	}
 	if slices.Contains(strings.Split(p, "."), "") {
 		return fmt.Errorf("claim path %q has an empty key (leading, trailing or double dot)", truncate(p, 64))
 	}
 	return nil
+}
+
+// claimPathPunct is the punctuation a claim name may hold besides the
+// dots that separate keys: enough for namespaced claims
+// ("https://example.com/roles") and nothing that could read as a
+// function, pipeline or quote.
+const claimPathPunct = "_-.:/@#~+"
+
+func claimPathByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(claimPathPunct, c) >= 0
 }
 
 func checkRuleValues(vals []string) error {

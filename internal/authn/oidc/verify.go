@@ -230,7 +230,7 @@ func numericDate(v any) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)), true
+	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), true
 }
 
 // kubernetesID is the identity of a service account token: sub
