@@ -22,6 +22,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/dialguard"
 )
 
 // Kinds of fetch failure. Every error Fetch returns wraps at most one of
@@ -50,7 +51,8 @@ var (
 	// loopback, link-local or unspecified address (unless
 	// FetcherConfig.AllowPrivate), or to a cloud metadata address, in any
 	// spelling (NAT64, 6to4, Teredo, IPv4-mapped or -compatible).
-	ErrRefusedAddress = errors.New("refused address")
+	// It is dialguard.ErrRefusedAddress, so either name matches.
+	ErrRefusedAddress = dialguard.ErrRefusedAddress
 	// ErrRedirect: a redirect was refused (not https, too many hops).
 	ErrRedirect = errors.New("redirect refused")
 	// ErrContentType: the response declared a media type that cannot be a
@@ -135,7 +137,7 @@ type FetcherConfig struct {
 	WebRoots *x509.CertPool
 	// AllowPrivate permits loopback, unspecified (0.0.0.0/8, ::) and
 	// link-local addresses, for labs and tests. Cloud metadata and
-	// credential addresses (see classifyAddr) stay refused: nothing
+	// credential addresses (see dialguard.Classify) stay refused: nothing
 	// legitimate serves a bundle there.
 	AllowPrivate bool
 	// Roots authenticates https_spiffe servers. Required for that profile.
@@ -387,19 +389,21 @@ func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {
 }
 
 // controlDial runs after name resolution, for every address dialed
-// (including redirect targets), before any packet is sent.
+// (including redirect targets), before any packet is sent. It is
+// dialguard.Control with federation's own words: operators grep logs and
+// alerts for "never a bundle endpoint".
 func (f *Fetcher) controlDial(network, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		return fmt.Errorf("%w: cannot parse dial address %q: %w", ErrRefusedAddress, address, err)
 	}
-	switch v := classifyAddr(ap.Addr()); {
-	case v.class == addrOpen, v.class == addrLocal && f.cfg.AllowPrivate:
+	switch v := dialguard.Classify(ap.Addr()); {
+	case v.Class == dialguard.Open, v.Class == dialguard.Local && f.cfg.AllowPrivate:
 		return nil
-	case v.class == addrLocal:
-		return fmt.Errorf("%w: %s is %s; set --federation-allow-private (FetcherConfig.AllowPrivate) to allow it", ErrRefusedAddress, address, v.why)
+	case v.Class == dialguard.Local:
+		return fmt.Errorf("%w: %s is %s; set --federation-allow-private (FetcherConfig.AllowPrivate) to allow it", ErrRefusedAddress, address, v.Why)
 	default:
-		return fmt.Errorf("%w: %s is %s, never a bundle endpoint (refused even with --federation-allow-private)", ErrRefusedAddress, address, v.why)
+		return fmt.Errorf("%w: %s is %s, never a bundle endpoint (refused even with --federation-allow-private)", ErrRefusedAddress, address, v.Why)
 	}
 }
 

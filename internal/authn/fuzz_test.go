@@ -188,7 +188,7 @@ func FuzzParseIssuerJWKS(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		keys, err := parseIssuerJWKS(body)
+		keys, err := ParseJWKS(body)
 		if err != nil {
 			return
 		}

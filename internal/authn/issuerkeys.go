@@ -231,7 +231,7 @@ func (k *issuerKeys) load(ctx context.Context) ([]jose.JSONWebKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	keys, err := parseIssuerJWKS(body)
+	keys, err := ParseJWKS(body)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -256,11 +256,13 @@ func jwksPath(doc []byte) (string, error) {
 	return u.Path, nil
 }
 
-// parseIssuerJWKS reads a JWK set element by element: go-jose fails a
-// whole set on one key type it does not know, and one odd key must not
-// turn local checks off. Kept: public RSA (2048 to 8192 bits) and ECDSA
-// signing keys, at most maxIssuerKeys. A set with none is an error.
-func parseIssuerJWKS(body []byte) ([]jose.JSONWebKey, error) {
+// ParseJWKS reads a JWK set element by element: go-jose fails a whole
+// set on one key type it does not know, and one odd key must not turn
+// local checks off. Kept: public RSA (2048 to 8192 bits, e=65537) and
+// ECDSA (P-256, P-384, P-521) keys whose use is "sig" or empty, at most
+// 32. A set with none is an error. Both the in-cluster issuer's keys and
+// remote OIDC issuers' keys (internal/authn/oidc) are read with it.
+func ParseJWKS(body []byte) ([]jose.JSONWebKey, error) {
 	var set struct {
 		Keys []json.RawMessage `json:"keys"`
 	}

@@ -343,7 +343,7 @@ func TestParseIssuerJWKS(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			keys, err := parseIssuerJWKS([]byte(tt.body))
+			keys, err := ParseJWKS([]byte(tt.body))
 			if tt.wantErr {
 				require.Error(t, err)
 				return
@@ -366,7 +366,7 @@ func TestParseIssuerJWKS(t *testing.T) {
 			b.WriteString(jwk(ecKey.Public(), fmt.Sprint(i), "sig"))
 		}
 		b.WriteString(`]}`)
-		keys, err := parseIssuerJWKS([]byte(b.String()))
+		keys, err := ParseJWKS([]byte(b.String()))
 		require.NoError(t, err)
 		assert.Len(t, keys, maxIssuerKeys)
 	})

@@ -32,8 +32,9 @@ const (
 	GrantedAt   = "granted_at"
 	// Rule names a trust policy rule (internal/trustpolicy).
 	Rule = "rule"
-	// Issuer is a configured token issuer's name (internal/authn/oidc),
-	// and Keys a number of verification keys held.
-	Issuer = "issuer"
-	Keys   = "keys"
+	// Issuer is a token issuer's configured name, IssuerURL its URL
+	// (internal/authn/oidc), and Keys how many keys it holds.
+	Issuer    = "issuer"
+	IssuerURL = "issuer_url"
+	Keys      = "keys"
 )

@@ -23,11 +23,6 @@ import (
 // issuer that an unknown kid triggers.
 const DefaultRefreshInterval = 30 * time.Second
 
-// keyMaxAge is how long after the last successful fetch an issuer's keys
-// are still used while fetches fail; after that its tokens are refused
-// with ErrUnavailable (fail closed).
-const keyMaxAge = 24 * time.Hour
-
 // Config configures an Authenticator.
 type Config struct {
 	// TrustDomain is the trust domain of every identity; required.
@@ -157,8 +152,8 @@ func keySourceBuilder(cfg Config) (func(IssuerConfig) (keySource, error), error)
 	return func(ic IssuerConfig) (keySource, error) {
 		ks, err := newKeySet(keySetConfig{
 			name: ic.Name, issuer: ic.Issuer, roots: ic.Roots, allowPrivate: ic.AllowPrivateAddresses,
-			refreshInterval: cfg.RefreshInterval, maxKeyAge: keyMaxAge, clock: cfg.Clock,
-			logger: cfg.Logger.With(logattr.Issuer, ic.Name), metrics: km,
+			refreshInterval: cfg.RefreshInterval, clock: cfg.Clock, // maxKeyAge: the key set's 24h default
+			logger: cfg.Logger, metrics: km,
 		})
 		if err != nil {
 			return nil, err
@@ -343,8 +338,8 @@ func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Gr
 
 // Run fetches every issuer's keys once (a warm-up, so the first token
 // does not wait and a misconfigured issuer shows in the log at start),
-// then waits for ctx. A failed warm-up is logged, not fatal: the keys are
-// fetched again on first use.
+// then waits for ctx. A failed warm-up is not fatal (the key set logs
+// it): the keys are fetched again on first use.
 func (a *Authenticator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, is := range a.issuers {
@@ -358,11 +353,12 @@ func (a *Authenticator) Run(ctx context.Context) error {
 func (a *Authenticator) warmUp(ctx context.Context, is *issuer) {
 	keys, err := is.keys.Keys(ctx, "")
 	if err != nil {
-		a.logger.Warn("issuer keys unavailable: its tokens are refused until a fetch succeeds",
-			logattr.Issuer, is.cfg.Name, logattr.EndpointURL, is.cfg.Issuer, logattr.Error, err)
+		// The key set itself warns, once per change of state.
+		a.logger.Debug("issuer key warm-up failed; keys are fetched again on first use",
+			logattr.Issuer, is.cfg.Name, logattr.IssuerURL, is.cfg.Issuer, logattr.Error, err)
 		return
 	}
-	a.logger.Info("issuer keys fetched", logattr.Issuer, is.cfg.Name, logattr.EndpointURL, is.cfg.Issuer, logattr.Keys, len(keys))
+	a.logger.Info("issuer keys fetched", logattr.Issuer, is.cfg.Name, logattr.IssuerURL, is.cfg.Issuer, logattr.Keys, len(keys))
 }
 
 // Status reports each issuer's keys, in configuration order.

@@ -421,7 +421,7 @@ func TestRunWarmsUpKeys(t *testing.T) {
 	f := &fixture{keys: map[string]*fakeKeys{}}
 	a, err := New(Config{
 		TrustDomain: testTD, Issuers: []IssuerConfig{oidcIssuer(), kubeIssuer()},
-		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		newKeys: func(ic IssuerConfig) (keySource, error) {
 			k := &fakeKeys{keys: publicKeys()}
 			if ic.Name == kubeIssuerName {
@@ -446,8 +446,8 @@ func TestRunWarmsUpKeys(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 	out := logs.String()
-	assert.Contains(t, out, `level=INFO msg="issuer keys fetched" issuer=ci endpoint_url=https://issuer.test/tenant keys=3`)
-	assert.Contains(t, out, `level=WARN msg="issuer keys unavailable: its tokens are refused until a fetch succeeds" issuer=west`)
+	assert.Contains(t, out, `level=INFO msg="issuer keys fetched" issuer=ci issuer_url=https://issuer.test/tenant keys=3`)
+	assert.Contains(t, out, `level=DEBUG msg="issuer key warm-up failed; keys are fetched again on first use" issuer=west`)
 }
 
 func TestMetricsRegistered(t *testing.T) {

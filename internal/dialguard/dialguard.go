@@ -1,38 +1,65 @@
-package federation
+package dialguard
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 )
 
-// addrClass is how a bundle endpoint's dial address is judged.
-type addrClass int
+// ErrRefusedAddress is wrapped by every refusal of Control.
+var ErrRefusedAddress = errors.New("refused address")
+
+// Class is how a dial address is judged.
+type Class int
 
 const (
-	// addrOpen: any fetch may connect.
-	addrOpen addrClass = iota
-	// addrLocal: loopback, unspecified, 0.0.0.0/8 and link-local
-	// addresses. A lab or a test reaches a peer this way, so
-	// --federation-allow-private (FetcherConfig.AllowPrivate) opens them.
-	addrLocal
-	// addrNever: cloud metadata and credential services, multicast and
-	// broadcast. AllowPrivate does not open them: no bundle endpoint is
-	// served there, while an endpoint URL or redirect pointing there is
-	// the classic way to read instance credentials, and a lab that needs
-	// loopback should not have to give that up too.
-	addrNever
+	// Open: any fetch may connect.
+	Open Class = iota
+	// Local: loopback, unspecified, 0.0.0.0/8 and link-local addresses.
+	// A lab or a test reaches a peer this way, so an operator may allow
+	// them.
+	Local
+	// Never: cloud metadata and credential services, multicast and
+	// broadcast. Allowing private addresses does not open them: no
+	// configured fetch target is served there, while a URL or redirect
+	// pointing there is the classic way to read instance credentials, and
+	// a lab that needs loopback should not have to give that up too.
+	Never
 )
 
-// addrVerdict is the class of an address and, unless it is open, why.
-type addrVerdict struct {
-	class addrClass
-	why   string
+// Verdict is the class of an address and, unless it is Open, why.
+type Verdict struct {
+	Class Class
+	Why   string
+}
+
+// Control returns a net.Dialer Control function that refuses Never
+// addresses always and Local ones unless allowPrivate is set. hint names
+// the flag or configuration key that allows Local addresses (e.g.
+// "--federation-allow-private" or "allowPrivateAddresses"); refusals say
+// to set it, or that even it would not help.
+func Control(allowPrivate bool, hint string) func(network, address string, c syscall.RawConn) error {
+	return func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return fmt.Errorf("%w: cannot parse dial address %q: %w", ErrRefusedAddress, address, err)
+		}
+		switch v := Classify(ap.Addr()); {
+		case v.Class == Open, v.Class == Local && allowPrivate:
+			return nil
+		case v.Class == Local:
+			return fmt.Errorf("%w: %s is %s; set %s to allow it", ErrRefusedAddress, address, v.Why, hint)
+		default:
+			return fmt.Errorf("%w: %s is %s, never a fetch target (refused even with %s)", ErrRefusedAddress, address, v.Why, hint)
+		}
+	}
 }
 
 // metadataAddrs are cloud metadata and credential services. Those in
 // 169.254.0.0/16 are link-local anyway, but are listed so that they stay
-// refused with AllowPrivate; the others sit in ranges (ULA, CGNAT, even
-// public space) that are not refused as a whole.
+// refused when private addresses are allowed; the others sit in ranges
+// (ULA, CGNAT, even public space) that are not refused as a whole.
 var metadataAddrs = map[netip.Addr]string{
 	netip.MustParseAddr("169.254.169.254"): "the instance metadata address (AWS, GCP, Azure, Oracle, OpenStack and others)",
 	netip.MustParseAddr("169.254.170.2"):   "the AWS ECS task metadata and credentials address",
@@ -103,57 +130,57 @@ func embeddedIPv4s(a netip.Addr) []embeddedIPv4 {
 	return nil
 }
 
-// classifyAddr judges a dial address. An IPv6 address that carries an
-// IPv4 address is judged by the strictest of its own class and those of
-// the addresses it carries, so every spelling of 169.254.169.254 is
-// refused alike.
-func classifyAddr(a netip.Addr) addrVerdict {
+// Classify judges a dial address. An IPv6 address that carries an IPv4
+// address is judged by the strictest of its own class and those of the
+// addresses it carries, so every spelling of 169.254.169.254 is refused
+// alike.
+func Classify(a netip.Addr) Verdict {
 	a = a.WithZone("").Unmap()
 	if a.Is4() {
 		return classifyIPv4(a)
 	}
 	v := classifyIPv6(a)
 	for _, e := range embeddedIPv4s(a) {
-		if ev := classifyIPv4(e.addr); ev.class > v.class {
-			v = addrVerdict{ev.class, fmt.Sprintf("%s (%s, carried as %s)", ev.why, e.addr, e.how)}
+		if ev := classifyIPv4(e.addr); ev.Class > v.Class {
+			v = Verdict{ev.Class, fmt.Sprintf("%s (%s, carried as %s)", ev.Why, e.addr, e.how)}
 		}
 	}
 	return v
 }
 
-func classifyIPv4(a netip.Addr) addrVerdict {
+func classifyIPv4(a netip.Addr) Verdict {
 	if why, ok := metadataAddrs[a]; ok {
-		return addrVerdict{addrNever, why}
+		return Verdict{Never, why}
 	}
 	switch {
 	case ipv4ThisNetwork.Contains(a):
 		// 0.0.0.0 reaches the local host on Linux; the rest of 0/8 is
 		// "this network", never a remote peer.
-		return addrVerdict{addrLocal, "an unspecified or this-network (0.0.0.0/8) address"}
+		return Verdict{Local, "an unspecified or this-network (0.0.0.0/8) address"}
 	case a.IsLoopback():
-		return addrVerdict{addrLocal, "a loopback address"}
+		return Verdict{Local, "a loopback address"}
 	case a.IsLinkLocalUnicast():
-		return addrVerdict{addrLocal, "a link-local address"}
+		return Verdict{Local, "a link-local address"}
 	case a.IsMulticast(), a == ipv4Broadcast:
 		// Never a TCP peer; refusing costs nothing.
-		return addrVerdict{addrNever, "a multicast or broadcast address"}
+		return Verdict{Never, "a multicast or broadcast address"}
 	}
-	return addrVerdict{addrOpen, ""}
+	return Verdict{Open, ""}
 }
 
-func classifyIPv6(a netip.Addr) addrVerdict {
+func classifyIPv6(a netip.Addr) Verdict {
 	if why, ok := metadataAddrs[a]; ok {
-		return addrVerdict{addrNever, why}
+		return Verdict{Never, why}
 	}
 	switch {
 	case a.IsUnspecified():
-		return addrVerdict{addrLocal, "an unspecified address"}
+		return Verdict{Local, "an unspecified address"}
 	case a.IsLoopback():
-		return addrVerdict{addrLocal, "a loopback address"}
+		return Verdict{Local, "a loopback address"}
 	case a.IsLinkLocalUnicast():
-		return addrVerdict{addrLocal, "a link-local address"}
+		return Verdict{Local, "a link-local address"}
 	case a.IsMulticast():
-		return addrVerdict{addrNever, "a multicast address"}
+		return Verdict{Never, "a multicast address"}
 	}
-	return addrVerdict{addrOpen, ""}
+	return Verdict{Open, ""}
 }
