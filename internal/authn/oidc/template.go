@@ -144,7 +144,7 @@ func (t *template) checkShape(src string) error {
 	}
 	skeleton := path.String()
 	if err := spiffeid.ValidatePath(skeleton); err != nil || skeleton == "" {
-		return fmt.Errorf("template %q: the path (claims standing for one valid segment each) must be a non-root SPIFFE ID path of / separated segments of A-Z a-z 0-9 . - _, not . or ..", truncate(src, 64))
+		return fmt.Errorf("template %q: the path (claims standing for one valid segment each) must be a non-root SPIFFE ID path of / separated segments of A-Z a-z 0-9 . - _ (no . or .. segments)", truncate(src, 64))
 	}
 	t.segments = strings.Count(skeleton, "/")
 	return nil
