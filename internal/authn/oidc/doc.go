@@ -1,0 +1,83 @@
+// Package oidc authenticates callers by JWTs of configured issuers,
+// verified offline against the keys each issuer publishes through OpenID
+// Connect discovery: CI jobs and VMs with a token from their platform
+// (GitHub Actions, GitLab, a cloud's instance identity), and pods of other
+// Kubernetes clusters whose service account issuer is reachable
+// (KindKubernetes), with no TokenReview and no shared secret. Its
+// Authenticator sits in an authn.Chain beside the others; a token whose
+// "iss" is not configured here is left to them (authn.ErrNoCredentials).
+//
+// A token is verified in this order, and refused at the first failure,
+// counted in trustbridge_authn_oidc_tokens_total{issuer,result}: the
+// header's alg must be one of the issuer's Algorithms (RSA, ECDSA or
+// RSA-PSS only: never "none", never HMAC) and no "crit" may be present,
+// before any key is fetched; the signature must verify with one of the
+// issuer's keys (an unknown kid refetches the keys at most once per
+// RefreshInterval); iss must be the issuer, exp present, in the future and
+// at most 366 days ahead, nbf and iat not more than a minute in the
+// future, aud must hold one of Audiences. These refusals wrap
+// authn.ErrInvalidCredentials; keys that cannot be had wrap
+// authn.ErrUnavailable. Then every claim rule must hold and the SPIFFE ID
+// template must yield an ID in the trust domain; those refusals wrap
+// authn.ErrPermissionDenied. Errors name the issuer and never contain
+// token bytes.
+//
+// The SPIFFE ID template is not text/template: it is literal text plus
+// {{.TrustDomain}} and {{.Claims.<dotted path>}}, nothing else, and must
+// start with spiffe://{{.TrustDomain}}/ (or the trust domain spelled out).
+// A dotted path walks nested objects, where a key may itself contain dots
+// (kubernetes.io.namespace is claims["kubernetes.io"]["namespace"]; the
+// longest key is tried first). Every claim value substituted must be a
+// string (or a number, by its JSON text) that is exactly one SPIFFE ID path
+// segment: 1 to 255 of A-Z a-z 0-9 . - _, not "." or "..". So a value can
+// never add a segment, climb out of its place or leave the trust domain:
+// "/", "%2F", spaces and look-alike unicode are refused, not escaped. A
+// KindKubernetes issuer has no template: its tokens' sub
+// system:serviceaccount:<ns>:<sa>, which the kubernetes.io claim must
+// repeat, gives spiffe://<td>/ns/<ns>/sa/<sa>.
+//
+// Configuration (ParseConfig, or ParseConfigNode for the oidc key of the
+// server's --config; unknown and duplicate keys, anchors and aliases are
+// errors naming the line):
+//
+//	issuers:
+//	- name: github-actions            # metrics label, grant reference
+//	  kind: oidc                      # or kubernetes
+//	  issuer: https://token.actions.githubusercontent.com
+//	  audiences: [spiffe://example.org]
+//	  algorithms: [RS256]             # default RS256, ES256
+//	  caFile: /etc/trustbridge/issuer-ca.pem   # default: system roots
+//	  allowPrivateAddresses: false
+//	  claims:                         # all must hold; any listed value
+//	  - claim: repository_owner
+//	    values: [acme]
+//	  - claim: ref
+//	    values: [refs/heads/main]
+//	  spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}"
+//	- name: cluster-west
+//	  kind: kubernetes
+//	  issuer: https://oidc.west.example.net
+//	  audiences: [trustbridge]
+//
+// Usage:
+//
+//	issuers, err := oidc.ParseConfig(data) // then read each CAFile into Roots
+//	a, err := oidc.New(oidc.Config{TrustDomain: td, Issuers: issuers, Registerer: reg, Logger: log})
+//	go a.Run(ctx) // key warm-up
+//	chain := authn.Chain{x509, a, tokenReview, bootstrap}
+//	policy.Checkers[authn.MethodOIDC] = a
+//	policy.Checkers[authn.MethodKubernetesIssuer] = a
+//
+// An identity's grant is the issuer's name (authn.Grant{Method, Ref:
+// Name}); CheckGrant revokes renewal chains whose issuer was removed from
+// the configuration or changed kind.
+//
+// Specs:
+//   - OpenID Connect Discovery 1.0 §4 (the configuration document, the
+//     issuer value that must match): https://openid.net/specs/openid-connect-discovery-1_0.html#ProviderConfig
+//   - RFC 7519 §4.1 (registered claims iss, sub, aud, exp, nbf, iat): https://www.rfc-editor.org/rfc/rfc7519#section-4.1
+//   - RFC 8725, JWT Best Current Practices (algorithm allow-lists, no
+//     "none", issuer and audience validation): https://www.rfc-editor.org/rfc/rfc8725
+//   - Kubernetes service account issuer discovery: https://kubernetes.io/docs/tasks/configure-pod-container/configure-service-account/#service-account-issuer-discovery
+//   - SPIFFE ID §2.2 (path segments): https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE-ID.md#22-path
+package oidc
