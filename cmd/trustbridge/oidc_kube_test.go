@@ -77,17 +77,19 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
   - claim: kubernetes.io.namespace
     values: [%s]
 `, issuer, caFile, ns), 0o644)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.tokenReview = tokenReviewOff
+	var dataDir string
+	srv := startAttackTarget(t, func(o *serverOptions) {
 		o.grpc.oidc = oidcOptions{file: cfg}
 		o.grpc.workloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
+		dataDir = o.dataDir
 	})
+	addr, rootCert := srv.grpc, rootCertFile(t, dataDir)
 
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
 	out := filepath.Join(t.TempDir(), "creds")
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 		"--token-file", writeFile(t, token, 0o600), "--credentials-dir", out)
-	require.Equal(t, 0, code, stderr)
+	require.Equal(t, 0, code, "%s\n%s", stderr, srv.logs.String())
 	assert.Contains(t, stdout, "issued "+want.String())
 	leaf := checkCreds(t, out, want)
 	g, err := authn.GrantFromCert(leaf)
