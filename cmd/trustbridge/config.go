@@ -44,6 +44,9 @@ type configFile struct {
 	// trustPolicy is the file's trust policy, for trustpolicy.ParseNode;
 	// nil without a trustPolicy key.
 	trustPolicy *yaml.Node
+	// oidc is the file's OIDC issuers, for oidc.ParseConfigNode; nil
+	// without an oidc key.
+	oidc *yaml.Node
 }
 
 // applyConfigFile reads the YAML file at path and sets every flag it names
@@ -136,7 +139,7 @@ type setting struct {
 }
 
 // readSettings reads each key of root as a flag of fs, except the
-// federation list and the trust policy, which go to cf.
+// federation list, the trust policy and the OIDC issuers, which go to cf.
 func readSettings(fs *pflag.FlagSet, root *yaml.Node, cf *configFile) ([]setting, error) {
 	seen := map[string]int{}
 	var settings []setting
@@ -159,6 +162,12 @@ func readSettings(fs *pflag.FlagSet, root *yaml.Node, cf *configFile) ([]setting
 		}
 		if key == trustPolicyKey {
 			if err := readTrustPolicyNode(cf, k, v); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if key == oidcKey {
+			if err := readOIDCNode(cf, k, v); err != nil {
 				return nil, err
 			}
 			continue

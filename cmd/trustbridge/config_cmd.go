@@ -81,6 +81,7 @@ func checkServerOptions(o serverOptions) []error {
 	p.listeners(o)
 	p.bundleProfile(o.bundle, td)
 	if !td.IsZero() {
+		p.add(checkOIDCIssuers(o.grpc.oidc, td))
 		if _, _, _, err := staticEndpoints(o.federation, td, orRelayed(storedBundles(o), relayedTrustDomains(o.bundle))); err != nil {
 			p.add(err)
 		}

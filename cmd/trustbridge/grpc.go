@@ -79,6 +79,8 @@ type grpcOptions struct {
 	testJWT certservice.JWTSigner
 	// Bounds on unauthenticated work (authn_limits.go).
 	authnLimits
+	// OIDC and remote Kubernetes issuers (oidc_wiring.go).
+	oidc oidcOptions
 }
 
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
@@ -100,6 +102,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	addImpersonationFlags(f, o)
 	addWorkloadDNSFlags(f, o)
 	addAuthnLimitFlags(f, &o.authnLimits)
+	addOIDCFlags(f, &o.oidc)
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
@@ -292,8 +295,10 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 }
 
 // authenticators builds the chain in Istio's order: an X509-SVID of the
-// local trust domain, then a Kubernetes service account token, then a
-// bootstrap token. The first that succeeds decides.
+// local trust domain, then a Kubernetes service account token (of this
+// cluster, by TokenReview), then a token of a configured OIDC or remote
+// Kubernetes issuer, then a bootstrap token. The first that succeeds
+// decides; TokenReview leaves the configured issuers' tokens alone.
 func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority,
 	reg prometheus.Registerer, logger *slog.Logger) (authn.Chain, error) {
 	lim := o.authnLimits.withDefaults()
@@ -309,12 +314,23 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 	chain := authn.Chain{svid}
 	g.methods = append(g.methods, authn.MethodX509SVID)
 
-	tr, err := g.tokenReview(o, lim, td, reg, logger)
+	oa, err := g.oidcAuthenticator(o, td, reg, logger)
+	if err != nil {
+		return nil, err
+	}
+	var otherIssuers []string
+	if oa != nil {
+		otherIssuers = oa.Issuers()
+	}
+	tr, err := g.tokenReview(o, lim, td, otherIssuers, reg, logger)
 	if err != nil {
 		return nil, err
 	}
 	if tr != nil {
 		chain = append(chain, tr)
+	}
+	if oa != nil {
+		chain = append(chain, oa)
 	}
 	if o.bootstrapFile != "" {
 		boot, err := bootstrapTokens(o, td, reg, logger)
@@ -333,7 +349,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 // tokenReview is the service account token authenticator as --token-review
 // says (auto: when a Kubernetes config is found), with the grants and
 // impersonation that need the same client; nil when tokens are off.
-func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.TrustDomain,
+func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.TrustDomain, otherIssuers []string,
 	reg prometheus.Registerer, logger *slog.Logger) (*authn.TokenReview, error) {
 	mode := o.tokenReview
 	if mode == "" {
@@ -372,8 +388,8 @@ func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.T
 	tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
 		Client: client, TrustDomain: td, Audience: o.tokenAudience, ClusterID: o.clusterID,
 		MaxReviewsPerPeer: lim.reviewPerPeer, PeerReviewRate: lim.peerRate(), PeerReviewBurst: lim.reviewPeerBurst,
-		IssuerKeys: issuerKeys,
-		Logger:     logger.With(logattr.Component, "token-review"), Registerer: reg,
+		IssuerKeys: issuerKeys, OtherIssuers: otherIssuers,
+		Logger: logger.With(logattr.Component, "token-review"), Registerer: reg,
 	})
 	if err != nil {
 		return nil, err

@@ -122,6 +122,7 @@ func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) st
 			o.federation.inline, o.federation.inlineFrom = cf.federation, o.configPath
 		}
 		o.policy.inline, o.policy.inlineFrom = cf.trustPolicy, o.configPath
+		o.grpc.oidc.inline, o.grpc.oidc.inlineFrom = cf.oidc, o.configPath
 	}
 	if o.trustDomain == "" {
 		o.trustDomain = getenv("TRUST_DOMAIN")

@@ -21,6 +21,9 @@ type jwtInfo struct {
 	// expInvalid is set when exp is present but unreadable; such a token's
 	// review is never cached.
 	expInvalid bool
+	// iss is the issuer claim when it is a string, "" otherwise: it routes
+	// the token to the authenticator of its issuer, nothing more.
+	iss string
 }
 
 // maxExpSeconds keeps exp within time.Time's comfortable range.
@@ -44,20 +47,27 @@ func peekJWT(token string) (jwtInfo, error) {
 	if err := decodeSegment(parts[1], &claims); err != nil || claims == nil {
 		return jwtInfo{}, errors.New("JWT payload is not a JSON object")
 	}
+	var info jwtInfo
+	if raw, ok := claims["iss"]; ok {
+		_ = json.Unmarshal(raw, &info.iss) // not a string: no issuer to route by
+	}
 	raw, ok := claims["exp"]
 	if !ok {
-		return jwtInfo{}, nil
+		return info, nil
 	}
 	var n json.Number
 	if err := json.Unmarshal(raw, &n); err != nil {
-		return jwtInfo{expInvalid: true}, nil
+		info.expInvalid = true
+		return info, nil
 	}
 	f, err := n.Float64()
 	if err != nil || math.IsNaN(f) || f < 0 || f > maxExpSeconds {
-		return jwtInfo{expInvalid: true}, nil
+		info.expInvalid = true
+		return info, nil
 	}
 	sec, frac := math.Modf(f)
-	return jwtInfo{exp: time.Unix(int64(sec), int64(frac*1e9))}, nil
+	info.exp = time.Unix(int64(sec), int64(frac*1e9))
+	return info, nil
 }
 
 // decodeSegment decodes one base64url part (padding tolerated) as JSON.

@@ -112,6 +112,13 @@ type TokenReviewConfig struct {
 	// MaxPeerLimiters bounds the addresses whose rate is remembered;
 	// default DefaultMaxPeerLimiters.
 	MaxPeerLimiters int
+	// OtherIssuers are the "iss" values of tokens another authenticator
+	// verifies (the OIDC and remote cluster issuers configured next to
+	// this one): such a token is left to it (ErrNoCredentials) without a
+	// review, a local check or a ClusterID check, so tokens of other
+	// clusters cost the API server nothing and never count against a
+	// caller's review rate.
+	OtherIssuers []string
 	// IssuerKeys fetches the service account issuer discovery documents
 	// from the API server (see RESTFetch), so that a token whose signature
 	// does not verify against the issuer's keys is refused without a
@@ -326,6 +333,9 @@ func (a *TokenReview) precheck(r Request) (string, jwtInfo, error) {
 	info, err := peekJWT(token)
 	if err != nil {
 		return "", jwtInfo{}, noCredentials(MethodKubernetesJWT, "bearer token is not a JWT")
+	}
+	if info.iss != "" && slices.Contains(a.cfg.OtherIssuers, info.iss) {
+		return "", jwtInfo{}, noCredentials(MethodKubernetesJWT, "token of an issuer verified by another authenticator")
 	}
 	if err := a.checkCluster(r.ClusterIDs); err != nil {
 		a.m.local.WithLabelValues(localRefusedCluster).Inc()

@@ -563,6 +563,8 @@ func TestPeekJWT(t *testing.T) {
 		{name: "exp integer", token: hdr + "." + enc([]byte(`{"exp":1800000000}`)) + ".sig", want: jwtInfo{exp: time.Unix(1800000000, 0)}},
 		{name: "exp fraction", token: hdr + "." + enc([]byte(`{"exp":1800000000.5}`)) + ".sig", want: jwtInfo{exp: time.Unix(1800000000, 5e8)}},
 		{name: "no exp", token: hdr + "." + enc([]byte(`{"sub":"x"}`)) + ".sig"},
+		{name: "issuer", token: hdr + "." + enc([]byte(`{"iss":"https://west.example/","exp":1800000000}`)) + ".sig", want: jwtInfo{exp: time.Unix(1800000000, 0), iss: "https://west.example/"}},
+		{name: "issuer not a string", token: hdr + "." + enc([]byte(`{"iss":["a"]}`)) + ".sig"},
 		{name: "padded segments", token: hdr + "==." + enc([]byte(`{}`)) + "=.sig"},
 		{name: "exp string", token: hdr + "." + enc([]byte(`{"exp":"soon"}`)) + ".sig", want: jwtInfo{expInvalid: true}},
 		{name: "exp negative", token: hdr + "." + enc([]byte(`{"exp":-1}`)) + ".sig", want: jwtInfo{expInvalid: true}},
@@ -586,6 +588,7 @@ func TestPeekJWT(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, tt.want.exp.Equal(got.exp), "exp %s, want %s", got.exp, tt.want.exp)
 			assert.Equal(t, tt.want.expInvalid, got.expInvalid)
+			assert.Equal(t, tt.want.iss, got.iss)
 		})
 	}
 }
@@ -677,4 +680,30 @@ func TestBoundPod(t *testing.T) {
 	assert.True(t, boundPod(extra(extraPodName, "a", extraPodName, "b", extraPodUID, "u"), id).IsZero(), "two names")
 	assert.True(t, boundPod(nil, id).IsZero())
 	assert.True(t, boundPod(extra(extraPodName, "p", extraPodUID, "u"), spiffeid.RequireFromString("spiffe://example.org/vm")).IsZero())
+}
+
+// TestTokenReviewLeavesOtherIssuers: a token of an issuer another
+// authenticator verifies (a remote cluster, an OIDC issuer) is left to it
+// without a review, even when its claims look like a service account
+// token for our audience and its ClusterID names another cluster; tokens
+// of the local issuer are still reviewed.
+func TestTokenReviewLeavesOtherIssuers(t *testing.T) {
+	const remote = "https://west.example/"
+	f := newReviewFixture(t, func(c *TokenReviewConfig) {
+		c.OtherIssuers = []string{remote}
+		c.ClusterID = "east"
+	})
+	claims := map[string]any{"iss": remote, "sub": "system:serviceaccount:default:web", "aud": []string{"example.org"}, "exp": epoch.Add(time.Hour).Unix()}
+	_, err := f.a.Authenticate(t.Context(), Request{BearerToken: makeJWT(t, claims), Peer: "127.0.0.1:5555", ClusterIDs: []string{"west"}})
+	require.ErrorIs(t, err, ErrNoCredentials)
+	assert.NotErrorIs(t, err, ErrInvalidCredentials)
+	assert.Contains(t, err.Error(), "verified by another authenticator")
+	assert.Zero(t, f.api.calls.Load(), "no TokenReview for another issuer's token")
+
+	local := saToken(t, "web", epoch.Add(time.Hour))
+	f.api.set(local, accept("system:serviceaccount:default:web", "example.org"))
+	id, err := f.auth(local)
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://example.org/ns/default/sa/web", id.ID.String())
+	assert.EqualValues(t, 1, f.api.calls.Load())
 }

@@ -125,6 +125,11 @@ func start() (*Env, *envtest.Environment, error) {
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
+	// The API server advertises the address it serves on, as a real one
+	// does: its service account issuer discovery names jwks_uri on the
+	// advertised address, which otherwise defaults to this host's first
+	// non-loopback address, where nothing listens.
+	te.ControlPlane.GetAPIServer().Configure().Set("advertise-address", "127.0.0.1")
 	// envtest reads KUBEBUILDER_ASSETS over BinaryAssetsDirectory; both
 	// name the same folder here.
 	cfg, err := te.Start()

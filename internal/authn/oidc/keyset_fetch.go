@@ -78,7 +78,9 @@ func (k *keySet) get(ctx context.Context, u string, limit int64) ([]byte, http.H
 	if err != nil {
 		return nil, nil, fmt.Errorf("GET %s: %w", u, err)
 	}
-	req.Header.Set("Accept", "application/json")
+	// kube-apiserver answers its JWKS only to a client that accepts
+	// RFC 7517's media type (406 otherwise); other issuers send JSON.
+	req.Header.Set("Accept", "application/json, application/jwk-set+json")
 	resp, err := k.cfg.client.Do(req)
 	if err != nil {
 		// url.Error repeats method and URL.

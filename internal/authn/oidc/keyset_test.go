@@ -252,6 +252,26 @@ func TestKeySetFollowsHTTPSRedirect(t *testing.T) {
 	assert.Equal(t, 1, fx.hits(oidctest.JWKSPath))
 }
 
+// An issuer that serves its key set only as application/jwk-set+json,
+// as kube-apiserver does (406 to a client that accepts only JSON), is
+// read.
+func TestKeySetAcceptsJWKSetMediaType(t *testing.T) {
+	t.Parallel()
+	fx := newKSFixture(t, oidctest.New(t))
+	jwks := fx.iss.JWKS()
+	fx.iss.SetHandler(fx.iss.Path(oidctest.JWKSPath), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Accept"), "application/jwk-set+json") {
+			http.Error(w, "only application/jwk-set+json", http.StatusNotAcceptable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/jwk-set+json")
+		_, _ = w.Write(jwks)
+	}))
+	keys, err := fx.ks.Keys(t.Context(), fx.iss.KeyID())
+	require.NoError(t, err)
+	assert.Len(t, keys, 1)
+}
+
 // Unknown kty, weak RSA and secret keys are skipped, one by one.
 func TestKeySetSkipsUnusableKeys(t *testing.T) {
 	t.Parallel()
