@@ -25,6 +25,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/oidc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/nodeauth"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
@@ -151,6 +152,9 @@ type grpcEndpoint struct {
 	// tokens are the bootstrap tokens, nil without --bootstrap-token-file;
 	// SIGHUP reloads them.
 	tokens *authn.BootstrapTokens
+	// oidc authenticates tokens of the --oidc-config issuers; nil without
+	// any. Its status is served at /v1/authn/issuers.
+	oidc *oidc.Authenticator
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil

@@ -116,6 +116,7 @@ func (g *grpcEndpoint) oidcAuthenticator(o grpcOptions, td spiffeid.TrustDomain,
 	if err != nil {
 		return nil, fmt.Errorf("oidc issuers: %w", err)
 	}
+	g.oidc = a
 	g.grantMap()[authn.MethodOIDC] = a
 	g.grantMap()[authn.MethodKubernetesIssuer] = a
 	g.runners = append(g.runners, a.Run)
