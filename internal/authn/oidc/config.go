@@ -52,7 +52,10 @@ type IssuerConfig struct {
 	// AllowPrivateAddresses lets the issuer resolve to loopback and
 	// link-local addresses (cloud metadata addresses never).
 	AllowPrivateAddresses bool
-	// Claims must all hold for a token to be accepted.
+	// Claims must all hold for a token to be accepted. KindOIDC requires
+	// at least one (see errNoRules); for KindKubernetes they are optional,
+	// and without a kubernetes.io.namespace rule the cluster is trusted
+	// for every namespace and service account name.
 	Claims []ClaimRule
 	// SPIFFEID is the template of the identity (see the package doc):
 	// required for KindOIDC, refused for KindKubernetes.
@@ -222,6 +225,7 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 		func() error { return boolField(m, path, keyAllowPrivate, &ic.AllowPrivateAddresses) },
 		func() error { return parseRules(m, path, &ic.Claims) },
 		func() error { return parseTemplateField(m, path, &ic) },
+		func() error { return requireRules(n, m, path, ic) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -229,6 +233,29 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 		}
 	}
 	return ic, m, nil
+}
+
+// errNoRules says why an oidc issuer needs claim rules. Its audience check
+// is no fence: a shared public issuer signs a token with whatever
+// audience its user asks for.
+func errNoRules() error {
+	return fmt.Errorf("kind %s requires at least one %s rule: a shared public issuer (GitHub Actions, GitLab, a cloud) "+
+		"signs tokens with any audience for anyone, so without a rule every one of its users gets an identity here; "+
+		"restrict it to your own tokens, e.g. claim repository_owner_id (GitHub's immutable organisation ID)", KindOIDC, keyClaims)
+}
+
+// requireRules refuses an oidc issuer without claim rules (errNoRules).
+// It runs after the other checks of the entry, so that their errors,
+// which say more about the entry, come first.
+func requireRules(n *yaml.Node, m map[string]*keyValue, path string, ic IssuerConfig) error {
+	if ic.Kind != KindOIDC || len(ic.Claims) > 0 {
+		return nil
+	}
+	at := n
+	if kv := m[keyClaims]; kv != nil {
+		at = kv.value
+	}
+	return errAt(at, "%s: %w", path, errNoRules())
 }
 
 func parseKind(m map[string]*keyValue, path string, kind *Kind) error {
@@ -538,6 +565,8 @@ func (c *IssuerConfig) check() error {
 		return fmt.Errorf("%s is not allowed for kind %s", keySPIFFEID, KindKubernetes)
 	case c.Kind == KindOIDC && c.SPIFFEID == "":
 		return fmt.Errorf("kind %s requires %s", KindOIDC, keySPIFFEID)
+	case c.Kind == KindOIDC && len(c.Claims) == 0:
+		return fmt.Errorf("%s: %w", keyClaims, errNoRules())
 	}
 	return nil
 }

@@ -32,6 +32,9 @@ const goodConfig = `issuers:
 - name: vm
   issuer: https://idp.example.com:8443/realms/vms
   audiences: [trustbridge]
+  claims:
+  - claim: azp
+    values: [vm-fleet]
   spiffeID: spiffe://example.org/vm/{{ .Claims.kubernetes.io.namespace }}
 `
 
@@ -56,6 +59,7 @@ func TestParseConfigAccepts(t *testing.T) {
 		{
 			Name: "vm", Kind: KindOIDC, Issuer: "https://idp.example.com:8443/realms/vms",
 			Audiences: []string{"trustbridge"},
+			Claims:    []ClaimRule{{Claim: "azp", Values: []string{"vm-fleet"}}},
 			SPIFFEID:  "spiffe://example.org/vm/{{ .Claims.kubernetes.io.namespace }}",
 		},
 	}
@@ -84,6 +88,9 @@ func issuerDoc(body string) string {
 
 const okBody = "  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}\n"
 
+// okRule completes okBody to a valid oidc issuer: kind oidc needs a rule.
+const okRule = "  claims: [{claim: azp, values: [a]}]\n"
+
 func TestParseConfigRefuses(t *testing.T) {
 	tooManyAuds := "[" + strings.Repeat("a,", 16) + "b]"
 	var dupAuds []string
@@ -99,7 +106,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"unknown issuer key", issuerDoc(okBody + "  spiffeId: x\n"), 6, `unknown key "spiffeId" in issuers[0] (did you mean "spiffeID"?)`},
 		{"unknown rule key", issuerDoc(okBody + "  claims:\n  - claim: a\n    value: [x]\n"), 8, `unknown key "value" in issuers[0].claims[0]`},
 		{"duplicate key", issuerDoc(okBody + "  issuer: https://j.test\n"), 6, `duplicate key "issuer" in issuers[0] (first at line 3)`},
-		{"duplicate name", issuerDoc(okBody) + "- name: x\n  issuer: https://j.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n", 6, `issuers[1]: name "x" is already used at line 2`},
+		{"duplicate name", issuerDoc(okBody+okRule) + "- name: x\n  issuer: https://j.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n" + okRule, 7, `issuers[1]: name "x" is already used at line 2`},
 		{"bad name", "issuers:\n- name: Bad_Name\n" + okBody, 2, "issuers[0].name: issuer name \"Bad_Name\" must be"},
 		{"name with trailing dash", "issuers:\n- name: x-\n" + okBody, 2, "issuer name"},
 		{"name not a string", "issuers:\n- name: 12\n" + okBody, 2, `issuers[0].name must be a string, got !!int "12"`},
@@ -142,7 +149,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"claim rule bad path", issuerDoc(okBody + "  claims:\n  - claim: a..b\n    values: [x]\n"), 7, "has an empty key"},
 		{"claim rule twice", issuerDoc(okBody + "  claims:\n  - claim: ref\n    values: [x]\n  - claim: ref\n    values: [y]\n"), 9, `claim "ref" already has a rule at line 7`},
 		{"claim value not a string", issuerDoc(okBody + "  claims:\n  - claim: ref\n    values: [true]\n"), 8, "quote it"},
-		{"duplicate issuer URL", issuerDoc(okBody) + "- name: y\n  issuer: https://i.test\n  audiences: [b]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n", 7, `issuers[1]: issuer "https://i.test" is already configured at line 3`},
+		{"duplicate issuer URL", issuerDoc(okBody+okRule) + "- name: y\n  issuer: https://i.test\n  audiences: [b]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n" + okRule, 8, `issuers[1]: issuer "https://i.test" is already configured at line 3`},
 		{"allowPrivateAddresses not bool", issuerDoc(okBody + "  allowPrivateAddresses: 'yes'\n"), 6, "must be true or false"},
 		{"empty caFile", issuerDoc(okBody + "  caFile: ''\n"), 6, "caFile: is empty"},
 		{"anchor", "issuers:\n- &i\n  name: x\n", 2, "anchors and aliases are not supported"},
@@ -151,6 +158,9 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"issuer not a mapping", "issuers:\n- x\n", 2, "issuers[0] must be a mapping"},
 		{"second document", "issuers: []\n---\nissuers: []\n", 2, "a second YAML document"},
 		{"merge key", issuerDoc(okBody + "  <<: {a: b}\n"), 6, "merge keys"},
+		{"oidc without claims", issuerDoc(okBody), 2, "issuers[0]: kind oidc requires at least one claims rule: a shared public issuer (GitHub Actions, GitLab, a cloud) signs tokens with any audience for anyone"},
+		{"oidc with empty claims", issuerDoc(okBody + "  claims: []\n"), 6, "e.g. claim repository_owner_id"},
+		{"oidc by default without claims", "issuers:\n- name: x\n  kind: oidc\n  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}\n", 2, "requires at least one claims rule"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -214,7 +224,11 @@ func TestParseConfigLimits(t *testing.T) {
 // built in code, which ParseConfig's errors already cover for files.
 func TestIssuerConfigCheck(t *testing.T) {
 	base := func() IssuerConfig {
-		return IssuerConfig{Name: "x", Issuer: "https://i.test", Audiences: []string{"a"}, SPIFFEID: "spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}"}
+		return IssuerConfig{
+			Name: "x", Issuer: "https://i.test", Audiences: []string{"a"},
+			Claims:   []ClaimRule{{Claim: "azp", Values: []string{"a"}}},
+			SPIFFEID: "spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}",
+		}
 	}
 	tests := []struct {
 		name   string
@@ -230,6 +244,7 @@ func TestIssuerConfigCheck(t *testing.T) {
 		{"template for kubernetes", func(c *IssuerConfig) { c.Kind = KindKubernetes }, "not allowed for kind kubernetes"},
 		{"no template", func(c *IssuerConfig) { c.SPIFFEID = "" }, "requires spiffeID"},
 		{"rule without values", func(c *IssuerConfig) { c.Claims = []ClaimRule{{Claim: "a"}} }, "must list at least one value"},
+		{"oidc without rules", func(c *IssuerConfig) { c.Claims = nil }, "claims: kind oidc requires at least one claims rule"},
 		{"rule twice", func(c *IssuerConfig) {
 			c.Claims = []ClaimRule{{Claim: "a", Values: []string{"x"}}, {Claim: "a", Values: []string{"y"}}}
 		}, "two rules"},
@@ -249,4 +264,9 @@ func TestIssuerConfigCheck(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.errHas)
 		})
 	}
+
+	// A cluster's issuer keeps rules optional (Istio multi-cluster shares
+	// namespaces and service accounts across clusters).
+	kube := IssuerConfig{Name: "west", Kind: KindKubernetes, Issuer: "https://k.test", Audiences: []string{"a"}}
+	require.NoError(t, kube.check())
 }

@@ -36,6 +36,21 @@
 // system:serviceaccount:<ns>:<sa>, which the kubernetes.io claim must
 // repeat, gives spiffe://<td>/ns/<ns>/sa/<sa>.
 //
+// A KindOIDC issuer must have at least one claim rule. Its audience is no
+// fence: a shared public issuer (GitHub Actions, GitLab, a cloud) signs a
+// token with whatever audience anyone asks for, so an issuer without rules
+// would give an identity to every one of its users. Restrict it to your
+// own tokens with unique, immutable claims (GitHub's repository_owner_id,
+// not the renamable repository_owner).
+//
+// A KindKubernetes issuer's rules are optional, because Istio
+// multi-cluster meshes share namespace and service account identities
+// across clusters. But such an issuer is trusted for every namespace and
+// every service account name, istio-system/istiod included: whoever can
+// create a service account in that cluster can take the identity of the
+// same name here. Unless the remote cluster is as trusted as this one,
+// restrict it with a kubernetes.io.namespace rule.
+//
 // Configuration (ParseConfig, or ParseConfigNode for the oidc key of the
 // server's --config; unknown and duplicate keys, anchors and aliases are
 // errors naming the line):

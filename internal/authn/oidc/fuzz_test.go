@@ -12,6 +12,7 @@ import (
 func FuzzParseConfig(f *testing.F) {
 	f.Add(goodConfig)
 	f.Add(issuerDoc(okBody))
+	f.Add(issuerDoc(okBody + okRule))
 	f.Add(issuerDoc(okBody + "  claims:\n  - claim: a.b\n    values: [x, '1']\n"))
 	f.Add("issuers:\n- name: k\n  kind: kubernetes\n  issuer: https://k.test\n  audiences: [a]\n")
 	f.Add("issuers:\n- &a {name: x}\n- *a\n")
