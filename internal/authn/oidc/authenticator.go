@@ -73,6 +73,9 @@ type issuer struct {
 	method string
 	tmpl   *template // nil for KindKubernetes
 	keys   keySource
+	// grantUID is authn.IssuerGrantUID of the issuer URL, recorded in
+	// the grants it makes and compared by CheckGrant.
+	grantUID string
 }
 
 // IssuerStatus is what Status reports about one issuer.
@@ -175,7 +178,7 @@ func (a *Authenticator) addIssuer(ic IssuerConfig, newKeys func(IssuerConfig) (k
 	if _, dup := a.byIss[ic.Issuer]; dup {
 		return nil, fmt.Errorf("issuer %q is configured twice", ic.Issuer)
 	}
-	is := &issuer{cfg: ic, method: authn.MethodOIDC}
+	is := &issuer{cfg: ic, method: authn.MethodOIDC, grantUID: authn.IssuerGrantUID(ic.Issuer)}
 	if ic.Kind == KindKubernetes {
 		is.method = authn.MethodKubernetesIssuer
 	} else {
@@ -253,7 +256,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, r authn.Request) (auth
 	return authn.Identity{
 		ID:       id,
 		Method:   is.method,
-		Grant:    &authn.Grant{Method: is.method, Ref: is.cfg.Name},
+		Grant:    &authn.Grant{Method: is.method, Ref: is.cfg.Name, UID: is.grantUID},
 		NotAfter: exp,
 	}, nil
 }
@@ -314,8 +317,10 @@ func (a *Authenticator) Issuers() []string {
 }
 
 // CheckGrant implements authn.GrantChecker: a grant stands while an issuer
-// named g.Ref, of the kind g.Method says, is configured. Removing an
-// issuer from the configuration ends the renewal chains it started.
+// named g.Ref, of the kind g.Method says and with the issuer URL g.UID
+// digests (authn.IssuerGrantUID), is configured. Removing an issuer from
+// the configuration, or pointing its name at another URL, ends the
+// renewal chains it started.
 func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Grant) error {
 	var want Kind
 	switch g.Method {
@@ -332,6 +337,8 @@ func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Gr
 		return fmt.Errorf("authn: oidc: %s: issuer %q that granted it is no longer configured: %w", id, truncate(g.Ref, 64), authn.ErrGrantRevoked)
 	case is.cfg.Kind != want:
 		return fmt.Errorf("authn: oidc: %s: issuer %q is now of kind %s, not %s: %w", id, g.Ref, is.cfg.Kind, want, authn.ErrGrantRevoked)
+	case g.UID != is.grantUID:
+		return fmt.Errorf("authn: oidc: %s: issuer %q now has issuer URL %s, not the one that granted it: %w", id, g.Ref, is.cfg.Issuer, authn.ErrGrantRevoked)
 	}
 	return nil
 }

@@ -237,13 +237,13 @@ func TestAuthenticateIdentity(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, authn.Identity{
 		ID: spiffeid.RequireFromString("spiffe://example.org/ci/acme/build"), Method: authn.MethodOIDC,
-		Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName}, NotAfter: testNow.Add(90 * time.Second),
+		Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID(testIssuerURL)}, NotAfter: testNow.Add(90 * time.Second),
 	}, ident)
 
 	ident, err = f.a.Authenticate(context.Background(), bearer(sign(t, "ES256", "ec-1", nil, kubeClaims("prod", "web"))))
 	require.NoError(t, err)
 	assert.Equal(t, authn.MethodKubernetesIssuer, ident.Method)
-	assert.Equal(t, &authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName}, ident.Grant)
+	assert.Equal(t, &authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: authn.IssuerGrantUID(kubeIssuerURL)}, ident.Grant)
 	assert.Equal(t, testNow.Add(time.Hour), ident.NotAfter)
 }
 
@@ -328,17 +328,23 @@ func TestAuthenticateKeysUnavailable(t *testing.T) {
 func TestCheckGrant(t *testing.T) {
 	f := newFixture(t)
 	id := spiffeid.RequireFromString("spiffe://example.org/ci/acme/build")
+	ciUID, kubeUID := authn.IssuerGrantUID(testIssuerURL), authn.IssuerGrantUID(kubeIssuerURL)
 	tests := []struct {
 		name   string
 		g      authn.Grant
 		errHas string
 	}{
-		{"oidc issuer present", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName}, ""},
-		{"kubernetes issuer present", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName}, ""},
-		{"issuer removed", authn.Grant{Method: authn.MethodOIDC, Ref: "gone"}, `issuer "gone" that granted it is no longer configured`},
-		{"kind changed to kubernetes", authn.Grant{Method: authn.MethodOIDC, Ref: kubeIssuerName}, "is now of kind kubernetes, not oidc"},
-		{"kind changed to oidc", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: testIssuerName}, "is now of kind oidc, not kubernetes"},
+		{"oidc issuer present", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: ciUID}, ""},
+		{"kubernetes issuer present", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: kubeUID}, ""},
+		{"issuer removed", authn.Grant{Method: authn.MethodOIDC, Ref: "gone", UID: ciUID}, `issuer "gone" that granted it is no longer configured`},
+		{"kind changed to kubernetes", authn.Grant{Method: authn.MethodOIDC, Ref: kubeIssuerName, UID: kubeUID}, "is now of kind kubernetes, not oidc"},
+		{"kind changed to oidc", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: testIssuerName, UID: ciUID}, "is now of kind oidc, not kubernetes"},
 		{"not an issuer grant", authn.Grant{Method: authn.MethodBootstrapToken, Ref: testIssuerName}, "is not an issuer grant"},
+		{"name now points at another URL", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID("https://old.test")},
+			`issuer "ci" now has issuer URL https://issuer.test/tenant, not the one that granted it`},
+		{"kubernetes name now points at another URL", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: ciUID},
+			`issuer "west" now has issuer URL https://kube.test, not the one that granted it`},
+		{"grant without uid", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName}, "not the one that granted it"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -353,6 +359,15 @@ func TestCheckGrant(t *testing.T) {
 	}
 	var _ authn.GrantChecker = f.a
 	var _ authn.Authenticator = f.a
+
+	// The grants Authenticate makes stand, for both kinds.
+	for _, token := range []string{sign(t, "RS256", "rsa-1", nil, ciClaims()), sign(t, "RS256", "rsa-1", nil, kubeClaims("prod", "web"))} {
+		ident, err := f.a.Authenticate(context.Background(), bearer(token))
+		require.NoError(t, err)
+		g := *ident.Grant
+		g.GrantedAt = testNow
+		require.NoError(t, f.a.CheckGrant(context.Background(), ident.ID, g))
+	}
 }
 
 func TestNewRefuses(t *testing.T) {

@@ -83,9 +83,10 @@
 //	policy.Checkers[authn.MethodOIDC] = a
 //	policy.Checkers[authn.MethodKubernetesIssuer] = a
 //
-// An identity's grant is the issuer's name (authn.Grant{Method, Ref:
-// Name}); CheckGrant revokes renewal chains whose issuer was removed from
-// the configuration or changed kind.
+// An identity's grant is the issuer's name and a digest of its URL
+// (authn.Grant{Method, Ref: Name, UID: authn.IssuerGrantUID(Issuer)});
+// CheckGrant revokes renewal chains whose issuer was removed from the
+// configuration, changed kind or now has another URL.
 //
 // Specs:
 //   - OpenID Connect Discovery 1.0 §4 (the configuration document, the
