@@ -318,9 +318,12 @@ func (a *Authenticator) Issuers() []string {
 
 // CheckGrant implements authn.GrantChecker: a grant stands while an issuer
 // named g.Ref, of the kind g.Method says and with the issuer URL g.UID
-// digests (authn.IssuerGrantUID), is configured. Removing an issuer from
-// the configuration, or pointing its name at another URL, ends the
-// renewal chains it started.
+// digests (authn.IssuerGrantUID), is configured (else ErrGrantRevoked),
+// and for at most the issuer's MaxRenewalLifetime after g.GrantedAt (else
+// authn.ErrGrantExpired). Removing an issuer from the configuration, or
+// pointing its name at another URL, ends the renewal chains it started;
+// the others end by age, because nothing about the token that started
+// them can be checked again without a fresh one.
 func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Grant) error {
 	var want Kind
 	switch g.Method {
@@ -339,6 +342,10 @@ func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Gr
 		return fmt.Errorf("authn: oidc: %s: issuer %q is now of kind %s, not %s: %w", id, g.Ref, is.cfg.Kind, want, authn.ErrGrantRevoked)
 	case g.UID != is.grantUID:
 		return fmt.Errorf("authn: oidc: %s: issuer %q now has issuer URL %s, not the one that granted it: %w", id, g.Ref, is.cfg.Issuer, authn.ErrGrantRevoked)
+	case a.clk.Since(g.GrantedAt) > is.cfg.MaxRenewalLifetime:
+		return fmt.Errorf("authn: oidc: %s: granted at %s by issuer %q, longer ago than its %s of %s "+
+			"(claim rules and remote service accounts cannot be re-checked offline, so a renewal chain goes back to a fresh token): %w",
+			id, g.GrantedAt.UTC().Format(time.RFC3339), g.Ref, keyMaxRenewal, is.cfg.MaxRenewalLifetime, authn.ErrGrantExpired)
 	}
 	return nil
 }

@@ -348,7 +348,9 @@ func TestCheckGrant(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := f.a.CheckGrant(context.Background(), id, tt.g)
+			g := tt.g
+			g.GrantedAt = testNow // as the certificate service records it
+			err := f.a.CheckGrant(context.Background(), id, g)
 			if tt.errHas == "" {
 				require.NoError(t, err)
 				return
@@ -368,6 +370,40 @@ func TestCheckGrant(t *testing.T) {
 		g.GrantedAt = testNow
 		require.NoError(t, f.a.CheckGrant(context.Background(), ident.ID, g))
 	}
+}
+
+// TestCheckGrantMaxRenewalLifetime: a renewal chain of an issuer's token
+// ends after the issuer's maxRenewalLifetime, by the injected clock, so
+// it goes back to a fresh token whose claims are checked again.
+func TestCheckGrantMaxRenewalLifetime(t *testing.T) {
+	ci := oidcIssuer()
+	ci.MaxRenewalLifetime = 2 * time.Hour
+	f := newFixture(t, ci, kubeIssuer())
+	id := spiffeid.RequireFromString("spiffe://example.org/ci/acme/build")
+	ciGrant := authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID(testIssuerURL), GrantedAt: testNow}
+	kubeGrant := authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: authn.IssuerGrantUID(kubeIssuerURL), GrantedAt: testNow}
+	check := func(g authn.Grant) error { return f.a.CheckGrant(context.Background(), id, g) }
+
+	f.clk.SetTime(testNow.Add(2 * time.Hour))
+	require.NoError(t, check(ciGrant), "exactly the lifetime still stands")
+	f.clk.SetTime(testNow.Add(2*time.Hour + time.Second))
+	err := check(ciGrant)
+	require.ErrorIs(t, err, authn.ErrGrantExpired)
+	assert.NotErrorIs(t, err, authn.ErrGrantRevoked)
+	assert.Contains(t, err.Error(), `authn: oidc: spiffe://example.org/ci/acme/build: granted at 2027-03-01T12:00:00Z by issuer "ci", longer ago than its maxRenewalLifetime of 2h0m0s`)
+	assert.Contains(t, err.Error(), "cannot be re-checked offline")
+	require.NoError(t, check(kubeGrant), "the other issuer has the default")
+
+	f.clk.SetTime(testNow.Add(DefaultMaxRenewalLifetime))
+	require.NoError(t, check(kubeGrant))
+	f.clk.SetTime(testNow.Add(DefaultMaxRenewalLifetime + time.Second))
+	err = check(kubeGrant)
+	require.ErrorIs(t, err, authn.ErrGrantExpired)
+	assert.Contains(t, err.Error(), `by issuer "west", longer ago than its maxRenewalLifetime of 24h0m0s`)
+
+	// A chain granted later is younger.
+	kubeGrant.GrantedAt = testNow.Add(time.Hour)
+	require.NoError(t, check(kubeGrant))
 }
 
 func TestNewRefuses(t *testing.T) {

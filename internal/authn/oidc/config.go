@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -60,7 +61,19 @@ type IssuerConfig struct {
 	// SPIFFEID is the template of the identity (see the package doc):
 	// required for KindOIDC, refused for KindKubernetes.
 	SPIFFEID string
+	// MaxRenewalLifetime bounds the renewal chains the issuer's tokens
+	// start: CheckGrant refuses a grant older than this. Claim rules and
+	// a remote cluster's service accounts cannot be re-checked offline,
+	// so a chain must go back to a fresh token. Zero means
+	// DefaultMaxRenewalLifetime; at most MaxMaxRenewalLifetime.
+	MaxRenewalLifetime time.Duration
 }
+
+// Bounds of IssuerConfig.MaxRenewalLifetime.
+const (
+	DefaultMaxRenewalLifetime = 24 * time.Hour
+	MaxMaxRenewalLifetime     = 8760 * time.Hour
+)
 
 // ClaimRule requires a claim to hold one of Values.
 type ClaimRule struct {
@@ -103,11 +116,12 @@ const (
 	keySPIFFEID     = "spiffeID"
 	keyClaim        = "claim"
 	keyValues       = "values"
+	keyMaxRenewal   = "maxRenewalLifetime"
 )
 
 var (
 	topKeys    = []string{keyIssuers}
-	issuerKeys = []string{keyName, keyKind, keyIssuer, keyAudiences, keyAlgorithms, keyCAFile, keyAllowPrivate, keyClaims, keySPIFFEID}
+	issuerKeys = []string{keyName, keyKind, keyIssuer, keyAudiences, keyAlgorithms, keyCAFile, keyAllowPrivate, keyClaims, keySPIFFEID, keyMaxRenewal}
 	ruleKeys   = []string{keyClaim, keyValues}
 )
 
@@ -225,6 +239,7 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 		func() error { return boolField(m, path, keyAllowPrivate, &ic.AllowPrivateAddresses) },
 		func() error { return parseRules(m, path, &ic.Claims) },
 		func() error { return parseTemplateField(m, path, &ic) },
+		func() error { return durationField(m, path, keyMaxRenewal, &ic.MaxRenewalLifetime, checkMaxRenewal) },
 		func() error { return requireRules(n, m, path, ic) },
 	}
 	for _, step := range steps {
@@ -365,6 +380,36 @@ func listField(m map[string]*keyValue, path, key string, dst *[]string, check fu
 	}
 	*dst = out
 	return nil
+}
+
+// durationField reads an optional Go duration string ("24h", "90m")
+// through check.
+func durationField(m map[string]*keyValue, path, key string, dst *time.Duration, check func(time.Duration) error) error {
+	var s string
+	if err := scalarField(m, path, key, &s, func(string) error { return nil }); err != nil || m[key] == nil {
+		return err
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errAt(m[key].value, "%s.%s: %q is not a duration such as 24h or 90m", path, key, truncate(s, 32))
+	}
+	if err := check(d); err != nil {
+		return errAt(m[key].value, "%s.%s: %w", path, key, err)
+	}
+	*dst = d
+	return nil
+}
+
+func checkMaxRenewal(d time.Duration) error {
+	if d <= 0 || d > MaxMaxRenewalLifetime {
+		return fmt.Errorf("must be more than 0 and at most %s (a year), got %s; leave it out for the default %s", fmtHours(MaxMaxRenewalLifetime), d, fmtHours(DefaultMaxRenewalLifetime))
+	}
+	return nil
+}
+
+// fmtHours writes a whole number of hours as the YAML would: "24h".
+func fmtHours(d time.Duration) string {
+	return fmt.Sprintf("%dh", int64(d/time.Hour))
 }
 
 func boolField(m map[string]*keyValue, path, key string, dst *bool) error {
@@ -534,14 +579,17 @@ func truncate(s string, n int) string {
 }
 
 // check validates c as New receives it: what ParseConfig checks, for a
-// configuration built in code. It applies the Kind and Algorithms
-// defaults.
+// configuration built in code. It applies the Kind, Algorithms and
+// MaxRenewalLifetime defaults.
 func (c *IssuerConfig) check() error {
 	if c.Kind == "" {
 		c.Kind = KindOIDC
 	}
 	if len(c.Algorithms) == 0 {
 		c.Algorithms = defaultAlgorithms()
+	}
+	if c.MaxRenewalLifetime == 0 {
+		c.MaxRenewalLifetime = DefaultMaxRenewalLifetime
 	}
 	checks := []struct {
 		field string
@@ -552,6 +600,7 @@ func (c *IssuerConfig) check() error {
 		{keyAudiences, checkAudiences(c.Audiences)},
 		{keyAlgorithms, checkAlgorithms(c.Algorithms)},
 		{keyClaims, checkRules(c.Claims)},
+		{keyMaxRenewal, checkMaxRenewal(c.MaxRenewalLifetime)},
 	}
 	for _, ch := range checks {
 		if ch.err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,6 +25,7 @@ const goodConfig = `issuers:
   - claim: ref
     values: [refs/heads/main, refs/heads/release]
   spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}"
+  maxRenewalLifetime: 90m
 - name: cluster-west
   kind: kubernetes
   issuer: https://oidc.west.example.net/
@@ -50,7 +52,8 @@ func TestParseConfigAccepts(t *testing.T) {
 				{Claim: "repository_owner", Values: []string{"acme"}},
 				{Claim: "ref", Values: []string{"refs/heads/main", "refs/heads/release"}},
 			},
-			SPIFFEID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}",
+			SPIFFEID:           "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}",
+			MaxRenewalLifetime: 90 * time.Minute,
 		},
 		{
 			Name: "cluster-west", Kind: KindKubernetes, Issuer: "https://oidc.west.example.net/",
@@ -158,6 +161,11 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"issuer not a mapping", "issuers:\n- x\n", 2, "issuers[0] must be a mapping"},
 		{"second document", "issuers: []\n---\nissuers: []\n", 2, "a second YAML document"},
 		{"merge key", issuerDoc(okBody + "  <<: {a: b}\n"), 6, "merge keys"},
+		{"maxRenewalLifetime zero", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 0s\n"), 7, "issuers[0].maxRenewalLifetime: must be more than 0 and at most 8760h (a year), got 0s; leave it out for the default 24h"},
+		{"maxRenewalLifetime negative", issuerDoc(okBody + okRule + "  maxRenewalLifetime: -1h\n"), 7, "must be more than 0"},
+		{"maxRenewalLifetime over a year", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 8761h\n"), 7, "at most 8760h (a year), got 8761h0m0s"},
+		{"maxRenewalLifetime not a duration", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 1d\n"), 7, `issuers[0].maxRenewalLifetime: "1d" is not a duration such as 24h or 90m`},
+		{"maxRenewalLifetime a number", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 3600\n"), 7, "issuers[0].maxRenewalLifetime must be a string"},
 		{"oidc without claims", issuerDoc(okBody), 2, "issuers[0]: kind oidc requires at least one claims rule: a shared public issuer (GitHub Actions, GitLab, a cloud) signs tokens with any audience for anyone"},
 		{"oidc with empty claims", issuerDoc(okBody + "  claims: []\n"), 6, "e.g. claim repository_owner_id"},
 		{"oidc by default without claims", "issuers:\n- name: x\n  kind: oidc\n  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}\n", 2, "requires at least one claims rule"},
@@ -245,6 +253,8 @@ func TestIssuerConfigCheck(t *testing.T) {
 		{"no template", func(c *IssuerConfig) { c.SPIFFEID = "" }, "requires spiffeID"},
 		{"rule without values", func(c *IssuerConfig) { c.Claims = []ClaimRule{{Claim: "a"}} }, "must list at least one value"},
 		{"oidc without rules", func(c *IssuerConfig) { c.Claims = nil }, "claims: kind oidc requires at least one claims rule"},
+		{"negative maxRenewalLifetime", func(c *IssuerConfig) { c.MaxRenewalLifetime = -time.Hour }, "maxRenewalLifetime: must be more than 0"},
+		{"maxRenewalLifetime over a year", func(c *IssuerConfig) { c.MaxRenewalLifetime = MaxMaxRenewalLifetime + time.Nanosecond }, "at most 8760h"},
 		{"rule twice", func(c *IssuerConfig) {
 			c.Claims = []ClaimRule{{Claim: "a", Values: []string{"x"}}, {Claim: "a", Values: []string{"y"}}}
 		}, "two rules"},
@@ -258,6 +268,7 @@ func TestIssuerConfigCheck(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, KindOIDC, c.Kind)
 				assert.Equal(t, []string{"RS256", "ES256"}, c.Algorithms)
+				assert.Equal(t, DefaultMaxRenewalLifetime, c.MaxRenewalLifetime)
 				return
 			}
 			require.Error(t, err)

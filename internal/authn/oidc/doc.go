@@ -69,6 +69,7 @@
 //	  - claim: ref
 //	    values: [refs/heads/main]
 //	  spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}"
+//	  maxRenewalLifetime: 24h         # the default; more than 0, at most 8760h
 //	- name: cluster-west
 //	  kind: kubernetes
 //	  issuer: https://oidc.west.example.net
@@ -86,7 +87,12 @@
 // An identity's grant is the issuer's name and a digest of its URL
 // (authn.Grant{Method, Ref: Name, UID: authn.IssuerGrantUID(Issuer)});
 // CheckGrant revokes renewal chains whose issuer was removed from the
-// configuration, changed kind or now has another URL.
+// configuration, changed kind or now has another URL, and ends a chain
+// older than the issuer's maxRenewalLifetime (authn.ErrGrantExpired):
+// claim rules and a remote cluster's service accounts cannot be checked
+// again without a fresh token, so the chain goes back to one (the
+// trustbridge agent falls back to its --token-file when a renewal is
+// refused).
 //
 // Specs:
 //   - OpenID Connect Discovery 1.0 §4 (the configuration document, the
