@@ -146,6 +146,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"template dot-dot literal", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/../{{.Claims.a}}\n"), 5, "non-root SPIFFE ID path"},
 		{"template empty segment", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/a//{{.Claims.a}}\n"), 5, "non-root SPIFFE ID path"},
 		{"template td in path", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/{{.TrustDomain}}\n"), 5, "only allowed as the trust domain"},
+		{"template two claims in one segment", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/ci/{{.Claims.org}}-{{.Claims.repo}}\n"), 5, "issuers[0].spiffeID: column 46: {{.Claims.repo}} is a second claim placeholder in one path segment"},
 		{"template stray brace", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/a}\n"), 5, "column 28: stray '}'"},
 		{"claim rule without values", issuerDoc(okBody + "  claims:\n  - claim: ref\n    values: []\n"), 8, "issuers[0].claims[0].values: must list at least one value"},
 		{"claim rule missing values", issuerDoc(okBody + "  claims:\n  - claim: ref\n"), 7, `issuers[0].claims[0]: missing required key "values"`},

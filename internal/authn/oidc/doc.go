@@ -25,6 +25,10 @@
 // The SPIFFE ID template is not text/template: it is literal text plus
 // {{.TrustDomain}} and {{.Claims.<dotted path>}}, nothing else, and must
 // start with spiffe://{{.TrustDomain}}/ (or the trust domain spelled out).
+// A path segment holds at most one claim placeholder (literal text beside
+// it is fine): two values side by side cannot be told apart
+// ({{.Claims.org}}-{{.Claims.repo}} is the same for acme/payments-api and
+// acme-payments/api).
 // A dotted path walks nested objects, where a key may itself contain dots
 // (kubernetes.io.namespace is claims["kubernetes.io"]["namespace"]; the
 // longest key is tried first). Every claim value substituted must be a

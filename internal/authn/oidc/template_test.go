@@ -21,7 +21,11 @@ func TestParseTemplate(t *testing.T) {
 		{tmpl: "spiffe://{{.TrustDomain}}/ci", segments: 1},
 		{tmpl: "spiffe://{{ .TrustDomain }}/ci/{{ .Claims.repository }}", segments: 2},
 		{tmpl: "spiffe://{{.TrustDomain}}/ns/{{.Claims.kubernetes.io.namespace}}/sa/{{.Claims.kubernetes.io.serviceaccount.name}}", segments: 4},
-		{tmpl: "spiffe://{{.TrustDomain}}/repo-{{.Claims.repository_id}}.{{.Claims.ref_type}}", segments: 1},
+		{tmpl: "spiffe://{{.TrustDomain}}/repo-{{.Claims.repository_id}}.v1/{{.Claims.ref_type}}", segments: 2},
+		{tmpl: "spiffe://{{.TrustDomain}}/repo-{{.Claims.repository_id}}.{{.Claims.ref_type}}", errHas: "column 58: {{.Claims.ref_type}} is a second claim placeholder in one path segment"},
+		{tmpl: "spiffe://{{.TrustDomain}}/ci/{{.Claims.org}}-{{.Claims.repo}}", errHas: "column 46: {{.Claims.repo}} is a second claim placeholder in one path segment, which is ambiguous"},
+		{tmpl: "spiffe://{{.TrustDomain}}/ci/{{.Claims.org}}{{ .Claims.repo }}", errHas: "column 45: {{.Claims.repo}} is a second claim placeholder"},
+		{tmpl: "spiffe://example.org/{{.Claims.a}}/x-{{.Claims.b}}-y/{{.Claims.c}}.{{.Claims.d}}", errHas: "column 68: {{.Claims.d}} is a second"},
 		{tmpl: "spiffe://example.org/vm/{{.Claims.sub}}", segments: 2, literalTD: "example.org"},
 		{tmpl: "spiffe://{{.TrustDomain}}/x/{{.Claims.https://example.com/claims/tenant}}", segments: 2},
 		{tmpl: "", errHas: "must start with spiffe://"},
@@ -240,6 +244,7 @@ func FuzzTemplate(f *testing.F) {
 	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}", `{"v":"acme"}`)
 	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}", `{"v":"a/b"}`)
 	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}{{.Claims.v}}", `{"v":"."}`)
+	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}/x.{{.Claims.v}}", `{"v":"."}`)
 	f.Add("spiffe://{{.TrustDomain}}/ci/.{{.Claims.v}}", `{"v":"."}`)
 	f.Add("spiffe://example.org/{{.Claims.a.b}}", `{"a.b":"x","a":{"b":"y"}}`)
 	f.Add("spiffe://{{.TrustDomain}}/ns/{{.Claims.kubernetes.io.namespace}}", `{"kubernetes.io":{"namespace":"%2e%2e"}}`)
