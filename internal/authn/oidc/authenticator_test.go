@@ -216,6 +216,64 @@ func TestAuthenticateVerification(t *testing.T) {
 	}
 }
 
+// TestAuthenticateAmbiguousClaims: a claim path with two resolutions in
+// the token is refused wherever it is read, so a rule and the identity
+// can never read different values of one claim.
+func TestAuthenticateAmbiguousClaims(t *testing.T) {
+	kube := kubeIssuer()
+	kube.Claims = []ClaimRule{{Claim: "kubernetes.io.namespace", Values: []string{"prod"}}}
+	ci := oidcIssuer()
+	ci.Claims = append(ci.Claims, ClaimRule{Claim: "org.id", Values: []string{"1"}})
+	ci.SPIFFEID = "spiffe://{{.TrustDomain}}/ci/{{.Claims.team.name}}"
+	ciGood := with(ciClaims(), map[string]any{"org": map[string]any{"id": 1}, "team": map[string]any{"name": "payments"}})
+	// The rule reads the flat key "prod" first by the old longest-key
+	// order, while the ID was made of the nested "dev".
+	devAsProd := with(kubeClaims("dev", "web"), map[string]any{"kubernetes.io.namespace": "prod"})
+	tests := []struct {
+		name, issuer string
+		rules        bool
+		claims       map[string]any
+		result       string
+		errHas       string
+	}{
+		{name: "flat prod beside nested dev", issuer: kubeIssuerName, rules: true, claims: devAsProd, result: resultRefusedSubject,
+			errHas: `token claim "kubernetes.io.namespace" is ambiguous`},
+		{name: "flat prod beside nested dev, no rules", issuer: kubeIssuerName, claims: devAsProd, result: resultRefusedSubject,
+			errHas: `token claim "kubernetes.io.namespace" is ambiguous`},
+		{name: "service account name twice", issuer: kubeIssuerName, rules: true,
+			claims: with(kubeClaims("prod", "web"), map[string]any{"kubernetes.io.serviceaccount.name": "web"}), result: resultRefusedSubject,
+			errHas: `token claim "kubernetes.io.serviceaccount.name" is ambiguous`},
+		{name: "rule claim twice", issuer: testIssuerName, rules: true, claims: with(ciGood, map[string]any{"org.id": "1"}), result: resultRefusedRules,
+			errHas: `claim rule: claim "org.id" is ambiguous`},
+		{name: "template claim twice", issuer: testIssuerName, rules: true, claims: with(ciGood, map[string]any{"team.name": "ops"}), result: resultRefusedTemplate,
+			errHas: `spiffeID: claim "team.name" is ambiguous`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := kube
+			if !tt.rules {
+				k = kubeIssuer()
+			}
+			f := newFixture(t, ci, k)
+			ident, err := f.a.Authenticate(context.Background(), bearer(sign(t, "RS256", "rsa-1", nil, tt.claims)))
+			require.Error(t, err)
+			assert.True(t, ident.ID.IsZero())
+			assert.ErrorIs(t, err, authn.ErrPermissionDenied)
+			assert.NotErrorIs(t, err, authn.ErrInvalidCredentials)
+			assert.Contains(t, err.Error(), "authn: oidc: issuer "+tt.issuer+": "+tt.errHas)
+			assert.Equal(t, 1.0, f.count(tt.issuer, tt.result))
+		})
+	}
+
+	// Without the ambiguity the same issuers accept.
+	f := newFixture(t, ci, kube)
+	ident, err := f.a.Authenticate(context.Background(), bearer(sign(t, "RS256", "rsa-1", nil, ciGood)))
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://example.org/ci/payments", ident.ID.String())
+	_, err = f.a.Authenticate(context.Background(), bearer(sign(t, "RS256", "rsa-1", nil, kubeClaims("dev", "web"))))
+	require.ErrorIs(t, err, authn.ErrPermissionDenied, "the rule still refuses dev")
+}
+
 // assertNoTokenBytes checks that no part of token is in err's message.
 func assertNoTokenBytes(t *testing.T, err error, token string) {
 	t.Helper()

@@ -28,17 +28,21 @@
 // A path segment holds at most one claim placeholder (literal text beside
 // it is fine): two values side by side cannot be told apart
 // ({{.Claims.org}}-{{.Claims.repo}} is the same for acme/payments-api and
-// acme-payments/api).
-// A dotted path walks nested objects, where a key may itself contain dots
-// (kubernetes.io.namespace is claims["kubernetes.io"]["namespace"]; the
-// longest key is tried first). Every claim value substituted must be a
-// string (or a number, by its JSON text) that is exactly one SPIFFE ID path
-// segment: 1 to 255 of A-Z a-z 0-9 . - _, not "." or "..". So a value can
-// never add a segment, climb out of its place or leave the trust domain:
-// "/", "%2F", spaces and look-alike unicode are refused, not escaped. A
+// acme-payments/api). Every claim value substituted must be a string (or
+// a number, by its JSON text) that is exactly one SPIFFE ID path segment:
+// 1 to 255 of A-Z a-z 0-9 . - _, not "." or "..". So a value can never
+// add a segment, climb out of its place or leave the trust domain: "/",
+// "%2F", spaces and look-alike unicode are refused, not escaped. A
 // KindKubernetes issuer has no template: its tokens' sub
 // system:serviceaccount:<ns>:<sa>, which the kubernetes.io claim must
 // repeat, gives spiffe://<td>/ns/<ns>/sa/<sa>.
+//
+// A claim's dotted path walks nested objects, where a key may itself
+// contain dots (kubernetes.io.namespace is claims["kubernetes.io"]["namespace"]).
+// A path that resolves more than one way in a token (a flat key
+// "kubernetes.io.namespace" beside the nested one) is ambiguous and the
+// token is refused, by rules, templates and the Kubernetes identity
+// alike, so a rule always judges the value the identity is made of.
 //
 // A KindOIDC issuer must have at least one claim rule. Its audience is no
 // fence: a shared public issuer (GitHub Actions, GitLab, a cloud) signs a

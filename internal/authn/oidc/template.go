@@ -215,9 +215,9 @@ func (t *template) execute(td spiffeid.TrustDomain, claims map[string]any) (spif
 // claimSegment is the value of the claim at path as a path segment: a
 // string, or a number by its JSON text (e.g. GitHub's repository_id).
 func claimSegment(claims map[string]any, path string) (string, error) {
-	v, ok := lookup(claims, path)
-	if !ok {
-		return "", fmt.Errorf("claim %q is missing", path)
+	v, err := lookup(claims, path)
+	if err != nil {
+		return "", fmt.Errorf("claim %q %w", path, err)
 	}
 	var s string
 	switch v := v.(type) {

@@ -163,7 +163,11 @@ func TestTemplateDottedKeys(t *testing.T) {
 		{"nested under a dotted key", `{"kubernetes.io":{"namespace":"prod","serviceaccount":{"name":"web"}}}`, "spiffe://example.org/ns/prod/sa/web", ""},
 		{"flat dotted keys", `{"kubernetes.io.namespace":"prod","kubernetes.io.serviceaccount.name":"web"}`, "spiffe://example.org/ns/prod/sa/web", ""},
 		{"fully nested", `{"kubernetes":{"io":{"namespace":"prod","serviceaccount":{"name":"web"}}}}`, "spiffe://example.org/ns/prod/sa/web", ""},
-		{"longest key wins", `{"kubernetes.io":{"namespace":"long","serviceaccount":{"name":"web"}},"kubernetes":{"io":{"namespace":"short"}}}`, "spiffe://example.org/ns/long/sa/web", ""},
+		{"two nestings are ambiguous", `{"kubernetes.io":{"namespace":"long","serviceaccount":{"name":"web"}},"kubernetes":{"io":{"namespace":"short"}}}`, "", `claim "kubernetes.io.namespace" is ambiguous`},
+		{"flat and nested are ambiguous", `{"kubernetes.io.namespace":"prod","kubernetes.io":{"namespace":"dev","serviceaccount":{"name":"web"}}}`, "", `claim "kubernetes.io.namespace" is ambiguous`},
+		{"flat and nested are ambiguous even when equal", `{"kubernetes.io.namespace":"prod","kubernetes.io":{"namespace":"prod","serviceaccount":{"name":"web"}}}`, "", "is ambiguous"},
+		{"a null nesting still counts", `{"kubernetes.io.namespace":"prod","kubernetes":{"io":{"namespace":null}},"kubernetes.io":{"serviceaccount":{"name":"web"}}}`, "", "is ambiguous"},
+		{"an unrelated dotted key is no ambiguity", `{"kubernetes.io":{"namespace":"prod","serviceaccount":{"name":"web"}},"kubernetes.io.pod":"x","kubernetes":{"io":{"pod":"y"}}}`, "spiffe://example.org/ns/prod/sa/web", ""},
 		{"falls back when the longest leads nowhere", `{"kubernetes.io":{"serviceaccount":{"name":"web"}},"kubernetes":{"io":{"namespace":"short"}}}`, "spiffe://example.org/ns/short/sa/web", ""},
 		{"value with a slash under a dotted key", `{"kubernetes.io":{"namespace":"a/b","serviceaccount":{"name":"web"}}}`, "", "is not one of"},
 		{"missing", `{"kubernetes.io":{"namespace":"prod"}}`, "", `claim "kubernetes.io.serviceaccount.name" is missing`},
@@ -221,6 +225,11 @@ func TestClaimRules(t *testing.T) {
 		{"array", func(m map[string]any) { m["repository_owner"] = []any{"acme"} }, "is an array, not a string"},
 		{"null", func(m map[string]any) { m["repository_owner"] = nil }, "is null"},
 		{"bool differs", func(m map[string]any) { m["public"] = true }, `"true", not one of`},
+		{"flat key beside the nested one", func(m map[string]any) { m["kubernetes.io.namespace"] = "prod" }, `claim rule: claim "kubernetes.io.namespace" is ambiguous`},
+		{"flat key with the allowed value, nested another", func(m map[string]any) {
+			m["kubernetes.io.namespace"] = "prod"
+			m["kubernetes.io"] = map[string]any{"namespace": "dev"}
+		}, "is ambiguous"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -233,6 +233,12 @@ func numericDate(v any) (time.Time, bool) {
 	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), true
 }
 
+// The claims of a service account token that must repeat its sub.
+const (
+	claimNamespace      = "kubernetes.io.namespace"
+	claimServiceAccount = "kubernetes.io.serviceaccount.name"
+)
+
 // kubernetesID is the identity of a service account token: sub
 // "system:serviceaccount:<ns>:<sa>", which the kubernetes.io claim must
 // repeat, gives spiffe://<td>/ns/<ns>/sa/<sa>. The namespace must be a DNS
@@ -250,30 +256,22 @@ func kubernetesID(td spiffeid.TrustDomain, claims map[string]any) (spiffeid.ID, 
 	if errs := validation.IsDNS1123Subdomain(sa); len(errs) > 0 {
 		return spiffeid.ID{}, invalid(resultRefusedSubject, "token sub: service account name %q: %s", truncate(sa, 64), strings.Join(errs, "; "))
 	}
-	kns, _ := lookupString(claims, "kubernetes.io", "namespace")
-	ksa, _ := lookupString(claims, "kubernetes.io", "serviceaccount", "name")
-	if kns != ns || ksa != sa {
-		return spiffeid.ID{}, invalid(resultRefusedSubject, "token kubernetes.io claim does not name the subject's service account %s/%s", ns, sa)
+	// The same dotted-path lookup as rules and templates, so a rule on
+	// kubernetes.io.namespace judges the namespace the ID is made of.
+	for _, c := range []struct{ path, want string }{{claimNamespace, ns}, {claimServiceAccount, sa}} {
+		v, err := lookup(claims, c.path)
+		if errors.Is(err, errClaimAmbiguous) {
+			return spiffeid.ID{}, refuse(resultRefusedSubject, authn.ErrPermissionDenied, "token claim %q %v", c.path, err)
+		}
+		if s, _ := v.(string); err != nil || s != c.want {
+			return spiffeid.ID{}, invalid(resultRefusedSubject, "token kubernetes.io claim does not name the subject's service account %s/%s", ns, sa)
+		}
 	}
 	id, err := spiffeid.FromSegments(td, "ns", ns, "sa", sa)
 	if err != nil {
 		return spiffeid.ID{}, invalid(resultRefusedSubject, "service account %s/%s: %v", ns, sa, err)
 	}
 	return id, nil
-}
-
-// lookupString follows exact keys (no dotted-path guessing) to a string.
-func lookupString(claims map[string]any, keys ...string) (string, bool) {
-	var v any = claims
-	for _, k := range keys {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return "", false
-		}
-		v = m[k]
-	}
-	s, ok := v.(string)
-	return s, ok
 }
 
 // decodeSegment decodes one base64url part of a compact JWS as JSON.
