@@ -2,6 +2,7 @@ package oidc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -291,19 +292,23 @@ func noCredentials(reason string) error {
 }
 
 // peekIssuer reads "iss" from a compact JWS without verifying anything:
-// it only picks the issuer whose keys will judge the token.
+// it only picks the issuer whose keys will judge the token. The name is
+// matched exactly ("ISS" is another claim) and must appear once, so the
+// issuer picked is the one whose "iss" checkClaims compares.
 func peekIssuer(token string) (string, bool) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" {
 		return "", false
 	}
-	var claims struct {
-		Iss *string `json:"iss"`
-	}
-	if err := decodeSegment(parts[1], &claims); err != nil || claims.Iss == nil {
+	claims, err := decodeExact(parts[1])
+	if err != nil {
 		return "", false
 	}
-	return *claims.Iss, true
+	var iss *string
+	if raw, ok := claims["iss"]; !ok || json.Unmarshal(raw, &iss) != nil || iss == nil {
+		return "", false
+	}
+	return *iss, true
 }
 
 // Issuers returns the "iss" of every configured issuer, in configuration

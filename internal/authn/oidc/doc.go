@@ -7,9 +7,12 @@
 // Authenticator sits in an authn.Chain beside the others; a token whose
 // "iss" is not configured here is left to them (authn.ErrNoCredentials).
 //
-// A token is verified in this order, and refused at the first failure,
-// counted in trustbridge_authn_oidc_tokens_total{issuer,result}: the
-// header's alg must be one of the issuer's Algorithms (RSA, ECDSA or
+// A token is routed by its payload's "iss", and its header's alg, kid
+// and crit are read by their exact names, as go-jose reads them ("ISS"
+// and "KID" are other members; a name twice is refused). It is verified
+// in this order, and refused at the first failure, counted in
+// trustbridge_authn_oidc_tokens_total{issuer,result}: the header's alg
+// must be one of the issuer's Algorithms (RSA, ECDSA or
 // RSA-PSS only: never "none", never HMAC) and no "crit" may be present,
 // before any key is fetched; the signature must verify with one of the
 // issuer's keys (an unknown kid refetches the keys at most once per

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -70,9 +71,42 @@ func invalid(result, format string, args ...any) *refusal {
 
 // tokenHeader is the part of a JWS header read before any key work.
 type tokenHeader struct {
-	Alg  string          `json:"alg"`
-	Kid  string          `json:"kid"`
-	Crit json.RawMessage `json:"crit"`
+	Alg  string
+	Kid  string
+	Crit bool // a "crit" member is present
+}
+
+// parseHeader reads alg, kid and crit by their exact names, as go-jose
+// does: encoding/json's struct decoding would also take "ALG" or "Kid"
+// and let the last of two win, so the header judged here could differ
+// from the one go-jose verifies.
+func parseHeader(seg string) (tokenHeader, error) {
+	m, err := decodeExact(seg)
+	if err != nil {
+		return tokenHeader{}, err
+	}
+	var h tokenHeader
+	if h.Alg, err = stringMember(m, "alg"); err != nil {
+		return tokenHeader{}, err
+	}
+	if h.Kid, err = stringMember(m, "kid"); err != nil {
+		return tokenHeader{}, err
+	}
+	_, h.Crit = m["crit"]
+	return h, nil
+}
+
+// stringMember is m[name] as a string; "" when absent or null.
+func stringMember(m map[string]json.RawMessage, name string) (string, error) {
+	raw, ok := m[name]
+	if !ok {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("%s is not a string", name)
+	}
+	return s, nil
 }
 
 // verified is a token whose signature and standard claims checked out.
@@ -120,14 +154,14 @@ func (is *issuer) verify(ctx context.Context, token string, now time.Time) (veri
 // understands (RFC 7515 §4.1.11).
 func (is *issuer) checkHeader(token string) (tokenHeader, *refusal) {
 	seg, _, _ := strings.Cut(token, ".")
-	var h tokenHeader
-	if err := decodeSegment(seg, &h); err != nil {
+	h, err := parseHeader(seg)
+	if err != nil {
 		return tokenHeader{}, invalid(resultRefusedClaims, "token header: %v", err)
 	}
 	if !slices.Contains(is.cfg.Algorithms, h.Alg) {
 		return tokenHeader{}, invalid(resultRefusedAlg, "token algorithm %q is not one the issuer is configured for (%s)", truncate(h.Alg, 32), strings.Join(is.cfg.Algorithms, ", "))
 	}
-	if h.Crit != nil {
+	if h.Crit {
 		return tokenHeader{}, invalid(resultRefusedClaims, "token header has critical extensions, which are not supported")
 	}
 	return h, nil
@@ -274,21 +308,39 @@ func kubernetesID(td spiffeid.TrustDomain, claims map[string]any) (spiffeid.ID, 
 	return id, nil
 }
 
-// decodeSegment decodes one base64url part of a compact JWS as JSON.
-func decodeSegment(seg string, v any) error {
+// decodeExact decodes one base64url part of a compact JWS as a JSON
+// object whose members are kept raw under their exact names. A name that
+// appears twice is an error, as it is to go-jose, rather than the last
+// one winning.
+func decodeExact(seg string) (map[string]json.RawMessage, error) {
 	b, err := base64.RawURLEncoding.DecodeString(seg)
 	if err != nil {
-		return errors.New("not base64url")
+		return nil, errors.New("not base64url")
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	if err := d.Decode(v); err != nil {
-		return errors.New("not a JSON object")
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
 	}
-	if d.More() {
-		return errors.New("data after the JSON object")
+	m := map[string]json.RawMessage{}
+	for d.More() {
+		tok, err := d.Token()
+		name, isName := tok.(string)
+		var raw json.RawMessage
+		if err != nil || !isName || d.Decode(&raw) != nil {
+			return nil, errors.New("not a JSON object")
+		}
+		if _, dup := m[name]; dup {
+			return nil, errors.New("a member name appears twice")
+		}
+		m[name] = raw
 	}
-	return nil
+	if tok, err := d.Token(); err != nil || tok != json.Delim('}') {
+		return nil, errors.New("not a JSON object")
+	}
+	if _, err := d.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("data after the JSON object")
+	}
+	return m, nil
 }
 
 // decodeObject decodes a JWT payload: one JSON object, numbers kept as
