@@ -117,7 +117,7 @@ func newAuthenticator(cfg Config) (*Authenticator, error) {
 	for i, ic := range cfg.Issuers {
 		is, err := a.addIssuer(ic, newKeys)
 		if err != nil {
-			return nil, fmt.Errorf("issuer %d (%q): %w", i, truncate(ic.Name, 64), err)
+			return nil, fmt.Errorf("%s: %w", issuerRef(i, ic), err)
 		}
 		a.issuers = append(a.issuers, is)
 	}
@@ -125,6 +125,15 @@ func newAuthenticator(cfg Config) (*Authenticator, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// issuerRef names the i-th issuer in an error: by its name and YAML line
+// when it came from a file, by its index and name otherwise.
+func issuerRef(i int, ic IssuerConfig) string {
+	if ic.Line > 0 {
+		return fmt.Sprintf("issuer %q (line %d)", truncate(ic.Name, 64), ic.Line)
+	}
+	return fmt.Sprintf("issuer %d (%q)", i, truncate(ic.Name, 64))
 }
 
 func withDefaults(cfg Config) Config {

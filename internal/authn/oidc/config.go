@@ -67,6 +67,10 @@ type IssuerConfig struct {
 	// so a chain must go back to a fresh token. Zero means
 	// DefaultMaxRenewalLifetime; at most MaxMaxRenewalLifetime.
 	MaxRenewalLifetime time.Duration
+	// Line is the YAML line of the issuer's entry, which ParseConfig sets
+	// so that New's errors (a template of another trust domain) can name
+	// it; 0 for a configuration built in code.
+	Line int
 }
 
 // Bounds of IssuerConfig.MaxRenewalLifetime.
@@ -228,7 +232,7 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 			return IssuerConfig{}, nil, errAt(n, "%s: missing required key %q", path, k)
 		}
 	}
-	ic := IssuerConfig{Kind: KindOIDC}
+	ic := IssuerConfig{Kind: KindOIDC, Line: n.Line}
 	steps := []func() error{
 		func() error { return scalarField(m, path, keyName, &ic.Name, authn.CheckIssuerName) },
 		func() error { return parseKind(m, path, &ic.Kind) },

@@ -54,16 +54,19 @@ func TestParseConfigAccepts(t *testing.T) {
 			},
 			SPIFFEID:           "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}",
 			MaxRenewalLifetime: 90 * time.Minute,
+			Line:               2,
 		},
 		{
 			Name: "cluster-west", Kind: KindKubernetes, Issuer: "https://oidc.west.example.net/",
 			Audiences: []string{"trustbridge", "other"}, AllowPrivateAddresses: true,
+			Line: 16,
 		},
 		{
 			Name: "vm", Kind: KindOIDC, Issuer: "https://idp.example.com:8443/realms/vms",
 			Audiences: []string{"trustbridge"},
 			Claims:    []ClaimRule{{Claim: "azp", Values: []string{"vm-fleet"}}},
 			SPIFFEID:  "spiffe://example.org/vm/{{ .Claims.kubernetes.io.namespace }}",
+			Line:      21,
 		},
 	}
 	assert.Equal(t, want, got)
@@ -196,7 +199,7 @@ func TestParseConfigNode(t *testing.T) {
 	oidcNode := doc.Content[0].Content[3]
 	got, err := ParseConfigNode(oidcNode)
 	require.NoError(t, err)
-	assert.Equal(t, []IssuerConfig{{Name: "x", Kind: KindKubernetes, Issuer: "https://i.test", Audiences: []string{"a"}}}, got)
+	assert.Equal(t, []IssuerConfig{{Name: "x", Kind: KindKubernetes, Issuer: "https://i.test", Audiences: []string{"a"}, Line: 4}}, got)
 
 	bad := strings.Replace(file, "https://i.test", "http://i.test", 1)
 	require.NoError(t, yaml.Unmarshal([]byte(bad), &doc))
@@ -281,4 +284,19 @@ func TestIssuerConfigCheck(t *testing.T) {
 	// namespaces and service accounts across clusters).
 	kube := IssuerConfig{Name: "west", Kind: KindKubernetes, Issuer: "https://k.test", Audiences: []string{"a"}}
 	require.NoError(t, kube.check())
+}
+
+// TestNewNamesConfigLine: what only New can check (the template's trust
+// domain) names the issuer's line in the file it came from.
+func TestNewNamesConfigLine(t *testing.T) {
+	doc := "issuers:\n- name: k\n  kind: kubernetes\n  issuer: https://k.test\n  audiences: [a]\n" +
+		"- name: ci\n  issuer: https://i.test\n  audiences: [a]\n  claims: [{claim: azp, values: [a]}]\n" +
+		"  spiffeID: spiffe://other.org/ci/{{.Claims.sub}}\n"
+	issuers, err := ParseConfig([]byte(doc))
+	require.NoError(t, err)
+	require.Len(t, issuers, 2)
+	assert.Equal(t, 6, issuers[1].Line)
+	_, err = New(Config{TrustDomain: testTD, Issuers: issuers, newKeys: func(IssuerConfig) (keySource, error) { return &fakeKeys{}, nil }})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `authn: oidc: issuer "ci" (line 6): spiffeID: template names trust domain "other.org"`)
 }
