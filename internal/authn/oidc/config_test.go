@@ -2,6 +2,7 @@ package oidc
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -299,4 +300,49 @@ func TestNewNamesConfigLine(t *testing.T) {
 	_, err = New(Config{TrustDomain: testTD, Issuers: issuers, newKeys: func(IssuerConfig) (keySource, error) { return &fakeKeys{}, nil }})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `authn: oidc: issuer "ci" (line 6): spiffeID: template names trust domain "other.org"`)
+}
+
+// TestDocExample: the configuration the package doc shows parses and
+// builds, so the example readers copy is one the server accepts.
+func TestDocExample(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	var yamlLines []string
+	in := false
+	for _, line := range strings.Split(string(src), "\n") {
+		switch {
+		case line == "//\tissuers:":
+			in = true
+		case in && !strings.HasPrefix(line, "//\t"):
+			in = false
+		}
+		if in {
+			yamlLines = append(yamlLines, strings.TrimPrefix(line, "//\t"))
+		}
+	}
+	require.NotEmpty(t, yamlLines, "doc.go has no configuration example")
+	issuers, err := ParseConfig([]byte(strings.Join(yamlLines, "\n")))
+	require.NoError(t, err)
+	require.Len(t, issuers, 2)
+	for _, ic := range issuers {
+		assert.NotEmpty(t, ic.Claims, "%s: the example shows a rule for every issuer", ic.Name)
+	}
+	_, err = New(Config{TrustDomain: testTD, Issuers: issuers, newKeys: func(IssuerConfig) (keySource, error) { return &fakeKeys{}, nil }})
+	require.NoError(t, err)
+
+	// With claims shaped like a GitHub Actions token's.
+	github := claimsJSON(t, `{"repository":"acme/app","repository_id":"892375","repository_owner":"acme",`+
+		`"repository_owner_id":"1234567","ref":"refs/heads/main","sub":"repo:acme/app:ref:refs/heads/main","workflow":"Build"}`)
+	require.NoError(t, checkRulesHold(issuers[0].Claims, github))
+	tmpl, err := parseTemplate(issuers[0].SPIFFEID)
+	require.NoError(t, err)
+	id, err := tmpl.execute(testTD, github)
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://example.org/ci/github/1234567/892375", id.String())
+	for _, claim := range []string{"repository", "sub"} {
+		bad, err := parseTemplate("spiffe://{{.TrustDomain}}/ci/{{.Claims." + claim + "}}")
+		require.NoError(t, err)
+		_, err = bad.execute(testTD, github)
+		assert.ErrorContains(t, err, "is not one of A-Z a-z 0-9 . - _", "as the doc says, %s cannot be a template value", claim)
+	}
 }

@@ -74,17 +74,30 @@
 //	  algorithms: [RS256]             # default RS256, ES256
 //	  caFile: /etc/trustbridge/issuer-ca.pem   # default: system roots
 //	  allowPrivateAddresses: false
-//	  claims:                         # all must hold; any listed value
-//	  - claim: repository_owner
-//	    values: [acme]
+//	  claims:                         # at least one for kind oidc; all must hold, each with any listed value
+//	  - claim: repository_owner_id    # your organisation's ID, which a rename does not change
+//	    values: ["1234567"]
 //	  - claim: ref
 //	    values: [refs/heads/main]
-//	  spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}"
+//	  spiffeID: "spiffe://{{.TrustDomain}}/ci/github/{{.Claims.repository_owner_id}}/{{.Claims.repository_id}}"
 //	  maxRenewalLifetime: 24h         # the default; more than 0, at most 8760h
 //	- name: cluster-west
 //	  kind: kubernetes
 //	  issuer: https://oidc.west.example.net
 //	  audiences: [trustbridge]
+//	  claims:                         # optional for kind kubernetes: without it, every namespace
+//	  - claim: kubernetes.io.namespace
+//	    values: [payments, shop]
+//
+// Build IDs and rules from claims that are unique and immutable: GitHub's
+// repository_owner_id and repository_id stay with the organisation and
+// repository through renames, and a name freed by a rename or deletion
+// gets a new ID when it is taken again; free text such as workflow (any
+// committer can change it) or a name that can be re-registered can not
+// tell one job from another. GitHub's repository ("acme/app") and sub
+// ("repo:acme/app:ref:refs/heads/main") contain '/' or ':', which no
+// SPIFFE ID path segment may hold, so they cannot be template values
+// (every token would be refused); use them, if at all, in rules.
 //
 // Usage:
 //
