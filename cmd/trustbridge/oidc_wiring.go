@@ -94,11 +94,11 @@ func loadIssuerRoots(ic *oidc.IssuerConfig) error {
 	}
 	data, err := readSmallFile(ic.CAFile, maxIssuerCAFile)
 	if err != nil {
-		return fmt.Errorf("issuer %s: caFile: %w", ic.Name, err)
+		return fmt.Errorf("issuer %q (line %d): caFile: %w", ic.Name, ic.Line, err)
 	}
 	certs, err := pemfile.ParseCertificates(data)
 	if err != nil {
-		return fmt.Errorf("issuer %s: caFile %s: %w", ic.Name, ic.CAFile, err)
+		return fmt.Errorf("issuer %q (line %d): caFile %s: %w", ic.Name, ic.Line, ic.CAFile, err)
 	}
 	pool := x509.NewCertPool()
 	for _, c := range certs {
