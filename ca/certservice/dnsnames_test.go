@@ -64,12 +64,12 @@ var dnsTokens = authn.AuthenticatorFunc(func(_ context.Context, r authn.Request)
 		return kube("/ns/default/sa/web", "default/db"), nil
 	case issuerToken:
 		return authn.Identity{ID: spiffeid.RequireFromPath(td, "/ns/shop/sa/api"), Method: authn.MethodKubernetesIssuer,
-			Grant: &authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: "cluster-b"}}, nil
+			Grant: &authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: "cluster-b", UID: authn.IssuerGrantUID("https://oidc.cluster-b.test")}}, nil
 	case oidcToken:
 		// An OIDC issuer whose template happens to make a service
 		// account's shape: still no DNS name.
 		return authn.Identity{ID: spiffeid.RequireFromPath(td, "/ns/default/sa/web"), Method: authn.MethodOIDC,
-			Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: "github"}}, nil
+			Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: "github", UID: authn.IssuerGrantUID("https://token.actions.githubusercontent.com")}}, nil
 	}
 	return authn.Identity{}, fmt.Errorf("not ours: %w", authn.ErrNoCredentials)
 })
@@ -219,7 +219,7 @@ func TestWorkloadDNSNamesImpersonation(t *testing.T) {
 			return authn.Identity{ID: node, Method: authn.MethodKubernetesJWT,
 				Grant: &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "istio-system/ztunnel"}}, nil
 		case oidcNode:
-			return authn.Identity{ID: node, Method: authn.MethodOIDC, Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: "nodes"}}, nil
+			return authn.Identity{ID: node, Method: authn.MethodOIDC, Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: "nodes", UID: authn.IssuerGrantUID("https://nodes.test")}}, nil
 		}
 		return authn.Identity{}, authn.ErrNoCredentials
 	})

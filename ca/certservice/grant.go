@@ -85,9 +85,7 @@ func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer s
 			"the presented certificate's grant record cannot be read; obtain a new certificate with a bootstrap or service account token", err}
 	case errors.Is(err, authn.ErrGrantExpired):
 		s.metrics.grantChecks.WithLabelValues(method, grantLifetimeExceeded).Inc()
-		return g, &refusal{codes.PermissionDenied, "renewal_lifetime_exceeded",
-			fmt.Sprintf("the renewal chain of %s was granted at %s, more than the maximum renewal lifetime of %s ago; obtain a new certificate with a bootstrap or service account token",
-				ident.ID, g.GrantedAt.UTC().Format(time.RFC3339), s.cfg.MaxRenewalLifetime), nil}
+		return g, &refusal{codes.PermissionDenied, "renewal_lifetime_exceeded", s.lifetimeMessage(ident.ID, g), err}
 	case errors.Is(err, authn.ErrGrantRevoked):
 		s.metrics.grantChecks.WithLabelValues(method, grantRevoked).Inc()
 		return g, &refusal{codes.PermissionDenied, "grant_revoked", revokedMessage(ident.ID, g, s.cfg.Grants[g.Method] == nil), err}
@@ -97,6 +95,21 @@ func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer s
 	}
 	s.metrics.grantChecks.WithLabelValues(method, grantInvalid).Inc()
 	return g, &refusal{codes.Internal, "internal", "internal error", err}
+}
+
+// lifetimeMessage says which bound ended a renewal chain: the server's
+// MaxRenewalLifetime, or else the bound of the token issuer that granted
+// it (its maxRenewalLifetime, which GrantPolicy does not know).
+func (s *Service) lifetimeMessage(id spiffeid.ID, g authn.Grant) string {
+	at := g.GrantedAt.UTC().Format(time.RFC3339)
+	server := s.cfg.MaxRenewalLifetime
+	issuer := g.Method == authn.MethodOIDC || g.Method == authn.MethodKubernetesIssuer
+	if issuer && (server <= 0 || s.cfg.Clock.Since(g.GrantedAt) <= server) {
+		return fmt.Sprintf("the renewal chain of %s was granted at %s by token issuer %q, longer ago than that issuer's maxRenewalLifetime allows; obtain a new certificate with a fresh token from it",
+			id, at, g.Ref)
+	}
+	return fmt.Sprintf("the renewal chain of %s was granted at %s, more than the maximum renewal lifetime of %s ago; obtain a new certificate with a bootstrap or service account token",
+		id, at, server)
 }
 
 // revokedMessage tells the caller what to do; it names the credential only

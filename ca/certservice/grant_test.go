@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,6 +55,8 @@ func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantCh
 		cfg.Grants = map[string]authn.GrantChecker{authn.MethodBootstrapToken: boot}
 		if kube != nil {
 			cfg.Grants[authn.MethodKubernetesJWT] = kube
+			// The same checker stands in for the issuers' (oidc.Authenticator).
+			cfg.Grants[authn.MethodOIDC] = kube
 		}
 		cfg.MaxRenewalLifetime = maxLifetime
 		cfg.Clock = g.clk
@@ -222,6 +225,21 @@ func TestRenewalRefused(t *testing.T) {
 			wantMsg:  "more than the maximum renewal lifetime of 720h0m0s ago",
 			wantLog:  `"reason":"renewal_lifetime_exceeded"`,
 			metric:   [2]string{authn.MethodBootstrapToken, "lifetime_exceeded"},
+		},
+		{
+			name: "chain older than its issuer's maxRenewalLifetime",
+			cert: func(t *testing.T, g *grantFixture) *tls.Certificate {
+				og := authn.Grant{Method: authn.MethodOIDC, Ref: "ci", UID: authn.IssuerGrantUID("https://ci.example"), GrantedAt: g.start}
+				return grantedSVID(t, g.authority, workloadID, grantExt(t, og))
+			},
+			kube: authn.GrantCheckerFunc(func(context.Context, spiffeid.ID, authn.Grant) error {
+				return fmt.Errorf("authn: oidc: granted by issuer \"ci\", longer ago than its maxRenewalLifetime of 24h0m0s: %w", authn.ErrGrantExpired)
+			}),
+			age:      time.Hour, // within the server-wide maximum: the issuer's own limit ended it
+			wantCode: codes.PermissionDenied,
+			wantMsg:  "by token issuer \"ci\", longer ago than that issuer's maxRenewalLifetime allows; obtain a new certificate with a fresh token",
+			wantLog:  `"reason":"renewal_lifetime_exceeded"`,
+			metric:   [2]string{authn.MethodOIDC, "lifetime_exceeded"},
 		},
 		{
 			name: "legacy certificate older than the maximum renewal lifetime",

@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		grantChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_renewal_grant_checks_total",
-			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token or service account is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
+			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, oidc, kubernetes-issuer, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token, service account or issuer is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
 		}, []string{"grant_method", "result"}),
 		dnsNames: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_workload_dns_names_total",

@@ -80,8 +80,8 @@ func checkServerOptions(o serverOptions) []error {
 	}
 	p.listeners(o)
 	p.bundleProfile(o.bundle, td)
+	p.grpcService(o.grpc, td)
 	if !td.IsZero() {
-		p.add(checkOIDCIssuers(o.grpc.oidc, td))
 		if _, _, _, err := staticEndpoints(o.federation, td, orRelayed(storedBundles(o), relayedTrustDomains(o.bundle))); err != nil {
 			p.add(err)
 		}
@@ -156,6 +156,25 @@ func (p *problems) listeners(o serverOptions) {
 			p.add(err)
 		}
 	}
+}
+
+// grpcService checks what setupGRPC refuses before listening: with the
+// certificate service off, that none of its flags is set; on, its limits
+// and grant flags, the workload DNS name template and the OIDC issuers
+// (without fetching anything).
+func (p *problems) grpcService(o grpcOptions, td spiffeid.TrustDomain) {
+	if o.listen == "" {
+		p.add(checkGRPCOff(o))
+		return
+	}
+	p.add(checkGRPCFlags(o))
+	if td.IsZero() {
+		return
+	}
+	if _, err := workloadDNSNames(o, td); err != nil {
+		p.add(err)
+	}
+	p.add(checkOIDCIssuers(o.oidc, td))
 }
 
 // bundleProfile checks the flags that only one --bundle-profile takes.

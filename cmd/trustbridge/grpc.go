@@ -25,6 +25,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/oidc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/nodeauth"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
@@ -151,6 +152,9 @@ type grpcEndpoint struct {
 	// tokens are the bootstrap tokens, nil without --bootstrap-token-file;
 	// SIGHUP reloads them.
 	tokens *authn.BootstrapTokens
+	// oidc authenticates tokens of the --oidc-config issuers; nil without
+	// any. Its status is served at /v1/authn/issuers.
+	oidc *oidc.Authenticator
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
@@ -158,7 +162,7 @@ type grpcEndpoint struct {
 func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadTTL time.Duration, authority *ca.Authority,
 	fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*grpcEndpoint, error) {
 	if o.listen == "" {
-		return nil, nil
+		return nil, checkGRPCOff(o)
 	}
 	logger = logger.With(logattr.Component, "ca-api")
 	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, grpcServingPath)}
@@ -253,6 +257,19 @@ func (g *grpcEndpoint) responseRoots(o grpcOptions, td spiffeid.TrustDomain, fed
 	}
 }
 
+// checkGRPCOff refuses flags that only the certificate service uses when
+// it is off (--grpc-listen ""): silently ignoring an issuer list or a DNS
+// name template would hide a configuration that never takes effect.
+func checkGRPCOff(o grpcOptions) error {
+	switch {
+	case o.oidc.file != "" || o.oidc.inline != nil:
+		return fmt.Errorf("%s: OIDC issuers authenticate callers of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove them", o.oidc.source())
+	case o.workloadDNSNameTemplate != "":
+		return errors.New("--workload-dns-name-template names certificates of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove it")
+	}
+	return nil
+}
+
 // checkGRPCFlags checks the signing limits, the node proxies' accounts
 // and the grant flags.
 func checkGRPCFlags(o grpcOptions) error {
@@ -331,6 +348,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 	}
 	if oa != nil {
 		chain = append(chain, oa)
+		g.methods = append(g.methods, "oidc ("+strconv.Itoa(len(oa.Issuers()))+" issuers)")
 	}
 	if o.bootstrapFile != "" {
 		boot, err := bootstrapTokens(o, td, reg, logger)

@@ -139,6 +139,27 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	for _, tt := range refusals {
 		assert.NotContains(t, logs.String(), tt.token)
 	}
+	// The admin API shows the issuer and its keys.
+	code, body := get(t, "http://"+srv.admin+"/v1/authn/issuers")
+	require.Equal(t, 200, code)
+	var issuers struct {
+		Issuers []struct {
+			Name, Kind, Issuer string
+			Keys               int
+			LastSuccess        string `json:"last_success"`
+			LastError          string `json:"last_error"`
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &issuers), body)
+	require.Len(t, issuers.Issuers, 1)
+	is := issuers.Issuers[0]
+	assert.Equal(t, "ci", is.Name)
+	assert.Equal(t, "oidc", is.Kind)
+	assert.Equal(t, iss.URL(), is.Issuer)
+	assert.Equal(t, 1, is.Keys)
+	assert.NotEmpty(t, is.LastSuccess)
+	assert.Empty(t, is.LastError)
+
 	for result, want := range map[string]float64{
 		// ca request, its renewal is X509-SVID; jwt mint; SDS.
 		"accepted": 3, "refused_rules": 1, "refused_template": 1, "refused_alg": 2,

@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
@@ -74,10 +73,18 @@ func (o oidcOptions) loadIssuers() ([]oidc.IssuerConfig, error) {
 	}
 	for i := range issuers {
 		if err := loadIssuerRoots(&issuers[i]); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", o.source(), err)
 		}
 	}
 	return issuers, nil
+}
+
+// source names where the issuers came from, for errors.
+func (o oidcOptions) source() string {
+	if o.file != "" {
+		return "--oidc-config " + o.file
+	}
+	return "config " + o.inlineFrom + ": " + oidcKey
 }
 
 // loadIssuerRoots reads an issuer's caFile into its Roots.
@@ -87,11 +94,11 @@ func loadIssuerRoots(ic *oidc.IssuerConfig) error {
 	}
 	data, err := readSmallFile(ic.CAFile, maxIssuerCAFile)
 	if err != nil {
-		return fmt.Errorf("issuer %s: caFile: %w", ic.Name, err)
+		return fmt.Errorf("issuer %q (line %d): caFile: %w", ic.Name, ic.Line, err)
 	}
 	certs, err := pemfile.ParseCertificates(data)
 	if err != nil {
-		return fmt.Errorf("issuer %s: caFile %s: %w", ic.Name, ic.CAFile, err)
+		return fmt.Errorf("issuer %q (line %d): caFile %s: %w", ic.Name, ic.Line, ic.CAFile, err)
 	}
 	pool := x509.NewCertPool()
 	for _, c := range certs {
@@ -114,12 +121,12 @@ func (g *grpcEndpoint) oidcAuthenticator(o grpcOptions, td spiffeid.TrustDomain,
 		Logger: logger.With(logattr.Component, "oidc"), Registerer: reg,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("oidc issuers: %w", err)
+		return nil, fmt.Errorf("%s: %w", o.oidc.source(), err)
 	}
+	g.oidc = a
 	g.grantMap()[authn.MethodOIDC] = a
 	g.grantMap()[authn.MethodKubernetesIssuer] = a
 	g.runners = append(g.runners, a.Run)
-	g.methods = append(g.methods, "oidc ("+strconv.Itoa(len(issuers))+" issuers)")
 	return a, nil
 }
 
@@ -132,7 +139,7 @@ func checkOIDCIssuers(o oidcOptions, td spiffeid.TrustDomain) error {
 		return err
 	}
 	if _, err := oidc.New(oidc.Config{TrustDomain: td, Issuers: issuers}); err != nil {
-		return fmt.Errorf("oidc issuers: %w", err)
+		return fmt.Errorf("%s: %w", o.source(), err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -151,14 +152,30 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 		sameCerts(t, eastRoots, trustedCA(t, got[partnerName]), "east's roots under the default")
 	}
 
-	// Create, edit and delete are each an audited change from "crd".
+	// Create, edit and delete are each an audited change from "crd". The
+	// streams hear of a change before its audit entry is written, so the
+	// third entry naming the rule is waited for (whole lines only).
+	rule := policycrd.RuleName(name)
+	auditPath := filepath.Join(o.dataDir, "audit.jsonl")
+	assert.EventuallyWithT(t, func(c *assert.CollectT) {
+		data, err := os.ReadFile(auditPath)
+		if !assert.NoError(c, err) {
+			return
+		}
+		n := 0
+		for _, line := range strings.SplitAfter(string(data), "\n") {
+			if strings.HasSuffix(line, "\n") && strings.Contains(line, eventPolicyChanged) && strings.Contains(line, rule) {
+				n++
+			}
+		}
+		assert.GreaterOrEqual(c, n, 3)
+	}, 30*time.Second, 50*time.Millisecond)
 	var crd []string
-	for _, e := range policyEvents(t, filepath.Join(o.dataDir, "audit.jsonl")) {
+	for _, e := range policyEvents(t, auditPath) {
 		if e.Event == eventPolicyChanged && e.Policy != nil && e.Policy.Source == crdPolicySource {
 			crd = append(crd, strings.Join(e.Policy.RulesAdded, ",")+"|"+strings.Join(e.Policy.RulesChanged, ",")+"|"+strings.Join(e.Policy.RulesRemoved, ","))
 		}
 	}
-	rule := policycrd.RuleName(name)
 	assert.Equal(t, []string{rule + "||", "|" + rule + "|", "||" + rule}, crd)
 }
 

@@ -345,7 +345,11 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 	}
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
-	h := adminHandler(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now), p.policy)
+	cfg := adminConfig(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now), p.policy)
+	if p.gs != nil && p.gs.oidc != nil {
+		cfg.Issuers = p.gs.oidc.Status
+	}
+	h := admin.New(cfg)
 	p.adminSrv = newAdminServer(hosts.Wrap(h), logger)
 	if p.socket, err = listenAdminSocket(o.adminSocket, h, logger); err != nil {
 		return undo, err
@@ -559,10 +563,15 @@ func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed
 	}
 }
 
-// adminHandler mounts the admin API on the server's parts. rep, when
-// set, names this replica and adds /v1/snapshot and /ui, which show fed's
-// trust store.
+// adminHandler mounts the admin API on the server's parts.
 func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica, pol *policySetup) http.Handler {
+	return admin.New(adminConfig(a, reg, fed, ctl, ep, rep, pol))
+}
+
+// adminConfig is the admin API of the server's parts. rep, when set,
+// names this replica and adds /v1/snapshot and /ui, which show fed's
+// trust store.
+func adminConfig(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica, pol *policySetup) admin.Config {
 	cfg := admin.Config{
 		TrustDomain: a.TrustDomain(), CA: a, JWT: a, Gatherer: reg,
 		Ready: func() error {
@@ -583,7 +592,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 		}
 		fed.runtime.configure(&cfg)
 	}
-	return admin.New(cfg)
+	return cfg
 }
 
 // replica names this server among its peers, in snapshots and the audit

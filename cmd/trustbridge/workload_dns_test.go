@@ -23,6 +23,7 @@ func TestWorkloadDNSNamesFlag(t *testing.T) {
 		{name: "kubernetes", template: "{sa}.{ns}.svc.cluster.local"},
 		{name: "wildcard", template: "*.{ns}.svc", wantErr: "--workload-dns-name-template: "},
 		{name: "no sa", template: "{ns}.svc", wantErr: "--workload-dns-name-template: "},
+		{name: "no fixed zone", template: "{sa}.{ns}", wantErr: "must end in a fixed zone"},
 		{name: "uppercase", template: "{sa}.{ns}.SVC", wantErr: "lowercase"},
 		{name: "trust domain not a DNS name", template: "{sa}.{ns}.{td}", td: "my_org.example", wantErr: `--workload-dns-name-template: workload DNS name template "{sa}.{ns}.{td}": {td}: trust domain "my_org.example" is not a valid DNS name`},
 	} {

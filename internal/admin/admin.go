@@ -16,6 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/authn/oidc"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/statusui"
 )
@@ -88,6 +89,10 @@ type Config struct {
 	// domain as a JWT-SVID issuer when it reports any; nil shows the
 	// bundle's JWT authorities without state.
 	JWT JWTKeys
+	// Issuers, when set, mounts GET /v1/authn/issuers: the OIDC and
+	// remote Kubernetes issuers whose tokens authenticate callers, with
+	// the state of their keys.
+	Issuers func() []oidc.IssuerStatus
 }
 
 // Handler serves the admin API.
@@ -133,6 +138,9 @@ func (h *Handler) routes() {
 		writeJSON(w, h.Trust(), true)
 	})
 	h.mux.HandleFunc("GET /v1/bundle", h.serveBundle)
+	if h.cfg.Issuers != nil {
+		h.mux.HandleFunc("GET /v1/authn/issuers", h.serveIssuers)
+	}
 	h.manageRoutes()
 }
 

@@ -72,8 +72,9 @@ type Grant struct {
 	// issuer's configured name (CheckIssuerName). Legacy: empty.
 	Ref string
 	// UID is the Kubernetes service account's UID, which tells a
-	// re-created account of the same name from the original; empty for
-	// other methods, and when the API server did not report one.
+	// re-created account of the same name from the original (empty when
+	// the API server did not report one); for OIDC and Kubernetes issuers,
+	// IssuerGrantUID of the issuer URL; empty for other methods.
 	UID string
 	// GrantedAt is when the grant was first used to issue a certificate.
 	// Token authenticators leave it zero; the certificate service sets it
@@ -150,10 +151,7 @@ func (g Grant) check() error {
 	}
 	switch g.Method {
 	case MethodBootstrapToken:
-		if len(g.Ref) != 2*bootstrapRefBytes || strings.ToLower(g.Ref) != g.Ref {
-			return fmt.Errorf("bootstrap reference %q is not %d lowercase hex digits", g.Ref, 2*bootstrapRefBytes)
-		}
-		if _, err := hex.DecodeString(g.Ref); err != nil {
+		if !isLowerHex(g.Ref, 2*bootstrapRefBytes) {
 			return fmt.Errorf("bootstrap reference %q is not %d lowercase hex digits", g.Ref, 2*bootstrapRefBytes)
 		}
 		if g.UID != "" {
@@ -170,8 +168,8 @@ func (g Grant) check() error {
 		if !validIssuerName(g.Ref) {
 			return fmt.Errorf("issuer reference %q is not an issuer name (1 to %d of a-z, 0-9 and -)", truncate(g.Ref, 64), MaxIssuerNameLen)
 		}
-		if g.UID != "" {
-			return fmt.Errorf("%s grant has a uid", g.Method)
+		if !isLowerHex(g.UID, 2*issuerUIDBytes) {
+			return fmt.Errorf("%s grant uid %q is not %d lowercase hex digits (IssuerGrantUID of the issuer URL)", g.Method, truncate(g.UID, 64), 2*issuerUIDBytes)
 		}
 	case GrantMethodLegacy, GrantMethodSDS:
 		if g.Ref != "" || g.UID != "" {
@@ -181,6 +179,33 @@ func (g Grant) check() error {
 		return fmt.Errorf("unknown method %q", truncate(g.Method, 64))
 	}
 	return nil
+}
+
+// isLowerHex reports whether s is exactly n lowercase hex digits.
+func isLowerHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// issuerUIDBytes is how much of the issuer URL's SHA-256 a grant keeps.
+const issuerUIDBytes = 16
+
+// IssuerGrantUID is the grant UID of an identity an OIDC or Kubernetes
+// issuer granted (MethodOIDC, MethodKubernetesIssuer): the first 16
+// bytes of the SHA-256 of the issuer URL, in lowercase hex. The grant's
+// reference is only the issuer's configured name; the UID ties a renewal
+// chain to the URL too, so pointing that name at another issuer ends the
+// chains the old one started.
+func IssuerGrantUID(issuerURL string) string {
+	sum := sha256.Sum256([]byte(issuerURL))
+	return hex.EncodeToString(sum[:issuerUIDBytes])
 }
 
 // MaxIssuerNameLen bounds an OIDC issuer's configured name, which is its

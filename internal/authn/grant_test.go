@@ -51,8 +51,8 @@ func TestGrantExtensionRoundTrip(t *testing.T) {
 		{name: "kubernetes with uid", grant: Grant{Method: MethodKubernetesJWT, Ref: "default/web", UID: "8a7e3c52-0000-4000-8000-000000000001", GrantedAt: grantTime}},
 		{name: "kubernetes without uid", grant: Grant{Method: MethodKubernetesJWT, Ref: "prod/web.v2", GrantedAt: grantTime}},
 		{name: "legacy", grant: Grant{Method: GrantMethodLegacy, GrantedAt: grantTime}},
-		{name: "oidc issuer", grant: Grant{Method: MethodOIDC, Ref: "github-actions", GrantedAt: grantTime}},
-		{name: "remote cluster issuer", grant: Grant{Method: MethodKubernetesIssuer, Ref: "west-1", GrantedAt: grantTime}},
+		{name: "oidc issuer", grant: Grant{Method: MethodOIDC, Ref: "github-actions", UID: IssuerGrantUID("https://token.actions.githubusercontent.com"), GrantedAt: grantTime}},
+		{name: "remote cluster issuer", grant: Grant{Method: MethodKubernetesIssuer, Ref: "west-1", UID: IssuerGrantUID("https://oidc.west.example"), GrantedAt: grantTime}},
 		{name: "minted by SDS", grant: Grant{Method: GrantMethodSDS, GrantedAt: grantTime}},
 		{name: "time is kept to the second, in UTC", grant: Grant{Method: GrantMethodLegacy, GrantedAt: grantTime.Add(999 * time.Millisecond).In(time.FixedZone("x", 3600))}},
 	}
@@ -92,7 +92,11 @@ func TestGrantExtensionRefuses(t *testing.T) {
 		{name: "oidc ref upper case", grant: Grant{Method: MethodOIDC, Ref: "GitHub", GrantedAt: grantTime}, errHas: "not an issuer name"},
 		{name: "issuer ref ends with -", grant: Grant{Method: MethodKubernetesIssuer, Ref: "west-", GrantedAt: grantTime}, errHas: "not an issuer name"},
 		{name: "issuer ref too long", grant: Grant{Method: MethodKubernetesIssuer, Ref: strings.Repeat("a", MaxIssuerNameLen+1), GrantedAt: grantTime}, errHas: "not an issuer name"},
-		{name: "issuer grant with uid", grant: Grant{Method: MethodKubernetesIssuer, Ref: "west", UID: "u", GrantedAt: grantTime}, errHas: "has a uid"},
+		{name: "issuer grant uid not 32 hex digits", grant: Grant{Method: MethodKubernetesIssuer, Ref: "west", UID: "u", GrantedAt: grantTime}, errHas: `kubernetes-issuer grant uid "u" is not 32 lowercase hex digits`},
+		{name: "issuer grant without uid", grant: Grant{Method: MethodOIDC, Ref: "ci", GrantedAt: grantTime}, errHas: "is not 32 lowercase hex digits"},
+		{name: "issuer grant uid upper case", grant: Grant{Method: MethodOIDC, Ref: "ci", UID: strings.ToUpper(IssuerGrantUID("https://i.example")), GrantedAt: grantTime}, errHas: "is not 32 lowercase hex digits"},
+		{name: "issuer grant uid a full digest", grant: Grant{Method: MethodOIDC, Ref: "ci", UID: IssuerGrantUID("https://i.example") + IssuerGrantUID("x"), GrantedAt: grantTime}, errHas: "is not 32 lowercase hex digits"},
+		{name: "issuer grant uid the URL", grant: Grant{Method: MethodOIDC, Ref: "ci", UID: "https://i.example/abcdefghijklmno", GrantedAt: grantTime}, errHas: "is not 32 lowercase hex digits"},
 		{name: "legacy with ref", grant: Grant{Method: GrantMethodLegacy, Ref: "a/b", GrantedAt: grantTime}, errHas: "legacy grant has"},
 		{name: "SDS marker with uid", grant: Grant{Method: GrantMethodSDS, UID: "u", GrantedAt: grantTime}, errHas: "sds-minted grant has"},
 		{name: "not UTF-8", grant: Grant{Method: MethodKubernetesJWT, Ref: "a/\xff", GrantedAt: grantTime}, errHas: "UTF-8"},
@@ -105,6 +109,15 @@ func TestGrantExtensionRefuses(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.errHas)
 		})
 	}
+}
+
+// TestIssuerGrantUID pins the digest: grants in certificates already
+// issued must keep matching their issuer.
+func TestIssuerGrantUID(t *testing.T) {
+	// printf %s https://token.actions.githubusercontent.com | sha256sum | cut -c1-32
+	assert.Equal(t, "dd9c65dd99f49e3d0ff1d11acfec9a12", IssuerGrantUID("https://token.actions.githubusercontent.com"))
+	assert.Len(t, IssuerGrantUID(""), 32)
+	assert.NotEqual(t, IssuerGrantUID("https://i.example"), IssuerGrantUID("https://i.example/"), "the URL byte for byte, as iss is compared")
 }
 
 func TestParseGrantRefuses(t *testing.T) {

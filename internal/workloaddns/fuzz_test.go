@@ -22,6 +22,8 @@ func FuzzTemplate(f *testing.F) {
 		{"{sa}.{ns}.{td}", "prod", "web"},
 		{"{sa}.{ns}.svc.cluster.local", "prod", "web.internal"},
 		{"{ns}.{sa}", "prod", "123"},
+		{"{ns}.{sa}.mesh", "prod", "123"},
+		{"{sa}.{ns}", "com", "google"},
 		{"{sa}{ns}", "a", "b"},
 		{"*.{sa}.{ns}", "a", "b"},
 		{"{sa}.{ns}.{td}", "PROD", "-web"},
@@ -54,6 +56,11 @@ func FuzzTemplate(f *testing.F) {
 		labels := strings.Split(name, ".")
 		assert.Contains(t, labels, ns)
 		assert.Contains(t, labels, sa)
+		// The zone is the template's, whatever the values: the last
+		// label is the one namespace "a" and service account "a" get.
+		fixed, err := tmpl.Names(spiffeid.RequireFromSegments(td, "ns", "a", "sa", "a"), authn.Grant{Method: authn.MethodKubernetesIssuer})
+		require.NoError(t, err)
+		assert.Equal(t, labels[len(labels)-1], fixed[0][strings.LastIndexByte(fixed[0], '.')+1:])
 		// A certificate carrying it passes crypto/x509's host name check.
 		assert.NoError(t, (&x509.Certificate{DNSNames: names}).VerifyHostname(name))
 		// Another workload never gets the same name.

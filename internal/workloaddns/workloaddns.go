@@ -169,7 +169,28 @@ func checkPlacement(parts []string) error {
 			return fmt.Errorf("%s appears %d times; at most once", p, n)
 		}
 	}
-	return nil
+	return checkZone(parts)
+}
+
+// checkZone requires the name to end in a zone the operator fixed: a
+// literal label or {td} after the last of {sa} and {ns}. Otherwise
+// whoever names a namespace and a service account chooses any name the
+// mesh's roots would vouch for: with "{sa}.{ns}", service account
+// "google" in namespace "com" is google.com.
+func checkZone(parts []string) error {
+	last := -1
+	for i, p := range parts {
+		if p == PlaceholderServiceAccount || p == PlaceholderNamespace {
+			last = i
+		}
+	}
+	for _, p := range parts[last+1:] {
+		if p == PlaceholderTrustDomain || strings.Trim(p, ".") != "" {
+			return nil
+		}
+	}
+	return errors.New("the name must end in a fixed zone, a literal label or {td} after {sa} and {ns} (e.g. {sa}.{ns}.svc.cluster.local or {sa}.{ns}.{td}): " +
+		"otherwise whoever names a namespace and a service account chooses the whole name (namespace \"com\", service account \"google\": google.com)")
 }
 
 // checkTrustDomain refuses a trust domain name that is no DNS name: a

@@ -23,9 +23,12 @@ func TestParse(t *testing.T) {
 		{name: "osm", tmpl: "{sa}.{ns}.{td}", want: "web.prod.example.org"},
 		{name: "kubernetes service", tmpl: "{sa}.{ns}.svc.cluster.local", want: "web.prod.svc.cluster.local"},
 		{name: "namespace first", tmpl: "{ns}.{sa}.mesh", want: "prod.web.mesh"},
-		{name: "placeholders last", tmpl: "mesh.{ns}.{sa}", want: "mesh.prod.web"},
+		{name: "placeholders last", tmpl: "mesh.{ns}.{sa}", wantErr: "must end in a fixed zone"},
 		{name: "td in the middle", tmpl: "{sa}.{ns}.{td}.internal", want: "web.prod.example.org.internal"},
-		{name: "two placeholders only", tmpl: "{sa}.{ns}", want: "web.prod"},
+		{name: "two placeholders only", tmpl: "{sa}.{ns}", wantErr: "must end in a fixed zone"},
+		{name: "namespace chooses the zone", tmpl: "{ns}.{sa}", wantErr: "must end in a fixed zone"},
+		{name: "only a prefix is fixed", tmpl: "a.b.{sa}.{ns}", wantErr: "must end in a fixed zone"},
+		{name: "trust domain as the zone", tmpl: "{sa}.{ns}.{td}", want: "web.prod.example.org"},
 		{name: "empty", tmpl: "", wantErr: "empty"},
 		{name: "no sa", tmpl: "{ns}.svc", wantErr: "{sa} is missing"},
 		{name: "no ns", tmpl: "{sa}.svc", wantErr: "{ns} is missing"},
@@ -48,12 +51,12 @@ func TestParse(t *testing.T) {
 		{name: "hyphen between", tmpl: "{sa}-{ns}.svc", wantErr: "must end the name or be followed by a '.'"},
 		{name: "td glued", tmpl: "{sa}.{ns}.x{td}", wantErr: "{td} must start the name or follow a '.'"},
 		{name: "trailing dot", tmpl: "{sa}.{ns}.svc.", wantErr: "empty label"},
-		{name: "leading dot", tmpl: ".{sa}.{ns}", wantErr: "empty label"},
-		{name: "double dot", tmpl: "{sa}..{ns}", wantErr: "empty label"},
+		{name: "leading dot", tmpl: ".{sa}.{ns}.svc", wantErr: "empty label"},
+		{name: "double dot", tmpl: "{sa}..{ns}.svc", wantErr: "empty label"},
 		{name: "label starting with hyphen", tmpl: "{sa}.{ns}.-svc", wantErr: "starts or ends with '-'"},
 		{name: "numeric last label", tmpl: "{sa}.{ns}.10", wantErr: "all digits"},
 		{name: "long literal label", tmpl: "{sa}.{ns}." + strings.Repeat("a", 64), wantErr: "64 characters"},
-		{name: "too long", tmpl: strings.Repeat("a.", 300) + "{sa}.{ns}", wantErr: "at most 512"},
+		{name: "too long", tmpl: strings.Repeat("a.", 300) + "{sa}.{ns}.svc", wantErr: "at most 512"},
 		{name: "td with underscore", tmpl: "{sa}.{ns}.{td}", td: "my_domain.org", wantErr: `trust domain "my_domain.org" is not a valid DNS name`},
 		{name: "td with underscore unused", tmpl: "{sa}.{ns}.svc", td: "my_domain.org", want: "web.prod.svc"},
 		{name: "td numeric", tmpl: "{sa}.{ns}.{td}", td: "10.0.0.1", wantErr: "all digits"},
@@ -187,14 +190,15 @@ func TestNamesTooLong(t *testing.T) {
 	assert.Nil(t, names)
 }
 
-// TestNamesNumericLastLabel: "{ns}.{sa}" with an all-digit service
-// account would read as an IP address; the CA would refuse it.
-func TestNamesNumericLastLabel(t *testing.T) {
-	tmpl, err := Parse("{ns}.{sa}", td)
+// TestNamesNumericLabels: all-digit values are fine inside the name; the
+// last label, which would make it read as an IP address, is the fixed
+// zone's (a template ending in a placeholder is refused, TestParse).
+func TestNamesNumericLabels(t *testing.T) {
+	tmpl, err := Parse("{ns}.{sa}.mesh", td)
 	require.NoError(t, err)
-	_, err = tmpl.Names(spiffeid.RequireFromPath(td, "/ns/prod/sa/123"), authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "prod/123"})
-	assert.ErrorIs(t, err, ErrSkipped)
-	assert.ErrorContains(t, err, "all digits")
+	names, err := tmpl.Names(spiffeid.RequireFromPath(td, "/ns/prod/sa/123"), authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "prod/123"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"prod.123.mesh"}, names)
 }
 
 // TestNamesReserved: a workload never gets a name of the server's own

@@ -2,6 +2,7 @@ package oidc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -73,6 +74,9 @@ type issuer struct {
 	method string
 	tmpl   *template // nil for KindKubernetes
 	keys   keySource
+	// grantUID is authn.IssuerGrantUID of the issuer URL, recorded in
+	// the grants it makes and compared by CheckGrant.
+	grantUID string
 }
 
 // IssuerStatus is what Status reports about one issuer.
@@ -113,7 +117,7 @@ func newAuthenticator(cfg Config) (*Authenticator, error) {
 	for i, ic := range cfg.Issuers {
 		is, err := a.addIssuer(ic, newKeys)
 		if err != nil {
-			return nil, fmt.Errorf("issuer %d (%q): %w", i, truncate(ic.Name, 64), err)
+			return nil, fmt.Errorf("%s: %w", issuerRef(i, ic), err)
 		}
 		a.issuers = append(a.issuers, is)
 	}
@@ -121,6 +125,15 @@ func newAuthenticator(cfg Config) (*Authenticator, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// issuerRef names the i-th issuer in an error: by its name and YAML line
+// when it came from a file, by its index and name otherwise.
+func issuerRef(i int, ic IssuerConfig) string {
+	if ic.Line > 0 {
+		return fmt.Sprintf("issuer %q (line %d)", truncate(ic.Name, 64), ic.Line)
+	}
+	return fmt.Sprintf("issuer %d (%q)", i, truncate(ic.Name, 64))
 }
 
 func withDefaults(cfg Config) Config {
@@ -175,7 +188,7 @@ func (a *Authenticator) addIssuer(ic IssuerConfig, newKeys func(IssuerConfig) (k
 	if _, dup := a.byIss[ic.Issuer]; dup {
 		return nil, fmt.Errorf("issuer %q is configured twice", ic.Issuer)
 	}
-	is := &issuer{cfg: ic, method: authn.MethodOIDC}
+	is := &issuer{cfg: ic, method: authn.MethodOIDC, grantUID: authn.IssuerGrantUID(ic.Issuer)}
 	if ic.Kind == KindKubernetes {
 		is.method = authn.MethodKubernetesIssuer
 	} else {
@@ -253,7 +266,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, r authn.Request) (auth
 	return authn.Identity{
 		ID:       id,
 		Method:   is.method,
-		Grant:    &authn.Grant{Method: is.method, Ref: is.cfg.Name},
+		Grant:    &authn.Grant{Method: is.method, Ref: is.cfg.Name, UID: is.grantUID},
 		NotAfter: exp,
 	}, nil
 }
@@ -288,19 +301,23 @@ func noCredentials(reason string) error {
 }
 
 // peekIssuer reads "iss" from a compact JWS without verifying anything:
-// it only picks the issuer whose keys will judge the token.
+// it only picks the issuer whose keys will judge the token. The name is
+// matched exactly ("ISS" is another claim) and must appear once, so the
+// issuer picked is the one whose "iss" checkClaims compares.
 func peekIssuer(token string) (string, bool) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" {
 		return "", false
 	}
-	var claims struct {
-		Iss *string `json:"iss"`
-	}
-	if err := decodeSegment(parts[1], &claims); err != nil || claims.Iss == nil {
+	claims, err := decodeExact(parts[1])
+	if err != nil {
 		return "", false
 	}
-	return *claims.Iss, true
+	var iss *string
+	if raw, ok := claims["iss"]; !ok || json.Unmarshal(raw, &iss) != nil || iss == nil {
+		return "", false
+	}
+	return *iss, true
 }
 
 // Issuers returns the "iss" of every configured issuer, in configuration
@@ -314,8 +331,13 @@ func (a *Authenticator) Issuers() []string {
 }
 
 // CheckGrant implements authn.GrantChecker: a grant stands while an issuer
-// named g.Ref, of the kind g.Method says, is configured. Removing an
-// issuer from the configuration ends the renewal chains it started.
+// named g.Ref, of the kind g.Method says and with the issuer URL g.UID
+// digests (authn.IssuerGrantUID), is configured (else ErrGrantRevoked),
+// and for at most the issuer's MaxRenewalLifetime after g.GrantedAt (else
+// authn.ErrGrantExpired). Removing an issuer from the configuration, or
+// pointing its name at another URL, ends the renewal chains it started;
+// the others end by age, because nothing about the token that started
+// them can be checked again without a fresh one.
 func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Grant) error {
 	var want Kind
 	switch g.Method {
@@ -332,6 +354,12 @@ func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Gr
 		return fmt.Errorf("authn: oidc: %s: issuer %q that granted it is no longer configured: %w", id, truncate(g.Ref, 64), authn.ErrGrantRevoked)
 	case is.cfg.Kind != want:
 		return fmt.Errorf("authn: oidc: %s: issuer %q is now of kind %s, not %s: %w", id, g.Ref, is.cfg.Kind, want, authn.ErrGrantRevoked)
+	case g.UID != is.grantUID:
+		return fmt.Errorf("authn: oidc: %s: issuer %q now has issuer URL %s, not the one that granted it: %w", id, g.Ref, is.cfg.Issuer, authn.ErrGrantRevoked)
+	case a.clk.Since(g.GrantedAt) > is.cfg.MaxRenewalLifetime:
+		return fmt.Errorf("authn: oidc: %s: granted at %s by issuer %q, longer ago than its %s of %s "+
+			"(claim rules and remote service accounts cannot be re-checked offline, so a renewal chain goes back to a fresh token): %w",
+			id, g.GrantedAt.UTC().Format(time.RFC3339), g.Ref, keyMaxRenewal, is.cfg.MaxRenewalLifetime, authn.ErrGrantExpired)
 	}
 	return nil
 }

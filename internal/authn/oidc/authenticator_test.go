@@ -216,6 +216,64 @@ func TestAuthenticateVerification(t *testing.T) {
 	}
 }
 
+// TestAuthenticateAmbiguousClaims: a claim path with two resolutions in
+// the token is refused wherever it is read, so a rule and the identity
+// can never read different values of one claim.
+func TestAuthenticateAmbiguousClaims(t *testing.T) {
+	kube := kubeIssuer()
+	kube.Claims = []ClaimRule{{Claim: "kubernetes.io.namespace", Values: []string{"prod"}}}
+	ci := oidcIssuer()
+	ci.Claims = append(ci.Claims, ClaimRule{Claim: "org.id", Values: []string{"1"}})
+	ci.SPIFFEID = "spiffe://{{.TrustDomain}}/ci/{{.Claims.team.name}}"
+	ciGood := with(ciClaims(), map[string]any{"org": map[string]any{"id": 1}, "team": map[string]any{"name": "payments"}})
+	// The rule reads the flat key "prod" first by the old longest-key
+	// order, while the ID was made of the nested "dev".
+	devAsProd := with(kubeClaims("dev", "web"), map[string]any{"kubernetes.io.namespace": "prod"})
+	tests := []struct {
+		name, issuer string
+		rules        bool
+		claims       map[string]any
+		result       string
+		errHas       string
+	}{
+		{name: "flat prod beside nested dev", issuer: kubeIssuerName, rules: true, claims: devAsProd, result: resultRefusedSubject,
+			errHas: `token claim "kubernetes.io.namespace" is ambiguous`},
+		{name: "flat prod beside nested dev, no rules", issuer: kubeIssuerName, claims: devAsProd, result: resultRefusedSubject,
+			errHas: `token claim "kubernetes.io.namespace" is ambiguous`},
+		{name: "service account name twice", issuer: kubeIssuerName, rules: true,
+			claims: with(kubeClaims("prod", "web"), map[string]any{"kubernetes.io.serviceaccount.name": "web"}), result: resultRefusedSubject,
+			errHas: `token claim "kubernetes.io.serviceaccount.name" is ambiguous`},
+		{name: "rule claim twice", issuer: testIssuerName, rules: true, claims: with(ciGood, map[string]any{"org.id": "1"}), result: resultRefusedRules,
+			errHas: `claim rule: claim "org.id" is ambiguous`},
+		{name: "template claim twice", issuer: testIssuerName, rules: true, claims: with(ciGood, map[string]any{"team.name": "ops"}), result: resultRefusedTemplate,
+			errHas: `spiffeID: claim "team.name" is ambiguous`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k := kube
+			if !tt.rules {
+				k = kubeIssuer()
+			}
+			f := newFixture(t, ci, k)
+			ident, err := f.a.Authenticate(context.Background(), bearer(sign(t, "RS256", "rsa-1", nil, tt.claims)))
+			require.Error(t, err)
+			assert.True(t, ident.ID.IsZero())
+			assert.ErrorIs(t, err, authn.ErrPermissionDenied)
+			assert.NotErrorIs(t, err, authn.ErrInvalidCredentials)
+			assert.Contains(t, err.Error(), "authn: oidc: issuer "+tt.issuer+": "+tt.errHas)
+			assert.Equal(t, 1.0, f.count(tt.issuer, tt.result))
+		})
+	}
+
+	// Without the ambiguity the same issuers accept.
+	f := newFixture(t, ci, kube)
+	ident, err := f.a.Authenticate(context.Background(), bearer(sign(t, "RS256", "rsa-1", nil, ciGood)))
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://example.org/ci/payments", ident.ID.String())
+	_, err = f.a.Authenticate(context.Background(), bearer(sign(t, "RS256", "rsa-1", nil, kubeClaims("dev", "web"))))
+	require.ErrorIs(t, err, authn.ErrPermissionDenied, "the rule still refuses dev")
+}
+
 // assertNoTokenBytes checks that no part of token is in err's message.
 func assertNoTokenBytes(t *testing.T, err error, token string) {
 	t.Helper()
@@ -237,13 +295,13 @@ func TestAuthenticateIdentity(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, authn.Identity{
 		ID: spiffeid.RequireFromString("spiffe://example.org/ci/acme/build"), Method: authn.MethodOIDC,
-		Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName}, NotAfter: testNow.Add(90 * time.Second),
+		Grant: &authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID(testIssuerURL)}, NotAfter: testNow.Add(90 * time.Second),
 	}, ident)
 
 	ident, err = f.a.Authenticate(context.Background(), bearer(sign(t, "ES256", "ec-1", nil, kubeClaims("prod", "web"))))
 	require.NoError(t, err)
 	assert.Equal(t, authn.MethodKubernetesIssuer, ident.Method)
-	assert.Equal(t, &authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName}, ident.Grant)
+	assert.Equal(t, &authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: authn.IssuerGrantUID(kubeIssuerURL)}, ident.Grant)
 	assert.Equal(t, testNow.Add(time.Hour), ident.NotAfter)
 }
 
@@ -328,21 +386,29 @@ func TestAuthenticateKeysUnavailable(t *testing.T) {
 func TestCheckGrant(t *testing.T) {
 	f := newFixture(t)
 	id := spiffeid.RequireFromString("spiffe://example.org/ci/acme/build")
+	ciUID, kubeUID := authn.IssuerGrantUID(testIssuerURL), authn.IssuerGrantUID(kubeIssuerURL)
 	tests := []struct {
 		name   string
 		g      authn.Grant
 		errHas string
 	}{
-		{"oidc issuer present", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName}, ""},
-		{"kubernetes issuer present", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName}, ""},
-		{"issuer removed", authn.Grant{Method: authn.MethodOIDC, Ref: "gone"}, `issuer "gone" that granted it is no longer configured`},
-		{"kind changed to kubernetes", authn.Grant{Method: authn.MethodOIDC, Ref: kubeIssuerName}, "is now of kind kubernetes, not oidc"},
-		{"kind changed to oidc", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: testIssuerName}, "is now of kind oidc, not kubernetes"},
+		{"oidc issuer present", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: ciUID}, ""},
+		{"kubernetes issuer present", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: kubeUID}, ""},
+		{"issuer removed", authn.Grant{Method: authn.MethodOIDC, Ref: "gone", UID: ciUID}, `issuer "gone" that granted it is no longer configured`},
+		{"kind changed to kubernetes", authn.Grant{Method: authn.MethodOIDC, Ref: kubeIssuerName, UID: kubeUID}, "is now of kind kubernetes, not oidc"},
+		{"kind changed to oidc", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: testIssuerName, UID: ciUID}, "is now of kind oidc, not kubernetes"},
 		{"not an issuer grant", authn.Grant{Method: authn.MethodBootstrapToken, Ref: testIssuerName}, "is not an issuer grant"},
+		{"name now points at another URL", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID("https://old.test")},
+			`issuer "ci" now has issuer URL https://issuer.test/tenant, not the one that granted it`},
+		{"kubernetes name now points at another URL", authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: ciUID},
+			`issuer "west" now has issuer URL https://kube.test, not the one that granted it`},
+		{"grant without uid", authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName}, "not the one that granted it"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := f.a.CheckGrant(context.Background(), id, tt.g)
+			g := tt.g
+			g.GrantedAt = testNow // as the certificate service records it
+			err := f.a.CheckGrant(context.Background(), id, g)
 			if tt.errHas == "" {
 				require.NoError(t, err)
 				return
@@ -353,6 +419,49 @@ func TestCheckGrant(t *testing.T) {
 	}
 	var _ authn.GrantChecker = f.a
 	var _ authn.Authenticator = f.a
+
+	// The grants Authenticate makes stand, for both kinds.
+	for _, token := range []string{sign(t, "RS256", "rsa-1", nil, ciClaims()), sign(t, "RS256", "rsa-1", nil, kubeClaims("prod", "web"))} {
+		ident, err := f.a.Authenticate(context.Background(), bearer(token))
+		require.NoError(t, err)
+		g := *ident.Grant
+		g.GrantedAt = testNow
+		require.NoError(t, f.a.CheckGrant(context.Background(), ident.ID, g))
+	}
+}
+
+// TestCheckGrantMaxRenewalLifetime: a renewal chain of an issuer's token
+// ends after the issuer's maxRenewalLifetime, by the injected clock, so
+// it goes back to a fresh token whose claims are checked again.
+func TestCheckGrantMaxRenewalLifetime(t *testing.T) {
+	ci := oidcIssuer()
+	ci.MaxRenewalLifetime = 2 * time.Hour
+	f := newFixture(t, ci, kubeIssuer())
+	id := spiffeid.RequireFromString("spiffe://example.org/ci/acme/build")
+	ciGrant := authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID(testIssuerURL), GrantedAt: testNow}
+	kubeGrant := authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: authn.IssuerGrantUID(kubeIssuerURL), GrantedAt: testNow}
+	check := func(g authn.Grant) error { return f.a.CheckGrant(context.Background(), id, g) }
+
+	f.clk.SetTime(testNow.Add(2 * time.Hour))
+	require.NoError(t, check(ciGrant), "exactly the lifetime still stands")
+	f.clk.SetTime(testNow.Add(2*time.Hour + time.Second))
+	err := check(ciGrant)
+	require.ErrorIs(t, err, authn.ErrGrantExpired)
+	assert.NotErrorIs(t, err, authn.ErrGrantRevoked)
+	assert.Contains(t, err.Error(), `authn: oidc: spiffe://example.org/ci/acme/build: granted at 2027-03-01T12:00:00Z by issuer "ci", longer ago than its maxRenewalLifetime of 2h0m0s`)
+	assert.Contains(t, err.Error(), "cannot be re-checked offline")
+	require.NoError(t, check(kubeGrant), "the other issuer has the default")
+
+	f.clk.SetTime(testNow.Add(DefaultMaxRenewalLifetime))
+	require.NoError(t, check(kubeGrant))
+	f.clk.SetTime(testNow.Add(DefaultMaxRenewalLifetime + time.Second))
+	err = check(kubeGrant)
+	require.ErrorIs(t, err, authn.ErrGrantExpired)
+	assert.Contains(t, err.Error(), `by issuer "west", longer ago than its maxRenewalLifetime of 24h0m0s`)
+
+	// A chain granted later is younger.
+	kubeGrant.GrantedAt = testNow.Add(time.Hour)
+	require.NoError(t, check(kubeGrant))
 }
 
 func TestNewRefuses(t *testing.T) {

@@ -2,32 +2,59 @@ package oidc
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 )
 
+// errClaimMissing and errClaimAmbiguous are lookup's failures.
+var (
+	errClaimMissing   = errors.New("is missing")
+	errClaimAmbiguous = errors.New("is ambiguous: the token holds more than one value at that dotted path " +
+		`(say a key "a.b" and a key "b" inside "a"), so it is refused rather than guessed`)
+)
+
 // lookup resolves a dotted path through nested JSON objects, where a key
 // may itself contain dots ("kubernetes.io.namespace" is
-// claims["kubernetes.io"]["namespace"]): at each level the longest key
-// that is a prefix of the path is tried first, and a shorter one only
-// when the longer leads nowhere. The issuer, not the caller, chose the
-// claims, so the order only has to be deterministic.
-func lookup(obj map[string]any, path string) (any, bool) {
+// claims["kubernetes.io"]["namespace"], or claims["kubernetes.io.namespace"],
+// or claims["kubernetes"]["io"]["namespace"]). Every way of splitting the
+// path is tried: a path with more than one resolution is
+// errClaimAmbiguous, never settled by a preference, so that everything
+// reading a claim (rules, the template, the Kubernetes identity) reads the
+// same value or refuses. Each split that gets anywhere descends into a
+// different object of the decoded token (a tree), so the work is bounded
+// by the token's size.
+func lookup(obj map[string]any, path string) (any, error) {
+	found := resolve(obj, path, nil)
+	switch {
+	case len(found) > 1:
+		return nil, errClaimAmbiguous
+	case len(found) == 0:
+		return nil, errClaimMissing
+	}
+	return found[0], nil
+}
+
+// resolve appends the values at path in obj to found, stopping at a
+// second one.
+func resolve(obj map[string]any, path string, found []any) []any {
 	if v, ok := obj[path]; ok {
-		return v, true
+		found = append(found, v)
 	}
-	for i := strings.LastIndexByte(path, '.'); i > 0; i = strings.LastIndexByte(path[:i], '.') {
-		sub, ok := obj[path[:i]].(map[string]any)
-		if !ok {
-			continue
+	for i := 0; len(found) < 2; {
+		j := strings.IndexByte(path[i:], '.')
+		if j < 0 {
+			break
 		}
-		if v, ok := lookup(sub, path[i+1:]); ok {
-			return v, true
+		i += j
+		if sub, ok := obj[path[:i]].(map[string]any); ok {
+			found = resolve(sub, path[i+1:], found)
 		}
+		i++
 	}
-	return nil, false
+	return found
 }
 
 // claimText is a scalar claim as a rule compares it: a string as is, a
@@ -49,9 +76,9 @@ func claimText(v any) (string, bool) {
 // claims; all must hold.
 func checkRulesHold(rules []ClaimRule, claims map[string]any) error {
 	for _, r := range rules {
-		v, ok := lookup(claims, r.Claim)
-		if !ok {
-			return fmt.Errorf("claim rule: claim %q is missing", r.Claim)
+		v, err := lookup(claims, r.Claim)
+		if err != nil {
+			return fmt.Errorf("claim rule: claim %q %w", r.Claim, err)
 		}
 		s, ok := claimText(v)
 		if !ok {

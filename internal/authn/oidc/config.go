@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -52,12 +53,31 @@ type IssuerConfig struct {
 	// AllowPrivateAddresses lets the issuer resolve to loopback and
 	// link-local addresses (cloud metadata addresses never).
 	AllowPrivateAddresses bool
-	// Claims must all hold for a token to be accepted.
+	// Claims must all hold for a token to be accepted. KindOIDC requires
+	// at least one (see errNoRules); for KindKubernetes they are optional,
+	// and without a kubernetes.io.namespace rule the cluster is trusted
+	// for every namespace and service account name.
 	Claims []ClaimRule
 	// SPIFFEID is the template of the identity (see the package doc):
 	// required for KindOIDC, refused for KindKubernetes.
 	SPIFFEID string
+	// MaxRenewalLifetime bounds the renewal chains the issuer's tokens
+	// start: CheckGrant refuses a grant older than this. Claim rules and
+	// a remote cluster's service accounts cannot be re-checked offline,
+	// so a chain must go back to a fresh token. Zero means
+	// DefaultMaxRenewalLifetime; at most MaxMaxRenewalLifetime.
+	MaxRenewalLifetime time.Duration
+	// Line is the YAML line of the issuer's entry, which ParseConfig sets
+	// so that New's errors (a template of another trust domain) can name
+	// it; 0 for a configuration built in code.
+	Line int
 }
+
+// Bounds of IssuerConfig.MaxRenewalLifetime.
+const (
+	DefaultMaxRenewalLifetime = 24 * time.Hour
+	MaxMaxRenewalLifetime     = 8760 * time.Hour
+)
 
 // ClaimRule requires a claim to hold one of Values.
 type ClaimRule struct {
@@ -100,11 +120,12 @@ const (
 	keySPIFFEID     = "spiffeID"
 	keyClaim        = "claim"
 	keyValues       = "values"
+	keyMaxRenewal   = "maxRenewalLifetime"
 )
 
 var (
 	topKeys    = []string{keyIssuers}
-	issuerKeys = []string{keyName, keyKind, keyIssuer, keyAudiences, keyAlgorithms, keyCAFile, keyAllowPrivate, keyClaims, keySPIFFEID}
+	issuerKeys = []string{keyName, keyKind, keyIssuer, keyAudiences, keyAlgorithms, keyCAFile, keyAllowPrivate, keyClaims, keySPIFFEID, keyMaxRenewal}
 	ruleKeys   = []string{keyClaim, keyValues}
 )
 
@@ -211,7 +232,7 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 			return IssuerConfig{}, nil, errAt(n, "%s: missing required key %q", path, k)
 		}
 	}
-	ic := IssuerConfig{Kind: KindOIDC}
+	ic := IssuerConfig{Kind: KindOIDC, Line: n.Line}
 	steps := []func() error{
 		func() error { return scalarField(m, path, keyName, &ic.Name, authn.CheckIssuerName) },
 		func() error { return parseKind(m, path, &ic.Kind) },
@@ -222,6 +243,8 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 		func() error { return boolField(m, path, keyAllowPrivate, &ic.AllowPrivateAddresses) },
 		func() error { return parseRules(m, path, &ic.Claims) },
 		func() error { return parseTemplateField(m, path, &ic) },
+		func() error { return durationField(m, path, keyMaxRenewal, &ic.MaxRenewalLifetime, checkMaxRenewal) },
+		func() error { return requireRules(n, m, path, ic) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -229,6 +252,29 @@ func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue,
 		}
 	}
 	return ic, m, nil
+}
+
+// errNoRules says why an oidc issuer needs claim rules. Its audience check
+// is no fence: a shared public issuer signs a token with whatever
+// audience its user asks for.
+func errNoRules() error {
+	return fmt.Errorf("kind %s requires at least one %s rule: a shared public issuer (GitHub Actions, GitLab, a cloud) "+
+		"signs tokens with any audience for anyone, so without a rule every one of its users gets an identity here; "+
+		"restrict it to your own tokens, e.g. claim repository_owner_id (GitHub's immutable organisation ID)", KindOIDC, keyClaims)
+}
+
+// requireRules refuses an oidc issuer without claim rules (errNoRules).
+// It runs after the other checks of the entry, so that their errors,
+// which say more about the entry, come first.
+func requireRules(n *yaml.Node, m map[string]*keyValue, path string, ic IssuerConfig) error {
+	if ic.Kind != KindOIDC || len(ic.Claims) > 0 {
+		return nil
+	}
+	at := n
+	if kv := m[keyClaims]; kv != nil {
+		at = kv.value
+	}
+	return errAt(at, "%s: %w", path, errNoRules())
 }
 
 func parseKind(m map[string]*keyValue, path string, kind *Kind) error {
@@ -338,6 +384,36 @@ func listField(m map[string]*keyValue, path, key string, dst *[]string, check fu
 	}
 	*dst = out
 	return nil
+}
+
+// durationField reads an optional Go duration string ("24h", "90m")
+// through check.
+func durationField(m map[string]*keyValue, path, key string, dst *time.Duration, check func(time.Duration) error) error {
+	var s string
+	if err := scalarField(m, path, key, &s, func(string) error { return nil }); err != nil || m[key] == nil {
+		return err
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errAt(m[key].value, "%s.%s: %q is not a duration such as 24h or 90m", path, key, truncate(s, 32))
+	}
+	if err := check(d); err != nil {
+		return errAt(m[key].value, "%s.%s: %w", path, key, err)
+	}
+	*dst = d
+	return nil
+}
+
+func checkMaxRenewal(d time.Duration) error {
+	if d <= 0 || d > MaxMaxRenewalLifetime {
+		return fmt.Errorf("must be more than 0 and at most %s (a year), got %s; leave it out for the default %s", fmtHours(MaxMaxRenewalLifetime), d, fmtHours(DefaultMaxRenewalLifetime))
+	}
+	return nil
+}
+
+// fmtHours writes a whole number of hours as the YAML would: "24h".
+func fmtHours(d time.Duration) string {
+	return fmt.Sprintf("%dh", int64(d/time.Hour))
 }
 
 func boolField(m map[string]*keyValue, path, key string, dst *bool) error {
@@ -507,14 +583,17 @@ func truncate(s string, n int) string {
 }
 
 // check validates c as New receives it: what ParseConfig checks, for a
-// configuration built in code. It applies the Kind and Algorithms
-// defaults.
+// configuration built in code. It applies the Kind, Algorithms and
+// MaxRenewalLifetime defaults.
 func (c *IssuerConfig) check() error {
 	if c.Kind == "" {
 		c.Kind = KindOIDC
 	}
 	if len(c.Algorithms) == 0 {
 		c.Algorithms = defaultAlgorithms()
+	}
+	if c.MaxRenewalLifetime == 0 {
+		c.MaxRenewalLifetime = DefaultMaxRenewalLifetime
 	}
 	checks := []struct {
 		field string
@@ -525,6 +604,7 @@ func (c *IssuerConfig) check() error {
 		{keyAudiences, checkAudiences(c.Audiences)},
 		{keyAlgorithms, checkAlgorithms(c.Algorithms)},
 		{keyClaims, checkRules(c.Claims)},
+		{keyMaxRenewal, checkMaxRenewal(c.MaxRenewalLifetime)},
 	}
 	for _, ch := range checks {
 		if ch.err != nil {
@@ -538,6 +618,8 @@ func (c *IssuerConfig) check() error {
 		return fmt.Errorf("%s is not allowed for kind %s", keySPIFFEID, KindKubernetes)
 	case c.Kind == KindOIDC && c.SPIFFEID == "":
 		return fmt.Errorf("kind %s requires %s", KindOIDC, keySPIFFEID)
+	case c.Kind == KindOIDC && len(c.Claims) == 0:
+		return fmt.Errorf("%s: %w", keyClaims, errNoRules())
 	}
 	return nil
 }

@@ -2,8 +2,10 @@ package oidc
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,6 +26,7 @@ const goodConfig = `issuers:
   - claim: ref
     values: [refs/heads/main, refs/heads/release]
   spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}"
+  maxRenewalLifetime: 90m
 - name: cluster-west
   kind: kubernetes
   issuer: https://oidc.west.example.net/
@@ -32,6 +35,9 @@ const goodConfig = `issuers:
 - name: vm
   issuer: https://idp.example.com:8443/realms/vms
   audiences: [trustbridge]
+  claims:
+  - claim: azp
+    values: [vm-fleet]
   spiffeID: spiffe://example.org/vm/{{ .Claims.kubernetes.io.namespace }}
 `
 
@@ -47,16 +53,21 @@ func TestParseConfigAccepts(t *testing.T) {
 				{Claim: "repository_owner", Values: []string{"acme"}},
 				{Claim: "ref", Values: []string{"refs/heads/main", "refs/heads/release"}},
 			},
-			SPIFFEID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}",
+			SPIFFEID:           "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_owner}}/{{.Claims.workflow}}",
+			MaxRenewalLifetime: 90 * time.Minute,
+			Line:               2,
 		},
 		{
 			Name: "cluster-west", Kind: KindKubernetes, Issuer: "https://oidc.west.example.net/",
 			Audiences: []string{"trustbridge", "other"}, AllowPrivateAddresses: true,
+			Line: 16,
 		},
 		{
 			Name: "vm", Kind: KindOIDC, Issuer: "https://idp.example.com:8443/realms/vms",
 			Audiences: []string{"trustbridge"},
+			Claims:    []ClaimRule{{Claim: "azp", Values: []string{"vm-fleet"}}},
 			SPIFFEID:  "spiffe://example.org/vm/{{ .Claims.kubernetes.io.namespace }}",
+			Line:      21,
 		},
 	}
 	assert.Equal(t, want, got)
@@ -84,6 +95,9 @@ func issuerDoc(body string) string {
 
 const okBody = "  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}\n"
 
+// okRule completes okBody to a valid oidc issuer: kind oidc needs a rule.
+const okRule = "  claims: [{claim: azp, values: [a]}]\n"
+
 func TestParseConfigRefuses(t *testing.T) {
 	tooManyAuds := "[" + strings.Repeat("a,", 16) + "b]"
 	var dupAuds []string
@@ -99,7 +113,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"unknown issuer key", issuerDoc(okBody + "  spiffeId: x\n"), 6, `unknown key "spiffeId" in issuers[0] (did you mean "spiffeID"?)`},
 		{"unknown rule key", issuerDoc(okBody + "  claims:\n  - claim: a\n    value: [x]\n"), 8, `unknown key "value" in issuers[0].claims[0]`},
 		{"duplicate key", issuerDoc(okBody + "  issuer: https://j.test\n"), 6, `duplicate key "issuer" in issuers[0] (first at line 3)`},
-		{"duplicate name", issuerDoc(okBody) + "- name: x\n  issuer: https://j.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n", 6, `issuers[1]: name "x" is already used at line 2`},
+		{"duplicate name", issuerDoc(okBody+okRule) + "- name: x\n  issuer: https://j.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n" + okRule, 7, `issuers[1]: name "x" is already used at line 2`},
 		{"bad name", "issuers:\n- name: Bad_Name\n" + okBody, 2, "issuers[0].name: issuer name \"Bad_Name\" must be"},
 		{"name with trailing dash", "issuers:\n- name: x-\n" + okBody, 2, "issuer name"},
 		{"name not a string", "issuers:\n- name: 12\n" + okBody, 2, `issuers[0].name must be a string, got !!int "12"`},
@@ -136,13 +150,14 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"template dot-dot literal", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/../{{.Claims.a}}\n"), 5, "non-root SPIFFE ID path"},
 		{"template empty segment", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/a//{{.Claims.a}}\n"), 5, "non-root SPIFFE ID path"},
 		{"template td in path", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/{{.TrustDomain}}\n"), 5, "only allowed as the trust domain"},
+		{"template two claims in one segment", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/ci/{{.Claims.org}}-{{.Claims.repo}}\n"), 5, "issuers[0].spiffeID: column 46: {{.Claims.repo}} is a second claim placeholder in one path segment"},
 		{"template stray brace", issuerDoc("  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/a}\n"), 5, "column 28: stray '}'"},
 		{"claim rule without values", issuerDoc(okBody + "  claims:\n  - claim: ref\n    values: []\n"), 8, "issuers[0].claims[0].values: must list at least one value"},
 		{"claim rule missing values", issuerDoc(okBody + "  claims:\n  - claim: ref\n"), 7, `issuers[0].claims[0]: missing required key "values"`},
 		{"claim rule bad path", issuerDoc(okBody + "  claims:\n  - claim: a..b\n    values: [x]\n"), 7, "has an empty key"},
 		{"claim rule twice", issuerDoc(okBody + "  claims:\n  - claim: ref\n    values: [x]\n  - claim: ref\n    values: [y]\n"), 9, `claim "ref" already has a rule at line 7`},
 		{"claim value not a string", issuerDoc(okBody + "  claims:\n  - claim: ref\n    values: [true]\n"), 8, "quote it"},
-		{"duplicate issuer URL", issuerDoc(okBody) + "- name: y\n  issuer: https://i.test\n  audiences: [b]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n", 7, `issuers[1]: issuer "https://i.test" is already configured at line 3`},
+		{"duplicate issuer URL", issuerDoc(okBody+okRule) + "- name: y\n  issuer: https://i.test\n  audiences: [b]\n  spiffeID: spiffe://{{.TrustDomain}}/y/{{.Claims.sub}}\n" + okRule, 8, `issuers[1]: issuer "https://i.test" is already configured at line 3`},
 		{"allowPrivateAddresses not bool", issuerDoc(okBody + "  allowPrivateAddresses: 'yes'\n"), 6, "must be true or false"},
 		{"empty caFile", issuerDoc(okBody + "  caFile: ''\n"), 6, "caFile: is empty"},
 		{"anchor", "issuers:\n- &i\n  name: x\n", 2, "anchors and aliases are not supported"},
@@ -151,6 +166,14 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"issuer not a mapping", "issuers:\n- x\n", 2, "issuers[0] must be a mapping"},
 		{"second document", "issuers: []\n---\nissuers: []\n", 2, "a second YAML document"},
 		{"merge key", issuerDoc(okBody + "  <<: {a: b}\n"), 6, "merge keys"},
+		{"maxRenewalLifetime zero", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 0s\n"), 7, "issuers[0].maxRenewalLifetime: must be more than 0 and at most 8760h (a year), got 0s; leave it out for the default 24h"},
+		{"maxRenewalLifetime negative", issuerDoc(okBody + okRule + "  maxRenewalLifetime: -1h\n"), 7, "must be more than 0"},
+		{"maxRenewalLifetime over a year", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 8761h\n"), 7, "at most 8760h (a year), got 8761h0m0s"},
+		{"maxRenewalLifetime not a duration", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 1d\n"), 7, `issuers[0].maxRenewalLifetime: "1d" is not a duration such as 24h or 90m`},
+		{"maxRenewalLifetime a number", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 3600\n"), 7, "issuers[0].maxRenewalLifetime must be a string"},
+		{"oidc without claims", issuerDoc(okBody), 2, "issuers[0]: kind oidc requires at least one claims rule: a shared public issuer (GitHub Actions, GitLab, a cloud) signs tokens with any audience for anyone"},
+		{"oidc with empty claims", issuerDoc(okBody + "  claims: []\n"), 6, "e.g. claim repository_owner_id"},
+		{"oidc by default without claims", "issuers:\n- name: x\n  kind: oidc\n  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}\n", 2, "requires at least one claims rule"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,7 +200,7 @@ func TestParseConfigNode(t *testing.T) {
 	oidcNode := doc.Content[0].Content[3]
 	got, err := ParseConfigNode(oidcNode)
 	require.NoError(t, err)
-	assert.Equal(t, []IssuerConfig{{Name: "x", Kind: KindKubernetes, Issuer: "https://i.test", Audiences: []string{"a"}}}, got)
+	assert.Equal(t, []IssuerConfig{{Name: "x", Kind: KindKubernetes, Issuer: "https://i.test", Audiences: []string{"a"}, Line: 4}}, got)
 
 	bad := strings.Replace(file, "https://i.test", "http://i.test", 1)
 	require.NoError(t, yaml.Unmarshal([]byte(bad), &doc))
@@ -214,7 +237,11 @@ func TestParseConfigLimits(t *testing.T) {
 // built in code, which ParseConfig's errors already cover for files.
 func TestIssuerConfigCheck(t *testing.T) {
 	base := func() IssuerConfig {
-		return IssuerConfig{Name: "x", Issuer: "https://i.test", Audiences: []string{"a"}, SPIFFEID: "spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}"}
+		return IssuerConfig{
+			Name: "x", Issuer: "https://i.test", Audiences: []string{"a"},
+			Claims:   []ClaimRule{{Claim: "azp", Values: []string{"a"}}},
+			SPIFFEID: "spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}",
+		}
 	}
 	tests := []struct {
 		name   string
@@ -230,6 +257,9 @@ func TestIssuerConfigCheck(t *testing.T) {
 		{"template for kubernetes", func(c *IssuerConfig) { c.Kind = KindKubernetes }, "not allowed for kind kubernetes"},
 		{"no template", func(c *IssuerConfig) { c.SPIFFEID = "" }, "requires spiffeID"},
 		{"rule without values", func(c *IssuerConfig) { c.Claims = []ClaimRule{{Claim: "a"}} }, "must list at least one value"},
+		{"oidc without rules", func(c *IssuerConfig) { c.Claims = nil }, "claims: kind oidc requires at least one claims rule"},
+		{"negative maxRenewalLifetime", func(c *IssuerConfig) { c.MaxRenewalLifetime = -time.Hour }, "maxRenewalLifetime: must be more than 0"},
+		{"maxRenewalLifetime over a year", func(c *IssuerConfig) { c.MaxRenewalLifetime = MaxMaxRenewalLifetime + time.Nanosecond }, "at most 8760h"},
 		{"rule twice", func(c *IssuerConfig) {
 			c.Claims = []ClaimRule{{Claim: "a", Values: []string{"x"}}, {Claim: "a", Values: []string{"y"}}}
 		}, "two rules"},
@@ -243,10 +273,76 @@ func TestIssuerConfigCheck(t *testing.T) {
 				require.NoError(t, err)
 				assert.Equal(t, KindOIDC, c.Kind)
 				assert.Equal(t, []string{"RS256", "ES256"}, c.Algorithms)
+				assert.Equal(t, DefaultMaxRenewalLifetime, c.MaxRenewalLifetime)
 				return
 			}
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.errHas)
 		})
+	}
+
+	// A cluster's issuer keeps rules optional (Istio multi-cluster shares
+	// namespaces and service accounts across clusters).
+	kube := IssuerConfig{Name: "west", Kind: KindKubernetes, Issuer: "https://k.test", Audiences: []string{"a"}}
+	require.NoError(t, kube.check())
+}
+
+// TestNewNamesConfigLine: what only New can check (the template's trust
+// domain) names the issuer's line in the file it came from.
+func TestNewNamesConfigLine(t *testing.T) {
+	doc := "issuers:\n- name: k\n  kind: kubernetes\n  issuer: https://k.test\n  audiences: [a]\n" +
+		"- name: ci\n  issuer: https://i.test\n  audiences: [a]\n  claims: [{claim: azp, values: [a]}]\n" +
+		"  spiffeID: spiffe://other.org/ci/{{.Claims.sub}}\n"
+	issuers, err := ParseConfig([]byte(doc))
+	require.NoError(t, err)
+	require.Len(t, issuers, 2)
+	assert.Equal(t, 6, issuers[1].Line)
+	_, err = New(Config{TrustDomain: testTD, Issuers: issuers, newKeys: func(IssuerConfig) (keySource, error) { return &fakeKeys{}, nil }})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `authn: oidc: issuer "ci" (line 6): spiffeID: template names trust domain "other.org"`)
+}
+
+// TestDocExample: the configuration the package doc shows parses and
+// builds, so the example readers copy is one the server accepts.
+func TestDocExample(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	var yamlLines []string
+	in := false
+	for _, line := range strings.Split(string(src), "\n") {
+		switch {
+		case line == "//\tissuers:":
+			in = true
+		case in && !strings.HasPrefix(line, "//\t"):
+			in = false
+		}
+		if in {
+			yamlLines = append(yamlLines, strings.TrimPrefix(line, "//\t"))
+		}
+	}
+	require.NotEmpty(t, yamlLines, "doc.go has no configuration example")
+	issuers, err := ParseConfig([]byte(strings.Join(yamlLines, "\n")))
+	require.NoError(t, err)
+	require.Len(t, issuers, 2)
+	for _, ic := range issuers {
+		assert.NotEmpty(t, ic.Claims, "%s: the example shows a rule for every issuer", ic.Name)
+	}
+	_, err = New(Config{TrustDomain: testTD, Issuers: issuers, newKeys: func(IssuerConfig) (keySource, error) { return &fakeKeys{}, nil }})
+	require.NoError(t, err)
+
+	// With claims shaped like a GitHub Actions token's.
+	github := claimsJSON(t, `{"repository":"acme/app","repository_id":"892375","repository_owner":"acme",`+
+		`"repository_owner_id":"1234567","ref":"refs/heads/main","sub":"repo:acme/app:ref:refs/heads/main","workflow":"Build"}`)
+	require.NoError(t, checkRulesHold(issuers[0].Claims, github))
+	tmpl, err := parseTemplate(issuers[0].SPIFFEID)
+	require.NoError(t, err)
+	id, err := tmpl.execute(testTD, github)
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://example.org/ci/github/1234567/892375", id.String())
+	for _, claim := range []string{"repository", "sub"} {
+		bad, err := parseTemplate("spiffe://{{.TrustDomain}}/ci/{{.Claims." + claim + "}}")
+		require.NoError(t, err)
+		_, err = bad.execute(testTD, github)
+		assert.ErrorContains(t, err, "is not one of A-Z a-z 0-9 . - _", "as the doc says, %s cannot be a template value", claim)
 	}
 }

@@ -12,6 +12,7 @@ import (
 func FuzzParseConfig(f *testing.F) {
 	f.Add(goodConfig)
 	f.Add(issuerDoc(okBody))
+	f.Add(issuerDoc(okBody + okRule))
 	f.Add(issuerDoc(okBody + "  claims:\n  - claim: a.b\n    values: [x, '1']\n"))
 	f.Add("issuers:\n- name: k\n  kind: kubernetes\n  issuer: https://k.test\n  audiences: [a]\n")
 	f.Add("issuers:\n- &a {name: x}\n- *a\n")
@@ -47,6 +48,9 @@ func FuzzAuthenticate(f *testing.F) {
 	f.Add(sign(f, "RS256", "rsa-1", map[string]any{"crit": []string{"b64"}, "b64": false}, ciClaims()))
 	f.Add(unsigned(`{"alg":"none"}`, string(payloadBytes(f, ciClaims())), nil))
 	f.Add(unsigned(`{"alg":"RS256","kid":"rsa-1"}`, string(payloadBytes(f, ciClaims())), []byte("x")))
+	f.Add(signRaw(f, `{"alg":"RS256","kid":"rsa-1","KID":"x"}`, string(payloadBytes(f, ciClaims()))))
+	f.Add(unsigned(`{"alg":"HS256","alg":"RS256"}`, string(payloadBytes(f, ciClaims())), []byte("x")))
+	f.Add(signRaw(f, `{"alg":"RS256"}`, `{"ISS":"`+testIssuerURL+`"}`))
 	f.Add("a.b.c")
 	f.Add("")
 	keys := publicKeys()

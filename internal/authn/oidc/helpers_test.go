@@ -66,12 +66,14 @@ type fakeKeys struct {
 	keys  []jose.JSONWebKey
 	err   error // returned by every call when set
 	calls int
+	kids  []string // the key ids asked for, in order
 }
 
 func (f *fakeKeys) Keys(_ context.Context, kid string) ([]jose.JSONWebKey, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	f.kids = append(f.kids, kid)
 	if f.err != nil {
 		return nil, f.err
 	}

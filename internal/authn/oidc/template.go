@@ -30,6 +30,7 @@ type tmplPart struct {
 	lit   string
 	td    bool
 	claim string // dotted path; "" for the other kinds
+	col   int    // 1-based byte column of a placeholder's {{, for errors
 }
 
 // template is a parsed SPIFFE ID template.
@@ -87,6 +88,7 @@ func lexTemplate(s string) ([]tmplPart, error) {
 		if err != nil {
 			return nil, err
 		}
+		p.col = i + 1
 		parts = append(parts, p)
 		i += 2 + end + 2
 	}
@@ -132,13 +134,20 @@ func (t *template) checkShape(src string) error {
 		t.literalTD = td
 		path.WriteString("/" + p)
 	}
+	claimsInSegment := 0
 	for _, p := range rest {
 		switch {
 		case p.td:
 			return fmt.Errorf("template %q: {{%s}} is only allowed as the trust domain", truncate(src, 64), tdPlaceholder)
 		case p.claim != "":
+			if claimsInSegment++; claimsInSegment > 1 {
+				return errTwoClaims(p)
+			}
 			path.WriteString("x")
 		default:
+			if strings.Contains(p.lit, "/") {
+				claimsInSegment = 0
+			}
 			path.WriteString(p.lit)
 		}
 	}
@@ -148,6 +157,15 @@ func (t *template) checkShape(src string) error {
 	}
 	t.segments = strings.Count(skeleton, "/")
 	return nil
+}
+
+// errTwoClaims refuses a second claim placeholder in one path segment:
+// values side by side cannot be told apart once joined, whatever literal
+// text stands between them, since a value may contain that text too.
+func errTwoClaims(p tmplPart) error {
+	return fmt.Errorf("column %d: {{%s%s}} is a second claim placeholder in one path segment, which is ambiguous "+
+		"({{.Claims.org}}-{{.Claims.repo}} is the same for acme/payments-api and acme-payments/api); "+
+		"give each claim a segment of its own (literal text beside one claim is fine)", p.col, claimsPlaceholder, truncate(p.claim, 64))
 }
 
 // checkTrustDomain refuses a template that names a trust domain other
@@ -197,9 +215,9 @@ func (t *template) execute(td spiffeid.TrustDomain, claims map[string]any) (spif
 // claimSegment is the value of the claim at path as a path segment: a
 // string, or a number by its JSON text (e.g. GitHub's repository_id).
 func claimSegment(claims map[string]any, path string) (string, error) {
-	v, ok := lookup(claims, path)
-	if !ok {
-		return "", fmt.Errorf("claim %q is missing", path)
+	v, err := lookup(claims, path)
+	if err != nil {
+		return "", fmt.Errorf("claim %q %w", path, err)
 	}
 	var s string
 	switch v := v.(type) {

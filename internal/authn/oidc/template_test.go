@@ -21,7 +21,11 @@ func TestParseTemplate(t *testing.T) {
 		{tmpl: "spiffe://{{.TrustDomain}}/ci", segments: 1},
 		{tmpl: "spiffe://{{ .TrustDomain }}/ci/{{ .Claims.repository }}", segments: 2},
 		{tmpl: "spiffe://{{.TrustDomain}}/ns/{{.Claims.kubernetes.io.namespace}}/sa/{{.Claims.kubernetes.io.serviceaccount.name}}", segments: 4},
-		{tmpl: "spiffe://{{.TrustDomain}}/repo-{{.Claims.repository_id}}.{{.Claims.ref_type}}", segments: 1},
+		{tmpl: "spiffe://{{.TrustDomain}}/repo-{{.Claims.repository_id}}.v1/{{.Claims.ref_type}}", segments: 2},
+		{tmpl: "spiffe://{{.TrustDomain}}/repo-{{.Claims.repository_id}}.{{.Claims.ref_type}}", errHas: "column 58: {{.Claims.ref_type}} is a second claim placeholder in one path segment"},
+		{tmpl: "spiffe://{{.TrustDomain}}/ci/{{.Claims.org}}-{{.Claims.repo}}", errHas: "column 46: {{.Claims.repo}} is a second claim placeholder in one path segment, which is ambiguous"},
+		{tmpl: "spiffe://{{.TrustDomain}}/ci/{{.Claims.org}}{{ .Claims.repo }}", errHas: "column 45: {{.Claims.repo}} is a second claim placeholder"},
+		{tmpl: "spiffe://example.org/{{.Claims.a}}/x-{{.Claims.b}}-y/{{.Claims.c}}.{{.Claims.d}}", errHas: "column 68: {{.Claims.d}} is a second"},
 		{tmpl: "spiffe://example.org/vm/{{.Claims.sub}}", segments: 2, literalTD: "example.org"},
 		{tmpl: "spiffe://{{.TrustDomain}}/x/{{.Claims.https://example.com/claims/tenant}}", segments: 2},
 		{tmpl: "", errHas: "must start with spiffe://"},
@@ -159,7 +163,11 @@ func TestTemplateDottedKeys(t *testing.T) {
 		{"nested under a dotted key", `{"kubernetes.io":{"namespace":"prod","serviceaccount":{"name":"web"}}}`, "spiffe://example.org/ns/prod/sa/web", ""},
 		{"flat dotted keys", `{"kubernetes.io.namespace":"prod","kubernetes.io.serviceaccount.name":"web"}`, "spiffe://example.org/ns/prod/sa/web", ""},
 		{"fully nested", `{"kubernetes":{"io":{"namespace":"prod","serviceaccount":{"name":"web"}}}}`, "spiffe://example.org/ns/prod/sa/web", ""},
-		{"longest key wins", `{"kubernetes.io":{"namespace":"long","serviceaccount":{"name":"web"}},"kubernetes":{"io":{"namespace":"short"}}}`, "spiffe://example.org/ns/long/sa/web", ""},
+		{"two nestings are ambiguous", `{"kubernetes.io":{"namespace":"long","serviceaccount":{"name":"web"}},"kubernetes":{"io":{"namespace":"short"}}}`, "", `claim "kubernetes.io.namespace" is ambiguous`},
+		{"flat and nested are ambiguous", `{"kubernetes.io.namespace":"prod","kubernetes.io":{"namespace":"dev","serviceaccount":{"name":"web"}}}`, "", `claim "kubernetes.io.namespace" is ambiguous`},
+		{"flat and nested are ambiguous even when equal", `{"kubernetes.io.namespace":"prod","kubernetes.io":{"namespace":"prod","serviceaccount":{"name":"web"}}}`, "", "is ambiguous"},
+		{"a null nesting still counts", `{"kubernetes.io.namespace":"prod","kubernetes":{"io":{"namespace":null}},"kubernetes.io":{"serviceaccount":{"name":"web"}}}`, "", "is ambiguous"},
+		{"an unrelated dotted key is no ambiguity", `{"kubernetes.io":{"namespace":"prod","serviceaccount":{"name":"web"}},"kubernetes.io.pod":"x","kubernetes":{"io":{"pod":"y"}}}`, "spiffe://example.org/ns/prod/sa/web", ""},
 		{"falls back when the longest leads nowhere", `{"kubernetes.io":{"serviceaccount":{"name":"web"}},"kubernetes":{"io":{"namespace":"short"}}}`, "spiffe://example.org/ns/short/sa/web", ""},
 		{"value with a slash under a dotted key", `{"kubernetes.io":{"namespace":"a/b","serviceaccount":{"name":"web"}}}`, "", "is not one of"},
 		{"missing", `{"kubernetes.io":{"namespace":"prod"}}`, "", `claim "kubernetes.io.serviceaccount.name" is missing`},
@@ -217,6 +225,11 @@ func TestClaimRules(t *testing.T) {
 		{"array", func(m map[string]any) { m["repository_owner"] = []any{"acme"} }, "is an array, not a string"},
 		{"null", func(m map[string]any) { m["repository_owner"] = nil }, "is null"},
 		{"bool differs", func(m map[string]any) { m["public"] = true }, `"true", not one of`},
+		{"flat key beside the nested one", func(m map[string]any) { m["kubernetes.io.namespace"] = "prod" }, `claim rule: claim "kubernetes.io.namespace" is ambiguous`},
+		{"flat key with the allowed value, nested another", func(m map[string]any) {
+			m["kubernetes.io.namespace"] = "prod"
+			m["kubernetes.io"] = map[string]any{"namespace": "dev"}
+		}, "is ambiguous"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -240,6 +253,7 @@ func FuzzTemplate(f *testing.F) {
 	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}", `{"v":"acme"}`)
 	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}", `{"v":"a/b"}`)
 	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}{{.Claims.v}}", `{"v":"."}`)
+	f.Add("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}/x.{{.Claims.v}}", `{"v":"."}`)
 	f.Add("spiffe://{{.TrustDomain}}/ci/.{{.Claims.v}}", `{"v":"."}`)
 	f.Add("spiffe://example.org/{{.Claims.a.b}}", `{"a.b":"x","a":{"b":"y"}}`)
 	f.Add("spiffe://{{.TrustDomain}}/ns/{{.Claims.kubernetes.io.namespace}}", `{"kubernetes.io":{"namespace":"%2e%2e"}}`)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -70,9 +71,42 @@ func invalid(result, format string, args ...any) *refusal {
 
 // tokenHeader is the part of a JWS header read before any key work.
 type tokenHeader struct {
-	Alg  string          `json:"alg"`
-	Kid  string          `json:"kid"`
-	Crit json.RawMessage `json:"crit"`
+	Alg  string
+	Kid  string
+	Crit bool // a "crit" member is present
+}
+
+// parseHeader reads alg, kid and crit by their exact names, as go-jose
+// does: encoding/json's struct decoding would also take "ALG" or "Kid"
+// and let the last of two win, so the header judged here could differ
+// from the one go-jose verifies.
+func parseHeader(seg string) (tokenHeader, error) {
+	m, err := decodeExact(seg)
+	if err != nil {
+		return tokenHeader{}, err
+	}
+	var h tokenHeader
+	if h.Alg, err = stringMember(m, "alg"); err != nil {
+		return tokenHeader{}, err
+	}
+	if h.Kid, err = stringMember(m, "kid"); err != nil {
+		return tokenHeader{}, err
+	}
+	_, h.Crit = m["crit"]
+	return h, nil
+}
+
+// stringMember is m[name] as a string; "" when absent or null.
+func stringMember(m map[string]json.RawMessage, name string) (string, error) {
+	raw, ok := m[name]
+	if !ok {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("%s is not a string", name)
+	}
+	return s, nil
 }
 
 // verified is a token whose signature and standard claims checked out.
@@ -120,14 +154,14 @@ func (is *issuer) verify(ctx context.Context, token string, now time.Time) (veri
 // understands (RFC 7515 §4.1.11).
 func (is *issuer) checkHeader(token string) (tokenHeader, *refusal) {
 	seg, _, _ := strings.Cut(token, ".")
-	var h tokenHeader
-	if err := decodeSegment(seg, &h); err != nil {
+	h, err := parseHeader(seg)
+	if err != nil {
 		return tokenHeader{}, invalid(resultRefusedClaims, "token header: %v", err)
 	}
 	if !slices.Contains(is.cfg.Algorithms, h.Alg) {
 		return tokenHeader{}, invalid(resultRefusedAlg, "token algorithm %q is not one the issuer is configured for (%s)", truncate(h.Alg, 32), strings.Join(is.cfg.Algorithms, ", "))
 	}
-	if h.Crit != nil {
+	if h.Crit {
 		return tokenHeader{}, invalid(resultRefusedClaims, "token header has critical extensions, which are not supported")
 	}
 	return h, nil
@@ -233,6 +267,12 @@ func numericDate(v any) (time.Time, bool) {
 	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), true
 }
 
+// The claims of a service account token that must repeat its sub.
+const (
+	claimNamespace      = "kubernetes.io.namespace"
+	claimServiceAccount = "kubernetes.io.serviceaccount.name"
+)
+
 // kubernetesID is the identity of a service account token: sub
 // "system:serviceaccount:<ns>:<sa>", which the kubernetes.io claim must
 // repeat, gives spiffe://<td>/ns/<ns>/sa/<sa>. The namespace must be a DNS
@@ -250,10 +290,16 @@ func kubernetesID(td spiffeid.TrustDomain, claims map[string]any) (spiffeid.ID, 
 	if errs := validation.IsDNS1123Subdomain(sa); len(errs) > 0 {
 		return spiffeid.ID{}, invalid(resultRefusedSubject, "token sub: service account name %q: %s", truncate(sa, 64), strings.Join(errs, "; "))
 	}
-	kns, _ := lookupString(claims, "kubernetes.io", "namespace")
-	ksa, _ := lookupString(claims, "kubernetes.io", "serviceaccount", "name")
-	if kns != ns || ksa != sa {
-		return spiffeid.ID{}, invalid(resultRefusedSubject, "token kubernetes.io claim does not name the subject's service account %s/%s", ns, sa)
+	// The same dotted-path lookup as rules and templates, so a rule on
+	// kubernetes.io.namespace judges the namespace the ID is made of.
+	for _, c := range []struct{ path, want string }{{claimNamespace, ns}, {claimServiceAccount, sa}} {
+		v, err := lookup(claims, c.path)
+		if errors.Is(err, errClaimAmbiguous) {
+			return spiffeid.ID{}, refuse(resultRefusedSubject, authn.ErrPermissionDenied, "token claim %q %v", c.path, err)
+		}
+		if s, _ := v.(string); err != nil || s != c.want {
+			return spiffeid.ID{}, invalid(resultRefusedSubject, "token kubernetes.io claim does not name the subject's service account %s/%s", ns, sa)
+		}
 	}
 	id, err := spiffeid.FromSegments(td, "ns", ns, "sa", sa)
 	if err != nil {
@@ -262,35 +308,39 @@ func kubernetesID(td spiffeid.TrustDomain, claims map[string]any) (spiffeid.ID, 
 	return id, nil
 }
 
-// lookupString follows exact keys (no dotted-path guessing) to a string.
-func lookupString(claims map[string]any, keys ...string) (string, bool) {
-	var v any = claims
-	for _, k := range keys {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return "", false
-		}
-		v = m[k]
-	}
-	s, ok := v.(string)
-	return s, ok
-}
-
-// decodeSegment decodes one base64url part of a compact JWS as JSON.
-func decodeSegment(seg string, v any) error {
+// decodeExact decodes one base64url part of a compact JWS as a JSON
+// object whose members are kept raw under their exact names. A name that
+// appears twice is an error, as it is to go-jose, rather than the last
+// one winning.
+func decodeExact(seg string) (map[string]json.RawMessage, error) {
 	b, err := base64.RawURLEncoding.DecodeString(seg)
 	if err != nil {
-		return errors.New("not base64url")
+		return nil, errors.New("not base64url")
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	if err := d.Decode(v); err != nil {
-		return errors.New("not a JSON object")
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
 	}
-	if d.More() {
-		return errors.New("data after the JSON object")
+	m := map[string]json.RawMessage{}
+	for d.More() {
+		tok, err := d.Token()
+		name, isName := tok.(string)
+		var raw json.RawMessage
+		if err != nil || !isName || d.Decode(&raw) != nil {
+			return nil, errors.New("not a JSON object")
+		}
+		if _, dup := m[name]; dup {
+			return nil, errors.New("a member name appears twice")
+		}
+		m[name] = raw
 	}
-	return nil
+	if tok, err := d.Token(); err != nil || tok != json.Delim('}') {
+		return nil, errors.New("not a JSON object")
+	}
+	if _, err := d.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("data after the JSON object")
+	}
+	return m, nil
 }
 
 // decodeObject decodes a JWT payload: one JSON object, numbers kept as

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+)
+
+// ciIssuerYAML is a minimal --oidc-config with one issuer.
+const ciIssuerYAML = `issuers:
+- name: ci
+  issuer: https://ci.example.com
+  audiences: [example.org]
+  claims:
+  - claim: repository_owner_id
+    values: ["1342004"]
+  spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_id}}"
+`
+
+// The chain runs X509-SVID, TokenReview, the issuers, bootstrap tokens,
+// and the start-up record names it in that order. (Building TokenReview
+// connects to nothing, so an unreachable API server will do.)
+func TestAuthenticatorsChainOrder(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	kc := writeFile(t, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, 0o600)
+	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
+	g := &grpcEndpoint{}
+	chain, err := g.authenticators(grpcOptions{tokenReview: tokenReviewOn, kubeconfig: kc, bootstrapFile: tokens,
+		oidc: oidcOptions{file: writeFile(t, ciIssuerYAML, 0o644)}, tokenLedger: func() (authn.TokenLedger, error) {
+			return authn.OpenFileLedger(filepath.Join(t.TempDir(), "consumed.json"))
+		}},
+		td, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	var types []string
+	for _, a := range chain {
+		types = append(types, fmt.Sprintf("%T", a))
+	}
+	assert.Equal(t, "*authn.X509SVID,*authn.TokenReview,*oidc.Authenticator,*authn.BootstrapTokens", strings.Join(types, ","))
+	assert.Equal(t, "x509-svid,kubernetes-jwt,oidc (1 issuers),bootstrap-token", strings.Join(g.methods, ","))
+}
+
+// config check refuses what the server would stop on: issuers (inline
+// here, with the line of the bad one) and a DNS name template, checked
+// only when the certificate service is on, and refused when it is off.
+func TestConfigCheckOIDCAndDNSTemplate(t *testing.T) {
+	t.Setenv("TRUST_DOMAIN", "")
+	good := writeConfig(t, "trust-domain: example.org\ngrpc-listen: 127.0.0.1:15012\nworkload-dns-name-template: \"{sa}.{ns}.svc.cluster.local\"\noidc:\n"+indent(ciIssuerYAML, "  "))
+	out, stderr, code := runCLI(t, "", "config", "check", good)
+	assert.Equal(t, 0, code, stderr+out)
+
+	foreign := strings.Replace(ciIssuerYAML, "{{.TrustDomain}}", "other.org", 1)
+	bad := writeConfig(t, "trust-domain: example.org\ngrpc-listen: 127.0.0.1:15012\nworkload-dns-name-template: \"*.{ns}.svc\"\noidc:\n"+indent(foreign, "  "))
+	out, _, code = runCLI(t, "", "config", "check", bad)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, "--workload-dns-name-template")
+	assert.Contains(t, out, "config "+bad+": oidc: ")
+	assert.Contains(t, out, `"other.org"`)
+
+	off := writeConfig(t, "trust-domain: example.org\ngrpc-listen: \"\"\nworkload-dns-name-template: \"{sa}.{ns}.svc\"\noidc:\n"+indent(ciIssuerYAML, "  "))
+	out, _, code = runCLI(t, "", "config", "check", off)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, `which --grpc-listen "" turns off`)
+}
+
+func indent(s, prefix string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "")
+}
