@@ -249,6 +249,10 @@ func New(cfg Config) (*Authority, error) {
 	return a, nil
 }
 
+// DefaultWorkloadTTL is the lifetime of a workload certificate whose
+// request names none (Config.WorkloadTTL).
+func (a *Authority) DefaultWorkloadTTL() time.Duration { return a.cfg.WorkloadTTL }
+
 // TrustDomain is the CA's trust domain.
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
 

@@ -97,6 +97,36 @@ func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer s
 	return g, &refusal{codes.Internal, "internal", "internal error", err}
 }
 
+// boundTTL shortens ttl so that the certificate of grant g ends by the
+// bound its checker sets (authn.GrantBounder: an OIDC or remote cluster
+// issuer's maxRenewalLifetime after the token), so that a certificate
+// bought or renewed near the end of a chain does not outlive it by a
+// whole lifetime. Grants without such a bound keep ttl.
+func (s *Service) boundTTL(ttl time.Duration, id spiffeid.ID, g authn.Grant, hasGrant bool) (time.Duration, *refusal) {
+	if !hasGrant {
+		return ttl, nil
+	}
+	b, ok := s.cfg.Grants[g.Method].(authn.GrantBounder)
+	if !ok {
+		return ttl, nil
+	}
+	end, ok := b.GrantNotAfter(g)
+	if !ok {
+		return ttl, nil
+	}
+	left := end.Sub(s.cfg.Clock.Now()).Truncate(time.Second)
+	if left < time.Second {
+		return 0, &refusal{codes.PermissionDenied, "renewal_lifetime_exceeded", s.lifetimeMessage(id, g), nil}
+	}
+	if ttl == 0 {
+		ttl = s.cfg.DefaultTTL
+	}
+	if ttl == 0 || ttl > left {
+		ttl = left
+	}
+	return ttl, nil
+}
+
 // lifetimeMessage says which bound ended a renewal chain: the server's
 // MaxRenewalLifetime, or else the bound of the token issuer that granted
 // it (its maxRenewalLifetime, which GrantPolicy does not know).

@@ -121,6 +121,11 @@ type Config struct {
 	// its bootstrap or service account token at least this often. Zero
 	// means no bound. A chain can outlive it by one certificate lifetime.
 	MaxRenewalLifetime time.Duration
+	// DefaultTTL is the signer's lifetime for a request that names none
+	// (validity_duration 0). It is needed only to shorten such a request
+	// to a grant's bound (authn.GrantBounder); 0 then asks for exactly
+	// the time left, which a signer whose maximum is shorter refuses.
+	DefaultTTL time.Duration
 
 	// JWT, when set, mints JWT-SVIDs for callers of
 	// trustbridge.identity.v1.IdentityService/MintJWTSVID; nil refuses
@@ -424,6 +429,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	}
 	ttl, ref := validity("validity_duration", req.GetValidityDuration())
 	if ref != nil {
+		return nil, ident, ref
+	}
+	if ttl, ref = s.boundTTL(ttl, id, grant, hasGrant); ref != nil {
 		return nil, ident, ref
 	}
 

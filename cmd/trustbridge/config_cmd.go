@@ -159,9 +159,9 @@ func (p *problems) listeners(o serverOptions) {
 }
 
 // grpcService checks what setupGRPC refuses before listening: with the
-// certificate service off, that none of its flags is set; on, its limits
-// and grant flags, the workload DNS name template and the OIDC issuers
-// (without fetching anything).
+// certificate service off, that no OIDC issuers or DNS name template are
+// set (checkGRPCOff); on, its limits and grant flags, the workload DNS
+// name template and the OIDC issuers (without fetching anything).
 func (p *problems) grpcService(o grpcOptions, td spiffeid.TrustDomain) {
 	if o.listen == "" {
 		p.add(checkGRPCOff(o))

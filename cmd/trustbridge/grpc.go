@@ -224,6 +224,8 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 		// Renewal chains end with their grant (grants.go).
 		Grants:             g.grants,
 		MaxRenewalLifetime: o.maxRenewalLifetime,
+		// Issuer grants bound their certificates' lives (boundTTL).
+		DefaultTTL: authority.DefaultWorkloadTTL(),
 		// Node proxies may impersonate the pods of their node.
 		Impersonator: g.impersonator,
 		// Kubernetes workloads' DNS names (workload_dns.go).
@@ -261,13 +263,14 @@ func (g *grpcEndpoint) responseRoots(o grpcOptions, td spiffeid.TrustDomain, fed
 // it is off (--grpc-listen ""): silently ignoring an issuer list or a DNS
 // name template would hide a configuration that never takes effect.
 func checkGRPCOff(o grpcOptions) error {
-	switch {
-	case o.oidc.file != "" || o.oidc.inline != nil:
-		return fmt.Errorf("%s: OIDC issuers authenticate callers of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove them", o.oidc.source())
-	case o.workloadDNSNameTemplate != "":
-		return errors.New("--workload-dns-name-template names certificates of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove it")
+	var errs []error
+	if o.oidc.file != "" || o.oidc.inline != nil {
+		errs = append(errs, fmt.Errorf("%s: OIDC issuers authenticate callers of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove them", o.oidc.source()))
 	}
-	return nil
+	if o.workloadDNSNameTemplate != "" {
+		errs = append(errs, errors.New("--workload-dns-name-template names certificates of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove it"))
+	}
+	return errors.Join(errs...)
 }
 
 // checkGRPCFlags checks the signing limits, the node proxies' accounts

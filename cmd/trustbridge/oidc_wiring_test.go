@@ -74,7 +74,8 @@ func TestConfigCheckOIDCAndDNSTemplate(t *testing.T) {
 	off := writeConfig(t, "trust-domain: example.org\ngrpc-listen: \"\"\nworkload-dns-name-template: \"{sa}.{ns}.svc\"\noidc:\n"+indent(ciIssuerYAML, "  "))
 	out, _, code = runCLI(t, "", "config", "check", off)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, out, `which --grpc-listen "" turns off`)
+	assert.Contains(t, out, `OIDC issuers authenticate callers of the certificate service, which --grpc-listen "" turns off`)
+	assert.Contains(t, out, `--workload-dns-name-template names certificates of the certificate service, which --grpc-listen "" turns off`)
 }
 
 func indent(s, prefix string) string {

@@ -29,6 +29,16 @@ type GrantChecker interface {
 	CheckGrant(ctx context.Context, id spiffeid.ID, g Grant) error
 }
 
+// GrantBounder is a GrantChecker whose grants also bound the life of the
+// certificates they buy: a certificate of grant g must not outlive
+// GrantNotAfter(g) when ok. *oidc.Authenticator implements it (an
+// issuer's maxRenewalLifetime after the token), so that a certificate
+// never outlives the time its token's claims stand for, whatever TTL the
+// caller asked for.
+type GrantBounder interface {
+	GrantNotAfter(g Grant) (notAfter time.Time, ok bool)
+}
+
 // GrantPolicy decides whether an identity proved by an X509-SVID may still
 // be renewed (by the certificate service) or served (by SDS): its chain's
 // grant must still stand and be younger than MaxLifetime. Token methods

@@ -364,6 +364,17 @@ func (a *Authenticator) CheckGrant(_ context.Context, id spiffeid.ID, g authn.Gr
 	return nil
 }
 
+// GrantNotAfter is when certificates of g must end (authn.GrantBounder):
+// its issuer's maxRenewalLifetime after the token that granted it. ok is
+// false for a grant no configured issuer made (CheckGrant refuses it).
+func (a *Authenticator) GrantNotAfter(g authn.Grant) (time.Time, bool) {
+	is := a.byName[g.Ref]
+	if is == nil || is.method != g.Method || g.UID != is.grantUID || g.GrantedAt.IsZero() {
+		return time.Time{}, false
+	}
+	return g.GrantedAt.Add(is.cfg.MaxRenewalLifetime), true
+}
+
 // Run fetches every issuer's keys once (a warm-up, so the first token
 // does not wait and a misconfigured issuer shows in the log at start),
 // then waits for ctx. A failed warm-up is not fatal (the key set logs

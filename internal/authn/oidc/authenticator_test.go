@@ -571,3 +571,31 @@ func TestMetricsRegistered(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "metrics:")
 }
+
+// GrantNotAfter is when the certificates of an issuer grant end: its
+// issuer's maxRenewalLifetime after the token. A grant no configured
+// issuer made has no bound here (CheckGrant refuses it).
+func TestGrantNotAfter(t *testing.T) {
+	ci := oidcIssuer()
+	ci.MaxRenewalLifetime = 2 * time.Hour
+	f := newFixture(t, ci, kubeIssuer())
+	ciGrant := authn.Grant{Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID(testIssuerURL), GrantedAt: testNow}
+	end, ok := f.a.GrantNotAfter(ciGrant)
+	require.True(t, ok)
+	assert.Equal(t, testNow.Add(2*time.Hour), end)
+	kubeGrant := authn.Grant{Method: authn.MethodKubernetesIssuer, Ref: kubeIssuerName, UID: authn.IssuerGrantUID(kubeIssuerURL), GrantedAt: testNow}
+	end, ok = f.a.GrantNotAfter(kubeGrant)
+	require.True(t, ok)
+	assert.Equal(t, testNow.Add(DefaultMaxRenewalLifetime), end)
+
+	for name, g := range map[string]authn.Grant{
+		"unknown issuer":      {Method: authn.MethodOIDC, Ref: "gone", UID: ciGrant.UID, GrantedAt: testNow},
+		"another method":      {Method: authn.MethodKubernetesIssuer, Ref: testIssuerName, UID: ciGrant.UID, GrantedAt: testNow},
+		"another issuer URL":  {Method: authn.MethodOIDC, Ref: testIssuerName, UID: authn.IssuerGrantUID("https://old.test"), GrantedAt: testNow},
+		"not yet granted":     {Method: authn.MethodOIDC, Ref: testIssuerName, UID: ciGrant.UID},
+		"not an issuer grant": {Method: authn.MethodBootstrapToken, Ref: testIssuerName, GrantedAt: testNow},
+	} {
+		_, ok := f.a.GrantNotAfter(g)
+		assert.False(t, ok, name)
+	}
+}

@@ -329,7 +329,7 @@ func parseRules(m map[string]*keyValue, path string, rules *[]ClaimRule) error {
 			}
 		}
 		var r ClaimRule
-		if err := scalarField(rm, rpath, keyClaim, &r.Claim, checkClaimPath); err != nil {
+		if err := scalarField(rm, rpath, keyClaim, &r.Claim, checkRuleClaim); err != nil {
 			return err
 		}
 		if line, dup := seen[r.Claim]; dup {
@@ -537,6 +537,23 @@ func checkCAFile(s string) error {
 	return nil
 }
 
+// checkRuleClaim is checkClaimPath for a rule, which must not be about
+// a registered claim the issuer's own settings already check (iss, aud)
+// or that says nothing about who the token is for (times, jti): a rule
+// "iss is GitHub's" would satisfy the one-rule requirement of an oidc
+// issuer while still admitting every GitHub user.
+func checkRuleClaim(p string) error {
+	if err := checkClaimPath(p); err != nil {
+		return err
+	}
+	switch p {
+	case "iss", "aud", "exp", "nbf", "iat", "jti":
+		return fmt.Errorf("claim %q cannot have a rule: it is checked by the issuer's settings or says nothing about whom the token is for; "+
+			"restrict a claim naming the subject (e.g. sub, repository_owner_id, kubernetes.io.namespace)", p)
+	}
+	return nil
+}
+
 // checkClaimPath accepts a dotted path of non-empty keys.
 func checkClaimPath(p string) error {
 	if p == "" || len(p) > maxClaimPathLen {
@@ -629,7 +646,7 @@ func checkRules(rules []ClaimRule) error {
 		return fmt.Errorf("%d rules, more than %d", len(rules), maxClaimRules)
 	}
 	for i, r := range rules {
-		if err := checkClaimPath(r.Claim); err != nil {
+		if err := checkRuleClaim(r.Claim); err != nil {
 			return fmt.Errorf("rule %d: %w", i, err)
 		}
 		if len(r.Values) > maxRuleValues {

@@ -173,6 +173,9 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"maxRenewalLifetime a number", issuerDoc(okBody + okRule + "  maxRenewalLifetime: 3600\n"), 7, "issuers[0].maxRenewalLifetime must be a string"},
 		{"oidc without claims", issuerDoc(okBody), 2, "issuers[0]: kind oidc requires at least one claims rule: a shared public issuer (GitHub Actions, GitLab, a cloud) signs tokens with any audience for anyone"},
 		{"oidc with empty claims", issuerDoc(okBody + "  claims: []\n"), 6, "e.g. claim repository_owner_id"},
+		{"only rule on iss", issuerDoc(okBody + "  claims:\n  - claim: iss\n    values: [https://i.test]\n"), 7, `claim "iss" cannot have a rule`},
+		{"rule on aud", issuerDoc(okBody + "  claims:\n  - claim: aud\n    values: [a]\n"), 7, `claim "aud" cannot have a rule`},
+		{"rule on exp", issuerDoc(okBody + "  claims:\n  - claim: exp\n    values: [\"1\"]\n"), 7, `claim "exp" cannot have a rule`},
 		{"oidc by default without claims", "issuers:\n- name: x\n  kind: oidc\n  issuer: https://i.test\n  audiences: [a]\n  spiffeID: spiffe://{{.TrustDomain}}/x/{{.Claims.sub}}\n", 2, "requires at least one claims rule"},
 	}
 	for _, tt := range tests {
@@ -258,6 +261,7 @@ func TestIssuerConfigCheck(t *testing.T) {
 		{"no template", func(c *IssuerConfig) { c.SPIFFEID = "" }, "requires spiffeID"},
 		{"rule without values", func(c *IssuerConfig) { c.Claims = []ClaimRule{{Claim: "a"}} }, "must list at least one value"},
 		{"oidc without rules", func(c *IssuerConfig) { c.Claims = nil }, "claims: kind oidc requires at least one claims rule"},
+		{"only a rule on iss", func(c *IssuerConfig) { c.Claims = []ClaimRule{{Claim: "iss", Values: []string{c.Issuer}}} }, `claim "iss" cannot have a rule`},
 		{"negative maxRenewalLifetime", func(c *IssuerConfig) { c.MaxRenewalLifetime = -time.Hour }, "maxRenewalLifetime: must be more than 0"},
 		{"maxRenewalLifetime over a year", func(c *IssuerConfig) { c.MaxRenewalLifetime = MaxMaxRenewalLifetime + time.Nanosecond }, "at most 8760h"},
 		{"rule twice", func(c *IssuerConfig) {
