@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -143,7 +142,7 @@ func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, e
 		if err != nil {
 			return nil, err
 		}
-		return nil, errAt(&extra, "a second YAML document starts here; the file must hold exactly one")
+		return nil, yamlcheck.ErrorAt(&extra, "a second YAML document starts here; the file must hold exactly one")
 	}
 	if len(doc.Content) != 1 {
 		return &Config{}, nil
@@ -155,7 +154,7 @@ func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, e
 	if yamlcheck.IsNull(root) {
 		return &Config{}, nil
 	}
-	top, err := mapping(root, "the top level", topKeys)
+	top, err := yamlcheck.Mapping(root, "the top level", topKeys)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +162,7 @@ func parseConfig(data []byte, readFile func(string) ([]byte, error)) (*Config, e
 	if list == nil {
 		return &Config{}, nil
 	}
-	return parseList(list.value, readFile)
+	return parseList(list.Value, readFile)
 }
 
 // ParseConfigList is ParseConfig for the federation list alone, already
@@ -191,7 +190,7 @@ func noAlias(n *yaml.Node, where string) error {
 	if path == "" {
 		path = "the top level"
 	}
-	return errAt(found, "%s: YAML aliases are not supported", path)
+	return yamlcheck.ErrorAt(found, "%s: YAML aliases are not supported", path)
 }
 
 // parseList reads the federation list, checked for aliases.
@@ -200,7 +199,7 @@ func parseList(list *yaml.Node, readFile func(string) ([]byte, error)) (*Config,
 		return &Config{}, nil
 	}
 	if list.Kind != yaml.SequenceNode {
-		return nil, errAt(list, "%s must be a list, got %s", keyFederation, yamlcheck.Describe(list))
+		return nil, yamlcheck.ErrorAt(list, "%s must be a list, got %s", keyFederation, yamlcheck.Describe(list))
 	}
 	p := configParser{readFile: readFile, seen: make(trustDomainSet)}
 	cfg := &Config{}
@@ -226,43 +225,43 @@ type configParser struct {
 // domain once that is known, "federation[1] (example.org): refresh.min".
 func (p *configParser) item(i int, n *yaml.Node) (Endpoint, error) {
 	path := fmt.Sprintf("%s[%d]", keyFederation, i)
-	m, err := mapping(n, path, itemKeys)
+	m, err := yamlcheck.Mapping(n, path, itemKeys)
 	if err != nil {
 		return Endpoint{}, err
 	}
 	for _, k := range []string{keyTrustDomain, keyBundleEndpointURL, keyBundleEndpointProfile} {
 		if m[k] == nil {
-			return Endpoint{}, errAt(n, "%s: missing required key %q", path, k)
+			return Endpoint{}, yamlcheck.ErrorAt(n, "%s: missing required key %q", path, k)
 		}
 	}
 
 	var ep Endpoint
-	tdNode := m[keyTrustDomain].value
+	tdNode := m[keyTrustDomain].Value
 	s, err := scalar(tdNode, path, keyTrustDomain)
 	if err != nil {
 		return Endpoint{}, err
 	}
 	if ep.TrustDomain, err = parseTrustDomain(s); err != nil {
-		return Endpoint{}, errAt(tdNode, "%s: %s %q: %w", path, keyTrustDomain, s, err)
+		return Endpoint{}, yamlcheck.ErrorAt(tdNode, "%s: %s %q: %w", path, keyTrustDomain, s, err)
 	}
 	label := fmt.Sprintf("%s (%s)", path, ep.TrustDomain.Name())
 	if err := p.seen.add(ep.TrustDomain, fmt.Sprintf("%s (line %d)", path, tdNode.Line)); err != nil {
-		return Endpoint{}, errAt(tdNode, "%s: %w", label, err)
+		return Endpoint{}, yamlcheck.ErrorAt(tdNode, "%s: %w", label, err)
 	}
 
-	urlNode := m[keyBundleEndpointURL].value
+	urlNode := m[keyBundleEndpointURL].Value
 	if s, err = scalar(urlNode, path, keyBundleEndpointURL); err != nil {
 		return Endpoint{}, err
 	}
 	if ep.URL, err = parseEndpointURL(s); err != nil {
-		return Endpoint{}, errAt(urlNode, "%s: %s %q: %w", label, keyBundleEndpointURL, redact(s), err)
+		return Endpoint{}, yamlcheck.ErrorAt(urlNode, "%s: %s %q: %w", label, keyBundleEndpointURL, redact(s), err)
 	}
 
-	if err := profile(&ep, m[keyBundleEndpointProfile].value, path, label); err != nil {
+	if err := profile(&ep, m[keyBundleEndpointProfile].Value, path, label); err != nil {
 		return Endpoint{}, err
 	}
 	if r := m[keyRefresh]; r != nil {
-		if ep.Refresh, err = refresh(r.value, path, label); err != nil {
+		if ep.Refresh, err = refresh(r.Value, path, label); err != nil {
 			return Endpoint{}, err
 		}
 	}
@@ -274,14 +273,14 @@ func (p *configParser) item(i int, n *yaml.Node) (Endpoint, error) {
 
 func profile(ep *Endpoint, n *yaml.Node, path, label string) error {
 	path += "." + keyBundleEndpointProfile
-	m, err := mapping(n, path, profileKeys)
+	m, err := yamlcheck.Mapping(n, path, profileKeys)
 	if err != nil {
 		return err
 	}
 	if m[keyType] == nil {
-		return errAt(n, "%s: missing required key %q", path, keyType)
+		return yamlcheck.ErrorAt(n, "%s: missing required key %q", path, keyType)
 	}
-	typeNode := m[keyType].value
+	typeNode := m[keyType].Value
 	s, err := scalar(typeNode, path, keyType)
 	if err != nil {
 		return err
@@ -291,27 +290,27 @@ func profile(ep *Endpoint, n *yaml.Node, path, label string) error {
 	switch ep.Profile {
 	case ProfileHTTPSWeb:
 		if idKV != nil {
-			return errAt(idKV.key, "%s: %s: %s is only allowed with type %s", label, keyBundleEndpointProfile, keyEndpointSPIFFEID, ProfileHTTPSSPIFFE)
+			return yamlcheck.ErrorAt(idKV.Key, "%s: %s: %s is only allowed with type %s", label, keyBundleEndpointProfile, keyEndpointSPIFFEID, ProfileHTTPSSPIFFE)
 		}
 	case ProfileHTTPSSPIFFE:
 		if idKV == nil {
-			return errAt(n, "%s: %s: type %s requires %s", label, keyBundleEndpointProfile, ProfileHTTPSSPIFFE, keyEndpointSPIFFEID)
+			return yamlcheck.ErrorAt(n, "%s: %s: type %s requires %s", label, keyBundleEndpointProfile, ProfileHTTPSSPIFFE, keyEndpointSPIFFEID)
 		}
-		if s, err = scalar(idKV.value, path, keyEndpointSPIFFEID); err != nil {
+		if s, err = scalar(idKV.Value, path, keyEndpointSPIFFEID); err != nil {
 			return err
 		}
 		if ep.EndpointSPIFFEID, err = parseEndpointSPIFFEID(s); err != nil {
-			return errAt(idKV.value, "%s: %s.%s %q: %w", label, keyBundleEndpointProfile, keyEndpointSPIFFEID, s, err)
+			return yamlcheck.ErrorAt(idKV.Value, "%s: %s.%s %q: %w", label, keyBundleEndpointProfile, keyEndpointSPIFFEID, s, err)
 		}
 	default:
-		return errAt(typeNode, "%s: %s.%s %q is not one of %s, %s", label, keyBundleEndpointProfile, keyType, s, ProfileHTTPSWeb, ProfileHTTPSSPIFFE)
+		return yamlcheck.ErrorAt(typeNode, "%s: %s.%s %q is not one of %s, %s", label, keyBundleEndpointProfile, keyType, s, ProfileHTTPSWeb, ProfileHTTPSSPIFFE)
 	}
 	return nil
 }
 
 func refresh(n *yaml.Node, path, label string) (Refresh, error) {
 	path += "." + keyRefresh
-	m, err := mapping(n, path, refreshKeys)
+	m, err := yamlcheck.Mapping(n, path, refreshKeys)
 	if err != nil {
 		return Refresh{}, err
 	}
@@ -324,28 +323,28 @@ func refresh(n *yaml.Node, path, label string) (Refresh, error) {
 		if kv == nil {
 			continue
 		}
-		s, err := scalar(kv.value, path, f.key)
+		s, err := scalar(kv.Value, path, f.key)
 		if err != nil {
 			return Refresh{}, err
 		}
 		d, err := time.ParseDuration(s)
 		if err != nil {
-			return Refresh{}, errAt(kv.value, "%s: %s.%s: %w", label, keyRefresh, f.key, err)
+			return Refresh{}, yamlcheck.ErrorAt(kv.Value, "%s: %s.%s: %w", label, keyRefresh, f.key, err)
 		}
 		// Zero in Refresh means "server default", so an explicit zero or
 		// negative value cannot be represented and is refused.
 		if d <= 0 {
-			return Refresh{}, errAt(kv.value, "%s: %s.%s %q must be positive", label, keyRefresh, f.key, s)
+			return Refresh{}, yamlcheck.ErrorAt(kv.Value, "%s: %s.%s %q must be positive", label, keyRefresh, f.key, s)
 		}
 		*f.dst = d
 	}
 	if err := checkRefresh(r); err != nil {
-		return Refresh{}, errAt(n, "%s: %w", label, err)
+		return Refresh{}, yamlcheck.ErrorAt(n, "%s: %w", label, err)
 	}
 	return r, nil
 }
 
-func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, label string) error {
+func (p *configParser) bootstrap(ep *Endpoint, m map[string]*yamlcheck.Entry, path, label string) error {
 	inline, file := m[keyTrustDomainBundle], m[keyTrustDomainBundleFile]
 	var (
 		doc    []byte
@@ -355,33 +354,33 @@ func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, lab
 	switch {
 	case inline != nil && file != nil:
 		second := inline
-		if file.key.Line > inline.key.Line || (file.key.Line == inline.key.Line && file.key.Column > inline.key.Column) {
+		if file.Key.Line > inline.Key.Line || (file.Key.Line == inline.Key.Line && file.Key.Column > inline.Key.Column) {
 			second = file
 		}
-		return errAt(second.key, "%s: %s and %s are mutually exclusive", label, keyTrustDomainBundle, keyTrustDomainBundleFile)
+		return yamlcheck.ErrorAt(second.Key, "%s: %s and %s are mutually exclusive", label, keyTrustDomainBundle, keyTrustDomainBundleFile)
 	case inline != nil:
-		s, err := scalar(inline.value, path, keyTrustDomainBundle)
+		s, err := scalar(inline.Value, path, keyTrustDomainBundle)
 		if err != nil {
 			return err
 		}
 		if strings.TrimSpace(s) == "" {
-			return errAt(inline.value, "%s: %s is empty", label, keyTrustDomainBundle)
+			return yamlcheck.ErrorAt(inline.Value, "%s: %s is empty", label, keyTrustDomainBundle)
 		}
-		doc, source, at = []byte(s), keyTrustDomainBundle, inline.value
+		doc, source, at = []byte(s), keyTrustDomainBundle, inline.Value
 	case file != nil:
-		name, err := scalar(file.value, path, keyTrustDomainBundleFile)
+		name, err := scalar(file.Value, path, keyTrustDomainBundleFile)
 		if err != nil {
 			return err
 		}
-		source, at = fmt.Sprintf("%s %q", keyTrustDomainBundleFile, name), file.value
+		source, at = fmt.Sprintf("%s %q", keyTrustDomainBundleFile, name), file.Value
 		if p.readFile == nil {
-			return errAt(at, "%s: %s not supported here", label, keyTrustDomainBundleFile)
+			return yamlcheck.ErrorAt(at, "%s: %s not supported here", label, keyTrustDomainBundleFile)
 		}
 		if name == "" {
-			return errAt(at, "%s: %s is empty", label, keyTrustDomainBundleFile)
+			return yamlcheck.ErrorAt(at, "%s: %s is empty", label, keyTrustDomainBundleFile)
 		}
 		if doc, err = readBootstrapFile(name, p.readFile); err != nil {
-			return errAt(at, "%s: %s: %w", label, source, err)
+			return yamlcheck.ErrorAt(at, "%s: %s: %w", label, source, err)
 		}
 		ep.BootstrapBundleFile = name
 	default:
@@ -389,7 +388,7 @@ func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, lab
 	}
 	warnings, err := setBootstrap(ep, doc)
 	if err != nil {
-		return errAt(at, "%s: %s: %w", label, source, err)
+		return yamlcheck.ErrorAt(at, "%s: %s: %w", label, source, err)
 	}
 	for _, w := range warnings {
 		p.warnings = append(p.warnings, fmt.Sprintf("%s: %s: %s", label, source, w.String()))
@@ -397,49 +396,12 @@ func (p *configParser) bootstrap(ep *Endpoint, m map[string]*keyValue, path, lab
 	return nil
 }
 
-// keyValue is one entry of a YAML mapping; the key node is kept for errors
-// that are about the key's presence rather than its value.
-type keyValue struct {
-	key, value *yaml.Node
-}
-
-// mapping checks that n is a mapping whose keys are all known and distinct
-// and returns its entries by key. yaml/v3 reports duplicate keys only when
-// decoding into Go values, not into a yaml.Node, so the check is ours.
-func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, error) {
-	if n.Kind != yaml.MappingNode {
-		return nil, errAt(n, "%s must be a mapping, got %s", where, yamlcheck.Describe(n))
-	}
-	m := make(map[string]*keyValue, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, errAt(k, "%s: keys must be strings, got %s", where, yamlcheck.Describe(k))
-		}
-		if k.ShortTag() == "!!merge" {
-			return nil, errAt(k, "%s: merge keys (<<) are not supported", where)
-		}
-		if first, dup := m[k.Value]; dup {
-			return nil, errAt(k, "duplicate key %q in %s (first at line %d)", k.Value, where, first.key.Line)
-		}
-		if !slices.Contains(known, k.Value) {
-			return nil, errAt(k, "unknown key %q in %s%s (known: %s)", k.Value, where, yamlcheck.DidYouMean(k.Value, known), strings.Join(known, ", "))
-		}
-		m[k.Value] = &keyValue{key: k, value: v}
-	}
-	return m, nil
-}
-
 // scalar returns the value of a string scalar. Other scalars are refused
 // rather than stringified: "trustDomain: 1e3" is more likely a mistake than
 // a trust domain, and quoting it is easy.
 func scalar(n *yaml.Node, where, key string) (string, error) {
 	if problem := yamlcheck.StringProblem(n); problem != "" {
-		return "", errAt(n, "%s.%s %s", where, key, problem)
+		return "", yamlcheck.ErrorAt(n, "%s.%s %s", where, key, problem)
 	}
 	return n.Value, nil
-}
-
-func errAt(n *yaml.Node, format string, args ...any) error {
-	return fmt.Errorf("line %d: "+format, append([]any{n.Line}, args...)...)
 }

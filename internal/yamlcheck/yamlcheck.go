@@ -3,7 +3,8 @@
 // Find locates what they refuse before they read: aliases (and, for the
 // server's --config, anchors), which let one value stand in many places
 // and make a security configuration harder to review; one walk serves
-// every reader, each with its own rule and message. IsNull, Describe,
+// every reader, each with its own rule and message. Mapping reads a
+// mapping strictly (known, distinct keys) and ErrorAt names a line. IsNull, Describe,
 // StringProblem and DidYouMean word their errors the same way.
 package yamlcheck
 

@@ -146,7 +146,7 @@ func ParseConfig(data []byte) ([]IssuerConfig, error) {
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err == nil {
-			err = errAt(&extra, "a second YAML document starts here; the file must hold exactly one")
+			err = yamlcheck.ErrorAt(&extra, "a second YAML document starts here; the file must hold exactly one")
 		}
 		return nil, fmt.Errorf("authn: oidc: %w", err)
 	}
@@ -176,23 +176,23 @@ func parseNode(n *yaml.Node) ([]IssuerConfig, error) {
 		if path == "" {
 			path = "the top level"
 		}
-		return nil, errAt(found, "%s: YAML anchors and aliases are not supported", path)
+		return nil, yamlcheck.ErrorAt(found, "%s: YAML anchors and aliases are not supported", path)
 	}
-	top, err := mapping(n, "the top level", topKeys)
+	top, err := yamlcheck.Mapping(n, "the top level", topKeys)
 	if err != nil {
 		return nil, err
 	}
 	list := top[keyIssuers]
-	if list == nil || yamlcheck.IsNull(list.value) {
+	if list == nil || yamlcheck.IsNull(list.Value) {
 		return nil, nil
 	}
-	if list.value.Kind != yaml.SequenceNode {
-		return nil, errAt(list.value, "%s must be a list, got %s", keyIssuers, yamlcheck.Describe(list.value))
+	if list.Value.Kind != yaml.SequenceNode {
+		return nil, yamlcheck.ErrorAt(list.Value, "%s must be a list, got %s", keyIssuers, yamlcheck.Describe(list.Value))
 	}
-	if len(list.value.Content) > maxIssuers {
-		return nil, errAt(list.value, "%s has %d entries, more than %d", keyIssuers, len(list.value.Content), maxIssuers)
+	if len(list.Value.Content) > maxIssuers {
+		return nil, yamlcheck.ErrorAt(list.Value, "%s has %d entries, more than %d", keyIssuers, len(list.Value.Content), maxIssuers)
 	}
-	return parseIssuers(list.value.Content)
+	return parseIssuers(list.Value.Content)
 }
 
 func parseIssuers(items []*yaml.Node) ([]IssuerConfig, error) {
@@ -208,13 +208,13 @@ func parseIssuers(items []*yaml.Node) ([]IssuerConfig, error) {
 			return nil, err
 		}
 		if line, dup := names[ic.Name]; dup {
-			return nil, errAt(m[keyName].value, "%s: name %q is already used at line %d", path, ic.Name, line)
+			return nil, yamlcheck.ErrorAt(m[keyName].Value, "%s: name %q is already used at line %d", path, ic.Name, line)
 		}
-		names[ic.Name] = m[keyName].value.Line
+		names[ic.Name] = m[keyName].Value.Line
 		if line, dup := issuers[ic.Issuer]; dup {
-			return nil, errAt(m[keyIssuer].value, "%s: issuer %q is already configured at line %d; one issuer URL has one entry", path, ic.Issuer, line)
+			return nil, yamlcheck.ErrorAt(m[keyIssuer].Value, "%s: issuer %q is already configured at line %d; one issuer URL has one entry", path, ic.Issuer, line)
 		}
-		issuers[ic.Issuer] = m[keyIssuer].value.Line
+		issuers[ic.Issuer] = m[keyIssuer].Value.Line
 		out = append(out, ic)
 	}
 	return out, nil
@@ -222,14 +222,14 @@ func parseIssuers(items []*yaml.Node) ([]IssuerConfig, error) {
 
 // parseIssuer reads one issuer; each value is checked where it is read,
 // so an error names its line.
-func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*keyValue, error) {
-	m, err := mapping(n, path, issuerKeys)
+func parseIssuer(n *yaml.Node, path string) (IssuerConfig, map[string]*yamlcheck.Entry, error) {
+	m, err := yamlcheck.Mapping(n, path, issuerKeys)
 	if err != nil {
 		return IssuerConfig{}, nil, err
 	}
 	for _, k := range []string{keyName, keyIssuer, keyAudiences} {
 		if m[k] == nil {
-			return IssuerConfig{}, nil, errAt(n, "%s: missing required key %q", path, k)
+			return IssuerConfig{}, nil, yamlcheck.ErrorAt(n, "%s: missing required key %q", path, k)
 		}
 	}
 	ic := IssuerConfig{Kind: KindOIDC, Line: n.Line}
@@ -266,18 +266,18 @@ func errNoRules() error {
 // requireRules refuses an oidc issuer without claim rules (errNoRules).
 // It runs after the other checks of the entry, so that their errors,
 // which say more about the entry, come first.
-func requireRules(n *yaml.Node, m map[string]*keyValue, path string, ic IssuerConfig) error {
+func requireRules(n *yaml.Node, m map[string]*yamlcheck.Entry, path string, ic IssuerConfig) error {
 	if ic.Kind != KindOIDC || len(ic.Claims) > 0 {
 		return nil
 	}
 	at := n
 	if kv := m[keyClaims]; kv != nil {
-		at = kv.value
+		at = kv.Value
 	}
-	return errAt(at, "%s: %w", path, errNoRules())
+	return yamlcheck.ErrorAt(at, "%s: %w", path, errNoRules())
 }
 
-func parseKind(m map[string]*keyValue, path string, kind *Kind) error {
+func parseKind(m map[string]*yamlcheck.Entry, path string, kind *Kind) error {
 	var s string
 	if err := scalarField(m, path, keyKind, &s, func(s string) error {
 		if Kind(s) != KindOIDC && Kind(s) != KindKubernetes {
@@ -291,13 +291,13 @@ func parseKind(m map[string]*keyValue, path string, kind *Kind) error {
 	return nil
 }
 
-func parseTemplateField(m map[string]*keyValue, path string, ic *IssuerConfig) error {
+func parseTemplateField(m map[string]*yamlcheck.Entry, path string, ic *IssuerConfig) error {
 	kv := m[keySPIFFEID]
 	switch {
 	case ic.Kind == KindKubernetes && kv != nil:
-		return errAt(kv.key, "%s: %s is not allowed for kind %s: the ID is spiffe://<td>/ns/<namespace>/sa/<name> from the token", path, keySPIFFEID, KindKubernetes)
+		return yamlcheck.ErrorAt(kv.Key, "%s: %s is not allowed for kind %s: the ID is spiffe://<td>/ns/<namespace>/sa/<name> from the token", path, keySPIFFEID, KindKubernetes)
 	case ic.Kind == KindOIDC && kv == nil:
-		return errAt(m[keyName].key, "%s: kind %s requires %s (a SPIFFE ID template)", path, KindOIDC, keySPIFFEID)
+		return yamlcheck.ErrorAt(m[keyName].Key, "%s: kind %s requires %s (a SPIFFE ID template)", path, KindOIDC, keySPIFFEID)
 	}
 	return scalarField(m, path, keySPIFFEID, &ic.SPIFFEID, func(s string) error {
 		_, err := parseTemplate(s)
@@ -305,27 +305,27 @@ func parseTemplateField(m map[string]*keyValue, path string, ic *IssuerConfig) e
 	})
 }
 
-func parseRules(m map[string]*keyValue, path string, rules *[]ClaimRule) error {
+func parseRules(m map[string]*yamlcheck.Entry, path string, rules *[]ClaimRule) error {
 	kv := m[keyClaims]
 	if kv == nil {
 		return nil
 	}
-	if kv.value.Kind != yaml.SequenceNode {
-		return errAt(kv.value, "%s.%s must be a list, got %s", path, keyClaims, yamlcheck.Describe(kv.value))
+	if kv.Value.Kind != yaml.SequenceNode {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s must be a list, got %s", path, keyClaims, yamlcheck.Describe(kv.Value))
 	}
-	if len(kv.value.Content) > maxClaimRules {
-		return errAt(kv.value, "%s.%s has %d rules, more than %d", path, keyClaims, len(kv.value.Content), maxClaimRules)
+	if len(kv.Value.Content) > maxClaimRules {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s has %d rules, more than %d", path, keyClaims, len(kv.Value.Content), maxClaimRules)
 	}
 	seen := map[string]int{}
-	for i, item := range kv.value.Content {
+	for i, item := range kv.Value.Content {
 		rpath := fmt.Sprintf("%s.%s[%d]", path, keyClaims, i)
-		rm, err := mapping(item, rpath, ruleKeys)
+		rm, err := yamlcheck.Mapping(item, rpath, ruleKeys)
 		if err != nil {
 			return err
 		}
 		for _, k := range ruleKeys {
 			if rm[k] == nil {
-				return errAt(item, "%s: missing required key %q", rpath, k)
+				return yamlcheck.ErrorAt(item, "%s: missing required key %q", rpath, k)
 			}
 		}
 		var r ClaimRule
@@ -333,9 +333,9 @@ func parseRules(m map[string]*keyValue, path string, rules *[]ClaimRule) error {
 			return err
 		}
 		if line, dup := seen[r.Claim]; dup {
-			return errAt(rm[keyClaim].value, "%s: claim %q already has a rule at line %d; list every accepted value in one rule", rpath, r.Claim, line)
+			return yamlcheck.ErrorAt(rm[keyClaim].Value, "%s: claim %q already has a rule at line %d; list every accepted value in one rule", rpath, r.Claim, line)
 		}
-		seen[r.Claim] = rm[keyClaim].value.Line
+		seen[r.Claim] = rm[keyClaim].Value.Line
 		if err := listField(rm, rpath, keyValues, &r.Values, checkRuleValues); err != nil {
 			return err
 		}
@@ -345,42 +345,42 @@ func parseRules(m map[string]*keyValue, path string, rules *[]ClaimRule) error {
 }
 
 // scalarField reads an optional string key through check.
-func scalarField(m map[string]*keyValue, path, key string, dst *string, check func(string) error) error {
+func scalarField(m map[string]*yamlcheck.Entry, path, key string, dst *string, check func(string) error) error {
 	kv := m[key]
 	if kv == nil {
 		return nil
 	}
-	if problem := yamlcheck.StringProblem(kv.value); problem != "" {
-		return errAt(kv.value, "%s.%s %s", path, key, problem)
+	if problem := yamlcheck.StringProblem(kv.Value); problem != "" {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s %s", path, key, problem)
 	}
-	if err := check(kv.value.Value); err != nil {
-		return errAt(kv.value, "%s.%s: %w", path, key, err)
+	if err := check(kv.Value.Value); err != nil {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s: %w", path, key, err)
 	}
-	*dst = kv.value.Value
+	*dst = kv.Value.Value
 	return nil
 }
 
 // listField reads an optional list of strings through check.
-func listField(m map[string]*keyValue, path, key string, dst *[]string, check func([]string) error) error {
+func listField(m map[string]*yamlcheck.Entry, path, key string, dst *[]string, check func([]string) error) error {
 	kv := m[key]
 	if kv == nil {
 		return nil
 	}
-	if kv.value.Kind != yaml.SequenceNode {
-		return errAt(kv.value, "%s.%s must be a list, got %s", path, key, yamlcheck.Describe(kv.value))
+	if kv.Value.Kind != yaml.SequenceNode {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s must be a list, got %s", path, key, yamlcheck.Describe(kv.Value))
 	}
-	if len(kv.value.Content) > maxRuleValues {
-		return errAt(kv.value, "%s.%s has %d entries, more than %d", path, key, len(kv.value.Content), maxRuleValues)
+	if len(kv.Value.Content) > maxRuleValues {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s has %d entries, more than %d", path, key, len(kv.Value.Content), maxRuleValues)
 	}
-	out := make([]string, 0, len(kv.value.Content))
-	for i, v := range kv.value.Content {
+	out := make([]string, 0, len(kv.Value.Content))
+	for i, v := range kv.Value.Content {
 		if problem := yamlcheck.StringProblem(v); problem != "" {
-			return errAt(v, "%s.%s[%d] %s", path, key, i, problem)
+			return yamlcheck.ErrorAt(v, "%s.%s[%d] %s", path, key, i, problem)
 		}
 		out = append(out, v.Value)
 	}
 	if err := check(out); err != nil {
-		return errAt(kv.value, "%s.%s: %w", path, key, err)
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s: %w", path, key, err)
 	}
 	*dst = out
 	return nil
@@ -388,17 +388,17 @@ func listField(m map[string]*keyValue, path, key string, dst *[]string, check fu
 
 // durationField reads an optional Go duration string ("24h", "90m")
 // through check.
-func durationField(m map[string]*keyValue, path, key string, dst *time.Duration, check func(time.Duration) error) error {
+func durationField(m map[string]*yamlcheck.Entry, path, key string, dst *time.Duration, check func(time.Duration) error) error {
 	var s string
 	if err := scalarField(m, path, key, &s, func(string) error { return nil }); err != nil || m[key] == nil {
 		return err
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return errAt(m[key].value, "%s.%s: %q is not a duration such as 24h or 90m", path, key, truncate(s, 32))
+		return yamlcheck.ErrorAt(m[key].Value, "%s.%s: %q is not a duration such as 24h or 90m", path, key, truncate(s, 32))
 	}
 	if err := check(d); err != nil {
-		return errAt(m[key].value, "%s.%s: %w", path, key, err)
+		return yamlcheck.ErrorAt(m[key].Value, "%s.%s: %w", path, key, err)
 	}
 	*dst = d
 	return nil
@@ -416,51 +416,15 @@ func fmtHours(d time.Duration) string {
 	return fmt.Sprintf("%dh", int64(d/time.Hour))
 }
 
-func boolField(m map[string]*keyValue, path, key string, dst *bool) error {
+func boolField(m map[string]*yamlcheck.Entry, path, key string, dst *bool) error {
 	kv := m[key]
 	if kv == nil {
 		return nil
 	}
-	if kv.value.Kind != yaml.ScalarNode || kv.value.ShortTag() != "!!bool" {
-		return errAt(kv.value, "%s.%s must be true or false, got %s", path, key, yamlcheck.Describe(kv.value))
+	if kv.Value.Kind != yaml.ScalarNode || kv.Value.ShortTag() != "!!bool" {
+		return yamlcheck.ErrorAt(kv.Value, "%s.%s must be true or false, got %s", path, key, yamlcheck.Describe(kv.Value))
 	}
-	return kv.value.Decode(dst)
-}
-
-// keyValue is one entry of a YAML mapping; the key node is kept for errors
-// about the key's presence.
-type keyValue struct {
-	key, value *yaml.Node
-}
-
-// mapping checks that n is a mapping whose keys are known and distinct:
-// yaml/v3 reports duplicates only when decoding into Go values.
-func mapping(n *yaml.Node, where string, known []string) (map[string]*keyValue, error) {
-	if n.Kind != yaml.MappingNode {
-		return nil, errAt(n, "%s must be a mapping, got %s", where, yamlcheck.Describe(n))
-	}
-	m := make(map[string]*keyValue, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, errAt(k, "%s: keys must be strings, got %s", where, yamlcheck.Describe(k))
-		}
-		if k.ShortTag() == "!!merge" {
-			return nil, errAt(k, "%s: merge keys (<<) are not supported", where)
-		}
-		if first, dup := m[k.Value]; dup {
-			return nil, errAt(k, "duplicate key %q in %s (first at line %d)", k.Value, where, first.key.Line)
-		}
-		if !slices.Contains(known, k.Value) {
-			return nil, errAt(k, "unknown key %q in %s%s (known: %s)", k.Value, where, yamlcheck.DidYouMean(k.Value, known), strings.Join(known, ", "))
-		}
-		m[k.Value] = &keyValue{key: k, value: v}
-	}
-	return m, nil
-}
-
-func errAt(n *yaml.Node, format string, args ...any) error {
-	return fmt.Errorf("line %d: "+format, append([]any{n.Line}, args...)...)
+	return kv.Value.Decode(dst)
 }
 
 // checkIssuerURL accepts an absolute https URL with a host and no

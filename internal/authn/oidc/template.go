@@ -134,6 +134,21 @@ func (t *template) checkShape(src string) error {
 		t.literalTD = td
 		path.WriteString("/" + p)
 	}
+	if err := writeSkeleton(&path, rest, src); err != nil {
+		return err
+	}
+	skeleton := path.String()
+	if err := spiffeid.ValidatePath(skeleton); err != nil || skeleton == "" {
+		return fmt.Errorf("template %q: the path (claims standing for one valid segment each) must be a non-root SPIFFE ID path of / separated segments of A-Z a-z 0-9 . - _ (no . or .. segments)", truncate(src, 64))
+	}
+	t.segments = strings.Count(skeleton, "/")
+	return nil
+}
+
+// writeSkeleton writes the path parts after the trust domain to path,
+// each claim standing for the one-byte segment part "x", refusing
+// {{.TrustDomain}} in the path and two claims in one segment.
+func writeSkeleton(path *strings.Builder, rest []tmplPart, src string) error {
 	claimsInSegment := 0
 	for _, p := range rest {
 		switch {
@@ -151,11 +166,6 @@ func (t *template) checkShape(src string) error {
 			path.WriteString(p.lit)
 		}
 	}
-	skeleton := path.String()
-	if err := spiffeid.ValidatePath(skeleton); err != nil || skeleton == "" {
-		return fmt.Errorf("template %q: the path (claims standing for one valid segment each) must be a non-root SPIFFE ID path of / separated segments of A-Z a-z 0-9 . - _ (no . or .. segments)", truncate(src, 64))
-	}
-	t.segments = strings.Count(skeleton, "/")
 	return nil
 }
 
