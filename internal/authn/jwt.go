@@ -247,36 +247,70 @@ func checkTokenClaims(token, audience string, now time.Time) (localToken, *local
 	return localToken{alg: h.Alg, kid: h.Kid, ns: ns, sa: sa, iat: iat, exp: exp}, nil
 }
 
-// checkTokenTimes requires an exp in the future and at most maxTokenAhead
-// away, and nbf and iat, when present, not in the future. It returns exp.
+// checkTokenTimes applies CheckTokenTimes to a service account token's
+// claims; a null or absent claim is absent.
 func checkTokenTimes(c saClaims, now time.Time) (time.Time, *localRefusal) {
-	exp, ok := numericDate(c.Exp)
+	byName := map[string]*json.Number{"exp": c.Exp, "nbf": c.Nbf, "iat": c.Iat}
+	exp, malformed, err := CheckTokenTimes(func(name string) (any, bool) {
+		if n := byName[name]; n != nil {
+			return *n, true
+		}
+		return nil, false
+	}, now)
 	switch {
-	case c.Exp == nil:
-		return time.Time{}, refuseLocal(localRefusedTime, "token has no exp")
-	case !ok:
-		return time.Time{}, refuseLocal(localRefusedClaims, "token exp is not a date")
-	case !now.Before(exp):
-		return time.Time{}, refuseLocal(localRefusedTime, "token expired at %s", exp.UTC().Format(time.RFC3339))
-	case exp.Sub(now) > maxTokenAhead:
-		return time.Time{}, refuseLocal(localRefusedTime, "token exp %s is more than %s away", exp.UTC().Format(time.RFC3339), maxTokenAhead)
+	case err == nil:
+		return exp, nil
+	case malformed:
+		return time.Time{}, &localRefusal{reason: localRefusedClaims, err: err}
 	}
-	for _, claim := range []struct {
-		name string
-		v    *json.Number
-	}{{"nbf", c.Nbf}, {"iat", c.Iat}} {
-		if claim.v == nil {
+	return time.Time{}, &localRefusal{reason: localRefusedTime, err: err}
+}
+
+// CheckTokenTimes checks a JWT's exp, nbf and iat (RFC 7519 §4.1.4–6) at
+// now, each read through claim (its decoded value, a json.Number for a
+// number, and whether it is present): exp is required, in the future and
+// at most a year and a day away (kube-apiserver extends projected tokens
+// to at most a year, and no issuer means more); nbf and iat, when present,
+// are not later than now plus a minute of clock leeway. It returns exp.
+// malformed says the refusal is about a value that is no NumericDate (a
+// claims problem) rather than about time. Errors never hold token bytes.
+func CheckTokenTimes(claim func(name string) (v any, present bool), now time.Time) (exp time.Time, malformed bool, err error) {
+	raw, present := claim("exp")
+	exp, ok := numericDateOf(raw)
+	switch {
+	case !present:
+		return time.Time{}, false, errors.New("token has no exp")
+	case !ok:
+		return time.Time{}, true, errors.New("token exp is not a date")
+	case !now.Before(exp):
+		return time.Time{}, false, fmt.Errorf("token expired at %s", exp.UTC().Format(time.RFC3339))
+	case exp.Sub(now) > maxTokenAhead:
+		return time.Time{}, false, fmt.Errorf("token exp %s is more than %s away", exp.UTC().Format(time.RFC3339), maxTokenAhead)
+	}
+	for _, name := range []string{"nbf", "iat"} {
+		raw, present := claim(name)
+		if !present {
 			continue
 		}
-		t, ok := numericDate(claim.v)
+		t, ok := numericDateOf(raw)
 		if !ok {
-			return time.Time{}, refuseLocal(localRefusedClaims, "token %s is not a date", claim.name)
+			return time.Time{}, true, fmt.Errorf("token %s is not a date", name)
 		}
 		if t.After(now.Add(clockLeeway)) {
-			return time.Time{}, refuseLocal(localRefusedTime, "token %s %s is in the future", claim.name, t.UTC().Format(time.RFC3339))
+			return time.Time{}, false, fmt.Errorf("token %s %s is in the future", name, t.UTC().Format(time.RFC3339))
 		}
 	}
-	return exp, nil
+	return exp, false, nil
+}
+
+// numericDateOf is numericDate of a decoded claim value: a json.Number,
+// anything else is no date.
+func numericDateOf(v any) (time.Time, bool) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return time.Time{}, false
+	}
+	return numericDate(&n)
 }
 
 // numericDate reads an RFC 7519 NumericDate within [0, maxExpSeconds].

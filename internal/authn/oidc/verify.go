@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -40,17 +39,6 @@ func allResults() []string {
 	return []string{resultAccepted, resultRefusedAlg, resultRefusedSignature, resultRefusedKey, resultRefusedTime,
 		resultRefusedAudience, resultRefusedClaims, resultRefusedRules, resultRefusedTemplate, resultRefusedSubject, resultUnavailable}
 }
-
-// Time bounds of a token, as for local service account tokens: clocks may
-// disagree by clockLeeway on nbf and iat; an exp further than
-// maxTokenAhead is not one an issuer meant (a year is kube-apiserver's
-// longest).
-const (
-	clockLeeway   = time.Minute
-	maxTokenAhead = 366 * 24 * time.Hour
-	// maxNumericDate keeps dates within time.Time's comfortable range.
-	maxNumericDate = 1 << 40
-)
 
 // refusal is a token refused: result is the metric label, kind the authn
 // sentinel it wraps (ErrInvalidCredentials, ErrPermissionDenied,
@@ -195,36 +183,20 @@ func (is *issuer) checkClaims(claims map[string]any, now time.Time) (time.Time, 
 	return exp, is.checkAudience(claims["aud"])
 }
 
-// checkTimes requires an exp in the future and at most maxTokenAhead
-// away, and nbf and iat, when present, not in the future beyond
-// clockLeeway.
+// checkTimes applies authn.CheckTokenTimes, the rules local service
+// account tokens get too, to the token's claims.
 func checkTimes(claims map[string]any, now time.Time) (time.Time, *refusal) {
-	raw, present := claims["exp"]
-	exp, ok := numericDate(raw)
+	exp, malformed, err := authn.CheckTokenTimes(func(name string) (any, bool) {
+		v, ok := claims[name]
+		return v, ok
+	}, now)
 	switch {
-	case !present:
-		return time.Time{}, invalid(resultRefusedTime, "token has no exp")
-	case !ok:
-		return time.Time{}, invalid(resultRefusedClaims, "token exp is not a date")
-	case !now.Before(exp):
-		return time.Time{}, invalid(resultRefusedTime, "token expired at %s", exp.UTC().Format(time.RFC3339))
-	case exp.Sub(now) > maxTokenAhead:
-		return time.Time{}, invalid(resultRefusedTime, "token exp %s is more than %s away", exp.UTC().Format(time.RFC3339), maxTokenAhead)
+	case err == nil:
+		return exp.UTC(), nil
+	case malformed:
+		return time.Time{}, &refusal{result: resultRefusedClaims, kind: authn.ErrInvalidCredentials, err: err}
 	}
-	for _, name := range []string{"nbf", "iat"} {
-		raw, present := claims[name]
-		if !present {
-			continue
-		}
-		t, ok := numericDate(raw)
-		if !ok {
-			return time.Time{}, invalid(resultRefusedClaims, "token %s is not a date", name)
-		}
-		if t.After(now.Add(clockLeeway)) {
-			return time.Time{}, invalid(resultRefusedTime, "token %s %s is in the future", name, t.UTC().Format(time.RFC3339))
-		}
-	}
-	return exp, nil
+	return time.Time{}, &refusal{result: resultRefusedTime, kind: authn.ErrInvalidCredentials, err: err}
 }
 
 // checkAudience requires aud, one string or an array of strings, to hold
@@ -251,20 +223,6 @@ func (is *issuer) checkAudience(aud any) *refusal {
 		}
 	}
 	return invalid(resultRefusedAudience, "token is for none of the issuer's audiences")
-}
-
-// numericDate reads an RFC 7519 NumericDate within [0, maxNumericDate].
-func numericDate(v any) (time.Time, bool) {
-	n, ok := v.(json.Number)
-	if !ok {
-		return time.Time{}, false
-	}
-	f, err := n.Float64()
-	if err != nil || math.IsNaN(f) || f < 0 || f > maxNumericDate {
-		return time.Time{}, false
-	}
-	sec, frac := math.Modf(f)
-	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), true
 }
 
 // The claims of a service account token that must repeat its sub.
