@@ -238,6 +238,118 @@ func (x *WatchBundlesResponse) GetWithheldTrustDomains() []string {
 	return nil
 }
 
+type SignIntermediateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// csr is a DER PKCS#10 certificate request (not PEM) for
+	// spiffe://<trust domain>, signed by the intermediate's fresh key.
+	Csr []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	// ttl_seconds asks for a lifetime; 0 takes the server's maximum. The
+	// server clamps it to its --max-downstream-ttl.
+	TtlSeconds    int64 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignIntermediateRequest) Reset() {
+	*x = SignIntermediateRequest{}
+	mi := &file_identity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignIntermediateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignIntermediateRequest) ProtoMessage() {}
+
+func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignIntermediateRequest.ProtoReflect.Descriptor instead.
+func (*SignIntermediateRequest) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SignIntermediateRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+func (x *SignIntermediateRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+type SignIntermediateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cert_chain holds DER certificates: the signed intermediate first,
+	// then the server's own intermediates in order, no root.
+	CertChain [][]byte `protobuf:"bytes,1,rep,name=cert_chain,json=certChain,proto3" json:"cert_chain,omitempty"`
+	// roots holds the DER trust anchors cert_chain verifies to: the ones
+	// the downstream publishes in its bundle.
+	Roots         [][]byte `protobuf:"bytes,2,rep,name=roots,proto3" json:"roots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignIntermediateResponse) Reset() {
+	*x = SignIntermediateResponse{}
+	mi := &file_identity_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignIntermediateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignIntermediateResponse) ProtoMessage() {}
+
+func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignIntermediateResponse.ProtoReflect.Descriptor instead.
+func (*SignIntermediateResponse) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SignIntermediateResponse) GetCertChain() [][]byte {
+	if x != nil {
+		return x.CertChain
+	}
+	return nil
+}
+
+func (x *SignIntermediateResponse) GetRoots() [][]byte {
+	if x != nil {
+		return x.Roots
+	}
+	return nil
+}
+
 var File_identity_proto protoreflect.FileDescriptor
 
 const file_identity_proto_rawDesc = "" +
@@ -256,10 +368,19 @@ const file_identity_proto_rawDesc = "" +
 	"\x14WatchBundlesResponse\x12\x1d\n" +
 	"\n" +
 	"bundle_map\x18\x01 \x01(\fR\tbundleMap\x124\n" +
-	"\x16withheld_trust_domains\x18\x02 \x03(\tR\x14withheldTrustDomains2\xea\x01\n" +
+	"\x16withheld_trust_domains\x18\x02 \x03(\tR\x14withheldTrustDomains\"L\n" +
+	"\x17SignIntermediateRequest\x12\x10\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\x12\x1f\n" +
+	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
+	"ttlSeconds\"O\n" +
+	"\x18SignIntermediateResponse\x12\x1d\n" +
+	"\n" +
+	"cert_chain\x18\x01 \x03(\fR\tcertChain\x12\x14\n" +
+	"\x05roots\x18\x02 \x03(\fR\x05roots2\xe3\x02\n" +
 	"\x0fIdentityService\x12h\n" +
 	"\vMintJWTSVID\x12+.trustbridge.identity.v1.MintJWTSVIDRequest\x1a,.trustbridge.identity.v1.MintJWTSVIDResponse\x12m\n" +
-	"\fWatchBundles\x12,.trustbridge.identity.v1.WatchBundlesRequest\x1a-.trustbridge.identity.v1.WatchBundlesResponse0\x01BEZCgithub.com/trustbridge/trustbridge/internal/identityapi;identityapib\x06proto3"
+	"\fWatchBundles\x12,.trustbridge.identity.v1.WatchBundlesRequest\x1a-.trustbridge.identity.v1.WatchBundlesResponse0\x01\x12w\n" +
+	"\x10SignIntermediate\x120.trustbridge.identity.v1.SignIntermediateRequest\x1a1.trustbridge.identity.v1.SignIntermediateResponseBEZCgithub.com/trustbridge/trustbridge/internal/identityapi;identityapib\x06proto3"
 
 var (
 	file_identity_proto_rawDescOnce sync.Once
@@ -273,20 +394,24 @@ func file_identity_proto_rawDescGZIP() []byte {
 	return file_identity_proto_rawDescData
 }
 
-var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_identity_proto_goTypes = []any{
-	(*MintJWTSVIDRequest)(nil),   // 0: trustbridge.identity.v1.MintJWTSVIDRequest
-	(*MintJWTSVIDResponse)(nil),  // 1: trustbridge.identity.v1.MintJWTSVIDResponse
-	(*WatchBundlesRequest)(nil),  // 2: trustbridge.identity.v1.WatchBundlesRequest
-	(*WatchBundlesResponse)(nil), // 3: trustbridge.identity.v1.WatchBundlesResponse
+	(*MintJWTSVIDRequest)(nil),       // 0: trustbridge.identity.v1.MintJWTSVIDRequest
+	(*MintJWTSVIDResponse)(nil),      // 1: trustbridge.identity.v1.MintJWTSVIDResponse
+	(*WatchBundlesRequest)(nil),      // 2: trustbridge.identity.v1.WatchBundlesRequest
+	(*WatchBundlesResponse)(nil),     // 3: trustbridge.identity.v1.WatchBundlesResponse
+	(*SignIntermediateRequest)(nil),  // 4: trustbridge.identity.v1.SignIntermediateRequest
+	(*SignIntermediateResponse)(nil), // 5: trustbridge.identity.v1.SignIntermediateResponse
 }
 var file_identity_proto_depIdxs = []int32{
 	0, // 0: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
 	2, // 1: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
-	1, // 2: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
-	3, // 3: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
+	4, // 2: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
+	1, // 3: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
+	3, // 4: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
+	5, // 5: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -303,7 +428,7 @@ func file_identity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_identity_proto_rawDesc), len(file_identity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

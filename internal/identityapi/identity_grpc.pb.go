@@ -24,8 +24,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	IdentityService_MintJWTSVID_FullMethodName  = "/trustbridge.identity.v1.IdentityService/MintJWTSVID"
-	IdentityService_WatchBundles_FullMethodName = "/trustbridge.identity.v1.IdentityService/WatchBundles"
+	IdentityService_MintJWTSVID_FullMethodName      = "/trustbridge.identity.v1.IdentityService/MintJWTSVID"
+	IdentityService_WatchBundles_FullMethodName     = "/trustbridge.identity.v1.IdentityService/WatchBundles"
+	IdentityService_SignIntermediate_FullMethodName = "/trustbridge.identity.v1.IdentityService/SignIntermediate"
 )
 
 // IdentityServiceClient is the client API for IdentityService service.
@@ -39,6 +40,12 @@ type IdentityServiceClient interface {
 	// trust domain's and those of the federated trust domains the trust
 	// policy grants it. A new message is sent whenever that set changes.
 	WatchBundles(ctx context.Context, in *WatchBundlesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBundlesResponse], error)
+	// SignIntermediate signs a downstream trustbridge's intermediate CA
+	// certificate (nested trust): the caller must authenticate with an
+	// X509-SVID of this trust domain whose SPIFFE ID is in the server's
+	// --downstream-allow. The certificate is a CA for spiffe://<trust
+	// domain> only, path length 0, name-constrained to the trust domain.
+	SignIntermediate(ctx context.Context, in *SignIntermediateRequest, opts ...grpc.CallOption) (*SignIntermediateResponse, error)
 }
 
 type identityServiceClient struct {
@@ -78,6 +85,16 @@ func (c *identityServiceClient) WatchBundles(ctx context.Context, in *WatchBundl
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type IdentityService_WatchBundlesClient = grpc.ServerStreamingClient[WatchBundlesResponse]
 
+func (c *identityServiceClient) SignIntermediate(ctx context.Context, in *SignIntermediateRequest, opts ...grpc.CallOption) (*SignIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignIntermediateResponse)
+	err := c.cc.Invoke(ctx, IdentityService_SignIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IdentityServiceServer is the server API for IdentityService service.
 // All implementations must embed UnimplementedIdentityServiceServer
 // for forward compatibility.
@@ -89,6 +106,12 @@ type IdentityServiceServer interface {
 	// trust domain's and those of the federated trust domains the trust
 	// policy grants it. A new message is sent whenever that set changes.
 	WatchBundles(*WatchBundlesRequest, grpc.ServerStreamingServer[WatchBundlesResponse]) error
+	// SignIntermediate signs a downstream trustbridge's intermediate CA
+	// certificate (nested trust): the caller must authenticate with an
+	// X509-SVID of this trust domain whose SPIFFE ID is in the server's
+	// --downstream-allow. The certificate is a CA for spiffe://<trust
+	// domain> only, path length 0, name-constrained to the trust domain.
+	SignIntermediate(context.Context, *SignIntermediateRequest) (*SignIntermediateResponse, error)
 	mustEmbedUnimplementedIdentityServiceServer()
 }
 
@@ -104,6 +127,9 @@ func (UnimplementedIdentityServiceServer) MintJWTSVID(context.Context, *MintJWTS
 }
 func (UnimplementedIdentityServiceServer) WatchBundles(*WatchBundlesRequest, grpc.ServerStreamingServer[WatchBundlesResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method WatchBundles not implemented")
+}
+func (UnimplementedIdentityServiceServer) SignIntermediate(context.Context, *SignIntermediateRequest) (*SignIntermediateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SignIntermediate not implemented")
 }
 func (UnimplementedIdentityServiceServer) mustEmbedUnimplementedIdentityServiceServer() {}
 func (UnimplementedIdentityServiceServer) testEmbeddedByValue()                         {}
@@ -155,6 +181,24 @@ func _IdentityService_WatchBundles_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type IdentityService_WatchBundlesServer = grpc.ServerStreamingServer[WatchBundlesResponse]
 
+func _IdentityService_SignIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdentityServiceServer).SignIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IdentityService_SignIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdentityServiceServer).SignIntermediate(ctx, req.(*SignIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // IdentityService_ServiceDesc is the grpc.ServiceDesc for IdentityService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -165,6 +209,10 @@ var IdentityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MintJWTSVID",
 			Handler:    _IdentityService_MintJWTSVID_Handler,
+		},
+		{
+			MethodName: "SignIntermediate",
+			Handler:    _IdentityService_SignIntermediate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
