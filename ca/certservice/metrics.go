@@ -11,6 +11,7 @@ type metrics struct {
 	dnsNames     *prometheus.CounterVec
 	// The identity service (identity.go, watch.go).
 	jwtSVIDs      *prometheus.CounterVec
+	intermediates *prometheus.CounterVec
 	watches       *prometheus.CounterVec
 	watchesOpen   prometheus.Gauge
 	watchMessages prometheus.Counter
@@ -41,6 +42,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_certservice_jwt_svids_total",
 			Help: "MintJWTSVID calls, by gRPC status code (OK: a JWT-SVID was issued) and authentication method (none when authentication failed).",
 		}, []string{"code", "method"}),
+		intermediates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_intermediates_total",
+			Help: "SignIntermediate calls of downstream trustbridges, by gRPC status code (OK: an intermediate was signed; PermissionDenied: not in --downstream-allow or not authenticated by an X509-SVID) and authentication method (none when authentication failed).",
+		}, []string{"code", "method"}),
 		watches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_bundle_watches_total",
 			Help: "WatchBundles streams refused or ended, by gRPC status code (Canceled: the caller left; Unauthenticated: its credential expired or no longer authenticates; Unavailable: the server stopped) and authentication method.",
@@ -58,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bundle maps over the 16 MiB a WatchBundles message may carry, not sent: the stream ends with ResourceExhausted and the agent keeps its last bundles. Grant that caller fewer trust domains.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.dnsNames, m.jwtSVIDs, m.watches, m.watchesOpen, m.watchMessages, m.watchOversized} {
+	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.dnsNames, m.jwtSVIDs, m.intermediates, m.watches, m.watchesOpen, m.watchMessages, m.watchOversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -152,6 +152,17 @@ type Config struct {
 	// A stream also ends when its caller's credential expires.
 	WatchReauthInterval time.Duration
 
+	// Intermediates, when set, signs downstream trustbridges'
+	// intermediates (SignIntermediate) for the SPIFFE IDs in
+	// DownstreamAllow (of TrustDomain, when that is set); an empty list
+	// refuses every one.
+	Intermediates   IntermediateSigner
+	DownstreamAllow []spiffeid.ID
+	TrustDomain     spiffeid.TrustDomain
+	// MaxDownstreamTTL clamps an intermediate's lifetime; zero means
+	// DefaultMaxDownstreamTTL.
+	MaxDownstreamTTL time.Duration
+
 	// Clock is the time; when it is a clock.Clock, WatchBundles' timers
 	// run on it too.
 	Clock      clock.PassiveClock
@@ -242,10 +253,10 @@ func (cfg Config) validate() error {
 	if _, ok := cfg.Signer.(DNSSigner); cfg.WorkloadDNSNames != nil && !ok {
 		return fmt.Errorf("certservice: workload DNS names need a signer that adds DNS names (%T is no DNSSigner)", cfg.Signer)
 	}
-	if cfg.MaxRenewalLifetime < 0 {
-		return fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
+	if cfg.MaxRenewalLifetime < 0 || cfg.MaxDownstreamTTL < 0 {
+		return fmt.Errorf("certservice: maximum renewal lifetime %s and maximum downstream TTL %s must not be negative", cfg.MaxRenewalLifetime, cfg.MaxDownstreamTTL)
 	}
-	return nil
+	return checkDownstreamAllow(cfg.DownstreamAllow, cfg.TrustDomain)
 }
 
 // withDefaults returns cfg with its zero values replaced by the
@@ -262,6 +273,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.WatchReauthInterval == 0 {
 		cfg.WatchReauthInterval = DefaultWatchReauthInterval
+	}
+	if cfg.MaxDownstreamTTL == 0 {
+		cfg.MaxDownstreamTTL = DefaultMaxDownstreamTTL
 	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -289,7 +303,7 @@ func (cfg Config) withDefaults() Config {
 // or Config.Bundles is set.
 func (s *Service) Register(r grpc.ServiceRegistrar) {
 	securityv1alpha1.RegisterIstioCertificateServiceServer(r, s)
-	if s.cfg.JWT != nil || s.cfg.Bundles != nil {
+	if s.cfg.JWT != nil || s.cfg.Bundles != nil || s.cfg.Intermediates != nil {
 		identityapi.RegisterIdentityServiceServer(r, &identityService{s: s})
 	}
 }
