@@ -48,3 +48,8 @@ func (s *Service) SetFaultLogForTest(l *loglimit.Limiter) { s.faultLog.Store(l) 
 func (s *Service) WorkloadDNSNamesForTest(result string) prometheus.Counter {
 	return s.metrics.dnsNames.WithLabelValues(result)
 }
+
+// IntermediatesForTest is the SignIntermediate counter of code and method.
+func (s *Service) IntermediatesForTest(code, method string) prometheus.Counter {
+	return s.metrics.intermediates.WithLabelValues(code, method)
+}

@@ -129,7 +129,7 @@ func (s *Service) downstreamAllowed(ident authn.Identity) *refusal {
 func (s *Service) parseIntermediateRequest(req *identityapi.SignIntermediateRequest) (*x509.CertificateRequest, time.Duration, *refusal) {
 	csr, err := ca.ParseCSR(req.GetCsr())
 	if err != nil {
-		return nil, 0, &refusal{codes.InvalidArgument, "invalid_csr", fmt.Sprintf("csr is not a valid DER PKCS#10 request: %v", err), nil}
+		return nil, 0, &refusal{codes.InvalidArgument, "invalid_csr", fmt.Sprintf("csr is not a valid PKCS#10 request (DER): %v", err), nil}
 	}
 	ttl, ref := validity("ttl_seconds", req.GetTtlSeconds())
 	if ref != nil {

@@ -240,8 +240,9 @@ func (x *WatchBundlesResponse) GetWithheldTrustDomains() []string {
 
 type SignIntermediateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// csr is a DER PKCS#10 certificate request (not PEM) for
-	// spiffe://<trust domain>, signed by the intermediate's fresh key.
+	// csr is a DER PKCS#10 certificate request (a PEM block is accepted
+	// too) for spiffe://<trust domain>, signed by the intermediate's fresh
+	// key.
 	Csr []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
 	// ttl_seconds asks for a lifetime; 0 takes the server's maximum. The
 	// server clamps it to its --max-downstream-ttl.
