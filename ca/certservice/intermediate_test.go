@@ -153,7 +153,7 @@ func TestSignIntermediateRefusals(t *testing.T) {
 		{name: "empty allow-list", caller: downstreamID, mutate: func(c *certservice.Config) { c.DownstreamAllow = nil },
 			want: codes.PermissionDenied, method: authn.MethodX509SVID, msg: "add the downstream's SPIFFE ID with --downstream-allow"},
 		{name: "token, not an SVID", token: goodToken, want: codes.PermissionDenied, method: "fake-token", msg: "only for a caller authenticated by an X509-SVID"},
-		{name: "bad CSR", caller: downstreamID, csr: []byte("not a csr"), want: codes.InvalidArgument, method: authn.MethodX509SVID, msg: "csr is not a valid DER PKCS#10 request"},
+		{name: "bad CSR", caller: downstreamID, csr: []byte("not a csr"), want: codes.InvalidArgument, method: authn.MethodX509SVID, msg: "csr is not a valid PKCS#10 request"},
 		{name: "truncated CSR", caller: downstreamID, csr: derCSR(t, "spiffe://example.org")[:40], want: codes.InvalidArgument, method: authn.MethodX509SVID, msg: "PKCS#10"},
 		{name: "not configured", caller: downstreamID, mutate: func(c *certservice.Config) { c.Intermediates = nil; c.JWT = newFakeJWTSigner(t) },
 			want: codes.FailedPrecondition, method: "none", msg: "does not sign intermediates"},
