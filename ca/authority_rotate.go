@@ -33,6 +33,9 @@ func (a *Authority) Rotate() error {
 	if a.cfg.Plugin != nil {
 		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
 	}
+	if a.cfg.Upstream != nil {
+		return errors.New("ca: the signing intermediate comes from the upstream authority and renews on its own; there is no root to rotate here")
+	}
 	if !a.leading() {
 		return fmt.Errorf("ca: %w: only the leader rotates roots", ErrNotLeader)
 	}
@@ -57,15 +60,20 @@ func (a *Authority) Reconcile() error {
 	if !a.leading() {
 		return a.Reload()
 	}
-	return a.withStateLocked(a.reconcileLocked)
+	if a.cfg.Upstream != nil {
+		return a.reconcileUpstream()
+	}
+	return a.withStateLocked(func() error { return a.reconcileLocked(a.applyDueStepsLocked) })
 }
 
-func (a *Authority) reconcileLocked() error {
+// reconcileLocked applies the root steps due (steps), the JWT key steps
+// due, and commits when anything changed.
+func (a *Authority) reconcileLocked(steps func() (bool, error)) error {
 	changed := a.startServedLeadsLocked()
 	if a.bumpSequenceLocked() {
 		changed = true
 	}
-	stepped, err := a.applyDueStepsLocked()
+	stepped, err := steps()
 	if err != nil {
 		return err
 	}

@@ -169,6 +169,9 @@ func (a *Authority) applyStateLocked(st *loadedState) error {
 			return fmt.Errorf("ca: %s went back from sequence %d to %d; refusing to publish an older state", a.backend.Describe(), a.journal.Sequence, j.Sequence)
 		}
 	}
+	if err := a.checkMode(roots); err != nil {
+		return err
+	}
 	if j == nil {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	} else if len(j.PluginRoots) > 0 {
