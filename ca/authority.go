@@ -76,6 +76,11 @@ type Config struct {
 	// UpstreamTTL is the intermediate lifetime asked of the upstream
 	// (default 48h); the upstream may grant less.
 	UpstreamTTL time.Duration
+	// SignsIntermediates makes roots created from now on leave room for
+	// one level of intermediates (path length 1 instead of 0), so that
+	// SignIntermediate can serve downstream trustbridges. Roots made
+	// without it refuse to (rotate them once it is set).
+	SignsIntermediates bool
 }
 
 // DefaultUpstreamTTL is the intermediate lifetime asked of an upstream.

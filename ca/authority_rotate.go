@@ -208,7 +208,7 @@ func (a *Authority) prepareLocked(now time.Time, why string) error {
 }
 
 func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
-	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL)
+	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL, a.cfg.SignsIntermediates)
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
@@ -248,7 +248,8 @@ func firstWord(s string) string {
 // serial number so that no two roots share a subject: Go's chain builder
 // gives up after a fixed number of signature checks per candidate subject,
 // which broke SPIRE deployments with many same-named roots.
-func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration) (*x509.Certificate, crypto.Signer, error) {
+// With intermediates, the root leaves room for one level of them.
+func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration, intermediates bool) (*x509.Certificate, crypto.Signer, error) {
 	key, err := GenerateKey(kt)
 	if err != nil {
 		return nil, nil, err
@@ -269,7 +270,8 @@ func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Du
 		NotAfter:              now.Add(ttl),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
-		MaxPathLenZero:        true,
+		MaxPathLenZero:        !intermediates,
+		MaxPathLen:            pathLen(intermediates),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		URIs:                  []*url.URL{td.ID().URL()},
 		// Verifiers that honour name constraints refuse anything this root
@@ -285,4 +287,11 @@ func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Du
 		return nil, nil, err
 	}
 	return cert, key, nil
+}
+
+func pathLen(intermediates bool) int {
+	if intermediates {
+		return 1
+	}
+	return 0
 }

@@ -123,6 +123,7 @@ func (a *Authority) settings() JournalSettings {
 		JWTKeyType:                a.cfg.JWTKeyType,
 		JWTKeyTTLSeconds:          int64(a.cfg.JWTKeyTTL / time.Second),
 		CurrentMaxJWTSVIDSeconds:  int64(a.cfg.MaxJWTSVIDTTL / time.Second),
+		SignsIntermediates:        a.cfg.SignsIntermediates,
 	}
 }
 

@@ -98,6 +98,9 @@ type JournalSettings struct {
 	JWTKeyType               JWTKeyType `json:"jwt_key_type,omitempty"`
 	JWTKeyTTLSeconds         int64      `json:"jwt_key_ttl_seconds,omitempty"`
 	CurrentMaxJWTSVIDSeconds int64      `json:"current_max_jwt_svid_ttl_seconds,omitempty"`
+	// SignsIntermediates: roots leave room for downstream intermediates
+	// (Config.SignsIntermediates), also for roots `ca rotate` makes.
+	SignsIntermediates bool `json:"signs_intermediates,omitempty"`
 }
 
 // JournalNote records a rotation event, newest last, for operators.
