@@ -68,7 +68,23 @@ type Config struct {
 	// it follows, reloading the state the leader wrote, publishing it and
 	// signing with its active root. nil means always the leader.
 	Leader Leader
+	// Upstream, when set, makes this CA an intermediate: an upstream
+	// signs its signing certificate (an intermediate, kept in the state
+	// like a root), renewed at half its life; the bundle publishes the
+	// upstream's roots. RootTTL is unused. Excludes Plugin.
+	Upstream UpstreamAuthority
+	// UpstreamTTL is the intermediate lifetime asked of the upstream
+	// (default 48h); the upstream may grant less.
+	UpstreamTTL time.Duration
+	// SignsIntermediates makes roots created from now on leave room for
+	// one level of intermediates (path length 1 instead of 0), so that
+	// SignIntermediate can serve downstream trustbridges. Roots made
+	// without it refuse to (rotate them once it is set).
+	SignsIntermediates bool
 }
+
+// DefaultUpstreamTTL is the intermediate lifetime asked of an upstream.
+const DefaultUpstreamTTL = 48 * time.Hour
 
 func (c *Config) applyDefaults() error {
 	if err := c.checkRequired(); err != nil {
@@ -99,6 +115,12 @@ func (c *Config) checkRequired() error {
 	if c.DataDir == "" && c.Backend == nil {
 		return errors.New("data directory or state backend is required")
 	}
+	if c.Upstream != nil && c.Plugin != nil {
+		return errors.New("an upstream authority and a plug-in CA directory (--ca-dir) cannot be combined: choose where the signing certificate comes from")
+	}
+	if c.UpstreamTTL < 0 {
+		return errors.New("upstream TTL must not be negative")
+	}
 	if c.Plugin != nil && c.Leader != nil {
 		return errors.New("leader election is not supported in plug-in mode: every replica publishes its own --ca-dir")
 	}
@@ -111,6 +133,9 @@ func (c *Config) applyTTLDefaults() error {
 	}
 	if c.RefreshHint == 0 {
 		c.RefreshHint = DefaultRefreshHint
+	}
+	if c.UpstreamTTL == 0 {
+		c.UpstreamTTL = DefaultUpstreamTTL
 	}
 	if c.RootTTL < 0 || c.WorkloadTTL < 0 || c.MaxWorkloadTTL < 0 {
 		return errors.New("root TTL, workload TTL and maximum workload TTL must not be negative")
@@ -203,6 +228,8 @@ type Authority struct {
 	// plugin is the plug-in material as last published, so signing never
 	// runs ahead of the bundle peers have seen.
 	plugin *PluginMaterial
+	// up is the upstream's health, in upstream mode (under mu).
+	up upstreamStatus
 }
 
 // New loads the CA state from cfg.DataDir, creating the first root if the
@@ -244,7 +271,12 @@ func New(cfg Config) (*Authority, error) {
 		return a, nil
 	}
 	if err := a.Reconcile(); err != nil {
-		return nil, err
+		if !errors.Is(err, errNoIntermediate) {
+			return nil, err
+		}
+		// An unreachable upstream at the first start: serve, not ready,
+		// and let Run retry.
+		a.recordCheck(err, "no intermediate from the upstream authority yet; the CA cannot sign until it answers")
 	}
 	return a, nil
 }
@@ -352,9 +384,14 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 	}
 	var m SigningMaterial
 	for _, r := range a.roots {
-		m.Roots = append(m.Roots, r.Cert)
+		if r.Upstream == nil {
+			m.Roots = append(m.Roots, r.Cert)
+		}
 		if r.State == StateActive {
 			m.Cert, m.Key = r.Cert, r.Key
+			if r.Upstream != nil {
+				m.Intermediates, m.Roots = r.upstreamChain, r.upstreamRoots
+			}
 		}
 	}
 	if m.Cert == nil {

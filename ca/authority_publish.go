@@ -67,8 +67,16 @@ func (a *Authority) publishLocked() {
 	now := a.cfg.Clock.Now()
 	current := make(map[string]bool, len(a.roots))
 	certs := make([]*x509.Certificate, 0, len(a.roots))
+	seen := map[string]bool{}
 	for _, r := range a.roots {
-		certs = append(certs, r.Cert)
+		// Upstream roots several intermediates share are published once;
+		// an intermediate itself never is.
+		for _, c := range r.published() {
+			if fp := fingerprint(c); !seen[fp] {
+				seen[fp] = true
+				certs = append(certs, c)
+			}
+		}
 		current[r.ID] = true
 		if _, ok := a.served[r.ID]; !ok {
 			a.served[r.ID] = now

@@ -33,6 +33,9 @@ func (a *Authority) Rotate() error {
 	if a.cfg.Plugin != nil {
 		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
 	}
+	if a.cfg.Upstream != nil {
+		return errors.New("ca: the signing intermediate comes from the upstream authority and renews on its own; there is no root to rotate here")
+	}
 	if !a.leading() {
 		return fmt.Errorf("ca: %w: only the leader rotates roots", ErrNotLeader)
 	}
@@ -57,15 +60,20 @@ func (a *Authority) Reconcile() error {
 	if !a.leading() {
 		return a.Reload()
 	}
-	return a.withStateLocked(a.reconcileLocked)
+	if a.cfg.Upstream != nil {
+		return a.reconcileUpstream()
+	}
+	return a.withStateLocked(func() error { return a.reconcileLocked(a.applyDueStepsLocked) })
 }
 
-func (a *Authority) reconcileLocked() error {
+// reconcileLocked applies the root steps due (steps), the JWT key steps
+// due, and commits when anything changed.
+func (a *Authority) reconcileLocked(steps func() (bool, error)) error {
 	changed := a.startServedLeadsLocked()
 	if a.bumpSequenceLocked() {
 		changed = true
 	}
-	stepped, err := a.applyDueStepsLocked()
+	stepped, err := steps()
 	if err != nil {
 		return err
 	}
@@ -200,7 +208,7 @@ func (a *Authority) prepareLocked(now time.Time, why string) error {
 }
 
 func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
-	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL)
+	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL, a.cfg.SignsIntermediates)
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
@@ -240,7 +248,8 @@ func firstWord(s string) string {
 // serial number so that no two roots share a subject: Go's chain builder
 // gives up after a fixed number of signature checks per candidate subject,
 // which broke SPIRE deployments with many same-named roots.
-func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration) (*x509.Certificate, crypto.Signer, error) {
+// With intermediates, the root leaves room for one level of them.
+func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration, intermediates bool) (*x509.Certificate, crypto.Signer, error) {
 	key, err := GenerateKey(kt)
 	if err != nil {
 		return nil, nil, err
@@ -261,7 +270,8 @@ func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Du
 		NotAfter:              now.Add(ttl),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
-		MaxPathLenZero:        true,
+		MaxPathLenZero:        !intermediates,
+		MaxPathLen:            pathLen(intermediates),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		URIs:                  []*url.URL{td.ID().URL()},
 		// Verifiers that honour name constraints refuse anything this root
@@ -277,4 +287,11 @@ func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Du
 		return nil, nil, err
 	}
 	return cert, key, nil
+}
+
+func pathLen(intermediates bool) int {
+	if intermediates {
+		return 1
+	}
+	return 0
 }

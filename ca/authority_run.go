@@ -37,7 +37,12 @@ func (a *Authority) recordCheck(err error, msg string) {
 // changes from other processes are picked up.
 func (a *Authority) NextCheck(now time.Time) time.Time {
 	a.mu.RLock()
-	_, _, next := a.timelineLocked().Plan(now, a.timesLocked())
+	var next time.Time
+	if a.cfg.Upstream != nil {
+		next = a.nextUpstreamLocked(now)
+	} else {
+		_, _, next = a.timelineLocked().Plan(now, a.timesLocked())
+	}
 	next = earliest(next, a.nextJWTStepLocked(now))
 	a.mu.RUnlock()
 	return recheckBy(now, next)

@@ -123,6 +123,7 @@ func (a *Authority) settings() JournalSettings {
 		JWTKeyType:                a.cfg.JWTKeyType,
 		JWTKeyTTLSeconds:          int64(a.cfg.JWTKeyTTL / time.Second),
 		CurrentMaxJWTSVIDSeconds:  int64(a.cfg.MaxJWTSVIDTTL / time.Second),
+		SignsIntermediates:        a.cfg.SignsIntermediates,
 	}
 }
 
@@ -168,6 +169,9 @@ func (a *Authority) applyStateLocked(st *loadedState) error {
 		if j.Sequence < a.journal.Sequence {
 			return fmt.Errorf("ca: %s went back from sequence %d to %d; refusing to publish an older state", a.backend.Describe(), a.journal.Sequence, j.Sequence)
 		}
+	}
+	if err := a.checkMode(roots); err != nil {
+		return err
 	}
 	if j == nil {
 		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}

@@ -137,6 +137,9 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 	if active > 1 {
 		return nil, corrupt("%s names %d active roots", journalName, active)
 	}
+	if err := checkUpstreamRecords(j.Roots); err != nil {
+		return nil, err
+	}
 	if err := checkJWTRecords(j.JWTKeys); err != nil {
 		return nil, err
 	}
@@ -192,7 +195,13 @@ func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
 	if !publicKeysMatch(key.Public(), cert.PublicKey) {
 		return nil, corrupt("root %s: private key does not match the certificate", rec.ID)
 	}
-	return &Root{RootRecord: rec, Cert: cert, Key: key}, nil
+	r := &Root{RootRecord: rec, Cert: cert, Key: key}
+	if rec.Upstream != nil {
+		if r.upstreamChain, r.upstreamRoots, err = decodeUpstreamRecord(rec.ID, cert, rec.Upstream); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 // checkCommit refuses to persist a journal whose roots and JWT keys are
@@ -327,4 +336,29 @@ func trimRootSuffix(name string) string {
 		}
 	}
 	return ""
+}
+
+// maxUpstreamName bounds an upstream's recorded name.
+const maxUpstreamName = 256
+
+// checkUpstreamRecords refuses a journal that mixes self-signed roots
+// with intermediates an upstream signed (no mode publishes both), and
+// upstream records that are plainly damaged; decodeUpstreamRecord checks
+// their certificates.
+func checkUpstreamRecords(recs []RootRecord) error {
+	upstream := 0
+	for _, rec := range recs {
+		if rec.Upstream == nil {
+			continue
+		}
+		upstream++
+		u := rec.Upstream
+		if len(u.Name) > maxUpstreamName || u.ObtainedAt.IsZero() || len(u.Roots) == 0 {
+			return corrupt("%s: intermediate %s has an upstream record without roots, time obtained, or with a name over %d bytes", journalName, rec.ID, maxUpstreamName)
+		}
+	}
+	if upstream > 0 && upstream != len(recs) {
+		return corrupt("%s mixes %d self-signed roots with %d upstream-signed intermediates", journalName, len(recs)-upstream, upstream)
+	}
+	return nil
 }

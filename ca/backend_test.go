@@ -404,7 +404,7 @@ func TestFileBackendCommitPrunesAndWritesNewRoots(t *testing.T) {
 	b := fileBackend{s}
 	j, _, _, v, err := b.Load("example.org")
 	require.NoError(t, err)
-	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour)
+	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
 	r := &Root{RootRecord: RootRecord{ID: cert.SerialNumber.Text(16), State: StateActive, CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
 	j.Roots = []RootRecord{r.RootRecord}
@@ -442,7 +442,7 @@ func TestDecodeJournalRefusals(t *testing.T) {
 }
 
 func TestDecodeRootNeverQuotesTheKey(t *testing.T) {
-	cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour)
+	cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 	require.NoError(t, err)
 	r := &Root{RootRecord: RootRecord{ID: "ab", CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
 	c, k, err := EncodeRoot(r)
@@ -450,7 +450,7 @@ func TestDecodeRootNeverQuotesTheKey(t *testing.T) {
 	got, err := DecodeRoot(r.RootRecord, c, k)
 	require.NoError(t, err)
 	assert.True(t, got.Cert.Equal(cert))
-	_, otherKey, err := newRootCert(tdExample, KeyECP256, t0, time.Hour)
+	_, otherKey, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 	require.NoError(t, err)
 	_, k2, err := EncodeRoot(&Root{Cert: cert, Key: otherKey})
 	require.NoError(t, err)

@@ -1,6 +1,8 @@
 package ca
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -15,6 +17,11 @@ type metrics struct {
 	jwtNotAfter     *prometheus.GaugeVec
 	jwtSignings     *prometheus.CounterVec
 	jwtEvents       *prometheus.CounterVec
+
+	upstreamRequests    *prometheus.CounterVec
+	upstreamLastSuccess prometheus.Gauge
+	intermediateExpiry  prometheus.Gauge
+	lastSuccess         float64 // the gauge's value, under the Authority's mu
 }
 
 func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, error) {
@@ -48,12 +55,13 @@ func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, e
 		}),
 	}
 	m.addJWT()
+	m.addUpstream()
 	notReadyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "trustbridge_ca_not_ready",
 		Help: "1 while the CA reports a problem on /readyz (invalid --ca-dir change, failed rotation check, expired root), else 0.",
 	}, notReady)
 	for _, c := range []prometheus.Collector{m.rootNotAfter, m.sequence, m.signings, m.signingTime, m.rotations, m.reconcileErrors, notReadyGauge,
-		m.jwtKeys, m.jwtNotAfter, m.jwtSignings, m.jwtEvents} {
+		m.jwtKeys, m.jwtNotAfter, m.jwtSignings, m.jwtEvents, m.upstreamRequests, m.upstreamLastSuccess, m.intermediateExpiry} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -82,8 +90,10 @@ func (m *metrics) addJWT() {
 
 func (m *metrics) observe(roots []*Root, jwtKeys []*JWTKey, sequence uint64) {
 	m.rootNotAfter.Reset()
+	m.intermediateExpiry.Set(0)
 	for _, r := range roots {
 		m.rootNotAfter.WithLabelValues(r.ID, string(r.State)).Set(float64(r.Cert.NotAfter.Unix()))
+		m.observeIntermediate(r)
 	}
 	m.sequence.Set(float64(sequence))
 	m.jwtNotAfter.Reset()
@@ -94,5 +104,42 @@ func (m *metrics) observe(roots []*Root, jwtKeys []*JWTKey, sequence uint64) {
 	}
 	for state, n := range count {
 		m.jwtKeys.WithLabelValues(string(state)).Set(float64(n))
+	}
+}
+
+func (m *metrics) addUpstream() {
+	m.upstreamRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustbridge_ca_upstream_requests_total",
+		Help: "Requests to the upstream authority for an intermediate, by result (ok, error: the request failed, refused: the answer failed CheckUpstreamChain).",
+	}, []string{"result"})
+	m.upstreamLastSuccess = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "trustbridge_ca_upstream_last_success_timestamp_seconds",
+		Help: "When the upstream authority last signed an intermediate for this CA; 0 outside upstream mode.",
+	})
+	m.intermediateExpiry = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "trustbridge_ca_intermediate_expiry_timestamp_seconds",
+		Help: "Expiry of the active intermediate the upstream authority signed (no leaf outlives it); 0 outside upstream mode or without one.",
+	})
+}
+
+// observeIntermediate records an upstream-signed intermediate's expiry
+// (the active one) and when the upstream signed it, so followers, which
+// never ask the upstream, report both too.
+func (m *metrics) observeIntermediate(r *Root) {
+	if r.Upstream == nil {
+		return
+	}
+	if r.State == StateActive {
+		m.intermediateExpiry.Set(float64(r.Cert.NotAfter.Unix()))
+	}
+	m.setUpstreamSuccess(r.Upstream.ObtainedAt)
+}
+
+// setUpstreamSuccess moves the last-success gauge up to at; call it under
+// the Authority's mu.
+func (m *metrics) setUpstreamSuccess(at time.Time) {
+	if v := float64(at.Unix()); v > m.lastSuccess {
+		m.lastSuccess = v
+		m.upstreamLastSuccess.Set(v)
 	}
 }

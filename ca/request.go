@@ -46,7 +46,7 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 	if err != nil {
 		return "", false, fmt.Errorf("ca: journal trust domain: %w", err)
 	}
-	cert, key, err := newRootCert(td, st.KeyType, now, time.Duration(st.RootTTLSeconds)*time.Second)
+	cert, key, err := newRootCert(td, st.KeyType, now, time.Duration(st.RootTTLSeconds)*time.Second, st.SignsIntermediates)
 	if err != nil {
 		return "", false, fmt.Errorf("ca: create root: %w", err)
 	}

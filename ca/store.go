@@ -98,6 +98,9 @@ type JournalSettings struct {
 	JWTKeyType               JWTKeyType `json:"jwt_key_type,omitempty"`
 	JWTKeyTTLSeconds         int64      `json:"jwt_key_ttl_seconds,omitempty"`
 	CurrentMaxJWTSVIDSeconds int64      `json:"current_max_jwt_svid_ttl_seconds,omitempty"`
+	// SignsIntermediates: roots leave room for downstream intermediates
+	// (Config.SignsIntermediates), also for roots `ca rotate` makes.
+	SignsIntermediates bool `json:"signs_intermediates,omitempty"`
 }
 
 // JournalNote records a rotation event, newest last, for operators.
@@ -130,13 +133,31 @@ type RootRecord struct {
 	// publication lead counts from here.
 	PublishedAt time.Time `json:"published_at,omitzero"`
 	RemoveAfter time.Time `json:"remove_after,omitzero"`
+	// Upstream is set on an intermediate an upstream signed
+	// (Config.Upstream): the record then describes our signing
+	// intermediate, not a root, and the bundle publishes its upstream
+	// roots instead of it.
+	Upstream *UpstreamRecord `json:"upstream,omitempty"`
 }
 
-// Root is a root with its material.
+// Root is a root (or, in upstream mode, an intermediate) with its
+// material.
 type Root struct {
 	RootRecord
 	Cert *x509.Certificate
 	Key  crypto.Signer
+	// upstreamChain and upstreamRoots are RootRecord.Upstream parsed.
+	upstreamChain []*x509.Certificate
+	upstreamRoots []*x509.Certificate
+}
+
+// published are the certificates the bundle carries for r: its upstream
+// roots for an intermediate, else r itself.
+func (r *Root) published() []*x509.Certificate {
+	if r.Upstream != nil {
+		return r.upstreamRoots
+	}
+	return []*x509.Certificate{r.Cert}
 }
 
 // Store reads and writes CA state under a data directory.

@@ -20,7 +20,7 @@ func storeWithRoot(t *testing.T) (*Store, *Journal, string) {
 	t.Helper()
 	dir := t.TempDir()
 	s := NewStore(dir)
-	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour)
+	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
 	id, err := s.WriteRoot(cert, key)
 	require.NoError(t, err)
@@ -84,15 +84,15 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 			require.NoError(t, os.Remove(s.keyPath(id)))
 		}, "no such file"},
 		{"certificate swapped", func(t *testing.T, s *Store, _ *Journal, id string) {
-			other, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour)
+			other, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(s.certPath(id), certsToPEM(other), 0o644))
 		}, "does not match the fingerprint"},
 		{"key swapped", func(t *testing.T, s *Store, _ *Journal, id string) {
-			_, otherKey, err := newRootCert(tdExample, KeyECP256, t0, time.Hour)
+			_, otherKey, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
 			s2 := NewStore(t.TempDir())
-			otherCert, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour)
+			otherCert, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
 			oid, err := s2.WriteRoot(otherCert, otherKey)
 			require.NoError(t, err)
@@ -104,7 +104,7 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 			require.NoError(t, os.Chmod(s.keyPath(id), 0o644))
 		}, "must not be readable by group or others"},
 		{"two active roots", func(t *testing.T, s *Store, j *Journal, _ string) {
-			cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour)
+			cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
 			id2, err := s.WriteRoot(cert, key)
 			require.NoError(t, err)

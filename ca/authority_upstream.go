@@ -1,0 +1,399 @@
+package ca
+
+import (
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// upstreamTimeout bounds one request to the upstream.
+const upstreamTimeout = time.Minute
+
+// Retry pacing after failed upstream requests.
+const (
+	upstreamBackoffBase = 5 * time.Second
+	upstreamBackoffMax  = 5 * time.Minute
+)
+
+// errNoIntermediate marks an upstream failure that left the CA with no
+// valid intermediate to sign with.
+var errNoIntermediate = errors.New("no valid intermediate to sign with")
+
+// upstreamStatus is the upstream's health as this process saw it.
+type upstreamStatus struct {
+	lastSuccess time.Time
+	lastErr     error
+	lastErrAt   time.Time
+	failures    int // consecutive
+	nextAttempt time.Time
+}
+
+// upstreamBackoff is how long to wait before asking the upstream again
+// after failures consecutive failures: doubling from 5s, at most 5m.
+func upstreamBackoff(failures int) time.Duration {
+	d := upstreamBackoffBase
+	for i := 1; i < failures && d < upstreamBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, upstreamBackoffMax)
+}
+
+// RenewAt is when an intermediate is renewed: at half its life, as SPIRE
+// does, which leaves the other half to retry an upstream that is down.
+func RenewAt(c *x509.Certificate) time.Time {
+	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
+}
+
+// newIntermediateKey creates the key of a new intermediate.
+func (a *Authority) newIntermediateKey() (crypto.Signer, error) {
+	return GenerateKey(a.cfg.KeyType)
+}
+
+// reconcileUpstream is Reconcile in upstream mode: activate and remove
+// intermediates as due, then ask the upstream for a new one when the
+// active one passed its renewal point (or there is none). The request
+// runs outside the state lock; a failure keeps the last good intermediate
+// signing and is an error only once there is none.
+func (a *Authority) reconcileUpstream() error {
+	due := false
+	err := a.withStateLocked(func() error {
+		if len(a.roots) == 0 {
+			due = true
+			return nil
+		}
+		return a.reconcileLocked(func() (bool, error) {
+			now := a.cfg.Clock.Now()
+			changed := a.upstreamStepsLocked(now)
+			due = a.renewalDueLocked(now)
+			return changed, nil
+		})
+	})
+	if err != nil || !due {
+		return err
+	}
+	return a.renewIntermediate()
+}
+
+// renewIntermediate asks the upstream for an intermediate, unless the
+// backoff after a failure still runs, and installs it.
+func (a *Authority) renewIntermediate() error {
+	now := a.cfg.Clock.Now()
+	a.mu.RLock()
+	wait := now.Before(a.up.nextAttempt)
+	a.mu.RUnlock()
+	if wait {
+		return a.upstreamReadyErr()
+	}
+	key, chain, err := a.requestIntermediate()
+	if err != nil {
+		a.upstreamFailed(now, err)
+		return a.upstreamReadyErr()
+	}
+	a.upstreamOK(a.cfg.Clock.Now())
+	return a.withStateLocked(func() error {
+		return a.reconcileLocked(func() (bool, error) {
+			now := a.cfg.Clock.Now()
+			changed := a.upstreamStepsLocked(now)
+			if !a.renewalDueLocked(now) {
+				return changed, nil // another writer renewed meanwhile
+			}
+			return true, a.installIntermediateLocked(now, key, chain)
+		})
+	})
+}
+
+// requestIntermediate makes a key and a CSR for spiffe://<td>, asks the
+// upstream to sign it, and checks the answer.
+func (a *Authority) requestIntermediate() (crypto.Signer, *UpstreamChain, error) {
+	name := upstreamName(a.cfg.Upstream)
+	key, err := a.newIntermediateKey()
+	if err != nil {
+		return nil, nil, fmt.Errorf("ca: intermediate key: %w", err)
+	}
+	td := a.cfg.TrustDomain
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{Organization: []string{td.Name()}, CommonName: "trustbridge intermediate CA"},
+		URIs:    []*url.URL{td.ID().URL()},
+	}, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ca: intermediate request: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), upstreamTimeout)
+	defer cancel()
+	chain, err := a.cfg.Upstream.SignIntermediate(ctx, csr, a.cfg.UpstreamTTL)
+	if err != nil {
+		a.metrics.upstreamRequests.WithLabelValues("error").Inc()
+		return nil, nil, fmt.Errorf("ca: upstream %s: %w", name, err)
+	}
+	if err := CheckUpstreamChain(a.cfg.Clock.Now(), td, key.Public(), name, chain); err != nil {
+		a.metrics.upstreamRequests.WithLabelValues("refused").Inc()
+		return nil, nil, err
+	}
+	a.metrics.upstreamRequests.WithLabelValues("ok").Inc()
+	return key, chain, nil
+}
+
+// upstreamFailed records a failed request: metric, backoff, and one
+// warning per outage (later failures log at debug level).
+func (a *Authority) upstreamFailed(now time.Time, err error) {
+	a.mu.Lock()
+	a.up.failures++
+	a.up.lastErr, a.up.lastErrAt = err, now
+	a.up.nextAttempt = now.Add(upstreamBackoff(a.up.failures))
+	first := a.up.failures == 1
+	a.mu.Unlock()
+	if first {
+		a.cfg.Logger.Warn("upstream authority request failed; the current intermediate keeps signing while retrying with backoff", logattr.Error, err)
+		return
+	}
+	a.cfg.Logger.Debug("upstream authority request failed again", logattr.Error, err)
+}
+
+func (a *Authority) upstreamOK(now time.Time) {
+	a.mu.Lock()
+	outage := a.up.failures > 0
+	a.up = upstreamStatus{lastSuccess: now, lastErr: a.up.lastErr, lastErrAt: a.up.lastErrAt}
+	a.metrics.setUpstreamSuccess(now)
+	a.mu.Unlock()
+	if outage {
+		a.cfg.Logger.Info("upstream authority answered again")
+	}
+}
+
+// upstreamReadyErr is nil while the active intermediate is valid, else
+// the last upstream error: then the CA cannot sign and Ready says why.
+func (a *Authority) upstreamReadyErr() error {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if act := a.activeLocked(); act != nil && a.cfg.Clock.Now().Before(act.Cert.NotAfter) {
+		return nil
+	}
+	return fmt.Errorf("ca: %w: %w", errNoIntermediate, a.up.lastErr)
+}
+
+func (a *Authority) activeLocked() *Root {
+	for _, r := range a.roots {
+		if r.State == StateActive {
+			return r
+		}
+	}
+	return nil
+}
+
+// renewalDueLocked says whether to ask the upstream for an intermediate:
+// there is no active one, or it passed its renewal point, and none waits
+// for its roots to be published.
+func (a *Authority) renewalDueLocked(now time.Time) bool {
+	act := a.activeLocked()
+	for _, r := range a.roots {
+		if r.State == StatePrepared {
+			return false
+		}
+	}
+	return act == nil || !now.Before(RenewAt(act.Cert))
+}
+
+// installIntermediateLocked adds a checked intermediate. It signs at once
+// when every root it chains to is already published; otherwise it is
+// prepared, its new roots published, and activates PublishLead refresh
+// hints later while the current intermediate keeps signing.
+func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, chain *UpstreamChain) error {
+	cert := chain.Chain[0]
+	id := cert.SerialNumber.Text(16)
+	for _, r := range a.roots {
+		if r.ID == id {
+			return upstreamErrorf(upstreamName(a.cfg.Upstream), "certificate serial %s repeats that of an intermediate in use", id)
+		}
+	}
+	before := a.publishedKeyLocked()
+	r := &Root{
+		RootRecord: RootRecord{ID: id, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now,
+			Upstream: upstreamRecord(upstreamName(a.cfg.Upstream), now, chain)},
+		Cert: cert, Key: key, upstreamChain: chain.Chain[1:], upstreamRoots: chain.Roots,
+	}
+	act := a.activeLocked()
+	if act != nil && a.newRootsLocked(chain.Roots) {
+		r.State, r.MinActivateAt = StatePrepared, now.Add(PublishLead*a.cfg.RefreshHint)
+		a.roots = append(a.roots, r)
+		a.bumpIfPublishedChangedLocked(now, before)
+		a.event(now, "prepared (new upstream root)", id)
+		return nil
+	}
+	a.retireActiveLocked(now)
+	r.State, r.ActivatedAt = StateActive, now
+	a.roots = append(a.roots, r)
+	a.bumpIfPublishedChangedLocked(now, before)
+	if act == nil {
+		a.event(now, "bootstrap", id)
+	} else {
+		a.event(now, "activated", id)
+	}
+	return nil
+}
+
+// upstreamStepsLocked removes retired intermediates whose leaves have all
+// expired and activates a prepared one whose roots were published long
+// enough, and reports whether it changed anything.
+func (a *Authority) upstreamStepsLocked(now time.Time) bool {
+	changed := false
+	before := a.publishedKeyLocked()
+	kept := a.roots[:0]
+	for _, r := range a.roots {
+		if r.State == StateRetired && !now.Before(r.RemoveAfter) {
+			a.event(now, "removed", r.ID)
+			changed = true
+			continue
+		}
+		kept = append(kept, r)
+	}
+	a.roots = kept
+	a.bumpIfPublishedChangedLocked(now, before)
+	for _, r := range a.roots {
+		if r.State != StatePrepared {
+			continue
+		}
+		at := a.timelineLocked().ActivateAt(RootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
+		if at.IsZero() || now.Before(at) {
+			continue
+		}
+		a.retireActiveLocked(now)
+		r.State, r.ActivatedAt = StateActive, now
+		a.event(now, "activated", r.ID)
+		changed = true
+	}
+	return changed
+}
+
+func (a *Authority) retireActiveLocked(now time.Time) {
+	for _, r := range a.roots {
+		if r.State == StateActive {
+			r.State, r.RetiredAt = StateRetired, now
+			r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+			a.event(now, "retired", r.ID)
+		}
+	}
+}
+
+// newRootsLocked says whether roots holds one the bundle does not yet
+// publish.
+func (a *Authority) newRootsLocked(roots []*x509.Certificate) bool {
+	have := map[string]bool{}
+	for _, r := range a.roots {
+		for _, c := range r.published() {
+			have[fingerprint(c)] = true
+		}
+	}
+	for _, c := range roots {
+		if !have[fingerprint(c)] {
+			return true
+		}
+	}
+	return false
+}
+
+// publishedKeyLocked names the set of published X.509 authorities.
+func (a *Authority) publishedKeyLocked() string {
+	set := map[string]bool{}
+	for _, r := range a.roots {
+		for _, c := range r.published() {
+			set[fingerprint(c)] = true
+		}
+	}
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return strings.Join(keys, ",")
+}
+
+func (a *Authority) bumpIfPublishedChangedLocked(now time.Time, before string) {
+	if a.publishedKeyLocked() != before {
+		a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+	}
+}
+
+// nextUpstreamLocked is when the upstream plan next has work: renewal of
+// the active intermediate, activation of a prepared one, removal of a
+// retired one, or the retry after a failure; zero when work is due.
+func (a *Authority) nextUpstreamLocked(now time.Time) time.Time {
+	var next time.Time
+	for _, r := range a.roots {
+		switch r.State {
+		case StateActive:
+			next = earliest(next, RenewAt(r.Cert))
+		case StatePrepared:
+			next = earliest(next, a.timelineLocked().ActivateAt(RootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
+		case StateRetired:
+			next = earliest(next, r.RemoveAfter)
+		}
+	}
+	if a.up.failures > 0 && a.renewalDueLocked(now) {
+		return a.up.nextAttempt
+	}
+	if !next.After(now) || len(a.roots) == 0 {
+		return time.Time{}
+	}
+	return next
+}
+
+// UpstreamStatus is the upstream's health, for status reports; zero
+// outside upstream mode.
+type UpstreamStatus struct {
+	// Name names the upstream.
+	Name string
+	// LastSuccess is when the upstream last signed an intermediate: in
+	// this process, or as recorded in the state.
+	LastSuccess time.Time
+	// LastError is the last failed request's error ("" after none), and
+	// LastErrorAt when it failed; Failures counts those since the last
+	// success.
+	LastError   string
+	LastErrorAt time.Time
+	Failures    int
+}
+
+// Upstream reports the upstream's health; ok is false outside upstream
+// mode.
+func (a *Authority) Upstream() (st UpstreamStatus, ok bool) {
+	if a.cfg.Upstream == nil {
+		return st, false
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	st = UpstreamStatus{Name: upstreamName(a.cfg.Upstream), LastSuccess: a.up.lastSuccess, LastErrorAt: a.up.lastErrAt, Failures: a.up.failures}
+	if a.up.lastErr != nil {
+		st.LastError = a.up.lastErr.Error()
+	}
+	for _, r := range a.roots {
+		if r.Upstream != nil && r.Upstream.ObtainedAt.After(st.LastSuccess) {
+			st.LastSuccess = r.Upstream.ObtainedAt
+		}
+	}
+	return st, true
+}
+
+// checkMode refuses state written in another mode: a self-signed
+// CA's roots under an upstream, or an upstream's intermediates without
+// one. Either switch would drop what peers trust from the bundle at once.
+func (a *Authority) checkMode(roots []*Root) error {
+	for _, r := range roots {
+		switch {
+		case a.cfg.Upstream != nil && r.Upstream == nil:
+			return fmt.Errorf("ca: %s holds self-signed roots; switching to an upstream authority would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir (or state Secret)", a.backend.Describe())
+		case a.cfg.Upstream == nil && r.Upstream != nil:
+			return fmt.Errorf("ca: %s holds intermediates signed by upstream %s; start with the same --upstream, or use a fresh --data-dir (or state Secret)", a.backend.Describe(), r.Upstream.Name)
+		}
+	}
+	return nil
+}

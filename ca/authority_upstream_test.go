@@ -1,0 +1,318 @@
+package ca
+
+import (
+	"bytes"
+	"crypto/x509"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func upstreamConfig(t *testing.T, clk *clocktesting.FakeClock, u *fakeUpstream) Config {
+	cfg := testConfig(t, clk)
+	cfg.Upstream = u
+	cfg.UpstreamTTL = 48 * time.Hour
+	return cfg
+}
+
+// leafVerifies signs a workload leaf and checks it with go-spiffe against
+// the published bundle.
+func leafVerifies(t *testing.T, a *Authority) *Issued {
+	t.Helper()
+	id := spiffeid.RequireFromPath(tdExample, "/w")
+	issued, err := a.Sign(workloadCSR(t, id), id, 0)
+	require.NoError(t, err)
+	raw := make([][]byte, 0, len(issued.Chain))
+	for _, c := range issued.Chain[:len(issued.Chain)-len(issued.Roots)] {
+		raw = append(raw, c.Raw)
+	}
+	got, _, err := x509svid.ParseAndVerify(raw, x509bundle.FromX509Authorities(tdExample, a.Bundle().X509Authorities()),
+		x509svid.WithTime(a.cfg.Clock.Now()))
+	require.NoError(t, err)
+	assert.Equal(t, id, got)
+	return issued
+}
+
+func TestUpstreamBootstrapSignsAndPublishesRootsOnly(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	require.NoError(t, a.Ready())
+	roots := a.Roots()
+	require.Len(t, roots, 1)
+	assert.Equal(t, StateActive, roots[0].State)
+	require.NotNil(t, roots[0].Upstream)
+	assert.Equal(t, "fake upstream", roots[0].Upstream.Name)
+	assert.Equal(t, []*x509.Certificate{u.root}, a.Bundle().X509Authorities(), "the bundle carries the upstream root only, never the intermediate")
+
+	issued := leafVerifies(t, a)
+	require.Len(t, issued.Chain, 4, "leaf, our intermediate, the upstream intermediate, the upstream root")
+	assert.True(t, issued.Chain[1].Equal(roots[0].Cert))
+	assert.True(t, issued.Chain[2].Equal(u.mid))
+	assert.Equal(t, []*x509.Certificate{u.root}, issued.Roots)
+	assert.False(t, issued.Leaf.NotAfter.After(roots[0].Cert.NotAfter), "no leaf outlives the intermediate")
+
+	// A restart reuses the intermediate without asking again.
+	cfg := upstreamConfig(t, clk, u)
+	cfg.DataDir = a.cfg.DataDir
+	b, err := New(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 1, u.callCount())
+	assert.True(t, b.Roots()[0].Cert.Equal(roots[0].Cert))
+	leafVerifies(t, b)
+}
+
+func TestUpstreamRenewsAtHalfLife(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	first := a.Roots()[0]
+	seq := a.Sequence()
+
+	clk.Step(23 * time.Hour)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, 1, u.callCount(), "not renewed before half its life")
+
+	clk.Step(2 * time.Hour)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, 2, u.callCount())
+	roots := a.Roots()
+	require.Len(t, roots, 2)
+	assert.Equal(t, StateRetired, roots[0].State)
+	assert.Equal(t, first.ID, roots[0].ID)
+	assert.Equal(t, StateActive, roots[1].State, "an intermediate under an already published root signs at once")
+	assert.Equal(t, seq, a.Sequence(), "the published roots did not change")
+	leafVerifies(t, a)
+
+	// The retired one leaves once every leaf it signed expired.
+	clk.Step(a.cfg.MaxWorkloadTTL + 2*retireMargin)
+	require.NoError(t, a.Reconcile())
+	require.Len(t, a.Roots(), 1)
+	assert.Equal(t, []*x509.Certificate{u.root}, a.Bundle().X509Authorities())
+	assert.Equal(t, float64(a.Roots()[0].Cert.NotAfter.Unix()), testutil.ToFloat64(a.metrics.intermediateExpiry))
+}
+
+func TestUpstreamNewRootIsPublishedBeforeUse(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	oldRoot, seq := u.root, a.Sequence()
+
+	clk.Step(25 * time.Hour)
+	u.newRoot()
+	require.NoError(t, a.Reconcile())
+	roots := a.Roots()
+	require.Len(t, roots, 2)
+	assert.Equal(t, StateActive, roots[0].State, "the old intermediate keeps signing")
+	assert.Equal(t, StatePrepared, roots[1].State)
+	assert.ElementsMatch(t, []*x509.Certificate{oldRoot, u.root}, a.Bundle().X509Authorities(), "the new root is published first")
+	assert.Greater(t, a.Sequence(), seq)
+	issued := leafVerifies(t, a)
+	assert.True(t, issued.Chain[1].Equal(roots[0].Cert))
+	assert.Equal(t, 2, u.callCount())
+
+	clk.Step(PublishLead*a.cfg.RefreshHint - time.Second)
+	require.NoError(t, a.Reconcile())
+	assert.Equal(t, StatePrepared, a.Roots()[1].State, "not before PublishLead refresh hints")
+	clk.Step(time.Second)
+	require.NoError(t, a.Reconcile())
+	roots = a.Roots()
+	assert.Equal(t, StateRetired, roots[0].State)
+	assert.Equal(t, StateActive, roots[1].State)
+	issued = leafVerifies(t, a)
+	assert.Equal(t, []*x509.Certificate{u.root}, issued.Roots)
+	assert.Equal(t, 2, u.callCount(), "no new request while the prepared one waited")
+}
+
+func TestUpstreamFailuresKeepLastGoodIntermediate(t *testing.T) {
+	for _, tc := range []struct {
+		mode    string
+		fail    error
+		result  string
+		message string
+	}{
+		{fail: errUpstreamDown, result: "error", message: "connection refused"},
+		{mode: "non-ca", result: "refused", message: "not a CA certificate"},
+		{mode: "other-td", result: "refused", message: "may name only spiffe://example.org"},
+		{mode: "bad-chain", result: "refused", message: "does not verify"},
+		{mode: "wrong-key", result: "refused", message: "not for the key of our request"},
+		{mode: "expired", result: "refused", message: "not valid now"},
+		{mode: "no-roots", result: "refused", message: "no root"},
+	} {
+		t.Run(tc.result+"/"+tc.mode, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(t0)
+			u := newFakeUpstream(t, clk)
+			var logs bytes.Buffer
+			cfg := upstreamConfig(t, clk, u)
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			a, err := New(cfg)
+			require.NoError(t, err)
+			good := a.Roots()[0]
+			seq := a.Sequence()
+
+			u.set(tc.mode, tc.fail)
+			clk.Step(25 * time.Hour)
+			require.NoError(t, a.Reconcile(), "a failure is no error while the last good intermediate is valid")
+			require.NoError(t, a.Ready())
+			assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.upstreamRequests.WithLabelValues(tc.result)))
+			st, ok := a.Upstream()
+			require.True(t, ok)
+			assert.Contains(t, st.LastError, tc.message)
+			assert.Contains(t, st.LastError, "fake upstream", "the error names the upstream")
+			require.Len(t, a.Roots(), 1)
+			assert.Equal(t, good.ID, a.Roots()[0].ID)
+			assert.Equal(t, seq, a.Sequence())
+			leafVerifies(t, a)
+
+			// Retries back off, and the outage is logged once.
+			require.NoError(t, a.Reconcile())
+			assert.Equal(t, 2, u.callCount(), "no retry before the backoff")
+			clk.Step(upstreamBackoff(1))
+			require.NoError(t, a.Reconcile())
+			assert.Equal(t, 3, u.callCount())
+			assert.Equal(t, 1, bytes.Count(logs.Bytes(), []byte("upstream authority request failed")), logs.String())
+
+			// Once the last good one expired, Ready says why.
+			clk.Step(24 * time.Hour)
+			err = a.Reconcile()
+			require.ErrorIs(t, err, errNoIntermediate)
+			a.recordCheck(err, "check")
+			require.Error(t, a.Ready())
+			assert.Contains(t, a.Ready().Error(), tc.message)
+
+			// The upstream recovers: signing resumes.
+			u.set("", nil)
+			clk.Step(upstreamBackoffMax)
+			require.NoError(t, a.Reconcile())
+			a.recordCheck(nil, "")
+			require.NoError(t, a.Ready())
+			leafVerifies(t, a)
+		})
+	}
+}
+
+func TestUpstreamUnreachableAtFirstStart(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	u.set("", errUpstreamDown)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err, "the server starts, not ready")
+	require.ErrorContains(t, a.Ready(), "connection refused")
+	assert.Empty(t, a.Bundle().X509Authorities())
+	u.set("", nil)
+	clk.Step(upstreamBackoff(1))
+	a.recordCheck(a.Reconcile(), "")
+	require.NoError(t, a.Ready())
+	leafVerifies(t, a)
+}
+
+func TestUpstreamFollowerLoadsLeaderIntermediate(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	be := newMemBackend()
+	cfg := upstreamConfig(t, clk, u)
+	cfg.Backend, cfg.DataDir = be, ""
+	fcfg := cfg
+	fcfg.Registerer = prometheus.NewRegistry()
+	fcfg.Leader = LeaderFunc(func() bool { return false })
+
+	follower, err := New(fcfg)
+	require.NoError(t, err)
+	require.Error(t, follower.Ready(), "a follower with no state is not ready")
+	assert.Equal(t, 0, u.callCount(), "a follower never asks the upstream")
+
+	leader, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, follower.Reload())
+	require.NoError(t, follower.Ready())
+	assert.Equal(t, leader.Roots()[0].Cert, follower.Roots()[0].Cert)
+	assert.Equal(t, leader.Bundle().X509Authorities(), follower.Bundle().X509Authorities())
+	leafVerifies(t, follower)
+
+	clk.Step(25 * time.Hour)
+	require.NoError(t, follower.Reconcile())
+	assert.Equal(t, 1, u.callCount(), "a follower never renews")
+	require.NoError(t, leader.Reconcile())
+	require.NoError(t, follower.Reconcile())
+	require.Len(t, follower.Roots(), 2)
+	assert.Equal(t, StateActive, follower.Roots()[1].State)
+	assert.Equal(t, 2, u.callCount())
+}
+
+func TestUpstreamRefusesStateOfAnotherMode(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	self := testConfig(t, clk)
+	_, err := New(self)
+	require.NoError(t, err)
+	cfg := upstreamConfig(t, clk, newFakeUpstream(t, clk))
+	cfg.DataDir = self.DataDir
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "holds self-signed roots")
+
+	up, err := New(upstreamConfig(t, clk, newFakeUpstream(t, clk)))
+	require.NoError(t, err)
+	self.DataDir, self.Registerer = up.cfg.DataDir, prometheus.NewRegistry()
+	_, err = New(self)
+	require.ErrorContains(t, err, "holds intermediates signed by upstream fake upstream")
+
+	cfg.Plugin = &PluginWatcher{}
+	_, err = New(cfg)
+	require.ErrorContains(t, err, "cannot be combined")
+}
+
+func TestUpstreamRecordIsCheckedOnLoad(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	store := NewStore(a.cfg.DataDir)
+	j, _, err := store.Load("")
+	require.NoError(t, err)
+	other := newFakeUpstream(t, clk)
+	for name, mutate := range map[string]func(*UpstreamRecord){
+		"root that did not sign": func(r *UpstreamRecord) { r.Roots = [][]byte{other.root.Raw} },
+		"garbage":                func(r *UpstreamRecord) { r.Chain = [][]byte{[]byte("x")} },
+		"no roots":               func(r *UpstreamRecord) { r.Roots = nil },
+		"chain out of order":     func(r *UpstreamRecord) { r.Chain = [][]byte{other.mid.Raw} },
+		"too many": func(r *UpstreamRecord) {
+			r.Chain = append(r.Chain, r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0])
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := j.clone()
+			rec := *bad.Roots[0].Upstream
+			rec.Chain = append([][]byte(nil), rec.Chain...)
+			mutate(&rec)
+			bad.Roots[0].Upstream = &rec
+			require.NoError(t, store.Save(bad))
+			_, _, err := store.Load("")
+			require.ErrorIs(t, err, ErrCorruptState)
+		})
+	}
+	mixed := j.clone()
+	mixed.Roots = append(mixed.Roots, RootRecord{ID: "ab", State: StateRetired, CertSHA256: "00"})
+	data, err := EncodeJournal(mixed)
+	require.NoError(t, err)
+	_, err = DecodeJournal(data, "")
+	require.ErrorContains(t, err, "mixes 1 self-signed roots with 1 upstream-signed intermediates")
+}
+
+func TestUpstreamBackoff(t *testing.T) {
+	for failures, want := range map[int]time.Duration{
+		1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 7: 5 * time.Minute, 100: 5 * time.Minute,
+	} {
+		assert.Equal(t, want, upstreamBackoff(failures), "after %d failures", failures)
+	}
+}

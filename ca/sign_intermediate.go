@@ -1,0 +1,136 @@
+package ca
+
+import (
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// SignIntermediate signs a downstream trustbridge's CSR as an
+// intermediate CA of this trust domain: the server side of a nested
+// upstream (the caller, the certificate service, decides who may ask).
+// The CSR must come from ParseCSR and may name no identity but
+// spiffe://<trust domain>. The certificate can sign leaves only (path
+// length 0), carries the trust domain's SPIFFE ID and a URI name
+// constraint to the trust domain (X509-SVID §4), and lives ttl (0: the
+// default upstream TTL), clamped to the maximum workload TTL, which is
+// how long a retired root of ours stays published, and to our own
+// signing chain. The answer's Chain is the new certificate, our signing
+// certificate when it is not a root, and the certificates above it; Roots
+// are our published roots.
+func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
+	td := a.cfg.TrustDomain
+	if err := checkCSR(csr, td.ID()); err != nil {
+		return nil, err
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, csrErrorf("signature: %v", err)
+	}
+	if ttl < 0 {
+		return nil, fmt.Errorf("ca: %w: intermediate TTL %s is negative", ErrInvalidTTL, ttl)
+	}
+	if ttl == 0 {
+		ttl = DefaultUpstreamTTL
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	m, err := a.signingMaterialLocked()
+	if err != nil {
+		return nil, err
+	}
+	now := a.cfg.Clock.Now()
+	bound, certIsRoot, err := m.check(now)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPathRoom(m, certIsRoot); err != nil {
+		return nil, err
+	}
+	p := a.policy()
+	ttl = min(ttl, p.MaxTTL)
+	if p.ClampTTL > 0 {
+		ttl = min(ttl, p.ClampTTL)
+	}
+	notAfter := minTime(now.Add(ttl), bound)
+	if notAfter.Sub(now) < minIntermediateLife {
+		return nil, fmt.Errorf("ca: %w: an intermediate until %s would expire before it could sign anything; ask for at least %s", ErrInvalidTTL,
+			notAfter.UTC().Format(time.RFC3339), minIntermediateLife)
+	}
+	cert, err := signIntermediateCert(m, csr, now, notAfter, td.ID().URL(), td.Name())
+	if err != nil {
+		return nil, err
+	}
+	chain := []*x509.Certificate{cert}
+	if !certIsRoot {
+		chain = append(chain, m.Cert)
+	}
+	chain = append(chain, m.Intermediates...)
+	return &UpstreamChain{Chain: chain, Roots: a.bundle.X509Authorities()}, nil
+}
+
+// signIntermediateCert makes the CA certificate for csr's key.
+func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, notAfter time.Time, id *url.URL, td string) (*x509.Certificate, error) {
+	serial, err := newSerial()
+	if err != nil {
+		return nil, fmt.Errorf("ca: serial number: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		// A unique subject, as for roots: Go's chain builder gives up
+		// after a bounded number of candidates per subject.
+		Subject: pkix.Name{
+			Organization: []string{td},
+			CommonName:   "trustbridge downstream intermediate CA",
+			SerialNumber: serial.Text(16),
+		},
+		NotBefore:             now.Add(-backdate),
+		NotAfter:              notAfter,
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		MaxPathLenZero:        true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		URIs:                  []*url.URL{id},
+		PermittedURIDomains:   []string{td},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, csr.PublicKey, m.Key)
+	if err != nil {
+		return nil, fmt.Errorf("ca: sign intermediate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("ca: parse signed intermediate: %w", err)
+	}
+	return cert, nil
+}
+
+// checkPathRoom refuses to sign an intermediate whose leaves could not
+// verify: a certificate of our signing chain, or the root above it, with a
+// path length constraint that leaves no room for one more CA below it.
+func checkPathRoom(m SigningMaterial, certIsRoot bool) error {
+	var signers []*x509.Certificate
+	if !certIsRoot {
+		signers = append(signers, m.Cert)
+	}
+	signers = append(signers, m.Intermediates...)
+	top := m.Cert
+	if len(signers) > 0 {
+		top = signers[len(signers)-1]
+	}
+	for _, r := range m.Roots {
+		if r.Equal(top) || top.CheckSignatureFrom(r) == nil {
+			signers = append(signers, r)
+			break
+		}
+	}
+	for i, c := range signers {
+		// c would have the new intermediate and i of ours below it.
+		if limited := c.MaxPathLen > 0 || c.MaxPathLenZero; limited && c.MaxPathLen < i+1 {
+			return fmt.Errorf("ca: %w: %s has path length %d and cannot have an intermediate %d level(s) below it; a root made for downstreams needs --downstream-allow set before it was created (rotate the root), an upstream-signed intermediate cannot sign further intermediates",
+				ErrInvalidSigningMaterial, describe(c), c.MaxPathLen, i+1)
+		}
+	}
+	return nil
+}
