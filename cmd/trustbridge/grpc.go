@@ -49,6 +49,9 @@ const grpcServingPath = "/trustbridge/ca"
 // grpcOptions configure the certificate service. Zero values mean the
 // defaults, except listen: "" disables the service.
 type grpcOptions struct {
+	// downstream: intermediates signed for downstream trustbridges
+	// (downstream.go).
+	downstream    downstreamOptions
 	listen        string
 	dnsNames      []string
 	responseRoots string // "" = local
@@ -104,6 +107,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	addWorkloadDNSFlags(f, o)
 	addAuthnLimitFlags(f, &o.authnLimits)
 	addOIDCFlags(f, &o.oidc)
+	addDownstreamFlags(f, &o.downstream)
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
@@ -212,6 +216,10 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 // service, with the authentication, grants and trust they share.
 func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority, fed *federationSetup,
 	auth authn.Authenticator, roots func() []*x509.Certificate, reg prometheus.Registerer, logger *slog.Logger) (*certservice.Service, error) {
+	allow, err := o.downstream.parse(td)
+	if err != nil {
+		return nil, err
+	}
 	return certservice.New(certservice.Config{
 		Signer:        authority,
 		Authenticator: auth,
@@ -236,6 +244,11 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 		JWT:     jwtSigner(authority, o.testJWT),
 		Bundles: &storeBundles{store: fed.store},
 		Policy:  o.access,
+		// Intermediates of downstream trustbridges (downstream.go).
+		Intermediates:    authority,
+		DownstreamAllow:  allow,
+		TrustDomain:      td,
+		MaxDownstreamTTL: o.downstream.maxTTL,
 	})
 }
 

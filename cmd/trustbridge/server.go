@@ -459,6 +459,9 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		Logger:         logger.With(logattr.Component, "ca"),
 		Registerer:     reg,
 		Plugin:         plugin,
+		// Roots leave room for downstream intermediates only when some
+		// downstream may ask (--downstream-allow).
+		SignsIntermediates: len(o.grpc.downstream.allow) > 0,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err
