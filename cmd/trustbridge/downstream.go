@@ -24,10 +24,11 @@ func addDownstreamFlags(f *pflag.FlagSet, o *downstreamOptions) {
 	f.DurationVar(&o.maxTTL, "max-downstream-ttl", certservice.DefaultMaxDownstreamTTL, "longest lifetime of an intermediate signed for a downstream; it renews at half life")
 }
 
-// parse returns the allow-list, every ID in td.
+// parse returns the allow-list, every ID in td. A zero maxTTL is the
+// service's default.
 func (o downstreamOptions) parse(td spiffeid.TrustDomain) ([]spiffeid.ID, error) {
-	if o.maxTTL <= 0 {
-		return nil, fmt.Errorf("--max-downstream-ttl %s must be positive", o.maxTTL)
+	if o.maxTTL < 0 {
+		return nil, fmt.Errorf("--max-downstream-ttl %s must not be negative", o.maxTTL)
 	}
 	ids := make([]spiffeid.ID, 0, len(o.allow))
 	for _, s := range o.allow {
