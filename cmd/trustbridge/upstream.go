@@ -19,23 +19,12 @@ const (
 )
 
 // upstreamOptions are the upstream authority flags: the kind and the
-// intermediate lifetime asked for, plus a field per kind for its client's
-// own flags.
+// intermediate lifetime asked for. Each kind's client adds one field here
+// for its own flags (trustbridge, kubeCSR).
 type upstreamOptions struct {
 	kind string
 	ttl  time.Duration
-	// trustbridge holds the flags of the trustbridge kind.
-	trustbridge trustbridgeUpstreamOptions
-	// kubeCSR holds the flags of the kube-csr kind.
-	kubeCSR kubeCSRUpstreamOptions
 }
-
-// trustbridgeUpstreamOptions configure the client of another trustbridge's
-// certificate service.
-type trustbridgeUpstreamOptions struct{}
-
-// kubeCSRUpstreamOptions configure the Kubernetes CSR API client.
-type kubeCSRUpstreamOptions struct{}
 
 func addUpstreamFlags(f *pflag.FlagSet, o *upstreamOptions) {
 	f.StringVar(&o.kind, "upstream", upstreamNone, `run as an intermediate CA under an upstream authority: "trustbridge" (another trustbridge's certificate service) or "kube-csr" (the Kubernetes CSR API); empty is a self-signed CA`)
