@@ -131,6 +131,10 @@ func (t *auditTrail) observeCA(a *ca.Authority, baseline bool) {
 			e.Event = rootEvent(r.State)
 			e.Reason = fmt.Sprintf("root %s %s -> %s", r.ID, old.state, r.State)
 		}
+		if r.Upstream != nil {
+			// An intermediate: say which upstream signed it.
+			e.Reason += " (intermediate signed by upstream " + r.Upstream.Name + ")"
+		}
 		entries = append(entries, e)
 	}
 	if !baseline {

@@ -55,6 +55,7 @@ type serverOptions struct {
 	kube           kubeOptions
 	policy         policyOptions
 	jwt            jwtKeyOptions
+	upstream       upstreamOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -147,6 +148,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
 	addJWTKeyFlags(f, &o.jwt)
+	addUpstreamFlags(f, &o.upstream)
 	addBundleFlags(f, &o.bundle)
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
@@ -464,6 +466,9 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		SignsIntermediates: len(o.grpc.downstream.allow) > 0,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
+		return nil, err
+	}
+	if err := applyUpstream(o.upstream, o.caDir, &caCfg, logger.With(logattr.Component, "upstream")); err != nil {
 		return nil, err
 	}
 	kube.caConfig(&caCfg)

@@ -123,6 +123,9 @@ func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority
 	for _, r := range h.cfg.CA.Roots() {
 		a := trustview.X509Authority(r.Cert)
 		a.State = string(r.State)
+		if r.Upstream != nil {
+			a.Upstream = r.Upstream.Name
+		}
 		for _, t := range []time.Time{r.RetiredAt, r.ActivatedAt, r.PreparedAt} {
 			if !t.IsZero() {
 				u := t.UTC()

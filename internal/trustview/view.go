@@ -94,6 +94,10 @@ type Authority struct {
 	State string `json:"state,omitempty"`
 	// Since is when the authority entered its current state, where known.
 	Since *time.Time `json:"since,omitempty"`
+	// Upstream names the upstream authority that signed a local
+	// intermediate (upstream mode): the entry is then the CA's signing
+	// intermediate, not a published root.
+	Upstream string `json:"upstream,omitempty"`
 
 	// X.509 only.
 	Subject            string     `json:"subject,omitempty"`
