@@ -24,11 +24,14 @@ const (
 type upstreamOptions struct {
 	kind string
 	ttl  time.Duration
+	// trustbridge: --upstream trustbridge (upstream_trustbridge.go).
+	trustbridge trustbridgeUpstreamOptions
 }
 
 func addUpstreamFlags(f *pflag.FlagSet, o *upstreamOptions) {
 	f.StringVar(&o.kind, "upstream", upstreamNone, `run as an intermediate CA under an upstream authority: "trustbridge" (another trustbridge's certificate service) or "kube-csr" (the Kubernetes CSR API); empty is a self-signed CA`)
 	f.DurationVar(&o.ttl, "upstream-ttl", ca.DefaultUpstreamTTL, "lifetime of the intermediate asked of the upstream; it is renewed at half its life")
+	addTrustbridgeUpstreamFlags(f, &o.trustbridge)
 }
 
 // check refuses upstream settings that cannot work together.
@@ -64,8 +67,8 @@ func newUpstream(o upstreamOptions, logger *slog.Logger) (ca.UpstreamAuthority, 
 
 // newTrustbridgeUpstream is the client of another trustbridge's
 // certificate service.
-func newTrustbridgeUpstream(_ upstreamOptions, _ *slog.Logger) (ca.UpstreamAuthority, error) {
-	return nil, errors.New("--upstream trustbridge is not available in this build")
+func newTrustbridgeUpstream(o upstreamOptions, _ *slog.Logger) (ca.UpstreamAuthority, error) {
+	return newTrustbridgeUpstreamClient(o.trustbridge)
 }
 
 // newKubeCSRUpstream is the Kubernetes CSR API client.

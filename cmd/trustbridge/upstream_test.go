@@ -21,7 +21,7 @@ func TestUpstreamOptions(t *testing.T) {
 		"unknown kind": {o: upstreamOptions{kind: "vault", ttl: time.Hour}, want: `--upstream "vault"`},
 		"with ca-dir":  {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, caDir: "/x", want: "cannot be combined"},
 		"negative ttl": {o: upstreamOptions{kind: upstreamKubeCSR, ttl: -time.Hour}, want: "--upstream-ttl"},
-		"trustbridge":  {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, want: "not available"},
+		"trustbridge":  {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, want: "--upstream-root-cert"},
 		"kube-csr":     {o: upstreamOptions{kind: upstreamKubeCSR, ttl: time.Hour}, want: "not available"},
 	} {
 		t.Run(name, func(t *testing.T) {
