@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/caclient"
+)
+
+// TestNestedTrustServers runs a corp trustbridge allowing
+// spiffe://corp.example/region/eu and a region trustbridge under it
+// (--upstream trustbridge, authenticating with an SVID corp issued): a
+// certificate from the region's certificate service verifies against
+// corp's roots, its chain is leaf then the region's intermediate.
+func TestNestedTrustServers(t *testing.T) {
+	corpDir := t.TempDir()
+	corp := baseServerOptions("corp.example", corpDir)
+	corp.grpc.listen = "127.0.0.1:0"
+	corp.grpc.downstream.allow = []string{"spiffe://corp.example/region/eu"}
+	_, banner, _ := launchServer(t, corp)
+	addr := grpcAddr(t, banner)
+
+	creds := filepath.Join(t.TempDir(), "upstream")
+	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", corpDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", creds, "--ttl", "1h")
+	require.Equal(t, 0, code, stderr)
+
+	regionDir := t.TempDir()
+	region := baseServerOptions("corp.example", regionDir)
+	region.upstream = upstreamOptions{kind: upstreamTrustbridge, ttl: 24 * time.Hour, trustbridge: trustbridgeUpstreamOptions{
+		address: addr, rootCert: filepath.Join(creds, caclient.RootsFile), provCert: creds, timeout: 10 * time.Second}}
+	region.grpc.listen = "127.0.0.1:0"
+	_, regionBanner, _ := launchServer(t, region)
+
+	// The region's certificate service, verified with corp's roots, signs
+	// for a caller proving an SVID corp issued: one trust domain.
+	workload := filepath.Join(t.TempDir(), "workload")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", grpcAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
+		"--prov-cert", creds, "--credentials-dir", workload)
+	require.Equal(t, 0, code, stderr)
+
+	chain, err := caclient.ReadPEMCerts(filepath.Join(workload, caclient.ChainFile))
+	require.NoError(t, err)
+	require.Len(t, chain, 2, "leaf, then the region's intermediate")
+	assert.True(t, chain[1].IsCA)
+	assert.True(t, chain[1].MaxPathLenZero)
+	corpRoots, err := os.ReadFile(filepath.Join(creds, caclient.RootsFile))
+	require.NoError(t, err)
+	td := spiffeid.RequireTrustDomainFromString("corp.example")
+	bundle, err := x509bundle.Parse(td, corpRoots)
+	require.NoError(t, err)
+	id, _, err := x509svid.Verify(chain, bundle)
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://corp.example/region/eu", id.String())
+}
