@@ -253,8 +253,11 @@ func (cfg Config) validate() error {
 	if _, ok := cfg.Signer.(DNSSigner); cfg.WorkloadDNSNames != nil && !ok {
 		return fmt.Errorf("certservice: workload DNS names need a signer that adds DNS names (%T is no DNSSigner)", cfg.Signer)
 	}
-	if cfg.MaxRenewalLifetime < 0 || cfg.MaxDownstreamTTL < 0 {
-		return fmt.Errorf("certservice: maximum renewal lifetime %s and maximum downstream TTL %s must not be negative", cfg.MaxRenewalLifetime, cfg.MaxDownstreamTTL)
+	if cfg.MaxRenewalLifetime < 0 {
+		return fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
+	}
+	if cfg.MaxDownstreamTTL < 0 {
+		return fmt.Errorf("certservice: maximum downstream TTL %s is negative", cfg.MaxDownstreamTTL)
 	}
 	return checkDownstreamAllow(cfg.DownstreamAllow, cfg.TrustDomain)
 }
