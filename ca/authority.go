@@ -382,18 +382,7 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 		}
 		return SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}, nil
 	}
-	var m SigningMaterial
-	for _, r := range a.roots {
-		if r.Upstream == nil {
-			m.Roots = append(m.Roots, r.Cert)
-		}
-		if r.State == StateActive {
-			m.Cert, m.Key = r.Cert, r.Key
-			if r.Upstream != nil {
-				m.Intermediates, m.Roots = r.upstreamChain, r.upstreamRoots
-			}
-		}
-	}
+	m := RootsMaterial(a.roots)
 	if m.Cert == nil {
 		if len(a.roots) == 0 && !a.leading() {
 			return m, fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, a.backend.Describe())
@@ -401,4 +390,26 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 		return m, fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
 	}
 	return m, nil
+}
+
+// RootsMaterial is the signing material of loaded roots (Store.Load): the
+// active root or upstream intermediate signs (Cert is nil when none is
+// active), with the upstream's intermediates above it, and Roots are every
+// published root: the self-signed roots, or in upstream mode the upstream
+// roots of every intermediate kept, never an intermediate itself.
+func RootsMaterial(roots []*Root) SigningMaterial {
+	var m SigningMaterial
+	seen := map[string]bool{}
+	for _, r := range roots {
+		for _, c := range r.published() {
+			if fp := fingerprint(c); !seen[fp] {
+				seen[fp] = true
+				m.Roots = append(m.Roots, c)
+			}
+		}
+		if r.State == StateActive {
+			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.upstreamChain
+		}
+	}
+	return m
 }

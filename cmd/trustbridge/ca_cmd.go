@@ -179,12 +179,7 @@ func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func(
 	if err != nil {
 		return td, m, 0, err
 	}
-	for _, r := range roots {
-		m.Roots = append(m.Roots, r.Cert)
-		if r.State == ca.StateActive {
-			m.Cert, m.Key = r.Cert, r.Key
-		}
-	}
+	m = ca.RootsMaterial(roots)
 	if m.Cert == nil {
 		return td, m, 0, fmt.Errorf("no active root in %s (a server with --ca-dir keeps none; pass the same --ca-dir)", store.Dir())
 	}

@@ -59,4 +59,22 @@ func TestNestedTrustServers(t *testing.T) {
 	id, _, err := x509svid.Verify(chain, bundle)
 	require.NoError(t, err)
 	assert.Equal(t, "spiffe://corp.example/region/eu", id.String())
+
+	// ca issue on the region's data directory signs with the same
+	// intermediate: its chain carries it, and its root file holds corp's
+	// roots, never the intermediate.
+	issued := filepath.Join(t.TempDir(), "issued")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", regionDir, "--spiffe-id", "spiffe://corp.example/vm/db", "--credentials-dir", issued, "--ttl", "1h")
+	require.Equal(t, 0, code, stderr)
+	chain, err = caclient.ReadPEMCerts(filepath.Join(issued, caclient.ChainFile))
+	require.NoError(t, err)
+	require.Len(t, chain, 2, "leaf, then the region's intermediate")
+	id, _, err = x509svid.Verify(chain, bundle)
+	require.NoError(t, err)
+	assert.Equal(t, "spiffe://corp.example/vm/db", id.String())
+	roots, err := caclient.ReadPEMCerts(filepath.Join(issued, caclient.RootsFile))
+	require.NoError(t, err)
+	for _, r := range roots {
+		assert.False(t, r.Equal(chain[1]), "the intermediate is not a root")
+	}
 }
