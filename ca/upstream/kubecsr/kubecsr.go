@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca"
 )
@@ -45,7 +44,6 @@ type Config struct {
 	Roots       []*x509.Certificate
 	Timeout     time.Duration
 	Logger      *slog.Logger
-	Clock       clock.PassiveClock
 }
 
 // Client implements ca.UpstreamAuthority.
@@ -71,9 +69,6 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
 	}
 	return &Client{cfg: cfg}, nil
 }
