@@ -468,6 +468,7 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err
 	}
+	o.upstream.kubeconfig = o.grpc.kubeconfig
 	if err := applyUpstream(o.upstream, o.caDir, &caCfg, logger.With(logattr.Component, "upstream")); err != nil {
 		return nil, err
 	}

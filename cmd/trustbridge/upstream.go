@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/ca"
 )
@@ -26,12 +27,17 @@ type upstreamOptions struct {
 	ttl  time.Duration
 	// trustbridge: --upstream trustbridge (upstream_trustbridge.go).
 	trustbridge trustbridgeUpstreamOptions
+	// kubeCSR: --upstream kube-csr (upstream_kubecsr.go).
+	kubeCSR kubeCSROptions
+	// kubeconfig is the server's --kubeconfig, which kube-csr talks to.
+	kubeconfig string
 }
 
 func addUpstreamFlags(f *pflag.FlagSet, o *upstreamOptions) {
 	f.StringVar(&o.kind, "upstream", upstreamNone, `run as an intermediate CA under an upstream authority: "trustbridge" (another trustbridge's certificate service) or "kube-csr" (the Kubernetes CSR API); empty is a self-signed CA`)
 	f.DurationVar(&o.ttl, "upstream-ttl", ca.DefaultUpstreamTTL, "lifetime of the intermediate asked of the upstream; it is renewed at half its life")
 	addTrustbridgeUpstreamFlags(f, &o.trustbridge)
+	addKubeCSRFlags(f, &o.kubeCSR)
 }
 
 // check refuses upstream settings that cannot work together.
@@ -54,12 +60,12 @@ func (o upstreamOptions) check(caDir string) error {
 }
 
 // newUpstream is the upstream authority --upstream names, nil for none.
-func newUpstream(o upstreamOptions, logger *slog.Logger) (ca.UpstreamAuthority, error) {
+func newUpstream(o upstreamOptions, td spiffeid.TrustDomain, logger *slog.Logger) (ca.UpstreamAuthority, error) {
 	switch o.kind {
 	case upstreamTrustbridge:
 		return newTrustbridgeUpstream(o, logger)
 	case upstreamKubeCSR:
-		return newKubeCSRUpstream(o, logger)
+		return newKubeCSRUpstream(o, td, logger)
 	default:
 		return nil, nil
 	}
@@ -72,8 +78,8 @@ func newTrustbridgeUpstream(o upstreamOptions, _ *slog.Logger) (ca.UpstreamAutho
 }
 
 // newKubeCSRUpstream is the Kubernetes CSR API client.
-func newKubeCSRUpstream(_ upstreamOptions, _ *slog.Logger) (ca.UpstreamAuthority, error) {
-	return nil, errors.New("--upstream kube-csr is not available in this build")
+func newKubeCSRUpstream(o upstreamOptions, td spiffeid.TrustDomain, logger *slog.Logger) (ca.UpstreamAuthority, error) {
+	return newKubeCSRClient(o.kubeCSR, o.kubeconfig, td.Name(), logger)
 }
 
 // applyUpstream sets cfg's upstream from o.
@@ -81,7 +87,7 @@ func applyUpstream(o upstreamOptions, caDir string, cfg *ca.Config, logger *slog
 	if err := o.check(caDir); err != nil {
 		return err
 	}
-	u, err := newUpstream(o, logger)
+	u, err := newUpstream(o, cfg.TrustDomain, logger)
 	if err != nil {
 		return err
 	}

@@ -2,11 +2,9 @@ package main
 
 import (
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -54,23 +52,9 @@ func readRootsFile(path string) ([]*x509.Certificate, error) {
 	if path == "" {
 		return nil, errors.New("--upstream kube-csr needs --upstream-kube-roots FILE: the signer's CA bundle (PEM)")
 	}
-	data, err := os.ReadFile(path)
+	roots, err := readPEMCerts(path)
 	if err != nil {
 		return nil, fmt.Errorf("--upstream-kube-roots: %w", err)
-	}
-	var roots []*x509.Certificate
-	for b, rest := pem.Decode(data); b != nil; b, rest = pem.Decode(rest) {
-		if b.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("--upstream-kube-roots %s: %w", path, err)
-		}
-		roots = append(roots, c)
-	}
-	if len(roots) == 0 {
-		return nil, fmt.Errorf("--upstream-kube-roots %s: no PEM CERTIFICATE block", path)
 	}
 	return roots, nil
 }

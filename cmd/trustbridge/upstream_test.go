@@ -2,6 +2,8 @@ package main
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,12 +19,14 @@ func TestUpstreamOptions(t *testing.T) {
 		caDir string
 		want  string
 	}{
-		"none":         {o: upstreamOptions{ttl: time.Hour}},
-		"unknown kind": {o: upstreamOptions{kind: "vault", ttl: time.Hour}, want: `--upstream "vault"`},
-		"with ca-dir":  {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, caDir: "/x", want: "cannot be combined"},
-		"negative ttl": {o: upstreamOptions{kind: upstreamKubeCSR, ttl: -time.Hour}, want: "--upstream-ttl"},
-		"trustbridge":  {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, want: "--upstream-root-cert"},
-		"kube-csr":     {o: upstreamOptions{kind: upstreamKubeCSR, ttl: time.Hour}, want: "not available"},
+		"none":                           {o: upstreamOptions{ttl: time.Hour}},
+		"unknown kind":                   {o: upstreamOptions{kind: "vault", ttl: time.Hour}, want: `--upstream "vault"`},
+		"with ca-dir":                    {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, caDir: "/x", want: "cannot be combined"},
+		"negative ttl":                   {o: upstreamOptions{kind: upstreamKubeCSR, ttl: -time.Hour}, want: "--upstream-ttl"},
+		"trustbridge":                    {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, want: "--upstream-root-cert"},
+		"kube-csr without an API server": {o: upstreamOptions{kind: upstreamKubeCSR, ttl: time.Hour}, want: "needs a Kubernetes API"},
+		"kube-csr without roots": {o: upstreamOptions{kind: upstreamKubeCSR, ttl: time.Hour, kubeconfig: writeUnusedKubeconfig(t)},
+			want: "--upstream-kube-roots FILE"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var cfg ca.Config
@@ -35,4 +39,19 @@ func TestUpstreamOptions(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
+}
+
+// writeUnusedKubeconfig writes a kubeconfig naming a loopback server nobody
+// answers on: enough to build a client, which these checks never use.
+func writeUnusedKubeconfig(t *testing.T) string {
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	cfg := `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`
+	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+	return path
 }
