@@ -68,6 +68,10 @@ type Config struct {
 	// it follows, reloading the state the leader wrote, publishing it and
 	// signing with its active root. nil means always the leader.
 	Leader Leader
+	// Keys, when set, makes and keeps new root and JWT keys in a key
+	// manager (an HSM); the state records only their references
+	// (KeyRef). nil keeps keys in the state backend.
+	Keys KeyManager
 }
 
 func (c *Config) applyDefaults() error {
@@ -203,6 +207,8 @@ type Authority struct {
 	// plugin is the plug-in material as last published, so signing never
 	// runs ahead of the bundle peers have seen.
 	plugin *PluginMaterial
+
+	keyRefs keyRefCache // keys of Config.Keys, by KeyRef
 }
 
 // New loads the CA state from cfg.DataDir, creating the first root if the
