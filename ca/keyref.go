@@ -61,6 +61,11 @@ func (c *keyRefCache) refs() []string {
 	return out
 }
 
+// errRequestInKeyManager refuses `ca rotate` on state whose keys are in a
+// key manager: only the server opens it, so the CLI cannot make a key
+// there, and a key in the state would defeat it.
+var errRequestInKeyManager = errors.New("ca: the CA's keys are in a key manager (--key-manager), which only the running server opens; it prepares successors on schedule, so leave rotation to it")
+
 // UsesKeyManager says whether j names a root or JWT key whose private key
 // is in a key manager rather than in the state.
 func UsesKeyManager(j *Journal) bool {

@@ -338,3 +338,19 @@ func TestKeyStorageWithoutManager(t *testing.T) {
 	assert.Equal(t, "state", a.KeyStorage())
 	assert.Empty(t, a.roots[0].KeyRef)
 }
+
+func TestRequestRotationRefusedWithKeyManager(t *testing.T) {
+	cfg := keysConfig(t, clocktesting.NewFakeClock(t0), newFakeKeys())
+	_, err := New(cfg)
+	require.NoError(t, err)
+	journal := filepath.Join(cfg.DataDir, stateDirName, journalName)
+	before, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	_, _, err = RequestRotation(cfg.DataDir, t0)
+	require.ErrorContains(t, err, "key manager")
+	_, _, err = RequestJWTRotation(cfg.DataDir, t0)
+	require.ErrorContains(t, err, "key manager")
+	after, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "nothing written")
+}

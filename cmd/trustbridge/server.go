@@ -55,6 +55,7 @@ type serverOptions struct {
 	kube           kubeOptions
 	policy         policyOptions
 	jwt            jwtKeyOptions
+	keys           keyManagerOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -147,6 +148,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
 	addJWTKeyFlags(f, &o.jwt)
+	addKeyManagerFlags(f, &o.keys)
 	addBundleFlags(f, &o.bundle)
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
@@ -224,6 +226,12 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	keys, closeKeys, err := o.keys.open(os.Getenv, o.caDir, logger.With(logattr.Component, "key-manager"))
+	if err != nil {
+		return err
+	}
+	defer closeKeys()
+	o.keys.manager = keys
 	authority, err := newAuthority(o, td, kt, kube, reg, logger)
 	if err != nil {
 		return err
@@ -459,6 +467,7 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		Logger:         logger.With(logattr.Component, "ca"),
 		Registerer:     reg,
 		Plugin:         plugin,
+		Keys:           o.keys.manager,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err
