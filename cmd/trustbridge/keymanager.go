@@ -70,7 +70,8 @@ func (o keyManagerOptions) check(getenv func(string) string, caDir string) error
 }
 
 // checkUnused refuses PKCS#11 flags without --key-manager, and
-// --require-hsm without a key manager.
+// --require-hsm without a key manager. (--pkcs11-slot is not among them:
+// options built without flags hold slot 0.)
 func (o keyManagerOptions) checkUnused() error {
 	if o.requireHSM {
 		return errors.New("--require-hsm: keys must live in a key manager; add --key-manager pkcs11 --pkcs11-module LIB --pkcs11-token-label LABEL --pkcs11-pin-file FILE")
@@ -78,7 +79,7 @@ func (o keyManagerOptions) checkUnused() error {
 	for _, f := range []struct {
 		name string
 		set  bool
-	}{{"pkcs11-module", o.module != ""}, {"pkcs11-token-label", o.tokenLabel != ""}, {"pkcs11-slot", o.slot != -1}, {"pkcs11-pin-file", o.pinFile != ""}} {
+	}{{"pkcs11-module", o.module != ""}, {"pkcs11-token-label", o.tokenLabel != ""}, {"pkcs11-pin-file", o.pinFile != ""}} {
 		if f.set {
 			return fmt.Errorf("--%s is set but --key-manager is not; add --key-manager pkcs11 or drop it", f.name)
 		}

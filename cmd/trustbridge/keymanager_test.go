@@ -46,7 +46,6 @@ func TestKeyManagerFlags(t *testing.T) {
 		{"with ca-dir", full, pinEnvSet, "/cacerts", "does not combine with --ca-dir"},
 		{"require-hsm alone", []string{"--require-hsm"}, noEnv, "", "--require-hsm: keys must live in a key manager; add --key-manager pkcs11"},
 		{"module without kind", []string{"--pkcs11-module", "/m.so"}, noEnv, "", "--pkcs11-module is set but --key-manager is not"},
-		{"slot without kind", []string{"--pkcs11-slot", "1"}, noEnv, "", "--pkcs11-slot is set but --key-manager is not"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := parseKeyManagerFlags(t, tc.args...)
