@@ -72,6 +72,9 @@ type Config struct {
 	// manager (an HSM); the state records only their references
 	// (KeyRef). nil keeps keys in the state backend.
 	Keys KeyManager
+	// RequireHSM refuses a Config without Keys; audits of the snapshot
+	// then flag own keys still in the state (RequireHSM()).
+	RequireHSM bool
 }
 
 func (c *Config) applyDefaults() error {
@@ -102,6 +105,9 @@ func (c *Config) checkRequired() error {
 	}
 	if c.DataDir == "" && c.Backend == nil {
 		return errors.New("data directory or state backend is required")
+	}
+	if c.RequireHSM && c.Keys == nil {
+		return errors.New("keys must live in a key manager (RequireHSM), and none is configured")
 	}
 	if c.Plugin != nil && c.Leader != nil {
 		return errors.New("leader election is not supported in plug-in mode: every replica publishes its own --ca-dir")

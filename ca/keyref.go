@@ -94,6 +94,10 @@ func (a *Authority) KeyStorage() string {
 	return a.keysName()
 }
 
+// RequireHSM is Config.RequireHSM: new keys must be, and old ones are
+// audited to be, in a key manager.
+func (a *Authority) RequireHSM() bool { return a.cfg.RequireHSM }
+
 func (a *Authority) keysName() string {
 	if s, ok := a.cfg.Keys.(fmt.Stringer); ok {
 		return s.String()

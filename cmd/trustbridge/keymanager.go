@@ -101,14 +101,3 @@ func (o keyManagerOptions) open(getenv func(string) string, caDir string, logger
 	}
 	return openPKCS11(o, getenv, logger)
 }
-
-// keyStorage names where the CA's new keys live, for the snapshot.
-func (o keyManagerOptions) keyStorage() string {
-	if s, ok := o.manager.(fmt.Stringer); ok {
-		return s.String()
-	}
-	if o.manager != nil {
-		return "key manager"
-	}
-	return "state"
-}

@@ -67,5 +67,4 @@ func TestKeyManagerOpenNone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, m)
 	closeKeys()
-	assert.Equal(t, "state", o.keyStorage())
 }

@@ -468,6 +468,7 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		Registerer:     reg,
 		Plugin:         plugin,
 		Keys:           o.keys.manager,
+		RequireHSM:     o.keys.requireHSM,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err
@@ -583,6 +584,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 func adminConfig(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica, pol *policySetup) admin.Config {
 	cfg := admin.Config{
 		TrustDomain: a.TrustDomain(), CA: a, JWT: a, Gatherer: reg,
+		KeyManager: a.KeyStorage(), RequireHSM: a.RequireHSM(),
 		Ready: func() error {
 			if err := a.Ready(); err != nil {
 				return err
