@@ -354,3 +354,14 @@ func TestRequestRotationRefusedWithKeyManager(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, before, after, "nothing written")
 }
+
+func TestRequireHSMNeedsKeys(t *testing.T) {
+	cfg := testConfig(t, clocktesting.NewFakeClock(t0))
+	cfg.RequireHSM = true
+	_, err := New(cfg)
+	require.ErrorContains(t, err, "key manager")
+	cfg.Keys = newFakeKeys()
+	a, err := New(cfg)
+	require.NoError(t, err)
+	assert.True(t, a.RequireHSM())
+}
