@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -89,4 +91,26 @@ func missing(t testing.TB, why string) {
 		t.Fatalf("SoftHSM2 required (%s=require) but %s (run make hsm-tools)", RequireEnv, why)
 	}
 	t.Skipf("%s (run make hsm-tools, or apt-get install softhsm2)", why)
+}
+
+// Slot returns the slot number SoftHSM2 gave the token labelled label
+// (SoftHSM2 renumbers a slot when its token is initialized), read from
+// softhsm2-util --show-slots under the SOFTHSM2_CONF Token set.
+func Slot(t testing.TB, label string) int {
+	t.Helper()
+	out, err := exec.Command("softhsm2-util", "--show-slots").CombinedOutput()
+	if err != nil {
+		t.Fatalf("softhsm2-util --show-slots: %v\n%s", err, out)
+	}
+	slot := -1
+	for _, line := range strings.Split(string(out), "\n") {
+		if n, ok := strings.CutPrefix(line, "Slot "); ok {
+			slot, _ = strconv.Atoi(strings.TrimSpace(n))
+		}
+		if l, ok := strings.CutPrefix(strings.TrimSpace(line), "Label:"); ok && strings.TrimSpace(l) == label {
+			return slot
+		}
+	}
+	t.Fatalf("softhsm2-util --show-slots lists no token labelled %q:\n%s", label, out)
+	return -1
 }
