@@ -204,7 +204,7 @@ func BenchmarkSign(b *testing.B) {
 			}
 		}
 	}
-	b.Run("file", func(b *testing.B) {
+	b.Run("baseline:file", func(b *testing.B) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		require.NoError(b, err)
 		sign(b, key)
