@@ -68,14 +68,6 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// token names the selected token for messages.
-func (c *Config) token() string {
-	if c.TokenLabel != "" {
-		return fmt.Sprintf("token %q", c.TokenLabel)
-	}
-	return fmt.Sprintf("slot %d", *c.Slot)
-}
-
 // ReadPIN returns the token's user PIN: the content of file (at most
 // 1 KiB, one trailing newline trimmed) when file is set, else the value
 // of the environment variable TRUSTBRIDGE_PKCS11_PIN read through getenv.

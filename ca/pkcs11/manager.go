@@ -71,6 +71,14 @@ func openError(cfg *Config, err error) error {
 	return fmt.Errorf("pkcs11: opening %s in module %s: %w", cfg.token(), cfg.Module, err)
 }
 
+// token names the selected token for messages.
+func (c *Config) token() string {
+	if c.TokenLabel != "" {
+		return fmt.Sprintf("token %q", c.TokenLabel)
+	}
+	return fmt.Sprintf("slot %d", *c.Slot)
+}
+
 // String names the token and module, as in
 // `pkcs11 token "trustbridge" (libsofthsm2.so)`.
 func (m *Manager) String() string {
