@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThalesGroup/crypto11"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -65,6 +66,7 @@ func TestKeyLifecycle(t *testing.T) {
 			require.NoError(t, err)
 			assert.Len(t, id, idLen)
 			selfSigned(t, key)
+			assertNotExportable(t, m, key, id, "root-"+string(kt))
 			refs[kt], pubs[kt] = ref, key.Public()
 		})
 	}
@@ -89,6 +91,21 @@ func TestKeyLifecycle(t *testing.T) {
 	// The other keys are untouched.
 	_, err = m2.FindKey(ctx, refs[ca.KeyECP384])
 	require.NoError(t, err)
+}
+
+// assertNotExportable checks the private key's attributes in the token:
+// sensitive, never extractable, with the id and label CreateKey gave it.
+func assertNotExportable(t *testing.T, m *Manager, key crypto.Signer, id []byte, label string) {
+	t.Helper()
+	attrs, err := m.p11.GetAttributes(key, []crypto11.AttributeType{
+		crypto11.CkaSensitive, crypto11.CkaExtractable, crypto11.CkaToken, crypto11.CkaId, crypto11.CkaLabel,
+	})
+	require.NoError(t, err)
+	assert.Equal(t, []byte{1}, attrs[crypto11.CkaSensitive].Value, "CKA_SENSITIVE")
+	assert.Equal(t, []byte{0}, attrs[crypto11.CkaExtractable].Value, "CKA_EXTRACTABLE")
+	assert.Equal(t, []byte{1}, attrs[crypto11.CkaToken].Value, "CKA_TOKEN (kept across sessions)")
+	assert.Equal(t, id, attrs[crypto11.CkaId].Value)
+	assert.Equal(t, label, string(attrs[crypto11.CkaLabel].Value))
 }
 
 func TestCreateKeyRefusals(t *testing.T) {
