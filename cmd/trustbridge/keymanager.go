@@ -36,7 +36,7 @@ func addKeyManagerFlags(f *pflag.FlagSet, o *keyManagerOptions) {
 	f.StringVar(&o.kind, "key-manager", "", `where new root and JWT-SVID keys are made and kept: "" (in the CA state: --data-dir files 0600, or the state Secret) or pkcs11 (an HSM; the state then records only a reference to each key)`)
 	f.StringVar(&o.module, "pkcs11-module", "", "with --key-manager pkcs11: path of the PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
 	f.StringVar(&o.tokenLabel, "pkcs11-token-label", "", "with --key-manager pkcs11: label of the token that holds the CA's keys")
-	f.IntVar(&o.slot, "pkcs11-slot", -1, "with --key-manager pkcs11: slot id of the token, instead of or besides --pkcs11-token-label (-1: unset)")
+	f.IntVar(&o.slot, "pkcs11-slot", -1, "with --key-manager pkcs11: slot id of the token, instead of --pkcs11-token-label (-1: unset)")
 	f.StringVar(&o.pinFile, "pkcs11-pin-file", "", "with --key-manager pkcs11: file holding the token's user PIN (else env "+pinEnv+")")
 	f.BoolVar(&o.requireHSM, "require-hsm", false, "refuse to start unless the CA's keys live in a key manager (--key-manager); trustbridge audit reports own keys outside one as key_outside_hsm")
 }
@@ -57,11 +57,14 @@ func (o keyManagerOptions) check(getenv func(string) string, caDir string) error
 	if o.module == "" {
 		return errors.New("--key-manager pkcs11 needs --pkcs11-module, the PKCS#11 library (e.g. /usr/lib/softhsm/libsofthsm2.so)")
 	}
+	if o.slot < -1 {
+		return fmt.Errorf("--pkcs11-slot %d: give a slot id (0 or more), or -1 for none", o.slot)
+	}
 	if o.tokenLabel == "" && o.slot < 0 {
 		return errors.New("--key-manager pkcs11 needs --pkcs11-token-label (or --pkcs11-slot) naming the token")
 	}
-	if o.slot < -1 {
-		return fmt.Errorf("--pkcs11-slot %d: give a slot id (0 or more), or -1 for none", o.slot)
+	if o.tokenLabel != "" && o.slot >= 0 {
+		return errors.New("--pkcs11-token-label and --pkcs11-slot both select the token; give one of them")
 	}
 	if o.pinFile == "" && getenv(pinEnv) == "" {
 		return fmt.Errorf("--key-manager pkcs11 needs the token's PIN: --pkcs11-pin-file FILE, or env %s", pinEnv)
