@@ -106,6 +106,9 @@ func (c *Config) checkRequired() error {
 	if c.DataDir == "" && c.Backend == nil {
 		return errors.New("data directory or state backend is required")
 	}
+	if c.Plugin != nil && c.Keys != nil {
+		return errors.New("a key manager does not apply in plug-in mode: the plug-in CA's key is in its directory")
+	}
 	if c.RequireHSM && c.Keys == nil {
 		return errors.New("keys must live in a key manager (RequireHSM), and none is configured")
 	}

@@ -365,3 +365,24 @@ func TestRequireHSMNeedsKeys(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, a.RequireHSM())
 }
+
+func TestSnapshotOfKeyRefStateHoldsNoKeys(t *testing.T) {
+	cfg := keysConfig(t, clocktesting.NewFakeClock(t0), newFakeKeys())
+	a, err := New(cfg)
+	require.NoError(t, err)
+	j, files, err := Snapshot(cfg.DataDir)
+	require.NoError(t, err)
+	assert.True(t, UsesKeyManager(j))
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name)
+	}
+	assert.Equal(t, []string{"ca/state.json", "ca/roots/" + RootCertKey(a.Roots()[0].ID)}, names, "a backup holds references, no private keys")
+}
+
+func TestKeyManagerRefusedInPluginMode(t *testing.T) {
+	cfg := keysConfig(t, clocktesting.NewFakeClock(t0), newFakeKeys())
+	cfg.Plugin = NewPluginWatcher(t.TempDir(), tdExample, clocktesting.NewFakeClock(t0), time.Second, nil)
+	_, err := New(cfg)
+	require.ErrorContains(t, err, "plug-in mode")
+}
