@@ -19,7 +19,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot
+.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot hsm-tools build-pkcs11
 
 all: build
 
@@ -28,6 +28,12 @@ all: build
 # image; on Linux the two builds share every compiled package.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/trustbridge
+
+# build-pkcs11: the same binary with cgo, for --key-manager pkcs11 (CA keys
+# in an HSM): PKCS#11 modules are C libraries it loads at run time. Needs a
+# C compiler; dynamically linked against libc (docs/key-managers.md).
+build-pkcs11:
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/trustbridge-pkcs11 ./cmd/trustbridge
 
 # run: the server on an embedded default: trust domain example.org, state
 # in ./data, self-signed CA, no Kubernetes, bundle endpoint (https_spiffe)
@@ -68,10 +74,11 @@ RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env 
 # and etcd from bin/kube, the SPIRE tier (internal/spiretest) against a real
 # spire-server from bin/spire, the status page's browser tests
 # (internal/statusui) against headless Chromium; under make test a missing
-# one fails the run instead of skipping it.
-unit: kube-tools spire-tools ui-tools
+# one fails the run instead of skipping it. The PKCS#11 tier (ca/pkcs11,
+# internal/hsmtest) runs against SoftHSM2 from hsm-tools, likewise required.
+unit: kube-tools spire-tools ui-tools hsm-tools
 	@[ -n "$(RACE)" ] || echo "note: no C compiler for cgo; running tests without -race (apt-get install gcc to enable it)"
-	TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require TRUSTBRIDGE_SPIRE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
+	TRUSTBRIDGE_HSM_TESTS=require TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require TRUSTBRIDGE_SPIRE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
 # istio-tests: Istio's own agent code (its citadel CA client, the
 # SecretManagerClient cache and its SDS server, from the istio.io/istio module
@@ -170,6 +177,11 @@ $(SPIRE_DIR)/spire-server: internal/spiretest/tools/go.mod internal/spiretest/to
 # the tests use another binary.
 ui-tools:
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
+
+# hsm-tools: Debian's softhsm2 (a PKCS#11 token in files) for ca/pkcs11's
+# tests, installed once like kube-tools' etcd.
+hsm-tools:
+	@[ -e /usr/lib/softhsm/libsofthsm2.so ] || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends softhsm2; }
 
 # ui-screenshot: regenerate docs/ui.png from the realistic snapshot in
 # internal/statusui's tests (commit the result when the page changes).

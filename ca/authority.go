@@ -81,6 +81,13 @@ type Config struct {
 	// SignIntermediate can serve downstream trustbridges. Roots made
 	// without it refuse to (rotate them once it is set).
 	SignsIntermediates bool
+	// Keys, when set, makes and keeps new root and JWT keys in a key
+	// manager (an HSM); the state records only their references
+	// (KeyRef). nil keeps keys in the state backend.
+	Keys KeyManager
+	// RequireHSM refuses a Config without Keys; audits of the snapshot
+	// then flag own keys still in the state (RequireHSM()).
+	RequireHSM bool
 }
 
 // DefaultUpstreamTTL is the intermediate lifetime asked of an upstream.
@@ -120,6 +127,12 @@ func (c *Config) checkRequired() error {
 	}
 	if c.UpstreamTTL < 0 {
 		return errors.New("upstream TTL must not be negative")
+	}
+	if c.Plugin != nil && c.Keys != nil {
+		return errors.New("a key manager does not apply in plug-in mode: the plug-in CA's key is in its directory")
+	}
+	if c.RequireHSM && c.Keys == nil {
+		return errors.New("keys must live in a key manager (RequireHSM), and none is configured")
 	}
 	if c.Plugin != nil && c.Leader != nil {
 		return errors.New("leader election is not supported in plug-in mode: every replica publishes its own --ca-dir")
@@ -230,6 +243,8 @@ type Authority struct {
 	plugin *PluginMaterial
 	// up is the upstream's health, in upstream mode (under mu).
 	up upstreamStatus
+
+	keyRefs keyRefCache // keys of Config.Keys, by KeyRef
 }
 
 // New loads the CA state from cfg.DataDir, creating the first root if the

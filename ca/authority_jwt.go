@@ -163,7 +163,7 @@ func (a *Authority) publishedBeforeLocked() bool {
 }
 
 func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) error {
-	k, err := newJWTKey(a.cfg.JWTKeyType, now, a.cfg.JWTKeyTTL)
+	k, err := a.newJWTKeyKeyed(now)
 	if err != nil {
 		return err
 	}

@@ -208,12 +208,12 @@ func (a *Authority) prepareLocked(now time.Time, why string) error {
 }
 
 func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
-	cert, key, err := newRootCert(a.cfg.TrustDomain, a.cfg.KeyType, now, a.cfg.RootTTL, a.cfg.SignsIntermediates)
+	cert, key, ref, err := a.newRootKeyed(now)
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
 	id := cert.SerialNumber.Text(16)
-	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now}, Cert: cert, Key: key}
+	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref}, Cert: cert, Key: key}
 	if state == StatePrepared {
 		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
 	} else {
@@ -244,21 +244,22 @@ func firstWord(s string) string {
 	return s
 }
 
-// newRootCert mints a self-signed root for td. Its subject carries the
+// mintRootCert mints a self-signed root for td, with the key newKey makes
+// for the root's serial (and that key's KeyRef). Its subject carries the
 // serial number so that no two roots share a subject: Go's chain builder
 // gives up after a fixed number of signature checks per candidate subject,
 // which broke SPIRE deployments with many same-named roots.
 // With intermediates, the root leaves room for one level of them.
-func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Duration, intermediates bool) (*x509.Certificate, crypto.Signer, error) {
-	key, err := GenerateKey(kt)
-	if err != nil {
-		return nil, nil, err
-	}
+func mintRootCert(td spiffeid.TrustDomain, now time.Time, ttl time.Duration, intermediates bool, newKey func(serial string) (crypto.Signer, string, error)) (*x509.Certificate, crypto.Signer, string, error) {
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	serial.SetBit(serial, 127, 1) // fixed length keeps ids uniform
+	key, ref, err := newKey(serial.Text(16))
+	if err != nil {
+		return nil, nil, "", err
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject: pkix.Name{
@@ -280,13 +281,13 @@ func newRootCert(td spiffeid.TrustDomain, kt KeyType, now time.Time, ttl time.Du
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	return cert, key, nil
+	return cert, key, ref, nil
 }
 
 func pathLen(intermediates bool) int {

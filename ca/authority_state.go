@@ -149,6 +149,9 @@ func (a *Authority) readState(force bool) (*loadedState, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := a.resolveKeys(roots, jwtKeys); err != nil {
+		return nil, err
+	}
 	return &loadedState{journal: j, roots: roots, jwtKeys: jwtKeys, version: version}, nil
 }
 
@@ -218,5 +221,6 @@ func (a *Authority) commitLocked() error {
 	}
 	a.markJWTServedLocked()
 	a.publishLocked()
+	a.destroyDroppedKeysLocked()
 	return nil
 }

@@ -54,9 +54,10 @@ func RenewAt(c *x509.Certificate) time.Time {
 	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
 }
 
-// newIntermediateKey creates the key of a new intermediate.
-func (a *Authority) newIntermediateKey() (crypto.Signer, error) {
-	return GenerateKey(a.cfg.KeyType)
+// newIntermediateKey creates the key of a new intermediate, in the key
+// manager when there is one (then with its reference).
+func (a *Authority) newIntermediateKey() (crypto.Signer, string, error) {
+	return a.newKey(a.cfg.KeyType, "trustbridge "+a.cfg.TrustDomain.Name()+" intermediate "+a.cfg.Clock.Now().UTC().Format("20060102T150405Z"))
 }
 
 // reconcileUpstream is Reconcile in upstream mode: activate and remove
@@ -94,7 +95,7 @@ func (a *Authority) renewIntermediate() error {
 	if wait {
 		return a.upstreamReadyErr()
 	}
-	key, chain, err := a.requestIntermediate()
+	key, ref, chain, err := a.requestIntermediate()
 	if err != nil {
 		a.upstreamFailed(now, err)
 		return a.upstreamReadyErr()
@@ -107,18 +108,18 @@ func (a *Authority) renewIntermediate() error {
 			if !a.renewalDueLocked(now) {
 				return changed, nil // another writer renewed meanwhile
 			}
-			return true, a.installIntermediateLocked(now, key, chain)
+			return true, a.installIntermediateLocked(now, key, ref, chain)
 		})
 	})
 }
 
 // requestIntermediate makes a key and a CSR for spiffe://<td>, asks the
 // upstream to sign it, and checks the answer.
-func (a *Authority) requestIntermediate() (crypto.Signer, *UpstreamChain, error) {
+func (a *Authority) requestIntermediate() (crypto.Signer, string, *UpstreamChain, error) {
 	name := upstreamName(a.cfg.Upstream)
-	key, err := a.newIntermediateKey()
+	key, ref, err := a.newIntermediateKey()
 	if err != nil {
-		return nil, nil, fmt.Errorf("ca: intermediate key: %w", err)
+		return nil, "", nil, fmt.Errorf("ca: intermediate key: %w", err)
 	}
 	td := a.cfg.TrustDomain
 	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
@@ -126,21 +127,21 @@ func (a *Authority) requestIntermediate() (crypto.Signer, *UpstreamChain, error)
 		URIs:    []*url.URL{td.ID().URL()},
 	}, key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ca: intermediate request: %w", err)
+		return nil, "", nil, fmt.Errorf("ca: intermediate request: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), upstreamTimeout)
 	defer cancel()
 	chain, err := a.cfg.Upstream.SignIntermediate(ctx, csr, a.cfg.UpstreamTTL)
 	if err != nil {
 		a.metrics.upstreamRequests.WithLabelValues("error").Inc()
-		return nil, nil, fmt.Errorf("ca: upstream %s: %w", name, err)
+		return nil, "", nil, fmt.Errorf("ca: upstream %s: %w", name, err)
 	}
 	if err := CheckUpstreamChain(a.cfg.Clock.Now(), td, key.Public(), name, chain); err != nil {
 		a.metrics.upstreamRequests.WithLabelValues("refused").Inc()
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	a.metrics.upstreamRequests.WithLabelValues("ok").Inc()
-	return key, chain, nil
+	return key, ref, chain, nil
 }
 
 // upstreamFailed records a failed request: metric, backoff, and one
@@ -207,7 +208,7 @@ func (a *Authority) renewalDueLocked(now time.Time) bool {
 // when every root it chains to is already published; otherwise it is
 // prepared, its new roots published, and activates PublishLead refresh
 // hints later while the current intermediate keeps signing.
-func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, chain *UpstreamChain) error {
+func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, ref string, chain *UpstreamChain) error {
 	cert := chain.Chain[0]
 	id := cert.SerialNumber.Text(16)
 	for _, r := range a.roots {
@@ -217,7 +218,7 @@ func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, 
 	}
 	before := a.publishedKeyLocked()
 	r := &Root{
-		RootRecord: RootRecord{ID: id, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now,
+		RootRecord: RootRecord{ID: id, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref,
 			Upstream: upstreamRecord(upstreamName(a.cfg.Upstream), now, chain)},
 		Cert: cert, Key: key, upstreamChain: chain.Chain[1:], upstreamRoots: chain.Roots,
 	}

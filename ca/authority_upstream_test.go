@@ -3,7 +3,9 @@ package ca
 import (
 	"bytes"
 	"crypto/x509"
+	"io/fs"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -132,7 +134,9 @@ func TestUpstreamNewRootIsPublishedBeforeUse(t *testing.T) {
 	assert.Equal(t, StateRetired, roots[0].State)
 	assert.Equal(t, StateActive, roots[1].State)
 	issued = leafVerifies(t, a)
-	assert.Equal(t, []*x509.Certificate{u.root}, issued.Roots)
+	assert.True(t, issued.Chain[1].Equal(roots[1].Cert), "the new intermediate signs")
+	assert.ElementsMatch(t, []*x509.Certificate{oldRoot, u.root}, issued.Roots,
+		"every published root, as in self-signed mode: the retired intermediate's leaves still verify")
 	assert.Equal(t, 2, u.callCount(), "no new request while the prepared one waited")
 }
 
@@ -315,4 +319,31 @@ func TestUpstreamBackoff(t *testing.T) {
 	} {
 		assert.Equal(t, want, upstreamBackoff(failures), "after %d failures", failures)
 	}
+}
+
+// With a key manager, the intermediate's key is made there: the journal
+// records its reference, the state holds no key, and a restart finds it.
+func TestUpstreamIntermediateKeyInKeyManager(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	keys := newFakeKeys()
+	cfg := upstreamConfig(t, clk, u)
+	cfg.Keys = keys
+	a, err := New(cfg)
+	require.NoError(t, err)
+	roots := a.Roots()
+	require.Len(t, roots, 1)
+	require.NotNil(t, roots[0].Upstream)
+	require.NotEmpty(t, roots[0].KeyRef)
+	assert.True(t, keys.has(roots[0].KeyRef))
+	_, err = os.Stat(NewStore(cfg.DataDir).keyPath(roots[0].ID))
+	assert.ErrorIs(t, err, fs.ErrNotExist, "no key file for a key in the manager")
+	leafVerifies(t, a)
+
+	again := upstreamConfig(t, clk, u)
+	again.DataDir, again.Keys = cfg.DataDir, keys.restart()
+	b, err := New(again)
+	require.NoError(t, err)
+	assert.Equal(t, 1, u.callCount())
+	leafVerifies(t, b)
 }

@@ -2,6 +2,7 @@ package ca
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -160,8 +161,12 @@ func safeRootID(id string) bool {
 	return true
 }
 
-// EncodeRoot returns r's certificate and PKCS#8 private key as PEM.
+// EncodeRoot returns r's certificate and PKCS#8 private key as PEM; the
+// key is nil for a root whose key is in a key manager (KeyRef).
 func EncodeRoot(r *Root) (certPEM, keyPEM []byte, err error) {
+	if r.Cert != nil && r.KeyRef != "" {
+		return pemCert(r.Cert), nil, nil
+	}
 	if r.Cert == nil || r.Key == nil {
 		return nil, nil, fmt.Errorf("root %s has no certificate or no key", r.ID)
 	}
@@ -174,7 +179,9 @@ func EncodeRoot(r *Root) (certPEM, keyPEM []byte, err error) {
 
 // DecodeRoot parses the material of the root rec names and checks it: one
 // PEM certificate whose fingerprint is the journal's, and a private key
-// that matches it. Every refusal wraps ErrCorruptState and never quotes
+// that matches it. A record with a KeyRef has no key in the state (keyPEM
+// must be empty); its Key stays nil until the Authority finds it in its
+// key manager. Every refusal wraps ErrCorruptState and never quotes
 // the key.
 func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
 	certs, err := pemfile.ParseCertificates(certPEM)
@@ -188,6 +195,27 @@ func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
 	if fingerprint(cert) != rec.CertSHA256 {
 		return nil, corrupt("root %s: certificate does not match the fingerprint in %s", rec.ID, journalName)
 	}
+	r := &Root{RootRecord: rec, Cert: cert}
+	if r.Key, err = decodeRootKey(rec, cert, keyPEM); err != nil {
+		return nil, err
+	}
+	if rec.Upstream != nil {
+		if r.upstreamChain, r.upstreamRoots, err = decodeUpstreamRecord(rec.ID, cert, rec.Upstream); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// decodeRootKey parses the private key of the root rec names, nil for one
+// in a key manager (rec.KeyRef), whose state must hold none.
+func decodeRootKey(rec RootRecord, cert *x509.Certificate, keyPEM []byte) (crypto.Signer, error) {
+	if rec.KeyRef != "" {
+		if len(keyPEM) > 0 {
+			return nil, corrupt("root %s: its key is in a key manager (ref %s), yet the state holds a private key for it", rec.ID, rec.KeyRef)
+		}
+		return nil, nil
+	}
 	key, err := pemfile.ParsePrivateKey(keyPEM)
 	if err != nil {
 		return nil, corrupt("root %s: private key: %v", rec.ID, err)
@@ -195,13 +223,7 @@ func DecodeRoot(rec RootRecord, certPEM, keyPEM []byte) (*Root, error) {
 	if !publicKeysMatch(key.Public(), cert.PublicKey) {
 		return nil, corrupt("root %s: private key does not match the certificate", rec.ID)
 	}
-	r := &Root{RootRecord: rec, Cert: cert, Key: key}
-	if rec.Upstream != nil {
-		if r.upstreamChain, r.upstreamRoots, err = decodeUpstreamRecord(rec.ID, cert, rec.Upstream); err != nil {
-			return nil, err
-		}
-	}
-	return r, nil
+	return key, nil
 }
 
 // checkCommit refuses to persist a journal whose roots and JWT keys are
@@ -288,10 +310,14 @@ func (s *Store) writeMissingMaterial(roots []*Root, jwtKeys []*JWTKey) (map[stri
 	keep := map[string]bool{}
 	for _, r := range roots {
 		keep[r.ID] = true
-		if fileExists(s.certPath(r.ID)) && fileExists(s.keyPath(r.ID)) {
+		if fileExists(s.certPath(r.ID)) && (r.KeyRef != "" || fileExists(s.keyPath(r.ID))) {
 			continue
 		}
-		id, err := s.WriteRoot(r.Cert, r.Key)
+		key, err := storedRootKey(r)
+		if err != nil {
+			return nil, s.wrap(err)
+		}
+		id, err := s.WriteRoot(r.Cert, key)
 		if err != nil {
 			return nil, err
 		}

@@ -91,6 +91,9 @@ type JWTKeyRecord struct {
 	ActivatedAt   time.Time `json:"activated_at,omitzero"`
 	RetiredAt     time.Time `json:"retired_at,omitzero"`
 	RemoveAfter   time.Time `json:"remove_after,omitzero"`
+	// KeyRef finds the key in the Config.Keys key manager; the state then
+	// holds no private key for it.
+	KeyRef string `json:"key_ref,omitempty"`
 }
 
 // JWTKeyInfo describes a JWT signing key for status reports.
@@ -142,8 +145,12 @@ func newJWTKey(kt JWTKeyType, now time.Time, ttl time.Duration) (*JWTKey, error)
 	}, Key: key}, nil
 }
 
-// EncodeJWTKey returns k's PKCS#8 private key as PEM.
+// EncodeJWTKey returns k's PKCS#8 private key as PEM; nil for a key in a
+// key manager (KeyRef).
 func EncodeJWTKey(k *JWTKey) ([]byte, error) {
+	if k.KeyRef != "" {
+		return nil, nil
+	}
 	if k.Key == nil {
 		return nil, fmt.Errorf("JWT key %s has no private key", k.KID)
 	}
@@ -156,8 +163,16 @@ func EncodeJWTKey(k *JWTKey) ([]byte, error) {
 
 // DecodeJWTKey parses the private key of the JWT key rec names and checks
 // it: a key of the journal's algorithm whose thumbprint is the kid. Every
-// refusal wraps ErrCorruptState and never quotes the key.
+// refusal wraps ErrCorruptState and never quotes the key. A record with a
+// KeyRef has no key in the state (keyPEM must be empty); its Key stays nil
+// until the Authority finds it in its key manager.
 func DecodeJWTKey(rec JWTKeyRecord, keyPEM []byte) (*JWTKey, error) {
+	if rec.KeyRef != "" {
+		if len(keyPEM) > 0 {
+			return nil, corrupt("JWT key %s: its key is in a key manager (ref %s), yet the state holds a private key for it", rec.KID, rec.KeyRef)
+		}
+		return &JWTKey{JWTKeyRecord: rec}, nil
+	}
 	key, err := pemfile.ParsePrivateKey(keyPEM)
 	if err != nil {
 		return nil, corrupt("JWT key %s: private key: %v", rec.KID, err)

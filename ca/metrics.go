@@ -22,6 +22,8 @@ type metrics struct {
 	upstreamLastSuccess prometheus.Gauge
 	intermediateExpiry  prometheus.Gauge
 	lastSuccess         float64 // the gauge's value, under the Authority's mu
+	// keyManagerErrors counts failed calls to Config.Keys, by operation.
+	keyManagerErrors *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, error) {
@@ -56,12 +58,19 @@ func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, e
 	}
 	m.addJWT()
 	m.addUpstream()
+	m.keyManagerErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustbridge_ca_key_manager_errors_total",
+		Help: "Failed calls to the key manager (--key-manager), by operation: create (a new root or JWT key; the previous state was kept), find (a key the state names), destroy (a key no longer used; tried again after the next change).",
+	}, []string{"operation"})
+	for _, op := range []string{"create", "find", "destroy"} {
+		m.keyManagerErrors.WithLabelValues(op)
+	}
 	notReadyGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "trustbridge_ca_not_ready",
 		Help: "1 while the CA reports a problem on /readyz (invalid --ca-dir change, failed rotation check, expired root), else 0.",
 	}, notReady)
 	for _, c := range []prometheus.Collector{m.rootNotAfter, m.sequence, m.signings, m.signingTime, m.rotations, m.reconcileErrors, notReadyGauge,
-		m.jwtKeys, m.jwtNotAfter, m.jwtSignings, m.jwtEvents, m.upstreamRequests, m.upstreamLastSuccess, m.intermediateExpiry} {
+		m.jwtKeys, m.jwtNotAfter, m.jwtSignings, m.jwtEvents, m.upstreamRequests, m.upstreamLastSuccess, m.intermediateExpiry, m.keyManagerErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -27,6 +27,9 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 	if err != nil {
 		return "", false, err
 	}
+	if UsesKeyManager(j) {
+		return "", false, errRequestInKeyManager
+	}
 	if j == nil {
 		return "", false, fmt.Errorf("ca: no CA state in %s; start the server first", s.Dir())
 	}
@@ -98,6 +101,9 @@ func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool
 	j, _, keys, _, err := s.load("")
 	if err != nil {
 		return "", false, err
+	}
+	if UsesKeyManager(j) {
+		return "", false, errRequestInKeyManager
 	}
 	if j == nil {
 		return "", false, fmt.Errorf("ca: no CA state in %s; start the server first", s.Dir())

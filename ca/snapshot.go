@@ -44,16 +44,19 @@ func Snapshot(dataDir string) (*Journal, []StateFile, error) {
 		if err != nil {
 			return nil, nil, s.wrap(err)
 		}
-		files = append(files,
-			StateFile{Name: path.Join(stateDirName, rootsDirName, RootCertKey(r.ID)), Data: certPEM, Mode: 0o644},
-			StateFile{Name: path.Join(stateDirName, rootsDirName, RootKeyKey(r.ID)), Data: keyPEM, Mode: 0o600})
+		files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, RootCertKey(r.ID)), Data: certPEM, Mode: 0o644})
+		if keyPEM != nil {
+			files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, RootKeyKey(r.ID)), Data: keyPEM, Mode: 0o600})
+		}
 	}
 	for _, k := range jwtKeys {
 		keyPEM, err := EncodeJWTKey(k)
 		if err != nil {
 			return nil, nil, s.wrap(err)
 		}
-		files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, JWTKeyKey(k.KID)), Data: keyPEM, Mode: 0o600})
+		if keyPEM != nil {
+			files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, JWTKeyKey(k.KID)), Data: keyPEM, Mode: 0o600})
+		}
 	}
 	return j, files, nil
 }

@@ -138,6 +138,9 @@ type RootRecord struct {
 	// intermediate, not a root, and the bundle publishes its upstream
 	// roots instead of it.
 	Upstream *UpstreamRecord `json:"upstream,omitempty"`
+	// KeyRef finds the root's key in the Config.Keys key manager; the
+	// state then holds no private key for it.
+	KeyRef string `json:"key_ref,omitempty"`
 }
 
 // Root is a root (or, in upstream mode, an intermediate) with its
@@ -295,9 +298,12 @@ func (s *Store) loadRoot(rec RootRecord) (*Root, error) {
 	if err != nil {
 		return nil, corrupt("root %s: %v", rec.ID, err)
 	}
-	keyPEM, err := readPrivateKeyFile(s.keyPath(rec.ID), "root "+rec.ID)
-	if err != nil {
-		return nil, err
+	var keyPEM []byte
+	if rec.KeyRef == "" {
+		keyPEM, err = readPrivateKeyFile(s.keyPath(rec.ID), "root "+rec.ID)
+		if err != nil {
+			return nil, err
+		}
 	}
 	r, err := DecodeRoot(rec, certPEM, keyPEM)
 	if err != nil {
@@ -307,6 +313,9 @@ func (s *Store) loadRoot(rec RootRecord) (*Root, error) {
 }
 
 func (s *Store) loadJWTKey(rec JWTKeyRecord) (*JWTKey, error) {
+	if rec.KeyRef != "" {
+		return DecodeJWTKey(rec, nil)
+	}
 	keyPEM, err := readPrivateKeyFile(s.jwtKeyPath(rec.KID), "JWT key "+rec.KID)
 	if err != nil {
 		return nil, err
@@ -346,7 +355,7 @@ const maxKeyFile = 64 << 10
 // It must be followed by Save of a journal naming the key; until then the
 // file is a leftover.
 func (s *Store) writeJWTKeyOnce(k *JWTKey) error {
-	if fileExists(s.jwtKeyPath(k.KID)) {
+	if k.KeyRef != "" || fileExists(s.jwtKeyPath(k.KID)) {
 		return nil
 	}
 	if err := s.ensureDirs(); err != nil {
@@ -364,18 +373,21 @@ func (s *Store) writeJWTKeyOnce(k *JWTKey) error {
 
 // WriteRoot writes a new root's key (0600) and certificate. It must be
 // followed by Save of a journal naming the root; until then the files are
-// leftovers.
+// leftovers. A nil key writes only the certificate: the root's key is in
+// a key manager (RootRecord.KeyRef).
 func (s *Store) WriteRoot(cert *x509.Certificate, key crypto.Signer) (string, error) {
 	if err := s.ensureDirs(); err != nil {
 		return "", s.wrap(err)
 	}
 	id := cert.SerialNumber.Text(16)
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return "", s.wrap(err)
-	}
-	if err := atomicfile.Write(s.keyPath(id), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		return "", s.wrap(err)
+	if key != nil {
+		der, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			return "", s.wrap(err)
+		}
+		if err := atomicfile.Write(s.keyPath(id), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+			return "", s.wrap(err)
+		}
 	}
 	if err := atomicfile.Write(s.certPath(id), pemCert(cert), 0o644); err != nil {
 		return "", s.wrap(err)

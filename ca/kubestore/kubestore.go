@@ -200,7 +200,7 @@ func decodeRoots(data map[string][]byte, j *ca.Journal, named map[string]bool) (
 		named[ck], named[kk] = true, true
 		certPEM, ok1 := data[ck]
 		keyPEM, ok2 := data[kk]
-		if !ok1 || !ok2 {
+		if !ok1 || (!ok2 && rec.KeyRef == "") {
 			return nil, corrupt("root %s: %s or %s is missing", rec.ID, ck, kk)
 		}
 		r, err := ca.DecodeRoot(rec, certPEM, keyPEM)
@@ -219,7 +219,7 @@ func decodeJWTKeys(data map[string][]byte, j *ca.Journal, named map[string]bool)
 		kk := ca.JWTKeyKey(rec.KID)
 		named[kk] = true
 		keyPEM, ok := data[kk]
-		if !ok {
+		if !ok && rec.KeyRef == "" {
 			return nil, corrupt("JWT key %s: %s is missing", rec.KID, kk)
 		}
 		k, err := ca.DecodeJWTKey(rec, keyPEM)
@@ -296,7 +296,10 @@ func encode(j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (map[string][
 		if err != nil {
 			return nil, err
 		}
-		data[ca.RootCertKey(r.ID)], data[ca.RootKeyKey(r.ID)] = certPEM, keyPEM
+		data[ca.RootCertKey(r.ID)] = certPEM
+		if keyPEM != nil { // nil: the key is in a key manager (KeyRef)
+			data[ca.RootKeyKey(r.ID)] = keyPEM
+		}
 	}
 	for i, k := range jwtKeys {
 		if k.KID != j.JWTKeys[i].KID {
@@ -306,7 +309,9 @@ func encode(j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (map[string][
 		if err != nil {
 			return nil, err
 		}
-		data[ca.JWTKeyKey(k.KID)] = keyPEM
+		if keyPEM != nil {
+			data[ca.JWTKeyKey(k.KID)] = keyPEM
+		}
 	}
 	return data, nil
 }

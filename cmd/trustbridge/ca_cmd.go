@@ -175,6 +175,9 @@ func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func(
 	if j == nil {
 		return spiffeid.TrustDomain{}, m, 0, fmt.Errorf("no CA state in %s; start `trustbridge server --data-dir %s` first", store.Dir(), o.dataDir)
 	}
+	if ca.UsesKeyManager(j) {
+		return spiffeid.TrustDomain{}, m, 0, errors.New("the CA's keys are in a key manager (--key-manager); use trustbridge ca request against the running server")
+	}
 	td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
 	if err != nil {
 		return td, m, 0, err

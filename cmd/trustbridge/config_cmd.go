@@ -73,6 +73,7 @@ func checkServerOptions(o serverOptions) []error {
 		p.add(fmt.Errorf("ca-key-type: %w", err))
 	}
 	p.add(o.jwt.check())
+	p.add(o.keys.check(os.Getenv, o.caDir))
 	p.add(checkStorageFlags(o))
 	p.storage(o.kube)
 	if _, err := newLogger(io.Discard, o.logFormat, o.logLevel); err != nil {

@@ -56,6 +56,7 @@ type serverOptions struct {
 	policy         policyOptions
 	jwt            jwtKeyOptions
 	upstream       upstreamOptions
+	keys           keyManagerOptions
 }
 
 func newServerCmd(e env) *cobra.Command {
@@ -149,6 +150,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
 	addJWTKeyFlags(f, &o.jwt)
 	addUpstreamFlags(f, &o.upstream)
+	addKeyManagerFlags(f, &o.keys)
 	addBundleFlags(f, &o.bundle)
 	addFederationFlags(f, &o.federation)
 	addGRPCFlags(f, &o.grpc)
@@ -226,6 +228,12 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	if err != nil {
 		return err
 	}
+	keys, closeKeys, err := o.keys.open(os.Getenv, o.caDir, logger.With(logattr.Component, "key-manager"))
+	if err != nil {
+		return err
+	}
+	defer closeKeys()
+	o.keys.manager = keys
 	authority, err := newAuthority(o, td, kt, kube, reg, logger)
 	if err != nil {
 		return err
@@ -464,6 +472,8 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		// Roots leave room for downstream intermediates only when some
 		// downstream may ask (--downstream-allow).
 		SignsIntermediates: len(o.grpc.downstream.allow) > 0,
+		Keys:               o.keys.manager,
+		RequireHSM:         o.keys.requireHSM,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err
@@ -583,6 +593,7 @@ func adminHandler(a *ca.Authority, reg *prometheus.Registry, fed *federationSetu
 func adminConfig(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup, ctl *crd.Controller, ep *bundleEndpoint, rep *replica, pol *policySetup) admin.Config {
 	cfg := admin.Config{
 		TrustDomain: a.TrustDomain(), CA: a, JWT: a, Gatherer: reg,
+		KeyManager: a.KeyStorage(), RequireHSM: a.RequireHSM(),
 		Ready: func() error {
 			if err := a.Ready(); err != nil {
 				return err

@@ -65,6 +65,11 @@ type Config struct {
 	Origin func(spiffeid.TrustDomain) string
 	// Actor names this replica in snapshots.
 	Actor string
+	// KeyManager names the CA's key manager (--key-manager) for the
+	// snapshot's key_storage of keys held there; "" for none.
+	KeyManager string
+	// RequireHSM is --require-hsm, reported in the snapshot for audits.
+	RequireHSM bool
 	// IsLeader reports whether this replica leads; nil: a single server,
 	// always. Only the leader polls and saves bundles, so a follower
 	// refuses refreshes: it would fetch and then fail to save.

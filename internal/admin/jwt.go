@@ -59,7 +59,9 @@ func (h *Handler) localJWTAuthorities(b *spiffebundle.Bundle) []trustview.Author
 	seen := map[string]bool{}
 	if h.cfg.JWT != nil {
 		for _, k := range h.cfg.JWT.JWTKeys() {
-			out = append(out, jwtKeyAuthority(k))
+			a := jwtKeyAuthority(k)
+			a.KeyStorage = h.keyStorage(k.KeyRef)
+			out = append(out, a)
 			seen[k.KID] = true
 		}
 	}

@@ -30,6 +30,7 @@ func (h *Handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) Snapshot() trustview.Snapshot {
 	snap := trustview.Snapshot{
 		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
+		RequireHSM: h.cfg.RequireHSM,
 	}
 	store := h.cfg.Trust.Snapshot()
 	statuses := h.federationStatuses()
@@ -126,6 +127,7 @@ func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority
 		if r.Upstream != nil {
 			a.Upstream = r.Upstream.Name
 		}
+		a.KeyStorage = h.keyStorage(r.KeyRef)
 		for _, t := range []time.Time{r.RetiredAt, r.ActivatedAt, r.PreparedAt} {
 			if !t.IsZero() {
 				u := t.UTC()
@@ -175,4 +177,13 @@ func federationView(st federation.Status, origin string) *trustview.Federation {
 		LastError: st.LastError, ConsecutiveFailures: st.ConsecutiveFailures,
 		RefreshHintSeconds: st.RefreshHintSeconds, Refusals: st.Refusals,
 	}
+}
+
+// keyStorage is the snapshot's key_storage of one of our own keys: the
+// key manager when the key has a reference there, else "state".
+func (h *Handler) keyStorage(keyRef string) string {
+	if keyRef == "" {
+		return "state"
+	}
+	return cmp.Or(h.cfg.KeyManager, "key manager")
 }

@@ -56,6 +56,7 @@ func Findings(s trustview.Snapshot) []trustview.Finding {
 			rotate = "rotate now: trustbridge ca rotate (the successor is published at once and signs after 5 refresh hints)"
 		}
 		out = append(out, jwtFindings(td, now)...)
+		out = append(out, hsmFindings(s, td)...)
 		for _, a := range td.Authorities {
 			if a.Kind != trustview.KindX509 {
 				continue

@@ -30,6 +30,9 @@ type Snapshot struct {
 	// TrustPolicy is the per-workload trust policy in force; nil from a
 	// server that predates trust policies.
 	TrustPolicy *TrustPolicy `json:"trust_policy,omitempty"`
+	// RequireHSM is the server's --require-hsm: its own roots and JWT
+	// keys must live in a key manager (KeyStorage other than "state").
+	RequireHSM bool `json:"require_hsm,omitempty"`
 }
 
 // TrustDomain is one trust domain and the authorities trusted for it.
@@ -98,6 +101,11 @@ type Authority struct {
 	// intermediate (upstream mode): the entry is then the CA's signing
 	// intermediate, not a published root.
 	Upstream string `json:"upstream,omitempty"`
+	// KeyStorage is where the local CA keeps the private key of its own
+	// root or JWT key: "state" (the CA state backend) or the key manager
+	// (e.g. `pkcs11 token "tb" (libsofthsm2.so)`); empty for every other
+	// authority, and from servers that predate key managers.
+	KeyStorage string `json:"key_storage,omitempty"`
 
 	// X.509 only.
 	Subject            string     `json:"subject,omitempty"`
