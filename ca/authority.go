@@ -300,6 +300,10 @@ func New(cfg Config) (*Authority, error) {
 // request names none (Config.WorkloadTTL).
 func (a *Authority) DefaultWorkloadTTL() time.Duration { return a.cfg.WorkloadTTL }
 
+// MaxWorkloadTTL is the longest lifetime a workload certificate may ask
+// for (Config.MaxWorkloadTTL).
+func (a *Authority) MaxWorkloadTTL() time.Duration { return a.cfg.MaxWorkloadTTL }
+
 // TrustDomain is the CA's trust domain.
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
 

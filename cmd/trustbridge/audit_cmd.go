@@ -34,6 +34,7 @@ func newAuditCmd(e env) *cobra.Command {
 		client adminClient
 		output *outputFlag
 		failOn string
+		opts   audit.Options
 	)
 	cmd := &cobra.Command{
 		Use:   "audit",
@@ -47,11 +48,18 @@ func newAuditCmd(e env) *cobra.Command {
             have trusted it);
             JWT authority with an RSA key under 2048 bits or an EC curve below
             P-256; our CA has no active JWT key, or its active JWT key is past
-            its not_after, or has an eighth of its life left with no successor
+            its not_after, or has an eighth of its life left with no successor;
+            with --require-hsm, an active or prepared key of ours outside the
+            key manager; with --upstream, our active intermediate expires
+            within the default workload TTL, or the upstream has failed for
+            over half the intermediate's life
   warning   authority expiring within 30 days; RSA key under 3072 bits; SHA-1
             signature; federation stale (last good bundle still trusted); JWT
             authority of an unknown key type; our active JWT key has a quarter
-            of its life left with no successor prepared
+            of its life left with no successor prepared; with --upstream, our
+            active intermediate ends before the longest leaf it may sign, or
+            the upstream has failed for longer than
+            --upstream-unreachable-fraction of the intermediate's life
 
 The exit status is 2 when a finding at or above --fail-on exists (so it can gate
 a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
@@ -62,6 +70,9 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := output.check(); err != nil {
 				return err
+			}
+			if err := audit.CheckOptions(opts); err != nil {
+				return fmt.Errorf("--upstream-unreachable-fraction: %w", err)
 			}
 			var threshold trustview.Severity
 			switch failOn {
@@ -79,7 +90,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			if err := json.Unmarshal([]byte(body), &snap); err != nil {
 				return fmt.Errorf("admin answer is not a snapshot: %w", err)
 			}
-			findings := audit.Findings(snap)
+			findings := audit.FindingsWith(snap, opts)
 			if findings == nil {
 				findings = []trustview.Finding{}
 			}
@@ -97,6 +108,8 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 	f.StringVar(&client.addr, "admin", "http://127.0.0.1:15014", adminFlagHelp)
 	output = addOutputFlag(cmd)
 	f.StringVar(&failOn, "fail-on", "critical", "exit 2 when a finding of this severity or worse exists: warning, critical or none")
+	f.Float64Var(&opts.UpstreamUnreachableFraction, "upstream-unreachable-fraction", audit.DefaultUpstreamUnreachableFraction,
+		"with --upstream: warn when the upstream has failed for longer than this share of the intermediate's life (critical past 0.5)")
 	cmd.AddCommand(newAuditLogCmd(e))
 	return cmd
 }

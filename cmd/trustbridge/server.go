@@ -594,6 +594,7 @@ func adminConfig(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup
 	cfg := admin.Config{
 		TrustDomain: a.TrustDomain(), CA: a, JWT: a, Gatherer: reg,
 		KeyManager: a.KeyStorage(), RequireHSM: a.RequireHSM(),
+		WorkloadTTL: a.DefaultWorkloadTTL(), MaxWorkloadTTL: a.MaxWorkloadTTL(), Upstream: a.Upstream,
 		Ready: func() error {
 			if err := a.Ready(); err != nil {
 				return err

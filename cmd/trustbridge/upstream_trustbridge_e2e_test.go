@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,7 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/trustview"
 )
 
 // TestNestedTrustServers runs a corp trustbridge allowing
@@ -37,7 +41,7 @@ func TestNestedTrustServers(t *testing.T) {
 	region.upstream = upstreamOptions{kind: upstreamTrustbridge, ttl: 24 * time.Hour, trustbridge: trustbridgeUpstreamOptions{
 		address: addr, rootCert: filepath.Join(creds, caclient.RootsFile), provCert: creds, timeout: 10 * time.Second}}
 	region.grpc.listen = "127.0.0.1:0"
-	_, regionBanner, _ := launchServer(t, region)
+	regionAdmin, regionBanner, _ := launchServer(t, region)
 
 	// The region's certificate service, verified with corp's roots, signs
 	// for a caller proving an SVID corp issued: one trust domain.
@@ -77,4 +81,26 @@ func TestNestedTrustServers(t *testing.T) {
 	for _, r := range roots {
 		assert.False(t, r.Equal(chain[1]), "the intermediate is not a root")
 	}
+
+	// The region's snapshot names its upstream, healthy, and the audit
+	// judges the 24h intermediate by the upstream findings, not as a root
+	// about to expire; the default 90-day leaves do not fit under it.
+	out, stderr, code := runCLI(t, "", "audit", "--admin", "http://"+regionAdmin, "-o", "json", "--fail-on", "none")
+	require.Equal(t, 0, code, stderr)
+	var findings []trustview.Finding
+	require.NoError(t, json.Unmarshal([]byte(out), &findings))
+	got := map[string]bool{}
+	for _, f := range findings {
+		got[f.Code] = true
+	}
+	assert.Equal(t, map[string]bool{audit.CodeIntermediateShort: true}, got, out)
+	status, body := get(t, "http://"+regionAdmin+"/v1/snapshot")
+	require.Equal(t, http.StatusOK, status)
+	var snap trustview.Snapshot
+	require.NoError(t, json.Unmarshal([]byte(body), &snap))
+	require.NotNil(t, snap.CA)
+	require.NotNil(t, snap.CA.Upstream)
+	assert.Equal(t, "trustbridge upstream "+addr, snap.CA.Upstream.Name)
+	assert.NotNil(t, snap.CA.Upstream.LastSuccess)
+	assert.Zero(t, snap.CA.Upstream.Failures)
 }

@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"time"
+
 	"context"
 	"encoding/json"
 	"io"
@@ -70,6 +72,11 @@ type Config struct {
 	KeyManager string
 	// RequireHSM is --require-hsm, reported in the snapshot for audits.
 	RequireHSM bool
+	// WorkloadTTL and MaxWorkloadTTL are the CA's leaf lifetimes, and
+	// Upstream its upstream's health (ca.Authority.Upstream; nil or !ok
+	// outside upstream mode), for the snapshot's ca section.
+	WorkloadTTL, MaxWorkloadTTL time.Duration
+	Upstream                    func() (ca.UpstreamStatus, bool)
 	// IsLeader reports whether this replica leads; nil: a single server,
 	// always. Only the leader polls and saves bundles, so a follower
 	// refuses refreshes: it would fetch and then fail to save.

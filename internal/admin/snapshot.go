@@ -30,7 +30,7 @@ func (h *Handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) Snapshot() trustview.Snapshot {
 	snap := trustview.Snapshot{
 		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
-		RequireHSM: h.cfg.RequireHSM,
+		RequireHSM: h.cfg.RequireHSM, CA: h.caStatus(),
 	}
 	store := h.cfg.Trust.Snapshot()
 	statuses := h.federationStatuses()
@@ -186,4 +186,32 @@ func (h *Handler) keyStorage(keyRef string) string {
 		return "state"
 	}
 	return cmp.Or(h.cfg.KeyManager, "key manager")
+}
+
+// caStatus is the snapshot's ca section: leaf lifetimes and, in upstream
+// mode, the upstream's health; nil when the server gave no lifetimes.
+func (h *Handler) caStatus() *trustview.CAStatus {
+	if h.cfg.MaxWorkloadTTL <= 0 {
+		return nil
+	}
+	st := &trustview.CAStatus{
+		WorkloadTTLSeconds:    int64(h.cfg.WorkloadTTL / time.Second),
+		MaxWorkloadTTLSeconds: int64(h.cfg.MaxWorkloadTTL / time.Second),
+	}
+	if h.cfg.Upstream == nil {
+		return st
+	}
+	if up, ok := h.cfg.Upstream(); ok {
+		st.Upstream = &trustview.UpstreamStatus{Name: up.Name, LastSuccess: utcOrNil(up.LastSuccess),
+			LastError: up.LastError, LastErrorAt: utcOrNil(up.LastErrorAt), Failures: up.Failures}
+	}
+	return st
+}
+
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }

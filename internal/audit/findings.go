@@ -38,9 +38,15 @@ const (
 	CodePolicyRejected   = "trust_policy_source_rejected"
 )
 
-// Findings judges s. They are sorted critical first, then by trust domain
-// and code.
+// Findings judges s with the default Options. They are sorted critical
+// first, then by trust domain and code.
 func Findings(s trustview.Snapshot) []trustview.Finding {
+	return FindingsWith(s, Options{})
+}
+
+// FindingsWith is Findings with o's thresholds (CheckOptions first).
+func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
+	o = o.withDefaults()
 	now := s.Time
 	if now.IsZero() {
 		now = time.Now()
@@ -57,8 +63,9 @@ func Findings(s trustview.Snapshot) []trustview.Finding {
 		}
 		out = append(out, jwtFindings(td, now)...)
 		out = append(out, hsmFindings(s, td)...)
+		out = append(out, upstreamFindings(s, td, now, o)...)
 		for _, a := range td.Authorities {
-			if a.Kind != trustview.KindX509 {
+			if a.Kind != trustview.KindX509 || isIntermediate(td, a) {
 				continue
 			}
 			if !slices.Contains(holders[a.SHA256], td.Name) {

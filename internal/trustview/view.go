@@ -33,6 +33,32 @@ type Snapshot struct {
 	// RequireHSM is the server's --require-hsm: its own roots and JWT
 	// keys must live in a key manager (KeyStorage other than "state").
 	RequireHSM bool `json:"require_hsm,omitempty"`
+	// CA is the local CA's issuance settings and, in upstream mode, its
+	// upstream's health; nil from a server that predates them.
+	CA *CAStatus `json:"ca,omitempty"`
+}
+
+// CAStatus is what audits need of the local CA beyond its authorities.
+type CAStatus struct {
+	// WorkloadTTLSeconds and MaxWorkloadTTLSeconds are the default and the
+	// longest lifetime of the workload certificates it signs.
+	WorkloadTTLSeconds    int64 `json:"workload_ttl_seconds"`
+	MaxWorkloadTTLSeconds int64 `json:"max_workload_ttl_seconds"`
+	// Upstream is set in upstream mode (--upstream).
+	Upstream *UpstreamStatus `json:"upstream,omitempty"`
+}
+
+// UpstreamStatus is the health of the upstream authority that signs the
+// local CA's intermediate.
+type UpstreamStatus struct {
+	Name string `json:"name"`
+	// LastSuccess is when it last signed an intermediate.
+	LastSuccess *time.Time `json:"last_success,omitempty"`
+	// LastError and LastErrorAt describe the last failed request;
+	// Failures counts the failures since the last success.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+	Failures    int        `json:"failures,omitempty"`
 }
 
 // TrustDomain is one trust domain and the authorities trusted for it.
