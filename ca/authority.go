@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -418,11 +419,11 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 // roots of every intermediate kept, never an intermediate itself.
 func RootsMaterial(roots []*Root) SigningMaterial {
 	var m SigningMaterial
-	seen := map[string]bool{}
 	for _, r := range roots {
 		for _, c := range r.published() {
-			if fp := fingerprint(c); !seen[fp] {
-				seen[fp] = true
+			// A handful of roots: comparing bytes beats hashing them on
+			// every signing.
+			if !slices.ContainsFunc(m.Roots, c.Equal) {
 				m.Roots = append(m.Roots, c)
 			}
 		}
