@@ -12,8 +12,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Kubectl runs the kubectl `make kube-tools` builds next to kube-apiserver,
@@ -47,14 +45,9 @@ func OfflineKubectl(t testing.TB) *Kubectl {
 func (e *Env) Kubectl(t testing.TB) *Kubectl {
 	t.Helper()
 	k := OfflineKubectl(t)
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: e.Config.Host, CertificateAuthorityData: e.Config.CAData}
-	cfg.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: e.Config.CertData, ClientKeyData: e.Config.KeyData, Token: e.Config.BearerToken}
-	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	cfg.CurrentContext = "test"
 	k.Kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, k.Kubeconfig); err != nil {
-		t.Fatalf("kubetest: write kubeconfig: %v", err)
+	if err := e.writeKubeconfig(k.Kubeconfig); err != nil {
+		t.Fatalf("kubetest: %v", err)
 	}
 	return k
 }

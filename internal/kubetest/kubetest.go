@@ -1,7 +1,8 @@
 // Package kubetest runs tests against a real kube-apiserver backed by etcd,
 // started on loopback by controller-runtime's envtest from binaries built
-// by `make kube-tools` (bin/kube: kube-apiserver from the pinned
-// k8s.io/kubernetes module in internal/kubetest/tools, etcd from Debian).
+// by `make kube-tools` (bin/kube: kube-apiserver and kube-controller-manager
+// from the pinned k8s.io/kubernetes module in internal/kubetest/tools, etcd
+// from Debian).
 //
 // A package's tests share one API server, started on first use:
 //
@@ -17,8 +18,10 @@
 // (set by `make test`), which turns a missing or failing API server into a
 // test failure: CI must never pass by skipping this tier.
 //
-// No kube-controller-manager runs: service accounts are created by hand,
-// nothing is garbage collected, and deleted namespaces stay Terminating.
+// No kube-controller-manager runs by default: service accounts are created
+// by hand, nothing is garbage collected, and deleted namespaces stay
+// Terminating. A test that needs Kubernetes' built-in CSR signers starts
+// one running only its CSR signing controller (Env.CSRSigner).
 package kubetest
 
 import (
