@@ -150,6 +150,21 @@ func TestAPIServerUpstream(t *testing.T) {
 			assert.NotEqual(t, signer, o.Spec.SignerName, "CSR %s left behind", o.Name)
 		}
 	})
+	t.Run("chain", func(t *testing.T) {
+		testSigner(t, env.Client, signer, td, upstream, false)
+		key := testca.NewKey(t, testca.ECP256)
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{spiffeid.RequireTrustDomainFromString(td).ID().URL()}}, key)
+		require.NoError(t, err)
+		chain, err := client.SignIntermediate(context.Background(), der, time.Hour)
+		require.NoError(t, err)
+		require.NoError(t, ca.CheckUpstreamChain(time.Now(), spiffeid.RequireTrustDomainFromString(td), key.Public(), client.String(), chain))
+		assert.Equal(t, []*x509.Certificate{upstream.Cert}, chain.Roots)
+		list, err := env.Client.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
+		require.NoError(t, err)
+		for _, o := range list.Items {
+			assert.NotEqual(t, signer, o.Spec.SignerName, "CSR %s left behind", o.Name)
+		}
+	})
 	t.Run("another trust domain", func(t *testing.T) {
 		testSigner(t, env.Client, signer, "corp.example", upstream, false)
 		key := testca.NewKey(t, testca.ECP256)
