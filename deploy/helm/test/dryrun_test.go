@@ -28,11 +28,12 @@ func TestApplyDryRunServer(t *testing.T) {
 	k.Must([]byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+namespace+"\n"), "apply", "-f", "-")
 
 	cases := map[string]map[string]any{
-		"base":       baseValues(),
-		"defaults":   {"trustDomain": "example.org"},
-		"full-kube":  fullKube(t),
-		"full-file":  valuesFile(t, "full-file.yaml"),
-		"file-claim": valuesFile(t, "file-claim.yaml"),
+		"base":              baseValues(),
+		"defaults":          {"trustDomain": "example.org"},
+		"full-kube":         fullKube(t),
+		"full-file":         valuesFile(t, "full-file.yaml"),
+		"file-claim":        valuesFile(t, "file-claim.yaml"),
+		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -119,10 +119,11 @@ func TestServerAcceptsRenderedConfig(t *testing.T) {
 		t.Skip("TRUSTBRIDGE_BIN not set (make helm-tests sets it)")
 	}
 	cases := map[string]map[string]any{
-		"base":       baseValues(),
-		"full-kube":  fullKube(t),
-		"full-file":  valuesFile(t, "full-file.yaml"),
-		"file-claim": valuesFile(t, "file-claim.yaml"),
+		"base":              baseValues(),
+		"full-kube":         fullKube(t),
+		"full-file":         valuesFile(t, "full-file.yaml"),
+		"file-claim":        valuesFile(t, "file-claim.yaml"),
+		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -262,6 +263,24 @@ func TestBadValuesFail(t *testing.T) {
 			"trustPolicy.crd needs storage.type=kube"},
 		{"CA Secret with file storage", with(fileStorage(), func(v map[string]any) { v["storage"].(map[string]any)["caSecret"] = "x" }),
 			"storage.caSecret names the CA Secret of kube storage"},
+		{"kube-csr without a signer", with(upstreamKubeCSR(t, signerRootPEM(t)), func(v map[string]any) {
+			v["upstream"].(map[string]any)["kubeCSR"].(map[string]any)["signerName"] = ""
+		}), "upstream.kubeCSR.enabled needs upstream.kubeCSR.signerName"},
+		{"kube-csr with a built-in signer", with(upstreamKubeCSR(t, signerRootPEM(t)), func(v map[string]any) {
+			v["upstream"].(map[string]any)["kubeCSR"].(map[string]any)["signerName"] = "kubernetes.io/kube-apiserver-client"
+		}), "the built-in kubernetes.io signers never issue CA certificates"},
+		{"kube-csr without roots", upstreamKubeCSR(t, ""), "upstream.kubeCSR.enabled needs upstream.kubeCSR.roots"},
+		{"kube-csr roots not PEM", upstreamKubeCSR(t, "corp root"), "upstream.kubeCSR.enabled needs upstream.kubeCSR.roots"},
+		{"kube-csr values while off", with(baseValues(), func(v map[string]any) {
+			v["upstream"] = map[string]any{"kubeCSR": map[string]any{"signerName": "example.com/x"}}
+		}), "upstream.kubeCSR values are set but upstream.kubeCSR.enabled is false"},
+		{"kube-csr through extraConfig", with(baseValues(), func(v map[string]any) { v["extraConfig"] = map[string]any{"upstream": "kube-csr"} }),
+			"set upstream.kubeCSR.enabled=true instead"},
+		{"kube-csr roots through extraConfig", with(baseValues(), func(v map[string]any) { v["extraConfig"] = map[string]any{"upstream-kube-roots": "/x.pem"} }),
+			"extraConfig.upstream-kube-roots is set by the chart"},
+		{"kube-csr signer name not a path", with(upstreamKubeCSR(t, signerRootPEM(t)), func(v map[string]any) {
+			v["upstream"].(map[string]any)["kubeCSR"].(map[string]any)["signerName"] = "Example"
+		}), "signerName"},
 		{"unknown storage", with(baseValues(), func(v map[string]any) { v["storage"] = map[string]any{"type": "s3"} }), "at '/storage/type': value must be one of 'kube', 'file'"},
 		{"zero replicas", with(baseValues(), func(v map[string]any) { v["replicas"] = 0 }), "replicas"},
 		{"misspelt value", with(baseValues(), func(v map[string]any) { v["trustDomian"] = "x" }), "trustDomian"},

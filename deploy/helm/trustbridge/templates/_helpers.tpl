@@ -49,7 +49,26 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- fail "storage.caSecret names the CA Secret of kube storage; with storage.type=file leave it empty" -}}
 {{- end -}}
 {{- end -}}
-{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" -}}
+{{- with .Values.upstream.kubeCSR -}}
+{{- if .enabled -}}
+{{- if not .signerName -}}
+{{- fail "upstream.kubeCSR.enabled needs upstream.kubeCSR.signerName: the signerName of a signer that issues CA certificates, e.g. example.com/trustbridge-intermediate" -}}
+{{- end -}}
+{{- $domain := index (splitList "/" .signerName) 0 -}}
+{{- if or (eq $domain "kubernetes.io") (hasSuffix ".kubernetes.io" $domain) -}}
+{{- fail (printf "upstream.kubeCSR.signerName %s: the built-in kubernetes.io signers never issue CA certificates; name a signer that does (for example cert-manager's)" .signerName) -}}
+{{- end -}}
+{{- if not (contains "-----BEGIN CERTIFICATE-----" .roots) -}}
+{{- fail "upstream.kubeCSR.enabled needs upstream.kubeCSR.roots: the signer's root certificates, PEM (the CSR API does not return them)" -}}
+{{- end -}}
+{{- else if or .signerName .roots .csrTimeout .ttl -}}
+{{- fail "upstream.kubeCSR values are set but upstream.kubeCSR.enabled is false: set enabled=true to use the Kubernetes CSR API upstream" -}}
+{{- end -}}
+{{- end -}}
+{{- if eq (toString (index .Values.extraConfig "upstream")) "kube-csr" -}}
+{{- fail "extraConfig.upstream=kube-csr: set upstream.kubeCSR.enabled=true instead, which also grants the RBAC rule it needs and mounts the signer's roots" -}}
+{{- end -}}
+{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
 {{- range $k, $v := .Values.extraConfig -}}
 {{- if has $k $reserved -}}
 {{- fail (printf "extraConfig.%s is set by the chart (a value of its own, or a name RBAC or the pod spec is written for); set the chart's value instead" $k) -}}
@@ -80,6 +99,13 @@ config.yaml exactly. */}}
 {{- end -}}
 {{- if $v.adminAllowedHosts -}}{{- $_ := set $c "admin-allowed-hosts" $v.adminAllowedHosts -}}{{- end -}}
 {{- if $v.federation.peers -}}{{- $_ := set $c "federation" $v.federation.peers -}}{{- end -}}
+{{- if $v.upstream.kubeCSR.enabled -}}
+{{- $_ := set $c "upstream" "kube-csr" -}}
+{{- $_ := set $c "upstream-signer-name" $v.upstream.kubeCSR.signerName -}}
+{{- $_ := set $c "upstream-kube-roots" "/etc/trustbridge/upstream-roots.pem" -}}
+{{- if $v.upstream.kubeCSR.csrTimeout -}}{{- $_ := set $c "upstream-csr-timeout" $v.upstream.kubeCSR.csrTimeout -}}{{- end -}}
+{{- if $v.upstream.kubeCSR.ttl -}}{{- $_ := set $c "upstream-ttl" $v.upstream.kubeCSR.ttl -}}{{- end -}}
+{{- end -}}
 {{- range $k, $x := $v.extraConfig -}}
 {{- if hasKey $c $k -}}
 {{- fail (printf "extraConfig.%s is already set by a chart value; set it in one place" $k) -}}
