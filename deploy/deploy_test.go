@@ -17,7 +17,7 @@ import (
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 
 // overlays are every kustomization users apply.
-var overlays = []string{"base", "examples/two-clusters/east", "examples/two-clusters/west"}
+var overlays = []string{"base", "examples/two-clusters/east", "examples/two-clusters/west", "examples/upstream-kube-csr"}
 
 // Every overlay renders and passes `kubectl apply --dry-run=server`: the
 // API server's validation (schemas, the CRD's OpenAPI and CEL rules,

@@ -2,12 +2,14 @@ package deploy
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 )
@@ -93,5 +95,46 @@ func TestServerRBACClusterTrustPolicies(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tt.allowed, review.Status.Allowed, "%s %s: %s", tt.verb, tt.resource, review.Status.Reason)
 		})
+	}
+}
+
+// csrRules are the ClusterRole trustbridge's rules on
+// certificatesigningrequests in the kustomization dir renders.
+func csrRules(t *testing.T, k *kubetest.Kubectl, dir string) (csr []any, all int) {
+	t.Helper()
+	for _, o := range kubetest.DecodeObjects(t, k.Must(nil, "kustomize", dir)) {
+		if o.GetKind() != "ClusterRole" || o.GetName() != "trustbridge" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		for _, r := range rules {
+			if slices.Contains(r.(map[string]any)["resources"].([]any), any("certificatesigningrequests")) {
+				csr = append(csr, r)
+			}
+		}
+		return csr, len(rules)
+	}
+	require.FailNow(t, "no ClusterRole trustbridge", dir)
+	return nil, 0
+}
+
+// --upstream kube-csr needs create, get, watch and delete on
+// CertificateSigningRequests; only examples/upstream-kube-csr grants them,
+// as one rule added to the base's, never approve or sign.
+func TestUpstreamKubeCSROverlayRBAC(t *testing.T) {
+	k := kubetest.OfflineKubectl(t)
+	csr, n := csrRules(t, k, "examples/upstream-kube-csr")
+	assert.Equal(t, []any{map[string]any{
+		"apiGroups": []any{"certificates.k8s.io"}, "resources": []any{"certificatesigningrequests"},
+		"verbs": []any{"create", "get", "watch", "delete"},
+	}}, csr)
+	baseCSR, baseN := csrRules(t, k, "base")
+	assert.Empty(t, baseCSR, "least privilege: the base grants no CSR access")
+	assert.Equal(t, baseN+1, n, "the overlay adds one rule and changes none")
+	for _, dir := range overlays {
+		if dir != "examples/upstream-kube-csr" {
+			got, _ := csrRules(t, k, dir)
+			assert.Empty(t, got, dir)
+		}
 	}
 }

@@ -293,7 +293,8 @@ func TestConfigurationDoc(t *testing.T) {
 // The config files the Kubernetes manifests ship are valid.
 func TestDeployConfigsCheck(t *testing.T) {
 	t.Setenv("TRUST_DOMAIN", "")
-	for _, path := range []string{"base/config.yaml", "examples/two-clusters/east/config.yaml", "examples/two-clusters/west/config.yaml"} {
+	for _, path := range []string{"base/config.yaml", "examples/two-clusters/east/config.yaml", "examples/two-clusters/west/config.yaml",
+		"examples/upstream-kube-csr/config.yaml"} {
 		out, stderr, code := runCLI(t, "", "config", "check", filepath.Join("..", "..", "deploy", path))
 		assert.Equal(t, 0, code, "%s: %s%s", path, out, stderr)
 	}
