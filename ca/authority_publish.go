@@ -15,7 +15,9 @@ func (a *Authority) Changes() <-chan struct{} { return a.changes }
 
 // Subscribe returns a channel of its own, signalled (coalesced) on every
 // later change of the published bundle or of a root's state (a prepared
-// root activated leaves the bundle as it was).
+// root activated leaves the bundle as it was), and when the CA's health
+// turns: a scheduled check starting or ceasing to fail (CheckError), an
+// upstream outage starting or ending (Upstream).
 func (a *Authority) Subscribe() <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	a.mu.Lock()
@@ -110,7 +112,12 @@ func (a *Authority) publishLocked() {
 	} else if !stateChanged {
 		notify = nil
 	}
-	for _, ch := range notify {
+	signal(notify)
+}
+
+// signal wakes each channel without blocking (they are coalescing).
+func signal(chs []chan struct{}) {
+	for _, ch := range chs {
 		select {
 		case ch <- struct{}{}:
 		default:

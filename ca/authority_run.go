@@ -22,15 +22,29 @@ func (a *Authority) Kick() {
 }
 
 // recordCheck keeps the outcome of a scheduled check for Ready and
-// reports a failure (metric, log); what says what was kept.
+// reports a failure (metric, log); what says what was kept. Subscribers
+// hear when checks start or cease to fail.
 func (a *Authority) recordCheck(err error, msg string) {
 	a.mu.Lock()
+	turned := (a.lastErr == nil) != (err == nil)
 	a.lastErr = err
+	if turned {
+		signal(a.subs)
+	}
 	a.mu.Unlock()
 	if err != nil {
 		a.metrics.reconcileErrors.Inc()
 		a.cfg.Logger.Error(msg, logattr.Error, err)
 	}
+}
+
+// CheckError is the error of the last scheduled check (a rotation the
+// key manager refused, an upstream that left no valid intermediate), or
+// nil when it succeeded; the CA keeps signing with what it had.
+func (a *Authority) CheckError() error {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.lastErr
 }
 
 // NextCheck is when Reconcile next has work to do, or sooner so that

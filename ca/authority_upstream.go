@@ -34,7 +34,8 @@ type upstreamStatus struct {
 	lastSuccess time.Time
 	lastErr     error
 	lastErrAt   time.Time
-	failures    int // consecutive
+	failures    int       // consecutive
+	since       time.Time // of the first of those failures
 	nextAttempt time.Time
 }
 
@@ -100,8 +101,8 @@ func (a *Authority) renewIntermediate() error {
 		a.upstreamFailed(now, err)
 		return a.upstreamReadyErr()
 	}
-	a.upstreamOK(a.cfg.Clock.Now())
-	return a.withStateLocked(func() error {
+	outage := a.upstreamOK(a.cfg.Clock.Now())
+	err = a.withStateLocked(func() error {
 		return a.reconcileLocked(func() (bool, error) {
 			now := a.cfg.Clock.Now()
 			changed := a.upstreamStepsLocked(now)
@@ -111,6 +112,14 @@ func (a *Authority) renewIntermediate() error {
 			return true, a.installIntermediateLocked(now, key, ref, chain)
 		})
 	})
+	if outage {
+		// The outage ended: subscribers hear it once the intermediate it
+		// brought is in place, so they see both at once.
+		a.mu.Lock()
+		signal(a.subs)
+		a.mu.Unlock()
+	}
+	return err
 }
 
 // requestIntermediate makes a key and a CSR for spiffe://<td>, asks the
@@ -152,6 +161,10 @@ func (a *Authority) upstreamFailed(now time.Time, err error) {
 	a.up.lastErr, a.up.lastErrAt = err, now
 	a.up.nextAttempt = now.Add(upstreamBackoff(a.up.failures))
 	first := a.up.failures == 1
+	if first {
+		a.up.since = now
+		signal(a.subs) // an outage starts
+	}
 	a.mu.Unlock()
 	if first {
 		a.cfg.Logger.Warn("upstream authority request failed; the current intermediate keeps signing while retrying with backoff", logattr.Error, err)
@@ -160,7 +173,9 @@ func (a *Authority) upstreamFailed(now time.Time, err error) {
 	a.cfg.Logger.Debug("upstream authority request failed again", logattr.Error, err)
 }
 
-func (a *Authority) upstreamOK(now time.Time) {
+// upstreamOK records a successful request; it says whether that ended an
+// outage.
+func (a *Authority) upstreamOK(now time.Time) bool {
 	a.mu.Lock()
 	outage := a.up.failures > 0
 	a.up = upstreamStatus{lastSuccess: now, lastErr: a.up.lastErr, lastErrAt: a.up.lastErrAt}
@@ -169,6 +184,7 @@ func (a *Authority) upstreamOK(now time.Time) {
 	if outage {
 		a.cfg.Logger.Info("upstream authority answered again")
 	}
+	return outage
 }
 
 // upstreamReadyErr is nil while the active intermediate is valid, else
@@ -358,10 +374,12 @@ type UpstreamStatus struct {
 	LastSuccess time.Time
 	// LastError is the last failed request's error ("" after none), and
 	// LastErrorAt when it failed; Failures counts those since the last
-	// success.
-	LastError   string
-	LastErrorAt time.Time
-	Failures    int
+	// success, the first of which failed at FailingSince (zero when
+	// Failures is).
+	LastError    string
+	LastErrorAt  time.Time
+	Failures     int
+	FailingSince time.Time
 }
 
 // Upstream reports the upstream's health; ok is false outside upstream
@@ -372,7 +390,7 @@ func (a *Authority) Upstream() (st UpstreamStatus, ok bool) {
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	st = UpstreamStatus{Name: upstreamName(a.cfg.Upstream), LastSuccess: a.up.lastSuccess, LastErrorAt: a.up.lastErrAt, Failures: a.up.failures}
+	st = UpstreamStatus{Name: upstreamName(a.cfg.Upstream), LastSuccess: a.up.lastSuccess, LastErrorAt: a.up.lastErrAt, Failures: a.up.failures, FailingSince: a.up.since}
 	if a.up.lastErr != nil {
 		st.LastError = a.up.lastErr.Error()
 	}

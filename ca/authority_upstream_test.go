@@ -3,6 +3,7 @@ package ca
 import (
 	"bytes"
 	"crypto/x509"
+	"errors"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -346,4 +347,57 @@ func TestUpstreamIntermediateKeyInKeyManager(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, u.callCount())
 	leafVerifies(t, b)
+}
+
+// Subscribers (the audit trail) hear when an upstream outage starts and
+// ends and when scheduled checks start and cease to fail, though the
+// bundle stays as it was; retries within an outage wake nobody.
+func TestSubscribersHearHealthTurns(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	sub := a.Subscribe()
+	woken := func() bool {
+		select {
+		case <-sub:
+			return true
+		default:
+			return false
+		}
+	}
+	first := a.Roots()[0].ID
+
+	u.set("", errUpstreamDown)
+	clk.Step(25 * time.Hour)
+	require.NoError(t, a.Reconcile())
+	assert.True(t, woken(), "an outage starts")
+	st, _ := a.Upstream()
+	assert.Equal(t, clk.Now(), st.FailingSince)
+	since := st.FailingSince
+
+	clk.Step(upstreamBackoff(1))
+	require.NoError(t, a.Reconcile())
+	assert.False(t, woken(), "a retry in the same outage")
+	st, _ = a.Upstream()
+	assert.Equal(t, 2, st.Failures)
+	assert.Equal(t, since, st.FailingSince, "the outage's start stays")
+
+	a.recordCheck(errors.New("key manager refused"), "check")
+	assert.True(t, woken(), "checks start to fail")
+	require.ErrorContains(t, a.CheckError(), "key manager refused")
+	a.recordCheck(errors.New("key manager refused again"), "check")
+	assert.False(t, woken(), "checks still fail")
+	a.recordCheck(nil, "")
+	assert.True(t, woken(), "checks cease to fail")
+	require.NoError(t, a.CheckError())
+
+	u.set("", nil)
+	clk.Step(upstreamBackoffMax)
+	require.NoError(t, a.Reconcile())
+	assert.True(t, woken(), "the outage ends (with a new intermediate)")
+	st, _ = a.Upstream()
+	assert.Zero(t, st.Failures)
+	assert.True(t, st.FailingSince.IsZero())
+	assert.NotEqual(t, first, a.Roots()[len(a.Roots())-1].ID)
 }

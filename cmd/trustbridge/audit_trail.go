@@ -16,7 +16,8 @@ import (
 )
 
 // auditTrail turns trust changes into audit log entries: the CA's roots
-// and JWT signing keys being prepared, activated, retired and removed, federated bundles
+// and JWT signing keys being prepared, activated, retired and removed,
+// its checks and its upstream starting and ceasing to fail, federated bundles
 // accepted and rejected, endpoints added, changed and removed. Only the
 // leader writes (it is the one making the changes; followers only load
 // them), but every replica follows the CA's roots, so a new leader
@@ -30,6 +31,7 @@ type auditTrail struct {
 	mu      sync.Mutex
 	roots   map[string]rootSeen   // the CA's roots by ID, as last seen
 	jwtKeys map[string]jwtKeySeen // the CA's JWT signing keys by kid, as last seen
+	health  healthSeen            // the CA's health, as last recorded
 
 	appended *prometheus.CounterVec
 	failures prometheus.Counter
@@ -152,6 +154,7 @@ func (t *auditTrail) observeCA(a *ca.Authority, baseline bool) {
 	}
 	t.roots = now
 	entries = append(entries, t.jwtKeyEntriesLocked(a.JWTKeys(), a.TrustDomain().Name(), seq, baseline)...)
+	entries = append(entries, t.healthEntriesLocked(a, a.TrustDomain().Name())...)
 	for _, e := range entries {
 		t.record(e)
 	}

@@ -68,7 +68,12 @@ type Entry struct {
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
 	// moved a torn final line out of the log; Reason says how many bytes
 	// and into which file), trust_policy_changed, trust_policy_rejected
-	// (Reason holds the error; the previous policy stays).
+	// (Reason holds the error; the previous policy stays),
+	// ca_check_failed and ca_check_recovered (the CA's scheduled checks
+	// start and cease to fail: a key manager refusing a new key, no valid
+	// intermediate left; Reason holds the error), upstream_failed and
+	// upstream_recovered (an upstream authority's outage starts and ends;
+	// one entry each per outage, not per retry).
 	Event       string  `json:"event"`
 	TrustDomain string  `json:"trust_domain"`
 	SourceURL   string  `json:"source_url,omitempty"`

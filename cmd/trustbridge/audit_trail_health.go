@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/audit"
+)
+
+// caHealth is what the audit trail reads of the CA's health; *ca.Authority
+// has it.
+type caHealth interface {
+	CheckError() error
+	Upstream() (ca.UpstreamStatus, bool)
+}
+
+// healthSeen is the CA's health as last recorded.
+type healthSeen struct {
+	checkErr     string    // "" while checks succeed
+	upstreamDown time.Time // the outage's start; zero while the upstream answers
+}
+
+// healthEntriesLocked are the entries for how the CA's health turned
+// since last seen: a scheduled check that starts to fail (the key manager
+// refused a new key, no valid intermediate is left) or ceases to, and an
+// upstream outage that starts or ends. One entry per turn, not per
+// failed retry: the log stays a record of changes, and the metrics count
+// every attempt. t.mu is held.
+func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
+	var entries []audit.Entry
+	checkErr := ""
+	if err := h.CheckError(); err != nil {
+		checkErr = err.Error()
+	}
+	switch {
+	case checkErr != "" && t.health.checkErr == "":
+		entries = append(entries, audit.Entry{Event: "ca_check_failed", TrustDomain: td,
+			Reason: checkErr + " (the CA keeps its current roots and keys; /readyz fails until this is fixed)"})
+	case checkErr == "" && t.health.checkErr != "":
+		entries = append(entries, audit.Entry{Event: "ca_check_recovered", TrustDomain: td,
+			Reason: "the CA's checks succeed again (last error: " + t.health.checkErr + ")"})
+	}
+	t.health.checkErr = checkErr
+
+	st, ok := h.Upstream()
+	if !ok {
+		return entries
+	}
+	switch {
+	case st.Failures > 0 && t.health.upstreamDown.IsZero():
+		t.health.upstreamDown = st.FailingSince
+		entries = append(entries, audit.Entry{Event: "upstream_failed", TrustDomain: td,
+			Reason: fmt.Sprintf("upstream %s: %s (the current intermediate keeps signing; retried with backoff)", st.Name, st.LastError)})
+	case st.Failures == 0 && !t.health.upstreamDown.IsZero():
+		entries = append(entries, audit.Entry{Event: "upstream_recovered", TrustDomain: td,
+			Reason: fmt.Sprintf("upstream %s answered again after failing since %s (last error: %s)",
+				st.Name, t.health.upstreamDown.UTC().Format(time.RFC3339), st.LastError)})
+		t.health.upstreamDown = time.Time{}
+	}
+	return entries
+}

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"io"
+	"math/big"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/testca"
+)
+
+// stubHealth is a CA's health as a test sets it.
+type stubHealth struct {
+	checkErr error
+	upstream *ca.UpstreamStatus // nil: not in upstream mode
+}
+
+func (h *stubHealth) CheckError() error { return h.checkErr }
+
+func (h *stubHealth) Upstream() (ca.UpstreamStatus, bool) {
+	if h.upstream == nil {
+		return ca.UpstreamStatus{}, false
+	}
+	return *h.upstream, true
+}
+
+func observeHealth(t *auditTrail, h caHealth) {
+	t.mu.Lock()
+	entries := t.healthEntriesLocked(h, "region.example")
+	t.mu.Unlock()
+	for _, e := range entries {
+		t.record(e)
+	}
+}
+
+// An upstream outage and failing CA checks are written to the audit log
+// when they start and when they end, with the error and the outage's
+// start, once each however many retries fail in between.
+func TestAuditTrailRecordsHealthTurns(t *testing.T) {
+	trail, buf := newTestTrail(t)
+	since := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	h := &stubHealth{upstream: &ca.UpstreamStatus{Name: "trustbridge corp.example"}}
+
+	observeHealth(trail, h)
+	assert.Empty(t, drain(t, buf), "a healthy CA writes nothing")
+
+	h.upstream = &ca.UpstreamStatus{Name: "trustbridge corp.example", Failures: 1, FailingSince: since,
+		LastError: "ca: upstream trustbridge corp.example: connection refused"}
+	observeHealth(trail, h)
+	got := drain(t, buf)
+	require.Len(t, got, 1)
+	assert.Equal(t, "upstream_failed", got[0].Event)
+	assert.Equal(t, "region.example", got[0].TrustDomain)
+	assert.Equal(t, "replica-1", got[0].Actor)
+	assert.Contains(t, got[0].Reason, "connection refused")
+	assert.Contains(t, got[0].Reason, "the current intermediate keeps signing")
+
+	h.upstream.Failures, h.upstream.LastError = 7, "ca: upstream trustbridge corp.example: intermediate refused: not a CA certificate"
+	observeHealth(trail, h)
+	assert.Empty(t, drain(t, buf), "retries in the same outage write nothing")
+
+	h.checkErr = errors.New("ca: no valid intermediate to sign with: not a CA certificate")
+	observeHealth(trail, h)
+	got = drain(t, buf)
+	require.Len(t, got, 1)
+	assert.Equal(t, "ca_check_failed", got[0].Event)
+	assert.Contains(t, got[0].Reason, "no valid intermediate")
+	assert.Contains(t, got[0].Reason, "/readyz")
+
+	observeHealth(trail, h)
+	assert.Empty(t, drain(t, buf))
+
+	h.checkErr = nil
+	h.upstream = &ca.UpstreamStatus{Name: "trustbridge corp.example", LastSuccess: since.Add(time.Hour),
+		LastError: "ca: upstream trustbridge corp.example: intermediate refused: not a CA certificate"}
+	observeHealth(trail, h)
+	got = drain(t, buf)
+	require.Len(t, got, 2)
+	assert.Equal(t, "ca_check_recovered", got[0].Event)
+	assert.Contains(t, got[0].Reason, "no valid intermediate", "names what had failed")
+	assert.Equal(t, "upstream_recovered", got[1].Event)
+	assert.Contains(t, got[1].Reason, "failing since 2026-11-28T10:00:00Z")
+	assert.Contains(t, got[1].Reason, "not a CA certificate")
+
+	observeHealth(trail, h)
+	assert.Empty(t, drain(t, buf))
+}
+
+// Outside upstream mode only the checks are followed: a key manager that
+// refuses a new root is recorded once, and its recovery.
+func TestAuditTrailRecordsKeyManagerRefusal(t *testing.T) {
+	trail, buf := newTestTrail(t)
+	h := &stubHealth{checkErr: errors.New("ca: new root key: pkcs11: CKR_DEVICE_ERROR")}
+	observeHealth(trail, h)
+	got := drain(t, buf)
+	require.Len(t, got, 1)
+	assert.Equal(t, "ca_check_failed", got[0].Event)
+	assert.Contains(t, got[0].Reason, "CKR_DEVICE_ERROR")
+	h.checkErr = nil
+	observeHealth(trail, h)
+	got = drain(t, buf)
+	require.Len(t, got, 1)
+	assert.Equal(t, "ca_check_recovered", got[0].Event)
+}
+
+// A follower writes nothing: the leader, which asks the upstream, does.
+func TestAuditTrailHealthOnAFollower(t *testing.T) {
+	trail, buf := newTestTrail(t)
+	trail.leader = func() bool { return false }
+	observeHealth(trail, &stubHealth{checkErr: errors.New("boom"),
+		upstream: &ca.UpstreamStatus{Name: "u", Failures: 1, FailingSince: time.Now(), LastError: "down"}})
+	assert.Empty(t, drain(t, buf))
+}
+
+// toggleUpstream signs intermediates with a test root, or fails with err.
+type toggleUpstream struct {
+	root *testca.CA
+	clk  clock.Clock
+	mu   sync.Mutex
+	err  error
+}
+
+func (u *toggleUpstream) String() string { return "test upstream" }
+
+func (u *toggleUpstream) fail(err error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.err = err
+}
+
+func (u *toggleUpstream) SignIntermediate(_ context.Context, csrDER []byte, ttl time.Duration) (*ca.UpstreamChain, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.err != nil {
+		return nil, u.err
+	}
+	csr, err := x509.ParseCertificateRequest(csrDER)
+	if err != nil {
+		return nil, err
+	}
+	now := u.clk.Now()
+	cert, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ttl),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		URIs: csr.URIs,
+	}, u.root.Cert, csr.PublicKey, u.root.Key)
+	if err != nil {
+		return nil, err
+	}
+	c, err := x509.ParseCertificate(cert)
+	if err != nil {
+		return nil, err
+	}
+	return &ca.UpstreamChain{Chain: []*x509.Certificate{c}, Roots: []*x509.Certificate{u.root.Cert}}, nil
+}
+
+// With a real upstream-mode Authority, an outage reaches the audit log
+// through the CA's change notifications, as the server wires it
+// (followCA): once when the upstream first fails, once when it answers
+// again, beside the new intermediate's own entries.
+func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	up := &toggleUpstream{root: testca.New(t, "corp.example", testca.Options{NotAfter: clk.Now().Add(365 * 24 * time.Hour)}), clk: clk}
+	a, err := ca.New(ca.Config{
+		TrustDomain: spiffeid.RequireTrustDomainFromString("region.example"), DataDir: t.TempDir(),
+		RefreshHint: time.Minute, WorkloadTTL: time.Hour, MaxWorkloadTTL: 2 * time.Hour,
+		Upstream: up, UpstreamTTL: 48 * time.Hour, Clock: clk, Registerer: prometheus.NewRegistry(),
+	})
+	require.NoError(t, err)
+	trail, buf := newTestTrail(t)
+	var mu sync.Mutex // buf is written by followCA's goroutine
+	trail.log = audit.New(lockedWriter{&mu, buf})
+	trail.baseline(a, &federationSetup{store: trust.NewStore()})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- followCA(ctx, a, a.Subscribe(), &federationSetup{store: trust.NewStore()}, trail) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// waitEvents waits for followCA to have written want since the
+	// last call, and returns those entries.
+	waitEvents := func(want ...string) []audit.Entry {
+		t.Helper()
+		var got []audit.Entry
+		events := func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, drain(t, buf)...)
+			out := []string{}
+			for _, e := range got {
+				out = append(out, e.Event)
+			}
+			return out
+		}
+		if !assert.Eventually(t, func() bool { return slices.Equal(want, events()) }, 10*time.Second, 10*time.Millisecond) {
+			require.Equal(t, want, events())
+		}
+		return got
+	}
+	waitEvents("baseline", "baseline") // the intermediate and the JWT key
+
+	up.fail(errors.New("connection refused"))
+	clk.Step(25 * time.Hour)
+	require.NoError(t, a.Reconcile(), "the intermediate keeps signing")
+	got := waitEvents("upstream_failed")
+	assert.Contains(t, got[0].Reason, "connection refused")
+
+	clk.Step(time.Minute)
+	require.NoError(t, a.Reconcile())
+	up.fail(nil)
+	clk.Step(10 * time.Minute)
+	require.NoError(t, a.Reconcile())
+	got = waitEvents("root_retired", "root_activated", "upstream_recovered")
+	assert.Contains(t, got[2].Reason, "connection refused")
+}
+
+// lockedWriter serializes writes to a buffer a test also reads.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
