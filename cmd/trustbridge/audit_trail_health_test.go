@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/x509"
 	"errors"
 	"io"
-	"math/big"
 	"slices"
 	"sync"
 	"testing"
@@ -16,13 +13,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/upstreamtest"
 )
 
 // stubHealth is a CA's health as a test sets it.
@@ -128,55 +124,13 @@ func TestAuditTrailHealthOnAFollower(t *testing.T) {
 	assert.Empty(t, drain(t, buf))
 }
 
-// toggleUpstream signs intermediates with a test root, or fails with err.
-type toggleUpstream struct {
-	root *testca.CA
-	clk  clock.Clock
-	mu   sync.Mutex
-	err  error
-}
-
-func (u *toggleUpstream) String() string { return "test upstream" }
-
-func (u *toggleUpstream) fail(err error) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.err = err
-}
-
-func (u *toggleUpstream) SignIntermediate(_ context.Context, csrDER []byte, ttl time.Duration) (*ca.UpstreamChain, error) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.err != nil {
-		return nil, u.err
-	}
-	csr, err := x509.ParseCertificateRequest(csrDER)
-	if err != nil {
-		return nil, err
-	}
-	now := u.clk.Now()
-	cert, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ttl),
-		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		URIs: csr.URIs,
-	}, u.root.Cert, csr.PublicKey, u.root.Key)
-	if err != nil {
-		return nil, err
-	}
-	c, err := x509.ParseCertificate(cert)
-	if err != nil {
-		return nil, err
-	}
-	return &ca.UpstreamChain{Chain: []*x509.Certificate{c}, Roots: []*x509.Certificate{u.root.Cert}}, nil
-}
-
 // With a real upstream-mode Authority, an outage reaches the audit log
 // through the CA's change notifications, as the server wires it
 // (followCA): once when the upstream first fails, once when it answers
 // again, beside the new intermediate's own entries.
 func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	up := &toggleUpstream{root: testca.New(t, "corp.example", testca.Options{NotAfter: clk.Now().Add(365 * 24 * time.Hour)}), clk: clk}
+	up := upstreamtest.New(t, clk, "corp.example")
 	a, err := ca.New(ca.Config{
 		TrustDomain: spiffeid.RequireTrustDomainFromString("region.example"), DataDir: t.TempDir(),
 		RefreshHint: time.Minute, WorkloadTTL: time.Hour, MaxWorkloadTTL: 2 * time.Hour,
@@ -213,7 +167,7 @@ func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
 	}
 	waitEvents("baseline", "baseline") // the intermediate and the JWT key
 
-	up.fail(errors.New("connection refused"))
+	up.Fail(errors.New("connection refused"))
 	clk.Step(25 * time.Hour)
 	require.NoError(t, a.Reconcile(), "the intermediate keeps signing")
 	got := waitEvents("upstream_failed")
@@ -221,7 +175,7 @@ func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
 
 	clk.Step(time.Minute)
 	require.NoError(t, a.Reconcile())
-	up.fail(nil)
+	up.Fail(nil)
 	clk.Step(10 * time.Minute)
 	require.NoError(t, a.Reconcile())
 	got = waitEvents("root_retired", "root_activated", "upstream_recovered")
