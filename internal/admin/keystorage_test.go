@@ -45,7 +45,7 @@ func TestSnapshotCAStatus(t *testing.T) {
 	ok := time.Date(2026, 11, 28, 1, 0, 0, 0, time.FixedZone("x", 3600))
 	f.cfg.WorkloadTTL, f.cfg.MaxWorkloadTTL = time.Hour, 24*time.Hour
 	f.cfg.Upstream = func() (ca.UpstreamStatus, bool) {
-		return ca.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastSuccess: ok, LastError: "refused", Failures: 2}, true
+		return ca.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastSuccess: ok, LastError: "refused", Failures: 2, FailingSince: ok.Add(time.Hour)}, true
 	}
 	st := New(f.cfg).Snapshot().CA
 	require.NotNil(t, st)
@@ -59,6 +59,8 @@ func TestSnapshotCAStatus(t *testing.T) {
 	assert.Nil(t, st.Upstream.LastErrorAt, "a zero time is left out")
 	assert.Equal(t, "refused", st.Upstream.LastError)
 	assert.Equal(t, 2, st.Upstream.Failures)
+	require.NotNil(t, st.Upstream.FailingSince)
+	assert.True(t, st.Upstream.FailingSince.Equal(ok.Add(time.Hour)))
 
 	f.cfg.Upstream = func() (ca.UpstreamStatus, bool) { return ca.UpstreamStatus{}, false }
 	assert.Nil(t, New(f.cfg).Snapshot().CA.Upstream, "no upstream section outside upstream mode")

@@ -203,7 +203,8 @@ func (h *Handler) caStatus() *trustview.CAStatus {
 	}
 	if up, ok := h.cfg.Upstream(); ok {
 		st.Upstream = &trustview.UpstreamStatus{Name: up.Name, LastSuccess: utcOrNil(up.LastSuccess),
-			LastError: up.LastError, LastErrorAt: utcOrNil(up.LastErrorAt), Failures: up.Failures}
+			LastError: up.LastError, LastErrorAt: utcOrNil(up.LastErrorAt), Failures: up.Failures,
+			FailingSince: utcOrNil(up.FailingSince)}
 	}
 	return st
 }

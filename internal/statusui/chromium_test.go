@@ -152,7 +152,7 @@ func TestChromiumHostileStrings(t *testing.T) {
 	d := parseDOM(t, bytes.NewReader(dump))
 	assertInert(t, d)
 	assert.Equal(t, hostile, text(d.byID("local-trust-domain")))
-	for _, id := range []string{"findings", "trust-domains", "authorities", "federation-graph", "authority-timeline"} {
+	for _, id := range []string{"findings", "trust-domains", "authorities", "federation-graph", "authority-timeline", "upstream"} {
 		assert.Contains(t, text(d.byID(id)), "<script>alert(1)</script>", id)
 	}
 	require.NotNil(t, d.byID("today-line"))

@@ -218,6 +218,7 @@ func hostileSnapshot() (trustview.Snapshot, []trustview.Finding) {
 		Name: hostile, Origin: hostile, Workloads: []string{hostile}, Peers: []string{hostile},
 		Matched: &trustview.PolicyMatches{Count: 1, Recent: []string{hostile}},
 	}}}
+	s.CA = &trustview.CAStatus{Upstream: &trustview.UpstreamStatus{Name: hostile, LastError: hostile, Failures: 1, FailingSince: at("2026-11-22T11:00:00Z")}}
 	fs := []trustview.Finding{{Severity: trustview.Severity(hostile), Code: hostile, TrustDomain: hostile, Authority: hostile, Message: hostile, Fix: hostile}}
 	return s, fs
 }

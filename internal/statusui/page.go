@@ -55,6 +55,33 @@ type summary struct {
 	ActiveRoots, PreparedRoots, Retired int
 	// JWT is the own CA's JWT signing keys, set when it mints JWT-SVIDs.
 	JWT *keyCounts
+	// Upstream is the upstream authority signing the own CA's
+	// intermediate, set in upstream mode.
+	Upstream *upstreamCard
+}
+
+// upstreamCard is the upstream authority's health as the summary shows it.
+type upstreamCard struct {
+	Name         string
+	LastSuccess  stamp
+	Failing      bool
+	Failures     int
+	FailingSince stamp
+	LastError    string
+	LastTry      stamp
+}
+
+// upstreamCardOf is nil outside upstream mode.
+func upstreamCardOf(s trustview.Snapshot, now time.Time) *upstreamCard {
+	if s.CA == nil || s.CA.Upstream == nil {
+		return nil
+	}
+	u := s.CA.Upstream
+	c := &upstreamCard{Name: u.Name, LastSuccess: stampOf(u.LastSuccess, now), Failing: u.Failures > 0, Failures: u.Failures}
+	if c.Failing {
+		c.FailingSince, c.LastError, c.LastTry = stampOf(u.FailingSince, now), u.LastError, stampOf(u.LastErrorAt, now)
+	}
+	return c
 }
 
 // keyCounts counts keys by rotation state.
@@ -143,6 +170,7 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 	p.Graph = layoutGraph(s)
 	p.Timeline = layoutTimeline(s, now)
 	p.Policy = policyPanelOf(s)
+	p.Summary.Upstream = upstreamCardOf(s, now)
 	return p
 }
 

@@ -55,10 +55,12 @@ type UpstreamStatus struct {
 	// LastSuccess is when it last signed an intermediate.
 	LastSuccess *time.Time `json:"last_success,omitempty"`
 	// LastError and LastErrorAt describe the last failed request;
-	// Failures counts the failures since the last success.
-	LastError   string     `json:"last_error,omitempty"`
-	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
-	Failures    int        `json:"failures,omitempty"`
+	// Failures counts the failures since the last success, the first of
+	// which was at FailingSince.
+	LastError    string     `json:"last_error,omitempty"`
+	LastErrorAt  *time.Time `json:"last_error_at,omitempty"`
+	Failures     int        `json:"failures,omitempty"`
+	FailingSince *time.Time `json:"failing_since,omitempty"`
 }
 
 // TrustDomain is one trust domain and the authorities trusted for it.
