@@ -90,8 +90,15 @@ func unreachableUpstream(up *trustview.UpstreamStatus, td string, a trustview.Au
 	if up == nil || up.Failures == 0 {
 		return nil
 	}
+	// The outage runs from its first failed request: renewals start at
+	// half the intermediate's life, so the time since the last success
+	// would call a minute's blip at renewal an outage of half a life.
+	// Snapshots from servers that predate failing_since fall back to it.
 	since := *a.NotBefore
-	if up.LastSuccess != nil {
+	switch {
+	case up.FailingSince != nil:
+		since = *up.FailingSince
+	case up.LastSuccess != nil:
 		since = *up.LastSuccess
 	}
 	life := a.NotAfter.Sub(*a.NotBefore)
@@ -105,8 +112,8 @@ func unreachableUpstream(up *trustview.UpstreamStatus, td string, a trustview.Au
 	}
 	return []trustview.Finding{{
 		Severity: sev, Code: CodeUpstreamUnreachable, TrustDomain: td, Authority: a.SHA256,
-		Message: fmt.Sprintf("upstream %s has not signed an intermediate of %s for %s (%.0f%% of the intermediate's %s life; %d failures, last: %s); the current intermediate expires %s",
-			up.Name, td, down.Round(time.Minute), 100*float64(down)/float64(life), life, up.Failures, up.LastError, a.NotAfter.UTC().Format(time.RFC3339)),
+		Message: fmt.Sprintf("upstream %s has failed to sign an intermediate of %s for %s since %s (%.0f%% of the intermediate's %s life; %d failures, last: %s); the current intermediate expires %s",
+			up.Name, td, down.Round(time.Minute), since.UTC().Format(time.RFC3339), 100*float64(down)/float64(life), life, up.Failures, up.LastError, a.NotAfter.UTC().Format(time.RFC3339)),
 		Fix: "restore the upstream (its address, this server's credential and its place in the upstream's allow-list: see the last error); once the intermediate expires this CA signs nothing",
 	}}
 }

@@ -42,6 +42,12 @@ func TestUpstreamFindings(t *testing.T) {
 	failing := func(lastOK time.Duration) *trustview.UpstreamStatus {
 		return &trustview.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastSuccess: ago(lastOK), LastError: "connection refused", Failures: 3}
 	}
+	// failingSince: the last success lastOK ago, failing for down.
+	failingSince := func(lastOK, down time.Duration) *trustview.UpstreamStatus {
+		st := failing(lastOK)
+		st.FailingSince = ago(down)
+		return st
+	}
 	day := 24 * time.Hour
 	for name, tc := range map[string]struct {
 		age, life, maxTTL time.Duration
@@ -65,6 +71,12 @@ func TestUpstreamFindings(t *testing.T) {
 			want: map[string]trustview.Severity{}},
 		"failing for 13h of a 48h life (over a quarter)": {
 			age: 13 * time.Hour, life: 2 * day, maxTTL: day / 2, up: failing(13 * time.Hour),
+			want: map[string]trustview.Severity{CodeUpstreamUnreachable: trustview.SeverityWarning}},
+		"renewal failing for an hour at half life: a blip, not half a life": {
+			age: 25 * time.Hour, life: 2 * day, maxTTL: 12 * time.Hour, up: failingSince(25*time.Hour, time.Hour),
+			want: map[string]trustview.Severity{}},
+		"renewal failing for 13h since half life (over a quarter)": {
+			age: 37 * time.Hour, life: 2 * day, maxTTL: 6 * time.Hour, up: failingSince(37*time.Hour, 13*time.Hour),
 			want: map[string]trustview.Severity{CodeUpstreamUnreachable: trustview.SeverityWarning}},
 		"failing for 25h of a 48h life (over half)": {
 			age: 25 * time.Hour, life: 2 * day, maxTTL: 12 * time.Hour, up: failing(25 * time.Hour),
