@@ -5,16 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/catest"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
-	"github.com/trustbridge/trustbridge/internal/upstreamtest"
 )
 
 // TestUpstreamIntermediateOnASecret: in upstream mode on a real Secret,
@@ -25,7 +23,7 @@ func TestUpstreamIntermediateOnASecret(t *testing.T) {
 	env := kubetest.Shared(t)
 	ns := env.Namespace(t)
 	clk := clocktesting.NewFakeClock(t0)
-	up := upstreamtest.New(t, clk, "corp.example")
+	up := catest.NewUpstream(t, clk, "corp.example")
 	start := func(l *flag) *ca.Authority {
 		t.Helper()
 		cfg := authorityConfig(clk, newStore(t, env.Client, ns, l), l)
@@ -34,26 +32,13 @@ func TestUpstreamIntermediateOnASecret(t *testing.T) {
 		require.NoError(t, err)
 		return a
 	}
-	// signs checks that a signs a leaf that verifies, with go-spiffe,
-	// against a's published bundle through the intermediate named id.
+	// signs checks that a signs leaves its bundle verifies, with the
+	// intermediate named id.
 	signs := func(a *ca.Authority, id string) {
 		t.Helper()
-		wl := spiffeid.RequireFromPath(td, "/w")
-		issued, err := a.Sign(workloadCSR(t, wl), wl, 0)
-		require.NoError(t, err)
-		var raw [][]byte
-		for _, c := range issued.Chain[:len(issued.Chain)-len(issued.Roots)] {
-			raw = append(raw, c.Raw)
-		}
-		require.Len(t, raw, 2, "leaf and intermediate")
-		got, _, err := x509svid.ParseAndVerify(raw, x509bundle.FromX509Authorities(td, a.Bundle().X509Authorities()), x509svid.WithTime(clk.Now()))
-		require.NoError(t, err)
-		assert.Equal(t, wl, got)
-		for _, r := range a.Roots() {
-			if r.State == ca.StateActive {
-				assert.Equal(t, id, r.ID)
-			}
-		}
+		issued := catest.SignLeaf(t, a, spiffeid.RequireFromPath(td, "/w"), clk.Now())
+		require.Len(t, issued.Chain, 3, "leaf, intermediate, upstream root")
+		assert.Equal(t, id, activeID(t, a))
 	}
 
 	oneLeads, twoLeads := leaderFlag(false), leaderFlag(false)

@@ -4,24 +4,18 @@ package pkcs11
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/x509"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/catest"
 	"github.com/trustbridge/trustbridge/internal/hsmtest"
-	"github.com/trustbridge/trustbridge/internal/testca"
-	"github.com/trustbridge/trustbridge/internal/upstreamtest"
 )
 
 var td = spiffeid.RequireTrustDomainFromString("example.org")
@@ -34,25 +28,13 @@ func authorityConfig(clk *clocktesting.FakeClock, dir string, m *Manager) ca.Con
 	}
 }
 
-// signsLeaf has a sign a workload certificate and checks it with go-spiffe
-// against a's published bundle: the signature was made in the token.
+// signsLeaf has a sign a workload certificate its bundle verifies (the
+// signature made in the token) and a JWT-SVID.
 func signsLeaf(t *testing.T, a *ca.Authority, now time.Time) {
 	t.Helper()
 	id := spiffeid.RequireFromPath(td, "/w")
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, testca.NewKey(t, testca.ECP256))
-	require.NoError(t, err)
-	csr, err := ca.ParseCSR(der)
-	require.NoError(t, err)
-	issued, err := a.Sign(csr, id, 0)
-	require.NoError(t, err)
-	var raw [][]byte
-	for _, c := range issued.Chain[:len(issued.Chain)-len(issued.Roots)] {
-		raw = append(raw, c.Raw)
-	}
-	got, _, err := x509svid.ParseAndVerify(raw, x509bundle.FromX509Authorities(td, a.Bundle().X509Authorities()), x509svid.WithTime(now))
-	require.NoError(t, err)
-	assert.Equal(t, id, got)
-	_, _, err = a.SignJWT(id, []string{"aud"}, 0)
+	catest.SignLeaf(t, a, id, now)
+	_, _, err := a.SignJWT(id, []string{"aud"}, 0)
 	require.NoError(t, err)
 }
 
@@ -139,7 +121,7 @@ func TestUpstreamIntermediateInSoftHSM(t *testing.T) {
 	module, label, pin := hsmtest.Token(t)
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	dir := t.TempDir()
-	up := upstreamtest.New(t, clk, "corp.example")
+	up := catest.NewUpstream(t, clk, "corp.example")
 	config := func(m *Manager) ca.Config {
 		cfg := authorityConfig(clk, dir, m)
 		cfg.Upstream, cfg.UpstreamTTL = up, 48*time.Hour

@@ -18,7 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/upstreamtest"
+	"github.com/trustbridge/trustbridge/internal/catest"
 )
 
 // stubHealth is a CA's health as a test sets it.
@@ -130,7 +130,7 @@ func TestAuditTrailHealthOnAFollower(t *testing.T) {
 // again, beside the new intermediate's own entries.
 func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	up := upstreamtest.New(t, clk, "corp.example")
+	up := catest.NewUpstream(t, clk, "corp.example")
 	a, err := ca.New(ca.Config{
 		TrustDomain: spiffeid.RequireTrustDomainFromString("region.example"), DataDir: t.TempDir(),
 		RefreshHint: time.Minute, WorkloadTTL: time.Hour, MaxWorkloadTTL: 2 * time.Hour,

@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	certv1 "k8s.io/api/certificates/v1"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/upstream/kubecsr"
+	"github.com/trustbridge/trustbridge/internal/catest"
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testca"
 )
@@ -128,21 +128,7 @@ func TestAPIServerUpstream(t *testing.T) {
 		require.NoError(t, a.Ready())
 		assert.Equal(t, []*x509.Certificate{upstream.Cert}, a.Bundle().X509Authorities(), "the signer's root, never the intermediate")
 
-		id := spiffeid.RequireFromString("spiffe://region.example/w")
-		key := testca.NewKey(t, testca.ECP256)
-		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
-		require.NoError(t, err)
-		csr, err := ca.ParseCSR(der)
-		require.NoError(t, err)
-		issued, err := a.Sign(csr, id, 0)
-		require.NoError(t, err)
-		var chain [][]byte
-		for _, c := range issued.Chain {
-			chain = append(chain, c.Raw)
-		}
-		got, _, err := x509svid.ParseAndVerify(chain, a.Bundle())
-		require.NoError(t, err)
-		assert.Equal(t, id, got)
+		catest.SignLeaf(t, a, spiffeid.RequireFromString("spiffe://region.example/w"), time.Now())
 
 		list, err := env.Client.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
 		require.NoError(t, err)

@@ -1,7 +1,4 @@
-// Package upstreamtest is an upstream authority for tests outside package
-// ca: it signs intermediate requests with a test root on a given clock,
-// counts requests, and fails on demand.
-package upstreamtest
+package catest
 
 import (
 	"context"
@@ -28,9 +25,9 @@ type Upstream struct {
 	calls int
 }
 
-// New returns an upstream whose root, for the upstream's trust domain td,
+// NewUpstream returns an upstream whose root, for the upstream's trust domain td,
 // is valid from clk's now for a year.
-func New(tb testing.TB, clk clock.Clock, td string) *Upstream {
+func NewUpstream(tb testing.TB, clk clock.Clock, td string) *Upstream {
 	tb.Helper()
 	now := clk.Now()
 	return &Upstream{clk: clk, Root: testca.New(tb, td, testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour)})}
