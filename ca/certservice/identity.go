@@ -99,15 +99,7 @@ func identityAuthenticator(cfg Config, p *authn.GrantPolicy) authn.Authenticator
 
 // MintJWTSVID signs a JWT-SVID for the caller's proven identity.
 func (is *identityService) MintJWTSVID(ctx context.Context, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, error) {
-	s := is.s
-	r := authn.FromGRPC(ctx)
-	resp, ident, ref := s.mint(ctx, r, req)
-	if ref != nil {
-		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
-		return nil, s.refuse(ctx, "jwt-svid request refused", r, ident, ref)
-	}
-	s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
-	return resp, nil
+	return answer(ctx, is.s, is.s.metrics.jwtSVIDs, "jwt-svid request refused", req, is.s.mint)
 }
 
 func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, authn.Identity, *refusal) {

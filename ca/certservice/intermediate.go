@@ -53,15 +53,7 @@ func (f IntermediateSignerFunc) SignIntermediate(csr *x509.CertificateRequest, t
 // service account, OIDC), which can be replayed or is held by workloads,
 // buys one.
 func (is *identityService) SignIntermediate(ctx context.Context, req *identityapi.SignIntermediateRequest) (*identityapi.SignIntermediateResponse, error) {
-	s := is.s
-	r := authn.FromGRPC(ctx)
-	resp, ident, ref := s.signIntermediate(ctx, r, req)
-	if ref != nil {
-		s.metrics.intermediates.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
-		return nil, s.refuse(ctx, "intermediate request refused", r, ident, ref)
-	}
-	s.metrics.intermediates.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
-	return resp, nil
+	return answer(ctx, is.s, is.s.metrics.intermediates, "intermediate request refused", req, is.s.signIntermediate)
 }
 
 func (s *Service) signIntermediate(ctx context.Context, r authn.Request, req *identityapi.SignIntermediateRequest) (*identityapi.SignIntermediateResponse, authn.Identity, *refusal) {

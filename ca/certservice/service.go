@@ -330,25 +330,30 @@ type refusal struct {
 // CreateCertificate authenticates the caller, checks the CSR against the
 // proven identity, and signs it.
 func (s *Service) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	return answer(ctx, s, s.metrics.requests, "certificate request refused", req, func(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
+		if proto.Size(req) > MaxRecvMsgSize {
+			// The server's receive limit may be raised for services
+			// sharing it (SDS); certificate requests keep theirs.
+			return nil, authn.Identity{}, &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", MaxRecvMsgSize), nil}
+		}
+		return s.create(ctx, r, req)
+	})
+}
+
+// answer is the end of every unary RPC of the service: it runs handle
+// for the caller, counts the outcome in counter by status code and how
+// the caller proved its identity, and logs a refusal and returns it as
+// the RPC's status (refused says what was refused).
+func answer[Req, Resp any](ctx context.Context, s *Service, counter *prometheus.CounterVec, refused string, req Req,
+	handle func(context.Context, authn.Request, Req) (Resp, authn.Identity, *refusal)) (Resp, error) {
 	r := authn.FromGRPC(ctx)
-	var (
-		resp  *securityv1alpha1.IstioCertificateResponse
-		ident authn.Identity
-		ref   *refusal
-	)
-	if proto.Size(req) > MaxRecvMsgSize {
-		// The server's receive limit may be raised for services sharing
-		// it (SDS); certificate requests keep theirs.
-		ref = &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", MaxRecvMsgSize), nil}
-	} else {
-		resp, ident, ref = s.create(ctx, r, req)
-	}
-	method := methodLabel(ident)
+	resp, ident, ref := handle(ctx, r, req)
 	if ref != nil {
-		s.metrics.requests.WithLabelValues(ref.code.String(), method).Inc()
-		return nil, s.refuse(ctx, "certificate request refused", r, ident, ref)
+		counter.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
+		var none Resp
+		return none, s.refuse(ctx, refused, r, ident, ref)
 	}
-	s.metrics.requests.WithLabelValues(codes.OK.String(), method).Inc()
+	counter.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
 	return resp, nil
 }
 
