@@ -284,6 +284,13 @@ func New(cfg Config) (*Authority, error) {
 		if err := a.syncPlugin(); err != nil {
 			return nil, err
 		}
+		// That published what Load loaded; the change it signalled,
+		// left pending, would have Run publish it again at its first
+		// turn, after whatever happened meanwhile.
+		select {
+		case <-cfg.Plugin.Changes():
+		default:
+		}
 		return a, nil
 	}
 	if err := a.Reconcile(); err != nil {

@@ -155,3 +155,22 @@ func TestPluginSyncFailureRollsBack(t *testing.T) {
 	assert.Equal(t, "active,prepared", jwtStates(a))
 	assert.Greater(t, a.Sequence(), seq)
 }
+
+// New publishes the plug-in material it loads; no change signal is left
+// for Run to publish it again at its first turn (which, under load, came
+// after a test's injected failure and counted twice).
+func TestPluginLoadLeavesNoChangePending(t *testing.T) {
+	a := newPluginAuthority(t, clocktesting.NewFakeClock(time.Now()), Config{Backend: newMemBackend()})
+	select {
+	case <-a.cfg.Plugin.Changes():
+		t.Fatal("New's load left a change pending")
+	default:
+	}
+	writePluginDir(t, a.cfg.Plugin.dir, newPluginPKI(t, pluginPKIOptions{now: time.Now()}).files(t, true))
+	require.NoError(t, a.cfg.Plugin.Check())
+	select {
+	case <-a.cfg.Plugin.Changes():
+	default:
+		t.Fatal("a later change is signalled")
+	}
+}
