@@ -239,6 +239,9 @@ func TestWatchBundlesUpdates(t *testing.T) {
 	got, withheld := recvMap(t, stream)
 	assert.ElementsMatch(t, []string{"example.org", "withheld.example"}, names(got))
 	assert.Empty(t, withheld)
+	// The server counts a message once its Send returned, which may be
+	// after the client read it: wait for the third, then none more.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(w.svc.WatchMessagesForTest()) >= 3 }, 10*time.Second, time.Millisecond)
 	assert.Equal(t, 3.0, testutil.ToFloat64(w.svc.WatchMessagesForTest()), "no message repeats the last")
 }
 
