@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -153,9 +154,40 @@ func (a *Authority) requestIntermediate() (crypto.Signer, string, *UpstreamChain
 	return key, ref, chain, nil
 }
 
+// maxUpstreamErrorLen bounds the text of an upstream failure kept for
+// /readyz, status, logs and the audit log: it may quote what the upstream
+// said (a gRPC status message, a CSR condition's message), which is
+// untrusted and unbounded.
+const maxUpstreamErrorLen = 1024
+
+// clippedError is an error whose text was cut to a bound; errors.Is and
+// As still see the whole chain.
+type clippedError struct {
+	err error
+	msg string
+}
+
+func (e *clippedError) Error() string { return e.msg }
+func (e *clippedError) Unwrap() error { return e.err }
+
+// clipError bounds err's text to n bytes (whole UTF-8 characters),
+// saying that it was cut.
+func clipError(err error, n int) error {
+	msg := err.Error()
+	if len(msg) <= n {
+		return err
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return &clippedError{err: err, msg: fmt.Sprintf("%s… (%d more bytes)", msg[:cut], len(msg)-cut)}
+}
+
 // upstreamFailed records a failed request: metric, backoff, and one
 // warning per outage (later failures log at debug level).
 func (a *Authority) upstreamFailed(now time.Time, err error) {
+	err = clipError(err, maxUpstreamErrorLen)
 	a.mu.Lock()
 	a.up.failures++
 	a.up.lastErr, a.up.lastErrAt = err, now

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -400,4 +403,22 @@ func TestSubscribersHearHealthTurns(t *testing.T) {
 	assert.Zero(t, st.Failures)
 	assert.True(t, st.FailingSince.IsZero())
 	assert.NotEqual(t, first, a.Roots()[len(a.Roots())-1].ID)
+}
+
+// An upstream's error may quote whatever it said, untrusted and of any
+// length: the text kept for /readyz, status, logs and the audit log is
+// bounded, the error chain is not lost.
+func TestUpstreamErrorTextIsBounded(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	u.set("", fmt.Errorf("rpc error: code = PermissionDenied desc = %s: %w", strings.Repeat("é", 1<<19), errUpstreamDown))
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	st, _ := a.Upstream()
+	assert.LessOrEqual(t, len(st.LastError), maxUpstreamErrorLen+32)
+	assert.True(t, utf8.ValidString(st.LastError))
+	assert.Contains(t, st.LastError, "more bytes)")
+	require.Error(t, a.Ready())
+	assert.LessOrEqual(t, len(a.Ready().Error()), maxUpstreamErrorLen+200)
+	assert.ErrorIs(t, a.Ready(), errUpstreamDown, "the chain is kept")
 }

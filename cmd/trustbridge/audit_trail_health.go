@@ -15,6 +15,11 @@ type caHealth interface {
 	Upstream() (ca.UpstreamStatus, bool)
 }
 
+// maxHealthReason bounds the error text an entry quotes (the ca package
+// bounds an upstream's; other errors are ours, but an entry must stay
+// far below audit.MaxLineSize whatever they say).
+const maxHealthReason = 4096
+
 // healthSeen is the CA's health as last recorded.
 type healthSeen struct {
 	checkErr     string    // "" while checks succeed
@@ -31,7 +36,7 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 	var entries []audit.Entry
 	checkErr := ""
 	if err := h.CheckError(); err != nil {
-		checkErr = err.Error()
+		checkErr = clipText(err.Error(), maxHealthReason)
 	}
 	switch {
 	case checkErr != "" && t.health.checkErr == "":
@@ -51,11 +56,11 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 	case st.Failures > 0 && t.health.upstreamDown.IsZero():
 		t.health.upstreamDown = st.FailingSince
 		entries = append(entries, audit.Entry{Event: "upstream_failed", TrustDomain: td,
-			Reason: fmt.Sprintf("upstream %s: %s (the current intermediate keeps signing; retried with backoff)", st.Name, st.LastError)})
+			Reason: fmt.Sprintf("upstream %s: %s (the current intermediate keeps signing; retried with backoff)", st.Name, clipText(st.LastError, maxHealthReason))})
 	case st.Failures == 0 && !t.health.upstreamDown.IsZero():
 		entries = append(entries, audit.Entry{Event: "upstream_recovered", TrustDomain: td,
 			Reason: fmt.Sprintf("upstream %s answered again after failing since %s (last error: %s)",
-				st.Name, t.health.upstreamDown.UTC().Format(time.RFC3339), st.LastError)})
+				st.Name, t.health.upstreamDown.UTC().Format(time.RFC3339), clipText(st.LastError, maxHealthReason))})
 		t.health.upstreamDown = time.Time{}
 	}
 	return entries

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -143,7 +145,8 @@ func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
 	trail.baseline(a, &federationSetup{store: trust.NewStore()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- followCA(ctx, a, a.Subscribe(), &federationSetup{store: trust.NewStore()}, trail) }()
+	changes := a.Subscribe() // before any change, as the server does
+	go func() { done <- followCA(ctx, a, changes, &federationSetup{store: trust.NewStore()}, trail) }()
 	t.Cleanup(func() { cancel(); <-done })
 	// waitEvents waits for followCA to have written want since the
 	// last call, and returns those entries.
@@ -192,4 +195,19 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// However long an error is, its entry is written: the text is cut well
+// below the audit log's line limit.
+func TestAuditTrailHealthReasonIsBounded(t *testing.T) {
+	trail, buf := newTestTrail(t)
+	long := strings.Repeat("ü", audit.MaxLineSize)
+	observeHealth(trail, &stubHealth{checkErr: errors.New(long),
+		upstream: &ca.UpstreamStatus{Name: "u", Failures: 1, FailingSince: time.Now(), LastError: long}})
+	got := drain(t, buf)
+	require.Len(t, got, 2)
+	for _, e := range got {
+		assert.Less(t, len(e.Reason), maxHealthReason+200, e.Event)
+		assert.True(t, utf8.ValidString(e.Reason))
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -495,9 +496,14 @@ func until(now time.Time, t *time.Time) string {
 	return "in " + d.String()
 }
 
+// clipText cuts s to at most n bytes of whole UTF-8 characters, marked
+// with an ellipsis when cut.
 func clipText(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }
