@@ -69,6 +69,8 @@ type upstreamCard struct {
 	FailingSince stamp
 	LastError    string
 	LastTry      stamp
+	// IntermediateUntil is when the active intermediate expires.
+	IntermediateUntil stamp
 }
 
 // upstreamCardOf is nil outside upstream mode.
@@ -80,6 +82,13 @@ func upstreamCardOf(s trustview.Snapshot, now time.Time) *upstreamCard {
 	c := &upstreamCard{Name: u.Name, LastSuccess: stampOf(u.LastSuccess, now), Failing: u.Failures > 0, Failures: u.Failures}
 	if c.Failing {
 		c.FailingSince, c.LastError, c.LastTry = stampOf(u.FailingSince, now), u.LastError, stampOf(u.LastErrorAt, now)
+	}
+	for _, td := range s.TrustDomains {
+		for _, a := range td.Authorities {
+			if isIntermediate(td, a) && a.State == "active" {
+				c.IntermediateUntil = stampOf(a.NotAfter, now)
+			}
+		}
 	}
 	return c
 }
@@ -127,6 +136,8 @@ type authRow struct {
 	CA          string
 	// Thumbprint is a JWT/WIT key's RFC 7638 thumbprint, shortened.
 	Thumbprint, ThumbprintFull string
+	// Intermediate explains a local CA's upstream-signed intermediate.
+	Intermediate string
 }
 
 type findingRow struct {
@@ -158,6 +169,9 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 		for _, a := range td.Authorities {
 			p.Authorities = append(p.Authorities, authRowOf(td.Name, a, now))
 			p.Summary.countAuthority(td, a)
+			if isIntermediate(td, a) {
+				continue // judged by the upstream card and the audit's upstream findings
+			}
 			if a.NotAfter != nil && (earliest == nil || a.NotAfter.Before(*earliest)) {
 				earliest = a.NotAfter
 				p.Summary.Expiry = stampOf(a.NotAfter, now)
@@ -205,6 +219,9 @@ func (sum *summary) countTrustDomain(td trustview.TrustDomain, row tdRow) {
 // countAuthority adds a, an authority of td, to the summary's counts by
 // kind and, for the local CA's roots, by rotation state.
 func (sum *summary) countAuthority(td trustview.TrustDomain, a trustview.Authority) {
+	if isIntermediate(td, a) {
+		return // not trusted: the upstream's roots are
+	}
 	if a.Kind == trustview.KindX509 {
 		sum.X509++
 	} else {
@@ -272,9 +289,12 @@ func tdRowOf(td trustview.TrustDomain, now time.Time) tdRow {
 	}
 	var earliest *time.Time
 	for _, a := range td.Authorities {
-		if a.Kind == trustview.KindX509 {
+		switch {
+		case isIntermediate(td, a):
+			continue // signs for the trust domain; not one of its trusted roots
+		case a.Kind == trustview.KindX509:
 			row.X509++
-		} else {
+		default:
 			row.Keys++
 		}
 		if a.NotAfter != nil && (earliest == nil || a.NotAfter.Before(*earliest)) {
@@ -364,7 +384,10 @@ func authRowOf(td string, a trustview.Authority, now time.Time) authRow {
 		row.State, row.StateClass = "trusted", "trusted"
 	}
 	if a.NotAfter != nil {
-		row.UntilClass = expiryClass(*a.NotAfter, now)
+		row.UntilClass = authorityExpiryClass(a, now)
+	}
+	if a.Upstream != "" {
+		row.Kind, row.Intermediate = "X.509 intermediate", "signs for the trust domain, signed by upstream "+a.Upstream+"; not published, not trusted"
 	}
 	if a.PublicKeyAlgorithm != "" {
 		row.Key = a.PublicKeyAlgorithm
@@ -465,6 +488,25 @@ func severityClass(s trustview.Severity) string {
 
 // expiryClass grades how close an expiry is: expired, critical (7 days),
 // warning (30 days) or fine.
+// isIntermediate says whether a is the local CA's upstream-signed
+// intermediate (upstream mode): the snapshot lists it with the local
+// trust domain's authorities, but peers trust the upstream's roots, and
+// its short life is by design.
+func isIntermediate(td trustview.TrustDomain, a trustview.Authority) bool {
+	return td.Local && a.Upstream != ""
+}
+
+// authorityExpiryClass is expiryClass, except that an intermediate is
+// only "expired" or "fine": it lives days and is renewed at half its
+// life, which the upstream card and the audit's upstream findings judge.
+func authorityExpiryClass(a trustview.Authority, now time.Time) string {
+	c := expiryClass(*a.NotAfter, now)
+	if a.Upstream != "" && c != "expired" {
+		return "fine"
+	}
+	return c
+}
+
 func expiryClass(notAfter, now time.Time) string {
 	switch d := notAfter.Sub(now); {
 	case d <= 0:

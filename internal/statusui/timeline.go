@@ -186,7 +186,7 @@ func layoutTimeline(s trustview.Snapshot, now time.Time) timeline {
 // barClass colours a validity bar: closeness to expiry first, then the
 // local CA's state of its root, then "trusted" for other trust domains.
 func barClass(td trustview.TrustDomain, a trustview.Authority, now time.Time) string {
-	switch expiryClass(*a.NotAfter, now) {
+	switch authorityExpiryClass(a, now) {
 	case "expired":
 		return "expired"
 	case "critical":

@@ -52,3 +52,47 @@ func TestPageUpstreamAuthority(t *testing.T) {
 	require.NotNil(t, p.Summary.Upstream)
 	assert.Equal(t, fixtureNow.Add(-90*time.Minute).Format(time.RFC3339), p.Summary.Upstream.FailingSince.ISO)
 }
+
+// The snapshot lists the local CA's intermediate with the local trust
+// domain's authorities. The page says what it is, and neither counts it
+// as a trusted root nor alarms at its short life: the upstream's root
+// is what peers trust, and the upstream card shows when the intermediate
+// ends.
+func TestPageIntermediateIsNotATrustedRoot(t *testing.T) {
+	corpRoot := root("CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z")
+	mid := root("CN=trustbridge downstream intermediate CA", "2026-11-22T08:00:00Z", fixtureNow.Add(20*time.Hour).Format(time.RFC3339))
+	mid.State, mid.Upstream = "active", "trustbridge upstream corp:15012"
+	s := trustview.Snapshot{Time: fixtureNow, TrustDomain: "region.example",
+		CA: &trustview.CAStatus{Upstream: &trustview.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastSuccess: ago(4 * time.Hour)}},
+		TrustDomains: []trustview.TrustDomain{
+			{Name: "region.example", Local: true, Sources: []string{"ca"}, Authorities: []trustview.Authority{mid, corpRoot}},
+		}}
+
+	p := build(s, nil, false)
+	assert.Equal(t, 1, p.Summary.X509, "only the upstream's root is trusted")
+	assert.Zero(t, p.Summary.ActiveRoots)
+	assert.Equal(t, "2036-01-01 00:00", p.Summary.Expiry.Abs, "the next expiry is the root's, not the intermediate's")
+	assert.Equal(t, "fine", p.Summary.ExpiryClass)
+	assert.Equal(t, 1, p.Rows[0].X509)
+	assert.Equal(t, "fine", p.Rows[0].ExpiryClass)
+	for _, b := range p.Timeline.Bars {
+		assert.NotEqual(t, "critical", b.Class, "no bar alarms at the intermediate's 20h")
+	}
+
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+	assertInert(t, d)
+	assert.Equal(t, "intermediate until in 20h", text(d.byID("upstream-intermediate")))
+	assert.Equal(t, "own CA: an intermediate under trustbridge upstream corp:15012's roots", text(d.byID("own-ca")))
+	rows := d.withClass("authority-row")
+	require.Len(t, rows, 2)
+	row := text(rows[0])
+	for _, want := range []string{"X.509 intermediate", "active", "signed by upstream trustbridge upstream corp:15012", "not published, not trusted"} {
+		assert.Contains(t, row, want)
+	}
+	until := parseDOMNode(rows[0]).withClass("date")
+	require.NotEmpty(t, until)
+	assert.True(t, hasClass(until[1], "exp-fine"))
+}
+
