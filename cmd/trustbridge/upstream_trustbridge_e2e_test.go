@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -8,15 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/audit"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 // TestNestedTrustServers runs a corp trustbridge allowing
@@ -64,6 +71,29 @@ func TestNestedTrustServers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "spiffe://corp.example/region/eu", id.String())
 
+	// What leaves the region for peers and workloads is corp's roots,
+	// never its intermediate: the bundle it publishes (the admin API's
+	// /v1/bundle, the document its bundle endpoint serves) and SDS's
+	// ROOTCA, asked for by a workload with the certificate it was just
+	// issued.
+	status, body := get(t, "http://"+regionAdmin+"/v1/bundle")
+	require.Equal(t, http.StatusOK, status)
+	published, err := spiffebundle.Parse(td, []byte(body))
+	require.NoError(t, err)
+	sameCerts(t, bundle.X509Authorities(), published.X509Authorities(), "the region publishes corp's roots only")
+	cert, err := tls.LoadX509KeyPair(filepath.Join(workload, caclient.ChainFile), filepath.Join(workload, caclient.KeyFile))
+	require.NoError(t, err)
+	store := trust.NewStore()
+	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, bundle.X509Authorities()))
+	tlsCfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil },
+		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+	conn, err := grpc.NewClient(grpcAddr(t, regionBanner), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	sdsGot := secrets(t, openEnvoy(t, conn, nil, sds.RootCAName).recv(10*time.Second))
+	require.Contains(t, sdsGot, sds.RootCAName)
+	sameCerts(t, bundle.X509Authorities(), trustedCA(t, sdsGot[sds.RootCAName]), "SDS ROOTCA holds corp's roots only")
+
 	// ca issue on the region's data directory signs with the same
 	// intermediate: its chain carries it, and its root file holds corp's
 	// roots, never the intermediate.
@@ -94,7 +124,7 @@ func TestNestedTrustServers(t *testing.T) {
 		got[f.Code] = true
 	}
 	assert.Equal(t, map[string]bool{audit.CodeIntermediateShort: true}, got, out)
-	status, body := get(t, "http://"+regionAdmin+"/v1/snapshot")
+	status, body = get(t, "http://"+regionAdmin+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, status)
 	var snap trustview.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))
