@@ -24,13 +24,16 @@ func hsmFindings(s trustview.Snapshot, td trustview.TrustDomain) []trustview.Fin
 			continue
 		}
 		name := "root " + a.SHA256
-		if a.Kind == trustview.KindJWT {
+		switch {
+		case a.Kind == trustview.KindJWT:
 			name = "JWT key " + a.KeyID
+		case a.Upstream != "":
+			name = "intermediate " + a.SHA256
 		}
 		out = append(out, trustview.Finding{
 			Severity: trustview.SeverityCritical, Code: CodeKeyOutsideHSM, TrustDomain: td.Name, Authority: a.SHA256,
 			Message: fmt.Sprintf("%s %s of %s keeps its private key in the CA state, but the server runs with --require-hsm", a.State, name, td.Name),
-			Fix:     "start the server with its key manager (--key-manager pkcs11 --pkcs11-module LIB --pkcs11-token-label LABEL): every successor's key is then made in the HSM, and the state's keys retire at the next scheduled rotations",
+			Fix:     "start the server with its key manager (--key-manager pkcs11 --pkcs11-module LIB --pkcs11-token-label LABEL): every successor's key is then made in the HSM, and the state's keys retire at the next scheduled rotations (an intermediate's at its next renewal)",
 		})
 	}
 	return out

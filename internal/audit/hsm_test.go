@@ -14,6 +14,8 @@ func TestKeyOutsideHSM(t *testing.T) {
 	own := func(kind, state, storage string) trustview.Authority {
 		return trustview.Authority{Kind: kind, SHA256: kind + "-" + state + "-" + storage, KeyID: "kid1", State: state, KeyStorage: storage}
 	}
+	intermediate := own(trustview.KindX509, "active", "state")
+	intermediate.Upstream = "trustbridge upstream corp:15012"
 	for _, tc := range []struct {
 		name       string
 		requireHSM bool
@@ -29,6 +31,7 @@ func TestKeyOutsideHSM(t *testing.T) {
 		{"no require-hsm", false, true, own(trustview.KindX509, "active", "state"), false},
 		{"older server, no key_storage", true, true, own(trustview.KindX509, "active", ""), false},
 		{"other trust domain", true, false, own(trustview.KindX509, "active", "state"), false},
+		{"active intermediate in state", true, true, intermediate, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := trustview.Snapshot{Time: now, RequireHSM: tc.requireHSM, TrustDomains: []trustview.TrustDomain{
@@ -49,6 +52,9 @@ func TestKeyOutsideHSM(t *testing.T) {
 				assert.Equal(t, tc.a.SHA256, got[0].Authority)
 				assert.Contains(t, got[0].Message, "--require-hsm")
 				assert.Contains(t, got[0].Fix, "--key-manager pkcs11")
+				if tc.a.Upstream != "" {
+					assert.Contains(t, got[0].Message, "active intermediate "+tc.a.SHA256)
+				}
 			}
 		})
 	}
