@@ -95,4 +95,3 @@ func TestPageIntermediateIsNotATrustedRoot(t *testing.T) {
 	require.NotEmpty(t, until)
 	assert.True(t, hasClass(until[1], "exp-fine"))
 }
-
