@@ -55,8 +55,11 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 	switch {
 	case st.Failures > 0 && t.health.upstreamDown.IsZero():
 		t.health.upstreamDown = st.FailingSince
+		if t.health.upstreamDown.IsZero() { // a status without the outage's start
+			t.health.upstreamDown = st.LastErrorAt
+		}
 		entries = append(entries, audit.Entry{Event: "upstream_failed", TrustDomain: td,
-			Reason: fmt.Sprintf("upstream %s: %s (the current intermediate keeps signing; retried with backoff)", st.Name, clipText(st.LastError, maxHealthReason))})
+			Reason: fmt.Sprintf("upstream %s: %s (retried with backoff; the CA signs with its current intermediate while it is valid)", st.Name, clipText(st.LastError, maxHealthReason))})
 	case st.Failures == 0 && !t.health.upstreamDown.IsZero():
 		entries = append(entries, audit.Entry{Event: "upstream_recovered", TrustDomain: td,
 			Reason: fmt.Sprintf("upstream %s answered again after failing since %s (last error: %s)",

@@ -67,7 +67,7 @@ func TestAuditTrailRecordsHealthTurns(t *testing.T) {
 	assert.Equal(t, "region.example", got[0].TrustDomain)
 	assert.Equal(t, "replica-1", got[0].Actor)
 	assert.Contains(t, got[0].Reason, "connection refused")
-	assert.Contains(t, got[0].Reason, "the current intermediate keeps signing")
+	assert.Contains(t, got[0].Reason, "retried with backoff")
 
 	h.upstream.Failures, h.upstream.LastError = 7, "ca: upstream trustbridge corp.example: intermediate refused: not a CA certificate"
 	observeHealth(trail, h)
