@@ -24,23 +24,30 @@ import (
 	"github.com/trustbridge/trustbridge/internal/kubetest"
 )
 
-// peerBundle mints west.example's bundle: a self-signed root made now, so
-// no checked-in certificate expires under the test.
-func peerBundle(t *testing.T) string {
+// testRoot mints a self-signed CA certificate made now, so no checked-in
+// certificate expires under the test; uris are its URI names.
+func testRoot(t *testing.T, cn string, uris ...*url.URL) *x509.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "west.example test root"},
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		URIs: []*url.URL{spiffeid.RequireTrustDomainFromString("west.example").ID().URL()},
+		URIs: uris,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	require.NoError(t, err)
 	cert, err := x509.ParseCertificate(der)
 	require.NoError(t, err)
-	b := spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("west.example"), []*x509.Certificate{cert})
+	return cert
+}
+
+// peerBundle mints west.example's bundle around a testRoot.
+func peerBundle(t *testing.T) string {
+	t.Helper()
+	td := spiffeid.RequireTrustDomainFromString("west.example")
+	b := spiffebundle.FromX509Authorities(td, []*x509.Certificate{testRoot(t, "west.example test root", td.ID().URL())})
 	doc, err := b.Marshal()
 	require.NoError(t, err)
 	return string(doc)
