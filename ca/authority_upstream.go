@@ -219,6 +219,27 @@ func (a *Authority) upstreamOK(now time.Time) bool {
 	return outage
 }
 
+// Warning reports what does not stop the CA from signing but operators
+// must see, or nil: in upstream mode, an upstream that has been failing
+// while the current intermediate still signs (once none is left, Ready
+// fails instead).
+func (a *Authority) Warning() error {
+	if a.cfg.Upstream == nil {
+		return nil
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.up.failures == 0 {
+		return nil
+	}
+	until := "no valid intermediate"
+	if act := a.activeLocked(); act != nil {
+		until = "the current intermediate signs until " + act.Cert.NotAfter.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("upstream %s failing since %s (%d failed requests; %s): %w",
+		upstreamName(a.cfg.Upstream), a.up.since.UTC().Format(time.RFC3339), a.up.failures, until, a.up.lastErr)
+}
+
 // upstreamReadyErr is nil while the active intermediate is valid, else
 // the last upstream error: then the CA cannot sign and Ready says why.
 func (a *Authority) upstreamReadyErr() error {

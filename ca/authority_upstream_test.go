@@ -422,3 +422,37 @@ func TestUpstreamErrorTextIsBounded(t *testing.T) {
 	assert.LessOrEqual(t, len(a.Ready().Error()), maxUpstreamErrorLen+200)
 	assert.ErrorIs(t, a.Ready(), errUpstreamDown, "the chain is kept")
 }
+
+// While the upstream fails and the intermediate still signs, the CA is
+// ready with a warning that says since when, how often, why and until
+// when it can sign; once it answers again the warning is gone.
+func TestUpstreamFailureIsAWarning(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	require.NoError(t, a.Warning())
+	notAfter := a.Roots()[0].Cert.NotAfter
+
+	u.set("", errUpstreamDown)
+	clk.Step(25 * time.Hour)
+	since := clk.Now()
+	require.NoError(t, a.Reconcile())
+	require.NoError(t, a.Ready(), "still signing")
+	w := a.Warning()
+	require.Error(t, w)
+	require.ErrorIs(t, w, errUpstreamDown)
+	for _, want := range []string{"fake upstream", "failing since " + since.UTC().Format(time.RFC3339), "1 failed requests",
+		"signs until " + notAfter.UTC().Format(time.RFC3339), "connection refused"} {
+		assert.Contains(t, w.Error(), want)
+	}
+
+	u.set("", nil)
+	clk.Step(upstreamBackoff(1))
+	require.NoError(t, a.Reconcile())
+	require.NoError(t, a.Warning())
+
+	self, err := New(testConfig(t, clk))
+	require.NoError(t, err)
+	require.NoError(t, self.Warning(), "no warning outside upstream mode")
+}

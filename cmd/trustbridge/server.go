@@ -601,6 +601,7 @@ func adminConfig(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup
 			}
 			return ep.Ready()
 		},
+		Warning: a.Warning,
 	}
 	if fed != nil {
 		cfg.Origin = originOf(fed, ctl)

@@ -55,6 +55,12 @@ type Config struct {
 	CA Authority
 	// Ready reports readiness for /readyz; nil is always ready.
 	Ready func() error
+	// Warning, when it returns an error while Ready is nil, is shown on
+	// /readyz after "ok": a problem that does not stop serving but that
+	// operators must see (an upstream authority failing while the
+	// intermediate still signs). The status stays 200: probes keep the
+	// replica in service.
+	Warning func() error
 	// Gatherer is served at /metrics; nil serves an empty registry.
 	Gatherer prometheus.Gatherer
 	// Federation is nil when no federation is configured: leave it unset
@@ -145,7 +151,7 @@ func (h *Handler) routes() {
 			h.mux.HandleFunc("GET /v1/policy/explain", h.servePolicyExplain)
 		}
 	}
-	addProbes(h.mux, h.cfg.Ready, h.cfg.Gatherer)
+	addProbes(h.mux, h.cfg.Ready, h.cfg.Warning, h.cfg.Gatherer)
 	h.mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, h.Trust(), true)
 	})
@@ -176,25 +182,31 @@ func (h *Handler) serveBundle(w http.ResponseWriter, _ *http.Request) {
 // of a process that has no trust domain to show, trustbridge agent.
 func Probes(ready func() error, g prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
-	addProbes(mux, ready, g)
+	addProbes(mux, ready, nil, g)
 	return mux
 }
 
-func addProbes(mux *http.ServeMux, ready func() error, g prometheus.Gatherer) {
+func addProbes(mux *http.ServeMux, ready, warning func() error, g prometheus.Gatherer) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { serveReady(w, ready) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) { serveReady(w, ready, warning) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 }
 
-func serveReady(w http.ResponseWriter, ready func() error) {
+func serveReady(w http.ResponseWriter, ready, warning func() error) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if ready != nil {
 		if err := ready(); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
+			return
+		}
+	}
+	if warning != nil {
+		if err := warning(); err != nil {
+			_, _ = io.WriteString(w, "ok (warning: "+err.Error()+")\n")
 			return
 		}
 	}

@@ -103,6 +103,30 @@ func TestReadyz(t *testing.T) {
 	assert.Equal(t, "not ready: bundle file peer.json: serving the last good bundle\n", body(t, rec))
 }
 
+// A warning shows on /readyz without taking the replica out of service;
+// not being ready says more and wins.
+func TestReadyzWarning(t *testing.T) {
+	t.Parallel()
+	cfg := newFixture(t).cfg
+	var notReady, warning error
+	cfg.Ready = func() error { return notReady }
+	cfg.Warning = func() error { return warning }
+	h := New(cfg)
+	rec := do(t, h, http.MethodGet, "/readyz")
+	assert.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, "ok\n", body(t, rec))
+
+	warning = errors.New("upstream u failing since 2026-11-28T10:00:00Z")
+	rec = do(t, h, http.MethodGet, "/readyz")
+	assert.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, "ok (warning: upstream u failing since 2026-11-28T10:00:00Z)\n", body(t, rec))
+
+	notReady = errors.New("no valid intermediate")
+	rec = do(t, h, http.MethodGet, "/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	assert.Equal(t, "not ready: no valid intermediate\n", body(t, rec))
+}
+
 func TestMetricsServesTheGatherer(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
