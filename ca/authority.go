@@ -281,15 +281,16 @@ func New(cfg Config) (*Authority, error) {
 		if err := cfg.Plugin.Load(); err != nil {
 			return nil, err
 		}
-		if err := a.syncPlugin(); err != nil {
-			return nil, err
-		}
-		// That published what Load loaded; the change it signalled,
-		// left pending, would have Run publish it again at its first
-		// turn, after whatever happened meanwhile.
+		// syncPlugin publishes what Load loaded; the change Load
+		// signalled, left pending, would have Run publish it again at
+		// its first turn, after whatever happened meanwhile. A change
+		// signalled from now on is a real one.
 		select {
 		case <-cfg.Plugin.Changes():
 		default:
+		}
+		if err := a.syncPlugin(); err != nil {
+			return nil, err
 		}
 		return a, nil
 	}

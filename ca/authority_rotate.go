@@ -58,7 +58,9 @@ func (a *Authority) Rotate() error {
 // state and publishes what it found.
 func (a *Authority) Reconcile() error {
 	if !a.leading() {
-		return a.Reload()
+		err := a.Reload()
+		a.endOutageRenewedElsewhere()
+		return err
 	}
 	if a.cfg.Upstream != nil {
 		return a.reconcileUpstream()

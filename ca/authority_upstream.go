@@ -81,10 +81,31 @@ func (a *Authority) reconcileUpstream() error {
 			return changed, nil
 		})
 	})
+	a.endOutageRenewedElsewhere()
 	if err != nil || !due {
 		return err
 	}
 	return a.renewIntermediate()
+}
+
+// endOutageRenewedElsewhere ends this process's record of an upstream
+// outage once the state holds an intermediate obtained after it began:
+// another writer (the new leader after a failover) renewed it, so the
+// upstream answered. Without this a replica that lost the lead mid-outage
+// would report the outage, and its growing length, for ever.
+func (a *Authority) endOutageRenewedElsewhere() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.up.failures == 0 {
+		return
+	}
+	for _, r := range a.roots {
+		if r.Upstream != nil && r.Upstream.ObtainedAt.After(a.up.since) {
+			a.up = upstreamStatus{lastSuccess: r.Upstream.ObtainedAt, lastErr: a.up.lastErr, lastErrAt: a.up.lastErrAt}
+			signal(a.subs)
+			return
+		}
+	}
 }
 
 // renewIntermediate asks the upstream for an intermediate, unless the
@@ -170,12 +191,16 @@ type clippedError struct {
 func (e *clippedError) Error() string { return e.msg }
 func (e *clippedError) Unwrap() error { return e.err }
 
-// clipError bounds err's text to n bytes (whole UTF-8 characters),
-// saying that it was cut.
+// clipError bounds err's text to n bytes of valid UTF-8 (whole
+// characters; invalid bytes replaced), saying that it was cut.
 func clipError(err error, n int) error {
 	msg := err.Error()
-	if len(msg) <= n {
+	if len(msg) <= n && utf8.ValidString(msg) {
 		return err
+	}
+	msg = strings.ToValidUTF8(msg, "\uFFFD")
+	if len(msg) <= n {
+		return &clippedError{err: err, msg: msg}
 	}
 	cut := n
 	for cut > 0 && !utf8.RuneStart(msg[cut]) {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -455,4 +456,64 @@ func TestUpstreamFailureIsAWarning(t *testing.T) {
 	self, err := New(testConfig(t, clk))
 	require.NoError(t, err)
 	require.NoError(t, self.Warning(), "no warning outside upstream mode")
+}
+
+// A replica that loses the lead in an upstream outage hears of its end
+// from the state: once the new leader stores an intermediate obtained
+// after the outage began, the old one reports no outage, no warning, and
+// its subscribers hear it.
+func TestUpstreamOutageEndedByAnotherWriter(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	be := newMemBackend()
+	var oneLeads atomic.Bool
+	oneLeads.Store(true)
+	cfg := upstreamConfig(t, clk, u)
+	cfg.Backend, cfg.DataDir = be, ""
+	cfg.Leader = LeaderFunc(oneLeads.Load)
+	one, err := New(cfg)
+	require.NoError(t, err)
+	tcfg := cfg
+	tcfg.Registerer = prometheus.NewRegistry()
+	tcfg.Leader = LeaderFunc(func() bool { return !oneLeads.Load() })
+	two, err := New(tcfg)
+	require.NoError(t, err)
+	sub := one.Subscribe()
+
+	u.set("", errUpstreamDown)
+	clk.Step(25 * time.Hour)
+	require.NoError(t, one.Reconcile())
+	st, _ := one.Upstream()
+	require.Equal(t, 1, st.Failures)
+	<-sub
+
+	// Failover; the upstream answers the new leader.
+	oneLeads.Store(false)
+	u.set("", nil)
+	clk.Step(time.Minute)
+	require.NoError(t, two.Reconcile())
+	require.NoError(t, one.Reconcile())
+	st, _ = one.Upstream()
+	assert.Zero(t, st.Failures, "the outage is over here too")
+	assert.True(t, st.FailingSince.IsZero())
+	assert.Equal(t, clk.Now(), st.LastSuccess)
+	assert.Contains(t, st.LastError, "connection refused", "the last error stays for reference")
+	require.NoError(t, one.Warning())
+	select {
+	case <-sub:
+	default:
+		t.Fatal("the outage's end reaches subscribers")
+	}
+}
+
+// Error text that is not UTF-8 is made valid, cut or not.
+func TestClipErrorMakesValidUTF8(t *testing.T) {
+	short := clipError(errors.New("bad \xff byte"), 100)
+	assert.Equal(t, "bad \uFFFD byte", short.Error())
+	long := clipError(fmt.Errorf("%s: %w", strings.Repeat("\xfe", 300), errUpstreamDown), 100)
+	assert.True(t, utf8.ValidString(long.Error()))
+	assert.LessOrEqual(t, len(long.Error()), 100+32)
+	assert.ErrorIs(t, long, errUpstreamDown)
+	ok := errors.New("fine")
+	assert.Same(t, ok, clipError(ok, 100), "valid short text is kept as is")
 }
