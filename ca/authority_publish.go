@@ -26,6 +26,15 @@ func (a *Authority) Subscribe() <-chan struct{} {
 	return ch
 }
 
+// Nudge wakes every Subscribe channel though nothing changed: a replica
+// that has just taken the lead looks again at what it records from now
+// on (the audit trail writes only while leading).
+func (a *Authority) Nudge() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	signal(a.subs)
+}
+
 // Bundle returns the published bundle: every prepared, active and retired
 // root and JWT key (a JWT authority under its kid), the sequence number
 // and the refresh hint. It is shared and must

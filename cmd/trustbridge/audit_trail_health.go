@@ -33,6 +33,14 @@ type healthSeen struct {
 // failed retry: the log stays a record of changes, and the metrics count
 // every attempt. t.mu is held.
 func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
+	if t.leader != nil && !t.leader() {
+		// A follower records nothing; a new leader starts from a clean
+		// slate, so a failure that began before it led is written when
+		// it takes the lead (Nudge), and no recovery comes without its
+		// failure.
+		t.health = healthSeen{}
+		return nil
+	}
 	var entries []audit.Entry
 	checkErr := ""
 	if err := h.CheckError(); err != nil {
@@ -41,7 +49,7 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 	switch {
 	case checkErr != "" && t.health.checkErr == "":
 		entries = append(entries, audit.Entry{Event: "ca_check_failed", TrustDomain: td,
-			Reason: checkErr + " (the CA keeps its current roots and keys; /readyz fails until this is fixed)"})
+			Reason: checkErr + " (the CA signs only with the valid material it already holds, if any; /readyz fails until this is fixed)"})
 	case checkErr == "" && t.health.checkErr != "":
 		entries = append(entries, audit.Entry{Event: "ca_check_recovered", TrustDomain: td,
 			Reason: "the CA's checks succeed again (last error: " + t.health.checkErr + ")"})

@@ -117,13 +117,35 @@ func TestAuditTrailRecordsKeyManagerRefusal(t *testing.T) {
 	assert.Equal(t, "ca_check_recovered", got[0].Event)
 }
 
-// A follower writes nothing: the leader, which asks the upstream, does.
+// A follower writes nothing. When it takes the lead in a failure that
+// began before (the server nudges the trail then), the failure is written
+// first, and its recovery after; no recovery is written without it.
 func TestAuditTrailHealthOnAFollower(t *testing.T) {
 	trail, buf := newTestTrail(t)
-	trail.leader = func() bool { return false }
-	observeHealth(trail, &stubHealth{checkErr: errors.New("boom"),
-		upstream: &ca.UpstreamStatus{Name: "u", Failures: 1, FailingSince: time.Now(), LastError: "down"}})
+	leading := false
+	trail.leader = func() bool { return leading }
+	failing := &stubHealth{checkErr: errors.New("boom"),
+		upstream: &ca.UpstreamStatus{Name: "u", Failures: 1, FailingSince: time.Now(), LastError: "down"}}
+	observeHealth(trail, failing)
 	assert.Empty(t, drain(t, buf))
+
+	leading = true
+	observeHealth(trail, failing)
+	var events []string
+	for _, e := range drain(t, buf) {
+		events = append(events, e.Event)
+	}
+	assert.Equal(t, []string{"ca_check_failed", "upstream_failed"}, events)
+
+	// It loses the lead; the failure ends while it follows, and it leads
+	// again: nothing to write.
+	leading = false
+	observeHealth(trail, failing)
+	healthy := &stubHealth{upstream: &ca.UpstreamStatus{Name: "u", LastSuccess: time.Now()}}
+	observeHealth(trail, healthy)
+	leading = true
+	observeHealth(trail, healthy)
+	assert.Empty(t, drain(t, buf), "no recovery without its failure in this term")
 }
 
 // With a real upstream-mode Authority, an outage reaches the audit log

@@ -92,6 +92,7 @@ type kubeSetup struct {
 	o         kubeOptions
 
 	replica *ha.Replica // set by start
+	nudgeCA func()      // set by start: wakes the CA's subscribers
 }
 
 // checkStorageFlags refuses flag combinations --storage cannot honour,
@@ -216,7 +217,7 @@ func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Log
 		CA: a, WatchCA: k.caStore.Watch, Elector: k.elector,
 		State: k.namespace + "/" + k.o.caSecret, Logger: logger,
 	})
-	k.replica = r
+	k.replica, k.nudgeCA = r, a.Nudge
 	return r, err
 }
 
@@ -284,7 +285,13 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd
 // federation poller, after reloading what the previous leader saved, and
 // the root distribution.
 func (k *kubeSetup) leaderDuties(p *federation.Poller, dist *distribution.Controller, logger *slog.Logger) []func(context.Context) error {
-	var duties []func(context.Context) error
+	// The audit trail, which writes only while leading, looks again at
+	// the CA now: a failure that began before this term is recorded.
+	duties := []func(context.Context) error{func(ctx context.Context) error {
+		k.nudgeCA()
+		<-ctx.Done()
+		return nil
+	}}
 	if p != nil {
 		log := logger.With(logattr.Component, "leader")
 		duties = append(duties, func(ctx context.Context) error {
