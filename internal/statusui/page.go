@@ -69,8 +69,13 @@ type upstreamCard struct {
 	FailingSince stamp
 	LastError    string
 	LastTry      stamp
-	// IntermediateUntil is when the active intermediate expires.
+	// IntermediateUntil is when the active intermediate expires, and
+	// IntermediateClass its authorityExpiryClass.
 	IntermediateUntil stamp
+	IntermediateClass string
+	// Class is the card's: bad when the intermediate is (nearly) gone,
+	// warn while the upstream fails or renewal is overdue, else good.
+	Class string
 }
 
 // upstreamCardOf is nil outside upstream mode.
@@ -85,10 +90,18 @@ func upstreamCardOf(s trustview.Snapshot, now time.Time) *upstreamCard {
 	}
 	for _, td := range s.TrustDomains {
 		for _, a := range td.Authorities {
-			if isIntermediate(td, a) && a.State == "active" {
-				c.IntermediateUntil = stampOf(a.NotAfter, now)
+			if isIntermediate(td, a) && a.State == "active" && a.NotAfter != nil {
+				c.IntermediateUntil, c.IntermediateClass = stampOf(a.NotAfter, now), authorityExpiryClass(a, now)
 			}
 		}
+	}
+	switch {
+	case c.IntermediateClass == "critical" || c.IntermediateClass == "expired":
+		c.Class = "bad"
+	case c.Failing || c.IntermediateClass == "warning":
+		c.Class = "warn"
+	default:
+		c.Class = "good"
 	}
 	return c
 }
@@ -496,15 +509,24 @@ func isIntermediate(td trustview.TrustDomain, a trustview.Authority) bool {
 	return td.Local && a.Upstream != ""
 }
 
-// authorityExpiryClass is expiryClass, except that an intermediate is
-// only "expired" or "fine": it lives days and is renewed at half its
-// life, which the upstream card and the audit's upstream findings judge.
+// authorityExpiryClass is expiryClass, except for an intermediate: it
+// lives days by design and is renewed at half its life, so it is judged
+// by the share of its life left: a warning under a quarter (renewal is
+// overdue), critical under an eighth.
 func authorityExpiryClass(a trustview.Authority, now time.Time) string {
-	c := expiryClass(*a.NotAfter, now)
-	if a.Upstream != "" && c != "expired" {
-		return "fine"
+	if a.Upstream == "" || a.NotBefore == nil {
+		return expiryClass(*a.NotAfter, now)
 	}
-	return c
+	life, left := a.NotAfter.Sub(*a.NotBefore), a.NotAfter.Sub(now)
+	switch {
+	case left <= 0:
+		return "expired"
+	case left < life/8:
+		return "critical"
+	case left < life/4:
+		return "warning"
+	}
+	return "fine"
 }
 
 func expiryClass(notAfter, now time.Time) string {

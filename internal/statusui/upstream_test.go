@@ -95,3 +95,35 @@ func TestPageIntermediateIsNotATrustedRoot(t *testing.T) {
 	require.NotEmpty(t, until)
 	assert.True(t, hasClass(until[1], "exp-fine"))
 }
+
+// An intermediate is judged by the share of its life left: renewal is due
+// at half, so under a quarter is a warning and under an eighth critical,
+// on the card (which a follower, whose upstream never fails, shows too),
+// the table and the timeline.
+func TestPageIntermediateNearItsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		left        time.Duration
+		class, card string
+	}{
+		{20 * time.Hour, "fine", "good"},
+		{5 * time.Hour, "warning", "warn"},
+		{2 * time.Hour, "critical", "bad"},
+		{-time.Hour, "expired", "bad"},
+	} {
+		t.Run(tc.class, func(t *testing.T) {
+			notAfter := fixtureNow.Add(tc.left)
+			mid := root("CN=intermediate", notAfter.Add(-24*time.Hour).Format(time.RFC3339), notAfter.Format(time.RFC3339))
+			mid.State, mid.Upstream = "active", "u"
+			s := trustview.Snapshot{Time: fixtureNow, TrustDomain: "region.example",
+				CA: &trustview.CAStatus{Upstream: &trustview.UpstreamStatus{Name: "u", LastSuccess: ago(time.Hour)}},
+				TrustDomains: []trustview.TrustDomain{{Name: "region.example", Local: true, Sources: []string{"ca"},
+					Authorities: []trustview.Authority{mid, root("CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z")}}}}
+			p := build(s, nil, false)
+			assert.Equal(t, tc.class, p.Summary.Upstream.IntermediateClass)
+			assert.Equal(t, tc.card, p.Summary.Upstream.Class)
+			assert.Equal(t, tc.class, p.Authorities[0].UntilClass)
+			rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+			assert.True(t, hasClass(parseDOM(t, rec.Body).byID("upstream"), tc.card))
+		})
+	}
+}
