@@ -87,44 +87,33 @@ func TestNewPanicsWithoutCA(t *testing.T) {
 	assert.PanicsWithValue(t, "admin: nil CA", func() { New(Config{}) })
 }
 
+// /readyz says why the server is not ready (503), or shows a warning
+// without taking the replica out of service (200); not being ready says
+// more and wins.
 func TestReadyz(t *testing.T) {
-	t.Parallel()
-	cfg := newFixture(t).cfg
-	var notReady error
-	cfg.Ready = func() error { return notReady }
-	h := New(cfg)
-	rec := do(t, h, http.MethodGet, "/readyz")
-	assert.Equal(t, http.StatusOK, rec.Code)
-	assert.Equal(t, "ok\n", body(t, rec))
-
-	notReady = errors.New("bundle file peer.json: serving the last good bundle")
-	rec = do(t, h, http.MethodGet, "/readyz")
-	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
-	assert.Equal(t, "not ready: bundle file peer.json: serving the last good bundle\n", body(t, rec))
-}
-
-// A warning shows on /readyz without taking the replica out of service;
-// not being ready says more and wins.
-func TestReadyzWarning(t *testing.T) {
 	t.Parallel()
 	cfg := newFixture(t).cfg
 	var notReady, warning error
 	cfg.Ready = func() error { return notReady }
 	cfg.Warning = func() error { return warning }
 	h := New(cfg)
-	rec := do(t, h, http.MethodGet, "/readyz")
-	assert.Equal(t, http.StatusOK, rec.Code)
-	assert.Equal(t, "ok\n", body(t, rec))
-
-	warning = errors.New("upstream u failing since 2026-11-28T10:00:00Z")
-	rec = do(t, h, http.MethodGet, "/readyz")
-	assert.Equal(t, http.StatusOK, rec.Code)
-	assert.Equal(t, "ok (warning: upstream u failing since 2026-11-28T10:00:00Z)\n", body(t, rec))
-
-	notReady = errors.New("no valid intermediate")
-	rec = do(t, h, http.MethodGet, "/readyz")
-	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
-	assert.Equal(t, "not ready: no valid intermediate\n", body(t, rec))
+	upstreamDown := errors.New("upstream u failing since 2026-11-28T10:00:00Z")
+	for _, step := range []struct {
+		notReady, warning error
+		code              int
+		body              string
+	}{
+		{nil, nil, http.StatusOK, "ok\n"},
+		{errors.New("bundle file peer.json: serving the last good bundle"), nil,
+			http.StatusServiceUnavailable, "not ready: bundle file peer.json: serving the last good bundle\n"},
+		{nil, upstreamDown, http.StatusOK, "ok (warning: upstream u failing since 2026-11-28T10:00:00Z)\n"},
+		{errors.New("no valid intermediate"), upstreamDown, http.StatusServiceUnavailable, "not ready: no valid intermediate\n"},
+	} {
+		notReady, warning = step.notReady, step.warning
+		rec := do(t, h, http.MethodGet, "/readyz")
+		assert.Equal(t, step.code, rec.Code, step.body)
+		assert.Equal(t, step.body, body(t, rec))
+	}
 }
 
 func TestMetricsServesTheGatherer(t *testing.T) {
