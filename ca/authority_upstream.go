@@ -40,6 +40,12 @@ type upstreamStatus struct {
 	nextAttempt time.Time
 }
 
+// succeeded records an intermediate obtained at: any outage is over, its
+// last error kept for reference.
+func (s *upstreamStatus) succeeded(at time.Time) {
+	*s = upstreamStatus{lastSuccess: at, lastErr: s.lastErr, lastErrAt: s.lastErrAt}
+}
+
 // upstreamBackoff is how long to wait before asking the upstream again
 // after failures consecutive failures: doubling from 5s, at most 5m.
 func upstreamBackoff(failures int) time.Duration {
@@ -101,7 +107,7 @@ func (a *Authority) endOutageRenewedElsewhere() {
 	}
 	for _, r := range a.roots {
 		if r.Upstream != nil && r.Upstream.ObtainedAt.After(a.up.since) {
-			a.up = upstreamStatus{lastSuccess: r.Upstream.ObtainedAt, lastErr: a.up.lastErr, lastErrAt: a.up.lastErrAt}
+			a.up.succeeded(r.Upstream.ObtainedAt)
 			signal(a.subs)
 			return
 		}
@@ -235,7 +241,7 @@ func (a *Authority) upstreamFailed(now time.Time, err error) {
 func (a *Authority) upstreamOK(now time.Time) bool {
 	a.mu.Lock()
 	outage := a.up.failures > 0
-	a.up = upstreamStatus{lastSuccess: now, lastErr: a.up.lastErr, lastErrAt: a.up.lastErrAt}
+	a.up.succeeded(now)
 	a.metrics.setUpstreamSuccess(now)
 	a.mu.Unlock()
 	if outage {
