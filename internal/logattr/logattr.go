@@ -39,4 +39,7 @@ const (
 	Issuer    = "issuer"
 	IssuerURL = "issuer_url"
 	Keys      = "keys"
+	// Listener names a TCP listener ("grpc", "bundle", "admin") in the
+	// logs of its connection limits (internal/connlimit).
+	Listener = "listener"
 )

@@ -1,0 +1,271 @@
+package connlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loglimit"
+)
+
+// Config configures a Listener. Name, MaxConns and MaxPerSource are
+// required.
+type Config struct {
+	// Name labels the listener's metrics and log lines ("grpc", "bundle",
+	// "admin").
+	Name string
+	// MaxConns bounds the connections the listener holds at once.
+	MaxConns int
+	// MaxPerSource bounds those of one source: an IPv4 address or an
+	// IPv6 /64.
+	MaxPerSource int
+	// ConfirmWithin, when positive, closes a connection that Confirm has
+	// not named within this time of its accept. Only TCP connections
+	// (whose two ends are IP addresses) can be confirmed, so only they
+	// are given the deadline.
+	ConfirmWithin time.Duration
+
+	Logger     *slog.Logger          // nil discards
+	Registerer prometheus.Registerer // nil: a private registry
+	// RefusalLog and ExpiryLog pace the log lines of refusals and of
+	// expired connections; nil: loglimit.NewDefault() each.
+	RefusalLog, ExpiryLog *loglimit.Limiter
+}
+
+// Reasons a connection is refused at accept: the label of
+// trustbridge_listener_connections_refused_total.
+const (
+	ReasonSourceLimit = "source_limit" // its source holds MaxPerSource
+	ReasonTotalLimit  = "total_limit"  // the listener holds MaxConns
+)
+
+// Listener is a net.Listener whose Accept closes, at once, every
+// connection over its limits, and returns the others. Safe for concurrent
+// use.
+type Listener struct {
+	net.Listener
+	cfg     Config
+	logger  *slog.Logger
+	metrics listenerMetrics
+
+	mu       sync.Mutex
+	open     int
+	bySource map[string]int
+	pending  map[connKey]*conn // awaiting Confirm
+}
+
+// New wraps ln. It starts no goroutine; a connection's deadline, when
+// ConfirmWithin is set, runs on a timer.
+func New(ln net.Listener, cfg Config) (*Listener, error) {
+	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("connlimit: listener %q: %w", cfg.Name, err)
+	}
+	if ln == nil {
+		return nil, fmt.Errorf("connlimit: listener %q: no net.Listener", cfg.Name)
+	}
+	m, err := newListenerMetrics(cfg.Registerer, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RefusalLog == nil {
+		cfg.RefusalLog = loglimit.NewDefault()
+	}
+	if cfg.ExpiryLog == nil {
+		cfg.ExpiryLog = loglimit.NewDefault()
+	}
+	return &Listener{
+		Listener: ln, cfg: cfg, metrics: m,
+		logger:   logger.With(logattr.Listener, cfg.Name),
+		bySource: map[string]int{}, pending: map[connKey]*conn{},
+	}, nil
+}
+
+func (c Config) check() error {
+	var errs []error
+	if c.Name == "" {
+		errs = append(errs, errors.New("a name is required"))
+	}
+	if c.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("max connections %d: must be at least 1", c.MaxConns))
+	}
+	if c.MaxPerSource < 1 {
+		errs = append(errs, fmt.Errorf("max connections per source %d: must be at least 1", c.MaxPerSource))
+	}
+	if c.ConfirmWithin < 0 {
+		errs = append(errs, fmt.Errorf("confirmation deadline %s is negative", c.ConfirmWithin))
+	}
+	return errors.Join(errs...)
+}
+
+// Accept returns the next connection within the limits. Connections over
+// them are closed here and never returned, so a server's accept loop
+// sees neither them nor an error for them.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if lc := l.admit(c); lc != nil {
+			return lc, nil
+		}
+	}
+}
+
+// admit counts c in, or refuses it and returns nil.
+func (l *Listener) admit(c net.Conn) net.Conn {
+	src := sourceOf(c.RemoteAddr())
+	l.mu.Lock()
+	reason := ""
+	switch {
+	case l.bySource[src] >= l.cfg.MaxPerSource:
+		reason = ReasonSourceLimit
+	case l.open >= l.cfg.MaxConns:
+		reason = ReasonTotalLimit
+	default:
+		l.open++
+		l.bySource[src]++
+	}
+	l.mu.Unlock()
+	if reason != "" {
+		l.refuse(c, src, reason)
+		return nil
+	}
+	l.metrics.open.Inc()
+	lc := &conn{Conn: c, l: l, src: src}
+	if l.cfg.ConfirmWithin > 0 {
+		l.await(lc)
+	}
+	return lc
+}
+
+// refuse closes c with a reset (no TIME_WAIT left behind for a flood),
+// counts it and logs it at a bounded rate.
+func (l *Listener) refuse(c net.Conn, src, reason string) {
+	if tc, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+	limit := l.cfg.MaxConns
+	if reason == ReasonSourceLimit {
+		limit = l.cfg.MaxPerSource
+	}
+	l.metrics.refused[reason].Inc()
+	l.logger.Log(context.Background(), l.cfg.RefusalLog.Level(slog.LevelWarn), "connection refused at accept: limit reached",
+		"reason", reason, "limit", limit, logattr.Address, addrString(c.RemoteAddr()), "source", src)
+}
+
+// await arms c's deadline, if c can be confirmed.
+func (l *Listener) await(c *conn) {
+	key, ok := keyOf(c.RemoteAddr(), c.LocalAddr())
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c.key, c.state = key, statePending
+	l.pending[key] = c
+	c.timer = time.AfterFunc(l.cfg.ConfirmWithin, c.expire)
+}
+
+// Confirm keeps the connection whose ends are remote and local (as
+// peer.Peer's Addr and LocalAddr name them) past ConfirmWithin. It
+// reports whether a connection awaiting confirmation was found; a nil
+// Listener, an unknown or already confirmed connection find none.
+func (l *Listener) Confirm(remote, local net.Addr) bool {
+	if l == nil {
+		return false
+	}
+	key, ok := keyOf(remote, local)
+	if !ok {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.pending[key]
+	if c == nil {
+		return false
+	}
+	delete(l.pending, key)
+	c.state = stateConfirmed
+	c.timer.Stop()
+	return true
+}
+
+// release counts c out; once per connection.
+func (l *Listener) release(c *conn) {
+	l.mu.Lock()
+	l.open--
+	if l.bySource[c.src]--; l.bySource[c.src] <= 0 {
+		delete(l.bySource, c.src)
+	}
+	if c.state == statePending {
+		delete(l.pending, c.key)
+		c.timer.Stop()
+	}
+	c.state = stateClosed
+	l.mu.Unlock()
+	l.metrics.open.Dec()
+}
+
+// States of a connection's deadline; guarded by Listener.mu.
+const (
+	stateNone      = iota // no deadline
+	statePending          // awaiting Confirm
+	stateConfirmed        // confirmed in time
+	stateExpired          // closed for want of confirmation
+	stateClosed           // closed
+)
+
+// conn is an admitted connection, released on its first Close.
+type conn struct {
+	net.Conn
+	l    *Listener
+	src  string
+	once sync.Once
+
+	// Guarded by l.mu.
+	key   connKey
+	state int
+	timer *time.Timer
+}
+
+func (c *conn) Close() error {
+	c.once.Do(func() { c.l.release(c) })
+	return c.Conn.Close()
+}
+
+// expire closes c unless it was confirmed or closed meanwhile.
+func (c *conn) expire() {
+	l := c.l
+	l.mu.Lock()
+	if c.state != statePending {
+		l.mu.Unlock()
+		return
+	}
+	c.state = stateExpired
+	delete(l.pending, c.key)
+	l.mu.Unlock()
+	l.metrics.expired.Inc()
+	l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelInfo), "connection closed: no call confirmed it in time",
+		"within", l.cfg.ConfirmWithin, logattr.Address, addrString(c.RemoteAddr()), "source", c.src)
+	_ = c.Close()
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
