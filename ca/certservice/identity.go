@@ -89,10 +89,11 @@ type identityService struct {
 	s *Service
 }
 
-// identityAuthenticator is what the identity service accepts: as for
+// identityAuthenticator is what every identity service call
+// (MintJWTSVID, WatchBundles, SignIntermediate) accepts: as for
 // certificates, except that a renewal chain whose grant no longer stands
 // does not authenticate (as on SDS), and a single-use bootstrap token,
-// which buys one certificate, buys no JWT-SVIDs or bundle streams.
+// which buys one certificate, buys nothing here.
 func identityAuthenticator(cfg Config, p *authn.GrantPolicy) authn.Authenticator {
 	return authn.ReusableOnly(authn.RequireGrant(cfg.Authenticator, p))
 }

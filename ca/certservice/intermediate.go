@@ -51,7 +51,11 @@ func (f IntermediateSignerFunc) SignIntermediate(csr *x509.CertificateRequest, t
 // Config.DownstreamAllow gets one: an intermediate is long-lived signing
 // power over the whole trust domain, so no bearer token (bootstrap,
 // service account, OIDC), which can be replayed or is held by workloads,
-// buys one.
+// buys one. Like every identity service call, that SVID's grant must
+// still stand (identityAuthenticator): a certificate SDS minted for
+// Envoy, or one whose token or service account is gone, or whose chain
+// is older than MaxRenewalLifetime, which could not renew itself, buys
+// no CA either.
 func (is *identityService) SignIntermediate(ctx context.Context, req *identityapi.SignIntermediateRequest) (*identityapi.SignIntermediateResponse, error) {
 	return answer(ctx, is.s, is.s.metrics.intermediates, "intermediate request refused", req, is.s.signIntermediate)
 }
@@ -63,7 +67,7 @@ func (s *Service) signIntermediate(ctx context.Context, r authn.Request, req *id
 	if proto.Size(req) > maxIntermediateRequestSize {
 		return nil, authn.Identity{}, &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", maxIntermediateRequestSize), nil}
 	}
-	ident, ref := s.authenticate(ctx, r, s.cfg.Authenticator)
+	ident, ref := s.authenticate(ctx, r, s.identityAuth)
 	if ref != nil {
 		return nil, ident, ref
 	}
