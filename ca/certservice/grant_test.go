@@ -39,7 +39,9 @@ type grantFixture struct {
 	start time.Time
 }
 
-func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantChecker) *grantFixture {
+// newGrantFixture starts a grantFixture; mutate may set the rest of the
+// config (the identity service's parts).
+func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantChecker, mutate ...func(*certservice.Config, *ca.Authority)) *grantFixture {
 	t.Helper()
 	g := &grantFixture{
 		clk:  clocktesting.NewFakeClock(time.Now()),
@@ -60,6 +62,9 @@ func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantCh
 		}
 		cfg.MaxRenewalLifetime = maxLifetime
 		cfg.Clock = g.clk
+		for _, m := range mutate {
+			m(cfg, a)
+		}
 	})
 	return g
 }
