@@ -11,7 +11,7 @@ VERSION   := $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 endif
 export VERSION
 LDFLAGS   := -s -w -X main.version=$(VERSION)
-FUZZTIME  ?= 30s
+FUZZTIME  ?= 1m
 # Minimizing a new interesting input is not counted as progress and, on
 # large seeds, can stall a short fuzz run for a minute; cap it.
 FUZZMINIMIZETIME ?= 5s
@@ -201,16 +201,22 @@ hsm-tools:
 ui-screenshot: ui-tools
 	TRUSTBRIDGE_UI_TESTS=require $(GO) test -count=1 -run '^TestChromiumStatusPage$$' ./internal/statusui -update-screenshot
 
-# fuzz: every fuzz target in the module for FUZZTIME each.
+# fuzz: the fuzz campaign, recorded in FUZZING.md by internal/fuzzreport:
+# every fuzz target in the module for FUZZTIME (default 1m), and those
+# listed in internal/fuzzreport/long.txt (parsers added since the previous
+# campaign) for FUZZTIME_LONG (default 10m), FUZZPARALLEL workers each.
+# About 2.5 hours on 2 cores. Each result is appended to bin/fuzz/results.tsv
+# as it ends: FUZZARGS=-resume goes on after an interruption, FUZZARGS='-run
+# REGEXP' fuzzes only matching `package.Target`s. A crasher fails the
+# campaign and is written to the package's testdata/fuzz, where make test
+# runs it from then on.
+FUZZTIME_LONG ?= 10m
+FUZZPARALLEL ?= 2
+FUZZARGS ?=
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
-		list=$$($(GO) test -list '^Fuzz' $$pkg) || { echo "$$list"; exit 1; }; \
-		for target in $$(echo "$$list" | grep '^Fuzz' || true); do \
-			echo "== $$pkg $$target ($(FUZZTIME))"; \
-			$(GO) test -run='^$$' -fuzz="^$$target$$" -fuzztime=$(FUZZTIME) \
-				-fuzzminimizetime=$(FUZZMINIMIZETIME) $$pkg; \
-		done; \
-	done
+	$(GO) run ./internal/fuzzreport -time $(FUZZTIME) -longtime $(FUZZTIME_LONG) -parallel $(FUZZPARALLEL) \
+		-minimizetime $(FUZZMINIMIZETIME) -results bin/fuzz/results.tsv -out FUZZING.md \
+		-cmd "make fuzz FUZZTIME=$(FUZZTIME) FUZZTIME_LONG=$(FUZZTIME_LONG) FUZZPARALLEL=$(FUZZPARALLEL)" $(FUZZARGS)
 
 # bench: benchmarks, reported as ratios against a baseline measured in the
 # same run, written to BENCHMARKS.md. internal/bundlebench runs bin/trustbridge

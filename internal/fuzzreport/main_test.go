@@ -1,0 +1,106 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseOutput(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		out    string
+		execs  int64
+		ok     bool
+		detail string
+	}{
+		{"a pass whose last interval reads 0/sec", `fuzz: elapsed: 0s, gathering baseline coverage: 0/12 completed
+fuzz: elapsed: 3s, execs: 40211 (13400/sec), new interesting: 2 (total: 14)
+fuzz: elapsed: 57s, execs: 242531 (4100/sec), new interesting: 5 (total: 17)
+fuzz: elapsed: 1m0s, execs: 242531 (0/sec), new interesting: 5 (total: 17)
+PASS
+ok  	example/pkg	61.2s`, 242531, true, "corpus 17 (5 new)"},
+		{"a crasher", `fuzz: elapsed: 3s, execs: 1000 (333/sec), new interesting: 0 (total: 3)
+--- FAIL: FuzzX (3.10s)
+    --- FAIL: FuzzX (0.00s)
+        x_test.go:12: boom
+
+    Failing input written to testdata/fuzz/FuzzX/abc
+    To re-run:
+    go test -run=FuzzX/abc
+FAIL
+exit status 1`, 1000, false, "--- FAIL: FuzzX (3.10s); Failing input written to testdata/fuzz/FuzzX/abc"},
+		{"a build failure", "# example/pkg\n./x.go:1: syntax error\nFAIL\texample/pkg [build failed]", 0, false, "FAIL\texample/pkg [build failed]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := parseOutput(tt.out)
+			assert.Equal(t, tt.execs, r.execs)
+			assert.Equal(t, tt.ok, r.ok)
+			assert.Equal(t, tt.detail, r.detail)
+		})
+	}
+}
+
+func TestResultsRoundTripAndReport(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "r", "results.tsv")
+	ended := time.Date(2026, 12, 6, 7, 0, 0, 0, time.UTC)
+	a := result{target: target{"github.com/trustbridge/trustbridge/internal/x", "FuzzA"}, fuzztime: time.Minute, execs: 100, elapsed: 62 * time.Second, ok: true, detail: "corpus 3 (1 new)", ended: ended}
+	b := result{target: target{"github.com/trustbridge/trustbridge/internal/y", "FuzzB"}, fuzztime: 10 * time.Minute, execs: 6000, elapsed: 601 * time.Second, ok: false, detail: "--- FAIL: FuzzB | x", ended: ended}
+	require.NoError(t, appendResult(path, a))
+	require.NoError(t, appendResult(path, b))
+	a.execs = 200 // a later run of the same target replaces the earlier
+	require.NoError(t, appendResult(path, a))
+	got, err := readResults(path)
+	require.NoError(t, err)
+	assert.Equal(t, []result{a, b}, got)
+
+	md := render(got, &campaign{short: time.Minute, long: 10 * time.Minute, longFile: "long.txt", cmdline: "make fuzz", parallel: 2}, "go1.x, 2 CPUs")
+	assert.Contains(t, md, "2 targets, 6200 execs in all, 1 failed.")
+	assert.Contains(t, md, "| `internal/x` | FuzzA | 1m0s | 200 | 3 | ok, corpus 3 (1 new) | 2026-12-06 07:00 |")
+	assert.Contains(t, md, `**FAILED** --- FAIL: FuzzB \| x`)
+}
+
+func TestReadLong(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	require.NoError(t, os.WriteFile(good, []byte("# c\n\npkg/a FuzzA # why\n"), 0o644))
+	long, err := readLong(good)
+	require.NoError(t, err)
+	assert.Equal(t, map[target]bool{{"pkg/a", "FuzzA"}: true}, long)
+	assert.ErrorContains(t, checkLong(long, []target{{"pkg/a", "FuzzB"}}), "long list names pkg/a.FuzzA, which is not a fuzz target")
+
+	bad := filepath.Join(dir, "bad")
+	require.NoError(t, os.WriteFile(bad, []byte("pkg/a\n"), 0o644))
+	_, err = readLong(bad)
+	assert.ErrorContains(t, err, strings.Join([]string{bad, "1"}, ":"))
+}
+
+// The long list in the repository names real targets (checked against
+// the module at campaign start too; here without running go list).
+func TestLongListNamesTargets(t *testing.T) {
+	t.Parallel()
+	long, err := readLong("long.txt")
+	require.NoError(t, err)
+	for tg := range long {
+		dir := filepath.Join("..", "..", strings.TrimPrefix(tg.pkg, "github.com/trustbridge/trustbridge/"))
+		files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+		require.NoError(t, err)
+		found := false
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			require.NoError(t, err)
+			found = found || strings.Contains(string(data), "func "+tg.name+"(f *testing.F)")
+		}
+		assert.True(t, found, "%s is listed in long.txt but not defined", tg)
+	}
+}
