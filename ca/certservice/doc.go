@@ -44,12 +44,16 @@
 // intermediate, one PEM certificate per element, then ONE element holding
 // every root the caller should trust, concatenated: the roots that sign
 // the leaf first (the CA's published roots, a successor included before it
-// signs), then whatever Config.Roots adds (the server's --ca-response-roots
-// merged). Istio's agent takes that last element as its whole ROOTCA when
-// its CA client has no separate root fetch, so one element per root would
-// leave a sidecar with only the last root through every rotation; ztunnel
-// splits that last element into its roots too, and wants every other
-// element to be one certificate, as here.
+// signs), then, with Config.MergedRoots (the server's --ca-response-roots
+// merged), the roots of every federated trust domain that the trust policy
+// decision of the certificate's workload (Config.Policy, the decision SDS
+// and WatchBundles follow) allows to all its members; one it allows only
+// for some peers is left out, as a flat list cannot limit peers, and a
+// policy change applies from the next request. Istio's agent takes that
+// last element as its whole ROOTCA when its CA client has no separate root
+// fetch, so one element per root would leave a sidecar with only the last
+// root through every rotation; ztunnel splits that last element into its
+// roots too, and wants every other element to be one certificate, as here.
 //
 // trustbridge.identity.v1.IdentityService (internal/identityapi) shares
 // the server, the authenticators, the per-identity rate limit, the
@@ -80,7 +84,7 @@
 //	svc, err := certservice.New(certservice.Config{
 //		Signer:        authority, // *ca.Authority
 //		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots, nil), bootstrap},
-//		Roots:         mergedRoots,
+//		MergedRoots:   true, // Bundles' roots as Policy allows each caller
 //		Grants: map[string]authn.GrantChecker{
 //			authn.MethodBootstrapToken: bootstrap, // *authn.BootstrapTokens
 //			authn.MethodKubernetesJWT:  serviceAccounts, // *authn.ServiceAccountGrants

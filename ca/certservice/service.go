@@ -1,18 +1,14 @@
 package certservice
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,12 +76,12 @@ type Impersonator interface {
 type Config struct {
 	Signer        Signer
 	Authenticator authn.Authenticator
-	// Roots, when set, returns roots to hand out after those that sign the
-	// leaf (Issued.Roots): the merged trust of every trust domain, local
-	// first. Duplicates are dropped. Nil hands out the signing roots only.
-	// A returned slice must not be changed afterwards: while Roots returns
-	// the same slice, its PEM encoding is reused.
-	Roots func() []*x509.Certificate
+	// MergedRoots hands out, after the roots that sign the leaf
+	// (Issued.Roots), the X.509 roots of Bundles that the Policy
+	// decision of the certificate's identity lets it trust, as one flat
+	// list (the server's --ca-response-roots merged): see mergedRoots.
+	// False hands out the signing roots only. It needs Bundles.
+	MergedRoots bool
 	// Impersonator, when set, lets the callers it authorizes ask for a
 	// certificate of another identity (ImpersonatedIdentity); nil refuses
 	// every such request.
@@ -135,7 +131,8 @@ type Config struct {
 	// Bundles, when set, is the trust WatchBundles streams, every trust
 	// domain's bundle including the local one; nil refuses such streams.
 	Bundles BundleSource
-	// Policy filters what WatchBundles sends each caller; nil sends every
+	// Policy filters what WatchBundles sends each caller, and, with
+	// MergedRoots, the roots CreateCertificate hands out; nil sends every
 	// trust domain.
 	Policy AccessPolicy
 	// MaxBundleWatches bounds the WatchBundles streams open at once; zero
@@ -174,13 +171,13 @@ type Config struct {
 type Service struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
 
-	cfg       Config
-	slots     chan struct{}
-	limits    *keyedrate.Limiters // nil when off
-	metrics   *metrics
-	policy    *authn.GrantPolicy
-	extra     atomic.Pointer[encodedRoots]
-	rootsElem atomic.Pointer[rootsElement]
+	cfg     Config
+	slots   chan struct{}
+	limits  *keyedrate.Limiters // nil when off
+	metrics *metrics
+	policy  *authn.GrantPolicy
+	// rootsElems are cert_chain's roots elements (rootsElement).
+	rootsElems trustCache[string]
 	// refuseLog bounds the "certificate request refused" lines of
 	// callers that proved nothing; authedLog those of callers that did
 	// (a revoked grant, a rate limit), so a flood of junk cannot push
@@ -199,7 +196,7 @@ type Service struct {
 	// rand jitters re-authentication (math/rand/v2's Float64); tests
 	// fix it.
 	rand       atomic.Pointer[func() float64]
-	renderings renderCache
+	renderings trustCache[*identityapi.WatchBundlesResponse]
 	stopping   chan struct{} // closed by stopWatches
 	stopOnce   sync.Once
 }
@@ -221,9 +218,6 @@ func New(cfg Config) (*Service, error) {
 	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
 	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
-	if cfg.Roots == nil {
-		s.extra.Store(&encodedRoots{})
-	}
 	if cfg.RateLimit > 0 {
 		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
@@ -252,6 +246,9 @@ func (cfg Config) validate() error {
 	}
 	if _, ok := cfg.Signer.(DNSSigner); cfg.WorkloadDNSNames != nil && !ok {
 		return fmt.Errorf("certservice: workload DNS names need a signer that adds DNS names (%T is no DNSSigner)", cfg.Signer)
+	}
+	if cfg.MergedRoots && cfg.Bundles == nil {
+		return errors.New("certservice: merged roots need the trust of every trust domain (Bundles)")
 	}
 	if cfg.MaxRenewalLifetime < 0 {
 		return fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
@@ -499,7 +496,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if ref := spend(ctx, ident, issued); ref != nil {
 		return nil, ident, ref
 	}
-	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued)}
+	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued, id, s.rootsDecision(ident, id))}
 	attrs := []any{logattr.SPIFFEID, id.String(), "method", ident.Method,
 		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
 	if hasGrant {
@@ -684,108 +681,6 @@ func signRefusal(err error) *refusal {
 // useful to return: it describes the caller's own input.
 func clientMessage(err error) string {
 	return err.Error()
-}
-
-// chainPEM is the response's cert_chain in istiod's layout: the leaf and
-// each intermediate as signed, one PEM certificate per element, then every
-// root the caller should trust (the signing roots, then Config.Roots,
-// deduplicated) concatenated into ONE last element. Istio's agent takes
-// that last element as its whole root bundle when its CA client has no
-// separate root fetch (the citadel client has none): one element per root
-// would leave a sidecar trusting only the last root, dropping the one in
-// use during a rotation.
-func (s *Service) chainPEM(issued *ca.Issued) []string {
-	n := max(len(issued.Chain)-len(issued.Roots), 1)
-	out := make([]string, 0, n+1)
-	for _, c := range issued.Chain[:n] {
-		out = append(out, encode(c))
-	}
-	if roots := s.rootsElement(issued.Chain[n:]); roots != "" {
-		out = append(out, roots)
-	}
-	return out
-}
-
-// rootsElement is cert_chain's last element: signing, then Config.Roots'
-// roots not among them, as concatenated PEM. It is built once per change
-// of either (merged trust can hold thousands of roots) and reused.
-func (s *Service) rootsElement(signing []*x509.Certificate) string {
-	extra := s.extraRoots()
-	if e := s.rootsElem.Load(); e != nil && e.extra == extra && slices.EqualFunc(e.signing, signing, sameCert) {
-		return e.pem
-	}
-	var b strings.Builder
-	var sent []*x509.Certificate // the signing roots sent so far; a handful
-	var skip []int               // positions in extra.pems already sent
-	for _, c := range signing {
-		if c == nil || slices.ContainsFunc(sent, func(o *x509.Certificate) bool { return sameCert(o, c) }) {
-			continue
-		}
-		sent = append(sent, c)
-		b.WriteString(encode(c))
-		if i, ok := extra.index[string(c.Raw)]; ok {
-			skip = append(skip, i)
-		}
-	}
-	for i, p := range extra.pems {
-		if !slices.Contains(skip, i) {
-			b.WriteString(p)
-		}
-	}
-	e := &rootsElement{signing: slices.Clone(signing), extra: extra, pem: b.String()}
-	s.rootsElem.Store(e)
-	return e.pem
-}
-
-// rootsElement is one rendering of cert_chain's roots element.
-type rootsElement struct {
-	signing []*x509.Certificate
-	extra   *encodedRoots
-	pem     string
-}
-
-func sameCert(a, b *x509.Certificate) bool {
-	return a == b || a != nil && b != nil && bytes.Equal(a.Raw, b.Raw)
-}
-
-// encodedRoots is Config.Roots' answer, deduplicated and PEM-encoded once:
-// merged trust can hold thousands of roots.
-type encodedRoots struct {
-	src   []*x509.Certificate // as Config.Roots returned it
-	pems  []string
-	index map[string]int // DER → position in pems
-}
-
-// extraRoots encodes what Config.Roots returns, reusing the last encoding
-// while it returns the same slice.
-func (s *Service) extraRoots() *encodedRoots {
-	if s.cfg.Roots == nil {
-		return s.extra.Load() // empty, stored by New
-	}
-	certs := s.cfg.Roots()
-	if e := s.extra.Load(); e != nil && len(e.src) == len(certs) && (len(certs) == 0 || &e.src[0] == &certs[0]) {
-		return e
-	}
-	e := &encodedRoots{src: certs, index: make(map[string]int, len(certs))}
-	for _, c := range certs {
-		if c == nil {
-			continue
-		}
-		if _, dup := e.index[string(c.Raw)]; dup {
-			continue
-		}
-		e.index[string(c.Raw)] = len(e.pems)
-		e.pems = append(e.pems, encode(c))
-	}
-	s.extra.Store(e)
-	return e
-}
-
-func encode(c *x509.Certificate) string {
-	var b bytes.Buffer
-	// pem.Encode fails only on invalid headers, and there are none.
-	_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-	return b.String()
 }
 
 func ptr[T any](v T) *T { return &v }

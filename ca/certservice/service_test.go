@@ -13,11 +13,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -40,6 +40,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 func TestMain(m *testing.M) {
@@ -371,34 +372,149 @@ func TestCreateCertificateServerFaults(t *testing.T) {
 func TestCreateCertificateMergedRoots(t *testing.T) {
 	fed1 := testca.New(t, "a.example", testca.Options{})
 	fed2 := testca.New(t, "b.example", testca.Options{})
+	// evil.example publishes a root naming our trust domain, which a
+	// client telling roots apart by their URI SAN would take for ours, and
+	// one naming none (a plug-in CA's), which stays.
+	forged := testca.New(t, "example.org")
+	plain := testca.New(t, "evil.example", testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }})
+	evil := spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("evil.example"), []*x509.Certificate{forged.Cert, plain.Cert})
 	var (
-		local *x509.Certificate
-		roots atomic.Pointer[[]*x509.Certificate]
+		local   *x509.Certificate
+		localB  *spiffebundle.Bundle
+		bundles *fakeBundles
 	)
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
-		local = a.Bundle().X509Authorities()[0]
-		// The merged trust repeats the local root; it is sent once.
-		merged := []*x509.Certificate{local, fed1.Cert, nil, fed2.Cert, fed1.Cert}
-		roots.Store(&merged)
-		cfg.Roots = func() []*x509.Certificate { return *roots.Load() }
+		localB = a.Bundle()
+		local = localB.X509Authorities()[0]
+		// a.example's bundle repeats a root; it is sent once. The local
+		// bundle comes first in the answer wherever the source lists it.
+		dup := spiffebundle.FromX509Authorities(fed1.TrustDomain, []*x509.Certificate{fed1.Cert, fed1.Cert})
+		bundles = newFakeBundles(dup, localB, fed2.Bundle(), evil, nil)
+		cfg.Bundles = bundles
+		cfg.MergedRoots = true
 	})
 	c := f.client(t, svid(t, f.authority, workloadID), "")
 	names := func() []string {
 		resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
 		require.NoError(t, err)
+		require.Len(t, resp.CertChain, 2, "the leaf, then every root in one element")
 		var out []string
 		for _, cert := range parseChain(t, resp.CertChain) {
-			out = append(out, name(cert, local, fed1.Cert, fed2.Cert))
+			switch {
+			case cert.Equal(forged.Cert):
+				out = append(out, "forged")
+			case cert.Equal(plain.Cert):
+				out = append(out, "plain")
+			default:
+				out = append(out, name(cert, local, fed1.Cert, fed2.Cert))
+			}
 		}
 		return out
 	}
-	assert.Equal(t, []string{"leaf", "local", "a", "b"}, names())
-	assert.Equal(t, []string{"leaf", "local", "a", "b"}, names(), "the same slice again")
-	resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	assert.Equal(t, []string{"leaf", "local", "a", "b", "plain"}, names())
+	assert.Equal(t, []string{"leaf", "local", "a", "b", "plain"}, names(), "the same trust again")
+	bundles.set(fed2.Bundle(), localB)
+	assert.Equal(t, []string{"leaf", "local", "b"}, names(), "a new trust")
+}
+
+// With --ca-response-roots merged, the roots CreateCertificate hands out
+// follow the trust policy as SDS and WatchBundles do (issue 32): under a
+// default-deny policy granting partner.example only to /billing, /app's
+// answer carries no partner root while /billing's does, a trust domain
+// granted only for some peers is withheld (a flat list cannot limit
+// peers), and a policy change takes effect on the next request.
+func TestCreateCertificateMergedRootsFollowTrustPolicy(t *testing.T) {
+	partnerTD := spiffeid.RequireTrustDomainFromString("partner.example")
+	partner := testca.New(t, partnerTD.Name())
+	limited := testca.New(t, withheldTD.Name())
+	app := spiffeid.RequireFromString("spiffe://example.org/app")
+	billing := spiffeid.RequireFromString("spiffe://example.org/billing")
+	compile := func(grantee spiffeid.ID) *trustpolicy.Policy {
+		p, err := trustpolicy.Compile(td, trustpolicy.DefaultDeny, []trustpolicy.Rule{{
+			Name:         "partner",
+			Workloads:    []trustpolicy.Selector{{SPIFFEID: grantee.String()}},
+			TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: partnerTD.Name()}},
+		}, {
+			Name:      "limited",
+			Workloads: []trustpolicy.Selector{{SPIFFEID: billing.String()}},
+			TrustDomains: []trustpolicy.TrustDomainGrant{
+				{TrustDomain: withheldTD.Name(), Peers: []string{"spiffe://withheld.example/api"}},
+			},
+		}})
+		require.NoError(t, err)
+		return p
+	}
+	pol := &fakePolicy{p: compile(billing), ch: make(chan struct{})}
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Bundles = newFakeBundles(a.Bundle(), partner.Bundle(), limited.Bundle())
+		cfg.Policy = pol
+		cfg.MergedRoots = true
+	})
+	local := f.authority.Bundle().X509Authorities()[0]
+	roots := func(id spiffeid.ID) []*x509.Certificate {
+		c := f.client(t, svid(t, f.authority, id), "")
+		resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+		require.NoError(t, err)
+		chain := parseChain(t, resp.CertChain)
+		return chain[1:]
+	}
+	assert.Equal(t, []*x509.Certificate{local}, roots(app), "/app: the local roots only")
+	assert.Equal(t, []*x509.Certificate{local, partner.Cert}, roots(billing), "/billing: partner's too, not the peer-limited one")
+
+	pol.set(compile(app))
+	assert.Equal(t, []*x509.Certificate{local, partner.Cert}, roots(app), "the next request follows the new policy")
+	assert.Equal(t, []*x509.Certificate{local}, roots(billing))
+}
+
+// A node proxy's certificate for a workload of its node carries the
+// workload's trust, decided by the service account the Impersonator saw,
+// not the proxy's.
+func TestCreateCertificateMergedRootsImpersonated(t *testing.T) {
+	partner := testca.New(t, "partner.example")
+	proxies := testca.New(t, "proxies.example")
+	node := spiffeid.RequireFromString("spiffe://example.org/ns/istio-system/sa/ztunnel")
+	const nodeToken = "node-token-0123456789"
+	p, err := trustpolicy.Compile(td, trustpolicy.DefaultDeny, []trustpolicy.Rule{{
+		Name:         "payments",
+		Workloads:    []trustpolicy.Selector{{Namespace: "payments"}},
+		TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: "partner.example"}},
+	}, {
+		Name:         "proxies",
+		Workloads:    []trustpolicy.Selector{{Namespace: "istio-system"}},
+		TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: "proxies.example"}},
+	}})
 	require.NoError(t, err)
-	assert.Len(t, resp.CertChain, 2, "the leaf, then every root in one element")
-	roots.Store(&[]*x509.Certificate{fed2.Cert})
-	assert.Equal(t, []string{"leaf", "local", "b"}, names(), "a new slice")
+	tokens := authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
+		if r.BearerToken != nodeToken {
+			return authn.Identity{}, authn.ErrNoCredentials
+		}
+		return authn.Identity{ID: node, Method: authn.MethodKubernetesJWT,
+			Grant: &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "istio-system/ztunnel"}}, nil
+	})
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Authenticator = tokens
+		cfg.Bundles = newFakeBundles(a.Bundle(), partner.Bundle(), proxies.Bundle())
+		cfg.Policy = &fakePolicy{p: p, ch: make(chan struct{})}
+		cfg.MergedRoots = true
+		cfg.Impersonator = fakeImpersonator{} // authorizes every target
+	})
+	local := f.authority.Bundle().X509Authorities()[0]
+	c := f.client(t, nil, nodeToken)
+	roots := func(target string) []*x509.Certificate {
+		md, err := structpb.NewStruct(map[string]any{"ImpersonatedIdentity": target})
+		require.NoError(t, err)
+		resp, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), Metadata: md})
+		require.NoError(t, err)
+		return parseChain(t, resp.CertChain)[1:]
+	}
+	assert.Equal(t, []*x509.Certificate{local, partner.Cert}, roots("spiffe://example.org/ns/payments/sa/api"))
+	assert.Equal(t, []*x509.Certificate{local}, roots("spiffe://example.org/ns/web/sa/frontend"), "not the proxy's grant")
+}
+
+func TestNewRefusesMergedRootsWithoutBundles(t *testing.T) {
+	a := newAuthority(t, td)
+	_, err := certservice.New(certservice.Config{Signer: a, Authenticator: authn.Chain{}, MergedRoots: true})
+	assert.ErrorContains(t, err, "merged roots need")
 }
 
 func name(c, local, a, b *x509.Certificate) string {

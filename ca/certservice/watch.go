@@ -300,12 +300,24 @@ func sameMessage(a, b *identityapi.WatchBundlesResponse) bool {
 }
 
 // renderBundles is the message for a caller of trust domain local under
-// d: its own bundle always, a federated one the decision allows to every
-// member, and the names of those it allows only for some peers, which a
-// bundle map cannot say. Denied trust domains are absent.
+// d: the bundles allowedTrust keeps, and the names of those it withholds.
 func renderBundles(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
-	keep := make([]*spiffebundle.Bundle, 0, len(bundles))
-	var withheld []string
+	keep, withheld := allowedTrust(local, bundles, d)
+	doc, err := bundledoc.MarshalMap(keep)
+	if err != nil {
+		return nil, err
+	}
+	return &identityapi.WatchBundlesResponse{BundleMap: doc, WithheldTrustDomains: withheld}, nil
+}
+
+// allowedTrust is the trust a caller of trust domain local may have under
+// d, for WatchBundles and for CreateCertificate's merged roots alike: its
+// own bundle always, a federated one the decision allows to every member,
+// and, sorted, the names of those it allows only for some peers, which
+// neither a bundle map nor a list of roots can say. Denied trust domains
+// are absent.
+func allowedTrust(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) (keep []*spiffebundle.Bundle, withheld []string) {
+	keep = make([]*spiffebundle.Bundle, 0, len(bundles))
 	for _, b := range bundles {
 		if b == nil {
 			continue
@@ -323,51 +335,54 @@ func renderBundles(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d
 			keep = append(keep, b)
 		}
 	}
-	doc, err := bundledoc.MarshalMap(keep)
-	if err != nil {
-		return nil, err
-	}
 	slices.Sort(withheld)
-	return &identityapi.WatchBundlesResponse{BundleMap: doc, WithheldTrustDomains: withheld}, nil
+	return keep, withheld
 }
 
 // maxRenderings bounds the cache of renderings of one trust: one per
 // distinct decision in use, which the policy's rules bound in practice.
 const maxRenderings = 1024
 
-// renderCache keeps the renderings of the current trust by caller trust
-// domain and decision key, so the streams of callers with the same
-// decision share one encoding per change.
-type renderCache struct {
+// trustCache keeps what is rendered from the current trust (a
+// WatchBundles message, a roots element) by key, so the callers with the
+// same decision share one rendering per change. A trust is told apart
+// from the last by its change channel and its slice.
+type trustCache[V any] struct {
 	mu      sync.Mutex
 	changed <-chan struct{}
 	first   *spiffebundle.Bundle
 	n       int
-	byKey   map[string]*identityapi.WatchBundlesResponse
+	byKey   map[string]V
 }
 
-// render is renderBundles through the cache. A trust is told apart from
-// the last by its change channel and its slice.
-func (s *Service) render(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, changed <-chan struct{}, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
+// get returns the rendering of key from bundles, made by build when the
+// cache holds none for this trust.
+func (c *trustCache[V]) get(bundles []*spiffebundle.Bundle, changed <-chan struct{}, key string, build func() (V, error)) (V, error) {
 	var first *spiffebundle.Bundle
 	if len(bundles) > 0 {
 		first = bundles[0]
 	}
-	key := local.Name() + "|" + d.Key()
-	c := &s.renderings
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.byKey == nil || c.changed != changed || c.first != first || c.n != len(bundles) || len(c.byKey) >= maxRenderings {
 		c.changed, c.first, c.n = changed, first, len(bundles)
-		c.byKey = make(map[string]*identityapi.WatchBundlesResponse)
+		c.byKey = make(map[string]V)
 	}
-	if msg, ok := c.byKey[key]; ok {
-		return msg, nil
+	if v, ok := c.byKey[key]; ok {
+		return v, nil
 	}
-	msg, err := renderBundles(local, bundles, d)
+	v, err := build()
 	if err != nil {
-		return nil, err
+		return v, err
 	}
-	c.byKey[key] = msg
-	return msg, nil
+	c.byKey[key] = v
+	return v, nil
+}
+
+// render is renderBundles through the cache, keyed by the caller's trust
+// domain and decision.
+func (s *Service) render(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, changed <-chan struct{}, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
+	return s.renderings.get(bundles, changed, local.Name()+"|"+d.Key(), func() (*identityapi.WatchBundlesResponse, error) {
+		return renderBundles(local, bundles, d)
+	})
 }

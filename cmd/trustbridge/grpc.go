@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -90,7 +89,7 @@ type grpcOptions struct {
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	f.StringVar(&o.listen, "grpc-listen", ":15012", `address of the certificate service (gRPC, Istio's IstioCertificateService, TLS) ("" disables it)`)
 	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names the certificate service's serving certificate carries next to spiffe://<trust-domain>"+grpcServingPath+" (comma-separated), for clients that verify a host name, e.g. trustbridge.trustbridge-system.svc")
-	f.StringVar(&o.responseRoots, "ca-response-roots", rootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then every federated trust domain's, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
+	f.StringVar(&o.responseRoots, "ca-response-roots", rootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then those of every federated trust domain the trust policy lets the certificate's workload trust, as for SDS and WatchBundles, leaving out one it limits to some peers, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
 	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
 	f.StringVar(&o.clusterID, "cluster-id", "", `name of the Kubernetes cluster whose API server reviews tokens here, as Istio's CLUSTER_ID (istiod's default is "Kubernetes"): a caller whose ClusterID metadata names another cluster is refused before any review, as istiod does; "" accepts any ClusterID and lets the review decide`)
 	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "file of bootstrap tokens for callers without Kubernetes or an SVID, one "+authn.TokenLineFormat+" per line, e.g. "+
@@ -170,7 +169,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	}
 	logger = logger.With(logattr.Component, "ca-api")
 	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, grpcServingPath)}
-	roots, err := g.responseRoots(o, td, fed, logger)
+	merged, err := g.responseRoots(o, td, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +183,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, err
 	}
-	svc, err := g.certService(o, td, authority, fed, auth, roots, reg, logger)
+	svc, err := g.certService(o, td, authority, fed, auth, merged, reg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +214,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 // certService is Istio's certificate service and trustbridge's identity
 // service, with the authentication, grants and trust they share.
 func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority, fed *federationSetup,
-	auth authn.Authenticator, roots func() []*x509.Certificate, reg prometheus.Registerer, logger *slog.Logger) (*certservice.Service, error) {
+	auth authn.Authenticator, merged bool, reg prometheus.Registerer, logger *slog.Logger) (*certservice.Service, error) {
 	allow, err := o.downstream.parse(td)
 	if err != nil {
 		return nil, err
@@ -223,11 +222,13 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 	return certservice.New(certservice.Config{
 		Signer:        authority,
 		Authenticator: auth,
-		Roots:         roots,
-		QueueSize:     o.queueSize,
-		RateLimit:     rate.Limit(o.rateLimit),
-		Logger:        logger,
-		Registerer:    prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
+		// --ca-response-roots merged: filtered by the trust policy, as
+		// Bundles are for WatchBundles.
+		MergedRoots: merged,
+		QueueSize:   o.queueSize,
+		RateLimit:   rate.Limit(o.rateLimit),
+		Logger:      logger,
+		Registerer:  prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
 
 		// Renewal chains end with their grant (grants.go).
 		Grants:             g.grants,
@@ -252,23 +253,24 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 	})
 }
 
-// responseRoots is what --ca-response-roots puts after issued chains: nil
-// for the local roots (the signing roots, which the service always sends),
-// or every trust domain's as one flat list, with a warning.
-func (g *grpcEndpoint) responseRoots(o grpcOptions, td spiffeid.TrustDomain, fed *federationSetup, logger *slog.Logger) (func() []*x509.Certificate, error) {
+// responseRoots is whether --ca-response-roots puts every trust domain's
+// roots the trust policy allows after issued chains as one flat list (with
+// a warning), or only the local roots (the signing roots, which the
+// service always sends).
+func (g *grpcEndpoint) responseRoots(o grpcOptions, td spiffeid.TrustDomain, logger *slog.Logger) (bool, error) {
 	switch o.responseRoots {
 	case rootsMerged:
 		g.roots = rootsMerged
-		logger.Warn("--ca-response-roots merged: every federated trust domain's roots are appended to issued chains as one flat list; "+
+		logger.Warn("--ca-response-roots merged: every federated trust domain's roots the trust policy lets a workload trust are appended to its issued chains as one flat list; "+
 			"a client that cannot tell trust domains apart (an Istio sidecar, a tool reading one PEM file) trusts a peer's CA for "+
 			"this trust domain too, so a peer can impersonate local workloads to it. Use local unless every caller checks trust "+
 			"domains itself; trustbridge ca request and agent get federated trust per trust domain either way", "trust_domain", td.Name())
-		return fed.store.MergedRoots(td), nil
+		return true, nil
 	case "", rootsLocal:
 		g.roots = rootsLocal
-		return nil, nil
+		return false, nil
 	default:
-		return nil, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
+		return false, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
 	}
 }
 

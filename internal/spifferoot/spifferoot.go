@@ -2,8 +2,8 @@
 //
 // trustbridge's roots, like SPIRE's, carry one URI SAN, spiffe://<td> with
 // no path; a plug-in or Istio-style CA's roots usually carry none. The
-// trust store (which must not hand a peer's root out as one of ours) and
-// the certificate clients (which must not file a peer's root under the
+// certificate service's merged roots (which must not hand a peer's root
+// out as one of ours) and the certificate clients (which must not file a peer's root under the
 // local trust domain) judge roots with the same function.
 package spifferoot
 
