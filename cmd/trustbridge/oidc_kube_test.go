@@ -35,6 +35,7 @@ func publishIssuerDiscovery(t *testing.T, k *kubetest.Env) {
 	if !apierrors.IsAlreadyExists(err) {
 		require.NoError(t, err)
 	}
+	k.WaitRBAC(t, crb)
 }
 
 // tokenIssuer reads a JWT's iss claim without verifying anything.

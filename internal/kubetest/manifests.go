@@ -63,8 +63,9 @@ func LoadManifests(t testing.TB, dir string) []runtime.Object {
 }
 
 // Apply creates the namespaces named and the objects, leaving objects that
-// already exist (the API server outlives one -count iteration). It knows
-// the kinds deploy/ uses.
+// already exist (the API server outlives one -count iteration), and
+// returns once the RBAC bindings among them are in force (WaitRBAC). It
+// knows the kinds deploy/ uses.
 func (e *Env) Apply(t testing.TB, namespaces []string, objs []runtime.Object) {
 	t.Helper()
 	ctx := context.Background()
@@ -99,4 +100,5 @@ func (e *Env) Apply(t testing.TB, namespaces []string, objs []runtime.Object) {
 			t.Fatalf("kubetest: create %T: %v", obj, err)
 		}
 	}
+	e.WaitRBAC(t, objs...)
 }
