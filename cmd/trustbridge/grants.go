@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
@@ -67,6 +68,22 @@ type grantHooks struct {
 	// onServiceAccountDeleted is called once the server's informer has seen
 	// a service account deleted.
 	onServiceAccountDeleted func(namespace, name string)
+	// onGRPCServices is called with every service the certificate
+	// service's listener serves, once they are registered, so that a test
+	// can hold each of their RPCs to the grant checks.
+	onGRPCServices func(map[string]grpc.ServiceInfo)
+}
+
+// reportServices calls onGRPCServices, when set, with the services r
+// serves; r is the listener's *grpc.Server, once every service has
+// registered.
+func (h grantHooks) reportServices(r grpc.ServiceRegistrar) {
+	gs, ok := r.(interface {
+		GetServiceInfo() map[string]grpc.ServiceInfo
+	})
+	if ok && h.onGRPCServices != nil {
+		h.onGRPCServices(gs.GetServiceInfo())
+	}
 }
 
 // sdsAuthenticator applies the certificate service's grant policy to SDS

@@ -207,6 +207,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	// certificate request; the certificate service bounds its own.
 	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, grpc.MaxRecvMsgSize(sds.MaxRequestSize))
 	sdsServer.Register(srv.Registrar())
+	o.reportServices(srv.Registrar())
 	g.runners = append(g.runners, sc.Run, srv.Run)
 	return g, nil
 }
