@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code", "method"}),
 		intermediates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_intermediates_total",
-			Help: "SignIntermediate calls of downstream trustbridges, by gRPC status code (OK: an intermediate was signed; PermissionDenied: not in --downstream-allow or not authenticated by an X509-SVID) and authentication method (none when authentication failed).",
+			Help: "SignIntermediate calls of downstream trustbridges, by gRPC status code (OK: an intermediate was signed; PermissionDenied: not in --downstream-allow or not authenticated by an X509-SVID; Unauthenticated: no valid credential, or an X509-SVID whose grant no longer stands) and authentication method (none when authentication failed).",
 		}, []string{"code", "method"}),
 		watches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_bundle_watches_total",
