@@ -35,7 +35,7 @@ const (
 	DefaultReadHeaderTimeout    = 5 * time.Second
 	DefaultReadTimeout          = 10 * time.Second
 	DefaultWriteTimeout         = 10 * time.Second
-	DefaultIdleTimeout          = 60 * time.Second
+	DefaultIdleTimeout          = 10 * time.Second // peers fetch minutes apart; a kept connection is memory held for nothing
 	DefaultShutdownTimeout      = 10 * time.Second
 	DefaultMaxConcurrentStreams = 100
 	// MaxHeaderBytes bounds request headers; a bundle request needs a few

@@ -16,6 +16,7 @@ import (
 type agentAdminOptions struct {
 	listen string
 	hosts  []string
+	conns  connLimits
 }
 
 // addAgentAdminFlags registers the agent's admin listener flags. Off by
@@ -24,6 +25,7 @@ type agentAdminOptions struct {
 func addAgentAdminFlags(f *pflag.FlagSet, o *agentAdminOptions) {
 	f.StringVar(&o.listen, "admin-listen", "", `address of the agent's admin HTTP listener (/healthz; /readyz: 200 once SDS serves a certificate; /metrics), e.g. 127.0.0.1:15022; "" (the default): none`)
 	f.StringSliceVar(&o.hosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME or NAME:PORT; a request naming another host gets 421, as on the server's (repeatable)")
+	adminLimits.addFlags(f, &o.conns, "admin", "the kubelet's probes and Prometheus", "")
 }
 
 // agentHUPIgnored says why the agent has nothing to reload on SIGHUP.
@@ -47,7 +49,7 @@ func startAgentSide(ctx context.Context, e env, o agentAdminOptions, a agentRead
 	if o.listen == "" {
 		return stop, nil
 	}
-	ln, hosts, err := listenAdmin(serverOptions{adminListen: o.listen, adminHosts: o.hosts}, reg, logger)
+	ln, hosts, err := listenAdmin(serverOptions{adminListen: o.listen, adminHosts: o.hosts, adminConns: o.conns}, reg, logger)
 	if err != nil {
 		stop()
 		return nil, err

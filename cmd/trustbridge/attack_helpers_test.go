@@ -86,7 +86,14 @@ func startAttackTarget(tb testing.TB, mutate func(*serverOptions)) *attackTarget
 // labels (`result="verified"`), as the admin listener serves them.
 func (at *attackTarget) metric(tb testing.TB, name string, labels ...string) float64 {
 	tb.Helper()
-	resp, err := http.Get("http://" + at.admin + "/metrics")
+	return metricVia(tb, http.DefaultClient, at.admin, name, labels...)
+}
+
+// metricVia is attackTarget.metric read through c from the admin
+// listener at admin.
+func metricVia(tb testing.TB, c *http.Client, admin, name string, labels ...string) float64 {
+	tb.Helper()
+	resp, err := c.Get("http://" + admin + "/metrics")
 	require.NoError(tb, err)
 	defer resp.Body.Close()
 	var sum float64

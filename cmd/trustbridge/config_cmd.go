@@ -157,6 +157,7 @@ func (p *problems) listeners(o serverOptions) {
 			p.add(err)
 		}
 	}
+	p.add(checkListenerLimits(o))
 }
 
 // grpcService checks what setupGRPC refuses before listening: with the

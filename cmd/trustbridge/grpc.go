@@ -17,6 +17,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -25,6 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
+	"github.com/trustbridge/trustbridge/internal/connlimit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/nodeauth"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
@@ -84,6 +86,11 @@ type grpcOptions struct {
 	authnLimits
 	// OIDC and remote Kubernetes issuers (oidc_wiring.go).
 	oidc oidcOptions
+	// conns bound the listener's connections, and a connection without
+	// an authenticated call within firstCallTimeout (0: the default) is
+	// closed (conn_limits.go).
+	conns            connLimits
+	firstCallTimeout time.Duration
 }
 
 func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
@@ -107,6 +114,11 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	addAuthnLimitFlags(f, &o.authnLimits)
 	addOIDCFlags(f, &o.oidc)
 	addDownstreamFlags(f, &o.downstream)
+	grpcLimits.addFlags(f, &o.conns, "certificate service",
+		"a Kubernetes node's pods behind one address (SNAT) or in one IPv6 /64 (a node's pod range): 250 pods, each with a sidecar and an agent connection", serverMemoryNote(grpcLimits))
+	f.DurationVar(&o.firstCallTimeout, "grpc-first-call-timeout", defaultFirstCallTimeout, "a connection to --grpc-listen on which no call has authenticated within this time of its accept is closed "+
+		"(counted in trustbridge_listener_connections_unconfirmed_closed_total); one that has stays until idle for 15 min. The default covers the 10 s "+
+		"TLS and HTTP/2 setup and a TokenReview; a client connects when it has a call to make, so a shorter one (e.g. 10s) refuses only the idle")
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
@@ -158,6 +170,9 @@ type grpcEndpoint struct {
 	// oidc authenticates tokens of the --oidc-config issuers; nil without
 	// any. Its status is served at /v1/authn/issuers.
 	oidc *oidc.Authenticator
+	// conns is ln, which closes connections on which no call has
+	// authenticated in time; authenticated calls confirm theirs.
+	conns *connlimit.Listener
 }
 
 // setupGRPC builds the certificate service and opens its listener; nil
@@ -179,10 +194,11 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if g.dnsNames, err = workloadDNSNames(o, td); err != nil {
 		return nil, err
 	}
-	auth, err := g.authenticators(o, td, authority, reg, logger)
+	chain, err := g.authenticators(o, td, authority, reg, logger)
 	if err != nil {
 		return nil, err
 	}
+	auth := g.confirmingCalls(chain)
 	svc, err := g.certService(o, td, authority, fed, auth, merged, reg, logger)
 	if err != nil {
 		return nil, err
@@ -198,11 +214,15 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return nil, fmt.Errorf("--grpc-listen: %w", err)
+	firstCall := o.firstCallTimeout
+	if firstCall == 0 {
+		firstCall = defaultFirstCallTimeout
 	}
-	g.ln = ln
+	ln, err := grpcLimits.listen(o.listen, o.conns, firstCall, reg, logger)
+	if err != nil {
+		return nil, err
+	}
+	g.ln, g.conns = ln, ln
 	// SDS requests carry Envoy's node and may be far larger than a
 	// certificate request; the certificate service bounds its own.
 	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, grpc.MaxRecvMsgSize(sds.MaxRequestSize))
@@ -210,6 +230,22 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	o.reportServices(srv.Registrar())
 	g.runners = append(g.runners, sc.Run, srv.Run)
 	return g, nil
+}
+
+// confirmingCalls is auth confirming, on the listener, the connection of
+// each call it authenticates: a connection on which none authenticates
+// within --grpc-first-call-timeout is closed, so an unauthenticated
+// client cannot keep one open by making calls that fail either.
+func (g *grpcEndpoint) confirmingCalls(auth authn.Authenticator) authn.Authenticator {
+	return authn.AuthenticatorFunc(func(ctx context.Context, r authn.Request) (authn.Identity, error) {
+		id, err := auth.Authenticate(ctx, r)
+		if err == nil {
+			if p, ok := peer.FromContext(ctx); ok {
+				g.conns.Confirm(p.Addr, p.LocalAddr)
+			}
+		}
+		return id, err
+	})
 }
 
 // certService is Istio's certificate service and trustbridge's identity

@@ -38,6 +38,7 @@ type serverOptions struct {
 	adminListen    string
 	adminSocket    string
 	adminHosts     []string
+	adminConns     connLimits
 	keyType        string
 	caTTL          time.Duration
 	workloadTTL    time.Duration
@@ -139,6 +140,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted), or locked by another server (trustbridge.lock names it); with file storage, a missing directory is created (0700) only with --init")
 	f.BoolVar(&o.init, initFlag, false, "first start with file storage: create --data-dir if missing, and new CA state in it even if it holds other files; without it a new CA is created only in an empty existing directory, so a mistyped path never bootstraps a new root. Harmless once the state exists (make run passes it every time); --storage kube needs none")
 	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
+	adminLimits.addFlags(f, &o.adminConns, "admin", "the kubelet's probes and Prometheus, and a few browsers on /ui", serverMemoryNote(adminLimits))
 	addAdminSocketFlag(f, &o.adminSocket)
 	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
 	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
@@ -441,6 +443,9 @@ func checkServerBasics(o serverOptions, logger *slog.Logger) (spiffeid.TrustDoma
 	if err := checkStorageFlags(o); err != nil {
 		return td, kt, err
 	}
+	if err := checkListenerLimits(o); err != nil {
+		return td, kt, err
+	}
 	if err := prepareDataDir(o); err != nil {
 		return td, kt, err
 	}
@@ -490,9 +495,9 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 // /v1/* and /ui from a browser whose page re-resolved its own name to this
 // address (DNS rebinding).
 func listenAdmin(o serverOptions, reg prometheus.Registerer, logger *slog.Logger) (net.Listener, *hostcheck.Checker, error) {
-	ln, err := net.Listen("tcp", o.adminListen)
+	ln, err := adminLimits.listen(o.adminListen, o.adminConns, 0, reg, logger)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--admin-listen: %w", err)
+		return nil, nil, err
 	}
 	hosts, err := adminHostCheck(ln.Addr().String(), o.adminHosts, misdirected(reg, logger))
 	if err != nil {

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/trustbridge/trustbridge/internal/connlimit"
+)
+
+// connLimits bound the connections one TCP listener holds
+// (internal/connlimit): in total, and per source (an IPv4 address, or an
+// IPv6 /64 as a whole). Zero fields take their listener's defaults.
+type connLimits struct {
+	max, perSource int
+}
+
+// listenerLimits describes one TCP listener's limits: its name in metrics
+// and logs, the prefix of its flags and its defaults.
+type listenerLimits struct {
+	name, flag string
+	def        connLimits
+}
+
+// The listeners' defaults. An idle connection costs about 52 KiB (issue
+// 32: 5,000 idle gRPC connections took 255 MiB), so the three totals hold
+// at most about 140 MiB together, under the 256 MiB memory limit of
+// deploy/base and the chart with the process's own 45 MiB or so. The
+// per-source limits leave room for a Kubernetes node's pods behind one
+// address (SNAT) or one IPv6 /64 (a node's pod range): up to 250 pods,
+// each with a sidecar and an agent connection, on the certificate service.
+var (
+	grpcLimits   = listenerLimits{name: "grpc", flag: "grpc", def: connLimits{max: 2048, perSource: 512}}
+	bundleLimits = listenerLimits{name: "bundle", flag: "bundle", def: connLimits{max: 512, perSource: 64}}
+	adminLimits  = listenerLimits{name: "admin", flag: "admin", def: connLimits{max: 128, perSource: 32}}
+)
+
+// serverMemoryNote says, in the server's --*-max-conns help, how their
+// defaults fit the manifests' memory limit.
+func serverMemoryNote(ll listenerLimits) string {
+	return fmt.Sprintf(": the defaults of the server's three listeners together stay under the 256 MiB memory limit of deploy/base and the chart; "+
+		"raise them with the limit, e.g. this one to %d with 1Gi", 4*ll.def.max)
+}
+
+// defaultFirstCallTimeout bounds how long a connection to the certificate
+// service may go without an authenticated call: the 10 s the TLS and
+// HTTP/2 setup may take (certservice.ConnectionTimeout), a TokenReview's
+// 5 s, and as much again for a busy API server.
+const defaultFirstCallTimeout = 30 * time.Second
+
+// addFlags registers --<flag>-max-conns and --<flag>-max-conns-per-source;
+// what says what the listener serves, who says who its clients are, and
+// memory (may be "") how the default fits the process's memory limit.
+func (ll listenerLimits) addFlags(f *pflag.FlagSet, l *connLimits, what, who, memory string) {
+	f.IntVar(&l.max, ll.flag+"-max-conns", ll.def.max, fmt.Sprintf(
+		"connections the %s listener (--%s-listen) holds at once; a new one beyond them is closed at accept (counted in "+
+			"trustbridge_listener_connections_refused_total{listener=%q,reason=\"total_limit\"}). An idle connection costs "+
+			"about 52 KiB (gRPC over TLS; plain HTTP less)%s", what, ll.flag, ll.name, memory))
+	f.IntVar(&l.perSource, ll.flag+"-max-conns-per-source", ll.def.perSource, fmt.Sprintf(
+		"connections one client address (an IPv4 address, or an IPv6 /64 as a whole) may hold on --%s-listen; "+
+			"beyond them its new ones are closed at accept (reason=\"source_limit\"). The default leaves room for %s",
+		ll.flag, who))
+}
+
+// check refuses negative limits; zero takes the default.
+func (ll listenerLimits) check(l connLimits) error {
+	var errs []error
+	if l.max < 0 {
+		errs = append(errs, fmt.Errorf("--%s-max-conns %d: must not be negative (0 takes the default, %d)", ll.flag, l.max, ll.def.max))
+	}
+	if l.perSource < 0 {
+		errs = append(errs, fmt.Errorf("--%s-max-conns-per-source %d: must not be negative (0 takes the default, %d)", ll.flag, l.perSource, ll.def.perSource))
+	}
+	return errors.Join(errs...)
+}
+
+func (ll listenerLimits) withDefaults(l connLimits) connLimits {
+	if l.max == 0 {
+		l.max = ll.def.max
+	}
+	if l.perSource == 0 {
+		l.perSource = ll.def.perSource
+	}
+	return l
+}
+
+// listen opens addr (the value of --<flag>-listen) bounded by l; a
+// connection not confirmed within confirmWithin is closed (0: never).
+func (ll listenerLimits) listen(addr string, l connLimits, confirmWithin time.Duration, reg prometheus.Registerer, logger *slog.Logger) (*connlimit.Listener, error) {
+	if err := ll.check(l); err != nil {
+		return nil, err
+	}
+	l = ll.withDefaults(l)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--%s-listen: %w", ll.flag, err)
+	}
+	cl, err := connlimit.New(ln, connlimit.Config{
+		Name: ll.name, MaxConns: l.max, MaxPerSource: l.perSource, ConfirmWithin: confirmWithin,
+		Logger: logger, Registerer: reg,
+	})
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+// checkListenerLimits checks every listener's limits and timeouts of
+// trustbridge server.
+func checkListenerLimits(o serverOptions) error {
+	errs := []error{grpcLimits.check(o.grpc.conns), bundleLimits.check(o.bundle.conns), adminLimits.check(o.adminConns)}
+	if o.grpc.firstCallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--grpc-first-call-timeout %s: must not be negative", o.grpc.firstCallTimeout))
+	}
+	if o.bundle.idleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--bundle-idle-timeout %s: must not be negative", o.bundle.idleTimeout))
+	}
+	return errors.Join(errs...)
+}

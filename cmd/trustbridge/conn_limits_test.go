@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestListenerLimitFlagDefaults(t *testing.T) {
+	server := map[string]string{
+		"grpc-max-conns": "2048", "grpc-max-conns-per-source": "512", "grpc-first-call-timeout": "30s",
+		"bundle-max-conns": "512", "bundle-max-conns-per-source": "64", "bundle-idle-timeout": "10s",
+		"admin-max-conns": "128", "admin-max-conns-per-source": "32",
+	}
+	agent := map[string]string{"admin-max-conns": "128", "admin-max-conns-per-source": "32"}
+	for cmd, want := range map[string]map[string]string{"server": server, "agent": agent} {
+		f := newServerCmd(env{}).Flags()
+		if cmd == "agent" {
+			f = newAgentCmd(env{}).Flags()
+		}
+		for flag, def := range want {
+			fl := f.Lookup(flag)
+			if assert.NotNil(t, fl, "%s --%s", cmd, flag) {
+				assert.Equal(t, def, fl.DefValue, "%s --%s", cmd, flag)
+			}
+		}
+	}
+}
+
+func TestListenerLimitErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*serverOptions)
+		want   string
+	}{
+		{"grpc total", func(o *serverOptions) { o.grpc.conns.max = -1 }, "--grpc-max-conns -1: must not be negative (0 takes the default, 2048)"},
+		{"grpc per source", func(o *serverOptions) { o.grpc.conns.perSource = -2 }, "--grpc-max-conns-per-source -2"},
+		{"bundle total", func(o *serverOptions) { o.bundle.conns.max = -1 }, "--bundle-max-conns -1"},
+		{"admin per source", func(o *serverOptions) { o.adminConns.perSource = -1 }, "--admin-max-conns-per-source -1"},
+		{"first call", func(o *serverOptions) { o.grpc.firstCallTimeout = -time.Second }, "--grpc-first-call-timeout -1s"},
+		{"bundle idle", func(o *serverOptions) { o.bundle.idleTimeout = -time.Second }, "--bundle-idle-timeout -1s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := baseServerOptions("example.org", t.TempDir())
+			tt.mutate(&o)
+			assert.ErrorContains(t, checkListenerLimits(o), tt.want)
+			err := serverError(t, o)
+			require.Error(t, err, "the server refuses to start")
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+	t.Setenv("TRUST_DOMAIN", "")
+	bad := writeConfig(t, "trust-domain: east.example\ngrpc-max-conns: -1\nbundle-idle-timeout: -1s\n")
+	out, _, code := runCLI(t, "", "config", "check", bad)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, "--grpc-max-conns -1")
+	assert.Contains(t, out, "--bundle-idle-timeout -1s")
+}
+
+// The agent's admin listener has its limits too.
+func TestAgentAdminConnLimits(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e, _, logs := testEnv(t, "json")
+	logger, err := newLogger(logs, "json", "info")
+	require.NoError(t, err)
+	ready := agentReadinessFunc(func() error { return nil })
+	o := agentAdminOptions{listen: "127.0.0.1:0", conns: connLimits{max: 1, perSource: 1}}
+	stop, err := startAgentSide(context.Background(), e, o, ready, reg, logger)
+	require.NoError(t, err)
+	defer stop()
+	admin := logAttr(t, logs.String(), "admin listening", "address")
+
+	held := floodConn(t, admin, "127.0.0.1", floodHTTP)
+	require.NotNil(t, held, "the first connection is served")
+	defer held.Close()
+	assert.Nil(t, floodConn(t, admin, "127.0.0.1", floodHTTP), "the second is refused at accept")
+	assert.Equal(t, float64(1), gathered(t, reg, "trustbridge_listener_connections_refused_total", map[string]string{"listener": "admin", "reason": "source_limit"}))
+
+	o.conns.max = -1
+	_, err = startAgentSide(context.Background(), e, o, ready, prometheus.NewRegistry(), logger)
+	assert.ErrorContains(t, err, "--admin-max-conns -1")
+}
+
+type agentReadinessFunc func() error
+
+func (f agentReadinessFunc) Ready() error { return f() }
+
+// gathered is the value of the counter name whose labels are labels,
+// gathered from reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			if maps.Equal(got, labels) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s%v in the registry", name, labels)
+	return 0
+}
