@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -191,24 +192,42 @@ func parseOutput(s string) result {
 	return r
 }
 
+// listTargets finds every fuzz target of the module from the source of
+// each package's test files (go test -list would compile every test
+// binary first).
 func listTargets(ctx context.Context) ([]target, error) {
-	out, err := exec.CommandContext(ctx, "go", "list", "./...").Output()
+	out, err := exec.CommandContext(ctx, "go", "list", "-f", "{{.ImportPath}}\t{{.Dir}}\t{{join .TestGoFiles \" \"}} {{join .XTestGoFiles \" \"}}", "./...").Output()
 	if err != nil {
 		return nil, fmt.Errorf("go list: %w", err)
 	}
 	var targets []target
-	for _, pkg := range strings.Fields(string(out)) {
-		list, err := exec.CommandContext(ctx, "go", "test", "-list", "^Fuzz", pkg).CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("go test -list %s: %w\n%s", pkg, err, list)
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.SplitN(line, "\t", 3)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("go list: unexpected line %q", line)
 		}
-		for _, name := range strings.Fields(string(list)) {
-			if strings.HasPrefix(name, "Fuzz") {
-				targets = append(targets, target{pkg, name})
+		for _, file := range strings.Fields(f[2]) {
+			src, err := os.ReadFile(filepath.Join(f[1], file))
+			if err != nil {
+				return nil, err
+			}
+			for _, name := range fuzzTargets(string(src)) {
+				targets = append(targets, target{f[0], name})
 			}
 		}
 	}
 	return targets, nil
+}
+
+var fuzzFuncRE = regexp.MustCompile(`(?m)^func (Fuzz\w*)\(\w+ \*testing\.F\)`)
+
+// fuzzTargets returns the fuzz targets a test file declares.
+func fuzzTargets(src string) []string {
+	var names []string
+	for _, m := range fuzzFuncRE.FindAllStringSubmatch(src, -1) {
+		names = append(names, m[1])
+	}
+	return names
 }
 
 // readLong reads the targets that run for -longtime: one `package

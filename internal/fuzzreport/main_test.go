@@ -49,6 +49,12 @@ exit status 1`, 1000, false, "--- FAIL: FuzzX (3.10s); Failing input written to 
 	}
 }
 
+func TestFuzzTargets(t *testing.T) {
+	t.Parallel()
+	src := "package x\n\nfunc FuzzA(f *testing.F) {}\nfunc FuzzB(ff *testing.F) {\n}\nfunc FuzzNot(t *testing.T) {}\n// func FuzzC(f *testing.F)\nfunc helperFuzz(f *testing.F) {}\n"
+	assert.Equal(t, []string{"FuzzA", "FuzzB"}, fuzzTargets(src))
+}
+
 func TestResultsRoundTripAndReport(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "r", "results.tsv")
