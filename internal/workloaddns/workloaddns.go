@@ -206,6 +206,21 @@ func isPlaceholder(s string) bool {
 	return s == PlaceholderServiceAccount || s == PlaceholderNamespace || s == PlaceholderTrustDomain
 }
 
+// Zone is the fixed part of every name the template gives: the literal
+// text after the last of {sa} and {ns}, {td} substituted, without its
+// leading '.' ("svc.cluster.local" for {sa}.{ns}.svc.cluster.local,
+// "example.org" for {sa}.{ns}.{td}). Every name is below it by at least
+// two labels, and Parse made sure it is not empty. A CA that lets another
+// (a downstream intermediate) issue workload names permits this domain
+// (RFC 5280 §4.2.1.10 dNSName: the zone and the names below it).
+func (t *Template) Zone() string {
+	last := t.parts[len(t.parts)-1]
+	if isPlaceholder(last) {
+		return "" // unreachable: checkZone refuses a template ending in one
+	}
+	return strings.TrimPrefix(last, ".")
+}
+
 // expand substitutes ns and sa.
 func (t *Template) expand(ns, sa string) string {
 	var b strings.Builder

@@ -83,6 +83,25 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestZone(t *testing.T) {
+	for tmpl, want := range map[string]string{
+		"{sa}.{ns}.svc.cluster.local":  "svc.cluster.local",
+		"{sa}.{ns}.{td}":               "example.org",
+		"{sa}.{ns}.{td}.internal":      "example.org.internal",
+		"{ns}.{sa}.mesh":               "mesh",
+		"api.{sa}.x.{ns}.svc.internal": "svc.internal",
+	} {
+		t.Run(tmpl, func(t *testing.T) {
+			tp, err := Parse(tmpl, td)
+			require.NoError(t, err)
+			assert.Equal(t, want, tp.Zone())
+			names, err := tp.Names(spiffeid.RequireFromString("spiffe://example.org/ns/prod/sa/web"), authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "prod/web"})
+			require.NoError(t, err)
+			assert.True(t, strings.HasSuffix(names[0], "."+want), "%s is below the zone", names[0])
+		})
+	}
+}
+
 func TestParseNeedsTrustDomain(t *testing.T) {
 	_, err := Parse("{sa}.{ns}", spiffeid.TrustDomain{})
 	assert.ErrorContains(t, err, "no trust domain")
