@@ -82,6 +82,19 @@ type Config struct {
 	// SignIntermediate can serve downstream trustbridges. Roots made
 	// without it refuse to (rotate them once it is set).
 	SignsIntermediates bool
+	// WorkloadDNSZone is the zone of the workload DNS names this server
+	// issues (workloaddns.Template.Zone of --workload-dns-name-template),
+	// "" when it issues none. SignIntermediate lets a downstream's
+	// intermediate vouch for DNS names in this zone only, and for none
+	// when it is "" (see downstreamNameConstraints). In upstream mode an
+	// intermediate whose name constraints refuse names in it is refused
+	// (checkNameConstraints).
+	WorkloadDNSZone string
+	// ServingDNSNames are the DNS names of this server's serving
+	// certificates (WithDNSNames, --grpc-dns-names). In upstream mode an
+	// intermediate whose name constraints refuse one of them is refused:
+	// the serving certificate it signed would verify nowhere.
+	ServingDNSNames []string
 	// Keys, when set, makes and keeps new root and JWT keys in a key
 	// manager (an HSM); the state records only their references
 	// (KeyRef). nil keeps keys in the state backend.
@@ -96,6 +109,9 @@ const DefaultUpstreamTTL = 48 * time.Hour
 
 func (c *Config) applyDefaults() error {
 	if err := c.checkRequired(); err != nil {
+		return err
+	}
+	if err := c.checkDNSNames(); err != nil {
 		return err
 	}
 	if c.KeyType == "" {
@@ -138,6 +154,24 @@ func (c *Config) checkRequired() error {
 	if c.Plugin != nil && c.Leader != nil {
 		return errors.New("leader election is not supported in plug-in mode: every replica publishes its own --ca-dir")
 	}
+	return nil
+}
+
+// checkDNSNames checks and lowercases WorkloadDNSZone and
+// ServingDNSNames, which name constraints are matched against.
+func (c *Config) checkDNSNames() error {
+	if c.WorkloadDNSZone != "" {
+		zone, err := checkDNSName(c.WorkloadDNSZone)
+		if err != nil {
+			return fmt.Errorf("workload DNS zone %q (--workload-dns-name-template): %w", c.WorkloadDNSZone, err)
+		}
+		c.WorkloadDNSZone = zone
+	}
+	names, err := checkDNSNames(c.ServingDNSNames)
+	if err != nil {
+		return fmt.Errorf("serving DNS names (--grpc-dns-names): %w", err)
+	}
+	c.ServingDNSNames = names
 	return nil
 }
 
@@ -414,6 +448,11 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 	if m.Cert == nil {
 		if len(a.roots) == 0 && !a.leading() {
 			return m, fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, a.backend.Describe())
+		}
+		if a.cfg.Upstream != nil && a.up.lastErr != nil {
+			// At a first start the upstream's refusal is the reason: a
+			// serving certificate that cannot be made says why.
+			return m, fmt.Errorf("ca: %w: no intermediate yet; the upstream's last answer failed: %v", ErrInvalidSigningMaterial, a.up.lastErr)
 		}
 		return m, fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
 	}

@@ -177,6 +177,10 @@ func (a *Authority) requestIntermediate() (crypto.Signer, string, *UpstreamChain
 		a.metrics.upstreamRequests.WithLabelValues("refused").Inc()
 		return nil, "", nil, err
 	}
+	if err := a.checkNameConstraints(name, chain); err != nil {
+		a.metrics.upstreamRequests.WithLabelValues("refused").Inc()
+		return nil, "", nil, err
+	}
 	a.metrics.upstreamRequests.WithLabelValues("ok").Inc()
 	return key, ref, chain, nil
 }

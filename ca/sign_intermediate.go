@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"net"
 	"net/url"
 	"time"
 )
@@ -14,8 +15,10 @@ import (
 // upstream (the caller, the certificate service, decides who may ask).
 // The CSR must come from ParseCSR and may name no identity but
 // spiffe://<trust domain>. The certificate can sign leaves only (path
-// length 0), carries the trust domain's SPIFFE ID and a URI name
-// constraint to the trust domain (X509-SVID §4), and lives ttl (0: the
+// length 0), carries the trust domain's SPIFFE ID and critical name
+// constraints (downstreamNameConstraints): URIs of the trust domain only
+// (X509-SVID §4), DNS names of Config.WorkloadDNSZone only (none without
+// it), no IP address. It lives ttl (0: the
 // default upstream TTL), clamped to the maximum workload TTL, which is
 // how long a retired root of ours stays published, and to our own
 // signing chain. The answer's Chain is the new certificate, our signing
@@ -59,7 +62,7 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 		return nil, fmt.Errorf("ca: %w: an intermediate until %s would expire before it could sign anything; ask for at least %s", ErrInvalidTTL,
 			notAfter.UTC().Format(time.RFC3339), minIntermediateLife)
 	}
-	cert, err := signIntermediateCert(m, csr, now, notAfter, td.ID().URL(), td.Name())
+	cert, err := signIntermediateCert(m, csr, now, notAfter, td.ID().URL(), td.Name(), a.cfg.WorkloadDNSZone)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +75,7 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 }
 
 // signIntermediateCert makes the CA certificate for csr's key.
-func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, notAfter time.Time, id *url.URL, td string) (*x509.Certificate, error) {
+func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, notAfter time.Time, id *url.URL, td, zone string) (*x509.Certificate, error) {
 	serial, err := newSerial()
 	if err != nil {
 		return nil, fmt.Errorf("ca: serial number: %w", err)
@@ -93,8 +96,8 @@ func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, 
 		MaxPathLenZero:        true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		URIs:                  []*url.URL{id},
-		PermittedURIDomains:   []string{td},
 	}
+	downstreamNameConstraints(tmpl, td, zone)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, csr.PublicKey, m.Key)
 	if err != nil {
 		return nil, fmt.Errorf("ca: sign intermediate: %w", err)
@@ -104,6 +107,37 @@ func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, 
 		return nil, fmt.Errorf("ca: parse signed intermediate: %w", err)
 	}
 	return cert, nil
+}
+
+// Every IP address, as name constraints spell it (RFC 5280 §4.2.1.10).
+var (
+	everyIPv4 = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	everyIPv6 = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+)
+
+// downstreamNameConstraints confines what a downstream intermediate can
+// vouch for to what this server itself issues: SPIFFE IDs of trust domain
+// td, and DNS names only in zone, the zone of our workload DNS names
+// (dNSName semantics: the zone and every name below it). Without a zone
+// every DNS name is excluded: a zero-length dNSName matches every name
+// (RFC 5280 is silent; the CA/Browser Forum's baseline requirements,
+// §7.1.2.5.2, spell "no DNS names" so, and 0.0.0.0/0 with ::/0 "no IP
+// addresses"; crypto/x509 enforces both). Every IP address is excluded:
+// our leaves carry none. Otherwise a leaf with only
+// the DNS name payments.corp.internal under a downstream's intermediate
+// would verify against our roots for any client checking a host name. The
+// extension is critical (RFC 5280 §4.2.1.10: conforming CAs MUST mark it
+// so), so a verifier that cannot enforce it refuses the chain instead of
+// ignoring it.
+func downstreamNameConstraints(tmpl *x509.Certificate, td, zone string) {
+	tmpl.PermittedDNSDomainsCritical = true
+	tmpl.PermittedURIDomains = []string{td}
+	tmpl.ExcludedIPRanges = []*net.IPNet{everyIPv4, everyIPv6}
+	if zone != "" {
+		tmpl.PermittedDNSDomains = []string{zone}
+		return
+	}
+	tmpl.ExcludedDNSDomains = []string{""}
 }
 
 // checkPathRoom refuses to sign an intermediate whose leaves could not
