@@ -463,6 +463,10 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 	if o.caDir != "" {
 		plugin = ca.NewPluginWatcher(o.caDir, td, clock.RealClock{}, o.caDirPoll, logger.With(logattr.Component, "ca-dir"))
 	}
+	zone, err := workloadDNSZone(o.grpc, td)
+	if err != nil {
+		return nil, err
+	}
 	caCfg := ca.Config{
 		TrustDomain:    td,
 		DataDir:        o.dataDir,
@@ -477,8 +481,12 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		// Roots leave room for downstream intermediates only when some
 		// downstream may ask (--downstream-allow).
 		SignsIntermediates: len(o.grpc.downstream.allow) > 0,
-		Keys:               o.keys.manager,
-		RequireHSM:         o.keys.requireHSM,
+		// The DNS names downstream intermediates may vouch for, and
+		// those an upstream's intermediate must let us issue.
+		WorkloadDNSZone: zone,
+		ServingDNSNames: servingDNSNames(o.grpc),
+		Keys:            o.keys.manager,
+		RequireHSM:      o.keys.requireHSM,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err

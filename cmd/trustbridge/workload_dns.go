@@ -18,7 +18,8 @@ func addWorkloadDNSFlags(f *pflag.FlagSet, o *grpcOptions) {
 			"e.g. {sa}.{ns}.{td} (OSM's shape) or {sa}.{ns}.svc.cluster.local. Only for identities a Kubernetes service account "+
 			"token proved (TokenReview or a kubernetes issuer), also when they renew with their certificate; never for bootstrap "+
 			"or OIDC tokens, never a wildcard, never a --grpc-dns-names name. A namespace or service account that is not one DNS "+
-			"label (a dot in the name) gets its certificate without one, logged. \"\" (default): none")
+			"label (a dot in the name) gets its certificate without one, logged. Its zone (the part after {sa} and {ns}) is the only DNS zone "+
+			"an intermediate signed for a downstream (--downstream-allow) vouches for, and, under --upstream trustbridge, must lie in the upstream's. \"\" (default): none")
 }
 
 // workloadDNSNames parses --workload-dns-name-template; nil when unset.
@@ -34,4 +35,30 @@ func workloadDNSNames(o grpcOptions, td spiffeid.TrustDomain) (*workloaddns.Temp
 		return nil, fmt.Errorf("--workload-dns-name-template: %w", err)
 	}
 	return t, nil
+}
+
+// workloadDNSZone is the zone of --workload-dns-name-template's names, ""
+// without one or without the certificate service that issues them. As an
+// upstream the CA lets downstream intermediates vouch for DNS names in it
+// only; as a downstream it refuses an intermediate that does not permit
+// them (ca.Config.WorkloadDNSZone).
+func workloadDNSZone(o grpcOptions, td spiffeid.TrustDomain) (string, error) {
+	if o.listen == "" {
+		return "", nil // checkGRPCOff refuses a template
+	}
+	t, err := workloadDNSNames(o, td)
+	if t == nil || err != nil {
+		return "", err
+	}
+	return t.Zone(), nil
+}
+
+// servingDNSNames are the certificate service's serving certificate's DNS
+// names (--grpc-dns-names), which an upstream's intermediate must permit
+// (ca.Config.ServingDNSNames).
+func servingDNSNames(o grpcOptions) []string {
+	if o.listen == "" {
+		return nil
+	}
+	return nonEmpty(o.dnsNames)
 }
