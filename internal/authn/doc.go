@@ -54,7 +54,11 @@
 // slow PBKDF2 digest of its digest), the service account and its UID from TokenReview,
 // or, for an X509-SVID, the grant recorded in the verified leaf's
 // extension (GrantOID, read by GrantFromCert; a leaf without one is a
-// GrantMethodLegacy grant). BootstrapTokens.CheckGrant and
+// GrantMethodLegacy grant). A server with a CA reads that grant only from
+// leaves its own CA signed (WithOwnIssuers): a downstream intermediate of
+// the trust domain verifies against the same roots and could write any
+// grant; its leaves get a GrantErr wrapping ErrNotIssuedHere instead.
+// BootstrapTokens.CheckGrant and
 // ServiceAccountGrants.CheckGrant tell whether such a grant still stands,
 // so the certificate service can stop renewal chains whose token or
 // service account was removed.

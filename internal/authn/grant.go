@@ -23,8 +23,9 @@ import (
 // 1.3.6.1.4.1.32473, the number RFC 5612 reserves for documentation, with
 // a trustbridge-specific tail. A collision with someone else's use of that
 // arc is harmless here: the extension is read only from leaves our own CA
-// signed (after the X509SVID authenticator verified them against our
-// roots), and our CA never copies extensions from a CSR. Changing the OID
+// signed (the X509SVID authenticator verified them against our roots and,
+// with WithOwnIssuers, found our own signing certificate above them), and
+// our CA never copies extensions from a CSR. Changing the OID
 // later turns every existing chain into a legacy one (see GrantMethodLegacy).
 var GrantOID = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 32473, 7405, 1, 1}
 
@@ -272,8 +273,10 @@ func BootstrapGrantRef(tokenDigest [32]byte) string {
 // the extension yields a GrantMethodLegacy grant dated at its NotBefore; an
 // extension that does not parse is an error. (x509.ParseCertificate already
 // refuses a certificate that repeats an extension.) Only call it on a
-// certificate that verified against the local roots: anyone can write the
-// extension into a certificate of their own.
+// certificate our own CA signed, in a chain that verified against the
+// local roots: anyone can write the extension into a certificate of their
+// own, and so can any other CA those roots trust (a downstream's
+// intermediate).
 func GrantFromCert(cert *x509.Certificate) (Grant, error) {
 	for _, e := range cert.Extensions {
 		if e.Id.Equal(GrantOID) {

@@ -19,6 +19,11 @@ var (
 	// ErrGrantUnreadable means the SVID's grant record did not parse, or
 	// the authenticator reported none.
 	ErrGrantUnreadable = errors.New("grant record unreadable")
+	// ErrNotIssuedHere means the SVID was not signed by this server's CA
+	// (WithOwnIssuers), so its grant record, whoever wrote it, is not
+	// this server's. An Identity's GrantErr wraps it; GrantPolicy.Check
+	// then wraps ErrGrantUnreadable too.
+	ErrNotIssuedHere = errors.New("certificate not issued by this server's CA")
 )
 
 // GrantChecker decides whether the grant behind id still stands: nil, an

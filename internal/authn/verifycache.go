@@ -40,9 +40,13 @@ func chainDigest(certs []*x509.Certificate) [sha256.Size]byte {
 
 // verifiedEntry is what a verification proved: the chain is good at any
 // time within [notBefore, notAfter] while anchor is one of the bundle's
-// authorities.
+// authorities, and issuer signed its leaf. Only facts about the chain are
+// kept: whether issuer is the server's own is asked again on every hit
+// (WithOwnIssuers), as the server's signing certificates rotate without
+// the bundle changing.
 type verifiedEntry struct {
 	anchor    *x509.Certificate
+	issuer    *x509.Certificate
 	notBefore time.Time
 	notAfter  time.Time
 }
@@ -63,23 +67,26 @@ func newVerifyCache(max int) *verifyCache {
 }
 
 // hit reports whether key was verified against bundle and is still good
-// at now. The anchor is looked up in the bundle again, so that a bundle
-// changed in place, against the source's contract, fails closed rather
-// than trusting a root it no longer holds.
-func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Time) bool {
+// at now, and the issuer of its leaf. The anchor is looked up in the
+// bundle again, so that a bundle changed in place, against the source's
+// contract, fails closed rather than trusting a root it no longer holds.
+func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Time) (issuer *x509.Certificate, ok bool) {
 	if c == nil {
-		return false
+		return nil, false
 	}
 	v, ok := c.lru.Get(key)
 	if !ok {
-		return false
+		return nil, false
 	}
 	e := v.(*verifiedEntry)
 	if now.Before(e.notBefore) || now.After(e.notAfter) {
 		c.lru.Remove(key)
-		return false
+		return nil, false
 	}
-	return bundle.HasX509Authority(e.anchor)
+	if !bundle.HasX509Authority(e.anchor) {
+		return nil, false
+	}
+	return e.issuer, true
 }
 
 // add remembers a verification whose chains svidcheck.Verify returned. The
@@ -90,7 +97,7 @@ func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate) {
 		return
 	}
 	chain := chains[0]
-	e := &verifiedEntry{anchor: chain[len(chain)-1], notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
+	e := &verifiedEntry{anchor: chain[len(chain)-1], issuer: leafIssuer(chains), notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
 	for _, cert := range chain[1:] {
 		if cert.NotBefore.After(e.notBefore) {
 			e.notBefore = cert.NotBefore

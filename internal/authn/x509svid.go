@@ -75,6 +75,9 @@ type X509SVID struct {
 	logger      *slog.Logger
 	logLim      *loglimit.Limiter
 	m           *x509Metrics
+	// ownIssuer, when set, says whether a leaf's issuer is one of this
+	// server's own signing certificates (WithOwnIssuers).
+	ownIssuer func(*x509.Certificate) bool
 	// verify is svidcheck.Verify, trustbridge's one X509-SVID chain
 	// check (federation/trust's Verifier runs the same); tests count the
 	// calls.
@@ -117,6 +120,23 @@ func WithMaxVerifications(perPeer, global int) X509SVIDOption {
 // rest at Debug); nil discards.
 func WithLogger(l *slog.Logger) X509SVIDOption {
 	return x509SVIDOption(func(a *X509SVID) { a.logger = l })
+}
+
+// WithOwnIssuers makes the grant record (GrantOID) of a leaf count only
+// when own reports that the leaf's issuer, the certificate above it in the
+// verified chain, is one of this server's own signing certificates (a CA's
+// IssuedHere). Every certificate that verifies against the local roots
+// authenticates, but not every one was signed by this server: a downstream
+// intermediate of the trust domain, or in upstream mode the upstream
+// itself, can write any grant record into a leaf of any identity. Such a
+// leaf authenticates with a GrantErr wrapping ErrNotIssuedHere, so a
+// GrantPolicy refuses it what needs a grant. own is asked on every call,
+// cached chains included, so a rotation of the server's signing
+// certificates takes effect at once; it must be cheap and safe for
+// concurrent use. Without the option every verified leaf's grant is read,
+// for verifiers with no CA of their own.
+func WithOwnIssuers(own func(issuer *x509.Certificate) bool) X509SVIDOption {
+	return x509SVIDOption(func(a *X509SVID) { a.ownIssuer = own })
 }
 
 // NewX509SVID returns an authenticator for X509-SVIDs of td. roots is asked
@@ -192,10 +212,27 @@ func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) 
 	if bundle == nil || len(bundle.X509Authorities()) == 0 {
 		return Identity{}, invalid(MethodX509SVID, errors.New("local trust domain has no X.509 roots"))
 	}
-	if err := a.verifyChain(certs, id, bundle, r.Peer); err != nil {
+	issuer, err := a.verifyChain(certs, id, bundle, r.Peer)
+	if err != nil {
 		return Identity{}, err
 	}
-	return svidIdentity(id, certs[0]), nil
+	ident := svidIdentity(id, certs[0])
+	if a.ownIssuer != nil && (issuer == nil || !a.ownIssuer(issuer)) {
+		ident.Grant, ident.GrantErr = nil, notIssuedHere(issuer)
+	}
+	return ident, nil
+}
+
+// notIssuedHere is the GrantErr of a leaf whose issuer is not one of the
+// server's own signing certificates. The issuer's subject is the caller's
+// to choose (a downstream's CSR, an upstream's naming), so it is quoted
+// and bounded.
+func notIssuedHere(issuer *x509.Certificate) error {
+	subject := "no certificate"
+	if issuer != nil {
+		subject = truncate(issuer.Subject.String(), 128)
+	}
+	return fmt.Errorf("%w: issued by %q, so its grant record is not this server's; renew at the CA that issued it", ErrNotIssuedHere, subject)
 }
 
 // precheck refuses, without checking any signature, what cannot be an
@@ -239,25 +276,27 @@ func (a *X509SVID) precheck(certs []*x509.Certificate) (spiffeid.ID, error) {
 	return id, nil
 }
 
-// verifyChain verifies certs against bundle, or answers from the caches.
-// Only a chain neither cache knows takes a slot of the peer gate.
-func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle *x509bundle.Bundle, peer string) error {
+// verifyChain verifies certs against bundle, or answers from the caches,
+// and returns the leaf's issuer in the verified chain (nil when the chain
+// is the leaf alone). Only a chain neither cache knows takes a slot of the
+// peer gate.
+func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle *x509bundle.Bundle, peer string) (*x509.Certificate, error) {
 	now := a.clk.Now()
 	key := verifyKey{chain: chainDigest(certs), bundle: bundle}
-	if a.cache.hit(key, bundle, now) {
+	if issuer, ok := a.cache.hit(key, bundle, now); ok {
 		a.m.results.WithLabelValues(x509Cached).Inc()
-		return nil
+		return issuer, nil
 	}
 	if err, ok := a.failures.get(key, now); ok {
 		a.m.results.WithLabelValues(x509FailedCached).Inc()
-		return err
+		return nil, err
 	}
 	if ok, scope := a.gate.acquire(peer); !ok {
 		a.m.results.WithLabelValues(x509Throttled).Inc()
 		a.m.throttled.WithLabelValues(scope).Inc()
 		a.logger.Log(context.Background(), a.logLim.Level(slog.LevelWarn), "client certificate verification refused: too many in flight",
 			"scope", scope, logattr.Address, peer, logattr.SPIFFEID, id.String())
-		return fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
+		return nil, fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
 	}
 	defer a.gate.release(peer)
 	// Verify against the local bundle alone, never the whole source: the
@@ -268,11 +307,20 @@ func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle
 		err = invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
 		a.failures.add(key, err, now)
 		a.m.results.WithLabelValues(x509Failed).Inc()
-		return err
+		return nil, err
 	}
 	a.cache.add(key, chains)
 	a.m.results.WithLabelValues(x509Verified).Inc()
-	return nil
+	return leafIssuer(chains), nil
+}
+
+// leafIssuer is the certificate that signed the leaf in the first
+// verified chain, the one the verify cache remembers.
+func leafIssuer(chains [][]*x509.Certificate) *x509.Certificate {
+	if len(chains) == 0 || len(chains[0]) < 2 {
+		return nil
+	}
+	return chains[0][1]
 }
 
 // Results of one X509SVID call that reached chain checks, the label of
