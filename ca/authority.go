@@ -276,6 +276,8 @@ type Authority struct {
 	// plugin is the plug-in material as last published, so signing never
 	// runs ahead of the bundle peers have seen.
 	plugin *PluginMaterial
+	// pluginSigners are earlier plug-in CA certificates, for IssuedHere.
+	pluginSigners []pluginSigner
 	// up is the upstream's health, in upstream mode (under mu).
 	up upstreamStatus
 

@@ -49,6 +49,7 @@ func (a *Authority) syncPluginWith(forceJWT bool) error {
 	}
 	a.version = version
 	a.floored = true
+	a.retirePluginSignerLocked(a.cfg.Clock.Now(), m)
 	a.plugin = m
 	if err := a.setPluginRootsLocked(j.PluginRoots); err != nil {
 		return err
