@@ -90,6 +90,11 @@ type Config struct {
 	// intermediate whose name constraints refuse names in it is refused
 	// (checkNameConstraints).
 	WorkloadDNSZone string
+	// DownstreamDNSDomains are further DNS domains (each and every name
+	// below it) a downstream's intermediate may vouch for beside
+	// WorkloadDNSZone: where downstream servers' own serving names live
+	// (--downstream-dns-domain).
+	DownstreamDNSDomains []string
 	// ServingDNSNames are the DNS names of this server's serving
 	// certificates (WithDNSNames, --grpc-dns-names). In upstream mode an
 	// intermediate whose name constraints refuse one of them is refused:
@@ -172,6 +177,11 @@ func (c *Config) checkDNSNames() error {
 		return fmt.Errorf("serving DNS names (--grpc-dns-names): %w", err)
 	}
 	c.ServingDNSNames = names
+	domains, err := checkDNSNames(c.DownstreamDNSDomains)
+	if err != nil {
+		return fmt.Errorf("downstream DNS domains (--downstream-dns-domain): %w", err)
+	}
+	c.DownstreamDNSDomains = domains
 	return nil
 }
 

@@ -27,14 +27,14 @@ func (a *Authority) checkNameConstraints(upstream string, c *UpstreamChain) erro
 		}
 		if zone != "" && !zoneAdmitted(cert, zone) {
 			return upstreamErrorf(upstream, "certificate %s %s, so the workload DNS names under %q (--workload-dns-name-template) would not verify: "+
-				"give this server a template whose zone the upstream permits (a trustbridge upstream permits the zone of its own --workload-dns-name-template, "+
-				"none without one), or set the upstream's to cover it", describe(cert), describeDNSConstraints(cert), zone)
+				"give this server a template whose zone the upstream permits (a trustbridge upstream permits the zone of its own --workload-dns-name-template "+
+				"and its --downstream-dns-domain, none without either), or have the upstream's operator cover it with either", describe(cert), describeDNSConstraints(cert), zone)
 		}
 		for _, n := range serving {
 			if !nameAdmitted(cert, n) {
 				return upstreamErrorf(upstream, "certificate %s %s, so the serving certificate's DNS name %q (--grpc-dns-names) would not verify: "+
-					"drop it or use a name in a zone the upstream permits (a trustbridge upstream permits the zone of its own --workload-dns-name-template, "+
-					"none without one)", describe(cert), describeDNSConstraints(cert), n)
+					"drop it or use a name in a zone the upstream permits (a trustbridge upstream permits the zone of its own --workload-dns-name-template "+
+					"and its --downstream-dns-domain, none without either)", describe(cert), describeDNSConstraints(cert), n)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/asn1"
+	"fmt"
 	"math/big"
 	"net"
 	"net/url"
@@ -59,19 +60,27 @@ func TestSignIntermediateNameConstraints(t *testing.T) {
 	id, _ := url.Parse("spiffe://example.org/ns/prod/sa/web")
 	other, _ := url.Parse("spiffe://other.org/w")
 	for _, tc := range []struct {
-		zone    string
-		dnsOK   []string // verify
-		dnsDeny []string // fail
+		zone      string
+		extra     []string // DownstreamDNSDomains
+		permitted []string // the intermediate's PermittedDNSDomains
+		dnsOK     []string // verify
+		dnsDeny   []string // fail
 	}{
 		{zone: "", dnsDeny: []string{"payments.corp.internal", "web.prod.svc.cluster.local", "localhost"}},
-		{zone: "svc.cluster.local", dnsOK: []string{"web.prod.svc.cluster.local", "WEB.PROD.SVC.CLUSTER.LOCAL"},
+		{zone: "svc.cluster.local", permitted: []string{"svc.cluster.local"}, dnsOK: []string{"web.prod.svc.cluster.local", "WEB.PROD.SVC.CLUSTER.LOCAL"},
 			dnsDeny: []string{"payments.corp.internal", "svc.cluster.local.evil.example", "xsvc.cluster.local"}},
+		{extra: []string{"Region.Corp.Internal"}, permitted: []string{"region.corp.internal"}, dnsOK: []string{"trustbridge.region.corp.internal", "region.corp.internal"},
+			dnsDeny: []string{"payments.corp.internal", "web.prod.svc.cluster.local"}},
+		{zone: "svc.cluster.local", extra: []string{"region.corp.internal", "svc.cluster.local"}, permitted: []string{"svc.cluster.local", "region.corp.internal"},
+			dnsOK:   []string{"web.prod.svc.cluster.local", "trustbridge.region.corp.internal"},
+			dnsDeny: []string{"payments.corp.internal", "corp.internal"}},
 	} {
-		t.Run("zone "+tc.zone, func(t *testing.T) {
+		t.Run(fmt.Sprintf("zone %q extra %q", tc.zone, tc.extra), func(t *testing.T) {
 			clk := clocktesting.NewFakeClock(t0)
 			cfg := testConfig(t, clk)
 			cfg.SignsIntermediates = true
 			cfg.WorkloadDNSZone = tc.zone
+			cfg.DownstreamDNSDomains = tc.extra
 			top, err := New(cfg)
 			require.NoError(t, err)
 			key := testca.NewKey(t, testca.ECP256)
@@ -81,6 +90,12 @@ func TestSignIntermediateNameConstraints(t *testing.T) {
 			require.NoError(t, CheckUpstreamChain(t0, tdExample, key.Public(), "test", chain), "a downstream still accepts it")
 			assert.True(t, nameConstraintsCritical(t, inter), "name constraints must be critical")
 			assert.Equal(t, []string{"example.org"}, inter.PermittedURIDomains)
+			if tc.permitted == nil {
+				assert.Equal(t, []string{""}, inter.ExcludedDNSDomains, "no DNS name at all")
+			} else {
+				assert.Empty(t, inter.ExcludedDNSDomains)
+			}
+			assert.Equal(t, tc.permitted, inter.PermittedDNSDomains, "each domain once, lowercased")
 			require.Len(t, inter.ExcludedIPRanges, 2)
 
 			mint := func(tmpl *x509.Certificate) *x509.Certificate { return mintUnder(t, inter, key, t0, tmpl) }

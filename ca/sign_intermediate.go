@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"time"
 )
 
@@ -17,8 +18,8 @@ import (
 // spiffe://<trust domain>. The certificate can sign leaves only (path
 // length 0), carries the trust domain's SPIFFE ID and critical name
 // constraints (downstreamNameConstraints): URIs of the trust domain only
-// (X509-SVID §4), DNS names of Config.WorkloadDNSZone only (none without
-// it), no IP address. It lives ttl (0: the
+// (X509-SVID §4), DNS names of Config.WorkloadDNSZone and
+// Config.DownstreamDNSDomains only (none without either), no IP address. It lives ttl (0: the
 // default upstream TTL), clamped to the maximum workload TTL, which is
 // how long a retired root of ours stays published, and to our own
 // signing chain. The answer's Chain is the new certificate, our signing
@@ -62,7 +63,7 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 		return nil, fmt.Errorf("ca: %w: an intermediate until %s would expire before it could sign anything; ask for at least %s", ErrInvalidTTL,
 			notAfter.UTC().Format(time.RFC3339), minIntermediateLife)
 	}
-	cert, err := signIntermediateCert(m, csr, now, notAfter, td.ID().URL(), td.Name(), a.cfg.WorkloadDNSZone)
+	cert, err := signIntermediateCert(m, csr, now, notAfter, td.ID().URL(), td.Name(), a.downstreamDNSDomains())
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +76,7 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 }
 
 // signIntermediateCert makes the CA certificate for csr's key.
-func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, notAfter time.Time, id *url.URL, td, zone string) (*x509.Certificate, error) {
+func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, notAfter time.Time, id *url.URL, td string, dnsDomains []string) (*x509.Certificate, error) {
 	serial, err := newSerial()
 	if err != nil {
 		return nil, fmt.Errorf("ca: serial number: %w", err)
@@ -97,7 +98,7 @@ func signIntermediateCert(m SigningMaterial, csr *x509.CertificateRequest, now, 
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		URIs:                  []*url.URL{id},
 	}
-	downstreamNameConstraints(tmpl, td, zone)
+	downstreamNameConstraints(tmpl, td, dnsDomains)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, m.Cert, csr.PublicKey, m.Key)
 	if err != nil {
 		return nil, fmt.Errorf("ca: sign intermediate: %w", err)
@@ -115,11 +116,27 @@ var (
 	everyIPv6 = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
 )
 
+// downstreamDNSDomains are the DNS domains a downstream's intermediate
+// may vouch for: our workload DNS zone and the operator's
+// --downstream-dns-domain, without repeats.
+func (a *Authority) downstreamDNSDomains() []string {
+	var out []string
+	if a.cfg.WorkloadDNSZone != "" {
+		out = append(out, a.cfg.WorkloadDNSZone)
+	}
+	for _, d := range a.cfg.DownstreamDNSDomains {
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // downstreamNameConstraints confines what a downstream intermediate can
 // vouch for to what this server itself issues: SPIFFE IDs of trust domain
-// td, and DNS names only in zone, the zone of our workload DNS names
-// (dNSName semantics: the zone and every name below it). Without a zone
-// every DNS name is excluded: a zero-length dNSName matches every name
+// td, and DNS names only in dnsDomains, the zone of our workload DNS names
+// and the operator's --downstream-dns-domain (dNSName semantics: each and
+// every name below it). Without any every DNS name is excluded: a zero-length dNSName matches every name
 // (RFC 5280 is silent; the CA/Browser Forum's baseline requirements,
 // §7.1.2.5.2, spell "no DNS names" so, and 0.0.0.0/0 with ::/0 "no IP
 // addresses"; crypto/x509 enforces both). Every IP address is excluded:
@@ -129,12 +146,12 @@ var (
 // extension is critical (RFC 5280 §4.2.1.10: conforming CAs MUST mark it
 // so), so a verifier that cannot enforce it refuses the chain instead of
 // ignoring it.
-func downstreamNameConstraints(tmpl *x509.Certificate, td, zone string) {
+func downstreamNameConstraints(tmpl *x509.Certificate, td string, dnsDomains []string) {
 	tmpl.PermittedDNSDomainsCritical = true
 	tmpl.PermittedURIDomains = []string{td}
 	tmpl.ExcludedIPRanges = []*net.IPNet{everyIPv4, everyIPv6}
-	if zone != "" {
-		tmpl.PermittedDNSDomains = []string{zone}
+	if len(dnsDomains) > 0 {
+		tmpl.PermittedDNSDomains = slices.Clone(dnsDomains)
 		return
 	}
 	tmpl.ExcludedDNSDomains = []string{""}

@@ -483,10 +483,11 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 		SignsIntermediates: len(o.grpc.downstream.allow) > 0,
 		// The DNS names downstream intermediates may vouch for, and
 		// those an upstream's intermediate must let us issue.
-		WorkloadDNSZone: zone,
-		ServingDNSNames: servingDNSNames(o.grpc),
-		Keys:            o.keys.manager,
-		RequireHSM:      o.keys.requireHSM,
+		WorkloadDNSZone:      zone,
+		DownstreamDNSDomains: o.grpc.downstream.dnsDomains,
+		ServingDNSNames:      servingDNSNames(o.grpc),
+		Keys:                 o.keys.manager,
+		RequireHSM:           o.keys.requireHSM,
 	}
 	if err := o.jwt.apply(&caCfg); err != nil {
 		return nil, err

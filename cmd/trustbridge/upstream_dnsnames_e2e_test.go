@@ -15,16 +15,18 @@ import (
 )
 
 // nestedCorp runs a corp trustbridge allowing spiffe://corp.example/region/eu
-// with workload DNS names from template ("" for none), and returns a region's
+// with workload DNS names from template ("" for none) and downstream DNS
+// domains dnsDomains (--downstream-dns-domain), and returns a region's
 // options under it (--upstream trustbridge, with an SVID corp issued) and
 // the file of corp's roots.
-func nestedCorp(t *testing.T, template string) (serverOptions, string) {
+func nestedCorp(t *testing.T, template string, dnsDomains ...string) (serverOptions, string) {
 	t.Helper()
 	corpDir := t.TempDir()
 	corp := baseServerOptions("corp.example", corpDir)
 	corp.grpc.listen = "127.0.0.1:0"
 	corp.grpc.downstream.allow = []string{"spiffe://corp.example/region/eu"}
 	corp.grpc.workloadDNSNameTemplate = template
+	corp.grpc.downstream.dnsDomains = dnsDomains
 	_, banner, _ := launchServer(t, corp)
 	creds := filepath.Join(t.TempDir(), "upstream")
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", corpDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", creds, "--ttl", "1h")
@@ -37,14 +39,28 @@ func nestedCorp(t *testing.T, template string) (serverOptions, string) {
 }
 
 // Issue 32 item 4, end to end: corp's intermediate for a region permits
-// the DNS names of corp's --workload-dns-name-template zone only. A region
-// whose template and --grpc-dns-names lie in it starts, and a client
-// checking the region's certificate service by host name against corp's
-// roots accepts it.
+// the DNS names of corp's --workload-dns-name-template zone and of its
+// --downstream-dns-domain only. A region whose template and
+// --grpc-dns-names lie in them starts, and a client checking the region's
+// certificate service by host name against corp's roots accepts it.
 func TestNestedTrustServersDNSNamesInZone(t *testing.T) {
-	region, corpRoots := nestedCorp(t, "{sa}.{ns}.svc.cluster.local")
-	region.grpc.workloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
-	region.grpc.dnsNames = []string{"trustbridge.eu.svc.cluster.local"}
+	for _, tc := range []struct {
+		name, corpTemplate, regionTemplate, serving string
+		corpDomains                                 []string
+	}{
+		{"corp's template zone", "{sa}.{ns}.svc.cluster.local", "{sa}.{ns}.svc.cluster.local", "trustbridge.eu.svc.cluster.local", nil},
+		{"corp's --downstream-dns-domain, no template", "", "", "ca.trustbridge.eu.internal", []string{"trustbridge.eu.internal"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testRegionServingName(t, tc.corpTemplate, tc.corpDomains, tc.regionTemplate, tc.serving)
+		})
+	}
+}
+
+func testRegionServingName(t *testing.T, corpTemplate string, corpDomains []string, regionTemplate, serving string) {
+	region, corpRoots := nestedCorp(t, corpTemplate, corpDomains...)
+	region.grpc.workloadDNSNameTemplate = regionTemplate
+	region.grpc.dnsNames = []string{serving}
 	_, banner, _ := launchServer(t, region)
 
 	roots, err := caclient.ReadPEMCerts(corpRoots)
@@ -53,7 +69,7 @@ func TestNestedTrustServersDNSNamesInZone(t *testing.T) {
 	for _, r := range roots {
 		pool.AddCert(r)
 	}
-	conn, err := tls.Dial("tcp", grpcAddr(t, banner), &tls.Config{RootCAs: pool, ServerName: "trustbridge.eu.svc.cluster.local", NextProtos: []string{"h2"}})
+	conn, err := tls.Dial("tcp", grpcAddr(t, banner), &tls.Config{RootCAs: pool, ServerName: serving, NextProtos: []string{"h2"}})
 	require.NoError(t, err, "the region's serving name verifies against corp's roots")
 	_ = conn.Close()
 }

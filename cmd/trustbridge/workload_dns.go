@@ -18,7 +18,7 @@ func addWorkloadDNSFlags(f *pflag.FlagSet, o *grpcOptions) {
 			"e.g. {sa}.{ns}.{td} (OSM's shape) or {sa}.{ns}.svc.cluster.local. Only for identities a Kubernetes service account "+
 			"token proved (TokenReview or a kubernetes issuer), also when they renew with their certificate; never for bootstrap "+
 			"or OIDC tokens, never a wildcard, never a --grpc-dns-names name. A namespace or service account that is not one DNS "+
-			"label (a dot in the name) gets its certificate without one, logged. Its zone (the part after {sa} and {ns}) is the only DNS zone "+
+			"label (a dot in the name) gets its certificate without one, logged. Its zone (the part after {sa} and {ns}) is, with --downstream-dns-domain, the only DNS zone "+
 			"an intermediate signed for a downstream (--downstream-allow) vouches for, and, under --upstream trustbridge, must lie in the upstream's. \"\" (default): none")
 }
 
