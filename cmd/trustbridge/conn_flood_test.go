@@ -76,6 +76,53 @@ var http2Preface = append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4
 // handshake or the request's answer.
 func floodConn(tb testing.TB, addr, local string, kind floodKind) net.Conn {
 	tb.Helper()
+	if kind == floodH2 {
+		return dialIdleH2(addr, local)
+	}
+	raw := dialFlood(addr, local)
+	if raw == nil {
+		return nil
+	}
+	if _, err := io.WriteString(raw, "GET /healthz HTTP/1.1\r\nHost: "+addr+"\r\n\r\n"); err != nil {
+		_ = raw.Close()
+		return nil
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(raw), nil)
+	if err != nil {
+		_ = raw.Close()
+		return nil
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	_ = raw.SetDeadline(time.Time{})
+	return raw
+}
+
+// dialIdleH2 is a floodH2 connection from local to addr, nil when the
+// server refused it. It touches no testing.TB, for the flood's goroutines.
+func dialIdleH2(addr, local string) net.Conn {
+	raw := dialFlood(addr, local)
+	if raw == nil {
+		return nil
+	}
+	// The attacker checks nothing and picks the cheapest key exchange.
+	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12, //nolint:gosec // see above
+		CurvePreferences: []tls.CurveID{tls.X25519}})
+	if err := c.Handshake(); err != nil {
+		_ = raw.Close()
+		return nil
+	}
+	if _, err := c.Write(http2Preface); err != nil {
+		_ = c.Close()
+		return nil
+	}
+	_ = raw.SetDeadline(time.Time{})
+	return c
+}
+
+// dialFlood is a TCP connection from local to addr with a deadline of 30
+// s for what follows, nil when the dial failed.
+func dialFlood(addr, local string) net.Conn {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}, Timeout: 30 * time.Second}
 	raw, err := d.Dial("tcp", addr)
 	if err != nil {
@@ -84,34 +131,7 @@ func floodConn(tb testing.TB, addr, local string, kind floodKind) net.Conn {
 		return nil
 	}
 	_ = raw.SetDeadline(time.Now().Add(30 * time.Second))
-	switch kind {
-	case floodH2:
-		c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12}) //nolint:gosec // the attacker checks nothing
-		if err := c.Handshake(); err != nil {
-			_ = raw.Close()
-			return nil
-		}
-		if _, err := c.Write(http2Preface); err != nil {
-			_ = c.Close()
-			return nil
-		}
-		_ = raw.SetDeadline(time.Time{})
-		return c
-	default:
-		if _, err := io.WriteString(raw, "GET /healthz HTTP/1.1\r\nHost: "+addr+"\r\n\r\n"); err != nil {
-			_ = raw.Close()
-			return nil
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(raw), nil)
-		if err != nil {
-			_ = raw.Close()
-			return nil
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		_ = raw.SetDeadline(time.Time{})
-		return raw
-	}
+	return raw
 }
 
 // flood opens n connections from local to addr, width at a time, and
