@@ -79,6 +79,12 @@ func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer s
 	case err == nil:
 		s.metrics.grantChecks.WithLabelValues(method, grantAccepted).Inc()
 		return g, nil
+	case errors.Is(err, authn.ErrNotIssuedHere):
+		// Signed by another CA of the trust domain (a downstream's
+		// intermediate, the upstream): whatever grant it records, this
+		// server did not write it.
+		s.metrics.grantChecks.WithLabelValues(method, grantInvalid).Inc()
+		return g, &refusal{codes.PermissionDenied, "grant_invalid", notIssuedHereMessage, err}
 	case errors.Is(err, authn.ErrGrantUnreadable):
 		s.metrics.grantChecks.WithLabelValues(method, grantInvalid).Inc()
 		return g, &refusal{codes.PermissionDenied, "grant_invalid",
@@ -96,6 +102,11 @@ func (s *Service) checkRenewal(ctx context.Context, ident authn.Identity, peer s
 	s.metrics.grantChecks.WithLabelValues(method, grantInvalid).Inc()
 	return g, &refusal{codes.Internal, "internal", "internal error", err}
 }
+
+// notIssuedHereMessage tells the holder of a certificate another CA of
+// the trust domain signed where it renews; the issuer is in the log.
+const notIssuedHereMessage = "the presented certificate was not issued by this server's CA, so its grant record is not this server's; " +
+	"renew it at the CA that issued it, or obtain a new certificate here with a bootstrap or service account token"
 
 // boundTTL shortens ttl so that the certificate of grant g ends by the
 // bound its checker sets (authn.GrantBounder: an OIDC or remote cluster

@@ -43,6 +43,14 @@ type grantFixture struct {
 // config (the identity service's parts).
 func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantChecker, mutate ...func(*certservice.Config, *ca.Authority)) *grantFixture {
 	t.Helper()
+	return newGrantFixtureOn(t, newAuthority(t, td), maxLifetime, kube, mutate...)
+}
+
+// newGrantFixtureOn is newGrantFixture backed by authority. As the server
+// does, the X509-SVID authenticator reads grants only from leaves the
+// authority signed.
+func newGrantFixtureOn(t *testing.T, authority *ca.Authority, maxLifetime time.Duration, kube authn.GrantChecker, mutate ...func(*certservice.Config, *ca.Authority)) *grantFixture {
+	t.Helper()
 	g := &grantFixture{
 		clk:  clocktesting.NewFakeClock(time.Now()),
 		path: filepath.Join(t.TempDir(), "tokens.csv"),
@@ -52,8 +60,8 @@ func newGrantFixture(t *testing.T, maxLifetime time.Duration, kube authn.GrantCh
 	boot, err := authn.LoadBootstrapTokens(g.path, td)
 	require.NoError(t, err)
 	g.boot = boot
-	g.fixture = newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
-		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), boot}
+	g.fixture = newFixtureOn(t, authority, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil, authn.WithOwnIssuers(a.IssuedHere)), boot}
 		cfg.Grants = map[string]authn.GrantChecker{authn.MethodBootstrapToken: boot}
 		if kube != nil {
 			cfg.Grants[authn.MethodKubernetesJWT] = kube

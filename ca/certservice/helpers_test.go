@@ -97,7 +97,13 @@ type fixture struct {
 // gRPC server options.
 func newFixture(tb testing.TB, mutate func(*certservice.Config, *ca.Authority), opts ...grpc.ServerOption) *fixture {
 	tb.Helper()
-	f := &fixture{authority: newAuthority(tb, td), reg: prometheus.NewRegistry(), logs: &testlog.Buffer{}}
+	return newFixtureOn(tb, newAuthority(tb, td), mutate, opts...)
+}
+
+// newFixtureOn is newFixture backed by authority.
+func newFixtureOn(tb testing.TB, authority *ca.Authority, mutate func(*certservice.Config, *ca.Authority), opts ...grpc.ServerOption) *fixture {
+	tb.Helper()
+	f := &fixture{authority: authority, reg: prometheus.NewRegistry(), logs: &testlog.Buffer{}}
 	f.signer = &countingSigner{next: f.authority}
 	cfg := certservice.Config{
 		Authenticator: authn.Chain{authn.NewX509SVID(td, localRoots{f.authority}, nil)},

@@ -76,10 +76,13 @@ type identityGrantFixture struct {
 // certificate is still valid, and nothing else refuses it.
 const grantCheckLifetime = 30 * time.Minute
 
+// newIdentityGrantFixture starts an identityGrantFixture. Its CA signs
+// intermediates, as a server with --downstream-allow does, so that a
+// downstream's intermediate of ours verifies against its roots.
 func newIdentityGrantFixture(t *testing.T) *identityGrantFixture {
 	t.Helper()
 	f := &identityGrantFixture{accounts: newFakeAccounts(), jwt: newFakeJWTSigner(t), intermediates: newFakeIntermediates(t)}
-	f.grantFixture = newGrantFixture(t, grantCheckLifetime, f.accounts, func(cfg *certservice.Config, a *ca.Authority) {
+	f.grantFixture = newGrantFixtureOn(t, newDownstreamAuthority(t), grantCheckLifetime, f.accounts, func(cfg *certservice.Config, a *ca.Authority) {
 		cfg.JWT = f.jwt
 		cfg.Bundles = newFakeBundles(a.Bundle())
 		cfg.Intermediates = f.intermediates
@@ -186,6 +189,16 @@ func grantFailures() []grantFailure {
 				return grantedSVID(t, f.authority, downstreamID, grantExt(t, g))
 			},
 			log: "which this server no longer accepts",
+		},
+		{
+			// Issue 32's sequel: a downstream mints a leaf of another
+			// identity with a grant the checker would accept.
+			name: "leaf minted by a downstream's intermediate",
+			cert: func(t *testing.T, f *identityGrantFixture) *tls.Certificate {
+				return downstreamLeaf(t, newDownstreamCA(t, f.authority), paymentsID,
+					grantExt(t, authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "default/web", UID: "uid-1", GrantedAt: f.clk.Now()}))
+			},
+			log: authn.ErrNotIssuedHere.Error(),
 		},
 		{
 			name: "service accounts not listed yet",

@@ -522,6 +522,8 @@ func unauthenticated(err error) *refusal {
 			"the bootstrap token was already used: it is single-use; ask for a new one (trustbridge token create), or renew with the certificate it bought (ca request --renew)", err}
 	case errors.Is(err, authn.ErrTokenExpired):
 		return &refusal{codes.Unauthenticated, "token_expired", "the bootstrap token expired; ask for a new one (trustbridge token create)", err}
+	case errors.Is(err, authn.ErrNotIssuedHere):
+		return &refusal{codes.Unauthenticated, "not_issued_here", notIssuedHereMessage, err}
 	case errors.Is(err, authn.ErrSingleUse):
 		return &refusal{codes.Unauthenticated, "token_single_use",
 			"the bootstrap token is single-use: it buys one certificate (trustbridge ca request), which then authenticates here (mTLS); or mark its line reusable", err}
