@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		grantChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_renewal_grant_checks_total",
-			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, oidc, kubernetes-issuer, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token, service account or issuer is gone; unavailable: could not check; invalid; lifetime_exceeded: older than the maximum renewal lifetime).",
+			Help: "Renewals by X509-SVID, by the method that first granted the chain (bootstrap-token, kubernetes-jwt, oidc, kubernetes-issuer, legacy: the certificate records none, sds-minted: never renewed; unknown) and result (accepted; revoked: the token, service account or issuer is gone; unavailable: could not check; invalid: unreadable, or the certificate was not signed by this server's CA; lifetime_exceeded: older than the maximum renewal lifetime).",
 		}, []string{"grant_method", "result"}),
 		dnsNames: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_workload_dns_names_total",
@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"code", "method"}),
 		intermediates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_intermediates_total",
-			Help: "SignIntermediate calls of downstream trustbridges, by gRPC status code (OK: an intermediate was signed; PermissionDenied: not in --downstream-allow or not authenticated by an X509-SVID; Unauthenticated: no valid credential, or an X509-SVID whose grant no longer stands) and authentication method (none when authentication failed).",
+			Help: "SignIntermediate calls of downstream trustbridges, by gRPC status code (OK: an intermediate was signed; PermissionDenied: not in --downstream-allow or not authenticated by an X509-SVID; Unauthenticated: no valid credential, or an X509-SVID whose grant no longer stands or that this server's CA did not sign) and authentication method (none when authentication failed).",
 		}, []string{"code", "method"}),
 		watches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_bundle_watches_total",
