@@ -30,7 +30,8 @@ import (
 // spiffe://corp.example/region/eu and a region trustbridge under it
 // (--upstream trustbridge, authenticating with an SVID corp issued): a
 // certificate from the region's certificate service verifies against
-// corp's roots, its chain is leaf then the region's intermediate.
+// corp's roots, its chain is leaf then the region's intermediate; the
+// region renews only certificates its own CA issued.
 func TestNestedTrustServers(t *testing.T) {
 	corpDir := t.TempDir()
 	corp := baseServerOptions("corp.example", corpDir)
@@ -50,11 +51,22 @@ func TestNestedTrustServers(t *testing.T) {
 	region.grpc.listen = "127.0.0.1:0"
 	regionAdmin, regionBanner, _ := launchServer(t, region)
 
-	// The region's certificate service, verified with corp's roots, signs
-	// for a caller proving an SVID corp issued: one trust domain.
+	// An SVID corp issued verifies at the region (one trust domain), but
+	// the region's CA did not sign it, so its grant is not the region's:
+	// no renewal there.
 	workload := filepath.Join(t.TempDir(), "workload")
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", grpcAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
 		"--prov-cert", creds, "--credentials-dir", workload)
+	require.NotEqual(t, 0, code)
+	assert.Contains(t, stderr, "not issued by this server's CA")
+
+	// The region's certificate service, verified with corp's roots, signs
+	// for a caller proving an SVID the region issued.
+	regionCreds := filepath.Join(t.TempDir(), "region-issued")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", regionDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", regionCreds, "--ttl", "1h")
+	require.Equal(t, 0, code, stderr)
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", grpcAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
+		"--prov-cert", regionCreds, "--credentials-dir", workload)
 	require.Equal(t, 0, code, stderr)
 
 	chain, err := caclient.ReadPEMCerts(filepath.Join(workload, caclient.ChainFile))
