@@ -134,7 +134,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		ep.reloads = append(ep.reloads, checkReloader("--bundle-file "+f.Path(), f.Check))
 	}
 
-	ln, err := bundleLimits.listen(o.listen, o.conns, 0, reg, logger)
+	ln, err := bundleLimits.listen(o.listen, o.conns, reg, logger)
 	if err != nil {
 		return nil, err
 	}

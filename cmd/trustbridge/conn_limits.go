@@ -89,9 +89,14 @@ func (ll listenerLimits) withDefaults(l connLimits) connLimits {
 	return l
 }
 
-// listen opens addr (the value of --<flag>-listen) bounded by l; a
-// connection not confirmed within confirmWithin is closed (0: never).
-func (ll listenerLimits) listen(addr string, l connLimits, confirmWithin time.Duration, reg prometheus.Registerer, logger *slog.Logger) (*connlimit.Listener, error) {
+// listen opens addr (the value of --<flag>-listen) bounded by l.
+func (ll listenerLimits) listen(addr string, l connLimits, reg prometheus.Registerer, logger *slog.Logger) (*connlimit.Listener, error) {
+	return ll.listenWith(addr, l, connlimit.Config{}, reg, logger)
+}
+
+// listenWith is listen with cfg's other settings (a confirmation
+// deadline, a TCP user timeout).
+func (ll listenerLimits) listenWith(addr string, l connLimits, cfg connlimit.Config, reg prometheus.Registerer, logger *slog.Logger) (*connlimit.Listener, error) {
 	if err := ll.check(l); err != nil {
 		return nil, err
 	}
@@ -100,10 +105,8 @@ func (ll listenerLimits) listen(addr string, l connLimits, confirmWithin time.Du
 	if err != nil {
 		return nil, fmt.Errorf("--%s-listen: %w", ll.flag, err)
 	}
-	cl, err := connlimit.New(ln, connlimit.Config{
-		Name: ll.name, MaxConns: l.max, MaxPerSource: l.perSource, ConfirmWithin: confirmWithin,
-		Logger: logger, Registerer: reg,
-	})
+	cfg.Name, cfg.MaxConns, cfg.MaxPerSource, cfg.Logger, cfg.Registerer = ll.name, l.max, l.perSource, logger, reg
+	cl, err := connlimit.New(ln, cfg)
 	if err != nil {
 		_ = ln.Close()
 		return nil, err

@@ -218,7 +218,10 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if firstCall == 0 {
 		firstCall = defaultFirstCallTimeout
 	}
-	ln, err := grpcLimits.listen(o.listen, o.conns, firstCall, reg, logger)
+	// gRPC sets its keepalive timeout as the TCP user timeout only on a
+	// *net.TCPConn, which the limits' wrapper hides from it.
+	ln, err := grpcLimits.listenWith(o.listen, o.conns,
+		connlimit.Config{ConfirmWithin: firstCall, TCPUserTimeout: certservice.KeepaliveTimeout}, reg, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -504,7 +504,7 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 // /v1/* and /ui from a browser whose page re-resolved its own name to this
 // address (DNS rebinding).
 func listenAdmin(o serverOptions, reg prometheus.Registerer, logger *slog.Logger) (net.Listener, *hostcheck.Checker, error) {
-	ln, err := adminLimits.listen(o.adminListen, o.adminConns, 0, reg, logger)
+	ln, err := adminLimits.listen(o.adminListen, o.adminConns, reg, logger)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -31,6 +31,11 @@ type Config struct {
 	// (whose two ends are IP addresses) can be confirmed, so only they
 	// are given the deadline.
 	ConfirmWithin time.Duration
+	// TCPUserTimeout, when positive, is set (on Linux) on each admitted
+	// TCP connection: how long sent data may go unacknowledged before
+	// the kernel drops the connection. gRPC sets its keepalive timeout so
+	// on a *net.TCPConn, which it no longer sees behind this wrapper.
+	TCPUserTimeout time.Duration
 
 	Logger     *slog.Logger          // nil discards
 	Registerer prometheus.Registerer // nil: a private registry
@@ -105,6 +110,9 @@ func (c Config) check() error {
 	if c.ConfirmWithin < 0 {
 		errs = append(errs, fmt.Errorf("confirmation deadline %s is negative", c.ConfirmWithin))
 	}
+	if c.TCPUserTimeout < 0 {
+		errs = append(errs, fmt.Errorf("TCP user timeout %s is negative", c.TCPUserTimeout))
+	}
 	return errors.Join(errs...)
 }
 
@@ -143,6 +151,11 @@ func (l *Listener) admit(c net.Conn) net.Conn {
 		return nil
 	}
 	l.metrics.open.Inc()
+	if l.cfg.TCPUserTimeout > 0 {
+		if err := setTCPUserTimeout(c, l.cfg.TCPUserTimeout); err != nil {
+			l.logger.Debug("TCP user timeout not set", logattr.Address, addrString(c.RemoteAddr()), logattr.Error, err)
+		}
+	}
 	lc := &conn{Conn: c, l: l, src: src}
 	if l.cfg.ConfirmWithin > 0 {
 		l.await(lc)
@@ -150,13 +163,10 @@ func (l *Listener) admit(c net.Conn) net.Conn {
 	return lc
 }
 
-// refuse closes c with a reset (no TIME_WAIT left behind for a flood),
-// counts it and logs it at a bounded rate.
+// refuse counts c, logs it at a bounded rate and closes it with a reset
+// (no TIME_WAIT left behind for a flood). It counts first, so that a
+// client that sees the reset finds it counted.
 func (l *Listener) refuse(c net.Conn, src, reason string) {
-	if tc, ok := c.(interface{ SetLinger(int) error }); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
 	limit := l.cfg.MaxConns
 	if reason == ReasonSourceLimit {
 		limit = l.cfg.MaxPerSource
@@ -164,6 +174,10 @@ func (l *Listener) refuse(c net.Conn, src, reason string) {
 	l.metrics.refused[reason].Inc()
 	l.logger.Log(context.Background(), l.cfg.RefusalLog.Level(slog.LevelWarn), "connection refused at accept: limit reached",
 		"reason", reason, "limit", limit, logattr.Address, addrString(c.RemoteAddr()), "source", src)
+	if tc, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
 }
 
 // await arms c's deadline, if c can be confirmed.

@@ -311,6 +311,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no total", Config{Name: "x", MaxPerSource: 1}, "max connections 0: must be at least 1"},
 		{"negative per source", Config{Name: "x", MaxConns: 1, MaxPerSource: -1}, "max connections per source -1"},
 		{"negative deadline", Config{Name: "x", MaxConns: 1, MaxPerSource: 1, ConfirmWithin: -time.Second}, "confirmation deadline -1s is negative"},
+		{"negative user timeout", Config{Name: "x", MaxConns: 1, MaxPerSource: 1, TCPUserTimeout: -time.Second}, "TCP user timeout -1s is negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
