@@ -114,3 +114,17 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[st
 	t.Fatalf("no %s%v in the registry", name, labels)
 	return 0
 }
+
+// The admin CLI's client leaves no idle connection behind: one process
+// making many admin calls (a script, a test) stays under the admin
+// listener's per-source limit instead of being reset by it.
+func TestAdminClientStaysUnderPerSourceLimit(t *testing.T) {
+	o := baseServerOptions("example.org", t.TempDir())
+	o.adminConns = connLimits{max: 8, perSource: 3} // one spare: the server may not yet have seen the last call's close
+	admin, _, _ := launchServer(t, o)
+	c := &adminClient{addr: "http://" + admin}
+	for i := range 10 {
+		_, err := c.do(context.Background(), "GET", "/v1/federation/relationships", nil, false)
+		require.NoError(t, err, "call %d", i)
+	}
+}

@@ -67,6 +67,9 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	client, base := c.client()
+	// The transport is this call's own: leave no idle connection behind
+	// to count against the admin listener's per-source limit.
+	defer client.CloseIdleConnections()
 	u := base + path
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
