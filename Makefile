@@ -77,11 +77,13 @@ RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env 
 # one fails the run instead of skipping it. The PKCS#11 tier (ca/pkcs11,
 # internal/hsmtest) runs against SoftHSM2 from hsm-tools, likewise required.
 # PKCS#11 needs cgo, as -race does: without a C compiler the SoftHSM2
-# tests skip (and say so) instead of failing.
+# tests skip (and say so) instead of failing. TRUSTBRIDGE_BIN is
+# bin/trustbridge, without the race detector, for tests that measure the
+# server in a process of its own (its memory under a connection flood).
 HSM_TESTS := $(if $(RACE),require,)
-unit: kube-tools spire-tools ui-tools hsm-tools
+unit: build kube-tools spire-tools ui-tools hsm-tools
 	@[ -n "$(RACE)" ] || echo "note: no C compiler for cgo; running tests without -race (apt-get install gcc to enable it)"
-	TRUSTBRIDGE_HSM_TESTS=$(HSM_TESTS) TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require TRUSTBRIDGE_SPIRE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
+	TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_HSM_TESTS=$(HSM_TESTS) TRUSTBRIDGE_UI_TESTS=require TRUSTBRIDGE_KUBE_TESTS=require TRUSTBRIDGE_SPIRE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test $(RACE) -count=1 ./...
 
 # istio-tests: Istio's own agent code (its citadel CA client, the
 # SecretManagerClient cache and its SDS server, from the istio.io/istio module
