@@ -7,12 +7,16 @@ import (
 
 // IssuedHere reports whether issuer is one of this CA's own signing
 // certificates, one that may have signed a leaf still valid: the active
-// root or upstream intermediate, and the retired ones kept until every
-// leaf they signed has expired (in upstream mode the intermediates
-// themselves, never the upstream's certificates; a prepared one has
-// signed nothing). In plug-in mode it is the directory's current CA
-// certificate, and those this process signed with before the directory
-// changed, until their leaves have expired (a restart forgets them).
+// root or upstream intermediate, the retired ones kept until every leaf
+// they signed has expired, and a prepared one (in upstream mode the
+// intermediates themselves, never the upstream's certificates). A
+// prepared root has signed nothing here, but its key is ours, and with
+// shared (kube) storage a leader whose state is ahead of ours may already
+// sign with it: refusing it would refuse that leader's fresh leaves. In
+// plug-in mode it is the directory's current CA certificate, and those
+// this process signed with before the directory changed, until their
+// leaves have expired (a restart forgets them); never a root of
+// root-cert.pem, whose key is not ours.
 //
 // The certificate service asks it of the issuer of every X509-SVID a
 // caller presents (authn.WithOwnIssuers): only a leaf this CA signed
@@ -29,9 +33,19 @@ func (a *Authority) IssuedHere(issuer *x509.Certificate) bool {
 		return a.pluginIssuedLocked(issuer)
 	}
 	for _, r := range a.roots {
-		if (r.State == StateActive || r.State == StateRetired) && r.Cert.Equal(issuer) {
+		if ownKey(r.State) && r.Cert.Equal(issuer) {
 			return true
 		}
+	}
+	return false
+}
+
+// ownKey says whether a root in state s signs with a key of ours: every
+// state but a plug-in directory's external roots.
+func ownKey(s RootState) bool {
+	switch s {
+	case StatePrepared, StateActive, StateRetired:
+		return true
 	}
 	return false
 }

@@ -37,9 +37,9 @@ func issuerOf(t *testing.T, a *Authority) *x509.Certificate {
 	return issuer
 }
 
-// TestIssuedHereSelfSigned: the active root and, after a rotation, the
-// retired one are ours until they leave the bundle; a prepared root (it
-// signed nothing), another CA of the trust domain and nil are not.
+// TestIssuedHereSelfSigned: the active root, a prepared one and, after a
+// rotation, the retired one are ours until they leave the bundle; another
+// CA of the trust domain and nil are not.
 func TestIssuedHereSelfSigned(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	a, err := New(testConfig(t, clk))
@@ -53,7 +53,8 @@ func TestIssuedHereSelfSigned(t *testing.T) {
 	require.Len(t, a.Roots(), 2)
 	prepared := a.Roots()[1]
 	require.Equal(t, StatePrepared, prepared.State)
-	assert.False(t, a.IssuedHere(prepared.Cert), "a prepared root signed nothing")
+	assert.True(t, a.IssuedHere(prepared.Cert),
+		"a prepared root: its key is ours, and a leader whose state is ahead of ours may already sign with it")
 
 	require.NoError(t, a.Reconcile()) // publishes it: its lead starts
 	clk.Step(PublishLead*a.cfg.RefreshHint + time.Second)
@@ -100,6 +101,25 @@ func TestIssuedHereUpstream(t *testing.T) {
 	require.Len(t, a.Roots(), 1)
 	assert.False(t, a.IssuedHere(first))
 	assert.True(t, a.IssuedHere(second))
+}
+
+// TestIssuedHereUpstreamPrepared: an intermediate prepared while its new
+// upstream root is published is ours, as the leader that activated it
+// before our state caught up may sign with it; the new upstream root is not.
+func TestIssuedHereUpstreamPrepared(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	clk.Step(25 * time.Hour)
+	u.newRoot()
+	require.NoError(t, a.Reconcile())
+	roots := a.Roots()
+	require.Len(t, roots, 2)
+	require.Equal(t, StatePrepared, roots[1].State)
+	assert.True(t, a.IssuedHere(roots[1].Cert))
+	assert.True(t, a.IssuedHere(roots[0].Cert), "the active intermediate")
+	assert.False(t, a.IssuedHere(u.root), "the upstream's new root")
 }
 
 // TestIssuedHerePlugin: the directory's CA certificate, and the one it
