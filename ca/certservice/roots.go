@@ -86,11 +86,12 @@ func (s *Service) rootsElement(local spiffeid.TrustDomain, signing []*x509.Certi
 
 // mergedRoots is the trust allowedTrust keeps under d as one flat list,
 // for a client that takes a single root list: local's roots first, then
-// each other trust domain's in the order of bundles. A federated root that
-// names, in its spiffe://<td> URI SAN, a trust domain other than the one it
-// was published for is left out: a client that tells roots apart by that
-// SAN would take a peer's root claiming spiffe://<local> for one of ours.
-// Roots naming no trust domain (plug-in CAs) stay. A trust domain d allows
+// each other trust domain's in the order of bundles. A federated root any
+// of whose URI SANs is a SPIFFE ID (with or without a path) of a trust
+// domain other than the one it was published for is left out, whatever
+// its other SANs: a client that tells roots apart by a SAN would take a
+// peer's root claiming spiffe://<local> for one of ours. Roots naming no
+// trust domain (plug-in CAs) stay. A trust domain d allows
 // only for some peers is left out, as from WatchBundles: a flat list cannot
 // limit peers.
 func mergedRoots(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) []*x509.Certificate {
@@ -106,7 +107,7 @@ func mergedRoots(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d t
 			continue
 		}
 		for _, r := range b.X509Authorities() {
-			if named, ok := spifferoot.TrustDomain(r); !ok || named == b.TrustDomain() {
+			if spifferoot.NamesOnly(r, b.TrustDomain()) {
 				roots = append(roots, r)
 			}
 		}

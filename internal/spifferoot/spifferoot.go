@@ -2,14 +2,17 @@
 //
 // trustbridge's roots, like SPIRE's, carry one URI SAN, spiffe://<td> with
 // no path; a plug-in or Istio-style CA's roots usually carry none. The
-// certificate service's merged roots (which must not hand a peer's root
-// out as one of ours) and the certificate clients (which must not file a peer's root under the
-// local trust domain) judge roots with the same function.
+// certificate clients (which must not file a peer's root under the local
+// trust domain) read the one trust domain a root names with TrustDomain.
+// The certificate service's merged roots (which must not hand a peer's
+// root out as one of ours) keep a peer's root only if NamesOnly its trust
+// domain: a root of any other shape may still name ours to some client.
 package spifferoot
 
 import (
 	"crypto/x509"
 	"slices"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -40,4 +43,20 @@ func TrustDomains(roots []*x509.Certificate) (named []spiffeid.TrustDomain, anon
 		}
 	}
 	return named, anonymous
+}
+
+// NamesOnly reports whether every URI SAN of r with scheme spiffe is a
+// SPIFFE ID of td, with or without a path; true for a root with none. A
+// spiffe URI go-spiffe cannot parse counts against it: a laxer client
+// (one that lowercases, say) may still read a trust domain from it.
+func NamesOnly(r *x509.Certificate, td spiffeid.TrustDomain) bool {
+	for _, u := range r.URIs {
+		if !strings.EqualFold(u.Scheme, "spiffe") {
+			continue
+		}
+		if id, err := spiffeid.FromURI(u); err != nil || id.TrustDomain() != td {
+			return false
+		}
+	}
+	return true
 }

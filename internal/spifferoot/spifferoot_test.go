@@ -68,3 +68,36 @@ func names(tds []spiffeid.TrustDomain) []string {
 	}
 	return out
 }
+
+func TestNamesOnly(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("peer.example")
+	tests := []struct {
+		name string
+		uris []string
+		want bool
+	}{
+		{"no URI", nil, true},
+		{"spiffe://td", []string{"spiffe://peer.example"}, true},
+		{"td with a path", []string{"spiffe://peer.example/ca"}, true},
+		{"td twice", []string{"spiffe://peer.example", "spiffe://peer.example/ca"}, true},
+		{"not spiffe", []string{"https://example.org"}, true},
+		{"another td", []string{"spiffe://example.org"}, false},
+		{"another td with a path", []string{"spiffe://example.org/x"}, false},
+		{"td and another", []string{"spiffe://peer.example", "spiffe://example.org"}, false},
+		{"unparsable spiffe URI", []string{"spiffe://EXAMPLE.org"}, false},
+		{"upper-case scheme", []string{"SPIFFE://example.org"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &x509.Certificate{}
+			for _, s := range tt.uris {
+				u, err := url.Parse(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.URIs = append(c.URIs, u)
+			}
+			assert.Equal(t, tt.want, NamesOnly(c, td))
+		})
+	}
+}
