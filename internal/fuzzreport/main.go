@@ -7,9 +7,20 @@
 // of inputs; what is recorded is the largest cumulative execs count the
 // run printed, which is what the campaign is judged by.
 //
-// Each target's result is appended to a TSV file as soon as it ends, so
-// an interrupted campaign keeps what it measured and -resume goes on
-// from there; FUZZING.md is rendered from that file after every target.
+// Each target's result is appended to a TSV file (-results) as soon as it
+// ends, and FUZZING.md is rendered from that file after every target, so
+// an interrupted campaign keeps what it measured:
+//
+//   - without -resume and -run, a campaign starts a new results file, so
+//     FUZZING.md records that one campaign;
+//   - -resume goes on from the file: a target whose latest result there is
+//     ok for the same duration is skipped, a failed one runs again;
+//   - -run REGEXP without -resume fuzzes the matching targets again and
+//     appends, their new results replacing the old in FUZZING.md.
+//
+// The exit status is 1 if any target of this campaign (those -run
+// matches) has a failed latest result, whether this run or, resumed, an
+// earlier one recorded it.
 package main
 
 import (
@@ -39,10 +50,10 @@ func main() {
 	flag.StringVar(&c.longFile, "long", "internal/fuzzreport/long.txt", "file listing `package target` pairs that run for -longtime")
 	flag.IntVar(&c.parallel, "parallel", runtime.NumCPU(), "fuzzing workers per target (go test -parallel)")
 	flag.DurationVar(&c.minimize, "minimizetime", 5*time.Second, "go test -fuzzminimizetime")
-	flag.StringVar(&c.results, "results", "bin/fuzz/results.tsv", "TSV file each target's result is appended to")
+	flag.StringVar(&c.results, "results", "bin/fuzz/results.tsv", "TSV file each target's result is appended to (emptied first unless -resume or -run)")
 	flag.StringVar(&c.out, "out", "FUZZING.md", "report to write")
 	flag.StringVar(&c.only, "run", "", "regexp: only targets whose `package.Target` matches")
-	flag.BoolVar(&c.resume, "resume", false, "skip targets already in -results with the same duration")
+	flag.BoolVar(&c.resume, "resume", false, "go on from -results: skip targets it records ok with the same duration (without it, and without -run, -results starts anew)")
 	flag.BoolVar(&c.reportOnly, "report", false, "only render -out from -results")
 	flag.StringVar(&c.cmdline, "cmd", "make fuzz", "command recorded in the report")
 	flag.Parse()
@@ -82,50 +93,20 @@ func (c *campaign) run(ctx context.Context) error {
 	if c.reportOnly {
 		return c.render()
 	}
-	long, err := readLong(c.longFile)
+	jobs, err := c.plan(ctx)
 	if err != nil {
 		return err
 	}
-	targets, err := listTargets(ctx)
+	recorded, err := c.openResults()
 	if err != nil {
 		return err
 	}
-	if err := checkLong(long, targets); err != nil {
-		return err
-	}
-	done := map[string]bool{}
-	if c.resume {
-		prev, err := readResults(c.results)
-		if err != nil {
-			return err
-		}
-		for _, r := range prev {
-			done[r.String()+"/"+r.fuzztime.String()] = true
-		}
-	}
-	var only *regexp.Regexp
-	if c.only != "" {
-		if only, err = regexp.Compile(c.only); err != nil {
-			return fmt.Errorf("-run: %w", err)
-		}
-	}
-	failed := 0
-	for _, t := range targets {
-		d := c.short
-		if long[t] {
-			d = c.long
-		}
-		if (only != nil && !only.MatchString(t.String())) || done[t.String()+"/"+d.String()] {
-			continue
-		}
-		r := c.fuzz(ctx, t, d)
+	for _, j := range toRun(jobs, recorded) {
+		r := c.fuzz(ctx, j.target, j.fuzztime)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if !r.ok {
-			failed++
-		}
-		fmt.Printf("== %s %s: %d execs in %s, %s\n", t, d, r.execs, r.elapsed.Round(time.Second), status(r))
+		fmt.Printf("== %s %s: %d execs in %s, %s\n", j.target, j.fuzztime, r.execs, r.elapsed.Round(time.Second), status(r))
 		if err := appendResult(c.results, r); err != nil {
 			return err
 		}
@@ -133,10 +114,114 @@ func (c *campaign) run(ctx context.Context) error {
 			return err
 		}
 	}
-	if failed > 0 {
+	if recorded, err = readResults(c.results); err != nil {
+		return err
+	}
+	if failed := failures(jobs, recorded); failed > 0 {
 		return fmt.Errorf("%d fuzz targets failed; see %s", failed, c.out)
 	}
 	return nil
+}
+
+// plan lists the campaign's jobs: the module's fuzz targets -run matches,
+// each with its duration.
+func (c *campaign) plan(ctx context.Context) ([]job, error) {
+	long, err := readLong(c.longFile)
+	if err != nil {
+		return nil, err
+	}
+	targets, err := listTargets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkLong(long, targets); err != nil {
+		return nil, err
+	}
+	var only *regexp.Regexp
+	if c.only != "" {
+		if only, err = regexp.Compile(c.only); err != nil {
+			return nil, fmt.Errorf("-run: %w", err)
+		}
+	}
+	return c.jobs(targets, long, only), nil
+}
+
+// openResults returns the results a resumed campaign goes on from, and
+// empties the file for a fresh one (after the plan, so a bad flag or long
+// list does not lose the last campaign's record).
+func (c *campaign) openResults() ([]result, error) {
+	switch {
+	case c.resume:
+		return readResults(c.results)
+	case freshStart(c.resume, c.only):
+		return nil, startResults(c.results)
+	}
+	return nil, nil
+}
+
+// job is a target of the campaign and how long it is fuzzed for.
+type job struct {
+	target
+	fuzztime time.Duration
+}
+
+// jobs are the targets only matches (all with nil), each with its
+// duration.
+func (c *campaign) jobs(targets []target, long map[target]bool, only *regexp.Regexp) []job {
+	var out []job
+	for _, t := range targets {
+		if only != nil && !only.MatchString(t.String()) {
+			continue
+		}
+		d := c.short
+		if long[t] {
+			d = c.long
+		}
+		out = append(out, job{t, d})
+	}
+	return out
+}
+
+// freshStart says whether a campaign starts a new results file, so that
+// FUZZING.md records one campaign: not when it resumes one, nor when -run
+// re-fuzzes some targets of the last.
+func freshStart(resume bool, only string) bool {
+	return !resume && only == ""
+}
+
+// toRun is what a campaign of jobs fuzzes given the results recorded
+// before it (those of the campaign it resumes, else none): every job but
+// those whose latest result is ok for the same duration. A failed one
+// runs again, so a crasher is never left behind by resuming.
+func toRun(jobs []job, recorded []result) []job {
+	ok := map[job]bool{}
+	for _, r := range recorded {
+		ok[job{r.target, r.fuzztime}] = r.ok
+	}
+	var out []job
+	for _, j := range jobs {
+		if !ok[j] {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// failures counts the jobs whose latest recorded result failed, whether
+// recorded by this run or, resumed, by an earlier one: the exit status
+// says what FUZZING.md says of the campaign's targets.
+func failures(jobs []job, recorded []result) int {
+	failed := map[target]bool{}
+	for _, r := range recorded {
+		failed[r.target] = !r.ok
+	}
+	n := 0
+	for _, j := range jobs {
+		if failed[j.target] {
+			n++
+		}
+	}
+	return n
 }
 
 // fuzz runs one target, echoing go test's output.
@@ -270,6 +355,14 @@ func status(r result) string {
 		return "ok"
 	}
 	return "FAILED: " + r.detail
+}
+
+// startResults empties the results file, creating it if need be.
+func startResults(path string) error {
+	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, nil, 0o644)
 }
 
 func appendResult(path string, r result) error {

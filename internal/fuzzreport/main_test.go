@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +110,79 @@ func TestLongListNamesTargets(t *testing.T) {
 		}
 		assert.True(t, found, "%s is listed in long.txt but not defined", tg)
 	}
+}
+
+// TestCampaignDecisions: which jobs a campaign fuzzes given the results
+// recorded before it (those it resumes, else none), and how many failed
+// targets its exit status counts once this run's results are recorded.
+func TestCampaignDecisions(t *testing.T) {
+	t.Parallel()
+	a, b, c := job{target{"p", "FuzzA"}, time.Minute}, job{target{"p", "FuzzB"}, time.Minute}, job{target{"q", "FuzzC"}, 10 * time.Minute}
+	rec := func(j job, ok bool) result { return result{target: j.target, fuzztime: j.fuzztime, ok: ok} }
+	tests := []struct {
+		name     string
+		jobs     []job
+		recorded []result // before the run
+		crashes  []job    // fail when this run fuzzes them
+		run      []job
+		failed   int
+	}{
+		{"fresh", []job{a, b, c}, nil, nil, []job{a, b, c}, 0},
+		{"fresh, a crasher", []job{a, b, c}, nil, []job{b}, []job{a, b, c}, 1},
+		{"resumed: ok ones skipped", []job{a, b, c}, []result{rec(a, true)}, nil, []job{b, c}, 0},
+		{"resumed: a failed one runs again and still fails", []job{a, b, c}, []result{rec(a, true), rec(b, false)}, []job{b}, []job{b, c}, 1},
+		{"resumed: a failed one runs again and passes", []job{a, b, c}, []result{rec(a, true), rec(b, false)}, nil, []job{b, c}, 0},
+		{"resumed: everything recorded, one failed", []job{a, b}, []result{rec(a, true), rec(b, false)}, []job{b}, []job{b}, 1},
+		{"resumed: ok for another duration runs again", []job{a, c}, []result{rec(a, true), rec(job{c.target, time.Minute}, true)}, nil, []job{c}, 0},
+		{"resumed: a failure of a target outside the campaign (-run) is not counted", []job{a}, []result{rec(a, true), rec(b, false)}, nil, nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			run := toRun(tt.jobs, tt.recorded)
+			assert.Equal(t, tt.run, run)
+			after := append([]result(nil), tt.recorded...)
+			for _, j := range run {
+				after = append(after, rec(j, !slices.Contains(tt.crashes, j)))
+			}
+			assert.Equal(t, tt.failed, failures(tt.jobs, latest(after)))
+		})
+	}
+}
+
+// latest is rs as readResults returns them: the last result of each
+// target, in order of first appearance.
+func latest(rs []result) []result {
+	var out []result
+	index := map[target]int{}
+	for _, r := range rs {
+		if i, ok := index[r.target]; ok {
+			out[i] = r
+			continue
+		}
+		index[r.target] = len(out)
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestFreshStart(t *testing.T) {
+	t.Parallel()
+	assert.True(t, freshStart(false, ""), "a new campaign: a new results file")
+	assert.False(t, freshStart(true, ""), "-resume goes on from it")
+	assert.False(t, freshStart(false, "FuzzA"), "-run re-fuzzes some targets of it")
+	assert.False(t, freshStart(true, "FuzzA"))
+}
+
+// TestStartResults: a fresh campaign's results file holds none of the last
+// campaign's lines.
+func TestStartResults(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "r", "results.tsv")
+	require.NoError(t, startResults(path), "the directory is created")
+	require.NoError(t, appendResult(path, result{target: target{"p", "FuzzA"}, fuzztime: time.Minute, ok: true}))
+	require.NoError(t, startResults(path))
+	rs, err := readResults(path)
+	require.NoError(t, err)
+	assert.Empty(t, rs)
 }
