@@ -101,13 +101,28 @@ func downstreamLeaf(t *testing.T, d *downstreamCA, id spiffeid.ID, exts ...pkix.
 
 // TestDownstreamForgedGrantRefused is the attack end to end: a downstream
 // that --downstream-allow names gets an intermediate from the service,
-// mints a leaf of another identity with a grant record the grant checker
-// would accept (a service account's, with its real UID; a bootstrap
-// token's reference; none, which renews as legacy), and presents it. The
-// leaf verifies against our roots, but our CA did not sign it: a renewal
-// is refused with the reason, as are JWT-SVIDs and intermediates, and
-// nothing is signed.
+// mints a leaf of another identity, or of its own downstream ID (the
+// headline of docs/upstream-trustbridge.md: an SVID minted from the
+// region's own intermediate, which would buy it intermediates forever),
+// with a grant record the grant checker would accept (a service
+// account's, with its real UID; a bootstrap token's reference; none,
+// which renews as legacy), and presents it. The leaf verifies against our
+// roots, but our CA did not sign it: a renewal is refused with the
+// reason, as are JWT-SVIDs and intermediates (counted), and nothing is
+// signed.
 func TestDownstreamForgedGrantRefused(t *testing.T) {
+	for _, who := range []struct {
+		name string
+		id   spiffeid.ID
+	}{
+		{"another identity", paymentsID},
+		{"its own downstream ID", downstreamID},
+	} {
+		t.Run(who.name, func(t *testing.T) { testDownstreamForgedGrantRefused(t, who.id) })
+	}
+}
+
+func testDownstreamForgedGrantRefused(t *testing.T, id spiffeid.ID) {
 	for _, tc := range []struct {
 		name  string
 		grant func(g *grantFixture) []pkix.Extension
@@ -141,7 +156,7 @@ func TestDownstreamForgedGrantRefused(t *testing.T) {
 				require.NoError(t, err)
 				d.chain = append(d.chain, c)
 			}
-			forged := downstreamLeaf(t, d, paymentsID, tc.grant(g)...)
+			forged := downstreamLeaf(t, d, id, tc.grant(g)...)
 			signed := g.signer.calls.Load()
 
 			_, err = request(t, g.client(t, forged, ""))
@@ -163,6 +178,8 @@ func TestDownstreamForgedGrantRefused(t *testing.T) {
 			assert.Zero(t, jwts, "no JWT-SVID minted")
 			_, err = ic.SignIntermediate(t.Context(), &identityapi.SignIntermediateRequest{Csr: derCSR(t, "spiffe://example.org")})
 			assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+			assert.Contains(t, status.Convert(err).Message(), "not issued by this server's CA")
+			assert.Equal(t, 1.0, testutil.ToFloat64(g.svc.IntermediatesForTest(codes.Unauthenticated.String(), "none")), "the refusal counted")
 			assert.Equal(t, 1.0, testutil.ToFloat64(g.svc.IntermediatesForTest(codes.OK.String(), authn.MethodX509SVID)), "only the downstream's own")
 			assert.Equal(t, signed, g.signer.calls.Load(), "nothing signed")
 		})

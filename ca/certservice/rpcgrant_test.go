@@ -128,7 +128,9 @@ func kubeSVID(t *testing.T, f *identityGrantFixture) *tls.Certificate {
 // token removed, a service account deleted or re-created), a chain
 // older than --max-renewal-lifetime, a certificate SDS minted for Envoy,
 // a grant record that does not parse, a grant kind this server no longer
-// accepts, and a grant the server cannot check right now.
+// accepts, a leaf a downstream minted under its intermediate of ours (of
+// another identity, or of its own), and a grant the server cannot check
+// right now.
 func grantFailures() []grantFailure {
 	return []grantFailure{
 		{
@@ -196,6 +198,18 @@ func grantFailures() []grantFailure {
 			name: "leaf minted by a downstream's intermediate",
 			cert: func(t *testing.T, f *identityGrantFixture) *tls.Certificate {
 				return downstreamLeaf(t, newDownstreamCA(t, f.authority), paymentsID,
+					grantExt(t, authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "default/web", UID: "uid-1", GrantedAt: f.clk.Now()}))
+			},
+			log: authn.ErrNotIssuedHere.Error(),
+		},
+		{
+			// docs/upstream-trustbridge.md's headline: the downstream
+			// mints, under the intermediate it was given, an SVID of its
+			// own --downstream-allow ID with a forged grant, to buy
+			// intermediates after its removal from the list.
+			name: "own ID minted by the downstream's intermediate",
+			cert: func(t *testing.T, f *identityGrantFixture) *tls.Certificate {
+				return downstreamLeaf(t, newDownstreamCA(t, f.authority), downstreamID,
 					grantExt(t, authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "default/web", UID: "uid-1", GrantedAt: f.clk.Now()}))
 			},
 			log: authn.ErrNotIssuedHere.Error(),
