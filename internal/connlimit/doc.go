@@ -9,18 +9,25 @@
 //
 // A Listener can also close a connection that nobody confirms within a
 // deadline of its accept (Config.ConfirmWithin): the certificate service
-// confirms a connection when a call on it authenticates, so a client that
-// completes TLS and the HTTP/2 preface and then says nothing holds its
-// slot for seconds, not for the server's 15-minute idle limit.
+// confirms a connection when a call on it succeeds, so a client that
+// completes TLS and the HTTP/2 preface and then says nothing, or makes
+// only calls that fail, holds its slot for seconds, not for the server's
+// 15-minute idle limit. Until confirmed, a connection may have only
+// Config.PendingStreams calls open (OpenStream, from gRPC's InTapHandle),
+// and such connections have shares of their own (Config.MaxPending, the
+// oldest closed to admit a new one, and Config.MaxPendingPerSource), so
+// that clients that never confirm neither exhaust memory with calls nor
+// fill the total.
 //
 //	ln, err := net.Listen("tcp", ":15012")
 //	...
 //	cl, err := connlimit.New(ln, connlimit.Config{
 //		Name: "grpc", MaxConns: 2048, MaxPerSource: 512, ConfirmWithin: 30 * time.Second,
+//		PendingStreams: 4, MaxPending: 512, MaxPendingPerSource: 64,
 //		Logger: logger, Registerer: reg,
 //	})
 //	...
-//	// in the authenticator, once a call has proved who it comes from:
+//	// once a call on it has succeeded:
 //	if p, ok := peer.FromContext(ctx); ok {
 //		cl.Confirm(p.Addr, p.LocalAddr)
 //	}

@@ -1,6 +1,7 @@
 package connlimit
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,23 @@ type Config struct {
 	// (whose two ends are IP addresses) can be confirmed, so only they
 	// are given the deadline.
 	ConfirmWithin time.Duration
+	// PendingStreams, when positive, bounds the calls (HTTP/2 streams) a
+	// connection awaiting Confirm may have open at once (OpenStream).
+	// Every open stream holds a goroutine and buffers before the server
+	// has authenticated anything: 128 streams that send headers and no
+	// body cost about 2 MiB, so without this bound the connection limits
+	// would not bound memory.
+	PendingStreams int
+	// MaxPending, when positive, bounds the connections awaiting Confirm
+	// the listener holds at once: at the limit, or when MaxConns are held,
+	// the oldest of them is closed to admit a new one (counted as
+	// evicted), so clients that never confirm cannot shut out one that
+	// does at once; only confirmed connections can fill the total. And
+	// MaxPendingPerSource, when positive, bounds those of one source:
+	// over it a new connection is refused at accept (reason
+	// unconfirmed_source_limit). Confirmed connections count against
+	// MaxConns and MaxPerSource only.
+	MaxPending, MaxPendingPerSource int
 	// TCPUserTimeout, when positive, is set (on Linux) on each admitted
 	// TCP connection: how long sent data may go unacknowledged before
 	// the kernel drops the connection. gRPC sets its keepalive timeout so
@@ -47,8 +65,9 @@ type Config struct {
 // Reasons a connection is refused at accept: the label of
 // trustbridge_listener_connections_refused_total.
 const (
-	ReasonSourceLimit = "source_limit" // its source holds MaxPerSource
-	ReasonTotalLimit  = "total_limit"  // the listener holds MaxConns
+	ReasonSourceLimit            = "source_limit"             // its source holds MaxPerSource
+	ReasonTotalLimit             = "total_limit"              // the listener holds MaxConns
+	ReasonUnconfirmedSourceLimit = "unconfirmed_source_limit" // its source holds MaxPendingPerSource awaiting Confirm
 )
 
 // Listener is a net.Listener whose Accept closes, at once, every
@@ -64,6 +83,10 @@ type Listener struct {
 	open     int
 	bySource map[string]int
 	pending  map[connKey]*conn // awaiting Confirm
+	// order holds the pending connections, oldest first; pendingBySource
+	// counts them by source.
+	order           *list.List
+	pendingBySource map[string]int
 }
 
 // New wraps ln. It starts no goroutine; a connection's deadline, when
@@ -93,6 +116,7 @@ func New(ln net.Listener, cfg Config) (*Listener, error) {
 		Listener: ln, cfg: cfg, metrics: m,
 		logger:   logger.With(logattr.Listener, cfg.Name),
 		bySource: map[string]int{}, pending: map[connKey]*conn{},
+		order: list.New(), pendingBySource: map[string]int{},
 	}, nil
 }
 
@@ -109,6 +133,12 @@ func (c Config) check() error {
 	}
 	if c.ConfirmWithin < 0 {
 		errs = append(errs, fmt.Errorf("confirmation deadline %s is negative", c.ConfirmWithin))
+	}
+	if c.MaxPending < 0 || c.MaxPendingPerSource < 0 {
+		errs = append(errs, fmt.Errorf("unconfirmed connection limits %d and %d: must not be negative", c.MaxPending, c.MaxPendingPerSource))
+	}
+	if c.PendingStreams < 0 {
+		errs = append(errs, fmt.Errorf("streams per unconfirmed connection %d is negative", c.PendingStreams))
 	}
 	if c.TCPUserTimeout < 0 {
 		errs = append(errs, fmt.Errorf("TCP user timeout %s is negative", c.TCPUserTimeout))
@@ -134,12 +164,18 @@ func (l *Listener) Accept() (net.Conn, error) {
 // admit counts c in, or refuses it and returns nil.
 func (l *Listener) admit(c net.Conn) net.Conn {
 	src := sourceOf(c.RemoteAddr())
+	_, confirmable := keyOf(c.RemoteAddr(), c.LocalAddr())
+	awaits := l.cfg.ConfirmWithin > 0 && confirmable
 	l.mu.Lock()
 	reason := ""
 	switch {
 	case l.bySource[src] >= l.cfg.MaxPerSource:
 		reason = ReasonSourceLimit
-	case l.open >= l.cfg.MaxConns:
+	case awaits && l.cfg.MaxPendingPerSource > 0 && l.pendingBySource[src] >= l.cfg.MaxPendingPerSource:
+		reason = ReasonUnconfirmedSourceLimit
+	case l.open >= l.cfg.MaxConns && !(awaits && l.cfg.MaxPending > 0 && l.order.Len() > 0):
+		// At the total, a connection that will await Confirm takes the
+		// place of the oldest that still does (await), if there is one.
 		reason = ReasonTotalLimit
 	default:
 		l.open++
@@ -168,8 +204,11 @@ func (l *Listener) admit(c net.Conn) net.Conn {
 // client that sees the reset finds it counted.
 func (l *Listener) refuse(c net.Conn, src, reason string) {
 	limit := l.cfg.MaxConns
-	if reason == ReasonSourceLimit {
+	switch reason {
+	case ReasonSourceLimit:
 		limit = l.cfg.MaxPerSource
+	case ReasonUnconfirmedSourceLimit:
+		limit = l.cfg.MaxPendingPerSource
 	}
 	l.metrics.refused[reason].Inc()
 	l.logger.Log(context.Background(), l.cfg.RefusalLog.Level(slog.LevelWarn), "connection refused at accept: limit reached",
@@ -180,17 +219,43 @@ func (l *Listener) refuse(c net.Conn, src, reason string) {
 	_ = c.Close()
 }
 
-// await arms c's deadline, if c can be confirmed.
+// await arms c's deadline, if c can be confirmed, first making room by
+// closing the oldest connection awaiting Confirm when MaxPending of them
+// are held, or when admitting c went over MaxConns.
 func (l *Listener) await(c *conn) {
 	key, ok := keyOf(c.RemoteAddr(), c.LocalAddr())
 	if !ok {
 		return
 	}
+	var evict *conn
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	if l.cfg.MaxPending > 0 && l.order.Len() > 0 && (len(l.pending) >= l.cfg.MaxPending || l.open > l.cfg.MaxConns) {
+		evict = l.order.Front().Value.(*conn)
+		l.unpendLocked(evict)
+		evict.state = stateExpired
+	}
 	c.key, c.state = key, statePending
 	l.pending[key] = c
+	c.elem = l.order.PushBack(c)
+	l.pendingBySource[c.src]++
 	c.timer = time.AfterFunc(l.cfg.ConfirmWithin, c.expire)
+	l.mu.Unlock()
+	if evict != nil {
+		l.metrics.evicted.Inc()
+		l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelWarn), "connection closed: the oldest of too many awaiting a confirming call",
+			"limit", l.cfg.MaxPending, logattr.Address, addrString(evict.RemoteAddr()), "source", evict.src)
+		_ = evict.Close()
+	}
+}
+
+// unpendLocked takes c off the pending set and stops its deadline.
+func (l *Listener) unpendLocked(c *conn) {
+	delete(l.pending, c.key)
+	l.order.Remove(c.elem)
+	if l.pendingBySource[c.src]--; l.pendingBySource[c.src] <= 0 {
+		delete(l.pendingBySource, c.src)
+	}
+	c.timer.Stop()
 }
 
 // Confirm keeps the connection whose ends are remote and local (as
@@ -211,10 +276,47 @@ func (l *Listener) Confirm(remote, local net.Addr) bool {
 	if c == nil {
 		return false
 	}
-	delete(l.pending, key)
+	l.unpendLocked(c)
 	c.state = stateConfirmed
-	c.timer.Stop()
 	return true
+}
+
+// OpenStream admits a new call (an HTTP/2 stream) on the connection whose
+// ends are remote and local, and returns the func to call, once, when it
+// ends. On a connection awaiting Confirm at most PendingStreams calls are
+// open at once; beyond them ok is false and the call should be refused.
+// Confirmed connections, and those the listener does not track, are not
+// limited here (the server's own per-connection stream limit applies).
+func (l *Listener) OpenStream(remote, local net.Addr) (done func(), ok bool) {
+	none := func() {}
+	if l == nil || l.cfg.PendingStreams <= 0 {
+		return none, true
+	}
+	key, ok := keyOf(remote, local)
+	if !ok {
+		return none, true
+	}
+	l.mu.Lock()
+	c := l.pending[key]
+	switch {
+	case c == nil:
+		l.mu.Unlock()
+		return none, true
+	case c.streams >= l.cfg.PendingStreams:
+		l.mu.Unlock()
+		l.metrics.streamsRefused.Inc()
+		return none, false
+	}
+	c.streams++
+	l.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			c.streams--
+			l.mu.Unlock()
+		})
+	}, true
 }
 
 // release counts c out; once per connection.
@@ -225,8 +327,7 @@ func (l *Listener) release(c *conn) {
 		delete(l.bySource, c.src)
 	}
 	if c.state == statePending {
-		delete(l.pending, c.key)
-		c.timer.Stop()
+		l.unpendLocked(c)
 	}
 	c.state = stateClosed
 	l.mu.Unlock()
@@ -250,9 +351,11 @@ type conn struct {
 	once sync.Once
 
 	// Guarded by l.mu.
-	key   connKey
-	state int
-	timer *time.Timer
+	key     connKey
+	state   int
+	timer   *time.Timer
+	elem    *list.Element // in Listener.order while pending
+	streams int           // open calls, counted while pending
 }
 
 func (c *conn) Close() error {
@@ -269,7 +372,7 @@ func (c *conn) expire() {
 		return
 	}
 	c.state = stateExpired
-	delete(l.pending, c.key)
+	l.unpendLocked(c)
 	l.mu.Unlock()
 	l.metrics.expired.Inc()
 	l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelInfo), "connection closed: no call confirmed it in time",

@@ -268,7 +268,7 @@ trustbridge_listener_connections_open{listener="bundle"} 1
 	assert.NoError(t, testutil.GatherAndCompare(reg, bytes.NewBufferString(want), "trustbridge_listener_connections_open"))
 	n, err := testutil.GatherAndCount(reg, "trustbridge_listener_connections_refused_total")
 	require.NoError(t, err)
-	assert.Equal(t, 2, n, "both reasons are served from the start")
+	assert.Equal(t, 3, n, "every reason is served from the start")
 	assert.Equal(t, float64(5), refused(t, l, ReasonSourceLimit))
 	assert.Zero(t, refused(t, l, ReasonTotalLimit))
 }
@@ -378,6 +378,116 @@ func TestConfirmWithin(t *testing.T) {
 		require.NoError(t, admitted[0].Close())
 		require.NoError(t, admitted[3].Close())
 		assert.Zero(t, l.open)
+	})
+}
+
+// A connection awaiting confirmation may have PendingStreams calls open
+// at once; a call's end makes room again, and once confirmed (or when the
+// listener does not track the connection) calls are not limited here.
+func TestOpenStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, _, _ := newListener(t, Config{MaxConns: 10, MaxPerSource: 10, ConfirmWithin: time.Minute, PendingStreams: 2})
+		c, other := newConn(t, "192.0.2.1:1"), newConn(t, "192.0.2.2:1")
+		for _, fc := range []*fakeConn{c, other} {
+			a := l.admit(fc)
+			require.NotNil(t, a)
+			t.Cleanup(func() { _ = a.Close() })
+		}
+		open := func(fc *fakeConn) (func(), bool) { return l.OpenStream(fc.RemoteAddr(), fc.LocalAddr()) }
+		done1, ok := open(c)
+		require.True(t, ok)
+		_, ok = open(c)
+		require.True(t, ok)
+		_, ok = open(c)
+		assert.False(t, ok, "a third call before any succeeded")
+		_, ok = open(other)
+		assert.True(t, ok, "another connection has its own share")
+		assert.Equal(t, float64(1), testutil.ToFloat64(l.metrics.streamsRefused))
+
+		done1()
+		done1() // once only
+		_, ok = open(c)
+		assert.True(t, ok, "an ended call makes room")
+		_, ok = open(c)
+		assert.False(t, ok, "ending one call twice frees one slot")
+
+		require.True(t, l.Confirm(c.RemoteAddr(), c.LocalAddr()))
+		for range 10 {
+			_, ok = open(c)
+			require.True(t, ok, "a confirmed connection's calls are not limited here")
+		}
+		_, ok = l.OpenStream(&net.TCPAddr{IP: net.IPv4(198, 51, 100, 1), Port: 9}, localAddr)
+		assert.True(t, ok, "a connection the listener does not track")
+		var nl *Listener
+		_, ok = nl.OpenStream(c.RemoteAddr(), c.LocalAddr())
+		assert.True(t, ok, "no listener, no limit")
+	})
+}
+
+// Connections awaiting Confirm are bounded apart from confirmed ones: per
+// source they are refused at accept over MaxPendingPerSource; in all, the
+// oldest is closed to admit a new one at MaxPending, so clients that never
+// confirm cannot shut out one that confirms at once. Confirmed
+// connections no longer count against either.
+func TestPendingLimits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, _, _ := newListener(t, Config{MaxConns: 100, MaxPerSource: 100, ConfirmWithin: time.Minute, MaxPending: 3, MaxPendingPerSource: 2})
+		a1, a2, a3 := newConn(t, "192.0.2.1:1"), newConn(t, "192.0.2.1:2"), newConn(t, "192.0.2.1:3")
+		require.NotNil(t, l.admit(a1))
+		require.NotNil(t, l.admit(a2))
+		assert.Nil(t, l.admit(a3), "a third unconfirmed connection from one source")
+		assert.Equal(t, float64(1), refused(t, l, ReasonUnconfirmedSourceLimit))
+		require.True(t, l.Confirm(a1.RemoteAddr(), a1.LocalAddr()))
+		a4 := newConn(t, "192.0.2.1:4")
+		require.NotNil(t, l.admit(a4), "a confirmed connection makes room in its source's share")
+
+		b1, c1 := newConn(t, "198.51.100.1:1"), newConn(t, "203.0.113.1:1")
+		require.NotNil(t, l.admit(b1))
+		synctest.Wait()
+		assert.False(t, closedByServer(a2), "three awaiting: a2, a4, b1")
+		require.NotNil(t, l.admit(c1), "a fourth awaiting one is admitted")
+		synctest.Wait()
+		assert.True(t, closedByServer(a2), "the oldest awaiting connection made room")
+		assert.Equal(t, 1, a2.closeCount())
+		assert.False(t, closedByServer(a1), "a confirmed connection is never evicted")
+		assert.Equal(t, float64(1), testutil.ToFloat64(l.metrics.evicted))
+		assert.False(t, l.Confirm(a2.RemoteAddr(), a2.LocalAddr()), "an evicted connection cannot be confirmed")
+		assert.Equal(t, [3]int{3, 3, 3}, pendingCounts(l), "a4, b1 and c1 await, in order, from three sources")
+
+		time.Sleep(time.Minute + time.Nanosecond) // the bubble's clock
+		synctest.Wait()
+		assert.Equal(t, [3]int{}, pendingCounts(l), "the rest expired")
+		assert.Equal(t, float64(3), testutil.ToFloat64(l.metrics.expired))
+	})
+}
+
+// pendingCounts reads, under the listener's lock, how many connections
+// await Confirm, how many are in the eviction order, and from how many
+// sources.
+func pendingCounts(l *Listener) [3]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return [3]int{len(l.pending), l.order.Len(), len(l.pendingBySource)}
+}
+
+// At the total, a new connection evicts the oldest one awaiting Confirm,
+// never a confirmed one; with none awaiting it is refused.
+func TestTotalEvictsUnconfirmed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, _, _ := newListener(t, Config{MaxConns: 2, MaxPerSource: 10, ConfirmWithin: time.Minute, MaxPending: 2, MaxPendingPerSource: 2})
+		a, b, c, d := newConn(t, "192.0.2.1:1"), newConn(t, "192.0.2.2:1"), newConn(t, "192.0.2.3:1"), newConn(t, "192.0.2.4:1")
+		require.NotNil(t, l.admit(a))
+		require.NotNil(t, l.admit(b))
+		require.True(t, l.Confirm(a.RemoteAddr(), a.LocalAddr()))
+		require.NotNil(t, l.admit(c), "the total is held, but b awaits: it makes room")
+		synctest.Wait()
+		assert.True(t, closedByServer(b))
+		assert.False(t, closedByServer(a))
+		assert.Equal(t, float64(2), testutil.ToFloat64(l.metrics.open))
+		require.True(t, l.Confirm(c.RemoteAddr(), c.LocalAddr()))
+		assert.Nil(t, l.admit(d), "two confirmed connections fill the total")
+		assert.Equal(t, float64(1), refused(t, l, ReasonTotalLimit))
+		assert.Equal(t, float64(1), testutil.ToFloat64(l.metrics.evicted))
 	})
 }
 

@@ -9,8 +9,10 @@ import (
 
 // listenerMetrics are one listener's series of the shared metrics.
 type listenerMetrics struct {
-	open    prometheus.Gauge
-	expired prometheus.Counter
+	open           prometheus.Gauge
+	expired        prometheus.Counter
+	streamsRefused prometheus.Counter
+	evicted        prometheus.Counter
 	// refused by reason
 	refused map[string]prometheus.Counter
 }
@@ -24,7 +26,7 @@ func newListenerMetrics(reg prometheus.Registerer, name string) (listenerMetrics
 	}
 	refused, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustbridge_listener_connections_refused_total",
-		Help: "Connections a TCP listener closed at accept because their source (an IPv4 address or an IPv6 /64) held its limit of connections (reason source_limit) or the listener held its total (total_limit); see --grpc-max-conns and its siblings.",
+		Help: "Connections a TCP listener closed at accept because their source (an IPv4 address or an IPv6 /64) held its limit of connections (reason source_limit) or of connections awaiting a confirming call (unconfirmed_source_limit: on the certificate service, an eighth of --grpc-max-conns-per-source), or the listener held its total (total_limit); see --grpc-max-conns and its siblings.",
 	}, []string{"listener", "reason"}))
 	if err != nil {
 		return listenerMetrics{}, err
@@ -43,8 +45,23 @@ func newListenerMetrics(reg prometheus.Registerer, name string) (listenerMetrics
 	if err != nil {
 		return listenerMetrics{}, err
 	}
-	m := listenerMetrics{open: open.WithLabelValues(name), expired: expired.WithLabelValues(name), refused: map[string]prometheus.Counter{}}
-	for _, r := range []string{ReasonSourceLimit, ReasonTotalLimit} {
+	streams, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustbridge_listener_streams_refused_total",
+		Help: "Calls (HTTP/2 streams) refused on a connection not yet confirmed because it already had its limit of calls open: on the certificate service's listener, a connection that has made no successful call may have 4 calls open at once.",
+	}, []string{"listener"}))
+	if err != nil {
+		return listenerMetrics{}, err
+	}
+	evicted, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "trustbridge_listener_connections_evicted_total",
+		Help: "Connections not yet confirmed that a TCP listener closed to admit a new one, because it held its limit of connections awaiting a confirming call: on the certificate service's listener, a quarter of --grpc-max-conns awaiting their first successful call.",
+	}, []string{"listener"}))
+	if err != nil {
+		return listenerMetrics{}, err
+	}
+	m := listenerMetrics{open: open.WithLabelValues(name), expired: expired.WithLabelValues(name), streamsRefused: streams.WithLabelValues(name),
+		evicted: evicted.WithLabelValues(name), refused: map[string]prometheus.Counter{}}
+	for _, r := range []string{ReasonSourceLimit, ReasonTotalLimit, ReasonUnconfirmedSourceLimit} {
 		m.refused[r] = refused.WithLabelValues(name, r)
 	}
 	return m, nil
