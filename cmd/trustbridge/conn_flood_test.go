@@ -254,8 +254,9 @@ func getFrom(tb testing.TB, c *http.Client, url string) (int, string) {
 // each TCP listener and keeps every one the server accepts, idle (TLS and
 // the HTTP/2 preface and nothing else on the certificate service and the
 // bundle endpoint, one answered request on the admin listener). Each
-// listener keeps exactly its per-source limit and refuses the rest at
-// accept, counting each refusal; clients from another address
+// listener keeps exactly its per-source limit (on the certificate
+// service, of connections no call has confirmed: an eighth of it) and
+// refuses the rest at accept, counting each refusal; clients from another address
 // (127.0.0.2) are served on all three meanwhile; the process, flood
 // clients included, stays under the memory limit of the manifests.
 // Deadlines that would close the flood's connections are set beyond the
@@ -279,7 +280,11 @@ func TestConnectionFlood(t *testing.T) {
 		refuse int
 		n      int
 		per    int
+		reason string
 	}
+	_, grpcUnconfirmed := unconfirmedLimits(grpcLimits.def)
+	per := []int{grpcUnconfirmed, bundleLimits.def.perSource, adminLimits.def.perSource}
+	reasons := []string{"unconfirmed_source_limit", "source_limit", "source_limit"}
 	var results []result
 	for i, f := range []struct {
 		addr string
@@ -287,7 +292,7 @@ func TestConnectionFlood(t *testing.T) {
 		n    int
 	}{{ft.grpc, floodH2, grpcN}, {ft.bundle, floodH2, bundleN}, {ft.admin, floodHTTP, adminN}} {
 		held, refused := flood(t, f.addr, "127.0.0.1", f.kind, f.n)
-		results = append(results, result{def[i].name, held, refused, f.n, def[i].def.perSource})
+		results = append(results, result{def[i].name, held, refused, f.n, per[i], reasons[i]})
 	}
 	for _, r := range results {
 		assert.Equal(t, r.per, len(r.held), "%s: the source's limit, and not one more", r.name)
@@ -321,7 +326,7 @@ func TestConnectionFlood(t *testing.T) {
 
 	metric := func(name string, labels ...string) float64 { return metricVia(t, c, ft.admin, name, labels...) }
 	for _, r := range results {
-		assert.EqualValues(t, r.refuse, metric("trustbridge_listener_connections_refused_total", `listener="`+r.name+`"`, `reason="source_limit"`),
+		assert.EqualValues(t, r.refuse, metric("trustbridge_listener_connections_refused_total", `listener="`+r.name+`"`, `reason="`+r.reason+`"`),
 			"%s: every refusal counted", r.name)
 		assert.Zero(t, metric("trustbridge_listener_connections_refused_total", `listener="`+r.name+`"`, `reason="total_limit"`), r.name)
 		assert.GreaterOrEqual(t, metric("trustbridge_listener_connections_open", `listener="`+r.name+`"`), float64(r.per), r.name)
@@ -341,7 +346,9 @@ func TestConnectionFlood(t *testing.T) {
 // and makes no call is closed at the deadline, and so is one whose only
 // call failed to authenticate; one whose call authenticated stays.
 func TestGRPCFirstCallTimeout(t *testing.T) {
-	const deadline = 2 * time.Second
+	// Long enough for the authenticated call on a loaded machine (it is
+	// checked only if it made it), short enough for a test.
+	const deadline = 5 * time.Second
 	ft := startFloodTarget(t, func(o *serverOptions) { o.grpc.firstCallTimeout = deadline })
 
 	// Authenticated first: its deadline passes before the others'.
@@ -383,6 +390,30 @@ func TestGRPCFirstCallTimeout(t *testing.T) {
 	_, err = authed.CreateCertificate(context.Background(), req)
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, dials.Load(), "the authenticated connection was kept, not redialled")
+}
+
+// A call that authenticates but is then refused, here a renewal by an
+// X509-SVID whose grant is older than --max-renewal-lifetime, confirms
+// nothing: its connection is closed at the deadline like an idle one.
+// (Before, authentication alone confirmed, and such a certificate kept a
+// connection for the 15-minute idle limit.)
+func TestGRPCRefusedCallDoesNotConfirm(t *testing.T) {
+	ft := startFloodTarget(t, func(o *serverOptions) {
+		o.grpc.firstCallTimeout = 2 * time.Second
+		o.grpc.maxRenewalLifetime = time.Nanosecond
+	})
+	svid, csr := legitSVID(t, ft.attackTarget, "127.0.0.30")
+	var dials atomic.Int64
+	closed := make(chan struct{})
+	renew := watchedConn(t, ft.grpc, "127.0.0.31", svid, &dials, closed)
+	_, err := renew.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("the connection whose only call was refused is still open after a minute")
+	}
+	assert.EqualValues(t, 1, ft.metric(t, "trustbridge_listener_connections_unconfirmed_closed_total", `listener="grpc"`))
 }
 
 // watchedConn is dialFrom's client whose dials are counted in dials and

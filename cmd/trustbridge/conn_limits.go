@@ -106,12 +106,25 @@ func (ll listenerLimits) listenWith(addr string, l connLimits, cfg connlimit.Con
 		return nil, fmt.Errorf("--%s-listen: %w", ll.flag, err)
 	}
 	cfg.Name, cfg.MaxConns, cfg.MaxPerSource, cfg.Logger, cfg.Registerer = ll.name, l.max, l.perSource, logger, reg
+	if cfg.ConfirmWithin > 0 {
+		cfg.MaxPending, cfg.MaxPendingPerSource = unconfirmedLimits(l)
+	}
 	cl, err := connlimit.New(ln, cfg)
 	if err != nil {
 		_ = ln.Close()
 		return nil, err
 	}
 	return cl, nil
+}
+
+// unconfirmedLimits are the shares of a listener's limits that
+// connections awaiting their first successful call may hold: a quarter of
+// the total, the oldest closed to admit a new one, and an eighth of a
+// source's. A client that never authenticates cannot then hold more than
+// that, nor shut out one that does at once, and its calls in flight stay
+// bounded (pendingStreams each).
+func unconfirmedLimits(l connLimits) (total, perSource int) {
+	return max(l.max/4, 1), max(l.perSource/8, 1)
 }
 
 // checkListenerLimits checks every listener's limits and timeouts of

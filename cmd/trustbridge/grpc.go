@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,7 +18,10 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -198,8 +202,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, err
 	}
-	auth := g.confirmingCalls(chain)
-	svc, err := g.certService(o, td, authority, fed, auth, merged, reg, logger)
+	svc, err := g.certService(o, td, authority, fed, chain, merged, reg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +213,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
-	sdsServer, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.sdsAuthenticator(auth, o), reg, logger)
+	sdsServer, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.confirming(g.sdsAuthenticator(chain, o)), reg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -221,31 +224,104 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	// gRPC sets its keepalive timeout as the TCP user timeout only on a
 	// *net.TCPConn, which the limits' wrapper hides from it.
 	ln, err := grpcLimits.listenWith(o.listen, o.conns,
-		connlimit.Config{ConfirmWithin: firstCall, TCPUserTimeout: certservice.KeepaliveTimeout}, reg, logger)
+		connlimit.Config{ConfirmWithin: firstCall, PendingStreams: pendingStreams, TCPUserTimeout: certservice.KeepaliveTimeout}, reg, logger)
 	if err != nil {
 		return nil, err
 	}
 	g.ln, g.conns = ln, ln
 	// SDS requests carry Envoy's node and may be far larger than a
 	// certificate request; the certificate service bounds its own.
-	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, grpc.MaxRecvMsgSize(sds.MaxRequestSize))
+	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, grpc.MaxRecvMsgSize(sds.MaxRequestSize),
+		grpc.InTapHandle(g.admitCall), grpc.ChainUnaryInterceptor(g.confirmUnary), grpc.ChainStreamInterceptor(g.confirmStream))
 	sdsServer.Register(srv.Registrar())
 	o.reportServices(srv.Registrar())
 	g.runners = append(g.runners, sc.Run, srv.Run)
 	return g, nil
 }
 
-// confirmingCalls is auth confirming, on the listener, the connection of
-// each call it authenticates: a connection on which none authenticates
-// within --grpc-first-call-timeout is closed, so an unauthenticated
-// client cannot keep one open by making calls that fail either.
-func (g *grpcEndpoint) confirmingCalls(auth authn.Authenticator) authn.Authenticator {
+// pendingStreams is how many calls a connection to the certificate
+// service may have open at once before one of its calls succeeds. Each
+// open call holds a goroutine and buffers before anything is
+// authenticated (128, gRPC's per-connection limit here, that send
+// headers and no body cost about 2 MiB): without this bound, the
+// connection limits would not bound memory. A workload's first call is
+// one certificate request or one SDS or bundle stream; Envoy opens a few
+// SDS streams at once.
+const pendingStreams = 4
+
+// A connection to the certificate service is confirmed (kept past
+// --grpc-first-call-timeout, and let open more than pendingStreams calls)
+// by a call that succeeded: the caller was authenticated, its grant
+// stands, and it was authorised. A call that fails, however it failed,
+// confirms nothing, so an unauthenticated client, or one holding a
+// certificate whose grant fell, cannot keep a connection open by making
+// calls.
+
+// admitCall is the listener's InTapHandle: it refuses a call beyond
+// pendingStreams on a connection not yet confirmed, before gRPC spends a
+// goroutine on it, and counts the call out when it ends.
+func (g *grpcEndpoint) admitCall(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ctx, nil
+	}
+	done, ok := g.conns.OpenStream(p.Addr, p.LocalAddr)
+	if !ok {
+		return ctx, status.Errorf(codes.ResourceExhausted,
+			"at most %d calls may be open at once on a connection before one of them succeeds; retry when one has ended", pendingStreams)
+	}
+	// The call's context ends with the call (gRPC cancels it when the
+	// stream finishes, is reset or the connection closes).
+	context.AfterFunc(ctx, done)
+	return ctx, nil
+}
+
+// confirm confirms the connection ctx's call came on.
+func (g *grpcEndpoint) confirm(ctx context.Context) {
+	if p, ok := peer.FromContext(ctx); ok {
+		g.conns.Confirm(p.Addr, p.LocalAddr)
+	}
+}
+
+// confirmUnary confirms a connection whose unary call (CreateCertificate,
+// MintJWTSVID, SignIntermediate) succeeded.
+func (g *grpcEndpoint) confirmUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if err == nil {
+		g.confirm(ctx)
+	}
+	return resp, err
+}
+
+// confirmStream confirms a connection once a stream's first response is
+// sent (WatchBundles sends the bundles it may see right after its checks).
+func (g *grpcEndpoint) confirmStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &confirmingStream{ServerStream: ss, g: g})
+}
+
+type confirmingStream struct {
+	grpc.ServerStream
+	g    *grpcEndpoint
+	once sync.Once
+}
+
+func (s *confirmingStream) SendMsg(m any) error {
+	err := s.ServerStream.SendMsg(m)
+	if err == nil {
+		s.once.Do(func() { s.g.confirm(s.Context()) })
+	}
+	return err
+}
+
+// confirming is an SDS stream's authenticator (grant checks included)
+// confirming the connection when it succeeds: an SDS stream may be
+// authenticated and still wait for its first response (a resource name
+// it does not serve yet).
+func (g *grpcEndpoint) confirming(auth authn.Authenticator) authn.Authenticator {
 	return authn.AuthenticatorFunc(func(ctx context.Context, r authn.Request) (authn.Identity, error) {
 		id, err := auth.Authenticate(ctx, r)
 		if err == nil {
-			if p, ok := peer.FromContext(ctx); ok {
-				g.conns.Confirm(p.Addr, p.LocalAddr)
-			}
+			g.confirm(ctx)
 		}
 		return id, err
 	})
