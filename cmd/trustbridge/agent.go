@@ -178,6 +178,7 @@ func runAgent(ctx context.Context, e env, o agentOptions) error {
 	// from another's would carry both (the rotator's records said
 	// "component" twice).
 	routeGRPCLog(base)
+	setMemoryLimit(base)
 	reg := newRegistry()
 	cfg, err := o.config(base, reg)
 	if err != nil {

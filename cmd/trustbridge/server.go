@@ -216,6 +216,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 	}
 	routeKlog(logger)
 	routeGRPCLog(logger)
+	setMemoryLimit(logger)
 	td, kt, err := checkServerBasics(o, logger)
 	if err != nil {
 		return err
