@@ -29,7 +29,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -143,16 +142,7 @@ func dialFrom(tb testing.TB, addr, local string, cert *tls.Certificate) security
 // dialConn is dialFrom's connection, for a caller that closes it.
 func dialConn(tb testing.TB, addr, local string, cert *tls.Certificate) *grpc.ClientConn {
 	tb.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
-	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12} //nolint:gosec // see dialFrom
-	if cert != nil {
-		cfg.Certificates = []tls.Certificate{*cert}
-	}
-	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
-		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
-	require.NoError(tb, err)
-	return cc
+	return dialConnWith(tb, addr, local, cert, func(c net.Conn) net.Conn { return c })
 }
 
 func withBearer(ctx context.Context, token string) context.Context {
