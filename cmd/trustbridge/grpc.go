@@ -257,9 +257,16 @@ const pendingStreams = 4
 // certificate whose grant fell, cannot keep a connection open by making
 // calls.
 
+// callDoneKey holds, in a call's context, the func that counts the call
+// out of its connection's open calls (connlimit.OpenStream).
+type callDoneKey struct{}
+
 // admitCall is the listener's InTapHandle: it refuses a call beyond
 // pendingStreams on a connection not yet confirmed, before gRPC spends a
-// goroutine on it, and counts the call out when it ends.
+// goroutine on it. The call is counted out when its handler returns
+// (callDone, from the interceptors: before its status is written, so a
+// client that makes its calls one after another never meets its own last
+// one), or else when its context ends (a call no handler ran).
 func (g *grpcEndpoint) admitCall(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -270,10 +277,15 @@ func (g *grpcEndpoint) admitCall(ctx context.Context, _ *tap.Info) (context.Cont
 		return ctx, status.Errorf(codes.ResourceExhausted,
 			"at most %d calls may be open at once on a connection before one of them succeeds; retry when one has ended", pendingStreams)
 	}
-	// The call's context ends with the call (gRPC cancels it when the
-	// stream finishes, is reset or the connection closes).
 	context.AfterFunc(ctx, done)
-	return ctx, nil
+	return context.WithValue(ctx, callDoneKey{}, done), nil
+}
+
+// callDone counts ctx's call out of its connection's open calls.
+func callDone(ctx context.Context) {
+	if done, ok := ctx.Value(callDoneKey{}).(func()); ok {
+		done()
+	}
 }
 
 // confirm confirms the connection ctx's call came on.
@@ -290,13 +302,16 @@ func (g *grpcEndpoint) confirmUnary(ctx context.Context, req any, _ *grpc.UnaryS
 	if err == nil {
 		g.confirm(ctx)
 	}
+	callDone(ctx)
 	return resp, err
 }
 
 // confirmStream confirms a connection once a stream's first response is
 // sent (WatchBundles sends the bundles it may see right after its checks).
 func (g *grpcEndpoint) confirmStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, &confirmingStream{ServerStream: ss, g: g})
+	err := handler(srv, &confirmingStream{ServerStream: ss, g: g})
+	callDone(ss.Context())
+	return err
 }
 
 type confirmingStream struct {
