@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/trustview"
@@ -42,6 +43,12 @@ func policyFindings(s trustview.Snapshot) []trustview.Finding {
 			"every workload trusts every federated trust domain; add a trust policy (--trust-policy FILE, the --config file's trustPolicy key, or ClusterTrustPolicy resources): docs/trust-policy.md")
 	}
 	for _, c := range tp.Conflicts {
+		// The message is the server's description of the conflict; a
+		// snapshot is untrusted input, and an empty one still makes a
+		// finding that says what it is.
+		if strings.TrimSpace(c) == "" {
+			c = "the trust policy has conflicting rules (the snapshot does not say which)"
+		}
 		add("", CodePolicyConflict, c,
 			"give the rules disjoint workloads, or the same peers: trustbridge policy explain <spiffe-id> shows what one workload receives")
 	}
