@@ -10,9 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/metrics"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,33 +173,6 @@ func needOpenFiles(tb testing.TB, n uint64) {
 	}
 }
 
-// vmRSS is the process's resident set (VmRSS in /proc/self/status).
-func vmRSS(tb testing.TB) int64 {
-	tb.Helper()
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		tb.Skipf("no /proc/self/status: %v", err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			require.NoError(tb, err, line)
-			return kb << 10
-		}
-	}
-	tb.Fatal("no VmRSS in /proc/self/status")
-	return 0
-}
-
-// goMapped is the memory the Go runtime holds from the OS (heap, stacks,
-// its own structures), less what it has handed back: what RSS is made of
-// here, without the race detector's shadow memory.
-func goMapped() int64 {
-	s := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
-	metrics.Read(s)
-	return int64(s[0].Value.Uint64() - s[1].Value.Uint64())
-}
-
 // manifestMemoryLimit is the container memory limit of deploy/base.
 func manifestMemoryLimit(tb testing.TB) int64 {
 	tb.Helper()
@@ -255,10 +225,9 @@ func getFrom(tb testing.TB, c *http.Client, url string) (int, string) {
 // the HTTP/2 preface and nothing else on the certificate service and the
 // bundle endpoint, one answered request on the admin listener). Each
 // listener keeps exactly its per-source limit (on the certificate
-// service, of connections no call has confirmed: an eighth of it) and
+// service, of connections no call has confirmed: half of it) and
 // refuses the rest at accept, counting each refusal; clients from another address
-// (127.0.0.2) are served on all three meanwhile; the process, flood
-// clients included, stays under the memory limit of the manifests.
+// (127.0.0.2) are served on all three meanwhile.
 // Deadlines that would close the flood's connections are set beyond the
 // test, so the counts do not depend on its speed.
 func TestConnectionFlood(t *testing.T) {
@@ -269,9 +238,6 @@ func TestConnectionFlood(t *testing.T) {
 		o.grpc.firstCallTimeout = time.Hour
 		o.bundle.idleTimeout = time.Hour
 	})
-	limit := manifestMemoryLimit(t)
-	runtime.GC()
-	rssBefore := vmRSS(t)
 	start := time.Now()
 
 	type result struct {
@@ -312,17 +278,11 @@ func TestConnectionFlood(t *testing.T) {
 	code, _ = getFrom(t, c, "http://"+ft.admin+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
 
-	runtime.GC()
-	rss, mapped := vmRSS(t), goMapped()
-	t.Logf("RSS %d MiB before the flood, %d MiB with %d connections held (both ends, %d refused); Go runtime %d MiB; limit %d MiB; %s",
-		rssBefore>>20, rss>>20, len(results[0].held)+len(results[1].held)+len(results[2].held),
-		results[0].refuse+results[1].refuse+results[2].refuse, mapped>>20, limit>>20, time.Since(start).Round(time.Millisecond))
-	if raceEnabled {
-		t.Log("race detector on: its shadow memory inflates RSS; checking the Go runtime's share only")
-	} else {
-		assert.Less(t, rss, limit, "the process, flood clients included, stays under the manifests' memory limit")
-	}
-	assert.Less(t, mapped, limit, "the Go runtime's memory stays under the manifests' memory limit")
+	// Memory is judged by TestConnectionFloodServerMemory, on the binary
+	// alone in a memory cgroup: this process holds the flood's ends too,
+	// and whatever the package's earlier tests left.
+	t.Logf("%d connections held, %d refused; %s", len(results[0].held)+len(results[1].held)+len(results[2].held),
+		results[0].refuse+results[1].refuse+results[2].refuse, time.Since(start).Round(time.Millisecond))
 
 	metric := func(name string, labels ...string) float64 { return metricVia(t, c, ft.admin, name, labels...) }
 	for _, r := range results {
@@ -399,7 +359,7 @@ func TestGRPCFirstCallTimeout(t *testing.T) {
 // connection for the 15-minute idle limit.)
 func TestGRPCRefusedCallDoesNotConfirm(t *testing.T) {
 	ft := startFloodTarget(t, func(o *serverOptions) {
-		o.grpc.firstCallTimeout = 2 * time.Second
+		o.grpc.firstCallTimeout = 5 * time.Second
 		o.grpc.maxRenewalLifetime = time.Nanosecond
 	})
 	svid, csr := legitSVID(t, ft.attackTarget, "127.0.0.30")

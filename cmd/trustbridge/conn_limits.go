@@ -48,7 +48,7 @@ func serverMemoryNote(ll listenerLimits) string {
 }
 
 // defaultFirstCallTimeout bounds how long a connection to the certificate
-// service may go without an authenticated call: the 10 s the TLS and
+// service may go without a successful call: the 10 s the TLS and
 // HTTP/2 setup may take (certservice.ConnectionTimeout), a TokenReview's
 // 5 s, and as much again for a busy API server.
 const defaultFirstCallTimeout = 30 * time.Second
@@ -59,7 +59,7 @@ const defaultFirstCallTimeout = 30 * time.Second
 func (ll listenerLimits) addFlags(f *pflag.FlagSet, l *connLimits, what, who, memory string) {
 	f.IntVar(&l.max, ll.flag+"-max-conns", ll.def.max, fmt.Sprintf(
 		"connections the %s listener (--%s-listen) holds at once; a new one beyond them is closed at accept (counted in "+
-			"trustbridge_listener_connections_refused_total{listener=%q,reason=\"total_limit\"}). An idle connection costs "+
+			"trustbridge_listener_connections_refused_total{listener=%q,reason=\"total_limit\"}; on --grpc-listen it takes the place of one no call has confirmed yet, if any). An idle connection costs "+
 			"about 52 KiB (gRPC over TLS; plain HTTP less)%s", what, ll.flag, ll.name, memory))
 	f.IntVar(&l.perSource, ll.flag+"-max-conns-per-source", ll.def.perSource, fmt.Sprintf(
 		"connections one client address (an IPv4 address, or an IPv6 /64 as a whole) may hold on --%s-listen; "+
@@ -119,12 +119,14 @@ func (ll listenerLimits) listenWith(addr string, l connLimits, cfg connlimit.Con
 
 // unconfirmedLimits are the shares of a listener's limits that
 // connections awaiting their first successful call may hold: a quarter of
-// the total, the oldest closed to admit a new one, and an eighth of a
-// source's. A client that never authenticates cannot then hold more than
-// that, nor shut out one that does at once, and its calls in flight stay
-// bounded (pendingStreams each).
+// the total (at it, or at the total, a new one takes the place of the
+// oldest of the source holding the most) and half a source's (a node's
+// pods behind one address reconnecting at once). A client that never
+// succeeds cannot then hold more than that, its calls in flight stay
+// bounded (pendingStreams each), and flooding from a few sources pushes
+// out its own connections, not others'.
 func unconfirmedLimits(l connLimits) (total, perSource int) {
-	return max(l.max/4, 1), max(l.perSource/8, 1)
+	return max(l.max/4, 1), max(l.perSource/2, 1)
 }
 
 // checkListenerLimits checks every listener's limits and timeouts of

@@ -91,7 +91,7 @@ type grpcOptions struct {
 	// OIDC and remote Kubernetes issuers (oidc_wiring.go).
 	oidc oidcOptions
 	// conns bound the listener's connections, and a connection without
-	// an authenticated call within firstCallTimeout (0: the default) is
+	// a successful call within firstCallTimeout (0: the default) is
 	// closed (conn_limits.go).
 	conns            connLimits
 	firstCallTimeout time.Duration
@@ -120,8 +120,9 @@ func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
 	addDownstreamFlags(f, &o.downstream)
 	grpcLimits.addFlags(f, &o.conns, "certificate service",
 		"a Kubernetes node's pods behind one address (SNAT) or in one IPv6 /64 (a node's pod range): 250 pods, each with a sidecar and an agent connection", serverMemoryNote(grpcLimits))
-	f.DurationVar(&o.firstCallTimeout, "grpc-first-call-timeout", defaultFirstCallTimeout, "a connection to --grpc-listen on which no call has authenticated within this time of its accept is closed "+
-		"(counted in trustbridge_listener_connections_unconfirmed_closed_total); one that has stays until idle for 15 min. The default covers the 10 s "+
+	f.DurationVar(&o.firstCallTimeout, "grpc-first-call-timeout", defaultFirstCallTimeout, "a connection to --grpc-listen on which no call has succeeded within this time of its accept is closed, whatever calls it made "+
+		"(counted in trustbridge_listener_connections_unconfirmed_closed_total); one that has stays until idle for 15 min. Until then it may have 4 calls open "+
+		"and counts against a quarter of --grpc-max-conns and half of --grpc-max-conns-per-source. The default covers the 10 s "+
 		"TLS and HTTP/2 setup and a TokenReview; a client connects when it has a call to make, so a shorter one (e.g. 10s) refuses only the idle")
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
@@ -175,7 +176,7 @@ type grpcEndpoint struct {
 	// any. Its status is served at /v1/authn/issuers.
 	oidc *oidc.Authenticator
 	// conns is ln, which closes connections on which no call has
-	// authenticated in time; authenticated calls confirm theirs.
+	// succeeded in time; successful calls confirm theirs.
 	conns *connlimit.Listener
 }
 
@@ -277,8 +278,8 @@ func (g *grpcEndpoint) admitCall(ctx context.Context, _ *tap.Info) (context.Cont
 		return ctx, status.Errorf(codes.ResourceExhausted,
 			"at most %d calls may be open at once on a connection before one of them succeeds; retry when one has ended", pendingStreams)
 	}
-	context.AfterFunc(ctx, done)
-	return context.WithValue(ctx, callDoneKey{}, done), nil
+	stop := context.AfterFunc(ctx, done)
+	return context.WithValue(ctx, callDoneKey{}, func() { stop(); done() }), nil
 }
 
 // callDone counts ctx's call out of its connection's open calls.
@@ -331,7 +332,8 @@ func (s *confirmingStream) SendMsg(m any) error {
 // confirming is an SDS stream's authenticator (grant checks included)
 // confirming the connection when it succeeds: an SDS stream may be
 // authenticated and still wait for its first response (a resource name
-// it does not serve yet).
+// it does not serve yet). SDS's own checks after it (an identity of the
+// local trust domain) cannot fail for what the authenticators return.
 func (g *grpcEndpoint) confirming(auth authn.Authenticator) authn.Authenticator {
 	return authn.AuthenticatorFunc(func(ctx context.Context, r authn.Request) (authn.Identity, error) {
 		id, err := auth.Authenticate(ctx, r)

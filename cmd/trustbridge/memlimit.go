@@ -30,6 +30,6 @@ func setMemoryLimit(logger *slog.Logger) {
 	case err != nil:
 		logger.Debug("no container memory limit found: the Go runtime has no soft memory limit (GOMEMLIMIT sets one)", logattr.Error, err)
 	case limit != before && limit != math.MaxInt64:
-		logger.Info("Go runtime memory limit set to 90% of the container's", "gomemlimit_bytes", limit)
+		logger.Info("Go runtime memory limit set from the container's (90%, or AUTOMEMLIMIT's ratio)", "gomemlimit_bytes", limit)
 	}
 }

@@ -161,40 +161,64 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
-// admit counts c in, or refuses it and returns nil.
+// admit counts c in, or refuses it and returns nil. Admission, the
+// choice of a connection to evict and c's place among those awaiting
+// Confirm are one critical section, so concurrent Confirms, closes or
+// Accepts cannot leave the listener over its limits.
 func (l *Listener) admit(c net.Conn) net.Conn {
 	src := sourceOf(c.RemoteAddr())
-	_, confirmable := keyOf(c.RemoteAddr(), c.LocalAddr())
+	key, confirmable := keyOf(c.RemoteAddr(), c.LocalAddr())
 	awaits := l.cfg.ConfirmWithin > 0 && confirmable
+	lc := &conn{Conn: c, l: l, src: src}
+	var evict *conn
 	l.mu.Lock()
+	canEvict := awaits && l.cfg.MaxPending > 0 && l.order.Len() > 0
 	reason := ""
 	switch {
 	case l.bySource[src] >= l.cfg.MaxPerSource:
 		reason = ReasonSourceLimit
 	case awaits && l.cfg.MaxPendingPerSource > 0 && l.pendingBySource[src] >= l.cfg.MaxPendingPerSource:
 		reason = ReasonUnconfirmedSourceLimit
-	case l.open >= l.cfg.MaxConns && !(awaits && l.cfg.MaxPending > 0 && l.order.Len() > 0):
-		// At the total, a connection that will await Confirm takes the
-		// place of the oldest that still does (await), if there is one.
+	case l.open >= l.cfg.MaxConns && !canEvict:
 		reason = ReasonTotalLimit
 	default:
-		l.open++
+		// At the total, or at MaxPending, a connection that will await
+		// Confirm takes the place of one that still does.
+		if canEvict && (l.open >= l.cfg.MaxConns || len(l.pending) >= l.cfg.MaxPending) {
+			evict = l.victimLocked()
+			l.unpendLocked(evict)
+			// Its place in the total goes to c: its close must not
+			// give it back a second time.
+			evict.state, evict.handedOver = stateExpired, true
+		} else {
+			l.open++
+		}
 		l.bySource[src]++
+		if awaits {
+			lc.key, lc.state = key, statePending
+			l.pending[key] = lc
+			lc.elem = l.order.PushBack(lc)
+			l.pendingBySource[src]++
+			lc.timer = time.AfterFunc(l.cfg.ConfirmWithin, lc.expire)
+		}
 	}
 	l.mu.Unlock()
 	if reason != "" {
 		l.refuse(c, src, reason)
 		return nil
 	}
-	l.metrics.open.Inc()
+	if evict != nil {
+		l.metrics.evicted.Inc()
+		l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelWarn), "connection closed: made room for a new one among too many awaiting a confirming call",
+			"limit", l.cfg.MaxPending, logattr.Address, addrString(evict.RemoteAddr()), "source", evict.src)
+		_ = evict.Close()
+	} else {
+		l.metrics.open.Inc()
+	}
 	if l.cfg.TCPUserTimeout > 0 {
 		if err := setTCPUserTimeout(c, l.cfg.TCPUserTimeout); err != nil {
 			l.logger.Debug("TCP user timeout not set", logattr.Address, addrString(c.RemoteAddr()), logattr.Error, err)
 		}
-	}
-	lc := &conn{Conn: c, l: l, src: src}
-	if l.cfg.ConfirmWithin > 0 {
-		l.await(lc)
 	}
 	return lc
 }
@@ -219,38 +243,28 @@ func (l *Listener) refuse(c net.Conn, src, reason string) {
 	_ = c.Close()
 }
 
-// await arms c's deadline, if c can be confirmed, first making room by
-// closing the oldest connection awaiting Confirm when MaxPending of them
-// are held, or when admitting c went over MaxConns.
-func (l *Listener) await(c *conn) {
-	key, ok := keyOf(c.RemoteAddr(), c.LocalAddr())
-	if !ok {
-		return
+// victimLocked is the connection awaiting Confirm to close for a new
+// one: the oldest of the source that holds the most of them, so that a
+// client flooding from one source (or a few) pushes out its own
+// connections, not a client that has just connected to make its call.
+func (l *Listener) victimLocked() *conn {
+	most := 0
+	for _, n := range l.pendingBySource {
+		most = max(most, n)
 	}
-	var evict *conn
-	l.mu.Lock()
-	if l.cfg.MaxPending > 0 && l.order.Len() > 0 && (len(l.pending) >= l.cfg.MaxPending || l.open > l.cfg.MaxConns) {
-		evict = l.order.Front().Value.(*conn)
-		l.unpendLocked(evict)
-		evict.state = stateExpired
+	for e := l.order.Front(); e != nil; e = e.Next() {
+		if c := e.Value.(*conn); l.pendingBySource[c.src] == most {
+			return c
+		}
 	}
-	c.key, c.state = key, statePending
-	l.pending[key] = c
-	c.elem = l.order.PushBack(c)
-	l.pendingBySource[c.src]++
-	c.timer = time.AfterFunc(l.cfg.ConfirmWithin, c.expire)
-	l.mu.Unlock()
-	if evict != nil {
-		l.metrics.evicted.Inc()
-		l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelWarn), "connection closed: the oldest of too many awaiting a confirming call",
-			"limit", l.cfg.MaxPending, logattr.Address, addrString(evict.RemoteAddr()), "source", evict.src)
-		_ = evict.Close()
-	}
+	return l.order.Front().Value.(*conn)
 }
 
 // unpendLocked takes c off the pending set and stops its deadline.
 func (l *Listener) unpendLocked(c *conn) {
-	delete(l.pending, c.key)
+	if l.pending[c.key] == c {
+		delete(l.pending, c.key)
+	}
 	l.order.Remove(c.elem)
 	if l.pendingBySource[c.src]--; l.pendingBySource[c.src] <= 0 {
 		delete(l.pendingBySource, c.src)
@@ -319,10 +333,13 @@ func (l *Listener) OpenStream(remote, local net.Addr) (done func(), ok bool) {
 	}, true
 }
 
-// release counts c out; once per connection.
+// release counts c out; once per connection. An evicted connection's
+// place in the total went to the connection admitted in its stead.
 func (l *Listener) release(c *conn) {
 	l.mu.Lock()
-	l.open--
+	if !c.handedOver {
+		l.open--
+	}
 	if l.bySource[c.src]--; l.bySource[c.src] <= 0 {
 		delete(l.bySource, c.src)
 	}
@@ -330,8 +347,11 @@ func (l *Listener) release(c *conn) {
 		l.unpendLocked(c)
 	}
 	c.state = stateClosed
+	handedOver := c.handedOver
 	l.mu.Unlock()
-	l.metrics.open.Dec()
+	if !handedOver {
+		l.metrics.open.Dec()
+	}
 }
 
 // States of a connection's deadline; guarded by Listener.mu.
@@ -356,6 +376,9 @@ type conn struct {
 	timer   *time.Timer
 	elem    *list.Element // in Listener.order while pending
 	streams int           // open calls, counted while pending
+	// handedOver marks an evicted connection whose place in the total
+	// went to the one admitted in its stead (guarded by l.mu).
+	handedOver bool
 }
 
 func (c *conn) Close() error {

@@ -461,6 +461,30 @@ func TestPendingLimits(t *testing.T) {
 	})
 }
 
+// The connection evicted is the oldest of the source holding the most
+// awaiting Confirm: a flood from one source pushes out its own, not the
+// older connection of a client elsewhere.
+func TestEvictsFromHeaviestSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, _, _ := newListener(t, Config{MaxConns: 100, MaxPerSource: 100, ConfirmWithin: time.Minute, MaxPending: 4, MaxPendingPerSource: 10})
+		x := newConn(t, "192.0.2.1:1")
+		ys := []*fakeConn{newConn(t, "198.51.100.1:1"), newConn(t, "198.51.100.1:2"), newConn(t, "198.51.100.1:3")}
+		for _, c := range append([]*fakeConn{x}, ys...) {
+			require.NotNil(t, l.admit(c))
+		}
+		require.NotNil(t, l.admit(newConn(t, "203.0.113.1:1")))
+		synctest.Wait()
+		assert.False(t, closedByServer(x), "the oldest, but its source holds one")
+		assert.True(t, closedByServer(ys[0]), "the oldest of the heaviest source")
+		assert.False(t, closedByServer(ys[1]))
+		assert.Equal(t, [3]int{4, 4, 3}, pendingCounts(l))
+		l.mu.Lock()
+		open := l.open
+		l.mu.Unlock()
+		assert.Equal(t, 4, open, "the evicted connection's place went to the new one")
+	})
+}
+
 // pendingCounts reads, under the listener's lock, how many connections
 // await Confirm, how many are in the eviction order, and from how many
 // sources.

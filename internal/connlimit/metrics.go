@@ -26,7 +26,7 @@ func newListenerMetrics(reg prometheus.Registerer, name string) (listenerMetrics
 	}
 	refused, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustbridge_listener_connections_refused_total",
-		Help: "Connections a TCP listener closed at accept because their source (an IPv4 address or an IPv6 /64) held its limit of connections (reason source_limit) or of connections awaiting a confirming call (unconfirmed_source_limit: on the certificate service, an eighth of --grpc-max-conns-per-source), or the listener held its total (total_limit); see --grpc-max-conns and its siblings.",
+		Help: "Connections a TCP listener closed at accept because their source (an IPv4 address or an IPv6 /64) held its limit of connections (reason source_limit) or of connections awaiting a confirming call (unconfirmed_source_limit: on the certificate service, half of --grpc-max-conns-per-source), or the listener held its total (total_limit); see --grpc-max-conns and its siblings.",
 	}, []string{"listener", "reason"}))
 	if err != nil {
 		return listenerMetrics{}, err
@@ -40,7 +40,7 @@ func newListenerMetrics(reg prometheus.Registerer, name string) (listenerMetrics
 	}
 	expired, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustbridge_listener_connections_unconfirmed_closed_total",
-		Help: "Connections closed because no call confirmed them in time: on the certificate service's listener, no authenticated call within --grpc-first-call-timeout of the accept.",
+		Help: "Connections closed because no call confirmed them in time: on the certificate service's listener, no successful call within --grpc-first-call-timeout of the accept.",
 	}, []string{"listener"}))
 	if err != nil {
 		return listenerMetrics{}, err
@@ -54,7 +54,7 @@ func newListenerMetrics(reg prometheus.Registerer, name string) (listenerMetrics
 	}
 	evicted, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustbridge_listener_connections_evicted_total",
-		Help: "Connections not yet confirmed that a TCP listener closed to admit a new one, because it held its limit of connections awaiting a confirming call: on the certificate service's listener, a quarter of --grpc-max-conns awaiting their first successful call.",
+		Help: "Connections not yet confirmed that a TCP listener closed to admit a new one, because it held its limit of connections awaiting a confirming call or its total: on the certificate service's listener, the oldest of the source holding the most of those awaiting their first successful call (a quarter of --grpc-max-conns may).",
 	}, []string{"listener"}))
 	if err != nil {
 		return listenerMetrics{}, err
