@@ -64,8 +64,15 @@ func (f *fakeIntermediates) SignIntermediate(csr *x509.CertificateRequest, ttl t
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(42), NotBefore: time.Now(), NotAfter: time.Now().Add(ttl),
-		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign, URIs: csr.URIs}
+	return f.issue(csr, ttl, &x509.Certificate{SerialNumber: big.NewInt(42), NotBefore: time.Now()})
+}
+
+// issue signs an intermediate for csr's key and SPIFFE ID under the fake
+// root, lasting ttl, on tmpl's serial, subject and NotBefore.
+func (f *fakeIntermediates) issue(csr *x509.CertificateRequest, ttl time.Duration, tmpl *x509.Certificate) (*ca.UpstreamChain, error) {
+	tmpl.NotAfter = time.Now().Add(ttl)
+	tmpl.IsCA, tmpl.BasicConstraintsValid, tmpl.MaxPathLenZero = true, true, true
+	tmpl.KeyUsage, tmpl.URIs = x509.KeyUsageCertSign, csr.URIs
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, f.root, csr.PublicKey, f.rootKey)
 	if err != nil {
 		return nil, err

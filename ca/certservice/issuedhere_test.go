@@ -233,18 +233,7 @@ func (u upstreamOf) SignIntermediate(_ context.Context, der []byte, ttl time.Dur
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: "our intermediate"},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(ttl),
-		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign, URIs: csr.URIs}
-	cert, err := x509.CreateCertificate(rand.Reader, tmpl, u.root, csr.PublicKey, u.rootKey)
-	if err != nil {
-		return nil, err
-	}
-	c, err := x509.ParseCertificate(cert)
-	if err != nil {
-		return nil, err
-	}
-	return &ca.UpstreamChain{Chain: []*x509.Certificate{c}, Roots: []*x509.Certificate{u.root}}, nil
+	return u.issue(csr, ttl, &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: "our intermediate"}, NotBefore: time.Now().Add(-time.Minute)})
 }
 
 // TestUpstreamModeGrants: under an upstream, a leaf our intermediate
