@@ -217,7 +217,7 @@ FUZZPARALLEL ?= 2
 FUZZARGS ?=
 fuzz:
 	$(GO) run ./internal/fuzzreport -time $(FUZZTIME) -longtime $(FUZZTIME_LONG) -parallel $(FUZZPARALLEL) \
-		-minimizetime $(FUZZMINIMIZETIME) -results bin/fuzz/results.tsv -out FUZZING.md \
+		-minimizetime $(FUZZMINIMIZETIME) -results bin/fuzz/results.tsv -out FUZZING.md -notes internal/fuzzreport/NOTES.md \
 		-cmd "make fuzz FUZZTIME=$(FUZZTIME) FUZZTIME_LONG=$(FUZZTIME_LONG) FUZZPARALLEL=$(FUZZPARALLEL)" $(FUZZARGS)
 
 # bench: benchmarks, reported as ratios against a baseline measured in the

@@ -56,6 +56,7 @@ func main() {
 	flag.BoolVar(&c.resume, "resume", false, "go on from -results: skip targets it records ok with the same duration (without it, and without -run, -results starts anew)")
 	flag.BoolVar(&c.reportOnly, "report", false, "only render -out from -results")
 	flag.StringVar(&c.cmdline, "cmd", "make fuzz", "command recorded in the report")
+	flag.StringVar(&c.notes, "notes", "", "markdown `file` appended to the report (what the campaigns found and what was done about it)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -69,6 +70,7 @@ type campaign struct {
 	short, long, minimize time.Duration
 	longFile, results     string
 	out, only, cmdline    string
+	notes                 string
 	parallel              int
 	resume, reportOnly    bool
 }
@@ -450,7 +452,15 @@ func (c *campaign) render() error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(c.out, []byte(render(rs, c, environment())), 0o644)
+	report := render(rs, c, environment())
+	if c.notes != "" {
+		extra, err := os.ReadFile(c.notes)
+		if err != nil {
+			return err
+		}
+		report += "\n" + string(extra)
+	}
+	return os.WriteFile(c.out, []byte(report), 0o644)
 }
 
 func environment() string {

@@ -186,3 +186,20 @@ func TestStartResults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, rs)
 }
+
+// The notes file is appended to the rendered report; a missing one is an
+// error, not a report without it.
+func TestRenderAppendsNotes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	c := &campaign{short: time.Minute, long: 10 * time.Minute, longFile: "long.txt", cmdline: "make fuzz", parallel: 1,
+		results: filepath.Join(dir, "results.tsv"), out: filepath.Join(dir, "FUZZING.md"), notes: filepath.Join(dir, "NOTES.md")}
+	require.NoError(t, appendResult(c.results, result{target: target{"p", "FuzzA"}, fuzztime: time.Minute, execs: 7, elapsed: time.Minute, ok: true, ended: time.Unix(0, 0)}))
+	require.ErrorContains(t, c.render(), "NOTES.md")
+	require.NoError(t, os.WriteFile(c.notes, []byte("## Notes\n\nA crasher, fixed.\n"), 0o644))
+	require.NoError(t, c.render())
+	out, err := os.ReadFile(c.out)
+	require.NoError(t, err)
+	assert.Contains(t, string(out), "| `p` | FuzzA | 1m0s | 7 |")
+	assert.True(t, strings.HasSuffix(string(out), "\n## Notes\n\nA crasher, fixed.\n"))
+}
