@@ -48,35 +48,11 @@ func BenchmarkCreateCertificateUnderAttack(b *testing.B) {
 			a := newAttack(b, at, attack)
 			defer a.stop()
 
-			const round = 10
-			var idle, attacked []time.Duration
-			refused := 0
-			b.ResetTimer()
-			for i := range b.N {
-				on := (i/round)%2 == 1
-				a.set(on)
-				start := time.Now()
-				if err := call(i); err != nil {
-					refused++
-					continue
-				}
-				if d := time.Since(start); on {
-					attacked = append(attacked, d)
-				} else {
-					idle = append(idle, d)
-				}
-			}
-			b.StopTimer()
-			a.set(false)
+			idle, attacked, refused := alternate(b, 10, a.set, call)
 			b.ReportMetric(100*float64(refused)/float64(b.N), "legit-refused-%")
-			if len(attacked) == 0 || len(idle) == 0 {
-				return
+			if reportP99(b, idle, attacked, "attack") {
+				b.ReportMetric(float64(a.calls.Load())/float64(len(attacked)), "attack-calls/legit-call")
 			}
-			pi, pa := p99(idle), p99(attacked)
-			b.ReportMetric(float64(pi.Microseconds())/1000, "p99-idle-ms")
-			b.ReportMetric(float64(pa.Microseconds())/1000, "p99-attack-ms")
-			b.ReportMetric(float64(pa)/float64(pi), "x-idle")
-			b.ReportMetric(float64(a.calls.Load())/float64(len(attacked)), "attack-calls/legit-call")
 		})
 	}
 }
@@ -111,6 +87,49 @@ func legitCaller(b *testing.B, at *attackTarget, k *kubetest.Env) func(i int) er
 		_, err := securityv1alpha1.NewIstioCertificateServiceClient(cc).CreateCertificate(withBearer(context.Background(), tokens[i]), req)
 		return err
 	}
+}
+
+// alternate makes b.N legitimate calls in rounds of round, alternating
+// idle rounds and rounds under load (setLoad(true)), the switch outside
+// the timer, and returns the durations of the calls that succeeded in
+// each phase and how many failed. Load is off at the end.
+func alternate(b *testing.B, round int, setLoad func(on bool), call func(i int) error) (idle, loaded []time.Duration, failed int) {
+	on := false
+	b.ResetTimer()
+	for i := range b.N {
+		if now := (i/round)%2 == 1; now != on {
+			b.StopTimer()
+			on = now
+			setLoad(on)
+			b.StartTimer()
+		}
+		start := time.Now()
+		if err := call(i); err != nil {
+			failed++
+			continue
+		}
+		if d := time.Since(start); on {
+			loaded = append(loaded, d)
+		} else {
+			idle = append(idle, d)
+		}
+	}
+	b.StopTimer()
+	setLoad(false)
+	return idle, loaded, failed
+}
+
+// reportP99 reports the p99 of both phases' calls (p99-idle-ms,
+// p99-<load>-ms) and their ratio (x-idle), if each phase has one.
+func reportP99(b *testing.B, idle, loaded []time.Duration, load string) bool {
+	if len(idle) == 0 || len(loaded) == 0 {
+		return false
+	}
+	pi, pl := p99(idle), p99(loaded)
+	b.ReportMetric(float64(pi.Microseconds())/1000, "p99-idle-ms")
+	b.ReportMetric(float64(pl.Microseconds())/1000, "p99-"+load+"-ms")
+	b.ReportMetric(float64(pl)/float64(pi), "x-idle")
+	return true
 }
 
 func p99(d []time.Duration) time.Duration {

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 )
@@ -46,39 +45,12 @@ func BenchmarkLegitUnderConnFlood(b *testing.B) {
 			f := &connFlood{addr: addr, local: "127.0.0.1"}
 			defer f.set(false)
 
-			const round = 50
-			var idle, flooded []time.Duration
-			failed := 0
-			b.ResetTimer()
-			for i := range b.N {
-				if on := (i/round)%2 == 1; on != f.on {
-					b.StopTimer()
-					f.set(on)
-					b.StartTimer()
-				}
-				start := time.Now()
-				if err := call(); err != nil {
-					failed++
-					continue
-				}
-				if d := time.Since(start); f.on {
-					flooded = append(flooded, d)
-				} else {
-					idle = append(idle, d)
-				}
-			}
-			b.StopTimer()
-			f.set(false)
+			idle, flooded, failed := alternate(b, 50, f.set, func(int) error { return call() })
 			b.ReportMetric(100*float64(failed)/float64(b.N), "legit-failed-%")
 			b.ReportMetric(float64(f.maxHeld), "held")
-			if len(flooded) == 0 || len(idle) == 0 {
-				return
+			if reportP99(b, idle, flooded, "flood") {
+				b.ReportMetric(float64(f.refused.Load())/float64(len(flooded)), "refused/legit-req")
 			}
-			pi, pf := p99(idle), p99(flooded)
-			b.ReportMetric(float64(pi.Microseconds())/1000, "p99-idle-ms")
-			b.ReportMetric(float64(pf.Microseconds())/1000, "p99-flood-ms")
-			b.ReportMetric(float64(pf)/float64(pi), "x-idle")
-			b.ReportMetric(float64(f.refused.Load())/float64(len(flooded)), "refused/legit-req")
 		})
 	}
 }
