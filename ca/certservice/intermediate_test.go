@@ -107,7 +107,7 @@ func intermediateFixture(t *testing.T, mutate func(*certservice.Config)) (*fixtu
 	return f, signer
 }
 
-func derCSR(t *testing.T, uri string) []byte {
+func derCSR(t testing.TB, uri string) []byte {
 	t.Helper()
 	block, _ := pem.Decode([]byte(freshCSR(t, uri)))
 	require.NotNil(t, block)

@@ -19,11 +19,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/catest"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
 
@@ -226,55 +226,12 @@ func grantFailures() []grantFailure {
 	}
 }
 
-// rpcCall makes one call of an RPC, as a client with a well-formed
-// request: only authentication can refuse it. A stream's first message
-// stands for its answer.
-type rpcCall func(t *testing.T, conn *grpc.ClientConn) error
-
-// grantedRPC is the authentication decision of one RPC: how it is called,
-// and how it refuses a caller whose grant no longer stands.
-type grantedRPC struct {
-	call    rpcCall
-	refused codes.Code
-}
-
-// grantedRPCs has a row for every RPC the certificate service registers.
-// A new RPC needs one: decide how it authenticates, and make it refuse
-// a certificate whose grant no longer stands, as every RPC here does.
-var grantedRPCs = map[string]grantedRPC{
-	// A renewal is refused with the reason, so the caller knows to go
-	// back to a token (grantFor).
-	securityv1alpha1.IstioCertificateService_CreateCertificate_FullMethodName: {refused: codes.PermissionDenied,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			_, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(t.Context(),
-				&securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t), ValidityDuration: 600})
-			return err
-		}},
-	// The identity service's calls do not authenticate such a caller
-	// (identityAuthenticator).
-	identityapi.IdentityService_MintJWTSVID_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			_, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(t.Context(), &identityapi.MintJWTSVIDRequest{Audience: []string{"a"}})
-			return err
-		}},
-	identityapi.IdentityService_WatchBundles_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
-			if err != nil {
-				return err
-			}
-			_, err = stream.Recv()
-			return err
-		}},
-	identityapi.IdentityService_SignIntermediate_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			_, err := identityapi.NewIdentityServiceClient(conn).SignIntermediate(t.Context(),
-				&identityapi.SignIntermediateRequest{Csr: derCSR(t, "spiffe://example.org")})
-			return err
-		}},
-}
+// grantedRPCs has a row for every RPC the certificate service registers
+// (catest.CertServiceRPCs). A new RPC needs one: decide how it
+// authenticates, and make it refuse a certificate whose grant no longer
+// stands, as every RPC here does.
+var grantedRPCs = catest.CertServiceRPCs(func(tb testing.TB) string { return freshCSR(tb) },
+	func(tb testing.TB) []byte { return derCSR(tb, "spiffe://example.org") })
 
 // registeredRPCs are the full method names of every RPC of every service
 // Register adds to a gRPC server, the identity service included.
@@ -315,7 +272,7 @@ func TestEveryRPCRefusesAFallenGrant(t *testing.T) {
 			conn := f.conn(t, f.tlsConfig(cert), "")
 			if fail.fall != nil {
 				for _, m := range registered {
-					require.NoError(t, grantedRPCs[m].call(t, conn), "%s while the grant stands", m)
+					require.NoError(t, grantedRPCs[m].Call(t, conn), "%s while the grant stands", m)
 				}
 				fail.fall(t, f)
 				f.clk.Step(fail.age)
@@ -323,12 +280,12 @@ func TestEveryRPCRefusesAFallenGrant(t *testing.T) {
 			signed := f.signed()
 			for _, m := range registered {
 				rpc := grantedRPCs[m]
-				want := rpc.refused
+				want := rpc.Refused
 				if fail.unavailable {
 					want = codes.Unavailable
 				}
 				logged := strings.Count(f.logs.String(), fail.log)
-				err := rpc.call(t, conn)
+				err := rpc.Call(t, conn)
 				assert.Equal(t, want, status.Code(err), "%s: %v", m, err)
 				assert.Greater(t, strings.Count(f.logs.String(), fail.log), logged, "%s: the refusal logs the grant's fault", m)
 			}

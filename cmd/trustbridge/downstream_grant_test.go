@@ -25,12 +25,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/upstream/trustbridge"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/catest"
 	"github.com/trustbridge/trustbridge/internal/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -150,7 +149,7 @@ func writeCertDir(t *testing.T, chainPEM, keyPEM []byte) string {
 }
 
 // intermediateCSR is what a downstream sends: a CSR for the trust domain.
-func intermediateCSR(t *testing.T) []byte {
+func intermediateCSR(t testing.TB) []byte {
 	t.Helper()
 	key, err := ca.GenerateKey(ca.KeyECP256)
 	require.NoError(t, err)
@@ -200,55 +199,31 @@ func TestSignIntermediateRefusedForFallenGrant(t *testing.T) {
 	}
 }
 
-// listenerRPC is the authentication decision of one RPC on the
-// certificate listener: how it is called with a well-formed request, and
-// how it refuses a certificate whose grant no longer stands.
-type listenerRPC struct {
-	call    func(t *testing.T, conn *grpc.ClientConn) error
-	refused codes.Code
-}
-
 var sdsNode = &corev3.Node{Id: "sidecar~10.0.0.1~test~default.svc.cluster.local", Cluster: "test"}
 
 // listenerRPCs has a row for every RPC of every service on the
-// certificate listener. A new one needs a row: decide how it
-// authenticates, and make it refuse a certificate whose grant no longer
-// stands, as every RPC here does.
-var listenerRPCs = map[string]listenerRPC{
-	// A renewal says why, so the caller knows to go back to a token.
-	securityv1alpha1.IstioCertificateService_CreateCertificate_FullMethodName: {refused: codes.PermissionDenied,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			key, err := ca.GenerateKey(ca.KeyECP256)
-			require.NoError(t, err)
-			der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-			require.NoError(t, err)
-			_, err = securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{
-				Csr: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), ValidityDuration: 600})
-			return err
-		}},
-	identityapi.IdentityService_MintJWTSVID_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			_, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(t.Context(), &identityapi.MintJWTSVIDRequest{Audience: []string{"a"}})
-			return err
-		}},
-	identityapi.IdentityService_WatchBundles_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{})
-			if err != nil {
-				return err
-			}
-			_, err = stream.Recv()
-			return err
-		}},
-	identityapi.IdentityService_SignIntermediate_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
-			_, err := identityapi.NewIdentityServiceClient(conn).SignIntermediate(t.Context(), &identityapi.SignIntermediateRequest{Csr: intermediateCSR(t), TtlSeconds: 3600})
-			return err
-		}},
-	secretv3.SecretDiscoveryService_StreamSecrets_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
+// certificate listener: the certificate service's (catest.CertServiceRPCs)
+// and SDS's. A new one needs a row: decide how it authenticates, and make
+// it refuse a certificate whose grant no longer stands, as every RPC here
+// does.
+var listenerRPCs = func() map[string]catest.RPC {
+	rpcs := catest.CertServiceRPCs(func(tb testing.TB) string {
+		key, err := ca.GenerateKey(ca.KeyECP256)
+		require.NoError(tb, err)
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+		require.NoError(tb, err)
+		return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	}, intermediateCSR)
+	for m, rpc := range sdsRPCs {
+		rpcs[m] = rpc
+	}
+	return rpcs
+}()
+
+// sdsRPCs are SDS's rows of listenerRPCs.
+var sdsRPCs = map[string]catest.RPC{
+	secretv3.SecretDiscoveryService_StreamSecrets_FullMethodName: {Refused: codes.Unauthenticated,
+		Call: func(t *testing.T, conn *grpc.ClientConn) error {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			stream, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
@@ -260,8 +235,8 @@ var listenerRPCs = map[string]listenerRPC{
 			_, err = stream.Recv()
 			return err
 		}},
-	secretv3.SecretDiscoveryService_DeltaSecrets_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
+	secretv3.SecretDiscoveryService_DeltaSecrets_FullMethodName: {Refused: codes.Unauthenticated,
+		Call: func(t *testing.T, conn *grpc.ClientConn) error {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			stream, err := secretv3.NewSecretDiscoveryServiceClient(conn).DeltaSecrets(ctx)
@@ -272,8 +247,8 @@ var listenerRPCs = map[string]listenerRPC{
 			_, err = stream.Recv()
 			return err
 		}},
-	secretv3.SecretDiscoveryService_FetchSecrets_FullMethodName: {refused: codes.Unauthenticated,
-		call: func(t *testing.T, conn *grpc.ClientConn) error {
+	secretv3.SecretDiscoveryService_FetchSecrets_FullMethodName: {Refused: codes.Unauthenticated,
+		Call: func(t *testing.T, conn *grpc.ClientConn) error {
 			_, err := secretv3.NewSecretDiscoveryServiceClient(conn).FetchSecrets(t.Context(),
 				&discoveryv3.DiscoveryRequest{Node: sdsNode, TypeUrl: resourcev3.SecretType, ResourceNames: []string{sds.RootCAName}})
 			return err
@@ -310,13 +285,13 @@ func TestCertificateListenerRefusesFallenGrants(t *testing.T) {
 	}
 	fresh := dial(g.fresh)
 	for _, m := range registered {
-		assert.NoError(t, listenerRPCs[m].call(t, fresh), "%s serves a certificate whose grant stands", m)
+		assert.NoError(t, listenerRPCs[m].Call(t, fresh), "%s serves a certificate whose grant stands", m)
 	}
 	for kind, dir := range g.fallen {
 		conn := dial(dir)
 		for _, m := range registered {
-			err := listenerRPCs[m].call(t, conn)
-			assert.Equal(t, listenerRPCs[m].refused, status.Code(err), "%s, %s: %v", kind, m, err)
+			err := listenerRPCs[m].Call(t, conn)
+			assert.Equal(t, listenerRPCs[m].Refused, status.Code(err), "%s, %s: %v", kind, m, err)
 		}
 	}
 }
