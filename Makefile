@@ -70,12 +70,12 @@ tidy-check:
 # tests still run, without it, and say so.
 RACE := $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC)" >/dev/null 2>&1 && echo -race)
 
-# The Kubernetes tier (internal/kubetest) runs against a real kube-apiserver
-# and etcd from bin/kube, the SPIRE tier (internal/spiretest) against a real
+# The Kubernetes tier (internal/testkit/kubetest) runs against a real kube-apiserver
+# and etcd from bin/kube, the SPIRE tier (internal/testkit/spiretest) against a real
 # spire-server from bin/spire, the status page's browser tests
-# (internal/statusui) against headless Chromium; under make test a missing
+# (internal/server/statusui) against headless Chromium; under make test a missing
 # one fails the run instead of skipping it. The PKCS#11 tier (ca/pkcs11,
-# internal/hsmtest) runs against SoftHSM2 from hsm-tools, likewise required.
+# internal/testkit/hsmtest) runs against SoftHSM2 from hsm-tools, likewise required.
 # PKCS#11 needs cgo, as -race does: without a C compiler the SoftHSM2
 # tests skip (and say so) instead of failing. TRUSTBRIDGE_BIN is
 # bin/trustbridge, without the race detector, for tests that measure the
@@ -87,7 +87,7 @@ unit: build kube-tools spire-tools ui-tools hsm-tools
 
 # istio-tests: Istio's own agent code (its citadel CA client, the
 # SecretManagerClient cache and its SDS server, from the istio.io/istio module
-# pinned in internal/istiotest, a module of its own) against bin/trustbridge:
+# pinned in internal/testkit/istiotest, a module of its own) against bin/trustbridge:
 # the ROOTCA a sidecar would hand Envoy holds every local root before, during
 # and after a root rotation, and an Envoy-like SDS client gets certificates
 # renewed at the grace ratio across one. The phase after activation waits 5
@@ -97,7 +97,7 @@ unit: build kube-tools spire-tools ui-tools hsm-tools
 # module and build caches).
 ISTIO_TESTFLAGS ?=
 istio-tests: build
-	cd internal/istiotest && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_ISTIO_TESTS=require $(GO) test -count=1 $(ISTIO_TESTFLAGS) ./...
+	cd internal/testkit/istiotest && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_ISTIO_TESTS=require $(GO) test -count=1 $(ISTIO_TESTFLAGS) ./...
 
 istio-tests-short: build
 	$(MAKE) --no-print-directory istio-tests ISTIO_TESTFLAGS=-short
@@ -139,7 +139,7 @@ image-tests: image
 	cd deploy/image && TRUSTBRIDGE_IMAGE=$(CURDIR)/$(IMAGE_TAR) TRUSTBRIDGE_IMAGE_TESTS=require $(GO) test -count=1 ./...
 
 # kube-tools: kube-apiserver, kube-controller-manager and kubectl built from
-# the k8s.io/kubernetes module pinned in internal/kubetest/tools (about 9
+# the k8s.io/kubernetes module pinned in internal/testkit/kubetest/tools (about 9
 # minutes on 2 cores for the first, a few more for the controller manager,
 # which shares its build cache; once, cached in bin/kube), and etcd from
 # Debian's etcd-server package.
@@ -147,25 +147,25 @@ KUBE_DIR := bin/kube
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 kube-tools: $(KUBE_DIR)/kube-apiserver $(KUBE_DIR)/kube-controller-manager $(KUBE_DIR)/kubectl $(KUBE_DIR)/etcd
 
-$(KUBE_DIR)/kube-apiserver: internal/kubetest/tools/go.mod internal/kubetest/tools/go.sum
+$(KUBE_DIR)/kube-apiserver: internal/testkit/kubetest/tools/go.mod internal/testkit/kubetest/tools/go.sum
 	@mkdir -p $(KUBE_DIR)
 	@echo "building kube-apiserver for the Kubernetes test tier (once; about 9 minutes on 2 cores)"
-	cd internal/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	cd internal/testkit/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kube-apiserver
 	mv $@.tmp $@
 
 # kube-controller-manager from the same pinned module, run with only its CSR
 # signing controller: ca/upstream/kubecsr's tests get a certificate from
 # Kubernetes' own built-in signer through it.
-$(KUBE_DIR)/kube-controller-manager: internal/kubetest/tools/go.mod internal/kubetest/tools/go.sum
+$(KUBE_DIR)/kube-controller-manager: internal/testkit/kubetest/tools/go.mod internal/testkit/kubetest/tools/go.sum
 	@mkdir -p $(KUBE_DIR)
-	cd internal/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kube-controller-manager
+	cd internal/testkit/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kube-controller-manager
 	mv $@.tmp $@
 
 # kubectl from the same pinned module: deploy/'s tests run
 # `kubectl apply --dry-run=server` of every overlay with it.
-$(KUBE_DIR)/kubectl: internal/kubetest/tools/go.mod internal/kubetest/tools/go.sum
+$(KUBE_DIR)/kubectl: internal/testkit/kubetest/tools/go.mod internal/testkit/kubetest/tools/go.sum
 	@mkdir -p $(KUBE_DIR)
-	cd internal/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kubectl
+	cd internal/testkit/kubetest/tools && $(GO) build -o $(CURDIR)/$@.tmp k8s.io/kubernetes/cmd/kubectl
 	mv $@.tmp $@
 
 $(KUBE_DIR)/etcd:
@@ -174,17 +174,17 @@ $(KUBE_DIR)/etcd:
 	ln -sf "$$(command -v etcd)" $@
 
 # spire-tools: spire-server v1.13.3 built from the module pinned in
-# internal/spiretest/tools (about 4 minutes on 2 cores, once; cached in
+# internal/testkit/spiretest/tools (about 4 minutes on 2 cores, once; cached in
 # bin/spire). Only the server: federation is between servers, no agent runs.
 # GONOSUMDB: the checksum database does not know one of SPIRE's old
 # dependencies; go.sum pins every hash anyway.
 SPIRE_DIR := bin/spire
 spire-tools: $(SPIRE_DIR)/spire-server
 
-$(SPIRE_DIR)/spire-server: internal/spiretest/tools/go.mod internal/spiretest/tools/go.sum
+$(SPIRE_DIR)/spire-server: internal/testkit/spiretest/tools/go.mod internal/testkit/spiretest/tools/go.sum
 	@mkdir -p $(SPIRE_DIR)
 	@echo "building spire-server for the SPIRE test tier (once; about 4 minutes on 2 cores)"
-	cd internal/spiretest/tools && GONOSUMDB=github.com/GoogleCloudPlatform/cloudsql-proxy $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@.tmp github.com/spiffe/spire/cmd/spire-server
+	cd internal/testkit/spiretest/tools && GONOSUMDB=github.com/GoogleCloudPlatform/cloudsql-proxy $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@.tmp github.com/spiffe/spire/cmd/spire-server
 	mv $@.tmp $@
 
 # ui-tools: Debian's chromium for the status page's browser tests, installed
@@ -199,13 +199,13 @@ hsm-tools:
 	@[ -e /usr/lib/softhsm/libsofthsm2.so ] || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends softhsm2; }
 
 # ui-screenshot: regenerate docs/ui.png from the realistic snapshot in
-# internal/statusui's tests (commit the result when the page changes).
+# internal/server/statusui's tests (commit the result when the page changes).
 ui-screenshot: ui-tools
 	TRUSTBRIDGE_UI_TESTS=require $(GO) test -count=1 -run '^TestChromiumStatusPage$$' ./internal/statusui -update-screenshot
 
-# fuzz: the fuzz campaign, recorded in FUZZING.md by internal/fuzzreport:
+# fuzz: the fuzz campaign, recorded in FUZZING.md by internal/testkit/fuzzreport:
 # every fuzz target in the module for FUZZTIME (default 1m), and those
-# listed in internal/fuzzreport/long.txt (parsers added since the previous
+# listed in internal/testkit/fuzzreport/long.txt (parsers added since the previous
 # campaign) for FUZZTIME_LONG (default 10m), FUZZPARALLEL workers each.
 # About 2.5 hours on 2 cores. Each result is appended to bin/fuzz/results.tsv
 # as it ends: FUZZARGS=-resume goes on after an interruption, FUZZARGS='-run
@@ -217,30 +217,30 @@ FUZZPARALLEL ?= 2
 FUZZARGS ?=
 fuzz:
 	$(GO) run ./internal/fuzzreport -time $(FUZZTIME) -longtime $(FUZZTIME_LONG) -parallel $(FUZZPARALLEL) \
-		-minimizetime $(FUZZMINIMIZETIME) -results bin/fuzz/results.tsv -out FUZZING.md -notes internal/fuzzreport/NOTES.md \
+		-minimizetime $(FUZZMINIMIZETIME) -results bin/fuzz/results.tsv -out FUZZING.md -notes internal/testkit/fuzzreport/NOTES.md \
 		-cmd "make fuzz FUZZTIME=$(FUZZTIME) FUZZTIME_LONG=$(FUZZTIME_LONG) FUZZPARALLEL=$(FUZZPARALLEL)" $(FUZZARGS)
 
 # bench: benchmarks, reported as ratios against a baseline measured in the
-# same run, written to BENCHMARKS.md. internal/bundlebench runs bin/trustbridge
+# same run, written to BENCHMARKS.md. internal/testkit/bundlebench runs bin/trustbridge
 # (TRUSTBRIDGE_BIN) against a static-bytes server in a process of its own;
 # TRUSTBRIDGE_BIN_BASE=/path/to/an/older/build adds an A/B of two versions.
 bench: build
 	mkdir -p bin
 	TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... > bin/bench.txt || (cat bin/bench.txt; exit 1)
 	$(GO) run ./internal/benchreport -in bin/bench.txt -out BENCHMARKS.md \
-		-notes internal/benchreport/NOTES.md -cmd "make bench BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT)"
+		-notes internal/testkit/benchreport/NOTES.md -cmd "make bench BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT)"
 
 # bench-istio: CreateCertificate from Istio's own CA client in a process of
-# its own (internal/istiotest/cmd/istioload) against bin/trustbridge, at 1, 8
+# its own (internal/testkit/istiotest/cmd/istioload) against bin/trustbridge, at 1, 8
 # and 64 clients, as a ratio to in-process parse+sign measured in the same run
 # (x-baseline-certs/s; issue 15 item 4). Not part of make test or make bench
 # (another module); about a minute on 2 cores. Copy the rows and the note
-# into BENCHMARKS.md and internal/benchreport/NOTES.md by hand.
+# into BENCHMARKS.md and internal/testkit/benchreport/NOTES.md by hand.
 BENCHISTIO_TIME ?= 5000x
 BENCHISTIO_COUNT ?= 5
 bench-istio: build
 	mkdir -p bin
-	cd internal/istiotest && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench BenchmarkIstioClientThroughput -benchtime $(BENCHISTIO_TIME) -count $(BENCHISTIO_COUNT) . > $(CURDIR)/bin/bench-istio.txt || (cat $(CURDIR)/bin/bench-istio.txt; exit 1)
+	cd internal/testkit/istiotest && TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run '^$$' -bench BenchmarkIstioClientThroughput -benchtime $(BENCHISTIO_TIME) -count $(BENCHISTIO_COUNT) . > $(CURDIR)/bin/bench-istio.txt || (cat $(CURDIR)/bin/bench-istio.txt; exit 1)
 	cat bin/bench-istio.txt
 
 # proto: regenerate internal/identityapi from identity.proto (the generated
@@ -256,7 +256,7 @@ proto:
 
 # lint: staticcheck over the main module, and vet, tidy and staticcheck over
 # the modules of their own that ./... does not reach.
-TOOL_MODULES := internal/istiotest deploy/helm/test deploy/image
+TOOL_MODULES := internal/testkit/istiotest deploy/helm/test deploy/image
 lint:
 	$(GO) run $(STATICCHECK) ./...
 	@set -e; for m in $(TOOL_MODULES); do \

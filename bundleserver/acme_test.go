@@ -19,7 +19,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/trustbridge/trustbridge/internal/testlog"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 
 	"github.com/letsencrypt/pebble/v2/ca"
 	"github.com/letsencrypt/pebble/v2/db"
@@ -31,7 +31,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/acme"
 
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // acmeTestTimeout bounds each issuance in the tests; pebble on loopback

@@ -20,7 +20,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/testlog"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 // servedBundle fetches path over HTTPS from srv and parses the body as a

@@ -18,7 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/trustbridge/trustbridge/bundleserver"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 func TestMain(m *testing.M) {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 var jwtWorkload = spiffeid.RequireFromPath(tdExample, "/jwt-workload")

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 func pluginAuthority(t *testing.T, clk *clocktesting.FakeClock, pluginDir, dataDir string) (*Authority, error) {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // BenchmarkSign compares our signing path with the bare standard-library

@@ -28,7 +28,7 @@ import (
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 var pluginT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)

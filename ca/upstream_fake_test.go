@@ -15,7 +15,7 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // fakeUpstream is an in-process upstream CA: a root and an intermediate

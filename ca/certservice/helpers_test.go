@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/testlog"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"

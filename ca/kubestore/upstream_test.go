@@ -11,8 +11,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/catest"
-	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/catest"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
 // TestUpstreamIntermediateOnASecret: in upstream mode on a real Secret,

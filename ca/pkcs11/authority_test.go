@@ -14,8 +14,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/catest"
-	"github.com/trustbridge/trustbridge/internal/hsmtest"
+	"github.com/trustbridge/trustbridge/internal/testkit/catest"
+	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
 )
 
 var td = spiffeid.RequireTrustDomainFromString("example.org")

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/hsmtest"
+	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
 )
 
 func open(t testing.TB, module, label, pin string) *Manager {

@@ -32,7 +32,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // waitFor bounds every wait of the demo.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // exitFindings is the exit status of `trustbridge audit` when it found

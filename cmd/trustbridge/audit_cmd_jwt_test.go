@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // trustbridge audit reports a peer's weak JWT authority with its kid and

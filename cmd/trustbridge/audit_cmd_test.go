@@ -18,9 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
-	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/testlog"
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 func sha256Hex(b []byte) string {

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/audit"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 
 // caHealth is what the audit trail reads of the CA's health; *ca.Authority

@@ -19,8 +19,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/trust"
-	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/catest"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 )
 
 // stubHealth is a CA's health as a test sets it.

@@ -6,8 +6,8 @@ import (
 	"slices"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/audit"
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // jwtKeySeen is one of the CA's JWT signing keys as last seen.

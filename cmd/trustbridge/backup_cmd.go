@@ -14,7 +14,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/backup"
+	"github.com/trustbridge/trustbridge/internal/server/backup"
 )
 
 func newBackupCmd(e env) *cobra.Command {

@@ -18,8 +18,8 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/backup"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/server/backup"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // backedUpDataDir is a data dir a server ran on once, with a federated

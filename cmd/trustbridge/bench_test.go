@@ -13,7 +13,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
-	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
 // BenchmarkCreateCertificateUnderAttack measures legitimate certificate

@@ -10,11 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
-	"github.com/trustbridge/trustbridge/internal/connlimit"
+	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 )
 
 // connLimits bound the connections one TCP listener holds
-// (internal/connlimit): in total, and per source (an IPv4 address, or an
+// (internal/server/connlimit): in total, and per source (an IPv4 address, or an
 // IPv6 /64 as a whole). Zero fields take their listener's defaults.
 type connLimits struct {
 	max, perSource int

@@ -13,7 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
-	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
 // With --storage kube, federation add creates a ClusterFederatedTrustDomain

@@ -23,7 +23,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // startNamedServer runs a server for td with its bundle endpoint on
@@ -118,7 +118,7 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "nowhere.example", "--admin", "http://"+westAdmin)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "not federated")
-	// One refresh a second is internal/admin's TestRefreshRateLimit, on a
+	// One refresh a second is internal/server/admin's TestRefreshRateLimit, on a
 	// fake clock: here a slow fetch could take longer than the second.
 
 	// A web page the operator visits cannot drive the admin API.

@@ -30,9 +30,9 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
-	"github.com/trustbridge/trustbridge/internal/connlimit"
+	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/nodeauth"
+	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
 	"github.com/trustbridge/trustbridge/sds"
 )

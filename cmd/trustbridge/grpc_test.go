@@ -21,11 +21,11 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
-	"github.com/trustbridge/trustbridge/internal/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-// TestMain stops the shared real API server (internal/kubetest) after the
+// TestMain stops the shared real API server (internal/testkit/kubetest) after the
 // package's tests, if one of them started it.
 // cliEnv makes the test binary run the CLI on its arguments instead of
 // the tests: a real trustbridge process for tests that need one (a

@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/nodeauth"
+	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
 )
 
 // addImpersonationFlags adds the flag naming the node proxies allowed to

@@ -22,10 +22,10 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/crd"
-	"github.com/trustbridge/trustbridge/internal/admin"
+	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/ha"
-	"github.com/trustbridge/trustbridge/internal/hostcheck"
+	"github.com/trustbridge/trustbridge/internal/server/ha"
+	"github.com/trustbridge/trustbridge/internal/server/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/runall"

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 func getSnapshot(t *testing.T, admin string) trustview.Snapshot {

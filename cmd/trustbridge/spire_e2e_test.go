@@ -10,7 +10,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/spiretest"
+	"github.com/trustbridge/trustbridge/internal/testkit/spiretest"
 )
 
 // TestSPIREAcceptsRestoredBundle is issue 21's drill against a real SPIRE

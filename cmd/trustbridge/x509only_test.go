@@ -2,7 +2,7 @@ package main
 
 import (
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // Every trustbridge publishes its JWT signing keys next to its roots;

@@ -31,8 +31,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/trustbridge/trustbridge/internal/testca"
-	"github.com/trustbridge/trustbridge/internal/testlog"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 // idOnly drops the grant, for tests about who the caller is.

@@ -40,6 +40,6 @@ const (
 	IssuerURL = "issuer_url"
 	Keys      = "keys"
 	// Listener names a TCP listener ("grpc", "bundle", "admin") in the
-	// logs of its connection limits (internal/connlimit).
+	// logs of its connection limits (internal/server/connlimit).
 	Listener = "listener"
 )

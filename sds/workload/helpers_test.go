@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 func TestMain(m *testing.M) {

@@ -21,7 +21,7 @@ import (
 
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 func TestCellSetRefuses(t *testing.T) {

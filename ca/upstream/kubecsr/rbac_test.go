@@ -21,8 +21,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/upstream/kubecsr"
-	"github.com/trustbridge/trustbridge/internal/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testca"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // overlayCSRRule is the rule deploy/examples/upstream-kube-csr adds to

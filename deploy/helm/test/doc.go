@@ -12,7 +12,7 @@
 //   - values the server would refuse fail rendering, naming the value;
 //   - helm lint finds nothing worse than information;
 //   - every rendering passes `kubectl apply --dry-run=server` against the
-//     real API server tier (internal/kubetest).
+//     real API server tier (internal/testkit/kubetest).
 //
 // It is a module of its own so that Helm never enters trustbridge's
 // dependency graph:

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
 const (
@@ -28,7 +28,7 @@ const (
 	namespace = "trustbridge-system"
 )
 
-// kubeVersion is the API server tier's (internal/kubetest/tools pins
+// kubeVersion is the API server tier's (internal/testkit/kubetest/tools pins
 // k8s.io/kubernetes v1.35.4): the chart's kubeVersion must admit it.
 const kubeVersion = "v1.35.4"
 

@@ -23,11 +23,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/trustbridge/trustbridge/internal/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
-// The tests against a real API server (internal/kubetest) skip without
+// The tests against a real API server (internal/testkit/kubetest) skip without
 // one, unless TRUSTBRIDGE_KUBE_TESTS=require.
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 

@@ -1,0 +1,203 @@
+package audit
+
+import (
+	"cmp"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
+)
+
+// Thresholds of the findings.
+const (
+	ExpiryWarning  = 30 * 24 * time.Hour
+	ExpiryCritical = 7 * 24 * time.Hour
+	MinRSABits     = 3072
+)
+
+// Finding codes.
+const (
+	CodeExpired          = "authority_expired"
+	CodeExpiring         = "authority_expiring"
+	CodeWeakKey          = "weak_key"
+	CodeWeakSignature    = "weak_signature"
+	CodeNotCA            = "not_ca"
+	CodeStale            = "federation_stale"
+	CodeSequenceRegress  = "sequence_regression"
+	CodeSharedRoot       = "root_shared_across_trust_domains"
+	CodeNotHTTPS         = "endpoint_not_https"
+	CodeProfileFallback  = "profile_fallback"
+	CodeUnparsableAuthor = "authority_unparsable"
+	CodeNoTrustPolicy    = "no_trust_policy"
+	CodePolicyConflict   = "trust_policy_conflict"
+	CodePolicyUnfederate = "trust_policy_grants_unfederated"
+	CodePolicyRejected   = "trust_policy_source_rejected"
+)
+
+// Findings judges s with the default Options. They are sorted critical
+// first, then by trust domain and code.
+func Findings(s trustview.Snapshot) []trustview.Finding {
+	return FindingsWith(s, Options{})
+}
+
+// FindingsWith is Findings with o's thresholds (CheckOptions first).
+func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
+	o = o.withDefaults()
+	now := s.Time
+	if now.IsZero() {
+		now = time.Now()
+	}
+	var out []trustview.Finding
+	add := func(sev trustview.Severity, code, td, authority, msg, fix string) {
+		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td, Authority: authority, Message: msg, Fix: fix})
+	}
+	holders := map[string][]string{} // x509 sha256 -> trust domains
+	for _, td := range s.TrustDomains {
+		rotate := fmt.Sprintf("ask %s's operators to publish a successor root and move to it", td.Name)
+		if td.Local {
+			rotate = "rotate now: trustbridge ca rotate (the successor is published at once and signs after 5 refresh hints)"
+		}
+		out = append(out, jwtFindings(td, now)...)
+		out = append(out, hsmFindings(s, td)...)
+		out = append(out, upstreamFindings(s, td, now, o)...)
+		for _, a := range td.Authorities {
+			if a.Kind != trustview.KindX509 || isIntermediate(td, a) {
+				continue
+			}
+			if !slices.Contains(holders[a.SHA256], td.Name) {
+				holders[a.SHA256] = append(holders[a.SHA256], td.Name)
+			}
+			out = append(out, authorityFindings(td, a, now, rotate)...)
+		}
+		if f := td.Federation; f != nil {
+			if f.State == "stale" {
+				since := "never fetched"
+				if f.LastSuccess != nil {
+					since = "last success " + f.LastSuccess.UTC().Format(time.RFC3339)
+				}
+				add(trustview.SeverityWarning, CodeStale, td.Name, "",
+					fmt.Sprintf("federation with %s is stale (%s); its last good bundle is still trusted: %s", td.Name, since, f.LastError),
+					fmt.Sprintf("check that %s is reachable and serves a valid bundle (trustbridge federation status); remove the relationship if it is no longer needed", f.EndpointURL))
+			}
+			if n := f.Refusals["sequence_regression"]; n > 0 {
+				add(trustview.SeverityCritical, CodeSequenceRegress, td.Name, "",
+					fmt.Sprintf("%s served a bundle with a lower spiffe_sequence than one already trusted (%d times since start): a rollback or a replayed bundle", td.Name, n),
+					fmt.Sprintf("confirm with %s's operators whether their bundle was rolled back; trustbridge kept the newer bundle and refuses the older one", td.Name))
+			}
+			if n := f.Refusals["profile_mismatch"]; n > 0 {
+				add(trustview.SeverityCritical, CodeProfileFallback, td.Name, "",
+					fmt.Sprintf("%s presented the other federation profile's certificate on its %s endpoint (%d times since start); a client that fell back would have trusted it", td.Name, f.Profile, n),
+					"verify the endpoint's certificate and the configured profile and endpoint SPIFFE ID with the peer; never switch profiles to make it pass")
+			}
+			if u, err := url.Parse(f.EndpointURL); err != nil || u.Scheme != "https" {
+				add(trustview.SeverityCritical, CodeNotHTTPS, td.Name, "",
+					fmt.Sprintf("%s's bundle endpoint %q is not an https URL", td.Name, f.EndpointURL),
+					"use the peer's https bundle endpoint URL; bundles fetched without TLS can be replaced in transit")
+			}
+		}
+	}
+	out = append(out, policyFindings(s)...)
+	for sha, tds := range holders {
+		if len(tds) > 1 {
+			slices.Sort(tds)
+			add(trustview.SeverityCritical, CodeSharedRoot, strings.Join(tds, ","), sha,
+				fmt.Sprintf("the same root (sha256 %s) is trusted for %s: its key can mint identities in each of them", ShortHash(sha), strings.Join(tds, " and ")),
+				"every trust domain needs its own root; find out which trust domain owns this root and remove it from the others' bundles")
+		}
+	}
+	slices.SortFunc(out, func(a, b trustview.Finding) int {
+		if a.Severity != b.Severity {
+			if a.Severity == trustview.SeverityCritical {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(a.TrustDomain, b.TrustDomain), cmp.Compare(a.Code, b.Code), cmp.Compare(a.Authority, b.Authority))
+	})
+	return out
+}
+
+func authorityFindings(td trustview.TrustDomain, a trustview.Authority, now time.Time, rotate string) []trustview.Finding {
+	var out []trustview.Finding
+	name := a.Subject
+	if name == "" {
+		name = ShortHash(a.SHA256)
+	}
+	add := func(sev trustview.Severity, code, msg, fix string) {
+		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td.Name, Authority: a.SHA256, Message: msg, Fix: fix})
+	}
+	notAfter, isCA, sigAlg, keyAlg, bits := a.NotAfter, a.IsCA, a.SignatureAlgorithm, a.PublicKeyAlgorithm, a.KeyBits
+	if len(a.Certificate) > 0 {
+		// Judge the certificate itself, not what the server says of it.
+		c, err := x509.ParseCertificate(a.Certificate)
+		if err != nil {
+			add(trustview.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("authority %q of %s is not a parsable certificate: %v", name, td.Name, err),
+				"inspect the bundle (trustbridge bundle inspect) and remove the entry")
+			return out
+		}
+		na := c.NotAfter
+		notAfter, isCA = &na, c.BasicConstraintsValid && c.IsCA
+		sigAlg, keyAlg, bits = c.SignatureAlgorithm.String(), c.PublicKeyAlgorithm.String(), trustview.KeyBits(c.PublicKey)
+		if c.SignatureAlgorithm == x509.SHA1WithRSA || c.SignatureAlgorithm == x509.ECDSAWithSHA1 || c.SignatureAlgorithm == x509.DSAWithSHA1 {
+			sigAlg = "SHA1-" + keyAlg
+		}
+	}
+	if notAfter != nil {
+		left := notAfter.Sub(now)
+		switch {
+		case left <= 0:
+			add(trustview.SeverityCritical, CodeExpired,
+				fmt.Sprintf("authority %q of %s expired on %s", name, td.Name, notAfter.UTC().Format(time.DateOnly)),
+				"remove it from the bundle; certificates it signed no longer verify. "+rotate)
+		case left <= ExpiryCritical:
+			add(trustview.SeverityCritical, CodeExpiring,
+				fmt.Sprintf("authority %q of %s expires in %s (%s)", name, td.Name, days(left), notAfter.UTC().Format(time.DateOnly)),
+				rotate)
+		case left <= ExpiryWarning && a.State != "retired":
+			add(trustview.SeverityWarning, CodeExpiring,
+				fmt.Sprintf("authority %q of %s expires in %s (%s)", name, td.Name, days(left), notAfter.UTC().Format(time.DateOnly)),
+				rotate)
+		}
+	}
+	if keyAlg == "RSA" && bits > 0 && bits < MinRSABits {
+		add(trustview.SeverityWarning, CodeWeakKey,
+			fmt.Sprintf("authority %q of %s has a %d-bit RSA key (fewer than %d)", name, td.Name, bits, MinRSABits),
+			"move to RSA 3072+ or ECDSA P-256 at the next rotation (trustbridge server --ca-key-type)")
+	}
+	if strings.Contains(strings.ToUpper(sigAlg), "SHA1") {
+		add(trustview.SeverityWarning, CodeWeakSignature,
+			fmt.Sprintf("authority %q of %s is signed with %s", name, td.Name, sigAlg),
+			"re-issue the root with a SHA-256 (or stronger) signature")
+	}
+	if !isCA {
+		add(trustview.SeverityCritical, CodeNotCA,
+			fmt.Sprintf("authority %q in %s's bundle is not a CA certificate", name, td.Name),
+			"a bundle holds CA certificates only (X509-SVID §6); remove this entry: a leaf placed in a trust bundle is trusted as an anchor")
+	}
+	return out
+}
+
+func days(d time.Duration) string {
+	n := int(d.Hours() / 24)
+	switch {
+	case n < 1:
+		return "less than a day"
+	case n == 1:
+		return "1 day"
+	}
+	return fmt.Sprintf("%d days", n)
+}
+
+// AtLeast reports whether any finding is at sev or above.
+func AtLeast(fs []trustview.Finding, sev trustview.Severity) bool {
+	for _, f := range fs {
+		if f.Severity == trustview.SeverityCritical || f.Severity == sev {
+			return true
+		}
+	}
+	return false
+}

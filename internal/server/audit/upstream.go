@@ -1,0 +1,119 @@
+package audit
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
+)
+
+// Finding codes of a local CA that runs under an upstream authority.
+const (
+	// CodeIntermediateShort: the active intermediate ends before the
+	// longest workload certificate it may sign would, so leaves are cut
+	// short (ca.Sign clamps them to its expiry).
+	CodeIntermediateShort = "intermediate_expires_before_leaves"
+	// CodeUpstreamUnreachable: the upstream has been failing for longer
+	// than a set fraction of the intermediate's life.
+	CodeUpstreamUnreachable = "upstream_unreachable"
+)
+
+// DefaultUpstreamUnreachableFraction is the share of the intermediate's
+// lifetime the upstream may fail for before an audit warns; past half of
+// it, when the renewal was due, the finding is critical.
+const DefaultUpstreamUnreachableFraction = 0.25
+
+// Options tune the findings; the zero value takes the defaults.
+type Options struct {
+	// UpstreamUnreachableFraction, in (0, 1): see CodeUpstreamUnreachable.
+	UpstreamUnreachableFraction float64
+}
+
+// CheckOptions refuses options out of range.
+func CheckOptions(o Options) error {
+	if f := o.UpstreamUnreachableFraction; f != 0 && (f <= 0 || f >= 1) {
+		return fmt.Errorf("upstream unreachable fraction %v: want a number between 0 and 1 (exclusive)", f)
+	}
+	return nil
+}
+
+func (o Options) withDefaults() Options {
+	if o.UpstreamUnreachableFraction == 0 {
+		o.UpstreamUnreachableFraction = DefaultUpstreamUnreachableFraction
+	}
+	return o
+}
+
+// isIntermediate says whether a local authority is the CA's own
+// upstream-signed intermediate: it signs, but is no trust anchor, so the
+// anchors' checks (expiry within weeks, shared roots) do not apply to it.
+func isIntermediate(td trustview.TrustDomain, a trustview.Authority) bool {
+	return td.Local && a.Upstream != ""
+}
+
+// upstreamFindings judges the local CA's active intermediate and the
+// health of the upstream that signs it.
+func upstreamFindings(s trustview.Snapshot, td trustview.TrustDomain, now time.Time, o Options) []trustview.Finding {
+	if !td.Local || s.CA == nil {
+		return nil
+	}
+	var out []trustview.Finding
+	for _, a := range td.Authorities {
+		if !isIntermediate(td, a) || a.State != "active" || a.NotAfter == nil || a.NotBefore == nil {
+			continue
+		}
+		out = append(out, shortIntermediate(s.CA, td.Name, a, now)...)
+		out = append(out, unreachableUpstream(s.CA.Upstream, td.Name, a, now, o.UpstreamUnreachableFraction)...)
+	}
+	return out
+}
+
+func shortIntermediate(st *trustview.CAStatus, td string, a trustview.Authority, now time.Time) []trustview.Finding {
+	left := a.NotAfter.Sub(now)
+	maxTTL := time.Duration(st.MaxWorkloadTTLSeconds) * time.Second
+	if maxTTL <= 0 || left >= maxTTL {
+		return nil
+	}
+	sev := trustview.SeverityWarning
+	if def := time.Duration(st.WorkloadTTLSeconds) * time.Second; left < def || left <= 0 {
+		sev = trustview.SeverityCritical
+	}
+	return []trustview.Finding{{
+		Severity: sev, Code: CodeIntermediateShort, TrustDomain: td, Authority: a.SHA256,
+		Message: fmt.Sprintf("the active intermediate of %s (signed by %s) expires in %s, %s, before the longest workload certificate it may sign (--max-workload-ttl %s) would: leaves are cut short to its expiry",
+			td, a.Upstream, left.Round(time.Minute), a.NotAfter.UTC().Format(time.RFC3339), maxTTL),
+		Fix: "ask the upstream for a longer intermediate (--upstream-ttl, and the upstream's own maximum, e.g. --max-downstream-ttl), or lower --max-workload-ttl to fit it; if renewals fail, see upstream_unreachable",
+	}}
+}
+
+func unreachableUpstream(up *trustview.UpstreamStatus, td string, a trustview.Authority, now time.Time, fraction float64) []trustview.Finding {
+	if up == nil || up.Failures == 0 {
+		return nil
+	}
+	// The outage runs from its first failed request: renewals start at
+	// half the intermediate's life, so the time since the last success
+	// would call a minute's blip at renewal an outage of half a life.
+	// Snapshots from servers that predate failing_since fall back to it.
+	since := *a.NotBefore
+	switch {
+	case up.FailingSince != nil:
+		since = *up.FailingSince
+	case up.LastSuccess != nil:
+		since = *up.LastSuccess
+	}
+	life := a.NotAfter.Sub(*a.NotBefore)
+	down := now.Sub(since)
+	if life <= 0 || down <= time.Duration(fraction*float64(life)) {
+		return nil
+	}
+	sev := trustview.SeverityWarning
+	if down > life/2 {
+		sev = trustview.SeverityCritical
+	}
+	return []trustview.Finding{{
+		Severity: sev, Code: CodeUpstreamUnreachable, TrustDomain: td, Authority: a.SHA256,
+		Message: fmt.Sprintf("upstream %s has failed to sign an intermediate of %s for %s since %s (%.0f%% of the intermediate's %s life; %d failures, last: %s); the current intermediate expires %s",
+			up.Name, td, down.Round(time.Minute), since.UTC().Format(time.RFC3339), 100*float64(down)/float64(life), life, up.Failures, up.LastError, a.NotAfter.UTC().Format(time.RFC3339)),
+		Fix: "restore the upstream (its address, this server's credential and its place in the upstream's allow-list: see the last error); once the intermediate expires this CA signs nothing",
+	}}
+}

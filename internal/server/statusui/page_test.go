@@ -1,0 +1,413 @@
+package statusui
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server/trustview"
+)
+
+func serve(t *testing.T, h http.Handler, method string) *httptest.ResponseRecorder {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, "/ui", nil))
+	return rec
+}
+
+func TestHandlerMethodsAndHeaders(t *testing.T) {
+	s, fs := realisticSnapshot()
+	tests := []struct {
+		method   string
+		status   int
+		wantBody bool
+	}{
+		{http.MethodGet, http.StatusOK, true},
+		{http.MethodHead, http.StatusOK, false},
+		{http.MethodPost, http.StatusMethodNotAllowed, false},
+		{http.MethodPut, http.StatusMethodNotAllowed, false},
+		{http.MethodDelete, http.StatusMethodNotAllowed, false},
+		{http.MethodPatch, http.StatusMethodNotAllowed, false},
+		{http.MethodOptions, http.StatusMethodNotAllowed, false},
+		{"TRACE", http.StatusMethodNotAllowed, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method, func(t *testing.T) {
+			calls := 0
+			h := Handler(func() trustview.Snapshot { calls++; return s }, func(trustview.Snapshot) []trustview.Finding { return fs })
+			rec := serve(t, h, tt.method)
+			require.Equal(t, tt.status, rec.Code)
+			hdr := rec.Header()
+			assert.Equal(t, "no-store", hdr.Get("Cache-Control"))
+			assert.Equal(t, "nosniff", hdr.Get("X-Content-Type-Options"))
+			assert.Equal(t, "DENY", hdr.Get("X-Frame-Options"))
+			assert.Equal(t, "no-referrer", hdr.Get("Referrer-Policy"))
+			csp := hdr.Get("Content-Security-Policy")
+			assert.True(t, strings.HasPrefix(csp, "default-src 'none'; style-src 'unsafe-inline'; img-src data:"), csp)
+			assert.Contains(t, csp, "frame-ancestors 'none'")
+			assert.NotContains(t, csp, "script-src")
+			if tt.status != http.StatusOK {
+				assert.Equal(t, "GET, HEAD", hdr.Get("Allow"))
+				assert.Zero(t, calls, "a refused method must not build a snapshot")
+				return
+			}
+			assert.Equal(t, "text/html; charset=utf-8", hdr.Get("Content-Type"))
+			n, err := strconv.Atoi(hdr.Get("Content-Length"))
+			require.NoError(t, err)
+			assert.Greater(t, n, 10000)
+			assert.Equal(t, tt.wantBody, rec.Body.Len() > 0)
+			if tt.wantBody {
+				assert.Equal(t, n, rec.Body.Len())
+				assert.True(t, strings.HasPrefix(rec.Body.String(), "<!DOCTYPE html>"))
+			}
+			assert.Equal(t, 1, calls)
+		})
+	}
+}
+
+func TestHandlerNilSnapshotPanics(t *testing.T) {
+	assert.PanicsWithValue(t, "statusui: nil snapshot function", func() { Handler(nil, nil) })
+}
+
+func TestPageFindingsNotEvaluated(t *testing.T) {
+	s, _ := realisticSnapshot()
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+	assert.Contains(t, text(d.byID("findings")), "not evaluated")
+	assert.Empty(t, d.withClass("finding"))
+}
+
+func TestPageNoFindings(t *testing.T) {
+	s, _ := realisticSnapshot()
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return nil }), http.MethodGet)
+	d := parseDOM(t, rec.Body)
+	assert.Contains(t, text(d.byID("findings")), "No findings")
+}
+
+// TestPageContent checks the realistic page answers whom, by which keys,
+// since when and from where.
+func TestPageContent(t *testing.T) {
+	s, fs := realisticSnapshot()
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+	assertInert(t, d)
+
+	assert.Equal(t, "prod.acme.example", text(d.byID("local-trust-domain")))
+	assert.Contains(t, text(d.byID("replica")), "trustbridge-7d9f8c6b5-x2k4q")
+	assert.Contains(t, text(d.byID("replica")), "leader")
+	assert.Equal(t, "2026-11-22T12:00:00Z", attr(d.byID("snapshot-time"), "datetime"))
+
+	// One table row per trust domain, in snapshot order, with its state.
+	rows := d.withClass("td-row")
+	require.Len(t, rows, len(s.TrustDomains))
+	wantState := map[string]string{
+		"prod.acme.example": "local", "analytics.vendor.example": "failing", "corp-root.acme.example": "static",
+		"legacy.acme.example": "stale", "partner-bank.example": "ok",
+	}
+	for i, row := range rows {
+		name := s.TrustDomains[i].Name
+		assert.Equal(t, name, attr(row, "data-td"))
+		badge := parseDOMNode(row).withClass("badge")
+		require.NotEmpty(t, badge, name)
+		assert.Equal(t, wantState[name], text(badge[0]), name)
+		assert.True(t, hasClass(badge[0], wantState[name]), name)
+	}
+	table := text(d.byID("trust-domains"))
+	for _, want := range []string{
+		"https://bundles.vendor.example/analytics", "https_web", "https_spiffe", "spiffe://partner-bank.example/trustbridge",
+		"1289", "4m ago", "in 26m", "x509: certificate signed by unknown authority", "4 consecutive failures",
+		"timeout ×1, tls ×4", "/etc/trustbridge/bundles/corp-root.json", "partner-bank", "--federate", "--federation-config",
+	} {
+		assert.Contains(t, table, want)
+	}
+
+	// Graph: the local node and one per other trust domain, edges coloured
+	// by state, the file-sourced one dashed.
+	graph := parseDOMNode(d.byID("federation-graph"))
+	nodes := graph.withClass("node")
+	require.Len(t, nodes, len(s.TrustDomains))
+	edges := graph.withClass("edge")
+	require.Len(t, edges, len(s.TrustDomains)-1)
+	var dashed, failing int
+	for _, e := range edges {
+		if hasClass(e, "dashed") {
+			dashed++
+			assert.True(t, hasClass(e, "edge-static"))
+		}
+		if hasClass(e, "edge-failing") {
+			failing++
+		}
+	}
+	assert.Equal(t, 1, dashed)
+	assert.Equal(t, 1, failing)
+	labels := text(graph.root)
+	assert.Contains(t, labels, "https_spiffe")
+	assert.Contains(t, labels, "bundle file")
+
+	// Timeline: one bar per X.509 authority, labelled with subject and
+	// short fingerprint, and today marked.
+	tl := parseDOMNode(d.byID("authority-timeline"))
+	bars := tl.withClass("authority")
+	x509 := 0
+	for _, td := range s.TrustDomains {
+		for _, a := range td.Authorities {
+			if a.Kind == trustview.KindX509 {
+				x509++
+			}
+		}
+	}
+	require.Len(t, bars, x509)
+	retired := s.TrustDomains[0].Authorities[0]
+	assert.Contains(t, text(bars[0]), "prod.acme.example root 2025-12")
+	assert.Contains(t, text(bars[0]), "sha256:"+retired.SHA256[:11])
+	assert.Contains(t, text(bars[0]), "retired")
+	today := d.byID("today-line")
+	require.NotNil(t, today)
+	x, err := strconv.ParseFloat(attr(today, "x1"), 64)
+	require.NoError(t, err)
+	assert.Greater(t, x, tlPlotX0)
+	assert.Less(t, x, tlPlotX1)
+	assert.Equal(t, "today 2026-11-22", text(d.byID("today-label")))
+	classes := map[string]int{}
+	for _, b := range tl.withClass("bar") {
+		for _, c := range strings.Fields(attr(b, "class")) {
+			classes[c]++
+		}
+	}
+	assert.Equal(t, 1, classes["bar-warning"], "retired root expiring in 9 days")
+	assert.Equal(t, 1, classes["bar-critical"], "vendor root expiring in 5 days")
+	assert.Equal(t, 1, classes["bar-active"])
+	assert.Equal(t, 1, classes["bar-prepared"])
+	assert.Equal(t, 4, classes["bar-trusted"])
+
+	// Findings: critical first, each with its fix.
+	fl := d.withClass("finding")
+	require.Len(t, fl, len(fs))
+	for i, f := range fl {
+		wantCritical := i < 2
+		assert.Equal(t, wantCritical, hasClass(f, "critical"), "finding %d", i)
+		assert.Contains(t, text(f), "Fix:")
+	}
+
+	// Authorities: every one, JWT keys too, with since.
+	ar := d.withClass("authority-row")
+	assert.Len(t, ar, x509+2)
+	auth := text(d.byID("authorities"))
+	assert.Contains(t, auth, "key c2b3Xq9LmT")
+	assert.Contains(t, auth, "2026-06-02 08:00")
+	assert.Contains(t, auth, "RSA 2048")
+}
+
+// TestPageEscapesHostileStrings puts markup and script in every free-text
+// field and checks that they arrive as text, never as elements or
+// attributes.
+func TestPageEscapesHostileStrings(t *testing.T) {
+	s, fs := hostileSnapshot()
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	body := rec.Body.String()
+	for _, bad := range []string{"<script", "<img", "<svg onload"} {
+		assert.False(t, strings.Contains(strings.ToLower(body), bad), "body contains %q", bad)
+	}
+	d := parseDOM(t, strings.NewReader(body))
+	assertInert(t, d)
+	// The strings are shown, as text, where they belong.
+	assert.Equal(t, hostile, text(d.byID("local-trust-domain")))
+	for _, id := range []string{"replica", "findings", "trust-domains", "authorities", "federation-graph", "authority-timeline"} {
+		assert.Contains(t, text(d.byID(id)), `<script>alert(1)</script>`, id)
+	}
+	assert.Contains(t, text(d.byID("trust-domains")), "javascript:alert(4)")
+	// No snapshot value becomes a class: the unknown state is "unknown".
+	for _, n := range d.elements("") {
+		assert.NotContains(t, attr(n, "class"), "alert", n.Data)
+	}
+}
+
+func TestPageDeterministic(t *testing.T) {
+	s, fs := realisticSnapshot()
+	s.TrustDomains[1].Federation.Refusals = map[string]uint64{"tls": 4, "timeout": 1, "sequence_regression": 2, "profile_mismatch": 1, "too_large": 3}
+	var first []byte
+	for i := range 20 {
+		var buf bytes.Buffer
+		require.NoError(t, render(&buf, build(s, fs, true)))
+		if i == 0 {
+			first = buf.Bytes()
+			continue
+		}
+		require.Equal(t, string(first), buf.String(), "render %d differs", i)
+	}
+	assert.Contains(t, string(first), "profile_mismatch ×1, sequence_regression ×2, timeout ×1, tls ×4, too_large ×3")
+}
+
+func TestPageEmptySnapshot(t *testing.T) {
+	rec := serve(t, Handler(func() trustview.Snapshot { return trustview.Snapshot{} }, nil), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+	assertInert(t, d)
+	assert.Contains(t, text(d.byID("authority-timeline")), "No X.509 authority")
+	assert.Contains(t, text(d.byID("federation-graph")), "no federated trust domains")
+	assert.Nil(t, d.byID("snapshot-time"))
+}
+
+func TestBuildSummary(t *testing.T) {
+	s, fs := realisticSnapshot()
+	p := build(s, fs, true)
+	assert.Equal(t, summary{
+		TrustDomains: 5, Federated: 3, Static: 1, Local: 1, OK: 1, Failing: 1, Stale: 1,
+		X509: 8, Keys: 2, Critical: 2, Warning: 3, ActiveRoots: 1, PreparedRoots: 1, Retired: 1,
+		Expiry:      stampOf(at("2026-11-27T09:30:00Z"), fixtureNow),
+		ExpiryClass: "critical", ExpiryWhat: "analytics.vendor.example · analytics.vendor.example SPIFFE root",
+	}, p.Summary)
+	assert.Equal(t, "in 4d", p.Summary.Expiry.Rel)
+}
+
+func TestTrustDomainState(t *testing.T) {
+	tests := []struct {
+		td         trustview.TrustDomain
+		text, cls  string
+		origin     string
+		originMore string
+	}{
+		{trustview.TrustDomain{Local: true, Sources: []string{"ca"}}, "local", "local", "own CA", ""},
+		{trustview.TrustDomain{Local: true, Sources: []string{"ca", "file:/b.json"}}, "local", "local", "own CA", "+ bundle file /b.json"},
+		{trustview.TrustDomain{Sources: []string{"file:/a.json", "file:/b.json"}}, "static", "static", "bundle file", "/a.json, /b.json"},
+		{trustview.TrustDomain{Sources: []string{"other"}}, "static", "static", "other", ""},
+		{trustview.TrustDomain{}, "static", "static", "—", ""},
+		{trustview.TrustDomain{Federation: &trustview.Federation{State: "ok", Origin: "flag"}}, "ok", "ok", "flag", "--federate"},
+		{trustview.TrustDomain{Federation: &trustview.Federation{State: "failing", Origin: "file"}}, "failing", "failing", "config file", "--federation-config"},
+		{trustview.TrustDomain{Federation: &trustview.Federation{State: "stale", Origin: "crd:west"}}, "stale", "stale", "CRD", "west"},
+		{trustview.TrustDomain{Federation: &trustview.Federation{State: "pending", Origin: "elsewhere"}}, "pending", "pending", "elsewhere", ""},
+		{trustview.TrustDomain{Federation: &trustview.Federation{State: "weird"}}, "weird", "unknown", "—", ""},
+		{trustview.TrustDomain{Federation: &trustview.Federation{}}, "unknown", "unknown", "—", ""},
+	}
+	for i, tt := range tests {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			text, cls := tdState(tt.td)
+			assert.Equal(t, tt.text, text)
+			assert.Equal(t, tt.cls, cls)
+			o, more := origin(tt.td)
+			assert.Equal(t, tt.origin, o)
+			assert.Equal(t, tt.originMore, more)
+		})
+	}
+}
+
+func TestRelative(t *testing.T) {
+	tests := []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "now"},
+		{30 * time.Second, "now"},
+		{-30 * time.Second, "now"},
+		{5 * time.Minute, "in 5m"},
+		{-5 * time.Minute, "5m ago"},
+		{3 * time.Hour, "in 3h"},
+		{-47 * time.Hour, "47h ago"},
+		{49 * time.Hour, "in 2d"},
+		{-400 * day, "400d ago"},
+		{3 * 365 * day, "in 3.0y"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.d.String(), func(t *testing.T) { assert.Equal(t, tt.want, relative(tt.d)) })
+	}
+}
+
+func TestExpiryClass(t *testing.T) {
+	tests := []struct {
+		in   time.Duration
+		want string
+	}{
+		{-time.Hour, "expired"}, {0, "expired"}, {time.Hour, "critical"}, {7 * day, "critical"},
+		{7*day + time.Minute, "warning"}, {30 * day, "warning"}, {31 * day, "fine"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in.String(), func(t *testing.T) {
+			assert.Equal(t, tt.want, expiryClass(fixtureNow.Add(tt.in), fixtureNow))
+		})
+	}
+}
+
+func TestDisplayName(t *testing.T) {
+	tests := []struct {
+		a    trustview.Authority
+		want string
+	}{
+		{trustview.Authority{Subject: "CN=root,O=Acme"}, "root"},
+		{trustview.Authority{Subject: "O=Acme,CN=a\\,b"}, "a,b"},
+		{trustview.Authority{Subject: "O=Acme+CN=multi"}, "multi"},
+		{trustview.Authority{Subject: "O=Acme"}, "O=Acme"},
+		{trustview.Authority{KeyID: "k1"}, "key k1"},
+		{trustview.Authority{}, "(unnamed)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) { assert.Equal(t, tt.want, displayName(tt.a)) })
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	assert.Equal(t, "abc", truncate("abc", 3))
+	assert.Equal(t, "ab…", truncate("abcd", 3))
+	assert.Equal(t, "äö…", truncate("äöüß", 3))
+}
+
+func TestNum(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 1.25: "1.3", -1.25: "-1.3", 100: "100", 12.04: "12"} {
+		assert.Equal(t, want, num(v), fmt.Sprint(v))
+	}
+}
+
+// The trust policy panel says, per federated trust domain, which local
+// workloads may trust it and by which rule, with the policy's sources
+// and conflicts.
+func TestPagePolicy(t *testing.T) {
+	s, fs := realisticSnapshot()
+	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+	assertInert(t, d)
+	panel := text(d.byID("trust-policy"))
+	for _, want := range []string{
+		"2 rules", "default deny", "file:/etc/trustbridge/policy.yaml", "last change refused, previous rules kept: ClusterTrustPolicy ops-wide",
+		`rule "payments-to-bank"`, "payments-to-bank", "spiffe://prod.acme.example/ns/payments/* · namespace=payments labels=tier=api",
+		"peers: spiffe://partner-bank.example/ns/billing/sa/api", "3 workloads seen, recently spiffe://prod.acme.example/ns/payments/sa/checkout",
+		"peers: every member",
+	} {
+		assert.Contains(t, panel, want)
+	}
+	rows := d.withClass("policy-row")
+	require.Len(t, rows, len(s.TrustDomains)-1, "every federated trust domain, not the local one")
+	who := map[string]string{}
+	for _, row := range rows {
+		who[attr(row, "data-td")] = text(parseDOMNode(row).withClass("who")[0])
+	}
+	assert.Equal(t, "workloads of 2 rules", who["partner-bank.example"])
+	assert.Equal(t, "no workload (no rule names it; default deny)", who["analytics.vendor.example"])
+
+	// Without a policy: everyone, said plainly.
+	s.TrustPolicy = &trustview.TrustPolicy{Default: "allow"}
+	for i := range s.TrustDomains {
+		if !s.TrustDomains[i].Local {
+			s.TrustDomains[i].TrustedBy = &trustview.TrustedBy{Default: "allow"}
+		}
+	}
+	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	d = parseDOM(t, rec.Body)
+	assert.Contains(t, text(d.byID("trust-policy")), "No policy source: every workload trusts every federated trust domain")
+	assert.Contains(t, text(d.byID("trust-policy")), "every workload (no rule names it; default allow)")
+
+	// A server that predates policies: no panel.
+	s.TrustPolicy = nil
+	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	assert.Nil(t, parseDOM(t, rec.Body).byID("trust-policy"))
+}
