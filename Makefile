@@ -19,7 +19,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot hsm-tools build-pkcs11
+.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot hsm-tools build-pkcs11 print-test-phases
 
 all: build
 
@@ -55,6 +55,11 @@ demo: build
 # test: what CI runs. `go test` also runs every fuzz target's seed corpus
 # (f.Add seeds and testdata/fuzz/) as ordinary tests.
 test: fmt-check vet tidy-check build unit istio-tests-short helm-tests image-tests
+
+# print-test-phases: the goals `make test` runs, in order, with the tools
+# `unit` needs as goals of their own, so .ci/run can time each phase.
+print-test-phases:
+	@echo fmt-check vet tidy-check build kube-tools spire-tools ui-tools hsm-tools unit istio-tests-short helm-tests image-tests
 
 fmt-check:
 	@out=$$(find . -name '*.go' -not -path './bin/*' -not -path './.git/*' -print0 | xargs -0 gofmt -l); \
@@ -201,7 +206,7 @@ hsm-tools:
 # ui-screenshot: regenerate docs/ui.png from the realistic snapshot in
 # internal/server/statusui's tests (commit the result when the page changes).
 ui-screenshot: ui-tools
-	TRUSTBRIDGE_UI_TESTS=require $(GO) test -count=1 -run '^TestChromiumStatusPage$$' ./internal/statusui -update-screenshot
+	TRUSTBRIDGE_UI_TESTS=require $(GO) test -count=1 -run '^TestChromiumStatusPage$$' ./internal/server/statusui -update-screenshot
 
 # fuzz: the fuzz campaign, recorded in FUZZING.md by internal/testkit/fuzzreport:
 # every fuzz target in the module for FUZZTIME (default 1m), and those
@@ -216,7 +221,7 @@ FUZZTIME_LONG ?= 10m
 FUZZPARALLEL ?= 2
 FUZZARGS ?=
 fuzz:
-	$(GO) run ./internal/fuzzreport -time $(FUZZTIME) -longtime $(FUZZTIME_LONG) -parallel $(FUZZPARALLEL) \
+	$(GO) run ./internal/testkit/fuzzreport -time $(FUZZTIME) -longtime $(FUZZTIME_LONG) -parallel $(FUZZPARALLEL) \
 		-minimizetime $(FUZZMINIMIZETIME) -results bin/fuzz/results.tsv -out FUZZING.md -notes internal/testkit/fuzzreport/NOTES.md \
 		-cmd "make fuzz FUZZTIME=$(FUZZTIME) FUZZTIME_LONG=$(FUZZTIME_LONG) FUZZPARALLEL=$(FUZZPARALLEL)" $(FUZZARGS)
 
@@ -227,7 +232,7 @@ fuzz:
 bench: build
 	mkdir -p bin
 	TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... > bin/bench.txt || (cat bin/bench.txt; exit 1)
-	$(GO) run ./internal/benchreport -in bin/bench.txt -out BENCHMARKS.md \
+	$(GO) run ./internal/testkit/benchreport -in bin/bench.txt -out BENCHMARKS.md \
 		-notes internal/testkit/benchreport/NOTES.md -cmd "make bench BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT)"
 
 # bench-istio: CreateCertificate from Istio's own CA client in a process of

@@ -7,7 +7,7 @@
 // tests; without TRUSTBRIDGE_BIN the benchmark skips.
 //
 //	make bench    # builds bin/trustbridge and sets TRUSTBRIDGE_BIN
-//	TRUSTBRIDGE_BIN=$PWD/bin/trustbridge go test -run '^$' -bench WholeProcess ./internal/bundlebench
+//	TRUSTBRIDGE_BIN=$PWD/bin/trustbridge go test -run '^$' -bench WholeProcess ./internal/testkit/bundlebench
 //
 // TRUSTBRIDGE_BIN_BASE, when set, names a second binary (a build of an
 // earlier commit, say) that joins the same rounds, for an A/B comparison
