@@ -23,8 +23,8 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 )
 
 // fakeAccounts decides Kubernetes grants as authn.ServiceAccountGrants

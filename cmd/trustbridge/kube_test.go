@@ -38,8 +38,8 @@ import (
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/leader"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
 func TestKubeStorageFlagErrors(t *testing.T) {

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
-	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/sds"
 )

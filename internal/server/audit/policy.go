@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 // policyFindings judges the trust policy of s: none at all while the
