@@ -70,22 +70,11 @@ func Accept(held, fetched *spiffebundle.Bundle, allowEmpty bool) (Decision, erro
 		return 0, errors.New("federation: accept: no fetched bundle")
 	}
 	if held != nil {
-		if held.TrustDomain() != fetched.TrustDomain() {
-			return 0, fmt.Errorf("federation: accept: %w: fetched %q, held %q", ErrTrustDomainMismatch, fetched.TrustDomain().Name(), held.TrustDomain().Name())
+		unchanged, err := againstHeld(held, fetched)
+		if err != nil {
+			return 0, err
 		}
-		sameKeys := sameAuthorities(held, fetched)
-		hs, hok := held.SequenceNumber()
-		fs, fok := fetched.SequenceNumber()
-		if hok && fok {
-			switch {
-			case fs < hs:
-				return 0, fmt.Errorf("federation: accept: %w: fetched %d, held %d", ErrSequenceRegression, fs, hs)
-			case fs == hs && !sameKeys:
-				d := Diff(held, fetched)
-				return 0, fmt.Errorf("federation: accept: %w: sequence %d, %d authorities added, %d removed", ErrSequenceConflict, fs, len(d.Added), len(d.Removed))
-			}
-		}
-		if sameKeys && hok == fok && hs == fs && sameRefreshHint(held, fetched) {
+		if unchanged {
 			return DecisionUnchanged, nil
 		}
 	}
@@ -93,6 +82,28 @@ func Accept(held, fetched *spiffebundle.Bundle, allowEmpty bool) (Decision, erro
 		return 0, fmt.Errorf("federation: accept: %w (revocation of every key is applied only when empty bundles are allowed)", ErrEmptyBundle)
 	}
 	return DecisionAccept, nil
+}
+
+// againstHeld is Accept's verdict on fetched against held, its trust
+// domain's bundle: an error refuses fetched, and unchanged says it is held
+// again.
+func againstHeld(held, fetched *spiffebundle.Bundle) (unchanged bool, err error) {
+	if held.TrustDomain() != fetched.TrustDomain() {
+		return false, fmt.Errorf("federation: accept: %w: fetched %q, held %q", ErrTrustDomainMismatch, fetched.TrustDomain().Name(), held.TrustDomain().Name())
+	}
+	sameKeys := sameAuthorities(held, fetched)
+	hs, hok := held.SequenceNumber()
+	fs, fok := fetched.SequenceNumber()
+	if hok && fok {
+		switch {
+		case fs < hs:
+			return false, fmt.Errorf("federation: accept: %w: fetched %d, held %d", ErrSequenceRegression, fs, hs)
+		case fs == hs && !sameKeys:
+			d := Diff(held, fetched)
+			return false, fmt.Errorf("federation: accept: %w: sequence %d, %d authorities added, %d removed", ErrSequenceConflict, fs, len(d.Added), len(d.Removed))
+		}
+	}
+	return sameKeys && hok == fok && hs == fs && sameRefreshHint(held, fetched), nil
 }
 
 func sameRefreshHint(a, b *spiffebundle.Bundle) bool {

@@ -347,9 +347,8 @@ func refresh(n *yaml.Node, path, label string) (Refresh, error) {
 func (p *configParser) bootstrap(ep *Endpoint, m map[string]*yamlcheck.Entry, path, label string) error {
 	inline, file := m[keyTrustDomainBundle], m[keyTrustDomainBundleFile]
 	var (
-		doc    []byte
-		source string
-		at     *yaml.Node
+		d   bootstrapDoc
+		err error
 	)
 	switch {
 	case inline != nil && file != nil:
@@ -359,41 +358,67 @@ func (p *configParser) bootstrap(ep *Endpoint, m map[string]*yamlcheck.Entry, pa
 		}
 		return yamlcheck.ErrorAt(second.Key, "%s: %s and %s are mutually exclusive", label, keyTrustDomainBundle, keyTrustDomainBundleFile)
 	case inline != nil:
-		s, err := scalar(inline.Value, path, keyTrustDomainBundle)
-		if err != nil {
-			return err
-		}
-		if strings.TrimSpace(s) == "" {
-			return yamlcheck.ErrorAt(inline.Value, "%s: %s is empty", label, keyTrustDomainBundle)
-		}
-		doc, source, at = []byte(s), keyTrustDomainBundle, inline.Value
+		d, err = inlineBootstrap(inline, path, label)
 	case file != nil:
-		name, err := scalar(file.Value, path, keyTrustDomainBundleFile)
-		if err != nil {
-			return err
-		}
-		source, at = fmt.Sprintf("%s %q", keyTrustDomainBundleFile, name), file.Value
-		if p.readFile == nil {
-			return yamlcheck.ErrorAt(at, "%s: %s not supported here", label, keyTrustDomainBundleFile)
-		}
-		if name == "" {
-			return yamlcheck.ErrorAt(at, "%s: %s is empty", label, keyTrustDomainBundleFile)
-		}
-		if doc, err = readBootstrapFile(name, p.readFile); err != nil {
-			return yamlcheck.ErrorAt(at, "%s: %s: %w", label, source, err)
-		}
-		ep.BootstrapBundleFile = name
+		d, err = p.fileBootstrap(file, path, label)
 	default:
 		return nil
 	}
-	warnings, err := setBootstrap(ep, doc)
 	if err != nil {
-		return yamlcheck.ErrorAt(at, "%s: %s: %w", label, source, err)
+		return err
+	}
+	if d.file != "" {
+		ep.BootstrapBundleFile = d.file
+	}
+	warnings, err := setBootstrap(ep, d.doc)
+	if err != nil {
+		return yamlcheck.ErrorAt(d.at, "%s: %s: %w", label, d.source, err)
 	}
 	for _, w := range warnings {
-		p.warnings = append(p.warnings, fmt.Sprintf("%s: %s: %s", label, source, w.String()))
+		p.warnings = append(p.warnings, fmt.Sprintf("%s: %s: %s", label, d.source, w.String()))
 	}
 	return nil
+}
+
+// bootstrapDoc is a bootstrap bundle document as a federation entry gives
+// it: where, for messages (source names the key, and the file), and the
+// file's name when it came from one.
+type bootstrapDoc struct {
+	doc    []byte
+	source string
+	at     *yaml.Node
+	file   string
+}
+
+// inlineBootstrap is the document of a trustDomainBundle entry.
+func inlineBootstrap(inline *yamlcheck.Entry, path, label string) (bootstrapDoc, error) {
+	s, err := scalar(inline.Value, path, keyTrustDomainBundle)
+	if err != nil {
+		return bootstrapDoc{}, err
+	}
+	if strings.TrimSpace(s) == "" {
+		return bootstrapDoc{}, yamlcheck.ErrorAt(inline.Value, "%s: %s is empty", label, keyTrustDomainBundle)
+	}
+	return bootstrapDoc{doc: []byte(s), source: keyTrustDomainBundle, at: inline.Value}, nil
+}
+
+// fileBootstrap reads the document a trustDomainBundleFile entry names.
+func (p *configParser) fileBootstrap(file *yamlcheck.Entry, path, label string) (bootstrapDoc, error) {
+	name, err := scalar(file.Value, path, keyTrustDomainBundleFile)
+	if err != nil {
+		return bootstrapDoc{}, err
+	}
+	d := bootstrapDoc{source: fmt.Sprintf("%s %q", keyTrustDomainBundleFile, name), at: file.Value, file: name}
+	if p.readFile == nil {
+		return bootstrapDoc{}, yamlcheck.ErrorAt(d.at, "%s: %s not supported here", label, keyTrustDomainBundleFile)
+	}
+	if name == "" {
+		return bootstrapDoc{}, yamlcheck.ErrorAt(d.at, "%s: %s is empty", label, keyTrustDomainBundleFile)
+	}
+	if d.doc, err = readBootstrapFile(name, p.readFile); err != nil {
+		return bootstrapDoc{}, yamlcheck.ErrorAt(d.at, "%s: %s: %w", label, d.source, err)
+	}
+	return d, nil
 }
 
 // scalar returns the value of a string scalar. Other scalars are refused

@@ -11,7 +11,7 @@ func (p *Poller) Bundles() []*spiffebundle.Bundle {
 	defer p.mu.Unlock()
 	out := make([]*spiffebundle.Bundle, 0, len(p.order))
 	for _, td := range p.order {
-		if b := p.states[td].held; b != nil {
+		if b := p.rels[td].held; b != nil {
 			out = append(out, b)
 		}
 	}

@@ -222,19 +222,6 @@ func (f *Fetcher) fetch(ctx context.Context, ep Endpoint, etag string) (*FetchRe
 	ctx, cancel := f.cfg.withTimeout(ctx, f.cfg.Timeout)
 	defer cancel()
 
-	dialer := &net.Dialer{Control: f.controlDial}
-	transport := &http.Transport{
-		// No proxy: the address check must see the real peer, and a bundle
-		// endpoint is never reached through an environment-chosen proxy.
-		Proxy:                  nil,
-		DialContext:            dialer.DialContext,
-		TLSClientConfig:        tlsConfig,
-		DisableKeepAlives:      true,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes,
-	}
-	defer transport.CloseIdleConnections()
-	client := &http.Client{Transport: transport, CheckRedirect: f.checkRedirect}
-
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.URL.String(), nil)
 	if err != nil {
 		return nil, err
@@ -243,6 +230,8 @@ func (f *Fetcher) fetch(ctx context.Context, ep Endpoint, etag string) (*FetchRe
 	if etag != "" {
 		req.Header.Set("If-None-Match", etag)
 	}
+	client, done := f.client(tlsConfig)
+	defer done()
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, f.timeoutError(parent, ctx, classifyTransportError(err))
@@ -259,7 +248,28 @@ func (f *Fetcher) fetch(ctx context.Context, ep Endpoint, etag string) (*FetchRe
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("%w %s from %s", ErrStatus, resp.Status, urlString(resp.Request.URL))
 	}
+	return f.readBundle(parent, ctx, ep, resp)
+}
 
+// client is an HTTP client for one fetch, with its own transport; done
+// closes the transport's connections.
+func (f *Fetcher) client(tlsConfig *tls.Config) (c *http.Client, done func()) {
+	dialer := &net.Dialer{Control: f.controlDial}
+	transport := &http.Transport{
+		// No proxy: the address check must see the real peer, and a bundle
+		// endpoint is never reached through an environment-chosen proxy.
+		Proxy:                  nil,
+		DialContext:            dialer.DialContext,
+		TLSClientConfig:        tlsConfig,
+		DisableKeepAlives:      true,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
+	}
+	return &http.Client{Transport: transport, CheckRedirect: f.checkRedirect}, transport.CloseIdleConnections
+}
+
+// readBundle reads and parses a 200 answer's body within ctx, the fetch's
+// deadline under the caller's parent.
+func (f *Fetcher) readBundle(parent, ctx context.Context, ep Endpoint, resp *http.Response) (*FetchResult, error) {
 	var warnings []bundledoc.Warning
 	if w, err := checkContentType(resp.Header.Get("Content-Type")); err != nil {
 		return nil, err

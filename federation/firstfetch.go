@@ -171,8 +171,8 @@ func StoreHolds(lkg LastKnownGood, td spiffeid.TrustDomain) bool {
 // poller's lock.
 func (p *Poller) Holds(td spiffeid.TrustDomain) bool {
 	p.mu.Lock()
-	st, ok := p.states[td]
-	fetched := ok && st.fetched()
+	r, ok := p.rels[td]
+	fetched := ok && r.fetched()
 	p.mu.Unlock()
 	return fetched || StoreHolds(p.cfg.LKG, td)
 }

@@ -27,7 +27,7 @@ func TestForget(t *testing.T) {
 
 	assert.ErrorContains(t, p.Forget(td), "still federated")
 	p.mu.Lock()
-	st := p.states[td]
+	st := p.rels[td]
 	p.mu.Unlock()
 
 	require.NoError(t, p.SetEndpoints(nil))

@@ -31,31 +31,9 @@ type Sink interface {
 	BundleSource
 }
 
-// State summarizes an endpoint for operators.
-type State string
-
-// Endpoint states.
-const (
-	StatePending State = "pending" // no poll yet since the start (or no bundle yet)
-	StateOK      State = "ok"      // last poll succeeded
-	StateFailing State = "failing" // last poll failed; the last good bundle is kept
-	StateStale   State = "stale"   // no success for staleAfter refresh intervals
-)
-
-// maxClockSkew is how far in the future a stored fetch time may lie and
-// still count as the last success (clamped to now): replicas sharing a
-// store disagree on the time by a little. Further out, the clock or the
-// file went wrong, and the entry claims no success at all rather than
-// hide staleness.
-const maxClockSkew = 5 * time.Minute
-
 // ErrPollInProgress is returned by Refresh while a poll of the same trust
 // domain is still running.
 var ErrPollInProgress = errors.New("a poll is already running")
-
-// staleAfter is how many refresh intervals without success make a trust
-// domain stale.
-const staleAfter = 3
 
 // PollerConfig configures a Poller.
 type PollerConfig struct {
@@ -79,103 +57,13 @@ type PollerConfig struct {
 	Rand func() float64
 }
 
-// EventKind names a trust change.
-type EventKind string
-
-// Event kinds.
-const (
-	EventEndpointAdded   EventKind = "endpoint_added"
-	EventEndpointRemoved EventKind = "endpoint_removed"
-	EventEndpointChanged EventKind = "endpoint_changed"
-	// EventBundleAccepted: a new or changed bundle was applied (not an
-	// unchanged one, not a 304).
-	EventBundleAccepted EventKind = "bundle_accepted"
-	// EventBundleRejected: a bundle was fetched but refused (Accept's
-	// verdict, a foreign trust domain's roots). Fetches that failed before
-	// a bundle arrived are not trust changes and have no event.
-	EventBundleRejected EventKind = "bundle_rejected"
-)
-
-// Event is one trust change, for the audit log.
-type Event struct {
-	Kind        EventKind
-	TrustDomain spiffeid.TrustDomain
-	EndpointURL string
-	// OldSequence is the held bundle's sequence before the change,
-	// NewSequence the fetched (rejected) or applied one; nil when none.
-	OldSequence, NewSequence *uint64
-	// Added and Removed are the authorities the change added and removed
-	// (an added endpoint's restored bundle; a removed endpoint's last one).
-	Added, Removed []Fingerprint
-	// Reason is what changed (endpoint_changed: "url", "profile", ...) or
-	// the refusal kind (bundle_rejected: "sequence_regression", ...).
-	Reason string
-	// Err is why a bundle was rejected.
-	Err error
-}
-
-// Status is what /v1/federation reports for one trust domain.
-type Status struct {
-	TrustDomain         string     `json:"trust_domain"`
-	EndpointURL         string     `json:"endpoint_url"`
-	Profile             Profile    `json:"profile"`
-	EndpointSPIFFEID    string     `json:"endpoint_spiffe_id,omitempty"`
-	State               State      `json:"state"`
-	Sequence            *uint64    `json:"sequence"`
-	RefreshHintSeconds  *int64     `json:"refresh_hint_seconds"`
-	LastAttempt         *time.Time `json:"last_attempt"`
-	LastSuccess         *time.Time `json:"last_success"`
-	LastError           string     `json:"last_error,omitempty"`
-	NextRefresh         *time.Time `json:"next_refresh"`
-	ConsecutiveFailures int        `json:"consecutive_failures"`
-	// Refusals counts failed and refused polls since the process started,
-	// by kind (the trustbridge_federation_fetches_total result label).
-	Refusals    map[string]uint64 `json:"refusals,omitempty"`
-	Authorities []AuthorityInfo   `json:"authorities"`
-}
-
-// AuthorityInfo describes one authority of a held bundle.
-type AuthorityInfo struct {
-	Kind     AuthorityKind `json:"kind"`
-	SHA256   string        `json:"sha256"`
-	Subject  string        `json:"subject,omitempty"`
-	KeyID    string        `json:"key_id,omitempty"`
-	NotAfter *time.Time    `json:"not_after,omitempty"`
-}
-
-// endpointState is the poller's record of one endpoint.
-type endpointState struct {
-	ep          Endpoint
-	held        *spiffebundle.Bundle // last good, nil when none
-	fromLKG     bool
-	etag        string
-	lastAttempt time.Time
-	// lastSuccess is when the endpoint last served a good bundle: a poll
-	// of this process, or the fetch time a restored entry records.
-	lastSuccess time.Time
-	// savedAt is the fetch time the last-known-good store holds for held.
-	savedAt  time.Time
-	lastErr  error
-	failures int
-	next     time.Time
-	entry    cron.EntryID
-	polling  bool
-	refusals map[string]uint64
-	// state is the state last logged; "" until the first poll outcome,
-	// which counts as pending.
-	state State
-}
-
-// fetched says whether st holds a bundle its endpoint served (fetched, or
-// restored from the last-known-good store), not only its bootstrap one.
-func (st *endpointState) fetched() bool {
-	return st.held != nil && st.held != st.ep.BootstrapBundle
-}
-
 // Poller polls every configured bundle endpoint on its own schedule
 // (SPIFFE Federation §6.2): at the clamped refresh hint with jitter, with
 // exponential backoff on failure, keeping the last good bundle through
-// any failure or refusal.
+// any failure or refusal. It is the manager of all relationships (SPIRE's
+// bundle client manager): each trust domain's state machine is its
+// relationship, each fetch the Fetcher's; the Poller schedules the polls,
+// and carries out what a relationship decides.
 type Poller struct {
 	cfg     PollerConfig
 	fetcher *Fetcher
@@ -191,7 +79,7 @@ type Poller struct {
 	// peer must not hold up another's.
 	saveMus map[spiffeid.TrustDomain]*sync.Mutex
 	mu      sync.Mutex
-	states  map[spiffeid.TrustDomain]*endpointState
+	rels    map[spiffeid.TrustDomain]*relationship
 	order   []spiffeid.TrustDomain // sorted by name; replaced, never changed in place
 	cron    *cron.Cron
 	runCtx  context.Context // Run's context: scheduled polls end with it
@@ -220,9 +108,9 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.Policy == (RefreshPolicy{}) {
 		cfg.Policy = RefreshPolicy{Min: DefaultMinRefresh, Max: DefaultMaxRefresh}
 	}
-	p := &Poller{cfg: cfg, states: map[spiffeid.TrustDomain]*endpointState{}}
+	p := &Poller{cfg: cfg, rels: map[spiffeid.TrustDomain]*relationship{}}
 	for _, ep := range cfg.Endpoints {
-		p.states[ep.TrustDomain] = &endpointState{ep: ep}
+		p.rels[ep.TrustDomain] = p.newRelationship(ep)
 		// The store holds the bootstrap bundle from the start, so the
 		// fetcher can authenticate the first poll with it; nothing is held
 		// yet, so LoadLastKnownGood still restores any stored bundle.
@@ -244,6 +132,11 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 	}
 	p.metrics = m
 	return p, nil
+}
+
+// newRelationship starts following ep under the poller's rules.
+func (p *Poller) newRelationship(ep Endpoint) *relationship {
+	return newRelationship(ep, p.cfg.Policy, p.cfg.AllowEmpty)
 }
 
 // SourceName is the trust-store source name of an endpoint's bundles.
@@ -276,7 +169,7 @@ func (p *Poller) LoadLastKnownGood() []error {
 			e, err = p.cfg.LKG.Load(td)
 		}
 		p.mu.Lock()
-		st, ok := p.states[td]
+		r, ok := p.rels[td]
 		switch {
 		case !ok:
 			// Removed meanwhile by SetEndpoints.
@@ -285,16 +178,13 @@ func (p *Poller) LoadLastKnownGood() []error {
 		case err != nil:
 			errs = append(errs, err)
 		case e != nil:
-			if err := p.restoreLocked(st, e); err != nil {
+			if err := p.restoreLocked(r, e); err != nil {
 				errs = append(errs, err)
 			}
 			p.mu.Unlock()
 			continue
 		}
-		if st.held == nil && st.ep.BootstrapBundle != nil {
-			st.held = st.ep.BootstrapBundle
-			p.cfg.Sink.Set(SourceName(td), st.ep.BootstrapBundle)
-		}
+		p.holdBootstrapLocked(r)
 		p.mu.Unlock()
 	}
 	return errs
@@ -305,7 +195,7 @@ func (p *Poller) LoadLastKnownGood() []error {
 // federate is ignored: its entry adds no trust here.
 func (p *Poller) LoadLastKnownGoodFor(td spiffeid.TrustDomain) error {
 	p.mu.Lock()
-	_, ok := p.states[td]
+	_, ok := p.rels[td]
 	p.mu.Unlock()
 	if !ok || p.cfg.LKG == nil {
 		return nil
@@ -317,68 +207,32 @@ func (p *Poller) LoadLastKnownGoodFor(td spiffeid.TrustDomain) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st, ok := p.states[td]
+	r, ok := p.rels[td]
 	if !ok {
 		return nil // removed meanwhile
 	}
-	return p.restoreLocked(st, e)
+	return p.restoreLocked(r, e)
 }
 
-// restoreLocked takes a stored entry for st, unless what st holds (other
-// than its bootstrap bundle, which any stored bundle supersedes) is the
-// same or newer.
-func (p *Poller) restoreLocked(st *endpointState, e *LKGEntry) error {
-	td := st.ep.TrustDomain
-	if st.fetched() {
-		dec, err := Accept(st.held, e.Bundle, p.cfg.AllowEmpty)
-		switch {
-		case errors.Is(err, ErrSequenceRegression):
-			return nil // the held bundle is newer; keep it
-		case err != nil:
-			return fmt.Errorf("federation: last-known-good for %q not taken, keeping sequence %s: %w", td.Name(), seqString(st.held), err)
-		case dec == DecisionUnchanged:
-			// The same bundle, fetched again by the replica that polls.
-			p.restoredSuccessLocked(st, e.FetchedAt)
-			return nil
-		}
+// restoreLocked has r take a stored entry, and the trust store with it.
+func (p *Poller) restoreLocked(r *relationship, e *LKGEntry) error {
+	took, err := r.restore(e, p.cfg.Now())
+	if !took {
+		return err
 	}
-	st.held, st.fromLKG, st.etag = e.Bundle, true, e.ETag
-	if e.EndpointURL != st.ep.URL.String() {
-		// An entity tag only means something for the URL that sent it.
-		st.etag = ""
-	}
-	p.restoredSuccessLocked(st, e.FetchedAt)
+	td := r.ep.TrustDomain
 	p.cfg.Sink.Set(SourceName(td), e.Bundle)
 	p.cfg.Logger.Info("restored last-known-good bundle", logattr.TrustDomain, td.Name(),
 		logattr.Sequence, seqString(e.Bundle), "fetched_at", e.FetchedAt)
 	return nil
 }
 
-// restoredSuccessLocked takes a stored entry's fetch time as st's last
-// success when it is later: after a restart with the endpoint down, the
-// status shows when the bundle was last fetched, and the staleness rule
-// applies to it, instead of "never".
-func (p *Poller) restoredSuccessLocked(st *endpointState, fetchedAt time.Time) {
-	t := restoredSuccess(fetchedAt, p.cfg.Now())
-	if t.After(st.lastSuccess) {
-		st.lastSuccess = t
+// holdBootstrapLocked has r hold its bootstrap bundle when it holds
+// nothing, and the trust store with it.
+func (p *Poller) holdBootstrapLocked(r *relationship) {
+	if r.holdBootstrap() {
+		p.cfg.Sink.Set(SourceName(r.ep.TrustDomain), r.held)
 	}
-	if fetchedAt.After(st.savedAt) {
-		st.savedAt = fetchedAt
-	}
-}
-
-// restoredSuccess is the last success a stored fetch time stands for: none
-// for a zero time or one further in the future than maxClockSkew, now for
-// one a little in the future.
-func restoredSuccess(fetchedAt, now time.Time) time.Time {
-	switch {
-	case fetchedAt.IsZero(), fetchedAt.After(now.Add(maxClockSkew)):
-		return time.Time{}
-	case fetchedAt.After(now):
-		return now
-	}
-	return fetchedAt
 }
 
 // Run polls every endpoint until ctx is done; each trust domain has its
@@ -392,10 +246,10 @@ func (p *Poller) Run(ctx context.Context) error {
 	p.runCtx = ctx
 	now := p.cfg.Now()
 	for _, td := range p.order {
-		st := p.states[td]
-		st.entry = 0  // an entry of an earlier Run's cron
-		st.next = now // first poll at once
-		p.scheduleLocked(st)
+		r := p.rels[td]
+		r.entry = 0  // an entry of an earlier Run's cron
+		r.next = now // first poll at once
+		p.scheduleLocked(r)
 	}
 	p.mu.Unlock()
 	c.Start()
@@ -404,22 +258,22 @@ func (p *Poller) Run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.cron == c {
 		p.cron = nil
-		for _, st := range p.states {
-			st.entry = 0
+		for _, r := range p.rels {
+			r.entry = 0
 		}
 	}
 	p.mu.Unlock()
 	return nil
 }
 
-// saveLKG persists st's bundle, unless td stopped being followed by st
+// saveLKG persists r's bundle, unless td stopped being followed by r
 // since the poll (then Forget may have deleted what this would write).
-func (p *Poller) saveLKG(td spiffeid.TrustDomain, st *endpointState, e *LKGEntry, log *slog.Logger) {
+func (p *Poller) saveLKG(td spiffeid.TrustDomain, r *relationship, e *LKGEntry, log *slog.Logger) {
 	mu := p.saveMu(td)
 	mu.Lock()
 	defer mu.Unlock()
 	p.mu.Lock()
-	current := p.states[td] == st
+	current := p.rels[td] == r
 	p.mu.Unlock()
 	if !current {
 		return
@@ -440,7 +294,7 @@ func (p *Poller) Forget(td spiffeid.TrustDomain) error {
 	mu.Lock()
 	defer mu.Unlock()
 	p.mu.Lock()
-	_, followed := p.states[td]
+	_, followed := p.rels[td]
 	p.mu.Unlock()
 	if followed {
 		return fmt.Errorf("federation: %s is still federated: remove its endpoint first", td.Name())
@@ -472,20 +326,20 @@ func (p *Poller) saveMu(td spiffeid.TrustDomain) *sync.Mutex {
 	return mu
 }
 
-// ErrCannotForget: the last-known-good store cannot delete a bundle.
+// ErrCannotForget: the last-known-good store cannot delete a stored bundle.
 var ErrCannotForget = errors.New("the last-known-good store cannot delete a stored bundle")
 
-// scheduleLocked (re)adds st's cron entry for st.next. The entry parks
+// scheduleLocked (re)adds r's cron entry for r.next. The entry parks
 // itself after firing; the job re-adds it with the time the poll's
 // outcome decides.
-func (p *Poller) scheduleLocked(st *endpointState) {
+func (p *Poller) scheduleLocked(r *relationship) {
 	if p.cron == nil {
 		return
 	}
-	if st.entry != 0 {
-		p.cron.Remove(st.entry)
+	if r.entry != 0 {
+		p.cron.Remove(r.entry)
 	}
-	st.entry = p.cron.Schedule(schedule.Once(st.next), cron.FuncJob(func() { _ = p.poll(p.runCtx, st.ep.TrustDomain) }))
+	r.entry = p.cron.Schedule(schedule.Once(r.next), cron.FuncJob(func() { _ = p.poll(p.runCtx, r.ep.TrustDomain) }))
 }
 
 // Refresh polls td now (trustbridge federation refresh). The poll does
@@ -493,7 +347,7 @@ func (p *Poller) scheduleLocked(st *endpointState) {
 // as the endpoint's failure and push its next poll back.
 func (p *Poller) Refresh(ctx context.Context, td spiffeid.TrustDomain) error {
 	p.mu.Lock()
-	_, ok := p.states[td]
+	_, ok := p.rels[td]
 	p.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("federation: trust domain %q is not federated", td.Name())
@@ -503,221 +357,109 @@ func (p *Poller) Refresh(ctx context.Context, td spiffeid.TrustDomain) error {
 
 // poll fetches one endpoint once and applies the result.
 func (p *Poller) poll(ctx context.Context, td spiffeid.TrustDomain) error {
-	p.mu.Lock()
-	st := p.states[td]
-	if st == nil {
-		// Removed by SetEndpoints after this poll was scheduled or asked for.
-		p.mu.Unlock()
-		return fmt.Errorf("federation: trust domain %q is not federated", td.Name())
+	r, ep, etag, err := p.startPoll(td)
+	if err != nil {
+		return err
 	}
-	if st.polling {
-		p.mu.Unlock()
-		// One poll per trust domain at a time; say so rather than claim a
-		// refresh that did not happen.
-		return fmt.Errorf("federation: %w for %s; its result will show in the status", ErrPollInProgress, td.Name())
-	}
-	st.polling = true
-	ep, etag := st.ep, st.etag
-	p.mu.Unlock()
-
 	start := p.cfg.Now()
 	res, err := p.fetcher.Fetch(ctx, ep, etag)
-
 	log := p.cfg.Logger.With(logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String())
-	var (
-		save *LKGEntry
-		ev   *Event
-	)
-	defer func() {
-		// Persist after releasing p.mu: the store may be an API server
-		// that does not answer, and Status, other polls' TLS handshakes
-		// and followers' reloads must not wait for it. st.polling stays
-		// set until then, so saves of one trust domain stay in order.
-		if save != nil {
-			p.saveLKG(td, st, save, log)
-		}
-		if ev != nil && p.cfg.OnEvent != nil {
-			p.cfg.OnEvent(*ev)
-		}
-		p.mu.Lock()
-		st.polling = false
-		p.mu.Unlock()
-	}()
+	out := p.endPoll(r, start, res, err, log)
+	// Persist after releasing p.mu: the store may be an API server that
+	// does not answer, and Status, other polls' TLS handshakes and
+	// followers' reloads must not wait for it. r.polling stays set until
+	// then, so saves of one trust domain stay in order.
+	if out.save != nil && p.cfg.LKG != nil {
+		p.saveLKG(td, r, out.save, log)
+	}
+	if out.event != nil && p.cfg.OnEvent != nil {
+		p.cfg.OnEvent(*out.event)
+	}
+	p.mu.Lock()
+	r.polling = false
+	p.mu.Unlock()
+	return out.err
+}
+
+// startPoll marks td's relationship as polled, and returns it with what
+// the fetch needs, unless td is not followed or a poll of it runs.
+func (p *Poller) startPoll(td spiffeid.TrustDomain) (r *relationship, ep Endpoint, etag string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.states[td] != st {
+	r = p.rels[td]
+	switch {
+	case r == nil:
+		// Removed by SetEndpoints after this poll was scheduled or asked for.
+		return nil, Endpoint{}, "", fmt.Errorf("federation: trust domain %q is not federated", td.Name())
+	case r.polling:
+		// One poll per trust domain at a time; say so rather than claim a
+		// refresh that did not happen.
+		return nil, Endpoint{}, "", fmt.Errorf("federation: %w for %s; its result will show in the status", ErrPollInProgress, td.Name())
+	}
+	r.polling = true
+	return r, r.ep, r.etag, nil
+}
+
+// endPoll has r take the outcome of its poll, carries out what r decides
+// that must happen under p.mu (the trust store, the metric, the logs, the
+// next poll), and returns the rest (the store write and the event).
+func (p *Poller) endPoll(r *relationship, start time.Time, res *FetchResult, fetchErr error, log *slog.Logger) pollResult {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	td := r.ep.TrustDomain
+	if p.rels[td] != r {
 		// The endpoint was removed or reconfigured while this poll ran:
 		// what it fetched answers a question nobody asks any more.
 		log.Info("poll result discarded: the endpoint was reconfigured or removed meanwhile")
-		return fmt.Errorf("federation: %s was reconfigured or removed during the poll", td.Name())
+		return pollResult{err: fmt.Errorf("federation: %s was reconfigured or removed during the poll", td.Name())}
 	}
-	st.lastAttempt = start
-	if err == nil {
-		save, ev, err = p.applyLocked(st, res, log)
-	}
-	if err != nil {
-		st.failures++
-		st.lastErr = err
-		kind := FetchErrorKind(err)
-		if kind == "" || kind == "transport" {
-			kind = rejectionKind(err)
-		}
-		if st.refusals == nil {
-			st.refusals = map[string]uint64{}
-		}
-		st.refusals[kind]++
-		p.metrics.fetches.WithLabelValues(td.Name(), kind).Inc()
-		log.Warn("bundle poll failed; keeping the last good bundle", logattr.Error, err,
-			"consecutive_failures", st.failures, "held_sequence", seqString(st.held))
-	} else {
-		st.failures = 0
-		st.lastErr = nil
-		st.lastSuccess = p.cfg.Now()
-		p.metrics.fetches.WithLabelValues(td.Name(), "ok").Inc()
-	}
-	p.noteStateLocked(st, log)
-	st.next = p.cfg.Now().Add(NextRefresh(p.intervalLocked(st), st.failures, p.cfg.Rand()))
-	p.scheduleLocked(st)
-	return err
+	out := r.polled(start, p.cfg.Now(), res, fetchErr, p.cfg.Rand())
+	p.reportLocked(r, out, log)
+	p.scheduleLocked(r)
+	return out
 }
 
-// noteStateLocked logs st's state when a poll changed it, once per
-// change: a recovery is as much news to an operator as a failure, and a
-// peer failing for days must not repeat it on every poll. Staleness is a
-// matter of time, not of a poll's outcome; it is noticed, and logged, at
-// the first poll past the threshold (polls never stop while Run runs).
-func (p *Poller) noteStateLocked(st *endpointState, log *slog.Logger) {
-	from, to := st.state, p.stateLocked(st, p.cfg.Now())
-	if from == "" {
-		from = StatePending
+// reportLocked applies a poll's outcome to the trust store and tells the
+// metrics and the logs.
+func (p *Poller) reportLocked(r *relationship, out pollResult, log *slog.Logger) {
+	td := r.ep.TrustDomain
+	switch {
+	case out.event != nil && out.event.Kind == EventBundleRejected:
+		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, out.err,
+			"old_sequence", seqString(out.old), "new_sequence", seqString(out.fetched))
+	case out.fetched != nil:
+		for _, w := range out.warnings {
+			log.Warn("bundle element ignored", logattr.Warning, w.String())
+		}
 	}
-	st.state = to
-	if from == to {
-		return
+	if out.accepted {
+		p.cfg.Sink.Set(SourceName(td), r.held)
+		log.Info("bundle accepted", "old_sequence", seqString(out.old), "new_sequence", seqString(r.held),
+			"added", fingerprintStrings(out.event.Added), "removed", fingerprintStrings(out.event.Removed))
 	}
-	attrs := []any{"from", string(from), "to", string(to), "reason", transitionReason(st, to)}
+	p.metrics.fetches.WithLabelValues(td.Name(), out.kind).Inc()
+	if out.err != nil {
+		log.Warn("bundle poll failed; keeping the last good bundle", logattr.Error, out.err,
+			"consecutive_failures", r.failures, "held_sequence", seqString(r.held))
+	}
+	if out.from != out.to {
+		logTransition(log, r, out.from, out.to)
+	}
+}
+
+// logTransition logs a change of r's state, once per change: a recovery
+// is as much news to an operator as a failure, and a peer failing for
+// days must not repeat it on every poll.
+func logTransition(log *slog.Logger, r *relationship, from, to State) {
+	attrs := []any{"from", string(from), "to", string(to), "reason", r.transitionReason(to)}
 	switch to {
 	case StateOK:
 		log.Info("federation state changed", attrs...)
 	case StateStale:
-		log.Error("federation state changed", append(attrs, "last_success", optTime(st.lastSuccess))...)
+		log.Error("federation state changed", append(attrs, "last_success", optTime(r.lastSuccess))...)
 	default:
 		log.Warn("federation state changed", attrs...)
 	}
-}
-
-// transitionReason says why st entered state to.
-func transitionReason(st *endpointState, to State) string {
-	switch {
-	case to == StateOK:
-		return "bundle fetched (sequence " + seqString(st.held) + ")"
-	case to == StateStale && st.lastSuccess.IsZero():
-		return fmt.Sprintf("no successful poll yet after %d failures; last error: %v", st.failures, st.lastErr)
-	case to == StateStale:
-		return fmt.Sprintf("no successful poll for %d refresh intervals; last error: %v", staleAfter, st.lastErr)
-	case st.lastErr != nil:
-		return st.lastErr.Error()
-	}
-	return "no bundle held"
-}
-
-func rejectionKind(err error) string {
-	switch {
-	case errors.Is(err, ErrSequenceRegression):
-		return "sequence_regression"
-	case errors.Is(err, ErrSequenceConflict):
-		return "sequence_conflict"
-	case errors.Is(err, ErrEmptyBundle):
-		return "empty_bundle"
-	case errors.Is(err, ErrTrustDomainMismatch):
-		return "trust_domain_mismatch"
-	case errors.Is(err, ErrPollInProgress):
-		return "in_progress"
-	default:
-		return "transport"
-	}
-}
-
-// applyLocked takes a fetched bundle if Accept does; save is the entry
-// the caller persists and ev the event it reports, after releasing p.mu.
-func (p *Poller) applyLocked(st *endpointState, res *FetchResult, log *slog.Logger) (save *LKGEntry, ev *Event, err error) {
-	if res.NotModified {
-		return p.confirmedLocked(st), nil, nil
-	}
-	rejected := func(err error) *Event {
-		return &Event{Kind: EventBundleRejected, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
-			OldSequence: SequenceOf(st.held), NewSequence: SequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
-	}
-	// The same verdict as CheckDocument's (bundle inspect).
-	dec, err := CheckBundle(st.held, res.Bundle, res.Warnings, p.cfg.AllowEmpty)
-	if err == nil {
-		for _, w := range res.Warnings {
-			log.Warn("bundle element ignored", logattr.Warning, w.String())
-		}
-	}
-	if err != nil {
-		log.Error("fetched bundle refused; keeping the last good bundle", logattr.Error, err,
-			"old_sequence", seqString(st.held), "new_sequence", seqString(res.Bundle))
-		return nil, rejected(err), err
-	}
-	st.etag = res.ETag
-	if dec == DecisionUnchanged && !st.fromLKG {
-		return p.confirmedLocked(st), nil, nil
-	}
-	diff := Diff(st.held, res.Bundle)
-	old := st.held
-	st.held, st.fromLKG = res.Bundle, false
-	p.cfg.Sink.Set(SourceName(st.ep.TrustDomain), res.Bundle)
-	save = p.entryLocked(st)
-	log.Info("bundle accepted", "old_sequence", seqString(old), "new_sequence", seqString(res.Bundle),
-		"added", fingerprintStrings(diff.Added), "removed", fingerprintStrings(diff.Removed))
-	ev = &Event{Kind: EventBundleAccepted, TrustDomain: st.ep.TrustDomain, EndpointURL: st.ep.URL.String(),
-		OldSequence: SequenceOf(old), NewSequence: SequenceOf(res.Bundle), Added: diff.Added, Removed: diff.Removed}
-	return save, ev, nil
-}
-
-// confirmedLocked is the entry to save when the endpoint served the held
-// bundle again (unchanged, or 304): only its fetch time is new. It is
-// saved at most every half refresh interval, so the store's fetch time,
-// which becomes the last success after a restart, is at most that old
-// without the store being written on every operator refresh.
-func (p *Poller) confirmedLocked(st *endpointState) *LKGEntry {
-	if st.held == nil || p.cfg.Now().Sub(st.savedAt) < p.intervalLocked(st)/2 {
-		return nil
-	}
-	return p.entryLocked(st)
-}
-
-// entryLocked is the last-known-good entry of st's held bundle, fetched
-// now; nil without a store.
-func (p *Poller) entryLocked(st *endpointState) *LKGEntry {
-	if p.cfg.LKG == nil {
-		return nil
-	}
-	now := p.cfg.Now()
-	st.savedAt = now
-	return &LKGEntry{TrustDomain: st.ep.TrustDomain, Bundle: st.held, ETag: st.etag,
-		EndpointURL: st.ep.URL.String(), FetchedAt: now}
-}
-
-// SequenceOf is b's spiffe_sequence, nil when b is nil or has none.
-func SequenceOf(b *spiffebundle.Bundle) *uint64 {
-	if b == nil {
-		return nil
-	}
-	if s, ok := b.SequenceNumber(); ok {
-		return &s
-	}
-	return nil
-}
-
-func (p *Poller) intervalLocked(st *endpointState) time.Duration {
-	var hint time.Duration
-	var has bool
-	if st.held != nil {
-		hint, has = st.held.RefreshHint()
-	}
-	return RefreshInterval(hint, has, p.cfg.Policy.For(st.ep))
 }
 
 // Status reports every trust domain, sorted by name.
@@ -727,87 +469,9 @@ func (p *Poller) Status() []Status {
 	now := p.cfg.Now()
 	out := make([]Status, 0, len(p.order))
 	for _, td := range p.order {
-		st := p.states[td]
-		s := Status{
-			TrustDomain: td.Name(), EndpointURL: st.ep.URL.String(), Profile: st.ep.Profile,
-			ConsecutiveFailures: st.failures, LastAttempt: optTime(st.lastAttempt),
-			LastSuccess: optTime(st.lastSuccess), NextRefresh: optTime(st.next), Authorities: []AuthorityInfo{},
-		}
-		if len(st.refusals) > 0 {
-			s.Refusals = make(map[string]uint64, len(st.refusals))
-			for k, v := range st.refusals {
-				s.Refusals[k] = v
-			}
-		}
-		if !st.ep.EndpointSPIFFEID.IsZero() {
-			s.EndpointSPIFFEID = st.ep.EndpointSPIFFEID.String()
-		}
-		if st.lastErr != nil {
-			s.LastError = st.lastErr.Error()
-		}
-		s.State = p.stateLocked(st, now)
-		if st.held != nil {
-			if seq, ok := st.held.SequenceNumber(); ok {
-				s.Sequence = &seq
-			}
-			if h, ok := st.held.RefreshHint(); ok {
-				secs := int64(h / time.Second)
-				s.RefreshHintSeconds = &secs
-			}
-			s.Authorities = authorityInfos(st.held)
-		}
-		out = append(out, s)
+		out = append(out, p.rels[td].status(now))
 	}
 	return out
-}
-
-// stateLocked is st's state at now.
-func (p *Poller) stateLocked(st *endpointState, now time.Time) State {
-	interval := p.intervalLocked(st)
-	switch {
-	case st.held == nil, st.lastAttempt.IsZero():
-		// Nothing held, or only what the operator or the store gave
-		// us: not yet confirmed by the endpoint.
-		return StatePending
-	case !st.lastSuccess.IsZero() && now.Sub(st.lastSuccess) > staleAfter*interval,
-		st.lastSuccess.IsZero() && st.failures >= staleAfter:
-		return StateStale
-	case st.failures > 0:
-		return StateFailing
-	}
-	return StateOK
-}
-
-func authorityInfos(b *spiffebundle.Bundle) []AuthorityInfo {
-	var out []AuthorityInfo
-	for _, c := range b.X509Authorities() {
-		na := c.NotAfter.UTC()
-		out = append(out, AuthorityInfo{Kind: AuthorityX509, SHA256: sha256Hex(c.Raw), Subject: c.Subject.String(), NotAfter: &na})
-	}
-	for _, f := range Fingerprints(b) {
-		if f.Kind != AuthorityX509 {
-			out = append(out, AuthorityInfo{Kind: f.Kind, SHA256: f.SHA256, KeyID: f.KeyID})
-		}
-	}
-	return out
-}
-
-func optTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	u := t.UTC()
-	return &u
-}
-
-func seqString(b *spiffebundle.Bundle) string {
-	if b == nil {
-		return "none"
-	}
-	if s, ok := b.SequenceNumber(); ok {
-		return fmt.Sprint(s)
-	}
-	return "unset"
 }
 
 func fingerprintStrings(fs []Fingerprint) []string {

@@ -44,13 +44,13 @@ func (p *Poller) SetEndpoints(eps []Endpoint) error {
 	var events []Event
 	p.mu.Lock()
 	now := p.cfg.Now()
-	for _, td := range slices.SortedFunc(maps.Keys(p.states), compareTrustDomains) {
+	for _, td := range slices.SortedFunc(maps.Keys(p.rels), compareTrustDomains) {
 		if _, ok := want[td]; !ok {
 			events = append(events, p.removeLocked(td))
 		}
 	}
 	for _, td := range slices.SortedFunc(maps.Keys(want), compareTrustDomains) {
-		old, ok := p.states[td]
+		old, ok := p.rels[td]
 		switch {
 		case !ok:
 			events = append(events, p.addLocked(want[td], stored[td], now))
@@ -80,7 +80,7 @@ func (p *Poller) storedBundles(want map[spiffeid.TrustDomain]Endpoint) map[spiff
 	p.mu.Lock()
 	var added []spiffeid.TrustDomain
 	for td := range want {
-		if _, ok := p.states[td]; !ok {
+		if _, ok := p.rels[td]; !ok {
 			added = append(added, td)
 		}
 	}
@@ -106,89 +106,79 @@ func (p *Poller) storedBundles(want map[spiffeid.TrustDomain]Endpoint) map[spiff
 
 // removeLocked stops following td: its bundle leaves the trust store.
 func (p *Poller) removeLocked(td spiffeid.TrustDomain) Event {
-	st := p.states[td]
-	p.unscheduleLocked(st)
-	delete(p.states, td)
+	r := p.rels[td]
+	p.unscheduleLocked(r)
+	delete(p.rels, td)
 	p.cfg.Sink.Remove(SourceName(td), td)
 	p.cfg.Logger.Info("federation endpoint removed; its bundle is no longer trusted", logattr.TrustDomain, td.Name(),
-		logattr.EndpointURL, st.ep.URL.String())
-	return Event{Kind: EventEndpointRemoved, TrustDomain: td, EndpointURL: st.ep.URL.String(),
-		OldSequence: SequenceOf(st.held), Removed: Fingerprints(st.held)}
+		logattr.EndpointURL, r.ep.URL.String())
+	return Event{Kind: EventEndpointRemoved, TrustDomain: td, EndpointURL: r.ep.URL.String(),
+		OldSequence: SequenceOf(r.held), Removed: Fingerprints(r.held)}
 }
 
 // addLocked starts following ep, from its stored last-known-good bundle
 // (e, if any), else its bootstrap bundle, and polls it now.
 func (p *Poller) addLocked(ep Endpoint, e *LKGEntry, now time.Time) Event {
 	td := ep.TrustDomain
-	st := &endpointState{ep: ep}
+	r := p.newRelationship(ep)
 	if e != nil {
-		if err := p.restoreLocked(st, e); err != nil {
+		if err := p.restoreLocked(r, e); err != nil {
 			p.cfg.Logger.Error("last-known-good bundle not restored", logattr.TrustDomain, td.Name(), logattr.Error, err)
 		}
 	}
-	if st.held == nil && ep.BootstrapBundle != nil {
-		st.held = ep.BootstrapBundle
-		p.cfg.Sink.Set(SourceName(td), ep.BootstrapBundle)
-	}
-	p.states[td] = st
-	p.startLocked(st, now)
+	p.holdBootstrapLocked(r)
+	p.rels[td] = r
+	p.startLocked(r, now)
 	p.cfg.Logger.Info("federation endpoint added", logattr.TrustDomain, td.Name(), logattr.EndpointURL, ep.URL.String(),
-		"profile", ep.Profile, "held_sequence", seqString(st.held))
+		"profile", ep.Profile, "held_sequence", seqString(r.held))
 	return Event{Kind: EventEndpointAdded, TrustDomain: td, EndpointURL: ep.URL.String(),
-		NewSequence: SequenceOf(st.held), Added: Fingerprints(st.held)}
+		NewSequence: SequenceOf(r.held), Added: Fingerprints(r.held)}
 }
 
 // changeLocked applies a new configuration ep for a followed trust domain
 // and polls it now; changed is false when nothing that matters changed.
-func (p *Poller) changeLocked(old *endpointState, ep Endpoint, now time.Time) (ev Event, changed bool) {
+func (p *Poller) changeLocked(old *relationship, ep Endpoint, now time.Time) (ev Event, changed bool) {
 	what := endpointChanges(old.ep, ep)
 	if len(what) == 0 {
 		return Event{}, false
 	}
 	td := ep.TrustDomain
-	// A new state, so that a poll running for the old configuration finds
-	// itself replaced and discards its result.
-	// The state last logged carries over too: the next poll's outcome
-	// is a transition only if it differs from what the status showed.
-	st := &endpointState{ep: ep, held: old.held, fromLKG: old.fromLKG, lastAttempt: old.lastAttempt,
-		lastSuccess: old.lastSuccess, savedAt: old.savedAt, lastErr: old.lastErr, failures: old.failures, refusals: old.refusals,
-		state: old.state}
+	r := old.reconfigured(ep)
 	if !old.fetched() {
 		// Never fetched (nor restored): the operator's new bootstrap
-		// bundle (or none) replaces the old one.
-		st.held, st.fromLKG = ep.BootstrapBundle, false
-		if st.held != nil {
-			p.cfg.Sink.Set(SourceName(td), st.held)
+		// bundle (or none) replaced the old one.
+		if r.held != nil {
+			p.cfg.Sink.Set(SourceName(td), r.held)
 		} else {
 			p.cfg.Sink.Remove(SourceName(td), td)
 		}
 	}
 	p.unscheduleLocked(old)
-	p.states[td] = st
-	p.startLocked(st, now)
+	p.rels[td] = r
+	p.startLocked(r, now)
 	p.cfg.Logger.Info("federation endpoint changed; polling it now", logattr.TrustDomain, td.Name(),
 		logattr.EndpointURL, ep.URL.String(), "changed", what)
 	return Event{Kind: EventEndpointChanged, TrustDomain: td, EndpointURL: ep.URL.String(),
-		OldSequence: SequenceOf(old.held), NewSequence: SequenceOf(st.held), Reason: strings.Join(what, ",")}, true
+		OldSequence: SequenceOf(old.held), NewSequence: SequenceOf(r.held), Reason: strings.Join(what, ",")}, true
 }
 
-// startLocked schedules a new state's first poll now, when Run runs.
-func (p *Poller) startLocked(st *endpointState, now time.Time) {
-	st.next = now
-	p.scheduleLocked(st)
+// startLocked schedules a new relationship's first poll now, when Run runs.
+func (p *Poller) startLocked(r *relationship, now time.Time) {
+	r.next = now
+	p.scheduleLocked(r)
 }
 
-// unscheduleLocked removes st's cron entry.
-func (p *Poller) unscheduleLocked(st *endpointState) {
-	if p.cron != nil && st.entry != 0 {
-		p.cron.Remove(st.entry)
+// unscheduleLocked removes r's cron entry.
+func (p *Poller) unscheduleLocked(r *relationship) {
+	if p.cron != nil && r.entry != 0 {
+		p.cron.Remove(r.entry)
 	}
-	st.entry = 0
+	r.entry = 0
 }
 
-// sortLocked rebuilds p.order from p.states.
+// sortLocked rebuilds p.order from p.rels.
 func (p *Poller) sortLocked() {
-	p.order = slices.SortedFunc(maps.Keys(p.states), compareTrustDomains)
+	p.order = slices.SortedFunc(maps.Keys(p.rels), compareTrustDomains)
 }
 
 func compareTrustDomains(a, b spiffeid.TrustDomain) int { return cmp.Compare(a.Name(), b.Name()) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -31,7 +30,9 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+// TestMain fails the tests if a goroutine outlives them (the controller's Run loop and its informers), once the
+// shared API server is stopped.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
 
 var installOnce sync.Once
 

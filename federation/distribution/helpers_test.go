@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
-	"os"
 	"testing"
 	"time"
 
@@ -15,13 +14,16 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+// TestMain fails the tests if a goroutine outlives them (the controller's Run loop, its informers and pacer), once the
+// shared API server is stopped.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
 
 const (
 	localTD = "local.example"

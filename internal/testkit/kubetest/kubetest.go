@@ -87,6 +87,17 @@ func Main(m *testing.M) int {
 	return code
 }
 
+// Tests is m with Main's ending, for goleak.VerifyTestMain (which takes
+// anything with a Run method and exits itself): goroutines are looked for
+// once the shared API server, and every connection to it, is gone.
+//
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
+func Tests(m *testing.M) interface{ Run() int } { return mainTests{m} }
+
+type mainTests struct{ m *testing.M }
+
+func (t mainTests) Run() int { return Main(t.m) }
+
 // Shared returns the test binary's API server, starting it on first use.
 func Shared(t testing.TB) *Env {
 	t.Helper()
