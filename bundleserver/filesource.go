@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -15,8 +13,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 // DefaultFilePollInterval is how often FileSource.Run checks the file
@@ -35,21 +33,7 @@ type FileSource struct {
 	path   string
 	td     spiffeid.TrustDomain
 	logger *slog.Logger
-
-	current atomic.Pointer[fileBundle]
-	lastErr atomic.Pointer[error]
-	changes chan struct{}
-
-	mu sync.Mutex // serialises checks; guards the fields below
-	// failedDigest and failedMsg identify the last refused content, so a
-	// problem that persists is logged once, not every interval.
-	failedDigest [sha256.Size]byte
-	failedMsg    string
-}
-
-type fileBundle struct {
-	bundle *spiffebundle.Bundle
-	digest [sha256.Size]byte
+	r      *fileutil.Reloader[[]byte, *spiffebundle.Bundle]
 }
 
 // NewFileSource returns a source for the bundle of td in the file at path.
@@ -58,62 +42,37 @@ func NewFileSource(path string, td spiffeid.TrustDomain, logger *slog.Logger) *F
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &FileSource{
-		path:    path,
-		td:      td,
-		logger:  logger.With("bundle_file", path, logattr.TrustDomain, td.Name()),
-		changes: make(chan struct{}, 1),
+	f := &FileSource{
+		path:   path,
+		td:     td,
+		logger: logger.With("bundle_file", path, logattr.TrustDomain, td.Name()),
 	}
+	f.r = fileutil.NewReloader(fileutil.ReloaderConfig[[]byte, *spiffebundle.Bundle]{
+		Read:   f.read,
+		Digest: sha256.Sum256,
+		Parse:  f.parse,
+		// Reformatted, same bundle: the server has nothing to re-render.
+		Same: func(prev, next *spiffebundle.Bundle) bool { return prev == next },
+		Wrap: func(err error) error { return fmt.Errorf("bundleserver: bundle file %s: %w", f.path, err) },
+		Refused: func(err error) {
+			f.logger.Error("bundle file refused; keeping the last good bundle", logattr.Error, err)
+		},
+		// Parsing is deterministic: the same bytes fail the same way.
+		SkipRefused: true,
+	})
+	return f
 }
 
 // Load reads the file for the first time. An error means there is nothing
 // to serve: the caller should not start.
-func (f *FileSource) Load() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.checkLocked(false)
-}
+func (f *FileSource) Load() error { return f.r.Load() }
 
 // Check reads the file once, as Run does each interval; cmd may call it on
 // SIGHUP. A valid change becomes the current bundle and is signalled on
 // Changes. An unreadable or invalid file keeps the last good bundle; the
 // error is returned, kept in LastError and logged once per distinct
 // problem.
-func (f *FileSource) Check() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.checkLocked(true)
-}
-
-func (f *FileSource) checkLocked(logFailure bool) error {
-	var digest [sha256.Size]byte
-	data, err := f.read()
-	if err == nil {
-		digest = sha256.Sum256(data)
-		cur := f.current.Load()
-		switch {
-		case cur != nil && digest == cur.digest:
-			// Unchanged, or changed back to the good content.
-		case digest == f.failedDigest && f.failedMsg != "":
-			// Parsing is deterministic: the same bytes fail the same way.
-			return f.LastError()
-		default:
-			err = f.apply(data, digest, cur)
-		}
-	}
-	if err != nil {
-		err = fmt.Errorf("bundleserver: bundle file %s: %w", f.path, err)
-		if logFailure && (digest != f.failedDigest || err.Error() != f.failedMsg) {
-			f.logger.Error("bundle file refused; keeping the last good bundle", logattr.Error, err)
-		}
-		f.failedDigest, f.failedMsg = digest, err.Error()
-		f.lastErr.Store(&err)
-		return err
-	}
-	f.failedDigest, f.failedMsg = [sha256.Size]byte{}, ""
-	f.lastErr.Store(nil)
-	return nil
-}
+func (f *FileSource) Check() error { return f.r.Check() }
 
 func (f *FileSource) read() ([]byte, error) {
 	file, err := os.Open(f.path)
@@ -124,40 +83,35 @@ func (f *FileSource) read() ([]byte, error) {
 	return bundledoc.ReadLimited(file, MaxFileSize)
 }
 
-// apply parses data and, if it is a good bundle, makes it current.
-func (f *FileSource) apply(data []byte, digest [sha256.Size]byte, cur *fileBundle) error {
+// parse returns the bundle in data if it is a good successor of cur, cur
+// itself if it is the same bundle reformatted.
+func (f *FileSource) parse(data []byte, cur *spiffebundle.Bundle, have bool) (*spiffebundle.Bundle, error) {
 	b, warnings, err := bundledoc.Parse(f.td, data)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, w := range warnings {
 		if w.Code == bundledoc.CodeForeignTrustDomain {
 			// A root naming another trust domain means the file is for the
 			// wrong trust domain: relaying it would make peers trust one
 			// domain's keys for another.
-			return fmt.Errorf("%s; refusing to serve it as %s", w.String(), f.td.Name())
+			return nil, fmt.Errorf("%s; refusing to serve it as %s", w.String(), f.td.Name())
 		}
 		f.logger.Warn("bundle file: element ignored or kept with a warning", logattr.Warning, w.String())
 	}
-	if cur != nil {
-		if err := checkSuccessor(cur.bundle, b); err != nil {
-			return err
+	if have {
+		if err := checkSuccessor(cur, b); err != nil {
+			return nil, err
+		}
+		if cur.Equal(b) {
+			// Keep the pointer so the server has nothing to re-render,
+			// and signal nothing.
+			return cur, nil
 		}
 	}
-	if cur != nil && cur.bundle.Equal(b) {
-		// Reformatted, same bundle: keep the pointer so the server has
-		// nothing to re-render, and signal nothing.
-		f.current.Store(&fileBundle{bundle: cur.bundle, digest: digest})
-		return nil
-	}
-	f.current.Store(&fileBundle{bundle: b, digest: digest})
 	seq, _ := b.SequenceNumber()
 	f.logger.Info("bundle file loaded", logattr.Sequence, seq)
-	select {
-	case f.changes <- struct{}{}:
-	default:
-	}
-	return nil
+	return b, nil
 }
 
 // checkSuccessor refuses a replacement that peers would refuse: a lower
@@ -188,23 +142,16 @@ func sameKeys(a, b *spiffebundle.Bundle) bool {
 
 // Bundle returns the last good bundle, or nil before a successful Load.
 func (f *FileSource) Bundle() *spiffebundle.Bundle {
-	if cur := f.current.Load(); cur != nil {
-		return cur.bundle
-	}
-	return nil
+	b, _ := f.r.Current()
+	return b
 }
 
 // LastError is the outcome of the latest Load or Check: nil when the file
 // was good.
-func (f *FileSource) LastError() error {
-	if p := f.lastErr.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (f *FileSource) LastError() error { return f.r.LastError() }
 
 // Changes is signalled (coalesced) whenever Bundle changes.
-func (f *FileSource) Changes() <-chan struct{} { return f.changes }
+func (f *FileSource) Changes() <-chan struct{} { return f.r.Changes() }
 
 // Run checks the file every interval (DefaultFilePollInterval if not
 // positive) until ctx is done. Failures are logged and kept in LastError;
@@ -213,7 +160,7 @@ func (f *FileSource) Run(ctx context.Context, interval time.Duration) error {
 	if interval <= 0 {
 		interval = DefaultFilePollInterval
 	}
-	return poll.Run(ctx, clock.RealClock{}, interval, func() { _ = f.Check() })
+	return f.r.Run(ctx, clock.RealClock{}, interval)
 }
 
 // Path is the file the source reads.

@@ -119,18 +119,23 @@ func TestCertificateRotation(t *testing.T) {
 }
 
 // TestSlowClientsAreCutOff: a client that stalls in the handshake or in
-// the request headers is disconnected after ReadHeaderTimeout.
+// the request headers is disconnected after ReadHeaderTimeout. Every other
+// timeout is an hour, so a connection the server closes at all was closed
+// by ReadHeaderTimeout: the test waits for that close, not on a clock.
 func TestSlowClientsAreCutOff(t *testing.T) {
-	_, addr, base := webServer(t, bundleserver.Config{Timeouts: bundleserver.Timeouts{ReadHeader: 200 * time.Millisecond}})
+	_, addr, base := webServer(t, bundleserver.Config{Timeouts: bundleserver.Timeouts{
+		ReadHeader: 200 * time.Millisecond,
+		Read:       time.Hour,
+		Write:      time.Hour,
+		Idle:       time.Hour,
+	}})
 
 	// waitClosed reads until the server closes; the deadline only keeps a
 	// broken server from hanging the test.
-	waitClosed := func(t *testing.T, c net.Conn) time.Duration {
-		start := time.Now()
+	waitClosed := func(t *testing.T, c net.Conn) {
 		require.NoError(t, c.SetReadDeadline(time.Now().Add(20*time.Second)))
 		_, err := io.Copy(io.Discard, c)
 		assert.False(t, isTimeout(err), "server kept the connection open: %v", err)
-		return time.Since(start)
 	}
 
 	t.Run("partial request headers", func(t *testing.T) {
@@ -141,8 +146,7 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 		defer conn.Close()
 		_, err = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
 		require.NoError(t, err)
-		took := waitClosed(t, conn)
-		assert.Less(t, took, 10*time.Second)
+		waitClosed(t, conn)
 	})
 	t.Run("no handshake", func(t *testing.T) {
 		conn, err := net.Dial("tcp", addr)

@@ -13,16 +13,14 @@ import (
 	"io/fs"
 	"log/slog"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
-	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 const (
@@ -46,7 +44,7 @@ const (
 
 var (
 	// errWebCertChanging reports that the files changed between two reads.
-	errWebCertChanging = errors.New("files changed while being read")
+	errWebCertChanging = fileutil.ErrChanging
 	// errWebCertMismatch reports a key that is not the leaf's: either a
 	// writer is between the two files or the pair is wrong.
 	errWebCertMismatch = errors.New("private key does not match the certificate")
@@ -70,17 +68,12 @@ type FileCertificate struct {
 	// reader.
 	read func() (*webCertFiles, error)
 
-	current atomic.Pointer[webCertState]
-	lastErr atomic.Pointer[error]
+	r *fileutil.Reloader[*webCertFiles, *webCertState]
 
-	mu sync.Mutex // serialises Load and Check; guards the fields below
+	// The fields below are the Reloader hooks' state, guarded by its lock.
 	// mismatchSeen is set when the previous check found a key that is not
 	// the leaf's; a second one in a row is an error.
 	mismatchSeen bool
-	// failedDigest and failedMsg are the last refused files and reason, so
-	// a problem that persists is logged once, not every interval.
-	failedDigest [32]byte
-	failedMsg    string
 	// expiryWarned is the digest of the pair whose approaching expiry was
 	// last logged.
 	expiryWarned [32]byte
@@ -116,33 +109,30 @@ func NewFileCertificate(certPath, keyPath string, clk clock.PassiveClock, logger
 		logger:   logger.With("cert_file", certPath, "key_file", keyPath),
 	}
 	f.read = f.readFiles
+	f.r = fileutil.NewReloader(fileutil.ReloaderConfig[*webCertFiles, *webCertState]{
+		Read:   f.readChecked,
+		Digest: func(files *webCertFiles) fileutil.Digest { return files.digest },
+		Parse:  f.parse,
+		// Unchanged files need no parsing, but time alone expires them,
+		// and readiness checks should say so.
+		Verify: f.verify,
+		Wrap:   f.wrap,
+		Refused: func(err error) {
+			f.logger.Error("web certificate invalid; keeping the last good certificate", logattr.Error, err)
+		},
+		Changing: func(err error) {
+			if !errors.Is(err, errWebCertMismatch) {
+				f.logger.Debug("web certificate files changing; checking again next interval")
+			}
+		},
+		LoadAttempts: webCertLoadAttempts,
+	})
 	return f
 }
 
 // Load reads the pair for the first time. An error means the server must
 // not start: there is no earlier certificate to fall back on.
-func (f *FileCertificate) Load() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var (
-		files *webCertFiles
-		err   error
-	)
-	for range webCertLoadAttempts {
-		if files, err = f.readSnapshot(); !errors.Is(err, errWebCertChanging) {
-			break
-		}
-	}
-	if err == nil {
-		err = f.applyLocked(files)
-	}
-	if err != nil {
-		err = f.wrap(err)
-		f.setLastError(err)
-		return err
-	}
-	return nil
-}
+func (f *FileCertificate) Load() error { return f.r.Load() }
 
 // Check reads the pair once, as Run does each interval; cmd may call it
 // on SIGHUP. A changed, valid pair is served from the next handshake on.
@@ -150,52 +140,7 @@ func (f *FileCertificate) Load() error {
 // once, are left for the next check: writers that are not atomic replace
 // one file, then the other. An invalid change keeps the last good pair and
 // is returned, logged once and kept in LastError.
-func (f *FileCertificate) Check() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	files, err := f.readSnapshot()
-	if errors.Is(err, errWebCertChanging) {
-		f.logger.Debug("web certificate files changing; checking again next interval")
-		return nil
-	}
-	if err == nil {
-		if cur := f.current.Load(); cur != nil && files.digest == cur.digest {
-			// Unchanged files need no parsing, but time alone expires them,
-			// and readiness checks should say so.
-			f.mismatchSeen = false
-			err = f.checkTimeLocked(cur.cert.Leaf, cur.digest)
-			if err == nil {
-				f.failedDigest, f.failedMsg = [32]byte{}, ""
-				f.setLastError(nil)
-				return nil
-			}
-		} else {
-			err = f.applyLocked(files)
-			if errors.Is(err, errWebCertMismatch) && !f.mismatchSeen {
-				f.mismatchSeen = true
-				f.logger.Debug("web certificate key does not match; assuming a writer is mid-update, checking again next interval")
-				return nil
-			}
-		}
-	}
-	if !errors.Is(err, errWebCertMismatch) {
-		f.mismatchSeen = false
-	}
-	if err != nil {
-		var digest [32]byte
-		if files != nil {
-			digest = files.digest
-		}
-		err = f.wrap(err)
-		if digest != f.failedDigest || err.Error() != f.failedMsg {
-			f.logger.Error("web certificate invalid; keeping the last good certificate", logattr.Error, err)
-		}
-		f.failedDigest, f.failedMsg = digest, err.Error()
-		f.setLastError(err)
-		return err
-	}
-	return nil
-}
+func (f *FileCertificate) Check() error { return f.r.Check() }
 
 // Run checks the files every interval (DefaultWebCertPollInterval if not
 // positive) until ctx is done. It is meant to follow a successful Load;
@@ -204,13 +149,13 @@ func (f *FileCertificate) Run(ctx context.Context, interval time.Duration) error
 	if interval <= 0 {
 		interval = DefaultWebCertPollInterval
 	}
-	return poll.Run(ctx, clock.RealClock{}, interval, func() { _ = f.Check() })
+	return f.r.Run(ctx, clock.RealClock{}, interval)
 }
 
 // GetCertificate is a tls.Config.GetCertificate hook serving the last
 // good pair whatever the client asked for: this endpoint has one name.
 func (f *FileCertificate) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	if cur := f.current.Load(); cur != nil {
+	if cur, ok := f.r.Current(); ok {
 		return cur.cert, nil
 	}
 	return nil, errors.New("bundleserver: no web certificate loaded")
@@ -218,43 +163,57 @@ func (f *FileCertificate) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate
 
 // LastError is the outcome of the most recent Load or Check: nil when it
 // loaded a new pair or the files were unchanged and still valid.
-func (f *FileCertificate) LastError() error {
-	if p := f.lastErr.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
-func (f *FileCertificate) setLastError(err error) {
-	if err == nil {
-		f.lastErr.Store(nil)
-		return
-	}
-	f.lastErr.Store(&err)
-}
+func (f *FileCertificate) LastError() error { return f.r.LastError() }
 
 func (f *FileCertificate) wrap(err error) error {
 	return fmt.Errorf("bundleserver: web certificate (cert %s, key %s): %w", f.certPath, f.keyPath, err)
 }
 
-// applyLocked validates files and, if they are good, makes them current.
-// Refused files are validated again at every check, as a certificate that
-// is not valid yet may become so without changing.
-func (f *FileCertificate) applyLocked(files *webCertFiles) error {
+// readChecked is readSnapshot for the Reloader: a failure to read is a
+// check that did not find a mismatch.
+func (f *FileCertificate) readChecked() (*webCertFiles, error) {
+	files, err := f.readSnapshot()
+	if err != nil && !errors.Is(err, errWebCertChanging) {
+		f.mismatchSeen = false
+	}
+	return files, err
+}
+
+// verify checks the pair in force, whose files did not change, again.
+func (f *FileCertificate) verify(cur *webCertState) error {
+	f.mismatchSeen = false
+	return f.checkTimeLocked(cur.cert.Leaf, cur.digest)
+}
+
+// parse validates files and returns the certificate to serve. Refused
+// files are validated again at every check, as a certificate that is not
+// valid yet may become so without changing. A key that does not match
+// the certificate is a writer mid-update the first time while a pair is
+// served.
+func (f *FileCertificate) parse(files *webCertFiles, _ *webCertState, serving bool) (*webCertState, error) {
+	cert, err := f.apply(files)
+	if errors.Is(err, errWebCertMismatch) && serving && !f.mismatchSeen {
+		f.mismatchSeen = true
+		f.logger.Debug("web certificate key does not match; assuming a writer is mid-update, checking again next interval")
+		return nil, fmt.Errorf("%w: %w", fileutil.ErrChanging, err)
+	}
+	if !errors.Is(err, errWebCertMismatch) {
+		f.mismatchSeen = false
+	}
+	return cert, err
+}
+
+func (f *FileCertificate) apply(files *webCertFiles) (*webCertState, error) {
 	cert, warnings, err := parseWebCert(files)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := f.checkTimeLocked(cert.Leaf, files.digest); err != nil {
-		return err
+		return nil, err
 	}
 	for _, w := range warnings {
 		f.logger.Warn("web certificate loaded with a warning", logattr.Warning, w)
 	}
-	f.current.Store(&webCertState{cert: cert, digest: files.digest})
-	f.mismatchSeen = false
-	f.failedDigest, f.failedMsg = [32]byte{}, ""
-	f.setLastError(nil)
 	leaf := cert.Leaf
 	f.logger.Info("web certificate loaded",
 		"subject", leaf.Subject.String(),
@@ -264,7 +223,7 @@ func (f *FileCertificate) applyLocked(files *webCertFiles) error {
 		"not_after", leaf.NotAfter,
 		"chain_length", len(cert.Certificate),
 		"digest", hex.EncodeToString(files.digest[:8]))
-	return nil
+	return &webCertState{cert: cert, digest: files.digest}, nil
 }
 
 // checkTimeLocked refuses a leaf outside its validity and warns, once per

@@ -17,17 +17,15 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
-	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 // Istio's plug-in CA layout ("cacerts" secret), as written by its
@@ -54,7 +52,7 @@ const (
 
 // errPluginDirChanging reports that the files changed between two reads:
 // a writer is mid-update, which is a reason to look again, not a fault.
-var errPluginDirChanging = errors.New("files changed while being read")
+var errPluginDirChanging = fileutil.ErrChanging
 
 // PluginMaterial is validated plug-in CA material. It is shared between
 // readers and must not be modified.
@@ -356,15 +354,7 @@ type PluginWatcher struct {
 	// racing the reader.
 	readFiles func(dir string) (*pluginFiles, error)
 
-	current atomic.Pointer[PluginMaterial]
-	lastErr atomic.Pointer[error]
-	changes chan struct{}
-
-	mu sync.Mutex // serialises checks; guards the fields below
-	// failedDigest and failedMsg are the last refused files and reason, so
-	// a problem that persists is logged once, not every interval.
-	failedDigest [32]byte
-	failedMsg    string
+	r *fileutil.Reloader[*pluginFiles, *PluginMaterial]
 }
 
 // NewPluginWatcher returns a watcher of dir for trust domain td. A
@@ -380,134 +370,77 @@ func NewPluginWatcher(dir string, td spiffeid.TrustDomain, clk clock.WithTicker,
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &PluginWatcher{
+	w := &PluginWatcher{
 		dir:       dir,
 		td:        td,
 		clk:       clk,
 		interval:  interval,
 		logger:    logger.With("ca_dir", dir),
 		readFiles: readPluginFiles,
-		changes:   make(chan struct{}, 1),
 	}
+	w.r = fileutil.NewReloader(fileutil.ReloaderConfig[*pluginFiles, *PluginMaterial]{
+		Read:   func() (*pluginFiles, error) { return readPluginSnapshot(w.dir, w.readFiles) },
+		Digest: func(f *pluginFiles) fileutil.Digest { return f.digest },
+		Parse:  w.apply,
+		// Unchanged files need no parsing, but time alone can expire
+		// them, and /readyz should say so.
+		Verify: func(cur *PluginMaterial) error { return cur.verify(w.clk.Now()) },
+		Wrap:   func(err error) error { return fmt.Errorf("ca: plug-in CA directory %s: %w", w.dir, err) },
+		Refused: func(err error) {
+			w.logger.Error("plug-in CA material invalid; keeping the last good material", logattr.Error, err)
+		},
+		Changing: func(error) {
+			w.logger.Debug("plug-in CA files changing; checking again next interval")
+		},
+		LoadAttempts: pluginLoadAttempts,
+	})
+	return w
 }
 
 // Load reads the directory for the first time. An error means the server
 // must not start.
-func (w *PluginWatcher) Load() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var err error
-	for range pluginLoadAttempts {
-		var files *pluginFiles
-		if files, err = readPluginSnapshot(w.dir, w.readFiles); errors.Is(err, errPluginDirChanging) {
-			continue
-		}
-		if err == nil {
-			err = w.applyLocked(files)
-		}
-		break
-	}
-	if err != nil {
-		err = fmt.Errorf("ca: plug-in CA directory %s: %w", w.dir, err)
-		w.setLastError(err)
-		return err
-	}
-	return nil
-}
+func (w *PluginWatcher) Load() error { return w.r.Load() }
 
 // Current is the last good material: never nil once Load succeeded.
-func (w *PluginWatcher) Current() *PluginMaterial { return w.current.Load() }
+func (w *PluginWatcher) Current() *PluginMaterial {
+	m, _ := w.r.Current()
+	return m
+}
 
 // LastError is the outcome of the most recent check: nil when it loaded
 // new material or the files were unchanged and still valid.
-func (w *PluginWatcher) LastError() error {
-	if p := w.lastErr.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (w *PluginWatcher) LastError() error { return w.r.LastError() }
 
 // Changes is signalled (coalesced) whenever Current changes.
-func (w *PluginWatcher) Changes() <-chan struct{} { return w.changes }
+func (w *PluginWatcher) Changes() <-chan struct{} { return w.r.Changes() }
 
 // Run checks the directory every interval until ctx is done.
 func (w *PluginWatcher) Run(ctx context.Context) error {
-	return poll.Run(ctx, w.clk, w.interval, func() { _ = w.Check() })
+	return w.r.Run(ctx, w.clk, w.interval)
 }
 
 // Check reads the directory once, as Run does each interval; cmd may call
 // it on SIGHUP. Files caught mid-update are left for the next check. An
 // invalid change keeps the last good material and is returned, logged and
 // kept in LastError.
-func (w *PluginWatcher) Check() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	files, err := readPluginSnapshot(w.dir, w.readFiles)
-	if errors.Is(err, errPluginDirChanging) {
-		w.logger.Debug("plug-in CA files changing; checking again next interval")
-		return nil
-	}
-	if err == nil {
-		if cur := w.current.Load(); cur != nil && files.digest == cur.Digest {
-			// Unchanged files need no parsing, but time alone can expire
-			// them, and /readyz should say so.
-			err = cur.verify(w.clk.Now())
-			if err == nil {
-				w.failedDigest, w.failedMsg = [32]byte{}, ""
-				w.setLastError(nil)
-				return nil
-			}
-		} else {
-			err = w.applyLocked(files)
-		}
-	}
-	if err != nil {
-		var digest [32]byte
-		if files != nil {
-			digest = files.digest
-		}
-		err = fmt.Errorf("ca: plug-in CA directory %s: %w", w.dir, err)
-		if digest != w.failedDigest || err.Error() != w.failedMsg {
-			w.logger.Error("plug-in CA material invalid; keeping the last good material", logattr.Error, err)
-		}
-		w.failedDigest, w.failedMsg = digest, err.Error()
-		w.setLastError(err)
-		return err
-	}
-	return nil
-}
+func (w *PluginWatcher) Check() error { return w.r.Check() }
 
-// applyLocked validates files and, if they are good, makes them current.
-// Refused files are validated again at every check, as material that is
-// not valid yet may become so without changing.
-func (w *PluginWatcher) applyLocked(files *pluginFiles) error {
+// apply validates files and returns the material they hold. Refused files
+// are validated again at every check, as material that is not valid yet
+// may become so without changing.
+func (w *PluginWatcher) apply(files *pluginFiles, _ *PluginMaterial, _ bool) (*PluginMaterial, error) {
 	m, warnings, err := validatePlugin(files, w.dir, w.td, w.clk.Now())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, warning := range warnings {
 		w.logger.Warn(warning)
 	}
-	w.current.Store(m)
-	w.failedDigest, w.failedMsg = [32]byte{}, ""
-	w.setLastError(nil)
 	w.logger.Info("plug-in CA material loaded",
 		"subject", m.Cert.Subject.String(),
 		"not_after", m.Cert.NotAfter,
 		"intermediates", len(m.Intermediates),
 		"roots", len(m.Roots),
 		"digest", hex.EncodeToString(m.Digest[:8]))
-	select {
-	case w.changes <- struct{}{}:
-	default:
-	}
-	return nil
-}
-
-func (w *PluginWatcher) setLastError(err error) {
-	if err == nil {
-		w.lastErr.Store(nil)
-		return
-	}
-	w.lastErr.Store(&err)
+	return m, nil
 }

@@ -3,7 +3,6 @@ package authn
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,13 +12,22 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+// TestMain checks for leaked goroutines once kubetest.Main has run the
+// tests and stopped the shared API server, whose connections would
+// otherwise still be open.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubeTestMain{m}) }
+
+// kubeTestMain is m run through kubetest.Main, for goleak.VerifyTestMain.
+type kubeTestMain struct{ m *testing.M }
+
+func (k kubeTestMain) Run() int { return kubetest.Main(k.m) }
 
 // TestTokenReviewRealAPIServer checks TokenReview against a real
 // kube-apiserver: tokens minted by its TokenRequest API, for the right and

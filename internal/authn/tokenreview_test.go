@@ -458,8 +458,11 @@ func TestTokenReviewConcurrent(t *testing.T) {
 
 // TestTokenReviewTimeout runs the client against a loopback server that
 // never answers: the review gives up after Timeout and reports
-// ErrUnavailable.
+// ErrUnavailable. The transport sees the call's own deadline, Timeout
+// after it started, and the call end at that deadline: no clock reading
+// is compared with a threshold.
 func TestTokenReviewTimeout(t *testing.T) {
+	const timeout = 50 * time.Millisecond
 	stop := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -469,14 +472,48 @@ func TestTokenReviewTimeout(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(stop) }) // runs first: release the handler
-	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	trips := make(chan observedTrip, 10)
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL, WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+		return observingTransport{rt: rt, trips: trips}
+	}})
 	require.NoError(t, err)
-	a, err := NewTokenReview(TokenReviewConfig{Client: cs, TrustDomain: localTD, Timeout: 50 * time.Millisecond})
+	a, err := NewTokenReview(TokenReviewConfig{Client: cs, TrustDomain: localTD, Timeout: timeout})
 	require.NoError(t, err)
-	start := time.Now()
+	before := time.Now()
 	_, err = a.Authenticate(context.Background(), Request{BearerToken: saToken(t, "web", time.Now().Add(time.Hour))})
+	after := time.Now()
 	require.ErrorIs(t, err, ErrUnavailable)
-	assert.Less(t, time.Since(start), 5*time.Second)
+
+	var trip observedTrip
+	select {
+	case trip = <-trips:
+	default:
+		require.FailNow(t, "the review made no call")
+	}
+	require.True(t, trip.hasDeadline, "the call carries a deadline")
+	assert.False(t, trip.deadline.Before(before.Add(timeout)), "deadline %s is less than Timeout after the call", trip.deadline)
+	assert.False(t, trip.deadline.After(after.Add(timeout)), "deadline %s is more than Timeout after the call", trip.deadline)
+	assert.ErrorIs(t, trip.ended, context.DeadlineExceeded, "the call ended at its deadline")
+}
+
+// observedTrip is what observingTransport saw of a call: its deadline and
+// why its context ended once the round trip returned.
+type observedTrip struct {
+	deadline    time.Time
+	hasDeadline bool
+	ended       error
+}
+
+type observingTransport struct {
+	rt    http.RoundTripper
+	trips chan<- observedTrip
+}
+
+func (o observingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := o.rt.RoundTrip(r)
+	d, ok := r.Context().Deadline()
+	o.trips <- observedTrip{deadline: d, hasDeadline: ok, ended: r.Context().Err()}
+	return resp, err
 }
 
 func TestNewTokenReviewConfig(t *testing.T) {

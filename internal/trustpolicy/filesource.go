@@ -3,19 +3,17 @@ package trustpolicy
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/poll"
 )
 
 // DefaultFilePollInterval is how often FileSource.Run reads the file when
@@ -37,23 +35,16 @@ type FileSource struct {
 	clock    clock.WithTicker
 	refused  func(source string, err error)
 
-	mu sync.Mutex // serialises checks; guards the fields below
-	// good is the digest of the content in force; loaded says there is
-	// one.
-	good   [sha256.Size]byte
-	loaded bool
+	r *fileutil.Reloader[[]byte, Document]
+
 	// parseFailed and parseErr remember the last bytes Parse refused:
 	// parsing is deterministic, so the same bytes fail the same way.
 	// Nothing else is cached: a read error says nothing about the next
 	// read, and the Combiner's refusal (a rule name another source
 	// already uses) depends on the other sources, so both are tried again
-	// at every check.
+	// at every check. Guarded by r's lock, as the Reloader's hooks are.
 	parseFailed [sha256.Size]byte
 	parseErr    string
-	// reported identifies the last failure logged and audited (its
-	// content and error), so a problem that persists is reported once,
-	// not every interval; "" after a success.
-	reported string
 }
 
 // FileSourceOption changes how NewFileSource builds a source.
@@ -89,6 +80,15 @@ func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval ti
 	for _, o := range opts {
 		o(f)
 	}
+	f.r = fileutil.NewReloader(fileutil.ReloaderConfig[[]byte, Document]{
+		Read:    f.read,
+		Digest:  sha256.Sum256,
+		Parse:   f.apply,
+		Refused: f.report,
+		// A failure recorded an error in the Combiner in place of the
+		// rules: the same bytes, back, must be handed to it again.
+		ReparseAfterFailure: true,
+	})
 	return f
 }
 
@@ -98,45 +98,30 @@ func (f *FileSource) Source() string { return f.source }
 // Load reads the file for the first time. An error (a missing file
 // included) means the operator's policy is not in force: the caller
 // should not start.
-func (f *FileSource) Load() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.checkLocked(false)
-}
+func (f *FileSource) Load() error { return f.r.Load() }
 
 // Check reads the file once, as Run does each interval; cmd calls it on
 // SIGHUP and reports the error. A good change goes to the Combiner; an
 // unreadable or invalid file keeps the last good rules and returns the
 // error.
-func (f *FileSource) Check() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.checkLocked(true)
-}
+func (f *FileSource) Check() error { return f.r.Check() }
 
 // Run checks the file every interval until ctx is done. Failures are
 // logged and recorded; they never end Run.
 func (f *FileSource) Run(ctx context.Context) error {
-	return poll.Run(ctx, f.clock, f.interval, func() { _ = f.Check() })
+	return f.r.Run(ctx, f.clock, f.interval)
 }
 
-func (f *FileSource) checkLocked(logFailure bool) error {
-	data, err := f.read()
-	if err != nil {
-		f.comb.SetSourceError(f.source, err)
-		f.report("read", err, logFailure)
-		return err
-	}
+// apply hands the rules of data to the Combiner. Parsing is
+// deterministic: the same bytes fail the same way, so only the parse is
+// skipped for them; the failure is still recorded (and reported once per
+// distinct failure), as another failure may have come in between.
+func (f *FileSource) apply(data []byte, _ Document, _ bool) (Document, error) {
 	digest := sha256.Sum256(data)
-	key := hex.EncodeToString(digest[:])
-	if f.loaded && digest == f.good && f.reported == "" {
-		return nil // unchanged
-	}
-	// Parsing is deterministic: the same bytes fail the same way, so only
-	// the parse is skipped for them; the failure is still recorded and
-	// reported (once per distinct failure), as another failure may have
-	// come in between.
-	var doc Document
+	var (
+		doc Document
+		err error
+	)
 	if f.parseErr != "" && digest == f.parseFailed {
 		err = errors.New(f.parseErr)
 	} else {
@@ -145,31 +130,20 @@ func (f *FileSource) checkLocked(logFailure bool) error {
 	if err != nil {
 		f.parseFailed, f.parseErr = digest, err.Error()
 		f.comb.SetSourceError(f.source, err)
-		f.report(key, err, logFailure)
-		return err
+		return Document{}, err
 	}
 	// The Combiner records its own refusals in Status and metrics.
 	if err := f.comb.SetSourceDocument(f.source, doc); err != nil {
-		f.report(key, err, logFailure)
-		return err
+		return Document{}, err
 	}
 	f.logger.Info("trust policy file loaded", logattr.PolicyRules, len(doc.Rules))
-	f.good, f.loaded, f.reported = digest, true, ""
-	return nil
+	return doc, nil
 }
 
-// report logs err and calls the refused hook, once per distinct failure:
-// what failed (the content's digest, or "read") and how. Load reports
+// report logs err and calls the refused hook; the Reloader calls it once
+// per distinct failure of Check (what failed and how). Load reports
 // nothing: its caller does not start.
-func (f *FileSource) report(what string, err error, logFailure bool) {
-	key := what + "\x00" + err.Error()
-	if key == f.reported {
-		return
-	}
-	f.reported = key
-	if !logFailure {
-		return
-	}
+func (f *FileSource) report(err error) {
 	f.logger.Warn("trust policy file refused; keeping the last good rules", logattr.Error, err)
 	if f.refused != nil {
 		f.refused(f.source, err)
@@ -177,6 +151,14 @@ func (f *FileSource) report(what string, err error, logFailure bool) {
 }
 
 func (f *FileSource) read() ([]byte, error) {
+	data, err := f.readFile()
+	if err != nil {
+		f.comb.SetSourceError(f.source, err)
+	}
+	return data, err
+}
+
+func (f *FileSource) readFile() ([]byte, error) {
 	// cappedfile refuses what is not a regular file (a FIFO would block
 	// the poller, and SIGHUP's Check behind it) and what is too large.
 	data, _, err := cappedfile.Read(f.path, MaxDocumentSize)
