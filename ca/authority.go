@@ -15,6 +15,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // Defaults for Config.
@@ -49,7 +51,7 @@ type Config struct {
 	// are unused.
 	Plugin *PluginWatcher
 	// Backend keeps the CA state; nil is the file store in DataDir.
-	Backend Backend
+	Backend castate.Backend
 	// JWTKeyType is the algorithm of new JWT-SVID signing keys (default
 	// ES256). JWT keys rotate like roots, in plug-in mode too: the
 	// directory holds X.509 material only.
@@ -68,7 +70,7 @@ type Config struct {
 	// prepare, activate, retire or remove roots, or write at all; otherwise
 	// it follows, reloading the state the leader wrote, publishing it and
 	// signing with its active root. nil means always the leader.
-	Leader Leader
+	Leader castate.Leader
 	// Upstream, when set, makes this CA an intermediate: an upstream
 	// signs its signing certificate (an intermediate, kept in the state
 	// like a root), renewed at half its life; the bundle publishes the
@@ -232,7 +234,7 @@ func (c *Config) timeline() Timeline {
 type Authority struct {
 	cfg     Config
 	store   *Store // the file store, when Config.Backend is nil
-	backend Backend
+	backend castate.Backend
 	metrics *metrics
 
 	// stateMu serializes everything that reads or changes the shared
@@ -243,10 +245,10 @@ type Authority struct {
 	// holds both.
 	stateMu sync.Mutex
 	mu      sync.RWMutex
-	journal *Journal
-	roots   []*Root   // in journal order
-	jwtKeys []*JWTKey // in journal order
-	version string    // of the state as last written or read
+	journal *castate.Journal
+	roots   []*castate.Root   // in journal order
+	jwtKeys []*castate.JWTKey // in journal order
+	version string            // of the state as last written or read
 	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
@@ -311,7 +313,7 @@ func New(cfg Config) (*Authority, error) {
 		// it) the bundle has no authorities: served by nobody, trusted
 		// by nobody.
 		bundle:  spiffebundle.New(cfg.TrustDomain),
-		journal: &Journal{TrustDomain: cfg.TrustDomain.Name()},
+		journal: &castate.Journal{TrustDomain: cfg.TrustDomain.Name()},
 	}
 	if a.backend == nil {
 		a.store = NewStore(cfg.DataDir)
@@ -476,18 +478,18 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 // active), with the upstream's intermediates above it, and Roots are every
 // published root: the self-signed roots, or in upstream mode the upstream
 // roots of every intermediate kept, never an intermediate itself.
-func RootsMaterial(roots []*Root) SigningMaterial {
+func RootsMaterial(roots []*castate.Root) SigningMaterial {
 	var m SigningMaterial
 	for _, r := range roots {
-		for _, c := range r.published() {
+		for _, c := range r.Published() {
 			// A handful of roots: comparing bytes beats hashing them on
 			// every signing.
 			if !slices.ContainsFunc(m.Roots, c.Equal) {
 				m.Roots = append(m.Roots, c)
 			}
 		}
-		if r.State == StateActive {
-			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.upstreamChain
+		if r.State == castate.StateActive {
+			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.UpstreamChain
 		}
 	}
 	return m

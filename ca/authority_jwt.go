@@ -8,6 +8,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -82,7 +83,7 @@ func (a *Authority) maxJWTSVIDTTLLocked() time.Duration {
 func (a *Authority) jwtTimesLocked() []RootTimes {
 	out := make([]RootTimes, len(a.jwtKeys))
 	for i, k := range a.jwtKeys {
-		out[i] = k.times()
+		out[i] = jwtKeyTimes(k)
 	}
 	return out
 }
@@ -98,7 +99,7 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 	changed := false
 	now := a.cfg.Clock.Now()
 	for _, k := range a.jwtKeys {
-		if k.State != StatePrepared {
+		if k.State != castate.StatePrepared {
 			continue
 		}
 		s, ok := a.served[jwtServedKey(k.KID)]
@@ -126,22 +127,22 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 		// otherwise refuse the first tokens (issue 17: keys are published
 		// at least 5 refresh hints before first use). Plan activates it.
 		if a.publishedBeforeLocked() {
-			return a.newJWTKeyLocked(now, StatePrepared, "first, upgraded CA")
+			return a.newJWTKeyLocked(now, castate.StatePrepared, "first, upgraded CA")
 		}
-		return a.newJWTKeyLocked(now, StateActive, "bootstrap")
+		return a.newJWTKeyLocked(now, castate.StateActive, "bootstrap")
 	case StepPrepare:
-		return a.newJWTKeyLocked(now, StatePrepared, "scheduled")
+		return a.newJWTKeyLocked(now, castate.StatePrepared, "scheduled")
 	case StepActivate:
 		for _, k := range a.jwtKeys {
-			if k.State == StateActive {
-				k.State = StateRetired
+			if k.State == castate.StateActive {
+				k.State = castate.StateRetired
 				k.RetiredAt = now
-				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(k.times(), now.Add(retireMargin))
+				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(jwtKeyTimes(k), now.Add(retireMargin))
 				a.jwtEvent(now, "retired", k.KID)
 			}
 		}
 		p := a.jwtKeys[index]
-		p.State = StateActive
+		p.State = castate.StateActive
 		p.ActivatedAt = now
 		a.jwtEvent(now, "activated", p.KID)
 		return nil
@@ -162,13 +163,13 @@ func (a *Authority) publishedBeforeLocked() bool {
 	return len(a.journal.Roots) > 0 || len(a.journal.PluginRoots) > 0
 }
 
-func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) error {
+func (a *Authority) newJWTKeyLocked(now time.Time, state castate.RootState, why string) error {
 	k, err := a.newJWTKeyKeyed(now)
 	if err != nil {
 		return err
 	}
 	k.State, k.PublishedAt = state, now
-	if state == StatePrepared {
+	if state == castate.StatePrepared {
 		k.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
 	} else {
 		k.ActivatedAt = now
@@ -176,7 +177,7 @@ func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) 
 	a.jwtKeys = append(a.jwtKeys, k)
 	a.moveSequenceLocked(now)
 	event := "prepared (" + why + ")"
-	if state == StateActive {
+	if state == castate.StateActive {
 		event = "bootstrap"
 	}
 	a.jwtEvent(now, event, k.KID)
@@ -195,7 +196,7 @@ func (a *Authority) moveSequenceLocked(now time.Time) {
 }
 
 func (a *Authority) jwtEvent(now time.Time, what, kid string) {
-	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: "JWT key " + what, KID: kid})
+	a.journal.Events = append(a.journal.Events, castate.JournalNote{At: now, Event: "JWT key " + what, KID: kid})
 	a.metrics.jwtEvents.WithLabelValues(firstWord(what)).Inc()
 	a.cfg.Logger.Info("CA JWT key "+what, logattr.KeyID, kid, logattr.Sequence, a.journal.Sequence)
 }
@@ -245,7 +246,7 @@ func (a *Authority) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, curr
 // and replacing one (a suspected compromise) need not churn the other.
 func (a *Authority) RotateJWTKey() error {
 	if !a.leading() {
-		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", ErrNotLeader)
+		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", castate.ErrNotLeader)
 	}
 	if a.cfg.Plugin != nil {
 		return a.rotateJWTKeyPlugin()
@@ -254,7 +255,7 @@ func (a *Authority) RotateJWTKey() error {
 		if !a.prepareJWTKeyNowLocked() {
 			return nil
 		}
-		if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
+		if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
 			return err
 		}
 		return a.commitLocked()
@@ -265,7 +266,7 @@ func (a *Authority) RotateJWTKey() error {
 // do: not while a prepared key is already waiting.
 func (a *Authority) prepareJWTKeyNowLocked() bool {
 	for _, k := range a.jwtKeys {
-		if k.State == StatePrepared {
+		if k.State == castate.StatePrepared {
 			a.cfg.Logger.Info("JWT key rotation requested but a prepared key is already waiting", logattr.KeyID, k.KID)
 			return false
 		}
@@ -286,7 +287,7 @@ func (a *Authority) jwtStepsLocked(force bool) (bool, error) {
 	if err != nil || !force || !a.prepareJWTKeyNowLocked() {
 		return changed, err
 	}
-	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
+	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
 		return changed, err
 	}
 	return true, nil
@@ -352,16 +353,16 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 
 // noActiveJWTKeyLocked says why SignJWT cannot sign with active (nil or
 // expired), and when it will.
-func (a *Authority) noActiveJWTKeyLocked(active *JWTKey) error {
+func (a *Authority) noActiveJWTKeyLocked(active *castate.JWTKey) error {
 	if active != nil {
 		return fmt.Errorf("ca: %w: active JWT key %s expired at %s and JWT-SVID minting has stopped; JWT key rotation is failing (see the CA's logs), or run `trustbridge ca rotate --jwt`",
 			ErrInvalidSigningMaterial, active.KID, active.NotAfter.UTC().Format(time.RFC3339))
 	}
 	for _, k := range a.jwtKeys {
-		if k.State != StatePrepared {
+		if k.State != castate.StatePrepared {
 			continue
 		}
-		if at := a.jwtTimelineLocked().ActivateAt(k.times()); !at.IsZero() {
+		if at := a.jwtTimelineLocked().ActivateAt(jwtKeyTimes(k)); !at.IsZero() {
 			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
 				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
 		}
@@ -371,9 +372,9 @@ func (a *Authority) noActiveJWTKeyLocked(active *JWTKey) error {
 	return fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
 }
 
-func (a *Authority) activeJWTKeyLocked() *JWTKey {
+func (a *Authority) activeJWTKeyLocked() *castate.JWTKey {
 	for _, k := range a.jwtKeys {
-		if k.State == StateActive {
+		if k.State == castate.StateActive {
 			return k
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // failingBackend is a memBackend whose commits fail while fail is set.
@@ -20,7 +22,7 @@ type failingBackend struct {
 	fail atomic.Bool
 }
 
-func (f *failingBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (string, error) {
+func (f *failingBackend) Commit(base string, j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (string, error) {
 	if f.fail.Load() {
 		return "", errors.New("memory: injected commit failure")
 	}

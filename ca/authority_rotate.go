@@ -13,6 +13,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -37,11 +38,11 @@ func (a *Authority) Rotate() error {
 		return errors.New("ca: the signing intermediate comes from the upstream authority and renews on its own; there is no root to rotate here")
 	}
 	if !a.leading() {
-		return fmt.Errorf("ca: %w: only the leader rotates roots", ErrNotLeader)
+		return fmt.Errorf("ca: %w: only the leader rotates roots", castate.ErrNotLeader)
 	}
 	return a.withStateLocked(func() error {
 		for _, r := range a.roots {
-			if r.State == StatePrepared {
+			if r.State == castate.StatePrepared {
 				a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
 				return nil
 			}
@@ -101,7 +102,7 @@ func (a *Authority) reconcileLocked(steps func() (bool, error)) error {
 func (a *Authority) startServedLeadsLocked() bool {
 	changed := false
 	for _, r := range a.roots {
-		if r.State != StatePrepared {
+		if r.State != castate.StatePrepared {
 			continue
 		}
 		if s, ok := a.served[r.ID]; ok && s.After(r.PublishedAt) {
@@ -175,20 +176,20 @@ func (a *Authority) timesLocked() []RootTimes {
 func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 	switch step {
 	case StepBootstrap:
-		return a.newRootLocked(now, StateActive, "bootstrap")
+		return a.newRootLocked(now, castate.StateActive, "bootstrap")
 	case StepPrepare:
 		return a.prepareLocked(now, "scheduled")
 	case StepActivate:
 		for _, r := range a.roots {
-			if r.State == StateActive {
-				r.State = StateRetired
+			if r.State == castate.StateActive {
+				r.State = castate.StateRetired
 				r.RetiredAt = now
 				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 				a.event(now, "retired", r.ID)
 			}
 		}
 		p := a.roots[index]
-		p.State = StateActive
+		p.State = castate.StateActive
 		p.ActivatedAt = now
 		a.event(now, "activated", p.ID)
 		return nil
@@ -203,20 +204,20 @@ func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 }
 
 func (a *Authority) prepareLocked(now time.Time, why string) error {
-	if err := a.newRootLocked(now, StatePrepared, why); err != nil {
+	if err := a.newRootLocked(now, castate.StatePrepared, why); err != nil {
 		return err
 	}
 	return nil
 }
 
-func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
+func (a *Authority) newRootLocked(now time.Time, state castate.RootState, why string) error {
 	cert, key, ref, err := a.newRootKeyed(now)
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
 	id := cert.SerialNumber.Text(16)
-	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref}, Cert: cert, Key: key}
-	if state == StatePrepared {
+	r := &castate.Root{RootRecord: castate.RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref}, Cert: cert, Key: key}
+	if state == castate.StatePrepared {
 		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
 	} else {
 		r.ActivatedAt = now
@@ -224,7 +225,7 @@ func (a *Authority) newRootLocked(now time.Time, state RootState, why string) er
 	a.roots = append(a.roots, r)
 	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
 	event := "prepared (" + why + ")"
-	if state == StateActive {
+	if state == castate.StateActive {
 		event = "bootstrap"
 	}
 	a.event(now, event, id)
@@ -232,7 +233,7 @@ func (a *Authority) newRootLocked(now time.Time, state RootState, why string) er
 }
 
 func (a *Authority) event(now time.Time, what, id string) {
-	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: what, RootID: id})
+	a.journal.Events = append(a.journal.Events, castate.JournalNote{At: now, Event: what, RootID: id})
 	a.metrics.rotations.WithLabelValues(firstWord(what)).Inc()
 	a.cfg.Logger.Info("CA root "+what, logattr.RootID, id, logattr.Sequence, a.journal.Sequence)
 }

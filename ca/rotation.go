@@ -4,21 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
-)
 
-// RootState is where a root is in its life. Only the active root signs;
-// prepared and retired roots are published so that federated peers trust
-// them before they sign and until nothing they signed is still valid.
-type RootState string
-
-// Root states, in lifecycle order.
-const (
-	StatePrepared RootState = "prepared"
-	StateActive   RootState = "active"
-	StateRetired  RootState = "retired"
-	// StateExternal marks roots of a plug-in CA directory: trustbridge
-	// publishes them but their lifecycle is managed elsewhere.
-	StateExternal RootState = "external"
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // PublishLead is how many refresh hints a new root is published before it
@@ -60,7 +47,7 @@ func (tl Timeline) Validate(rootTTL time.Duration) error {
 
 // RootTimes is what the rotation plan needs to know about one root.
 type RootTimes struct {
-	State      RootState
+	State      castate.RootState
 	NotBefore  time.Time
 	NotAfter   time.Time
 	PreparedAt time.Time // when it entered the published bundle
@@ -131,9 +118,9 @@ func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int,
 	active, prepared := -1, -1
 	for i, r := range roots {
 		switch r.State {
-		case StateActive:
+		case castate.StateActive:
 			active = i
-		case StatePrepared:
+		case castate.StatePrepared:
 			prepared = i
 		}
 	}
@@ -144,7 +131,7 @@ func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int,
 		}
 	}
 	for i, r := range roots {
-		if r.State == StateRetired {
+		if r.State == castate.StateRetired {
 			if !now.Before(r.RemoveAfter) {
 				return StepRemove, i, time.Time{}
 			}

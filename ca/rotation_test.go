@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -26,13 +28,13 @@ func TestTimelineValidate(t *testing.T) {
 
 func TestPlan(t *testing.T) {
 	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
-	active := RootTimes{State: StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
-	prepared := RootTimes{State: StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour), PublishedAt: t0.Add(12 * time.Hour)}
+	active := RootTimes{State: castate.StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
+	prepared := RootTimes{State: castate.StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour), PublishedAt: t0.Add(12 * time.Hour)}
 	unpublished := prepared
 	unpublished.PublishedAt = time.Time{}
 	lateServed := prepared
 	lateServed.PublishedAt = t0.Add(13 * time.Hour)
-	retired := RootTimes{State: StateRetired, NotBefore: t0.Add(-24 * time.Hour), NotAfter: t0.Add(time.Hour), RemoveAfter: t0.Add(30 * time.Minute)}
+	retired := RootTimes{State: castate.StateRetired, NotBefore: t0.Add(-24 * time.Hour), NotAfter: t0.Add(time.Hour), RemoveAfter: t0.Add(30 * time.Minute)}
 
 	tests := []struct {
 		name      string
@@ -98,21 +100,21 @@ func TestPlanSimulation(t *testing.T) {
 			require.True(t, next.After(now), "plan must move forward")
 			now = next
 		case StepBootstrap:
-			roots = append(roots, RootTimes{State: StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
+			roots = append(roots, RootTimes{State: castate.StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
 		case StepPrepare:
-			roots = append(roots, RootTimes{State: StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
+			roots = append(roots, RootTimes{State: castate.StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
 		case StepActivate:
 			p := roots[index]
 			require.False(t, now.Before(p.PreparedAt.Add(PublishLead*tl.RefreshHint)), "no root signs before it was published for %d hints", PublishLead)
 			for j := range roots {
-				if roots[j].State == StateActive {
+				if roots[j].State == castate.StateActive {
 					old := roots[j]
 					require.True(t, old.NotAfter.Sub(now) >= tl.MaxWorkloadTTL, "old root still outlives every leaf it signed")
-					roots[j].State = StateRetired
+					roots[j].State = castate.StateRetired
 					roots[j].RemoveAfter = tl.RemoveAfter(old, now)
 				}
 			}
-			roots[index].State = StateActive
+			roots[index].State = castate.StateActive
 			activations++
 		case StepRemove:
 			require.False(t, now.Before(roots[index].RemoveAfter))
@@ -120,7 +122,7 @@ func TestPlanSimulation(t *testing.T) {
 		}
 		actives := 0
 		for _, r := range roots {
-			if r.State == StateActive {
+			if r.State == castate.StateActive {
 				actives++
 				assert.True(t, now.Before(r.NotAfter), "the active root is valid")
 			}

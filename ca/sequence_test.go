@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 func TestNextSequence(t *testing.T) {
@@ -172,7 +174,7 @@ func TestSnapshot(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a.Sequence(), j.Sequence)
 	require.Len(t, files, 6, "journal, two roots' certificate and key, the JWT key")
-	assert.Equal(t, "ca/roots/"+JWTKeyKey(a.JWTKeys()[0].KID), files[5].Name)
+	assert.Equal(t, "ca/roots/"+castate.JWTKeyKey(a.JWTKeys()[0].KID), files[5].Name)
 	assert.Equal(t, "ca/state.json", files[0].Name)
 	restored := t.TempDir()
 	for _, f := range files {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/securedir"
 )
 
@@ -26,7 +27,7 @@ func TestStoreRefusesAWritableStateDir(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.WriteRoot(cert, key)
 	assert.ErrorIs(t, err, securedir.ErrInsecure)
-	assert.ErrorIs(t, s.Save(&Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
+	assert.ErrorIs(t, s.Save(&castate.Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
 	unlock, err := s.Lock(true)
 	if err == nil {
 		unlock()
