@@ -364,9 +364,23 @@ func (a *Authority) MaxWorkloadTTL() time.Duration { return a.cfg.MaxWorkloadTTL
 // TrustDomain is the CA's trust domain.
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
 
-// Sign signs a workload CSR for id, an identity the caller has proved. The
-// CSR must come from ParseCSR, which checks its signature. extra are
-// private extensions for the leaf, as for the package-level Sign.
+// SignX509SVID signs an X509-SVID for p.PublicKey and p.SPIFFEID, the
+// identity the caller proved, with the active root or intermediate: the
+// one entry point of every workload leaf (SDS, the certificate service
+// through Sign, `ca issue`). The key's strength, the identity, the TTL
+// against Config.MaxWorkloadTTL and the DNS names are checked here, as
+// for a CSR.
+func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) {
+	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
+		return signX509SVID(now, m, pol, p, paramsKey(p.PublicKey))
+	})
+}
+
+// Sign signs a workload CSR for id, an identity the caller has proved:
+// SignX509SVID for a request that arrived as a CSR (the certificate
+// service's wire). The CSR must come from ParseCSR, which checks its
+// signature; what it asks for is judged against id. extra are private
+// extensions for the leaf, as for the package-level Sign.
 func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
 	return a.SignWithDNSNames(csr, id, ttl, nil, extra...)
 }
@@ -374,11 +388,19 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 // SignWithDNSNames is Sign with DNS SANs the server decided, as the
 // package-level SignWithDNSNames.
 func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
+	p := X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}
+	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
+		return signX509SVID(now, m, pol, p, csrKey(csr, id))
+	})
+}
+
+// signLocked runs sign with the signing material, policy and time, and
+// counts the result. Signing under the read lock, with the time taken
+// under it, orders every signing before or after a retirement: a leaf
+// never outlives the RemoveAfter computed for its root.
+func (a *Authority) signLocked(sign func(now time.Time, m SigningMaterial, p Policy) (*Issued, error)) (*Issued, error) {
 	start := time.Now()
 	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
-	// Signing under the read lock, with the time taken under it, orders
-	// every signing before or after a retirement: a leaf never outlives
-	// the RemoveAfter computed for its root.
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	m, err := a.signingMaterialLocked()
@@ -386,7 +408,7 @@ func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.I
 		a.metrics.signings.WithLabelValues("signing_material").Inc()
 		return nil, err
 	}
-	issued, err := SignWithDNSNames(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl, dnsNames, extra...)
+	issued, err := sign(a.cfg.Clock.Now(), m, a.policy())
 	if err != nil {
 		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
 		return nil, err

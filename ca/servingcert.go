@@ -147,24 +147,9 @@ func (s *ServingCert) Renew() error {
 // workload leaf (same lock, clock, policy and metric), for a key generated
 // in this process and with dnsNames, which only this path may add.
 func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
-	start := time.Now()
-	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
-	// As in Sign: the time is taken under the read lock, so that the leaf
-	// never outlives the RemoveAfter computed for its root.
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	m, err := a.signingMaterialLocked()
-	if err != nil {
-		a.metrics.signings.WithLabelValues("signing_material").Inc()
-		return nil, err
-	}
-	issued, err := signServing(a.cfg.Clock.Now(), m, a.policy(), pub, id, dnsNames, ttl)
-	if err != nil {
-		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
-		return nil, err
-	}
-	a.metrics.signings.WithLabelValues("ok").Inc()
-	return issued, nil
+	return a.signLocked(func(now time.Time, m SigningMaterial, p Policy) (*Issued, error) {
+		return signServing(now, m, p, pub, id, dnsNames, ttl)
+	})
 }
 
 // signServing is Sign without a CSR: the key is ours, and dnsNames are

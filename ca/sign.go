@@ -279,25 +279,81 @@ const MaxWorkloadDNSNames = 4
 // request: the error wraps no sentinel.
 func SignWithDNSNames(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration,
 	dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
-	plan, err := planLeaf(now, m, p, id, ttl)
+	return signX509SVID(now, m, p, X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}, csrKey(csr, id))
+}
+
+// X509SVIDParams is what an X509-SVID is signed from: a public key and
+// the identity its holder proved, never names read from a request.
+type X509SVIDParams struct {
+	// PublicKey is the leaf's key; a weak one is refused (ErrInvalidCSR,
+	// as for a CSR carrying it). Ignored when signing a CSR, whose key is
+	// used.
+	PublicKey crypto.PublicKey
+	// SPIFFEID is the identity the caller proved; it must be in the
+	// policy's trust domain and have a path (ErrIdentityNotAllowed).
+	SPIFFEID spiffeid.ID
+	// TTL zero means the policy's default; over its maximum is refused
+	// (ErrInvalidTTL). The leaf is clamped to the signing chain.
+	TTL time.Duration
+	// DNSNames are DNS SANs the server decided (see SignWithDNSNames),
+	// at most MaxWorkloadDNSNames.
+	DNSNames []string
+	// Extensions are private extensions the caller vouches for (see
+	// checkExtraExtensions).
+	Extensions []pkix.Extension
+}
+
+// signX509SVID is the one path every workload leaf is signed on: it
+// plans the leaf (policy, material, identity, TTL), checks the caller's
+// extensions, the key (key: a CSR's, with what the CSR asks for judged
+// against the proven identity, or params.PublicKey) and the DNS names,
+// in that order, then signs.
+func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDParams, key func() (crypto.PublicKey, error)) (*Issued, error) {
+	id := params.SPIFFEID
+	plan, err := planLeaf(now, m, p, id, params.TTL)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkExtraExtensions(extra); err != nil {
+	if err := checkExtraExtensions(params.Extensions); err != nil {
 		return nil, err
 	}
-	plan.extra = extra
-	if err := checkCSR(csr, id); err != nil {
+	plan.extra = params.Extensions
+	pub, err := key()
+	if err != nil {
 		return nil, err
 	}
-	if len(dnsNames) > MaxWorkloadDNSNames {
-		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(dnsNames), id, MaxWorkloadDNSNames)
+	if len(params.DNSNames) > MaxWorkloadDNSNames {
+		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(params.DNSNames), id, MaxWorkloadDNSNames)
 	}
-	checked, err := checkDNSNames(dnsNames)
+	checked, err := checkDNSNames(params.DNSNames)
 	if err != nil {
 		return nil, fmt.Errorf("ca: workload %s: %w", id, err)
 	}
-	return signLeaf(m, plan, csr.PublicKey, checked)
+	return signLeaf(m, plan, pub, checked)
+}
+
+// csrKey is the key of a CSR ParseCSR accepted, once checkCSR accepted
+// what it asks for against the proven id.
+func csrKey(csr *x509.CertificateRequest, id spiffeid.ID) func() (crypto.PublicKey, error) {
+	return func() (crypto.PublicKey, error) {
+		if err := checkCSR(csr, id); err != nil {
+			return nil, err
+		}
+		return csr.PublicKey, nil
+	}
+}
+
+// paramsKey is X509SVIDParams.PublicKey, checked as a CSR's key is.
+func paramsKey(pub crypto.PublicKey) func() (crypto.PublicKey, error) {
+	return func() (crypto.PublicKey, error) {
+		if pub == nil {
+			return nil, csrErrorf("no public key")
+		}
+		if err := checkPublicKey(pub); err != nil {
+			return nil, csrErrorf("%w", err)
+		}
+		return pub, nil
+	}
 }
 
 // leafPlan is what has been decided about a leaf before its key is looked
