@@ -17,7 +17,7 @@ import (
 const (
 	DefaultJWTKeyType    = JWTKeyES256
 	DefaultJWTKeyTTL     = 720 * time.Hour
-	DefaultJWTSVIDTTL    = 5 * time.Minute
+	defaultJWTSVIDTTL    = 5 * time.Minute
 	DefaultMaxJWTSVIDTTL = time.Hour
 )
 
@@ -38,7 +38,7 @@ func (c *Config) applyJWTDefaults() error {
 		c.MaxJWTSVIDTTL = DefaultMaxJWTSVIDTTL
 	}
 	if c.JWTSVIDTTL == 0 {
-		c.JWTSVIDTTL = min(DefaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
+		c.JWTSVIDTTL = min(defaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
 	// JWT times are whole seconds (NumericDate); see signJWT.
 	if c.MaxJWTSVIDTTL < time.Second {
@@ -80,8 +80,8 @@ func (a *Authority) maxJWTSVIDTTLLocked() time.Duration {
 	return limit
 }
 
-func (a *Authority) jwtTimesLocked() []RootTimes {
-	out := make([]RootTimes, len(a.jwtKeys))
+func (a *Authority) jwtTimesLocked() []rootTimes {
+	out := make([]rootTimes, len(a.jwtKeys))
 	for i, k := range a.jwtKeys {
 		out[i] = jwtKeyTimes(k)
 	}
@@ -117,7 +117,7 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 
 func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 	switch step {
-	case StepBootstrap:
+	case stepBootstrap:
 		// No JWT key: a fresh CA, or state written before JWT keys
 		// existed. A fresh CA's first key signs at once: no peer can hold
 		// its bundle yet, so none can be missing the key. A CA whose
@@ -130,9 +130,9 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 			return a.newJWTKeyLocked(now, castate.StatePrepared, "first, upgraded CA")
 		}
 		return a.newJWTKeyLocked(now, castate.StateActive, "bootstrap")
-	case StepPrepare:
+	case stepPrepare:
 		return a.newJWTKeyLocked(now, castate.StatePrepared, "scheduled")
-	case StepActivate:
+	case stepActivate:
 		for _, k := range a.jwtKeys {
 			if k.State == castate.StateActive {
 				k.State = castate.StateRetired
@@ -146,7 +146,7 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 		p.ActivatedAt = now
 		a.jwtEvent(now, "activated", p.KID)
 		return nil
-	case StepRemove:
+	case stepRemove:
 		k := a.jwtKeys[index]
 		a.jwtKeys = append(a.jwtKeys[:index:index], a.jwtKeys[index+1:]...)
 		a.moveSequenceLocked(now)
@@ -192,7 +192,7 @@ func (a *Authority) moveSequenceLocked(now time.Time) {
 	if pub, _ := a.bundle.SequenceNumber(); a.journal.Sequence > pub {
 		return
 	}
-	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+	a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 }
 
 func (a *Authority) jwtEvent(now time.Time, what, kid string) {
@@ -240,11 +240,11 @@ func (a *Authority) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, curr
 	}
 }
 
-// RotateJWTKey publishes a successor JWT key now, unless one is already
+// rotateJWTKey publishes a successor JWT key now, unless one is already
 // waiting; it signs only after the usual publication lead. Rotate leaves
 // JWT keys alone and this leaves roots alone: the two are separate keys,
 // and replacing one (a suspected compromise) need not churn the other.
-func (a *Authority) RotateJWTKey() error {
+func (a *Authority) rotateJWTKey() error {
 	if !a.leading() {
 		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", castate.ErrNotLeader)
 	}
@@ -274,14 +274,14 @@ func (a *Authority) prepareJWTKeyNowLocked() bool {
 	return true
 }
 
-// rotateJWTKeyPlugin is RotateJWTKey in plug-in mode: the prepared key is
+// rotateJWTKeyPlugin is rotateJWTKey in plug-in mode: the prepared key is
 // committed with the plug-in journal by a sync, which this runs.
 func (a *Authority) rotateJWTKeyPlugin() error {
 	return a.syncPluginWith(true)
 }
 
 // jwtStepsLocked runs the JWT key steps due now and, when force (plug-in
-// mode), a rotation RotateJWTKey asked for.
+// mode), a rotation rotateJWTKey asked for.
 func (a *Authority) jwtStepsLocked(force bool) (bool, error) {
 	changed, err := a.reconcileJWTLocked()
 	if err != nil || !force || !a.prepareJWTKeyNowLocked() {

@@ -143,7 +143,7 @@ func TestJWTKeyRemovalUsesLargestRecordedMaxTTL(t *testing.T) {
 	cfg.Registerer = prometheus.NewRegistry()
 	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	clk.Step(PublishLead * time.Minute)
 	require.NoError(t, a.Reconcile())
 	retired := a.JWTKeys()[0]
@@ -158,8 +158,8 @@ func TestJWTKeyLeadKeptWhenHintLowered(t *testing.T) {
 	cfg := jwtConfig(t, clk)
 	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, a.RotateJWTKey())
-	require.NoError(t, a.RotateJWTKey(), "a second request while one waits does nothing")
+	require.NoError(t, a.rotateJWTKey())
+	require.NoError(t, a.rotateJWTKey(), "a second request while one waits does nothing")
 	require.Equal(t, "active,prepared", jwtStates(a))
 
 	clk.Step(time.Minute)
@@ -338,9 +338,9 @@ func TestFollowerSignsWithLeadersJWTKey(t *testing.T) {
 	require.NoError(t, err)
 	kid := activeKID(t, leader)
 	assert.Equal(t, kid, signedKID(t, follower))
-	assert.ErrorIs(t, follower.RotateJWTKey(), castate.ErrNotLeader)
+	assert.ErrorIs(t, follower.rotateJWTKey(), castate.ErrNotLeader)
 
-	require.NoError(t, leader.RotateJWTKey())
+	require.NoError(t, leader.rotateJWTKey())
 	require.NoError(t, follower.Reload())
 	assert.True(t, leader.Bundle().Equal(follower.Bundle()), "the follower publishes the successor too")
 	assert.Len(t, follower.Bundle().JWTAuthorities(), 2)
@@ -516,7 +516,7 @@ func TestPluginModeKeepsItsOwnJWTKeys(t *testing.T) {
 	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
 	seq := a.Sequence()
 
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	assert.Equal(t, "active,prepared", jwtStates(a))
 	assert.Greater(t, a.Sequence(), seq)
 	assert.Len(t, a.Bundle().JWTAuthorities(), 2)

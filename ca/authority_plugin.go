@@ -17,7 +17,7 @@ import (
 func (a *Authority) syncPlugin() error { return a.syncPluginWith(false) }
 
 // syncPluginWith is syncPlugin, also preparing a JWT key when forceJWT
-// (RotateJWTKey). The request lives only as long as this call, which
+// (rotateJWTKey). The request lives only as long as this call, which
 // reports its outcome: a failed one leaves nothing pending, as in
 // self-signed mode, rather than rotating later when nobody asks.
 func (a *Authority) syncPluginWith(forceJWT bool) error {
@@ -89,7 +89,7 @@ func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, ve
 	j.PluginRoots = recs
 	// A change, or this process's first write (sequence.go, rule 2).
 	if j.Sequence == stored {
-		j.Sequence = NextSequence(prev, now)
+		j.Sequence = nextSequence(prev, now)
 	}
 	j.Updated = now
 	if changed || prev == 0 {

@@ -120,7 +120,7 @@ func (a *Authority) bumpSequenceLocked() bool {
 	changed := false
 	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
 		// The hint is part of the published document.
-		a.journal.Sequence = NextSequence(a.journal.Sequence, a.cfg.Clock.Now())
+		a.journal.Sequence = nextSequence(a.journal.Sequence, a.cfg.Clock.Now())
 		changed = true
 	}
 	if !a.floored && len(a.roots) > 0 {
@@ -128,7 +128,7 @@ func (a *Authority) bumpSequenceLocked() bool {
 		// state may be a restored copy whose counter is below what peers
 		// hold (see sequence.go).
 		prev := a.journal.Sequence
-		a.journal.Sequence = NextSequence(prev, a.cfg.Clock.Now())
+		a.journal.Sequence = nextSequence(prev, a.cfg.Clock.Now())
 		a.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
 			logattr.OldSequence, prev, logattr.Sequence, a.journal.Sequence)
 		changed = true
@@ -146,12 +146,12 @@ func (a *Authority) applyDueStepsLocked() (bool, error) {
 // applyDue applies, one after another, the steps the timeline tl plans
 // for the lifecycle items times describes (roots or JWT keys), with
 // apply, and reports whether it applied any.
-func (a *Authority) applyDue(tl func() Timeline, times func() []RootTimes, apply func(time.Time, Step, int) error) (bool, error) {
+func (a *Authority) applyDue(tl func() Timeline, times func() []rootTimes, apply func(time.Time, Step, int) error) (bool, error) {
 	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()
 		step, index, _ := tl().Plan(now, times())
-		if step == StepNone {
+		if step == stepNone {
 			break
 		}
 		if err := apply(now, step, index); err != nil {
@@ -162,10 +162,10 @@ func (a *Authority) applyDue(tl func() Timeline, times func() []RootTimes, apply
 	return changed, nil
 }
 
-func (a *Authority) timesLocked() []RootTimes {
-	out := make([]RootTimes, len(a.roots))
+func (a *Authority) timesLocked() []rootTimes {
+	out := make([]rootTimes, len(a.roots))
 	for i, r := range a.roots {
-		out[i] = RootTimes{
+		out[i] = rootTimes{
 			State: r.State, NotBefore: r.Cert.NotBefore, NotAfter: r.Cert.NotAfter,
 			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, PublishedAt: r.PublishedAt, RemoveAfter: r.RemoveAfter,
 		}
@@ -175,16 +175,16 @@ func (a *Authority) timesLocked() []RootTimes {
 
 func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 	switch step {
-	case StepBootstrap:
+	case stepBootstrap:
 		return a.newRootLocked(now, castate.StateActive, "bootstrap")
-	case StepPrepare:
+	case stepPrepare:
 		return a.prepareLocked(now, "scheduled")
-	case StepActivate:
+	case stepActivate:
 		for _, r := range a.roots {
 			if r.State == castate.StateActive {
 				r.State = castate.StateRetired
 				r.RetiredAt = now
-				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+				r.RemoveAfter = a.timelineLocked().RemoveAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 				a.event(now, "retired", r.ID)
 			}
 		}
@@ -193,10 +193,10 @@ func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 		p.ActivatedAt = now
 		a.event(now, "activated", p.ID)
 		return nil
-	case StepRemove:
+	case stepRemove:
 		r := a.roots[index]
 		a.roots = append(a.roots[:index:index], a.roots[index+1:]...)
-		a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+		a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 		a.event(now, "removed", r.ID)
 		return nil
 	}
@@ -223,7 +223,7 @@ func (a *Authority) newRootLocked(now time.Time, state castate.RootState, why st
 		r.ActivatedAt = now
 	}
 	a.roots = append(a.roots, r)
-	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+	a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 	event := "prepared (" + why + ")"
 	if state == castate.StateActive {
 		event = "bootstrap"

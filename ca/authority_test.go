@@ -119,7 +119,7 @@ func TestAuthorityRefusesBadConfig(t *testing.T) {
 // certificate issued so far that is still valid verifies against the
 // bundle published at that instant; no root signs before it has been
 // published for PublishLead refresh hints; and the sequence moves to
-// NextSequence (one more, at least the time) whenever the published set of
+// nextSequence (one more, at least the time) whenever the published set of
 // roots changes, and only then.
 func TestRotationProperty(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
@@ -159,7 +159,7 @@ func TestRotationProperty(t *testing.T) {
 		seq, _ := bundle.SequenceNumber()
 		if joined := strings.Join(set, ","); joined != lastSet {
 			if lastSet != "" {
-				assert.Equal(t, NextSequence(lastSeq, now), seq, "one published-set change, one sequence step (at %s)", now)
+				assert.Equal(t, nextSequence(lastSeq, now), seq, "one published-set change, one sequence step (at %s)", now)
 			}
 			lastSet = joined
 		} else {
@@ -221,7 +221,7 @@ func TestRestartMidRotation(t *testing.T) {
 	cfg.Registerer = prometheus.NewRegistry()
 	b, err := New(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, NextSequence(seq, restart), b.Sequence(), "the same published set, under a sequence past the restart")
+	assert.Equal(t, nextSequence(seq, restart), b.Sequence(), "the same published set, under a sequence past the restart")
 	seq = b.Sequence()
 	require.Len(t, b.Roots(), 2)
 	rootState := func(id string) RootInfo {

@@ -57,9 +57,9 @@ func upstreamBackoff(failures int) time.Duration {
 	return min(d, upstreamBackoffMax)
 }
 
-// RenewAt is when an intermediate is renewed: at half its life, as SPIRE
+// renewAt is when an intermediate is renewed: at half its life, as SPIRE
 // does, which leaves the other half to retry an upstream that is down.
-func RenewAt(c *x509.Certificate) time.Time {
+func renewAt(c *x509.Certificate) time.Time {
 	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
 }
 
@@ -306,7 +306,7 @@ func (a *Authority) renewalDueLocked(now time.Time) bool {
 			return false
 		}
 	}
-	return act == nil || !now.Before(RenewAt(act.Cert))
+	return act == nil || !now.Before(renewAt(act.Cert))
 }
 
 // installIntermediateLocked adds a checked intermediate. It signs at once
@@ -368,7 +368,7 @@ func (a *Authority) upstreamStepsLocked(now time.Time) bool {
 		if r.State != castate.StatePrepared {
 			continue
 		}
-		at := a.timelineLocked().ActivateAt(RootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
+		at := a.timelineLocked().ActivateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
 		if at.IsZero() || now.Before(at) {
 			continue
 		}
@@ -384,7 +384,7 @@ func (a *Authority) retireActiveLocked(now time.Time) {
 	for _, r := range a.roots {
 		if r.State == castate.StateActive {
 			r.State, r.RetiredAt = castate.StateRetired, now
-			r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+			r.RemoveAfter = a.timelineLocked().RemoveAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 			a.event(now, "retired", r.ID)
 		}
 	}
@@ -425,7 +425,7 @@ func (a *Authority) publishedKeyLocked() string {
 
 func (a *Authority) bumpIfPublishedChangedLocked(now time.Time, before string) {
 	if a.publishedKeyLocked() != before {
-		a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+		a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 	}
 }
 
@@ -437,9 +437,9 @@ func (a *Authority) nextUpstreamLocked(now time.Time) time.Time {
 	for _, r := range a.roots {
 		switch r.State {
 		case castate.StateActive:
-			next = earliest(next, RenewAt(r.Cert))
+			next = earliest(next, renewAt(r.Cert))
 		case castate.StatePrepared:
-			next = earliest(next, a.timelineLocked().ActivateAt(RootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
+			next = earliest(next, a.timelineLocked().ActivateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
 		case castate.StateRetired:
 			next = earliest(next, r.RemoveAfter)
 		}

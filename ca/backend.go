@@ -104,7 +104,7 @@ func (s *Store) writeMissingMaterial(roots []*castate.Root, jwtKeys []*castate.J
 		if err != nil {
 			return nil, s.wrap(err)
 		}
-		id, err := s.WriteRoot(r.Cert, key)
+		id, err := s.writeRoot(r.Cert, key)
 		if err != nil {
 			return nil, err
 		}
@@ -132,7 +132,7 @@ func (s *Store) pruneRootFiles(keep map[string]bool) {
 			continue
 		}
 		if id := trimRootSuffix(name); id != "" && !keep[id] {
-			_ = s.RemoveRootFiles(id)
+			_ = s.removeRootFiles(id)
 		}
 	}
 }

@@ -502,7 +502,7 @@ func TestFollowerWithRaisedMaxWorkloadTTLStarts(t *testing.T) {
 	sc, err := follower.ServingCert(servingID, 12*time.Hour, WithDNSNames("trustbridge.trustbridge.svc"))
 	require.NoError(t, err, "the pod must start")
 	assert.Equal(t, bound, sc.Leaf().NotAfter, "clamped to the recorded maximum")
-	assert.True(t, sc.NextRenewal().Before(bound), "renewed within the clamped lifetime, at %s", sc.NextRenewal())
+	assert.True(t, sc.nextRenewal().Before(bound), "renewed within the clamped lifetime, at %s", sc.nextRenewal())
 
 	id := spiffeid.RequireFromPath(tdExample, "/w")
 	for _, ttl := range []time.Duration{0, 12 * time.Hour, 24 * time.Hour} {

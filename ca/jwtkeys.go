@@ -76,8 +76,8 @@ type JWTKeyInfo struct {
 	Public crypto.PublicKey
 }
 
-func jwtKeyTimes(k *castate.JWTKey) RootTimes {
-	return RootTimes{
+func jwtKeyTimes(k *castate.JWTKey) rootTimes {
+	return rootTimes{
 		State: k.State, NotBefore: k.CreatedAt, NotAfter: k.NotAfter,
 		PreparedAt: k.PreparedAt, MinActivateAt: k.MinActivateAt, PublishedAt: k.PublishedAt, RemoveAfter: k.RemoveAfter,
 	}

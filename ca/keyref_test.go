@@ -159,7 +159,7 @@ func TestKeyManagerRotationDestroysRemovedKeys(t *testing.T) {
 	a, err := New(keysConfig(t, clk, fk))
 	require.NoError(t, err)
 	require.NoError(t, a.Rotate())
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	require.Len(t, a.Roots(), 2)
 	for _, r := range a.roots {
 		require.NotEmpty(t, r.KeyRef)
@@ -252,7 +252,7 @@ func TestKeyManagerJWTCreateFailureKeepsState(t *testing.T) {
 	a, err := New(keysConfig(t, clk, fk))
 	require.NoError(t, err)
 	fk.createErr = errors.New("token full")
-	require.ErrorContains(t, a.RotateJWTKey(), "token full")
+	require.ErrorContains(t, a.rotateJWTKey(), "token full")
 	assert.Len(t, a.JWTKeys(), 1)
 }
 

@@ -55,7 +55,7 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 	if err != nil {
 		return "", false, fmt.Errorf("ca: create root: %w", err)
 	}
-	id, err := s.WriteRoot(cert, key)
+	id, err := s.writeRoot(cert, key)
 	if err != nil {
 		return "", false, err
 	}
@@ -63,11 +63,11 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 		ID: id, State: castate.StatePrepared, CertSHA256: fingerprint(cert), PreparedAt: now,
 		MinActivateAt: now.Add(PublishLead * time.Duration(st.RefreshHintSeconds) * time.Second),
 	})
-	j.Sequence = NextSequence(j.Sequence, now)
+	j.Sequence = nextSequence(j.Sequence, now)
 	j.Events = append(j.Events, castate.JournalNote{At: now, Event: "prepared (requested)", RootID: id})
 	j.Updated = now
 	if err := s.Save(j); err != nil {
-		_ = s.RemoveRootFiles(id)
+		_ = s.removeRootFiles(id)
 		return "", false, err
 	}
 	return id, true, nil
@@ -129,7 +129,7 @@ func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool
 		return "", false, err
 	}
 	j.JWTKeys = append(j.JWTKeys, k.JWTKeyRecord)
-	j.Sequence = NextSequence(j.Sequence, now)
+	j.Sequence = nextSequence(j.Sequence, now)
 	j.Events = append(j.Events, castate.JournalNote{At: now, Event: "JWT key prepared (requested)", KID: k.KID})
 	j.Updated = now
 	if err := s.Save(j); err != nil {

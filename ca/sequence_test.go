@@ -35,7 +35,7 @@ func TestNextSequence(t *testing.T) {
 		{"later: the time again", sec + 1, now.Add(time.Minute), sec + 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, NextSequence(tc.prev, tc.now))
+			assert.Equal(t, tc.want, nextSequence(tc.prev, tc.now))
 		})
 	}
 }
@@ -139,7 +139,7 @@ func TestRaiseSequence(t *testing.T) {
 	got, err = RaiseSequence(cfg.DataDir, ahead)
 	require.NoError(t, err)
 	assert.Equal(t, ahead+1, got, "already past it: unchanged")
-	_, err = RaiseSequence(cfg.DataDir, MaxRaise)
+	_, err = RaiseSequence(cfg.DataDir, maxRaise)
 	assert.ErrorContains(t, err, "beyond what any clock published")
 	got, err = RaiseSequence(cfg.DataDir, 0)
 	require.NoError(t, err)

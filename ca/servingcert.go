@@ -21,10 +21,10 @@ import (
 // renewRetry is how soon a failed renewal is tried again.
 const renewRetry = 10 * time.Second
 
-// MaxServingDNSNames bounds WithDNSNames. A listener answers to a handful
+// maxServingDNSNames bounds WithDNSNames. A listener answers to a handful
 // of service names; dozens point at a configuration mistake, and every name
 // is sent in every handshake.
-const MaxServingDNSNames = 32
+const maxServingDNSNames = 32
 
 // maxDNSNameLen is RFC 1035 §2.3.4's 255 octets on the wire, which is 253
 // characters in text form without the trailing dot.
@@ -67,7 +67,7 @@ func (f servingOptionFunc) applyServing(o *servingOptions) error { return f(o) }
 // trailing dot, not an IP address. Names are lowercased. Wildcards are
 // refused: the certificate would then answer for every service in the zone,
 // and this CA's roots are trusted by every workload of the trust domain.
-// At most MaxServingDNSNames, without repeats. No names is the same as not
+// At most maxServingDNSNames, without repeats. No names is the same as not
 // using the option.
 //
 // Workload certificates get no DNS names from their CSR (Sign refuses CSRs
@@ -175,8 +175,8 @@ func checkDNSNames(names []string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
-	if len(names) > MaxServingDNSNames {
-		return nil, fmt.Errorf("%d DNS names, at most %d allowed", len(names), MaxServingDNSNames)
+	if len(names) > maxServingDNSNames {
+		return nil, fmt.Errorf("%d DNS names, at most %d allowed", len(names), maxServingDNSNames)
 	}
 	out := make([]string, 0, len(names))
 	seen := make(map[string]int, len(names))
@@ -244,8 +244,8 @@ func checkDNSName(name string) (string, error) {
 	return lower, nil
 }
 
-// NextRenewal is half way through the current certificate's life.
-func (s *ServingCert) NextRenewal() time.Time {
+// nextRenewal is half way through the current certificate's life.
+func (s *ServingCert) nextRenewal() time.Time {
 	l := s.Leaf()
 	return l.NotBefore.Add(l.NotAfter.Sub(l.NotBefore) / 2)
 }
@@ -255,7 +255,7 @@ func (s *ServingCert) NextRenewal() time.Time {
 // served meanwhile.
 func (s *ServingCert) Run(ctx context.Context) error {
 	clk := s.a.cfg.Clock
-	next := s.NextRenewal()
+	next := s.nextRenewal()
 	for {
 		t := clk.NewTimer(next.Sub(clk.Now()))
 		select {
@@ -269,6 +269,6 @@ func (s *ServingCert) Run(ctx context.Context) error {
 			next = clk.Now().Add(renewRetry)
 			continue
 		}
-		next = s.NextRenewal()
+		next = s.nextRenewal()
 	}
 }

@@ -44,7 +44,7 @@ var (
 // Policy limits applied when a Policy field is zero.
 const (
 	DefaultLeafTTL    = 24 * time.Hour
-	DefaultMaxLeafTTL = 90 * 24 * time.Hour
+	defaultMaxLeafTTL = 90 * 24 * time.Hour
 )
 
 // MaxCSRSize bounds the input to ParseCSR. A P-256 CSR is under 1 KiB and an
@@ -80,7 +80,7 @@ type Policy struct {
 	// Zero means DefaultLeafTTL, or MaxTTL if that is shorter.
 	DefaultTTL time.Duration
 	// MaxTTL is the longest lifetime a request may ask for. Zero means
-	// DefaultMaxLeafTTL.
+	// defaultMaxLeafTTL.
 	MaxTTL time.Duration
 	// ClampTTL, when positive, shortens every leaf to at most this
 	// lifetime, whether asked for or the default, without refusing the
@@ -100,7 +100,7 @@ func (p Policy) withDefaults() (Policy, error) {
 		return p, fmt.Errorf("ca: policy: negative TTL (default %s, max %s, clamp %s)", p.DefaultTTL, p.MaxTTL, p.ClampTTL)
 	}
 	if p.MaxTTL == 0 {
-		p.MaxTTL = DefaultMaxLeafTTL
+		p.MaxTTL = defaultMaxLeafTTL
 	}
 	if p.DefaultTTL == 0 {
 		p.DefaultTTL = min(DefaultLeafTTL, p.MaxTTL)
@@ -263,9 +263,9 @@ func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateReque
 	return SignWithDNSNames(now, m, p, csr, id, ttl, nil, extra...)
 }
 
-// MaxWorkloadDNSNames bounds the DNS names SignWithDNSNames puts in a
+// maxWorkloadDNSNames bounds the DNS names SignWithDNSNames puts in a
 // workload leaf: a template gives one; more would be a bug.
-const MaxWorkloadDNSNames = 4
+const maxWorkloadDNSNames = 4
 
 // SignWithDNSNames is Sign, with dnsNames as DNS SANs beside the SPIFFE
 // ID: names the server derived from what the caller proved (a Kubernetes
@@ -274,7 +274,7 @@ const MaxWorkloadDNSNames = 4
 // SVID DNS SANs next to its one URI SAN, so the leaf stays an X509-SVID.
 //
 // dnsNames follow the rules of WithDNSNames (RFC 1123 host names, no
-// wildcard, no IP address, no repeats), at most MaxWorkloadDNSNames. A
+// wildcard, no IP address, no repeats), at most maxWorkloadDNSNames. A
 // name that breaks them is the caller's code at fault, not the client's
 // request: the error wraps no sentinel.
 func SignWithDNSNames(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration,
@@ -296,7 +296,7 @@ type X509SVIDParams struct {
 	// (ErrInvalidTTL). The leaf is clamped to the signing chain.
 	TTL time.Duration
 	// DNSNames are DNS SANs the server decided (see SignWithDNSNames),
-	// at most MaxWorkloadDNSNames.
+	// at most maxWorkloadDNSNames.
 	DNSNames []string
 	// Extensions are private extensions the caller vouches for (see
 	// checkExtraExtensions).
@@ -322,8 +322,8 @@ func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDPar
 	if err != nil {
 		return nil, err
 	}
-	if len(params.DNSNames) > MaxWorkloadDNSNames {
-		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(params.DNSNames), id, MaxWorkloadDNSNames)
+	if len(params.DNSNames) > maxWorkloadDNSNames {
+		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(params.DNSNames), id, maxWorkloadDNSNames)
 	}
 	checked, err := checkDNSNames(params.DNSNames)
 	if err != nil {

@@ -240,11 +240,11 @@ func (s *Store) writeJWTKeyOnce(k *castate.JWTKey) error {
 	return nil
 }
 
-// WriteRoot writes a new root's key (0600) and certificate. It must be
+// writeRoot writes a new root's key (0600) and certificate. It must be
 // followed by Save of a journal naming the root; until then the files are
 // leftovers. A nil key writes only the certificate: the root's key is in
 // a key manager (RootRecord.KeyRef).
-func (s *Store) WriteRoot(cert *x509.Certificate, key crypto.Signer) (string, error) {
+func (s *Store) writeRoot(cert *x509.Certificate, key crypto.Signer) (string, error) {
 	if err := s.ensureDirs(); err != nil {
 		return "", s.wrap(err)
 	}
@@ -264,9 +264,9 @@ func (s *Store) WriteRoot(cert *x509.Certificate, key crypto.Signer) (string, er
 	return id, nil
 }
 
-// RemoveRootFiles deletes a root's files after a journal without it was
+// removeRootFiles deletes a root's files after a journal without it was
 // saved.
-func (s *Store) RemoveRootFiles(id string) error {
+func (s *Store) removeRootFiles(id string) error {
 	for _, p := range []string{s.keyPath(id), s.certPath(id)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return s.wrap(err)

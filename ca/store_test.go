@@ -24,7 +24,7 @@ func storeWithRoot(t *testing.T) (*Store, *castate.Journal, string) {
 	s := NewStore(dir)
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
-	id, err := s.WriteRoot(cert, key)
+	id, err := s.writeRoot(cert, key)
 	require.NoError(t, err)
 	j := &castate.Journal{TrustDomain: "example.org", Sequence: 1, Roots: []castate.RootRecord{{ID: id, State: castate.StateActive, CertSHA256: fingerprint(cert), PreparedAt: t0}}}
 	require.NoError(t, s.Save(j))
@@ -96,7 +96,7 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 			s2 := NewStore(t.TempDir())
 			otherCert, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
-			oid, err := s2.WriteRoot(otherCert, otherKey)
+			oid, err := s2.writeRoot(otherCert, otherKey)
 			require.NoError(t, err)
 			data, err := os.ReadFile(s2.keyPath(oid))
 			require.NoError(t, err)
@@ -108,7 +108,7 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 		{"two active roots", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
-			id2, err := s.WriteRoot(cert, key)
+			id2, err := s.writeRoot(cert, key)
 			require.NoError(t, err)
 			j.Roots = append(j.Roots, castate.RootRecord{ID: id2, State: castate.StateActive, CertSHA256: fingerprint(cert)})
 			require.NoError(t, s.Save(j))
