@@ -15,6 +15,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // Defaults for Config.
@@ -49,7 +51,7 @@ type Config struct {
 	// are unused.
 	Plugin *PluginWatcher
 	// Backend keeps the CA state; nil is the file store in DataDir.
-	Backend Backend
+	Backend castate.Backend
 	// JWTKeyType is the algorithm of new JWT-SVID signing keys (default
 	// ES256). JWT keys rotate like roots, in plug-in mode too: the
 	// directory holds X.509 material only.
@@ -68,7 +70,7 @@ type Config struct {
 	// prepare, activate, retire or remove roots, or write at all; otherwise
 	// it follows, reloading the state the leader wrote, publishing it and
 	// signing with its active root. nil means always the leader.
-	Leader Leader
+	Leader castate.Leader
 	// Upstream, when set, makes this CA an intermediate: an upstream
 	// signs its signing certificate (an intermediate, kept in the state
 	// like a root), renewed at half its life; the bundle publishes the
@@ -232,7 +234,7 @@ func (c *Config) timeline() Timeline {
 type Authority struct {
 	cfg     Config
 	store   *Store // the file store, when Config.Backend is nil
-	backend Backend
+	backend castate.Backend
 	metrics *metrics
 
 	// stateMu serializes everything that reads or changes the shared
@@ -243,10 +245,10 @@ type Authority struct {
 	// holds both.
 	stateMu sync.Mutex
 	mu      sync.RWMutex
-	journal *Journal
-	roots   []*Root   // in journal order
-	jwtKeys []*JWTKey // in journal order
-	version string    // of the state as last written or read
+	journal *castate.Journal
+	roots   []*castate.Root   // in journal order
+	jwtKeys []*castate.JWTKey // in journal order
+	version string            // of the state as last written or read
 	bundle  *spiffebundle.Bundle
 
 	changes chan struct{}
@@ -311,7 +313,7 @@ func New(cfg Config) (*Authority, error) {
 		// it) the bundle has no authorities: served by nobody, trusted
 		// by nobody.
 		bundle:  spiffebundle.New(cfg.TrustDomain),
-		journal: &Journal{TrustDomain: cfg.TrustDomain.Name()},
+		journal: &castate.Journal{TrustDomain: cfg.TrustDomain.Name()},
 	}
 	if a.backend == nil {
 		a.store = NewStore(cfg.DataDir)
@@ -362,9 +364,23 @@ func (a *Authority) MaxWorkloadTTL() time.Duration { return a.cfg.MaxWorkloadTTL
 // TrustDomain is the CA's trust domain.
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
 
-// Sign signs a workload CSR for id, an identity the caller has proved. The
-// CSR must come from ParseCSR, which checks its signature. extra are
-// private extensions for the leaf, as for the package-level Sign.
+// SignX509SVID signs an X509-SVID for p.PublicKey and p.SPIFFEID, the
+// identity the caller proved, with the active root or intermediate: the
+// one entry point of every workload leaf (SDS, the certificate service
+// through Sign, `ca issue`). The key's strength, the identity, the TTL
+// against Config.MaxWorkloadTTL and the DNS names are checked here, as
+// for a CSR.
+func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) {
+	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
+		return signX509SVID(now, m, pol, p, paramsKey(p.PublicKey))
+	})
+}
+
+// Sign signs a workload CSR for id, an identity the caller has proved:
+// SignX509SVID for a request that arrived as a CSR (the certificate
+// service's wire). The CSR must come from ParseCSR, which checks its
+// signature; what it asks for is judged against id. extra are private
+// extensions for the leaf, as for the package-level Sign.
 func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
 	return a.SignWithDNSNames(csr, id, ttl, nil, extra...)
 }
@@ -372,11 +388,19 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 // SignWithDNSNames is Sign with DNS SANs the server decided, as the
 // package-level SignWithDNSNames.
 func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
+	p := X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}
+	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
+		return signX509SVID(now, m, pol, p, csrKey(csr, id))
+	})
+}
+
+// signLocked runs sign with the signing material, policy and time, and
+// counts the result. Signing under the read lock, with the time taken
+// under it, orders every signing before or after a retirement: a leaf
+// never outlives the RemoveAfter computed for its root.
+func (a *Authority) signLocked(sign func(now time.Time, m SigningMaterial, p Policy) (*Issued, error)) (*Issued, error) {
 	start := time.Now()
 	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
-	// Signing under the read lock, with the time taken under it, orders
-	// every signing before or after a retirement: a leaf never outlives
-	// the RemoveAfter computed for its root.
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	m, err := a.signingMaterialLocked()
@@ -384,7 +408,7 @@ func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.I
 		a.metrics.signings.WithLabelValues("signing_material").Inc()
 		return nil, err
 	}
-	issued, err := SignWithDNSNames(a.cfg.Clock.Now(), m, a.policy(), csr, id, ttl, dnsNames, extra...)
+	issued, err := sign(a.cfg.Clock.Now(), m, a.policy())
 	if err != nil {
 		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
 		return nil, err
@@ -476,18 +500,18 @@ func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
 // active), with the upstream's intermediates above it, and Roots are every
 // published root: the self-signed roots, or in upstream mode the upstream
 // roots of every intermediate kept, never an intermediate itself.
-func RootsMaterial(roots []*Root) SigningMaterial {
+func RootsMaterial(roots []*castate.Root) SigningMaterial {
 	var m SigningMaterial
 	for _, r := range roots {
-		for _, c := range r.published() {
+		for _, c := range r.Published() {
 			// A handful of roots: comparing bytes beats hashing them on
 			// every signing.
 			if !slices.ContainsFunc(m.Roots, c.Equal) {
 				m.Roots = append(m.Roots, c)
 			}
 		}
-		if r.State == StateActive {
-			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.upstreamChain
+		if r.State == castate.StateActive {
+			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.UpstreamChain
 		}
 	}
 	return m

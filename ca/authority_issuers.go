@@ -3,6 +3,8 @@ package ca
 import (
 	"crypto/x509"
 	"time"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // IssuedHere reports whether issuer is one of this CA's own signing
@@ -42,9 +44,9 @@ func (a *Authority) IssuedHere(issuer *x509.Certificate) bool {
 
 // ownKey says whether a root in state s signs with a key of ours: every
 // state but a plug-in directory's external roots.
-func ownKey(s RootState) bool {
+func ownKey(s castate.RootState) bool {
 	switch s {
-	case StatePrepared, StateActive, StateRetired:
+	case castate.StatePrepared, castate.StateActive, castate.StateRetired:
 		return true
 	}
 	return false

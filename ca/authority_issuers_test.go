@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -52,14 +53,14 @@ func TestIssuedHereSelfSigned(t *testing.T) {
 	require.NoError(t, a.Rotate())
 	require.Len(t, a.Roots(), 2)
 	prepared := a.Roots()[1]
-	require.Equal(t, StatePrepared, prepared.State)
+	require.Equal(t, castate.StatePrepared, prepared.State)
 	assert.True(t, a.IssuedHere(prepared.Cert),
 		"a prepared root: its key is ours, and a leader whose state is ahead of ours may already sign with it")
 
 	require.NoError(t, a.Reconcile()) // publishes it: its lead starts
 	clk.Step(PublishLead*a.cfg.RefreshHint + time.Second)
 	require.NoError(t, a.Reconcile())
-	require.Equal(t, StateRetired, a.Roots()[0].State)
+	require.Equal(t, castate.StateRetired, a.Roots()[0].State)
 	second := issuerOf(t, a)
 	require.False(t, second.Equal(first))
 	assert.True(t, a.IssuedHere(second), "the new active root")
@@ -116,7 +117,7 @@ func TestIssuedHereUpstreamPrepared(t *testing.T) {
 	require.NoError(t, a.Reconcile())
 	roots := a.Roots()
 	require.Len(t, roots, 2)
-	require.Equal(t, StatePrepared, roots[1].State)
+	require.Equal(t, castate.StatePrepared, roots[1].State)
 	assert.True(t, a.IssuedHere(roots[1].Cert))
 	assert.True(t, a.IssuedHere(roots[0].Cert), "the active intermediate")
 	assert.False(t, a.IssuedHere(u.root), "the upstream's new root")

@@ -8,6 +8,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -16,7 +17,7 @@ import (
 const (
 	DefaultJWTKeyType    = JWTKeyES256
 	DefaultJWTKeyTTL     = 720 * time.Hour
-	DefaultJWTSVIDTTL    = 5 * time.Minute
+	defaultJWTSVIDTTL    = 5 * time.Minute
 	DefaultMaxJWTSVIDTTL = time.Hour
 )
 
@@ -37,7 +38,7 @@ func (c *Config) applyJWTDefaults() error {
 		c.MaxJWTSVIDTTL = DefaultMaxJWTSVIDTTL
 	}
 	if c.JWTSVIDTTL == 0 {
-		c.JWTSVIDTTL = min(DefaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
+		c.JWTSVIDTTL = min(defaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
 	}
 	// JWT times are whole seconds (NumericDate); see signJWT.
 	if c.MaxJWTSVIDTTL < time.Second {
@@ -79,10 +80,10 @@ func (a *Authority) maxJWTSVIDTTLLocked() time.Duration {
 	return limit
 }
 
-func (a *Authority) jwtTimesLocked() []RootTimes {
-	out := make([]RootTimes, len(a.jwtKeys))
+func (a *Authority) jwtTimesLocked() []rootTimes {
+	out := make([]rootTimes, len(a.jwtKeys))
 	for i, k := range a.jwtKeys {
-		out[i] = k.times()
+		out[i] = jwtKeyTimes(k)
 	}
 	return out
 }
@@ -98,7 +99,7 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 	changed := false
 	now := a.cfg.Clock.Now()
 	for _, k := range a.jwtKeys {
-		if k.State != StatePrepared {
+		if k.State != castate.StatePrepared {
 			continue
 		}
 		s, ok := a.served[jwtServedKey(k.KID)]
@@ -116,7 +117,7 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 
 func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 	switch step {
-	case StepBootstrap:
+	case stepBootstrap:
 		// No JWT key: a fresh CA, or state written before JWT keys
 		// existed. A fresh CA's first key signs at once: no peer can hold
 		// its bundle yet, so none can be missing the key. A CA whose
@@ -126,26 +127,26 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 		// otherwise refuse the first tokens (issue 17: keys are published
 		// at least 5 refresh hints before first use). Plan activates it.
 		if a.publishedBeforeLocked() {
-			return a.newJWTKeyLocked(now, StatePrepared, "first, upgraded CA")
+			return a.newJWTKeyLocked(now, castate.StatePrepared, "first, upgraded CA")
 		}
-		return a.newJWTKeyLocked(now, StateActive, "bootstrap")
-	case StepPrepare:
-		return a.newJWTKeyLocked(now, StatePrepared, "scheduled")
-	case StepActivate:
+		return a.newJWTKeyLocked(now, castate.StateActive, "bootstrap")
+	case stepPrepare:
+		return a.newJWTKeyLocked(now, castate.StatePrepared, "scheduled")
+	case stepActivate:
 		for _, k := range a.jwtKeys {
-			if k.State == StateActive {
-				k.State = StateRetired
+			if k.State == castate.StateActive {
+				k.State = castate.StateRetired
 				k.RetiredAt = now
-				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(k.times(), now.Add(retireMargin))
+				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(jwtKeyTimes(k), now.Add(retireMargin))
 				a.jwtEvent(now, "retired", k.KID)
 			}
 		}
 		p := a.jwtKeys[index]
-		p.State = StateActive
+		p.State = castate.StateActive
 		p.ActivatedAt = now
 		a.jwtEvent(now, "activated", p.KID)
 		return nil
-	case StepRemove:
+	case stepRemove:
 		k := a.jwtKeys[index]
 		a.jwtKeys = append(a.jwtKeys[:index:index], a.jwtKeys[index+1:]...)
 		a.moveSequenceLocked(now)
@@ -162,13 +163,13 @@ func (a *Authority) publishedBeforeLocked() bool {
 	return len(a.journal.Roots) > 0 || len(a.journal.PluginRoots) > 0
 }
 
-func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) error {
+func (a *Authority) newJWTKeyLocked(now time.Time, state castate.RootState, why string) error {
 	k, err := a.newJWTKeyKeyed(now)
 	if err != nil {
 		return err
 	}
 	k.State, k.PublishedAt = state, now
-	if state == StatePrepared {
+	if state == castate.StatePrepared {
 		k.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
 	} else {
 		k.ActivatedAt = now
@@ -176,7 +177,7 @@ func (a *Authority) newJWTKeyLocked(now time.Time, state RootState, why string) 
 	a.jwtKeys = append(a.jwtKeys, k)
 	a.moveSequenceLocked(now)
 	event := "prepared (" + why + ")"
-	if state == StateActive {
+	if state == castate.StateActive {
 		event = "bootstrap"
 	}
 	a.jwtEvent(now, event, k.KID)
@@ -191,11 +192,11 @@ func (a *Authority) moveSequenceLocked(now time.Time) {
 	if pub, _ := a.bundle.SequenceNumber(); a.journal.Sequence > pub {
 		return
 	}
-	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+	a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 }
 
 func (a *Authority) jwtEvent(now time.Time, what, kid string) {
-	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: "JWT key " + what, KID: kid})
+	a.journal.Events = append(a.journal.Events, castate.JournalNote{At: now, Event: "JWT key " + what, KID: kid})
 	a.metrics.jwtEvents.WithLabelValues(firstWord(what)).Inc()
 	a.cfg.Logger.Info("CA JWT key "+what, logattr.KeyID, kid, logattr.Sequence, a.journal.Sequence)
 }
@@ -239,13 +240,13 @@ func (a *Authority) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, curr
 	}
 }
 
-// RotateJWTKey publishes a successor JWT key now, unless one is already
+// rotateJWTKey publishes a successor JWT key now, unless one is already
 // waiting; it signs only after the usual publication lead. Rotate leaves
 // JWT keys alone and this leaves roots alone: the two are separate keys,
 // and replacing one (a suspected compromise) need not churn the other.
-func (a *Authority) RotateJWTKey() error {
+func (a *Authority) rotateJWTKey() error {
 	if !a.leading() {
-		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", ErrNotLeader)
+		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", castate.ErrNotLeader)
 	}
 	if a.cfg.Plugin != nil {
 		return a.rotateJWTKeyPlugin()
@@ -254,7 +255,7 @@ func (a *Authority) RotateJWTKey() error {
 		if !a.prepareJWTKeyNowLocked() {
 			return nil
 		}
-		if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
+		if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
 			return err
 		}
 		return a.commitLocked()
@@ -265,7 +266,7 @@ func (a *Authority) RotateJWTKey() error {
 // do: not while a prepared key is already waiting.
 func (a *Authority) prepareJWTKeyNowLocked() bool {
 	for _, k := range a.jwtKeys {
-		if k.State == StatePrepared {
+		if k.State == castate.StatePrepared {
 			a.cfg.Logger.Info("JWT key rotation requested but a prepared key is already waiting", logattr.KeyID, k.KID)
 			return false
 		}
@@ -273,20 +274,20 @@ func (a *Authority) prepareJWTKeyNowLocked() bool {
 	return true
 }
 
-// rotateJWTKeyPlugin is RotateJWTKey in plug-in mode: the prepared key is
+// rotateJWTKeyPlugin is rotateJWTKey in plug-in mode: the prepared key is
 // committed with the plug-in journal by a sync, which this runs.
 func (a *Authority) rotateJWTKeyPlugin() error {
 	return a.syncPluginWith(true)
 }
 
 // jwtStepsLocked runs the JWT key steps due now and, when force (plug-in
-// mode), a rotation RotateJWTKey asked for.
+// mode), a rotation rotateJWTKey asked for.
 func (a *Authority) jwtStepsLocked(force bool) (bool, error) {
 	changed, err := a.reconcileJWTLocked()
 	if err != nil || !force || !a.prepareJWTKeyNowLocked() {
 		return changed, err
 	}
-	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), StatePrepared, "forced"); err != nil {
+	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
 		return changed, err
 	}
 	return true, nil
@@ -352,16 +353,16 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 
 // noActiveJWTKeyLocked says why SignJWT cannot sign with active (nil or
 // expired), and when it will.
-func (a *Authority) noActiveJWTKeyLocked(active *JWTKey) error {
+func (a *Authority) noActiveJWTKeyLocked(active *castate.JWTKey) error {
 	if active != nil {
 		return fmt.Errorf("ca: %w: active JWT key %s expired at %s and JWT-SVID minting has stopped; JWT key rotation is failing (see the CA's logs), or run `trustbridge ca rotate --jwt`",
 			ErrInvalidSigningMaterial, active.KID, active.NotAfter.UTC().Format(time.RFC3339))
 	}
 	for _, k := range a.jwtKeys {
-		if k.State != StatePrepared {
+		if k.State != castate.StatePrepared {
 			continue
 		}
-		if at := a.jwtTimelineLocked().ActivateAt(k.times()); !at.IsZero() {
+		if at := a.jwtTimelineLocked().ActivateAt(jwtKeyTimes(k)); !at.IsZero() {
 			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
 				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
 		}
@@ -371,9 +372,9 @@ func (a *Authority) noActiveJWTKeyLocked(active *JWTKey) error {
 	return fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
 }
 
-func (a *Authority) activeJWTKeyLocked() *JWTKey {
+func (a *Authority) activeJWTKeyLocked() *castate.JWTKey {
 	for _, k := range a.jwtKeys {
-		if k.State == StateActive {
+		if k.State == castate.StateActive {
 			return k
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
@@ -48,7 +49,7 @@ func jwtStates(a *Authority) string {
 func activeKID(t *testing.T, a *Authority) string {
 	t.Helper()
 	for _, k := range a.JWTKeys() {
-		if k.State == StateActive {
+		if k.State == castate.StateActive {
 			return k.KID
 		}
 	}
@@ -142,11 +143,11 @@ func TestJWTKeyRemovalUsesLargestRecordedMaxTTL(t *testing.T) {
 	cfg.Registerer = prometheus.NewRegistry()
 	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	clk.Step(PublishLead * time.Minute)
 	require.NoError(t, a.Reconcile())
 	retired := a.JWTKeys()[0]
-	require.Equal(t, StateRetired, retired.State)
+	require.Equal(t, castate.StateRetired, retired.State)
 	assert.Equal(t, clk.Now().Add(retireMargin+time.Hour), retired.RemoveAfter)
 }
 
@@ -157,8 +158,8 @@ func TestJWTKeyLeadKeptWhenHintLowered(t *testing.T) {
 	cfg := jwtConfig(t, clk)
 	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, a.RotateJWTKey())
-	require.NoError(t, a.RotateJWTKey(), "a second request while one waits does nothing")
+	require.NoError(t, a.rotateJWTKey())
+	require.NoError(t, a.rotateJWTKey(), "a second request while one waits does nothing")
 	require.Equal(t, "active,prepared", jwtStates(a))
 
 	clk.Step(time.Minute)
@@ -285,14 +286,14 @@ func TestCorruptJWTKeyRefused(t *testing.T) {
 		{"another key", func(t *testing.T, p string) {
 			other, err := newJWTKey(JWTKeyES256, t0, time.Hour)
 			require.NoError(t, err)
-			pem, err := EncodeJWTKey(other)
+			pem, err := castate.EncodeJWTKey(other)
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(p, pem, 0o600))
 		}, "does not match the kid", true},
 		{"another algorithm", func(t *testing.T, p string) {
 			other, err := newJWTKey(JWTKeyES384, t0, time.Hour)
 			require.NoError(t, err)
-			pem, err := EncodeJWTKey(other)
+			pem, err := castate.EncodeJWTKey(other)
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(p, pem, 0o600))
 		}, "key is for ES384", true},
@@ -312,7 +313,7 @@ func TestCorruptJWTKeyRefused(t *testing.T) {
 			require.Error(t, err)
 			assert.ErrorContains(t, err, tt.want)
 			if tt.isCorrupt {
-				assert.ErrorIs(t, err, ErrCorruptState)
+				assert.ErrorIs(t, err, castate.ErrCorruptState)
 			}
 
 			// A running CA keeps what it serves and signs with, and says
@@ -337,9 +338,9 @@ func TestFollowerSignsWithLeadersJWTKey(t *testing.T) {
 	require.NoError(t, err)
 	kid := activeKID(t, leader)
 	assert.Equal(t, kid, signedKID(t, follower))
-	assert.ErrorIs(t, follower.RotateJWTKey(), ErrNotLeader)
+	assert.ErrorIs(t, follower.rotateJWTKey(), castate.ErrNotLeader)
 
-	require.NoError(t, leader.RotateJWTKey())
+	require.NoError(t, leader.rotateJWTKey())
 	require.NoError(t, follower.Reload())
 	assert.True(t, leader.Bundle().Equal(follower.Bundle()), "the follower publishes the successor too")
 	assert.Len(t, follower.Bundle().JWTAuthorities(), 2)
@@ -515,7 +516,7 @@ func TestPluginModeKeepsItsOwnJWTKeys(t *testing.T) {
 	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
 	seq := a.Sequence()
 
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	assert.Equal(t, "active,prepared", jwtStates(a))
 	assert.Greater(t, a.Sequence(), seq)
 	assert.Len(t, a.Bundle().JWTAuthorities(), 2)
@@ -535,13 +536,13 @@ func TestPluginModeKeepsItsOwnJWTKeys(t *testing.T) {
 // Properties: nothing panics, every refusal is ErrCorruptState and never
 // quotes the file, and an accepted key is the one the record names.
 func FuzzDecodeJWTKey(f *testing.F) {
-	var recs []JWTKeyRecord
+	var recs []castate.JWTKeyRecord
 	for _, kt := range []JWTKeyType{JWTKeyES256, JWTKeyES384} {
 		k, err := newJWTKey(kt, t0, time.Hour)
 		if err != nil {
 			f.Fatal(err)
 		}
-		pem, err := EncodeJWTKey(k)
+		pem, err := castate.EncodeJWTKey(k)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -551,16 +552,16 @@ func FuzzDecodeJWTKey(f *testing.F) {
 		f.Add(append(pem, pem...), uint8(0))
 	}
 	f.Add([]byte("not a key"), uint8(0))
-	rsaPEM, err := EncodeJWTKey(&JWTKey{Key: testca.NewKey(f, testca.RSA2048)})
+	rsaPEM, err := castate.EncodeJWTKey(&castate.JWTKey{Key: testca.NewKey(f, testca.RSA2048)})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Add(rsaPEM, uint8(1))
 	f.Fuzz(func(t *testing.T, data []byte, which uint8) {
 		rec := recs[int(which)%len(recs)]
-		k, err := DecodeJWTKey(rec, data)
+		k, err := castate.DecodeJWTKey(rec, data)
 		if err != nil {
-			if !errors.Is(err, ErrCorruptState) {
+			if !errors.Is(err, castate.ErrCorruptState) {
 				t.Fatalf("refusal without ErrCorruptState: %v", err)
 			}
 			if len(data) > 40 && strings.Contains(err.Error(), string(data[20:40])) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -16,7 +17,7 @@ import (
 func (a *Authority) syncPlugin() error { return a.syncPluginWith(false) }
 
 // syncPluginWith is syncPlugin, also preparing a JWT key when forceJWT
-// (RotateJWTKey). The request lives only as long as this call, which
+// (rotateJWTKey). The request lives only as long as this call, which
 // reports its outcome: a failed one leaves nothing pending, as in
 // self-signed mode, rather than rotating later when nobody asks.
 func (a *Authority) syncPluginWith(forceJWT bool) error {
@@ -60,7 +61,7 @@ func (a *Authority) syncPluginWith(forceJWT bool) error {
 
 // loadPluginJournalLocked reads the journal a plug-in CA publishes from,
 // refusing state that holds self-signed roots.
-func (a *Authority) loadPluginJournalLocked() (*Journal, []*JWTKey, string, error) {
+func (a *Authority) loadPluginJournalLocked() (*castate.Journal, []*castate.JWTKey, string, error) {
 	j, roots, keys, version, err := a.backend.Load(a.cfg.TrustDomain.Name())
 	if err != nil {
 		return nil, nil, "", err
@@ -69,7 +70,7 @@ func (a *Authority) loadPluginJournalLocked() (*Journal, []*JWTKey, string, erro
 		return nil, nil, "", fmt.Errorf("ca: %s holds self-signed roots; switching to --ca-dir would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir", a.backend.Describe())
 	}
 	if j == nil {
-		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
+		j = &castate.Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	}
 	return j, keys, version, nil
 }
@@ -88,7 +89,7 @@ func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, ve
 	j.PluginRoots = recs
 	// A change, or this process's first write (sequence.go, rule 2).
 	if j.Sequence == stored {
-		j.Sequence = NextSequence(prev, now)
+		j.Sequence = nextSequence(prev, now)
 	}
 	j.Updated = now
 	if changed || prev == 0 {
@@ -96,7 +97,7 @@ func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, ve
 		for _, r := range recs {
 			ids = append(ids, r.SHA256)
 		}
-		j.Events = append(j.Events, JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
+		j.Events = append(j.Events, castate.JournalNote{At: now, Event: "plug-in roots changed", RootID: strings.Join(ids, ",")})
 		a.metrics.rotations.WithLabelValues("plugin_change").Inc()
 		a.cfg.Logger.Info("plug-in CA roots published", logattr.Roots, len(recs), logattr.Sequence, j.Sequence)
 	} else if !a.floored {
@@ -115,18 +116,18 @@ func (a *Authority) commitPluginRootsLocked(now time.Time, m *PluginMaterial, ve
 
 // setPluginRootsLocked makes a.roots the journal's plug-in roots: external,
 // or retired once they left the directory.
-func (a *Authority) setPluginRootsLocked(recs []PluginRootRecord) error {
+func (a *Authority) setPluginRootsLocked(recs []castate.PluginRootRecord) error {
 	a.roots = a.roots[:0]
 	for _, rec := range recs {
 		cert, err := x509.ParseCertificate(rec.DER)
 		if err != nil {
 			return fmt.Errorf("ca: journal plug-in root %s: %w", rec.SHA256, err)
 		}
-		state := StateExternal
+		state := castate.StateExternal
 		if !rec.RemoveAfter.IsZero() {
-			state = StateRetired
+			state = castate.StateRetired
 		}
-		a.roots = append(a.roots, &Root{RootRecord: RootRecord{
+		a.roots = append(a.roots, &castate.Root{RootRecord: castate.RootRecord{
 			ID: cert.SerialNumber.Text(16), State: state, CertSHA256: rec.SHA256, RemoveAfter: rec.RemoveAfter,
 		}, Cert: cert})
 	}
@@ -137,13 +138,13 @@ func (a *Authority) setPluginRootsLocked(recs []PluginRootRecord) error {
 // directory, plus earlier ones that left it, kept (as retired) until every
 // leaf they could have signed has expired. changed reports whether the
 // published set differs from prev.
-func (a *Authority) pluginRecords(now time.Time, m *PluginMaterial, prev []PluginRootRecord) ([]PluginRootRecord, bool) {
+func (a *Authority) pluginRecords(now time.Time, m *PluginMaterial, prev []castate.PluginRootRecord) ([]castate.PluginRootRecord, bool) {
 	current := map[string]bool{}
-	var recs []PluginRootRecord
+	var recs []castate.PluginRootRecord
 	for _, r := range m.Roots {
 		fp := fingerprint(r)
 		current[fp] = true
-		recs = append(recs, PluginRootRecord{SHA256: fp, DER: r.Raw})
+		recs = append(recs, castate.PluginRootRecord{SHA256: fp, DER: r.Raw})
 	}
 	removeAfter := now.Add(retireMargin + a.timelineLocked().MaxWorkloadTTL)
 	for _, p := range prev {
@@ -157,7 +158,7 @@ func (a *Authority) pluginRecords(now time.Time, m *PluginMaterial, prev []Plugi
 			recs = append(recs, p)
 		}
 	}
-	key := func(rs []PluginRootRecord) string {
+	key := func(rs []castate.PluginRootRecord) string {
 		ids := make([]string, len(rs))
 		for i, r := range rs {
 			ids[i] = r.SHA256
@@ -175,7 +176,7 @@ func (a *Authority) nextPluginRemoval() time.Time {
 	defer a.mu.RUnlock()
 	next := a.nextJWTStepLocked(a.cfg.Clock.Now())
 	for _, r := range a.roots {
-		if r.State == StateRetired {
+		if r.State == castate.StateRetired {
 			next = earliest(next, r.RemoveAfter)
 		}
 	}

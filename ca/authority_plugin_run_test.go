@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // failingBackend is a memBackend whose commits fail while fail is set.
@@ -20,7 +22,7 @@ type failingBackend struct {
 	fail atomic.Bool
 }
 
-func (f *failingBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (string, error) {
+func (f *failingBackend) Commit(base string, j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (string, error) {
 	if f.fail.Load() {
 		return "", errors.New("memory: injected commit failure")
 	}
@@ -130,7 +132,7 @@ func TestRecheckBy(t *testing.T) {
 
 // A plug-in sync that fails to commit leaves the journal, keys and
 // sequence last published in memory, and a JWT rotation asked for by the
-// failed RotateJWTKey is not carried out later by a sync nobody asked for.
+// failed rotateJWTKey is not carried out later by a sync nobody asked for.
 func TestPluginSyncFailureRollsBack(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	fb := &failingBackend{memBackend: newMemBackend()}
@@ -139,7 +141,7 @@ func TestPluginSyncFailureRollsBack(t *testing.T) {
 
 	fb.fail.Store(true)
 	clk.Step(time.Minute)
-	require.ErrorContains(t, a.RotateJWTKey(), "injected commit failure")
+	require.ErrorContains(t, a.rotateJWTKey(), "injected commit failure")
 	assert.Equal(t, seq, a.Sequence(), "the unsaved sequence is not reported")
 	assert.Len(t, a.journal.Events, events, "the unsaved events are dropped")
 	assert.Equal(t, "active", jwtStates(a))
@@ -151,7 +153,7 @@ func TestPluginSyncFailureRollsBack(t *testing.T) {
 	require.NoError(t, a.syncPlugin())
 	assert.Equal(t, "active", jwtStates(a), "the failed request left nothing pending")
 	assert.Equal(t, seq, a.Sequence())
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	assert.Equal(t, "active,prepared", jwtStates(a))
 	assert.Greater(t, a.Sequence(), seq)
 }

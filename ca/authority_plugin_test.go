@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -40,7 +41,7 @@ func TestAuthorityPluginMode(t *testing.T) {
 	assert.Equal(t, uint64(now.Unix()), a.Sequence(), "the first sequence is the time")
 	require.Len(t, a.Bundle().X509Authorities(), 1)
 	assert.True(t, pki.root.Cert.Equal(a.Bundle().X509Authorities()[0]), "the bundle holds root-cert.pem")
-	assert.Equal(t, StateExternal, a.Roots()[0].State)
+	assert.Equal(t, castate.StateExternal, a.Roots()[0].State)
 	assert.ErrorContains(t, a.Rotate(), "managed outside trustbridge")
 
 	id := spiffeid.RequireFromPath(tdExample, "/w")

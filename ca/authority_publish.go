@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // Changes is signalled (coalesced) whenever the published bundle changes.
@@ -47,7 +49,7 @@ func (a *Authority) Bundle() *spiffebundle.Bundle {
 
 // RootInfo describes a root for status reports.
 type RootInfo struct {
-	RootRecord
+	castate.RootRecord
 	Cert *x509.Certificate
 }
 
@@ -82,7 +84,7 @@ func (a *Authority) publishLocked() {
 	for _, r := range a.roots {
 		// Upstream roots several intermediates share are published once;
 		// an intermediate itself never is.
-		for _, c := range r.published() {
+		for _, c := range r.Published() {
 			if fp := fingerprint(c); !seen[fp] {
 				seen[fp] = true
 				certs = append(certs, c)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -37,11 +38,11 @@ func (a *Authority) Rotate() error {
 		return errors.New("ca: the signing intermediate comes from the upstream authority and renews on its own; there is no root to rotate here")
 	}
 	if !a.leading() {
-		return fmt.Errorf("ca: %w: only the leader rotates roots", ErrNotLeader)
+		return fmt.Errorf("ca: %w: only the leader rotates roots", castate.ErrNotLeader)
 	}
 	return a.withStateLocked(func() error {
 		for _, r := range a.roots {
-			if r.State == StatePrepared {
+			if r.State == castate.StatePrepared {
 				a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
 				return nil
 			}
@@ -101,7 +102,7 @@ func (a *Authority) reconcileLocked(steps func() (bool, error)) error {
 func (a *Authority) startServedLeadsLocked() bool {
 	changed := false
 	for _, r := range a.roots {
-		if r.State != StatePrepared {
+		if r.State != castate.StatePrepared {
 			continue
 		}
 		if s, ok := a.served[r.ID]; ok && s.After(r.PublishedAt) {
@@ -119,7 +120,7 @@ func (a *Authority) bumpSequenceLocked() bool {
 	changed := false
 	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
 		// The hint is part of the published document.
-		a.journal.Sequence = NextSequence(a.journal.Sequence, a.cfg.Clock.Now())
+		a.journal.Sequence = nextSequence(a.journal.Sequence, a.cfg.Clock.Now())
 		changed = true
 	}
 	if !a.floored && len(a.roots) > 0 {
@@ -127,7 +128,7 @@ func (a *Authority) bumpSequenceLocked() bool {
 		// state may be a restored copy whose counter is below what peers
 		// hold (see sequence.go).
 		prev := a.journal.Sequence
-		a.journal.Sequence = NextSequence(prev, a.cfg.Clock.Now())
+		a.journal.Sequence = nextSequence(prev, a.cfg.Clock.Now())
 		a.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
 			logattr.OldSequence, prev, logattr.Sequence, a.journal.Sequence)
 		changed = true
@@ -145,12 +146,12 @@ func (a *Authority) applyDueStepsLocked() (bool, error) {
 // applyDue applies, one after another, the steps the timeline tl plans
 // for the lifecycle items times describes (roots or JWT keys), with
 // apply, and reports whether it applied any.
-func (a *Authority) applyDue(tl func() Timeline, times func() []RootTimes, apply func(time.Time, Step, int) error) (bool, error) {
+func (a *Authority) applyDue(tl func() Timeline, times func() []rootTimes, apply func(time.Time, Step, int) error) (bool, error) {
 	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()
 		step, index, _ := tl().Plan(now, times())
-		if step == StepNone {
+		if step == stepNone {
 			break
 		}
 		if err := apply(now, step, index); err != nil {
@@ -161,10 +162,10 @@ func (a *Authority) applyDue(tl func() Timeline, times func() []RootTimes, apply
 	return changed, nil
 }
 
-func (a *Authority) timesLocked() []RootTimes {
-	out := make([]RootTimes, len(a.roots))
+func (a *Authority) timesLocked() []rootTimes {
+	out := make([]rootTimes, len(a.roots))
 	for i, r := range a.roots {
-		out[i] = RootTimes{
+		out[i] = rootTimes{
 			State: r.State, NotBefore: r.Cert.NotBefore, NotAfter: r.Cert.NotAfter,
 			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, PublishedAt: r.PublishedAt, RemoveAfter: r.RemoveAfter,
 		}
@@ -174,28 +175,28 @@ func (a *Authority) timesLocked() []RootTimes {
 
 func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 	switch step {
-	case StepBootstrap:
-		return a.newRootLocked(now, StateActive, "bootstrap")
-	case StepPrepare:
+	case stepBootstrap:
+		return a.newRootLocked(now, castate.StateActive, "bootstrap")
+	case stepPrepare:
 		return a.prepareLocked(now, "scheduled")
-	case StepActivate:
+	case stepActivate:
 		for _, r := range a.roots {
-			if r.State == StateActive {
-				r.State = StateRetired
+			if r.State == castate.StateActive {
+				r.State = castate.StateRetired
 				r.RetiredAt = now
-				r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+				r.RemoveAfter = a.timelineLocked().RemoveAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 				a.event(now, "retired", r.ID)
 			}
 		}
 		p := a.roots[index]
-		p.State = StateActive
+		p.State = castate.StateActive
 		p.ActivatedAt = now
 		a.event(now, "activated", p.ID)
 		return nil
-	case StepRemove:
+	case stepRemove:
 		r := a.roots[index]
 		a.roots = append(a.roots[:index:index], a.roots[index+1:]...)
-		a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+		a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 		a.event(now, "removed", r.ID)
 		return nil
 	}
@@ -203,28 +204,28 @@ func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 }
 
 func (a *Authority) prepareLocked(now time.Time, why string) error {
-	if err := a.newRootLocked(now, StatePrepared, why); err != nil {
+	if err := a.newRootLocked(now, castate.StatePrepared, why); err != nil {
 		return err
 	}
 	return nil
 }
 
-func (a *Authority) newRootLocked(now time.Time, state RootState, why string) error {
+func (a *Authority) newRootLocked(now time.Time, state castate.RootState, why string) error {
 	cert, key, ref, err := a.newRootKeyed(now)
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
 	id := cert.SerialNumber.Text(16)
-	r := &Root{RootRecord: RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref}, Cert: cert, Key: key}
-	if state == StatePrepared {
+	r := &castate.Root{RootRecord: castate.RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref}, Cert: cert, Key: key}
+	if state == castate.StatePrepared {
 		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
 	} else {
 		r.ActivatedAt = now
 	}
 	a.roots = append(a.roots, r)
-	a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+	a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 	event := "prepared (" + why + ")"
-	if state == StateActive {
+	if state == castate.StateActive {
 		event = "bootstrap"
 	}
 	a.event(now, event, id)
@@ -232,7 +233,7 @@ func (a *Authority) newRootLocked(now time.Time, state RootState, why string) er
 }
 
 func (a *Authority) event(now time.Time, what, id string) {
-	a.journal.Events = append(a.journal.Events, JournalNote{At: now, Event: what, RootID: id})
+	a.journal.Events = append(a.journal.Events, castate.JournalNote{At: now, Event: what, RootID: id})
 	a.metrics.rotations.WithLabelValues(firstWord(what)).Inc()
 	a.cfg.Logger.Info("CA root "+what, logattr.RootID, id, logattr.Sequence, a.journal.Sequence)
 }

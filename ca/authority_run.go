@@ -47,9 +47,9 @@ func (a *Authority) CheckError() error {
 	return a.lastErr
 }
 
-// NextCheck is when Reconcile next has work to do, or sooner so that
+// nextCheck is when Reconcile next has work to do, or sooner so that
 // changes from other processes are picked up.
-func (a *Authority) NextCheck(now time.Time) time.Time {
+func (a *Authority) nextCheck(now time.Time) time.Time {
 	a.mu.RLock()
 	var next time.Time
 	if a.cfg.Upstream != nil {
@@ -112,7 +112,7 @@ func (a *Authority) Run(ctx context.Context) error {
 		if entry != 0 {
 			c.Remove(entry)
 		}
-		entry = c.Schedule(schedule.Once(a.NextCheck(a.cfg.Clock.Now())), job)
+		entry = c.Schedule(schedule.Once(a.nextCheck(a.cfg.Clock.Now())), job)
 	}
 	arm()
 	c.Start()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -30,7 +31,7 @@ func (a *Authority) withStateLocked(f func() error) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, ErrConflict) {
+		if !errors.Is(err, castate.ErrConflict) {
 			return err
 		}
 		a.cfg.Logger.Warn("CA state changed by another writer; reloading it and deciding again", logattr.Error, err)
@@ -50,7 +51,7 @@ func (a *Authority) withStateLocked(f func() error) error {
 func (a *Authority) decideLocked(f func() error) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	journal, roots, jwtKeys := a.journal.clone(), cloneRoots(a.roots), cloneJWTKeys(a.jwtKeys)
+	journal, roots, jwtKeys := a.journal.Clone(), cloneRoots(a.roots), cloneJWTKeys(a.jwtKeys)
 	err := f()
 	if err != nil {
 		a.journal, a.roots, a.jwtKeys = journal, roots, jwtKeys
@@ -105,8 +106,8 @@ func (a *Authority) lockState() (func(), error) {
 	}, nil
 }
 
-func cloneRoots(roots []*Root) []*Root {
-	out := make([]*Root, len(roots))
+func cloneRoots(roots []*castate.Root) []*castate.Root {
+	out := make([]*castate.Root, len(roots))
 	for i, r := range roots {
 		c := *r
 		out[i] = &c
@@ -114,13 +115,13 @@ func cloneRoots(roots []*Root) []*Root {
 	return out
 }
 
-func (a *Authority) settings() JournalSettings {
-	return JournalSettings{
-		KeyType:                   a.cfg.KeyType,
+func (a *Authority) settings() castate.JournalSettings {
+	return castate.JournalSettings{
+		KeyType:                   string(a.cfg.KeyType),
 		RootTTLSeconds:            int64(a.cfg.RootTTL / time.Second),
 		RefreshHintSeconds:        int64(a.cfg.RefreshHint / time.Second),
 		CurrentMaxWorkloadSeconds: int64(a.cfg.MaxWorkloadTTL / time.Second),
-		JWTKeyType:                a.cfg.JWTKeyType,
+		JWTKeyType:                string(a.cfg.JWTKeyType),
 		JWTKeyTTLSeconds:          int64(a.cfg.JWTKeyTTL / time.Second),
 		CurrentMaxJWTSVIDSeconds:  int64(a.cfg.MaxJWTSVIDTTL / time.Second),
 		SignsIntermediates:        a.cfg.SignsIntermediates,
@@ -129,9 +130,9 @@ func (a *Authority) settings() JournalSettings {
 
 // loadedState is the state as read from the backend.
 type loadedState struct {
-	journal *Journal
-	roots   []*Root
-	jwtKeys []*JWTKey
+	journal *castate.Journal
+	roots   []*castate.Root
+	jwtKeys []*castate.JWTKey
 	version string
 }
 
@@ -177,7 +178,7 @@ func (a *Authority) applyStateLocked(st *loadedState) error {
 		return err
 	}
 	if j == nil {
-		j = &Journal{TrustDomain: a.cfg.TrustDomain.Name()}
+		j = &castate.Journal{TrustDomain: a.cfg.TrustDomain.Name()}
 	} else if len(j.PluginRoots) > 0 {
 		return fmt.Errorf("ca: %s was used with a plug-in CA (--ca-dir); starting a self-signed CA on it would drop those roots from the bundle at once; keep --ca-dir or use a fresh --data-dir", a.backend.Describe())
 	} else if a.version != "" && version != a.version {
@@ -194,7 +195,7 @@ func (a *Authority) applyStateLocked(st *loadedState) error {
 // again).
 func (a *Authority) commitLocked() error {
 	if !a.leading() {
-		return fmt.Errorf("ca: %w: not writing CA state to %s", ErrNotLeader, a.backend.Describe())
+		return fmt.Errorf("ca: %w: not writing CA state to %s", castate.ErrNotLeader, a.backend.Describe())
 	}
 	a.journal.Roots = a.journal.Roots[:0]
 	for _, r := range a.roots {

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -55,7 +56,7 @@ func TestAuthorityBootstrapAndRestart(t *testing.T) {
 	require.NoError(t, a.Ready())
 	roots := a.Roots()
 	require.Len(t, roots, 1)
-	assert.Equal(t, StateActive, roots[0].State)
+	assert.Equal(t, castate.StateActive, roots[0].State)
 	root := roots[0].Cert
 	assert.Equal(t, []string{"spiffe://example.org"}, []string{root.URIs[0].String()})
 	assert.Contains(t, root.Subject.String(), "O=example.org")
@@ -118,7 +119,7 @@ func TestAuthorityRefusesBadConfig(t *testing.T) {
 // certificate issued so far that is still valid verifies against the
 // bundle published at that instant; no root signs before it has been
 // published for PublishLead refresh hints; and the sequence moves to
-// NextSequence (one more, at least the time) whenever the published set of
+// nextSequence (one more, at least the time) whenever the published set of
 // roots changes, and only then.
 func TestRotationProperty(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
@@ -158,7 +159,7 @@ func TestRotationProperty(t *testing.T) {
 		seq, _ := bundle.SequenceNumber()
 		if joined := strings.Join(set, ","); joined != lastSet {
 			if lastSet != "" {
-				assert.Equal(t, NextSequence(lastSeq, now), seq, "one published-set change, one sequence step (at %s)", now)
+				assert.Equal(t, nextSequence(lastSeq, now), seq, "one published-set change, one sequence step (at %s)", now)
 			}
 			lastSet = joined
 		} else {
@@ -167,7 +168,7 @@ func TestRotationProperty(t *testing.T) {
 		lastSeq = seq
 
 		for _, r := range a.Roots() {
-			if r.State == StateActive && !seenActive[r.ID] {
+			if r.State == castate.StateActive && !seenActive[r.ID] {
 				seenActive[r.ID] = true
 				activations++
 			}
@@ -205,7 +206,7 @@ func TestRestartMidRotation(t *testing.T) {
 	require.NoError(t, a.Reconcile())
 	var prepared RootInfo
 	for _, r := range a.Roots() {
-		if r.State == StatePrepared {
+		if r.State == castate.StatePrepared {
 			prepared = r
 		}
 	}
@@ -220,7 +221,7 @@ func TestRestartMidRotation(t *testing.T) {
 	cfg.Registerer = prometheus.NewRegistry()
 	b, err := New(cfg)
 	require.NoError(t, err)
-	assert.Equal(t, NextSequence(seq, restart), b.Sequence(), "the same published set, under a sequence past the restart")
+	assert.Equal(t, nextSequence(seq, restart), b.Sequence(), "the same published set, under a sequence past the restart")
 	seq = b.Sequence()
 	require.Len(t, b.Roots(), 2)
 	rootState := func(id string) RootInfo {
@@ -232,20 +233,20 @@ func TestRestartMidRotation(t *testing.T) {
 		t.Fatalf("root %s gone", id)
 		return RootInfo{}
 	}
-	assert.Equal(t, StatePrepared, rootState(prepared.ID).State)
+	assert.Equal(t, castate.StatePrepared, rootState(prepared.ID).State)
 	assert.Equal(t, restart, rootState(prepared.ID).PublishedAt)
 
 	clk.SetTime(t0.Add(12*time.Hour + 5*time.Minute))
 	require.NoError(t, b.Reconcile())
-	assert.Equal(t, StatePrepared, rootState(prepared.ID).State, "5 hints after the first publication is not enough after a restart")
+	assert.Equal(t, castate.StatePrepared, rootState(prepared.ID).State, "5 hints after the first publication is not enough after a restart")
 
 	clk.SetTime(restart.Add(5 * time.Minute))
 	require.NoError(t, b.Reconcile())
 	for _, r := range b.Roots() {
 		if r.ID == prepared.ID {
-			assert.Equal(t, StateActive, r.State, "the same timeline continues")
+			assert.Equal(t, castate.StateActive, r.State, "the same timeline continues")
 		} else {
-			assert.Equal(t, StateRetired, r.State)
+			assert.Equal(t, castate.StateRetired, r.State)
 			assert.Equal(t, clk.Now().Add(retireMargin+cfg.MaxWorkloadTTL), r.RemoveAfter)
 		}
 	}
@@ -292,7 +293,7 @@ func TestRequestRotation(t *testing.T) {
 	require.Len(t, a.Bundle().X509Authorities(), 2, "published at the server's next check")
 	for _, r := range a.Roots() {
 		if r.ID == id {
-			assert.Equal(t, StatePrepared, r.State)
+			assert.Equal(t, castate.StatePrepared, r.State)
 			assert.Equal(t, picked, r.PublishedAt)
 			assert.Equal(t, "ECDSA", r.Cert.PublicKeyAlgorithm.String(), "created with the server's key type")
 			assert.Equal(t, 384, r.Cert.PublicKey.(interface{ Params() *elliptic.CurveParams }).Params().BitSize)
@@ -302,14 +303,14 @@ func TestRequestRotation(t *testing.T) {
 	require.NoError(t, a.Reconcile())
 	for _, r := range a.Roots() {
 		if r.ID == id {
-			assert.Equal(t, StatePrepared, r.State, "not before 5 hints after the server published it")
+			assert.Equal(t, castate.StatePrepared, r.State, "not before 5 hints after the server published it")
 		}
 	}
 	clk.SetTime(picked.Add(5 * cfg.RefreshHint))
 	require.NoError(t, a.Reconcile())
 	for _, r := range a.Roots() {
 		if r.ID == id {
-			assert.Equal(t, StateActive, r.State)
+			assert.Equal(t, castate.StateActive, r.State)
 		}
 	}
 
@@ -332,7 +333,7 @@ func TestSaveFailureLeavesNothingHalfDone(t *testing.T) {
 	require.Error(t, a.Reconcile())
 	assert.True(t, before.Equal(a.Bundle()), "nothing published")
 	for _, r := range a.Roots() {
-		assert.Equal(t, StateActive, r.State, "no root prepared or activated in memory only")
+		assert.Equal(t, castate.StateActive, r.State, "no root prepared or activated in memory only")
 	}
 	assert.Len(t, a.Roots(), 1)
 	id := spiffeid.RequireFromPath(tdExample, "/w")
@@ -345,7 +346,7 @@ func TestSaveFailureLeavesNothingHalfDone(t *testing.T) {
 	require.NoError(t, a.Reconcile())
 	assert.Len(t, a.Bundle().X509Authorities(), 2, "the successor is published first")
 	for _, r := range a.Roots() {
-		if r.State == StatePrepared {
+		if r.State == castate.StatePrepared {
 			assert.Equal(t, clk.Now(), r.PublishedAt)
 		}
 	}
@@ -371,7 +372,7 @@ func TestAuthorityRefusesCorruptDataDir(t *testing.T) {
 	require.NoError(t, os.WriteFile(journal, []byte(`{"format":1,`), 0o600))
 	cfg.Registerer = prometheus.NewRegistry()
 	_, err = New(cfg)
-	require.ErrorIs(t, err, ErrCorruptState)
+	require.ErrorIs(t, err, castate.ErrCorruptState)
 	data, _ := os.ReadFile(journal)
 	assert.Equal(t, `{"format":1,`, string(data), "never overwritten")
 }
@@ -423,7 +424,7 @@ func TestRunActivatesOnTime(t *testing.T) {
 		active := func() int {
 			n := 0
 			for _, r := range a.Roots() {
-				if r.State == StateActive && r.ActivatedAt.After(r.PreparedAt) {
+				if r.State == castate.StateActive && r.ActivatedAt.After(r.PreparedAt) {
 					n++
 				}
 			}
@@ -437,7 +438,7 @@ func TestRunActivatesOnTime(t *testing.T) {
 		synctest.Wait()
 		assert.Equal(t, 1, active(), "active %s after publication, not at the 30s recheck", lead)
 		for _, r := range a.Roots() {
-			if r.State == StateActive && r.ActivatedAt.After(r.PreparedAt) {
+			if r.State == castate.StateActive && r.ActivatedAt.After(r.PreparedAt) {
 				assert.Equal(t, published.Add(lead), r.ActivatedAt, "activated on the dot")
 			}
 		}
@@ -463,7 +464,7 @@ func TestSubscribeHearsStateChanges(t *testing.T) {
 		before := a.Bundle()
 		clk.Step(time.Minute)
 		require.NoError(t, a.Reconcile())
-		if newest().State != StateActive {
+		if newest().State != castate.StateActive {
 			continue
 		}
 		assert.True(t, before.Equal(a.Bundle()), "activation does not change the published bundle")

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -56,9 +57,9 @@ func upstreamBackoff(failures int) time.Duration {
 	return min(d, upstreamBackoffMax)
 }
 
-// RenewAt is when an intermediate is renewed: at half its life, as SPIRE
+// renewAt is when an intermediate is renewed: at half its life, as SPIRE
 // does, which leaves the other half to retry an upstream that is down.
-func RenewAt(c *x509.Certificate) time.Time {
+func renewAt(c *x509.Certificate) time.Time {
 	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) / 2)
 }
 
@@ -286,9 +287,9 @@ func (a *Authority) upstreamReadyErr() error {
 	return fmt.Errorf("ca: %w: %w", errNoIntermediate, a.up.lastErr)
 }
 
-func (a *Authority) activeLocked() *Root {
+func (a *Authority) activeLocked() *castate.Root {
 	for _, r := range a.roots {
-		if r.State == StateActive {
+		if r.State == castate.StateActive {
 			return r
 		}
 	}
@@ -301,11 +302,11 @@ func (a *Authority) activeLocked() *Root {
 func (a *Authority) renewalDueLocked(now time.Time) bool {
 	act := a.activeLocked()
 	for _, r := range a.roots {
-		if r.State == StatePrepared {
+		if r.State == castate.StatePrepared {
 			return false
 		}
 	}
-	return act == nil || !now.Before(RenewAt(act.Cert))
+	return act == nil || !now.Before(renewAt(act.Cert))
 }
 
 // installIntermediateLocked adds a checked intermediate. It signs at once
@@ -321,21 +322,21 @@ func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, 
 		}
 	}
 	before := a.publishedKeyLocked()
-	r := &Root{
-		RootRecord: RootRecord{ID: id, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref,
+	r := &castate.Root{
+		RootRecord: castate.RootRecord{ID: id, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref,
 			Upstream: upstreamRecord(upstreamName(a.cfg.Upstream), now, chain)},
-		Cert: cert, Key: key, upstreamChain: chain.Chain[1:], upstreamRoots: chain.Roots,
+		Cert: cert, Key: key, UpstreamChain: chain.Chain[1:], UpstreamRoots: chain.Roots,
 	}
 	act := a.activeLocked()
 	if act != nil && a.newRootsLocked(chain.Roots) {
-		r.State, r.MinActivateAt = StatePrepared, now.Add(PublishLead*a.cfg.RefreshHint)
+		r.State, r.MinActivateAt = castate.StatePrepared, now.Add(PublishLead*a.cfg.RefreshHint)
 		a.roots = append(a.roots, r)
 		a.bumpIfPublishedChangedLocked(now, before)
 		a.event(now, "prepared (new upstream root)", id)
 		return nil
 	}
 	a.retireActiveLocked(now)
-	r.State, r.ActivatedAt = StateActive, now
+	r.State, r.ActivatedAt = castate.StateActive, now
 	a.roots = append(a.roots, r)
 	a.bumpIfPublishedChangedLocked(now, before)
 	if act == nil {
@@ -354,7 +355,7 @@ func (a *Authority) upstreamStepsLocked(now time.Time) bool {
 	before := a.publishedKeyLocked()
 	kept := a.roots[:0]
 	for _, r := range a.roots {
-		if r.State == StateRetired && !now.Before(r.RemoveAfter) {
+		if r.State == castate.StateRetired && !now.Before(r.RemoveAfter) {
 			a.event(now, "removed", r.ID)
 			changed = true
 			continue
@@ -364,15 +365,15 @@ func (a *Authority) upstreamStepsLocked(now time.Time) bool {
 	a.roots = kept
 	a.bumpIfPublishedChangedLocked(now, before)
 	for _, r := range a.roots {
-		if r.State != StatePrepared {
+		if r.State != castate.StatePrepared {
 			continue
 		}
-		at := a.timelineLocked().ActivateAt(RootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
+		at := a.timelineLocked().ActivateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
 		if at.IsZero() || now.Before(at) {
 			continue
 		}
 		a.retireActiveLocked(now)
-		r.State, r.ActivatedAt = StateActive, now
+		r.State, r.ActivatedAt = castate.StateActive, now
 		a.event(now, "activated", r.ID)
 		changed = true
 	}
@@ -381,9 +382,9 @@ func (a *Authority) upstreamStepsLocked(now time.Time) bool {
 
 func (a *Authority) retireActiveLocked(now time.Time) {
 	for _, r := range a.roots {
-		if r.State == StateActive {
-			r.State, r.RetiredAt = StateRetired, now
-			r.RemoveAfter = a.timelineLocked().RemoveAfter(RootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+		if r.State == castate.StateActive {
+			r.State, r.RetiredAt = castate.StateRetired, now
+			r.RemoveAfter = a.timelineLocked().RemoveAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 			a.event(now, "retired", r.ID)
 		}
 	}
@@ -394,7 +395,7 @@ func (a *Authority) retireActiveLocked(now time.Time) {
 func (a *Authority) newRootsLocked(roots []*x509.Certificate) bool {
 	have := map[string]bool{}
 	for _, r := range a.roots {
-		for _, c := range r.published() {
+		for _, c := range r.Published() {
 			have[fingerprint(c)] = true
 		}
 	}
@@ -410,7 +411,7 @@ func (a *Authority) newRootsLocked(roots []*x509.Certificate) bool {
 func (a *Authority) publishedKeyLocked() string {
 	set := map[string]bool{}
 	for _, r := range a.roots {
-		for _, c := range r.published() {
+		for _, c := range r.Published() {
 			set[fingerprint(c)] = true
 		}
 	}
@@ -424,7 +425,7 @@ func (a *Authority) publishedKeyLocked() string {
 
 func (a *Authority) bumpIfPublishedChangedLocked(now time.Time, before string) {
 	if a.publishedKeyLocked() != before {
-		a.journal.Sequence = NextSequence(a.journal.Sequence, now)
+		a.journal.Sequence = nextSequence(a.journal.Sequence, now)
 	}
 }
 
@@ -435,11 +436,11 @@ func (a *Authority) nextUpstreamLocked(now time.Time) time.Time {
 	var next time.Time
 	for _, r := range a.roots {
 		switch r.State {
-		case StateActive:
-			next = earliest(next, RenewAt(r.Cert))
-		case StatePrepared:
-			next = earliest(next, a.timelineLocked().ActivateAt(RootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
-		case StateRetired:
+		case castate.StateActive:
+			next = earliest(next, renewAt(r.Cert))
+		case castate.StatePrepared:
+			next = earliest(next, a.timelineLocked().ActivateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
+		case castate.StateRetired:
 			next = earliest(next, r.RemoveAfter)
 		}
 	}
@@ -493,7 +494,7 @@ func (a *Authority) Upstream() (st UpstreamStatus, ok bool) {
 // checkMode refuses state written in another mode: a self-signed
 // CA's roots under an upstream, or an upstream's intermediates without
 // one. Either switch would drop what peers trust from the bundle at once.
-func (a *Authority) checkMode(roots []*Root) error {
+func (a *Authority) checkMode(roots []*castate.Root) error {
 	for _, r := range roots {
 		switch {
 		case a.cfg.Upstream != nil && r.Upstream == nil:

@@ -22,6 +22,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 func upstreamConfig(t *testing.T, clk *clocktesting.FakeClock, u *fakeUpstream) Config {
@@ -57,7 +59,7 @@ func TestUpstreamBootstrapSignsAndPublishesRootsOnly(t *testing.T) {
 	require.NoError(t, a.Ready())
 	roots := a.Roots()
 	require.Len(t, roots, 1)
-	assert.Equal(t, StateActive, roots[0].State)
+	assert.Equal(t, castate.StateActive, roots[0].State)
 	require.NotNil(t, roots[0].Upstream)
 	assert.Equal(t, "fake upstream", roots[0].Upstream.Name)
 	assert.Equal(t, []*x509.Certificate{u.root}, a.Bundle().X509Authorities(), "the bundle carries the upstream root only, never the intermediate")
@@ -96,9 +98,9 @@ func TestUpstreamRenewsAtHalfLife(t *testing.T) {
 	assert.Equal(t, 2, u.callCount())
 	roots := a.Roots()
 	require.Len(t, roots, 2)
-	assert.Equal(t, StateRetired, roots[0].State)
+	assert.Equal(t, castate.StateRetired, roots[0].State)
 	assert.Equal(t, first.ID, roots[0].ID)
-	assert.Equal(t, StateActive, roots[1].State, "an intermediate under an already published root signs at once")
+	assert.Equal(t, castate.StateActive, roots[1].State, "an intermediate under an already published root signs at once")
 	assert.Equal(t, seq, a.Sequence(), "the published roots did not change")
 	leafVerifies(t, a)
 
@@ -122,8 +124,8 @@ func TestUpstreamNewRootIsPublishedBeforeUse(t *testing.T) {
 	require.NoError(t, a.Reconcile())
 	roots := a.Roots()
 	require.Len(t, roots, 2)
-	assert.Equal(t, StateActive, roots[0].State, "the old intermediate keeps signing")
-	assert.Equal(t, StatePrepared, roots[1].State)
+	assert.Equal(t, castate.StateActive, roots[0].State, "the old intermediate keeps signing")
+	assert.Equal(t, castate.StatePrepared, roots[1].State)
 	assert.ElementsMatch(t, []*x509.Certificate{oldRoot, u.root}, a.Bundle().X509Authorities(), "the new root is published first")
 	assert.Greater(t, a.Sequence(), seq)
 	issued := leafVerifies(t, a)
@@ -132,12 +134,12 @@ func TestUpstreamNewRootIsPublishedBeforeUse(t *testing.T) {
 
 	clk.Step(PublishLead*a.cfg.RefreshHint - time.Second)
 	require.NoError(t, a.Reconcile())
-	assert.Equal(t, StatePrepared, a.Roots()[1].State, "not before PublishLead refresh hints")
+	assert.Equal(t, castate.StatePrepared, a.Roots()[1].State, "not before PublishLead refresh hints")
 	clk.Step(time.Second)
 	require.NoError(t, a.Reconcile())
 	roots = a.Roots()
-	assert.Equal(t, StateRetired, roots[0].State)
-	assert.Equal(t, StateActive, roots[1].State)
+	assert.Equal(t, castate.StateRetired, roots[0].State)
+	assert.Equal(t, castate.StateActive, roots[1].State)
 	issued = leafVerifies(t, a)
 	assert.True(t, issued.Chain[1].Equal(roots[1].Cert), "the new intermediate signs")
 	assert.ElementsMatch(t, []*x509.Certificate{oldRoot, u.root}, issued.Roots,
@@ -235,7 +237,7 @@ func TestUpstreamFollowerLoadsLeaderIntermediate(t *testing.T) {
 	cfg.Backend, cfg.DataDir = be, ""
 	fcfg := cfg
 	fcfg.Registerer = prometheus.NewRegistry()
-	fcfg.Leader = LeaderFunc(func() bool { return false })
+	fcfg.Leader = castate.LeaderFunc(func() bool { return false })
 
 	follower, err := New(fcfg)
 	require.NoError(t, err)
@@ -256,7 +258,7 @@ func TestUpstreamFollowerLoadsLeaderIntermediate(t *testing.T) {
 	require.NoError(t, leader.Reconcile())
 	require.NoError(t, follower.Reconcile())
 	require.Len(t, follower.Roots(), 2)
-	assert.Equal(t, StateActive, follower.Roots()[1].State)
+	assert.Equal(t, castate.StateActive, follower.Roots()[1].State)
 	assert.Equal(t, 2, u.callCount())
 }
 
@@ -290,31 +292,31 @@ func TestUpstreamRecordIsCheckedOnLoad(t *testing.T) {
 	j, _, err := store.Load("")
 	require.NoError(t, err)
 	other := newFakeUpstream(t, clk)
-	for name, mutate := range map[string]func(*UpstreamRecord){
-		"root that did not sign": func(r *UpstreamRecord) { r.Roots = [][]byte{other.root.Raw} },
-		"garbage":                func(r *UpstreamRecord) { r.Chain = [][]byte{[]byte("x")} },
-		"no roots":               func(r *UpstreamRecord) { r.Roots = nil },
-		"chain out of order":     func(r *UpstreamRecord) { r.Chain = [][]byte{other.mid.Raw} },
-		"too many": func(r *UpstreamRecord) {
+	for name, mutate := range map[string]func(*castate.UpstreamRecord){
+		"root that did not sign": func(r *castate.UpstreamRecord) { r.Roots = [][]byte{other.root.Raw} },
+		"garbage":                func(r *castate.UpstreamRecord) { r.Chain = [][]byte{[]byte("x")} },
+		"no roots":               func(r *castate.UpstreamRecord) { r.Roots = nil },
+		"chain out of order":     func(r *castate.UpstreamRecord) { r.Chain = [][]byte{other.mid.Raw} },
+		"too many": func(r *castate.UpstreamRecord) {
 			r.Chain = append(r.Chain, r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0], r.Chain[0])
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			bad := j.clone()
+			bad := j.Clone()
 			rec := *bad.Roots[0].Upstream
 			rec.Chain = append([][]byte(nil), rec.Chain...)
 			mutate(&rec)
 			bad.Roots[0].Upstream = &rec
 			require.NoError(t, store.Save(bad))
 			_, _, err := store.Load("")
-			require.ErrorIs(t, err, ErrCorruptState)
+			require.ErrorIs(t, err, castate.ErrCorruptState)
 		})
 	}
-	mixed := j.clone()
-	mixed.Roots = append(mixed.Roots, RootRecord{ID: "ab", State: StateRetired, CertSHA256: "00"})
-	data, err := EncodeJournal(mixed)
+	mixed := j.Clone()
+	mixed.Roots = append(mixed.Roots, castate.RootRecord{ID: "ab", State: castate.StateRetired, CertSHA256: "00"})
+	data, err := castate.EncodeJournal(mixed)
 	require.NoError(t, err)
-	_, err = DecodeJournal(data, "")
+	_, err = castate.DecodeJournal(data, "")
 	require.ErrorContains(t, err, "mixes 1 self-signed roots with 1 upstream-signed intermediates")
 }
 
@@ -470,12 +472,12 @@ func TestUpstreamOutageEndedByAnotherWriter(t *testing.T) {
 	oneLeads.Store(true)
 	cfg := upstreamConfig(t, clk, u)
 	cfg.Backend, cfg.DataDir = be, ""
-	cfg.Leader = LeaderFunc(oneLeads.Load)
+	cfg.Leader = castate.LeaderFunc(oneLeads.Load)
 	one, err := New(cfg)
 	require.NoError(t, err)
 	tcfg := cfg
 	tcfg.Registerer = prometheus.NewRegistry()
-	tcfg.Leader = LeaderFunc(func() bool { return !oneLeads.Load() })
+	tcfg.Leader = castate.LeaderFunc(func() bool { return !oneLeads.Load() })
 	two, err := New(tcfg)
 	require.NoError(t, err)
 	sub := one.Subscribe()

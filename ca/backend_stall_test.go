@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // stallingBackend blocks Version and Load while stalled, like an API server
@@ -30,7 +32,7 @@ func (s *stallingBackend) wait() {
 }
 
 func (s *stallingBackend) Version() (string, error) { s.wait(); return s.memBackend.Version() }
-func (s *stallingBackend) Load(td string) (*Journal, []*Root, []*JWTKey, string, error) {
+func (s *stallingBackend) Load(td string) (*castate.Journal, []*castate.Root, []*castate.JWTKey, string, error) {
 	s.wait()
 	return s.memBackend.Load(td)
 }

@@ -3,11 +3,9 @@ package ca
 import (
 	"context"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // memBackend keeps the CA state in memory, encoded as a Secret would hold
@@ -50,27 +50,27 @@ func (m *memBackend) Version() (string, error) {
 	return m.versionLocked(), nil
 }
 
-func (m *memBackend) Load(td string) (*Journal, []*Root, []*JWTKey, string, error) {
+func (m *memBackend) Load(td string) (*castate.Journal, []*castate.Root, []*castate.JWTKey, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.data == nil {
 		return nil, nil, nil, "", nil
 	}
-	j, err := DecodeJournal(m.data[JournalKey], td)
+	j, err := castate.DecodeJournal(m.data[castate.JournalKey], td)
 	if err != nil {
 		return nil, nil, nil, "", err
 	}
-	var roots []*Root
+	var roots []*castate.Root
 	for _, rec := range j.Roots {
-		r, err := DecodeRoot(rec, m.data[RootCertKey(rec.ID)], m.data[RootKeyKey(rec.ID)])
+		r, err := castate.DecodeRoot(rec, m.data[castate.RootCertKey(rec.ID)], m.data[castate.RootKeyKey(rec.ID)])
 		if err != nil {
 			return nil, nil, nil, "", err
 		}
 		roots = append(roots, r)
 	}
-	var keys []*JWTKey
+	var keys []*castate.JWTKey
 	for _, rec := range j.JWTKeys {
-		k, err := DecodeJWTKey(rec, m.data[JWTKeyKey(rec.KID)])
+		k, err := castate.DecodeJWTKey(rec, m.data[castate.JWTKeyKey(rec.KID)])
 		if err != nil {
 			return nil, nil, nil, "", err
 		}
@@ -79,37 +79,37 @@ func (m *memBackend) Load(td string) (*Journal, []*Root, []*JWTKey, string, erro
 	return j, roots, keys, m.versionLocked(), nil
 }
 
-func (m *memBackend) Commit(base string, j *Journal, roots []*Root, jwtKeys []*JWTKey) (string, error) {
+func (m *memBackend) Commit(base string, j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (string, error) {
 	if f := m.beforeCommit; f != nil {
 		f()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if base != m.versionLocked() {
-		return "", fmt.Errorf("memory: %w", ErrConflict)
+		return "", fmt.Errorf("memory: %w", castate.ErrConflict)
 	}
 	if err := checkCommit(j, roots, jwtKeys); err != nil {
 		return "", err
 	}
 	data := map[string][]byte{}
-	jb, err := EncodeJournal(j)
+	jb, err := castate.EncodeJournal(j)
 	if err != nil {
 		return "", err
 	}
-	data[JournalKey] = jb
+	data[castate.JournalKey] = jb
 	for _, r := range roots {
-		c, k, err := EncodeRoot(r)
+		c, k, err := castate.EncodeRoot(r)
 		if err != nil {
 			return "", err
 		}
-		data[RootCertKey(r.ID)], data[RootKeyKey(r.ID)] = c, k
+		data[castate.RootCertKey(r.ID)], data[castate.RootKeyKey(r.ID)] = c, k
 	}
 	for _, k := range jwtKeys {
-		pem, err := EncodeJWTKey(k)
+		pem, err := castate.EncodeJWTKey(k)
 		if err != nil {
 			return "", err
 		}
-		data[JWTKeyKey(k.KID)] = pem
+		data[castate.JWTKeyKey(k.KID)] = pem
 	}
 	m.data = data
 	m.version++
@@ -138,7 +138,7 @@ func leaderFlag(v bool) *flag {
 	return f
 }
 
-func backendConfig(clk *clocktesting.FakeClock, b Backend, l Leader) Config {
+func backendConfig(clk *clocktesting.FakeClock, b castate.Backend, l castate.Leader) Config {
 	return Config{
 		TrustDomain: tdExample, Backend: b, Leader: l,
 		RootTTL: 24 * time.Hour, RefreshHint: time.Minute, WorkloadTTL: time.Hour, MaxWorkloadTTL: 2 * time.Hour,
@@ -214,7 +214,7 @@ func TestConflictEveryTimeKeepsTheStoredState(t *testing.T) {
 		mem.mu.Unlock()
 	}
 	err = b.Rotate()
-	require.ErrorIs(t, err, ErrConflict)
+	require.ErrorIs(t, err, castate.ErrConflict)
 	mem.beforeCommit = nil
 	assert.Equal(t, before, b.Bundle(), "nothing of b's own published")
 	assert.Len(t, b.Roots(), 1)
@@ -237,7 +237,7 @@ func TestFollowerServesAndSignsWithTheLeadersState(t *testing.T) {
 		require.NotNil(t, follower.Bundle())
 		assert.Empty(t, follower.Bundle().X509Authorities())
 		assert.Equal(t, uint64(0), follower.Sequence())
-		assert.ErrorIs(t, follower.Rotate(), ErrNotLeader)
+		assert.ErrorIs(t, follower.Rotate(), castate.ErrNotLeader)
 		assert.Zero(t, mem.commits, "a follower never writes")
 	})
 
@@ -283,9 +283,9 @@ func TestLeadershipLostBeforeCommit(t *testing.T) {
 	commits := mem.commits
 	mem.beforeCommit = func() { t.Fatal("no commit without leadership") }
 	calls := 0
-	a.cfg.Leader = LeaderFunc(func() bool { calls++; return calls == 1 })
+	a.cfg.Leader = castate.LeaderFunc(func() bool { calls++; return calls == 1 })
 	err = a.Rotate()
-	require.ErrorIs(t, err, ErrNotLeader)
+	require.ErrorIs(t, err, castate.ErrNotLeader)
 	assert.Equal(t, commits, mem.commits)
 	assert.Equal(t, before, a.Bundle())
 	assert.Len(t, a.Roots(), 1)
@@ -327,7 +327,7 @@ func TestFailoverKeepsThePublicationLead(t *testing.T) {
 			require.NoError(t, b.Reconcile())
 			var prepared RootInfo
 			for _, r := range b.Roots() {
-				if r.State == StatePrepared {
+				if r.State == castate.StatePrepared {
 					prepared = r
 				}
 			}
@@ -336,18 +336,18 @@ func TestFailoverKeepsThePublicationLead(t *testing.T) {
 
 			clk.SetTime(tt.wantFrom.Add(5*time.Minute - time.Second))
 			require.NoError(t, b.Reconcile())
-			assert.Equal(t, StatePrepared, stateOf(t, b, prepared.ID), "not before the lead")
+			assert.Equal(t, castate.StatePrepared, stateOf(t, b, prepared.ID), "not before the lead")
 			clk.SetTime(tt.wantFrom.Add(5 * time.Minute))
 			require.NoError(t, b.Reconcile())
-			assert.Equal(t, StateActive, stateOf(t, b, prepared.ID))
+			assert.Equal(t, castate.StateActive, stateOf(t, b, prepared.ID))
 			require.NoError(t, a.Reconcile(), "the old leader only follows")
-			assert.Equal(t, StateActive, stateOf(t, a, prepared.ID))
+			assert.Equal(t, castate.StateActive, stateOf(t, a, prepared.ID))
 			assert.Len(t, mem.rootIDs(t), 2, "no duplicated rotation")
 		})
 	}
 }
 
-func stateOf(t *testing.T, a *Authority, id string) RootState {
+func stateOf(t *testing.T, a *Authority, id string) castate.RootState {
 	t.Helper()
 	for _, r := range a.Roots() {
 		if r.ID == id {
@@ -395,7 +395,7 @@ func TestFileBackendRefusesAStaleCommit(t *testing.T) {
 	before := snapshotDir(t, s.Dir())
 	j2.Sequence++
 	_, err = b.Commit(v, j2, roots, keys)
-	require.ErrorIs(t, err, ErrConflict)
+	require.ErrorIs(t, err, castate.ErrConflict)
 	assert.Equal(t, before, snapshotDir(t, s.Dir()), "nothing written")
 }
 
@@ -406,112 +406,41 @@ func TestFileBackendCommitPrunesAndWritesNewRoots(t *testing.T) {
 	require.NoError(t, err)
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
-	r := &Root{RootRecord: RootRecord{ID: cert.SerialNumber.Text(16), State: StateActive, CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
-	j.Roots = []RootRecord{r.RootRecord}
+	r := &castate.Root{RootRecord: castate.RootRecord{ID: cert.SerialNumber.Text(16), State: castate.StateActive, CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
+	j.Roots = []castate.RootRecord{r.RootRecord}
 	require.NoError(t, os.WriteFile(s.Dir()+"/roots/.x.key.pem.tmp-1", []byte("k"), 0o600))
-	v2, err := b.Commit(v, j, []*Root{r}, nil)
+	v2, err := b.Commit(v, j, []*castate.Root{r}, nil)
 	require.NoError(t, err)
 	assert.NotEqual(t, v, v2)
 	got, err := b.Version()
 	require.NoError(t, err)
 	assert.Equal(t, v2, got)
 	files := s.rootFiles()
-	assert.ElementsMatch(t, []string{RootCertKey(r.ID), RootKeyKey(r.ID)}, files, "old root %s and leftovers pruned", oldID)
+	assert.ElementsMatch(t, []string{castate.RootCertKey(r.ID), castate.RootKeyKey(r.ID)}, files, "old root %s and leftovers pruned", oldID)
 
 	_, err = b.Commit(v2, j, nil, nil)
 	assert.ErrorContains(t, err, "journal names 1 roots, 0 given")
 }
 
-func TestDecodeJournalRefusals(t *testing.T) {
-	tests := []struct {
-		name, doc, want string
-	}{
-		{"not json", `{`, "does not parse"},
-		{"trailing data", `{"format":1,"trust_domain":"example.org"} {}`, "data after the journal"},
-		{"unsafe id", `{"format":1,"trust_domain":"example.org","roots":[{"id":"a/b","state":"active"}]}`, "unsafe"},
-		{"duplicate id", `{"format":1,"trust_domain":"example.org","roots":[{"id":"ab","state":"active"},{"id":"ab","state":"retired"}]}`, "duplicate"},
-		{"too large", `{"format":1,"trust_domain":"` + strings.Repeat("a", maxJournal) + `"}`, "larger than"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := DecodeJournal([]byte(tt.doc), "example.org")
-			require.ErrorIs(t, err, ErrCorruptState)
-			assert.ErrorContains(t, err, tt.want)
-		})
-	}
-}
-
 func TestDecodeRootNeverQuotesTheKey(t *testing.T) {
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 	require.NoError(t, err)
-	r := &Root{RootRecord: RootRecord{ID: "ab", CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
-	c, k, err := EncodeRoot(r)
+	r := &castate.Root{RootRecord: castate.RootRecord{ID: "ab", CertSHA256: fingerprint(cert)}, Cert: cert, Key: key}
+	c, k, err := castate.EncodeRoot(r)
 	require.NoError(t, err)
-	got, err := DecodeRoot(r.RootRecord, c, k)
+	got, err := castate.DecodeRoot(r.RootRecord, c, k)
 	require.NoError(t, err)
 	assert.True(t, got.Cert.Equal(cert))
 	_, otherKey, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 	require.NoError(t, err)
-	_, k2, err := EncodeRoot(&Root{Cert: cert, Key: otherKey})
+	_, k2, err := castate.EncodeRoot(&castate.Root{Cert: cert, Key: otherKey})
 	require.NoError(t, err)
 	for _, bad := range [][]byte{k2, k[:len(k)/2], []byte("not pem")} {
-		_, err = DecodeRoot(r.RootRecord, c, bad)
-		require.ErrorIs(t, err, ErrCorruptState)
+		_, err = castate.DecodeRoot(r.RootRecord, c, bad)
+		require.ErrorIs(t, err, castate.ErrCorruptState)
 		assert.NotContains(t, err.Error(), string(k[30:60]))
 		assert.NotContains(t, err.Error(), string(k2[30:60]))
 	}
-}
-
-func FuzzDecodeJournal(f *testing.F) {
-	j := &Journal{TrustDomain: "example.org", Sequence: 3, Roots: []RootRecord{{ID: "ab", State: StateActive, CertSHA256: "00"}, {ID: "cd", State: StateRetired}}}
-	data, err := EncodeJournal(j)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(data)
-	f.Add([]byte(`{"format":1,"trust_domain":"example.org"}`))
-	f.Add([]byte(`{"format":1,"roots":[{"id":"../x","state":"active"}]}`))
-	f.Add([]byte(`{"format":2}`))
-	f.Add([]byte(`null`))
-	j.JWTKeys = []JWTKeyRecord{{KID: "k1", State: StateActive, Algorithm: "ES256"}, {KID: "k2", State: StatePrepared, Algorithm: "RS256"}}
-	data, err = EncodeJournal(j)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(data)
-	f.Add([]byte(`{"format":1,"jwt_keys":[{"kid":"a","state":"active","algorithm":"HS256"}]}`))
-	f.Add([]byte(`{"format":1,"jwt_keys":[{"kid":"a/b","state":"active","algorithm":"ES256"}]}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		j, err := DecodeJournal(data, "")
-		if err != nil {
-			if !errors.Is(err, ErrCorruptState) {
-				t.Fatalf("refusal without ErrCorruptState: %v", err)
-			}
-			return
-		}
-		active := 0
-		for _, r := range j.Roots {
-			if !safeRootID(r.ID) {
-				t.Fatalf("unsafe id %q accepted", r.ID)
-			}
-			if r.State == StateActive {
-				active++
-			}
-		}
-		if active > 1 {
-			t.Fatal("two active roots accepted")
-		}
-		if err := checkJWTRecords(j.JWTKeys); err != nil {
-			t.Fatalf("JWT keys accepted that do not check out: %v", err)
-		}
-		again, err := EncodeJournal(j)
-		if err != nil {
-			return // the event trim or size bound
-		}
-		if _, err := DecodeJournal(again, ""); err != nil {
-			t.Fatalf("re-encoded journal refused: %v", err)
-		}
-	})
 }
 
 // A replica configured with a longer maximum workload TTL than the leader
@@ -573,7 +502,7 @@ func TestFollowerWithRaisedMaxWorkloadTTLStarts(t *testing.T) {
 	sc, err := follower.ServingCert(servingID, 12*time.Hour, WithDNSNames("trustbridge.trustbridge.svc"))
 	require.NoError(t, err, "the pod must start")
 	assert.Equal(t, bound, sc.Leaf().NotAfter, "clamped to the recorded maximum")
-	assert.True(t, sc.NextRenewal().Before(bound), "renewed within the clamped lifetime, at %s", sc.NextRenewal())
+	assert.True(t, sc.nextRenewal().Before(bound), "renewed within the clamped lifetime, at %s", sc.nextRenewal())
 
 	id := spiffeid.RequireFromPath(tdExample, "/w")
 	for _, ttl := range []time.Duration{0, 12 * time.Hour, 24 * time.Hour} {

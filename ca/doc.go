@@ -11,7 +11,7 @@
 // has it before it meets a certificate it signed (SPIFFE Federation §4.1).
 // The old root is retired and stays published until every leaf it could
 // have signed has expired. Each change to the published set moves the
-// bundle's spiffe_sequence to NextSequence: one more, and at least the
+// bundle's spiffe_sequence to nextSequence: one more, and at least the
 // Unix time in seconds; a process's first write of the state moves it
 // too, so a restored backup or a new backend never publishes a sequence
 // below one peers already hold (sequence.go). Plug-in mode
@@ -29,7 +29,7 @@
 // published until the longest JWT-SVID it could have signed has expired.
 // They appear in the bundle as JWT authorities (use jwt-svid) under their kid, the RFC 7638 thumbprint.
 // SignJWT mints with the active key (internal/jwtsvid); Rotate leaves
-// them alone, RotateJWTKey (`ca rotate --jwt`) rotates them. They are the
+// them alone, rotateJWTKey (`ca rotate --jwt`) rotates them. They are the
 // CA's own in plug-in mode too. Ready does not depend on them: a follower
 // of an earlier leader that wrote none keeps serving X.509 and refuses
 // SignJWT with ErrInvalidSigningMaterial (trustbridge_ca_jwt_keys{state=

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -68,7 +69,7 @@ var errRequestInKeyManager = errors.New("ca: the CA's keys are in a key manager 
 
 // UsesKeyManager says whether j names a root or JWT key whose private key
 // is in a key manager rather than in the state.
-func UsesKeyManager(j *Journal) bool {
+func UsesKeyManager(j *castate.Journal) bool {
 	if j == nil {
 		return false
 	}
@@ -163,7 +164,7 @@ func jwtKeyManagerType(kt JWTKeyType) (KeyType, error) {
 // newJWTKeyKeyed is newJWTKey, with the key made by newKey. The label
 // cannot carry the kid (the key's thumbprint, known only once it exists):
 // it carries a random id instead.
-func (a *Authority) newJWTKeyKeyed(now time.Time) (*JWTKey, error) {
+func (a *Authority) newJWTKeyKeyed(now time.Time) (*castate.JWTKey, error) {
 	if a.cfg.Keys == nil {
 		return newJWTKey(a.cfg.JWTKeyType, now, a.cfg.JWTKeyTTL)
 	}
@@ -183,14 +184,14 @@ func (a *Authority) newJWTKeyKeyed(now time.Time) (*JWTKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ca: JWT key thumbprint: %w", err)
 	}
-	return &JWTKey{JWTKeyRecord: JWTKeyRecord{
+	return &castate.JWTKey{JWTKeyRecord: castate.JWTKeyRecord{
 		KID: kid, Algorithm: string(a.cfg.JWTKeyType), CreatedAt: now, NotAfter: now.Add(a.cfg.JWTKeyTTL), PreparedAt: now, KeyRef: ref,
 	}, Key: key}, nil
 }
 
 // storedRootKey is the key the state stores for r: none when it is in a
 // key manager.
-func storedRootKey(r *Root) (crypto.Signer, error) {
+func storedRootKey(r *castate.Root) (crypto.Signer, error) {
 	if r.KeyRef != "" {
 		return nil, nil
 	}
@@ -224,7 +225,7 @@ func (a *Authority) findKey(what, ref string) (crypto.Signer, error) {
 
 // resolveKeys finds the keys of loaded roots and JWT keys whose record
 // has a KeyRef, checking each against its certificate or kid.
-func (a *Authority) resolveKeys(roots []*Root, jwtKeys []*JWTKey) error {
+func (a *Authority) resolveKeys(roots []*castate.Root, jwtKeys []*castate.JWTKey) error {
 	for _, r := range roots {
 		if r.KeyRef == "" {
 			continue

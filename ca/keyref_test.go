@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // fakeKeys is an in-memory KeyManager. Two fakes sharing keys are one
@@ -157,7 +159,7 @@ func TestKeyManagerRotationDestroysRemovedKeys(t *testing.T) {
 	a, err := New(keysConfig(t, clk, fk))
 	require.NoError(t, err)
 	require.NoError(t, a.Rotate())
-	require.NoError(t, a.RotateJWTKey())
+	require.NoError(t, a.rotateJWTKey())
 	require.Len(t, a.Roots(), 2)
 	for _, r := range a.roots {
 		require.NotEmpty(t, r.KeyRef)
@@ -250,7 +252,7 @@ func TestKeyManagerJWTCreateFailureKeepsState(t *testing.T) {
 	a, err := New(keysConfig(t, clk, fk))
 	require.NoError(t, err)
 	fk.createErr = errors.New("token full")
-	require.ErrorContains(t, a.RotateJWTKey(), "token full")
+	require.ErrorContains(t, a.rotateJWTKey(), "token full")
 	assert.Len(t, a.JWTKeys(), 1)
 }
 
@@ -287,7 +289,7 @@ func TestKeyManagerMismatchedKeyRefused(t *testing.T) {
 	fk.keys["ref-1"] = other // the root's ref now finds another key
 	cfg.Keys, cfg.Registerer = fk.restart(), nil
 	_, err = New(cfg)
-	require.ErrorIs(t, err, ErrCorruptState)
+	require.ErrorIs(t, err, castate.ErrCorruptState)
 }
 
 func TestDecodeKeyRefRecords(t *testing.T) {
@@ -296,30 +298,30 @@ func TestDecodeKeyRefRecords(t *testing.T) {
 	a, err := New(cfg)
 	require.NoError(t, err)
 	r := a.roots[0]
-	certPEM, keyPEM, err := EncodeRoot(r)
+	certPEM, keyPEM, err := castate.EncodeRoot(r)
 	require.NoError(t, err)
 	assert.Nil(t, keyPEM, "no key in the state for a KeyRef root")
-	got, err := DecodeRoot(r.RootRecord, certPEM, nil)
+	got, err := castate.DecodeRoot(r.RootRecord, certPEM, nil)
 	require.NoError(t, err)
 	assert.Nil(t, got.Key, "resolved by the Authority")
-	_, err = DecodeRoot(r.RootRecord, certPEM, []byte("-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"))
-	require.ErrorIs(t, err, ErrCorruptState, "a KeyRef root with a key in the state is refused")
+	_, err = castate.DecodeRoot(r.RootRecord, certPEM, []byte("-----BEGIN PRIVATE KEY-----\n-----END PRIVATE KEY-----\n"))
+	require.ErrorIs(t, err, castate.ErrCorruptState, "a KeyRef root with a key in the state is refused")
 	plain := r.RootRecord
 	plain.KeyRef = ""
-	_, err = DecodeRoot(plain, certPEM, nil)
-	require.ErrorIs(t, err, ErrCorruptState, "a root without KeyRef still needs its key")
+	_, err = castate.DecodeRoot(plain, certPEM, nil)
+	require.ErrorIs(t, err, castate.ErrCorruptState, "a root without KeyRef still needs its key")
 
 	k := a.jwtKeys[0]
-	kp, err := EncodeJWTKey(k)
+	kp, err := castate.EncodeJWTKey(k)
 	require.NoError(t, err)
 	assert.Nil(t, kp)
-	gotK, err := DecodeJWTKey(k.JWTKeyRecord, nil)
+	gotK, err := castate.DecodeJWTKey(k.JWTKeyRecord, nil)
 	require.NoError(t, err)
 	assert.Nil(t, gotK.Key)
 	plainK := k.JWTKeyRecord
 	plainK.KeyRef = ""
-	_, err = DecodeJWTKey(plainK, nil)
-	require.ErrorIs(t, err, ErrCorruptState)
+	_, err = castate.DecodeJWTKey(plainK, nil)
+	require.ErrorIs(t, err, castate.ErrCorruptState)
 }
 
 func TestJWTKeyManagerTypes(t *testing.T) {
@@ -377,7 +379,7 @@ func TestSnapshotOfKeyRefStateHoldsNoKeys(t *testing.T) {
 	for _, f := range files {
 		names = append(names, f.Name)
 	}
-	assert.Equal(t, []string{"ca/state.json", "ca/roots/" + RootCertKey(a.Roots()[0].ID)}, names, "a backup holds references, no private keys")
+	assert.Equal(t, []string{"ca/state.json", "ca/roots/" + castate.RootCertKey(a.Roots()[0].ID)}, names, "a backup holds references, no private keys")
 }
 
 func TestKeyManagerRefusedInPluginMode(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 type metrics struct {
@@ -49,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, e
 		}, []string{"result"}),
 		rotations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_ca_rotation_events_total",
-			Help: "Root lifecycle events: bootstrap, prepared, activated, retired, removed, plugin_change.",
+			Help: "castate.Root lifecycle events: bootstrap, prepared, activated, retired, removed, plugin_change.",
 		}, []string{"event"}),
 		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_ca_rotation_errors_total",
@@ -97,7 +99,7 @@ func (m *metrics) addJWT() {
 	}, []string{"event"})
 }
 
-func (m *metrics) observe(roots []*Root, jwtKeys []*JWTKey, sequence uint64) {
+func (m *metrics) observe(roots []*castate.Root, jwtKeys []*castate.JWTKey, sequence uint64) {
 	m.rootNotAfter.Reset()
 	m.intermediateExpiry.Set(0)
 	for _, r := range roots {
@@ -106,7 +108,7 @@ func (m *metrics) observe(roots []*Root, jwtKeys []*JWTKey, sequence uint64) {
 	}
 	m.sequence.Set(float64(sequence))
 	m.jwtNotAfter.Reset()
-	count := map[RootState]int{StatePrepared: 0, StateActive: 0, StateRetired: 0}
+	count := map[castate.RootState]int{castate.StatePrepared: 0, castate.StateActive: 0, castate.StateRetired: 0}
 	for _, k := range jwtKeys {
 		count[k.State]++
 		m.jwtNotAfter.WithLabelValues(k.KID, string(k.State)).Set(float64(k.NotAfter.Unix()))
@@ -134,11 +136,11 @@ func (m *metrics) addUpstream() {
 // observeIntermediate records an upstream-signed intermediate's expiry
 // (the active one) and when the upstream signed it, so followers, which
 // never ask the upstream, report both too.
-func (m *metrics) observeIntermediate(r *Root) {
+func (m *metrics) observeIntermediate(r *castate.Root) {
 	if r.Upstream == nil {
 		return
 	}
-	if r.State == StateActive {
+	if r.State == castate.StateActive {
 		m.intermediateExpiry.Set(float64(r.Cert.NotAfter.Unix()))
 	}
 	m.setUpstreamSuccess(r.Upstream.ObtainedAt)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // RequestRotation prepares a successor root in dataDir on behalf of the
@@ -37,11 +39,11 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 		return "", false, errors.New("ca: this data directory serves a plug-in CA (--ca-dir); rotate its roots there")
 	}
 	for _, r := range roots {
-		if r.State == StatePrepared {
+		if r.State == castate.StatePrepared {
 			return r.ID, false, nil
 		}
 	}
-	st := JournalSettings{KeyType: KeyECP256, RootTTLSeconds: int64(DefaultRootTTL / time.Second), RefreshHintSeconds: int64(DefaultRefreshHint / time.Second)}
+	st := castate.JournalSettings{KeyType: string(KeyECP256), RootTTLSeconds: int64(DefaultRootTTL / time.Second), RefreshHintSeconds: int64(DefaultRefreshHint / time.Second)}
 	if j.Settings != nil {
 		st = *j.Settings
 	}
@@ -49,23 +51,23 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 	if err != nil {
 		return "", false, fmt.Errorf("ca: journal trust domain: %w", err)
 	}
-	cert, key, err := newRootCert(td, st.KeyType, now, time.Duration(st.RootTTLSeconds)*time.Second, st.SignsIntermediates)
+	cert, key, err := newRootCert(td, KeyType(st.KeyType), now, time.Duration(st.RootTTLSeconds)*time.Second, st.SignsIntermediates)
 	if err != nil {
 		return "", false, fmt.Errorf("ca: create root: %w", err)
 	}
-	id, err := s.WriteRoot(cert, key)
+	id, err := s.writeRoot(cert, key)
 	if err != nil {
 		return "", false, err
 	}
-	j.Roots = append(j.Roots, RootRecord{
-		ID: id, State: StatePrepared, CertSHA256: fingerprint(cert), PreparedAt: now,
+	j.Roots = append(j.Roots, castate.RootRecord{
+		ID: id, State: castate.StatePrepared, CertSHA256: fingerprint(cert), PreparedAt: now,
 		MinActivateAt: now.Add(PublishLead * time.Duration(st.RefreshHintSeconds) * time.Second),
 	})
-	j.Sequence = NextSequence(j.Sequence, now)
-	j.Events = append(j.Events, JournalNote{At: now, Event: "prepared (requested)", RootID: id})
+	j.Sequence = nextSequence(j.Sequence, now)
+	j.Events = append(j.Events, castate.JournalNote{At: now, Event: "prepared (requested)", RootID: id})
 	j.Updated = now
 	if err := s.Save(j); err != nil {
-		_ = s.RemoveRootFiles(id)
+		_ = s.removeRootFiles(id)
 		return "", false, err
 	}
 	return id, true, nil
@@ -109,26 +111,26 @@ func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool
 		return "", false, fmt.Errorf("ca: no CA state in %s; start the server first", s.Dir())
 	}
 	for _, k := range keys {
-		if k.State == StatePrepared {
+		if k.State == castate.StatePrepared {
 			return k.KID, false, nil
 		}
 	}
 	kt, ttl, hint := DefaultJWTKeyType, DefaultJWTKeyTTL, DefaultRefreshHint
 	if st := j.Settings; st != nil && st.JWTKeyType != "" {
-		kt, ttl, hint = st.JWTKeyType, time.Duration(st.JWTKeyTTLSeconds)*time.Second, time.Duration(st.RefreshHintSeconds)*time.Second
+		kt, ttl, hint = JWTKeyType(st.JWTKeyType), time.Duration(st.JWTKeyTTLSeconds)*time.Second, time.Duration(st.RefreshHintSeconds)*time.Second
 	}
 	k, err := newJWTKey(kt, now, ttl)
 	if err != nil {
 		return "", false, err
 	}
 	// No PublishedAt: the lead counts from when a server publishes it.
-	k.State, k.MinActivateAt = StatePrepared, now.Add(PublishLead*hint)
+	k.State, k.MinActivateAt = castate.StatePrepared, now.Add(PublishLead*hint)
 	if err := s.writeJWTKeyOnce(k); err != nil {
 		return "", false, err
 	}
 	j.JWTKeys = append(j.JWTKeys, k.JWTKeyRecord)
-	j.Sequence = NextSequence(j.Sequence, now)
-	j.Events = append(j.Events, JournalNote{At: now, Event: "JWT key prepared (requested)", KID: k.KID})
+	j.Sequence = nextSequence(j.Sequence, now)
+	j.Events = append(j.Events, castate.JournalNote{At: now, Event: "JWT key prepared (requested)", KID: k.KID})
 	j.Updated = now
 	if err := s.Save(j); err != nil {
 		_ = os.Remove(s.jwtKeyPath(k.KID))

@@ -4,21 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
-)
 
-// RootState is where a root is in its life. Only the active root signs;
-// prepared and retired roots are published so that federated peers trust
-// them before they sign and until nothing they signed is still valid.
-type RootState string
-
-// Root states, in lifecycle order.
-const (
-	StatePrepared RootState = "prepared"
-	StateActive   RootState = "active"
-	StateRetired  RootState = "retired"
-	// StateExternal marks roots of a plug-in CA directory: trustbridge
-	// publishes them but their lifecycle is managed elsewhere.
-	StateExternal RootState = "external"
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // PublishLead is how many refresh hints a new root is published before it
@@ -26,9 +13,9 @@ const (
 // peers that missed a poll or two time to catch up.
 const PublishLead = 5
 
-// MaxRefreshHint bounds the published refresh hint: peers would not see a
+// maxRefreshHint bounds the published refresh hint: peers would not see a
 // revocation for that long, and PublishLead of them must fit a root's life.
-const MaxRefreshHint = 30 * 24 * time.Hour
+const maxRefreshHint = 30 * 24 * time.Hour
 
 // Timeline holds the parameters of root rotation.
 type Timeline struct {
@@ -44,8 +31,8 @@ type Timeline struct {
 // life, and still valid for MaxWorkloadTTL after it started signing.
 func (tl Timeline) Validate(rootTTL time.Duration) error {
 	switch {
-	case tl.RefreshHint < time.Second || tl.RefreshHint > MaxRefreshHint:
-		return fmt.Errorf("refresh hint %s is outside 1s to %s", tl.RefreshHint, MaxRefreshHint)
+	case tl.RefreshHint < time.Second || tl.RefreshHint > maxRefreshHint:
+		return fmt.Errorf("refresh hint %s is outside 1s to %s", tl.RefreshHint, maxRefreshHint)
 	case tl.MaxWorkloadTTL <= 0:
 		return errors.New("maximum workload TTL must be positive")
 	case rootTTL <= 0:
@@ -58,9 +45,9 @@ func (tl Timeline) Validate(rootTTL time.Duration) error {
 	return nil
 }
 
-// RootTimes is what the rotation plan needs to know about one root.
-type RootTimes struct {
-	State      RootState
+// rootTimes is what the rotation plan needs to know about one root.
+type rootTimes struct {
+	State      castate.RootState
 	NotBefore  time.Time
 	NotAfter   time.Time
 	PreparedAt time.Time // when it entered the published bundle
@@ -80,20 +67,20 @@ type Step int
 
 // Steps the plan can call for.
 const (
-	StepNone      Step = iota
-	StepBootstrap      // no active root: create one and let it sign at once
-	StepPrepare        // publish a successor to the active root
-	StepActivate       // the prepared root signs; the active one retires
-	StepRemove         // a retired root leaves the bundle
+	stepNone      Step = iota
+	stepBootstrap      // no active root: create one and let it sign at once
+	stepPrepare        // publish a successor to the active root
+	stepActivate       // the prepared root signs; the active one retires
+	stepRemove         // a retired root leaves the bundle
 )
 
 func (s Step) String() string {
 	return [...]string{"none", "bootstrap", "prepare", "activate", "remove"}[s]
 }
 
-// PrepareAt is when a successor to an active root is published: at half
+// prepareAt is when a successor to an active root is published: at half
 // its lifetime.
-func PrepareAt(active RootTimes) time.Time {
+func prepareAt(active rootTimes) time.Time {
 	return active.NotBefore.Add(active.NotAfter.Sub(active.NotBefore) / 2)
 }
 
@@ -101,7 +88,7 @@ func PrepareAt(active RootTimes) time.Time {
 // hints after it was published, by the current hint and by the one in
 // force when it was prepared, whichever is later. A root not yet published
 // (PublishedAt zero) never activates.
-func (tl Timeline) ActivateAt(prepared RootTimes) time.Time {
+func (tl Timeline) ActivateAt(prepared rootTimes) time.Time {
 	if prepared.PublishedAt.IsZero() {
 		return time.Time{}
 	}
@@ -115,7 +102,7 @@ func (tl Timeline) ActivateAt(prepared RootTimes) time.Time {
 // RemoveAfter is when a root retired at now can leave the bundle: every
 // leaf it signed had a TTL of at most MaxWorkloadTTL and was clamped to
 // the root's own expiry.
-func (tl Timeline) RemoveAfter(root RootTimes, now time.Time) time.Time {
+func (tl Timeline) RemoveAfter(root rootTimes, now time.Time) time.Time {
 	t := now.Add(tl.MaxWorkloadTTL)
 	if root.NotAfter.Before(t) {
 		return root.NotAfter
@@ -127,13 +114,13 @@ func (tl Timeline) RemoveAfter(root RootTimes, now time.Time) time.Time {
 // to (-1 for bootstrap and prepare), and when the plan should be looked at
 // again if nothing is due. It is a pure function of its inputs, so the
 // scheduler and the tests agree on every instant.
-func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int, next time.Time) {
+func (tl Timeline) Plan(now time.Time, roots []rootTimes) (step Step, index int, next time.Time) {
 	active, prepared := -1, -1
 	for i, r := range roots {
 		switch r.State {
-		case StateActive:
+		case castate.StateActive:
 			active = i
-		case StatePrepared:
+		case castate.StatePrepared:
 			prepared = i
 		}
 	}
@@ -144,9 +131,9 @@ func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int,
 		}
 	}
 	for i, r := range roots {
-		if r.State == StateRetired {
+		if r.State == castate.StateRetired {
 			if !now.Before(r.RemoveAfter) {
-				return StepRemove, i, time.Time{}
+				return stepRemove, i, time.Time{}
 			}
 			soonest(r.RemoveAfter)
 		}
@@ -161,26 +148,26 @@ func (tl Timeline) Plan(now time.Time, roots []RootTimes) (step Step, index int,
 				if !at.IsZero() {
 					soonest(at)
 				}
-				return StepNone, -1, next
+				return stepNone, -1, next
 			}
-			return StepActivate, prepared, time.Time{}
+			return stepActivate, prepared, time.Time{}
 		}
-		return StepBootstrap, -1, time.Time{}
+		return stepBootstrap, -1, time.Time{}
 	}
 	if prepared >= 0 {
 		at := tl.ActivateAt(roots[prepared])
 		if at.IsZero() {
-			return StepNone, -1, next
+			return stepNone, -1, next
 		}
 		if now.Before(at) {
 			soonest(at)
-			return StepNone, -1, next
+			return stepNone, -1, next
 		}
-		return StepActivate, prepared, time.Time{}
+		return stepActivate, prepared, time.Time{}
 	}
-	if at := PrepareAt(roots[active]); now.Before(at) {
+	if at := prepareAt(roots[active]); now.Before(at) {
 		soonest(at)
-		return StepNone, -1, next
+		return stepNone, -1, next
 	}
-	return StepPrepare, -1, time.Time{}
+	return stepPrepare, -1, time.Time{}
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -26,34 +28,34 @@ func TestTimelineValidate(t *testing.T) {
 
 func TestPlan(t *testing.T) {
 	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
-	active := RootTimes{State: StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
-	prepared := RootTimes{State: StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour), PublishedAt: t0.Add(12 * time.Hour)}
+	active := rootTimes{State: castate.StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
+	prepared := rootTimes{State: castate.StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour), PublishedAt: t0.Add(12 * time.Hour)}
 	unpublished := prepared
 	unpublished.PublishedAt = time.Time{}
 	lateServed := prepared
 	lateServed.PublishedAt = t0.Add(13 * time.Hour)
-	retired := RootTimes{State: StateRetired, NotBefore: t0.Add(-24 * time.Hour), NotAfter: t0.Add(time.Hour), RemoveAfter: t0.Add(30 * time.Minute)}
+	retired := rootTimes{State: castate.StateRetired, NotBefore: t0.Add(-24 * time.Hour), NotAfter: t0.Add(time.Hour), RemoveAfter: t0.Add(30 * time.Minute)}
 
 	tests := []struct {
 		name      string
 		now       time.Time
-		roots     []RootTimes
+		roots     []rootTimes
 		wantStep  Step
 		wantIndex int
 		wantNext  time.Time
 	}{
-		{"nothing yet", t0, nil, StepBootstrap, -1, time.Time{}},
-		{"young active root", t0.Add(time.Hour), []RootTimes{active}, StepNone, -1, t0.Add(12 * time.Hour)},
-		{"half life reached", t0.Add(12 * time.Hour), []RootTimes{active}, StepPrepare, -1, time.Time{}},
-		{"prepared, lead not yet over", t0.Add(12*time.Hour + 4*time.Minute), []RootTimes{active, prepared}, StepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
-		{"prepared, lead over", t0.Add(12*time.Hour + 5*time.Minute), []RootTimes{active, prepared}, StepActivate, 1, time.Time{}},
-		{"retired root still needed", t0, []RootTimes{retired, active}, StepNone, -1, t0.Add(30 * time.Minute)},
-		{"retired root done", t0.Add(30 * time.Minute), []RootTimes{retired, active}, StepRemove, 0, time.Time{}},
-		{"removal comes before other steps", t0.Add(12 * time.Hour), []RootTimes{active, retired}, StepRemove, 1, time.Time{}},
-		{"prepared without active still waits", t0.Add(12 * time.Hour), []RootTimes{prepared}, StepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
-		{"prepared without active after lead", t0.Add(13 * time.Hour), []RootTimes{prepared}, StepActivate, 0, time.Time{}},
-		{"prepared elsewhere, never served, never activates", t0.Add(48 * time.Hour), []RootTimes{active, unpublished}, StepNone, -1, time.Time{}},
-		{"the lead counts from publication, not preparation", t0.Add(13*time.Hour + 4*time.Minute), []RootTimes{active, lateServed}, StepNone, -1, t0.Add(13*time.Hour + 5*time.Minute)},
+		{"nothing yet", t0, nil, stepBootstrap, -1, time.Time{}},
+		{"young active root", t0.Add(time.Hour), []rootTimes{active}, stepNone, -1, t0.Add(12 * time.Hour)},
+		{"half life reached", t0.Add(12 * time.Hour), []rootTimes{active}, stepPrepare, -1, time.Time{}},
+		{"prepared, lead not yet over", t0.Add(12*time.Hour + 4*time.Minute), []rootTimes{active, prepared}, stepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
+		{"prepared, lead over", t0.Add(12*time.Hour + 5*time.Minute), []rootTimes{active, prepared}, stepActivate, 1, time.Time{}},
+		{"retired root still needed", t0, []rootTimes{retired, active}, stepNone, -1, t0.Add(30 * time.Minute)},
+		{"retired root done", t0.Add(30 * time.Minute), []rootTimes{retired, active}, stepRemove, 0, time.Time{}},
+		{"removal comes before other steps", t0.Add(12 * time.Hour), []rootTimes{active, retired}, stepRemove, 1, time.Time{}},
+		{"prepared without active still waits", t0.Add(12 * time.Hour), []rootTimes{prepared}, stepNone, -1, t0.Add(12*time.Hour + 5*time.Minute)},
+		{"prepared without active after lead", t0.Add(13 * time.Hour), []rootTimes{prepared}, stepActivate, 0, time.Time{}},
+		{"prepared elsewhere, never served, never activates", t0.Add(48 * time.Hour), []rootTimes{active, unpublished}, stepNone, -1, time.Time{}},
+		{"the lead counts from publication, not preparation", t0.Add(13*time.Hour + 4*time.Minute), []rootTimes{active, lateServed}, stepNone, -1, t0.Add(13*time.Hour + 5*time.Minute)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,14 +70,14 @@ func TestPlan(t *testing.T) {
 func TestActivateAtKeepsTheLeadPromisedAtPreparation(t *testing.T) {
 	// Prepared under a 10m hint, the server restarts with a 1m hint: peers
 	// were told to come back in 10m, so activation waits for 5 × 10m.
-	p := RootTimes{PreparedAt: t0, PublishedAt: t0, MinActivateAt: t0.Add(50 * time.Minute)}
+	p := rootTimes{PreparedAt: t0, PublishedAt: t0, MinActivateAt: t0.Add(50 * time.Minute)}
 	assert.Equal(t, t0.Add(50*time.Minute), Timeline{RefreshHint: time.Minute}.ActivateAt(p))
 	assert.Equal(t, t0.Add(100*time.Minute), Timeline{RefreshHint: 20 * time.Minute}.ActivateAt(p))
 }
 
 func TestRemoveAfter(t *testing.T) {
 	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
-	root := RootTimes{NotAfter: t0.Add(10 * time.Hour)}
+	root := rootTimes{NotAfter: t0.Add(10 * time.Hour)}
 	assert.Equal(t, t0.Add(time.Hour), tl.RemoveAfter(root, t0))
 	assert.Equal(t, root.NotAfter, tl.RemoveAfter(root, t0.Add(9*time.Hour+30*time.Minute)), "never later than the root itself")
 }
@@ -88,39 +90,39 @@ func TestPlanSimulation(t *testing.T) {
 	rootTTL := 24 * time.Hour
 	require.NoError(t, tl.Validate(rootTTL))
 
-	var roots []RootTimes
+	var roots []rootTimes
 	now := t0
 	activations := 0
 	for i := 0; i < 100 && activations < 4; i++ {
 		step, index, next := tl.Plan(now, roots)
 		switch step {
-		case StepNone:
+		case stepNone:
 			require.True(t, next.After(now), "plan must move forward")
 			now = next
-		case StepBootstrap:
-			roots = append(roots, RootTimes{State: StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
-		case StepPrepare:
-			roots = append(roots, RootTimes{State: StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
-		case StepActivate:
+		case stepBootstrap:
+			roots = append(roots, rootTimes{State: castate.StateActive, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
+		case stepPrepare:
+			roots = append(roots, rootTimes{State: castate.StatePrepared, NotBefore: now, NotAfter: now.Add(rootTTL), PreparedAt: now, PublishedAt: now})
+		case stepActivate:
 			p := roots[index]
 			require.False(t, now.Before(p.PreparedAt.Add(PublishLead*tl.RefreshHint)), "no root signs before it was published for %d hints", PublishLead)
 			for j := range roots {
-				if roots[j].State == StateActive {
+				if roots[j].State == castate.StateActive {
 					old := roots[j]
 					require.True(t, old.NotAfter.Sub(now) >= tl.MaxWorkloadTTL, "old root still outlives every leaf it signed")
-					roots[j].State = StateRetired
+					roots[j].State = castate.StateRetired
 					roots[j].RemoveAfter = tl.RemoveAfter(old, now)
 				}
 			}
-			roots[index].State = StateActive
+			roots[index].State = castate.StateActive
 			activations++
-		case StepRemove:
+		case stepRemove:
 			require.False(t, now.Before(roots[index].RemoveAfter))
 			roots = append(roots[:index], roots[index+1:]...)
 		}
 		actives := 0
 		for _, r := range roots {
-			if r.State == StateActive {
+			if r.State == castate.StateActive {
 				actives++
 				assert.True(t, now.Before(r.NotAfter), "the active root is valid")
 			}

@@ -10,7 +10,7 @@ import (
 // counter in the state restarts from whatever the copy held. Two rules
 // make it so:
 //
-//  1. Every change moves the sequence to NextSequence: one more than
+//  1. Every change moves the sequence to nextSequence: one more than
 //     before, and never below the current Unix time in seconds. Anything
 //     published at time t therefore has a sequence of at least t, and
 //     exceeds t only by the changes made in the same second.
@@ -34,9 +34,9 @@ import (
 // cover on its own: RaiseSequence moves a restored state past a sequence
 // the operator reads from a peer.
 
-// NextSequence is the sequence published after prev at now:
+// nextSequence is the sequence published after prev at now:
 // max(prev+1, now in Unix seconds).
-func NextSequence(prev uint64, now time.Time) uint64 {
+func nextSequence(prev uint64, now time.Time) uint64 {
 	next := prev + 1
 	if next == 0 { // prev was the largest uint64: stay there, never wrap to 0
 		next = prev
@@ -47,11 +47,11 @@ func NextSequence(prev uint64, now time.Time) uint64 {
 	return next
 }
 
-// MaxRaise is the largest sequence RaiseSequence moves past: 2^53, above
+// maxRaise is the largest sequence RaiseSequence moves past: 2^53, above
 // which many JSON parsers lose integer precision, and which no clock
 // reaches (it is 285 million years in Unix seconds). A larger one is a
 // typo; moving to it would leave no room for the +1 of later changes.
-const MaxRaise = 1 << 53
+const maxRaise = 1 << 53
 
 // RaiseSequence moves the sequence of the CA state in dataDir above
 // above (to above+1), never down, and returns the sequence the state holds
@@ -62,8 +62,8 @@ const MaxRaise = 1 << 53
 // server publishes the raised sequence at its next check; the next start
 // publishes one more.
 func RaiseSequence(dataDir string, above uint64) (uint64, error) {
-	if above >= MaxRaise {
-		return 0, fmt.Errorf("ca: sequence %d is beyond what any clock published (at most %d)", above, uint64(MaxRaise-1))
+	if above >= maxRaise {
+		return 0, fmt.Errorf("ca: sequence %d is beyond what any clock published (at most %d)", above, uint64(maxRaise-1))
 	}
 	s := NewStore(dataDir)
 	unlock, err := s.lockExisting()

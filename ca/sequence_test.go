@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 func TestNextSequence(t *testing.T) {
@@ -33,7 +35,7 @@ func TestNextSequence(t *testing.T) {
 		{"later: the time again", sec + 1, now.Add(time.Minute), sec + 60},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, NextSequence(tc.prev, tc.now))
+			assert.Equal(t, tc.want, nextSequence(tc.prev, tc.now))
 		})
 	}
 }
@@ -137,7 +139,7 @@ func TestRaiseSequence(t *testing.T) {
 	got, err = RaiseSequence(cfg.DataDir, ahead)
 	require.NoError(t, err)
 	assert.Equal(t, ahead+1, got, "already past it: unchanged")
-	_, err = RaiseSequence(cfg.DataDir, MaxRaise)
+	_, err = RaiseSequence(cfg.DataDir, maxRaise)
 	assert.ErrorContains(t, err, "beyond what any clock published")
 	got, err = RaiseSequence(cfg.DataDir, 0)
 	require.NoError(t, err)
@@ -172,7 +174,7 @@ func TestSnapshot(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a.Sequence(), j.Sequence)
 	require.Len(t, files, 6, "journal, two roots' certificate and key, the JWT key")
-	assert.Equal(t, "ca/roots/"+JWTKeyKey(a.JWTKeys()[0].KID), files[5].Name)
+	assert.Equal(t, "ca/roots/"+castate.JWTKeyKey(a.JWTKeys()[0].KID), files[5].Name)
 	assert.Equal(t, "ca/state.json", files[0].Name)
 	restored := t.TempDir()
 	for _, f := range files {

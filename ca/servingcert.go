@@ -21,10 +21,10 @@ import (
 // renewRetry is how soon a failed renewal is tried again.
 const renewRetry = 10 * time.Second
 
-// MaxServingDNSNames bounds WithDNSNames. A listener answers to a handful
+// maxServingDNSNames bounds WithDNSNames. A listener answers to a handful
 // of service names; dozens point at a configuration mistake, and every name
 // is sent in every handshake.
-const MaxServingDNSNames = 32
+const maxServingDNSNames = 32
 
 // maxDNSNameLen is RFC 1035 §2.3.4's 255 octets on the wire, which is 253
 // characters in text form without the trailing dot.
@@ -67,7 +67,7 @@ func (f servingOptionFunc) applyServing(o *servingOptions) error { return f(o) }
 // trailing dot, not an IP address. Names are lowercased. Wildcards are
 // refused: the certificate would then answer for every service in the zone,
 // and this CA's roots are trusted by every workload of the trust domain.
-// At most MaxServingDNSNames, without repeats. No names is the same as not
+// At most maxServingDNSNames, without repeats. No names is the same as not
 // using the option.
 //
 // Workload certificates get no DNS names from their CSR (Sign refuses CSRs
@@ -147,24 +147,9 @@ func (s *ServingCert) Renew() error {
 // workload leaf (same lock, clock, policy and metric), for a key generated
 // in this process and with dnsNames, which only this path may add.
 func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
-	start := time.Now()
-	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
-	// As in Sign: the time is taken under the read lock, so that the leaf
-	// never outlives the RemoveAfter computed for its root.
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	m, err := a.signingMaterialLocked()
-	if err != nil {
-		a.metrics.signings.WithLabelValues("signing_material").Inc()
-		return nil, err
-	}
-	issued, err := signServing(a.cfg.Clock.Now(), m, a.policy(), pub, id, dnsNames, ttl)
-	if err != nil {
-		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
-		return nil, err
-	}
-	a.metrics.signings.WithLabelValues("ok").Inc()
-	return issued, nil
+	return a.signLocked(func(now time.Time, m SigningMaterial, p Policy) (*Issued, error) {
+		return signServing(now, m, p, pub, id, dnsNames, ttl)
+	})
 }
 
 // signServing is Sign without a CSR: the key is ours, and dnsNames are
@@ -190,8 +175,8 @@ func checkDNSNames(names []string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
-	if len(names) > MaxServingDNSNames {
-		return nil, fmt.Errorf("%d DNS names, at most %d allowed", len(names), MaxServingDNSNames)
+	if len(names) > maxServingDNSNames {
+		return nil, fmt.Errorf("%d DNS names, at most %d allowed", len(names), maxServingDNSNames)
 	}
 	out := make([]string, 0, len(names))
 	seen := make(map[string]int, len(names))
@@ -259,8 +244,8 @@ func checkDNSName(name string) (string, error) {
 	return lower, nil
 }
 
-// NextRenewal is half way through the current certificate's life.
-func (s *ServingCert) NextRenewal() time.Time {
+// nextRenewal is half way through the current certificate's life.
+func (s *ServingCert) nextRenewal() time.Time {
 	l := s.Leaf()
 	return l.NotBefore.Add(l.NotAfter.Sub(l.NotBefore) / 2)
 }
@@ -270,7 +255,7 @@ func (s *ServingCert) NextRenewal() time.Time {
 // served meanwhile.
 func (s *ServingCert) Run(ctx context.Context) error {
 	clk := s.a.cfg.Clock
-	next := s.NextRenewal()
+	next := s.nextRenewal()
 	for {
 		t := clk.NewTimer(next.Sub(clk.Now()))
 		select {
@@ -284,6 +269,6 @@ func (s *ServingCert) Run(ctx context.Context) error {
 			next = clk.Now().Add(renewRetry)
 			continue
 		}
-		next = s.NextRenewal()
+		next = s.nextRenewal()
 	}
 }

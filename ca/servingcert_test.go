@@ -118,13 +118,13 @@ func TestServingCertRenewsAtHalfLife(t *testing.T) {
 			assertServingLeaf(t, a, first, id, tt.want)
 			assert.Equal(t, t0.Add(-backdate), first.Leaf.NotBefore)
 			assert.Equal(t, t0.Add(time.Hour), first.Leaf.NotAfter)
-			assert.Equal(t, first.Leaf.NotBefore.Add(first.Leaf.NotAfter.Sub(first.Leaf.NotBefore)/2), s.NextRenewal(), "renewal at half life")
+			assert.Equal(t, first.Leaf.NotBefore.Add(first.Leaf.NotAfter.Sub(first.Leaf.NotBefore)/2), s.nextRenewal(), "renewal at half life")
 
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- s.Run(ctx) }()
 			require.Eventually(t, clk.HasWaiters, 5*time.Second, time.Millisecond, "Run waits for the renewal time")
-			clk.SetTime(s.NextRenewal())
+			clk.SetTime(s.nextRenewal())
 			require.Eventually(t, func() bool { return !s.Leaf().Equal(first.Leaf) }, 5*time.Second, time.Millisecond)
 			second, _ := s.GetCertificate(nil)
 			assert.NotEqual(t, first.PrivateKey, second.PrivateKey, "a fresh key each time")
@@ -183,7 +183,7 @@ func TestServingCertTLSHostName(t *testing.T) {
 
 func TestServingCertRefusesDNSNames(t *testing.T) {
 	long := strings.Repeat("a", 64)
-	tooMany := make([]string, MaxServingDNSNames+1)
+	tooMany := make([]string, maxServingDNSNames+1)
 	for i := range tooMany {
 		tooMany[i] = fmt.Sprintf("n%d.svc", i)
 	}
@@ -385,7 +385,7 @@ func FuzzCheckDNSNames(f *testing.F) {
 			}
 			return
 		}
-		if len(out) != len(names) || len(out) > MaxServingDNSNames {
+		if len(out) != len(names) || len(out) > maxServingDNSNames {
 			t.Fatalf("%d names in, %d out", len(names), len(out))
 		}
 		seen := map[string]bool{}

@@ -44,7 +44,7 @@ var (
 // Policy limits applied when a Policy field is zero.
 const (
 	DefaultLeafTTL    = 24 * time.Hour
-	DefaultMaxLeafTTL = 90 * 24 * time.Hour
+	defaultMaxLeafTTL = 90 * 24 * time.Hour
 )
 
 // MaxCSRSize bounds the input to ParseCSR. A P-256 CSR is under 1 KiB and an
@@ -80,7 +80,7 @@ type Policy struct {
 	// Zero means DefaultLeafTTL, or MaxTTL if that is shorter.
 	DefaultTTL time.Duration
 	// MaxTTL is the longest lifetime a request may ask for. Zero means
-	// DefaultMaxLeafTTL.
+	// defaultMaxLeafTTL.
 	MaxTTL time.Duration
 	// ClampTTL, when positive, shortens every leaf to at most this
 	// lifetime, whether asked for or the default, without refusing the
@@ -100,7 +100,7 @@ func (p Policy) withDefaults() (Policy, error) {
 		return p, fmt.Errorf("ca: policy: negative TTL (default %s, max %s, clamp %s)", p.DefaultTTL, p.MaxTTL, p.ClampTTL)
 	}
 	if p.MaxTTL == 0 {
-		p.MaxTTL = DefaultMaxLeafTTL
+		p.MaxTTL = defaultMaxLeafTTL
 	}
 	if p.DefaultTTL == 0 {
 		p.DefaultTTL = min(DefaultLeafTTL, p.MaxTTL)
@@ -263,9 +263,9 @@ func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateReque
 	return SignWithDNSNames(now, m, p, csr, id, ttl, nil, extra...)
 }
 
-// MaxWorkloadDNSNames bounds the DNS names SignWithDNSNames puts in a
+// maxWorkloadDNSNames bounds the DNS names SignWithDNSNames puts in a
 // workload leaf: a template gives one; more would be a bug.
-const MaxWorkloadDNSNames = 4
+const maxWorkloadDNSNames = 4
 
 // SignWithDNSNames is Sign, with dnsNames as DNS SANs beside the SPIFFE
 // ID: names the server derived from what the caller proved (a Kubernetes
@@ -274,30 +274,86 @@ const MaxWorkloadDNSNames = 4
 // SVID DNS SANs next to its one URI SAN, so the leaf stays an X509-SVID.
 //
 // dnsNames follow the rules of WithDNSNames (RFC 1123 host names, no
-// wildcard, no IP address, no repeats), at most MaxWorkloadDNSNames. A
+// wildcard, no IP address, no repeats), at most maxWorkloadDNSNames. A
 // name that breaks them is the caller's code at fault, not the client's
 // request: the error wraps no sentinel.
 func SignWithDNSNames(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration,
 	dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
-	plan, err := planLeaf(now, m, p, id, ttl)
+	return signX509SVID(now, m, p, X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}, csrKey(csr, id))
+}
+
+// X509SVIDParams is what an X509-SVID is signed from: a public key and
+// the identity its holder proved, never names read from a request.
+type X509SVIDParams struct {
+	// PublicKey is the leaf's key; a weak one is refused (ErrInvalidCSR,
+	// as for a CSR carrying it). Ignored when signing a CSR, whose key is
+	// used.
+	PublicKey crypto.PublicKey
+	// SPIFFEID is the identity the caller proved; it must be in the
+	// policy's trust domain and have a path (ErrIdentityNotAllowed).
+	SPIFFEID spiffeid.ID
+	// TTL zero means the policy's default; over its maximum is refused
+	// (ErrInvalidTTL). The leaf is clamped to the signing chain.
+	TTL time.Duration
+	// DNSNames are DNS SANs the server decided (see SignWithDNSNames),
+	// at most maxWorkloadDNSNames.
+	DNSNames []string
+	// Extensions are private extensions the caller vouches for (see
+	// checkExtraExtensions).
+	Extensions []pkix.Extension
+}
+
+// signX509SVID is the one path every workload leaf is signed on: it
+// plans the leaf (policy, material, identity, TTL), checks the caller's
+// extensions, the key (key: a CSR's, with what the CSR asks for judged
+// against the proven identity, or params.PublicKey) and the DNS names,
+// in that order, then signs.
+func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDParams, key func() (crypto.PublicKey, error)) (*Issued, error) {
+	id := params.SPIFFEID
+	plan, err := planLeaf(now, m, p, id, params.TTL)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkExtraExtensions(extra); err != nil {
+	if err := checkExtraExtensions(params.Extensions); err != nil {
 		return nil, err
 	}
-	plan.extra = extra
-	if err := checkCSR(csr, id); err != nil {
+	plan.extra = params.Extensions
+	pub, err := key()
+	if err != nil {
 		return nil, err
 	}
-	if len(dnsNames) > MaxWorkloadDNSNames {
-		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(dnsNames), id, MaxWorkloadDNSNames)
+	if len(params.DNSNames) > maxWorkloadDNSNames {
+		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(params.DNSNames), id, maxWorkloadDNSNames)
 	}
-	checked, err := checkDNSNames(dnsNames)
+	checked, err := checkDNSNames(params.DNSNames)
 	if err != nil {
 		return nil, fmt.Errorf("ca: workload %s: %w", id, err)
 	}
-	return signLeaf(m, plan, csr.PublicKey, checked)
+	return signLeaf(m, plan, pub, checked)
+}
+
+// csrKey is the key of a CSR ParseCSR accepted, once checkCSR accepted
+// what it asks for against the proven id.
+func csrKey(csr *x509.CertificateRequest, id spiffeid.ID) func() (crypto.PublicKey, error) {
+	return func() (crypto.PublicKey, error) {
+		if err := checkCSR(csr, id); err != nil {
+			return nil, err
+		}
+		return csr.PublicKey, nil
+	}
+}
+
+// paramsKey is X509SVIDParams.PublicKey, checked as a CSR's key is.
+func paramsKey(pub crypto.PublicKey) func() (crypto.PublicKey, error) {
+	return func() (crypto.PublicKey, error) {
+		if pub == nil {
+			return nil, csrErrorf("no public key")
+		}
+		if err := checkPublicKey(pub); err != nil {
+			return nil, csrErrorf("%w", err)
+		}
+		return pub, nil
+	}
 }
 
 // leafPlan is what has been decided about a leaf before its key is looked

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // StateFile is one file of the CA state as a store in a data directory
@@ -20,7 +22,7 @@ type StateFile struct {
 // (journal, then each root's certificate and key, then each JWT key;
 // keys mode 0600). Files the journal does not name, such as leftovers of
 // an interrupted write, are not part of the state and are left out.
-func Snapshot(dataDir string) (*Journal, []StateFile, error) {
+func Snapshot(dataDir string) (*castate.Journal, []StateFile, error) {
 	s := NewStore(dataDir)
 	unlock, err := s.Lock(false)
 	if err != nil {
@@ -34,28 +36,28 @@ func Snapshot(dataDir string) (*Journal, []StateFile, error) {
 	if j == nil {
 		return nil, nil, fmt.Errorf("ca: no CA state in %s", s.Dir())
 	}
-	journal, err := EncodeJournal(j.clone())
+	journal, err := castate.EncodeJournal(j.Clone())
 	if err != nil {
 		return nil, nil, s.wrap(err)
 	}
 	files := []StateFile{{Name: path.Join(stateDirName, journalName), Data: journal, Mode: 0o600}}
 	for _, r := range roots {
-		certPEM, keyPEM, err := EncodeRoot(r)
+		certPEM, keyPEM, err := castate.EncodeRoot(r)
 		if err != nil {
 			return nil, nil, s.wrap(err)
 		}
-		files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, RootCertKey(r.ID)), Data: certPEM, Mode: 0o644})
+		files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, castate.RootCertKey(r.ID)), Data: certPEM, Mode: 0o644})
 		if keyPEM != nil {
-			files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, RootKeyKey(r.ID)), Data: keyPEM, Mode: 0o600})
+			files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, castate.RootKeyKey(r.ID)), Data: keyPEM, Mode: 0o600})
 		}
 	}
 	for _, k := range jwtKeys {
-		keyPEM, err := EncodeJWTKey(k)
+		keyPEM, err := castate.EncodeJWTKey(k)
 		if err != nil {
 			return nil, nil, s.wrap(err)
 		}
 		if keyPEM != nil {
-			files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, JWTKeyKey(k.KID)), Data: keyPEM, Mode: 0o600})
+			files = append(files, StateFile{Name: path.Join(stateDirName, rootsDirName, castate.JWTKeyKey(k.KID)), Data: keyPEM, Mode: 0o600})
 		}
 	}
 	return j, files, nil

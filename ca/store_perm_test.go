@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/securedir"
 )
 
@@ -24,9 +25,9 @@ func TestStoreRefusesAWritableStateDir(t *testing.T) {
 	assert.ErrorContains(t, err, "chmod go-w "+s.Dir())
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
-	_, err = s.WriteRoot(cert, key)
+	_, err = s.writeRoot(cert, key)
 	assert.ErrorIs(t, err, securedir.ErrInsecure)
-	assert.ErrorIs(t, s.Save(&Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
+	assert.ErrorIs(t, s.Save(&castate.Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
 	unlock, err := s.Lock(true)
 	if err == nil {
 		unlock()
@@ -53,7 +54,7 @@ func TestStoreRefusesAWritableRootsDir(t *testing.T) {
 	assert.ErrorContains(t, err, "chmod go-w "+roots)
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
-	_, err = s.WriteRoot(cert, key)
+	_, err = s.writeRoot(cert, key)
 	assert.ErrorIs(t, err, securedir.ErrInsecure)
 
 	require.NoError(t, os.Chmod(roots, 0o700))

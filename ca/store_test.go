@@ -11,20 +11,22 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 var tdExample = spiffeid.RequireTrustDomainFromString("example.org")
 
 // storeWithRoot writes one active root and a journal naming it.
-func storeWithRoot(t *testing.T) (*Store, *Journal, string) {
+func storeWithRoot(t *testing.T) (*Store, *castate.Journal, string) {
 	t.Helper()
 	dir := t.TempDir()
 	s := NewStore(dir)
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
-	id, err := s.WriteRoot(cert, key)
+	id, err := s.writeRoot(cert, key)
 	require.NoError(t, err)
-	j := &Journal{TrustDomain: "example.org", Sequence: 1, Roots: []RootRecord{{ID: id, State: StateActive, CertSHA256: fingerprint(cert), PreparedAt: t0}}}
+	j := &castate.Journal{TrustDomain: "example.org", Sequence: 1, Roots: []castate.RootRecord{{ID: id, State: castate.StateActive, CertSHA256: fingerprint(cert), PreparedAt: t0}}}
 	require.NoError(t, s.Save(j))
 	return s, j, id
 }
@@ -59,63 +61,63 @@ func TestStoreFresh(t *testing.T) {
 func TestStoreRefusesCorruptState(t *testing.T) {
 	tests := []struct {
 		name   string
-		break_ func(t *testing.T, s *Store, j *Journal, id string)
+		break_ func(t *testing.T, s *Store, j *castate.Journal, id string)
 		want   string
 	}{
-		{"truncated journal", func(t *testing.T, s *Store, _ *Journal, _ string) {
+		{"truncated journal", func(t *testing.T, s *Store, _ *castate.Journal, _ string) {
 			data, err := os.ReadFile(s.journalPath())
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(s.journalPath(), data[:len(data)/2], 0o600))
 		}, "state.json does not parse"},
-		{"journal missing, root files present", func(t *testing.T, s *Store, _ *Journal, _ string) {
+		{"journal missing, root files present", func(t *testing.T, s *Store, _ *castate.Journal, _ string) {
 			require.NoError(t, os.Remove(s.journalPath()))
 		}, "state.json is missing but root files exist"},
-		{"unknown field", func(t *testing.T, s *Store, _ *Journal, _ string) {
+		{"unknown field", func(t *testing.T, s *Store, _ *castate.Journal, _ string) {
 			writeJSON(t, s.journalPath(), map[string]any{"format": 1, "trust_domain": "example.org", "surprise": true})
 		}, `unknown field "surprise"`},
-		{"other trust domain", func(t *testing.T, s *Store, j *Journal, _ string) {
+		{"other trust domain", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.TrustDomain = "other.org"
 			require.NoError(t, s.Save(j))
 		}, `belongs to trust domain "other.org", not "example.org"`},
-		{"future format", func(t *testing.T, s *Store, j *Journal, _ string) {
+		{"future format", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			writeJSON(t, s.journalPath(), map[string]any{"format": 2, "trust_domain": "example.org"})
 		}, "format 2"},
-		{"key file missing", func(t *testing.T, s *Store, _ *Journal, id string) {
+		{"key file missing", func(t *testing.T, s *Store, _ *castate.Journal, id string) {
 			require.NoError(t, os.Remove(s.keyPath(id)))
 		}, "no such file"},
-		{"certificate swapped", func(t *testing.T, s *Store, _ *Journal, id string) {
+		{"certificate swapped", func(t *testing.T, s *Store, _ *castate.Journal, id string) {
 			other, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(s.certPath(id), certsToPEM(other), 0o644))
 		}, "does not match the fingerprint"},
-		{"key swapped", func(t *testing.T, s *Store, _ *Journal, id string) {
+		{"key swapped", func(t *testing.T, s *Store, _ *castate.Journal, id string) {
 			_, otherKey, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
 			s2 := NewStore(t.TempDir())
 			otherCert, _, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
-			oid, err := s2.WriteRoot(otherCert, otherKey)
+			oid, err := s2.writeRoot(otherCert, otherKey)
 			require.NoError(t, err)
 			data, err := os.ReadFile(s2.keyPath(oid))
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(s.keyPath(id), data, 0o600))
 		}, "private key does not match the certificate"},
-		{"key readable by others", func(t *testing.T, s *Store, _ *Journal, id string) {
+		{"key readable by others", func(t *testing.T, s *Store, _ *castate.Journal, id string) {
 			require.NoError(t, os.Chmod(s.keyPath(id), 0o644))
 		}, "must not be readable by group or others"},
-		{"two active roots", func(t *testing.T, s *Store, j *Journal, _ string) {
+		{"two active roots", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			cert, key, err := newRootCert(tdExample, KeyECP256, t0, time.Hour, false)
 			require.NoError(t, err)
-			id2, err := s.WriteRoot(cert, key)
+			id2, err := s.writeRoot(cert, key)
 			require.NoError(t, err)
-			j.Roots = append(j.Roots, RootRecord{ID: id2, State: StateActive, CertSHA256: fingerprint(cert)})
+			j.Roots = append(j.Roots, castate.RootRecord{ID: id2, State: castate.StateActive, CertSHA256: fingerprint(cert)})
 			require.NoError(t, s.Save(j))
 		}, "2 active roots"},
-		{"path in id", func(t *testing.T, s *Store, j *Journal, _ string) {
+		{"path in id", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.Roots[0].ID = "../../etc/passwd"
 			require.NoError(t, s.Save(j))
 		}, "unsafe or duplicate id"},
-		{"unknown state", func(t *testing.T, s *Store, j *Journal, _ string) {
+		{"unknown state", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.Roots[0].State = "zombie"
 			require.NoError(t, s.Save(j))
 		}, `unknown state "zombie"`},
@@ -191,6 +193,6 @@ func TestStoreBlankAndHasState(t *testing.T) {
 	check(false, false)
 	require.NoError(t, os.Remove(filepath.Join(s.Dir(), "stray")))
 
-	require.NoError(t, os.WriteFile(filepath.Join(s.Dir(), JournalKey), []byte("{"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(s.Dir(), castate.JournalKey), []byte("{"), 0o600))
 	check(false, true) // a journal, even one that does not load
 }

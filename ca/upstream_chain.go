@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
 // Bounds on what an upstream may return and what the journal may record
@@ -25,22 +27,6 @@ const (
 
 // ErrInvalidUpstreamChain marks an upstream answer that was refused.
 var ErrInvalidUpstreamChain = errors.New("invalid upstream chain")
-
-// UpstreamRecord is what the journal keeps about an intermediate an
-// upstream signed (RootRecord.Upstream): the certificates above it, so
-// that every replica signs and publishes the same thing.
-type UpstreamRecord struct {
-	// Name is the upstream, as its String() named it.
-	Name string `json:"name"`
-	// ObtainedAt is when the upstream signed it.
-	ObtainedAt time.Time `json:"obtained_at"`
-	// Chain is the DER of the upstream's intermediates above ours, nearest
-	// first, excluding roots.
-	Chain [][]byte `json:"chain,omitempty"`
-	// Roots is the DER of the upstream roots the chain verifies to; they
-	// are what the bundle publishes.
-	Roots [][]byte `json:"roots"`
-}
 
 // upstreamName names an upstream for messages.
 func upstreamName(u UpstreamAuthority) string {
@@ -128,7 +114,7 @@ func checkIntermediateCert(now time.Time, td spiffeid.TrustDomain, pub crypto.Pu
 		return upstreamErrorf(upstream, "certificate %s expires at %s, too soon to sign anything", describe(c), c.NotAfter.UTC().Format(time.RFC3339))
 	case c.NotAfter.Sub(c.NotBefore) > maxIntermediateLife:
 		return upstreamErrorf(upstream, "certificate %s is valid for %s, more than the %s accepted", describe(c), c.NotAfter.Sub(c.NotBefore), maxIntermediateLife)
-	case c.SerialNumber == nil || c.SerialNumber.Sign() <= 0 || !safeRootID(c.SerialNumber.Text(16)):
+	case c.SerialNumber == nil || c.SerialNumber.Sign() <= 0 || !castate.SafeID(c.SerialNumber.Text(16)):
 		return upstreamErrorf(upstream, "certificate %s has a serial number that is not positive or longer than 32 bytes", describe(c))
 	}
 	return nil
@@ -168,8 +154,8 @@ func samePrefix(path, chain []*x509.Certificate) bool {
 }
 
 // upstreamRecord is the journal record of a checked upstream answer.
-func upstreamRecord(name string, at time.Time, c *UpstreamChain) *UpstreamRecord {
-	rec := &UpstreamRecord{Name: name, ObtainedAt: at}
+func upstreamRecord(name string, at time.Time, c *UpstreamChain) *castate.UpstreamRecord {
+	rec := &castate.UpstreamRecord{Name: name, ObtainedAt: at}
 	for _, i := range c.Chain[1:] {
 		rec.Chain = append(rec.Chain, i.Raw)
 	}
@@ -177,58 +163,4 @@ func upstreamRecord(name string, at time.Time, c *UpstreamChain) *UpstreamRecord
 		rec.Roots = append(rec.Roots, r.Raw)
 	}
 	return rec
-}
-
-// decodeUpstreamRecord parses an intermediate's journal record and checks
-// that cert, the intermediate, chains through it to one of its roots by
-// signature (not by time: a retired intermediate may have expired).
-func decodeUpstreamRecord(id string, cert *x509.Certificate, rec *UpstreamRecord) (chain, roots []*x509.Certificate, err error) {
-	if len(rec.Roots) == 0 || 1+len(rec.Chain)+len(rec.Roots) > maxUpstreamCerts {
-		return nil, nil, corrupt("intermediate %s: upstream record has %d chain certificates and %d roots; want at least one root and at most %d in all",
-			id, len(rec.Chain), len(rec.Roots), maxUpstreamCerts)
-	}
-	if chain, err = parseDERs(id, "chain", rec.Chain); err != nil {
-		return nil, nil, err
-	}
-	if roots, err = parseDERs(id, "root", rec.Roots); err != nil {
-		return nil, nil, err
-	}
-	for _, r := range roots {
-		if !r.BasicConstraintsValid || !r.IsCA {
-			return nil, nil, corrupt("intermediate %s: upstream root %s is not a CA", id, describe(r))
-		}
-	}
-	if !cert.BasicConstraintsValid || !cert.IsCA {
-		return nil, nil, corrupt("intermediate %s: certificate is not a CA", id)
-	}
-	top := cert
-	for _, c := range chain {
-		if err := top.CheckSignatureFrom(c); err != nil {
-			return nil, nil, corrupt("intermediate %s: %s did not sign %s: %v", id, describe(c), describe(top), err)
-		}
-		top = c
-	}
-	for _, r := range roots {
-		if top.CheckSignatureFrom(r) == nil {
-			return chain, roots, nil
-		}
-	}
-	return nil, nil, corrupt("intermediate %s: no recorded upstream root signed %s", id, describe(top))
-}
-
-func parseDERs(id, what string, ders [][]byte) ([]*x509.Certificate, error) {
-	size := 0
-	out := make([]*x509.Certificate, 0, len(ders))
-	for i, der := range ders {
-		size += len(der)
-		if size > maxUpstreamBytes {
-			return nil, corrupt("intermediate %s: upstream record is larger than %d bytes", id, maxUpstreamBytes)
-		}
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			return nil, corrupt("intermediate %s: upstream %s %d: %v", id, what, i, err)
-		}
-		out = append(out, c)
-	}
-	return out, nil
 }

@@ -94,18 +94,20 @@ type TrustSource interface {
 	Trust() *Trust
 }
 
-// Signer issues an X509-SVID for id from csr. It returns the leaf first,
-// then any intermediates, without roots.
+// Signer issues an X509-SVID for id, an identity SDS authenticated, to
+// the public key pub of a key the minter generated in this process: no
+// CSR, since nobody else holds the key. It returns the leaf first, then
+// any intermediates, without roots.
 type Signer interface {
-	Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error)
+	Sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error)
 }
 
 // SignerFunc adapts a function to Signer.
-type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error)
+type SignerFunc func(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error)
 
 // Sign calls f.
-func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
-	return f(csr, id, ttl)
+func (f SignerFunc) Sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	return f(pub, id, ttl)
 }
 
 // AccessPolicy decides which trust domains, and which of their peers, an

@@ -86,12 +86,12 @@ func (c *testCA) bundle() *x509bundle.Bundle {
 }
 
 // Sign implements Signer.
-func (c *testCA) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
-	return c.SignWithDNSNames(csr, id, ttl, nil)
+func (c *testCA) Sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	return c.SignWithDNSNames(pub, id, ttl, nil)
 }
 
 // SignWithDNSNames implements DNSSigner.
-func (c *testCA) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error) {
+func (c *testCA) SignWithDNSNames(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error) {
 	c.mu.Lock()
 	c.signs++
 	serial := int64(c.signs + 1)
@@ -106,7 +106,7 @@ func (c *testCA) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, 
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, csr.PublicKey, c.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, pub, c.key)
 	if err != nil {
 		return nil, err
 	}

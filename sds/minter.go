@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/url"
 	"sync"
 	"time"
 
@@ -59,8 +58,8 @@ type MinterConfig struct {
 }
 
 // Minter is the server's CredentialSource: it generates an ECDSA P-256 key
-// in-process, signs a CSR for the authenticated id with Signer, and caches
-// the credential per id until its RefreshAt. Concurrent requests for one id
+// in-process, has Signer sign its public key for the authenticated id,
+// and caches the credential per id until its RefreshAt. Concurrent requests for one id
 // share one signing. Failures are not cached.
 type Minter struct {
 	cfg MinterConfig
@@ -208,15 +207,7 @@ func (m *Minter) mint(id spiffeid.ID, names mintNames) (*Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sds: minter: generating a key for %s: %w", id, err)
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
-	if err != nil {
-		return nil, fmt.Errorf("sds: minter: creating a CSR for %s: %w", id, err)
-	}
-	csr, err := x509.ParseCertificateRequest(der)
-	if err != nil {
-		return nil, fmt.Errorf("sds: minter: parsing the CSR for %s: %w", id, err)
-	}
-	chain, err := m.sign(csr, id, names)
+	chain, err := m.sign(key.Public(), id, names)
 	if err != nil {
 		return nil, fmt.Errorf("sds: minter: signing for %s: %w", id, err)
 	}

@@ -2,6 +2,7 @@ package sds
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
 	"fmt"
 	"strings"
@@ -26,7 +27,7 @@ type IdentityCredentialSource interface {
 // DNSSigner is a Signer that also puts DNS SANs the server decided beside
 // the SPIFFE ID (MinterConfig.WorkloadDNSNames).
 type DNSSigner interface {
-	SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error)
+	SignWithDNSNames(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error)
 }
 
 // mintNames are the DNS names of a certificate to mint, or why a
@@ -77,7 +78,7 @@ func (m *Minter) CredentialFor(ctx context.Context, ident authn.Identity) (*Cred
 
 // sign has the certificate signed, with names when there are any, and
 // counts and logs the decision once per certificate.
-func (m *Minter) sign(csr *x509.CertificateRequest, id spiffeid.ID, names mintNames) ([]*x509.Certificate, error) {
+func (m *Minter) sign(pub crypto.PublicKey, id spiffeid.ID, names mintNames) ([]*x509.Certificate, error) {
 	switch {
 	case names.skipped != nil:
 		m.dnsNames.WithLabelValues(dnsNamesSkipped).Inc()
@@ -85,7 +86,7 @@ func (m *Minter) sign(csr *x509.CertificateRequest, id spiffeid.ID, names mintNa
 			logattr.SPIFFEID, id.String(), logattr.GrantMethod, names.grant, "reason", names.skipped.Error())
 	case len(names.names) > 0:
 		m.dnsNames.WithLabelValues(dnsNamesAdded).Inc()
-		return m.cfg.Signer.(DNSSigner).SignWithDNSNames(csr, id, m.cfg.TTL, names.names)
+		return m.cfg.Signer.(DNSSigner).SignWithDNSNames(pub, id, m.cfg.TTL, names.names)
 	}
-	return m.cfg.Signer.Sign(csr, id, m.cfg.TTL)
+	return m.cfg.Signer.Sign(pub, id, m.cfg.TTL)
 }

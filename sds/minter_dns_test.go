@@ -2,6 +2,7 @@ package sds
 
 import (
 	"context"
+	"crypto"
 	"crypto/x509"
 	"log/slog"
 	"testing"
@@ -101,7 +102,7 @@ func TestMinterWorkloadDNSNamesNeedADNSSigner(t *testing.T) {
 	tmpl, err := workloaddns.Parse("{sa}.{ns}.svc", localTD)
 	require.NoError(t, err)
 	_, err = NewMinter(MinterConfig{TTL: time.Hour, WorkloadDNSNames: tmpl,
-		Signer: SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) ([]*x509.Certificate, error) {
+		Signer: SignerFunc(func(crypto.PublicKey, spiffeid.ID, time.Duration) ([]*x509.Certificate, error) {
 			return nil, errTest
 		})})
 	assert.ErrorContains(t, err, "no DNSSigner")

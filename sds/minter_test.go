@@ -2,6 +2,7 @@ package sds
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
 	"crypto/x509"
 	"math/big"
@@ -17,7 +18,7 @@ import (
 )
 
 func TestNewMinter(t *testing.T) {
-	s := SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration) ([]*x509.Certificate, error) {
+	s := SignerFunc(func(crypto.PublicKey, spiffeid.ID, time.Duration) ([]*x509.Certificate, error) {
 		return nil, errTest
 	})
 	tests := []struct {
@@ -120,10 +121,10 @@ func TestMinterSharesOneSigning(t *testing.T) {
 	ca := newTestCA(t, localTD, clk)
 	release := make(chan struct{})
 	entered := make(chan struct{}, 10)
-	signer := SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	signer := SignerFunc(func(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
 		entered <- struct{}{}
 		<-release
-		return ca.Sign(csr, id, ttl)
+		return ca.Sign(pub, id, ttl)
 	})
 	m, err := NewMinter(MinterConfig{Signer: signer, TTL: time.Hour, Clock: clk})
 	require.NoError(t, err)
@@ -158,14 +159,14 @@ func TestMinterFailures(t *testing.T) {
 	other := newTestCA(t, localTD, clk)
 	var mu sync.Mutex
 	mode := "fail"
-	signer := SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	signer := SignerFunc(func(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch mode {
 		case "fail":
 			return nil, errTest
 		case "wrong id":
-			return ca.Sign(csr, idB, ttl)
+			return ca.Sign(pub, idB, ttl)
 		case "wrong key":
 			// A certificate for the right ID, but another key.
 			c, err := NewMinter(MinterConfig{Signer: other, TTL: ttl, Clock: clk})
@@ -178,7 +179,7 @@ func TestMinterFailures(t *testing.T) {
 			}
 			return cred.Chain, nil
 		}
-		return ca.Sign(csr, id, ttl)
+		return ca.Sign(pub, id, ttl)
 	})
 	m, err := NewMinter(MinterConfig{Signer: signer, TTL: time.Hour, Clock: clk})
 	require.NoError(t, err)
@@ -210,7 +211,7 @@ func dueSigner(t *testing.T, ca *testCA) (Signer, func() int) {
 	t.Helper()
 	var mu sync.Mutex
 	signs := 0
-	return SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, _ time.Duration) ([]*x509.Certificate, error) {
+	return SignerFunc(func(pub crypto.PublicKey, id spiffeid.ID, _ time.Duration) ([]*x509.Certificate, error) {
 			mu.Lock()
 			signs++
 			serial := int64(signs)
@@ -223,7 +224,7 @@ func dueSigner(t *testing.T, ca *testCA) (Signer, func() int) {
 				URIs:         []*url.URL{id.URL()},
 				KeyUsage:     x509.KeyUsageDigitalSignature,
 			}
-			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, csr.PublicKey, ca.key)
+			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
 			if err != nil {
 				return nil, err
 			}

@@ -23,6 +23,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
@@ -207,8 +208,8 @@ func TestOwnLeavesRenewAcrossRootRotation(t *testing.T) {
 	require.NoError(t, a.Reconcile())
 	roots := a.Roots()
 	require.Len(t, roots, 2)
-	require.Equal(t, ca.StateRetired, roots[0].State)
-	require.Equal(t, ca.StateActive, roots[1].State)
+	require.Equal(t, castate.StateRetired, roots[0].State)
+	require.Equal(t, castate.StateActive, roots[1].State)
 
 	renewed, err := request(t, g.client(t, first, ""))
 	require.NoError(t, err, "a leaf of the retired root renews")

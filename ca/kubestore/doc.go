@@ -7,10 +7,10 @@
 // file store, so the same checks apply on load. Writes replace the whole
 // state in one Update carrying the resourceVersion it was read at
 // (optimistic concurrency), or a Create when there is none; losing either
-// race is ca.ErrConflict, and nothing is written. Before every write the
+// race is castate.ErrConflict, and nothing is written. Before every write the
 // leader fence is checked: a replica that does not lead never writes.
 // State that does not parse or check out is refused with
-// ca.ErrCorruptState and left as it is for an operator to look at.
+// castate.ErrCorruptState and left as it is for an operator to look at.
 //
 //	store, err := kubestore.New(kubestore.Config{Client: cs, Namespace: ns, Leader: elector})
 //	a, err := ca.New(ca.Config{TrustDomain: td, Backend: store, Leader: elector})

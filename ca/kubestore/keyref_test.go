@@ -14,6 +14,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
@@ -66,7 +67,7 @@ func TestKeyRefEncodeDecode(t *testing.T) {
 
 	data, err := encode(j, roots, jwtKeys)
 	require.NoError(t, err)
-	assert.ElementsMatch(t, []string{ca.JournalKey, ca.RootCertKey(roots[0].ID)}, sortedKeys(data), "no private keys in the Secret")
+	assert.ElementsMatch(t, []string{castate.JournalKey, castate.RootCertKey(roots[0].ID)}, sortedKeys(data), "no private keys in the Secret")
 	st, err := decode(&corev1.Secret{Data: data}, "example.org")
 	require.NoError(t, err)
 	require.Len(t, st.roots, 1)
@@ -79,7 +80,7 @@ func TestKeyRefEncodeDecode(t *testing.T) {
 	data, err = encode(j, roots, jwtKeys)
 	require.NoError(t, err)
 	_, err = decode(&corev1.Secret{Data: data}, "example.org")
-	require.ErrorIs(t, err, ca.ErrCorruptState, "a root without KeyRef needs its key")
+	require.ErrorIs(t, err, castate.ErrCorruptState, "a root without KeyRef needs its key")
 }
 
 // TestKeyRefSecretRestart: an Authority on a Secret with a key manager
@@ -94,7 +95,7 @@ func TestKeyRefSecretRestart(t *testing.T) {
 	a, err := ca.New(cfg)
 	require.NoError(t, err)
 	sec := secret(t, env.Client, ns)
-	assert.ElementsMatch(t, []string{ca.JournalKey, ca.RootCertKey(a.Roots()[0].ID)}, sortedKeys(sec.Data))
+	assert.ElementsMatch(t, []string{castate.JournalKey, castate.RootCertKey(a.Roots()[0].ID)}, sortedKeys(sec.Data))
 
 	cfg2 := authorityConfig(clk, newStore(t, env.Client, ns, nil), nil)
 	cfg2.Keys = keys

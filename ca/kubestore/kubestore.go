@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -43,22 +43,22 @@ type Config struct {
 	// Name of the Secret; default trustbridge-ca.
 	Name string
 	// Leader fences writes: while it does not lead, Commit refuses with
-	// ca.ErrNotLeader. nil means always the leader (a single replica). If
+	// castate.ErrNotLeader. nil means always the leader (a single replica). If
 	// it also has LeadingUntil() time.Time (leader.Elector does), a write
 	// still under way at that instant is abandoned.
-	Leader ca.Leader
+	Leader castate.Leader
 	// Timeout bounds each API call.
 	Timeout time.Duration
 	Logger  *slog.Logger
 }
 
-// Store is a ca.Backend on one Secret.
+// Store is a castate.Backend on one Secret.
 type Store struct {
 	cfg Config
 	mu  sync.RWMutex // Lock: this process's readers and writers
 }
 
-var _ ca.Backend = (*Store)(nil)
+var _ castate.Backend = (*Store)(nil)
 
 // New checks cfg; it makes no API call.
 func New(cfg Config) (*Store, error) {
@@ -86,7 +86,7 @@ func (s *Store) Describe() string { return "Secret " + s.cfg.Namespace + "/" + s
 func (s *Store) wrap(err error) error { return fmt.Errorf("kubestore: %s: %w", s.Describe(), err) }
 
 func corrupt(format string, a ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ca.ErrCorruptState}, a...)...)
+	return fmt.Errorf("%w: "+format, append([]any{castate.ErrCorruptState}, a...)...)
 }
 
 // Lock serializes this process's users of the Store; other replicas are
@@ -124,7 +124,7 @@ func (s *Store) Version() (string, error) {
 
 // Load reads and checks the state. A missing Secret, or one without data
 // (created empty by an operator), is no state.
-func (s *Store) Load(td string) (*ca.Journal, []*ca.Root, []*ca.JWTKey, string, error) {
+func (s *Store) Load(td string) (*castate.Journal, []*castate.Root, []*castate.JWTKey, string, error) {
 	sec, err := s.get()
 	if err != nil || sec == nil {
 		return nil, nil, nil, "", err
@@ -143,9 +143,9 @@ func (s *Store) Load(td string) (*ca.Journal, []*ca.Root, []*ca.JWTKey, string, 
 
 // state is what a Secret holds.
 type state struct {
-	journal *ca.Journal
-	roots   []*ca.Root
-	jwtKeys []*ca.JWTKey
+	journal *castate.Journal
+	roots   []*castate.Root
+	jwtKeys []*castate.JWTKey
 }
 
 // decode checks a Secret and parses the state in it; nil is none.
@@ -166,15 +166,15 @@ func decode(sec *corev1.Secret, td string) (*state, error) {
 	if len(sec.Data) == 0 {
 		return nil, nil
 	}
-	data, ok := sec.Data[ca.JournalKey]
+	data, ok := sec.Data[castate.JournalKey]
 	if !ok {
-		return nil, corrupt("%s is missing but %s exist; refusing to start over and orphan them", ca.JournalKey, strings.Join(sortedKeys(sec.Data), ", "))
+		return nil, corrupt("%s is missing but %s exist; refusing to start over and orphan them", castate.JournalKey, strings.Join(sortedKeys(sec.Data), ", "))
 	}
-	j, err := ca.DecodeJournal(data, td)
+	j, err := castate.DecodeJournal(data, td)
 	if err != nil {
 		return nil, err
 	}
-	named := map[string]bool{ca.JournalKey: true}
+	named := map[string]bool{castate.JournalKey: true}
 	st := &state{journal: j}
 	if st.roots, err = decodeRoots(sec.Data, j, named); err != nil {
 		return nil, err
@@ -193,17 +193,17 @@ func decode(sec *corev1.Secret, td string) (*state, error) {
 }
 
 // decodeRoots parses the roots j names, adding their keys to named.
-func decodeRoots(data map[string][]byte, j *ca.Journal, named map[string]bool) ([]*ca.Root, error) {
-	roots := make([]*ca.Root, 0, len(j.Roots))
+func decodeRoots(data map[string][]byte, j *castate.Journal, named map[string]bool) ([]*castate.Root, error) {
+	roots := make([]*castate.Root, 0, len(j.Roots))
 	for _, rec := range j.Roots {
-		ck, kk := ca.RootCertKey(rec.ID), ca.RootKeyKey(rec.ID)
+		ck, kk := castate.RootCertKey(rec.ID), castate.RootKeyKey(rec.ID)
 		named[ck], named[kk] = true, true
 		certPEM, ok1 := data[ck]
 		keyPEM, ok2 := data[kk]
 		if !ok1 || (!ok2 && rec.KeyRef == "") {
 			return nil, corrupt("root %s: %s or %s is missing", rec.ID, ck, kk)
 		}
-		r, err := ca.DecodeRoot(rec, certPEM, keyPEM)
+		r, err := castate.DecodeRoot(rec, certPEM, keyPEM)
 		if err != nil {
 			return nil, err
 		}
@@ -213,16 +213,16 @@ func decodeRoots(data map[string][]byte, j *ca.Journal, named map[string]bool) (
 }
 
 // decodeJWTKeys parses the JWT keys j names, adding their keys to named.
-func decodeJWTKeys(data map[string][]byte, j *ca.Journal, named map[string]bool) ([]*ca.JWTKey, error) {
-	keys := make([]*ca.JWTKey, 0, len(j.JWTKeys))
+func decodeJWTKeys(data map[string][]byte, j *castate.Journal, named map[string]bool) ([]*castate.JWTKey, error) {
+	keys := make([]*castate.JWTKey, 0, len(j.JWTKeys))
 	for _, rec := range j.JWTKeys {
-		kk := ca.JWTKeyKey(rec.KID)
+		kk := castate.JWTKeyKey(rec.KID)
 		named[kk] = true
 		keyPEM, ok := data[kk]
 		if !ok && rec.KeyRef == "" {
 			return nil, corrupt("JWT key %s: %s is missing", rec.KID, kk)
 		}
-		k, err := ca.DecodeJWTKey(rec, keyPEM)
+		k, err := castate.DecodeJWTKey(rec, keyPEM)
 		if err != nil {
 			return nil, err
 		}
@@ -241,9 +241,9 @@ func sortedKeys(m map[string][]byte) []string {
 }
 
 // Commit writes the whole state if the Secret is still at version base.
-func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (string, error) {
+func (s *Store) Commit(base string, j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (string, error) {
 	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
-		return "", s.wrap(fmt.Errorf("%w: refusing to write", ca.ErrNotLeader))
+		return "", s.wrap(fmt.Errorf("%w: refusing to write", castate.ErrNotLeader))
 	}
 	data, err := encode(j, roots, jwtKeys)
 	if err != nil {
@@ -259,13 +259,13 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root, jwtKeys []*
 	ctx, cancel, until, bounded := s.writeContext()
 	defer cancel()
 	if bounded && until.IsZero() {
-		return "", s.wrap(fmt.Errorf("%w: refusing to write", ca.ErrNotLeader))
+		return "", s.wrap(fmt.Errorf("%w: refusing to write", castate.ErrNotLeader))
 	}
 	version, err := s.commit(ctx, base, data)
 	if err != nil && bounded && !time.Now().Before(until) {
 		// The request may have gone out, but past the instant another
 		// replica may lead: abandoned, as far as this replica can.
-		return "", s.wrap(fmt.Errorf("%w: leadership may have lapsed during the write: %v", ca.ErrNotLeader, err))
+		return "", s.wrap(fmt.Errorf("%w: leadership may have lapsed during the write: %v", castate.ErrNotLeader, err))
 	}
 	if err != nil {
 		return "", s.wrap(err)
@@ -275,7 +275,7 @@ func (s *Store) Commit(base string, j *ca.Journal, roots []*ca.Root, jwtKeys []*
 
 // encode is the Secret data of the state: the journal, and the material
 // of exactly the roots and JWT keys it names.
-func encode(j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (map[string][]byte, error) {
+func encode(j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (map[string][]byte, error) {
 	if len(j.Roots) != len(roots) {
 		return nil, fmt.Errorf("journal names %d roots, %d given", len(j.Roots), len(roots))
 	}
@@ -283,34 +283,34 @@ func encode(j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (map[string][
 		return nil, fmt.Errorf("journal names %d JWT keys, %d given", len(j.JWTKeys), len(jwtKeys))
 	}
 	data := make(map[string][]byte, 1+2*len(roots)+len(jwtKeys))
-	jb, err := ca.EncodeJournal(j)
+	jb, err := castate.EncodeJournal(j)
 	if err != nil {
 		return nil, err
 	}
-	data[ca.JournalKey] = jb
+	data[castate.JournalKey] = jb
 	for i, r := range roots {
 		if r.ID != j.Roots[i].ID {
 			return nil, fmt.Errorf("journal root %d is %s, material is for %s", i, j.Roots[i].ID, r.ID)
 		}
-		certPEM, keyPEM, err := ca.EncodeRoot(r)
+		certPEM, keyPEM, err := castate.EncodeRoot(r)
 		if err != nil {
 			return nil, err
 		}
-		data[ca.RootCertKey(r.ID)] = certPEM
+		data[castate.RootCertKey(r.ID)] = certPEM
 		if keyPEM != nil { // nil: the key is in a key manager (KeyRef)
-			data[ca.RootKeyKey(r.ID)] = keyPEM
+			data[castate.RootKeyKey(r.ID)] = keyPEM
 		}
 	}
 	for i, k := range jwtKeys {
 		if k.KID != j.JWTKeys[i].KID {
 			return nil, fmt.Errorf("journal JWT key %d is %s, material is for %s", i, j.JWTKeys[i].KID, k.KID)
 		}
-		keyPEM, err := ca.EncodeJWTKey(k)
+		keyPEM, err := castate.EncodeJWTKey(k)
 		if err != nil {
 			return nil, err
 		}
 		if keyPEM != nil {
-			data[ca.JWTKeyKey(k.KID)] = keyPEM
+			data[castate.JWTKeyKey(k.KID)] = keyPEM
 		}
 	}
 	return data, nil
@@ -345,7 +345,7 @@ func (s *Store) commit(ctx context.Context, base string, data map[string][]byte)
 		}
 		created, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			return "", fmt.Errorf("%w: created by another writer", ca.ErrConflict)
+			return "", fmt.Errorf("%w: created by another writer", castate.ErrConflict)
 		}
 		if err != nil {
 			return "", err
@@ -357,13 +357,13 @@ func (s *Store) commit(ctx context.Context, base string, data map[string][]byte)
 	// whole of it atomic.
 	cur, err := secrets.Get(ctx, s.cfg.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("%w: deleted since it was read", ca.ErrConflict)
+		return "", fmt.Errorf("%w: deleted since it was read", castate.ErrConflict)
 	}
 	if err != nil {
 		return "", err
 	}
 	if cur.ResourceVersion != base {
-		return "", fmt.Errorf("%w: resourceVersion %s, read at %s", ca.ErrConflict, cur.ResourceVersion, base)
+		return "", fmt.Errorf("%w: resourceVersion %s, read at %s", castate.ErrConflict, cur.ResourceVersion, base)
 	}
 	cur.Data, cur.StringData = data, nil
 	if cur.Labels == nil {
@@ -372,7 +372,7 @@ func (s *Store) commit(ctx context.Context, base string, data map[string][]byte)
 	cur.Labels[ManagedByLabel] = managedBy
 	updated, err := secrets.Update(ctx, cur, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("%w: %v", ca.ErrConflict, err)
+		return "", fmt.Errorf("%w: %v", castate.ErrConflict, err)
 	}
 	if err != nil {
 		return "", err

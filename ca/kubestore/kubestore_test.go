@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,14 +54,14 @@ func leaderFlag(v bool) *flag {
 	return f
 }
 
-func newStore(t *testing.T, cs kubernetes.Interface, ns string, l ca.Leader) *Store {
+func newStore(t *testing.T, cs kubernetes.Interface, ns string, l castate.Leader) *Store {
 	t.Helper()
 	s, err := New(Config{Client: cs, Namespace: ns, Leader: l})
 	require.NoError(t, err)
 	return s
 }
 
-func authorityConfig(clk clock.Clock, b ca.Backend, l ca.Leader) ca.Config {
+func authorityConfig(clk clock.Clock, b castate.Backend, l castate.Leader) ca.Config {
 	return ca.Config{
 		TrustDomain: td, Backend: b, Leader: l,
 		RootTTL: 24 * time.Hour, RefreshHint: time.Minute, WorkloadTTL: time.Hour, MaxWorkloadTTL: 2 * time.Hour,
@@ -68,7 +69,7 @@ func authorityConfig(clk clock.Clock, b ca.Backend, l ca.Leader) ca.Config {
 	}
 }
 
-func newAuthority(t *testing.T, clk clock.Clock, b ca.Backend, l ca.Leader) *ca.Authority {
+func newAuthority(t *testing.T, clk clock.Clock, b castate.Backend, l castate.Leader) *ca.Authority {
 	t.Helper()
 	a, err := ca.New(authorityConfig(clk, b, l))
 	require.NoError(t, err)
@@ -82,9 +83,9 @@ func secret(t *testing.T, cs kubernetes.Interface, ns string) *corev1.Secret {
 	return sec
 }
 
-func journalOf(t *testing.T, sec *corev1.Secret) *ca.Journal {
+func journalOf(t *testing.T, sec *corev1.Secret) *castate.Journal {
 	t.Helper()
-	j, err := ca.DecodeJournal(sec.Data[ca.JournalKey], "example.org")
+	j, err := castate.DecodeJournal(sec.Data[castate.JournalKey], "example.org")
 	require.NoError(t, err)
 	return j
 }
@@ -155,7 +156,7 @@ type racing struct {
 	fired  atomic.Bool
 }
 
-func (r *racing) Commit(base string, j *ca.Journal, roots []*ca.Root, jwtKeys []*ca.JWTKey) (string, error) {
+func (r *racing) Commit(base string, j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (string, error) {
 	if r.fired.CompareAndSwap(false, true) {
 		r.before()
 	}
@@ -191,10 +192,10 @@ func TestConflictBetweenTwoWriters(t *testing.T) {
 		require.NotEqual(t, v, before.ResourceVersion)
 		j.Sequence += 10
 		_, err = s.Commit(v, j, roots, keys)
-		require.ErrorIs(t, err, ca.ErrConflict)
+		require.ErrorIs(t, err, castate.ErrConflict)
 		assert.Equal(t, before.ResourceVersion, secret(t, env.Client, ns).ResourceVersion)
 		_, err = s.Commit("", j, roots, keys)
-		require.ErrorIs(t, err, ca.ErrConflict, "a create over an existing Secret")
+		require.ErrorIs(t, err, castate.ErrConflict, "a create over an existing Secret")
 	})
 }
 
@@ -235,13 +236,13 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 			require.NoError(t, err)
 
 			_, err = ca.New(authorityConfig(clk, newStore(t, env.Client, ns, nil), nil))
-			require.ErrorIs(t, err, ca.ErrCorruptState)
+			require.ErrorIs(t, err, castate.ErrCorruptState)
 			assert.ErrorContains(t, err, tt.want)
 
 			// A running replica keeps what it serves and says why.
 			clk.Step(12 * time.Hour) // a rotation is due
 			err = running.Reconcile()
-			require.ErrorIs(t, err, ca.ErrCorruptState)
+			require.ErrorIs(t, err, castate.ErrCorruptState)
 			assert.True(t, bundle.Equal(running.Bundle()), "last good bundle kept")
 			assert.Equal(t, sec.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "never overwritten")
 		})
@@ -254,7 +255,7 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 		}, metav1.CreateOptions{})
 		require.NoError(t, err)
 		_, err = ca.New(authorityConfig(clocktesting.NewFakeClock(t0), newStore(t, env.Client, ns, nil), nil))
-		require.ErrorIs(t, err, ca.ErrCorruptState)
+		require.ErrorIs(t, err, castate.ErrCorruptState)
 		assert.ErrorContains(t, err, `type is "example.com/other"`)
 	})
 
@@ -275,7 +276,7 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 func TestDecodeRefusesOversizedSecret(t *testing.T) {
 	sec := &corev1.Secret{Data: map[string][]byte{"state.json": make([]byte, MaxSecretSize+1)}}
 	_, err := decode(sec, "")
-	require.ErrorIs(t, err, ca.ErrCorruptState)
+	require.ErrorIs(t, err, castate.ErrCorruptState)
 	assert.ErrorContains(t, err, "more than")
 }
 
@@ -283,8 +284,8 @@ func TestNonLeaderWriteRefused(t *testing.T) {
 	env := kubetest.Shared(t)
 	ns := env.Namespace(t)
 	s := newStore(t, env.Client, ns, leaderFlag(false))
-	_, err := s.Commit("", &ca.Journal{TrustDomain: "example.org"}, nil, nil)
-	require.ErrorIs(t, err, ca.ErrNotLeader)
+	_, err := s.Commit("", &castate.Journal{TrustDomain: "example.org"}, nil, nil)
+	require.ErrorIs(t, err, castate.ErrNotLeader)
 	_, err = env.Client.CoreV1().Secrets(ns).Get(context.Background(), DefaultName, metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "nothing written")
 
@@ -326,7 +327,7 @@ func TestFollowerReloadsThroughTheWatch(t *testing.T) {
 	require.NoError(t, leaderAuth.Rotate())
 	require.Eventually(t, func() bool { return len(follower.Bundle().X509Authorities()) == 2 }, 10*time.Second, 10*time.Millisecond)
 	assert.True(t, leaderAuth.Bundle().Equal(follower.Bundle()))
-	require.ErrorIs(t, follower.Rotate(), ca.ErrNotLeader)
+	require.ErrorIs(t, follower.Rotate(), castate.ErrNotLeader)
 }
 
 // TestFailoverWithoutLostOrDuplicatedRotation: two replicas, each with an
@@ -371,12 +372,12 @@ func TestFailoverWithoutLostOrDuplicatedRotation(t *testing.T) {
 	require.NoError(t, first.a.Rotate())
 	require.NoError(t, second.a.Reconcile())
 	require.Len(t, second.a.Roots(), 2)
-	require.ErrorIs(t, second.a.Rotate(), ca.ErrNotLeader)
+	require.ErrorIs(t, second.a.Rotate(), castate.ErrNotLeader)
 
 	// Failover.
 	first.stop()
 	require.Eventually(t, second.el.IsLeader, 10*time.Second, 10*time.Millisecond)
-	require.ErrorIs(t, first.a.Rotate(), ca.ErrNotLeader, "the old leader writes nothing")
+	require.ErrorIs(t, first.a.Rotate(), castate.ErrNotLeader, "the old leader writes nothing")
 
 	// The new leader activates the waiting root once its lead has passed,
 	// then rotates again.
@@ -388,11 +389,11 @@ func TestFailoverWithoutLostOrDuplicatedRotation(t *testing.T) {
 	j := journalOf(t, secret(t, env.Client, ns))
 	assert.Equal(t, uint64(t0.Add(5*time.Minute).Unix())+1, j.Sequence,
 		"bootstrap and one root before the failover, the new leader's first write at its time, one root after")
-	var states []ca.RootState
+	var states []castate.RootState
 	for _, r := range j.Roots {
 		states = append(states, r.State)
 	}
-	assert.Equal(t, []ca.RootState{ca.StateRetired, ca.StateActive, ca.StatePrepared}, states)
+	assert.Equal(t, []castate.RootState{castate.StateRetired, castate.StateActive, castate.StatePrepared}, states)
 	var events []string
 	for _, e := range j.Events {
 		events = append(events, e.Event)
@@ -514,6 +515,6 @@ func TestWriteAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
 	j.Sequence++
 	_, err = s.Commit(version, j, roots, keys)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, ca.ErrNotLeader)
+	assert.ErrorIs(t, err, castate.ErrNotLeader)
 	assert.Equal(t, before.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "nothing written")
 }

@@ -11,6 +11,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
@@ -54,7 +55,7 @@ func TestUpstreamIntermediateOnASecret(t *testing.T) {
 	require.NotNil(t, first.Upstream)
 	assert.Equal(t, []string{up.Root.Cert.SerialNumber.Text(16)}, serials(one), "the bundle holds the upstream root, not the intermediate")
 	sec := secret(t, env.Client, ns)
-	assert.Contains(t, sortedKeys(sec.Data), ca.RootCertKey(first.ID))
+	assert.Contains(t, sortedKeys(sec.Data), castate.RootCertKey(first.ID))
 
 	require.NoError(t, two.Reconcile())
 	require.NoError(t, two.Ready())
@@ -108,7 +109,7 @@ func TestUpstreamIntermediateOnASecret(t *testing.T) {
 func activeID(t *testing.T, a *ca.Authority) string {
 	t.Helper()
 	for _, r := range a.Roots() {
-		if r.State == ca.StateActive {
+		if r.State == castate.StateActive {
 			return r.ID
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
 )
@@ -84,7 +85,7 @@ func TestAuthorityLifecycleInSoftHSM(t *testing.T) {
 	for _, r := range a.Roots() {
 		assert.NotEqual(t, first.ID, r.ID, "the removed root is gone")
 		assert.True(t, inToken(t, m, r.KeyRef), "every published root keeps its key")
-		if r.State == ca.StateActive {
+		if r.State == castate.StateActive {
 			active = r
 		}
 	}
@@ -103,7 +104,7 @@ func TestAuthorityLifecycleInSoftHSM(t *testing.T) {
 	require.NoError(t, b.Ready())
 	assert.Equal(t, len(a.Roots()), len(b.Roots()))
 	for _, r := range b.Roots() {
-		if r.State == ca.StateActive {
+		if r.State == castate.StateActive {
 			assert.Equal(t, active.ID, r.ID)
 			assert.Equal(t, active.KeyRef, r.KeyRef, "the same token key")
 		}
@@ -149,7 +150,7 @@ func TestUpstreamIntermediateInSoftHSM(t *testing.T) {
 	assert.Equal(t, 2, up.Calls())
 	var renewed ca.RootInfo
 	for _, r := range b.Roots() {
-		if r.State == ca.StateActive {
+		if r.State == castate.StateActive {
 			renewed = r
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
@@ -38,7 +39,7 @@ type auditTrail struct {
 }
 
 type rootSeen struct {
-	state  ca.RootState
+	state  castate.RootState
 	sha256 string
 }
 
@@ -161,13 +162,13 @@ func (t *auditTrail) observeCA(a *ca.Authority, baseline bool) {
 }
 
 // rootEvent names the audit event of a root entering state.
-func rootEvent(s ca.RootState) string {
+func rootEvent(s castate.RootState) string {
 	switch s {
-	case ca.StatePrepared:
+	case castate.StatePrepared:
 		return "root_prepared"
-	case ca.StateActive:
+	case castate.StateActive:
 		return "root_activated"
-	case ca.StateRetired:
+	case castate.StateRetired:
 		return "root_retired"
 	default: // a plug-in CA's root, loaded from its directory
 		return "root_loaded"

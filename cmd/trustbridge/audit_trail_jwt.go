@@ -6,13 +6,14 @@ import (
 	"slices"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // jwtKeySeen is one of the CA's JWT signing keys as last seen.
 type jwtKeySeen struct {
-	state ca.RootState
+	state castate.RootState
 	fp    string // as the audit log names authorities: jwt:<kid>:<sha256>
 }
 
@@ -59,13 +60,13 @@ func (t *auditTrail) jwtKeyEntriesLocked(keys []ca.JWTKeyInfo, td string, seq ui
 }
 
 // jwtKeyEvent names the audit event of a JWT key entering state.
-func jwtKeyEvent(s ca.RootState) string {
+func jwtKeyEvent(s castate.RootState) string {
 	switch s {
-	case ca.StatePrepared:
+	case castate.StatePrepared:
 		return "jwt_key_prepared"
-	case ca.StateActive:
+	case castate.StateActive:
 		return "jwt_key_activated"
-	case ca.StateRetired:
+	case castate.StateRetired:
 		return "jwt_key_retired"
 	}
 	return "jwt_key_loaded"

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
@@ -81,8 +82,8 @@ func TestAuditTrailJWTKeyLifecycle(t *testing.T) {
 	trail, buf := newTestTrail(t)
 	a, b := genPub(t), genPub(t)
 	fpA, fpB := "jwt:k-a:"+trustview.SPKISHA256(a), "jwt:k-b:"+trustview.SPKISHA256(b)
-	key := func(kid string, state ca.RootState, pub crypto.PublicKey) ca.JWTKeyInfo {
-		return ca.JWTKeyInfo{JWTKeyRecord: ca.JWTKeyRecord{KID: kid, State: state, Algorithm: "ES256"}, Public: pub}
+	key := func(kid string, state castate.RootState, pub crypto.PublicKey) ca.JWTKeyInfo {
+		return ca.JWTKeyInfo{JWTKeyRecord: castate.JWTKeyRecord{KID: kid, State: state, Algorithm: "ES256"}, Public: pub}
 	}
 
 	steps := []struct {
@@ -90,17 +91,17 @@ func TestAuditTrailJWTKeyLifecycle(t *testing.T) {
 		keys []ca.JWTKeyInfo
 		want []eventSummary
 	}{
-		{"successor prepared", []ca.JWTKeyInfo{key("k-a", ca.StateActive, a), key("k-b", ca.StatePrepared, b)},
+		{"successor prepared", []ca.JWTKeyInfo{key("k-a", castate.StateActive, a), key("k-b", castate.StatePrepared, b)},
 			[]eventSummary{{event: "jwt_key_prepared", added: []string{fpB}}}},
-		{"nothing changed", []ca.JWTKeyInfo{key("k-a", ca.StateActive, a), key("k-b", ca.StatePrepared, b)}, []eventSummary{}},
-		{"successor activated, predecessor retired", []ca.JWTKeyInfo{key("k-a", ca.StateRetired, a), key("k-b", ca.StateActive, b)},
+		{"nothing changed", []ca.JWTKeyInfo{key("k-a", castate.StateActive, a), key("k-b", castate.StatePrepared, b)}, []eventSummary{}},
+		{"successor activated, predecessor retired", []ca.JWTKeyInfo{key("k-a", castate.StateRetired, a), key("k-b", castate.StateActive, b)},
 			[]eventSummary{{event: "jwt_key_retired"}, {event: "jwt_key_activated"}}},
-		{"retired key removed", []ca.JWTKeyInfo{key("k-b", ca.StateActive, b)},
+		{"retired key removed", []ca.JWTKeyInfo{key("k-b", castate.StateActive, b)},
 			[]eventSummary{{event: "jwt_key_removed", removed: []string{fpA}}}},
-		{"a kid reused for another key", []ca.JWTKeyInfo{key("k-b", ca.StateActive, a)},
+		{"a kid reused for another key", []ca.JWTKeyInfo{key("k-b", castate.StateActive, a)},
 			[]eventSummary{{event: "jwt_key_activated", added: []string{"jwt:k-b:" + trustview.SPKISHA256(a)}, removed: []string{fpB}}}},
 	}
-	observeJWT(trail, []ca.JWTKeyInfo{key("k-a", ca.StateActive, a)}, true)
+	observeJWT(trail, []ca.JWTKeyInfo{key("k-a", castate.StateActive, a)}, true)
 	base := drain(t, buf)
 	require.Len(t, base, 1)
 	assert.Equal(t, "baseline", base[0].Event)
@@ -121,9 +122,9 @@ func TestAuditTrailJWTKeyLifecycle(t *testing.T) {
 		})
 	}
 	assert.Equal(t, "jwt key k-a active -> retired", func() string {
-		observeJWT(trail, []ca.JWTKeyInfo{key("k-a", ca.StateActive, a)}, true)
+		observeJWT(trail, []ca.JWTKeyInfo{key("k-a", castate.StateActive, a)}, true)
 		drain(t, buf)
-		observeJWT(trail, []ca.JWTKeyInfo{key("k-a", ca.StateRetired, a)}, false)
+		observeJWT(trail, []ca.JWTKeyInfo{key("k-a", castate.StateRetired, a)}, false)
 		return drain(t, buf)[0].Reason
 	}())
 }
@@ -135,10 +136,10 @@ func TestAuditTrailJWTKeysOnAFollower(t *testing.T) {
 	leading := false
 	trail.leader = func() bool { return leading }
 	a := genPub(t)
-	observeJWT(trail, []ca.JWTKeyInfo{{JWTKeyRecord: ca.JWTKeyRecord{KID: "k-a", State: ca.StatePrepared}, Public: a}}, false)
+	observeJWT(trail, []ca.JWTKeyInfo{{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-a", State: castate.StatePrepared}, Public: a}}, false)
 	assert.Empty(t, drain(t, buf))
 	leading = true
-	observeJWT(trail, []ca.JWTKeyInfo{{JWTKeyRecord: ca.JWTKeyRecord{KID: "k-a", State: ca.StateActive}, Public: a}}, false)
+	observeJWT(trail, []ca.JWTKeyInfo{{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-a", State: castate.StateActive}, Public: a}}, false)
 	got := drain(t, buf)
 	require.Len(t, got, 1)
 	assert.Equal(t, "jwt_key_activated", got[0].Event)

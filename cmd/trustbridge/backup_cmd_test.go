@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server/backup"
@@ -62,11 +63,11 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 	assert.Equal(t, want.Roots, got.Roots)
 	require.Len(t, got.JWTKeys, 1, "the JWT signing key is restored")
 	assert.Equal(t, want.JWTKeys, got.JWTKeys)
-	jwtKeyFile := filepath.Join(target, "ca", "roots", ca.JWTKeyKey(got.JWTKeys[0].KID))
+	jwtKeyFile := filepath.Join(target, "ca", "roots", castate.JWTKeyKey(got.JWTKeys[0].KID))
 	require.FileExists(t, jwtKeyFile)
 	restoredKey, err := os.ReadFile(jwtKeyFile)
 	require.NoError(t, err)
-	origKey, err := os.ReadFile(filepath.Join(dataDir, "ca", "roots", ca.JWTKeyKey(got.JWTKeys[0].KID)))
+	origKey, err := os.ReadFile(filepath.Join(dataDir, "ca", "roots", castate.JWTKeyKey(got.JWTKeys[0].KID)))
 	require.NoError(t, err)
 	assert.Equal(t, origKey, restoredKey, "the same key signs after a restore")
 	for _, f := range files {

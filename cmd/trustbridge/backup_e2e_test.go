@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 )
 
@@ -88,7 +89,7 @@ func (d *restoreDrill) rotate() {
 		}
 		for _, r := range j.Roots {
 			if r.ID == prepared {
-				return r.State == ca.StateActive
+				return r.State == castate.StateActive
 			}
 		}
 		return false

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/datadir"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/securedir"
@@ -63,7 +64,7 @@ func prepareDataDir(o serverOptions) error {
 		}
 		return fmt.Errorf("--data-dir %s holds %s but no CA state (%s), and starting would %s; "+
 			"if the path is wrong, fix it; if the CA state was lost, restore it from a backup; to start new CA state in this directory anyway, pass --%s",
-			o.dataDir, strings.Join(others, ", "), filepath.Join(store.Dir(), ca.JournalKey), startsOver(o), initFlag)
+			o.dataDir, strings.Join(others, ", "), filepath.Join(store.Dir(), castate.JournalKey), startsOver(o), initFlag)
 	}
 	return nil
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"crypto"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"sync/atomic"
 	"time"
 
@@ -40,30 +42,25 @@ func (s *storeTrust) Trust() *sds.Trust {
 	return v.trust
 }
 
-// authoritySigner signs the CSRs sds.Minter makes for callers SDS has
+// authoritySigner signs the keys sds.Minter makes for callers SDS has
 // authenticated; the chain handed to Envoy leaves the roots out, which
 // the validation contexts carry.
 type authoritySigner struct{ a *ca.Authority }
 
-func (s authoritySigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
-	return s.SignWithDNSNames(csr, id, ttl, nil)
+func (s authoritySigner) Sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+	return s.SignWithDNSNames(pub, id, ttl, nil)
 }
 
 // SignWithDNSNames implements sds.DNSSigner: the workload DNS names the
 // minter decided from the caller's grant (--workload-dns-name-template).
-func (s authoritySigner) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error) {
-	// Authority.Sign wants a CSR whose signature ParseCSR checked.
-	parsed, err := ca.ParseCSR(csr.Raw)
-	if err != nil {
-		return nil, err
-	}
+func (s authoritySigner) SignWithDNSNames(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration, dnsNames []string) ([]*x509.Certificate, error) {
 	// Marked, so that the certificate never authenticates to this server
 	// (authn.GrantMethodSDS).
 	marker, err := authn.Grant{Method: authn.GrantMethodSDS, GrantedAt: time.Now()}.Extension()
 	if err != nil {
 		return nil, err
 	}
-	issued, err := s.a.SignWithDNSNames(parsed, id, ttl, dnsNames, marker)
+	issued, err := s.a.SignX509SVID(ca.X509SVIDParams{PublicKey: pub, SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: []pkix.Extension{marker}})
 	if err != nil {
 		return nil, err
 	}

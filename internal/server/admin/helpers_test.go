@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
@@ -43,9 +44,9 @@ func newFakeCA(t *testing.T) *fakeCA {
 	b.SetSequenceNumber(7)
 	b.SetRefreshHint(5 * time.Minute)
 	return &fakeCA{bundle: b, roots: []ca.RootInfo{
-		{RootRecord: ca.RootRecord{ID: "01", State: ca.StateActive, CertSHA256: "aa",
+		{RootRecord: castate.RootRecord{ID: "01", State: castate.StateActive, CertSHA256: "aa",
 			PreparedAt: t0.Add(-48 * time.Hour), ActivatedAt: t0.Add(-24 * time.Hour)}, Cert: active.Cert},
-		{RootRecord: ca.RootRecord{ID: "02", State: ca.StatePrepared, CertSHA256: "bb",
+		{RootRecord: castate.RootRecord{ID: "02", State: castate.StatePrepared, CertSHA256: "bb",
 			PreparedAt: t0.Add(-time.Hour)}, Cert: next.Cert},
 	}}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
@@ -70,10 +71,10 @@ func newJWTFixture(t *testing.T) *jwtFixture {
 	require.NoError(t, peer.AddJWTAuthority("peer-1", f.peerKey.Public()))
 	store.Set("federation:"+peerTD.Name(), peer)
 	f.keys = fakeJWTKeys{
-		{JWTKeyRecord: ca.JWTKeyRecord{KID: "k-active", State: ca.StateActive, Algorithm: "ES256",
+		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-active", State: castate.StateActive, Algorithm: "ES256",
 			CreatedAt: t0.Add(-20 * 24 * time.Hour), NotAfter: t0.Add(10 * 24 * time.Hour),
 			PreparedAt: t0.Add(-20 * 24 * time.Hour), ActivatedAt: t0.Add(-19 * 24 * time.Hour)}, Public: f.active.Public()},
-		{JWTKeyRecord: ca.JWTKeyRecord{KID: "k-next", State: ca.StatePrepared, Algorithm: "ES256",
+		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-next", State: castate.StatePrepared, Algorithm: "ES256",
 			CreatedAt: t0.Add(-time.Hour), NotAfter: t0.Add(29 * 24 * time.Hour), PreparedAt: t0.Add(-time.Hour)}, Public: f.next.Public()},
 	}
 	f.cfg.JWT = f.keys
