@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/trustbridge/trustbridge/internal/leader/fence"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 )
 
@@ -25,7 +26,7 @@ var (
 	ErrConflict = errors.New("CA state changed by another writer")
 	// ErrNotLeader: this replica does not hold leadership, so it does not
 	// change the CA state.
-	ErrNotLeader = errors.New("not the leader")
+	ErrNotLeader = fence.ErrNotLeader
 )
 
 // Backend keeps the CA state: the journal and the material of every root
