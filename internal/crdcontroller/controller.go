@@ -101,6 +101,9 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stop()
 	var tickers sync.WaitGroup
 	defer tickers.Wait()
+	// Ends the ticker should the controller fail to start.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	ctrl, err := controller.NewTypedUnmanaged(cmp.Or(cfg.Kind, cfg.GVR.String()), controller.TypedOptions[reconcile.Request]{
 		Reconciler: reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 			return reconcile.Result{}, syncAll(ctx, cfg, inf.Lister(), recorder)
