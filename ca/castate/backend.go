@@ -1,6 +1,10 @@
 package castate
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/trustbridge/trustbridge/internal/leader/fence"
+)
 
 // Sentinel errors of shared CA state.
 var (
@@ -12,7 +16,7 @@ var (
 	ErrConflict = errors.New("CA state changed by another writer")
 	// ErrNotLeader: this replica does not hold leadership, so it does not
 	// change the CA state.
-	ErrNotLeader = errors.New("not the leader")
+	ErrNotLeader = fence.ErrNotLeader
 )
 
 // Backend keeps the CA state: the journal and the material of every root

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/internal/leader/fence"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -54,8 +55,9 @@ type Config struct {
 
 // Store is a castate.Backend on one Secret.
 type Store struct {
-	cfg Config
-	mu  sync.RWMutex // Lock: this process's readers and writers
+	cfg   Config
+	fence fence.Writer // writes: only the leader's, within its lease
+	mu    sync.RWMutex // Lock: this process's readers and writers
 }
 
 var _ castate.Backend = (*Store)(nil)
@@ -77,7 +79,7 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{cfg: cfg}, nil
+	return &Store{cfg: cfg, fence: fence.Writer{Leader: cfg.Leader, Timeout: cfg.Timeout}}, nil
 }
 
 // Describe names the Secret.
@@ -242,8 +244,8 @@ func sortedKeys(m map[string][]byte) []string {
 
 // Commit writes the whole state if the Secret is still at version base.
 func (s *Store) Commit(base string, j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey) (string, error) {
-	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
-		return "", s.wrap(fmt.Errorf("%w: refusing to write", castate.ErrNotLeader))
+	if err := s.fence.Check("write"); err != nil {
+		return "", s.wrap(err)
 	}
 	data, err := encode(j, roots, jwtKeys)
 	if err != nil {
@@ -256,17 +258,11 @@ func (s *Store) Commit(base string, j *castate.Journal, roots []*castate.Root, j
 	if size > MaxSecretSize {
 		return "", s.wrap(fmt.Errorf("state of %d bytes is more than a Secret holds (%d)", size, MaxSecretSize))
 	}
-	ctx, cancel, until, bounded := s.writeContext()
-	defer cancel()
-	if bounded && until.IsZero() {
-		return "", s.wrap(fmt.Errorf("%w: refusing to write", castate.ErrNotLeader))
-	}
-	version, err := s.commit(ctx, base, data)
-	if err != nil && bounded && !time.Now().Before(until) {
-		// The request may have gone out, but past the instant another
-		// replica may lead: abandoned, as far as this replica can.
-		return "", s.wrap(fmt.Errorf("%w: leadership may have lapsed during the write: %v", castate.ErrNotLeader, err))
-	}
+	var version string
+	err = s.fence.Write(func(ctx context.Context) error {
+		version, err = s.commit(ctx, base, data)
+		return err
+	})
 	if err != nil {
 		return "", s.wrap(err)
 	}
@@ -314,25 +310,6 @@ func encode(j *castate.Journal, roots []*castate.Root, jwtKeys []*castate.JWTKey
 		}
 	}
 	return data, nil
-}
-
-// leaseBound is the optional part of a Leader that says until when it
-// counts itself the leader.
-type leaseBound interface{ LeadingUntil() time.Time }
-
-// writeContext bounds a write by Timeout and, when the leader says
-// (bounded), by until: when it stops counting itself the leader, zero
-// when it already has.
-func (s *Store) writeContext() (ctx context.Context, cancel context.CancelFunc, until time.Time, bounded bool) {
-	deadline := time.Now().Add(s.cfg.Timeout)
-	if lb, ok := s.cfg.Leader.(leaseBound); ok {
-		until, bounded = lb.LeadingUntil(), true
-		if until.Before(deadline) {
-			deadline = until
-		}
-	}
-	ctx, cancel = context.WithDeadline(context.Background(), deadline)
-	return ctx, cancel, until, bounded
 }
 
 func (s *Store) commit(ctx context.Context, base string, data map[string][]byte) (string, error) {

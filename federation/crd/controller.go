@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/kubeloop"
+	"github.com/trustbridge/trustbridge/internal/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -75,7 +75,7 @@ type Config struct {
 // endpoints and reports each one's polling state in its status.
 type Controller struct {
 	cfg     Config
-	metrics *metrics
+	metrics *crdcontroller.Metrics
 
 	mu sync.Mutex
 	// valid is the last valid endpoint of each resource by name, with
@@ -127,9 +127,9 @@ func (c *Controller) Origins() map[spiffeid.TrustDomain]string {
 
 // Run watches the resources until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
-	err := kubeloop.Run(ctx, kubeloop.Config{
+	err := crdcontroller.Run(ctx, crdcontroller.Config{
 		Dynamic: c.cfg.Dynamic, GVR: GVR, Kind: "ClusterFederatedTrustDomain", WatchAttrs: []any{"class", c.cfg.ClassName},
-		Events: c.cfg.Events, Interval: c.cfg.StatusInterval, Sync: c.sync, SyncErrors: c.metrics.syncErrors,
+		Events: c.cfg.Events, Interval: c.cfg.StatusInterval, Sync: c.sync, SyncErrors: c.metrics.SyncErrors,
 		Clock: c.cfg.Clock, Logger: c.cfg.Logger,
 	})
 	if err != nil {
@@ -146,7 +146,7 @@ type resource struct {
 }
 
 // sync applies every resource and updates statuses.
-func (c *Controller) sync(ctx context.Context, l kubeloop.Lister, recorder events.EventRecorder) error {
+func (c *Controller) sync(ctx context.Context, l crdcontroller.Lister, recorder events.EventRecorder) error {
 	objs, err := l.List(labels.Everything())
 	if err != nil {
 		return err
@@ -168,10 +168,11 @@ func (c *Controller) sync(ctx context.Context, l kubeloop.Lister, recorder event
 		// bug, and the poller keeps its previous set.
 		return fmt.Errorf("applying %d endpoints: %w", len(j.endpoints), err)
 	}
-	c.metrics.resources.Reset()
-	for _, v := range j.verdicts {
-		c.metrics.resources.WithLabelValues(v.state()).Inc()
+	states := make([]string, len(j.verdicts))
+	for i, v := range j.verdicts {
+		states[i] = v.state()
 	}
+	c.metrics.SetStates(states)
 	if c.cfg.IsLeader != nil && !c.cfg.IsLeader() {
 		return nil
 	}
@@ -352,7 +353,7 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		delete(c.refused, name)
 		return
 	}
-	if kubeloop.Refused(c.refused, recorder, r.obj, reason, note) {
+	if crdcontroller.Refused(c.refused, recorder, r.obj, reason, note) {
 		c.cfg.Logger.Warn("ClusterFederatedTrustDomain refused", "name", name, "reason", reason, logattr.Error, note)
 	}
 }
@@ -362,7 +363,7 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, sta
 	want := Status{ObservedGeneration: r.obj.GetGeneration()}
 	old := r.cr.Status
 	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
-		kubeloop.SetCondition(&want.Conditions, old.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg,
+		crdcontroller.SetCondition(&want.Conditions, old.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg,
 			ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
 	}
 	switch {
@@ -403,19 +404,19 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict, sta
 	if reflect.DeepEqual(normalize(old), normalize(want)) {
 		return nil
 	}
-	written, err := kubeloop.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
+	written, err := crdcontroller.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
 	if err != nil {
 		return fmt.Errorf("status of %s: %w", r.obj.GetName(), err)
 	}
 	if written {
-		c.metrics.statusWrites.Inc()
+		c.metrics.StatusWrites.Inc()
 	}
 	return nil
 }
 
 // fillStatus copies the poller's view of a trust domain into s.
 func fillStatus(s *Status, st federation.Status) {
-	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, kubeloop.Truncate(st.LastError, 4000), st.ConsecutiveFailures
+	s.State, s.EndpointURL, s.LastError, s.ConsecutiveFailures = string(st.State), st.EndpointURL, crdcontroller.Truncate(st.LastError, 4000), st.ConsecutiveFailures
 	if st.Sequence != nil && *st.Sequence <= 1<<63-1 {
 		seq := int64(*st.Sequence)
 		s.Sequence = &seq

@@ -24,6 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/leader/fence"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -51,12 +52,13 @@ var (
 	// ErrConflict: another writer changed the entry since it was read, or
 	// it holds a newer bundle; nothing was written.
 	ErrConflict = errors.New("last-known-good changed by another writer")
-	// ErrNotLeader: this replica does not lead, so it does not write.
-	ErrNotLeader = errors.New("not the leader")
+	// ErrNotLeader: this replica does not lead, so it does not write. It
+	// is fence.ErrNotLeader, ca.ErrNotLeader's too.
+	ErrNotLeader = fence.ErrNotLeader
 )
 
 // Leader says whether this replica leads.
-type Leader interface{ IsLeader() bool }
+type Leader = fence.Leader
 
 // Config configures a Store. Zero fields take defaults.
 type Config struct {
@@ -77,7 +79,10 @@ type Config struct {
 }
 
 // Store is a federation.LastKnownGood on ConfigMaps.
-type Store struct{ cfg Config }
+type Store struct {
+	cfg   Config
+	fence fence.Writer // writes: only the leader's, within its lease
+}
 
 var _ federation.LastKnownGood = (*Store)(nil)
 
@@ -104,7 +109,7 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{cfg: cfg}, nil
+	return &Store{cfg: cfg, fence: fence.Writer{Leader: cfg.Leader, Timeout: cfg.Timeout}}, nil
 }
 
 // sanitize maps a trust-domain name onto the characters of one DNS label:
@@ -230,8 +235,8 @@ func (s *Store) Save(e federation.LKGEntry) error {
 		return errors.New("kubelkg: no trust domain given")
 	}
 	where := s.describe(td)
-	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
-		return fmt.Errorf("kubelkg: %s: %w: refusing to write", where, ErrNotLeader)
+	if err := s.fence.Check("write"); err != nil {
+		return fmt.Errorf("kubelkg: %s: %w", where, err)
 	}
 	if e.Bundle == nil {
 		return fmt.Errorf("kubelkg: %s: no bundle", where)
@@ -250,24 +255,10 @@ func (s *Store) Save(e federation.LKGEntry) error {
 	if len(raw) > MaxEntrySize {
 		return fmt.Errorf("kubelkg: %s: entry of %d bytes is more than the %d a load reads", where, len(raw), MaxEntrySize)
 	}
-	deadline := time.Now().Add(s.cfg.Timeout)
-	var until time.Time
-	lb, bounded := s.cfg.Leader.(leaseBound)
-	if bounded {
-		if until = lb.LeadingUntil(); until.IsZero() {
-			return fmt.Errorf("kubelkg: %s: %w: refusing to write", where, ErrNotLeader)
-		}
-		if until.Before(deadline) {
-			deadline = until
-		}
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	err = s.save(ctx, e, where, raw)
-	if err != nil && bounded && !time.Now().Before(until) {
-		// The request may have gone out, but past the instant another
-		// replica may lead: abandoned, as far as this replica can.
-		return fmt.Errorf("kubelkg: %s: %w: leadership may have lapsed during the write: %v", where, ErrNotLeader, err)
+	err = s.fence.Write(func(ctx context.Context) error { return s.save(ctx, e, where, raw) })
+	if errors.Is(err, ErrNotLeader) {
+		// The fence's refusal; save's own errors name the ConfigMap.
+		return fmt.Errorf("kubelkg: %s: %w", where, err)
 	}
 	return err
 }
@@ -278,8 +269,8 @@ func (s *Store) Save(e federation.LKGEntry) error {
 // ConfigMap of that name naming another trust domain is left alone.
 func (s *Store) Remove(td spiffeid.TrustDomain) error {
 	where := s.describe(td)
-	if s.cfg.Leader != nil && !s.cfg.Leader.IsLeader() {
-		return fmt.Errorf("kubelkg: %s: %w: refusing to delete", where, ErrNotLeader)
+	if err := s.fence.Check("delete"); err != nil {
+		return fmt.Errorf("kubelkg: %s: %w", where, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	defer cancel()
@@ -306,10 +297,6 @@ func (s *Store) Remove(td spiffeid.TrustDomain) error {
 	}
 	return nil
 }
-
-// leaseBound is the optional part of a Leader that says until when it
-// counts itself the leader.
-type leaseBound interface{ LeadingUntil() time.Time }
 
 // save writes raw, the encoding of e, as its trust domain's entry,
 // refusing to go back in sequence.

@@ -138,8 +138,8 @@ func (e *Elector) IsLeader() bool {
 
 // LeadingUntil is when IsLeader turns false unless the lease is renewed
 // first, or zero while this replica does not lead. Writers bound their
-// requests by it (ca/kubestore, federation/kubelkg), so a write cannot
-// land long after another replica may have taken over.
+// requests by it (fence.Writer, under ca/kubestore and federation/kubelkg),
+// so a write cannot land long after another replica may have taken over.
 func (e *Elector) LeadingUntil() time.Time {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/kubeloop"
+	"github.com/trustbridge/trustbridge/internal/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -76,7 +76,7 @@ type Config struct {
 // and reports in each resource's status whether it is applied.
 type Controller struct {
 	cfg     Config
-	metrics *metrics
+	metrics *crdcontroller.Metrics
 
 	mu sync.Mutex
 	// valid is each resource's last valid rule, with its generation: an
@@ -136,9 +136,9 @@ func (c *Controller) Rules() []trustpolicy.Rule {
 
 // Run watches the resources until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
-	err := kubeloop.Run(ctx, kubeloop.Config{
+	err := crdcontroller.Run(ctx, crdcontroller.Config{
 		Dynamic: c.cfg.Dynamic, GVR: GVR, Kind: "ClusterTrustPolicy",
-		Events: c.cfg.Events, Interval: c.cfg.StatusInterval, Sync: c.sync, SyncErrors: c.metrics.syncErrors,
+		Events: c.cfg.Events, Interval: c.cfg.StatusInterval, Sync: c.sync, SyncErrors: c.metrics.SyncErrors,
 		Clock: c.cfg.Clock, Logger: c.cfg.Logger,
 	})
 	if err != nil {
@@ -155,7 +155,7 @@ type resource struct {
 }
 
 // sync applies every valid resource and updates statuses.
-func (c *Controller) sync(ctx context.Context, l kubeloop.Lister, recorder events.EventRecorder) error {
+func (c *Controller) sync(ctx context.Context, l crdcontroller.Lister, recorder events.EventRecorder) error {
 	objs, err := l.List(labels.Everything())
 	if err != nil {
 		return err
@@ -173,11 +173,12 @@ func (c *Controller) sync(ctx context.Context, l kubeloop.Lister, recorder event
 	applied := c.applied
 	c.mu.Unlock()
 
-	c.metrics.resources.Reset()
+	states := make([]string, len(verdicts))
 	for i := range verdicts {
 		verdicts[i].settle(applied, applyErr)
-		c.metrics.resources.WithLabelValues(verdicts[i].state()).Inc()
+		states[i] = verdicts[i].state()
 	}
+	c.metrics.SetStates(states)
 	if c.cfg.IsLeader != nil && !c.cfg.IsLeader() {
 		return applyErr
 	}
@@ -341,7 +342,7 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		delete(c.refused, name)
 		return
 	}
-	if kubeloop.Refused(c.refused, recorder, r.obj, reason, note) {
+	if crdcontroller.Refused(c.refused, recorder, r.obj, reason, note) {
 		c.cfg.Logger.Warn("ClusterTrustPolicy refused: "+reason, logattr.Rule, name, logattr.Error, note)
 	}
 }

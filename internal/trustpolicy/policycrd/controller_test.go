@@ -206,7 +206,7 @@ func (u *unit) drainEvents() []string {
 func (u *unit) states() map[string]float64 {
 	out := map[string]float64{}
 	for _, s := range []string{"applied", "invalid", "invalid_last_valid_applied", "conflict"} {
-		out[s] = testutil.ToFloat64(u.c.metrics.resources.WithLabelValues(s))
+		out[s] = testutil.ToFloat64(u.c.metrics.Resources.WithLabelValues(s))
 	}
 	return out
 }
@@ -256,11 +256,11 @@ func TestSyncValidAndInvalid(t *testing.T) {
 
 	// Nothing changed: no Apply (which would wake every SDS stream), no
 	// status write, no second event.
-	writes := testutil.ToFloat64(u.c.metrics.statusWrites)
+	writes := testutil.ToFloat64(u.c.metrics.StatusWrites)
 	u.clock.Step(time.Hour)
 	u.mustSync()
 	assert.Equal(t, 1, u.applyCount())
-	assert.Equal(t, writes, testutil.ToFloat64(u.c.metrics.statusWrites))
+	assert.Equal(t, writes, testutil.ToFloat64(u.c.metrics.StatusWrites))
 	assert.Empty(t, u.drainEvents())
 }
 
@@ -385,7 +385,7 @@ func TestSyncFollower(t *testing.T) {
 	assert.Equal(t, []string{"r=partner.example"}, u.lastApplied())
 	assert.Empty(t, u.get("r").Status.Conditions)
 	assert.Empty(t, u.drainEvents())
-	assert.Zero(t, testutil.ToFloat64(u.c.metrics.statusWrites))
+	assert.Zero(t, testutil.ToFloat64(u.c.metrics.StatusWrites))
 }
 
 func TestConditionTransitionTimeKept(t *testing.T) {
@@ -501,14 +501,14 @@ func BenchmarkSyncUnchanged(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	writes, applies := testutil.ToFloat64(u.c.metrics.statusWrites), u.applyCount()
+	writes, applies := testutil.ToFloat64(u.c.metrics.StatusWrites), u.applyCount()
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := u.c.sync(context.Background(), staticLister(objs), u.recorder); err != nil {
 			b.Fatal(err)
 		}
 	}
-	if testutil.ToFloat64(u.c.metrics.statusWrites) != writes || u.applyCount() != applies {
+	if testutil.ToFloat64(u.c.metrics.StatusWrites) != writes || u.applyCount() != applies {
 		b.Fatal("an unchanged sync wrote or applied")
 	}
 }

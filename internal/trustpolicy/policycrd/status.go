@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/trustbridge/trustbridge/internal/kubeloop"
+	"github.com/trustbridge/trustbridge/internal/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -30,7 +30,7 @@ func (c *Controller) status(r resource, v verdict) Status {
 			msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
 		}
 	}
-	kubeloop.SetCondition(&want.Conditions, r.cr.Status.Conditions, metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: msg,
+	crdcontroller.SetCondition(&want.Conditions, r.cr.Status.Conditions, metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: msg,
 		ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
 	return want
 }
@@ -56,7 +56,7 @@ func capStrings(ss []string, n, size int) []string {
 	}
 	out := slices.Clone(ss[:min(n, len(ss))])
 	for i := range out {
-		out[i] = kubeloop.Truncate(out[i], size)
+		out[i] = crdcontroller.Truncate(out[i], size)
 	}
 	return out
 }
@@ -68,12 +68,12 @@ func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict) err
 	if reflect.DeepEqual(normalize(r.cr.Status), normalize(want)) {
 		return nil
 	}
-	written, err := kubeloop.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
+	written, err := crdcontroller.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
 	if err != nil {
 		return fmt.Errorf("status of ClusterTrustPolicy %s: %w", r.obj.GetName(), err)
 	}
 	if written {
-		c.metrics.statusWrites.Inc()
+		c.metrics.StatusWrites.Inc()
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package kubeloop
+package crdcontroller
 
 import (
 	"context"
