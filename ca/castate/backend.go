@@ -3,7 +3,7 @@ package castate
 import (
 	"errors"
 
-	"github.com/trustbridge/trustbridge/internal/leader/fence"
+	"github.com/trustbridge/trustbridge/internal/kube/leader/fence"
 )
 
 // Sentinel errors of shared CA state.

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
-	"github.com/trustbridge/trustbridge/internal/leader/fence"
+	"github.com/trustbridge/trustbridge/internal/kube/leader/fence"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 

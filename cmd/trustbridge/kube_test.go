@@ -38,7 +38,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/leader"
+	"github.com/trustbridge/trustbridge/internal/kube/leader"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 

@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/crdcontroller"
+	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 

@@ -24,7 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/leader/fence"
+	"github.com/trustbridge/trustbridge/internal/kube/leader/fence"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 

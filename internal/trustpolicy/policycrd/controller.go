@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/crdcontroller"
+	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )

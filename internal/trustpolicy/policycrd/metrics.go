@@ -3,7 +3,7 @@ package policycrd
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/trustbridge/trustbridge/internal/crdcontroller"
+	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 )
 
 func newMetrics(reg prometheus.Registerer) (*crdcontroller.Metrics, error) {

@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/trustbridge/trustbridge/internal/crdcontroller"
+	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 

@@ -6,7 +6,7 @@
 // false as soon as the lease may have lapsed (RenewDeadline after the last
 // renewal that began, well inside LeaseDuration, after which another
 // replica may take over), not when the elector gets round to noticing.
-// Writers of shared state go through fence.Writer (internal/leader/fence),
+// Writers of shared state go through fence.Writer (internal/kube/leader/fence),
 // which also bounds each write by LeadingUntil.
 //
 //	el, err := leader.New(leader.Config{Client: cs, Namespace: ns, Registerer: reg})
