@@ -1,6 +1,8 @@
 package kubestore
 
 import (
+	"go.uber.org/goleak"
+
 	"context"
 	"crypto/rand"
 	"crypto/x509"
@@ -8,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -38,7 +39,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
 
 var (
 	td = spiffeid.RequireTrustDomainFromString("example.org")

@@ -1,6 +1,8 @@
 package kubecsr_test
 
 import (
+	"go.uber.org/goleak"
+
 	"context"
 	"crypto/rand"
 	"crypto/x509"
@@ -9,7 +11,6 @@ import (
 	"errors"
 	"math/big"
 	"net/url"
-	"os"
 	"testing"
 	"time"
 
@@ -29,7 +30,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
 
 // testSigner stands in, against the real API server, for a PKI's signer
 // of signerName: it approves each new CSR of its signer and writes a CA

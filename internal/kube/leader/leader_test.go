@@ -1,8 +1,9 @@
 package leader
 
 import (
+	"go.uber.org/goleak"
+
 	"context"
-	"os"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -21,7 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
-func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
 
 // Short timings: failover within about a lease duration.
 const (
