@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, notReady func() float64) (*metrics, e
 		}, []string{"result"}),
 		rotations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_ca_rotation_events_total",
-			Help: "castate.Root lifecycle events: bootstrap, prepared, activated, retired, removed, plugin_change.",
+			Help: "Root lifecycle events: bootstrap, prepared, activated, retired, removed, plugin_change.",
 		}, []string{"event"}),
 		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_ca_rotation_errors_total",
