@@ -128,26 +128,50 @@ func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap 
 	if err := checkMemberNames(doc, "keys", "spiffe_sequence", "spiffe_refresh_hint", "trust_domains"); err != nil {
 		return nil, nil, err
 	}
+	elements, err := keyElements(doc, inMap)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := spiffebundle.New(td)
+	if err := setBundleMetadata(b, doc, inMap); err != nil {
+		return nil, nil, err
+	}
+	a := authorityAdder{td: td, b: b, jwtKids: map[string]int{}, witKids: map[string]int{}}
+	for i, raw := range elements {
+		if err := a.add(i, raw); err != nil {
+			return nil, nil, err
+		}
+	}
+	return b, a.warnings, nil
+}
+
+// keyElements returns the raw elements of the document's "keys" array,
+// which is required.
+func keyElements(doc map[string]json.RawMessage, inMap bool) ([]json.RawMessage, error) {
 	rawKeys, ok := doc["keys"]
 	if !ok {
 		if _, isMap := doc["trust_domains"]; isMap && !inMap {
-			return nil, nil, errors.New(`missing "keys" (this is a SPIFFE bundle map, not a bundle)`)
+			return nil, errors.New(`missing "keys" (this is a SPIFFE bundle map, not a bundle)`)
 		}
-		return nil, nil, errors.New(`missing "keys"`)
+		return nil, errors.New(`missing "keys"`)
 	}
 	if kind := jsonKind(rawKeys); kind != "an array" {
-		return nil, nil, fmt.Errorf(`"keys" must be an array, got %s`, kind)
+		return nil, fmt.Errorf(`"keys" must be an array, got %s`, kind)
 	}
 	var elements []json.RawMessage
 	if err := json.Unmarshal(rawKeys, &elements); err != nil {
-		return nil, nil, fmt.Errorf(`"keys": %w`, err)
+		return nil, fmt.Errorf(`"keys": %w`, err)
 	}
+	return elements, nil
+}
 
-	b := spiffebundle.New(td)
+// setBundleMetadata sets b's sequence number and refresh hint from the
+// document's optional spiffe_sequence and spiffe_refresh_hint members.
+func setBundleMetadata(b *spiffebundle.Bundle, doc map[string]json.RawMessage, inMap bool) error {
 	if raw, ok := doc["spiffe_sequence"]; ok {
 		seq, err := parseUint(raw, "spiffe_sequence", "an unsigned 64-bit integer")
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		b.SetSequenceNumber(seq)
 	}
@@ -156,53 +180,76 @@ func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap 
 	if raw, ok := doc["spiffe_refresh_hint"]; ok && !inMap {
 		hint, err := parseUint(raw, "spiffe_refresh_hint", "a non-negative integer number of seconds")
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		if hint > uint64(maxRefreshHintSeconds) {
-			return nil, nil, fmt.Errorf("spiffe_refresh_hint %d seconds is too large", hint)
+			return fmt.Errorf("spiffe_refresh_hint %d seconds is too large", hint)
 		}
 		b.SetRefreshHint(time.Duration(hint) * time.Second)
 	}
+	return nil
+}
 
-	var warnings []Warning
-	jwtKids := map[string]int{}
-	witKids := map[string]int{}
-	for i, raw := range elements {
-		k, warns, err := parseKey(raw)
-		for _, w := range warns {
-			warnings = append(warnings, Warning{Index: i, Code: w.code, Message: w.msg, Ignored: k == nil && err == nil})
-		}
-		if err != nil {
-			return nil, nil, &ElementError{Index: i, Err: err}
-		}
-		if k == nil {
-			continue
-		}
-		switch k.use {
-		case UseX509SVID:
-			if b.HasX509Authority(k.cert) {
-				warnings = append(warnings, Warning{Index: i, Code: CodeDuplicateAuthority, Message: "duplicate x509-svid authority; ignored", Ignored: true})
-				continue
-			}
-			if w := foreignSPIFFEID(td, k.cert); w != "" {
-				warnings = append(warnings, Warning{Index: i, Code: CodeForeignTrustDomain, Message: w})
-			}
-			b.AddX509Authority(k.cert)
-		case UseJWTSVID, UseWITSVID:
-			kids, add := jwtKids, b.AddJWTAuthority
-			if k.use == UseWITSVID {
-				kids, add = witKids, b.AddWITAuthority
-			}
-			if prev, dup := kids[k.kid]; dup {
-				return nil, nil, &ElementError{Index: i, Err: fmt.Errorf("duplicate kid %q (also keys[%d])", k.kid, prev)}
-			}
-			kids[k.kid] = i
-			if err := add(k.kid, k.pub); err != nil {
-				return nil, nil, &ElementError{Index: i, Err: err}
-			}
-		}
+// authorityAdder adds the elements of "keys" to a bundle one by one,
+// collecting warnings and the kids already taken for each JWT-style use.
+type authorityAdder struct {
+	td       spiffeid.TrustDomain
+	b        *spiffebundle.Bundle
+	warnings []Warning
+	jwtKids  map[string]int // kid → index of its element
+	witKids  map[string]int
+}
+
+// add parses element i and adds its authority to the bundle, unless the
+// spec says to ignore it.
+func (a *authorityAdder) add(i int, raw json.RawMessage) error {
+	k, warns, err := parseKey(raw)
+	for _, w := range warns {
+		a.warnings = append(a.warnings, Warning{Index: i, Code: w.code, Message: w.msg, Ignored: k == nil && err == nil})
 	}
-	return b, warnings, nil
+	if err != nil {
+		return &ElementError{Index: i, Err: err}
+	}
+	if k == nil {
+		return nil
+	}
+	switch k.use {
+	case UseX509SVID:
+		a.addX509(i, k)
+	case UseJWTSVID, UseWITSVID:
+		return a.addJWT(i, k)
+	}
+	return nil
+}
+
+// addX509 adds an x509-svid authority; a duplicate root is ignored with a
+// warning.
+func (a *authorityAdder) addX509(i int, k *key) {
+	if a.b.HasX509Authority(k.cert) {
+		a.warnings = append(a.warnings, Warning{Index: i, Code: CodeDuplicateAuthority, Message: "duplicate x509-svid authority; ignored", Ignored: true})
+		return
+	}
+	if w := foreignSPIFFEID(a.td, k.cert); w != "" {
+		a.warnings = append(a.warnings, Warning{Index: i, Code: CodeForeignTrustDomain, Message: w})
+	}
+	a.b.AddX509Authority(k.cert)
+}
+
+// addJWT adds a jwt-svid or wit-svid authority. A kid used twice for the
+// same use is an error: consumers could pick either key.
+func (a *authorityAdder) addJWT(i int, k *key) error {
+	kids, add := a.jwtKids, a.b.AddJWTAuthority
+	if k.use == UseWITSVID {
+		kids, add = a.witKids, a.b.AddWITAuthority
+	}
+	if prev, dup := kids[k.kid]; dup {
+		return &ElementError{Index: i, Err: fmt.Errorf("duplicate kid %q (also keys[%d])", k.kid, prev)}
+	}
+	kids[k.kid] = i
+	if err := add(k.kid, k.pub); err != nil {
+		return &ElementError{Index: i, Err: err}
+	}
+	return nil
 }
 
 func parseUint(raw json.RawMessage, name, want string) (uint64, error) {
