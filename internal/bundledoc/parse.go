@@ -136,13 +136,11 @@ func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap 
 	if err := setBundleMetadata(b, doc, inMap); err != nil {
 		return nil, nil, err
 	}
-	a := authorityAdder{td: td, b: b, jwtKids: map[string]int{}, witKids: map[string]int{}}
-	for i, raw := range elements {
-		if err := a.add(i, raw); err != nil {
-			return nil, nil, err
-		}
+	warnings, err := addAuthorities(td, b, elements)
+	if err != nil {
+		return nil, nil, err
 	}
-	return b, a.warnings, nil
+	return b, warnings, nil
 }
 
 // keyElements returns the raw elements of the document's "keys" array,
@@ -190,58 +188,58 @@ func setBundleMetadata(b *spiffebundle.Bundle, doc map[string]json.RawMessage, i
 	return nil
 }
 
-// authorityAdder adds the elements of "keys" to a bundle one by one,
-// collecting warnings and the kids already taken for each JWT-style use.
-type authorityAdder struct {
-	td       spiffeid.TrustDomain
-	b        *spiffebundle.Bundle
-	warnings []Warning
-	jwtKids  map[string]int // kid → index of its element
-	witKids  map[string]int
+// addAuthorities parses the elements of "keys" in order and adds their
+// authorities to b, skipping the elements the spec says to ignore. It
+// returns the warnings about them, each with its element's index.
+func addAuthorities(td spiffeid.TrustDomain, b *spiffebundle.Bundle, elements []json.RawMessage) ([]Warning, error) {
+	var warnings []Warning
+	jwtKids := map[string]int{} // kid → index of its element
+	witKids := map[string]int{}
+	for i, raw := range elements {
+		k, warns, err := parseKey(raw)
+		for _, w := range warns {
+			warnings = append(warnings, Warning{Index: i, Code: w.code, Message: w.msg, Ignored: k == nil && err == nil})
+		}
+		if err != nil {
+			return nil, &ElementError{Index: i, Err: err}
+		}
+		if k == nil {
+			continue
+		}
+		switch k.use {
+		case UseX509SVID:
+			warnings = addX509Authority(td, b, i, k, warnings)
+		case UseJWTSVID:
+			err = addJWTAuthority(b.AddJWTAuthority, jwtKids, i, k)
+		case UseWITSVID:
+			err = addJWTAuthority(b.AddWITAuthority, witKids, i, k)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return warnings, nil
 }
 
-// add parses element i and adds its authority to the bundle, unless the
-// spec says to ignore it.
-func (a *authorityAdder) add(i int, raw json.RawMessage) error {
-	k, warns, err := parseKey(raw)
-	for _, w := range warns {
-		a.warnings = append(a.warnings, Warning{Index: i, Code: w.code, Message: w.msg, Ignored: k == nil && err == nil})
+// addX509Authority adds the x509-svid authority of element i to b and
+// returns warnings with those about it appended: a duplicate root is
+// ignored, a root naming another trust domain than td is kept.
+func addX509Authority(td spiffeid.TrustDomain, b *spiffebundle.Bundle, i int, k *key, warnings []Warning) []Warning {
+	if b.HasX509Authority(k.cert) {
+		return append(warnings, Warning{Index: i, Code: CodeDuplicateAuthority, Message: "duplicate x509-svid authority; ignored", Ignored: true})
 	}
-	if err != nil {
-		return &ElementError{Index: i, Err: err}
+	if w := foreignSPIFFEID(td, k.cert); w != "" {
+		warnings = append(warnings, Warning{Index: i, Code: CodeForeignTrustDomain, Message: w})
 	}
-	if k == nil {
-		return nil
-	}
-	switch k.use {
-	case UseX509SVID:
-		a.addX509(i, k)
-	case UseJWTSVID, UseWITSVID:
-		return a.addJWT(i, k)
-	}
-	return nil
+	b.AddX509Authority(k.cert)
+	return warnings
 }
 
-// addX509 adds an x509-svid authority; a duplicate root is ignored with a
-// warning.
-func (a *authorityAdder) addX509(i int, k *key) {
-	if a.b.HasX509Authority(k.cert) {
-		a.warnings = append(a.warnings, Warning{Index: i, Code: CodeDuplicateAuthority, Message: "duplicate x509-svid authority; ignored", Ignored: true})
-		return
-	}
-	if w := foreignSPIFFEID(a.td, k.cert); w != "" {
-		a.warnings = append(a.warnings, Warning{Index: i, Code: CodeForeignTrustDomain, Message: w})
-	}
-	a.b.AddX509Authority(k.cert)
-}
-
-// addJWT adds a jwt-svid or wit-svid authority. A kid used twice for the
-// same use is an error: consumers could pick either key.
-func (a *authorityAdder) addJWT(i int, k *key) error {
-	kids, add := a.jwtKids, a.b.AddJWTAuthority
-	if k.use == UseWITSVID {
-		kids, add = a.witKids, a.b.AddWITAuthority
-	}
+// addJWTAuthority adds the jwt-svid or wit-svid authority of element i
+// with add. kids holds the kids already taken for that use, each with its
+// element's index: a kid used twice is an error, as consumers could pick
+// either key.
+func addJWTAuthority(add func(string, crypto.PublicKey) error, kids map[string]int, i int, k *key) error {
 	if prev, dup := kids[k.kid]; dup {
 		return &ElementError{Index: i, Err: fmt.Errorf("duplicate kid %q (also keys[%d])", k.kid, prev)}
 	}
