@@ -93,45 +93,100 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 	return d.play(ctx)
 }
 
+// play runs the demo's acts in order: two federated trust domains, a
+// workload call across them, and the calls that must be refused. With
+// -keep it then waits for keepCtx to end before stopping.
 func (d *demo) play(keepCtx context.Context) error {
 	ctx, cancel := context.WithTimeout(keepCtx, 5*time.Minute)
 	defer cancel()
-	eastPort, westPort, err := freePort(), freePort(), error(nil)
+	east, west, webCA, err := d.startPeers(ctx)
+	if err != nil {
+		return err
+	}
+	if err := d.awaitFederation(ctx, east, west); err != nil {
+		return err
+	}
+	w, err := d.issueWorkloads(ctx, east, west, webCA)
+	if err != nil {
+		return err
+	}
+	addr, stopServer, err := d.callAcross(ctx, w)
+	if err != nil {
+		return err
+	}
+	defer stopServer()
+	north, err := d.refuseIntruder(ctx, addr, w)
+	if err != nil {
+		return err
+	}
+	if err := d.refuseWithoutRoots(ctx, addr, w); err != nil {
+		return err
+	}
+	if d.o.keep {
+		d.keepRunning(keepCtx, east, west, north)
+	}
+	d.say("done; stopping the servers and removing %s", d.dir)
+	return nil
+}
+
+// startPeers starts east.example (https_spiffe) and west.example
+// (https_web, with a certificate from a web CA of the demo's own), each
+// federated with the other. webCA is the web CA's certificate file.
+func (d *demo) startPeers(ctx context.Context) (east, west *server, webCA string, err error) {
+	eastPort, westPort := freePort(), freePort()
 	if eastPort == "" || westPort == "" {
-		return errors.New("no free loopback port")
+		return nil, nil, "", errors.New("no free loopback port")
 	}
 
 	// west.example's bundle endpoint uses the https_web profile: a Web PKI
 	// certificate. A private web CA stands in for a public one here; east
 	// trusts it with --federation-ca-file.
-	webCA, err := d.webPKI("127.0.0.1")
+	webCA, err = d.webPKI("127.0.0.1")
 	if err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	d.say("made a web CA and a certificate for 127.0.0.1, for west.example's https_web bundle endpoint")
 
-	east, err := d.start(ctx, "east.example", eastPort,
+	east, err = d.start(ctx, "east.example", eastPort,
 		"--federate", "west.example|https://127.0.0.1:"+westPort+"/",
 		"--federation-ca-file", webCA)
 	if err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	d.say("started east.example: self-signed CA, bundle endpoint %s (https_spiffe: it proves itself with an X509-SVID of its own CA)", east.bundleURL)
 
-	// https_spiffe needs the peer's bundle once, out of band: it
-	// authenticates the first fetch. Here, from east's admin API on
-	// loopback.
+	fedConfig, err := d.handOverBundle(ctx, east)
+	if err != nil {
+		return nil, nil, "", err
+	}
+
+	west, err = d.start(ctx, "west.example", westPort,
+		"--bundle-profile", "https_web",
+		"--bundle-tls-cert", filepath.Join(d.dir, "web", "cert.pem"), "--bundle-tls-key", filepath.Join(d.dir, "web", "key.pem"),
+		"--federation-config", fedConfig)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	d.say("started west.example: bundle endpoint %s (https_web, the web CA's certificate)", west.bundleURL)
+	return east, west, webCA, nil
+}
+
+// handOverBundle writes east's bundle and a federation config for west
+// that names it, and returns the config's path. https_spiffe needs the
+// peer's bundle once, out of band: it authenticates the first fetch.
+// Here, it comes from east's admin API on loopback.
+func (d *demo) handOverBundle(ctx context.Context, east *server) (string, error) {
 	eastSnap, err := snapshot(ctx, east)
 	if err != nil {
-		return err
+		return "", err
 	}
 	eastBundle, err := localBundle(eastSnap)
 	if err != nil {
-		return err
+		return "", err
 	}
 	bundleFile := filepath.Join(d.dir, "east-bundle.json")
 	if err := writeBundle(bundleFile, eastBundle); err != nil {
-		return err
+		return "", err
 	}
 	fedConfig := filepath.Join(d.dir, "west-federation.yaml")
 	if err := os.WriteFile(fedConfig, []byte(fmt.Sprintf(`federation:
@@ -142,20 +197,16 @@ func (d *demo) play(keepCtx context.Context) error {
       endpointSPIFFEID: spiffe://east.example/trustbridge/bundle-endpoint
     trustDomainBundleFile: %s
 `, east.bundleURL, bundleFile)), 0o600); err != nil {
-		return err
+		return "", err
 	}
 	d.say("handed east.example's bundle to west.example out of band (%d root, sequence %d): it authenticates west's first fetch",
 		len(eastBundle.X509Authorities()), seq(eastBundle))
+	return fedConfig, nil
+}
 
-	west, err := d.start(ctx, "west.example", westPort,
-		"--bundle-profile", "https_web",
-		"--bundle-tls-cert", filepath.Join(d.dir, "web", "cert.pem"), "--bundle-tls-key", filepath.Join(d.dir, "web", "key.pem"),
-		"--federation-config", fedConfig)
-	if err != nil {
-		return err
-	}
-	d.say("started west.example: bundle endpoint %s (https_web, the web CA's certificate)", west.bundleURL)
-
+// awaitFederation waits until each of east and west has fetched the
+// other's bundle.
+func (d *demo) awaitFederation(ctx context.Context, east, west *server) error {
 	// East has been polling west since it started, with backoff; ask for
 	// a poll now rather than wait.
 	_ = d.cli(ctx, "federation", "refresh", "west.example", "--admin", east.admin)
@@ -170,90 +221,122 @@ func (d *demo) play(keepCtx context.Context) error {
 		}
 		d.say("%s fetched %s's bundle over %s: sequence %s, %d root(s), state %s", f.s.td, f.peer, f.how, seqText(st.Sequence), x509Count(st), st.State)
 	}
+	return nil
+}
 
-	// A workload certificate in each trust domain, from its own CA.
+// workloads are the demo's two workloads and the trust each takes from
+// its own server.
+type workloads struct {
+	frontend, backend    *x509svid.SVID // east's and west's
+	eastTrust, westTrust *x509bundle.Set
+}
+
+// issueWorkloads issues a workload certificate in each trust domain, from
+// its own CA, and fetches each server's bundle map as its workload's
+// trust.
+func (d *demo) issueWorkloads(ctx context.Context, east, west *server, webCA string) (workloads, error) {
+	var w workloads
 	eastCreds, westCreds := filepath.Join(d.dir, "east-frontend"), filepath.Join(d.dir, "west-backend")
 	if err := d.cli(ctx, "ca", "issue", "--data-dir", east.dataDir, "--spiffe-id", "spiffe://east.example/frontend", "--credentials-dir", eastCreds); err != nil {
-		return err
+		return w, err
 	}
 	if err := d.cli(ctx, "ca", "issue", "--data-dir", west.dataDir, "--spiffe-id", "spiffe://west.example/backend", "--credentials-dir", westCreds); err != nil {
-		return err
+		return w, err
 	}
 	d.say("issued spiffe://east.example/frontend (east's CA) and spiffe://west.example/backend (west's CA)")
 
 	// Each workload trusts what its own server trusts: the bundle map its
 	// bundle endpoint serves, fetched with its own trust.
-	eastTrust, err := bundleMap(ctx, east.bundleURL+"bundle-map", ownEndpointTLS(eastCreds, "spiffe://east.example/trustbridge/bundle-endpoint"))
+	var err error
+	w.eastTrust, err = bundleMap(ctx, east.bundleURL+"bundle-map", ownEndpointTLS(eastCreds, "spiffe://east.example/trustbridge/bundle-endpoint"))
 	if err != nil {
-		return fmt.Errorf("east's bundle map: %w", err)
+		return w, fmt.Errorf("east's bundle map: %w", err)
 	}
-	westTrust, err := bundleMap(ctx, west.bundleURL+"bundle-map", webTLS(webCA))
+	w.westTrust, err = bundleMap(ctx, west.bundleURL+"bundle-map", webTLS(webCA))
 	if err != nil {
-		return fmt.Errorf("west's bundle map: %w", err)
+		return w, fmt.Errorf("west's bundle map: %w", err)
 	}
-	d.say("each workload took its trust from its own server's /bundle-map: east trusts %s; west trusts %s", tds(eastTrust), tds(westTrust))
+	d.say("each workload took its trust from its own server's /bundle-map: east trusts %s; west trusts %s", tds(w.eastTrust), tds(w.westTrust))
 
-	frontend, err := x509svid.Load(filepath.Join(eastCreds, "cert-chain.pem"), filepath.Join(eastCreds, "key.pem"))
+	w.frontend, err = x509svid.Load(filepath.Join(eastCreds, "cert-chain.pem"), filepath.Join(eastCreds, "key.pem"))
 	if err != nil {
-		return err
+		return w, err
 	}
-	backend, err := x509svid.Load(filepath.Join(westCreds, "cert-chain.pem"), filepath.Join(westCreds, "key.pem"))
+	w.backend, err = x509svid.Load(filepath.Join(westCreds, "cert-chain.pem"), filepath.Join(westCreds, "key.pem"))
 	if err != nil {
-		return err
+		return w, err
 	}
+	return w, nil
+}
+
+// callAcross serves west's backend over mTLS at addr and calls it from
+// east's frontend. The caller stops the backend with stop once it is no
+// longer needed; on an error it is already stopped.
+func (d *demo) callAcross(ctx context.Context, w workloads) (addr string, stop func(), err error) {
 	// west's backend accepts east's frontend only; each side verifies the
 	// other against the roots of the other's trust domain only.
-	addr, peers, stopServer, err := serveMTLS(backend, westTrust, tlsconfig.AuthorizeID(frontend.ID))
+	addr, peers, stop, err := serveMTLS(w.backend, w.westTrust, tlsconfig.AuthorizeID(w.frontend.ID))
 	if err != nil {
-		return err
+		return "", nil, err
 	}
-	defer stopServer()
-	reply, err := dialMTLS(ctx, addr, frontend, eastTrust, tlsconfig.AuthorizeID(backend.ID))
+	reply, err := dialMTLS(ctx, addr, w.frontend, w.eastTrust, tlsconfig.AuthorizeID(w.backend.ID))
 	if err != nil {
-		return fmt.Errorf("east → west mTLS: %w", err)
+		stop()
+		return "", nil, fmt.Errorf("east → west mTLS: %w", err)
 	}
 	d.say("mTLS east.example/frontend → west.example/backend succeeded: %q", reply)
 	d.note("the backend saw %s, verified with west's copy of east.example's roots", <-peers)
+	return addr, stop, nil
+}
 
-	// north.example: a real CA of its own, federated with nobody.
+// refuseIntruder starts north.example, a real CA of its own federated
+// with nobody, and checks that west's backend at addr refuses its
+// workload.
+func (d *demo) refuseIntruder(ctx context.Context, addr string, w workloads) (*server, error) {
 	north, err := d.start(ctx, "north.example", freePort())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	northCreds := filepath.Join(d.dir, "north-intruder")
 	if err := d.cli(ctx, "ca", "issue", "--data-dir", north.dataDir, "--spiffe-id", "spiffe://north.example/frontend", "--credentials-dir", northCreds); err != nil {
-		return err
+		return nil, err
 	}
 	intruder, err := x509svid.Load(filepath.Join(northCreds, "cert-chain.pem"), filepath.Join(northCreds, "key.pem"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	northTrust := x509bundle.NewSet(x509bundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("north.example"), intruder.Certificates[len(intruder.Certificates)-1:]))
-	for _, b := range westTrust.Bundles() {
+	for _, b := range w.westTrust.Bundles() {
 		northTrust.Add(b) // even trusting west's roots does not help it
 	}
 	_, err = dialMTLS(ctx, addr, intruder, northTrust, tlsconfig.AuthorizeAny())
 	if err == nil {
-		return errors.New("north.example's workload was accepted by west.example's backend")
+		return nil, errors.New("north.example's workload was accepted by west.example's backend")
 	}
 	d.say("mTLS north.example/frontend → west.example/backend refused, as it must be: west trusts no root of north.example")
 	d.note("%v", err)
-	_, err = dialMTLS(ctx, addr, frontend, x509bundle.NewSet(eastTrust.Bundles()[0]), tlsconfig.AuthorizeID(backend.ID))
+	return north, nil
+}
+
+// refuseWithoutRoots checks that east's frontend, holding only east's
+// own roots, cannot verify west's backend at addr.
+func (d *demo) refuseWithoutRoots(ctx context.Context, addr string, w workloads) error {
+	_, err := dialMTLS(ctx, addr, w.frontend, x509bundle.NewSet(w.eastTrust.Bundles()[0]), tlsconfig.AuthorizeID(w.backend.ID))
 	if err == nil {
 		return errors.New("a client without west.example's roots accepted west's backend")
 	}
 	d.say("and a client that holds only east.example's own roots cannot verify west's backend either: roots never cross trust domains")
-
-	if d.o.keep {
-		d.say("the servers keep running (-keep) until Ctrl-C; look around:")
-		d.note("status pages: east %s/ui  west %s/ui  north %s/ui", east.admin, west.admin, north.admin)
-		d.note("%s audit --admin %s", d.o.bin, west.admin)
-		d.note("%s federation status --admin %s", d.o.bin, east.admin)
-		d.note("%s audit log verify %s", d.o.bin, filepath.Join(west.dataDir, "audit.jsonl"))
-		<-keepCtx.Done()
-	}
-	d.say("done; stopping the servers and removing %s", d.dir)
 	return nil
+}
+
+// keepRunning shows where to look around and waits for keepCtx to end.
+func (d *demo) keepRunning(keepCtx context.Context, east, west, north *server) {
+	d.say("the servers keep running (-keep) until Ctrl-C; look around:")
+	d.note("status pages: east %s/ui  west %s/ui  north %s/ui", east.admin, west.admin, north.admin)
+	d.note("%s audit --admin %s", d.o.bin, west.admin)
+	d.note("%s federation status --admin %s", d.o.bin, east.admin)
+	d.note("%s audit log verify %s", d.o.bin, filepath.Join(west.dataDir, "audit.jsonl"))
+	<-keepCtx.Done()
 }
 
 // start runs a trustbridge server for td and waits until it is ready.

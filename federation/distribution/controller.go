@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -219,16 +220,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	rs := &runState{
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedMaxOfRateLimiter(
-				workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, time.Minute),
-				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
-			),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "trustbridge_distribution"},
-		),
-		pacer: newPacer(c.writeBurst, c.writeEvery),
-	}
+	rs := c.newRunState()
 	defer func() {
 		// In this order: workers block in Get until the queue shuts down.
 		cancel()
@@ -241,36 +233,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer unsubscribe()
 	c.renderCurrent(rs)
 
-	nsInformer := coreinformers.NewFilteredNamespaceInformer(c.cfg.Client, c.cfg.Resync, cache.Indexers{},
-		func(o *metav1.ListOptions) { o.LabelSelector = c.cfg.NamespaceSelector.String() })
-	// The field selector keeps the cache to our ConfigMaps, and lets RBAC
-	// restrict list and watch to that one name.
-	cmInformer := coreinformers.NewFilteredConfigMapInformer(c.cfg.Client, metav1.NamespaceAll, c.cfg.Resync,
-		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-		func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.Name).String()
-		})
-	rs.nsLister = corelisters.NewNamespaceLister(nsInformer.GetIndexer())
-	rs.cmLister = corelisters.NewConfigMapLister(cmInformer.GetIndexer())
-
-	// A namespace that stops matching the selector arrives as a delete:
-	// the API server's filtered watch reports it gone.
-	if _, err := nsInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.enqueueObject(rs, obj) },
-		UpdateFunc: func(_, obj any) { c.enqueueObject(rs, obj) },
-		DeleteFunc: func(obj any) { c.enqueueObject(rs, obj) },
-	}); err != nil {
-		return fmt.Errorf("distribution: namespace informer: %w", err)
-	}
-	if _, err := cmInformer.AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: c.isOurName,
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { c.enqueueObject(rs, obj) },
-			UpdateFunc: func(_, obj any) { c.enqueueObject(rs, obj) },
-			DeleteFunc: func(obj any) { c.enqueueObject(rs, obj) },
-		},
-	}); err != nil {
-		return fmt.Errorf("distribution: ConfigMap informer: %w", err)
+	nsInformer, cmInformer, err := c.informers(rs)
+	if err != nil {
+		return err
 	}
 
 	c.run.Store(rs)
@@ -291,15 +256,77 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		})
 	}
+	c.followStore(ctx, rs, changed)
+	return nil
+}
 
+// newRunState makes a Run's state: a rate-limited queue of namespaces
+// and a fresh pacer. The listers are set by informers.
+func (c *Controller) newRunState() *runState {
+	return &runState{
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedMaxOfRateLimiter(
+				workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, time.Minute),
+				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
+			),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "trustbridge_distribution"},
+		),
+		pacer: newPacer(c.writeBurst, c.writeEvery),
+	}
+}
+
+// informers makes the namespace and ConfigMap informers, sets rs's
+// listers to their caches, and has their events queue the namespace
+// they are about. It starts neither.
+func (c *Controller) informers(rs *runState) (nsInformer, cmInformer cache.SharedIndexInformer, err error) {
+	nsInformer = coreinformers.NewFilteredNamespaceInformer(c.cfg.Client, c.cfg.Resync, cache.Indexers{},
+		func(o *metav1.ListOptions) { o.LabelSelector = c.cfg.NamespaceSelector.String() })
+	// The field selector keeps the cache to our ConfigMaps, and lets RBAC
+	// restrict list and watch to that one name.
+	cmInformer = coreinformers.NewFilteredConfigMapInformer(c.cfg.Client, metav1.NamespaceAll, c.cfg.Resync,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.Name).String()
+		})
+	rs.nsLister = corelisters.NewNamespaceLister(nsInformer.GetIndexer())
+	rs.cmLister = corelisters.NewConfigMapLister(cmInformer.GetIndexer())
+
+	// A namespace that stops matching the selector arrives as a delete:
+	// the API server's filtered watch reports it gone.
+	if _, err := nsInformer.AddEventHandler(c.enqueueHandler(rs)); err != nil {
+		return nil, nil, fmt.Errorf("distribution: namespace informer: %w", err)
+	}
+	if _, err := cmInformer.AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: c.isOurName,
+		Handler:    c.enqueueHandler(rs),
+	}); err != nil {
+		return nil, nil, fmt.Errorf("distribution: ConfigMap informer: %w", err)
+	}
+	return nsInformer, cmInformer, nil
+}
+
+// enqueueHandler queues the namespace of every added, updated or deleted
+// object.
+func (c *Controller) enqueueHandler(rs *runState) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.enqueueObject(rs, obj) },
+		UpdateFunc: func(_, obj any) { c.enqueueObject(rs, obj) },
+		DeleteFunc: func(obj any) { c.enqueueObject(rs, obj) },
+	}
+}
+
+// followStore renders every trust store change and, when the content
+// changed, queues every namespace, until ctx is done. A closed changed
+// channel only waits for ctx.
+func (c *Controller) followStore(ctx context.Context, rs *runState, changed <-chan struct{}) {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case _, ok := <-changed:
 			if !ok {
 				<-ctx.Done()
-				return nil
+				return
 			}
 			if c.renderCurrent(rs) {
 				c.enqueueAll(rs)
@@ -479,7 +506,14 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 		}
 		return c.delete(ctx, rs, cms, cm, "namespace no longer selected")
 	}
+	return c.distribute(ctx, rs, cms, ns, cm)
+}
 
+// distribute brings the ConfigMap of selected namespace ns, cm as cached
+// (nil if there is none), to the current rendering: it creates it,
+// updates it, or replaces it when it is immutable. Writes are paced; a
+// ConfigMap we do not own is left alone.
+func (c *Controller) distribute(ctx context.Context, rs *runState, cms typedcorev1.ConfigMapInterface, ns string, cm *corev1.ConfigMap) error {
 	cur := rs.content.Load()
 	if cur == nil {
 		return nil // nothing rendered yet; the first rendering queues every namespace
@@ -491,20 +525,9 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 	}
 	switch {
 	case cm == nil:
-		_, err := cms.Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:      c.cfg.Name,
-				Namespace: ns,
-				Labels:    map[string]string{ManagedByLabel: ManagedByValue},
-			},
-			Data: maps.Clone(cur.data),
-		}, metav1.CreateOptions{})
-		if err != nil {
-			return c.writeFailed(err)
+		if err := c.create(ctx, rs, cms, ns, cur); err != nil {
+			return err
 		}
-		rs.pacer.wrote(ns, c.cfg.Clock.Now())
-		c.metrics.writes.WithLabelValues(resultCreated).Inc()
-		c.log.Info("created trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
 	case !owned(cm):
 		c.metrics.foreign.Inc()
 		c.log.Warn("a ConfigMap with the trust ConfigMap's name exists but is not managed by trustbridge; leaving it alone",
@@ -516,19 +539,46 @@ func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) err
 		// replaced. Its deletion event brings the namespace back here.
 		return c.delete(ctx, rs, cms, cm, "immutable and out of date; recreating it")
 	default:
-		next := cm.DeepCopy()
-		next.Data = maps.Clone(cur.data)
-		next.BinaryData = nil
-		// next carries the cached resourceVersion: a concurrent change
-		// fails with a conflict and is retried from the newer object.
-		if _, err := cms.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
-			return c.writeFailed(err)
+		if err := c.update(ctx, rs, cms, ns, cm, cur); err != nil {
+			return err
 		}
-		rs.pacer.wrote(ns, c.cfg.Clock.Now())
-		c.metrics.writes.WithLabelValues(resultUpdated).Inc()
-		c.log.Info("updated trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
 	}
 	c.metrics.lastSync.Set(float64(c.cfg.Clock.Now().UnixNano()) / 1e9)
+	return nil
+}
+
+// create writes our ConfigMap, holding cur, into namespace ns.
+func (c *Controller) create(ctx context.Context, rs *runState, cms typedcorev1.ConfigMapInterface, ns string, cur *content) error {
+	_, err := cms.Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      c.cfg.Name,
+			Namespace: ns,
+			Labels:    map[string]string{ManagedByLabel: ManagedByValue},
+		},
+		Data: maps.Clone(cur.data),
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return c.writeFailed(err)
+	}
+	rs.pacer.wrote(ns, c.cfg.Clock.Now())
+	c.metrics.writes.WithLabelValues(resultCreated).Inc()
+	c.log.Info("created trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
+	return nil
+}
+
+// update replaces the data of our ConfigMap cm in namespace ns with cur.
+func (c *Controller) update(ctx context.Context, rs *runState, cms typedcorev1.ConfigMapInterface, ns string, cm *corev1.ConfigMap, cur *content) error {
+	next := cm.DeepCopy()
+	next.Data = maps.Clone(cur.data)
+	next.BinaryData = nil
+	// next carries the cached resourceVersion: a concurrent change
+	// fails with a conflict and is retried from the newer object.
+	if _, err := cms.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
+		return c.writeFailed(err)
+	}
+	rs.pacer.wrote(ns, c.cfg.Clock.Now())
+	c.metrics.writes.WithLabelValues(resultUpdated).Inc()
+	c.log.Info("updated trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
 	return nil
 }
 

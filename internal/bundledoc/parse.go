@@ -128,26 +128,48 @@ func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap 
 	if err := checkMemberNames(doc, "keys", "spiffe_sequence", "spiffe_refresh_hint", "trust_domains"); err != nil {
 		return nil, nil, err
 	}
+	elements, err := keyElements(doc, inMap)
+	if err != nil {
+		return nil, nil, err
+	}
+	b := spiffebundle.New(td)
+	if err := setBundleMetadata(b, doc, inMap); err != nil {
+		return nil, nil, err
+	}
+	warnings, err := addAuthorities(td, b, elements)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, warnings, nil
+}
+
+// keyElements returns the raw elements of the document's "keys" array,
+// which is required.
+func keyElements(doc map[string]json.RawMessage, inMap bool) ([]json.RawMessage, error) {
 	rawKeys, ok := doc["keys"]
 	if !ok {
 		if _, isMap := doc["trust_domains"]; isMap && !inMap {
-			return nil, nil, errors.New(`missing "keys" (this is a SPIFFE bundle map, not a bundle)`)
+			return nil, errors.New(`missing "keys" (this is a SPIFFE bundle map, not a bundle)`)
 		}
-		return nil, nil, errors.New(`missing "keys"`)
+		return nil, errors.New(`missing "keys"`)
 	}
 	if kind := jsonKind(rawKeys); kind != "an array" {
-		return nil, nil, fmt.Errorf(`"keys" must be an array, got %s`, kind)
+		return nil, fmt.Errorf(`"keys" must be an array, got %s`, kind)
 	}
 	var elements []json.RawMessage
 	if err := json.Unmarshal(rawKeys, &elements); err != nil {
-		return nil, nil, fmt.Errorf(`"keys": %w`, err)
+		return nil, fmt.Errorf(`"keys": %w`, err)
 	}
+	return elements, nil
+}
 
-	b := spiffebundle.New(td)
+// setBundleMetadata sets b's sequence number and refresh hint from the
+// document's optional spiffe_sequence and spiffe_refresh_hint members.
+func setBundleMetadata(b *spiffebundle.Bundle, doc map[string]json.RawMessage, inMap bool) error {
 	if raw, ok := doc["spiffe_sequence"]; ok {
 		seq, err := parseUint(raw, "spiffe_sequence", "an unsigned 64-bit integer")
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		b.SetSequenceNumber(seq)
 	}
@@ -156,16 +178,22 @@ func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap 
 	if raw, ok := doc["spiffe_refresh_hint"]; ok && !inMap {
 		hint, err := parseUint(raw, "spiffe_refresh_hint", "a non-negative integer number of seconds")
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		if hint > uint64(maxRefreshHintSeconds) {
-			return nil, nil, fmt.Errorf("spiffe_refresh_hint %d seconds is too large", hint)
+			return fmt.Errorf("spiffe_refresh_hint %d seconds is too large", hint)
 		}
 		b.SetRefreshHint(time.Duration(hint) * time.Second)
 	}
+	return nil
+}
 
+// addAuthorities parses the elements of "keys" in order and adds their
+// authorities to b, skipping the elements the spec says to ignore. It
+// returns the warnings about them, each with its element's index.
+func addAuthorities(td spiffeid.TrustDomain, b *spiffebundle.Bundle, elements []json.RawMessage) ([]Warning, error) {
 	var warnings []Warning
-	jwtKids := map[string]int{}
+	jwtKids := map[string]int{} // kid → index of its element
 	witKids := map[string]int{}
 	for i, raw := range elements {
 		k, warns, err := parseKey(raw)
@@ -173,36 +201,53 @@ func parseBundle(td spiffeid.TrustDomain, doc map[string]json.RawMessage, inMap 
 			warnings = append(warnings, Warning{Index: i, Code: w.code, Message: w.msg, Ignored: k == nil && err == nil})
 		}
 		if err != nil {
-			return nil, nil, &ElementError{Index: i, Err: err}
+			return nil, &ElementError{Index: i, Err: err}
 		}
 		if k == nil {
 			continue
 		}
 		switch k.use {
 		case UseX509SVID:
-			if b.HasX509Authority(k.cert) {
-				warnings = append(warnings, Warning{Index: i, Code: CodeDuplicateAuthority, Message: "duplicate x509-svid authority; ignored", Ignored: true})
-				continue
-			}
-			if w := foreignSPIFFEID(td, k.cert); w != "" {
-				warnings = append(warnings, Warning{Index: i, Code: CodeForeignTrustDomain, Message: w})
-			}
-			b.AddX509Authority(k.cert)
-		case UseJWTSVID, UseWITSVID:
-			kids, add := jwtKids, b.AddJWTAuthority
-			if k.use == UseWITSVID {
-				kids, add = witKids, b.AddWITAuthority
-			}
-			if prev, dup := kids[k.kid]; dup {
-				return nil, nil, &ElementError{Index: i, Err: fmt.Errorf("duplicate kid %q (also keys[%d])", k.kid, prev)}
-			}
-			kids[k.kid] = i
-			if err := add(k.kid, k.pub); err != nil {
-				return nil, nil, &ElementError{Index: i, Err: err}
-			}
+			warnings = addX509Authority(td, b, i, k, warnings)
+		case UseJWTSVID:
+			err = addJWTAuthority(b.AddJWTAuthority, jwtKids, i, k)
+		case UseWITSVID:
+			err = addJWTAuthority(b.AddWITAuthority, witKids, i, k)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
-	return b, warnings, nil
+	return warnings, nil
+}
+
+// addX509Authority adds the x509-svid authority of element i to b and
+// returns warnings with those about it appended: a duplicate root is
+// ignored, a root naming another trust domain than td is kept.
+func addX509Authority(td spiffeid.TrustDomain, b *spiffebundle.Bundle, i int, k *key, warnings []Warning) []Warning {
+	if b.HasX509Authority(k.cert) {
+		return append(warnings, Warning{Index: i, Code: CodeDuplicateAuthority, Message: "duplicate x509-svid authority; ignored", Ignored: true})
+	}
+	if w := foreignSPIFFEID(td, k.cert); w != "" {
+		warnings = append(warnings, Warning{Index: i, Code: CodeForeignTrustDomain, Message: w})
+	}
+	b.AddX509Authority(k.cert)
+	return warnings
+}
+
+// addJWTAuthority adds the jwt-svid or wit-svid authority of element i
+// with add. kids holds the kids already taken for that use, each with its
+// element's index: a kid used twice is an error, as consumers could pick
+// either key.
+func addJWTAuthority(add func(string, crypto.PublicKey) error, kids map[string]int, i int, k *key) error {
+	if prev, dup := kids[k.kid]; dup {
+		return &ElementError{Index: i, Err: fmt.Errorf("duplicate kid %q (also keys[%d])", k.kid, prev)}
+	}
+	kids[k.kid] = i
+	if err := add(k.kid, k.pub); err != nil {
+		return &ElementError{Index: i, Err: err}
+	}
+	return nil
 }
 
 func parseUint(raw json.RawMessage, name, want string) (uint64, error) {

@@ -26,118 +26,171 @@ func checkStrict(data []byte) error {
 	if !utf8.Valid(data) {
 		return fmt.Errorf("document is not valid UTF-8 (first bad byte at offset %d)", firstInvalidUTF8(data))
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-
-	type frame struct {
-		object    bool
-		expectKey bool
-		seen      map[string]string // case-folded name → name as written
-		path      string
-		member    string // member whose value is being read, for paths
-		index     int    // next array index, for paths
-	}
-	var stack []*frame
-	path := func() string {
-		if len(stack) == 0 {
-			return "$"
-		}
-		return stack[len(stack)-1].path
-	}
-	childPath := func() string {
-		if len(stack) == 0 {
-			return "$"
-		}
-		top := stack[len(stack)-1]
-		if top.object {
-			return top.path + "." + strconv.Quote(top.member)
-		}
-		return top.path + "[" + strconv.Itoa(top.index) + "]"
-	}
-	// valueDone records that a complete value was read in the current frame.
-	valueDone := func() {
-		if len(stack) == 0 {
-			return
-		}
-		top := stack[len(stack)-1]
-		if top.object {
-			top.expectKey = true
-		} else {
-			top.index++
-		}
-	}
-
+	s := newStrictScanner(data)
 	for {
-		tok, err := dec.Token()
+		tok, err := s.next()
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return errors.New("document is empty or truncated")
-			}
-			return fmt.Errorf("invalid JSON at offset %d: %w", dec.InputOffset(), err)
+			return err
 		}
-		top := (*frame)(nil)
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
+		done, err := s.accept(tok)
+		if err != nil {
+			return err
 		}
-		if top != nil && top.object && top.expectKey {
-			switch t := tok.(type) {
-			case string:
-				// encoding/json (and so go-spiffe) matches member names
-				// case-insensitively, with Unicode folding, and the last
-				// match wins: "KEYS" after "keys" would give go-spiffe a
-				// different bundle than the one we checked. Refuse names
-				// that fold together as duplicates.
-				folded := foldName(t)
-				if prev, dup := top.seen[folded]; dup {
-					if prev == t {
-						return fmt.Errorf("duplicate member %q in %s", t, top.path)
-					}
-					return fmt.Errorf("members %q and %q in %s differ only in case; other parsers would read one as the other", prev, t, top.path)
-				}
-				if err := checkDecodedString(t); err != nil {
-					return fmt.Errorf("member name in %s: %w", top.path, err)
-				}
-				top.seen[folded] = t
-				top.member = t
-				top.expectKey = false
-				continue
-			case json.Delim: // '}' closes the object below
-			default:
-				return fmt.Errorf("invalid JSON at offset %d: member name expected", dec.InputOffset())
-			}
-		}
-		if str, ok := tok.(string); ok {
-			if err := checkDecodedString(str); err != nil {
-				return fmt.Errorf("string in %s: %w", childPath(), err)
-			}
-		}
-		switch t := tok.(type) {
-		case json.Delim:
-			switch t {
-			case '{', '[':
-				if len(stack) >= maxDepth {
-					return fmt.Errorf("document nests deeper than %d levels at %s", maxDepth, path())
-				}
-				stack = append(stack, &frame{
-					object:    t == '{',
-					expectKey: t == '{',
-					seen:      map[string]string{},
-					path:      childPath(),
-				})
-				continue
-			case '}', ']':
-				stack = stack[:len(stack)-1]
-			}
-		}
-		valueDone()
-		if len(stack) == 0 {
+		if done {
 			break
 		}
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("unexpected data after the JSON document at offset %d", dec.InputOffset())
+	if _, err := s.dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("unexpected data after the JSON document at offset %d", s.dec.InputOffset())
 	}
 	return nil
+}
+
+// strictScanner walks one JSON document token by token for checkStrict,
+// keeping the stack of open objects and arrays: the member names seen in
+// each object, and the path of each value for error messages.
+type strictScanner struct {
+	dec   *json.Decoder
+	stack []*strictFrame
+}
+
+// strictFrame is one open object or array.
+type strictFrame struct {
+	object    bool
+	expectKey bool
+	seen      map[string]string // case-folded name → name as written
+	path      string
+	member    string // member whose value is being read, for paths
+	index     int    // next array index, for paths
+}
+
+func newStrictScanner(data []byte) *strictScanner {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return &strictScanner{dec: dec}
+}
+
+// next reads the next token, naming a document that ends before its first
+// value is complete as empty or truncated.
+func (s *strictScanner) next() (json.Token, error) {
+	tok, err := s.dec.Token()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("document is empty or truncated")
+		}
+		return nil, fmt.Errorf("invalid JSON at offset %d: %w", s.dec.InputOffset(), err)
+	}
+	return tok, nil
+}
+
+// accept checks one token and updates the stack. done reports that the
+// top-level value is complete.
+func (s *strictScanner) accept(tok json.Token) (done bool, err error) {
+	if top := s.top(); top != nil && top.object && top.expectKey {
+		switch t := tok.(type) {
+		case string:
+			return false, s.memberName(top, t)
+		case json.Delim: // '}' closes the object below
+		default:
+			return false, fmt.Errorf("invalid JSON at offset %d: member name expected", s.dec.InputOffset())
+		}
+	}
+	if str, ok := tok.(string); ok {
+		if err := checkDecodedString(str); err != nil {
+			return false, fmt.Errorf("string in %s: %w", s.childPath(), err)
+		}
+	}
+	if d, ok := tok.(json.Delim); ok {
+		switch d {
+		case '{', '[':
+			return false, s.open(d)
+		case '}', ']':
+			s.stack = s.stack[:len(s.stack)-1]
+		}
+	}
+	s.valueDone()
+	return len(s.stack) == 0, nil
+}
+
+// memberName records the name of the next member of the object top,
+// refusing duplicates and names that fold together.
+func (s *strictScanner) memberName(top *strictFrame, name string) error {
+	// encoding/json (and so go-spiffe) matches member names
+	// case-insensitively, with Unicode folding, and the last
+	// match wins: "KEYS" after "keys" would give go-spiffe a
+	// different bundle than the one we checked. Refuse names
+	// that fold together as duplicates.
+	folded := foldName(name)
+	if prev, dup := top.seen[folded]; dup {
+		if prev == name {
+			return fmt.Errorf("duplicate member %q in %s", name, top.path)
+		}
+		return fmt.Errorf("members %q and %q in %s differ only in case; other parsers would read one as the other", prev, name, top.path)
+	}
+	if err := checkDecodedString(name); err != nil {
+		return fmt.Errorf("member name in %s: %w", top.path, err)
+	}
+	top.seen[folded] = name
+	top.member = name
+	top.expectKey = false
+	return nil
+}
+
+// open pushes the object or array that d opens, refusing nesting past
+// maxDepth.
+func (s *strictScanner) open(d json.Delim) error {
+	if len(s.stack) >= maxDepth {
+		return fmt.Errorf("document nests deeper than %d levels at %s", maxDepth, s.path())
+	}
+	s.stack = append(s.stack, &strictFrame{
+		object:    d == '{',
+		expectKey: d == '{',
+		seen:      map[string]string{},
+		path:      s.childPath(),
+	})
+	return nil
+}
+
+// top is the innermost open object or array, nil at the top level.
+func (s *strictScanner) top() *strictFrame {
+	if len(s.stack) == 0 {
+		return nil
+	}
+	return s.stack[len(s.stack)-1]
+}
+
+// path is the path of the innermost open object or array.
+func (s *strictScanner) path() string {
+	if top := s.top(); top != nil {
+		return top.path
+	}
+	return "$"
+}
+
+// childPath is the path of the value being read in the innermost open
+// object or array.
+func (s *strictScanner) childPath() string {
+	top := s.top()
+	if top == nil {
+		return "$"
+	}
+	if top.object {
+		return top.path + "." + strconv.Quote(top.member)
+	}
+	return top.path + "[" + strconv.Itoa(top.index) + "]"
+}
+
+// valueDone records that a complete value was read in the current frame.
+func (s *strictScanner) valueDone() {
+	top := s.top()
+	if top == nil {
+		return
+	}
+	if top.object {
+		top.expectKey = true
+	} else {
+		top.index++
+	}
 }
 
 // foldName maps a member name to a canonical representative of its

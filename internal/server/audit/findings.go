@@ -52,15 +52,9 @@ func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
 		now = time.Now()
 	}
 	var out []trustview.Finding
-	add := func(sev trustview.Severity, code, td, authority, msg, fix string) {
-		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td, Authority: authority, Message: msg, Fix: fix})
-	}
 	holders := map[string][]string{} // x509 sha256 -> trust domains
 	for _, td := range s.TrustDomains {
-		rotate := fmt.Sprintf("ask %s's operators to publish a successor root and move to it", td.Name)
-		if td.Local {
-			rotate = "rotate now: trustbridge ca rotate (the successor is published at once and signs after 5 refresh hints)"
-		}
+		rotate := rotateAdvice(td)
 		out = append(out, jwtFindings(td, now)...)
 		out = append(out, hsmFindings(s, td)...)
 		out = append(out, upstreamFindings(s, td, now, o)...)
@@ -74,41 +68,77 @@ func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
 			out = append(out, authorityFindings(td, a, now, rotate)...)
 		}
 		if f := td.Federation; f != nil {
-			if f.State == "stale" {
-				since := "never fetched"
-				if f.LastSuccess != nil {
-					since = "last success " + f.LastSuccess.UTC().Format(time.RFC3339)
-				}
-				add(trustview.SeverityWarning, CodeStale, td.Name, "",
-					fmt.Sprintf("federation with %s is stale (%s); its last good bundle is still trusted: %s", td.Name, since, f.LastError),
-					fmt.Sprintf("check that %s is reachable and serves a valid bundle (trustbridge federation status); remove the relationship if it is no longer needed", f.EndpointURL))
-			}
-			if n := f.Refusals["sequence_regression"]; n > 0 {
-				add(trustview.SeverityCritical, CodeSequenceRegress, td.Name, "",
-					fmt.Sprintf("%s served a bundle with a lower spiffe_sequence than one already trusted (%d times since start): a rollback or a replayed bundle", td.Name, n),
-					fmt.Sprintf("confirm with %s's operators whether their bundle was rolled back; trustbridge kept the newer bundle and refuses the older one", td.Name))
-			}
-			if n := f.Refusals["profile_mismatch"]; n > 0 {
-				add(trustview.SeverityCritical, CodeProfileFallback, td.Name, "",
-					fmt.Sprintf("%s presented the other federation profile's certificate on its %s endpoint (%d times since start); a client that fell back would have trusted it", td.Name, f.Profile, n),
-					"verify the endpoint's certificate and the configured profile and endpoint SPIFFE ID with the peer; never switch profiles to make it pass")
-			}
-			if u, err := url.Parse(f.EndpointURL); err != nil || u.Scheme != "https" {
-				add(trustview.SeverityCritical, CodeNotHTTPS, td.Name, "",
-					fmt.Sprintf("%s's bundle endpoint %q is not an https URL", td.Name, f.EndpointURL),
-					"use the peer's https bundle endpoint URL; bundles fetched without TLS can be replaced in transit")
-			}
+			out = append(out, federationFindings(td.Name, f)...)
 		}
 	}
 	out = append(out, policyFindings(s)...)
+	out = append(out, sharedRootFindings(holders)...)
+	sortFindings(out)
+	return out
+}
+
+// rotateAdvice is the fix offered for an expiring root of td: the local
+// CA can rotate now, a peer's operators must publish a successor.
+func rotateAdvice(td trustview.TrustDomain) string {
+	if td.Local {
+		return "rotate now: trustbridge ca rotate (the successor is published at once and signs after 5 refresh hints)"
+	}
+	return fmt.Sprintf("ask %s's operators to publish a successor root and move to it", td.Name)
+}
+
+// federationFindings judges the federation relationship f with the trust
+// domain named td: staleness, refused bundles, and a bundle endpoint that
+// is not https.
+func federationFindings(td string, f *trustview.Federation) []trustview.Finding {
+	var out []trustview.Finding
+	add := func(sev trustview.Severity, code, msg, fix string) {
+		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td, Message: msg, Fix: fix})
+	}
+	if f.State == "stale" {
+		since := "never fetched"
+		if f.LastSuccess != nil {
+			since = "last success " + f.LastSuccess.UTC().Format(time.RFC3339)
+		}
+		add(trustview.SeverityWarning, CodeStale,
+			fmt.Sprintf("federation with %s is stale (%s); its last good bundle is still trusted: %s", td, since, f.LastError),
+			fmt.Sprintf("check that %s is reachable and serves a valid bundle (trustbridge federation status); remove the relationship if it is no longer needed", f.EndpointURL))
+	}
+	if n := f.Refusals["sequence_regression"]; n > 0 {
+		add(trustview.SeverityCritical, CodeSequenceRegress,
+			fmt.Sprintf("%s served a bundle with a lower spiffe_sequence than one already trusted (%d times since start): a rollback or a replayed bundle", td, n),
+			fmt.Sprintf("confirm with %s's operators whether their bundle was rolled back; trustbridge kept the newer bundle and refuses the older one", td))
+	}
+	if n := f.Refusals["profile_mismatch"]; n > 0 {
+		add(trustview.SeverityCritical, CodeProfileFallback,
+			fmt.Sprintf("%s presented the other federation profile's certificate on its %s endpoint (%d times since start); a client that fell back would have trusted it", td, f.Profile, n),
+			"verify the endpoint's certificate and the configured profile and endpoint SPIFFE ID with the peer; never switch profiles to make it pass")
+	}
+	if u, err := url.Parse(f.EndpointURL); err != nil || u.Scheme != "https" {
+		add(trustview.SeverityCritical, CodeNotHTTPS,
+			fmt.Sprintf("%s's bundle endpoint %q is not an https URL", td, f.EndpointURL),
+			"use the peer's https bundle endpoint URL; bundles fetched without TLS can be replaced in transit")
+	}
+	return out
+}
+
+// sharedRootFindings reports each root trusted for more than one trust
+// domain; holders maps a root's sha256 to the trust domains holding it.
+func sharedRootFindings(holders map[string][]string) []trustview.Finding {
+	var out []trustview.Finding
 	for sha, tds := range holders {
 		if len(tds) > 1 {
 			slices.Sort(tds)
-			add(trustview.SeverityCritical, CodeSharedRoot, strings.Join(tds, ","), sha,
-				fmt.Sprintf("the same root (sha256 %s) is trusted for %s: its key can mint identities in each of them", ShortHash(sha), strings.Join(tds, " and ")),
-				"every trust domain needs its own root; find out which trust domain owns this root and remove it from the others' bundles")
+			out = append(out, trustview.Finding{Severity: trustview.SeverityCritical, Code: CodeSharedRoot, TrustDomain: strings.Join(tds, ","), Authority: sha,
+				Message: fmt.Sprintf("the same root (sha256 %s) is trusted for %s: its key can mint identities in each of them", ShortHash(sha), strings.Join(tds, " and ")),
+				Fix:     "every trust domain needs its own root; find out which trust domain owns this root and remove it from the others' bundles"})
 		}
 	}
+	return out
+}
+
+// sortFindings orders findings critical first, then by trust domain, code
+// and authority.
+func sortFindings(out []trustview.Finding) {
 	slices.SortFunc(out, func(a, b trustview.Finding) int {
 		if a.Severity != b.Severity {
 			if a.Severity == trustview.SeverityCritical {
@@ -118,67 +148,103 @@ func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
 		}
 		return cmp.Or(cmp.Compare(a.TrustDomain, b.TrustDomain), cmp.Compare(a.Code, b.Code), cmp.Compare(a.Authority, b.Authority))
 	})
-	return out
 }
 
+// authorityFindings judges one X.509 root a of td: expiry, key size,
+// signature algorithm and CA-ness. rotate is the fix for an expiring root.
 func authorityFindings(td trustview.TrustDomain, a trustview.Authority, now time.Time, rotate string) []trustview.Finding {
-	var out []trustview.Finding
 	name := a.Subject
 	if name == "" {
 		name = ShortHash(a.SHA256)
 	}
-	add := func(sev trustview.Severity, code, msg, fix string) {
-		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td.Name, Authority: a.SHA256, Message: msg, Fix: fix})
+	r := authorityReport{td: td.Name, sha: a.SHA256}
+	f, err := authorityFactsOf(a)
+	if err != nil {
+		r.add(trustview.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("authority %q of %s is not a parsable certificate: %v", name, td.Name, err),
+			"inspect the bundle (trustbridge bundle inspect) and remove the entry")
+		return r.out
 	}
-	notAfter, isCA, sigAlg, keyAlg, bits := a.NotAfter, a.IsCA, a.SignatureAlgorithm, a.PublicKeyAlgorithm, a.KeyBits
-	if len(a.Certificate) > 0 {
-		// Judge the certificate itself, not what the server says of it.
-		c, err := x509.ParseCertificate(a.Certificate)
-		if err != nil {
-			add(trustview.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("authority %q of %s is not a parsable certificate: %v", name, td.Name, err),
-				"inspect the bundle (trustbridge bundle inspect) and remove the entry")
-			return out
-		}
-		na := c.NotAfter
-		notAfter, isCA = &na, c.BasicConstraintsValid && c.IsCA
-		sigAlg, keyAlg, bits = c.SignatureAlgorithm.String(), c.PublicKeyAlgorithm.String(), trustview.KeyBits(c.PublicKey)
-		if c.SignatureAlgorithm == x509.SHA1WithRSA || c.SignatureAlgorithm == x509.ECDSAWithSHA1 || c.SignatureAlgorithm == x509.DSAWithSHA1 {
-			sigAlg = "SHA1-" + keyAlg
-		}
+	if f.notAfter != nil {
+		r.expiry(name, *f.notAfter, a.State, now, rotate)
 	}
-	if notAfter != nil {
-		left := notAfter.Sub(now)
-		switch {
-		case left <= 0:
-			add(trustview.SeverityCritical, CodeExpired,
-				fmt.Sprintf("authority %q of %s expired on %s", name, td.Name, notAfter.UTC().Format(time.DateOnly)),
-				"remove it from the bundle; certificates it signed no longer verify. "+rotate)
-		case left <= ExpiryCritical:
-			add(trustview.SeverityCritical, CodeExpiring,
-				fmt.Sprintf("authority %q of %s expires in %s (%s)", name, td.Name, days(left), notAfter.UTC().Format(time.DateOnly)),
-				rotate)
-		case left <= ExpiryWarning && a.State != "retired":
-			add(trustview.SeverityWarning, CodeExpiring,
-				fmt.Sprintf("authority %q of %s expires in %s (%s)", name, td.Name, days(left), notAfter.UTC().Format(time.DateOnly)),
-				rotate)
-		}
-	}
-	if keyAlg == "RSA" && bits > 0 && bits < MinRSABits {
-		add(trustview.SeverityWarning, CodeWeakKey,
-			fmt.Sprintf("authority %q of %s has a %d-bit RSA key (fewer than %d)", name, td.Name, bits, MinRSABits),
+	if f.keyAlg == "RSA" && f.bits > 0 && f.bits < MinRSABits {
+		r.add(trustview.SeverityWarning, CodeWeakKey,
+			fmt.Sprintf("authority %q of %s has a %d-bit RSA key (fewer than %d)", name, td.Name, f.bits, MinRSABits),
 			"move to RSA 3072+ or ECDSA P-256 at the next rotation (trustbridge server --ca-key-type)")
 	}
-	if strings.Contains(strings.ToUpper(sigAlg), "SHA1") {
-		add(trustview.SeverityWarning, CodeWeakSignature,
-			fmt.Sprintf("authority %q of %s is signed with %s", name, td.Name, sigAlg),
+	if strings.Contains(strings.ToUpper(f.sigAlg), "SHA1") {
+		r.add(trustview.SeverityWarning, CodeWeakSignature,
+			fmt.Sprintf("authority %q of %s is signed with %s", name, td.Name, f.sigAlg),
 			"re-issue the root with a SHA-256 (or stronger) signature")
 	}
-	if !isCA {
-		add(trustview.SeverityCritical, CodeNotCA,
+	if !f.isCA {
+		r.add(trustview.SeverityCritical, CodeNotCA,
 			fmt.Sprintf("authority %q in %s's bundle is not a CA certificate", name, td.Name),
 			"a bundle holds CA certificates only (X509-SVID §6); remove this entry: a leaf placed in a trust bundle is trusted as an anchor")
 	}
-	return out
+	return r.out
+}
+
+// authorityFacts are what authorityFindings judges of an authority.
+type authorityFacts struct {
+	notAfter       *time.Time
+	isCA           bool
+	sigAlg, keyAlg string
+	bits           int
+}
+
+// authorityFactsOf reads the facts from a's certificate when it carries
+// one, so the certificate itself is judged, not what the server says of
+// it; else it takes them as reported. An unparsable certificate is an
+// error.
+func authorityFactsOf(a trustview.Authority) (authorityFacts, error) {
+	f := authorityFacts{notAfter: a.NotAfter, isCA: a.IsCA, sigAlg: a.SignatureAlgorithm, keyAlg: a.PublicKeyAlgorithm, bits: a.KeyBits}
+	if len(a.Certificate) == 0 {
+		return f, nil
+	}
+	c, err := x509.ParseCertificate(a.Certificate)
+	if err != nil {
+		return f, err
+	}
+	na := c.NotAfter
+	f.notAfter, f.isCA = &na, c.BasicConstraintsValid && c.IsCA
+	f.sigAlg, f.keyAlg, f.bits = c.SignatureAlgorithm.String(), c.PublicKeyAlgorithm.String(), trustview.KeyBits(c.PublicKey)
+	if c.SignatureAlgorithm == x509.SHA1WithRSA || c.SignatureAlgorithm == x509.ECDSAWithSHA1 || c.SignatureAlgorithm == x509.DSAWithSHA1 {
+		f.sigAlg = "SHA1-" + f.keyAlg
+	}
+	return f, nil
+}
+
+// authorityReport collects the findings about one authority of a trust
+// domain.
+type authorityReport struct {
+	td, sha string
+	out     []trustview.Finding
+}
+
+func (r *authorityReport) add(sev trustview.Severity, code, msg, fix string) {
+	r.out = append(r.out, trustview.Finding{Severity: sev, Code: code, TrustDomain: r.td, Authority: r.sha, Message: msg, Fix: fix})
+}
+
+// expiry reports an authority named name that has expired or expires
+// soon; a retired root close to its end is only worth a finding once it
+// is critical.
+func (r *authorityReport) expiry(name string, notAfter time.Time, state string, now time.Time, rotate string) {
+	left := notAfter.Sub(now)
+	switch {
+	case left <= 0:
+		r.add(trustview.SeverityCritical, CodeExpired,
+			fmt.Sprintf("authority %q of %s expired on %s", name, r.td, notAfter.UTC().Format(time.DateOnly)),
+			"remove it from the bundle; certificates it signed no longer verify. "+rotate)
+	case left <= ExpiryCritical:
+		r.add(trustview.SeverityCritical, CodeExpiring,
+			fmt.Sprintf("authority %q of %s expires in %s (%s)", name, r.td, days(left), notAfter.UTC().Format(time.DateOnly)),
+			rotate)
+	case left <= ExpiryWarning && state != "retired":
+		r.add(trustview.SeverityWarning, CodeExpiring,
+			fmt.Sprintf("authority %q of %s expires in %s (%s)", name, r.td, days(left), notAfter.UTC().Format(time.DateOnly)),
+			rotate)
+	}
 }
 
 func days(d time.Duration) string {

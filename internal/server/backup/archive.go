@@ -223,7 +223,24 @@ func invalid(format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArchive}, a...)...)
 }
 
+// run reads the archive in its order: the manifest, the data files up to
+// checksums.json, then nothing more.
 func (x *extractor) run() (*Manifest, error) {
+	m, err := x.manifest()
+	if err != nil {
+		return nil, err
+	}
+	if err := x.files(); err != nil {
+		return nil, err
+	}
+	if err := x.end(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// manifest reads and checks the first entry, which must be the manifest.
+func (x *extractor) manifest() (*Manifest, error) {
 	hdr, err := x.next()
 	if err != nil {
 		return nil, err
@@ -241,31 +258,39 @@ func (x *extractor) run() (*Manifest, error) {
 	if m.TrustDomain == "" {
 		return nil, invalid("%s names no trust domain", manifestName)
 	}
+	return &m, nil
+}
+
+// files writes the data entries until checksums.json, which it checks
+// against them.
+func (x *extractor) files() error {
 	for {
 		hdr, err := x.next()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if hdr == nil {
-			return nil, invalid("%s is missing (a truncated archive?)", checksumsName)
+			return invalid("%s is missing (a truncated archive?)", checksumsName)
 		}
 		if hdr.Name == checksumsName {
-			if err := x.checkSums(hdr); err != nil {
-				return nil, err
-			}
-			break
+			return x.checkSums(hdr)
 		}
 		if err := x.file(hdr); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if hdr, err := x.next(); err != nil || hdr != nil {
-		if err != nil {
-			return nil, err
-		}
-		return nil, invalid("entry %q after %s", hdr.Name, checksumsName)
+}
+
+// end refuses any entry after checksums.json.
+func (x *extractor) end() error {
+	hdr, err := x.next()
+	if err != nil {
+		return err
 	}
-	return &m, nil
+	if hdr != nil {
+		return invalid("entry %q after %s", hdr.Name, checksumsName)
+	}
+	return nil
 }
 
 // next returns the next entry, nil at the end.

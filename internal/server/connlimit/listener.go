@@ -163,64 +163,106 @@ func (l *Listener) Accept() (net.Conn, error) {
 
 // admit counts c in, or refuses it and returns nil. Admission, the
 // choice of a connection to evict and c's place among those awaiting
-// Confirm are one critical section, so concurrent Confirms, closes or
-// Accepts cannot leave the listener over its limits.
+// Confirm are one critical section (countIn), so concurrent Confirms,
+// closes or Accepts cannot leave the listener over its limits.
 func (l *Listener) admit(c net.Conn) net.Conn {
 	src := sourceOf(c.RemoteAddr())
 	key, confirmable := keyOf(c.RemoteAddr(), c.LocalAddr())
 	awaits := l.cfg.ConfirmWithin > 0 && confirmable
 	lc := &conn{Conn: c, l: l, src: src}
-	var evict *conn
-	l.mu.Lock()
-	canEvict := awaits && l.cfg.MaxPending > 0 && l.order.Len() > 0
-	reason := ""
-	switch {
-	case l.bySource[src] >= l.cfg.MaxPerSource:
-		reason = ReasonSourceLimit
-	case awaits && l.cfg.MaxPendingPerSource > 0 && l.pendingBySource[src] >= l.cfg.MaxPendingPerSource:
-		reason = ReasonUnconfirmedSourceLimit
-	case l.open >= l.cfg.MaxConns && !canEvict:
-		reason = ReasonTotalLimit
-	default:
-		// At the total, or at MaxPending, a connection that will await
-		// Confirm takes the place of one that still does.
-		if canEvict && (l.open >= l.cfg.MaxConns || len(l.pending) >= l.cfg.MaxPending) {
-			evict = l.victimLocked()
-			l.unpendLocked(evict)
-			// Its place in the total goes to c: its close must not
-			// give it back a second time.
-			evict.state, evict.handedOver = stateExpired, true
-		} else {
-			l.open++
-		}
-		l.bySource[src]++
-		if awaits {
-			lc.key, lc.state = key, statePending
-			l.pending[key] = lc
-			lc.elem = l.order.PushBack(lc)
-			l.pendingBySource[src]++
-			lc.timer = time.AfterFunc(l.cfg.ConfirmWithin, lc.expire)
-		}
-	}
-	l.mu.Unlock()
+	reason, evict := l.countIn(lc, key, awaits)
 	if reason != "" {
 		l.refuse(c, src, reason)
 		return nil
 	}
 	if evict != nil {
-		l.metrics.evicted.Inc()
-		l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelWarn), "connection closed: made room for a new one among too many awaiting a confirming call",
-			"limit", l.cfg.MaxPending, logattr.Address, addrString(evict.RemoteAddr()), "source", evict.src)
-		_ = evict.Close()
+		l.closeEvicted(evict)
 	} else {
 		l.metrics.open.Inc()
 	}
+	l.setUserTimeout(c)
+	return lc
+}
+
+// countIn is admit's critical section. It refuses lc with a reason, or
+// counts it in, in the place of the pending connection it returns to
+// evict if there is one, and starts lc's Confirm deadline when it awaits
+// one.
+func (l *Listener) countIn(lc *conn, key connKey, awaits bool) (reason string, evict *conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	canEvict := awaits && l.cfg.MaxPending > 0 && l.order.Len() > 0
+	if reason := l.refusalLocked(lc.src, awaits, canEvict); reason != "" {
+		return reason, nil
+	}
+	// At the total, or at MaxPending, a connection that will await
+	// Confirm takes the place of one that still does.
+	if canEvict && (l.open >= l.cfg.MaxConns || len(l.pending) >= l.cfg.MaxPending) {
+		evict = l.evictLocked()
+	} else {
+		l.open++
+	}
+	l.bySource[lc.src]++
+	if awaits {
+		l.pendLocked(lc, key)
+	}
+	return "", evict
+}
+
+// refusalLocked is the reason to refuse a new connection from src, or ""
+// to admit it: the per-source limit first, then the per-source limit of
+// those awaiting Confirm, then the total unless a pending connection can
+// make room.
+func (l *Listener) refusalLocked(src string, awaits, canEvict bool) string {
+	switch {
+	case l.bySource[src] >= l.cfg.MaxPerSource:
+		return ReasonSourceLimit
+	case awaits && l.cfg.MaxPendingPerSource > 0 && l.pendingBySource[src] >= l.cfg.MaxPendingPerSource:
+		return ReasonUnconfirmedSourceLimit
+	case l.open >= l.cfg.MaxConns && !canEvict:
+		return ReasonTotalLimit
+	}
+	return ""
+}
+
+// evictLocked takes the victim off the pending set and marks it expired;
+// the caller closes it once the lock is released.
+func (l *Listener) evictLocked() *conn {
+	evict := l.victimLocked()
+	l.unpendLocked(evict)
+	// Its place in the total goes to the new connection: its close must
+	// not give it back a second time.
+	evict.state, evict.handedOver = stateExpired, true
+	return evict
+}
+
+// pendLocked puts lc, whose ends are key, among the connections awaiting
+// Confirm and starts its deadline.
+func (l *Listener) pendLocked(lc *conn, key connKey) {
+	lc.key, lc.state = key, statePending
+	l.pending[key] = lc
+	lc.elem = l.order.PushBack(lc)
+	l.pendingBySource[lc.src]++
+	lc.timer = time.AfterFunc(l.cfg.ConfirmWithin, lc.expire)
+}
+
+// closeEvicted counts, logs at a bounded rate and closes a connection
+// evicted to make room for a new one.
+func (l *Listener) closeEvicted(evict *conn) {
+	l.metrics.evicted.Inc()
+	l.logger.Log(context.Background(), l.cfg.ExpiryLog.Level(slog.LevelWarn), "connection closed: made room for a new one among too many awaiting a confirming call",
+		"limit", l.cfg.MaxPending, logattr.Address, addrString(evict.RemoteAddr()), "source", evict.src)
+	_ = evict.Close()
+}
+
+// setUserTimeout sets TCPUserTimeout, when configured, on an admitted
+// connection; where it cannot be set the connection is kept as it is.
+func (l *Listener) setUserTimeout(c net.Conn) {
 	if l.cfg.TCPUserTimeout > 0 {
 		if err := setTCPUserTimeout(c, l.cfg.TCPUserTimeout); err != nil {
 			l.logger.Debug("TCP user timeout not set", logattr.Address, addrString(c.RemoteAddr()), logattr.Error, err)
 		}
 	}
-	return lc
 }
 
 // refuse counts c, logs it at a bounded rate and closes it with a reset

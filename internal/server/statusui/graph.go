@@ -50,6 +50,8 @@ type graphEdge struct {
 	Label          string
 }
 
+// layoutGraph lays out the trust graph: the local trust domain in the
+// middle, the others in two columns with an edge to each.
 func layoutGraph(s trustview.Snapshot) graph {
 	var remote []trustview.TrustDomain
 	localName := s.TrustDomain
@@ -79,46 +81,56 @@ func layoutGraph(s trustview.Snapshot) graph {
 	default:
 		g.Local.Sub = fmt.Sprintf("trusts %d other trust domains", n)
 	}
-	place := func(col []trustview.TrustDomain, isLeft bool) {
-		for i, td := range col {
-			y := cy + (float64(i)-float64(len(col)-1)/2)*graphRowStep
-			node := graphNode{Y: y - graphNodeH/2, W: graphNodeW, H: graphNodeH, Name: truncate(td.Name, graphNameMax), Full: td.Name}
-			_, node.Class = tdState(td)
-			node.Sub = nodeSub(td)
-			// Labels go on the side of the edge's end away from the curve.
-			edge := graphEdge{Class: node.Class, Label: edgeLabel(td), LabelY: y - 7}
-			if y > cy+1 {
-				edge.LabelY = y + 17
-			}
-			edge.Dashed = td.Federation == nil
-			var x1, x2 float64 // local side, remote side
-			if isLeft {
-				node.X = graphMargin
-				node.TextX = node.X + 14
-				x1, x2 = g.Local.X, node.X+node.W
-				edge.LabelX, edge.Anchor = x2+14, "start"
-			} else {
-				node.X = graphWidth - graphMargin - graphNodeW
-				node.TextX = node.X + 14
-				x1, x2 = g.Local.X+g.Local.W, node.X
-				edge.LabelX, edge.Anchor = x2-14, "end"
-			}
-			// The arrow needs a few units of straight line before the node.
-			tip := x2
-			if isLeft {
-				tip += 2
-			} else {
-				tip -= 2
-			}
-			mid := (x1 + tip) / 2
-			edge.Path = fmt.Sprintf("M%s %s C%s %s %s %s %s %s", num(x1), num(cy), num(mid), num(cy), num(mid), num(y), num(tip), num(y))
-			g.Nodes = append(g.Nodes, node)
-			g.Edges = append(g.Edges, edge)
-		}
-	}
-	place(left, true)
-	place(right, false)
+	g.placeColumn(left, cy, true)
+	g.placeColumn(right, cy, false)
 	return g
+}
+
+// placeColumn stacks the nodes of one column around the local node's
+// centre line cy, each with its edge from the local node.
+func (g *graph) placeColumn(col []trustview.TrustDomain, cy float64, isLeft bool) {
+	for i, td := range col {
+		y := cy + (float64(i)-float64(len(col)-1)/2)*graphRowStep
+		node, edge := g.remote(td, y, cy, isLeft)
+		g.Nodes = append(g.Nodes, node)
+		g.Edges = append(g.Edges, edge)
+	}
+}
+
+// remote lays out the node of td centred on y, in the left or right
+// column, and the edge to it from the local node, whose centre is at cy.
+func (g *graph) remote(td trustview.TrustDomain, y, cy float64, isLeft bool) (graphNode, graphEdge) {
+	node := graphNode{Y: y - graphNodeH/2, W: graphNodeW, H: graphNodeH, Name: truncate(td.Name, graphNameMax), Full: td.Name}
+	_, node.Class = tdState(td)
+	node.Sub = nodeSub(td)
+	// Labels go on the side of the edge's end away from the curve.
+	edge := graphEdge{Class: node.Class, Label: edgeLabel(td), LabelY: y - 7}
+	if y > cy+1 {
+		edge.LabelY = y + 17
+	}
+	edge.Dashed = td.Federation == nil
+	var x1, x2 float64 // local side, remote side
+	if isLeft {
+		node.X = graphMargin
+		node.TextX = node.X + 14
+		x1, x2 = g.Local.X, node.X+node.W
+		edge.LabelX, edge.Anchor = x2+14, "start"
+	} else {
+		node.X = graphWidth - graphMargin - graphNodeW
+		node.TextX = node.X + 14
+		x1, x2 = g.Local.X+g.Local.W, node.X
+		edge.LabelX, edge.Anchor = x2-14, "end"
+	}
+	// The arrow needs a few units of straight line before the node.
+	tip := x2
+	if isLeft {
+		tip += 2
+	} else {
+		tip -= 2
+	}
+	mid := (x1 + tip) / 2
+	edge.Path = fmt.Sprintf("M%s %s C%s %s %s %s %s %s", num(x1), num(cy), num(mid), num(cy), num(mid), num(y), num(tip), num(y))
+	return node, edge
 }
 
 func nodeSub(td trustview.TrustDomain) string {

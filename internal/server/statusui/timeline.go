@@ -83,14 +83,67 @@ type tlBar struct {
 	Degraded bool
 }
 
+// layoutTimeline lays out the validity timeline of the snapshot's X.509
+// authorities, one group of bars per trust domain, as seen at now.
 func layoutTimeline(s trustview.Snapshot, now time.Time) timeline {
 	tl := timeline{Width: tlWidth, PlotX0: tlPlotX0, PlotX1: tlPlotX1, Top: tlTop}
-	// The window: every validity period, clamped around now.
+	var sc tlScale
+	sc, tl.NoValidity = timelineScale(s, now)
+	tl.TodayX = sc.x(now)
+	tl.WarnX = clampPlotX(sc.x(now.Add(expiryWarning)))
+	tl.CritX = clampPlotX(sc.x(now.Add(expiryCritical)))
+	tl.TodayLabel = "today " + now.Format("2006-01-02")
+	for _, t := range ticks(sc.lo, sc.hi) {
+		tl.Ticks = append(tl.Ticks, tick{X: sc.x(t.at), Label: t.label})
+	}
+
+	y := tlTop
+	for _, td := range s.TrustDomains {
+		x509 := withValidity(td.Authorities)
+		if len(x509) == 0 {
+			continue
+		}
+		state, class := tdState(td)
+		tl.Groups = append(tl.Groups, tlGroup{Y: y + tlGroupH/2 + 5, Name: truncate(td.Name, tlGroupMax), State: state, StateClass: class, Line: y})
+		y += tlGroupH
+		for _, a := range x509 {
+			tl.Bars = append(tl.Bars, layoutBar(td, a, y, sc, tl.TodayX, now))
+			y += tlRowH
+		}
+	}
+	tl.Empty = len(tl.Bars) == 0
+	if tl.Empty {
+		y += 40
+	}
+	tl.Bottom = y + 4
+	tl.Height = y + tlBottom
+	return tl
+}
+
+// tlScale maps times in the window [lo, hi] onto the plot's x axis.
+type tlScale struct {
+	lo, hi time.Time
+}
+
+// x is t's position on the plot; times outside the window fall outside
+// [tlPlotX0, tlPlotX1].
+func (sc tlScale) x(t time.Time) float64 {
+	f := float64(t.Sub(sc.lo)) / float64(sc.hi.Sub(sc.lo))
+	return tlPlotX0 + f*(tlPlotX1-tlPlotX0)
+}
+
+// clampPlotX keeps an x inside the plot.
+func clampPlotX(v float64) float64 { return min(max(v, tlPlotX0), tlPlotX1) }
+
+// timelineScale picks the window: every validity period, clamped around
+// now and padded a little on both sides. It also counts the authorities
+// without a validity period, which the timeline cannot show.
+func timelineScale(s trustview.Snapshot, now time.Time) (sc tlScale, noValidity int) {
 	var lo, hi time.Time
 	for _, td := range s.TrustDomains {
 		for _, a := range td.Authorities {
 			if a.NotBefore == nil || a.NotAfter == nil {
-				tl.NoValidity++
+				noValidity++
 				continue
 			}
 			if lo.IsZero() || a.NotBefore.Before(lo) {
@@ -107,80 +160,71 @@ func layoutTimeline(s trustview.Snapshot, now time.Time) timeline {
 	lo = later(earlier(lo, now.Add(-tlMinPast)), now.Add(-tlMaxPast))
 	hi = earlier(later(hi, now.Add(tlMinFuture)), now.Add(tlMaxFuture))
 	pad := hi.Sub(lo) / 40
-	lo, hi = lo.Add(-pad), hi.Add(pad)
-	x := func(t time.Time) float64 {
-		f := float64(t.Sub(lo)) / float64(hi.Sub(lo))
-		return tlPlotX0 + f*(tlPlotX1-tlPlotX0)
-	}
-	clampX := func(v float64) float64 { return min(max(v, tlPlotX0), tlPlotX1) }
-	tl.TodayX = x(now)
-	tl.WarnX = clampX(x(now.Add(expiryWarning)))
-	tl.CritX = clampX(x(now.Add(expiryCritical)))
-	tl.TodayLabel = "today " + now.Format("2006-01-02")
-	for _, t := range ticks(lo, hi) {
-		tl.Ticks = append(tl.Ticks, tick{X: x(t.at), Label: t.label})
-	}
+	return tlScale{lo: lo.Add(-pad), hi: hi.Add(pad)}, noValidity
+}
 
-	y := tlTop
-	for _, td := range s.TrustDomains {
-		var x509 []trustview.Authority
-		for _, a := range td.Authorities {
-			if a.NotBefore != nil && a.NotAfter != nil {
-				x509 = append(x509, a)
-			}
-		}
-		if len(x509) == 0 {
-			continue
-		}
-		state, class := tdState(td)
-		tl.Groups = append(tl.Groups, tlGroup{Y: y + tlGroupH/2 + 5, Name: truncate(td.Name, tlGroupMax), State: state, StateClass: class, Line: y})
-		y += tlGroupH
-		for _, a := range x509 {
-			b := tlBar{Y: y, BarY: y + (tlRowH-tlBarH)/2, Name: truncate(displayName(a), tlLabelMax), FP: "sha256:" + shortFP(a.SHA256)}
-			b.LabelY, b.SubY = y+15, y+29
-			b.State = a.State
-			if b.State == "" {
-				b.State = "trusted"
-			}
-			nb, na := a.NotBefore.UTC(), a.NotAfter.UTC()
-			x0, x1 := x(nb), x(na)
-			b.ClipLeft, b.ClipRight = x0 < tlPlotX0, x1 > tlPlotX1
-			x0, x1 = clampX(x0), clampX(x1)
-			b.X, b.W = x0, max(x1-x0, 2)
-			if tl.TodayX > x0 {
-				b.FadedW = min(tl.TodayX, x1) - x0
-			}
-			b.NotYetValid = nb.After(now)
-			b.Class = barClass(td, a, now)
-			b.Degraded = td.Federation != nil && (td.Federation.State == "failing" || td.Federation.State == "stale")
-			b.End = endText(na, now)
-			b.Title = fmt.Sprintf("%s\n%s\nsha256:%s\nvalid %s – %s", td.Name, a.Subject, a.SHA256, nb.Format("2006-01-02 15:04 UTC"), na.Format("2006-01-02 15:04 UTC"))
-			b.EndY = b.BarY + tlBarH - 4
-			switch {
-			case x1+tlEndRoom <= tlPlotX1:
-				b.EndX, b.EndAnchor = x1+8, "start"
-			case b.W >= tlEndRoom:
-				b.EndX, b.EndAnchor, b.EndInside = x1-8, "end", true
-			default:
-				b.EndX, b.EndAnchor = x0-8, "end"
-			}
-			if b.ClipLeft {
-				b.ArrowL = fmt.Sprintf("%s,%s %s,%s %s,%s", num(x0-2), num(b.BarY+tlBarH/2), num(x0+6), num(b.BarY+1), num(x0+6), num(b.BarY+tlBarH-1))
-			}
-			if b.ClipRight {
-				b.ArrowR = fmt.Sprintf("%s,%s %s,%s %s,%s", num(x1+2), num(b.BarY+tlBarH/2), num(x1-6), num(b.BarY+1), num(x1-6), num(b.BarY+tlBarH-1))
-			}
-			tl.Bars = append(tl.Bars, b)
-			y += tlRowH
+// withValidity returns the authorities that have a validity period (the
+// X.509 ones), in order.
+func withValidity(all []trustview.Authority) []trustview.Authority {
+	var out []trustview.Authority
+	for _, a := range all {
+		if a.NotBefore != nil && a.NotAfter != nil {
+			out = append(out, a)
 		}
 	}
-	tl.Empty = len(tl.Bars) == 0
-	if tl.Empty {
-		y += 40
+	return out
+}
+
+// layoutBar lays out the validity bar of authority a of td in the row
+// whose top is y; todayX is the snapshot time's x.
+func layoutBar(td trustview.TrustDomain, a trustview.Authority, y float64, sc tlScale, todayX float64, now time.Time) tlBar {
+	b := tlBar{Y: y, BarY: y + (tlRowH-tlBarH)/2, Name: truncate(displayName(a), tlLabelMax), FP: "sha256:" + shortFP(a.SHA256)}
+	b.LabelY, b.SubY = y+15, y+29
+	b.State = a.State
+	if b.State == "" {
+		b.State = "trusted"
 	}
-	tl.Bottom = y + 4
-	tl.Height = y + tlBottom
-	return tl
+	nb, na := a.NotBefore.UTC(), a.NotAfter.UTC()
+	x0, x1 := sc.x(nb), sc.x(na)
+	b.ClipLeft, b.ClipRight = x0 < tlPlotX0, x1 > tlPlotX1
+	x0, x1 = clampPlotX(x0), clampPlotX(x1)
+	b.X, b.W = x0, max(x1-x0, 2)
+	if todayX > x0 {
+		b.FadedW = min(todayX, x1) - x0
+	}
+	b.NotYetValid = nb.After(now)
+	b.Class = barClass(td, a, now)
+	b.Degraded = td.Federation != nil && (td.Federation.State == "failing" || td.Federation.State == "stale")
+	b.End = endText(na, now)
+	b.Title = fmt.Sprintf("%s\n%s\nsha256:%s\nvalid %s – %s", td.Name, a.Subject, a.SHA256, nb.Format("2006-01-02 15:04 UTC"), na.Format("2006-01-02 15:04 UTC"))
+	b.placeEndLabel(x0, x1)
+	b.drawClipArrows(x0, x1)
+	return b
+}
+
+// placeEndLabel puts the end label after the bar [x0, x1] where it fits
+// in the plot, else inside a bar long enough to hold it, else before it.
+func (b *tlBar) placeEndLabel(x0, x1 float64) {
+	b.EndY = b.BarY + tlBarH - 4
+	switch {
+	case x1+tlEndRoom <= tlPlotX1:
+		b.EndX, b.EndAnchor = x1+8, "start"
+	case b.W >= tlEndRoom:
+		b.EndX, b.EndAnchor, b.EndInside = x1-8, "end", true
+	default:
+		b.EndX, b.EndAnchor = x0-8, "end"
+	}
+}
+
+// drawClipArrows draws an arrow head on each end of the bar [x0, x1]
+// that the window cuts off.
+func (b *tlBar) drawClipArrows(x0, x1 float64) {
+	if b.ClipLeft {
+		b.ArrowL = fmt.Sprintf("%s,%s %s,%s %s,%s", num(x0-2), num(b.BarY+tlBarH/2), num(x0+6), num(b.BarY+1), num(x0+6), num(b.BarY+tlBarH-1))
+	}
+	if b.ClipRight {
+		b.ArrowR = fmt.Sprintf("%s,%s %s,%s %s,%s", num(x1+2), num(b.BarY+tlBarH/2), num(x1-6), num(b.BarY+1), num(x1-6), num(b.BarY+tlBarH-1))
+	}
 }
 
 // barClass colours a validity bar: closeness to expiry first, then the
