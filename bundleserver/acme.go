@@ -1,6 +1,7 @@
 package bundleserver
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -81,50 +82,14 @@ func NewACME(cfg ACMEConfig, logger *slog.Logger) (*ACME, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	domains, err := normalizeACMEDomains(cfg.Domains)
+	domains, dirURL, err := cfg.check()
 	if err != nil {
-		return nil, fmt.Errorf("bundleserver: acme: %w", err)
-	}
-	if cfg.Email != "" {
-		if a, err := mail.ParseAddress(cfg.Email); err != nil || a.Address != cfg.Email {
-			return nil, fmt.Errorf("bundleserver: acme: email %q: want a bare address such as ops@example.com", cfg.Email)
-		}
-	}
-	dirURL := cfg.DirectoryURL
-	if dirURL == "" {
-		dirURL = acme.LetsEncryptURL
-	}
-	if u, err := url.Parse(dirURL); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
-		return nil, fmt.Errorf("bundleserver: acme: directory URL %q: want an https URL without user info", dirURL)
-	}
-	if !cfg.TOSAccepted {
-		return nil, fmt.Errorf("bundleserver: acme: the CA's terms of service must be accepted: read the terms published by %s (for Let's Encrypt, https://letsencrypt.org/repository/) and pass --acme-tos-accepted", dirURL)
-	}
-	if cfg.CacheDir == "" {
-		return nil, errors.New("bundleserver: acme: a cache directory is required: without one every restart orders new certificates and soon hits the CA's rate limits")
+		return nil, err
 	}
 	if err := prepareACMECacheDir(cfg.CacheDir, logger); err != nil {
 		return nil, fmt.Errorf("bundleserver: acme: cache directory %s: %w", cfg.CacheDir, err)
 	}
-
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12}
-	hc := &http.Client{
-		Transport: tr,
-		Timeout:   acmeHTTPTimeout,
-		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			// Go follows https → http redirects by default; an ACME client
-			// signs its requests and must not send them in the clear.
-			if req.URL.Scheme != "https" {
-				return fmt.Errorf("refusing redirect to %s: not https", req.URL.Redacted())
-			}
-			if len(via) >= 5 {
-				return errors.New("stopped after 5 redirects")
-			}
-			return nil
-		},
-	}
-
+	hc := newACMEHTTPClient(cfg.RootCAs)
 	allowed := make(map[string]bool, len(domains))
 	for _, d := range domains {
 		allowed[d] = true
@@ -154,6 +119,57 @@ func NewACME(cfg ACMEConfig, logger *slog.Logger) (*ACME, error) {
 	}
 	a.logger.Info("ACME configured", "directory_url", dirURL, "domains", domains, "cache_dir", cfg.CacheDir)
 	return a, nil
+}
+
+// check validates cfg without touching the disk, and returns its domains
+// normalized and its directory URL defaulted.
+func (cfg *ACMEConfig) check() (domains []string, dirURL string, err error) {
+	domains, err = normalizeACMEDomains(cfg.Domains)
+	if err != nil {
+		return nil, "", fmt.Errorf("bundleserver: acme: %w", err)
+	}
+	if cfg.Email != "" {
+		if a, err := mail.ParseAddress(cfg.Email); err != nil || a.Address != cfg.Email {
+			return nil, "", fmt.Errorf("bundleserver: acme: email %q: want a bare address such as ops@example.com", cfg.Email)
+		}
+	}
+	dirURL = cmp.Or(cfg.DirectoryURL, acme.LetsEncryptURL)
+	if u, err := url.Parse(dirURL); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
+		return nil, "", fmt.Errorf("bundleserver: acme: directory URL %q: want an https URL without user info", dirURL)
+	}
+	if !cfg.TOSAccepted {
+		return nil, "", fmt.Errorf("bundleserver: acme: the CA's terms of service must be accepted: read the terms published by %s (for Let's Encrypt, https://letsencrypt.org/repository/) and pass --acme-tos-accepted", dirURL)
+	}
+	if cfg.CacheDir == "" {
+		return nil, "", errors.New("bundleserver: acme: a cache directory is required: without one every restart orders new certificates and soon hits the CA's rate limits")
+	}
+	return domains, dirURL, nil
+}
+
+// newACMEHTTPClient is the client that talks to the ACME directory,
+// verifying it with roots (nil: the system roots) and following only
+// https redirects.
+func newACMEHTTPClient(roots *x509.CertPool) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	return &http.Client{
+		Transport:     tr,
+		Timeout:       acmeHTTPTimeout,
+		CheckRedirect: checkACMERedirect,
+	}
+}
+
+// checkACMERedirect refuses a redirect to anything but https, and more
+// than 5 redirects: Go follows https → http redirects by default, and an
+// ACME client signs its requests and must not send them in the clear.
+func checkACMERedirect(req *http.Request, via []*http.Request) error {
+	if req.URL.Scheme != "https" {
+		return fmt.Errorf("refusing redirect to %s: not https", req.URL.Redacted())
+	}
+	if len(via) >= 5 {
+		return errors.New("stopped after 5 redirects")
+	}
+	return nil
 }
 
 // GetCertificate is a tls.Config.GetCertificate hook. It answers

@@ -306,29 +306,43 @@ func (s *Server) render(name string, src *spiffebundle.Bundle, prev *document, l
 	if r, ok := s.refused[name]; ok && r.src == src {
 		return prev, r.err
 	}
-	b := src
-	var err error
-	switch {
-	case local && b.TrustDomain() != s.cfg.TrustDomain:
-		err = fmt.Errorf("bundle is for trust domain %q", b.TrustDomain().Name())
-	case !local && !validName(name):
-		err = errors.New("invalid trust domain name")
-	case local && !s.cfg.AllowEmpty && b.Empty():
-		err = errors.New(`bundle has no keys; serving "keys": [] would revoke every key at peers (set AllowEmpty to mean it)`)
-	}
-	if err != nil {
+	if err := s.checkBundle(name, src, local); err != nil {
 		return prev, s.refuse(name, src, err)
 	}
-	if _, ok := b.RefreshHint(); local && !ok && s.cfg.RefreshHint > 0 {
-		b = b.Clone()
-		b.SetRefreshHint(s.cfg.RefreshHint)
-	}
+	b := s.withRefreshHint(src, local)
 	body, err := bundledoc.Marshal(b)
 	if err != nil {
 		return prev, s.refuse(name, src, err)
 	}
 	delete(s.refused, name)
 	return newDocument(src, b, body, cacheAge(b)), nil
+}
+
+// checkBundle says why src may not be served under name: the local bundle
+// must be for our trust domain and, unless AllowEmpty, hold keys; a
+// peer's name must be a valid trust domain name.
+func (s *Server) checkBundle(name string, src *spiffebundle.Bundle, local bool) error {
+	switch {
+	case local && src.TrustDomain() != s.cfg.TrustDomain:
+		return fmt.Errorf("bundle is for trust domain %q", src.TrustDomain().Name())
+	case !local && !validName(name):
+		return errors.New("invalid trust domain name")
+	case local && !s.cfg.AllowEmpty && src.Empty():
+		return errors.New(`bundle has no keys; serving "keys": [] would revoke every key at peers (set AllowEmpty to mean it)`)
+	}
+	return nil
+}
+
+// withRefreshHint is src with the configured RefreshHint when src is the
+// local bundle and has none of its own; src itself otherwise, since a
+// published bundle is never changed.
+func (s *Server) withRefreshHint(src *spiffebundle.Bundle, local bool) *spiffebundle.Bundle {
+	if _, ok := src.RefreshHint(); local && !ok && s.cfg.RefreshHint > 0 {
+		b := src.Clone()
+		b.SetRefreshHint(s.cfg.RefreshHint)
+		return b
+	}
+	return src
 }
 
 func validName(name string) bool {

@@ -128,6 +128,9 @@ func (m *Minter) Credential(ctx context.Context, id spiffeid.ID) (*Credential, e
 	return m.credential(ctx, mintKey{id: id}, mintNames{})
 }
 
+// credential returns key's credential: the one held while it is fresh,
+// else the one a signing already in progress makes, else a new one. One
+// signing at a time per key.
 func (m *Minter) credential(ctx context.Context, key mintKey, names mintNames) (*Credential, error) {
 	id := key.id
 	if id.IsZero() || id.Path() == "" {
@@ -135,13 +138,7 @@ func (m *Minter) credential(ctx context.Context, key mintKey, names mintNames) (
 	}
 	for {
 		m.mu.Lock()
-		e := m.entries[key]
-		if e == nil {
-			e = &mintEntry{}
-			m.entries[key] = e
-			e.elem = m.order.PushBack(key)
-			m.evict()
-		}
+		e := m.entryLocked(key)
 		if e.inflight == nil && e.cred != nil && m.cfg.Clock.Now().Before(e.cred.RefreshAt) {
 			cred := e.cred
 			m.mu.Unlock()
@@ -149,45 +146,72 @@ func (m *Minter) credential(ctx context.Context, key mintKey, names mintNames) (
 		}
 		if wait := e.inflight; wait != nil {
 			m.mu.Unlock()
-			select {
-			case <-wait:
-			case <-ctx.Done():
-				return nil, fmt.Errorf("sds: minter: %w", ctx.Err())
-			}
-			m.mu.Lock()
-			cred, err := e.cred, e.err
-			m.mu.Unlock()
-			if err != nil {
-				return nil, err
-			}
-			if cred != nil {
-				return cred, nil
+			cred, err := m.await(ctx, e, wait)
+			if err != nil || cred != nil {
+				return cred, err
 			}
 			continue
 		}
 		done := make(chan struct{})
 		e.inflight = done
 		m.mu.Unlock()
-
-		cred, err := m.mint(id, names)
-
-		m.mu.Lock()
-		e.inflight, e.err = nil, err
-		if err == nil {
-			if e.changed != nil {
-				close(e.changed)
-			}
-			e.changed = make(chan struct{})
-			cred.Changed = e.changed
-			e.cred = cred
-			if m.entries[key] == e {
-				m.order.MoveToBack(e.elem)
-			}
-		}
-		close(done)
-		m.mu.Unlock()
-		return cred, err
+		return m.refresh(key, e, done, names)
 	}
+}
+
+// entryLocked returns key's entry, making it (and evicting the oldest
+// beyond MaxEntries) when there is none. Called with mu held.
+func (m *Minter) entryLocked(key mintKey) *mintEntry {
+	e := m.entries[key]
+	if e == nil {
+		e = &mintEntry{}
+		m.entries[key] = e
+		e.elem = m.order.PushBack(key)
+		m.evict()
+	}
+	return e
+}
+
+// await waits for the signing in progress on e (wait) to end, or ctx, and
+// returns what it made: its error, or the credential. Both are nil when
+// it made neither, and the caller tries again.
+func (m *Minter) await(ctx context.Context, e *mintEntry, wait <-chan struct{}) (*Credential, error) {
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("sds: minter: %w", ctx.Err())
+	}
+	m.mu.Lock()
+	cred, err := e.cred, e.err
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return cred, nil
+}
+
+// refresh signs a new credential for key, whose entry e has done as its
+// signing in progress, records the result in e, and wakes those waiting:
+// on done, and on the old credential's Changed when the signing succeeded.
+func (m *Minter) refresh(key mintKey, e *mintEntry, done chan struct{}, names mintNames) (*Credential, error) {
+	cred, err := m.mint(key.id, names)
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.inflight, e.err = nil, err
+	if err == nil {
+		if e.changed != nil {
+			close(e.changed)
+		}
+		e.changed = make(chan struct{})
+		cred.Changed = e.changed
+		e.cred = cred
+		if m.entries[key] == e {
+			m.order.MoveToBack(e.elem)
+		}
+	}
+	close(done)
+	return cred, err
 }
 
 // evict forgets the oldest identities beyond MaxEntries. Their streams keep

@@ -139,7 +139,8 @@ func ParseGrant(der []byte) (Grant, error) {
 	return g, nil
 }
 
-// check applies the shape rules shared by Extension and ParseGrant.
+// check applies the shape rules shared by Extension and ParseGrant: those
+// of every grant, then those of its method.
 func (g Grant) check() error {
 	if !utf8.ValidString(g.Ref) || !utf8.ValidString(g.UID) {
 		return errors.New("reference or uid is not UTF-8")
@@ -152,32 +153,57 @@ func (g Grant) check() error {
 	}
 	switch g.Method {
 	case MethodBootstrapToken:
-		if !isLowerHex(g.Ref, 2*bootstrapRefBytes) {
-			return fmt.Errorf("bootstrap reference %q is not %d lowercase hex digits", g.Ref, 2*bootstrapRefBytes)
-		}
-		if g.UID != "" {
-			return errors.New("bootstrap grant has a uid")
-		}
+		return g.checkBootstrap()
 	case MethodKubernetesJWT:
-		if len(g.Ref) > maxGrantRef {
-			return fmt.Errorf("service account reference is %d bytes, more than %d", len(g.Ref), maxGrantRef)
-		}
-		if _, _, err := SplitServiceAccountRef(g.Ref); err != nil {
-			return err
-		}
+		return g.checkServiceAccount()
 	case MethodOIDC, MethodKubernetesIssuer:
-		if !validIssuerName(g.Ref) {
-			return fmt.Errorf("issuer reference %q is not an issuer name (1 to %d of a-z, 0-9 and -)", truncate(g.Ref, 64), MaxIssuerNameLen)
-		}
-		if !isLowerHex(g.UID, 2*issuerUIDBytes) {
-			return fmt.Errorf("%s grant uid %q is not %d lowercase hex digits (IssuerGrantUID of the issuer URL)", g.Method, truncate(g.UID, 64), 2*issuerUIDBytes)
-		}
+		return g.checkIssuer()
 	case GrantMethodLegacy, GrantMethodSDS:
-		if g.Ref != "" || g.UID != "" {
-			return fmt.Errorf("%s grant has a reference or uid", g.Method)
-		}
+		return g.checkBare()
 	default:
 		return fmt.Errorf("unknown method %q", truncate(g.Method, 64))
+	}
+}
+
+// checkBootstrap checks a bootstrap token grant: its reference names the
+// token (lowercase hex) and it has no uid.
+func (g Grant) checkBootstrap() error {
+	if !isLowerHex(g.Ref, 2*bootstrapRefBytes) {
+		return fmt.Errorf("bootstrap reference %q is not %d lowercase hex digits", g.Ref, 2*bootstrapRefBytes)
+	}
+	if g.UID != "" {
+		return errors.New("bootstrap grant has a uid")
+	}
+	return nil
+}
+
+// checkServiceAccount checks a Kubernetes JWT grant: its reference is a
+// bounded namespace/name service account reference.
+func (g Grant) checkServiceAccount() error {
+	if len(g.Ref) > maxGrantRef {
+		return fmt.Errorf("service account reference is %d bytes, more than %d", len(g.Ref), maxGrantRef)
+	}
+	_, _, err := SplitServiceAccountRef(g.Ref)
+	return err
+}
+
+// checkIssuer checks an OIDC or Kubernetes issuer grant: its reference is
+// an issuer name and its uid the IssuerGrantUID of the issuer URL.
+func (g Grant) checkIssuer() error {
+	if !validIssuerName(g.Ref) {
+		return fmt.Errorf("issuer reference %q is not an issuer name (1 to %d of a-z, 0-9 and -)", truncate(g.Ref, 64), MaxIssuerNameLen)
+	}
+	if !isLowerHex(g.UID, 2*issuerUIDBytes) {
+		return fmt.Errorf("%s grant uid %q is not %d lowercase hex digits (IssuerGrantUID of the issuer URL)", g.Method, truncate(g.UID, 64), 2*issuerUIDBytes)
+	}
+	return nil
+}
+
+// checkBare checks a legacy or SDS grant, which carries neither reference
+// nor uid.
+func (g Grant) checkBare() error {
+	if g.Ref != "" || g.UID != "" {
+		return fmt.Errorf("%s grant has a reference or uid", g.Method)
 	}
 	return nil
 }

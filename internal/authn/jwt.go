@@ -33,41 +33,55 @@ const maxExpSeconds = 1 << 40
 // does not have the shape of a JWT: three base64url parts whose header is a
 // JSON object with a string "alg" and whose payload is a JSON object.
 func peekJWT(token string) (jwtInfo, error) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return jwtInfo{}, errors.New("not a compact JWS")
-	}
-	var header struct {
-		Alg *string `json:"alg"`
-	}
-	if err := decodeSegment(parts[0], &header); err != nil || header.Alg == nil {
-		return jwtInfo{}, errors.New("JWT header is not a JSON object with alg")
-	}
-	var claims map[string]json.RawMessage
-	if err := decodeSegment(parts[1], &claims); err != nil || claims == nil {
-		return jwtInfo{}, errors.New("JWT payload is not a JSON object")
+	claims, err := peekClaims(token)
+	if err != nil {
+		return jwtInfo{}, err
 	}
 	var info jwtInfo
 	if raw, ok := claims["iss"]; ok {
 		_ = json.Unmarshal(raw, &info.iss) // not a string: no issuer to route by
 	}
-	raw, ok := claims["exp"]
-	if !ok {
-		return info, nil
+	if raw, ok := claims["exp"]; ok {
+		info.exp, info.expInvalid = readExp(raw)
 	}
+	return info, nil
+}
+
+// peekClaims checks the shape of a compact JWS (three non-empty parts, a
+// header that is a JSON object with "alg") and returns its payload's claims,
+// unverified.
+func peekClaims(token string) (map[string]json.RawMessage, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return nil, errors.New("not a compact JWS")
+	}
+	var header struct {
+		Alg *string `json:"alg"`
+	}
+	if err := decodeSegment(parts[0], &header); err != nil || header.Alg == nil {
+		return nil, errors.New("JWT header is not a JSON object with alg")
+	}
+	var claims map[string]json.RawMessage
+	if err := decodeSegment(parts[1], &claims); err != nil || claims == nil {
+		return nil, errors.New("JWT payload is not a JSON object")
+	}
+	return claims, nil
+}
+
+// readExp reads an exp claim as seconds since the epoch, fractions allowed.
+// invalid is set, and exp zero, when it is not a number in [0,
+// maxExpSeconds].
+func readExp(raw json.RawMessage) (exp time.Time, invalid bool) {
 	var n json.Number
 	if err := json.Unmarshal(raw, &n); err != nil {
-		info.expInvalid = true
-		return info, nil
+		return time.Time{}, true
 	}
 	f, err := n.Float64()
 	if err != nil || math.IsNaN(f) || f < 0 || f > maxExpSeconds {
-		info.expInvalid = true
-		return info, nil
+		return time.Time{}, true
 	}
 	sec, frac := math.Modf(f)
-	info.exp = time.Unix(int64(sec), int64(frac*1e9))
-	return info, nil
+	return time.Unix(int64(sec), int64(frac*1e9)), false
 }
 
 // decodeSegment decodes one base64url part (padding tolerated) as JSON.

@@ -1,6 +1,7 @@
 package authn
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -137,25 +138,20 @@ type TokenReviewConfig struct {
 	Registerer prometheus.Registerer
 }
 
-func (c *TokenReviewConfig) setLimitDefaults() {
-	if c.MaxReviewsPerPeer == 0 {
-		c.MaxReviewsPerPeer = DefaultMaxReviewsPerPeer
+// setDefaults refuses a config that cannot work, then fills in the defaults
+// of the knobs left zero.
+func (c *TokenReviewConfig) setDefaults() error {
+	if err := c.validate(); err != nil {
+		return err
 	}
-	if c.PeerReviewRate == 0 {
-		c.PeerReviewRate = DefaultPeerReviewRate
-	}
-	if c.PeerReviewBurst == 0 {
-		c.PeerReviewBurst = DefaultPeerReviewBurst
-	}
-	if c.MaxPeerLimiters == 0 {
-		c.MaxPeerLimiters = DefaultMaxPeerLimiters
-	}
-	if c.KeysRefreshInterval == 0 {
-		c.KeysRefreshInterval = DefaultKeysRefreshInterval
-	}
+	c.setLimitDefaults()
+	c.setReviewDefaults()
+	return nil
 }
 
-func (c *TokenReviewConfig) setDefaults() error {
+// validate refuses a config without a client or trust domain, or with a
+// knob out of its range.
+func (c *TokenReviewConfig) validate() error {
 	switch {
 	case c.Client == nil:
 		return errors.New("authn: token review: a Kubernetes client is required")
@@ -174,22 +170,27 @@ func (c *TokenReviewConfig) setDefaults() error {
 		// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
 		return fmt.Errorf("authn: token review: per-peer rate %v and keys refresh interval %s must not be negative", float64(c.PeerReviewRate), c.KeysRefreshInterval)
 	}
-	c.setLimitDefaults()
-	if c.Audience == "" {
-		c.Audience = c.TrustDomain.Name()
-	}
-	if c.CacheTTL == 0 {
-		c.CacheTTL = MaxTokenReviewCacheTTL
-	}
-	if c.MaxCacheEntries == 0 {
-		c.MaxCacheEntries = DefaultTokenReviewCacheEntries
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTokenReviewTimeout
-	}
-	if c.MaxConcurrentReviews == 0 {
-		c.MaxConcurrentReviews = DefaultMaxConcurrentReviews
-	}
+	return nil
+}
+
+// setLimitDefaults fills in the per-peer limits and the keys refresh
+// interval left zero.
+func (c *TokenReviewConfig) setLimitDefaults() {
+	c.MaxReviewsPerPeer = cmp.Or(c.MaxReviewsPerPeer, DefaultMaxReviewsPerPeer)
+	c.PeerReviewRate = cmp.Or(c.PeerReviewRate, DefaultPeerReviewRate)
+	c.PeerReviewBurst = cmp.Or(c.PeerReviewBurst, DefaultPeerReviewBurst)
+	c.MaxPeerLimiters = cmp.Or(c.MaxPeerLimiters, DefaultMaxPeerLimiters)
+	c.KeysRefreshInterval = cmp.Or(c.KeysRefreshInterval, DefaultKeysRefreshInterval)
+}
+
+// setReviewDefaults fills in the audience, cache, timeout and concurrency
+// left zero, and the clock, logger and registerer left nil.
+func (c *TokenReviewConfig) setReviewDefaults() {
+	c.Audience = cmp.Or(c.Audience, c.TrustDomain.Name())
+	c.CacheTTL = cmp.Or(c.CacheTTL, MaxTokenReviewCacheTTL)
+	c.MaxCacheEntries = cmp.Or(c.MaxCacheEntries, DefaultTokenReviewCacheEntries)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTokenReviewTimeout)
+	c.MaxConcurrentReviews = cmp.Or(c.MaxConcurrentReviews, DefaultMaxConcurrentReviews)
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
 	}
@@ -199,7 +200,6 @@ func (c *TokenReviewConfig) setDefaults() error {
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
 	}
-	return nil
 }
 
 // TokenReview authenticates a Kubernetes service account JWT sent as a

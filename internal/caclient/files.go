@@ -119,6 +119,32 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	files, err := credentialFiles(keyDER, chain, trust)
+	if err != nil {
+		return err
+	}
+	if err := checkNoDirs(dir, files); err != nil {
+		return err
+	}
+	// The mark goes first: credentials without it are refused by the
+	// agent as another tool's, so a crash here must not leave them.
+	if err := markOwned(dir); err != nil {
+		return err
+	}
+	if err := replaceFiles(dir, files); err != nil {
+		return err
+	}
+	if trust.Bundles == nil {
+		if err := os.Remove(filepath.Join(dir, BundleMapFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return atomicfile.SyncDir(dir)
+}
+
+// credentialFiles are the files WriteCredentials writes, with their
+// contents and modes: the bundle map only when trust has Bundles.
+func credentialFiles(keyDER []byte, chain []*x509.Certificate, trust Trust) ([]credFile, error) {
 	files := []credFile{
 		{KeyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600},
 		{ChainFile, EncodeCerts(chain), 0o644},
@@ -127,21 +153,29 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 	if trust.Bundles != nil {
 		doc, err := trust.BundleMap()
 		if err != nil {
-			return fmt.Errorf("%s: %w", BundleMapFile, err)
+			return nil, fmt.Errorf("%s: %w", BundleMapFile, err)
 		}
 		files = append(files, credFile{BundleMapFile, doc, 0o644})
 	}
+	return files, nil
+}
+
+// checkNoDirs refuses to go on when a directory stands where one of files
+// is to be written: the rename over it would fail after others succeeded.
+func checkNoDirs(dir string, files []credFile) error {
 	for _, f := range files {
 		p := filepath.Join(dir, f.name)
 		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
 			return fmt.Errorf("%s is a directory", p)
 		}
 	}
-	// The mark goes first: credentials without it are refused by the
-	// agent as another tool's, so a crash here must not leave them.
-	if err := markOwned(dir); err != nil {
-		return err
-	}
+	return nil
+}
+
+// replaceFiles stages every one of files in dir before renaming any over
+// its predecessor, so a failure while writing leaves the old set whole.
+// Staged files not renamed are removed.
+func replaceFiles(dir string, files []credFile) error {
 	staged := make([]string, len(files))
 	defer func() {
 		for _, tmp := range staged {
@@ -163,12 +197,7 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 		}
 		staged[i] = ""
 	}
-	if trust.Bundles == nil {
-		if err := os.Remove(filepath.Join(dir, BundleMapFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-	}
-	return atomicfile.SyncDir(dir)
+	return nil
 }
 
 // markOwned writes OwnerFile in dir unless it is there.

@@ -170,26 +170,55 @@ func readCredentialSet(dir string) (*credentialSet, error) {
 // roots); its JWT authorities, which root-cert.pem cannot hold, are the
 // local trust domain's.
 func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credentialSet, error) {
+	chain, id, err := parseLeafChain(chainPEM)
+	if err != nil {
+		return nil, err
+	}
+	key, err := pemfile.ParsePrivateKey(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", KeyFile, err)
+	}
+	roots, err := parseLocalRoots(rootsPEM, id.TrustDomain())
+	if err != nil {
+		return nil, err
+	}
+	grouped, bundles, err := parseFileBundles(bundleMap, id.TrustDomain(), roots)
+	if err != nil {
+		return nil, err
+	}
+	set := &credentialSet{id: id, chain: chain, key: key, roots: grouped, bundles: bundles}
+	set.credDigest = lengthPrefixedDigest(chainPEM, keyPEM)
+	set.rootsDigest = lengthPrefixedDigest(rootsPEM, bundleMap)
+	set.digest = sha256.Sum256(append(set.credDigest[:], set.rootsDigest[:]...))
+	return set, nil
+}
+
+// parseLeafChain parses cert-chain.pem, drops a trailing self-signed root,
+// and returns the chain with its leaf's SPIFFE ID, which must name a
+// workload.
+func parseLeafChain(chainPEM []byte) ([]*x509.Certificate, spiffeid.ID, error) {
 	chain, err := pemfile.ParseCertificates(chainPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", CertChainFile, err)
+		return nil, spiffeid.ID{}, fmt.Errorf("%s: %w", CertChainFile, err)
 	}
 	for len(chain) > 1 && isSelfSignedCA(chain[len(chain)-1]) {
 		chain = chain[:len(chain)-1]
 	}
 	id, err := x509svid.IDFromCert(chain[0])
 	if err != nil {
-		return nil, fmt.Errorf("%s: leaf: %w", CertChainFile, err)
+		return nil, spiffeid.ID{}, fmt.Errorf("%s: leaf: %w", CertChainFile, err)
 	}
 	// X509-SVID §5: a leaf is no CA and names a workload, not a trust
 	// domain.
 	if chain[0].IsCA || id.Path() == "" {
-		return nil, fmt.Errorf("%s: leaf: %s is not a workload X509-SVID (CA certificate or no path)", CertChainFile, id)
+		return nil, spiffeid.ID{}, fmt.Errorf("%s: leaf: %s is not a workload X509-SVID (CA certificate or no path)", CertChainFile, id)
 	}
-	key, err := pemfile.ParsePrivateKey(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", KeyFile, err)
-	}
+	return chain, id, nil
+}
+
+// parseLocalRoots parses root-cert.pem: CA certificates of the local
+// trust domain only.
+func parseLocalRoots(rootsPEM []byte, local spiffeid.TrustDomain) ([]*x509.Certificate, error) {
 	roots, err := pemfile.ParseCertificates(rootsPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", RootCertFile, err)
@@ -199,28 +228,22 @@ func parseCredentialSet(chainPEM, keyPEM, rootsPEM, bundleMap []byte) (*credenti
 			return nil, fmt.Errorf("%s: certificate %d is not a CA certificate", RootCertFile, i)
 		}
 	}
-	if err := caclient.CheckLocalRoots(RootCertFile, id.TrustDomain(), roots); err != nil {
+	if err := caclient.CheckLocalRoots(RootCertFile, local, roots); err != nil {
 		return nil, err
 	}
-	grouped, bundles, err := parseFileBundles(bundleMap, id.TrustDomain(), roots)
-	if err != nil {
-		return nil, err
-	}
+	return roots, nil
+}
+
+// lengthPrefixedDigest is the SHA-256 of parts, each preceded by its
+// length, so that moving bytes from one part to the next changes it.
+func lengthPrefixedDigest(parts ...[]byte) (d [sha256.Size]byte) {
 	h := sha256.New()
-	for _, b := range [][]byte{chainPEM, keyPEM} {
+	for _, b := range parts {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 	}
-	set := &credentialSet{id: id, chain: chain, key: key, roots: grouped, bundles: bundles}
-	h.Sum(set.credDigest[:0])
-	rh := sha256.New()
-	for _, b := range [][]byte{rootsPEM, bundleMap} {
-		fmt.Fprintf(rh, "%d:", len(b))
-		rh.Write(b)
-	}
-	rh.Sum(set.rootsDigest[:0])
-	set.digest = sha256.Sum256(append(set.credDigest[:], set.rootsDigest[:]...))
-	return set, nil
+	h.Sum(d[:0])
+	return d
 }
 
 func isSelfSignedCA(c *x509.Certificate) bool {

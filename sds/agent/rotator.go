@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -113,36 +114,13 @@ type Rotator struct {
 // NewRotator checks cfg and applies its defaults. It starts nothing and
 // reads no file.
 func NewRotator(cfg RotatorConfig) (*Rotator, error) {
-	if cfg.CAAddr == "" {
-		return nil, errors.New("rotator: no certificate service address")
+	grace, err := cfg.check()
+	if err != nil {
+		return nil, err
 	}
-	if len(cfg.Roots) == 0 || slices.Contains(cfg.Roots, nil) {
-		return nil, errors.New("rotator: no roots to verify the certificate service with")
-	}
-	if cfg.TokenFile == "" && cfg.OutputCertsDir == "" && cfg.ProvCertDir == "" {
-		return nil, errors.New("rotator: no token file, output certificates directory or provisioning certificate directory: nothing to authenticate the first request with")
-	}
-	grace := cfg.GraceRatio
-	if grace == 0 {
-		grace = defaultGraceRatio
-	}
-	if !(grace > 0 && grace < 1) {
-		return nil, fmt.Errorf("rotator: grace ratio %v must be between 0 and 1", cfg.GraceRatio)
-	}
-	if cfg.TTL < 0 || cfg.TTL%time.Second != 0 {
-		return nil, fmt.Errorf("rotator: ttl %s: want a whole, positive number of seconds", cfg.TTL)
-	}
-	serverID := cfg.ServerID
-	if serverID.IsZero() {
-		// The identity in OutputCertsDir or ProvCertDir may still tell
-		// the trust domain, in Init; without them the roots must.
-		id, err := caclient.ExpectedServerID(cfg.Roots, spiffeid.ID{})
-		switch {
-		case err == nil:
-			serverID = id
-		case cfg.OutputCertsDir == "" && cfg.ProvCertDir == "":
-			return nil, fmt.Errorf("rotator: %w", err)
-		}
+	serverID, err := cfg.initialServerID()
+	if err != nil {
+		return nil, err
 	}
 	r := &Rotator{
 		addr:      cfg.CAAddr,
@@ -170,6 +148,48 @@ func NewRotator(cfg RotatorConfig) (*Rotator, error) {
 	}
 	r.metrics = m
 	return r, nil
+}
+
+// check refuses a config without an address, roots or a way to
+// authenticate the first request, or with a grace ratio or TTL out of
+// range. It returns the grace ratio to use, defaulted.
+func (cfg *RotatorConfig) check() (grace float64, err error) {
+	if cfg.CAAddr == "" {
+		return 0, errors.New("rotator: no certificate service address")
+	}
+	if len(cfg.Roots) == 0 || slices.Contains(cfg.Roots, nil) {
+		return 0, errors.New("rotator: no roots to verify the certificate service with")
+	}
+	if cfg.TokenFile == "" && cfg.OutputCertsDir == "" && cfg.ProvCertDir == "" {
+		return 0, errors.New("rotator: no token file, output certificates directory or provisioning certificate directory: nothing to authenticate the first request with")
+	}
+	grace = cmp.Or(cfg.GraceRatio, defaultGraceRatio)
+	if !(grace > 0 && grace < 1) {
+		return 0, fmt.Errorf("rotator: grace ratio %v must be between 0 and 1", cfg.GraceRatio)
+	}
+	if cfg.TTL < 0 || cfg.TTL%time.Second != 0 {
+		return 0, fmt.Errorf("rotator: ttl %s: want a whole, positive number of seconds", cfg.TTL)
+	}
+	return grace, nil
+}
+
+// initialServerID is the SPIFFE ID the server must present, as far as it
+// is known before Init: ServerID, else derived from the roots. It may stay
+// zero only when a certificate directory can tell the trust domain later.
+func (cfg *RotatorConfig) initialServerID() (spiffeid.ID, error) {
+	if !cfg.ServerID.IsZero() {
+		return cfg.ServerID, nil
+	}
+	// The identity in OutputCertsDir or ProvCertDir may still tell the
+	// trust domain, in Init; without them the roots must.
+	id, err := caclient.ExpectedServerID(cfg.Roots, spiffeid.ID{})
+	switch {
+	case err == nil:
+		return id, nil
+	case cfg.OutputCertsDir == "" && cfg.ProvCertDir == "":
+		return spiffeid.ID{}, fmt.Errorf("rotator: %w", err)
+	}
+	return spiffeid.ID{}, nil
 }
 
 // errNoAuth means neither a usable certificate nor a token file is there
@@ -320,12 +340,41 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 	if err != nil {
 		return err
 	}
+	issued, serverID, err := r.obtain(ctx, key, clientCert, token, want)
+	if err != nil {
+		return err
+	}
+	cert, err := r.publish(issued, key, serverID)
+	if err != nil {
+		return err
+	}
+	r.metrics.notAfter.Set(float64(cert.Leaf.NotAfter.Unix()))
+	r.log.Info("workload certificate issued", logattr.SPIFFEID, issued.ID.String(), "authenticated_by", auth,
+		"not_after", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+
+	// The new credential is served whether or not it reaches the disk;
+	// the files there stay a consistent older set on failure.
+	if r.outDir != "" {
+		if err := caclient.WriteCredentials(r.outDir, key, issued.Chain, issued.Trust); err != nil {
+			r.metrics.writeFailures.Inc()
+			r.log.Error("writing the workload certificate failed", "dir", r.outDir, logattr.Error, err.Error())
+		}
+	}
+	return nil
+}
+
+// obtain makes one call to the certificate service for key, verifying
+// the server against the roots held now, and refuses a certificate for
+// another identity than the one this agent serves. It returns the server
+// ID it verified.
+func (r *Rotator) obtain(ctx context.Context, key *ecdsa.PrivateKey, clientCert *tls.Certificate, token string, want spiffeid.ID) (*Issued, spiffeid.ID, error) {
 	r.mu.Lock()
 	roots, serverID, pinned := r.roots, r.serverID, r.id
 	r.mu.Unlock()
 	if serverID.IsZero() {
+		var err error
 		if serverID, err = caclient.ExpectedServerID(roots, want); err != nil {
-			return err
+			return nil, spiffeid.ID{}, err
 		}
 	}
 	callCtx, cancel := context.WithTimeout(ctx, rotatorCallTimeout)
@@ -333,12 +382,19 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 	issued, err := Obtain(callCtx, r.addr, roots, serverID, clientCert,
 		caclient.Request{Key: key, ID: want, TTL: r.ttl, Token: token}, x509svid.WithTime(r.clock.Now()))
 	if err != nil {
-		return err
+		return nil, spiffeid.ID{}, err
 	}
+	if !pinned.IsZero() && issued.ID != pinned {
+		return nil, spiffeid.ID{}, fmt.Errorf("unusable certificate: issued %s, but this agent serves %s", issued.ID, pinned)
+	}
+	return issued, serverID, nil
+}
+
+// publish makes issued, with key, the current credential: served from the
+// cell, used to authenticate the next renewal, and its trust the roots
+// the server is verified with from now on.
+func (r *Rotator) publish(issued *Issued, key *ecdsa.PrivateKey, serverID spiffeid.ID) (*tls.Certificate, error) {
 	id, leafChain := issued.ID, issued.Chain
-	if !pinned.IsZero() && id != pinned {
-		return fmt.Errorf("unusable certificate: issued %s, but this agent serves %s", id, pinned)
-	}
 	der := make([][]byte, len(leafChain))
 	for i, c := range leafChain {
 		der[i] = c.Raw
@@ -346,13 +402,13 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 	cert := &tls.Certificate{Certificate: der, PrivateKey: key, Leaf: leafChain[0]}
 
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	cell := r.cell
 	if cell == nil {
 		cell = sds.NewCredentialCell(id)
 	}
 	if err := cell.Set(leafChain, key); err != nil {
-		r.mu.Unlock()
-		return err
+		return nil, err
 	}
 	r.cell, r.cur, r.id, r.serverID = cell, cert, id, serverID
 	// ROOTCA came over a connection verified against the roots held so
@@ -360,20 +416,7 @@ func (r *Rotator) request(ctx context.Context, clientCert *tls.Certificate, toke
 	// the agent on its --root-cert file.
 	r.roots = slices.Clone(issued.Trust.Local)
 	r.trust = issued.Trust
-	r.mu.Unlock()
-	r.metrics.notAfter.Set(float64(cert.Leaf.NotAfter.Unix()))
-	r.log.Info("workload certificate issued", logattr.SPIFFEID, id.String(), "authenticated_by", auth,
-		"not_after", cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
-
-	// The new credential is served whether or not it reaches the disk;
-	// the files there stay a consistent older set on failure.
-	if r.outDir != "" {
-		if err := caclient.WriteCredentials(r.outDir, key, leafChain, issued.Trust); err != nil {
-			r.metrics.writeFailures.Inc()
-			r.log.Error("writing the workload certificate failed", "dir", r.outDir, logattr.Error, err.Error())
-		}
-	}
-	return nil
+	return cert, nil
 }
 
 // attempted reports an attempt to the test hook.

@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -60,56 +61,8 @@ type Elector struct {
 
 // New checks cfg; it starts nothing.
 func New(cfg Config) (*Elector, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("leader: a Kubernetes client is required")
-	}
-	if cfg.Namespace == "" {
-		return nil, errors.New("leader: a namespace is required")
-	}
-	if cfg.Name == "" {
-		cfg.Name = DefaultName
-	}
-	if cfg.Identity == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "trustbridge"
-		}
-		var b [4]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("leader: identity: %w", err)
-		}
-		cfg.Identity = host + "_" + hex.EncodeToString(b[:])
-	}
-	if cfg.LeaseDuration == 0 {
-		cfg.LeaseDuration = DefaultLeaseDuration
-	}
-	if cfg.RenewDeadline == 0 {
-		cfg.RenewDeadline = DefaultRenewDeadline
-	}
-	if cfg.RetryPeriod == 0 {
-		cfg.RetryPeriod = DefaultRetryPeriod
-	}
-	// The elector's own rules, checked here so a bad flag fails at start.
-	switch {
-	case cfg.LeaseDuration < time.Second || cfg.LeaseDuration%time.Second != 0:
-		// The Lease records whole seconds and other replicas count from
-		// that; a truncated duration could end before our renew deadline.
-		return nil, fmt.Errorf("leader: lease duration %s must be a whole number of seconds: the Lease records seconds", cfg.LeaseDuration)
-	case cfg.LeaseDuration <= cfg.RenewDeadline:
-		return nil, fmt.Errorf("leader: lease duration %s must be longer than the renew deadline %s", cfg.LeaseDuration, cfg.RenewDeadline)
-	case cfg.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(cfg.RetryPeriod)):
-		return nil, fmt.Errorf("leader: renew deadline %s must be longer than %.1f retry periods (%s)", cfg.RenewDeadline, leaderelection.JitterFactor, cfg.RetryPeriod)
-	case cfg.RetryPeriod <= 0:
-		return nil, errors.New("leader: retry period must be positive")
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.Registerer == nil {
-		cfg.Registerer = prometheus.NewRegistry()
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
 	}
 	e := &Elector{cfg: cfg, renewedCh: make(chan struct{}, 1)}
 	e.gauge = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -121,6 +74,73 @@ func New(cfg Config) (*Elector, error) {
 		return nil, fmt.Errorf("leader: %w", err)
 	}
 	return e, nil
+}
+
+// setDefaults refuses a config without a client or namespace, fills in the
+// fields left zero, and checks the timings against the elector's rules.
+func (c *Config) setDefaults() error {
+	if c.Client == nil {
+		return errors.New("leader: a Kubernetes client is required")
+	}
+	if c.Namespace == "" {
+		return errors.New("leader: a namespace is required")
+	}
+	c.Name = cmp.Or(c.Name, DefaultName)
+	if c.Identity == "" {
+		id, err := newIdentity()
+		if err != nil {
+			return err
+		}
+		c.Identity = id
+	}
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
+	c.RenewDeadline = cmp.Or(c.RenewDeadline, DefaultRenewDeadline)
+	c.RetryPeriod = cmp.Or(c.RetryPeriod, DefaultRetryPeriod)
+	if err := c.checkTimings(); err != nil {
+		return err
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	return nil
+}
+
+// newIdentity is the default Identity: the hostname plus a random suffix,
+// so a restarted pod never inherits its old lease.
+func newIdentity() (string, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "trustbridge"
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("leader: identity: %w", err)
+	}
+	return host + "_" + hex.EncodeToString(b[:]), nil
+}
+
+// checkTimings applies the elector's own rules to the lease duration,
+// renew deadline and retry period, so a bad flag fails at start.
+func (c *Config) checkTimings() error {
+	switch {
+	case c.LeaseDuration < time.Second || c.LeaseDuration%time.Second != 0:
+		// The Lease records whole seconds and other replicas count from
+		// that; a truncated duration could end before our renew deadline.
+		return fmt.Errorf("leader: lease duration %s must be a whole number of seconds: the Lease records seconds", c.LeaseDuration)
+	case c.LeaseDuration <= c.RenewDeadline:
+		return fmt.Errorf("leader: lease duration %s must be longer than the renew deadline %s", c.LeaseDuration, c.RenewDeadline)
+	case c.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(c.RetryPeriod)):
+		return fmt.Errorf("leader: renew deadline %s must be longer than %.1f retry periods (%s)", c.RenewDeadline, leaderelection.JitterFactor, c.RetryPeriod)
+	case c.RetryPeriod <= 0:
+		return errors.New("leader: retry period must be positive")
+	}
+	return nil
 }
 
 // Identity is this replica's name in the Lease.
@@ -195,19 +215,9 @@ func (e *Elector) round(ctx context.Context, lock resourcelock.Interface, lead f
 	// while lead still writes.
 	elCtx, elCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer elCancel()
-	var (
-		mu       sync.Mutex
-		leadDone chan struct{} // set while lead runs
-		over     bool          // the round ended; a late start must not lead
-	)
+	var gate roundGate
 	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		over = true
-		ch := leadDone
-		mu.Unlock()
-		if ch != nil {
-			<-ch
-		}
+		gate.end()
 		elCancel()
 	})
 	defer stop()
@@ -218,29 +228,7 @@ func (e *Elector) round(ctx context.Context, lock resourcelock.Interface, lead f
 		RetryPeriod:     e.cfg.RetryPeriod,
 		ReleaseOnCancel: true,
 		Name:            e.cfg.Name,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(leCtx context.Context) {
-				mu.Lock()
-				if over || leCtx.Err() != nil {
-					mu.Unlock()
-					return
-				}
-				ch := make(chan struct{})
-				leadDone = ch
-				mu.Unlock()
-				defer close(ch)
-				e.lead(leCtx, ctx, lead, log)
-				// Lead returned (an error, or leadership lost): end this
-				// round, releasing the Lease; the next round campaigns.
-				elCancel()
-			},
-			OnStoppedLeading: func() {},
-			OnNewLeader: func(id string) {
-				if id != e.cfg.Identity {
-					log.Info("leader observed", "leader", id)
-				}
-			},
-		},
+		Callbacks:       e.callbacks(ctx, &gate, elCancel, lead, log),
 	})
 	if err != nil {
 		return fmt.Errorf("leader: %w", err)
@@ -248,15 +236,67 @@ func (e *Elector) round(ctx context.Context, lock resourcelock.Interface, lead f
 	le.Run(elCtx)
 	// le.Run returns when renewal failed or elCtx ended; OnStartedLeading
 	// runs on a goroutine of its own and may not have returned yet.
-	mu.Lock()
-	over = true
-	ch := leadDone
-	mu.Unlock()
+	gate.end()
+	e.setLeading(false)
+	return nil
+}
+
+// callbacks are a round's leader election callbacks: on starting to lead,
+// run lead (unless the round is already over), then end the round by
+// cancelling the elector's context (endRound), which releases the Lease.
+func (e *Elector) callbacks(ctx context.Context, gate *roundGate, endRound context.CancelFunc, lead func(context.Context) error, log *slog.Logger) leaderelection.LeaderCallbacks {
+	return leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(leCtx context.Context) {
+			done := gate.begin(leCtx)
+			if done == nil {
+				return
+			}
+			defer close(done)
+			e.lead(leCtx, ctx, lead, log)
+			// Lead returned (an error, or leadership lost): end this
+			// round, releasing the Lease; the next round campaigns.
+			endRound()
+		},
+		OnStoppedLeading: func() {},
+		OnNewLeader: func(id string) {
+			if id != e.cfg.Identity {
+				log.Info("leader observed", "leader", id)
+			}
+		},
+	}
+}
+
+// roundGate orders a round's end after its lead: once the round is over
+// no late OnStartedLeading may lead, and the round waits for a lead that
+// did start to return.
+type roundGate struct {
+	mu       sync.Mutex
+	leadDone chan struct{} // set while lead runs
+	over     bool          // the round ended; a late start must not lead
+}
+
+// begin registers a lead about to start and returns the channel to close
+// when it returns; nil when the round is over or leCtx is done, and lead
+// must not start.
+func (g *roundGate) begin(leCtx context.Context) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.over || leCtx.Err() != nil {
+		return nil
+	}
+	g.leadDone = make(chan struct{})
+	return g.leadDone
+}
+
+// end marks the round over and waits for a lead that began to return.
+func (g *roundGate) end() {
+	g.mu.Lock()
+	g.over = true
+	ch := g.leadDone
+	g.mu.Unlock()
 	if ch != nil {
 		<-ch
 	}
-	e.setLeading(false)
-	return nil
 }
 
 // lead runs f while this replica leads.
