@@ -167,25 +167,41 @@ func (r *Reloader[R, T]) checkLocked(report bool) error {
 	}
 	digest := r.cfg.Digest(data)
 	cur := r.current.Load()
+	if done, err := r.settledLocked(cur, digest, report); done {
+		return err
+	}
+	return r.adoptLocked(cur, data, digest, report)
+}
+
+// settledLocked ends a check that needs no parse: the content in force
+// (unchanged, or changed back to it), verified again when Verify is set; or,
+// with SkipRefused, the content refused last time. done is false when the
+// content must be parsed.
+func (r *Reloader[R, T]) settledLocked(cur *reloaded[T], digest Digest, report bool) (done bool, err error) {
+	switch {
+	case cur != nil && digest == cur.digest && !(r.cfg.ReparseAfterFailure && r.failed):
+		if r.cfg.Verify != nil {
+			if err := r.cfg.Verify(cur.value); err != nil {
+				return true, r.refuse(digest, err, report)
+			}
+		}
+		r.succeed()
+		return true, nil
+	case r.cfg.SkipRefused && r.failed && digest == r.failedDigest:
+		return true, r.LastError()
+	}
+	return false, nil
+}
+
+// adoptLocked parses new content and, if it parses, puts it in force and
+// signals a change, unless Same says the value did not change.
+func (r *Reloader[R, T]) adoptLocked(cur *reloaded[T], data R, digest Digest, report bool) error {
 	var (
 		value T
 		have  bool
 	)
 	if cur != nil {
 		value, have = cur.value, true
-	}
-	switch {
-	case have && digest == cur.digest && !(r.cfg.ReparseAfterFailure && r.failed):
-		// Unchanged, or changed back to the content in force.
-		if r.cfg.Verify != nil {
-			if err := r.cfg.Verify(value); err != nil {
-				return r.refuse(digest, err, report)
-			}
-		}
-		r.succeed()
-		return nil
-	case r.cfg.SkipRefused && r.failed && digest == r.failedDigest:
-		return r.LastError()
 	}
 	next, err := r.cfg.Parse(data, value, have)
 	if errors.Is(err, ErrChanging) {

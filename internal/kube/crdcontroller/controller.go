@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
@@ -104,6 +105,24 @@ func Run(ctx context.Context, cfg Config) error {
 	// Ends the ticker should the controller fail to start.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	ctrl, err := newController(cfg, inf, recorder, &tickers)
+	if err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return nil // ctx ended first
+	}
+	cfg.Logger.Info("watching "+cfg.Kind+" resources", cfg.WatchAttrs...)
+	return ctrl.Start(ctx)
+}
+
+// newController builds the controller that runs syncAll: one request in
+// its queue for any change of the resources (the informer) and every
+// cfg.Interval (a ticker on cfg.Clock, started with the controller and
+// counted in tickers).
+func newController(cfg Config, inf informers.GenericInformer, recorder events.EventRecorder, tickers *sync.WaitGroup) (controller.TypedController[reconcile.Request], error) {
 	ctrl, err := controller.NewTypedUnmanaged(cmp.Or(cfg.Kind, cfg.GVR.String()), controller.TypedOptions[reconcile.Request]{
 		Reconciler: reconcile.Func(func(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 			return reconcile.Result{}, syncAll(ctx, cfg, inf.Lister(), recorder)
@@ -126,27 +145,21 @@ func Run(ctx context.Context, cfg Config) error {
 		Logger: logr.Discard(),
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	enqueue := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{syncKey}
 	})
 	if err := ctrl.Watch(&source.Informer{Informer: inf.Informer(), Handler: enqueue}); err != nil {
-		return err
+		return nil, err
 	}
 	if err := ctrl.Watch(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 		tickers.Go(func() { tick(ctx, cfg.Clock, cfg.Interval, q) })
 		return nil
 	})); err != nil {
-		return err
+		return nil, err
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !toolscache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		return nil // ctx ended first
-	}
-	cfg.Logger.Info("watching "+cfg.Kind+" resources", cfg.WatchAttrs...)
-	return ctrl.Start(ctx)
+	return ctrl, nil
 }
 
 // syncAll runs cfg.Sync, counting and logging a failure; the error makes
