@@ -21,10 +21,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/catest"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
-	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 )
 
 // fakeAccounts decides Kubernetes grants as authn.ServiceAccountGrants

@@ -12,7 +12,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
-	"github.com/trustbridge/trustbridge/internal/testkit/catest"
+	"github.com/trustbridge/trustbridge/ca/catest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 

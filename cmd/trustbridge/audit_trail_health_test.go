@@ -18,9 +18,9 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/catest"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 )
 
 // stubHealth is a CA's health as a test sets it.

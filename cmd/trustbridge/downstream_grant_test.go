@@ -27,9 +27,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/catest"
 	"github.com/trustbridge/trustbridge/ca/upstream/trustbridge"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/testkit/catest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
