@@ -19,7 +19,7 @@ BENCHTIME ?= 1s
 BENCHCOUNT ?= 6
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot hsm-tools build-pkcs11 print-test-phases
+.PHONY: all build run demo test fmt-check vet tidy-check unit istio-tests istio-tests-short helm-tests image image-tests fuzz bench bench-istio lint proto clean kube-tools spire-tools ui-tools ui-screenshot hsm-tools build-pkcs11 print-test-phases shape
 
 all: build
 
@@ -285,6 +285,13 @@ lint: $(STATICCHECK_BIN)
 		flags=; case " $(RACE_MODULES) " in *" $$m "*) flags="$(RACE)";; esac; \
 		echo "lint $$m"; (cd $$m && $(GO) vet $$flags ./... && $(GO) mod tidy -diff && GOFLAGS=$$flags $(CURDIR)/$(STATICCHECK_BIN) ./...); \
 	done
+
+# shape: the house's measures (package main's size, long and complex
+# functions, ca's exported names, internal/'s folders, imports running up
+# to a domain package) and what each counts; make test holds them to the
+# ceilings in internal/testkit/shape.
+shape:
+	$(GO) test -count=1 -run '^TestHouseShape$$' -v ./internal/testkit/shape
 
 clean:
 	rm -rf bin

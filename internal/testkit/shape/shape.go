@@ -1,0 +1,230 @@
+// Package shape measures the shape of the house (issue 33, STYLE.md "Shape
+// of the house"): how big package main is, how many functions are too long
+// or too complex, how many names package ca exports, how many folders
+// internal/ has, and whether anything in internal/ outside the server's
+// composition imports a domain package. TestHouseShape holds the repository
+// to its ceilings and logs what each measure counts (make shape).
+package shape
+
+import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Module is the main module's path.
+const Module = "github.com/trustbridge/trustbridge"
+
+// The limits a function is measured against.
+const (
+	MaxFuncLines      = 60
+	MaxFuncComplexity = 15
+)
+
+// domains are the domain packages nothing in internal/ but the server's
+// composition imports.
+var domains = []string{"bundleserver", "federation", "ca", "sds"}
+
+// Measures is what Measure found.
+type Measures struct {
+	// MainLines counts the non-test lines of package main in cmd/trustbridge.
+	MainLines int
+	// LongFuncs and ComplexFuncs name the non-test functions of the main
+	// module over MaxFuncLines lines and over MaxFuncComplexity cyclomatic
+	// complexity (gocyclo's rules), as "file:func (n)".
+	LongFuncs, ComplexFuncs []string
+	// CAExported names what package ca (its own directory) exports:
+	// functions, methods, types, variables and constants, not struct fields.
+	CAExported []string
+	// InternalFolders are the top-level folders of internal/.
+	InternalFolders []string
+	// UpArrows are imports of a domain package from internal/, outside
+	// internal/server, as "dir -> package".
+	UpArrows []string
+}
+
+// Measure walks the main module at root (its go.mod's directory), skipping
+// bin/, testdata/, hidden folders and nested modules.
+func Measure(root string) (*Measures, error) {
+	m := &Measures{}
+	fset := token.NewFileSet()
+	ca := map[string]bool{}
+	up := map[string]bool{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			n := d.Name()
+			if rel != "." && (n == "bin" || n == "testdata" || strings.HasPrefix(n, ".") || exists(filepath.Join(p, "go.mod"))) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			return err
+		}
+		dir := path.Dir(rel)
+		if dir == "cmd/trustbridge" {
+			m.MainLines += fset.File(f.Pos()).LineCount()
+		}
+		if dir == "ca" {
+			for _, n := range exported(f) {
+				ca[n] = true
+			}
+		}
+		if strings.HasPrefix(dir, "internal/") && dir != "internal/server" && !strings.HasPrefix(dir, "internal/server/") {
+			for _, a := range domainImports(f) {
+				up[dir+" -> "+a] = true
+			}
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			name := rel + ":" + funcName(fn)
+			if l := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; l > MaxFuncLines {
+				m.LongFuncs = append(m.LongFuncs, fmt.Sprintf("%s (%d lines)", name, l))
+			}
+			if c := Complexity(fn); c > MaxFuncComplexity {
+				m.ComplexFuncs = append(m.ComplexFuncs, fmt.Sprintf("%s (complexity %d)", name, c))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(filepath.Join(root, "internal"))
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			m.InternalFolders = append(m.InternalFolders, e.Name())
+		}
+	}
+	m.CAExported, m.UpArrows = sorted(ca), sorted(up)
+	sort.Strings(m.LongFuncs)
+	sort.Strings(m.ComplexFuncs)
+	return m, nil
+}
+
+// Complexity is fn's cyclomatic complexity as gocyclo counts it: 1, plus
+// one per if, for, range, non-default case or select clause, && and ||.
+func Complexity(fn *ast.FuncDecl) int {
+	c := 1
+	ast.Inspect(fn, func(n ast.Node) bool {
+		switch x := n.(type) {
+		case *ast.IfStmt, *ast.ForStmt, *ast.RangeStmt:
+			c++
+		case *ast.CaseClause:
+			if x.List != nil {
+				c++
+			}
+		case *ast.CommClause:
+			if x.Comm != nil {
+				c++
+			}
+		case *ast.BinaryExpr:
+			if x.Op == token.LAND || x.Op == token.LOR {
+				c++
+			}
+		}
+		return true
+	})
+	return c
+}
+
+// exported lists the exported functions, methods (Type.Name), types,
+// variables and constants f declares.
+func exported(f *ast.File) []string {
+	var out []string
+	for _, d := range f.Decls {
+		switch x := d.(type) {
+		case *ast.FuncDecl:
+			if x.Name.IsExported() {
+				out = append(out, funcName(x))
+			}
+		case *ast.GenDecl:
+			for _, s := range x.Specs {
+				switch sp := s.(type) {
+				case *ast.TypeSpec:
+					if sp.Name.IsExported() {
+						out = append(out, sp.Name.Name)
+					}
+				case *ast.ValueSpec:
+					for _, n := range sp.Names {
+						if n.IsExported() {
+							out = append(out, n.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// domainImports lists the domain packages (or their sub-packages) f imports.
+func domainImports(f *ast.File) []string {
+	var out []string
+	for _, im := range f.Imports {
+		p := strings.Trim(im.Path.Value, `"`)
+		for _, d := range domains {
+			if p == Module+"/"+d || strings.HasPrefix(p, Module+"/"+d+"/") {
+				out = append(out, strings.TrimPrefix(p, Module+"/"))
+			}
+		}
+	}
+	return out
+}
+
+// funcName is Name, or Recv.Name for a method.
+func funcName(fn *ast.FuncDecl) string {
+	if fn.Recv == nil || len(fn.Recv.List) == 0 {
+		return fn.Name.Name
+	}
+	t := fn.Recv.List[0].Type
+	if s, ok := t.(*ast.StarExpr); ok {
+		t = s.X
+	}
+	switch x := t.(type) {
+	case *ast.IndexExpr:
+		t = x.X
+	case *ast.IndexListExpr:
+		t = x.X
+	}
+	if id, ok := t.(*ast.Ident); ok {
+		return id.Name + "." + fn.Name.Name
+	}
+	return fn.Name.Name
+}
+
+func sorted(set map[string]bool) []string {
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
