@@ -54,7 +54,7 @@ func (c *counter) config() ReloaderConfig[[]byte, int] {
 	}
 }
 
-func write(t *testing.T, path, content string) {
+func writeContent(t *testing.T, path, content string) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
 }
@@ -81,7 +81,7 @@ func TestReloaderKeepsLastGood(t *testing.T) {
 	_, ok := r.Current()
 	assert.False(t, ok, "nothing before Load")
 
-	write(t, c.path, "n=1")
+	writeContent(t, c.path, "n=1")
 	require.NoError(t, r.Load())
 	assert.Equal(t, 1, current(t, r))
 	assert.True(t, signalled(r.Changes()), "the first load is a change")
@@ -90,7 +90,7 @@ func TestReloaderKeepsLastGood(t *testing.T) {
 	assert.False(t, signalled(r.Changes()), "unchanged")
 	assert.Equal(t, 1, c.parses, "unchanged content is not parsed again")
 
-	write(t, c.path, "n=-1")
+	writeContent(t, c.path, "n=-1")
 	for range 2 {
 		err := r.Check()
 		require.Error(t, err)
@@ -106,16 +106,16 @@ func TestReloaderKeepsLastGood(t *testing.T) {
 	require.ErrorIs(t, r.Check(), os.ErrNotExist)
 	assert.Len(t, c.refused, 2, "another problem is reported")
 
-	write(t, c.path, "n=-1")
+	writeContent(t, c.path, "n=-1")
 	require.Error(t, r.Check())
 	assert.Len(t, c.refused, 3, "the first problem again, after another one, is reported again")
 
-	write(t, c.path, "n=1")
+	writeContent(t, c.path, "n=1")
 	require.NoError(t, r.Check(), "back to the content in force")
 	assert.NoError(t, r.LastError())
 	assert.False(t, signalled(r.Changes()))
 
-	write(t, c.path, "n=2")
+	writeContent(t, c.path, "n=2")
 	require.NoError(t, r.Check())
 	assert.Equal(t, 2, current(t, r))
 	assert.True(t, signalled(r.Changes()))
@@ -125,7 +125,7 @@ func TestReloaderKeepsLastGood(t *testing.T) {
 func TestReloaderLoadFailure(t *testing.T) {
 	c := &counter{path: filepath.Join(t.TempDir(), "n")}
 	r := NewReloader(c.config())
-	write(t, c.path, "nonsense")
+	writeContent(t, c.path, "nonsense")
 	err := r.Load()
 	require.Error(t, err)
 	assert.Equal(t, err, r.LastError())
@@ -143,7 +143,7 @@ func TestReloaderSymlinkSwap(t *testing.T) {
 	dir := t.TempDir()
 	for gen, content := range map[string]string{"..v1": "n=1", "..v2": "n=2"} {
 		require.NoError(t, os.Mkdir(filepath.Join(dir, gen), 0o700))
-		write(t, filepath.Join(dir, gen, "n"), content)
+		writeContent(t, filepath.Join(dir, gen, "n"), content)
 	}
 	require.NoError(t, os.Symlink("..v1", filepath.Join(dir, "..data")))
 	require.NoError(t, os.Symlink(filepath.Join("..data", "n"), filepath.Join(dir, "n")))
@@ -163,7 +163,7 @@ func TestReloaderSymlinkSwap(t *testing.T) {
 func TestReloaderChanging(t *testing.T) {
 	t.Run("Load reads again", func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		cfg := c.config()
 		reads := 0
 		cfg.Read = func() ([]byte, error) {
@@ -192,7 +192,7 @@ func TestReloaderChanging(t *testing.T) {
 	})
 	t.Run("Check leaves it for the next check", func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		cfg := c.config()
 		changing := false
 		cfg.Read = func() ([]byte, error) {
@@ -212,14 +212,14 @@ func TestReloaderChanging(t *testing.T) {
 		require.NoError(t, r.Load())
 		require.True(t, signalled(r.Changes()))
 
-		write(t, c.path, "n=-1")
+		writeContent(t, c.path, "n=-1")
 		require.Error(t, r.Check())
 		changing = true
 		require.NoError(t, r.Check(), "a writer at work is not an error")
 		assert.Error(t, r.LastError(), "nor news: the last outcome stays")
 		changing = false
 
-		write(t, c.path, "n=3")
+		writeContent(t, c.path, "n=3")
 		require.NoError(t, r.Check(), "Parse can tell a writer is at work too")
 		assert.Equal(t, 1, current(t, r))
 		assert.False(t, signalled(r.Changes()))
@@ -231,7 +231,7 @@ func TestReloaderChanging(t *testing.T) {
 func TestReloaderOptions(t *testing.T) {
 	t.Run("Verify checks unchanged content again", func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		cfg := c.config()
 		var limit int
 		cfg.Verify = func(cur int) error {
@@ -255,12 +255,12 @@ func TestReloaderOptions(t *testing.T) {
 	})
 	t.Run("SkipRefused parses refused content once", func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		cfg := c.config()
 		cfg.SkipRefused = true
 		r := NewReloader(cfg)
 		require.NoError(t, r.Load())
-		write(t, c.path, "n=-1")
+		writeContent(t, c.path, "n=-1")
 		first := r.Check()
 		require.Error(t, first)
 		assert.Equal(t, first, r.Check())
@@ -269,7 +269,7 @@ func TestReloaderOptions(t *testing.T) {
 	})
 	t.Run("ReparseAfterFailure hands unchanged content over again", func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		cfg := c.config()
 		cfg.ReparseAfterFailure = true
 		r := NewReloader(cfg)
@@ -278,22 +278,22 @@ func TestReloaderOptions(t *testing.T) {
 		assert.Equal(t, 1, c.parses)
 		require.NoError(t, os.Remove(c.path))
 		require.Error(t, r.Check())
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		require.NoError(t, r.Check())
 		assert.Equal(t, 2, c.parses)
 	})
 	t.Run("Same is not signalled", func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		cfg := c.config()
 		cfg.Same = func(prev, next int) bool { return prev == next }
 		r := NewReloader(cfg)
 		require.NoError(t, r.Load())
 		require.True(t, signalled(r.Changes()))
-		write(t, c.path, "n=01")
+		writeContent(t, c.path, "n=01")
 		require.NoError(t, r.Check())
 		assert.False(t, signalled(r.Changes()), "reformatted, same value")
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		require.NoError(t, r.Check())
 		assert.Equal(t, 3, c.parses, "the digest in force followed the reformatted content")
 	})
@@ -305,7 +305,7 @@ func TestReloaderOptions(t *testing.T) {
 func TestReloaderRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := &counter{path: filepath.Join(t.TempDir(), "n")}
-		write(t, c.path, "n=1")
+		writeContent(t, c.path, "n=1")
 		r := NewReloader(c.config())
 		require.NoError(t, r.Load())
 		require.True(t, signalled(r.Changes()))
@@ -314,7 +314,7 @@ func TestReloaderRun(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx, nil, 10*time.Second) }()
 
-		write(t, c.path, "n=2")
+		writeContent(t, c.path, "n=2")
 		time.Sleep(9 * time.Second)
 		synctest.Wait()
 		assert.False(t, signalled(r.Changes()), "no check before the interval")
@@ -324,7 +324,7 @@ func TestReloaderRun(t *testing.T) {
 		assert.True(t, signalled(r.Changes()))
 		assert.Equal(t, 2, current(t, r))
 
-		write(t, c.path, "nonsense")
+		writeContent(t, c.path, "nonsense")
 		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		assert.Error(t, r.LastError(), "failures are kept")
