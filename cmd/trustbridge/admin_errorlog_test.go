@@ -19,9 +19,9 @@ import (
 // process's logger, not as plain text through the log package.
 func TestAdminServerErrorLogJSON(t *testing.T) {
 	logs := testlog.JSONLines(t)
-	logger, err := newLogger(logs, "json", "info")
+	logger, err := NewLogger(logs, "json", "info")
 	require.NoError(t, err)
-	srv := newAdminServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }), logger)
+	srv := NewAdminServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }), logger)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	done := make(chan struct{})

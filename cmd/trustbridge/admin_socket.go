@@ -40,7 +40,7 @@ func listenAdminSocket(path string, h http.Handler, logger *slog.Logger) (*admin
 	if err != nil {
 		return nil, fmt.Errorf("--admin-socket: %w", err)
 	}
-	srv := newAdminServer(h, logger)
+	srv := NewAdminServer(h, logger)
 	srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return admin.OverSocket(ctx) }
 	return &adminSocket{ln: ln, srv: srv}, nil
 }
@@ -59,7 +59,7 @@ func (s *adminSocket) runners() []func(context.Context) error {
 	}
 	return []func(context.Context) error{func(ctx context.Context) error {
 		// The listener's Close removes the socket, if it is still ours.
-		return serveAdmin(ctx, s.srv, s.ln)
+		return ServeAdmin(ctx, s.srv, s.ln)
 	}}
 }
 

@@ -71,7 +71,7 @@ func TestAgentAdminListener(t *testing.T) {
 	require.NoError(t, err)
 	proxy := startGatedProxy(t, addr)
 	o := agentFor(t, proxy.ln.Addr().String(), rootsPEM, laptopToken)
-	o.serverID = "spiffe://example.org" + grpcServingPath
+	o.serverID = "spiffe://example.org" + GRPCServingPath
 	o.admin.listen = "127.0.0.1:0"
 
 	e, _, logs := testEnv(t, o.logFormat)

@@ -177,7 +177,7 @@ func (o agentOptions) expectedServerID() (spiffeid.ID, error) {
 		if td.IsZero() {
 			return spiffeid.ID{}, nil
 		}
-		return spiffeid.FromPath(td, grpcServingPath)
+		return spiffeid.FromPath(td, GRPCServingPath)
 	}
 	id, err := spiffeid.FromString(o.serverID)
 	if err != nil {

@@ -50,19 +50,19 @@ type attackTarget struct {
 // startAttackTarget runs a server with the certificate service on
 // loopback and a bootstrap token for laptopID, as grpcServer does, but
 // keeps its log and takes a testing.TB for benchmarks.
-func startAttackTarget(tb testing.TB, mutate func(*serverOptions)) *attackTarget {
+func startAttackTarget(tb testing.TB, mutate func(*Config)) *attackTarget {
 	tb.Helper()
 	tokens := filepath.Join(tb.TempDir(), "tokens.csv")
 	require.NoError(tb, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
 	o := baseServerOptions("example.org", tb.TempDir())
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	if mutate != nil {
 		mutate(&o)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	e, _, logs := testEnv(tb, o.logFormat)
+	e, _, logs := testEnv(tb, o.LogFormat)
 	at := &attackTarget{logs: logs}
 	go func() {
 		done <- runServer(ctx, e, o, ready)

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 func sha256Hex(b []byte) string {
@@ -225,7 +225,7 @@ func TestAuditLogTornTail(t *testing.T) {
 	assert.Equal(t, uint64(2), res.Entries)
 
 	var logs testlog.Buffer
-	trail, closeLog, err := setupAudit(serverOptions{dataDir: dir}, env{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	trail, closeLog, err := SetupAudit(Config{DataDir: dir}, env{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	require.NotNil(t, trail)
 	closeLog()

@@ -11,8 +11,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 
 // auditTrail turns trust changes into audit log entries: the CA's roots
@@ -200,7 +200,7 @@ func fingerprints(fs []federation.Fingerprint) []string {
 
 // setupAudit opens --audit-log (default <data-dir>/audit.jsonl; "-" is
 // standard output).
-func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Registerer, logger *slog.Logger) (*auditTrail, func(), error) {
+func SetupAudit(o Config, e env, kube *kubeSetup, reg prometheus.Registerer, logger *slog.Logger) (*auditTrail, func(), error) {
 	var (
 		l   *audit.Log
 		err error
@@ -208,14 +208,14 @@ func setupAudit(o serverOptions, e env, kube *kubeSetup, reg prometheus.Register
 	rep := replicaOf(kube)
 	actor := rep.actor
 	logger = logger.With(logattr.Component, "audit")
-	switch path := o.auditLog; path {
+	switch path := o.AuditLog; path {
 	case "-":
 		l = audit.New(e.out)
 	default:
 		if path == "" {
 			// The data directory exists: the server made it private and
 			// locked it before this.
-			path = filepath.Join(o.dataDir, "audit.jsonl")
+			path = filepath.Join(o.DataDir, "audit.jsonl")
 		}
 		// Open moves a torn final line (a crash mid-write) into a file of
 		// its own, with a warning and a log_recovered entry, leader or not:

@@ -26,7 +26,7 @@ import (
 // check, a replayed bad chain is verified once, and every legitimate call
 // is served.
 func TestX509ChainAttack(t *testing.T) {
-	at := startAttackTarget(t, func(o *serverOptions) { o.grpc.verifyPerPeer, o.grpc.verifyMax = 2, 4 })
+	at := startAttackTarget(t, func(o *Config) { o.GRPC.verifyPerPeer, o.GRPC.verifyMax = 2, 4 })
 	svid, csr := legitSVID(t, at, "127.0.0.10")
 	legit := dialFrom(t, at.grpc, "127.0.0.10", svid)
 
@@ -99,10 +99,10 @@ func ptr[T any](v T) *T { return &v }
 func TestTokenFloodAttack(t *testing.T) {
 	k := kubetest.Shared(t)
 	ns := k.Namespace(t)
-	at := startAttackTarget(t, func(o *serverOptions) {
-		o.grpc.tokenReview, o.grpc.kubeconfig = tokenReviewOn, kubeconfigFor(t, k)
+	at := startAttackTarget(t, func(o *Config) {
+		o.GRPC.TokenReview, o.GRPC.Kubeconfig = TokenReviewOn, kubeconfigFor(t, k)
 		// No refill within the test: the genuine flood gets its burst.
-		o.grpc.reviewPeerRate, o.grpc.reviewPeerBurst = 0.001, 5
+		o.GRPC.reviewPeerRate, o.GRPC.reviewPeerBurst = 0.001, 5
 	})
 	require.Eventually(t, func() bool { return at.metric(t, "trustbridge_authn_token_issuer_keys") > 0 },
 		10*time.Second, 10*time.Millisecond, "the issuer's keys are read at start:\n%s", at.logs.String())

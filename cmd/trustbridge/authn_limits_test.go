@@ -43,8 +43,8 @@ func TestAuthnLimits(t *testing.T) {
 // value, naming the flag.
 func TestAuthnLimitFlagErrors(t *testing.T) {
 	o := baseServerOptions("example.org", t.TempDir())
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", tokenReview: tokenReviewOff}
-	o.grpc.verifyPerPeer = -1
+	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", TokenReview: TokenReviewOff}
+	o.GRPC.verifyPerPeer = -1
 	err := serverError(t, o)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--client-cert-verify-per-peer")

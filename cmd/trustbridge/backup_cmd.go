@@ -59,7 +59,7 @@ func runBackup(e env, dataDir, out string) error {
 	}
 	// The admin token is a credential of the running server, new at each
 	// start: an archive has no use for it and should not carry it.
-	others, err := backup.Collect(dataDir, ca.StateDir, adminTokenName)
+	others, err := backup.Collect(dataDir, ca.StateDir, AdminTokenName)
 	if err != nil {
 		return err
 	}

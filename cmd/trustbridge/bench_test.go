@@ -37,11 +37,11 @@ import (
 func BenchmarkCreateCertificateUnderAttack(b *testing.B) {
 	for _, attack := range []string{"x509-expensive-chain", "x509-rogue-chains", "token-flood"} {
 		b.Run(attack, func(b *testing.B) {
-			var mutate func(*serverOptions)
+			var mutate func(*Config)
 			var k *kubetest.Env
 			if attack == "token-flood" {
 				k = kubetest.Shared(b)
-				mutate = func(o *serverOptions) { o.grpc.tokenReview, o.grpc.kubeconfig = tokenReviewOn, kubeconfigFor(b, k) }
+				mutate = func(o *Config) { o.GRPC.TokenReview, o.GRPC.Kubeconfig = TokenReviewOn, kubeconfigFor(b, k) }
 			}
 			at := startAttackTarget(b, mutate)
 			call := legitCaller(b, at, k)

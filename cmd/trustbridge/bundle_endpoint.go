@@ -27,48 +27,48 @@ import (
 
 // Bundle endpoint profiles (SPIFFE Federation §5.2).
 const (
-	profileSPIFFE = "https_spiffe"
-	profileWeb    = "https_web"
+	ProfileSPIFFE = "https_spiffe"
+	ProfileWeb    = "https_web"
 )
 
 // filePollInterval is how often bundle and certificate files are checked.
 const filePollInterval = 10 * time.Second
 
-type bundleOptions struct {
-	listen        string
-	path          string
-	profile       string
-	endpointID    string
-	tlsCert       string
-	tlsKey        string
-	acmeDomains   []string
+type BundleConfig struct {
+	Listen        string
+	Path          string
+	Profile       string
+	EndpointID    string
+	TLSCert       string
+	TLSKey        string
+	ACMEDomains   []string
 	acmeEmail     string
 	acmeDirectory string
 	acmeTOS       bool
-	files         []string
-	serveOthers   bool
+	Files         []string
+	ServeOthers   bool
 	// conns bound the listener's connections; idleTimeout (0:
 	// bundleserver.DefaultIdleTimeout) how long a connection waits for
 	// its next request (conn_limits.go).
-	conns       connLimits
-	idleTimeout time.Duration
+	Conns       ConnLimits
+	IdleTimeout time.Duration
 }
 
-func addBundleFlags(f *pflag.FlagSet, o *bundleOptions) {
-	f.StringVar(&o.listen, "bundle-listen", ":8443", `address of the SPIFFE bundle endpoint ("" disables it)`)
-	f.StringVar(&o.path, "bundle-path", "/", "path of the local trust domain's bundle on the endpoint")
-	f.StringVar(&o.profile, "bundle-profile", profileSPIFFE, "endpoint profile: https_spiffe (X509-SVID from our CA) or https_web (Web PKI certificate from files or ACME)")
-	f.StringVar(&o.endpointID, "bundle-endpoint-spiffe-id", "", "https_spiffe: SPIFFE ID of the endpoint's certificate (default spiffe://<trust-domain>/trustbridge/bundle-endpoint)")
-	f.StringVar(&o.tlsCert, "bundle-tls-cert", "", "https_web: certificate chain file (PEM), reloaded on change")
-	f.StringVar(&o.tlsKey, "bundle-tls-key", "", "https_web: private key file (PEM), reloaded on change")
-	f.StringSliceVar(&o.acmeDomains, "acme-domain", nil, "https_web: obtain the certificate by ACME for these names (repeatable)")
+func addBundleFlags(f *pflag.FlagSet, o *BundleConfig) {
+	f.StringVar(&o.Listen, "bundle-listen", ":8443", `address of the SPIFFE bundle endpoint ("" disables it)`)
+	f.StringVar(&o.Path, "bundle-path", "/", "path of the local trust domain's bundle on the endpoint")
+	f.StringVar(&o.Profile, "bundle-profile", ProfileSPIFFE, "endpoint profile: https_spiffe (X509-SVID from our CA) or https_web (Web PKI certificate from files or ACME)")
+	f.StringVar(&o.EndpointID, "bundle-endpoint-spiffe-id", "", "https_spiffe: SPIFFE ID of the endpoint's certificate (default spiffe://<trust-domain>/trustbridge/bundle-endpoint)")
+	f.StringVar(&o.TLSCert, "bundle-tls-cert", "", "https_web: certificate chain file (PEM), reloaded on change")
+	f.StringVar(&o.TLSKey, "bundle-tls-key", "", "https_web: private key file (PEM), reloaded on change")
+	f.StringSliceVar(&o.ACMEDomains, "acme-domain", nil, "https_web: obtain the certificate by ACME for these names (repeatable)")
 	f.StringVar(&o.acmeEmail, "acme-email", "", "https_web: ACME account contact")
 	f.StringVar(&o.acmeDirectory, "acme-directory-url", "", "https_web: ACME directory (default Let's Encrypt production)")
 	f.BoolVar(&o.acmeTOS, "acme-tos-accepted", false, "https_web: accept the ACME CA's terms of service (required with --acme-domain)")
-	f.StringArrayVar(&o.files, "bundle-file", nil, "serve a bundle document from a file, reloaded on change: FILE for the local trust domain (static mode, instead of the CA's bundle) or TD=FILE for another (relay); repeatable")
-	f.BoolVar(&o.serveOthers, "serve-federated", true, "serve bundles of other trust domains at /bundles/{trustDomain} and /bundle-map")
-	bundleLimits.addFlags(f, &o.conns, "bundle endpoint", "peers behind one NAT address: a peer fetches over one connection at a time", serverMemoryNote(bundleLimits))
-	f.DurationVar(&o.idleTimeout, "bundle-idle-timeout", bundleserver.DefaultIdleTimeout, "how long the bundle endpoint keeps a connection with no request in flight open for the next one. "+
+	f.StringArrayVar(&o.Files, "bundle-file", nil, "serve a bundle document from a file, reloaded on change: FILE for the local trust domain (static mode, instead of the CA's bundle) or TD=FILE for another (relay); repeatable")
+	f.BoolVar(&o.ServeOthers, "serve-federated", true, "serve bundles of other trust domains at /bundles/{trustDomain} and /bundle-map")
+	bundleLimits.AddFlags(f, &o.Conns, "bundle endpoint", "peers behind one NAT address: a peer fetches over one connection at a time", serverMemoryNote(bundleLimits))
+	f.DurationVar(&o.IdleTimeout, "bundle-idle-timeout", bundleserver.DefaultIdleTimeout, "how long the bundle endpoint keeps a connection with no request in flight open for the next one. "+
 		"Peers fetch once per refresh hint, minutes apart, so a long one holds memory for nothing: with 60s, one request every 50 s held a connection for good")
 }
 
@@ -87,7 +87,7 @@ type bundleEndpoint struct {
 	reloads []reloader
 }
 
-func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
+func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
 	authority *ca.Authority, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (_ *bundleEndpoint, err error) {
 	ep := &bundleEndpoint{}
 	if err := checkBundleFlags(o, td); err != nil {
@@ -99,12 +99,12 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 	}
 	cfg := bundleserver.EndpointConfig{
 		Config: bundleserver.Config{
-			TrustDomain: td, Local: authority, Path: o.path, RefreshHint: refreshHint, ServeOthers: o.serveOthers,
+			TrustDomain: td, Local: authority, Path: o.Path, RefreshHint: refreshHint, ServeOthers: o.ServeOthers,
 			GetCertificate: getCert, NextProtos: nextProtos, Logger: logger, Registerer: reg,
-			Timeouts: bundleserver.Timeouts{Idle: o.idleTimeout},
+			Timeouts: bundleserver.Timeouts{Idle: o.IdleTimeout},
 		},
 		Changes:          []<-chan struct{}{authority.Changes()},
-		Files:            o.files,
+		Files:            o.Files,
 		FilePollInterval: filePollInterval,
 	}
 	if fed != nil {
@@ -134,12 +134,12 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 		ep.reloads = append(ep.reloads, checkReloader("--bundle-file "+f.Path(), f.Check))
 	}
 
-	ln, err := bundleLimits.listen(o.listen, o.conns, reg, logger)
+	ln, err := bundleLimits.listen(o.Listen, o.Conns, reg, logger)
 	if err != nil {
 		return nil, err
 	}
 	ep.ln = ln
-	ep.url = "https://" + net.JoinHostPort(ep.publicHost(ln.Addr()), portOf(ln.Addr())) + o.path
+	ep.url = "https://" + net.JoinHostPort(ep.publicHost(ln.Addr()), portOf(ln.Addr())) + o.Path
 	srv := ep.endpoint.Server()
 	ep.runners = append(ep.runners, ep.endpoint.Run, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	return ep, nil
@@ -157,26 +157,26 @@ func bundleFileFlagError(err error, format string) error {
 
 // certificate sets up the serving certificate for the chosen profile.
 // There is no fallback from one profile to the other (Federation §7.1).
-func (ep *bundleEndpoint) certificate(o bundleOptions, td spiffeid.TrustDomain, dataDir string, workloadTTL time.Duration,
+func (ep *bundleEndpoint) certificate(o BundleConfig, td spiffeid.TrustDomain, dataDir string, workloadTTL time.Duration,
 	authority *ca.Authority, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), []string, error) {
-	switch o.profile {
-	case profileSPIFFE:
+	switch o.Profile {
+	case ProfileSPIFFE:
 		getCert, err := ep.spiffeCertificate(o, td, workloadTTL, authority)
 		return getCert, nil, err
-	case profileWeb:
+	case ProfileWeb:
 		return ep.webCertificate(o, dataDir, logger)
 	default:
-		return nil, nil, fmt.Errorf("--bundle-profile %q: want https_spiffe or https_web", o.profile)
+		return nil, nil, fmt.Errorf("--bundle-profile %q: want https_spiffe or https_web", o.Profile)
 	}
 }
 
 // spiffeCertificate is an X509-SVID from our CA for the endpoint's ID.
-func (ep *bundleEndpoint) spiffeCertificate(o bundleOptions, td spiffeid.TrustDomain, workloadTTL time.Duration,
+func (ep *bundleEndpoint) spiffeCertificate(o BundleConfig, td spiffeid.TrustDomain, workloadTTL time.Duration,
 	authority *ca.Authority) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
-	if o.tlsCert != "" || o.tlsKey != "" || len(o.acmeDomains) > 0 {
+	if o.TLSCert != "" || o.TLSKey != "" || len(o.ACMEDomains) > 0 {
 		return nil, errors.New("--bundle-tls-cert, --bundle-tls-key and --acme-domain need --bundle-profile https_web")
 	}
-	idText := o.endpointID
+	idText := o.EndpointID
 	if idText == "" {
 		idText = "spiffe://" + td.Name() + "/trustbridge/bundle-endpoint"
 	}
@@ -197,27 +197,27 @@ func (ep *bundleEndpoint) spiffeCertificate(o bundleOptions, td spiffeid.TrustDo
 }
 
 // webCertificate is a Web PKI certificate from ACME or from files.
-func (ep *bundleEndpoint) webCertificate(o bundleOptions, dataDir string, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), []string, error) {
-	if o.endpointID != "" {
+func (ep *bundleEndpoint) webCertificate(o BundleConfig, dataDir string, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), []string, error) {
+	if o.EndpointID != "" {
 		return nil, nil, errors.New("--bundle-endpoint-spiffe-id needs --bundle-profile https_spiffe")
 	}
 	switch {
-	case len(o.acmeDomains) > 0 && (o.tlsCert != "" || o.tlsKey != ""):
+	case len(o.ACMEDomains) > 0 && (o.TLSCert != "" || o.TLSKey != ""):
 		return nil, nil, errors.New("use either --acme-domain or --bundle-tls-cert/--bundle-tls-key, not both")
-	case len(o.acmeDomains) > 0:
-		ep.certHost = o.acmeDomains[0]
-		if !strings.HasSuffix(o.listen, ":443") {
-			logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.listen)
+	case len(o.ACMEDomains) > 0:
+		ep.certHost = o.ACMEDomains[0]
+		if !strings.HasSuffix(o.Listen, ":443") {
+			logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.Listen)
 		}
 		acme, err := bundleserver.NewACME(bundleserver.ACMEConfig{
-			Domains: o.acmeDomains, Email: o.acmeEmail, DirectoryURL: o.acmeDirectory,
+			Domains: o.ACMEDomains, Email: o.acmeEmail, DirectoryURL: o.acmeDirectory,
 			TOSAccepted: o.acmeTOS, CacheDir: filepath.Join(dataDir, "acme"),
 		}, logger)
 		if err != nil {
 			return nil, nil, err
 		}
 		return acme.GetCertificate, acme.TLSConfig().NextProtos, nil
-	case o.tlsCert != "" && o.tlsKey != "":
+	case o.TLSCert != "" && o.TLSKey != "":
 		getCert, err := ep.fileCertificate(o, logger)
 		return getCert, nil, err
 	default:
@@ -226,8 +226,8 @@ func (ep *bundleEndpoint) webCertificate(o bundleOptions, dataDir string, logger
 }
 
 // fileCertificate reads the certificate and key files, reloaded on change.
-func (ep *bundleEndpoint) fileCertificate(o bundleOptions, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
-	fc := bundleserver.NewFileCertificate(o.tlsCert, o.tlsKey, clock.RealClock{}, logger)
+func (ep *bundleEndpoint) fileCertificate(o BundleConfig, logger *slog.Logger) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
+	fc := bundleserver.NewFileCertificate(o.TLSCert, o.TLSKey, clock.RealClock{}, logger)
 	if err := fc.Load(); err != nil {
 		return nil, err
 	}
@@ -277,18 +277,18 @@ func portOf(addr net.Addr) string {
 
 // checkBundleFlags refuses combinations that would start a server peers
 // cannot use, or flags that would silently do nothing.
-func checkBundleFlags(o bundleOptions, td spiffeid.TrustDomain) error {
-	if len(o.acmeDomains) == 0 && (o.acmeEmail != "" || o.acmeDirectory != "" || o.acmeTOS) {
+func checkBundleFlags(o BundleConfig, td spiffeid.TrustDomain) error {
+	if len(o.ACMEDomains) == 0 && (o.acmeEmail != "" || o.acmeDirectory != "" || o.acmeTOS) {
 		return errors.New("--acme-email, --acme-directory-url and --acme-tos-accepted need --acme-domain")
 	}
-	for _, spec := range o.files {
-		if _, _, found := strings.Cut(spec, "="); !found && o.profile == profileSPIFFE {
+	for _, spec := range o.Files {
+		if _, _, found := strings.Cut(spec, "="); !found && o.Profile == ProfileSPIFFE {
 			// Peers of a self-serving https_spiffe endpoint authenticate
 			// each fetch with the bundle they fetched last; a served file
 			// without our CA's roots would lock them out after one fetch.
 			return fmt.Errorf("--bundle-file %q serves the local bundle from a file, which needs --bundle-profile https_web: with https_spiffe, peers verify the endpoint against the served bundle, which may not hold our CA's roots", spec)
 		}
-		if _, _, found := strings.Cut(spec, "="); found && !o.serveOthers {
+		if _, _, found := strings.Cut(spec, "="); found && !o.ServeOthers {
 			return fmt.Errorf("--bundle-file %q relays another trust domain, but --serve-federated=false serves none", spec)
 		}
 	}
@@ -300,12 +300,12 @@ func checkBundleFlags(o bundleOptions, td spiffeid.TrustDomain) error {
 // store from the file before any fetch, so they anchor a first fetch as a
 // held bundle does (federation.CheckFirstFetch). A spec that does not parse
 // counts for nothing here; the bundle endpoint refuses it.
-func relayedTrustDomains(o bundleOptions) []spiffeid.TrustDomain {
-	if o.listen == "" {
+func RelayedTrustDomains(o BundleConfig) []spiffeid.TrustDomain {
+	if o.Listen == "" {
 		return nil
 	}
 	var out []spiffeid.TrustDomain
-	for _, spec := range o.files {
+	for _, spec := range o.Files {
 		// A bare FILE is the local bundle's: the zero trust domain here.
 		if td, _, err := bundleserver.ParseFileSpec(spec, spiffeid.TrustDomain{}); err == nil && !td.IsZero() {
 			out = append(out, td)
@@ -315,7 +315,7 @@ func relayedTrustDomains(o bundleOptions) []spiffeid.TrustDomain {
 }
 
 // orRelayed is held, true also for the relayed trust domains.
-func orRelayed(held func(spiffeid.TrustDomain) bool, relayed []spiffeid.TrustDomain) func(spiffeid.TrustDomain) bool {
+func OrRelayed(held func(spiffeid.TrustDomain) bool, relayed []spiffeid.TrustDomain) func(spiffeid.TrustDomain) bool {
 	return func(td spiffeid.TrustDomain) bool {
 		return slices.Contains(relayed, td) || held != nil && held(td)
 	}

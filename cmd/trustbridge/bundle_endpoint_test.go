@@ -52,8 +52,8 @@ func caRoots(t *testing.T, dataDir string) []*x509.Certificate {
 
 func TestServerBundleEndpointSPIFFEProfile(t *testing.T) {
 	dataDir := t.TempDir()
-	_, out := startServer(t, dataDir, func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
+	_, out := startServer(t, dataDir, func(o *Config) {
+		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true}
 	})
 	url := endpointURL(t, out.String())
 	assert.Equal(t, "example.org|"+url+"|spiffe://example.org/trustbridge/bundle-endpoint|example.org.json",
@@ -103,9 +103,9 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	require.NoError(t, os.WriteFile(peerFile, peerDoc, 0o600))
 
 	dataDir := t.TempDir()
-	_, out := startServer(t, dataDir, func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/bundle", profile: profileWeb,
-			tlsCert: certFile, tlsKey: keyFile, files: []string{"peer.example=" + peerFile}, serveOthers: true}
+	_, out := startServer(t, dataDir, func(o *Config) {
+		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/bundle", Profile: ProfileWeb,
+			TLSCert: certFile, TLSKey: keyFile, Files: []string{"peer.example=" + peerFile}, ServeOthers: true}
 	})
 	url := endpointURL(t, out.String())
 	require.True(t, strings.HasSuffix(url, "/bundle"))
@@ -136,25 +136,25 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 func TestServerBundleEndpointRefusesBadFlags(t *testing.T) {
 	tests := []struct {
 		name string
-		b    bundleOptions
+		b    BundleConfig
 		want string
 	}{
-		{"web without certificate", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb}, "needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain"},
-		{"certificate files with https_spiffe", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, tlsCert: "x"}, "need --bundle-profile https_web"},
-		{"endpoint ID of another trust domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, endpointID: "spiffe://other.org/x"}, "our CA signs only example.org identities"},
-		{"unknown profile", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: "https_magic"}, `--bundle-profile "https_magic"`},
-		{"ACME without accepting the terms", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeDomains: []string{"bundle.example.com"}}, "tos"},
-		{"bad bundle file", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"a.org=/nonexistent.json"}, serveOthers: true}, "--bundle-file"},
-		{"static mode with https_spiffe", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"/x.json"}}, "needs --bundle-profile https_web"},
-		{"relay without serving others", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"a.org=/x.json"}}, "--serve-federated=false serves none"},
-		{"ACME flags without a domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeTOS: true}, "need --acme-domain"},
+		{"web without certificate", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileWeb}, "needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain"},
+		{"certificate files with https_spiffe", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, TLSCert: "x"}, "need --bundle-profile https_web"},
+		{"endpoint ID of another trust domain", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, EndpointID: "spiffe://other.org/x"}, "our CA signs only example.org identities"},
+		{"unknown profile", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: "https_magic"}, `--bundle-profile "https_magic"`},
+		{"ACME without accepting the terms", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileWeb, ACMEDomains: []string{"bundle.example.com"}}, "tos"},
+		{"bad bundle file", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, Files: []string{"a.org=/nonexistent.json"}, ServeOthers: true}, "--bundle-file"},
+		{"static mode with https_spiffe", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, Files: []string{"/x.json"}}, "needs --bundle-profile https_web"},
+		{"relay without serving others", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, Files: []string{"a.org=/x.json"}}, "--serve-federated=false serves none"},
+		{"ACME flags without a domain", BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileWeb, acmeTOS: true}, "need --acme-domain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := serverOptions{
-				trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
-				caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
-				logFormat: "json", logLevel: "info", bundle: tt.b,
+			o := Config{
+				TrustDomain: "example.org", DataDir: t.TempDir(), AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
+				CATTL: 8760 * time.Hour, MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute,
+				LogFormat: "json", LogLevel: "info", Bundle: tt.b,
 			}
 			var out, logs strings.Builder
 			err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
@@ -179,7 +179,7 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 	dataDir := t.TempDir()
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: dataDir, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
+	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true},
 		td, dataDir, 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx := runEndpoint(t, ep)
@@ -226,9 +226,9 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 	static := filepath.Join(dir, "static.json")
 	require.NoError(t, os.WriteFile(static, doc, 0o600))
 
-	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
-		o.refreshHint = 2 * time.Minute
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, files: []string{static}}
+	_, out := startServer(t, t.TempDir(), func(o *Config) {
+		o.RefreshHint = 2 * time.Minute
+		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileWeb, TLSCert: certFile, TLSKey: keyFile, Files: []string{static}}
 	})
 	url := endpointURL(t, out.String())
 	assert.True(t, strings.HasPrefix(url, "https://localhost:"), "peers are told the certificate's name: %s", url)
@@ -257,7 +257,7 @@ func TestReadyzReportsABadBundleFileChange(t *testing.T) {
 	require.NoError(t, os.WriteFile(file, doc, 0o600))
 	a, err := ca.New(ca.Config{TrustDomain: spiffeid.RequireTrustDomainFromString("example.org"), DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true, files: []string{"peer.example=" + file}},
+	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true, Files: []string{"peer.example=" + file}},
 		a.TrustDomain(), t.TempDir(), 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ep.ln.Close() })

@@ -10,14 +10,14 @@ import (
 )
 
 // jwtKeyOptions are the flags of the CA's JWT-SVID signing keys.
-type jwtKeyOptions struct {
+type JWTKeyConfig struct {
 	keyType    string
 	keyTTL     time.Duration
 	svidTTL    time.Duration
 	maxSVIDTTL time.Duration
 }
 
-func addJWTKeyFlags(f *pflag.FlagSet, o *jwtKeyOptions) {
+func addJWTKeyFlags(f *pflag.FlagSet, o *JWTKeyConfig) {
 	f.StringVar(&o.keyType, "jwt-key-type", string(ca.DefaultJWTKeyType), "algorithm of new JWT-SVID signing keys: ES256, ES384, RS256 (RSA 3072)")
 	f.DurationVar(&o.keyTTL, "jwt-key-ttl", ca.DefaultJWTKeyTTL, "lifetime of new JWT-SVID signing keys; a successor is published at half of it and signs 5 refresh hints later; half of it must cover 5 refresh hints plus --max-jwt-svid-ttl")
 	f.DurationVar(&o.svidTTL, "jwt-svid-ttl", 0, "lifetime of a JWT-SVID asked for without one (default 5m, or --max-jwt-svid-ttl if lower)")
@@ -26,7 +26,7 @@ func addJWTKeyFlags(f *pflag.FlagSet, o *jwtKeyOptions) {
 
 // check finds what ca.New would refuse, named by flag. Zero values take
 // the ca package's defaults.
-func (o jwtKeyOptions) check() error {
+func (o JWTKeyConfig) check() error {
 	if o.keyType != "" {
 		if _, err := ca.ParseJWTKeyType(o.keyType); err != nil {
 			return fmt.Errorf("--jwt-key-type: %w", err)
@@ -47,7 +47,7 @@ func (o jwtKeyOptions) check() error {
 }
 
 // apply sets the JWT fields of c, after check.
-func (o jwtKeyOptions) apply(c *ca.Config) error {
+func (o JWTKeyConfig) apply(c *ca.Config) error {
 	if err := o.check(); err != nil {
 		return err
 	}

@@ -11,17 +11,17 @@ import (
 )
 
 func TestJWTKeyFlags(t *testing.T) {
-	ok := jwtKeyOptions{keyType: "ES256", keyTTL: ca.DefaultJWTKeyTTL, maxSVIDTTL: time.Hour}
+	ok := JWTKeyConfig{keyType: "ES256", keyTTL: ca.DefaultJWTKeyTTL, maxSVIDTTL: time.Hour}
 	tests := []struct {
 		name string
-		edit func(o *jwtKeyOptions)
+		edit func(o *JWTKeyConfig)
 		want string
 	}{
-		{"defaults", func(*jwtKeyOptions) {}, ""},
-		{"RS256", func(o *jwtKeyOptions) { o.keyType = "RS256" }, ""},
-		{"unknown type", func(o *jwtKeyOptions) { o.keyType = "es256" }, `--jwt-key-type: ca: unknown JWT key type "es256" (valid: ES256, ES384, RS256)`},
-		{"negative", func(o *jwtKeyOptions) { o.svidTTL = -time.Minute }, "--jwt-svid-ttl -1m0s is negative; give a positive duration such as 5m"},
-		{"over the maximum", func(o *jwtKeyOptions) { o.svidTTL = 2 * time.Hour }, "--jwt-svid-ttl 2h0m0s exceeds --max-jwt-svid-ttl 1h0m0s; lower the one or raise the other"},
+		{"defaults", func(*JWTKeyConfig) {}, ""},
+		{"RS256", func(o *JWTKeyConfig) { o.keyType = "RS256" }, ""},
+		{"unknown type", func(o *JWTKeyConfig) { o.keyType = "es256" }, `--jwt-key-type: ca: unknown JWT key type "es256" (valid: ES256, ES384, RS256)`},
+		{"negative", func(o *JWTKeyConfig) { o.svidTTL = -time.Minute }, "--jwt-svid-ttl -1m0s is negative; give a positive duration such as 5m"},
+		{"over the maximum", func(o *JWTKeyConfig) { o.svidTTL = 2 * time.Hour }, "--jwt-svid-ttl 2h0m0s exceeds --max-jwt-svid-ttl 1h0m0s; lower the one or raise the other"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -40,15 +40,15 @@ Prints "ok" or every problem found; the exit status is 1 on any problem.`,
   TRUST_DOMAIN=example.org trustbridge config check deploy/base/config.yaml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var o serverOptions
+			var o Config
 			fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
 			fs.SetOutput(io.Discard)
 			addServerFlags(fs, &o)
-			o.configPath = args[0]
+			o.ConfigPath = args[0]
 			if err := loadServerConfig(fs, &o, os.Getenv); err != nil {
 				return err
 			}
-			errs := checkServerOptions(o)
+			errs := CheckConfig(o)
 			if len(errs) == 0 {
 				_, err := fmt.Fprintf(e.out, "%s: ok\n", args[0])
 				return err
@@ -66,24 +66,24 @@ Prints "ok" or every problem found; the exit status is 1 on any problem.`,
 // checkServerOptions finds every problem runServer would stop on before
 // serving, without opening, binding or connecting anything, in the order
 // the flags are documented.
-func checkServerOptions(o serverOptions) []error {
+func CheckConfig(o Config) []error {
 	var p problems
-	td := p.trustDomain(o.trustDomain)
-	if _, err := ca.ParseKeyType(o.keyType); err != nil {
+	td := p.trustDomain(o.TrustDomain)
+	if _, err := ca.ParseKeyType(o.KeyType); err != nil {
 		p.add(fmt.Errorf("ca-key-type: %w", err))
 	}
-	p.add(o.jwt.check())
-	p.add(o.keys.check(os.Getenv, o.caDir))
+	p.add(o.JWT.check())
+	p.add(o.Keys.check(os.Getenv, o.CADir))
 	p.add(checkStorageFlags(o))
-	p.storage(o.kube)
-	if _, err := newLogger(io.Discard, o.logFormat, o.logLevel); err != nil {
+	p.storage(o.Kube)
+	if _, err := NewLogger(io.Discard, o.LogFormat, o.LogLevel); err != nil {
 		p.add(err)
 	}
 	p.listeners(o)
-	p.bundleProfile(o.bundle, td)
-	p.grpcService(o.grpc, td)
+	p.bundleProfile(o.Bundle, td)
+	p.grpcService(o.GRPC, td)
 	if !td.IsZero() {
-		if _, _, _, err := staticEndpoints(o.federation, td, orRelayed(storedBundles(o), relayedTrustDomains(o.bundle))); err != nil {
+		if _, _, _, err := StaticEndpoints(o.Federation, td, OrRelayed(storedBundles(o), RelayedTrustDomains(o.Bundle))); err != nil {
 			p.add(err)
 		}
 	}
@@ -95,11 +95,11 @@ func checkServerOptions(o serverOptions) []error {
 // ConfigMaps, which config check does not connect to, so none are known
 // and an https_spiffe endpoint without its bootstrap bundle is refused,
 // which the server too would do on a cluster whose store is empty.
-func storedBundles(o serverOptions) func(spiffeid.TrustDomain) bool {
-	if o.kube.storage == storageKube {
+func storedBundles(o Config) func(spiffeid.TrustDomain) bool {
+	if o.Kube.Storage == StorageKube {
 		return nil
 	}
-	lkg := federation.NewLKGStore(o.dataDir)
+	lkg := federation.NewLKGStore(o.DataDir)
 	return func(td spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, td) }
 }
 
@@ -127,23 +127,23 @@ func (p *problems) trustDomain(name string) spiffeid.TrustDomain {
 	return td
 }
 
-func (p *problems) storage(k kubeOptions) {
-	switch k.storage {
-	case "", storageFile, storageKube:
+func (p *problems) storage(k KubeConfig) {
+	switch k.Storage {
+	case "", StorageFile, StorageKube:
 	default:
-		p.add(fmt.Errorf("storage %q: want file or kube", k.storage))
+		p.add(fmt.Errorf("storage %q: want file or kube", k.Storage))
 	}
-	if k.namespaceSelector != "" {
-		if _, err := labels.Parse(k.namespaceSelector); err != nil {
-			p.add(fmt.Errorf("namespace-selector %q: %w", k.namespaceSelector, err))
+	if k.NamespaceSelector != "" {
+		if _, err := labels.Parse(k.NamespaceSelector); err != nil {
+			p.add(fmt.Errorf("namespace-selector %q: %w", k.NamespaceSelector, err))
 		}
 	}
 }
 
 // listeners checks the listen addresses and the admin API's host check.
-func (p *problems) listeners(o serverOptions) {
+func (p *problems) listeners(o Config) {
 	for _, l := range []struct{ flag, addr string }{
-		{"admin-listen", o.adminListen}, {"bundle-listen", o.bundle.listen}, {"grpc-listen", o.grpc.listen},
+		{"admin-listen", o.AdminListen}, {"bundle-listen", o.Bundle.Listen}, {"grpc-listen", o.GRPC.Listen},
 	} {
 		if l.addr == "" {
 			continue
@@ -152,20 +152,20 @@ func (p *problems) listeners(o serverOptions) {
 			p.add(fmt.Errorf("%s %q: %w", l.flag, l.addr, err))
 		}
 	}
-	if _, _, err := net.SplitHostPort(o.adminListen); err == nil {
-		if _, err := adminHostCheck(o.adminListen, o.adminHosts, nil); err != nil {
+	if _, _, err := net.SplitHostPort(o.AdminListen); err == nil {
+		if _, err := adminHostCheck(o.AdminListen, o.AdminHosts, nil); err != nil {
 			p.add(err)
 		}
 	}
-	p.add(checkListenerLimits(o))
+	p.add(CheckListenerLimits(o))
 }
 
 // grpcService checks what setupGRPC refuses before listening: with the
 // certificate service off, that no OIDC issuers or DNS name template are
 // set (checkGRPCOff); on, its limits and grant flags, the workload DNS
 // name template and the OIDC issuers (without fetching anything).
-func (p *problems) grpcService(o grpcOptions, td spiffeid.TrustDomain) {
-	if o.listen == "" {
+func (p *problems) grpcService(o GRPCConfig, td spiffeid.TrustDomain) {
+	if o.Listen == "" {
 		p.add(checkGRPCOff(o))
 		return
 	}
@@ -176,28 +176,28 @@ func (p *problems) grpcService(o grpcOptions, td spiffeid.TrustDomain) {
 	if _, err := workloadDNSNames(o, td); err != nil {
 		p.add(err)
 	}
-	p.add(checkOIDCIssuers(o.oidc, td))
+	p.add(checkOIDCIssuers(o.OIDC, td))
 }
 
 // bundleProfile checks the flags that only one --bundle-profile takes.
-func (p *problems) bundleProfile(b bundleOptions, td spiffeid.TrustDomain) {
-	switch b.profile {
-	case profileSPIFFE:
-		if b.tlsCert != "" || b.tlsKey != "" || len(b.acmeDomains) > 0 {
+func (p *problems) bundleProfile(b BundleConfig, td spiffeid.TrustDomain) {
+	switch b.Profile {
+	case ProfileSPIFFE:
+		if b.TLSCert != "" || b.TLSKey != "" || len(b.ACMEDomains) > 0 {
 			p.add(errors.New("bundle-tls-cert, bundle-tls-key and acme-domain need bundle-profile https_web"))
 		}
-		if b.endpointID != "" && !td.IsZero() {
-			p.add(checkEndpointID(b.endpointID, td))
+		if b.EndpointID != "" && !td.IsZero() {
+			p.add(checkEndpointID(b.EndpointID, td))
 		}
-	case profileWeb:
-		if b.endpointID != "" {
+	case ProfileWeb:
+		if b.EndpointID != "" {
 			p.add(errors.New("bundle-endpoint-spiffe-id needs bundle-profile https_spiffe"))
 		}
-		if len(b.acmeDomains) > 0 && (b.tlsCert != "" || b.tlsKey != "") {
+		if len(b.ACMEDomains) > 0 && (b.TLSCert != "" || b.TLSKey != "") {
 			p.add(errors.New("use either acme-domain or bundle-tls-cert/bundle-tls-key, not both"))
 		}
 	default:
-		p.add(fmt.Errorf("bundle-profile %q: want %s or %s", b.profile, profileSPIFFE, profileWeb))
+		p.add(fmt.Errorf("bundle-profile %q: want %s or %s", b.Profile, ProfileSPIFFE, ProfileWeb))
 	}
 }
 

@@ -24,8 +24,8 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-func serverFlagSet() (*pflag.FlagSet, *serverOptions) {
-	var o serverOptions
+func serverFlagSet() (*pflag.FlagSet, *Config) {
+	var o Config
 	fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	addServerFlags(fs, &o)
@@ -46,13 +46,13 @@ grpc-dns-names: [a.example, b.example]
 federation-allow-private: true
 `), noEnv)
 	require.NoError(t, err)
-	assert.Equal(t, "east.example", o.trustDomain)
-	assert.Equal(t, "/var/lib/trustbridge", o.dataDir)
-	assert.Equal(t, 12*time.Hour, o.workloadTTL)
-	assert.True(t, o.grpc.noSDSCerts)
-	assert.Equal(t, []string{"a.example", "b.example"}, o.grpc.dnsNames)
-	assert.True(t, o.federation.allowPrivate)
-	assert.Equal(t, "127.0.0.1:15014", o.adminListen, "unset keys keep their default")
+	assert.Equal(t, "east.example", o.TrustDomain)
+	assert.Equal(t, "/var/lib/trustbridge", o.DataDir)
+	assert.Equal(t, 12*time.Hour, o.WorkloadTTL)
+	assert.True(t, o.GRPC.noSDSCerts)
+	assert.Equal(t, []string{"a.example", "b.example"}, o.GRPC.DNSNames)
+	assert.True(t, o.Federation.AllowPrivate)
+	assert.Equal(t, "127.0.0.1:15014", o.AdminListen, "unset keys keep their default")
 }
 
 // flag > env > file > default.
@@ -65,17 +65,17 @@ func TestConfigPrecedence(t *testing.T) {
 	require.NoError(t, fs.Parse([]string{"--data-dir", "/from/flag"}))
 	_, err := applyConfig(fs, file, getenv)
 	require.NoError(t, err)
-	assert.Equal(t, "/from/flag", o.dataDir, "flag beats file")
-	assert.Empty(t, o.trustDomain, "env beats file: the file's value is not applied")
-	assert.Equal(t, "file-ns", o.kube.namespace, "file beats default")
+	assert.Equal(t, "/from/flag", o.DataDir, "flag beats file")
+	assert.Empty(t, o.TrustDomain, "env beats file: the file's value is not applied")
+	assert.Equal(t, "file-ns", o.Kube.Namespace, "file beats default")
 	require.NoError(t, loadServerConfig(fs, o, getenv))
-	assert.Equal(t, "env.example", o.trustDomain)
+	assert.Equal(t, "env.example", o.TrustDomain)
 
 	fs, o = serverFlagSet()
 	require.NoError(t, fs.Parse([]string{"--trust-domain", "flag.example"}))
 	_, err = applyConfig(fs, file, getenv)
 	require.NoError(t, err)
-	assert.Equal(t, "flag.example", o.trustDomain, "flag beats env and file")
+	assert.Equal(t, "flag.example", o.TrustDomain, "flag beats env and file")
 }
 
 func TestConfigErrors(t *testing.T) {
@@ -104,7 +104,7 @@ func TestConfigErrors(t *testing.T) {
 			_, err := applyConfig(fs, []byte(tc.yaml), noEnv)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
-			assert.Equal(t, before.dataDir, o.dataDir, "a bad file changes nothing")
+			assert.Equal(t, before.DataDir, o.DataDir, "a bad file changes nothing")
 		})
 	}
 }
@@ -130,8 +130,8 @@ log-level: debug
 	fs, o := serverFlagSet()
 	require.NoError(t, fs.Parse([]string{"--config", path}))
 	require.NoError(t, loadServerConfig(fs, o, noEnv))
-	assert.Equal(t, "debug", o.logLevel)
-	_, fromFile, _, err := staticEndpoints(o.federation, spiffeid.RequireTrustDomainFromString("east.example"), nil)
+	assert.Equal(t, "debug", o.LogLevel)
+	_, fromFile, _, err := StaticEndpoints(o.Federation, spiffeid.RequireTrustDomainFromString("east.example"), nil)
 	require.NoError(t, err)
 	require.Len(t, fromFile, 1)
 	assert.Equal(t, "west.example|https://west.example/", fromFile[0].String())

@@ -161,10 +161,10 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	if bin == "" {
 		t.Skipf("%s is unset: make unit sets it to bin/trustbridge (go build ./cmd/trustbridge)", binEnv)
 	}
-	listeners := []listenerLimits{grpcLimits, bundleLimits, adminLimits}
+	listeners := []ListenerLimits{grpcLimits, bundleLimits, AdminLimits}
 	most := 0
 	for _, l := range listeners {
-		most += l.def.max
+		most += l.def.Max
 	}
 	needOpenFiles(t, uint64(most+1024))
 	const fleetToken = "fleet-bootstrap-token-0123456789abcdef"
@@ -191,14 +191,14 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	pendingTotal, pendingPerSource := unconfirmedLimits(grpcLimits.def)
 	kinds := []floodKind{floodH2, floodH2, floodHTTP}
 	addrs := []string{s.grpc, s.bundle, s.admin}
-	shares := []int{pendingPerSource, bundleLimits.def.perSource, adminLimits.def.perSource}
+	shares := []int{pendingPerSource, bundleLimits.def.PerSource, AdminLimits.def.PerSource}
 	reasons := []string{"unconfirmed_source_limit", "source_limit", "source_limit"}
 
 	// One address.
 	for i, l := range listeners {
-		conns, refused := flood(t, addrs[i], "127.0.0.1", kinds[i], 2*l.def.perSource)
+		conns, refused := flood(t, addrs[i], "127.0.0.1", kinds[i], 2*l.def.PerSource)
 		assert.Equal(t, shares[i], len(conns), "%s: the source's share, and not one more", l.name)
-		assert.Equal(t, 2*l.def.perSource-shares[i], refused, "%s: the rest refused", l.name)
+		assert.Equal(t, 2*l.def.PerSource-shares[i], refused, "%s: the rest refused", l.name)
 	}
 	c := fromClient("127.0.0.2")
 	code, body := getFrom(t, c, "https://"+s.bundle+"/")
@@ -210,7 +210,7 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	createCert(t, s.grpc, "127.0.0.2", laptopToken, csr)
 	rssOne := s.rss(t)
 	for i, l := range listeners {
-		assert.EqualValues(t, 2*l.def.perSource-shares[i], metricVia(t, c, s.admin, "trustbridge_listener_connections_refused_total",
+		assert.EqualValues(t, 2*l.def.PerSource-shares[i], metricVia(t, c, s.admin, "trustbridge_listener_connections_refused_total",
 			`listener="`+l.name+`"`, `reason="`+reasons[i]+`"`), l.name)
 	}
 	c.CloseIdleConnections()
@@ -223,9 +223,9 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 		return metricVia(t, m, s.admin, name, append(labels, `listener="`+listener+`"`)...)
 	}
 	fleetCSR, _ := csrFor(t, spiffeid.RequireFromString(fleetID))
-	confirmed := grpcLimits.def.max - pendingTotal
+	confirmed := grpcLimits.def.Max - pendingTotal
 	for n, src := 0, 10; n < confirmed; src++ {
-		k := min(grpcLimits.def.perSource, confirmed-n)
+		k := min(grpcLimits.def.PerSource, confirmed-n)
 		keepConfirmed(t, s.grpc, "127.0.0."+strconv.Itoa(src), fleetToken, fleetCSR, k)
 		n += k
 	}
@@ -234,16 +234,16 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 			require.NotNil(t, dialHeaderOnlyCalls(t, s.grpc, "127.0.0."+strconv.Itoa(src), certservice.MaxConcurrentStreams), "an unconfirmed connection within the shares")
 		}
 	}
-	assert.EqualValues(t, grpcLimits.def.max, metric("trustbridge_listener_connections_open", "grpc"))
+	assert.EqualValues(t, grpcLimits.def.Max, metric("trustbridge_listener_connections_open", "grpc"))
 	// Measure once the server has read every call the flood sent: all
 	// but pendingStreams of each connection's are refused.
 	refusedCalls := float64(pendingTotal * (certservice.MaxConcurrentStreams - pendingStreams))
 	require.Eventually(t, func() bool { return metric("trustbridge_listener_streams_refused_total", "grpc") >= refusedCalls },
 		time.Minute, 50*time.Millisecond, "calls beyond pendingStreams refused")
 	for i, l := range listeners[1:] {
-		for src := 60 + 40*i; metric("trustbridge_listener_connections_open", l.name) < float64(l.def.max); src++ {
+		for src := 60 + 40*i; metric("trustbridge_listener_connections_open", l.name) < float64(l.def.Max); src++ {
 			require.Less(t, src, 60+40*(i+1), "%s never filled", l.name)
-			flood(t, addrs[i+1], "127.0.0."+strconv.Itoa(src), kinds[i+1], l.def.perSource)
+			flood(t, addrs[i+1], "127.0.0."+strconv.Itoa(src), kinds[i+1], l.def.PerSource)
 		}
 		conns, refused := flood(t, addrs[i+1], "127.0.0.251", kinds[i+1], 1)
 		assert.Empty(t, conns, "%s: over its total", l.name)

@@ -37,10 +37,10 @@ type floodTarget struct {
 }
 
 // startFloodTarget runs it; mutate, if set, changes the options last.
-func startFloodTarget(tb testing.TB, mutate func(*serverOptions)) *floodTarget {
+func startFloodTarget(tb testing.TB, mutate func(*Config)) *floodTarget {
 	tb.Helper()
-	at := startAttackTarget(tb, func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
+	at := startAttackTarget(tb, func(o *Config) {
+		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true}
 		if mutate != nil {
 			mutate(o)
 		}
@@ -232,11 +232,11 @@ func getFrom(tb testing.TB, c *http.Client, url string) (int, string) {
 // test, so the counts do not depend on its speed.
 func TestConnectionFlood(t *testing.T) {
 	const grpcN, bundleN, adminN = 2000, 1000, 300
-	def := []listenerLimits{grpcLimits, bundleLimits, adminLimits}
-	needOpenFiles(t, uint64(2*(grpcLimits.def.perSource+bundleLimits.def.perSource+adminLimits.def.perSource)+1024))
-	ft := startFloodTarget(t, func(o *serverOptions) {
-		o.grpc.firstCallTimeout = time.Hour
-		o.bundle.idleTimeout = time.Hour
+	def := []ListenerLimits{grpcLimits, bundleLimits, AdminLimits}
+	needOpenFiles(t, uint64(2*(grpcLimits.def.PerSource+bundleLimits.def.PerSource+AdminLimits.def.PerSource)+1024))
+	ft := startFloodTarget(t, func(o *Config) {
+		o.GRPC.FirstCallTimeout = time.Hour
+		o.Bundle.IdleTimeout = time.Hour
 	})
 	start := time.Now()
 
@@ -249,7 +249,7 @@ func TestConnectionFlood(t *testing.T) {
 		reason string
 	}
 	_, grpcUnconfirmed := unconfirmedLimits(grpcLimits.def)
-	per := []int{grpcUnconfirmed, bundleLimits.def.perSource, adminLimits.def.perSource}
+	per := []int{grpcUnconfirmed, bundleLimits.def.PerSource, AdminLimits.def.PerSource}
 	reasons := []string{"unconfirmed_source_limit", "source_limit", "source_limit"}
 	var results []result
 	for i, f := range []struct {
@@ -309,7 +309,7 @@ func TestGRPCFirstCallTimeout(t *testing.T) {
 	// Long enough for the authenticated call on a loaded machine (it is
 	// checked only if it made it), short enough for a test.
 	const deadline = 5 * time.Second
-	ft := startFloodTarget(t, func(o *serverOptions) { o.grpc.firstCallTimeout = deadline })
+	ft := startFloodTarget(t, func(o *Config) { o.GRPC.FirstCallTimeout = deadline })
 
 	// Authenticated first: its deadline passes before the others'.
 	dialed := time.Now()
@@ -358,9 +358,9 @@ func TestGRPCFirstCallTimeout(t *testing.T) {
 // (Before, authentication alone confirmed, and such a certificate kept a
 // connection for the 15-minute idle limit.)
 func TestGRPCRefusedCallDoesNotConfirm(t *testing.T) {
-	ft := startFloodTarget(t, func(o *serverOptions) {
-		o.grpc.firstCallTimeout = 5 * time.Second
-		o.grpc.maxRenewalLifetime = time.Nanosecond
+	ft := startFloodTarget(t, func(o *Config) {
+		o.GRPC.FirstCallTimeout = 5 * time.Second
+		o.GRPC.MaxRenewalLifetime = time.Nanosecond
 	})
 	svid, csr := legitSVID(t, ft.attackTarget, "127.0.0.30")
 	var dials atomic.Int64

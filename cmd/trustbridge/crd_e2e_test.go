@@ -31,11 +31,11 @@ func TestKubeFederationCRD(t *testing.T) {
 	east := startE2EServer(t, "east.example", eastData, nil)
 
 	o := baseServerOptions("west.example", t.TempDir())
-	o.federation.minRefresh = time.Second
-	o.federation.allowPrivate = true
-	o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
-	o.kube = fastKubeStorage(ns)
-	o.kube.federationCRD, o.kube.federationClass = true, "crd-e2e"
+	o.Federation.MinRefresh = time.Second
+	o.Federation.AllowPrivate = true
+	o.GRPC.Kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+	o.Kube = fastKubeStorage(ns)
+	o.Kube.FederationCRD, o.Kube.FederationClass = true, "crd-e2e"
 	admin, _, _ := launchServer(t, o)
 	west := &e2eServer{admin: "http://" + admin}
 	_, ok := federationStatus(t, west, "east.example")

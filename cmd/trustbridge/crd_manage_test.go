@@ -34,11 +34,11 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		dir := t.TempDir()
 		ns = env.Namespace(t)
 		o := baseServerOptions("west.example", dir)
-		o.federation.minRefresh = time.Second
-		o.federation.allowPrivate = true
-		o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
-		o.kube = fastKubeStorage(ns)
-		o.kube.federationCRD, o.kube.federationClass = federationCRD, "manage-e2e"
+		o.Federation.MinRefresh = time.Second
+		o.Federation.AllowPrivate = true
+		o.GRPC.Kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+		o.Kube = fastKubeStorage(ns)
+		o.Kube.FederationCRD, o.Kube.FederationClass = federationCRD, "manage-e2e"
 		admin, _, _ := launchServer(t, o)
 		return &e2eServer{admin: "http://" + admin}, dir
 	}

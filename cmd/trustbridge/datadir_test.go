@@ -62,7 +62,7 @@ func TestServerRefusesAnInsecureDataDir(t *testing.T) {
 
 func TestServerCreatesPrivateDataDir(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "new", "data")
-	startServer(t, dataDir, func(o *serverOptions) { o.init = true })
+	startServer(t, dataDir, func(o *Config) { o.Init = true })
 	for _, dir := range []string{dataDir, filepath.Join(dataDir, "ca")} {
 		info, err := os.Stat(dir)
 		require.NoError(t, err)

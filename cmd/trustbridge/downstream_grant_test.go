@@ -64,14 +64,14 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	services := make(chan map[string]grpc.ServiceInfo, 1)
 	dataDir := t.TempDir()
 	g := &grantTarget{fallen: map[string]string{}}
-	g.attackTarget = startAttackTarget(t, func(o *serverOptions) {
-		o.dataDir = dataDir
-		o.grpc.bootstrapFile = tokens
-		o.grpc.downstream.allow = []string{regionID.String()}
-		o.grpc.maxRenewalLifetime = 720 * time.Hour
-		o.grpc.grantHooks = grantHooks{
-			bootstrapReload: 10 * time.Millisecond,
-			onBootstrapReload: func(changed bool, err error) {
+	g.attackTarget = startAttackTarget(t, func(o *Config) {
+		o.DataDir = dataDir
+		o.GRPC.BootstrapFile = tokens
+		o.GRPC.Downstream.Allow = []string{regionID.String()}
+		o.GRPC.MaxRenewalLifetime = 720 * time.Hour
+		o.GRPC.GrantHooks = GrantHooks{
+			BootstrapReload: 10 * time.Millisecond,
+			OnBootstrapReload: func(changed bool, err error) {
 				if changed && err == nil {
 					select {
 					case reloaded <- struct{}{}:
@@ -79,7 +79,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 					}
 				}
 			},
-			onGRPCServices: func(m map[string]grpc.ServiceInfo) { services <- m },
+			OnGRPCServices: func(m map[string]grpc.ServiceInfo) { services <- m },
 		}
 	})
 	select {

@@ -34,14 +34,14 @@ import (
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
-type federationOptions struct {
-	federate     string
-	configFile   string
-	caFile       string
-	minRefresh   time.Duration
-	maxRefresh   time.Duration
-	timeout      time.Duration
-	allowPrivate bool
+type FederationConfig struct {
+	Federate     string
+	ConfigFile   string
+	CAFile       string
+	MinRefresh   time.Duration
+	MaxRefresh   time.Duration
+	Timeout      time.Duration
+	AllowPrivate bool
 	allowEmpty   bool
 	// dynamic: endpoints come and go at run time (--federation-crd), so
 	// the poller runs even with none configured here.
@@ -52,14 +52,14 @@ type federationOptions struct {
 	inlineFrom string
 }
 
-func addFederationFlags(f *pflag.FlagSet, o *federationOptions) {
-	f.StringVar(&o.federate, "federate", "", `trust domains to federate with: "td|https://url" (https_web) or "td|https://url|endpoint-spiffe-id|bundle-file" (https_spiffe; when the endpoint's SPIFFE ID is in td, td's bundle file authenticates the first fetch and may be left out only while a bundle of td is held; when it is in another trust domain, that one must be ours, federated here with its bundle, relayed by --bundle-file, or held), joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
-	f.StringVar(&o.configFile, "federation-config", "", "YAML file of federation endpoints (spire-controller-manager ClusterFederatedTrustDomain field names)")
-	f.StringVar(&o.caFile, "federation-ca-file", "", "PEM roots trusted for https_web endpoints in addition to the system pool")
-	f.DurationVar(&o.minRefresh, "federation-min-refresh", federation.DefaultMinRefresh, "poll no more often than this, whatever a peer's refresh hint says")
-	f.DurationVar(&o.maxRefresh, "federation-max-refresh", federation.DefaultMaxRefresh, "poll at least this often")
-	f.DurationVar(&o.timeout, "federation-timeout", federation.DefaultFetchTimeout, "deadline for one whole bundle fetch")
-	f.BoolVar(&o.allowPrivate, "federation-allow-private", false, "allow endpoints (and redirects) on loopback, unspecified and link-local addresses, for labs; cloud metadata addresses stay refused (see README, Federation)")
+func addFederationFlags(f *pflag.FlagSet, o *FederationConfig) {
+	f.StringVar(&o.Federate, "federate", "", `trust domains to federate with: "td|https://url" (https_web) or "td|https://url|endpoint-spiffe-id|bundle-file" (https_spiffe; when the endpoint's SPIFFE ID is in td, td's bundle file authenticates the first fetch and may be left out only while a bundle of td is held; when it is in another trust domain, that one must be ours, federated here with its bundle, relayed by --bundle-file, or held), joined by "||" (env SPIFFE_BUNDLE_ENDPOINTS)`)
+	f.StringVar(&o.ConfigFile, "federation-config", "", "YAML file of federation endpoints (spire-controller-manager ClusterFederatedTrustDomain field names)")
+	f.StringVar(&o.CAFile, "federation-ca-file", "", "PEM roots trusted for https_web endpoints in addition to the system pool")
+	f.DurationVar(&o.MinRefresh, "federation-min-refresh", federation.DefaultMinRefresh, "poll no more often than this, whatever a peer's refresh hint says")
+	f.DurationVar(&o.MaxRefresh, "federation-max-refresh", federation.DefaultMaxRefresh, "poll at least this often")
+	f.DurationVar(&o.Timeout, "federation-timeout", federation.DefaultFetchTimeout, "deadline for one whole bundle fetch")
+	f.BoolVar(&o.AllowPrivate, "federation-allow-private", false, "allow endpoints (and redirects) on loopback, unspecified and link-local addresses, for labs; cloud metadata addresses stay refused (see README, Federation)")
 	f.BoolVar(&o.allowEmpty, "federation-allow-empty", false, `apply a fetched "keys": [] (revoking every key) instead of refusing it`)
 }
 
@@ -94,7 +94,7 @@ func (fs *federationSetup) holds(td spiffeid.TrustDomain) bool {
 	if fs.poller != nil {
 		held = fs.poller.Holds
 	}
-	return orRelayed(held, fs.relayed)(td)
+	return OrRelayed(held, fs.relayed)(td)
 }
 
 // staticSet is a copy of the endpoints of flags and files, sorted by trust
@@ -115,7 +115,7 @@ func (fs *federationSetup) configured() ([]federation.Endpoint, map[spiffeid.Tru
 	origins := maps.Clone(fs.origins)
 	rt := fs.runtime.endpoints()
 	for _, ep := range rt {
-		origins[ep.TrustDomain] = originRuntime
+		origins[ep.TrustDomain] = OriginRuntime
 	}
 	return sortedEndpoints(slices.Concat(fs.static, rt)), origins
 }
@@ -137,7 +137,7 @@ func originOf(fs *federationSetup, ctl *crd.Controller) func(spiffeid.TrustDomai
 			return o
 		}
 		if fs.runtime.has(td) {
-			return originRuntime
+			return OriginRuntime
 		}
 		if ctl != nil {
 			return ctl.Origins()[td]
@@ -240,13 +240,13 @@ func (fs *federationSetup) setStaticLocked(fromFlag, fromFile []federation.Endpo
 // federation.CheckFirstFetch in that set, with td's roots (our CA's) and
 // held (the last-known-good store; nil: nothing held). Warnings are
 // problems that did not stop the configuration from loading.
-func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spiffeid.TrustDomain) bool) (fromFlag, fromFile []federation.Endpoint, warnings []string, err error) {
-	if o.federate == "" {
-		o.federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
+func StaticEndpoints(o FederationConfig, td spiffeid.TrustDomain, held func(spiffeid.TrustDomain) bool) (fromFlag, fromFile []federation.Endpoint, warnings []string, err error) {
+	if o.Federate == "" {
+		o.Federate = os.Getenv("SPIFFE_BUNDLE_ENDPOINTS")
 	}
 	// A tuple's bundle file is read as named: relative to the working
 	// directory, like any path on a command line.
-	flagCfg, err := federation.ParseEndpointsConfig(o.federate, func(p string) ([]byte, error) {
+	flagCfg, err := federation.ParseEndpointsConfig(o.Federate, func(p string) ([]byte, error) {
 		return readSmallFile(p, bundledoc.DefaultMaxSize)
 	})
 	if err != nil {
@@ -290,13 +290,13 @@ func staticEndpoints(o federationOptions, td spiffeid.TrustDomain, held func(spi
 // federationFile reads the federation list of --federation-config or of
 // the --config file (nil when there is neither), and says which flag and
 // file it came from; bundle files it names are read relative to it.
-func federationFile(o federationOptions) (cfg *federation.Config, flag, name string, err error) {
-	if o.configFile == "" && o.inline == nil {
+func federationFile(o FederationConfig) (cfg *federation.Config, flag, name string, err error) {
+	if o.ConfigFile == "" && o.inline == nil {
 		return nil, "", "", nil
 	}
 	name, flag = o.inlineFrom, "--config"
 	if o.inline == nil {
-		name, flag = o.configFile, "--federation-config"
+		name, flag = o.ConfigFile, "--federation-config"
 	}
 	base := filepath.Dir(name)
 	readFile := func(p string) ([]byte, error) {
@@ -309,7 +309,7 @@ func federationFile(o federationOptions) (cfg *federation.Config, flag, name str
 		cfg, err = federation.ParseConfigList(o.inline, readFile)
 	} else {
 		var data []byte
-		if data, err = readSmallFile(o.configFile, 1<<20); err != nil {
+		if data, err = readSmallFile(o.ConfigFile, 1<<20); err != nil {
 			return nil, "", "", fmt.Errorf("--federation-config: %w", err)
 		}
 		cfg, err = federation.ParseConfig(data, readFile)
@@ -323,10 +323,10 @@ func federationFile(o federationOptions) (cfg *federation.Config, flag, name str
 // setupFederation builds the trust store and the poller of the endpoints
 // configured by flags and files. relayed are the trust domains whose
 // bundles --bundle-file puts in the store (relayedTrustDomains).
-func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federation.LastKnownGood, relayed []spiffeid.TrustDomain,
+func setupFederation(o FederationConfig, td spiffeid.TrustDomain, lkg federation.LastKnownGood, relayed []spiffeid.TrustDomain,
 	onEvent func(federation.Event), reg prometheus.Registerer, logger *slog.Logger) (*federationSetup, error) {
 	stored := func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) }
-	fromFlag, fromFile, warnings, err := staticEndpoints(o, td, orRelayed(stored, relayed))
+	fromFlag, fromFile, warnings, err := StaticEndpoints(o, td, OrRelayed(stored, relayed))
 	if err != nil {
 		return nil, err
 	}
@@ -337,20 +337,20 @@ func setupFederation(o federationOptions, td spiffeid.TrustDomain, lkg federatio
 	fs.setStaticLocked(fromFlag, fromFile)
 	// A federation file may list peers only after a reload: the poller
 	// runs for it even when it starts empty.
-	hasFile := o.configFile != "" || o.inline != nil
+	hasFile := o.ConfigFile != "" || o.inline != nil
 	if len(fs.static) == 0 && !o.dynamic && !hasFile {
 		return fs, nil
 	}
-	webRoots, err := webRootPool(o.caFile)
+	webRoots, err := webRootPool(o.CAFile)
 	if err != nil {
 		return nil, err
 	}
 	fs.poller, err = federation.NewPoller(federation.PollerConfig{
 		Endpoints: fs.static,
 		Fetcher: federation.FetcherConfig{
-			Timeout: o.timeout, WebRoots: webRoots, AllowPrivate: o.allowPrivate,
+			Timeout: o.Timeout, WebRoots: webRoots, AllowPrivate: o.AllowPrivate,
 		},
-		Policy:     federation.RefreshPolicy{Min: o.minRefresh, Max: o.maxRefresh},
+		Policy:     federation.RefreshPolicy{Min: o.MinRefresh, Max: o.MaxRefresh},
 		LKG:        lkg,
 		Sink:       fs.store,
 		AllowEmpty: o.allowEmpty,

@@ -28,12 +28,12 @@ import (
 
 // startNamedServer runs a server for td with its bundle endpoint on
 // loopback and returns its admin address, banner and data dir.
-func startNamedServer(t *testing.T, td string, mutate func(*serverOptions)) (admin, banner, dataDir string) {
+func startNamedServer(t *testing.T, td string, mutate func(*Config)) (admin, banner, dataDir string) {
 	t.Helper()
 	dataDir = t.TempDir()
 	o := baseServerOptions(td, dataDir)
-	o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
-	o.federation.allowPrivate = true
+	o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true}
+	o.Federation.AllowPrivate = true
 	if mutate != nil {
 		mutate(&o)
 	}
@@ -58,8 +58,8 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 		"\n    bundleEndpointProfile: {type: https_spiffe, endpointSPIFFEID: spiffe://east.example/trustbridge/bundle-endpoint}\n    trustDomainBundleFile: east.json\n"
 	require.NoError(t, os.WriteFile(filepath.Join(cfgDir, "federation.yaml"), []byte(cfg), 0o600))
 
-	westAdmin, westBanner, westData := startNamedServer(t, "west.example", func(o *serverOptions) {
-		o.federation.configFile = filepath.Join(cfgDir, "federation.yaml")
+	westAdmin, westBanner, westData := startNamedServer(t, "west.example", func(o *Config) {
+		o.Federation.ConfigFile = filepath.Join(cfgDir, "federation.yaml")
 	})
 
 	// The first poll happens at start; wait for it through the status API.
@@ -132,17 +132,17 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 }
 
 func TestServerRefusesFederatingWithItself(t *testing.T) {
-	o := serverOptions{
-		trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
-		caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
-		logFormat: "json", logLevel: "info",
-		federation: federationOptions{federate: "example.org|https://example.org/"},
+	o := Config{
+		TrustDomain: "example.org", DataDir: t.TempDir(), AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
+		CATTL: 8760 * time.Hour, MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute,
+		LogFormat: "json", LogLevel: "info",
+		Federation: FederationConfig{Federate: "example.org|https://example.org/"},
 	}
 	var out, logs strings.Builder
 	err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
 	assert.ErrorContains(t, err, "is for our own trust domain")
 
-	o.federation = federationOptions{federate: "a.org|http://a.org/"}
+	o.Federation = FederationConfig{Federate: "a.org|http://a.org/"}
 	err = runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
 	assert.ErrorContains(t, err, "--federate")
 }
@@ -162,9 +162,9 @@ func TestBundleFilesJoinTheTrustStore(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	fed, err := setupFederation(FederationConfig{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true, files: []string{"relay.example=" + file}},
+	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true, Files: []string{"relay.example=" + file}},
 		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ep.ln.Close() })
@@ -182,7 +182,7 @@ func TestRelayServesTheStore(t *testing.T) {
 	peer := testca.New(t, "peer.example")
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	fed, err := setupFederation(federationOptions{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	fed, err := setupFederation(FederationConfig{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	published := func(seq uint64) {
 		b := peer.Bundle()
@@ -191,7 +191,7 @@ func TestRelayServesTheStore(t *testing.T) {
 	}
 	published(5)
 	fed.store.Set("file:/elsewhere.json", peer.Bundle()) // another source: not what the endpoint published
-	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
+	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true},
 		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx := runEndpoint(t, ep)

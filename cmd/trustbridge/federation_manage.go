@@ -19,8 +19,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/admin"
 )
 
 // adminTokenEnv names the admin token file when --admin-token-file is not
@@ -40,8 +40,8 @@ type adminClient struct {
 
 // addAuthFlags registers where the admin token is.
 func (c *adminClient) addAuthFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+adminTokenName+", mode 0600, new at each start)")
-	f.StringVar(&c.tokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+adminTokenName+"; env "+adminTokenEnv+")")
+	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+AdminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.tokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+AdminTokenName+"; env "+adminTokenEnv+")")
 }
 
 // token reads the admin token: --admin-token-file, else the environment,
@@ -52,7 +52,7 @@ func (c *adminClient) token() (string, error) {
 		path = os.Getenv(adminTokenEnv)
 	}
 	if path == "" {
-		path = filepath.Join(c.dataDir, adminTokenName)
+		path = filepath.Join(c.dataDir, AdminTokenName)
 	}
 	data, err := readSmallFile(path, 4<<10)
 	if err != nil {

@@ -24,8 +24,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -71,14 +71,14 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 		_, stderr, code = runCLIAt(t, time.Now, "", append(add[:len(add)-2:len(add)-2], "--admin-token-file", wrong)...)
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "401 Unauthorized: wrong admin token")
-		assert.Contains(t, stderr, filepath.Join(dir, adminTokenName))
+		assert.Contains(t, stderr, filepath.Join(dir, AdminTokenName))
 		_, ok := federationStatus(t, local, "peer.example")
 		assert.False(t, ok, "nothing added")
 	})
 
 	assert.Contains(t, cli(t, add...), "federated with peer.example")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: originRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
+	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: OriginRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
 		EndpointSPIFFEID: "spiffe://peer.example/trustbridge/bundle-endpoint", State: "ok"}, relationships(t, local)["peer.example"])
 
 	_, stderr, code := runCLIAt(t, time.Now, "", add...)
@@ -93,10 +93,10 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	// A restart keeps it.
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
-	assert.Equal(t, originRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
+	assert.Equal(t, OriginRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
 		"the start-up records list the peers added at run time too")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+	assert.Equal(t, OriginRuntime, relationships(t, local)["peer.example"].Origin)
 
 	assert.Contains(t, cli(t, "federation", "remove", "peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
 	_, ok := federationStatus(t, local, "peer.example")
@@ -214,7 +214,7 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 	stdout, stderr, code := run(append(slices.Clone(spiffeAdd), "--bundle", rootPEM, "--no-fetch")...)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "federated with peer.example")
-	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+	assert.Equal(t, OriginRuntime, relationships(t, local)["peer.example"].Origin)
 	local.stop()
 
 	path := filepath.Join(dir, "federation-managed.yaml")
@@ -233,7 +233,7 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 func TestFederationAddOverAdminSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
-	local := startE2EServer(t, "example.org", dir, func(o *serverOptions) { o.adminSocket = sock })
+	local := startE2EServer(t, "example.org", dir, func(o *Config) { o.AdminSocket = sock })
 	info, err := os.Stat(sock)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
@@ -244,7 +244,7 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	out := cli(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
 	assert.Contains(t, out, "static bundle")
 	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
-	assert.Equal(t, originRuntime, relationships(t, local)["web.example"].Origin)
+	assert.Equal(t, OriginRuntime, relationships(t, local)["web.example"].Origin)
 
 	// Every admin command takes unix://PATH, the reading ones too.
 	sockAdmin := []string{"--admin", "unix://" + sock}
@@ -273,8 +273,8 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	fedFile := filepath.Join(t.TempDir(), "federation.yaml")
 	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example")), 0o600))
 	o := baseServerOptions("example.org", dir)
-	o.federation.configFile = fedFile
-	o.federation.allowPrivate = true
+	o.Federation.ConfigFile = fedFile
+	o.Federation.AllowPrivate = true
 	admin, hup, logs := launchReloadable(t, o)
 	cli(t, "federation", "add", "b.example", "https://127.0.0.1:1/b", "--no-fetch", "--admin", "http://"+admin, "--data-dir", dir)
 	require.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))

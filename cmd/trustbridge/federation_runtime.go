@@ -18,10 +18,10 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/managed"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
-	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 
 // The run-time federation (issue 22): `trustbridge federation add|remove`
@@ -30,10 +30,10 @@ import (
 // storage they are ClusterFederatedTrustDomain resources (--federation-crd).
 
 // adminTokenName is the admin token's file in the data directory.
-const adminTokenName = "admin.token"
+const AdminTokenName = "admin.token"
 
 // originRuntime is the origin of a trust domain added at run time.
-const originRuntime = "runtime"
+const OriginRuntime = "runtime"
 
 // staticSource names static bundles (bundle set) in the trust store.
 const staticSource = "static"
@@ -114,8 +114,8 @@ func (r *runtimeFederation) configure(cfg *admin.Config) {
 
 // manage writes a new admin token into the data directory and loads and
 // applies the run-time federation persisted there (file storage).
-func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
-	token, file, err := writeAdminToken(o.dataDir)
+func (p *serverParts) manage(o Config, logger *slog.Logger) error {
+	token, file, err := writeAdminToken(o.DataDir)
 	if err != nil {
 		return err
 	}
@@ -129,9 +129,9 @@ func (p *serverParts) manage(o serverOptions, logger *slog.Logger) error {
 		rt.forget = fs.poller.Forget
 	}
 	m, warnings, err := managed.New(managed.Config{
-		Dir: o.dataDir, Local: p.td,
+		Dir: o.DataDir, Local: p.td,
 		Reserved: fs.reservedBy, Others: fs.others, Held: fs.holds,
-		Apply: fs.applyManaged, Probe: fs.probe(o.federation),
+		Apply: fs.applyManaged, Probe: fs.probe(o.Federation),
 		OnChange: rt.changed(p.trail.runtimeChange, logger),
 	})
 	if err != nil {
@@ -153,7 +153,7 @@ func writeAdminToken(dataDir string) (token, path string, err error) {
 		return "", "", err
 	}
 	token = hex.EncodeToString(raw)
-	path, err = filepath.Abs(filepath.Join(dataDir, adminTokenName))
+	path, err = filepath.Abs(filepath.Join(dataDir, AdminTokenName))
 	if err != nil {
 		return "", "", err
 	}
@@ -237,9 +237,9 @@ func (fs *federationSetup) others() []federation.Endpoint {
 // with the fetcher's settings, its bootstrap bundle (else what the trust
 // store holds) authenticating an https_spiffe server, and the poller's
 // verdict on the document.
-func (fs *federationSetup) probe(o federationOptions) func(context.Context, federation.Endpoint) error {
+func (fs *federationSetup) probe(o FederationConfig) func(context.Context, federation.Endpoint) error {
 	return func(ctx context.Context, ep federation.Endpoint) error {
-		webRoots, err := webRootPool(o.caFile)
+		webRoots, err := webRootPool(o.CAFile)
 		if err != nil {
 			return err
 		}
@@ -249,7 +249,7 @@ func (fs *federationSetup) probe(o federationOptions) func(context.Context, fede
 			}
 			return fs.store.X509BundleFor(td)
 		})
-		f := federation.NewFetcher(federation.FetcherConfig{Timeout: o.timeout, WebRoots: webRoots, AllowPrivate: o.allowPrivate, Roots: roots})
+		f := federation.NewFetcher(federation.FetcherConfig{Timeout: o.Timeout, WebRoots: webRoots, AllowPrivate: o.AllowPrivate, Roots: roots})
 		res, err := f.Fetch(ctx, ep, "")
 		if err != nil {
 			return err
@@ -273,7 +273,7 @@ func (t *auditTrail) runtimeChange(c managed.Change) {
 // manageKube makes federation add|remove write ClusterFederatedTrustDomain
 // resources, which every replica's controller applies; without
 // --federation-crd they are refused, saying so.
-func (p *serverParts) manageKube(o serverOptions, rt *runtimeFederation) error {
+func (p *serverParts) manageKube(o Config, rt *runtimeFederation) error {
 	if p.crd == nil {
 		rt.manager = kubeManager{}
 		return nil
@@ -287,9 +287,9 @@ func (p *serverParts) manageKube(o serverOptions, rt *runtimeFederation) error {
 		reserved[td] = p.fed.reservedBy(td)
 	}
 	m, err := crd.NewManager(crd.ManagerConfig{
-		Dynamic: p.kube.dynamic, Controller: p.crd, ClassName: o.kube.federationClass,
+		Dynamic: p.kube.dynamic, Controller: p.crd, ClassName: o.Kube.FederationClass,
 		Local: p.td, Reserved: reserved, Others: p.fed.others, Held: p.fed.holds,
-		Probe: p.fed.probe(o.federation), OnChange: p.trail.runtimeChange,
+		Probe: p.fed.probe(o.Federation), OnChange: p.trail.runtimeChange,
 	})
 	rt.manager = m
 	return err

@@ -67,16 +67,16 @@ func refusedOnEveryPath(t *testing.T, tuple, yaml, want string) {
 	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+yaml), 0o600))
 
 	t.Run("--federate", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{federate: tuple}, local, nil)
+		_, _, _, err := StaticEndpoints(FederationConfig{Federate: tuple}, local, nil)
 		assert.EqualError(t, err, "--federate "+tuple+": "+want)
 	})
 	t.Run("SPIFFE_BUNDLE_ENDPOINTS", func(t *testing.T) {
 		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", tuple)
-		_, _, _, err := staticEndpoints(federationOptions{}, local, nil)
+		_, _, _, err := StaticEndpoints(FederationConfig{}, local, nil)
 		assert.EqualError(t, err, "--federate "+tuple+": "+want)
 	})
 	t.Run("--federation-config", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{configFile: fedFile}, local, nil)
+		_, _, _, err := StaticEndpoints(FederationConfig{ConfigFile: fedFile}, local, nil)
 		assert.EqualError(t, err, "--federation-config "+fedFile+": federation[0] (peer.example): "+want)
 	})
 	t.Run("config check", func(t *testing.T) {
@@ -113,8 +113,8 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 	assert.Equal(t, 0, code, stdout)
 
 	o := baseServerOptions("example.org", dataDir)
-	o.federation.federate = unanchoredTuple
-	o.init = true // the directory holds the peer's bundle but no CA state yet
+	o.Federation.Federate = unanchoredTuple
+	o.Init = true // the directory holds the peer's bundle but no CA state yet
 	admin, _, _ := launchServer(t, o)
 	code, body := get(t, "http://"+admin+"/v1/federation")
 	require.Equal(t, http.StatusOK, code)
@@ -152,7 +152,7 @@ func TestBannerTupleFederates(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(doc))
 	require.NoError(t, os.WriteFile(cmd[2], doc, 0o600))
 
-	westAdmin, _, _ := startNamedServer(t, "west.example", func(o *serverOptions) { o.federation.federate = tuple[1] })
+	westAdmin, _, _ := startNamedServer(t, "west.example", func(o *Config) { o.Federation.Federate = tuple[1] })
 	assert.EventuallyWithT(t, func(c *assert.CollectT) {
 		code, body := get(t, "http://"+westAdmin+"/v1/federation")
 		var status []federation.Status
@@ -169,8 +169,8 @@ func TestBannerWebTupleHasNoBootstrap(t *testing.T) {
 	dir := t.TempDir()
 	web := testca.New(t, "web.test")
 	certFile, keyFile := writeWebCert(t, dir, web)
-	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, serveOthers: true}
+	_, out := startServer(t, t.TempDir(), func(o *Config) {
+		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileWeb, TLSCert: certFile, TLSKey: keyFile, ServeOthers: true}
 	})
 	tuple := logAttr(t, out.String(), bundleEndpointStarted, "tuple")
 	assert.Equal(t, 2, strings.Count(tuple, "|")+1, tuple)
@@ -228,7 +228,7 @@ func TestHubServedPeerRefusedOnEveryPath(t *testing.T) {
 		TrustDomain: eps[0].TrustDomain, URL: eps[0].URL, Profile: eps[0].Profile, EndpointSPIFFEID: eps[0].EndpointSPIFFEID,
 		BootstrapBundle: testca.New(t, "peer.example").Bundle(),
 	}, nil).Error()
-	_, _, _, err = staticEndpoints(federationOptions{federate: hubServedTuple + "|" + peerFile}, spiffeid.RequireTrustDomainFromString("example.org"), nil)
+	_, _, _, err = StaticEndpoints(FederationConfig{Federate: hubServedTuple + "|" + peerFile}, spiffeid.RequireTrustDomainFromString("example.org"), nil)
 	assert.EqualError(t, err, "--federate "+hubServedTuple+": "+peerWant)
 }
 
@@ -274,23 +274,23 @@ func TestHubServedPeerAcceptedWhenServerAnchored(t *testing.T) {
 
 	tests := []struct {
 		name string
-		o    federationOptions
+		o    FederationConfig
 		held func(spiffeid.TrustDomain) bool
 		want string // "" accepted, else a part of the refusal
 	}{
-		{"served by our trust domain", federationOptions{federate: "peer.example|https://bundles.example.org/peer|spiffe://example.org/bundle-server"}, nil, ""},
-		{"hub by flag with its bundle", federationOptions{federate: hubServedTuple + "||" + hubTuple + "|" + hubFile}, nil, ""},
-		{"hub by flag with its bundle, listed first", federationOptions{federate: hubTuple + "|" + hubFile + "||" + hubServedTuple}, nil, ""},
-		{"peer and hub in one file", federationOptions{configFile: fedFile}, nil, ""},
-		{"peer by flag, hub in a file", federationOptions{federate: hubServedTuple, configFile: hubOnlyFile}, nil, ""},
-		{"hub stored", federationOptions{federate: hubServedTuple}, func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) }, ""},
-		{"hub by flag without its bundle", federationOptions{federate: hubServedTuple + "||" + hubTuple}, nil, "hub.example is federated here by \"hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server\""},
-		{"cycle", federationOptions{federate: aViaB + "||" + bViaA}, nil, "b.example is federated here by"},
-		{"cycle, b.example with its bundle", federationOptions{federate: aViaB + "||" + bViaA + "|" + bFile}, nil, ""},
+		{"served by our trust domain", FederationConfig{Federate: "peer.example|https://bundles.example.org/peer|spiffe://example.org/bundle-server"}, nil, ""},
+		{"hub by flag with its bundle", FederationConfig{Federate: hubServedTuple + "||" + hubTuple + "|" + hubFile}, nil, ""},
+		{"hub by flag with its bundle, listed first", FederationConfig{Federate: hubTuple + "|" + hubFile + "||" + hubServedTuple}, nil, ""},
+		{"peer and hub in one file", FederationConfig{ConfigFile: fedFile}, nil, ""},
+		{"peer by flag, hub in a file", FederationConfig{Federate: hubServedTuple, ConfigFile: hubOnlyFile}, nil, ""},
+		{"hub stored", FederationConfig{Federate: hubServedTuple}, func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) }, ""},
+		{"hub by flag without its bundle", FederationConfig{Federate: hubServedTuple + "||" + hubTuple}, nil, "hub.example is federated here by \"hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server\""},
+		{"cycle", FederationConfig{Federate: aViaB + "||" + bViaA}, nil, "b.example is federated here by"},
+		{"cycle, b.example with its bundle", FederationConfig{Federate: aViaB + "||" + bViaA + "|" + bFile}, nil, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, _, err := staticEndpoints(tt.o, local, tt.held)
+			_, _, _, err := StaticEndpoints(tt.o, local, tt.held)
 			if tt.want == "" {
 				assert.NoError(t, err)
 			} else {
@@ -316,16 +316,16 @@ func TestHubServedPeerAnchoredByARelayedFile(t *testing.T) {
 	dir := t.TempDir()
 	hubFile := filepath.Join(dir, "hub.example.json")
 	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
-	relay := bundleOptions{listen: "127.0.0.1:0", files: []string{"hub.example=" + hubFile, "not a spec=" + hubFile, dir + "/local.json"}}
-	assert.Equal(t, []spiffeid.TrustDomain{spiffeid.RequireTrustDomainFromString("hub.example")}, relayedTrustDomains(relay))
+	relay := BundleConfig{Listen: "127.0.0.1:0", Files: []string{"hub.example=" + hubFile, "not a spec=" + hubFile, dir + "/local.json"}}
+	assert.Equal(t, []spiffeid.TrustDomain{spiffeid.RequireTrustDomainFromString("hub.example")}, RelayedTrustDomains(relay))
 	off := relay
-	off.listen = ""
-	assert.Empty(t, relayedTrustDomains(off), "no bundle endpoint: the files are not read")
+	off.Listen = ""
+	assert.Empty(t, RelayedTrustDomains(off), "no bundle endpoint: the files are not read")
 
 	local := spiffeid.RequireTrustDomainFromString("example.org")
-	_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple}, local, orRelayed(nil, relayedTrustDomains(relay)))
+	_, _, _, err := StaticEndpoints(FederationConfig{Federate: hubServedTuple}, local, OrRelayed(nil, RelayedTrustDomains(relay)))
 	require.NoError(t, err)
-	_, _, _, err = staticEndpoints(federationOptions{federate: hubServedTuple}, local, orRelayed(nil, relayedTrustDomains(off)))
+	_, _, _, err = StaticEndpoints(FederationConfig{Federate: hubServedTuple}, local, OrRelayed(nil, RelayedTrustDomains(off)))
 	require.ErrorIs(t, err, federation.ErrNoServerBundle)
 
 	t.Setenv("TRUST_DOMAIN", "")

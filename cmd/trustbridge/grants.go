@@ -14,8 +14,8 @@ import (
 )
 
 // addGrantFlags adds the flags that bound renewal chains.
-func addGrantFlags(f *pflag.FlagSet, o *grpcOptions) {
-	f.DurationVar(&o.maxRenewalLifetime, "max-renewal-lifetime", 0,
+func addGrantFlags(f *pflag.FlagSet, o *GRPCConfig) {
+	f.DurationVar(&o.MaxRenewalLifetime, "max-renewal-lifetime", 0,
 		"longest a chain of renewals by X509-SVID may run from the bootstrap or service account token that first granted it, "+
 			"e.g. 720h: older chains are refused and the caller must present such a token again; 0 for no bound. "+
 			"Independently of it, a renewal is always refused once the bootstrap token that granted the chain is removed from "+
@@ -25,9 +25,9 @@ func addGrantFlags(f *pflag.FlagSet, o *grpcOptions) {
 
 // checkGrantFlags refuses values the certificate service would refuse,
 // naming the flag.
-func checkGrantFlags(o grpcOptions) error {
-	if o.maxRenewalLifetime < 0 {
-		return fmt.Errorf("--max-renewal-lifetime %s is negative; 0 means no bound", o.maxRenewalLifetime)
+func checkGrantFlags(o GRPCConfig) error {
+	if o.MaxRenewalLifetime < 0 {
+		return fmt.Errorf("--max-renewal-lifetime %s is negative; 0 means no bound", o.MaxRenewalLifetime)
 	}
 	return nil
 }
@@ -60,29 +60,29 @@ func (g *grpcEndpoint) addServiceAccountGrants(client kubernetes.Interface, onDe
 
 // grantHooks are test hooks of grpcOptions, no flags: a test waits on
 // them instead of sleeping.
-type grantHooks struct {
+type GrantHooks struct {
 	// bootstrapReload is how often the bootstrap token file is re-read (0
 	// = authn's default); onBootstrapReload is called after every reload.
-	bootstrapReload   time.Duration
-	onBootstrapReload func(changed bool, err error)
+	BootstrapReload   time.Duration
+	OnBootstrapReload func(changed bool, err error)
 	// onServiceAccountDeleted is called once the server's informer has seen
 	// a service account deleted.
-	onServiceAccountDeleted func(namespace, name string)
+	OnServiceAccountDeleted func(namespace, name string)
 	// onGRPCServices is called with every service the certificate
 	// service's listener serves, once they are registered, so that a test
 	// can hold each of their RPCs to the grant checks.
-	onGRPCServices func(map[string]grpc.ServiceInfo)
+	OnGRPCServices func(map[string]grpc.ServiceInfo)
 }
 
 // reportServices calls onGRPCServices, when set, with the services r
 // serves; r is the listener's *grpc.Server, once every service has
 // registered.
-func (h grantHooks) reportServices(r grpc.ServiceRegistrar) {
+func (h GrantHooks) reportServices(r grpc.ServiceRegistrar) {
 	gs, ok := r.(interface {
 		GetServiceInfo() map[string]grpc.ServiceInfo
 	})
-	if ok && h.onGRPCServices != nil {
-		h.onGRPCServices(gs.GetServiceInfo())
+	if ok && h.OnGRPCServices != nil {
+		h.OnGRPCServices(gs.GetServiceInfo())
 	}
 }
 
@@ -90,11 +90,11 @@ func (h grantHooks) reportServices(r grpc.ServiceRegistrar) {
 // callers proved by an X509-SVID: SDS mints certificates too, so a chain
 // the certificate service refuses to renew must not get them from SDS.
 // For the same reason it refuses single-use bootstrap tokens.
-func (g *grpcEndpoint) sdsAuthenticator(auth authn.Authenticator, o grpcOptions) authn.Authenticator {
+func (g *grpcEndpoint) sdsAuthenticator(auth authn.Authenticator, o GRPCConfig) authn.Authenticator {
 	// A single-use bootstrap token buys one certificate from the
 	// certificate service; an SDS stream would mint with it for as long
 	// as it lasts.
-	return authn.ReusableOnly(authn.RequireGrant(auth, &authn.GrantPolicy{Checkers: g.grants, MaxLifetime: o.maxRenewalLifetime}))
+	return authn.ReusableOnly(authn.RequireGrant(auth, &authn.GrantPolicy{Checkers: g.grants, MaxLifetime: o.MaxRenewalLifetime}))
 }
 
 func (g *grpcEndpoint) grantMap() grantCheckers {

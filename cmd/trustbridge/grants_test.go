@@ -38,9 +38,9 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"+otherToken+",spiffe://example.org/vm/other\n"), 0o600))
 	reloaded := make(chan struct{}, 1)
 	dataDir := t.TempDir()
-	admin, banner := startServer(t, dataDir, func(o *serverOptions) {
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff,
-			grantHooks: grantHooks{bootstrapReload: 10 * time.Millisecond, onBootstrapReload: func(changed bool, err error) {
+	admin, banner := startServer(t, dataDir, func(o *Config) {
+		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff,
+			GrantHooks: GrantHooks{BootstrapReload: 10 * time.Millisecond, OnBootstrapReload: func(changed bool, err error) {
 				if changed && err == nil {
 					select {
 					case reloaded <- struct{}{}:
@@ -129,9 +129,9 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 }
 
 func TestMaxRenewalLifetimeFlag(t *testing.T) {
-	err := serverError(t, func() serverOptions {
+	err := serverError(t, func() Config {
 		o := baseServerOptions("example.org", t.TempDir())
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", tokenReview: tokenReviewOff, maxRenewalLifetime: -time.Hour}
+		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", TokenReview: TokenReviewOff, MaxRenewalLifetime: -time.Hour}
 		return o
 	}())
 	require.Error(t, err)
@@ -146,10 +146,10 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	k := kubetest.Shared(t)
 	ns := k.Namespace(t)
 	deleted := make(chan struct{}, 1)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.tokenReview = tokenReviewOn
-		o.grpc.kubeconfig = writeKubeconfig(t, k.Config.Host, k)
-		o.grpc.onServiceAccountDeleted = func(namespace, _ string) {
+	addr, rootCert, _ := grpcServer(t, func(o *Config) {
+		o.GRPC.TokenReview = TokenReviewOn
+		o.GRPC.Kubeconfig = writeKubeconfig(t, k.Config.Host, k)
+		o.GRPC.OnServiceAccountDeleted = func(namespace, _ string) {
 			if namespace == ns {
 				deleted <- struct{}{}
 			}
@@ -207,7 +207,7 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
 	cfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
-		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, GRPCServingPath))})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

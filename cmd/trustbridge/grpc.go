@@ -30,8 +30,8 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
-	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
 	"github.com/trustbridge/trustbridge/sds"
@@ -39,42 +39,42 @@ import (
 
 // Values of --ca-response-roots and --token-review.
 const (
-	rootsLocal  = "local"
-	rootsMerged = "merged"
+	RootsLocal  = "local"
+	RootsMerged = "merged"
 
 	tokenReviewAuto = "auto"
-	tokenReviewOn   = "on"
-	tokenReviewOff  = "off"
+	TokenReviewOn   = "on"
+	TokenReviewOff  = "off"
 )
 
 // grpcServingPath is the path of the certificate service's own SPIFFE ID,
 // spiffe://<trust-domain>/trustbridge/ca; `ca request` expects it.
-const grpcServingPath = "/trustbridge/ca"
+const GRPCServingPath = "/trustbridge/ca"
 
 // grpcOptions configure the certificate service. Zero values mean the
 // defaults, except listen: "" disables the service.
-type grpcOptions struct {
+type GRPCConfig struct {
 	// downstream: intermediates signed for downstream trustbridges
 	// (downstream.go).
-	downstream    downstreamOptions
-	listen        string
-	dnsNames      []string
-	responseRoots string // "" = local
+	Downstream    DownstreamConfig
+	Listen        string
+	DNSNames      []string
+	ResponseRoots string // "" = local
 	tokenAudience string // "" = the trust domain name
-	clusterID     string // "" = any ClusterID metadata accepted
+	ClusterID     string // "" = any ClusterID metadata accepted
 	// trustedNodeAccounts may impersonate the pods of their node.
-	trustedNodeAccounts []string
-	bootstrapFile       string
+	TrustedNodeAccounts []string
+	BootstrapFile       string
 	rateLimit           float64
 	queueSize           int    // 0 = certservice.DefaultQueueSize
-	kubeconfig          string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
-	tokenReview         string // "" = auto
+	Kubeconfig          string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
+	TokenReview         string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
 	// workloadDNSNameTemplate: "" = no DNS names (workload_dns.go).
-	workloadDNSNameTemplate string
+	WorkloadDNSNameTemplate string
 	// maxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
-	maxRenewalLifetime time.Duration
+	MaxRenewalLifetime time.Duration
 	// tokenLedger opens where single-use bootstrap tokens are recorded as
 	// consumed (the data directory, or a Secret with --storage kube); set
 	// by runServer, no flag (tokens.go).
@@ -83,44 +83,44 @@ type grpcOptions struct {
 	// receives (the trust policy); nil gives every caller everything.
 	access sds.AccessPolicy
 	// Test hooks, no flags (grants.go).
-	grantHooks
+	GrantHooks
 	// testJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
-	testJWT certservice.JWTSigner
+	TestJWT certservice.JWTSigner
 	// Bounds on unauthenticated work (authn_limits.go).
 	authnLimits
 	// OIDC and remote Kubernetes issuers (oidc_wiring.go).
-	oidc oidcOptions
+	OIDC OIDCConfig
 	// conns bound the listener's connections, and a connection without
 	// a successful call within firstCallTimeout (0: the default) is
 	// closed (conn_limits.go).
-	conns            connLimits
-	firstCallTimeout time.Duration
+	Conns            ConnLimits
+	FirstCallTimeout time.Duration
 }
 
-func addGRPCFlags(f *pflag.FlagSet, o *grpcOptions) {
-	f.StringVar(&o.listen, "grpc-listen", ":15012", `address of the certificate service (gRPC, Istio's IstioCertificateService, TLS) ("" disables it)`)
-	f.StringSliceVar(&o.dnsNames, "grpc-dns-names", nil, "DNS names the certificate service's serving certificate carries next to spiffe://<trust-domain>"+grpcServingPath+" (comma-separated), for clients that verify a host name, e.g. trustbridge.trustbridge-system.svc")
-	f.StringVar(&o.responseRoots, "ca-response-roots", rootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then those of every federated trust domain the trust policy lets the certificate's workload trust, as for SDS and WatchBundles, leaving out one it limits to some peers, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
+func addGRPCFlags(f *pflag.FlagSet, o *GRPCConfig) {
+	f.StringVar(&o.Listen, "grpc-listen", ":15012", `address of the certificate service (gRPC, Istio's IstioCertificateService, TLS) ("" disables it)`)
+	f.StringSliceVar(&o.DNSNames, "grpc-dns-names", nil, "DNS names the certificate service's serving certificate carries next to spiffe://<trust-domain>"+GRPCServingPath+" (comma-separated), for clients that verify a host name, e.g. trustbridge.trustbridge-system.svc")
+	f.StringVar(&o.ResponseRoots, "ca-response-roots", RootsLocal, "roots appended to issued chains: local (this trust domain's roots only), or merged (local roots first, then those of every federated trust domain the trust policy lets the certificate's workload trust, as for SDS and WatchBundles, leaving out one it limits to some peers, as one flat list: a client that cannot tell trust domains apart, such as an Istio sidecar, then trusts a peer's CA for this trust domain too; give federated trust per trust domain with SDS ALL or bundle.spiffe.json instead). trustbridge ca request and agent ignore these roots and fetch trust per trust domain")
 	f.StringVar(&o.tokenAudience, "token-audience", "", "audience Kubernetes service account tokens must carry (default the trust domain name)")
-	f.StringVar(&o.clusterID, "cluster-id", "", `name of the Kubernetes cluster whose API server reviews tokens here, as Istio's CLUSTER_ID (istiod's default is "Kubernetes"): a caller whose ClusterID metadata names another cluster is refused before any review, as istiod does; "" accepts any ClusterID and lets the review decide`)
-	f.StringVar(&o.bootstrapFile, "bootstrap-token-file", "", "file of bootstrap tokens for callers without Kubernetes or an SVID, one "+authn.TokenLineFormat+" per line, e.g. "+
+	f.StringVar(&o.ClusterID, "cluster-id", "", `name of the Kubernetes cluster whose API server reviews tokens here, as Istio's CLUSTER_ID (istiod's default is "Kubernetes"): a caller whose ClusterID metadata names another cluster is refused before any review, as istiod does; "" accepts any ClusterID and lets the review decide`)
+	f.StringVar(&o.BootstrapFile, "bootstrap-token-file", "", "file of bootstrap tokens for callers without Kubernetes or an SVID, one "+authn.TokenLineFormat+" per line, e.g. "+
 		"TOKEN,spiffe://example.org/vm/laptop,expires=2026-12-01T10:00:00Z; add lines with trustbridge token create. "+
 		"A token is single-use unless its line says reusable: it buys one certificate, which then renews itself, and is recorded as consumed "+
 		"(by a digest, never the token) in --data-dir, or with --storage kube in --bootstrap-token-secret; consumed and expired tokens are refused (Unauthenticated). "+
 		"Reloaded on change: replace it atomically, by writing a new file and renaming it over this one (token create does), since a reload that finds it truncated mid-write takes it as empty")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
-	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
-	f.StringVar(&o.tokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
+	f.StringVar(&o.TokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
 	addGrantFlags(f, o)
 	addImpersonationFlags(f, o)
 	addWorkloadDNSFlags(f, o)
 	addAuthnLimitFlags(f, &o.authnLimits)
-	addOIDCFlags(f, &o.oidc)
-	addDownstreamFlags(f, &o.downstream)
-	grpcLimits.addFlags(f, &o.conns, "certificate service",
+	addOIDCFlags(f, &o.OIDC)
+	addDownstreamFlags(f, &o.Downstream)
+	grpcLimits.AddFlags(f, &o.Conns, "certificate service",
 		"a Kubernetes node's pods behind one address (SNAT) or in one IPv6 /64 (a node's pod range): 250 pods, each with a sidecar and an agent connection", serverMemoryNote(grpcLimits))
-	f.DurationVar(&o.firstCallTimeout, "grpc-first-call-timeout", defaultFirstCallTimeout, "a connection to --grpc-listen on which no call has succeeded within this time of its accept is closed, whatever calls it made "+
+	f.DurationVar(&o.FirstCallTimeout, "grpc-first-call-timeout", defaultFirstCallTimeout, "a connection to --grpc-listen on which no call has succeeded within this time of its accept is closed, whatever calls it made "+
 		"(counted in trustbridge_listener_connections_unconfirmed_closed_total); one that has stays until idle for 15 min. Until then it may have 4 calls open "+
 		"and counts against a quarter of --grpc-max-conns and half of --grpc-max-conns-per-source. The default covers the 10 s "+
 		"TLS and HTTP/2 setup and a TokenReview; a client connects when it has a call to make, so a shorter one (e.g. 10s) refuses only the idle")
@@ -182,13 +182,13 @@ type grpcEndpoint struct {
 
 // setupGRPC builds the certificate service and opens its listener; nil
 // when --grpc-listen is "".
-func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadTTL time.Duration, authority *ca.Authority,
+func setupGRPC(o GRPCConfig, td spiffeid.TrustDomain, workloadTTL, maxWorkloadTTL time.Duration, authority *ca.Authority,
 	fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*grpcEndpoint, error) {
-	if o.listen == "" {
+	if o.Listen == "" {
 		return nil, checkGRPCOff(o)
 	}
 	logger = logger.With(logattr.Component, "ca-api")
-	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, grpcServingPath)}
+	g := &grpcEndpoint{id: spiffeid.RequireFromPath(td, GRPCServingPath)}
 	merged, err := g.responseRoots(o, td, logger)
 	if err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	// Istio agents reach the CA by host name and check it; workloads never
 	// get these names (workloadDNSNames reserves them), so only this
 	// certificate can match them.
-	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(nonEmpty(o.dnsNames)...))
+	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(nonEmpty(o.DNSNames)...))
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
 	}
@@ -218,13 +218,13 @@ func setupGRPC(o grpcOptions, td spiffeid.TrustDomain, workloadTTL, maxWorkloadT
 	if err != nil {
 		return nil, err
 	}
-	firstCall := o.firstCallTimeout
+	firstCall := o.FirstCallTimeout
 	if firstCall == 0 {
 		firstCall = defaultFirstCallTimeout
 	}
 	// gRPC sets its keepalive timeout as the TCP user timeout only on a
 	// *net.TCPConn, which the limits' wrapper hides from it.
-	ln, err := grpcLimits.listenWith(o.listen, o.conns,
+	ln, err := grpcLimits.listenWith(o.Listen, o.Conns,
 		connlimit.Config{ConfirmWithin: firstCall, PendingStreams: pendingStreams, TCPUserTimeout: certservice.KeepaliveTimeout}, reg, logger)
 	if err != nil {
 		return nil, err
@@ -346,9 +346,9 @@ func (g *grpcEndpoint) confirming(auth authn.Authenticator) authn.Authenticator 
 
 // certService is Istio's certificate service and trustbridge's identity
 // service, with the authentication, grants and trust they share.
-func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority, fed *federationSetup,
+func (g *grpcEndpoint) certService(o GRPCConfig, td spiffeid.TrustDomain, authority *ca.Authority, fed *federationSetup,
 	auth authn.Authenticator, merged bool, reg prometheus.Registerer, logger *slog.Logger) (*certservice.Service, error) {
-	allow, err := o.downstream.parse(td)
+	allow, err := o.Downstream.parse(td)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +365,7 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 
 		// Renewal chains end with their grant (grants.go).
 		Grants:             g.grants,
-		MaxRenewalLifetime: o.maxRenewalLifetime,
+		MaxRenewalLifetime: o.MaxRenewalLifetime,
 		// Issuer grants bound their certificates' lives (boundTTL).
 		DefaultTTL: authority.DefaultWorkloadTTL(),
 		// Node proxies may impersonate the pods of their node.
@@ -375,14 +375,14 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
 		// JWT-SVIDs, and bundle streams filtered by the trust policy
 		// that filters SDS.
-		JWT:     jwtSigner(authority, o.testJWT),
+		JWT:     jwtSigner(authority, o.TestJWT),
 		Bundles: &storeBundles{store: fed.store},
 		Policy:  o.access,
 		// Intermediates of downstream trustbridges (downstream.go).
 		Intermediates:    authority,
 		DownstreamAllow:  allow,
 		TrustDomain:      td,
-		MaxDownstreamTTL: o.downstream.maxTTL,
+		MaxDownstreamTTL: o.Downstream.maxTTL,
 	})
 }
 
@@ -390,32 +390,32 @@ func (g *grpcEndpoint) certService(o grpcOptions, td spiffeid.TrustDomain, autho
 // roots the trust policy allows after issued chains as one flat list (with
 // a warning), or only the local roots (the signing roots, which the
 // service always sends).
-func (g *grpcEndpoint) responseRoots(o grpcOptions, td spiffeid.TrustDomain, logger *slog.Logger) (bool, error) {
-	switch o.responseRoots {
-	case rootsMerged:
-		g.roots = rootsMerged
+func (g *grpcEndpoint) responseRoots(o GRPCConfig, td spiffeid.TrustDomain, logger *slog.Logger) (bool, error) {
+	switch o.ResponseRoots {
+	case RootsMerged:
+		g.roots = RootsMerged
 		logger.Warn("--ca-response-roots merged: every federated trust domain's roots the trust policy lets a workload trust are appended to its issued chains as one flat list; "+
 			"a client that cannot tell trust domains apart (an Istio sidecar, a tool reading one PEM file) trusts a peer's CA for "+
 			"this trust domain too, so a peer can impersonate local workloads to it. Use local unless every caller checks trust "+
 			"domains itself; trustbridge ca request and agent get federated trust per trust domain either way", "trust_domain", td.Name())
 		return true, nil
-	case "", rootsLocal:
-		g.roots = rootsLocal
+	case "", RootsLocal:
+		g.roots = RootsLocal
 		return false, nil
 	default:
-		return false, fmt.Errorf("--ca-response-roots %q: want local or merged", o.responseRoots)
+		return false, fmt.Errorf("--ca-response-roots %q: want local or merged", o.ResponseRoots)
 	}
 }
 
 // checkGRPCOff refuses flags that only the certificate service uses when
 // it is off (--grpc-listen ""): silently ignoring an issuer list or a DNS
 // name template would hide a configuration that never takes effect.
-func checkGRPCOff(o grpcOptions) error {
+func checkGRPCOff(o GRPCConfig) error {
 	var errs []error
-	if o.oidc.file != "" || o.oidc.inline != nil {
-		errs = append(errs, fmt.Errorf("%s: OIDC issuers authenticate callers of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove them", o.oidc.source()))
+	if o.OIDC.File != "" || o.OIDC.inline != nil {
+		errs = append(errs, fmt.Errorf("%s: OIDC issuers authenticate callers of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove them", o.OIDC.source()))
 	}
-	if o.workloadDNSNameTemplate != "" {
+	if o.WorkloadDNSNameTemplate != "" {
 		errs = append(errs, errors.New("--workload-dns-name-template names certificates of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove it"))
 	}
 	return errors.Join(errs...)
@@ -423,12 +423,12 @@ func checkGRPCOff(o grpcOptions) error {
 
 // checkGRPCFlags checks the signing limits, the node proxies' accounts
 // and the grant flags.
-func checkGRPCFlags(o grpcOptions) error {
+func checkGRPCFlags(o GRPCConfig) error {
 	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
 	if !(o.rateLimit >= 0) || o.queueSize < 0 {
 		return fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
 	}
-	for _, acct := range nonEmpty(o.trustedNodeAccounts) {
+	for _, acct := range nonEmpty(o.TrustedNodeAccounts) {
 		if err := nodeauth.CheckAccount(acct); err != nil {
 			return fmt.Errorf("--ca-trusted-node-accounts %q: %w", acct, err)
 		}
@@ -440,7 +440,7 @@ func checkGRPCFlags(o grpcOptions) error {
 // listener and authenticators: validation contexts from the trust store,
 // pushed on every change, and, unless --sds-workload-certs=false, the
 // caller's own certificate minted by the CA for the identity it proved.
-func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Duration, authority *ca.Authority,
+func (g *grpcEndpoint) sds(o GRPCConfig, td spiffeid.TrustDomain, ttl time.Duration, authority *ca.Authority,
 	fed *federationSetup, auth authn.Authenticator, reg prometheus.Registerer, logger *slog.Logger) (*sds.Server, error) {
 	cfg := sds.Config{
 		TrustDomain:   td,
@@ -467,7 +467,7 @@ func (g *grpcEndpoint) sds(o grpcOptions, td spiffeid.TrustDomain, ttl time.Dura
 // cluster, by TokenReview), then a token of a configured OIDC or remote
 // Kubernetes issuer, then a bootstrap token. The first that succeeds
 // decides; TokenReview leaves the configured issuers' tokens alone.
-func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, authority *ca.Authority,
+func (g *grpcEndpoint) authenticators(o GRPCConfig, td spiffeid.TrustDomain, authority *ca.Authority,
 	reg prometheus.Registerer, logger *slog.Logger) (authn.Chain, error) {
 	lim := o.authnLimits.withDefaults()
 	if err := lim.check(); err != nil {
@@ -505,7 +505,7 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 		chain = append(chain, oa)
 		g.methods = append(g.methods, "oidc ("+strconv.Itoa(len(oa.Issuers()))+" issuers)")
 	}
-	if o.bootstrapFile != "" {
+	if o.BootstrapFile != "" {
 		boot, err := bootstrapTokens(o, td, reg, logger)
 		if err != nil {
 			return nil, err
@@ -522,25 +522,25 @@ func (g *grpcEndpoint) authenticators(o grpcOptions, td spiffeid.TrustDomain, au
 // tokenReview is the service account token authenticator as --token-review
 // says (auto: when a Kubernetes config is found), with the grants and
 // impersonation that need the same client; nil when tokens are off.
-func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.TrustDomain, otherIssuers []string,
+func (g *grpcEndpoint) tokenReview(o GRPCConfig, lim authnLimits, td spiffeid.TrustDomain, otherIssuers []string,
 	reg prometheus.Registerer, logger *slog.Logger) (*authn.TokenReview, error) {
-	mode := o.tokenReview
+	mode := o.TokenReview
 	if mode == "" {
 		mode = tokenReviewAuto
 	}
 	switch mode {
-	case tokenReviewOff:
+	case TokenReviewOff:
 		return nil, nil
-	case tokenReviewAuto, tokenReviewOn:
+	case tokenReviewAuto, TokenReviewOn:
 	default:
-		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.tokenReview)
+		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.TokenReview)
 	}
-	cfg, ok, err := loadKubeConfig(o.kubeconfig)
+	cfg, ok, err := loadKubeConfig(o.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		if mode == tokenReviewOn {
+		if mode == TokenReviewOn {
 			return nil, errors.New("--token-review on needs --kubeconfig or an in-cluster config (KUBERNETES_SERVICE_HOST)")
 		}
 		logger.Info("no Kubernetes config; service account tokens are not accepted (--token-review auto)")
@@ -559,7 +559,7 @@ func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.T
 		issuerKeys = authn.RESTFetch(client.Discovery().RESTClient())
 	}
 	tr, err := authn.NewTokenReview(authn.TokenReviewConfig{
-		Client: client, TrustDomain: td, Audience: o.tokenAudience, ClusterID: o.clusterID,
+		Client: client, TrustDomain: td, Audience: o.tokenAudience, ClusterID: o.ClusterID,
 		MaxReviewsPerPeer: lim.reviewPerPeer, PeerReviewRate: lim.peerRate(), PeerReviewBurst: lim.reviewPeerBurst,
 		IssuerKeys: issuerKeys, OtherIssuers: otherIssuers,
 		Logger: logger.With(logattr.Component, "token-review"), Registerer: reg,
@@ -568,7 +568,7 @@ func (g *grpcEndpoint) tokenReview(o grpcOptions, lim authnLimits, td spiffeid.T
 		return nil, err
 	}
 	g.runners = append(g.runners, tr.Run)
-	if err := g.addServiceAccountGrants(client, o.onServiceAccountDeleted, logger); err != nil {
+	if err := g.addServiceAccountGrants(client, o.OnServiceAccountDeleted, logger); err != nil {
 		return nil, err
 	}
 	if err := g.addImpersonation(client, o, td, logger); err != nil {

@@ -62,13 +62,13 @@ func TestGRPCFlagDefaults(t *testing.T) {
 
 // serverError runs the server with o and returns its error; a server that
 // starts after all is stopped and yields nil.
-func serverError(t *testing.T, o serverOptions) error {
+func serverError(t *testing.T, o Config) error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	e, _, _ := testEnv(t, o.logFormat)
+	e, _, _ := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runServer(ctx, e, o, ready)
 	}()
@@ -87,31 +87,31 @@ func TestGRPCFlagErrors(t *testing.T) {
 	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
 	tests := []struct {
 		name string
-		o    grpcOptions
+		o    GRPCConfig
 		want string
 	}{
-		{"wildcard dns name", grpcOptions{tokenReview: tokenReviewOff, dnsNames: []string{"*.example"}}, "--grpc-dns-names"},
-		{"ip as dns name", grpcOptions{tokenReview: tokenReviewOff, dnsNames: []string{"10.0.0.1"}}, "--grpc-dns-names"},
-		{"response roots", grpcOptions{responseRoots: "all"}, "--ca-response-roots"},
-		{"token review mode", grpcOptions{tokenReview: "yes"}, "--token-review"},
-		{"token review on without Kubernetes", grpcOptions{tokenReview: tokenReviewOn}, "--token-review on needs"},
-		{"missing kubeconfig", grpcOptions{kubeconfig: filepath.Join(t.TempDir(), "none")}, "--kubeconfig"},
-		{"missing bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: filepath.Join(t.TempDir(), "none")}, "--bootstrap-token-file"},
-		{"bad bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
-		{"bootstrap file of another trust domain", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, laptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
-		{"negative rate", grpcOptions{rateLimit: -1}, "--sign-rate-limit"},
-		{"NaN rate", grpcOptions{rateLimit: math.NaN()}, "--sign-rate-limit"},
-		{"negative queue", grpcOptions{queueSize: -1}, "--sign-queue-size"},
-		{"port taken", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: tokens}, "--grpc-listen"},
+		{"wildcard dns name", GRPCConfig{TokenReview: TokenReviewOff, DNSNames: []string{"*.example"}}, "--grpc-dns-names"},
+		{"ip as dns name", GRPCConfig{TokenReview: TokenReviewOff, DNSNames: []string{"10.0.0.1"}}, "--grpc-dns-names"},
+		{"response roots", GRPCConfig{ResponseRoots: "all"}, "--ca-response-roots"},
+		{"token review mode", GRPCConfig{TokenReview: "yes"}, "--token-review"},
+		{"token review on without Kubernetes", GRPCConfig{TokenReview: TokenReviewOn}, "--token-review on needs"},
+		{"missing kubeconfig", GRPCConfig{Kubeconfig: filepath.Join(t.TempDir(), "none")}, "--kubeconfig"},
+		{"missing bootstrap file", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: filepath.Join(t.TempDir(), "none")}, "--bootstrap-token-file"},
+		{"bad bootstrap file", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: writeFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
+		{"bootstrap file of another trust domain", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: writeFile(t, laptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
+		{"negative rate", GRPCConfig{rateLimit: -1}, "--sign-rate-limit"},
+		{"NaN rate", GRPCConfig{rateLimit: math.NaN()}, "--sign-rate-limit"},
+		{"negative queue", GRPCConfig{queueSize: -1}, "--sign-queue-size"},
+		{"port taken", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: tokens}, "--grpc-listen"},
 	}
 	taken := reservePortHeld(t)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := baseServerOptions("example.org", t.TempDir())
-			o.grpc = tt.o
-			o.grpc.listen = "127.0.0.1:0"
+			o.GRPC = tt.o
+			o.GRPC.Listen = "127.0.0.1:0"
 			if tt.name == "port taken" {
-				o.grpc.listen = taken
+				o.GRPC.Listen = taken
 			}
 			err := serverError(t, o)
 			require.Error(t, err)
@@ -192,10 +192,10 @@ func writeKubeconfig(t *testing.T, host string, from *kubetest.Env) string {
 func TestCARequestWithServiceAccountToken(t *testing.T) {
 	k := kubetest.Shared(t)
 	kubeconfig := writeKubeconfig(t, k.Config.Host, k)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.tokenReview = tokenReviewOn
-		o.grpc.kubeconfig = kubeconfig
-		o.grpc.clusterID = "east"
+	addr, rootCert, _ := grpcServer(t, func(o *Config) {
+		o.GRPC.TokenReview = TokenReviewOn
+		o.GRPC.Kubeconfig = kubeconfig
+		o.GRPC.ClusterID = "east"
 	})
 	ns := k.Namespace(t)
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
@@ -214,7 +214,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	require.NoError(t, err)
 	token, err := caclient.ReadToken(good)
 	require.NoError(t, err)
-	serverTLS := caclient.ServerTLS(roots, spiffeid.RequireFromPath(want.TrustDomain(), grpcServingPath), nil)
+	serverTLS := caclient.ServerTLS(roots, spiffeid.RequireFromPath(want.TrustDomain(), GRPCServingPath), nil)
 	for cluster, wantCode := range map[string]codes.Code{"east": codes.OK, "west": codes.Unauthenticated} {
 		ctx := metadata.AppendToOutgoingContext(t.Context(), "ClusterID", cluster)
 		_, err := caclient.CreateCertificate(ctx, addr, serverTLS, caclient.Request{Key: testca.NewKey(t, testca.ECP256), Token: token})
@@ -232,8 +232,8 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 // dialing the CA by Service name) verifies the serving certificate with
 // --grpc-dns-names, and only for those names.
 func TestGRPCDNSNames(t *testing.T) {
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.dnsNames = []string{"trustbridge.trustbridge-system.svc", " Trustbridge.Example "}
+	addr, rootCert, _ := grpcServer(t, func(o *Config) {
+		o.GRPC.DNSNames = []string{"trustbridge.trustbridge-system.svc", " Trustbridge.Example "}
 	})
 	roots, err := readPEMCerts(rootCert)
 	require.NoError(t, err)

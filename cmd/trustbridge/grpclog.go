@@ -23,6 +23,6 @@ func init() { grpclog.SetLoggerV2(grpcLog) }
 // routeGRPCLog sends grpc's records through logger, in our format (JSON
 // logs had grpc's plain text in them). Like klog, process-wide: the
 // first server's or agent's logger takes it.
-func routeGRPCLog(logger *slog.Logger) {
+func RouteGRPCLog(logger *slog.Logger) {
 	grpcLogOnce.Do(func() { grpcLog.Set(logger.With(logattr.Component, "grpc")) })
 }

@@ -15,8 +15,8 @@ import (
 
 // addImpersonationFlags adds the flag naming the node proxies allowed to
 // ask for the certificates of the pods on their node.
-func addImpersonationFlags(f *pflag.FlagSet, o *grpcOptions) {
-	f.StringSliceVar(&o.trustedNodeAccounts, "ca-trusted-node-accounts", []string{nodeauth.DefaultTrustedNodeAccount},
+func addImpersonationFlags(f *pflag.FlagSet, o *GRPCConfig) {
+	f.StringSliceVar(&o.TrustedNodeAccounts, "ca-trusted-node-accounts", []string{nodeauth.DefaultTrustedNodeAccount},
 		"service accounts (namespace/name, comma-separated) of node proxies, Istio's ztunnel by default, that may ask for the "+
 			"certificate of a pod on their own node with Istio's ImpersonatedIdentity, as istiod's CA_TRUSTED_NODE_ACCOUNTS: the caller "+
 			"must authenticate with a token bound to its pod, and a pod of the impersonated service account must run on that pod's "+
@@ -27,8 +27,8 @@ func addImpersonationFlags(f *pflag.FlagSet, o *grpcOptions) {
 // addImpersonation builds the node authorizer for the certificate service
 // when node accounts are configured, and runs its pod informer with the
 // server.
-func (g *grpcEndpoint) addImpersonation(client kubernetes.Interface, o grpcOptions, td spiffeid.TrustDomain, logger *slog.Logger) error {
-	accounts := nonEmpty(o.trustedNodeAccounts)
+func (g *grpcEndpoint) addImpersonation(client kubernetes.Interface, o GRPCConfig, td spiffeid.TrustDomain, logger *slog.Logger) error {
+	accounts := nonEmpty(o.TrustedNodeAccounts)
 	if len(accounts) == 0 {
 		return nil
 	}

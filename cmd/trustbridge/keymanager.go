@@ -16,7 +16,7 @@ const pinEnv = "TRUSTBRIDGE_PKCS11_PIN"
 
 // keyManagerOptions are the flags that put the CA's keys in a key manager
 // (an HSM through PKCS#11) instead of the state.
-type keyManagerOptions struct {
+type KeyManagerConfig struct {
 	kind       string // "" or "pkcs11"
 	module     string
 	tokenLabel string
@@ -30,9 +30,9 @@ type keyManagerOptions struct {
 
 // openPKCS11 opens a PKCS#11 token from the flags; nil in a build without
 // the PKCS#11 key manager.
-var openPKCS11 func(o keyManagerOptions, getenv func(string) string, logger *slog.Logger) (ca.KeyManager, func(), error)
+var openPKCS11 func(o KeyManagerConfig, getenv func(string) string, logger *slog.Logger) (ca.KeyManager, func(), error)
 
-func addKeyManagerFlags(f *pflag.FlagSet, o *keyManagerOptions) {
+func addKeyManagerFlags(f *pflag.FlagSet, o *KeyManagerConfig) {
 	f.StringVar(&o.kind, "key-manager", "", `where new root and JWT-SVID keys are made and kept: "" (in the CA state: --data-dir files 0600, or the state Secret) or pkcs11 (an HSM; the state then records only a reference to each key)`)
 	f.StringVar(&o.module, "pkcs11-module", "", "with --key-manager pkcs11: path of the PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
 	f.StringVar(&o.tokenLabel, "pkcs11-token-label", "", "with --key-manager pkcs11: label of the token that holds the CA's keys")
@@ -43,7 +43,7 @@ func addKeyManagerFlags(f *pflag.FlagSet, o *keyManagerOptions) {
 
 // check finds what open would refuse, named by flag, without opening
 // anything.
-func (o keyManagerOptions) check(getenv func(string) string, caDir string) error {
+func (o KeyManagerConfig) check(getenv func(string) string, caDir string) error {
 	switch o.kind {
 	case "":
 		return o.checkUnused()
@@ -75,7 +75,7 @@ func (o keyManagerOptions) check(getenv func(string) string, caDir string) error
 // checkUnused refuses PKCS#11 flags without --key-manager, and
 // --require-hsm without a key manager. (--pkcs11-slot is not among them:
 // options built without flags hold slot 0.)
-func (o keyManagerOptions) checkUnused() error {
+func (o KeyManagerConfig) checkUnused() error {
 	if o.requireHSM {
 		return errors.New("--require-hsm: keys must live in a key manager; add --key-manager pkcs11 --pkcs11-module LIB --pkcs11-token-label LABEL --pkcs11-pin-file FILE")
 	}
@@ -92,7 +92,7 @@ func (o keyManagerOptions) checkUnused() error {
 
 // open opens the key manager the flags name; nil (and a no-op close)
 // without one.
-func (o keyManagerOptions) open(getenv func(string) string, caDir string, logger *slog.Logger) (ca.KeyManager, func(), error) {
+func (o KeyManagerConfig) open(getenv func(string) string, caDir string, logger *slog.Logger) (ca.KeyManager, func(), error) {
 	if err := o.check(getenv, caDir); err != nil {
 		return nil, nil, err
 	}

@@ -11,7 +11,7 @@ import (
 func init() { openPKCS11 = openPKCS11Token }
 
 // openPKCS11Token logs in to the token the flags name.
-func openPKCS11Token(o keyManagerOptions, getenv func(string) string, logger *slog.Logger) (ca.KeyManager, func(), error) {
+func openPKCS11Token(o KeyManagerConfig, getenv func(string) string, logger *slog.Logger) (ca.KeyManager, func(), error) {
 	pin, err := pkcs11.ReadPIN(o.pinFile, getenv)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--key-manager pkcs11: %w", err)

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
 )
 
 // TestServerKeysInSoftHSM runs the server with its keys in a SoftHSM2
@@ -26,8 +26,8 @@ func TestServerKeysInSoftHSM(t *testing.T) {
 	module, label, pin := hsmtest.Token(t)
 	pinFile := filepath.Join(t.TempDir(), "pin")
 	require.NoError(t, os.WriteFile(pinFile, []byte(pin+"\n"), 0o600))
-	withHSM := func(o *serverOptions) {
-		o.keys = keyManagerOptions{kind: "pkcs11", module: module, tokenLabel: label, slot: -1, pinFile: pinFile, requireHSM: true}
+	withHSM := func(o *Config) {
+		o.Keys = KeyManagerConfig{kind: "pkcs11", module: module, tokenLabel: label, slot: -1, pinFile: pinFile, requireHSM: true}
 	}
 	dataDir := t.TempDir()
 	addr, _ := startServer(t, dataDir, withHSM)

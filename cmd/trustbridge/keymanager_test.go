@@ -17,9 +17,9 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 )
 
-func parseKeyManagerFlags(t *testing.T, args ...string) keyManagerOptions {
+func parseKeyManagerFlags(t *testing.T, args ...string) KeyManagerConfig {
 	t.Helper()
-	var o keyManagerOptions
+	var o KeyManagerConfig
 	f := pflag.NewFlagSet("t", pflag.ContinueOnError)
 	addKeyManagerFlags(f, &o)
 	require.NoError(t, f.Parse(args))

@@ -25,15 +25,15 @@ import (
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/server/ha"
 	"github.com/trustbridge/trustbridge/internal/leader"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/ha"
 )
 
 // Storage backends for --storage.
 const (
-	storageFile = "file"
-	storageKube = "kube"
+	StorageFile = "file"
+	StorageKube = "kube"
 )
 
 // klogOnce: klog is process-wide; the first server's logger takes it.
@@ -48,36 +48,36 @@ func routeKlog(logger *slog.Logger) {
 // serviceAccountNamespaceFile is where a pod finds its own namespace.
 const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-type kubeOptions struct {
-	storage           string
-	namespace         string
-	caSecret          string
-	leaderLease       string
-	leaseDuration     time.Duration
-	renewDeadline     time.Duration
-	retryPeriod       time.Duration
-	rootConfigMap     string
-	namespaceSelector string
-	federationCRD     bool
-	federationClass   string
-	trustPolicyCRD    bool
+type KubeConfig struct {
+	Storage           string
+	Namespace         string
+	CASecret          string
+	LeaderLease       string
+	LeaseDuration     time.Duration
+	RenewDeadline     time.Duration
+	RetryPeriod       time.Duration
+	RootConfigMap     string
+	NamespaceSelector string
+	FederationCRD     bool
+	FederationClass   string
+	TrustPolicyCRD    bool
 	tokenSecret       string
 }
 
-func addKubeFlags(f *pflag.FlagSet, o *kubeOptions) {
-	f.StringVar(&o.storage, "storage", storageFile, "where CA state and last-known-good federated bundles live: file (--data-dir) or kube (a Secret and ConfigMaps in --namespace; several replicas elect a leader; not with --ca-dir; ca issue and ca rotate read only file storage, use ca request)")
-	f.StringVar(&o.namespace, "namespace", "", "namespace of the CA Secret, the leader Lease and the federated bundles with --storage kube (default: env POD_NAMESPACE, else the pod's own namespace)")
-	f.StringVar(&o.caSecret, "ca-secret", kubestore.DefaultName, "name of the Secret holding the CA state with --storage kube")
+func addKubeFlags(f *pflag.FlagSet, o *KubeConfig) {
+	f.StringVar(&o.Storage, "storage", StorageFile, "where CA state and last-known-good federated bundles live: file (--data-dir) or kube (a Secret and ConfigMaps in --namespace; several replicas elect a leader; not with --ca-dir; ca issue and ca rotate read only file storage, use ca request)")
+	f.StringVar(&o.Namespace, "namespace", "", "namespace of the CA Secret, the leader Lease and the federated bundles with --storage kube (default: env POD_NAMESPACE, else the pod's own namespace)")
+	f.StringVar(&o.CASecret, "ca-secret", kubestore.DefaultName, "name of the Secret holding the CA state with --storage kube")
 	f.StringVar(&o.tokenSecret, "bootstrap-token-secret", authn.DefaultLedgerSecret, "name of the Secret in --namespace where replicas record the single-use bootstrap tokens (--bootstrap-token-file) consumed, by reference, never the token, with --storage kube")
-	f.StringVar(&o.leaderLease, "leader-lease", leader.DefaultName, "name of the coordination.k8s.io Lease replicas elect a leader with")
-	f.DurationVar(&o.leaseDuration, "leader-lease-duration", leader.DefaultLeaseDuration, "how long a dead leader's Lease blocks a successor: followers take over within this")
-	f.DurationVar(&o.renewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "a leader that could not renew for this long stops writing and steps down")
-	f.DurationVar(&o.retryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "how often the Lease is renewed or tried")
-	f.StringVar(&o.rootConfigMap, "root-configmap", distribution.DefaultName, `with --storage kube, the ConfigMap kept in every namespace matching --namespace-selector: root-cert.pem (local roots), bundle.spiffe.json (SPIFFE bundle map of every trust domain) and <trust-domain>.pem per federated trust domain; "" disables it`)
-	f.StringVar(&o.namespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
-	f.BoolVar(&o.federationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
-	f.BoolVar(&o.trustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
-	f.StringVar(&o.federationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
+	f.StringVar(&o.LeaderLease, "leader-lease", leader.DefaultName, "name of the coordination.k8s.io Lease replicas elect a leader with")
+	f.DurationVar(&o.LeaseDuration, "leader-lease-duration", leader.DefaultLeaseDuration, "how long a dead leader's Lease blocks a successor: followers take over within this")
+	f.DurationVar(&o.RenewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "a leader that could not renew for this long stops writing and steps down")
+	f.DurationVar(&o.RetryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "how often the Lease is renewed or tried")
+	f.StringVar(&o.RootConfigMap, "root-configmap", distribution.DefaultName, `with --storage kube, the ConfigMap kept in every namespace matching --namespace-selector: root-cert.pem (local roots), bundle.spiffe.json (SPIFFE bundle map of every trust domain) and <trust-domain>.pem per federated trust domain; "" disables it`)
+	f.StringVar(&o.NamespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
+	f.BoolVar(&o.FederationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
+	f.BoolVar(&o.TrustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
+	f.StringVar(&o.FederationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
 }
 
 // kubeSetup is trustbridge on Kubernetes: shared state and one leader.
@@ -89,7 +89,7 @@ type kubeSetup struct {
 	client    kubernetes.Interface
 	dynamic   dynamic.Interface
 	selector  labels.Selector
-	o         kubeOptions
+	o         KubeConfig
 
 	replica *ha.Replica // set by start
 	nudgeCA func()      // set by start: wakes the CA's subscribers
@@ -97,14 +97,14 @@ type kubeSetup struct {
 
 // checkStorageFlags refuses flag combinations --storage cannot honour,
 // before anything connects or loads.
-func checkStorageFlags(o serverOptions) error {
-	if o.kube.trustPolicyCRD && o.kube.storage != storageKube {
+func checkStorageFlags(o Config) error {
+	if o.Kube.TrustPolicyCRD && o.Kube.Storage != StorageKube {
 		return errPolicyCRDStorage
 	}
-	if o.kube.federationCRD && o.kube.storage != storageKube {
+	if o.Kube.FederationCRD && o.Kube.Storage != StorageKube {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
 	}
-	if o.kube.storage == storageKube && o.caDir != "" {
+	if o.Kube.Storage == StorageKube && o.CADir != "" {
 		return errors.New("--ca-dir and --storage kube do not combine: a plug-in CA is each replica's own directory, with no shared state and no leader; run --ca-dir with --storage file (the default)")
 	}
 	return nil
@@ -112,19 +112,19 @@ func checkStorageFlags(o serverOptions) error {
 
 // setupKube connects to the API server for --storage kube; it returns nil
 // for file storage.
-func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logger *slog.Logger) (*kubeSetup, error) {
-	switch o.storage {
-	case "", storageFile:
+func setupKube(o KubeConfig, kubeconfig string, reg prometheus.Registerer, logger *slog.Logger) (*kubeSetup, error) {
+	switch o.Storage {
+	case "", StorageFile:
 		return nil, nil
-	case storageKube:
+	case StorageKube:
 	default:
-		return nil, fmt.Errorf("--storage %q: want file or kube", o.storage)
+		return nil, fmt.Errorf("--storage %q: want file or kube", o.Storage)
 	}
 	sel := labels.Everything()
-	if o.namespaceSelector != "" {
+	if o.NamespaceSelector != "" {
 		var err error
-		if sel, err = labels.Parse(o.namespaceSelector); err != nil {
-			return nil, fmt.Errorf("--namespace-selector %q: %w", o.namespaceSelector, err)
+		if sel, err = labels.Parse(o.NamespaceSelector); err != nil {
+			return nil, fmt.Errorf("--namespace-selector %q: %w", o.NamespaceSelector, err)
 		}
 	}
 	cfg, ok, err := loadKubeConfig(kubeconfig)
@@ -134,7 +134,7 @@ func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logg
 	if !ok {
 		return nil, errors.New("--storage kube needs --kubeconfig or an in-cluster config (KUBERNETES_SERVICE_HOST)")
 	}
-	ns, err := kubeNamespace(o.namespace)
+	ns, err := kubeNamespace(o.Namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -148,14 +148,14 @@ func setupKube(o kubeOptions, kubeconfig string, reg prometheus.Registerer, logg
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	el, err := leader.New(leader.Config{
-		Client: client, Namespace: ns, Name: o.leaderLease,
-		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
+		Client: client, Namespace: ns, Name: o.LeaderLease,
+		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod,
 		Logger: logger.With(logattr.Component, "leader"), Registerer: reg,
 	})
 	if err != nil {
 		return nil, err
 	}
-	st, err := kubestore.New(kubestore.Config{Client: client, Namespace: ns, Name: o.caSecret, Leader: el, Logger: logger.With(logattr.Component, "ca-store")})
+	st, err := kubestore.New(kubestore.Config{Client: client, Namespace: ns, Name: o.CASecret, Leader: el, Logger: logger.With(logattr.Component, "ca-store")})
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +203,7 @@ func (k *kubeSetup) lastKnownGood(dataDir string) federation.LastKnownGood {
 // describe names where CA state lives, for the banner.
 func (k *kubeSetup) describe() string {
 	return fmt.Sprintf("self-signed, state in Secret %s/%s, leader elected with Lease %s/%s (this replica: %s)",
-		k.namespace, k.o.caSecret, k.namespace, k.o.leaderLease, k.elector.Identity())
+		k.namespace, k.o.CASecret, k.namespace, k.o.LeaderLease, k.elector.Identity())
 }
 
 // start runs, in the background, what every replica needs before it can
@@ -215,7 +215,7 @@ func (k *kubeSetup) describe() string {
 func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Logger) (*ha.Replica, error) {
 	r, err := ha.Start(ctx, ha.Config{
 		CA: a, WatchCA: k.caStore.Watch, Elector: k.elector,
-		State: k.namespace + "/" + k.o.caSecret, Logger: logger,
+		State: k.namespace + "/" + k.o.CASecret, Logger: logger,
 	})
 	k.replica, k.nudgeCA = r, a.Nudge
 	return r, err
@@ -226,7 +226,7 @@ func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Log
 // domains the flags or files configure are reserved: a resource for one is
 // refused as a conflict.
 func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (*crd.Controller, error) {
-	if k == nil || !k.o.federationCRD || fed.poller == nil {
+	if k == nil || !k.o.FederationCRD || fed.poller == nil {
 		return nil, nil
 	}
 	static, origins := fed.staticSet()
@@ -235,7 +235,7 @@ func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup,
 		reserved[td] = map[string]string{"flag": "--federate (or SPIFFE_BUNDLE_ENDPOINTS)", "file": "--federation-config"}[origin]
 	}
 	return crd.New(crd.Config{
-		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, Static: static, Held: fed.holds, ClassName: k.o.federationClass,
+		Dynamic: k.dynamic, Events: k.client, LocalTrustDomain: td, Reserved: reserved, Static: static, Held: fed.holds, ClassName: k.o.FederationClass,
 		Apply: fed.applyCRD, Status: fed.poller.Status, IsLeader: k.elector.IsLeader,
 		Logger: logger.With(logattr.Component, "federation-crd"), Registerer: reg,
 	})
@@ -246,10 +246,10 @@ func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup,
 // federated bundles the leader saves.
 func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd.Controller, reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
 	var dist *distribution.Controller
-	if k.o.rootConfigMap != "" {
+	if k.o.RootConfigMap != "" {
 		var err error
 		dist, err = distribution.New(distribution.Config{
-			Client: k.client, Store: fed.store, TrustDomain: td, Name: k.o.rootConfigMap,
+			Client: k.client, Store: fed.store, TrustDomain: td, Name: k.o.RootConfigMap,
 			NamespaceSelector: k.selector, Logger: logger.With(logattr.Component, "distribution"), Registerer: reg,
 		})
 		if err != nil {

@@ -45,9 +45,9 @@ func TestKubeEarlyReturnStopsBackground(t *testing.T) {
 	defer busy.Close()
 
 	o := baseServerOptions("example.org", t.TempDir())
-	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
-	o.bundle = bundleOptions{listen: busy.Addr().String(), path: "/", profile: profileSPIFFE}
-	o.kube = fastKubeStorage(ns)
+	o.GRPC = GRPCConfig{Kubeconfig: kubeconfig, TokenReview: TokenReviewOff}
+	o.Bundle = BundleConfig{Listen: busy.Addr().String(), Path: "/", Profile: ProfileSPIFFE}
+	o.Kube = fastKubeStorage(ns)
 
 	leaks := goleak.IgnoreCurrent()
 	var out, logs testlog.Buffer
@@ -91,8 +91,8 @@ func TestKubeStopWhileWaitingForALeader(t *testing.T) {
 	require.NoError(t, err)
 
 	o := baseServerOptions("example.org", t.TempDir())
-	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
-	o.kube = fastKubeStorage(ns)
+	o.GRPC = GRPCConfig{Kubeconfig: kubeconfig, TokenReview: TokenReviewOff}
+	o.Kube = fastKubeStorage(ns)
 	leaks := goleak.IgnoreCurrent()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -144,8 +144,8 @@ func TestKubeStorageCreatesItsDataDirWithoutInit(t *testing.T) {
 	kubeconfig := writeKubeconfig(t, kenv.Config.Host, kenv)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	o := baseServerOptions("example.org", dataDir)
-	o.grpc = grpcOptions{kubeconfig: kubeconfig, tokenReview: tokenReviewOff}
-	o.kube = fastKubeStorage(ns)
+	o.GRPC = GRPCConfig{Kubeconfig: kubeconfig, TokenReview: TokenReviewOff}
+	o.Kube = fastKubeStorage(ns)
 	admin, banner, _ := launchServer(t, o)
 	assert.Contains(t, banner, "state in Secret "+ns+"/trustbridge-ca")
 	assert.Len(t, trustOf(t, admin).Authorities, 1)

@@ -53,8 +53,8 @@ func TestServerStartRecords(t *testing.T) {
 	for _, format := range []string{"json", "text"} {
 		t.Run(format, func(t *testing.T) {
 			o := baseServerOptions("example.org", t.TempDir())
-			o.logFormat = format
-			o.federation.federate = "web.example|https://web.example/bundle||other.example|https://other.example:8443/b"
+			o.LogFormat = format
+			o.Federation.Federate = "web.example|https://web.example/bundle||other.example|https://other.example:8443/b"
 			admin, started, _ := launchServer(t, o)
 			if format == "text" {
 				assert.Contains(t, started, "trustbridge is serving trust domain example.org\n  version:    "+buildVersion())

@@ -23,7 +23,7 @@ const memoryLimitRatio = 0.9
 // memory fits in, and be OOM-killed. automemlimit reads the cgroup
 // hierarchies (v1, v2, nested and hybrid mounts) we would otherwise parse
 // ourselves. Outside a container, or with no limit, nothing changes.
-func setMemoryLimit(logger *slog.Logger) {
+func SetMemoryLimit(logger *slog.Logger) {
 	before := debug.SetMemoryLimit(-1)
 	limit, err := memlimit.Set(memlimit.WithRatio(memoryLimitRatio), memlimit.WithProvider(memlimit.FromCgroup))
 	switch {

@@ -134,8 +134,8 @@ func TestServedMetricsAreDocumented(t *testing.T) {
 	}
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+",spiffe://west.example/vm/laptop\n"), 0o600))
-	_, west := startSPIFFEPair(t, nil, func(o *serverOptions) {
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	_, west := startSPIFFEPair(t, nil, func(o *Config) {
+		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	code, body := get(t, west.admin+"/metrics")

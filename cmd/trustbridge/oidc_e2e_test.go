@@ -55,9 +55,9 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	iss := oidctest.New(t)
 	cfg := ciIssuerConfig(t, iss)
 	var dataDir string
-	srv := startAttackTarget(t, func(o *serverOptions) {
-		o.grpc.oidc = oidcOptions{file: cfg}
-		dataDir = o.dataDir
+	srv := startAttackTarget(t, func(o *Config) {
+		o.GRPC.OIDC = OIDCConfig{File: cfg}
+		dataDir = o.DataDir
 	})
 	addr, logs := srv.grpc, srv.logs
 	assert.Contains(t, logs.String(), `"authenticators":"x509-svid,oidc (1 issuers),bootstrap-token"`,

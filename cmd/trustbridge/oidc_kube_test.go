@@ -79,10 +79,10 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
     values: [%s]
 `, issuer, caFile, ns), 0o644)
 	var dataDir string
-	srv := startAttackTarget(t, func(o *serverOptions) {
-		o.grpc.oidc = oidcOptions{file: cfg}
-		o.grpc.workloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
-		dataDir = o.dataDir
+	srv := startAttackTarget(t, func(o *Config) {
+		o.GRPC.OIDC = OIDCConfig{File: cfg}
+		o.GRPC.WorkloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
+		dataDir = o.DataDir
 	})
 	addr, rootCert := srv.grpc, rootCertFile(t, dataDir)
 

@@ -24,16 +24,16 @@ const oidcKey = "oidc"
 const maxIssuerCAFile = 1 << 20
 
 // oidcOptions are --oidc-config and the --config file's oidc section.
-type oidcOptions struct {
-	file string
+type OIDCConfig struct {
+	File string
 	// inline is the oidc section of the --config file inlineFrom, with
 	// that file's line numbers; nil without one.
 	inline     *yaml.Node
 	inlineFrom string
 }
 
-func addOIDCFlags(f *pflag.FlagSet, o *oidcOptions) {
-	f.StringVar(&o.file, "oidc-config", "", "YAML file of OIDC and remote Kubernetes issuers whose JWTs authenticate callers (issuers: [{name, kind: oidc|kubernetes, issuer, audiences, claims, spiffeID}], docs/oidc-issuers.md): "+
+func addOIDCFlags(f *pflag.FlagSet, o *OIDCConfig) {
+	f.StringVar(&o.File, "oidc-config", "", "YAML file of OIDC and remote Kubernetes issuers whose JWTs authenticate callers (issuers: [{name, kind: oidc|kubernetes, issuer, audiences, claims, spiffeID}], docs/oidc-issuers.md): "+
 		"CI jobs, VMs and clouds with a platform token, pods of clusters without TokenReview; keys come from each issuer's discovery document and JWKS, checked offline. "+
 		"Read at start; the --config file's oidc key holds the same")
 }
@@ -52,18 +52,18 @@ func readOIDCNode(cf *configFile, k, v *yaml.Node) error {
 
 // loadIssuers reads the issuers from --oidc-config or the --config file's
 // oidc section, and each issuer's caFile. None configured is nil, nil.
-func (o oidcOptions) loadIssuers() ([]oidc.IssuerConfig, error) {
+func (o OIDCConfig) loadIssuers() ([]oidc.IssuerConfig, error) {
 	var issuers []oidc.IssuerConfig
 	switch {
-	case o.file != "" && o.inline != nil:
+	case o.File != "" && o.inline != nil:
 		return nil, fmt.Errorf("config %s: an %s section and --oidc-config do not combine; keep one", o.inlineFrom, oidcKey)
-	case o.file != "":
-		data, err := readSmallFile(o.file, maxConfigSize)
+	case o.File != "":
+		data, err := readSmallFile(o.File, maxConfigSize)
 		if err != nil {
 			return nil, fmt.Errorf("--oidc-config: %w", err)
 		}
 		if issuers, err = oidc.ParseConfig(data); err != nil {
-			return nil, fmt.Errorf("--oidc-config %s: %w", o.file, err)
+			return nil, fmt.Errorf("--oidc-config %s: %w", o.File, err)
 		}
 	case o.inline != nil:
 		var err error
@@ -80,9 +80,9 @@ func (o oidcOptions) loadIssuers() ([]oidc.IssuerConfig, error) {
 }
 
 // source names where the issuers came from, for errors.
-func (o oidcOptions) source() string {
-	if o.file != "" {
-		return "--oidc-config " + o.file
+func (o OIDCConfig) source() string {
+	if o.File != "" {
+		return "--oidc-config " + o.File
 	}
 	return "config " + o.inlineFrom + ": " + oidcKey
 }
@@ -111,8 +111,8 @@ func loadIssuerRoots(ic *oidc.IssuerConfig) error {
 // oidcAuthenticator builds the authenticator of the configured issuers,
 // with the grant checker that ends renewal chains of a removed issuer;
 // nil when none is configured.
-func (g *grpcEndpoint) oidcAuthenticator(o grpcOptions, td spiffeid.TrustDomain, reg prometheus.Registerer, logger *slog.Logger) (*oidc.Authenticator, error) {
-	issuers, err := o.oidc.loadIssuers()
+func (g *grpcEndpoint) oidcAuthenticator(o GRPCConfig, td spiffeid.TrustDomain, reg prometheus.Registerer, logger *slog.Logger) (*oidc.Authenticator, error) {
+	issuers, err := o.OIDC.loadIssuers()
 	if err != nil || len(issuers) == 0 {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (g *grpcEndpoint) oidcAuthenticator(o grpcOptions, td spiffeid.TrustDomain,
 		Logger: logger.With(logattr.Component, "oidc"), Registerer: reg,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", o.oidc.source(), err)
+		return nil, fmt.Errorf("%s: %w", o.OIDC.source(), err)
 	}
 	g.oidc = a
 	g.grantMap()[authn.MethodOIDC] = a
@@ -133,7 +133,7 @@ func (g *grpcEndpoint) oidcAuthenticator(o grpcOptions, td spiffeid.TrustDomain,
 // checkOIDCIssuers is config check's look at the issuers: the file, each
 // caFile, and everything oidc.New refuses (templates against the trust
 // domain included), without fetching anything.
-func checkOIDCIssuers(o oidcOptions, td spiffeid.TrustDomain) error {
+func checkOIDCIssuers(o OIDCConfig, td spiffeid.TrustDomain) error {
 	issuers, err := o.loadIssuers()
 	if err != nil || len(issuers) == 0 {
 		return err

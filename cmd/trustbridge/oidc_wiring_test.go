@@ -40,8 +40,8 @@ current-context: c
 `, 0o600)
 	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
 	g := &grpcEndpoint{}
-	chain, err := g.authenticators(grpcOptions{tokenReview: tokenReviewOn, kubeconfig: kc, bootstrapFile: tokens,
-		oidc: oidcOptions{file: writeFile(t, ciIssuerYAML, 0o644)}, tokenLedger: func() (authn.TokenLedger, error) {
+	chain, err := g.authenticators(GRPCConfig{TokenReview: TokenReviewOn, Kubeconfig: kc, BootstrapFile: tokens,
+		OIDC: OIDCConfig{File: writeFile(t, ciIssuerYAML, 0o644)}, tokenLedger: func() (authn.TokenLedger, error) {
 			return authn.OpenFileLedger(filepath.Join(t.TempDir(), "consumed.json"))
 		}},
 		td, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))

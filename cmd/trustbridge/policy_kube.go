@@ -15,7 +15,7 @@ import (
 )
 
 // crdPolicySource is the Combiner source of ClusterTrustPolicy resources.
-const crdPolicySource = "crd"
+const CRDPolicySource = "crd"
 
 // errPolicyCRDStorage refuses --trust-policy-crd without Kubernetes.
 var errPolicyCRDStorage = errors.New("--trust-policy-crd needs --storage kube: the resources are read from the API server, and every replica applies them")
@@ -35,7 +35,7 @@ func (p *policySetup) wireAccess(k *kubeSetup, td spiffeid.TrustDomain, reg prom
 	}
 	p.access = trustpolicy.NewAccess(p.cell, p.labels)
 	p.sdsAccess = p.access
-	if k == nil || !k.o.trustPolicyCRD {
+	if k == nil || !k.o.TrustPolicyCRD {
 		return nil
 	}
 	ctl, err := policycrd.New(policycrd.Config{
@@ -66,13 +66,13 @@ func (p *policySetup) wireAccess(k *kubeSetup, td spiffeid.TrustDomain, reg prom
 // applyCRD hands the resources' rules to the Combiner; a refusal (a rule
 // name another source uses) is audited once per distinct error.
 func (p *policySetup) applyCRD(rules []trustpolicy.Rule) error {
-	err := p.combiner.SetSource(crdPolicySource, rules)
+	err := p.combiner.SetSource(CRDPolicySource, rules)
 	p.mu.Lock()
 	fresh := err != nil && (p.crdErr == nil || p.crdErr.Error() != err.Error())
 	p.crdErr = err
 	p.mu.Unlock()
 	if fresh {
-		p.rejected(crdPolicySource, err)
+		p.rejected(CRDPolicySource, err)
 	}
 	return err
 }

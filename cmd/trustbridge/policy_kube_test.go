@@ -48,8 +48,8 @@ func TestApplyCRDAuditsOnlyChanges(t *testing.T) {
 	require.NoError(t, p.applyCRD([]trustpolicy.Rule{rule}))
 	evs := events()
 	require.Len(t, evs, 2, "one change, read twice")
-	assert.Equal(t, eventPolicyChanged, evs[1].Event)
+	assert.Equal(t, EventPolicyChanged, evs[1].Event)
 	require.NotNil(t, evs[1].Policy)
-	assert.Equal(t, crdPolicySource, evs[1].Policy.Source)
+	assert.Equal(t, CRDPolicySource, evs[1].Policy.Source)
 	assert.Equal(t, []string{rule.Name}, evs[1].Policy.RulesAdded)
 }

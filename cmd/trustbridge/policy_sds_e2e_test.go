@@ -44,9 +44,9 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 `), 0o600))
 	}
 	write("{spiffeID: spiffe://west.example/ns/default/*}")
-	_, west := startSPIFFEPair(t, nil, func(o *serverOptions) {
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
-		o.policy.file, o.policy.poll = policy, 50*time.Millisecond
+	_, west := startSPIFFEPair(t, nil, func(o *Config) {
+		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
+		o.Policy.File, o.Policy.Poll = policy, 50*time.Millisecond
 	})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots := caRootsOf(t, west)

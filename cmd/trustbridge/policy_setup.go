@@ -11,9 +11,9 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -23,7 +23,7 @@ import (
 // trustPolicy, ClusterTrustPolicy resources), and the audit trail of its
 // changes.
 type policySetup struct {
-	o          policyOptions
+	o          PolicyConfig
 	cell       *trustpolicy.Cell
 	combiner   *trustpolicy.Combiner
 	trail      *auditTrail
@@ -46,39 +46,39 @@ type policySetup struct {
 
 // setupPolicy builds the policy from the flags and files. A bad policy at
 // start is an error naming the file, line and rule.
-func setupPolicy(o serverOptions, td spiffeid.TrustDomain, kube *kubeSetup, trail *auditTrail, reg prometheus.Registerer, logger *slog.Logger) (*policySetup, error) {
+func setupPolicy(o Config, td spiffeid.TrustDomain, kube *kubeSetup, trail *auditTrail, reg prometheus.Registerer, logger *slog.Logger) (*policySetup, error) {
 	// Zero options (tests, embedders) mean the flags' defaults.
-	o.policy.def = cmp.Or(o.policy.def, string(trustpolicy.DefaultAllow))
-	o.policy.poll = cmp.Or(o.policy.poll, defaultPolicyPoll)
-	def, err := trustpolicy.ParseDefault(o.policy.def)
+	o.Policy.Default = cmp.Or(o.Policy.Default, string(trustpolicy.DefaultAllow))
+	o.Policy.Poll = cmp.Or(o.Policy.Poll, defaultPolicyPoll)
+	def, err := trustpolicy.ParseDefault(o.Policy.Default)
 	if err != nil {
 		return nil, fmt.Errorf("--trust-policy-default: %w", err)
 	}
-	p := &policySetup{o: o.policy, cell: trustpolicy.NewCell(nil), trail: trail, configPath: o.configPath,
+	p := &policySetup{o: o.Policy, cell: trustpolicy.NewCell(nil), trail: trail, configPath: o.ConfigPath,
 		logger: logger.With(logattr.Component, "trust-policy")}
 	if p.combiner, err = newPolicyCombiner(td, def, p.cell, reg, p.published); err != nil {
 		return nil, err
 	}
-	if o.policy.file != "" {
-		p.file = trustpolicy.NewFileSource(o.policy.file, p.combiner, p.logger, o.policy.poll,
+	if o.Policy.File != "" {
+		p.file = trustpolicy.NewFileSource(o.Policy.File, p.combiner, p.logger, o.Policy.Poll,
 			trustpolicy.WithRefusedHook(p.audited))
 		if err := p.file.Load(); err != nil {
 			return nil, fmt.Errorf("--trust-policy: %w", err)
 		}
 	}
-	if n := o.policy.inline; n != nil {
+	if n := o.Policy.inline; n != nil {
 		doc, err := trustpolicy.ParseNode(n, p.configSource())
 		if err == nil {
 			err = p.combiner.SetSourceDocument(p.configSource(), doc)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("config %s: %s: %w", o.policy.inlineFrom, trustPolicyKey, err)
+			return nil, fmt.Errorf("config %s: %s: %w", o.Policy.inlineFrom, trustPolicyKey, err)
 		}
 	}
 	if err := p.wireAccess(kube, td, reg, logger); err != nil {
 		return nil, fmt.Errorf("trust policy: %w", err)
 	}
-	p.start(o.kube.trustPolicyCRD, kube != nil)
+	p.start(o.Kube.TrustPolicyCRD, kube != nil)
 	return p, nil
 }
 
@@ -122,12 +122,12 @@ func (p *policySetup) recordStart() {
 	p.started = true
 	p.mu.Unlock()
 	c := audit.NewPolicyChange("start", nil, p.combiner.Policy())
-	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c, Reason: "trust policy in force at start"})
+	p.trail.record(audit.Entry{Event: EventPolicyChanged, Policy: &c, Reason: "trust policy in force at start"})
 }
 
 // Audit events of the trust policy.
 const (
-	eventPolicyChanged  = "trust_policy_changed"
+	EventPolicyChanged  = "trust_policy_changed"
 	eventPolicyRejected = "trust_policy_rejected"
 )
 
@@ -151,7 +151,7 @@ func (p *policySetup) published(pub trustpolicy.Publish) {
 		// the first read of no ClusterTrustPolicy resources): no change.
 		return
 	}
-	p.trail.record(audit.Entry{Event: eventPolicyChanged, Policy: &c})
+	p.trail.record(audit.Entry{Event: EventPolicyChanged, Policy: &c})
 	p.logger.Info("trust policy changed", "source", source, "rules", c.Rules, "default", c.Default,
 		"rules_added", c.RulesAdded, "rules_removed", c.RulesRemoved, "rules_changed", c.RulesChanged)
 }
@@ -251,7 +251,7 @@ func (p *policySetup) adminConfig() *admin.PolicyConfig {
 // start, on a scratch flag set: its flag settings are not applied.
 func rereadConfig(path string) (*configFile, error) {
 	fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
-	var scratch serverOptions
+	var scratch Config
 	addServerFlags(fs, &scratch)
 	return applyConfigFile(fs, path, func(string) string { return "" })
 }

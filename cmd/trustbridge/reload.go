@@ -43,7 +43,7 @@ const notReloadable = "flags, environment variables and the --config file's othe
 // serveReloads runs every reloader on each signal from hup until ctx is
 // done; with none, it logs that the signal is ignored and why (idle). A
 // nil hup never delivers.
-func serveReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle string, logger *slog.Logger) error {
+func ServeReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle string, logger *slog.Logger) error {
 	names := make([]string, len(rs))
 	for i, r := range rs {
 		names[i] = r.name
@@ -75,9 +75,9 @@ func serveReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle
 // files, the --ca-dir plug-in CA and the trust policy of --trust-policy
 // and of the --config file (the token, bundle, --ca-dir and
 // --trust-policy files are also polled: SIGHUP makes it now).
-func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger *slog.Logger) func(context.Context) error {
+func (p *serverParts) reloadRunner(hup <-chan os.Signal, o Config, logger *slog.Logger) func(context.Context) error {
 	var rs []reloader
-	if p.fed.poller != nil && (o.federation.configFile != "" || o.configPath != "") {
+	if p.fed.poller != nil && (o.Federation.ConfigFile != "" || o.ConfigPath != "") {
 		rs = append(rs, reloader{name: "federation", reload: func() (string, error) {
 			return reloadFederation(o, p.td, p.fed, p.crd != nil, logger)
 		}})
@@ -99,7 +99,7 @@ func (p *serverParts) reloadRunner(hup <-chan os.Signal, o serverOptions, logger
 	}
 	rs = append(rs, p.policy.reloader()...)
 	idle := "no --federation-config, --config, --bootstrap-token-file, --bundle-file, --bundle-tls-cert, --ca-dir or --trust-policy"
-	return func(ctx context.Context) error { return serveReloads(ctx, hup, rs, idle, logger) }
+	return func(ctx context.Context) error { return ServeReloads(ctx, hup, rs, idle, logger) }
 }
 
 // checkReloader re-reads a watched file now with its watcher's Check,
@@ -117,20 +117,20 @@ func checkReloader(name string, check func() error) reloader {
 // them as at start (with what the store and the poller hold now), and
 // applies them with the resources' through federationSetup.setStatic. On
 // error the endpoints in force stay.
-func reloadFederation(o serverOptions, td spiffeid.TrustDomain, fed *federationSetup, withCRD bool, logger *slog.Logger) (string, error) {
-	fo := o.federation
-	if o.configPath != "" {
-		list, err := configFederationList(o.configPath)
+func reloadFederation(o Config, td spiffeid.TrustDomain, fed *federationSetup, withCRD bool, logger *slog.Logger) (string, error) {
+	fo := o.Federation
+	if o.ConfigPath != "" {
+		list, err := configFederationList(o.ConfigPath)
 		if err != nil {
 			return "", err
 		}
-		if list != nil && fo.configFile != "" {
-			return "", fmt.Errorf("config %s: a federation list and --federation-config do not combine; keep one", o.configPath)
+		if list != nil && fo.ConfigFile != "" {
+			return "", fmt.Errorf("config %s: a federation list and --federation-config do not combine; keep one", o.ConfigPath)
 		}
-		fo.inline, fo.inlineFrom = list, o.configPath
+		fo.inline, fo.inlineFrom = list, o.ConfigPath
 	}
 	// The poller's Holds reads the last-known-good store too.
-	fromFlag, fromFile, warnings, err := staticEndpoints(fo, td, fed.holds)
+	fromFlag, fromFile, warnings, err := StaticEndpoints(fo, td, fed.holds)
 	if err != nil {
 		return "", err
 	}

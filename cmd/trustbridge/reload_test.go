@@ -21,9 +21,9 @@ import (
 
 // launchReloadable runs a server with o whose SIGHUP is the returned
 // channel, and returns its admin address and live log.
-func launchReloadable(t *testing.T, o serverOptions) (admin string, hup chan<- os.Signal, logs *testlog.Buffer) {
+func launchReloadable(t *testing.T, o Config) (admin string, hup chan<- os.Signal, logs *testlog.Buffer) {
 	t.Helper()
-	e, _, logs := testEnv(t, o.logFormat)
+	e, _, logs := testEnv(t, o.LogFormat)
 	ch := make(chan os.Signal, 1)
 	e.hup = ch
 	ctx, cancel := context.WithCancel(context.Background())
@@ -87,9 +87,9 @@ func TestServerSIGHUPReloads(t *testing.T) {
 	tokens := filepath.Join(dir, "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
 	o := baseServerOptions("example.org", t.TempDir())
-	o.federation.configFile = fedFile
-	o.federation.allowPrivate = true
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	o.Federation.ConfigFile = fedFile
+	o.Federation.AllowPrivate = true
+	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	admin, hup, logs := launchReloadable(t, o)
 	require.Equal(t, []string{"a.example"}, federated(t, admin))
 
@@ -126,7 +126,7 @@ func TestServerSIGHUPRereadsBundleFiles(t *testing.T) {
 	peerFile := filepath.Join(dir, "peer.json")
 	require.NoError(t, os.WriteFile(peerFile, doc, 0o600))
 	o := baseServerOptions("example.org", t.TempDir())
-	o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"peer.example=" + peerFile}, serveOthers: true}
+	o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, Files: []string{"peer.example=" + peerFile}, ServeOthers: true}
 	_, hup, logs := launchReloadable(t, o)
 
 	hupAndWait(t, hup, logs, "reloaded", 1)

@@ -56,7 +56,7 @@ func dialSDSTLS(t *testing.T, addr string, td spiffeid.TrustDomain, roots []*x50
 	t.Helper()
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
-	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, GRPCServingPath))})
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(token)))
@@ -265,10 +265,10 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	// needs a reusable one (a stream mints for as long as it lasts).
 	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")
 	east, west := startSPIFFEPair(t,
-		func(o *serverOptions) { o.refreshHint = 2 * time.Second },
-		func(o *serverOptions) {
-			o.federation.minRefresh = time.Second
-			o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+		func(o *Config) { o.RefreshHint = 2 * time.Second },
+		func(o *Config) {
+			o.Federation.MinRefresh = time.Second
+			o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 		})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots, eastRoots := caRootsOf(t, west), caRootsOf(t, east)

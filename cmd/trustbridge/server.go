@@ -22,46 +22,46 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation/crd"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/server/ha"
-	"github.com/trustbridge/trustbridge/internal/server/hostcheck"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/runall"
+	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/ha"
+	"github.com/trustbridge/trustbridge/internal/server/hostcheck"
 )
 
-type serverOptions struct {
-	trustDomain    string
-	dataDir        string
-	init           bool
-	adminListen    string
-	adminSocket    string
-	adminHosts     []string
-	adminConns     connLimits
-	keyType        string
-	caTTL          time.Duration
-	workloadTTL    time.Duration
-	maxWorkloadTTL time.Duration
-	refreshHint    time.Duration
-	caDir          string
-	caDirPoll      time.Duration
-	configPath     string
-	auditLog       string
-	logFormat      string
-	logLevel       string
-	bundle         bundleOptions
-	federation     federationOptions
-	grpc           grpcOptions
-	kube           kubeOptions
-	policy         policyOptions
-	jwt            jwtKeyOptions
-	upstream       upstreamOptions
-	keys           keyManagerOptions
+type Config struct {
+	TrustDomain    string
+	DataDir        string
+	Init           bool
+	AdminListen    string
+	AdminSocket    string
+	AdminHosts     []string
+	AdminConns     ConnLimits
+	KeyType        string
+	CATTL          time.Duration
+	WorkloadTTL    time.Duration
+	MaxWorkloadTTL time.Duration
+	RefreshHint    time.Duration
+	CADir          string
+	CADirPoll      time.Duration
+	ConfigPath     string
+	AuditLog       string
+	LogFormat      string
+	LogLevel       string
+	Bundle         BundleConfig
+	Federation     FederationConfig
+	GRPC           GRPCConfig
+	Kube           KubeConfig
+	Policy         PolicyConfig
+	JWT            JWTKeyConfig
+	Upstream       UpstreamConfig
+	Keys           KeyManagerConfig
 }
 
 func newServerCmd(e env) *cobra.Command {
-	var o serverOptions
+	var o Config
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the trust domain: embedded CA with root rotation and an admin endpoint",
@@ -112,55 +112,55 @@ address (DNS rebinding) cannot read it.`,
 
 // loadServerConfig applies --config (flag > env > file > default) and the
 // environment variables of flags left empty.
-func loadServerConfig(f *pflag.FlagSet, o *serverOptions, getenv func(string) string) error {
-	if o.configPath != "" {
-		cf, err := applyConfigFile(f, o.configPath, getenv)
+func loadServerConfig(f *pflag.FlagSet, o *Config, getenv func(string) string) error {
+	if o.ConfigPath != "" {
+		cf, err := applyConfigFile(f, o.ConfigPath, getenv)
 		if err != nil {
 			return err
 		}
 		if cf.federation != nil {
-			if o.federation.configFile != "" {
-				return fmt.Errorf("config %s: a federation list and --federation-config do not combine; keep one", o.configPath)
+			if o.Federation.ConfigFile != "" {
+				return fmt.Errorf("config %s: a federation list and --federation-config do not combine; keep one", o.ConfigPath)
 			}
-			o.federation.inline, o.federation.inlineFrom = cf.federation, o.configPath
+			o.Federation.inline, o.Federation.inlineFrom = cf.federation, o.ConfigPath
 		}
-		o.policy.inline, o.policy.inlineFrom = cf.trustPolicy, o.configPath
-		o.grpc.oidc.inline, o.grpc.oidc.inlineFrom = cf.oidc, o.configPath
+		o.Policy.inline, o.Policy.inlineFrom = cf.trustPolicy, o.ConfigPath
+		o.GRPC.OIDC.inline, o.GRPC.OIDC.inlineFrom = cf.oidc, o.ConfigPath
 	}
-	if o.trustDomain == "" {
-		o.trustDomain = getenv("TRUST_DOMAIN")
+	if o.TrustDomain == "" {
+		o.TrustDomain = getenv("TRUST_DOMAIN")
 	}
 	return nil
 }
 
 // addServerFlags registers every flag of trustbridge server.
-func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
-	f.StringVar(&o.configPath, configFlag, "", "YAML file whose keys are these flags' names (trust-domain: example.org), plus a federation list in the --federation-config schema; flags and environment variables win over it (see docs/configuration.md; check it with trustbridge config check)")
-	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
-	f.StringVar(&o.dataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted), or locked by another server (trustbridge.lock names it); with file storage, a missing directory is created (0700) only with --init")
-	f.BoolVar(&o.init, initFlag, false, "first start with file storage: create --data-dir if missing, and new CA state in it even if it holds other files; without it a new CA is created only in an empty existing directory, so a mistyped path never bootstraps a new root. Harmless once the state exists (make run passes it every time); --storage kube needs none")
-	f.StringVar(&o.adminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
-	adminLimits.addFlags(f, &o.adminConns, "admin", "the kubelet's probes and Prometheus, and a few browsers on /ui", serverMemoryNote(adminLimits))
-	addAdminSocketFlag(f, &o.adminSocket)
-	f.StringSliceVar(&o.adminHosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
-	f.StringVar(&o.keyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
-	f.DurationVar(&o.caTTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
-	f.DurationVar(&o.workloadTTL, "workload-ttl", 0, "default lifetime of workload certificates (default 24h, or --max-workload-ttl if lower)")
-	f.DurationVar(&o.maxWorkloadTTL, "max-workload-ttl", ca.DefaultMaxWorkloadTTL, "longest lifetime a workload certificate may ask for")
-	f.DurationVar(&o.refreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "spiffe_refresh_hint published with the bundle; new roots wait 5 of these before signing")
-	f.StringVar(&o.caDir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
-	f.DurationVar(&o.caDirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
-	addJWTKeyFlags(f, &o.jwt)
-	addUpstreamFlags(f, &o.upstream)
-	addKeyManagerFlags(f, &o.keys)
-	addBundleFlags(f, &o.bundle)
-	addFederationFlags(f, &o.federation)
-	addGRPCFlags(f, &o.grpc)
-	addKubeFlags(f, &o.kube)
-	addPolicyFlags(f, &o.policy)
-	f.StringVar(&o.auditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
-	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+func addServerFlags(f *pflag.FlagSet, o *Config) {
+	f.StringVar(&o.ConfigPath, configFlag, "", "YAML file whose keys are these flags' names (trust-domain: example.org), plus a federation list in the --federation-config schema; flags and environment variables win over it (see docs/configuration.md; check it with trustbridge config check)")
+	f.StringVar(&o.TrustDomain, "trust-domain", "", "trust domain to serve, e.g. example.org (env TRUST_DOMAIN)")
+	f.StringVar(&o.DataDir, "data-dir", "./data", "directory for CA state; keys are written mode 0600; refused if group- or other-writable or owned by another user (root excepted), or locked by another server (trustbridge.lock names it); with file storage, a missing directory is created (0700) only with --init")
+	f.BoolVar(&o.Init, initFlag, false, "first start with file storage: create --data-dir if missing, and new CA state in it even if it holds other files; without it a new CA is created only in an empty existing directory, so a mistyped path never bootstraps a new root. Harmless once the state exists (make run passes it every time); --storage kube needs none")
+	f.StringVar(&o.AdminListen, "admin-listen", "127.0.0.1:15014", "address of the admin HTTP listener (/healthz, /readyz, /metrics, /v1/trust)")
+	AdminLimits.AddFlags(f, &o.AdminConns, "admin", "the kubelet's probes and Prometheus, and a few browsers on /ui", serverMemoryNote(AdminLimits))
+	addAdminSocketFlag(f, &o.AdminSocket)
+	f.StringSliceVar(&o.AdminHosts, AdminHostsFlag, nil, "more host names the admin listener is reached by, NAME (any port) or NAME:PORT, e.g. trustbridge-admin.trustbridge-system.svc; a request naming another host gets 421 (a DNS rebinding defence). Its bind address (any IP literal when bound to 0.0.0.0 or ::) and localhost on a loopback or wildcard bind need no entry (repeatable)")
+	f.StringVar(&o.KeyType, "ca-key-type", string(ca.KeyECP256), "key type of new roots: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
+	f.DurationVar(&o.CATTL, "ca-ttl", ca.DefaultRootTTL, "lifetime of new roots")
+	f.DurationVar(&o.WorkloadTTL, "workload-ttl", 0, "default lifetime of workload certificates (default 24h, or --max-workload-ttl if lower)")
+	f.DurationVar(&o.MaxWorkloadTTL, "max-workload-ttl", ca.DefaultMaxWorkloadTTL, "longest lifetime a workload certificate may ask for")
+	f.DurationVar(&o.RefreshHint, "bundle-refresh-hint", ca.DefaultRefreshHint, "spiffe_refresh_hint published with the bundle; new roots wait 5 of these before signing")
+	f.StringVar(&o.CADir, "ca-dir", "", "plug-in CA directory in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem); reloaded on change, no rotation here")
+	f.DurationVar(&o.CADirPoll, "ca-dir-poll-interval", ca.DefaultPluginPollInterval, "how often --ca-dir is checked for changes")
+	addJWTKeyFlags(f, &o.JWT)
+	addUpstreamFlags(f, &o.Upstream)
+	addKeyManagerFlags(f, &o.Keys)
+	addBundleFlags(f, &o.Bundle)
+	addFederationFlags(f, &o.Federation)
+	addGRPCFlags(f, &o.GRPC)
+	addKubeFlags(f, &o.Kube)
+	addPolicyFlags(f, &o.Policy)
+	f.StringVar(&o.AuditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
+	f.StringVar(&o.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
+	f.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	for flag, env := range envVars {
 		bindEnv(f, flag, env)
 	}
@@ -168,7 +168,7 @@ func addServerFlags(f *pflag.FlagSet, o *serverOptions) {
 
 // newLogger is the process's logger: JSON, or text on a terminal (auto),
 // never writing a key twice in a record (logattr.UniqueKeys).
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	h, err := newLogHandler(w, format, level)
 	if err != nil {
 		return nil, err
@@ -209,14 +209,14 @@ func isTerminal(w io.Writer) bool {
 
 // runServer runs until ctx is done. ready, when not nil, receives the
 // admin listener's address once the server serves.
-func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string) error {
-	logger, err := newLogger(e.err, o.logFormat, o.logLevel)
+func runServer(ctx context.Context, e env, o Config, ready chan<- string) error {
+	logger, err := NewLogger(e.err, o.LogFormat, o.LogLevel)
 	if err != nil {
 		return err
 	}
 	routeKlog(logger)
-	routeGRPCLog(logger)
-	setMemoryLimit(logger)
+	RouteGRPCLog(logger)
+	SetMemoryLimit(logger)
 	td, kt, err := checkServerBasics(o, logger)
 	if err != nil {
 		return err
@@ -226,17 +226,17 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		return err
 	}
 	defer func() { _ = lock.Release() }()
-	reg := newRegistry()
-	kube, err := setupKube(o.kube, o.grpc.kubeconfig, reg, logger)
+	reg := NewRegistry()
+	kube, err := setupKube(o.Kube, o.GRPC.Kubeconfig, reg, logger)
 	if err != nil {
 		return err
 	}
-	keys, closeKeys, err := o.keys.open(os.Getenv, o.caDir, logger.With(logattr.Component, "key-manager"))
+	keys, closeKeys, err := o.Keys.open(os.Getenv, o.CADir, logger.With(logattr.Component, "key-manager"))
 	if err != nil {
 		return err
 	}
 	defer closeKeys()
-	o.keys.manager = keys
+	o.Keys.manager = keys
 	authority, err := newAuthority(o, td, kt, kube, reg, logger)
 	if err != nil {
 		return err
@@ -249,12 +249,12 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 		// Whatever returns early below must stop the background parts.
 		defer func() { _ = replica.Stop() }()
 	}
-	trail, closeAudit, err := setupAudit(o, e, kube, reg, logger)
+	trail, closeAudit, err := SetupAudit(o, e, kube, reg, logger)
 	if err != nil {
 		return err
 	}
 	defer closeAudit()
-	o.grpc.tokenLedger = kube.tokenLedger(o.dataDir)
+	o.GRPC.tokenLedger = kube.tokenLedger(o.DataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail}
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
@@ -273,7 +273,7 @@ func runServer(ctx context.Context, e env, o serverOptions, ready chan<- string)
 
 // serve announces the server, records the audit baseline and runs every
 // part until ctx is done. The runners take over the listeners from undo.
-func (p *serverParts) serve(ctx context.Context, e env, o serverOptions, undo *cleanups, ready chan<- string, reg prometheus.Registerer, logger *slog.Logger) error {
+func (p *serverParts) serve(ctx context.Context, e env, o Config, undo *cleanups, ready chan<- string, reg prometheus.Registerer, logger *slog.Logger) error {
 	addr := p.adminLn.Addr().String()
 	// The audit log's baseline, then the policy in force, before anyone
 	// is told the server is up.
@@ -297,11 +297,11 @@ func (p *serverParts) serve(ctx context.Context, e env, o serverOptions, undo *c
 // federate builds the federation: the trust store and the poller of the
 // flags' and files' endpoints, the resources' controller, the changes made
 // at run time; then puts the CA's bundle in the store.
-func (p *serverParts) federate(o serverOptions, reg prometheus.Registerer, logger *slog.Logger) error {
+func (p *serverParts) federate(o Config, reg prometheus.Registerer, logger *slog.Logger) error {
 	// Runtime federation (federation add) needs the poller running even
 	// with no endpoints yet; with kube storage it comes from resources.
-	o.federation.dynamic = o.kube.federationCRD || fileStorage(o)
-	fed, err := setupFederation(o.federation, p.td, p.kube.lastKnownGood(o.dataDir), relayedTrustDomains(o.bundle), p.trail.federationEvent, reg, logger)
+	o.Federation.dynamic = o.Kube.FederationCRD || fileStorage(o)
+	fed, err := setupFederation(o.Federation, p.td, p.kube.lastKnownGood(o.DataDir), RelayedTrustDomains(o.Bundle), p.trail.federationEvent, reg, logger)
 	if err != nil {
 		return err
 	}
@@ -338,21 +338,21 @@ type serverParts struct {
 // admin listener. The listeners are the runners' to close once they run;
 // until then the returned clean-ups close them, in reverse order, also
 // when listen fails part way.
-func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, logger *slog.Logger) (*cleanups, error) {
+func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *slog.Logger) (*cleanups, error) {
 	undo := &cleanups{}
 	var err error
-	if o.bundle.listen != "" {
-		if p.ep, err = setupBundleEndpoint(o.bundle, p.td, o.dataDir, o.workloadTTL, o.refreshHint, p.authority, p.fed, reg, logger); err != nil {
+	if o.Bundle.Listen != "" {
+		if p.ep, err = setupBundleEndpoint(o.Bundle, p.td, o.DataDir, o.WorkloadTTL, o.RefreshHint, p.authority, p.fed, reg, logger); err != nil {
 			return undo, err
 		}
 		undo.add(func() { _ = p.ep.ln.Close() })
 	}
-	o.grpc.access = p.policy.sdsAccess
-	if p.gs, err = setupGRPC(o.grpc, p.td, o.workloadTTL, o.maxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
+	o.GRPC.access = p.policy.sdsAccess
+	if p.gs, err = setupGRPC(o.GRPC, p.td, o.WorkloadTTL, o.MaxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
 		return undo, err
 	}
 	undo.add(p.gs.close)
-	ln, hosts, err := listenAdmin(o, reg, logger)
+	ln, hosts, err := ListenAdmin(o, reg, logger)
 	if err != nil {
 		return undo, err
 	}
@@ -363,8 +363,8 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 		cfg.Issuers = p.gs.oidc.Status
 	}
 	h := admin.New(cfg)
-	p.adminSrv = newAdminServer(hosts.Wrap(h), logger)
-	if p.socket, err = listenAdminSocket(o.adminSocket, h, logger); err != nil {
+	p.adminSrv = NewAdminServer(hosts.Wrap(h), logger)
+	if p.socket, err = listenAdminSocket(o.AdminSocket, h, logger); err != nil {
 		return undo, err
 	}
 	undo.add(p.socket.close)
@@ -376,7 +376,7 @@ func (p *serverParts) listen(o serverOptions, e env, reg *prometheus.Registry, l
 // leader election with kube), the bundle endpoint and the gRPC services.
 func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
 	runners := []func(context.Context) error{
-		func(ctx context.Context) error { return serveAdmin(ctx, p.adminSrv, p.adminLn) },
+		func(ctx context.Context) error { return ServeAdmin(ctx, p.adminSrv, p.adminLn) },
 		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail) },
 	}
 	runners = append(runners, p.socket.runners()...)
@@ -402,7 +402,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 
 // newRegistry is a process's metrics registry (server and agent), with
 // the Go runtime's and the process's collectors and the build info.
-func newRegistry() *prometheus.Registry {
+func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg)
@@ -428,30 +428,30 @@ func (c *cleanups) run() {
 // starts: the trust domain, the CA key type, storage, the data directory
 // (created 0700 if missing and allowed), and warns about an unusual
 // refresh hint.
-func checkServerBasics(o serverOptions, logger *slog.Logger) (spiffeid.TrustDomain, ca.KeyType, error) {
+func checkServerBasics(o Config, logger *slog.Logger) (spiffeid.TrustDomain, ca.KeyType, error) {
 	var kt ca.KeyType
-	if o.trustDomain == "" {
+	if o.TrustDomain == "" {
 		return spiffeid.TrustDomain{}, kt, errors.New("--trust-domain (or TRUST_DOMAIN) is required")
 	}
-	td, err := bundledoc.TrustDomainName(o.trustDomain)
+	td, err := bundledoc.TrustDomainName(o.TrustDomain)
 	if err != nil {
-		return td, kt, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
+		return td, kt, fmt.Errorf("--trust-domain %q: %w", o.TrustDomain, err)
 	}
-	kt, err = ca.ParseKeyType(o.keyType)
+	kt, err = ca.ParseKeyType(o.KeyType)
 	if err != nil {
 		return td, kt, fmt.Errorf("--ca-key-type: %w", err)
 	}
 	if err := checkStorageFlags(o); err != nil {
 		return td, kt, err
 	}
-	if err := checkListenerLimits(o); err != nil {
+	if err := CheckListenerLimits(o); err != nil {
 		return td, kt, err
 	}
 	if err := prepareDataDir(o); err != nil {
 		return td, kt, err
 	}
-	if o.refreshHint < time.Minute || o.refreshHint > 24*time.Hour {
-		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.refreshHint)
+	if o.RefreshHint < time.Minute || o.RefreshHint > 24*time.Hour {
+		logger.Warn("unusual --bundle-refresh-hint; peers poll this often and new roots wait 5 of these before signing", logattr.RefreshHint, o.RefreshHint)
 	}
 	return td, kt, nil
 }
@@ -459,42 +459,42 @@ func checkServerBasics(o serverOptions, logger *slog.Logger) (spiffeid.TrustDoma
 // newAuthority builds the CA from the flags: its state in the data
 // directory or, with kube, in Kubernetes, and a plug-in directory's roots
 // when --ca-dir is set.
-func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube *kubeSetup, reg prometheus.Registerer, logger *slog.Logger) (*ca.Authority, error) {
+func newAuthority(o Config, td spiffeid.TrustDomain, kt ca.KeyType, kube *kubeSetup, reg prometheus.Registerer, logger *slog.Logger) (*ca.Authority, error) {
 	var plugin *ca.PluginWatcher
-	if o.caDir != "" {
-		plugin = ca.NewPluginWatcher(o.caDir, td, clock.RealClock{}, o.caDirPoll, logger.With(logattr.Component, "ca-dir"))
+	if o.CADir != "" {
+		plugin = ca.NewPluginWatcher(o.CADir, td, clock.RealClock{}, o.CADirPoll, logger.With(logattr.Component, "ca-dir"))
 	}
-	zone, err := workloadDNSZone(o.grpc, td)
+	zone, err := workloadDNSZone(o.GRPC, td)
 	if err != nil {
 		return nil, err
 	}
 	caCfg := ca.Config{
 		TrustDomain:    td,
-		DataDir:        o.dataDir,
+		DataDir:        o.DataDir,
 		KeyType:        kt,
-		RootTTL:        o.caTTL,
-		RefreshHint:    o.refreshHint,
-		WorkloadTTL:    o.workloadTTL,
-		MaxWorkloadTTL: o.maxWorkloadTTL,
+		RootTTL:        o.CATTL,
+		RefreshHint:    o.RefreshHint,
+		WorkloadTTL:    o.WorkloadTTL,
+		MaxWorkloadTTL: o.MaxWorkloadTTL,
 		Logger:         logger.With(logattr.Component, "ca"),
 		Registerer:     reg,
 		Plugin:         plugin,
 		// Roots leave room for downstream intermediates only when some
 		// downstream may ask (--downstream-allow).
-		SignsIntermediates: len(o.grpc.downstream.allow) > 0,
+		SignsIntermediates: len(o.GRPC.Downstream.Allow) > 0,
 		// The DNS names downstream intermediates may vouch for, and
 		// those an upstream's intermediate must let us issue.
 		WorkloadDNSZone:      zone,
-		DownstreamDNSDomains: o.grpc.downstream.dnsDomains,
-		ServingDNSNames:      servingDNSNames(o.grpc),
-		Keys:                 o.keys.manager,
-		RequireHSM:           o.keys.requireHSM,
+		DownstreamDNSDomains: o.GRPC.Downstream.DNSDomains,
+		ServingDNSNames:      servingDNSNames(o.GRPC),
+		Keys:                 o.Keys.manager,
+		RequireHSM:           o.Keys.requireHSM,
 	}
-	if err := o.jwt.apply(&caCfg); err != nil {
+	if err := o.JWT.apply(&caCfg); err != nil {
 		return nil, err
 	}
-	o.upstream.kubeconfig = o.grpc.kubeconfig
-	if err := applyUpstream(o.upstream, o.caDir, &caCfg, logger.With(logattr.Component, "upstream")); err != nil {
+	o.Upstream.kubeconfig = o.GRPC.Kubeconfig
+	if err := applyUpstream(o.Upstream, o.CADir, &caCfg, logger.With(logattr.Component, "upstream")); err != nil {
 		return nil, err
 	}
 	kube.caConfig(&caCfg)
@@ -504,12 +504,12 @@ func newAuthority(o serverOptions, td spiffeid.TrustDomain, kt ca.KeyType, kube 
 // listenAdmin opens the admin listener and its Host check, which guards
 // /v1/* and /ui from a browser whose page re-resolved its own name to this
 // address (DNS rebinding).
-func listenAdmin(o serverOptions, reg prometheus.Registerer, logger *slog.Logger) (net.Listener, *hostcheck.Checker, error) {
-	ln, err := adminLimits.listen(o.adminListen, o.adminConns, reg, logger)
+func ListenAdmin(o Config, reg prometheus.Registerer, logger *slog.Logger) (net.Listener, *hostcheck.Checker, error) {
+	ln, err := AdminLimits.listen(o.AdminListen, o.AdminConns, reg, logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	hosts, err := adminHostCheck(ln.Addr().String(), o.adminHosts, misdirected(reg, logger))
+	hosts, err := adminHostCheck(ln.Addr().String(), o.AdminHosts, misdirected(reg, logger))
 	if err != nil {
 		_ = ln.Close()
 		return nil, nil, err
@@ -520,7 +520,7 @@ func listenAdmin(o serverOptions, reg prometheus.Registerer, logger *slog.Logger
 // newAdminServer is the admin listener's HTTP server, with its timeouts.
 // net/http's own errors (a failed accept, a handler's panic) go to
 // logger, in its format, not as text through the log package.
-func newAdminServer(h http.Handler, logger *slog.Logger) *http.Server {
+func NewAdminServer(h http.Handler, logger *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
@@ -533,14 +533,14 @@ func newAdminServer(h http.Handler, logger *slog.Logger) *http.Server {
 }
 
 // adminHostsFlag names the admin listener's allowed host names.
-const adminHostsFlag = "admin-allowed-hosts"
+const AdminHostsFlag = "admin-allowed-hosts"
 
 // adminHostCheck is the Host check of the admin listener bound to listen;
 // onRefuse (may be nil) hears of each refusal.
 func adminHostCheck(listen string, allowed []string, onRefuse func(*http.Request)) (*hostcheck.Checker, error) {
-	c, err := hostcheck.New(hostcheck.Config{Listen: listen, Allowed: allowed, Flag: "--" + adminHostsFlag, OnRefuse: onRefuse})
+	c, err := hostcheck.New(hostcheck.Config{Listen: listen, Allowed: allowed, Flag: "--" + AdminHostsFlag, OnRefuse: onRefuse})
 	if err != nil {
-		return nil, fmt.Errorf("--%s: %w", adminHostsFlag, err)
+		return nil, fmt.Errorf("--%s: %w", AdminHostsFlag, err)
 	}
 	return c, nil
 }
@@ -557,13 +557,13 @@ func misdirected(reg prometheus.Registerer, logger *slog.Logger) func(*http.Requ
 	lim := loglimit.NewDefault()
 	return func(r *http.Request) {
 		refused.Inc()
-		logger.Log(r.Context(), lim.Level(slog.LevelWarn), "admin request refused: Host is not a name of this listener; list it with --"+adminHostsFlag+" if it is yours",
+		logger.Log(r.Context(), lim.Level(slog.LevelWarn), "admin request refused: Host is not a name of this listener; list it with --"+AdminHostsFlag+" if it is yours",
 			"host", r.Host, logattr.Address, r.RemoteAddr, "path", r.URL.Path)
 	}
 }
 
 // serveAdmin serves the admin listener until ctx is done.
-func serveAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
+func ServeAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

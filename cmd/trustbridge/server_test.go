@@ -33,12 +33,12 @@ import (
 // of the test) and returns the admin address and what it wrote until it
 // served: the start-up records (logRecord), after the banner when o logs
 // text.
-func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop func()) {
+func launchServer(t *testing.T, o Config) (admin, banner string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	e, out, logs := testEnv(t, o.logFormat)
+	e, out, logs := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runServer(ctx, e, o, ready)
 	}()
@@ -46,13 +46,13 @@ func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop fun
 	case admin = <-ready:
 	case err := <-done:
 		cancel()
-		t.Fatalf("%s server exited: %v\n%s", o.trustDomain, err, logs.String())
+		t.Fatalf("%s server exited: %v\n%s", o.TrustDomain, err, logs.String())
 	}
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			assert.NoError(t, <-done, "%s server: clean shutdown", o.trustDomain)
+			assert.NoError(t, <-done, "%s server: clean shutdown", o.TrustDomain)
 		})
 	}
 	t.Cleanup(stop)
@@ -61,17 +61,17 @@ func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop fun
 
 // baseServerOptions is a server for td on dataDir with the defaults of the
 // flags and loopback listeners; the bundle endpoint is off.
-func baseServerOptions(td, dataDir string) serverOptions {
-	return serverOptions{
-		trustDomain: td, dataDir: dataDir, adminListen: "127.0.0.1:0",
-		keyType: "ec-p256", caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour,
-		maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
-		federation: federationOptions{minRefresh: federation.DefaultMinRefresh, maxRefresh: federation.DefaultMaxRefresh,
-			timeout: 5 * time.Second},
+func baseServerOptions(td, dataDir string) Config {
+	return Config{
+		TrustDomain: td, DataDir: dataDir, AdminListen: "127.0.0.1:0",
+		KeyType: "ec-p256", CATTL: 8760 * time.Hour, WorkloadTTL: 24 * time.Hour,
+		MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute, LogFormat: "json", LogLevel: "info",
+		Federation: FederationConfig{MinRefresh: federation.DefaultMinRefresh, MaxRefresh: federation.DefaultMaxRefresh,
+			Timeout: 5 * time.Second},
 	}
 }
 
-func startServer(t *testing.T, dataDir string, mutate ...func(*serverOptions)) (string, *bytes.Buffer) {
+func startServer(t *testing.T, dataDir string, mutate ...func(*Config)) (string, *bytes.Buffer) {
 	t.Helper()
 	o := baseServerOptions("example.org", dataDir)
 	for _, m := range mutate {
@@ -262,12 +262,12 @@ func TestServerPluginCA(t *testing.T) {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	o := serverOptions{
-		trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
-		caTTL: 8760 * time.Hour, workloadTTL: time.Hour, maxWorkloadTTL: 24 * time.Hour, refreshHint: 5 * time.Minute,
-		caDir: caDir, caDirPoll: time.Hour, logFormat: "json", logLevel: "info",
+	o := Config{
+		TrustDomain: "example.org", DataDir: t.TempDir(), AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
+		CATTL: 8760 * time.Hour, WorkloadTTL: time.Hour, MaxWorkloadTTL: 24 * time.Hour, RefreshHint: 5 * time.Minute,
+		CADir: caDir, CADirPoll: time.Hour, LogFormat: "json", LogLevel: "info",
 	}
-	e, _, logs := testEnv(t, o.logFormat)
+	e, _, logs := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runServer(ctx, e, o, ready)
 	}()

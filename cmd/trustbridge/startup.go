@@ -18,8 +18,8 @@ import (
 // person reading it. With JSON logs there is no banner: a log pipeline
 // (kubectl logs merges standard output and error) gets JSON lines only,
 // and the records carry the same facts.
-func announce(e env, o serverOptions, p *serverParts, addr string, logger *slog.Logger) {
-	if textLogs(e.err, o.logFormat) {
+func announce(e env, o Config, p *serverParts, addr string, logger *slog.Logger) {
+	if textLogs(e.err, o.LogFormat) {
 		printBanner(e.out, o, p, addr)
 		p.gs.printBanner(e.out)
 	}
@@ -32,14 +32,14 @@ func textLogs(w io.Writer, format string) bool {
 }
 
 // caMode describes where the CA's state is, for the banner and the log.
-func caMode(o serverOptions, kube *kubeSetup) string {
+func caMode(o Config, kube *kubeSetup) string {
 	switch {
-	case o.caDir != "":
-		return "plug-in CA from " + o.caDir + " (reloaded on change)"
+	case o.CADir != "":
+		return "plug-in CA from " + o.CADir + " (reloaded on change)"
 	case kube != nil:
 		return kube.describe()
 	}
-	abs, _ := filepath.Abs(o.dataDir)
+	abs, _ := filepath.Abs(o.DataDir)
 	return fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
 }
 
@@ -47,7 +47,7 @@ func caMode(o serverOptions, kube *kubeSetup) string {
 // CA, listeners), the bundle endpoint's tuple, the certificate service,
 // and one record per federated trust domain the flags and files
 // configure.
-func logStart(o serverOptions, p *serverParts, addr string, logger *slog.Logger) {
+func logStart(o Config, p *serverParts, addr string, logger *slog.Logger) {
 	td, a := p.td, p.authority
 	listeners := []any{"admin", addr}
 	if p.ep != nil {
@@ -57,10 +57,10 @@ func logStart(o serverOptions, p *serverParts, addr string, logger *slog.Logger)
 		listeners = append(listeners, "grpc", p.gs.ln.Addr().String())
 	}
 	logger.Info("trustbridge server started", "version", buildVersion(), logattr.TrustDomain, td.Name(),
-		logattr.DataDir, o.dataDir, "ca", caMode(o, p.kube), logattr.Roots, len(a.Roots()), logattr.Sequence, a.Sequence(),
+		logattr.DataDir, o.DataDir, "ca", caMode(o, p.kube), logattr.Roots, len(a.Roots()), logattr.Sequence, a.Sequence(),
 		"admin", "http://"+addr, slog.Group("listeners", listeners...))
 	if ep := p.ep; ep != nil {
-		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.bundle.profile, "tuple", ep.tuple(td)}
+		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.Bundle.Profile, "tuple", ep.tuple(td)}
 		if !ep.id.IsZero() {
 			attrs = append(attrs, logattr.SPIFFEID, ep.id.String(), "bootstrap", ep.bootstrapCommand(td, addr))
 		}
@@ -91,7 +91,7 @@ func peerAttrs(ep federation.Endpoint, origin string) []any {
 
 // printBanner prints the start banner: what is served, and the commands
 // to try first.
-func printBanner(w io.Writer, o serverOptions, p *serverParts, addr string) {
+func printBanner(w io.Writer, o Config, p *serverParts, addr string) {
 	td, a := p.td.Name(), p.authority
 	fmt.Fprintf(w, `trustbridge is serving trust domain %s
   version:    %s
@@ -104,9 +104,9 @@ func printBanner(w io.Writer, o serverOptions, p *serverParts, addr string) {
 	if p.kube == nil {
 		// ca issue reads the state directory; with Kubernetes storage
 		// certificates come from the gRPC service (ca request).
-		issue := "--data-dir " + o.dataDir
-		if o.caDir != "" {
-			issue = "--ca-dir " + o.caDir
+		issue := "--data-dir " + o.DataDir
+		if o.CADir != "" {
+			issue = "--ca-dir " + o.CADir
 		}
 		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --credentials-dir ./demo-creds\n", issue, td)
 	}

@@ -28,7 +28,7 @@ func TestBannerAndRecordsListTheSamePeers(t *testing.T) {
 
 	var banner bytes.Buffer
 	printPeers(&banner, fed)
-	assert.Equal(t, "  federates:  added.example https://added.example/bundle (https_web, from "+originRuntime+")\n"+
+	assert.Equal(t, "  federates:  added.example https://added.example/bundle (https_web, from "+OriginRuntime+")\n"+
 		"              web.example https://web.example/bundle (https_web, from flag)\n", banner.String())
 
 	var logs bytes.Buffer
@@ -39,5 +39,5 @@ func TestBannerAndRecordsListTheSamePeers(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(line), &r))
 		logged = append(logged, r["trust_domain"].(string)+" "+r["origin"].(string))
 	}
-	assert.Equal(t, []string{"added.example " + originRuntime, "web.example flag"}, logged)
+	assert.Equal(t, []string{"added.example " + OriginRuntime, "web.example flag"}, logged)
 }

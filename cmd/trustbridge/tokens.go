@@ -17,7 +17,7 @@ import (
 
 // bootstrapTokens loads --bootstrap-token-file with the ledger that
 // records which single-use tokens were consumed.
-func bootstrapTokens(o grpcOptions, td spiffeid.TrustDomain, reg prometheus.Registerer, logger *slog.Logger) (*authn.BootstrapTokens, error) {
+func bootstrapTokens(o GRPCConfig, td spiffeid.TrustDomain, reg prometheus.Registerer, logger *slog.Logger) (*authn.BootstrapTokens, error) {
 	if o.tokenLedger == nil {
 		return nil, errors.New("--bootstrap-token-file: no consumed-token ledger configured")
 	}
@@ -26,15 +26,15 @@ func bootstrapTokens(o grpcOptions, td spiffeid.TrustDomain, reg prometheus.Regi
 		return nil, fmt.Errorf("--bootstrap-token-file: %w", err)
 	}
 	boot, err := authn.NewBootstrapTokens(authn.BootstrapTokensConfig{
-		Path: o.bootstrapFile, TrustDomain: td, Ledger: ledger,
-		ReloadInterval: o.bootstrapReload, OnReload: o.onBootstrapReload,
+		Path: o.BootstrapFile, TrustDomain: td, Ledger: ledger,
+		ReloadInterval: o.BootstrapReload, OnReload: o.OnBootstrapReload,
 		Logger: logger.With(logattr.Component, "bootstrap-tokens"), Registerer: reg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--bootstrap-token-file: %w", err)
 	}
 	logger.Warn("bootstrap tokens accepted: a token is a shared secret that proves nothing about the machine holding it; it buys a first certificate, which then renews itself (trustbridge ca request --renew, trustbridge agent). Tokens are single-use unless their line says reusable",
-		"path", o.bootstrapFile, "tokens", boot.Len(), "consumed_ledger", describeLedger(ledger))
+		"path", o.BootstrapFile, "tokens", boot.Len(), "consumed_ledger", describeLedger(ledger))
 	return boot, nil
 }
 

@@ -93,7 +93,7 @@ type tokenServer struct {
 func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	t.Helper()
 	o := baseServerOptions("example.org", dataDir)
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	admin, banner, stop := launchServer(t, o)
 	_, roots, err := ca.NewStore(dataDir).Load("example.org")
 	require.NoError(t, err)
@@ -202,8 +202,8 @@ func TestBootstrapTokenLedgerCorrupt(t *testing.T) {
 	dataDir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dataDir, authn.LedgerFileName), []byte(`{"version":1,"consumed":`), 0o600))
 	o := baseServerOptions("example.org", dataDir)
-	o.init = true // the directory holds the ledger but no CA state yet
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: writeTokenFile(t, laptopToken+","+laptopID.String()+"\n"), tokenReview: tokenReviewOff}
+	o.Init = true // the directory holds the ledger but no CA state yet
+	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: writeTokenFile(t, laptopToken+","+laptopID.String()+"\n"), TokenReview: TokenReviewOff}
 	err := serverError(t, o)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--bootstrap-token-file: authn: consumed-token ledger "+filepath.Join(dataDir, authn.LedgerFileName))

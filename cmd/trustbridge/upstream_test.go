@@ -15,17 +15,17 @@ import (
 
 func TestUpstreamOptions(t *testing.T) {
 	for name, tc := range map[string]struct {
-		o     upstreamOptions
+		o     UpstreamConfig
 		caDir string
 		want  string
 	}{
-		"none":                           {o: upstreamOptions{ttl: time.Hour}},
-		"unknown kind":                   {o: upstreamOptions{kind: "vault", ttl: time.Hour}, want: `--upstream "vault"`},
-		"with ca-dir":                    {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, caDir: "/x", want: "cannot be combined"},
-		"negative ttl":                   {o: upstreamOptions{kind: upstreamKubeCSR, ttl: -time.Hour}, want: "--upstream-ttl"},
-		"trustbridge":                    {o: upstreamOptions{kind: upstreamTrustbridge, ttl: time.Hour}, want: "--upstream-root-cert"},
-		"kube-csr without an API server": {o: upstreamOptions{kind: upstreamKubeCSR, ttl: time.Hour}, want: "needs a Kubernetes API"},
-		"kube-csr without roots": {o: upstreamOptions{kind: upstreamKubeCSR, ttl: time.Hour, kubeconfig: writeUnusedKubeconfig(t)},
+		"none":                           {o: UpstreamConfig{TTL: time.Hour}},
+		"unknown kind":                   {o: UpstreamConfig{Kind: "vault", TTL: time.Hour}, want: `--upstream "vault"`},
+		"with ca-dir":                    {o: UpstreamConfig{Kind: UpstreamTrustbridge, TTL: time.Hour}, caDir: "/x", want: "cannot be combined"},
+		"negative ttl":                   {o: UpstreamConfig{Kind: upstreamKubeCSR, TTL: -time.Hour}, want: "--upstream-ttl"},
+		"trustbridge":                    {o: UpstreamConfig{Kind: UpstreamTrustbridge, TTL: time.Hour}, want: "--upstream-root-cert"},
+		"kube-csr without an API server": {o: UpstreamConfig{Kind: upstreamKubeCSR, TTL: time.Hour}, want: "needs a Kubernetes API"},
+		"kube-csr without roots": {o: UpstreamConfig{Kind: upstreamKubeCSR, TTL: time.Hour, kubeconfig: writeUnusedKubeconfig(t)},
 			want: "--upstream-kube-roots FILE"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -19,7 +19,7 @@ func TestTrustbridgeUpstreamFlags(t *testing.T) {
 		{[]string{"--upstream-address=corp:15012", "--upstream-root-cert=/nonexistent/roots.pem", "--upstream-prov-cert=d"}, "--upstream-root-cert"},
 	} {
 		f := pflag.NewFlagSet("t", pflag.ContinueOnError)
-		var o trustbridgeUpstreamOptions
+		var o TrustbridgeUpstreamConfig
 		addTrustbridgeUpstreamFlags(f, &o)
 		require.NoError(t, f.Parse(tc.args))
 		_, err := newTrustbridgeUpstreamClient(o)
@@ -38,14 +38,14 @@ func TestDownstreamAllowFlag(t *testing.T) {
 		{[]string{"--max-downstream-ttl=-1s"}, "--max-downstream-ttl -1s must not be negative"},
 	} {
 		f := pflag.NewFlagSet("t", pflag.ContinueOnError)
-		var o downstreamOptions
+		var o DownstreamConfig
 		addDownstreamFlags(f, &o)
 		require.NoError(t, f.Parse(tc.args))
 		_, err := o.parse(td)
 		assert.ErrorContains(t, err, tc.want, "%v", tc.args)
 	}
 	f := pflag.NewFlagSet("t", pflag.ContinueOnError)
-	var o downstreamOptions
+	var o DownstreamConfig
 	addDownstreamFlags(f, &o)
 	require.NoError(t, f.Parse([]string{"--downstream-allow=spiffe://corp.example/region/eu", "--downstream-allow=spiffe://corp.example/region/us"}))
 	ids, err := o.parse(td)

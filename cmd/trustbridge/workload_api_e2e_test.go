@@ -69,10 +69,10 @@ func TestWorkloadAPIE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a federated pair and two agents, and waits for both CAs to rotate")
 	}
-	grpcWith := func(tokens string) func(*serverOptions) {
-		return func(o *serverOptions) {
-			o.refreshHint = 2 * time.Second
-			o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	grpcWith := func(tokens string) func(*Config) {
+		return func(o *Config) {
+			o.RefreshHint = 2 * time.Second
+			o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 		}
 	}
 	east, west := startSPIFFEPair(t,

@@ -11,8 +11,8 @@ import (
 
 // addWorkloadDNSFlags adds the template of the DNS names Kubernetes
 // workloads' certificates carry beside their SPIFFE ID.
-func addWorkloadDNSFlags(f *pflag.FlagSet, o *grpcOptions) {
-	f.StringVar(&o.workloadDNSNameTemplate, "workload-dns-name-template", "",
+func addWorkloadDNSFlags(f *pflag.FlagSet, o *GRPCConfig) {
+	f.StringVar(&o.WorkloadDNSNameTemplate, "workload-dns-name-template", "",
 		"DNS name put in the certificates of Kubernetes workloads beside their SPIFFE ID, for clients that check host names "+
 			"(Open Service Mesh, plain TLS): {sa}, {ns} and {td} (the trust domain) each a whole label, "+
 			"e.g. {sa}.{ns}.{td} (OSM's shape) or {sa}.{ns}.svc.cluster.local. Only for identities a Kubernetes service account "+
@@ -26,11 +26,11 @@ func addWorkloadDNSFlags(f *pflag.FlagSet, o *grpcOptions) {
 // The certificate service's own names (--grpc-dns-names) are reserved:
 // Istio agents check the CA's host name against the roots every workload
 // certificate chains to.
-func workloadDNSNames(o grpcOptions, td spiffeid.TrustDomain) (*workloaddns.Template, error) {
-	if o.workloadDNSNameTemplate == "" {
+func workloadDNSNames(o GRPCConfig, td spiffeid.TrustDomain) (*workloaddns.Template, error) {
+	if o.WorkloadDNSNameTemplate == "" {
 		return nil, nil
 	}
-	t, err := workloaddns.Parse(o.workloadDNSNameTemplate, td, nonEmpty(o.dnsNames)...)
+	t, err := workloaddns.Parse(o.WorkloadDNSNameTemplate, td, nonEmpty(o.DNSNames)...)
 	if err != nil {
 		return nil, fmt.Errorf("--workload-dns-name-template: %w", err)
 	}
@@ -42,8 +42,8 @@ func workloadDNSNames(o grpcOptions, td spiffeid.TrustDomain) (*workloaddns.Temp
 // upstream the CA lets downstream intermediates vouch for DNS names in it
 // only; as a downstream it refuses an intermediate that does not permit
 // them (ca.Config.WorkloadDNSZone).
-func workloadDNSZone(o grpcOptions, td spiffeid.TrustDomain) (string, error) {
-	if o.listen == "" {
+func workloadDNSZone(o GRPCConfig, td spiffeid.TrustDomain) (string, error) {
+	if o.Listen == "" {
 		return "", nil // checkGRPCOff refuses a template
 	}
 	t, err := workloadDNSNames(o, td)
@@ -56,9 +56,9 @@ func workloadDNSZone(o grpcOptions, td spiffeid.TrustDomain) (string, error) {
 // servingDNSNames are the certificate service's serving certificate's DNS
 // names (--grpc-dns-names), which an upstream's intermediate must permit
 // (ca.Config.ServingDNSNames).
-func servingDNSNames(o grpcOptions) []string {
-	if o.listen == "" {
+func servingDNSNames(o GRPCConfig) []string {
+	if o.Listen == "" {
 		return nil
 	}
-	return nonEmpty(o.dnsNames)
+	return nonEmpty(o.DNSNames)
 }

@@ -32,7 +32,7 @@ func TestWorkloadDNSNamesFlag(t *testing.T) {
 			if tc.td != "" {
 				d = spiffeid.RequireTrustDomainFromString(tc.td)
 			}
-			tmpl, err := workloadDNSNames(grpcOptions{workloadDNSNameTemplate: tc.template, dnsNames: tc.dnsNames}, d)
+			tmpl, err := workloadDNSNames(GRPCConfig{WorkloadDNSNameTemplate: tc.template, DNSNames: tc.dnsNames}, d)
 			if tc.wantErr != "" {
 				assert.ErrorContains(t, err, tc.wantErr)
 				assert.Nil(t, tmpl)
@@ -48,7 +48,7 @@ func TestWorkloadDNSNamesFlag(t *testing.T) {
 // certificate service's own certificate, which Istio agents check.
 func TestWorkloadDNSNamesReserveGRPCNames(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("example.org")
-	tmpl, err := workloadDNSNames(grpcOptions{workloadDNSNameTemplate: "{sa}.{ns}.svc", dnsNames: []string{" istiod.istio-system.svc", ""}}, td)
+	tmpl, err := workloadDNSNames(GRPCConfig{WorkloadDNSNameTemplate: "{sa}.{ns}.svc", DNSNames: []string{" istiod.istio-system.svc", ""}}, td)
 	require.NoError(t, err)
 	_, err = tmpl.Names(spiffeid.RequireFromPath(td, "/ns/istio-system/sa/istiod"),
 		authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "istio-system/istiod"})
