@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -165,7 +166,7 @@ func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	addAgentAdminFlags(f, &o.admin)
 	for flag, env := range agentEnv {
-		bindEnv(f, flag, env)
+		flagenv.Bind(f, flag, env)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -41,7 +42,7 @@ func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *oldName, getenv 
 		credentialsDirFlag, outputCerts.value, credentialsDirFlag, o.credentialsDir)); err != nil {
 		return err
 	}
-	from, err := applyEnv(f, getenv)
+	from, err := flagenv.Apply(f, getenv)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"runtime"
 	"strings"
 	"testing"
@@ -24,8 +25,8 @@ func TestLevenshtein(t *testing.T) {
 		{"kitten", "sitting", 3},
 	} {
 		t.Run(tc.a+"/"+tc.b, func(t *testing.T) {
-			assert.Equal(t, tc.want, levenshtein(tc.a, tc.b))
-			assert.Equal(t, tc.want, levenshtein(tc.b, tc.a), "symmetric")
+			assert.Equal(t, tc.want, flagenv.Levenshtein(tc.a, tc.b))
+			assert.Equal(t, tc.want, flagenv.Levenshtein(tc.b, tc.a), "symmetric")
 		})
 	}
 }

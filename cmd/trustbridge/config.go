@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"io"
 	"slices"
 	"sort"
@@ -26,7 +27,7 @@ const configFlag = "config"
 const federationKey = "federation"
 
 // envVars names, for the server's flags that have one, the environment
-// variable that sets them (declared on the flags with bindEnv). A set
+// variable that sets them (declared on the flags with flagenv.Bind). A set
 // variable beats the config file, a flag beats both.
 var envVars = map[string]string{
 	"trust-domain": "TRUST_DOMAIN",
@@ -217,7 +218,7 @@ func (s setting) apply(getenv func(string) string) error {
 	if s.flag.Changed {
 		return nil
 	}
-	for _, env := range flagEnv(s.flag) {
+	for _, env := range flagenv.Vars(s.flag) {
 		if getenv(env) != "" {
 			return nil
 		}
@@ -326,7 +327,7 @@ func suggestFlag(fs *pflag.FlagSet, key string) string {
 	}
 	best, bestD := "", 3
 	for _, n := range names {
-		if d := levenshtein(norm(key), n); d < bestD {
+		if d := flagenv.Levenshtein(norm(key), n); d < bestD {
 			best, bestD = n, d
 		}
 	}

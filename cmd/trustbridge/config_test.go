@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"io"
 	"os"
 	"path/filepath"
@@ -240,7 +241,7 @@ func TestConfigurationDoc(t *testing.T) {
 				def = "`" + def + "`"
 			}
 			envName := "—"
-			if e := flagEnv(f); len(e) > 0 {
+			if e := flagenv.Vars(f); len(e) > 0 {
 				envName = "`" + strings.Join(e, "`, `") + "`"
 			}
 			rows = append(rows, fmt.Sprintf("| `--%s` | %s | %s | %s | %s |", f.Name, f.Value.Type(), def, envName,

@@ -3,65 +3,14 @@ package main
 import (
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 // credentialsDirFlag names, in ca issue, ca request and agent alike, the
 // directory holding a workload's key.pem, cert-chain.pem and root-cert.pem
 // (Istio's workload-spiffe-credentials).
 const credentialsDirFlag = "credentials-dir"
-
-// envAnnotation is the pflag annotation naming the environment variables
-// that set a flag. One mechanism for every command: trustbridge server's
-// TRUST_DOMAIN and the agent's Istio names alike are declared with
-// bindEnv, and docs/configuration.md lists what it declares.
-const envAnnotation = "trustbridge/env"
-
-// bindEnv declares that the variables names set flag name (the first set
-// one wins) and lists them in the flag's help.
-func bindEnv(fs *pflag.FlagSet, name string, names ...string) {
-	f := fs.Lookup(name)
-	if f == nil {
-		panic("bindEnv: no flag --" + name)
-	}
-	_ = fs.SetAnnotation(name, envAnnotation, names)
-	if !strings.Contains(f.Usage, "env "+names[0]) {
-		f.Usage += " (env " + strings.Join(names, ", ") + ")"
-	}
-}
-
-// flagEnv is the environment variables that set f, if any.
-func flagEnv(f *pflag.Flag) []string { return f.Annotations[envAnnotation] }
-
-// applyEnv sets every flag not given on the command line from its
-// environment variable, if set and not empty: a flag beats its variable,
-// which beats the default. An invalid value is an error naming the
-// variable. It returns, per flag it set, the variable that set it.
-func applyEnv(fs *pflag.FlagSet, getenv func(string) string) (map[string]string, error) {
-	from := map[string]string{}
-	var err error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed {
-			return
-		}
-		for _, name := range flagEnv(f) {
-			v := getenv(name)
-			if v == "" {
-				continue
-			}
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q (for --%s): %w", name, v, f.Name, e)
-				return
-			}
-			from[f.Name] = name
-			return
-		}
-	})
-	return from, err
-}
 
 // oldName is a flag's previous name, kept for a release: hidden, it warns
 // on stderr (never stdout, where a script may read the output) and merge
