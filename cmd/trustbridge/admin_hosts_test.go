@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -30,7 +31,7 @@ func getWithHost(t *testing.T, url, host string) (int, string) {
 // of the snapshot; the server's own address, localhost and a listed name
 // are served.
 func TestAdminRefusesRebindingHost(t *testing.T) {
-	addr, _ := startServer(t, t.TempDir(), func(o *Config) {
+	addr, _ := startServer(t, t.TempDir(), func(o *server.Config) {
 		o.AdminHosts = []string{"trustbridge-admin.trustbridge-system.svc"}
 	})
 	_, port, err := net.SplitHostPort(addr)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -157,8 +158,8 @@ func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
 	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA). Istio's CA_ROOT_CA=SYSTEM (the system's web roots) is refused: the server presents an X509-SVID, which no web root signs")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding a Kubernetes service account token or a bootstrap token, re-read at every use")
 	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem of a provisioning certificate that authenticates the first request when --credentials-dir holds no valid one; only read")
-	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the workload and of the certificate service at --ca-addr, which must present spiffe://<trust-domain>"+GRPCServingPath+" (default: the one trust domain --root-cert names). Istio's agent puts it in its CSR; here the server decides the identity from how the agent authenticates")
-	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+GRPCServingPath+")")
+	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the workload and of the certificate service at --ca-addr, which must present spiffe://<trust-domain>"+server.GRPCServingPath+" (default: the one trust domain --root-cert names). Istio's agent puts it in its CSR; here the server decides the identity from how the agent authenticates")
+	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+server.GRPCServingPath+")")
 	f.Float64Var(&o.graceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
 	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for, whole seconds (default: the server's --workload-ttl; Istio's SECRET_TTL defaults to 24h)")
 	f.DurationVar(&o.pollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
@@ -171,16 +172,16 @@ func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
 }
 
 func runAgent(ctx context.Context, e env, o agentOptions) error {
-	base, err := NewLogger(e.err, o.logFormat, o.logLevel)
+	base, err := server.NewLogger(e.err, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
 	}
 	// Each part names its component on the process's logger; one derived
 	// from another's would carry both (the rotator's records said
 	// "component" twice).
-	RouteGRPCLog(base)
-	SetMemoryLimit(base)
-	reg := NewRegistry()
+	server.RouteGRPCLog(base)
+	server.SetMemoryLimit(base)
+	reg := server.NewRegistry(buildVersion())
 	cfg, err := o.config(base, reg)
 	if err != nil {
 		return err

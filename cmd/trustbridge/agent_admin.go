@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"sync"
 
@@ -16,7 +17,7 @@ import (
 type agentAdminOptions struct {
 	listen string
 	hosts  []string
-	conns  ConnLimits
+	conns  server.ConnLimits
 }
 
 // addAgentAdminFlags registers the agent's admin listener flags. Off by
@@ -24,8 +25,8 @@ type agentAdminOptions struct {
 // (15020, 15021) or several to a node, where an unasked-for port collides.
 func addAgentAdminFlags(f *pflag.FlagSet, o *agentAdminOptions) {
 	f.StringVar(&o.listen, "admin-listen", "", `address of the agent's admin HTTP listener (/healthz; /readyz: 200 once SDS serves a certificate; /metrics), e.g. 127.0.0.1:15022; "" (the default): none`)
-	f.StringSliceVar(&o.hosts, AdminHostsFlag, nil, "more host names the admin listener is reached by, NAME or NAME:PORT; a request naming another host gets 421, as on the server's (repeatable)")
-	AdminLimits.AddFlags(f, &o.conns, "admin", "the kubelet's probes and Prometheus", "")
+	f.StringSliceVar(&o.hosts, server.AdminHostsFlag, nil, "more host names the admin listener is reached by, NAME or NAME:PORT; a request naming another host gets 421, as on the server's (repeatable)")
+	server.AdminLimits.AddFlags(f, &o.conns, "admin", "the kubelet's probes and Prometheus", "")
 }
 
 // agentHUPIgnored says why the agent has nothing to reload on SIGHUP.
@@ -44,22 +45,22 @@ func startAgentSide(ctx context.Context, e env, o agentAdminOptions, a agentRead
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = ServeReloads(ctx, e.hup, nil, agentHUPIgnored, logger)
+		_ = server.ServeReloads(ctx, e.hup, nil, agentHUPIgnored, logger)
 	}()
 	if o.listen == "" {
 		return stop, nil
 	}
-	ln, hosts, err := ListenAdmin(Config{AdminListen: o.listen, AdminHosts: o.hosts, AdminConns: o.conns}, reg, logger)
+	ln, hosts, err := server.ListenAdmin(server.Config{AdminListen: o.listen, AdminHosts: o.hosts, AdminConns: o.conns}, reg, logger)
 	if err != nil {
 		stop()
 		return nil, err
 	}
-	srv := NewAdminServer(hosts.Wrap(admin.Probes(a.Ready, reg)), logger)
+	srv := server.NewAdminServer(hosts.Wrap(admin.Probes(a.Ready, reg)), logger)
 	logger.Info("admin listening", logattr.Address, ln.Addr().String(), "paths", "/healthz /readyz /metrics")
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := ServeAdmin(ctx, srv, ln); err != nil {
+		if err := server.ServeAdmin(ctx, srv, ln); err != nil {
 			logger.Error("admin listener stopped", logattr.Error, err)
 		}
 	}()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -71,7 +72,7 @@ func TestAgentAdminListener(t *testing.T) {
 	require.NoError(t, err)
 	proxy := startGatedProxy(t, addr)
 	o := agentFor(t, proxy.ln.Addr().String(), rootsPEM, laptopToken)
-	o.serverID = "spiffe://example.org" + GRPCServingPath
+	o.serverID = "spiffe://example.org" + server.GRPCServingPath
 	o.admin.listen = "127.0.0.1:0"
 
 	e, _, logs := testEnv(t, o.logFormat)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -178,7 +179,7 @@ func (o agentOptions) expectedServerID() (spiffeid.ID, error) {
 		if td.IsZero() {
 			return spiffeid.ID{}, nil
 		}
-		return spiffeid.FromPath(td, GRPCServingPath)
+		return spiffeid.FromPath(td, server.GRPCServingPath)
 	}
 	id, err := spiffeid.FromString(o.serverID)
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/x509"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"log/slog"
 	"strings"
@@ -110,7 +111,7 @@ func TestAgentEnvPrecedence(t *testing.T) {
 			assert.Equal(t, "/prov", cfg.Rotator.ProvCertDir)
 		}},
 		{"TRUST_DOMAIN names the server", nil, with(map[string]string{"TRUST_DOMAIN": "example.org"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
-			assert.Equal(t, "spiffe://example.org"+GRPCServingPath, cfg.Rotator.ServerID.String())
+			assert.Equal(t, "spiffe://example.org"+server.GRPCServingPath, cfg.Rotator.ServerID.String())
 		}},
 		{"FILE_MOUNTED_CERTS: no CA even with CA_ADDR", nil, with(map[string]string{"FILE_MOUNTED_CERTS": "true"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Nil(t, cfg.Rotator)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -225,7 +226,7 @@ func TestAuditLogTornTail(t *testing.T) {
 	assert.Equal(t, uint64(2), res.Entries)
 
 	var logs testlog.Buffer
-	trail, closeLog, err := SetupAudit(Config{DataDir: dir}, env{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	trail, closeLog, err := server.OpenAuditTrail(server.Config{DataDir: dir}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	require.NotNil(t, trail)
 	closeLog()

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"io/fs"
 	"os"
@@ -59,7 +60,7 @@ func runBackup(e env, dataDir, out string) error {
 	}
 	// The admin token is a credential of the running server, new at each
 	// start: an archive has no use for it and should not carry it.
-	others, err := backup.Collect(dataDir, ca.StateDir, AdminTokenName)
+	others, err := backup.Collect(dataDir, ca.StateDir, server.AdminTokenName)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net/http"
 	"os"
@@ -47,7 +48,7 @@ func newRestoreDrill(t *testing.T) *restoreDrill {
 
 func (d *restoreDrill) start() {
 	d.t.Helper()
-	d.east = startE2EServer(d.t, "east.example", d.dataDir, func(o *Config) {
+	d.east = startE2EServer(d.t, "east.example", d.dataDir, func(o *server.Config) {
 		o.Bundle.Listen = d.addr
 		o.RefreshHint = time.Second
 	})
@@ -137,7 +138,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 		t.Skip("waits for two root activations (5 one-second refresh hints each)")
 	}
 	d := newRestoreDrill(t)
-	west := startE2EServer(t, "west.example", t.TempDir(), func(o *Config) {
+	west := startE2EServer(t, "west.example", t.TempDir(), func(o *server.Config) {
 		o.Federation.ConfigFile = writeSPIFFEFederationConfig(t, "east.example", d.addr, d.roots)
 	})
 	waitHolds := func(seq uint64, roots int) federation.Status {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"testing"
@@ -33,19 +34,19 @@ var laptopID = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
 // times, to SDS and to the certificate service, to test other things
 // (refusals, agents, SDS). Single-use tokens, the default, are tested in
 // tokens_test.go.
-func grpcServer(t *testing.T, mutate ...func(*Config)) (addr, rootCert, dataDir string) {
+func grpcServer(t *testing.T, mutate ...func(*server.Config)) (addr, rootCert, dataDir string) {
 	t.Helper()
 	return grpcServerWithTokens(t, laptopToken+","+laptopID.String()+",reusable\n", mutate...)
 }
 
 // grpcServerWithTokens is grpcServer with the token file's content.
-func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*Config)) (addr, rootCert, dataDir string) {
+func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*server.Config)) (addr, rootCert, dataDir string) {
 	t.Helper()
 	dataDir = t.TempDir()
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(lines), 0o600))
-	_, banner := startServer(t, dataDir, append([]func(*Config){func(o *Config) {
-		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
+	_, banner := startServer(t, dataDir, append([]func(*server.Config){func(o *server.Config) {
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 	}}, mutate...)...)
 	addr = grpcAddr(t, banner.String())
 
@@ -291,10 +292,10 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 	relay := writeFile(t, string(doc), 0o644)
 	forged, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://example.org/admin"))
 	peerLeaf, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://relay.example/api"))
-	for _, mode := range []string{RootsMerged, RootsLocal} {
+	for _, mode := range []string{server.RootsMerged, server.RootsLocal} {
 		t.Run(mode, func(t *testing.T) {
-			addr, rootCert, _ := grpcServer(t, func(o *Config) {
-				o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true,
+			addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+				o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileSPIFFE, ServeOthers: true,
 					Files: []string{"relay.example=" + relay}}
 				o.GRPC.ResponseRoots = mode
 			})
@@ -332,9 +333,4 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 			checkCreds(t, out, laptopID)
 		})
 	}
-}
-
-// The certificate service serves the ID the shared client expects.
-func TestGRPCServingPathIsCAClientServerPath(t *testing.T) {
-	assert.Equal(t, caclient.ServerPath, GRPCServingPath)
 }

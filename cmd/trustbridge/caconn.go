@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -31,7 +32,7 @@ func addCAConnFlags(f *pflag.FlagSet, o *caConnOptions) {
 	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, to verify the server (required)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding a bearer token (bootstrap token or Kubernetes service account token)")
 	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem to authenticate with (Istio's PROV_CERT); only read")
-	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+GRPCServingPath+")")
+	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+server.GRPCServingPath+")")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline for the whole request")
 }
 

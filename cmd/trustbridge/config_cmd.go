@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"os"
 
@@ -32,15 +33,15 @@ Prints "ok" or every problem found; the exit status is 1 on any problem.`,
   TRUST_DOMAIN=example.org trustbridge config check deploy/base/config.yaml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var o Config
+			var o server.Config
 			fs := pflag.NewFlagSet("server", pflag.ContinueOnError)
 			fs.SetOutput(io.Discard)
-			addServerFlags(fs, &o)
+			o.AddFlags(fs)
 			o.ConfigPath = args[0]
-			if err := loadServerConfig(fs, &o, os.Getenv); err != nil {
+			if err := o.Load(fs, os.Getenv); err != nil {
 				return err
 			}
-			errs := CheckConfig(o)
+			errs := server.CheckConfig(o)
 			if len(errs) == 0 {
 				_, err := fmt.Fprintf(e.out, "%s: ok\n", args[0])
 				return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"maps"
 	"testing"
 	"time"
@@ -35,21 +36,21 @@ func TestListenerLimitFlagDefaults(t *testing.T) {
 func TestListenerLimitErrors(t *testing.T) {
 	tests := []struct {
 		name   string
-		mutate func(*Config)
+		mutate func(*server.Config)
 		want   string
 	}{
-		{"grpc total", func(o *Config) { o.GRPC.Conns.Max = -1 }, "--grpc-max-conns -1: must not be negative (0 takes the default, 2048)"},
-		{"grpc per source", func(o *Config) { o.GRPC.Conns.PerSource = -2 }, "--grpc-max-conns-per-source -2"},
-		{"bundle total", func(o *Config) { o.Bundle.Conns.Max = -1 }, "--bundle-max-conns -1"},
-		{"admin per source", func(o *Config) { o.AdminConns.PerSource = -1 }, "--admin-max-conns-per-source -1"},
-		{"first call", func(o *Config) { o.GRPC.FirstCallTimeout = -time.Second }, "--grpc-first-call-timeout -1s"},
-		{"bundle idle", func(o *Config) { o.Bundle.IdleTimeout = -time.Second }, "--bundle-idle-timeout -1s"},
+		{"grpc total", func(o *server.Config) { o.GRPC.Conns.Max = -1 }, "--grpc-max-conns -1: must not be negative (0 takes the default, 2048)"},
+		{"grpc per source", func(o *server.Config) { o.GRPC.Conns.PerSource = -2 }, "--grpc-max-conns-per-source -2"},
+		{"bundle total", func(o *server.Config) { o.Bundle.Conns.Max = -1 }, "--bundle-max-conns -1"},
+		{"admin per source", func(o *server.Config) { o.AdminConns.PerSource = -1 }, "--admin-max-conns-per-source -1"},
+		{"first call", func(o *server.Config) { o.GRPC.FirstCallTimeout = -time.Second }, "--grpc-first-call-timeout -1s"},
+		{"bundle idle", func(o *server.Config) { o.Bundle.IdleTimeout = -time.Second }, "--bundle-idle-timeout -1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := baseServerOptions("example.org", t.TempDir())
 			tt.mutate(&o)
-			assert.ErrorContains(t, CheckListenerLimits(o), tt.want)
+			assert.ErrorContains(t, server.CheckListenerLimits(o), tt.want)
 			err := serverError(t, o)
 			require.Error(t, err, "the server refuses to start")
 			assert.Contains(t, err.Error(), tt.want)
@@ -67,10 +68,10 @@ func TestListenerLimitErrors(t *testing.T) {
 func TestAgentAdminConnLimits(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e, _, logs := testEnv(t, "json")
-	logger, err := NewLogger(logs, "json", "info")
+	logger, err := server.NewLogger(logs, "json", "info")
 	require.NoError(t, err)
 	ready := agentReadinessFunc(func() error { return nil })
-	o := agentAdminOptions{listen: "127.0.0.1:0", conns: ConnLimits{Max: 1, PerSource: 1}}
+	o := agentAdminOptions{listen: "127.0.0.1:0", conns: server.ConnLimits{Max: 1, PerSource: 1}}
 	stop, err := startAgentSide(context.Background(), e, o, ready, reg, logger)
 	require.NoError(t, err)
 	defer stop()
@@ -120,7 +121,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[st
 // listener's per-source limit instead of being reset by it.
 func TestAdminClientStaysUnderPerSourceLimit(t *testing.T) {
 	o := baseServerOptions("example.org", t.TempDir())
-	o.AdminConns = ConnLimits{Max: 8, PerSource: 3} // one spare: the server may not yet have seen the last call's close
+	o.AdminConns = server.ConnLimits{Max: 8, PerSource: 3} // one spare: the server may not yet have seen the last call's close
 	admin, _, _ := launchServer(t, o)
 	c := &adminClient{addr: "http://" + admin}
 	for i := range 10 {

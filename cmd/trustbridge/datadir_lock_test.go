@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"os"
 	"os/exec"
@@ -152,7 +153,7 @@ func TestCARotateSaysWhenNoServerRuns(t *testing.T) {
 // and the log stays whole.
 func TestSecondServerOnOneAuditLogIsRefused(t *testing.T) {
 	auditPath := filepath.Join(t.TempDir(), "audit.jsonl")
-	withLog := func(o *Config) { o.AuditLog = auditPath }
+	withLog := func(o *server.Config) { o.AuditLog = auditPath }
 	startServer(t, t.TempDir(), withLog)
 	// The first server writes its baseline entry as it starts serving;
 	// compare against the log once that entry is in.

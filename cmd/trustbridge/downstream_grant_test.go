@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -64,12 +65,12 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	services := make(chan map[string]grpc.ServiceInfo, 1)
 	dataDir := t.TempDir()
 	g := &grantTarget{fallen: map[string]string{}}
-	g.attackTarget = startAttackTarget(t, func(o *Config) {
+	g.attackTarget = startAttackTarget(t, func(o *server.Config) {
 		o.DataDir = dataDir
 		o.GRPC.BootstrapFile = tokens
 		o.GRPC.Downstream.Allow = []string{regionID.String()}
 		o.GRPC.MaxRenewalLifetime = 720 * time.Hour
-		o.GRPC.GrantHooks = GrantHooks{
+		o.GRPC.GrantHooks = server.GrantHooks{
 			BootstrapReload: 10 * time.Millisecond,
 			OnBootstrapReload: func(changed bool, err error) {
 				if changed && err == nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -44,10 +45,10 @@ type e2eServer struct {
 // startE2EServer runs a server for td on dataDir until stop or the end of
 // the test. Unlike startNamedServer it can be stopped early, which the
 // bootstrap of an https_spiffe pair needs.
-func startE2EServer(t *testing.T, td, dataDir string, mutate func(*Config)) *e2eServer {
+func startE2EServer(t *testing.T, td, dataDir string, mutate func(*server.Config)) *e2eServer {
 	t.Helper()
 	o := baseServerOptions(td, dataDir)
-	o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true}
+	o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileSPIFFE, ServeOthers: true}
 	o.Federation.MinRefresh = time.Second
 	o.Federation.AllowPrivate = true
 	if mutate != nil {
@@ -111,21 +112,21 @@ func writeSPIFFEFederationConfig(t *testing.T, peer, addr string, peerRoots []*x
 // other over https_spiffe. A CA root exists only after a server's first
 // start and the peer's config needs it, so each data dir is bootstrapped
 // first and the bundle endpoints then get ports reserved up front.
-func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*Config)) (east, west *e2eServer) {
+func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*server.Config)) (east, west *e2eServer) {
 	t.Helper()
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
 	westData, westRoots := bootstrapDataDir(t, "west.example")
 	eastAddr, westAddr := reservePort(t), reservePort(t)
 	eastCfg := writeSPIFFEFederationConfig(t, "west.example", westAddr, westRoots)
 	westCfg := writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
-	east = startE2EServer(t, "east.example", eastData, func(o *Config) {
+	east = startE2EServer(t, "east.example", eastData, func(o *server.Config) {
 		o.Bundle.Listen = eastAddr
 		o.Federation.ConfigFile = eastCfg
 		if eastMutate != nil {
 			eastMutate(o)
 		}
 	})
-	west = startE2EServer(t, "west.example", westData, func(o *Config) {
+	west = startE2EServer(t, "west.example", westData, func(o *server.Config) {
 		o.Bundle.Listen = westAddr
 		o.Federation.ConfigFile = westCfg
 		if westMutate != nil {
@@ -367,8 +368,8 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 		return path
 	}
 	webServer := func(td, addr, cfg string) *e2eServer {
-		return startE2EServer(t, td, t.TempDir(), func(o *Config) {
-			o.Bundle = BundleConfig{Listen: addr, Path: "/", Profile: ProfileWeb, TLSCert: certFile, TLSKey: keyFile, ServeOthers: true}
+		return startE2EServer(t, td, t.TempDir(), func(o *server.Config) {
+			o.Bundle = server.BundleConfig{Listen: addr, Path: "/", Profile: server.ProfileWeb, TLSCert: certFile, TLSKey: keyFile, ServeOthers: true}
 			o.Federation.ConfigFile = cfg
 			o.Federation.CAFile = caFile
 		})
@@ -420,8 +421,8 @@ func TestFederationE2ERootRotation(t *testing.T) {
 		t.Skip("waits for the server's CA recheck (up to 30s)")
 	}
 	east, west := startSPIFFEPair(t,
-		func(o *Config) { o.RefreshHint = 2 * time.Second },
-		func(o *Config) { o.Federation.MinRefresh = time.Second })
+		func(o *server.Config) { o.RefreshHint = 2 * time.Second },
+		func(o *server.Config) { o.Federation.MinRefresh = time.Second })
 	before := *waitFederated(t, west, "east.example", 1, 30*time.Second).Sequence
 	waitFederated(t, east, "west.example", 1, 30*time.Second)
 	oldRoots := caRootsOf(t, east)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -40,8 +41,8 @@ type adminClient struct {
 
 // addAuthFlags registers where the admin token is.
 func (c *adminClient) addAuthFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+AdminTokenName+", mode 0600, new at each start)")
-	f.StringVar(&c.tokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+AdminTokenName+"; env "+adminTokenEnv+")")
+	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.tokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+adminTokenEnv+")")
 }
 
 // token reads the admin token: --admin-token-file, else the environment,
@@ -52,7 +53,7 @@ func (c *adminClient) token() (string, error) {
 		path = os.Getenv(adminTokenEnv)
 	}
 	if path == "" {
-		path = filepath.Join(c.dataDir, AdminTokenName)
+		path = filepath.Join(c.dataDir, server.AdminTokenName)
 	}
 	data, err := readSmallFile(path, 4<<10)
 	if err != nil {

@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -71,14 +71,14 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 		_, stderr, code = runCLIAt(t, time.Now, "", append(add[:len(add)-2:len(add)-2], "--admin-token-file", wrong)...)
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "401 Unauthorized: wrong admin token")
-		assert.Contains(t, stderr, filepath.Join(dir, AdminTokenName))
+		assert.Contains(t, stderr, filepath.Join(dir, server.AdminTokenName))
 		_, ok := federationStatus(t, local, "peer.example")
 		assert.False(t, ok, "nothing added")
 	})
 
 	assert.Contains(t, cli(t, add...), "federated with peer.example")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: OriginRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
+	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: server.OriginRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
 		EndpointSPIFFEID: "spiffe://peer.example/trustbridge/bundle-endpoint", State: "ok"}, relationships(t, local)["peer.example"])
 
 	_, stderr, code := runCLIAt(t, time.Now, "", add...)
@@ -93,10 +93,10 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	// A restart keeps it.
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
-	assert.Equal(t, OriginRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
+	assert.Equal(t, server.OriginRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
 		"the start-up records list the peers added at run time too")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, OriginRuntime, relationships(t, local)["peer.example"].Origin)
+	assert.Equal(t, server.OriginRuntime, relationships(t, local)["peer.example"].Origin)
 
 	assert.Contains(t, cli(t, "federation", "remove", "peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
 	_, ok := federationStatus(t, local, "peer.example")
@@ -214,7 +214,7 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 	stdout, stderr, code := run(append(slices.Clone(spiffeAdd), "--bundle", rootPEM, "--no-fetch")...)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "federated with peer.example")
-	assert.Equal(t, OriginRuntime, relationships(t, local)["peer.example"].Origin)
+	assert.Equal(t, server.OriginRuntime, relationships(t, local)["peer.example"].Origin)
 	local.stop()
 
 	path := filepath.Join(dir, "federation-managed.yaml")
@@ -233,7 +233,7 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 func TestFederationAddOverAdminSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
-	local := startE2EServer(t, "example.org", dir, func(o *Config) { o.AdminSocket = sock })
+	local := startE2EServer(t, "example.org", dir, func(o *server.Config) { o.AdminSocket = sock })
 	info, err := os.Stat(sock)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
@@ -244,7 +244,7 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	out := cli(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
 	assert.Contains(t, out, "static bundle")
 	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
-	assert.Equal(t, OriginRuntime, relationships(t, local)["web.example"].Origin)
+	assert.Equal(t, server.OriginRuntime, relationships(t, local)["web.example"].Origin)
 
 	// Every admin command takes unix://PATH, the reading ones too.
 	sockAdmin := []string{"--admin", "unix://" + sock}
@@ -379,33 +379,4 @@ func TestAdminTokenNotSentInClearText(t *testing.T) {
 	out := cli(t, "federation", "remove", "peer.example", "--admin", srv.URL, "--admin-token-file", tokenFile)
 	assert.Equal(t, "removed\n", out)
 	assert.Equal(t, []string{"Bearer s3cret"}, seen())
-}
-
-// --admin-socket is not taken from a server that still answers on it
-// (the error names the path, its socket stays); a stale one is replaced.
-func TestAdminSocketInUse(t *testing.T) {
-	dir, err := os.MkdirTemp("", "as")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "admin.sock")
-	first, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	_, err = listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), sock+": another server answers on this socket")
-	conn, err := net.Dial("unix", sock)
-	require.NoError(t, err, "the first server's socket is kept")
-	conn.Close()
-	first.close()
-	assert.NoFileExists(t, sock)
-
-	// A crashed server's socket: bound, never unlinked, nothing listens.
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	require.NoError(t, err)
-	ln.SetUnlinkOnClose(false)
-	require.NoError(t, ln.Close())
-	require.FileExists(t, sock)
-	again, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err, "a stale socket is replaced")
-	again.close()
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,9 +39,9 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"+otherToken+",spiffe://example.org/vm/other\n"), 0o600))
 	reloaded := make(chan struct{}, 1)
 	dataDir := t.TempDir()
-	admin, banner := startServer(t, dataDir, func(o *Config) {
-		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff,
-			GrantHooks: GrantHooks{BootstrapReload: 10 * time.Millisecond, OnBootstrapReload: func(changed bool, err error) {
+	admin, banner := startServer(t, dataDir, func(o *server.Config) {
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff,
+			GrantHooks: server.GrantHooks{BootstrapReload: 10 * time.Millisecond, OnBootstrapReload: func(changed bool, err error) {
 				if changed && err == nil {
 					select {
 					case reloaded <- struct{}{}:
@@ -128,16 +129,6 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	assert.Contains(t, metrics, `trustbridge_certservice_renewal_grant_checks_total{grant_method="bootstrap-token",result="revoked",trust_domain="example.org"} 2`)
 }
 
-func TestMaxRenewalLifetimeFlag(t *testing.T) {
-	err := serverError(t, func() Config {
-		o := baseServerOptions("example.org", t.TempDir())
-		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", TokenReview: TokenReviewOff, MaxRenewalLifetime: -time.Hour}
-		return o
-	}())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--max-renewal-lifetime -1h0m0s is negative")
-}
-
 // TestRenewalWithServiceAccountGrant runs the Kubernetes grant through a
 // real API server: the certificate a service account token bought records
 // the account's UID from TokenReview, renews while the account exists,
@@ -146,8 +137,8 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	k := kubetest.Shared(t)
 	ns := k.Namespace(t)
 	deleted := make(chan struct{}, 1)
-	addr, rootCert, _ := grpcServer(t, func(o *Config) {
-		o.GRPC.TokenReview = TokenReviewOn
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+		o.GRPC.TokenReview = server.TokenReviewOn
 		o.GRPC.Kubeconfig = writeKubeconfig(t, k.Config.Host, k)
 		o.GRPC.OnServiceAccountDeleted = func(namespace, _ string) {
 			if namespace == ns {
@@ -207,7 +198,7 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
 	cfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
-		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, GRPCServingPath))})
+		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"net/url"
 	"testing"
 	"time"
@@ -70,8 +71,8 @@ func TestZtunnelImpersonation(t *testing.T) {
 	unbound := k.ServiceAccountToken(t, ns, "ztunnel", []string{"example.org"}, 10*time.Minute)
 	webToken := k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute)
 
-	addr, rootCert, _ := grpcServer(t, func(o *Config) {
-		o.GRPC.TokenReview = TokenReviewOn
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+		o.GRPC.TokenReview = server.TokenReviewOn
 		o.GRPC.Kubeconfig = kubeconfig
 		o.GRPC.TrustedNodeAccounts = []string{ns + "/ztunnel"}
 	})
@@ -85,7 +86,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 	var lastKey crypto.Signer
 	impersonate := func(token string, target spiffeid.ID) (*x509.Certificate, error) {
 		conn, err := grpc.NewClient(addr,
-			grpc.WithTransportCredentials(credentials.NewTLS(caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, GRPCServingPath), nil))),
+			grpc.WithTransportCredentials(credentials.NewTLS(caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, server.GRPCServingPath), nil))),
 			grpc.WithPerRPCCredentials(caclient.BearerToken(token)))
 		require.NoError(t, err)
 		defer conn.Close()
@@ -120,7 +121,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 
 	// That certificate never renews as web: it records ztunnel's grant.
 	webCert := &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: lastKey, Leaf: leaf}
-	_, err = caclient.CreateCertificate(ctx, addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, GRPCServingPath), webCert),
+	_, err = caclient.CreateCertificate(ctx, addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, server.GRPCServingPath), webCert),
 		caclient.Request{Key: testca.NewKey(t, testca.ECP256)})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "renewal with an impersonated certificate: %v", err)
 

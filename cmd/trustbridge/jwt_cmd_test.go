@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"net"
 	"path/filepath"
 	"strings"
@@ -62,7 +63,7 @@ func bundleWithJWTKey(t *testing.T, key *ecdsa.PrivateKey) (mapFile, single stri
 
 func TestJWTMintAndValidate(t *testing.T) {
 	signer, key := testJWTSigner(t)
-	addr, rootCert, _ := grpcServer(t, func(o *Config) { o.GRPC.TestJWT = signer })
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) { o.GRPC.TestJWT = signer })
 	token := writeFile(t, laptopToken+"\n", 0o600)
 	mapFile, single := bundleWithJWTKey(t, key)
 
@@ -112,7 +113,7 @@ func mustParseMap(t *testing.T, path string) []*spiffebundle.Bundle {
 
 func TestJWTRefusals(t *testing.T) {
 	signer, key := testJWTSigner(t)
-	addr, rootCert, _ := grpcServer(t, func(o *Config) { o.GRPC.TestJWT = signer })
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) { o.GRPC.TestJWT = signer })
 	token := writeFile(t, laptopToken+"\n", 0o600)
 	badToken := writeFile(t, "not-the-laptop-token-0123456789\n", 0o600)
 	mapFile, _ := bundleWithJWTKey(t, key)
@@ -201,7 +202,7 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 	}
 	svc, err := certservice.New(cfg)
 	require.NoError(t, err)
-	sc, err := authority.ServingCert(spiffeid.RequireFromPath(td, GRPCServingPath), time.Hour)
+	sc, err := authority.ServingCert(spiffeid.RequireFromPath(td, server.GRPCServingPath), time.Hour)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -225,7 +226,7 @@ func TestServerStreamsBundles(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := caclient.Dial(addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(laptopID.TrustDomain(), GRPCServingPath), nil), laptopToken)
+	conn, err := caclient.Dial(addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(laptopID.TrustDomain(), server.GRPCServingPath), nil), laptopToken)
 	require.NoError(t, err)
 	defer conn.Close()
 	b, err := caclient.FetchBundles(ctx, conn, laptopID.TrustDomain())

@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"math/big"
 	"net/http"
@@ -45,12 +46,12 @@ import (
 func TestKubeStorageFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		o    KubeConfig
+		o    server.KubeConfig
 		want string
 	}{
-		{"unknown storage", KubeConfig{Storage: "etcd"}, `--storage "etcd"`},
-		{"bad selector", KubeConfig{Storage: StorageKube, NamespaceSelector: "a in (("}, "--namespace-selector"},
-		{"no cluster", KubeConfig{Storage: StorageKube}, "--storage kube needs --kubeconfig"},
+		{"unknown storage", server.KubeConfig{Storage: "etcd"}, `--storage "etcd"`},
+		{"bad selector", server.KubeConfig{Storage: server.StorageKube, NamespaceSelector: "a in (("}, "--namespace-selector"},
+		{"no cluster", server.KubeConfig{Storage: server.StorageKube}, "--storage kube needs --kubeconfig"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")
@@ -63,7 +64,7 @@ func TestKubeStorageFlagErrors(t *testing.T) {
 	}
 }
 
-func kubeArgs(o KubeConfig) []string {
+func kubeArgs(o server.KubeConfig) []string {
 	args := []string{"--storage", o.Storage}
 	if o.NamespaceSelector != "" {
 		args = append(args, "--namespace-selector", o.NamespaceSelector)
@@ -105,18 +106,18 @@ func TestKubeReplicas(t *testing.T) {
 	impersonate(t, kubeconfig, "system:serviceaccount:"+ns+":trustbridge")
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
-	replica := func() Config {
+	replica := func() server.Config {
 		o := baseServerOptions("example.org", t.TempDir())
-		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff, Kubeconfig: kubeconfig}
-		o.Kube = KubeConfig{
-			Storage: StorageKube, Namespace: ns, CASecret: kubestore.DefaultName, LeaderLease: "trustbridge-leader",
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff, Kubeconfig: kubeconfig}
+		o.Kube = server.KubeConfig{
+			Storage: server.StorageKube, Namespace: ns, CASecret: kubestore.DefaultName, LeaderLease: "trustbridge-leader",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond,
 			RootConfigMap: distribution.DefaultName, NamespaceSelector: "trustbridge-test=" + ns,
 			FederationCRD: true, FederationClass: "replicas",
 		}
 		// An unreachable peer: only its presence matters here.
 		o.Federation.Federate = "peer.example|https://127.0.0.1:9/bundle"
-		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true}
+		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileSPIFFE, ServeOthers: true}
 		return o
 	}
 
@@ -364,9 +365,9 @@ func createCR(t *testing.T, res dynamic.NamespaceableResourceInterface, name str
 // fastKubeStorage is --storage kube in namespace ns with the default CA
 // Secret and leader Lease and leader election timings short enough for
 // tests.
-func fastKubeStorage(ns string) KubeConfig {
-	return KubeConfig{
-		Storage: StorageKube, Namespace: ns, CASecret: kubestore.DefaultName, LeaderLease: leader.DefaultName,
+func fastKubeStorage(ns string) server.KubeConfig {
+	return server.KubeConfig{
+		Storage: server.StorageKube, Namespace: ns, CASecret: kubestore.DefaultName, LeaderLease: leader.DefaultName,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond,
 	}
 }

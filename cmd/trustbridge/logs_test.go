@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -44,40 +43,4 @@ func logAttr(tb testing.TB, logs, msg, key string) string {
 	v, ok := rec[key].(string)
 	require.True(tb, ok, "the %q record has no string %q:\n%v", msg, key, rec)
 	return v
-}
-
-// With JSON logs the server writes nothing but JSON lines (testEnv checks
-// them) and lists at start its version, listeners and every configured
-// peer; with text logs a person gets the banner on standard output too.
-func TestServerStartRecords(t *testing.T) {
-	for _, format := range []string{"json", "text"} {
-		t.Run(format, func(t *testing.T) {
-			o := baseServerOptions("example.org", t.TempDir())
-			o.LogFormat = format
-			o.Federation.Federate = "web.example|https://web.example/bundle||other.example|https://other.example:8443/b"
-			admin, started, _ := launchServer(t, o)
-			if format == "text" {
-				assert.Contains(t, started, "trustbridge is serving trust domain example.org\n  version:    "+buildVersion())
-				assert.Contains(t, started, "  federates:  other.example https://other.example:8443/b (https_web, from flag)\n              web.example https://web.example/bundle (https_web, from flag)\n")
-				return
-			}
-			rec := logRecord(started, "trustbridge server started")
-			require.NotNil(t, rec, started)
-			assert.Equal(t, buildVersion(), rec["version"])
-			assert.Equal(t, "example.org", rec["trust_domain"])
-			assert.Equal(t, map[string]any{"admin": admin}, rec["listeners"])
-			var peers []map[string]any
-			for _, line := range strings.Split(started, "\n") {
-				var r map[string]any
-				if json.Unmarshal([]byte(line), &r) == nil && r["msg"] == "federated trust domain configured" {
-					delete(r, "time")
-					peers = append(peers, r)
-				}
-			}
-			assert.Equal(t, []map[string]any{
-				{"level": "INFO", "msg": "federated trust domain configured", "trust_domain": "other.example", "endpoint_url": "https://other.example:8443/b", "profile": "https_web", "origin": "flag"},
-				{"level": "INFO", "msg": "federated trust domain configured", "trust_domain": "web.example", "endpoint_url": "https://web.example/bundle", "profile": "https_web", "origin": "flag"},
-			}, peers)
-		})
-	}
 }

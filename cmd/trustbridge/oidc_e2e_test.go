@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,8 +56,8 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	iss := oidctest.New(t)
 	cfg := ciIssuerConfig(t, iss)
 	var dataDir string
-	srv := startAttackTarget(t, func(o *Config) {
-		o.GRPC.OIDC = OIDCConfig{File: cfg}
+	srv := startAttackTarget(t, func(o *server.Config) {
+		o.GRPC.OIDC = server.OIDCConfig{File: cfg}
 		dataDir = o.DataDir
 	})
 	addr, logs := srv.grpc, srv.logs

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -79,8 +80,8 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
     values: [%s]
 `, issuer, caFile, ns), 0o644)
 	var dataDir string
-	srv := startAttackTarget(t, func(o *Config) {
-		o.GRPC.OIDC = OIDCConfig{File: cfg}
+	srv := startAttackTarget(t, func(o *server.Config) {
+		o.GRPC.OIDC = server.OIDCConfig{File: cfg}
 		o.GRPC.WorkloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
 		dataDir = o.DataDir
 	})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,7 +20,7 @@ import (
 // policy explain asks the running server what a workload receives and
 // why, as a table and as JSON.
 func TestPolicyExplainCommand(t *testing.T) {
-	o := policyServer(t, func(o *Config) { o.Policy.File = writePolicy(t, t.TempDir(), goodPolicy) })
+	o := policyServer(t, func(o *server.Config) { o.Policy.File = writePolicy(t, t.TempDir(), goodPolicy) })
 	admin, _, _ := launchServer(t, o)
 	id := "spiffe://example.org/ns/payments/sa/api"
 

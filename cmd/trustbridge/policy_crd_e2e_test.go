@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,14 +62,14 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
 	eastAddr := reservePort(t)
-	startE2EServer(t, "east.example", eastData, func(o *Config) { o.Bundle.Listen = eastAddr })
+	startE2EServer(t, "east.example", eastData, func(o *server.Config) { o.Bundle.Listen = eastAddr })
 
 	o := baseServerOptions("west.example", t.TempDir())
 	o.Federation.ConfigFile = writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
 	o.Federation.MinRefresh = time.Second
 	o.Federation.AllowPrivate = true
 	tokens := writeTokenFile(t, crdPayToken+","+crdPay.String()+",reusable\n"+crdOpsToken+","+crdOps.String()+",reusable\n")
-	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff,
+	o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff,
 		Kubeconfig: writeKubeconfig(t, env.Config.Host, env)}
 	o.Kube = fastKubeStorage(ns)
 	o.Kube.TrustPolicyCRD = true
@@ -164,7 +165,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 		}
 		n := 0
 		for _, line := range strings.SplitAfter(string(data), "\n") {
-			if strings.HasSuffix(line, "\n") && strings.Contains(line, EventPolicyChanged) && strings.Contains(line, rule) {
+			if strings.HasSuffix(line, "\n") && strings.Contains(line, server.EventPolicyChanged) && strings.Contains(line, rule) {
 				n++
 			}
 		}
@@ -172,7 +173,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond)
 	var crd []string
 	for _, e := range policyEvents(t, auditPath) {
-		if e.Event == EventPolicyChanged && e.Policy != nil && e.Policy.Source == CRDPolicySource {
+		if e.Event == server.EventPolicyChanged && e.Policy != nil && e.Policy.Source == server.CRDPolicySource {
 			crd = append(crd, strings.Join(e.Policy.RulesAdded, ",")+"|"+strings.Join(e.Policy.RulesChanged, ",")+"|"+strings.Join(e.Policy.RulesRemoved, ","))
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,8 +45,8 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 `), 0o600))
 	}
 	write("{spiffeID: spiffe://west.example/ns/default/*}")
-	_, west := startSPIFFEPair(t, nil, func(o *Config) {
-		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
+	_, west := startSPIFFEPair(t, nil, func(o *server.Config) {
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 		o.Policy.File, o.Policy.Poll = policy, 50*time.Millisecond
 	})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)

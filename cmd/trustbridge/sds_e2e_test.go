@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"os"
 	"path/filepath"
@@ -56,7 +57,7 @@ func dialSDSTLS(t *testing.T, addr string, td spiffeid.TrustDomain, roots []*x50
 	t.Helper()
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
-	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, GRPCServingPath))})
+	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(token)))
@@ -265,10 +266,10 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	// needs a reusable one (a stream mints for as long as it lasts).
 	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")
 	east, west := startSPIFFEPair(t,
-		func(o *Config) { o.RefreshHint = 2 * time.Second },
-		func(o *Config) {
+		func(o *server.Config) { o.RefreshHint = 2 * time.Second },
+		func(o *server.Config) {
 			o.Federation.MinRefresh = time.Second
-			o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
+			o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 		})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots, eastRoots := caRootsOf(t, west), caRootsOf(t, east)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"os/signal"
 	"syscall"
@@ -9,7 +11,7 @@ import (
 )
 
 func newServerCmd(e env) *cobra.Command {
-	var o Config
+	var o server.Config
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the trust domain: embedded CA with root rotation and an admin endpoint",
@@ -44,7 +46,7 @@ address (DNS rebinding) cannot read it.`,
     --federate 'web.example|https://web.example/bundle||east.example|https://east.example:8443/|spiffe://east.example/trustbridge/bundle-endpoint|east.example.json'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := loadServerConfig(cmd.Flags(), &o, os.Getenv); err != nil {
+			if err := o.Load(cmd.Flags(), os.Getenv); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
@@ -54,6 +56,28 @@ address (DNS rebinding) cannot read it.`,
 			return runServer(ctx, e, o, nil)
 		},
 	}
-	addServerFlags(cmd.Flags(), &o)
+	o.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// hupSignals is e with SIGHUP delivered on e.hup, and the function that
+// stops the delivery. SIGHUP's default action ends the process without a
+// word; a command that subscribes reloads, or says it ignores it.
+func hupSignals(e env) (env, func()) {
+	if e.hup != nil {
+		return e, func() {}
+	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGHUP)
+	e.hup = c
+	return e, func() { signal.Stop(c) }
+}
+
+// runServer runs the server of cfg with e's streams, clock and SIGHUP.
+// ready, when not nil, receives the admin listener's address once the
+// server serves.
+func runServer(ctx context.Context, e env, cfg server.Config, ready chan<- string) error {
+	cfg.Stdout, cfg.Stderr, cfg.Now, cfg.HUP, cfg.Ready = e.out, e.err, e.now, e.hup, ready
+	cfg.Version = buildVersion()
+	return server.New(cfg).Run(ctx)
 }

@@ -7,13 +7,13 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,7 +33,7 @@ import (
 // of the test) and returns the admin address and what it wrote until it
 // served: the start-up records (logRecord), after the banner when o logs
 // text.
-func launchServer(t *testing.T, o Config) (admin, banner string, stop func()) {
+func launchServer(t *testing.T, o server.Config) (admin, banner string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
@@ -61,17 +61,17 @@ func launchServer(t *testing.T, o Config) (admin, banner string, stop func()) {
 
 // baseServerOptions is a server for td on dataDir with the defaults of the
 // flags and loopback listeners; the bundle endpoint is off.
-func baseServerOptions(td, dataDir string) Config {
-	return Config{
+func baseServerOptions(td, dataDir string) server.Config {
+	return server.Config{
 		TrustDomain: td, DataDir: dataDir, AdminListen: "127.0.0.1:0",
 		KeyType: "ec-p256", CATTL: 8760 * time.Hour, WorkloadTTL: 24 * time.Hour,
 		MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute, LogFormat: "json", LogLevel: "info",
-		Federation: FederationConfig{MinRefresh: federation.DefaultMinRefresh, MaxRefresh: federation.DefaultMaxRefresh,
+		Federation: server.FederationConfig{MinRefresh: federation.DefaultMinRefresh, MaxRefresh: federation.DefaultMaxRefresh,
 			Timeout: 5 * time.Second},
 	}
 }
 
-func startServer(t *testing.T, dataDir string, mutate ...func(*Config)) (string, *bytes.Buffer) {
+func startServer(t *testing.T, dataDir string, mutate ...func(*server.Config)) (string, *bytes.Buffer) {
 	t.Helper()
 	o := baseServerOptions("example.org", dataDir)
 	for _, m := range mutate {
@@ -89,44 +89,6 @@ func get(t *testing.T, url string) (int, string) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, string(body)
-}
-
-func TestServerAdminEndpoints(t *testing.T) {
-	dataDir := t.TempDir()
-	started := time.Now()
-	addr, out := startServer(t, dataDir)
-	assert.Equal(t, "example.org", logAttr(t, out.String(), "trustbridge server started", "trust_domain"))
-	assert.Equal(t, "http://"+addr, logAttr(t, out.String(), "trustbridge server started", "admin"))
-
-	code, body := get(t, "http://"+addr+"/healthz")
-	assert.Equal(t, http.StatusOK, code)
-	assert.Equal(t, "ok\n", body)
-	code, _ = get(t, "http://"+addr+"/readyz")
-	assert.Equal(t, http.StatusOK, code)
-
-	code, body = get(t, "http://"+addr+"/v1/trust")
-	require.Equal(t, http.StatusOK, code)
-	var doc trustDoc
-	require.NoError(t, json.Unmarshal([]byte(body), &doc))
-	assert.Equal(t, "example.org", doc.TrustDomain)
-	// The first sequence is the bootstrap time in Unix seconds.
-	assert.GreaterOrEqual(t, doc.Sequence, uint64(started.Unix()))
-	assert.LessOrEqual(t, doc.Sequence, uint64(time.Now().Unix()))
-	assert.Equal(t, int64(300), doc.RefreshHintSeconds)
-	require.Len(t, doc.Authorities, 1)
-	assert.Equal(t, "active", doc.Authorities[0].State)
-	assert.Len(t, doc.Authorities[0].SHA256, 64)
-
-	code, body = get(t, "http://"+addr+"/metrics")
-	require.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, `trustbridge_ca_root_not_after_timestamp_seconds{root_id="`)
-	assert.Contains(t, body, `trustbridge_ca_bundle_sequence{trust_domain="example.org"} `+strconv.FormatFloat(float64(doc.Sequence), 'g', -1, 64)+"\n")
-	assert.Contains(t, body, `trustbridge_ca_not_ready{trust_domain="example.org"} 0`)
-
-	resp, err := http.Post("http://"+addr+"/v1/trust", "application/json", nil)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 }
 
 func TestServerRequiresTrustDomain(t *testing.T) {
@@ -262,7 +224,7 @@ func TestServerPluginCA(t *testing.T) {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	o := Config{
+	o := server.Config{
 		TrustDomain: "example.org", DataDir: t.TempDir(), AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
 		CATTL: 8760 * time.Hour, WorkloadTTL: time.Hour, MaxWorkloadTTL: 24 * time.Hour, RefreshHint: 5 * time.Minute,
 		CADir: caDir, CADirPoll: time.Hour, LogFormat: "json", LogLevel: "info",

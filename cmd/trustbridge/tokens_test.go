@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"crypto/x509"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,7 +94,7 @@ type tokenServer struct {
 func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	t.Helper()
 	o := baseServerOptions("example.org", dataDir)
-	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
+	o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 	admin, banner, stop := launchServer(t, o)
 	_, roots, err := ca.NewStore(dataDir).Load("example.org")
 	require.NoError(t, err)
@@ -193,21 +194,6 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 	require.Equal(t, 0, code, "renewal still works after the restart: %s", stderr)
 	code, stderr, _ = srv.request(t, "--token-file", lab)
 	require.Equal(t, 0, code, stderr)
-}
-
-// TestBootstrapTokenLedgerCorrupt: a ledger that does not parse stops the
-// server at start, naming the file and the way out, rather than forgetting
-// which tokens were consumed.
-func TestBootstrapTokenLedgerCorrupt(t *testing.T) {
-	dataDir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dataDir, authn.LedgerFileName), []byte(`{"version":1,"consumed":`), 0o600))
-	o := baseServerOptions("example.org", dataDir)
-	o.Init = true // the directory holds the ledger but no CA state yet
-	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: writeTokenFile(t, laptopToken+","+laptopID.String()+"\n"), TokenReview: TokenReviewOff}
-	err := serverError(t, o)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--bootstrap-token-file: authn: consumed-token ledger "+filepath.Join(dataDir, authn.LedgerFileName))
-	assert.Contains(t, err.Error(), "restore it from a backup")
 }
 
 // TestSDSRefusesSingleUseToken: SDS cannot spend a token on one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 // domains dnsDomains (--downstream-dns-domain), and returns a region's
 // options under it (--upstream trustbridge, with an SVID corp issued) and
 // the file of corp's roots.
-func nestedCorp(t *testing.T, template string, dnsDomains ...string) (Config, string) {
+func nestedCorp(t *testing.T, template string, dnsDomains ...string) (server.Config, string) {
 	t.Helper()
 	corpDir := t.TempDir()
 	corp := baseServerOptions("corp.example", corpDir)
@@ -32,7 +33,7 @@ func nestedCorp(t *testing.T, template string, dnsDomains ...string) (Config, st
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", corpDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", creds, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	region := baseServerOptions("corp.example", t.TempDir())
-	region.Upstream = UpstreamConfig{Kind: UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: TrustbridgeUpstreamConfig{
+	region.Upstream = server.UpstreamConfig{Kind: server.UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: server.TrustbridgeUpstreamConfig{
 		Address: grpcAddr(t, banner), RootCert: filepath.Join(creds, caclient.RootsFile), ProvCert: creds, Timeout: 10 * time.Second}}
 	region.GRPC.Listen = "127.0.0.1:0"
 	return region, filepath.Join(creds, caclient.RootsFile)

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"encoding/json"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -46,7 +47,7 @@ func TestNestedTrustServers(t *testing.T) {
 
 	regionDir := t.TempDir()
 	region := baseServerOptions("corp.example", regionDir)
-	region.Upstream = UpstreamConfig{Kind: UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: TrustbridgeUpstreamConfig{
+	region.Upstream = server.UpstreamConfig{Kind: server.UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: server.TrustbridgeUpstreamConfig{
 		Address: addr, RootCert: filepath.Join(creds, caclient.RootsFile), ProvCert: creds, Timeout: 10 * time.Second}}
 	region.GRPC.Listen = "127.0.0.1:0"
 	regionAdmin, regionBanner, _ := launchServer(t, region)
@@ -98,7 +99,7 @@ func TestNestedTrustServers(t *testing.T) {
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, bundle.X509Authorities()))
 	tlsCfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil },
-		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, GRPCServingPath))})
+		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	conn, err := grpc.NewClient(grpcAddr(t, regionBanner), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

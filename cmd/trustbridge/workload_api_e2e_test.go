@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -69,10 +70,10 @@ func TestWorkloadAPIE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a federated pair and two agents, and waits for both CAs to rotate")
 	}
-	grpcWith := func(tokens string) func(*Config) {
-		return func(o *Config) {
+	grpcWith := func(tokens string) func(*server.Config) {
+		return func(o *server.Config) {
 			o.RefreshHint = 2 * time.Second
-			o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
+			o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 		}
 	}
 	east, west := startSPIFFEPair(t,
