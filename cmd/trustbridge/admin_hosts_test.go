@@ -1,7 +1,6 @@
 package main
 
 import (
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -9,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // getWithHost GETs url with the Host header set to host, as a browser

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -15,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds/agent"
 )
 

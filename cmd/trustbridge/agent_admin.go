@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"sync"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 )
 

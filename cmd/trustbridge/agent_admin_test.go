@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // gatedProxy forwards loopback TCP connections to backend once open is

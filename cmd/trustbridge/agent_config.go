@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -15,7 +13,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds/agent"
 )
 

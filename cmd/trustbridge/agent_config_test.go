@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"crypto/x509"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"log/slog"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds/agent"
 )

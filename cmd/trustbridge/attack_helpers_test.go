@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 

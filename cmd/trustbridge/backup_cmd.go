@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"io/fs"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/backup"
 )
 

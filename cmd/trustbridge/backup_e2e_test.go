@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net/http"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // restoreDrill is east.example on a fixed bundle endpoint address, so that

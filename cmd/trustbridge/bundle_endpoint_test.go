@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 

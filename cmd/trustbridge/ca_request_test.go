@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 

@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // caConnOptions are how a client command reaches the certificate

@@ -3,12 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 )
 
 // suggestDistance is how far (in edits) a mistyped command or flag name may

@@ -2,13 +2,14 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 )
 
 func TestLevenshtein(t *testing.T) {

@@ -2,12 +2,13 @@ package main
 
 import (
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"os"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 func newConfigCmd(e env) *cobra.Command {

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"os"
 	"path/filepath"
@@ -21,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"maps"
 	"testing"
 	"time"
@@ -10,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 func TestListenerLimitFlagDefaults(t *testing.T) {

@@ -5,7 +5,6 @@ package main
 import (
 	"bufio"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // startNamedServer runs a server for td with its bundle endpoint on

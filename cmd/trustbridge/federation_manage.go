@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 )
 

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )

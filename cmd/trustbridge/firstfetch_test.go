@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/x509"
 	"encoding/json"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 

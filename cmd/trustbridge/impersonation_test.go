@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net/url"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )

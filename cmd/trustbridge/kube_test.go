@@ -10,7 +10,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"math/big"
 	"net/http"
@@ -40,6 +39,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/leader"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 

@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc/oidctest"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // ciIssuerConfig is an --oidc-config naming iss as "ci": tokens of the

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )

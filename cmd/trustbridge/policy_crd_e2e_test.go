@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/x509"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
 	"github.com/trustbridge/trustbridge/sds"

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds"
 )
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"os"
 	"path/filepath"
@@ -36,6 +35,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds"
 )
 

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 func newServerCmd(e env) *cobra.Command {

@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/sha256"
 	"crypto/x509"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 var tokenNow = time.Date(2026, 11, 24, 9, 30, 15, 500, time.UTC)

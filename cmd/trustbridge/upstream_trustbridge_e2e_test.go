@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/tls"
 	"encoding/json"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/sds"

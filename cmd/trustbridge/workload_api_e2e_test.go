@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/server"
 	"io"
 	"net"
 	"net/http"
@@ -23,6 +22,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 const eastToken = "east-bootstrap-token-0123456789"

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"io"
 	"slices"
 	"sort"
@@ -13,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"github.com/trustbridge/trustbridge/internal/yamlcheck"
 )
 
