@@ -38,14 +38,14 @@ type agentReadiness interface{ Ready() error }
 // startAgentSide starts, beside the agent, what the process adds to it:
 // the admin listener (with --admin-listen) and the SIGHUP handler, which
 // has nothing to reload. The returned stop ends them and waits.
-func startAgentSide(ctx context.Context, e env, o agentAdminOptions, a agentReadiness, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
+func startAgentSide(ctx context.Context, e Env, o agentAdminOptions, a agentReadiness, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop = func() { cancel(); wg.Wait() }
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = server.ServeReloads(ctx, e.hup, nil, agentHUPIgnored, logger)
+		_ = server.ServeReloads(ctx, e.HUP, nil, agentHUPIgnored, logger)
 	}()
 	if o.listen == "" {
 		return stop, nil

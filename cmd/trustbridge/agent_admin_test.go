@@ -78,7 +78,7 @@ func TestAgentAdminListener(t *testing.T) {
 
 	e, _, logs := testEnv(t, o.logFormat)
 	hup := make(chan os.Signal, 1)
-	e.hup = hup
+	e.HUP = hup
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- runAgent(ctx, e, o) }()

@@ -26,7 +26,7 @@ import (
 var agentEnv = map[string]string{
 	"ca-addr":                   "CA_ADDR",
 	"root-cert":                 "CA_ROOT_CA",
-	credentialsDirFlag:          "OUTPUT_CERTS",
+	CredentialsDirFlag:          "OUTPUT_CERTS",
 	"prov-cert":                 "PROV_CERT",
 	"file-mounted-certs":        "FILE_MOUNTED_CERTS",
 	"secret-grace-period-ratio": "SECRET_GRACE_PERIOD_RATIO",
@@ -37,10 +37,10 @@ var agentEnv = map[string]string{
 // fromFlags completes o after parsing: the environment for flags not
 // given, --output-certs (the old name of --credentials-dir), and whether
 // --credentials-dir was given at all.
-func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *oldName, getenv func(string) string) error {
-	if err := outputCerts.merge(&o.credentialsDir, fmt.Sprintf(
+func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *OldName, getenv func(string) string) error {
+	if err := outputCerts.Merge(&o.credentialsDir, fmt.Sprintf(
 		"the agent now keeps its certificates in the directory it serves: pass --%s %s (what --output-certs said), or --file-mounted-certs --%s %s to serve those files without asking the CA",
-		credentialsDirFlag, outputCerts.value, credentialsDirFlag, o.credentialsDir)); err != nil {
+		CredentialsDirFlag, outputCerts.Value, CredentialsDirFlag, o.credentialsDir)); err != nil {
 		return err
 	}
 	from, err := flagenv.Apply(f, getenv)
@@ -48,10 +48,10 @@ func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *oldName, getenv 
 		return err
 	}
 	o.from = from
-	if outputCerts.set {
-		o.typed = map[string]string{credentialsDirFlag: outputCerts.old}
+	if outputCerts.Given {
+		o.typed = map[string]string{CredentialsDirFlag: outputCerts.Old}
 	}
-	o.keepCerts = f.Changed(credentialsDirFlag)
+	o.keepCerts = f.Changed(CredentialsDirFlag)
 	if f.Changed("sds-socket") && !f.Changed("workload-api-socket") {
 		o.workloadSocket = filepath.Join(filepath.Dir(o.socket), workloadSocketName)
 	}
@@ -99,7 +99,7 @@ func (o agentOptions) config(base *slog.Logger, reg prometheus.Registerer) (agen
 	cfg.Rotator = rc
 	// --output-certs and OUTPUT_CERTS always meant "write here"; only
 	// --credentials-dir used to mean "serve these", so only it is guarded.
-	cfg.AdoptCredentialsDir = o.typed[credentialsDirFlag] != "" || o.from[credentialsDirFlag] != ""
+	cfg.AdoptCredentialsDir = o.typed[CredentialsDirFlag] != "" || o.from[CredentialsDirFlag] != ""
 	return cfg, nil
 }
 
@@ -117,9 +117,9 @@ func (o agentOptions) check() error {
 	}
 	noCA := o.caAddr == "" || o.fileMounted
 	switch {
-	case noCA && o.from[credentialsDirFlag] != "":
+	case noCA && o.from[CredentialsDirFlag] != "":
 		return fmt.Errorf("%s: OUTPUT_CERTS is where certificates from the CA are written, and no CA is used (%s); pass --%s for the files to serve",
-			o.source(credentialsDirFlag, o.credentialsDir), noCAReason(o), credentialsDirFlag)
+			o.source(CredentialsDirFlag, o.credentialsDir), noCAReason(o), CredentialsDirFlag)
 	case noCA && o.provCert != "":
 		return fmt.Errorf("%s: a provisioning certificate authenticates to the CA, and no CA is used (%s)", o.source("prov-cert", o.provCert), noCAReason(o))
 	}
@@ -140,7 +140,7 @@ func (o agentOptions) rotatorConfig(base *slog.Logger, reg prometheus.Registerer
 	if strings.EqualFold(o.rootCert, "SYSTEM") {
 		return nil, fmt.Errorf("%s: the system's web roots cannot vouch for trustbridge's certificate service, which presents an X509-SVID; give the PEM file of the server trust domain's roots", o.source("root-cert", o.rootCert))
 	}
-	roots, err := readPEMCerts(o.rootCert)
+	roots, err := ReadPEMCerts(o.rootCert)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.source("root-cert", o.rootCert), err)
 	}

@@ -19,20 +19,20 @@ import (
 
 // exitFindings is the exit status of `trustbridge audit` when it found
 // problems at or above --fail-on; 1 means it could not audit at all.
-const exitFindings = 2
+const ExitFindings = 2
 
 // exitError ends the CLI with a status other than 1.
-type exitError struct {
-	code int
-	msg  string
+type ExitError struct {
+	Code int
+	Msg  string
 }
 
-func (e *exitError) Error() string { return e.msg }
+func (e *ExitError) Error() string { return e.Msg }
 
-func newAuditCmd(e env) *cobra.Command {
+func NewAuditCmd(e Env) *cobra.Command {
 	var (
-		client adminClient
-		output *outputFlag
+		client AdminClient
+		output *OutputFlag
 		failOn string
 		opts   audit.Options
 	)
@@ -68,7 +68,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
   trustbridge audit -o json | jq -r '.[] | select(.severity == "critical") | .fix'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := output.check(); err != nil {
+			if err := output.Check(); err != nil {
 				return err
 			}
 			if err := audit.CheckOptions(opts); err != nil {
@@ -82,7 +82,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			default:
 				return fmt.Errorf("--fail-on %q: want warning, critical or none", failOn)
 			}
-			body, err := client.do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
+			body, err := client.Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
 			if err != nil {
 				return err
 			}
@@ -94,19 +94,19 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			if findings == nil {
 				findings = []trustview.Finding{}
 			}
-			err = output.write(e.out, findings, func(w io.Writer) error { return printFindings(w, snap, findings) })
+			err = output.Write(e.Out, findings, func(w io.Writer) error { return printFindings(w, snap, findings) })
 			if err != nil {
 				return err
 			}
 			if threshold != "" && audit.AtLeast(findings, threshold) {
-				return &exitError{code: exitFindings, msg: fmt.Sprintf("%s: findings at or above %s", countFindings(findings), threshold)}
+				return &ExitError{Code: ExitFindings, Msg: fmt.Sprintf("%s: findings at or above %s", countFindings(findings), threshold)}
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&client.addr, "admin", "http://127.0.0.1:15014", adminFlagHelp)
-	output = addOutputFlag(cmd)
+	f.StringVar(&client.Addr, "admin", "http://127.0.0.1:15014", AdminFlagHelp)
+	output = AddOutputFlag(cmd)
 	f.StringVar(&failOn, "fail-on", "critical", "exit 2 when a finding of this severity or worse exists: warning, critical or none")
 	f.Float64Var(&opts.UpstreamUnreachableFraction, "upstream-unreachable-fraction", audit.DefaultUpstreamUnreachableFraction,
 		"with --upstream: warn when the upstream has failed for longer than this share of the intermediate's life (critical past 0.5)")
@@ -140,13 +140,13 @@ func printFindings(w io.Writer, snap trustview.Snapshot, fs []trustview.Finding)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEVERITY\tTRUST DOMAIN\tCODE\tFINDING")
 	for _, f := range fs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(f.Severity)), printable(f.TrustDomain), f.Code, printable(f.Message))
-		fmt.Fprintf(tw, "\t\t\tfix: %s\n", printable(f.Fix))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(f.Severity)), Printable(f.TrustDomain), f.Code, Printable(f.Message))
+		fmt.Fprintf(tw, "\t\t\tfix: %s\n", Printable(f.Fix))
 	}
 	return tw.Flush()
 }
 
-func newAuditLogCmd(e env) *cobra.Command {
+func newAuditLogCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "log",
 		Short:   "Work with the hash-chained audit log (--audit-log)",
@@ -154,7 +154,7 @@ func newAuditLogCmd(e env) *cobra.Command {
 	}
 	var (
 		expectHead string
-		output     *outputFlag
+		output     *OutputFlag
 	)
 	verify := &cobra.Command{
 		Use:   "verify FILE",
@@ -175,10 +175,10 @@ inserted or reordered: keep the file as evidence).`,
   cat ./data/audit.jsonl | trustbridge audit log verify -o json -`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := output.check(); err != nil {
+			if err := output.Check(); err != nil {
 				return err
 			}
-			var r io.Reader = e.in
+			var r io.Reader = e.In
 			if args[0] != "-" {
 				f, err := os.Open(args[0])
 				if err != nil {
@@ -198,11 +198,11 @@ inserted or reordered: keep the file as evidence).`,
 				return fmt.Errorf("%s: %w: head is %s, expected %s: entries after the expected head were cut off or replaced",
 					args[0], audit.ErrBroken, res.Head, expectHead)
 			}
-			if err := output.write(e.out, res, func(w io.Writer) error { return printVerified(w, args[0], res) }); err != nil {
+			if err := output.Write(e.Out, res, func(w io.Writer) error { return printVerified(w, args[0], res) }); err != nil {
 				return err
 			}
 			if torn {
-				return &exitError{code: exitTornTail, msg: fmt.Sprintf(
+				return &ExitError{Code: ExitTornTail, Msg: fmt.Sprintf(
 					"%s: torn tail: %d bytes (sha256 %s) after the last entry end without a newline: a write cut short by a crash or a full disk, not an edit of any entry above; the server moves them into %s%s<seq>-<hash> at its next start and records a log_recovered entry",
 					args[0], res.TornBytes, audit.ShortHash(res.TornSHA256), args[0], audit.TornTailSuffix)}
 			}
@@ -210,14 +210,14 @@ inserted or reordered: keep the file as evidence).`,
 		},
 	}
 	verify.Flags().StringVar(&expectHead, "expect-head", "", "fail unless the last entry's hash is this one (detects a cut-off tail)")
-	output = addOutputFlag(verify)
+	output = AddOutputFlag(verify)
 	cmd.AddCommand(verify)
 	return cmd
 }
 
 // exitTornTail is the exit status of `trustbridge audit log verify` when
 // the chain verifies up to a torn final line.
-const exitTornTail = 3
+const ExitTornTail = 3
 
 // printVerified reports the part of a chain that verifies.
 func printVerified(w io.Writer, name string, res audit.VerifyResult) error {
@@ -235,10 +235,10 @@ func printVerified(w io.Writer, name string, res audit.VerifyResult) error {
 }
 
 // exitCode is the process status for err.
-func exitCode(err error) int {
-	var ee *exitError
+func ExitCode(err error) int {
+	var ee *ExitError
 	if errors.As(err, &ee) {
-		return ee.code
+		return ee.Code
 	}
 	return 1
 }

@@ -24,7 +24,7 @@ func TestAuditCommandJWTFindings(t *testing.T) {
 			Authorities: []trustview.Authority{trustview.KeyAuthority(trustview.KindJWT, "west-2019", weak.Public())}},
 	}}
 	out, stderr, code := runCLI(t, "", "audit", "--admin", serveFakeSnapshot(t, snap))
-	assert.Equal(t, exitFindings, code, stderr)
+	assert.Equal(t, ExitFindings, code, stderr)
 	assert.Contains(t, out, "1 critical, 0 warning")
 	assert.Contains(t, out, audit.CodeJWTWeakKey)
 	assert.Contains(t, out, `JWT authority "west-2019" of west.example has a 1024-bit RSA key`)

@@ -18,7 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/backup"
 )
 
-func newBackupCmd(e env) *cobra.Command {
+func NewBackupCmd(e Env) *cobra.Command {
 	var dataDir, out string
 	cmd := &cobra.Command{
 		Use:   "backup --data-dir DIR --out FILE",
@@ -50,7 +50,7 @@ any it published before, so federated peers accept it (docs/operations.md,
 	return cmd
 }
 
-func runBackup(e env, dataDir, out string) error {
+func runBackup(e Env, dataDir, out string) error {
 	if err := checkBackupOut(dataDir, out); err != nil {
 		return err
 	}
@@ -69,11 +69,11 @@ func runBackup(e env, dataDir, out string) error {
 		files = append(files, backup.File{Path: f.Name, Mode: f.Mode, Data: f.Data})
 	}
 	files = append(files, others...)
-	m := backup.Manifest{TrustDomain: j.TrustDomain, Created: e.now().UTC(), Sequence: j.Sequence, Version: versionString()}
-	report := e.out
+	m := backup.Manifest{TrustDomain: j.TrustDomain, Created: e.Now().UTC(), Sequence: j.Sequence, Version: versionString()}
+	report := e.Out
 	if out == "-" {
-		report = e.err
-		if err := backup.Write(e.out, m, files); err != nil {
+		report = e.Err
+		if err := backup.Write(e.Out, m, files); err != nil {
 			return fmt.Errorf("backup: %w", err)
 		}
 	} else if err := writeNewFile(out, func(w io.Writer) error { return backup.Write(w, m, files) }); err != nil {
@@ -120,7 +120,7 @@ func writeNewFile(path string, write func(io.Writer) error) error {
 	return err
 }
 
-func newRestoreCmd(e env) *cobra.Command {
+func NewRestoreCmd(e Env) *cobra.Command {
 	var (
 		dataDir, from string
 		force         bool
@@ -174,7 +174,7 @@ type restoreOptions struct {
 // restoreLockCommand is what the lock record of a restore's target names.
 const restoreLockCommand = "trustbridge restore"
 
-func runRestore(e env, o restoreOptions) error {
+func runRestore(e Env, o restoreOptions) error {
 	target, err := filepath.Abs(o.dataDir)
 	if err != nil {
 		return err
@@ -186,7 +186,7 @@ func runRestore(e env, o restoreOptions) error {
 		return err
 	}
 	defer t.Release()
-	in := e.in
+	in := e.In
 	if o.from != "-" {
 		f, err := os.Open(o.from)
 		if err != nil {
@@ -209,7 +209,7 @@ func runRestore(e env, o restoreOptions) error {
 	if err != nil {
 		return fmt.Errorf("restore: %s: %w", o.from, err)
 	}
-	replaced, err := t.Install(staged, e.now())
+	replaced, err := t.Install(staged, e.Now())
 	if err != nil {
 		// Half way, the staging directory holds restored state the error
 		// names: keep it.
@@ -217,12 +217,12 @@ func runRestore(e env, o restoreOptions) error {
 		return err
 	}
 	keep = true
-	fmt.Fprintf(e.out, "restored trust domain %s into %s from %s (backed up %s, sequence %d)\n",
+	fmt.Fprintf(e.Out, "restored trust domain %s into %s from %s (backed up %s, sequence %d)\n",
 		m.TrustDomain, o.dataDir, o.from, m.Created.UTC().Format("2006-01-02T15:04:05Z"), seq)
 	if replaced != "" {
-		fmt.Fprintf(e.out, "the previous contents of %s are in %s\n", o.dataDir, replaced)
+		fmt.Fprintf(e.Out, "the previous contents of %s are in %s\n", o.dataDir, replaced)
 	}
-	fmt.Fprintf(e.out, "start the server on %s: it publishes the restored roots with a sequence above %d and above its start time, which peers accept\n", o.dataDir, seq)
+	fmt.Fprintf(e.Out, "start the server on %s: it publishes the restored roots with a sequence above %d and above its start time, which peers accept\n", o.dataDir, seq)
 	return nil
 }
 
@@ -263,7 +263,7 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 	return m, seq, nil
 }
 
-func newCARaiseSequenceCmd(e env) *cobra.Command {
+func newCARaiseSequenceCmd(e Env) *cobra.Command {
 	var (
 		dataDir string
 		above   uint64
@@ -292,7 +292,7 @@ it holds. A running server publishes the raised sequence at its next check
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(e.out, "the CA state in %s holds sequence %d\n", dataDir, seq)
+			fmt.Fprintf(e.Out, "the CA state in %s holds sequence %d\n", dataDir, seq)
 			return nil
 		},
 	}

@@ -101,7 +101,7 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 func TestBackupAndRestoreThroughPipes(t *testing.T) {
 	dataDir, _ := bootstrapDataDir(t, "east.example")
 	var out, errb bytes.Buffer
-	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, env{in: strings.NewReader(""), out: &out, err: &errb, now: time.Now})
+	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, Env{In: strings.NewReader(""), Out: &out, Err: &errb, Now: time.Now})
 	require.Equal(t, 0, code, errb.String())
 	assert.Contains(t, errb.String(), "backed up trust domain east.example", "the report goes to stderr, the archive to stdout")
 

@@ -26,8 +26,8 @@ const (
 	outputPEM    = "pem"
 )
 
-func newBundleShowCmd(e env) *cobra.Command {
-	var c adminClient
+func newBundleShowCmd(e Env) *cobra.Command {
+	var c AdminClient
 	cmd := &cobra.Command{
 		Use:   "show",
 		Short: "Print this trust domain's bundle (its CA's roots), as a peer's operator needs it",
@@ -47,12 +47,12 @@ it works while the server runs, or, with --admin, asks the running server
   trustbridge bundle show -o pem --admin http://127.0.0.1:15014 > root-cert.pem`,
 		Args: cobra.NoArgs,
 	}
-	out := addOutputFlag(cmd, outputSPIFFE, outputPEM)
+	out := AddOutputFlag(cmd, outputSPIFFE, outputPEM)
 	f := cmd.Flags()
-	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, read without its lock")
-	f.StringVar(&c.addr, "admin", "", "ask the running server at this admin address instead (e.g. http://127.0.0.1:15014)")
+	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, read without its lock")
+	f.StringVar(&c.Addr, "admin", "", "ask the running server at this admin address instead (e.g. http://127.0.0.1:15014)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := out.check(); err != nil {
+		if err := out.Check(); err != nil {
 			return err
 		}
 		var (
@@ -60,17 +60,17 @@ it works while the server runs, or, with --admin, asks the running server
 			src string
 			err error
 		)
-		if c.addr != "" {
+		if c.Addr != "" {
 			b, err = bundleFromAdmin(cmd.Context(), &c)
-			src = c.addr
+			src = c.Addr
 		} else {
-			b, err = bundleFromDataDir(c.dataDir)
-			src = c.dataDir
+			b, err = bundleFromDataDir(c.DataDir)
+			src = c.DataDir
 		}
 		if err != nil {
 			return err
 		}
-		return writeBundle(e.out, out, b, src, e.now())
+		return writeBundle(e.Out, out, b, src, e.Now())
 	}
 	return cmd
 }
@@ -113,8 +113,8 @@ func bundleFromDataDir(dir string) (*spiffebundle.Bundle, error) {
 
 // bundleFromAdmin reads the published bundle from GET /v1/bundle, with the
 // trust domain GET /v1/trust names (a bundle document does not).
-func bundleFromAdmin(ctx context.Context, c *adminClient) (*spiffebundle.Bundle, error) {
-	body, err := c.do(ctx, http.MethodGet, "/v1/trust", nil, false)
+func bundleFromAdmin(ctx context.Context, c *AdminClient) (*spiffebundle.Bundle, error) {
+	body, err := c.Do(ctx, http.MethodGet, "/v1/trust", nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func bundleFromAdmin(ctx context.Context, c *adminClient) (*spiffebundle.Bundle,
 	if err != nil {
 		return nil, fmt.Errorf("admin answer: %w", err)
 	}
-	doc, err := c.do(ctx, http.MethodGet, "/v1/bundle", nil, false)
+	doc, err := c.Do(ctx, http.MethodGet, "/v1/bundle", nil, false)
 	if err != nil {
 		return nil, err
 	}
@@ -139,21 +139,21 @@ func bundleFromAdmin(ctx context.Context, c *adminClient) (*spiffebundle.Bundle,
 
 // writeBundle prints b as the chosen format; table, json and yaml are
 // bundle inspect's report of it.
-func writeBundle(w io.Writer, out *outputFlag, b *spiffebundle.Bundle, src string, now time.Time) error {
+func writeBundle(w io.Writer, out *OutputFlag, b *spiffebundle.Bundle, src string, now time.Time) error {
 	switch {
-	case out.is(outputSPIFFE):
+	case out.Is(outputSPIFFE):
 		doc, err := bundledoc.Marshal(b)
 		if err != nil {
 			return err
 		}
 		_, err = fmt.Fprintf(w, "%s\n", doc)
 		return err
-	case out.is(outputPEM):
+	case out.Is(outputPEM):
 		return writePEM(w, b)
 	}
-	ins := &inspection{Source: src, Kind: "bundle", bundles: []*spiffebundle.Bundle{b}, Warnings: []warningReport{}}
+	ins := &Inspection{Source: src, Kind: "bundle", bundles: []*spiffebundle.Bundle{b}, Warnings: []warningReport{}}
 	ins.fill(now)
-	return out.write(w, ins, ins.writeTable)
+	return out.Write(w, ins, ins.writeTable)
 }
 
 // writePEM writes b's X.509 authorities as PEM CERTIFICATE blocks.
@@ -162,8 +162,8 @@ func writePEM(w io.Writer, b *spiffebundle.Bundle) error {
 	return err
 }
 
-func newBundleSetCmd(e env) *cobra.Command {
-	var c adminClient
+func newBundleSetCmd(e Env) *cobra.Command {
+	var c AdminClient
 	cmd := &cobra.Command{
 		Use:   "set TRUST_DOMAIN FILE",
 		Short: "Set a trust domain's bootstrap or static bundle on the running server",
@@ -201,11 +201,11 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 			if _, _, err := bundledoc.ParseAny(td, doc); err != nil {
 				return fmt.Errorf("%s: %w", displayName(args[1]), err)
 			}
-			return c.relay(cmd.Context(), e.out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
+			return c.Relay(cmd.Context(), e.Out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.addr, "admin", "http://127.0.0.1:15014", adminFlagHelp)
-	c.addAuthFlags(f)
+	f.StringVar(&c.Addr, "admin", "http://127.0.0.1:15014", AdminFlagHelp)
+	c.AddAuthFlags(f)
 	return cmd
 }

@@ -44,7 +44,7 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 
 	peer := testca.New(t, "peer.example")
@@ -102,7 +102,7 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 
 	// An offline CA's bundle, without a refresh hint of its own.

@@ -19,7 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
-func newCACmd(e env) *cobra.Command {
+func NewCACmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ca",
 		Short: "Operate the embedded CA's state directory",
@@ -40,10 +40,10 @@ type caIssueOptions struct {
 	keyType  string
 }
 
-func newCAIssueCmd(e env) *cobra.Command {
+func newCAIssueCmd(e Env) *cobra.Command {
 	var (
 		o   caIssueOptions
-		out *oldName
+		out *OldName
 	)
 	cmd := &cobra.Command{
 		Use:   "issue --data-dir DIR --spiffe-id ID --credentials-dir DIR",
@@ -63,25 +63,25 @@ meanwhile.`,
   trustbridge ca issue --ca-dir /etc/cacerts --spiffe-id spiffe://example.org/vm/db --credentials-dir ./db-creds --ttl 1h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := out.merge(&o.credsDir, ""); err != nil {
+			if err := out.Merge(&o.credsDir, ""); err != nil {
 				return err
 			}
 			return runCAIssue(e, o)
 		},
 	}
-	out = addOldName(cmd, "out", credentialsDirFlag)
+	out = AddOldName(cmd, "out", CredentialsDirFlag)
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir (file storage only; with --storage kube use ca request)")
 	f.StringVar(&o.caDir, "ca-dir", "", "sign with a plug-in CA directory (Istio cacerts layout) instead of --data-dir")
 	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
-	f.StringVar(&o.credsDir, credentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
+	f.StringVar(&o.credsDir, CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
 	f.DurationVar(&o.ttl, "ttl", ca.DefaultWorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
 	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	return cmd
 }
 
-func runCAIssue(e env, o caIssueOptions) error {
+func runCAIssue(e Env, o caIssueOptions) error {
 	if o.spiffeID == "" || o.credsDir == "" {
 		return errors.New("--spiffe-id and --credentials-dir are required")
 	}
@@ -113,7 +113,7 @@ func runCAIssue(e env, o caIssueOptions) error {
 	if err != nil {
 		return err
 	}
-	issued, err := ca.Sign(e.now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, csr, id, o.ttl)
+	issued, err := ca.Sign(e.Now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, csr, id, o.ttl)
 	if err != nil {
 		return err
 	}
@@ -124,7 +124,7 @@ func runCAIssue(e env, o caIssueOptions) error {
 	if err := caclient.WriteCredentials(o.credsDir, key, withoutRoots(issued.Chain, m.Roots), trust); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s\n", id, issued.Leaf.NotAfter.UTC().Format(time.RFC3339), o.credsDir)
+	fmt.Fprintf(e.Out, "issued %s, valid until %s\n  %s\n", id, issued.Leaf.NotAfter.UTC().Format(time.RFC3339), o.credsDir)
 	return nil
 }
 
@@ -132,7 +132,7 @@ func runCAIssue(e env, o caIssueOptions) error {
 // root of the data directory under a shared lock. On success the caller
 // holds the lock until it has signed, so the server cannot retire the root
 // between reading it and signing; on error nothing stays locked.
-func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (td spiffeid.TrustDomain, m ca.SigningMaterial, maxTTL time.Duration, unlock func(), err error) {
+func issuingMaterial(e Env, o caIssueOptions, id spiffeid.ID) (td spiffeid.TrustDomain, m ca.SigningMaterial, maxTTL time.Duration, unlock func(), err error) {
 	unlock = func() {}
 	td, m, maxTTL, err = loadIssuingMaterial(e, o, id, &unlock)
 	if err != nil {
@@ -142,7 +142,7 @@ func issuingMaterial(e env, o caIssueOptions, id spiffeid.ID) (td spiffeid.Trust
 	return td, m, maxTTL, unlock, err
 }
 
-func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func()) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
+func loadIssuingMaterial(e Env, o caIssueOptions, id spiffeid.ID, unlockp *func()) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
 	var m ca.SigningMaterial
 	if o.caDir != "" {
 		td := id.TrustDomain()
@@ -152,12 +152,12 @@ func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func(
 				return td, m, 0, fmt.Errorf("--trust-domain %q: %w", o.td, err)
 			}
 		}
-		p, warnings, err := ca.LoadPluginDir(o.caDir, td, e.now())
+		p, warnings, err := ca.LoadPluginDir(o.caDir, td, e.Now())
 		if err != nil {
 			return td, m, 0, err
 		}
 		for _, w := range warnings {
-			fmt.Fprintln(e.err, "warning:", w)
+			fmt.Fprintln(e.Err, "warning:", w)
 		}
 		m = ca.SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}
 		return td, m, ca.DefaultMaxWorkloadTTL, nil
@@ -207,7 +207,7 @@ func withoutRoots(chain, roots []*x509.Certificate) []*x509.Certificate {
 	return out
 }
 
-func certsPEM(certs []*x509.Certificate) []byte {
+func CertsPEM(certs []*x509.Certificate) []byte {
 	var out []byte
 	for _, c := range certs {
 		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
@@ -229,7 +229,7 @@ func whoPublishes(dataDir string) string {
 	}
 }
 
-func newCARotateCmd(e env) *cobra.Command {
+func newCARotateCmd(e Env) *cobra.Command {
 	var (
 		dataDir string
 		jwt     bool
@@ -259,15 +259,15 @@ are trustbridge's own.`,
 			if jwt {
 				return runCARotateJWT(e, dataDir)
 			}
-			id, created, err := ca.RequestRotation(dataDir, e.now())
+			id, created, err := ca.RequestRotation(dataDir, e.Now())
 			if err != nil {
 				return err
 			}
 			if !created {
-				fmt.Fprintf(e.out, "root %s is already prepared and waiting; nothing to do\n", id)
+				fmt.Fprintf(e.Out, "root %s is already prepared and waiting; nothing to do\n", id)
 				return nil
 			}
-			fmt.Fprintf(e.out, "prepared root %s; %s\n", id, whoPublishes(dataDir))
+			fmt.Fprintf(e.Out, "prepared root %s; %s\n", id, whoPublishes(dataDir))
 			return nil
 		},
 	}
@@ -276,15 +276,15 @@ are trustbridge's own.`,
 	return cmd
 }
 
-func runCARotateJWT(e env, dataDir string) error {
-	kid, created, err := ca.RequestJWTRotation(dataDir, e.now())
+func runCARotateJWT(e Env, dataDir string) error {
+	kid, created, err := ca.RequestJWTRotation(dataDir, e.Now())
 	if err != nil {
 		return err
 	}
 	if !created {
-		fmt.Fprintf(e.out, "JWT key %s is already prepared and waiting; nothing to do\n", kid)
+		fmt.Fprintf(e.Out, "JWT key %s is already prepared and waiting; nothing to do\n", kid)
 		return nil
 	}
-	fmt.Fprintf(e.out, "prepared JWT key %s; %s\n", kid, whoPublishes(dataDir))
+	fmt.Fprintf(e.Out, "prepared JWT key %s; %s\n", kid, whoPublishes(dataDir))
 	return nil
 }

@@ -21,7 +21,7 @@ import (
 )
 
 type caRequestOptions struct {
-	caConnOptions
+	CAConn
 	credsDir string
 	renew    bool
 	spiffeID string
@@ -29,10 +29,10 @@ type caRequestOptions struct {
 	keyType  string
 }
 
-func newCARequestCmd(e env) *cobra.Command {
+func newCARequestCmd(e Env) *cobra.Command {
 	var (
 		o               caRequestOptions
-		outOld, certOld *oldName
+		outOld, certOld *OldName
 	)
 	cmd := &cobra.Command{
 		Use:   "request --ca-addr ADDR --root-cert FILE (--token-file FILE | --renew | --prov-cert DIR) --credentials-dir DIR",
@@ -72,20 +72,20 @@ earlier run, produces it.`,
       --prov-cert /etc/creds --credentials-dir /etc/creds.new`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := outOld.merge(&o.credsDir, ""); err != nil {
+			if err := outOld.Merge(&o.credsDir, ""); err != nil {
 				return err
 			}
-			if err := certOld.merge(&o.provCert, "pass only --prov-cert, or --renew to renew the certificate of --credentials-dir in place"); err != nil {
+			if err := certOld.Merge(&o.ProvCert, "pass only --prov-cert, or --renew to renew the certificate of --credentials-dir in place"); err != nil {
 				return err
 			}
 			return runCARequest(cmd.Context(), e, o)
 		},
 	}
-	outOld = addOldName(cmd, "out", credentialsDirFlag)
-	certOld = addOldName(cmd, "cert-dir", "prov-cert")
+	outOld = AddOldName(cmd, "out", CredentialsDirFlag)
+	certOld = AddOldName(cmd, "cert-dir", "prov-cert")
 	f := cmd.Flags()
-	addCAConnFlags(f, &o.caConnOptions)
-	f.StringVar(&o.credsDir, credentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem, root-cert.pem and bundle.spiffe.json into (required)")
+	AddCAConnFlags(f, &o.CAConn)
+	f.StringVar(&o.credsDir, CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem, root-cert.pem and bundle.spiffe.json into (required)")
 	f.BoolVar(&o.renew, "renew", false, "authenticate with the certificate in --credentials-dir and replace it (renewal in place)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to put in the CSR; the server refuses it unless it is the identity you authenticate as")
 	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for (default: the server's --workload-ttl)")
@@ -93,16 +93,16 @@ earlier run, produces it.`,
 	return cmd
 }
 
-func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
+func runCARequest(ctx context.Context, e Env, o caRequestOptions) error {
 	kt, want, err := o.check()
 	if err != nil {
 		return err
 	}
-	clientCert, token, err := o.credentials(e.now(), &want)
+	clientCert, token, err := o.credentials(e.Now(), &want)
 	if err != nil {
 		return err
 	}
-	roots, serverID, err := o.server(want)
+	roots, serverID, err := o.Server(want)
 	if err != nil {
 		return err
 	}
@@ -115,20 +115,20 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	issued, err := agent.Obtain(ctx, o.addr, roots, serverID, clientCert, caclient.Request{Key: key, ID: want, TTL: o.ttl, Token: token})
+	issued, err := agent.Obtain(ctx, o.Addr, roots, serverID, clientCert, caclient.Request{Key: key, ID: want, TTL: o.ttl, Token: token})
 	if err != nil {
-		return requestError(o.addr, o.timeout, "a certificate", err)
+		return RequestError(o.Addr, o.Timeout, "a certificate", err)
 	}
 	if err := caclient.WriteCredentials(o.credsDir, key, issued.Chain, issued.Trust); err != nil {
 		return err
 	}
 	id, leafChain := issued.ID, issued.Chain
-	fmt.Fprintf(e.out, "issued %s, valid until %s\n  %s (%s: %d roots of %s; %s: %s)\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339),
+	fmt.Fprintf(e.Out, "issued %s, valid until %s\n  %s (%s: %d roots of %s; %s: %s)\n", id, leafChain[0].NotAfter.UTC().Format(time.RFC3339),
 		o.credsDir, caclient.RootsFile, len(issued.Trust.Local), id.TrustDomain().Name(), caclient.BundleMapFile, trustDomainList(issued.Trust))
 	for _, td := range issued.Trust.Withheld {
-		fmt.Fprintf(e.err, "warning: %s left out of %s: the server's trust policy lets %s trust only some of its peers, which a bundle file cannot say; use trustbridge agent (SDS) for it\n",
+		fmt.Fprintf(e.Err, "warning: %s left out of %s: the server's trust policy lets %s trust only some of its peers, which a bundle file cannot say; use trustbridge agent (SDS) for it\n",
 			td.Name(), caclient.BundleMapFile, id)
 	}
 	return nil
@@ -137,17 +137,17 @@ func runCARequest(ctx context.Context, e env, o caRequestOptions) error {
 // check checks the flags that need no file, and returns the key type and
 // the identity asked for (zero without --spiffe-id).
 func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
-	if o.addr == "" || o.rootCert == "" || o.credsDir == "" {
+	if o.Addr == "" || o.RootCert == "" || o.credsDir == "" {
 		return "", spiffeid.ID{}, errors.New("--ca-addr, --root-cert and --credentials-dir are required")
 	}
-	if n := countTrue(o.tokenFile != "", o.renew, o.provCert != ""); n != 1 {
+	if n := CountTrue(o.TokenFile != "", o.renew, o.ProvCert != ""); n != 1 {
 		return "", spiffeid.ID{}, errors.New("give exactly one of --token-file (bootstrap or service account token), --renew (renew the certificate in --credentials-dir) and --prov-cert DIR (authenticate with the certificate in DIR)")
 	}
 	if o.ttl < 0 || o.ttl%time.Second != 0 {
 		return "", spiffeid.ID{}, fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
 	}
-	if o.timeout <= 0 {
-		return "", spiffeid.ID{}, fmt.Errorf("--timeout %s must be positive", o.timeout)
+	if o.Timeout <= 0 {
+		return "", spiffeid.ID{}, fmt.Errorf("--timeout %s must be positive", o.Timeout)
 	}
 	kt, err := ca.ParseKeyType(o.keyType)
 	if err != nil {
@@ -168,9 +168,9 @@ func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
 // *want is zero) or the token of --token-file.
 func (o caRequestOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
 	if o.renew {
-		return clientCredentials(o.credsDir, "--renew: --credentials-dir", "", now, want)
+		return ClientCredentials(o.credsDir, "--renew: --credentials-dir", "", now, want)
 	}
-	return o.caConnOptions.credentials(now, want)
+	return o.CAConn.Credentials(now, want)
 }
 
 // trustDomainList names the trust domains of t's bundle map, sorted.
@@ -186,10 +186,10 @@ func trustDomainList(t caclient.Trust) string {
 }
 
 // bearerToken sends "authorization: Bearer <token>", only over TLS.
-type bearerToken = caclient.BearerToken
+type BearerToken = caclient.BearerToken
 
 // requestError says what a failed call means for the person running it.
-func requestError(addr string, timeout time.Duration, what string, err error) error {
+func RequestError(addr string, timeout time.Duration, what string, err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
 		return err
@@ -212,22 +212,22 @@ func requestError(addr string, timeout time.Duration, what string, err error) er
 	return fmt.Errorf("the CA at %s: %s: %s", addr, st.Code(), msg)
 }
 
-func readPEMCerts(path string) ([]*x509.Certificate, error) {
+func ReadPEMCerts(path string) ([]*x509.Certificate, error) {
 	return caclient.ReadPEMCerts(path)
 }
 
 // parsePEMCerts parses every CERTIFICATE block; there must be one.
-func parsePEMCerts(data []byte) ([]*x509.Certificate, error) {
+func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
 	return caclient.ParsePEMCerts(data)
 }
 
 // readSmallFile reads at most limit bytes of a regular file.
-func readSmallFile(path string, limit int64) ([]byte, error) {
+func ReadSmallFile(path string, limit int64) ([]byte, error) {
 	return caclient.ReadFile(path, limit)
 }
 
 // countTrue is how many of bs are true.
-func countTrue(bs ...bool) int {
+func CountTrue(bs ...bool) int {
 	n := 0
 	for _, b := range bs {
 		if b {

@@ -18,49 +18,49 @@ import (
 // caConnOptions are how a client command reaches the certificate
 // service's listener and authenticates there: `ca request` and `jwt`
 // share them, so a caller proves itself the same way to both.
-type caConnOptions struct {
-	addr      string
-	rootCert  string
-	tokenFile string
-	provCert  string
-	serverID  string
-	timeout   time.Duration
+type CAConn struct {
+	Addr      string
+	RootCert  string
+	TokenFile string
+	ProvCert  string
+	ServerID  string
+	Timeout   time.Duration
 }
 
-func addCAConnFlags(f *pflag.FlagSet, o *caConnOptions) {
-	f.StringVar(&o.addr, "ca-addr", "", "address of the certificate service, host:port (required)")
-	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, to verify the server (required)")
-	f.StringVar(&o.tokenFile, "token-file", "", "file holding a bearer token (bootstrap token or Kubernetes service account token)")
-	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem to authenticate with (Istio's PROV_CERT); only read")
-	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+server.GRPCServingPath+")")
-	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "deadline for the whole request")
+func AddCAConnFlags(f *pflag.FlagSet, o *CAConn) {
+	f.StringVar(&o.Addr, "ca-addr", "", "address of the certificate service, host:port (required)")
+	f.StringVar(&o.RootCert, "root-cert", "", "PEM roots of the server's trust domain, to verify the server (required)")
+	f.StringVar(&o.TokenFile, "token-file", "", "file holding a bearer token (bootstrap token or Kubernetes service account token)")
+	f.StringVar(&o.ProvCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem to authenticate with (Istio's PROV_CERT); only read")
+	f.StringVar(&o.ServerID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+server.GRPCServingPath+")")
+	f.DurationVar(&o.Timeout, "timeout", 30*time.Second, "deadline for the whole request")
 }
 
 // checkAuth checks the flags of a command that authenticates with
 // --token-file or --prov-cert, one of them.
-func (o caConnOptions) checkAuth() error {
-	if o.addr == "" || o.rootCert == "" {
+func (o CAConn) CheckAuth() error {
+	if o.Addr == "" || o.RootCert == "" {
 		return errors.New("--ca-addr and --root-cert are required")
 	}
-	if countTrue(o.tokenFile != "", o.provCert != "") != 1 {
+	if CountTrue(o.TokenFile != "", o.ProvCert != "") != 1 {
 		return errors.New("give exactly one of --token-file (bootstrap or service account token) and --prov-cert DIR (authenticate with the certificate in DIR)")
 	}
-	if o.timeout <= 0 {
-		return fmt.Errorf("--timeout %s must be positive", o.timeout)
+	if o.Timeout <= 0 {
+		return fmt.Errorf("--timeout %s must be positive", o.Timeout)
 	}
 	return nil
 }
 
 // credentials reads the certificate of --prov-cert (whose identity sets
 // *want when it is zero) or the token of --token-file.
-func (o caConnOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
-	return clientCredentials(o.provCert, "--prov-cert", o.tokenFile, now, want)
+func (o CAConn) Credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
+	return ClientCredentials(o.ProvCert, "--prov-cert", o.TokenFile, now, want)
 }
 
 // clientCredentials is the certificate in dir (flag names it in errors),
 // whose identity sets *want when it is zero, or else the token in
 // tokenFile.
-func clientCredentials(dir, flag, tokenFile string, now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
+func ClientCredentials(dir, flag, tokenFile string, now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
 	if dir == "" {
 		token, err := caclient.ReadToken(tokenFile)
 		if err != nil {
@@ -80,12 +80,12 @@ func clientCredentials(dir, flag, tokenFile string, now time.Time, want *spiffei
 
 // server reads --root-cert and returns the roots and the SPIFFE ID the
 // server must present (expectedServerID).
-func (o caConnOptions) server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.ID, error) {
-	roots, err := readPEMCerts(o.rootCert)
+func (o CAConn) Server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.ID, error) {
+	roots, err := ReadPEMCerts(o.RootCert)
 	if err != nil {
 		return nil, spiffeid.ID{}, fmt.Errorf("--root-cert: %w", err)
 	}
-	serverID, err := expectedServerID(o.serverID, roots, want)
+	serverID, err := ExpectedServerID(o.ServerID, roots, want)
 	if err != nil {
 		return nil, spiffeid.ID{}, err
 	}
@@ -95,17 +95,17 @@ func (o caConnOptions) server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.I
 // dial connects as a call needs: TLS verifying the server and
 // presenting the client certificate, if any, and the bearer token, if
 // any. local is the server's trust domain, the caller's own.
-func (o caConnOptions) dial(now time.Time) (conn *grpc.ClientConn, local spiffeid.TrustDomain, err error) {
+func (o CAConn) Dial(now time.Time) (conn *grpc.ClientConn, local spiffeid.TrustDomain, err error) {
 	var want spiffeid.ID
-	cert, token, err := o.credentials(now, &want)
+	cert, token, err := o.Credentials(now, &want)
 	if err != nil {
 		return nil, local, err
 	}
-	roots, serverID, err := o.server(want)
+	roots, serverID, err := o.Server(want)
 	if err != nil {
 		return nil, local, err
 	}
-	conn, err = caclient.Dial(o.addr, caclient.ServerTLS(roots, serverID, cert), token)
+	conn, err = caclient.Dial(o.Addr, caclient.ServerTLS(roots, serverID, cert), token)
 	return conn, serverID.TrustDomain(), err
 }
 
@@ -113,7 +113,7 @@ func (o caConnOptions) dial(now time.Time) (conn *grpc.ClientConn, local spiffei
 // service's ID in the trust domain of the identity requested (--spiffe-id,
 // or the certificate of --renew or --prov-cert), or else in the one trust domain the
 // roots name (caclient.ExpectedServerID).
-func expectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
+func ExpectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
 	if flag != "" {
 		id, err := spiffeid.FromString(flag)
 		if err != nil {

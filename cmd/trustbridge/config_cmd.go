@@ -11,7 +11,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
-func newConfigCmd(e env) *cobra.Command {
+func NewConfigCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "config",
 		Short:   "Work with trustbridge server's --config file",
@@ -44,11 +44,11 @@ Prints "ok" or every problem found; the exit status is 1 on any problem.`,
 			}
 			errs := server.CheckConfig(o)
 			if len(errs) == 0 {
-				_, err := fmt.Fprintf(e.out, "%s: ok\n", args[0])
+				_, err := fmt.Fprintf(e.Out, "%s: ok\n", args[0])
 				return err
 			}
 			for _, err := range errs {
-				fmt.Fprintf(e.out, "%s: %v\n", args[0], err)
+				fmt.Fprintf(e.Out, "%s: %v\n", args[0], err)
 			}
 			return fmt.Errorf("%s: %d problems", args[0], len(errs))
 		},

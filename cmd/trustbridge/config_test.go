@@ -115,7 +115,7 @@ federation-crd: true
 // docs/configuration.md lists every flag of every command; `go test
 // ./cmd/trustbridge -run TestConfigurationDoc -update` rewrites it.
 func TestConfigurationDoc(t *testing.T) {
-	root := newRootCmd(env{in: strings.NewReader(""), out: io.Discard, err: io.Discard, now: time.Now})
+	root := newRootCmd(Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
 	var b strings.Builder
 	var missing []string
 	var walk func(c *cobra.Command)

@@ -21,9 +21,9 @@ func TestListenerLimitFlagDefaults(t *testing.T) {
 	}
 	agent := map[string]string{"admin-max-conns": "128", "admin-max-conns-per-source": "32"}
 	for cmd, want := range map[string]map[string]string{"server": server, "agent": agent} {
-		f := newServerCmd(env{}).Flags()
+		f := newServerCmd(Env{}).Flags()
 		if cmd == "agent" {
-			f = newAgentCmd(env{}).Flags()
+			f = newAgentCmd(Env{}).Flags()
 		}
 		for flag, def := range want {
 			fl := f.Lookup(flag)
@@ -124,9 +124,9 @@ func TestAdminClientStaysUnderPerSourceLimit(t *testing.T) {
 	o := baseServerOptions("example.org", t.TempDir())
 	o.AdminConns = server.ConnLimits{Max: 8, PerSource: 3} // one spare: the server may not yet have seen the last call's close
 	admin, _, _ := launchServer(t, o)
-	c := &adminClient{addr: "http://" + admin}
+	c := &AdminClient{Addr: "http://" + admin}
 	for i := range 10 {
-		_, err := c.do(context.Background(), "GET", "/v1/federation/relationships", nil, false)
+		_, err := c.Do(context.Background(), "GET", "/v1/federation/relationships", nil, false)
 		require.NoError(t, err, "call %d", i)
 	}
 }

@@ -94,7 +94,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	for _, r := range roots {
 		g.roots = append(g.roots, r.Cert)
 	}
-	rootCert := writeFile(t, string(certsPEM(g.roots)), 0o644)
+	rootCert := writeFile(t, string(CertsPEM(g.roots)), 0o644)
 	request := func(token string) string {
 		dir := filepath.Join(t.TempDir(), "creds")
 		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", g.grpc, "--root-cert", rootCert,
@@ -135,7 +135,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 		Mutate: func(c *x509.Certificate) { c.ExtraExtensions = []pkix.Extension{ext} }})
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
-	g.fallen["chain older than --max-renewal-lifetime"] = writeCertDir(t, certsPEM([]*x509.Certificate{leaf}),
+	g.fallen["chain older than --max-renewal-lifetime"] = writeCertDir(t, CertsPEM([]*x509.Certificate{leaf}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
 	return g
 }

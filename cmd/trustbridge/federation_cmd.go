@@ -17,14 +17,14 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 )
 
-func newFederationCmd(e env) *cobra.Command {
+func NewFederationCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "federation",
 		Short: "See and drive the running server's federation",
 		Example: `  trustbridge federation status
   trustbridge federation refresh west.example`,
 	}
-	var output *outputFlag
+	var output *OutputFlag
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Show every federated trust domain: state, sequence, last success and error, authorities",
@@ -35,10 +35,10 @@ them, including any this version does not know); -o yaml the same as YAML.`,
   trustbridge federation status --admin http://127.0.0.1:15014 -o json | jq '.[] | select(.state != "ok")'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runFederationStatus(cmd.Context(), e, adminFrom(cmd, &adminClient{}), output)
+			return runFederationStatus(cmd.Context(), e, AdminFrom(cmd, &AdminClient{}), output)
 		},
 	}
-	output = addOutputFlag(status)
+	output = AddOutputFlag(status)
 	refresh := &cobra.Command{
 		Use:     "refresh TRUST_DOMAIN",
 		Short:   "Poll one trust domain's bundle endpoint now",
@@ -46,20 +46,20 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
-			return adminFrom(cmd, &adminClient{}).relay(cmd.Context(), e.out, http.MethodPost, path, nil, false)
+			return AdminFrom(cmd, &AdminClient{}).Relay(cmd.Context(), e.Out, http.MethodPost, path, nil, false)
 		},
 	}
-	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", adminFlagHelp)
+	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", AdminFlagHelp)
 	cmd.AddCommand(status, refresh)
 	cmd.AddCommand(newFederationManageCmds(e)...)
 	return cmd
 }
 
-func runFederationStatus(ctx context.Context, e env, c *adminClient, output *outputFlag) error {
-	if err := output.check(); err != nil {
+func runFederationStatus(ctx context.Context, e Env, c *AdminClient, output *OutputFlag) error {
+	if err := output.Check(); err != nil {
 		return err
 	}
-	body, err := c.do(ctx, http.MethodGet, "/v1/federation", nil, false)
+	body, err := c.Do(ctx, http.MethodGet, "/v1/federation", nil, false)
 	if err != nil {
 		return err
 	}
@@ -69,8 +69,8 @@ func runFederationStatus(ctx context.Context, e env, c *adminClient, output *out
 	}
 	// json and yaml are the server's documents, not their decoding: a
 	// newer server's keys pass through.
-	return output.write(e.out, json.RawMessage(body), func(w io.Writer) error {
-		return printFederationStatus(w, e.now(), status)
+	return output.Write(e.Out, json.RawMessage(body), func(w io.Writer) error {
+		return printFederationStatus(w, e.Now(), status)
 	})
 }
 
@@ -100,7 +100,7 @@ func printFederationStatus(w io.Writer, now time.Time, status []federation.Statu
 			earliest = first.Format(time.RFC3339)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.TrustDomain, strings.ToUpper(string(s.State)), seq,
-			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest, printable(clipText(s.LastError, 80)))
+			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest, Printable(clipText(s.LastError, 80)))
 	}
 	return tw.Flush()
 }

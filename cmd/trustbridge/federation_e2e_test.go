@@ -355,9 +355,9 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.pem")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
-	require.NoError(t, os.WriteFile(caFile, certsPEM([]*x509.Certificate{web.Cert}), 0o600))
+	require.NoError(t, os.WriteFile(caFile, CertsPEM([]*x509.Certificate{web.Cert}), 0o600))
 
 	eastAddr, westAddr := reservePort(t), reservePort(t)
 	webConfig := func(peer, addr string) string {

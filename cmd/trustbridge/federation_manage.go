@@ -26,36 +26,36 @@ import (
 
 // adminTokenEnv names the admin token file when --admin-token-file is not
 // given.
-const adminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
+const AdminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
 
 // adminFlagHelp describes --admin wherever a command talks to the admin API.
-const adminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
+const AdminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
 
 // adminClient talks to a running server's admin API; mutations bear the
 // token the server wrote into its data directory.
-type adminClient struct {
-	addr      string
-	dataDir   string
-	tokenFile string
+type AdminClient struct {
+	Addr      string
+	DataDir   string
+	TokenFile string
 }
 
 // addAuthFlags registers where the admin token is.
-func (c *adminClient) addAuthFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.dataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
-	f.StringVar(&c.tokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+adminTokenEnv+")")
+func (c *AdminClient) AddAuthFlags(f *pflag.FlagSet) {
+	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.TokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+AdminTokenEnv+")")
 }
 
 // token reads the admin token: --admin-token-file, else the environment,
 // else the data directory's.
-func (c *adminClient) token() (string, error) {
-	path := c.tokenFile
+func (c *AdminClient) Token() (string, error) {
+	path := c.TokenFile
 	if path == "" {
-		path = os.Getenv(adminTokenEnv)
+		path = os.Getenv(AdminTokenEnv)
 	}
 	if path == "" {
-		path = filepath.Join(c.dataDir, server.AdminTokenName)
+		path = filepath.Join(c.DataDir, server.AdminTokenName)
 	}
-	data, err := readSmallFile(path, 4<<10)
+	data, err := ReadSmallFile(path, 4<<10)
 	if err != nil {
 		return "", fmt.Errorf("admin token: %w; run this as the server's user on its host with the server's --data-dir (or --admin-token-file): the server writes the token there at each start", err)
 	}
@@ -64,10 +64,10 @@ func (c *adminClient) token() (string, error) {
 
 // do sends one request; auth adds the token. A non-2xx answer is an error
 // carrying the server's message.
-func (c *adminClient) do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
+func (c *AdminClient) Do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	client, base := c.client()
+	client, base := c.Client()
 	// The transport is this call's own: leave no idle connection behind
 	// to count against the admin listener's per-source limit.
 	defer client.CloseIdleConnections()
@@ -76,11 +76,11 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 	if err != nil {
 		return "", err
 	}
-	if auth && !strings.HasPrefix(c.addr, "unix://") {
-		if err := tokenTransportOK(c.addr); err != nil {
+	if auth && !strings.HasPrefix(c.Addr, "unix://") {
+		if err := TokenTransportOK(c.Addr); err != nil {
 			return "", err
 		}
-		tok, err := c.token()
+		tok, err := c.Token()
 		if err != nil {
 			return "", err
 		}
@@ -102,8 +102,8 @@ func (c *adminClient) do(ctx context.Context, method, path string, body []byte, 
 }
 
 // relay sends one request, as do, and copies the server's answer to w.
-func (c *adminClient) relay(ctx context.Context, w io.Writer, method, path string, body []byte, auth bool) error {
-	out, err := c.do(ctx, method, path, body, auth)
+func (c *AdminClient) Relay(ctx context.Context, w io.Writer, method, path string, body []byte, auth bool) error {
+	out, err := c.Do(ctx, method, path, body, auth)
 	if err != nil {
 		return err
 	}
@@ -115,11 +115,11 @@ func (c *adminClient) relay(ctx context.Context, w io.Writer, method, path strin
 // server's --admin-socket, where the socket's mode stands for the token.
 // Neither follows a proxy (HTTP_PROXY would see the token) nor a redirect
 // (Go keeps the token on a redirect to the same host, even to http).
-func (c *adminClient) client() (*http.Client, string) {
+func (c *AdminClient) Client() (*http.Client, string) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
-	base := strings.TrimRight(c.addr, "/")
-	if path, ok := strings.CutPrefix(c.addr, "unix://"); ok {
+	base := strings.TrimRight(c.Addr, "/")
+	if path, ok := strings.CutPrefix(c.Addr, "unix://"); ok {
 		var d net.Dialer
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return d.DialContext(ctx, "unix", path)
@@ -135,7 +135,7 @@ func (c *adminClient) client() (*http.Client, string) {
 // text: it goes over https, or plain http to a loopback host only. The
 // admin listener may bind 0.0.0.0 (the Helm chart does), which makes an
 // http://POD-IP address work, and sends the token over the pod network.
-func tokenTransportOK(addr string) error {
+func TokenTransportOK(addr string) error {
 	u, err := url.Parse(addr)
 	if err != nil {
 		return fmt.Errorf("--admin %q: %w", addr, err)
@@ -163,15 +163,15 @@ func isLoopbackHost(host string) bool {
 
 // adminFrom is the client of a federation subcommand: --admin is the
 // parent's persistent flag.
-func adminFrom(cmd *cobra.Command, c *adminClient) *adminClient {
+func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
 	if f := cmd.Flag("admin"); f != nil {
-		c.addr = f.Value.String()
+		c.Addr = f.Value.String()
 	}
 	return c
 }
 
 // newFederationManageCmds are federation add, remove and list.
-func newFederationManageCmds(e env) []*cobra.Command {
+func newFederationManageCmds(e Env) []*cobra.Command {
 	return []*cobra.Command{newFederationAddCmd(e), newFederationRemoveCmd(e), newFederationListCmd(e)}
 }
 
@@ -182,9 +182,9 @@ type federationAddOptions struct {
 	noFetch    bool
 }
 
-func newFederationAddCmd(e env) *cobra.Command {
+func newFederationAddCmd(e Env) *cobra.Command {
 	var (
-		c adminClient
+		c AdminClient
 		o federationAddOptions
 	)
 	cmd := &cobra.Command{
@@ -218,7 +218,7 @@ instead (--federation-crd).`,
 			if err != nil {
 				return err
 			}
-			return adminFrom(cmd, &c).relay(cmd.Context(), e.out, http.MethodPost, o.path(), body, true)
+			return AdminFrom(cmd, &c).Relay(cmd.Context(), e.Out, http.MethodPost, o.path(), body, true)
 		},
 	}
 	f := cmd.Flags()
@@ -226,7 +226,7 @@ instead (--federation-crd).`,
 	f.StringVar(&o.bundle, "bundle", "", "the trust domain's bundle for the first https_spiffe fetch: a SPIFFE bundle document or PEM CA certificates, from its operator over a channel you trust")
 	f.BoolVar(&o.force, "force", false, "replace the trust domain's relationship if one was added at run time (without --bundle it keeps its bootstrap bundle)")
 	f.BoolVar(&o.noFetch, "no-fetch", false, "add it without fetching it first: a peer that is down now is polled until it answers")
-	c.addAuthFlags(f)
+	c.AddAuthFlags(f)
 	return cmd
 }
 
@@ -255,7 +255,7 @@ func addBody(td, endpoint string, o federationAddOptions) ([]byte, error) {
 	}
 	item := map[string]any{"trustDomain": td, "bundleEndpointURL": endpoint, "bundleEndpointProfile": profile}
 	if o.bundle != "" {
-		doc, err := readSmallFile(o.bundle, bundledoc.DefaultMaxSize)
+		doc, err := ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
 		if err != nil {
 			return nil, fmt.Errorf("--bundle: %w", err)
 		}
@@ -264,8 +264,8 @@ func addBody(td, endpoint string, o federationAddOptions) ([]byte, error) {
 	return json.Marshal(map[string]any{"federation": []any{item}})
 }
 
-func newFederationRemoveCmd(e env) *cobra.Command {
-	var c adminClient
+func newFederationRemoveCmd(e Env) *cobra.Command {
+	var c AdminClient
 	cmd := &cobra.Command{
 		Use:   "remove TRUST_DOMAIN",
 		Short: "Stop federating with a trust domain added at run time",
@@ -280,15 +280,15 @@ longer trusted. Recorded in the audit log. Trust domains configured by
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}
-			return adminFrom(cmd, &c).relay(cmd.Context(), e.out, http.MethodDelete, "/v1/federation/relationships/"+url.PathEscape(td.Name()), nil, true)
+			return AdminFrom(cmd, &c).Relay(cmd.Context(), e.Out, http.MethodDelete, "/v1/federation/relationships/"+url.PathEscape(td.Name()), nil, true)
 		},
 	}
-	c.addAuthFlags(cmd.Flags())
+	c.AddAuthFlags(cmd.Flags())
 	return cmd
 }
 
-func newFederationListCmd(e env) *cobra.Command {
-	var c adminClient
+func newFederationListCmd(e Env) *cobra.Command {
+	var c AdminClient
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List every federated trust domain: endpoint, profile, origin",
@@ -300,12 +300,12 @@ runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
   trustbridge federation list -o json`,
 		Args: cobra.NoArgs,
 	}
-	out := addOutputFlag(cmd)
+	out := AddOutputFlag(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if err := out.check(); err != nil {
+		if err := out.Check(); err != nil {
 			return err
 		}
-		body, err := adminFrom(cmd, &c).do(cmd.Context(), http.MethodGet, "/v1/federation/relationships", nil, false)
+		body, err := AdminFrom(cmd, &c).Do(cmd.Context(), http.MethodGet, "/v1/federation/relationships", nil, false)
 		if err != nil {
 			return err
 		}
@@ -313,7 +313,7 @@ runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
 		if err := json.Unmarshal([]byte(body), &rels); err != nil {
 			return fmt.Errorf("admin answer: %w", err)
 		}
-		return out.write(e.out, rels, func(w io.Writer) error { return relationshipsTable(w, rels) })
+		return out.Write(e.Out, rels, func(w io.Writer) error { return relationshipsTable(w, rels) })
 	}
 	return cmd
 }
@@ -327,7 +327,7 @@ func relationshipsTable(w io.Writer, rels []admin.Relationship) error {
 	fmt.Fprintln(tw, "TRUST DOMAIN\tORIGIN\tPROFILE\tSTATE\tENDPOINT URL\tENDPOINT SPIFFE ID")
 	for _, r := range rels {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.TrustDomain, orDash(r.Origin), orDash(r.Profile), orDash(strings.ToUpper(r.State)),
-			orDash(printable(r.EndpointURL)), orDash(r.EndpointSPIFFEID))
+			orDash(Printable(r.EndpointURL)), orDash(r.EndpointSPIFFEID))
 	}
 	return tw.Flush()
 }

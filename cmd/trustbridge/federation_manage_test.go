@@ -221,7 +221,7 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("federation:\n  - trustDomian: peer.example\n"), 0o600))
 	o := baseServerOptions("example.org", dir)
 	var logs bytes.Buffer
-	err := runServer(context.Background(), env{in: strings.NewReader(""), out: io.Discard, err: &logs, now: time.Now}, o, nil)
+	err := runServer(context.Background(), Env{In: strings.NewReader(""), Out: io.Discard, Err: &logs, Now: time.Now}, o, nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "run-time federation")
 	assert.Contains(t, err.Error(), "federation-managed.yaml")
@@ -327,7 +327,7 @@ func TestTokenTransportOK(t *testing.T) {
 		{"http://%zz", false},
 	} {
 		t.Run(tc.addr, func(t *testing.T) {
-			err := tokenTransportOK(tc.addr)
+			err := TokenTransportOK(tc.addr)
 			if tc.ok {
 				assert.NoError(t, err)
 				return
@@ -341,7 +341,7 @@ func TestTokenTransportOK(t *testing.T) {
 // The admin client uses no proxy: HTTP_PROXY would see the token.
 func TestAdminClientNoProxy(t *testing.T) {
 	for _, addr := range []string{"http://127.0.0.1:15014", "https://trustbridge.example", "unix:///run/admin.sock"} {
-		client, _ := (&adminClient{addr: addr}).client()
+		client, _ := (&AdminClient{Addr: addr}).Client()
 		tr, ok := client.Transport.(*http.Transport)
 		require.True(t, ok, addr)
 		assert.Nil(t, tr.Proxy, addr)

@@ -10,31 +10,31 @@ import (
 // credentialsDirFlag names, in ca issue, ca request and agent alike, the
 // directory holding a workload's key.pem, cert-chain.pem and root-cert.pem
 // (Istio's workload-spiffe-credentials).
-const credentialsDirFlag = "credentials-dir"
+const CredentialsDirFlag = "credentials-dir"
 
 // oldName is a flag's previous name, kept for a release: hidden, it warns
 // on stderr (never stdout, where a script may read the output) and merge
 // moves its value to the new flag.
-type oldName struct {
+type OldName struct {
 	cmd      *cobra.Command
-	old, new string
-	value    string
-	set      bool
+	Old, new string
+	Value    string
+	Given    bool
 }
 
 // addOldName registers --old as a deprecated name of --new, a directory.
-func addOldName(cmd *cobra.Command, old, new string) *oldName {
-	n := &oldName{cmd: cmd, old: old, new: new}
+func AddOldName(cmd *cobra.Command, old, new string) *OldName {
+	n := &OldName{cmd: cmd, Old: old, new: new}
 	cmd.Flags().Var(n, old, "deprecated: use --"+new)
 	_ = cmd.Flags().MarkHidden(old)
 	return n
 }
 
-func (n *oldName) String() string { return n.value }
-func (n *oldName) Type() string   { return "string" }
-func (n *oldName) Set(s string) error {
-	n.value, n.set = s, true
-	fmt.Fprintf(n.cmd.ErrOrStderr(), "trustbridge: --%s is deprecated and goes in a later release; use --%s\n", n.old, n.new)
+func (n *OldName) String() string { return n.Value }
+func (n *OldName) Type() string   { return "string" }
+func (n *OldName) Set(s string) error {
+	n.Value, n.Given = s, true
+	fmt.Fprintf(n.cmd.ErrOrStderr(), "trustbridge: --%s is deprecated and goes in a later release; use --%s\n", n.Old, n.new)
 	return nil
 }
 
@@ -43,17 +43,17 @@ func (n *oldName) Set(s string) error {
 // variable. Both given, naming different directories, is an error: which
 // one was meant cannot be known. hint, when set, says what to pass
 // instead.
-func (n *oldName) merge(dst *string, hint string) error {
-	if !n.set {
+func (n *OldName) Merge(dst *string, hint string) error {
+	if !n.Given {
 		return nil
 	}
-	if n.cmd.Flags().Changed(n.new) && filepath.Clean(*dst) != filepath.Clean(n.value) {
+	if n.cmd.Flags().Changed(n.new) && filepath.Clean(*dst) != filepath.Clean(n.Value) {
 		if hint == "" {
 			hint = fmt.Sprintf("pass only --%s", n.new)
 		}
-		return fmt.Errorf("--%s %s and --%s %s: --%s is the old name of --%s; %s", n.old, n.value, n.new, *dst, n.old, n.new, hint)
+		return fmt.Errorf("--%s %s and --%s %s: --%s is the old name of --%s; %s", n.Old, n.Value, n.new, *dst, n.Old, n.new, hint)
 	}
-	*dst = n.value
+	*dst = n.Value
 	n.cmd.Flags().Lookup(n.new).Changed = true
 	return nil
 }

@@ -57,7 +57,7 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	rootCert := writeFile(t, string(certsPEM(certs)), 0o644)
+	rootCert := writeFile(t, string(CertsPEM(certs)), 0o644)
 
 	// Bootstrap: the certificate records the token's grant, never the token.
 	out := filepath.Join(t.TempDir(), "creds")
@@ -211,7 +211,7 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 // its own, whatever became of the token the Envoy authenticated with.
 func TestSDSMintedCertificateIsNoCredential(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 

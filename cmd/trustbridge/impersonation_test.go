@@ -76,7 +76,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 		o.GRPC.Kubeconfig = kubeconfig
 		o.GRPC.TrustedNodeAccounts = []string{ns + "/ztunnel"}
 	})
-	roots, err := readPEMCerts(rootCert)
+	roots, err := ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	workload := func(sa string) spiffeid.ID { return spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa) }

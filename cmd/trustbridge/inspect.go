@@ -30,20 +30,20 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
-func newBundleCmd(e env) *cobra.Command {
+func NewBundleCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "bundle",
 		Short:   "Work with SPIFFE bundle documents and bundle maps",
 		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json`,
 	}
-	cmd.AddCommand(newInspectCmd(e.now))
+	cmd.AddCommand(newInspectCmd(e.Now))
 	cmd.AddCommand(newBundleShowCmd(e), newBundleSetCmd(e))
 	return cmd
 }
 
 type inspectOptions struct {
 	trustDomain string
-	output      *outputFlag
+	output      *OutputFlag
 	maxSize     int64
 	allowEmpty  bool
 	held        string
@@ -92,7 +92,7 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
-	o.output = addOutputFlag(cmd, outputPEM, outputSPIFFE)
+	o.output = AddOutputFlag(cmd, outputPEM, outputSPIFFE)
 	f.Var(formatAlias{o.output, cmd}, "format", "same as -o")
 	_ = f.MarkHidden("format")
 	f.Int64Var(&o.maxSize, "max-size", bundledoc.DefaultMaxSize, "refuse documents larger than this many bytes")
@@ -104,24 +104,24 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 // formatAlias is inspect's --format, the flag -o replaced: it sets -o
 // and warns on stderr, as the --json of addOutputFlag does.
 type formatAlias struct {
-	o   *outputFlag
+	o   *OutputFlag
 	cmd *cobra.Command
 }
 
-func (a formatAlias) String() string { return a.o.format }
+func (a formatAlias) String() string { return a.o.Format }
 func (a formatAlias) Type() string   { return "string" }
 func (a formatAlias) Set(s string) error {
-	a.o.format = s
+	a.o.Format = s
 	fmt.Fprintf(a.cmd.ErrOrStderr(), "trustbridge: --format is deprecated and goes in a later release; use -o %s\n", s)
 	return nil
 }
 
 // unnamedTD stands in when a plain bundle is inspected without
 // --trust-domain: the document does not carry its trust domain.
-var unnamedTD = spiffeid.RequireTrustDomainFromString("unnamed.invalid")
+var UnnamedTD = spiffeid.RequireTrustDomainFromString("unnamed.invalid")
 
 // inspection is what inspect found, in the shape the json format prints.
-type inspection struct {
+type Inspection struct {
 	Source   string          `json:"source"`
 	Kind     string          `json:"kind"` // "bundle" or "bundle_map"
 	Bundles  []bundleReport  `json:"bundles"`
@@ -166,7 +166,7 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 	if o.maxSize <= 0 {
 		return fmt.Errorf("--max-size must be positive, got %d", o.maxSize)
 	}
-	if err := o.output.check(); err != nil {
+	if err := o.output.Check(); err != nil {
 		return err
 	}
 	var td spiffeid.TrustDomain
@@ -189,10 +189,10 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 		return fmt.Errorf("%s: %w", displayName(path), err)
 	}
 	out := cmd.OutOrStdout()
-	switch o.output.format {
-	case outputTable, outputJSON, outputYAML:
+	switch o.output.Format {
+	case OutputTable, OutputJSON, OutputYAML:
 		ins.fill(now)
-		return o.output.write(out, ins, ins.writeTable)
+		return o.output.Write(out, ins, ins.writeTable)
 	case outputPEM:
 		if len(ins.bundles) == 0 {
 			return fmt.Errorf("%s is an empty bundle map: there are no roots to write", displayName(path))
@@ -284,8 +284,8 @@ type verdictRules struct {
 // inspect parses data as a bundle map or a bundle and decides it as the
 // poller would (federation.CheckDocument, CheckBundle). With a trust
 // domain, a bundle map is narrowed to that entry.
-func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRules) (*inspection, error) {
-	ins := &inspection{Source: displayName(path), Warnings: []warningReport{}}
+func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRules) (*Inspection, error) {
+	ins := &Inspection{Source: displayName(path), Warnings: []warningReport{}}
 	var warnings []bundledoc.Warning
 	if bundledoc.IsMap(data) {
 		ins.Kind = "bundle_map"
@@ -311,7 +311,7 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRul
 		ins.Kind = "bundle"
 		parseTD := td
 		if td.IsZero() {
-			parseTD, ins.unnamed = unnamedTD, true
+			parseTD, ins.unnamed = UnnamedTD, true
 		}
 		b, _, warns, err := federation.CheckDocument(parseTD, data, rules.held, rules.allowEmpty)
 		if err != nil {
@@ -339,7 +339,7 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRul
 // the operator, never a guess inspect acts on.
 func unnamedRefusal(data []byte) error {
 	named := map[string]bool{}
-	if b, _, err := bundledoc.Parse(unnamedTD, data); err == nil {
+	if b, _, err := bundledoc.Parse(UnnamedTD, data); err == nil {
 		for _, c := range b.X509Authorities() {
 			for _, u := range c.URIs {
 				if id, err := spiffeid.FromURI(u); err == nil {
@@ -372,16 +372,16 @@ func checkMapEntry(b *spiffebundle.Bundle, warnings []bundledoc.Warning, rules v
 	return nil
 }
 
-func (ins *inspection) warn(w io.Writer) {
+func (ins *Inspection) warn(w io.Writer) {
 	for _, wr := range ins.Warnings {
-		fmt.Fprintf(w, "warning: %s\n", printable(wr.Message))
+		fmt.Fprintf(w, "warning: %s\n", Printable(wr.Message))
 	}
 }
 
 // printable escapes control and other non-printable characters. Subjects
 // and kids come from untrusted documents; printed raw, an escape sequence
 // could clear the screen or forge table rows in an auditor's terminal.
-func printable(s string) string {
+func Printable(s string) string {
 	clean := true
 	for _, r := range s {
 		if !unicode.IsPrint(r) {
@@ -397,7 +397,7 @@ func printable(s string) string {
 }
 
 // fill builds the printable reports.
-func (ins *inspection) fill(now time.Time) {
+func (ins *Inspection) fill(now time.Time) {
 	ins.Bundles = make([]bundleReport, 0, len(ins.bundles))
 	for _, b := range ins.bundles {
 		r := bundleReport{TrustDomain: b.TrustDomain().Name(), Authorities: []authorityReport{}}
@@ -458,7 +458,7 @@ func describeKey(pub crypto.PublicKey) (typ, curve string, bits int) {
 	}
 }
 
-func (ins *inspection) writeTable(w io.Writer) error {
+func (ins *Inspection) writeTable(w io.Writer) error {
 	ew := &errWriter{w: w}
 	kind := "SPIFFE bundle"
 	if ins.Kind == "bundle_map" {
@@ -508,14 +508,14 @@ func (ins *inspection) writeTable(w io.Writer) error {
 					na += " (EXPIRED)"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, printable(name), key, nb, na, a.SHA256)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, Printable(name), key, nb, na, a.SHA256)
 		}
 		_ = tw.Flush()
 	}
 	if len(ins.Warnings) > 0 {
 		fmt.Fprintf(ew, "\nWarnings (%d):\n", len(ins.Warnings))
 		for _, wr := range ins.Warnings {
-			fmt.Fprintf(ew, "  %s\n", printable(wr.Message))
+			fmt.Fprintf(ew, "  %s\n", Printable(wr.Message))
 		}
 	}
 	return ew.err

@@ -26,7 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 )
 
-func newJWTCmd(e env) *cobra.Command {
+func NewJWTCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "jwt",
 		Short: "Mint and validate JWT-SVIDs",
@@ -42,13 +42,13 @@ you authenticate as, or validate one against SPIFFE bundles.`,
 }
 
 type jwtMintOptions struct {
-	caConnOptions
+	CAConn
 	audience []string
 	ttl      time.Duration
-	out      *outputFlag
+	out      *OutputFlag
 }
 
-func newJWTMintCmd(e env) *cobra.Command {
+func newJWTMintCmd(e Env) *cobra.Command {
 	var o jwtMintOptions
 	cmd := &cobra.Command{
 		Use:   "mint --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR) --audience AUD [--audience AUD]...",
@@ -78,48 +78,48 @@ yaml also print its SPIFFE ID and expiry.`,
 		},
 	}
 	f := cmd.Flags()
-	addCAConnFlags(f, &o.caConnOptions)
+	AddCAConnFlags(f, &o.CAConn)
 	f.StringArrayVar(&o.audience, "audience", nil, "audience (aud) of the token; repeat for several (required)")
 	f.DurationVar(&o.ttl, "ttl", 0, "lifetime to ask for, whole seconds (default: the server's, 5m; clamped to its maximum)")
-	o.out = addOutputFlag(cmd)
+	o.out = AddOutputFlag(cmd)
 	return cmd
 }
 
 // jwtMintOutput is `jwt mint -o json|yaml`.
-type jwtMintOutput struct {
+type MintOutput struct {
 	SPIFFEID  string    `json:"spiffe_id"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Token     string    `json:"token"`
 }
 
-func runJWTMint(ctx context.Context, e env, o jwtMintOptions) error {
+func runJWTMint(ctx context.Context, e Env, o jwtMintOptions) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	conn, _, err := o.dial(e.now())
+	conn, _, err := o.Dial(e.Now())
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	var p peer.Peer
 	svid, err := caclient.MintJWTSVID(ctx, conn, o.audience, o.ttl, grpc.Peer(&p))
 	if err != nil {
-		return identityError(o.addr, o.timeout, "a JWT-SVID", err, p.Addr != nil)
+		return identityError(o.Addr, o.Timeout, "a JWT-SVID", err, p.Addr != nil)
 	}
-	out := jwtMintOutput{SPIFFEID: svid.ID.String(), ExpiresAt: svid.ExpiresAt, Token: svid.Token}
-	return o.out.write(e.out, out, func(w io.Writer) error {
+	out := MintOutput{SPIFFEID: svid.ID.String(), ExpiresAt: svid.ExpiresAt, Token: svid.Token}
+	return o.out.Write(e.Out, out, func(w io.Writer) error {
 		_, err := fmt.Fprintln(w, svid.Token)
 		return err
 	})
 }
 
 func (o jwtMintOptions) check() error {
-	if err := o.out.check(); err != nil {
+	if err := o.out.Check(); err != nil {
 		return err
 	}
-	if err := o.checkAuth(); err != nil {
+	if err := o.CheckAuth(); err != nil {
 		return err
 	}
 	if err := checkAudiences(o.audience); err != nil {
@@ -143,14 +143,14 @@ func checkAudiences(aud []string) error {
 }
 
 type jwtValidateOptions struct {
-	caConnOptions
+	CAConn
 	audience    []string
 	bundle      string
 	trustDomain string
-	out         *outputFlag
+	out         *OutputFlag
 }
 
-func newJWTValidateCmd(e env) *cobra.Command {
+func newJWTValidateCmd(e Env) *cobra.Command {
 	var o jwtValidateOptions
 	cmd := &cobra.Command{
 		Use:   "validate [-|TOKEN] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
@@ -180,7 +180,7 @@ of every trust domain the server's trust policy lets you trust.`,
 		},
 	}
 	f := cmd.Flags()
-	addCAConnFlags(f, &o.caConnOptions)
+	AddCAConnFlags(f, &o.CAConn)
 	for _, name := range []string{"ca-addr", "root-cert"} {
 		fl := f.Lookup(name)
 		fl.Usage = strings.Replace(fl.Usage, "(required)", "(required without --bundle)", 1)
@@ -188,33 +188,33 @@ of every trust domain the server's trust policy lets you trust.`,
 	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
 	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
-	o.out = addOutputFlag(cmd)
+	o.out = AddOutputFlag(cmd)
 	return cmd
 }
 
 // jwtValidateOutput is what `jwt validate` prints.
-type jwtValidateOutput struct {
+type ValidateOutput struct {
 	SPIFFEID  string         `json:"spiffe_id"`
 	Audience  []string       `json:"audience"`
 	ExpiresAt time.Time      `json:"expires_at"`
 	Claims    map[string]any `json:"claims"`
 }
 
-func runJWTValidate(ctx context.Context, e env, o jwtValidateOptions, args []string) error {
-	if err := o.out.check(); err != nil {
+func runJWTValidate(ctx context.Context, e Env, o jwtValidateOptions, args []string) error {
+	if err := o.out.Check(); err != nil {
 		return err
 	}
 	if err := checkAudiences(o.audience); err != nil {
 		return err
 	}
-	token, err := readTokenArg(e.in, args)
+	token, err := readTokenArg(e.In, args)
 	if err != nil {
 		return err
 	}
 	if len(args) == 1 && args[0] != "-" {
-		fmt.Fprintln(e.err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
+		fmt.Fprintln(e.Err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
 	}
-	source, withheld, err := o.bundles(ctx, e.now())
+	source, withheld, err := o.bundles(ctx, e.Now())
 	if err != nil {
 		return err
 	}
@@ -225,8 +225,8 @@ func runJWTValidate(ctx context.Context, e env, o jwtValidateOptions, args []str
 		}
 		return fmt.Errorf("the token is not a valid JWT-SVID for audience %s: %w", strings.Join(o.audience, ", "), err)
 	}
-	out := jwtValidateOutput{SPIFFEID: svid.ID.String(), Audience: svid.Audience, ExpiresAt: svid.Expiry.UTC(), Claims: svid.Claims}
-	return o.out.write(e.out, out, func(w io.Writer) error { return printJWTValidation(w, out) })
+	out := ValidateOutput{SPIFFEID: svid.ID.String(), Audience: svid.Audience, ExpiresAt: svid.Expiry.UTC(), Claims: svid.Claims}
+	return o.out.Write(e.Out, out, func(w io.Writer) error { return printJWTValidation(w, out) })
 }
 
 // readTokenArg is the token argument, or standard input for - or none.
@@ -277,7 +277,7 @@ func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbund
 }
 
 func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
-	if o.addr != "" || o.tokenFile != "" || o.provCert != "" {
+	if o.Addr != "" || o.TokenFile != "" || o.ProvCert != "" {
 		return nil, errors.New("--bundle is the trust to validate with; --ca-addr, --token-file and --prov-cert fetch it from the server instead: give one or the other")
 	}
 	var td spiffeid.TrustDomain
@@ -287,7 +287,7 @@ func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
 			return nil, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
 		}
 	}
-	doc, err := readSmallFile(o.bundle, bundledoc.DefaultMaxSize)
+	doc, err := ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("--bundle: %w", err)
 	}
@@ -302,19 +302,19 @@ func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (j
 	if o.trustDomain != "" {
 		return nil, nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
 	}
-	if err := o.checkAuth(); err != nil {
+	if err := o.CheckAuth(); err != nil {
 		return nil, nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
 	}
-	conn, local, err := o.dial(now)
+	conn, local, err := o.Dial(now)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	b, err := caclient.FetchBundles(ctx, conn, local)
 	if err != nil {
-		return nil, nil, identityError(o.addr, o.timeout, "bundles", err, false)
+		return nil, nil, identityError(o.Addr, o.Timeout, "bundles", err, false)
 	}
 	return caclient.JWTSource(b.Bundles), b.Withheld, nil
 }
@@ -333,13 +333,13 @@ func identityError(addr string, timeout time.Duration, what string, err error, a
 			return fmt.Errorf("the CA at %s cannot give %s right now; retry later: %s", addr, what, st.Message())
 		}
 	}
-	return requestError(addr, timeout, what, err)
+	return RequestError(addr, timeout, what, err)
 }
 
-func printJWTValidation(w io.Writer, v jwtValidateOutput) error {
+func printJWTValidation(w io.Writer, v ValidateOutput) error {
 	fmt.Fprintf(w, "valid JWT-SVID\n  spiffe id:  %s\n  audience:   %s\n  expires at: %s\n  claims:\n", v.SPIFFEID, strings.Join(v.Audience, ", "), v.ExpiresAt.Format(time.RFC3339))
 	for _, k := range slices.Sorted(maps.Keys(v.Claims)) {
-		if _, err := fmt.Fprintf(w, "    %s: %s\n", k, claimText(v.Claims[k])); err != nil {
+		if _, err := fmt.Fprintf(w, "    %s: %s\n", k, ClaimText(v.Claims[k])); err != nil {
 			return err
 		}
 	}
@@ -348,7 +348,7 @@ func printJWTValidation(w io.Writer, v jwtValidateOutput) error {
 
 // claimText shows a claim as it reads in the token: JSON numbers decode as
 // float64, which %v would print as 1.795574191e+09 for an exp.
-func claimText(v any) string {
+func ClaimText(v any) string {
 	if f, ok := v.(float64); ok {
 		return strconv.FormatFloat(f, 'f', -1, 64)
 	}

@@ -15,12 +15,12 @@ import (
 // format: with "json", standard output and the log are checked line by
 // line (testlog.JSONLines), so every record the e2e tests make is JSON
 // with unique keys, and nothing else reaches a log pipeline.
-func testEnv(tb testing.TB, format string) (e env, out, logs *testlog.Buffer) {
+func testEnv(tb testing.TB, format string) (e Env, out, logs *testlog.Buffer) {
 	out, logs = &testlog.Buffer{}, &testlog.Buffer{}
 	if format == "json" {
 		out, logs = testlog.JSONLines(tb), testlog.JSONLines(tb)
 	}
-	return env{in: strings.NewReader(""), out: out, err: logs, now: time.Now}, out, logs
+	return Env{In: strings.NewReader(""), Out: out, Err: logs, Now: time.Now}, out, logs
 }
 
 // logRecord is the first record of logs (JSON lines; other lines are

@@ -27,31 +27,31 @@ const gcBallastSize = 8 << 20
 
 func main() {
 	ballast := make([]byte, gcBallastSize)
-	code := run(os.Args[1:], env{in: os.Stdin, out: os.Stdout, err: os.Stderr, now: time.Now})
+	code := run(os.Args[1:], Env{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Now: time.Now})
 	runtime.KeepAlive(ballast)
 	os.Exit(code)
 }
 
 // env is what the CLI takes from the process: streams, the clock and
 // SIGHUP. Tests pass their own.
-type env struct {
-	in       io.Reader
-	out, err io.Writer
-	now      func() time.Time
+type Env struct {
+	In       io.Reader
+	Out, Err io.Writer
+	Now      func() time.Time
 	// hup delivers SIGHUP to the commands that reload on it (server,
 	// agent); nil: they subscribe to the process's (hupSignals).
-	hup <-chan os.Signal
+	HUP <-chan os.Signal
 }
 
 // run executes the CLI and returns the process exit status.
-func run(args []string, e env) int {
+func run(args []string, e Env) int {
 	cmd := newRootCmd(e)
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
 		// Cobra's own error output is silenced so every error is printed
 		// once, here, in one format.
-		_, _ = io.WriteString(e.err, "trustbridge: "+err.Error()+"\n")
-		return exitCode(err)
+		_, _ = io.WriteString(e.Err, "trustbridge: "+err.Error()+"\n")
+		return ExitCode(err)
 	}
 	return 0
 }

@@ -96,7 +96,7 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	assert.Equal(t, want.String(), minted.SPIFFEID)
 
 	// SDS: Envoy authenticating with the token gets its own certificate.
-	roots, err := readPEMCerts(rootCert)
+	roots, err := ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	tok, err := os.ReadFile(good)
 	require.NoError(t, err)
@@ -180,6 +180,6 @@ func rootCertFile(t *testing.T, dataDir string) string {
 		certs = append(certs, r.Cert)
 	}
 	path := filepath.Join(t.TempDir(), "root-cert.pem")
-	require.NoError(t, os.WriteFile(path, certsPEM(certs), 0o644))
+	require.NoError(t, os.WriteFile(path, CertsPEM(certs), 0o644))
 	return path
 }

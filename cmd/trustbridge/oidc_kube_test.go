@@ -103,7 +103,7 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	// also carries the OSM-style name, which a plain TLS client checks.
 	host := "web." + ns + ".svc.cluster.local"
 	assert.Equal(t, []string{host}, leaf.DNSNames)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	for _, r := range roots {

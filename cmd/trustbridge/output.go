@@ -15,25 +15,25 @@ import (
 // takes: table for people, json and yaml for scripts, and a command's own
 // extra formats (bundle inspect's pem and spiffe). yaml is the json
 // document converted, so both carry the same keys.
-type outputFlag struct {
-	format  string
+type OutputFlag struct {
+	Format  string
 	allowed []string
 }
 
 // Output formats every state-reading command has.
 const (
-	outputTable = "table"
-	outputJSON  = "json"
-	outputYAML  = "yaml"
+	OutputTable = "table"
+	OutputJSON  = "json"
+	OutputYAML  = "yaml"
 )
 
 // addOutputFlag registers -o/--output on cmd, defaulting to table, with
 // extra formats after the common three. --json, the flag these commands
 // had before -o, stays for a release as a hidden alias that warns.
-func addOutputFlag(cmd *cobra.Command, extra ...string) *outputFlag {
-	o := &outputFlag{format: outputTable, allowed: append([]string{outputTable, outputJSON, outputYAML}, extra...)}
+func AddOutputFlag(cmd *cobra.Command, extra ...string) *OutputFlag {
+	o := &OutputFlag{Format: OutputTable, allowed: append([]string{OutputTable, OutputJSON, OutputYAML}, extra...)}
 	f := cmd.Flags()
-	f.StringVarP(&o.format, "output", "o", outputTable, "output format: "+strings.Join(o.allowed, "|"))
+	f.StringVarP(&o.Format, "output", "o", OutputTable, "output format: "+strings.Join(o.allowed, "|"))
 	f.Var(jsonAlias{o, cmd}, "json", "same as -o json")
 	f.Lookup("json").NoOptDefVal = "true"
 	_ = f.MarkHidden("json")
@@ -45,7 +45,7 @@ func addOutputFlag(cmd *cobra.Command, extra ...string) *outputFlag {
 // warning where cobra prints usage, stdout here, into the JSON a script
 // reads.)
 type jsonAlias struct {
-	o   *outputFlag
+	o   *OutputFlag
 	cmd *cobra.Command
 }
 
@@ -54,7 +54,7 @@ func (j jsonAlias) Type() string   { return "bool" }
 func (j jsonAlias) Set(s string) error {
 	switch s {
 	case "true":
-		j.o.format = outputJSON
+		j.o.Format = OutputJSON
 		fmt.Fprintln(j.cmd.ErrOrStderr(), "trustbridge: --json is deprecated and goes in a later release; use -o json")
 	case "false":
 	default:
@@ -64,31 +64,31 @@ func (j jsonAlias) Set(s string) error {
 }
 
 // check refuses a format the command does not have, naming those it has.
-func (o *outputFlag) check() error {
-	if !slices.Contains(o.allowed, o.format) {
-		return fmt.Errorf("-o %q: want %s", o.format, strings.Join(o.allowed, ", "))
+func (o *OutputFlag) Check() error {
+	if !slices.Contains(o.allowed, o.Format) {
+		return fmt.Errorf("-o %q: want %s", o.Format, strings.Join(o.allowed, ", "))
 	}
 	return nil
 }
 
 // is reports whether the chosen format is f, for a command's own formats.
-func (o *outputFlag) is(f string) bool { return o.format == f }
+func (o *OutputFlag) Is(f string) bool { return o.Format == f }
 
 // write prints v as the chosen format: table calls table, json and yaml
 // encode v (indented JSON; YAML with the JSON keys). Other formats are
 // the command's to handle before calling write.
-func (o *outputFlag) write(w io.Writer, v any, table func(io.Writer) error) error {
-	if err := o.check(); err != nil {
+func (o *OutputFlag) Write(w io.Writer, v any, table func(io.Writer) error) error {
+	if err := o.Check(); err != nil {
 		return err
 	}
-	switch o.format {
-	case outputTable:
+	switch o.Format {
+	case OutputTable:
 		return table(w)
-	case outputJSON:
+	case OutputJSON:
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
-	case outputYAML:
+	case OutputYAML:
 		js, err := json.Marshal(v)
 		if err != nil {
 			return err
@@ -100,6 +100,6 @@ func (o *outputFlag) write(w io.Writer, v any, table func(io.Writer) error) erro
 		_, err = w.Write(y)
 		return err
 	default:
-		return fmt.Errorf("-o %s: not handled by this command", o.format)
+		return fmt.Errorf("-o %s: not handled by this command", o.Format)
 	}
 }

@@ -33,9 +33,9 @@ func TestOutputFlag(t *testing.T) {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			cmd := &cobra.Command{Use: "x", SilenceUsage: true, SilenceErrors: true}
-			o := addOutputFlag(cmd, "spiffe")
+			o := AddOutputFlag(cmd, "spiffe")
 			cmd.RunE = func(*cobra.Command, []string) error {
-				return o.write(&out, v, func(w io.Writer) error { _, err := io.WriteString(w, "TABLE\n"); return err })
+				return o.Write(&out, v, func(w io.Writer) error { _, err := io.WriteString(w, "TABLE\n"); return err })
 			}
 			cmd.SetErr(&errOut)
 			cmd.SetOut(io.Discard)
@@ -52,6 +52,6 @@ func TestOutputFlag(t *testing.T) {
 		})
 	}
 	cmd := &cobra.Command{Use: "x"}
-	addOutputFlag(cmd)
+	AddOutputFlag(cmd)
 	assert.True(t, cmd.Flags().Lookup("json").Hidden, "--json is hidden from help")
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
-func newPolicyCmd(e env) *cobra.Command {
+func NewPolicyCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
 		Short: "Explain and check the trust policy: which workloads may trust which federated trust domains",
@@ -30,15 +30,15 @@ func newPolicyCmd(e env) *cobra.Command {
 }
 
 type policyExplainOptions struct {
-	admin                     adminClient
+	admin                     AdminClient
 	namespace, serviceAccount string
 	file, local, federated    string
 	def                       string
 }
 
-func newPolicyExplainCmd(e env) *cobra.Command {
+func newPolicyExplainCmd(e Env) *cobra.Command {
 	var o policyExplainOptions
-	var output *outputFlag
+	var output *OutputFlag
 	cmd := &cobra.Command{
 		Use:   "explain SPIFFE_ID",
 		Short: "Show what one workload would receive of each trust domain, and which rule (or the default) decided",
@@ -59,31 +59,31 @@ explain then.`,
     --trust-domain example.org --federated partner.example,other.example`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := output.check(); err != nil {
+			if err := output.Check(); err != nil {
 				return err
 			}
-			ex, err := o.explain(cmd.Context(), adminFrom(cmd, &o.admin), args[0])
+			ex, err := o.explain(cmd.Context(), AdminFrom(cmd, &o.admin), args[0])
 			if err != nil {
 				return err
 			}
-			return output.write(e.out, ex, func(w io.Writer) error { return printExplanation(w, ex) })
+			return output.Write(e.Out, ex, func(w io.Writer) error { return printExplanation(w, ex) })
 		},
 	}
 	f := cmd.Flags()
-	f.String("admin", "http://127.0.0.1:15014", adminFlagHelp)
-	o.admin.addAuthFlags(f)
+	f.String("admin", "http://127.0.0.1:15014", AdminFlagHelp)
+	o.admin.AddAuthFlags(f)
 	f.StringVar(&o.namespace, "namespace", "", "the Kubernetes namespace of the service account the workload proves")
 	f.StringVar(&o.serviceAccount, "service-account", "", "the service account the workload proves")
 	f.StringVar(&o.file, "trust-policy", "", "explain from this policy file instead of asking a server")
 	f.StringVar(&o.local, "trust-domain", "", "with --trust-policy: the local trust domain")
 	f.StringVar(&o.federated, "federated", "", "with --trust-policy: the federated trust domains to explain, comma-separated (default: those the file names)")
 	f.StringVar(&o.def, "trust-policy-default", "allow", "with --trust-policy: the server's --trust-policy-default")
-	output = addOutputFlag(cmd)
+	output = AddOutputFlag(cmd)
 	return cmd
 }
 
 // explain asks the server, or reads the file.
-func (o policyExplainOptions) explain(ctx context.Context, c *adminClient, id string) (trustview.Explanation, error) {
+func (o policyExplainOptions) explain(ctx context.Context, c *AdminClient, id string) (trustview.Explanation, error) {
 	var ex trustview.Explanation
 	if o.file != "" {
 		return o.offline(id)
@@ -93,7 +93,7 @@ func (o policyExplainOptions) explain(ctx context.Context, c *adminClient, id st
 		q.Set("namespace", o.namespace)
 		q.Set("service_account", o.serviceAccount)
 	}
-	body, err := c.do(ctx, http.MethodGet, "/v1/policy/explain?"+q.Encode(), nil, c.mayAuthenticate())
+	body, err := c.Do(ctx, http.MethodGet, "/v1/policy/explain?"+q.Encode(), nil, c.MayAuthenticate())
 	if err != nil {
 		return ex, err
 	}
@@ -107,11 +107,11 @@ func (o policyExplainOptions) explain(ctx context.Context, c *adminClient, id st
 // with it (explain reads service account labels only for the admin): the
 // token is readable and the address safe for it. The admin socket needs
 // none.
-func (c *adminClient) mayAuthenticate() bool {
-	if strings.HasPrefix(c.addr, "unix://") || tokenTransportOK(c.addr) != nil {
+func (c *AdminClient) MayAuthenticate() bool {
+	if strings.HasPrefix(c.Addr, "unix://") || TokenTransportOK(c.Addr) != nil {
 		return false
 	}
-	_, err := c.token()
+	_, err := c.Token()
 	return err == nil
 }
 
@@ -174,7 +174,7 @@ func compilePolicyFile(path string, local spiffeid.TrustDomain, def trustpolicy.
 
 // parsePolicyFile reads and parses a policy file as the server would.
 func parsePolicyFile(path string) (trustpolicy.Document, error) {
-	data, err := readSmallFile(path, trustpolicy.MaxDocumentSize)
+	data, err := ReadSmallFile(path, trustpolicy.MaxDocumentSize)
 	if err != nil {
 		return trustpolicy.Document{}, err
 	}
@@ -188,7 +188,7 @@ func printExplanation(w io.Writer, ex trustview.Explanation) error {
 	}
 	fmt.Fprintf(w, "%s, default %s\n", who, ex.Default)
 	if ex.LabelsNote != "" {
-		fmt.Fprintln(w, printable(ex.LabelsNote))
+		fmt.Fprintln(w, Printable(ex.LabelsNote))
 	}
 	if len(ex.Matched) == 0 {
 		fmt.Fprintln(w, "no rule selects it")
@@ -206,12 +206,12 @@ func printExplanation(w io.Writer, ex trustview.Explanation) error {
 				peers = strings.Join(t.Peers, ",")
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.TrustDomain, trusted, printable(peers), printable(t.Because))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.TrustDomain, trusted, Printable(peers), Printable(t.Because))
 	}
 	return tw.Flush()
 }
 
-func newPolicyCheckCmd(e env) *cobra.Command {
+func newPolicyCheckCmd(e Env) *cobra.Command {
 	var local, def string
 	cmd := &cobra.Command{
 		Use:   "check FILE",
@@ -225,7 +225,7 @@ func newPolicyCheckCmd(e env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintf(e.out, "%s: %d rules, default %s (give --trust-domain to check against the local trust domain too)\n", args[0], len(doc.Rules), cmpDefault(doc.Default))
+				_, err = fmt.Fprintf(e.Out, "%s: %d rules, default %s (give --trust-domain to check against the local trust domain too)\n", args[0], len(doc.Rules), cmpDefault(doc.Default))
 				return err
 			}
 			td, err := spiffeid.TrustDomainFromString(local)
@@ -240,7 +240,7 @@ func newPolicyCheckCmd(e env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(e.out, "%s: %d rules, default %s\n", args[0], len(p.Rules()), p.Default())
+			_, err = fmt.Fprintf(e.Out, "%s: %d rules, default %s\n", args[0], len(p.Rules()), p.Default())
 			return err
 		},
 	}

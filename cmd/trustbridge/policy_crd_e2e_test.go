@@ -198,7 +198,7 @@ func kubeCARoots(t *testing.T, env *kubetest.Env, ns string) []*x509.Certificate
 	var roots []*x509.Certificate
 	for k, v := range secret.Data {
 		if strings.HasSuffix(k, ".crt.pem") {
-			certs, err := parsePEMCerts(v)
+			certs, err := ParsePEMCerts(v)
 			require.NoError(t, err)
 			roots = append(roots, certs...)
 		}

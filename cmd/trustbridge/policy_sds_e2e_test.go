@@ -70,7 +70,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	assertDenied(t, got[partnerName])
 	ops.ack(r)
 
-	ao := agentFor(t, grpcAddr(t, west.banner), certsPEM(westRoots), westOpsToken)
+	ao := agentFor(t, grpcAddr(t, west.banner), CertsPEM(westRoots), westOpsToken)
 	startAgent(t, ao)
 	relayed := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.AllName, partnerName)
 	ar := relayed.recv(10 * time.Second)

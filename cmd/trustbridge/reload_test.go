@@ -22,7 +22,7 @@ func launchReloadable(t *testing.T, o server.Config) (admin string, hup chan<- o
 	t.Helper()
 	e, _, logs := testEnv(t, o.LogFormat)
 	ch := make(chan os.Signal, 1)
-	e.hup = ch
+	e.HUP = ch
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)

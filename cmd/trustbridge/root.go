@@ -4,7 +4,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func newRootCmd(e env) *cobra.Command {
+func newRootCmd(e Env) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "trustbridge",
 		Short: "SPIFFE federation and trust bundle endpoint server",
@@ -17,10 +17,10 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetIn(e.in)
-	root.SetOut(e.out)
-	root.SetErr(e.err)
-	root.AddCommand(newVersionCmd(), newBundleCmd(e), newServerCmd(e), newCACmd(e), newFederationCmd(e), newAgentCmd(e), newAuditCmd(e), newConfigCmd(e), newTokenCmd(e), newBackupCmd(e), newRestoreCmd(e), newPolicyCmd(e), newJWTCmd(e))
+	root.SetIn(e.In)
+	root.SetOut(e.Out)
+	root.SetErr(e.Err)
+	root.AddCommand(newVersionCmd(), NewBundleCmd(e), newServerCmd(e), NewCACmd(e), NewFederationCmd(e), newAgentCmd(e), NewAuditCmd(e), NewConfigCmd(e), NewTokenCmd(e), NewBackupCmd(e), NewRestoreCmd(e), NewPolicyCmd(e), NewJWTCmd(e))
 	setupCLI(root)
 	return root
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
-func newServerCmd(e env) *cobra.Command {
+func newServerCmd(e Env) *cobra.Command {
 	var o server.Config
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -64,21 +64,21 @@ address (DNS rebinding) cannot read it.`,
 // hupSignals is e with SIGHUP delivered on e.hup, and the function that
 // stops the delivery. SIGHUP's default action ends the process without a
 // word; a command that subscribes reloads, or says it ignores it.
-func hupSignals(e env) (env, func()) {
-	if e.hup != nil {
+func hupSignals(e Env) (Env, func()) {
+	if e.HUP != nil {
 		return e, func() {}
 	}
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGHUP)
-	e.hup = c
+	e.HUP = c
 	return e, func() { signal.Stop(c) }
 }
 
 // runServer runs the server of cfg with e's streams, clock and SIGHUP.
 // ready, when not nil, receives the admin listener's address once the
 // server serves.
-func runServer(ctx context.Context, e env, cfg server.Config, ready chan<- string) error {
-	cfg.Stdout, cfg.Stderr, cfg.Now, cfg.HUP, cfg.Ready = e.out, e.err, e.now, e.hup, ready
+func runServer(ctx context.Context, e Env, cfg server.Config, ready chan<- string) error {
+	cfg.Stdout, cfg.Stderr, cfg.Now, cfg.HUP, cfg.Ready = e.Out, e.Err, e.Now, e.HUP, ready
 	cfg.Version = buildVersion()
 	return server.New(cfg).Run(ctx)
 }

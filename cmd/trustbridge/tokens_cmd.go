@@ -11,7 +11,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 )
 
-func newTokenCmd(e env) *cobra.Command {
+func NewTokenCmd(e Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "token",
 		Short:   "Manage the server's bootstrap tokens (--bootstrap-token-file)",
@@ -28,7 +28,7 @@ type tokenCreateOptions struct {
 	file     string
 }
 
-func newTokenCreateCmd(e env) *cobra.Command {
+func newTokenCreateCmd(e Env) *cobra.Command {
 	var o tokenCreateOptions
 	cmd := &cobra.Command{
 		Use:   "create --spiffe-id ID [--ttl 1h] [--reusable] [--file FILE]",
@@ -70,20 +70,20 @@ the certificates its token bought.`,
 	return cmd
 }
 
-func runTokenCreate(e env, o tokenCreateOptions) error {
-	line, err := o.line(e.now())
+func runTokenCreate(e Env, o tokenCreateOptions) error {
+	line, err := o.line(e.Now())
 	if err != nil {
 		return err
 	}
 	if o.file == "" {
-		fmt.Fprintln(e.out, line.String())
+		fmt.Fprintln(e.Out, line.String())
 		return nil
 	}
 	if err := authn.AppendBootstrapToken(o.file, line); err != nil {
 		return fmt.Errorf("--file: %w", err)
 	}
-	fmt.Fprintln(e.out, line.Token)
-	fmt.Fprintf(e.err, "added to %s: a %s token for %s, %s (reference %s)\n", o.file, use(line), line.ID, expiry(line), line.Ref())
+	fmt.Fprintln(e.Out, line.Token)
+	fmt.Fprintf(e.Err, "added to %s: a %s token for %s, %s (reference %s)\n", o.file, use(line), line.ID, expiry(line), line.Ref())
 	return nil
 }
 

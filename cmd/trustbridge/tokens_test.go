@@ -102,7 +102,7 @@ func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(certsPEM(certs)), 0o644), stop: stop}
+	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(CertsPEM(certs)), 0o644), stop: stop}
 }
 
 // request runs ca request with the token in tokenFile (or, with certDir,
@@ -203,7 +203,7 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 func TestSDSRefusesSingleUseToken(t *testing.T) {
 	tokens := writeTokenFile(t, laptopToken+","+laptopID.String()+"\n")
 	srv := startTokenServer(t, t.TempDir(), tokens)
-	roots, err := readPEMCerts(srv.rootCert)
+	roots, err := ReadPEMCerts(srv.rootCert)
 	require.NoError(t, err)
 
 	e := openEnvoy(t, dialSDSTLS(t, srv.addr, laptopID.TrustDomain(), roots, laptopToken), nil, "ROOTCA")

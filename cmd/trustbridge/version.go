@@ -44,7 +44,7 @@ func versionString() string { return buildInfo().String() }
 func buildVersion() string { return buildInfo().Version }
 
 func newVersionCmd() *cobra.Command {
-	var output *outputFlag
+	var output *OutputFlag
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the trustbridge version",
@@ -53,12 +53,12 @@ func newVersionCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := buildInfo()
-			return output.write(cmd.OutOrStdout(), v, func(w io.Writer) error {
+			return output.Write(cmd.OutOrStdout(), v, func(w io.Writer) error {
 				_, err := fmt.Fprintln(w, v)
 				return err
 			})
 		},
 	}
-	output = addOutputFlag(cmd)
+	output = AddOutputFlag(cmd)
 	return cmd
 }

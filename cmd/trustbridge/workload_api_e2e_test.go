@@ -35,7 +35,7 @@ var eastWorkload = spiffeid.RequireFromString("spiffe://east.example/ns/default/
 // SPIFFE_ENDPOINT_SOCKET takes it.
 func workloadAgent(t *testing.T, s *e2eServer, token string) string {
 	t.Helper()
-	o := agentFor(t, grpcAddr(t, s.banner), certsPEM(caRootsOf(t, s)), token)
+	o := agentFor(t, grpcAddr(t, s.banner), CertsPEM(caRootsOf(t, s)), token)
 	o.workloadSocket = filepath.Join(filepath.Dir(o.socket), "api.sock")
 	startAgent(t, o)
 	abs, err := filepath.Abs(o.workloadSocket)
