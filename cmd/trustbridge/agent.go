@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds/agent"
@@ -59,10 +60,10 @@ const (
 	defaultCredentialsDir = "./var/run/secrets/workload-spiffe-credentials"
 )
 
-func newAgentCmd(e Env) *cobra.Command {
+func newAgentCmd(e cli.Env) *cobra.Command {
 	var (
 		o           agentOptions
-		outputCerts *OldName
+		outputCerts *cli.OldName
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -140,7 +141,7 @@ value that cannot be honoured is an error naming the variable.`,
 			return runAgent(ctx, e, o)
 		},
 	}
-	outputCerts = AddOldName(cmd, "output-certs", CredentialsDirFlag)
+	outputCerts = cli.AddOldName(cmd, "output-certs", cli.CredentialsDirFlag)
 	addAgentFlags(cmd.Flags(), &o)
 	return cmd
 }
@@ -152,7 +153,7 @@ func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
 	f.StringVar(&o.socketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
 	f.StringVar(&o.workloadSocket, "workload-api-socket", defaultWorkloadSocket, "unix socket to serve the SPIFFE Workload API on, for the same identity as SDS (created mode 0600, stale socket replaced like --sds-socket's; clients use SPIFFE_ENDPOINT_SOCKET=unix://<absolute path>). When --sds-socket is given and this flag is not, "+workloadSocketName+" in --sds-socket's directory. Empty: no Workload API")
 	f.StringVar(&o.workloadSocketGroup, "workload-api-socket-group", "", "group (name or id) that may also use the Workload API socket (mode 0660), e.g. the workload's when it runs as another user than the agent")
-	f.StringVar(&o.credentialsDir, CredentialsDirFlag, defaultCredentialsDir, "directory of the workload's cert-chain.pem, key.pem (0600), root-cert.pem (the local trust domain's roots only) and bundle.spiffe.json (federated trust, per trust domain). Without --ca-addr, or with --file-mounted-certs, the files there are served and watched; with --ca-addr, when given, the agent keeps its certificates there and a still valid one found at start authenticates instead of the token (nothing is written when not given). OUTPUT_CERTS, Istio's directory to write certificates to, sets it only with a CA: without one it is refused")
+	f.StringVar(&o.credentialsDir, cli.CredentialsDirFlag, defaultCredentialsDir, "directory of the workload's cert-chain.pem, key.pem (0600), root-cert.pem (the local trust domain's roots only) and bundle.spiffe.json (federated trust, per trust domain). Without --ca-addr, or with --file-mounted-certs, the files there are served and watched; with --ca-addr, when given, the agent keeps its certificates there and a still valid one found at start authenticates instead of the token (nothing is written when not given). OUTPUT_CERTS, Istio's directory to write certificates to, sets it only with a CA: without one it is refused")
 	f.BoolVar(&o.fileMounted, "file-mounted-certs", false, "serve the files in --credentials-dir and never ask a CA, even with --ca-addr. Istio's FILE_MOUNTED_CERTS reads ./etc/certs: pass --credentials-dir ./etc/certs for that layout")
 	f.StringVar(&o.caAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS (Istio's default, the discovery address, does not apply: unset means no CA)")
 	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA). Istio's CA_ROOT_CA=SYSTEM (the system's web roots) is refused: the server presents an X509-SVID, which no web root signs")
@@ -171,7 +172,7 @@ func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
 	}
 }
 
-func runAgent(ctx context.Context, e Env, o agentOptions) error {
+func runAgent(ctx context.Context, e cli.Env, o agentOptions) error {
 	base, err := server.NewLogger(e.Err, o.logFormat, o.logLevel)
 	if err != nil {
 		return err
@@ -208,7 +209,7 @@ func runAgent(ctx context.Context, e Env, o agentOptions) error {
 
 // alreadyServing turns agent.ErrAlreadyServing into exit status 0 with a
 // note, as Istio's agent does; other errors pass through.
-func alreadyServing(e Env, o agentOptions, logger *slog.Logger, err error) error {
+func alreadyServing(e cli.Env, o agentOptions, logger *slog.Logger, err error) error {
 	if !errors.Is(err, agent.ErrAlreadyServing) {
 		return err
 	}

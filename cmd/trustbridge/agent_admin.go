@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
@@ -38,7 +39,7 @@ type agentReadiness interface{ Ready() error }
 // startAgentSide starts, beside the agent, what the process adds to it:
 // the admin listener (with --admin-listen) and the SIGHUP handler, which
 // has nothing to reload. The returned stop ends them and waits.
-func startAgentSide(ctx context.Context, e Env, o agentAdminOptions, a agentReadiness, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
+func startAgentSide(ctx context.Context, e cli.Env, o agentAdminOptions, a agentReadiness, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	stop = func() { cancel(); wg.Wait() }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"github.com/trustbridge/trustbridge/internal/logattr"
@@ -26,7 +27,7 @@ import (
 var agentEnv = map[string]string{
 	"ca-addr":                   "CA_ADDR",
 	"root-cert":                 "CA_ROOT_CA",
-	CredentialsDirFlag:          "OUTPUT_CERTS",
+	cli.CredentialsDirFlag:      "OUTPUT_CERTS",
 	"prov-cert":                 "PROV_CERT",
 	"file-mounted-certs":        "FILE_MOUNTED_CERTS",
 	"secret-grace-period-ratio": "SECRET_GRACE_PERIOD_RATIO",
@@ -37,10 +38,10 @@ var agentEnv = map[string]string{
 // fromFlags completes o after parsing: the environment for flags not
 // given, --output-certs (the old name of --credentials-dir), and whether
 // --credentials-dir was given at all.
-func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *OldName, getenv func(string) string) error {
+func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *cli.OldName, getenv func(string) string) error {
 	if err := outputCerts.Merge(&o.credentialsDir, fmt.Sprintf(
 		"the agent now keeps its certificates in the directory it serves: pass --%s %s (what --output-certs said), or --file-mounted-certs --%s %s to serve those files without asking the CA",
-		CredentialsDirFlag, outputCerts.Value, CredentialsDirFlag, o.credentialsDir)); err != nil {
+		cli.CredentialsDirFlag, outputCerts.Value, cli.CredentialsDirFlag, o.credentialsDir)); err != nil {
 		return err
 	}
 	from, err := flagenv.Apply(f, getenv)
@@ -49,9 +50,9 @@ func (o *agentOptions) fromFlags(f *pflag.FlagSet, outputCerts *OldName, getenv 
 	}
 	o.from = from
 	if outputCerts.Given {
-		o.typed = map[string]string{CredentialsDirFlag: outputCerts.Old}
+		o.typed = map[string]string{cli.CredentialsDirFlag: outputCerts.Old}
 	}
-	o.keepCerts = f.Changed(CredentialsDirFlag)
+	o.keepCerts = f.Changed(cli.CredentialsDirFlag)
 	if f.Changed("sds-socket") && !f.Changed("workload-api-socket") {
 		o.workloadSocket = filepath.Join(filepath.Dir(o.socket), workloadSocketName)
 	}
@@ -99,7 +100,7 @@ func (o agentOptions) config(base *slog.Logger, reg prometheus.Registerer) (agen
 	cfg.Rotator = rc
 	// --output-certs and OUTPUT_CERTS always meant "write here"; only
 	// --credentials-dir used to mean "serve these", so only it is guarded.
-	cfg.AdoptCredentialsDir = o.typed[CredentialsDirFlag] != "" || o.from[CredentialsDirFlag] != ""
+	cfg.AdoptCredentialsDir = o.typed[cli.CredentialsDirFlag] != "" || o.from[cli.CredentialsDirFlag] != ""
 	return cfg, nil
 }
 
@@ -117,9 +118,9 @@ func (o agentOptions) check() error {
 	}
 	noCA := o.caAddr == "" || o.fileMounted
 	switch {
-	case noCA && o.from[CredentialsDirFlag] != "":
+	case noCA && o.from[cli.CredentialsDirFlag] != "":
 		return fmt.Errorf("%s: OUTPUT_CERTS is where certificates from the CA are written, and no CA is used (%s); pass --%s for the files to serve",
-			o.source(CredentialsDirFlag, o.credentialsDir), noCAReason(o), CredentialsDirFlag)
+			o.source(cli.CredentialsDirFlag, o.credentialsDir), noCAReason(o), cli.CredentialsDirFlag)
 	case noCA && o.provCert != "":
 		return fmt.Errorf("%s: a provisioning certificate authenticates to the CA, and no CA is used (%s)", o.source("prov-cert", o.provCert), noCAReason(o))
 	}
@@ -140,7 +141,7 @@ func (o agentOptions) rotatorConfig(base *slog.Logger, reg prometheus.Registerer
 	if strings.EqualFold(o.rootCert, "SYSTEM") {
 		return nil, fmt.Errorf("%s: the system's web roots cannot vouch for trustbridge's certificate service, which presents an X509-SVID; give the PEM file of the server trust domain's roots", o.source("root-cert", o.rootCert))
 	}
-	roots, err := ReadPEMCerts(o.rootCert)
+	roots, err := cli.ReadPEMCerts(o.rootCert)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.source("root-cert", o.rootCert), err)
 	}

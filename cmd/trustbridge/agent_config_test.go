@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds/agent"
@@ -27,7 +28,7 @@ func parseAgent(t *testing.T, args []string, env map[string]string) (agentOption
 	var stderr bytes.Buffer
 	cmd := &cobra.Command{Use: "agent"}
 	cmd.SetErr(&stderr)
-	old := AddOldName(cmd, "output-certs", CredentialsDirFlag)
+	old := cli.AddOldName(cmd, "output-certs", cli.CredentialsDirFlag)
 	addAgentFlags(cmd.Flags(), &o)
 	require.NoError(t, cmd.ParseFlags(args))
 	if err := o.fromFlags(cmd.Flags(), old, func(k string) string { return env[k] }); err != nil {
@@ -39,7 +40,7 @@ func parseAgent(t *testing.T, args []string, env map[string]string) (agentOption
 
 // The istio-agent names set the agent's flags: flag > env > default.
 func TestAgentEnvPrecedence(t *testing.T) {
-	root := writeFile(t, string(CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
+	root := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
 	ca := map[string]string{"CA_ADDR": "127.0.0.1:1", "CA_ROOT_CA": root}
 	with := func(m map[string]string) map[string]string {
 		out := map[string]string{"CA_ADDR": ca["CA_ADDR"], "CA_ROOT_CA": ca["CA_ROOT_CA"]}
@@ -98,14 +99,14 @@ func TestAgentEnvPrecedence(t *testing.T) {
 		{"--output-certs beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
-			assert.Equal(t, "--output-certs /old", o.source(CredentialsDirFlag, o.credentialsDir), "errors name the flag typed")
+			assert.Equal(t, "--output-certs /old", o.source(cli.CredentialsDirFlag, o.credentialsDir), "errors name the flag typed")
 		}},
 		{"--output-certs without a CA beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, map[string]string{"OUTPUT_CERTS": "/out"}, func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Nil(t, cfg.Rotator)
 		}},
 		{"--credentials-dir names itself", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
-			assert.Equal(t, "--credentials-dir /flag", o.source(CredentialsDirFlag, o.credentialsDir))
+			assert.Equal(t, "--credentials-dir /flag", o.source(cli.CredentialsDirFlag, o.credentialsDir))
 		}},
 		{"PROV_CERT", nil, with(map[string]string{"PROV_CERT": "/prov"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
 			assert.Equal(t, "/prov", cfg.Rotator.ProvCertDir)
@@ -135,7 +136,7 @@ func TestAgentEnvPrecedence(t *testing.T) {
 
 // A value the agent cannot honour is an error naming its variable.
 func TestAgentEnvErrors(t *testing.T) {
-	root := writeFile(t, string(CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
+	root := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
 	ca := func(kv ...string) map[string]string {
 		m := map[string]string{"CA_ADDR": "127.0.0.1:1", "CA_ROOT_CA": root}
 		for i := 0; i < len(kv); i += 2 {

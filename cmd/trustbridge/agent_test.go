@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -80,7 +81,7 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	addr, rootCert, _ := grpcServerWithTokens(t, laptopToken+","+laptopID.String()+"\n")
 	rootsPEM, err := os.ReadFile(rootCert)
 	require.NoError(t, err)
-	roots, err := ParsePEMCerts(rootsPEM)
+	roots, err := cli.ParsePEMCerts(rootsPEM)
 	require.NoError(t, err)
 	o := agentFor(t, addr, rootsPEM, laptopToken)
 	// 20s asked, 30s valid (the CA backdates by 10s): renewed 5s in.
@@ -156,7 +157,7 @@ func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
 			var out bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := runAgent(ctx, Env{In: strings.NewReader(""), Out: &out, Err: &bytes.Buffer{}, Now: time.Now}, second)
+			err := runAgent(ctx, cli.Env{In: strings.NewReader(""), Out: &out, Err: &bytes.Buffer{}, Now: time.Now}, second)
 			require.NoError(t, err, "exit status 0")
 			assert.Contains(t, out.String(), "already answers on "+o.socket)
 			require.NoError(t, ctx.Err(), "it returned at once instead of serving")
@@ -170,7 +171,7 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 	token := writeFile(t, laptopToken+"\n", 0o600)
 	_, stderr, code := runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--credentials-dir", creds)
 	require.Equal(t, 0, code, stderr)
-	roots, err := ReadPEMCerts(filepath.Join(creds, "root-cert.pem"))
+	roots, err := cli.ReadPEMCerts(filepath.Join(creds, "root-cert.pem"))
 	require.NoError(t, err)
 
 	o := agentOptions{socket: filepath.Join(t.TempDir(), "sds.sock"), credentialsDir: creds, graceRatio: 0.5,
@@ -219,7 +220,7 @@ func TestAgentFlagErrors(t *testing.T) {
 			tc.mutate(&o)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := runAgent(ctx, Env{In: strings.NewReader(""), Out: &bytes.Buffer{}, Err: &bytes.Buffer{}, Now: time.Now}, o)
+			err := runAgent(ctx, cli.Env{In: strings.NewReader(""), Out: &bytes.Buffer{}, Err: &bytes.Buffer{}, Now: time.Now}, o)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.False(t, errors.Is(err, context.DeadlineExceeded))

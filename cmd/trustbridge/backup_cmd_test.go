@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server/backup"
@@ -101,7 +102,7 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 func TestBackupAndRestoreThroughPipes(t *testing.T) {
 	dataDir, _ := bootstrapDataDir(t, "east.example")
 	var out, errb bytes.Buffer
-	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, Env{In: strings.NewReader(""), Out: &out, Err: &errb, Now: time.Now})
+	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, cli.Env{In: strings.NewReader(""), Out: &out, Err: &errb, Now: time.Now})
 	require.Equal(t, 0, code, errb.String())
 	assert.Contains(t, errb.String(), "backed up trust domain east.example", "the report goes to stderr, the archive to stdout")
 

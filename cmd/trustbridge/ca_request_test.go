@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -57,7 +58,7 @@ func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*server.Con
 		certs = append(certs, r.Cert)
 	}
 	rootCert = filepath.Join(t.TempDir(), "root-cert.pem")
-	require.NoError(t, os.WriteFile(rootCert, CertsPEM(certs), 0o644))
+	require.NoError(t, os.WriteFile(rootCert, cli.CertsPEM(certs), 0o644))
 	return addr, rootCert, dataDir
 }
 
@@ -94,7 +95,7 @@ func loadCreds(dir string, want spiffeid.ID) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the key matches the certificate: %w", err)
 	}
-	roots, err := ReadPEMCerts(filepath.Join(dir, "root-cert.pem"))
+	roots, err := cli.ReadPEMCerts(filepath.Join(dir, "root-cert.pem"))
 	if err != nil {
 		return nil, err
 	}
@@ -165,9 +166,9 @@ func TestCARequestRefusals(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	token := writeFile(t, laptopToken, 0o600)
 	otherCA := testca.New(t, "example.org", testca.Options{})
-	otherRoot := writeFile(t, string(CertsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
+	otherRoot := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
 	fedCA := testca.New(t, "other.example", testca.Options{})
-	fedRoot := writeFile(t, string(CertsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
+	fedRoot := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
 
 	// A certificate issued by another CA of the same trust domain.
 	foreignDir := t.TempDir()
@@ -265,7 +266,7 @@ func TestExpectedServerID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id, err := ExpectedServerID(tt.flag, tt.roots, tt.want)
+			id, err := cli.ExpectedServerID(tt.flag, tt.roots, tt.want)
 			if tt.err != "" {
 				assert.ErrorContains(t, err, tt.err)
 				return
@@ -299,14 +300,14 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 					Files: []string{"relay.example=" + relay}}
 				o.GRPC.ResponseRoots = mode
 			})
-			local, err := ReadPEMCerts(rootCert)
+			local, err := cli.ReadPEMCerts(rootCert)
 			require.NoError(t, err)
 			out := filepath.Join(t.TempDir(), "creds")
 			stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 				"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", out)
 			require.Equal(t, 0, code, stderr)
 			assert.Contains(t, stdout, "bundle.spiffe.json: example.org, relay.example")
-			got, err := ReadPEMCerts(filepath.Join(out, "root-cert.pem"))
+			got, err := cli.ReadPEMCerts(filepath.Join(out, "root-cert.pem"))
 			require.NoError(t, err)
 			assert.Equal(t, local, got, "root-cert.pem: the local roots and nothing else")
 

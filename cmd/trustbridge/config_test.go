@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -115,7 +116,7 @@ federation-crd: true
 // docs/configuration.md lists every flag of every command; `go test
 // ./cmd/trustbridge -run TestConfigurationDoc -update` rewrites it.
 func TestConfigurationDoc(t *testing.T) {
-	root := newRootCmd(Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
+	root := newRootCmd(cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
 	var b strings.Builder
 	var missing []string
 	var walk func(c *cobra.Command)

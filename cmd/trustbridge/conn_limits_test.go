@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
@@ -21,9 +22,9 @@ func TestListenerLimitFlagDefaults(t *testing.T) {
 	}
 	agent := map[string]string{"admin-max-conns": "128", "admin-max-conns-per-source": "32"}
 	for cmd, want := range map[string]map[string]string{"server": server, "agent": agent} {
-		f := newServerCmd(Env{}).Flags()
+		f := newServerCmd(cli.Env{}).Flags()
 		if cmd == "agent" {
-			f = newAgentCmd(Env{}).Flags()
+			f = newAgentCmd(cli.Env{}).Flags()
 		}
 		for flag, def := range want {
 			fl := f.Lookup(flag)
@@ -124,7 +125,7 @@ func TestAdminClientStaysUnderPerSourceLimit(t *testing.T) {
 	o := baseServerOptions("example.org", t.TempDir())
 	o.AdminConns = server.ConnLimits{Max: 8, PerSource: 3} // one spare: the server may not yet have seen the last call's close
 	admin, _, _ := launchServer(t, o)
-	c := &AdminClient{Addr: "http://" + admin}
+	c := &cli.AdminClient{Addr: "http://" + admin}
 	for i := range 10 {
 		_, err := c.Do(context.Background(), "GET", "/v1/federation/relationships", nil, false)
 		require.NoError(t, err, "call %d", i)

@@ -27,7 +27,7 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 
 	eastData, _ := bootstrapDataDir(t, "east.example")
 	east := startE2EServer(t, "east.example", eastData, nil)
-	eastPEM := writeTemp(t, cli(t, "bundle", "show", "-o", "pem", "--data-dir", eastData))
+	eastPEM := writeTemp(t, mustCLI(t, "bundle", "show", "-o", "pem", "--data-dir", eastData))
 
 	var ns string // the last server's namespace
 	kubeServer := func(federationCRD bool) (*e2eServer, string) {

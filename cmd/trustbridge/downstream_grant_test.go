@@ -28,6 +28,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/upstream/trustbridge"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/catest"
@@ -94,7 +95,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	for _, r := range roots {
 		g.roots = append(g.roots, r.Cert)
 	}
-	rootCert := writeFile(t, string(CertsPEM(g.roots)), 0o644)
+	rootCert := writeFile(t, string(cli.CertsPEM(g.roots)), 0o644)
 	request := func(token string) string {
 		dir := filepath.Join(t.TempDir(), "creds")
 		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", g.grpc, "--root-cert", rootCert,
@@ -135,7 +136,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 		Mutate: func(c *x509.Certificate) { c.ExtraExtensions = []pkix.Extension{ext} }})
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
-	g.fallen["chain older than --max-renewal-lifetime"] = writeCertDir(t, CertsPEM([]*x509.Certificate{leaf}),
+	g.fallen["chain older than --max-renewal-lifetime"] = writeCertDir(t, cli.CertsPEM([]*x509.Certificate{leaf}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
 	return g
 }

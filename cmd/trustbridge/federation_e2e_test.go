@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
@@ -355,9 +356,9 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.pem")
-	require.NoError(t, os.WriteFile(certFile, CertsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, cli.CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
-	require.NoError(t, os.WriteFile(caFile, CertsPEM([]*x509.Certificate{web.Cert}), 0o600))
+	require.NoError(t, os.WriteFile(caFile, cli.CertsPEM([]*x509.Certificate{web.Cert}), 0o600))
 
 	eastAddr, westAddr := reservePort(t), reservePort(t)
 	webConfig := func(peer, addr string) string {

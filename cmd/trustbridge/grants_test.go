@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -57,7 +58,7 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	rootCert := writeFile(t, string(CertsPEM(certs)), 0o644)
+	rootCert := writeFile(t, string(cli.CertsPEM(certs)), 0o644)
 
 	// Bootstrap: the certificate records the token's grant, never the token.
 	out := filepath.Join(t.TempDir(), "creds")
@@ -211,7 +212,7 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 // its own, whatever became of the token the Envoy authenticated with.
 func TestSDSMintedCertificateIsNoCredential(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -106,7 +107,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	// Istio's agents say which cluster their token is from (ClusterID
 	// metadata): this server's own is accepted, another is refused before
 	// any review, as istiod refuses a cluster it does not know.
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	token, err := caclient.ReadToken(good)
 	require.NoError(t, err)
@@ -131,7 +132,7 @@ func TestGRPCDNSNames(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
 		o.GRPC.DNSNames = []string{"trustbridge.trustbridge-system.svc", " Trustbridge.Example "}
 	})
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	for _, c := range roots {

@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -76,7 +77,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 		o.GRPC.Kubeconfig = kubeconfig
 		o.GRPC.TrustedNodeAccounts = []string{ns + "/ztunnel"}
 	})
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	workload := func(sa string) spiffeid.ID { return spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa) }

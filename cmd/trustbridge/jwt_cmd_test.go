@@ -19,6 +19,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	jwtcmd "github.com/trustbridge/trustbridge/cmd/trustbridge/cli/jwt"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
@@ -82,7 +84,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 	// A single bundle with --trust-domain, the token on standard input, JSON.
 	stdout, stderr, code = runCLI(t, jwt+"\n", "jwt", "validate", "--bundle", single, "--trust-domain", "example.org", "--audience", "https://api.example.com", "-o", "json", "-")
 	require.Equal(t, 0, code, stderr)
-	var got ValidateOutput
+	var got jwtcmd.ValidateOutput
 	require.NoError(t, json.Unmarshal([]byte(stdout), &got))
 	assert.Equal(t, laptopID.String(), got.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(10*time.Minute), got.ExpiresAt, time.Minute)
@@ -94,7 +96,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	stdout, stderr, code = runCLI(t, "", "jwt", "mint", "--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", creds, "--audience", "a", "-o", "json")
 	require.Equal(t, 0, code, stderr)
-	var minted MintOutput
+	var minted jwtcmd.MintOutput
 	require.NoError(t, json.Unmarshal([]byte(stdout), &minted))
 	assert.Equal(t, laptopID.String(), minted.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(5*time.Minute), minted.ExpiresAt, time.Minute, "the server's default")
@@ -104,7 +106,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 
 func mustParseMap(t *testing.T, path string) []*spiffebundle.Bundle {
 	t.Helper()
-	doc, err := ReadSmallFile(path, bundledoc.DefaultMaxSize)
+	doc, err := cli.ReadSmallFile(path, bundledoc.DefaultMaxSize)
 	require.NoError(t, err)
 	b, err := caclient.ParseBundles(doc, spiffeid.TrustDomain{})
 	require.NoError(t, err)
@@ -214,7 +216,7 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 		cancel()
 		require.NoError(t, <-done)
 	})
-	rootCert = writeFile(t, string(CertsPEM(authority.Bundle().X509Authorities())), 0o644)
+	rootCert = writeFile(t, string(cli.CertsPEM(authority.Bundle().X509Authorities())), 0o644)
 	return ln.Addr().String(), rootCert, writeFile(t, laptopToken, 0o600)
 }
 
@@ -222,7 +224,7 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 // trust store: a caller gets its own trust domain's bundle.
 func TestServerStreamsBundles(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -237,8 +239,8 @@ func TestServerStreamsBundles(t *testing.T) {
 }
 
 func TestClaimText(t *testing.T) {
-	assert.Equal(t, "1795574191", ClaimText(float64(1795574191)), "exp as the token has it, not 1.795574191e+09")
-	assert.Equal(t, "1.5", ClaimText(1.5))
-	assert.Equal(t, "spiffe://example.org/x", ClaimText("spiffe://example.org/x"))
-	assert.Equal(t, "[a b]", ClaimText([]any{"a", "b"}))
+	assert.Equal(t, "1795574191", jwtcmd.ClaimText(float64(1795574191)), "exp as the token has it, not 1.795574191e+09")
+	assert.Equal(t, "1.5", jwtcmd.ClaimText(1.5))
+	assert.Equal(t, "spiffe://example.org/x", jwtcmd.ClaimText("spiffe://example.org/x"))
+	assert.Equal(t, "[a b]", jwtcmd.ClaimText([]any{"a", "b"}))
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -15,12 +16,12 @@ import (
 // format: with "json", standard output and the log are checked line by
 // line (testlog.JSONLines), so every record the e2e tests make is JSON
 // with unique keys, and nothing else reaches a log pipeline.
-func testEnv(tb testing.TB, format string) (e Env, out, logs *testlog.Buffer) {
+func testEnv(tb testing.TB, format string) (e cli.Env, out, logs *testlog.Buffer) {
 	out, logs = &testlog.Buffer{}, &testlog.Buffer{}
 	if format == "json" {
 		out, logs = testlog.JSONLines(tb), testlog.JSONLines(tb)
 	}
-	return Env{In: strings.NewReader(""), Out: out, Err: logs, Now: time.Now}, out, logs
+	return cli.Env{In: strings.NewReader(""), Out: out, Err: logs, Now: time.Now}, out, logs
 }
 
 // logRecord is the first record of logs (JSON lines; other lines are

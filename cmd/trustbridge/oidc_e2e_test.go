@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc/oidctest"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -96,7 +97,7 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	assert.Equal(t, want.String(), minted.SPIFFEID)
 
 	// SDS: Envoy authenticating with the token gets its own certificate.
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	tok, err := os.ReadFile(good)
 	require.NoError(t, err)
@@ -180,6 +181,6 @@ func rootCertFile(t *testing.T, dataDir string) string {
 		certs = append(certs, r.Cert)
 	}
 	path := filepath.Join(t.TempDir(), "root-cert.pem")
-	require.NoError(t, os.WriteFile(path, CertsPEM(certs), 0o644))
+	require.NoError(t, os.WriteFile(path, cli.CertsPEM(certs), 0o644))
 	return path
 }

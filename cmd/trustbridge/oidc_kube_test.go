@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -103,7 +104,7 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	// also carries the OSM-style name, which a plain TLS client checks.
 	host := "web." + ns + ".svc.cluster.local"
 	assert.Equal(t, []string{host}, leaf.DNSNames)
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	for _, r := range roots {

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
@@ -198,7 +199,7 @@ func kubeCARoots(t *testing.T, env *kubetest.Env, ns string) []*x509.Certificate
 	var roots []*x509.Certificate
 	for k, v := range secret.Data {
 		if strings.HasSuffix(k, ".crt.pem") {
-			certs, err := ParsePEMCerts(v)
+			certs, err := cli.ParsePEMCerts(v)
 			require.NoError(t, err)
 			roots = append(roots, certs...)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -70,7 +71,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	assertDenied(t, got[partnerName])
 	ops.ack(r)
 
-	ao := agentFor(t, grpcAddr(t, west.banner), CertsPEM(westRoots), westOpsToken)
+	ao := agentFor(t, grpcAddr(t, west.banner), cli.CertsPEM(westRoots), westOpsToken)
 	startAgent(t, ao)
 	relayed := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.AllName, partnerName)
 	ar := relayed.recv(10 * time.Second)

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds"
@@ -60,7 +61,7 @@ func dialSDSTLS(t *testing.T, addr string, td spiffeid.TrustDomain, roots []*x50
 	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 	if token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken(token)))
+		opts = append(opts, grpc.WithPerRPCCredentials(cli.BearerToken(token)))
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	require.NoError(t, err)
@@ -154,7 +155,7 @@ func spiffeValidator(t *testing.T, s *tlsv3.Secret) (names []string, roots map[s
 	roots = map[string][]*x509.Certificate{}
 	for _, d := range cfg.GetTrustDomains() {
 		names = append(names, d.GetName())
-		certs, err := ParsePEMCerts(d.GetTrustBundle().GetInlineBytes())
+		certs, err := cli.ParsePEMCerts(d.GetTrustBundle().GetInlineBytes())
 		require.NoError(t, err)
 		roots[d.GetName()] = certs
 	}
@@ -164,7 +165,7 @@ func spiffeValidator(t *testing.T, s *tlsv3.Secret) (names []string, roots map[s
 // trustedCA parses a validation context's trusted_ca.
 func trustedCA(t *testing.T, s *tlsv3.Secret) []*x509.Certificate {
 	t.Helper()
-	certs, err := ParsePEMCerts(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
+	certs, err := cli.ParsePEMCerts(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
 	require.NoError(t, err)
 	return certs
 }
@@ -296,7 +297,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	plain.ack(pr)
 
 	// West's node agent relays the same trust from west's SDS stream.
-	westPEM := CertsPEM(westRoots)
+	westPEM := cli.CertsPEM(westRoots)
 	ao := agentFor(t, grpcAddr(t, west.banner), westPEM, westToken)
 	startAgent(t, ao)
 	ae := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
@@ -344,7 +345,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 // for another workload's certificate is refused without it being minted.
 func TestSDSRefusals(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 
@@ -377,7 +378,7 @@ func TestSDSRefusals(t *testing.T) {
 // the certificate service allows for a CSR, on the same listener.
 func TestSDSLargeNode(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := ReadPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 	meta := map[string]any{}

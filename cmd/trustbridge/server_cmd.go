@@ -8,10 +8,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
-func newServerCmd(e Env) *cobra.Command {
+func newServerCmd(e cli.Env) *cobra.Command {
 	var o server.Config
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -64,7 +65,7 @@ address (DNS rebinding) cannot read it.`,
 // hupSignals is e with SIGHUP delivered on e.hup, and the function that
 // stops the delivery. SIGHUP's default action ends the process without a
 // word; a command that subscribes reloads, or says it ignores it.
-func hupSignals(e Env) (Env, func()) {
+func hupSignals(e cli.Env) (cli.Env, func()) {
 	if e.HUP != nil {
 		return e, func() {}
 	}
@@ -77,7 +78,7 @@ func hupSignals(e Env) (Env, func()) {
 // runServer runs the server of cfg with e's streams, clock and SIGHUP.
 // ready, when not nil, receives the admin listener's address once the
 // server serves.
-func runServer(ctx context.Context, e Env, cfg server.Config, ready chan<- string) error {
+func runServer(ctx context.Context, e cli.Env, cfg server.Config, ready chan<- string) error {
 	cfg.Stdout, cfg.Stderr, cfg.Now, cfg.HUP, cfg.Ready = e.Out, e.Err, e.Now, e.HUP, ready
 	cfg.Version = buildVersion()
 	return server.New(cfg).Run(ctx)

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
@@ -208,10 +209,10 @@ func writeCACerts(t *testing.T) string {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	for name, data := range map[string][]byte{
-		"ca-cert.pem":    CertsPEM([]*x509.Certificate{signing}),
+		"ca-cert.pem":    cli.CertsPEM([]*x509.Certificate{signing}),
 		"ca-key.pem":     pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}),
-		"cert-chain.pem": CertsPEM([]*x509.Certificate{signing, root.Cert}),
-		"root-cert.pem":  CertsPEM([]*x509.Certificate{root.Cert}),
+		"cert-chain.pem": cli.CertsPEM([]*x509.Certificate{signing, root.Cert}),
+		"root-cert.pem":  cli.CertsPEM([]*x509.Certificate{root.Cert}),
 	} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
 )
@@ -102,7 +103,7 @@ func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(CertsPEM(certs)), 0o644), stop: stop}
+	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(cli.CertsPEM(certs)), 0o644), stop: stop}
 }
 
 // request runs ca request with the token in tokenFile (or, with certDir,
@@ -203,7 +204,7 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 func TestSDSRefusesSingleUseToken(t *testing.T) {
 	tokens := writeTokenFile(t, laptopToken+","+laptopID.String()+"\n")
 	srv := startTokenServer(t, t.TempDir(), tokens)
-	roots, err := ReadPEMCerts(srv.rootCert)
+	roots, err := cli.ReadPEMCerts(srv.rootCert)
 	require.NoError(t, err)
 
 	e := openEnvoy(t, dialSDSTLS(t, srv.addr, laptopID.TrustDomain(), roots, laptopToken), nil, "ROOTCA")

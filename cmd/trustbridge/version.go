@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -44,7 +46,7 @@ func versionString() string { return buildInfo().String() }
 func buildVersion() string { return buildInfo().Version }
 
 func newVersionCmd() *cobra.Command {
-	var output *OutputFlag
+	var output *cli.OutputFlag
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the trustbridge version",
@@ -59,6 +61,6 @@ func newVersionCmd() *cobra.Command {
 			})
 		},
 	}
-	output = AddOutputFlag(cmd)
+	output = cli.AddOutputFlag(cmd)
 	return cmd
 }

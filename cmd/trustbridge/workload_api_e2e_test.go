@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
@@ -35,7 +36,7 @@ var eastWorkload = spiffeid.RequireFromString("spiffe://east.example/ns/default/
 // SPIFFE_ENDPOINT_SOCKET takes it.
 func workloadAgent(t *testing.T, s *e2eServer, token string) string {
 	t.Helper()
-	o := agentFor(t, grpcAddr(t, s.banner), CertsPEM(caRootsOf(t, s)), token)
+	o := agentFor(t, grpcAddr(t, s.banner), cli.CertsPEM(caRootsOf(t, s)), token)
 	o.workloadSocket = filepath.Join(filepath.Dir(o.socket), "api.sock")
 	startAgent(t, o)
 	abs, err := filepath.Abs(o.workloadSocket)

@@ -1,11 +1,13 @@
-package main
+package cli
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
@@ -102,4 +104,22 @@ func (o *OutputFlag) Write(w io.Writer, v any, table func(io.Writer) error) erro
 	default:
 		return fmt.Errorf("-o %s: not handled by this command", o.Format)
 	}
+}
+
+// printable escapes control and other non-printable characters. Subjects
+// and kids come from untrusted documents; printed raw, an escape sequence
+// could clear the screen or forge table rows in an auditor's terminal.
+func Printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }

@@ -1,4 +1,4 @@
-package main
+package bundle
 
 import (
 	"crypto"
@@ -15,11 +15,11 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -30,7 +30,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
-func NewBundleCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "bundle",
 		Short:   "Work with SPIFFE bundle documents and bundle maps",
@@ -43,7 +43,7 @@ func NewBundleCmd(e Env) *cobra.Command {
 
 type inspectOptions struct {
 	trustDomain string
-	output      *OutputFlag
+	output      *cli.OutputFlag
 	maxSize     int64
 	allowEmpty  bool
 	held        string
@@ -92,7 +92,7 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
-	o.output = AddOutputFlag(cmd, outputPEM, outputSPIFFE)
+	o.output = cli.AddOutputFlag(cmd, outputPEM, outputSPIFFE)
 	f.Var(formatAlias{o.output, cmd}, "format", "same as -o")
 	_ = f.MarkHidden("format")
 	f.Int64Var(&o.maxSize, "max-size", bundledoc.DefaultMaxSize, "refuse documents larger than this many bytes")
@@ -104,7 +104,7 @@ of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 // formatAlias is inspect's --format, the flag -o replaced: it sets -o
 // and warns on stderr, as the --json of addOutputFlag does.
 type formatAlias struct {
-	o   *OutputFlag
+	o   *cli.OutputFlag
 	cmd *cobra.Command
 }
 
@@ -190,7 +190,7 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 	}
 	out := cmd.OutOrStdout()
 	switch o.output.Format {
-	case OutputTable, OutputJSON, OutputYAML:
+	case cli.OutputTable, cli.OutputJSON, cli.OutputYAML:
 		ins.fill(now)
 		return o.output.Write(out, ins, ins.writeTable)
 	case outputPEM:
@@ -374,26 +374,8 @@ func checkMapEntry(b *spiffebundle.Bundle, warnings []bundledoc.Warning, rules v
 
 func (ins *Inspection) warn(w io.Writer) {
 	for _, wr := range ins.Warnings {
-		fmt.Fprintf(w, "warning: %s\n", Printable(wr.Message))
+		fmt.Fprintf(w, "warning: %s\n", cli.Printable(wr.Message))
 	}
-}
-
-// printable escapes control and other non-printable characters. Subjects
-// and kids come from untrusted documents; printed raw, an escape sequence
-// could clear the screen or forge table rows in an auditor's terminal.
-func Printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	q := strconv.Quote(s)
-	return q[1 : len(q)-1]
 }
 
 // fill builds the printable reports.
@@ -508,14 +490,14 @@ func (ins *Inspection) writeTable(w io.Writer) error {
 					na += " (EXPIRED)"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, Printable(name), key, nb, na, a.SHA256)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.Kind, cli.Printable(name), key, nb, na, a.SHA256)
 		}
 		_ = tw.Flush()
 	}
 	if len(ins.Warnings) > 0 {
 		fmt.Fprintf(ew, "\nWarnings (%d):\n", len(ins.Warnings))
 		for _, wr := range ins.Warnings {
-			fmt.Fprintf(ew, "  %s\n", Printable(wr.Message))
+			fmt.Fprintf(ew, "  %s\n", cli.Printable(wr.Message))
 		}
 	}
 	return ew.err

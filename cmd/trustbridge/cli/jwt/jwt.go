@@ -1,4 +1,4 @@
-package main
+package jwt
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
@@ -26,7 +28,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 )
 
-func NewJWTCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "jwt",
 		Short: "Mint and validate JWT-SVIDs",
@@ -42,13 +44,13 @@ you authenticate as, or validate one against SPIFFE bundles.`,
 }
 
 type jwtMintOptions struct {
-	CAConn
+	cli.CAConn
 	audience []string
 	ttl      time.Duration
-	out      *OutputFlag
+	out      *cli.OutputFlag
 }
 
-func newJWTMintCmd(e Env) *cobra.Command {
+func newJWTMintCmd(e cli.Env) *cobra.Command {
 	var o jwtMintOptions
 	cmd := &cobra.Command{
 		Use:   "mint --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR) --audience AUD [--audience AUD]...",
@@ -78,10 +80,10 @@ yaml also print its SPIFFE ID and expiry.`,
 		},
 	}
 	f := cmd.Flags()
-	AddCAConnFlags(f, &o.CAConn)
+	cli.AddCAConnFlags(f, &o.CAConn)
 	f.StringArrayVar(&o.audience, "audience", nil, "audience (aud) of the token; repeat for several (required)")
 	f.DurationVar(&o.ttl, "ttl", 0, "lifetime to ask for, whole seconds (default: the server's, 5m; clamped to its maximum)")
-	o.out = AddOutputFlag(cmd)
+	o.out = cli.AddOutputFlag(cmd)
 	return cmd
 }
 
@@ -92,7 +94,7 @@ type MintOutput struct {
 	Token     string    `json:"token"`
 }
 
-func runJWTMint(ctx context.Context, e Env, o jwtMintOptions) error {
+func runJWTMint(ctx context.Context, e cli.Env, o jwtMintOptions) error {
 	if err := o.check(); err != nil {
 		return err
 	}
@@ -143,14 +145,14 @@ func checkAudiences(aud []string) error {
 }
 
 type jwtValidateOptions struct {
-	CAConn
+	cli.CAConn
 	audience    []string
 	bundle      string
 	trustDomain string
-	out         *OutputFlag
+	out         *cli.OutputFlag
 }
 
-func newJWTValidateCmd(e Env) *cobra.Command {
+func newJWTValidateCmd(e cli.Env) *cobra.Command {
 	var o jwtValidateOptions
 	cmd := &cobra.Command{
 		Use:   "validate [-|TOKEN] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
@@ -180,7 +182,7 @@ of every trust domain the server's trust policy lets you trust.`,
 		},
 	}
 	f := cmd.Flags()
-	AddCAConnFlags(f, &o.CAConn)
+	cli.AddCAConnFlags(f, &o.CAConn)
 	for _, name := range []string{"ca-addr", "root-cert"} {
 		fl := f.Lookup(name)
 		fl.Usage = strings.Replace(fl.Usage, "(required)", "(required without --bundle)", 1)
@@ -188,7 +190,7 @@ of every trust domain the server's trust policy lets you trust.`,
 	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
 	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
-	o.out = AddOutputFlag(cmd)
+	o.out = cli.AddOutputFlag(cmd)
 	return cmd
 }
 
@@ -200,7 +202,7 @@ type ValidateOutput struct {
 	Claims    map[string]any `json:"claims"`
 }
 
-func runJWTValidate(ctx context.Context, e Env, o jwtValidateOptions, args []string) error {
+func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args []string) error {
 	if err := o.out.Check(); err != nil {
 		return err
 	}
@@ -287,7 +289,7 @@ func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
 			return nil, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
 		}
 	}
-	doc, err := ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
+	doc, err := cli.ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("--bundle: %w", err)
 	}
@@ -333,7 +335,7 @@ func identityError(addr string, timeout time.Duration, what string, err error, a
 			return fmt.Errorf("the CA at %s cannot give %s right now; retry later: %s", addr, what, st.Message())
 		}
 	}
-	return RequestError(addr, timeout, what, err)
+	return cli.RequestError(addr, timeout, what, err)
 }
 
 func printJWTValidation(w io.Writer, v ValidateOutput) error {

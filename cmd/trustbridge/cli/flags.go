@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -56,4 +56,15 @@ func (n *OldName) Merge(dst *string, hint string) error {
 	*dst = n.Value
 	n.cmd.Flags().Lookup(n.new).Changed = true
 	return nil
+}
+
+// countTrue is how many of bs are true.
+func CountTrue(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }

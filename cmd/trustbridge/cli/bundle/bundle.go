@@ -1,4 +1,4 @@
-package main
+package bundle
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -26,8 +28,8 @@ const (
 	outputPEM    = "pem"
 )
 
-func newBundleShowCmd(e Env) *cobra.Command {
-	var c AdminClient
+func newBundleShowCmd(e cli.Env) *cobra.Command {
+	var c cli.AdminClient
 	cmd := &cobra.Command{
 		Use:   "show",
 		Short: "Print this trust domain's bundle (its CA's roots), as a peer's operator needs it",
@@ -47,7 +49,7 @@ it works while the server runs, or, with --admin, asks the running server
   trustbridge bundle show -o pem --admin http://127.0.0.1:15014 > root-cert.pem`,
 		Args: cobra.NoArgs,
 	}
-	out := AddOutputFlag(cmd, outputSPIFFE, outputPEM)
+	out := cli.AddOutputFlag(cmd, outputSPIFFE, outputPEM)
 	f := cmd.Flags()
 	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, read without its lock")
 	f.StringVar(&c.Addr, "admin", "", "ask the running server at this admin address instead (e.g. http://127.0.0.1:15014)")
@@ -113,7 +115,7 @@ func bundleFromDataDir(dir string) (*spiffebundle.Bundle, error) {
 
 // bundleFromAdmin reads the published bundle from GET /v1/bundle, with the
 // trust domain GET /v1/trust names (a bundle document does not).
-func bundleFromAdmin(ctx context.Context, c *AdminClient) (*spiffebundle.Bundle, error) {
+func bundleFromAdmin(ctx context.Context, c *cli.AdminClient) (*spiffebundle.Bundle, error) {
 	body, err := c.Do(ctx, http.MethodGet, "/v1/trust", nil, false)
 	if err != nil {
 		return nil, err
@@ -139,7 +141,7 @@ func bundleFromAdmin(ctx context.Context, c *AdminClient) (*spiffebundle.Bundle,
 
 // writeBundle prints b as the chosen format; table, json and yaml are
 // bundle inspect's report of it.
-func writeBundle(w io.Writer, out *OutputFlag, b *spiffebundle.Bundle, src string, now time.Time) error {
+func writeBundle(w io.Writer, out *cli.OutputFlag, b *spiffebundle.Bundle, src string, now time.Time) error {
 	switch {
 	case out.Is(outputSPIFFE):
 		doc, err := bundledoc.Marshal(b)
@@ -162,8 +164,8 @@ func writePEM(w io.Writer, b *spiffebundle.Bundle) error {
 	return err
 }
 
-func newBundleSetCmd(e Env) *cobra.Command {
-	var c AdminClient
+func newBundleSetCmd(e cli.Env) *cobra.Command {
+	var c cli.AdminClient
 	cmd := &cobra.Command{
 		Use:   "set TRUST_DOMAIN FILE",
 		Short: "Set a trust domain's bootstrap or static bundle on the running server",
@@ -205,7 +207,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.Addr, "admin", "http://127.0.0.1:15014", AdminFlagHelp)
+	f.StringVar(&c.Addr, "admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
 	c.AddAuthFlags(f)
 	return cmd
 }

@@ -1,19 +1,18 @@
-package main
+package ca
 
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/caclient"
@@ -21,7 +20,7 @@ import (
 )
 
 type caRequestOptions struct {
-	CAConn
+	cli.CAConn
 	credsDir string
 	renew    bool
 	spiffeID string
@@ -29,10 +28,10 @@ type caRequestOptions struct {
 	keyType  string
 }
 
-func newCARequestCmd(e Env) *cobra.Command {
+func newCARequestCmd(e cli.Env) *cobra.Command {
 	var (
 		o               caRequestOptions
-		outOld, certOld *OldName
+		outOld, certOld *cli.OldName
 	)
 	cmd := &cobra.Command{
 		Use:   "request --ca-addr ADDR --root-cert FILE (--token-file FILE | --renew | --prov-cert DIR) --credentials-dir DIR",
@@ -81,11 +80,11 @@ earlier run, produces it.`,
 			return runCARequest(cmd.Context(), e, o)
 		},
 	}
-	outOld = AddOldName(cmd, "out", CredentialsDirFlag)
-	certOld = AddOldName(cmd, "cert-dir", "prov-cert")
+	outOld = cli.AddOldName(cmd, "out", cli.CredentialsDirFlag)
+	certOld = cli.AddOldName(cmd, "cert-dir", "prov-cert")
 	f := cmd.Flags()
-	AddCAConnFlags(f, &o.CAConn)
-	f.StringVar(&o.credsDir, CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem, root-cert.pem and bundle.spiffe.json into (required)")
+	cli.AddCAConnFlags(f, &o.CAConn)
+	f.StringVar(&o.credsDir, cli.CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem, root-cert.pem and bundle.spiffe.json into (required)")
 	f.BoolVar(&o.renew, "renew", false, "authenticate with the certificate in --credentials-dir and replace it (renewal in place)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to put in the CSR; the server refuses it unless it is the identity you authenticate as")
 	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for (default: the server's --workload-ttl)")
@@ -93,7 +92,7 @@ earlier run, produces it.`,
 	return cmd
 }
 
-func runCARequest(ctx context.Context, e Env, o caRequestOptions) error {
+func runCARequest(ctx context.Context, e cli.Env, o caRequestOptions) error {
 	kt, want, err := o.check()
 	if err != nil {
 		return err
@@ -119,7 +118,7 @@ func runCARequest(ctx context.Context, e Env, o caRequestOptions) error {
 	defer cancel()
 	issued, err := agent.Obtain(ctx, o.Addr, roots, serverID, clientCert, caclient.Request{Key: key, ID: want, TTL: o.ttl, Token: token})
 	if err != nil {
-		return RequestError(o.Addr, o.Timeout, "a certificate", err)
+		return cli.RequestError(o.Addr, o.Timeout, "a certificate", err)
 	}
 	if err := caclient.WriteCredentials(o.credsDir, key, issued.Chain, issued.Trust); err != nil {
 		return err
@@ -140,7 +139,7 @@ func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
 	if o.Addr == "" || o.RootCert == "" || o.credsDir == "" {
 		return "", spiffeid.ID{}, errors.New("--ca-addr, --root-cert and --credentials-dir are required")
 	}
-	if n := CountTrue(o.TokenFile != "", o.renew, o.ProvCert != ""); n != 1 {
+	if n := cli.CountTrue(o.TokenFile != "", o.renew, o.ProvCert != ""); n != 1 {
 		return "", spiffeid.ID{}, errors.New("give exactly one of --token-file (bootstrap or service account token), --renew (renew the certificate in --credentials-dir) and --prov-cert DIR (authenticate with the certificate in DIR)")
 	}
 	if o.ttl < 0 || o.ttl%time.Second != 0 {
@@ -168,7 +167,7 @@ func (o caRequestOptions) check() (ca.KeyType, spiffeid.ID, error) {
 // *want is zero) or the token of --token-file.
 func (o caRequestOptions) credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
 	if o.renew {
-		return ClientCredentials(o.credsDir, "--renew: --credentials-dir", "", now, want)
+		return cli.ClientCredentials(o.credsDir, "--renew: --credentials-dir", "", now, want)
 	}
 	return o.CAConn.Credentials(now, want)
 }
@@ -183,56 +182,4 @@ func trustDomainList(t caclient.Trust) string {
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", ")
-}
-
-// bearerToken sends "authorization: Bearer <token>", only over TLS.
-type BearerToken = caclient.BearerToken
-
-// requestError says what a failed call means for the person running it.
-func RequestError(addr string, timeout time.Duration, what string, err error) error {
-	st, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	msg := st.Message()
-	switch st.Code() {
-	case codes.Unauthenticated:
-		return fmt.Errorf("the CA at %s did not accept the credentials (token or certificate): %s", addr, msg)
-	case codes.PermissionDenied:
-		return fmt.Errorf("the CA at %s refused to issue this identity: %s", addr, msg)
-	case codes.InvalidArgument:
-		return fmt.Errorf("the CA at %s refused the request: %s", addr, msg)
-	case codes.ResourceExhausted:
-		return fmt.Errorf("the CA at %s is busy or rate-limits this identity; retry later: %s", addr, msg)
-	case codes.Unavailable:
-		return fmt.Errorf("cannot get %s from %s (is the server running with --grpc-listen, and does --root-cert hold its roots?): %s", what, addr, msg)
-	case codes.DeadlineExceeded:
-		return fmt.Errorf("no answer from the CA at %s within --timeout %s: %s", addr, timeout, msg)
-	}
-	return fmt.Errorf("the CA at %s: %s: %s", addr, st.Code(), msg)
-}
-
-func ReadPEMCerts(path string) ([]*x509.Certificate, error) {
-	return caclient.ReadPEMCerts(path)
-}
-
-// parsePEMCerts parses every CERTIFICATE block; there must be one.
-func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
-	return caclient.ParsePEMCerts(data)
-}
-
-// readSmallFile reads at most limit bytes of a regular file.
-func ReadSmallFile(path string, limit int64) ([]byte, error) {
-	return caclient.ReadFile(path, limit)
-}
-
-// countTrue is how many of bs are true.
-func CountTrue(bs ...bool) int {
-	n := 0
-	for _, b := range bs {
-		if b {
-			n++
-		}
-	}
-	return n
 }

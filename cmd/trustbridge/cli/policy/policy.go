@@ -1,4 +1,4 @@
-package main
+package policy
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -18,7 +20,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
-func NewPolicyCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
 		Short: "Explain and check the trust policy: which workloads may trust which federated trust domains",
@@ -30,15 +32,15 @@ func NewPolicyCmd(e Env) *cobra.Command {
 }
 
 type policyExplainOptions struct {
-	admin                     AdminClient
+	admin                     cli.AdminClient
 	namespace, serviceAccount string
 	file, local, federated    string
 	def                       string
 }
 
-func newPolicyExplainCmd(e Env) *cobra.Command {
+func newPolicyExplainCmd(e cli.Env) *cobra.Command {
 	var o policyExplainOptions
-	var output *OutputFlag
+	var output *cli.OutputFlag
 	cmd := &cobra.Command{
 		Use:   "explain SPIFFE_ID",
 		Short: "Show what one workload would receive of each trust domain, and which rule (or the default) decided",
@@ -62,7 +64,7 @@ explain then.`,
 			if err := output.Check(); err != nil {
 				return err
 			}
-			ex, err := o.explain(cmd.Context(), AdminFrom(cmd, &o.admin), args[0])
+			ex, err := o.explain(cmd.Context(), cli.AdminFrom(cmd, &o.admin), args[0])
 			if err != nil {
 				return err
 			}
@@ -70,7 +72,7 @@ explain then.`,
 		},
 	}
 	f := cmd.Flags()
-	f.String("admin", "http://127.0.0.1:15014", AdminFlagHelp)
+	f.String("admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
 	o.admin.AddAuthFlags(f)
 	f.StringVar(&o.namespace, "namespace", "", "the Kubernetes namespace of the service account the workload proves")
 	f.StringVar(&o.serviceAccount, "service-account", "", "the service account the workload proves")
@@ -78,12 +80,12 @@ explain then.`,
 	f.StringVar(&o.local, "trust-domain", "", "with --trust-policy: the local trust domain")
 	f.StringVar(&o.federated, "federated", "", "with --trust-policy: the federated trust domains to explain, comma-separated (default: those the file names)")
 	f.StringVar(&o.def, "trust-policy-default", "allow", "with --trust-policy: the server's --trust-policy-default")
-	output = AddOutputFlag(cmd)
+	output = cli.AddOutputFlag(cmd)
 	return cmd
 }
 
 // explain asks the server, or reads the file.
-func (o policyExplainOptions) explain(ctx context.Context, c *AdminClient, id string) (trustview.Explanation, error) {
+func (o policyExplainOptions) explain(ctx context.Context, c *cli.AdminClient, id string) (trustview.Explanation, error) {
 	var ex trustview.Explanation
 	if o.file != "" {
 		return o.offline(id)
@@ -101,18 +103,6 @@ func (o policyExplainOptions) explain(ctx context.Context, c *AdminClient, id st
 		return ex, fmt.Errorf("admin answer: %w", err)
 	}
 	return ex, nil
-}
-
-// mayAuthenticate says the token can go with a read that tells more
-// with it (explain reads service account labels only for the admin): the
-// token is readable and the address safe for it. The admin socket needs
-// none.
-func (c *AdminClient) MayAuthenticate() bool {
-	if strings.HasPrefix(c.Addr, "unix://") || TokenTransportOK(c.Addr) != nil {
-		return false
-	}
-	_, err := c.Token()
-	return err == nil
 }
 
 // offline explains id from --trust-policy alone.
@@ -174,7 +164,7 @@ func compilePolicyFile(path string, local spiffeid.TrustDomain, def trustpolicy.
 
 // parsePolicyFile reads and parses a policy file as the server would.
 func parsePolicyFile(path string) (trustpolicy.Document, error) {
-	data, err := ReadSmallFile(path, trustpolicy.MaxDocumentSize)
+	data, err := cli.ReadSmallFile(path, trustpolicy.MaxDocumentSize)
 	if err != nil {
 		return trustpolicy.Document{}, err
 	}
@@ -188,7 +178,7 @@ func printExplanation(w io.Writer, ex trustview.Explanation) error {
 	}
 	fmt.Fprintf(w, "%s, default %s\n", who, ex.Default)
 	if ex.LabelsNote != "" {
-		fmt.Fprintln(w, Printable(ex.LabelsNote))
+		fmt.Fprintln(w, cli.Printable(ex.LabelsNote))
 	}
 	if len(ex.Matched) == 0 {
 		fmt.Fprintln(w, "no rule selects it")
@@ -206,12 +196,12 @@ func printExplanation(w io.Writer, ex trustview.Explanation) error {
 				peers = strings.Join(t.Peers, ",")
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.TrustDomain, trusted, Printable(peers), Printable(t.Because))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.TrustDomain, trusted, cli.Printable(peers), cli.Printable(t.Because))
 	}
 	return tw.Flush()
 }
 
-func newPolicyCheckCmd(e Env) *cobra.Command {
+func newPolicyCheckCmd(e cli.Env) *cobra.Command {
 	var local, def string
 	cmd := &cobra.Command{
 		Use:   "check FILE",

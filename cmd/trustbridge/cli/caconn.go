@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"crypto/tls"
@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -122,4 +124,31 @@ func ExpectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) 
 		return id, nil
 	}
 	return caclient.ExpectedServerID(roots, want)
+}
+
+// bearerToken sends "authorization: Bearer <token>", only over TLS.
+type BearerToken = caclient.BearerToken
+
+// requestError says what a failed call means for the person running it.
+func RequestError(addr string, timeout time.Duration, what string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	msg := st.Message()
+	switch st.Code() {
+	case codes.Unauthenticated:
+		return fmt.Errorf("the CA at %s did not accept the credentials (token or certificate): %s", addr, msg)
+	case codes.PermissionDenied:
+		return fmt.Errorf("the CA at %s refused to issue this identity: %s", addr, msg)
+	case codes.InvalidArgument:
+		return fmt.Errorf("the CA at %s refused the request: %s", addr, msg)
+	case codes.ResourceExhausted:
+		return fmt.Errorf("the CA at %s is busy or rate-limits this identity; retry later: %s", addr, msg)
+	case codes.Unavailable:
+		return fmt.Errorf("cannot get %s from %s (is the server running with --grpc-listen, and does --root-cert hold its roots?): %s", what, addr, msg)
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("no answer from the CA at %s within --timeout %s: %s", addr, timeout, msg)
+	}
+	return fmt.Errorf("the CA at %s: %s: %s", addr, st.Code(), msg)
 }

@@ -1,4 +1,4 @@
-package main
+package federation
 
 import (
 	"context"
@@ -12,19 +12,21 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/federation"
 )
 
-func NewFederationCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "federation",
 		Short: "See and drive the running server's federation",
 		Example: `  trustbridge federation status
   trustbridge federation refresh west.example`,
 	}
-	var output *OutputFlag
+	var output *cli.OutputFlag
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Show every federated trust domain: state, sequence, last success and error, authorities",
@@ -35,10 +37,10 @@ them, including any this version does not know); -o yaml the same as YAML.`,
   trustbridge federation status --admin http://127.0.0.1:15014 -o json | jq '.[] | select(.state != "ok")'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runFederationStatus(cmd.Context(), e, AdminFrom(cmd, &AdminClient{}), output)
+			return runFederationStatus(cmd.Context(), e, cli.AdminFrom(cmd, &cli.AdminClient{}), output)
 		},
 	}
-	output = AddOutputFlag(status)
+	output = cli.AddOutputFlag(status)
 	refresh := &cobra.Command{
 		Use:     "refresh TRUST_DOMAIN",
 		Short:   "Poll one trust domain's bundle endpoint now",
@@ -46,16 +48,16 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
-			return AdminFrom(cmd, &AdminClient{}).Relay(cmd.Context(), e.Out, http.MethodPost, path, nil, false)
+			return cli.AdminFrom(cmd, &cli.AdminClient{}).Relay(cmd.Context(), e.Out, http.MethodPost, path, nil, false)
 		},
 	}
-	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", AdminFlagHelp)
+	cmd.PersistentFlags().String("admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
 	cmd.AddCommand(status, refresh)
 	cmd.AddCommand(newFederationManageCmds(e)...)
 	return cmd
 }
 
-func runFederationStatus(ctx context.Context, e Env, c *AdminClient, output *OutputFlag) error {
+func runFederationStatus(ctx context.Context, e cli.Env, c *cli.AdminClient, output *cli.OutputFlag) error {
 	if err := output.Check(); err != nil {
 		return err
 	}
@@ -100,7 +102,7 @@ func printFederationStatus(w io.Writer, now time.Time, status []federation.Statu
 			earliest = first.Format(time.RFC3339)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.TrustDomain, strings.ToUpper(string(s.State)), seq,
-			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest, Printable(clipText(s.LastError, 80)))
+			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest, cli.Printable(clipText(s.LastError, 80)))
 	}
 	return tw.Flush()
 }

@@ -1,9 +1,11 @@
-package main
+package token
 
 import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -11,7 +13,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 )
 
-func NewTokenCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "token",
 		Short:   "Manage the server's bootstrap tokens (--bootstrap-token-file)",
@@ -28,7 +30,7 @@ type tokenCreateOptions struct {
 	file     string
 }
 
-func newTokenCreateCmd(e Env) *cobra.Command {
+func newTokenCreateCmd(e cli.Env) *cobra.Command {
 	var o tokenCreateOptions
 	cmd := &cobra.Command{
 		Use:   "create --spiffe-id ID [--ttl 1h] [--reusable] [--file FILE]",
@@ -70,7 +72,7 @@ the certificates its token bought.`,
 	return cmd
 }
 
-func runTokenCreate(e Env, o tokenCreateOptions) error {
+func runTokenCreate(e cli.Env, o tokenCreateOptions) error {
 	line, err := o.line(e.Now())
 	if err != nil {
 		return err

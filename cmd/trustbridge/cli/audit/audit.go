@@ -1,4 +1,4 @@
-package main
+package audit
 
 import (
 	"encoding/json"
@@ -11,28 +11,18 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
-// exitFindings is the exit status of `trustbridge audit` when it found
-// problems at or above --fail-on; 1 means it could not audit at all.
-const ExitFindings = 2
-
-// exitError ends the CLI with a status other than 1.
-type ExitError struct {
-	Code int
-	Msg  string
-}
-
-func (e *ExitError) Error() string { return e.Msg }
-
-func NewAuditCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	var (
-		client AdminClient
-		output *OutputFlag
+		client cli.AdminClient
+		output *cli.OutputFlag
 		failOn string
 		opts   audit.Options
 	)
@@ -99,14 +89,14 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 				return err
 			}
 			if threshold != "" && audit.AtLeast(findings, threshold) {
-				return &ExitError{Code: ExitFindings, Msg: fmt.Sprintf("%s: findings at or above %s", countFindings(findings), threshold)}
+				return &cli.ExitError{Code: cli.ExitFindings, Msg: fmt.Sprintf("%s: findings at or above %s", countFindings(findings), threshold)}
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&client.Addr, "admin", "http://127.0.0.1:15014", AdminFlagHelp)
-	output = AddOutputFlag(cmd)
+	f.StringVar(&client.Addr, "admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
+	output = cli.AddOutputFlag(cmd)
 	f.StringVar(&failOn, "fail-on", "critical", "exit 2 when a finding of this severity or worse exists: warning, critical or none")
 	f.Float64Var(&opts.UpstreamUnreachableFraction, "upstream-unreachable-fraction", audit.DefaultUpstreamUnreachableFraction,
 		"with --upstream: warn when the upstream has failed for longer than this share of the intermediate's life (critical past 0.5)")
@@ -140,13 +130,13 @@ func printFindings(w io.Writer, snap trustview.Snapshot, fs []trustview.Finding)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEVERITY\tTRUST DOMAIN\tCODE\tFINDING")
 	for _, f := range fs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(f.Severity)), Printable(f.TrustDomain), f.Code, Printable(f.Message))
-		fmt.Fprintf(tw, "\t\t\tfix: %s\n", Printable(f.Fix))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(f.Severity)), cli.Printable(f.TrustDomain), f.Code, cli.Printable(f.Message))
+		fmt.Fprintf(tw, "\t\t\tfix: %s\n", cli.Printable(f.Fix))
 	}
 	return tw.Flush()
 }
 
-func newAuditLogCmd(e Env) *cobra.Command {
+func newAuditLogCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "log",
 		Short:   "Work with the hash-chained audit log (--audit-log)",
@@ -154,7 +144,7 @@ func newAuditLogCmd(e Env) *cobra.Command {
 	}
 	var (
 		expectHead string
-		output     *OutputFlag
+		output     *cli.OutputFlag
 	)
 	verify := &cobra.Command{
 		Use:   "verify FILE",
@@ -202,7 +192,7 @@ inserted or reordered: keep the file as evidence).`,
 				return err
 			}
 			if torn {
-				return &ExitError{Code: ExitTornTail, Msg: fmt.Sprintf(
+				return &cli.ExitError{Code: cli.ExitTornTail, Msg: fmt.Sprintf(
 					"%s: torn tail: %d bytes (sha256 %s) after the last entry end without a newline: a write cut short by a crash or a full disk, not an edit of any entry above; the server moves them into %s%s<seq>-<hash> at its next start and records a log_recovered entry",
 					args[0], res.TornBytes, audit.ShortHash(res.TornSHA256), args[0], audit.TornTailSuffix)}
 			}
@@ -210,14 +200,10 @@ inserted or reordered: keep the file as evidence).`,
 		},
 	}
 	verify.Flags().StringVar(&expectHead, "expect-head", "", "fail unless the last entry's hash is this one (detects a cut-off tail)")
-	output = AddOutputFlag(verify)
+	output = cli.AddOutputFlag(verify)
 	cmd.AddCommand(verify)
 	return cmd
 }
-
-// exitTornTail is the exit status of `trustbridge audit log verify` when
-// the chain verifies up to a torn final line.
-const ExitTornTail = 3
 
 // printVerified reports the part of a chain that verifies.
 func printVerified(w io.Writer, name string, res audit.VerifyResult) error {
@@ -232,13 +218,4 @@ func printVerified(w io.Writer, name string, res audit.VerifyResult) error {
 	_, err := fmt.Fprintf(w, "%s: ok, %d entries from %s to %s\nhead %s\n", name, res.Entries,
 		res.First.UTC().Format(time.RFC3339), res.Last.UTC().Format(time.RFC3339), res.Head)
 	return err
-}
-
-// exitCode is the process status for err.
-func ExitCode(err error) int {
-	var ee *ExitError
-	if errors.As(err, &ee) {
-		return ee.Code
-	}
-	return 1
 }

@@ -1,9 +1,11 @@
-package main
+package config
 
 import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -11,7 +13,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
-func NewConfigCmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "config",
 		Short:   "Work with trustbridge server's --config file",

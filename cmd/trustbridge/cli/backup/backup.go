@@ -1,4 +1,4 @@
-package main
+package backup
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/spf13/cobra"
 
@@ -18,7 +20,9 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/backup"
 )
 
-func NewBackupCmd(e Env) *cobra.Command {
+// NewCmd is trustbridge backup; version, the build's (trustbridge
+// version), goes in the archive's manifest.
+func NewCmd(e cli.Env, version string) *cobra.Command {
 	var dataDir, out string
 	cmd := &cobra.Command{
 		Use:   "backup --data-dir DIR --out FILE",
@@ -41,7 +45,7 @@ any it published before, so federated peers accept it (docs/operations.md,
   trustbridge backup --data-dir ./data --out - | age -r "$RECIPIENT" > backup.tar.gz.age`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBackup(e, dataDir, out)
+			return runBackup(e, dataDir, out, version)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir to archive (file storage; with --storage kube back up the CA Secret)")
@@ -50,7 +54,7 @@ any it published before, so federated peers accept it (docs/operations.md,
 	return cmd
 }
 
-func runBackup(e Env, dataDir, out string) error {
+func runBackup(e cli.Env, dataDir, out, version string) error {
 	if err := checkBackupOut(dataDir, out); err != nil {
 		return err
 	}
@@ -69,7 +73,7 @@ func runBackup(e Env, dataDir, out string) error {
 		files = append(files, backup.File{Path: f.Name, Mode: f.Mode, Data: f.Data})
 	}
 	files = append(files, others...)
-	m := backup.Manifest{TrustDomain: j.TrustDomain, Created: e.Now().UTC(), Sequence: j.Sequence, Version: versionString()}
+	m := backup.Manifest{TrustDomain: j.TrustDomain, Created: e.Now().UTC(), Sequence: j.Sequence, Version: version}
 	report := e.Out
 	if out == "-" {
 		report = e.Err
@@ -120,7 +124,7 @@ func writeNewFile(path string, write func(io.Writer) error) error {
 	return err
 }
 
-func NewRestoreCmd(e Env) *cobra.Command {
+func NewRestoreCmd(e cli.Env) *cobra.Command {
 	var (
 		dataDir, from string
 		force         bool
@@ -174,7 +178,7 @@ type restoreOptions struct {
 // restoreLockCommand is what the lock record of a restore's target names.
 const restoreLockCommand = "trustbridge restore"
 
-func runRestore(e Env, o restoreOptions) error {
+func runRestore(e cli.Env, o restoreOptions) error {
 	target, err := filepath.Abs(o.dataDir)
 	if err != nil {
 		return err
@@ -261,42 +265,4 @@ func stageRestore(in io.Reader, staged string, o restoreOptions) (*backup.Manife
 		}
 	}
 	return m, seq, nil
-}
-
-func newCARaiseSequenceCmd(e Env) *cobra.Command {
-	var (
-		dataDir string
-		above   uint64
-	)
-	cmd := &cobra.Command{
-		Use:   "raise-sequence --data-dir DIR --above N",
-		Short: "Move the published spiffe_sequence past N, for peers that hold N or more",
-		Long: `Raise the spiffe_sequence of the CA state in --data-dir to N+1; it never
-lowers it. Peers refuse a bundle whose sequence is below the one they hold
-(sequence_regression), and one with the same sequence but other keys
-(sequence_conflict). trustbridge keeps every sequence above the Unix time
-and above any it published before, so this is needed only when peers hold a
-sequence from a clock that once ran ahead, or one that was never ours. Take
-N from the peer (trustbridge federation status, or the metric
-trustbridge_federation_bundle_sequence on a trustbridge peer): the highest
-it holds. A running server publishes the raised sequence at its next check
-(within 30s); a server started later publishes one more.`,
-		Example: `  # a peer's federation status shows our sequence 2208988800 (a clock that ran ahead)
-  trustbridge ca raise-sequence --data-dir /var/lib/trustbridge --above 2208988800`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if above == 0 {
-				return errors.New("--above is required: the highest sequence a peer holds")
-			}
-			seq, err := ca.RaiseSequence(dataDir, above)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(e.Out, "the CA state in %s holds sequence %d\n", dataDir, seq)
-			return nil
-		},
-	}
-	cmd.Flags().StringVar(&dataDir, "data-dir", "./data", "the server's --data-dir (file storage only)")
-	cmd.Flags().Uint64Var(&above, "above", 0, "the highest sequence a peer holds; the state goes to one more")
-	return cmd
 }

@@ -1,14 +1,15 @@
-package main
+package ca
 
 import (
 	"crypto/rand"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/url"
 	"slices"
 	"time"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -19,7 +20,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/datadir"
 )
 
-func NewCACmd(e Env) *cobra.Command {
+func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ca",
 		Short: "Operate the embedded CA's state directory",
@@ -40,10 +41,10 @@ type caIssueOptions struct {
 	keyType  string
 }
 
-func newCAIssueCmd(e Env) *cobra.Command {
+func newCAIssueCmd(e cli.Env) *cobra.Command {
 	var (
 		o   caIssueOptions
-		out *OldName
+		out *cli.OldName
 	)
 	cmd := &cobra.Command{
 		Use:   "issue --data-dir DIR --spiffe-id ID --credentials-dir DIR",
@@ -69,19 +70,19 @@ meanwhile.`,
 			return runCAIssue(e, o)
 		},
 	}
-	out = AddOldName(cmd, "out", CredentialsDirFlag)
+	out = cli.AddOldName(cmd, "out", cli.CredentialsDirFlag)
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", "./data", "the server's --data-dir (file storage only; with --storage kube use ca request)")
 	f.StringVar(&o.caDir, "ca-dir", "", "sign with a plug-in CA directory (Istio cacerts layout) instead of --data-dir")
 	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
-	f.StringVar(&o.credsDir, CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
+	f.StringVar(&o.credsDir, cli.CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
 	f.DurationVar(&o.ttl, "ttl", ca.DefaultWorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
 	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	return cmd
 }
 
-func runCAIssue(e Env, o caIssueOptions) error {
+func runCAIssue(e cli.Env, o caIssueOptions) error {
 	if o.spiffeID == "" || o.credsDir == "" {
 		return errors.New("--spiffe-id and --credentials-dir are required")
 	}
@@ -132,7 +133,7 @@ func runCAIssue(e Env, o caIssueOptions) error {
 // root of the data directory under a shared lock. On success the caller
 // holds the lock until it has signed, so the server cannot retire the root
 // between reading it and signing; on error nothing stays locked.
-func issuingMaterial(e Env, o caIssueOptions, id spiffeid.ID) (td spiffeid.TrustDomain, m ca.SigningMaterial, maxTTL time.Duration, unlock func(), err error) {
+func issuingMaterial(e cli.Env, o caIssueOptions, id spiffeid.ID) (td spiffeid.TrustDomain, m ca.SigningMaterial, maxTTL time.Duration, unlock func(), err error) {
 	unlock = func() {}
 	td, m, maxTTL, err = loadIssuingMaterial(e, o, id, &unlock)
 	if err != nil {
@@ -142,7 +143,7 @@ func issuingMaterial(e Env, o caIssueOptions, id spiffeid.ID) (td spiffeid.Trust
 	return td, m, maxTTL, unlock, err
 }
 
-func loadIssuingMaterial(e Env, o caIssueOptions, id spiffeid.ID, unlockp *func()) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
+func loadIssuingMaterial(e cli.Env, o caIssueOptions, id spiffeid.ID, unlockp *func()) (spiffeid.TrustDomain, ca.SigningMaterial, time.Duration, error) {
 	var m ca.SigningMaterial
 	if o.caDir != "" {
 		td := id.TrustDomain()
@@ -207,14 +208,6 @@ func withoutRoots(chain, roots []*x509.Certificate) []*x509.Certificate {
 	return out
 }
 
-func CertsPEM(certs []*x509.Certificate) []byte {
-	var out []byte
-	for _, c := range certs {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
-	}
-	return out
-}
-
 // whoPublishes says what becomes of a root `ca rotate` prepared in
 // dataDir: whether a server holds the directory and will publish it.
 func whoPublishes(dataDir string) string {
@@ -229,7 +222,7 @@ func whoPublishes(dataDir string) string {
 	}
 }
 
-func newCARotateCmd(e Env) *cobra.Command {
+func newCARotateCmd(e cli.Env) *cobra.Command {
 	var (
 		dataDir string
 		jwt     bool
@@ -276,7 +269,7 @@ are trustbridge's own.`,
 	return cmd
 }
 
-func runCARotateJWT(e Env, dataDir string) error {
+func runCARotateJWT(e cli.Env, dataDir string) error {
 	kid, created, err := ca.RequestJWTRotation(dataDir, e.Now())
 	if err != nil {
 		return err
