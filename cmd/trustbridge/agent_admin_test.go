@@ -73,10 +73,10 @@ func TestAgentAdminListener(t *testing.T) {
 	require.NoError(t, err)
 	proxy := startGatedProxy(t, addr)
 	o := agentFor(t, proxy.ln.Addr().String(), rootsPEM, laptopToken)
-	o.serverID = "spiffe://example.org" + server.GRPCServingPath
-	o.admin.listen = "127.0.0.1:0"
+	o.ServerID = "spiffe://example.org" + server.GRPCServingPath
+	o.Admin.Listen = "127.0.0.1:0"
 
-	e, _, logs := testEnv(t, o.logFormat)
+	e, _, logs := testEnv(t, o.LogFormat)
 	hup := make(chan os.Signal, 1)
 	e.HUP = hup
 	ctx, cancel := context.WithCancel(context.Background())

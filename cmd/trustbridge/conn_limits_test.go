@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
@@ -73,8 +74,8 @@ func TestAgentAdminConnLimits(t *testing.T) {
 	logger, err := server.NewLogger(logs, "json", "info")
 	require.NoError(t, err)
 	ready := agentReadinessFunc(func() error { return nil })
-	o := agentAdminOptions{listen: "127.0.0.1:0", conns: server.ConnLimits{Max: 1, PerSource: 1}}
-	stop, err := startAgentSide(context.Background(), e, o, ready, reg, logger)
+	o := agent.AdminConfig{Listen: "127.0.0.1:0", Conns: server.ConnLimits{Max: 1, PerSource: 1}}
+	stop, err := agent.StartSide(context.Background(), e.HUP, o, ready, reg, logger)
 	require.NoError(t, err)
 	defer stop()
 	admin := logAttr(t, logs.String(), "admin listening", "address")
@@ -85,8 +86,8 @@ func TestAgentAdminConnLimits(t *testing.T) {
 	assert.Nil(t, floodConn(t, admin, "127.0.0.1", floodHTTP), "the second is refused at accept")
 	assert.Equal(t, float64(1), gathered(t, reg, "trustbridge_listener_connections_refused_total", map[string]string{"listener": "admin", "reason": "source_limit"}))
 
-	o.conns.Max = -1
-	_, err = startAgentSide(context.Background(), e, o, ready, prometheus.NewRegistry(), logger)
+	o.Conns.Max = -1
+	_, err = agent.StartSide(context.Background(), e.HUP, o, ready, prometheus.NewRegistry(), logger)
 	assert.ErrorContains(t, err, "--admin-max-conns -1")
 }
 

@@ -73,7 +73,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 
 	ao := agentFor(t, grpcAddr(t, west.banner), cli.CertsPEM(westRoots), westOpsToken)
 	startAgent(t, ao)
-	relayed := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.AllName, partnerName)
+	relayed := openEnvoy(t, dialSDSUnix(t, ao.Socket), nil, sds.AllName, partnerName)
 	ar := relayed.recv(10 * time.Second)
 	agot := secrets(t, ar)
 	names, _ = spiffeValidator(t, agot[sds.AllName])

@@ -300,7 +300,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	westPEM := cli.CertsPEM(westRoots)
 	ao := agentFor(t, grpcAddr(t, west.banner), westPEM, westToken)
 	startAgent(t, ao)
-	ae := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
+	ae := openEnvoy(t, dialSDSUnix(t, ao.Socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
 	ar := ae.recv(10 * time.Second)
 	agot := secrets(t, ar)
 	require.Len(t, agot, 4)

@@ -37,9 +37,9 @@ var eastWorkload = spiffeid.RequireFromString("spiffe://east.example/ns/default/
 func workloadAgent(t *testing.T, s *e2eServer, token string) string {
 	t.Helper()
 	o := agentFor(t, grpcAddr(t, s.banner), cli.CertsPEM(caRootsOf(t, s)), token)
-	o.workloadSocket = filepath.Join(filepath.Dir(o.socket), "api.sock")
+	o.WorkloadSocket = filepath.Join(filepath.Dir(o.Socket), "api.sock")
 	startAgent(t, o)
-	abs, err := filepath.Abs(o.workloadSocket)
+	abs, err := filepath.Abs(o.WorkloadSocket)
 	require.NoError(t, err)
 	return "unix://" + abs
 }

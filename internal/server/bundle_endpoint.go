@@ -47,7 +47,7 @@ type BundleConfig struct {
 	acmeTOS       bool
 	Files         []string
 	ServeOthers   bool
-	// conns bound the listener's connections; idleTimeout (0:
+	// Conns bound the listener's connections; idleTimeout (0:
 	// bundleserver.DefaultIdleTimeout) how long a connection waits for
 	// its next request (conn_limits.go).
 	Conns       ConnLimits
@@ -295,7 +295,7 @@ func checkBundleFlags(o BundleConfig, td spiffeid.TrustDomain) error {
 	return nil
 }
 
-// relayedTrustDomains are the trust domains --bundle-file relays
+// RelayedTrustDomains are the trust domains --bundle-file relays
 // ("TD=FILE") when the bundle endpoint runs: their roots join the trust
 // store from the file before any fetch, so they anchor a first fetch as a
 // held bundle does (federation.CheckFirstFetch). A spec that does not parse
@@ -314,7 +314,7 @@ func RelayedTrustDomains(o BundleConfig) []spiffeid.TrustDomain {
 	return out
 }
 
-// orRelayed is held, true also for the relayed trust domains.
+// OrRelayed is held, true also for the relayed trust domains.
 func OrRelayed(held func(spiffeid.TrustDomain) bool, relayed []spiffeid.TrustDomain) func(spiffeid.TrustDomain) bool {
 	return func(td spiffeid.TrustDomain) bool {
 		return slices.Contains(relayed, td) || held != nil && held(td)

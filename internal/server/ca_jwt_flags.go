@@ -9,7 +9,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 )
 
-// jwtKeyOptions are the flags of the CA's JWT-SVID signing keys.
+// JWTKeyConfig are the flags of the CA's JWT-SVID signing keys.
 type JWTKeyConfig struct {
 	keyType    string
 	keyTTL     time.Duration

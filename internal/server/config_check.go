@@ -15,7 +15,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
-// checkServerOptions finds every problem runServer would stop on before
+// CheckConfig finds every problem runServer would stop on before
 // serving, without opening, binding or connecting anything, in the order
 // the flags are documented.
 func CheckConfig(o Config) []error {

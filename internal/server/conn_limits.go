@@ -13,14 +13,14 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 )
 
-// connLimits bound the connections one TCP listener holds
+// ConnLimits bound the connections one TCP listener holds
 // (internal/server/connlimit): in total, and per source (an IPv4 address, or an
 // IPv6 /64 as a whole). Zero fields take their listener's defaults.
 type ConnLimits struct {
 	Max, PerSource int
 }
 
-// listenerLimits describes one TCP listener's limits: its name in metrics
+// ListenerLimits describes one TCP listener's limits: its name in metrics
 // and logs, the prefix of its flags and its defaults.
 type ListenerLimits struct {
 	name, flag string
@@ -53,7 +53,7 @@ func serverMemoryNote(ll ListenerLimits) string {
 // 5 s, and as much again for a busy API server.
 const defaultFirstCallTimeout = 30 * time.Second
 
-// addFlags registers --<flag>-max-conns and --<flag>-max-conns-per-source;
+// AddFlags registers --<flag>-max-conns and --<flag>-max-conns-per-source;
 // what says what the listener serves, who says who its clients are, and
 // memory (may be "") how the default fits the process's memory limit.
 func (ll ListenerLimits) AddFlags(f *pflag.FlagSet, l *ConnLimits, what, who, memory string) {
@@ -129,7 +129,7 @@ func unconfirmedLimits(l ConnLimits) (total, perSource int) {
 	return max(l.Max/4, 1), max(l.PerSource/2, 1)
 }
 
-// checkListenerLimits checks every listener's limits and timeouts of
+// CheckListenerLimits checks every listener's limits and timeouts of
 // trustbridge server.
 func CheckListenerLimits(o Config) error {
 	errs := []error{grpcLimits.check(o.GRPC.Conns), bundleLimits.check(o.Bundle.Conns), AdminLimits.check(o.AdminConns)}

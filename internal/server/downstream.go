@@ -10,7 +10,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 )
 
-// downstreamOptions are the upstream side of nested trust: which
+// DownstreamConfig are the upstream side of nested trust: which
 // downstream trustbridges may have their intermediate signed here
 // (SignIntermediate), and for how long at most.
 type DownstreamConfig struct {

@@ -29,10 +29,10 @@ import (
 // persist in the data directory (federation/managed); with Kubernetes
 // storage they are ClusterFederatedTrustDomain resources (--federation-crd).
 
-// adminTokenName is the admin token's file in the data directory.
+// AdminTokenName is the admin token's file in the data directory.
 const AdminTokenName = "admin.token"
 
-// originRuntime is the origin of a trust domain added at run time.
+// OriginRuntime is the origin of a trust domain added at run time.
 const OriginRuntime = "runtime"
 
 // staticSource names static bundles (bundle set) in the trust store.

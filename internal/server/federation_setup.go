@@ -225,7 +225,7 @@ func (fs *federationSetup) setStaticLocked(fromFlag, fromFile []federation.Endpo
 	}
 }
 
-// staticEndpoints reads the endpoints configured by --federate (or
+// StaticEndpoints reads the endpoints configured by --federate (or
 // SPIFFE_BUNDLE_ENDPOINTS) and by --federation-config or the --config file's
 // federation list, and checks them together, each with
 // federation.CheckFirstFetch in that set, with td's roots (our CA's) and

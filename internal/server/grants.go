@@ -58,17 +58,17 @@ func (g *grpcEndpoint) addServiceAccountGrants(client kubernetes.Interface, onDe
 	return nil
 }
 
-// grantHooks are test hooks of grpcOptions, no flags: a test waits on
+// GrantHooks are test hooks of grpcOptions, no flags: a test waits on
 // them instead of sleeping.
 type GrantHooks struct {
-	// bootstrapReload is how often the bootstrap token file is re-read (0
+	// BootstrapReload is how often the bootstrap token file is re-read (0
 	// = authn's default); onBootstrapReload is called after every reload.
 	BootstrapReload   time.Duration
 	OnBootstrapReload func(changed bool, err error)
-	// onServiceAccountDeleted is called once the server's informer has seen
+	// OnServiceAccountDeleted is called once the server's informer has seen
 	// a service account deleted.
 	OnServiceAccountDeleted func(namespace, name string)
-	// onGRPCServices is called with every service the certificate
+	// OnGRPCServices is called with every service the certificate
 	// service's listener serves, once they are registered, so that a test
 	// can hold each of their RPCs to the grant checks.
 	OnGRPCServices func(map[string]grpc.ServiceInfo)

@@ -47,14 +47,14 @@ const (
 	TokenReviewOff  = "off"
 )
 
-// grpcServingPath is the path of the certificate service's own SPIFFE ID,
+// GRPCServingPath is the path of the certificate service's own SPIFFE ID,
 // spiffe://<trust-domain>/trustbridge/ca; `ca request` expects it.
 const GRPCServingPath = "/trustbridge/ca"
 
-// grpcOptions configure the certificate service. Zero values mean the
+// GRPCConfig configure the certificate service. Zero values mean the
 // defaults, except listen: "" disables the service.
 type GRPCConfig struct {
-	// downstream: intermediates signed for downstream trustbridges
+	// Downstream: intermediates signed for downstream trustbridges
 	// (downstream.go).
 	Downstream    DownstreamConfig
 	Listen        string
@@ -62,7 +62,7 @@ type GRPCConfig struct {
 	ResponseRoots string // "" = local
 	tokenAudience string // "" = the trust domain name
 	ClusterID     string // "" = any ClusterID metadata accepted
-	// trustedNodeAccounts may impersonate the pods of their node.
+	// TrustedNodeAccounts may impersonate the pods of their node.
 	TrustedNodeAccounts []string
 	BootstrapFile       string
 	rateLimit           float64
@@ -71,9 +71,9 @@ type GRPCConfig struct {
 	TokenReview         string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
-	// workloadDNSNameTemplate: "" = no DNS names (workload_dns.go).
+	// WorkloadDNSNameTemplate: "" = no DNS names (workload_dns.go).
 	WorkloadDNSNameTemplate string
-	// maxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
+	// MaxRenewalLifetime bounds renewal chains; 0 = no bound (grants.go).
 	MaxRenewalLifetime time.Duration
 	// tokenLedger opens where single-use bootstrap tokens are recorded as
 	// consumed (the data directory, or a Secret with --storage kube); set
@@ -84,13 +84,13 @@ type GRPCConfig struct {
 	access sds.AccessPolicy
 	// Test hooks, no flags (grants.go).
 	GrantHooks
-	// testJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
+	// TestJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
 	TestJWT certservice.JWTSigner
 	// Bounds on unauthenticated work (authn_limits.go).
 	authnLimits
 	// OIDC and remote Kubernetes issuers (oidc_wiring.go).
 	OIDC OIDCConfig
-	// conns bound the listener's connections, and a connection without
+	// Conns bound the listener's connections, and a connection without
 	// a successful call within firstCallTimeout (0: the default) is
 	// closed (conn_limits.go).
 	Conns            ConnLimits

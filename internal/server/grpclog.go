@@ -20,7 +20,7 @@ var (
 
 func init() { grpclog.SetLoggerV2(grpcLog) }
 
-// routeGRPCLog sends grpc's records through logger, in our format (JSON
+// RouteGRPCLog sends grpc's records through logger, in our format (JSON
 // logs had grpc's plain text in them). Like klog, process-wide: the
 // first server's or agent's logger takes it.
 func RouteGRPCLog(logger *slog.Logger) {

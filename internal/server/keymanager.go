@@ -14,7 +14,7 @@ import (
 // --pkcs11-pin-file is not given.
 const pinEnv = "TRUSTBRIDGE_PKCS11_PIN"
 
-// keyManagerOptions are the flags that put the CA's keys in a key manager
+// KeyManagerConfig are the flags that put the CA's keys in a key manager
 // (an HSM through PKCS#11) instead of the state.
 type KeyManagerConfig struct {
 	kind       string // "" or "pkcs11"

@@ -15,7 +15,7 @@ import (
 // (the binary, thread stacks, the kernel's socket buffers).
 const memoryLimitRatio = 0.9
 
-// setMemoryLimit gives the Go runtime a soft memory limit of 90% of the
+// SetMemoryLimit gives the Go runtime a soft memory limit of 90% of the
 // container's (the cgroup's memory limit, v1 or v2), unless GOMEMLIMIT is
 // set (it wins) or AUTOMEMLIMIT=off. Without one, the garbage collector
 // lets the heap grow to twice what is live before it runs, so a server

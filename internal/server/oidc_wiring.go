@@ -23,7 +23,7 @@ const oidcKey = "oidc"
 // maxIssuerCAFile bounds an issuer's caFile.
 const maxIssuerCAFile = 1 << 20
 
-// oidcOptions are --oidc-config and the --config file's oidc section.
+// OIDCConfig are --oidc-config and the --config file's oidc section.
 type OIDCConfig struct {
 	File string
 	// inline is the oidc section of the --config file inlineFrom, with

@@ -15,7 +15,7 @@ const trustPolicyKey = "trustPolicy"
 // defaultPolicyPoll is how often --trust-policy is checked by default.
 const defaultPolicyPoll = time.Second
 
-// policyOptions are the trust policy's flags and the --config file's
+// PolicyConfig are the trust policy's flags and the --config file's
 // trustPolicy section.
 type PolicyConfig struct {
 	File    string

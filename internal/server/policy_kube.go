@@ -14,7 +14,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
 )
 
-// crdPolicySource is the Combiner source of ClusterTrustPolicy resources.
+// CRDPolicySource is the Combiner source of ClusterTrustPolicy resources.
 const CRDPolicySource = "crd"
 
 // errPolicyCRDStorage refuses --trust-policy-crd without Kubernetes.

@@ -25,7 +25,7 @@ type reloader struct {
 // notReloadable is what a reload never changes, for the log.
 const notReloadable = "flags, environment variables and the --config file's other settings (restart to change them)"
 
-// serveReloads runs every reloader on each signal from hup until ctx is
+// ServeReloads runs every reloader on each signal from hup until ctx is
 // done; with none, it logs that the signal is ignored and why (idle). A
 // nil hup never delivers.
 func ServeReloads(ctx context.Context, hup <-chan os.Signal, rs []reloader, idle string, logger *slog.Logger) error {

@@ -196,7 +196,7 @@ func addServerFlags(f *pflag.FlagSet, o *Config) {
 	}
 }
 
-// newLogger is the process's logger: JSON, or text on a terminal (auto),
+// NewLogger is the process's logger: JSON, or text on a terminal (auto),
 // never writing a key twice in a record (logattr.UniqueKeys).
 func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	h, err := newLogHandler(w, format, level)
@@ -430,7 +430,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	return append(runners, p.gs.parts()...), nil
 }
 
-// newRegistry is a process's metrics registry (server and agent), with
+// NewRegistry is a process's metrics registry (server and agent), with
 // the Go runtime's and the process's collectors and the build info.
 func NewRegistry(version string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
@@ -531,7 +531,7 @@ func newAuthority(o Config, td spiffeid.TrustDomain, kt ca.KeyType, kube *kubeSe
 	return ca.New(caCfg)
 }
 
-// listenAdmin opens the admin listener and its Host check, which guards
+// ListenAdmin opens the admin listener and its Host check, which guards
 // /v1/* and /ui from a browser whose page re-resolved its own name to this
 // address (DNS rebinding).
 func ListenAdmin(o Config, reg prometheus.Registerer, logger *slog.Logger) (net.Listener, *hostcheck.Checker, error) {
@@ -547,7 +547,7 @@ func ListenAdmin(o Config, reg prometheus.Registerer, logger *slog.Logger) (net.
 	return ln, hosts, nil
 }
 
-// newAdminServer is the admin listener's HTTP server, with its timeouts.
+// NewAdminServer is the admin listener's HTTP server, with its timeouts.
 // net/http's own errors (a failed accept, a handler's panic) go to
 // logger, in its format, not as text through the log package.
 func NewAdminServer(h http.Handler, logger *slog.Logger) *http.Server {
@@ -562,7 +562,7 @@ func NewAdminServer(h http.Handler, logger *slog.Logger) *http.Server {
 	}
 }
 
-// adminHostsFlag names the admin listener's allowed host names.
+// AdminHostsFlag names the admin listener's allowed host names.
 const AdminHostsFlag = "admin-allowed-hosts"
 
 // adminHostCheck is the Host check of the admin listener bound to listen;
@@ -592,7 +592,7 @@ func misdirected(reg prometheus.Registerer, logger *slog.Logger) func(*http.Requ
 	}
 }
 
-// serveAdmin serves the admin listener until ctx is done.
+// ServeAdmin serves the admin listener until ctx is done.
 func ServeAdmin(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

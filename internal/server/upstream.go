@@ -19,13 +19,13 @@ const (
 	upstreamKubeCSR     = "kube-csr"
 )
 
-// upstreamOptions are the upstream authority flags: the kind and the
+// UpstreamConfig are the upstream authority flags: the kind and the
 // intermediate lifetime asked for. Each kind's client adds one field here
 // for its own flags (trustbridge, kubeCSR).
 type UpstreamConfig struct {
 	Kind string
 	TTL  time.Duration
-	// trustbridge: --upstream trustbridge (upstream_trustbridge.go).
+	// Trustbridge: --upstream trustbridge (upstream_trustbridge.go).
 	Trustbridge TrustbridgeUpstreamConfig
 	// kubeCSR: --upstream kube-csr (upstream_kubecsr.go).
 	kubeCSR kubeCSROptions

@@ -12,7 +12,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 )
 
-// trustbridgeUpstreamOptions are the flags of --upstream trustbridge: the
+// TrustbridgeUpstreamConfig are the flags of --upstream trustbridge: the
 // upstream trustbridge's certificate service, and the SVID (of its trust
 // domain, in its --downstream-allow) this server authenticates with.
 type TrustbridgeUpstreamConfig struct {

@@ -20,14 +20,14 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
-// adminTokenEnv names the admin token file when --admin-token-file is not
+// AdminTokenEnv names the admin token file when --admin-token-file is not
 // given.
 const AdminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
 
-// adminFlagHelp describes --admin wherever a command talks to the admin API.
+// AdminFlagHelp describes --admin wherever a command talks to the admin API.
 const AdminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
 
-// adminClient talks to a running server's admin API; mutations bear the
+// AdminClient talks to a running server's admin API; mutations bear the
 // token the server wrote into its data directory.
 type AdminClient struct {
 	Addr      string
@@ -35,13 +35,13 @@ type AdminClient struct {
 	TokenFile string
 }
 
-// addAuthFlags registers where the admin token is.
+// AddAuthFlags registers where the admin token is.
 func (c *AdminClient) AddAuthFlags(f *pflag.FlagSet) {
 	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
 	f.StringVar(&c.TokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+AdminTokenEnv+")")
 }
 
-// token reads the admin token: --admin-token-file, else the environment,
+// Token reads the admin token: --admin-token-file, else the environment,
 // else the data directory's.
 func (c *AdminClient) Token() (string, error) {
 	path := c.TokenFile
@@ -58,7 +58,7 @@ func (c *AdminClient) Token() (string, error) {
 	return strings.TrimSpace(string(data)), nil
 }
 
-// do sends one request; auth adds the token. A non-2xx answer is an error
+// Do sends one request; auth adds the token. A non-2xx answer is an error
 // carrying the server's message.
 func (c *AdminClient) Do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -97,7 +97,7 @@ func (c *AdminClient) Do(ctx context.Context, method, path string, body []byte, 
 	return string(out), nil
 }
 
-// relay sends one request, as do, and copies the server's answer to w.
+// Relay sends one request, as do, and copies the server's answer to w.
 func (c *AdminClient) Relay(ctx context.Context, w io.Writer, method, path string, body []byte, auth bool) error {
 	out, err := c.Do(ctx, method, path, body, auth)
 	if err != nil {
@@ -107,7 +107,7 @@ func (c *AdminClient) Relay(ctx context.Context, w io.Writer, method, path strin
 	return err
 }
 
-// client is the HTTP client and base URL of c.addr: "unix://PATH" is the
+// Client is the HTTP client and base URL of c.addr: "unix://PATH" is the
 // server's --admin-socket, where the socket's mode stands for the token.
 // Neither follows a proxy (HTTP_PROXY would see the token) nor a redirect
 // (Go keeps the token on a redirect to the same host, even to http).
@@ -127,7 +127,7 @@ func (c *AdminClient) Client() (*http.Client, string) {
 	}}, base
 }
 
-// tokenTransportOK refuses to let the admin token leave the host in clear
+// TokenTransportOK refuses to let the admin token leave the host in clear
 // text: it goes over https, or plain http to a loopback host only. The
 // admin listener may bind 0.0.0.0 (the Helm chart does), which makes an
 // http://POD-IP address work, and sends the token over the pod network.
@@ -157,7 +157,7 @@ func isLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// adminFrom is the client of a federation subcommand: --admin is the
+// AdminFrom is the client of a federation subcommand: --admin is the
 // parent's persistent flag.
 func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
 	if f := cmd.Flag("admin"); f != nil {
@@ -166,7 +166,7 @@ func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
 	return c
 }
 
-// mayAuthenticate says the token can go with a read that tells more
+// MayAuthenticate says the token can go with a read that tells more
 // with it (explain reads service account labels only for the admin): the
 // token is readable and the address safe for it. The admin socket needs
 // none.

@@ -17,7 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 
-// caConnOptions are how a client command reaches the certificate
+// CAConn are how a client command reaches the certificate
 // service's listener and authenticates there: `ca request` and `jwt`
 // share them, so a caller proves itself the same way to both.
 type CAConn struct {
@@ -38,7 +38,7 @@ func AddCAConnFlags(f *pflag.FlagSet, o *CAConn) {
 	f.DurationVar(&o.Timeout, "timeout", 30*time.Second, "deadline for the whole request")
 }
 
-// checkAuth checks the flags of a command that authenticates with
+// CheckAuth checks the flags of a command that authenticates with
 // --token-file or --prov-cert, one of them.
 func (o CAConn) CheckAuth() error {
 	if o.Addr == "" || o.RootCert == "" {
@@ -53,13 +53,13 @@ func (o CAConn) CheckAuth() error {
 	return nil
 }
 
-// credentials reads the certificate of --prov-cert (whose identity sets
+// Credentials reads the certificate of --prov-cert (whose identity sets
 // *want when it is zero) or the token of --token-file.
 func (o CAConn) Credentials(now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
 	return ClientCredentials(o.ProvCert, "--prov-cert", o.TokenFile, now, want)
 }
 
-// clientCredentials is the certificate in dir (flag names it in errors),
+// ClientCredentials is the certificate in dir (flag names it in errors),
 // whose identity sets *want when it is zero, or else the token in
 // tokenFile.
 func ClientCredentials(dir, flag, tokenFile string, now time.Time, want *spiffeid.ID) (*tls.Certificate, string, error) {
@@ -80,7 +80,7 @@ func ClientCredentials(dir, flag, tokenFile string, now time.Time, want *spiffei
 	return cert, "", nil
 }
 
-// server reads --root-cert and returns the roots and the SPIFFE ID the
+// Server reads --root-cert and returns the roots and the SPIFFE ID the
 // server must present (expectedServerID).
 func (o CAConn) Server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.ID, error) {
 	roots, err := ReadPEMCerts(o.RootCert)
@@ -94,7 +94,7 @@ func (o CAConn) Server(want spiffeid.ID) ([]*x509.Certificate, spiffeid.ID, erro
 	return roots, serverID, nil
 }
 
-// dial connects as a call needs: TLS verifying the server and
+// Dial connects as a call needs: TLS verifying the server and
 // presenting the client certificate, if any, and the bearer token, if
 // any. local is the server's trust domain, the caller's own.
 func (o CAConn) Dial(now time.Time) (conn *grpc.ClientConn, local spiffeid.TrustDomain, err error) {
@@ -111,7 +111,7 @@ func (o CAConn) Dial(now time.Time) (conn *grpc.ClientConn, local spiffeid.Trust
 	return conn, serverID.TrustDomain(), err
 }
 
-// expectedServerID is --server-spiffe-id, or else the certificate
+// ExpectedServerID is --server-spiffe-id, or else the certificate
 // service's ID in the trust domain of the identity requested (--spiffe-id,
 // or the certificate of --renew or --prov-cert), or else in the one trust domain the
 // roots name (caclient.ExpectedServerID).
@@ -126,10 +126,10 @@ func ExpectedServerID(flag string, roots []*x509.Certificate, want spiffeid.ID) 
 	return caclient.ExpectedServerID(roots, want)
 }
 
-// bearerToken sends "authorization: Bearer <token>", only over TLS.
+// BearerToken sends "authorization: Bearer <token>", only over TLS.
 type BearerToken = caclient.BearerToken
 
-// requestError says what a failed call means for the person running it.
+// RequestError says what a failed call means for the person running it.
 func RequestError(addr string, timeout time.Duration, what string, err error) error {
 	st, ok := status.FromError(err)
 	if !ok {

@@ -4,11 +4,11 @@ import (
 	"errors"
 )
 
-// exitFindings is the exit status of `trustbridge audit` when it found
+// ExitFindings is the exit status of `trustbridge audit` when it found
 // problems at or above --fail-on; 1 means it could not audit at all.
 const ExitFindings = 2
 
-// exitError ends the CLI with a status other than 1.
+// ExitError ends the CLI with a status other than 1.
 type ExitError struct {
 	Code int
 	Msg  string
@@ -16,11 +16,11 @@ type ExitError struct {
 
 func (e *ExitError) Error() string { return e.Msg }
 
-// exitTornTail is the exit status of `trustbridge audit log verify` when
+// ExitTornTail is the exit status of `trustbridge audit log verify` when
 // the chain verifies up to a torn final line.
 const ExitTornTail = 3
 
-// exitCode is the process status for err.
+// ExitCode is the process status for err.
 func ExitCode(err error) int {
 	var ee *ExitError
 	if errors.As(err, &ee) {

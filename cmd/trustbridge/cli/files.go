@@ -11,12 +11,12 @@ func ReadPEMCerts(path string) ([]*x509.Certificate, error) {
 	return caclient.ReadPEMCerts(path)
 }
 
-// parsePEMCerts parses every CERTIFICATE block; there must be one.
+// ParsePEMCerts parses every CERTIFICATE block; there must be one.
 func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
 	return caclient.ParsePEMCerts(data)
 }
 
-// readSmallFile reads at most limit bytes of a regular file.
+// ReadSmallFile reads at most limit bytes of a regular file.
 func ReadSmallFile(path string, limit int64) ([]byte, error) {
 	return caclient.ReadFile(path, limit)
 }

@@ -7,12 +7,12 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// credentialsDirFlag names, in ca issue, ca request and agent alike, the
+// CredentialsDirFlag names, in ca issue, ca request and agent alike, the
 // directory holding a workload's key.pem, cert-chain.pem and root-cert.pem
 // (Istio's workload-spiffe-credentials).
 const CredentialsDirFlag = "credentials-dir"
 
-// oldName is a flag's previous name, kept for a release: hidden, it warns
+// OldName is a flag's previous name, kept for a release: hidden, it warns
 // on stderr (never stdout, where a script may read the output) and merge
 // moves its value to the new flag.
 type OldName struct {
@@ -22,7 +22,7 @@ type OldName struct {
 	Given    bool
 }
 
-// addOldName registers --old as a deprecated name of --new, a directory.
+// AddOldName registers --old as a deprecated name of --new, a directory.
 func AddOldName(cmd *cobra.Command, old, new string) *OldName {
 	n := &OldName{cmd: cmd, Old: old, new: new}
 	cmd.Flags().Var(n, old, "deprecated: use --"+new)
@@ -38,7 +38,7 @@ func (n *OldName) Set(s string) error {
 	return nil
 }
 
-// merge puts the old flag's value in dst, the new flag's variable, and
+// Merge puts the old flag's value in dst, the new flag's variable, and
 // marks the new flag given: a flag by either name beats its environment
 // variable. Both given, naming different directories, is an error: which
 // one was meant cannot be known. hint, when set, says what to pass
@@ -58,7 +58,7 @@ func (n *OldName) Merge(dst *string, hint string) error {
 	return nil
 }
 
-// countTrue is how many of bs are true.
+// CountTrue is how many of bs are true.
 func CountTrue(bs ...bool) int {
 	n := 0
 	for _, b := range bs {

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// outputFlag is the -o/--output flag every command that reads state
+// OutputFlag is the -o/--output flag every command that reads state
 // takes: table for people, json and yaml for scripts, and a command's own
 // extra formats (bundle inspect's pem and spiffe). yaml is the json
 // document converted, so both carry the same keys.
@@ -29,7 +29,7 @@ const (
 	OutputYAML  = "yaml"
 )
 
-// addOutputFlag registers -o/--output on cmd, defaulting to table, with
+// AddOutputFlag registers -o/--output on cmd, defaulting to table, with
 // extra formats after the common three. --json, the flag these commands
 // had before -o, stays for a release as a hidden alias that warns.
 func AddOutputFlag(cmd *cobra.Command, extra ...string) *OutputFlag {
@@ -65,7 +65,7 @@ func (j jsonAlias) Set(s string) error {
 	return nil
 }
 
-// check refuses a format the command does not have, naming those it has.
+// Check refuses a format the command does not have, naming those it has.
 func (o *OutputFlag) Check() error {
 	if !slices.Contains(o.allowed, o.Format) {
 		return fmt.Errorf("-o %q: want %s", o.Format, strings.Join(o.allowed, ", "))
@@ -73,10 +73,10 @@ func (o *OutputFlag) Check() error {
 	return nil
 }
 
-// is reports whether the chosen format is f, for a command's own formats.
+// Is reports whether the chosen format is f, for a command's own formats.
 func (o *OutputFlag) Is(f string) bool { return o.Format == f }
 
-// write prints v as the chosen format: table calls table, json and yaml
+// Write prints v as the chosen format: table calls table, json and yaml
 // encode v (indented JSON; YAML with the JSON keys). Other formats are
 // the command's to handle before calling write.
 func (o *OutputFlag) Write(w io.Writer, v any, table func(io.Writer) error) error {
@@ -106,7 +106,7 @@ func (o *OutputFlag) Write(w io.Writer, v any, table func(io.Writer) error) erro
 	}
 }
 
-// printable escapes control and other non-printable characters. Subjects
+// Printable escapes control and other non-printable characters. Subjects
 // and kids come from untrusted documents; printed raw, an escape sequence
 // could clear the screen or forge table rows in an auditor's terminal.
 func Printable(s string) string {

@@ -116,11 +116,11 @@ func (a formatAlias) Set(s string) error {
 	return nil
 }
 
-// unnamedTD stands in when a plain bundle is inspected without
+// UnnamedTD stands in when a plain bundle is inspected without
 // --trust-domain: the document does not carry its trust domain.
 var UnnamedTD = spiffeid.RequireTrustDomainFromString("unnamed.invalid")
 
-// inspection is what inspect found, in the shape the json format prints.
+// Inspection is what inspect found, in the shape the json format prints.
 type Inspection struct {
 	Source   string          `json:"source"`
 	Kind     string          `json:"kind"` // "bundle" or "bundle_map"

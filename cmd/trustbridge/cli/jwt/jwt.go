@@ -87,7 +87,7 @@ yaml also print its SPIFFE ID and expiry.`,
 	return cmd
 }
 
-// jwtMintOutput is `jwt mint -o json|yaml`.
+// MintOutput is `jwt mint -o json|yaml`.
 type MintOutput struct {
 	SPIFFEID  string    `json:"spiffe_id"`
 	ExpiresAt time.Time `json:"expires_at"`
@@ -194,7 +194,7 @@ of every trust domain the server's trust policy lets you trust.`,
 	return cmd
 }
 
-// jwtValidateOutput is what `jwt validate` prints.
+// ValidateOutput is what `jwt validate` prints.
 type ValidateOutput struct {
 	SPIFFEID  string         `json:"spiffe_id"`
 	Audience  []string       `json:"audience"`
@@ -348,7 +348,7 @@ func printJWTValidation(w io.Writer, v ValidateOutput) error {
 	return nil
 }
 
-// claimText shows a claim as it reads in the token: JSON numbers decode as
+// ClaimText shows a claim as it reads in the token: JSON numbers decode as
 // float64, which %v would print as 1.795574191e+09 for an exp.
 func ClaimText(v any) string {
 	if f, ok := v.(float64); ok {
