@@ -62,7 +62,7 @@ address (DNS rebinding) cannot read it.`,
 	return cmd
 }
 
-// hupSignals is e with SIGHUP delivered on e.hup, and the function that
+// hupSignals is e with SIGHUP delivered on e.HUP, and the function that
 // stops the delivery. SIGHUP's default action ends the process without a
 // word; a command that subscribes reloads, or says it ignores it.
 func hupSignals(e cli.Env) (cli.Env, func()) {

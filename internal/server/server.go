@@ -32,7 +32,12 @@ import (
 
 // Config is trustbridge server's configuration: what its flags, their
 // environment variables and its --config file set (AddFlags and Load fill
-// it from a flag set), and what the process gives the server.
+// it from a flag set), and what the process gives the server. Each field
+// before Stdout is the flag of its name (TrustDomain: --trust-domain,
+// Bundle.Listen: --bundle-listen; docs/configuration.md lists them), with
+// the flag's default when filled by AddFlags; a Config built by hand sets
+// what it needs (zero durations and limits take the documented defaults
+// where the flags' help says so).
 type Config struct {
 	TrustDomain    string
 	DataDir        string
