@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // getWithHost GETs url with the Host header set to host, as a browser
@@ -30,8 +32,8 @@ func getWithHost(t *testing.T, url, host string) (int, string) {
 // of the snapshot; the server's own address, localhost and a listed name
 // are served.
 func TestAdminRefusesRebindingHost(t *testing.T) {
-	addr, _ := startServer(t, t.TempDir(), func(o *serverOptions) {
-		o.adminHosts = []string{"trustbridge-admin.trustbridge-system.svc"}
+	addr, _ := startServer(t, t.TempDir(), func(o *server.Config) {
+		o.AdminHosts = []string{"trustbridge-admin.trustbridge-system.svc"}
 	})
 	_, port, err := net.SplitHostPort(addr)
 	require.NoError(t, err)

@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,37 +10,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/trustbridge/trustbridge/sds/agent"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/agent"
+	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
-
-type agentOptions struct {
-	socket      string
-	socketGroup string
-	// workloadSocket is --workload-api-socket, "" for none.
-	workloadSocket      string
-	workloadSocketGroup string
-	credentialsDir      string
-	// keepCerts: --credentials-dir was given (flag, --output-certs or
-	// OUTPUT_CERTS), so with a CA the agent keeps its certificates there.
-	keepCerts   bool
-	fileMounted bool
-	caAddr      string
-	rootCert    string
-	tokenFile   string
-	provCert    string
-	trustDomain string
-	serverID    string
-	// from names, per flag an environment variable set, that variable.
-	from map[string]string
-	// typed names, per flag given by its deprecated name, that name.
-	typed        map[string]string
-	graceRatio   float64
-	ttl          time.Duration
-	pollInterval time.Duration
-	logFormat    string
-	logLevel     string
-	admin        agentAdminOptions
-}
 
 // Defaults of the agent's paths: Istio's, relative to the working
 // directory as the Istio agent's are, so that a sidecar with the usual
@@ -57,10 +28,10 @@ const (
 	defaultCredentialsDir = "./var/run/secrets/workload-spiffe-credentials"
 )
 
-func newAgentCmd(e env) *cobra.Command {
+func newAgentCmd(e cli.Env) *cobra.Command {
 	var (
-		o           agentOptions
-		outputCerts *oldName
+		o           agent.Config
+		outputCerts *cli.OldName
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -128,7 +99,7 @@ value that cannot be honoured is an error naming the variable.`,
       OUTPUT_CERTS=/var/run/secrets/workload-spiffe-credentials trustbridge agent --token-file /var/run/secrets/tokens/trustbridge`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.fromFlags(cmd.Flags(), outputCerts, os.Getenv); err != nil {
+			if err := fromFlags(&o, cmd.Flags(), outputCerts, os.Getenv); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
@@ -138,79 +109,39 @@ value that cannot be honoured is an error naming the variable.`,
 			return runAgent(ctx, e, o)
 		},
 	}
-	outputCerts = addOldName(cmd, "output-certs", credentialsDirFlag)
+	outputCerts = cli.AddOldName(cmd, "output-certs", cli.CredentialsDirFlag)
 	addAgentFlags(cmd.Flags(), &o)
 	return cmd
 }
 
 // addAgentFlags registers the agent's flags and the istio-agent
 // environment variables that set them.
-func addAgentFlags(f *pflag.FlagSet, o *agentOptions) {
-	f.StringVar(&o.socket, "sds-socket", defaultSDSSocket, "unix socket to serve SDS on (created mode 0600; a stale socket is removed, anything else at the path is an error)")
-	f.StringVar(&o.socketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
-	f.StringVar(&o.workloadSocket, "workload-api-socket", defaultWorkloadSocket, "unix socket to serve the SPIFFE Workload API on, for the same identity as SDS (created mode 0600, stale socket replaced like --sds-socket's; clients use SPIFFE_ENDPOINT_SOCKET=unix://<absolute path>). When --sds-socket is given and this flag is not, "+workloadSocketName+" in --sds-socket's directory. Empty: no Workload API")
-	f.StringVar(&o.workloadSocketGroup, "workload-api-socket-group", "", "group (name or id) that may also use the Workload API socket (mode 0660), e.g. the workload's when it runs as another user than the agent")
-	f.StringVar(&o.credentialsDir, credentialsDirFlag, defaultCredentialsDir, "directory of the workload's cert-chain.pem, key.pem (0600), root-cert.pem (the local trust domain's roots only) and bundle.spiffe.json (federated trust, per trust domain). Without --ca-addr, or with --file-mounted-certs, the files there are served and watched; with --ca-addr, when given, the agent keeps its certificates there and a still valid one found at start authenticates instead of the token (nothing is written when not given). OUTPUT_CERTS, Istio's directory to write certificates to, sets it only with a CA: without one it is refused")
-	f.BoolVar(&o.fileMounted, "file-mounted-certs", false, "serve the files in --credentials-dir and never ask a CA, even with --ca-addr. Istio's FILE_MOUNTED_CERTS reads ./etc/certs: pass --credentials-dir ./etc/certs for that layout")
-	f.StringVar(&o.caAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS (Istio's default, the discovery address, does not apply: unset means no CA)")
-	f.StringVar(&o.rootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA). Istio's CA_ROOT_CA=SYSTEM (the system's web roots) is refused: the server presents an X509-SVID, which no web root signs")
-	f.StringVar(&o.tokenFile, "token-file", "", "file holding a Kubernetes service account token or a bootstrap token, re-read at every use")
-	f.StringVar(&o.provCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem of a provisioning certificate that authenticates the first request when --credentials-dir holds no valid one; only read")
-	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the workload and of the certificate service at --ca-addr, which must present spiffe://<trust-domain>"+grpcServingPath+" (default: the one trust domain --root-cert names). Istio's agent puts it in its CSR; here the server decides the identity from how the agent authenticates")
-	f.StringVar(&o.serverID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+grpcServingPath+")")
-	f.Float64Var(&o.graceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
-	f.DurationVar(&o.ttl, "ttl", 0, "certificate lifetime to ask for, whole seconds (default: the server's --workload-ttl; Istio's SECRET_TTL defaults to 24h)")
-	f.DurationVar(&o.pollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
-	f.StringVar(&o.logFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	addAgentAdminFlags(f, &o.admin)
+func addAgentFlags(f *pflag.FlagSet, o *agent.Config) {
+	f.StringVar(&o.Socket, "sds-socket", defaultSDSSocket, "unix socket to serve SDS on (created mode 0600; a stale socket is removed, anything else at the path is an error)")
+	f.StringVar(&o.SocketGroup, "sds-socket-group", "", "group (name or id) that may also use the socket (mode 0660), e.g. Envoy's when it runs as another user")
+	f.StringVar(&o.WorkloadSocket, "workload-api-socket", defaultWorkloadSocket, "unix socket to serve the SPIFFE Workload API on, for the same identity as SDS (created mode 0600, stale socket replaced like --sds-socket's; clients use SPIFFE_ENDPOINT_SOCKET=unix://<absolute path>). When --sds-socket is given and this flag is not, "+workloadSocketName+" in --sds-socket's directory. Empty: no Workload API")
+	f.StringVar(&o.WorkloadSocketGroup, "workload-api-socket-group", "", "group (name or id) that may also use the Workload API socket (mode 0660), e.g. the workload's when it runs as another user than the agent")
+	f.StringVar(&o.CredentialsDir, cli.CredentialsDirFlag, defaultCredentialsDir, "directory of the workload's cert-chain.pem, key.pem (0600), root-cert.pem (the local trust domain's roots only) and bundle.spiffe.json (federated trust, per trust domain). Without --ca-addr, or with --file-mounted-certs, the files there are served and watched; with --ca-addr, when given, the agent keeps its certificates there and a still valid one found at start authenticates instead of the token (nothing is written when not given). OUTPUT_CERTS, Istio's directory to write certificates to, sets it only with a CA: without one it is refused")
+	f.BoolVar(&o.FileMounted, "file-mounted-certs", false, "serve the files in --credentials-dir and never ask a CA, even with --ca-addr. Istio's FILE_MOUNTED_CERTS reads ./etc/certs: pass --credentials-dir ./etc/certs for that layout")
+	f.StringVar(&o.CAAddr, "ca-addr", "", "address (host:port) of a trustbridge server's --grpc-listen: the certificate service and its SDS (Istio's default, the discovery address, does not apply: unset means no CA)")
+	f.StringVar(&o.RootCert, "root-cert", "", "PEM roots of the server's trust domain, trusted for the first connection to --ca-addr (later the server's own ROOTCA). Istio's CA_ROOT_CA=SYSTEM (the system's web roots) is refused: the server presents an X509-SVID, which no web root signs")
+	f.StringVar(&o.TokenFile, "token-file", "", "file holding a Kubernetes service account token or a bootstrap token, re-read at every use")
+	f.StringVar(&o.ProvCert, "prov-cert", "", "directory holding cert-chain.pem and key.pem of a provisioning certificate that authenticates the first request when --credentials-dir holds no valid one; only read")
+	f.StringVar(&o.TrustDomain, "trust-domain", "", "trust domain of the workload and of the certificate service at --ca-addr, which must present spiffe://<trust-domain>"+server.GRPCServingPath+" (default: the one trust domain --root-cert names). Istio's agent puts it in its CSR; here the server decides the identity from how the agent authenticates")
+	f.StringVar(&o.ServerID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+server.GRPCServingPath+")")
+	f.Float64Var(&o.GraceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
+	f.DurationVar(&o.TTL, "ttl", 0, "certificate lifetime to ask for, whole seconds (default: the server's --workload-ttl; Istio's SECRET_TTL defaults to 24h)")
+	f.DurationVar(&o.PollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
+	f.StringVar(&o.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
+	f.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	addAgentAdminFlags(f, &o.Admin)
 	for flag, env := range agentEnv {
-		bindEnv(f, flag, env)
+		flagenv.Bind(f, flag, env)
 	}
 }
 
-func runAgent(ctx context.Context, e env, o agentOptions) error {
-	base, err := newLogger(e.err, o.logFormat, o.logLevel)
-	if err != nil {
-		return err
-	}
-	// Each part names its component on the process's logger; one derived
-	// from another's would carry both (the rotator's records said
-	// "component" twice).
-	routeGRPCLog(base)
-	setMemoryLimit(base)
-	reg := newRegistry()
-	cfg, err := o.config(base, reg)
-	if err != nil {
-		return err
-	}
-	logger := cfg.Logger
-	a, err := agent.New(cfg)
-	if err != nil {
-		return err
-	}
-	// Decide "someone already serves" before opening anything beside the
-	// agent: a second agent given the same --admin-listen would otherwise
-	// fail on the port the first holds instead of exiting 0.
-	if err := a.CheckSocket(ctx); err != nil {
-		return alreadyServing(e, o, logger, err)
-	}
-	stopSide, err := startAgentSide(ctx, e, o.admin, a, reg, logger)
-	if err != nil {
-		return err
-	}
-	defer stopSide()
-	// Run probes again: a server may have started since.
-	return alreadyServing(e, o, logger, a.Run(ctx))
-}
-
-// alreadyServing turns agent.ErrAlreadyServing into exit status 0 with a
-// note, as Istio's agent does; other errors pass through.
-func alreadyServing(e env, o agentOptions, logger *slog.Logger, err error) error {
-	if !errors.Is(err, agent.ErrAlreadyServing) {
-		return err
-	}
-	fmt.Fprintf(e.out, "an SDS server already answers on %s; not starting another (%v)\n", o.socket, err)
-	logger.Info("SDS server already running; exiting", "socket", o.socket)
-	return nil
+// runAgent runs the agent of o with e's streams and SIGHUP.
+func runAgent(ctx context.Context, e cli.Env, o agent.Config) error {
+	o.Stdout, o.Stderr, o.HUP, o.Version = e.Out, e.Err, e.HUP, buildVersion()
+	return agent.New(o).Run(ctx)
 }

@@ -1,67 +1,18 @@
 package main
 
 import (
-	"context"
-	"log/slog"
-	"sync"
+	"github.com/trustbridge/trustbridge/internal/agent"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
-	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
-
-// agentAdminOptions are the agent's admin listener flags.
-type agentAdminOptions struct {
-	listen string
-	hosts  []string
-	conns  connLimits
-}
 
 // addAgentAdminFlags registers the agent's admin listener flags. Off by
 // default: the agent runs beside a workload, often next to an Istio agent
 // (15020, 15021) or several to a node, where an unasked-for port collides.
-func addAgentAdminFlags(f *pflag.FlagSet, o *agentAdminOptions) {
-	f.StringVar(&o.listen, "admin-listen", "", `address of the agent's admin HTTP listener (/healthz; /readyz: 200 once SDS serves a certificate; /metrics), e.g. 127.0.0.1:15022; "" (the default): none`)
-	f.StringSliceVar(&o.hosts, adminHostsFlag, nil, "more host names the admin listener is reached by, NAME or NAME:PORT; a request naming another host gets 421, as on the server's (repeatable)")
-	adminLimits.addFlags(f, &o.conns, "admin", "the kubelet's probes and Prometheus", "")
-}
-
-// agentHUPIgnored says why the agent has nothing to reload on SIGHUP.
-const agentHUPIgnored = "credential files are re-read every --credentials-poll-interval and the token file at every use"
-
-// agentReadiness is what the admin listener asks for /readyz.
-type agentReadiness interface{ Ready() error }
-
-// startAgentSide starts, beside the agent, what the process adds to it:
-// the admin listener (with --admin-listen) and the SIGHUP handler, which
-// has nothing to reload. The returned stop ends them and waits.
-func startAgentSide(ctx context.Context, e env, o agentAdminOptions, a agentReadiness, reg *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	stop = func() { cancel(); wg.Wait() }
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = serveReloads(ctx, e.hup, nil, agentHUPIgnored, logger)
-	}()
-	if o.listen == "" {
-		return stop, nil
-	}
-	ln, hosts, err := listenAdmin(serverOptions{adminListen: o.listen, adminHosts: o.hosts, adminConns: o.conns}, reg, logger)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	srv := newAdminServer(hosts.Wrap(admin.Probes(a.Ready, reg)), logger)
-	logger.Info("admin listening", logattr.Address, ln.Addr().String(), "paths", "/healthz /readyz /metrics")
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := serveAdmin(ctx, srv, ln); err != nil {
-			logger.Error("admin listener stopped", logattr.Error, err)
-		}
-	}()
-	return stop, nil
+func addAgentAdminFlags(f *pflag.FlagSet, o *agent.AdminConfig) {
+	f.StringVar(&o.Listen, "admin-listen", "", `address of the agent's admin HTTP listener (/healthz; /readyz: 200 once SDS serves a certificate; /metrics), e.g. 127.0.0.1:15022; "" (the default): none`)
+	f.StringSliceVar(&o.Hosts, server.AdminHostsFlag, nil, "more host names the admin listener is reached by, NAME or NAME:PORT; a request naming another host gets 421, as on the server's (repeatable)")
+	server.AdminLimits.AddFlags(f, &o.Conns, "admin", "the kubelet's probes and Prometheus", "")
 }

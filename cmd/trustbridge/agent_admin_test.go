@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // gatedProxy forwards loopback TCP connections to backend once open is
@@ -71,12 +73,12 @@ func TestAgentAdminListener(t *testing.T) {
 	require.NoError(t, err)
 	proxy := startGatedProxy(t, addr)
 	o := agentFor(t, proxy.ln.Addr().String(), rootsPEM, laptopToken)
-	o.serverID = "spiffe://example.org" + grpcServingPath
-	o.admin.listen = "127.0.0.1:0"
+	o.ServerID = "spiffe://example.org" + server.GRPCServingPath
+	o.Admin.Listen = "127.0.0.1:0"
 
-	e, _, logs := testEnv(t, o.logFormat)
+	e, _, logs := testEnv(t, o.LogFormat)
 	hup := make(chan os.Signal, 1)
-	e.hup = hup
+	e.HUP = hup
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- runAgent(ctx, e, o) }()

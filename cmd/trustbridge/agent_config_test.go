@@ -14,31 +14,34 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/agent"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
-	"github.com/trustbridge/trustbridge/sds/agent"
+	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 )
 
 // parseAgent parses args and env as trustbridge agent does, up to the
 // configuration it would run with.
-func parseAgent(t *testing.T, args []string, env map[string]string) (agentOptions, agent.Config, string, error) {
+func parseAgent(t *testing.T, args []string, env map[string]string) (agent.Config, sdsagent.Config, string, error) {
 	t.Helper()
-	var o agentOptions
+	var o agent.Config
 	var stderr bytes.Buffer
 	cmd := &cobra.Command{Use: "agent"}
 	cmd.SetErr(&stderr)
-	old := addOldName(cmd, "output-certs", credentialsDirFlag)
+	old := cli.AddOldName(cmd, "output-certs", cli.CredentialsDirFlag)
 	addAgentFlags(cmd.Flags(), &o)
 	require.NoError(t, cmd.ParseFlags(args))
-	if err := o.fromFlags(cmd.Flags(), old, func(k string) string { return env[k] }); err != nil {
-		return o, agent.Config{}, stderr.String(), err
+	if err := fromFlags(&o, cmd.Flags(), old, func(k string) string { return env[k] }); err != nil {
+		return o, sdsagent.Config{}, stderr.String(), err
 	}
-	cfg, err := o.config(slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	cfg, err := o.AgentConfig(slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 	return o, cfg, stderr.String(), err
 }
 
 // The istio-agent names set the agent's flags: flag > env > default.
 func TestAgentEnvPrecedence(t *testing.T) {
-	root := writeFile(t, string(certsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
+	root := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
 	ca := map[string]string{"CA_ADDR": "127.0.0.1:1", "CA_ROOT_CA": root}
 	with := func(m map[string]string) map[string]string {
 		out := map[string]string{"CA_ADDR": ca["CA_ADDR"], "CA_ROOT_CA": ca["CA_ROOT_CA"]}
@@ -51,74 +54,74 @@ func TestAgentEnvPrecedence(t *testing.T) {
 		name  string
 		args  []string
 		env   map[string]string
-		check func(t *testing.T, o agentOptions, cfg agent.Config)
+		check func(t *testing.T, o agent.Config, cfg sdsagent.Config)
 	}{
-		{"defaults", nil, nil, func(t *testing.T, o agentOptions, cfg agent.Config) {
-			assert.Equal(t, 0.5, o.graceRatio)
-			assert.Zero(t, o.ttl)
+		{"defaults", nil, nil, func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
+			assert.Equal(t, 0.5, o.GraceRatio)
+			assert.Zero(t, o.TTL)
 			assert.Equal(t, defaultCredentialsDir, cfg.CredentialsDir)
 			assert.Nil(t, cfg.Rotator, "no CA")
 		}},
-		{"CA_ADDR and CA_ROOT_CA", nil, ca, func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"CA_ADDR and CA_ROOT_CA", nil, ca, func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			require.NotNil(t, cfg.Rotator)
 			assert.Equal(t, "127.0.0.1:1", cfg.Rotator.CAAddr)
 			assert.Len(t, cfg.Rotator.Roots, 1)
 			assert.Empty(t, cfg.Rotator.OutputCertsDir, "nothing written unless a directory is given")
 		}},
-		{"--ca-addr beats CA_ADDR", []string{"--ca-addr", "127.0.0.1:2"}, ca, func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--ca-addr beats CA_ADDR", []string{"--ca-addr", "127.0.0.1:2"}, ca, func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "127.0.0.1:2", cfg.Rotator.CAAddr)
 		}},
-		{"SECRET_GRACE_PERIOD_RATIO", nil, with(map[string]string{"SECRET_GRACE_PERIOD_RATIO": "0.8"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"SECRET_GRACE_PERIOD_RATIO", nil, with(map[string]string{"SECRET_GRACE_PERIOD_RATIO": "0.8"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, 0.8, cfg.Rotator.GraceRatio)
 		}},
-		{"--secret-grace-period-ratio beats it", []string{"--secret-grace-period-ratio", "0.6"}, with(map[string]string{"SECRET_GRACE_PERIOD_RATIO": "0.8"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--secret-grace-period-ratio beats it", []string{"--secret-grace-period-ratio", "0.6"}, with(map[string]string{"SECRET_GRACE_PERIOD_RATIO": "0.8"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, 0.6, cfg.Rotator.GraceRatio)
 		}},
-		{"SECRET_TTL", nil, with(map[string]string{"SECRET_TTL": "12h"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"SECRET_TTL", nil, with(map[string]string{"SECRET_TTL": "12h"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, 12*time.Hour, cfg.Rotator.TTL)
 		}},
-		{"--ttl beats SECRET_TTL", []string{"--ttl", "1h"}, with(map[string]string{"SECRET_TTL": "12h"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--ttl beats SECRET_TTL", []string{"--ttl", "1h"}, with(map[string]string{"SECRET_TTL": "12h"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, time.Hour, cfg.Rotator.TTL)
 		}},
-		{"OUTPUT_CERTS: the agent keeps its certificates there", nil, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"OUTPUT_CERTS: the agent keeps its certificates there", nil, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "/out", cfg.CredentialsDir)
 			assert.Equal(t, "/out", cfg.Rotator.OutputCertsDir)
 			assert.True(t, cfg.AdoptCredentialsDir, "OUTPUT_CERTS always meant: write here")
 		}},
-		{"--credentials-dir beats OUTPUT_CERTS", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--credentials-dir beats OUTPUT_CERTS", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "/flag", cfg.Rotator.OutputCertsDir)
 			assert.False(t, cfg.AdoptCredentialsDir, "files there may be another tool's")
 		}},
-		{"--output-certs, the old name", []string{"--output-certs", "/old"}, ca, func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--output-certs, the old name", []string{"--output-certs", "/old"}, ca, func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
 			assert.True(t, cfg.AdoptCredentialsDir, "--output-certs always meant: write here")
 		}},
-		{"--output-certs beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--output-certs beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Equal(t, "/old", cfg.Rotator.OutputCertsDir)
-			assert.Equal(t, "--output-certs /old", o.source(credentialsDirFlag, o.credentialsDir), "errors name the flag typed")
+			assert.Equal(t, "--output-certs /old", o.Source(cli.CredentialsDirFlag, o.CredentialsDir), "errors name the flag typed")
 		}},
-		{"--output-certs without a CA beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, map[string]string{"OUTPUT_CERTS": "/out"}, func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--output-certs without a CA beats OUTPUT_CERTS", []string{"--output-certs", "/old"}, map[string]string{"OUTPUT_CERTS": "/out"}, func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "/old", cfg.CredentialsDir)
 			assert.Nil(t, cfg.Rotator)
 		}},
-		{"--credentials-dir names itself", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
-			assert.Equal(t, "--credentials-dir /flag", o.source(credentialsDirFlag, o.credentialsDir))
+		{"--credentials-dir names itself", []string{"--credentials-dir", "/flag"}, with(map[string]string{"OUTPUT_CERTS": "/out"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
+			assert.Equal(t, "--credentials-dir /flag", o.Source(cli.CredentialsDirFlag, o.CredentialsDir))
 		}},
-		{"PROV_CERT", nil, with(map[string]string{"PROV_CERT": "/prov"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"PROV_CERT", nil, with(map[string]string{"PROV_CERT": "/prov"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Equal(t, "/prov", cfg.Rotator.ProvCertDir)
 		}},
-		{"TRUST_DOMAIN names the server", nil, with(map[string]string{"TRUST_DOMAIN": "example.org"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
-			assert.Equal(t, "spiffe://example.org"+grpcServingPath, cfg.Rotator.ServerID.String())
+		{"TRUST_DOMAIN names the server", nil, with(map[string]string{"TRUST_DOMAIN": "example.org"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
+			assert.Equal(t, "spiffe://example.org"+server.GRPCServingPath, cfg.Rotator.ServerID.String())
 		}},
-		{"FILE_MOUNTED_CERTS: no CA even with CA_ADDR", nil, with(map[string]string{"FILE_MOUNTED_CERTS": "true"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"FILE_MOUNTED_CERTS: no CA even with CA_ADDR", nil, with(map[string]string{"FILE_MOUNTED_CERTS": "true"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Nil(t, cfg.Rotator)
 		}},
-		{"--file-mounted-certs=false beats FILE_MOUNTED_CERTS", []string{"--file-mounted-certs=false"}, with(map[string]string{"FILE_MOUNTED_CERTS": "true"}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"--file-mounted-certs=false beats FILE_MOUNTED_CERTS", []string{"--file-mounted-certs=false"}, with(map[string]string{"FILE_MOUNTED_CERTS": "true"}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.NotNil(t, cfg.Rotator)
 		}},
-		{"an empty variable is unset", nil, with(map[string]string{"SECRET_TTL": ""}), func(t *testing.T, o agentOptions, cfg agent.Config) {
+		{"an empty variable is unset", nil, with(map[string]string{"SECRET_TTL": ""}), func(t *testing.T, o agent.Config, cfg sdsagent.Config) {
 			assert.Zero(t, cfg.Rotator.TTL)
 		}},
 	} {
@@ -134,7 +137,7 @@ func TestAgentEnvPrecedence(t *testing.T) {
 
 // A value the agent cannot honour is an error naming its variable.
 func TestAgentEnvErrors(t *testing.T) {
-	root := writeFile(t, string(certsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
+	root := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
 	ca := func(kv ...string) map[string]string {
 		m := map[string]string{"CA_ADDR": "127.0.0.1:1", "CA_ROOT_CA": root}
 		for i := 0; i < len(kv); i += 2 {

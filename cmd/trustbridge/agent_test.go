@@ -15,16 +15,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
 // startAgent runs `trustbridge agent` with o until the test ends and waits
 // for its socket to appear.
-func startAgent(t *testing.T, o agentOptions) {
+func startAgent(t *testing.T, o agent.Config) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	e, _, logs := testEnv(t, o.logFormat)
+	e, _, logs := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runAgent(ctx, e, o)
 	}()
@@ -43,7 +45,7 @@ func startAgent(t *testing.T, o agentOptions) {
 			return true
 		default:
 		}
-		fi, err := os.Stat(o.socket)
+		fi, err := os.Stat(o.Socket)
 		return err == nil && fi.Mode()&os.ModeSocket != 0
 	}, 30*time.Second, 10*time.Millisecond, "the agent's socket never appeared")
 	if exited.Load() {
@@ -55,22 +57,22 @@ func startAgent(t *testing.T, o agentOptions) {
 
 // agentFor is an agent of a trust domain whose certificate service is at
 // addr, authenticating with token, trusting rootsPEM for the server.
-func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agentOptions {
+func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agent.Config {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "root-cert.pem"), rootsPEM, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "token"), []byte(token+"\n"), 0o600))
-	return agentOptions{
-		socket:         filepath.Join(dir, "sds.sock"),
-		credentialsDir: filepath.Join(dir, "creds"),
-		keepCerts:      true, // as when --credentials-dir is given
-		caAddr:         addr,
-		rootCert:       filepath.Join(dir, "root-cert.pem"),
-		tokenFile:      filepath.Join(dir, "token"),
-		graceRatio:     0.5,
-		pollInterval:   time.Second,
-		logFormat:      "json",
-		logLevel:       "debug",
+	return agent.Config{
+		Socket:         filepath.Join(dir, "sds.sock"),
+		CredentialsDir: filepath.Join(dir, "creds"),
+		KeepCerts:      true, // as when --credentials-dir is given
+		CAAddr:         addr,
+		RootCert:       filepath.Join(dir, "root-cert.pem"),
+		TokenFile:      filepath.Join(dir, "token"),
+		GraceRatio:     0.5,
+		PollInterval:   time.Second,
+		LogFormat:      "json",
+		LogLevel:       "debug",
 	}
 }
 
@@ -80,18 +82,18 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	addr, rootCert, _ := grpcServerWithTokens(t, laptopToken+","+laptopID.String()+"\n")
 	rootsPEM, err := os.ReadFile(rootCert)
 	require.NoError(t, err)
-	roots, err := parsePEMCerts(rootsPEM)
+	roots, err := cli.ParsePEMCerts(rootsPEM)
 	require.NoError(t, err)
 	o := agentFor(t, addr, rootsPEM, laptopToken)
 	// 20s asked, 30s valid (the CA backdates by 10s): renewed 5s in.
-	o.ttl = 20 * time.Second
+	o.TTL = 20 * time.Second
 	startAgent(t, o)
 
-	info, err := os.Stat(o.socket)
+	info, err := os.Stat(o.Socket)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "only the agent's user may use the socket")
 
-	e := openEnvoy(t, dialSDSUnix(t, o.socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName)
+	e := openEnvoy(t, dialSDSUnix(t, o.Socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName)
 	r := e.recv(10 * time.Second)
 	got := secrets(t, r)
 	require.Len(t, got, 3)
@@ -101,7 +103,7 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	names, _ := spiffeValidator(t, got[sds.AllName])
 	assert.Equal(t, []string{"example.org"}, names)
 	e.ack(r)
-	written := checkCreds(t, o.credentialsDir, laptopID)
+	written := checkCreds(t, o.CredentialsDir, laptopID)
 	assert.Equal(t, first.SerialNumber, written.SerialNumber, "--credentials-dir holds the served certificate")
 
 	// Past the grace period the agent renews with its certificate (the
@@ -129,7 +131,7 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 		// The key and the chain are two files, each replaced atomically:
 		// between the two renames they do not match yet, so each poll
 		// reads and verifies them together once.
-		c, err := loadCreds(o.credentialsDir, laptopID)
+		c, err := loadCreds(o.CredentialsDir, laptopID)
 		return err == nil && c.NotAfter.After(first.NotAfter)
 	}, 10*time.Second, 20*time.Millisecond, "--credentials-dir follows the renewal")
 }
@@ -151,14 +153,14 @@ func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
 	for _, adminListen := range []string{"", taken.Addr().String()} {
 		t.Run("admin-listen="+adminListen, func(t *testing.T) {
 			second := agentFor(t, addr, rootsPEM, laptopToken)
-			second.socket = o.socket
-			second.admin.listen = adminListen
+			second.Socket = o.Socket
+			second.Admin.Listen = adminListen
 			var out bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := runAgent(ctx, env{in: strings.NewReader(""), out: &out, err: &bytes.Buffer{}, now: time.Now}, second)
+			err := runAgent(ctx, cli.Env{In: strings.NewReader(""), Out: &out, Err: &bytes.Buffer{}, Now: time.Now}, second)
 			require.NoError(t, err, "exit status 0")
-			assert.Contains(t, out.String(), "already answers on "+o.socket)
+			assert.Contains(t, out.String(), "already answers on "+o.Socket)
 			require.NoError(t, ctx.Err(), "it returned at once instead of serving")
 		})
 	}
@@ -170,13 +172,13 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 	token := writeFile(t, laptopToken+"\n", 0o600)
 	_, stderr, code := runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--credentials-dir", creds)
 	require.Equal(t, 0, code, stderr)
-	roots, err := readPEMCerts(filepath.Join(creds, "root-cert.pem"))
+	roots, err := cli.ReadPEMCerts(filepath.Join(creds, "root-cert.pem"))
 	require.NoError(t, err)
 
-	o := agentOptions{socket: filepath.Join(t.TempDir(), "sds.sock"), credentialsDir: creds, graceRatio: 0.5,
-		pollInterval: 50 * time.Millisecond, logFormat: "json", logLevel: "info"}
+	o := agent.Config{Socket: filepath.Join(t.TempDir(), "sds.sock"), CredentialsDir: creds, GraceRatio: 0.5,
+		PollInterval: 50 * time.Millisecond, LogFormat: "json", LogLevel: "info"}
 	startAgent(t, o)
-	e := openEnvoy(t, dialSDSUnix(t, o.socket), nil, sds.DefaultName, sds.RootCAName)
+	e := openEnvoy(t, dialSDSUnix(t, o.Socket), nil, sds.DefaultName, sds.RootCAName)
 	r := e.recv(10 * time.Second)
 	got := secrets(t, r)
 	id, first := workloadCert(t, got[sds.DefaultName], laptopID.TrustDomain(), roots)
@@ -201,25 +203,25 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 
 func TestAgentFlagErrors(t *testing.T) {
 	dir := t.TempDir()
-	base := agentOptions{socket: filepath.Join(dir, "sds.sock"), credentialsDir: filepath.Join(dir, "none"),
-		graceRatio: 0.5, pollInterval: time.Second, logFormat: "text", logLevel: "info"}
+	base := agent.Config{Socket: filepath.Join(dir, "sds.sock"), CredentialsDir: filepath.Join(dir, "none"),
+		GraceRatio: 0.5, PollInterval: time.Second, LogFormat: "text", LogLevel: "info"}
 	for _, tc := range []struct {
 		name   string
-		mutate func(*agentOptions)
+		mutate func(*agent.Config)
 		want   string
 	}{
-		{"ratio zero", func(o *agentOptions) { o.graceRatio = 0 }, "--secret-grace-period-ratio"},
-		{"ratio one", func(o *agentOptions) { o.graceRatio = 1 }, "--secret-grace-period-ratio"},
-		{"ttl fraction", func(o *agentOptions) { o.ttl = 1500 * time.Millisecond }, "--ttl"},
-		{"ca without roots", func(o *agentOptions) { o.caAddr = "127.0.0.1:1" }, "--root-cert"},
-		{"nothing to serve", func(*agentOptions) {}, "--ca-addr"},
+		{"ratio zero", func(o *agent.Config) { o.GraceRatio = 0 }, "--secret-grace-period-ratio"},
+		{"ratio one", func(o *agent.Config) { o.GraceRatio = 1 }, "--secret-grace-period-ratio"},
+		{"ttl fraction", func(o *agent.Config) { o.TTL = 1500 * time.Millisecond }, "--ttl"},
+		{"ca without roots", func(o *agent.Config) { o.CAAddr = "127.0.0.1:1" }, "--root-cert"},
+		{"nothing to serve", func(*agent.Config) {}, "--ca-addr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base
 			tc.mutate(&o)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := runAgent(ctx, env{in: strings.NewReader(""), out: &bytes.Buffer{}, err: &bytes.Buffer{}, now: time.Now}, o)
+			err := runAgent(ctx, cli.Env{In: strings.NewReader(""), Out: &bytes.Buffer{}, Err: &bytes.Buffer{}, Now: time.Now}, o)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.False(t, errors.Is(err, context.DeadlineExceeded))

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
@@ -24,7 +25,7 @@ func TestAuditCommandJWTFindings(t *testing.T) {
 			Authorities: []trustview.Authority{trustview.KeyAuthority(trustview.KindJWT, "west-2019", weak.Public())}},
 	}}
 	out, stderr, code := runCLI(t, "", "audit", "--admin", serveFakeSnapshot(t, snap))
-	assert.Equal(t, exitFindings, code, stderr)
+	assert.Equal(t, cli.ExitFindings, code, stderr)
 	assert.Contains(t, out, "1 critical, 0 warning")
 	assert.Contains(t, out, audit.CodeJWTWeakKey)
 	assert.Contains(t, out, `JWT authority "west-2019" of west.example has a 1024-bit RSA key`)

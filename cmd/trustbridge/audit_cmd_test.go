@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -149,21 +151,21 @@ func TestAuditCommand(t *testing.T) {
 	assert.Contains(t, out, "fix: ")
 
 	_, stderr, code = runCLI(t, "", "audit", "--admin", warnURL, "--fail-on", "warning")
-	assert.Equal(t, exitFindings, code)
+	assert.Equal(t, cli.ExitFindings, code)
 	assert.Contains(t, stderr, "findings at or above warning")
 
 	out, _, code = runCLI(t, "", "audit", "--admin", critURL, "-o", "json")
-	assert.Equal(t, exitFindings, code)
+	assert.Equal(t, cli.ExitFindings, code)
 	var fs []trustview.Finding
 	require.NoError(t, json.Unmarshal([]byte(out), &fs))
 	require.Len(t, fs, 2)
 	// --json, the flag -o replaced, prints the same and warns on stderr.
 	old, stderr, code := runCLI(t, "", "audit", "--admin", critURL, "--json")
-	assert.Equal(t, exitFindings, code)
+	assert.Equal(t, cli.ExitFindings, code)
 	assert.Equal(t, out, old)
 	assert.Contains(t, stderr, "use -o json")
 	yml, _, code := runCLI(t, "", "audit", "--admin", critURL, "-o", "yaml")
-	assert.Equal(t, exitFindings, code)
+	assert.Equal(t, cli.ExitFindings, code)
 	var fromYAML []trustview.Finding
 	require.NoError(t, yaml.Unmarshal([]byte(yml), &fromYAML))
 	assert.Equal(t, fs, fromYAML, "yaml carries the json keys")
@@ -210,7 +212,7 @@ func TestAuditLogTornTail(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, append(good, `{"seq":3,"time":"2026-`...), 0o600))
 
 	out, stderr, code := runCLI(t, "", "audit", "log", "verify", path)
-	assert.Equal(t, exitTornTail, code)
+	assert.Equal(t, cli.ExitTornTail, code)
 	assert.Contains(t, out, "ok, 2 entries")
 	assert.Contains(t, out, "head "+head)
 	assert.Contains(t, stderr, "torn tail: 22 bytes")
@@ -218,14 +220,14 @@ func TestAuditLogTornTail(t *testing.T) {
 	assert.NotContains(t, stderr, "does not verify")
 
 	out, _, code = runCLI(t, "", "audit", "log", "verify", "-o", "json", "--expect-head", head, path)
-	assert.Equal(t, exitTornTail, code)
+	assert.Equal(t, cli.ExitTornTail, code)
 	var res audit.VerifyResult
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	assert.Equal(t, int64(22), res.TornBytes)
 	assert.Equal(t, uint64(2), res.Entries)
 
 	var logs testlog.Buffer
-	trail, closeLog, err := setupAudit(serverOptions{dataDir: dir}, env{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
+	trail, closeLog, err := server.OpenAuditTrail(server.Config{DataDir: dir}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)))
 	require.NoError(t, err)
 	require.NotNil(t, trail)
 	closeLog()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server/backup"
@@ -102,7 +103,7 @@ func TestBackupRestoreRoundTrip(t *testing.T) {
 func TestBackupAndRestoreThroughPipes(t *testing.T) {
 	dataDir, _ := bootstrapDataDir(t, "east.example")
 	var out, errb bytes.Buffer
-	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, env{in: strings.NewReader(""), out: &out, err: &errb, now: time.Now})
+	code := run([]string{"backup", "--data-dir", dataDir, "--out", "-"}, cli.Env{In: strings.NewReader(""), Out: &out, Err: &errb, Now: time.Now})
 	require.Equal(t, 0, code, errb.String())
 	assert.Contains(t, errb.String(), "backed up trust domain east.example", "the report goes to stderr, the archive to stdout")
 

@@ -19,6 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // restoreDrill is east.example on a fixed bundle endpoint address, so that
@@ -48,9 +49,9 @@ func newRestoreDrill(t *testing.T) *restoreDrill {
 
 func (d *restoreDrill) start() {
 	d.t.Helper()
-	d.east = startE2EServer(d.t, "east.example", d.dataDir, func(o *serverOptions) {
-		o.bundle.listen = d.addr
-		o.refreshHint = time.Second
+	d.east = startE2EServer(d.t, "east.example", d.dataDir, func(o *server.Config) {
+		o.Bundle.Listen = d.addr
+		o.RefreshHint = time.Second
 	})
 	d.published = append(d.published, servedSequence(d.t, d.east))
 }
@@ -138,8 +139,8 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 		t.Skip("waits for two root activations (5 one-second refresh hints each)")
 	}
 	d := newRestoreDrill(t)
-	west := startE2EServer(t, "west.example", t.TempDir(), func(o *serverOptions) {
-		o.federation.configFile = writeSPIFFEFederationConfig(t, "east.example", d.addr, d.roots)
+	west := startE2EServer(t, "west.example", t.TempDir(), func(o *server.Config) {
+		o.Federation.ConfigFile = writeSPIFFEFederationConfig(t, "east.example", d.addr, d.roots)
 	})
 	waitHolds := func(seq uint64, roots int) federation.Status {
 		t.Helper()

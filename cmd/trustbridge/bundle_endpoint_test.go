@@ -5,27 +5,23 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/runall"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -38,50 +34,6 @@ func endpointURL(t *testing.T, logs string) string {
 
 const bundleEndpointStarted = "bundle endpoint: peers federate with this tuple"
 
-// caRoots reads the published roots from the data directory.
-func caRoots(t *testing.T, dataDir string) []*x509.Certificate {
-	t.Helper()
-	_, roots, err := ca.NewStore(dataDir).Load("example.org")
-	require.NoError(t, err)
-	var certs []*x509.Certificate
-	for _, r := range roots {
-		certs = append(certs, r.Cert)
-	}
-	return certs
-}
-
-func TestServerBundleEndpointSPIFFEProfile(t *testing.T) {
-	dataDir := t.TempDir()
-	_, out := startServer(t, dataDir, func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
-	})
-	url := endpointURL(t, out.String())
-	assert.Equal(t, "example.org|"+url+"|spiffe://example.org/trustbridge/bundle-endpoint|example.org.json",
-		logAttr(t, out.String(), bundleEndpointStarted, "tuple"))
-
-	td := spiffeid.RequireTrustDomainFromString("example.org")
-	roots := x509bundle.FromX509Authorities(td, caRoots(t, dataDir))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	got, err := federation.FetchBundle(ctx, td, url,
-		federation.WithSPIFFEAuth(roots, spiffeid.RequireFromString("spiffe://example.org/trustbridge/bundle-endpoint")))
-	require.NoError(t, err)
-	assert.Len(t, got.X509Authorities(), 1)
-	assert.True(t, got.X509Authorities()[0].Equal(caRoots(t, dataDir)[0]), "the CA's root")
-	seq, ok := got.SequenceNumber()
-	assert.True(t, ok)
-	j, _, err := ca.NewStore(dataDir).Load("example.org")
-	require.NoError(t, err)
-	assert.Equal(t, j.Sequence, seq, "the sequence in the CA state")
-	hint, _ := got.RefreshHint()
-	assert.Equal(t, 5*time.Minute, hint)
-
-	// The wrong endpoint ID is refused: the server proves exactly its own.
-	_, err = federation.FetchBundle(ctx, td, url,
-		federation.WithSPIFFEAuth(roots, spiffeid.RequireFromString("spiffe://example.org/someone-else")))
-	assert.Error(t, err)
-}
-
 func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	dir := t.TempDir()
 	web := testca.New(t, "web.test")
@@ -93,7 +45,7 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, cli.CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 
 	peer := testca.New(t, "peer.example")
@@ -103,9 +55,9 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	require.NoError(t, os.WriteFile(peerFile, peerDoc, 0o600))
 
 	dataDir := t.TempDir()
-	_, out := startServer(t, dataDir, func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/bundle", profile: profileWeb,
-			tlsCert: certFile, tlsKey: keyFile, files: []string{"peer.example=" + peerFile}, serveOthers: true}
+	_, out := startServer(t, dataDir, func(o *server.Config) {
+		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/bundle", Profile: server.ProfileWeb,
+			TLSCert: certFile, TLSKey: keyFile, Files: []string{"peer.example=" + peerFile}, ServeOthers: true}
 	})
 	url := endpointURL(t, out.String())
 	require.True(t, strings.HasSuffix(url, "/bundle"))
@@ -133,75 +85,12 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	assert.Len(t, bundles, 2)
 }
 
-func TestServerBundleEndpointRefusesBadFlags(t *testing.T) {
-	tests := []struct {
-		name string
-		b    bundleOptions
-		want string
-	}{
-		{"web without certificate", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb}, "needs --bundle-tls-cert and --bundle-tls-key, or --acme-domain"},
-		{"certificate files with https_spiffe", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, tlsCert: "x"}, "need --bundle-profile https_web"},
-		{"endpoint ID of another trust domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, endpointID: "spiffe://other.org/x"}, "our CA signs only example.org identities"},
-		{"unknown profile", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: "https_magic"}, `--bundle-profile "https_magic"`},
-		{"ACME without accepting the terms", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeDomains: []string{"bundle.example.com"}}, "tos"},
-		{"bad bundle file", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"a.org=/nonexistent.json"}, serveOthers: true}, "--bundle-file"},
-		{"static mode with https_spiffe", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"/x.json"}}, "needs --bundle-profile https_web"},
-		{"relay without serving others", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, files: []string{"a.org=/x.json"}}, "--serve-federated=false serves none"},
-		{"ACME flags without a domain", bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, acmeTOS: true}, "need --acme-domain"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			o := serverOptions{
-				trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
-				caTTL: 8760 * time.Hour, maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute,
-				logFormat: "json", logLevel: "info", bundle: tt.b,
-			}
-			var out, logs strings.Builder
-			err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
-			require.Error(t, err)
-			assert.Contains(t, strings.ToLower(err.Error()), strings.ToLower(tt.want))
-		})
-	}
-}
-
 func pemBlock(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
 }
 
 func tlsConfigWithRoots(pool *x509.CertPool) *tls.Config {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-}
-
-// TestBundleEndpointFollowsRotation wires the CA and the endpoint as the
-// server does: a rotation is visible to go-spiffe at the next fetch.
-func TestBundleEndpointFollowsRotation(t *testing.T) {
-	td := spiffeid.RequireTrustDomainFromString("example.org")
-	dataDir := t.TempDir()
-	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: dataDir, Registerer: prometheus.NewRegistry()})
-	require.NoError(t, err)
-	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true},
-		td, dataDir, 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	ctx := runEndpoint(t, ep)
-
-	fetch := func() (*spiffebundle.Bundle, error) {
-		fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
-		defer fcancel()
-		return federation.FetchBundle(fctx, td, ep.url,
-			federation.WithSPIFFEAuth(x509bundle.FromX509Authorities(td, a.Bundle().X509Authorities()), ep.id))
-	}
-	first, err := fetch()
-	require.NoError(t, err)
-	assert.True(t, a.Bundle().Equal(first), "exactly the CA's bundle")
-
-	require.NoError(t, a.Rotate())
-	require.Eventually(t, func() bool {
-		b, err := fetch()
-		return err == nil && b.Equal(a.Bundle())
-	}, 5*time.Second, 10*time.Millisecond, "the rotation reaches the endpoint")
-	b, err := fetch()
-	require.NoError(t, err)
-	assert.Len(t, b.X509Authorities(), 2, "the prepared root is published before it signs")
 }
 
 func TestServerBundleEndpointStaticMode(t *testing.T) {
@@ -214,7 +103,7 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, cli.CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 
 	// An offline CA's bundle, without a refresh hint of its own.
@@ -226,9 +115,9 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 	static := filepath.Join(dir, "static.json")
 	require.NoError(t, os.WriteFile(static, doc, 0o600))
 
-	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
-		o.refreshHint = 2 * time.Minute
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, files: []string{static}}
+	_, out := startServer(t, t.TempDir(), func(o *server.Config) {
+		o.RefreshHint = 2 * time.Minute
+		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileWeb, TLSCert: certFile, TLSKey: keyFile, Files: []string{static}}
 	})
 	url := endpointURL(t, out.String())
 	assert.True(t, strings.HasPrefix(url, "https://localhost:"), "peers are told the certificate's name: %s", url)
@@ -244,46 +133,4 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 	hint, ok := got.RefreshHint()
 	assert.True(t, ok)
 	assert.Equal(t, 2*time.Minute, hint, "--bundle-refresh-hint fills in a file without a hint")
-}
-
-func TestReadyzReportsABadBundleFileChange(t *testing.T) {
-	dir := t.TempDir()
-	peer := testca.New(t, "peer.example")
-	b := peer.Bundle()
-	b.SetSequenceNumber(3)
-	doc, err := bundledoc.Marshal(b)
-	require.NoError(t, err)
-	file := filepath.Join(dir, "peer.json")
-	require.NoError(t, os.WriteFile(file, doc, 0o600))
-	a, err := ca.New(ca.Config{TrustDomain: spiffeid.RequireTrustDomainFromString("example.org"), DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
-	require.NoError(t, err)
-	ep, err := setupBundleEndpoint(bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true, files: []string{"peer.example=" + file}},
-		a.TrustDomain(), t.TempDir(), 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ep.ln.Close() })
-	admin := httptest.NewServer(adminHandler(a, prometheus.NewRegistry(), nil, nil, ep, nil, nil))
-	t.Cleanup(admin.Close)
-	code, _ := get(t, admin.URL+"/readyz")
-	assert.Equal(t, http.StatusOK, code)
-
-	// A broken change, as the file's poll loop would find it.
-	require.NoError(t, os.WriteFile(file, []byte("{broken"), 0o600))
-	require.Error(t, ep.endpoint.Files()[0].Check())
-	code, body := get(t, admin.URL+"/readyz")
-	assert.Equal(t, http.StatusServiceUnavailable, code)
-	assert.Contains(t, body, "serving the last good bundle")
-}
-
-// runEndpoint runs ep's runners until the test ends, and returns the
-// context they run in.
-func runEndpoint(t *testing.T, ep *bundleEndpoint) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- runall.Run(ctx, ep.runners...) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	return ctx
 }

@@ -16,8 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -33,19 +35,19 @@ var laptopID = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
 // times, to SDS and to the certificate service, to test other things
 // (refusals, agents, SDS). Single-use tokens, the default, are tested in
 // tokens_test.go.
-func grpcServer(t *testing.T, mutate ...func(*serverOptions)) (addr, rootCert, dataDir string) {
+func grpcServer(t *testing.T, mutate ...func(*server.Config)) (addr, rootCert, dataDir string) {
 	t.Helper()
 	return grpcServerWithTokens(t, laptopToken+","+laptopID.String()+",reusable\n", mutate...)
 }
 
 // grpcServerWithTokens is grpcServer with the token file's content.
-func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*serverOptions)) (addr, rootCert, dataDir string) {
+func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*server.Config)) (addr, rootCert, dataDir string) {
 	t.Helper()
 	dataDir = t.TempDir()
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(lines), 0o600))
-	_, banner := startServer(t, dataDir, append([]func(*serverOptions){func(o *serverOptions) {
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	_, banner := startServer(t, dataDir, append([]func(*server.Config){func(o *server.Config) {
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 	}}, mutate...)...)
 	addr = grpcAddr(t, banner.String())
 
@@ -56,7 +58,7 @@ func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*serverOpti
 		certs = append(certs, r.Cert)
 	}
 	rootCert = filepath.Join(t.TempDir(), "root-cert.pem")
-	require.NoError(t, os.WriteFile(rootCert, certsPEM(certs), 0o644))
+	require.NoError(t, os.WriteFile(rootCert, cli.CertsPEM(certs), 0o644))
 	return addr, rootCert, dataDir
 }
 
@@ -93,7 +95,7 @@ func loadCreds(dir string, want spiffeid.ID) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the key matches the certificate: %w", err)
 	}
-	roots, err := readPEMCerts(filepath.Join(dir, "root-cert.pem"))
+	roots, err := cli.ReadPEMCerts(filepath.Join(dir, "root-cert.pem"))
 	if err != nil {
 		return nil, err
 	}
@@ -164,9 +166,9 @@ func TestCARequestRefusals(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	token := writeFile(t, laptopToken, 0o600)
 	otherCA := testca.New(t, "example.org", testca.Options{})
-	otherRoot := writeFile(t, string(certsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
+	otherRoot := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
 	fedCA := testca.New(t, "other.example", testca.Options{})
-	fedRoot := writeFile(t, string(certsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
+	fedRoot := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
 
 	// A certificate issued by another CA of the same trust domain.
 	foreignDir := t.TempDir()
@@ -264,7 +266,7 @@ func TestExpectedServerID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id, err := expectedServerID(tt.flag, tt.roots, tt.want)
+			id, err := cli.ExpectedServerID(tt.flag, tt.roots, tt.want)
 			if tt.err != "" {
 				assert.ErrorContains(t, err, tt.err)
 				return
@@ -291,21 +293,21 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 	relay := writeFile(t, string(doc), 0o644)
 	forged, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://example.org/admin"))
 	peerLeaf, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://relay.example/api"))
-	for _, mode := range []string{rootsMerged, rootsLocal} {
+	for _, mode := range []string{server.RootsMerged, server.RootsLocal} {
 		t.Run(mode, func(t *testing.T) {
-			addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-				o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true,
-					files: []string{"relay.example=" + relay}}
-				o.grpc.responseRoots = mode
+			addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+				o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileSPIFFE, ServeOthers: true,
+					Files: []string{"relay.example=" + relay}}
+				o.GRPC.ResponseRoots = mode
 			})
-			local, err := readPEMCerts(rootCert)
+			local, err := cli.ReadPEMCerts(rootCert)
 			require.NoError(t, err)
 			out := filepath.Join(t.TempDir(), "creds")
 			stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 				"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", out)
 			require.Equal(t, 0, code, stderr)
 			assert.Contains(t, stdout, "bundle.spiffe.json: example.org, relay.example")
-			got, err := readPEMCerts(filepath.Join(out, "root-cert.pem"))
+			got, err := cli.ReadPEMCerts(filepath.Join(out, "root-cert.pem"))
 			require.NoError(t, err)
 			assert.Equal(t, local, got, "root-cert.pem: the local roots and nothing else")
 
@@ -332,9 +334,4 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 			checkCreds(t, out, laptopID)
 		})
 	}
-}
-
-// The certificate service serves the ID the shared client expects.
-func TestGRPCServingPathIsCAClientServerPath(t *testing.T) {
-	assert.Equal(t, caclient.ServerPath, grpcServingPath)
 }

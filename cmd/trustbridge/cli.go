@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 )
 
 // suggestDistance is how far (in edits) a mistyped command or flag name may
@@ -83,7 +85,7 @@ func suggestFlags(typed string, names []string) []string {
 	var cs []cand
 	lt := strings.ToLower(typed)
 	for _, n := range names {
-		d := levenshtein(lt, strings.ToLower(n))
+		d := flagenv.Levenshtein(lt, strings.ToLower(n))
 		if d <= suggestDistance || (len(typed) >= 3 && strings.HasPrefix(n, lt)) {
 			cs = append(cs, cand{n, d})
 		}
@@ -99,26 +101,4 @@ func suggestFlags(typed string, names []string) []string {
 		out = append(out, c.name)
 	}
 	return out
-}
-
-// levenshtein is the edit distance (insertions, deletions,
-// substitutions) between a and b, by byte: flag names are ASCII.
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/flagenv"
 )
 
 func TestLevenshtein(t *testing.T) {
@@ -24,8 +26,8 @@ func TestLevenshtein(t *testing.T) {
 		{"kitten", "sitting", 3},
 	} {
 		t.Run(tc.a+"/"+tc.b, func(t *testing.T) {
-			assert.Equal(t, tc.want, levenshtein(tc.a, tc.b))
-			assert.Equal(t, tc.want, levenshtein(tc.b, tc.a), "symmetric")
+			assert.Equal(t, tc.want, flagenv.Levenshtein(tc.a, tc.b))
+			assert.Equal(t, tc.want, flagenv.Levenshtein(tc.b, tc.a), "symmetric")
 		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 )
 
 // stateReaders are the commands that read state and print it: each takes
@@ -33,7 +35,7 @@ var stateReaders = []string{
 // Every command, groups included, shows an example of its use, and every
 // state reader takes -o.
 func TestCommandTree(t *testing.T) {
-	root := newRootCmd(env{in: strings.NewReader(""), out: io.Discard, err: io.Discard, now: time.Now})
+	root := newRootCmd(cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
 	seen := map[string]*cobra.Command{}
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
@@ -60,7 +62,7 @@ func TestCommandTree(t *testing.T) {
 		o := c.Flags().Lookup("output")
 		if assert.NotNil(t, o, "%s has no -o", path) {
 			assert.Equal(t, "o", o.Shorthand, path)
-			for _, f := range []string{outputTable, outputJSON, outputYAML} {
+			for _, f := range []string{cli.OutputTable, cli.OutputJSON, cli.OutputYAML} {
 				assert.Contains(t, o.Usage, f, "%s -o", path)
 			}
 		}
@@ -70,7 +72,7 @@ func TestCommandTree(t *testing.T) {
 // Every example line that starts with "trustbridge" parses: the command
 // exists and every flag it names is one of that command's.
 func TestExamplesParse(t *testing.T) {
-	root := newRootCmd(env{in: strings.NewReader(""), out: io.Discard, err: io.Discard, now: time.Now})
+	root := newRootCmd(cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		for _, line := range exampleCommands(c.Example) {

@@ -9,6 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/agent"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 func TestListenerLimitFlagDefaults(t *testing.T) {
@@ -19,9 +23,9 @@ func TestListenerLimitFlagDefaults(t *testing.T) {
 	}
 	agent := map[string]string{"admin-max-conns": "128", "admin-max-conns-per-source": "32"}
 	for cmd, want := range map[string]map[string]string{"server": server, "agent": agent} {
-		f := newServerCmd(env{}).Flags()
+		f := newServerCmd(cli.Env{}).Flags()
 		if cmd == "agent" {
-			f = newAgentCmd(env{}).Flags()
+			f = newAgentCmd(cli.Env{}).Flags()
 		}
 		for flag, def := range want {
 			fl := f.Lookup(flag)
@@ -35,21 +39,21 @@ func TestListenerLimitFlagDefaults(t *testing.T) {
 func TestListenerLimitErrors(t *testing.T) {
 	tests := []struct {
 		name   string
-		mutate func(*serverOptions)
+		mutate func(*server.Config)
 		want   string
 	}{
-		{"grpc total", func(o *serverOptions) { o.grpc.conns.max = -1 }, "--grpc-max-conns -1: must not be negative (0 takes the default, 2048)"},
-		{"grpc per source", func(o *serverOptions) { o.grpc.conns.perSource = -2 }, "--grpc-max-conns-per-source -2"},
-		{"bundle total", func(o *serverOptions) { o.bundle.conns.max = -1 }, "--bundle-max-conns -1"},
-		{"admin per source", func(o *serverOptions) { o.adminConns.perSource = -1 }, "--admin-max-conns-per-source -1"},
-		{"first call", func(o *serverOptions) { o.grpc.firstCallTimeout = -time.Second }, "--grpc-first-call-timeout -1s"},
-		{"bundle idle", func(o *serverOptions) { o.bundle.idleTimeout = -time.Second }, "--bundle-idle-timeout -1s"},
+		{"grpc total", func(o *server.Config) { o.GRPC.Conns.Max = -1 }, "--grpc-max-conns -1: must not be negative (0 takes the default, 2048)"},
+		{"grpc per source", func(o *server.Config) { o.GRPC.Conns.PerSource = -2 }, "--grpc-max-conns-per-source -2"},
+		{"bundle total", func(o *server.Config) { o.Bundle.Conns.Max = -1 }, "--bundle-max-conns -1"},
+		{"admin per source", func(o *server.Config) { o.AdminConns.PerSource = -1 }, "--admin-max-conns-per-source -1"},
+		{"first call", func(o *server.Config) { o.GRPC.FirstCallTimeout = -time.Second }, "--grpc-first-call-timeout -1s"},
+		{"bundle idle", func(o *server.Config) { o.Bundle.IdleTimeout = -time.Second }, "--bundle-idle-timeout -1s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := baseServerOptions("example.org", t.TempDir())
 			tt.mutate(&o)
-			assert.ErrorContains(t, checkListenerLimits(o), tt.want)
+			assert.ErrorContains(t, server.CheckListenerLimits(o), tt.want)
 			err := serverError(t, o)
 			require.Error(t, err, "the server refuses to start")
 			assert.Contains(t, err.Error(), tt.want)
@@ -67,11 +71,11 @@ func TestListenerLimitErrors(t *testing.T) {
 func TestAgentAdminConnLimits(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e, _, logs := testEnv(t, "json")
-	logger, err := newLogger(logs, "json", "info")
+	logger, err := server.NewLogger(logs, "json", "info")
 	require.NoError(t, err)
 	ready := agentReadinessFunc(func() error { return nil })
-	o := agentAdminOptions{listen: "127.0.0.1:0", conns: connLimits{max: 1, perSource: 1}}
-	stop, err := startAgentSide(context.Background(), e, o, ready, reg, logger)
+	o := agent.AdminConfig{Listen: "127.0.0.1:0", Conns: server.ConnLimits{Max: 1, PerSource: 1}}
+	stop, err := agent.StartSide(context.Background(), e.HUP, o, ready, reg, logger)
 	require.NoError(t, err)
 	defer stop()
 	admin := logAttr(t, logs.String(), "admin listening", "address")
@@ -82,8 +86,8 @@ func TestAgentAdminConnLimits(t *testing.T) {
 	assert.Nil(t, floodConn(t, admin, "127.0.0.1", floodHTTP), "the second is refused at accept")
 	assert.Equal(t, float64(1), gathered(t, reg, "trustbridge_listener_connections_refused_total", map[string]string{"listener": "admin", "reason": "source_limit"}))
 
-	o.conns.max = -1
-	_, err = startAgentSide(context.Background(), e, o, ready, prometheus.NewRegistry(), logger)
+	o.Conns.Max = -1
+	_, err = agent.StartSide(context.Background(), e.HUP, o, ready, prometheus.NewRegistry(), logger)
 	assert.ErrorContains(t, err, "--admin-max-conns -1")
 }
 
@@ -120,11 +124,11 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string, labels map[st
 // listener's per-source limit instead of being reset by it.
 func TestAdminClientStaysUnderPerSourceLimit(t *testing.T) {
 	o := baseServerOptions("example.org", t.TempDir())
-	o.adminConns = connLimits{max: 8, perSource: 3} // one spare: the server may not yet have seen the last call's close
+	o.AdminConns = server.ConnLimits{Max: 8, PerSource: 3} // one spare: the server may not yet have seen the last call's close
 	admin, _, _ := launchServer(t, o)
-	c := &adminClient{addr: "http://" + admin}
+	c := &cli.AdminClient{Addr: "http://" + admin}
 	for i := range 10 {
-		_, err := c.do(context.Background(), "GET", "/v1/federation/relationships", nil, false)
+		_, err := c.Do(context.Background(), "GET", "/v1/federation/relationships", nil, false)
 		require.NoError(t, err, "call %d", i)
 	}
 }

@@ -27,18 +27,18 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 
 	eastData, _ := bootstrapDataDir(t, "east.example")
 	east := startE2EServer(t, "east.example", eastData, nil)
-	eastPEM := writeTemp(t, cli(t, "bundle", "show", "-o", "pem", "--data-dir", eastData))
+	eastPEM := writeTemp(t, mustCLI(t, "bundle", "show", "-o", "pem", "--data-dir", eastData))
 
 	var ns string // the last server's namespace
 	kubeServer := func(federationCRD bool) (*e2eServer, string) {
 		dir := t.TempDir()
 		ns = env.Namespace(t)
 		o := baseServerOptions("west.example", dir)
-		o.federation.minRefresh = time.Second
-		o.federation.allowPrivate = true
-		o.grpc.kubeconfig = writeKubeconfig(t, env.Config.Host, env)
-		o.kube = fastKubeStorage(ns)
-		o.kube.federationCRD, o.kube.federationClass = federationCRD, "manage-e2e"
+		o.Federation.MinRefresh = time.Second
+		o.Federation.AllowPrivate = true
+		o.GRPC.Kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+		o.Kube = fastKubeStorage(ns)
+		o.Kube.FederationCRD, o.Kube.FederationClass = federationCRD, "manage-e2e"
 		admin, _, _ := launchServer(t, o)
 		return &e2eServer{admin: "http://" + admin}, dir
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -152,7 +153,7 @@ func TestCARotateSaysWhenNoServerRuns(t *testing.T) {
 // and the log stays whole.
 func TestSecondServerOnOneAuditLogIsRefused(t *testing.T) {
 	auditPath := filepath.Join(t.TempDir(), "audit.jsonl")
-	withLog := func(o *serverOptions) { o.auditLog = auditPath }
+	withLog := func(o *server.Config) { o.AuditLog = auditPath }
 	startServer(t, t.TempDir(), withLog)
 	// The first server writes its baseline entry as it starts serving;
 	// compare against the log once that entry is in.
@@ -190,7 +191,7 @@ func TestServerRefusesAMissingDataDirWithoutInit(t *testing.T) {
 	var first trustDoc
 	for i, init := range []bool{true, true, false} {
 		o := baseServerOptions("example.org", dataDir)
-		o.init = init
+		o.Init = init
 		admin, _, stop := launchServer(t, o)
 		doc := trustOf(t, admin)
 		stop()
@@ -220,7 +221,7 @@ func TestServerRefusesADataDirWithOtherFilesWithoutInit(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, entries, 2, "nothing written, not even a lock file")
 
-	o.init = true
+	o.Init = true
 	admin, _, stop := launchServer(t, o)
 	assert.Len(t, trustOf(t, admin).Authorities, 1)
 	stop()
@@ -230,7 +231,7 @@ func TestServerRefusesADataDirWithOtherFilesWithoutInit(t *testing.T) {
 		dataDir := t.TempDir()
 		require.NoError(t, os.WriteFile(filepath.Join(dataDir, "x"), nil, 0o600))
 		o := baseServerOptions("example.org", dataDir)
-		o.caDir = writeCACerts(t)
+		o.CADir = writeCACerts(t)
 		err := serverError(t, o)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "start the published roots' history and the bundle sequence over")

@@ -59,13 +59,3 @@ func TestServerRefusesAnInsecureDataDir(t *testing.T) {
 	_, err = os.Stat(filepath.Join(caDir, "state.json"))
 	assert.NoError(t, err)
 }
-
-func TestServerCreatesPrivateDataDir(t *testing.T) {
-	dataDir := filepath.Join(t.TempDir(), "new", "data")
-	startServer(t, dataDir, func(o *serverOptions) { o.init = true })
-	for _, dir := range []string{dataDir, filepath.Join(dataDir, "ca")} {
-		info, err := os.Stat(dir)
-		require.NoError(t, err)
-		assert.Equal(t, os.FileMode(0o700), info.Mode().Perm(), dir)
-	}
-}

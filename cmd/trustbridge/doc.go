@@ -1,5 +1,8 @@
-// Command trustbridge is the composition root of trustbridge: it reads
-// flags, environment and files, and wires the domain packages together.
+// Command trustbridge is trustbridge's command line: it turns flags,
+// environment variables and the --config file into a server.Config and
+// runs internal/server (trustbridge server), runs the node agent
+// (trustbridge agent), and adds the command groups of cli/* (federation,
+// bundle, ca, audit, policy, jwt, backup, config, token).
 //
 //	trustbridge version
 //	trustbridge bundle inspect [--trust-domain TD] [--format table|json|pem|spiffe] FILE

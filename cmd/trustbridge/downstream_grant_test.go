@@ -29,7 +29,9 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/catest"
 	"github.com/trustbridge/trustbridge/ca/upstream/trustbridge"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -64,14 +66,14 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	services := make(chan map[string]grpc.ServiceInfo, 1)
 	dataDir := t.TempDir()
 	g := &grantTarget{fallen: map[string]string{}}
-	g.attackTarget = startAttackTarget(t, func(o *serverOptions) {
-		o.dataDir = dataDir
-		o.grpc.bootstrapFile = tokens
-		o.grpc.downstream.allow = []string{regionID.String()}
-		o.grpc.maxRenewalLifetime = 720 * time.Hour
-		o.grpc.grantHooks = grantHooks{
-			bootstrapReload: 10 * time.Millisecond,
-			onBootstrapReload: func(changed bool, err error) {
+	g.attackTarget = startAttackTarget(t, func(o *server.Config) {
+		o.DataDir = dataDir
+		o.GRPC.BootstrapFile = tokens
+		o.GRPC.Downstream.Allow = []string{regionID.String()}
+		o.GRPC.MaxRenewalLifetime = 720 * time.Hour
+		o.GRPC.GrantHooks = server.GrantHooks{
+			BootstrapReload: 10 * time.Millisecond,
+			OnBootstrapReload: func(changed bool, err error) {
 				if changed && err == nil {
 					select {
 					case reloaded <- struct{}{}:
@@ -79,7 +81,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 					}
 				}
 			},
-			onGRPCServices: func(m map[string]grpc.ServiceInfo) { services <- m },
+			OnGRPCServices: func(m map[string]grpc.ServiceInfo) { services <- m },
 		}
 	})
 	select {
@@ -93,7 +95,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	for _, r := range roots {
 		g.roots = append(g.roots, r.Cert)
 	}
-	rootCert := writeFile(t, string(certsPEM(g.roots)), 0o644)
+	rootCert := writeFile(t, string(cli.CertsPEM(g.roots)), 0o644)
 	request := func(token string) string {
 		dir := filepath.Join(t.TempDir(), "creds")
 		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", g.grpc, "--root-cert", rootCert,
@@ -134,7 +136,7 @@ func newGrantTarget(t *testing.T) *grantTarget {
 		Mutate: func(c *x509.Certificate) { c.ExtraExtensions = []pkix.Extension{ext} }})
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
-	g.fallen["chain older than --max-renewal-lifetime"] = writeCertDir(t, certsPEM([]*x509.Certificate{leaf}),
+	g.fallen["chain older than --max-renewal-lifetime"] = writeCertDir(t, cli.CertsPEM([]*x509.Certificate{leaf}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
 	return g
 }

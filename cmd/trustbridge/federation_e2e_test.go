@@ -25,9 +25,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -44,12 +46,12 @@ type e2eServer struct {
 // startE2EServer runs a server for td on dataDir until stop or the end of
 // the test. Unlike startNamedServer it can be stopped early, which the
 // bootstrap of an https_spiffe pair needs.
-func startE2EServer(t *testing.T, td, dataDir string, mutate func(*serverOptions)) *e2eServer {
+func startE2EServer(t *testing.T, td, dataDir string, mutate func(*server.Config)) *e2eServer {
 	t.Helper()
 	o := baseServerOptions(td, dataDir)
-	o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
-	o.federation.minRefresh = time.Second
-	o.federation.allowPrivate = true
+	o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileSPIFFE, ServeOthers: true}
+	o.Federation.MinRefresh = time.Second
+	o.Federation.AllowPrivate = true
 	if mutate != nil {
 		mutate(&o)
 	}
@@ -111,23 +113,23 @@ func writeSPIFFEFederationConfig(t *testing.T, peer, addr string, peerRoots []*x
 // other over https_spiffe. A CA root exists only after a server's first
 // start and the peer's config needs it, so each data dir is bootstrapped
 // first and the bundle endpoints then get ports reserved up front.
-func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*serverOptions)) (east, west *e2eServer) {
+func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*server.Config)) (east, west *e2eServer) {
 	t.Helper()
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
 	westData, westRoots := bootstrapDataDir(t, "west.example")
 	eastAddr, westAddr := reservePort(t), reservePort(t)
 	eastCfg := writeSPIFFEFederationConfig(t, "west.example", westAddr, westRoots)
 	westCfg := writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
-	east = startE2EServer(t, "east.example", eastData, func(o *serverOptions) {
-		o.bundle.listen = eastAddr
-		o.federation.configFile = eastCfg
+	east = startE2EServer(t, "east.example", eastData, func(o *server.Config) {
+		o.Bundle.Listen = eastAddr
+		o.Federation.ConfigFile = eastCfg
 		if eastMutate != nil {
 			eastMutate(o)
 		}
 	})
-	west = startE2EServer(t, "west.example", westData, func(o *serverOptions) {
-		o.bundle.listen = westAddr
-		o.federation.configFile = westCfg
+	west = startE2EServer(t, "west.example", westData, func(o *server.Config) {
+		o.Bundle.Listen = westAddr
+		o.Federation.ConfigFile = westCfg
 		if westMutate != nil {
 			westMutate(o)
 		}
@@ -354,9 +356,9 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.pem")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, cli.CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
-	require.NoError(t, os.WriteFile(caFile, certsPEM([]*x509.Certificate{web.Cert}), 0o600))
+	require.NoError(t, os.WriteFile(caFile, cli.CertsPEM([]*x509.Certificate{web.Cert}), 0o600))
 
 	eastAddr, westAddr := reservePort(t), reservePort(t)
 	webConfig := func(peer, addr string) string {
@@ -367,10 +369,10 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 		return path
 	}
 	webServer := func(td, addr, cfg string) *e2eServer {
-		return startE2EServer(t, td, t.TempDir(), func(o *serverOptions) {
-			o.bundle = bundleOptions{listen: addr, path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, serveOthers: true}
-			o.federation.configFile = cfg
-			o.federation.caFile = caFile
+		return startE2EServer(t, td, t.TempDir(), func(o *server.Config) {
+			o.Bundle = server.BundleConfig{Listen: addr, Path: "/", Profile: server.ProfileWeb, TLSCert: certFile, TLSKey: keyFile, ServeOthers: true}
+			o.Federation.ConfigFile = cfg
+			o.Federation.CAFile = caFile
 		})
 	}
 	east := webServer("east.example", eastAddr, webConfig("west.example", westAddr))
@@ -420,8 +422,8 @@ func TestFederationE2ERootRotation(t *testing.T) {
 		t.Skip("waits for the server's CA recheck (up to 30s)")
 	}
 	east, west := startSPIFFEPair(t,
-		func(o *serverOptions) { o.refreshHint = 2 * time.Second },
-		func(o *serverOptions) { o.federation.minRefresh = time.Second })
+		func(o *server.Config) { o.RefreshHint = 2 * time.Second },
+		func(o *server.Config) { o.Federation.MinRefresh = time.Second })
 	before := *waitFederated(t, west, "east.example", 1, 30*time.Second).Sequence
 	waitFederated(t, east, "west.example", 1, 30*time.Second)
 	oldRoots := caRootsOf(t, east)

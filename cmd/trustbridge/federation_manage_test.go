@@ -7,7 +7,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,14 +22,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-// cli runs the CLI with the real clock and requires success.
-func cli(t *testing.T, args ...string) string {
+// mustCLI runs the CLI with the real clock and requires success.
+func mustCLI(t *testing.T, args ...string) string {
 	t.Helper()
 	stdout, stderr, code := runCLIAt(t, time.Now, "", args...)
 	require.Equal(t, 0, code, "trustbridge %v: %s", args, stderr)
@@ -40,7 +41,7 @@ func cli(t *testing.T, args ...string) string {
 func relationships(t *testing.T, s *e2eServer) map[string]admin.Relationship {
 	t.Helper()
 	var rels []admin.Relationship
-	require.NoError(t, json.Unmarshal([]byte(cli(t, "federation", "list", "-o", "json", "--admin", s.admin)), &rels))
+	require.NoError(t, json.Unmarshal([]byte(mustCLI(t, "federation", "list", "-o", "json", "--admin", s.admin)), &rels))
 	out := map[string]admin.Relationship{}
 	for _, r := range rels {
 		out[r.TrustDomain] = r
@@ -55,7 +56,7 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	peerDir := t.TempDir()
 	peer := startE2EServer(t, "peer.example", peerDir, nil)
 	peerPEM := filepath.Join(t.TempDir(), "peer.pem")
-	require.NoError(t, os.WriteFile(peerPEM, []byte(cli(t, "bundle", "show", "-o", "pem", "--data-dir", peerDir)), 0o600))
+	require.NoError(t, os.WriteFile(peerPEM, []byte(mustCLI(t, "bundle", "show", "-o", "pem", "--data-dir", peerDir)), 0o600))
 
 	dir := t.TempDir()
 	local := startE2EServer(t, "example.org", dir, nil)
@@ -71,14 +72,14 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 		_, stderr, code = runCLIAt(t, time.Now, "", append(add[:len(add)-2:len(add)-2], "--admin-token-file", wrong)...)
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "401 Unauthorized: wrong admin token")
-		assert.Contains(t, stderr, filepath.Join(dir, adminTokenName))
+		assert.Contains(t, stderr, filepath.Join(dir, server.AdminTokenName))
 		_, ok := federationStatus(t, local, "peer.example")
 		assert.False(t, ok, "nothing added")
 	})
 
-	assert.Contains(t, cli(t, add...), "federated with peer.example")
+	assert.Contains(t, mustCLI(t, add...), "federated with peer.example")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: originRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
+	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: server.OriginRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
 		EndpointSPIFFEID: "spiffe://peer.example/trustbridge/bundle-endpoint", State: "ok"}, relationships(t, local)["peer.example"])
 
 	_, stderr, code := runCLIAt(t, time.Now, "", add...)
@@ -93,12 +94,12 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	// A restart keeps it.
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
-	assert.Equal(t, originRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
+	assert.Equal(t, server.OriginRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
 		"the start-up records list the peers added at run time too")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+	assert.Equal(t, server.OriginRuntime, relationships(t, local)["peer.example"].Origin)
 
-	assert.Contains(t, cli(t, "federation", "remove", "peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
+	assert.Contains(t, mustCLI(t, "federation", "remove", "peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
 	_, ok := federationStatus(t, local, "peer.example")
 	assert.False(t, ok)
 	assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
@@ -139,7 +140,7 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "bundle is for another trust domain") // checked before sending
 	own := filepath.Join(t.TempDir(), "own.pem")
-	require.NoError(t, os.WriteFile(own, []byte(cli(t, "bundle", "show", "-o", "pem", "--data-dir", dir)), 0o600))
+	require.NoError(t, os.WriteFile(own, []byte(mustCLI(t, "bundle", "show", "-o", "pem", "--data-dir", dir)), 0o600))
 	_, stderr, code = set("example.org", own)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "this server's own trust domain")
@@ -153,15 +154,15 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 
 	// bundle show from the data dir, while the server runs, is what the
 	// server publishes.
-	shown := cli(t, "bundle", "show", "-o", "spiffe", "--data-dir", dir)
+	shown := mustCLI(t, "bundle", "show", "-o", "spiffe", "--data-dir", dir)
 	code, served := get(t, local.admin+"/v1/bundle")
 	require.Equal(t, http.StatusOK, code)
 	assert.JSONEq(t, served, shown)
-	assert.JSONEq(t, served, cli(t, "bundle", "show", "-o", "spiffe", "--admin", local.admin))
-	b, _, err := bundledoc.ParsePEM(local.td, []byte(cli(t, "bundle", "show", "-o", "pem", "--admin", local.admin)))
+	assert.JSONEq(t, served, mustCLI(t, "bundle", "show", "-o", "spiffe", "--admin", local.admin))
+	b, _, err := bundledoc.ParsePEM(local.td, []byte(mustCLI(t, "bundle", "show", "-o", "pem", "--admin", local.admin)))
 	require.NoError(t, err)
 	assert.NotEmpty(t, b.X509Authorities())
-	assert.Contains(t, cli(t, "bundle", "show", "--data-dir", dir), "example.org")
+	assert.Contains(t, mustCLI(t, "bundle", "show", "--data-dir", dir), "example.org")
 }
 
 // writeTemp writes content to a file of its own and returns its path.
@@ -214,14 +215,14 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 	stdout, stderr, code := run(append(slices.Clone(spiffeAdd), "--bundle", rootPEM, "--no-fetch")...)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "federated with peer.example")
-	assert.Equal(t, originRuntime, relationships(t, local)["peer.example"].Origin)
+	assert.Equal(t, server.OriginRuntime, relationships(t, local)["peer.example"].Origin)
 	local.stop()
 
 	path := filepath.Join(dir, "federation-managed.yaml")
 	require.NoError(t, os.WriteFile(path, []byte("federation:\n  - trustDomian: peer.example\n"), 0o600))
 	o := baseServerOptions("example.org", dir)
 	var logs bytes.Buffer
-	err := runServer(context.Background(), env{in: strings.NewReader(""), out: io.Discard, err: &logs, now: time.Now}, o, nil)
+	err := runServer(context.Background(), cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: &logs, Now: time.Now}, o, nil)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "run-time federation")
 	assert.Contains(t, err.Error(), "federation-managed.yaml")
@@ -233,7 +234,7 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 func TestFederationAddOverAdminSocket(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
-	local := startE2EServer(t, "example.org", dir, func(o *serverOptions) { o.adminSocket = sock })
+	local := startE2EServer(t, "example.org", dir, func(o *server.Config) { o.AdminSocket = sock })
 	info, err := os.Stat(sock)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
@@ -241,15 +242,15 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	static := testca.New(t, "static.example")
 	file := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: static.Cert.Raw})))
 	noToken := filepath.Join(t.TempDir(), "none")
-	out := cli(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
+	out := mustCLI(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
 	assert.Contains(t, out, "static bundle")
-	assert.Contains(t, cli(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
-	assert.Equal(t, originRuntime, relationships(t, local)["web.example"].Origin)
+	assert.Contains(t, mustCLI(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
+	assert.Equal(t, server.OriginRuntime, relationships(t, local)["web.example"].Origin)
 
 	// Every admin command takes unix://PATH, the reading ones too.
 	sockAdmin := []string{"--admin", "unix://" + sock}
-	assert.Contains(t, cli(t, append([]string{"federation", "status"}, sockAdmin...)...), "web.example")
-	assert.Contains(t, cli(t, append([]string{"audit", "--fail-on", "none"}, sockAdmin...)...), "trust domain example.org")
+	assert.Contains(t, mustCLI(t, append([]string{"federation", "status"}, sockAdmin...)...), "web.example")
+	assert.Contains(t, mustCLI(t, append([]string{"audit", "--fail-on", "none"}, sockAdmin...)...), "trust domain example.org")
 	_, stderr, code := runCLIAt(t, time.Now, "", append([]string{"federation", "refresh", "nope.example"}, sockAdmin...)...)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "the server answered")
@@ -273,10 +274,10 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	fedFile := filepath.Join(t.TempDir(), "federation.yaml")
 	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example")), 0o600))
 	o := baseServerOptions("example.org", dir)
-	o.federation.configFile = fedFile
-	o.federation.allowPrivate = true
+	o.Federation.ConfigFile = fedFile
+	o.Federation.AllowPrivate = true
 	admin, hup, logs := launchReloadable(t, o)
-	cli(t, "federation", "add", "b.example", "https://127.0.0.1:1/b", "--no-fetch", "--admin", "http://"+admin, "--data-dir", dir)
+	mustCLI(t, "federation", "add", "b.example", "https://127.0.0.1:1/b", "--no-fetch", "--admin", "http://"+admin, "--data-dir", dir)
 	require.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
 
 	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
@@ -285,7 +286,7 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
 
 	// Moved: removed at run time, then reloaded from the file.
-	cli(t, "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
+	mustCLI(t, "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
 	hupAndWait(t, hup, logs, "reloaded", 1)
 	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
 	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
@@ -297,7 +298,7 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	c := testca.New(t, "c.example")
 	pemFile := filepath.Join(t.TempDir(), "c.pem")
 	require.NoError(t, os.WriteFile(pemFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw}), 0o600))
-	cli(t, "bundle", "set", "c.example", pemFile, "--admin", "http://"+admin, "--data-dir", dir)
+	mustCLI(t, "bundle", "set", "c.example", pemFile, "--admin", "http://"+admin, "--data-dir", dir)
 	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example", "c.example")), 0o600))
 	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 2)
 	assert.Contains(t, logs.String(), "c.example has a static bundle set at run time: remove it with trustbridge federation remove c.example")
@@ -327,7 +328,7 @@ func TestTokenTransportOK(t *testing.T) {
 		{"http://%zz", false},
 	} {
 		t.Run(tc.addr, func(t *testing.T) {
-			err := tokenTransportOK(tc.addr)
+			err := cli.TokenTransportOK(tc.addr)
 			if tc.ok {
 				assert.NoError(t, err)
 				return
@@ -341,7 +342,7 @@ func TestTokenTransportOK(t *testing.T) {
 // The admin client uses no proxy: HTTP_PROXY would see the token.
 func TestAdminClientNoProxy(t *testing.T) {
 	for _, addr := range []string{"http://127.0.0.1:15014", "https://trustbridge.example", "unix:///run/admin.sock"} {
-		client, _ := (&adminClient{addr: addr}).client()
+		client, _ := (&cli.AdminClient{Addr: addr}).Client()
 		tr, ok := client.Transport.(*http.Transport)
 		require.True(t, ok, addr)
 		assert.Nil(t, tr.Proxy, addr)
@@ -376,36 +377,7 @@ func TestAdminTokenNotSentInClearText(t *testing.T) {
 	assert.Empty(t, seen(), "nothing reached the server")
 
 	// The same server over loopback gets it.
-	out := cli(t, "federation", "remove", "peer.example", "--admin", srv.URL, "--admin-token-file", tokenFile)
+	out := mustCLI(t, "federation", "remove", "peer.example", "--admin", srv.URL, "--admin-token-file", tokenFile)
 	assert.Equal(t, "removed\n", out)
 	assert.Equal(t, []string{"Bearer s3cret"}, seen())
-}
-
-// --admin-socket is not taken from a server that still answers on it
-// (the error names the path, its socket stays); a stale one is replaced.
-func TestAdminSocketInUse(t *testing.T) {
-	dir, err := os.MkdirTemp("", "as")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "admin.sock")
-	first, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	_, err = listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), sock+": another server answers on this socket")
-	conn, err := net.Dial("unix", sock)
-	require.NoError(t, err, "the first server's socket is kept")
-	conn.Close()
-	first.close()
-	assert.NoFileExists(t, sock)
-
-	// A crashed server's socket: bound, never unlinked, nothing listens.
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	require.NoError(t, err)
-	ln.SetUnlinkOnClose(false)
-	require.NoError(t, ln.Close())
-	require.FileExists(t, sock)
-	again, err := listenAdminSocket(sock, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
-	require.NoError(t, err, "a stale socket is replaced")
-	again.close()
 }

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"crypto/x509"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -18,8 +15,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -67,16 +66,16 @@ func refusedOnEveryPath(t *testing.T, tuple, yaml, want string) {
 	require.NoError(t, os.WriteFile(configFile, []byte("trust-domain: example.org\ndata-dir: "+t.TempDir()+"\n"+yaml), 0o600))
 
 	t.Run("--federate", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{federate: tuple}, local, nil)
+		_, _, _, err := server.StaticEndpoints(server.FederationConfig{Federate: tuple}, local, nil)
 		assert.EqualError(t, err, "--federate "+tuple+": "+want)
 	})
 	t.Run("SPIFFE_BUNDLE_ENDPOINTS", func(t *testing.T) {
 		t.Setenv("SPIFFE_BUNDLE_ENDPOINTS", tuple)
-		_, _, _, err := staticEndpoints(federationOptions{}, local, nil)
+		_, _, _, err := server.StaticEndpoints(server.FederationConfig{}, local, nil)
 		assert.EqualError(t, err, "--federate "+tuple+": "+want)
 	})
 	t.Run("--federation-config", func(t *testing.T) {
-		_, _, _, err := staticEndpoints(federationOptions{configFile: fedFile}, local, nil)
+		_, _, _, err := server.StaticEndpoints(server.FederationConfig{ConfigFile: fedFile}, local, nil)
 		assert.EqualError(t, err, "--federation-config "+fedFile+": federation[0] (peer.example): "+want)
 	})
 	t.Run("config check", func(t *testing.T) {
@@ -113,8 +112,8 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 	assert.Equal(t, 0, code, stdout)
 
 	o := baseServerOptions("example.org", dataDir)
-	o.federation.federate = unanchoredTuple
-	o.init = true // the directory holds the peer's bundle but no CA state yet
+	o.Federation.Federate = unanchoredTuple
+	o.Init = true // the directory holds the peer's bundle but no CA state yet
 	admin, _, _ := launchServer(t, o)
 	code, body := get(t, "http://"+admin+"/v1/federation")
 	require.Equal(t, http.StatusOK, code)
@@ -125,52 +124,14 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 	require.Len(t, status[0].Authorities, 1, "the stored bundle is held")
 }
 
-var bootstrap = regexp.MustCompile(`^curl -s (\S+) > (\S+)$`)
-
-// The start-up record's tuple and bootstrap command, used verbatim by a peer's
-// operator, federate: the tuple names the bundle file the command writes
-// (issue 21 item 5).
-func TestBannerTupleFederates(t *testing.T) {
-	_, eastBanner, _ := startNamedServer(t, "east.example", nil)
-	tuple := []string{"", logAttr(t, eastBanner, bundleEndpointStarted, "tuple")}
-	cmd := bootstrap.FindStringSubmatch(logAttr(t, eastBanner, bundleEndpointStarted, "bootstrap"))
-	require.NotNil(t, cmd, eastBanner)
-	assert.True(t, strings.HasSuffix(tuple[1], "|spiffe://east.example/trustbridge/bundle-endpoint|"+cmd[2]), "the tuple names the file the command writes:\n%s", eastBanner)
-
-	// West's operator runs the command in the directory west starts in.
-	dir := t.TempDir()
-	t.Chdir(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cmd[1], nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	doc, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(doc))
-	require.NoError(t, os.WriteFile(cmd[2], doc, 0o600))
-
-	westAdmin, _, _ := startNamedServer(t, "west.example", func(o *serverOptions) { o.federation.federate = tuple[1] })
-	assert.EventuallyWithT(t, func(c *assert.CollectT) {
-		code, body := get(t, "http://"+westAdmin+"/v1/federation")
-		var status []federation.Status
-		if !assert.Equal(c, http.StatusOK, code) || !assert.NoError(c, json.Unmarshal([]byte(body), &status)) || !assert.Len(c, status, 1) {
-			return
-		}
-		assert.Equal(c, federation.StateOK, status[0].State, status[0].LastError)
-	}, 15*time.Second, 20*time.Millisecond, "west federates with east over the banner's tuple")
-}
-
 // https_web peers need no bundle: the tuple stays Istio's two fields and
 // there is no bootstrap line.
 func TestBannerWebTupleHasNoBootstrap(t *testing.T) {
 	dir := t.TempDir()
 	web := testca.New(t, "web.test")
 	certFile, keyFile := writeWebCert(t, dir, web)
-	_, out := startServer(t, t.TempDir(), func(o *serverOptions) {
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileWeb, tlsCert: certFile, tlsKey: keyFile, serveOthers: true}
+	_, out := startServer(t, t.TempDir(), func(o *server.Config) {
+		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileWeb, TLSCert: certFile, TLSKey: keyFile, ServeOthers: true}
 	})
 	tuple := logAttr(t, out.String(), bundleEndpointStarted, "tuple")
 	assert.Equal(t, 2, strings.Count(tuple, "|")+1, tuple)
@@ -188,7 +149,7 @@ func writeWebCert(t *testing.T, dir string, web *testca.CA) (certFile, keyFile s
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	require.NoError(t, os.WriteFile(certFile, certsPEM([]*x509.Certificate{leaf}), 0o600))
+	require.NoError(t, os.WriteFile(certFile, cli.CertsPEM([]*x509.Certificate{leaf}), 0o600))
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 	return certFile, keyFile
 }
@@ -228,76 +189,8 @@ func TestHubServedPeerRefusedOnEveryPath(t *testing.T) {
 		TrustDomain: eps[0].TrustDomain, URL: eps[0].URL, Profile: eps[0].Profile, EndpointSPIFFEID: eps[0].EndpointSPIFFEID,
 		BootstrapBundle: testca.New(t, "peer.example").Bundle(),
 	}, nil).Error()
-	_, _, _, err = staticEndpoints(federationOptions{federate: hubServedTuple + "|" + peerFile}, spiffeid.RequireTrustDomainFromString("example.org"), nil)
+	_, _, _, err = server.StaticEndpoints(server.FederationConfig{Federate: hubServedTuple + "|" + peerFile}, spiffeid.RequireTrustDomainFromString("example.org"), nil)
 	assert.EqualError(t, err, "--federate "+hubServedTuple+": "+peerWant)
-}
-
-// The same peer is accepted once hub.example's roots will be in the trust
-// store: served by our own trust domain, hub.example federated with its
-// bundle by the flag or the file (either way round), or a stored bundle of
-// hub.example; a cycle of peers serving each other is refused until one
-// has its bundle.
-func TestHubServedPeerAcceptedWhenServerAnchored(t *testing.T) {
-	local := spiffeid.RequireTrustDomainFromString("example.org")
-	dir := t.TempDir()
-	hubFile := filepath.Join(dir, "hub.example.json")
-	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
-	hubTuple := "hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server"
-	fedFile := filepath.Join(dir, "federation.yaml")
-	require.NoError(t, os.WriteFile(fedFile, []byte(hubServedYAML+`  - trustDomain: hub.example
-    bundleEndpointURL: https://hub.example:8443/
-    bundleEndpointProfile:
-      type: https_spiffe
-      endpointSPIFFEID: spiffe://hub.example/bundle-server
-    trustDomainBundleFile: hub.example.json
-`), 0o600))
-	hubOnlyFile := filepath.Join(dir, "hub-only.yaml")
-	require.NoError(t, os.WriteFile(hubOnlyFile, []byte(`federation:
-  - trustDomain: hub.example
-    bundleEndpointURL: https://hub.example:8443/
-    bundleEndpointProfile:
-      type: https_spiffe
-      endpointSPIFFEID: spiffe://hub.example/bundle-server
-    trustDomainBundleFile: hub.example.json
-`), 0o600))
-	storeDir := t.TempDir()
-	require.NoError(t, federation.NewLKGStore(storeDir).Save(federation.LKGEntry{
-		TrustDomain: spiffeid.RequireTrustDomainFromString("hub.example"), Bundle: testca.New(t, "hub.example").Bundle(),
-		EndpointURL: "https://hub.example:8443/", FetchedAt: time.Now(),
-	}))
-	lkg := federation.NewLKGStore(storeDir)
-
-	aViaB := "a.example|https://b.example/a|spiffe://b.example/bundle-server"
-	bViaA := "b.example|https://a.example/b|spiffe://a.example/bundle-server"
-	bFile := filepath.Join(dir, "b.example.json")
-	writeBundleDoc(t, bFile, testca.New(t, "b.example"))
-
-	tests := []struct {
-		name string
-		o    federationOptions
-		held func(spiffeid.TrustDomain) bool
-		want string // "" accepted, else a part of the refusal
-	}{
-		{"served by our trust domain", federationOptions{federate: "peer.example|https://bundles.example.org/peer|spiffe://example.org/bundle-server"}, nil, ""},
-		{"hub by flag with its bundle", federationOptions{federate: hubServedTuple + "||" + hubTuple + "|" + hubFile}, nil, ""},
-		{"hub by flag with its bundle, listed first", federationOptions{federate: hubTuple + "|" + hubFile + "||" + hubServedTuple}, nil, ""},
-		{"peer and hub in one file", federationOptions{configFile: fedFile}, nil, ""},
-		{"peer by flag, hub in a file", federationOptions{federate: hubServedTuple, configFile: hubOnlyFile}, nil, ""},
-		{"hub stored", federationOptions{federate: hubServedTuple}, func(d spiffeid.TrustDomain) bool { return federation.StoreHolds(lkg, d) }, ""},
-		{"hub by flag without its bundle", federationOptions{federate: hubServedTuple + "||" + hubTuple}, nil, "hub.example is federated here by \"hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server\""},
-		{"cycle", federationOptions{federate: aViaB + "||" + bViaA}, nil, "b.example is federated here by"},
-		{"cycle, b.example with its bundle", federationOptions{federate: aViaB + "||" + bViaA + "|" + bFile}, nil, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, _, _, err := staticEndpoints(tt.o, local, tt.held)
-			if tt.want == "" {
-				assert.NoError(t, err)
-			} else {
-				assert.ErrorContains(t, err, tt.want)
-			}
-		})
-	}
 }
 
 func writeBundleDoc(t *testing.T, path string, ca *testca.CA) {
@@ -316,16 +209,16 @@ func TestHubServedPeerAnchoredByARelayedFile(t *testing.T) {
 	dir := t.TempDir()
 	hubFile := filepath.Join(dir, "hub.example.json")
 	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
-	relay := bundleOptions{listen: "127.0.0.1:0", files: []string{"hub.example=" + hubFile, "not a spec=" + hubFile, dir + "/local.json"}}
-	assert.Equal(t, []spiffeid.TrustDomain{spiffeid.RequireTrustDomainFromString("hub.example")}, relayedTrustDomains(relay))
+	relay := server.BundleConfig{Listen: "127.0.0.1:0", Files: []string{"hub.example=" + hubFile, "not a spec=" + hubFile, dir + "/local.json"}}
+	assert.Equal(t, []spiffeid.TrustDomain{spiffeid.RequireTrustDomainFromString("hub.example")}, server.RelayedTrustDomains(relay))
 	off := relay
-	off.listen = ""
-	assert.Empty(t, relayedTrustDomains(off), "no bundle endpoint: the files are not read")
+	off.Listen = ""
+	assert.Empty(t, server.RelayedTrustDomains(off), "no bundle endpoint: the files are not read")
 
 	local := spiffeid.RequireTrustDomainFromString("example.org")
-	_, _, _, err := staticEndpoints(federationOptions{federate: hubServedTuple}, local, orRelayed(nil, relayedTrustDomains(relay)))
+	_, _, _, err := server.StaticEndpoints(server.FederationConfig{Federate: hubServedTuple}, local, server.OrRelayed(nil, server.RelayedTrustDomains(relay)))
 	require.NoError(t, err)
-	_, _, _, err = staticEndpoints(federationOptions{federate: hubServedTuple}, local, orRelayed(nil, relayedTrustDomains(off)))
+	_, _, _, err = server.StaticEndpoints(server.FederationConfig{Federate: hubServedTuple}, local, server.OrRelayed(nil, server.RelayedTrustDomains(off)))
 	require.ErrorIs(t, err, federation.ErrNoServerBundle)
 
 	t.Setenv("TRUST_DOMAIN", "")

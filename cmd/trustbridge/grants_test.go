@@ -21,8 +21,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -38,9 +40,9 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"+otherToken+",spiffe://example.org/vm/other\n"), 0o600))
 	reloaded := make(chan struct{}, 1)
 	dataDir := t.TempDir()
-	admin, banner := startServer(t, dataDir, func(o *serverOptions) {
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff,
-			grantHooks: grantHooks{bootstrapReload: 10 * time.Millisecond, onBootstrapReload: func(changed bool, err error) {
+	admin, banner := startServer(t, dataDir, func(o *server.Config) {
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff,
+			GrantHooks: server.GrantHooks{BootstrapReload: 10 * time.Millisecond, OnBootstrapReload: func(changed bool, err error) {
 				if changed && err == nil {
 					select {
 					case reloaded <- struct{}{}:
@@ -56,7 +58,7 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	rootCert := writeFile(t, string(certsPEM(certs)), 0o644)
+	rootCert := writeFile(t, string(cli.CertsPEM(certs)), 0o644)
 
 	// Bootstrap: the certificate records the token's grant, never the token.
 	out := filepath.Join(t.TempDir(), "creds")
@@ -128,16 +130,6 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	assert.Contains(t, metrics, `trustbridge_certservice_renewal_grant_checks_total{grant_method="bootstrap-token",result="revoked",trust_domain="example.org"} 2`)
 }
 
-func TestMaxRenewalLifetimeFlag(t *testing.T) {
-	err := serverError(t, func() serverOptions {
-		o := baseServerOptions("example.org", t.TempDir())
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", tokenReview: tokenReviewOff, maxRenewalLifetime: -time.Hour}
-		return o
-	}())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--max-renewal-lifetime -1h0m0s is negative")
-}
-
 // TestRenewalWithServiceAccountGrant runs the Kubernetes grant through a
 // real API server: the certificate a service account token bought records
 // the account's UID from TokenReview, renews while the account exists,
@@ -146,10 +138,10 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	k := kubetest.Shared(t)
 	ns := k.Namespace(t)
 	deleted := make(chan struct{}, 1)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.tokenReview = tokenReviewOn
-		o.grpc.kubeconfig = writeKubeconfig(t, k.Config.Host, k)
-		o.grpc.onServiceAccountDeleted = func(namespace, _ string) {
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+		o.GRPC.TokenReview = server.TokenReviewOn
+		o.GRPC.Kubeconfig = writeKubeconfig(t, k.Config.Host, k)
+		o.GRPC.OnServiceAccountDeleted = func(namespace, _ string) {
 			if namespace == ns {
 				deleted <- struct{}{}
 			}
@@ -207,7 +199,7 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
 	cfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
-		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -220,7 +212,7 @@ func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert 
 // its own, whatever became of the token the Envoy authenticated with.
 func TestSDSMintedCertificateIsNoCredential(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 

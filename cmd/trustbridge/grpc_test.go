@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,7 +18,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -39,36 +39,15 @@ func TestMain(m *testing.M) {
 	os.Exit(kubetest.Main(m))
 }
 
-func TestGRPCFlagDefaults(t *testing.T) {
-	f := newServerCmd(env{}).Flags()
-	for flag, want := range map[string]string{
-		"grpc-listen":          ":15012",
-		"grpc-dns-names":       "[]",
-		"ca-response-roots":    "local",
-		"token-audience":       "",
-		"cluster-id":           "",
-		"bootstrap-token-file": "",
-		"sign-rate-limit":      "0",
-		"sign-queue-size":      "64",
-		"kubeconfig":           "",
-		"token-review":         "auto",
-	} {
-		fl := f.Lookup(flag)
-		if assert.NotNil(t, fl, flag) {
-			assert.Equal(t, want, fl.DefValue, flag)
-		}
-	}
-}
-
 // serverError runs the server with o and returns its error; a server that
 // starts after all is stopped and yields nil.
-func serverError(t *testing.T, o serverOptions) error {
+func serverError(t *testing.T, o server.Config) error {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	e, _, _ := testEnv(t, o.logFormat)
+	e, _, _ := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runServer(ctx, e, o, ready)
 	}()
@@ -80,88 +59,6 @@ func serverError(t *testing.T, o serverOptions) error {
 	case err := <-done:
 		return err
 	}
-}
-
-func TestGRPCFlagErrors(t *testing.T) {
-	t.Setenv("KUBERNETES_SERVICE_HOST", "")
-	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
-	tests := []struct {
-		name string
-		o    grpcOptions
-		want string
-	}{
-		{"wildcard dns name", grpcOptions{tokenReview: tokenReviewOff, dnsNames: []string{"*.example"}}, "--grpc-dns-names"},
-		{"ip as dns name", grpcOptions{tokenReview: tokenReviewOff, dnsNames: []string{"10.0.0.1"}}, "--grpc-dns-names"},
-		{"response roots", grpcOptions{responseRoots: "all"}, "--ca-response-roots"},
-		{"token review mode", grpcOptions{tokenReview: "yes"}, "--token-review"},
-		{"token review on without Kubernetes", grpcOptions{tokenReview: tokenReviewOn}, "--token-review on needs"},
-		{"missing kubeconfig", grpcOptions{kubeconfig: filepath.Join(t.TempDir(), "none")}, "--kubeconfig"},
-		{"missing bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: filepath.Join(t.TempDir(), "none")}, "--bootstrap-token-file"},
-		{"bad bootstrap file", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
-		{"bootstrap file of another trust domain", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: writeFile(t, laptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
-		{"negative rate", grpcOptions{rateLimit: -1}, "--sign-rate-limit"},
-		{"NaN rate", grpcOptions{rateLimit: math.NaN()}, "--sign-rate-limit"},
-		{"negative queue", grpcOptions{queueSize: -1}, "--sign-queue-size"},
-		{"port taken", grpcOptions{tokenReview: tokenReviewOff, bootstrapFile: tokens}, "--grpc-listen"},
-	}
-	taken := reservePortHeld(t)
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			o := baseServerOptions("example.org", t.TempDir())
-			o.grpc = tt.o
-			o.grpc.listen = "127.0.0.1:0"
-			if tt.name == "port taken" {
-				o.grpc.listen = taken
-			}
-			err := serverError(t, o)
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tt.want)
-		})
-	}
-}
-
-// reservePortHeld returns an address something listens on for the test.
-func reservePortHeld(t *testing.T) string {
-	t.Helper()
-	addr := reservePort(t)
-	ln, err := net.Listen("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
-	return addr
-}
-
-func TestServerWithoutGRPC(t *testing.T) {
-	_, banner := startServer(t, t.TempDir()) // the test helper leaves --grpc-listen ""
-	assert.Nil(t, logRecord(banner.String(), "certificate service listening"))
-}
-
-func TestLoadKubeConfig(t *testing.T) {
-	t.Run("no Kubernetes", func(t *testing.T) {
-		t.Setenv("KUBERNETES_SERVICE_HOST", "")
-		cfg, ok, err := loadKubeConfig("")
-		assert.NoError(t, err)
-		assert.False(t, ok)
-		assert.Nil(t, cfg)
-	})
-	t.Run("in a pod without a service account", func(t *testing.T) {
-		t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-		t.Setenv("KUBERNETES_SERVICE_PORT", "443")
-		_, ok, err := loadKubeConfig("")
-		assert.ErrorContains(t, err, "in-cluster Kubernetes config")
-		assert.False(t, ok)
-	})
-	t.Run("kubeconfig file", func(t *testing.T) {
-		path := writeKubeconfig(t, "https://127.0.0.1:6443", nil)
-		cfg, ok, err := loadKubeConfig(path)
-		require.NoError(t, err)
-		assert.True(t, ok)
-		assert.Equal(t, "https://127.0.0.1:6443", cfg.Host)
-		assert.Contains(t, cfg.UserAgent, "trustbridge")
-	})
-	t.Run("missing file", func(t *testing.T) {
-		_, _, err := loadKubeConfig(filepath.Join(t.TempDir(), "kubeconfig"))
-		assert.ErrorContains(t, err, "--kubeconfig")
-	})
 }
 
 // writeKubeconfig writes a kubeconfig for host, with the CA and client
@@ -192,10 +89,10 @@ func writeKubeconfig(t *testing.T, host string, from *kubetest.Env) string {
 func TestCARequestWithServiceAccountToken(t *testing.T) {
 	k := kubetest.Shared(t)
 	kubeconfig := writeKubeconfig(t, k.Config.Host, k)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.tokenReview = tokenReviewOn
-		o.grpc.kubeconfig = kubeconfig
-		o.grpc.clusterID = "east"
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+		o.GRPC.TokenReview = server.TokenReviewOn
+		o.GRPC.Kubeconfig = kubeconfig
+		o.GRPC.ClusterID = "east"
 	})
 	ns := k.Namespace(t)
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
@@ -210,11 +107,11 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	// Istio's agents say which cluster their token is from (ClusterID
 	// metadata): this server's own is accepted, another is refused before
 	// any review, as istiod refuses a cluster it does not know.
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	token, err := caclient.ReadToken(good)
 	require.NoError(t, err)
-	serverTLS := caclient.ServerTLS(roots, spiffeid.RequireFromPath(want.TrustDomain(), grpcServingPath), nil)
+	serverTLS := caclient.ServerTLS(roots, spiffeid.RequireFromPath(want.TrustDomain(), server.GRPCServingPath), nil)
 	for cluster, wantCode := range map[string]codes.Code{"east": codes.OK, "west": codes.Unauthenticated} {
 		ctx := metadata.AppendToOutgoingContext(t.Context(), "ClusterID", cluster)
 		_, err := caclient.CreateCertificate(ctx, addr, serverTLS, caclient.Request{Key: testca.NewKey(t, testca.ECP256), Token: token})
@@ -232,10 +129,10 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 // dialing the CA by Service name) verifies the serving certificate with
 // --grpc-dns-names, and only for those names.
 func TestGRPCDNSNames(t *testing.T) {
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.dnsNames = []string{"trustbridge.trustbridge-system.svc", " Trustbridge.Example "}
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+		o.GRPC.DNSNames = []string{"trustbridge.trustbridge-system.svc", " Trustbridge.Example "}
 	})
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	for _, c := range roots {

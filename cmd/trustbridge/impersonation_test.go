@@ -25,7 +25,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -70,12 +72,12 @@ func TestZtunnelImpersonation(t *testing.T) {
 	unbound := k.ServiceAccountToken(t, ns, "ztunnel", []string{"example.org"}, 10*time.Minute)
 	webToken := k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute)
 
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) {
-		o.grpc.tokenReview = tokenReviewOn
-		o.grpc.kubeconfig = kubeconfig
-		o.grpc.trustedNodeAccounts = []string{ns + "/ztunnel"}
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
+		o.GRPC.TokenReview = server.TokenReviewOn
+		o.GRPC.Kubeconfig = kubeconfig
+		o.GRPC.TrustedNodeAccounts = []string{ns + "/ztunnel"}
 	})
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	workload := func(sa string) spiffeid.ID { return spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa) }
@@ -85,7 +87,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 	var lastKey crypto.Signer
 	impersonate := func(token string, target spiffeid.ID) (*x509.Certificate, error) {
 		conn, err := grpc.NewClient(addr,
-			grpc.WithTransportCredentials(credentials.NewTLS(caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, grpcServingPath), nil))),
+			grpc.WithTransportCredentials(credentials.NewTLS(caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, server.GRPCServingPath), nil))),
 			grpc.WithPerRPCCredentials(caclient.BearerToken(token)))
 		require.NoError(t, err)
 		defer conn.Close()
@@ -120,7 +122,7 @@ func TestZtunnelImpersonation(t *testing.T) {
 
 	// That certificate never renews as web: it records ztunnel's grant.
 	webCert := &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: lastKey, Leaf: leaf}
-	_, err = caclient.CreateCertificate(ctx, addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, grpcServingPath), webCert),
+	_, err = caclient.CreateCertificate(ctx, addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(td, server.GRPCServingPath), webCert),
 		caclient.Request{Key: testca.NewKey(t, testca.ECP256)})
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "renewal with an impersonated certificate: %v", err)
 

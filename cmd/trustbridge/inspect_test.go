@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	bundlecmd "github.com/trustbridge/trustbridge/cmd/trustbridge/cli/bundle"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -36,7 +38,7 @@ func runCLI(t *testing.T, stdin string, args ...string) (stdout, stderr string, 
 func runCLIAt(t *testing.T, now func() time.Time, stdin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code = run(args, env{in: strings.NewReader(stdin), out: &out, err: &errb, now: now})
+	code = run(args, cli.Env{In: strings.NewReader(stdin), Out: &out, Err: &errb, Now: now})
 	return out.String(), errb.String(), code
 }
 
@@ -129,7 +131,7 @@ func TestInspectGolden(t *testing.T) {
 func TestInspectJSONIsMachineReadable(t *testing.T) {
 	stdout, _, code := runCLI(t, "", "bundle", "inspect", "-o", "json", "-t", "pq.example", repoTestdata("bundles", "pq-akp.json"))
 	require.Equal(t, 0, code)
-	var got inspection
+	var got bundlecmd.Inspection
 	require.NoError(t, json.Unmarshal([]byte(stdout), &got))
 	require.Len(t, got.Bundles, 1)
 	assert.Equal(t, "pq.example", got.Bundles[0].TrustDomain)
@@ -206,7 +208,7 @@ func TestInspectForeignTrustDomainRefused(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Empty(t, stdout)
 	assert.Contains(t, stderr, `its x5c certificates name pq.example: the poller refuses it (bundle is for another trust domain) from the endpoint of any other; pass --trust-domain pq.example`)
-	assert.NotContains(t, stderr, unnamedTD.Name(), "the placeholder is not the user's business")
+	assert.NotContains(t, stderr, bundlecmd.UnnamedTD.Name(), "the placeholder is not the user's business")
 }
 
 func TestInspectEscapesControlCharacters(t *testing.T) {
@@ -222,7 +224,7 @@ func TestInspectEscapesControlCharacters(t *testing.T) {
 }
 
 func TestInspectRealTrustDomainNamedLikeThePlaceholder(t *testing.T) {
-	stdout, _, code := runCLI(t, `{"keys":[]}`, "bundle", "inspect", "-o", "json", "--allow-empty", "-t", unnamedTD.Name(), "-")
+	stdout, _, code := runCLI(t, `{"keys":[]}`, "bundle", "inspect", "-o", "json", "--allow-empty", "-t", bundlecmd.UnnamedTD.Name(), "-")
 	require.Equal(t, 0, code)
 	assert.Contains(t, stdout, `"trust_domain": "unnamed.invalid"`)
 }

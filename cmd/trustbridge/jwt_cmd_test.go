@@ -19,10 +19,13 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	jwtcmd "github.com/trustbridge/trustbridge/cmd/trustbridge/cli/jwt"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -62,7 +65,7 @@ func bundleWithJWTKey(t *testing.T, key *ecdsa.PrivateKey) (mapFile, single stri
 
 func TestJWTMintAndValidate(t *testing.T) {
 	signer, key := testJWTSigner(t)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) { o.grpc.testJWT = signer })
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) { o.GRPC.TestJWT = signer })
 	token := writeFile(t, laptopToken+"\n", 0o600)
 	mapFile, single := bundleWithJWTKey(t, key)
 
@@ -81,7 +84,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 	// A single bundle with --trust-domain, the token on standard input, JSON.
 	stdout, stderr, code = runCLI(t, jwt+"\n", "jwt", "validate", "--bundle", single, "--trust-domain", "example.org", "--audience", "https://api.example.com", "-o", "json", "-")
 	require.Equal(t, 0, code, stderr)
-	var got jwtValidateOutput
+	var got jwtcmd.ValidateOutput
 	require.NoError(t, json.Unmarshal([]byte(stdout), &got))
 	assert.Equal(t, laptopID.String(), got.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(10*time.Minute), got.ExpiresAt, time.Minute)
@@ -93,7 +96,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	stdout, stderr, code = runCLI(t, "", "jwt", "mint", "--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", creds, "--audience", "a", "-o", "json")
 	require.Equal(t, 0, code, stderr)
-	var minted jwtMintOutput
+	var minted jwtcmd.MintOutput
 	require.NoError(t, json.Unmarshal([]byte(stdout), &minted))
 	assert.Equal(t, laptopID.String(), minted.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(5*time.Minute), minted.ExpiresAt, time.Minute, "the server's default")
@@ -103,7 +106,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 
 func mustParseMap(t *testing.T, path string) []*spiffebundle.Bundle {
 	t.Helper()
-	doc, err := readSmallFile(path, bundledoc.DefaultMaxSize)
+	doc, err := cli.ReadSmallFile(path, bundledoc.DefaultMaxSize)
 	require.NoError(t, err)
 	b, err := caclient.ParseBundles(doc, spiffeid.TrustDomain{})
 	require.NoError(t, err)
@@ -112,7 +115,7 @@ func mustParseMap(t *testing.T, path string) []*spiffebundle.Bundle {
 
 func TestJWTRefusals(t *testing.T) {
 	signer, key := testJWTSigner(t)
-	addr, rootCert, _ := grpcServer(t, func(o *serverOptions) { o.grpc.testJWT = signer })
+	addr, rootCert, _ := grpcServer(t, func(o *server.Config) { o.GRPC.TestJWT = signer })
 	token := writeFile(t, laptopToken+"\n", 0o600)
 	badToken := writeFile(t, "not-the-laptop-token-0123456789\n", 0o600)
 	mapFile, _ := bundleWithJWTKey(t, key)
@@ -201,7 +204,7 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 	}
 	svc, err := certservice.New(cfg)
 	require.NoError(t, err)
-	sc, err := authority.ServingCert(spiffeid.RequireFromPath(td, grpcServingPath), time.Hour)
+	sc, err := authority.ServingCert(spiffeid.RequireFromPath(td, server.GRPCServingPath), time.Hour)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -213,7 +216,7 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 		cancel()
 		require.NoError(t, <-done)
 	})
-	rootCert = writeFile(t, string(certsPEM(authority.Bundle().X509Authorities())), 0o644)
+	rootCert = writeFile(t, string(cli.CertsPEM(authority.Bundle().X509Authorities())), 0o644)
 	return ln.Addr().String(), rootCert, writeFile(t, laptopToken, 0o600)
 }
 
@@ -221,11 +224,11 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 // trust store: a caller gets its own trust domain's bundle.
 func TestServerStreamsBundles(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := caclient.Dial(addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(laptopID.TrustDomain(), grpcServingPath), nil), laptopToken)
+	conn, err := caclient.Dial(addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(laptopID.TrustDomain(), server.GRPCServingPath), nil), laptopToken)
 	require.NoError(t, err)
 	defer conn.Close()
 	b, err := caclient.FetchBundles(ctx, conn, laptopID.TrustDomain())
@@ -236,8 +239,8 @@ func TestServerStreamsBundles(t *testing.T) {
 }
 
 func TestClaimText(t *testing.T) {
-	assert.Equal(t, "1795574191", claimText(float64(1795574191)), "exp as the token has it, not 1.795574191e+09")
-	assert.Equal(t, "1.5", claimText(1.5))
-	assert.Equal(t, "spiffe://example.org/x", claimText("spiffe://example.org/x"))
-	assert.Equal(t, "[a b]", claimText([]any{"a", "b"}))
+	assert.Equal(t, "1795574191", jwtcmd.ClaimText(float64(1795574191)), "exp as the token has it, not 1.795574191e+09")
+	assert.Equal(t, "1.5", jwtcmd.ClaimText(1.5))
+	assert.Equal(t, "spiffe://example.org/x", jwtcmd.ClaimText("spiffe://example.org/x"))
+	assert.Equal(t, "[a b]", jwtcmd.ClaimText([]any{"a", "b"}))
 }

@@ -39,23 +39,24 @@ import (
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/kube/leader"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
 func TestKubeStorageFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		o    kubeOptions
+		o    server.KubeConfig
 		want string
 	}{
-		{"unknown storage", kubeOptions{storage: "etcd"}, `--storage "etcd"`},
-		{"bad selector", kubeOptions{storage: storageKube, namespaceSelector: "a in (("}, "--namespace-selector"},
-		{"no cluster", kubeOptions{storage: storageKube}, "--storage kube needs --kubeconfig"},
+		{"unknown storage", server.KubeConfig{Storage: "etcd"}, `--storage "etcd"`},
+		{"bad selector", server.KubeConfig{Storage: server.StorageKube, NamespaceSelector: "a in (("}, "--namespace-selector"},
+		{"no cluster", server.KubeConfig{Storage: server.StorageKube}, "--storage kube needs --kubeconfig"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")
 			o := baseServerOptions("example.org", t.TempDir())
-			o.kube = tc.o
+			o.Kube = tc.o
 			_, errs, code := runCLI(t, "", append([]string{"server", "--trust-domain", "example.org", "--data-dir", t.TempDir(), "--grpc-listen", "", "--admin-listen", "127.0.0.1:0"}, kubeArgs(tc.o)...)...)
 			assert.NotEqual(t, 0, code)
 			assert.Contains(t, errs, tc.want)
@@ -63,10 +64,10 @@ func TestKubeStorageFlagErrors(t *testing.T) {
 	}
 }
 
-func kubeArgs(o kubeOptions) []string {
-	args := []string{"--storage", o.storage}
-	if o.namespaceSelector != "" {
-		args = append(args, "--namespace-selector", o.namespaceSelector)
+func kubeArgs(o server.KubeConfig) []string {
+	args := []string{"--storage", o.Storage}
+	if o.NamespaceSelector != "" {
+		args = append(args, "--namespace-selector", o.NamespaceSelector)
 	}
 	return args
 }
@@ -105,18 +106,18 @@ func TestKubeReplicas(t *testing.T) {
 	impersonate(t, kubeconfig, "system:serviceaccount:"+ns+":trustbridge")
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
-	replica := func() serverOptions {
+	replica := func() server.Config {
 		o := baseServerOptions("example.org", t.TempDir())
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff, kubeconfig: kubeconfig}
-		o.kube = kubeOptions{
-			storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: "trustbridge-leader",
-			leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
-			rootConfigMap: distribution.DefaultName, namespaceSelector: "trustbridge-test=" + ns,
-			federationCRD: true, federationClass: "replicas",
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff, Kubeconfig: kubeconfig}
+		o.Kube = server.KubeConfig{
+			Storage: server.StorageKube, Namespace: ns, CASecret: kubestore.DefaultName, LeaderLease: "trustbridge-leader",
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond,
+			RootConfigMap: distribution.DefaultName, NamespaceSelector: "trustbridge-test=" + ns,
+			FederationCRD: true, FederationClass: "replicas",
 		}
 		// An unreachable peer: only its presence matters here.
-		o.federation.federate = "peer.example|https://127.0.0.1:9/bundle"
-		o.bundle = bundleOptions{listen: "127.0.0.1:0", path: "/", profile: profileSPIFFE, serveOthers: true}
+		o.Federation.Federate = "peer.example|https://127.0.0.1:9/bundle"
+		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileSPIFFE, ServeOthers: true}
 		return o
 	}
 
@@ -364,9 +365,9 @@ func createCR(t *testing.T, res dynamic.NamespaceableResourceInterface, name str
 // fastKubeStorage is --storage kube in namespace ns with the default CA
 // Secret and leader Lease and leader election timings short enough for
 // tests.
-func fastKubeStorage(ns string) kubeOptions {
-	return kubeOptions{
-		storage: storageKube, namespace: ns, caSecret: kubestore.DefaultName, leaderLease: leader.DefaultName,
-		leaseDuration: 3 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: 250 * time.Millisecond,
+func fastKubeStorage(ns string) server.KubeConfig {
+	return server.KubeConfig{
+		Storage: server.StorageKube, Namespace: ns, CASecret: kubestore.DefaultName, LeaderLease: leader.DefaultName,
+		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond,
 	}
 }

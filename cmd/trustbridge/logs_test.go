@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -16,12 +16,12 @@ import (
 // format: with "json", standard output and the log are checked line by
 // line (testlog.JSONLines), so every record the e2e tests make is JSON
 // with unique keys, and nothing else reaches a log pipeline.
-func testEnv(tb testing.TB, format string) (e env, out, logs *testlog.Buffer) {
+func testEnv(tb testing.TB, format string) (e cli.Env, out, logs *testlog.Buffer) {
 	out, logs = &testlog.Buffer{}, &testlog.Buffer{}
 	if format == "json" {
 		out, logs = testlog.JSONLines(tb), testlog.JSONLines(tb)
 	}
-	return env{in: strings.NewReader(""), out: out, err: logs, now: time.Now}, out, logs
+	return cli.Env{In: strings.NewReader(""), Out: out, Err: logs, Now: time.Now}, out, logs
 }
 
 // logRecord is the first record of logs (JSON lines; other lines are
@@ -44,40 +44,4 @@ func logAttr(tb testing.TB, logs, msg, key string) string {
 	v, ok := rec[key].(string)
 	require.True(tb, ok, "the %q record has no string %q:\n%v", msg, key, rec)
 	return v
-}
-
-// With JSON logs the server writes nothing but JSON lines (testEnv checks
-// them) and lists at start its version, listeners and every configured
-// peer; with text logs a person gets the banner on standard output too.
-func TestServerStartRecords(t *testing.T) {
-	for _, format := range []string{"json", "text"} {
-		t.Run(format, func(t *testing.T) {
-			o := baseServerOptions("example.org", t.TempDir())
-			o.logFormat = format
-			o.federation.federate = "web.example|https://web.example/bundle||other.example|https://other.example:8443/b"
-			admin, started, _ := launchServer(t, o)
-			if format == "text" {
-				assert.Contains(t, started, "trustbridge is serving trust domain example.org\n  version:    "+buildVersion())
-				assert.Contains(t, started, "  federates:  other.example https://other.example:8443/b (https_web, from flag)\n              web.example https://web.example/bundle (https_web, from flag)\n")
-				return
-			}
-			rec := logRecord(started, "trustbridge server started")
-			require.NotNil(t, rec, started)
-			assert.Equal(t, buildVersion(), rec["version"])
-			assert.Equal(t, "example.org", rec["trust_domain"])
-			assert.Equal(t, map[string]any{"admin": admin}, rec["listeners"])
-			var peers []map[string]any
-			for _, line := range strings.Split(started, "\n") {
-				var r map[string]any
-				if json.Unmarshal([]byte(line), &r) == nil && r["msg"] == "federated trust domain configured" {
-					delete(r, "time")
-					peers = append(peers, r)
-				}
-			}
-			assert.Equal(t, []map[string]any{
-				{"level": "INFO", "msg": "federated trust domain configured", "trust_domain": "other.example", "endpoint_url": "https://other.example:8443/b", "profile": "https_web", "origin": "flag"},
-				{"level": "INFO", "msg": "federated trust domain configured", "trust_domain": "web.example", "endpoint_url": "https://web.example/bundle", "profile": "https_web", "origin": "flag"},
-			}, peers)
-		})
-	}
 }

@@ -12,6 +12,8 @@ import (
 	// empty, so a host's own roots (a corporate CA) still win; and the
 	// image no longer carries whatever CA file its build host had.
 	_ "golang.org/x/crypto/x509roots/fallback"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 )
 
 // gcBallastSize is a floor under the heap the garbage collector paces
@@ -27,31 +29,20 @@ const gcBallastSize = 8 << 20
 
 func main() {
 	ballast := make([]byte, gcBallastSize)
-	code := run(os.Args[1:], env{in: os.Stdin, out: os.Stdout, err: os.Stderr, now: time.Now})
+	code := run(os.Args[1:], cli.Env{In: os.Stdin, Out: os.Stdout, Err: os.Stderr, Now: time.Now})
 	runtime.KeepAlive(ballast)
 	os.Exit(code)
 }
 
-// env is what the CLI takes from the process: streams, the clock and
-// SIGHUP. Tests pass their own.
-type env struct {
-	in       io.Reader
-	out, err io.Writer
-	now      func() time.Time
-	// hup delivers SIGHUP to the commands that reload on it (server,
-	// agent); nil: they subscribe to the process's (hupSignals).
-	hup <-chan os.Signal
-}
-
 // run executes the CLI and returns the process exit status.
-func run(args []string, e env) int {
+func run(args []string, e cli.Env) int {
 	cmd := newRootCmd(e)
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
 		// Cobra's own error output is silenced so every error is printed
 		// once, here, in one format.
-		_, _ = io.WriteString(e.err, "trustbridge: "+err.Error()+"\n")
-		return exitCode(err)
+		_, _ = io.WriteString(e.Err, "trustbridge: "+err.Error()+"\n")
+		return cli.ExitCode(err)
 	}
 	return 0
 }

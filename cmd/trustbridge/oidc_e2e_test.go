@@ -15,8 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc/oidctest"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // ciIssuerConfig is an --oidc-config naming iss as "ci": tokens of the
@@ -55,9 +57,9 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	iss := oidctest.New(t)
 	cfg := ciIssuerConfig(t, iss)
 	var dataDir string
-	srv := startAttackTarget(t, func(o *serverOptions) {
-		o.grpc.oidc = oidcOptions{file: cfg}
-		dataDir = o.dataDir
+	srv := startAttackTarget(t, func(o *server.Config) {
+		o.GRPC.OIDC = server.OIDCConfig{File: cfg}
+		dataDir = o.DataDir
 	})
 	addr, logs := srv.grpc, srv.logs
 	assert.Contains(t, logs.String(), `"authenticators":"x509-svid,oidc (1 issuers),bootstrap-token"`,
@@ -95,7 +97,7 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	assert.Equal(t, want.String(), minted.SPIFFEID)
 
 	// SDS: Envoy authenticating with the token gets its own certificate.
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	tok, err := os.ReadFile(good)
 	require.NoError(t, err)
@@ -179,6 +181,6 @@ func rootCertFile(t *testing.T, dataDir string) string {
 		certs = append(certs, r.Cert)
 	}
 	path := filepath.Join(t.TempDir(), "root-cert.pem")
-	require.NoError(t, os.WriteFile(path, certsPEM(certs), 0o644))
+	require.NoError(t, os.WriteFile(path, cli.CertsPEM(certs), 0o644))
 	return path
 }

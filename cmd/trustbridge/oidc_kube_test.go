@@ -17,7 +17,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
@@ -79,10 +81,10 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
     values: [%s]
 `, issuer, caFile, ns), 0o644)
 	var dataDir string
-	srv := startAttackTarget(t, func(o *serverOptions) {
-		o.grpc.oidc = oidcOptions{file: cfg}
-		o.grpc.workloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
-		dataDir = o.dataDir
+	srv := startAttackTarget(t, func(o *server.Config) {
+		o.GRPC.OIDC = server.OIDCConfig{File: cfg}
+		o.GRPC.WorkloadDNSNameTemplate = "{sa}.{ns}.svc.cluster.local"
+		dataDir = o.DataDir
 	})
 	addr, rootCert := srv.grpc, rootCertFile(t, dataDir)
 
@@ -102,7 +104,7 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	// also carries the OSM-style name, which a plain TLS client checks.
 	host := "web." + ns + ".svc.cluster.local"
 	assert.Equal(t, []string{host}, leaf.DNSNames)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	for _, r := range roots {

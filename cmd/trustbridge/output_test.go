@@ -9,6 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 )
 
 func TestOutputFlag(t *testing.T) {
@@ -33,9 +35,9 @@ func TestOutputFlag(t *testing.T) {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			cmd := &cobra.Command{Use: "x", SilenceUsage: true, SilenceErrors: true}
-			o := addOutputFlag(cmd, "spiffe")
+			o := cli.AddOutputFlag(cmd, "spiffe")
 			cmd.RunE = func(*cobra.Command, []string) error {
-				return o.write(&out, v, func(w io.Writer) error { _, err := io.WriteString(w, "TABLE\n"); return err })
+				return o.Write(&out, v, func(w io.Writer) error { _, err := io.WriteString(w, "TABLE\n"); return err })
 			}
 			cmd.SetErr(&errOut)
 			cmd.SetOut(io.Discard)
@@ -52,6 +54,6 @@ func TestOutputFlag(t *testing.T) {
 		})
 	}
 	cmd := &cobra.Command{Use: "x"}
-	addOutputFlag(cmd)
+	cli.AddOutputFlag(cmd)
 	assert.True(t, cmd.Flags().Lookup("json").Hidden, "--json is hidden from help")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
@@ -19,14 +20,14 @@ import (
 // policy explain asks the running server what a workload receives and
 // why, as a table and as JSON.
 func TestPolicyExplainCommand(t *testing.T) {
-	o := policyServer(t, func(o *serverOptions) { o.policy.file = writePolicy(t, t.TempDir(), goodPolicy) })
+	o := policyServer(t, func(o *server.Config) { o.Policy.File = writePolicy(t, t.TempDir(), goodPolicy) })
 	admin, _, _ := launchServer(t, o)
 	id := "spiffe://example.org/ns/payments/sa/api"
 
 	out, stderr, code := runCLI(t, "", "policy", "explain", id, "--admin", "http://"+admin)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, out, id+", default deny")
-	assert.Contains(t, out, "selected by rule payments-to-partner (file:"+o.policy.file+":3)")
+	assert.Contains(t, out, "selected by rule payments-to-partner (file:"+o.Policy.File+":3)")
 	assert.Contains(t, out, "TRUST DOMAIN")
 	assert.Contains(t, out, "example.org")
 

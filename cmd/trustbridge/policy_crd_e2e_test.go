@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
 	"github.com/trustbridge/trustbridge/sds"
@@ -61,19 +63,19 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
 	eastAddr := reservePort(t)
-	startE2EServer(t, "east.example", eastData, func(o *serverOptions) { o.bundle.listen = eastAddr })
+	startE2EServer(t, "east.example", eastData, func(o *server.Config) { o.Bundle.Listen = eastAddr })
 
 	o := baseServerOptions("west.example", t.TempDir())
-	o.federation.configFile = writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
-	o.federation.minRefresh = time.Second
-	o.federation.allowPrivate = true
+	o.Federation.ConfigFile = writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
+	o.Federation.MinRefresh = time.Second
+	o.Federation.AllowPrivate = true
 	tokens := writeTokenFile(t, crdPayToken+","+crdPay.String()+",reusable\n"+crdOpsToken+","+crdOps.String()+",reusable\n")
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff,
-		kubeconfig: writeKubeconfig(t, env.Config.Host, env)}
-	o.kube = fastKubeStorage(ns)
-	o.kube.trustPolicyCRD = true
+	o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff,
+		Kubeconfig: writeKubeconfig(t, env.Config.Host, env)}
+	o.Kube = fastKubeStorage(ns)
+	o.Kube.TrustPolicyCRD = true
 	admin, banner, _ := launchServer(t, o)
-	west := &e2eServer{td: spiffeid.RequireTrustDomainFromString("west.example"), dataDir: o.dataDir, admin: "http://" + admin, banner: banner}
+	west := &e2eServer{td: spiffeid.RequireTrustDomainFromString("west.example"), dataDir: o.DataDir, admin: "http://" + admin, banner: banner}
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots := kubeCARoots(t, env, ns)
 
@@ -156,7 +158,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 	// streams hear of a change before its audit entry is written, so the
 	// third entry naming the rule is waited for (whole lines only).
 	rule := policycrd.RuleName(name)
-	auditPath := filepath.Join(o.dataDir, "audit.jsonl")
+	auditPath := filepath.Join(o.DataDir, "audit.jsonl")
 	assert.EventuallyWithT(t, func(c *assert.CollectT) {
 		data, err := os.ReadFile(auditPath)
 		if !assert.NoError(c, err) {
@@ -164,7 +166,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 		}
 		n := 0
 		for _, line := range strings.SplitAfter(string(data), "\n") {
-			if strings.HasSuffix(line, "\n") && strings.Contains(line, eventPolicyChanged) && strings.Contains(line, rule) {
+			if strings.HasSuffix(line, "\n") && strings.Contains(line, server.EventPolicyChanged) && strings.Contains(line, rule) {
 				n++
 			}
 		}
@@ -172,7 +174,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond)
 	var crd []string
 	for _, e := range policyEvents(t, auditPath) {
-		if e.Event == eventPolicyChanged && e.Policy != nil && e.Policy.Source == crdPolicySource {
+		if e.Event == server.EventPolicyChanged && e.Policy != nil && e.Policy.Source == server.CRDPolicySource {
 			crd = append(crd, strings.Join(e.Policy.RulesAdded, ",")+"|"+strings.Join(e.Policy.RulesChanged, ",")+"|"+strings.Join(e.Policy.RulesRemoved, ","))
 		}
 	}
@@ -197,7 +199,7 @@ func kubeCARoots(t *testing.T, env *kubetest.Env, ns string) []*x509.Certificate
 	var roots []*x509.Certificate
 	for k, v := range secret.Data {
 		if strings.HasSuffix(k, ".crt.pem") {
-			certs, err := parsePEMCerts(v)
+			certs, err := cli.ParsePEMCerts(v)
 			require.NoError(t, err)
 			roots = append(roots, certs...)
 		}

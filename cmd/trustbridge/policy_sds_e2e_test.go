@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -44,9 +46,9 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 `), 0o600))
 	}
 	write("{spiffeID: spiffe://west.example/ns/default/*}")
-	_, west := startSPIFFEPair(t, nil, func(o *serverOptions) {
-		o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
-		o.policy.file, o.policy.poll = policy, 50*time.Millisecond
+	_, west := startSPIFFEPair(t, nil, func(o *server.Config) {
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
+		o.Policy.File, o.Policy.Poll = policy, 50*time.Millisecond
 	})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots := caRootsOf(t, west)
@@ -69,9 +71,9 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	assertDenied(t, got[partnerName])
 	ops.ack(r)
 
-	ao := agentFor(t, grpcAddr(t, west.banner), certsPEM(westRoots), westOpsToken)
+	ao := agentFor(t, grpcAddr(t, west.banner), cli.CertsPEM(westRoots), westOpsToken)
 	startAgent(t, ao)
-	relayed := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.AllName, partnerName)
+	relayed := openEnvoy(t, dialSDSUnix(t, ao.Socket), nil, sds.AllName, partnerName)
 	ar := relayed.recv(10 * time.Second)
 	agot := secrets(t, ar)
 	names, _ = spiffeValidator(t, agot[sds.AllName])

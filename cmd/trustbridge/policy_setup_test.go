@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 
@@ -43,10 +44,10 @@ func writePolicy(t *testing.T, dir, body string) string {
 	return path
 }
 
-func policyServer(t *testing.T, mutate func(*serverOptions)) serverOptions {
+func policyServer(t *testing.T, mutate func(*server.Config)) server.Config {
 	t.Helper()
 	o := baseServerOptions("example.org", t.TempDir())
-	o.policy = policyOptions{def: "allow", poll: time.Hour}
+	o.Policy = server.PolicyConfig{Default: "allow", Poll: time.Hour}
 	if mutate != nil {
 		mutate(&o)
 	}
@@ -73,96 +74,13 @@ func policyEvents(t *testing.T, path string) []audit.Entry {
 	return out
 }
 
-// Without any policy the server says so once, at Warn, with how to add
-// one; the audit log records the start's (empty) policy.
-func TestPolicyNoneWarnsAtStart(t *testing.T) {
-	o := policyServer(t, nil)
-	_, banner, _ := launchServer(t, o)
-	rec := logRecord(banner, "no trust policy: every workload receives every federated trust domain")
-	require.NotNil(t, rec, banner)
-	assert.Equal(t, "WARN", rec["level"])
-	assert.Contains(t, rec["how"], "--trust-policy FILE")
-	assert.Equal(t, 1, countRecords(banner, "no trust policy: every workload receives every federated trust domain"))
-	evs := policyEvents(t, filepath.Join(o.dataDir, "audit.jsonl"))
-	require.Len(t, evs, 1)
-	assert.Equal(t, "trust_policy_changed", evs[0].Event)
-	assert.Equal(t, &audit.PolicyChange{Source: "start", Default: "allow"}, evs[0].Policy)
-}
-
-// A policy file and the --config file's trustPolicy section are read at
-// start; the log names the rule count and the default.
-func TestPolicyFromFileAndConfig(t *testing.T) {
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	require.NoError(t, os.WriteFile(cfg, []byte(`trustPolicy:
-  rules:
-  - name: ops
-    workloads: [{namespace: ops}]
-    trustDomains: [{name: partner.example}]
-`), 0o600))
-	o := policyServer(t, func(o *serverOptions) { o.policy.file = writePolicy(t, dir, goodPolicy); o.configPath = cfg })
-	require.NoError(t, loadServerConfig(newServerCmd(env{}).Flags(), &o, func(string) string { return "" }))
-	admin, banner, _ := launchServer(t, o)
-	rec := logRecord(banner, "trust policy in force")
-	require.NotNil(t, rec, banner)
-	assert.EqualValues(t, 2, rec["rules"])
-	assert.Equal(t, "deny", rec["default"], "the file's deny is stricter than the flag's allow")
-	assert.Nil(t, logRecord(banner, "no trust policy: every workload receives every federated trust domain"))
-
-	snap := getSnapshot(t, "http://"+admin)
-	require.NotNil(t, snap.TrustPolicy)
-	assert.Equal(t, 2, snap.TrustPolicy.Rules)
-	assert.Equal(t, "deny", snap.TrustPolicy.Default)
-	require.Len(t, snap.TrustPolicy.Sources, 2)
-	assert.Equal(t, "config:"+cfg, snap.TrustPolicy.Sources[0].Source)
-	assert.Equal(t, "file:"+o.policy.file, snap.TrustPolicy.Sources[1].Source)
-
-	evs := policyEvents(t, filepath.Join(o.dataDir, "audit.jsonl"))
-	require.Len(t, evs, 1)
-	assert.Equal(t, []string{"ops", "payments-to-partner"}, evs[0].Policy.RulesAdded)
-	assert.Equal(t, "start", evs[0].Policy.Source)
-}
-
-// A bad policy at start stops the server with the file, line and rule.
-func TestPolicyBadAtStart(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		mutate func(t *testing.T, o *serverOptions)
-		want   []string
-	}{
-		{"bad file", func(t *testing.T, o *serverOptions) { o.policy.file = writePolicy(t, t.TempDir(), badPolicy) },
-			[]string{"--trust-policy", "policy.yaml:7", `rule 2 "broken"`, "no workloads"}},
-		{"missing file", func(t *testing.T, o *serverOptions) { o.policy.file = filepath.Join(t.TempDir(), "nope.yaml") },
-			[]string{"--trust-policy", "nope.yaml"}},
-		{"bad default", func(t *testing.T, o *serverOptions) { o.policy.def = "maybe" },
-			[]string{"--trust-policy-default", `"maybe"`}},
-		{"bad config section", func(t *testing.T, o *serverOptions) {
-			cfg := filepath.Join(t.TempDir(), "config.yaml")
-			require.NoError(t, os.WriteFile(cfg, []byte("trust-domain: example.org\ntrustPolicy:\n  rules:\n  - name: x\n    workloads: [{spiffeID: 'spiffe://example.org/ns/*/sa'}]\n    trustDomains: [{name: p.example}]\n"), 0o600))
-			o.configPath = cfg
-			require.NoError(t, loadServerConfig(newServerCmd(env{}).Flags(), o, func(string) string { return "" }))
-		}, []string{"config.yaml:5", `rule 1 "x"`, "trustPolicy"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			o := policyServer(t, nil)
-			tc.mutate(t, &o)
-			e, _, _ := testEnv(t, o.logFormat)
-			err := runServer(t.Context(), e, o, nil)
-			require.Error(t, err)
-			for _, w := range tc.want {
-				assert.Contains(t, err.Error(), w)
-			}
-		})
-	}
-}
-
 // SIGHUP re-reads the file: a good change is applied and audited with
 // the rules added, removed and changed; a bad one keeps the last good
 // policy, is logged, counted and audited as rejected; the chain verifies.
 func TestPolicyReload(t *testing.T) {
 	dir := t.TempDir()
 	path := writePolicy(t, dir, goodPolicy)
-	o := policyServer(t, func(o *serverOptions) { o.policy.file = path })
+	o := policyServer(t, func(o *server.Config) { o.Policy.File = path })
 	admin, hup, logs := launchReloadable(t, o)
 
 	require.NoError(t, os.WriteFile(path, []byte(badPolicy), 0o600))
@@ -185,7 +103,7 @@ func TestPolicyReload(t *testing.T) {
 	assert.Equal(t, 2, snap.TrustPolicy.Rules)
 	assert.Empty(t, snap.TrustPolicy.Sources[0].LastError)
 
-	evs := policyEvents(t, filepath.Join(o.dataDir, "audit.jsonl"))
+	evs := policyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
 	require.Len(t, evs, 3)
 	assert.Equal(t, "start", evs[0].Policy.Source)
 	assert.Equal(t, "trust_policy_rejected", evs[1].Event)
@@ -200,7 +118,7 @@ func TestPolicyReload(t *testing.T) {
 	assert.NotEqual(t, evs[2].Policy.DigestBefore, evs[2].Policy.DigestAfter)
 	assert.Equal(t, evs[2].Policy.DigestAfter, snap.TrustPolicy.TextDigest, "the snapshot shows the digest the audit log recorded")
 
-	out, stderr, code := runCLI(t, "", "audit", "log", "verify", filepath.Join(o.dataDir, "audit.jsonl"))
+	out, stderr, code := runCLI(t, "", "audit", "log", "verify", filepath.Join(o.DataDir, "audit.jsonl"))
 	assert.Equal(t, 0, code, stderr)
 	assert.NotEmpty(t, out)
 }

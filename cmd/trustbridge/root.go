@@ -2,9 +2,20 @@ package main
 
 import (
 	"github.com/spf13/cobra"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/audit"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/backup"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/bundle"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/config"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/federation"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/jwt"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/policy"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/token"
 )
 
-func newRootCmd(e env) *cobra.Command {
+func newRootCmd(e cli.Env) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "trustbridge",
 		Short: "SPIFFE federation and trust bundle endpoint server",
@@ -17,10 +28,10 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetIn(e.in)
-	root.SetOut(e.out)
-	root.SetErr(e.err)
-	root.AddCommand(newVersionCmd(), newBundleCmd(e), newServerCmd(e), newCACmd(e), newFederationCmd(e), newAgentCmd(e), newAuditCmd(e), newConfigCmd(e), newTokenCmd(e), newBackupCmd(e), newRestoreCmd(e), newPolicyCmd(e), newJWTCmd(e))
+	root.SetIn(e.In)
+	root.SetOut(e.Out)
+	root.SetErr(e.Err)
+	root.AddCommand(newVersionCmd(), bundle.NewCmd(e), newServerCmd(e), ca.NewCmd(e), federation.NewCmd(e), newAgentCmd(e), audit.NewCmd(e), config.NewCmd(e), token.NewCmd(e), backup.NewCmd(e, versionString()), backup.NewRestoreCmd(e), policy.NewCmd(e), jwt.NewCmd(e))
 	setupCLI(root)
 	return root
 }

@@ -34,7 +34,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation/trust"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -56,10 +58,10 @@ func dialSDSTLS(t *testing.T, addr string, td spiffeid.TrustDomain, roots []*x50
 	t.Helper()
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
-	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+	cfg := trust.ClientTLSConfig(nil, &trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 	if token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(token)))
+		opts = append(opts, grpc.WithPerRPCCredentials(cli.BearerToken(token)))
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	require.NoError(t, err)
@@ -153,7 +155,7 @@ func spiffeValidator(t *testing.T, s *tlsv3.Secret) (names []string, roots map[s
 	roots = map[string][]*x509.Certificate{}
 	for _, d := range cfg.GetTrustDomains() {
 		names = append(names, d.GetName())
-		certs, err := parsePEMCerts(d.GetTrustBundle().GetInlineBytes())
+		certs, err := cli.ParsePEMCerts(d.GetTrustBundle().GetInlineBytes())
 		require.NoError(t, err)
 		roots[d.GetName()] = certs
 	}
@@ -163,7 +165,7 @@ func spiffeValidator(t *testing.T, s *tlsv3.Secret) (names []string, roots map[s
 // trustedCA parses a validation context's trusted_ca.
 func trustedCA(t *testing.T, s *tlsv3.Secret) []*x509.Certificate {
 	t.Helper()
-	certs, err := parsePEMCerts(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
+	certs, err := cli.ParsePEMCerts(s.GetValidationContext().GetTrustedCa().GetInlineBytes())
 	require.NoError(t, err)
 	return certs
 }
@@ -265,10 +267,10 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	// needs a reusable one (a stream mints for as long as it lasts).
 	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")
 	east, west := startSPIFFEPair(t,
-		func(o *serverOptions) { o.refreshHint = 2 * time.Second },
-		func(o *serverOptions) {
-			o.federation.minRefresh = time.Second
-			o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+		func(o *server.Config) { o.RefreshHint = 2 * time.Second },
+		func(o *server.Config) {
+			o.Federation.MinRefresh = time.Second
+			o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 		})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots, eastRoots := caRootsOf(t, west), caRootsOf(t, east)
@@ -295,10 +297,10 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	plain.ack(pr)
 
 	// West's node agent relays the same trust from west's SDS stream.
-	westPEM := certsPEM(westRoots)
+	westPEM := cli.CertsPEM(westRoots)
 	ao := agentFor(t, grpcAddr(t, west.banner), westPEM, westToken)
 	startAgent(t, ao)
-	ae := openEnvoy(t, dialSDSUnix(t, ao.socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
+	ae := openEnvoy(t, dialSDSUnix(t, ao.Socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
 	ar := ae.recv(10 * time.Second)
 	agot := secrets(t, ar)
 	require.Len(t, agot, 4)
@@ -343,7 +345,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 // for another workload's certificate is refused without it being minted.
 func TestSDSRefusals(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 
@@ -376,7 +378,7 @@ func TestSDSRefusals(t *testing.T) {
 // the certificate service allows for a CSR, on the same listener.
 func TestSDSLargeNode(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	roots, err := readPEMCerts(rootCert)
+	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
 	td := laptopID.TrustDomain()
 	meta := map[string]any{}

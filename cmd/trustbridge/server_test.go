@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +24,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -33,12 +34,12 @@ import (
 // of the test) and returns the admin address and what it wrote until it
 // served: the start-up records (logRecord), after the banner when o logs
 // text.
-func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop func()) {
+func launchServer(t *testing.T, o server.Config) (admin, banner string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	e, out, logs := testEnv(t, o.logFormat)
+	e, out, logs := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runServer(ctx, e, o, ready)
 	}()
@@ -46,13 +47,13 @@ func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop fun
 	case admin = <-ready:
 	case err := <-done:
 		cancel()
-		t.Fatalf("%s server exited: %v\n%s", o.trustDomain, err, logs.String())
+		t.Fatalf("%s server exited: %v\n%s", o.TrustDomain, err, logs.String())
 	}
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			assert.NoError(t, <-done, "%s server: clean shutdown", o.trustDomain)
+			assert.NoError(t, <-done, "%s server: clean shutdown", o.TrustDomain)
 		})
 	}
 	t.Cleanup(stop)
@@ -61,17 +62,17 @@ func launchServer(t *testing.T, o serverOptions) (admin, banner string, stop fun
 
 // baseServerOptions is a server for td on dataDir with the defaults of the
 // flags and loopback listeners; the bundle endpoint is off.
-func baseServerOptions(td, dataDir string) serverOptions {
-	return serverOptions{
-		trustDomain: td, dataDir: dataDir, adminListen: "127.0.0.1:0",
-		keyType: "ec-p256", caTTL: 8760 * time.Hour, workloadTTL: 24 * time.Hour,
-		maxWorkloadTTL: 90 * 24 * time.Hour, refreshHint: 5 * time.Minute, logFormat: "json", logLevel: "info",
-		federation: federationOptions{minRefresh: federation.DefaultMinRefresh, maxRefresh: federation.DefaultMaxRefresh,
-			timeout: 5 * time.Second},
+func baseServerOptions(td, dataDir string) server.Config {
+	return server.Config{
+		TrustDomain: td, DataDir: dataDir, AdminListen: "127.0.0.1:0",
+		KeyType: "ec-p256", CATTL: 8760 * time.Hour, WorkloadTTL: 24 * time.Hour,
+		MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute, LogFormat: "json", LogLevel: "info",
+		Federation: server.FederationConfig{MinRefresh: federation.DefaultMinRefresh, MaxRefresh: federation.DefaultMaxRefresh,
+			Timeout: 5 * time.Second},
 	}
 }
 
-func startServer(t *testing.T, dataDir string, mutate ...func(*serverOptions)) (string, *bytes.Buffer) {
+func startServer(t *testing.T, dataDir string, mutate ...func(*server.Config)) (string, *bytes.Buffer) {
 	t.Helper()
 	o := baseServerOptions("example.org", dataDir)
 	for _, m := range mutate {
@@ -89,44 +90,6 @@ func get(t *testing.T, url string) (int, string) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, string(body)
-}
-
-func TestServerAdminEndpoints(t *testing.T) {
-	dataDir := t.TempDir()
-	started := time.Now()
-	addr, out := startServer(t, dataDir)
-	assert.Equal(t, "example.org", logAttr(t, out.String(), "trustbridge server started", "trust_domain"))
-	assert.Equal(t, "http://"+addr, logAttr(t, out.String(), "trustbridge server started", "admin"))
-
-	code, body := get(t, "http://"+addr+"/healthz")
-	assert.Equal(t, http.StatusOK, code)
-	assert.Equal(t, "ok\n", body)
-	code, _ = get(t, "http://"+addr+"/readyz")
-	assert.Equal(t, http.StatusOK, code)
-
-	code, body = get(t, "http://"+addr+"/v1/trust")
-	require.Equal(t, http.StatusOK, code)
-	var doc trustDoc
-	require.NoError(t, json.Unmarshal([]byte(body), &doc))
-	assert.Equal(t, "example.org", doc.TrustDomain)
-	// The first sequence is the bootstrap time in Unix seconds.
-	assert.GreaterOrEqual(t, doc.Sequence, uint64(started.Unix()))
-	assert.LessOrEqual(t, doc.Sequence, uint64(time.Now().Unix()))
-	assert.Equal(t, int64(300), doc.RefreshHintSeconds)
-	require.Len(t, doc.Authorities, 1)
-	assert.Equal(t, "active", doc.Authorities[0].State)
-	assert.Len(t, doc.Authorities[0].SHA256, 64)
-
-	code, body = get(t, "http://"+addr+"/metrics")
-	require.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, `trustbridge_ca_root_not_after_timestamp_seconds{root_id="`)
-	assert.Contains(t, body, `trustbridge_ca_bundle_sequence{trust_domain="example.org"} `+strconv.FormatFloat(float64(doc.Sequence), 'g', -1, 64)+"\n")
-	assert.Contains(t, body, `trustbridge_ca_not_ready{trust_domain="example.org"} 0`)
-
-	resp, err := http.Post("http://"+addr+"/v1/trust", "application/json", nil)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 }
 
 func TestServerRequiresTrustDomain(t *testing.T) {
@@ -246,10 +209,10 @@ func writeCACerts(t *testing.T) string {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	require.NoError(t, err)
 	for name, data := range map[string][]byte{
-		"ca-cert.pem":    certsPEM([]*x509.Certificate{signing}),
+		"ca-cert.pem":    cli.CertsPEM([]*x509.Certificate{signing}),
 		"ca-key.pem":     pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}),
-		"cert-chain.pem": certsPEM([]*x509.Certificate{signing, root.Cert}),
-		"root-cert.pem":  certsPEM([]*x509.Certificate{root.Cert}),
+		"cert-chain.pem": cli.CertsPEM([]*x509.Certificate{signing, root.Cert}),
+		"root-cert.pem":  cli.CertsPEM([]*x509.Certificate{root.Cert}),
 	} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
 	}
@@ -262,12 +225,12 @@ func TestServerPluginCA(t *testing.T) {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	o := serverOptions{
-		trustDomain: "example.org", dataDir: t.TempDir(), adminListen: "127.0.0.1:0", keyType: "ec-p256",
-		caTTL: 8760 * time.Hour, workloadTTL: time.Hour, maxWorkloadTTL: 24 * time.Hour, refreshHint: 5 * time.Minute,
-		caDir: caDir, caDirPoll: time.Hour, logFormat: "json", logLevel: "info",
+	o := server.Config{
+		TrustDomain: "example.org", DataDir: t.TempDir(), AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
+		CATTL: 8760 * time.Hour, WorkloadTTL: time.Hour, MaxWorkloadTTL: 24 * time.Hour, RefreshHint: 5 * time.Minute,
+		CADir: caDir, CADirPoll: time.Hour, LogFormat: "json", LogLevel: "info",
 	}
-	e, _, logs := testEnv(t, o.logFormat)
+	e, _, logs := testEnv(t, o.LogFormat)
 	go func() {
 		done <- runServer(ctx, e, o, ready)
 	}()

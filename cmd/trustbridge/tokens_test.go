@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 var tokenNow = time.Date(2026, 11, 24, 9, 30, 15, 500, time.UTC)
@@ -93,7 +95,7 @@ type tokenServer struct {
 func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	t.Helper()
 	o := baseServerOptions("example.org", dataDir)
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 	admin, banner, stop := launchServer(t, o)
 	_, roots, err := ca.NewStore(dataDir).Load("example.org")
 	require.NoError(t, err)
@@ -101,7 +103,7 @@ func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(certsPEM(certs)), 0o644), stop: stop}
+	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(cli.CertsPEM(certs)), 0o644), stop: stop}
 }
 
 // request runs ca request with the token in tokenFile (or, with certDir,
@@ -195,21 +197,6 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 }
 
-// TestBootstrapTokenLedgerCorrupt: a ledger that does not parse stops the
-// server at start, naming the file and the way out, rather than forgetting
-// which tokens were consumed.
-func TestBootstrapTokenLedgerCorrupt(t *testing.T) {
-	dataDir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dataDir, authn.LedgerFileName), []byte(`{"version":1,"consumed":`), 0o600))
-	o := baseServerOptions("example.org", dataDir)
-	o.init = true // the directory holds the ledger but no CA state yet
-	o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: writeTokenFile(t, laptopToken+","+laptopID.String()+"\n"), tokenReview: tokenReviewOff}
-	err := serverError(t, o)
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--bootstrap-token-file: authn: consumed-token ledger "+filepath.Join(dataDir, authn.LedgerFileName))
-	assert.Contains(t, err.Error(), "restore it from a backup")
-}
-
 // TestSDSRefusesSingleUseToken: SDS cannot spend a token on one
 // certificate (a stream mints and re-authenticates for as long as it
 // lasts), so it refuses single-use tokens, and accepts the certificate
@@ -217,7 +204,7 @@ func TestBootstrapTokenLedgerCorrupt(t *testing.T) {
 func TestSDSRefusesSingleUseToken(t *testing.T) {
 	tokens := writeTokenFile(t, laptopToken+","+laptopID.String()+"\n")
 	srv := startTokenServer(t, t.TempDir(), tokens)
-	roots, err := readPEMCerts(srv.rootCert)
+	roots, err := cli.ReadPEMCerts(srv.rootCert)
 	require.NoError(t, err)
 
 	e := openEnvoy(t, dialSDSTLS(t, srv.addr, laptopID.TrustDomain(), roots, laptopToken), nil, "ROOTCA")

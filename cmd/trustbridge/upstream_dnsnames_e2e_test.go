@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // nestedCorp runs a corp trustbridge allowing spiffe://corp.example/region/eu
@@ -19,22 +20,22 @@ import (
 // domains dnsDomains (--downstream-dns-domain), and returns a region's
 // options under it (--upstream trustbridge, with an SVID corp issued) and
 // the file of corp's roots.
-func nestedCorp(t *testing.T, template string, dnsDomains ...string) (serverOptions, string) {
+func nestedCorp(t *testing.T, template string, dnsDomains ...string) (server.Config, string) {
 	t.Helper()
 	corpDir := t.TempDir()
 	corp := baseServerOptions("corp.example", corpDir)
-	corp.grpc.listen = "127.0.0.1:0"
-	corp.grpc.downstream.allow = []string{"spiffe://corp.example/region/eu"}
-	corp.grpc.workloadDNSNameTemplate = template
-	corp.grpc.downstream.dnsDomains = dnsDomains
+	corp.GRPC.Listen = "127.0.0.1:0"
+	corp.GRPC.Downstream.Allow = []string{"spiffe://corp.example/region/eu"}
+	corp.GRPC.WorkloadDNSNameTemplate = template
+	corp.GRPC.Downstream.DNSDomains = dnsDomains
 	_, banner, _ := launchServer(t, corp)
 	creds := filepath.Join(t.TempDir(), "upstream")
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", corpDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", creds, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 	region := baseServerOptions("corp.example", t.TempDir())
-	region.upstream = upstreamOptions{kind: upstreamTrustbridge, ttl: 24 * time.Hour, trustbridge: trustbridgeUpstreamOptions{
-		address: grpcAddr(t, banner), rootCert: filepath.Join(creds, caclient.RootsFile), provCert: creds, timeout: 10 * time.Second}}
-	region.grpc.listen = "127.0.0.1:0"
+	region.Upstream = server.UpstreamConfig{Kind: server.UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: server.TrustbridgeUpstreamConfig{
+		Address: grpcAddr(t, banner), RootCert: filepath.Join(creds, caclient.RootsFile), ProvCert: creds, Timeout: 10 * time.Second}}
+	region.GRPC.Listen = "127.0.0.1:0"
 	return region, filepath.Join(creds, caclient.RootsFile)
 }
 
@@ -59,8 +60,8 @@ func TestNestedTrustServersDNSNamesInZone(t *testing.T) {
 
 func testRegionServingName(t *testing.T, corpTemplate string, corpDomains []string, regionTemplate, serving string) {
 	region, corpRoots := nestedCorp(t, corpTemplate, corpDomains...)
-	region.grpc.workloadDNSNameTemplate = regionTemplate
-	region.grpc.dnsNames = []string{serving}
+	region.GRPC.WorkloadDNSNameTemplate = regionTemplate
+	region.GRPC.DNSNames = []string{serving}
 	_, banner, _ := launchServer(t, region)
 
 	roots, err := caclient.ReadPEMCerts(corpRoots)
@@ -80,10 +81,10 @@ func testRegionServingName(t *testing.T, corpTemplate string, corpDomains []stri
 // the start fails with the upstream's refusal, which names the flag.
 func TestNestedTrustServersDNSNamesRefused(t *testing.T) {
 	region, _ := nestedCorp(t, "")
-	region.grpc.dnsNames = []string{"trustbridge.eu.internal"}
+	region.GRPC.DNSNames = []string{"trustbridge.eu.internal"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e, _, logs := testEnv(t, region.logFormat)
+	e, _, logs := testEnv(t, region.LogFormat)
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() { done <- runServer(ctx, e, region, ready) }()

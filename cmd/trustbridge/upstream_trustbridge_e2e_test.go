@@ -21,6 +21,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/sds"
@@ -35,8 +36,8 @@ import (
 func TestNestedTrustServers(t *testing.T) {
 	corpDir := t.TempDir()
 	corp := baseServerOptions("corp.example", corpDir)
-	corp.grpc.listen = "127.0.0.1:0"
-	corp.grpc.downstream.allow = []string{"spiffe://corp.example/region/eu"}
+	corp.GRPC.Listen = "127.0.0.1:0"
+	corp.GRPC.Downstream.Allow = []string{"spiffe://corp.example/region/eu"}
 	_, banner, _ := launchServer(t, corp)
 	addr := grpcAddr(t, banner)
 
@@ -46,9 +47,9 @@ func TestNestedTrustServers(t *testing.T) {
 
 	regionDir := t.TempDir()
 	region := baseServerOptions("corp.example", regionDir)
-	region.upstream = upstreamOptions{kind: upstreamTrustbridge, ttl: 24 * time.Hour, trustbridge: trustbridgeUpstreamOptions{
-		address: addr, rootCert: filepath.Join(creds, caclient.RootsFile), provCert: creds, timeout: 10 * time.Second}}
-	region.grpc.listen = "127.0.0.1:0"
+	region.Upstream = server.UpstreamConfig{Kind: server.UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: server.TrustbridgeUpstreamConfig{
+		Address: addr, RootCert: filepath.Join(creds, caclient.RootsFile), ProvCert: creds, Timeout: 10 * time.Second}}
+	region.GRPC.Listen = "127.0.0.1:0"
 	regionAdmin, regionBanner, _ := launchServer(t, region)
 
 	// An SVID corp issued verifies at the region (one trust domain), but
@@ -98,7 +99,7 @@ func TestNestedTrustServers(t *testing.T) {
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, bundle.X509Authorities()))
 	tlsCfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil },
-		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, grpcServingPath))})
+		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
 	conn, err := grpc.NewClient(grpcAddr(t, regionBanner), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -44,7 +46,7 @@ func versionString() string { return buildInfo().String() }
 func buildVersion() string { return buildInfo().Version }
 
 func newVersionCmd() *cobra.Command {
-	var output *outputFlag
+	var output *cli.OutputFlag
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the trustbridge version",
@@ -53,12 +55,12 @@ func newVersionCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := buildInfo()
-			return output.write(cmd.OutOrStdout(), v, func(w io.Writer) error {
+			return output.Write(cmd.OutOrStdout(), v, func(w io.Writer) error {
 				_, err := fmt.Fprintln(w, v)
 				return err
 			})
 		},
 	}
-	output = addOutputFlag(cmd)
+	output = cli.AddOutputFlag(cmd)
 	return cmd
 }

@@ -22,6 +22,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 const eastToken = "east-bootstrap-token-0123456789"
@@ -33,10 +36,10 @@ var eastWorkload = spiffeid.RequireFromString("spiffe://east.example/ns/default/
 // SPIFFE_ENDPOINT_SOCKET takes it.
 func workloadAgent(t *testing.T, s *e2eServer, token string) string {
 	t.Helper()
-	o := agentFor(t, grpcAddr(t, s.banner), certsPEM(caRootsOf(t, s)), token)
-	o.workloadSocket = filepath.Join(filepath.Dir(o.socket), "api.sock")
+	o := agentFor(t, grpcAddr(t, s.banner), cli.CertsPEM(caRootsOf(t, s)), token)
+	o.WorkloadSocket = filepath.Join(filepath.Dir(o.Socket), "api.sock")
 	startAgent(t, o)
-	abs, err := filepath.Abs(o.workloadSocket)
+	abs, err := filepath.Abs(o.WorkloadSocket)
 	require.NoError(t, err)
 	return "unix://" + abs
 }
@@ -69,10 +72,10 @@ func TestWorkloadAPIE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a federated pair and two agents, and waits for both CAs to rotate")
 	}
-	grpcWith := func(tokens string) func(*serverOptions) {
-		return func(o *serverOptions) {
-			o.refreshHint = 2 * time.Second
-			o.grpc = grpcOptions{listen: "127.0.0.1:0", bootstrapFile: tokens, tokenReview: tokenReviewOff}
+	grpcWith := func(tokens string) func(*server.Config) {
+		return func(o *server.Config) {
+			o.RefreshHint = 2 * time.Second
+			o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 		}
 	}
 	east, west := startSPIFFEPair(t,

@@ -1,0 +1,179 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server"
+)
+
+// AdminTokenEnv names the admin token file when --admin-token-file is not
+// given.
+const AdminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
+
+// AdminFlagHelp describes --admin wherever a command talks to the admin API.
+const AdminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
+
+// AdminClient talks to a running server's admin API; mutations bear the
+// token the server wrote into its data directory.
+type AdminClient struct {
+	Addr      string
+	DataDir   string
+	TokenFile string
+}
+
+// AddAuthFlags registers where the admin token is.
+func (c *AdminClient) AddAuthFlags(f *pflag.FlagSet) {
+	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.TokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+AdminTokenEnv+")")
+}
+
+// Token reads the admin token: --admin-token-file, else the environment,
+// else the data directory's.
+func (c *AdminClient) Token() (string, error) {
+	path := c.TokenFile
+	if path == "" {
+		path = os.Getenv(AdminTokenEnv)
+	}
+	if path == "" {
+		path = filepath.Join(c.DataDir, server.AdminTokenName)
+	}
+	data, err := ReadSmallFile(path, 4<<10)
+	if err != nil {
+		return "", fmt.Errorf("admin token: %w; run this as the server's user on its host with the server's --data-dir (or --admin-token-file): the server writes the token there at each start", err)
+	}
+	return strings.TrimSpace(string(data)), nil
+}
+
+// Do sends one request; auth adds the token. A non-2xx answer is an error
+// carrying the server's message.
+func (c *AdminClient) Do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	client, base := c.Client()
+	// The transport is this call's own: leave no idle connection behind
+	// to count against the admin listener's per-source limit.
+	defer client.CloseIdleConnections()
+	u := base + path
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	if auth && !strings.HasPrefix(c.Addr, "unix://") {
+		if err := TokenTransportOK(c.Addr); err != nil {
+			return "", err
+		}
+		tok, err := c.Token()
+		if err != nil {
+			return "", err
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("%w (is the server running? its admin address is --admin)", err)
+	}
+	defer resp.Body.Close()
+	out, err := bundledoc.ReadLimited(resp.Body, 16<<20)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode/100 != 2 {
+		return "", fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// Relay sends one request, as do, and copies the server's answer to w.
+func (c *AdminClient) Relay(ctx context.Context, w io.Writer, method, path string, body []byte, auth bool) error {
+	out, err := c.Do(ctx, method, path, body, auth)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, out)
+	return err
+}
+
+// Client is the HTTP client and base URL of c.addr: "unix://PATH" is the
+// server's --admin-socket, where the socket's mode stands for the token.
+// Neither follows a proxy (HTTP_PROXY would see the token) nor a redirect
+// (Go keeps the token on a redirect to the same host, even to http).
+func (c *AdminClient) Client() (*http.Client, string) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	base := strings.TrimRight(c.Addr, "/")
+	if path, ok := strings.CutPrefix(c.Addr, "unix://"); ok {
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", path)
+		}
+		base = "http://localhost"
+	}
+	return &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}, base
+}
+
+// TokenTransportOK refuses to let the admin token leave the host in clear
+// text: it goes over https, or plain http to a loopback host only. The
+// admin listener may bind 0.0.0.0 (the Helm chart does), which makes an
+// http://POD-IP address work, and sends the token over the pod network.
+func TokenTransportOK(addr string) error {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return fmt.Errorf("--admin %q: %w", addr, err)
+	}
+	switch {
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && isLoopbackHost(u.Hostname()):
+		return nil
+	case u.Scheme != "http":
+		return fmt.Errorf("--admin %q: want http://127.0.0.1:PORT, https://HOST:PORT or unix://PATH", addr)
+	}
+	return fmt.Errorf("--admin %s: refusing to send the admin token in clear text to a host that is not loopback "+
+		"(plain http is for 127.0.0.0/8, ::1 or localhost); run this on the server's host, use its --admin-socket "+
+		"(--admin unix://PATH), or forward the admin port to loopback (kubectl port-forward POD 15014) and use --admin http://127.0.0.1:15014", addr)
+}
+
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// AdminFrom is the client of a federation subcommand: --admin is the
+// parent's persistent flag.
+func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
+	if f := cmd.Flag("admin"); f != nil {
+		c.Addr = f.Value.String()
+	}
+	return c
+}
+
+// MayAuthenticate says the token can go with a read that tells more
+// with it (explain reads service account labels only for the admin): the
+// token is readable and the address safe for it. The admin socket needs
+// none.
+func (c *AdminClient) MayAuthenticate() bool {
+	if strings.HasPrefix(c.Addr, "unix://") || TokenTransportOK(c.Addr) != nil {
+		return false
+	}
+	_, err := c.Token()
+	return err == nil
+}

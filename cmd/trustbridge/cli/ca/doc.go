@@ -1,0 +1,6 @@
+// Package ca is trustbridge ca: issue (a workload certificate from a data
+// directory's CA state, offline), rotate (prepare a successor root or JWT
+// key now), raise-sequence (move the published spiffe_sequence past a
+// peer's) and request (a certificate from a running server's certificate
+// service, by bootstrap token, renewal or provisioning certificate).
+package ca

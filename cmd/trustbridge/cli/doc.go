@@ -1,0 +1,17 @@
+// Package cli is what trustbridge's command groups share: the process's
+// streams and clock (Env), the -o/--output flag and its formats, the
+// connection to a server's admin API (AdminClient) and to its certificate
+// service (CAConn), exit codes beyond 1 (ExitError) and the small file
+// helpers. Each command group is a package beneath it (cli/federation,
+// cli/bundle, cli/ca, ...) whose NewCmd returns its cobra command;
+// cmd/trustbridge adds them to the root.
+//
+//	func NewCmd(e cli.Env) *cobra.Command {
+//		var output *cli.OutputFlag
+//		cmd := &cobra.Command{Use: "status", RunE: func(cmd *cobra.Command, _ []string) error {
+//			return output.Write(e.Out, v, table)
+//		}}
+//		output = cli.AddOutputFlag(cmd)
+//		return cmd
+//	}
+package cli

@@ -1,0 +1,358 @@
+package jwt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+)
+
+func NewCmd(e cli.Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "jwt",
+		Short: "Mint and validate JWT-SVIDs",
+		Long: `Mint a JWT-SVID from a running server's certificate service, for the identity
+you authenticate as, or validate one against SPIFFE bundles.`,
+		Example: `  trustbridge jwt mint --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com
+  trustbridge jwt validate --bundle bundle.spiffe.json --audience https://api.example.com TOKEN`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(newJWTMintCmd(e), newJWTValidateCmd(e))
+	return cmd
+}
+
+type jwtMintOptions struct {
+	cli.CAConn
+	audience []string
+	ttl      time.Duration
+	out      *cli.OutputFlag
+}
+
+func newJWTMintCmd(e cli.Env) *cobra.Command {
+	var o jwtMintOptions
+	cmd := &cobra.Command{
+		Use:   "mint --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR) --audience AUD [--audience AUD]...",
+		Short: "Obtain a JWT-SVID for your own identity from a running server",
+		Long: `Ask the certificate service of a running trustbridge (--grpc-listen) for a
+JWT-SVID and print it. Its subject is the identity you authenticate as, exactly
+as with 'trustbridge ca request': the X509-SVID in --prov-cert DIR (mTLS), or
+the bearer token in --token-file (a reusable bootstrap token or a Kubernetes
+service account token). The request cannot name another subject.
+
+--audience is required (at most 16, each at most 512 bytes): who the token is
+for; the receiver refuses a token not naming it. --ttl asks for a lifetime,
+which the server clamps to its maximum; without it the server's default
+(5 minutes) applies. -o table prints the token alone, for $(...); -o json or
+yaml also print its SPIFFE ID and expiry.`,
+		Example: `  # with the certificate trustbridge ca request or agent wrote
+  trustbridge jwt mint --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com
+  # with a Kubernetes service account token, two audiences, 10 minutes, as JSON
+  trustbridge jwt mint --ca-addr trustbridge.trustbridge-system.svc:15012 --root-cert root-cert.pem \
+      --token-file /var/run/secrets/tokens/trustbridge --audience a --audience b --ttl 10m -o json
+  # call an API with it
+  curl -H "Authorization: Bearer $(trustbridge jwt mint ... --audience https://api.example.com)" https://api.example.com`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runJWTMint(cmd.Context(), e, o)
+		},
+	}
+	f := cmd.Flags()
+	cli.AddCAConnFlags(f, &o.CAConn)
+	f.StringArrayVar(&o.audience, "audience", nil, "audience (aud) of the token; repeat for several (required)")
+	f.DurationVar(&o.ttl, "ttl", 0, "lifetime to ask for, whole seconds (default: the server's, 5m; clamped to its maximum)")
+	o.out = cli.AddOutputFlag(cmd)
+	return cmd
+}
+
+// MintOutput is `jwt mint -o json|yaml`.
+type MintOutput struct {
+	SPIFFEID  string    `json:"spiffe_id"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Token     string    `json:"token"`
+}
+
+func runJWTMint(ctx context.Context, e cli.Env, o jwtMintOptions) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	conn, _, err := o.Dial(e.Now())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	var p peer.Peer
+	svid, err := caclient.MintJWTSVID(ctx, conn, o.audience, o.ttl, grpc.Peer(&p))
+	if err != nil {
+		return identityError(o.Addr, o.Timeout, "a JWT-SVID", err, p.Addr != nil)
+	}
+	out := MintOutput{SPIFFEID: svid.ID.String(), ExpiresAt: svid.ExpiresAt, Token: svid.Token}
+	return o.out.Write(e.Out, out, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, svid.Token)
+		return err
+	})
+}
+
+func (o jwtMintOptions) check() error {
+	if err := o.out.Check(); err != nil {
+		return err
+	}
+	if err := o.CheckAuth(); err != nil {
+		return err
+	}
+	if err := checkAudiences(o.audience); err != nil {
+		return err
+	}
+	if o.ttl < 0 || o.ttl%time.Second != 0 {
+		return fmt.Errorf("--ttl %s: want a whole, positive number of seconds", o.ttl)
+	}
+	return nil
+}
+
+// checkAudiences refuses what the server would: none, or an empty one.
+func checkAudiences(aud []string) error {
+	if len(aud) == 0 {
+		return errors.New("--audience is required: name who the token is for")
+	}
+	if slices.Contains(aud, "") {
+		return errors.New("--audience must not be empty")
+	}
+	return nil
+}
+
+type jwtValidateOptions struct {
+	cli.CAConn
+	audience    []string
+	bundle      string
+	trustDomain string
+	out         *cli.OutputFlag
+}
+
+func newJWTValidateCmd(e cli.Env) *cobra.Command {
+	var o jwtValidateOptions
+	cmd := &cobra.Command{
+		Use:   "validate [-|TOKEN] --audience AUD (--bundle FILE [--trust-domain TD] | --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR))",
+		Short: "Validate a JWT-SVID against SPIFFE bundles",
+		Long: `Validate a JWT-SVID (from standard input when the argument is - or absent,
+the preferred form; or the argument, which other users can read in
+/proc/PID/cmdline and which stays in shell history: a warning says so): its signature against the JWT authorities of its own trust domain only (the
+trust domain of its subject), its expiry, and that its audience names one of
+--audience. Prints the SPIFFE ID, audience, expiry and every claim; exits
+non-zero, saying why, when the token is not valid.
+
+The bundles come from --bundle FILE, a SPIFFE bundle map (bundle.spiffe.json,
+as 'ca request' writes it) or, with --trust-domain, one trust domain's SPIFFE
+bundle; or, without --bundle, from the running server (WatchBundles on the
+certificate service's listener), authenticated as for 'jwt mint': the bundles
+of every trust domain the server's trust policy lets you trust.`,
+		Example: `  # against a bundle map, the token on standard input (-)
+  printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com -
+  # against one peer's bundle, token from a file, as JSON
+  trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json - < token.jwt
+  # against what the server lets this workload trust
+  printf '%s' "$TOKEN" | trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
+      --prov-cert /etc/creds --audience https://api.example.com -`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runJWTValidate(cmd.Context(), e, o, args)
+		},
+	}
+	f := cmd.Flags()
+	cli.AddCAConnFlags(f, &o.CAConn)
+	for _, name := range []string{"ca-addr", "root-cert"} {
+		fl := f.Lookup(name)
+		fl.Usage = strings.Replace(fl.Usage, "(required)", "(required without --bundle)", 1)
+	}
+	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
+	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
+	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
+	o.out = cli.AddOutputFlag(cmd)
+	return cmd
+}
+
+// ValidateOutput is what `jwt validate` prints.
+type ValidateOutput struct {
+	SPIFFEID  string         `json:"spiffe_id"`
+	Audience  []string       `json:"audience"`
+	ExpiresAt time.Time      `json:"expires_at"`
+	Claims    map[string]any `json:"claims"`
+}
+
+func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args []string) error {
+	if err := o.out.Check(); err != nil {
+		return err
+	}
+	if err := checkAudiences(o.audience); err != nil {
+		return err
+	}
+	token, err := readTokenArg(e.In, args)
+	if err != nil {
+		return err
+	}
+	if len(args) == 1 && args[0] != "-" {
+		fmt.Fprintln(e.Err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
+	}
+	source, withheld, err := o.bundles(ctx, e.Now())
+	if err != nil {
+		return err
+	}
+	svid, err := jwtsvid.Validate(token, source, o.audience)
+	if err != nil {
+		if td := unverifiedTrustDomain(token); slices.Contains(withheld, td) {
+			return fmt.Errorf("the token is of trust domain %s, which the server's trust policy grants you only for some peers: a bundle cannot carry that limit, so the server does not hand its bundle out; validate with --bundle holding it, or ask for a grant without peers", td)
+		}
+		return fmt.Errorf("the token is not a valid JWT-SVID for audience %s: %w", strings.Join(o.audience, ", "), err)
+	}
+	out := ValidateOutput{SPIFFEID: svid.ID.String(), Audience: svid.Audience, ExpiresAt: svid.Expiry.UTC(), Claims: svid.Claims}
+	return o.out.Write(e.Out, out, func(w io.Writer) error { return printJWTValidation(w, out) })
+}
+
+// readTokenArg is the token argument, or standard input for - or none.
+func readTokenArg(in io.Reader, args []string) (string, error) {
+	if len(args) == 1 && args[0] != "-" {
+		return args[0], nil
+	}
+	data, err := io.ReadAll(io.LimitReader(in, jwtsvid.MaxTokenBytes+2))
+	if err != nil {
+		return "", fmt.Errorf("read the token from standard input: %w", err)
+	}
+	token := strings.TrimSpace(string(data))
+	switch {
+	case token == "":
+		return "", errors.New("no token: pass it as the argument or on standard input")
+	case len(token) > jwtsvid.MaxTokenBytes:
+		return "", fmt.Errorf("the token on standard input is over %d bytes; a JWT-SVID is a few hundred", jwtsvid.MaxTokenBytes)
+	}
+	return token, nil
+}
+
+// unverifiedTrustDomain is the trust domain of the token's subject, read
+// without verifying anything, to explain a failure; "" when there is none.
+func unverifiedTrustDomain(token string) string {
+	tok, err := jwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.ES512, jose.RS256, jose.RS384, jose.RS512, jose.PS256, jose.PS384, jose.PS512})
+	if err != nil {
+		return ""
+	}
+	var c jwt.Claims
+	if err := tok.UnsafeClaimsWithoutVerification(&c); err != nil {
+		return ""
+	}
+	id, err := spiffeid.FromString(c.Subject)
+	if err != nil {
+		return ""
+	}
+	return id.TrustDomain().Name()
+}
+
+// bundles is the trust to validate with: --bundle, or the server's, with
+// the trust domains the server withheld.
+func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, error) {
+	if o.bundle == "" {
+		return o.serverBundles(ctx, now)
+	}
+	source, err := o.fileBundles()
+	return source, nil, err
+}
+
+func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
+	if o.Addr != "" || o.TokenFile != "" || o.ProvCert != "" {
+		return nil, errors.New("--bundle is the trust to validate with; --ca-addr, --token-file and --prov-cert fetch it from the server instead: give one or the other")
+	}
+	var td spiffeid.TrustDomain
+	if o.trustDomain != "" {
+		var err error
+		if td, err = bundledoc.TrustDomainName(o.trustDomain); err != nil {
+			return nil, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
+		}
+	}
+	doc, err := cli.ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
+	if err != nil {
+		return nil, fmt.Errorf("--bundle: %w", err)
+	}
+	bundles, err := caclient.ParseBundles(doc, td)
+	if err != nil {
+		return nil, fmt.Errorf("--bundle %s: %w", o.bundle, err)
+	}
+	return caclient.JWTSource(bundles), nil
+}
+
+func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, error) {
+	if o.trustDomain != "" {
+		return nil, nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
+	}
+	if err := o.CheckAuth(); err != nil {
+		return nil, nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
+	}
+	conn, local, err := o.Dial(now)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	b, err := caclient.FetchBundles(ctx, conn, local)
+	if err != nil {
+		return nil, nil, identityError(o.Addr, o.Timeout, "bundles", err, false)
+	}
+	return caclient.JWTSource(b.Bundles), b.Withheld, nil
+}
+
+// identityError is requestError for the identity service's calls:
+// Unimplemented means a server older than the service, and Unavailable
+// from a server that answered (answered: the call reached it) is its own
+// word, such as a CA that cannot sign now, not a connection problem.
+func identityError(addr string, timeout time.Duration, what string, err error, answered bool) error {
+	st, _ := status.FromError(err)
+	switch st.Code() {
+	case codes.Unimplemented:
+		return fmt.Errorf("the server at %s does not serve %s: it predates trustbridge's identity service (trustbridge.identity.v1) and must be upgraded: %s", addr, what, st.Message())
+	case codes.Unavailable:
+		if answered {
+			return fmt.Errorf("the CA at %s cannot give %s right now; retry later: %s", addr, what, st.Message())
+		}
+	}
+	return cli.RequestError(addr, timeout, what, err)
+}
+
+func printJWTValidation(w io.Writer, v ValidateOutput) error {
+	fmt.Fprintf(w, "valid JWT-SVID\n  spiffe id:  %s\n  audience:   %s\n  expires at: %s\n  claims:\n", v.SPIFFEID, strings.Join(v.Audience, ", "), v.ExpiresAt.Format(time.RFC3339))
+	for _, k := range slices.Sorted(maps.Keys(v.Claims)) {
+		if _, err := fmt.Fprintf(w, "    %s: %s\n", k, ClaimText(v.Claims[k])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ClaimText shows a claim as it reads in the token: JSON numbers decode as
+// float64, which %v would print as 1.795574191e+09 for an exp.
+func ClaimText(v any) string {
+	if f, ok := v.(float64); ok {
+		return strconv.FormatFloat(f, 'f', -1, 64)
+	}
+	return fmt.Sprint(v)
+}

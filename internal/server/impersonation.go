@@ -1,0 +1,56 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
+)
+
+// addImpersonationFlags adds the flag naming the node proxies allowed to
+// ask for the certificates of the pods on their node.
+func addImpersonationFlags(f *pflag.FlagSet, o *GRPCConfig) {
+	f.StringSliceVar(&o.TrustedNodeAccounts, "ca-trusted-node-accounts", []string{nodeauth.DefaultTrustedNodeAccount},
+		"service accounts (namespace/name, comma-separated) of node proxies, Istio's ztunnel by default, that may ask for the "+
+			"certificate of a pod on their own node with Istio's ImpersonatedIdentity, as istiod's CA_TRUSTED_NODE_ACCOUNTS: the caller "+
+			"must authenticate with a token bound to its pod, and a pod of the impersonated service account must run on that pod's "+
+			"node (read from the Kubernetes API: needs get, list and watch on pods). Needs Kubernetes (--token-review); \"\" refuses "+
+			"all impersonation. E.g. istio-system/ztunnel,kube-system/node-proxy")
+}
+
+// addImpersonation builds the node authorizer for the certificate service
+// when node accounts are configured, and runs its pod informer with the
+// server.
+func (g *grpcEndpoint) addImpersonation(client kubernetes.Interface, o GRPCConfig, td spiffeid.TrustDomain, logger *slog.Logger) error {
+	accounts := nonEmpty(o.TrustedNodeAccounts)
+	if len(accounts) == 0 {
+		return nil
+	}
+	a, err := nodeauth.New(nodeauth.Config{Client: client, TrustDomain: td, TrustedNodeAccounts: accounts,
+		Logger: logger.With(logattr.Component, "node-authorizer")})
+	if err != nil {
+		return fmt.Errorf("--ca-trusted-node-accounts: %w", err)
+	}
+	g.impersonator = a
+	g.runners = append(g.runners, a.Run)
+	logger.Info("node proxies may ask for the certificates of the pods on their node (ImpersonatedIdentity)",
+		"trusted_node_accounts", strings.Join(accounts, ","))
+	return nil
+}
+
+// nonEmpty drops blank entries of a list flag.
+func nonEmpty(list []string) []string {
+	var out []string
+	for _, s := range list {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}

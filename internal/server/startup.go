@@ -1,0 +1,143 @@
+package server
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+)
+
+// announce says the server started: always as start-up records on the
+// log, and, when the log is text (--log-format text, or auto on a
+// terminal), also as the banner on standard output, a quick start for the
+// person reading it. With JSON logs there is no banner: a log pipeline
+// (kubectl logs merges standard output and error) gets JSON lines only,
+// and the records carry the same facts.
+func announce(e env, o Config, p *serverParts, addr string, logger *slog.Logger) {
+	if textLogs(e.err, o.LogFormat) {
+		printBanner(e.out, o, p, addr)
+		p.gs.printBanner(e.out)
+	}
+	logStart(o, p, addr, logger)
+}
+
+// textLogs says whether newLogger writes text to w in format.
+func textLogs(w io.Writer, format string) bool {
+	return format == "text" || format == "auto" && isTerminal(w)
+}
+
+// caMode describes where the CA's state is, for the banner and the log.
+func caMode(o Config, kube *kubeSetup) string {
+	switch {
+	case o.CADir != "":
+		return "plug-in CA from " + o.CADir + " (reloaded on change)"
+	case kube != nil:
+		return kube.describe()
+	}
+	abs, _ := filepath.Abs(o.DataDir)
+	return fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
+}
+
+// logStart logs the start-up records: the server (version, trust domain,
+// CA, listeners), the bundle endpoint's tuple, the certificate service,
+// and one record per federated trust domain the flags and files
+// configure.
+func logStart(o Config, p *serverParts, addr string, logger *slog.Logger) {
+	td, a := p.td, p.authority
+	listeners := []any{"admin", addr}
+	if p.ep != nil {
+		listeners = append(listeners, "bundle", p.ep.ln.Addr().String())
+	}
+	if p.gs != nil {
+		listeners = append(listeners, "grpc", p.gs.ln.Addr().String())
+	}
+	logger.Info("trustbridge server started", "version", o.version(), logattr.TrustDomain, td.Name(),
+		logattr.DataDir, o.DataDir, "ca", caMode(o, p.kube), logattr.Roots, len(a.Roots()), logattr.Sequence, a.Sequence(),
+		"admin", "http://"+addr, slog.Group("listeners", listeners...))
+	if ep := p.ep; ep != nil {
+		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.Bundle.Profile, "tuple", ep.tuple(td)}
+		if !ep.id.IsZero() {
+			attrs = append(attrs, logattr.SPIFFEID, ep.id.String(), "bootstrap", ep.bootstrapCommand(td, addr))
+		}
+		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
+	}
+	p.gs.logStart(logger)
+	logPeers(p.fed, logger)
+}
+
+// logPeers logs one record per federated trust domain of fed's flags,
+// files and run-time changes, with where it is configured.
+func logPeers(fed *federationSetup, logger *slog.Logger) {
+	eps, origins := fed.configured()
+	for _, ep := range eps {
+		logger.Info("federated trust domain configured", peerAttrs(ep, origins[ep.TrustDomain])...)
+	}
+}
+
+// peerAttrs are the log attributes of a configured endpoint.
+func peerAttrs(ep federation.Endpoint, origin string) []any {
+	attrs := []any{logattr.TrustDomain, ep.TrustDomain.Name(), logattr.EndpointURL, ep.URL.String(),
+		"profile", string(ep.Profile), "origin", origin}
+	if !ep.EndpointSPIFFEID.IsZero() {
+		attrs = append(attrs, "endpoint_spiffe_id", ep.EndpointSPIFFEID.String())
+	}
+	return attrs
+}
+
+// printBanner prints the start banner: what is served, and the commands
+// to try first.
+func printBanner(w io.Writer, o Config, p *serverParts, addr string) {
+	td, a := p.td.Name(), p.authority
+	fmt.Fprintf(w, `trustbridge is serving trust domain %s
+  version:    %s
+  CA:         %s
+  roots:      %d published, bundle sequence %d
+  admin:      http://%s/healthz  /readyz  /metrics  /v1/trust  /v1/snapshot
+  status:     http://%s/ui
+  try:        curl -s http://%s/v1/trust
+`, td, o.version(), caMode(o, p.kube), len(a.Roots()), a.Sequence(), addr, addr, addr)
+	if p.kube == nil {
+		// ca issue reads the state directory; with Kubernetes storage
+		// certificates come from the gRPC service (ca request).
+		issue := "--data-dir " + o.DataDir
+		if o.CADir != "" {
+			issue = "--ca-dir " + o.CADir
+		}
+		fmt.Fprintf(w, "              trustbridge ca issue %s --spiffe-id spiffe://%s/demo --credentials-dir ./demo-creds\n", issue, td)
+	}
+	if ep := p.ep; ep != nil {
+		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(p.td))
+		if cmd := ep.bootstrapCommand(p.td, addr); cmd != "" {
+			// https_spiffe peers authenticate their first fetch with our
+			// bundle, which they must get over a channel they trust.
+			fmt.Fprintf(w, "  bootstrap:  %s   (hand it to each peer's operator over a channel you trust; SPIRE: spire-server bundle set -format spiffe -id spiffe://%s -path %s)\n",
+				cmd, td, bootstrapFile(p.td))
+		}
+	}
+	printPeers(w, p.fed)
+}
+
+// printPeers adds the configured federated trust domains to the banner:
+// the same set as logPeers' records (flags, files and run-time changes).
+func printPeers(w io.Writer, fed *federationSetup) {
+	eps, origins := fed.configured()
+	for i, ep := range eps {
+		label := ""
+		if i == 0 {
+			label = "federates:"
+		}
+		fmt.Fprintf(w, "  %-11s %s %s (%s, from %s)\n", label, ep.TrustDomain.Name(), ep.URL, ep.Profile, origins[ep.TrustDomain])
+	}
+}
+
+// sortedEndpoints is eps sorted by trust domain name.
+func sortedEndpoints(eps []federation.Endpoint) []federation.Endpoint {
+	eps = slices.Clone(eps)
+	slices.SortFunc(eps, func(a, b federation.Endpoint) int { return strings.Compare(a.TrustDomain.Name(), b.TrustDomain.Name()) })
+	return eps
+}
