@@ -12,8 +12,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/flagenv"
 )
 
 // Defaults of the agent's paths: Istio's, relative to the working

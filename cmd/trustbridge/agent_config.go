@@ -8,7 +8,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
-	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server/flagenv"
 )
 
 // agentEnv are the istio-agent environment variables (pilot-agent's

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/trustbridge/trustbridge/internal/flagenv"
+	"github.com/trustbridge/trustbridge/internal/server/flagenv"
 	"github.com/trustbridge/trustbridge/internal/yamlcheck"
 )
 

@@ -1,9 +1,10 @@
 // Package shape measures the shape of the house (issue 33, STYLE.md "Shape
 // of the house"): how big package main is, how many functions are too long
 // or too complex, how many names package ca exports, how many folders
-// internal/ has, and whether anything in internal/ outside the server's
-// composition imports a domain package. TestHouseShape holds the repository
-// to its ceilings and logs what each measure counts (make shape).
+// internal/ has, and whether anything in internal/ outside the compositions
+// (the server's, the agent's) imports a domain package. TestHouseShape holds
+// the repository to its ceilings and logs what each measure counts (make
+// shape).
 package shape
 
 import (
@@ -46,7 +47,8 @@ type Measures struct {
 	// InternalFolders are the top-level folders of internal/.
 	InternalFolders []string
 	// UpArrows are imports of a domain package from internal/, outside
-	// internal/server, as "dir -> package".
+	// the compositions (internal/server, internal/agent), as
+	// "dir -> package".
 	UpArrows []string
 }
 
@@ -86,7 +88,7 @@ func Measure(root string) (*Measures, error) {
 				ca[n] = true
 			}
 		}
-		if strings.HasPrefix(dir, "internal/") && dir != "internal/server" && !strings.HasPrefix(dir, "internal/server/") {
+		if strings.HasPrefix(dir, "internal/") && !composition(dir) {
 			for _, a := range domainImports(f) {
 				up[dir+" -> "+a] = true
 			}
@@ -178,6 +180,19 @@ func exported(f *ast.File) []string {
 		}
 	}
 	return out
+}
+
+// compositions are the packages that compose domain packages into a
+// process: the server (and its own features beneath it) and the node agent.
+var compositions = []string{"internal/server", "internal/agent"}
+
+func composition(dir string) bool {
+	for _, c := range compositions {
+		if dir == c || strings.HasPrefix(dir, c+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // domainImports lists the domain packages (or their sub-packages) f imports.
