@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -290,4 +291,18 @@ func TestRefreshRateLimit(t *testing.T) {
 
 	// The limit is per handler, not per process.
 	assert.Equal(t, http.StatusOK, refresh(t, New(f.cfg), "peer.example").Code)
+}
+
+// TestNoDebugHandlers: the admin handler serves its own routes only.
+// controller-runtime links net/http/pprof, which registers /debug/pprof/
+// on http.DefaultServeMux; nothing in trustbridge serves that mux, and the
+// admin listener (anyone who reaches it: a read-only audience) must not
+// hand out heap profiles or goroutine dumps.
+func TestNoDebugHandlers(t *testing.T) {
+	h := New(Config{CA: newFakeCA(t)})
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/goroutine?debug=2", "/debug/vars"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		assert.Equal(t, http.StatusNotFound, rec.Code, path)
+	}
 }
