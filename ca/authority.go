@@ -1,8 +1,6 @@
 package ca
 
 import (
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -240,7 +238,7 @@ type Authority struct {
 	// stateMu serializes everything that reads or changes the shared
 	// state (reloads, rotation checks, plug-in syncs); it is taken before
 	// the backend's lock and before mu. Backend reads happen under stateMu
-	// alone, so a slow or unreachable API server never stalls Sign and
+	// alone, so a slow or unreachable API server never stalls signing and
 	// Bundle, which take mu; every writer of journal, roots and version
 	// holds both.
 	stateMu sync.Mutex
@@ -366,31 +364,13 @@ func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomai
 
 // SignX509SVID signs an X509-SVID for p.PublicKey and p.SPIFFEID, the
 // identity the caller proved, with the active root or intermediate: the
-// one entry point of every workload leaf (SDS, the certificate service
-// through Sign, `ca issue`). The key's strength, the identity, the TTL
-// against Config.MaxWorkloadTTL and the DNS names are checked here, as
-// for a CSR.
+// one entry point of every workload leaf (SDS, the certificate service,
+// whose edge parses and judges the CSR it receives). The key's strength,
+// the identity, the TTL against Config.MaxWorkloadTTL, the DNS names and
+// the extensions are checked as the package-level SignX509SVID does.
 func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) {
 	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
-		return signX509SVID(now, m, pol, p, paramsKey(p.PublicKey))
-	})
-}
-
-// Sign signs a workload CSR for id, an identity the caller has proved:
-// SignX509SVID for a request that arrived as a CSR (the certificate
-// service's wire). The CSR must come from ParseCSR, which checks its
-// signature; what it asks for is judged against id. extra are private
-// extensions for the leaf, as for the package-level Sign.
-func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
-	return a.SignWithDNSNames(csr, id, ttl, nil, extra...)
-}
-
-// SignWithDNSNames is Sign with DNS SANs the server decided, as the
-// package-level SignWithDNSNames.
-func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
-	p := X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}
-	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
-		return signX509SVID(now, m, pol, p, csrKey(csr, id))
+		return signX509SVID(now, m, pol, p)
 	})
 }
 
@@ -424,7 +404,7 @@ func signResult(err error) string {
 	return "error"
 }
 
-// SignErrorKind returns the stable label of a Sign error, for metric
+// SignErrorKind returns the stable label of a signing error, for metric
 // labels and logs: "invalid_csr", "identity_not_allowed", "invalid_ttl",
 // "signing_material", or "" for any other error (a server fault, which
 // each caller names itself).

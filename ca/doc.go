@@ -56,8 +56,8 @@
 //		return err
 //	}
 //	go a.Run(ctx) // rotation on schedule
-//	csr, err := ca.ParseCSR(pemOrDER)
-//	issued, err := a.Sign(csr, provenID, 0) // the ID comes from authentication, never from the CSR
+//	csr, err := ca.ParseCSR(pemOrDER) // at the edge: its signature and key checked
+//	issued, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: provenID}) // the ID comes from authentication, never from the CSR
 //	token, exp, err := a.SignJWT(provenID, []string{"db"}, 0)
 //
 // Specs: X509-SVID §4 (signing certificates) and §5 (leaf certificates),

@@ -70,8 +70,9 @@ func (f servingOptionFunc) applyServing(o *servingOptions) error { return f(o) }
 // At most maxServingDNSNames, without repeats. No names is the same as not
 // using the option.
 //
-// Workload certificates get no DNS names from their CSR (Sign refuses CSRs
-// asking for them), and those SignWithDNSNames adds for them
+// Workload certificates get no DNS names from their CSR (the certificate
+// service refuses CSRs asking for them), and those X509SVIDParams.DNSNames
+// add for them
 // (--workload-dns-name-template) never include these names (see
 // internal/workloaddns, reserved names): that is what makes a host name
 // check for these names against this CA's roots mean "trustbridge itself".
@@ -143,7 +144,7 @@ func (s *ServingCert) Renew() error {
 	return nil
 }
 
-// signServing signs the serving certificate as Authority.Sign signs a
+// signServing signs the serving certificate as Authority.SignX509SVID signs a
 // workload leaf (same lock, clock, policy and metric), for a key generated
 // in this process and with dnsNames, which only this path may add.
 func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
@@ -152,7 +153,7 @@ func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames [
 	})
 }
 
-// signServing is Sign without a CSR: the key is ours, and dnsNames are
+// signServing is signX509SVID for a key of ours, and dnsNames are
 // checked again here so that no caller can slip an unchecked name in.
 func signServing(now time.Time, m SigningMaterial, p Policy, pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
 	plan, err := planLeaf(now, m, p, id, ttl)

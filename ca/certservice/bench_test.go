@@ -182,7 +182,7 @@ func (bf *benchFixture) sign() error {
 	if err != nil {
 		return err
 	}
-	_, err = bf.f.authority.Sign(csr, workloadID, time.Hour)
+	_, err = bf.f.authority.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: workloadID, TTL: time.Hour})
 	return err
 }
 

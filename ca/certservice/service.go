@@ -48,19 +48,20 @@ const (
 	faultLogEvery = 10 * time.Second
 )
 
-// Signer issues a certificate for id, an identity the caller proved, to the
-// key in csr (from ca.ParseCSR), with extra private extensions in the leaf
+// Signer issues an X509-SVID from params: the key of the CSR the service
+// parsed and judged, the identity the caller proved, the lifetime, the
+// workload DNS names (Config.WorkloadDNSNames) and private extensions
 // (the grant record). *ca.Authority implements it.
 type Signer interface {
-	Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error)
+	SignX509SVID(params ca.X509SVIDParams) (*ca.Issued, error)
 }
 
 // SignerFunc adapts a function to Signer.
-type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error)
+type SignerFunc func(params ca.X509SVIDParams) (*ca.Issued, error)
 
-// Sign calls f.
-func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
-	return f(csr, id, ttl, extra...)
+// SignX509SVID calls f.
+func (f SignerFunc) SignX509SVID(params ca.X509SVIDParams) (*ca.Issued, error) {
+	return f(params)
 }
 
 // Impersonator decides whether caller may obtain a certificate for target,
@@ -108,9 +109,9 @@ type Config struct {
 	// WorkloadDNSNames, when set, gives the certificates of Kubernetes
 	// identities (a kubernetes-jwt or kubernetes-issuer grant, on a first
 	// issuance or a renewal) a DNS SAN from this template beside the
-	// SPIFFE ID (--workload-dns-name-template); Signer must then be a
-	// DNSSigner. Nil: no DNS names. A CSR asking for DNS names is refused
-	// either way.
+	// SPIFFE ID (--workload-dns-name-template), which the Signer receives
+	// in X509SVIDParams.DNSNames. Nil: no DNS names. A CSR asking for DNS
+	// names is refused either way.
 	WorkloadDNSNames *workloaddns.Template
 	// MaxRenewalLifetime, when positive, refuses a renewal whose chain was
 	// first granted longer ago than this, so every chain has to go back to
@@ -243,9 +244,6 @@ func (cfg Config) validate() error {
 	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
 		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
 			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
-	}
-	if _, ok := cfg.Signer.(DNSSigner); cfg.WorkloadDNSNames != nil && !ok {
-		return fmt.Errorf("certservice: workload DNS names need a signer that adds DNS names (%T is no DNSSigner)", cfg.Signer)
 	}
 	if cfg.MergedRoots && cfg.Bundles == nil {
 		return errors.New("certservice: merged roots need the trust of every trust domain (Bundles)")
@@ -470,8 +468,9 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if err != nil {
 		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
 	}
-	// Judged here, before the signer sees the CSR: a request for another
-	// identity must leave no trace but the refusal.
+	// Judged here, the one place that sees the CSR: the signer gets its
+	// key only, and a request for another identity must leave no trace
+	// but the refusal.
 	if err := checkRequestedID(csr, id); err != nil {
 		return nil, ident, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
 	}
@@ -485,7 +484,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	}
 	dnsNames := s.workloadDNSNames(ctx, ident, id, grant, hasGrant, r.Peer)
 	start := s.cfg.Clock.Now()
-	issued, err := s.sign(csr, id, ttl, dnsNames, extra)
+	issued, err := s.cfg.Signer.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra})
 	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
 	if err != nil {
 		return nil, ident, signRefusal(err)
@@ -624,8 +623,8 @@ func impersonates(req *securityv1alpha1.IstioCertificateRequest) bool {
 }
 
 // otherNames describes the names other than a SPIFFE ID that the CSR asks
-// for, "" when there are none. The CA refuses them too; judging them here
-// keeps them from any Signer.
+// for, "" when there are none: only the SPIFFE ID the caller proved, and
+// the DNS names the server decides, go in the certificate.
 func otherNames(csr *x509.CertificateRequest) string {
 	switch {
 	case len(csr.DNSNames) > 0:

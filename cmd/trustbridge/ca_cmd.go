@@ -1,12 +1,10 @@
 package main
 
 import (
-	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"time"
 
@@ -104,16 +102,8 @@ func runCAIssue(e env, o caIssueOptions) error {
 		return err
 	}
 	defer unlock()
-	// The CSR goes through the same parser and signer as any workload's.
-	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
-	if err != nil {
-		return err
-	}
-	csr, err := ca.ParseCSR(csrDER)
-	if err != nil {
-		return err
-	}
-	issued, err := ca.Sign(e.now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, csr, id, o.ttl)
+	// The key goes through the same signer as any workload's.
+	issued, err := ca.SignX509SVID(e.now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, TTL: o.ttl})
 	if err != nil {
 		return err
 	}
