@@ -249,12 +249,11 @@ type Authority struct {
 	version string            // of the state as last written or read
 	bundle  *spiffebundle.Bundle
 
-	changes chan struct{}
-	subs    []chan struct{} // Subscribe
+	subs []chan struct{} // Subscribe
 	// published is the root states last published (id=state,...), so
 	// subscribers hear of a state change that leaves the bundle alone.
 	published string
-	kick      chan struct{} // Kick
+	kick      chan struct{} // Recheck
 
 	// served is when this process first published each root. The
 	// publication lead of a prepared root counts from when peers could
@@ -304,7 +303,6 @@ func New(cfg Config) (*Authority, error) {
 	a := &Authority{
 		cfg:     cfg,
 		backend: cfg.Backend,
-		changes: make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
 		served:  map[string]time.Time{},
 		// Until state is loaded (a follower before the leader created

@@ -202,6 +202,12 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 			return <-done
 		case <-timer.C():
 		case <-a.cfg.Plugin.Changes():
+		case <-a.kick:
+			// The directory is the plug-in CA's state and its watcher
+			// follows it: a recheck only wakes the subscribers.
+			timer.Stop()
+			a.wakeSubscribers()
+			continue
 		}
 		timer.Stop()
 		checked = a.cfg.Clock.Now()

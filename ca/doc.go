@@ -47,7 +47,7 @@
 // concurrency: a writer that lost the race (ErrConflict) reloads and
 // decides again, never publishing its own version. With Config.Leader,
 // several replicas share one Backend: only the leader bootstraps, rotates
-// and writes; followers reload (Reload, or Kick from a watch), serve the
+// and writes; followers reload (Reload, or Recheck from a watch), serve the
 // same bundle and sign with the same active root. A follower with no
 // state yet is not Ready and refuses to sign.
 //

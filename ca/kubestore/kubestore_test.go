@@ -307,7 +307,7 @@ func TestFollowerReloadsThroughTheWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
 	go func() { done <- follower.Run(ctx) }()
-	go func() { done <- fs.Watch(ctx, follower.Kick) }()
+	go func() { done <- fs.Watch(ctx, follower.Recheck) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)

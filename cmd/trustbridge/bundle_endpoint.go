@@ -103,7 +103,7 @@ func setupBundleEndpoint(o bundleOptions, td spiffeid.TrustDomain, dataDir strin
 			GetCertificate: getCert, NextProtos: nextProtos, Logger: logger, Registerer: reg,
 			Timeouts: bundleserver.Timeouts{Idle: o.idleTimeout},
 		},
-		Changes:          []<-chan struct{}{authority.Changes()},
+		Changes:          []<-chan struct{}{authority.Subscribe()},
 		Files:            o.files,
 		FilePollInterval: filePollInterval,
 	}
