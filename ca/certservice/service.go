@@ -27,7 +27,6 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
-	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
@@ -172,11 +171,10 @@ type Config struct {
 type Service struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
 
-	cfg     Config
-	slots   chan struct{}
-	limits  *keyedrate.Limiters // nil when off
-	metrics *metrics
-	policy  *authn.GrantPolicy
+	cfg       Config
+	admission *admission
+	metrics   *metrics
+	policy    *authn.GrantPolicy
 	// rootsElems are cert_chain's roots elements (rootsElement).
 	rootsElems trustCache[string]
 	// refuseLog bounds the "certificate request refused" lines of
@@ -212,16 +210,13 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
+	s := &Service{cfg: cfg, admission: newAdmission(cfg), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
 	s.maxWatchMessage.Store(MaxBundleMessageSize)
 	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
 	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
-	if cfg.RateLimit > 0 {
-		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
-	}
 	return s, nil
 }
 
@@ -436,9 +431,8 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 		}
 		id = target
 	}
-	if !s.allow(ident.ID, id) {
-		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
-			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
+	if ref := s.admission.charge(ident.ID, id); ref != nil {
+		return nil, ident, ref
 	}
 	grantExt, grant, hasGrant, ref := s.grantFor(ctx, ident, r.Peer)
 	if ref != nil {
@@ -454,12 +448,11 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 
 	// Parsing checks the CSR's signature, which costs about as much as
 	// signing, so it takes a slot as well.
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return nil, ident, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
+	release, ref := s.admission.acquire()
+	if ref != nil {
+		return nil, ident, ref
 	}
-	defer func() { <-s.slots }()
+	defer release()
 	if err := ctx.Err(); err != nil {
 		return nil, ident, &refusal{status.FromContextError(err).Code(), "canceled", "request canceled", nil}
 	}
@@ -549,21 +542,6 @@ func spend(ctx context.Context, ident authn.Identity, issued *ca.Issued) *refusa
 		return &refusal{codes.Unavailable, "token_ledger_unavailable", "cannot record the bootstrap token as used right now; retry later", err}
 	}
 	return unauthenticated(err)
-}
-
-// allow charges a signing for id to the caller's rate limit. A node proxy
-// impersonating pods is charged once for itself and once per workload it
-// asks for, so it has an overall bound and the workload's own pods elsewhere
-// cannot spend the budget it needs for the pods of its node.
-func (s *Service) allow(caller, id spiffeid.ID) bool {
-	if s.limits == nil {
-		return true
-	}
-	now := s.cfg.Clock.Now()
-	if caller == id {
-		return s.limits.Allow(id.String(), now)
-	}
-	return s.limits.Allow(caller.String(), now) && s.limits.Allow(caller.String()+" for "+id.String(), now)
 }
 
 // impersonation judges a request for another identity: only a caller
