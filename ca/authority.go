@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,7 +130,7 @@ func (c *Config) applyDefaults() error {
 		return err
 	}
 	c.applyRuntimeDefaults()
-	if err := c.timeline().Validate(c.RootTTL); err != nil {
+	if err := c.timeline().validate(c.RootTTL); err != nil {
 		return err
 	}
 	return c.applyJWTDefaults()
@@ -222,8 +223,8 @@ func (c *Config) applyRuntimeDefaults() {
 	}
 }
 
-func (c *Config) timeline() Timeline {
-	return Timeline{RefreshHint: c.RefreshHint, MaxWorkloadTTL: c.MaxWorkloadTTL}
+func (c *Config) timeline() timeline {
+	return timeline{RefreshHint: c.RefreshHint, MaxWorkloadTTL: c.MaxWorkloadTTL}
 }
 
 // Authority is the embedded, self-signed CA of one trust domain. It keeps
@@ -248,6 +249,9 @@ type Authority struct {
 	jwtKeys []*castate.JWTKey // in journal order
 	version string            // of the state as last written or read
 	bundle  *spiffebundle.Bundle
+	// localRoots is the X.509 bundle GetX509BundleForTrustDomain last
+	// derived from bundle.
+	localRoots atomic.Pointer[localBundle]
 
 	subs []chan struct{} // Subscribe
 	// published is the root states last published (id=state,...), so
@@ -322,7 +326,7 @@ func New(cfg Config) (*Authority, error) {
 	}
 	a.metrics = m
 	if cfg.Plugin != nil {
-		if err := cfg.Plugin.Load(); err != nil {
+		if err := cfg.Plugin.load(); err != nil {
 			return nil, err
 		}
 		// syncPlugin publishes what Load loaded; the change Load
@@ -330,7 +334,7 @@ func New(cfg Config) (*Authority, error) {
 		// its first turn, after whatever happened meanwhile. A change
 		// signalled from now on is a real one.
 		select {
-		case <-cfg.Plugin.Changes():
+		case <-cfg.Plugin.changes():
 		default:
 		}
 		if err := a.syncPlugin(); err != nil {

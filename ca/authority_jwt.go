@@ -59,8 +59,8 @@ func (c *Config) applyJWTDefaults() error {
 
 // jwtTimelineLocked is the JWT keys' Timeline: a root's, with the longest
 // JWT-SVID TTL ever recorded in place of the workload certificates'.
-func (a *Authority) jwtTimelineLocked() Timeline {
-	tl := Timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}
+func (a *Authority) jwtTimelineLocked() timeline {
+	tl := timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}
 	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
 		tl.MaxWorkloadTTL = rec
 	}
@@ -115,7 +115,7 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 	return changed || stepped, err
 }
 
-func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
+func (a *Authority) applyJWTLocked(now time.Time, step step, index int) error {
 	switch step {
 	case stepBootstrap:
 		// No JWT key: a fresh CA, or state written before JWT keys
@@ -137,7 +137,7 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 			if k.State == castate.StateActive {
 				k.State = castate.StateRetired
 				k.RetiredAt = now
-				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(jwtKeyTimes(k), now.Add(retireMargin))
+				k.RemoveAfter = a.jwtTimelineLocked().removeAfter(jwtKeyTimes(k), now.Add(retireMargin))
 				a.jwtEvent(now, "retired", k.KID)
 			}
 		}
@@ -362,7 +362,7 @@ func (a *Authority) noActiveJWTKeyLocked(active *castate.JWTKey) error {
 		if k.State != castate.StatePrepared {
 			continue
 		}
-		if at := a.jwtTimelineLocked().ActivateAt(jwtKeyTimes(k)); !at.IsZero() {
+		if at := a.jwtTimelineLocked().activateAt(jwtKeyTimes(k)); !at.IsZero() {
 			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
 				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
 		}

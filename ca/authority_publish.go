@@ -139,7 +139,7 @@ func signal(chs []chan struct{}) {
 // with the last good material: operators must see the error.
 func (a *Authority) Ready() error {
 	if a.cfg.Plugin != nil {
-		if err := a.cfg.Plugin.LastError(); err != nil {
+		if err := a.cfg.Plugin.lastError(); err != nil {
 			return fmt.Errorf("%w (still signing with the last good material)", err)
 		}
 	}

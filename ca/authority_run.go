@@ -68,7 +68,7 @@ func (a *Authority) nextCheck(now time.Time) time.Time {
 	if a.cfg.Upstream != nil {
 		next = a.nextUpstreamLocked(now)
 	} else {
-		_, _, next = a.timelineLocked().Plan(now, a.timesLocked())
+		_, _, next = a.timelineLocked().plan(now, a.timesLocked())
 	}
 	next = earliest(next, a.nextJWTStepLocked(now))
 	a.mu.RUnlock()
@@ -145,7 +145,7 @@ func (a *Authority) Run(ctx context.Context) error {
 // when it has none or some is due already (the check that just ran could
 // not do it, say on a follower: the recheck interval paces retries).
 func (a *Authority) nextJWTStepLocked(now time.Time) time.Time {
-	_, _, next := a.jwtTimelineLocked().Plan(now, a.jwtTimesLocked())
+	_, _, next := a.jwtTimelineLocked().plan(now, a.jwtTimesLocked())
 	return next
 }
 

@@ -1,9 +1,11 @@
 package ca
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -49,4 +51,28 @@ func checkedCSRKey(csr *x509.CertificateRequest, id spiffeid.ID) (crypto.PublicK
 		return nil, err
 	}
 	return csr.PublicKey, nil
+}
+
+// DefaultLeafTTL is a Policy's DefaultTTL when it names none.
+const DefaultLeafTTL = defaultLeafTTL
+
+// ChainPEM encodes Chain without the roots, leaf first: the cert-chain.pem
+// a workload presents in TLS (the shape caclient.WriteCredentials writes).
+func (i *Issued) ChainPEM() []byte {
+	n := max(len(i.Chain)-len(i.Roots), 0)
+	return encodeCerts(i.Chain[:n])
+}
+
+// RootsPEM encodes Roots: the root-cert.pem a workload verifies peers with.
+func (i *Issued) RootsPEM() []byte {
+	return encodeCerts(i.Roots)
+}
+
+func encodeCerts(certs []*x509.Certificate) []byte {
+	var buf bytes.Buffer
+	for _, c := range certs {
+		// pem.Encode only fails on invalid headers, and there are none.
+		_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	}
+	return buf.Bytes()
 }

@@ -397,32 +397,32 @@ func NewPluginWatcher(dir string, td spiffeid.TrustDomain, clk clock.WithTicker,
 	return w
 }
 
-// Load reads the directory for the first time. An error means the server
+// load reads the directory for the first time. An error means the server
 // must not start.
-func (w *PluginWatcher) Load() error { return w.r.Load() }
+func (w *PluginWatcher) load() error { return w.r.Load() }
 
-// Current is the last good material: never nil once Load succeeded.
-func (w *PluginWatcher) Current() *PluginMaterial {
+// current is the last good material: never nil once load succeeded.
+func (w *PluginWatcher) current() *PluginMaterial {
 	m, _ := w.r.Current()
 	return m
 }
 
-// LastError is the outcome of the most recent check: nil when it loaded
+// lastError is the outcome of the most recent check: nil when it loaded
 // new material or the files were unchanged and still valid.
-func (w *PluginWatcher) LastError() error { return w.r.LastError() }
+func (w *PluginWatcher) lastError() error { return w.r.LastError() }
 
-// Changes is signalled (coalesced) whenever Current changes.
-func (w *PluginWatcher) Changes() <-chan struct{} { return w.r.Changes() }
+// changes is signalled (coalesced) whenever current changes.
+func (w *PluginWatcher) changes() <-chan struct{} { return w.r.Changes() }
 
-// Run checks the directory every interval until ctx is done.
-func (w *PluginWatcher) Run(ctx context.Context) error {
+// run checks the directory every interval until ctx is done.
+func (w *PluginWatcher) run(ctx context.Context) error {
 	return w.r.Run(ctx, w.clk, w.interval)
 }
 
-// Check reads the directory once, as Run does each interval; cmd may call
+// Check reads the directory once, as run does each interval; cmd may call
 // it on SIGHUP. Files caught mid-update are left for the next check. An
 // invalid change keeps the last good material and is returned, logged and
-// kept in LastError.
+// kept for lastError (and the CA's Ready).
 func (w *PluginWatcher) Check() error { return w.r.Check() }
 
 // apply validates files and returns the material they hold. Refused files

@@ -105,7 +105,7 @@ func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration, opts ...Servi
 		}
 	}
 	s := &ServingCert{a: a, id: id, dnsNames: o.dnsNames, ttl: ttl}
-	if err := s.Renew(); err != nil {
+	if err := s.renew(); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -119,9 +119,9 @@ func (s *ServingCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, er
 // Leaf is the current certificate.
 func (s *ServingCert) Leaf() *x509.Certificate { return s.cur.Load().Leaf }
 
-// Renew issues a new certificate now, with a new key and the same names.
+// renew issues a new certificate now, with a new key and the same names.
 // On failure the current certificate stays in service.
-func (s *ServingCert) Renew() error {
+func (s *ServingCert) renew() error {
 	key, err := GenerateKey(KeyECP256)
 	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
@@ -265,7 +265,7 @@ func (s *ServingCert) Run(ctx context.Context) error {
 			return nil
 		case <-t.C():
 		}
-		if err := s.Renew(); err != nil {
+		if err := s.renew(); err != nil {
 			s.a.cfg.Logger.Error("serving certificate renewal failed; retrying", logattr.SPIFFEID, s.id.String(), logattr.Error, err)
 			next = clk.Now().Add(renewRetry)
 			continue

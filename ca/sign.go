@@ -43,7 +43,7 @@ var (
 
 // Policy limits applied when a Policy field is zero.
 const (
-	DefaultLeafTTL    = 24 * time.Hour
+	defaultLeafTTL    = 24 * time.Hour
 	defaultMaxLeafTTL = 90 * 24 * time.Hour
 )
 
@@ -77,7 +77,7 @@ type Policy struct {
 	// TrustDomain is the only trust domain leaves are issued in.
 	TrustDomain spiffeid.TrustDomain
 	// DefaultTTL is used when a request asks for no particular lifetime.
-	// Zero means DefaultLeafTTL, or MaxTTL if that is shorter.
+	// Zero means 24 hours, or MaxTTL if that is shorter.
 	DefaultTTL time.Duration
 	// MaxTTL is the longest lifetime a request may ask for. Zero means
 	// defaultMaxLeafTTL.
@@ -103,7 +103,7 @@ func (p Policy) withDefaults() (Policy, error) {
 		p.MaxTTL = defaultMaxLeafTTL
 	}
 	if p.DefaultTTL == 0 {
-		p.DefaultTTL = min(DefaultLeafTTL, p.MaxTTL)
+		p.DefaultTTL = min(defaultLeafTTL, p.MaxTTL)
 	}
 	if p.DefaultTTL > p.MaxTTL {
 		return p, fmt.Errorf("ca: policy: default TTL %s exceeds max TTL %s", p.DefaultTTL, p.MaxTTL)
@@ -121,28 +121,6 @@ type Issued struct {
 	Chain []*x509.Certificate
 	// Roots are the trailing entries of Chain.
 	Roots []*x509.Certificate
-}
-
-// ChainPEM encodes Chain without the roots, leaf first: the cert-chain.pem a
-// workload presents in TLS. Roots are left out because a peer must already
-// hold them to trust anything, and sending them only costs bytes.
-func (i *Issued) ChainPEM() []byte {
-	n := max(len(i.Chain)-len(i.Roots), 0)
-	return encodeCerts(i.Chain[:n])
-}
-
-// RootsPEM encodes Roots: the root-cert.pem a workload verifies peers with.
-func (i *Issued) RootsPEM() []byte {
-	return encodeCerts(i.Roots)
-}
-
-func encodeCerts(certs []*x509.Certificate) []byte {
-	var buf bytes.Buffer
-	for _, c := range certs {
-		// pem.Encode only fails on invalid headers, and there are none.
-		_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-	}
-	return buf.Bytes()
 }
 
 // pemBegin starts every PEM block's first line.
