@@ -20,10 +20,10 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultRootTTL        = 8760 * time.Hour
-	DefaultRefreshHint    = 5 * time.Minute
-	DefaultWorkloadTTL    = 24 * time.Hour
-	DefaultMaxWorkloadTTL = 90 * 24 * time.Hour
+	defaultRootTTL        = 8760 * time.Hour
+	defaultRefreshHint    = 5 * time.Minute
+	defaultWorkloadTTL    = 24 * time.Hour
+	defaultMaxWorkloadTTL = 90 * 24 * time.Hour
 	// retireMargin pads a retired root's removal for leaves signed in
 	// another process (`ca issue`) whose clock reading came a moment later.
 	retireMargin = time.Minute
@@ -31,6 +31,19 @@ const (
 	// made by `trustbridge ca rotate` in another process are picked up.
 	recheckInterval = 30 * time.Second
 )
+
+// DefaultConfig is what New fills the zero fields of a Config with, but
+// for the trust domain, storage, clock, logger and registerer: the values
+// a command line shows as its defaults. A zero WorkloadTTL (JWTSVIDTTL)
+// is the default shortened to MaxWorkloadTTL (MaxJWTSVIDTTL) when that is
+// lower.
+func DefaultConfig() Config {
+	return Config{
+		KeyType: KeyECP256, RootTTL: defaultRootTTL, RefreshHint: defaultRefreshHint,
+		WorkloadTTL: defaultWorkloadTTL, MaxWorkloadTTL: defaultMaxWorkloadTTL, UpstreamTTL: defaultUpstreamTTL,
+		JWTKeyType: defaultJWTKeyType, JWTKeyTTL: defaultJWTKeyTTL, JWTSVIDTTL: defaultJWTSVIDTTL, MaxJWTSVIDTTL: defaultMaxJWTSVIDTTL,
+	}
+}
 
 // Config configures a self-signed Authority. Zero fields take defaults.
 type Config struct {
@@ -110,8 +123,8 @@ type Config struct {
 	RequireHSM bool
 }
 
-// DefaultUpstreamTTL is the intermediate lifetime asked of an upstream.
-const DefaultUpstreamTTL = 48 * time.Hour
+// defaultUpstreamTTL is the intermediate lifetime asked of an upstream.
+const defaultUpstreamTTL = 48 * time.Hour
 
 func (c *Config) applyDefaults() error {
 	if err := c.checkRequired(); err != nil {
@@ -188,22 +201,22 @@ func (c *Config) checkDNSNames() error {
 
 func (c *Config) applyTTLDefaults() error {
 	if c.RootTTL == 0 {
-		c.RootTTL = DefaultRootTTL
+		c.RootTTL = defaultRootTTL
 	}
 	if c.RefreshHint == 0 {
-		c.RefreshHint = DefaultRefreshHint
+		c.RefreshHint = defaultRefreshHint
 	}
 	if c.UpstreamTTL == 0 {
-		c.UpstreamTTL = DefaultUpstreamTTL
+		c.UpstreamTTL = defaultUpstreamTTL
 	}
 	if c.RootTTL < 0 || c.WorkloadTTL < 0 || c.MaxWorkloadTTL < 0 {
 		return errors.New("root TTL, workload TTL and maximum workload TTL must not be negative")
 	}
 	if c.MaxWorkloadTTL == 0 {
-		c.MaxWorkloadTTL = DefaultMaxWorkloadTTL
+		c.MaxWorkloadTTL = defaultMaxWorkloadTTL
 	}
 	if c.WorkloadTTL == 0 {
-		c.WorkloadTTL = min(DefaultWorkloadTTL, c.MaxWorkloadTTL)
+		c.WorkloadTTL = min(defaultWorkloadTTL, c.MaxWorkloadTTL)
 	}
 	if c.WorkloadTTL > c.MaxWorkloadTTL {
 		return fmt.Errorf("workload TTL %s exceeds the maximum %s", c.WorkloadTTL, c.MaxWorkloadTTL)
@@ -228,7 +241,7 @@ func (c *Config) timeline() timeline {
 }
 
 // Authority is the embedded, self-signed CA of one trust domain. It keeps
-// its roots on disk, rotates them on the Timeline and signs workload
+// its roots on disk, rotates them on the rotation timeline and signs workload
 // certificates with the active root.
 type Authority struct {
 	cfg     Config

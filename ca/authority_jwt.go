@@ -15,15 +15,15 @@ import (
 
 // Defaults for the JWT fields of Config.
 const (
-	DefaultJWTKeyType    = JWTKeyES256
-	DefaultJWTKeyTTL     = 720 * time.Hour
+	defaultJWTKeyType    = JWTKeyES256
+	defaultJWTKeyTTL     = 720 * time.Hour
 	defaultJWTSVIDTTL    = 5 * time.Minute
-	DefaultMaxJWTSVIDTTL = time.Hour
+	defaultMaxJWTSVIDTTL = time.Hour
 )
 
 func (c *Config) applyJWTDefaults() error {
 	if c.JWTKeyType == "" {
-		c.JWTKeyType = DefaultJWTKeyType
+		c.JWTKeyType = defaultJWTKeyType
 	}
 	if _, err := ParseJWTKeyType(string(c.JWTKeyType)); err != nil {
 		return err
@@ -32,10 +32,10 @@ func (c *Config) applyJWTDefaults() error {
 		return errors.New("JWT key TTL, JWT-SVID TTL and maximum JWT-SVID TTL must not be negative")
 	}
 	if c.JWTKeyTTL == 0 {
-		c.JWTKeyTTL = DefaultJWTKeyTTL
+		c.JWTKeyTTL = defaultJWTKeyTTL
 	}
 	if c.MaxJWTSVIDTTL == 0 {
-		c.MaxJWTSVIDTTL = DefaultMaxJWTSVIDTTL
+		c.MaxJWTSVIDTTL = defaultMaxJWTSVIDTTL
 	}
 	if c.JWTSVIDTTL == 0 {
 		c.JWTSVIDTTL = min(defaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
@@ -57,7 +57,7 @@ func (c *Config) applyJWTDefaults() error {
 	return nil
 }
 
-// jwtTimelineLocked is the JWT keys' Timeline: a root's, with the longest
+// jwtTimelineLocked is the JWT keys' timeline: a root's, with the longest
 // JWT-SVID TTL ever recorded in place of the workload certificates'.
 func (a *Authority) jwtTimelineLocked() timeline {
 	tl := timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}

@@ -4,7 +4,7 @@
 //
 // Two modes. Self-signed (default): Authority creates a root on first
 // start (unique subject, SPIFFE ID URI SAN spiffe://<td>, URI name
-// constraint to the trust domain) and rotates it on a Timeline. A
+// constraint to the trust domain) and rotates it on a timeline. A
 // successor is prepared, that is published in the bundle, at half the
 // active root's life; it becomes active, and signs, no earlier than
 // PublishLead (5) refresh hints later, so every peer polling at the hint
@@ -20,7 +20,7 @@
 // Ready report the error.
 //
 // JWT-SVID signing keys (JWTKeyType: ES256 default, ES384, RS256 of 3072
-// bits) follow the same Timeline, with MaxJWTSVIDTTL in place of the
+// bits) follow the same timeline, with MaxJWTSVIDTTL in place of the
 // workload TTL: a fresh CA's first key signs at once (no peer can hold its
 // bundle yet); state from before JWT keys, whose bundle peers already
 // poll, gets a prepared first key that signs PublishLead hints later

@@ -74,7 +74,7 @@ meanwhile.`,
 	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
 	f.StringVar(&o.credsDir, credentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
-	f.DurationVar(&o.ttl, "ttl", ca.DefaultWorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
+	f.DurationVar(&o.ttl, "ttl", ca.DefaultConfig().WorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
 	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	return cmd
 }
@@ -150,7 +150,7 @@ func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func(
 			fmt.Fprintln(e.err, "warning:", w)
 		}
 		m = ca.SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}
-		return td, m, ca.DefaultMaxWorkloadTTL, nil
+		return td, m, ca.DefaultConfig().MaxWorkloadTTL, nil
 	}
 	store := ca.NewStore(o.dataDir)
 	unlock, err := store.Lock(false)
@@ -165,7 +165,7 @@ func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func(
 	if j == nil {
 		return spiffeid.TrustDomain{}, m, 0, fmt.Errorf("no CA state in %s; start `trustbridge server --data-dir %s` first", store.Dir(), o.dataDir)
 	}
-	if ca.UsesKeyManager(j) {
+	if j.UsesKeyManager() {
 		return spiffeid.TrustDomain{}, m, 0, errors.New("the CA's keys are in a key manager (--key-manager); use trustbridge ca request against the running server")
 	}
 	td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
@@ -178,7 +178,7 @@ func loadIssuingMaterial(e env, o caIssueOptions, id spiffeid.ID, unlockp *func(
 	}
 	// The server's current maximum: the journal also keeps the largest
 	// ever used, which only sets how long retired roots stay published.
-	maxTTL := ca.DefaultMaxWorkloadTTL
+	maxTTL := ca.DefaultConfig().MaxWorkloadTTL
 	if j.Settings != nil && j.Settings.CurrentMaxWorkloadSeconds > 0 {
 		maxTTL = time.Duration(j.Settings.CurrentMaxWorkloadSeconds) * time.Second
 	}

@@ -35,7 +35,7 @@ type upstreamOptions struct {
 
 func addUpstreamFlags(f *pflag.FlagSet, o *upstreamOptions) {
 	f.StringVar(&o.kind, "upstream", upstreamNone, `run as an intermediate CA under an upstream authority: "trustbridge" (another trustbridge's certificate service) or "kube-csr" (the Kubernetes CSR API); empty is a self-signed CA`)
-	f.DurationVar(&o.ttl, "upstream-ttl", ca.DefaultUpstreamTTL, "lifetime of the intermediate asked of the upstream; it is renewed at half its life")
+	f.DurationVar(&o.ttl, "upstream-ttl", ca.DefaultConfig().UpstreamTTL, "lifetime of the intermediate asked of the upstream; it is renewed at half its life")
 	addTrustbridgeUpstreamFlags(f, &o.trustbridge)
 	addKubeCSRFlags(f, &o.kubeCSR)
 }
