@@ -198,22 +198,43 @@ func checkDNSNames(names []string) ([]string, error) {
 // checkDNSName returns name lowercased if it is an RFC 1123 host name
 // (RFC 5280 §4.2.1.6 preferred name syntax).
 func checkDNSName(name string) (string, error) {
+	if err := checkDNSNameForm(name); err != nil {
+		return "", err
+	}
+	lower, err := lowerHostChars(name)
+	if err != nil {
+		return "", err
+	}
+	if err := checkDNSLabels(lower); err != nil {
+		return "", err
+	}
+	return lower, nil
+}
+
+// checkDNSNameForm refuses what is not a single host name at all: an
+// empty or oversized name, a wildcard, a trailing dot, an IP address.
+func checkDNSNameForm(name string) error {
 	switch {
 	case name == "":
-		return "", errors.New("empty")
+		return errors.New("empty")
 	case len(name) > maxDNSNameLen:
-		return "", fmt.Errorf("%d characters, at most %d allowed", len(name), maxDNSNameLen)
+		return fmt.Errorf("%d characters, at most %d allowed", len(name), maxDNSNameLen)
 	case strings.HasPrefix(name, "*"):
-		return "", errors.New("wildcards are not issued; list each host name")
+		return errors.New("wildcards are not issued; list each host name")
 	case strings.HasSuffix(name, "."):
-		return "", errors.New("trailing dot; write the name without it")
+		return errors.New("trailing dot; write the name without it")
 	}
 	if _, err := netip.ParseAddr(name); err == nil {
-		return "", errors.New("an IP address, not a DNS name")
+		return errors.New("an IP address, not a DNS name")
 	}
-	// Byte by byte and ASCII only, before lowercasing: strings.ToLower maps
-	// some non-ASCII letters (U+212A KELVIN SIGN) onto ASCII ones, which
-	// would let a look-alike through.
+	return nil
+}
+
+// lowerHostChars lowercases name, which may hold only ASCII letters,
+// digits, '-' and '.'. Byte by byte and ASCII only, before lowercasing:
+// strings.ToLower maps some non-ASCII letters (U+212A KELVIN SIGN) onto
+// ASCII ones, which would let a look-alike through.
+func lowerHostChars(name string) (string, error) {
 	b := []byte(name)
 	for i, c := range b {
 		switch {
@@ -225,24 +246,30 @@ func checkDNSName(name string) (string, error) {
 			return "", fmt.Errorf("character %+q at offset %d; only letters, digits, '-' and '.' are allowed", r, i)
 		}
 	}
-	lower := string(b)
+	return string(b), nil
+}
+
+// checkDNSLabels checks the labels of a lowercased host name: none empty,
+// none over 63 characters, none starting or ending with '-', and a last
+// one that is not all digits.
+func checkDNSLabels(lower string) error {
 	labels := strings.Split(lower, ".")
 	for _, l := range labels {
 		switch {
 		case l == "":
-			return "", errors.New("empty label")
+			return errors.New("empty label")
 		case len(l) > 63:
-			return "", fmt.Errorf("label %q is %d characters, at most 63 allowed", l, len(l))
+			return fmt.Errorf("label %q is %d characters, at most 63 allowed", l, len(l))
 		case l[0] == '-' || l[len(l)-1] == '-':
-			return "", fmt.Errorf("label %q starts or ends with '-'", l)
+			return fmt.Errorf("label %q starts or ends with '-'", l)
 		}
 	}
 	// RFC 3696 §2: a top-level label is never all digits; resolvers and
 	// TLS stacks may take such a name for an IPv4 address ("10.1", "127.1").
 	if strings.Trim(labels[len(labels)-1], "0123456789") == "" {
-		return "", errors.New("last label is all digits, which reads as an IP address")
+		return errors.New("last label is all digits, which reads as an IP address")
 	}
-	return lower, nil
+	return nil
 }
 
 // nextRenewal is half way through the current certificate's life.
