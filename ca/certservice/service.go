@@ -418,34 +418,18 @@ func (s *Service) authenticate(ctx context.Context, r authn.Request, auth authn.
 	return ident, nil
 }
 
+// create is CreateCertificate for the caller r: authenticate, decide the
+// certificate (certificatePlan), take a signing slot, judge the CSR, sign,
+// spend a single-use credential, answer.
 func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
 	ident, ref := s.authenticate(ctx, r, s.cfg.Authenticator)
 	if ref != nil {
 		return nil, ident, ref
 	}
-	id := ident.ID
-	if impersonates(req) {
-		target, ref := s.impersonation(ctx, ident, req)
-		if ref != nil {
-			return nil, ident, ref
-		}
-		id = target
-	}
-	if ref := s.admission.charge(ident.ID, id); ref != nil {
-		return nil, ident, ref
-	}
-	grantExt, grant, hasGrant, ref := s.grantFor(ctx, ident, r.Peer)
+	p, ref := s.planCertificate(ctx, r, ident, req)
 	if ref != nil {
 		return nil, ident, ref
 	}
-	ttl, ref := validity("validity_duration", req.GetValidityDuration())
-	if ref != nil {
-		return nil, ident, ref
-	}
-	if ttl, ref = s.boundTTL(ttl, id, grant, hasGrant); ref != nil {
-		return nil, ident, ref
-	}
-
 	// Parsing checks the CSR's signature, which costs about as much as
 	// signing, so it takes a slot as well.
 	release, ref := s.admission.acquire()
@@ -456,52 +440,114 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if err := ctx.Err(); err != nil {
 		return nil, ident, &refusal{status.FromContextError(err).Code(), "canceled", "request canceled", nil}
 	}
-
-	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
-	if err != nil {
-		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
+	csr, ref := parseCertificateCSR(req, p.id)
+	if ref != nil {
+		return nil, ident, ref
 	}
-	// Judged here, the one place that sees the CSR: the signer gets its
-	// key only, and a request for another identity must leave no trace
-	// but the refusal.
-	if err := checkRequestedID(csr, id); err != nil {
-		return nil, ident, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
-	}
-	if msg := otherNames(csr); msg != "" {
-		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
-	}
-
-	var extra []pkix.Extension
-	if hasGrant {
-		extra = append(extra, grantExt)
-	}
-	dnsNames := s.workloadDNSNames(ctx, ident, id, grant, hasGrant, r.Peer)
-	start := s.cfg.Clock.Now()
-	issued, err := s.cfg.Signer.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra})
-	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
-	if err != nil {
-		return nil, ident, signRefusal(err)
-	}
-	if issued == nil || issued.Leaf == nil || len(issued.Chain) == 0 || issued.Chain[0] != issued.Leaf {
-		return nil, ident, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
+	issued, dnsNames, ref := s.signCertificate(ctx, r, ident, p, csr)
+	if ref != nil {
+		return nil, ident, ref
 	}
 	if ref := spend(ctx, ident, issued); ref != nil {
 		return nil, ident, ref
 	}
-	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued, id, s.rootsDecision(ident, id))}
-	attrs := []any{logattr.SPIFFEID, id.String(), "method", ident.Method,
-		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
-	if hasGrant {
-		attrs = append(attrs, grantAttrs(grant)...)
+	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued, p.id, s.rootsDecision(ident, p.id))}
+	s.logIssued(r, ident, p, issued, dnsNames)
+	return resp, ident, nil
+}
+
+// certificatePlan is what CreateCertificate decides before it takes a
+// signing slot: the identity to certify, the lifetime, and the grant the
+// certificate records.
+type certificatePlan struct {
+	id       spiffeid.ID
+	ttl      time.Duration
+	grant    authn.Grant
+	grantExt pkix.Extension
+	hasGrant bool
+}
+
+// planCertificate decides the certificate for the authenticated ident:
+// the identity (its own, or one it may impersonate), charged to its rate
+// limit; the grant it records; the lifetime asked for, bounded by the
+// grant.
+func (s *Service) planCertificate(ctx context.Context, r authn.Request, ident authn.Identity, req *securityv1alpha1.IstioCertificateRequest) (certificatePlan, *refusal) {
+	p := certificatePlan{id: ident.ID}
+	if impersonates(req) {
+		target, ref := s.impersonation(ctx, ident, req)
+		if ref != nil {
+			return p, ref
+		}
+		p.id = target
 	}
-	if id != ident.ID {
+	if ref := s.admission.charge(ident.ID, p.id); ref != nil {
+		return p, ref
+	}
+	var ref *refusal
+	if p.grantExt, p.grant, p.hasGrant, ref = s.grantFor(ctx, ident, r.Peer); ref != nil {
+		return p, ref
+	}
+	if p.ttl, ref = validity("validity_duration", req.GetValidityDuration()); ref != nil {
+		return p, ref
+	}
+	p.ttl, ref = s.boundTTL(p.ttl, p.id, p.grant, p.hasGrant)
+	return p, ref
+}
+
+// parseCertificateCSR parses the request's CSR (its signature and key
+// checked) and judges what it asks for against id, the one place that
+// sees the CSR: the signer gets its key only, and a request for another
+// identity must leave no trace but the refusal.
+func parseCertificateCSR(req *securityv1alpha1.IstioCertificateRequest, id spiffeid.ID) (*x509.CertificateRequest, *refusal) {
+	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
+	if err != nil {
+		return nil, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
+	}
+	if err := checkRequestedID(csr, id); err != nil {
+		return nil, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
+	}
+	if msg := otherNames(csr); msg != "" {
+		return nil, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
+	}
+	return csr, nil
+}
+
+// signCertificate has csr's key signed as p decided, with the grant
+// record and the workload DNS names (returned for the log), timing the
+// signer; it refuses a signer's error or a result without the leaf
+// first in its chain.
+func (s *Service) signCertificate(ctx context.Context, r authn.Request, ident authn.Identity, p certificatePlan, csr *x509.CertificateRequest) (*ca.Issued, []string, *refusal) {
+	var extra []pkix.Extension
+	if p.hasGrant {
+		extra = append(extra, p.grantExt)
+	}
+	dnsNames := s.workloadDNSNames(ctx, ident, p.id, p.grant, p.hasGrant, r.Peer)
+	start := s.cfg.Clock.Now()
+	issued, err := s.cfg.Signer.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: p.id, TTL: p.ttl, DNSNames: dnsNames, Extensions: extra})
+	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
+	if err != nil {
+		return nil, nil, signRefusal(err)
+	}
+	if issued == nil || issued.Leaf == nil || len(issued.Chain) == 0 || issued.Chain[0] != issued.Leaf {
+		return nil, nil, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
+	}
+	return issued, dnsNames, nil
+}
+
+// logIssued logs a certificate issued to ident as p decided.
+func (s *Service) logIssued(r authn.Request, ident authn.Identity, p certificatePlan, issued *ca.Issued, dnsNames []string) {
+	attrs := []any{logattr.SPIFFEID, p.id.String(), "method", ident.Method,
+		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
+	if p.hasGrant {
+		attrs = append(attrs, grantAttrs(p.grant)...)
+	}
+	if p.id != ident.ID {
 		attrs = append(attrs, "impersonated_by", ident.ID.String())
 	}
 	if len(dnsNames) > 0 {
 		attrs = append(attrs, logattr.DNSNames, dnsNames)
 	}
 	s.cfg.Logger.Info("certificate issued", attrs...)
-	return resp, ident, nil
 }
 
 // unauthenticated is the refusal of a caller no authenticator accepted.
