@@ -29,12 +29,13 @@
 //	if err != nil {
 //		return err
 //	}
+//	caChanges := authority.Subscribe()
 //	go func() { // re-render on every change of any source
 //		for {
 //			select {
 //			case <-ctx.Done():
 //				return
-//			case <-authority.Changes():
+//			case <-caChanges:
 //			case <-store.Changes():
 //			}
 //			_ = srv.Update() // logged; the last good documents stay served

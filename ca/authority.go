@@ -1,14 +1,11 @@
 package ca
 
 import (
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,10 +18,10 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultRootTTL        = 8760 * time.Hour
-	DefaultRefreshHint    = 5 * time.Minute
-	DefaultWorkloadTTL    = 24 * time.Hour
-	DefaultMaxWorkloadTTL = 90 * 24 * time.Hour
+	defaultRootTTL        = 8760 * time.Hour
+	defaultRefreshHint    = 5 * time.Minute
+	defaultWorkloadTTL    = 24 * time.Hour
+	defaultMaxWorkloadTTL = 90 * 24 * time.Hour
 	// retireMargin pads a retired root's removal for leaves signed in
 	// another process (`ca issue`) whose clock reading came a moment later.
 	retireMargin = time.Minute
@@ -32,6 +29,19 @@ const (
 	// made by `trustbridge ca rotate` in another process are picked up.
 	recheckInterval = 30 * time.Second
 )
+
+// DefaultConfig is what New fills the zero fields of a Config with, but
+// for the trust domain, storage, clock, logger and registerer: the values
+// a command line shows as its defaults. A zero WorkloadTTL (JWTSVIDTTL)
+// is the default shortened to MaxWorkloadTTL (MaxJWTSVIDTTL) when that is
+// lower.
+func DefaultConfig() Config {
+	return Config{
+		KeyType: KeyECP256, RootTTL: defaultRootTTL, RefreshHint: defaultRefreshHint,
+		WorkloadTTL: defaultWorkloadTTL, MaxWorkloadTTL: defaultMaxWorkloadTTL, UpstreamTTL: defaultUpstreamTTL,
+		JWTKeyType: defaultJWTKeyType, JWTKeyTTL: defaultJWTKeyTTL, JWTSVIDTTL: defaultJWTSVIDTTL, MaxJWTSVIDTTL: defaultMaxJWTSVIDTTL,
+	}
+}
 
 // Config configures a self-signed Authority. Zero fields take defaults.
 type Config struct {
@@ -111,8 +121,8 @@ type Config struct {
 	RequireHSM bool
 }
 
-// DefaultUpstreamTTL is the intermediate lifetime asked of an upstream.
-const DefaultUpstreamTTL = 48 * time.Hour
+// defaultUpstreamTTL is the intermediate lifetime asked of an upstream.
+const defaultUpstreamTTL = 48 * time.Hour
 
 func (c *Config) applyDefaults() error {
 	if err := c.checkRequired(); err != nil {
@@ -131,7 +141,7 @@ func (c *Config) applyDefaults() error {
 		return err
 	}
 	c.applyRuntimeDefaults()
-	if err := c.timeline().Validate(c.RootTTL); err != nil {
+	if err := c.timeline().validate(c.RootTTL); err != nil {
 		return err
 	}
 	return c.applyJWTDefaults()
@@ -189,22 +199,22 @@ func (c *Config) checkDNSNames() error {
 
 func (c *Config) applyTTLDefaults() error {
 	if c.RootTTL == 0 {
-		c.RootTTL = DefaultRootTTL
+		c.RootTTL = defaultRootTTL
 	}
 	if c.RefreshHint == 0 {
-		c.RefreshHint = DefaultRefreshHint
+		c.RefreshHint = defaultRefreshHint
 	}
 	if c.UpstreamTTL == 0 {
-		c.UpstreamTTL = DefaultUpstreamTTL
+		c.UpstreamTTL = defaultUpstreamTTL
 	}
 	if c.RootTTL < 0 || c.WorkloadTTL < 0 || c.MaxWorkloadTTL < 0 {
 		return errors.New("root TTL, workload TTL and maximum workload TTL must not be negative")
 	}
 	if c.MaxWorkloadTTL == 0 {
-		c.MaxWorkloadTTL = DefaultMaxWorkloadTTL
+		c.MaxWorkloadTTL = defaultMaxWorkloadTTL
 	}
 	if c.WorkloadTTL == 0 {
-		c.WorkloadTTL = min(DefaultWorkloadTTL, c.MaxWorkloadTTL)
+		c.WorkloadTTL = min(defaultWorkloadTTL, c.MaxWorkloadTTL)
 	}
 	if c.WorkloadTTL > c.MaxWorkloadTTL {
 		return fmt.Errorf("workload TTL %s exceeds the maximum %s", c.WorkloadTTL, c.MaxWorkloadTTL)
@@ -224,12 +234,12 @@ func (c *Config) applyRuntimeDefaults() {
 	}
 }
 
-func (c *Config) timeline() Timeline {
-	return Timeline{RefreshHint: c.RefreshHint, MaxWorkloadTTL: c.MaxWorkloadTTL}
+func (c *Config) timeline() timeline {
+	return timeline{RefreshHint: c.RefreshHint, MaxWorkloadTTL: c.MaxWorkloadTTL}
 }
 
 // Authority is the embedded, self-signed CA of one trust domain. It keeps
-// its roots on disk, rotates them on the Timeline and signs workload
+// its roots on disk, rotates them on the rotation timeline and signs workload
 // certificates with the active root.
 type Authority struct {
 	cfg     Config
@@ -240,7 +250,7 @@ type Authority struct {
 	// stateMu serializes everything that reads or changes the shared
 	// state (reloads, rotation checks, plug-in syncs); it is taken before
 	// the backend's lock and before mu. Backend reads happen under stateMu
-	// alone, so a slow or unreachable API server never stalls Sign and
+	// alone, so a slow or unreachable API server never stalls signing and
 	// Bundle, which take mu; every writer of journal, roots and version
 	// holds both.
 	stateMu sync.Mutex
@@ -250,13 +260,15 @@ type Authority struct {
 	jwtKeys []*castate.JWTKey // in journal order
 	version string            // of the state as last written or read
 	bundle  *spiffebundle.Bundle
+	// localRoots is the X.509 bundle GetX509BundleForTrustDomain last
+	// derived from bundle.
+	localRoots atomic.Pointer[localBundle]
 
-	changes chan struct{}
-	subs    []chan struct{} // Subscribe
+	subs []chan struct{} // Subscribe
 	// published is the root states last published (id=state,...), so
 	// subscribers hear of a state change that leaves the bundle alone.
 	published string
-	kick      chan struct{} // Kick
+	kick      chan struct{} // Recheck
 
 	// served is when this process first published each root. The
 	// publication lead of a prepared root counts from when peers could
@@ -306,7 +318,6 @@ func New(cfg Config) (*Authority, error) {
 	a := &Authority{
 		cfg:     cfg,
 		backend: cfg.Backend,
-		changes: make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
 		served:  map[string]time.Time{},
 		// Until state is loaded (a follower before the leader created
@@ -326,7 +337,7 @@ func New(cfg Config) (*Authority, error) {
 	}
 	a.metrics = m
 	if cfg.Plugin != nil {
-		if err := cfg.Plugin.Load(); err != nil {
+		if err := cfg.Plugin.load(); err != nil {
 			return nil, err
 		}
 		// syncPlugin publishes what Load loaded; the change Load
@@ -334,7 +345,7 @@ func New(cfg Config) (*Authority, error) {
 		// its first turn, after whatever happened meanwhile. A change
 		// signalled from now on is a real one.
 		select {
-		case <-cfg.Plugin.Changes():
+		case <-cfg.Plugin.changes():
 		default:
 		}
 		if err := a.syncPlugin(); err != nil {
@@ -363,156 +374,3 @@ func (a *Authority) MaxWorkloadTTL() time.Duration { return a.cfg.MaxWorkloadTTL
 
 // TrustDomain is the CA's trust domain.
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
-
-// SignX509SVID signs an X509-SVID for p.PublicKey and p.SPIFFEID, the
-// identity the caller proved, with the active root or intermediate: the
-// one entry point of every workload leaf (SDS, the certificate service
-// through Sign, `ca issue`). The key's strength, the identity, the TTL
-// against Config.MaxWorkloadTTL and the DNS names are checked here, as
-// for a CSR.
-func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) {
-	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
-		return signX509SVID(now, m, pol, p, paramsKey(p.PublicKey))
-	})
-}
-
-// Sign signs a workload CSR for id, an identity the caller has proved:
-// SignX509SVID for a request that arrived as a CSR (the certificate
-// service's wire). The CSR must come from ParseCSR, which checks its
-// signature; what it asks for is judged against id. extra are private
-// extensions for the leaf, as for the package-level Sign.
-func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
-	return a.SignWithDNSNames(csr, id, ttl, nil, extra...)
-}
-
-// SignWithDNSNames is Sign with DNS SANs the server decided, as the
-// package-level SignWithDNSNames.
-func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
-	p := X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}
-	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
-		return signX509SVID(now, m, pol, p, csrKey(csr, id))
-	})
-}
-
-// signLocked runs sign with the signing material, policy and time, and
-// counts the result. Signing under the read lock, with the time taken
-// under it, orders every signing before or after a retirement: a leaf
-// never outlives the RemoveAfter computed for its root.
-func (a *Authority) signLocked(sign func(now time.Time, m SigningMaterial, p Policy) (*Issued, error)) (*Issued, error) {
-	start := time.Now()
-	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	m, err := a.signingMaterialLocked()
-	if err != nil {
-		a.metrics.signings.WithLabelValues("signing_material").Inc()
-		return nil, err
-	}
-	issued, err := sign(a.cfg.Clock.Now(), m, a.policy())
-	if err != nil {
-		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
-		return nil, err
-	}
-	a.metrics.signings.WithLabelValues("ok").Inc()
-	return issued, nil
-}
-
-func signResult(err error) string {
-	if kind := SignErrorKind(err); kind != "" {
-		return kind
-	}
-	return "error"
-}
-
-// SignErrorKind returns the stable label of a Sign error, for metric
-// labels and logs: "invalid_csr", "identity_not_allowed", "invalid_ttl",
-// "signing_material", or "" for any other error (a server fault, which
-// each caller names itself).
-func SignErrorKind(err error) string {
-	switch {
-	case errors.Is(err, ErrInvalidCSR):
-		return "invalid_csr"
-	case errors.Is(err, ErrIdentityNotAllowed):
-		return "identity_not_allowed"
-	case errors.Is(err, ErrInvalidTTL):
-		return "invalid_ttl"
-	case errors.Is(err, ErrInvalidSigningMaterial):
-		return "signing_material"
-	default:
-		return ""
-	}
-}
-
-// policy is the leaf policy; call it under mu. Requests are refused only
-// over the configured maximum; the journal's recorded maximum, when
-// shorter, only clamps a leaf's lifetime. The leader removes a retired root
-// once the recorded maximum has passed, so a replica configured with a
-// higher maximum than the leader's must not sign leaves that outlive their
-// root in the bundle; but refusing would fail a rollout that raises the
-// maximum, whose new pods follow the old leader until they lead and raise
-// the record themselves.
-func (a *Authority) policy() Policy {
-	return Policy{
-		TrustDomain: a.cfg.TrustDomain, DefaultTTL: a.cfg.WorkloadTTL, MaxTTL: a.cfg.MaxWorkloadTTL,
-		ClampTTL: recordedTTL(a.journal.MaxWorkloadTTLSeconds),
-	}
-}
-
-// recordedTTL is a journal's recorded maximum as a clamp: zero (none) when
-// it is not positive, and no shorter than it is when it would overflow a
-// Duration, so a damaged journal never turns into a negative policy.
-func recordedTTL(seconds int64) time.Duration {
-	switch {
-	case seconds <= 0:
-		return 0
-	case seconds > math.MaxInt64/int64(time.Second):
-		return math.MaxInt64
-	default:
-		return time.Duration(seconds) * time.Second
-	}
-}
-
-func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
-	if a.cfg.Plugin != nil {
-		p := a.plugin
-		if p == nil {
-			return SigningMaterial{}, errors.New("ca: no plug-in CA material published")
-		}
-		return SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}, nil
-	}
-	m := RootsMaterial(a.roots)
-	if m.Cert == nil {
-		if len(a.roots) == 0 && !a.leading() {
-			return m, fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, a.backend.Describe())
-		}
-		if a.cfg.Upstream != nil && a.up.lastErr != nil {
-			// At a first start the upstream's refusal is the reason: a
-			// serving certificate that cannot be made says why.
-			return m, fmt.Errorf("ca: %w: no intermediate yet; the upstream's last answer failed: %v", ErrInvalidSigningMaterial, a.up.lastErr)
-		}
-		return m, fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
-	}
-	return m, nil
-}
-
-// RootsMaterial is the signing material of loaded roots (Store.Load): the
-// active root or upstream intermediate signs (Cert is nil when none is
-// active), with the upstream's intermediates above it, and Roots are every
-// published root: the self-signed roots, or in upstream mode the upstream
-// roots of every intermediate kept, never an intermediate itself.
-func RootsMaterial(roots []*castate.Root) SigningMaterial {
-	var m SigningMaterial
-	for _, r := range roots {
-		for _, c := range r.Published() {
-			// A handful of roots: comparing bytes beats hashing them on
-			// every signing.
-			if !slices.ContainsFunc(m.Roots, c.Equal) {
-				m.Roots = append(m.Roots, c)
-			}
-		}
-		if r.State == castate.StateActive {
-			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.UpstreamChain
-		}
-	}
-	return m
-}

@@ -15,15 +15,15 @@ import (
 
 // Defaults for the JWT fields of Config.
 const (
-	DefaultJWTKeyType    = JWTKeyES256
-	DefaultJWTKeyTTL     = 720 * time.Hour
+	defaultJWTKeyType    = JWTKeyES256
+	defaultJWTKeyTTL     = 720 * time.Hour
 	defaultJWTSVIDTTL    = 5 * time.Minute
-	DefaultMaxJWTSVIDTTL = time.Hour
+	defaultMaxJWTSVIDTTL = time.Hour
 )
 
 func (c *Config) applyJWTDefaults() error {
 	if c.JWTKeyType == "" {
-		c.JWTKeyType = DefaultJWTKeyType
+		c.JWTKeyType = defaultJWTKeyType
 	}
 	if _, err := ParseJWTKeyType(string(c.JWTKeyType)); err != nil {
 		return err
@@ -32,10 +32,10 @@ func (c *Config) applyJWTDefaults() error {
 		return errors.New("JWT key TTL, JWT-SVID TTL and maximum JWT-SVID TTL must not be negative")
 	}
 	if c.JWTKeyTTL == 0 {
-		c.JWTKeyTTL = DefaultJWTKeyTTL
+		c.JWTKeyTTL = defaultJWTKeyTTL
 	}
 	if c.MaxJWTSVIDTTL == 0 {
-		c.MaxJWTSVIDTTL = DefaultMaxJWTSVIDTTL
+		c.MaxJWTSVIDTTL = defaultMaxJWTSVIDTTL
 	}
 	if c.JWTSVIDTTL == 0 {
 		c.JWTSVIDTTL = min(defaultJWTSVIDTTL, c.MaxJWTSVIDTTL)
@@ -57,10 +57,10 @@ func (c *Config) applyJWTDefaults() error {
 	return nil
 }
 
-// jwtTimelineLocked is the JWT keys' Timeline: a root's, with the longest
+// jwtTimelineLocked is the JWT keys' timeline: a root's, with the longest
 // JWT-SVID TTL ever recorded in place of the workload certificates'.
-func (a *Authority) jwtTimelineLocked() Timeline {
-	tl := Timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}
+func (a *Authority) jwtTimelineLocked() timeline {
+	tl := timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}
 	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
 		tl.MaxWorkloadTTL = rec
 	}
@@ -115,7 +115,7 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 	return changed || stepped, err
 }
 
-func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
+func (a *Authority) applyJWTLocked(now time.Time, step step, index int) error {
 	switch step {
 	case stepBootstrap:
 		// No JWT key: a fresh CA, or state written before JWT keys
@@ -137,7 +137,7 @@ func (a *Authority) applyJWTLocked(now time.Time, step Step, index int) error {
 			if k.State == castate.StateActive {
 				k.State = castate.StateRetired
 				k.RetiredAt = now
-				k.RemoveAfter = a.jwtTimelineLocked().RemoveAfter(jwtKeyTimes(k), now.Add(retireMargin))
+				k.RemoveAfter = a.jwtTimelineLocked().removeAfter(jwtKeyTimes(k), now.Add(retireMargin))
 				a.jwtEvent(now, "retired", k.KID)
 			}
 		}
@@ -362,7 +362,7 @@ func (a *Authority) noActiveJWTKeyLocked(active *castate.JWTKey) error {
 		if k.State != castate.StatePrepared {
 			continue
 		}
-		if at := a.jwtTimelineLocked().ActivateAt(jwtKeyTimes(k)); !at.IsZero() {
+		if at := a.jwtTimelineLocked().activateAt(jwtKeyTimes(k)); !at.IsZero() {
 			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
 				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
 		}

@@ -496,7 +496,7 @@ func TestJWTConfigValidation(t *testing.T) {
 	a, err := New(cfg)
 	require.NoError(t, err)
 	assert.Equal(t, time.Minute, a.cfg.JWTSVIDTTL, "the default is lowered to the maximum")
-	assert.Equal(t, DefaultJWTKeyTTL, a.cfg.JWTKeyTTL)
+	assert.Equal(t, defaultJWTKeyTTL, a.cfg.JWTKeyTTL)
 	assert.Equal(t, JWTKeyES256, a.cfg.JWTKeyType)
 }
 

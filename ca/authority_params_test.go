@@ -39,7 +39,7 @@ func TestAuthoritySignX509SVID(t *testing.T) {
 		"weak key":      {X509SVIDParams{PublicKey: testca.NewKey(t, testca.RSA1024).Public(), SPIFFEID: id}, ErrInvalidCSR, ""},
 		"other domain":  {X509SVIDParams{PublicKey: key.Public(), SPIFFEID: spiffeid.RequireFromPath(spiffeid.RequireTrustDomainFromString("other.test"), "/x")}, ErrIdentityNotAllowed, ""},
 		"no path":       {X509SVIDParams{PublicKey: key.Public(), SPIFFEID: tdExample.ID()}, ErrIdentityNotAllowed, ""},
-		"over max TTL":  {X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, TTL: DefaultMaxWorkloadTTL + time.Second}, ErrInvalidTTL, ""},
+		"over max TTL":  {X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, TTL: defaultMaxWorkloadTTL + time.Second}, ErrInvalidTTL, ""},
 		"wildcard name": {X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, DNSNames: []string{"*.prod.svc"}}, nil, "wildcards are not issued"},
 		"critical ext":  {X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, Extensions: []pkix.Extension{{Id: []int{1, 3, 6, 1, 4, 1, 9}, Critical: true}}}, nil, "is critical"},
 	} {

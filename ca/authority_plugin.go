@@ -38,7 +38,7 @@ func (a *Authority) syncPluginWith(forceJWT bool) error {
 	// journal and keys last published.
 	prevJournal, prevKeys := a.journal, a.jwtKeys
 	a.journal, a.jwtKeys = j, keys
-	m := a.cfg.Plugin.Current()
+	m := a.cfg.Plugin.current()
 	stored := j.Sequence
 	jwtChanged, err := a.jwtStepsLocked(forceJWT)
 	if err == nil {
@@ -185,7 +185,7 @@ func (a *Authority) nextPluginRemoval() time.Time {
 
 func (a *Authority) runPlugin(ctx context.Context) error {
 	done := make(chan error, 1)
-	go func() { done <- a.cfg.Plugin.Run(ctx) }()
+	go func() { done <- a.cfg.Plugin.run(ctx) }()
 	// checked is when the last sync here started; New's is not known, so
 	// work due at the start is done at once.
 	var checked time.Time
@@ -201,7 +201,13 @@ func (a *Authority) runPlugin(ctx context.Context) error {
 			timer.Stop()
 			return <-done
 		case <-timer.C():
-		case <-a.cfg.Plugin.Changes():
+		case <-a.cfg.Plugin.changes():
+		case <-a.kick:
+			// The directory is the plug-in CA's state and its watcher
+			// follows it: a recheck only wakes the subscribers.
+			timer.Stop()
+			a.wakeSubscribers()
+			continue
 		}
 		timer.Stop()
 		checked = a.cfg.Clock.Now()

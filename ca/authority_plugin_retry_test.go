@@ -28,7 +28,7 @@ func TestPluginRunFailingRemovalIsNotRetriedAtOnce(t *testing.T) {
 	// of its own, after the backend starts failing, and count an error
 	// this test does not expect.
 	select {
-	case <-a.cfg.Plugin.Changes():
+	case <-a.cfg.Plugin.changes():
 	default:
 	}
 	ctx, cancel := context.WithCancel(t.Context())

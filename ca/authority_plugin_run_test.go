@@ -164,14 +164,14 @@ func TestPluginSyncFailureRollsBack(t *testing.T) {
 func TestPluginLoadLeavesNoChangePending(t *testing.T) {
 	a := newPluginAuthority(t, clocktesting.NewFakeClock(time.Now()), Config{Backend: newMemBackend()})
 	select {
-	case <-a.cfg.Plugin.Changes():
+	case <-a.cfg.Plugin.changes():
 		t.Fatal("New's load left a change pending")
 	default:
 	}
 	writePluginDir(t, a.cfg.Plugin.dir, newPluginPKI(t, pluginPKIOptions{now: time.Now()}).files(t, true))
 	require.NoError(t, a.cfg.Plugin.Check())
 	select {
-	case <-a.cfg.Plugin.Changes():
+	case <-a.cfg.Plugin.changes():
 	default:
 		t.Fatal("a later change is signalled")
 	}

@@ -11,30 +11,28 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
-// Changes is signalled (coalesced) whenever the published bundle changes.
-// It has one reader; other consumers use Subscribe.
-func (a *Authority) Changes() <-chan struct{} { return a.changes }
-
-// Subscribe returns a channel of its own, signalled (coalesced) on every
-// later change of the published bundle or of a root's state (a prepared
-// root activated leaves the bundle as it was), and when the CA's health
-// turns: a scheduled check starting or ceasing to fail (CheckError), an
-// upstream outage starting or ending (Upstream).
+// Subscribe is the one way to be told of a change of the CA: it returns
+// a channel of its own, signalled on every change of the published bundle
+// or of a root's state (a prepared root activated leaves the bundle as it
+// was), when the CA's health turns (a scheduled check starting or ceasing
+// to fail, CheckError; an upstream outage starting or ending, Upstream),
+// and on Recheck. The channel is already signalled when the CA has state
+// to publish, so a subscriber added after New hears of the first bundle
+// too.
+//
+// Signals coalesce: one value stands for any number of changes, and the
+// subscriber reads the current state (Bundle, Roots, Ready) when it
+// wakes. The CA never blocks on a subscriber that has not drained its
+// channel.
 func (a *Authority) Subscribe() <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	a.mu.Lock()
+	if a.hasStateLocked() {
+		ch <- struct{}{}
+	}
 	a.subs = append(a.subs, ch)
 	a.mu.Unlock()
 	return ch
-}
-
-// Nudge wakes every Subscribe channel though nothing changed: a replica
-// that has just taken the lead looks again at what it records from now
-// on (the audit trail writes only while leading).
-func (a *Authority) Nudge() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	signal(a.subs)
 }
 
 // Bundle returns the published bundle: every prepared, active and retired
@@ -71,10 +69,14 @@ func (a *Authority) Sequence() uint64 {
 	return a.journal.Sequence
 }
 
+// hasStateLocked reports whether the CA has state to publish: not a
+// follower before the leader wrote it.
+func (a *Authority) hasStateLocked() bool {
+	return len(a.roots) > 0 || a.cfg.Plugin != nil
+}
+
 func (a *Authority) publishLocked() {
-	if len(a.roots) == 0 && a.cfg.Plugin == nil {
-		// No state yet (a follower before the leader wrote it): nothing
-		// to publish.
+	if !a.hasStateLocked() {
 		return
 	}
 	now := a.cfg.Clock.Now()
@@ -117,13 +119,9 @@ func (a *Authority) publishLocked() {
 	stateKey := strings.Join(states, ",")
 	stateChanged := stateKey != a.published
 	a.published = stateKey
-	notify := a.subs
-	if changed {
-		notify = append([]chan struct{}{a.changes}, a.subs...)
-	} else if !stateChanged {
-		notify = nil
+	if changed || stateChanged {
+		signal(a.subs)
 	}
-	signal(notify)
 }
 
 // signal wakes each channel without blocking (they are coalescing).
@@ -141,7 +139,7 @@ func signal(chs []chan struct{}) {
 // with the last good material: operators must see the error.
 func (a *Authority) Ready() error {
 	if a.cfg.Plugin != nil {
-		if err := a.cfg.Plugin.LastError(); err != nil {
+		if err := a.cfg.Plugin.lastError(); err != nil {
 			return fmt.Errorf("%w (still signing with the last good material)", err)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 // timelineLocked is the configured timeline, with the maximum workload TTL
 // raised to the largest ever recorded in the journal: leaves signed under
 // an earlier, longer maximum may still be out there.
-func (a *Authority) timelineLocked() Timeline {
+func (a *Authority) timelineLocked() timeline {
 	tl := a.cfg.timeline()
 	if rec := time.Duration(a.journal.MaxWorkloadTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
 		tl.MaxWorkloadTTL = rec
@@ -146,11 +146,11 @@ func (a *Authority) applyDueStepsLocked() (bool, error) {
 // applyDue applies, one after another, the steps the timeline tl plans
 // for the lifecycle items times describes (roots or JWT keys), with
 // apply, and reports whether it applied any.
-func (a *Authority) applyDue(tl func() Timeline, times func() []rootTimes, apply func(time.Time, Step, int) error) (bool, error) {
+func (a *Authority) applyDue(tl func() timeline, times func() []rootTimes, apply func(time.Time, step, int) error) (bool, error) {
 	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
 		now := a.cfg.Clock.Now()
-		step, index, _ := tl().Plan(now, times())
+		step, index, _ := tl().plan(now, times())
 		if step == stepNone {
 			break
 		}
@@ -173,7 +173,7 @@ func (a *Authority) timesLocked() []rootTimes {
 	return out
 }
 
-func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
+func (a *Authority) applyLocked(now time.Time, step step, index int) error {
 	switch step {
 	case stepBootstrap:
 		return a.newRootLocked(now, castate.StateActive, "bootstrap")
@@ -184,7 +184,7 @@ func (a *Authority) applyLocked(now time.Time, step Step, index int) error {
 			if r.State == castate.StateActive {
 				r.State = castate.StateRetired
 				r.RetiredAt = now
-				r.RemoveAfter = a.timelineLocked().RemoveAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+				r.RemoveAfter = a.timelineLocked().removeAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 				a.event(now, "retired", r.ID)
 			}
 		}

@@ -11,14 +11,27 @@ import (
 	"github.com/trustbridge/trustbridge/internal/schedule"
 )
 
-// Kick makes Run check the state now instead of at its next scheduled
-// check: call it when the shared state changed (a watch) or when this
-// replica became the leader. It never blocks.
-func (a *Authority) Kick() {
+// Recheck asks for a fresh look now rather than at the next scheduled
+// check: Run checks the state (a reload, a rotation step that is due),
+// then wakes every subscriber to look again though nothing may have
+// changed. Call it when the shared state changed (a watch saw another
+// process write) or when this replica became the leader, which looks
+// again at what it records from now on (the audit trail writes only
+// while leading). It never blocks; rechecks asked for while one is
+// pending coalesce.
+func (a *Authority) Recheck() {
 	select {
 	case a.kick <- struct{}{}:
 	default:
 	}
+}
+
+// wakeSubscribers signals every Subscribe channel though nothing may
+// have changed: the end of a Recheck.
+func (a *Authority) wakeSubscribers() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	signal(a.subs)
 }
 
 // recordCheck keeps the outcome of a scheduled check for Ready and
@@ -55,7 +68,7 @@ func (a *Authority) nextCheck(now time.Time) time.Time {
 	if a.cfg.Upstream != nil {
 		next = a.nextUpstreamLocked(now)
 	} else {
-		_, _, next = a.timelineLocked().Plan(now, a.timesLocked())
+		_, _, next = a.timelineLocked().plan(now, a.timesLocked())
 	}
 	next = earliest(next, a.nextJWTStepLocked(now))
 	a.mu.RUnlock()
@@ -123,6 +136,7 @@ func (a *Authority) Run(ctx context.Context) error {
 			return nil
 		case <-a.kick:
 			job()
+			a.wakeSubscribers()
 		}
 	}
 }
@@ -131,7 +145,7 @@ func (a *Authority) Run(ctx context.Context) error {
 // when it has none or some is due already (the check that just ran could
 // not do it, say on a follower: the recheck interval paces retries).
 func (a *Authority) nextJWTStepLocked(now time.Time) time.Time {
-	_, _, next := a.jwtTimelineLocked().Plan(now, a.jwtTimesLocked())
+	_, _, next := a.jwtTimelineLocked().plan(now, a.jwtTimesLocked())
 	return next
 }
 

@@ -73,7 +73,7 @@ func (a *Authority) reloadStateLocked(force bool) error {
 
 // Reload picks up state another replica or process wrote and publishes
 // it, without changing anything. A watch on the shared state calls it (or
-// Kick) as soon as the leader writes.
+// Recheck) as soon as the leader writes.
 func (a *Authority) Reload() error {
 	if a.cfg.Plugin != nil {
 		return nil

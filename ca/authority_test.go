@@ -64,7 +64,7 @@ func TestAuthorityBootstrapAndRestart(t *testing.T) {
 	assert.True(t, root.IsCA)
 	assert.Equal(t, uint64(t0.Unix()), a.Sequence(), "the first sequence is the bootstrap time")
 	select {
-	case <-a.Changes():
+	case <-a.Subscribe():
 	default:
 		t.Fatal("the first bundle is announced")
 	}

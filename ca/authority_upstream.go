@@ -368,7 +368,7 @@ func (a *Authority) upstreamStepsLocked(now time.Time) bool {
 		if r.State != castate.StatePrepared {
 			continue
 		}
-		at := a.timelineLocked().ActivateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
+		at := a.timelineLocked().activateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
 		if at.IsZero() || now.Before(at) {
 			continue
 		}
@@ -384,7 +384,7 @@ func (a *Authority) retireActiveLocked(now time.Time) {
 	for _, r := range a.roots {
 		if r.State == castate.StateActive {
 			r.State, r.RetiredAt = castate.StateRetired, now
-			r.RemoveAfter = a.timelineLocked().RemoveAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+			r.RemoveAfter = a.timelineLocked().removeAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
 			a.event(now, "retired", r.ID)
 		}
 	}
@@ -439,7 +439,7 @@ func (a *Authority) nextUpstreamLocked(now time.Time) time.Time {
 		case castate.StateActive:
 			next = earliest(next, renewAt(r.Cert))
 		case castate.StatePrepared:
-			next = earliest(next, a.timelineLocked().ActivateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
+			next = earliest(next, a.timelineLocked().activateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
 		case castate.StateRetired:
 			next = earliest(next, r.RemoveAfter)
 		}

@@ -307,7 +307,7 @@ func TestUpstreamRecordIsCheckedOnLoad(t *testing.T) {
 			rec.Chain = append([][]byte(nil), rec.Chain...)
 			mutate(&rec)
 			bad.Roots[0].Upstream = &rec
-			require.NoError(t, store.Save(bad))
+			require.NoError(t, store.saveJournal(bad))
 			_, _, err := store.Load("")
 			require.ErrorIs(t, err, castate.ErrCorruptState)
 		})

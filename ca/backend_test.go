@@ -358,7 +358,7 @@ func stateOf(t *testing.T, a *Authority, id string) castate.RootState {
 	return ""
 }
 
-// TestKickReloadsAFollowerAtOnce runs a follower's scheduler; a Kick (a
+// TestKickReloadsAFollowerAtOnce runs a follower's scheduler; a Recheck (a
 // watch seeing the leader's write) reloads without waiting for the next
 // check.
 func TestKickReloadsAFollowerAtOnce(t *testing.T) {
@@ -376,7 +376,7 @@ func TestKickReloadsAFollowerAtOnce(t *testing.T) {
 	})
 	_, err = New(backendConfig(clk, mem, leaderFlag(true)))
 	require.NoError(t, err)
-	follower.Kick()
+	follower.Recheck()
 	select {
 	case <-changes:
 	case <-time.After(10 * time.Second):
@@ -391,7 +391,7 @@ func TestFileBackendRefusesAStaleCommit(t *testing.T) {
 	j2, roots, keys, v, err := b.Load("example.org")
 	require.NoError(t, err)
 	j.Sequence = 5
-	require.NoError(t, s.Save(j)) // a writer that bypasses the lock
+	require.NoError(t, s.saveJournal(j)) // a writer that bypasses the lock
 	before := snapshotDir(t, s.Dir())
 	j2.Sequence++
 	_, err = b.Commit(v, j2, roots, keys)

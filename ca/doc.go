@@ -4,7 +4,7 @@
 //
 // Two modes. Self-signed (default): Authority creates a root on first
 // start (unique subject, SPIFFE ID URI SAN spiffe://<td>, URI name
-// constraint to the trust domain) and rotates it on a Timeline. A
+// constraint to the trust domain) and rotates it on a timeline. A
 // successor is prepared, that is published in the bundle, at half the
 // active root's life; it becomes active, and signs, no earlier than
 // PublishLead (5) refresh hints later, so every peer polling at the hint
@@ -20,7 +20,7 @@
 // Ready report the error.
 //
 // JWT-SVID signing keys (JWTKeyType: ES256 default, ES384, RS256 of 3072
-// bits) follow the same Timeline, with MaxJWTSVIDTTL in place of the
+// bits) follow the same timeline, with MaxJWTSVIDTTL in place of the
 // workload TTL: a fresh CA's first key signs at once (no peer can hold its
 // bundle yet); state from before JWT keys, whose bundle peers already
 // poll, gets a prepared first key that signs PublishLead hints later
@@ -47,7 +47,7 @@
 // concurrency: a writer that lost the race (ErrConflict) reloads and
 // decides again, never publishing its own version. With Config.Leader,
 // several replicas share one Backend: only the leader bootstraps, rotates
-// and writes; followers reload (Reload, or Kick from a watch), serve the
+// and writes; followers reload (Reload, or Recheck from a watch), serve the
 // same bundle and sign with the same active root. A follower with no
 // state yet is not Ready and refuses to sign.
 //
@@ -56,8 +56,8 @@
 //		return err
 //	}
 //	go a.Run(ctx) // rotation on schedule
-//	csr, err := ca.ParseCSR(pemOrDER)
-//	issued, err := a.Sign(csr, provenID, 0) // the ID comes from authentication, never from the CSR
+//	csr, err := ca.ParseCSR(pemOrDER) // at the edge: its signature and key checked
+//	issued, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: provenID}) // the ID comes from authentication, never from the CSR
 //	token, exp, err := a.SignJWT(provenID, []string{"db"}, 0)
 //
 // Specs: X509-SVID §4 (signing certificates) and §5 (leaf certificates),

@@ -67,25 +67,6 @@ func (c *keyRefCache) refs() []string {
 // there, and a key in the state would defeat it.
 var errRequestInKeyManager = errors.New("ca: the CA's keys are in a key manager (--key-manager), which only the running server opens; it prepares successors on schedule, so leave rotation to it")
 
-// UsesKeyManager says whether j names a root or JWT key whose private key
-// is in a key manager rather than in the state.
-func UsesKeyManager(j *castate.Journal) bool {
-	if j == nil {
-		return false
-	}
-	for _, r := range j.Roots {
-		if r.KeyRef != "" {
-			return true
-		}
-	}
-	for _, k := range j.JWTKeys {
-		if k.KeyRef != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // KeyStorage names where the CA's new keys live: "state" for the state
 // backend, else the key manager's String() (or "key manager").
 func (a *Authority) KeyStorage() string {

@@ -116,7 +116,7 @@ func TestKeyManagerBootstrapSignRestart(t *testing.T) {
 	rootRef, jwtRef := j.Roots[0].KeyRef, j.JWTKeys[0].KeyRef
 	require.NotEmpty(t, rootRef)
 	require.NotEmpty(t, jwtRef)
-	assert.True(t, UsesKeyManager(j))
+	assert.True(t, j.UsesKeyManager())
 	assert.Equal(t, "trustbridge example.org root "+j.Roots[0].ID, fk.labels[rootRef])
 	assert.True(t, strings.HasPrefix(fk.labels[jwtRef], "trustbridge example.org jwt "))
 	files, err := os.ReadDir(filepath.Join(cfg.DataDir, stateDirName, rootsDirName))
@@ -374,7 +374,7 @@ func TestSnapshotOfKeyRefStateHoldsNoKeys(t *testing.T) {
 	require.NoError(t, err)
 	j, files, err := Snapshot(cfg.DataDir)
 	require.NoError(t, err)
-	assert.True(t, UsesKeyManager(j))
+	assert.True(t, j.UsesKeyManager())
 	var names []string
 	for _, f := range files {
 		names = append(names, f.Name)

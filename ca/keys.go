@@ -93,33 +93,9 @@ const (
 func checkPublicKey(pub crypto.PublicKey) error {
 	switch k := pub.(type) {
 	case *ecdsa.PublicKey:
-		if k == nil || k.Curve == nil {
-			return errors.New("empty ecdsa key")
-		}
-		// Identity comparison on purpose: the standard curves are
-		// singletons, and a look-alike CurveParams must not pass by name.
-		switch k.Curve {
-		case elliptic.P256(), elliptic.P384(), elliptic.P521():
-			return nil
-		}
-		name := "unknown"
-		if params := k.Curve.Params(); params != nil && params.Name != "" {
-			name = params.Name
-		}
-		return fmt.Errorf("ecdsa curve %s not allowed (want P-256, P-384 or P-521)", name)
+		return checkECDSAKey(k)
 	case *rsa.PublicKey:
-		if k == nil || k.N == nil {
-			return errors.New("empty rsa key")
-		}
-		if bits := k.N.BitLen(); bits < minRSABits || bits > maxRSABits {
-			return fmt.Errorf("rsa key of %d bits not allowed (want %d to %d)", bits, minRSABits, maxRSABits)
-		}
-		// An even or tiny exponent is either broken or crafted; no honest
-		// key generator produces one.
-		if k.E < 3 || k.E%2 == 0 {
-			return fmt.Errorf("rsa public exponent %d not allowed (want odd, at least 3)", k.E)
-		}
-		return nil
+		return checkRSAKey(k)
 	case ed25519.PublicKey:
 		if len(k) != ed25519.PublicKeySize {
 			return fmt.Errorf("ed25519 key of %d bytes not allowed (want %d)", len(k), ed25519.PublicKeySize)
@@ -128,4 +104,39 @@ func checkPublicKey(pub crypto.PublicKey) error {
 	default:
 		return fmt.Errorf("key type %T not allowed (want ECDSA, RSA or Ed25519)", pub)
 	}
+}
+
+// checkECDSAKey allows the NIST curves P-256, P-384 and P-521.
+func checkECDSAKey(k *ecdsa.PublicKey) error {
+	if k == nil || k.Curve == nil {
+		return errors.New("empty ecdsa key")
+	}
+	// Identity comparison on purpose: the standard curves are
+	// singletons, and a look-alike CurveParams must not pass by name.
+	switch k.Curve {
+	case elliptic.P256(), elliptic.P384(), elliptic.P521():
+		return nil
+	}
+	name := "unknown"
+	if params := k.Curve.Params(); params != nil && params.Name != "" {
+		name = params.Name
+	}
+	return fmt.Errorf("ecdsa curve %s not allowed (want P-256, P-384 or P-521)", name)
+}
+
+// checkRSAKey allows minRSABits to maxRSABits with an odd exponent of at
+// least 3.
+func checkRSAKey(k *rsa.PublicKey) error {
+	if k == nil || k.N == nil {
+		return errors.New("empty rsa key")
+	}
+	if bits := k.N.BitLen(); bits < minRSABits || bits > maxRSABits {
+		return fmt.Errorf("rsa key of %d bits not allowed (want %d to %d)", bits, minRSABits, maxRSABits)
+	}
+	// An even or tiny exponent is either broken or crafted; no honest
+	// key generator produces one.
+	if k.E < 3 || k.E%2 == 0 {
+		return fmt.Errorf("rsa public exponent %d not allowed (want odd, at least 3)", k.E)
+	}
+	return nil
 }

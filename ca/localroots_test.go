@@ -15,7 +15,7 @@ func TestLocalRoots(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	a, err := New(Config{TrustDomain: td, DataDir: t.TempDir()})
 	require.NoError(t, err)
-	r := NewLocalRoots(a)
+	r := a
 	b1, err := r.GetX509BundleForTrustDomain(td)
 	require.NoError(t, err)
 	b2, err := r.GetX509BundleForTrustDomain(td)

@@ -151,89 +151,148 @@ func pathless(err error) error {
 	return err
 }
 
+// validatePlugin parses the files of a plug-in CA directory and checks
+// them in turn: the signing certificate and its key, the chain's order,
+// the roots, the intermediates, then what depends on the time (verify).
+// The warnings are about files that are valid but unsafe.
 func validatePlugin(f *pluginFiles, dir string, td spiffeid.TrustDomain, now time.Time) (*PluginMaterial, []string, error) {
-	certs, err := pluginCerts(pluginCertFile, f.cert)
+	p, err := parsePluginFiles(f)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(certs) != 1 {
-		return nil, nil, fmt.Errorf("%s: holds %d certificates, want exactly 1", pluginCertFile, len(certs))
+	if err := checkPluginSigner(p.cert, p.key, td); err != nil {
+		return nil, nil, err
 	}
-	cert := certs[0]
-
-	key, err := pluginKey(f.key)
+	if err := checkPluginChainOrder(p.cert, p.chain); err != nil {
+		return nil, nil, err
+	}
+	if err := checkPluginRoots(p.roots, td); err != nil {
+		return nil, nil, err
+	}
+	intermediates, err := pluginIntermediates(p.chain, p.roots, td)
 	if err != nil {
 		return nil, nil, err
 	}
-	chain, err := pluginCerts(pluginChainFile, f.chain)
-	if err != nil {
-		return nil, nil, err
-	}
-	roots, err := pluginCerts(pluginRootFile, f.roots)
-	if err != nil {
-		return nil, nil, err
-	}
-
-	if err := checkPluginPublicKey(key.Public()); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", pluginKeyFile, err)
-	}
-	if !publicKeysMatch(key.Public(), cert.PublicKey) {
-		return nil, nil, fmt.Errorf("%s: private key does not match the public key of %s", pluginKeyFile, pluginCertFile)
-	}
-	if err := checkPluginCA(cert); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", pluginCertFile, err)
-	}
-	if err := checkPluginTrustDomain(cert, td); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", pluginCertFile, err)
-	}
-	if !bytes.Equal(chain[0].Raw, cert.Raw) {
-		return nil, nil, fmt.Errorf("%s: first certificate is not the one in %s", pluginChainFile, pluginCertFile)
-	}
-	// Workloads receive cert-chain.pem as it is, after their leaf; a
-	// shuffled chain verifies here (pools ignore order) yet breaks peers
-	// that expect each certificate to be followed by its issuer.
-	for i := 1; i < len(chain); i++ {
-		if err := chain[i-1].CheckSignatureFrom(chain[i]); err != nil {
-			return nil, nil, fmt.Errorf("%s: certificate %d is not issued by certificate %d: %w", pluginChainFile, i, i+1, err)
-		}
-	}
-	for i, r := range roots {
-		if err := checkPluginCA(r); err != nil {
-			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
-		}
-		if err := checkPluginPublicKey(r.PublicKey); err != nil {
-			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
-		}
-		// A root of another trust domain must not vouch for our workloads.
-		if err := checkPluginTrustDomain(r, td); err != nil {
-			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
-		}
-	}
-	var intermediates []*x509.Certificate
-	for i, c := range chain[1:] {
-		if pluginContainsCert(roots, c) {
-			continue // checked as a root above
-		}
-		if err := checkPluginPublicKey(c.PublicKey); err != nil {
-			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginChainFile, i+2, err)
-		}
-		if err := checkPluginTrustDomain(c, td); err != nil {
-			return nil, nil, fmt.Errorf("%s: certificate %d: %w", pluginChainFile, i+2, err)
-		}
-		intermediates = append(intermediates, c)
-	}
-	m := &PluginMaterial{Cert: cert, Key: key, Intermediates: intermediates, Roots: roots, Digest: f.digest}
+	m := &PluginMaterial{Cert: p.cert, Key: p.key, Intermediates: intermediates, Roots: p.roots, Digest: f.digest}
 	if err := m.verify(now); err != nil {
 		return nil, nil, err
 	}
+	return m, pluginKeyWarnings(dir, f.keyMode), nil
+}
 
-	var warnings []string
-	if perm := f.keyMode.Perm(); perm&0o077 != 0 {
-		warnings = append(warnings, fmt.Sprintf(
-			"%s is readable by group or others (mode %#o); restrict it to 0600 (for a Kubernetes secret volume, set defaultMode 0400)",
-			filepath.Join(dir, pluginKeyFile), perm))
+// parsedPlugin is the content of a plug-in CA directory's files, parsed
+// but not yet checked.
+type parsedPlugin struct {
+	cert         *x509.Certificate
+	key          crypto.Signer
+	chain, roots []*x509.Certificate
+}
+
+// parsePluginFiles parses the four files: exactly one certificate in
+// ca-cert.pem, its key, the chain and the roots.
+func parsePluginFiles(f *pluginFiles) (parsedPlugin, error) {
+	var p parsedPlugin
+	certs, err := pluginCerts(pluginCertFile, f.cert)
+	if err != nil {
+		return p, err
 	}
-	return m, warnings, nil
+	if len(certs) != 1 {
+		return p, fmt.Errorf("%s: holds %d certificates, want exactly 1", pluginCertFile, len(certs))
+	}
+	p.cert = certs[0]
+	if p.key, err = pluginKey(f.key); err != nil {
+		return p, err
+	}
+	if p.chain, err = pluginCerts(pluginChainFile, f.chain); err != nil {
+		return p, err
+	}
+	p.roots, err = pluginCerts(pluginRootFile, f.roots)
+	return p, err
+}
+
+// checkPluginSigner checks the signing certificate and its key: a key
+// strong enough and matching, a CA of trust domain td.
+func checkPluginSigner(cert *x509.Certificate, key crypto.Signer, td spiffeid.TrustDomain) error {
+	if err := checkPluginPublicKey(key.Public()); err != nil {
+		return fmt.Errorf("%s: %w", pluginKeyFile, err)
+	}
+	if !publicKeysMatch(key.Public(), cert.PublicKey) {
+		return fmt.Errorf("%s: private key does not match the public key of %s", pluginKeyFile, pluginCertFile)
+	}
+	if err := checkPluginCA(cert); err != nil {
+		return fmt.Errorf("%s: %w", pluginCertFile, err)
+	}
+	if err := checkPluginTrustDomain(cert, td); err != nil {
+		return fmt.Errorf("%s: %w", pluginCertFile, err)
+	}
+	return nil
+}
+
+// checkPluginChainOrder checks that the chain starts with cert and that
+// each certificate is issued by the next. Workloads receive cert-chain.pem
+// as it is, after their leaf; a shuffled chain verifies here (pools ignore
+// order) yet breaks peers that expect each certificate to be followed by
+// its issuer.
+func checkPluginChainOrder(cert *x509.Certificate, chain []*x509.Certificate) error {
+	if !bytes.Equal(chain[0].Raw, cert.Raw) {
+		return fmt.Errorf("%s: first certificate is not the one in %s", pluginChainFile, pluginCertFile)
+	}
+	for i := 1; i < len(chain); i++ {
+		if err := chain[i-1].CheckSignatureFrom(chain[i]); err != nil {
+			return fmt.Errorf("%s: certificate %d is not issued by certificate %d: %w", pluginChainFile, i, i+1, err)
+		}
+	}
+	return nil
+}
+
+// checkPluginRoots checks each root: a CA with a strong enough key, of
+// trust domain td.
+func checkPluginRoots(roots []*x509.Certificate, td spiffeid.TrustDomain) error {
+	for i, r := range roots {
+		if err := checkPluginCA(r); err != nil {
+			return fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
+		}
+		if err := checkPluginPublicKey(r.PublicKey); err != nil {
+			return fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
+		}
+		// A root of another trust domain must not vouch for our workloads.
+		if err := checkPluginTrustDomain(r, td); err != nil {
+			return fmt.Errorf("%s: certificate %d: %w", pluginRootFile, i+1, err)
+		}
+	}
+	return nil
+}
+
+// pluginIntermediates are the certificates of the chain between the
+// signing certificate and the roots, each checked (key strength, trust
+// domain td); roots the chain includes were checked as roots.
+func pluginIntermediates(chain, roots []*x509.Certificate, td spiffeid.TrustDomain) ([]*x509.Certificate, error) {
+	var intermediates []*x509.Certificate
+	for i, c := range chain[1:] {
+		if pluginContainsCert(roots, c) {
+			continue // checked as a root
+		}
+		if err := checkPluginPublicKey(c.PublicKey); err != nil {
+			return nil, fmt.Errorf("%s: certificate %d: %w", pluginChainFile, i+2, err)
+		}
+		if err := checkPluginTrustDomain(c, td); err != nil {
+			return nil, fmt.Errorf("%s: certificate %d: %w", pluginChainFile, i+2, err)
+		}
+		intermediates = append(intermediates, c)
+	}
+	return intermediates, nil
+}
+
+// pluginKeyWarnings warns of a key file in dir that group or others can
+// read (keyMode), nil when none can.
+func pluginKeyWarnings(dir string, keyMode fs.FileMode) []string {
+	perm := keyMode.Perm()
+	if perm&0o077 == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf(
+		"%s is readable by group or others (mode %#o); restrict it to 0600 (for a Kubernetes secret volume, set defaultMode 0400)",
+		filepath.Join(dir, pluginKeyFile), perm)}
 }
 
 // verify holds the checks whose outcome depends on the time, so a watcher
@@ -397,32 +456,32 @@ func NewPluginWatcher(dir string, td spiffeid.TrustDomain, clk clock.WithTicker,
 	return w
 }
 
-// Load reads the directory for the first time. An error means the server
+// load reads the directory for the first time. An error means the server
 // must not start.
-func (w *PluginWatcher) Load() error { return w.r.Load() }
+func (w *PluginWatcher) load() error { return w.r.Load() }
 
-// Current is the last good material: never nil once Load succeeded.
-func (w *PluginWatcher) Current() *PluginMaterial {
+// current is the last good material: never nil once load succeeded.
+func (w *PluginWatcher) current() *PluginMaterial {
 	m, _ := w.r.Current()
 	return m
 }
 
-// LastError is the outcome of the most recent check: nil when it loaded
+// lastError is the outcome of the most recent check: nil when it loaded
 // new material or the files were unchanged and still valid.
-func (w *PluginWatcher) LastError() error { return w.r.LastError() }
+func (w *PluginWatcher) lastError() error { return w.r.LastError() }
 
-// Changes is signalled (coalesced) whenever Current changes.
-func (w *PluginWatcher) Changes() <-chan struct{} { return w.r.Changes() }
+// changes is signalled (coalesced) whenever current changes.
+func (w *PluginWatcher) changes() <-chan struct{} { return w.r.Changes() }
 
-// Run checks the directory every interval until ctx is done.
-func (w *PluginWatcher) Run(ctx context.Context) error {
+// run checks the directory every interval until ctx is done.
+func (w *PluginWatcher) run(ctx context.Context) error {
 	return w.r.Run(ctx, w.clk, w.interval)
 }
 
-// Check reads the directory once, as Run does each interval; cmd may call
+// Check reads the directory once, as run does each interval; cmd may call
 // it on SIGHUP. Files caught mid-update are left for the next check. An
 // invalid change keeps the last good material and is returned, logged and
-// kept in LastError.
+// kept for lastError (and the CA's Ready).
 func (w *PluginWatcher) Check() error { return w.r.Check() }
 
 // apply validates files and returns the material they hold. Refused files

@@ -482,18 +482,18 @@ func TestPluginWatcherReload(t *testing.T) {
 	var logs capturedLogs
 	w := NewPluginWatcher(dir, tdPlugin, clk, time.Second, logs.logger())
 
-	require.NoError(t, w.Load())
-	require.NotNil(t, w.Current())
-	assert.True(t, w.Current().Cert.Equal(a.cert))
-	assert.NoError(t, w.LastError())
-	assert.True(t, signalled(w.Changes()), "first load is a change")
-	good := w.Current()
+	require.NoError(t, w.load())
+	require.NotNil(t, w.current())
+	assert.True(t, w.current().Cert.Equal(a.cert))
+	assert.NoError(t, w.lastError())
+	assert.True(t, signalled(w.changes()), "first load is a change")
+	good := w.current()
 
 	t.Run("unchanged files", func(t *testing.T) {
 		require.NoError(t, w.Check())
-		assert.Same(t, good, w.Current())
-		assert.NoError(t, w.LastError())
-		assert.False(t, signalled(w.Changes()))
+		assert.Same(t, good, w.current())
+		assert.NoError(t, w.lastError())
+		assert.False(t, signalled(w.changes()))
 	})
 
 	t.Run("invalid change keeps the last good material", func(t *testing.T) {
@@ -502,12 +502,12 @@ func TestPluginWatcherReload(t *testing.T) {
 		err := w.Check()
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "private key does not match")
-		assert.Equal(t, err, w.LastError())
-		assert.Same(t, good, w.Current())
-		assert.False(t, signalled(w.Changes()))
+		assert.Equal(t, err, w.lastError())
+		assert.Same(t, good, w.current())
+		assert.False(t, signalled(w.changes()))
 
 		require.Error(t, w.Check(), "still invalid")
-		assert.Error(t, w.LastError())
+		assert.Error(t, w.lastError())
 		assert.Equal(t, 1, logs.count("ERROR"), "a persisting problem is logged once")
 	})
 
@@ -515,13 +515,13 @@ func TestPluginWatcherReload(t *testing.T) {
 	t.Run("valid new material", func(t *testing.T) {
 		writePluginDir(t, dir, b.files(t, false))
 		require.NoError(t, w.Check())
-		assert.NoError(t, w.LastError())
-		assert.True(t, w.Current().Cert.Equal(b.cert))
-		assert.Len(t, w.Current().Intermediates, 1)
-		assert.True(t, signalled(w.Changes()))
+		assert.NoError(t, w.lastError())
+		assert.True(t, w.current().Cert.Equal(b.cert))
+		assert.Len(t, w.current().Intermediates, 1)
+		assert.True(t, signalled(w.changes()))
 
 		require.NoError(t, w.Check())
-		assert.False(t, signalled(w.Changes()), "unchanged files do not signal again")
+		assert.False(t, signalled(w.changes()), "unchanged files do not signal again")
 	})
 
 	t.Run("material that becomes valid without changing", func(t *testing.T) {
@@ -530,24 +530,24 @@ func TestPluginWatcherReload(t *testing.T) {
 		err := w.Check()
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "not valid before")
-		assert.True(t, w.Current().Cert.Equal(b.cert))
+		assert.True(t, w.current().Cert.Equal(b.cert))
 
 		clk.Step(2 * time.Hour)
 		require.NoError(t, w.Check())
-		assert.NoError(t, w.LastError())
-		assert.True(t, w.Current().Cert.Equal(c.cert))
-		assert.True(t, signalled(w.Changes()))
+		assert.NoError(t, w.lastError())
+		assert.True(t, w.current().Cert.Equal(c.cert))
+		assert.True(t, signalled(w.changes()))
 	})
 
 	t.Run("unchanged material that expires", func(t *testing.T) {
-		current := w.Current()
+		current := w.current()
 		clk.SetTime(current.Cert.NotAfter.Add(time.Second))
 		err := w.Check()
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "ca-cert.pem: expired at")
-		assert.Equal(t, err, w.LastError())
-		assert.Same(t, current, w.Current(), "nothing better to serve")
-		assert.False(t, signalled(w.Changes()))
+		assert.Equal(t, err, w.lastError())
+		assert.Same(t, current, w.current(), "nothing better to serve")
+		assert.False(t, signalled(w.changes()))
 	})
 }
 
@@ -573,19 +573,19 @@ func TestPluginWatcherFilesChangingWhileRead(t *testing.T) {
 	a, b := newPluginPKI(t, pluginPKIOptions{}), newPluginPKI(t, pluginPKIOptions{})
 	writePluginDir(t, dir, a.files(t, true))
 	w := NewPluginWatcher(dir, tdPlugin, clk, time.Second, nil)
-	require.NoError(t, w.Load())
-	require.True(t, signalled(w.Changes()))
+	require.NoError(t, w.load())
+	require.True(t, signalled(w.changes()))
 
 	// The writer replaces every file right after the first read.
 	w.readFiles = racingReader(t, dir, b.files(t, true), 1)
 	require.NoError(t, w.Check(), "a writer at work is not an error")
-	assert.NoError(t, w.LastError())
-	assert.True(t, w.Current().Cert.Equal(a.cert))
-	assert.False(t, signalled(w.Changes()))
+	assert.NoError(t, w.lastError())
+	assert.True(t, w.current().Cert.Equal(a.cert))
+	assert.False(t, signalled(w.changes()))
 
 	require.NoError(t, w.Check(), "the next check sees the new files")
-	assert.True(t, w.Current().Cert.Equal(b.cert))
-	assert.True(t, signalled(w.Changes()))
+	assert.True(t, w.current().Cert.Equal(b.cert))
+	assert.True(t, signalled(w.changes()))
 }
 
 func TestPluginWatcherLoad(t *testing.T) {
@@ -595,8 +595,8 @@ func TestPluginWatcherLoad(t *testing.T) {
 		writePluginDir(t, dir, a.files(t, true))
 		w := NewPluginWatcher(dir, tdPlugin, clocktesting.NewFakeClock(pluginT0), 0, nil)
 		w.readFiles = racingReader(t, dir, b.files(t, true), 1)
-		require.NoError(t, w.Load())
-		assert.True(t, w.Current().Cert.Equal(b.cert))
+		require.NoError(t, w.load())
+		assert.True(t, w.current().Cert.Equal(b.cert))
 	})
 	t.Run("gives up on a directory that never settles", func(t *testing.T) {
 		dir := t.TempDir()
@@ -615,19 +615,19 @@ func TestPluginWatcherLoad(t *testing.T) {
 			}
 			return f, err
 		}
-		err := w.Load()
+		err := w.load()
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "files changed while being read")
-		assert.Nil(t, w.Current())
+		assert.Nil(t, w.current())
 	})
 	t.Run("invalid directory", func(t *testing.T) {
 		w := NewPluginWatcher(t.TempDir(), tdPlugin, clocktesting.NewFakeClock(pluginT0), 0, nil)
-		err := w.Load()
+		err := w.load()
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "ca-cert.pem: open: no such file")
-		assert.Equal(t, err, w.LastError())
-		assert.Nil(t, w.Current())
-		assert.False(t, signalled(w.Changes()))
+		assert.Equal(t, err, w.lastError())
+		assert.Nil(t, w.current())
+		assert.False(t, signalled(w.changes()))
 	})
 }
 
@@ -641,23 +641,23 @@ func TestPluginWatcherRun(t *testing.T) {
 		a := newPluginPKI(t, pluginPKIOptions{now: now})
 		writePluginDir(t, dir, a.files(t, true))
 		w := NewPluginWatcher(dir, tdPlugin, clock.RealClock{}, 10*time.Second, nil)
-		require.NoError(t, w.Load())
-		require.True(t, signalled(w.Changes()))
+		require.NoError(t, w.load())
+		require.True(t, signalled(w.changes()))
 
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
+		go func() { done <- w.run(ctx) }()
 
 		b := newPluginPKI(t, pluginPKIOptions{now: now})
 		writePluginDir(t, dir, b.files(t, true))
 		time.Sleep(9 * time.Second)
 		synctest.Wait()
-		assert.False(t, signalled(w.Changes()), "no poll before the interval")
+		assert.False(t, signalled(w.changes()), "no poll before the interval")
 
 		time.Sleep(time.Second)
 		synctest.Wait()
-		assert.True(t, signalled(w.Changes()))
-		assert.True(t, w.Current().Cert.Equal(b.cert))
+		assert.True(t, signalled(w.changes()))
+		assert.True(t, w.current().Cert.Equal(b.cert))
 
 		cancel()
 		assert.NoError(t, <-done)
@@ -669,6 +669,6 @@ func TestNewPluginWatcherDefaults(t *testing.T) {
 	assert.Equal(t, DefaultPluginPollInterval, w.interval)
 	assert.NotNil(t, w.clk)
 	assert.NotNil(t, w.logger)
-	assert.Nil(t, w.Current())
-	assert.NoError(t, w.LastError())
+	assert.Nil(t, w.current())
+	assert.NoError(t, w.lastError())
 }

@@ -29,7 +29,7 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 	if err != nil {
 		return "", false, err
 	}
-	if UsesKeyManager(j) {
+	if j.UsesKeyManager() {
 		return "", false, errRequestInKeyManager
 	}
 	if j == nil {
@@ -43,7 +43,7 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 			return r.ID, false, nil
 		}
 	}
-	st := castate.JournalSettings{KeyType: string(KeyECP256), RootTTLSeconds: int64(DefaultRootTTL / time.Second), RefreshHintSeconds: int64(DefaultRefreshHint / time.Second)}
+	st := castate.JournalSettings{KeyType: string(KeyECP256), RootTTLSeconds: int64(defaultRootTTL / time.Second), RefreshHintSeconds: int64(defaultRefreshHint / time.Second)}
 	if j.Settings != nil {
 		st = *j.Settings
 	}
@@ -66,7 +66,7 @@ func RequestRotation(dataDir string, now time.Time) (rootID string, created bool
 	j.Sequence = nextSequence(j.Sequence, now)
 	j.Events = append(j.Events, castate.JournalNote{At: now, Event: "prepared (requested)", RootID: id})
 	j.Updated = now
-	if err := s.Save(j); err != nil {
+	if err := s.saveJournal(j); err != nil {
 		_ = s.removeRootFiles(id)
 		return "", false, err
 	}
@@ -104,7 +104,7 @@ func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool
 	if err != nil {
 		return "", false, err
 	}
-	if UsesKeyManager(j) {
+	if j.UsesKeyManager() {
 		return "", false, errRequestInKeyManager
 	}
 	if j == nil {
@@ -115,7 +115,7 @@ func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool
 			return k.KID, false, nil
 		}
 	}
-	kt, ttl, hint := DefaultJWTKeyType, DefaultJWTKeyTTL, DefaultRefreshHint
+	kt, ttl, hint := defaultJWTKeyType, defaultJWTKeyTTL, defaultRefreshHint
 	if st := j.Settings; st != nil && st.JWTKeyType != "" {
 		kt, ttl, hint = JWTKeyType(st.JWTKeyType), time.Duration(st.JWTKeyTTLSeconds)*time.Second, time.Duration(st.RefreshHintSeconds)*time.Second
 	}
@@ -132,7 +132,7 @@ func RequestJWTRotation(dataDir string, now time.Time) (kid string, created bool
 	j.Sequence = nextSequence(j.Sequence, now)
 	j.Events = append(j.Events, castate.JournalNote{At: now, Event: "JWT key prepared (requested)", KID: k.KID})
 	j.Updated = now
-	if err := s.Save(j); err != nil {
+	if err := s.saveJournal(j); err != nil {
 		_ = os.Remove(s.jwtKeyPath(k.KID))
 		return "", false, err
 	}

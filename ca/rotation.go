@@ -17,8 +17,8 @@ const PublishLead = 5
 // revocation for that long, and PublishLead of them must fit a root's life.
 const maxRefreshHint = 30 * 24 * time.Hour
 
-// Timeline holds the parameters of root rotation.
-type Timeline struct {
+// timeline holds the parameters of root rotation.
+type timeline struct {
 	// RefreshHint is the spiffe_refresh_hint published with the bundle.
 	RefreshHint time.Duration
 	// MaxWorkloadTTL bounds every leaf the CA signs, so a retired root can
@@ -26,10 +26,10 @@ type Timeline struct {
 	MaxWorkloadTTL time.Duration
 }
 
-// Validate checks that a root of lifetime rootTTL leaves room for the whole
+// validate checks that a root of lifetime rootTTL leaves room for the whole
 // timeline: published for PublishLead hints after its predecessor's half
 // life, and still valid for MaxWorkloadTTL after it started signing.
-func (tl Timeline) Validate(rootTTL time.Duration) error {
+func (tl timeline) validate(rootTTL time.Duration) error {
 	switch {
 	case tl.RefreshHint < time.Second || tl.RefreshHint > maxRefreshHint:
 		return fmt.Errorf("refresh hint %s is outside 1s to %s", tl.RefreshHint, maxRefreshHint)
@@ -62,19 +62,19 @@ type rootTimes struct {
 	RemoveAfter time.Time
 }
 
-// Step is one change the plan calls for.
-type Step int
+// step is one change the plan calls for.
+type step int
 
 // Steps the plan can call for.
 const (
-	stepNone      Step = iota
+	stepNone      step = iota
 	stepBootstrap      // no active root: create one and let it sign at once
 	stepPrepare        // publish a successor to the active root
 	stepActivate       // the prepared root signs; the active one retires
 	stepRemove         // a retired root leaves the bundle
 )
 
-func (s Step) String() string {
+func (s step) String() string {
 	return [...]string{"none", "bootstrap", "prepare", "activate", "remove"}[s]
 }
 
@@ -84,11 +84,11 @@ func prepareAt(active rootTimes) time.Time {
 	return active.NotBefore.Add(active.NotAfter.Sub(active.NotBefore) / 2)
 }
 
-// ActivateAt is the earliest a prepared root may sign: PublishLead refresh
+// activateAt is the earliest a prepared root may sign: PublishLead refresh
 // hints after it was published, by the current hint and by the one in
 // force when it was prepared, whichever is later. A root not yet published
 // (PublishedAt zero) never activates.
-func (tl Timeline) ActivateAt(prepared rootTimes) time.Time {
+func (tl timeline) activateAt(prepared rootTimes) time.Time {
 	if prepared.PublishedAt.IsZero() {
 		return time.Time{}
 	}
@@ -99,10 +99,10 @@ func (tl Timeline) ActivateAt(prepared rootTimes) time.Time {
 	return at
 }
 
-// RemoveAfter is when a root retired at now can leave the bundle: every
+// removeAfter is when a root retired at now can leave the bundle: every
 // leaf it signed had a TTL of at most MaxWorkloadTTL and was clamped to
 // the root's own expiry.
-func (tl Timeline) RemoveAfter(root rootTimes, now time.Time) time.Time {
+func (tl timeline) removeAfter(root rootTimes, now time.Time) time.Time {
 	t := now.Add(tl.MaxWorkloadTTL)
 	if root.NotAfter.Before(t) {
 		return root.NotAfter
@@ -110,12 +110,53 @@ func (tl Timeline) RemoveAfter(root rootTimes, now time.Time) time.Time {
 	return t
 }
 
-// Plan returns the next step due at now, the index of the root it applies
+// plan returns the next step due at now, the index of the root it applies
 // to (-1 for bootstrap and prepare), and when the plan should be looked at
 // again if nothing is due. It is a pure function of its inputs, so the
 // scheduler and the tests agree on every instant.
-func (tl Timeline) Plan(now time.Time, roots []rootTimes) (step Step, index int, next time.Time) {
-	active, prepared := -1, -1
+//
+// A retired root due to leave goes first. Then a prepared root waits out
+// its publication lead and activates, even without an active root (a
+// crash between retiring and activating cannot happen, but a hand-edited
+// journal can); without either, a root is bootstrapped; and an active root
+// has a successor prepared at half its life.
+func (tl timeline) plan(now time.Time, roots []rootTimes) (due step, index int, next time.Time) {
+	index, next = dueRemoval(now, roots)
+	if index >= 0 {
+		return stepRemove, index, time.Time{}
+	}
+	active, prepared := activeAndPrepared(roots)
+	switch {
+	case prepared >= 0:
+		return tl.planActivation(now, roots[prepared], prepared, next)
+	case active < 0:
+		return stepBootstrap, -1, time.Time{}
+	}
+	if at := prepareAt(roots[active]); now.Before(at) {
+		return stepNone, -1, earliest(next, at)
+	}
+	return stepPrepare, -1, time.Time{}
+}
+
+// dueRemoval is the first retired root due to leave the bundle at now (-1
+// when none is), and the earliest removal still to come (zero when none).
+func dueRemoval(now time.Time, roots []rootTimes) (index int, next time.Time) {
+	for i, r := range roots {
+		if r.State != castate.StateRetired {
+			continue
+		}
+		if !now.Before(r.RemoveAfter) {
+			return i, time.Time{}
+		}
+		next = earliest(next, r.RemoveAfter)
+	}
+	return -1, next
+}
+
+// activeAndPrepared are the indexes of the (last) active and prepared
+// roots, -1 for none.
+func activeAndPrepared(roots []rootTimes) (active, prepared int) {
+	active, prepared = -1, -1
 	for i, r := range roots {
 		switch r.State {
 		case castate.StateActive:
@@ -124,50 +165,20 @@ func (tl Timeline) Plan(now time.Time, roots []rootTimes) (step Step, index int,
 			prepared = i
 		}
 	}
-	next = time.Time{}
-	soonest := func(t time.Time) {
-		if next.IsZero() || t.Before(next) {
-			next = t
-		}
-	}
-	for i, r := range roots {
-		if r.State == castate.StateRetired {
-			if !now.Before(r.RemoveAfter) {
-				return stepRemove, i, time.Time{}
-			}
-			soonest(r.RemoveAfter)
-		}
-	}
-	if active < 0 {
-		if prepared >= 0 {
-			// A prepared root without an active one (a crash between
-			// retiring and activating cannot happen, but a hand-edited
-			// journal can): it still waits out its publication lead.
-			at := tl.ActivateAt(roots[prepared])
-			if at.IsZero() || now.Before(at) {
-				if !at.IsZero() {
-					soonest(at)
-				}
-				return stepNone, -1, next
-			}
-			return stepActivate, prepared, time.Time{}
-		}
-		return stepBootstrap, -1, time.Time{}
-	}
-	if prepared >= 0 {
-		at := tl.ActivateAt(roots[prepared])
-		if at.IsZero() {
-			return stepNone, -1, next
-		}
-		if now.Before(at) {
-			soonest(at)
-			return stepNone, -1, next
-		}
-		return stepActivate, prepared, time.Time{}
-	}
-	if at := prepareAt(roots[active]); now.Before(at) {
-		soonest(at)
+	return active, prepared
+}
+
+// planActivation is the plan while root index is prepared: it activates
+// once its publication lead is over; until then the plan waits for that
+// (or for next, whichever comes first), and forever while it is not yet
+// published.
+func (tl timeline) planActivation(now time.Time, prepared rootTimes, index int, next time.Time) (step, int, time.Time) {
+	at := tl.activateAt(prepared)
+	switch {
+	case at.IsZero():
 		return stepNone, -1, next
+	case now.Before(at):
+		return stepNone, -1, earliest(next, at)
 	}
-	return stepPrepare, -1, time.Time{}
+	return stepActivate, index, time.Time{}
 }

@@ -13,21 +13,21 @@ import (
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func TestTimelineValidate(t *testing.T) {
-	tl := Timeline{RefreshHint: 5 * time.Minute, MaxWorkloadTTL: 90 * 24 * time.Hour}
-	assert.NoError(t, tl.Validate(8760*time.Hour), "defaults fit")
-	err := tl.Validate(100 * 24 * time.Hour)
+	tl := timeline{RefreshHint: 5 * time.Minute, MaxWorkloadTTL: 90 * 24 * time.Hour}
+	assert.NoError(t, tl.validate(8760*time.Hour), "defaults fit")
+	err := tl.validate(100 * 24 * time.Hour)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "root TTL 2400h0m0s is too short")
-	assert.ErrorContains(t, Timeline{MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "refresh hint 0s is outside 1s to 720h0m0s")
-	assert.ErrorContains(t, Timeline{RefreshHint: time.Millisecond, MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "outside 1s")
-	assert.ErrorContains(t, Timeline{RefreshHint: 1000000 * time.Hour, MaxWorkloadTTL: time.Hour}.Validate(time.Hour), "outside 1s to 720h0m0s",
+	assert.ErrorContains(t, timeline{MaxWorkloadTTL: time.Hour}.validate(time.Hour), "refresh hint 0s is outside 1s to 720h0m0s")
+	assert.ErrorContains(t, timeline{RefreshHint: time.Millisecond, MaxWorkloadTTL: time.Hour}.validate(time.Hour), "outside 1s")
+	assert.ErrorContains(t, timeline{RefreshHint: 1000000 * time.Hour, MaxWorkloadTTL: time.Hour}.validate(time.Hour), "outside 1s to 720h0m0s",
 		"a huge hint must not overflow into an activation in the past")
-	assert.ErrorContains(t, Timeline{RefreshHint: time.Minute}.Validate(time.Hour), "maximum workload TTL must be positive")
-	assert.ErrorContains(t, tl.Validate(0), "root TTL must be positive")
+	assert.ErrorContains(t, timeline{RefreshHint: time.Minute}.validate(time.Hour), "maximum workload TTL must be positive")
+	assert.ErrorContains(t, tl.validate(0), "root TTL must be positive")
 }
 
 func TestPlan(t *testing.T) {
-	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
+	tl := timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
 	active := rootTimes{State: castate.StateActive, NotBefore: t0, NotAfter: t0.Add(24 * time.Hour)}
 	prepared := rootTimes{State: castate.StatePrepared, NotBefore: t0.Add(12 * time.Hour), NotAfter: t0.Add(36 * time.Hour), PreparedAt: t0.Add(12 * time.Hour), PublishedAt: t0.Add(12 * time.Hour)}
 	unpublished := prepared
@@ -40,7 +40,7 @@ func TestPlan(t *testing.T) {
 		name      string
 		now       time.Time
 		roots     []rootTimes
-		wantStep  Step
+		wantStep  step
 		wantIndex int
 		wantNext  time.Time
 	}{
@@ -59,7 +59,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			step, index, next := tl.Plan(tt.now, tt.roots)
+			step, index, next := tl.plan(tt.now, tt.roots)
 			assert.Equal(t, tt.wantStep, step)
 			assert.Equal(t, tt.wantIndex, index)
 			assert.Equal(t, tt.wantNext, next)
@@ -71,30 +71,30 @@ func TestActivateAtKeepsTheLeadPromisedAtPreparation(t *testing.T) {
 	// Prepared under a 10m hint, the server restarts with a 1m hint: peers
 	// were told to come back in 10m, so activation waits for 5 × 10m.
 	p := rootTimes{PreparedAt: t0, PublishedAt: t0, MinActivateAt: t0.Add(50 * time.Minute)}
-	assert.Equal(t, t0.Add(50*time.Minute), Timeline{RefreshHint: time.Minute}.ActivateAt(p))
-	assert.Equal(t, t0.Add(100*time.Minute), Timeline{RefreshHint: 20 * time.Minute}.ActivateAt(p))
+	assert.Equal(t, t0.Add(50*time.Minute), timeline{RefreshHint: time.Minute}.activateAt(p))
+	assert.Equal(t, t0.Add(100*time.Minute), timeline{RefreshHint: 20 * time.Minute}.activateAt(p))
 }
 
 func TestRemoveAfter(t *testing.T) {
-	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
+	tl := timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
 	root := rootTimes{NotAfter: t0.Add(10 * time.Hour)}
-	assert.Equal(t, t0.Add(time.Hour), tl.RemoveAfter(root, t0))
-	assert.Equal(t, root.NotAfter, tl.RemoveAfter(root, t0.Add(9*time.Hour+30*time.Minute)), "never later than the root itself")
+	assert.Equal(t, t0.Add(time.Hour), tl.removeAfter(root, t0))
+	assert.Equal(t, root.NotAfter, tl.removeAfter(root, t0.Add(9*time.Hour+30*time.Minute)), "never later than the root itself")
 }
 
 // TestPlanSimulation drives the plan through several rotations the way the
 // scheduler does, jumping from event to event, and checks the timeline
 // invariants at every step.
 func TestPlanSimulation(t *testing.T) {
-	tl := Timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
+	tl := timeline{RefreshHint: time.Minute, MaxWorkloadTTL: time.Hour}
 	rootTTL := 24 * time.Hour
-	require.NoError(t, tl.Validate(rootTTL))
+	require.NoError(t, tl.validate(rootTTL))
 
 	var roots []rootTimes
 	now := t0
 	activations := 0
 	for i := 0; i < 100 && activations < 4; i++ {
-		step, index, next := tl.Plan(now, roots)
+		step, index, next := tl.plan(now, roots)
 		switch step {
 		case stepNone:
 			require.True(t, next.After(now), "plan must move forward")
@@ -111,7 +111,7 @@ func TestPlanSimulation(t *testing.T) {
 					old := roots[j]
 					require.True(t, old.NotAfter.Sub(now) >= tl.MaxWorkloadTTL, "old root still outlives every leaf it signed")
 					roots[j].State = castate.StateRetired
-					roots[j].RemoveAfter = tl.RemoveAfter(old, now)
+					roots[j].RemoveAfter = tl.removeAfter(old, now)
 				}
 			}
 			roots[index].State = castate.StateActive

@@ -82,7 +82,7 @@ func RaiseSequence(dataDir string, above uint64) (uint64, error) {
 		return j.Sequence, nil
 	}
 	j.Sequence = above + 1
-	if err := s.Save(j); err != nil {
+	if err := s.saveJournal(j); err != nil {
 		return 0, err
 	}
 	return j.Sequence, nil

@@ -70,8 +70,9 @@ func (f servingOptionFunc) applyServing(o *servingOptions) error { return f(o) }
 // At most maxServingDNSNames, without repeats. No names is the same as not
 // using the option.
 //
-// Workload certificates get no DNS names from their CSR (Sign refuses CSRs
-// asking for them), and those SignWithDNSNames adds for them
+// Workload certificates get no DNS names from their CSR (the certificate
+// service refuses CSRs asking for them), and those X509SVIDParams.DNSNames
+// add for them
 // (--workload-dns-name-template) never include these names (see
 // internal/workloaddns, reserved names): that is what makes a host name
 // check for these names against this CA's roots mean "trustbridge itself".
@@ -104,7 +105,7 @@ func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration, opts ...Servi
 		}
 	}
 	s := &ServingCert{a: a, id: id, dnsNames: o.dnsNames, ttl: ttl}
-	if err := s.Renew(); err != nil {
+	if err := s.renew(); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -118,9 +119,9 @@ func (s *ServingCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, er
 // Leaf is the current certificate.
 func (s *ServingCert) Leaf() *x509.Certificate { return s.cur.Load().Leaf }
 
-// Renew issues a new certificate now, with a new key and the same names.
+// renew issues a new certificate now, with a new key and the same names.
 // On failure the current certificate stays in service.
-func (s *ServingCert) Renew() error {
+func (s *ServingCert) renew() error {
 	key, err := GenerateKey(KeyECP256)
 	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
@@ -143,7 +144,7 @@ func (s *ServingCert) Renew() error {
 	return nil
 }
 
-// signServing signs the serving certificate as Authority.Sign signs a
+// signServing signs the serving certificate as Authority.SignX509SVID signs a
 // workload leaf (same lock, clock, policy and metric), for a key generated
 // in this process and with dnsNames, which only this path may add.
 func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
@@ -152,7 +153,7 @@ func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames [
 	})
 }
 
-// signServing is Sign without a CSR: the key is ours, and dnsNames are
+// signServing is signX509SVID for a key of ours, and dnsNames are
 // checked again here so that no caller can slip an unchecked name in.
 func signServing(now time.Time, m SigningMaterial, p Policy, pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
 	plan, err := planLeaf(now, m, p, id, ttl)
@@ -197,22 +198,43 @@ func checkDNSNames(names []string) ([]string, error) {
 // checkDNSName returns name lowercased if it is an RFC 1123 host name
 // (RFC 5280 §4.2.1.6 preferred name syntax).
 func checkDNSName(name string) (string, error) {
+	if err := checkDNSNameForm(name); err != nil {
+		return "", err
+	}
+	lower, err := lowerHostChars(name)
+	if err != nil {
+		return "", err
+	}
+	if err := checkDNSLabels(lower); err != nil {
+		return "", err
+	}
+	return lower, nil
+}
+
+// checkDNSNameForm refuses what is not a single host name at all: an
+// empty or oversized name, a wildcard, a trailing dot, an IP address.
+func checkDNSNameForm(name string) error {
 	switch {
 	case name == "":
-		return "", errors.New("empty")
+		return errors.New("empty")
 	case len(name) > maxDNSNameLen:
-		return "", fmt.Errorf("%d characters, at most %d allowed", len(name), maxDNSNameLen)
+		return fmt.Errorf("%d characters, at most %d allowed", len(name), maxDNSNameLen)
 	case strings.HasPrefix(name, "*"):
-		return "", errors.New("wildcards are not issued; list each host name")
+		return errors.New("wildcards are not issued; list each host name")
 	case strings.HasSuffix(name, "."):
-		return "", errors.New("trailing dot; write the name without it")
+		return errors.New("trailing dot; write the name without it")
 	}
 	if _, err := netip.ParseAddr(name); err == nil {
-		return "", errors.New("an IP address, not a DNS name")
+		return errors.New("an IP address, not a DNS name")
 	}
-	// Byte by byte and ASCII only, before lowercasing: strings.ToLower maps
-	// some non-ASCII letters (U+212A KELVIN SIGN) onto ASCII ones, which
-	// would let a look-alike through.
+	return nil
+}
+
+// lowerHostChars lowercases name, which may hold only ASCII letters,
+// digits, '-' and '.'. Byte by byte and ASCII only, before lowercasing:
+// strings.ToLower maps some non-ASCII letters (U+212A KELVIN SIGN) onto
+// ASCII ones, which would let a look-alike through.
+func lowerHostChars(name string) (string, error) {
 	b := []byte(name)
 	for i, c := range b {
 		switch {
@@ -224,24 +246,30 @@ func checkDNSName(name string) (string, error) {
 			return "", fmt.Errorf("character %+q at offset %d; only letters, digits, '-' and '.' are allowed", r, i)
 		}
 	}
-	lower := string(b)
+	return string(b), nil
+}
+
+// checkDNSLabels checks the labels of a lowercased host name: none empty,
+// none over 63 characters, none starting or ending with '-', and a last
+// one that is not all digits.
+func checkDNSLabels(lower string) error {
 	labels := strings.Split(lower, ".")
 	for _, l := range labels {
 		switch {
 		case l == "":
-			return "", errors.New("empty label")
+			return errors.New("empty label")
 		case len(l) > 63:
-			return "", fmt.Errorf("label %q is %d characters, at most 63 allowed", l, len(l))
+			return fmt.Errorf("label %q is %d characters, at most 63 allowed", l, len(l))
 		case l[0] == '-' || l[len(l)-1] == '-':
-			return "", fmt.Errorf("label %q starts or ends with '-'", l)
+			return fmt.Errorf("label %q starts or ends with '-'", l)
 		}
 	}
 	// RFC 3696 §2: a top-level label is never all digits; resolvers and
 	// TLS stacks may take such a name for an IPv4 address ("10.1", "127.1").
 	if strings.Trim(labels[len(labels)-1], "0123456789") == "" {
-		return "", errors.New("last label is all digits, which reads as an IP address")
+		return errors.New("last label is all digits, which reads as an IP address")
 	}
-	return lower, nil
+	return nil
 }
 
 // nextRenewal is half way through the current certificate's life.
@@ -264,7 +292,7 @@ func (s *ServingCert) Run(ctx context.Context) error {
 			return nil
 		case <-t.C():
 		}
-		if err := s.Renew(); err != nil {
+		if err := s.renew(); err != nil {
 			s.a.cfg.Logger.Error("serving certificate renewal failed; retrying", logattr.SPIFFEID, s.id.String(), logattr.Error, err)
 			next = clk.Now().Add(renewRetry)
 			continue

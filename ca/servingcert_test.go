@@ -359,7 +359,7 @@ func TestServingCertRenewalFailureKeepsCertificate(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 
-	err = s.Renew()
+	err = s.renew()
 	require.ErrorIs(t, err, ErrInvalidSigningMaterial)
 	assert.Contains(t, err.Error(), "ca: serving certificate for spiffe://example.org/trustbridge/ca: ")
 	got, _ = s.GetCertificate(nil)

@@ -22,7 +22,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// Sentinel errors, wrapped by Sign and ParseCSR so that a transport can map
+// Sentinel errors, wrapped by SignX509SVID and ParseCSR so that a transport can map
 // them (InvalidArgument, PermissionDenied, Unavailable) without parsing
 // messages. Errors that wrap none of them are server-side faults.
 var (
@@ -43,7 +43,7 @@ var (
 
 // Policy limits applied when a Policy field is zero.
 const (
-	DefaultLeafTTL    = 24 * time.Hour
+	defaultLeafTTL    = 24 * time.Hour
 	defaultMaxLeafTTL = 90 * 24 * time.Hour
 )
 
@@ -57,7 +57,7 @@ const MaxCSRSize = 64 << 10
 const backdate = 10 * time.Second
 
 // SigningMaterial is what a CA signs with. It is passed by value on each
-// call, so that rotation swaps the whole set at once and Sign never sees a
+// call, so that rotation swaps the whole set at once and a signing never sees a
 // certificate from one generation with a key from another.
 type SigningMaterial struct {
 	// Cert is the CA certificate that signs the leaf.
@@ -77,7 +77,7 @@ type Policy struct {
 	// TrustDomain is the only trust domain leaves are issued in.
 	TrustDomain spiffeid.TrustDomain
 	// DefaultTTL is used when a request asks for no particular lifetime.
-	// Zero means DefaultLeafTTL, or MaxTTL if that is shorter.
+	// Zero means 24 hours, or MaxTTL if that is shorter.
 	DefaultTTL time.Duration
 	// MaxTTL is the longest lifetime a request may ask for. Zero means
 	// defaultMaxLeafTTL.
@@ -103,7 +103,7 @@ func (p Policy) withDefaults() (Policy, error) {
 		p.MaxTTL = defaultMaxLeafTTL
 	}
 	if p.DefaultTTL == 0 {
-		p.DefaultTTL = min(DefaultLeafTTL, p.MaxTTL)
+		p.DefaultTTL = min(defaultLeafTTL, p.MaxTTL)
 	}
 	if p.DefaultTTL > p.MaxTTL {
 		return p, fmt.Errorf("ca: policy: default TTL %s exceeds max TTL %s", p.DefaultTTL, p.MaxTTL)
@@ -123,35 +123,15 @@ type Issued struct {
 	Roots []*x509.Certificate
 }
 
-// ChainPEM encodes Chain without the roots, leaf first: the cert-chain.pem a
-// workload presents in TLS. Roots are left out because a peer must already
-// hold them to trust anything, and sending them only costs bytes.
-func (i *Issued) ChainPEM() []byte {
-	n := max(len(i.Chain)-len(i.Roots), 0)
-	return encodeCerts(i.Chain[:n])
-}
-
-// RootsPEM encodes Roots: the root-cert.pem a workload verifies peers with.
-func (i *Issued) RootsPEM() []byte {
-	return encodeCerts(i.Roots)
-}
-
-func encodeCerts(certs []*x509.Certificate) []byte {
-	var buf bytes.Buffer
-	for _, c := range certs {
-		// pem.Encode only fails on invalid headers, and there are none.
-		_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-	}
-	return buf.Bytes()
-}
-
 // pemBegin starts every PEM block's first line.
 const pemBegin = "-----BEGIN"
 
 // ParseCSR parses a PKCS#10 CSR, PEM (one block, optional surrounding
 // whitespace) or DER (exactly one value), and checks its self-signature and
 // key strength. The subject, extensions and requested names are left for
-// Sign to judge or ignore. Every error wraps ErrInvalidCSR.
+// the caller to judge against the identity it proved, or to ignore: only
+// the key is signed (X509SVIDParams.PublicKey). Every error wraps
+// ErrInvalidCSR.
 func ParseCSR(data []byte) (*x509.CertificateRequest, error) {
 	// Before any decoding, so that oversized input costs nothing.
 	if len(data) > MaxCSRSize {
@@ -170,7 +150,7 @@ func ParseCSR(data []byte) (*x509.CertificateRequest, error) {
 	if err := checkPublicKey(csr.PublicKey); err != nil {
 		return nil, csrErrorf("%w", err)
 	}
-	// Proof of possession. Sign relies on it having been done here.
+	// Proof of possession. The signer relies on it having been done here.
 	if err := csr.CheckSignature(); err != nil {
 		return nil, csrErrorf("signature: %w", err)
 	}
@@ -231,16 +211,17 @@ func isCSRType(t string) bool {
 	return false
 }
 
-// Sign issues an X509-SVID leaf for id, the identity the caller proved
-// (never one read from the CSR), to the key in csr, signed by m, at time now.
+// maxWorkloadDNSNames bounds the DNS names a workload leaf carries
+// (X509SVIDParams.DNSNames): a template gives one; more would be a bug.
+const maxWorkloadDNSNames = 4
+
+// SignX509SVID issues an X509-SVID leaf for params.SPIFFEID, the identity
+// the caller proved (never one read from a request), to params.PublicKey,
+// signed by m, at time now. A request that arrives as a CSR is parsed and
+// judged at the edge (ParseCSR, then the certificate service's checks of
+// what it asks for); only its key reaches the signer.
 //
-// csr must come from ParseCSR, which checked its signature: Sign re-checks
-// the cheap properties (key strength, requested names) but does not verify
-// the signature twice. If the CSR requests URI SANs, there must be exactly
-// one and it must equal id; DNS, IP and email SANs are refused. Everything
-// else in the CSR (subject, extensions) is ignored.
-//
-// ttl zero means p.DefaultTTL; over p.MaxTTL is refused rather than
+// TTL zero means p.DefaultTTL; over p.MaxTTL is refused rather than
 // clamped, so a client never silently gets less than it asked for because
 // of policy. NotAfter is clamped to p.ClampTTL from now and to the signing
 // chain's NotAfter, which are the CA's own business and not the client's.
@@ -249,45 +230,28 @@ func isCSRType(t string) bool {
 // NotBefore: RFC 5280 does not require validity nesting, and verifiers
 // check each certificate against the current time only.
 //
-// The leaf has an empty subject and a critical SAN extension holding only
-// id (RFC 5280 §4.2.1.6, as Istio does): names the CSR asks for would be
-// unverified claims. It is safe for concurrent use if m.Key is.
+// The leaf has an empty subject and a critical SAN extension holding the
+// SPIFFE ID (RFC 5280 §4.2.1.6, as Istio does) and params.DNSNames: names
+// the server derived from what the caller proved (a Kubernetes service
+// account's workload DNS name, see internal/workloaddns). X509-SVID §2
+// allows an SVID DNS SANs next to its one URI SAN. They follow the rules of
+// WithDNSNames (RFC 1123 host names, no wildcard, no IP address, no
+// repeats), at most maxWorkloadDNSNames; a name that breaks them is the
+// caller's code at fault, not the client's request: the error wraps no
+// sentinel. It is safe for concurrent use if m.Key is.
 //
-// extra are private extensions the caller vouches for (the certificate
-// service records how the identity was first granted); see
-// checkExtraExtensions for what is allowed. They never come from the CSR.
-func Sign(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*Issued, error) {
-	// No DNS names: by default a workload leaf vouches for the SPIFFE ID
-	// alone. Only the server decides otherwise (SignWithDNSNames), never
-	// the CSR.
-	return SignWithDNSNames(now, m, p, csr, id, ttl, nil, extra...)
-}
-
-// maxWorkloadDNSNames bounds the DNS names SignWithDNSNames puts in a
-// workload leaf: a template gives one; more would be a bug.
-const maxWorkloadDNSNames = 4
-
-// SignWithDNSNames is Sign, with dnsNames as DNS SANs beside the SPIFFE
-// ID: names the server derived from what the caller proved (a Kubernetes
-// service account's workload DNS name, see internal/workloaddns), never
-// names the CSR asks for, which are still refused. X509-SVID §2 allows an
-// SVID DNS SANs next to its one URI SAN, so the leaf stays an X509-SVID.
-//
-// dnsNames follow the rules of WithDNSNames (RFC 1123 host names, no
-// wildcard, no IP address, no repeats), at most maxWorkloadDNSNames. A
-// name that breaks them is the caller's code at fault, not the client's
-// request: the error wraps no sentinel.
-func SignWithDNSNames(now time.Time, m SigningMaterial, p Policy, csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration,
-	dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
-	return signX509SVID(now, m, p, X509SVIDParams{SPIFFEID: id, TTL: ttl, DNSNames: dnsNames, Extensions: extra}, csrKey(csr, id))
+// params.Extensions are private extensions the caller vouches for (the
+// certificate service records how the identity was first granted); see
+// checkExtraExtensions for what is allowed.
+func SignX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDParams) (*Issued, error) {
+	return signX509SVID(now, m, p, params)
 }
 
 // X509SVIDParams is what an X509-SVID is signed from: a public key and
 // the identity its holder proved, never names read from a request.
 type X509SVIDParams struct {
 	// PublicKey is the leaf's key; a weak one is refused (ErrInvalidCSR,
-	// as for a CSR carrying it). Ignored when signing a CSR, whose key is
-	// used.
+	// as for a CSR carrying it).
 	PublicKey crypto.PublicKey
 	// SPIFFEID is the identity the caller proved; it must be in the
 	// policy's trust domain and have a path (ErrIdentityNotAllowed).
@@ -295,8 +259,8 @@ type X509SVIDParams struct {
 	// TTL zero means the policy's default; over its maximum is refused
 	// (ErrInvalidTTL). The leaf is clamped to the signing chain.
 	TTL time.Duration
-	// DNSNames are DNS SANs the server decided (see SignWithDNSNames),
-	// at most maxWorkloadDNSNames.
+	// DNSNames are DNS SANs the server decided (see SignX509SVID), at
+	// most maxWorkloadDNSNames.
 	DNSNames []string
 	// Extensions are private extensions the caller vouches for (see
 	// checkExtraExtensions).
@@ -305,10 +269,8 @@ type X509SVIDParams struct {
 
 // signX509SVID is the one path every workload leaf is signed on: it
 // plans the leaf (policy, material, identity, TTL), checks the caller's
-// extensions, the key (key: a CSR's, with what the CSR asks for judged
-// against the proven identity, or params.PublicKey) and the DNS names,
-// in that order, then signs.
-func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDParams, key func() (crypto.PublicKey, error)) (*Issued, error) {
+// extensions, the key and the DNS names, in that order, then signs.
+func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDParams) (*Issued, error) {
 	id := params.SPIFFEID
 	plan, err := planLeaf(now, m, p, id, params.TTL)
 	if err != nil {
@@ -318,8 +280,7 @@ func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDPar
 		return nil, err
 	}
 	plan.extra = params.Extensions
-	pub, err := key()
-	if err != nil {
+	if err := checkLeafKey(params.PublicKey); err != nil {
 		return nil, err
 	}
 	if len(params.DNSNames) > maxWorkloadDNSNames {
@@ -329,31 +290,19 @@ func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDPar
 	if err != nil {
 		return nil, fmt.Errorf("ca: workload %s: %w", id, err)
 	}
-	return signLeaf(m, plan, pub, checked)
+	return signLeaf(m, plan, params.PublicKey, checked)
 }
 
-// csrKey is the key of a CSR ParseCSR accepted, once checkCSR accepted
-// what it asks for against the proven id.
-func csrKey(csr *x509.CertificateRequest, id spiffeid.ID) func() (crypto.PublicKey, error) {
-	return func() (crypto.PublicKey, error) {
-		if err := checkCSR(csr, id); err != nil {
-			return nil, err
-		}
-		return csr.PublicKey, nil
+// checkLeafKey checks X509SVIDParams.PublicKey as ParseCSR checks a
+// CSR's key, with the same errors.
+func checkLeafKey(pub crypto.PublicKey) error {
+	if pub == nil {
+		return csrErrorf("no public key")
 	}
-}
-
-// paramsKey is X509SVIDParams.PublicKey, checked as a CSR's key is.
-func paramsKey(pub crypto.PublicKey) func() (crypto.PublicKey, error) {
-	return func() (crypto.PublicKey, error) {
-		if pub == nil {
-			return nil, csrErrorf("no public key")
-		}
-		if err := checkPublicKey(pub); err != nil {
-			return nil, csrErrorf("%w", err)
-		}
-		return pub, nil
+	if err := checkPublicKey(pub); err != nil {
+		return csrErrorf("%w", err)
 	}
+	return nil
 }
 
 // leafPlan is what has been decided about a leaf before its key is looked
@@ -368,8 +317,8 @@ type leafPlan struct {
 }
 
 // planLeaf applies the policy defaults, checks m, id and ttl, and clamps
-// the lifetime to the signing chain, for Sign and the serving certificate
-// alike.
+// the lifetime to the signing chain, for workload leaves and the serving
+// certificate alike.
 func planLeaf(now time.Time, m SigningMaterial, p Policy, id spiffeid.ID, ttl time.Duration) (leafPlan, error) {
 	p, err := p.withDefaults()
 	if err != nil {
@@ -403,7 +352,7 @@ func planLeaf(now time.Time, m SigningMaterial, p Policy, id spiffeid.ID, ttl ti
 
 // signLeaf signs the leaf planned for pub, which the caller has checked
 // (checkPublicKey), with dnsNames that checkDNSNames accepted: the
-// serving certificate's, or those SignWithDNSNames was given.
+// serving certificate's, or a workload's X509SVIDParams.DNSNames.
 func signLeaf(m SigningMaterial, plan leafPlan, pub crypto.PublicKey, dnsNames []string) (*Issued, error) {
 	serial, err := newSerial()
 	if err != nil {
@@ -628,7 +577,8 @@ func checkID(id spiffeid.ID, td spiffeid.TrustDomain) (*url.URL, error) {
 	return uri, nil
 }
 
-// checkCSR judges what the CSR asks for against the proven id.
+// checkCSR judges what a CSR asks for against the proven id: the
+// intermediate path's edge (SignIntermediate).
 func checkCSR(csr *x509.CertificateRequest, id spiffeid.ID) error {
 	if csr == nil {
 		return csrErrorf("no CSR")
@@ -684,7 +634,7 @@ func newSerial() (*big.Int, error) {
 // the subjectPublicKey BIT STRING), so that leaf and CA identifiers agree in
 // kind. The BIT STRING contents are built per key type, as x509 encodes
 // them, rather than by marshalling and re-parsing a whole SPKI: that round
-// trip was a measurable part of Sign's cost.
+// trip was a measurable part of signing's cost.
 func subjectKeyID(pub crypto.PublicKey) ([]byte, error) {
 	var bits []byte
 	switch k := pub.(type) {
@@ -705,7 +655,7 @@ func subjectKeyID(pub crypto.PublicKey) ([]byte, error) {
 	return sum[:20], nil
 }
 
-// Limits on Sign's extra extensions.
+// Limits on a leaf's extra extensions (X509SVIDParams.Extensions).
 const (
 	maxExtraExtensions    = 4
 	maxExtraExtensionSize = 2 << 10
@@ -715,7 +665,7 @@ const (
 // their own extensions.
 var privateEnterpriseArc = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1}
 
-// checkExtraExtensions keeps Sign's extra extensions to what they are for:
+// checkExtraExtensions keeps a leaf's extra extensions to what they are for:
 // a few small, non-critical private extensions. x509.CreateCertificate
 // lets an extra extension replace one it builds from the template (the
 // SAN, key usages, basic constraints), and a critical one would make

@@ -37,7 +37,7 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 		return nil, fmt.Errorf("ca: %w: intermediate TTL %s is negative", ErrInvalidTTL, ttl)
 	}
 	if ttl == 0 {
-		ttl = DefaultUpstreamTTL
+		ttl = defaultUpstreamTTL
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()

@@ -35,7 +35,7 @@ const (
 // Store reads and writes CA state under a data directory.
 type Store struct {
 	dir string // <data-dir>/ca
-	// saveErr, set by tests, makes Save fail as a full disk would.
+	// saveErr, set by tests, makes saveJournal fail as a full disk would.
 	saveErr error
 }
 
@@ -221,7 +221,7 @@ func readPrivateKeyFile(path, what string) ([]byte, error) {
 const maxKeyFile = 64 << 10
 
 // writeJWTKeyOnce writes k's private key (0600) unless its file exists.
-// It must be followed by Save of a journal naming the key; until then the
+// It must be followed by saveJournal of a journal naming the key; until then the
 // file is a leftover.
 func (s *Store) writeJWTKeyOnce(k *castate.JWTKey) error {
 	if k.KeyRef != "" || fileExists(s.jwtKeyPath(k.KID)) {
@@ -241,7 +241,7 @@ func (s *Store) writeJWTKeyOnce(k *castate.JWTKey) error {
 }
 
 // writeRoot writes a new root's key (0600) and certificate. It must be
-// followed by Save of a journal naming the root; until then the files are
+// followed by saveJournal of a journal naming the root; until then the files are
 // leftovers. A nil key writes only the certificate: the root's key is in
 // a key manager (RootRecord.KeyRef).
 func (s *Store) writeRoot(cert *x509.Certificate, key crypto.Signer) (string, error) {
@@ -275,13 +275,13 @@ func (s *Store) removeRootFiles(id string) error {
 	return nil
 }
 
-// Save writes the journal atomically.
-func (s *Store) Save(j *castate.Journal) error {
+// saveJournal writes the journal atomically.
+func (s *Store) saveJournal(j *castate.Journal) error {
 	_, err := s.save(j)
 	return err
 }
 
-// save is Save, returning the bytes written.
+// save is saveJournal, returning the bytes written.
 func (s *Store) save(j *castate.Journal) ([]byte, error) {
 	if s.saveErr != nil {
 		return nil, s.wrap(s.saveErr)

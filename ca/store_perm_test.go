@@ -27,7 +27,7 @@ func TestStoreRefusesAWritableStateDir(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.writeRoot(cert, key)
 	assert.ErrorIs(t, err, securedir.ErrInsecure)
-	assert.ErrorIs(t, s.Save(&castate.Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
+	assert.ErrorIs(t, s.saveJournal(&castate.Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
 	unlock, err := s.Lock(true)
 	if err == nil {
 		unlock()

@@ -27,7 +27,7 @@ func storeWithRoot(t *testing.T) (*Store, *castate.Journal, string) {
 	id, err := s.writeRoot(cert, key)
 	require.NoError(t, err)
 	j := &castate.Journal{TrustDomain: "example.org", Sequence: 1, Roots: []castate.RootRecord{{ID: id, State: castate.StateActive, CertSHA256: fingerprint(cert), PreparedAt: t0}}}
-	require.NoError(t, s.Save(j))
+	require.NoError(t, s.saveJournal(j))
 	return s, j, id
 }
 
@@ -77,7 +77,7 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 		}, `unknown field "surprise"`},
 		{"other trust domain", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.TrustDomain = "other.org"
-			require.NoError(t, s.Save(j))
+			require.NoError(t, s.saveJournal(j))
 		}, `belongs to trust domain "other.org", not "example.org"`},
 		{"future format", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			writeJSON(t, s.journalPath(), map[string]any{"format": 2, "trust_domain": "example.org"})
@@ -111,15 +111,15 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 			id2, err := s.writeRoot(cert, key)
 			require.NoError(t, err)
 			j.Roots = append(j.Roots, castate.RootRecord{ID: id2, State: castate.StateActive, CertSHA256: fingerprint(cert)})
-			require.NoError(t, s.Save(j))
+			require.NoError(t, s.saveJournal(j))
 		}, "2 active roots"},
 		{"path in id", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.Roots[0].ID = "../../etc/passwd"
-			require.NoError(t, s.Save(j))
+			require.NoError(t, s.saveJournal(j))
 		}, "unsafe or duplicate id"},
 		{"unknown state", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.Roots[0].State = "zombie"
-			require.NoError(t, s.Save(j))
+			require.NoError(t, s.saveJournal(j))
 		}, `unknown state "zombie"`},
 	}
 	for _, tt := range tests {

@@ -94,8 +94,19 @@ func checkUpstreamShape(upstream string, c *UpstreamChain) error {
 	return nil
 }
 
-// checkIntermediateCert checks the certificate signed for our request.
+// checkIntermediateCert checks the certificate signed for our request:
+// what it is for, then when.
 func checkIntermediateCert(now time.Time, td spiffeid.TrustDomain, pub crypto.PublicKey, upstream string, c *x509.Certificate) error {
+	if err := checkIntermediateRole(td, pub, upstream, c); err != nil {
+		return err
+	}
+	return checkIntermediateValidity(now, upstream, c)
+}
+
+// checkIntermediateRole checks that c certifies our key as a signing
+// certificate of td: a CA asserting keyCertSign that names nothing but
+// td's ID.
+func checkIntermediateRole(td spiffeid.TrustDomain, pub crypto.PublicKey, upstream string, c *x509.Certificate) error {
 	switch {
 	case !publicKeysMatch(pub, c.PublicKey):
 		return upstreamErrorf(upstream, "certificate %s is not for the key of our request", describe(c))
@@ -107,6 +118,15 @@ func checkIntermediateCert(now time.Time, td spiffeid.TrustDomain, pub crypto.Pu
 		return upstreamErrorf(upstream, "certificate %s carries DNS, email or IP names; a signing certificate carries none", describe(c))
 	case len(c.URIs) > 1 || len(c.URIs) == 1 && c.URIs[0].String() != td.ID().String():
 		return upstreamErrorf(upstream, "certificate %s names %v; a signing certificate of %s may name only %s", describe(c), c.URIs, td, td.ID())
+	}
+	return nil
+}
+
+// checkIntermediateValidity checks c's validity: current at now, with
+// enough life left to sign anything, not implausibly long, and a serial
+// number the state can name it by.
+func checkIntermediateValidity(now time.Time, upstream string, c *x509.Certificate) error {
+	switch {
 	case now.Before(c.NotBefore) || now.After(c.NotAfter):
 		return upstreamErrorf(upstream, "certificate %s is not valid now (%s to %s)", describe(c),
 			c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))

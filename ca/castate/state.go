@@ -35,6 +35,25 @@ type Journal struct {
 	Events      []JournalNote      `json:"events,omitempty"`
 }
 
+// UsesKeyManager says whether j names a root or JWT key whose private key
+// is in a key manager rather than in the state.
+func (j *Journal) UsesKeyManager() bool {
+	if j == nil {
+		return false
+	}
+	for _, r := range j.Roots {
+		if r.KeyRef != "" {
+			return true
+		}
+	}
+	for _, k := range j.JWTKeys {
+		if k.KeyRef != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // Clone deep-copies the journal.
 func (j *Journal) Clone() *Journal {
 	c := *j
@@ -167,7 +186,7 @@ type UpstreamRecord struct {
 }
 
 // JWTKeyRecord is one JWT-SVID signing key in the journal. Its lifecycle
-// is a root's (RootState, the same Timeline): prepared and published
+// is a root's (RootState, the same timeline): prepared and published
 // first, active (the one that signs), retired and still published until
 // every JWT-SVID it signed has expired.
 type JWTKeyRecord struct {

@@ -5,9 +5,6 @@
 package catest
 
 import (
-	"crypto/rand"
-	"crypto/x509"
-	"net/url"
 	"testing"
 	"time"
 
@@ -26,11 +23,7 @@ import (
 // issued.
 func SignLeaf(tb testing.TB, a *ca.Authority, id spiffeid.ID, now time.Time) *ca.Issued {
 	tb.Helper()
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, testca.NewKey(tb, testca.ECP256))
-	require.NoError(tb, err)
-	csr, err := ca.ParseCSR(der)
-	require.NoError(tb, err)
-	issued, err := a.Sign(csr, id, 0)
+	issued, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: testca.NewKey(tb, testca.ECP256).Public(), SPIFFEID: id})
 	require.NoError(tb, err)
 	raw := make([][]byte, 0, len(issued.Chain))
 	for _, c := range issued.Chain[:len(issued.Chain)-len(issued.Roots)] {

@@ -162,7 +162,7 @@ func newBenchFixture(b *testing.B) *benchFixture {
 		cfg.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil)) // the production handler, without the buffer
 		// As cmd/trustbridge wires it: the roots source hands out one
 		// bundle per CA publication, so verified chains are cached.
-		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, ca.NewLocalRoots(a), nil)}
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, a, nil)}
 	})
 	key, err := ca.GenerateKey(ca.KeyECP256)
 	if err != nil {
@@ -182,7 +182,7 @@ func (bf *benchFixture) sign() error {
 	if err != nil {
 		return err
 	}
-	_, err = bf.f.authority.Sign(csr, workloadID, time.Hour)
+	_, err = bf.f.authority.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: workloadID, TTL: time.Hour})
 	return err
 }
 

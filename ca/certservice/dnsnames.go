@@ -2,23 +2,13 @@ package certservice
 
 import (
 	"context"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"log/slog"
-	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
-
-// DNSSigner is a Signer that also puts DNS SANs the server decided beside
-// the SPIFFE ID (Config.WorkloadDNSNames). *ca.Authority implements it.
-type DNSSigner interface {
-	SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*ca.Issued, error)
-}
 
 // Results of trustbridge_certservice_workload_dns_names_total.
 const (
@@ -62,13 +52,4 @@ func (s *Service) workloadDNSNames(ctx context.Context, ident authn.Identity, id
 		s.metrics.dnsNames.WithLabelValues(dnsNamesAdded).Inc()
 	}
 	return names
-}
-
-// sign has the certificate signed, with dnsNames when there are any.
-func (s *Service) sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra []pkix.Extension) (*ca.Issued, error) {
-	if len(dnsNames) == 0 {
-		return s.cfg.Signer.Sign(csr, id, ttl, extra...)
-	}
-	// New made sure the Signer is a DNSSigner when names are configured.
-	return s.cfg.Signer.(DNSSigner).SignWithDNSNames(csr, id, ttl, dnsNames, extra...)
 }

@@ -6,12 +6,10 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -257,19 +255,6 @@ func TestWorkloadDNSNamesOff(t *testing.T) {
 	cert, err := request(t, f.client(t, nil, kubeToken))
 	require.NoError(t, err)
 	assert.Empty(t, checkLeaf(t, f, cert, workloadID))
-}
-
-func TestWorkloadDNSNamesNeedADNSSigner(t *testing.T) {
-	tmpl, err := workloaddns.Parse(dnsTemplate, td)
-	require.NoError(t, err)
-	_, err = certservice.New(certservice.Config{
-		Signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
-			return nil, nil
-		}),
-		Authenticator:    dnsTokens,
-		WorkloadDNSNames: tmpl,
-	})
-	assert.ErrorContains(t, err, "no DNSSigner")
 }
 
 func mustCSR(t *testing.T, key crypto.Signer, tmpl *x509.CertificateRequest) []byte {

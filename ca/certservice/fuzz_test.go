@@ -74,7 +74,7 @@ func FuzzCreateCertificate(f *testing.F) {
 		if id != workloadID {
 			t.Fatalf("issued %s, proven %s", id, workloadID)
 		}
-		if validity < 0 || validity > int64(ca.DefaultMaxWorkloadTTL/time.Second) {
+		if validity < 0 || validity > int64(ca.DefaultConfig().MaxWorkloadTTL/time.Second) {
 			t.Fatalf("validity %d accepted", validity)
 		}
 	})

@@ -96,9 +96,7 @@ func grantedSVID(t *testing.T, a *ca.Authority, id spiffeid.ID, ext pkix.Extensi
 	t.Helper()
 	key, err := ca.GenerateKey(ca.KeyECP256)
 	require.NoError(t, err)
-	csr, err := ca.ParseCSR([]byte(newCSR(t, key)))
-	require.NoError(t, err)
-	issued, err := a.Sign(csr, id, time.Hour, ext)
+	issued, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, TTL: time.Hour, Extensions: []pkix.Extension{ext}})
 	require.NoError(t, err)
 	return tlsCert(issued.Leaf, key)
 }

@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
@@ -68,15 +67,9 @@ type countingSigner struct {
 	calls atomic.Int64
 }
 
-func (c *countingSigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
+func (c *countingSigner) SignX509SVID(p ca.X509SVIDParams) (*ca.Issued, error) {
 	c.calls.Add(1)
-	return c.next.Sign(csr, id, ttl, extra...)
-}
-
-// SignWithDNSNames counts too; next must be a DNSSigner.
-func (c *countingSigner) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*ca.Issued, error) {
-	c.calls.Add(1)
-	return c.next.(certservice.DNSSigner).SignWithDNSNames(csr, id, ttl, dnsNames, extra...)
+	return c.next.SignX509SVID(p)
 }
 
 // fixture is a certificate service on loopback with TLS, backed by a real
@@ -207,9 +200,7 @@ func svid(tb testing.TB, a *ca.Authority, id spiffeid.ID) *tls.Certificate {
 	tb.Helper()
 	key, err := ca.GenerateKey(ca.KeyECP256)
 	require.NoError(tb, err)
-	csr, err := ca.ParseCSR([]byte(newCSR(tb, key, id.String())))
-	require.NoError(tb, err)
-	issued, err := a.Sign(csr, id, time.Hour)
+	issued, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, TTL: time.Hour})
 	require.NoError(tb, err)
 	cert := &tls.Certificate{PrivateKey: key, Leaf: issued.Leaf}
 	for _, c := range issued.Chain[:len(issued.Chain)-len(issued.Roots)] {

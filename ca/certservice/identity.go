@@ -122,16 +122,11 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref := checkCredentialLeft(credExp, now); ref != nil {
 		return nil, ident, ref
 	}
-	if !s.allow(ident.ID, ident.ID) {
-		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
-			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
+	release, ref := s.admission.admit(ident.ID)
+	if ref != nil {
+		return nil, ident, ref
 	}
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return nil, ident, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
-	}
-	defer func() { <-s.slots }()
+	defer release()
 
 	// The subject is the identity the caller proved; nothing in the
 	// request can name another.

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509/pkix"
 	"fmt"
 	"math"
 	"strings"
@@ -244,9 +245,7 @@ func TestMintJWTSVIDRevokedGrant(t *testing.T) {
 	require.NoError(t, err)
 	key, err := ca.GenerateKey(ca.KeyECP256)
 	require.NoError(t, err)
-	csr, err := ca.ParseCSR([]byte(newCSR(t, key)))
-	require.NoError(t, err)
-	issued, err := f.authority.Sign(csr, workloadID, time.Hour, marker)
+	issued, err := f.authority.SignX509SVID(ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: workloadID, TTL: time.Hour, Extensions: []pkix.Extension{marker}})
 	require.NoError(t, err)
 	c := f.identityClient(t, tlsCert(issued.Leaf, key), "")
 	_, err = c.MintJWTSVID(context.Background(), &identityapi.MintJWTSVIDRequest{Audience: []string{"a"}})

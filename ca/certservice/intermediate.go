@@ -78,16 +78,11 @@ func (s *Service) signIntermediate(ctx context.Context, r authn.Request, req *id
 	if ref != nil {
 		return nil, ident, ref
 	}
-	if !s.allow(ident.ID, ident.ID) {
-		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
-			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
+	release, ref := s.admission.admit(ident.ID)
+	if ref != nil {
+		return nil, ident, ref
 	}
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return nil, ident, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
-	}
-	defer func() { <-s.slots }()
+	defer release()
 	chain, err := s.cfg.Intermediates.SignIntermediate(csr, ttl)
 	if err == nil && (chain == nil || len(chain.Chain) == 0 || len(chain.Roots) == 0) {
 		err = errors.New("signer returned no intermediate or no roots")

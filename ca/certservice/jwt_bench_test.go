@@ -108,7 +108,7 @@ func newJWTBenchFixture(b *testing.B) *jwtBenchFixture {
 		cfg.JWT = signer
 		cfg.QueueSize = 1024
 		cfg.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil)) // the production handler, without the buffer
-		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, ca.NewLocalRoots(a), nil)}
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, a, nil)}
 	})
 	return &jwtBenchFixture{f: f, signer: signer, req: &identityapi.MintJWTSVIDRequest{Audience: []string{"https://api.example.com"}}}
 }

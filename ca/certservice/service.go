@@ -27,7 +27,6 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
-	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/loglimit"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
@@ -48,19 +47,20 @@ const (
 	faultLogEvery = 10 * time.Second
 )
 
-// Signer issues a certificate for id, an identity the caller proved, to the
-// key in csr (from ca.ParseCSR), with extra private extensions in the leaf
+// Signer issues an X509-SVID from params: the key of the CSR the service
+// parsed and judged, the identity the caller proved, the lifetime, the
+// workload DNS names (Config.WorkloadDNSNames) and private extensions
 // (the grant record). *ca.Authority implements it.
 type Signer interface {
-	Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error)
+	SignX509SVID(params ca.X509SVIDParams) (*ca.Issued, error)
 }
 
 // SignerFunc adapts a function to Signer.
-type SignerFunc func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error)
+type SignerFunc func(params ca.X509SVIDParams) (*ca.Issued, error)
 
-// Sign calls f.
-func (f SignerFunc) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
-	return f(csr, id, ttl, extra...)
+// SignX509SVID calls f.
+func (f SignerFunc) SignX509SVID(params ca.X509SVIDParams) (*ca.Issued, error) {
+	return f(params)
 }
 
 // Impersonator decides whether caller may obtain a certificate for target,
@@ -108,9 +108,9 @@ type Config struct {
 	// WorkloadDNSNames, when set, gives the certificates of Kubernetes
 	// identities (a kubernetes-jwt or kubernetes-issuer grant, on a first
 	// issuance or a renewal) a DNS SAN from this template beside the
-	// SPIFFE ID (--workload-dns-name-template); Signer must then be a
-	// DNSSigner. Nil: no DNS names. A CSR asking for DNS names is refused
-	// either way.
+	// SPIFFE ID (--workload-dns-name-template), which the Signer receives
+	// in X509SVIDParams.DNSNames. Nil: no DNS names. A CSR asking for DNS
+	// names is refused either way.
 	WorkloadDNSNames *workloaddns.Template
 	// MaxRenewalLifetime, when positive, refuses a renewal whose chain was
 	// first granted longer ago than this, so every chain has to go back to
@@ -171,11 +171,10 @@ type Config struct {
 type Service struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
 
-	cfg     Config
-	slots   chan struct{}
-	limits  *keyedrate.Limiters // nil when off
-	metrics *metrics
-	policy  *authn.GrantPolicy
+	cfg       Config
+	admission *admission
+	metrics   *metrics
+	policy    *authn.GrantPolicy
 	// rootsElems are cert_chain's roots elements (rootsElement).
 	rootsElems trustCache[string]
 	// refuseLog bounds the "certificate request refused" lines of
@@ -211,16 +210,13 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, slots: make(chan struct{}, cfg.QueueSize), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
+	s := &Service{cfg: cfg, admission: newAdmission(cfg), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
 	s.maxWatchMessage.Store(MaxBundleMessageSize)
 	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
 	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
-	if cfg.RateLimit > 0 {
-		s.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
-	}
 	return s, nil
 }
 
@@ -243,9 +239,6 @@ func (cfg Config) validate() error {
 	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
 		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
 			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
-	}
-	if _, ok := cfg.Signer.(DNSSigner); cfg.WorkloadDNSNames != nil && !ok {
-		return fmt.Errorf("certservice: workload DNS names need a signer that adds DNS names (%T is no DNSSigner)", cfg.Signer)
 	}
 	if cfg.MergedRoots && cfg.Bundles == nil {
 		return errors.New("certservice: merged roots need the trust of every trust domain (Bundles)")
@@ -425,91 +418,136 @@ func (s *Service) authenticate(ctx context.Context, r authn.Request, auth authn.
 	return ident, nil
 }
 
+// create is CreateCertificate for the caller r: authenticate, decide the
+// certificate (certificatePlan), take a signing slot, judge the CSR, sign,
+// spend a single-use credential, answer.
 func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
 	ident, ref := s.authenticate(ctx, r, s.cfg.Authenticator)
 	if ref != nil {
 		return nil, ident, ref
 	}
-	id := ident.ID
-	if impersonates(req) {
-		target, ref := s.impersonation(ctx, ident, req)
-		if ref != nil {
-			return nil, ident, ref
-		}
-		id = target
-	}
-	if !s.allow(ident.ID, id) {
-		return nil, ident, &refusal{codes.ResourceExhausted, "rate_limited",
-			fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
-	}
-	grantExt, grant, hasGrant, ref := s.grantFor(ctx, ident, r.Peer)
+	p, ref := s.planCertificate(ctx, r, ident, req)
 	if ref != nil {
 		return nil, ident, ref
 	}
-	ttl, ref := validity("validity_duration", req.GetValidityDuration())
-	if ref != nil {
-		return nil, ident, ref
-	}
-	if ttl, ref = s.boundTTL(ttl, id, grant, hasGrant); ref != nil {
-		return nil, ident, ref
-	}
-
 	// Parsing checks the CSR's signature, which costs about as much as
 	// signing, so it takes a slot as well.
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return nil, ident, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
+	release, ref := s.admission.acquire()
+	if ref != nil {
+		return nil, ident, ref
 	}
-	defer func() { <-s.slots }()
+	defer release()
 	if err := ctx.Err(); err != nil {
 		return nil, ident, &refusal{status.FromContextError(err).Code(), "canceled", "request canceled", nil}
 	}
-
-	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
-	if err != nil {
-		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
+	csr, ref := parseCertificateCSR(req, p.id)
+	if ref != nil {
+		return nil, ident, ref
 	}
-	// Judged here, before the signer sees the CSR: a request for another
-	// identity must leave no trace but the refusal.
-	if err := checkRequestedID(csr, id); err != nil {
-		return nil, ident, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
-	}
-	if msg := otherNames(csr); msg != "" {
-		return nil, ident, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
-	}
-
-	var extra []pkix.Extension
-	if hasGrant {
-		extra = append(extra, grantExt)
-	}
-	dnsNames := s.workloadDNSNames(ctx, ident, id, grant, hasGrant, r.Peer)
-	start := s.cfg.Clock.Now()
-	issued, err := s.sign(csr, id, ttl, dnsNames, extra)
-	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
-	if err != nil {
-		return nil, ident, signRefusal(err)
-	}
-	if issued == nil || issued.Leaf == nil || len(issued.Chain) == 0 || issued.Chain[0] != issued.Leaf {
-		return nil, ident, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
+	issued, dnsNames, ref := s.signCertificate(ctx, r, ident, p, csr)
+	if ref != nil {
+		return nil, ident, ref
 	}
 	if ref := spend(ctx, ident, issued); ref != nil {
 		return nil, ident, ref
 	}
-	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued, id, s.rootsDecision(ident, id))}
-	attrs := []any{logattr.SPIFFEID, id.String(), "method", ident.Method,
-		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
-	if hasGrant {
-		attrs = append(attrs, grantAttrs(grant)...)
+	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued, p.id, s.rootsDecision(ident, p.id))}
+	s.logIssued(r, ident, p, issued, dnsNames)
+	return resp, ident, nil
+}
+
+// certificatePlan is what CreateCertificate decides before it takes a
+// signing slot: the identity to certify, the lifetime, and the grant the
+// certificate records.
+type certificatePlan struct {
+	id       spiffeid.ID
+	ttl      time.Duration
+	grant    authn.Grant
+	grantExt pkix.Extension
+	hasGrant bool
+}
+
+// planCertificate decides the certificate for the authenticated ident:
+// the identity (its own, or one it may impersonate), charged to its rate
+// limit; the grant it records; the lifetime asked for, bounded by the
+// grant.
+func (s *Service) planCertificate(ctx context.Context, r authn.Request, ident authn.Identity, req *securityv1alpha1.IstioCertificateRequest) (certificatePlan, *refusal) {
+	p := certificatePlan{id: ident.ID}
+	if impersonates(req) {
+		target, ref := s.impersonation(ctx, ident, req)
+		if ref != nil {
+			return p, ref
+		}
+		p.id = target
 	}
-	if id != ident.ID {
+	if ref := s.admission.charge(ident.ID, p.id); ref != nil {
+		return p, ref
+	}
+	var ref *refusal
+	if p.grantExt, p.grant, p.hasGrant, ref = s.grantFor(ctx, ident, r.Peer); ref != nil {
+		return p, ref
+	}
+	if p.ttl, ref = validity("validity_duration", req.GetValidityDuration()); ref != nil {
+		return p, ref
+	}
+	p.ttl, ref = s.boundTTL(p.ttl, p.id, p.grant, p.hasGrant)
+	return p, ref
+}
+
+// parseCertificateCSR parses the request's CSR (its signature and key
+// checked) and judges what it asks for against id, the one place that
+// sees the CSR: the signer gets its key only, and a request for another
+// identity must leave no trace but the refusal.
+func parseCertificateCSR(req *securityv1alpha1.IstioCertificateRequest, id spiffeid.ID) (*x509.CertificateRequest, *refusal) {
+	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
+	if err != nil {
+		return nil, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
+	}
+	if err := checkRequestedID(csr, id); err != nil {
+		return nil, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
+	}
+	if msg := otherNames(csr); msg != "" {
+		return nil, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
+	}
+	return csr, nil
+}
+
+// signCertificate has csr's key signed as p decided, with the grant
+// record and the workload DNS names (returned for the log), timing the
+// signer; it refuses a signer's error or a result without the leaf
+// first in its chain.
+func (s *Service) signCertificate(ctx context.Context, r authn.Request, ident authn.Identity, p certificatePlan, csr *x509.CertificateRequest) (*ca.Issued, []string, *refusal) {
+	var extra []pkix.Extension
+	if p.hasGrant {
+		extra = append(extra, p.grantExt)
+	}
+	dnsNames := s.workloadDNSNames(ctx, ident, p.id, p.grant, p.hasGrant, r.Peer)
+	start := s.cfg.Clock.Now()
+	issued, err := s.cfg.Signer.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: p.id, TTL: p.ttl, DNSNames: dnsNames, Extensions: extra})
+	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
+	if err != nil {
+		return nil, nil, signRefusal(err)
+	}
+	if issued == nil || issued.Leaf == nil || len(issued.Chain) == 0 || issued.Chain[0] != issued.Leaf {
+		return nil, nil, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
+	}
+	return issued, dnsNames, nil
+}
+
+// logIssued logs a certificate issued to ident as p decided.
+func (s *Service) logIssued(r authn.Request, ident authn.Identity, p certificatePlan, issued *ca.Issued, dnsNames []string) {
+	attrs := []any{logattr.SPIFFEID, p.id.String(), "method", ident.Method,
+		"serial", issued.Leaf.SerialNumber.Text(16), "not_after", issued.Leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
+	if p.hasGrant {
+		attrs = append(attrs, grantAttrs(p.grant)...)
+	}
+	if p.id != ident.ID {
 		attrs = append(attrs, "impersonated_by", ident.ID.String())
 	}
 	if len(dnsNames) > 0 {
 		attrs = append(attrs, logattr.DNSNames, dnsNames)
 	}
 	s.cfg.Logger.Info("certificate issued", attrs...)
-	return resp, ident, nil
 }
 
 // unauthenticated is the refusal of a caller no authenticator accepted.
@@ -550,21 +588,6 @@ func spend(ctx context.Context, ident authn.Identity, issued *ca.Issued) *refusa
 		return &refusal{codes.Unavailable, "token_ledger_unavailable", "cannot record the bootstrap token as used right now; retry later", err}
 	}
 	return unauthenticated(err)
-}
-
-// allow charges a signing for id to the caller's rate limit. A node proxy
-// impersonating pods is charged once for itself and once per workload it
-// asks for, so it has an overall bound and the workload's own pods elsewhere
-// cannot spend the budget it needs for the pods of its node.
-func (s *Service) allow(caller, id spiffeid.ID) bool {
-	if s.limits == nil {
-		return true
-	}
-	now := s.cfg.Clock.Now()
-	if caller == id {
-		return s.limits.Allow(id.String(), now)
-	}
-	return s.limits.Allow(caller.String(), now) && s.limits.Allow(caller.String()+" for "+id.String(), now)
 }
 
 // impersonation judges a request for another identity: only a caller
@@ -624,8 +647,8 @@ func impersonates(req *securityv1alpha1.IstioCertificateRequest) bool {
 }
 
 // otherNames describes the names other than a SPIFFE ID that the CSR asks
-// for, "" when there are none. The CA refuses them too; judging them here
-// keeps them from any Signer.
+// for, "" when there are none: only the SPIFFE ID the caller proved, and
+// the DNS names the server decides, go in the certificate.
 func otherNames(csr *x509.CertificateRequest) string {
 	switch {
 	case len(csr.DNSNames) > 0:

@@ -3,7 +3,6 @@ package certservice_test
 import (
 	"context"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"math"
@@ -284,21 +283,21 @@ func TestCreateCertificateServerFaults(t *testing.T) {
 	}{
 		{
 			name: "signing material",
-			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
+			signer: certservice.SignerFunc(func(ca.X509SVIDParams) (*ca.Issued, error) {
 				return nil, ca.ErrInvalidSigningMaterial
 			}),
 			code: codes.Unavailable, msg: "the CA cannot sign right now",
 		},
 		{
 			name: "internal",
-			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
+			signer: certservice.SignerFunc(func(ca.X509SVIDParams) (*ca.Issued, error) {
 				return nil, errSecret
 			}),
 			code: codes.Internal, msg: "internal error",
 		},
 		{
 			name: "signer returns nothing",
-			signer: certservice.SignerFunc(func(*x509.CertificateRequest, spiffeid.ID, time.Duration, ...pkix.Extension) (*ca.Issued, error) {
+			signer: certservice.SignerFunc(func(ca.X509SVIDParams) (*ca.Issued, error) {
 				return &ca.Issued{}, nil
 			}),
 			code: codes.Internal, msg: "internal error",
@@ -534,10 +533,10 @@ func TestCreateCertificateQueueFull(t *testing.T) {
 	release := make(chan struct{})
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
 		cfg.QueueSize = 1
-		cfg.Signer = certservice.SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
+		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
 			entered <- struct{}{}
 			<-release
-			return a.Sign(csr, id, ttl, extra...)
+			return a.SignX509SVID(p)
 		})
 	})
 	c := f.client(t, svid(t, f.authority, workloadID), "")

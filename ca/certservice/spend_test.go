@@ -2,18 +2,14 @@ package certservice_test
 
 import (
 	"context"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,11 +94,11 @@ func TestCreateCertificateSingleUseTokenSignerFails(t *testing.T) {
 	fail.Store(true)
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
 		singleUseAuth(t, authn.NewMemoryLedger())(cfg, a)
-		cfg.Signer = certservice.SignerFunc(func(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
+		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
 			if fail.Load() {
 				return nil, ca.ErrInvalidSigningMaterial
 			}
-			return a.Sign(csr, id, ttl, extra...)
+			return a.SignX509SVID(p)
 		})
 	})
 	c := f.client(t, nil, bootstrapToken)
@@ -122,12 +118,12 @@ type gateSigner struct {
 	open    chan struct{}
 }
 
-func (g *gateSigner) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, extra ...pkix.Extension) (*ca.Issued, error) {
+func (g *gateSigner) SignX509SVID(p ca.X509SVIDParams) (*ca.Issued, error) {
 	if g.arrived.Add(1) == g.n {
 		close(g.open)
 	}
 	<-g.open
-	return g.next.Sign(csr, id, ttl, extra...)
+	return g.next.SignX509SVID(p)
 }
 
 // TestCreateCertificateSingleUseTokenRace: concurrent requests with one

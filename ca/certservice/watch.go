@@ -91,7 +91,7 @@ func (s *Service) openWatch(ctx context.Context, r authn.Request) (authn.Identit
 	if ref != nil {
 		return ident, nil, ref
 	}
-	if !s.allow(ident.ID, ident.ID) {
+	if !s.admission.allow(ident.ID, ident.ID) {
 		return ident, nil, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
 	}

@@ -14,5 +14,5 @@
 //
 //	store, err := kubestore.New(kubestore.Config{Client: cs, Namespace: ns, Leader: elector})
 //	a, err := ca.New(ca.Config{TrustDomain: td, Backend: store, Leader: elector})
-//	go store.Watch(ctx, a.Kick) // followers reload as soon as the leader writes
+//	go store.Watch(ctx, a.Recheck) // followers reload as soon as the leader writes
 package kubestore

@@ -103,7 +103,7 @@ func TestKeyRefSecretRestart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a.Roots()[0].ID, b.Roots()[0].ID)
 	id := spiffeid.RequireFromPath(td, "/w")
-	_, err = b.Sign(workloadCSR(t, id), id, 0)
+	_, err = b.SignX509SVID(ca.X509SVIDParams{PublicKey: workloadCSR(t, id).PublicKey, SPIFFEID: id})
 	require.NoError(t, err)
 	_, _, err = b.SignJWT(id, []string{"aud"}, 0)
 	require.NoError(t, err)

@@ -359,7 +359,7 @@ func (s *Store) commit(ctx context.Context, base string, data map[string][]byte)
 
 // Watch calls onChange whenever the Secret is created, changed or
 // deleted, and once when the watch starts, until ctx is done. Followers
-// pass their Authority's Kick, so they reload as soon as the leader
+// pass their Authority's Recheck, so they reload as soon as the leader
 // writes. The watch's cache keeps no key material: only metadata.
 func (s *Store) Watch(ctx context.Context, onChange func()) error {
 	sel := fields.OneTermEqualSelector("metadata.name", s.cfg.Name).String()

@@ -308,7 +308,7 @@ func TestFollowerReloadsThroughTheWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
 	go func() { done <- follower.Run(ctx) }()
-	go func() { done <- fs.Watch(ctx, follower.Kick) }()
+	go func() { done <- fs.Watch(ctx, follower.Recheck) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)
@@ -320,7 +320,7 @@ func TestFollowerReloadsThroughTheWatch(t *testing.T) {
 	assert.True(t, leaderAuth.Bundle().Equal(follower.Bundle()))
 
 	id := spiffeid.RequireFromPath(td, "/w")
-	res, err := follower.Sign(workloadCSR(t, id), id, 0)
+	res, err := follower.SignX509SVID(ca.X509SVIDParams{PublicKey: workloadCSR(t, id).PublicKey, SPIFFEID: id})
 	require.NoError(t, err)
 	assert.True(t, res.Chain[len(res.Chain)-1].Equal(leaderAuth.Roots()[0].Cert) ||
 		res.Leaf.Issuer.String() == leaderAuth.Roots()[0].Cert.Subject.String(), "signed with the leader's active root")

@@ -36,7 +36,7 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 	if t.leader != nil && !t.leader() {
 		// A follower records nothing; a new leader starts from a clean
 		// slate, so a failure that began before it led is written when
-		// it takes the lead (Nudge), and no recovery comes without its
+		// it takes the lead (Recheck), and no recovery comes without its
 		// failure.
 		t.health = healthSeen{}
 		return nil

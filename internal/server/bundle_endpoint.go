@@ -103,7 +103,7 @@ func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, dataDir string
 			GetCertificate: getCert, NextProtos: nextProtos, Logger: logger, Registerer: reg,
 			Timeouts: bundleserver.Timeouts{Idle: o.IdleTimeout},
 		},
-		Changes:          []<-chan struct{}{authority.Changes()},
+		Changes:          []<-chan struct{}{authority.Subscribe()},
 		Files:            o.Files,
 		FilePollInterval: filePollInterval,
 	}

@@ -18,10 +18,10 @@ type JWTKeyConfig struct {
 }
 
 func addJWTKeyFlags(f *pflag.FlagSet, o *JWTKeyConfig) {
-	f.StringVar(&o.keyType, "jwt-key-type", string(ca.DefaultJWTKeyType), "algorithm of new JWT-SVID signing keys: ES256, ES384, RS256 (RSA 3072)")
-	f.DurationVar(&o.keyTTL, "jwt-key-ttl", ca.DefaultJWTKeyTTL, "lifetime of new JWT-SVID signing keys; a successor is published at half of it and signs 5 refresh hints later; half of it must cover 5 refresh hints plus --max-jwt-svid-ttl")
+	f.StringVar(&o.keyType, "jwt-key-type", string(ca.DefaultConfig().JWTKeyType), "algorithm of new JWT-SVID signing keys: ES256, ES384, RS256 (RSA 3072)")
+	f.DurationVar(&o.keyTTL, "jwt-key-ttl", ca.DefaultConfig().JWTKeyTTL, "lifetime of new JWT-SVID signing keys; a successor is published at half of it and signs 5 refresh hints later; half of it must cover 5 refresh hints plus --max-jwt-svid-ttl")
 	f.DurationVar(&o.svidTTL, "jwt-svid-ttl", 0, "lifetime of a JWT-SVID asked for without one (default 5m, or --max-jwt-svid-ttl if lower)")
-	f.DurationVar(&o.maxSVIDTTL, "max-jwt-svid-ttl", ca.DefaultMaxJWTSVIDTTL, "longest lifetime of a JWT-SVID; longer requests are cut to it, and a retired signing key stays published this long (the largest ever used)")
+	f.DurationVar(&o.maxSVIDTTL, "max-jwt-svid-ttl", ca.DefaultConfig().MaxJWTSVIDTTL, "longest lifetime of a JWT-SVID; longer requests are cut to it, and a retired signing key stays published this long (the largest ever used)")
 }
 
 // check finds what ca.New would refuse, named by flag. Zero values take

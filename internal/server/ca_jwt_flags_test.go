@@ -11,7 +11,7 @@ import (
 )
 
 func TestJWTKeyFlags(t *testing.T) {
-	ok := JWTKeyConfig{keyType: "ES256", keyTTL: ca.DefaultJWTKeyTTL, maxSVIDTTL: time.Hour}
+	ok := JWTKeyConfig{keyType: "ES256", keyTTL: ca.DefaultConfig().JWTKeyTTL, maxSVIDTTL: time.Hour}
 	tests := []struct {
 		name string
 		edit func(o *JWTKeyConfig)

@@ -476,7 +476,7 @@ func (g *grpcEndpoint) authenticators(o GRPCConfig, td spiffeid.TrustDomain, aut
 	// Only a leaf our CA signed carries a grant we wrote: a downstream's
 	// intermediate (or the upstream) verifies against the same roots and
 	// could write any grant into a leaf of any identity.
-	svid := authn.NewX509SVID(td, ca.NewLocalRoots(authority), nil,
+	svid := authn.NewX509SVID(td, authority, nil,
 		authn.WithMaxVerifications(lim.verifyPerPeer, lim.verifyMax),
 		authn.WithOwnIssuers(authority.IssuedHere),
 		authn.WithLogger(logger.With(logattr.Component, "x509-svid")))

@@ -217,7 +217,7 @@ func (k *kubeSetup) start(ctx context.Context, a *ca.Authority, logger *slog.Log
 		CA: a, WatchCA: k.caStore.Watch, Elector: k.elector,
 		State: k.namespace + "/" + k.o.CASecret, Logger: logger,
 	})
-	k.replica, k.nudgeCA = r, a.Nudge
+	k.replica, k.nudgeCA = r, a.Recheck
 	return r, err
 }
 

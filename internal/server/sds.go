@@ -74,8 +74,8 @@ func effectiveWorkloadTTL(workloadTTL, maxTTL time.Duration) time.Duration {
 	if workloadTTL > 0 {
 		return workloadTTL
 	}
-	if maxTTL > 0 && maxTTL < ca.DefaultWorkloadTTL {
+	if maxTTL > 0 && maxTTL < ca.DefaultConfig().WorkloadTTL {
 		return maxTTL
 	}
-	return ca.DefaultWorkloadTTL
+	return ca.DefaultConfig().WorkloadTTL
 }

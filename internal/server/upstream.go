@@ -35,7 +35,7 @@ type UpstreamConfig struct {
 
 func addUpstreamFlags(f *pflag.FlagSet, o *UpstreamConfig) {
 	f.StringVar(&o.Kind, "upstream", upstreamNone, `run as an intermediate CA under an upstream authority: "trustbridge" (another trustbridge's certificate service) or "kube-csr" (the Kubernetes CSR API); empty is a self-signed CA`)
-	f.DurationVar(&o.TTL, "upstream-ttl", ca.DefaultUpstreamTTL, "lifetime of the intermediate asked of the upstream; it is renewed at half its life")
+	f.DurationVar(&o.TTL, "upstream-ttl", ca.DefaultConfig().UpstreamTTL, "lifetime of the intermediate asked of the upstream; it is renewed at half its life")
 	addTrustbridgeUpstreamFlags(f, &o.Trustbridge)
 	addKubeCSRFlags(f, &o.kubeCSR)
 }

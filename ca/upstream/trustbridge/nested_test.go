@@ -59,7 +59,7 @@ func TestNestedTrust(t *testing.T) {
 	csr, err := ca.ParseCSR(der)
 	require.NoError(t, err)
 	workload := spiffeid.RequireFromString("spiffe://corp.example/ns/shop/sa/web")
-	issued, err := region.Sign(csr, workload, time.Hour)
+	issued, err := region.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: workload, TTL: time.Hour})
 	require.NoError(t, err)
 
 	corpBundle := x509bundle.FromX509Authorities(td, corp.Bundle().X509Authorities())

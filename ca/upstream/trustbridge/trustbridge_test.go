@@ -102,7 +102,7 @@ func (u *upstream) writeProvCert(t *testing.T, dir string, id spiffeid.ID) {
 	require.NoError(t, err)
 	csr, err := ca.ParseCSR(der)
 	require.NoError(t, err)
-	issued, err := u.authority.Sign(csr, id, time.Hour)
+	issued, err := u.authority.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: id, TTL: time.Hour})
 	require.NoError(t, err)
 	roots := u.authority.Bundle().X509Authorities()
 	require.NoError(t, caclient.WriteCredentials(dir, key, caclient.LeafChain(issued.Chain), caclient.Trust{TrustDomain: td, Local: roots}))

@@ -11,7 +11,7 @@
 //
 //	el, err := leader.New(leader.Config{Client: cs, Namespace: ns, Registerer: reg})
 //	go el.Run(ctx, func(ctx context.Context) error {
-//		authority.Kick()      // rotate now if due
+//		authority.Recheck()   // rotate now if due
 //		return poller.Run(ctx) // ends the moment leadership is lost
 //	})
 package leader

@@ -11,7 +11,7 @@ import (
 const (
 	// CodeIntermediateShort: the active intermediate ends before the
 	// longest workload certificate it may sign would, so leaves are cut
-	// short (ca.Sign clamps them to its expiry).
+	// short (ca.SignX509SVID clamps them to its expiry).
 	CodeIntermediateShort = "intermediate_expires_before_leaves"
 	// CodeUpstreamUnreachable: the upstream has been failing for longer
 	// than a set fraction of the intermediate's life.

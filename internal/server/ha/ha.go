@@ -25,11 +25,12 @@ import (
 
 // CA is what a replica needs of the certificate authority.
 type CA interface {
-	// Run reloads the shared state when kicked, and rotates roots when
-	// this replica leads.
+	// Run reloads the shared state when asked to recheck, and rotates
+	// roots when this replica leads.
 	Run(ctx context.Context) error
-	// Kick asks Run to look at the shared state now.
-	Kick()
+	// Recheck asks Run to look at the shared state now, and wakes the
+	// subscribers.
+	Recheck()
 	// Ready is nil once the CA can sign.
 	Ready() error
 	// Subscribe signals each change of the CA's state.
@@ -89,7 +90,7 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 		defer close(r.done)
 		r.err = runall.Run(ctx,
 			cfg.CA.Run,
-			func(ctx context.Context) error { return cfg.WatchCA(ctx, cfg.CA.Kick) },
+			func(ctx context.Context) error { return cfg.WatchCA(ctx, cfg.CA.Recheck) },
 			func(ctx context.Context) error { return cfg.Elector.Run(ctx, r.lead) },
 		)
 	}()
@@ -139,7 +140,7 @@ func (r *Replica) lead(ctx context.Context) error {
 	log := r.cfg.Logger.With(logattr.Component, "leader")
 	log.Info("leading: rotating roots, polling federation, distributing roots")
 	// A new leader decides at once on what the old one left.
-	r.cfg.CA.Kick()
+	r.cfg.CA.Recheck()
 	select {
 	case <-r.handed:
 	case <-ctx.Done():

@@ -26,7 +26,7 @@ func newFakeCA() *fakeCA { return &fakeCA{changes: make(chan struct{}, 1)} }
 
 func (c *fakeCA) Run(ctx context.Context) error { <-ctx.Done(); return nil }
 func (c *fakeCA) Subscribe() <-chan struct{}    { return c.changes }
-func (c *fakeCA) Kick() {
+func (c *fakeCA) Recheck() {
 	c.kicks.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -139,7 +139,7 @@ func TestReplicaStartStops(t *testing.T) {
 
 		ca := newFakeCA()
 		ca.canSign = true
-		ca.Kick() // a follower that loaded the leader's state
+		ca.Recheck() // a follower that loaded the leader's state
 		el = &fakeElector{elect: make(chan context.Context)}
 		r, err = Start(t.Context(), Config{CA: ca, WatchCA: watchNothing, Elector: el})
 		require.NoError(t, err)

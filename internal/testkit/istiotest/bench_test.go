@@ -46,7 +46,7 @@ const benchRounds = 3
 // clients in benchRounds rounds, in this process from as many goroutines as
 // there are clients, on the CSR the clients send:
 //   - the baseline (the "in-process parse+sign"): trustbridge's own
-//     ca.ParseCSR and ca.Sign, as ca/certservice's baseline-parse-sign, with
+//     ca.ParseCSR and ca.SignX509SVID, as ca/certservice's baseline-parse-sign, with
 //     an ECDSA P-256 CA key;
 //   - the stdlib baseline, the work any CA must do per request in bare
 //     crypto/x509: decode the PEM CSR, parse it, check its signature (proof
@@ -306,7 +306,7 @@ func (c *baselineCA) signOurs() error {
 	if err != nil {
 		return err
 	}
-	_, err = ca.Sign(time.Now(), c.material, c.policy, csr, c.id, time.Hour)
+	_, err = ca.SignX509SVID(time.Now(), c.material, c.policy, ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: c.id, TTL: time.Hour})
 	return err
 }
 

@@ -1,11 +1,9 @@
 package ca
 
 import (
-	"crypto/rand"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"time"
 
@@ -77,7 +75,7 @@ meanwhile.`,
 	f.StringVar(&o.td, "trust-domain", "", "trust domain of the --ca-dir CA (default: that of --spiffe-id)")
 	f.StringVar(&o.spiffeID, "spiffe-id", "", "SPIFFE ID to issue, e.g. spiffe://example.org/ns/default/sa/web (required)")
 	f.StringVar(&o.credsDir, cli.CredentialsDirFlag, "", "directory to write key.pem (0600), cert-chain.pem and root-cert.pem into (required)")
-	f.DurationVar(&o.ttl, "ttl", ca.DefaultWorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
+	f.DurationVar(&o.ttl, "ttl", ca.DefaultConfig().WorkloadTTL, "certificate lifetime; at most the server's --max-workload-ttl")
 	f.StringVar(&o.keyType, "key-type", string(ca.KeyECP256), "workload key type: ec-p256, ec-p384, rsa-2048, rsa-3072, rsa-4096")
 	return cmd
 }
@@ -105,16 +103,8 @@ func runCAIssue(e cli.Env, o caIssueOptions) error {
 		return err
 	}
 	defer unlock()
-	// The CSR goes through the same parser and signer as any workload's.
-	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
-	if err != nil {
-		return err
-	}
-	csr, err := ca.ParseCSR(csrDER)
-	if err != nil {
-		return err
-	}
-	issued, err := ca.Sign(e.Now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, csr, id, o.ttl)
+	// The key goes through the same signer as any workload's.
+	issued, err := ca.SignX509SVID(e.Now(), m, ca.Policy{TrustDomain: td, DefaultTTL: o.ttl, MaxTTL: maxTTL}, ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id, TTL: o.ttl})
 	if err != nil {
 		return err
 	}
@@ -161,7 +151,7 @@ func loadIssuingMaterial(e cli.Env, o caIssueOptions, id spiffeid.ID, unlockp *f
 			fmt.Fprintln(e.Err, "warning:", w)
 		}
 		m = ca.SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}
-		return td, m, ca.DefaultMaxWorkloadTTL, nil
+		return td, m, ca.DefaultConfig().MaxWorkloadTTL, nil
 	}
 	store := ca.NewStore(o.dataDir)
 	unlock, err := store.Lock(false)
@@ -176,7 +166,7 @@ func loadIssuingMaterial(e cli.Env, o caIssueOptions, id spiffeid.ID, unlockp *f
 	if j == nil {
 		return spiffeid.TrustDomain{}, m, 0, fmt.Errorf("no CA state in %s; start `trustbridge server --data-dir %s` first", store.Dir(), o.dataDir)
 	}
-	if ca.UsesKeyManager(j) {
+	if j.UsesKeyManager() {
 		return spiffeid.TrustDomain{}, m, 0, errors.New("the CA's keys are in a key manager (--key-manager); use trustbridge ca request against the running server")
 	}
 	td, err := spiffeid.TrustDomainFromString(j.TrustDomain)
@@ -189,7 +179,7 @@ func loadIssuingMaterial(e cli.Env, o caIssueOptions, id spiffeid.ID, unlockp *f
 	}
 	// The server's current maximum: the journal also keeps the largest
 	// ever used, which only sets how long retired roots stay published.
-	maxTTL := ca.DefaultMaxWorkloadTTL
+	maxTTL := ca.DefaultConfig().MaxWorkloadTTL
 	if j.Settings != nil && j.Settings.CurrentMaxWorkloadSeconds > 0 {
 		maxTTL = time.Duration(j.Settings.CurrentMaxWorkloadSeconds) * time.Second
 	}
