@@ -17,7 +17,6 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
@@ -283,7 +282,7 @@ func (f *FileCertificate) readFiles() (*webCertFiles, error) {
 }
 
 func readWebCertFile(path string) ([]byte, fs.FileMode, error) {
-	return cappedfile.ReadFile(path, maxWebCertFileSize)
+	return fileutil.ReadFile(path, maxWebCertFileSize)
 }
 
 // parseWebCert builds the served certificate and checks it is a usable

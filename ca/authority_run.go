@@ -8,7 +8,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/schedule"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // Recheck asks for a fresh look now rather than at the next scheduled
@@ -125,7 +125,7 @@ func (a *Authority) Run(ctx context.Context) error {
 		if entry != 0 {
 			c.Remove(entry)
 		}
-		entry = c.Schedule(schedule.Once(a.nextCheck(a.cfg.Clock.Now())), job)
+		entry = c.Schedule(loop.Once(a.nextCheck(a.cfg.Clock.Now())), job)
 	}
 	arm()
 	c.Start()

@@ -22,7 +22,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
@@ -134,7 +133,7 @@ func readPluginFiles(dir string) (*pluginFiles, error) {
 // readPluginFile follows symlinks on purpose: Kubernetes mounts secrets as
 // links into a "..data" directory.
 func readPluginFile(dir, name string) ([]byte, fs.FileMode, error) {
-	data, mode, err := cappedfile.Read(filepath.Join(dir, name), maxPluginFileSize)
+	data, mode, err := fileutil.Read(filepath.Join(dir, name), maxPluginFileSize)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", name, pathless(err))
 	}

@@ -14,9 +14,7 @@ import (
 	"strings"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
-	"github.com/trustbridge/trustbridge/internal/securedir"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // Layout of the CA's part of --data-dir. state.json is the commit point:
@@ -63,12 +61,12 @@ func (s *Store) wrap(err error) error { return fmt.Errorf("ca: state in %s: %w",
 // ensureDirs creates the state directory (0700) and refuses one another
 // user could write to: they could plant a root key the CA would sign with.
 func (s *Store) ensureDirs() error {
-	if err := securedir.Ensure(s.dir); err != nil {
+	if err := fileutil.EnsureDir(s.dir); err != nil {
 		return err
 	}
 	// roots/ holds the keys themselves: a writable one would let another
 	// user plant one even under a tight state directory.
-	return securedir.Ensure(filepath.Join(s.dir, rootsDirName))
+	return fileutil.EnsureDir(filepath.Join(s.dir, rootsDirName))
 }
 
 func corrupt(format string, a ...any) error {
@@ -102,7 +100,7 @@ func (s *Store) LoadWithJWTKeys(td string) (*castate.Journal, []*castate.Root, [
 // it read.
 func (s *Store) load(td string) (*castate.Journal, []*castate.Root, []*castate.JWTKey, string, error) {
 	for _, dir := range []string{s.dir, filepath.Join(s.dir, rootsDirName)} {
-		if err := securedir.Check(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := fileutil.CheckDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, nil, nil, "", s.wrap(err)
 		}
 	}
@@ -143,8 +141,8 @@ func (s *Store) load(td string) (*castate.Journal, []*castate.Root, []*castate.J
 // readCapped reads a regular file, refusing one larger than limit before
 // reading it all.
 func readCapped(path string, limit int64) ([]byte, error) {
-	data, _, err := cappedfile.Read(path, limit)
-	if errors.Is(err, cappedfile.ErrTooLarge) || errors.Is(err, cappedfile.ErrNotRegular) {
+	data, _, err := fileutil.Read(path, limit)
+	if errors.Is(err, fileutil.ErrTooLarge) || errors.Is(err, fileutil.ErrNotRegular) {
 		return nil, corrupt("%s is %v", filepath.Base(path), err)
 	}
 	return data, err
@@ -234,7 +232,7 @@ func (s *Store) writeJWTKeyOnce(k *castate.JWTKey) error {
 	if err != nil {
 		return s.wrap(err)
 	}
-	if err := atomicfile.Write(s.jwtKeyPath(k.KID), keyPEM, 0o600); err != nil {
+	if err := fileutil.Write(s.jwtKeyPath(k.KID), keyPEM, 0o600); err != nil {
 		return s.wrap(err)
 	}
 	return nil
@@ -254,11 +252,11 @@ func (s *Store) writeRoot(cert *x509.Certificate, key crypto.Signer) (string, er
 		if err != nil {
 			return "", s.wrap(err)
 		}
-		if err := atomicfile.Write(s.keyPath(id), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		if err := fileutil.Write(s.keyPath(id), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 			return "", s.wrap(err)
 		}
 	}
-	if err := atomicfile.Write(s.certPath(id), pemCert(cert), 0o644); err != nil {
+	if err := fileutil.Write(s.certPath(id), pemCert(cert), 0o644); err != nil {
 		return "", s.wrap(err)
 	}
 	return id, nil
@@ -293,7 +291,7 @@ func (s *Store) save(j *castate.Journal) ([]byte, error) {
 	if err != nil {
 		return nil, s.wrap(err)
 	}
-	if err := atomicfile.Write(s.journalPath(), data, 0o600); err != nil {
+	if err := fileutil.Write(s.journalPath(), data, 0o600); err != nil {
 		return nil, s.wrap(err)
 	}
 	return data, nil

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
-	"github.com/trustbridge/trustbridge/internal/securedir"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // A ca/ directory another user could write to is refused for reading and
@@ -21,18 +21,18 @@ func TestStoreRefusesAWritableStateDir(t *testing.T) {
 	require.NoError(t, os.Chmod(s.Dir(), 0o777))
 
 	_, _, err := s.Load("example.org")
-	require.ErrorIs(t, err, securedir.ErrInsecure)
+	require.ErrorIs(t, err, fileutil.ErrInsecureDir)
 	assert.ErrorContains(t, err, "chmod go-w "+s.Dir())
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
 	_, err = s.writeRoot(cert, key)
-	assert.ErrorIs(t, err, securedir.ErrInsecure)
-	assert.ErrorIs(t, s.saveJournal(&castate.Journal{TrustDomain: "example.org"}), securedir.ErrInsecure)
+	assert.ErrorIs(t, err, fileutil.ErrInsecureDir)
+	assert.ErrorIs(t, s.saveJournal(&castate.Journal{TrustDomain: "example.org"}), fileutil.ErrInsecureDir)
 	unlock, err := s.Lock(true)
 	if err == nil {
 		unlock()
 	}
-	assert.ErrorIs(t, err, securedir.ErrInsecure)
+	assert.ErrorIs(t, err, fileutil.ErrInsecureDir)
 
 	require.NoError(t, os.Chmod(s.Dir(), 0o700))
 	j, roots, err := s.Load("example.org")
@@ -50,12 +50,12 @@ func TestStoreRefusesAWritableRootsDir(t *testing.T) {
 	require.NoError(t, os.Chmod(roots, 0o777))
 
 	_, _, err := s.Load("example.org")
-	require.ErrorIs(t, err, securedir.ErrInsecure)
+	require.ErrorIs(t, err, fileutil.ErrInsecureDir)
 	assert.ErrorContains(t, err, "chmod go-w "+roots)
 	cert, key, err := newRootCert(tdExample, KeyECP256, t0, 24*time.Hour, false)
 	require.NoError(t, err)
 	_, err = s.writeRoot(cert, key)
-	assert.ErrorIs(t, err, securedir.ErrInsecure)
+	assert.ErrorIs(t, err, fileutil.ErrInsecureDir)
 
 	require.NoError(t, os.Chmod(roots, 0o700))
 	_, loaded, err := s.Load("example.org")

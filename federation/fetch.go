@@ -22,7 +22,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/dialguard"
+	"github.com/trustbridge/trustbridge/internal/netutil"
 )
 
 // Kinds of fetch failure. Every error Fetch returns wraps at most one of
@@ -52,7 +52,7 @@ var (
 	// FetcherConfig.AllowPrivate), or to a cloud metadata address, in any
 	// spelling (NAT64, 6to4, Teredo, IPv4-mapped or -compatible).
 	// It is dialguard.ErrRefusedAddress, so either name matches.
-	ErrRefusedAddress = dialguard.ErrRefusedAddress
+	ErrRefusedAddress = netutil.ErrRefusedAddress
 	// ErrRedirect: a redirect was refused (not https, too many hops).
 	ErrRedirect = errors.New("redirect refused")
 	// ErrContentType: the response declared a media type that cannot be a
@@ -407,10 +407,10 @@ func (f *Fetcher) controlDial(network, address string, _ syscall.RawConn) error 
 	if err != nil {
 		return fmt.Errorf("%w: cannot parse dial address %q: %w", ErrRefusedAddress, address, err)
 	}
-	switch v := dialguard.Classify(ap.Addr()); {
-	case v.Class == dialguard.Open, v.Class == dialguard.Local && f.cfg.AllowPrivate:
+	switch v := netutil.ClassifyAddr(ap.Addr()); {
+	case v.Class == netutil.AddrOpen, v.Class == netutil.AddrLocal && f.cfg.AllowPrivate:
 		return nil
-	case v.Class == dialguard.Local:
+	case v.Class == netutil.AddrLocal:
 		return fmt.Errorf("%w: %s is %s; set --federation-allow-private (FetcherConfig.AllowPrivate) to allow it", ErrRefusedAddress, address, v.Why)
 	default:
 		return fmt.Errorf("%w: %s is %s, never a bundle endpoint (refused even with --federation-allow-private)", ErrRefusedAddress, address, v.Why)

@@ -14,8 +14,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // Layout of the last-known-good store.
@@ -142,7 +142,7 @@ func (s *LKGStore) Save(e LKGEntry) error {
 	if err := os.MkdirAll(s.dir, lkgDirPerm); err != nil {
 		return fmt.Errorf("federation: last-known-good: %w", err)
 	}
-	if err := atomicfile.Write(p, buf.Bytes(), lkgFilePerm); err != nil {
+	if err := fileutil.Write(p, buf.Bytes(), lkgFilePerm); err != nil {
 		return fmt.Errorf("federation: last-known-good %s: %w", p, err)
 	}
 	return nil

@@ -15,7 +15,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/schedule"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // Sink is the trust store: it receives every bundle the poller accepts
@@ -339,7 +339,7 @@ func (p *Poller) scheduleLocked(r *relationship) {
 	if r.entry != 0 {
 		p.cron.Remove(r.entry)
 	}
-	r.entry = p.cron.Schedule(schedule.Once(r.next), cron.FuncJob(func() { _ = p.poll(p.runCtx, r.ep.TrustDomain) }))
+	r.entry = p.cron.Schedule(loop.Once(r.next), cron.FuncJob(func() { _ = p.poll(p.runCtx, r.ep.TrustDomain) }))
 }
 
 // Refresh polls td now (trustbridge federation refresh). The poll does

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -182,7 +182,7 @@ func TestUnavailableRefusalsAreNotErrors(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
-	e.server.refuseLog = loglimit.New(0, 3)
+	e.server.refuseLog = ratelimit.NewLogLimiter(0, 3)
 	e.tokens.setUnavailable(true)
 	const n = 20
 	for range n {

@@ -24,7 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // minRefreshDelay is the shortest wait before a stream re-authenticates its
@@ -79,11 +79,11 @@ type Server struct {
 	// nackLog bounds the NACK warnings: a bad push rejected by every
 	// Envoy would otherwise log once per stream. The rest go to Debug;
 	// the metric counts them all.
-	nackLog *loglimit.Limiter
+	nackLog *ratelimit.LogLimiter
 	// refuseLog bounds the refusals a client can provoke (bad or
 	// unverifiable credentials, a busy authenticator) and the
 	// re-authentication retries, likewise.
-	refuseLog   *loglimit.Limiter
+	refuseLog   *ratelimit.LogLimiter
 	validations *validationCache
 	certs       *certCache
 	empty       *Trust // stands in for a nil Trust
@@ -126,8 +126,8 @@ func New(cfg Config) (*Server, error) {
 		validations: newValidationCache(cfg.TrustDomain, cfg.Clock.Now, m.validation.Inc),
 		certs:       &certCache{onEncode: m.cert.Inc, ids: make(map[spiffeid.ID]*certEntry)},
 		empty:       &Trust{},
-		nackLog:     loglimit.NewDefault(),
-		refuseLog:   loglimit.NewDefault(),
+		nackLog:     ratelimit.NewDefaultLogLimiter(),
+		refuseLog:   ratelimit.NewDefaultLogLimiter(),
 	}, nil
 }
 

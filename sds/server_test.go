@@ -18,7 +18,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -728,7 +728,7 @@ func TestNACKWarningsAreBounded(t *testing.T) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
 	// No refill: the test does not depend on how fast it runs.
-	e.server.nackLog = loglimit.New(0, 3)
+	e.server.nackLog = ratelimit.NewLogLimiter(0, 3)
 	s := e.stream("token-a")
 	require.NoError(t, s.Send(sotwReq("ROOTCA")))
 	r := recv(t, s)

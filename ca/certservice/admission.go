@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/keyedrate"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // admission bounds the signing work the service takes on: a rate limit
@@ -16,8 +16,8 @@ import (
 // signings in flight (Config.QueueSize). Every signing path (certificates,
 // JWT-SVIDs, intermediates) is admitted here, with the same refusals.
 type admission struct {
-	limits *keyedrate.Limiters // nil when off
-	rate   rate.Limit          // named in the refusal
+	limits *ratelimit.Keyed // nil when off
+	rate   rate.Limit       // named in the refusal
 	slots  chan struct{}
 	clock  clock.PassiveClock
 }
@@ -26,7 +26,7 @@ type admission struct {
 func newAdmission(cfg Config) *admission {
 	a := &admission{rate: cfg.RateLimit, slots: make(chan struct{}, cfg.QueueSize), clock: cfg.Clock}
 	if cfg.RateLimit > 0 {
-		a.limits = keyedrate.New(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+		a.limits = ratelimit.NewKeyed(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
 	return a
 }

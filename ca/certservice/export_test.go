@@ -3,7 +3,7 @@ package certservice
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // GrantChecksForTest is one series of
@@ -41,7 +41,7 @@ func (s *Service) SetRandForTest(f func() float64) { s.rand.Store(&f) }
 var Jittered = jittered
 
 // SetFaultLogForTest replaces the limiter of lasting faults' Error lines.
-func (s *Service) SetFaultLogForTest(l *loglimit.Limiter) { s.faultLog.Store(l) }
+func (s *Service) SetFaultLogForTest(l *ratelimit.LogLimiter) { s.faultLog.Store(l) }
 
 // WorkloadDNSNamesForTest is one series of
 // trustbridge_certservice_workload_dns_names_total.

@@ -19,7 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // A flood of calls refused because the authenticators are busy (issue 14
@@ -41,7 +41,7 @@ func TestRefusalLogsAreBounded(t *testing.T) {
 	warns := strings.Count(logs, `"level":"WARN","msg":"certificate request refused"`)
 	debugs := strings.Count(logs, `"level":"DEBUG","msg":"certificate request refused"`)
 	assert.Zero(t, strings.Count(logs, `"level":"ERROR"`))
-	assert.LessOrEqual(t, warns, loglimit.DefaultBurst+1, "a burst, then about one a second")
+	assert.LessOrEqual(t, warns, ratelimit.DefaultLogBurst+1, "a burst, then about one a second")
 	assert.Equal(t, n, warns+debugs, "every refusal logged at some level")
 }
 
@@ -75,7 +75,7 @@ func TestAuthenticatedRefusalsKeepTheirLogBudget(t *testing.T) {
 // interval says so, the rest go to Debug, and the metric counts them all.
 func TestSigningMaterialErrorsAreBounded(t *testing.T) {
 	f, signer := jwtFixture(t, nil)
-	f.svc.SetFaultLogForTest(loglimit.New(0, 1)) // one line, however long the test runs
+	f.svc.SetFaultLogForTest(ratelimit.NewLogLimiter(0, 1)) // one line, however long the test runs
 	signer.set(fmt.Errorf("ca: %w", ca.ErrInvalidSigningMaterial))
 	c := f.identityClient(t, nil, goodToken)
 	const n = 5

@@ -13,7 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/spifferoot"
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -107,7 +107,7 @@ func mergedRoots(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d t
 			continue
 		}
 		for _, r := range b.X509Authorities() {
-			if spifferoot.NamesOnly(r, b.TrustDomain()) {
+			if svidcheck.RootNamesOnly(r, b.TrustDomain()) {
 				roots = append(roots, r)
 			}
 		}

@@ -28,7 +28,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/internal/workloaddns"
 )
 
@@ -181,10 +181,10 @@ type Service struct {
 	// callers that proved nothing; authedLog those of callers that did
 	// (a revoked grant, a rate limit), so a flood of junk cannot push
 	// those to Debug.
-	refuseLog, authedLog *loglimit.Limiter
+	refuseLog, authedLog *ratelimit.LogLimiter
 	// faultLog bounds the Error lines of faults of ours that repeat on
 	// every call until fixed; tests replace it.
-	faultLog atomic.Pointer[loglimit.Limiter]
+	faultLog atomic.Pointer[ratelimit.LogLimiter]
 
 	// identityAuth authenticates the identity service's callers
 	// (identityAuthenticator).
@@ -210,11 +210,11 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, admission: newAdmission(cfg), metrics: m, refuseLog: loglimit.NewDefault(), authedLog: loglimit.NewDefault(),
+	s := &Service{cfg: cfg, admission: newAdmission(cfg), metrics: m, refuseLog: ratelimit.NewDefaultLogLimiter(), authedLog: ratelimit.NewDefaultLogLimiter(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
 	s.maxWatchMessage.Store(MaxBundleMessageSize)
-	s.faultLog.Store(loglimit.New(faultLogEvery, 1))
+	s.faultLog.Store(ratelimit.NewLogLimiter(faultLogEvery, 1))
 	s.rand.Store(ptr(rand.Float64))
 	s.identityAuth = identityAuthenticator(cfg, s.policy)
 	return s, nil

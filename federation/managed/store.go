@@ -15,9 +15,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // Files in the data directory.
@@ -124,7 +123,7 @@ func Parse(endpoints, bundles []byte) (State, []string, error) {
 
 // readOptional reads a file that may be absent (nil, nil).
 func readOptional(path string) ([]byte, error) {
-	data, _, err := cappedfile.ReadFile(path, maxFileSize)
+	data, _, err := fileutil.ReadFile(path, maxFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -154,7 +153,7 @@ func Save(dir string, s State) error {
 
 func writeOrRemove(path string, data []byte, keep bool) error {
 	if keep {
-		return atomicfile.Write(path, data, 0o600)
+		return fileutil.Write(path, data, 0o600)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err

@@ -18,7 +18,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -421,7 +421,7 @@ func fillGrantRefs(set, prev *tokenSet) {
 
 // readTokenFile reads a regular file of at most MaxBootstrapFileSize bytes.
 func readTokenFile(path string) ([]byte, fs.FileMode, error) {
-	return cappedfile.ReadFile(path, MaxBootstrapFileSize)
+	return fileutil.ReadFile(path, MaxBootstrapFileSize)
 }
 
 // TokenLineFormat is the shape of a token file line, for messages and help.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // newTokenBytes is the entropy of NewBootstrapToken: 256 bits, far out of
@@ -103,7 +103,7 @@ func AppendBootstrapToken(path string, l TokenLine) error {
 	if _, err := parseBootstrapTokens(data, td); err != nil {
 		return fmt.Errorf("authn: bootstrap tokens %s: with the new line: %w", path, err)
 	}
-	if err := atomicfile.Replace(path, data, 0o600); err != nil {
+	if err := fileutil.Replace(path, data, 0o600); err != nil {
 		return fmt.Errorf("authn: bootstrap tokens: %w", err)
 	}
 	return nil

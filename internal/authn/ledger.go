@@ -14,8 +14,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 var (
@@ -126,7 +125,7 @@ const (
 )
 
 // FileLedger is a TokenLedger in one JSON file (in the server's data
-// directory), rewritten atomically (internal/atomicfile: temporary file,
+// directory), rewritten atomically (internal/fileutil: temporary file,
 // fsync, rename) with mode 0600 on every consumption, so a consumption
 // survives a crash and a restart, and a reader never sees half a file. A
 // process keeps the file's content in memory and is its only writer: the
@@ -158,7 +157,7 @@ type ledgerEntry struct {
 // an error: starting without it would make every token it records usable
 // again.
 func OpenFileLedger(path string) (*FileLedger, error) {
-	data, _, err := cappedfile.ReadFile(path, MaxLedgerFileSize)
+	data, _, err := fileutil.ReadFile(path, MaxLedgerFileSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &FileLedger{path: path, consumed: map[string]Consumption{}}, nil
 	}
@@ -273,7 +272,7 @@ func (l *FileLedger) Consume(_ context.Context, c Consumption) error {
 		return fmt.Errorf("authn: ledger %s: %d consumed tokens fill the %d bytes a load reads; remove the lines of consumed or expired tokens from the token file and "+
 			"the entries with their references from the ledger, with the server stopped", l.path, len(next), MaxLedgerFileSize)
 	}
-	if err := atomicfile.Write(l.path, data, 0o600); err != nil {
+	if err := fileutil.Write(l.path, data, 0o600); err != nil {
 		return fmt.Errorf("authn: ledger: %w", err)
 	}
 	l.consumed = next

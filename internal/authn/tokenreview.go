@@ -21,9 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/keyedrate"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // TokenReview defaults and limits.
@@ -226,11 +225,11 @@ type TokenReview struct {
 	cfg   TokenReviewConfig
 	m     *tokenReviewMetrics
 	keys  *issuerKeys
-	rates *keyedrate.Limiters
+	rates *ratelimit.Keyed
 	// netRates is the rate of an IPv6 /64 as a whole: netShare times an
 	// address's.
-	netRates *keyedrate.Limiters
-	logLim   *loglimit.Limiter
+	netRates *ratelimit.Keyed
+	logLim   *ratelimit.LogLimiter
 
 	mu       sync.Mutex
 	cache    *reviewCache
@@ -261,9 +260,9 @@ func NewTokenReview(cfg TokenReviewConfig) (*TokenReview, error) {
 		cache:    newReviewCache(cfg.MaxCacheEntries),
 		inflight: make(map[tokenKey]*reviewCall),
 		perPeer:  make(map[string]int),
-		rates:    keyedrate.New(cfg.PeerReviewRate, cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
-		netRates: keyedrate.New(netShare*cfg.PeerReviewRate, netShare*cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
-		logLim:   loglimit.NewDefault(),
+		rates:    ratelimit.NewKeyed(cfg.PeerReviewRate, cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
+		netRates: ratelimit.NewKeyed(netShare*cfg.PeerReviewRate, netShare*cfg.PeerReviewBurst, cfg.MaxPeerLimiters),
+		logLim:   ratelimit.NewDefaultLogLimiter(),
 	}
 	if cfg.IssuerKeys != nil {
 		a.keys = newIssuerKeys(cfg.IssuerKeys, cfg.Clock, cfg.KeysRefreshInterval, cfg.Logger)

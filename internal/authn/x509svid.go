@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
@@ -73,7 +73,7 @@ type X509SVID struct {
 	global      int
 	gate        *peerGate
 	logger      *slog.Logger
-	logLim      *loglimit.Limiter
+	logLim      *ratelimit.LogLimiter
 	m           *x509Metrics
 	// ownIssuer, when set, says whether a leaf's issuer is one of this
 	// server's own signing certificates (WithOwnIssuers).
@@ -180,7 +180,7 @@ func NewX509SVID(td spiffeid.TrustDomain, roots x509bundle.Source, clk clock.Pas
 	a.cache = newVerifyCache(a.cacheSize)
 	a.failures = newFailureCache(a.failureSize, a.failureTTL)
 	a.gate = newPeerGate(a.perPeer, a.global)
-	a.logLim = loglimit.NewDefault()
+	a.logLim = ratelimit.NewDefaultLogLimiter()
 	a.m = newX509Metrics(a.failures.len)
 	return a
 }

@@ -17,10 +17,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 )
 
@@ -139,7 +138,7 @@ func WriteCredentials(dir string, key crypto.Signer, chain []*x509.Certificate, 
 			return err
 		}
 	}
-	return atomicfile.SyncDir(dir)
+	return fileutil.SyncDir(dir)
 }
 
 // credentialFiles are the files WriteCredentials writes, with their
@@ -206,7 +205,7 @@ func markOwned(dir string) error {
 	if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
 		return nil
 	}
-	return atomicfile.Write(p, []byte(ownerNote), 0o600)
+	return fileutil.Write(p, []byte(ownerNote), 0o600)
 }
 
 // ForeignCredentials lists the credentials in dir another tool wrote: a
@@ -235,7 +234,7 @@ type credFile struct {
 }
 
 // stageFile writes data with perm to a new temporary file in dir, synced,
-// and returns its path for a rename over name. internal/atomicfile writes
+// and returns its path for a rename over name. internal/fileutil writes
 // one file; here the renames of three must come after all three writes.
 func stageFile(dir, name string, data []byte, perm os.FileMode) (string, error) {
 	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
@@ -332,8 +331,8 @@ func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
 	return pemfile.FindCertificates(data)
 }
 
-// ReadFile reads at most limit bytes of a regular file (internal/cappedfile).
+// ReadFile reads at most limit bytes of a regular file (internal/fileutil).
 func ReadFile(path string, limit int64) ([]byte, error) {
-	data, _, err := cappedfile.ReadFile(path, limit)
+	data, _, err := fileutil.ReadFile(path, limit)
 	return data, err
 }

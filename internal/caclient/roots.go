@@ -11,7 +11,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/trustbridge/trustbridge/internal/spifferoot"
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
 
@@ -23,7 +22,7 @@ const ServerPath = "/trustbridge/ca"
 // the identity requested (want), or else in the one trust domain the
 // roots name in their spiffe://<td> URI SAN, as trustbridge's roots do.
 func ExpectedServerID(roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID, error) {
-	named, anonymous := spifferoot.TrustDomains(roots)
+	named, anonymous := svidcheck.RootTrustDomains(roots)
 	td := want.TrustDomain()
 	switch {
 	case !td.IsZero():
@@ -49,7 +48,7 @@ func ExpectedServerID(roots []*x509.Certificate, want spiffeid.ID) (spiffeid.ID,
 func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certificate {
 	var named, anonymous []*x509.Certificate
 	for _, r := range roots {
-		switch other, ok := spifferoot.TrustDomain(r); {
+		switch other, ok := svidcheck.RootTrustDomain(r); {
 		case !ok:
 			anonymous = append(anonymous, r)
 		case other == td:
@@ -75,7 +74,7 @@ func RootsFor(td spiffeid.TrustDomain, roots []*x509.Certificate) []*x509.Certif
 func CheckLocalRoots(name string, td spiffeid.TrustDomain, roots []*x509.Certificate) error {
 	var named, anonymous []int
 	for i, r := range roots {
-		other, ok := spifferoot.TrustDomain(r)
+		other, ok := svidcheck.RootTrustDomain(r)
 		switch {
 		case ok && other != td:
 			return fmt.Errorf("%s: certificate %d is a root of %s, not of %s: %s", name, i, other.Name(), td.Name(), mergedAdvice(td))

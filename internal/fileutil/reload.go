@@ -10,7 +10,7 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/poll"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // Digest identifies the content of the files a Reloader reads: equal
@@ -273,5 +273,5 @@ func (r *Reloader[R, T]) Run(ctx context.Context, clk clock.WithTicker, interval
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return poll.Run(ctx, clk, interval, func() { _ = r.Check() })
+	return loop.Poll(ctx, clk, interval, func() { _ = r.Check() })
 }

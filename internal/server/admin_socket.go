@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/trustbridge/trustbridge/internal/netutil"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
-	"github.com/trustbridge/trustbridge/internal/unixsock"
 )
 
 // adminSocket is --admin-socket: the admin API on a unix socket, mode
@@ -30,13 +30,13 @@ func addAdminSocketFlag(f *pflag.FlagSet, path *string) {
 // listenAdminSocket opens path (nil, nil when it is ""), replacing a
 // socket a crashed server left there, never another kind of file, nor a
 // socket another server still answers on. The socket is bound as the
-// agent's SDS socket is (internal/unixsock): mode 0600 before it gets its
+// agent's SDS socket is (internal/netutil): mode 0600 before it gets its
 // name, and removed at close only while the path still names it.
 func listenAdminSocket(path string, h http.Handler, logger *slog.Logger) (*adminSocket, error) {
 	if path == "" {
 		return nil, nil
 	}
-	ln, err := unixsock.Listen(path, -1, adminSocketInUse)
+	ln, err := netutil.ListenUnix(path, -1, adminSocketInUse)
 	if err != nil {
 		return nil, fmt.Errorf("--admin-socket: %w", err)
 	}

@@ -22,7 +22,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/runall"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -176,7 +176,7 @@ func runEndpoint(t *testing.T, ep *bundleEndpoint) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- runall.Run(ctx, ep.runners...) }()
+	go func() { done <- loop.RunAll(ctx, ep.runners...) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)

@@ -13,8 +13,8 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/securedir"
 )
 
 // initFlag lets a server create a new CA where there is none.
@@ -42,7 +42,7 @@ func prepareDataDir(o Config) error {
 	}
 	// Whoever else can write to the data dir could plant a root key, a
 	// journal or an audit log this server would trust or extend.
-	if err := securedir.Ensure(o.DataDir); err != nil {
+	if err := fileutil.EnsureDir(o.DataDir); err != nil {
 		return fmt.Errorf("--data-dir: %w", err)
 	}
 	if !fileStorage(o) || o.Init {

@@ -18,7 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/managed"
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
@@ -157,7 +157,7 @@ func writeAdminToken(dataDir string) (token, path string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	if err := atomicfile.Write(path, []byte(token+"\n"), 0o600); err != nil {
+	if err := fileutil.Write(path, []byte(token+"\n"), 0o600); err != nil {
 		return "", "", fmt.Errorf("admin token: %w", err)
 	}
 	return token, path, nil

@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc/grpclog"
 
-	"github.com/trustbridge/trustbridge/internal/grpcslog"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/grpcslog"
 )
 
 // grpcLog is grpc-go's process-wide logger. grpclog.SetLoggerV2 must run

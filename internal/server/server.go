@@ -22,8 +22,8 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
-	"github.com/trustbridge/trustbridge/internal/runall"
+	"github.com/trustbridge/trustbridge/internal/loop"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/flagenv"
 	"github.com/trustbridge/trustbridge/internal/server/ha"
@@ -324,7 +324,7 @@ func (p *serverParts) serve(ctx context.Context, e env, o Config, undo *cleanups
 	}
 	runners = append(runners, p.reloadRunner(e.hup, o, logger))
 	undo.clear() // the runners own the listeners now
-	err = runall.Run(ctx, runners...)
+	err = loop.RunAll(ctx, runners...)
 	logger.Info("trustbridge server stopped")
 	return err
 }
@@ -589,7 +589,7 @@ func misdirected(reg prometheus.Registerer, logger *slog.Logger) func(*http.Requ
 		Help: "Admin listener requests refused with 421 because their Host header is not a name of the listener (see --admin-allowed-hosts).",
 	})
 	reg.MustRegister(refused)
-	lim := loglimit.NewDefault()
+	lim := ratelimit.NewDefaultLogLimiter()
 	return func(r *http.Request) {
 		refused.Inc()
 		logger.Log(r.Context(), lim.Level(slog.LevelWarn), "admin request refused: Host is not a name of this listener; list it with --"+AdminHostsFlag+" if it is yours",

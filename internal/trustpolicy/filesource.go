@@ -11,7 +11,6 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
 	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -161,7 +160,7 @@ func (f *FileSource) read() ([]byte, error) {
 func (f *FileSource) readFile() ([]byte, error) {
 	// cappedfile refuses what is not a regular file (a FIFO would block
 	// the poller, and SIGHUP's Check behind it) and what is too large.
-	data, _, err := cappedfile.Read(f.path, MaxDocumentSize)
+	data, _, err := fileutil.Read(f.path, MaxDocumentSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("trustpolicy: policy file %s does not exist: create it (an empty file has no rules) or drop --trust-policy", f.path)
 	}

@@ -27,7 +27,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/poll"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -360,7 +360,7 @@ func (a *Agent) runFiles(ctx context.Context) error {
 	a.log.Info("serving credential files", "credentials_dir", a.credsDir, logattr.SPIFFEID, w.id.String())
 	wl := &workloadAPI{src: w.wl, noJWT: noJWTFiles}
 	return a.serve(ctx, w.id, w.cell, w.trust, nil, wl, nil, func(ctx context.Context) error {
-		return poll.Run(ctx, a.clock, a.pollInterval, w.check)
+		return loop.Poll(ctx, a.clock, a.pollInterval, w.check)
 	})
 }
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
-	"github.com/trustbridge/trustbridge/internal/cappedfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/sds"
@@ -142,13 +142,13 @@ func (w *fileWatcher) apply(set *credentialSet) error {
 func readCredentialSet(dir string) (*credentialSet, error) {
 	var data [3][]byte
 	for i, name := range []string{CertChainFile, KeyFile, RootCertFile} {
-		b, _, err := cappedfile.Read(filepath.Join(dir, name), maxCredentialFileSize)
+		b, _, err := fileutil.Read(filepath.Join(dir, name), maxCredentialFileSize)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		data[i] = b
 	}
-	bundleMap, _, err := cappedfile.Read(filepath.Join(dir, BundleMapFile), maxCredentialFileSize)
+	bundleMap, _, err := fileutil.Read(filepath.Join(dir, BundleMapFile), maxCredentialFileSize)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		bundleMap = nil

@@ -36,7 +36,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
-	"github.com/trustbridge/trustbridge/internal/spifferoot"
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -78,7 +78,7 @@ func writeCreds(t *testing.T, dir string, ca *testca.CA, id spiffeid.ID, roots .
 	var local []*x509.Certificate
 	peers := map[spiffeid.TrustDomain][]*x509.Certificate{}
 	for _, r := range roots {
-		td, ok := spifferoot.TrustDomain(r)
+		td, ok := svidcheck.RootTrustDomain(r)
 		require.True(t, ok, "test roots name their trust domain")
 		if td == id.TrustDomain() {
 			local = append(local, r)

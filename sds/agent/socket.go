@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/trustbridge/trustbridge/internal/unixsock"
+	"github.com/trustbridge/trustbridge/internal/netutil"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -111,8 +111,8 @@ func probeStream(ctx context.Context, client secretv3.SecretDiscoveryServiceClie
 
 // listenSocket creates the SDS socket at path (see unixsock.Listen),
 // replacing a socket there only when no gRPC server answers on it.
-func listenSocket(ctx context.Context, path string, gid int, probeTimeout time.Duration) (*unixsock.Listener, error) {
-	return unixsock.Listen(path, gid, func(path string) error {
+func listenSocket(ctx context.Context, path string, gid int, probeTimeout time.Duration) (*netutil.UnixListener, error) {
+	return netutil.ListenUnix(path, gid, func(path string) error {
 		st, err := probeSocket(ctx, path, probeTimeout)
 		if err != nil {
 			return err

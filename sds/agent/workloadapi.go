@@ -24,7 +24,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/unixsock"
+	"github.com/trustbridge/trustbridge/internal/netutil"
 	"github.com/trustbridge/trustbridge/sds"
 	wapi "github.com/trustbridge/trustbridge/sds/workload"
 )
@@ -85,8 +85,8 @@ func endpointSocket(path string) string {
 
 // listenWorkloadSocket creates the Workload API socket at path, replacing
 // a socket there only when no gRPC server answers on it.
-func listenWorkloadSocket(ctx context.Context, path string, gid int, probeTimeout time.Duration) (*unixsock.Listener, error) {
-	return unixsock.Listen(path, gid, func(path string) error {
+func listenWorkloadSocket(ctx context.Context, path string, gid int, probeTimeout time.Duration) (*netutil.UnixListener, error) {
+	return netutil.ListenUnix(path, gid, func(path string) error {
 		if grpcAnswers(ctx, path, probeTimeout) {
 			return fmt.Errorf("a gRPC server (another agent's Workload API?) already answers on %s; not replacing it", path)
 		}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pquerna/cachecontrol/cacheobject"
 
-	"github.com/trustbridge/trustbridge/internal/dialguard"
+	"github.com/trustbridge/trustbridge/internal/netutil"
 )
 
 // Limits of one key fetch (the discovery document, then the key set).
@@ -39,7 +39,7 @@ const (
 // must see the real peer), no keep-alives (nothing outlives a fetch),
 // redirects only to https and through the same dial guard.
 func newKeyClient(roots *x509.CertPool, allowPrivate bool) *http.Client {
-	dialer := &net.Dialer{Control: dialguard.Control(allowPrivate, allowPrivateKey), Timeout: keyFetchTimeout}
+	dialer := &net.Dialer{Control: netutil.DialControl(allowPrivate, allowPrivateKey), Timeout: keyFetchTimeout}
 	return &http.Client{
 		Transport: &http.Transport{
 			Proxy:                  nil,

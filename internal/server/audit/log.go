@@ -47,8 +47,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // MaxLineSize bounds one entry as written and as read back.
@@ -300,7 +300,7 @@ func keepTornTail(f file, path string, res VerifyResult) (string, error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return "", err
 	}
-	if err := atomicfile.Write(name, torn, 0o600); err != nil {
+	if err := fileutil.Write(name, torn, 0o600); err != nil {
 		return "", err
 	}
 	return name, nil

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 // Collect lists the files of dataDir to archive as they are on disk:
@@ -74,10 +74,10 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// skipFile: lock files, and the temporary files of internal/atomicfile
+// skipFile: lock files, and the temporary files of internal/fileutil
 // (".<name>.tmp-<random>").
 func skipFile(name string) bool {
-	return name == ".lock" || strings.HasSuffix(name, ".lock") || atomicfile.IsTemp(name)
+	return name == ".lock" || strings.HasSuffix(name, ".lock") || fileutil.IsTemp(name)
 }
 
 // completeLines is the length of the first size bytes of r up to and

@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 )
 
 var (
@@ -252,7 +252,7 @@ func (t *Target) renameWhole(staged, replaced, stamp string) error {
 		}
 		return fmt.Errorf("restore: putting the restored state at %s: %w; %s is as it was", t.dir, err, t.dir)
 	}
-	if err := atomicfile.SyncDir(filepath.Dir(t.dir)); err != nil {
+	if err := fileutil.SyncDir(filepath.Dir(t.dir)); err != nil {
 		return fmt.Errorf("restore: restored %s, but syncing its parent directory failed: %w", t.dir, err)
 	}
 	return nil
@@ -290,7 +290,7 @@ func (t *Target) moveEntries(staged, replaced string, old []string) error {
 		dirs = append(dirs, replaced)
 	}
 	for _, d := range dirs {
-		if err := atomicfile.SyncDir(d); err != nil {
+		if err := fileutil.SyncDir(d); err != nil {
 			return fmt.Errorf("restore: restored %s, but syncing %s failed: %w", t.dir, d, err)
 		}
 	}

@@ -3,7 +3,7 @@
 // connection over either limit is closed at accept, with a reset, before
 // it costs a goroutine, a TLS handshake or a buffer; it is counted in
 // trustbridge_listener_connections_refused_total and logged at a bounded
-// rate (internal/loglimit). golang.org/x/net/netutil.LimitListener instead
+// rate (internal/ratelimit). golang.org/x/net/netutil.LimitListener instead
 // stops accepting at its limit, which leaves every new client, legitimate
 // or not, waiting in the kernel's backlog, and it knows no sources.
 //

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // Config configures a Listener. Name, MaxConns and MaxPerSource are
@@ -59,7 +59,7 @@ type Config struct {
 	Registerer prometheus.Registerer // nil: a private registry
 	// RefusalLog and ExpiryLog pace the log lines of refusals and of
 	// expired connections; nil: loglimit.NewDefault() each.
-	RefusalLog, ExpiryLog *loglimit.Limiter
+	RefusalLog, ExpiryLog *ratelimit.LogLimiter
 }
 
 // Reasons a connection is refused at accept: the label of
@@ -107,10 +107,10 @@ func New(ln net.Listener, cfg Config) (*Listener, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.RefusalLog == nil {
-		cfg.RefusalLog = loglimit.NewDefault()
+		cfg.RefusalLog = ratelimit.NewDefaultLogLimiter()
 	}
 	if cfg.ExpiryLog == nil {
-		cfg.ExpiryLog = loglimit.NewDefault()
+		cfg.ExpiryLog = ratelimit.NewDefaultLogLimiter()
 	}
 	return &Listener{
 		Listener: ln, cfg: cfg, metrics: m,

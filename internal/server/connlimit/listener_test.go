@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/trustbridge/trustbridge/internal/loglimit"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -233,7 +233,7 @@ func TestReleaseOnceOnClose(t *testing.T) {
 func TestRefusalLogAndMetric(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	l, f, reg := newListener(t, Config{Name: "bundle", MaxConns: 100, MaxPerSource: 1, Logger: logger, RefusalLog: loglimit.New(0, 2)})
+	l, f, reg := newListener(t, Config{Name: "bundle", MaxConns: 100, MaxPerSource: 1, Logger: logger, RefusalLog: ratelimit.NewLogLimiter(0, 2)})
 	conns := []*fakeConn{newConn(t, "192.0.2.1:1")}
 	for i := range 5 {
 		conns = append(conns, newConn(t, fmt.Sprintf("192.0.2.1:%d", 2+i)))

@@ -20,7 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
-	"github.com/trustbridge/trustbridge/internal/runall"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // CA is what a replica needs of the certificate authority.
@@ -88,7 +88,7 @@ func Start(ctx context.Context, cfg Config) (*Replica, error) {
 	ctx, r.cancel = context.WithCancel(ctx)
 	go func() {
 		defer close(r.done)
-		r.err = runall.Run(ctx,
+		r.err = loop.RunAll(ctx,
 			cfg.CA.Run,
 			func(ctx context.Context) error { return cfg.WatchCA(ctx, cfg.CA.Recheck) },
 			func(ctx context.Context) error { return cfg.Elector.Run(ctx, r.lead) },
@@ -147,7 +147,7 @@ func (r *Replica) lead(ctx context.Context) error {
 		return nil
 	}
 	parts := append([]func(context.Context) error{func(ctx context.Context) error { <-ctx.Done(); return nil }}, r.duties...)
-	err := runall.Run(ctx, parts...)
+	err := loop.RunAll(ctx, parts...)
 	log.Info("no longer leading")
 	return err
 }

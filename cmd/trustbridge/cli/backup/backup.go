@@ -14,8 +14,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/atomicfile"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/backup"
 )
@@ -117,7 +117,7 @@ func checkBackupOut(dataDir, out string) error {
 // never holds half an archive, and one created meanwhile is not
 // overwritten.
 func writeNewFile(path string, write func(io.Writer) error) error {
-	err := atomicfile.WriteNew(path, 0o600, write)
+	err := fileutil.WriteNew(path, 0o600, write)
 	if errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("%s exists; backup never overwrites an archive, pick a new name", path)
 	}

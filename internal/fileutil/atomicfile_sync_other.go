@@ -1,0 +1,6 @@
+//go:build !unix
+
+package fileutil
+
+// SyncDir: directories cannot be synced here.
+func SyncDir(string) error { return nil }

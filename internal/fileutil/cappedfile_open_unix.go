@@ -1,0 +1,7 @@
+//go:build unix
+
+package fileutil
+
+import "syscall"
+
+const openNonblock = syscall.O_NONBLOCK
