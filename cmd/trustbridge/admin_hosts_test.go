@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // getWithHost GETs url with the Host header set to host, as a browser
@@ -68,12 +69,12 @@ func TestAdminRefusesRebindingHost(t *testing.T) {
 
 func TestConfigCheckAdminAllowedHosts(t *testing.T) {
 	t.Setenv("TRUST_DOMAIN", "")
-	good := writeConfig(t, "trust-domain: east.example\nadmin-allowed-hosts: [trustbridge-admin.trustbridge-system.svc, admin.example:8080]\n")
+	good := servertest.WriteConfig(t, "trust-domain: east.example\nadmin-allowed-hosts: [trustbridge-admin.trustbridge-system.svc, admin.example:8080]\n")
 	out, stderr, code := runCLI(t, "", "config", "check", good)
 	assert.Equal(t, 0, code, stderr)
 	assert.Equal(t, good+": ok\n", out)
 
-	bad := writeConfig(t, "trust-domain: east.example\nadmin-allowed-hosts: [\"https://admin.example/\"]\n")
+	bad := servertest.WriteConfig(t, "trust-domain: east.example\nadmin-allowed-hosts: [\"https://admin.example/\"]\n")
 	out, _, code = runCLI(t, "", "config", "check", bad)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, `--admin-allowed-hosts: hostcheck: allowed host "https://admin.example/"`)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // gatedProxy forwards loopback TCP connections to backend once open is
@@ -72,7 +73,7 @@ func TestAgentAdminListener(t *testing.T) {
 	rootsPEM, err := os.ReadFile(rootCert)
 	require.NoError(t, err)
 	proxy := startGatedProxy(t, addr)
-	o := agentFor(t, proxy.ln.Addr().String(), rootsPEM, laptopToken)
+	o := agentFor(t, proxy.ln.Addr().String(), rootsPEM, servertest.LaptopToken)
 	o.ServerID = "spiffe://example.org" + server.GRPCServingPath
 	o.Admin.Listen = "127.0.0.1:0"
 
@@ -88,7 +89,7 @@ func TestAgentAdminListener(t *testing.T) {
 	})
 	var admin string
 	require.Eventually(t, func() bool {
-		rec := logRecord(logs.String(), "admin listening")
+		rec := servertest.LogRecord(logs.String(), "admin listening")
 		if rec == nil {
 			return false
 		}
@@ -96,19 +97,19 @@ func TestAgentAdminListener(t *testing.T) {
 		return true
 	}, 30*time.Second, 10*time.Millisecond, "the admin listener never started:\n%s", logs.String())
 
-	code, body := get(t, "http://"+admin+"/readyz")
+	code, body := servertest.Get(t, "http://"+admin+"/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code, "no certificate yet")
 	assert.Contains(t, body, "not serving SDS yet")
-	code, _ = get(t, "http://"+admin+"/healthz")
+	code, _ = servertest.Get(t, "http://"+admin+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
 
 	proxy.open()
 	require.Eventually(t, func() bool {
-		code, _ := get(t, "http://"+admin+"/readyz")
+		code, _ := servertest.Get(t, "http://"+admin+"/readyz")
 		return code == http.StatusOK
 	}, 60*time.Second, 20*time.Millisecond, "never ready:\n%s", logs.String())
 
-	code, body = get(t, "http://"+admin+"/metrics")
+	code, body = servertest.Get(t, "http://"+admin+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `trustbridge_build_info{goversion="`)
 	for _, name := range []string{"trustbridge_agent_certificate_expiry_timestamp_seconds", "trustbridge_agent_certificate_requests_total", "trustbridge_agent_relay_connected"} {
@@ -126,9 +127,9 @@ func TestAgentAdminListener(t *testing.T) {
 
 	hup <- syscall.SIGHUP
 	require.Eventually(t, func() bool {
-		return logRecord(logs.String(), "SIGHUP ignored: nothing here is reloadable") != nil
+		return servertest.LogRecord(logs.String(), "SIGHUP ignored: nothing here is reloadable") != nil
 	}, 30*time.Second, 10*time.Millisecond)
-	code, _ = get(t, "http://"+admin+"/readyz")
+	code, _ = servertest.Get(t, "http://"+admin+"/readyz")
 	assert.Equal(t, http.StatusOK, code, "still serving")
 }
 

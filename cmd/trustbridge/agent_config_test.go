@@ -17,6 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 )
@@ -41,7 +42,7 @@ func parseAgent(t *testing.T, args []string, env map[string]string) (agent.Confi
 
 // The istio-agent names set the agent's flags: flag > env > default.
 func TestAgentEnvPrecedence(t *testing.T) {
-	root := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
+	root := servertest.WriteFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
 	ca := map[string]string{"CA_ADDR": "127.0.0.1:1", "CA_ROOT_CA": root}
 	with := func(m map[string]string) map[string]string {
 		out := map[string]string{"CA_ADDR": ca["CA_ADDR"], "CA_ROOT_CA": ca["CA_ROOT_CA"]}
@@ -137,7 +138,7 @@ func TestAgentEnvPrecedence(t *testing.T) {
 
 // A value the agent cannot honour is an error naming its variable.
 func TestAgentEnvErrors(t *testing.T) {
-	root := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
+	root := servertest.WriteFile(t, string(cli.CertsPEM([]*x509.Certificate{testca.New(t, "example.org").Cert})), 0o644)
 	ca := func(kv ...string) map[string]string {
 		m := map[string]string{"CA_ADDR": "127.0.0.1:1", "CA_ROOT_CA": root}
 		for i := 0; i < len(kv); i += 2 {

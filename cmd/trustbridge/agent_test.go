@@ -17,6 +17,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -79,12 +80,12 @@ func agentFor(t *testing.T, addr string, rootsPEM []byte, token string) agent.Co
 func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	// A single-use token: it buys the first certificate, so every
 	// renewal must go by that certificate (mTLS).
-	addr, rootCert, _ := grpcServerWithTokens(t, laptopToken+","+laptopID.String()+"\n")
+	addr, rootCert, _ := grpcServerWithTokens(t, servertest.LaptopToken+","+servertest.LaptopID.String()+"\n")
 	rootsPEM, err := os.ReadFile(rootCert)
 	require.NoError(t, err)
 	roots, err := cli.ParsePEMCerts(rootsPEM)
 	require.NoError(t, err)
-	o := agentFor(t, addr, rootsPEM, laptopToken)
+	o := agentFor(t, addr, rootsPEM, servertest.LaptopToken)
 	// 20s asked, 30s valid (the CA backdates by 10s): renewed 5s in.
 	o.TTL = 20 * time.Second
 	startAgent(t, o)
@@ -97,13 +98,13 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 	r := e.recv(10 * time.Second)
 	got := secrets(t, r)
 	require.Len(t, got, 3)
-	id, first := workloadCert(t, got[sds.DefaultName], laptopID.TrustDomain(), roots)
-	assert.Equal(t, laptopID, id, "the identity the token proves")
+	id, first := workloadCert(t, got[sds.DefaultName], servertest.LaptopID.TrustDomain(), roots)
+	assert.Equal(t, servertest.LaptopID, id, "the identity the token proves")
 	sameCerts(t, roots, trustedCA(t, got[sds.RootCAName]), "ROOTCA relayed from the server")
 	names, _ := spiffeValidator(t, got[sds.AllName])
 	assert.Equal(t, []string{"example.org"}, names)
 	e.ack(r)
-	written := checkCreds(t, o.CredentialsDir, laptopID)
+	written := checkCreds(t, o.CredentialsDir, servertest.LaptopID)
 	assert.Equal(t, first.SerialNumber, written.SerialNumber, "--credentials-dir holds the served certificate")
 
 	// Past the grace period the agent renews with its certificate (the
@@ -118,8 +119,8 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 		if !ok {
 			continue
 		}
-		id, next := workloadCert(t, s, laptopID.TrustDomain(), roots)
-		assert.Equal(t, laptopID, id)
+		id, next := workloadCert(t, s, servertest.LaptopID.TrustDomain(), roots)
+		assert.Equal(t, servertest.LaptopID, id)
 		if next.SerialNumber.Cmp(first.SerialNumber) == 0 {
 			continue
 		}
@@ -131,7 +132,7 @@ func TestAgentRenewsAtGracePeriod(t *testing.T) {
 		// The key and the chain are two files, each replaced atomically:
 		// between the two renames they do not match yet, so each poll
 		// reads and verifies them together once.
-		c, err := loadCreds(o.CredentialsDir, laptopID)
+		c, err := loadCreds(o.CredentialsDir, servertest.LaptopID)
 		return err == nil && c.NotAfter.After(first.NotAfter)
 	}, 10*time.Second, 20*time.Millisecond, "--credentials-dir follows the renewal")
 }
@@ -140,7 +141,7 @@ func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	rootsPEM, err := os.ReadFile(rootCert)
 	require.NoError(t, err)
-	o := agentFor(t, addr, rootsPEM, laptopToken)
+	o := agentFor(t, addr, rootsPEM, servertest.LaptopToken)
 	startAgent(t, o)
 
 	// The first agent's admin port, as a second agent with the same
@@ -152,7 +153,7 @@ func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
 
 	for _, adminListen := range []string{"", taken.Addr().String()} {
 		t.Run("admin-listen="+adminListen, func(t *testing.T) {
-			second := agentFor(t, addr, rootsPEM, laptopToken)
+			second := agentFor(t, addr, rootsPEM, servertest.LaptopToken)
 			second.Socket = o.Socket
 			second.Admin.Listen = adminListen
 			var out bytes.Buffer
@@ -169,7 +170,7 @@ func TestAgentExitsWhenAnSDSServerAnswers(t *testing.T) {
 func TestAgentServesCredentialFiles(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	creds := filepath.Join(t.TempDir(), "creds")
-	token := writeFile(t, laptopToken+"\n", 0o600)
+	token := servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600)
 	_, stderr, code := runCLI(t, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--credentials-dir", creds)
 	require.Equal(t, 0, code, stderr)
 	roots, err := cli.ReadPEMCerts(filepath.Join(creds, "root-cert.pem"))
@@ -181,8 +182,8 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 	e := openEnvoy(t, dialSDSUnix(t, o.Socket), nil, sds.DefaultName, sds.RootCAName)
 	r := e.recv(10 * time.Second)
 	got := secrets(t, r)
-	id, first := workloadCert(t, got[sds.DefaultName], laptopID.TrustDomain(), roots)
-	assert.Equal(t, laptopID, id)
+	id, first := workloadCert(t, got[sds.DefaultName], servertest.LaptopID.TrustDomain(), roots)
+	assert.Equal(t, servertest.LaptopID, id)
 	sameCerts(t, roots, trustedCA(t, got[sds.RootCAName]), "ROOTCA from root-cert.pem")
 	e.ack(r)
 
@@ -193,7 +194,7 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 		r = e.recv(10 * time.Second)
 		e.ack(r)
 		if s, ok := secrets(t, r)[sds.DefaultName]; ok {
-			_, next := workloadCert(t, s, laptopID.TrustDomain(), roots)
+			_, next := workloadCert(t, s, servertest.LaptopID.TrustDomain(), roots)
 			if next.SerialNumber.Cmp(first.SerialNumber) != 0 {
 				break
 			}

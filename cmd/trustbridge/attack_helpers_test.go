@@ -1,18 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -30,7 +29,7 @@ type attackTarget struct {
 func startAttackTarget(tb testing.TB, mutate func(*server.Config)) *attackTarget {
 	tb.Helper()
 	tokens := filepath.Join(tb.TempDir(), "tokens.csv")
-	require.NoError(tb, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	require.NoError(tb, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"), 0o600))
 	o := baseServerOptions("example.org", tb.TempDir())
 	o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 	if mutate != nil {
@@ -54,7 +53,7 @@ func startAttackTarget(tb testing.TB, mutate func(*server.Config)) *attackTarget
 		cancel()
 		<-done
 	})
-	at.grpc = grpcAddr(tb, logs.String())
+	at.grpc = servertest.GRPCAddr(tb, logs.String())
 	return at
 }
 
@@ -62,36 +61,7 @@ func startAttackTarget(tb testing.TB, mutate func(*server.Config)) *attackTarget
 // labels (`result="verified"`), as the admin listener serves them.
 func (at *attackTarget) metric(tb testing.TB, name string, labels ...string) float64 {
 	tb.Helper()
-	return metricVia(tb, http.DefaultClient, at.admin, name, labels...)
-}
-
-// metricVia is attackTarget.metric read through c from the admin
-// listener at admin.
-func metricVia(tb testing.TB, c *http.Client, admin, name string, labels ...string) float64 {
-	tb.Helper()
-	resp, err := c.Get("http://" + admin + "/metrics")
-	require.NoError(tb, err)
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-lines:
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		for _, l := range labels {
-			if !strings.Contains(line, l) {
-				continue lines
-			}
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		require.NoError(tb, err)
-		sum += v
-	}
-	require.NoError(tb, sc.Err())
-	return sum
+	return servertest.MetricVia(tb, http.DefaultClient, at.admin, name, labels...)
 }
 
 // logCount counts the log lines at level (JSON logs) containing msg.

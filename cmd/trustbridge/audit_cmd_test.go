@@ -1,8 +1,6 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -22,26 +20,9 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
-
-func sha256Hex(b []byte) string {
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
-}
-
-func readAuditLog(t *testing.T, dataDir string) []audit.Entry {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dataDir, "audit.jsonl"))
-	require.NoError(t, err)
-	var out []audit.Entry
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var e audit.Entry
-		require.NoError(t, json.Unmarshal([]byte(line), &e))
-		out = append(out, e)
-	}
-	return out
-}
 
 func auditEvents(entries []audit.Entry, td string) []string {
 	var out []string
@@ -62,7 +43,7 @@ func TestAuditLogE2E(t *testing.T) {
 	path := filepath.Join(west.dataDir, "audit.jsonl")
 	var entries []audit.Entry
 	require.Eventually(t, func() bool {
-		entries = readAuditLog(t, west.dataDir)
+		entries = servertest.ReadAuditLog(t, west.dataDir)
 		return len(auditEvents(entries, "east.example")) >= 2
 	}, 10*time.Second, 20*time.Millisecond)
 	host, _ := os.Hostname()
@@ -87,7 +68,7 @@ func TestAuditLogE2E(t *testing.T) {
 	// first fetch confirms the same root under east's sequence.
 	require.NotNil(t, baseline, "events: %v", auditEvents(entries, "east.example"))
 	assert.Equal(t, east.bundleURL, baseline.SourceURL)
-	assert.Equal(t, []string{"x509:" + sha256Hex(caRootsOf(t, east)[0].Raw)}, baseline.Added)
+	assert.Equal(t, []string{"x509:" + servertest.SHA256Hex(caRootsOf(t, east)[0].Raw)}, baseline.Added)
 	require.NotNil(t, accepted, "events: %v", auditEvents(entries, "east.example"))
 	assert.Equal(t, east.bundleURL, accepted.SourceURL)
 	assert.NotNil(t, accepted.NewSequence)
@@ -234,7 +215,7 @@ func TestAuditLogTornTail(t *testing.T) {
 	assert.Contains(t, logs.String(), "level=WARN")
 	assert.Contains(t, logs.String(), "torn_bytes=22")
 	assert.Contains(t, logs.String(), "torn_file="+path+audit.TornTailSuffix+"2-")
-	entries := readAuditLog(t, dir)
+	entries := servertest.ReadAuditLog(t, dir)
 	require.Len(t, entries, 3)
 	host, _ := os.Hostname()
 	assert.Equal(t, "log_recovered", entries[2].Event)

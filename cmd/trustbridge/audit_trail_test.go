@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // A real server whose audit log was torn by a crash mid-write (issue 14
@@ -40,7 +41,7 @@ func TestServerRecoversATornAuditTail(t *testing.T) {
 	assert.Contains(t, stderr, "the server moves them into "+path+audit.TornTailSuffix+"<seq>-<hash> at its next start")
 
 	admin, _, stop := launchServer(t, o)
-	_, metrics := get(t, "http://"+admin+"/metrics")
+	_, metrics := servertest.Get(t, "http://"+admin+"/metrics")
 	assert.Contains(t, metrics, `trustbridge_audit_entries_total{event="log_recovered"} 1`)
 	stop()
 	copies, err := filepath.Glob(path + audit.TornTailSuffix + "*")

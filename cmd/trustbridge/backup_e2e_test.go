@@ -20,6 +20,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // restoreDrill is east.example on a fixed bundle endpoint address, so that
@@ -42,7 +43,7 @@ type restoreDrill struct {
 func newRestoreDrill(t *testing.T) *restoreDrill {
 	t.Helper()
 	dataDir, roots := bootstrapDataDir(t, "east.example")
-	d := &restoreDrill{t: t, dataDir: dataDir, addr: reservePort(t), roots: roots}
+	d := &restoreDrill{t: t, dataDir: dataDir, addr: servertest.ReservePort(t), roots: roots}
 	d.start()
 	return d
 }
@@ -140,7 +141,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 	}
 	d := newRestoreDrill(t)
 	west := startE2EServer(t, "west.example", t.TempDir(), func(o *server.Config) {
-		o.Federation.ConfigFile = writeSPIFFEFederationConfig(t, "east.example", d.addr, d.roots)
+		o.Federation.ConfigFile = servertest.WriteSPIFFEFederationConfig(t, "east.example", d.addr, d.roots)
 	})
 	waitHolds := func(seq uint64, roots int) federation.Status {
 		t.Helper()
@@ -170,7 +171,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 	assert.Greater(t, restored, before, "the restored state is published above everything before it: %v", d.published)
 	st := waitHolds(restored, 1)
 	assert.Equal(t, federation.StateOK, st.State)
-	assert.Equal(t, sha256Hex(d.roots[0].Raw), x509Held(st.Authorities)[0].SHA256, "west trusts the restored root")
+	assert.Equal(t, servertest.SHA256Hex(d.roots[0].Raw), x509Held(st.Authorities)[0].SHA256, "west trusts the restored root")
 	assert.NotContains(t, st.Refusals, "sequence_regression", "west never refused a bundle as a regression: %v", st.Refusals)
 	assert.NotContains(t, st.Refusals, "sequence_conflict", "%v", st.Refusals)
 	for i := 1; i < len(d.published); i++ {

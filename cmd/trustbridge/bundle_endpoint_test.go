@@ -22,17 +22,9 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
-
-// endpointURL is the bundle endpoint's URL, as the start-up record in a
-// server's log names it.
-func endpointURL(t *testing.T, logs string) string {
-	t.Helper()
-	return logAttr(t, logs, bundleEndpointStarted, "endpoint_url")
-}
-
-const bundleEndpointStarted = "bundle endpoint: peers federate with this tuple"
 
 func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 	dir := t.TempDir()
@@ -59,7 +51,7 @@ func TestServerBundleEndpointWebProfileAndRelay(t *testing.T) {
 		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/bundle", Profile: server.ProfileWeb,
 			TLSCert: certFile, TLSKey: keyFile, Files: []string{"peer.example=" + peerFile}, ServeOthers: true}
 	})
-	url := endpointURL(t, out.String())
+	url := servertest.EndpointURL(t, out.String())
 	require.True(t, strings.HasSuffix(url, "/bundle"))
 	pool := x509.NewCertPool()
 	pool.AddCert(web.Cert)
@@ -119,7 +111,7 @@ func TestServerBundleEndpointStaticMode(t *testing.T) {
 		o.RefreshHint = 2 * time.Minute
 		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileWeb, TLSCert: certFile, TLSKey: keyFile, Files: []string{static}}
 	})
-	url := endpointURL(t, out.String())
+	url := servertest.EndpointURL(t, out.String())
 	assert.True(t, strings.HasPrefix(url, "https://localhost:"), "peers are told the certificate's name: %s", url)
 	pool := x509.NewCertPool()
 	pool.AddCert(web.Cert)

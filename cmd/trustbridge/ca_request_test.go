@@ -20,12 +20,9 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
-
-const laptopToken = "laptop-bootstrap-token-0123456789"
-
-var laptopID = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
 
 // grpcServer starts `trustbridge server` for example.org with the
 // certificate service on loopback and a bootstrap token for laptopID. It
@@ -37,7 +34,7 @@ var laptopID = spiffeid.RequireFromString("spiffe://example.org/vm/laptop")
 // tokens_test.go.
 func grpcServer(t *testing.T, mutate ...func(*server.Config)) (addr, rootCert, dataDir string) {
 	t.Helper()
-	return grpcServerWithTokens(t, laptopToken+","+laptopID.String()+",reusable\n", mutate...)
+	return grpcServerWithTokens(t, servertest.LaptopToken+","+servertest.LaptopID.String()+",reusable\n", mutate...)
 }
 
 // grpcServerWithTokens is grpcServer with the token file's content.
@@ -49,7 +46,7 @@ func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*server.Con
 	_, banner := startServer(t, dataDir, append([]func(*server.Config){func(o *server.Config) {
 		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
 	}}, mutate...)...)
-	addr = grpcAddr(t, banner.String())
+	addr = servertest.GRPCAddr(t, banner.String())
 
 	_, roots, err := ca.NewStore(dataDir).Load("example.org")
 	require.NoError(t, err)
@@ -60,20 +57,6 @@ func grpcServerWithTokens(t *testing.T, lines string, mutate ...func(*server.Con
 	rootCert = filepath.Join(t.TempDir(), "root-cert.pem")
 	require.NoError(t, os.WriteFile(rootCert, cli.CertsPEM(certs), 0o644))
 	return addr, rootCert, dataDir
-}
-
-// grpcAddr is the certificate service's address, as the start-up record
-// in a server's log names it.
-func grpcAddr(tb testing.TB, logs string) string {
-	tb.Helper()
-	return logAttr(tb, logs, "certificate service listening", "address")
-}
-
-func writeFile(t *testing.T, data string, perm os.FileMode) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "file")
-	require.NoError(t, os.WriteFile(p, []byte(data), perm))
-	return p
 }
 
 // checkCreds verifies the files `ca request` wrote and returns the leaf.
@@ -119,14 +102,14 @@ func loadCreds(dir string, want spiffeid.ID) (*x509.Certificate, error) {
 
 func TestCARequestBootstrapThenRenew(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	token := writeFile(t, laptopToken+"\n", 0o600)
+	token := servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600)
 	out := filepath.Join(t.TempDir(), "creds")
 
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 		"--token-file", token, "--credentials-dir", out, "--ttl", "2h")
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "issued "+laptopID.String())
-	first := checkCreds(t, out, laptopID)
+	assert.Contains(t, stdout, "issued "+servertest.LaptopID.String())
+	first := checkCreds(t, out, servertest.LaptopID)
 	assert.WithinDuration(t, time.Now().Add(2*time.Hour), first.NotAfter, time.Minute)
 	firstKey, err := os.ReadFile(filepath.Join(out, "key.pem"))
 	require.NoError(t, err)
@@ -136,8 +119,8 @@ func TestCARequestBootstrapThenRenew(t *testing.T) {
 	stdout, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 		"--prov-cert", out, "--credentials-dir", renewed)
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "issued "+laptopID.String())
-	second := checkCreds(t, renewed, laptopID)
+	assert.Contains(t, stdout, "issued "+servertest.LaptopID.String())
+	second := checkCreds(t, renewed, servertest.LaptopID)
 	assert.NotEqual(t, first.SerialNumber, second.SerialNumber)
 	secondKey, err := os.ReadFile(filepath.Join(renewed, "key.pem"))
 	require.NoError(t, err)
@@ -145,9 +128,9 @@ func TestCARequestBootstrapThenRenew(t *testing.T) {
 
 	// And in place, with the root-cert.pem it wrote.
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(renewed, "root-cert.pem"),
-		"--renew", "--credentials-dir", renewed, "--spiffe-id", laptopID.String())
+		"--renew", "--credentials-dir", renewed, "--spiffe-id", servertest.LaptopID.String())
 	require.Equal(t, 0, code, stderr)
-	third := checkCreds(t, renewed, laptopID)
+	third := checkCreds(t, renewed, servertest.LaptopID)
 	assert.NotEqual(t, second.SerialNumber, third.SerialNumber)
 
 	// The names before --credentials-dir and --prov-cert still work for a
@@ -158,21 +141,21 @@ func TestCARequestBootstrapThenRenew(t *testing.T) {
 	assert.Contains(t, stderr, "--cert-dir is deprecated and goes in a later release; use --prov-cert")
 	assert.Contains(t, stderr, "--out is deprecated and goes in a later release; use --credentials-dir")
 	assert.NotContains(t, stdout, "deprecated")
-	fourth := checkCreds(t, renewed, laptopID)
+	fourth := checkCreds(t, renewed, servertest.LaptopID)
 	assert.NotEqual(t, third.SerialNumber, fourth.SerialNumber)
 }
 
 func TestCARequestRefusals(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
-	token := writeFile(t, laptopToken, 0o600)
+	token := servertest.WriteFile(t, servertest.LaptopToken, 0o600)
 	otherCA := testca.New(t, "example.org", testca.Options{})
-	otherRoot := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
+	otherRoot := servertest.WriteFile(t, string(cli.CertsPEM([]*x509.Certificate{otherCA.Cert})), 0o644)
 	fedCA := testca.New(t, "other.example", testca.Options{})
-	fedRoot := writeFile(t, string(cli.CertsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
+	fedRoot := servertest.WriteFile(t, string(cli.CertsPEM([]*x509.Certificate{fedCA.Cert})), 0o644)
 
 	// A certificate issued by another CA of the same trust domain.
 	foreignDir := t.TempDir()
-	leaf, key := otherCA.Issue(t, laptopID)
+	leaf, key := otherCA.Issue(t, servertest.LaptopID)
 	require.NoError(t, caclient.WriteCredentials(foreignDir, key, []*x509.Certificate{leaf}, caclient.Trust{TrustDomain: otherCA.TrustDomain, Local: []*x509.Certificate{otherCA.Cert}}))
 
 	// A certificate of ours that has expired by the time it is used.
@@ -181,7 +164,7 @@ func TestCARequestRefusals(t *testing.T) {
 		"--token-file", token, "--credentials-dir", expiredDir, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
 
-	stopped := reservePort(t) // nothing listens there
+	stopped := servertest.ReservePort(t) // nothing listens there
 
 	tests := []struct {
 		name string
@@ -189,7 +172,7 @@ func TestCARequestRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown token", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "not-the-token-0123456789", 0o600)},
+		{"unknown token", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", servertest.WriteFile(t, "not-the-token-0123456789", 0o600)},
 			"did not accept the credentials"},
 		{"certificate from another CA", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", foreignDir},
 			"did not accept the credentials"},
@@ -219,9 +202,9 @@ func TestCARequestRefusals(t *testing.T) {
 			"--out is the old name of --credentials-dir; pass only --credentials-dir"},
 		{"--cert-dir and --prov-cert, two directories", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--cert-dir", expiredDir, "--prov-cert", foreignDir},
 			"pass only --prov-cert, or --renew"},
-		{"empty token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "\n", 0o600)}, "is empty"},
-		{"token file with two tokens", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, "a b\n", 0o600)}, "more than one"},
-		{"oversized token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", writeFile(t, string(make([]byte, 64<<10)), 0o600)}, "larger than"},
+		{"empty token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", servertest.WriteFile(t, "\n", 0o600)}, "is empty"},
+		{"token file with two tokens", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", servertest.WriteFile(t, "a b\n", 0o600)}, "more than one"},
+		{"oversized token file", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", servertest.WriteFile(t, string(make([]byte, 64<<10)), 0o600)}, "larger than"},
 		{"missing root cert", nil, []string{"--ca-addr", addr, "--root-cert", filepath.Join(t.TempDir(), "none.pem"), "--token-file", token}, "--root-cert"},
 		{"fractional ttl", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--ttl", "1.5s"}, "whole"},
 	}
@@ -235,7 +218,7 @@ func TestCARequestRefusals(t *testing.T) {
 			_, stderr, code := runCLIAt(t, now, "", append([]string{"ca", "request", "--credentials-dir", out}, tt.args...)...)
 			assert.Equal(t, 1, code)
 			assert.Contains(t, stderr, tt.want)
-			assert.NotContains(t, stderr, laptopToken)
+			assert.NotContains(t, stderr, servertest.LaptopToken)
 			_, err := os.Stat(out)
 			assert.True(t, os.IsNotExist(err), "nothing written")
 		})
@@ -290,7 +273,7 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 	peer := testca.New(t, "relay.example", testca.Options{Mutate: func(c *x509.Certificate) { c.URIs = nil }})
 	doc, err := bundledoc.Marshal(peer.Bundle())
 	require.NoError(t, err)
-	relay := writeFile(t, string(doc), 0o644)
+	relay := servertest.WriteFile(t, string(doc), 0o644)
 	forged, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://example.org/admin"))
 	peerLeaf, _ := peer.Issue(t, spiffeid.RequireFromString("spiffe://relay.example/api"))
 	for _, mode := range []string{server.RootsMerged, server.RootsLocal} {
@@ -304,7 +287,7 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 			require.NoError(t, err)
 			out := filepath.Join(t.TempDir(), "creds")
 			stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-				"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", out)
+				"--token-file", servertest.WriteFile(t, servertest.LaptopToken, 0o600), "--credentials-dir", out)
 			require.Equal(t, 0, code, stderr)
 			assert.Contains(t, stdout, "bundle.spiffe.json: example.org, relay.example")
 			got, err := cli.ReadPEMCerts(filepath.Join(out, "root-cert.pem"))
@@ -331,7 +314,7 @@ func TestCARequestTrustPerTrustDomain(t *testing.T) {
 			_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", filepath.Join(out, "root-cert.pem"),
 				"--renew", "--credentials-dir", out)
 			require.Equal(t, 0, code, stderr)
-			checkCreds(t, out, laptopID)
+			checkCreds(t, out, servertest.LaptopID)
 		})
 	}
 }

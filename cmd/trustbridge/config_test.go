@@ -22,6 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/flagenv"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -33,19 +34,10 @@ func serverFlagSet() (*pflag.FlagSet, *server.Config) {
 	return fs, &o
 }
 
-func noEnv(string) string { return "" }
-
-func writeConfig(t *testing.T, text string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "trustbridge.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
-	return path
-}
-
 // The file's federation list is read as --federation-config reads its
 // file, with the config file's line numbers in errors.
 func TestConfigInlineFederation(t *testing.T) {
-	path := writeConfig(t, `trust-domain: east.example
+	path := servertest.WriteConfig(t, `trust-domain: east.example
 federation:
   - trustDomain: west.example
     bundleEndpointURL: https://west.example/
@@ -55,14 +47,14 @@ log-level: debug
 `)
 	fs, o := serverFlagSet()
 	require.NoError(t, fs.Parse([]string{"--config", path}))
-	require.NoError(t, o.Load(fs, noEnv))
+	require.NoError(t, o.Load(fs, servertest.NoEnv))
 	assert.Equal(t, "debug", o.LogLevel)
 	_, fromFile, _, err := server.StaticEndpoints(o.Federation, spiffeid.RequireTrustDomainFromString("east.example"), nil)
 	require.NoError(t, err)
 	require.Len(t, fromFile, 1)
 	assert.Equal(t, "west.example|https://west.example/", fromFile[0].String())
 
-	bad := writeConfig(t, `trust-domain: east.example
+	bad := servertest.WriteConfig(t, `trust-domain: east.example
 log-level: debug
 
 federation:
@@ -75,7 +67,7 @@ federation:
 	assert.Contains(t, out, "line 6")
 	assert.Contains(t, out, "scheme must be https")
 
-	both := writeConfig(t, "trust-domain: east.example\nfederation-config: x.yaml\nfederation: []\n")
+	both := servertest.WriteConfig(t, "trust-domain: east.example\nfederation-config: x.yaml\nfederation: []\n")
 	_, stderr, code := runCLI(t, "", "config", "check", both)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "do not combine")
@@ -83,12 +75,12 @@ federation:
 
 func TestConfigCheck(t *testing.T) {
 	t.Setenv("TRUST_DOMAIN", "")
-	good := writeConfig(t, "trust-domain: east.example\ngrpc-listen: 127.0.0.1:15012\n")
+	good := servertest.WriteConfig(t, "trust-domain: east.example\ngrpc-listen: 127.0.0.1:15012\n")
 	out, stderr, code := runCLI(t, "", "config", "check", good)
 	assert.Equal(t, 0, code, stderr)
 	assert.Equal(t, good+": ok\n", out)
 
-	bad := writeConfig(t, `ca-key-type: dsa
+	bad := servertest.WriteConfig(t, `ca-key-type: dsa
 storage: kube
 ca-dir: /etc/cacerts
 admin-listen: localhost
@@ -103,7 +95,7 @@ federation-crd: true
 		`admin-listen "localhost"`, `--log-format "xml"`, "bundle-endpoint-spiffe-id needs bundle-profile https_spiffe"} {
 		assert.Contains(t, out, want)
 	}
-	crd := writeConfig(t, "trust-domain: east.example\nfederation-crd: true\n")
+	crd := servertest.WriteConfig(t, "trust-domain: east.example\nfederation-crd: true\n")
 	out, _, code = runCLI(t, "", "config", "check", crd)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, "--federation-crd needs --storage kube")
@@ -175,7 +167,7 @@ func TestConfigurationDoc(t *testing.T) {
 	// The example file in the document is valid.
 	m := regexp.MustCompile("(?s)<!-- example -->\n```yaml\n(.*?)```").FindSubmatch(current)
 	require.NotNil(t, m, "example config missing")
-	example := writeConfig(t, string(m[1]))
+	example := servertest.WriteConfig(t, string(m[1]))
 	// The example's bootstrap bundle, as west's operator would hand it over.
 	west, err := bundledoc.Marshal(testca.New(t, "west.example").Bundle())
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 func TestListenerLimitFlagDefaults(t *testing.T) {
@@ -60,7 +61,7 @@ func TestListenerLimitErrors(t *testing.T) {
 		})
 	}
 	t.Setenv("TRUST_DOMAIN", "")
-	bad := writeConfig(t, "trust-domain: east.example\ngrpc-max-conns: -1\nbundle-idle-timeout: -1s\n")
+	bad := servertest.WriteConfig(t, "trust-domain: east.example\ngrpc-max-conns: -1\nbundle-idle-timeout: -1s\n")
 	out, _, code := runCLI(t, "", "config", "check", bad)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, "--grpc-max-conns -1")
@@ -78,12 +79,12 @@ func TestAgentAdminConnLimits(t *testing.T) {
 	stop, err := agent.StartSide(context.Background(), e.HUP, o, ready, reg, logger)
 	require.NoError(t, err)
 	defer stop()
-	admin := logAttr(t, logs.String(), "admin listening", "address")
+	admin := servertest.LogAttr(t, logs.String(), "admin listening", "address")
 
-	held := floodConn(t, admin, "127.0.0.1", floodHTTP)
+	held := servertest.FloodConn(t, admin, "127.0.0.1", servertest.FloodHTTP)
 	require.NotNil(t, held, "the first connection is served")
 	defer held.Close()
-	assert.Nil(t, floodConn(t, admin, "127.0.0.1", floodHTTP), "the second is refused at accept")
+	assert.Nil(t, servertest.FloodConn(t, admin, "127.0.0.1", servertest.FloodHTTP), "the second is refused at accept")
 	assert.Equal(t, float64(1), gathered(t, reg, "trustbridge_listener_connections_refused_total", map[string]string{"listener": "admin", "reason": "source_limit"}))
 
 	o.Conns.Max = -1

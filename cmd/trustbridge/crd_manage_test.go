@@ -14,6 +14,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // With --storage kube, federation add creates a ClusterFederatedTrustDomain
@@ -22,8 +23,8 @@ import (
 // --federation-crd both are refused, saying what to do.
 func TestKubeFederationAddCreatesResource(t *testing.T) {
 	env := kubetest.Shared(t)
-	installCRD(t, env)
-	dyn := dynamicClient(t, env)
+	servertest.InstallCRD(t, env)
+	dyn := servertest.DynamicClient(t, env)
 
 	eastData, _ := bootstrapDataDir(t, "east.example")
 	east := startE2EServer(t, "east.example", eastData, nil)
@@ -36,7 +37,7 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		o := baseServerOptions("west.example", dir)
 		o.Federation.MinRefresh = time.Second
 		o.Federation.AllowPrivate = true
-		o.GRPC.Kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+		o.GRPC.Kubeconfig = servertest.WriteKubeconfig(t, env.Config.Host, env)
 		o.Kube = fastKubeStorage(ns)
 		o.Kube.FederationCRD, o.Kube.FederationClass = federationCRD, "manage-e2e"
 		admin, _, _ := launchServer(t, o)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/datadir"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -52,7 +53,7 @@ func startServerProcess(t *testing.T, args ...string) *serverProcess {
 	sc := bufio.NewScanner(stderr)
 	for sc.Scan() {
 		_, _ = p.stderr.Write(append(sc.Bytes(), '\n'))
-		if rec := logRecord(sc.Text(), "trustbridge server started"); rec != nil {
+		if rec := servertest.LogRecord(sc.Text(), "trustbridge server started"); rec != nil {
 			p.admin, _ = rec["admin"].(string)
 			p.admin = strings.TrimPrefix(p.admin, "http://")
 			break
@@ -103,7 +104,7 @@ func TestSecondServerIsRefusedAndACrashFreesTheDataDir(t *testing.T) {
 		assert.Contains(c, string(data), `"event":"baseline"`)
 	}, time.Minute, 10*time.Millisecond)
 	auditLog := mustReadFile(t, filepath.Join(dataDir, "audit.jsonl"))
-	before := trustOf(t, first.admin)
+	before := servertest.TrustOf(t, first.admin)
 
 	_, stderr, code := runCLI(t, "", append([]string{"server"}, args...)...)
 	assert.Equal(t, 1, code)
@@ -113,7 +114,7 @@ func TestSecondServerIsRefusedAndACrashFreesTheDataDir(t *testing.T) {
 	assert.Contains(t, stderr, "stop that one first, or give this one a data directory of its own")
 	assert.Equal(t, journal, mustReadFile(t, filepath.Join(dataDir, "ca", "state.json")), "the CA state is untouched")
 	assert.Equal(t, auditLog, mustReadFile(t, filepath.Join(dataDir, "audit.jsonl")), "the audit log is untouched")
-	code, _ = get(t, "http://"+first.admin+"/healthz")
+	code, _ = servertest.Get(t, "http://"+first.admin+"/healthz")
 	assert.Equal(t, http.StatusOK, code, "the first server serves on")
 
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "rotate", "--data-dir", dataDir)
@@ -128,7 +129,7 @@ func TestSecondServerIsRefusedAndACrashFreesTheDataDir(t *testing.T) {
 	_, stderr, code = runCLI(t, "", "audit", "log", "verify", filepath.Join(dataDir, "audit.jsonl"))
 	assert.Equal(t, 0, code, stderr)
 	admin, _ := startServer(t, dataDir)
-	after := trustOf(t, admin)
+	after := servertest.TrustOf(t, admin)
 	assert.Equal(t, before.Authorities[0].SHA256, after.Authorities[0].SHA256, "the same CA, not a new one")
 	assert.Len(t, after.Authorities, 2, "with the root ca rotate prepared")
 	rec, err = datadir.ParseHolder(mustReadFile(t, filepath.Join(dataDir, datadir.LockName)))
@@ -188,12 +189,12 @@ func TestServerRefusesAMissingDataDirWithoutInit(t *testing.T) {
 	_, err := os.Stat(dataDir)
 	assert.ErrorIs(t, err, os.ErrNotExist, "nothing was created")
 
-	var first trustDoc
+	var first servertest.TrustDoc
 	for i, init := range []bool{true, true, false} {
 		o := baseServerOptions("example.org", dataDir)
 		o.Init = init
 		admin, _, stop := launchServer(t, o)
-		doc := trustOf(t, admin)
+		doc := servertest.TrustOf(t, admin)
 		stop()
 		if i == 0 {
 			first = doc
@@ -223,7 +224,7 @@ func TestServerRefusesADataDirWithOtherFilesWithoutInit(t *testing.T) {
 
 	o.Init = true
 	admin, _, stop := launchServer(t, o)
-	assert.Len(t, trustOf(t, admin).Authorities, 1)
+	assert.Len(t, servertest.TrustOf(t, admin).Authorities, 1)
 	stop()
 	assert.Equal(t, "mine", string(mustReadFile(t, filepath.Join(dataDir, "notes.txt"))))
 
@@ -243,7 +244,7 @@ func TestServerRefusesADataDirWithOtherFilesWithoutInit(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(dataDir, "ca", ".lock"), nil, 0o600))
 		require.NoError(t, os.Mkdir(filepath.Join(dataDir, "lost+found"), 0o700))
 		admin, _ := startServer(t, dataDir)
-		assert.Len(t, trustOf(t, admin).Authorities, 1)
+		assert.Len(t, servertest.TrustOf(t, admin).Authorities, 1)
 	})
 	t.Run("a server creating its first CA there is named instead", func(t *testing.T) {
 		dataDir := t.TempDir()

@@ -32,6 +32,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -95,11 +96,11 @@ func newGrantTarget(t *testing.T) *grantTarget {
 	for _, r := range roots {
 		g.roots = append(g.roots, r.Cert)
 	}
-	rootCert := writeFile(t, string(cli.CertsPEM(g.roots)), 0o644)
+	rootCert := servertest.WriteFile(t, string(cli.CertsPEM(g.roots)), 0o644)
 	request := func(token string) string {
 		dir := filepath.Join(t.TempDir(), "creds")
 		_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", g.grpc, "--root-cert", rootCert,
-			"--token-file", writeFile(t, token+"\n", 0o600), "--credentials-dir", dir)
+			"--token-file", servertest.WriteFile(t, token+"\n", 0o600), "--credentials-dir", dir)
 		require.Equal(t, 0, code, stderr)
 		return dir
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // startNamedServer runs a server for td with its bundle endpoint on
@@ -41,14 +42,14 @@ func startNamedServer(t *testing.T, td string, mutate func(*server.Config)) (adm
 
 func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	_, eastBanner, eastData := startNamedServer(t, "east.example", nil)
-	eastURL := endpointURL(t, eastBanner)
+	eastURL := servertest.EndpointURL(t, eastBanner)
 
 	// The operator hands west east's bundle once (https_spiffe bootstrap).
 	eastState, roots, err := ca.NewStore(eastData).Load("east.example")
 	require.NoError(t, err)
 	eastBundle := roots[0].Cert
 	eastSeq := eastState.Sequence
-	doc, err := bundledoc.Marshal(spiffeBundle(t, "east.example", eastBundle))
+	doc, err := bundledoc.Marshal(servertest.SPIFFEBundle(t, "east.example", eastBundle))
 	require.NoError(t, err)
 	cfgDir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(cfgDir, "east.json"), doc, 0o600))
@@ -63,7 +64,7 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	// The first poll happens at start; wait for it through the status API.
 	var status []federation.Status
 	require.Eventually(t, func() bool {
-		code, body := get(t, "http://"+westAdmin+"/v1/federation")
+		code, body := servertest.Get(t, "http://"+westAdmin+"/v1/federation")
 		if code != 200 || json.Unmarshal([]byte(body), &status) != nil || len(status) != 1 {
 			return false
 		}
@@ -77,7 +78,7 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	assert.Equal(t, "spiffe://east.example/trustbridge/bundle-endpoint", s.EndpointSPIFFEID)
 
 	// West relays east's bundle as east published it, sequence included.
-	westURL := strings.TrimSuffix(endpointURL(t, westBanner), "/")
+	westURL := strings.TrimSuffix(servertest.EndpointURL(t, westBanner), "/")
 	_, westRoots, err := ca.NewStore(westData).Load("west.example")
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -127,9 +128,4 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
-}
-
-func spiffeBundle(t *testing.T, td string, roots ...*x509.Certificate) *spiffebundle.Bundle {
-	t.Helper()
-	return spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString(td), roots)
 }

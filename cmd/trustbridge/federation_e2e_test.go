@@ -30,6 +30,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -58,7 +59,7 @@ func startE2EServer(t *testing.T, td, dataDir string, mutate func(*server.Config
 	admin, banner, stop := launchServer(t, o)
 	return &e2eServer{
 		td: spiffeid.RequireTrustDomainFromString(td), dataDir: dataDir, admin: "http://" + admin,
-		bundleURL: endpointURL(t, banner), banner: banner, stop: stop,
+		bundleURL: servertest.EndpointURL(t, banner), banner: banner, stop: stop,
 	}
 }
 
@@ -78,37 +79,6 @@ func bootstrapDataDir(t *testing.T, td string) (dataDir string, roots []*x509.Ce
 	return dataDir, roots
 }
 
-// reservePort returns a loopback address that was free a moment ago.
-func reservePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
-// writeSPIFFEFederationConfig writes a federation config naming peer's
-// https_spiffe endpoint at addr with peerRoots as its bootstrap bundle.
-func writeSPIFFEFederationConfig(t *testing.T, peer, addr string, peerRoots []*x509.Certificate) string {
-	t.Helper()
-	dir := t.TempDir()
-	doc, err := bundledoc.Marshal(spiffeBundle(t, peer, peerRoots...))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "peer.json"), doc, 0o600))
-	cfg := fmt.Sprintf(`federation:
-  - trustDomain: %s
-    bundleEndpointURL: https://%s/
-    bundleEndpointProfile:
-      type: https_spiffe
-      endpointSPIFFEID: spiffe://%s/trustbridge/bundle-endpoint
-    trustDomainBundleFile: peer.json
-`, peer, addr, peer)
-	path := filepath.Join(dir, "federation.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
-	return path
-}
-
 // startSPIFFEPair starts east.example and west.example federated with each
 // other over https_spiffe. A CA root exists only after a server's first
 // start and the peer's config needs it, so each data dir is bootstrapped
@@ -117,9 +87,9 @@ func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*server.Config)) 
 	t.Helper()
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
 	westData, westRoots := bootstrapDataDir(t, "west.example")
-	eastAddr, westAddr := reservePort(t), reservePort(t)
-	eastCfg := writeSPIFFEFederationConfig(t, "west.example", westAddr, westRoots)
-	westCfg := writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
+	eastAddr, westAddr := servertest.ReservePort(t), servertest.ReservePort(t)
+	eastCfg := servertest.WriteSPIFFEFederationConfig(t, "west.example", westAddr, westRoots)
+	westCfg := servertest.WriteSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
 	east = startE2EServer(t, "east.example", eastData, func(o *server.Config) {
 		o.Bundle.Listen = eastAddr
 		o.Federation.ConfigFile = eastCfg
@@ -141,7 +111,7 @@ func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*server.Config)) 
 // while there is none yet.
 func federationStatus(t *testing.T, s *e2eServer, td string) (federation.Status, bool) {
 	t.Helper()
-	code, body := get(t, s.admin+"/v1/federation")
+	code, body := servertest.Get(t, s.admin+"/v1/federation")
 	var all []federation.Status
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &all) != nil {
 		return federation.Status{}, false
@@ -360,7 +330,7 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 	require.NoError(t, os.WriteFile(keyFile, pemBlock("PRIVATE KEY", der), 0o600))
 	require.NoError(t, os.WriteFile(caFile, cli.CertsPEM([]*x509.Certificate{web.Cert}), 0o600))
 
-	eastAddr, westAddr := reservePort(t), reservePort(t)
+	eastAddr, westAddr := servertest.ReservePort(t), servertest.ReservePort(t)
 	webConfig := func(peer, addr string) string {
 		path := filepath.Join(dir, peer+".yaml")
 		cfg := "federation:\n  - trustDomain: " + peer + "\n    bundleEndpointURL: https://" + addr +
@@ -522,14 +492,14 @@ func TestFederationE2ERootRotation(t *testing.T) {
 	var newFP string
 	for _, r := range newRoots {
 		if !r.Equal(oldRoots[0]) {
-			newFP = "x509:" + sha256Hex(r.Raw)
+			newFP = "x509:" + servertest.SHA256Hex(r.Raw)
 		}
 	}
-	eastLog := readAuditLog(t, east.dataDir)
+	eastLog := servertest.ReadAuditLog(t, east.dataDir)
 	assert.Contains(t, auditEvents(eastLog, "east.example"), "root_prepared")
 	assert.Contains(t, auditEvents(eastLog, "east.example"), "root_activated")
 	var sawNewRoot bool
-	for _, e := range readAuditLog(t, west.dataDir) {
+	for _, e := range servertest.ReadAuditLog(t, west.dataDir) {
 		if e.Event == "bundle_accepted" && e.TrustDomain == "east.example" && slices.Contains(e.Added, newFP) {
 			sawNewRoot = true
 			assert.Equal(t, east.bundleURL, e.SourceURL)

@@ -27,6 +27,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -94,7 +95,7 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	// A restart keeps it.
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
-	assert.Equal(t, server.OriginRuntime, logAttr(t, local.banner, "federated trust domain configured", "origin"),
+	assert.Equal(t, server.OriginRuntime, servertest.LogAttr(t, local.banner, "federated trust domain configured", "origin"),
 		"the start-up records list the peers added at run time too")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
 	assert.Equal(t, server.OriginRuntime, relationships(t, local)["peer.example"].Origin)
@@ -108,7 +109,7 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 	assert.Nil(t, stored, "removing a peer deletes its stored bundle: adding it again starts from the new --bundle, not the old roots")
 
 	var seen []string
-	for _, e := range readAuditLog(t, dir) {
+	for _, e := range servertest.ReadAuditLog(t, dir) {
 		if e.Event == "federation_added" || e.Event == "federation_removed" {
 			seen = append(seen, e.Event+" "+e.TrustDomain+" "+e.Reason)
 		}
@@ -148,14 +149,14 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
 	assert.Equal(t, admin.OriginStatic, relationships(t, local)["static.example"].Origin)
-	code, body := get(t, local.admin+"/v1/snapshot")
+	code, body := servertest.Get(t, local.admin+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `"static.example"`)
 
 	// bundle show from the data dir, while the server runs, is what the
 	// server publishes.
 	shown := mustCLI(t, "bundle", "show", "-o", "spiffe", "--data-dir", dir)
-	code, served := get(t, local.admin+"/v1/bundle")
+	code, served := servertest.Get(t, local.admin+"/v1/bundle")
 	require.Equal(t, http.StatusOK, code)
 	assert.JSONEq(t, served, shown)
 	assert.JSONEq(t, served, mustCLI(t, "bundle", "show", "-o", "spiffe", "--admin", local.admin))
@@ -168,7 +169,7 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 // writeTemp writes content to a file of its own and returns its path.
 func writeTemp(t *testing.T, content string) string {
 	t.Helper()
-	return writeFile(t, content, 0o600)
+	return servertest.WriteFile(t, content, 0o600)
 }
 
 // An add that fails keeps the last good state and says how to fix it: a
@@ -178,7 +179,7 @@ func writeTemp(t *testing.T, content string) string {
 func TestFederationAddFailuresKeepState(t *testing.T) {
 	dir := t.TempDir()
 	local := startE2EServer(t, "example.org", dir, nil)
-	down := "https://" + reservePort(t) + "/"
+	down := "https://" + servertest.ReservePort(t) + "/"
 	run := func(args ...string) (string, string, int) {
 		return runCLIAt(t, time.Now, "", append(args, "--admin", local.admin, "--data-dir", dir)...)
 	}
@@ -244,7 +245,7 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	noToken := filepath.Join(t.TempDir(), "none")
 	out := mustCLI(t, "bundle", "set", "static.example", file, "--admin", "unix://"+sock, "--admin-token-file", noToken)
 	assert.Contains(t, out, "static bundle")
-	assert.Contains(t, mustCLI(t, "federation", "add", "web.example", "https://"+reservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
+	assert.Contains(t, mustCLI(t, "federation", "add", "web.example", "https://"+servertest.ReservePort(t)+"/", "--no-fetch", "--admin", "unix://"+sock, "--admin-token-file", noToken), "federated with web.example")
 	assert.Equal(t, server.OriginRuntime, relationships(t, local)["web.example"].Origin)
 
 	// Every admin command takes unix://PATH, the reading ones too.
@@ -256,7 +257,7 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "the server answered")
 
 	var reasons []string
-	for _, e := range readAuditLog(t, dir) {
+	for _, e := range servertest.ReadAuditLog(t, dir) {
 		if e.Event == "static_bundle_set" || e.Event == "federation_added" {
 			reasons = append(reasons, e.Event+" "+e.Reason)
 		}
@@ -272,23 +273,23 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	dir := t.TempDir()
 	fedFile := filepath.Join(t.TempDir(), "federation.yaml")
-	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example")), 0o600))
+	require.NoError(t, os.WriteFile(fedFile, []byte(servertest.WebPeers("a.example")), 0o600))
 	o := baseServerOptions("example.org", dir)
 	o.Federation.ConfigFile = fedFile
 	o.Federation.AllowPrivate = true
 	admin, hup, logs := launchReloadable(t, o)
 	mustCLI(t, "federation", "add", "b.example", "https://127.0.0.1:1/b", "--no-fetch", "--admin", "http://"+admin, "--data-dir", dir)
-	require.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+	require.Equal(t, []string{"a.example", "b.example"}, servertest.Federated(t, admin))
 
-	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
-	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
+	require.NoError(t, os.WriteFile(fedFile, []byte(servertest.WebPeers("a.example", "b.example")), 0o600))
+	servertest.HUPAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
 	assert.Contains(t, logs.String(), "b.example has an endpoint set at run time: remove it with trustbridge federation remove b.example")
-	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+	assert.Equal(t, []string{"a.example", "b.example"}, servertest.Federated(t, admin))
 
 	// Moved: removed at run time, then reloaded from the file.
 	mustCLI(t, "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
-	hupAndWait(t, hup, logs, "reloaded", 1)
-	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+	servertest.HUPAndWait(t, hup, logs, "reloaded", 1)
+	assert.Equal(t, []string{"a.example", "b.example"}, servertest.Federated(t, admin))
 	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "remove", "b.example", "--admin", "http://"+admin, "--data-dir", dir)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "b.example is configured by --federation-config")
@@ -299,10 +300,10 @@ func TestReloadRefusesARunTimeTrustDomain(t *testing.T) {
 	pemFile := filepath.Join(t.TempDir(), "c.pem")
 	require.NoError(t, os.WriteFile(pemFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw}), 0o600))
 	mustCLI(t, "bundle", "set", "c.example", pemFile, "--admin", "http://"+admin, "--data-dir", dir)
-	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example", "c.example")), 0o600))
-	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 2)
+	require.NoError(t, os.WriteFile(fedFile, []byte(servertest.WebPeers("a.example", "b.example", "c.example")), 0o600))
+	servertest.HUPAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 2)
 	assert.Contains(t, logs.String(), "c.example has a static bundle set at run time: remove it with trustbridge federation remove c.example")
-	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin))
+	assert.Equal(t, []string{"a.example", "b.example"}, servertest.Federated(t, admin))
 }
 
 // The admin token goes over https, plain http to loopback, or the admin

@@ -17,8 +17,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -115,7 +115,7 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 	o.Federation.Federate = unanchoredTuple
 	o.Init = true // the directory holds the peer's bundle but no CA state yet
 	admin, _, _ := launchServer(t, o)
-	code, body := get(t, "http://"+admin+"/v1/federation")
+	code, body := servertest.Get(t, "http://"+admin+"/v1/federation")
 	require.Equal(t, http.StatusOK, code)
 	var status []federation.Status
 	require.NoError(t, json.Unmarshal([]byte(body), &status))
@@ -133,9 +133,9 @@ func TestBannerWebTupleHasNoBootstrap(t *testing.T) {
 	_, out := startServer(t, t.TempDir(), func(o *server.Config) {
 		o.Bundle = server.BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: server.ProfileWeb, TLSCert: certFile, TLSKey: keyFile, ServeOthers: true}
 	})
-	tuple := logAttr(t, out.String(), bundleEndpointStarted, "tuple")
+	tuple := servertest.LogAttr(t, out.String(), servertest.BundleEndpointStarted, "tuple")
 	assert.Equal(t, 2, strings.Count(tuple, "|")+1, tuple)
-	assert.NotContains(t, logRecord(out.String(), bundleEndpointStarted), "bootstrap")
+	assert.NotContains(t, servertest.LogRecord(out.String(), servertest.BundleEndpointStarted), "bootstrap")
 }
 
 // writeWebCert writes a Web PKI serving certificate for 127.0.0.1 from web.
@@ -184,20 +184,13 @@ func TestHubServedPeerRefusedOnEveryPath(t *testing.T) {
 
 	// The peer's own bundle does not authenticate hub.example's server.
 	peerFile := filepath.Join(t.TempDir(), "peer.example.json")
-	writeBundleDoc(t, peerFile, testca.New(t, "peer.example"))
+	servertest.WriteBundleDoc(t, peerFile, testca.New(t, "peer.example"))
 	peerWant := federation.CheckFirstFetch(federation.Endpoint{
 		TrustDomain: eps[0].TrustDomain, URL: eps[0].URL, Profile: eps[0].Profile, EndpointSPIFFEID: eps[0].EndpointSPIFFEID,
 		BootstrapBundle: testca.New(t, "peer.example").Bundle(),
 	}, nil).Error()
 	_, _, _, err = server.StaticEndpoints(server.FederationConfig{Federate: hubServedTuple + "|" + peerFile}, spiffeid.RequireTrustDomainFromString("example.org"), nil)
 	assert.EqualError(t, err, "--federate "+hubServedTuple+": "+peerWant)
-}
-
-func writeBundleDoc(t *testing.T, path string, ca *testca.CA) {
-	t.Helper()
-	doc, err := bundledoc.Marshal(ca.Bundle())
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, doc, 0o600))
 }
 
 // TestHubServedPeerAnchoredByARelayedFile: a bundle file the endpoint
@@ -208,7 +201,7 @@ func writeBundleDoc(t *testing.T, path string, ca *testca.CA) {
 func TestHubServedPeerAnchoredByARelayedFile(t *testing.T) {
 	dir := t.TempDir()
 	hubFile := filepath.Join(dir, "hub.example.json")
-	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
+	servertest.WriteBundleDoc(t, hubFile, testca.New(t, "hub.example"))
 	relay := server.BundleConfig{Listen: "127.0.0.1:0", Files: []string{"hub.example=" + hubFile, "not a spec=" + hubFile, dir + "/local.json"}}
 	assert.Equal(t, []spiffeid.TrustDomain{spiffeid.RequireTrustDomainFromString("hub.example")}, server.RelayedTrustDomains(relay))
 	off := relay

@@ -26,6 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -37,7 +38,7 @@ import (
 func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 	const otherToken = "other-bootstrap-token-0123456789"
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"+otherToken+",spiffe://example.org/vm/other\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"+otherToken+",spiffe://example.org/vm/other\n"), 0o600))
 	reloaded := make(chan struct{}, 1)
 	dataDir := t.TempDir()
 	admin, banner := startServer(t, dataDir, func(o *server.Config) {
@@ -51,33 +52,33 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 				}
 			}}}
 	})
-	addr := grpcAddr(t, banner.String())
+	addr := servertest.GRPCAddr(t, banner.String())
 	_, roots, err := ca.NewStore(dataDir).Load("example.org")
 	require.NoError(t, err)
 	var certs []*x509.Certificate
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	rootCert := writeFile(t, string(cli.CertsPEM(certs)), 0o644)
+	rootCert := servertest.WriteFile(t, string(cli.CertsPEM(certs)), 0o644)
 
 	// Bootstrap: the certificate records the token's grant, never the token.
 	out := filepath.Join(t.TempDir(), "creds")
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--credentials-dir", out)
+		"--token-file", servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600), "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
-	first := checkCreds(t, out, laptopID)
+	first := checkCreds(t, out, servertest.LaptopID)
 	grant, err := authn.GrantFromCert(first)
 	require.NoError(t, err)
 	assert.Equal(t, authn.MethodBootstrapToken, grant.Method)
-	assert.Equal(t, authn.BootstrapGrantRef(sha256.Sum256([]byte(laptopToken))), grant.Ref)
-	assert.NotContains(t, string(first.Raw), laptopToken)
+	assert.Equal(t, authn.BootstrapGrantRef(sha256.Sum256([]byte(servertest.LaptopToken))), grant.Ref)
+	assert.NotContains(t, string(first.Raw), servertest.LaptopToken)
 
 	// Renewal with the certificate works and carries the same grant.
 	renewed := filepath.Join(t.TempDir(), "renewed")
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 		"--prov-cert", out, "--credentials-dir", renewed)
 	require.Equal(t, 0, code, stderr)
-	second := checkCreds(t, renewed, laptopID)
+	second := checkCreds(t, renewed, servertest.LaptopID)
 	again, err := authn.GrantFromCert(second)
 	require.NoError(t, err)
 	assert.Equal(t, grant, again)
@@ -114,18 +115,18 @@ func TestRenewalRefusedAfterBootstrapTokenRemoved(t *testing.T) {
 			"--prov-cert", dir, "--credentials-dir", t.TempDir())
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "refused to issue this identity: renewal refused: the bootstrap token that granted "+
-			laptopID.String()+" (reference "+grant.Ref+") was removed; bootstrap again")
+			servertest.LaptopID.String()+" (reference "+grant.Ref+") was removed; bootstrap again")
 	}
 	// Presenting the removed token itself is refused too, and the other
 	// token still bootstraps.
 	_, _, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken+"\n", 0o600), "--credentials-dir", t.TempDir())
+		"--token-file", servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600), "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, otherToken+"\n", 0o600), "--credentials-dir", t.TempDir())
+		"--token-file", servertest.WriteFile(t, otherToken+"\n", 0o600), "--credentials-dir", t.TempDir())
 	assert.Equal(t, 0, code, stderr)
 
-	_, metrics := get(t, "http://"+admin+"/metrics")
+	_, metrics := servertest.Get(t, "http://"+admin+"/metrics")
 	assert.Contains(t, metrics, `trustbridge_certservice_renewal_grant_checks_total{grant_method="bootstrap-token",result="accepted",trust_domain="example.org"} 1`)
 	assert.Contains(t, metrics, `trustbridge_certservice_renewal_grant_checks_total{grant_method="bootstrap-token",result="revoked",trust_domain="example.org"} 2`)
 }
@@ -140,7 +141,7 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	deleted := make(chan struct{}, 1)
 	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
 		o.GRPC.TokenReview = server.TokenReviewOn
-		o.GRPC.Kubeconfig = writeKubeconfig(t, k.Config.Host, k)
+		o.GRPC.Kubeconfig = servertest.WriteKubeconfig(t, k.Config.Host, k)
 		o.GRPC.OnServiceAccountDeleted = func(namespace, _ string) {
 			if namespace == ns {
 				deleted <- struct{}{}
@@ -148,7 +149,7 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 		}
 	})
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
-	token := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
+	token := servertest.WriteFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
 	sa, err := k.Client.CoreV1().ServiceAccounts(ns).Get(t.Context(), "web", metav1.GetOptions{})
 	require.NoError(t, err)
 
@@ -177,7 +178,7 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "renewal refused: the service account "+ns+"/web that granted "+want.String()+" was deleted or re-created")
 
-	token = writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
+	token = servertest.WriteFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--prov-cert", out, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code, "the re-created account does not revive the old chain")
 	assert.Contains(t, stderr, "was deleted or re-created")
@@ -195,7 +196,7 @@ func TestRenewalWithServiceAccountGrant(t *testing.T) {
 // certificate, verifying the server as dialSDSTLS does.
 func dialSDSWithCert(t *testing.T, addr string, roots []*x509.Certificate, cert *tls.Certificate) *grpc.ClientConn {
 	t.Helper()
-	td := laptopID.TrustDomain()
+	td := servertest.LaptopID.TrustDomain()
 	store := trust.NewStore()
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, roots))
 	cfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil },
@@ -214,9 +215,9 @@ func TestSDSMintedCertificateIsNoCredential(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
-	td := laptopID.TrustDomain()
+	td := servertest.LaptopID.TrustDomain()
 
-	e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, laptopToken), nil, sds.DefaultName)
+	e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, servertest.LaptopToken), nil, sds.DefaultName)
 	resp := e.recv(30 * time.Second)
 	s, ok := secrets(t, resp)[sds.DefaultName]
 	require.True(t, ok, "the caller's certificate is served")

@@ -15,13 +15,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -61,34 +60,13 @@ func serverError(t *testing.T, o server.Config) error {
 	}
 }
 
-// writeKubeconfig writes a kubeconfig for host, with the CA and client
-// credentials of from when given.
-func writeKubeconfig(t *testing.T, host string, from *kubetest.Env) string {
-	t.Helper()
-	cluster := &clientcmdapi.Cluster{Server: host}
-	user := &clientcmdapi.AuthInfo{}
-	if from != nil {
-		c := from.Config
-		cluster.CertificateAuthorityData = c.CAData
-		user.ClientCertificateData, user.ClientKeyData, user.Token = c.CertData, c.KeyData, c.BearerToken
-	}
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = cluster
-	cfg.AuthInfos["test"] = user
-	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	cfg.CurrentContext = "test"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
-	return path
-}
-
 // TestCARequestWithServiceAccountToken runs the whole path against a real
 // API server: `trustbridge server --kubeconfig` reviews a service account
 // token from the TokenRequest API, and `ca request --token-file` receives
 // spiffe://example.org/ns/<ns>/sa/web.
 func TestCARequestWithServiceAccountToken(t *testing.T) {
 	k := kubetest.Shared(t)
-	kubeconfig := writeKubeconfig(t, k.Config.Host, k)
+	kubeconfig := servertest.WriteKubeconfig(t, k.Config.Host, k)
 	addr, rootCert, _ := grpcServer(t, func(o *server.Config) {
 		o.GRPC.TokenReview = server.TokenReviewOn
 		o.GRPC.Kubeconfig = kubeconfig
@@ -97,7 +75,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	ns := k.Namespace(t)
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
 
-	good := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
+	good := servertest.WriteFile(t, k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute), 0o600)
 	out := filepath.Join(t.TempDir(), "creds")
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", good, "--credentials-dir", out)
 	require.Equal(t, 0, code, stderr)
@@ -119,7 +97,7 @@ func TestCARequestWithServiceAccountToken(t *testing.T) {
 	}
 
 	// A token for another audience is refused.
-	wrong := writeFile(t, k.ServiceAccountToken(t, ns, "web", []string{"someone-else"}, 10*time.Minute), 0o600)
+	wrong := servertest.WriteFile(t, k.ServiceAccountToken(t, ns, "web", []string{"someone-else"}, 10*time.Minute), 0o600)
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", wrong, "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "did not accept the credentials")

@@ -29,6 +29,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -39,7 +40,7 @@ import (
 // proxy; and a workload whose pod leaves node-a stops being impersonable.
 func TestZtunnelImpersonation(t *testing.T) {
 	k := kubetest.Shared(t)
-	kubeconfig := writeKubeconfig(t, k.Config.Host, k)
+	kubeconfig := servertest.WriteKubeconfig(t, k.Config.Host, k)
 	ns := k.Namespace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -18,6 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -69,9 +70,9 @@ func withholdPartner(t *testing.T, cfg *certservice.Config) {
 	local, _ := cfg.Bundles.Bundles()
 	bundles := []*spiffebundle.Bundle{local[0], testca.New(t, "partner.example").Bundle()}
 	cfg.Bundles = certservice.BundleSourceFunc(func() ([]*spiffebundle.Bundle, <-chan struct{}) { return bundles, nil })
-	p, err := trustpolicy.Compile(laptopID.TrustDomain(), trustpolicy.DefaultDeny, []trustpolicy.Rule{{
+	p, err := trustpolicy.Compile(servertest.LaptopID.TrustDomain(), trustpolicy.DefaultDeny, []trustpolicy.Rule{{
 		Name:         "laptop",
-		Workloads:    []trustpolicy.Selector{{SPIFFEID: laptopID.String()}},
+		Workloads:    []trustpolicy.Selector{{SPIFFEID: servertest.LaptopID.String()}},
 		TrustDomains: []trustpolicy.TrustDomainGrant{{TrustDomain: "partner.example", Peers: []string{"spiffe://partner.example/api"}}},
 	}})
 	require.NoError(t, err)
@@ -90,7 +91,7 @@ func olderServer(_ *testing.T, cfg *certservice.Config) { cfg.JWT, cfg.Bundles =
 func TestJWTValidateWarnsAboutTokenInArgs(t *testing.T) {
 	signer, key := testJWTSigner(t)
 	mapFile, _ := bundleWithJWTKey(t, key)
-	token, _, err := signer.SignJWT(laptopID, []string{"a"}, 0)
+	token, _, err := signer.SignJWT(servertest.LaptopID, []string{"a"}, 0)
 	require.NoError(t, err)
 	const warning = "warning: a token on the command line is readable by other users"
 	for _, tc := range []struct {

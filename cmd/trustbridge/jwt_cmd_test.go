@@ -26,6 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -60,13 +61,13 @@ func bundleWithJWTKey(t *testing.T, key *ecdsa.PrivateKey) (mapFile, single stri
 	require.NoError(t, err)
 	one, err := bundledoc.Marshal(b)
 	require.NoError(t, err)
-	return writeFile(t, string(doc), 0o644), writeFile(t, string(one), 0o644)
+	return servertest.WriteFile(t, string(doc), 0o644), servertest.WriteFile(t, string(one), 0o644)
 }
 
 func TestJWTMintAndValidate(t *testing.T) {
 	signer, key := testJWTSigner(t)
 	addr, rootCert, _ := grpcServer(t, func(o *server.Config) { o.GRPC.TestJWT = signer })
-	token := writeFile(t, laptopToken+"\n", 0o600)
+	token := servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600)
 	mapFile, single := bundleWithJWTKey(t, key)
 
 	// With the bootstrap token; the table output is the token alone.
@@ -78,7 +79,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 
 	stdout, stderr, code = runCLI(t, "", "jwt", "validate", "--bundle", mapFile, "--audience", "b", jwt)
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "spiffe id:  "+laptopID.String())
+	assert.Contains(t, stdout, "spiffe id:  "+servertest.LaptopID.String())
 	assert.Contains(t, stdout, "audience:   https://api.example.com, b")
 
 	// A single bundle with --trust-domain, the token on standard input, JSON.
@@ -86,9 +87,9 @@ func TestJWTMintAndValidate(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	var got jwtcmd.ValidateOutput
 	require.NoError(t, json.Unmarshal([]byte(stdout), &got))
-	assert.Equal(t, laptopID.String(), got.SPIFFEID)
+	assert.Equal(t, servertest.LaptopID.String(), got.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(10*time.Minute), got.ExpiresAt, time.Minute)
-	assert.Equal(t, laptopID.String(), got.Claims["sub"])
+	assert.Equal(t, servertest.LaptopID.String(), got.Claims["sub"])
 
 	// With the certificate ca request wrote, as JSON.
 	creds := filepath.Join(t.TempDir(), "creds")
@@ -98,7 +99,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	var minted jwtcmd.MintOutput
 	require.NoError(t, json.Unmarshal([]byte(stdout), &minted))
-	assert.Equal(t, laptopID.String(), minted.SPIFFEID)
+	assert.Equal(t, servertest.LaptopID.String(), minted.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(5*time.Minute), minted.ExpiresAt, time.Minute, "the server's default")
 	_, err := jwtsvid.Validate(minted.Token, caclient.JWTSource(mustParseMap(t, mapFile)), []string{"a"})
 	require.NoError(t, err)
@@ -116,8 +117,8 @@ func mustParseMap(t *testing.T, path string) []*spiffebundle.Bundle {
 func TestJWTRefusals(t *testing.T) {
 	signer, key := testJWTSigner(t)
 	addr, rootCert, _ := grpcServer(t, func(o *server.Config) { o.GRPC.TestJWT = signer })
-	token := writeFile(t, laptopToken+"\n", 0o600)
-	badToken := writeFile(t, "not-the-laptop-token-0123456789\n", 0o600)
+	token := servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600)
+	badToken := servertest.WriteFile(t, "not-the-laptop-token-0123456789\n", 0o600)
 	mapFile, _ := bundleWithJWTKey(t, key)
 	otherKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -126,7 +127,7 @@ func TestJWTRefusals(t *testing.T) {
 	stdout, stderr, code := runCLI(t, "", "jwt", "mint", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--audience", "a")
 	require.Equal(t, 0, code, stderr)
 	jwt := strings.TrimSpace(stdout)
-	expired, err := jwtsvid.Mint(key, testJWTKID, jwtsvid.Claims{Subject: laptopID, Audience: []string{"a"}, IssuedAt: time.Now().Add(-time.Hour), Expiry: time.Now().Add(-time.Minute)})
+	expired, err := jwtsvid.Mint(key, testJWTKID, jwtsvid.Claims{Subject: servertest.LaptopID, Audience: []string{"a"}, IssuedAt: time.Now().Add(-time.Hour), Expiry: time.Now().Add(-time.Minute)})
 	require.NoError(t, err)
 
 	conn := []string{"--ca-addr", addr, "--root-cert", rootCert}
@@ -148,7 +149,7 @@ func TestJWTRefusals(t *testing.T) {
 		{"expired", "", []string{"jwt", "validate", "--bundle", mapFile, "--audience", "a", expired}, "expired"},
 		{"garbage", "", []string{"jwt", "validate", "--bundle", mapFile, "--audience", "a", "a.b.c"}, "not a valid JWT-SVID"},
 		{"no token", "", []string{"jwt", "validate", "--bundle", mapFile, "--audience", "a"}, "no token"},
-		{"single bundle without trust domain", "", []string{"jwt", "validate", "--bundle", writeFile(t, `{"keys":[]}`, 0o644), "--audience", "a", jwt}, "--trust-domain"},
+		{"single bundle without trust domain", "", []string{"jwt", "validate", "--bundle", servertest.WriteFile(t, `{"keys":[]}`, 0o644), "--audience", "a", jwt}, "--trust-domain"},
 		{"bundle and server", "", append([]string{"jwt", "validate", "--bundle", mapFile, "--audience", "a", "--token-file", token, jwt}, conn...), "one or the other"},
 		{"server without credentials", "", []string{"jwt", "validate", "--audience", "a", jwt}, "without --bundle"},
 		// The server's example.org bundle does not hold the test signer's
@@ -173,7 +174,7 @@ func TestJWTValidateWithServerBundles(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	stdout, stderr, code = runCLI(t, strings.TrimSpace(stdout), "jwt", "validate", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--audience", "a", "-o", "yaml")
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "spiffe_id: "+laptopID.String())
+	assert.Contains(t, stdout, "spiffe_id: "+servertest.LaptopID.String())
 }
 
 // identityServer is a certificate service in this process whose local
@@ -182,16 +183,16 @@ func TestJWTValidateWithServerBundles(t *testing.T) {
 // mutate, when given, changes the service's config before it starts.
 func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.PrivateKey, mutate ...func(*certservice.Config)) (addr, rootCert, tokenFile string) {
 	t.Helper()
-	td := laptopID.TrustDomain()
+	td := servertest.LaptopID.TrustDomain()
 	authority, err := ca.New(ca.Config{TrustDomain: td, DataDir: t.TempDir()})
 	require.NoError(t, err)
 	local := authority.Bundle().Clone()
 	require.NoError(t, local.AddJWTAuthority(testJWTKID, key.Public()))
 	tokens := authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
-		if r.BearerToken != laptopToken {
+		if r.BearerToken != servertest.LaptopToken {
 			return authn.Identity{}, authn.ErrInvalidCredentials
 		}
-		return authn.Identity{ID: laptopID, Method: "test-token"}, nil
+		return authn.Identity{ID: servertest.LaptopID, Method: "test-token"}, nil
 	})
 	cfg := certservice.Config{
 		Signer: authority, Authenticator: tokens, JWT: signer,
@@ -216,8 +217,8 @@ func identityServer(t *testing.T, signer certservice.JWTSigner, key *ecdsa.Priva
 		cancel()
 		require.NoError(t, <-done)
 	})
-	rootCert = writeFile(t, string(cli.CertsPEM(authority.Bundle().X509Authorities())), 0o644)
-	return ln.Addr().String(), rootCert, writeFile(t, laptopToken, 0o600)
+	rootCert = servertest.WriteFile(t, string(cli.CertsPEM(authority.Bundle().X509Authorities())), 0o644)
+	return ln.Addr().String(), rootCert, servertest.WriteFile(t, servertest.LaptopToken, 0o600)
 }
 
 // TestServerStreamsBundles: the server registers WatchBundles with its
@@ -228,10 +229,10 @@ func TestServerStreamsBundles(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := caclient.Dial(addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(laptopID.TrustDomain(), server.GRPCServingPath), nil), laptopToken)
+	conn, err := caclient.Dial(addr, caclient.ServerTLS(roots, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), server.GRPCServingPath), nil), servertest.LaptopToken)
 	require.NoError(t, err)
 	defer conn.Close()
-	b, err := caclient.FetchBundles(ctx, conn, laptopID.TrustDomain())
+	b, err := caclient.FetchBundles(ctx, conn, servertest.LaptopID.TrustDomain())
 	require.NoError(t, err)
 	require.Len(t, b.Bundles, 1)
 	assert.Equal(t, "example.org", b.Bundles[0].TrustDomain().Name())

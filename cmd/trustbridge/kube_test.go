@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"io"
 	"math/big"
 	"net/http"
@@ -27,7 +26,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
@@ -41,6 +39,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/kube/leader"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 func TestKubeStorageFlagErrors(t *testing.T) {
@@ -84,7 +83,7 @@ func TestKubeReplicas(t *testing.T) {
 	// permissions, in its namespace.
 	const ns = "trustbridge-system"
 	env.Apply(t, []string{ns}, kubetest.LoadManifests(t, "../../deploy/rbac"))
-	installCRD(t, env)
+	servertest.InstallCRD(t, env)
 	ctx := context.Background()
 	_ = env.Client.CoreV1().Secrets(ns).Delete(ctx, kubestore.DefaultName, metav1.DeleteOptions{})
 	_ = env.Client.CoordinationV1().Leases(ns).Delete(ctx, "trustbridge-leader", metav1.DeleteOptions{})
@@ -102,10 +101,10 @@ func TestKubeReplicas(t *testing.T) {
 	_, err = env.Client.CoreV1().Namespaces().Update(ctx, wns, metav1.UpdateOptions{})
 	require.NoError(t, err)
 
-	kubeconfig := writeKubeconfig(t, env.Config.Host, env)
+	kubeconfig := servertest.WriteKubeconfig(t, env.Config.Host, env)
 	impersonate(t, kubeconfig, "system:serviceaccount:"+ns+":trustbridge")
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"), 0o600))
 	replica := func() server.Config {
 		o := baseServerOptions("example.org", t.TempDir())
 		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff, Kubeconfig: kubeconfig}
@@ -124,11 +123,11 @@ func TestKubeReplicas(t *testing.T) {
 	adminA, bannerA, stopA := launchServer(t, replica())
 	assert.Contains(t, bannerA, "state in Secret "+ns+"/trustbridge-ca")
 	assert.NotContains(t, bannerA, "ca issue", "ca issue reads a state directory, not the Secret")
-	trustA := trustOf(t, adminA)
+	trustA := servertest.TrustOf(t, adminA)
 	require.Len(t, trustA.Authorities, 1, "the first leader bootstrapped one root")
 
 	adminB, bannerB, _ := launchServer(t, replica())
-	assert.Equal(t, trustA.Authorities, trustOf(t, adminB).Authorities, "the follower serves the leader's roots")
+	assert.Equal(t, trustA.Authorities, servertest.TrustOf(t, adminB).Authorities, "the follower serves the leader's roots")
 	assert.Equal(t, "1", leaderGauge(t, adminA))
 	assert.Equal(t, "0", leaderGauge(t, adminB))
 
@@ -136,9 +135,9 @@ func TestKubeReplicas(t *testing.T) {
 	// own duties, such as distribution, are not part of it), reports the
 	// federation it loads from the leader's saves, and its bundle endpoint
 	// serves the same bundle.
-	code, body := get(t, "http://"+adminB+"/readyz")
+	code, body := servertest.Get(t, "http://"+adminB+"/readyz")
 	assert.Equal(t, http.StatusOK, code, body)
-	assert.Equal(t, []string{"peer.example"}, federatedSequences(t, adminB, nil))
+	assert.Equal(t, []string{"peer.example"}, servertest.FederatedSequences(t, adminB, nil))
 	assert.Equal(t, fetchLocalBundle(t, bannerA), fetchLocalBundle(t, bannerB), "both replicas serve the same bundle")
 
 	// The follower signs with the same root.
@@ -154,22 +153,22 @@ func TestKubeReplicas(t *testing.T) {
 	require.NotEmpty(t, rootPEM)
 	require.NoError(t, os.WriteFile(rootCert, rootPEM, 0o644))
 	out := t.TempDir()
-	_, errs, code := runCLI(t, "", "ca", "request", "--ca-addr", grpcAddr(t, bannerB), "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", out)
+	_, errs, code := runCLI(t, "", "ca", "request", "--ca-addr", servertest.GRPCAddr(t, bannerB), "--root-cert", rootCert,
+		"--token-file", servertest.WriteFile(t, servertest.LaptopToken, 0o600), "--credentials-dir", out)
 	require.Equal(t, 0, code, errs)
-	checkCreds(t, out, laptopID)
+	checkCreds(t, out, servertest.LaptopID)
 	// The token is single-use across replicas: the other one refuses it,
 	// from the Secret the first wrote (by reference, never the token)
 	// within deploy/rbac's permissions.
-	_, errs, code = runCLI(t, "", "ca", "request", "--ca-addr", grpcAddr(t, bannerA), "--root-cert", rootCert,
-		"--token-file", writeFile(t, laptopToken, 0o600), "--credentials-dir", t.TempDir())
+	_, errs, code = runCLI(t, "", "ca", "request", "--ca-addr", servertest.GRPCAddr(t, bannerA), "--root-cert", rootCert,
+		"--token-file", servertest.WriteFile(t, servertest.LaptopToken, 0o600), "--credentials-dir", t.TempDir())
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errs, "the bootstrap token was already used")
 	consumed, err := env.Client.CoreV1().Secrets(ns).Get(ctx, authn.DefaultLedgerSecret, metav1.GetOptions{})
 	require.NoError(t, err)
-	assert.Contains(t, consumed.Data, authn.BootstrapGrantRef(sha256.Sum256([]byte(laptopToken))))
+	assert.Contains(t, consumed.Data, authn.BootstrapGrantRef(sha256.Sum256([]byte(servertest.LaptopToken))))
 	for _, v := range consumed.Data {
-		assert.NotContains(t, string(v), laptopToken)
+		assert.NotContains(t, string(v), servertest.LaptopToken)
 	}
 	for k := range secret.Data {
 		assert.NotContains(t, bannerA+bannerB, string(secret.Data[k][:min(40, len(secret.Data[k]))]), "no state in the banner")
@@ -185,13 +184,13 @@ func TestKubeReplicas(t *testing.T) {
 	// The CRD controller works within the service account's permissions:
 	// it reads resources, the leader writes their status, and a refused
 	// one gets an event.
-	res := dynamicClient(t, env).Resource(crd.GVR)
+	res := servertest.DynamicClient(t, env).Resource(crd.GVR)
 	createCR(t, res, "replicas-crd-peer", map[string]any{"trustDomain": "crd-peer.example", "bundleEndpointURL": "https://127.0.0.1:9/",
 		"bundleEndpointProfile": map[string]any{"type": "https_web"}, "className": "replicas"})
 	createCR(t, res, "replicas-crd-bad", map[string]any{"trustDomain": "crd-bad.example", "bundleEndpointURL": "https://127.0.0.1:9/",
 		"bundleEndpointProfile": map[string]any{"type": "https_web"}, "className": "replicas", "trustDomainBundle": "{not json"})
 	require.Eventually(t, func() bool {
-		return slices.Contains(federatedSequences(t, adminA, nil), "crd-peer.example") && slices.Contains(federatedSequences(t, adminB, nil), "crd-peer.example")
+		return slices.Contains(servertest.FederatedSequences(t, adminA, nil), "crd-peer.example") && slices.Contains(servertest.FederatedSequences(t, adminB, nil), "crd-peer.example")
 	}, 20*time.Second, 100*time.Millisecond, "both replicas apply the resource")
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		u, err := res.Get(ctx, "replicas-crd-peer", metav1.GetOptions{})
@@ -227,46 +226,24 @@ func TestKubeReplicas(t *testing.T) {
 		_, err := cms.Get(ctx, distribution.DefaultName, metav1.GetOptions{})
 		return err == nil
 	}, 20*time.Second, 100*time.Millisecond, "the new leader restored the ConfigMap")
-	assert.Equal(t, trustA.Authorities, trustOf(t, adminB).Authorities, "no root was added or lost by the failover")
+	assert.Equal(t, trustA.Authorities, servertest.TrustOf(t, adminB).Authorities, "no root was added or lost by the failover")
 
 	// A save the old leader made whose watch event reaches this replica
 	// only once it leads (a watch that was down across the failover) is
 	// still taken: the new leader must not serve an older federated bundle
 	// than the one stored.
-	peer := spiffeBundle(t, "peer.example", peerRoot(t, peerTD))
+	peer := servertest.SPIFFEBundle(t, "peer.example", peerRoot(t, peerTD))
 	peer.SetSequenceNumber(7)
 	require.NoError(t, lkg.Save(federation.LKGEntry{TrustDomain: peerTD, Bundle: peer,
 		EndpointURL: "https://127.0.0.1:9/bundle", FetchedAt: time.Now()}))
 	require.Eventually(t, func() bool {
 		var seq []uint64
-		tds := federatedSequences(t, adminB, &seq)
+		tds := servertest.FederatedSequences(t, adminB, &seq)
 		i := slices.Index(tds, "peer.example")
 		return i >= 0 && seq[i] == 7
 	}, 20*time.Second, 100*time.Millisecond, "the new leader took the stored bundle")
 	_, err = cms.Get(ctx, "unrelated", metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err))
-}
-
-// federatedSequences returns the trust domains /v1/federation reports,
-// and, into seqs when not nil, their sequence numbers (0 for none).
-func federatedSequences(t *testing.T, admin string, seqs *[]uint64) []string {
-	t.Helper()
-	code, body := get(t, "http://"+admin+"/v1/federation")
-	require.Equal(t, http.StatusOK, code, body)
-	var status []federation.Status
-	require.NoError(t, json.Unmarshal([]byte(body), &status))
-	var tds []string
-	for _, s := range status {
-		tds = append(tds, s.TrustDomain)
-		if seqs != nil {
-			var n uint64
-			if s.Sequence != nil {
-				n = *s.Sequence
-			}
-			*seqs = append(*seqs, n)
-		}
-	}
-	return tds
 }
 
 // fetchLocalBundle fetches the bundle endpoint a server's banner names.
@@ -276,7 +253,7 @@ func fetchLocalBundle(t *testing.T, banner string) string {
 	t.Helper()
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}}
 	defer client.CloseIdleConnections()
-	resp, err := client.Get(endpointURL(t, banner))
+	resp, err := client.Get(servertest.EndpointURL(t, banner))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -303,19 +280,10 @@ func peerRoot(t *testing.T, td spiffeid.TrustDomain) *x509.Certificate {
 	return cert
 }
 
-func trustOf(t *testing.T, admin string) trustDoc {
-	t.Helper()
-	code, body := get(t, "http://"+admin+"/v1/trust")
-	require.Equal(t, 200, code, body)
-	var doc trustDoc
-	require.NoError(t, json.Unmarshal([]byte(body), &doc))
-	return doc
-}
-
 // leaderGauge reads trustbridge_leader from the admin listener.
 func leaderGauge(t *testing.T, admin string) string {
 	t.Helper()
-	_, body := get(t, "http://"+admin+"/metrics")
+	_, body := servertest.Get(t, "http://"+admin+"/metrics")
 	for _, line := range strings.Split(body, "\n") {
 		if strings.HasPrefix(line, "trustbridge_leader{") {
 			f := strings.Fields(line)
@@ -334,21 +302,6 @@ func impersonate(t *testing.T, path, user string) {
 		ai.Impersonate = user
 	}
 	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
-}
-
-func installCRD(t *testing.T, env *kubetest.Env) {
-	t.Helper()
-	_, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{
-		Paths: []string{filepath.Join("..", "..", "deploy", "base", "crd.yaml")}, ErrorIfPathMissing: true,
-	})
-	require.NoError(t, err)
-}
-
-func dynamicClient(t *testing.T, env *kubetest.Env) dynamic.Interface {
-	t.Helper()
-	dyn, err := dynamic.NewForConfig(env.Config)
-	require.NoError(t, err)
-	return dyn
 }
 
 func createCR(t *testing.T, res dynamic.NamespaceableResourceInterface, name string, spec map[string]any) {

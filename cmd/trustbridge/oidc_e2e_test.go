@@ -19,14 +19,15 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc/oidctest"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // ciIssuerConfig is an --oidc-config naming iss as "ci": tokens of the
 // acme organisation's jobs become spiffe://example.org/ci/<owner>/<job>.
 func ciIssuerConfig(t *testing.T, iss *oidctest.Issuer) string {
 	t.Helper()
-	caFile := writeFile(t, string(iss.CAPEM()), 0o644)
-	return writeFile(t, fmt.Sprintf(`issuers:
+	caFile := servertest.WriteFile(t, string(iss.CAPEM()), 0o644)
+	return servertest.WriteFile(t, fmt.Sprintf(`issuers:
 - name: ci
   issuer: %s
   audiences: [example.org]
@@ -67,7 +68,7 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	rootCert := rootCertFile(t, dataDir)
 	want := spiffeid.RequireFromString("spiffe://example.org/ci/acme/build")
 
-	good := writeFile(t, ciToken(t, iss, "acme", "build"), 0o600)
+	good := servertest.WriteFile(t, ciToken(t, iss, "acme", "build"), 0o600)
 	out := filepath.Join(t.TempDir(), "creds")
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
 		"--token-file", good, "--credentials-dir", out)
@@ -129,7 +130,7 @@ func TestOIDCIssuerE2E(t *testing.T) {
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {
 			_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-				"--token-file", writeFile(t, tt.token, 0o600), "--credentials-dir", t.TempDir())
+				"--token-file", servertest.WriteFile(t, tt.token, 0o600), "--credentials-dir", t.TempDir())
 			assert.Equal(t, 1, code)
 			assert.Contains(t, stderr, tt.stderr)
 			assert.NotContains(t, stderr, tt.token, "the token is never echoed")
@@ -142,7 +143,7 @@ func TestOIDCIssuerE2E(t *testing.T) {
 		assert.NotContains(t, logs.String(), tt.token)
 	}
 	// The admin API shows the issuer and its keys.
-	code, body := get(t, "http://"+srv.admin+"/v1/authn/issuers")
+	code, body := servertest.Get(t, "http://"+srv.admin+"/v1/authn/issuers")
 	require.Equal(t, 200, code)
 	var issuers struct {
 		Issuers []struct {

@@ -21,6 +21,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // publishIssuerDiscovery lets anonymous callers read the API server's
@@ -68,8 +69,8 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	token := k.ServiceAccountToken(t, ns, "web", []string{"example.org"}, 10*time.Minute)
 	issuer := tokenIssuer(t, token)
 
-	caFile := writeFile(t, string(k.Config.CAData), 0o644)
-	cfg := writeFile(t, fmt.Sprintf(`issuers:
+	caFile := servertest.WriteFile(t, string(k.Config.CAData), 0o644)
+	cfg := servertest.WriteFile(t, fmt.Sprintf(`issuers:
 - name: west
   kind: kubernetes
   issuer: %s
@@ -91,7 +92,7 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	want := spiffeid.RequireFromString("spiffe://example.org/ns/" + ns + "/sa/web")
 	out := filepath.Join(t.TempDir(), "creds")
 	stdout, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-		"--token-file", writeFile(t, token, 0o600), "--credentials-dir", out)
+		"--token-file", servertest.WriteFile(t, token, 0o600), "--credentials-dir", out)
 	require.Equal(t, 0, code, "%s\n%s", stderr, srv.logs.String())
 	assert.Contains(t, stdout, "issued "+want.String())
 	leaf := checkCreds(t, out, want)
@@ -119,7 +120,7 @@ func TestRemoteClusterIssuerE2E(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, stderr, code := runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert,
-				"--token-file", writeFile(t, tt.token, 0o600), "--credentials-dir", t.TempDir())
+				"--token-file", servertest.WriteFile(t, tt.token, 0o600), "--credentials-dir", t.TempDir())
 			assert.Equal(t, 1, code)
 			assert.Contains(t, stderr, tt.stderr)
 		})

@@ -5,37 +5,27 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
-
-// ciIssuerYAML is a minimal --oidc-config with one issuer.
-const ciIssuerYAML = `issuers:
-- name: ci
-  issuer: https://ci.example.com
-  audiences: [example.org]
-  claims:
-  - claim: repository_owner_id
-    values: ["1342004"]
-  spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_id}}"
-`
 
 // config check refuses what the server would stop on: issuers (inline
 // here, with the line of the bad one) and a DNS name template, checked
 // only when the certificate service is on, and refused when it is off.
 func TestConfigCheckOIDCAndDNSTemplate(t *testing.T) {
 	t.Setenv("TRUST_DOMAIN", "")
-	good := writeConfig(t, "trust-domain: example.org\ngrpc-listen: 127.0.0.1:15012\nworkload-dns-name-template: \"{sa}.{ns}.svc.cluster.local\"\noidc:\n"+indent(ciIssuerYAML, "  "))
+	good := servertest.WriteConfig(t, "trust-domain: example.org\ngrpc-listen: 127.0.0.1:15012\nworkload-dns-name-template: \"{sa}.{ns}.svc.cluster.local\"\noidc:\n"+indent(servertest.CIIssuerYAML, "  "))
 	out, stderr, code := runCLI(t, "", "config", "check", good)
 	assert.Equal(t, 0, code, stderr+out)
 
-	foreign := strings.Replace(ciIssuerYAML, "{{.TrustDomain}}", "other.org", 1)
-	bad := writeConfig(t, "trust-domain: example.org\ngrpc-listen: 127.0.0.1:15012\nworkload-dns-name-template: \"*.{ns}.svc\"\noidc:\n"+indent(foreign, "  "))
+	foreign := strings.Replace(servertest.CIIssuerYAML, "{{.TrustDomain}}", "other.org", 1)
+	bad := servertest.WriteConfig(t, "trust-domain: example.org\ngrpc-listen: 127.0.0.1:15012\nworkload-dns-name-template: \"*.{ns}.svc\"\noidc:\n"+indent(foreign, "  "))
 	out, _, code = runCLI(t, "", "config", "check", bad)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, "--workload-dns-name-template")
 	assert.Contains(t, out, "config "+bad+": oidc: ")
 	assert.Contains(t, out, `"other.org"`)
 
-	off := writeConfig(t, "trust-domain: example.org\ngrpc-listen: \"\"\nworkload-dns-name-template: \"{sa}.{ns}.svc\"\noidc:\n"+indent(ciIssuerYAML, "  "))
+	off := servertest.WriteConfig(t, "trust-domain: example.org\ngrpc-listen: \"\"\nworkload-dns-name-template: \"{sa}.{ns}.svc\"\noidc:\n"+indent(servertest.CIIssuerYAML, "  "))
 	out, _, code = runCLI(t, "", "config", "check", off)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, out, `OIDC issuers authenticate callers of the certificate service, which --grpc-listen "" turns off`)

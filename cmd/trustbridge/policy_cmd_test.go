@@ -15,12 +15,13 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // policy explain asks the running server what a workload receives and
 // why, as a table and as JSON.
 func TestPolicyExplainCommand(t *testing.T) {
-	o := policyServer(t, func(o *server.Config) { o.Policy.File = writePolicy(t, t.TempDir(), goodPolicy) })
+	o := policyServer(t, func(o *server.Config) { o.Policy.File = servertest.WritePolicy(t, t.TempDir(), servertest.GoodPolicy) })
 	admin, _, _ := launchServer(t, o)
 	id := "spiffe://example.org/ns/payments/sa/api"
 
@@ -51,7 +52,7 @@ func TestPolicyExplainCommand(t *testing.T) {
 // Offline, from a file: the partner is granted with its peer limit to
 // payments, refused to others.
 func TestPolicyExplainOffline(t *testing.T) {
-	path := writePolicy(t, t.TempDir(), goodPolicy)
+	path := servertest.WritePolicy(t, t.TempDir(), servertest.GoodPolicy)
 	for _, tc := range []struct {
 		id      string
 		trusted bool
@@ -85,13 +86,13 @@ func TestPolicyExplainOffline(t *testing.T) {
 
 func TestPolicyCheckCommand(t *testing.T) {
 	dir := t.TempDir()
-	good := writePolicy(t, dir, goodPolicy)
+	good := servertest.WritePolicy(t, dir, servertest.GoodPolicy)
 	out, stderr, code := runCLI(t, "", "policy", "check", good, "--trust-domain", "example.org")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, out, "1 rules, default deny")
 
 	bad := filepath.Join(t.TempDir(), "policy.yaml")
-	writePolicy(t, filepath.Dir(bad), badPolicy)
+	servertest.WritePolicy(t, filepath.Dir(bad), servertest.BadPolicy)
 	_, stderr, code = runCLI(t, "", "policy", "check", bad)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "policy.yaml:7")

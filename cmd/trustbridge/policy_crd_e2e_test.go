@@ -24,6 +24,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -58,20 +59,20 @@ var (
 func TestKubeTrustPolicyCRD(t *testing.T) {
 	env := kubetest.Shared(t)
 	installPolicyCRD(t, env)
-	dyn := dynamicClient(t, env)
+	dyn := servertest.DynamicClient(t, env)
 	ns := env.Namespace(t)
 
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
-	eastAddr := reservePort(t)
+	eastAddr := servertest.ReservePort(t)
 	startE2EServer(t, "east.example", eastData, func(o *server.Config) { o.Bundle.Listen = eastAddr })
 
 	o := baseServerOptions("west.example", t.TempDir())
-	o.Federation.ConfigFile = writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
+	o.Federation.ConfigFile = servertest.WriteSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
 	o.Federation.MinRefresh = time.Second
 	o.Federation.AllowPrivate = true
-	tokens := writeTokenFile(t, crdPayToken+","+crdPay.String()+",reusable\n"+crdOpsToken+","+crdOps.String()+",reusable\n")
+	tokens := servertest.WriteTokenFile(t, crdPayToken+","+crdPay.String()+",reusable\n"+crdOpsToken+","+crdOps.String()+",reusable\n")
 	o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff,
-		Kubeconfig: writeKubeconfig(t, env.Config.Host, env)}
+		Kubeconfig: servertest.WriteKubeconfig(t, env.Config.Host, env)}
 	o.Kube = fastKubeStorage(ns)
 	o.Kube.TrustPolicyCRD = true
 	admin, banner, _ := launchServer(t, o)
@@ -106,7 +107,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 	})
 	assert.Equal(t, []string{"east.example"}, cr.Status.TrustDomains)
 
-	addr := grpcAddr(t, banner)
+	addr := servertest.GRPCAddr(t, banner)
 	pay := openEnvoy(t, dialSDSTLS(t, addr, west.td, westRoots, crdPayToken), nil, sds.AllName, partnerName)
 	got := pay.recvAcked(10*time.Second, nil)
 	names, roots := spiffeValidator(t, got[sds.AllName])
@@ -173,7 +174,7 @@ func TestKubeTrustPolicyCRD(t *testing.T) {
 		assert.GreaterOrEqual(c, n, 3)
 	}, 30*time.Second, 50*time.Millisecond)
 	var crd []string
-	for _, e := range policyEvents(t, auditPath) {
+	for _, e := range servertest.PolicyEvents(t, auditPath) {
 		if e.Event == server.EventPolicyChanged && e.Policy != nil && e.Policy.Source == server.CRDPolicySource {
 			crd = append(crd, strings.Join(e.Policy.RulesAdded, ",")+"|"+strings.Join(e.Policy.RulesChanged, ",")+"|"+strings.Join(e.Policy.RulesRemoved, ","))
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -34,7 +35,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a federated pair and an agent")
 	}
-	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n"+westOpsToken+","+westOps.String()+",reusable\n")
+	tokens := servertest.WriteTokenFile(t, westToken+","+westWorkload.String()+",reusable\n"+westOpsToken+","+westOps.String()+",reusable\n")
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	write := func(workloads string) {
 		require.NoError(t, os.WriteFile(policy, []byte(`rules:
@@ -52,7 +53,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots := caRootsOf(t, west)
-	conn := dialSDSTLS(t, grpcAddr(t, west.banner), west.td, westRoots, westToken)
+	conn := dialSDSTLS(t, servertest.GRPCAddr(t, west.banner), west.td, westRoots, westToken)
 	web := openEnvoy(t, conn, nil, sds.AllName, partnerName)
 	r := web.recv(10 * time.Second)
 	got := secrets(t, r)
@@ -62,7 +63,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	assert.Equal(t, []string{"exact:spiffe://east.example/ns/default/sa/api"}, sans(got[partnerName]))
 	web.ack(r)
 
-	opsConn := dialSDSTLS(t, grpcAddr(t, west.banner), west.td, westRoots, westOpsToken)
+	opsConn := dialSDSTLS(t, servertest.GRPCAddr(t, west.banner), west.td, westRoots, westOpsToken)
 	ops := openEnvoy(t, opsConn, nil, sds.AllName, partnerName)
 	r = ops.recv(10 * time.Second)
 	got = secrets(t, r)
@@ -71,7 +72,7 @@ func TestSDSE2ETrustPolicy(t *testing.T) {
 	assertDenied(t, got[partnerName])
 	ops.ack(r)
 
-	ao := agentFor(t, grpcAddr(t, west.banner), cli.CertsPEM(westRoots), westOpsToken)
+	ao := agentFor(t, servertest.GRPCAddr(t, west.banner), cli.CertsPEM(westRoots), westOpsToken)
 	startAgent(t, ao)
 	relayed := openEnvoy(t, dialSDSUnix(t, ao.Socket), nil, sds.AllName, partnerName)
 	ar := relayed.recv(10 * time.Second)

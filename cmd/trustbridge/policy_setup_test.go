@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,37 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
-
-const goodPolicy = `default: deny
-rules:
-- name: payments-to-partner
-  workloads:
-  - spiffeID: spiffe://example.org/ns/payments/*
-  trustDomains:
-  - name: partner.example
-    peers: [spiffe://partner.example/ns/billing/sa/api]
-`
-
-const badPolicy = `rules:
-- name: payments-to-partner
-  workloads:
-  - spiffeID: spiffe://example.org/ns/payments/*
-  trustDomains:
-  - name: partner.example
-- name: broken
-  workloads: []
-  trustDomains:
-  - name: partner.example
-`
-
-func writePolicy(t *testing.T, dir, body string) string {
-	t.Helper()
-	path := filepath.Join(dir, "policy.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
-	return path
-}
 
 func policyServer(t *testing.T, mutate func(*server.Config)) server.Config {
 	t.Helper()
@@ -54,56 +24,36 @@ func policyServer(t *testing.T, mutate func(*server.Config)) server.Config {
 	return o
 }
 
-// auditEntries reads the chain at path after checking it verifies.
-func auditEntries(t *testing.T, path string) []audit.Entry {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	_, err = audit.Verify(bytes.NewReader(data))
-	require.NoError(t, err, "the chain verifies")
-	return readAuditLog(t, filepath.Dir(path))
-}
-
-func policyEvents(t *testing.T, path string) []audit.Entry {
-	var out []audit.Entry
-	for _, e := range auditEntries(t, path) {
-		if strings.HasPrefix(e.Event, "trust_policy_") {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // SIGHUP re-reads the file: a good change is applied and audited with
 // the rules added, removed and changed; a bad one keeps the last good
 // policy, is logged, counted and audited as rejected; the chain verifies.
 func TestPolicyReload(t *testing.T) {
 	dir := t.TempDir()
-	path := writePolicy(t, dir, goodPolicy)
+	path := servertest.WritePolicy(t, dir, servertest.GoodPolicy)
 	o := policyServer(t, func(o *server.Config) { o.Policy.File = path })
 	admin, hup, logs := launchReloadable(t, o)
 
-	require.NoError(t, os.WriteFile(path, []byte(badPolicy), 0o600))
-	hupAndWait(t, hup, logs, "trust policy file refused; keeping the last good rules", 1)
-	snap := getSnapshot(t, "http://"+admin)
+	require.NoError(t, os.WriteFile(path, []byte(servertest.BadPolicy), 0o600))
+	servertest.HUPAndWait(t, hup, logs, "trust policy file refused; keeping the last good rules", 1)
+	snap := servertest.GetSnapshot(t, "http://"+admin)
 	assert.Equal(t, 1, snap.TrustPolicy.Rules, "the last good policy")
 	assert.Equal(t, "deny", snap.TrustPolicy.Default)
 	require.Len(t, snap.TrustPolicy.Sources, 1)
 	assert.Contains(t, snap.TrustPolicy.Sources[0].LastError, `rule 2 "broken"`)
-	_, metrics := get(t, "http://"+admin+"/metrics")
+	_, metrics := servertest.Get(t, "http://"+admin+"/metrics")
 	assert.Contains(t, metrics, `trustbridge_trust_policy_reloads_total{result="error",source="file:`+path+`"} 1`)
 
-	edited := strings.Replace(goodPolicy, "ns/billing/sa/api", "ns/billing/sa/web", 1) + `- name: ops
+	edited := strings.Replace(servertest.GoodPolicy, "ns/billing/sa/api", "ns/billing/sa/web", 1) + `- name: ops
   workloads: [{namespace: ops}]
   trustDomains: [{name: partner.example}]
 `
 	require.NoError(t, os.WriteFile(path, []byte(edited), 0o600))
-	hupAndWait(t, hup, logs, "trust policy changed", 1)
-	snap = getSnapshot(t, "http://"+admin)
+	servertest.HUPAndWait(t, hup, logs, "trust policy changed", 1)
+	snap = servertest.GetSnapshot(t, "http://"+admin)
 	assert.Equal(t, 2, snap.TrustPolicy.Rules)
 	assert.Empty(t, snap.TrustPolicy.Sources[0].LastError)
 
-	evs := policyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
+	evs := servertest.PolicyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
 	require.Len(t, evs, 3)
 	assert.Equal(t, "start", evs[0].Policy.Source)
 	assert.Equal(t, "trust_policy_rejected", evs[1].Event)

@@ -2,15 +2,10 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -38,38 +33,4 @@ func launchReloadable(t *testing.T, o server.Config) (admin string, hup chan<- o
 		assert.NoError(t, <-done, "clean shutdown")
 	})
 	return admin, ch, logs
-}
-
-// countRecords is how many records of logs have message msg.
-func countRecords(logs, msg string) int {
-	n := 0
-	for _, line := range strings.Split(logs, "\n") {
-		if logRecord(line, msg) != nil {
-			n++
-		}
-	}
-	return n
-}
-
-// hupAndWait sends SIGHUP and waits for the n-th record msg.
-func hupAndWait(t *testing.T, hup chan<- os.Signal, logs *testlog.Buffer, msg string, n int) {
-	t.Helper()
-	hup <- syscall.SIGHUP
-	require.Eventually(t, func() bool { return countRecords(logs.String(), msg) >= n },
-		30*time.Second, 10*time.Millisecond, "no %d-th %q record:\n%s", n, msg, logs.String())
-}
-
-func federated(t *testing.T, admin string) []string {
-	t.Helper()
-	return federatedSequences(t, admin, nil)
-}
-
-func webPeers(tds ...string) string {
-	var b strings.Builder
-	b.WriteString("federation:\n")
-	for _, td := range tds {
-		// Loopback, nothing listening: polls fail without leaving the host.
-		fmt.Fprintf(&b, "  - trustDomain: %s\n    bundleEndpointURL: https://127.0.0.1:1/%s\n    bundleEndpointProfile:\n      type: https_web\n", td, td)
-	}
-	return b.String()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // restore --force onto the data directory of a running server (a real
@@ -36,7 +37,7 @@ func TestRestoreForceIsRefusedWhileAServerRuns(t *testing.T) {
 	left, err := filepath.Glob(dataDir + ".replaced-*")
 	require.NoError(t, err)
 	assert.Empty(t, left, "nothing moved aside")
-	code, _ = get(t, "http://"+server.admin+"/healthz")
+	code, _ = servertest.Get(t, "http://"+server.admin+"/healthz")
 	assert.Equal(t, 200, code, "the server serves on")
 }
 

@@ -6,8 +6,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -37,6 +35,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -202,13 +201,6 @@ func sameCerts(t *testing.T, want, got []*x509.Certificate, msg string) {
 	assert.Equal(t, key(want), key(got), msg)
 }
 
-func writeTokenFile(t *testing.T, lines string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(p, []byte(lines), 0o600))
-	return p
-}
-
 const westToken = "west-bootstrap-token-0123456789"
 
 var westWorkload = spiffeid.RequireFromString("spiffe://west.example/ns/default/sa/web")
@@ -265,7 +257,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	}
 	// Envoy authenticates its SDS stream with the token itself, which
 	// needs a reusable one (a stream mints for as long as it lasts).
-	tokens := writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")
+	tokens := servertest.WriteTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")
 	east, west := startSPIFFEPair(t,
 		func(o *server.Config) { o.RefreshHint = 2 * time.Second },
 		func(o *server.Config) {
@@ -275,7 +267,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	westRoots, eastRoots := caRootsOf(t, west), caRootsOf(t, east)
 
-	conn := dialSDSTLS(t, grpcAddr(t, west.banner), west.td, westRoots, westToken)
+	conn := dialSDSTLS(t, servertest.GRPCAddr(t, west.banner), west.td, westRoots, westToken)
 	e := openEnvoy(t, conn, nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
 	r := e.recv(10 * time.Second)
 	got := secrets(t, r)
@@ -298,7 +290,7 @@ func TestSDSE2EFederatedRotation(t *testing.T) {
 
 	// West's node agent relays the same trust from west's SDS stream.
 	westPEM := cli.CertsPEM(westRoots)
-	ao := agentFor(t, grpcAddr(t, west.banner), westPEM, westToken)
+	ao := agentFor(t, servertest.GRPCAddr(t, west.banner), westPEM, westToken)
 	startAgent(t, ao)
 	ae := openEnvoy(t, dialSDSUnix(t, ao.Socket), nil, sds.DefaultName, sds.RootCAName, sds.AllName, "spiffe://east.example")
 	ar := ae.recv(10 * time.Second)
@@ -347,7 +339,7 @@ func TestSDSRefusals(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
-	td := laptopID.TrustDomain()
+	td := servertest.LaptopID.TrustDomain()
 
 	for _, tc := range []struct {
 		name  string
@@ -357,7 +349,7 @@ func TestSDSRefusals(t *testing.T) {
 	}{
 		{"no credentials", "", []string{sds.RootCAName}, codes.Unauthenticated},
 		{"unknown token", "not-a-known-bootstrap-token-0123", []string{sds.RootCAName}, codes.Unauthenticated},
-		{"another workload's certificate", laptopToken, []string{"spiffe://example.org/ns/prod/sa/payments"}, codes.PermissionDenied},
+		{"another workload's certificate", servertest.LaptopToken, []string{"spiffe://example.org/ns/prod/sa/payments"}, codes.PermissionDenied},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, tc.token), nil, tc.names...)
@@ -380,12 +372,12 @@ func TestSDSLargeNode(t *testing.T) {
 	addr, rootCert, _ := grpcServer(t)
 	roots, err := cli.ReadPEMCerts(rootCert)
 	require.NoError(t, err)
-	td := laptopID.TrustDomain()
+	td := servertest.LaptopID.TrustDomain()
 	meta := map[string]any{}
 	for i := range 400 {
 		meta[fmt.Sprintf("ISTIO_META_LABEL_%03d", i)] = strings.Repeat("v", 1000)
 	}
-	e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, laptopToken), meta, sds.RootCAName)
+	e := openEnvoy(t, dialSDSTLS(t, addr, td, roots, servertest.LaptopToken), meta, sds.RootCAName)
 	require.Greater(t, proto.Size(e.node), 4*certservice.MaxRecvMsgSize, "the node must exceed the certificate service's limit")
 	got := secrets(t, e.recv(10*time.Second))
 	require.Contains(t, got, sds.RootCAName)

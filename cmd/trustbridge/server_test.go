@@ -7,7 +7,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"io"
 	"math/big"
 	"net/http"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -80,16 +80,6 @@ func startServer(t *testing.T, dataDir string, mutate ...func(*server.Config)) (
 	}
 	admin, banner, _ := launchServer(t, o)
 	return admin, bytes.NewBufferString(banner)
-}
-
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, string(body)
 }
 
 func TestServerRequiresTrustDomain(t *testing.T) {
@@ -240,13 +230,13 @@ func TestServerPluginCA(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("server exited: %v\n%s", err, logs.String())
 	}
-	assert.Equal(t, "plug-in CA from "+caDir+" (reloaded on change)", logAttr(t, logs.String(), "trustbridge server started", "ca"))
-	_, body := get(t, "http://"+addr+"/v1/trust")
-	var doc trustDoc
+	assert.Equal(t, "plug-in CA from "+caDir+" (reloaded on change)", servertest.LogAttr(t, logs.String(), "trustbridge server started", "ca"))
+	_, body := servertest.Get(t, "http://"+addr+"/v1/trust")
+	var doc servertest.TrustDoc
 	require.NoError(t, json.Unmarshal([]byte(body), &doc))
 	require.Len(t, doc.Authorities, 1)
 	assert.Equal(t, "external", doc.Authorities[0].State)
-	code, _ := get(t, "http://"+addr+"/readyz")
+	code, _ := servertest.Get(t, "http://"+addr+"/readyz")
 	assert.Equal(t, http.StatusOK, code)
 	cancel()
 	require.NoError(t, <-done)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/spiretest"
 )
 
@@ -34,7 +35,7 @@ func TestSPIREAcceptsRestoredBundle(t *testing.T) {
 	spire := spiretest.Start(t, spiretest.Config{TrustDomain: "spire.example", Federates: []spiretest.Federation{{
 		TrustDomain: "east.example", URL: "https://" + d.addr + "/", EndpointSPIFFEID: "spiffe://east.example/trustbridge/bundle-endpoint",
 	}}})
-	doc, err := bundledoc.Marshal(spiffeBundle(t, "east.example", d.roots...))
+	doc, err := bundledoc.Marshal(servertest.SPIFFEBundle(t, "east.example", d.roots...))
 	require.NoError(t, err)
 	spire.SetBundle(t, "east.example", doc)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 var tokenNow = time.Date(2026, 11, 24, 9, 30, 15, 500, time.UTC)
@@ -24,15 +25,15 @@ func TestTokenCreate(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "tokens.csv")
 	at := func() time.Time { return tokenNow }
 
-	stdout, stderr, code := runCLIAt(t, at, "", "token", "create", "--spiffe-id", laptopID.String(), "--file", file)
+	stdout, stderr, code := runCLIAt(t, at, "", "token", "create", "--spiffe-id", servertest.LaptopID.String(), "--file", file)
 	require.Equal(t, 0, code, stderr)
 	token := strings.TrimSuffix(stdout, "\n")
 	require.Len(t, token, 43, "stdout is the token alone: %q", stdout)
 	ref := authn.BootstrapGrantRef(sha256.Sum256([]byte(token)))
-	assert.Equal(t, "added to "+file+": a single-use token for "+laptopID.String()+", expiring 2026-11-24T10:30:15Z (reference "+ref+")\n", stderr)
+	assert.Equal(t, "added to "+file+": a single-use token for "+servertest.LaptopID.String()+", expiring 2026-11-24T10:30:15Z (reference "+ref+")\n", stderr)
 	data, err := os.ReadFile(file)
 	require.NoError(t, err)
-	assert.Equal(t, token+","+laptopID.String()+",expires=2026-11-24T10:30:15Z\n", string(data))
+	assert.Equal(t, token+","+servertest.LaptopID.String()+",expires=2026-11-24T10:30:15Z\n", string(data))
 	info, err := os.Stat(file)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
@@ -44,13 +45,13 @@ func TestTokenCreate(t *testing.T) {
 	assert.Contains(t, stderr, "a reusable token for spiffe://example.org/lab/demo, never expiring")
 	data, err = os.ReadFile(file)
 	require.NoError(t, err)
-	assert.Equal(t, token+","+laptopID.String()+",expires=2026-11-24T10:30:15Z\n"+second+",spiffe://example.org/lab/demo,reusable\n", string(data))
-	b, err := authn.LoadBootstrapTokens(file, laptopID.TrustDomain())
+	assert.Equal(t, token+","+servertest.LaptopID.String()+",expires=2026-11-24T10:30:15Z\n"+second+",spiffe://example.org/lab/demo,reusable\n", string(data))
+	b, err := authn.LoadBootstrapTokens(file, servertest.LaptopID.TrustDomain())
 	require.NoError(t, err, "the server loads what token create wrote")
 	assert.Equal(t, 2, b.Len())
 
 	// Without --file, the line is printed for a file kept elsewhere.
-	stdout, stderr, code = runCLIAt(t, at, "", "token", "create", "--spiffe-id", laptopID.String(), "--ttl", "10m")
+	stdout, stderr, code = runCLIAt(t, at, "", "token", "create", "--spiffe-id", servertest.LaptopID.String(), "--ttl", "10m")
 	require.Equal(t, 0, code, stderr)
 	assert.Regexp(t, `^[A-Za-z0-9_-]{43},spiffe://example.org/vm/laptop,expires=2026-11-24T09:40:15Z\n$`, stdout)
 	assert.Empty(t, stderr)
@@ -58,7 +59,7 @@ func TestTokenCreate(t *testing.T) {
 
 func TestTokenCreateRefusals(t *testing.T) {
 	other := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(other, []byte(laptopToken+",spiffe://other.example/vm/a\n"), 0o600))
+	require.NoError(t, os.WriteFile(other, []byte(servertest.LaptopToken+",spiffe://other.example/vm/a\n"), 0o600))
 	for _, tc := range []struct {
 		name   string
 		args   []string
@@ -67,22 +68,22 @@ func TestTokenCreateRefusals(t *testing.T) {
 		{"no identity", nil, "--spiffe-id is required"},
 		{"not a SPIFFE ID", []string{"--spiffe-id", "https://example.org/a"}, `--spiffe-id "https://example.org/a"`},
 		{"no path", []string{"--spiffe-id", "spiffe://example.org"}, "has no path; a workload ID needs one"},
-		{"negative TTL", []string{"--spiffe-id", laptopID.String(), "--ttl", "-1h"}, "--ttl -1h0m0s: want a whole number of seconds"},
-		{"fractional TTL", []string{"--spiffe-id", laptopID.String(), "--ttl", "1.5s"}, "--ttl 1.5s"},
-		{"file of another trust domain", []string{"--spiffe-id", laptopID.String(), "--file", other}, "does not load for trust domain example.org"},
-		{"file in a missing directory", []string{"--spiffe-id", laptopID.String(), "--file", filepath.Join(t.TempDir(), "no", "tokens.csv")}, "--file:"},
+		{"negative TTL", []string{"--spiffe-id", servertest.LaptopID.String(), "--ttl", "-1h"}, "--ttl -1h0m0s: want a whole number of seconds"},
+		{"fractional TTL", []string{"--spiffe-id", servertest.LaptopID.String(), "--ttl", "1.5s"}, "--ttl 1.5s"},
+		{"file of another trust domain", []string{"--spiffe-id", servertest.LaptopID.String(), "--file", other}, "does not load for trust domain example.org"},
+		{"file in a missing directory", []string{"--spiffe-id", servertest.LaptopID.String(), "--file", filepath.Join(t.TempDir(), "no", "tokens.csv")}, "--file:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stdout, stderr, code := runCLI(t, "", append([]string{"token", "create"}, tc.args...)...)
 			assert.Equal(t, 1, code)
 			assert.Empty(t, stdout, "no token is handed out when none was added")
 			assert.Contains(t, stderr, tc.errHas)
-			assert.NotContains(t, stderr, laptopToken)
+			assert.NotContains(t, stderr, servertest.LaptopToken)
 		})
 	}
 	data, err := os.ReadFile(other)
 	require.NoError(t, err)
-	assert.Equal(t, laptopToken+",spiffe://other.example/vm/a\n", string(data), "a refused file is left alone")
+	assert.Equal(t, servertest.LaptopToken+",spiffe://other.example/vm/a\n", string(data), "a refused file is left alone")
 }
 
 // tokenServer is a server with the certificate service and the token file
@@ -103,7 +104,7 @@ func startTokenServer(t *testing.T, dataDir, tokens string) tokenServer {
 	for _, r := range roots {
 		certs = append(certs, r.Cert)
 	}
-	return tokenServer{admin: admin, addr: grpcAddr(t, banner), rootCert: writeFile(t, string(cli.CertsPEM(certs)), 0o644), stop: stop}
+	return tokenServer{admin: admin, addr: servertest.GRPCAddr(t, banner), rootCert: servertest.WriteFile(t, string(cli.CertsPEM(certs)), 0o644), stop: stop}
 }
 
 // request runs ca request with the token in tokenFile (or, with certDir,
@@ -118,7 +119,7 @@ func (s tokenServer) request(t *testing.T, auth, value string, extra ...string) 
 
 func (s tokenServer) metric(t *testing.T, line string) {
 	t.Helper()
-	_, body := get(t, "http://"+s.admin+"/metrics")
+	_, body := servertest.Get(t, "http://"+s.admin+"/metrics")
 	assert.Contains(t, body, line)
 }
 
@@ -135,10 +136,10 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 		t.Helper()
 		stdout, stderr, code := runCLIAt(t, func() time.Time { return now }, "", append([]string{"token", "create", "--file", tokens}, args...)...)
 		require.Equal(t, 0, code, stderr)
-		return writeFile(t, stdout, 0o600)
+		return servertest.WriteFile(t, stdout, 0o600)
 	}
-	laptop := create(time.Now(), "--spiffe-id", laptopID.String(), "--ttl", "1h")
-	expired := create(time.Now().Add(-2*time.Hour), "--spiffe-id", laptopID.String(), "--ttl", "1h")
+	laptop := create(time.Now(), "--spiffe-id", servertest.LaptopID.String(), "--ttl", "1h")
+	expired := create(time.Now().Add(-2*time.Hour), "--spiffe-id", servertest.LaptopID.String(), "--ttl", "1h")
 	lab := create(time.Now(), "--spiffe-id", "spiffe://example.org/lab/demo", "--reusable")
 	srv := startTokenServer(t, dataDir, tokens)
 
@@ -150,7 +151,7 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 
 	code, stderr, creds := srv.request(t, "--token-file", laptop)
 	require.Equal(t, 0, code, stderr)
-	checkCreds(t, creds, laptopID)
+	checkCreds(t, creds, servertest.LaptopID)
 
 	code, stderr, _ = srv.request(t, "--token-file", laptop)
 	assert.Equal(t, 1, code)
@@ -162,7 +163,7 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 	// after the token is consumed.
 	code, stderr, renewed := srv.request(t, "--prov-cert", creds)
 	require.Equal(t, 0, code, stderr)
-	checkCreds(t, renewed, laptopID)
+	checkCreds(t, renewed, servertest.LaptopID)
 
 	code, stderr, _ = srv.request(t, "--token-file", expired)
 	assert.Equal(t, 1, code)
@@ -202,12 +203,12 @@ func TestBootstrapTokenLifecycle(t *testing.T) {
 // lasts), so it refuses single-use tokens, and accepts the certificate
 // such a token bought.
 func TestSDSRefusesSingleUseToken(t *testing.T) {
-	tokens := writeTokenFile(t, laptopToken+","+laptopID.String()+"\n")
+	tokens := servertest.WriteTokenFile(t, servertest.LaptopToken+","+servertest.LaptopID.String()+"\n")
 	srv := startTokenServer(t, t.TempDir(), tokens)
 	roots, err := cli.ReadPEMCerts(srv.rootCert)
 	require.NoError(t, err)
 
-	e := openEnvoy(t, dialSDSTLS(t, srv.addr, laptopID.TrustDomain(), roots, laptopToken), nil, "ROOTCA")
+	e := openEnvoy(t, dialSDSTLS(t, srv.addr, servertest.LaptopID.TrustDomain(), roots, servertest.LaptopToken), nil, "ROOTCA")
 	select {
 	case r := <-e.resps:
 		t.Fatalf("SDS answered a single-use token: %v", r)
@@ -218,7 +219,7 @@ func TestSDSRefusesSingleUseToken(t *testing.T) {
 	}
 	// ca request buys the certificate with the token, then fetches trust
 	// from SDS with that certificate.
-	code, stderr, creds := srv.request(t, "--token-file", writeFile(t, laptopToken+"\n", 0o600))
+	code, stderr, creds := srv.request(t, "--token-file", servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600))
 	require.Equal(t, 0, code, stderr)
-	checkCreds(t, creds, laptopID)
+	checkCreds(t, creds, servertest.LaptopID)
 }

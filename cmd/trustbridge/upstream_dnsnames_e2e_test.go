@@ -13,6 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // nestedCorp runs a corp trustbridge allowing spiffe://corp.example/region/eu
@@ -34,7 +35,7 @@ func nestedCorp(t *testing.T, template string, dnsDomains ...string) (server.Con
 	require.Equal(t, 0, code, stderr)
 	region := baseServerOptions("corp.example", t.TempDir())
 	region.Upstream = server.UpstreamConfig{Kind: server.UpstreamTrustbridge, TTL: 24 * time.Hour, Trustbridge: server.TrustbridgeUpstreamConfig{
-		Address: grpcAddr(t, banner), RootCert: filepath.Join(creds, caclient.RootsFile), ProvCert: creds, Timeout: 10 * time.Second}}
+		Address: servertest.GRPCAddr(t, banner), RootCert: filepath.Join(creds, caclient.RootsFile), ProvCert: creds, Timeout: 10 * time.Second}}
 	region.GRPC.Listen = "127.0.0.1:0"
 	return region, filepath.Join(creds, caclient.RootsFile)
 }
@@ -70,7 +71,7 @@ func testRegionServingName(t *testing.T, corpTemplate string, corpDomains []stri
 	for _, r := range roots {
 		pool.AddCert(r)
 	}
-	conn, err := tls.Dial("tcp", grpcAddr(t, banner), &tls.Config{RootCAs: pool, ServerName: serving, NextProtos: []string{"h2"}})
+	conn, err := tls.Dial("tcp", servertest.GRPCAddr(t, banner), &tls.Config{RootCAs: pool, ServerName: serving, NextProtos: []string{"h2"}})
 	require.NoError(t, err, "the region's serving name verifies against corp's roots")
 	_ = conn.Close()
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -39,7 +40,7 @@ func TestNestedTrustServers(t *testing.T) {
 	corp.GRPC.Listen = "127.0.0.1:0"
 	corp.GRPC.Downstream.Allow = []string{"spiffe://corp.example/region/eu"}
 	_, banner, _ := launchServer(t, corp)
-	addr := grpcAddr(t, banner)
+	addr := servertest.GRPCAddr(t, banner)
 
 	creds := filepath.Join(t.TempDir(), "upstream")
 	_, stderr, code := runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", corpDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", creds, "--ttl", "1h")
@@ -56,7 +57,7 @@ func TestNestedTrustServers(t *testing.T) {
 	// the region's CA did not sign it, so its grant is not the region's:
 	// no renewal there.
 	workload := filepath.Join(t.TempDir(), "workload")
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", grpcAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", servertest.GRPCAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
 		"--prov-cert", creds, "--credentials-dir", workload)
 	require.NotEqual(t, 0, code)
 	assert.Contains(t, stderr, "not issued by this server's CA")
@@ -66,7 +67,7 @@ func TestNestedTrustServers(t *testing.T) {
 	regionCreds := filepath.Join(t.TempDir(), "region-issued")
 	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "issue", "--data-dir", regionDir, "--spiffe-id", "spiffe://corp.example/region/eu", "--credentials-dir", regionCreds, "--ttl", "1h")
 	require.Equal(t, 0, code, stderr)
-	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", grpcAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", servertest.GRPCAddr(t, regionBanner), "--root-cert", filepath.Join(creds, caclient.RootsFile),
 		"--prov-cert", regionCreds, "--credentials-dir", workload)
 	require.Equal(t, 0, code, stderr)
 
@@ -89,7 +90,7 @@ func TestNestedTrustServers(t *testing.T) {
 	// /v1/bundle, the document its bundle endpoint serves) and SDS's
 	// ROOTCA, asked for by a workload with the certificate it was just
 	// issued.
-	status, body := get(t, "http://"+regionAdmin+"/v1/bundle")
+	status, body := servertest.Get(t, "http://"+regionAdmin+"/v1/bundle")
 	require.Equal(t, http.StatusOK, status)
 	published, err := spiffebundle.Parse(td, []byte(body))
 	require.NoError(t, err)
@@ -100,7 +101,7 @@ func TestNestedTrustServers(t *testing.T) {
 	store.Set("bootstrap", spiffebundle.FromX509Authorities(td, bundle.X509Authorities()))
 	tlsCfg := trust.ClientTLSConfig(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil },
 		&trust.Verifier{Bundles: store, Authorizer: tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, server.GRPCServingPath))})
-	conn, err := grpc.NewClient(grpcAddr(t, regionBanner), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	conn, err := grpc.NewClient(servertest.GRPCAddr(t, regionBanner), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	sdsGot := secrets(t, openEnvoy(t, conn, nil, sds.RootCAName).recv(10*time.Second))
@@ -137,7 +138,7 @@ func TestNestedTrustServers(t *testing.T) {
 		got[f.Code] = true
 	}
 	assert.Equal(t, map[string]bool{audit.CodeIntermediateShort: true}, got, out)
-	status, body = get(t, "http://"+regionAdmin+"/v1/snapshot")
+	status, body = servertest.Get(t, "http://"+regionAdmin+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, status)
 	var snap trustview.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))

@@ -25,6 +25,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 const eastToken = "east-bootstrap-token-0123456789"
@@ -36,7 +37,7 @@ var eastWorkload = spiffeid.RequireFromString("spiffe://east.example/ns/default/
 // SPIFFE_ENDPOINT_SOCKET takes it.
 func workloadAgent(t *testing.T, s *e2eServer, token string) string {
 	t.Helper()
-	o := agentFor(t, grpcAddr(t, s.banner), cli.CertsPEM(caRootsOf(t, s)), token)
+	o := agentFor(t, servertest.GRPCAddr(t, s.banner), cli.CertsPEM(caRootsOf(t, s)), token)
 	o.WorkloadSocket = filepath.Join(filepath.Dir(o.Socket), "api.sock")
 	startAgent(t, o)
 	abs, err := filepath.Abs(o.WorkloadSocket)
@@ -79,8 +80,8 @@ func TestWorkloadAPIE2E(t *testing.T) {
 		}
 	}
 	east, west := startSPIFFEPair(t,
-		grpcWith(writeTokenFile(t, eastToken+","+eastWorkload.String()+",reusable\n")),
-		grpcWith(writeTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")))
+		grpcWith(servertest.WriteTokenFile(t, eastToken+","+eastWorkload.String()+",reusable\n")),
+		grpcWith(servertest.WriteTokenFile(t, westToken+","+westWorkload.String()+",reusable\n")))
 	waitFederated(t, east, "west.example", 1, 30*time.Second)
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 	eastAddr, westAddr := workloadAgent(t, east, eastToken), workloadAgent(t, west, westToken)

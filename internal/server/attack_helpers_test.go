@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -21,7 +20,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +33,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
@@ -53,7 +52,7 @@ type attackTarget struct {
 func startAttackTarget(tb testing.TB, mutate func(*Config)) *attackTarget {
 	tb.Helper()
 	tokens := filepath.Join(tb.TempDir(), "tokens.csv")
-	require.NoError(tb, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	require.NoError(tb, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"), 0o600))
 	o := baseServerOptions("example.org", tb.TempDir())
 	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	if mutate != nil {
@@ -77,7 +76,7 @@ func startAttackTarget(tb testing.TB, mutate func(*Config)) *attackTarget {
 		cancel()
 		<-done
 	})
-	at.grpc = grpcAddr(tb, logs.String())
+	at.grpc = servertest.GRPCAddr(tb, logs.String())
 	return at
 }
 
@@ -85,36 +84,7 @@ func startAttackTarget(tb testing.TB, mutate func(*Config)) *attackTarget {
 // labels (`result="verified"`), as the admin listener serves them.
 func (at *attackTarget) metric(tb testing.TB, name string, labels ...string) float64 {
 	tb.Helper()
-	return metricVia(tb, http.DefaultClient, at.admin, name, labels...)
-}
-
-// metricVia is attackTarget.metric read through c from the admin
-// listener at admin.
-func metricVia(tb testing.TB, c *http.Client, admin, name string, labels ...string) float64 {
-	tb.Helper()
-	resp, err := c.Get("http://" + admin + "/metrics")
-	require.NoError(tb, err)
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-lines:
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		for _, l := range labels {
-			if !strings.Contains(line, l) {
-				continue lines
-			}
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		require.NoError(tb, err)
-		sum += v
-	}
-	require.NoError(tb, sc.Err())
-	return sum
+	return servertest.MetricVia(tb, http.DefaultClient, at.admin, name, labels...)
 }
 
 // logCount counts the log lines at level (JSON logs) containing msg.
@@ -164,9 +134,9 @@ func csrFor(tb testing.TB, id spiffeid.ID) (string, crypto.Signer) {
 // with a CSR to renew it with.
 func legitSVID(tb testing.TB, at *attackTarget, local string) (*tls.Certificate, string) {
 	tb.Helper()
-	csr, key := csrFor(tb, laptopID)
+	csr, key := csrFor(tb, servertest.LaptopID)
 	c := dialFrom(tb, at.grpc, local, nil)
-	resp, err := c.CreateCertificate(withBearer(context.Background(), laptopToken), &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
+	resp, err := c.CreateCertificate(withBearer(context.Background(), servertest.LaptopToken), &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
 	require.NoError(tb, err)
 	cert := &tls.Certificate{PrivateKey: key}
 	for _, p := range resp.GetCertChain()[:len(resp.GetCertChain())-1] {

@@ -16,6 +16,7 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // TestX509ChainAttack reproduces issue 14 item 2 against a real server on
@@ -31,9 +32,9 @@ func TestX509ChainAttack(t *testing.T) {
 	legit := dialFrom(t, at.grpc, "127.0.0.10", svid)
 
 	const conns, calls = 4, 25
-	expensive := expensiveChain(t, spiffeid.RequireFromPath(laptopID.TrustDomain(), "/attacker"))
-	rogue := rogueSVID(t, spiffeid.RequireFromPath(laptopID.TrustDomain(), "/attacker"))
-	attackCSR, _ := csrFor(t, spiffeid.RequireFromPath(laptopID.TrustDomain(), "/attacker"))
+	expensive := expensiveChain(t, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/attacker"))
+	rogue := rogueSVID(t, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/attacker"))
+	attackCSR, _ := csrFor(t, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/attacker"))
 	var codesSeen sync.Map
 	var wg sync.WaitGroup
 	for i := range conns {
@@ -116,7 +117,7 @@ func TestTokenFloodAttack(t *testing.T) {
 	for i := range genuineTokens {
 		genuineTokens[i] = k.ServiceAccountToken(t, ns, "attacker", []string{"example.org"}, time.Hour)
 	}
-	attackCSR, _ := csrFor(t, spiffeid.RequireFromPath(laptopID.TrustDomain(), "/ns/"+ns+"/sa/attacker"))
+	attackCSR, _ := csrFor(t, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/ns/"+ns+"/sa/attacker"))
 
 	var junkCodes, genuineCodes sync.Map
 	tally := func(m *sync.Map, err error) {
@@ -146,7 +147,7 @@ func TestTokenFloodAttack(t *testing.T) {
 	var served atomic.Int64
 	for i, tok := range podTokens {
 		wg.Go(func() {
-			csr, _ := csrFor(t, spiffeid.RequireFromPath(laptopID.TrustDomain(), fmt.Sprintf("/ns/%s/sa/pod-%d", ns, i)))
+			csr, _ := csrFor(t, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), fmt.Sprintf("/ns/%s/sa/pod-%d", ns, i)))
 			c := dialFrom(t, at.grpc, fmt.Sprintf("127.0.1.%d", i+1), nil)
 			_, err := c.CreateCertificate(withBearer(context.Background(), tok), &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
 			if assert.NoError(t, err, "pod %d", i) {

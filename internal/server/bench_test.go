@@ -14,6 +14,7 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // BenchmarkCreateCertificateUnderAttack measures legitimate certificate
@@ -74,7 +75,7 @@ func legitCaller(b *testing.B, at *attackTarget, k *kubetest.Env) func(i int) er
 		}
 	}
 	ns := k.Namespace(b)
-	id := spiffeid.RequireFromPath(laptopID.TrustDomain(), "/ns/"+ns+"/sa/pod")
+	id := spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/ns/"+ns+"/sa/pod")
 	csr, _ := csrFor(b, id)
 	req := &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600}
 	tokens := make([]string, b.N)
@@ -152,9 +153,9 @@ type attack struct {
 
 func newAttack(b *testing.B, at *attackTarget, kind string) *attack {
 	a := &attack{on: make(chan struct{}), done: make(chan struct{})}
-	csr, _ := csrFor(b, spiffeid.RequireFromPath(laptopID.TrustDomain(), "/attacker"))
+	csr, _ := csrFor(b, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/attacker"))
 	req := &securityv1alpha1.IstioCertificateRequest{Csr: csr}
-	expensive := expensiveChain(b, spiffeid.RequireFromPath(laptopID.TrustDomain(), "/attacker"))
+	expensive := expensiveChain(b, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), "/attacker"))
 	// Rogue chains are minted ahead: the attacker's own CPU is not what
 	// is measured (it shares the machine with the server).
 	rogues := make(chan *tls.Certificate, 64)
@@ -210,7 +211,7 @@ func newAttack(b *testing.B, at *attackTarget, kind string) *attack {
 	if kind == "x509-rogue-chains" {
 		a.wg.Go(func() {
 			for n := 0; ; n++ {
-				r := rogueSVID(b, spiffeid.RequireFromPath(laptopID.TrustDomain(), fmt.Sprintf("/attacker/%d", n)))
+				r := rogueSVID(b, spiffeid.RequireFromPath(servertest.LaptopID.TrustDomain(), fmt.Sprintf("/attacker/%d", n)))
 				select {
 				case rogues <- r:
 				case <-a.done:

@@ -23,17 +23,9 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/loop"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
-
-// endpointURL is the bundle endpoint's URL, as the start-up record in a
-// server's log names it.
-func endpointURL(t *testing.T, logs string) string {
-	t.Helper()
-	return logAttr(t, logs, bundleEndpointStarted, "endpoint_url")
-}
-
-const bundleEndpointStarted = "bundle endpoint: peers federate with this tuple"
 
 // caRoots reads the published roots from the data directory.
 func caRoots(t *testing.T, dataDir string) []*x509.Certificate {
@@ -52,9 +44,9 @@ func TestServerBundleEndpointSPIFFEProfile(t *testing.T) {
 	_, out := startServer(t, dataDir, func(o *Config) {
 		o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true}
 	})
-	url := endpointURL(t, out.String())
+	url := servertest.EndpointURL(t, out.String())
 	assert.Equal(t, "example.org|"+url+"|spiffe://example.org/trustbridge/bundle-endpoint|example.org.json",
-		logAttr(t, out.String(), bundleEndpointStarted, "tuple"))
+		servertest.LogAttr(t, out.String(), servertest.BundleEndpointStarted, "tuple"))
 
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	roots := x509bundle.FromX509Authorities(td, caRoots(t, dataDir))
@@ -159,13 +151,13 @@ func TestReadyzReportsABadBundleFileChange(t *testing.T) {
 	t.Cleanup(func() { _ = ep.ln.Close() })
 	admin := httptest.NewServer(adminHandler(a, prometheus.NewRegistry(), nil, nil, ep, nil, nil))
 	t.Cleanup(admin.Close)
-	code, _ := get(t, admin.URL+"/readyz")
+	code, _ := servertest.Get(t, admin.URL+"/readyz")
 	assert.Equal(t, http.StatusOK, code)
 
 	// A broken change, as the file's poll loop would find it.
 	require.NoError(t, os.WriteFile(file, []byte("{broken"), 0o600))
 	require.Error(t, ep.endpoint.Files()[0].Check())
-	code, body := get(t, admin.URL+"/readyz")
+	code, body := servertest.Get(t, admin.URL+"/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Contains(t, body, "serving the last good bundle")
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 func serverFlagSet() (*pflag.FlagSet, *Config) {
@@ -23,8 +22,6 @@ func serverFlagSet() (*pflag.FlagSet, *Config) {
 	addServerFlags(fs, &o)
 	return fs, &o
 }
-
-func noEnv(string) string { return "" }
 
 func TestConfigSetsFlags(t *testing.T) {
 	fs, o := serverFlagSet()
@@ -36,7 +33,7 @@ workload-ttl: 12h
 sds-workload-certs: false
 grpc-dns-names: [a.example, b.example]
 federation-allow-private: true
-`), noEnv)
+`), servertest.NoEnv)
 	require.NoError(t, err)
 	assert.Equal(t, "east.example", o.TrustDomain)
 	assert.Equal(t, "/var/lib/trustbridge", o.DataDir)
@@ -93,7 +90,7 @@ func TestConfigErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fs, o := serverFlagSet()
 			before := *o
-			_, err := applyConfig(fs, []byte(tc.yaml), noEnv)
+			_, err := applyConfig(fs, []byte(tc.yaml), servertest.NoEnv)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Equal(t, before.DataDir, o.DataDir, "a bad file changes nothing")
@@ -101,22 +98,15 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-func writeConfig(t *testing.T, text string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "trustbridge.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
-	return path
-}
-
 // The server starts from a config file alone.
 func TestServerFromConfigFile(t *testing.T) {
-	path := writeConfig(t, fmt.Sprintf("trust-domain: conf.example\ndata-dir: %s\nadmin-listen: 127.0.0.1:0\nbundle-listen: \"\"\nlog-format: json\n", t.TempDir()))
+	path := servertest.WriteConfig(t, fmt.Sprintf("trust-domain: conf.example\ndata-dir: %s\nadmin-listen: 127.0.0.1:0\nbundle-listen: \"\"\nlog-format: json\n", t.TempDir()))
 	fs, o := serverFlagSet()
 	require.NoError(t, fs.Parse([]string{"--config", path}))
-	require.NoError(t, loadServerConfig(fs, o, noEnv))
+	require.NoError(t, loadServerConfig(fs, o, servertest.NoEnv))
 	admin, banner, _ := launchServer(t, *o)
-	assert.Equal(t, "conf.example", logAttr(t, banner, "trustbridge server started", "trust_domain"))
-	assert.Equal(t, "conf.example", trustOf(t, admin).TrustDomain)
+	assert.Equal(t, "conf.example", servertest.LogAttr(t, banner, "trustbridge server started", "trust_domain"))
+	assert.Equal(t, "conf.example", servertest.TrustOf(t, admin).TrustDomain)
 }
 
 func FuzzConfig(f *testing.F) {
@@ -126,7 +116,7 @@ func FuzzConfig(f *testing.F) {
 	f.Add([]byte("---\n---\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fs, _ := serverFlagSet()
-		cf, err := applyConfig(fs, data, noEnv)
+		cf, err := applyConfig(fs, data, servertest.NoEnv)
 		if err != nil {
 			return
 		}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 )
 
@@ -147,7 +148,7 @@ func (f *connFlood) dial() {
 			return
 		default:
 		}
-		c := dialIdleH2(f.addr, f.local)
+		c := servertest.DialIdleH2(f.addr, f.local)
 		f.mu.Lock()
 		if c == nil {
 			f.refused.Add(1)

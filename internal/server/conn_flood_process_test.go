@@ -28,6 +28,7 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // binEnv names the trustbridge binary the process-level tests run: make
@@ -170,7 +171,7 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	const fleetToken = "fleet-bootstrap-token-0123456789abcdef"
 	fleetID := "spiffe://example.org/vm/fleet"
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"+fleetToken+","+fleetID+",reusable\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"+fleetToken+","+fleetID+",reusable\n"), 0o600))
 	limit := manifestMemoryLimit(t)
 	// As in a pod of the manifests: a memory cgroup with their limit,
 	// which the kernel enforces, and from which the server sets its Go
@@ -189,7 +190,7 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	}
 	rssIdle := s.rss(t)
 	pendingTotal, pendingPerSource := unconfirmedLimits(grpcLimits.def)
-	kinds := []floodKind{floodH2, floodH2, floodHTTP}
+	kinds := []servertest.FloodKind{servertest.FloodH2, servertest.FloodH2, servertest.FloodHTTP}
 	addrs := []string{s.grpc, s.bundle, s.admin}
 	shares := []int{pendingPerSource, bundleLimits.def.PerSource, AdminLimits.def.PerSource}
 	reasons := []string{"unconfirmed_source_limit", "source_limit", "source_limit"}
@@ -206,11 +207,11 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	assert.Contains(t, body, `"keys"`)
 	code, _ = getFrom(t, c, "http://"+s.admin+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
-	csr, _ := csrFor(t, laptopID)
-	createCert(t, s.grpc, "127.0.0.2", laptopToken, csr)
+	csr, _ := csrFor(t, servertest.LaptopID)
+	createCert(t, s.grpc, "127.0.0.2", servertest.LaptopToken, csr)
 	rssOne := s.rss(t)
 	for i, l := range listeners {
-		assert.EqualValues(t, 2*l.def.PerSource-shares[i], metricVia(t, c, s.admin, "trustbridge_listener_connections_refused_total",
+		assert.EqualValues(t, 2*l.def.PerSource-shares[i], servertest.MetricVia(t, c, s.admin, "trustbridge_listener_connections_refused_total",
 			`listener="`+l.name+`"`, `reason="`+reasons[i]+`"`), l.name)
 	}
 	c.CloseIdleConnections()
@@ -220,7 +221,7 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	m := fromClient("127.0.0.252")
 	t.Cleanup(m.CloseIdleConnections)
 	metric := func(name, listener string, labels ...string) float64 {
-		return metricVia(t, m, s.admin, name, append(labels, `listener="`+listener+`"`)...)
+		return servertest.MetricVia(t, m, s.admin, name, append(labels, `listener="`+listener+`"`)...)
 	}
 	fleetCSR, _ := csrFor(t, spiffeid.RequireFromString(fleetID))
 	confirmed := grpcLimits.def.Max - pendingTotal
@@ -400,7 +401,7 @@ func keepConfirmed(t *testing.T, addr, local, token, csr string, n int) {
 // It returns nil if the server refused the connection.
 func dialHeaderOnlyCalls(t *testing.T, addr, local string, n int) net.Conn {
 	t.Helper()
-	c := dialIdleH2(addr, local)
+	c := servertest.DialIdleH2(addr, local)
 	if c == nil {
 		return nil
 	}

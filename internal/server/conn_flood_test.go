@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,95 +45,16 @@ func startFloodTarget(tb testing.TB, mutate func(*Config)) *floodTarget {
 			mutate(o)
 		}
 	})
-	u := logAttr(tb, at.logs.String(), bundleEndpointStarted, "endpoint_url")
+	u := servertest.LogAttr(tb, at.logs.String(), servertest.BundleEndpointStarted, "endpoint_url")
 	host := strings.TrimSuffix(strings.TrimPrefix(u, "https://"), "/")
 	_, port, err := net.SplitHostPort(host)
 	require.NoError(tb, err)
 	return &floodTarget{attackTarget: at, bundle: net.JoinHostPort("127.0.0.1", port)}
 }
 
-// floodKind is how a flood connection behaves once the server accepts it.
-type floodKind int
-
-const (
-	// floodH2 completes TLS (ALPN h2), sends the HTTP/2 client preface
-	// and an empty SETTINGS frame, and then nothing: issue 32's client.
-	floodH2 floodKind = iota
-	// floodHTTP makes one plain HTTP/1.1 request (GET /healthz), reads
-	// the answer and keeps the connection, idle.
-	floodHTTP
-)
-
-// http2Preface is the client connection preface (RFC 9113 §3.4) followed
-// by an empty SETTINGS frame.
-var http2Preface = append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)
-
-// floodConn opens one connection from local to addr as kind says. It
-// returns nil when the server refused it: closed it before the TLS
-// handshake or the request's answer.
-func floodConn(tb testing.TB, addr, local string, kind floodKind) net.Conn {
-	tb.Helper()
-	if kind == floodH2 {
-		return dialIdleH2(addr, local)
-	}
-	raw := dialFlood(addr, local)
-	if raw == nil {
-		return nil
-	}
-	if _, err := io.WriteString(raw, "GET /healthz HTTP/1.1\r\nHost: "+addr+"\r\n\r\n"); err != nil {
-		_ = raw.Close()
-		return nil
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(raw), nil)
-	if err != nil {
-		_ = raw.Close()
-		return nil
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	_ = raw.SetDeadline(time.Time{})
-	return raw
-}
-
-// dialIdleH2 is a floodH2 connection from local to addr, nil when the
-// server refused it. It touches no testing.TB, for the flood's goroutines.
-func dialIdleH2(addr, local string) net.Conn {
-	raw := dialFlood(addr, local)
-	if raw == nil {
-		return nil
-	}
-	// The attacker checks nothing and picks the cheapest key exchange.
-	c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12, //nolint:gosec // see above
-		CurvePreferences: []tls.CurveID{tls.X25519}})
-	if err := c.Handshake(); err != nil {
-		_ = raw.Close()
-		return nil
-	}
-	if _, err := c.Write(http2Preface); err != nil {
-		_ = c.Close()
-		return nil
-	}
-	_ = raw.SetDeadline(time.Time{})
-	return c
-}
-
-// dialFlood is a TCP connection from local to addr with a deadline of 30
-// s for what follows, nil when the dial failed.
-func dialFlood(addr, local string) net.Conn {
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}, Timeout: 30 * time.Second}
-	raw, err := d.Dial("tcp", addr)
-	if err != nil {
-		// The kernel completes the handshake before the server accepts;
-		// the server's reset may still beat connect's return.
-		return nil
-	}
-	_ = raw.SetDeadline(time.Now().Add(30 * time.Second))
-	return raw
-}
-
 // flood opens n connections from local to addr, width at a time, and
 // returns those the server kept; it closes them at the end of the test.
-func flood(tb testing.TB, addr, local string, kind floodKind, n int) (held []net.Conn, refused int) {
+func flood(tb testing.TB, addr, local string, kind servertest.FloodKind, n int) (held []net.Conn, refused int) {
 	tb.Helper()
 	var mu sync.Mutex
 	var next atomic.Int64
@@ -141,7 +62,7 @@ func flood(tb testing.TB, addr, local string, kind floodKind, n int) (held []net
 	for range 8 {
 		wg.Go(func() {
 			for next.Add(1) <= int64(n) {
-				c := floodConn(tb, addr, local, kind)
+				c := servertest.FloodConn(tb, addr, local, kind)
 				mu.Lock()
 				if c == nil {
 					refused++
@@ -254,9 +175,9 @@ func TestConnectionFlood(t *testing.T) {
 	var results []result
 	for i, f := range []struct {
 		addr string
-		kind floodKind
+		kind servertest.FloodKind
 		n    int
-	}{{ft.grpc, floodH2, grpcN}, {ft.bundle, floodH2, bundleN}, {ft.admin, floodHTTP, adminN}} {
+	}{{ft.grpc, servertest.FloodH2, grpcN}, {ft.bundle, servertest.FloodH2, bundleN}, {ft.admin, servertest.FloodHTTP, adminN}} {
 		held, refused := flood(t, f.addr, "127.0.0.1", f.kind, f.n)
 		results = append(results, result{def[i].name, held, refused, f.n, per[i], reasons[i]})
 	}
@@ -284,7 +205,9 @@ func TestConnectionFlood(t *testing.T) {
 	t.Logf("%d connections held, %d refused; %s", len(results[0].held)+len(results[1].held)+len(results[2].held),
 		results[0].refuse+results[1].refuse+results[2].refuse, time.Since(start).Round(time.Millisecond))
 
-	metric := func(name string, labels ...string) float64 { return metricVia(t, c, ft.admin, name, labels...) }
+	metric := func(name string, labels ...string) float64 {
+		return servertest.MetricVia(t, c, ft.admin, name, labels...)
+	}
 	for _, r := range results {
 		assert.EqualValues(t, r.refuse, metric("trustbridge_listener_connections_refused_total", `listener="`+r.name+`"`, `reason="`+r.reason+`"`),
 			"%s: every refusal counted", r.name)
@@ -321,7 +244,7 @@ func TestGRPCFirstCallTimeout(t *testing.T) {
 	require.NoError(t, err)
 	authedInTime := time.Since(dialed) < deadline
 
-	idle := floodConn(t, ft.grpc, "127.0.0.21", floodH2)
+	idle := servertest.FloodConn(t, ft.grpc, "127.0.0.21", servertest.FloodH2)
 	require.NotNil(t, idle)
 	defer idle.Close()
 	var unauthDials atomic.Int64

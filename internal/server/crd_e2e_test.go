@@ -15,6 +15,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // A server with --federation-crd federates with a trust domain as soon as
@@ -23,8 +24,8 @@ import (
 // no restart at any point.
 func TestKubeFederationCRD(t *testing.T) {
 	env := kubetest.Shared(t)
-	installCRD(t, env)
-	dyn := dynamicClient(t, env)
+	servertest.InstallCRD(t, env)
+	dyn := servertest.DynamicClient(t, env)
 	ns := env.Namespace(t)
 
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
@@ -33,7 +34,7 @@ func TestKubeFederationCRD(t *testing.T) {
 	o := baseServerOptions("west.example", t.TempDir())
 	o.Federation.MinRefresh = time.Second
 	o.Federation.AllowPrivate = true
-	o.GRPC.Kubeconfig = writeKubeconfig(t, env.Config.Host, env)
+	o.GRPC.Kubeconfig = servertest.WriteKubeconfig(t, env.Config.Host, env)
 	o.Kube = fastKubeStorage(ns)
 	o.Kube.FederationCRD, o.Kube.FederationClass = true, "crd-e2e"
 	admin, _, _ := launchServer(t, o)
@@ -41,7 +42,7 @@ func TestKubeFederationCRD(t *testing.T) {
 	_, ok := federationStatus(t, west, "east.example")
 	require.False(t, ok)
 
-	doc, err := bundledoc.Marshal(spiffeBundle(t, "east.example", eastRoots...))
+	doc, err := bundledoc.Marshal(servertest.SPIFFEBundle(t, "east.example", eastRoots...))
 	require.NoError(t, err)
 	name := "east-example-e2e"
 	u := &unstructured.Unstructured{Object: map[string]any{
@@ -77,10 +78,10 @@ func TestKubeFederationCRD(t *testing.T) {
 		}
 	}
 	require.Len(t, roots, 1, "east's root (and its JWT key)")
-	assert.Equal(t, sha256Hex(eastRoots[0].Raw), roots[0].SHA256)
+	assert.Equal(t, servertest.SHA256Hex(eastRoots[0].Raw), roots[0].SHA256)
 
 	// The snapshot names the resource as the relationship's origin.
-	view, ok := viewOf(getSnapshot(t, west.admin), "east.example")
+	view, ok := viewOf(servertest.GetSnapshot(t, west.admin), "east.example")
 	require.True(t, ok)
 	assert.Equal(t, "crd:"+name, view.Federation.Origin)
 
@@ -89,6 +90,6 @@ func TestKubeFederationCRD(t *testing.T) {
 		_, ok := federationStatus(t, west, "east.example")
 		return !ok
 	}, 30*time.Second, 100*time.Millisecond, "east.example still federated after its resource was deleted")
-	_, ok = viewOf(getSnapshot(t, west.admin), "east.example")
+	_, ok = viewOf(servertest.GetSnapshot(t, west.admin), "east.example")
 	assert.False(t, ok, "no longer trusted")
 }

@@ -3,11 +3,7 @@ package server
 import (
 	"crypto/x509"
 	"encoding/json"
-	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,7 +12,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // e2eServer is one running trustbridge server of a federation test.
@@ -44,7 +40,7 @@ func startE2EServer(t *testing.T, td, dataDir string, mutate func(*Config)) *e2e
 	admin, banner, stop := launchServer(t, o)
 	return &e2eServer{
 		td: spiffeid.RequireTrustDomainFromString(td), dataDir: dataDir, admin: "http://" + admin,
-		bundleURL: endpointURL(t, banner), banner: banner, stop: stop,
+		bundleURL: servertest.EndpointURL(t, banner), banner: banner, stop: stop,
 	}
 }
 
@@ -64,37 +60,6 @@ func bootstrapDataDir(t *testing.T, td string) (dataDir string, roots []*x509.Ce
 	return dataDir, roots
 }
 
-// reservePort returns a loopback address that was free a moment ago.
-func reservePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
-// writeSPIFFEFederationConfig writes a federation config naming peer's
-// https_spiffe endpoint at addr with peerRoots as its bootstrap bundle.
-func writeSPIFFEFederationConfig(t *testing.T, peer, addr string, peerRoots []*x509.Certificate) string {
-	t.Helper()
-	dir := t.TempDir()
-	doc, err := bundledoc.Marshal(spiffeBundle(t, peer, peerRoots...))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "peer.json"), doc, 0o600))
-	cfg := fmt.Sprintf(`federation:
-  - trustDomain: %s
-    bundleEndpointURL: https://%s/
-    bundleEndpointProfile:
-      type: https_spiffe
-      endpointSPIFFEID: spiffe://%s/trustbridge/bundle-endpoint
-    trustDomainBundleFile: peer.json
-`, peer, addr, peer)
-	path := filepath.Join(dir, "federation.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
-	return path
-}
-
 // startSPIFFEPair starts east.example and west.example federated with each
 // other over https_spiffe. A CA root exists only after a server's first
 // start and the peer's config needs it, so each data dir is bootstrapped
@@ -103,9 +68,9 @@ func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*Config)) (east, 
 	t.Helper()
 	eastData, eastRoots := bootstrapDataDir(t, "east.example")
 	westData, westRoots := bootstrapDataDir(t, "west.example")
-	eastAddr, westAddr := reservePort(t), reservePort(t)
-	eastCfg := writeSPIFFEFederationConfig(t, "west.example", westAddr, westRoots)
-	westCfg := writeSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
+	eastAddr, westAddr := servertest.ReservePort(t), servertest.ReservePort(t)
+	eastCfg := servertest.WriteSPIFFEFederationConfig(t, "west.example", westAddr, westRoots)
+	westCfg := servertest.WriteSPIFFEFederationConfig(t, "east.example", eastAddr, eastRoots)
 	east = startE2EServer(t, "east.example", eastData, func(o *Config) {
 		o.Bundle.Listen = eastAddr
 		o.Federation.ConfigFile = eastCfg
@@ -127,7 +92,7 @@ func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*Config)) (east, 
 // while there is none yet.
 func federationStatus(t *testing.T, s *e2eServer, td string) (federation.Status, bool) {
 	t.Helper()
-	code, body := get(t, s.admin+"/v1/federation")
+	code, body := servertest.Get(t, s.admin+"/v1/federation")
 	var all []federation.Status
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &all) != nil {
 		return federation.Status{}, false

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/x509"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	gofederation "github.com/spiffe/go-spiffe/v2/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -53,11 +51,6 @@ func TestServerRefusesFederatingWithItself(t *testing.T) {
 	o.Federation = FederationConfig{Federate: "a.org|http://a.org/"}
 	err = runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
 	assert.ErrorContains(t, err, "--federate")
-}
-
-func spiffeBundle(t *testing.T, td string, roots ...*x509.Certificate) *spiffebundle.Bundle {
-	t.Helper()
-	return spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString(td), roots)
 }
 
 func TestBundleFilesJoinTheTrustStore(t *testing.T) {

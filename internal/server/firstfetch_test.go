@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -28,8 +28,8 @@ var bootstrap = regexp.MustCompile(`^curl -s (\S+) > (\S+)$`)
 // (issue 21 item 5).
 func TestBannerTupleFederates(t *testing.T) {
 	_, eastBanner, _ := startNamedServer(t, "east.example", nil)
-	tuple := []string{"", logAttr(t, eastBanner, bundleEndpointStarted, "tuple")}
-	cmd := bootstrap.FindStringSubmatch(logAttr(t, eastBanner, bundleEndpointStarted, "bootstrap"))
+	tuple := []string{"", servertest.LogAttr(t, eastBanner, servertest.BundleEndpointStarted, "tuple")}
+	cmd := bootstrap.FindStringSubmatch(servertest.LogAttr(t, eastBanner, servertest.BundleEndpointStarted, "bootstrap"))
 	require.NotNil(t, cmd, eastBanner)
 	assert.True(t, strings.HasSuffix(tuple[1], "|spiffe://east.example/trustbridge/bundle-endpoint|"+cmd[2]), "the tuple names the file the command writes:\n%s", eastBanner)
 
@@ -50,7 +50,7 @@ func TestBannerTupleFederates(t *testing.T) {
 
 	westAdmin, _, _ := startNamedServer(t, "west.example", func(o *Config) { o.Federation.Federate = tuple[1] })
 	assert.EventuallyWithT(t, func(c *assert.CollectT) {
-		code, body := get(t, "http://"+westAdmin+"/v1/federation")
+		code, body := servertest.Get(t, "http://"+westAdmin+"/v1/federation")
 		var status []federation.Status
 		if !assert.Equal(c, http.StatusOK, code) || !assert.NoError(c, json.Unmarshal([]byte(body), &status)) || !assert.Len(c, status, 1) {
 			return
@@ -81,7 +81,7 @@ func TestHubServedPeerAcceptedWhenServerAnchored(t *testing.T) {
 	local := spiffeid.RequireTrustDomainFromString("example.org")
 	dir := t.TempDir()
 	hubFile := filepath.Join(dir, "hub.example.json")
-	writeBundleDoc(t, hubFile, testca.New(t, "hub.example"))
+	servertest.WriteBundleDoc(t, hubFile, testca.New(t, "hub.example"))
 	hubTuple := "hub.example|https://hub.example:8443/|spiffe://hub.example/bundle-server"
 	fedFile := filepath.Join(dir, "federation.yaml")
 	require.NoError(t, os.WriteFile(fedFile, []byte(hubServedYAML+`  - trustDomain: hub.example
@@ -110,7 +110,7 @@ func TestHubServedPeerAcceptedWhenServerAnchored(t *testing.T) {
 	aViaB := "a.example|https://b.example/a|spiffe://b.example/bundle-server"
 	bViaA := "b.example|https://a.example/b|spiffe://a.example/bundle-server"
 	bFile := filepath.Join(dir, "b.example.json")
-	writeBundleDoc(t, bFile, testca.New(t, "b.example"))
+	servertest.WriteBundleDoc(t, bFile, testca.New(t, "b.example"))
 
 	tests := []struct {
 		name string
@@ -138,11 +138,4 @@ func TestHubServedPeerAcceptedWhenServerAnchored(t *testing.T) {
 			}
 		})
 	}
-}
-
-func writeBundleDoc(t *testing.T, path string, ca *testca.CA) {
-	t.Helper()
-	doc, err := bundledoc.Marshal(ca.Bundle())
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, doc, 0o600))
 }

@@ -10,10 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 func TestGRPCFlagDefaults(t *testing.T) {
@@ -61,7 +59,7 @@ func serverError(t *testing.T, o Config) error {
 
 func TestGRPCFlagErrors(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
-	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
+	tokens := servertest.WriteFile(t, servertest.LaptopToken+","+servertest.LaptopID.String()+"\n", 0o600)
 	tests := []struct {
 		name string
 		o    GRPCConfig
@@ -74,8 +72,8 @@ func TestGRPCFlagErrors(t *testing.T) {
 		{"token review on without Kubernetes", GRPCConfig{TokenReview: TokenReviewOn}, "--token-review on needs"},
 		{"missing kubeconfig", GRPCConfig{Kubeconfig: filepath.Join(t.TempDir(), "none")}, "--kubeconfig"},
 		{"missing bootstrap file", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: filepath.Join(t.TempDir(), "none")}, "--bootstrap-token-file"},
-		{"bad bootstrap file", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: writeFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
-		{"bootstrap file of another trust domain", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: writeFile(t, laptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
+		{"bad bootstrap file", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: servertest.WriteFile(t, "short,spiffe://example.org/x\n", 0o600)}, "--bootstrap-token-file"},
+		{"bootstrap file of another trust domain", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: servertest.WriteFile(t, servertest.LaptopToken+",spiffe://other.example/x\n", 0o600)}, "other.example"},
 		{"negative rate", GRPCConfig{rateLimit: -1}, "--sign-rate-limit"},
 		{"NaN rate", GRPCConfig{rateLimit: math.NaN()}, "--sign-rate-limit"},
 		{"negative queue", GRPCConfig{queueSize: -1}, "--sign-queue-size"},
@@ -100,7 +98,7 @@ func TestGRPCFlagErrors(t *testing.T) {
 // reservePortHeld returns an address something listens on for the test.
 func reservePortHeld(t *testing.T) string {
 	t.Helper()
-	addr := reservePort(t)
+	addr := servertest.ReservePort(t)
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ln.Close() })
@@ -109,7 +107,7 @@ func reservePortHeld(t *testing.T) string {
 
 func TestServerWithoutGRPC(t *testing.T) {
 	_, banner := startServer(t, t.TempDir()) // the test helper leaves --grpc-listen ""
-	assert.Nil(t, logRecord(banner.String(), "certificate service listening"))
+	assert.Nil(t, servertest.LogRecord(banner.String(), "certificate service listening"))
 }
 
 func TestLoadKubeConfig(t *testing.T) {
@@ -128,7 +126,7 @@ func TestLoadKubeConfig(t *testing.T) {
 		assert.False(t, ok)
 	})
 	t.Run("kubeconfig file", func(t *testing.T) {
-		path := writeKubeconfig(t, "https://127.0.0.1:6443", nil)
+		path := servertest.WriteKubeconfig(t, "https://127.0.0.1:6443", nil)
 		cfg, ok, err := loadKubeConfig(path)
 		require.NoError(t, err)
 		assert.True(t, ok)
@@ -139,27 +137,6 @@ func TestLoadKubeConfig(t *testing.T) {
 		_, _, err := loadKubeConfig(filepath.Join(t.TempDir(), "kubeconfig"))
 		assert.ErrorContains(t, err, "--kubeconfig")
 	})
-}
-
-// writeKubeconfig writes a kubeconfig for host, with the CA and client
-// credentials of from when given.
-func writeKubeconfig(t *testing.T, host string, from *kubetest.Env) string {
-	t.Helper()
-	cluster := &clientcmdapi.Cluster{Server: host}
-	user := &clientcmdapi.AuthInfo{}
-	if from != nil {
-		c := from.Config
-		cluster.CertificateAuthorityData = c.CAData
-		user.ClientCertificateData, user.ClientKeyData, user.Token = c.CertData, c.KeyData, c.BearerToken
-	}
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = cluster
-	cfg.AuthInfos["test"] = user
-	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	cfg.CurrentContext = "test"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
-	return path
 }
 
 // serverCmdFlags is the flag set of trustbridge server, on a scratch

@@ -16,6 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // TestServerKeysInSoftHSM runs the server with its keys in a SoftHSM2
@@ -44,7 +45,7 @@ func TestServerKeysInSoftHSM(t *testing.T) {
 		assert.False(t, strings.HasSuffix(f.Name(), ".key.pem"), "no private key in the state: %s", f.Name())
 	}
 
-	code, body := get(t, "http://"+addr+"/v1/snapshot")
+	code, body := servertest.Get(t, "http://"+addr+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, code)
 	var snap trustview.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))

@@ -18,6 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/kubestore"
 	"github.com/trustbridge/trustbridge/internal/datadir"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -27,7 +28,7 @@ import (
 func TestKubeEarlyReturnStopsBackground(t *testing.T) {
 	kenv := kubetest.Shared(t)
 	ns := kenv.Namespace(t)
-	kubeconfig := writeKubeconfig(t, kenv.Config.Host, kenv)
+	kubeconfig := servertest.WriteKubeconfig(t, kenv.Config.Host, kenv)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer busy.Close()
@@ -69,7 +70,7 @@ func TestKubeEarlyReturnStopsBackground(t *testing.T) {
 func TestKubeStopWhileWaitingForALeader(t *testing.T) {
 	kenv := kubetest.Shared(t)
 	ns := kenv.Namespace(t)
-	kubeconfig := writeKubeconfig(t, kenv.Config.Host, kenv)
+	kubeconfig := servertest.WriteKubeconfig(t, kenv.Config.Host, kenv)
 	// Another replica holds the Lease and never writes the CA state.
 	holder, dur, now := "someone-else", int32(3600), metav1.NewMicroTime(time.Now())
 	_, err := kenv.Client.CoordinationV1().Leases(ns).Create(context.Background(), &coordinationv1.Lease{
@@ -129,14 +130,14 @@ func TestKubeNamespace(t *testing.T) {
 func TestKubeStorageCreatesItsDataDirWithoutInit(t *testing.T) {
 	kenv := kubetest.Shared(t)
 	ns := kenv.Namespace(t)
-	kubeconfig := writeKubeconfig(t, kenv.Config.Host, kenv)
+	kubeconfig := servertest.WriteKubeconfig(t, kenv.Config.Host, kenv)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	o := baseServerOptions("example.org", dataDir)
 	o.GRPC = GRPCConfig{Kubeconfig: kubeconfig, TokenReview: TokenReviewOff}
 	o.Kube = fastKubeStorage(ns)
 	admin, banner, _ := launchServer(t, o)
 	assert.Contains(t, banner, "state in Secret "+ns+"/trustbridge-ca")
-	assert.Len(t, trustOf(t, admin).Authorities, 1)
+	assert.Len(t, servertest.TrustOf(t, admin).Authorities, 1)
 	info, err := os.Stat(dataDir)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o700), info.Mode().Perm())

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -22,28 +23,6 @@ func testEnv(tb testing.TB, format string) (e env, out, logs *testlog.Buffer) {
 		out, logs = testlog.JSONLines(tb), testlog.JSONLines(tb)
 	}
 	return env{in: strings.NewReader(""), out: out, err: logs, now: time.Now}, out, logs
-}
-
-// logRecord is the first record of logs (JSON lines; other lines are
-// skipped) whose message is msg; nil when there is none.
-func logRecord(logs, msg string) map[string]any {
-	for _, line := range strings.Split(logs, "\n") {
-		var rec map[string]any
-		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == msg {
-			return rec
-		}
-	}
-	return nil
-}
-
-// logAttr is the string attribute key of the record msg in logs.
-func logAttr(tb testing.TB, logs, msg, key string) string {
-	tb.Helper()
-	rec := logRecord(logs, msg)
-	require.NotNil(tb, rec, "no %q record in the log:\n%s", msg, logs)
-	v, ok := rec[key].(string)
-	require.True(tb, ok, "the %q record has no string %q:\n%v", msg, key, rec)
-	return v
 }
 
 // With JSON logs the server writes nothing but JSON lines (testEnv checks
@@ -61,7 +40,7 @@ func TestServerStartRecords(t *testing.T) {
 				assert.Contains(t, started, "  federates:  other.example https://other.example:8443/b (https_web, from flag)\n              web.example https://web.example/bundle (https_web, from flag)\n")
 				return
 			}
-			rec := logRecord(started, "trustbridge server started")
+			rec := servertest.LogRecord(started, "trustbridge server started")
 			require.NotNil(t, rec, started)
 			assert.Equal(t, buildVersion(), rec["version"])
 			assert.Equal(t, "example.org", rec["trust_domain"])

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -133,12 +134,12 @@ func TestServedMetricsAreDocumented(t *testing.T) {
 		documented[string(m[1])] = true
 	}
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+",spiffe://west.example/vm/laptop\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(servertest.LaptopToken+",spiffe://west.example/vm/laptop\n"), 0o600))
 	_, west := startSPIFFEPair(t, nil, func(o *Config) {
 		o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	})
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
-	code, body := get(t, west.admin+"/metrics")
+	code, body := servertest.Get(t, west.admin+"/metrics")
 	require.Equal(t, 200, code)
 	var served []string
 	for _, line := range strings.Split(body, "\n") {

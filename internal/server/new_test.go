@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -43,13 +44,13 @@ func TestRunThroughConfig(t *testing.T) {
 		cancel()
 		t.Fatalf("server exited: %v\n%s", err, logs.String())
 	}
-	code, body := get(t, "http://"+addr+"/healthz")
+	code, body := servertest.Get(t, "http://"+addr+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "ok\n", body)
-	_, metrics := get(t, "http://"+addr+"/metrics")
+	_, metrics := servertest.Get(t, "http://"+addr+"/metrics")
 	assert.Contains(t, metrics, `trustbridge_build_info{goversion=`)
 	assert.Contains(t, metrics, `version="v9.9.9-test"`)
-	_, snap := get(t, "http://"+addr+"/v1/snapshot")
+	_, snap := servertest.Get(t, "http://"+addr+"/v1/snapshot")
 	var doc struct {
 		Time time.Time `json:"time"`
 	}
@@ -58,5 +59,5 @@ func TestRunThroughConfig(t *testing.T) {
 	}
 	cancel()
 	require.NoError(t, <-done)
-	assert.Equal(t, "v9.9.9-test", logAttr(t, logs.String(), "trustbridge server started", "version"))
+	assert.Equal(t, "v9.9.9-test", servertest.LogAttr(t, logs.String(), "trustbridge server started", "version"))
 }

@@ -13,35 +13,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
-
-// ciIssuerYAML is a minimal --oidc-config with one issuer.
-const ciIssuerYAML = `issuers:
-- name: ci
-  issuer: https://ci.example.com
-  audiences: [example.org]
-  claims:
-  - claim: repository_owner_id
-    values: ["1342004"]
-  spiffeID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.repository_id}}"
-`
 
 // The chain runs X509-SVID, TokenReview, the issuers, bootstrap tokens,
 // and the start-up record names it in that order. (Building TokenReview
 // connects to nothing, so an unreachable API server will do.)
 func TestAuthenticatorsChainOrder(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("example.org")
-	kc := writeFile(t, `apiVersion: v1
+	kc := servertest.WriteFile(t, `apiVersion: v1
 kind: Config
 clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
 users: [{name: u, user: {token: x}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 `, 0o600)
-	tokens := writeFile(t, laptopToken+","+laptopID.String()+"\n", 0o600)
+	tokens := servertest.WriteFile(t, servertest.LaptopToken+","+servertest.LaptopID.String()+"\n", 0o600)
 	g := &grpcEndpoint{}
 	chain, err := g.authenticators(GRPCConfig{TokenReview: TokenReviewOn, Kubeconfig: kc, BootstrapFile: tokens,
-		OIDC: OIDCConfig{File: writeFile(t, ciIssuerYAML, 0o644)}, tokenLedger: func() (authn.TokenLedger, error) {
+		OIDC: OIDCConfig{File: servertest.WriteFile(t, servertest.CIIssuerYAML, 0o644)}, tokenLedger: func() (authn.TokenLedger, error) {
 			return authn.OpenFileLedger(filepath.Join(t.TempDir(), "consumed.json"))
 		}},
 		td, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,36 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
-
-const goodPolicy = `default: deny
-rules:
-- name: payments-to-partner
-  workloads:
-  - spiffeID: spiffe://example.org/ns/payments/*
-  trustDomains:
-  - name: partner.example
-    peers: [spiffe://partner.example/ns/billing/sa/api]
-`
-
-const badPolicy = `rules:
-- name: payments-to-partner
-  workloads:
-  - spiffeID: spiffe://example.org/ns/payments/*
-  trustDomains:
-  - name: partner.example
-- name: broken
-  workloads: []
-  trustDomains:
-  - name: partner.example
-`
-
-func writePolicy(t *testing.T, dir, body string) string {
-	t.Helper()
-	path := filepath.Join(dir, "policy.yaml")
-	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
-	return path
-}
 
 func policyServer(t *testing.T, mutate func(*Config)) Config {
 	t.Helper()
@@ -53,37 +23,17 @@ func policyServer(t *testing.T, mutate func(*Config)) Config {
 	return o
 }
 
-// auditEntries reads the chain at path after checking it verifies.
-func auditEntries(t *testing.T, path string) []audit.Entry {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	_, err = audit.Verify(bytes.NewReader(data))
-	require.NoError(t, err, "the chain verifies")
-	return readAuditLog(t, filepath.Dir(path))
-}
-
-func policyEvents(t *testing.T, path string) []audit.Entry {
-	var out []audit.Entry
-	for _, e := range auditEntries(t, path) {
-		if strings.HasPrefix(e.Event, "trust_policy_") {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // Without any policy the server says so once, at Warn, with how to add
 // one; the audit log records the start's (empty) policy.
 func TestPolicyNoneWarnsAtStart(t *testing.T) {
 	o := policyServer(t, nil)
 	_, banner, _ := launchServer(t, o)
-	rec := logRecord(banner, "no trust policy: every workload receives every federated trust domain")
+	rec := servertest.LogRecord(banner, "no trust policy: every workload receives every federated trust domain")
 	require.NotNil(t, rec, banner)
 	assert.Equal(t, "WARN", rec["level"])
 	assert.Contains(t, rec["how"], "--trust-policy FILE")
-	assert.Equal(t, 1, countRecords(banner, "no trust policy: every workload receives every federated trust domain"))
-	evs := policyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
+	assert.Equal(t, 1, servertest.CountRecords(banner, "no trust policy: every workload receives every federated trust domain"))
+	evs := servertest.PolicyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
 	require.Len(t, evs, 1)
 	assert.Equal(t, "trust_policy_changed", evs[0].Event)
 	assert.Equal(t, &audit.PolicyChange{Source: "start", Default: "allow"}, evs[0].Policy)
@@ -100,16 +50,19 @@ func TestPolicyFromFileAndConfig(t *testing.T) {
     workloads: [{namespace: ops}]
     trustDomains: [{name: partner.example}]
 `), 0o600))
-	o := policyServer(t, func(o *Config) { o.Policy.File = writePolicy(t, dir, goodPolicy); o.ConfigPath = cfg })
+	o := policyServer(t, func(o *Config) {
+		o.Policy.File = servertest.WritePolicy(t, dir, servertest.GoodPolicy)
+		o.ConfigPath = cfg
+	})
 	require.NoError(t, loadServerConfig(serverCmdFlags(), &o, func(string) string { return "" }))
 	admin, banner, _ := launchServer(t, o)
-	rec := logRecord(banner, "trust policy in force")
+	rec := servertest.LogRecord(banner, "trust policy in force")
 	require.NotNil(t, rec, banner)
 	assert.EqualValues(t, 2, rec["rules"])
 	assert.Equal(t, "deny", rec["default"], "the file's deny is stricter than the flag's allow")
-	assert.Nil(t, logRecord(banner, "no trust policy: every workload receives every federated trust domain"))
+	assert.Nil(t, servertest.LogRecord(banner, "no trust policy: every workload receives every federated trust domain"))
 
-	snap := getSnapshot(t, "http://"+admin)
+	snap := servertest.GetSnapshot(t, "http://"+admin)
 	require.NotNil(t, snap.TrustPolicy)
 	assert.Equal(t, 2, snap.TrustPolicy.Rules)
 	assert.Equal(t, "deny", snap.TrustPolicy.Default)
@@ -117,7 +70,7 @@ func TestPolicyFromFileAndConfig(t *testing.T) {
 	assert.Equal(t, "config:"+cfg, snap.TrustPolicy.Sources[0].Source)
 	assert.Equal(t, "file:"+o.Policy.File, snap.TrustPolicy.Sources[1].Source)
 
-	evs := policyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
+	evs := servertest.PolicyEvents(t, filepath.Join(o.DataDir, "audit.jsonl"))
 	require.Len(t, evs, 1)
 	assert.Equal(t, []string{"ops", "payments-to-partner"}, evs[0].Policy.RulesAdded)
 	assert.Equal(t, "start", evs[0].Policy.Source)
@@ -130,7 +83,9 @@ func TestPolicyBadAtStart(t *testing.T) {
 		mutate func(t *testing.T, o *Config)
 		want   []string
 	}{
-		{"bad file", func(t *testing.T, o *Config) { o.Policy.File = writePolicy(t, t.TempDir(), badPolicy) },
+		{"bad file", func(t *testing.T, o *Config) {
+			o.Policy.File = servertest.WritePolicy(t, t.TempDir(), servertest.BadPolicy)
+		},
 			[]string{"--trust-policy", "policy.yaml:7", `rule 2 "broken"`, "no workloads"}},
 		{"missing file", func(t *testing.T, o *Config) { o.Policy.File = filepath.Join(t.TempDir(), "nope.yaml") },
 			[]string{"--trust-policy", "nope.yaml"}},

@@ -2,19 +2,16 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
@@ -43,67 +40,33 @@ func launchReloadable(t *testing.T, o Config) (admin string, hup chan<- os.Signa
 	return admin, ch, logs
 }
 
-// countRecords is how many records of logs have message msg.
-func countRecords(logs, msg string) int {
-	n := 0
-	for _, line := range strings.Split(logs, "\n") {
-		if logRecord(line, msg) != nil {
-			n++
-		}
-	}
-	return n
-}
-
-// hupAndWait sends SIGHUP and waits for the n-th record msg.
-func hupAndWait(t *testing.T, hup chan<- os.Signal, logs *testlog.Buffer, msg string, n int) {
-	t.Helper()
-	hup <- syscall.SIGHUP
-	require.Eventually(t, func() bool { return countRecords(logs.String(), msg) >= n },
-		30*time.Second, 10*time.Millisecond, "no %d-th %q record:\n%s", n, msg, logs.String())
-}
-
-func federated(t *testing.T, admin string) []string {
-	t.Helper()
-	return federatedSequences(t, admin, nil)
-}
-
-func webPeers(tds ...string) string {
-	var b strings.Builder
-	b.WriteString("federation:\n")
-	for _, td := range tds {
-		// Loopback, nothing listening: polls fail without leaving the host.
-		fmt.Fprintf(&b, "  - trustDomain: %s\n    bundleEndpointURL: https://127.0.0.1:1/%s\n    bundleEndpointProfile:\n      type: https_web\n", td, td)
-	}
-	return b.String()
-}
-
 // SIGHUP reloads the federation file: a good one is applied at once, a
 // bad one leaves the endpoints in force and says why; the bootstrap token
 // file is re-read now.
 func TestServerSIGHUPReloads(t *testing.T) {
 	dir := t.TempDir()
 	fedFile := filepath.Join(dir, "federation.yaml")
-	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example")), 0o600))
+	require.NoError(t, os.WriteFile(fedFile, []byte(servertest.WebPeers("a.example")), 0o600))
 	tokens := filepath.Join(dir, "tokens.csv")
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"), 0o600))
 	o := baseServerOptions("example.org", t.TempDir())
 	o.Federation.ConfigFile = fedFile
 	o.Federation.AllowPrivate = true
 	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: TokenReviewOff}
 	admin, hup, logs := launchReloadable(t, o)
-	require.Equal(t, []string{"a.example"}, federated(t, admin))
+	require.Equal(t, []string{"a.example"}, servertest.Federated(t, admin))
 
-	require.NoError(t, os.WriteFile(fedFile, []byte(webPeers("a.example", "b.example")), 0o600))
-	require.NoError(t, os.WriteFile(tokens, []byte(laptopToken+","+laptopID.String()+"\nsecond-token-0123456789abcdef,spiffe://example.org/vm/b\n"), 0o600))
-	hupAndWait(t, hup, logs, "reloaded", 2)
-	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin), "applied without a restart")
+	require.NoError(t, os.WriteFile(fedFile, []byte(servertest.WebPeers("a.example", "b.example")), 0o600))
+	require.NoError(t, os.WriteFile(tokens, []byte(servertest.LaptopToken+","+servertest.LaptopID.String()+"\nsecond-token-0123456789abcdef,spiffe://example.org/vm/b\n"), 0o600))
+	servertest.HUPAndWait(t, hup, logs, "reloaded", 2)
+	assert.Equal(t, []string{"a.example", "b.example"}, servertest.Federated(t, admin), "applied without a restart")
 	assert.Contains(t, logs.String(), `"part":"federation","applied":"2 federated trust domains from flags and files"`)
 	assert.Contains(t, logs.String(), `"part":"bootstrap tokens","applied":"2 tokens in force"`)
-	assert.Equal(t, 3, countRecords(logs.String(), "federated trust domain configured"), "a at start, a and b after the reload")
+	assert.Equal(t, 3, servertest.CountRecords(logs.String(), "federated trust domain configured"), "a at start, a and b after the reload")
 
 	require.NoError(t, os.WriteFile(fedFile, []byte("federation:\n  - trustDomain: c.example\n    bundleEndpointURL: http://c.example/\n"), 0o600))
-	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
-	assert.Equal(t, []string{"a.example", "b.example"}, federated(t, admin), "the last good endpoints stay")
+	servertest.HUPAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
+	assert.Equal(t, []string{"a.example", "b.example"}, servertest.Federated(t, admin), "the last good endpoints stay")
 	assert.Contains(t, logs.String(), fedFile, "the error names the file")
 }
 
@@ -111,8 +74,8 @@ func TestServerSIGHUPReloads(t *testing.T) {
 // keeps serving.
 func TestServerSIGHUPIgnoredWithNothingToReload(t *testing.T) {
 	admin, hup, logs := launchReloadable(t, baseServerOptions("example.org", t.TempDir()))
-	hupAndWait(t, hup, logs, "SIGHUP ignored: nothing here is reloadable", 1)
-	code, _ := get(t, "http://"+admin+"/healthz")
+	servertest.HUPAndWait(t, hup, logs, "SIGHUP ignored: nothing here is reloadable", 1)
+	code, _ := servertest.Get(t, "http://"+admin+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
 }
 
@@ -129,11 +92,11 @@ func TestServerSIGHUPRereadsBundleFiles(t *testing.T) {
 	o.Bundle = BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, Files: []string{"peer.example=" + peerFile}, ServeOthers: true}
 	_, hup, logs := launchReloadable(t, o)
 
-	hupAndWait(t, hup, logs, "reloaded", 1)
+	servertest.HUPAndWait(t, hup, logs, "reloaded", 1)
 	assert.Contains(t, logs.String(), `"part":"--bundle-file `+peerFile+`"`)
 
 	require.NoError(t, os.WriteFile(peerFile, []byte(`{"keys": [`), 0o600))
-	hupAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
-	rec := logRecord(logs.String(), "reload failed; the previous configuration stays in force")
+	servertest.HUPAndWait(t, hup, logs, "reload failed; the previous configuration stays in force", 1)
+	rec := servertest.LogRecord(logs.String(), "reload failed; the previous configuration stays in force")
 	assert.Equal(t, "--bundle-file "+peerFile, rec["part"])
 }

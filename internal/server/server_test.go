@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // launchServer runs runServer with o until the returned stop (or the end
@@ -69,32 +69,22 @@ func startServer(t *testing.T, dataDir string, mutate ...func(*Config)) (string,
 	return admin, bytes.NewBufferString(banner)
 }
 
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, string(body)
-}
-
 func TestServerAdminEndpoints(t *testing.T) {
 	dataDir := t.TempDir()
 	started := time.Now()
 	addr, out := startServer(t, dataDir)
-	assert.Equal(t, "example.org", logAttr(t, out.String(), "trustbridge server started", "trust_domain"))
-	assert.Equal(t, "http://"+addr, logAttr(t, out.String(), "trustbridge server started", "admin"))
+	assert.Equal(t, "example.org", servertest.LogAttr(t, out.String(), "trustbridge server started", "trust_domain"))
+	assert.Equal(t, "http://"+addr, servertest.LogAttr(t, out.String(), "trustbridge server started", "admin"))
 
-	code, body := get(t, "http://"+addr+"/healthz")
+	code, body := servertest.Get(t, "http://"+addr+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "ok\n", body)
-	code, _ = get(t, "http://"+addr+"/readyz")
+	code, _ = servertest.Get(t, "http://"+addr+"/readyz")
 	assert.Equal(t, http.StatusOK, code)
 
-	code, body = get(t, "http://"+addr+"/v1/trust")
+	code, body = servertest.Get(t, "http://"+addr+"/v1/trust")
 	require.Equal(t, http.StatusOK, code)
-	var doc trustDoc
+	var doc servertest.TrustDoc
 	require.NoError(t, json.Unmarshal([]byte(body), &doc))
 	assert.Equal(t, "example.org", doc.TrustDomain)
 	// The first sequence is the bootstrap time in Unix seconds.
@@ -105,7 +95,7 @@ func TestServerAdminEndpoints(t *testing.T) {
 	assert.Equal(t, "active", doc.Authorities[0].State)
 	assert.Len(t, doc.Authorities[0].SHA256, 64)
 
-	code, body = get(t, "http://"+addr+"/metrics")
+	code, body = servertest.Get(t, "http://"+addr+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `trustbridge_ca_root_not_after_timestamp_seconds{root_id="`)
 	assert.Contains(t, body, `trustbridge_ca_bundle_sequence{trust_domain="example.org"} `+strconv.FormatFloat(float64(doc.Sequence), 'g', -1, 64)+"\n")

@@ -2,7 +2,6 @@ package server
 
 import (
 	"crypto/x509"
-	"encoding/json"
 	"net/http"
 	"os"
 	"strings"
@@ -13,16 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
-
-func getSnapshot(t *testing.T, admin string) trustview.Snapshot {
-	t.Helper()
-	code, body := get(t, admin+"/v1/snapshot")
-	require.Equal(t, http.StatusOK, code, body)
-	var snap trustview.Snapshot
-	require.NoError(t, json.Unmarshal([]byte(body), &snap))
-	return snap
-}
 
 func viewOf(snap trustview.Snapshot, td string) (trustview.TrustDomain, bool) {
 	for _, v := range snap.TrustDomains {
@@ -40,7 +31,7 @@ func TestSnapshotAndStatusPage(t *testing.T) {
 	east, west := startSPIFFEPair(t, nil, nil)
 	waitFederated(t, west, "east.example", 1, 30*time.Second)
 
-	snap := getSnapshot(t, west.admin)
+	snap := servertest.GetSnapshot(t, west.admin)
 	host, _ := os.Hostname()
 	assert.Equal(t, "west.example", snap.TrustDomain)
 	assert.Equal(t, host, snap.Actor)
@@ -78,7 +69,7 @@ func TestSnapshotAndStatusPage(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
 	assert.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'")
-	code, body := get(t, west.admin+"/ui")
+	code, body := servertest.Get(t, west.admin+"/ui")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, "east.example")
 	assert.Contains(t, body, "<svg")

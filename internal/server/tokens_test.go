@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // TestBootstrapTokenLedgerCorrupt: a ledger that does not parse stops the
@@ -19,7 +20,7 @@ func TestBootstrapTokenLedgerCorrupt(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dataDir, authn.LedgerFileName), []byte(`{"version":1,"consumed":`), 0o600))
 	o := baseServerOptions("example.org", dataDir)
 	o.Init = true // the directory holds the ledger but no CA state yet
-	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: writeTokenFile(t, laptopToken+","+laptopID.String()+"\n"), TokenReview: TokenReviewOff}
+	o.GRPC = GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: servertest.WriteTokenFile(t, servertest.LaptopToken+","+servertest.LaptopID.String()+"\n"), TokenReview: TokenReviewOff}
 	err := serverError(t, o)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--bootstrap-token-file: authn: consumed-token ledger "+filepath.Join(dataDir, authn.LedgerFileName))
