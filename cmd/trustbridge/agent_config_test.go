@@ -17,7 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 )

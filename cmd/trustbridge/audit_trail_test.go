@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // A real server whose audit log was torn by a crash mid-write (issue 14

@@ -20,7 +20,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // restoreDrill is east.example on a fixed bundle endpoint address, so that

@@ -13,8 +13,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/kubelkg"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // With --storage kube, federation add creates a ClusterFederatedTrustDomain

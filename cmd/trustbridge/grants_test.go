@@ -25,8 +25,8 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 

@@ -19,8 +19,8 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 

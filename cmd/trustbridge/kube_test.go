@@ -38,8 +38,8 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/kube/leader"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 func TestKubeStorageFlagErrors(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc/oidctest"
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // ciIssuerConfig is an --oidc-config naming iss as "ci": tokens of the

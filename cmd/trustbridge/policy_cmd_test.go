@@ -14,8 +14,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // policy explain asks the running server what a workload receives and

@@ -23,8 +23,8 @@ import (
 	"github.com/trustbridge/trustbridge/ca/kubestore"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy/policycrd"
 	"github.com/trustbridge/trustbridge/sds"
 )

@@ -16,7 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 var tokenNow = time.Date(2026, 11, 24, 9, 30, 15, 500, time.UTC)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // nestedCorp runs a corp trustbridge allowing spiffe://corp.example/region/eu

@@ -23,8 +23,8 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/sds"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // BenchmarkCreateCertificateUnderAttack measures legitimate certificate

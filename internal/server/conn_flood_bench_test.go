@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 )
 

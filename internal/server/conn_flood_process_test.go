@@ -28,7 +28,7 @@ import (
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // binEnv names the trustbridge binary the process-level tests run: make

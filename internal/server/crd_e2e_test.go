@@ -14,8 +14,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // A server with --federation-crd federates with a trust domain as soon as

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 // TestServerKeysInSoftHSM runs the server with its keys in a SoftHSM2

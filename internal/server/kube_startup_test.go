@@ -17,8 +17,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca/kubestore"
 	"github.com/trustbridge/trustbridge/internal/datadir"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/server/trustview"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
 )
 
 func viewOf(snap trustview.Snapshot, td string) (trustview.TrustDomain, bool) {

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
-	"github.com/trustbridge/trustbridge/internal/testkit/servertest"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // TestBootstrapTokenLedgerCorrupt: a ledger that does not parse stops the

@@ -55,10 +55,7 @@ type Measures struct {
 // Measure walks the main module at root (its go.mod's directory), skipping
 // bin/, testdata/, hidden folders and nested modules.
 func Measure(root string) (*Measures, error) {
-	m := &Measures{}
-	fset := token.NewFileSet()
-	ca := map[string]bool{}
-	up := map[string]bool{}
+	w := &walker{fset: token.NewFileSet(), ca: map[string]bool{}, up: map[string]bool{}}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -66,47 +63,12 @@ func Measure(root string) (*Measures, error) {
 		rel, _ := filepath.Rel(root, p)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			n := d.Name()
-			if rel != "." && (n == "bin" || n == "testdata" || strings.HasPrefix(n, ".") || exists(filepath.Join(p, "go.mod"))) {
-				return filepath.SkipDir
-			}
-			return nil
+			return skipDir(p, rel, d.Name())
 		}
 		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(fset, p, nil, 0)
-		if err != nil {
-			return err
-		}
-		dir := path.Dir(rel)
-		if dir == "cmd/trustbridge" {
-			m.MainLines += fset.File(f.Pos()).LineCount()
-		}
-		if dir == "ca" {
-			for _, n := range exported(f) {
-				ca[n] = true
-			}
-		}
-		if strings.HasPrefix(dir, "internal/") && !composition(dir) {
-			for _, a := range domainImports(f) {
-				up[dir+" -> "+a] = true
-			}
-		}
-		for _, d := range f.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if !ok || fn.Body == nil {
-				continue
-			}
-			name := rel + ":" + funcName(fn)
-			if l := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; l > MaxFuncLines {
-				m.LongFuncs = append(m.LongFuncs, fmt.Sprintf("%s (%d lines)", name, l))
-			}
-			if c := Complexity(fn); c > MaxFuncComplexity {
-				m.ComplexFuncs = append(m.ComplexFuncs, fmt.Sprintf("%s (complexity %d)", name, c))
-			}
-		}
-		return nil
+		return w.file(p, rel)
 	})
 	if err != nil {
 		return nil, err
@@ -117,13 +79,69 @@ func Measure(root string) (*Measures, error) {
 	}
 	for _, e := range ents {
 		if e.IsDir() {
-			m.InternalFolders = append(m.InternalFolders, e.Name())
+			w.m.InternalFolders = append(w.m.InternalFolders, e.Name())
 		}
 	}
-	m.CAExported, m.UpArrows = sorted(ca), sorted(up)
-	sort.Strings(m.LongFuncs)
-	sort.Strings(m.ComplexFuncs)
-	return m, nil
+	w.m.CAExported, w.m.UpArrows = sorted(w.ca), sorted(w.up)
+	sort.Strings(w.m.LongFuncs)
+	sort.Strings(w.m.ComplexFuncs)
+	return &w.m, nil
+}
+
+// skipDir tells WalkDir to pass over what is not the main module's source:
+// bin/, testdata/, hidden folders and nested modules.
+func skipDir(p, rel, name string) error {
+	if rel != "." && (name == "bin" || name == "testdata" || strings.HasPrefix(name, ".") || exists(filepath.Join(p, "go.mod"))) {
+		return filepath.SkipDir
+	}
+	return nil
+}
+
+// walker accumulates the measures file by file.
+type walker struct {
+	fset *token.FileSet
+	m    Measures
+	ca   map[string]bool // ca's exported names
+	up   map[string]bool // "dir -> package" arrows
+}
+
+// file measures one non-test Go file, rel its slash path from the root.
+func (w *walker) file(p, rel string) error {
+	f, err := parser.ParseFile(w.fset, p, nil, 0)
+	if err != nil {
+		return err
+	}
+	dir := path.Dir(rel)
+	if dir == "cmd/trustbridge" {
+		w.m.MainLines += w.fset.File(f.Pos()).LineCount()
+	}
+	if dir == "ca" {
+		for _, n := range exported(f) {
+			w.ca[n] = true
+		}
+	}
+	if strings.HasPrefix(dir, "internal/") && !composition(dir) {
+		for _, a := range domainImports(f) {
+			w.up[dir+" -> "+a] = true
+		}
+	}
+	for _, d := range f.Decls {
+		if fn, ok := d.(*ast.FuncDecl); ok && fn.Body != nil {
+			w.function(rel, fn)
+		}
+	}
+	return nil
+}
+
+// function records fn if it is over either limit.
+func (w *walker) function(rel string, fn *ast.FuncDecl) {
+	name := rel + ":" + funcName(fn)
+	if l := w.fset.Position(fn.End()).Line - w.fset.Position(fn.Pos()).Line + 1; l > MaxFuncLines {
+		w.m.LongFuncs = append(w.m.LongFuncs, fmt.Sprintf("%s (%d lines)", name, l))
+	}
+	if c := Complexity(fn); c > MaxFuncComplexity {
+		w.m.ComplexFuncs = append(w.m.ComplexFuncs, fmt.Sprintf("%s (complexity %d)", name, c))
+	}
 }
 
 // Complexity is fn's cyclomatic complexity as gocyclo counts it: 1, plus
