@@ -4,11 +4,10 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
-
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 )
 
 func newCARaiseSequenceCmd(e cli.Env) *cobra.Command {

@@ -9,12 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
-
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/sds/agent"
 )

@@ -5,11 +5,10 @@ import (
 	"io"
 	"os"
 
-	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
-
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
 )
 

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
-
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn"
 )
 
