@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"go.uber.org/goleak"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,7 +26,8 @@ import (
 )
 
 // TestMain stops the shared real API server (internal/testkit/kubetest) after the
-// package's tests, if one of them started it.
+// package's tests, if one of them started it, then fails them if any
+// goroutine outlives them (the agent's tests run its Run loop here).
 // cliEnv makes the test binary run the CLI on its arguments instead of
 // the tests: a real trustbridge process for tests that need one (a
 // server to kill with SIGKILL).
@@ -35,7 +37,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(cliEnv) == "1" {
 		main()
 	}
-	os.Exit(kubetest.Main(m))
+	goleak.VerifyTestMain(kubetest.Tests(m))
 }
 
 // serverError runs the server with o and returns its error; a server that

@@ -1,12 +1,13 @@
 package server
 
 import (
-	"os"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
-func TestMain(m *testing.M) {
-	os.Exit(kubetest.Main(m))
-}
+// TestMain fails the package's tests if any goroutine outlives them, once
+// the shared real API server (internal/testkit/kubetest) has stopped.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
