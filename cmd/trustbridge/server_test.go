@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -36,27 +35,10 @@ import (
 // text.
 func launchServer(t *testing.T, o server.Config) (admin, banner string, stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
 	e, out, logs := testEnv(t, o.LogFormat)
-	go func() {
-		done <- runServer(ctx, e, o, ready)
-	}()
-	select {
-	case admin = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("%s server exited: %v\n%s", o.TrustDomain, err, logs.String())
-	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			assert.NoError(t, <-done, "%s server: clean shutdown", o.TrustDomain)
-		})
-	}
-	t.Cleanup(stop)
+	admin, stop = servertest.Launch(t, o.TrustDomain, logs, func(ctx context.Context, ready chan<- string) error {
+		return runServer(ctx, e, o, ready)
+	})
 	return admin, out.String() + logs.String(), stop
 }
 
