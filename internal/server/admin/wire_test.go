@@ -1,0 +1,176 @@
+package admin
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"flag"
+	"math/big"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/authn/oidc"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
+
+var updateWire = flag.Bool("update", false, "rewrite testdata/wire/*.json from what the handlers answer now")
+
+// seededKey is an Ed25519 key from a one-byte seed: Ed25519 signatures
+// are deterministic, so certificates signed with it are the same bytes
+// on every run.
+func seededKey(seed byte) ed25519.PrivateKey {
+	s := make([]byte, ed25519.SeedSize)
+	s[0] = seed
+	return ed25519.NewKeyFromSeed(s)
+}
+
+// fixedRoot is a root certificate of td that is the same bytes on every
+// run (key, serial, subject and validity fixed).
+func fixedRoot(t *testing.T, td string, seed byte) *x509.Certificate {
+	t.Helper()
+	return testca.New(t, td, testca.Options{
+		Key: seededKey(seed), NotBefore: t0.Add(-30 * 24 * time.Hour), NotAfter: t0.Add(time.Duration(seed) * 24 * time.Hour),
+		Mutate: func(c *x509.Certificate) {
+			c.SerialNumber = big.NewInt(int64(seed))
+			c.Subject = pkix.Name{Organization: []string{td}, CommonName: "root " + string('0'+rune(seed))}
+		},
+	}).Cert
+}
+
+type wireFederation []federation.Status
+
+func (f wireFederation) Status() []federation.Status                       { return f }
+func (wireFederation) Refresh(context.Context, spiffeid.TrustDomain) error { return nil }
+
+// wireConfig is a server state that fills every field of every /v1
+// document at least once: roots in each rotation state, one from a key
+// manager and one from an upstream, JWT keys with their records, a
+// federated trust domain polled with trouble, one never polled, a static
+// one, a trust policy, issuers and an upstream's health.
+func wireConfig(t *testing.T) Config {
+	t.Helper()
+	f := newFixture(t)
+	active, prepared, retired := fixedRoot(t, localTD.Name(), 1), fixedRoot(t, localTD.Name(), 2), fixedRoot(t, localTD.Name(), 3)
+	local := spiffebundle.FromX509Authorities(localTD, []*x509.Certificate{active, prepared, retired})
+	local.SetSequenceNumber(7)
+	local.SetRefreshHint(5 * time.Minute)
+	jwtActive, jwtNext := seededKey(4).Public(), seededKey(5).Public()
+	require.NoError(t, local.AddJWTAuthority("k-active", jwtActive))
+	require.NoError(t, local.AddJWTAuthority("k-next", jwtNext))
+	f.ca.bundle = local
+	f.ca.roots = []ca.RootInfo{
+		{RootRecord: castate.RootRecord{ID: "01", State: castate.StateActive, CertSHA256: "aa", KeyRef: "pkcs11:object=root-01",
+			PreparedAt: t0.Add(-48 * time.Hour), ActivatedAt: t0.Add(-24 * time.Hour),
+			Upstream: &castate.UpstreamRecord{Name: "corp-vault"}}, Cert: active},
+		{RootRecord: castate.RootRecord{ID: "02", State: castate.StatePrepared, CertSHA256: "bb", PreparedAt: t0.Add(-time.Hour)}, Cert: prepared},
+		{RootRecord: castate.RootRecord{ID: "03", State: castate.StateRetired, CertSHA256: "cc", PreparedAt: t0.Add(-72 * time.Hour),
+			ActivatedAt: t0.Add(-60 * time.Hour), RetiredAt: t0.Add(-24 * time.Hour), RemoveAfter: t0.Add(24 * time.Hour)}, Cert: retired},
+	}
+	f.cfg.JWT = fakeJWTKeys{
+		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-active", State: castate.StateActive, Algorithm: "EdDSA",
+			CreatedAt: t0.Add(-20 * 24 * time.Hour), NotAfter: t0.Add(10 * 24 * time.Hour),
+			PreparedAt: t0.Add(-20 * 24 * time.Hour), ActivatedAt: t0.Add(-19 * 24 * time.Hour), KeyRef: "pkcs11:object=jwt-1"}, Public: jwtActive},
+		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-next", State: castate.StatePrepared,
+			CreatedAt: t0.Add(-time.Hour), NotAfter: t0.Add(29 * 24 * time.Hour), PreparedAt: t0.Add(-time.Hour)}, Public: jwtNext},
+	}
+
+	peerRoot := fixedRoot(t, peerTD.Name(), 6)
+	peer := spiffebundle.FromX509Authorities(peerTD, []*x509.Certificate{peerRoot})
+	peer.SetSequenceNumber(3)
+	peerJWT := seededKey(7).Public()
+	require.NoError(t, peer.AddJWTAuthority("peer-1", peerJWT))
+	store := f.cfg.Trust.(interface {
+		Set(string, *spiffebundle.Bundle)
+	})
+	store.Set("ca", local)
+	store.Set("federation:"+peerTD.Name(), peer)
+	static := spiffebundle.FromX509Authorities(spiffeid.RequireTrustDomainFromString("static.example"), []*x509.Certificate{fixedRoot(t, "static.example", 8)})
+	store.Set("file:/etc/static.json", static)
+
+	seq, hint := uint64(3), int64(300)
+	attempt, success, next := t0.Add(-time.Minute), t0.Add(-10*time.Minute), t0.Add(4*time.Minute)
+	notAfter := peerRoot.NotAfter.UTC()
+	f.cfg.Federation = wireFederation{
+		{TrustDomain: peerTD.Name(), EndpointURL: "https://peer.example/bundle", Profile: federation.ProfileHTTPSSPIFFE,
+			EndpointSPIFFEID: "spiffe://peer.example/bundle-server", State: federation.StateFailing, Sequence: &seq,
+			RefreshHintSeconds: &hint, LastAttempt: &attempt, LastSuccess: &success, NextRefresh: &next,
+			LastError: "GET https://peer.example/bundle: tls: bad certificate", ConsecutiveFailures: 2,
+			Refusals: map[string]uint64{"tls": 2, "sequence_regression": 1},
+			Authorities: []federation.AuthorityInfo{
+				{Kind: federation.AuthorityX509, SHA256: testSHA256(peerRoot.Raw), Subject: peerRoot.Subject.String(), NotAfter: &notAfter},
+				{Kind: federation.AuthorityJWT, SHA256: "dd", KeyID: "peer-1"},
+			}},
+		{TrustDomain: "pending.example", EndpointURL: "https://pending.example/bundle", Profile: federation.ProfileHTTPSWeb,
+			State: federation.StatePending, Authorities: []federation.AuthorityInfo{}},
+	}
+	f.cfg.Origin = func(td spiffeid.TrustDomain) string {
+		return map[string]string{peerTD.Name(): "file", "pending.example": "crd:pending"}[td.Name()]
+	}
+	f.cfg.Static = func() []spiffeid.TrustDomain { return []spiffeid.TrustDomain{static.TrustDomain()} }
+	f.cfg.KeyManager = `pkcs11 token "tb" (libsofthsm2.so)`
+	f.cfg.RequireHSM = true
+	f.cfg.WorkloadTTL, f.cfg.MaxWorkloadTTL = time.Hour, 24*time.Hour
+	f.cfg.Upstream = func() (ca.UpstreamStatus, bool) {
+		return ca.UpstreamStatus{Name: "corp-vault", LastSuccess: t0.Add(-2 * time.Hour), LastError: "vault: 503",
+			LastErrorAt: t0.Add(-time.Minute), Failures: 3, FailingSince: t0.Add(-30 * time.Minute)}, true
+	}
+	f.cfg.Issuers = func() []oidc.IssuerStatus {
+		return []oidc.IssuerStatus{
+			{Name: "ci", Kind: oidc.KindOIDC, Issuer: "https://ci.example", Keys: 2, LastFetch: t0.Add(-time.Minute), LastSuccess: t0.Add(-time.Minute)},
+			{Name: "west", Kind: oidc.KindKubernetes, Issuer: "https://west.example", LastFetch: t0.Add(-time.Minute), LastError: "HTTP status 503"},
+		}
+	}
+	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
+	return f.cfg
+}
+
+func testSHA256(der []byte) string {
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:])
+}
+
+// The /v1 documents are the admin API's wire: the CLI, scripts and
+// dashboards decode them. For one server state that fills every field,
+// each document must be the bytes in testdata/wire, so that a change to
+// the wire is a reviewed change to a golden file (go test -update
+// rewrites them).
+func TestWireDocuments(t *testing.T) {
+	h := New(wireConfig(t))
+	for name, target := range map[string]string{
+		"federation":    "/v1/federation",
+		"relationships": "/v1/federation/relationships",
+		"snapshot":      "/v1/snapshot",
+		"trust":         "/v1/trust",
+		"issuers":       "/v1/authn/issuers",
+		"explain":       "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a",
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec := do(t, h, http.MethodGet, target)
+			got := body(t, rec)
+			require.Equal(t, http.StatusOK, rec.Code, got)
+			path := filepath.Join("testdata", "wire", name+".json")
+			if *updateWire {
+				require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+				require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+			}
+			want, err := os.ReadFile(path)
+			require.NoError(t, err, "go test ./internal/server/admin -run TestWireDocuments -update writes it")
+			assert.Equal(t, string(want), got, "%s changed on the wire; if that is meant, rewrite testdata/wire with -update and say so in CHANGELOG.md", target)
+		})
+	}
+}
