@@ -32,7 +32,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // waitFor bounds every wait of the demo.
@@ -489,8 +489,8 @@ func getJSON(ctx context.Context, url string, v any) error {
 	return json.Unmarshal(body, v)
 }
 
-func snapshot(ctx context.Context, s *server) (trustview.Snapshot, error) {
-	var snap trustview.Snapshot
+func snapshot(ctx context.Context, s *server) (api.Snapshot, error) {
+	var snap api.Snapshot
 	return snap, getJSON(ctx, s.admin+"/v1/snapshot", &snap)
 }
 
@@ -523,7 +523,7 @@ func waitFederated(ctx context.Context, s *server, peer string) (fedStatus, erro
 }
 
 // localBundle is the local trust domain's bundle from a snapshot.
-func localBundle(snap trustview.Snapshot) (*spiffebundle.Bundle, error) {
+func localBundle(snap api.Snapshot) (*spiffebundle.Bundle, error) {
 	for _, td := range snap.TrustDomains {
 		if !td.Local {
 			continue
@@ -544,15 +544,15 @@ func localBundle(snap trustview.Snapshot) (*spiffebundle.Bundle, error) {
 	return nil, errors.New("snapshot has no local trust domain")
 }
 
-func addAuthority(b *spiffebundle.Bundle, a trustview.Authority) error {
+func addAuthority(b *spiffebundle.Bundle, a api.Authority) error {
 	switch a.Kind {
-	case trustview.KindX509:
+	case api.KindX509:
 		c, err := x509.ParseCertificate(a.Certificate)
 		if err != nil {
 			return err
 		}
 		b.AddX509Authority(c)
-	case trustview.KindJWT:
+	case api.KindJWT:
 		pub, err := x509.ParsePKIXPublicKey(a.PublicKey)
 		if err != nil {
 			return fmt.Errorf("JWT authority %q: %w", a.KeyID, err)

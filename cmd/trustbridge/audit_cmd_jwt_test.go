@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // trustbridge audit reports a peer's weak JWT authority with its kid and
@@ -19,10 +19,10 @@ import (
 func TestAuditCommandJWTFindings(t *testing.T) {
 	weak, err := rsa.GenerateKey(rand.Reader, 1024)
 	require.NoError(t, err)
-	snap := trustview.Snapshot{Time: time.Now(), TrustDomain: "east.example", Actor: "r1", TrustDomains: []trustview.TrustDomain{
-		{Name: "east.example", Local: true, Authorities: []trustview.Authority{}},
-		{Name: "west.example", Federation: &trustview.Federation{EndpointURL: "https://west.example/", State: "ok"},
-			Authorities: []trustview.Authority{trustview.KeyAuthority(trustview.KindJWT, "west-2019", weak.Public())}},
+	snap := api.Snapshot{Time: time.Now(), TrustDomain: "east.example", Actor: "r1", TrustDomains: []api.TrustDomain{
+		{Name: "east.example", Local: true, Authorities: []api.Authority{}},
+		{Name: "west.example", Federation: &api.Federation{EndpointURL: "https://west.example/", State: "ok"},
+			Authorities: []api.Authority{api.KeyAuthority(api.KindJWT, "west-2019", weak.Public())}},
 	}}
 	out, stderr, code := runCLI(t, "", "audit", "--admin", serveFakeSnapshot(t, snap))
 	assert.Equal(t, cli.ExitFindings, code, stderr)

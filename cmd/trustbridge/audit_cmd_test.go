@@ -18,9 +18,9 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -102,7 +102,7 @@ func TestAuditLogE2E(t *testing.T) {
 	assert.Contains(t, stderr, "move it aside")
 }
 
-func serveFakeSnapshot(t *testing.T, snap trustview.Snapshot) string {
+func serveFakeSnapshot(t *testing.T, snap api.Snapshot) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/snapshot" {
@@ -117,12 +117,12 @@ func serveFakeSnapshot(t *testing.T, snap trustview.Snapshot) string {
 
 func TestAuditCommand(t *testing.T) {
 	exp := time.Now().Add(20 * 24 * time.Hour)
-	warnOnly := trustview.Snapshot{Time: time.Now(), TrustDomain: "east.example", Actor: "r1", TrustDomains: []trustview.TrustDomain{{
-		Name: "east.example", Local: true, Authorities: []trustview.Authority{{Kind: "x509", SHA256: "aa", Subject: "CN=east root", NotAfter: &exp, IsCA: true}},
+	warnOnly := api.Snapshot{Time: time.Now(), TrustDomain: "east.example", Actor: "r1", TrustDomains: []api.TrustDomain{{
+		Name: "east.example", Local: true, Authorities: []api.Authority{{Kind: "x509", SHA256: "aa", Subject: "CN=east root", NotAfter: &exp, IsCA: true}},
 	}}}
 	critical := warnOnly
-	critical.TrustDomains = append(critical.TrustDomains, trustview.TrustDomain{Name: "west.example",
-		Federation: &trustview.Federation{EndpointURL: "https://west.example/", State: "failing", Refusals: map[string]uint64{"sequence_regression": 1}}})
+	critical.TrustDomains = append(critical.TrustDomains, api.TrustDomain{Name: "west.example",
+		Federation: &api.Federation{EndpointURL: "https://west.example/", State: "failing", Refusals: map[string]uint64{"sequence_regression": 1}}})
 	warnURL, critURL := serveFakeSnapshot(t, warnOnly), serveFakeSnapshot(t, critical)
 
 	out, stderr, code := runCLI(t, "", "audit", "--admin", warnURL)
@@ -137,7 +137,7 @@ func TestAuditCommand(t *testing.T) {
 
 	out, _, code = runCLI(t, "", "audit", "--admin", critURL, "-o", "json")
 	assert.Equal(t, cli.ExitFindings, code)
-	var fs []trustview.Finding
+	var fs []api.Finding
 	require.NoError(t, json.Unmarshal([]byte(out), &fs))
 	require.Len(t, fs, 2)
 	// --json, the flag -o replaced, prints the same and warns on stderr.
@@ -147,7 +147,7 @@ func TestAuditCommand(t *testing.T) {
 	assert.Contains(t, stderr, "use -o json")
 	yml, _, code := runCLI(t, "", "audit", "--admin", critURL, "-o", "yaml")
 	assert.Equal(t, cli.ExitFindings, code)
-	var fromYAML []trustview.Finding
+	var fromYAML []api.Finding
 	require.NoError(t, yaml.Unmarshal([]byte(yml), &fromYAML))
 	assert.Equal(t, fs, fromYAML, "yaml carries the json keys")
 	assert.Equal(t, audit.CodeSequenceRegress, fs[0].Code)

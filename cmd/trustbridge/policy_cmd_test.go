@@ -14,8 +14,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // policy explain asks the running server what a workload receives and
@@ -34,7 +34,7 @@ func TestPolicyExplainCommand(t *testing.T) {
 
 	out, stderr, code = runCLI(t, "", "policy", "explain", id, "--admin", "http://"+admin, "-o", "json")
 	require.Equal(t, 0, code, stderr)
-	var ex trustview.Explanation
+	var ex api.Explanation
 	require.NoError(t, json.Unmarshal([]byte(out), &ex))
 	assert.Equal(t, id, ex.SPIFFEID)
 	assert.Equal(t, "deny", ex.Default)
@@ -63,9 +63,9 @@ func TestPolicyExplainOffline(t *testing.T) {
 		t.Run(tc.id, func(t *testing.T) {
 			out, stderr, code := runCLI(t, "", "policy", "explain", tc.id, "--trust-policy", path, "--trust-domain", "example.org", "-o", "json")
 			require.Equal(t, 0, code, stderr)
-			var ex trustview.Explanation
+			var ex api.Explanation
 			require.NoError(t, json.Unmarshal([]byte(out), &ex))
-			var partner *trustview.ExplainedTrustDomain
+			var partner *api.ExplainedTrustDomain
 			for i := range ex.TrustDomains {
 				if ex.TrustDomains[i].TrustDomain == "partner.example" {
 					partner = &ex.TrustDomains[i]
@@ -109,7 +109,7 @@ func TestPolicyExplainSendsToken(t *testing.T) {
 		mu.Lock()
 		auth = append(auth, r.Header.Get("Authorization"))
 		mu.Unlock()
-		ex := trustview.Explanation{SPIFFEID: r.URL.Query().Get("spiffe_id"), Default: "deny", Matched: []trustview.ExplainedMatch{}, TrustDomains: []trustview.ExplainedTrustDomain{}}
+		ex := api.Explanation{SPIFFEID: r.URL.Query().Get("spiffe_id"), Default: "deny", Matched: []api.ExplainedMatch{}, TrustDomains: []api.ExplainedTrustDomain{}}
 		if r.Header.Get("Authorization") == "" {
 			ex.LabelsNote = admin.LabelsNotLookedUp
 		}

@@ -22,9 +22,9 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -131,7 +131,7 @@ func TestNestedTrustServers(t *testing.T) {
 	// about to expire; the default 90-day leaves do not fit under it.
 	out, stderr, code := runCLI(t, "", "audit", "--admin", "http://"+regionAdmin, "-o", "json", "--fail-on", "none")
 	require.Equal(t, 0, code, stderr)
-	var findings []trustview.Finding
+	var findings []api.Finding
 	require.NoError(t, json.Unmarshal([]byte(out), &findings))
 	got := map[string]bool{}
 	for _, f := range findings {
@@ -140,7 +140,7 @@ func TestNestedTrustServers(t *testing.T) {
 	assert.Equal(t, map[string]bool{audit.CodeIntermediateShort: true}, got, out)
 	status, body = servertest.Get(t, "http://"+regionAdmin+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, status)
-	var snap trustview.Snapshot
+	var snap api.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))
 	require.NotNil(t, snap.CA)
 	require.NotNil(t, snap.CA.Upstream)

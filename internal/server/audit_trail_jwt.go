@@ -7,8 +7,8 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 // jwtKeySeen is one of the CA's JWT signing keys as last seen.
@@ -25,7 +25,7 @@ func (t *auditTrail) jwtKeyEntriesLocked(keys []ca.JWTKeyInfo, td string, seq ui
 	now := make(map[string]jwtKeySeen, len(keys))
 	var entries []audit.Entry
 	for _, k := range keys {
-		seen := jwtKeySeen{state: k.State, fp: "jwt:" + k.KID + ":" + trustview.SPKISHA256(k.Public)}
+		seen := jwtKeySeen{state: k.State, fp: "jwt:" + k.KID + ":" + api.SPKISHA256(k.Public)}
 		now[k.KID] = seen
 		old, ok := t.jwtKeys[k.KID]
 		if !baseline && ok && old == seen {

@@ -20,8 +20,8 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 func newTestTrail(t *testing.T) (*auditTrail, *bytes.Buffer) {
@@ -81,7 +81,7 @@ func summarize(es []audit.Entry) []eventSummary {
 func TestAuditTrailJWTKeyLifecycle(t *testing.T) {
 	trail, buf := newTestTrail(t)
 	a, b := genPub(t), genPub(t)
-	fpA, fpB := "jwt:k-a:"+trustview.SPKISHA256(a), "jwt:k-b:"+trustview.SPKISHA256(b)
+	fpA, fpB := "jwt:k-a:"+api.SPKISHA256(a), "jwt:k-b:"+api.SPKISHA256(b)
 	key := func(kid string, state castate.RootState, pub crypto.PublicKey) ca.JWTKeyInfo {
 		return ca.JWTKeyInfo{JWTKeyRecord: castate.JWTKeyRecord{KID: kid, State: state, Algorithm: "ES256"}, Public: pub}
 	}
@@ -99,7 +99,7 @@ func TestAuditTrailJWTKeyLifecycle(t *testing.T) {
 		{"retired key removed", []ca.JWTKeyInfo{key("k-b", castate.StateActive, b)},
 			[]eventSummary{{event: "jwt_key_removed", removed: []string{fpA}}}},
 		{"a kid reused for another key", []ca.JWTKeyInfo{key("k-b", castate.StateActive, a)},
-			[]eventSummary{{event: "jwt_key_activated", added: []string{"jwt:k-b:" + trustview.SPKISHA256(a)}, removed: []string{fpB}}}},
+			[]eventSummary{{event: "jwt_key_activated", added: []string{"jwt:k-b:" + api.SPKISHA256(a)}, removed: []string{fpB}}}},
 	}
 	observeJWT(trail, []ca.JWTKeyInfo{key("k-a", castate.StateActive, a)}, true)
 	base := drain(t, buf)
@@ -159,6 +159,6 @@ func TestAuditTrailPeerJWTAuthorities(t *testing.T) {
 	trail.federationEvent(federation.Event{Kind: federation.EventBundleAccepted, TrustDomain: td, Added: d.Added, Removed: d.Removed})
 	got := drain(t, buf)
 	require.Len(t, got, 1)
-	assert.Equal(t, []string{"jwt:kid-new:" + trustview.SPKISHA256(b)}, got[0].Added)
-	assert.Equal(t, []string{"jwt:kid-old:" + trustview.SPKISHA256(a)}, got[0].Removed)
+	assert.Equal(t, []string{"jwt:kid-new:" + api.SPKISHA256(b)}, got[0].Added)
+	assert.Equal(t, []string{"jwt:kid-old:" + api.SPKISHA256(a)}, got[0].Removed)
 }

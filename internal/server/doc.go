@@ -19,6 +19,6 @@
 // Kubernetes tier, the key manager, the CA, HA, the audit trail, the
 // federation, the trust policy, the listeners), one setupX or newX each,
 // then runs them all until the context is done. The server's own features
-// live beneath it: admin, audit, statusui, trustview, backup, ha, hostcheck,
+// live beneath it: admin, api, audit, statusui, backup, ha, hostcheck,
 // nodeauth and connlimit.
 package server

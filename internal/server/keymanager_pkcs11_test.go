@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/testkit/hsmtest"
 )
 
@@ -47,7 +47,7 @@ func TestServerKeysInSoftHSM(t *testing.T) {
 
 	code, body := servertest.Get(t, "http://"+addr+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, code)
-	var snap trustview.Snapshot
+	var snap api.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))
 	assert.True(t, snap.RequireHSM)
 	own := 0

@@ -11,17 +11,17 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
-func viewOf(snap trustview.Snapshot, td string) (trustview.TrustDomain, bool) {
+func viewOf(snap api.Snapshot, td string) (api.TrustDomain, bool) {
 	for _, v := range snap.TrustDomains {
 		if v.Name == td {
 			return v, true
 		}
 	}
-	return trustview.TrustDomain{}, false
+	return api.TrustDomain{}, false
 }
 
 // Two servers federated both ways: each snapshot names its own trust

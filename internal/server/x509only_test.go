@@ -1,13 +1,13 @@
 package server
 
 import (
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
-func x509Viewed(as []trustview.Authority) []trustview.Authority {
-	var out []trustview.Authority
+func x509Viewed(as []api.Authority) []api.Authority {
+	var out []api.Authority
 	for _, a := range as {
-		if a.Kind == trustview.KindX509 {
+		if a.Kind == api.KindX509 {
 			out = append(out, a)
 		}
 	}

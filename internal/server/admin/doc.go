@@ -34,7 +34,7 @@
 //     (401 otherwise), or a connection of the admin socket (OverSocket),
 //     and are refused cross-site (403) and on a follower (409: only the
 //     leader writes the audit log)
-//   - GET /v1/snapshot (?compact: unindented) and /ui: the trustview.Snapshot
+//   - GET /v1/snapshot (?compact: unindented) and /ui: the api.Snapshot
 //     of everything trusted, as JSON and as statusui's page; mounted only
 //     with a Config.Trust store
 //

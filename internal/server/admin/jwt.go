@@ -8,7 +8,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 
 	"github.com/trustbridge/trustbridge/ca"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // JWTKeys lists the CA's JWT signing keys with their state
@@ -32,7 +32,7 @@ type TrustJWTAuthority struct {
 	Thumbprint string `json:"thumbprint,omitempty"` // RFC 7638, SHA-256, base64url
 	SHA256     string `json:"sha256"`               // of the SubjectPublicKeyInfo DER
 	// The key's times, for the CA's own keys (inlined in JSON).
-	trustview.JWTKey
+	api.JWTKey
 }
 
 // trustJWTAuthorities are the CA's JWT keys with their state, then any
@@ -54,8 +54,8 @@ func (h *Handler) trustJWTAuthorities(b *spiffebundle.Bundle) []TrustJWTAuthorit
 
 // localJWTAuthorities are the CA's JWT signing keys with their state, in
 // the CA's order, then b's other JWT authorities sorted by key ID.
-func (h *Handler) localJWTAuthorities(b *spiffebundle.Bundle) []trustview.Authority {
-	out := []trustview.Authority{}
+func (h *Handler) localJWTAuthorities(b *spiffebundle.Bundle) []api.Authority {
+	out := []api.Authority{}
 	seen := map[string]bool{}
 	if h.cfg.JWT != nil {
 		for _, k := range h.cfg.JWT.JWTKeys() {
@@ -71,20 +71,20 @@ func (h *Handler) localJWTAuthorities(b *spiffebundle.Bundle) []trustview.Author
 	keys := b.JWTAuthorities()
 	for _, kid := range slices.Sorted(maps.Keys(keys)) {
 		if !seen[kid] {
-			out = append(out, trustview.KeyAuthority(trustview.KindJWT, kid, keys[kid]))
+			out = append(out, api.KeyAuthority(api.KindJWT, kid, keys[kid]))
 		}
 	}
 	return out
 }
 
 // jwtKeyAuthority describes one of the CA's JWT signing keys.
-func jwtKeyAuthority(k ca.JWTKeyInfo) trustview.Authority {
-	a := trustview.KeyAuthority(trustview.KindJWT, k.KID, k.Public)
+func jwtKeyAuthority(k ca.JWTKeyInfo) api.Authority {
+	a := api.KeyAuthority(api.KindJWT, k.KID, k.Public)
 	a.State = string(k.State)
 	if k.Algorithm != "" {
 		a.Algorithm = k.Algorithm
 	}
-	a.JWTKey = &trustview.JWTKey{
+	a.JWTKey = &api.JWTKey{
 		CreatedAt: optTime(k.CreatedAt), NotAfter: optTime(k.NotAfter), PreparedAt: optTime(k.PreparedAt),
 		ActivatedAt: optTime(k.ActivatedAt), RetiredAt: optTime(k.RetiredAt), RemoveAfter: optTime(k.RemoveAfter),
 	}
@@ -101,7 +101,7 @@ func jwtKeyAuthority(k ca.JWTKeyInfo) trustview.Authority {
 // local authorities: a CA that reports none (a plug-in CA directory
 // without them, a build before JWT-SVIDs) does not mint JWT-SVIDs, so
 // having no active key is no finding there.
-func jwtIssuer(auths []trustview.Authority) bool {
+func jwtIssuer(auths []api.Authority) bool {
 	for _, a := range auths {
 		if a.JWTKey != nil {
 			return true

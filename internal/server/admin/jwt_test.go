@@ -19,7 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation/trust"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // fakeJWTKeys is the CA's JWT signing keys.
@@ -81,15 +81,15 @@ func newJWTFixture(t *testing.T) *jwtFixture {
 	return f
 }
 
-func authorityByKID(t *testing.T, td trustview.TrustDomain, kid string) trustview.Authority {
+func authorityByKID(t *testing.T, td api.TrustDomain, kid string) api.Authority {
 	t.Helper()
 	for _, a := range td.Authorities {
-		if a.Kind == trustview.KindJWT && a.KeyID == kid {
+		if a.Kind == api.KindJWT && a.KeyID == kid {
 			return a
 		}
 	}
 	require.Failf(t, "no JWT authority", "kid %q in %s", kid, td.Name)
-	return trustview.Authority{}
+	return api.Authority{}
 }
 
 // Every trust domain's JWT authorities are in the snapshot with their key
@@ -110,7 +110,7 @@ func TestSnapshotJWTAuthorities(t *testing.T) {
 	assert.Equal(t, "P-256", active.Curve)
 	assert.Equal(t, 256, active.KeyBits)
 	assert.Equal(t, rfc7638(t, &f.active.PublicKey), active.Thumbprint)
-	assert.Equal(t, trustview.SPKISHA256(f.active.Public()), active.SHA256)
+	assert.Equal(t, api.SPKISHA256(f.active.Public()), active.SHA256)
 	assert.NotEmpty(t, active.PublicKey)
 	require.NotNil(t, active.Since)
 	assert.Equal(t, t0.Add(-19*24*time.Hour), *active.Since, "active since activation")
@@ -175,7 +175,7 @@ func TestTrustJWTAuthoritiesJSON(t *testing.T) {
 	require.Len(t, typed.JWTAuthorities, 2, "the bundle's, without records")
 	assert.Equal(t, "k-active", typed.JWTAuthorities[0].KID)
 	assert.Empty(t, typed.JWTAuthorities[0].State)
-	assert.Equal(t, trustview.SPKISHA256(crypto.PublicKey(f.next.Public())), typed.JWTAuthorities[1].SHA256)
+	assert.Equal(t, api.SPKISHA256(crypto.PublicKey(f.next.Public())), typed.JWTAuthorities[1].SHA256)
 }
 
 func TestTrustWithoutJWTAuthoritiesIsAnEmptyList(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -39,11 +39,11 @@ type PolicyConfig struct {
 const maxExplainParam = 2048
 
 // policyView is the trust_policy of /v1/snapshot.
-func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy {
-	v := &trustview.TrustPolicy{Sources: []trustview.PolicySource{}, Default: string(trustpolicy.DefaultAllow), Conflicts: []string{}, Grants: []trustview.PolicyGrant{}}
+func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *api.TrustPolicy {
+	v := &api.TrustPolicy{Sources: []api.PolicySource{}, Default: string(trustpolicy.DefaultAllow), Conflicts: []string{}, Grants: []api.PolicyGrant{}}
 	if cfg.Statuses != nil {
 		for _, st := range cfg.Statuses() {
-			src := trustview.PolicySource{Source: st.Source, Rules: st.Rules, LastError: st.LastError}
+			src := api.PolicySource{Source: st.Source, Rules: st.Rules, LastError: st.LastError}
 			if st.LastSuccess > 0 {
 				t := time.Unix(st.LastSuccess, 0).UTC()
 				src.LastSuccess = &t
@@ -59,7 +59,7 @@ func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy
 	v.TextDigest, v.DecisionDigest = audit.PolicyDigest(p), p.Digest()
 	for _, r := range rules {
 		for _, g := range r.TrustDomains {
-			v.Grants = append(v.Grants, trustview.PolicyGrant{Rule: r.Name, Origin: r.Origin, TrustDomain: g.TrustDomain})
+			v.Grants = append(v.Grants, api.PolicyGrant{Rule: r.Name, Origin: r.Origin, TrustDomain: g.TrustDomain})
 		}
 	}
 	for _, c := range p.Conflicts() {
@@ -70,11 +70,11 @@ func policyView(cfg *PolicyConfig, p *trustpolicy.Policy) *trustview.TrustPolicy
 
 // trustedBy is who may trust td under p; nil for the local trust domain.
 // byTD is rulesByTrustDomain's, built once per snapshot.
-func trustedBy(p *trustpolicy.Policy, byTD map[string][]trustview.PolicyRule, td spiffeid.TrustDomain, local bool) *trustview.TrustedBy {
+func trustedBy(p *trustpolicy.Policy, byTD map[string][]api.PolicyRule, td spiffeid.TrustDomain, local bool) *api.TrustedBy {
 	if local {
 		return nil
 	}
-	tb := &trustview.TrustedBy{Default: string(trustpolicy.DefaultAllow), Rules: []trustview.PolicyRule{}}
+	tb := &api.TrustedBy{Default: string(trustpolicy.DefaultAllow), Rules: []api.PolicyRule{}}
 	if p == nil {
 		return tb
 	}
@@ -87,23 +87,23 @@ func trustedBy(p *trustpolicy.Policy, byTD map[string][]trustview.PolicyRule, td
 // it in policy order, each with its workloads, its peers there and what
 // it matched: one pass over the rules however many trust domains the
 // snapshot shows.
-func rulesByTrustDomain(cfg *PolicyConfig, p *trustpolicy.Policy) map[string][]trustview.PolicyRule {
+func rulesByTrustDomain(cfg *PolicyConfig, p *trustpolicy.Policy) map[string][]api.PolicyRule {
 	if p == nil {
 		return nil
 	}
-	out := make(map[string][]trustview.PolicyRule)
+	out := make(map[string][]api.PolicyRule)
 	for _, r := range p.Rules() {
 		workloads := []string{}
 		for _, s := range r.Workloads {
 			workloads = append(workloads, SelectorString(s))
 		}
-		var matched *trustview.PolicyMatches
+		var matched *api.PolicyMatches
 		if cfg.Matches != nil {
 			n, recent := cfg.Matches(r.Name)
-			matched = &trustview.PolicyMatches{Count: n, Recent: append([]string{}, recent...)}
+			matched = &api.PolicyMatches{Count: n, Recent: append([]string{}, recent...)}
 		}
 		for _, g := range r.TrustDomains {
-			pr := trustview.PolicyRule{Name: r.Name, Origin: r.Origin, Workloads: slices.Clone(workloads), Peers: append([]string{}, g.Peers...), Matched: matched}
+			pr := api.PolicyRule{Name: r.Name, Origin: r.Origin, Workloads: slices.Clone(workloads), Peers: append([]string{}, g.Peers...), Matched: matched}
 			out[g.TrustDomain] = append(out[g.TrustDomain], pr)
 		}
 	}
@@ -184,25 +184,25 @@ const LabelsNotLookedUp = "service account labels not looked up: ask with the ad
 
 // Explain is what sub would receive under p of tds, for people: the
 // policy's own explanation in the snapshot's JSON names.
-func Explain(p *trustpolicy.Policy, sub trustpolicy.Subject, tds []spiffeid.TrustDomain) trustview.Explanation {
+func Explain(p *trustpolicy.Policy, sub trustpolicy.Subject, tds []spiffeid.TrustDomain) api.Explanation {
 	var d trustpolicy.Decision
 	if p != nil {
 		d = p.Decide(sub)
 	}
 	ex := trustpolicy.Explain(d, sub, tds)
-	out := trustview.Explanation{
+	out := api.Explanation{
 		SPIFFEID: sub.ID.String(), Namespace: sub.Namespace, ServiceAccount: sub.ServiceAccount,
-		Default: string(ex.Default), Matched: []trustview.ExplainedMatch{}, TrustDomains: []trustview.ExplainedTrustDomain{},
+		Default: string(ex.Default), Matched: []api.ExplainedMatch{}, TrustDomains: []api.ExplainedTrustDomain{},
 	}
 	if out.Default == "" {
 		out.Default = string(trustpolicy.DefaultAllow)
 	}
 	for _, m := range ex.Matched {
-		out.Matched = append(out.Matched, trustview.ExplainedMatch{Rule: m.Rule, Origin: m.Origin, Selector: m.Selector})
+		out.Matched = append(out.Matched, api.ExplainedMatch{Rule: m.Rule, Origin: m.Origin, Selector: m.Selector})
 	}
 	for _, t := range ex.TrustDomains {
 		peers := append([]string{}, t.Peers...)
-		out.TrustDomains = append(out.TrustDomains, trustview.ExplainedTrustDomain{TrustDomain: t.TrustDomain, Trusted: t.Trusted, Peers: peers, Because: t.Because})
+		out.TrustDomains = append(out.TrustDomains, api.ExplainedTrustDomain{TrustDomain: t.TrustDomain, Trusted: t.Trusted, Peers: peers, Because: t.Because})
 	}
 	return out
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -86,7 +86,7 @@ func TestSnapshotTrustPolicy(t *testing.T) {
 	require.Len(t, tp.Conflicts, 1)
 	assert.Contains(t, tp.Conflicts[0], `rule "payments-to-peer" (file:/etc/policy.yaml:3) limits peer.example`)
 	assert.Contains(t, tp.Conflicts[0], `rule "ops" (crd:ops) grants peer.example without peers`)
-	assert.Equal(t, []trustview.PolicyGrant{
+	assert.Equal(t, []api.PolicyGrant{
 		{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", TrustDomain: "peer.example"},
 		{Rule: "ops", Origin: "crd:ops", TrustDomain: "peer.example"},
 		{Rule: "ops", Origin: "crd:ops", TrustDomain: "far.example"},
@@ -100,14 +100,14 @@ func TestSnapshotTrustPolicy(t *testing.T) {
 	assert.Equal(t, "deny", tb.Default)
 	assert.False(t, tb.Everyone())
 	require.Len(t, tb.Rules, 2)
-	assert.Equal(t, trustview.PolicyRule{
+	assert.Equal(t, api.PolicyRule{
 		Name: "payments-to-peer", Origin: "file:/etc/policy.yaml:3",
 		Workloads: []string{"spiffe://example.org/ns/payments/*", "namespace=payments labels=tier=api"},
 		Peers:     []string{"spiffe://peer.example/ns/billing/sa/api"},
-		Matched:   &trustview.PolicyMatches{Count: 0, Recent: []string{}},
+		Matched:   &api.PolicyMatches{Count: 0, Recent: []string{}},
 	}, tb.Rules[0])
 	assert.Equal(t, []string{}, tb.Rules[1].Peers, "every member")
-	assert.Equal(t, &trustview.PolicyMatches{Count: 2, Recent: []string{"spiffe://example.org/ns/ops/sa/a"}}, tb.Rules[1].Matched)
+	assert.Equal(t, &api.PolicyMatches{Count: 2, Recent: []string{"spiffe://example.org/ns/ops/sa/a"}}, tb.Rules[1].Matched)
 }
 
 // No policy: every federated trust domain is trusted by every workload,
@@ -166,7 +166,7 @@ func TestPolicyExplain(t *testing.T) {
 	b := body(t, rec)
 	require.Equal(t, http.StatusOK, rec.Code, b)
 	assert.Equal(t, "no-store", rec.Header().Get("Cache-Control"))
-	var ex trustview.Explanation
+	var ex api.Explanation
 	require.NoError(t, json.Unmarshal([]byte(b), &ex))
 	assert.Equal(t, "spiffe://example.org/ns/payments/sa/api", ex.SPIFFEID)
 	assert.Equal(t, "payments", ex.Namespace)
@@ -228,12 +228,12 @@ func TestPolicyExplainLabelsNeedToken(t *testing.T) {
 			if tt.wantCode != http.StatusOK {
 				return
 			}
-			var ex trustview.Explanation
+			var ex api.Explanation
 			require.NoError(t, json.Unmarshal([]byte(b), &ex))
 			if tt.wantLookup {
 				assert.Equal(t, []string{"payments/api"}, lookups)
 				assert.Empty(t, ex.LabelsNote)
-				assert.Equal(t, []trustview.ExplainedMatch{{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", Selector: 1}}, ex.Matched)
+				assert.Equal(t, []api.ExplainedMatch{{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", Selector: 1}}, ex.Matched)
 				return
 			}
 			assert.Equal(t, LabelsNotLookedUp, ex.LabelsNote)
@@ -275,7 +275,7 @@ func TestPolicyExplainBuildsNoSnapshot(t *testing.T) {
 	b := body(t, rec)
 	require.Equal(t, http.StatusOK, rec.Code, b)
 	assert.Zero(t, snapshotWork)
-	var ex trustview.Explanation
+	var ex api.Explanation
 	require.NoError(t, json.Unmarshal([]byte(b), &ex))
 	var tds []string
 	for _, td := range ex.TrustDomains {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -27,8 +27,8 @@ func (h *Handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 // Snapshot is what /v1/snapshot, `trustbridge audit` and /ui show: every
 // trust domain the server trusts, by which authorities, since when and
 // from where. It needs Config.Trust.
-func (h *Handler) Snapshot() trustview.Snapshot {
-	snap := trustview.Snapshot{
+func (h *Handler) Snapshot() api.Snapshot {
+	snap := api.Snapshot{
 		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
 		RequireHSM: h.cfg.RequireHSM, CA: h.caStatus(),
 	}
@@ -36,7 +36,7 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 	statuses := h.federationStatuses()
 	names := h.trustDomainNames(store, statuses)
 	var policy *trustpolicy.Policy
-	var byTD map[string][]trustview.PolicyRule
+	var byTD map[string][]api.PolicyRule
 	if h.cfg.Policy != nil {
 		policy, _ = h.cfg.Policy.Cell.Load()
 		snap.TrustPolicy = policyView(h.cfg.Policy, policy)
@@ -47,7 +47,7 @@ func (h *Handler) Snapshot() trustview.Snapshot {
 		if err != nil {
 			continue
 		}
-		view := trustview.TrustDomain{Name: n, Local: td == h.cfg.TrustDomain, Sources: h.cfg.Trust.Sources(td), Authorities: []trustview.Authority{}}
+		view := api.TrustDomain{Name: n, Local: td == h.cfg.TrustDomain, Sources: h.cfg.Trust.Sources(td), Authorities: []api.Authority{}}
 		if view.Sources == nil {
 			view.Sources = []string{}
 		}
@@ -99,7 +99,7 @@ func (h *Handler) trustDomainNames(store *trust.Snapshot, statuses map[string]fe
 }
 
 // localFirst orders the local trust domain first, then by name.
-func localFirst(a, b trustview.TrustDomain) int {
+func localFirst(a, b api.TrustDomain) int {
 	if a.Local != b.Local {
 		if a.Local {
 			return -1
@@ -118,11 +118,11 @@ func (h *Handler) origin(td spiffeid.TrustDomain) string {
 
 // localAuthorities are the CA's roots with their rotation state, then any
 // other authority trusted for the local trust domain (a bundle file).
-func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority {
-	out := []trustview.Authority{}
+func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []api.Authority {
+	out := []api.Authority{}
 	seen := map[string]bool{}
 	for _, r := range h.cfg.CA.Roots() {
-		a := trustview.X509Authority(r.Cert)
+		a := api.X509Authority(r.Cert)
 		a.State = string(r.State)
 		if r.Upstream != nil {
 			a.Upstream = r.Upstream.Name
@@ -146,22 +146,22 @@ func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []trustview.Authority
 }
 
 // bundleAuthorities describes b's authorities, skipping those in skip.
-func bundleAuthorities(b *spiffebundle.Bundle, skip map[string]bool) []trustview.Authority {
-	out := []trustview.Authority{}
+func bundleAuthorities(b *spiffebundle.Bundle, skip map[string]bool) []api.Authority {
+	out := []api.Authority{}
 	if b == nil {
 		return out
 	}
 	for _, c := range b.X509Authorities() {
-		if a := trustview.X509Authority(c); !skip[a.SHA256] {
+		if a := api.X509Authority(c); !skip[a.SHA256] {
 			out = append(out, a)
 		}
 	}
 	for _, set := range []struct {
 		kind string
 		keys map[string]crypto.PublicKey
-	}{{trustview.KindJWT, b.JWTAuthorities()}, {trustview.KindWIT, b.WITAuthorities()}} {
+	}{{api.KindJWT, b.JWTAuthorities()}, {api.KindWIT, b.WITAuthorities()}} {
 		for _, kid := range slices.Sorted(maps.Keys(set.keys)) {
-			if a := trustview.KeyAuthority(set.kind, kid, set.keys[kid]); !skip[a.SHA256] {
+			if a := api.KeyAuthority(set.kind, kid, set.keys[kid]); !skip[a.SHA256] {
 				out = append(out, a)
 			}
 		}
@@ -169,8 +169,8 @@ func bundleAuthorities(b *spiffebundle.Bundle, skip map[string]bool) []trustview
 	return out
 }
 
-func federationView(st federation.Status, origin string) *trustview.Federation {
-	return &trustview.Federation{
+func federationView(st federation.Status, origin string) *api.Federation {
+	return &api.Federation{
 		EndpointURL: st.EndpointURL, Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID,
 		Origin: origin, State: string(st.State),
 		LastAttempt: st.LastAttempt, LastSuccess: st.LastSuccess, NextRefresh: st.NextRefresh,
@@ -190,11 +190,11 @@ func (h *Handler) keyStorage(keyRef string) string {
 
 // caStatus is the snapshot's ca section: leaf lifetimes and, in upstream
 // mode, the upstream's health; nil when the server gave no lifetimes.
-func (h *Handler) caStatus() *trustview.CAStatus {
+func (h *Handler) caStatus() *api.CAStatus {
 	if h.cfg.MaxWorkloadTTL <= 0 {
 		return nil
 	}
-	st := &trustview.CAStatus{
+	st := &api.CAStatus{
 		WorkloadTTLSeconds:    int64(h.cfg.WorkloadTTL / time.Second),
 		MaxWorkloadTTLSeconds: int64(h.cfg.MaxWorkloadTTL / time.Second),
 	}
@@ -202,7 +202,7 @@ func (h *Handler) caStatus() *trustview.CAStatus {
 		return st
 	}
 	if up, ok := h.cfg.Upstream(); ok {
-		st.Upstream = &trustview.UpstreamStatus{Name: up.Name, LastSuccess: utcOrNil(up.LastSuccess),
+		st.Upstream = &api.UpstreamStatus{Name: up.Name, LastSuccess: utcOrNil(up.LastSuccess),
 			LastError: up.LastError, LastErrorAt: utcOrNil(up.LastErrorAt), Failures: up.Failures,
 			FailingSince: utcOrNil(up.FailingSince)}
 	}

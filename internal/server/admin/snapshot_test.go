@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -50,7 +50,7 @@ func TestSnapshot(t *testing.T) {
 	assert.Equal(t, t0.Add(-24*time.Hour), *local.Authorities[0].Since, "active since activation")
 	assert.Equal(t, "prepared", local.Authorities[1].State)
 	assert.Equal(t, t0.Add(-time.Hour), *local.Authorities[1].Since, "prepared since preparation")
-	assert.Equal(t, trustview.X509Authority(offline.Cert).SHA256, local.Authorities[2].SHA256)
+	assert.Equal(t, api.X509Authority(offline.Cert).SHA256, local.Authorities[2].SHA256)
 	assert.Empty(t, local.Authorities[2].State, "not a CA root")
 
 	peer := snap.TrustDomains[1]
@@ -64,7 +64,7 @@ func TestSnapshot(t *testing.T) {
 	require.NotNil(t, peer.Sequence)
 	assert.Equal(t, uint64(3), *peer.Sequence)
 	require.Len(t, peer.Authorities, 1)
-	assert.Equal(t, trustview.X509Authority(f.peer.Cert).SHA256, peer.Authorities[0].SHA256)
+	assert.Equal(t, api.X509Authority(f.peer.Cert).SHA256, peer.Authorities[0].SHA256)
 
 	relay := snap.TrustDomains[2]
 	assert.Nil(t, relay.Federation, "trusted, not polled")
@@ -97,7 +97,7 @@ func TestServeSnapshot(t *testing.T) {
 	var raw map[string]any
 	require.NoError(t, json.Unmarshal([]byte(indented), &raw))
 	assert.ElementsMatch(t, []string{"time", "trust_domain", "actor", "leader", "trust_domains"}, keys(raw))
-	var snap trustview.Snapshot
+	var snap api.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(indented), &snap))
 	assert.Equal(t, h.Snapshot(), snap)
 

@@ -1,4 +1,4 @@
-package trustview
+package api
 
 import "time"
 

@@ -1,10 +1,10 @@
-// Package trustview is the operator's picture of what one trustbridge
+// Package api is the operator's picture of what one trustbridge
 // server trusts at one instant: every trust domain, by which authorities,
 // since when and from where, plus findings about it. The admin listener
 // serves it as JSON at GET /v1/snapshot; `trustbridge audit` analyses that
 // JSON and the /ui page renders it. It holds plain data only, so the
 // packages that build, check and draw it need not import each other.
-package trustview
+package api
 
 import (
 	"crypto/ecdsa"

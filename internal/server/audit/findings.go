@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Thresholds of the findings.
@@ -40,18 +40,18 @@ const (
 
 // Findings judges s with the default Options. They are sorted critical
 // first, then by trust domain and code.
-func Findings(s trustview.Snapshot) []trustview.Finding {
+func Findings(s api.Snapshot) []api.Finding {
 	return FindingsWith(s, Options{})
 }
 
 // FindingsWith is Findings with o's thresholds (CheckOptions first).
-func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
+func FindingsWith(s api.Snapshot, o Options) []api.Finding {
 	o = o.withDefaults()
 	now := s.Time
 	if now.IsZero() {
 		now = time.Now()
 	}
-	var out []trustview.Finding
+	var out []api.Finding
 	holders := map[string][]string{} // x509 sha256 -> trust domains
 	for _, td := range s.TrustDomains {
 		rotate := rotateAdvice(td)
@@ -59,7 +59,7 @@ func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
 		out = append(out, hsmFindings(s, td)...)
 		out = append(out, upstreamFindings(s, td, now, o)...)
 		for _, a := range td.Authorities {
-			if a.Kind != trustview.KindX509 || isIntermediate(td, a) {
+			if a.Kind != api.KindX509 || isIntermediate(td, a) {
 				continue
 			}
 			if !slices.Contains(holders[a.SHA256], td.Name) {
@@ -79,7 +79,7 @@ func FindingsWith(s trustview.Snapshot, o Options) []trustview.Finding {
 
 // rotateAdvice is the fix offered for an expiring root of td: the local
 // CA can rotate now, a peer's operators must publish a successor.
-func rotateAdvice(td trustview.TrustDomain) string {
+func rotateAdvice(td api.TrustDomain) string {
 	if td.Local {
 		return "rotate now: trustbridge ca rotate (the successor is published at once and signs after 5 refresh hints)"
 	}
@@ -89,32 +89,32 @@ func rotateAdvice(td trustview.TrustDomain) string {
 // federationFindings judges the federation relationship f with the trust
 // domain named td: staleness, refused bundles, and a bundle endpoint that
 // is not https.
-func federationFindings(td string, f *trustview.Federation) []trustview.Finding {
-	var out []trustview.Finding
-	add := func(sev trustview.Severity, code, msg, fix string) {
-		out = append(out, trustview.Finding{Severity: sev, Code: code, TrustDomain: td, Message: msg, Fix: fix})
+func federationFindings(td string, f *api.Federation) []api.Finding {
+	var out []api.Finding
+	add := func(sev api.Severity, code, msg, fix string) {
+		out = append(out, api.Finding{Severity: sev, Code: code, TrustDomain: td, Message: msg, Fix: fix})
 	}
 	if f.State == "stale" {
 		since := "never fetched"
 		if f.LastSuccess != nil {
 			since = "last success " + f.LastSuccess.UTC().Format(time.RFC3339)
 		}
-		add(trustview.SeverityWarning, CodeStale,
+		add(api.SeverityWarning, CodeStale,
 			fmt.Sprintf("federation with %s is stale (%s); its last good bundle is still trusted: %s", td, since, f.LastError),
 			fmt.Sprintf("check that %s is reachable and serves a valid bundle (trustbridge federation status); remove the relationship if it is no longer needed", f.EndpointURL))
 	}
 	if n := f.Refusals["sequence_regression"]; n > 0 {
-		add(trustview.SeverityCritical, CodeSequenceRegress,
+		add(api.SeverityCritical, CodeSequenceRegress,
 			fmt.Sprintf("%s served a bundle with a lower spiffe_sequence than one already trusted (%d times since start): a rollback or a replayed bundle", td, n),
 			fmt.Sprintf("confirm with %s's operators whether their bundle was rolled back; trustbridge kept the newer bundle and refuses the older one", td))
 	}
 	if n := f.Refusals["profile_mismatch"]; n > 0 {
-		add(trustview.SeverityCritical, CodeProfileFallback,
+		add(api.SeverityCritical, CodeProfileFallback,
 			fmt.Sprintf("%s presented the other federation profile's certificate on its %s endpoint (%d times since start); a client that fell back would have trusted it", td, f.Profile, n),
 			"verify the endpoint's certificate and the configured profile and endpoint SPIFFE ID with the peer; never switch profiles to make it pass")
 	}
 	if u, err := url.Parse(f.EndpointURL); err != nil || u.Scheme != "https" {
-		add(trustview.SeverityCritical, CodeNotHTTPS,
+		add(api.SeverityCritical, CodeNotHTTPS,
 			fmt.Sprintf("%s's bundle endpoint %q is not an https URL", td, f.EndpointURL),
 			"use the peer's https bundle endpoint URL; bundles fetched without TLS can be replaced in transit")
 	}
@@ -123,12 +123,12 @@ func federationFindings(td string, f *trustview.Federation) []trustview.Finding 
 
 // sharedRootFindings reports each root trusted for more than one trust
 // domain; holders maps a root's sha256 to the trust domains holding it.
-func sharedRootFindings(holders map[string][]string) []trustview.Finding {
-	var out []trustview.Finding
+func sharedRootFindings(holders map[string][]string) []api.Finding {
+	var out []api.Finding
 	for sha, tds := range holders {
 		if len(tds) > 1 {
 			slices.Sort(tds)
-			out = append(out, trustview.Finding{Severity: trustview.SeverityCritical, Code: CodeSharedRoot, TrustDomain: strings.Join(tds, ","), Authority: sha,
+			out = append(out, api.Finding{Severity: api.SeverityCritical, Code: CodeSharedRoot, TrustDomain: strings.Join(tds, ","), Authority: sha,
 				Message: fmt.Sprintf("the same root (sha256 %s) is trusted for %s: its key can mint identities in each of them", ShortHash(sha), strings.Join(tds, " and ")),
 				Fix:     "every trust domain needs its own root; find out which trust domain owns this root and remove it from the others' bundles"})
 		}
@@ -138,10 +138,10 @@ func sharedRootFindings(holders map[string][]string) []trustview.Finding {
 
 // sortFindings orders findings critical first, then by trust domain, code
 // and authority.
-func sortFindings(out []trustview.Finding) {
-	slices.SortFunc(out, func(a, b trustview.Finding) int {
+func sortFindings(out []api.Finding) {
+	slices.SortFunc(out, func(a, b api.Finding) int {
 		if a.Severity != b.Severity {
-			if a.Severity == trustview.SeverityCritical {
+			if a.Severity == api.SeverityCritical {
 				return -1
 			}
 			return 1
@@ -152,7 +152,7 @@ func sortFindings(out []trustview.Finding) {
 
 // authorityFindings judges one X.509 root a of td: expiry, key size,
 // signature algorithm and CA-ness. rotate is the fix for an expiring root.
-func authorityFindings(td trustview.TrustDomain, a trustview.Authority, now time.Time, rotate string) []trustview.Finding {
+func authorityFindings(td api.TrustDomain, a api.Authority, now time.Time, rotate string) []api.Finding {
 	name := a.Subject
 	if name == "" {
 		name = ShortHash(a.SHA256)
@@ -160,7 +160,7 @@ func authorityFindings(td trustview.TrustDomain, a trustview.Authority, now time
 	r := authorityReport{td: td.Name, sha: a.SHA256}
 	f, err := authorityFactsOf(a)
 	if err != nil {
-		r.add(trustview.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("authority %q of %s is not a parsable certificate: %v", name, td.Name, err),
+		r.add(api.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("authority %q of %s is not a parsable certificate: %v", name, td.Name, err),
 			"inspect the bundle (trustbridge bundle inspect) and remove the entry")
 		return r.out
 	}
@@ -168,17 +168,17 @@ func authorityFindings(td trustview.TrustDomain, a trustview.Authority, now time
 		r.expiry(name, *f.notAfter, a.State, now, rotate)
 	}
 	if f.keyAlg == "RSA" && f.bits > 0 && f.bits < MinRSABits {
-		r.add(trustview.SeverityWarning, CodeWeakKey,
+		r.add(api.SeverityWarning, CodeWeakKey,
 			fmt.Sprintf("authority %q of %s has a %d-bit RSA key (fewer than %d)", name, td.Name, f.bits, MinRSABits),
 			"move to RSA 3072+ or ECDSA P-256 at the next rotation (trustbridge server --ca-key-type)")
 	}
 	if strings.Contains(strings.ToUpper(f.sigAlg), "SHA1") {
-		r.add(trustview.SeverityWarning, CodeWeakSignature,
+		r.add(api.SeverityWarning, CodeWeakSignature,
 			fmt.Sprintf("authority %q of %s is signed with %s", name, td.Name, f.sigAlg),
 			"re-issue the root with a SHA-256 (or stronger) signature")
 	}
 	if !f.isCA {
-		r.add(trustview.SeverityCritical, CodeNotCA,
+		r.add(api.SeverityCritical, CodeNotCA,
 			fmt.Sprintf("authority %q in %s's bundle is not a CA certificate", name, td.Name),
 			"a bundle holds CA certificates only (X509-SVID §6); remove this entry: a leaf placed in a trust bundle is trusted as an anchor")
 	}
@@ -197,7 +197,7 @@ type authorityFacts struct {
 // one, so the certificate itself is judged, not what the server says of
 // it; else it takes them as reported. An unparsable certificate is an
 // error.
-func authorityFactsOf(a trustview.Authority) (authorityFacts, error) {
+func authorityFactsOf(a api.Authority) (authorityFacts, error) {
 	f := authorityFacts{notAfter: a.NotAfter, isCA: a.IsCA, sigAlg: a.SignatureAlgorithm, keyAlg: a.PublicKeyAlgorithm, bits: a.KeyBits}
 	if len(a.Certificate) == 0 {
 		return f, nil
@@ -208,7 +208,7 @@ func authorityFactsOf(a trustview.Authority) (authorityFacts, error) {
 	}
 	na := c.NotAfter
 	f.notAfter, f.isCA = &na, c.BasicConstraintsValid && c.IsCA
-	f.sigAlg, f.keyAlg, f.bits = c.SignatureAlgorithm.String(), c.PublicKeyAlgorithm.String(), trustview.KeyBits(c.PublicKey)
+	f.sigAlg, f.keyAlg, f.bits = c.SignatureAlgorithm.String(), c.PublicKeyAlgorithm.String(), api.KeyBits(c.PublicKey)
 	if c.SignatureAlgorithm == x509.SHA1WithRSA || c.SignatureAlgorithm == x509.ECDSAWithSHA1 || c.SignatureAlgorithm == x509.DSAWithSHA1 {
 		f.sigAlg = "SHA1-" + f.keyAlg
 	}
@@ -219,11 +219,11 @@ func authorityFactsOf(a trustview.Authority) (authorityFacts, error) {
 // domain.
 type authorityReport struct {
 	td, sha string
-	out     []trustview.Finding
+	out     []api.Finding
 }
 
-func (r *authorityReport) add(sev trustview.Severity, code, msg, fix string) {
-	r.out = append(r.out, trustview.Finding{Severity: sev, Code: code, TrustDomain: r.td, Authority: r.sha, Message: msg, Fix: fix})
+func (r *authorityReport) add(sev api.Severity, code, msg, fix string) {
+	r.out = append(r.out, api.Finding{Severity: sev, Code: code, TrustDomain: r.td, Authority: r.sha, Message: msg, Fix: fix})
 }
 
 // expiry reports an authority named name that has expired or expires
@@ -233,15 +233,15 @@ func (r *authorityReport) expiry(name string, notAfter time.Time, state string, 
 	left := notAfter.Sub(now)
 	switch {
 	case left <= 0:
-		r.add(trustview.SeverityCritical, CodeExpired,
+		r.add(api.SeverityCritical, CodeExpired,
 			fmt.Sprintf("authority %q of %s expired on %s", name, r.td, notAfter.UTC().Format(time.DateOnly)),
 			"remove it from the bundle; certificates it signed no longer verify. "+rotate)
 	case left <= ExpiryCritical:
-		r.add(trustview.SeverityCritical, CodeExpiring,
+		r.add(api.SeverityCritical, CodeExpiring,
 			fmt.Sprintf("authority %q of %s expires in %s (%s)", name, r.td, days(left), notAfter.UTC().Format(time.DateOnly)),
 			rotate)
 	case left <= ExpiryWarning && state != "retired":
-		r.add(trustview.SeverityWarning, CodeExpiring,
+		r.add(api.SeverityWarning, CodeExpiring,
 			fmt.Sprintf("authority %q of %s expires in %s (%s)", name, r.td, days(left), notAfter.UTC().Format(time.DateOnly)),
 			rotate)
 	}
@@ -259,9 +259,9 @@ func days(d time.Duration) string {
 }
 
 // AtLeast reports whether any finding is at sev or above.
-func AtLeast(fs []trustview.Finding, sev trustview.Severity) bool {
+func AtLeast(fs []api.Finding, sev api.Severity) bool {
 	for _, f := range fs {
-		if f.Severity == trustview.SeverityCritical || f.Severity == sev {
+		if f.Severity == api.SeverityCritical || f.Severity == sev {
 			return true
 		}
 	}

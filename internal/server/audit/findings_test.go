@@ -10,13 +10,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 
-func root(t *testing.T, td string, o testca.Options) trustview.Authority {
+func root(t *testing.T, td string, o testca.Options) api.Authority {
 	t.Helper()
 	if o.NotBefore.IsZero() {
 		o.NotBefore = now.AddDate(-1, 0, 0)
@@ -24,28 +24,28 @@ func root(t *testing.T, td string, o testca.Options) trustview.Authority {
 	if o.NotAfter.IsZero() {
 		o.NotAfter = now.AddDate(1, 0, 0)
 	}
-	return trustview.X509Authority(testca.New(t, td, o).Cert)
+	return api.X509Authority(testca.New(t, td, o).Cert)
 }
 
-func local(auths ...trustview.Authority) trustview.TrustDomain {
-	return trustview.TrustDomain{Name: "east.example", Local: true, Sources: []string{"ca"}, Authorities: auths}
+func local(auths ...api.Authority) api.TrustDomain {
+	return api.TrustDomain{Name: "east.example", Local: true, Sources: []string{"ca"}, Authorities: auths}
 }
 
-func peer(name string, f *trustview.Federation, auths ...trustview.Authority) trustview.TrustDomain {
-	return trustview.TrustDomain{Name: name, Sources: []string{"federation:" + name}, Federation: f, Authorities: auths}
+func peer(name string, f *api.Federation, auths ...api.Authority) api.TrustDomain {
+	return api.TrustDomain{Name: name, Sources: []string{"federation:" + name}, Federation: f, Authorities: auths}
 }
 
-func okFed(url string) *trustview.Federation {
-	return &trustview.Federation{EndpointURL: url, Profile: "https_web", State: "ok"}
+func okFed(url string) *api.Federation {
+	return &api.Federation{EndpointURL: url, Profile: "https_web", State: "ok"}
 }
 
 type found struct {
-	sev  trustview.Severity
+	sev  api.Severity
 	code string
 	td   string
 }
 
-func summary(fs []trustview.Finding) []found {
+func summary(fs []api.Finding) []found {
 	out := []found{}
 	for _, f := range fs {
 		out = append(out, found{f.Severity, f.Code, f.TrustDomain})
@@ -61,46 +61,46 @@ func TestFindings(t *testing.T) {
 
 	cases := []struct {
 		name string
-		tds  []trustview.TrustDomain
+		tds  []api.TrustDomain
 		want []found
 	}{
-		{"healthy", []trustview.TrustDomain{local(healthy), peer("west.example", okFed("https://west.example/"), root(t, "west.example", testca.Options{}))}, []found{}},
-		{"expiring in 20 days", []trustview.TrustDomain{local(root(t, "east.example", testca.Options{NotAfter: now.AddDate(0, 0, 20)}))},
-			[]found{{trustview.SeverityWarning, CodeExpiring, "east.example"}}},
-		{"expiring in 5 days", []trustview.TrustDomain{local(root(t, "east.example", testca.Options{NotAfter: now.AddDate(0, 0, 5)}))},
-			[]found{{trustview.SeverityCritical, CodeExpiring, "east.example"}}},
-		{"expired", []trustview.TrustDomain{peer("west.example", okFed("https://w/"), root(t, "west.example", testca.Options{NotBefore: now.AddDate(-2, 0, 0), NotAfter: now.AddDate(0, 0, -1)}))},
-			[]found{{trustview.SeverityCritical, CodeExpired, "west.example"}}},
-		{"RSA 2048", []trustview.TrustDomain{local(root(t, "east.example", testca.Options{KeyType: testca.RSA2048}))},
-			[]found{{trustview.SeverityWarning, CodeWeakKey, "east.example"}}},
-		{"RSA 4096 is fine", []trustview.TrustDomain{local(root(t, "east.example", testca.Options{KeyType: testca.RSA4096}))}, []found{}},
-		{"SHA-1 signature", []trustview.TrustDomain{local(root(t, "east.example", testca.Options{KeyType: testca.RSA4096,
+		{"healthy", []api.TrustDomain{local(healthy), peer("west.example", okFed("https://west.example/"), root(t, "west.example", testca.Options{}))}, []found{}},
+		{"expiring in 20 days", []api.TrustDomain{local(root(t, "east.example", testca.Options{NotAfter: now.AddDate(0, 0, 20)}))},
+			[]found{{api.SeverityWarning, CodeExpiring, "east.example"}}},
+		{"expiring in 5 days", []api.TrustDomain{local(root(t, "east.example", testca.Options{NotAfter: now.AddDate(0, 0, 5)}))},
+			[]found{{api.SeverityCritical, CodeExpiring, "east.example"}}},
+		{"expired", []api.TrustDomain{peer("west.example", okFed("https://w/"), root(t, "west.example", testca.Options{NotBefore: now.AddDate(-2, 0, 0), NotAfter: now.AddDate(0, 0, -1)}))},
+			[]found{{api.SeverityCritical, CodeExpired, "west.example"}}},
+		{"RSA 2048", []api.TrustDomain{local(root(t, "east.example", testca.Options{KeyType: testca.RSA2048}))},
+			[]found{{api.SeverityWarning, CodeWeakKey, "east.example"}}},
+		{"RSA 4096 is fine", []api.TrustDomain{local(root(t, "east.example", testca.Options{KeyType: testca.RSA4096}))}, []found{}},
+		{"SHA-1 signature", []api.TrustDomain{local(root(t, "east.example", testca.Options{KeyType: testca.RSA4096,
 			Mutate: func(c *x509.Certificate) { c.SignatureAlgorithm = x509.SHA1WithRSA }}))},
-			[]found{{trustview.SeverityWarning, CodeWeakSignature, "east.example"}}},
-		{"leaf in a bundle", []trustview.TrustDomain{peer("west.example", okFed("https://w/"), trustview.X509Authority(leaf))},
-			[]found{{trustview.SeverityCritical, CodeNotCA, "west.example"}}},
-		{"stale", []trustview.TrustDomain{peer("west.example", &trustview.Federation{EndpointURL: "https://w/", State: "stale", LastError: "timeout"}, root(t, "west.example", testca.Options{}))},
-			[]found{{trustview.SeverityWarning, CodeStale, "west.example"}}},
-		{"sequence regression seen", []trustview.TrustDomain{peer("west.example", &trustview.Federation{EndpointURL: "https://w/", State: "failing",
+			[]found{{api.SeverityWarning, CodeWeakSignature, "east.example"}}},
+		{"leaf in a bundle", []api.TrustDomain{peer("west.example", okFed("https://w/"), api.X509Authority(leaf))},
+			[]found{{api.SeverityCritical, CodeNotCA, "west.example"}}},
+		{"stale", []api.TrustDomain{peer("west.example", &api.Federation{EndpointURL: "https://w/", State: "stale", LastError: "timeout"}, root(t, "west.example", testca.Options{}))},
+			[]found{{api.SeverityWarning, CodeStale, "west.example"}}},
+		{"sequence regression seen", []api.TrustDomain{peer("west.example", &api.Federation{EndpointURL: "https://w/", State: "failing",
 			Refusals: map[string]uint64{"sequence_regression": 2, "timeout": 5}}, root(t, "west.example", testca.Options{}))},
-			[]found{{trustview.SeverityCritical, CodeSequenceRegress, "west.example"}}},
-		{"profile fallback attempted", []trustview.TrustDomain{peer("west.example", &trustview.Federation{EndpointURL: "https://w/", Profile: "https_spiffe", State: "failing",
+			[]found{{api.SeverityCritical, CodeSequenceRegress, "west.example"}}},
+		{"profile fallback attempted", []api.TrustDomain{peer("west.example", &api.Federation{EndpointURL: "https://w/", Profile: "https_spiffe", State: "failing",
 			Refusals: map[string]uint64{"profile_mismatch": 1}}, root(t, "west.example", testca.Options{}))},
-			[]found{{trustview.SeverityCritical, CodeProfileFallback, "west.example"}}},
-		{"not https", []trustview.TrustDomain{peer("west.example", okFed("http://west.example/"), root(t, "west.example", testca.Options{}))},
-			[]found{{trustview.SeverityCritical, CodeNotHTTPS, "west.example"}}},
-		{"one root for two trust domains", []trustview.TrustDomain{local(healthy),
-			peer("north.example", okFed("https://n/"), trustview.X509Authority(shared.Cert)),
-			peer("west.example", okFed("https://w/"), trustview.X509Authority(shared.Cert))},
-			[]found{{trustview.SeverityCritical, CodeSharedRoot, "north.example,west.example"}}},
-		{"critical first", []trustview.TrustDomain{
+			[]found{{api.SeverityCritical, CodeProfileFallback, "west.example"}}},
+		{"not https", []api.TrustDomain{peer("west.example", okFed("http://west.example/"), root(t, "west.example", testca.Options{}))},
+			[]found{{api.SeverityCritical, CodeNotHTTPS, "west.example"}}},
+		{"one root for two trust domains", []api.TrustDomain{local(healthy),
+			peer("north.example", okFed("https://n/"), api.X509Authority(shared.Cert)),
+			peer("west.example", okFed("https://w/"), api.X509Authority(shared.Cert))},
+			[]found{{api.SeverityCritical, CodeSharedRoot, "north.example,west.example"}}},
+		{"critical first", []api.TrustDomain{
 			local(root(t, "east.example", testca.Options{NotAfter: now.AddDate(0, 0, 20)})),
 			peer("west.example", okFed("http://w/"), root(t, "west.example", testca.Options{}))},
-			[]found{{trustview.SeverityCritical, CodeNotHTTPS, "west.example"}, {trustview.SeverityWarning, CodeExpiring, "east.example"}}},
+			[]found{{api.SeverityCritical, CodeNotHTTPS, "west.example"}, {api.SeverityWarning, CodeExpiring, "east.example"}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := Findings(trustview.Snapshot{Time: now, TrustDomain: "east.example", TrustDomains: tc.tds})
+			fs := Findings(api.Snapshot{Time: now, TrustDomain: "east.example", TrustDomains: tc.tds})
 			assert.Equal(t, tc.want, summary(fs))
 			for _, f := range fs {
 				assert.NotEmpty(t, f.Message)
@@ -115,22 +115,22 @@ func TestFindingsReadTheCertificate(t *testing.T) {
 	a := root(t, "west.example", testca.Options{KeyType: testca.RSA2048})
 	a.KeyBits, a.IsCA = 4096, true
 	leaf := a
-	fs := Findings(trustview.Snapshot{Time: now, TrustDomains: []trustview.TrustDomain{peer("west.example", okFed("https://w/"), leaf)}})
-	assert.Equal(t, []found{{trustview.SeverityWarning, CodeWeakKey, "west.example"}}, summary(fs))
+	fs := Findings(api.Snapshot{Time: now, TrustDomains: []api.TrustDomain{peer("west.example", okFed("https://w/"), leaf)}})
+	assert.Equal(t, []found{{api.SeverityWarning, CodeWeakKey, "west.example"}}, summary(fs))
 
 	a.Certificate = []byte("garbage")
-	fs = Findings(trustview.Snapshot{Time: now, TrustDomains: []trustview.TrustDomain{peer("west.example", okFed("https://w/"), a)}})
-	assert.Equal(t, []found{{trustview.SeverityCritical, CodeUnparsableAuthor, "west.example"}}, summary(fs))
+	fs = Findings(api.Snapshot{Time: now, TrustDomains: []api.TrustDomain{peer("west.example", okFed("https://w/"), a)}})
+	assert.Equal(t, []found{{api.SeverityCritical, CodeUnparsableAuthor, "west.example"}}, summary(fs))
 }
 
 func TestAtLeast(t *testing.T) {
-	w := []trustview.Finding{{Severity: trustview.SeverityWarning}}
-	c := []trustview.Finding{{Severity: trustview.SeverityCritical}}
-	assert.True(t, AtLeast(w, trustview.SeverityWarning))
-	assert.False(t, AtLeast(w, trustview.SeverityCritical))
-	assert.True(t, AtLeast(c, trustview.SeverityWarning))
-	assert.True(t, AtLeast(c, trustview.SeverityCritical))
-	assert.False(t, AtLeast(nil, trustview.SeverityWarning))
+	w := []api.Finding{{Severity: api.SeverityWarning}}
+	c := []api.Finding{{Severity: api.SeverityCritical}}
+	assert.True(t, AtLeast(w, api.SeverityWarning))
+	assert.False(t, AtLeast(w, api.SeverityCritical))
+	assert.True(t, AtLeast(c, api.SeverityWarning))
+	assert.True(t, AtLeast(c, api.SeverityCritical))
+	assert.False(t, AtLeast(nil, api.SeverityWarning))
 }
 
 // A snapshot comes from an admin endpoint: whatever it holds, Findings
@@ -141,14 +141,14 @@ func FuzzFindings(f *testing.F) {
 	f.Add([]byte(`{"time":"2026-11-22T12:00:00Z","trust_domains":[{"name":"a","local":true,"jwt_issuer":true,"authorities":[{"kind":"jwt","key_id":"k","public_key":"AAAA","state":"active","jwt_key":{"created_at":"2026-11-23T00:00:00Z","not_after":"2026-11-22T12:00:00Z"}},{"kind":"jwt","key_id":"r","public_key_algorithm":"RSA","key_bits":512}]}]}`))
 	f.Add([]byte(`{"trust_domains":[{"name":"a","local":true},{"name":"b"}],"trust_policy":{"default":"allow","rules":0,"conflicts":["x"],"grants":[{"rule":"r","trust_domain":"c"}],"sources":[{"source":"crd","last_error":"e"}]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var s trustview.Snapshot
+		var s api.Snapshot
 		if json.Unmarshal(data, &s) != nil {
 			return
 		}
 		for _, fd := range Findings(s) {
 			require.NotEmpty(t, fd.Message)
 			require.NotEmpty(t, fd.Fix)
-			require.Contains(t, []trustview.Severity{trustview.SeverityWarning, trustview.SeverityCritical}, fd.Severity)
+			require.Contains(t, []api.Severity{api.SeverityWarning, api.SeverityCritical}, fd.Severity)
 		}
 	})
 }

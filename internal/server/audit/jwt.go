@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Thresholds of the JWT authority findings. JWT-SVID validators take
@@ -26,10 +26,10 @@ const (
 
 // jwtFindings judges td's JWT authorities and, for the local trust
 // domain, the CA's own JWT keys.
-func jwtFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding {
+func jwtFindings(td api.TrustDomain, now time.Time) []api.Finding {
 	out := jwtKeyFindings(td, now)
 	for _, a := range td.Authorities {
-		if a.Kind == trustview.KindJWT {
+		if a.Kind == api.KindJWT {
 			out = append(out, jwtAuthorityFindings(td, a)...)
 		}
 	}
@@ -41,19 +41,19 @@ func jwtFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding {
 // described by neither (a server that predates JWT details) is not
 // judged. Publishing no JWT authority at all is no finding: a peer that
 // issues no JWT-SVIDs needs none.
-func jwtAuthorityFindings(td trustview.TrustDomain, a trustview.Authority) []trustview.Finding {
+func jwtAuthorityFindings(td api.TrustDomain, a api.Authority) []api.Finding {
 	name := fmt.Sprintf("JWT authority %q of %s", a.KeyID, td.Name)
-	finding := func(sev trustview.Severity, code, msg, fix string) []trustview.Finding {
-		return []trustview.Finding{{Severity: sev, Code: code, TrustDomain: td.Name, Authority: a.SHA256, Message: msg, Fix: fix}}
+	finding := func(sev api.Severity, code, msg, fix string) []api.Finding {
+		return []api.Finding{{Severity: sev, Code: code, TrustDomain: td.Name, Authority: a.SHA256, Message: msg, Fix: fix}}
 	}
 	keyAlg, bits := a.PublicKeyAlgorithm, a.KeyBits
 	if len(a.PublicKey) > 0 {
 		pub, err := x509.ParsePKIXPublicKey(a.PublicKey)
 		if err != nil {
-			return finding(trustview.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("%s is not a parsable public key: %v", name, err),
+			return finding(api.SeverityCritical, CodeUnparsableAuthor, fmt.Sprintf("%s is not a parsable public key: %v", name, err),
 				"inspect the bundle (trustbridge bundle inspect) and remove the entry")
 		}
-		keyAlg, bits = trustview.PublicKeyAlgorithm(pub), trustview.KeyBits(pub)
+		keyAlg, bits = api.PublicKeyAlgorithm(pub), api.KeyBits(pub)
 	}
 	replace := fmt.Sprintf("ask %s's operators to replace it with an EC P-256 (ES256) key and remove it from their bundle", td.Name)
 	if td.Local {
@@ -64,17 +64,17 @@ func jwtAuthorityFindings(td trustview.TrustDomain, a trustview.Authority) []tru
 		return nil
 	case x509.RSA.String():
 		if bits > 0 && bits < MinJWTRSABits {
-			return finding(trustview.SeverityCritical, CodeJWTWeakKey,
+			return finding(api.SeverityCritical, CodeJWTWeakKey,
 				fmt.Sprintf("%s has a %d-bit RSA key (fewer than %d): JWT-SVIDs signed with a key this small can be forged", name, bits, MinJWTRSABits), replace)
 		}
 	case x509.ECDSA.String():
 		if bits > 0 && bits < MinJWTECBits {
-			return finding(trustview.SeverityCritical, CodeJWTWeakKey,
+			return finding(api.SeverityCritical, CodeJWTWeakKey,
 				fmt.Sprintf("%s has a %d-bit EC key (a curve below P-256)", name, bits), replace)
 		}
 	case x509.Ed25519.String():
 	default:
-		return finding(trustview.SeverityWarning, CodeJWTUnknownKey,
+		return finding(api.SeverityWarning, CodeJWTUnknownKey,
 			fmt.Sprintf("%s has a key of unknown type %s: its strength cannot be judged and JWT-SVID validators may not use it", name, keyAlg), replace)
 	}
 	return nil
@@ -85,12 +85,12 @@ func jwtAuthorityFindings(td trustview.TrustDomain, a trustview.Authority) []tru
 // the active one runs out. The CA prepares one at half the active key's
 // life, so a quarter of its life left without one means rotation is
 // stuck, an eighth that it is about to stop minting.
-func jwtKeyFindings(td trustview.TrustDomain, now time.Time) []trustview.Finding {
+func jwtKeyFindings(td api.TrustDomain, now time.Time) []api.Finding {
 	if !td.Local || !td.JWTIssuer {
 		return nil
 	}
 	active, prepared := jwtKeysByState(td)
-	var out []trustview.Finding
+	var out []api.Finding
 	if len(active) == 0 {
 		out = append(out, noActiveJWTKeyFinding(td, prepared))
 	}
@@ -110,10 +110,10 @@ const checkJWTLeader = "check that the leader runs and what its log says about J
 // jwtKeysByState is td's own JWT keys that are active, and whether one
 // is prepared. X.509 authorities, and JWT ones without the CA's key
 // details, count as neither.
-func jwtKeysByState(td trustview.TrustDomain) (active []trustview.Authority, prepared bool) {
+func jwtKeysByState(td api.TrustDomain) (active []api.Authority, prepared bool) {
 	for _, a := range td.Authorities {
 		switch {
-		case a.Kind != trustview.KindJWT || a.JWTKey == nil:
+		case a.Kind != api.KindJWT || a.JWTKey == nil:
 		case a.State == "active":
 			active = append(active, a)
 		case a.State == "prepared":
@@ -126,15 +126,15 @@ func jwtKeysByState(td trustview.TrustDomain) (active []trustview.Authority, pre
 // noActiveJWTKeyFinding is the finding of a CA with no active JWT key: a
 // warning while a prepared key waits out its publication lead (an
 // upgraded CA's first key does), critical otherwise.
-func noActiveJWTKeyFinding(td trustview.TrustDomain, prepared bool) trustview.Finding {
-	f := trustview.Finding{Code: CodeJWTNoActiveKey, TrustDomain: td.Name}
+func noActiveJWTKeyFinding(td api.TrustDomain, prepared bool) api.Finding {
+	f := api.Finding{Code: CodeJWTNoActiveKey, TrustDomain: td.Name}
 	if prepared {
-		f.Severity = trustview.SeverityWarning
+		f.Severity = api.SeverityWarning
 		f.Message = fmt.Sprintf("the CA of %s has no active JWT signing key yet: a prepared key signs once it has been published for 5 refresh hints (a CA upgraded to JWT-SVIDs publishes its first key that way); until then it cannot mint JWT-SVIDs", td.Name)
 		f.Fix = "wait 5 refresh hints; if no key signs by then, " + checkJWTLeader
 		return f
 	}
-	f.Severity = trustview.SeverityCritical
+	f.Severity = api.SeverityCritical
 	f.Message = fmt.Sprintf("the CA of %s has no active JWT signing key: it cannot mint JWT-SVIDs", td.Name)
 	f.Fix = checkJWTLeader
 	return f
@@ -144,25 +144,25 @@ func noActiveJWTKeyFinding(td trustview.TrustDomain, prepared bool) trustview.Fi
 // expired, or running out with no successor prepared. A key whose
 // not_after is unknown is not judged; with a successor prepared, only
 // expiry is, since the successor takes over in time.
-func activeJWTKeyFinding(td trustview.TrustDomain, a trustview.Authority, prepared bool, now time.Time) (trustview.Finding, bool) {
+func activeJWTKeyFinding(td api.TrustDomain, a api.Authority, prepared bool, now time.Time) (api.Finding, bool) {
 	na := a.JWTKey.NotAfter
 	if na == nil {
-		return trustview.Finding{}, false
+		return api.Finding{}, false
 	}
 	left := na.Sub(now)
 	if left <= 0 {
-		return trustview.Finding{Severity: trustview.SeverityCritical, Code: CodeJWTKeyExpired, TrustDomain: td.Name, Authority: a.SHA256,
+		return api.Finding{Severity: api.SeverityCritical, Code: CodeJWTKeyExpired, TrustDomain: td.Name, Authority: a.SHA256,
 			Message: fmt.Sprintf("the active JWT key %q of %s passed its not_after on %s: the CA refuses to sign with it, so JWT-SVID minting has stopped until a successor signs", a.KeyID, td.Name, na.UTC().Format(time.RFC3339)),
 			Fix:     expiredKeyFix(prepared, checkJWTLeader)}, true
 	}
 	if prepared {
-		return trustview.Finding{}, false
+		return api.Finding{}, false
 	}
 	sev, ok := jwtExpirySeverity(a.JWTKey, left)
 	if !ok {
-		return trustview.Finding{}, false
+		return api.Finding{}, false
 	}
-	return trustview.Finding{Severity: sev, Code: CodeJWTKeyExpiring, TrustDomain: td.Name, Authority: a.SHA256,
+	return api.Finding{Severity: sev, Code: CodeJWTKeyExpiring, TrustDomain: td.Name, Authority: a.SHA256,
 		Message: fmt.Sprintf("the active JWT key %q of %s expires in %s (%s) and no successor is prepared: a successor is published 5 refresh hints before it signs", a.KeyID, td.Name, durationLeft(left), na.UTC().Format(time.RFC3339)),
 		Fix:     checkJWTLeader}, true
 }
@@ -179,7 +179,7 @@ func expiredKeyFix(prepared bool, checkLeader string) string {
 
 // jwtExpirySeverity grades time left on an active key without a
 // successor, by the key's life when known, else by the roots' thresholds.
-func jwtExpirySeverity(k *trustview.JWTKey, left time.Duration) (trustview.Severity, bool) {
+func jwtExpirySeverity(k *api.JWTKey, left time.Duration) (api.Severity, bool) {
 	warn, crit := ExpiryWarning, ExpiryCritical
 	if k.CreatedAt != nil && k.NotAfter.After(*k.CreatedAt) {
 		life := k.NotAfter.Sub(*k.CreatedAt)
@@ -187,9 +187,9 @@ func jwtExpirySeverity(k *trustview.JWTKey, left time.Duration) (trustview.Sever
 	}
 	switch {
 	case left <= crit:
-		return trustview.SeverityCritical, true
+		return api.SeverityCritical, true
 	case left <= warn:
-		return trustview.SeverityWarning, true
+		return api.SeverityWarning, true
 	}
 	return "", false
 }

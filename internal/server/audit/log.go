@@ -23,7 +23,7 @@
 // verify (a bad line followed by others, a whole final line that fails its
 // hash) is tamper evidence, and Open refuses it.
 //
-// Findings judges a trustview.Snapshot by the rules `trustbridge audit`
+// Findings judges a api.Snapshot by the rules `trustbridge audit`
 // applies: authorities near expiry, weak keys and signatures, non-CA
 // certificates in bundles, stale federation, sequence regressions, a root
 // trusted for two trust domains, endpoints that are not https or that

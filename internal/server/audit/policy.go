@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -20,14 +20,14 @@ import (
 // last change was refused (the previous rules still hold). A snapshot
 // without trust_policy, from a server that predates policies, is not
 // judged.
-func policyFindings(s trustview.Snapshot) []trustview.Finding {
+func policyFindings(s api.Snapshot) []api.Finding {
 	tp := s.TrustPolicy
 	if tp == nil {
 		return nil
 	}
-	var out []trustview.Finding
+	var out []api.Finding
 	add := func(td, code, msg, fix string) {
-		out = append(out, trustview.Finding{Severity: trustview.SeverityWarning, Code: code, TrustDomain: td, Message: msg, Fix: fix})
+		out = append(out, api.Finding{Severity: api.SeverityWarning, Code: code, TrustDomain: td, Message: msg, Fix: fix})
 	}
 	known := map[string]bool{}
 	federated := 0

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -19,32 +19,32 @@ import (
 func TestPolicyFindings(t *testing.T) {
 	east := local(root(t, "east.example", testca.Options{}))
 	west := peer("west.example", okFed("https://west.example/"), root(t, "west.example", testca.Options{}))
-	none := &trustview.TrustPolicy{Default: "allow"}
+	none := &api.TrustPolicy{Default: "allow"}
 	cases := []struct {
 		name string
-		tds  []trustview.TrustDomain
-		tp   *trustview.TrustPolicy
+		tds  []api.TrustDomain
+		tp   *api.TrustPolicy
 		want []found
 	}{
-		{"server predating policies: not judged", []trustview.TrustDomain{east, west}, nil, []found{}},
-		{"no policy while federating", []trustview.TrustDomain{east, west}, none,
-			[]found{{trustview.SeverityWarning, CodeNoTrustPolicy, ""}}},
-		{"no policy, nothing federated", []trustview.TrustDomain{east}, none, []found{}},
-		{"default deny without rules is a policy", []trustview.TrustDomain{east, west}, &trustview.TrustPolicy{Default: "deny"}, []found{}},
-		{"a rule", []trustview.TrustDomain{east, west}, &trustview.TrustPolicy{Default: "allow", Rules: 1,
-			Grants: []trustview.PolicyGrant{{Rule: "r", Origin: "file:p:3", TrustDomain: "west.example"}}}, []found{}},
-		{"a rule granting a trust domain not federated", []trustview.TrustDomain{east, west}, &trustview.TrustPolicy{Default: "allow", Rules: 1,
-			Grants: []trustview.PolicyGrant{{Rule: "r", Origin: "file:p:3", TrustDomain: "north.example"}}},
-			[]found{{trustview.SeverityWarning, CodePolicyUnfederate, "north.example"}}},
-		{"conflict", []trustview.TrustDomain{east, west}, &trustview.TrustPolicy{Default: "allow", Rules: 2, Conflicts: []string{"rule a limits, rule b does not"}},
-			[]found{{trustview.SeverityWarning, CodePolicyConflict, ""}}},
-		{"a source refused", []trustview.TrustDomain{east, west}, &trustview.TrustPolicy{Default: "deny",
-			Sources: []trustview.PolicySource{{Source: "file:/p", LastError: "line 3: rule \"a\": no workloads"}, {Source: "crd"}}},
-			[]found{{trustview.SeverityWarning, CodePolicyRejected, ""}}},
+		{"server predating policies: not judged", []api.TrustDomain{east, west}, nil, []found{}},
+		{"no policy while federating", []api.TrustDomain{east, west}, none,
+			[]found{{api.SeverityWarning, CodeNoTrustPolicy, ""}}},
+		{"no policy, nothing federated", []api.TrustDomain{east}, none, []found{}},
+		{"default deny without rules is a policy", []api.TrustDomain{east, west}, &api.TrustPolicy{Default: "deny"}, []found{}},
+		{"a rule", []api.TrustDomain{east, west}, &api.TrustPolicy{Default: "allow", Rules: 1,
+			Grants: []api.PolicyGrant{{Rule: "r", Origin: "file:p:3", TrustDomain: "west.example"}}}, []found{}},
+		{"a rule granting a trust domain not federated", []api.TrustDomain{east, west}, &api.TrustPolicy{Default: "allow", Rules: 1,
+			Grants: []api.PolicyGrant{{Rule: "r", Origin: "file:p:3", TrustDomain: "north.example"}}},
+			[]found{{api.SeverityWarning, CodePolicyUnfederate, "north.example"}}},
+		{"conflict", []api.TrustDomain{east, west}, &api.TrustPolicy{Default: "allow", Rules: 2, Conflicts: []string{"rule a limits, rule b does not"}},
+			[]found{{api.SeverityWarning, CodePolicyConflict, ""}}},
+		{"a source refused", []api.TrustDomain{east, west}, &api.TrustPolicy{Default: "deny",
+			Sources: []api.PolicySource{{Source: "file:/p", LastError: "line 3: rule \"a\": no workloads"}, {Source: "crd"}}},
+			[]found{{api.SeverityWarning, CodePolicyRejected, ""}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := Findings(trustview.Snapshot{Time: now, TrustDomain: "east.example", TrustDomains: tc.tds, TrustPolicy: tc.tp})
+			fs := Findings(api.Snapshot{Time: now, TrustDomain: "east.example", TrustDomains: tc.tds, TrustPolicy: tc.tp})
 			assert.Equal(t, tc.want, summary(fs))
 			for _, f := range fs {
 				assert.NotEmpty(t, f.Message)
@@ -52,7 +52,7 @@ func TestPolicyFindings(t *testing.T) {
 			}
 		})
 	}
-	fs := Findings(trustview.Snapshot{Time: now, TrustDomains: []trustview.TrustDomain{east, west}, TrustPolicy: none})
+	fs := Findings(api.Snapshot{Time: now, TrustDomains: []api.TrustDomain{east, west}, TrustPolicy: none})
 	require.Len(t, fs, 1)
 	assert.Contains(t, fs[0].Fix, "every workload trusts every federated trust domain; add a trust policy")
 	assert.Contains(t, fs[0].Fix, "docs/trust-policy.md")

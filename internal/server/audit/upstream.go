@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Finding codes of a local CA that runs under an upstream authority.
@@ -47,17 +47,17 @@ func (o Options) withDefaults() Options {
 // isIntermediate says whether a local authority is the CA's own
 // upstream-signed intermediate: it signs, but is no trust anchor, so the
 // anchors' checks (expiry within weeks, shared roots) do not apply to it.
-func isIntermediate(td trustview.TrustDomain, a trustview.Authority) bool {
+func isIntermediate(td api.TrustDomain, a api.Authority) bool {
 	return td.Local && a.Upstream != ""
 }
 
 // upstreamFindings judges the local CA's active intermediate and the
 // health of the upstream that signs it.
-func upstreamFindings(s trustview.Snapshot, td trustview.TrustDomain, now time.Time, o Options) []trustview.Finding {
+func upstreamFindings(s api.Snapshot, td api.TrustDomain, now time.Time, o Options) []api.Finding {
 	if !td.Local || s.CA == nil {
 		return nil
 	}
-	var out []trustview.Finding
+	var out []api.Finding
 	for _, a := range td.Authorities {
 		if !isIntermediate(td, a) || a.State != "active" || a.NotAfter == nil || a.NotBefore == nil {
 			continue
@@ -68,17 +68,17 @@ func upstreamFindings(s trustview.Snapshot, td trustview.TrustDomain, now time.T
 	return out
 }
 
-func shortIntermediate(st *trustview.CAStatus, td string, a trustview.Authority, now time.Time) []trustview.Finding {
+func shortIntermediate(st *api.CAStatus, td string, a api.Authority, now time.Time) []api.Finding {
 	left := a.NotAfter.Sub(now)
 	maxTTL := time.Duration(st.MaxWorkloadTTLSeconds) * time.Second
 	if maxTTL <= 0 || left >= maxTTL {
 		return nil
 	}
-	sev := trustview.SeverityWarning
+	sev := api.SeverityWarning
 	if def := time.Duration(st.WorkloadTTLSeconds) * time.Second; left < def || left <= 0 {
-		sev = trustview.SeverityCritical
+		sev = api.SeverityCritical
 	}
-	return []trustview.Finding{{
+	return []api.Finding{{
 		Severity: sev, Code: CodeIntermediateShort, TrustDomain: td, Authority: a.SHA256,
 		Message: fmt.Sprintf("the active intermediate of %s (signed by %s) expires in %s, %s, before the longest workload certificate it may sign (--max-workload-ttl %s) would: leaves are cut short to its expiry",
 			td, a.Upstream, left.Round(time.Minute), a.NotAfter.UTC().Format(time.RFC3339), maxTTL),
@@ -86,7 +86,7 @@ func shortIntermediate(st *trustview.CAStatus, td string, a trustview.Authority,
 	}}
 }
 
-func unreachableUpstream(up *trustview.UpstreamStatus, td string, a trustview.Authority, now time.Time, fraction float64) []trustview.Finding {
+func unreachableUpstream(up *api.UpstreamStatus, td string, a api.Authority, now time.Time, fraction float64) []api.Finding {
 	if up == nil || up.Failures == 0 {
 		return nil
 	}
@@ -106,11 +106,11 @@ func unreachableUpstream(up *trustview.UpstreamStatus, td string, a trustview.Au
 	if life <= 0 || down <= time.Duration(fraction*float64(life)) {
 		return nil
 	}
-	sev := trustview.SeverityWarning
+	sev := api.SeverityWarning
 	if down > life/2 {
-		sev = trustview.SeverityCritical
+		sev = api.SeverityCritical
 	}
-	return []trustview.Finding{{
+	return []api.Finding{{
 		Severity: sev, Code: CodeUpstreamUnreachable, TrustDomain: td, Authority: a.SHA256,
 		Message: fmt.Sprintf("upstream %s has failed to sign an intermediate of %s for %s since %s (%.0f%% of the intermediate's %s life; %d failures, last: %s); the current intermediate expires %s",
 			up.Name, td, down.Round(time.Minute), since.UTC().Format(time.RFC3339), 100*float64(down)/float64(life), life, up.Failures, up.LastError, a.NotAfter.UTC().Format(time.RFC3339)),

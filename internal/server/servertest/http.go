@@ -13,7 +13,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Federated is the list of trust domains the server at admin reports on
@@ -60,11 +60,11 @@ func Get(t testing.TB, url string) (int, string) {
 }
 
 // GetSnapshot is the server's GET /v1/snapshot; admin is http://host:port.
-func GetSnapshot(t testing.TB, admin string) trustview.Snapshot {
+func GetSnapshot(t testing.TB, admin string) api.Snapshot {
 	t.Helper()
 	code, body := Get(t, admin+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, code, body)
-	var snap trustview.Snapshot
+	var snap api.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))
 	return snap
 }

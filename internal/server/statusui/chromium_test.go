@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 var updateScreenshot = flag.Bool("update-screenshot", false, "write the realistic page's screenshot to docs/ui.png")
@@ -82,10 +82,10 @@ func runChromium(t *testing.T, bin, url string, extra ...string) []byte {
 }
 
 // uiServer serves the status page of s on 127.0.0.1.
-func uiServer(t *testing.T, s trustview.Snapshot, fs []trustview.Finding) string {
+func uiServer(t *testing.T, s api.Snapshot, fs []api.Finding) string {
 	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle("/ui", Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }))
+	mux.Handle("/ui", Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	require.True(t, strings.HasPrefix(srv.URL, "http://127.0.0.1:"), srv.URL)

@@ -2,7 +2,7 @@
 // serves at GET /ui: whom this server trusts, by which keys, since when and
 // from where, for a security team that should not have to read JSON.
 //
-// The page is drawn on the server from one trustview.Snapshot with
+// The page is drawn on the server from one api.Snapshot with
 // html/template: a header naming the local trust domain, the replica and
 // the snapshot time; a summary; the findings with severity and fix; a
 // table of every trust domain (state, origin, endpoint, profile,

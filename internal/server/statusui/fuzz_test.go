@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // FuzzRender puts arbitrary text in every free-text field of a snapshot
@@ -31,7 +31,7 @@ func FuzzRender(f *testing.F) {
 		fed.LastError, fed.EndpointURL, fed.Profile, fed.State, fed.Origin = a, b, a, b, "crd:"+a
 		fed.Refusals = map[string]uint64{a: 1, b: 2}
 		s.TrustDomains[2].Sources = []string{"file:" + b}
-		fs[0].Message, fs[0].Fix, fs[0].Code, fs[0].Severity = a, b, a, trustview.Severity(b)
+		fs[0].Message, fs[0].Fix, fs[0].Code, fs[0].Severity = a, b, a, api.Severity(b)
 		var buf bytes.Buffer
 		require.NoError(t, render(&buf, build(s, fs, true)))
 		require.True(t, utf8.Valid(buf.Bytes()) || !utf8.ValidString(a+b), "page not UTF-8")

@@ -3,7 +3,7 @@ package statusui
 import (
 	"fmt"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Graph geometry, in SVG user units. The local trust domain sits in the
@@ -52,8 +52,8 @@ type graphEdge struct {
 
 // layoutGraph lays out the trust graph: the local trust domain in the
 // middle, the others in two columns with an edge to each.
-func layoutGraph(s trustview.Snapshot) graph {
-	var remote []trustview.TrustDomain
+func layoutGraph(s api.Snapshot) graph {
+	var remote []api.TrustDomain
 	localName := s.TrustDomain
 	for _, td := range s.TrustDomains {
 		if td.Local {
@@ -88,7 +88,7 @@ func layoutGraph(s trustview.Snapshot) graph {
 
 // placeColumn stacks the nodes of one column around the local node's
 // centre line cy, each with its edge from the local node.
-func (g *graph) placeColumn(col []trustview.TrustDomain, cy float64, isLeft bool) {
+func (g *graph) placeColumn(col []api.TrustDomain, cy float64, isLeft bool) {
 	for i, td := range col {
 		y := cy + (float64(i)-float64(len(col)-1)/2)*graphRowStep
 		node, edge := g.remote(td, y, cy, isLeft)
@@ -99,7 +99,7 @@ func (g *graph) placeColumn(col []trustview.TrustDomain, cy float64, isLeft bool
 
 // remote lays out the node of td centred on y, in the left or right
 // column, and the edge to it from the local node, whose centre is at cy.
-func (g *graph) remote(td trustview.TrustDomain, y, cy float64, isLeft bool) (graphNode, graphEdge) {
+func (g *graph) remote(td api.TrustDomain, y, cy float64, isLeft bool) (graphNode, graphEdge) {
 	node := graphNode{Y: y - graphNodeH/2, W: graphNodeW, H: graphNodeH, Name: truncate(td.Name, graphNameMax), Full: td.Name}
 	_, node.Class = tdState(td)
 	node.Sub = nodeSub(td)
@@ -133,7 +133,7 @@ func (g *graph) remote(td trustview.TrustDomain, y, cy float64, isLeft bool) (gr
 	return node, edge
 }
 
-func nodeSub(td trustview.TrustDomain) string {
+func nodeSub(td api.TrustDomain) string {
 	state, _ := tdState(td)
 	if f := td.Federation; f != nil {
 		sub := state
@@ -148,7 +148,7 @@ func nodeSub(td trustview.TrustDomain) string {
 	return truncate("static · "+plural(len(td.Authorities), "authority", "authorities"), 48)
 }
 
-func edgeLabel(td trustview.TrustDomain) string {
+func edgeLabel(td api.TrustDomain) string {
 	if f := td.Federation; f != nil {
 		if f.Profile == "" {
 			return "bundle endpoint"

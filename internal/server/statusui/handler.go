@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // ContentSecurityPolicy is sent with every page: inline styles only, no
@@ -18,7 +18,7 @@ const ContentSecurityPolicy = "default-src 'none'; style-src 'unsafe-inline'; im
 // snapshot is called once per request; findings (nil: the page says they
 // were not evaluated) is called with that snapshot. A nil snapshot
 // function is a programming error and panics.
-func Handler(snapshot func() trustview.Snapshot, findings func(trustview.Snapshot) []trustview.Finding) http.Handler {
+func Handler(snapshot func() api.Snapshot, findings func(api.Snapshot) []api.Finding) http.Handler {
 	if snapshot == nil {
 		panic("statusui: nil snapshot function")
 	}
@@ -26,8 +26,8 @@ func Handler(snapshot func() trustview.Snapshot, findings func(trustview.Snapsho
 }
 
 type handler struct {
-	snapshot func() trustview.Snapshot
-	findings func(trustview.Snapshot) []trustview.Finding
+	snapshot func() api.Snapshot
+	findings func(api.Snapshot) []api.Finding
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -43,7 +43,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	snap := h.snapshot()
-	var fs []trustview.Finding
+	var fs []api.Finding
 	if h.findings != nil {
 		fs = h.findings(snap)
 	}

@@ -8,16 +8,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // ownJWTKey is one of the local CA's JWT signing keys.
-func ownJWTKey(kid, state string, created, notAfter *time.Time) trustview.Authority {
+func ownJWTKey(kid, state string, created, notAfter *time.Time) api.Authority {
 	a := jwtKey(kid)
 	a.State, a.Since = state, created
 	a.PublicKeyAlgorithm, a.KeyBits, a.Curve, a.Algorithm = "ECDSA", 256, "P-256", "ES256"
 	a.Thumbprint = "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs"
-	a.JWTKey = &trustview.JWTKey{CreatedAt: created, NotAfter: notAfter}
+	a.JWTKey = &api.JWTKey{CreatedAt: created, NotAfter: notAfter}
 	return a
 }
 
@@ -30,10 +30,10 @@ func TestPageJWTAuthorities(t *testing.T) {
 	next := ownJWTKey("k-next", "prepared", ago(time.Hour), at("2026-12-22T11:00:00Z"))
 	peerKey := jwtKey("west-1")
 	peerKey.PublicKeyAlgorithm, peerKey.KeyBits, peerKey.Algorithm, peerKey.Thumbprint = "RSA", 2048, "RS256/PS256", "dGhpcyBpcyBub3QgYSByZWFsIHRodW1icHJpbnQ"
-	s := trustview.Snapshot{Time: fixtureNow, TrustDomain: "east.example", TrustDomains: []trustview.TrustDomain{
-		{Name: "east.example", Local: true, JWTIssuer: true, Sources: []string{"ca"}, Authorities: []trustview.Authority{root, active, next}},
-		{Name: "west.example", Sources: []string{"federation:west.example"}, Authorities: []trustview.Authority{peerKey},
-			Federation: &trustview.Federation{EndpointURL: "https://west.example/", Profile: "https_web", State: "ok"}},
+	s := api.Snapshot{Time: fixtureNow, TrustDomain: "east.example", TrustDomains: []api.TrustDomain{
+		{Name: "east.example", Local: true, JWTIssuer: true, Sources: []string{"ca"}, Authorities: []api.Authority{root, active, next}},
+		{Name: "west.example", Sources: []string{"federation:west.example"}, Authorities: []api.Authority{peerKey},
+			Federation: &api.Federation{EndpointURL: "https://west.example/", Profile: "https_web", State: "ok"}},
 	}}
 
 	p := build(s, nil, false)
@@ -42,7 +42,7 @@ func TestPageJWTAuthorities(t *testing.T) {
 	assert.Equal(t, &keyCounts{Active: 1, Prepared: 1}, p.Summary.JWT)
 	assert.Equal(t, "2027-01-01 00:00", p.Summary.Expiry.Abs, "the next expiry stays the roots', not a JWT key's 30-day life")
 
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
 	assertInert(t, d)
@@ -64,6 +64,6 @@ func TestPageJWTAuthorities(t *testing.T) {
 	}
 
 	s.TrustDomains[0].JWTIssuer = false
-	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	rec = serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	assert.Nil(t, parseDOM(t, rec.Body).byID("jwt-keys"), "no JWT key line from a CA that mints no JWT-SVIDs")
 }

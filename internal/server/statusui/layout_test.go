@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 type box struct{ x, y, w, h float64 }
@@ -73,20 +73,20 @@ func TestLayoutGraph(t *testing.T) {
 
 func TestLayoutTimeline(t *testing.T) {
 	now := fixtureNow
-	mk := func(state string, from, until time.Duration) trustview.Authority {
+	mk := func(state string, from, until time.Duration) api.Authority {
 		nb, na := now.Add(from), now.Add(until)
-		return trustview.Authority{Kind: trustview.KindX509, SHA256: fp(state + from.String()), Subject: "CN=" + state, State: state, NotBefore: &nb, NotAfter: &na}
+		return api.Authority{Kind: api.KindX509, SHA256: fp(state + from.String()), Subject: "CN=" + state, State: state, NotBefore: &nb, NotAfter: &na}
 	}
-	s := trustview.Snapshot{Time: now, TrustDomain: "a.example", TrustDomains: []trustview.TrustDomain{
-		{Name: "a.example", Local: true, Authorities: []trustview.Authority{
+	s := api.Snapshot{Time: now, TrustDomain: "a.example", TrustDomains: []api.TrustDomain{
+		{Name: "a.example", Local: true, Authorities: []api.Authority{
 			mk("active", -100*day, 200*day), mk("prepared", -day, 300*day), mk("retired", -300*day, 60*day),
 			mk("retired", -330*day, 20*day), mk("retired", -360*day, 3*day), mk("retired", -400*day, -2*day),
-			{Kind: trustview.KindJWT, SHA256: fp("jwt"), KeyID: "k"},
+			{Kind: api.KindJWT, SHA256: fp("jwt"), KeyID: "k"},
 		}},
-		{Name: "b.example", Federation: &trustview.Federation{State: "ok"}, Authorities: []trustview.Authority{
+		{Name: "b.example", Federation: &api.Federation{State: "ok"}, Authorities: []api.Authority{
 			mk("", -5*365*day, 10*365*day), mk("", 10*day, 100*day),
 		}},
-		{Name: "c.example", Authorities: []trustview.Authority{{Kind: trustview.KindJWT, SHA256: fp("c"), KeyID: "c"}}},
+		{Name: "c.example", Authorities: []api.Authority{{Kind: api.KindJWT, SHA256: fp("c"), KeyID: "c"}}},
 	}}
 	tl := layoutTimeline(s, now)
 	require.Len(t, tl.Bars, 8)
@@ -129,7 +129,7 @@ func TestLayoutTimeline(t *testing.T) {
 }
 
 func TestLayoutTimelineEmpty(t *testing.T) {
-	tl := layoutTimeline(trustview.Snapshot{Time: fixtureNow}, fixtureNow)
+	tl := layoutTimeline(api.Snapshot{Time: fixtureNow}, fixtureNow)
 	assert.True(t, tl.Empty)
 	assert.Empty(t, tl.Bars)
 	assert.Greater(t, tl.TodayX, tlPlotX0)

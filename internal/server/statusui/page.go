@@ -9,7 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Expiry thresholds, the same as the audit findings'.
@@ -79,7 +79,7 @@ type upstreamCard struct {
 }
 
 // upstreamCardOf is nil outside upstream mode.
-func upstreamCardOf(s trustview.Snapshot, now time.Time) *upstreamCard {
+func upstreamCardOf(s api.Snapshot, now time.Time) *upstreamCard {
 	if s.CA == nil || s.CA.Upstream == nil {
 		return nil
 	}
@@ -163,7 +163,7 @@ type findingRow struct {
 
 // build turns a snapshot and its findings into the page. It is pure: all
 // relative times are measured from s.Time.
-func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
+func build(s api.Snapshot, fs []api.Finding, evaluated bool) page {
 	now := s.Time.UTC()
 	p := page{
 		TrustDomain: s.TrustDomain, Actor: s.Actor, Leader: s.Leader,
@@ -204,7 +204,7 @@ func build(s trustview.Snapshot, fs []trustview.Finding, evaluated bool) page {
 // countTrustDomain adds td, whose table row is row, to the summary's
 // counts by kind and, for a federated one, by the state its row shows,
 // so that the summary and the table never disagree.
-func (sum *summary) countTrustDomain(td trustview.TrustDomain, row tdRow) {
+func (sum *summary) countTrustDomain(td api.TrustDomain, row tdRow) {
 	sum.TrustDomains++
 	if td.Local && td.JWTIssuer {
 		sum.JWT = jwtKeyCounts(td)
@@ -231,16 +231,16 @@ func (sum *summary) countTrustDomain(td trustview.TrustDomain, row tdRow) {
 
 // countAuthority adds a, an authority of td, to the summary's counts by
 // kind and, for the local CA's roots, by rotation state.
-func (sum *summary) countAuthority(td trustview.TrustDomain, a trustview.Authority) {
+func (sum *summary) countAuthority(td api.TrustDomain, a api.Authority) {
 	if isIntermediate(td, a) {
 		return // not trusted: the upstream's roots are
 	}
-	if a.Kind == trustview.KindX509 {
+	if a.Kind == api.KindX509 {
 		sum.X509++
 	} else {
 		sum.Keys++
 	}
-	if td.Local && a.Kind == trustview.KindX509 {
+	if td.Local && a.Kind == api.KindX509 {
 		switch a.State {
 		case "active":
 			sum.ActiveRoots++
@@ -255,9 +255,9 @@ func (sum *summary) countAuthority(td trustview.TrustDomain, a trustview.Authori
 // findingRows is the findings table, most severe first (a stable sort,
 // so equal severities keep the evaluator's order), counting critical and
 // warning findings into sum. It is nil when there are no findings.
-func findingRows(fs []trustview.Finding, sum *summary) []findingRow {
+func findingRows(fs []api.Finding, sum *summary) []findingRow {
 	sorted := slices.Clone(fs)
-	slices.SortStableFunc(sorted, func(a, b trustview.Finding) int {
+	slices.SortStableFunc(sorted, func(a, b api.Finding) int {
 		return cmp.Compare(severityRank(a.Severity), severityRank(b.Severity))
 	})
 	var rows []findingRow
@@ -271,9 +271,9 @@ func findingRows(fs []trustview.Finding, sum *summary) []findingRow {
 			row.Severity = "unknown"
 		}
 		switch f.Severity {
-		case trustview.SeverityCritical:
+		case api.SeverityCritical:
 			sum.Critical++
-		case trustview.SeverityWarning:
+		case api.SeverityWarning:
 			sum.Warning++
 		}
 		rows = append(rows, row)
@@ -281,7 +281,7 @@ func findingRows(fs []trustview.Finding, sum *summary) []findingRow {
 	return rows
 }
 
-func tdRowOf(td trustview.TrustDomain, now time.Time) tdRow {
+func tdRowOf(td api.TrustDomain, now time.Time) tdRow {
 	row := tdRow{Name: td.Name, Local: td.Local, Sequence: "—"}
 	if td.Sequence != nil {
 		row.Sequence = strconv.FormatUint(*td.Sequence, 10)
@@ -305,7 +305,7 @@ func tdRowOf(td trustview.TrustDomain, now time.Time) tdRow {
 		switch {
 		case isIntermediate(td, a):
 			continue // signs for the trust domain; not one of its trusted roots
-		case a.Kind == trustview.KindX509:
+		case a.Kind == api.KindX509:
 			row.X509++
 		default:
 			row.Keys++
@@ -322,7 +322,7 @@ func tdRowOf(td trustview.TrustDomain, now time.Time) tdRow {
 
 // tdState is the badge text and its CSS class. Classes come from a fixed
 // set so that no snapshot value reaches a class attribute.
-func tdState(td trustview.TrustDomain) (text, class string) {
+func tdState(td api.TrustDomain) (text, class string) {
 	switch {
 	case td.Local:
 		return "local", "local"
@@ -342,7 +342,7 @@ func tdState(td trustview.TrustDomain) (text, class string) {
 
 // origin says where a trust relationship is configured: a short label and
 // the detail (flag, file path, resource name).
-func origin(td trustview.TrustDomain) (label, detail string) {
+func origin(td api.TrustDomain) (label, detail string) {
 	var files []string
 	for _, src := range td.Sources {
 		if p, ok := strings.CutPrefix(src, "file:"); ok {
@@ -377,7 +377,7 @@ func origin(td trustview.TrustDomain) (label, detail string) {
 	return "—", ""
 }
 
-func authRowOf(td string, a trustview.Authority, now time.Time) authRow {
+func authRowOf(td string, a api.Authority, now time.Time) authRow {
 	row := authRow{
 		TrustDomain: td, Kind: a.Kind, Name: displayName(a),
 		Short: shortFP(a.SHA256), Full: a.SHA256,
@@ -385,11 +385,11 @@ func authRowOf(td string, a trustview.Authority, now time.Time) authRow {
 		Since: stampOf(a.Since, now), Sig: a.SignatureAlgorithm,
 	}
 	switch a.Kind {
-	case trustview.KindX509:
+	case api.KindX509:
 		row.Kind = "X.509"
-	case trustview.KindJWT:
+	case api.KindJWT:
 		row.Kind = "JWT"
-	case trustview.KindWIT:
+	case api.KindWIT:
 		row.Kind = "WIT"
 	}
 	row.State, row.StateClass = a.State, rootStateClass(a.State)
@@ -411,10 +411,10 @@ func authRowOf(td string, a trustview.Authority, now time.Time) authRow {
 			row.Key += " " + strconv.Itoa(a.KeyBits)
 		}
 	}
-	if a.Kind != trustview.KindX509 {
+	if a.Kind != api.KindX509 {
 		keyRow(&row, a, now)
 	}
-	if a.Kind == trustview.KindX509 && !a.IsCA {
+	if a.Kind == api.KindX509 && !a.IsCA {
 		row.CA = "not a CA"
 	}
 	return row
@@ -430,7 +430,7 @@ func rootStateClass(s string) string {
 
 // displayName is the common name of an X.509 subject when it has one,
 // else the whole subject, else the key ID.
-func displayName(a trustview.Authority) string {
+func displayName(a api.Authority) string {
 	if a.Subject != "" {
 		if cn := commonName(a.Subject); cn != "" {
 			return cn
@@ -479,21 +479,21 @@ func shortFP(fp string) string {
 	return truncate(fp, 12)
 }
 
-func severityRank(s trustview.Severity) int {
+func severityRank(s api.Severity) int {
 	switch s {
-	case trustview.SeverityCritical:
+	case api.SeverityCritical:
 		return 0
-	case trustview.SeverityWarning:
+	case api.SeverityWarning:
 		return 1
 	}
 	return 2
 }
 
-func severityClass(s trustview.Severity) string {
+func severityClass(s api.Severity) string {
 	switch s {
-	case trustview.SeverityCritical:
+	case api.SeverityCritical:
 		return "critical"
-	case trustview.SeverityWarning:
+	case api.SeverityWarning:
 		return "warning"
 	}
 	return "unknown"
@@ -505,7 +505,7 @@ func severityClass(s trustview.Severity) string {
 // intermediate (upstream mode): the snapshot lists it with the local
 // trust domain's authorities, but peers trust the upstream's roots, and
 // its short life is by design.
-func isIntermediate(td trustview.TrustDomain, a trustview.Authority) bool {
+func isIntermediate(td api.TrustDomain, a api.Authority) bool {
 	return td.Local && a.Upstream != ""
 }
 
@@ -513,7 +513,7 @@ func isIntermediate(td trustview.TrustDomain, a trustview.Authority) bool {
 // lives days by design and is renewed at half its life, so it is judged
 // by the share of its life left: a warning under a quarter (renewal is
 // overdue), critical under an eighth.
-func authorityExpiryClass(a trustview.Authority, now time.Time) string {
+func authorityExpiryClass(a api.Authority, now time.Time) string {
 	if a.Upstream == "" || a.NotBefore == nil {
 		return expiryClass(*a.NotAfter, now)
 	}
@@ -589,7 +589,7 @@ func truncate(s string, n int) string {
 // and for our own JWT keys their life. That life is drawn expired or
 // fine, never by the roots' 30-day thresholds: JWT keys are short-lived
 // by design, and a late successor is a finding of its own.
-func keyRow(row *authRow, a trustview.Authority, now time.Time) {
+func keyRow(row *authRow, a api.Authority, now time.Time) {
 	row.Sig = a.Algorithm
 	row.Thumbprint, row.ThumbprintFull = shortFP(a.Thumbprint), a.Thumbprint
 	k := a.JWTKey
@@ -606,10 +606,10 @@ func keyRow(row *authRow, a trustview.Authority, now time.Time) {
 }
 
 // jwtKeyCounts counts the own CA's JWT signing keys by state.
-func jwtKeyCounts(td trustview.TrustDomain) *keyCounts {
+func jwtKeyCounts(td api.TrustDomain) *keyCounts {
 	c := &keyCounts{}
 	for _, a := range td.Authorities {
-		if a.Kind != trustview.KindJWT || a.JWTKey == nil {
+		if a.Kind != api.KindJWT || a.JWTKey == nil {
 			continue
 		}
 		switch a.State {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 func serve(t *testing.T, h http.Handler, method string) *httptest.ResponseRecorder {
@@ -42,7 +42,7 @@ func TestHandlerMethodsAndHeaders(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.method, func(t *testing.T) {
 			calls := 0
-			h := Handler(func() trustview.Snapshot { calls++; return s }, func(trustview.Snapshot) []trustview.Finding { return fs })
+			h := Handler(func() api.Snapshot { calls++; return s }, func(api.Snapshot) []api.Finding { return fs })
 			rec := serve(t, h, tt.method)
 			require.Equal(t, tt.status, rec.Code)
 			hdr := rec.Header()
@@ -79,7 +79,7 @@ func TestHandlerNilSnapshotPanics(t *testing.T) {
 
 func TestPageFindingsNotEvaluated(t *testing.T) {
 	s, _ := realisticSnapshot()
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
 	assert.Contains(t, text(d.byID("findings")), "not evaluated")
@@ -88,7 +88,7 @@ func TestPageFindingsNotEvaluated(t *testing.T) {
 
 func TestPageNoFindings(t *testing.T) {
 	s, _ := realisticSnapshot()
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return nil }), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return nil }), http.MethodGet)
 	d := parseDOM(t, rec.Body)
 	assert.Contains(t, text(d.byID("findings")), "No findings")
 }
@@ -97,7 +97,7 @@ func TestPageNoFindings(t *testing.T) {
 // since when and from where.
 func TestPageContent(t *testing.T) {
 	s, fs := realisticSnapshot()
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
 	assertInert(t, d)
@@ -161,7 +161,7 @@ func TestPageContent(t *testing.T) {
 	x509 := 0
 	for _, td := range s.TrustDomains {
 		for _, a := range td.Authorities {
-			if a.Kind == trustview.KindX509 {
+			if a.Kind == api.KindX509 {
 				x509++
 			}
 		}
@@ -213,7 +213,7 @@ func TestPageContent(t *testing.T) {
 // attributes.
 func TestPageEscapesHostileStrings(t *testing.T) {
 	s, fs := hostileSnapshot()
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	body := rec.Body.String()
 	for _, bad := range []string{"<script", "<img", "<svg onload"} {
@@ -250,7 +250,7 @@ func TestPageDeterministic(t *testing.T) {
 }
 
 func TestPageEmptySnapshot(t *testing.T) {
-	rec := serve(t, Handler(func() trustview.Snapshot { return trustview.Snapshot{} }, nil), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return api.Snapshot{} }, nil), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
 	assertInert(t, d)
@@ -273,22 +273,22 @@ func TestBuildSummary(t *testing.T) {
 
 func TestTrustDomainState(t *testing.T) {
 	tests := []struct {
-		td         trustview.TrustDomain
+		td         api.TrustDomain
 		text, cls  string
 		origin     string
 		originMore string
 	}{
-		{trustview.TrustDomain{Local: true, Sources: []string{"ca"}}, "local", "local", "own CA", ""},
-		{trustview.TrustDomain{Local: true, Sources: []string{"ca", "file:/b.json"}}, "local", "local", "own CA", "+ bundle file /b.json"},
-		{trustview.TrustDomain{Sources: []string{"file:/a.json", "file:/b.json"}}, "static", "static", "bundle file", "/a.json, /b.json"},
-		{trustview.TrustDomain{Sources: []string{"other"}}, "static", "static", "other", ""},
-		{trustview.TrustDomain{}, "static", "static", "—", ""},
-		{trustview.TrustDomain{Federation: &trustview.Federation{State: "ok", Origin: "flag"}}, "ok", "ok", "flag", "--federate"},
-		{trustview.TrustDomain{Federation: &trustview.Federation{State: "failing", Origin: "file"}}, "failing", "failing", "config file", "--federation-config"},
-		{trustview.TrustDomain{Federation: &trustview.Federation{State: "stale", Origin: "crd:west"}}, "stale", "stale", "CRD", "west"},
-		{trustview.TrustDomain{Federation: &trustview.Federation{State: "pending", Origin: "elsewhere"}}, "pending", "pending", "elsewhere", ""},
-		{trustview.TrustDomain{Federation: &trustview.Federation{State: "weird"}}, "weird", "unknown", "—", ""},
-		{trustview.TrustDomain{Federation: &trustview.Federation{}}, "unknown", "unknown", "—", ""},
+		{api.TrustDomain{Local: true, Sources: []string{"ca"}}, "local", "local", "own CA", ""},
+		{api.TrustDomain{Local: true, Sources: []string{"ca", "file:/b.json"}}, "local", "local", "own CA", "+ bundle file /b.json"},
+		{api.TrustDomain{Sources: []string{"file:/a.json", "file:/b.json"}}, "static", "static", "bundle file", "/a.json, /b.json"},
+		{api.TrustDomain{Sources: []string{"other"}}, "static", "static", "other", ""},
+		{api.TrustDomain{}, "static", "static", "—", ""},
+		{api.TrustDomain{Federation: &api.Federation{State: "ok", Origin: "flag"}}, "ok", "ok", "flag", "--federate"},
+		{api.TrustDomain{Federation: &api.Federation{State: "failing", Origin: "file"}}, "failing", "failing", "config file", "--federation-config"},
+		{api.TrustDomain{Federation: &api.Federation{State: "stale", Origin: "crd:west"}}, "stale", "stale", "CRD", "west"},
+		{api.TrustDomain{Federation: &api.Federation{State: "pending", Origin: "elsewhere"}}, "pending", "pending", "elsewhere", ""},
+		{api.TrustDomain{Federation: &api.Federation{State: "weird"}}, "weird", "unknown", "—", ""},
+		{api.TrustDomain{Federation: &api.Federation{}}, "unknown", "unknown", "—", ""},
 	}
 	for i, tt := range tests {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
@@ -340,15 +340,15 @@ func TestExpiryClass(t *testing.T) {
 
 func TestDisplayName(t *testing.T) {
 	tests := []struct {
-		a    trustview.Authority
+		a    api.Authority
 		want string
 	}{
-		{trustview.Authority{Subject: "CN=root,O=Acme"}, "root"},
-		{trustview.Authority{Subject: "O=Acme,CN=a\\,b"}, "a,b"},
-		{trustview.Authority{Subject: "O=Acme+CN=multi"}, "multi"},
-		{trustview.Authority{Subject: "O=Acme"}, "O=Acme"},
-		{trustview.Authority{KeyID: "k1"}, "key k1"},
-		{trustview.Authority{}, "(unnamed)"},
+		{api.Authority{Subject: "CN=root,O=Acme"}, "root"},
+		{api.Authority{Subject: "O=Acme,CN=a\\,b"}, "a,b"},
+		{api.Authority{Subject: "O=Acme+CN=multi"}, "multi"},
+		{api.Authority{Subject: "O=Acme"}, "O=Acme"},
+		{api.Authority{KeyID: "k1"}, "key k1"},
+		{api.Authority{}, "(unnamed)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) { assert.Equal(t, tt.want, displayName(tt.a)) })
@@ -372,7 +372,7 @@ func TestNum(t *testing.T) {
 // and conflicts.
 func TestPagePolicy(t *testing.T) {
 	s, fs := realisticSnapshot()
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, func(trustview.Snapshot) []trustview.Finding { return fs }), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
 	assertInert(t, d)
@@ -395,19 +395,19 @@ func TestPagePolicy(t *testing.T) {
 	assert.Equal(t, "no workload (no rule names it; default deny)", who["analytics.vendor.example"])
 
 	// Without a policy: everyone, said plainly.
-	s.TrustPolicy = &trustview.TrustPolicy{Default: "allow"}
+	s.TrustPolicy = &api.TrustPolicy{Default: "allow"}
 	for i := range s.TrustDomains {
 		if !s.TrustDomains[i].Local {
-			s.TrustDomains[i].TrustedBy = &trustview.TrustedBy{Default: "allow"}
+			s.TrustDomains[i].TrustedBy = &api.TrustedBy{Default: "allow"}
 		}
 	}
-	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	rec = serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	d = parseDOM(t, rec.Body)
 	assert.Contains(t, text(d.byID("trust-policy")), "No policy source: every workload trusts every federated trust domain")
 	assert.Contains(t, text(d.byID("trust-policy")), "every workload (no rule names it; default allow)")
 
 	// A server that predates policies: no panel.
 	s.TrustPolicy = nil
-	rec = serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	rec = serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	assert.Nil(t, parseDOM(t, rec.Body).byID("trust-policy"))
 }

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // policyPanel is the trust policy section: which local workloads may
@@ -40,7 +40,7 @@ type policyRuleRow struct {
 
 // policyPanelOf is the panel of s, nil when the server reports no trust
 // policy state (it predates them).
-func policyPanelOf(s trustview.Snapshot) *policyPanel {
+func policyPanelOf(s api.Snapshot) *policyPanel {
 	tp := s.TrustPolicy
 	if tp == nil {
 		return nil
@@ -62,7 +62,7 @@ func policyPanelOf(s trustview.Snapshot) *policyPanel {
 	return p
 }
 
-func policyRowOf(name string, tb trustview.TrustedBy) policyRow {
+func policyRowOf(name string, tb api.TrustedBy) policyRow {
 	row := policyRow{TrustDomain: name}
 	switch {
 	case tb.Everyone():

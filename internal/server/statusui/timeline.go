@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Timeline geometry, in SVG user units.
@@ -85,7 +85,7 @@ type tlBar struct {
 
 // layoutTimeline lays out the validity timeline of the snapshot's X.509
 // authorities, one group of bars per trust domain, as seen at now.
-func layoutTimeline(s trustview.Snapshot, now time.Time) timeline {
+func layoutTimeline(s api.Snapshot, now time.Time) timeline {
 	tl := timeline{Width: tlWidth, PlotX0: tlPlotX0, PlotX1: tlPlotX1, Top: tlTop}
 	var sc tlScale
 	sc, tl.NoValidity = timelineScale(s, now)
@@ -138,7 +138,7 @@ func clampPlotX(v float64) float64 { return min(max(v, tlPlotX0), tlPlotX1) }
 // timelineScale picks the window: every validity period, clamped around
 // now and padded a little on both sides. It also counts the authorities
 // without a validity period, which the timeline cannot show.
-func timelineScale(s trustview.Snapshot, now time.Time) (sc tlScale, noValidity int) {
+func timelineScale(s api.Snapshot, now time.Time) (sc tlScale, noValidity int) {
 	var lo, hi time.Time
 	for _, td := range s.TrustDomains {
 		for _, a := range td.Authorities {
@@ -165,8 +165,8 @@ func timelineScale(s trustview.Snapshot, now time.Time) (sc tlScale, noValidity 
 
 // withValidity returns the authorities that have a validity period (the
 // X.509 ones), in order.
-func withValidity(all []trustview.Authority) []trustview.Authority {
-	var out []trustview.Authority
+func withValidity(all []api.Authority) []api.Authority {
+	var out []api.Authority
 	for _, a := range all {
 		if a.NotBefore != nil && a.NotAfter != nil {
 			out = append(out, a)
@@ -177,7 +177,7 @@ func withValidity(all []trustview.Authority) []trustview.Authority {
 
 // layoutBar lays out the validity bar of authority a of td in the row
 // whose top is y; todayX is the snapshot time's x.
-func layoutBar(td trustview.TrustDomain, a trustview.Authority, y float64, sc tlScale, todayX float64, now time.Time) tlBar {
+func layoutBar(td api.TrustDomain, a api.Authority, y float64, sc tlScale, todayX float64, now time.Time) tlBar {
 	b := tlBar{Y: y, BarY: y + (tlRowH-tlBarH)/2, Name: truncate(displayName(a), tlLabelMax), FP: "sha256:" + shortFP(a.SHA256)}
 	b.LabelY, b.SubY = y+15, y+29
 	b.State = a.State
@@ -229,7 +229,7 @@ func (b *tlBar) drawClipArrows(x0, x1 float64) {
 
 // barClass colours a validity bar: closeness to expiry first, then the
 // local CA's state of its root, then "trusted" for other trust domains.
-func barClass(td trustview.TrustDomain, a trustview.Authority, now time.Time) string {
+func barClass(td api.TrustDomain, a api.Authority, now time.Time) string {
 	switch authorityExpiryClass(a, now) {
 	case "expired":
 		return "expired"

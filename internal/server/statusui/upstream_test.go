@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // In upstream mode the summary shows the upstream authority: when it last
@@ -16,12 +16,12 @@ import (
 // every other string). Outside upstream mode there is no such card.
 func TestPageUpstreamAuthority(t *testing.T) {
 	root := localRoot("active", "CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z", at("2026-01-01T00:00:00Z"))
-	s := trustview.Snapshot{Time: fixtureNow, TrustDomain: "region.example", TrustDomains: []trustview.TrustDomain{
-		{Name: "region.example", Local: true, Sources: []string{"ca"}, Authorities: []trustview.Authority{root}},
+	s := api.Snapshot{Time: fixtureNow, TrustDomain: "region.example", TrustDomains: []api.TrustDomain{
+		{Name: "region.example", Local: true, Sources: []string{"ca"}, Authorities: []api.Authority{root}},
 	}}
 	get := func() dom {
 		t.Helper()
-		rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+		rec := serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 		require.Equal(t, http.StatusOK, rec.Code)
 		d := parseDOM(t, rec.Body)
 		assertInert(t, d)
@@ -29,7 +29,7 @@ func TestPageUpstreamAuthority(t *testing.T) {
 	}
 	assert.Nil(t, get().byID("upstream"), "no upstream card for a self-signed CA")
 
-	s.CA = &trustview.CAStatus{Upstream: &trustview.UpstreamStatus{Name: "trustbridge corp.example:15012", LastSuccess: ago(3 * time.Hour)}}
+	s.CA = &api.CAStatus{Upstream: &api.UpstreamStatus{Name: "trustbridge corp.example:15012", LastSuccess: ago(3 * time.Hour)}}
 	d := get()
 	card := d.byID("upstream")
 	require.NotNil(t, card)
@@ -62,10 +62,10 @@ func TestPageIntermediateIsNotATrustedRoot(t *testing.T) {
 	corpRoot := root("CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z")
 	mid := root("CN=trustbridge downstream intermediate CA", "2026-11-22T08:00:00Z", fixtureNow.Add(20*time.Hour).Format(time.RFC3339))
 	mid.State, mid.Upstream = "active", "trustbridge upstream corp:15012"
-	s := trustview.Snapshot{Time: fixtureNow, TrustDomain: "region.example",
-		CA: &trustview.CAStatus{Upstream: &trustview.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastSuccess: ago(4 * time.Hour)}},
-		TrustDomains: []trustview.TrustDomain{
-			{Name: "region.example", Local: true, Sources: []string{"ca"}, Authorities: []trustview.Authority{mid, corpRoot}},
+	s := api.Snapshot{Time: fixtureNow, TrustDomain: "region.example",
+		CA: &api.CAStatus{Upstream: &api.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastSuccess: ago(4 * time.Hour)}},
+		TrustDomains: []api.TrustDomain{
+			{Name: "region.example", Local: true, Sources: []string{"ca"}, Authorities: []api.Authority{mid, corpRoot}},
 		}}
 
 	p := build(s, nil, false)
@@ -79,7 +79,7 @@ func TestPageIntermediateIsNotATrustedRoot(t *testing.T) {
 		assert.NotEqual(t, "critical", b.Class, "no bar alarms at the intermediate's 20h")
 	}
 
-	rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+	rec := serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
 	assertInert(t, d)
@@ -114,15 +114,15 @@ func TestPageIntermediateNearItsEnd(t *testing.T) {
 			notAfter := fixtureNow.Add(tc.left)
 			mid := root("CN=intermediate", notAfter.Add(-24*time.Hour).Format(time.RFC3339), notAfter.Format(time.RFC3339))
 			mid.State, mid.Upstream = "active", "u"
-			s := trustview.Snapshot{Time: fixtureNow, TrustDomain: "region.example",
-				CA: &trustview.CAStatus{Upstream: &trustview.UpstreamStatus{Name: "u", LastSuccess: ago(time.Hour)}},
-				TrustDomains: []trustview.TrustDomain{{Name: "region.example", Local: true, Sources: []string{"ca"},
-					Authorities: []trustview.Authority{mid, root("CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z")}}}}
+			s := api.Snapshot{Time: fixtureNow, TrustDomain: "region.example",
+				CA: &api.CAStatus{Upstream: &api.UpstreamStatus{Name: "u", LastSuccess: ago(time.Hour)}},
+				TrustDomains: []api.TrustDomain{{Name: "region.example", Local: true, Sources: []string{"ca"},
+					Authorities: []api.Authority{mid, root("CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z")}}}}
 			p := build(s, nil, false)
 			assert.Equal(t, tc.class, p.Summary.Upstream.IntermediateClass)
 			assert.Equal(t, tc.card, p.Summary.Upstream.Class)
 			assert.Equal(t, tc.class, p.Authorities[0].UntilClass)
-			rec := serve(t, Handler(func() trustview.Snapshot { return s }, nil), http.MethodGet)
+			rec := serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 			assert.True(t, hasClass(parseDOM(t, rec.Body).byID("upstream"), tc.card))
 		})
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
 )
 
 func NewCmd(e cli.Env) *cobra.Command {
@@ -63,10 +63,10 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			if err := audit.CheckOptions(opts); err != nil {
 				return fmt.Errorf("--upstream-unreachable-fraction: %w", err)
 			}
-			var threshold trustview.Severity
+			var threshold api.Severity
 			switch failOn {
 			case "warning", "critical":
-				threshold = trustview.Severity(failOn)
+				threshold = api.Severity(failOn)
 			case "none":
 			default:
 				return fmt.Errorf("--fail-on %q: want warning, critical or none", failOn)
@@ -75,13 +75,13 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			if err != nil {
 				return err
 			}
-			var snap trustview.Snapshot
+			var snap api.Snapshot
 			if err := json.Unmarshal([]byte(body), &snap); err != nil {
 				return fmt.Errorf("admin answer is not a snapshot: %w", err)
 			}
 			findings := audit.FindingsWith(snap, opts)
 			if findings == nil {
-				findings = []trustview.Finding{}
+				findings = []api.Finding{}
 			}
 			err = output.Write(e.Out, findings, func(w io.Writer) error { return printFindings(w, snap, findings) })
 			if err != nil {
@@ -103,10 +103,10 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 	return cmd
 }
 
-func countFindings(fs []trustview.Finding) string {
+func countFindings(fs []api.Finding) string {
 	var c, w int
 	for _, f := range fs {
-		if f.Severity == trustview.SeverityCritical {
+		if f.Severity == api.SeverityCritical {
 			c++
 		} else {
 			w++
@@ -115,7 +115,7 @@ func countFindings(fs []trustview.Finding) string {
 	return fmt.Sprintf("%d critical, %d warning", c, w)
 }
 
-func printFindings(w io.Writer, snap trustview.Snapshot, fs []trustview.Finding) error {
+func printFindings(w io.Writer, snap api.Snapshot, fs []api.Finding) error {
 	var auths int
 	for _, td := range snap.TrustDomains {
 		auths += len(td.Authorities)

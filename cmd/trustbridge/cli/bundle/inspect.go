@@ -26,7 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 func NewCmd(e cli.Env) *cobra.Command {
@@ -417,7 +417,7 @@ func (ins *Inspection) fill(now time.Time) {
 					sum := sha256.Sum256(der)
 					ar.SHA256 = hex.EncodeToString(sum[:])
 				}
-				key := trustview.KeyAuthority("", kid, set.keys[kid])
+				key := api.KeyAuthority("", kid, set.keys[kid])
 				ar.Algorithm, ar.Thumbprint = key.Algorithm, key.Thumbprint
 				r.Authorities = append(r.Authorities, ar)
 			}

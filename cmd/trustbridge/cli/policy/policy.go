@@ -15,7 +15,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
-	"github.com/trustbridge/trustbridge/internal/server/trustview"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -84,8 +84,8 @@ explain then.`,
 }
 
 // explain asks the server, or reads the file.
-func (o policyExplainOptions) explain(ctx context.Context, c *cli.AdminClient, id string) (trustview.Explanation, error) {
-	var ex trustview.Explanation
+func (o policyExplainOptions) explain(ctx context.Context, c *cli.AdminClient, id string) (api.Explanation, error) {
+	var ex api.Explanation
 	if o.file != "" {
 		return o.offline(id)
 	}
@@ -105,8 +105,8 @@ func (o policyExplainOptions) explain(ctx context.Context, c *cli.AdminClient, i
 }
 
 // offline explains id from --trust-policy alone.
-func (o policyExplainOptions) offline(id string) (trustview.Explanation, error) {
-	var ex trustview.Explanation
+func (o policyExplainOptions) offline(id string) (api.Explanation, error) {
+	var ex api.Explanation
 	local, err := spiffeid.TrustDomainFromString(o.local)
 	if err != nil {
 		return ex, fmt.Errorf("--trust-domain %q: %w (with --trust-policy, name the local trust domain)", o.local, err)
@@ -170,7 +170,7 @@ func parsePolicyFile(path string) (trustpolicy.Document, error) {
 	return trustpolicy.Parse(data, "file:"+path)
 }
 
-func printExplanation(w io.Writer, ex trustview.Explanation) error {
+func printExplanation(w io.Writer, ex api.Explanation) error {
 	who := ex.SPIFFEID
 	if ex.Namespace != "" {
 		who += fmt.Sprintf(" (service account %s/%s)", ex.Namespace, ex.ServiceAccount)
