@@ -33,33 +33,36 @@ const staleAfter = 3
 // hide staleness.
 const maxClockSkew = 5 * time.Minute
 
-// Status is what /v1/federation reports for one trust domain.
+// Status is one federated trust domain's polling state, as the poller
+// follows it: the admin API shows it (internal/server/api maps it), the
+// CRD controller writes it to ClusterFederatedTrustDomain status. Nil
+// pointers are not known yet (never polled, no hint given).
 type Status struct {
-	TrustDomain         string     `json:"trust_domain"`
-	EndpointURL         string     `json:"endpoint_url"`
-	Profile             Profile    `json:"profile"`
-	EndpointSPIFFEID    string     `json:"endpoint_spiffe_id,omitempty"`
-	State               State      `json:"state"`
-	Sequence            *uint64    `json:"sequence"`
-	RefreshHintSeconds  *int64     `json:"refresh_hint_seconds"`
-	LastAttempt         *time.Time `json:"last_attempt"`
-	LastSuccess         *time.Time `json:"last_success"`
-	LastError           string     `json:"last_error,omitempty"`
-	NextRefresh         *time.Time `json:"next_refresh"`
-	ConsecutiveFailures int        `json:"consecutive_failures"`
+	TrustDomain         string
+	EndpointURL         string
+	Profile             Profile
+	EndpointSPIFFEID    string
+	State               State
+	Sequence            *uint64
+	RefreshHintSeconds  *int64
+	LastAttempt         *time.Time
+	LastSuccess         *time.Time
+	LastError           string
+	NextRefresh         *time.Time
+	ConsecutiveFailures int
 	// Refusals counts failed and refused polls since the process started,
 	// by kind (the trustbridge_federation_fetches_total result label).
-	Refusals    map[string]uint64 `json:"refusals,omitempty"`
-	Authorities []AuthorityInfo   `json:"authorities"`
+	Refusals    map[string]uint64
+	Authorities []AuthorityInfo
 }
 
 // AuthorityInfo describes one authority of a held bundle.
 type AuthorityInfo struct {
-	Kind     AuthorityKind `json:"kind"`
-	SHA256   string        `json:"sha256"`
-	Subject  string        `json:"subject,omitempty"`
-	KeyID    string        `json:"key_id,omitempty"`
-	NotAfter *time.Time    `json:"not_after,omitempty"`
+	Kind     AuthorityKind
+	SHA256   string
+	Subject  string
+	KeyID    string
+	NotAfter *time.Time
 }
 
 // relationship is one federated trust domain as the poller follows it

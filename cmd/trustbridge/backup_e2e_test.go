@@ -20,6 +20,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
@@ -143,9 +144,9 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 	west := startE2EServer(t, "west.example", t.TempDir(), func(o *server.Config) {
 		o.Federation.ConfigFile = servertest.WriteSPIFFEFederationConfig(t, "east.example", d.addr, d.roots)
 	})
-	waitHolds := func(seq uint64, roots int) federation.Status {
+	waitHolds := func(seq uint64, roots int) api.FederationStatus {
 		t.Helper()
-		var st federation.Status
+		var st api.FederationStatus
 		require.EventuallyWithT(t, func(c *assert.CollectT) {
 			var err error
 			st, err = peerStatus(west, "east.example")
@@ -170,7 +171,7 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 	restored := d.published[len(d.published)-1]
 	assert.Greater(t, restored, before, "the restored state is published above everything before it: %v", d.published)
 	st := waitHolds(restored, 1)
-	assert.Equal(t, federation.StateOK, st.State)
+	assert.Equal(t, string(federation.StateOK), st.State)
 	assert.Equal(t, servertest.SHA256Hex(d.roots[0].Raw), x509Held(st.Authorities)[0].SHA256, "west trusts the restored root")
 	assert.NotContains(t, st.Refusals, "sequence_regression", "west never refused a bundle as a regression: %v", st.Refusals)
 	assert.NotContains(t, st.Refusals, "sequence_conflict", "%v", st.Refusals)
@@ -180,23 +181,23 @@ func TestRestoreOldBackupFederatedPeerAccepts(t *testing.T) {
 }
 
 // peerStatus reads s's GET /v1/federation entry for td.
-func peerStatus(s *e2eServer, td string) (federation.Status, error) {
+func peerStatus(s *e2eServer, td string) (api.FederationStatus, error) {
 	resp, err := http.Get(s.admin + "/v1/federation")
 	if err != nil {
-		return federation.Status{}, err
+		return api.FederationStatus{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return federation.Status{}, fmt.Errorf("GET /v1/federation: %s", resp.Status)
+		return api.FederationStatus{}, fmt.Errorf("GET /v1/federation: %s", resp.Status)
 	}
-	var all []federation.Status
+	var all []api.FederationStatus
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&all); err != nil {
-		return federation.Status{}, err
+		return api.FederationStatus{}, err
 	}
 	for _, st := range all {
 		if st.TrustDomain == td {
 			return st, nil
 		}
 	}
-	return federation.Status{}, fmt.Errorf("no status for %s yet", td)
+	return api.FederationStatus{}, fmt.Errorf("no status for %s yet", td)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
@@ -62,7 +63,7 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	})
 
 	// The first poll happens at start; wait for it through the status API.
-	var status []federation.Status
+	var status []api.FederationStatus
 	require.Eventually(t, func() bool {
 		code, body := servertest.Get(t, "http://"+westAdmin+"/v1/federation")
 		if code != 200 || json.Unmarshal([]byte(body), &status) != nil || len(status) != 1 {
@@ -72,7 +73,7 @@ func TestServerFederatesOverHTTPSSPIFFE(t *testing.T) {
 	}, 15*time.Second, 20*time.Millisecond)
 	s := status[0]
 	assert.Equal(t, "east.example", s.TrustDomain)
-	assert.Equal(t, federation.StateOK, s.State)
+	assert.Equal(t, string(federation.StateOK), s.State)
 	assert.Equal(t, eastSeq, *s.Sequence, "the sequence east published")
 	require.Len(t, x509Held(s.Authorities), 1)
 	assert.Equal(t, "spiffe://east.example/trustbridge/bundle-endpoint", s.EndpointSPIFFEID)

@@ -30,6 +30,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -109,30 +110,30 @@ func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*server.Config)) 
 
 // federationStatus reads s's GET /v1/federation entry for td; ok is false
 // while there is none yet.
-func federationStatus(t *testing.T, s *e2eServer, td string) (federation.Status, bool) {
+func federationStatus(t *testing.T, s *e2eServer, td string) (api.FederationStatus, bool) {
 	t.Helper()
 	code, body := servertest.Get(t, s.admin+"/v1/federation")
-	var all []federation.Status
+	var all []api.FederationStatus
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &all) != nil {
-		return federation.Status{}, false
+		return api.FederationStatus{}, false
 	}
 	for _, st := range all {
 		if st.TrustDomain == td {
 			return st, true
 		}
 	}
-	return federation.Status{}, false
+	return api.FederationStatus{}, false
 }
 
 // waitFederated waits until s holds a bundle of td fetched from its
 // endpoint, with at least sequence minSeq.
-func waitFederated(t *testing.T, s *e2eServer, td string, minSeq uint64, timeout time.Duration) federation.Status {
+func waitFederated(t *testing.T, s *e2eServer, td string, minSeq uint64, timeout time.Duration) api.FederationStatus {
 	t.Helper()
-	var st federation.Status
+	var st api.FederationStatus
 	require.Eventually(t, func() bool {
 		var ok bool
 		st, ok = federationStatus(t, s, td)
-		return ok && st.State == federation.StateOK && st.LastSuccess != nil && st.Sequence != nil && *st.Sequence >= minSeq
+		return ok && st.State == string(federation.StateOK) && st.LastSuccess != nil && st.Sequence != nil && *st.Sequence >= minSeq
 	}, timeout, 20*time.Millisecond, "%s never federated with %s (seq >= %d): last status %+v", s.td.Name(), td, minSeq, st)
 	return st
 }
@@ -258,7 +259,7 @@ func TestFederationE2ESPIFFEBothWays(t *testing.T) {
 	// East polled west before west listened; it retries with backoff.
 	eastSt := waitFederated(t, east, "west.example", 1, 30*time.Second)
 	westSt := waitFederated(t, west, "east.example", 1, 30*time.Second)
-	assert.Equal(t, federation.ProfileHTTPSSPIFFE, eastSt.Profile)
+	assert.Equal(t, string(federation.ProfileHTTPSSPIFFE), eastSt.Profile)
 	assert.Equal(t, "spiffe://west.example/trustbridge/bundle-endpoint", eastSt.EndpointSPIFFEID)
 	assert.Equal(t, servedSequence(t, west), *eastSt.Sequence)
 	assert.Equal(t, servedSequence(t, east), *westSt.Sequence)
@@ -350,8 +351,8 @@ func TestFederationE2EWebBothWays(t *testing.T) {
 
 	eastSt := waitFederated(t, east, "west.example", 1, 30*time.Second)
 	westSt := waitFederated(t, west, "east.example", 1, 30*time.Second)
-	assert.Equal(t, federation.ProfileHTTPSWeb, eastSt.Profile)
-	assert.Equal(t, federation.ProfileHTTPSWeb, westSt.Profile)
+	assert.Equal(t, string(federation.ProfileHTTPSWeb), eastSt.Profile)
+	assert.Equal(t, string(federation.ProfileHTTPSWeb), westSt.Profile)
 	assert.Len(t, x509Held(eastSt.Authorities), len(caRootsOf(t, west)))
 	assert.Len(t, x509Held(westSt.Authorities), len(caRootsOf(t, east)))
 
@@ -441,7 +442,7 @@ func TestFederationE2ERootRotation(t *testing.T) {
 	// East publishes the prepared root at its next recheck (30s); west
 	// picks it up within one refresh hint. Handshakes with the old
 	// workload certificate keep working all along.
-	var st federation.Status
+	var st api.FederationStatus
 	require.Eventually(t, func() bool {
 		handshake(oldEastCert)
 		refreshWest()
@@ -450,7 +451,7 @@ func TestFederationE2ERootRotation(t *testing.T) {
 		return ok && st.Sequence != nil && *st.Sequence > before && len(x509Held(st.Authorities)) == 2
 	}, 60*time.Second, 250*time.Millisecond, "west never saw east's new root: %+v", st)
 	t.Logf("west saw east's new root (sequence %d -> %d) %s after ca rotate", before, *st.Sequence, time.Since(rotated).Round(time.Millisecond))
-	assert.Equal(t, federation.StateOK, st.State)
+	assert.Equal(t, string(federation.StateOK), st.State)
 	newRoots := caRootsOf(t, east)
 	require.Len(t, newRoots, 2)
 

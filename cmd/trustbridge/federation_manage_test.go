@@ -26,7 +26,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -39,11 +39,11 @@ func mustCLI(t *testing.T, args ...string) string {
 	return stdout
 }
 
-func relationships(t *testing.T, s *e2eServer) map[string]admin.Relationship {
+func relationships(t *testing.T, s *e2eServer) map[string]api.Relationship {
 	t.Helper()
-	var rels []admin.Relationship
+	var rels []api.Relationship
 	require.NoError(t, json.Unmarshal([]byte(mustCLI(t, "federation", "list", "-o", "json", "--admin", s.admin)), &rels))
-	out := map[string]admin.Relationship{}
+	out := map[string]api.Relationship{}
 	for _, r := range rels {
 		out[r.TrustDomain] = r
 	}
@@ -80,7 +80,7 @@ func TestFederationAddRemoveAtRunTime(t *testing.T) {
 
 	assert.Contains(t, mustCLI(t, add...), "federated with peer.example")
 	waitFederated(t, local, "peer.example", 0, 30*time.Second)
-	assert.Equal(t, admin.Relationship{TrustDomain: "peer.example", Origin: server.OriginRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
+	assert.Equal(t, api.Relationship{TrustDomain: "peer.example", Origin: server.OriginRuntime, EndpointURL: peer.bundleURL, Profile: "https_spiffe",
 		EndpointSPIFFEID: "spiffe://peer.example/trustbridge/bundle-endpoint", State: "ok"}, relationships(t, local)["peer.example"])
 
 	_, stderr, code := runCLIAt(t, time.Now, "", add...)
@@ -135,7 +135,7 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 	stdout, stderr, code := set("static.example", file)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "set static.example's static bundle (trusted as is): 1 X.509")
-	assert.Equal(t, admin.Relationship{TrustDomain: "static.example", Origin: admin.OriginStatic}, relationships(t, local)["static.example"])
+	assert.Equal(t, api.Relationship{TrustDomain: "static.example", Origin: api.OriginStatic}, relationships(t, local)["static.example"])
 
 	_, stderr, code = set("example.org", file)
 	assert.Equal(t, 1, code)
@@ -148,7 +148,7 @@ func TestBundleSetPEMAndShow(t *testing.T) {
 
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, nil)
-	assert.Equal(t, admin.OriginStatic, relationships(t, local)["static.example"].Origin)
+	assert.Equal(t, api.OriginStatic, relationships(t, local)["static.example"].Origin)
 	code, body := servertest.Get(t, local.admin+"/v1/snapshot")
 	require.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, `"static.example"`)

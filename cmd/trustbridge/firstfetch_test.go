@@ -18,6 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -117,7 +118,7 @@ func TestUnanchoredSPIFFEPeerAcceptedWhenHeld(t *testing.T) {
 	admin, _, _ := launchServer(t, o)
 	code, body := servertest.Get(t, "http://"+admin+"/v1/federation")
 	require.Equal(t, http.StatusOK, code)
-	var status []federation.Status
+	var status []api.FederationStatus
 	require.NoError(t, json.Unmarshal([]byte(body), &status))
 	require.Len(t, status, 1)
 	assert.Equal(t, "peer.example", status[0].TrustDomain)

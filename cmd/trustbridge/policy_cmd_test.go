@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
@@ -111,7 +110,7 @@ func TestPolicyExplainSendsToken(t *testing.T) {
 		mu.Unlock()
 		ex := api.Explanation{SPIFFEID: r.URL.Query().Get("spiffe_id"), Default: "deny", Matched: []api.ExplainedMatch{}, TrustDomains: []api.ExplainedTrustDomain{}}
 		if r.Header.Get("Authorization") == "" {
-			ex.LabelsNote = admin.LabelsNotLookedUp
+			ex.LabelsNote = api.LabelsNotLookedUp
 		}
 		_ = json.NewEncoder(w).Encode(ex)
 	}))

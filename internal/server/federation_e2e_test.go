@@ -12,6 +12,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
@@ -90,30 +91,30 @@ func startSPIFFEPair(t *testing.T, eastMutate, westMutate func(*Config)) (east, 
 
 // federationStatus reads s's GET /v1/federation entry for td; ok is false
 // while there is none yet.
-func federationStatus(t *testing.T, s *e2eServer, td string) (federation.Status, bool) {
+func federationStatus(t *testing.T, s *e2eServer, td string) (api.FederationStatus, bool) {
 	t.Helper()
 	code, body := servertest.Get(t, s.admin+"/v1/federation")
-	var all []federation.Status
+	var all []api.FederationStatus
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &all) != nil {
-		return federation.Status{}, false
+		return api.FederationStatus{}, false
 	}
 	for _, st := range all {
 		if st.TrustDomain == td {
 			return st, true
 		}
 	}
-	return federation.Status{}, false
+	return api.FederationStatus{}, false
 }
 
 // waitFederated waits until s holds a bundle of td fetched from its
 // endpoint, with at least sequence minSeq.
-func waitFederated(t *testing.T, s *e2eServer, td string, minSeq uint64, timeout time.Duration) federation.Status {
+func waitFederated(t *testing.T, s *e2eServer, td string, minSeq uint64, timeout time.Duration) api.FederationStatus {
 	t.Helper()
-	var st federation.Status
+	var st api.FederationStatus
 	require.Eventually(t, func() bool {
 		var ok bool
 		st, ok = federationStatus(t, s, td)
-		return ok && st.State == federation.StateOK && st.LastSuccess != nil && st.Sequence != nil && *st.Sequence >= minSeq
+		return ok && st.State == string(federation.StateOK) && st.LastSuccess != nil && st.Sequence != nil && *st.Sequence >= minSeq
 	}, timeout, 20*time.Millisecond, "%s never federated with %s (seq >= %d): last status %+v", s.td.Name(), td, minSeq, st)
 	return st
 }

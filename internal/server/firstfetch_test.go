@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -51,11 +52,11 @@ func TestBannerTupleFederates(t *testing.T) {
 	westAdmin, _, _ := startNamedServer(t, "west.example", func(o *Config) { o.Federation.Federate = tuple[1] })
 	assert.EventuallyWithT(t, func(c *assert.CollectT) {
 		code, body := servertest.Get(t, "http://"+westAdmin+"/v1/federation")
-		var status []federation.Status
+		var status []api.FederationStatus
 		if !assert.Equal(c, http.StatusOK, code) || !assert.NoError(c, json.Unmarshal([]byte(body), &status)) || !assert.Len(c, status, 1) {
 			return
 		}
-		assert.Equal(c, federation.StateOK, status[0].State, status[0].LastError)
+		assert.Equal(c, string(federation.StateOK), status[0].State, status[0].LastError)
 	}, 15*time.Second, 20*time.Millisecond, "west federates with east over the banner's tuple")
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -317,6 +318,26 @@ func (p *Policy) Governed(td spiffeid.TrustDomain) bool { return p.governed[td] 
 // rules (policies with other selectors or peers may share it): the
 // audit log's digest of the policy text does.
 func (p *Policy) Digest() string { return p.digest }
+
+// TextDigest identifies the policy's text: its default and every rule
+// with its origin (SHA-256, hex, of their JSON); "" for a nil policy or one
+// without rules under the default allow, which is no policy. The audit
+// log's digest_before and digest_after and the snapshot's text_digest
+// are this digest, so entries can be matched to the policy shown.
+func (p *Policy) TextDigest() string {
+	if p == nil || p.Empty() && p.Default() == DefaultAllow {
+		return ""
+	}
+	b, err := json.Marshal(struct {
+		Default Default
+		Rules   []Rule
+	}{p.Default(), p.Rules()})
+	if err != nil { // plain strings and maps: cannot fail
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
 
 // Decide returns what sub may trust.
 func (p *Policy) Decide(sub Subject) Decision {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/statusui"
 )
 
@@ -161,7 +162,7 @@ func TestTrustJSON(t *testing.T) {
 	assert.NotContains(t, prepared, "retired_at")
 	assert.NotContains(t, prepared, "remove_after")
 
-	var typed Trust
+	var typed api.Trust
 	require.NoError(t, json.Unmarshal([]byte(raw), &typed))
 	assert.Equal(t, f.ca.roots[0].Cert.NotAfter.UTC(), typed.Authorities[0].NotAfter)
 }
@@ -186,11 +187,11 @@ func TestFederationStatus(t *testing.T) {
 	f := newFixture(t)
 	rec := do(t, New(f.cfg), http.MethodGet, "/v1/federation")
 	require.Equal(t, http.StatusOK, rec.Code)
-	var status []federation.Status
+	var status []api.FederationStatus
 	require.NoError(t, json.Unmarshal([]byte(body(t, rec)), &status))
 	require.Len(t, status, 1)
 	assert.Equal(t, "peer.example", status[0].TrustDomain)
-	assert.Equal(t, federation.StateOK, status[0].State)
+	assert.Equal(t, string(federation.StateOK), status[0].State)
 
 	f.cfg.Federation = nil
 	rec = do(t, New(f.cfg), http.MethodGet, "/v1/federation")

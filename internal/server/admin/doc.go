@@ -13,15 +13,15 @@
 // Routes:
 //   - GET /healthz, GET /readyz (503 with the reason when Config.Ready fails)
 //   - GET /metrics (Config.Gatherer)
-//   - GET /v1/trust: Trust, the CA's roots and JWT signing keys with their
+//   - GET /v1/trust: api.Trust, the CA's roots and JWT signing keys with their
 //     rotation state
 //   - GET /v1/bundle: the local trust domain's SPIFFE bundle document, for
 //     the operators of https_spiffe peers (their bootstrap bundle)
-//   - GET /v1/federation: []federation.Status, one per federated trust domain
+//   - GET /v1/federation: []api.FederationStatus, one per federated trust domain
 //   - POST /v1/federation/refresh?trust_domain=TD: poll TD now; refused
 //     with 403 when a browser sends it cross-site, 409 on a follower, 429
 //     more often than once a second
-//   - GET /v1/federation/relationships: []Relationship, every federated
+//   - GET /v1/federation/relationships: []api.Relationship, every federated
 //     trust domain with its endpoint and origin (flag, file, crd:<name>,
 //     runtime), and those trusted by a static bundle (origin static)
 //   - POST /v1/federation/relationships (?force replaces, ?no_fetch skips

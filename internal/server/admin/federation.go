@@ -9,16 +9,18 @@ import (
 
 	"k8s.io/utils/clock"
 
-	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 func (h *Handler) serveFederation(w http.ResponseWriter, _ *http.Request) {
-	status := []federation.Status{}
+	out := []api.FederationStatus{}
 	if h.cfg.Federation != nil {
-		status = h.cfg.Federation.Status()
+		for _, st := range h.cfg.Federation.Status() {
+			out = append(out, api.NewFederationStatus(st))
+		}
 	}
-	writeJSON(w, status, true)
+	writeJSON(w, out, true)
 }
 
 func (h *Handler) serveRefresh(w http.ResponseWriter, r *http.Request) {

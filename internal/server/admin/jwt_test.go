@@ -170,7 +170,7 @@ func TestTrustJWTAuthoritiesJSON(t *testing.T) {
 	assert.Equal(t, "prepared", jwts[1].(map[string]any)["state"])
 
 	f.cfg.JWT = nil
-	var typed Trust
+	var typed api.Trust
 	require.NoError(t, json.Unmarshal([]byte(body(t, do(t, New(f.cfg), http.MethodGet, "/v1/trust"))), &typed))
 	require.Len(t, typed.JWTAuthorities, 2, "the bundle's, without records")
 	assert.Equal(t, "k-active", typed.JWTAuthorities[0].KID)

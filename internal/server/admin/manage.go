@@ -15,6 +15,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/managed"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Manager changes the federation at run time (managed.Manager, or the
@@ -24,21 +25,6 @@ type Manager interface {
 	Remove(ctx context.Context, td spiffeid.TrustDomain, actor string) error
 	SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor string) (kind string, err error)
 }
-
-// Relationship is one entry of GET /v1/federation/relationships: a trust
-// domain federated by an endpoint, or trusted by a static bundle.
-type Relationship struct {
-	TrustDomain      string `json:"trust_domain"`
-	Origin           string `json:"origin"`
-	EndpointURL      string `json:"endpoint_url,omitempty"`
-	Profile          string `json:"profile,omitempty"`
-	EndpointSPIFFEID string `json:"endpoint_spiffe_id,omitempty"`
-	State            string `json:"state,omitempty"`
-}
-
-// OriginStatic is the origin of a trust domain trusted by a static
-// bundle (bundle set).
-const OriginStatic = "static"
 
 // maxMutationBody bounds a request body: a bundle is at most
 // bundledoc.DefaultMaxSize, and a federation entry holds one, escaped.
@@ -125,20 +111,19 @@ func (h *Handler) unauthorized(w http.ResponseWriter, bearer bool) {
 }
 
 func (h *Handler) serveRelationships(w http.ResponseWriter, _ *http.Request) {
-	out := []Relationship{}
+	out := []api.Relationship{}
 	if h.cfg.Federation != nil {
 		for _, st := range h.cfg.Federation.Status() {
 			td, err := spiffeid.TrustDomainFromString(st.TrustDomain)
 			if err != nil {
 				continue
 			}
-			out = append(out, Relationship{TrustDomain: st.TrustDomain, Origin: h.origin(td), EndpointURL: st.EndpointURL,
-				Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID, State: string(st.State)})
+			out = append(out, api.NewRelationship(st, h.origin(td)))
 		}
 	}
 	if h.cfg.Static != nil {
 		for _, td := range h.cfg.Static() {
-			out = append(out, Relationship{TrustDomain: td.Name(), Origin: OriginStatic})
+			out = append(out, api.Relationship{TrustDomain: td.Name(), Origin: api.OriginStatic})
 		}
 	}
 	writeJSON(w, out, true)

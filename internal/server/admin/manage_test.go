@@ -18,6 +18,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/managed"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -167,11 +168,11 @@ func TestAddRemoveAndList(t *testing.T) {
 
 	rec = send(t, h, http.MethodGet, "/v1/federation/relationships", "")
 	require.Equal(t, http.StatusOK, rec.Code)
-	var rels []Relationship
+	var rels []api.Relationship
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &rels))
-	assert.Equal(t, []Relationship{
+	assert.Equal(t, []api.Relationship{
 		{TrustDomain: "peer.example", Origin: "file", EndpointURL: "https://peer.example/bundle", Profile: "https_web", State: "ok"},
-		{TrustDomain: "static.example", Origin: OriginStatic},
+		{TrustDomain: "static.example", Origin: api.OriginStatic},
 	}, rels)
 
 	rec = send(t, h, http.MethodDelete, "/v1/federation/relationships/web.example", "", bearer...)

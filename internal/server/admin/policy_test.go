@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/internal/server/api"
-	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -75,7 +74,7 @@ func TestSnapshotTrustPolicy(t *testing.T) {
 	assert.Equal(t, 2, tp.Rules)
 	assert.Equal(t, "deny", tp.Default)
 	p, _ := f.cfg.Policy.Cell.Load()
-	assert.Equal(t, audit.PolicyDigest(p), tp.TextDigest, "the audit log's digest_after, to match entries to the policy shown")
+	assert.Equal(t, p.TextDigest(), tp.TextDigest, "the audit log's digest_after, to match entries to the policy shown")
 	assert.Len(t, tp.TextDigest, 64)
 	assert.Equal(t, p.Digest(), tp.DecisionDigest)
 	require.Len(t, tp.Sources, 2)
@@ -236,23 +235,9 @@ func TestPolicyExplainLabelsNeedToken(t *testing.T) {
 				assert.Equal(t, []api.ExplainedMatch{{Rule: "payments-to-peer", Origin: "file:/etc/policy.yaml:3", Selector: 1}}, ex.Matched)
 				return
 			}
-			assert.Equal(t, LabelsNotLookedUp, ex.LabelsNote)
+			assert.Equal(t, api.LabelsNotLookedUp, ex.LabelsNote)
 			assert.Empty(t, ex.Matched, "label selectors select nothing without labels")
 		})
-	}
-}
-
-func TestSelectorString(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		sel  trustpolicy.Selector
-		want string
-	}{
-		{trustpolicy.Selector{SPIFFEID: "spiffe://td/ns/a/*"}, "spiffe://td/ns/a/*"},
-		{trustpolicy.Selector{Namespace: "a"}, "namespace=a"},
-		{trustpolicy.Selector{SPIFFEID: "spiffe://td/x", Namespace: "a", Labels: &metav1.LabelSelector{MatchLabels: map[string]string{"b": "2", "a": "1"}}}, "spiffe://td/x namespace=a labels=a=1,b=2"},
-	} {
-		t.Run(tc.want, func(t *testing.T) { assert.Equal(t, tc.want, SelectorString(tc.sel)) })
 	}
 }
 

@@ -2,16 +2,14 @@ package admin
 
 import (
 	"cmp"
-	"crypto"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/server/api"
@@ -39,8 +37,8 @@ func (h *Handler) Snapshot() api.Snapshot {
 	var byTD map[string][]api.PolicyRule
 	if h.cfg.Policy != nil {
 		policy, _ = h.cfg.Policy.Cell.Load()
-		snap.TrustPolicy = policyView(h.cfg.Policy, policy)
-		byTD = rulesByTrustDomain(h.cfg.Policy, policy)
+		snap.TrustPolicy = api.NewTrustPolicy(h.policySources(), policy)
+		byTD = api.PolicyRules(policy, h.cfg.Policy.Matches)
 	}
 	for n := range names {
 		td, err := spiffeid.TrustDomainFromString(n)
@@ -58,15 +56,15 @@ func (h *Handler) Snapshot() api.Snapshot {
 			view.Authorities = h.localAuthorities(b)
 			view.JWTIssuer = jwtIssuer(view.Authorities)
 		} else {
-			view.Authorities = bundleAuthorities(b, nil)
+			view.Authorities = api.BundleAuthorities(b, nil)
 			view.Sequence = federation.SequenceOf(b)
 		}
 		if st, ok := statuses[n]; ok {
-			view.Federation = federationView(st, h.origin(td))
+			view.Federation = api.NewFederation(st, h.origin(td))
 			view.Sequence = st.Sequence
 		}
 		if h.cfg.Policy != nil {
-			view.TrustedBy = trustedBy(policy, byTD, td, view.Local)
+			view.TrustedBy = api.NewTrustedBy(policy, byTD, td, view.Local)
 		}
 		snap.TrustDomains = append(snap.TrustDomains, view)
 	}
@@ -122,19 +120,7 @@ func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []api.Authority {
 	out := []api.Authority{}
 	seen := map[string]bool{}
 	for _, r := range h.cfg.CA.Roots() {
-		a := api.X509Authority(r.Cert)
-		a.State = string(r.State)
-		if r.Upstream != nil {
-			a.Upstream = r.Upstream.Name
-		}
-		a.KeyStorage = h.keyStorage(r.KeyRef)
-		for _, t := range []time.Time{r.RetiredAt, r.ActivatedAt, r.PreparedAt} {
-			if !t.IsZero() {
-				u := t.UTC()
-				a.Since = &u
-				break
-			}
-		}
+		a := api.RootAuthority(r, h.cfg.KeyManager)
 		seen[a.SHA256] = true
 		out = append(out, a)
 	}
@@ -142,77 +128,28 @@ func (h *Handler) localAuthorities(b *spiffebundle.Bundle) []api.Authority {
 		seen[a.SHA256] = true
 		out = append(out, a)
 	}
-	return append(out, bundleAuthorities(b, seen)...)
+	return append(out, api.BundleAuthorities(b, seen)...)
 }
 
-// bundleAuthorities describes b's authorities, skipping those in skip.
-func bundleAuthorities(b *spiffebundle.Bundle, skip map[string]bool) []api.Authority {
-	out := []api.Authority{}
-	if b == nil {
-		return out
-	}
-	for _, c := range b.X509Authorities() {
-		if a := api.X509Authority(c); !skip[a.SHA256] {
-			out = append(out, a)
-		}
-	}
-	for _, set := range []struct {
-		kind string
-		keys map[string]crypto.PublicKey
-	}{{api.KindJWT, b.JWTAuthorities()}, {api.KindWIT, b.WITAuthorities()}} {
-		for _, kid := range slices.Sorted(maps.Keys(set.keys)) {
-			if a := api.KeyAuthority(set.kind, kid, set.keys[kid]); !skip[a.SHA256] {
-				out = append(out, a)
-			}
-		}
-	}
-	return out
-}
-
-func federationView(st federation.Status, origin string) *api.Federation {
-	return &api.Federation{
-		EndpointURL: st.EndpointURL, Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID,
-		Origin: origin, State: string(st.State),
-		LastAttempt: st.LastAttempt, LastSuccess: st.LastSuccess, NextRefresh: st.NextRefresh,
-		LastError: st.LastError, ConsecutiveFailures: st.ConsecutiveFailures,
-		RefreshHintSeconds: st.RefreshHintSeconds, Refusals: st.Refusals,
-	}
-}
-
-// keyStorage is the snapshot's key_storage of one of our own keys: the
-// key manager when the key has a reference there, else "state".
-func (h *Handler) keyStorage(keyRef string) string {
-	if keyRef == "" {
-		return "state"
-	}
-	return cmp.Or(h.cfg.KeyManager, "key manager")
-}
-
-// caStatus is the snapshot's ca section: leaf lifetimes and, in upstream
-// mode, the upstream's health; nil when the server gave no lifetimes.
+// caStatus is the snapshot's ca section; nil when the server gave no
+// lifetimes.
 func (h *Handler) caStatus() *api.CAStatus {
 	if h.cfg.MaxWorkloadTTL <= 0 {
 		return nil
 	}
-	st := &api.CAStatus{
-		WorkloadTTLSeconds:    int64(h.cfg.WorkloadTTL / time.Second),
-		MaxWorkloadTTLSeconds: int64(h.cfg.MaxWorkloadTTL / time.Second),
+	var up *ca.UpstreamStatus
+	if h.cfg.Upstream != nil {
+		if st, ok := h.cfg.Upstream(); ok {
+			up = &st
+		}
 	}
-	if h.cfg.Upstream == nil {
-		return st
-	}
-	if up, ok := h.cfg.Upstream(); ok {
-		st.Upstream = &api.UpstreamStatus{Name: up.Name, LastSuccess: utcOrNil(up.LastSuccess),
-			LastError: up.LastError, LastErrorAt: utcOrNil(up.LastErrorAt), Failures: up.Failures,
-			FailingSince: utcOrNil(up.FailingSince)}
-	}
-	return st
+	return api.NewCAStatus(h.cfg.WorkloadTTL, h.cfg.MaxWorkloadTTL, up)
 }
 
-func utcOrNil(t time.Time) *time.Time {
-	if t.IsZero() {
+// policySources are what each trust policy source last did; nil: none.
+func (h *Handler) policySources() []trustpolicy.Status {
+	if h.cfg.Policy.Statuses == nil {
 		return nil
 	}
-	u := t.UTC()
-	return &u
+	return h.cfg.Policy.Statuses()
 }

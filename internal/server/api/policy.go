@@ -1,6 +1,15 @@
 package api
 
-import "time"
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
+)
 
 // TrustPolicy is the trust policy in force: how many rules, from which
 // sources, and what trust domains no rule names get.
@@ -120,4 +129,122 @@ type ExplainedTrustDomain struct {
 	Trusted     bool     `json:"trusted"`
 	Peers       []string `json:"peers"` // empty: every member
 	Because     string   `json:"because"`
+}
+
+// NewTrustPolicy is the snapshot's trust_policy: p (nil: no policy) and
+// what each of its sources last did.
+func NewTrustPolicy(sources []trustpolicy.Status, p *trustpolicy.Policy) *TrustPolicy {
+	v := &TrustPolicy{Sources: []PolicySource{}, Default: string(trustpolicy.DefaultAllow), Conflicts: []string{}, Grants: []PolicyGrant{}}
+	for _, st := range sources {
+		src := PolicySource{Source: st.Source, Rules: st.Rules, LastError: st.LastError}
+		if st.LastSuccess > 0 {
+			t := time.Unix(st.LastSuccess, 0).UTC()
+			src.LastSuccess = &t
+		}
+		v.Sources = append(v.Sources, src)
+	}
+	if p == nil {
+		return v
+	}
+	rules := p.Rules()
+	v.Rules, v.Default = len(rules), string(p.Default())
+	v.TextDigest, v.DecisionDigest = p.TextDigest(), p.Digest()
+	for _, r := range rules {
+		for _, g := range r.TrustDomains {
+			v.Grants = append(v.Grants, PolicyGrant{Rule: r.Name, Origin: r.Origin, TrustDomain: g.TrustDomain})
+		}
+	}
+	for _, c := range p.Conflicts() {
+		v.Conflicts = append(v.Conflicts, c.Message)
+	}
+	return v
+}
+
+// NewTrustedBy is the snapshot's trusted_by of td: who may trust it
+// under p; nil for the local trust domain. byTD is PolicyRules', built
+// once per snapshot.
+func NewTrustedBy(p *trustpolicy.Policy, byTD map[string][]PolicyRule, td spiffeid.TrustDomain, local bool) *TrustedBy {
+	if local {
+		return nil
+	}
+	tb := &TrustedBy{Default: string(trustpolicy.DefaultAllow), Rules: []PolicyRule{}}
+	if p == nil {
+		return tb
+	}
+	tb.Default, tb.Governed = string(p.Default()), p.Governed(td)
+	tb.Rules = append(tb.Rules, byTD[td.Name()]...)
+	return tb
+}
+
+// PolicyRules is, per trust domain a rule names, the rules naming
+// it in policy order, each with its workloads, its peers there and what
+// it matched (matches; nil leaves matched out): one pass over the rules however many trust domains the
+// snapshot shows.
+func PolicyRules(p *trustpolicy.Policy, matches func(rule string) (count uint64, recent []string)) map[string][]PolicyRule {
+	if p == nil {
+		return nil
+	}
+	out := make(map[string][]PolicyRule)
+	for _, r := range p.Rules() {
+		workloads := []string{}
+		for _, s := range r.Workloads {
+			workloads = append(workloads, SelectorString(s))
+		}
+		var matched *PolicyMatches
+		if matches != nil {
+			n, recent := matches(r.Name)
+			matched = &PolicyMatches{Count: n, Recent: append([]string{}, recent...)}
+		}
+		for _, g := range r.TrustDomains {
+			pr := PolicyRule{Name: r.Name, Origin: r.Origin, Workloads: slices.Clone(workloads), Peers: append([]string{}, g.Peers...), Matched: matched}
+			out[g.TrustDomain] = append(out[g.TrustDomain], pr)
+		}
+	}
+	return out
+}
+
+// SelectorString is one workload selector as one line: its fields
+// joined by spaces ("spiffe://td/ns/a/*", "namespace=a labels=tier=api").
+func SelectorString(s trustpolicy.Selector) string {
+	var parts []string
+	if s.SPIFFEID != "" {
+		parts = append(parts, s.SPIFFEID)
+	}
+	if s.Namespace != "" {
+		parts = append(parts, "namespace="+s.Namespace)
+	}
+	if s.Labels != nil {
+		parts = append(parts, "labels="+metav1.FormatLabelSelector(s.Labels))
+	}
+	return strings.Join(parts, " ")
+}
+
+// LabelsNotLookedUp is an explanation's labels_note when the caller had
+// no admin token: rules that select by labels then select nothing.
+const LabelsNotLookedUp = "service account labels not looked up: ask with the admin token or on the admin socket; rules selecting by labels are explained as not selecting this workload"
+
+// Explain is GET /v1/policy/explain: what sub would receive under p of
+// tds, for people (the policy's own explanation in the snapshot's JSON
+// names).
+func Explain(p *trustpolicy.Policy, sub trustpolicy.Subject, tds []spiffeid.TrustDomain) Explanation {
+	var d trustpolicy.Decision
+	if p != nil {
+		d = p.Decide(sub)
+	}
+	ex := trustpolicy.Explain(d, sub, tds)
+	out := Explanation{
+		SPIFFEID: sub.ID.String(), Namespace: sub.Namespace, ServiceAccount: sub.ServiceAccount,
+		Default: string(ex.Default), Matched: []ExplainedMatch{}, TrustDomains: []ExplainedTrustDomain{},
+	}
+	if out.Default == "" {
+		out.Default = string(trustpolicy.DefaultAllow)
+	}
+	for _, m := range ex.Matched {
+		out.Matched = append(out.Matched, ExplainedMatch{Rule: m.Rule, Origin: m.Origin, Selector: m.Selector})
+	}
+	for _, t := range ex.TrustDomains {
+		peers := append([]string{}, t.Peers...)
+		out.TrustDomains = append(out.TrustDomains, ExplainedTrustDomain{TrustDomain: t.TrustDomain, Trusted: t.Trusted, Peers: peers, Because: t.Because})
+	}
+	return out
 }

@@ -1,9 +1,6 @@
 package audit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"slices"
@@ -78,7 +75,7 @@ type PolicyChange struct {
 	// Rules and Default are the policy in force after the entry.
 	Rules   int    `json:"rules"`
 	Default string `json:"default"`
-	// DigestBefore and DigestAfter are the PolicyDigest (the policy's
+	// DigestBefore and DigestAfter are the policies' TextDigest (the policy's
 	// text, as /v1/snapshot's trust_policy.text_digest) in force before
 	// and after the entry; "" is no policy. A trust_policy_rejected entry
 	// changed nothing: both are the digest still in force.
@@ -114,7 +111,7 @@ const maxPolicyChangeNameBytes = 12 << 10
 // name; a rule whose workloads or trust domains differ is changed (one
 // that only moved, a new Origin line, is not).
 func NewPolicyChange(source string, before, after *trustpolicy.Policy) PolicyChange {
-	c := PolicyChange{Source: source, Default: string(trustpolicy.DefaultAllow), DigestBefore: PolicyDigest(before), DigestAfter: PolicyDigest(after)}
+	c := PolicyChange{Source: source, Default: string(trustpolicy.DefaultAllow), DigestBefore: before.TextDigest(), DigestAfter: after.TextDigest()}
 	if after != nil {
 		c.Rules, c.Default = len(after.Rules()), string(after.Default())
 	}
@@ -155,24 +152,6 @@ func capNames(names []string, truncated *bool) (kept []string, n int) {
 		}
 	}
 	return names, len(names)
-}
-
-// PolicyDigest identifies a policy's text: its default and every rule
-// with its origin (SHA-256, hex, of their JSON); "" for nil or a policy
-// without rules under the default allow, which is no policy.
-func PolicyDigest(p *trustpolicy.Policy) string {
-	if p == nil || p.Empty() && p.Default() == trustpolicy.DefaultAllow {
-		return ""
-	}
-	b, err := json.Marshal(struct {
-		Default trustpolicy.Default
-		Rules   []trustpolicy.Rule
-	}{p.Default(), p.Rules()})
-	if err != nil { // plain strings and maps: cannot fail
-		return ""
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
 }
 
 func rulesOf(p *trustpolicy.Policy) []trustpolicy.Rule {

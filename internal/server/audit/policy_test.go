@@ -110,7 +110,7 @@ func TestNewPolicyChange(t *testing.T) {
 	assert.Equal(t, []string{"edited"}, c.RulesChanged, "a rule that only moved lines is not changed")
 	assert.Len(t, c.DigestBefore, 64)
 	assert.NotEqual(t, c.DigestBefore, c.DigestAfter)
-	assert.Equal(t, c.DigestAfter, PolicyDigest(compile(trustpolicy.DefaultDeny, after.Rules()...)), "the digest is the text's")
+	assert.Equal(t, c.DigestAfter, compile(trustpolicy.DefaultDeny, after.Rules()...).TextDigest(), "the digest is the text's")
 
 	start := NewPolicyChange("start", nil, compile(trustpolicy.DefaultAllow))
 	assert.Equal(t, PolicyChange{Source: "start", Default: "allow"}, start, "no policy: no digest, no rules")

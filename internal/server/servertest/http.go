@@ -11,8 +11,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/trustbridge/trustbridge/federation"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
@@ -29,7 +27,7 @@ func FederatedSequences(t testing.TB, admin string, seqs *[]uint64) []string {
 	t.Helper()
 	code, body := Get(t, "http://"+admin+"/v1/federation")
 	require.Equal(t, http.StatusOK, code, body)
-	var status []federation.Status
+	var status []api.FederationStatus
 	require.NoError(t, json.Unmarshal([]byte(body), &status))
 	var tds []string
 	for _, s := range status {
@@ -46,7 +44,7 @@ func FederatedSequences(t testing.TB, admin string, seqs *[]uint64) []string {
 }
 
 // TrustDoc is the answer of GET /v1/trust.
-type TrustDoc = admin.Trust
+type TrustDoc = api.Trust
 
 // Get fetches url and returns its status code and body.
 func Get(t testing.TB, url string) (int, string) {

@@ -18,7 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Formats of bundle show and bundle inspect besides table, json and yaml.
@@ -119,7 +119,7 @@ func bundleFromAdmin(ctx context.Context, c *cli.AdminClient) (*spiffebundle.Bun
 	if err != nil {
 		return nil, err
 	}
-	var trust admin.Trust
+	var trust api.Trust
 	if err := json.Unmarshal([]byte(body), &trust); err != nil {
 		return nil, fmt.Errorf("admin answer: %w", err)
 	}

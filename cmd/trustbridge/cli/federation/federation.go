@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
-	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 func NewCmd(e cli.Env) *cobra.Command {
@@ -64,7 +64,7 @@ func runFederationStatus(ctx context.Context, e cli.Env, c *cli.AdminClient, out
 	if err != nil {
 		return err
 	}
-	var status []federation.Status
+	var status []api.FederationStatus
 	if err := json.Unmarshal([]byte(body), &status); err != nil {
 		return fmt.Errorf("admin answer: %w", err)
 	}
@@ -75,7 +75,7 @@ func runFederationStatus(ctx context.Context, e cli.Env, c *cli.AdminClient, out
 	})
 }
 
-func printFederationStatus(w io.Writer, now time.Time, status []federation.Status) error {
+func printFederationStatus(w io.Writer, now time.Time, status []api.FederationStatus) error {
 	if len(status) == 0 {
 		_, err := fmt.Fprintln(w, "no federated trust domains")
 		return err
@@ -90,7 +90,7 @@ func printFederationStatus(w io.Writer, now time.Time, status []federation.Statu
 		roots, earliest := 0, "-"
 		var first time.Time
 		for _, a := range s.Authorities {
-			if a.Kind == federation.AuthorityX509 {
+			if a.Kind == api.KindX509 {
 				roots++
 				if a.NotAfter != nil && (first.IsZero() || a.NotAfter.Before(first)) {
 					first = *a.NotAfter

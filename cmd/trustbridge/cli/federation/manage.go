@@ -14,7 +14,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // newFederationManageCmds are federation add, remove and list.
@@ -156,7 +156,7 @@ runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
 		if err != nil {
 			return err
 		}
-		var rels []admin.Relationship
+		var rels []api.Relationship
 		if err := json.Unmarshal([]byte(body), &rels); err != nil {
 			return fmt.Errorf("admin answer: %w", err)
 		}
@@ -165,7 +165,7 @@ runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
 	return cmd
 }
 
-func relationshipsTable(w io.Writer, rels []admin.Relationship) error {
+func relationshipsTable(w io.Writer, rels []api.Relationship) error {
 	if len(rels) == 0 {
 		_, err := fmt.Fprintln(w, "no federated trust domains")
 		return err

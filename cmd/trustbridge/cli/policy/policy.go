@@ -14,7 +14,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
-	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -145,7 +144,7 @@ func (o policyExplainOptions) offline(id string) (api.Explanation, error) {
 		}
 	}
 	sub := trustpolicy.Subject{ID: sid, Namespace: o.namespace, ServiceAccount: o.serviceAccount}
-	return admin.Explain(p, sub, tds), nil
+	return api.Explain(p, sub, tds), nil
 }
 
 // compilePolicyFile reads, parses and compiles a policy file as the

@@ -1,0 +1,111 @@
+package api
+
+import (
+	"time"
+
+	"github.com/trustbridge/trustbridge/federation"
+)
+
+// FederationStatus is one entry of GET /v1/federation: a federated trust
+// domain's polling state and the authorities of the bundle it holds. The
+// pointers are null until known (never polled, no hint given).
+type FederationStatus struct {
+	TrustDomain         string     `json:"trust_domain"`
+	EndpointURL         string     `json:"endpoint_url"`
+	Profile             string     `json:"profile"` // https_web or https_spiffe
+	EndpointSPIFFEID    string     `json:"endpoint_spiffe_id,omitempty"`
+	State               string     `json:"state"` // pending, ok, failing, stale
+	Sequence            *uint64    `json:"sequence"`
+	RefreshHintSeconds  *int64     `json:"refresh_hint_seconds"`
+	LastAttempt         *time.Time `json:"last_attempt"`
+	LastSuccess         *time.Time `json:"last_success"`
+	LastError           string     `json:"last_error,omitempty"`
+	NextRefresh         *time.Time `json:"next_refresh"`
+	ConsecutiveFailures int        `json:"consecutive_failures"`
+	// Refusals counts failed and refused polls since the process started,
+	// by kind (the trustbridge_federation_fetches_total result label).
+	Refusals    map[string]uint64     `json:"refusals,omitempty"`
+	Authorities []FederationAuthority `json:"authorities"`
+}
+
+// FederationAuthority is one authority of a held bundle.
+type FederationAuthority struct {
+	Kind     string     `json:"kind"` // KindX509, KindJWT or KindWIT
+	SHA256   string     `json:"sha256"`
+	Subject  string     `json:"subject,omitempty"`
+	KeyID    string     `json:"key_id,omitempty"`
+	NotAfter *time.Time `json:"not_after,omitempty"`
+}
+
+// NewFederationStatus is st as GET /v1/federation shows it.
+func NewFederationStatus(st federation.Status) FederationStatus {
+	out := FederationStatus{
+		TrustDomain: st.TrustDomain, EndpointURL: st.EndpointURL, Profile: string(st.Profile),
+		EndpointSPIFFEID: st.EndpointSPIFFEID, State: string(st.State), Sequence: st.Sequence,
+		RefreshHintSeconds: st.RefreshHintSeconds, LastAttempt: st.LastAttempt, LastSuccess: st.LastSuccess,
+		LastError: st.LastError, NextRefresh: st.NextRefresh, ConsecutiveFailures: st.ConsecutiveFailures,
+		Refusals: st.Refusals, Authorities: make([]FederationAuthority, 0, len(st.Authorities)),
+	}
+	for _, a := range st.Authorities {
+		out.Authorities = append(out.Authorities, FederationAuthority{Kind: string(a.Kind), SHA256: a.SHA256,
+			Subject: a.Subject, KeyID: a.KeyID, NotAfter: a.NotAfter})
+	}
+	return out
+}
+
+// Federation is the polling state of a federated trust domain as the
+// snapshot shows it on the trust domain (whose sequence and authorities
+// are the trust domain's own), with where it is configured.
+type Federation struct {
+	EndpointURL      string `json:"endpoint_url"`
+	Profile          string `json:"profile"` // https_web or https_spiffe
+	EndpointSPIFFEID string `json:"endpoint_spiffe_id,omitempty"`
+	// Origin says where the relationship is configured: "flag", "file",
+	// or "crd:<ClusterFederatedTrustDomain name>".
+	Origin              string     `json:"origin,omitempty"`
+	State               string     `json:"state"` // pending, ok, failing, stale
+	LastAttempt         *time.Time `json:"last_attempt,omitempty"`
+	LastSuccess         *time.Time `json:"last_success,omitempty"`
+	NextRefresh         *time.Time `json:"next_refresh,omitempty"`
+	LastError           string     `json:"last_error,omitempty"`
+	ConsecutiveFailures int        `json:"consecutive_failures"`
+	RefreshHintSeconds  *int64     `json:"refresh_hint_seconds,omitempty"`
+	// Refusals counts failed or refused polls since the process started,
+	// by kind ("sequence_regression", "profile_mismatch",
+	// "trust_domain_mismatch", "tls", "timeout", ...).
+	Refusals map[string]uint64 `json:"refusals,omitempty"`
+}
+
+// NewFederation is st as the snapshot shows it on its trust domain, with
+// where the relationship is configured (origin).
+func NewFederation(st federation.Status, origin string) *Federation {
+	return &Federation{
+		EndpointURL: st.EndpointURL, Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID,
+		Origin: origin, State: string(st.State),
+		LastAttempt: st.LastAttempt, LastSuccess: st.LastSuccess, NextRefresh: st.NextRefresh,
+		LastError: st.LastError, ConsecutiveFailures: st.ConsecutiveFailures,
+		RefreshHintSeconds: st.RefreshHintSeconds, Refusals: st.Refusals,
+	}
+}
+
+// Relationship is one entry of GET /v1/federation/relationships: a trust
+// domain federated by an endpoint, or trusted by a static bundle.
+type Relationship struct {
+	TrustDomain      string `json:"trust_domain"`
+	Origin           string `json:"origin"`
+	EndpointURL      string `json:"endpoint_url,omitempty"`
+	Profile          string `json:"profile,omitempty"`
+	EndpointSPIFFEID string `json:"endpoint_spiffe_id,omitempty"`
+	State            string `json:"state,omitempty"`
+}
+
+// OriginStatic is the origin of a trust domain trusted by a static
+// bundle (bundle set).
+const OriginStatic = "static"
+
+// NewRelationship is st as GET /v1/federation/relationships shows it,
+// with where it is configured (origin).
+func NewRelationship(st federation.Status, origin string) Relationship {
+	return Relationship{TrustDomain: st.TrustDomain, Origin: origin, EndpointURL: st.EndpointURL,
+		Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID, State: string(st.State)}
+}
