@@ -114,7 +114,13 @@ func (r *Replica) waitReady(ctx context.Context, changes <-chan struct{}) error 
 		case <-ctx.Done():
 			return nil
 		case <-r.done:
-			return fmt.Errorf("kubernetes: %w", r.Stop())
+			if ctx.Err() != nil {
+				return nil // stopped: the background ended because ctx did
+			}
+			if err := r.Stop(); err != nil {
+				return fmt.Errorf("kubernetes: %w", err)
+			}
+			return errors.New("kubernetes: the CA, its watch and the leader election ended before the CA could sign")
 		case <-changes:
 		case <-tick.C():
 			if r.cfg.Clock.Since(waiting) >= waitLogEvery {

@@ -148,3 +148,28 @@ func TestReplicaStartStops(t *testing.T) {
 		assert.ErrorContains(t, r.Run(t.Context()), "elector gave up")
 	})
 }
+
+// settledCA is never ready, and answers Ready only once every other
+// goroutine of the bubble is blocked or gone: the background Start runs
+// has then returned on an ended ctx.
+type settledCA struct{ *fakeCA }
+
+func (c settledCA) Ready() error {
+	synctest.Wait()
+	return c.fakeCA.Ready()
+}
+
+// A ctx already ended when Start is called is a clean stop too, whichever
+// Start sees first: the ended ctx, or the background it ended (which then
+// returned nil). Start sees both at once here, and picks at random.
+func TestReplicaStartWithEndedContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		for range 100 {
+			r, err := Start(ctx, Config{CA: settledCA{newFakeCA()}, WatchCA: watchNothing, Elector: &fakeElector{}})
+			require.Nil(t, r)
+			require.NoError(t, err, "a stop is not a failure")
+		}
+	})
+}
