@@ -7,34 +7,17 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
-// IssuedHere reports whether issuer is one of this CA's own signing
-// certificates, one that may have signed a leaf still valid: the active
-// root or upstream intermediate, the retired ones kept until every leaf
-// they signed has expired, and a prepared one (in upstream mode the
-// intermediates themselves, never the upstream's certificates). A
-// prepared root has signed nothing here, but its key is ours, and with
-// shared (kube) storage a leader whose state is ahead of ours may already
-// sign with it: refusing it would refuse that leader's fresh leaves. In
-// plug-in mode it is the directory's current CA certificate, and those
-// this process signed with before the directory changed, until their
-// leaves have expired (a restart forgets them); never a root of
-// root-cert.pem, whose key is not ours.
-//
-// The certificate service asks it of the issuer of every X509-SVID a
-// caller presents (authn.WithOwnIssuers): only a leaf this CA signed
-// carries a grant record this CA wrote. Other certificates that verify
-// against the same roots, a downstream intermediate's or the upstream's
-// own, may carry any record. Issuers are compared byte for byte.
-func (a *Authority) IssuedHere(issuer *x509.Certificate) bool {
+// issuedHere is Authority.IssuedHere.
+func (m *manager) issuedHere(issuer *x509.Certificate) bool {
 	if issuer == nil {
 		return false
 	}
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.cfg.Plugin != nil {
-		return a.pluginIssuedLocked(issuer)
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.cfg.Plugin != nil {
+		return m.pluginIssuedLocked(issuer)
 	}
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		if ownKey(r.State) && r.Cert.Equal(issuer) {
 			return true
 		}
@@ -53,12 +36,12 @@ func ownKey(s castate.RootState) bool {
 }
 
 // pluginIssuedLocked is IssuedHere in plug-in mode.
-func (a *Authority) pluginIssuedLocked(issuer *x509.Certificate) bool {
-	if a.plugin != nil && a.plugin.Cert.Equal(issuer) {
+func (m *manager) pluginIssuedLocked(issuer *x509.Certificate) bool {
+	if m.plugin != nil && m.plugin.Cert.Equal(issuer) {
 		return true
 	}
-	now := a.cfg.Clock.Now()
-	for _, s := range a.pluginSigners {
+	now := m.cfg.Clock.Now()
+	for _, s := range m.pluginSigners {
 		if now.Before(s.until) && s.cert.Equal(issuer) {
 			return true
 		}
@@ -76,20 +59,20 @@ type pluginSigner struct {
 
 // retirePluginSignerLocked remembers the plug-in CA certificate in use
 // when next replaces it, and forgets those whose leaves have all expired.
-func (a *Authority) retirePluginSignerLocked(now time.Time, next *PluginMaterial) {
-	kept := a.pluginSigners[:0]
-	for _, s := range a.pluginSigners {
+func (m *manager) retirePluginSignerLocked(now time.Time, next *PluginMaterial) {
+	kept := m.pluginSigners[:0]
+	for _, s := range m.pluginSigners {
 		if now.Before(s.until) {
 			kept = append(kept, s)
 		}
 	}
-	a.pluginSigners = kept
-	prev := a.plugin
+	m.pluginSigners = kept
+	prev := m.plugin
 	if prev == nil || prev.Cert == nil || (next != nil && next.Cert.Equal(prev.Cert)) {
 		return
 	}
 	// Every leaf was clamped to the signing certificate's own expiry and
 	// to MaxWorkloadTTL, signed under mu before now.
-	until := minTime(prev.Cert.NotAfter, now.Add(retireMargin+a.timelineLocked().MaxWorkloadTTL))
-	a.pluginSigners = append(a.pluginSigners, pluginSigner{cert: prev.Cert, until: until})
+	until := minTime(prev.Cert.NotAfter, now.Add(retireMargin+m.timelineLocked().MaxWorkloadTTL))
+	m.pluginSigners = append(m.pluginSigners, pluginSigner{cert: prev.Cert, until: until})
 }

@@ -10,14 +10,9 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 )
 
-// SignX509SVID signs an X509-SVID for p.PublicKey and p.SPIFFEID, the
-// identity the caller proved, with the active root or intermediate: the
-// one entry point of every workload leaf (SDS, the certificate service,
-// whose edge parses and judges the CSR it receives). The key's strength,
-// the identity, the TTL against Config.MaxWorkloadTTL, the DNS names and
-// the extensions are checked as the package-level SignX509SVID does.
-func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) {
-	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
+// signSVID is Authority.SignX509SVID.
+func (m *manager) signSVID(p X509SVIDParams) (*Issued, error) {
+	return m.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
 		return signX509SVID(now, m, pol, p)
 	})
 }
@@ -26,22 +21,22 @@ func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) {
 // counts the result. Signing under the read lock, with the time taken
 // under it, orders every signing before or after a retirement: a leaf
 // never outlives the RemoveAfter computed for its root.
-func (a *Authority) signLocked(sign func(now time.Time, m SigningMaterial, p Policy) (*Issued, error)) (*Issued, error) {
+func (m *manager) signLocked(sign func(now time.Time, m SigningMaterial, p Policy) (*Issued, error)) (*Issued, error) {
 	start := time.Now()
-	defer func() { a.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	m, err := a.signingMaterialLocked()
+	defer func() { m.metrics.signingTime.Observe(time.Since(start).Seconds()) }()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	mat, err := m.signingMaterialLocked()
 	if err != nil {
-		a.metrics.signings.WithLabelValues("signing_material").Inc()
+		m.metrics.signings.WithLabelValues("signing_material").Inc()
 		return nil, err
 	}
-	issued, err := sign(a.cfg.Clock.Now(), m, a.policy())
+	issued, err := sign(m.cfg.Clock.Now(), mat, m.policy())
 	if err != nil {
-		a.metrics.signings.WithLabelValues(signResult(err)).Inc()
+		m.metrics.signings.WithLabelValues(signResult(err)).Inc()
 		return nil, err
 	}
-	a.metrics.signings.WithLabelValues("ok").Inc()
+	m.metrics.signings.WithLabelValues("ok").Inc()
 	return issued, nil
 }
 
@@ -79,10 +74,10 @@ func SignErrorKind(err error) string {
 // root in the bundle; but refusing would fail a rollout that raises the
 // maximum, whose new pods follow the old leader until they lead and raise
 // the record themselves.
-func (a *Authority) policy() Policy {
+func (m *manager) policy() Policy {
 	return Policy{
-		TrustDomain: a.cfg.TrustDomain, DefaultTTL: a.cfg.WorkloadTTL, MaxTTL: a.cfg.MaxWorkloadTTL,
-		ClampTTL: recordedTTL(a.journal.MaxWorkloadTTLSeconds),
+		TrustDomain: m.cfg.TrustDomain, DefaultTTL: m.cfg.WorkloadTTL, MaxTTL: m.cfg.MaxWorkloadTTL,
+		ClampTTL: recordedTTL(m.journal.MaxWorkloadTTLSeconds),
 	}
 }
 
@@ -100,27 +95,27 @@ func recordedTTL(seconds int64) time.Duration {
 	}
 }
 
-func (a *Authority) signingMaterialLocked() (SigningMaterial, error) {
-	if a.cfg.Plugin != nil {
-		p := a.plugin
+func (m *manager) signingMaterialLocked() (SigningMaterial, error) {
+	if m.cfg.Plugin != nil {
+		p := m.plugin
 		if p == nil {
 			return SigningMaterial{}, errors.New("ca: no plug-in CA material published")
 		}
 		return SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}, nil
 	}
-	m := RootsMaterial(a.roots)
-	if m.Cert == nil {
-		if len(a.roots) == 0 && !a.leading() {
-			return m, fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, a.backend.Describe())
+	mat := RootsMaterial(m.roots)
+	if mat.Cert == nil {
+		if len(m.roots) == 0 && !m.leading() {
+			return mat, fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, m.backend.Describe())
 		}
-		if a.cfg.Upstream != nil && a.up.lastErr != nil {
+		if m.cfg.Upstream != nil && m.up.lastErr != nil {
 			// At a first start the upstream's refusal is the reason: a
 			// serving certificate that cannot be made says why.
-			return m, fmt.Errorf("ca: %w: no intermediate yet; the upstream's last answer failed: %v", ErrInvalidSigningMaterial, a.up.lastErr)
+			return mat, fmt.Errorf("ca: %w: no intermediate yet; the upstream's last answer failed: %v", ErrInvalidSigningMaterial, m.up.lastErr)
 		}
-		return m, fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
+		return mat, fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
 	}
-	return m, nil
+	return mat, nil
 }
 
 // RootsMaterial is the signing material of loaded roots (Store.Load): the

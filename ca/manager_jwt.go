@@ -59,9 +59,9 @@ func (c *Config) applyJWTDefaults() error {
 
 // jwtTimelineLocked is the JWT keys' timeline: a root's, with the longest
 // JWT-SVID TTL ever recorded in place of the workload certificates'.
-func (a *Authority) jwtTimelineLocked() timeline {
-	tl := timeline{RefreshHint: a.cfg.RefreshHint, MaxWorkloadTTL: a.cfg.MaxJWTSVIDTTL}
-	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
+func (m *manager) jwtTimelineLocked() timeline {
+	tl := timeline{RefreshHint: m.cfg.RefreshHint, MaxWorkloadTTL: m.cfg.MaxJWTSVIDTTL}
+	if rec := time.Duration(m.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
 		tl.MaxWorkloadTTL = rec
 	}
 	return tl
@@ -72,17 +72,17 @@ func (a *Authority) jwtTimelineLocked() timeline {
 // shorter. The leader removes a retired key once the recorded maximum has
 // passed; a replica configured with a higher maximum than the leader's
 // would otherwise mint tokens that outlive their key in the bundle.
-func (a *Authority) maxJWTSVIDTTLLocked() time.Duration {
-	limit := a.cfg.MaxJWTSVIDTTL
-	if rec := time.Duration(a.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > 0 && rec < limit {
+func (m *manager) maxJWTSVIDTTLLocked() time.Duration {
+	limit := m.cfg.MaxJWTSVIDTTL
+	if rec := time.Duration(m.journal.MaxJWTSVIDTTLSeconds) * time.Second; rec > 0 && rec < limit {
 		limit = rec
 	}
 	return limit
 }
 
-func (a *Authority) jwtTimesLocked() []rootTimes {
-	out := make([]rootTimes, len(a.jwtKeys))
-	for i, k := range a.jwtKeys {
+func (m *manager) jwtTimesLocked() []rootTimes {
+	out := make([]rootTimes, len(m.jwtKeys))
+	for i, k := range m.jwtKeys {
 		out[i] = jwtKeyTimes(k)
 	}
 	return out
@@ -95,14 +95,14 @@ func jwtServedKey(kid string) string { return "jwt:" + kid }
 // whether anything changed. A prepared key's publication lead starts when
 // this process began serving it, as a root's (see served); one it has not
 // served yet (plug-in mode publishes after this) starts now.
-func (a *Authority) reconcileJWTLocked() (bool, error) {
+func (m *manager) reconcileJWTLocked() (bool, error) {
 	changed := false
-	now := a.cfg.Clock.Now()
-	for _, k := range a.jwtKeys {
+	now := m.cfg.Clock.Now()
+	for _, k := range m.jwtKeys {
 		if k.State != castate.StatePrepared {
 			continue
 		}
-		s, ok := a.served[jwtServedKey(k.KID)]
+		s, ok := m.served[jwtServedKey(k.KID)]
 		if !ok {
 			s = now
 		}
@@ -111,11 +111,11 @@ func (a *Authority) reconcileJWTLocked() (bool, error) {
 			changed = true
 		}
 	}
-	stepped, err := a.applyDue(a.jwtTimelineLocked, a.jwtTimesLocked, a.applyJWTLocked)
+	stepped, err := m.applyDue(m.jwtTimelineLocked, m.jwtTimesLocked, m.applyJWTLocked)
 	return changed || stepped, err
 }
 
-func (a *Authority) applyJWTLocked(now time.Time, step step, index int) error {
+func (m *manager) applyJWTLocked(now time.Time, step step, index int) error {
 	switch step {
 	case stepBootstrap:
 		// No JWT key: a fresh CA, or state written before JWT keys
@@ -126,31 +126,31 @@ func (a *Authority) applyJWTLocked(now time.Time, step step, index int) error {
 		// every successor does: a peer that has not refreshed would
 		// otherwise refuse the first tokens (issue 17: keys are published
 		// at least 5 refresh hints before first use). Plan activates it.
-		if a.publishedBeforeLocked() {
-			return a.newJWTKeyLocked(now, castate.StatePrepared, "first, upgraded CA")
+		if m.publishedBeforeLocked() {
+			return m.newJWTKeyLocked(now, castate.StatePrepared, "first, upgraded CA")
 		}
-		return a.newJWTKeyLocked(now, castate.StateActive, "bootstrap")
+		return m.newJWTKeyLocked(now, castate.StateActive, "bootstrap")
 	case stepPrepare:
-		return a.newJWTKeyLocked(now, castate.StatePrepared, "scheduled")
+		return m.newJWTKeyLocked(now, castate.StatePrepared, "scheduled")
 	case stepActivate:
-		for _, k := range a.jwtKeys {
+		for _, k := range m.jwtKeys {
 			if k.State == castate.StateActive {
 				k.State = castate.StateRetired
 				k.RetiredAt = now
-				k.RemoveAfter = a.jwtTimelineLocked().removeAfter(jwtKeyTimes(k), now.Add(retireMargin))
-				a.jwtEvent(now, "retired", k.KID)
+				k.RemoveAfter = m.jwtTimelineLocked().removeAfter(jwtKeyTimes(k), now.Add(retireMargin))
+				m.jwtEvent(now, "retired", k.KID)
 			}
 		}
-		p := a.jwtKeys[index]
+		p := m.jwtKeys[index]
 		p.State = castate.StateActive
 		p.ActivatedAt = now
-		a.jwtEvent(now, "activated", p.KID)
+		m.jwtEvent(now, "activated", p.KID)
 		return nil
 	case stepRemove:
-		k := a.jwtKeys[index]
-		a.jwtKeys = append(a.jwtKeys[:index:index], a.jwtKeys[index+1:]...)
-		a.moveSequenceLocked(now)
-		a.jwtEvent(now, "removed", k.KID)
+		k := m.jwtKeys[index]
+		m.jwtKeys = append(m.jwtKeys[:index:index], m.jwtKeys[index+1:]...)
+		m.moveSequenceLocked(now)
+		m.jwtEvent(now, "removed", k.KID)
 		return nil
 	}
 	return fmt.Errorf("ca: unknown JWT key rotation step %v", step)
@@ -159,28 +159,28 @@ func (a *Authority) applyJWTLocked(now time.Time, step step, index int) error {
 // publishedBeforeLocked says whether the journal, as loaded for this
 // decision, holds roots: its bundle may be in peers' hands already. Roots
 // this decision bootstrapped are not in it until the commit.
-func (a *Authority) publishedBeforeLocked() bool {
-	return len(a.journal.Roots) > 0 || len(a.journal.PluginRoots) > 0
+func (m *manager) publishedBeforeLocked() bool {
+	return len(m.journal.Roots) > 0 || len(m.journal.PluginRoots) > 0
 }
 
-func (a *Authority) newJWTKeyLocked(now time.Time, state castate.RootState, why string) error {
-	k, err := a.newJWTKeyKeyed(now)
+func (m *manager) newJWTKeyLocked(now time.Time, state castate.RootState, why string) error {
+	k, err := m.newJWTKeyKeyed(now)
 	if err != nil {
 		return err
 	}
 	k.State, k.PublishedAt = state, now
 	if state == castate.StatePrepared {
-		k.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
+		k.MinActivateAt = now.Add(PublishLead * m.cfg.RefreshHint)
 	} else {
 		k.ActivatedAt = now
 	}
-	a.jwtKeys = append(a.jwtKeys, k)
-	a.moveSequenceLocked(now)
+	m.jwtKeys = append(m.jwtKeys, k)
+	m.moveSequenceLocked(now)
 	event := "prepared (" + why + ")"
 	if state == castate.StateActive {
 		event = "bootstrap"
 	}
-	a.jwtEvent(now, event, k.KID)
+	m.jwtEvent(now, event, k.KID)
 	return nil
 }
 
@@ -188,54 +188,54 @@ func (a *Authority) newJWTKeyLocked(now time.Time, state castate.RootState, why 
 // JWT keys, unless this decision moved it already: a sequence above the
 // published bundle's is new to peers whatever else changes with it, and a
 // fresh CA's first bundle carries its bootstrap time.
-func (a *Authority) moveSequenceLocked(now time.Time) {
-	if pub, _ := a.bundle.SequenceNumber(); a.journal.Sequence > pub {
+func (m *manager) moveSequenceLocked(now time.Time) {
+	if pub, _ := m.bundle.SequenceNumber(); m.journal.Sequence > pub {
 		return
 	}
-	a.journal.Sequence = nextSequence(a.journal.Sequence, now)
+	m.journal.Sequence = nextSequence(m.journal.Sequence, now)
 }
 
-func (a *Authority) jwtEvent(now time.Time, what, kid string) {
-	a.journal.Events = append(a.journal.Events, castate.JournalNote{At: now, Event: "JWT key " + what, KID: kid})
-	a.metrics.jwtEvents.WithLabelValues(firstWord(what)).Inc()
-	a.cfg.Logger.Info("CA JWT key "+what, logattr.KeyID, kid, logattr.Sequence, a.journal.Sequence)
+func (m *manager) jwtEvent(now time.Time, what, kid string) {
+	m.journal.Events = append(m.journal.Events, castate.JournalNote{At: now, Event: "JWT key " + what, KID: kid})
+	m.metrics.jwtEvents.WithLabelValues(firstWord(what)).Inc()
+	m.cfg.Logger.Info("CA JWT key "+what, logattr.KeyID, kid, logattr.Sequence, m.journal.Sequence)
 }
 
 // recordJWTKeysLocked copies the JWT keys' records into the journal
 // before a commit, with the largest maximum JWT-SVID TTL ever used.
-func (a *Authority) recordJWTKeysLocked() {
-	a.journal.JWTKeys = a.journal.JWTKeys[:0]
-	for _, k := range a.jwtKeys {
-		a.journal.JWTKeys = append(a.journal.JWTKeys, k.JWTKeyRecord)
+func (m *manager) recordJWTKeysLocked() {
+	m.journal.JWTKeys = m.journal.JWTKeys[:0]
+	for _, k := range m.jwtKeys {
+		m.journal.JWTKeys = append(m.journal.JWTKeys, k.JWTKeyRecord)
 	}
-	if s := int64(a.cfg.MaxJWTSVIDTTL / time.Second); s > a.journal.MaxJWTSVIDTTLSeconds {
-		a.journal.MaxJWTSVIDTTLSeconds = s
+	if s := int64(m.cfg.MaxJWTSVIDTTL / time.Second); s > m.journal.MaxJWTSVIDTTLSeconds {
+		m.journal.MaxJWTSVIDTTLSeconds = s
 	}
 }
 
 // markJWTServedLocked notes, after a commit, that the keys it publishes
 // were published when decided (as commitLocked does for roots).
-func (a *Authority) markJWTServedLocked() {
-	for _, k := range a.jwtKeys {
-		if _, ok := a.served[jwtServedKey(k.KID)]; !ok && !k.PublishedAt.IsZero() {
-			a.served[jwtServedKey(k.KID)] = k.PublishedAt
+func (m *manager) markJWTServedLocked() {
+	for _, k := range m.jwtKeys {
+		if _, ok := m.served[jwtServedKey(k.KID)]; !ok && !k.PublishedAt.IsZero() {
+			m.served[jwtServedKey(k.KID)] = k.PublishedAt
 		}
 	}
 }
 
 // publishJWTLocked adds the JWT keys to b and notes when this process
 // first served each; current collects the served keys in use.
-func (a *Authority) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, current map[string]bool) {
-	for _, k := range a.jwtKeys {
+func (m *manager) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, current map[string]bool) {
+	for _, k := range m.jwtKeys {
 		if err := b.AddJWTAuthority(k.KID, k.Key.Public()); err != nil {
 			// Only an empty kid fails, which DecodeJournal refuses.
-			a.cfg.Logger.Error("CA JWT key not published", logattr.KeyID, k.KID, logattr.Error, err)
+			m.cfg.Logger.Error("CA JWT key not published", logattr.KeyID, k.KID, logattr.Error, err)
 			continue
 		}
 		key := jwtServedKey(k.KID)
 		current[key] = true
-		if _, ok := a.served[key]; !ok {
-			a.served[key] = now
+		if _, ok := m.served[key]; !ok {
+			m.served[key] = now
 		}
 	}
 }
@@ -244,30 +244,30 @@ func (a *Authority) publishJWTLocked(b *spiffebundle.Bundle, now time.Time, curr
 // waiting; it signs only after the usual publication lead. Rotate leaves
 // JWT keys alone and this leaves roots alone: the two are separate keys,
 // and replacing one (a suspected compromise) need not churn the other.
-func (a *Authority) rotateJWTKey() error {
-	if !a.leading() {
+func (m *manager) rotateJWTKey() error {
+	if !m.leading() {
 		return fmt.Errorf("ca: %w: only the leader rotates JWT keys", castate.ErrNotLeader)
 	}
-	if a.cfg.Plugin != nil {
-		return a.rotateJWTKeyPlugin()
+	if m.cfg.Plugin != nil {
+		return m.rotateJWTKeyPlugin()
 	}
-	return a.withStateLocked(func() error {
-		if !a.prepareJWTKeyNowLocked() {
+	return m.withStateLocked(func() error {
+		if !m.prepareJWTKeyNowLocked() {
 			return nil
 		}
-		if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
+		if err := m.newJWTKeyLocked(m.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
 			return err
 		}
-		return a.commitLocked()
+		return m.commitLocked()
 	})
 }
 
 // prepareJWTKeyNowLocked says whether a forced rotation has anything to
 // do: not while a prepared key is already waiting.
-func (a *Authority) prepareJWTKeyNowLocked() bool {
-	for _, k := range a.jwtKeys {
+func (m *manager) prepareJWTKeyNowLocked() bool {
+	for _, k := range m.jwtKeys {
 		if k.State == castate.StatePrepared {
-			a.cfg.Logger.Info("JWT key rotation requested but a prepared key is already waiting", logattr.KeyID, k.KID)
+			m.cfg.Logger.Info("JWT key rotation requested but a prepared key is already waiting", logattr.KeyID, k.KID)
 			return false
 		}
 	}
@@ -276,42 +276,34 @@ func (a *Authority) prepareJWTKeyNowLocked() bool {
 
 // rotateJWTKeyPlugin is rotateJWTKey in plug-in mode: the prepared key is
 // committed with the plug-in journal by a sync, which this runs.
-func (a *Authority) rotateJWTKeyPlugin() error {
-	return a.syncPluginWith(true)
+func (m *manager) rotateJWTKeyPlugin() error {
+	return m.syncPluginWith(true)
 }
 
 // jwtStepsLocked runs the JWT key steps due now and, when force (plug-in
 // mode), a rotation rotateJWTKey asked for.
-func (a *Authority) jwtStepsLocked(force bool) (bool, error) {
-	changed, err := a.reconcileJWTLocked()
-	if err != nil || !force || !a.prepareJWTKeyNowLocked() {
+func (m *manager) jwtStepsLocked(force bool) (bool, error) {
+	changed, err := m.reconcileJWTLocked()
+	if err != nil || !force || !m.prepareJWTKeyNowLocked() {
 		return changed, err
 	}
-	if err := a.newJWTKeyLocked(a.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
+	if err := m.newJWTKeyLocked(m.cfg.Clock.Now(), castate.StatePrepared, "forced"); err != nil {
 		return changed, err
 	}
 	return true, nil
 }
 
-// SignJWT mints a JWT-SVID for id, an identity the caller has proved, for
-// audience, with the active JWT key. ttl 0 is Config.JWTSVIDTTL; a ttl
-// over Config.MaxJWTSVIDTTL (or the journal's recorded maximum, when the
-// leader's is lower) is clamped to it, and the token never
-// outlives the key's NotAfter (the key leaves the bundle then); a
-// negative ttl, or one under a second (the resolution of JWT times), is
-// ErrInvalidTTL. An empty audience is refused (wrapping
-// jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
-// anyone who validates it without naming one.
-func (a *Authority) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
-	token, exp, err := a.signJWT(id, audience, ttl)
-	a.metrics.jwtSignings.WithLabelValues(jwtSignResult(err)).Inc()
+// signJWTSVID is Authority.SignJWT.
+func (m *manager) signJWTSVID(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+	token, exp, err := m.signJWT(id, audience, ttl)
+	m.metrics.jwtSignings.WithLabelValues(jwtSignResult(err)).Inc()
 	return token, exp, err
 }
 
-func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+func (m *manager) signJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
 	switch {
-	case id.IsZero() || id.TrustDomain() != a.cfg.TrustDomain:
-		return "", time.Time{}, fmt.Errorf("ca: %w: %q is not in trust domain %s", ErrIdentityNotAllowed, id, a.cfg.TrustDomain)
+	case id.IsZero() || id.TrustDomain() != m.cfg.TrustDomain:
+		return "", time.Time{}, fmt.Errorf("ca: %w: %q is not in trust domain %s", ErrIdentityNotAllowed, id, m.cfg.TrustDomain)
 	case ttl < 0:
 		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is negative", ErrInvalidTTL, ttl)
 	case ttl > 0 && ttl < time.Second:
@@ -321,18 +313,18 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 	case len(audience) == 0:
 		return "", time.Time{}, fmt.Errorf("ca: %w: at least one audience is required", jwtsvid.ErrInvalidClaims)
 	case ttl == 0:
-		ttl = a.cfg.JWTSVIDTTL
+		ttl = m.cfg.JWTSVIDTTL
 	}
 	// Under the read lock, with the time taken under it: a token is
 	// signed before or after a retirement, never across it, so it never
 	// outlives the RemoveAfter computed for its key.
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	ttl = min(ttl, a.maxJWTSVIDTTLLocked())
-	k := a.activeJWTKeyLocked()
-	now := a.cfg.Clock.Now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	ttl = min(ttl, m.maxJWTSVIDTTLLocked())
+	k := m.activeJWTKeyLocked()
+	now := m.cfg.Clock.Now()
 	if k == nil || !now.Before(k.NotAfter) {
-		return "", time.Time{}, a.noActiveJWTKeyLocked(k)
+		return "", time.Time{}, m.noActiveJWTKeyLocked(k)
 	}
 	// iat and exp are whole seconds in the token (NumericDate): truncate
 	// both here, or a sub-second remainder could put exp at or before iat.
@@ -353,27 +345,27 @@ func (a *Authority) signJWT(id spiffeid.ID, audience []string, ttl time.Duration
 
 // noActiveJWTKeyLocked says why SignJWT cannot sign with active (nil or
 // expired), and when it will.
-func (a *Authority) noActiveJWTKeyLocked(active *castate.JWTKey) error {
+func (m *manager) noActiveJWTKeyLocked(active *castate.JWTKey) error {
 	if active != nil {
 		return fmt.Errorf("ca: %w: active JWT key %s expired at %s and JWT-SVID minting has stopped; JWT key rotation is failing (see the CA's logs), or run `trustbridge ca rotate --jwt`",
 			ErrInvalidSigningMaterial, active.KID, active.NotAfter.UTC().Format(time.RFC3339))
 	}
-	for _, k := range a.jwtKeys {
+	for _, k := range m.jwtKeys {
 		if k.State != castate.StatePrepared {
 			continue
 		}
-		if at := a.jwtTimelineLocked().activateAt(jwtKeyTimes(k)); !at.IsZero() {
+		if at := m.jwtTimelineLocked().activateAt(jwtKeyTimes(k)); !at.IsZero() {
 			return fmt.Errorf("ca: %w: JWT key %s is published ahead of use so that peers hold it first; it signs from %s",
 				ErrInvalidSigningMaterial, k.KID, at.UTC().Format(time.RFC3339))
 		}
 		return fmt.Errorf("ca: %w: JWT key %s signs %s after a server first publishes it",
-			ErrInvalidSigningMaterial, k.KID, PublishLead*a.cfg.RefreshHint)
+			ErrInvalidSigningMaterial, k.KID, PublishLead*m.cfg.RefreshHint)
 	}
-	return fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, a.backend.Describe())
+	return fmt.Errorf("ca: %w: no active JWT key (an earlier trustbridge wrote %s; the leader creates one at its next check)", ErrInvalidSigningMaterial, m.backend.Describe())
 }
 
-func (a *Authority) activeJWTKeyLocked() *castate.JWTKey {
-	for _, k := range a.jwtKeys {
+func (m *manager) activeJWTKeyLocked() *castate.JWTKey {
+	for _, k := range m.jwtKeys {
 		if k.State == castate.StateActive {
 			return k
 		}
@@ -394,12 +386,12 @@ func jwtSignResult(err error) string {
 	return "error"
 }
 
-// JWTKeys lists the JWT signing keys and their state, in journal order.
-func (a *Authority) JWTKeys() []JWTKeyInfo {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	out := make([]JWTKeyInfo, 0, len(a.jwtKeys))
-	for _, k := range a.jwtKeys {
+// jwtKeyInfos is Authority.JWTKeys.
+func (m *manager) jwtKeyInfos() []JWTKeyInfo {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]JWTKeyInfo, 0, len(m.jwtKeys))
+	for _, k := range m.jwtKeys {
 		out = append(out, JWTKeyInfo{JWTKeyRecord: k.JWTKeyRecord, Public: k.Key.Public()})
 	}
 	return out
