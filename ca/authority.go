@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
@@ -240,18 +240,17 @@ func (c *Config) timeline() timeline {
 }
 
 // Authority is the embedded CA of one trust domain: a façade over its two
-// halves. The manager (manager.go) owns the state: it keeps the roots and
-// JWT keys in the backend, rotates them on the rotation timeline (or
-// follows a plug-in directory or an upstream), and publishes each state it
-// settles on. For now it signs too, under its read lock.
+// halves, split as SPIRE splits its server CA. The manager (manager.go)
+// owns the state: it keeps the roots and JWT keys in the backend, rotates
+// them on the rotation timeline (or follows a plug-in directory or an
+// upstream), and publishes each state it settles on as a signing
+// snapshot. The signer (signer.go) signs with the snapshot published
+// last, taking no lock.
 type Authority struct {
-	cfg     *Config // shared with m, never changed after New
+	cfg     *Config // shared by both halves, never changed after New
 	metrics *metrics
-	m       *manager
-
-	// localRoots is the X.509 bundle GetX509BundleForTrustDomain last
-	// derived from the published bundle.
-	localRoots atomic.Pointer[localBundle]
+	manager *manager
+	signer  *signer
 }
 
 // New loads the CA state from cfg.DataDir, creating the first root if the
@@ -268,8 +267,9 @@ func New(cfg Config) (*Authority, error) {
 		return nil, fmt.Errorf("ca: %w", err)
 	}
 	a.metrics = m
-	a.m = newManager(a.cfg, m)
-	if err := a.m.start(); err != nil {
+	a.manager = newManager(a.cfg, m)
+	a.signer = &signer{cfg: a.cfg, metrics: m, board: a.manager.board, noMaterial: a.manager.noMaterial}
+	if err := a.manager.start(); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -294,30 +294,30 @@ func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomai
 // again at what it records from now on (the audit trail writes only
 // while leading). It never blocks; rechecks asked for while one is
 // pending coalesce.
-func (a *Authority) Recheck() { a.m.recheck() }
+func (a *Authority) Recheck() { a.manager.recheck() }
 
 // CheckError is the error of the last scheduled check (a rotation the
 // key manager refused, an upstream that left no valid intermediate), or
 // nil when it succeeded; the CA keeps signing with what it had.
-func (a *Authority) CheckError() error { return a.m.checkError() }
+func (a *Authority) CheckError() error { return a.manager.checkError() }
 
 // Run reconciles on schedule (self-signed mode) or follows the plug-in
 // directory (plug-in mode) until ctx is done.
-func (a *Authority) Run(ctx context.Context) error { return a.m.run(ctx) }
+func (a *Authority) Run(ctx context.Context) error { return a.manager.run(ctx) }
 
 // Rotate publishes a successor root now, unless one is already waiting.
 // The successor signs only after the usual publication lead.
-func (a *Authority) Rotate() error { return a.m.rotate() }
+func (a *Authority) Rotate() error { return a.manager.rotate() }
 
 // Reconcile applies every rotation step due now and persists the result.
 // On a follower (Config.Leader says it does not lead) it only reloads the
 // state and publishes what it found.
-func (a *Authority) Reconcile() error { return a.m.reconcile() }
+func (a *Authority) Reconcile() error { return a.manager.reconcile() }
 
 // Reload picks up state another replica or process wrote and publishes
 // it, without changing anything. A watch on the shared state calls it (or
 // Recheck) as soon as the leader writes.
-func (a *Authority) Reload() error { return a.m.reload() }
+func (a *Authority) Reload() error { return a.manager.reload() }
 
 // Subscribe is the one way to be told of a change of the CA: it returns
 // a channel of its own, signalled on every change of the published bundle
@@ -332,34 +332,43 @@ func (a *Authority) Reload() error { return a.m.reload() }
 // subscriber reads the current state (Bundle, Roots, Ready) when it
 // wakes. The CA never blocks on a subscriber that has not drained its
 // channel.
-func (a *Authority) Subscribe() <-chan struct{} { return a.m.subscribe() }
+func (a *Authority) Subscribe() <-chan struct{} { return a.manager.subscribe() }
 
 // Bundle returns the published bundle: every prepared, active and retired
 // root and JWT key (a JWT authority under its kid), the sequence number
 // and the refresh hint. It is shared and must
 // not be modified; Clone it first.
-func (a *Authority) Bundle() *spiffebundle.Bundle { return a.m.currentBundle() }
+func (a *Authority) Bundle() *spiffebundle.Bundle { return a.signer.bundle() }
 
 // Roots lists the roots and their state.
-func (a *Authority) Roots() []RootInfo { return a.m.rootInfos() }
+func (a *Authority) Roots() []RootInfo { return a.manager.rootInfos() }
 
 // Sequence is the published bundle's sequence number.
-func (a *Authority) Sequence() uint64 { return a.m.sequence() }
+func (a *Authority) Sequence() uint64 { return a.manager.sequence() }
 
 // Ready reports why the CA cannot sign, or nil. In plug-in mode a bad
 // change to the directory makes it not ready, though it keeps signing
 // with the last good material: operators must see the error.
-func (a *Authority) Ready() error { return a.m.ready() }
+func (a *Authority) Ready() error { return a.manager.ready() }
+
+// readinessGauge is 1 while Ready reports a problem, so alerts need not
+// scrape /readyz.
+func (a *Authority) readinessGauge() float64 {
+	if a.Ready() != nil {
+		return 1
+	}
+	return 0
+}
 
 // Warning reports what does not stop the CA from signing but operators
 // must see, or nil: in upstream mode, an upstream that has been failing
 // while the current intermediate still signs (once none is left, Ready
 // fails instead).
-func (a *Authority) Warning() error { return a.m.warning() }
+func (a *Authority) Warning() error { return a.manager.warning() }
 
 // Upstream reports the upstream's health; ok is false outside upstream
 // mode.
-func (a *Authority) Upstream() (st UpstreamStatus, ok bool) { return a.m.upstreamHealth() }
+func (a *Authority) Upstream() (st UpstreamStatus, ok bool) { return a.manager.upstreamHealth() }
 
 // Plugin is the plug-in CA directory's watcher, nil without one: cmd
 // re-reads it on SIGHUP (PluginWatcher.Check) instead of waiting for its
@@ -376,15 +385,15 @@ func (a *Authority) Plugin() *PluginWatcher { return a.cfg.Plugin }
 // jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
 // anyone who validates it without naming one.
 func (a *Authority) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
-	return a.m.signJWTSVID(id, audience, ttl)
+	return a.signer.signJWTSVID(id, audience, ttl)
 }
 
 // JWTKeys lists the JWT signing keys and their state, in journal order.
-func (a *Authority) JWTKeys() []JWTKeyInfo { return a.m.jwtKeyInfos() }
+func (a *Authority) JWTKeys() []JWTKeyInfo { return a.manager.jwtKeyInfos() }
 
 // KeyStorage names where the CA's new keys live: "state" for the state
 // backend, else the key manager's String() (or "key manager").
-func (a *Authority) KeyStorage() string { return a.m.keyStorage() }
+func (a *Authority) KeyStorage() string { return a.manager.keyStorage() }
 
 // RequireHSM is Config.RequireHSM: new keys must be, and old ones are
 // audited to be, in a key manager.
@@ -396,7 +405,7 @@ func (a *Authority) RequireHSM() bool { return a.cfg.RequireHSM }
 // whose edge parses and judges the CSR it receives). The key's strength,
 // the identity, the TTL against Config.MaxWorkloadTTL, the DNS names and
 // the extensions are checked as the package-level SignX509SVID does.
-func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) { return a.m.signSVID(p) }
+func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) { return a.signer.signSVID(p) }
 
 // SignIntermediate signs a downstream trustbridge's CSR as an
 // intermediate CA of this trust domain: the server side of a nested
@@ -413,7 +422,7 @@ func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) { return a.m
 // certificate when it is not a root, and the certificates above it; Roots
 // are our published roots.
 func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
-	return a.m.signIntermediate(csr, ttl)
+	return a.signer.signIntermediate(csr, ttl)
 }
 
 // IssuedHere reports whether issuer is one of this CA's own signing
@@ -434,4 +443,17 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 // carries a grant record this CA wrote. Other certificates that verify
 // against the same roots, a downstream intermediate's or the upstream's
 // own, may carry any record. Issuers are compared byte for byte.
-func (a *Authority) IssuedHere(issuer *x509.Certificate) bool { return a.m.issuedHere(issuer) }
+func (a *Authority) IssuedHere(issuer *x509.Certificate) bool { return a.signer.issuedHere(issuer) }
+
+// GetX509BundleForTrustDomain makes the Authority an x509bundle.Source of
+// its published roots, as they are at each call, for its own trust domain
+// only: what a verifier of the CA's own workloads (the certificate
+// service's mTLS authenticator) trusts. Any trust domain but the CA's is
+// an error: federated trust domains never authenticate to the CA.
+//
+// It hands out the same *x509bundle.Bundle until the CA publishes a new
+// bundle, so a cache keyed by the bundle pointer (authn's verified client
+// chains) stays valid exactly as long as the roots do.
+func (a *Authority) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	return a.signer.x509Bundle(td)
+}

@@ -25,8 +25,10 @@ type manager struct {
 	// state (reloads, rotation checks, plug-in syncs); it is taken before
 	// the backend's lock and before mu. Backend reads happen under stateMu
 	// alone, so a slow or unreachable API server never stalls signing and
-	// Bundle, which take mu; every writer of journal, roots and version
-	// holds both.
+	// Bundle, which read the board; every writer of journal, roots and
+	// version holds both, through lockChange, which also holds off
+	// signers that read their time while the change runs (see board).
+	// mu alone guards what only the manager reads (subs, lastErr, up).
 	stateMu sync.Mutex
 	mu      sync.RWMutex
 	journal *castate.Journal
@@ -77,6 +79,11 @@ type manager struct {
 	up upstreamStatus
 
 	keyRefs keyRefCache // keys of Config.Keys, by KeyRef
+
+	// board is where each change's result is published for signing:
+	// every change to what signing reads runs between lockChange and
+	// unlockChange.
+	board *board
 }
 
 func newManager(cfg *Config, m *metrics) *manager {
@@ -96,6 +103,7 @@ func newManager(cfg *Config, m *metrics) *manager {
 		mg.store = NewStore(cfg.DataDir)
 		mg.backend = fileBackend{mg.store}
 	}
+	mg.board = newBoard(mg.snapshotLocked())
 	return mg
 }
 

@@ -6,10 +6,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
-	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -293,63 +291,9 @@ func (m *manager) jwtStepsLocked(force bool) (bool, error) {
 	return true, nil
 }
 
-// signJWTSVID is Authority.SignJWT.
-func (m *manager) signJWTSVID(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
-	token, exp, err := m.signJWT(id, audience, ttl)
-	m.metrics.jwtSignings.WithLabelValues(jwtSignResult(err)).Inc()
-	return token, exp, err
-}
-
-func (m *manager) signJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
-	switch {
-	case id.IsZero() || id.TrustDomain() != m.cfg.TrustDomain:
-		return "", time.Time{}, fmt.Errorf("ca: %w: %q is not in trust domain %s", ErrIdentityNotAllowed, id, m.cfg.TrustDomain)
-	case ttl < 0:
-		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is negative", ErrInvalidTTL, ttl)
-	case ttl > 0 && ttl < time.Second:
-		// Refused rather than rounded up: a caller asking for less than
-		// the claims can say would get a token longer than it asked for.
-		return "", time.Time{}, fmt.Errorf("ca: %w: JWT-SVID TTL %s is under one second, the resolution of JWT times; ask for at least 1s", ErrInvalidTTL, ttl)
-	case len(audience) == 0:
-		return "", time.Time{}, fmt.Errorf("ca: %w: at least one audience is required", jwtsvid.ErrInvalidClaims)
-	case ttl == 0:
-		ttl = m.cfg.JWTSVIDTTL
-	}
-	// Under the read lock, with the time taken under it: a token is
-	// signed before or after a retirement, never across it, so it never
-	// outlives the RemoveAfter computed for its key.
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	ttl = min(ttl, m.maxJWTSVIDTTLLocked())
-	k := m.activeJWTKeyLocked()
-	now := m.cfg.Clock.Now()
-	if k == nil || !now.Before(k.NotAfter) {
-		return "", time.Time{}, m.noActiveJWTKeyLocked(k)
-	}
-	// iat and exp are whole seconds in the token (NumericDate): truncate
-	// both here, or a sub-second remainder could put exp at or before iat.
-	// A ttl of at least 1s then always leaves exp after iat, unless the
-	// key's NotAfter is within the second.
-	iat := now.Truncate(time.Second)
-	exp := minTime(iat.Add(ttl), k.NotAfter).Truncate(time.Second)
-	if !exp.After(iat) {
-		return "", time.Time{}, fmt.Errorf("ca: %w: active JWT key %s expires at %s, less than a second from now; the leader activates its successor before then unless rotation is failing (see the CA's logs)",
-			ErrInvalidSigningMaterial, k.KID, k.NotAfter.UTC().Format(time.RFC3339))
-	}
-	token, err := jwtsvid.Mint(k.Key, k.KID, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: iat, Expiry: exp})
-	if err != nil {
-		return "", time.Time{}, fmt.Errorf("ca: %w", err)
-	}
-	return token, exp, nil
-}
-
-// noActiveJWTKeyLocked says why SignJWT cannot sign with active (nil or
-// expired), and when it will.
-func (m *manager) noActiveJWTKeyLocked(active *castate.JWTKey) error {
-	if active != nil {
-		return fmt.Errorf("ca: %w: active JWT key %s expired at %s and JWT-SVID minting has stopped; JWT key rotation is failing (see the CA's logs), or run `trustbridge ca rotate --jwt`",
-			ErrInvalidSigningMaterial, active.KID, active.NotAfter.UTC().Format(time.RFC3339))
-	}
+// noJWTKeyLocked says why there is no active JWT key, and when there
+// will be.
+func (m *manager) noJWTKeyLocked() error {
 	for _, k := range m.jwtKeys {
 		if k.State != castate.StatePrepared {
 			continue
@@ -371,19 +315,6 @@ func (m *manager) activeJWTKeyLocked() *castate.JWTKey {
 		}
 	}
 	return nil
-}
-
-func jwtSignResult(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, jwtsvid.ErrInvalidClaims):
-		return "invalid_claims"
-	}
-	if kind := SignErrorKind(err); kind != "" {
-		return kind
-	}
-	return "error"
 }
 
 // jwtKeyInfos is Authority.JWTKeys.

@@ -26,8 +26,8 @@ func (m *manager) syncPluginWith(forceJWT bool) error {
 		return err
 	}
 	defer unlock()
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lockChange()
+	defer m.unlockChange()
 	j, keys, version, err := m.loadPluginJournalLocked()
 	if err != nil {
 		return err
@@ -213,4 +213,24 @@ func (m *manager) runPlugin(ctx context.Context) error {
 		checked = m.cfg.Clock.Now()
 		m.recordCheck(m.syncPlugin(), "could not publish new plug-in CA roots; keeping the previous bundle and material")
 	}
+}
+
+// retirePluginSignerLocked remembers the plug-in CA certificate in use
+// when next replaces it, and forgets those whose leaves have all expired.
+func (m *manager) retirePluginSignerLocked(now time.Time, next *PluginMaterial) {
+	kept := m.pluginSigners[:0]
+	for _, s := range m.pluginSigners {
+		if now.Before(s.until) {
+			kept = append(kept, s)
+		}
+	}
+	m.pluginSigners = kept
+	prev := m.plugin
+	if prev == nil || prev.Cert == nil || (next != nil && next.Cert.Equal(prev.Cert)) {
+		return
+	}
+	// Every leaf was clamped to the signing certificate's own expiry and
+	// to MaxWorkloadTTL, and signed at a time before now (see board).
+	until := minTime(prev.Cert.NotAfter, now.Add(retireMargin+m.timelineLocked().MaxWorkloadTTL))
+	m.pluginSigners = append(m.pluginSigners, pluginSigner{cert: prev.Cert, until: until})
 }

@@ -2,7 +2,10 @@ package ca
 
 import (
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,13 +24,6 @@ func (m *manager) subscribe() <-chan struct{} {
 	m.subs = append(m.subs, ch)
 	m.mu.Unlock()
 	return ch
-}
-
-// currentBundle is Authority.Bundle.
-func (m *manager) currentBundle() *spiffebundle.Bundle {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return m.bundle
 }
 
 // RootInfo describes a root for status reports.
@@ -141,11 +137,133 @@ func (m *manager) ready() error {
 	return nil
 }
 
-// readinessGauge is 1 while Ready reports a problem, so alerts need not
-// scrape /readyz.
-func (a *Authority) readinessGauge() float64 {
-	if a.Ready() != nil {
-		return 1
+// policyLocked is the leaf policy. Requests are refused only
+// over the configured maximum; the journal's recorded maximum, when
+// shorter, only clamps a leaf's lifetime. The leader removes a retired root
+// once the recorded maximum has passed, so a replica configured with a
+// higher maximum than the leader's must not sign leaves that outlive their
+// root in the bundle; but refusing would fail a rollout that raises the
+// maximum, whose new pods follow the old leader until they lead and raise
+// the record themselves.
+func (m *manager) policyLocked() Policy {
+	return Policy{
+		TrustDomain: m.cfg.TrustDomain, DefaultTTL: m.cfg.WorkloadTTL, MaxTTL: m.cfg.MaxWorkloadTTL,
+		ClampTTL: recordedTTL(m.journal.MaxWorkloadTTLSeconds),
 	}
-	return 0
+}
+
+// recordedTTL is a journal's recorded maximum as a clamp: zero (none) when
+// it is not positive, and no shorter than it is when it would overflow a
+// Duration, so a damaged journal never turns into a negative policy.
+func recordedTTL(seconds int64) time.Duration {
+	switch {
+	case seconds <= 0:
+		return 0
+	case seconds > math.MaxInt64/int64(time.Second):
+		return math.MaxInt64
+	default:
+		return time.Duration(seconds) * time.Second
+	}
+}
+
+// materialLocked is what the state signs with; its Cert is nil when
+// nothing is active (or no plug-in material published yet).
+func (m *manager) materialLocked() SigningMaterial {
+	if m.cfg.Plugin != nil {
+		p := m.plugin
+		if p == nil {
+			return SigningMaterial{}
+		}
+		return SigningMaterial{Cert: p.Cert, Key: p.Key, Intermediates: p.Intermediates, Roots: p.Roots}
+	}
+	return RootsMaterial(m.roots)
+}
+
+// signingMaterialLocked is materialLocked, or why there is nothing to
+// sign with.
+func (m *manager) signingMaterialLocked() (SigningMaterial, error) {
+	mat := m.materialLocked()
+	if mat.Cert == nil {
+		return mat, m.noMaterialLocked()
+	}
+	return mat, nil
+}
+
+// noMaterial says why there is nothing to sign with, for a signer that
+// found no signing certificate in the snapshot it read. The reason may
+// lie outside the published state (leadership, the upstream's last
+// answer), so it is read now.
+func (m *manager) noMaterial() error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.noMaterialLocked()
+}
+
+func (m *manager) noMaterialLocked() error {
+	if m.cfg.Plugin != nil {
+		return errors.New("ca: no plug-in CA material published")
+	}
+	if len(m.roots) == 0 && !m.leading() {
+		return fmt.Errorf("ca: %w: no CA state in %s yet; the leader creates it", ErrInvalidSigningMaterial, m.backend.Describe())
+	}
+	if m.cfg.Upstream != nil && m.up.lastErr != nil {
+		// At a first start the upstream's refusal is the reason: a
+		// serving certificate that cannot be made says why.
+		return fmt.Errorf("ca: %w: no intermediate yet; the upstream's last answer failed: %v", ErrInvalidSigningMaterial, m.up.lastErr)
+	}
+	return fmt.Errorf("ca: %w: no active root", ErrInvalidSigningMaterial)
+}
+
+// RootsMaterial is the signing material of loaded roots (Store.Load): the
+// active root or upstream intermediate signs (Cert is nil when none is
+// active), with the upstream's intermediates above it, and Roots are every
+// published root: the self-signed roots, or in upstream mode the upstream
+// roots of every intermediate kept, never an intermediate itself.
+func RootsMaterial(roots []*castate.Root) SigningMaterial {
+	var m SigningMaterial
+	for _, r := range roots {
+		for _, c := range r.Published() {
+			// A handful of roots: comparing bytes beats hashing them on
+			// every signing.
+			if !slices.ContainsFunc(m.Roots, c.Equal) {
+				m.Roots = append(m.Roots, c)
+			}
+		}
+		if r.State == castate.StateActive {
+			m.Cert, m.Key, m.Intermediates = r.Cert, r.Key, r.UpstreamChain
+		}
+	}
+	return m
+}
+
+// lockChange takes mu for a change to what signing reads, and begins the
+// change on the board: signers that read their time from now on wait for
+// unlockChange. Reading the backend happens before, under stateMu alone,
+// so that a slow or unreachable API server never stalls signing.
+func (m *manager) lockChange() {
+	m.mu.Lock()
+	m.board.begin()
+}
+
+// unlockChange publishes the state as the change left it (unchanged when
+// it failed and went back) and releases mu.
+func (m *manager) unlockChange() {
+	m.board.end(m.snapshotLocked())
+	m.mu.Unlock()
+}
+
+// snapshotLocked is what signing needs of the state as it is now, copied
+// out of it: the manager changes roots and keys in place.
+func (m *manager) snapshotLocked() *signingSnapshot {
+	s := &signingSnapshot{
+		material: m.materialLocked(), policy: m.policyLocked(), bundle: m.bundle,
+		issuers: m.issuersLocked(), pluginSigners: slices.Clone(m.pluginSigners),
+		maxJWTSVIDTTL: m.maxJWTSVIDTTLLocked(),
+	}
+	if k := m.activeJWTKeyLocked(); k != nil {
+		s.jwtKey = &jwtSigningKey{kid: k.KID, key: k.Key, notAfter: k.NotAfter}
+	} else {
+		s.noJWTKey = m.noJWTKeyLocked()
+	}
+	return s
 }

@@ -45,12 +45,13 @@ func (m *manager) withStateLocked(f func() error) error {
 	}
 }
 
-// decideLocked runs f under mu. f changes state in place before saving
-// it; if the save fails, what is in memory goes back to what is stored and
-// published, or the CA would sign with a root nobody has seen.
+// decideLocked runs f as one change (lockChange). f changes state in
+// place before saving it; if the save fails, what is in memory goes back
+// to what is stored and published, or the CA would sign with a root nobody
+// has seen.
 func (m *manager) decideLocked(f func() error) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lockChange()
+	defer m.unlockChange()
 	journal, roots, jwtKeys := m.journal.Clone(), cloneRoots(m.roots), cloneJWTKeys(m.jwtKeys)
 	err := f()
 	if err != nil {
@@ -60,14 +61,14 @@ func (m *manager) decideLocked(f func() error) error {
 }
 
 // reloadStateLocked reads the state (the caller holds lockState, not mu)
-// and, under mu, publishes it.
+// and publishes it as one change (lockChange).
 func (m *manager) reloadStateLocked(force bool) error {
 	st, err := m.readState(force)
-	if err != nil {
+	if err != nil || st == nil {
 		return err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lockChange()
+	defer m.unlockChange()
 	return m.applyStateLocked(st)
 }
 

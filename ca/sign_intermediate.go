@@ -12,8 +12,8 @@ import (
 )
 
 // signIntermediate is Authority.SignIntermediate.
-func (m *manager) signIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
-	td := m.cfg.TrustDomain
+func (s *signer) signIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
+	td := s.cfg.TrustDomain
 	if err := checkCSR(csr, td.ID()); err != nil {
 		return nil, err
 	}
@@ -26,13 +26,11 @@ func (m *manager) signIntermediate(csr *x509.CertificateRequest, ttl time.Durati
 	if ttl == 0 {
 		ttl = defaultUpstreamTTL
 	}
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	mat, err := m.signingMaterialLocked()
+	snap, now := s.board.read(s.cfg.Clock)
+	mat, err := s.material(snap)
 	if err != nil {
 		return nil, err
 	}
-	now := m.cfg.Clock.Now()
 	bound, certIsRoot, err := mat.check(now)
 	if err != nil {
 		return nil, err
@@ -40,7 +38,7 @@ func (m *manager) signIntermediate(csr *x509.CertificateRequest, ttl time.Durati
 	if err := checkPathRoom(mat, certIsRoot); err != nil {
 		return nil, err
 	}
-	p := m.policy()
+	p := snap.policy
 	ttl = min(ttl, p.MaxTTL)
 	if p.ClampTTL > 0 {
 		ttl = min(ttl, p.ClampTTL)
@@ -50,7 +48,7 @@ func (m *manager) signIntermediate(csr *x509.CertificateRequest, ttl time.Durati
 		return nil, fmt.Errorf("ca: %w: an intermediate until %s would expire before it could sign anything; ask for at least %s", ErrInvalidTTL,
 			notAfter.UTC().Format(time.RFC3339), minIntermediateLife)
 	}
-	cert, err := signIntermediateCert(mat, csr, now, notAfter, td.ID().URL(), td.Name(), m.downstreamDNSDomains())
+	cert, err := signIntermediateCert(mat, csr, now, notAfter, td.ID().URL(), td.Name(), s.cfg.downstreamDNSDomains())
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +57,7 @@ func (m *manager) signIntermediate(csr *x509.CertificateRequest, ttl time.Durati
 		chain = append(chain, mat.Cert)
 	}
 	chain = append(chain, mat.Intermediates...)
-	return &UpstreamChain{Chain: chain, Roots: m.bundle.X509Authorities()}, nil
+	return &UpstreamChain{Chain: chain, Roots: snap.bundle.X509Authorities()}, nil
 }
 
 // signIntermediateCert makes the CA certificate for csr's key.
@@ -106,12 +104,12 @@ var (
 // downstreamDNSDomains are the DNS domains a downstream's intermediate
 // may vouch for: our workload DNS zone and the operator's
 // --downstream-dns-domain, without repeats.
-func (m *manager) downstreamDNSDomains() []string {
+func (c *Config) downstreamDNSDomains() []string {
 	var out []string
-	if m.cfg.WorkloadDNSZone != "" {
-		out = append(out, m.cfg.WorkloadDNSZone)
+	if c.WorkloadDNSZone != "" {
+		out = append(out, c.WorkloadDNSZone)
 	}
-	for _, d := range m.cfg.DownstreamDNSDomains {
+	for _, d := range c.DownstreamDNSDomains {
 		if !slices.Contains(out, d) {
 			out = append(out, d)
 		}
