@@ -7,12 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 // hookClock is a fake clock that runs a hook, once, inside the next call
@@ -202,4 +204,45 @@ func inBundle(roots []*x509.Certificate, c *x509.Certificate) bool {
 		}
 	}
 	return false
+}
+
+// TestSigningRefusalsSayWhy: with no signing certificate published, the
+// signer asks the manager why, and every signing path refuses with the
+// reason the state and its surroundings give: the upstream's last answer
+// at a first start, the leader yet to create the state on a follower.
+func TestSigningRefusalsSayWhy(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	u.set("", errUpstreamDown)
+	upstream, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+
+	fcfg := testConfig(t, clk)
+	fcfg.Backend, fcfg.DataDir = newMemBackend(), ""
+	fcfg.Leader = castate.LeaderFunc(func() bool { return false })
+	follower, err := New(fcfg)
+	require.NoError(t, err)
+
+	id := spiffeid.RequireFromPath(tdExample, "/w")
+	key := testca.NewKey(t, testca.ECP256)
+	for _, tc := range []struct {
+		name string
+		a    *Authority
+		want string
+	}{
+		{"upstream unreachable at a first start", upstream, "ca: invalid signing material: no intermediate yet; the upstream's last answer failed: ca: upstream fake upstream: connection refused"},
+		{"follower before the leader wrote state", follower, "ca: invalid signing material: no CA state in " + fcfg.Backend.Describe() + " yet; the leader creates it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.a.SignX509SVID(X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id})
+			require.ErrorIs(t, err, ErrInvalidSigningMaterial)
+			assert.EqualError(t, err, tc.want)
+			_, err = tc.a.ServingCert(id, time.Hour)
+			assert.ErrorContains(t, err, tc.want)
+			_, err = tc.a.SignIntermediate(intermediateCSR(t, key, nil), 0)
+			assert.EqualError(t, err, tc.want)
+			assert.Equal(t, 2.0, testutil.ToFloat64(tc.a.metrics.signings.WithLabelValues("signing_material")),
+				"the X509-SVID and the serving certificate count; SignIntermediate never did")
+		})
+	}
 }
