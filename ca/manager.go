@@ -86,11 +86,11 @@ type manager struct {
 	board *board
 }
 
-func newManager(cfg *Config, m *metrics) *manager {
-	mg := &manager{
+func newManager(cfg *Config, mets *metrics) *manager {
+	m := &manager{
 		cfg:     cfg,
 		backend: cfg.Backend,
-		metrics: m,
+		metrics: mets,
 		kick:    make(chan struct{}, 1),
 		served:  map[string]time.Time{},
 		// Until state is loaded (a follower before the leader created
@@ -99,12 +99,12 @@ func newManager(cfg *Config, m *metrics) *manager {
 		bundle:  spiffebundle.New(cfg.TrustDomain),
 		journal: &castate.Journal{TrustDomain: cfg.TrustDomain.Name()},
 	}
-	if mg.backend == nil {
-		mg.store = NewStore(cfg.DataDir)
-		mg.backend = fileBackend{mg.store}
+	if m.backend == nil {
+		m.store = NewStore(cfg.DataDir)
+		m.backend = fileBackend{m.store}
 	}
-	mg.board = newBoard(mg.snapshotLocked())
-	return mg
+	m.board = newBoard(m.snapshotLocked())
+	return m
 }
 
 // start publishes the first state: the plug-in directory's, or the

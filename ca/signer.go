@@ -12,7 +12,8 @@ import (
 // X509-SVIDs, serving certificates, downstream intermediates and
 // JWT-SVIDs with what the manager last published on the board, and
 // answers from it what a verifier of its leaves asks (Bundle,
-// IssuedHere). It takes no lock on the way (see board).
+// IssuedHere). It takes no lock, but waits for a change under way (see
+// board).
 type signer struct {
 	cfg     *Config
 	metrics *metrics
