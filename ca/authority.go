@@ -1,15 +1,16 @@
 package ca
 
 import (
+	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
@@ -238,74 +239,18 @@ func (c *Config) timeline() timeline {
 	return timeline{RefreshHint: c.RefreshHint, MaxWorkloadTTL: c.MaxWorkloadTTL}
 }
 
-// Authority is the embedded, self-signed CA of one trust domain. It keeps
-// its roots on disk, rotates them on the rotation timeline and signs workload
-// certificates with the active root.
+// Authority is the embedded CA of one trust domain: a façade over its two
+// halves, split as SPIRE splits its server CA. The manager (manager.go)
+// owns the state: it keeps the roots and JWT keys in the backend, rotates
+// them on the rotation timeline (or follows a plug-in directory or an
+// upstream), and publishes each state it settles on as a signing
+// snapshot. The signer (signer.go) signs with the snapshot published
+// last, taking no lock.
 type Authority struct {
-	cfg     Config
-	store   *Store // the file store, when Config.Backend is nil
-	backend castate.Backend
+	cfg     *Config // shared by both halves, never changed after New
 	metrics *metrics
-
-	// stateMu serializes everything that reads or changes the shared
-	// state (reloads, rotation checks, plug-in syncs); it is taken before
-	// the backend's lock and before mu. Backend reads happen under stateMu
-	// alone, so a slow or unreachable API server never stalls signing and
-	// Bundle, which take mu; every writer of journal, roots and version
-	// holds both.
-	stateMu sync.Mutex
-	mu      sync.RWMutex
-	journal *castate.Journal
-	roots   []*castate.Root   // in journal order
-	jwtKeys []*castate.JWTKey // in journal order
-	version string            // of the state as last written or read
-	bundle  *spiffebundle.Bundle
-	// localRoots is the X.509 bundle GetX509BundleForTrustDomain last
-	// derived from bundle.
-	localRoots atomic.Pointer[localBundle]
-
-	subs []chan struct{} // Subscribe
-	// published is the root states last published (id=state,...), so
-	// subscribers hear of a state change that leaves the bundle alone.
-	published string
-	kick      chan struct{} // Recheck
-
-	// served is when this process first published each root. The
-	// publication lead of a prepared root counts from when peers could
-	// fetch it; PublishedAt in the journal says when a trustbridge first
-	// served it, and served says whether this process can vouch that it
-	// has been served since.
-	//
-	// One process (file store): it served nothing while it was down, so
-	// after a restart a waiting root's lead starts again at the restart;
-	// served, set when the state is first loaded, is that instant, and
-	// the leader moves PublishedAt up to it.
-	//
-	// Several replicas behind one Service (Config.Leader): a peer's poll
-	// reaches any replica, and every replica serves the bundle of the
-	// shared state, reloaded through a watch moments after the leader
-	// writes. When leadership moves, the new leader moves PublishedAt up
-	// to when it itself began serving the root: for a replica that was
-	// following when the root was prepared that is the old PublishedAt
-	// plus the watch delay (the lead is kept); for one that started later,
-	// say after every replica was down, it is its own start, which covers
-	// any gap when nobody served the root. The lead is never shortened,
-	// at worst restarted.
-	served map[string]time.Time
-	// floored is set once this process wrote the state for the first
-	// time, with a new sequence (sequence.go, rule 2).
-	floored bool
-	// lastErr is the error of the last scheduled rotation check, for Ready.
-	lastErr error
-	// plugin is the plug-in material as last published, so signing never
-	// runs ahead of the bundle peers have seen.
-	plugin *PluginMaterial
-	// pluginSigners are earlier plug-in CA certificates, for IssuedHere.
-	pluginSigners []pluginSigner
-	// up is the upstream's health, in upstream mode (under mu).
-	up upstreamStatus
-
-	keyRefs keyRefCache // keys of Config.Keys, by KeyRef
+	manager *manager
+	signer  *signer
 }
 
 // New loads the CA state from cfg.DataDir, creating the first root if the
@@ -315,51 +260,17 @@ func New(cfg Config) (*Authority, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, fmt.Errorf("ca: %w", err)
 	}
-	a := &Authority{
-		cfg:     cfg,
-		backend: cfg.Backend,
-		kick:    make(chan struct{}, 1),
-		served:  map[string]time.Time{},
-		// Until state is loaded (a follower before the leader created
-		// it) the bundle has no authorities: served by nobody, trusted
-		// by nobody.
-		bundle:  spiffebundle.New(cfg.TrustDomain),
-		journal: &castate.Journal{TrustDomain: cfg.TrustDomain.Name()},
-	}
-	if a.backend == nil {
-		a.store = NewStore(cfg.DataDir)
-		a.backend = fileBackend{a.store}
-	}
+	a := &Authority{cfg: &cfg}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": cfg.TrustDomain.Name()}, cfg.Registerer)
 	m, err := newMetrics(reg, a.readinessGauge)
 	if err != nil {
 		return nil, fmt.Errorf("ca: %w", err)
 	}
 	a.metrics = m
-	if cfg.Plugin != nil {
-		if err := cfg.Plugin.load(); err != nil {
-			return nil, err
-		}
-		// syncPlugin publishes what Load loaded; the change Load
-		// signalled, left pending, would have Run publish it again at
-		// its first turn, after whatever happened meanwhile. A change
-		// signalled from now on is a real one.
-		select {
-		case <-cfg.Plugin.changes():
-		default:
-		}
-		if err := a.syncPlugin(); err != nil {
-			return nil, err
-		}
-		return a, nil
-	}
-	if err := a.Reconcile(); err != nil {
-		if !errors.Is(err, errNoIntermediate) {
-			return nil, err
-		}
-		// An unreachable upstream at the first start: serve, not ready,
-		// and let Run retry.
-		a.recordCheck(err, "no intermediate from the upstream authority yet; the CA cannot sign until it answers")
+	a.manager = newManager(a.cfg, m)
+	a.signer = &signer{cfg: a.cfg, metrics: m, board: a.manager.board, noMaterial: a.manager.noMaterial}
+	if err := a.manager.start(); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -374,3 +285,175 @@ func (a *Authority) MaxWorkloadTTL() time.Duration { return a.cfg.MaxWorkloadTTL
 
 // TrustDomain is the CA's trust domain.
 func (a *Authority) TrustDomain() spiffeid.TrustDomain { return a.cfg.TrustDomain }
+
+// Recheck asks for a fresh look now rather than at the next scheduled
+// check: Run checks the state (a reload, a rotation step that is due),
+// then wakes every subscriber to look again though nothing may have
+// changed. Call it when the shared state changed (a watch saw another
+// process write) or when this replica became the leader, which looks
+// again at what it records from now on (the audit trail writes only
+// while leading). It never blocks; rechecks asked for while one is
+// pending coalesce.
+func (a *Authority) Recheck() { a.manager.recheck() }
+
+// CheckError is the error of the last scheduled check (a rotation the
+// key manager refused, an upstream that left no valid intermediate), or
+// nil when it succeeded; the CA keeps signing with what it had.
+func (a *Authority) CheckError() error { return a.manager.checkError() }
+
+// Run reconciles on schedule (self-signed mode) or follows the plug-in
+// directory (plug-in mode) until ctx is done.
+func (a *Authority) Run(ctx context.Context) error { return a.manager.run(ctx) }
+
+// Rotate publishes a successor root now, unless one is already waiting.
+// The successor signs only after the usual publication lead.
+func (a *Authority) Rotate() error { return a.manager.rotate() }
+
+// Reconcile applies every rotation step due now and persists the result.
+// On a follower (Config.Leader says it does not lead) it only reloads the
+// state and publishes what it found.
+func (a *Authority) Reconcile() error { return a.manager.reconcile() }
+
+// Reload picks up state another replica or process wrote and publishes
+// it, without changing anything. A watch on the shared state calls it (or
+// Recheck) as soon as the leader writes.
+func (a *Authority) Reload() error { return a.manager.reload() }
+
+// Subscribe is the one way to be told of a change of the CA: it returns
+// a channel of its own, signalled on every change of the published bundle
+// or of a root's state (a prepared root activated leaves the bundle as it
+// was), when the CA's health turns (a scheduled check starting or ceasing
+// to fail, CheckError; an upstream outage starting or ending, Upstream),
+// and on Recheck. The channel is already signalled when the CA has state
+// to publish, so a subscriber added after New hears of the first bundle
+// too.
+//
+// Signals coalesce: one value stands for any number of changes, and the
+// subscriber reads the current state (Bundle, Roots, Ready) when it
+// wakes. The CA never blocks on a subscriber that has not drained its
+// channel.
+func (a *Authority) Subscribe() <-chan struct{} { return a.manager.subscribe() }
+
+// Bundle returns the published bundle: every prepared, active and retired
+// root and JWT key (a JWT authority under its kid), the sequence number
+// and the refresh hint. It is shared and must
+// not be modified; Clone it first.
+func (a *Authority) Bundle() *spiffebundle.Bundle { return a.signer.bundle() }
+
+// Roots lists the roots and their state.
+func (a *Authority) Roots() []RootInfo { return a.manager.rootInfos() }
+
+// Sequence is the published bundle's sequence number.
+func (a *Authority) Sequence() uint64 { return a.manager.sequence() }
+
+// Ready reports why the CA cannot sign, or nil. In plug-in mode a bad
+// change to the directory makes it not ready, though it keeps signing
+// with the last good material: operators must see the error.
+func (a *Authority) Ready() error { return a.manager.ready() }
+
+// readinessGauge is 1 while Ready reports a problem, so alerts need not
+// scrape /readyz.
+func (a *Authority) readinessGauge() float64 {
+	if a.Ready() != nil {
+		return 1
+	}
+	return 0
+}
+
+// Warning reports what does not stop the CA from signing but operators
+// must see, or nil: in upstream mode, an upstream that has been failing
+// while the current intermediate still signs (once none is left, Ready
+// fails instead).
+func (a *Authority) Warning() error { return a.manager.warning() }
+
+// Upstream reports the upstream's health; ok is false outside upstream
+// mode.
+func (a *Authority) Upstream() (st UpstreamStatus, ok bool) { return a.manager.upstreamHealth() }
+
+// Plugin is the plug-in CA directory's watcher, nil without one: cmd
+// re-reads it on SIGHUP (PluginWatcher.Check) instead of waiting for its
+// next poll.
+func (a *Authority) Plugin() *PluginWatcher { return a.cfg.Plugin }
+
+// SignJWT mints a JWT-SVID for id, an identity the caller has proved, for
+// audience, with the active JWT key. ttl 0 is Config.JWTSVIDTTL; a ttl
+// over Config.MaxJWTSVIDTTL (or the journal's recorded maximum, when the
+// leader's is lower) is clamped to it, and the token never
+// outlives the key's NotAfter (the key leaves the bundle then); a
+// negative ttl, or one under a second (the resolution of JWT times), is
+// ErrInvalidTTL. An empty audience is refused (wrapping
+// jwtsvid.ErrInvalidClaims): a token for no audience is accepted by
+// anyone who validates it without naming one.
+func (a *Authority) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+	return a.signer.signJWTSVID(id, audience, ttl)
+}
+
+// JWTKeys lists the JWT signing keys and their state, in journal order.
+func (a *Authority) JWTKeys() []JWTKeyInfo { return a.manager.jwtKeyInfos() }
+
+// KeyStorage names where the CA's new keys live: "state" for the state
+// backend, else the key manager's String() (or "key manager").
+func (a *Authority) KeyStorage() string { return a.manager.keyStorage() }
+
+// RequireHSM is Config.RequireHSM: new keys must be, and old ones are
+// audited to be, in a key manager.
+func (a *Authority) RequireHSM() bool { return a.cfg.RequireHSM }
+
+// SignX509SVID signs an X509-SVID for p.PublicKey and p.SPIFFEID, the
+// identity the caller proved, with the active root or intermediate: the
+// one entry point of every workload leaf (SDS, the certificate service,
+// whose edge parses and judges the CSR it receives). The key's strength,
+// the identity, the TTL against Config.MaxWorkloadTTL, the DNS names and
+// the extensions are checked as the package-level SignX509SVID does.
+func (a *Authority) SignX509SVID(p X509SVIDParams) (*Issued, error) { return a.signer.signSVID(p) }
+
+// SignIntermediate signs a downstream trustbridge's CSR as an
+// intermediate CA of this trust domain: the server side of a nested
+// upstream (the caller, the certificate service, decides who may ask).
+// The CSR must come from ParseCSR and may name no identity but
+// spiffe://<trust domain>. The certificate can sign leaves only (path
+// length 0), carries the trust domain's SPIFFE ID and critical name
+// constraints (downstreamNameConstraints): URIs of the trust domain only
+// (X509-SVID §4), DNS names of Config.WorkloadDNSZone and
+// Config.DownstreamDNSDomains only (none without either), no IP address. It lives ttl (0: the
+// default upstream TTL), clamped to the maximum workload TTL, which is
+// how long a retired root of ours stays published, and to our own
+// signing chain. The answer's Chain is the new certificate, our signing
+// certificate when it is not a root, and the certificates above it; Roots
+// are our published roots.
+func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
+	return a.signer.signIntermediate(csr, ttl)
+}
+
+// IssuedHere reports whether issuer is one of this CA's own signing
+// certificates, one that may have signed a leaf still valid: the active
+// root or upstream intermediate, the retired ones kept until every leaf
+// they signed has expired, and a prepared one (in upstream mode the
+// intermediates themselves, never the upstream's certificates). A
+// prepared root has signed nothing here, but its key is ours, and with
+// shared (kube) storage a leader whose state is ahead of ours may already
+// sign with it: refusing it would refuse that leader's fresh leaves. In
+// plug-in mode it is the directory's current CA certificate, and those
+// this process signed with before the directory changed, until their
+// leaves have expired (a restart forgets them); never a root of
+// root-cert.pem, whose key is not ours.
+//
+// The certificate service asks it of the issuer of every X509-SVID a
+// caller presents (authn.WithOwnIssuers): only a leaf this CA signed
+// carries a grant record this CA wrote. Other certificates that verify
+// against the same roots, a downstream intermediate's or the upstream's
+// own, may carry any record. Issuers are compared byte for byte.
+func (a *Authority) IssuedHere(issuer *x509.Certificate) bool { return a.signer.issuedHere(issuer) }
+
+// GetX509BundleForTrustDomain makes the Authority an x509bundle.Source of
+// its published roots, as they are at each call, for its own trust domain
+// only: what a verifier of the CA's own workloads (the certificate
+// service's mTLS authenticator) trusts. Any trust domain but the CA's is
+// an error: federated trust domains never authenticate to the CA.
+//
+// It hands out the same *x509bundle.Bundle until the CA publishes a new
+// bundle, so a cache keyed by the bundle pointer (authn's verified client
+// chains) stays valid exactly as long as the roots do.
+func (a *Authority) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	return a.signer.x509Bundle(td)
+}

@@ -142,10 +142,10 @@ func TestIssuedHerePlugin(t *testing.T) {
 	pki2 := newPluginPKI(t, pluginPKIOptions{now: now})
 	writePluginDir(t, pluginDir, pki2.files(t, false))
 	require.NoError(t, a.cfg.Plugin.Check())
-	require.NoError(t, a.syncPlugin())
+	require.NoError(t, a.manager.syncPlugin())
 	assert.True(t, a.IssuedHere(pki2.cert))
 	assert.True(t, a.IssuedHere(first), "the replaced CA certificate, whose leaves may still be valid")
-	require.NoError(t, a.syncPlugin())
+	require.NoError(t, a.manager.syncPlugin())
 	assert.True(t, a.IssuedHere(first), "an unchanged directory keeps it")
 
 	clk.Step(a.cfg.MaxWorkloadTTL + retireMargin + time.Second)

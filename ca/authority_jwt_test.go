@@ -143,7 +143,7 @@ func TestJWTKeyRemovalUsesLargestRecordedMaxTTL(t *testing.T) {
 	cfg.Registerer = prometheus.NewRegistry()
 	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, a.rotateJWTKey())
+	require.NoError(t, a.manager.rotateJWTKey())
 	clk.Step(PublishLead * time.Minute)
 	require.NoError(t, a.Reconcile())
 	retired := a.JWTKeys()[0]
@@ -158,8 +158,8 @@ func TestJWTKeyLeadKeptWhenHintLowered(t *testing.T) {
 	cfg := jwtConfig(t, clk)
 	a, err := New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, a.rotateJWTKey())
-	require.NoError(t, a.rotateJWTKey(), "a second request while one waits does nothing")
+	require.NoError(t, a.manager.rotateJWTKey())
+	require.NoError(t, a.manager.rotateJWTKey(), "a second request while one waits does nothing")
 	require.Equal(t, "active,prepared", jwtStates(a))
 
 	clk.Step(time.Minute)
@@ -181,7 +181,7 @@ func TestJWTKeysSurviveRestart(t *testing.T) {
 	a, err := New(cfg)
 	require.NoError(t, err)
 	kid := activeKID(t, a)
-	info, err := os.Stat(a.store.jwtKeyPath(kid))
+	info, err := os.Stat(a.manager.store.jwtKeyPath(kid))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "JWT keys are 0600 like root keys")
 
@@ -221,9 +221,9 @@ func TestOldStateWithoutJWTKeysLoads(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidSigningMaterial)
 	assert.ErrorContains(t, err, "signs from "+start.Add(lead).UTC().Format(time.RFC3339))
 	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.jwtSignings.WithLabelValues("signing_material")))
-	a.mu.RLock()
-	assert.Equal(t, start.Add(lead), a.nextJWTStepLocked(start), "the plan activates it then")
-	a.mu.RUnlock()
+	a.manager.mu.RLock()
+	assert.Equal(t, start.Add(lead), a.manager.nextJWTStepLocked(start), "the plan activates it then")
+	a.manager.mu.RUnlock()
 
 	clk.Step(lead - time.Second)
 	require.NoError(t, a.Reconcile())
@@ -268,7 +268,7 @@ func TestFirstJWTKeyState(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidSigningMaterial)
 		assert.ErrorContains(t, err, "published ahead of use")
 		clk.Step(PublishLead * time.Minute)
-		require.NoError(t, a.syncPlugin())
+		require.NoError(t, a.manager.syncPlugin())
 		assert.Equal(t, "active", jwtStates(a))
 		signedKID(t, a)
 	})
@@ -306,7 +306,7 @@ func TestCorruptJWTKeyRefused(t *testing.T) {
 			running, err := New(cfg)
 			require.NoError(t, err)
 			bundle := running.Bundle()
-			tt.break_(t, running.store.jwtKeyPath(activeKID(t, running)))
+			tt.break_(t, running.manager.store.jwtKeyPath(activeKID(t, running)))
 
 			cfg.Registerer = prometheus.NewRegistry()
 			_, err = New(cfg)
@@ -319,9 +319,9 @@ func TestCorruptJWTKeyRefused(t *testing.T) {
 			// A running CA keeps what it serves and signs with, and says
 			// why. The journal changed on disk, so it reloads.
 			clk.Step(time.Second)
-			j, err := os.ReadFile(running.store.journalPath())
+			j, err := os.ReadFile(running.manager.store.journalPath())
 			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(running.store.journalPath(), append(j, ' '), 0o600))
+			require.NoError(t, os.WriteFile(running.manager.store.journalPath(), append(j, ' '), 0o600))
 			require.Error(t, running.Reconcile())
 			assert.True(t, bundle.Equal(running.Bundle()), "last good bundle kept")
 			signedKID(t, running)
@@ -338,9 +338,9 @@ func TestFollowerSignsWithLeadersJWTKey(t *testing.T) {
 	require.NoError(t, err)
 	kid := activeKID(t, leader)
 	assert.Equal(t, kid, signedKID(t, follower))
-	assert.ErrorIs(t, follower.rotateJWTKey(), castate.ErrNotLeader)
+	assert.ErrorIs(t, follower.manager.rotateJWTKey(), castate.ErrNotLeader)
 
-	require.NoError(t, leader.rotateJWTKey())
+	require.NoError(t, leader.manager.rotateJWTKey())
 	require.NoError(t, follower.Reload())
 	assert.True(t, leader.Bundle().Equal(follower.Bundle()), "the follower publishes the successor too")
 	assert.Len(t, follower.Bundle().JWTAuthorities(), 2)
@@ -516,7 +516,7 @@ func TestPluginModeKeepsItsOwnJWTKeys(t *testing.T) {
 	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
 	seq := a.Sequence()
 
-	require.NoError(t, a.rotateJWTKey())
+	require.NoError(t, a.manager.rotateJWTKey())
 	assert.Equal(t, "active,prepared", jwtStates(a))
 	assert.Greater(t, a.Sequence(), seq)
 	assert.Len(t, a.Bundle().JWTAuthorities(), 2)
@@ -527,7 +527,7 @@ func TestPluginModeKeepsItsOwnJWTKeys(t *testing.T) {
 	assert.Equal(t, kid, activeKID(t, b), "a restart keeps the JWT keys")
 	assert.Equal(t, "active,prepared", jwtStates(b))
 	clk.Step(PublishLead * time.Minute)
-	require.NoError(t, b.syncPlugin())
+	require.NoError(t, b.manager.syncPlugin())
 	assert.Equal(t, "retired,active", jwtStates(b), "activated after the lead, counted from the restart")
 	assert.NotEqual(t, kid, signedKID(t, b))
 }

@@ -21,7 +21,7 @@ func TestPluginRunFailingRemovalIsNotRetriedAtOnce(t *testing.T) {
 	// A new CA in the directory retires the first root.
 	writePluginDir(t, a.cfg.Plugin.dir, newPluginPKI(t, pluginPKIOptions{now: clk.Now()}).files(t, false))
 	require.NoError(t, a.cfg.Plugin.Check())
-	require.NoError(t, a.syncPlugin())
+	require.NoError(t, a.manager.syncPlugin())
 	require.Len(t, a.Bundle().X509Authorities(), 2, "the retired root is still published")
 	// Check left a change notification that the sync above already took
 	// in; a loop that found it pending would sync once more at a moment

@@ -137,23 +137,23 @@ func TestPluginSyncFailureRollsBack(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	fb := &failingBackend{memBackend: newMemBackend()}
 	a := newPluginAuthority(t, clk, Config{Backend: fb})
-	seq, events := a.Sequence(), len(a.journal.Events)
+	seq, events := a.Sequence(), len(a.manager.journal.Events)
 
 	fb.fail.Store(true)
 	clk.Step(time.Minute)
-	require.ErrorContains(t, a.rotateJWTKey(), "injected commit failure")
+	require.ErrorContains(t, a.manager.rotateJWTKey(), "injected commit failure")
 	assert.Equal(t, seq, a.Sequence(), "the unsaved sequence is not reported")
-	assert.Len(t, a.journal.Events, events, "the unsaved events are dropped")
+	assert.Len(t, a.manager.journal.Events, events, "the unsaved events are dropped")
 	assert.Equal(t, "active", jwtStates(a))
 	assert.Len(t, a.Bundle().JWTAuthorities(), 1)
 	published, _ := a.Bundle().SequenceNumber()
 	assert.Equal(t, seq, published)
 
 	fb.fail.Store(false)
-	require.NoError(t, a.syncPlugin())
+	require.NoError(t, a.manager.syncPlugin())
 	assert.Equal(t, "active", jwtStates(a), "the failed request left nothing pending")
 	assert.Equal(t, seq, a.Sequence())
-	require.NoError(t, a.rotateJWTKey())
+	require.NoError(t, a.manager.rotateJWTKey())
 	assert.Equal(t, "active,prepared", jwtStates(a))
 	assert.Greater(t, a.Sequence(), seq)
 }

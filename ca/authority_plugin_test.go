@@ -77,7 +77,7 @@ func TestAuthorityPluginMode(t *testing.T) {
 	pki2 := newPluginPKI(t, pluginPKIOptions{now: now})
 	writePluginDir(t, pluginDir, pki2.files(t, false))
 	require.NoError(t, b.cfg.Plugin.Check())
-	require.NoError(t, b.syncPlugin())
+	require.NoError(t, b.manager.syncPlugin())
 	require.NoError(t, b.Ready())
 	assert.Equal(t, seq+1, b.Sequence())
 	published := b.Bundle().X509Authorities()
@@ -93,7 +93,7 @@ func TestAuthorityPluginMode(t *testing.T) {
 
 	// After the maximum workload TTL it leaves, with a sequence step.
 	clk.SetTime(now.Add(2*time.Hour + retireMargin + time.Second))
-	require.NoError(t, c.syncPlugin())
+	require.NoError(t, c.manager.syncPlugin())
 	require.Len(t, c.Bundle().X509Authorities(), 1)
 	assert.Equal(t, uint64(clk.Now().Unix()), c.Sequence(), "hours later: the time")
 }

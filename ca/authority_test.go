@@ -325,7 +325,7 @@ func TestSaveFailureLeavesNothingHalfDone(t *testing.T) {
 	require.NoError(t, err)
 	before := a.Bundle()
 
-	a.store.saveErr = errors.New("no space left on device")
+	a.manager.store.saveErr = errors.New("no space left on device")
 	// Two failed checks: one would prepare a root, the next activate it.
 	clk.SetTime(t0.Add(12 * time.Hour))
 	require.ErrorContains(t, a.Reconcile(), "no space left on device")
@@ -342,7 +342,7 @@ func TestSaveFailureLeavesNothingHalfDone(t *testing.T) {
 	assert.Equal(t, before.X509Authorities()[0].Subject.String(), res.Leaf.Issuer.String(), "still signing with the published root")
 
 	// Once the disk recovers, the timeline starts from a clean state.
-	a.store.saveErr = nil
+	a.manager.store.saveErr = nil
 	require.NoError(t, a.Reconcile())
 	assert.Len(t, a.Bundle().X509Authorities(), 2, "the successor is published first")
 	for _, r := range a.Roots() {

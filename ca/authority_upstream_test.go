@@ -199,7 +199,7 @@ func TestUpstreamFailuresKeepLastGoodIntermediate(t *testing.T) {
 			clk.Step(24 * time.Hour)
 			err = a.Reconcile()
 			require.ErrorIs(t, err, errNoIntermediate)
-			a.recordCheck(err, "check")
+			a.manager.recordCheck(err, "check")
 			require.Error(t, a.Ready())
 			assert.Contains(t, a.Ready().Error(), tc.message)
 
@@ -207,7 +207,7 @@ func TestUpstreamFailuresKeepLastGoodIntermediate(t *testing.T) {
 			u.set("", nil)
 			clk.Step(upstreamBackoffMax)
 			require.NoError(t, a.Reconcile())
-			a.recordCheck(nil, "")
+			a.manager.recordCheck(nil, "")
 			require.NoError(t, a.Ready())
 			leafVerifies(t, a)
 		})
@@ -224,7 +224,7 @@ func TestUpstreamUnreachableAtFirstStart(t *testing.T) {
 	assert.Empty(t, a.Bundle().X509Authorities())
 	u.set("", nil)
 	clk.Step(upstreamBackoff(1))
-	a.recordCheck(a.Reconcile(), "")
+	a.manager.recordCheck(a.Reconcile(), "")
 	require.NoError(t, a.Ready())
 	leafVerifies(t, a)
 }
@@ -389,12 +389,12 @@ func TestSubscribersHearHealthTurns(t *testing.T) {
 	assert.Equal(t, 2, st.Failures)
 	assert.Equal(t, since, st.FailingSince, "the outage's start stays")
 
-	a.recordCheck(errors.New("key manager refused"), "check")
+	a.manager.recordCheck(errors.New("key manager refused"), "check")
 	assert.True(t, woken(), "checks start to fail")
 	require.ErrorContains(t, a.CheckError(), "key manager refused")
-	a.recordCheck(errors.New("key manager refused again"), "check")
+	a.manager.recordCheck(errors.New("key manager refused again"), "check")
 	assert.False(t, woken(), "checks still fail")
-	a.recordCheck(nil, "")
+	a.manager.recordCheck(nil, "")
 	assert.True(t, woken(), "checks cease to fail")
 	require.NoError(t, a.CheckError())
 

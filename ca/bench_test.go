@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
@@ -95,5 +98,49 @@ func BenchmarkSign(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	})
+}
+
+// BenchmarkSignX509SVIDParallel signs X509-SVIDs from parallel goroutines
+// through an Authority, against the package-level signer with the same
+// kind of root and the same policy in the same run ("baseline:package").
+// The ratio is what the Authority adds to every leaf under load: reading
+// what it signs with, the clock and the metrics.
+func BenchmarkSignX509SVIDParallel(b *testing.B) {
+	root := testca.New(b, signTD.Name(), testca.Options{
+		KeyType:   testca.ECP256,
+		NotBefore: signNow.Add(-24 * time.Hour),
+		NotAfter:  signNow.Add(365 * 24 * time.Hour),
+	})
+	params := ca.X509SVIDParams{PublicKey: testca.NewKey(b, testca.ECP256).Public(), SPIFFEID: workloadID}
+	m := rootMaterial(root)
+	b.Run("baseline:package", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := ca.SignX509SVID(signNow, m, signPolicy, params); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("Authority", func(b *testing.B) {
+		a, err := ca.New(ca.Config{
+			TrustDomain: signTD, DataDir: b.TempDir(), Clock: clocktesting.NewFakeClock(signNow), Registerer: prometheus.NewRegistry(),
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := a.SignX509SVID(params); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
 	})
 }

@@ -40,7 +40,7 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.
 
 // SignWithDNSNames is Sign with X509SVIDParams.DNSNames.
 func (a *Authority) SignWithDNSNames(csr *x509.CertificateRequest, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra ...pkix.Extension) (*Issued, error) {
-	return a.signLocked(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
+	return a.signer.signWith(func(now time.Time, m SigningMaterial, pol Policy) (*Issued, error) {
 		return SignWithDNSNames(now, m, pol, csr, id, ttl, dnsNames, extra...)
 	})
 }

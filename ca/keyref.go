@@ -67,21 +67,16 @@ func (c *keyRefCache) refs() []string {
 // there, and a key in the state would defeat it.
 var errRequestInKeyManager = errors.New("ca: the CA's keys are in a key manager (--key-manager), which only the running server opens; it prepares successors on schedule, so leave rotation to it")
 
-// KeyStorage names where the CA's new keys live: "state" for the state
-// backend, else the key manager's String() (or "key manager").
-func (a *Authority) KeyStorage() string {
-	if a.cfg.Keys == nil {
+// keyStorage is Authority.KeyStorage.
+func (m *manager) keyStorage() string {
+	if m.cfg.Keys == nil {
 		return "state"
 	}
-	return a.keysName()
+	return m.keysName()
 }
 
-// RequireHSM is Config.RequireHSM: new keys must be, and old ones are
-// audited to be, in a key manager.
-func (a *Authority) RequireHSM() bool { return a.cfg.RequireHSM }
-
-func (a *Authority) keysName() string {
-	if s, ok := a.cfg.Keys.(fmt.Stringer); ok {
+func (m *manager) keysName() string {
+	if s, ok := m.cfg.Keys.(fmt.Stringer); ok {
 		return s.String()
 	}
 	return "key manager"
@@ -90,31 +85,31 @@ func (a *Authority) keysName() string {
 // newKey makes a signing key of type kt: in Config.Keys, labelled label,
 // returning its reference; or, without a key manager, in memory, to be
 // stored in the state (ref "").
-func (a *Authority) newKey(kt KeyType, label string) (crypto.Signer, string, error) {
-	if a.cfg.Keys == nil {
+func (m *manager) newKey(kt KeyType, label string) (crypto.Signer, string, error) {
+	if m.cfg.Keys == nil {
 		key, err := GenerateKey(kt)
 		return key, "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), keyOpTimeout)
 	defer cancel()
-	key, ref, err := a.cfg.Keys.CreateKey(ctx, kt, label)
+	key, ref, err := m.cfg.Keys.CreateKey(ctx, kt, label)
 	if err == nil && (key == nil || ref == "") {
 		err = errors.New("it returned no key or an empty reference")
 	}
 	if err != nil {
-		a.metrics.keyManagerErrors.WithLabelValues("create").Inc()
-		return nil, "", fmt.Errorf("ca: create %s key %q in %s: %w", kt, label, a.keysName(), err)
+		m.metrics.keyManagerErrors.WithLabelValues("create").Inc()
+		return nil, "", fmt.Errorf("ca: create %s key %q in %s: %w", kt, label, m.keysName(), err)
 	}
-	a.keyRefs.put(ref, key)
+	m.keyRefs.put(ref, key)
 	return key, ref, nil
 }
 
 // newRootKeyed mints a root whose key newKey makes, labelled with the
 // trust domain and the root's serial.
-func (a *Authority) newRootKeyed(now time.Time) (*x509.Certificate, crypto.Signer, string, error) {
-	td := a.cfg.TrustDomain
-	return mintRootCert(td, now, a.cfg.RootTTL, a.cfg.SignsIntermediates, func(serial string) (crypto.Signer, string, error) {
-		return a.newKey(a.cfg.KeyType, "trustbridge "+td.Name()+" root "+serial)
+func (m *manager) newRootKeyed(now time.Time) (*x509.Certificate, crypto.Signer, string, error) {
+	td := m.cfg.TrustDomain
+	return mintRootCert(td, now, m.cfg.RootTTL, m.cfg.SignsIntermediates, func(serial string) (crypto.Signer, string, error) {
+		return m.newKey(m.cfg.KeyType, "trustbridge "+td.Name()+" root "+serial)
 	})
 }
 
@@ -145,11 +140,11 @@ func jwtKeyManagerType(kt JWTKeyType) (KeyType, error) {
 // newJWTKeyKeyed is newJWTKey, with the key made by newKey. The label
 // cannot carry the kid (the key's thumbprint, known only once it exists):
 // it carries a random id instead.
-func (a *Authority) newJWTKeyKeyed(now time.Time) (*castate.JWTKey, error) {
-	if a.cfg.Keys == nil {
-		return newJWTKey(a.cfg.JWTKeyType, now, a.cfg.JWTKeyTTL)
+func (m *manager) newJWTKeyKeyed(now time.Time) (*castate.JWTKey, error) {
+	if m.cfg.Keys == nil {
+		return newJWTKey(m.cfg.JWTKeyType, now, m.cfg.JWTKeyTTL)
 	}
-	kt, err := jwtKeyManagerType(a.cfg.JWTKeyType)
+	kt, err := jwtKeyManagerType(m.cfg.JWTKeyType)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +152,7 @@ func (a *Authority) newJWTKeyKeyed(now time.Time) (*castate.JWTKey, error) {
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return nil, err
 	}
-	key, ref, err := a.newKey(kt, "trustbridge "+a.cfg.TrustDomain.Name()+" jwt "+hex.EncodeToString(nonce[:]))
+	key, ref, err := m.newKey(kt, "trustbridge "+m.cfg.TrustDomain.Name()+" jwt "+hex.EncodeToString(nonce[:]))
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +161,7 @@ func (a *Authority) newJWTKeyKeyed(now time.Time) (*castate.JWTKey, error) {
 		return nil, fmt.Errorf("ca: JWT key thumbprint: %w", err)
 	}
 	return &castate.JWTKey{JWTKeyRecord: castate.JWTKeyRecord{
-		KID: kid, Algorithm: string(a.cfg.JWTKeyType), CreatedAt: now, NotAfter: now.Add(a.cfg.JWTKeyTTL), PreparedAt: now, KeyRef: ref,
+		KID: kid, Algorithm: string(m.cfg.JWTKeyType), CreatedAt: now, NotAfter: now.Add(m.cfg.JWTKeyTTL), PreparedAt: now, KeyRef: ref,
 	}, Key: key}, nil
 }
 
@@ -183,40 +178,40 @@ func storedRootKey(r *castate.Root) (crypto.Signer, error) {
 }
 
 // findKey returns the key ref names, from the cache or Config.Keys.
-func (a *Authority) findKey(what, ref string) (crypto.Signer, error) {
-	if a.cfg.Keys == nil {
+func (m *manager) findKey(what, ref string) (crypto.Signer, error) {
+	if m.cfg.Keys == nil {
 		return nil, fmt.Errorf("ca: %s's key is in a key manager (ref %s); start with --key-manager pkcs11 and the same token", what, ref)
 	}
-	if k, ok := a.keyRefs.get(ref); ok {
+	if k, ok := m.keyRefs.get(ref); ok {
 		return k, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), keyOpTimeout)
 	defer cancel()
-	k, err := a.cfg.Keys.FindKey(ctx, ref)
+	k, err := m.cfg.Keys.FindKey(ctx, ref)
 	if err == nil && k == nil {
 		err = ErrKeyNotFound
 	}
 	if err != nil {
-		a.metrics.keyManagerErrors.WithLabelValues("find").Inc()
-		return nil, fmt.Errorf("ca: %s: find its key (ref %s) in %s: %w", what, ref, a.keysName(), err)
+		m.metrics.keyManagerErrors.WithLabelValues("find").Inc()
+		return nil, fmt.Errorf("ca: %s: find its key (ref %s) in %s: %w", what, ref, m.keysName(), err)
 	}
-	a.keyRefs.put(ref, k)
+	m.keyRefs.put(ref, k)
 	return k, nil
 }
 
 // resolveKeys finds the keys of loaded roots and JWT keys whose record
 // has a KeyRef, checking each against its certificate or kid.
-func (a *Authority) resolveKeys(roots []*castate.Root, jwtKeys []*castate.JWTKey) error {
+func (m *manager) resolveKeys(roots []*castate.Root, jwtKeys []*castate.JWTKey) error {
 	for _, r := range roots {
 		if r.KeyRef == "" {
 			continue
 		}
-		k, err := a.findKey("root "+r.ID, r.KeyRef)
+		k, err := m.findKey("root "+r.ID, r.KeyRef)
 		if err != nil {
 			return err
 		}
 		if !publicKeysMatch(k.Public(), r.Cert.PublicKey) {
-			return corrupt("root %s: the key %s holds for ref %s does not match the certificate", r.ID, a.keysName(), r.KeyRef)
+			return corrupt("root %s: the key %s holds for ref %s does not match the certificate", r.ID, m.keysName(), r.KeyRef)
 		}
 		r.Key = k
 	}
@@ -224,13 +219,13 @@ func (a *Authority) resolveKeys(roots []*castate.Root, jwtKeys []*castate.JWTKey
 		if jk.KeyRef == "" {
 			continue
 		}
-		k, err := a.findKey("JWT key "+jk.KID, jk.KeyRef)
+		k, err := m.findKey("JWT key "+jk.KID, jk.KeyRef)
 		if err != nil {
 			return err
 		}
 		alg, aerr := jwtsvid.Algorithm(k.Public())
 		if kid, err := jwtKID(k.Public()); err != nil || aerr != nil || kid != jk.KID || string(alg) != jk.Algorithm {
-			return corrupt("JWT key %s: the key %s holds for ref %s does not match the kid or algorithm", jk.KID, a.keysName(), jk.KeyRef)
+			return corrupt("JWT key %s: the key %s holds for ref %s does not match the kid or algorithm", jk.KID, m.keysName(), jk.KeyRef)
 		}
 		jk.Key = k
 	}
@@ -241,30 +236,30 @@ func (a *Authority) resolveKeys(roots []*castate.Root, jwtKeys []*castate.JWTKey
 // this process knows of that the committed state no longer names: removed
 // roots and JWT keys, and keys of decisions that were never committed.
 // A failure is logged and counted, and tried again after the next commit.
-func (a *Authority) destroyDroppedKeysLocked() {
-	if a.cfg.Keys == nil {
+func (m *manager) destroyDroppedKeysLocked() {
+	if m.cfg.Keys == nil {
 		return
 	}
 	live := map[string]bool{}
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		live[r.KeyRef] = true
 	}
-	for _, k := range a.jwtKeys {
+	for _, k := range m.jwtKeys {
 		live[k.KeyRef] = true
 	}
-	for _, ref := range a.keyRefs.refs() {
+	for _, ref := range m.keyRefs.refs() {
 		if live[ref] {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), keyOpTimeout)
-		err := a.cfg.Keys.DestroyKey(ctx, ref)
+		err := m.cfg.Keys.DestroyKey(ctx, ref)
 		cancel()
 		if err != nil {
-			a.metrics.keyManagerErrors.WithLabelValues("destroy").Inc()
-			a.cfg.Logger.Warn("CA could not destroy a key no longer used in "+a.keysName()+"; it will try again after the next change", "key_ref", ref, logattr.Error, err)
+			m.metrics.keyManagerErrors.WithLabelValues("destroy").Inc()
+			m.cfg.Logger.Warn("CA could not destroy a key no longer used in "+m.keysName()+"; it will try again after the next change", "key_ref", ref, logattr.Error, err)
 			continue
 		}
-		a.keyRefs.drop(ref)
-		a.cfg.Logger.Info("CA destroyed a key no longer used in "+a.keysName(), "key_ref", ref)
+		m.keyRefs.drop(ref)
+		m.cfg.Logger.Info("CA destroyed a key no longer used in "+m.keysName(), "key_ref", ref)
 	}
 }

@@ -150,7 +150,7 @@ func TestKeyManagerBootstrapSignRestart(t *testing.T) {
 	res2, err := b.Sign(workloadCSR(t, id), id, 0)
 	require.NoError(t, err)
 	assert.Equal(t, res.Leaf.Issuer.String(), res2.Leaf.Issuer.String(), "the same root signs after the restart")
-	assert.Equal(t, jwtRef, b.jwtKeys[0].KeyRef)
+	assert.Equal(t, jwtRef, b.manager.jwtKeys[0].KeyRef)
 }
 
 func TestKeyManagerRotationDestroysRemovedKeys(t *testing.T) {
@@ -159,23 +159,23 @@ func TestKeyManagerRotationDestroysRemovedKeys(t *testing.T) {
 	a, err := New(keysConfig(t, clk, fk))
 	require.NoError(t, err)
 	require.NoError(t, a.Rotate())
-	require.NoError(t, a.rotateJWTKey())
+	require.NoError(t, a.manager.rotateJWTKey())
 	require.Len(t, a.Roots(), 2)
-	for _, r := range a.roots {
+	for _, r := range a.manager.roots {
 		require.NotEmpty(t, r.KeyRef)
 	}
-	first := a.roots[0].KeyRef
+	first := a.manager.roots[0].KeyRef
 	for now := t0; now.Before(t0.Add(3 * 24 * time.Hour)); now = now.Add(5 * time.Minute) {
 		clk.SetTime(now)
 		require.NoError(t, a.Reconcile())
 	}
 	require.NotEmpty(t, fk.destroyed, "removed roots' keys are destroyed")
 	assert.Contains(t, fk.destroyed, first)
-	for _, r := range a.roots {
+	for _, r := range a.manager.roots {
 		assert.True(t, fk.has(r.KeyRef), "a published root keeps its key")
 		assert.NotContains(t, fk.destroyed, r.KeyRef)
 	}
-	for _, k := range a.jwtKeys {
+	for _, k := range a.manager.jwtKeys {
 		assert.True(t, fk.has(k.KeyRef), "a published JWT key keeps its key")
 	}
 	id := spiffeid.RequireFromPath(tdExample, "/w")
@@ -192,9 +192,9 @@ func TestKeyManagerDestroyFailureIsCountedAndRetried(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, a.Rotate())
 	fk.destroyErr = errors.New("token is read-only")
-	first := a.roots[0].KeyRef
+	first := a.manager.roots[0].KeyRef
 	now := t0
-	for ; len(a.Roots()) == 2 || a.roots[0].KeyRef == first; now = now.Add(5 * time.Minute) {
+	for ; len(a.Roots()) == 2 || a.manager.roots[0].KeyRef == first; now = now.Add(5 * time.Minute) {
 		clk.SetTime(now)
 		require.NoError(t, a.Reconcile(), "a destroy failure is not fatal")
 		require.True(t, now.Before(t0.Add(3*24*time.Hour)), "root never removed")
@@ -237,11 +237,11 @@ func TestKeyManagerCreateFailureKeepsState(t *testing.T) {
 	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.keyManagerErrors.WithLabelValues("create")))
 
 	// The scheduled check reports it through Ready.
-	a.recordCheck(a.Rotate(), "CA rotation check failed")
+	a.manager.recordCheck(a.Rotate(), "CA rotation check failed")
 	require.ErrorContains(t, a.Ready(), "token full")
 	fk.createErr = nil
 	require.NoError(t, a.Rotate())
-	a.recordCheck(nil, "")
+	a.manager.recordCheck(nil, "")
 	require.NoError(t, a.Ready())
 	assert.Len(t, a.Roots(), 2)
 }
@@ -252,7 +252,7 @@ func TestKeyManagerJWTCreateFailureKeepsState(t *testing.T) {
 	a, err := New(keysConfig(t, clk, fk))
 	require.NoError(t, err)
 	fk.createErr = errors.New("token full")
-	require.ErrorContains(t, a.rotateJWTKey(), "token full")
+	require.ErrorContains(t, a.manager.rotateJWTKey(), "token full")
 	assert.Len(t, a.JWTKeys(), 1)
 }
 
@@ -297,7 +297,7 @@ func TestDecodeKeyRefRecords(t *testing.T) {
 	cfg := keysConfig(t, clk, newFakeKeys())
 	a, err := New(cfg)
 	require.NoError(t, err)
-	r := a.roots[0]
+	r := a.manager.roots[0]
 	certPEM, keyPEM, err := castate.EncodeRoot(r)
 	require.NoError(t, err)
 	assert.Nil(t, keyPEM, "no key in the state for a KeyRef root")
@@ -311,7 +311,7 @@ func TestDecodeKeyRefRecords(t *testing.T) {
 	_, err = castate.DecodeRoot(plain, certPEM, nil)
 	require.ErrorIs(t, err, castate.ErrCorruptState, "a root without KeyRef still needs its key")
 
-	k := a.jwtKeys[0]
+	k := a.manager.jwtKeys[0]
 	kp, err := castate.EncodeJWTKey(k)
 	require.NoError(t, err)
 	assert.Nil(t, kp)
@@ -338,7 +338,7 @@ func TestKeyStorageWithoutManager(t *testing.T) {
 	a, err := New(testConfig(t, clocktesting.NewFakeClock(t0)))
 	require.NoError(t, err)
 	assert.Equal(t, "state", a.KeyStorage())
-	assert.Empty(t, a.roots[0].KeyRef)
+	assert.Empty(t, a.manager.roots[0].KeyRef)
 }
 
 func TestRequestRotationRefusedWithKeyManager(t *testing.T) {

@@ -14,33 +14,25 @@ type localBundle struct {
 	x509      *x509bundle.Bundle
 }
 
-// GetX509BundleForTrustDomain makes the Authority an x509bundle.Source of
-// its published roots, as they are at each call, for its own trust domain
-// only: what a verifier of the CA's own workloads (the certificate
-// service's mTLS authenticator) trusts. Any trust domain but the CA's is
-// an error: federated trust domains never authenticate to the CA.
-//
-// It hands out the same *x509bundle.Bundle until the CA publishes a new
-// bundle, so a cache keyed by the bundle pointer (authn's verified client
-// chains) stays valid exactly as long as the roots do.
-func (a *Authority) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
-	if td != a.TrustDomain() {
-		return nil, fmt.Errorf("no roots for trust domain %q: the CA serves %q", td, a.TrustDomain())
+// x509Bundle is Authority.GetX509BundleForTrustDomain.
+func (s *signer) x509Bundle(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	if td != s.cfg.TrustDomain {
+		return nil, fmt.Errorf("no roots for trust domain %q: the CA serves %q", td, s.cfg.TrustDomain)
 	}
 	// The CA replaces its bundle on every publication and never changes
 	// one it has published, so the pointer names the roots.
-	published := a.Bundle()
+	published := s.bundle()
 	if published == nil {
 		return nil, fmt.Errorf("the CA for %q has published no bundle yet", td)
 	}
-	old := a.localRoots.Load()
+	old := s.localRoots.Load()
 	if old != nil && old.published == published {
 		return old.x509, nil
 	}
 	next := &localBundle{published: published, x509: published.X509Bundle()}
-	if !a.localRoots.CompareAndSwap(old, next) {
+	if !s.localRoots.CompareAndSwap(old, next) {
 		// Another call derived it first: hand out the one it stored.
-		if cur := a.localRoots.Load(); cur != nil && cur.published == published {
+		if cur := s.localRoots.Load(); cur != nil && cur.published == published {
 			return cur.x509, nil
 		}
 	}

@@ -16,8 +16,8 @@ import (
 // client that checks only its SPIFFE ID. It runs when an intermediate is
 // obtained, at the first start or a renewal: the current intermediate
 // keeps signing, and the error says which flag to change.
-func (a *Authority) checkNameConstraints(upstream string, c *UpstreamChain) error {
-	zone, serving := a.cfg.WorkloadDNSZone, a.cfg.ServingDNSNames
+func (m *manager) checkNameConstraints(upstream string, c *UpstreamChain) error {
+	zone, serving := m.cfg.WorkloadDNSZone, m.cfg.ServingDNSNames
 	if zone == "" && len(serving) == 0 {
 		return nil
 	}

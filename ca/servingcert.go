@@ -126,7 +126,7 @@ func (s *ServingCert) renew() error {
 	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
 	}
-	issued, err := s.a.signServing(key.Public(), s.id, s.dnsNames, s.ttl)
+	issued, err := s.a.signer.signServing(key.Public(), s.id, s.dnsNames, s.ttl)
 	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
 	}
@@ -145,11 +145,11 @@ func (s *ServingCert) renew() error {
 }
 
 // signServing signs the serving certificate as Authority.SignX509SVID signs a
-// workload leaf (same lock, clock, policy and metric), for a key generated
-// in this process and with dnsNames, which only this path may add.
-func (a *Authority) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
-	return a.signLocked(func(now time.Time, m SigningMaterial, p Policy) (*Issued, error) {
-		return signServing(now, m, p, pub, id, dnsNames, ttl)
+// workload leaf (same snapshot, clock, policy and metric), for a key
+// generated in this process and with dnsNames, which only this path may add.
+func (s *signer) signServing(pub crypto.PublicKey, id spiffeid.ID, dnsNames []string, ttl time.Duration) (*Issued, error) {
+	return s.signWith(func(now time.Time, mat SigningMaterial, p Policy) (*Issued, error) {
+		return signServing(now, mat, p, pub, id, dnsNames, ttl)
 	})
 }
 

@@ -306,7 +306,7 @@ func TestSignServingRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			issued, err := a.signServing(tt.pub, tt.id, tt.dnsNames, tt.ttl)
+			issued, err := a.signer.signServing(tt.pub, tt.id, tt.dnsNames, tt.ttl)
 			if tt.msg == "" {
 				require.NoError(t, err)
 				assert.Equal(t, []string{"a.svc"}, issued.Leaf.DNSNames)

@@ -11,22 +11,9 @@ import (
 	"time"
 )
 
-// SignIntermediate signs a downstream trustbridge's CSR as an
-// intermediate CA of this trust domain: the server side of a nested
-// upstream (the caller, the certificate service, decides who may ask).
-// The CSR must come from ParseCSR and may name no identity but
-// spiffe://<trust domain>. The certificate can sign leaves only (path
-// length 0), carries the trust domain's SPIFFE ID and critical name
-// constraints (downstreamNameConstraints): URIs of the trust domain only
-// (X509-SVID §4), DNS names of Config.WorkloadDNSZone and
-// Config.DownstreamDNSDomains only (none without either), no IP address. It lives ttl (0: the
-// default upstream TTL), clamped to the maximum workload TTL, which is
-// how long a retired root of ours stays published, and to our own
-// signing chain. The answer's Chain is the new certificate, our signing
-// certificate when it is not a root, and the certificates above it; Roots
-// are our published roots.
-func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
-	td := a.cfg.TrustDomain
+// signIntermediate is Authority.SignIntermediate.
+func (s *signer) signIntermediate(csr *x509.CertificateRequest, ttl time.Duration) (*UpstreamChain, error) {
+	td := s.cfg.TrustDomain
 	if err := checkCSR(csr, td.ID()); err != nil {
 		return nil, err
 	}
@@ -39,21 +26,19 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 	if ttl == 0 {
 		ttl = defaultUpstreamTTL
 	}
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	m, err := a.signingMaterialLocked()
+	snap, now := s.board.read(s.cfg.Clock)
+	mat, err := s.material(snap)
 	if err != nil {
 		return nil, err
 	}
-	now := a.cfg.Clock.Now()
-	bound, certIsRoot, err := m.check(now)
+	bound, certIsRoot, err := mat.check(now)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkPathRoom(m, certIsRoot); err != nil {
+	if err := checkPathRoom(mat, certIsRoot); err != nil {
 		return nil, err
 	}
-	p := a.policy()
+	p := snap.policy
 	ttl = min(ttl, p.MaxTTL)
 	if p.ClampTTL > 0 {
 		ttl = min(ttl, p.ClampTTL)
@@ -63,16 +48,16 @@ func (a *Authority) SignIntermediate(csr *x509.CertificateRequest, ttl time.Dura
 		return nil, fmt.Errorf("ca: %w: an intermediate until %s would expire before it could sign anything; ask for at least %s", ErrInvalidTTL,
 			notAfter.UTC().Format(time.RFC3339), minIntermediateLife)
 	}
-	cert, err := signIntermediateCert(m, csr, now, notAfter, td.ID().URL(), td.Name(), a.downstreamDNSDomains())
+	cert, err := signIntermediateCert(mat, csr, now, notAfter, td.ID().URL(), td.Name(), s.cfg.downstreamDNSDomains())
 	if err != nil {
 		return nil, err
 	}
 	chain := []*x509.Certificate{cert}
 	if !certIsRoot {
-		chain = append(chain, m.Cert)
+		chain = append(chain, mat.Cert)
 	}
-	chain = append(chain, m.Intermediates...)
-	return &UpstreamChain{Chain: chain, Roots: a.bundle.X509Authorities()}, nil
+	chain = append(chain, mat.Intermediates...)
+	return &UpstreamChain{Chain: chain, Roots: snap.bundle.X509Authorities()}, nil
 }
 
 // signIntermediateCert makes the CA certificate for csr's key.
@@ -119,12 +104,12 @@ var (
 // downstreamDNSDomains are the DNS domains a downstream's intermediate
 // may vouch for: our workload DNS zone and the operator's
 // --downstream-dns-domain, without repeats.
-func (a *Authority) downstreamDNSDomains() []string {
+func (c *Config) downstreamDNSDomains() []string {
 	var out []string
-	if a.cfg.WorkloadDNSZone != "" {
-		out = append(out, a.cfg.WorkloadDNSZone)
+	if c.WorkloadDNSZone != "" {
+		out = append(out, c.WorkloadDNSZone)
 	}
-	for _, d := range a.cfg.DownstreamDNSDomains {
+	for _, d := range c.DownstreamDNSDomains {
 		if !slices.Contains(out, d) {
 			out = append(out, d)
 		}

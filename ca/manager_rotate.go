@@ -20,76 +20,73 @@ import (
 // timelineLocked is the configured timeline, with the maximum workload TTL
 // raised to the largest ever recorded in the journal: leaves signed under
 // an earlier, longer maximum may still be out there.
-func (a *Authority) timelineLocked() timeline {
-	tl := a.cfg.timeline()
-	if rec := time.Duration(a.journal.MaxWorkloadTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
+func (m *manager) timelineLocked() timeline {
+	tl := m.cfg.timeline()
+	if rec := time.Duration(m.journal.MaxWorkloadTTLSeconds) * time.Second; rec > tl.MaxWorkloadTTL {
 		tl.MaxWorkloadTTL = rec
 	}
 	return tl
 }
 
-// Rotate publishes a successor root now, unless one is already waiting.
-// The successor signs only after the usual publication lead.
-func (a *Authority) Rotate() error {
-	if a.cfg.Plugin != nil {
+// rotate is Authority.Rotate.
+func (m *manager) rotate() error {
+	if m.cfg.Plugin != nil {
 		return errors.New("ca: roots are managed outside trustbridge (--ca-dir); rotate them there")
 	}
-	if a.cfg.Upstream != nil {
+	if m.cfg.Upstream != nil {
 		return errors.New("ca: the signing intermediate comes from the upstream authority and renews on its own; there is no root to rotate here")
 	}
-	if !a.leading() {
+	if !m.leading() {
 		return fmt.Errorf("ca: %w: only the leader rotates roots", castate.ErrNotLeader)
 	}
-	return a.withStateLocked(func() error {
-		for _, r := range a.roots {
+	return m.withStateLocked(func() error {
+		for _, r := range m.roots {
 			if r.State == castate.StatePrepared {
-				a.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
+				m.cfg.Logger.Info("rotation requested but a prepared root is already waiting", logattr.RootID, r.ID)
 				return nil
 			}
 		}
-		if err := a.prepareLocked(a.cfg.Clock.Now(), "forced"); err != nil {
+		if err := m.prepareLocked(m.cfg.Clock.Now(), "forced"); err != nil {
 			return err
 		}
-		return a.commitLocked()
+		return m.commitLocked()
 	})
 }
 
-// Reconcile applies every rotation step due now and persists the result.
-// On a follower (Config.Leader says it does not lead) it only reloads the
-// state and publishes what it found.
-func (a *Authority) Reconcile() error {
-	if !a.leading() {
-		err := a.Reload()
-		a.endOutageRenewedElsewhere()
+// reconcile is Authority.Reconcile.
+func (m *manager) reconcile() error {
+	if !m.leading() {
+		err := m.reload()
+		m.endOutageRenewedElsewhere()
 		return err
 	}
-	if a.cfg.Upstream != nil {
-		return a.reconcileUpstream()
+	if m.cfg.Upstream != nil {
+		return m.reconcileUpstream()
 	}
-	return a.withStateLocked(func() error { return a.reconcileLocked(a.applyDueStepsLocked) })
+	return m.withStateLocked(func() error { return m.reconcileLocked(m.applyDueStepsLocked) })
 }
 
 // reconcileLocked applies the root steps due (steps), the JWT key steps
 // due, and commits when anything changed.
-func (a *Authority) reconcileLocked(steps func() (bool, error)) error {
-	changed := a.startServedLeadsLocked()
-	if a.bumpSequenceLocked() {
+func (m *manager) reconcileLocked(steps func() (bool, error)) error {
+	changed := m.startServedLeadsLocked()
+	if m.bumpSequenceLocked() {
 		changed = true
 	}
 	stepped, err := steps()
 	if err != nil {
 		return err
 	}
-	jwtChanged, err := a.reconcileJWTLocked()
+	jwtChanged, err := m.reconcileJWTLocked()
 	if err != nil {
 		return err
 	}
-	if changed || stepped || jwtChanged || a.journal.Settings == nil || *a.journal.Settings != a.settings() {
-		if err := a.commitLocked(); err != nil {
+	if changed || stepped || jwtChanged || m.journal.Settings == nil || *m.journal.Settings != m.settings() {
+		if err := m.commitLocked(); err != nil {
 			return err
 		}
 	}
-	a.floored = true
+	m.floored = true
 	return nil
 }
 
@@ -99,13 +96,13 @@ func (a *Authority) reconcileLocked(steps func() (bool, error)) error {
 // waited while no server ran, or that this process began serving only
 // later, starts its lead when this process began serving it (see
 // served).
-func (a *Authority) startServedLeadsLocked() bool {
+func (m *manager) startServedLeadsLocked() bool {
 	changed := false
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		if r.State != castate.StatePrepared {
 			continue
 		}
-		if s, ok := a.served[r.ID]; ok && s.After(r.PublishedAt) {
+		if s, ok := m.served[r.ID]; ok && s.After(r.PublishedAt) {
 			r.PublishedAt = s
 			changed = true
 		}
@@ -116,21 +113,21 @@ func (a *Authority) startServedLeadsLocked() bool {
 // bumpSequenceLocked moves the sequence on where the published state
 // changes without a rotation step (a new refresh hint, the first write
 // of this process), and reports whether it did.
-func (a *Authority) bumpSequenceLocked() bool {
+func (m *manager) bumpSequenceLocked() bool {
 	changed := false
-	if st := a.journal.Settings; st != nil && st.RefreshHintSeconds != int64(a.cfg.RefreshHint/time.Second) && len(a.roots) > 0 {
+	if st := m.journal.Settings; st != nil && st.RefreshHintSeconds != int64(m.cfg.RefreshHint/time.Second) && len(m.roots) > 0 {
 		// The hint is part of the published document.
-		a.journal.Sequence = nextSequence(a.journal.Sequence, a.cfg.Clock.Now())
+		m.journal.Sequence = nextSequence(m.journal.Sequence, m.cfg.Clock.Now())
 		changed = true
 	}
-	if !a.floored && len(a.roots) > 0 {
+	if !m.floored && len(m.roots) > 0 {
 		// The first write of this process publishes a new sequence: the
 		// state may be a restored copy whose counter is below what peers
 		// hold (see sequence.go).
-		prev := a.journal.Sequence
-		a.journal.Sequence = nextSequence(prev, a.cfg.Clock.Now())
-		a.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
-			logattr.OldSequence, prev, logattr.Sequence, a.journal.Sequence)
+		prev := m.journal.Sequence
+		m.journal.Sequence = nextSequence(prev, m.cfg.Clock.Now())
+		m.cfg.Logger.Info("CA state loaded; publishing it with a new sequence, above anything published before this start",
+			logattr.OldSequence, prev, logattr.Sequence, m.journal.Sequence)
 		changed = true
 	}
 	return changed
@@ -139,17 +136,17 @@ func (a *Authority) bumpSequenceLocked() bool {
 // applyDueStepsLocked applies the rotation steps the timeline plans for
 // now, one after another, and reports whether it applied any. Several
 // can be due at once, after the server was down past more than one.
-func (a *Authority) applyDueStepsLocked() (bool, error) {
-	return a.applyDue(a.timelineLocked, a.timesLocked, a.applyLocked)
+func (m *manager) applyDueStepsLocked() (bool, error) {
+	return m.applyDue(m.timelineLocked, m.timesLocked, m.applyLocked)
 }
 
 // applyDue applies, one after another, the steps the timeline tl plans
 // for the lifecycle items times describes (roots or JWT keys), with
 // apply, and reports whether it applied any.
-func (a *Authority) applyDue(tl func() timeline, times func() []rootTimes, apply func(time.Time, step, int) error) (bool, error) {
+func (m *manager) applyDue(tl func() timeline, times func() []rootTimes, apply func(time.Time, step, int) error) (bool, error) {
 	changed := false
 	for range 10 { // a handful of steps at most; the bound guards against a plan bug
-		now := a.cfg.Clock.Now()
+		now := m.cfg.Clock.Now()
 		step, index, _ := tl().plan(now, times())
 		if step == stepNone {
 			break
@@ -162,9 +159,9 @@ func (a *Authority) applyDue(tl func() timeline, times func() []rootTimes, apply
 	return changed, nil
 }
 
-func (a *Authority) timesLocked() []rootTimes {
-	out := make([]rootTimes, len(a.roots))
-	for i, r := range a.roots {
+func (m *manager) timesLocked() []rootTimes {
+	out := make([]rootTimes, len(m.roots))
+	for i, r := range m.roots {
 		out[i] = rootTimes{
 			State: r.State, NotBefore: r.Cert.NotBefore, NotAfter: r.Cert.NotAfter,
 			PreparedAt: r.PreparedAt, MinActivateAt: r.MinActivateAt, PublishedAt: r.PublishedAt, RemoveAfter: r.RemoveAfter,
@@ -173,69 +170,69 @@ func (a *Authority) timesLocked() []rootTimes {
 	return out
 }
 
-func (a *Authority) applyLocked(now time.Time, step step, index int) error {
+func (m *manager) applyLocked(now time.Time, step step, index int) error {
 	switch step {
 	case stepBootstrap:
-		return a.newRootLocked(now, castate.StateActive, "bootstrap")
+		return m.newRootLocked(now, castate.StateActive, "bootstrap")
 	case stepPrepare:
-		return a.prepareLocked(now, "scheduled")
+		return m.prepareLocked(now, "scheduled")
 	case stepActivate:
-		for _, r := range a.roots {
+		for _, r := range m.roots {
 			if r.State == castate.StateActive {
 				r.State = castate.StateRetired
 				r.RetiredAt = now
-				r.RemoveAfter = a.timelineLocked().removeAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
-				a.event(now, "retired", r.ID)
+				r.RemoveAfter = m.timelineLocked().removeAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+				m.event(now, "retired", r.ID)
 			}
 		}
-		p := a.roots[index]
+		p := m.roots[index]
 		p.State = castate.StateActive
 		p.ActivatedAt = now
-		a.event(now, "activated", p.ID)
+		m.event(now, "activated", p.ID)
 		return nil
 	case stepRemove:
-		r := a.roots[index]
-		a.roots = append(a.roots[:index:index], a.roots[index+1:]...)
-		a.journal.Sequence = nextSequence(a.journal.Sequence, now)
-		a.event(now, "removed", r.ID)
+		r := m.roots[index]
+		m.roots = append(m.roots[:index:index], m.roots[index+1:]...)
+		m.journal.Sequence = nextSequence(m.journal.Sequence, now)
+		m.event(now, "removed", r.ID)
 		return nil
 	}
 	return fmt.Errorf("ca: unknown rotation step %v", step)
 }
 
-func (a *Authority) prepareLocked(now time.Time, why string) error {
-	if err := a.newRootLocked(now, castate.StatePrepared, why); err != nil {
+func (m *manager) prepareLocked(now time.Time, why string) error {
+	if err := m.newRootLocked(now, castate.StatePrepared, why); err != nil {
 		return err
 	}
 	return nil
 }
 
-func (a *Authority) newRootLocked(now time.Time, state castate.RootState, why string) error {
-	cert, key, ref, err := a.newRootKeyed(now)
+func (m *manager) newRootLocked(now time.Time, state castate.RootState, why string) error {
+	cert, key, ref, err := m.newRootKeyed(now)
 	if err != nil {
 		return fmt.Errorf("ca: create root: %w", err)
 	}
 	id := cert.SerialNumber.Text(16)
 	r := &castate.Root{RootRecord: castate.RootRecord{ID: id, State: state, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref}, Cert: cert, Key: key}
 	if state == castate.StatePrepared {
-		r.MinActivateAt = now.Add(PublishLead * a.cfg.RefreshHint)
+		r.MinActivateAt = now.Add(PublishLead * m.cfg.RefreshHint)
 	} else {
 		r.ActivatedAt = now
 	}
-	a.roots = append(a.roots, r)
-	a.journal.Sequence = nextSequence(a.journal.Sequence, now)
+	m.roots = append(m.roots, r)
+	m.journal.Sequence = nextSequence(m.journal.Sequence, now)
 	event := "prepared (" + why + ")"
 	if state == castate.StateActive {
 		event = "bootstrap"
 	}
-	a.event(now, event, id)
+	m.event(now, event, id)
 	return nil
 }
 
-func (a *Authority) event(now time.Time, what, id string) {
-	a.journal.Events = append(a.journal.Events, castate.JournalNote{At: now, Event: what, RootID: id})
-	a.metrics.rotations.WithLabelValues(firstWord(what)).Inc()
-	a.cfg.Logger.Info("CA root "+what, logattr.RootID, id, logattr.Sequence, a.journal.Sequence)
+func (m *manager) event(now time.Time, what, id string) {
+	m.journal.Events = append(m.journal.Events, castate.JournalNote{At: now, Event: what, RootID: id})
+	m.metrics.rotations.WithLabelValues(firstWord(what)).Inc()
+	m.cfg.Logger.Info("CA root "+what, logattr.RootID, id, logattr.Sequence, m.journal.Sequence)
 }
 
 func firstWord(s string) string {

@@ -11,67 +11,58 @@ import (
 	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
-// Recheck asks for a fresh look now rather than at the next scheduled
-// check: Run checks the state (a reload, a rotation step that is due),
-// then wakes every subscriber to look again though nothing may have
-// changed. Call it when the shared state changed (a watch saw another
-// process write) or when this replica became the leader, which looks
-// again at what it records from now on (the audit trail writes only
-// while leading). It never blocks; rechecks asked for while one is
-// pending coalesce.
-func (a *Authority) Recheck() {
+// recheck is Authority.Recheck.
+func (m *manager) recheck() {
 	select {
-	case a.kick <- struct{}{}:
+	case m.kick <- struct{}{}:
 	default:
 	}
 }
 
 // wakeSubscribers signals every Subscribe channel though nothing may
 // have changed: the end of a Recheck.
-func (a *Authority) wakeSubscribers() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	signal(a.subs)
+func (m *manager) wakeSubscribers() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	signal(m.subs)
 }
 
 // recordCheck keeps the outcome of a scheduled check for Ready and
 // reports a failure (metric, log); what says what was kept. Subscribers
 // hear when checks start or cease to fail.
-func (a *Authority) recordCheck(err error, msg string) {
-	a.mu.Lock()
-	turned := (a.lastErr == nil) != (err == nil)
-	a.lastErr = err
+func (m *manager) recordCheck(err error, msg string) {
+	m.mu.Lock()
+	turned := (m.lastErr == nil) != (err == nil)
+	m.lastErr = err
 	if turned {
-		signal(a.subs)
+		signal(m.subs)
 	}
-	a.mu.Unlock()
+	m.mu.Unlock()
 	if err != nil {
-		a.metrics.reconcileErrors.Inc()
-		a.cfg.Logger.Error(msg, logattr.Error, err)
+		m.metrics.reconcileErrors.Inc()
+		m.cfg.Logger.Error(msg, logattr.Error, err)
 	}
 }
 
-// CheckError is the error of the last scheduled check (a rotation the
-// key manager refused, an upstream that left no valid intermediate), or
-// nil when it succeeded; the CA keeps signing with what it had.
-func (a *Authority) CheckError() error {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	return a.lastErr
+// checkError is Authority.CheckError.
+func (m *manager) checkError() error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.lastErr
 }
 
 // nextCheck is when Reconcile next has work to do, or sooner so that
 // changes from other processes are picked up.
-func (a *Authority) nextCheck(now time.Time) time.Time {
-	a.mu.RLock()
+func (m *manager) nextCheck(now time.Time) time.Time {
+	m.mu.RLock()
 	var next time.Time
-	if a.cfg.Upstream != nil {
-		next = a.nextUpstreamLocked(now)
+	if m.cfg.Upstream != nil {
+		next = m.nextUpstreamLocked(now)
 	} else {
-		_, _, next = a.timelineLocked().plan(now, a.timesLocked())
+		_, _, next = m.timelineLocked().plan(now, m.timesLocked())
 	}
-	next = earliest(next, a.nextJWTStepLocked(now))
-	a.mu.RUnlock()
+	next = earliest(next, m.nextJWTStepLocked(now))
+	m.mu.RUnlock()
 	return recheckBy(now, next)
 }
 
@@ -99,11 +90,10 @@ func retryBy(now, checked, next time.Time) time.Time {
 	return recheckBy(now, next)
 }
 
-// Run reconciles on schedule (self-signed mode) or follows the plug-in
-// directory (plug-in mode) until ctx is done.
-func (a *Authority) Run(ctx context.Context) error {
-	if a.cfg.Plugin != nil {
-		return a.runPlugin(ctx)
+// run is Authority.Run.
+func (m *manager) run(ctx context.Context) error {
+	if m.cfg.Plugin != nil {
+		return m.runPlugin(ctx)
 	}
 	c := cron.New(cron.WithLocation(time.UTC))
 	// cron asks the schedule for the next time right after starting a job,
@@ -116,7 +106,7 @@ func (a *Authority) Run(ctx context.Context) error {
 		arm   func()
 	)
 	job := cron.FuncJob(func() {
-		a.recordCheck(a.Reconcile(), "CA rotation check failed; keeping the current roots")
+		m.recordCheck(m.reconcile(), "CA rotation check failed; keeping the current roots")
 		arm()
 	})
 	arm = func() {
@@ -125,7 +115,7 @@ func (a *Authority) Run(ctx context.Context) error {
 		if entry != 0 {
 			c.Remove(entry)
 		}
-		entry = c.Schedule(loop.Once(a.nextCheck(a.cfg.Clock.Now())), job)
+		entry = c.Schedule(loop.Once(m.nextCheck(m.cfg.Clock.Now())), job)
 	}
 	arm()
 	c.Start()
@@ -134,9 +124,9 @@ func (a *Authority) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			<-c.Stop().Done()
 			return nil
-		case <-a.kick:
+		case <-m.kick:
 			job()
-			a.wakeSubscribers()
+			m.wakeSubscribers()
 		}
 	}
 }
@@ -144,8 +134,8 @@ func (a *Authority) Run(ctx context.Context) error {
 // nextJWTStepLocked is when the JWT keys' plan next has work, or zero
 // when it has none or some is due already (the check that just ran could
 // not do it, say on a follower: the recheck interval paces retries).
-func (a *Authority) nextJWTStepLocked(now time.Time) time.Time {
-	_, _, next := a.jwtTimelineLocked().plan(now, a.jwtTimesLocked())
+func (m *manager) nextJWTStepLocked(now time.Time) time.Time {
+	_, _, next := m.jwtTimelineLocked().plan(now, m.jwtTimesLocked())
 	return next
 }
 

@@ -65,8 +65,8 @@ func renewAt(c *x509.Certificate) time.Time {
 
 // newIntermediateKey creates the key of a new intermediate, in the key
 // manager when there is one (then with its reference).
-func (a *Authority) newIntermediateKey() (crypto.Signer, string, error) {
-	return a.newKey(a.cfg.KeyType, "trustbridge "+a.cfg.TrustDomain.Name()+" intermediate "+a.cfg.Clock.Now().UTC().Format("20060102T150405Z"))
+func (m *manager) newIntermediateKey() (crypto.Signer, string, error) {
+	return m.newKey(m.cfg.KeyType, "trustbridge "+m.cfg.TrustDomain.Name()+" intermediate "+m.cfg.Clock.Now().UTC().Format("20060102T150405Z"))
 }
 
 // reconcileUpstream is Reconcile in upstream mode: activate and remove
@@ -74,25 +74,25 @@ func (a *Authority) newIntermediateKey() (crypto.Signer, string, error) {
 // active one passed its renewal point (or there is none). The request
 // runs outside the state lock; a failure keeps the last good intermediate
 // signing and is an error only once there is none.
-func (a *Authority) reconcileUpstream() error {
+func (m *manager) reconcileUpstream() error {
 	due := false
-	err := a.withStateLocked(func() error {
-		if len(a.roots) == 0 {
+	err := m.withStateLocked(func() error {
+		if len(m.roots) == 0 {
 			due = true
 			return nil
 		}
-		return a.reconcileLocked(func() (bool, error) {
-			now := a.cfg.Clock.Now()
-			changed := a.upstreamStepsLocked(now)
-			due = a.renewalDueLocked(now)
+		return m.reconcileLocked(func() (bool, error) {
+			now := m.cfg.Clock.Now()
+			changed := m.upstreamStepsLocked(now)
+			due = m.renewalDueLocked(now)
 			return changed, nil
 		})
 	})
-	a.endOutageRenewedElsewhere()
+	m.endOutageRenewedElsewhere()
 	if err != nil || !due {
 		return err
 	}
-	return a.renewIntermediate()
+	return m.renewIntermediate()
 }
 
 // endOutageRenewedElsewhere ends this process's record of an upstream
@@ -100,16 +100,16 @@ func (a *Authority) reconcileUpstream() error {
 // another writer (the new leader after a failover) renewed it, so the
 // upstream answered. Without this a replica that lost the lead mid-outage
 // would report the outage, and its growing length, for ever.
-func (a *Authority) endOutageRenewedElsewhere() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.up.failures == 0 {
+func (m *manager) endOutageRenewedElsewhere() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.up.failures == 0 {
 		return
 	}
-	for _, r := range a.roots {
-		if r.Upstream != nil && r.Upstream.ObtainedAt.After(a.up.since) {
-			a.up.succeeded(r.Upstream.ObtainedAt)
-			signal(a.subs)
+	for _, r := range m.roots {
+		if r.Upstream != nil && r.Upstream.ObtainedAt.After(m.up.since) {
+			m.up.succeeded(r.Upstream.ObtainedAt)
+			signal(m.subs)
 			return
 		}
 	}
@@ -117,49 +117,49 @@ func (a *Authority) endOutageRenewedElsewhere() {
 
 // renewIntermediate asks the upstream for an intermediate, unless the
 // backoff after a failure still runs, and installs it.
-func (a *Authority) renewIntermediate() error {
-	now := a.cfg.Clock.Now()
-	a.mu.RLock()
-	wait := now.Before(a.up.nextAttempt)
-	a.mu.RUnlock()
+func (m *manager) renewIntermediate() error {
+	now := m.cfg.Clock.Now()
+	m.mu.RLock()
+	wait := now.Before(m.up.nextAttempt)
+	m.mu.RUnlock()
 	if wait {
-		return a.upstreamReadyErr()
+		return m.upstreamReadyErr()
 	}
-	key, ref, chain, err := a.requestIntermediate()
+	key, ref, chain, err := m.requestIntermediate()
 	if err != nil {
-		a.upstreamFailed(now, err)
-		return a.upstreamReadyErr()
+		m.upstreamFailed(now, err)
+		return m.upstreamReadyErr()
 	}
-	outage := a.upstreamOK(a.cfg.Clock.Now())
-	err = a.withStateLocked(func() error {
-		return a.reconcileLocked(func() (bool, error) {
-			now := a.cfg.Clock.Now()
-			changed := a.upstreamStepsLocked(now)
-			if !a.renewalDueLocked(now) {
+	outage := m.upstreamOK(m.cfg.Clock.Now())
+	err = m.withStateLocked(func() error {
+		return m.reconcileLocked(func() (bool, error) {
+			now := m.cfg.Clock.Now()
+			changed := m.upstreamStepsLocked(now)
+			if !m.renewalDueLocked(now) {
 				return changed, nil // another writer renewed meanwhile
 			}
-			return true, a.installIntermediateLocked(now, key, ref, chain)
+			return true, m.installIntermediateLocked(now, key, ref, chain)
 		})
 	})
 	if outage {
 		// The outage ended: subscribers hear it once the intermediate it
 		// brought is in place, so they see both at once.
-		a.mu.Lock()
-		signal(a.subs)
-		a.mu.Unlock()
+		m.mu.Lock()
+		signal(m.subs)
+		m.mu.Unlock()
 	}
 	return err
 }
 
 // requestIntermediate makes a key and a CSR for spiffe://<td>, asks the
 // upstream to sign it, and checks the answer.
-func (a *Authority) requestIntermediate() (crypto.Signer, string, *UpstreamChain, error) {
-	name := upstreamName(a.cfg.Upstream)
-	key, ref, err := a.newIntermediateKey()
+func (m *manager) requestIntermediate() (crypto.Signer, string, *UpstreamChain, error) {
+	name := upstreamName(m.cfg.Upstream)
+	key, ref, err := m.newIntermediateKey()
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("ca: intermediate key: %w", err)
 	}
-	td := a.cfg.TrustDomain
+	td := m.cfg.TrustDomain
 	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
 		Subject: pkix.Name{Organization: []string{td.Name()}, CommonName: "trustbridge intermediate CA"},
 		URIs:    []*url.URL{td.ID().URL()},
@@ -169,20 +169,20 @@ func (a *Authority) requestIntermediate() (crypto.Signer, string, *UpstreamChain
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), upstreamTimeout)
 	defer cancel()
-	chain, err := a.cfg.Upstream.SignIntermediate(ctx, csr, a.cfg.UpstreamTTL)
+	chain, err := m.cfg.Upstream.SignIntermediate(ctx, csr, m.cfg.UpstreamTTL)
 	if err != nil {
-		a.metrics.upstreamRequests.WithLabelValues("error").Inc()
+		m.metrics.upstreamRequests.WithLabelValues("error").Inc()
 		return nil, "", nil, fmt.Errorf("ca: upstream %s: %w", name, err)
 	}
-	if err := CheckUpstreamChain(a.cfg.Clock.Now(), td, key.Public(), name, chain); err != nil {
-		a.metrics.upstreamRequests.WithLabelValues("refused").Inc()
+	if err := CheckUpstreamChain(m.cfg.Clock.Now(), td, key.Public(), name, chain); err != nil {
+		m.metrics.upstreamRequests.WithLabelValues("refused").Inc()
 		return nil, "", nil, err
 	}
-	if err := a.checkNameConstraints(name, chain); err != nil {
-		a.metrics.upstreamRequests.WithLabelValues("refused").Inc()
+	if err := m.checkNameConstraints(name, chain); err != nil {
+		m.metrics.upstreamRequests.WithLabelValues("refused").Inc()
 		return nil, "", nil, err
 	}
-	a.metrics.upstreamRequests.WithLabelValues("ok").Inc()
+	m.metrics.upstreamRequests.WithLabelValues("ok").Inc()
 	return key, ref, chain, nil
 }
 
@@ -222,73 +222,70 @@ func clipError(err error, n int) error {
 
 // upstreamFailed records a failed request: metric, backoff, and one
 // warning per outage (later failures log at debug level).
-func (a *Authority) upstreamFailed(now time.Time, err error) {
+func (m *manager) upstreamFailed(now time.Time, err error) {
 	err = clipError(err, maxUpstreamErrorLen)
-	a.mu.Lock()
-	a.up.failures++
-	a.up.lastErr, a.up.lastErrAt = err, now
-	a.up.nextAttempt = now.Add(upstreamBackoff(a.up.failures))
-	first := a.up.failures == 1
+	m.mu.Lock()
+	m.up.failures++
+	m.up.lastErr, m.up.lastErrAt = err, now
+	m.up.nextAttempt = now.Add(upstreamBackoff(m.up.failures))
+	first := m.up.failures == 1
 	if first {
-		a.up.since = now
-		signal(a.subs) // an outage starts
+		m.up.since = now
+		signal(m.subs) // an outage starts
 	}
-	a.mu.Unlock()
+	m.mu.Unlock()
 	if first {
-		a.cfg.Logger.Warn("upstream authority request failed; the current intermediate keeps signing while retrying with backoff", logattr.Error, err)
+		m.cfg.Logger.Warn("upstream authority request failed; the current intermediate keeps signing while retrying with backoff", logattr.Error, err)
 		return
 	}
-	a.cfg.Logger.Debug("upstream authority request failed again", logattr.Error, err)
+	m.cfg.Logger.Debug("upstream authority request failed again", logattr.Error, err)
 }
 
 // upstreamOK records a successful request; it says whether that ended an
 // outage.
-func (a *Authority) upstreamOK(now time.Time) bool {
-	a.mu.Lock()
-	outage := a.up.failures > 0
-	a.up.succeeded(now)
-	a.metrics.setUpstreamSuccess(now)
-	a.mu.Unlock()
+func (m *manager) upstreamOK(now time.Time) bool {
+	m.mu.Lock()
+	outage := m.up.failures > 0
+	m.up.succeeded(now)
+	m.metrics.setUpstreamSuccess(now)
+	m.mu.Unlock()
 	if outage {
-		a.cfg.Logger.Info("upstream authority answered again")
+		m.cfg.Logger.Info("upstream authority answered again")
 	}
 	return outage
 }
 
-// Warning reports what does not stop the CA from signing but operators
-// must see, or nil: in upstream mode, an upstream that has been failing
-// while the current intermediate still signs (once none is left, Ready
-// fails instead).
-func (a *Authority) Warning() error {
-	if a.cfg.Upstream == nil {
+// warning is Authority.Warning.
+func (m *manager) warning() error {
+	if m.cfg.Upstream == nil {
 		return nil
 	}
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.up.failures == 0 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.up.failures == 0 {
 		return nil
 	}
 	until := "no valid intermediate"
-	if act := a.activeLocked(); act != nil {
+	if act := m.activeLocked(); act != nil {
 		until = "the current intermediate signs until " + act.Cert.NotAfter.UTC().Format(time.RFC3339)
 	}
 	return fmt.Errorf("upstream %s failing since %s (%d failed requests; %s): %w",
-		upstreamName(a.cfg.Upstream), a.up.since.UTC().Format(time.RFC3339), a.up.failures, until, a.up.lastErr)
+		upstreamName(m.cfg.Upstream), m.up.since.UTC().Format(time.RFC3339), m.up.failures, until, m.up.lastErr)
 }
 
 // upstreamReadyErr is nil while the active intermediate is valid, else
 // the last upstream error: then the CA cannot sign and Ready says why.
-func (a *Authority) upstreamReadyErr() error {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if act := a.activeLocked(); act != nil && a.cfg.Clock.Now().Before(act.Cert.NotAfter) {
+func (m *manager) upstreamReadyErr() error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if act := m.activeLocked(); act != nil && m.cfg.Clock.Now().Before(act.Cert.NotAfter) {
 		return nil
 	}
-	return fmt.Errorf("ca: %w: %w", errNoIntermediate, a.up.lastErr)
+	return fmt.Errorf("ca: %w: %w", errNoIntermediate, m.up.lastErr)
 }
 
-func (a *Authority) activeLocked() *castate.Root {
-	for _, r := range a.roots {
+func (m *manager) activeLocked() *castate.Root {
+	for _, r := range m.roots {
 		if r.State == castate.StateActive {
 			return r
 		}
@@ -299,9 +296,9 @@ func (a *Authority) activeLocked() *castate.Root {
 // renewalDueLocked says whether to ask the upstream for an intermediate:
 // there is no active one, or it passed its renewal point, and none waits
 // for its roots to be published.
-func (a *Authority) renewalDueLocked(now time.Time) bool {
-	act := a.activeLocked()
-	for _, r := range a.roots {
+func (m *manager) renewalDueLocked(now time.Time) bool {
+	act := m.activeLocked()
+	for _, r := range m.roots {
 		if r.State == castate.StatePrepared {
 			return false
 		}
@@ -313,36 +310,36 @@ func (a *Authority) renewalDueLocked(now time.Time) bool {
 // when every root it chains to is already published; otherwise it is
 // prepared, its new roots published, and activates PublishLead refresh
 // hints later while the current intermediate keeps signing.
-func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, ref string, chain *UpstreamChain) error {
+func (m *manager) installIntermediateLocked(now time.Time, key crypto.Signer, ref string, chain *UpstreamChain) error {
 	cert := chain.Chain[0]
 	id := cert.SerialNumber.Text(16)
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		if r.ID == id {
-			return upstreamErrorf(upstreamName(a.cfg.Upstream), "certificate serial %s repeats that of an intermediate in use", id)
+			return upstreamErrorf(upstreamName(m.cfg.Upstream), "certificate serial %s repeats that of an intermediate in use", id)
 		}
 	}
-	before := a.publishedKeyLocked()
+	before := m.publishedKeyLocked()
 	r := &castate.Root{
 		RootRecord: castate.RootRecord{ID: id, CertSHA256: fingerprint(cert), PreparedAt: now, PublishedAt: now, KeyRef: ref,
-			Upstream: upstreamRecord(upstreamName(a.cfg.Upstream), now, chain)},
+			Upstream: upstreamRecord(upstreamName(m.cfg.Upstream), now, chain)},
 		Cert: cert, Key: key, UpstreamChain: chain.Chain[1:], UpstreamRoots: chain.Roots,
 	}
-	act := a.activeLocked()
-	if act != nil && a.newRootsLocked(chain.Roots) {
-		r.State, r.MinActivateAt = castate.StatePrepared, now.Add(PublishLead*a.cfg.RefreshHint)
-		a.roots = append(a.roots, r)
-		a.bumpIfPublishedChangedLocked(now, before)
-		a.event(now, "prepared (new upstream root)", id)
+	act := m.activeLocked()
+	if act != nil && m.newRootsLocked(chain.Roots) {
+		r.State, r.MinActivateAt = castate.StatePrepared, now.Add(PublishLead*m.cfg.RefreshHint)
+		m.roots = append(m.roots, r)
+		m.bumpIfPublishedChangedLocked(now, before)
+		m.event(now, "prepared (new upstream root)", id)
 		return nil
 	}
-	a.retireActiveLocked(now)
+	m.retireActiveLocked(now)
 	r.State, r.ActivatedAt = castate.StateActive, now
-	a.roots = append(a.roots, r)
-	a.bumpIfPublishedChangedLocked(now, before)
+	m.roots = append(m.roots, r)
+	m.bumpIfPublishedChangedLocked(now, before)
 	if act == nil {
-		a.event(now, "bootstrap", id)
+		m.event(now, "bootstrap", id)
 	} else {
-		a.event(now, "activated", id)
+		m.event(now, "activated", id)
 	}
 	return nil
 }
@@ -350,51 +347,51 @@ func (a *Authority) installIntermediateLocked(now time.Time, key crypto.Signer, 
 // upstreamStepsLocked removes retired intermediates whose leaves have all
 // expired and activates a prepared one whose roots were published long
 // enough, and reports whether it changed anything.
-func (a *Authority) upstreamStepsLocked(now time.Time) bool {
+func (m *manager) upstreamStepsLocked(now time.Time) bool {
 	changed := false
-	before := a.publishedKeyLocked()
-	kept := a.roots[:0]
-	for _, r := range a.roots {
+	before := m.publishedKeyLocked()
+	kept := m.roots[:0]
+	for _, r := range m.roots {
 		if r.State == castate.StateRetired && !now.Before(r.RemoveAfter) {
-			a.event(now, "removed", r.ID)
+			m.event(now, "removed", r.ID)
 			changed = true
 			continue
 		}
 		kept = append(kept, r)
 	}
-	a.roots = kept
-	a.bumpIfPublishedChangedLocked(now, before)
-	for _, r := range a.roots {
+	m.roots = kept
+	m.bumpIfPublishedChangedLocked(now, before)
+	for _, r := range m.roots {
 		if r.State != castate.StatePrepared {
 			continue
 		}
-		at := a.timelineLocked().activateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
+		at := m.timelineLocked().activateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt})
 		if at.IsZero() || now.Before(at) {
 			continue
 		}
-		a.retireActiveLocked(now)
+		m.retireActiveLocked(now)
 		r.State, r.ActivatedAt = castate.StateActive, now
-		a.event(now, "activated", r.ID)
+		m.event(now, "activated", r.ID)
 		changed = true
 	}
 	return changed
 }
 
-func (a *Authority) retireActiveLocked(now time.Time) {
-	for _, r := range a.roots {
+func (m *manager) retireActiveLocked(now time.Time) {
+	for _, r := range m.roots {
 		if r.State == castate.StateActive {
 			r.State, r.RetiredAt = castate.StateRetired, now
-			r.RemoveAfter = a.timelineLocked().removeAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
-			a.event(now, "retired", r.ID)
+			r.RemoveAfter = m.timelineLocked().removeAfter(rootTimes{NotAfter: r.Cert.NotAfter}, now.Add(retireMargin))
+			m.event(now, "retired", r.ID)
 		}
 	}
 }
 
 // newRootsLocked says whether roots holds one the bundle does not yet
 // publish.
-func (a *Authority) newRootsLocked(roots []*x509.Certificate) bool {
+func (m *manager) newRootsLocked(roots []*x509.Certificate) bool {
 	have := map[string]bool{}
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		for _, c := range r.Published() {
 			have[fingerprint(c)] = true
 		}
@@ -408,9 +405,9 @@ func (a *Authority) newRootsLocked(roots []*x509.Certificate) bool {
 }
 
 // publishedKeyLocked names the set of published X.509 authorities.
-func (a *Authority) publishedKeyLocked() string {
+func (m *manager) publishedKeyLocked() string {
 	set := map[string]bool{}
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		for _, c := range r.Published() {
 			set[fingerprint(c)] = true
 		}
@@ -423,31 +420,31 @@ func (a *Authority) publishedKeyLocked() string {
 	return strings.Join(keys, ",")
 }
 
-func (a *Authority) bumpIfPublishedChangedLocked(now time.Time, before string) {
-	if a.publishedKeyLocked() != before {
-		a.journal.Sequence = nextSequence(a.journal.Sequence, now)
+func (m *manager) bumpIfPublishedChangedLocked(now time.Time, before string) {
+	if m.publishedKeyLocked() != before {
+		m.journal.Sequence = nextSequence(m.journal.Sequence, now)
 	}
 }
 
 // nextUpstreamLocked is when the upstream plan next has work: renewal of
 // the active intermediate, activation of a prepared one, removal of a
 // retired one, or the retry after a failure; zero when work is due.
-func (a *Authority) nextUpstreamLocked(now time.Time) time.Time {
+func (m *manager) nextUpstreamLocked(now time.Time) time.Time {
 	var next time.Time
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		switch r.State {
 		case castate.StateActive:
 			next = earliest(next, renewAt(r.Cert))
 		case castate.StatePrepared:
-			next = earliest(next, a.timelineLocked().activateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
+			next = earliest(next, m.timelineLocked().activateAt(rootTimes{PublishedAt: r.PublishedAt, MinActivateAt: r.MinActivateAt}))
 		case castate.StateRetired:
 			next = earliest(next, r.RemoveAfter)
 		}
 	}
-	if a.up.failures > 0 && a.renewalDueLocked(now) {
-		return a.up.nextAttempt
+	if m.up.failures > 0 && m.renewalDueLocked(now) {
+		return m.up.nextAttempt
 	}
-	if !next.After(now) || len(a.roots) == 0 {
+	if !next.After(now) || len(m.roots) == 0 {
 		return time.Time{}
 	}
 	return next
@@ -471,19 +468,18 @@ type UpstreamStatus struct {
 	FailingSince time.Time
 }
 
-// Upstream reports the upstream's health; ok is false outside upstream
-// mode.
-func (a *Authority) Upstream() (st UpstreamStatus, ok bool) {
-	if a.cfg.Upstream == nil {
+// upstreamHealth is Authority.Upstream.
+func (m *manager) upstreamHealth() (st UpstreamStatus, ok bool) {
+	if m.cfg.Upstream == nil {
 		return st, false
 	}
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	st = UpstreamStatus{Name: upstreamName(a.cfg.Upstream), LastSuccess: a.up.lastSuccess, LastErrorAt: a.up.lastErrAt, Failures: a.up.failures, FailingSince: a.up.since}
-	if a.up.lastErr != nil {
-		st.LastError = a.up.lastErr.Error()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	st = UpstreamStatus{Name: upstreamName(m.cfg.Upstream), LastSuccess: m.up.lastSuccess, LastErrorAt: m.up.lastErrAt, Failures: m.up.failures, FailingSince: m.up.since}
+	if m.up.lastErr != nil {
+		st.LastError = m.up.lastErr.Error()
 	}
-	for _, r := range a.roots {
+	for _, r := range m.roots {
 		if r.Upstream != nil && r.Upstream.ObtainedAt.After(st.LastSuccess) {
 			st.LastSuccess = r.Upstream.ObtainedAt
 		}
@@ -494,13 +490,13 @@ func (a *Authority) Upstream() (st UpstreamStatus, ok bool) {
 // checkMode refuses state written in another mode: a self-signed
 // CA's roots under an upstream, or an upstream's intermediates without
 // one. Either switch would drop what peers trust from the bundle at once.
-func (a *Authority) checkMode(roots []*castate.Root) error {
+func (m *manager) checkMode(roots []*castate.Root) error {
 	for _, r := range roots {
 		switch {
-		case a.cfg.Upstream != nil && r.Upstream == nil:
-			return fmt.Errorf("ca: %s holds self-signed roots; switching to an upstream authority would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir (or state Secret)", a.backend.Describe())
-		case a.cfg.Upstream == nil && r.Upstream != nil:
-			return fmt.Errorf("ca: %s holds intermediates signed by upstream %s; start with the same --upstream, or use a fresh --data-dir (or state Secret)", a.backend.Describe(), r.Upstream.Name)
+		case m.cfg.Upstream != nil && r.Upstream == nil:
+			return fmt.Errorf("ca: %s holds self-signed roots; switching to an upstream authority would drop them from the bundle while certificates they signed are still in use; use a fresh --data-dir (or state Secret)", m.backend.Describe())
+		case m.cfg.Upstream == nil && r.Upstream != nil:
+			return fmt.Errorf("ca: %s holds intermediates signed by upstream %s; start with the same --upstream, or use a fresh --data-dir (or state Secret)", m.backend.Describe(), r.Upstream.Name)
 		}
 	}
 	return nil
