@@ -35,6 +35,14 @@
 // SignJWT with ErrInvalidSigningMaterial (trustbridge_ca_jwt_keys{state=
 // "active"} is 0), so a rolling upgrade is not stalled.
 //
+// Inside, Authority is SPIRE's split of a server CA: a manager
+// (manager*.go) owns the journal, prepares, activates and retires roots
+// and JWT keys, follows a plug-in directory or an upstream, and publishes
+// each state it settles on as an immutable signing snapshot; a signer
+// (signer*.go) signs from the snapshot published last without taking a
+// lock, and waits only while a change is being decided, so that no leaf
+// outlives the RemoveAfter a retirement computes for its root (board).
+//
 // State lives under <data-dir>/ca: a JSON journal (state.json, the commit
 // point, written atomically) and one key (0600) and certificate per root,
 // and one key (0600, roots/jwt-<kid>.key.pem) per JWT key.
