@@ -1,10 +1,9 @@
 package attest
 
 import (
+	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -36,7 +35,7 @@ const callTimeout = 30 * time.Second
 // to a cgroup meanwhile). It exits 0 when the call succeeded.
 func runChild(mode string) int {
 	if mode == "wait" {
-		if _, err := fmt.Fscanln(os.Stdin); err != nil && !errors.Is(err, io.EOF) {
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 			fmt.Fprintln(os.Stderr, "child: reading stdin:", err)
 			return 2
 		}
@@ -168,5 +167,40 @@ func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (runs a child as another user, or makes cgroups)")
+	}
+}
+
+// started runs cmd and returns a channel closed once it exited (and was
+// reaped); the process is killed, if still running, when the test ends.
+func started(t *testing.T, cmd *exec.Cmd) <-chan struct{} {
+	t.Helper()
+	require.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	return done
+}
+
+// await returns the probe's next result, failing the test if the child
+// exits first (it failed before calling, or the call failed unattested).
+func await(t *testing.T, p *probe, exited <-chan struct{}, out fmt.Stringer) result {
+	t.Helper()
+	select {
+	case r := <-p.got:
+		return r
+	case <-exited:
+		select {
+		case r := <-p.got:
+			return r
+		default:
+		}
+		t.Fatalf("child exited without a call attested: %s", out)
+		return result{}
 	}
 }

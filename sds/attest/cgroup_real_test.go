@@ -1,0 +1,105 @@
+package attest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// Real cgroups, v1 (the pids hierarchy) and v2 (the unified one): a child
+// moved into a pod's container cgroup by the kernel is attested as that
+// pod and container, from its real /proc/<pid>/cgroup.
+func TestRealCgroups(t *testing.T) {
+	requireRoot(t)
+	for _, h := range []struct {
+		name  string
+		mount string
+		magic int64
+	}{
+		{"v1 pids", "/sys/fs/cgroup/pids", unix.CGROUP_SUPER_MAGIC},
+		{"v2 unified", "/sys/fs/cgroup/unified", unix.CGROUP2_SUPER_MAGIC},
+	} {
+		t.Run(h.name, func(t *testing.T) {
+			var fs unix.Statfs_t
+			if err := unix.Statfs(h.mount, &fs); err != nil || int64(fs.Type) != h.magic {
+				t.Skipf("no cgroup hierarchy mounted at %s (statfs: %v, type %#x)", h.mount, err, fs.Type)
+			}
+			podUID, cid := randomUID(t), randomHex(t, 32)
+			dir := makeCgroup(t, h.mount, "kubepods.slice",
+				"kubepods-pod"+strings.ReplaceAll(podUID, "-", "_")+".slice",
+				"cri-containerd-"+cid+".scope")
+
+			p := &probe{a: newAttestor(t, Config{})}
+			cmd := child(t, serve(t, p), "wait", nil)
+			stdin, err := cmd.StdinPipe()
+			require.NoError(t, err)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			// Its cleanup (kill and reap) runs before makeCgroup's.
+			exited := started(t, cmd)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644))
+			_, err = fmt.Fprintln(stdin, "go")
+			require.NoError(t, err)
+
+			r := await(t, p, exited, &out)
+			require.NoError(t, r.err)
+			<-exited
+			require.True(t, cmd.ProcessState.Success(), "child: %s", out.String())
+			assert.Equal(t, int32(cmd.Process.Pid), r.caller.PID)
+			require.NotNil(t, r.facts.Kubernetes)
+			assert.Equal(t, podUID, r.facts.Kubernetes.PodUID)
+			assert.Equal(t, cid, r.facts.Kubernetes.ContainerID)
+		})
+	}
+}
+
+// makeCgroup makes the cgroup path under a hierarchy's mount and removes
+// it, deepest first, when the test ends (after its processes exited). It
+// skips the test when the kernel refuses to make it. The first element is
+// shared with other tests on the machine: removing it is left to the last
+// one out, the others must go.
+func makeCgroup(t *testing.T, mount string, path ...string) string {
+	t.Helper()
+	dir := mount
+	for i, p := range path {
+		dir = filepath.Join(dir, p)
+		err := os.Mkdir(dir, 0o755)
+		if err != nil && (i == len(path)-1 || !errors.Is(err, os.ErrExist)) {
+			t.Skipf("cannot make cgroup %s: %v", dir, err)
+		}
+		made, shared := dir, i == 0
+		t.Cleanup(func() {
+			err := os.Remove(made)
+			if shared && (errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, os.ErrNotExist)) {
+				return
+			}
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("removing cgroup %s: %v", made, err)
+			}
+		})
+	}
+	return dir
+}
+
+func randomHex(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return hex.EncodeToString(b)
+}
+
+func randomUID(t *testing.T) string {
+	h := randomHex(t, 16)
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
