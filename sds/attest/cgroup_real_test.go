@@ -20,7 +20,6 @@ import (
 // moved into a pod's container cgroup by the kernel is attested as that
 // pod and container, from its real /proc/<pid>/cgroup.
 func TestRealCgroups(t *testing.T) {
-	requireRoot(t)
 	for _, h := range []struct {
 		name  string
 		mount string
@@ -30,32 +29,12 @@ func TestRealCgroups(t *testing.T) {
 		{"v2 unified", "/sys/fs/cgroup/unified", unix.CGROUP2_SUPER_MAGIC},
 	} {
 		t.Run(h.name, func(t *testing.T) {
-			var fs unix.Statfs_t
-			if err := unix.Statfs(h.mount, &fs); err != nil || int64(fs.Type) != h.magic {
-				t.Skipf("no cgroup hierarchy mounted at %s (statfs: %v, type %#x)", h.mount, err, fs.Type)
-			}
+			requireHierarchy(t, h.mount, h.magic)
 			podUID, cid := randomUID(t), randomHex(t, 32)
-			dir := makeCgroup(t, h.mount, "kubepods.slice",
-				"kubepods-pod"+strings.ReplaceAll(podUID, "-", "_")+".slice",
-				"cri-containerd-"+cid+".scope")
-
 			p := &probe{a: newAttestor(t, Config{})}
-			cmd := child(t, serve(t, p), "wait", nil)
-			stdin, err := cmd.StdinPipe()
-			require.NoError(t, err)
-			var out strings.Builder
-			cmd.Stdout, cmd.Stderr = &out, &out
-			// Its cleanup (kill and reap) runs before makeCgroup's.
-			exited := started(t, cmd)
-			require.NoError(t, os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644))
-			_, err = fmt.Fprintln(stdin, "go")
-			require.NoError(t, err)
-
-			r := await(t, p, exited, &out)
+			r, pid := attestInCgroup(t, p, containerCgroup(t, h.mount, podUID, cid))
 			require.NoError(t, r.err)
-			<-exited
-			require.True(t, cmd.ProcessState.Success(), "child: %s", out.String())
-			assert.Equal(t, int32(cmd.Process.Pid), r.caller.PID)
+			assert.Equal(t, pid, r.caller.PID)
 			require.NotNil(t, r.facts.Kubernetes)
 			assert.Equal(t, podUID, r.facts.Kubernetes.PodUID)
 			assert.Equal(t, cid, r.facts.Kubernetes.ContainerID)
@@ -63,18 +42,64 @@ func TestRealCgroups(t *testing.T) {
 	}
 }
 
+// requireHierarchy skips the test unless it runs as root and a cgroup
+// hierarchy of type magic is mounted at mount.
+func requireHierarchy(t *testing.T, mount string, magic int64) {
+	t.Helper()
+	requireRoot(t)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(mount, &fs); err != nil || int64(fs.Type) != magic {
+		t.Skipf("no cgroup hierarchy mounted at %s (statfs: %v, type %#x)", mount, err, fs.Type)
+	}
+}
+
+// containerCgroup makes the systemd driver's cgroup of container cid in
+// pod podUID (guaranteed QoS, containerd) under mount.
+func containerCgroup(t *testing.T, mount, podUID, cid string) string {
+	t.Helper()
+	return makeCgroup(t, mount, "kubepods.slice",
+		"kubepods-pod"+strings.ReplaceAll(podUID, "-", "_")+".slice",
+		"cri-containerd-"+cid+".scope")
+}
+
+// attestInCgroup starts a child, has the kernel move it into the cgroup
+// dir, then lets it call p, and returns what p made of it and the child's
+// pid. The child has exited when it returns.
+func attestInCgroup(t *testing.T, p *probe, dir string) (result, int32) {
+	t.Helper()
+	cmd := child(t, serve(t, p), "wait", nil)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its cleanup (kill and reap) runs before makeCgroup's.
+	exited := started(t, cmd)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644))
+	_, err = fmt.Fprintln(stdin, "go")
+	require.NoError(t, err)
+	r := await(t, p, exited, &out)
+	<-exited
+	if r.err == nil {
+		require.True(t, cmd.ProcessState.Success(), "child: %s", out.String())
+	}
+	return r, int32(cmd.Process.Pid)
+}
+
 // makeCgroup makes the cgroup path under a hierarchy's mount and removes
-// it, deepest first, when the test ends (after its processes exited). It
-// skips the test when the kernel refuses to make it. The first element is
-// shared with other tests on the machine: removing it is left to the last
-// one out, the others must go.
+// what it made, deepest first, when the test ends (after its processes
+// exited). It skips the test when the kernel refuses to make it. The first
+// element may be shared with other tests on the machine: removing it is
+// left to the last one out.
 func makeCgroup(t *testing.T, mount string, path ...string) string {
 	t.Helper()
 	dir := mount
 	for i, p := range path {
 		dir = filepath.Join(dir, p)
 		err := os.Mkdir(dir, 0o755)
-		if err != nil && (i == len(path)-1 || !errors.Is(err, os.ErrExist)) {
+		if errors.Is(err, os.ErrExist) && i < len(path)-1 {
+			continue
+		}
+		if err != nil {
 			t.Skipf("cannot make cgroup %s: %v", dir, err)
 		}
 		made, shared := dir, i == 0
@@ -83,7 +108,7 @@ func makeCgroup(t *testing.T, mount string, path ...string) string {
 			if shared && (errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, os.ErrNotExist)) {
 				return
 			}
-			if err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err != nil {
 				t.Errorf("removing cgroup %s: %v", made, err)
 			}
 		})

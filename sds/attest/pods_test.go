@@ -2,12 +2,15 @@ package attest
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/url"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -252,4 +255,126 @@ func TestPodsUnreachable(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, s.Code())
 	assert.Contains(t, s.Message(), "not listed yet")
 	assert.Contains(t, s.Message(), addr, "the reason names the failure")
+}
+
+// The whole chain, with real parts: a child the kernel moved into the
+// cgroup of a real pod's container is attested as that pod, from the API
+// server; a child in the same pod's sandbox (a container not in its
+// status) is refused, and told why.
+func TestAttestRealPod(t *testing.T) {
+	const mount = "/sys/fs/cgroup/unified"
+	requireHierarchy(t, mount, unix.CGROUP2_SUPER_MAGIC)
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	serviceAccount(t, env.Client, ns)
+	node := "node-" + randomHex(t, 4)
+	appID, sandboxID := randomHex(t, 32), randomHex(t, 32)
+	web := kubePod(t, env.Client, ns, "web", node, appID)
+
+	pods := newPods(t, PodsConfig{Client: env.Client, NodeName: node, Wait: 1})
+	runPods(t, pods)
+	waitSynced(t, pods)
+	p := &probe{a: newAttestor(t, Config{Pods: pods})}
+
+	r, pid := attestInCgroup(t, p, containerCgroup(t, mount, string(web.UID), appID))
+	require.NoError(t, r.err)
+	assert.Equal(t, pid, r.facts.PID)
+	assert.Equal(t, &KubernetesFacts{PodUID: string(web.UID), ContainerID: appID, Namespace: ns, PodName: "web", ServiceAccount: "workload",
+		Labels: map[string]string{"app": "web"}, ContainerName: "app", Image: "example.com/web:1", ImageID: "example.com/app@sha256:" + appID}, r.facts.Kubernetes)
+
+	r, _ = attestInCgroup(t, p, containerCgroup(t, mount, string(web.UID), sandboxID))
+	require.ErrorIs(t, r.err, ErrUnknownContainer)
+	assert.Equal(t, codes.PermissionDenied, status.Code(Status(r.err)))
+}
+
+// proxy forwards TCP connections to target until cut.
+type proxy struct {
+	lis   net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &proxy{lis: lis}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, up)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go p.pipe(c, up)
+			go p.pipe(up, c)
+		}
+	}()
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	_ = dst.Close()
+}
+
+// cut closes the listener and every connection: the API server is gone.
+func (p *proxy) cut() {
+	_ = p.lis.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// The API server becomes unreachable after the pods were listed: a pod
+// Pods knows is no longer vouched for; new callers get Unavailable with
+// the reason until it is back.
+func TestPodsAPIServerGoesAway(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	serviceAccount(t, env.Client, ns)
+	node := "node-" + randomHex(t, 4)
+	appID := randomHex(t, 32)
+	web := kubePod(t, env.Client, ns, "web", node, appID)
+
+	u, err := url.Parse(env.Config.Host)
+	require.NoError(t, err)
+	px := newProxy(t, u.Host)
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Host = "https://" + px.lis.Addr().String()
+	client, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	p := newPods(t, PodsConfig{Client: client, NodeName: node, Wait: 1})
+	failed := make(chan struct{})
+	var once sync.Once
+	p.apiFailed = func() { once.Do(func() { close(failed) }) }
+	runPods(t, p)
+	waitSynced(t, p)
+	_, err = p.Lookup(context.Background(), string(web.UID), appID)
+	require.NoError(t, err)
+
+	px.cut()
+	<-failed
+	_, err = p.Lookup(context.Background(), string(web.UID), appID)
+	require.ErrorIs(t, err, ErrKubeUnavailable)
+	s := status.Convert(Status(err))
+	assert.Equal(t, codes.Unavailable, s.Code())
+	assert.Contains(t, s.Message(), "cannot be watched")
 }
