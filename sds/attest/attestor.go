@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -123,11 +124,16 @@ func (a *Attestor) AttestPeer(ctx context.Context) (Facts, error) {
 // logged.
 func (a *Attestor) Attest(ctx context.Context, c *Caller) (Facts, error) {
 	f, err := a.attest(ctx, c)
-	if err != nil {
-		a.refused(ctx, c, err)
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		// The caller gave up (or its deadline passed) while a lookup
+		// waited: not a refusal, and nothing to count.
 		return Facts{}, err
 	}
-	return f, nil
+	a.refused(ctx, c, err)
+	return Facts{}, err
 }
 
 func (a *Attestor) attest(ctx context.Context, c *Caller) (Facts, error) {
@@ -190,6 +196,9 @@ func (a *Attestor) binary(pid int32) (string, string, error) {
 		return "", "", refusal(ErrBinary, "pid %d: %w", pid, err)
 	}
 	defer file.Close()
+	if st, err := file.Stat(); err == nil && st.Size() > a.cfg.MaxBinarySize {
+		return "", "", refusal(ErrBinary, "pid %d: %s is over %d bytes", pid, path, a.cfg.MaxBinarySize)
+	}
 	h := sha256.New()
 	n, err := io.Copy(h, io.LimitReader(file, a.cfg.MaxBinarySize+1))
 	switch {

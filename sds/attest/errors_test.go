@@ -76,3 +76,18 @@ func TestRefusalsCountedAndLogged(t *testing.T) {
 	_, err = New(Config{Registerer: reg})
 	require.Error(t, err, "registering twice")
 }
+
+// A caller that gives up while its pod is waited for is not a refusal:
+// not counted, not logged.
+func TestCancelledNotCounted(t *testing.T) {
+	var logs bytes.Buffer
+	a := newAttestor(t, Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c := &Caller{err: fmt.Errorf("attest: waiting for pod: %w", ctx.Err())}
+	_, err := a.Attest(ctx, c)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, codes.Canceled, status.Code(Status(err)))
+	assert.Equal(t, 0.0, testutil.ToFloat64(a.failures.WithLabelValues("other")))
+	assert.Empty(t, logs.String())
+}

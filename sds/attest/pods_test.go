@@ -262,7 +262,7 @@ func TestPodsUnreachable(t *testing.T) {
 // server; a child in the same pod's sandbox (a container not in its
 // status) is refused, and told why.
 func TestAttestRealPod(t *testing.T) {
-	const mount = "/sys/fs/cgroup/unified"
+	mount := v2Mount()
 	requireHierarchy(t, mount, unix.CGROUP2_SUPER_MAGIC)
 	env := kubetest.Shared(t)
 	ns := env.Namespace(t)
