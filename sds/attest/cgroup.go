@@ -3,6 +3,7 @@ package attest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -30,7 +31,11 @@ func (p cgroupPlace) inPod() bool { return p.podUID != "" }
 //
 // Anything ambiguous fails: a pod cgroup without a container below it
 // (the pod's own cgroup), CRI-O's conmon, a malformed pod UID or container
-// ID, a path under kubepods in a shape not known here, two pods in one path.
+// ID, a path under kubepods in a shape not known here, two pods in one
+// path, a path climbing out of the reader's cgroup namespace ("/..")
+// without naming a pod. A process in the reader's own cgroup ("/" in a
+// cgroup namespace) reads as outside any pod: run the agent in the host's
+// cgroup namespace, or trust nobody in its own container.
 func parseCgroup(b []byte) (cgroupPlace, error) {
 	if len(b) > maxCgroupSize {
 		return cgroupPlace{}, fmt.Errorf("cgroup file is over %d bytes", maxCgroupSize)
@@ -95,8 +100,15 @@ func parseCgroupPath(path string) (cgroupPlace, error) {
 		pod, uid = i, u
 	}
 	if pod < 0 {
-		if strings.Contains(path, "kubepods") {
+		switch {
+		case strings.Contains(path, "kubepods"):
 			return cgroupPlace{}, errors.New("under kubepods but not in a pod's cgroup")
+		case slices.Contains(segs, ".."):
+			// Seen from a cgroup namespace (an agent in a pod on cgroup
+			// v2): "/../cri-containerd-<id>.scope" is a container of the
+			// agent's own pod, whose pod segment is above the namespace's
+			// root. Nothing here can tell that from a host process.
+			return cgroupPlace{}, errors.New("relative to this agent's cgroup namespace and names no pod: cannot tell whether the caller is in one")
 		}
 		return cgroupPlace{}, nil
 	}

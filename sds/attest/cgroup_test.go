@@ -59,6 +59,8 @@ func TestParseCgroup(t *testing.T) {
 		{"non-hex container ID", "0::/kubepods/pod" + testUID + "/" + strings.Repeat("g", 64), cgroupPlace{}, "64 hex"},
 		{"unknown runtime prefix", "0::/kubepods.slice/kubepods-pod" + testUID_ + ".slice/rkt-" + testCID + ".scope", cgroupPlace{}, "64 hex"},
 		{"two pods", "0::/kubepods/pod" + testUID + "/" + testCID + "/kubepods/pod" + otherUID + "/" + testCID, cgroupPlace{}, "two pods"},
+		{"cgroup namespace, own pod's sibling", "0::/../cri-containerd-" + testCID + ".scope", cgroupPlace{}, "cgroup namespace"},
+		{"cgroup namespace, host process", "0::/../../../system.slice/sshd.service", cgroupPlace{}, "cgroup namespace"},
 		{"empty", "", cgroupPlace{}, "empty"},
 		{"no path", "0:\n", cgroupPlace{}, "hierarchy-ID"},
 		{"relative path", "0::kubepods\n", cgroupPlace{}, "absolute"},

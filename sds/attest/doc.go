@@ -42,7 +42,10 @@
 // running at attestation (as in SPIRE's unix attestor), and on kernels
 // without SO_PEERPIDFD (before 6.5) a caller that exits between connect
 // and the handshake, its pid reused at once, is caught only if the pid's
-// new owner differs in start time, which it does.
+// new owner differs in start time, which it does. An agent in its own
+// cgroup namespace (a pod on cgroup v2) refuses callers in its own pod's
+// other containers, and reads callers in its own container as outside
+// any pod.
 //
 // References: the SPIFFE Workload Endpoint specification §5
 // (Authentication: the caller is identified out of band, by attestation),
