@@ -23,7 +23,8 @@ const authType = "peercred"
 // one out with the credentials (SO_PEERPIDFD, Linux 6.5), else one opened
 // at the handshake, and its start time. Attestor.Attest re-checks both
 // after reading /proc, so facts read from a pid that meanwhile named
-// another process are never used.
+// another process are never used: from connect on with the kernel's
+// pidfd, from the handshake on without.
 type Caller struct {
 	PID int32
 	UID uint32

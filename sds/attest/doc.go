@@ -39,10 +39,11 @@
 // (Config.ProcRoot where it is mounted elsewhere), and read pods with a
 // client allowed to list and watch them. Known limits: a caller that
 // execs another program after connecting is described by the program
-// running at attestation (as in SPIRE's unix attestor), and on kernels
-// without SO_PEERPIDFD (before 6.5) a caller that exits between connect
-// and the handshake, its pid reused at once, is caught only if the pid's
-// new owner differs in start time, which it does. An agent in its own
+// running at attestation (as in SPIRE's unix attestor); and on kernels
+// without SO_PEERPIDFD (before 6.5) the process is pinned at the
+// handshake, not at connect, so a caller that exits in between, its pid
+// taken at once by another process, goes unnoticed (SPIRE has the same
+// window): the kernel's pidfd closes it. An agent in its own
 // cgroup namespace (a pod on cgroup v2) refuses callers in its own pod's
 // other containers, and reads callers in its own container as outside
 // any pod.
