@@ -1,19 +1,29 @@
+//go:build linux
+
 package attest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
+)
+
+// statfs(2) magic numbers of the cgroup file systems.
+const (
+	cgroup1Magic = 0x27e0eb
+	cgroup2Magic = 0x63677270
 )
 
 // Real cgroups, v1 (the pids hierarchy) and v2 (the unified one): a child
@@ -25,8 +35,8 @@ func TestRealCgroups(t *testing.T) {
 		mount string
 		magic int64
 	}{
-		{"v1 pids", "/sys/fs/cgroup/pids", unix.CGROUP_SUPER_MAGIC},
-		{"v2", v2Mount(), unix.CGROUP2_SUPER_MAGIC},
+		{"v1 pids", "/sys/fs/cgroup/pids", cgroup1Magic},
+		{"v2", v2Mount(), cgroup2Magic},
 	} {
 		t.Run(h.name, func(t *testing.T) {
 			requireHierarchy(t, h.mount, h.magic)
@@ -45,8 +55,8 @@ func TestRealCgroups(t *testing.T) {
 // v2Mount is where the cgroup v2 hierarchy is: beside the v1 ones on a
 // hybrid host like these, else at /sys/fs/cgroup itself.
 func v2Mount() string {
-	var fs unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/cgroup/unified", &fs); err == nil && fs.Type == unix.CGROUP2_SUPER_MAGIC {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs("/sys/fs/cgroup/unified", &fs); err == nil && fs.Type == cgroup2Magic {
 		return "/sys/fs/cgroup/unified"
 	}
 	return "/sys/fs/cgroup"
@@ -57,8 +67,8 @@ func v2Mount() string {
 func requireHierarchy(t *testing.T, mount string, magic int64) {
 	t.Helper()
 	requireRoot(t)
-	var fs unix.Statfs_t
-	if err := unix.Statfs(mount, &fs); err != nil || int64(fs.Type) != magic {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(mount, &fs); err != nil || int64(fs.Type) != magic {
 		t.Skipf("no cgroup hierarchy mounted at %s (statfs: %v, type %#x)", mount, err, fs.Type)
 	}
 }
@@ -115,7 +125,7 @@ func makeCgroup(t *testing.T, mount string, path ...string) string {
 		made, shared := dir, i == 0
 		t.Cleanup(func() {
 			err := os.Remove(made)
-			if shared && (errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, os.ErrNotExist)) {
+			if shared && (errors.Is(err, syscall.EBUSY) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, os.ErrNotExist)) {
 				return
 			}
 			if err != nil {
@@ -126,15 +136,32 @@ func makeCgroup(t *testing.T, mount string, path ...string) string {
 	return dir
 }
 
-func randomHex(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	_, err := rand.Read(b)
-	require.NoError(t, err)
-	return hex.EncodeToString(b)
-}
+// The whole chain, with real parts: a child the kernel moved into the
+// cgroup of a real pod's container is attested as that pod, from the API
+// server; a child in the same pod's sandbox (a container not in its
+// status) is refused, and told why.
+func TestAttestRealPod(t *testing.T) {
+	mount := v2Mount()
+	requireHierarchy(t, mount, cgroup2Magic)
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	serviceAccount(t, env.Client, ns)
+	node := "node-" + randomHex(t, 4)
+	appID, sandboxID := randomHex(t, 32), randomHex(t, 32)
+	web := kubePod(t, env.Client, ns, "web", node, appID)
 
-func randomUID(t *testing.T) string {
-	h := randomHex(t, 16)
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+	pods := newPods(t, PodsConfig{Client: env.Client, NodeName: node, Wait: 1})
+	runPods(t, pods)
+	waitSynced(t, pods)
+	p := &probe{a: newAttestor(t, Config{Pods: pods})}
+
+	r, pid := attestInCgroup(t, p, containerCgroup(t, mount, string(web.UID), appID))
+	require.NoError(t, r.err)
+	assert.Equal(t, pid, r.facts.PID)
+	assert.Equal(t, &KubernetesFacts{PodUID: string(web.UID), ContainerID: appID, Namespace: ns, PodName: "web", ServiceAccount: "workload",
+		Labels: map[string]string{"app": "web"}, ContainerName: "app", Image: "example.com/web:1", ImageID: "example.com/app@sha256:" + appID}, r.facts.Kubernetes)
+
+	r, _ = attestInCgroup(t, p, containerCgroup(t, mount, string(web.UID), sandboxID))
+	require.ErrorIs(t, r.err, ErrUnknownContainer)
+	assert.Equal(t, codes.PermissionDenied, status.Code(Status(r.err)))
 }

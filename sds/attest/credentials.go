@@ -9,7 +9,6 @@ import (
 	"sync"
 	"syscall"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 )
@@ -60,15 +59,15 @@ func CallerFrom(ctx context.Context) (*Caller, bool) {
 }
 
 // alive checks that the pinned process is still the one that connected:
-// not exited (its pidfd is not readable), and its pid still has the start
-// time it had at the handshake.
+// not gone (its pidfd), not exited (its stat), and its pid still has the
+// start time it had at the handshake.
 func (c *Caller) alive() error {
 	if c.pidfd != nil {
-		exited, err := pidfdExited(c.pidfd)
+		gone, err := pidfdGoneFile(c.pidfd)
 		if err != nil {
-			return refusal(ErrProcessReplaced, "pid %d: polling its pidfd: %w", c.PID, err)
+			return refusal(ErrProcessReplaced, "pid %d: checking its pidfd: %w", c.PID, err)
 		}
-		if exited {
+		if gone {
 			return refusal(ErrProcessReplaced, "pid %d exited", c.PID)
 		}
 	}
@@ -84,31 +83,19 @@ func (c *Caller) alive() error {
 	return nil
 }
 
-// pidfdExited polls a pidfd without waiting: it is readable once its
-// process has exited.
-func pidfdExited(f *os.File) (bool, error) {
+// pidfdGoneFile is pidfdGone on a pidfd held by f, which a connection
+// closing meanwhile cannot close (or reuse) underneath.
+func pidfdGoneFile(f *os.File) (bool, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return false, err
 	}
-	var n int
-	var perr error
-	cerr := rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			n, perr = unix.Poll(fds, 0)
-			if !errors.Is(perr, unix.EINTR) {
-				break
-			}
-		}
-		if perr == nil && n > 0 && fds[0].Revents&(unix.POLLIN|unix.POLLHUP) == 0 {
-			perr = fmt.Errorf("unexpected poll events %#x", fds[0].Revents)
-		}
-	})
-	if cerr != nil {
-		return false, cerr
+	var gone bool
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { gone, gerr = pidfdGone(int(fd)) }); err != nil {
+		return false, err
 	}
-	return n > 0, perr
+	return gone, gerr
 }
 
 // peerCredentials are gRPC server transport credentials for unix
@@ -137,28 +124,31 @@ func (p *peerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.
 	if err != nil {
 		return nil, nil, fmt.Errorf("attest: %w", err)
 	}
-	var ucred *unix.Ucred
-	var uerr, perr error
+	var pid int32
+	var uid, gid uint32
+	var cerr, perr error
 	pidfd := -1
 	if err := raw.Control(func(fd uintptr) {
-		ucred, uerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		if uerr == nil {
-			pidfd, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+		pid, uid, gid, cerr = peerCred(int(fd))
+		if cerr == nil {
+			pidfd, perr = peerPidfd(int(fd))
 		}
 	}); err != nil {
 		return nil, nil, fmt.Errorf("attest: %w", err)
 	}
-	if uerr != nil {
-		return nil, nil, fmt.Errorf("attest: reading the caller from the socket (SO_PEERCRED): %w", uerr)
+	if cerr != nil {
+		return nil, nil, fmt.Errorf("attest: reading the caller from the socket (SO_PEERCRED): %w", cerr)
 	}
-	c := p.pin(ucred, pidfd, perr)
+	c := p.pin(&Caller{PID: pid, UID: uid, GID: gid, procRoot: p.procRoot}, pidfd, perr)
 	return &callerConn{Conn: conn, caller: c}, c, nil
 }
 
-// pin builds the Caller: its pidfd (from the socket, else opened now) and
-// its start time.
-func (p *peerCredentials) pin(u *unix.Ucred, pidfd int, peerPidfdErr error) *Caller {
-	c := &Caller{PID: u.Pid, UID: u.Uid, GID: u.Gid, procRoot: p.procRoot}
+// errNoPidfd: the kernel hands out no pidfds (this way).
+var errNoPidfd = errors.New("no pidfd on this kernel")
+
+// pin pins c: its pidfd (from the socket, else opened now) and its start
+// time. A failure is kept in c for Attest to report.
+func (p *peerCredentials) pin(c *Caller, pidfd int, peerPidfdErr error) *Caller {
 	if c.PID <= 0 {
 		// SO_PEERCRED reports 0 for a process outside this pid namespace.
 		c.err = refusal(ErrProcessGone, "the kernel reports no pid for the caller (uid %d): is it in another pid namespace?", c.UID)
@@ -166,14 +156,13 @@ func (p *peerCredentials) pin(u *unix.Ucred, pidfd int, peerPidfdErr error) *Cal
 	}
 	if peerPidfdErr != nil {
 		var err error
-		pidfd, err = openPidfd(c.PID, peerPidfdErr)
-		if err != nil {
+		if pidfd, err = openPidfd(c.PID, peerPidfdErr); err != nil {
 			c.err = err
 			return c
 		}
 	}
 	if pidfd >= 0 {
-		unix.CloseOnExec(pidfd)
+		closeOnExec(pidfd)
 		c.pidfd = os.NewFile(uintptr(pidfd), fmt.Sprintf("pidfd:%d", c.PID))
 	}
 	st, err := readStat(p.procRoot, c.PID)
@@ -192,14 +181,14 @@ func (p *peerCredentials) pin(u *unix.Ucred, pidfd int, peerPidfdErr error) *Cal
 // (kernels before 6.5), and to none at all before 5.3; the start time
 // check then stands alone. Any other error means the caller is gone.
 func openPidfd(pid int32, peerPidfdErr error) (int, error) {
-	if !errors.Is(peerPidfdErr, unix.ENOPROTOOPT) && !errors.Is(peerPidfdErr, unix.EINVAL) {
+	if !errors.Is(peerPidfdErr, errNoPidfd) {
 		return -1, refusal(ErrProcessGone, "pid %d: SO_PEERPIDFD: %w", pid, peerPidfdErr)
 	}
-	fd, err := unix.PidfdOpen(int(pid), 0)
+	fd, err := pidfdOpen(pid)
 	switch {
 	case err == nil:
 		return fd, nil
-	case errors.Is(err, unix.ENOSYS):
+	case errors.Is(err, errNoPidfd):
 		return -1, nil
 	default:
 		return -1, refusal(ErrProcessGone, "pid %d: pidfd_open: %w", pid, err)

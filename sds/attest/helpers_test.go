@@ -1,3 +1,5 @@
+//go:build linux
+
 package attest
 
 import (
@@ -11,7 +13,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -26,9 +27,15 @@ const (
 	childSocket = "TRUSTBRIDGE_ATTEST_SOCKET"
 )
 
-// callTimeout bounds every test RPC, so a broken test fails instead of
-// hanging; no test's outcome depends on it.
-const callTimeout = 30 * time.Second
+// childMain runs the child process when the test binary was started as
+// one, and returns its exit code.
+func childMain() (int, bool) {
+	mode := os.Getenv(childEnv)
+	if mode == "" {
+		return 0, false
+	}
+	return runChild(mode), true
+}
 
 // runChild is the child process: with childEnv=call it calls once; with
 // childEnv=wait it first waits for a line on stdin (the parent moves it
@@ -154,13 +161,6 @@ func copyFile(t *testing.T, from, to string) {
 	b, err := os.ReadFile(from)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(to, b, 0o755))
-}
-
-func newAttestor(t *testing.T, cfg Config) *Attestor {
-	t.Helper()
-	a, err := New(cfg)
-	require.NoError(t, err)
-	return a
 }
 
 func requireRoot(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -255,36 +254,6 @@ func TestPodsUnreachable(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, s.Code())
 	assert.Contains(t, s.Message(), "not listed yet")
 	assert.Contains(t, s.Message(), addr, "the reason names the failure")
-}
-
-// The whole chain, with real parts: a child the kernel moved into the
-// cgroup of a real pod's container is attested as that pod, from the API
-// server; a child in the same pod's sandbox (a container not in its
-// status) is refused, and told why.
-func TestAttestRealPod(t *testing.T) {
-	mount := v2Mount()
-	requireHierarchy(t, mount, unix.CGROUP2_SUPER_MAGIC)
-	env := kubetest.Shared(t)
-	ns := env.Namespace(t)
-	serviceAccount(t, env.Client, ns)
-	node := "node-" + randomHex(t, 4)
-	appID, sandboxID := randomHex(t, 32), randomHex(t, 32)
-	web := kubePod(t, env.Client, ns, "web", node, appID)
-
-	pods := newPods(t, PodsConfig{Client: env.Client, NodeName: node, Wait: 1})
-	runPods(t, pods)
-	waitSynced(t, pods)
-	p := &probe{a: newAttestor(t, Config{Pods: pods})}
-
-	r, pid := attestInCgroup(t, p, containerCgroup(t, mount, string(web.UID), appID))
-	require.NoError(t, r.err)
-	assert.Equal(t, pid, r.facts.PID)
-	assert.Equal(t, &KubernetesFacts{PodUID: string(web.UID), ContainerID: appID, Namespace: ns, PodName: "web", ServiceAccount: "workload",
-		Labels: map[string]string{"app": "web"}, ContainerName: "app", Image: "example.com/web:1", ImageID: "example.com/app@sha256:" + appID}, r.facts.Kubernetes)
-
-	r, _ = attestInCgroup(t, p, containerCgroup(t, mount, string(web.UID), sandboxID))
-	require.ErrorIs(t, r.err, ErrUnknownContainer)
-	assert.Equal(t, codes.PermissionDenied, status.Code(Status(r.err)))
 }
 
 // proxy forwards TCP connections to target until cut.
