@@ -88,6 +88,15 @@ func NewPods(cfg PodsConfig) (*Pods, error) {
 	}
 	p := &Pods{cfg: cfg, errLog: ratelimit.NewDefaultLogLimiter(), changed: make(chan struct{})}
 	p.informer = cache.NewSharedIndexInformer(p.listWatch(), &corev1.Pod{}, 0, cache.Indexers{uidIndex: podUIDIndex})
+	// Only what Lookup reads is worth keeping for every pod of the node.
+	if err := p.informer.SetTransform(func(obj any) (any, error) {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			pod.ManagedFields = nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, fmt.Errorf("attest: pods: %w", err)
+	}
 	if err := p.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
 		p.observe(err)
 	}); err != nil {
