@@ -139,7 +139,11 @@ func (p *peerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.
 	if cerr != nil {
 		return nil, nil, fmt.Errorf("attest: reading the caller from the socket (SO_PEERCRED): %w", cerr)
 	}
-	c := p.pin(&Caller{PID: pid, UID: uid, GID: gid, procRoot: p.procRoot}, pidfd, perr)
+	c := &Caller{PID: pid, UID: uid, GID: gid, procRoot: p.procRoot}
+	if perr == nil && pidfd >= 0 {
+		c.pidfd = pidfdFile(pidfd, pid) // held from here on, closed with conn
+	}
+	p.pin(c, perr)
 	return &callerConn{Conn: conn, caller: c}, c, nil
 }
 
@@ -148,22 +152,21 @@ var errNoPidfd = errors.New("no pidfd on this kernel")
 
 // pin pins c: its pidfd (from the socket, else opened now) and its start
 // time. A failure is kept in c for Attest to report.
-func (p *peerCredentials) pin(c *Caller, pidfd int, peerPidfdErr error) *Caller {
+func (p *peerCredentials) pin(c *Caller, peerPidfdErr error) {
 	if c.PID <= 0 {
 		// SO_PEERCRED reports 0 for a process outside this pid namespace.
 		c.err = refusal(ErrProcessGone, "the kernel reports no pid for the caller (uid %d): is it in another pid namespace?", c.UID)
-		return c
+		return
 	}
 	if peerPidfdErr != nil {
-		var err error
-		if pidfd, err = openPidfd(c.PID, peerPidfdErr); err != nil {
+		pidfd, err := openPidfd(c.PID, peerPidfdErr)
+		if err != nil {
 			c.err = err
-			return c
+			return
 		}
-	}
-	if pidfd >= 0 {
-		closeOnExec(pidfd)
-		c.pidfd = os.NewFile(uintptr(pidfd), fmt.Sprintf("pidfd:%d", c.PID))
+		if pidfd >= 0 {
+			c.pidfd = pidfdFile(pidfd, c.PID)
+		}
 	}
 	st, err := readStat(p.procRoot, c.PID)
 	switch {
@@ -174,7 +177,12 @@ func (p *peerCredentials) pin(c *Caller, pidfd int, peerPidfdErr error) *Caller 
 	default:
 		c.StartTime = st.startTime
 	}
-	return c
+}
+
+// pidfdFile holds pidfd in an os.File, closed on exec.
+func pidfdFile(pidfd int, pid int32) *os.File {
+	closeOnExec(pidfd)
+	return os.NewFile(uintptr(pidfd), fmt.Sprintf("pidfd:%d", pid))
 }
 
 // openPidfd falls back to pidfd_open where the socket hands out no pidfd

@@ -248,3 +248,35 @@ func TestPodLookup(t *testing.T) {
 	require.ErrorIs(t, r.err, ErrCgroup)
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 }
+
+// The pidfd primitives, on the pidfd_open fallback path that kernels
+// without SO_PEERPIDFD take: live, then gone once killed and reaped,
+// while the pid itself may already name another process.
+func TestPidfdFallback(t *testing.T) {
+	cmd := child(t, "unused", "wait", nil)
+	_, err := cmd.StdinPipe() // held open: the child waits
+	require.NoError(t, err)
+	exited := started(t, cmd)
+	pid := int32(cmd.Process.Pid)
+
+	fd, err := openPidfd(pid, errNoPidfd)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, fd, 0)
+	f := pidfdFile(fd, pid)
+	defer f.Close()
+	gone, err := pidfdGoneFile(f)
+	require.NoError(t, err)
+	assert.False(t, gone)
+
+	require.NoError(t, cmd.Process.Kill())
+	<-exited
+	gone, err = pidfdGoneFile(f)
+	require.NoError(t, err)
+	assert.True(t, gone)
+
+	_, err = openPidfd(pid, syscall.EINVAL)
+	require.ErrorIs(t, err, ErrProcessGone, "SO_PEERPIDFD failing otherwise: the caller is gone")
+	require.NoError(t, f.Close())
+	_, err = pidfdGoneFile(f)
+	require.Error(t, err, "a closed pidfd is never a live one")
+}
