@@ -1,0 +1,58 @@
+// Package attest identifies the process at the other end of a unix socket
+// for the node agent's servers (SDS, Workload API), one caller at a time,
+// so that one agent can serve many workloads on a node (issue 34). It
+// yields facts, never an identity: which identity facts grant, if any, is
+// the server's decision.
+//
+// A gRPC server built with Attestor.Credentials reads each connection's
+// caller from the kernel (SO_PEERCRED: pid, uid, gid) and pins that
+// process (a pidfd, from SO_PEERPIDFD where the kernel has it, and its
+// start time from /proc/<pid>/stat). Attest then reads its facts: unix
+// facts (uid, gid, their names, and opt-in its binary's path and SHA-256)
+// and, when /proc/<pid>/cgroup puts it in a pod (cgroup v1 or v2, systemd
+// or cgroupfs driver, containerd, CRI-O or Docker), the pod UID and
+// container ID, looked up by Pods among the pods the API server schedules
+// to this node: namespace, service account, labels, container name and
+// image. Last it checks that the pinned process is still alive with the
+// same start time, so that facts read through a pid that meanwhile named
+// another process are never used.
+//
+// A caller that cannot be attested is refused with the reason: Status
+// gives PermissionDenied, or Unavailable while this node's pods cannot be
+// read from the API server (retry; nothing is guessed). Never a default
+// identity, never another workload's. Refusals are counted by reason
+// (trustbridge_agent_attestation_failures_total) and logged, rate
+// limited.
+//
+//	pods, err := attest.NewPods(attest.PodsConfig{Client: client, NodeName: node, Logger: log})
+//	a, err := attest.New(attest.Config{Pods: pods, Logger: log, Registerer: reg})
+//	go pods.Run(ctx)
+//	srv := grpc.NewServer(grpc.Creds(a.Credentials()))
+//	...
+//	// in a handler:
+//	facts, err := a.AttestPeer(ctx)
+//	if err != nil {
+//		return attest.Status(err)
+//	}
+//
+// The agent must run in the host's pid namespace, with the host's /proc
+// (Config.ProcRoot where it is mounted elsewhere), and read pods with a
+// client allowed to list and watch them. Known limits: a caller that
+// execs another program after connecting is described by the program
+// running at attestation (as in SPIRE's unix attestor); and on kernels
+// without SO_PEERPIDFD (before 6.5) the process is pinned at the
+// handshake, not at connect, so a caller that exits in between, its pid
+// taken at once by another process, goes unnoticed (SPIRE has the same
+// window): the kernel's pidfd closes it. An agent in its own
+// cgroup namespace (a pod on cgroup v2) refuses callers in its own pod's
+// other containers, and reads callers in its own container as outside
+// any pod.
+//
+// References: the SPIFFE Workload Endpoint specification §5
+// (Authentication: the caller is identified out of band, by attestation),
+// https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Workload_Endpoint.md,
+// and the Workload API's §4.1 (Identifying the Caller);
+// unix(7) SO_PEERCRED and SO_PEERPIDFD, pidfd_open(2), proc_pid_stat(5),
+// cgroups(7); the kubelet's cgroup naming (pkg/kubelet/cm) for the path
+// forms.
+package attest
