@@ -233,7 +233,7 @@ func (e *env) startTrustbridge(b *testing.B, name, bin string) *target {
 	cmd := exec.Command(bin, "server", "--trust-domain", trustDomain, "--data-dir", dataDir,
 		"--admin-listen", "127.0.0.1:0", "--grpc-listen", "", "--bundle-listen", "127.0.0.1:0",
 		"--bundle-profile", "https_web", "--bundle-tls-cert", e.certFile, "--bundle-tls-key", e.keyFile,
-		"--log-level", "warn", "--log-format", "json")
+		"--log-level", "warn", "--log-format", "text") // text: the banner on stdout names the bundle URL
 	return start(b, name, cmd, bundleLine, func() { _ = cmd.Process.Signal(syscall.SIGTERM) })
 }
 
