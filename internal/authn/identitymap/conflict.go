@@ -42,10 +42,10 @@ type conflictSet struct {
 
 // Conflicts lists the pairs of rules with different SPIFFE ID templates
 // that may select one workload (at most MaxConflicts), in rule order.
-// Selectors are told apart only where that is certain (different
-// namespaces, service accounts, uids, gids, binaries, or label
-// requirements no label value satisfies both); the rest are assumed to
-// overlap. Two templates that differ in text are reported even where the
+// Selectors are told apart only where that is certain (host processes
+// and pods, different namespaces, service accounts, uids, gids, binaries,
+// or label requirements no label value satisfies both); the rest are
+// assumed to overlap. Two templates that differ in text are reported even where the
 // facts could make them equal.
 func (m *Map) Conflicts() []Conflict {
 	if m == nil {
@@ -162,11 +162,14 @@ func rulesMayOverlap(a, b *compiledRule) bool {
 }
 
 // selectorsMayOverlap is false only when no workload can match both.
-// A Kubernetes selector and a unix one may: pods have unix facts too.
+// A selector of unix fields only matches host processes, so it never
+// meets one with a Kubernetes field.
 func selectorsMayOverlap(a, b compiledSelector) bool {
 	differ := func(x, y string) bool { return x != "" && y != "" && x != y }
 	differID := func(x, y *uint32) bool { return x != nil && y != nil && *x != *y }
 	switch {
+	case a.kube() != b.kube():
+		return false
 	case differ(a.Namespace, b.Namespace), differ(a.ServiceAccount, b.ServiceAccount):
 		return false
 	case differ(a.BinaryPath, b.BinaryPath), differ(a.BinarySHA256, b.BinarySHA256):

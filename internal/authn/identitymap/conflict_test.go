@@ -25,7 +25,9 @@ func TestConflicts(t *testing.T) {
 	}{
 		{name: "same selector", a: Selector{Namespace: "pay"}, b: Selector{Namespace: "pay"}, conflict: true},
 		{name: "superset", a: Selector{Kubernetes: true}, b: Selector{Namespace: "pay"}, conflict: true},
-		{name: "kubernetes and unix may meet in a pod", a: Selector{Namespace: "pay"}, b: Selector{UID: u32(1000)}, conflict: true},
+		{name: "a pod's uid", a: Selector{Namespace: "pay"}, b: Selector{Kubernetes: true, UID: u32(1000)}, conflict: true},
+		{name: "pods and host processes never meet", a: Selector{Namespace: "pay"}, b: Selector{UID: u32(1000)}},
+		{name: "host processes", a: Selector{UID: u32(1000)}, b: Selector{BinaryPath: "/x"}, conflict: true},
 		{name: "equal templates", a: Selector{Namespace: "pay"}, b: Selector{Namespace: "pay"}, tb: "spiffe://example.org/ns/{{ .Namespace }}/sa/{{.ServiceAccount}}"},
 		{name: "other namespaces", a: Selector{Namespace: "pay"}, b: Selector{Namespace: "web"}},
 		{name: "other service accounts", a: Selector{ServiceAccount: "a"}, b: Selector{Namespace: "pay", ServiceAccount: "b"}},
@@ -68,7 +70,7 @@ func TestConflictsIndex(t *testing.T) {
 	}
 	rules = append(rules,
 		rule("late", appTmpl, Selector{Namespace: "n7"}),
-		rule("multi", "spiffe://{{.TrustDomain}}/m", Selector{Namespace: "zz"}, Selector{UID: u32(3)}),
+		rule("multi", "spiffe://{{.TrustDomain}}/m", Selector{Namespace: "zz"}, Selector{Kubernetes: true, UID: u32(3)}),
 	)
 	m := compile(t, "", rules...)
 	var pairs []string

@@ -12,7 +12,7 @@ import (
 func TestExplain(t *testing.T) {
 	a := rule("a", istioTmpl, Selector{Namespace: "web"}, Selector{Namespace: "pay", ServiceAccount: "api"})
 	a.TTL, a.DNSNames = time.Hour, []string{"{{.ServiceAccount}}.{{.Namespace}}.svc"}
-	b := rule("b", appTmpl, Selector{UID: u32(1000)})
+	b := rule("b", appTmpl, Selector{Kubernetes: true, UID: u32(1000)})
 	m := compile(t, "", a, b)
 
 	e := m.Explain(pod("pay", "api", map[string]string{"app": "web"}))
@@ -23,7 +23,7 @@ func TestExplain(t *testing.T) {
 	assert.Equal(t, MatchResult{Rule: "a", Origin: "test:a", Selector: 1, Fields: []string{"namespace", "serviceAccount"},
 		SPIFFEID: "spiffe://example.org/ns/pay/sa/api", DNSNames: []string{"api.pay.svc"}}, e.Matched[0])
 	assert.Equal(t, "spiffe://example.org/app/web", e.Matched[1].SPIFFEID)
-	assert.Equal(t, []string{"uid"}, e.Matched[1].Fields)
+	assert.Equal(t, []string{"kubernetes", "uid"}, e.Matched[1].Fields)
 	assert.Equal(t, 2, e.Rules)
 
 	e = m.Explain(Workload{Kubernetes: true, Namespace: "pay", ServiceAccount: "api"})

@@ -56,7 +56,9 @@ func TestSelectors(t *testing.T) {
 		{"labels of a process", Selector{PodLabels: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}, proc, false},
 		{"uid", Selector{UID: u32(1000)}, proc, true},
 		{"uid 0 is not unknown", Selector{UID: u32(0)}, serverSide, false},
-		{"uid of a pod's process", Selector{UID: u32(1000)}, k8s, true},
+		{"uid alone never selects a pod's process", Selector{UID: u32(1000)}, k8s, false},
+		{"binary alone never selects a pod's process", Selector{BinaryPath: "/usr/bin/exporter"}, Workload{Kubernetes: true, Unix: true, BinaryPath: "/usr/bin/exporter"}, false},
+		{"uid of a pod's process", Selector{Kubernetes: true, UID: u32(1000)}, k8s, true},
 		{"other uid", Selector{UID: u32(1001)}, proc, false},
 		{"gid", Selector{GID: u32(50)}, proc, true},
 		{"binary path", Selector{BinaryPath: "/usr/bin/exporter"}, proc, true},
@@ -174,7 +176,7 @@ func TestIdentifyMerge(t *testing.T) {
 	a.TTL, a.DNSNames = time.Hour, []string{"{{.ServiceAccount}}.{{.Namespace}}.svc", "shared.internal"}
 	b := rule("b", "spiffe://example.org/ns/{{ .Namespace }}/sa/{{ .ServiceAccount }}", Selector{ServiceAccount: "api"})
 	b.TTL, b.DNSNames = 10*time.Minute, []string{"shared.internal", "b.internal"}
-	c := rule("c", istioTmpl, Selector{UID: u32(1000)}) // no TTL: the issuer's
+	c := rule("c", istioTmpl, Selector{Kubernetes: true, UID: u32(1000)}) // no TTL: the issuer's
 	got, err := compile(t, "", a, b, c).Identify(pod("pay", "api", nil))
 	require.NoError(t, err)
 	assert.Equal(t, "spiffe://example.org/ns/pay/sa/api", got.ID.String())

@@ -74,7 +74,11 @@ type Rule struct {
 // Selector selects workloads by their attested facts. Every field that is
 // set must match; a selector with none set is refused, as one that would
 // select everything by accident. Kubernetes fields never match a workload
-// without Kubernetes facts, unix fields one without unix facts.
+// without Kubernetes facts, unix fields one without unix facts. A
+// selector of unix fields only selects host processes, never a process
+// in a pod: any container can run as uid 65534 from a file it put at
+// /usr/bin/node_exporter. Add kubernetes: true (or a namespace) to
+// select processes in pods by their unix facts.
 type Selector struct {
 	// Kubernetes selects Kubernetes workloads only. Alone, it is how a
 	// rule says "every Kubernetes workload".
@@ -111,11 +115,8 @@ type compiledRule struct {
 // Compile.
 func compileRule(local spiffeid.TrustDomain, maxTTL time.Duration, r Rule) (compiledRule, error) {
 	cr := compiledRule{Rule: r}
-	if r.Name == "" {
-		return cr, errors.New("no name")
-	}
-	if errs := validation.IsDNS1123Subdomain(r.Name); len(errs) > 0 {
-		return cr, fmt.Errorf("name %q: %s", r.Name, strings.Join(errs, "; "))
+	if err := checkName(r.Name); err != nil {
+		return cr, err
 	}
 	if len(r.Workloads) == 0 {
 		return cr, errors.New("no workloads: a rule must select workloads (write `kubernetes: true` to select every Kubernetes workload)")
@@ -131,6 +132,17 @@ func compileRule(local spiffeid.TrustDomain, maxTTL time.Duration, r Rule) (comp
 		return cr, err
 	}
 	return cr, checkTTL(r.TTL, maxTTL)
+}
+
+// checkName accepts a rule name: a DNS-1123 subdomain, as resource names.
+func checkName(name string) error {
+	if name == "" {
+		return errors.New("no name")
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 func (cr *compiledRule) compileTemplates(local spiffeid.TrustDomain) error {
@@ -222,9 +234,10 @@ func (s compiledSelector) unix() bool {
 	return s.UID != nil || s.GID != nil || s.BinaryPath != "" || s.BinarySHA256 != ""
 }
 
-// matches reports whether w has every fact s asks for.
+// matches reports whether w has every fact s asks for. A selector with
+// no Kubernetes field matches host processes only.
 func (s compiledSelector) matches(w *Workload) bool {
-	if s.kube() && !s.matchesKube(w) {
+	if s.kube() != w.Kubernetes || s.kube() && !s.matchesKube(w) {
 		return false
 	}
 	return !s.unix() || s.matchesUnix(w)
