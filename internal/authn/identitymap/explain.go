@@ -52,6 +52,10 @@ type MatchResult struct {
 
 // Explain explains Identify(w): it evaluates w the same way.
 func (m *Map) Explain(w Workload) Explanation {
+	if m == nil {
+		_, err := m.Identify(w)
+		return Explanation{Workload: w, Matched: []MatchResult{}, Because: BecauseNoMatch, Error: err.Error()}
+	}
 	res := m.evaluate(&w)
 	e := Explanation{Workload: w, Default: m.cfg.Default, Rules: len(m.rules), Matched: make([]MatchResult, 0, len(res.matched))}
 	for _, rr := range res.matched {

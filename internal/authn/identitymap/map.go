@@ -102,6 +102,9 @@ func (m *Map) Rules() []Rule {
 // considered, which matched and what to change; a workload is never given
 // one of two identities silently.
 func (m *Map) Identify(w Workload) (Identity, error) {
+	if m == nil {
+		return Identity{}, fmt.Errorf("identitymap: %w: no identity map is loaded yet", ErrNoIdentity)
+	}
 	res := m.evaluate(&w)
 	return res.identity, res.err
 }
