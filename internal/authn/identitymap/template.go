@@ -51,9 +51,9 @@ var facts = map[string]fact{
 	"Group":          {false, func(w *Workload) string { return w.Group }},
 }
 
-// Placeholders lists every placeholder a template may use, for help
+// placeholders lists every placeholder a template may use, for help
 // texts and errors.
-func Placeholders() []string {
+func placeholders() []string {
 	out := []string{"{{" + tdPlaceholder + "}}", "{{" + labelsPlaceholder + "<key>}}"}
 	names := make([]string, 0, len(facts))
 	for n := range facts {
@@ -145,7 +145,7 @@ func placeholder(inner string, col int) (part, error) {
 	case strings.HasPrefix(expr, ".") && facts[expr[1:]].get != nil:
 		return part{fact: expr[1:], col: col}, nil
 	}
-	return part{}, fmt.Errorf("column %d: {{%s}} is not one of %s (nothing else is supported)", col, truncate(inner, 64), strings.Join(Placeholders(), ", "))
+	return part{}, fmt.Errorf("column %d: {{%s}} is not one of %s (nothing else is supported)", col, truncate(inner, 64), strings.Join(placeholders(), ", "))
 }
 
 // parseIDTemplate parses and checks a SPIFFE ID template: it must start

@@ -32,7 +32,9 @@ var (
 // Workload without Unix.
 type Workload struct {
 	// Kubernetes says the caller is in a pod: the fields up to Image are
-	// the pod's as the API server has them ("" where not known).
+	// the pod's as the API server has them ("" where not known). PodLabels
+	// is nil when the pod is not known, which no label selector matches;
+	// a known pod without labels has an empty map.
 	Kubernetes     bool              `json:"kubernetes"`
 	Namespace      string            `json:"namespace,omitempty"`
 	ServiceAccount string            `json:"serviceAccount,omitempty"`
