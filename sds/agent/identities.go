@@ -512,8 +512,25 @@ func (c *IdentityCache) waitUntil(ctx context.Context, e *identityEntry, at time
 }
 
 // fetch obtains a certificate for e with a fresh key, checks it and
-// publishes it, returning its leaf.
-func (c *IdentityCache) fetch(ctx context.Context, e *identityEntry) (leaf *x509.Certificate, err error) {
+// publishes it, returning its leaf. The work runs on a goroutine of its
+// own: key generation, signing and gRPC grow a stack to several KiB, which
+// the long-lived maintain goroutine, one per identity, would then keep.
+func (c *IdentityCache) fetch(ctx context.Context, e *identityEntry) (*x509.Certificate, error) {
+	type result struct {
+		leaf *x509.Certificate
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		leaf, err := c.fetchNow(ctx, e)
+		done <- result{leaf, err}
+	}()
+	r := <-done
+	return r.leaf, r.err
+}
+
+// fetchNow is fetch on the calling goroutine.
+func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x509.Certificate, err error) {
 	defer func() { c.metrics.fetches.WithLabelValues(fetchResult(err)).Inc() }()
 	select {
 	case c.sem <- struct{}{}:
