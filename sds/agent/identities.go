@@ -407,7 +407,7 @@ func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 // expires and retries with backoff. It returns when e is dropped at the
 // end of its linger, or ctx is done.
 func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x509.Certificate) {
-	next := renewAt(leaf.NotBefore, leaf.NotAfter, c.grace, c.rand())
+	next := c.nextRenewal(leaf)
 	expired := false
 	for failures := 0; ; {
 		wake := next
@@ -437,7 +437,7 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 		}
 		if err == nil {
 			leaf, expired, failures = fresh, false, 0
-			next = renewAt(leaf.NotBefore, leaf.NotAfter, c.grace, c.rand())
+			next = c.nextRenewal(leaf)
 			c.setStale(e, false)
 			c.metrics.renewals.Inc()
 			continue
@@ -582,6 +582,27 @@ func checkFetched(chain []*x509.Certificate, key *ecdsa.PrivateKey, id spiffeid.
 		return fmt.Errorf("%w: expired at %s", errUnusable, leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// nextRenewal is when to renew the certificate whose leaf was just
+// fetched: renewAt, unless that has passed (a leaf backdated or mostly
+// spent, a clock off), then the grace point of what is left of it, and
+// never sooner than retryBase from now, so a server handing out such
+// leaves is not asked again in a tight loop.
+func (c *IdentityCache) nextRenewal(leaf *x509.Certificate) time.Time {
+	now := c.clock.Now()
+	at := renewAt(leaf.NotBefore, leaf.NotAfter, c.grace, c.rand())
+	if at.Before(now) {
+		at = gracePoint(now, leaf.NotAfter, c.grace)
+	}
+	return maxTime(at, now.Add(c.retryBase))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // renewAt is the renewal time of a certificate valid from notBefore to

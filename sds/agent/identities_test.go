@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -183,6 +184,25 @@ func TestRenewAt(t *testing.T) {
 	} {
 		got := renewAt(nb, na, tt.grace, tt.jitter).Sub(nb)
 		assert.InDelta(t, tt.want, got, float64(100*time.Millisecond), "grace %v jitter %v", tt.grace, tt.jitter)
+	}
+}
+
+// A leaf whose grace point has passed when it arrives (backdated, or
+// mostly spent) is renewed at the grace point of what is left, and never
+// sooner than retryBase from now.
+func TestNextRenewal(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	c := newTestCache(t, IdentityCacheConfig{Fetcher: newFakeFetcher(t, time.Hour), Clock: clocktesting.NewFakeClock(now), Rand: fixedRand(0.5)})
+	leaf := func(nb, na time.Time) *x509.Certificate { return &x509.Certificate{NotBefore: nb, NotAfter: na} }
+	for name, tt := range map[string]struct {
+		leaf *x509.Certificate
+		want time.Time
+	}{
+		"fresh":      {leaf(now, now.Add(time.Hour)), now.Add(30 * time.Minute)},
+		"backdated":  {leaf(now.Add(-50*time.Minute), now.Add(10*time.Minute)), now.Add(5 * time.Minute)},
+		"nearly out": {leaf(now.Add(-time.Hour), now.Add(time.Second)), now.Add(identityRetryBase)},
+	} {
+		assert.Equal(t, tt.want, c.nextRenewal(tt.leaf), name)
 	}
 }
 
