@@ -61,14 +61,45 @@
 // and bundles are the files' (bundle.spiffe.json may carry JWT
 // authorities) and FetchJWTSVID is Unavailable.
 //
+// For a node agent serving many workloads, an IdentityCache holds one
+// X509-SVID per workload identity, shared by every process with that
+// identity (as ztunnel's SecretManager does), and an ImpersonationFetcher
+// obtains each: the agent authenticates as its node
+// ((*Rotator).NodeCredentials: its service account token) and names the
+// workload with Istio's ImpersonatedIdentity; the server grants it only
+// for a pod on that node, and the agent checks the answer (exactly that
+// SPIFFE ID, for its own key, chaining to the local roots). Keys are
+// generated in the agent, never sent, and each process's handle serves
+// its own identity only. An identity is fetched on first Acquire
+// (concurrent ones share the fetch), renewed at half its lifetime give or
+// take 5%, served while the server is unreachable until it expires and
+// never after, and dropped, its key zeroed, DefaultIdentityLinger (one
+// minute) after its last holder released it. At most
+// DefaultMaxIdentities (1,000, SPIRE's agent's bound) are held: at the
+// bound the one released longest ago makes room, and when every one is
+// held a new identity is refused (ErrIdentityCacheFull).
+//
+//	c, err := agent.NewIdentityCache(agent.IdentityCacheConfig{Fetcher: f})
+//	go c.Run(ctx)
+//	h, err := c.Acquire(ctx, id) // per attested process
+//	defer h.Release()
+//	// h is the sds.CredentialSource of that process's streams
+//
 // Metrics: trustbridge_agent_credential_file_loads_total{result},
 // trustbridge_agent_relay_responses_total{result},
 // trustbridge_agent_relay_stream_failures_total and
 // trustbridge_agent_relay_connected,
 // trustbridge_agent_bundles_responses_total{result},
 // trustbridge_agent_bundles_stream_failures_total and
-// trustbridge_agent_bundles_connected, besides the SDS server's, the
-// Workload API server's and the Rotator's.
+// trustbridge_agent_bundles_connected, the identity cache's
+// trustbridge_agent_identity_entries,
+// trustbridge_agent_identity_fetches_total{result},
+// trustbridge_agent_identity_renewals_total,
+// trustbridge_agent_identity_refusals_total,
+// trustbridge_agent_identity_evictions_total,
+// trustbridge_agent_identity_stale and
+// trustbridge_agent_identity_expirations_total, besides the SDS
+// server's, the Workload API server's and the Rotator's.
 //
 // References: envoy.service.secret.v3.SecretDiscoveryService,
 // envoy.extensions.transport_sockets.tls.v3.SPIFFECertValidatorConfig, the

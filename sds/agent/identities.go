@@ -1,0 +1,748 @@
+package agent
+
+import (
+	"cmp"
+	"container/list"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	mathrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
+	"github.com/trustbridge/trustbridge/sds"
+)
+
+// Defaults of IdentityCacheConfig.
+const (
+	// DefaultMaxIdentities bounds the identities one agent holds at once,
+	// as SPIRE's agent bounds its SVID cache (x509_svid_cache_max_size,
+	// 1,000): far more service accounts than a node runs pods of, yet a
+	// bound on what a node's processes can make the agent hold and renew.
+	DefaultMaxIdentities = 1000
+	// DefaultIdentityLinger is how long an identity no process holds any
+	// more is kept, and renewed, before it is dropped: a workload that
+	// comes back within it (an Envoy restart, a stream re-opened after a
+	// blip) gets the same certificate without a new request, while one
+	// that has gone costs no renewal soon after.
+	DefaultIdentityLinger = time.Minute
+	// DefaultMaxConcurrentFetches bounds the requests to the certificate
+	// service in flight (as ztunnel's SecretManager bounds its fetches): a
+	// node starting many pods at once must not trip the server's signing
+	// queue, which refuses the excess.
+	DefaultMaxConcurrentFetches = 8
+)
+
+// Renewal timing of the identity cache.
+const (
+	// identityRenewJitter spreads renewals around the grace point, over
+	// this fraction of the lifetime, so identities issued together (a node
+	// starting) are not renewed in one burst.
+	identityRenewJitter = 0.1
+	identityRetryBase   = time.Second
+	identityRetryMax    = 2 * time.Minute
+	identityCallTimeout = 30 * time.Second
+	// identityLogEvery bounds the lines about failing renewals: an outage
+	// of the server fails every identity's.
+	identityLogEvery = 10 * time.Second
+)
+
+var (
+	// ErrIdentityCacheFull refuses a new identity when the cache holds its
+	// maximum and every identity in it is held by a process.
+	ErrIdentityCacheFull = errors.New("identity cache full: every identity it holds is in use")
+	// ErrCredentialExpired means the certificate of an identity expired
+	// before it could be renewed; nothing is served until a renewal
+	// succeeds.
+	ErrCredentialExpired = errors.New("the certificate expired and could not be renewed")
+	// ErrIdentityReleased is returned by a released IdentityHandle.
+	ErrIdentityReleased = errors.New("identity handle released")
+	// ErrIdentityCacheStopped refuses Acquire once Run has returned.
+	ErrIdentityCacheStopped = errors.New("identity cache stopped")
+	// errUnusable marks a certificate the server issued that fails the
+	// agent's checks.
+	errUnusable = errors.New("unusable certificate")
+)
+
+// IdentityFetcher obtains a certificate chain (leaf first, no roots) for
+// id and key's public key, checked. *ImpersonationFetcher implements it.
+type IdentityFetcher interface {
+	FetchX509SVID(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error)
+}
+
+// IdentityFetcherFunc adapts a function to IdentityFetcher.
+type IdentityFetcherFunc func(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error)
+
+// FetchX509SVID calls f.
+func (f IdentityFetcherFunc) FetchX509SVID(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error) {
+	return f(ctx, id, key)
+}
+
+// IdentityCacheConfig configures an IdentityCache. Fetcher is required;
+// zero values mean the defaults.
+type IdentityCacheConfig struct {
+	Fetcher IdentityFetcher
+	// MaxIdentities bounds the identities held; DefaultMaxIdentities when
+	// zero.
+	MaxIdentities int
+	// Linger is how long an identity nobody holds is kept;
+	// DefaultIdentityLinger when zero.
+	Linger time.Duration
+	// MaxConcurrentFetches bounds the requests in flight;
+	// DefaultMaxConcurrentFetches when zero.
+	MaxConcurrentFetches int
+	// GraceRatio places each renewal at NotBefore + GraceRatio*lifetime,
+	// give or take 5% of the lifetime; 0.5 when zero, else in [0.1, 0.9].
+	GraceRatio float64
+	// Clock defaults to the real clock.
+	Clock clock.Clock
+	// Rand returns numbers in [0, 1) for jitter; math/rand/v2's Float64
+	// when nil. It must be safe for concurrent use.
+	Rand   func() float64
+	Logger *slog.Logger
+	// Registerer receives the trustbridge_agent_identity_* metrics; nil
+	// registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// IdentityCache holds the X509-SVIDs of the identities a node agent's
+// workloads run as: one certificate per identity, shared by every process
+// with that identity, fetched on first use, renewed at its grace point,
+// dropped a while after its last holder released it. Its keys never leave
+// it but through each holder's own handle. Build it with
+// NewIdentityCache and run it with Run; Acquire may be called from any
+// goroutine.
+type IdentityCache struct {
+	fetcher IdentityFetcher
+	max     int
+	linger  time.Duration
+	grace   float64
+	clock   clock.Clock
+	rand    func() float64
+	log     *slog.Logger
+	failLog *ratelimit.LogLimiter
+	metrics *identityMetrics
+	sem     chan struct{} // one slot per fetch in flight
+
+	// retryBase and retryMax bound the delays between failed renewals.
+	retryBase, retryMax time.Duration
+
+	started chan struct{} // closed by Run once runCtx is set
+	runCtx  context.Context
+	wg      sync.WaitGroup // one per entry's maintain goroutine
+
+	mu      sync.Mutex
+	entries map[spiffeid.ID]*identityEntry
+	idle    list.List // of *identityEntry nobody holds, least recently released first
+	stopped bool
+}
+
+// NewIdentityCache checks cfg and applies its defaults. It starts
+// nothing.
+func NewIdentityCache(cfg IdentityCacheConfig) (*IdentityCache, error) {
+	if cfg.Fetcher == nil {
+		return nil, errors.New("agent: identity cache: no fetcher")
+	}
+	if cfg.MaxIdentities < 0 || cfg.Linger < 0 || cfg.MaxConcurrentFetches < 0 {
+		return nil, fmt.Errorf("agent: identity cache: maximum identities (%d), linger (%s) and concurrent fetches (%d) must not be negative",
+			cfg.MaxIdentities, cfg.Linger, cfg.MaxConcurrentFetches)
+	}
+	grace := cmp.Or(cfg.GraceRatio, defaultGraceRatio)
+	if !(grace >= 0.1 && grace <= 0.9) {
+		return nil, fmt.Errorf("agent: identity cache: grace ratio %v must be between 0.1 and 0.9", cfg.GraceRatio)
+	}
+	m, err := newIdentityMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("agent: identity cache: %w", err)
+	}
+	c := &IdentityCache{
+		fetcher:   cfg.Fetcher,
+		max:       cmp.Or(cfg.MaxIdentities, DefaultMaxIdentities),
+		linger:    cmp.Or(cfg.Linger, DefaultIdentityLinger),
+		grace:     grace,
+		clock:     cfg.Clock,
+		rand:      cfg.Rand,
+		log:       cfg.Logger,
+		failLog:   ratelimit.NewLogLimiter(identityLogEvery, 1),
+		metrics:   m,
+		sem:       make(chan struct{}, cmp.Or(cfg.MaxConcurrentFetches, DefaultMaxConcurrentFetches)),
+		retryBase: identityRetryBase,
+		retryMax:  identityRetryMax,
+		started:   make(chan struct{}),
+		entries:   make(map[spiffeid.ID]*identityEntry),
+	}
+	if c.clock == nil {
+		c.clock = clock.RealClock{}
+	}
+	if c.rand == nil {
+		c.rand = mathrand.Float64
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// Run lets Acquire fetch and renew identities until ctx is done, then
+// stops every renewal and returns nil once none runs. Handles acquired
+// before keep serving their last certificate until it expires; Acquire
+// fails from then on.
+func (c *IdentityCache) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.runCtx != nil {
+		c.mu.Unlock()
+		return errors.New("agent: identity cache: Run called twice")
+	}
+	c.runCtx = ctx
+	close(c.started)
+	c.mu.Unlock()
+
+	<-ctx.Done()
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+	c.wg.Wait()
+	return nil
+}
+
+// Acquire returns a handle on id's credential for one process, fetching
+// it first when no process holds id yet (concurrent Acquires of one id
+// share that fetch). It waits for Run to start and for the first fetch,
+// or until ctx is done. A failed first fetch leaves nothing behind and
+// its error goes to every Acquire that waited for it. When the cache holds
+// its maximum, the identity released longest ago is dropped to make room;
+// when every identity is held, Acquire fails with ErrIdentityCacheFull.
+// Call Release on the handle when the process is gone.
+func (c *IdentityCache) Acquire(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
+	if id.IsZero() || id.Path() == "" {
+		return nil, fmt.Errorf("agent: identity %q is not a SPIFFE ID of a workload", id.String())
+	}
+	select {
+	case <-c.started:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("agent: identity %s: %w", id, ctx.Err())
+	}
+	e, err := c.ref(id)
+	if err != nil {
+		return nil, fmt.Errorf("agent: identity %s: %w", id, err)
+	}
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		c.unref(e)
+		return nil, fmt.Errorf("agent: identity %s: %w", id, ctx.Err())
+	}
+	if e.firstErr != nil {
+		return nil, fmt.Errorf("agent: identity %s: %w", id, e.firstErr)
+	}
+	return &IdentityHandle{c: c, e: e}, nil
+}
+
+// ref takes a reference on id's entry, making it (and its maintain
+// goroutine) when there is none, and room for it when needed.
+func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return nil, ErrIdentityCacheStopped
+	}
+	if e, ok := c.entries[id]; ok {
+		if e.refs == 0 {
+			c.idle.Remove(e.idleAt)
+			e.idleAt = nil
+			e.poke()
+		}
+		e.refs++
+		return e, nil
+	}
+	if len(c.entries) >= c.max {
+		front := c.idle.Front()
+		if front == nil {
+			c.metrics.refusals.Inc()
+			return nil, fmt.Errorf("%w (%d identities)", ErrIdentityCacheFull, c.max)
+		}
+		victim := front.Value.(*identityEntry)
+		c.dropLocked(victim)
+		c.metrics.evictions.Inc()
+		c.log.Info("identity evicted to make room", logattr.SPIFFEID, victim.id.String(), "max_identities", c.max)
+	}
+	ctx, cancel := context.WithCancel(c.runCtx)
+	e := &identityEntry{id: id, refs: 1, ready: make(chan struct{}), pokes: make(chan struct{}, 1), cancel: cancel}
+	e.state.Store(&identityState{err: sds.ErrNoCredential, changed: make(chan struct{})})
+	c.entries[id] = e
+	c.metrics.entries.Set(float64(len(c.entries)))
+	c.wg.Add(1)
+	go c.maintain(ctx, e)
+	return e, nil
+}
+
+// unref gives back a reference; the last one starts the entry's linger.
+func (c *IdentityCache) unref(e *identityEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.dropped {
+		return
+	}
+	e.refs--
+	if e.refs == 0 {
+		e.releasedAt = c.clock.Now()
+		e.idleAt = c.idle.PushBack(e)
+		e.poke()
+	}
+}
+
+// dropLocked removes e from the cache and stops its renewals; its
+// maintain goroutine then zeroes its key. c.mu is held.
+func (c *IdentityCache) dropLocked(e *identityEntry) {
+	if e.dropped {
+		return
+	}
+	e.dropped = true
+	if e.idleAt != nil {
+		c.idle.Remove(e.idleAt)
+		e.idleAt = nil
+	}
+	if c.entries[e.id] == e {
+		delete(c.entries, e.id)
+	}
+	c.metrics.entries.Set(float64(len(c.entries)))
+	e.cancel()
+}
+
+// identityEntry is one identity in the cache. The fields under "c.mu"
+// are guarded by the cache's mutex; key and stale belong to the entry's
+// maintain goroutine.
+type identityEntry struct {
+	id     spiffeid.ID
+	cancel context.CancelFunc // stops the maintain goroutine
+	pokes  chan struct{}      // cap 1: refs changed, recompute the wake-up
+
+	// ready is closed when the first fetch ended; firstErr is set before
+	// when it failed.
+	ready    chan struct{}
+	firstErr error
+	state    atomic.Pointer[identityState]
+
+	// c.mu
+	refs       int
+	idleAt     *list.Element // in IdentityCache.idle while refs == 0
+	releasedAt time.Time
+	dropped    bool
+
+	// the maintain goroutine's
+	key   *ecdsa.PrivateKey
+	stale bool
+}
+
+// identityState is what an entry serves at one moment: a credential or
+// why there is none, and a channel closed when that changes. It is never
+// changed once published.
+type identityState struct {
+	cred    *sds.Credential
+	err     error
+	changed chan struct{}
+}
+
+func (e *identityEntry) poke() {
+	select {
+	case e.pokes <- struct{}{}:
+	default:
+	}
+}
+
+// publish replaces what e serves and wakes its watchers.
+func (e *identityEntry) publish(cred *sds.Credential, err error) {
+	next := &identityState{cred: cred, err: err, changed: make(chan struct{})}
+	if cred != nil {
+		cred.Changed = next.changed
+	}
+	close(e.state.Swap(next).changed)
+}
+
+// maintain fetches e's first certificate, then renews it until e is
+// dropped or the cache stops.
+func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
+	defer c.wg.Done()
+	defer func() {
+		if c.runCtx.Err() == nil { // dropped, not stopped: nobody holds it
+			zeroKey(e.key)
+			if e.stale {
+				c.metrics.stale.Dec()
+			}
+		}
+	}()
+	leaf, err := c.fetch(ctx, e)
+	if err != nil {
+		c.mu.Lock()
+		c.dropLocked(e)
+		c.mu.Unlock()
+		e.firstErr = err
+		e.publish(nil, err)
+		close(e.ready)
+		c.log.Log(ctx, c.failLog.Level(slog.LevelWarn), "no certificate for this identity", logattr.SPIFFEID, e.id.String(), logattr.Error, err.Error())
+		return
+	}
+	close(e.ready)
+	c.renewLoop(ctx, e, leaf)
+}
+
+// renewLoop renews e's certificate, whose leaf is leaf, at its grace
+// point; after a failure it keeps serving the certificate until it
+// expires and retries with backoff. It returns when e is dropped at the
+// end of its linger, or ctx is done.
+func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x509.Certificate) {
+	next := c.nextRenewal(leaf)
+	expired := false
+	for failures := 0; ; {
+		wake := next
+		if !expired && leaf.NotAfter.Before(wake) {
+			wake = leaf.NotAfter
+		}
+		if d, ok := c.lingerEnd(e); ok && d.Before(wake) {
+			wake = d
+		}
+		if !c.waitUntil(ctx, e, wake) {
+			return
+		}
+		now := c.clock.Now()
+		if c.dropIfLingered(e, now) {
+			return
+		}
+		if now.Before(next) {
+			if !expired && !now.Before(leaf.NotAfter) {
+				expired = true
+				c.expire(e, leaf)
+			}
+			continue
+		}
+		fresh, err := c.fetch(ctx, e)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			leaf, expired, failures = fresh, false, 0
+			next = c.nextRenewal(leaf)
+			c.setStale(e, false)
+			c.metrics.renewals.Inc()
+			continue
+		}
+		failures++
+		next = now.Add(backoff(failures, c.retryBase, c.retryMax, c.rand()))
+		c.setStale(e, !expired)
+		c.log.Log(ctx, c.failLog.Level(slog.LevelError), "renewing an identity's certificate failed; serving the last one until it expires",
+			logattr.SPIFFEID, e.id.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Error, err.Error(), "retry_in", next.Sub(now))
+	}
+}
+
+// expire stops serving e's certificate, whose leaf expired unrenewed.
+func (c *IdentityCache) expire(e *identityEntry, leaf *x509.Certificate) {
+	c.setStale(e, false)
+	c.metrics.expirations.Inc()
+	e.publish(nil, fmt.Errorf("%w at %s", ErrCredentialExpired, leaf.NotAfter.UTC().Format(time.RFC3339)))
+	c.log.Log(context.Background(), c.failLog.Level(slog.LevelError), "an identity's certificate expired before it could be renewed; serving none",
+		logattr.SPIFFEID, e.id.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+}
+
+func (c *IdentityCache) setStale(e *identityEntry, stale bool) {
+	switch {
+	case stale && !e.stale:
+		c.metrics.stale.Inc()
+	case !stale && e.stale:
+		c.metrics.stale.Dec()
+	}
+	e.stale = stale
+}
+
+// lingerEnd is when e, held by nobody, is to be dropped.
+func (c *IdentityCache) lingerEnd(e *identityEntry) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.refs > 0 || e.dropped {
+		return time.Time{}, false
+	}
+	return e.releasedAt.Add(c.linger), true
+}
+
+// dropIfLingered drops e if nobody has held it for the linger at now.
+func (c *IdentityCache) dropIfLingered(e *identityEntry, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.refs > 0 || e.dropped || now.Before(e.releasedAt.Add(c.linger)) {
+		return false
+	}
+	c.dropLocked(e)
+	return true
+}
+
+// waitUntil waits until at, or a poke (true: recompute), or ctx done
+// (false). Like sleepUntil it checks the time after arming the timer.
+func (c *IdentityCache) waitUntil(ctx context.Context, e *identityEntry, at time.Time) bool {
+	d := at.Sub(c.clock.Now())
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := c.clock.NewTimer(d)
+	defer t.Stop()
+	if !c.clock.Now().Before(at) {
+		return ctx.Err() == nil
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-e.pokes:
+	case <-t.C():
+	}
+	return true
+}
+
+// fetch obtains a certificate for e with a fresh key, checks it and
+// publishes it, returning its leaf. The work runs on a goroutine of its
+// own: key generation, signing and gRPC grow a stack to several KiB, which
+// the long-lived maintain goroutine, one per identity, would then keep.
+func (c *IdentityCache) fetch(ctx context.Context, e *identityEntry) (*x509.Certificate, error) {
+	type result struct {
+		leaf *x509.Certificate
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		leaf, err := c.fetchNow(ctx, e)
+		done <- result{leaf, err}
+	}()
+	r := <-done
+	return r.leaf, r.err
+}
+
+// fetchNow is fetch on the calling goroutine.
+func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x509.Certificate, err error) {
+	defer func() { c.metrics.fetches.WithLabelValues(fetchResult(err)).Inc() }()
+	select {
+	case c.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-c.sem }()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, identityCallTimeout)
+	defer cancel()
+	chain, err := c.fetcher.FetchX509SVID(callCtx, e.id, key)
+	if err == nil {
+		err = checkFetched(chain, key, e.id, c.clock.Now())
+	}
+	if err != nil {
+		zeroKey(key)
+		return nil, err
+	}
+	// The previous key is left to the collector, not zeroed: a stream may
+	// still be sending the credential it belongs to.
+	e.key = key
+	e.publish(&sds.Credential{Chain: chain, Key: key}, nil)
+	return chain[0], nil
+}
+
+// checkFetched refuses a chain whose leaf is not an X509-SVID of id for
+// key, valid at now. The fetcher checks as much and more (the chain to the
+// roots); this keeps a faulty fetcher from handing a process another
+// identity, or an expired one.
+func checkFetched(chain []*x509.Certificate, key *ecdsa.PrivateKey, id spiffeid.ID, now time.Time) error {
+	if len(chain) == 0 || chain[0] == nil {
+		return fmt.Errorf("%w: no certificate", errUnusable)
+	}
+	leaf := chain[0]
+	got, err := x509svid.IDFromCert(leaf)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %w", errUnusable, err)
+	case got != id:
+		return fmt.Errorf("%w: issued for %s, asked for %s", errUnusable, got, id)
+	case leaf.IsCA:
+		return fmt.Errorf("%w: a CA certificate", errUnusable)
+	case !key.PublicKey.Equal(leaf.PublicKey):
+		return fmt.Errorf("%w: not for the key the request sent", errUnusable)
+	case !now.Before(leaf.NotAfter):
+		return fmt.Errorf("%w: expired at %s", errUnusable, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// nextRenewal is when to renew the certificate whose leaf was just
+// fetched: renewAt, unless that has passed (a leaf backdated or mostly
+// spent, a clock off), then the grace point of what is left of it, and
+// never sooner than retryBase from now, so a server handing out such
+// leaves is not asked again in a tight loop.
+func (c *IdentityCache) nextRenewal(leaf *x509.Certificate) time.Time {
+	now := c.clock.Now()
+	at := renewAt(leaf.NotBefore, leaf.NotAfter, c.grace, c.rand())
+	if at.Before(now) {
+		at = gracePoint(now, leaf.NotAfter, c.grace)
+	}
+	return maxTime(at, now.Add(c.retryBase))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// renewAt is the renewal time of a certificate valid from notBefore to
+// notAfter: its grace point, moved by jitter (in [0, 1)) within
+// identityRenewJitter of the lifetime around it.
+func renewAt(notBefore, notAfter time.Time, grace, jitter float64) time.Time {
+	return gracePoint(notBefore, notAfter, grace+identityRenewJitter*(jitter-0.5))
+}
+
+// fetchResult is the metric label of a fetch's outcome.
+func fetchResult(err error) string {
+	switch {
+	case err == nil:
+		return resultSuccess
+	case errors.Is(err, errUnusable):
+		return "unusable"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "unavailable"
+	}
+	switch status.Code(err) {
+	case codes.Unauthenticated, codes.PermissionDenied:
+		return "refused"
+	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
+		return "unavailable"
+	}
+	return "error"
+}
+
+// zeroKey overwrites k's private scalar, as far as Go allows: copies made
+// inside crypto/ecdsa (its precomputed form) are out of reach.
+func zeroKey(k *ecdsa.PrivateKey) {
+	if k == nil {
+		return
+	}
+	//lint:ignore SA1019 zeroing the scalar needs the one field that holds it
+	d := k.D
+	if d != nil {
+		clear(d.Bits())
+		d.SetInt64(0)
+	}
+}
+
+// IdentityHandle is one process's hold on an identity of the cache. It is
+// an sds.CredentialSource for that identity only.
+type IdentityHandle struct {
+	c        *IdentityCache
+	e        *identityEntry
+	released atomic.Bool
+}
+
+// ID is the identity held.
+func (h *IdentityHandle) ID() spiffeid.ID { return h.e.id }
+
+// Credential returns the identity's current certificate and key, whose
+// Changed is closed when it is renewed or expires; an error while there
+// is none (ErrCredentialExpired), for any other id, and once released.
+// An expired certificate is never returned.
+func (h *IdentityHandle) Credential(_ context.Context, id spiffeid.ID) (*sds.Credential, error) {
+	if h.released.Load() {
+		return nil, ErrIdentityReleased
+	}
+	if id != h.e.id {
+		return nil, fmt.Errorf("agent: this handle holds %s, not %s", h.e.id, id)
+	}
+	st := h.e.state.Load()
+	if st.cred == nil {
+		return nil, st.err
+	}
+	if leaf := st.cred.Chain[0]; !h.c.clock.Now().Before(leaf.NotAfter) {
+		// The maintain goroutine publishes the expiry at NotAfter; a caller
+		// that comes first must not get the certificate either.
+		return nil, fmt.Errorf("%w at %s", ErrCredentialExpired, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return st.cred, nil
+}
+
+// Changed is closed when what Credential returns changes: a renewal, an
+// expiry.
+func (h *IdentityHandle) Changed() <-chan struct{} {
+	return h.e.state.Load().changed
+}
+
+// Release gives the identity back; once nobody holds it, it is dropped
+// after the cache's linger. Later calls do nothing.
+func (h *IdentityHandle) Release() {
+	if h.released.CompareAndSwap(false, true) {
+		h.c.unref(h.e)
+	}
+}
+
+type identityMetrics struct {
+	entries     prometheus.Gauge
+	fetches     *prometheus.CounterVec
+	renewals    prometheus.Counter
+	refusals    prometheus.Counter
+	evictions   prometheus.Counter
+	stale       prometheus.Gauge
+	expirations prometheus.Counter
+}
+
+func newIdentityMetrics(reg prometheus.Registerer) (*identityMetrics, error) {
+	m := &identityMetrics{
+		entries: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_agent_identity_entries",
+			Help: "Workload identities the node agent holds a certificate for, held by a process or lingering.",
+		}),
+		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_agent_identity_fetches_total",
+			Help: "Requests for a workload identity's certificate, first ones and renewals, by result (success, refused, unavailable, unusable, canceled, error).",
+		}, []string{"result"}),
+		renewals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_identity_renewals_total",
+			Help: "Renewed workload certificates pushed to the processes holding their identity.",
+		}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_identity_refusals_total",
+			Help: "Identities refused because the cache held its maximum and every identity in it was in use.",
+		}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_identity_evictions_total",
+			Help: "Identities nobody held that were dropped before their linger ended, to make room for another.",
+		}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_agent_identity_stale",
+			Help: "Identities whose renewal failed, served their last good certificate until it expires.",
+		}),
+		expirations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_identity_expirations_total",
+			Help: "Workload certificates that expired before they could be renewed; their identity is served nothing until a renewal succeeds.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.entries, m.fetches, m.renewals, m.refusals, m.evictions, m.stale, m.expirations} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}
