@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
@@ -36,7 +37,16 @@ type Request struct {
 	TTL time.Duration
 	// Token, when not empty, is sent as a bearer token (only over TLS).
 	Token string
+	// Impersonate, when not zero, asks for the certificate of that
+	// workload rather than the caller's own: Istio's ImpersonatedIdentity,
+	// which a node proxy or node agent sends and the server grants only to
+	// trusted node accounts for pods of their node.
+	Impersonate spiffeid.ID
 }
+
+// ImpersonatedIdentity is the request metadata key of Request.Impersonate,
+// as Istio's node proxies send it.
+const ImpersonatedIdentity = "ImpersonatedIdentity"
 
 // CreateCertificate sends one CreateCertificate to addr over a connection
 // configured by tlsCfg (ServerTLS, plus a client certificate to
@@ -56,15 +66,21 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 	if err != nil {
 		return nil, fmt.Errorf("create CSR: %w", err)
 	}
+	msg := &securityv1alpha1.IstioCertificateRequest{
+		Csr:              string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})),
+		ValidityDuration: int64(req.TTL / time.Second),
+	}
+	if !req.Impersonate.IsZero() {
+		if msg.Metadata, err = structpb.NewStruct(map[string]any{ImpersonatedIdentity: req.Impersonate.String()}); err != nil {
+			return nil, err
+		}
+	}
 	conn, err := Dial(addr, tlsCfg, req.Token)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
-		Csr:              string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})),
-		ValidityDuration: int64(req.TTL / time.Second),
-	})
+	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, msg)
 	if err != nil {
 		return nil, err
 	}

@@ -3,30 +3,19 @@ package agent
 import (
 	"context"
 	"crypto"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
-	"google.golang.org/protobuf/types/known/structpb"
-	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 )
-
-// impersonationKey is the CreateCertificate metadata field with which
-// Istio's node proxies (ztunnel) ask for another workload's identity; the
-// certificate service grants it only to a node authorized for that
-// workload (a pod of it runs on the caller's node).
-const impersonationKey = "ImpersonatedIdentity"
 
 // NodeCredentials is what a node agent proves its node with to the
 // certificate service, and how it verifies that service, for one request.
@@ -146,41 +135,14 @@ func (f *ImpersonationFetcher) FetchX509SVID(ctx context.Context, id spiffeid.ID
 // there as well as in the impersonation field, and returns the answer's
 // certificates in order.
 func (f *ImpersonationFetcher) create(ctx context.Context, nc NodeCredentials, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error) {
-	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
-	if err != nil {
-		return nil, fmt.Errorf("create CSR: %w", err)
-	}
-	md, err := structpb.NewStruct(map[string]any{impersonationKey: id.String()})
-	if err != nil {
-		return nil, err
-	}
 	cert := nc.Certificate
 	if nc.Token != "" {
 		cert = nil // one proof of the node: the one the server can grant impersonation to
 	}
-	conn, err := caclient.Dial(f.addr, caclient.ServerTLS(nc.Roots, nc.ServerID, cert), nc.Token)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
-		Csr:              string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})),
-		ValidityDuration: int64(f.ttl / time.Second),
-		Metadata:         md,
-	})
+	chain, err := caclient.CreateCertificate(ctx, f.addr, caclient.ServerTLS(nc.Roots, nc.ServerID, cert),
+		caclient.Request{Key: key, ID: id, TTL: f.ttl, Token: nc.Token, Impersonate: id})
 	if err != nil {
 		return nil, fmt.Errorf("the certificate service at %s, for %s: %w", f.addr, id, err)
-	}
-	var chain []*x509.Certificate
-	for i, p := range resp.GetCertChain() {
-		certs, err := caclient.ParsePEMCerts([]byte(p))
-		if err != nil {
-			return nil, fmt.Errorf("cert_chain element %d: %w", i, err)
-		}
-		chain = append(chain, certs...)
-	}
-	if len(chain) == 0 {
-		return nil, errors.New("the certificate service answered with an empty cert_chain")
 	}
 	return chain, nil
 }

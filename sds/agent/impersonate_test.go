@@ -35,6 +35,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
@@ -265,7 +266,7 @@ type fakeCertService struct {
 
 func (f *fakeCertService) CreateCertificate(_ context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	f.calls.Add(1)
-	if got := req.GetMetadata().GetFields()[impersonationKey].GetStringValue(); got != webID.String() {
+	if got := req.GetMetadata().GetFields()[caclient.ImpersonatedIdentity].GetStringValue(); got != webID.String() {
 		return nil, status.Errorf(codes.InvalidArgument, "impersonating %q", got)
 	}
 	b, _ := pem.Decode([]byte(req.GetCsr()))
