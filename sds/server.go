@@ -186,6 +186,14 @@ func (s *Server) authenticate(ctx context.Context, r authn.Request) (authn.Ident
 	}
 	if err != nil {
 		s.metrics.authFails.Inc()
+		if errors.Is(err, authn.ErrNotAttested) {
+			// A process on the node agent's own node: the reason is its
+			// operator's to read, and names nothing of another workload.
+			if errors.Is(err, authn.ErrUnavailable) {
+				return authn.Identity{}, &refusal{codes.Unavailable, "attestation_unavailable", err.Error(), err}
+			}
+			return authn.Identity{}, &refusal{codes.PermissionDenied, "not_attested", err.Error(), err}
+		}
 		if errors.Is(err, authn.ErrUnavailable) {
 			return authn.Identity{}, &refusal{codes.Unavailable, "authn_unavailable", "authentication backend unavailable; retry later", err}
 		}

@@ -28,6 +28,11 @@ const (
 	// identity is spiffe://<td>/ns/<namespace>/sa/<name> from its
 	// kubernetes.io claims.
 	MethodKubernetesIssuer = "kubernetes-issuer"
+	// MethodAttestation is a process on the node agent's own node,
+	// identified by workload attestation (sds/attest: the kernel's account
+	// of the socket's peer, its cgroup, its pod) and given the identity
+	// the identity map grants those facts.
+	MethodAttestation = "attestation"
 )
 
 // IsKubernetesMethod reports whether method (an Identity's, or a Grant's)
@@ -64,6 +69,12 @@ var (
 	// ErrUnauthenticated is returned (wrapped) by Chain when no authenticator
 	// succeeded.
 	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrNotAttested means workload attestation refused the calling
+	// process, or its facts grant no identity. The caller is a process on
+	// the same node, whose operator needs the reason: transports return
+	// the error's text to it (PermissionDenied, or Unavailable when it
+	// also wraps ErrUnavailable).
+	ErrNotAttested = errors.New("not attested")
 )
 
 // Request is what a caller presented on one call.

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/sds"
+	"github.com/trustbridge/trustbridge/sds/attest"
+)
+
+// IdentityMap is the identity map in force (identitymap.Cell).
+type IdentityMap interface {
+	Load() *identitymap.Map
+}
+
+// AttestedAuthenticator authenticates the caller of a socket served with
+// Attestor's credentials (attest.Attestor.Credentials): it attests the
+// calling process and gives it the identity Map grants its facts, so one
+// node agent serves each workload of its node its own identity. A process
+// that cannot be attested, or whose facts grant none, is refused with
+// authn.ErrNotAttested and the reason, never given a default identity.
+// The servers authenticate each stream when it opens and again at every
+// refresh, so a pod whose service account changed, or a process that
+// moved cgroup, is attested anew and gets the identity it has now.
+type AttestedAuthenticator struct {
+	Attestor *attest.Attestor
+	Map      IdentityMap
+	// NodeName is this node's name, a fact of every pod on it.
+	NodeName string
+}
+
+var _ authn.Authenticator = (*AttestedAuthenticator)(nil)
+
+// Authenticate attests the caller of ctx's RPC and maps its facts.
+func (a *AttestedAuthenticator) Authenticate(ctx context.Context, _ authn.Request) (authn.Identity, error) {
+	facts, err := a.Attestor.AttestPeer(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return authn.Identity{}, ctx.Err()
+		}
+		if status.Code(attest.Status(err)) == codes.Unavailable {
+			return authn.Identity{}, fmt.Errorf("%w: %w: %w", authn.ErrNotAttested, authn.ErrUnavailable, err)
+		}
+		return authn.Identity{}, fmt.Errorf("%w: %w", authn.ErrNotAttested, err)
+	}
+	m := a.Map.Load()
+	if m == nil {
+		return authn.Identity{}, fmt.Errorf("%w: %w: no identity map loaded yet", authn.ErrNotAttested, authn.ErrUnavailable)
+	}
+	ident, err := m.Identify(a.workload(facts))
+	if err != nil {
+		return authn.Identity{}, fmt.Errorf("%w: pid %d: %w", authn.ErrNotAttested, facts.PID, err)
+	}
+	return authn.Identity{ID: ident.ID, Method: authn.MethodAttestation}, nil
+}
+
+// workload is facts as the identity map reads them.
+func (a *AttestedAuthenticator) workload(facts attest.Facts) identitymap.Workload {
+	w := identitymap.Workload{
+		Unix: true, UID: facts.Unix.UID, GID: facts.Unix.GID, User: facts.Unix.User, Group: facts.Unix.Group,
+		BinaryPath: facts.Unix.BinaryPath, BinarySHA256: facts.Unix.BinarySHA256,
+	}
+	if k := facts.Kubernetes; k != nil {
+		w.Kubernetes = true
+		w.Namespace, w.ServiceAccount, w.PodName, w.PodUID = k.Namespace, k.ServiceAccount, k.PodName, k.PodUID
+		w.PodLabels, w.NodeName, w.ContainerName, w.Image = k.Labels, a.NodeName, k.ContainerName, k.Image
+	}
+	return w
+}
+
+// CredentialSource hands each authenticated caller the certificate of its
+// own identity from c: an SDS or Workload API stream holds the identity
+// from its first request until it ends (then the cache lingers, and drops
+// the identity once no stream holds it).
+func (c *IdentityCache) CredentialSource() sds.CredentialSource {
+	return sds.CredentialSourceFunc(func(ctx context.Context, id spiffeid.ID) (*sds.Credential, error) {
+		h, err := c.Acquire(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		cred, err := h.Credential(ctx, id)
+		if err != nil {
+			h.Release()
+			return nil, err
+		}
+		if ctx.Done() == nil {
+			// Nothing would ever release it.
+			h.Release()
+			return nil, errors.New("agent: a credential asked for outside a stream or call")
+		}
+		context.AfterFunc(ctx, h.Release)
+		return cred, nil
+	})
+}
