@@ -1,26 +1,21 @@
 package trustpolicy
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
-	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 )
 
 // Status is what one policy source last did, for /v1/snapshot, metrics and
 // the audit log.
-type Status struct {
-	Source      string `json:"source"` // "file:<path>", "config:<path>", "crd"
-	Rules       int    `json:"rules"`
-	LastError   string `json:"lastError,omitempty"` // "" when the last load succeeded
-	LastSuccess int64  `json:"lastSuccess"`         // unix seconds; 0 never
-}
+type Status = rulesource.Status
 
 // Publish describes one policy the Combiner put in its Cell.
 type Publish struct {
@@ -47,18 +42,12 @@ type Combiner struct {
 	clock   clock.PassiveClock
 	hook    func(Publish)
 	reg     prometheus.Registerer
-	metrics *metrics
+	metrics *rulesource.Metrics
 
 	mu      sync.Mutex
 	def     Default
-	sources map[string]*sourceState
+	sources *rulesource.Sources[Rule, Default]
 	current *Policy
-}
-
-type sourceState struct {
-	rules  []Rule
-	def    Default
-	status Status
 }
 
 // CombinerOption configures a Combiner.
@@ -84,7 +73,7 @@ func NewCombiner(local spiffeid.TrustDomain, def Default, cell *Cell, opts ...Co
 	if cell == nil {
 		return nil, errors.New("trustpolicy: combiner without a cell")
 	}
-	c := &Combiner{local: local, cell: cell, clock: clock.RealClock{}, def: def, sources: make(map[string]*sourceState)}
+	c := &Combiner{local: local, cell: cell, clock: clock.RealClock{}, def: def}
 	for _, o := range opts {
 		o(c)
 	}
@@ -97,6 +86,7 @@ func NewCombiner(local spiffeid.TrustDomain, def Default, cell *Cell, opts ...Co
 			return nil, fmt.Errorf("trustpolicy: %w", err)
 		}
 	}
+	c.sources = rulesource.New[Rule, Default](c.clock, c.metrics)
 	c.publish(p, "")
 	return c, nil
 }
@@ -107,10 +97,7 @@ func NewCombiner(local spiffeid.TrustDomain, def Default, cell *Cell, opts ...Co
 func (c *Combiner) SetSource(source string, rules []Rule) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	def := Default("")
-	if st := c.sources[source]; st != nil {
-		def = st.def
-	}
+	_, def := c.sources.Rules(source)
 	return c.setLocked(source, rules, def)
 }
 
@@ -120,7 +107,7 @@ func (c *Combiner) SetSourceDocument(source string, doc Document) error {
 	defer c.mu.Unlock()
 	if doc.Default != "" {
 		if _, err := ParseDefault(string(doc.Default)); err != nil {
-			return c.failLocked(source, fmt.Errorf("trustpolicy: %s: %w", source, err))
+			return c.sources.Fail(source, fmt.Errorf("trustpolicy: %s: %w", source, err))
 		}
 	}
 	return c.setLocked(source, doc.Rules, doc.Default)
@@ -132,7 +119,7 @@ func (c *Combiner) SetSourceDocument(source string, doc Document) error {
 func (c *Combiner) SetSourceError(source string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_ = c.failLocked(source, err)
+	_ = c.sources.Fail(source, err)
 }
 
 // RemoveSource drops source and its rules (a deleted resource, a file no
@@ -140,11 +127,9 @@ func (c *Combiner) SetSourceError(source string, err error) {
 func (c *Combiner) RemoveSource(source string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.sources[source]; !ok {
+	if !c.sources.Remove(source) {
 		return
 	}
-	delete(c.sources, source)
-	c.metrics.remove(source)
 	p, err := c.compileLocked("", nil, "")
 	if err != nil {
 		// Every remaining source compiled together before; fewer rules
@@ -176,60 +161,32 @@ func (c *Combiner) setLocked(source string, rules []Rule, def Default) error {
 	if source == "" {
 		return errors.New("trustpolicy: a policy source needs a name")
 	}
-	st := c.sources[source]
 	// The same rules again (a resync, a file restored after an error)
 	// change nothing in force: clear the error, wake nobody.
-	if st != nil && st.def == def && reflect.DeepEqual(st.rules, rules) {
-		c.succeeded(st)
+	if c.sources.Unchanged(source, rules, def) {
 		return nil
 	}
 	p, err := c.compileLocked(source, rules, def)
 	if err != nil {
-		return c.failLocked(source, err)
+		return c.sources.Fail(source, err)
 	}
-	if st == nil {
-		st = &sourceState{status: Status{Source: source}}
-		c.sources[source] = st
-	}
-	st.rules, st.def = slices.Clone(rules), def
-	c.succeeded(st)
+	c.sources.Set(source, rules, def)
 	c.publish(p, source)
 	return nil
 }
 
-func (c *Combiner) succeeded(st *sourceState) {
-	st.status.Rules = len(st.rules)
-	st.status.LastError = ""
-	st.status.LastSuccess = c.clock.Now().Unix()
-	c.metrics.reloaded(st.status, true)
-}
-
-func (c *Combiner) failLocked(source string, err error) error {
-	st := c.sources[source]
-	if st == nil {
-		st = &sourceState{status: Status{Source: source}}
-		c.sources[source] = st
-	}
-	if st.status.LastError == err.Error() {
-		// The same refusal again (a file polled while another source's
-		// rule still clashes with it): a persisting problem counts once.
-		return err
-	}
-	st.status.LastError = err.Error()
-	c.metrics.reloaded(st.status, false)
-	return err
-}
-
 // compileLocked compiles every source's rules, with source's replaced by
-// rules and def, in source order. Errors name the source and the rule.
+// rules and def, in source order (sorted by name: the order of the
+// combined rules, and so of Decision.Matched, is stable).
+// Errors name the source and the rule.
 func (c *Combiner) compileLocked(source string, rules []Rule, def Default) (*Policy, error) {
 	names := make(map[string]string)
 	all := make([]Rule, 0, len(rules))
 	effective := c.def
-	for _, name := range c.sourceNames(source) {
+	for _, name := range c.sources.Names(source) {
 		rs, d := rules, def
-		if st := c.sources[name]; name != source {
-			rs, d = st.rules, st.def
+		if name != source {
+			rs, d = c.sources.Rules(name)
 		}
 		if d == DefaultDeny {
 			effective = DefaultDeny
@@ -248,20 +205,6 @@ func (c *Combiner) compileLocked(source string, rules []Rule, def Default) (*Pol
 		}
 	}
 	return Compile(c.local, effective, all)
-}
-
-// sourceNames is every source plus extra (if not ""), sorted: the order
-// of the combined rules, and so of Decision.Matched, is stable.
-func (c *Combiner) sourceNames(extra string) []string {
-	names := make([]string, 0, len(c.sources)+1)
-	for name := range c.sources {
-		names = append(names, name)
-	}
-	if _, ok := c.sources[extra]; extra != "" && !ok {
-		names = append(names, extra)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // publish makes p current. The Cell gets nil for a policy without rules
@@ -311,10 +254,5 @@ func (c *Combiner) ConflictsOf(rule string) []Conflict { return c.Policy().Confl
 func (c *Combiner) Statuses() []Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]Status, 0, len(c.sources))
-	for _, st := range c.sources {
-		out = append(out, st.status)
-	}
-	slices.SortFunc(out, func(a, b Status) int { return cmp.Compare(a.Source, b.Source) })
-	return out
+	return c.sources.Statuses()
 }

@@ -101,10 +101,10 @@ func TestCombinerKeepsLastGood(t *testing.T) {
 	assert.False(t, isClosed(ch))
 	assert.Equal(t, []Status{{Source: "file:a", Rules: 1, LastError: err.Error(), LastSuccess: 1000}}, c.Statuses())
 
-	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.reloads.WithLabelValues("file:a", "error")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.reloads.WithLabelValues("file:a", "success")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.rules.WithLabelValues("file:a")))
-	assert.Equal(t, 1000.0, testutil.ToFloat64(c.metrics.lastSuccess.WithLabelValues("file:a")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.Reloads.WithLabelValues("file:a", "error")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.Reloads.WithLabelValues("file:a", "success")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.Rules.WithLabelValues("file:a")))
+	assert.Equal(t, 1000.0, testutil.ToFloat64(c.metrics.LastSuccess.WithLabelValues("file:a")))
 
 	c.SetSourceError("file:a", errors.New("open a: no such file"))
 	assert.Equal(t, "open a: no such file", c.Statuses()[0].LastError)

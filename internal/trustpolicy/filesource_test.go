@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -51,8 +52,8 @@ func TestFileSourceReload(t *testing.T) {
 	good, ch := cell.Load()
 	require.NotNil(t, good)
 	assert.Equal(t, "file:"+path+":2", good.Rules()[0].Origin)
-	errors := c.metrics.reloads.WithLabelValues(f.Source(), resultError)
-	successes := c.metrics.reloads.WithLabelValues(f.Source(), resultSuccess)
+	errors := c.metrics.Reloads.WithLabelValues(f.Source(), rulesource.ResultError)
+	successes := c.metrics.Reloads.WithLabelValues(f.Source(), rulesource.ResultSuccess)
 
 	require.NoError(t, f.Check())
 	assert.False(t, isClosed(ch), "unchanged file: nothing published")
@@ -151,7 +152,7 @@ func TestFileSourceRetriesCombinerRefusal(t *testing.T) {
 		require.ErrorContains(t, f.Check(), "have the same name")
 	}
 	assert.Empty(t, refused, "Load's refusal is its caller's to report; the same one again is not new")
-	errs := c.metrics.reloads.WithLabelValues(f.Source(), resultError)
+	errs := c.metrics.Reloads.WithLabelValues(f.Source(), rulesource.ResultError)
 	assert.Equal(t, 1.0, testutil.ToFloat64(errs), "a persisting refusal counts once")
 
 	c.RemoveSource("crd")

@@ -2,65 +2,29 @@ package trustpolicy
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 )
 
-// Results of trustbridge_trust_policy_reloads_total.
-const (
-	resultSuccess = "success"
-	resultError   = "error"
-)
-
-// metrics are per source; a nil *metrics records nothing.
-type metrics struct {
-	reloads     *prometheus.CounterVec
-	rules       *prometheus.GaugeVec
-	lastSuccess *prometheus.GaugeVec
-}
-
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+// newMetrics defines the trust policy's reload metrics and registers them
+// on reg.
+func newMetrics(reg prometheus.Registerer) (*rulesource.Metrics, error) {
+	m := &rulesource.Metrics{
+		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_trust_policy_reloads_total",
 			Help: "Trust policy loads by source (file:<path>, config:<path>, crd) and result (success, error); on error the source keeps its last good rules.",
 		}, []string{"source", "result"}),
-		rules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Rules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trustbridge_trust_policy_rules",
 			Help: "Trust policy rules in force, by source.",
 		}, []string{"source"}),
-		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		LastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trustbridge_trust_policy_last_reload_success_timestamp_seconds",
 			Help: "When each trust policy source last loaded successfully (unix seconds); alert when a source's reloads fail and this stops moving.",
 		}, []string{"source"}),
 	}
-	for _, c := range []prometheus.Collector{m.reloads, m.rules, m.lastSuccess} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := m.Register(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
-}
-
-func (m *metrics) reloaded(st Status, ok bool) {
-	if m == nil {
-		return
-	}
-	for _, r := range []string{resultSuccess, resultError} {
-		m.reloads.WithLabelValues(st.Source, r) // both series exist from the first load
-	}
-	if !ok {
-		m.reloads.WithLabelValues(st.Source, resultError).Inc()
-		return
-	}
-	m.reloads.WithLabelValues(st.Source, resultSuccess).Inc()
-	m.rules.WithLabelValues(st.Source).Set(float64(st.Rules))
-	m.lastSuccess.WithLabelValues(st.Source).Set(float64(st.LastSuccess))
-}
-
-func (m *metrics) remove(source string) {
-	if m == nil {
-		return
-	}
-	m.reloads.DeletePartialMatch(prometheus.Labels{"source": source})
-	m.rules.DeleteLabelValues(source)
-	m.lastSuccess.DeleteLabelValues(source)
 }

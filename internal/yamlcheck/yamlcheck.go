@@ -5,7 +5,10 @@
 // and make a security configuration harder to review; one walk serves
 // every reader, each with its own rule and message. Mapping reads a
 // mapping strictly (known, distinct keys) and ErrorAt names a line. IsNull, Describe,
-// StringProblem and DidYouMean word their errors the same way.
+// StringProblem and DidYouMean word their errors the same way. Decode and
+// Parser serve the rules documents (the trust policy, the identity map):
+// one document, no anchors, every field read strictly with errors that
+// name the file, the line, the rule and the field.
 package yamlcheck
 
 import (

@@ -1,25 +1,20 @@
 package identitymap
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
-	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 )
 
 // Status is what one identity map source last did, for the status page,
 // metrics and the audit log.
-type Status struct {
-	Source      string `json:"source"` // "file:<path>", "crd"
-	Rules       int    `json:"rules"`
-	LastError   string `json:"lastError,omitempty"` // "" when the last load succeeded
-	LastSuccess int64  `json:"lastSuccess"`         // unix seconds; 0 never
-}
+type Status = rulesource.Status
 
 // Combiner merges the rules of every source (the file, later the
 // IdentityMapping resources) into one Map and publishes it in a Cell. A
@@ -38,14 +33,8 @@ type Combiner struct {
 	metrics *metrics
 
 	mu      sync.Mutex
-	sources map[string]*sourceState
+	sources *rulesource.Sources[Rule, Default]
 	current *Map
-}
-
-type sourceState struct {
-	rules  []Rule
-	def    Default
-	status Status
 }
 
 // CombinerOption configures a Combiner.
@@ -66,7 +55,7 @@ func NewCombiner(cfg Config, cell *Cell, opts ...CombinerOption) (*Combiner, err
 	if cell == nil {
 		return nil, errors.New("identitymap: combiner without a cell")
 	}
-	c := &Combiner{cfg: cfg, cell: cell, clock: clock.RealClock{}, sources: make(map[string]*sourceState)}
+	c := &Combiner{cfg: cfg, cell: cell, clock: clock.RealClock{}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -79,6 +68,7 @@ func NewCombiner(cfg Config, cell *Cell, opts ...CombinerOption) (*Combiner, err
 			return nil, fmt.Errorf("identitymap: %w", err)
 		}
 	}
+	c.sources = rulesource.New[Rule, Default](c.clock, c.metrics.sources())
 	c.publish(m)
 	return c, nil
 }
@@ -89,10 +79,7 @@ func NewCombiner(cfg Config, cell *Cell, opts ...CombinerOption) (*Combiner, err
 func (c *Combiner) SetSource(source string, rules []Rule) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	def := Default("")
-	if st := c.sources[source]; st != nil {
-		def = st.def
-	}
+	_, def := c.sources.Rules(source)
 	return c.setLocked(source, rules, def)
 }
 
@@ -102,7 +89,7 @@ func (c *Combiner) SetSourceDocument(source string, doc Document) error {
 	defer c.mu.Unlock()
 	if doc.Default != "" {
 		if _, err := ParseDefault(string(doc.Default)); err != nil {
-			return c.failLocked(source, fmt.Errorf("identitymap: %s: %w", source, err))
+			return c.sources.Fail(source, fmt.Errorf("identitymap: %s: %w", source, err))
 		}
 	}
 	return c.setLocked(source, doc.Rules, doc.Default)
@@ -114,18 +101,16 @@ func (c *Combiner) SetSourceDocument(source string, doc Document) error {
 func (c *Combiner) SetSourceError(source string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_ = c.failLocked(source, err)
+	_ = c.sources.Fail(source, err)
 }
 
 // RemoveSource drops source and its rules (a file no longer configured).
 func (c *Combiner) RemoveSource(source string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.sources[source]; !ok {
+	if !c.sources.Remove(source) {
 		return
 	}
-	delete(c.sources, source)
-	c.metrics.remove(source)
 	if m, err := c.compileLocked("", nil, ""); err == nil {
 		// Fewer rules that compiled together before cannot fail; keep the
 		// current map if they somehow do.
@@ -137,59 +122,32 @@ func (c *Combiner) setLocked(source string, rules []Rule, def Default) error {
 	if source == "" {
 		return errors.New("identitymap: a source needs a name")
 	}
-	st := c.sources[source]
 	// The same rules again (a resync, a file restored after an error)
 	// change nothing in force: clear the error, wake nobody.
-	if st != nil && st.def == def && reflect.DeepEqual(st.rules, rules) {
-		c.succeeded(st)
+	if c.sources.Unchanged(source, rules, def) {
 		return nil
 	}
 	m, err := c.compileLocked(source, rules, def)
 	if err != nil {
-		return c.failLocked(source, err)
+		return c.sources.Fail(source, err)
 	}
-	if st == nil {
-		st = &sourceState{status: Status{Source: source}}
-		c.sources[source] = st
-	}
-	st.rules, st.def = slices.Clone(rules), def
-	c.succeeded(st)
+	c.sources.Set(source, rules, def)
 	c.publish(m)
 	return nil
 }
 
-func (c *Combiner) succeeded(st *sourceState) {
-	st.status.Rules = len(st.rules)
-	st.status.LastError = ""
-	st.status.LastSuccess = c.clock.Now().Unix()
-	c.metrics.reloaded(st.status, true)
-}
-
-func (c *Combiner) failLocked(source string, err error) error {
-	st := c.sources[source]
-	if st == nil {
-		st = &sourceState{status: Status{Source: source}}
-		c.sources[source] = st
-	}
-	if st.status.LastError == err.Error() {
-		// The same refusal again: a persisting problem counts once.
-		return err
-	}
-	st.status.LastError = err.Error()
-	c.metrics.reloaded(st.status, false)
-	return err
-}
-
 // compileLocked compiles every source's rules, with source's replaced by
-// rules and def, in source order. Errors name the source and the rule.
+// rules and def, in source order (sorted by name: the order of the
+// combined rules, and so of Identity.Rules, is stable).
+// Errors name the source and the rule.
 func (c *Combiner) compileLocked(source string, rules []Rule, def Default) (*Map, error) {
 	names := make(map[string]string)
 	var all []Rule
 	cfg := c.cfg
-	for _, name := range c.sourceNames(source) {
+	for _, name := range c.sources.Names(source) {
 		rs, d := rules, def
 		if name != source {
-			rs, d = c.sources[name].rules, c.sources[name].def
+			rs, d = c.sources.Rules(name)
 		}
 		if d == DefaultNone {
 			cfg.Default = DefaultNone
@@ -204,20 +162,6 @@ func (c *Combiner) compileLocked(source string, rules []Rule, def Default) (*Map
 	}
 	// Compile's errors name the rule's origin, and so its source.
 	return Compile(cfg, all)
-}
-
-// sourceNames is every source plus extra (if not ""), sorted: the order
-// of the combined rules, and so of Identity.Rules, is stable.
-func (c *Combiner) sourceNames(extra string) []string {
-	names := make([]string, 0, len(c.sources)+1)
-	for name := range c.sources {
-		names = append(names, name)
-	}
-	if _, ok := c.sources[extra]; extra != "" && !ok {
-		names = append(names, extra)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // publish makes m current, and puts it in the Cell unless the Cell holds
@@ -248,10 +192,5 @@ func (c *Combiner) ConflictsOf(rule string) []Conflict { return c.Map().Conflict
 func (c *Combiner) Statuses() []Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]Status, 0, len(c.sources))
-	for _, st := range c.sources {
-		out = append(out, st.status)
-	}
-	slices.SortFunc(out, func(a, b Status) int { return cmp.Compare(a.Source, b.Source) })
-	return out
+	return c.sources.Statuses()
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 )
 
 func newTestCombiner(t *testing.T, def Default) (*Combiner, *Cell, *prometheus.Registry) {
@@ -58,7 +60,7 @@ func TestCombinerPublishes(t *testing.T) {
 	assert.Equal(t, "crd", st[0].Source)
 	assert.Contains(t, st[0].LastError, "have the same name")
 	assert.Equal(t, Status{Source: "file:a", Rules: 1, LastSuccess: 1000}, st[1])
-	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.reloads.WithLabelValues("crd", resultError)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.Reloads.WithLabelValues("crd", rulesource.ResultError)))
 
 	// Conflicts across sources show in the combiner and the metric.
 	require.NoError(t, c.SetSource("crd", []Rule{rule("host2", "spiffe://{{.TrustDomain}}/other", Selector{UID: u32(7)})}))

@@ -89,3 +89,7 @@ func checkDNSName(s string) error {
 	}
 	return nil
 }
+
+func dnsRune(c rune) bool {
+	return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-'
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
@@ -54,7 +55,7 @@ func TestFileSourceReload(t *testing.T) {
 	good, ch := cell.Watch()
 	assert.Equal(t, "file:"+path+":2", good.Rules()[0].Origin)
 	assert.Equal(t, "spiffe://example.org/host/a", hostID(t, cell))
-	errs := c.metrics.reloads.WithLabelValues(f.Source(), resultError)
+	errs := c.metrics.Reloads.WithLabelValues(f.Source(), rulesource.ResultError)
 
 	require.NoError(t, f.Check())
 	assert.False(t, isClosed(ch), "unchanged file: nothing published")

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/authn/idtemplate"
 )
 
 // MaxRules caps the rules of one document and of a Map.
@@ -206,7 +208,7 @@ func (m *Map) fallback(w *Workload) (Identity, error) {
 		return Identity{}, fmt.Errorf("identitymap: %w: %s for %s, and %s", ErrNoIdentity, m.noRuleText(), w.describe(), why)
 	}
 	for _, v := range []string{w.Namespace, w.ServiceAccount} {
-		if err := checkSegment(v); err != nil {
+		if err := idtemplate.CheckSegment(v); err != nil {
 			return Identity{}, fmt.Errorf("identitymap: %w: the default (%q) for %s: %v", ErrFacts, DefaultIstio, w.describe(), err)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/trustbridge/trustbridge/internal/authn/idtemplate"
 )
 
 // The template language of spiffeID and dnsNames: literal text plus
@@ -22,11 +24,6 @@ const (
 	tdPlaceholder     = ".TrustDomain"
 	labelsPlaceholder = ".PodLabels."
 	spiffePrefix      = "spiffe://"
-	// maxTemplateLen and maxIDLen follow the SPIFFE ID spec's 2048-byte
-	// URI bound; maxSegmentLen is one value's share of it.
-	maxTemplateLen = 2048
-	maxIDLen       = 2048
-	maxSegmentLen  = 255
 )
 
 // fact is one placeholder's source: a Kubernetes or a unix fact.
@@ -101,33 +98,7 @@ type template struct {
 
 // lex splits s into literal text and placeholders.
 func lex(s string) ([]part, error) {
-	var parts []part
-	for i := 0; i < len(s); {
-		open := strings.Index(s[i:], "{{")
-		if open < 0 {
-			open = len(s) - i
-		}
-		if lit := s[i : i+open]; lit != "" {
-			if j := strings.IndexAny(lit, "{}"); j >= 0 {
-				return nil, fmt.Errorf("column %d: stray %q outside a {{...}} placeholder", i+j+1, lit[j])
-			}
-			parts = append(parts, part{lit: lit})
-		}
-		if i += open; i >= len(s) {
-			break
-		}
-		end := strings.Index(s[i+2:], "}}")
-		if end < 0 {
-			return nil, fmt.Errorf("column %d: {{ is not closed by }}", i+1)
-		}
-		p, err := placeholder(s[i+2:i+2+end], i+1)
-		if err != nil {
-			return nil, err
-		}
-		parts = append(parts, p)
-		i += 2 + end + 2
-	}
-	return parts, nil
+	return idtemplate.Lex(s, func(lit string) part { return part{lit: lit} }, placeholder)
 }
 
 // placeholder reads what is between {{ and }}, found at column col.
@@ -153,8 +124,8 @@ func placeholder(inner string, col int) (part, error) {
 // its path, with each fact taken as a valid segment, must be a valid
 // non-root SPIFFE ID path. Errors name the 1-based byte column.
 func parseIDTemplate(s string) (*template, error) {
-	if len(s) > maxTemplateLen {
-		return nil, fmt.Errorf("template is %d bytes, more than %d", len(s), maxTemplateLen)
+	if len(s) > idtemplate.MaxTemplateLen {
+		return nil, fmt.Errorf("template is %d bytes, more than %d", len(s), idtemplate.MaxTemplateLen)
 	}
 	parts, err := lex(s)
 	if err != nil {
@@ -307,53 +278,15 @@ func value(w *Workload, p part) (string, error) {
 }
 
 // id builds the SPIFFE ID for w. Every fact must be a valid path segment
-// on its own (checkSegment), so no value can add a segment, climb out of
-// its place or change the trust domain; the result is checked again all
-// the same.
+// on its own (idtemplate.CheckSegment), so no value can add a segment,
+// climb out of its place or change the trust domain; the result is
+// checked again all the same.
 func (t *template) id(td spiffeid.TrustDomain, w *Workload) (spiffeid.ID, error) {
-	s, err := t.render(td, w, checkSegment)
+	s, err := t.render(td, w, idtemplate.CheckSegment)
 	if err != nil {
 		return spiffeid.ID{}, err
 	}
-	if len(s) > maxIDLen {
-		return spiffeid.ID{}, fmt.Errorf("the SPIFFE ID would be %d bytes, more than %d", len(s), maxIDLen)
-	}
-	id, err := spiffeid.FromString(s)
-	switch {
-	case err != nil:
-		return spiffeid.ID{}, fmt.Errorf("the facts do not form a SPIFFE ID: %w", err)
-	case id.TrustDomain() != td:
-		return spiffeid.ID{}, fmt.Errorf("the SPIFFE ID is not in trust domain %q", td.Name())
-	case strings.Count(id.Path(), "/") != t.segments:
-		return spiffeid.ID{}, fmt.Errorf("the SPIFFE ID has %d path segments, not the template's %d", strings.Count(id.Path(), "/"), t.segments)
-	}
-	return id, nil
-}
-
-// checkSegment accepts exactly one SPIFFE ID path segment (SPIFFE ID
-// §2.2): 1 to maxSegmentLen of A-Z a-z 0-9 . - _, not "." or "..". So no
-// "/", no percent-encoding, no whitespace, no look-alike unicode.
-func checkSegment(s string) error {
-	switch {
-	case s == "":
-		return errors.New("value is empty")
-	case len(s) > maxSegmentLen:
-		return fmt.Errorf("value is %d bytes, more than %d", len(s), maxSegmentLen)
-	case s == "." || s == "..":
-		return fmt.Errorf("value %q is a relative path segment", s)
-	}
-	if i := strings.IndexFunc(s, func(r rune) bool { return !segmentRune(r) }); i >= 0 {
-		return fmt.Errorf("value %q: byte %d is not one of A-Z a-z 0-9 . - _", truncate(s, 64), i+1)
-	}
-	return nil
-}
-
-func segmentRune(c rune) bool {
-	return dnsRune(c) || 'A' <= c && c <= 'Z' || c == '.' || c == '_'
-}
-
-func dnsRune(c rune) bool {
-	return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-'
+	return idtemplate.ID(s, td, t.segments, "facts")
 }
 
 // truncate shortens s for an error message.

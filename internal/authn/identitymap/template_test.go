@@ -7,6 +7,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/authn/idtemplate"
 )
 
 var localTD = spiffeid.RequireTrustDomainFromString("example.org")
@@ -45,7 +47,7 @@ func TestParseIDTemplate(t *testing.T) {
 		{"trailing slash", "spiffe://{{.TrustDomain}}/a/", "non-root SPIFFE ID path"},
 		{"percent", "spiffe://{{.TrustDomain}}/a%2Fb", "non-root SPIFFE ID path"},
 		{"bad trust domain", "spiffe://Exa mple/x", "is not a trust domain"},
-		{"too long", "spiffe://{{.TrustDomain}}/" + strings.Repeat("a", maxTemplateLen), "more than"},
+		{"too long", "spiffe://{{.TrustDomain}}/" + strings.Repeat("a", idtemplate.MaxTemplateLen), "more than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseIDTemplate(tc.tmpl)

@@ -2,11 +2,12 @@ package oidc
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/authn/idtemplate"
 )
 
 // The SPIFFE ID template language: literal text plus {{.TrustDomain}} and
@@ -18,11 +19,6 @@ const (
 	tdPlaceholder     = ".TrustDomain"
 	claimsPlaceholder = ".Claims."
 	spiffePrefix      = "spiffe://"
-	// maxTemplateLen and maxIDLen follow the SPIFFE ID spec's 2048-byte
-	// URI bound; maxSegmentLen is a claim value's share of it.
-	maxTemplateLen = 2048
-	maxIDLen       = 2048
-	maxSegmentLen  = 255
 )
 
 // tmplPart is a literal, the trust domain, or a claim.
@@ -48,10 +44,10 @@ type template struct {
 // path, with each claim taken as a valid segment, must be a valid
 // non-root SPIFFE ID path. Errors name the 1-based byte column.
 func parseTemplate(s string) (*template, error) {
-	if len(s) > maxTemplateLen {
-		return nil, fmt.Errorf("template is %d bytes, more than %d", len(s), maxTemplateLen)
+	if len(s) > idtemplate.MaxTemplateLen {
+		return nil, fmt.Errorf("template is %d bytes, more than %d", len(s), idtemplate.MaxTemplateLen)
 	}
-	parts, err := lexTemplate(s)
+	parts, err := idtemplate.Lex(s, func(lit string) tmplPart { return tmplPart{lit: lit} }, placeholder)
 	if err != nil {
 		return nil, err
 	}
@@ -62,51 +58,18 @@ func parseTemplate(s string) (*template, error) {
 	return t, nil
 }
 
-// lexTemplate splits s into literal text and placeholders.
-func lexTemplate(s string) ([]tmplPart, error) {
-	var parts []tmplPart
-	for i := 0; i < len(s); {
-		open := strings.Index(s[i:], "{{")
-		if open < 0 {
-			open = len(s) - i
-		}
-		if lit := s[i : i+open]; lit != "" {
-			if j := strings.IndexAny(lit, "{}"); j >= 0 {
-				return nil, fmt.Errorf("column %d: stray %q outside a {{...}} placeholder", i+j+1, lit[j])
-			}
-			parts = append(parts, tmplPart{lit: lit})
-		}
-		i += open
-		if i >= len(s) {
-			break
-		}
-		end := strings.Index(s[i+2:], "}}")
-		if end < 0 {
-			return nil, fmt.Errorf("column %d: {{ is not closed by }}", i+1)
-		}
-		p, err := placeholder(s[i+2:i+2+end], i+1)
-		if err != nil {
-			return nil, err
-		}
-		p.col = i + 1
-		parts = append(parts, p)
-		i += 2 + end + 2
-	}
-	return parts, nil
-}
-
 // placeholder reads what is between {{ and }}, found at column col.
 func placeholder(inner string, col int) (tmplPart, error) {
 	expr := strings.Trim(inner, " ")
 	switch {
 	case expr == tdPlaceholder:
-		return tmplPart{td: true}, nil
+		return tmplPart{td: true, col: col}, nil
 	case strings.HasPrefix(expr, claimsPlaceholder):
 		path := expr[len(claimsPlaceholder):]
 		if err := checkClaimPath(path); err != nil {
 			return tmplPart{}, fmt.Errorf("column %d: {{%s}}: %w (functions and pipelines are not supported)", col, truncate(inner, 64), err)
 		}
-		return tmplPart{claim: path}, nil
+		return tmplPart{claim: path, col: col}, nil
 	}
 	return tmplPart{}, fmt.Errorf("column %d: {{%s}} is not {{%s}} or {{%s<claim>}} (nothing else is supported)", col, truncate(inner, 64), tdPlaceholder, claimsPlaceholder)
 }
@@ -188,9 +151,9 @@ func (t *template) checkTrustDomain(td spiffeid.TrustDomain) error {
 }
 
 // execute builds the SPIFFE ID for claims. Every claim value must be a
-// valid path segment on its own (checkSegment), so no value can add a
-// segment, climb out of its place or change the trust domain; the result
-// is checked again all the same.
+// valid path segment on its own (idtemplate.CheckSegment), so no value
+// can add a segment, climb out of its place or change the trust domain;
+// the result is checked again all the same.
 func (t *template) execute(td spiffeid.TrustDomain, claims map[string]any) (spiffeid.ID, error) {
 	var b strings.Builder
 	for _, p := range t.parts {
@@ -207,19 +170,7 @@ func (t *template) execute(td spiffeid.TrustDomain, claims map[string]any) (spif
 			b.WriteString(p.lit)
 		}
 	}
-	if b.Len() > maxIDLen {
-		return spiffeid.ID{}, fmt.Errorf("the SPIFFE ID would be %d bytes, more than %d", b.Len(), maxIDLen)
-	}
-	id, err := spiffeid.FromString(b.String())
-	switch {
-	case err != nil:
-		return spiffeid.ID{}, fmt.Errorf("the claims do not form a SPIFFE ID: %w", err)
-	case id.TrustDomain() != td:
-		return spiffeid.ID{}, fmt.Errorf("the SPIFFE ID is not in trust domain %q", td.Name())
-	case strings.Count(id.Path(), "/") != t.segments:
-		return spiffeid.ID{}, fmt.Errorf("the SPIFFE ID has %d path segments, not the template's %d", strings.Count(id.Path(), "/"), t.segments)
-	}
-	return id, nil
+	return idtemplate.ID(b.String(), td, t.segments, "claims")
 }
 
 // claimSegment is the value of the claim at path as a path segment: a
@@ -238,34 +189,10 @@ func claimSegment(claims map[string]any, path string) (string, error) {
 	default:
 		return "", fmt.Errorf("claim %q is %s, not a string or number", path, jsonKind(v))
 	}
-	if err := checkSegment(s); err != nil {
+	if err := idtemplate.CheckSegment(s); err != nil {
 		return "", fmt.Errorf("claim %q: %w", path, err)
 	}
 	return s, nil
-}
-
-// checkSegment accepts exactly one SPIFFE ID path segment (SPIFFE ID
-// §2.2): 1 to maxSegmentLen of A-Z a-z 0-9 . - _, not "." or "..". So no
-// "/", no percent-encoding, no whitespace, no look-alike unicode.
-func checkSegment(s string) error {
-	switch {
-	case s == "":
-		return errors.New("value is empty")
-	case len(s) > maxSegmentLen:
-		return fmt.Errorf("value is %d bytes, more than %d", len(s), maxSegmentLen)
-	case s == "." || s == "..":
-		return fmt.Errorf("value %q is a relative path segment", s)
-	}
-	for i := 0; i < len(s); i++ {
-		if !segmentByte(s[i]) {
-			return fmt.Errorf("value %q: byte %d is not one of A-Z a-z 0-9 . - _", truncate(s, 64), i+1)
-		}
-	}
-	return nil
-}
-
-func segmentByte(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_'
 }
 
 // jsonKind names a decoded JSON value's type for an error message.

@@ -9,6 +9,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/authn/idtemplate"
 )
 
 func TestParseTemplate(t *testing.T) {
@@ -53,7 +55,7 @@ func TestParseTemplate(t *testing.T) {
 		{tmpl: "spiffe://ex ample.org/x", errHas: "is not a trust domain followed by /"},
 		{tmpl: "spiffe://example.org", errHas: "is not a trust domain followed by /"},
 		{tmpl: "spiffe://example.org{{.TrustDomain}}/x", errHas: "is not a trust domain followed by /"},
-		{tmpl: "spiffe://{{.TrustDomain}}/" + strings.Repeat("a", maxTemplateLen), errHas: "more than 2048"},
+		{tmpl: "spiffe://{{.TrustDomain}}/" + strings.Repeat("a", idtemplate.MaxTemplateLen), errHas: "more than 2048"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.tmpl, func(t *testing.T) {
@@ -99,7 +101,7 @@ func claimsJSON(t testing.TB, doc string) map[string]any {
 func TestTemplateClaimInjection(t *testing.T) {
 	tmpl, err := parseTemplate("spiffe://{{.TrustDomain}}/ci/{{.Claims.v}}/x")
 	require.NoError(t, err)
-	long := strings.Repeat("a", maxSegmentLen)
+	long := strings.Repeat("a", idtemplate.MaxSegmentLen)
 	tests := []struct {
 		name, claims string
 		want         string // "" means refused
@@ -195,7 +197,7 @@ func TestTemplateResultTooLong(t *testing.T) {
 	}
 	tmpl, err := parseTemplate(b.String())
 	require.NoError(t, err)
-	_, err = tmpl.execute(testTD, map[string]any{"v": strings.Repeat("a", maxSegmentLen)})
+	_, err = tmpl.execute(testTD, map[string]any{"v": strings.Repeat("a", idtemplate.MaxSegmentLen)})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "more than 2048")
 }
