@@ -75,16 +75,24 @@ func binPath(env, name string) string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "..", "bin", "spire", name)
 }
 
-// requireBin skips the test when bin is missing, or fails it under
-// TRUSTBRIDGE_SPIRE_TESTS=require.
-func requireBin(t testing.TB, env, bin string) {
+// requireBin skips the test when bin (the binary called name) is
+// missing, or fails it under TRUSTBRIDGE_SPIRE_TESTS=require.
+func requireBin(t testing.TB, env, name, bin string) {
 	t.Helper()
 	if _, err := os.Stat(bin); err != nil {
 		if os.Getenv(RequireEnv) == "require" {
-			t.Fatalf("spiretest: %s required (%s=require) but missing: %v (run `make spire-tools`)", filepath.Base(bin), RequireEnv, err)
+			t.Fatalf("spiretest: %s required (%s=require) but missing: %v (run `make spire-tools`)", name, RequireEnv, err)
 		}
-		t.Skipf("spiretest: no %s (run `make spire-tools`, or set %s): %v", filepath.Base(bin), env, err)
+		t.Skipf("spiretest: no %s (run `make spire-tools`, or set %s): %v", name, env, err)
 	}
+}
+
+// RequireAgent skips the test when spire-agent is missing, or fails it
+// under TRUSTBRIDGE_SPIRE_TESTS=require: for a test to call before it
+// starts anything else.
+func RequireAgent(t testing.TB) {
+	t.Helper()
+	requireBin(t, AgentBinEnv, "spire-agent", AgentBin())
 }
 
 // Start runs spire-server for cfg until the end of the test, and returns
@@ -94,7 +102,7 @@ func requireBin(t testing.TB, env, bin string) {
 func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	bin := Bin()
-	requireBin(t, BinEnv, bin)
+	requireBin(t, BinEnv, "spire-server", bin)
 	// A short directory: the API socket's path must fit in sun_path.
 	dir, err := os.MkdirTemp("", "spire")
 	if err != nil {
