@@ -186,18 +186,20 @@ $(KUBE_DIR)/etcd:
 	@command -v etcd >/dev/null 2>&1 || { $(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends etcd-server; }
 	ln -sf "$$(command -v etcd)" $@
 
-# spire-tools: spire-server v1.13.3 built from the module pinned in
-# internal/testkit/spiretest/tools (about 4 minutes on 2 cores, once; cached in
-# bin/spire). Only the server: federation is between servers, no agent runs.
-# GONOSUMDB: the checksum database does not know one of SPIRE's old
+# spire-tools: spire-server and spire-agent v1.13.3 built from the module
+# pinned in internal/testkit/spiretest/tools (about 4 minutes each on 2 cores,
+# once; cached in bin/spire). The server federates with trustbridge; the agent
+# is the reference node agent (SDS default and ROOTCA) ours is compared with.
+# One file target each, so that an existing binary is never rebuilt for the
+# other. GONOSUMDB: the checksum database does not know one of SPIRE's old
 # dependencies; go.sum pins every hash anyway.
 SPIRE_DIR := bin/spire
-spire-tools: $(SPIRE_DIR)/spire-server
+spire-tools: $(SPIRE_DIR)/spire-server $(SPIRE_DIR)/spire-agent
 
-$(SPIRE_DIR)/spire-server: internal/testkit/spiretest/tools/go.mod internal/testkit/spiretest/tools/go.sum
+$(SPIRE_DIR)/spire-server $(SPIRE_DIR)/spire-agent: internal/testkit/spiretest/tools/go.mod internal/testkit/spiretest/tools/go.sum
 	@mkdir -p $(SPIRE_DIR)
-	@echo "building spire-server for the SPIRE test tier (once; about 4 minutes on 2 cores)"
-	cd internal/testkit/spiretest/tools && GONOSUMDB=github.com/GoogleCloudPlatform/cloudsql-proxy $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@.tmp github.com/spiffe/spire/cmd/spire-server
+	@echo "building $(@F) for the SPIRE test tier (once; about 4 minutes on 2 cores)"
+	cd internal/testkit/spiretest/tools && GONOSUMDB=github.com/GoogleCloudPlatform/cloudsql-proxy $(GO) build -trimpath -ldflags '-s -w' -o $(CURDIR)/$@.tmp github.com/spiffe/spire/cmd/$(@F)
 	mv $@.tmp $@
 
 # ui-tools: Debian's chromium for the status page's browser tests, installed

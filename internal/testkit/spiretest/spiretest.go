@@ -1,18 +1,3 @@
-// Package spiretest runs a real SPIRE server (v1.13.3, built by
-// `make spire-tools` from the module pinned in internal/testkit/spiretest/tools
-// into bin/spire) on loopback, for tests of trustbridge as a federation
-// peer of SPIRE. Only spire-server runs: federation is between servers.
-//
-//	s := spiretest.Start(t, spiretest.Config{TrustDomain: "spire.example", Federates: []spiretest.Federation{{
-//		TrustDomain: "east.example", URL: "https://127.0.0.1:8443/", EndpointSPIFFEID: "spiffe://east.example/trustbridge/bundle-endpoint",
-//	}}})
-//	s.SetBundle(t, "east.example", bootstrapDoc) // https_spiffe needs the peer's bundle once
-//	b, err := s.Refresh("east.example")         // federation refresh, then bundle list
-//
-// Without the binary the tests skip, unless TRUSTBRIDGE_SPIRE_TESTS=require
-// (set by `make test`), which makes a missing binary a failure. The server
-// keeps its state (SQLite datastore, in-memory keys) in a temporary
-// directory and is stopped at the end of the test.
 package spiretest
 
 import (
@@ -20,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -29,18 +13,21 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
-// RequireEnv, when "require", makes a missing spire-server a failure.
+// RequireEnv, when "require", makes a missing spire-server or spire-agent
+// a failure.
 const RequireEnv = "TRUSTBRIDGE_SPIRE_TESTS"
 
 // BinEnv overrides where spire-server is looked for.
 const BinEnv = "TRUSTBRIDGE_SPIRE_SERVER"
+
+// AgentBinEnv overrides where spire-agent is looked for.
+const AgentBinEnv = "TRUSTBRIDGE_SPIRE_AGENT"
 
 // Config is what the server is started with.
 type Config struct {
@@ -57,9 +44,11 @@ type Federation struct {
 
 // Server is a running spire-server.
 type Server struct {
-	bin    string
-	socket string
-	logs   *testlog.Buffer
+	bin         string
+	socket      string
+	port        int
+	trustDomain string
+	logs        *testlog.Buffer
 }
 
 // Bundle is a federated bundle as SPIRE holds it.
@@ -72,15 +61,38 @@ type Bundle struct {
 
 // Bin is the spire-server binary: $TRUSTBRIDGE_SPIRE_SERVER, else
 // bin/spire/spire-server at the top of the repository.
-func Bin() string {
-	if p := os.Getenv(BinEnv); p != "" {
+func Bin() string { return binPath(BinEnv, "spire-server") }
+
+// binPath is $env, else bin/spire/<name> at the top of the repository.
+func binPath(env, name string) string {
+	if p := os.Getenv(env); p != "" {
 		return p
 	}
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		return ""
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "..", "bin", "spire", "spire-server")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "bin", "spire", name)
+}
+
+// requireBin skips the test when bin (the binary called name) is
+// missing, or fails it under TRUSTBRIDGE_SPIRE_TESTS=require.
+func requireBin(t testing.TB, env, name, bin string) {
+	t.Helper()
+	if _, err := os.Stat(bin); err != nil {
+		if os.Getenv(RequireEnv) == "require" {
+			t.Fatalf("spiretest: %s required (%s=require) but missing: %v (run `make spire-tools`)", name, RequireEnv, err)
+		}
+		t.Skipf("spiretest: no %s (run `make spire-tools`, or set %s): %v", name, env, err)
+	}
+}
+
+// RequireAgent skips the test when spire-agent is missing, or fails it
+// under TRUSTBRIDGE_SPIRE_TESTS=require: for a test to call before it
+// starts anything else.
+func RequireAgent(t testing.TB) {
+	t.Helper()
+	requireBin(t, AgentBinEnv, "spire-agent", AgentBin())
 }
 
 // Start runs spire-server for cfg until the end of the test, and returns
@@ -90,12 +102,7 @@ func Bin() string {
 func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	bin := Bin()
-	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv(RequireEnv) == "require" {
-			t.Fatalf("spiretest: spire-server required (%s=require) but missing: %v (run `make spire-tools`)", RequireEnv, err)
-		}
-		t.Skipf("spiretest: no spire-server (run `make spire-tools`, or set %s): %v", BinEnv, err)
-	}
+	requireBin(t, BinEnv, "spire-server", bin)
 	// A short directory: the API socket's path must fit in sun_path.
 	dir, err := os.MkdirTemp("", "spire")
 	if err != nil {
@@ -125,57 +132,27 @@ func start(t testing.TB, bin, dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin, socket: filepath.Join(dir, "api.sock"), logs: &testlog.Buffer{}}
+	s := &Server{bin: bin, socket: filepath.Join(dir, "api.sock"), port: port, trustDomain: cfg.TrustDomain, logs: &testlog.Buffer{}}
 	conf := filepath.Join(dir, "server.conf")
 	if err := os.WriteFile(conf, []byte(s.config(dir, port, cfg)), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "run", "-config", conf)
-	cmd.Stdout, cmd.Stderr = s.logs, s.logs
-	if err := cmd.Start(); err != nil {
+	p, err := startProcess(s.logs, bin, "run", "-config", conf)
+	if err != nil {
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	if err := s.waitHealthy(exited); err != nil {
-		stop()
+	healthy := func() error { _, err := s.cli(nil, "healthcheck", "-shallow"); return err }
+	if err := p.waitFor(60*time.Second, healthy); err != nil {
+		p.stop()
 		return nil, fmt.Errorf("spire-server did not start: %w\n%s", err, s.logs.String())
 	}
 	t.Cleanup(func() {
-		stop()
+		p.stop()
 		if t.Failed() {
 			t.Logf("spire-server log:\n%s", s.logs.String())
 		}
 	})
 	return s, nil
-}
-
-// waitHealthy polls the health check until it passes or the process
-// exits.
-func (s *Server) waitHealthy(exited <-chan error) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := s.cli(nil, "healthcheck", "-shallow"); err == nil {
-			return nil
-		}
-		select {
-		case err := <-exited:
-			return fmt.Errorf("exited: %v", err)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return errors.New("no healthy answer within a minute")
-		}
-	}
 }
 
 func freePort() (int, error) {
@@ -188,8 +165,8 @@ func freePort() (int, error) {
 }
 
 // config is the server's HCL: loopback only, SQLite and in-memory keys,
-// join tokens (no agent ever attests), and one federates_with block per
-// peer, https_spiffe.
+// join tokens (for StartAgent), a new entry visible to agents within a
+// second, and one federates_with block per peer, https_spiffe.
 func (s *Server) config(dir string, port int, cfg Config) string {
 	var fed strings.Builder
 	for _, f := range cfg.Federates {
@@ -209,6 +186,10 @@ func (s *Server) config(dir string, port int, cfg Config) string {
   data_dir = %q
   log_level = "DEBUG"
   federation {%s
+  }
+  experimental {
+    # How often the entry cache agents sync from is reloaded (default 5s).
+    cache_reload_interval = "1s"
   }
 }
 
