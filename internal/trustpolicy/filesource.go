@@ -1,171 +1,52 @@
 package trustpolicy
 
 import (
-	"context"
-	"crypto/sha256"
-	"errors"
-	"fmt"
-	"io/fs"
 	"log/slog"
 	"time"
 
-	"k8s.io/utils/clock"
-
-	"github.com/trustbridge/trustbridge/internal/fileutil"
-	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 )
 
 // DefaultFilePollInterval is how often FileSource.Run reads the file when
 // given no positive interval: a policy edit reaches SDS streams within it.
-const DefaultFilePollInterval = 5 * time.Second
+const DefaultFilePollInterval = rulesource.DefaultFilePollInterval
 
 // FileSource polls a policy file and hands each new good Document's rules
-// to a Combiner, as source "file:<path>". It polls rather than watching:
-// Kubernetes updates Secret and ConfigMap volumes by swapping a "..data"
-// symlink, which watches on the file miss. A bad change keeps the last
-// good rules; the error is logged once per distinct problem and kept in
-// the Combiner's Status and metrics.
-type FileSource struct {
-	path     string
-	source   string
-	comb     *Combiner
-	logger   *slog.Logger
-	interval time.Duration
-	clock    clock.WithTicker
-	refused  func(source string, err error)
-
-	r *fileutil.Reloader[[]byte, Document]
-
-	// parseFailed and parseErr remember the last bytes Parse refused:
-	// parsing is deterministic, so the same bytes fail the same way.
-	// Nothing else is cached: a read error says nothing about the next
-	// read, and the Combiner's refusal (a rule name another source
-	// already uses) depends on the other sources, so both are tried again
-	// at every check. Guarded by r's lock, as the Reloader's hooks are.
-	parseFailed [sha256.Size]byte
-	parseErr    string
-}
+// to a Combiner, as source "file:<path>"; a bad change keeps the last
+// good rules (see rulesource.FileSource).
+type FileSource = rulesource.FileSource[Document]
 
 // FileSourceOption changes how NewFileSource builds a source.
-type FileSourceOption func(*FileSource)
+type FileSourceOption func(*rulesource.FileConfig[Document])
 
 // WithRefusedHook calls hook once per distinct refusal after Load (the
 // same bytes refused the same way again, or the same read error, do not
 // call it again), so the caller can audit it; Load's error is the
 // caller's to handle.
 func WithRefusedHook(hook func(source string, err error)) FileSourceOption {
-	return func(f *FileSource) { f.refused = hook }
+	return func(c *rulesource.FileConfig[Document]) { c.Refused = hook }
 }
 
 // NewFileSource returns a source for the policy file at path feeding comb.
-// It reads nothing until Load. A nil logger discards; interval is
-// DefaultFilePollInterval when not positive.
+// It reads nothing until Load, whose error (a missing file included)
+// means the operator's policy is not in force: the caller should not
+// start. A nil logger discards; interval is DefaultFilePollInterval when
+// not positive.
 func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval time.Duration, opts ...FileSourceOption) *FileSource {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	if interval <= 0 {
-		interval = DefaultFilePollInterval
-	}
-	source := "file:" + path
-	f := &FileSource{
-		path:     path,
-		source:   source,
-		comb:     comb,
-		logger:   logger.With(logattr.PolicySource, source),
-		interval: interval,
-		clock:    clock.RealClock{},
+	cfg := rulesource.FileConfig[Document]{
+		Path:        path,
+		Combiner:    comb,
+		Parse:       Parse,
+		Rules:       func(d Document) int { return len(d.Rules) },
+		MaxSize:     MaxDocumentSize,
+		ErrorPrefix: "trustpolicy: policy file",
+		MissingHint: " or drop --trust-policy",
+		LogName:     "trust policy file",
+		Logger:      logger,
+		Interval:    interval,
 	}
 	for _, o := range opts {
-		o(f)
+		o(&cfg)
 	}
-	f.r = fileutil.NewReloader(fileutil.ReloaderConfig[[]byte, Document]{
-		Read:    f.read,
-		Digest:  sha256.Sum256,
-		Parse:   f.apply,
-		Refused: f.report,
-		// A failure recorded an error in the Combiner in place of the
-		// rules: the same bytes, back, must be handed to it again.
-		ReparseAfterFailure: true,
-	})
-	return f
-}
-
-// Source is the source name the rules have in the Combiner.
-func (f *FileSource) Source() string { return f.source }
-
-// Load reads the file for the first time. An error (a missing file
-// included) means the operator's policy is not in force: the caller
-// should not start.
-func (f *FileSource) Load() error { return f.r.Load() }
-
-// Check reads the file once, as Run does each interval; cmd calls it on
-// SIGHUP and reports the error. A good change goes to the Combiner; an
-// unreadable or invalid file keeps the last good rules and returns the
-// error.
-func (f *FileSource) Check() error { return f.r.Check() }
-
-// Run checks the file every interval until ctx is done. Failures are
-// logged and recorded; they never end Run.
-func (f *FileSource) Run(ctx context.Context) error {
-	return f.r.Run(ctx, f.clock, f.interval)
-}
-
-// apply hands the rules of data to the Combiner. Parsing is
-// deterministic: the same bytes fail the same way, so only the parse is
-// skipped for them; the failure is still recorded (and reported once per
-// distinct failure), as another failure may have come in between.
-func (f *FileSource) apply(data []byte, _ Document, _ bool) (Document, error) {
-	digest := sha256.Sum256(data)
-	var (
-		doc Document
-		err error
-	)
-	if f.parseErr != "" && digest == f.parseFailed {
-		err = errors.New(f.parseErr)
-	} else {
-		doc, err = Parse(data, f.source)
-	}
-	if err != nil {
-		f.parseFailed, f.parseErr = digest, err.Error()
-		f.comb.SetSourceError(f.source, err)
-		return Document{}, err
-	}
-	// The Combiner records its own refusals in Status and metrics.
-	if err := f.comb.SetSourceDocument(f.source, doc); err != nil {
-		return Document{}, err
-	}
-	f.logger.Info("trust policy file loaded", logattr.PolicyRules, len(doc.Rules))
-	return doc, nil
-}
-
-// report logs err and calls the refused hook; the Reloader calls it once
-// per distinct failure of Check (what failed and how). Load reports
-// nothing: its caller does not start.
-func (f *FileSource) report(err error) {
-	f.logger.Warn("trust policy file refused; keeping the last good rules", logattr.Error, err)
-	if f.refused != nil {
-		f.refused(f.source, err)
-	}
-}
-
-func (f *FileSource) read() ([]byte, error) {
-	data, err := f.readFile()
-	if err != nil {
-		f.comb.SetSourceError(f.source, err)
-	}
-	return data, err
-}
-
-func (f *FileSource) readFile() ([]byte, error) {
-	// cappedfile refuses what is not a regular file (a FIFO would block
-	// the poller, and SIGHUP's Check behind it) and what is too large.
-	data, _, err := fileutil.Read(f.path, MaxDocumentSize)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("trustpolicy: policy file %s does not exist: create it (an empty file has no rules) or drop --trust-policy", f.path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("trustpolicy: policy file %s: %w", f.path, err)
-	}
-	return data, nil
+	return rulesource.NewFileSource(cfg)
 }

@@ -1,20 +1,16 @@
 package trustpolicy
 
 import (
-	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -92,50 +88,6 @@ func TestFileSourceReload(t *testing.T) {
 	assert.Empty(t, c.Statuses()[0].LastError)
 }
 
-// Kubernetes updates ConfigMap volumes by swapping the ..data symlink.
-func TestFileSourceSymlinkSwap(t *testing.T) {
-	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
-	dir := t.TempDir()
-	for name, content := range map[string]string{"v1": filePolicy, "v2": strings.Replace(filePolicy, "pay", "web", 2)} {
-		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o700))
-		writeFile(t, filepath.Join(dir, name, "policy.yaml"), content)
-	}
-	require.NoError(t, os.Symlink("v1", filepath.Join(dir, "..data")))
-	require.NoError(t, os.Symlink("..data/policy.yaml", filepath.Join(dir, "policy.yaml")))
-	f := NewFileSource(filepath.Join(dir, "policy.yaml"), c, nil, 0)
-	require.NoError(t, f.Load())
-
-	require.NoError(t, os.Symlink("v2", filepath.Join(dir, "..data_tmp")))
-	require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
-	require.NoError(t, f.Check())
-	p, _ := cell.Load()
-	assert.Equal(t, "web", p.Rules()[0].Name)
-}
-
-func TestFileSourceRun(t *testing.T) {
-	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	writeFile(t, path, "")
-	f := NewFileSource(path, c, nil, time.Second)
-	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
-	f.clock = clk
-	require.NoError(t, f.Load())
-	_, ch := cell.Load()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- f.Run(ctx) }()
-	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "Run's ticker")
-	writeFile(t, path, filePolicy)
-	clk.Step(time.Second)
-	<-ch
-	p, _ := cell.Load()
-	_, ok := p.Decide(Subject{ID: spiffeid.RequireFromString("spiffe://example.org/ns/web/sa/a")}).Allows(partnerTD)
-	assert.False(t, ok)
-	cancel()
-	require.NoError(t, <-done)
-}
-
 // A file refused because its rule's name is taken by another source is
 // tried again at the next check: once that rule is gone, the same bytes
 // load. The refusal is reported (hook, log, metric) once while it
@@ -168,63 +120,4 @@ func TestFileSourceRetriesCombinerRefusal(t *testing.T) {
 	require.ErrorContains(t, f.Check(), "have the same name")
 	require.ErrorContains(t, f.Check(), "have the same name")
 	assert.Len(t, refused, 1)
-}
-
-// Deleting the policy file and writing an empty one in its place loads
-// the empty file (no rules): a read error is not remembered as the
-// error of the bytes read (none).
-func TestFileSourceEmptyAfterMissing(t *testing.T) {
-	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	writeFile(t, path, filePolicy)
-	f := NewFileSource(path, c, nil, 0)
-	require.NoError(t, f.Load())
-	p, _ := cell.Load()
-	require.NotNil(t, p)
-
-	require.NoError(t, os.Remove(path))
-	require.ErrorContains(t, f.Check(), "does not exist")
-	p, _ = cell.Load()
-	assert.NotNil(t, p, "a missing file keeps the last good rules")
-
-	writeFile(t, path, "")
-	require.NoError(t, f.Check())
-	p, _ = cell.Load()
-	assert.Nil(t, p, "the empty file is in force: no rules, no policy")
-	assert.Empty(t, c.Statuses()[0].LastError)
-}
-
-// The same bytes Parse refused are not parsed again, but are refused
-// again with the same error.
-func TestFileSourceParseErrorCached(t *testing.T) {
-	c, _, _, _ := newTestCombiner(t, DefaultAllow)
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	writeFile(t, path, "rules: [")
-	f := NewFileSource(path, c, nil, 0)
-	first := f.Load()
-	require.Error(t, first)
-	assert.Equal(t, first.Error(), f.Check().Error())
-	assert.NotEmpty(t, f.parseErr)
-}
-
-// Bad bytes, then the file gone, then the same bad bytes again: the
-// status shows the parse error again, not the missing file, and the
-// refusal is reported again (another failure came in between).
-func TestFileSourceCachedParseErrorStillRecorded(t *testing.T) {
-	c, _, _, _ := newTestCombiner(t, DefaultAllow)
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	writeFile(t, path, filePolicy)
-	var refused []string
-	f := NewFileSource(path, c, nil, 0, WithRefusedHook(func(_ string, err error) { refused = append(refused, err.Error()) }))
-	require.NoError(t, f.Load())
-
-	writeFile(t, path, "rules: [")
-	parseErr := f.Check()
-	require.Error(t, parseErr)
-	require.NoError(t, os.Remove(path))
-	require.ErrorContains(t, f.Check(), "does not exist")
-	writeFile(t, path, "rules: [")
-	assert.Equal(t, parseErr.Error(), f.Check().Error())
-	assert.Equal(t, parseErr.Error(), c.Statuses()[0].LastError)
-	assert.Len(t, refused, 3)
 }

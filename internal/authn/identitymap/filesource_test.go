@@ -1,18 +1,15 @@
 package identitymap
 
 import (
-	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -101,45 +98,4 @@ func TestFileSourceLogsConflicts(t *testing.T) {
 	require.NoError(t, NewFileSource(path, c, slog.New(slog.NewJSONHandler(logs, nil)), 0).Load())
 	assert.Contains(t, logs.String(), `"msg":"identity map rules conflict: workloads they both select get no identity","policy_source":"file:`+path)
 	assert.Contains(t, logs.String(), `"conflicts":1,"rule":"host"`)
-}
-
-// Kubernetes updates ConfigMap volumes by swapping the ..data symlink.
-func TestFileSourceSymlinkSwap(t *testing.T) {
-	c, cell, _ := newTestCombiner(t, "")
-	dir := t.TempDir()
-	for name, content := range map[string]string{"v1": fileMap, "v2": strings.Replace(fileMap, "host/a", "host/b", 1)} {
-		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o700))
-		writeFile(t, filepath.Join(dir, name, "ids.yaml"), content)
-	}
-	require.NoError(t, os.Symlink("v1", filepath.Join(dir, "..data")))
-	require.NoError(t, os.Symlink("..data/ids.yaml", filepath.Join(dir, "ids.yaml")))
-	f := NewFileSource(filepath.Join(dir, "ids.yaml"), c, nil, 0)
-	require.NoError(t, f.Load())
-
-	require.NoError(t, os.Symlink("v2", filepath.Join(dir, "..data_tmp")))
-	require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
-	require.NoError(t, f.Check())
-	assert.Equal(t, "spiffe://example.org/host/b", hostID(t, cell))
-}
-
-func TestFileSourceRun(t *testing.T) {
-	c, cell, _ := newTestCombiner(t, "")
-	path := filepath.Join(t.TempDir(), "ids.yaml")
-	writeFile(t, path, "")
-	f := NewFileSource(path, c, nil, time.Second)
-	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
-	f.clock = clk
-	require.NoError(t, f.Load())
-	_, ch := cell.Watch()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- f.Run(ctx) }()
-	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "Run's ticker")
-	writeFile(t, path, fileMap)
-	clk.Step(time.Second)
-	<-ch
-	assert.Equal(t, "spiffe://example.org/host/a", hostID(t, cell))
-	cancel()
-	require.NoError(t, <-done)
 }

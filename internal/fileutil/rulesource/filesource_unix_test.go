@@ -1,6 +1,6 @@
 //go:build unix
 
-package trustpolicy
+package rulesource
 
 import (
 	"path/filepath"
@@ -11,12 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A FIFO at the policy path is refused at once: opening it must not wait
+// A FIFO at the rules path is refused at once: opening it must not wait
 // for a writer, which would hang the poller and SIGHUP's Check behind it.
 func TestFileSourceRefusesFIFO(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "policy.yaml")
+	path := filepath.Join(t.TempDir(), "rules.yaml")
 	require.NoError(t, syscall.Mkfifo(path, 0o600))
-	c, _, _, _ := newTestCombiner(t, DefaultAllow)
-	err := NewFileSource(path, c, nil, 0).Load()
+	err := newTestSource(t, path, newFakeCombiner(), nil).Load()
 	assert.ErrorContains(t, err, "not a regular file")
 }
