@@ -1,16 +1,20 @@
 package trustpolicy
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -120,4 +124,30 @@ func TestFileSourceRetriesCombinerRefusal(t *testing.T) {
 	require.ErrorContains(t, f.Check(), "have the same name")
 	require.ErrorContains(t, f.Check(), "have the same name")
 	assert.Len(t, refused, 1)
+}
+
+// Run polls the file and publishes what it loads through the real
+// combiner: a workload the new file's rule does not select stops
+// trusting the trust domain the rule governs.
+func TestFileSourceRun(t *testing.T) {
+	c, cell, _, _ := newTestCombiner(t, DefaultAllow)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, "")
+	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
+	f := NewFileSource(path, c, nil, time.Second, func(cfg *rulesource.FileConfig[Document]) { cfg.Clock = clk })
+	require.NoError(t, f.Load())
+	_, ch := cell.Load()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- f.Run(ctx) }()
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "Run's ticker")
+	writeFile(t, path, filePolicy)
+	clk.Step(time.Second)
+	<-ch
+	p, _ := cell.Load()
+	_, ok := p.Decide(Subject{ID: spiffeid.RequireFromString("spiffe://example.org/ns/web/sa/a")}).Allows(partnerTD)
+	assert.False(t, ok)
+	cancel()
+	require.NoError(t, <-done)
 }
