@@ -246,12 +246,15 @@ func TestRunFiles(t *testing.T) {
 
 	// Half written (a new chain, the old key) and garbage keep the last
 	// good credential, visibly.
+	// (Counted from what the counter holds now: a poll that fell between
+	// writeCreds' two files above may already have counted a failure.)
 	fail := a.metrics.fileReloads.WithLabelValues(resultFailure)
 	leaf3, _ := caA.Issue(t, workload)
+	before := testutil.ToFloat64(fail)
 	writeFile(t, filepath.Join(creds, CertChainFile), pemCerts(leaf3))
-	require.Eventually(t, func() bool { return testutil.ToFloat64(fail) == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(fail) == before+1 }, 5*time.Second, 5*time.Millisecond)
 	writeFile(t, filepath.Join(creds, KeyFile), []byte("not a key"))
-	require.Eventually(t, func() bool { return testutil.ToFloat64(fail) == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(fail) == before+2 }, 5*time.Second, 5*time.Millisecond)
 	resp, err := socketClient(t, sock).FetchSecrets(context.Background(), &discoveryv3.DiscoveryRequest{
 		TypeUrl: resourcev3.SecretType, ResourceNames: []string{sds.DefaultName},
 	})
