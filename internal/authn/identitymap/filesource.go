@@ -17,14 +17,18 @@ const DefaultFilePollInterval = rulesource.DefaultFilePollInterval
 // keeps the last good rules (see rulesource.FileSource).
 type FileSource = rulesource.FileSource[Document]
 
+// FileSourceOption changes how NewFileSource builds a source (its clock,
+// say).
+type FileSourceOption func(*rulesource.FileConfig[Document])
+
 // NewFileSource returns a source for the identity map file at path
 // feeding comb. It reads nothing until Load, whose error (a missing file
 // included) means the operator's identity map is not in force: the
 // caller should not start. A nil logger discards; interval is
 // DefaultFilePollInterval when not positive. Each good load that leaves
 // rules in conflict logs a warning.
-func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval time.Duration) *FileSource {
-	return rulesource.NewFileSource(rulesource.FileConfig[Document]{
+func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval time.Duration, opts ...FileSourceOption) *FileSource {
+	cfg := rulesource.FileConfig[Document]{
 		Path:        path,
 		Combiner:    comb,
 		Parse:       Parse,
@@ -40,5 +44,9 @@ func NewFileSource(path string, comb *Combiner, logger *slog.Logger, interval ti
 		},
 		Logger:   logger,
 		Interval: interval,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return rulesource.NewFileSource(cfg)
 }

@@ -1,15 +1,18 @@
 package identitymap
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/fileutil/rulesource"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
@@ -98,4 +101,27 @@ func TestFileSourceLogsConflicts(t *testing.T) {
 	require.NoError(t, NewFileSource(path, c, slog.New(slog.NewJSONHandler(logs, nil)), 0).Load())
 	assert.Contains(t, logs.String(), `"msg":"identity map rules conflict: workloads they both select get no identity","policy_source":"file:`+path)
 	assert.Contains(t, logs.String(), `"conflicts":1,"rule":"host"`)
+}
+
+// Run polls the file and publishes what it loads through the real
+// combiner: an edit reaches Identify.
+func TestFileSourceRun(t *testing.T) {
+	c, cell, _ := newTestCombiner(t, "")
+	path := filepath.Join(t.TempDir(), "ids.yaml")
+	writeFile(t, path, fileMap)
+	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
+	f := NewFileSource(path, c, nil, time.Second, func(cfg *rulesource.FileConfig[Document]) { cfg.Clock = clk })
+	require.NoError(t, f.Load())
+	_, ch := cell.Watch()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- f.Run(ctx) }()
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond, "Run's ticker")
+	writeFile(t, path, strings.Replace(fileMap, "host/a", "host/b", 1))
+	clk.Step(time.Second)
+	<-ch
+	assert.Equal(t, "spiffe://example.org/host/b", hostID(t, cell))
+	cancel()
+	require.NoError(t, <-done)
 }
