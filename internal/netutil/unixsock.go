@@ -31,6 +31,13 @@ func (l *UnixListener) Close() error {
 	return err
 }
 
+// AnyUser, as ListenUnix's gid, lets every local user connect: the socket
+// is 0666 and its directory, when ListenUnix creates it, 0755. Only for a
+// server that attests each caller itself (the node agent, which tells
+// workloads apart by their processes, as SPIRE's agent does): for any
+// other, the socket's mode is its access control.
+const AnyUser = -2
+
 // maxPath is the size of sun_path on Linux, including the NUL.
 const maxPath = 108
 
@@ -43,13 +50,17 @@ const maxPath = 108
 //
 // The socket is never reachable with a wider mode than intended: it is
 // bound inside a fresh 0700 directory next to path, chmod'ed (0600, or
-// 0660 and chown'ed to gid when gid >= 0), and only then hard-linked to
+// 0660 and chown'ed to gid when gid >= 0, 0666 for AnyUser), and only then hard-linked to
 // path, which also fails rather than replace anything that appeared at
 // path meanwhile. The temporary directory (and its link) is removed
 // before Listen returns, so the bound socket's name is path from then on.
 func ListenUnix(path string, gid int, inUse func(path string) error) (*UnixListener, error) {
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	dirMode := os.FileMode(0o750)
+	if gid == AnyUser {
+		dirMode = 0o755
+	}
+	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("socket directory: %w", err)
 	}
 	fi, err := os.Lstat(path)
@@ -88,7 +99,10 @@ func bind(path string, gid int) (*UnixListener, error) {
 	// The name bound is the temporary one; Close removes path itself.
 	ln.SetUnlinkOnClose(false)
 	mode := os.FileMode(0o600)
-	if gid >= 0 {
+	switch {
+	case gid == AnyUser:
+		mode = 0o666
+	case gid >= 0:
 		mode = 0o660
 		if err := os.Lchown(tmpPath, -1, gid); err != nil {
 			ln.Close()

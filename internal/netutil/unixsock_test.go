@@ -33,6 +33,22 @@ func TestListenMode(t *testing.T) {
 	assert.NoFileExists(t, path)
 }
 
+// AnyUser: every local user may connect, through a directory Listen
+// creates 0755; the socket is never wider before it has its name.
+func TestListenAnyUser(t *testing.T) {
+	dir := filepath.Join(shortDir(t), "d")
+	path := filepath.Join(dir, "s")
+	ln, err := ListenUnix(path, AnyUser, stale)
+	require.NoError(t, err)
+	defer ln.Close()
+	fi, err := os.Lstat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o666), fi.Mode().Perm())
+	di, err := os.Stat(dir)
+	require.NoError(t, err)
+	assert.NotZero(t, di.Mode().Perm()&0o001, "others may traverse the directory")
+}
+
 // Close leaves alone a newer socket at the same path: a server that
 // replaced ours keeps its socket when we stop.
 func TestCloseKeepsANewerSocket(t *testing.T) {
