@@ -119,6 +119,13 @@ type IdentityCacheConfig struct {
 	// Registerer receives the trustbridge_agent_identity_* metrics; nil
 	// registers nowhere.
 	Registerer prometheus.Registerer
+	// Companion, when set, runs beside each identity for as long as the
+	// cache holds it, in a goroutine of its own, from the moment the
+	// identity is first acquired: its ctx ends when the identity is
+	// dropped (its first fetch failed, it lingered unheld, it was
+	// evicted) or the cache stops, and Run waits for it to return. A node
+	// agent follows each workload's trust with it.
+	Companion func(ctx context.Context, id spiffeid.ID)
 }
 
 // IdentityCache holds the X509-SVIDs of the identities a node agent's
@@ -129,23 +136,24 @@ type IdentityCacheConfig struct {
 // NewIdentityCache and run it with Run; Acquire may be called from any
 // goroutine.
 type IdentityCache struct {
-	fetcher IdentityFetcher
-	max     int
-	linger  time.Duration
-	grace   float64
-	clock   clock.Clock
-	rand    func() float64
-	log     *slog.Logger
-	failLog *ratelimit.LogLimiter
-	metrics *identityMetrics
-	sem     chan struct{} // one slot per fetch in flight
+	fetcher   IdentityFetcher
+	companion func(ctx context.Context, id spiffeid.ID)
+	max       int
+	linger    time.Duration
+	grace     float64
+	clock     clock.Clock
+	rand      func() float64
+	log       *slog.Logger
+	failLog   *ratelimit.LogLimiter
+	metrics   *identityMetrics
+	sem       chan struct{} // one slot per fetch in flight
 
 	// retryBase and retryMax bound the delays between failed renewals.
 	retryBase, retryMax time.Duration
 
 	started chan struct{} // closed by Run once runCtx is set
 	runCtx  context.Context
-	wg      sync.WaitGroup // one per entry's maintain goroutine
+	wg      sync.WaitGroup // one per entry's maintain goroutine and companion
 
 	mu      sync.Mutex
 	entries map[spiffeid.ID]*identityEntry
@@ -173,6 +181,7 @@ func NewIdentityCache(cfg IdentityCacheConfig) (*IdentityCache, error) {
 	}
 	c := &IdentityCache{
 		fetcher:   cfg.Fetcher,
+		companion: cfg.Companion,
 		max:       cmp.Or(cfg.MaxIdentities, DefaultMaxIdentities),
 		linger:    cmp.Or(cfg.Linger, DefaultIdentityLinger),
 		grace:     grace,
@@ -289,6 +298,13 @@ func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
 	c.metrics.entries.Set(float64(len(c.entries)))
 	c.wg.Add(1)
 	go c.maintain(ctx, e)
+	if c.companion != nil {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.companion(ctx, id)
+		}()
+	}
 	return e, nil
 }
 
