@@ -433,6 +433,68 @@ func TestIdentityCacheDropsAfterLinger(t *testing.T) {
 	})
 }
 
+// A Companion runs beside each identity from its first Acquire until it
+// is dropped, once per stay in the cache; a first fetch that fails ends
+// it at once; Run waits for them all.
+func TestIdentityCacheCompanion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeFetcher(t, time.Hour)
+		var (
+			mu      sync.Mutex
+			running = map[spiffeid.ID]int{}
+			started = map[spiffeid.ID]int{}
+		)
+		companion := func(ctx context.Context, id spiffeid.ID) {
+			mu.Lock()
+			running[id]++
+			started[id]++
+			mu.Unlock()
+			<-ctx.Done()
+			mu.Lock()
+			running[id]--
+			mu.Unlock()
+		}
+		count := func(m map[spiffeid.ID]int, id spiffeid.ID) int {
+			mu.Lock()
+			defer mu.Unlock()
+			return m[id]
+		}
+		c := newTestCache(t, IdentityCacheConfig{Fetcher: f, Rand: fixedRand(0.5), Companion: companion})
+		ctx, stop := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+
+		h1, err := c.Acquire(t.Context(), webID)
+		require.NoError(t, err)
+		h2, err := c.Acquire(t.Context(), webID)
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, 1, count(running, webID), "one companion per identity, however many hold it")
+		h1.Release()
+		h2.Release()
+		time.Sleep(DefaultIdentityLinger)
+		synctest.Wait()
+		assert.Equal(t, 0, count(running, webID), "ended when the identity was dropped")
+
+		f.setFail(errors.New("refused"))
+		_, err = c.Acquire(t.Context(), apiID)
+		require.Error(t, err)
+		synctest.Wait()
+		assert.Equal(t, 1, count(started, apiID))
+		assert.Equal(t, 0, count(running, apiID), "ended with the failed first fetch")
+
+		f.setFail(nil)
+		h, err := c.Acquire(t.Context(), webID)
+		require.NoError(t, err)
+		synctest.Wait()
+		assert.Equal(t, 2, count(started, webID), "a new stay, a new companion")
+		stop()
+		require.NoError(t, <-done)
+		assert.Equal(t, 0, count(running, webID), "Run returned after its companions")
+		h.Release()
+	})
+}
+
 // At its bound the cache refuses a new identity while every identity is
 // held, and otherwise makes room by dropping the identity released
 // longest ago; an identity a process holds is never dropped.
