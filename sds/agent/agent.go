@@ -93,6 +93,11 @@ type Config struct {
 	// caclient.OwnerFile): the operator named it as the CA's output
 	// directory (Istio's OUTPUT_CERTS), not as files to serve.
 	AdoptCredentialsDir bool
+	// Node, when set, makes the agent the identity provider of its node
+	// (NodeConfig): each caller of the socket is attested and served its
+	// own identity. It needs Rotator, with a token file: the node proves
+	// itself with its token to ask for its workloads' certificates.
+	Node *NodeConfig
 }
 
 // rotator is what the agent uses of *Rotator; tests substitute it.
@@ -132,6 +137,9 @@ type Agent struct {
 	// backoffBase and backoffMax bound the relay's reconnect delays.
 	backoffBase, backoffMax time.Duration
 
+	// node: serve the node's workloads (NodeConfig), not one identity.
+	node *NodeConfig
+
 	running atomic.Bool
 	// serving is set while the SDS socket is open: the agent has a
 	// credential to serve (Ready).
@@ -150,6 +158,7 @@ func New(cfg Config) (*Agent, error) {
 		credsDir:     cfg.CredentialsDir,
 		pollInterval: cfg.PollInterval,
 		adopt:        cfg.AdoptCredentialsDir,
+		node:         cfg.Node,
 		clock:        cfg.Clock,
 		log:          cfg.Logger,
 		reg:          cfg.Registerer,
@@ -173,6 +182,9 @@ func New(cfg Config) (*Agent, error) {
 		if err := a.useRotator(*cfg.Rotator, cfg.Registerer); err != nil {
 			return nil, err
 		}
+	}
+	if err := checkNode(cfg); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -291,6 +303,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 
+	if a.node != nil {
+		return a.runNode(ctx)
+	}
 	if a.ownsCreds {
 		if err := a.checkOwned(); err != nil {
 			return err
@@ -444,7 +459,13 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 	if err != nil {
 		return err
 	}
+	return a.serveOn(ctx, gs, a.socketGID, wl, gate, workers...)
+}
 
+// serveOn is serve with the gRPC server built: gs is served on the
+// socket, made with gid (a group, -1 for none, netutil.AnyUser for every
+// local user).
+func (a *Agent) serveOn(ctx context.Context, gs *grpc.Server, gid int, wl *workloadAPI, gate <-chan struct{}, workers ...func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -463,7 +484,7 @@ func (a *Agent) serve(ctx context.Context, id spiffeid.ID, creds sds.CredentialS
 		a.waitForTrust(ctx, gate)
 	}
 	if ctx.Err() == nil {
-		ln, err := listenSocket(ctx, a.socketPath, a.socketGID, a.probeTimeout)
+		ln, err := listenSocket(ctx, a.socketPath, gid, a.probeTimeout)
 		if err != nil {
 			fail(fmt.Errorf("agent: %w", err))
 		} else {
@@ -516,13 +537,19 @@ func (a *Agent) newSDSServer(id spiffeid.ID, creds sds.CredentialSource, trust s
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	gs := grpc.NewServer(
+	gs := newLocalGRPCServer()
+	srv.Register(gs)
+	return gs, nil
+}
+
+// newLocalGRPCServer is a gRPC server for the agent's sockets, within the
+// local server's limits, with opts besides.
+func newLocalGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	return grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.MaxConcurrentStreams(maxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
-	srv.Register(gs)
-	return gs, nil
+	}, opts...)...)
 }
 
 // startWorkers runs each worker in a goroutine on wg. A worker that

@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/netutil"
+	"github.com/trustbridge/trustbridge/sds"
+	"github.com/trustbridge/trustbridge/sds/attest"
+)
+
+// NodeConfig makes the agent the identity provider of a whole node: it
+// attests each process that opens the socket and serves it its own
+// identity, as the identity map grants its facts, instead of one
+// identity to whoever connects.
+type NodeConfig struct {
+	// Attestor attests the socket's callers (required): its Credentials
+	// are the socket's transport credentials.
+	Attestor *attest.Attestor
+	// Map is the identity map in force (required).
+	Map IdentityMap
+	// NodeName is this node's name (Kubernetes' spec.nodeName).
+	NodeName string
+	// Runners run beside the agent for as long as it serves and fail it
+	// when they return early: the pod informer, the identity map's file
+	// source.
+	Runners []func(context.Context) error
+	// MaxIdentities bounds the identities held (DefaultMaxIdentities
+	// when zero).
+	MaxIdentities int
+	// TTL is the lifetime asked for each workload certificate; zero
+	// leaves it to the server.
+	TTL time.Duration
+}
+
+// nodeTrustWait bounds how long a new caller waits for its workload's
+// trust before its streams open with its own trust domain only (they get
+// the rest pushed when it arrives).
+const nodeTrustWait = firstTrustWait
+
+// runNode serves the node: its own certificate (the Rotator, with the
+// node's token) proves the node; each workload's certificate is asked for
+// with ImpersonatedIdentity and its trust followed while it is held.
+func (a *Agent) runNode(ctx context.Context) error {
+	if a.rot == nil {
+		return errors.New("agent: node mode needs the certificate service: set --ca-addr, --root-cert and --token-file")
+	}
+	if err := a.rot.Init(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("agent: the node's own certificate: %w", err)
+	}
+	node, ok := a.rot.(interface {
+		NodeCredentials() (NodeCredentials, error)
+	})
+	if !ok {
+		return errors.New("agent: node mode needs a Rotator")
+	}
+	local := a.rot.ID().TrustDomain()
+	fetcher, err := NewImpersonationFetcher(ImpersonationConfig{CAAddr: a.caAddr, Node: node.NodeCredentials, TTL: a.node.TTL, Clock: a.clock})
+	if err != nil {
+		return err
+	}
+	nt, err := newNodeTrust(local, a.trustWatch(node.NodeCredentials), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	if err != nil {
+		return err
+	}
+	cache, err := NewIdentityCache(IdentityCacheConfig{
+		Fetcher: fetcher, MaxIdentities: a.node.MaxIdentities, Clock: a.clock,
+		Logger: a.log, Registerer: a.reg, Companion: nt.follow,
+	})
+	if err != nil {
+		return err
+	}
+	auth := &nodeAuthenticator{
+		attested: &AttestedAuthenticator{Attestor: a.node.Attestor, Map: a.node.Map, NodeName: a.node.NodeName},
+		cache:    cache,
+		trust:    nt,
+	}
+	srv, err := sds.New(sds.Config{
+		TrustDomain:   local,
+		Trust:         nt,
+		Credentials:   cache.CredentialSource(),
+		Authenticator: auth,
+		Policy:        nt,
+		Clock:         a.clock,
+		Logger:        a.log,
+		Registerer:    a.reg,
+	})
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.Credentials()))
+	srv.Register(gs)
+	a.log.Info("serving the node's workloads, each its own attested identity", "ca_addr", a.caAddr,
+		"node", a.node.NodeName, logattr.SPIFFEID, a.rot.ID().String())
+	workers := append([]func(context.Context) error{a.rot.Run, cache.Run}, a.node.Runners...)
+	return a.serveOn(ctx, gs, netutil.AnyUser, nil, nil, workers...)
+}
+
+// nodeAuthenticator authenticates a caller of the node's socket by
+// attestation (AttestedAuthenticator) and, before the stream is served,
+// holds its identity in the cache for as long as the stream lasts: the
+// certificate is fetched (the server decides whether this node may have
+// it) and the workload's trust has arrived, so its first validation
+// context already carries its federated trust domains.
+type nodeAuthenticator struct {
+	attested authn.Authenticator
+	cache    *IdentityCache
+	trust    *nodeTrust
+
+	mu sync.Mutex
+	// holds are the identities held per stream (its context): a stream
+	// re-authenticated as the same identity keeps its hold.
+	holds map[context.Context]*IdentityHandle
+}
+
+func (n *nodeAuthenticator) Authenticate(ctx context.Context, r authn.Request) (authn.Identity, error) {
+	ident, err := n.attested.Authenticate(ctx, r)
+	if err != nil {
+		return ident, err
+	}
+	if err := n.hold(ctx, ident.ID); err != nil {
+		return authn.Identity{}, err
+	}
+	return ident, nil
+}
+
+// hold acquires id for ctx's stream unless it holds it already, and
+// waits for id's trust. A certificate the server refuses refuses the
+// caller: the server alone decides which identities run on this node.
+func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
+	n.mu.Lock()
+	held := n.holds[ctx]
+	n.mu.Unlock()
+	if held != nil && held.ID() == id {
+		return nil
+	}
+	h, err := n.cache.Acquire(ctx, id)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if status.Code(errors.Unwrap(err)) == codes.PermissionDenied || status.Code(err) == codes.PermissionDenied {
+			return fmt.Errorf("%w: %w", authn.ErrNotAttested, err)
+		}
+		return fmt.Errorf("%w: %w: %w", authn.ErrNotAttested, authn.ErrUnavailable, err)
+	}
+	if ctx.Done() == nil {
+		h.Release()
+		return errors.New("agent: a caller authenticated outside a stream or call")
+	}
+	n.mu.Lock()
+	if n.holds == nil {
+		n.holds = make(map[context.Context]*IdentityHandle)
+	}
+	old := n.holds[ctx]
+	n.holds[ctx] = h
+	n.mu.Unlock()
+	if old != nil {
+		old.Release()
+	} else {
+		context.AfterFunc(ctx, func() {
+			n.mu.Lock()
+			last := n.holds[ctx]
+			delete(n.holds, ctx)
+			n.mu.Unlock()
+			last.Release()
+		})
+	}
+	if err := n.trust.wait(ctx, id, nodeTrustWait); err != nil && ctx.Err() == nil {
+		n.trust.log.Warn("serving a workload its own trust domain only until the server sends its trust", logattr.SPIFFEID, id.String(), logattr.Error, err.Error())
+	}
+	return ctx.Err()
+}
+
+// checkNode refuses a node mode the agent cannot run, saying what to
+// set.
+func checkNode(cfg Config) error {
+	n := cfg.Node
+	switch {
+	case n == nil:
+		return nil
+	case n.Attestor == nil || n.Map == nil:
+		return errors.New("agent: node mode needs an attestor and an identity map")
+	case cfg.Rotator == nil:
+		return errors.New("agent: node mode needs the certificate service: set --ca-addr, --root-cert and --token-file")
+	case cfg.Rotator.TokenFile == "":
+		return errors.New("agent: node mode needs --token-file (the node agent's projected service account token): the certificate service lets a node ask for its workloads' certificates only on the node's token")
+	case n.MaxIdentities < 0 || n.TTL < 0:
+		return fmt.Errorf("agent: node mode: maximum identities (%d) and TTL (%s) must not be negative", n.MaxIdentities, n.TTL)
+	}
+	return nil
+}
