@@ -94,6 +94,10 @@ value that cannot be honoured is an error naming the variable.`,
       --token-file agent.token --sds-socket ./sds.sock --workload-api-socket ./api.sock
   # serve files another tool keeps up to date (cert-manager's csi-driver-spiffe, ca request)
   trustbridge agent --file-mounted-certs --credentials-dir /var/run/secrets/workload-spiffe-credentials
+  # one agent per node (a DaemonSet with hostPID): each pod's processes get their own identity
+  trustbridge agent --node --node-name "$NODE_NAME" --ca-addr trustbridge.trustbridge-system.svc:15012 \
+      --root-cert /etc/trustbridge/root-cert.pem --token-file /var/run/secrets/tokens/trustbridge \
+      --sds-socket /run/trustbridge/sockets/socket --identity-map /etc/trustbridge/identity-map.yaml
   # the istio-agent names, as in a pod spec written for it
   CA_ADDR=trustbridge.trustbridge-system.svc:15012 CA_ROOT_CA=/etc/trustbridge/root-cert.pem \
       OUTPUT_CERTS=/var/run/secrets/workload-spiffe-credentials trustbridge agent --token-file /var/run/secrets/tokens/trustbridge`,
@@ -135,9 +139,26 @@ func addAgentFlags(f *pflag.FlagSet, o *agent.Config) {
 	f.StringVar(&o.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	addAgentAdminFlags(f, &o.Admin)
+	addNodeFlags(f, &o.Node)
 	for flag, env := range agentEnv {
 		flagenv.Bind(f, flag, env)
 	}
+}
+
+// addNodeFlags registers --node and the flags of node mode.
+func addNodeFlags(f *pflag.FlagSet, n *agent.NodeConfig) {
+	f.BoolVar(&n.Enabled, "node", false, "serve every workload of this node its own identity (one agent per node, as a DaemonSet): each process that opens --sds-socket is "+
+		"attested (its pid, uid and gid from the kernel, its pod from its cgroup and the API server), mapped to a SPIFFE ID (--identity-map; by default "+
+		"spiffe://<td>/ns/<namespace>/sa/<service account>) and served that identity's certificate, which the agent asks the server for as the node "+
+		"(--token-file: the server grants it only for a pod on this node). The socket is then open to every local user (mode 0666): attestation is "+
+		"its access control. A caller that cannot be attested, or that no rule maps, is refused with the reason")
+	f.StringVar(&n.Name, "node-name", "", "this node's name (spec.nodeName of its pods), required with --node on Kubernetes: set NODE_NAME from the downward API")
+	f.StringVar(&n.IdentityMap, "identity-map", "", "with --node: YAML file of rules mapping attested facts (namespace, service account, pod labels, unix uid, binary path) to a SPIFFE ID template, re-read when it changes (see docs/node-agent.md)")
+	f.StringVar(&n.IdentityDefault, "identity-default", "istio", "with --node: what a workload no rule of --identity-map selects gets: istio (a pod gets spiffe://<td>/ns/<namespace>/sa/<service account>, a host process nothing) or none (nothing); the file's own default, when it sets one, wins")
+	f.StringVar(&n.Kubeconfig, "kubeconfig", "", "with --node: kubeconfig of the API server to read this node's pods from (get, list and watch on pods); in a pod the in-cluster config is used, elsewhere callers are attested by their unix facts only")
+	f.StringVar(&n.ProcRoot, "proc-root", "/proc", "with --node: where the host's /proc is mounted; the agent must share the host's pid namespace (hostPID) to read its callers' cgroups")
+	f.BoolVar(&n.AttestBinary, "attest-binary", false, "with --node: add each caller's binary path and SHA-256 to its facts (reads the whole binary, up to 512 MiB, on every new connection), for rules that select by them")
+	f.IntVar(&n.MaxIdentities, "max-identities", 0, "with --node: most workload identities held at once (one certificate each, shared by every process with that identity); 0 is SPIRE's agent's 1,000")
 }
 
 // runAgent runs the agent of o with e's streams and SIGHUP.

@@ -24,6 +24,7 @@ var agentEnv = map[string]string{
 	"secret-grace-period-ratio": "SECRET_GRACE_PERIOD_RATIO",
 	"ttl":                       "SECRET_TTL",
 	"trust-domain":              "TRUST_DOMAIN",
+	"node-name":                 "NODE_NAME",
 }
 
 // fromFlags completes o after parsing: the environment for flags not

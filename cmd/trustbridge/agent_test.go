@@ -18,6 +18,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -204,6 +205,16 @@ func TestAgentServesCredentialFiles(t *testing.T) {
 
 func TestAgentFlagErrors(t *testing.T) {
 	dir := t.TempDir()
+	ca := testca.New(t, "a.test")
+	rootCert := filepath.Join(dir, "root-cert.pem")
+	require.NoError(t, os.WriteFile(rootCert, testca.PEM(ca.Bundle().X509Authorities()...), 0o644))
+	withCA := func(o *agent.Config) {
+		o.CAAddr, o.RootCert, o.TokenFile = "127.0.0.1:1", rootCert, filepath.Join(dir, "token")
+	}
+	withNode := func(o *agent.Config) {
+		withCA(o)
+		o.Node = agent.NodeConfig{Enabled: true, IdentityDefault: "istio"}
+	}
 	base := agent.Config{Socket: filepath.Join(dir, "sds.sock"), CredentialsDir: filepath.Join(dir, "none"),
 		GraceRatio: 0.5, PollInterval: time.Second, LogFormat: "text", LogLevel: "info"}
 	for _, tc := range []struct {
@@ -216,6 +227,18 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"ttl fraction", func(o *agent.Config) { o.TTL = 1500 * time.Millisecond }, "--ttl"},
 		{"ca without roots", func(o *agent.Config) { o.CAAddr = "127.0.0.1:1" }, "--root-cert"},
 		{"nothing to serve", func(*agent.Config) {}, "--ca-addr"},
+		{"node without a CA", func(o *agent.Config) { o.Node.Enabled = true }, "--node serves each workload of the node a certificate from the CA: it needs --ca-addr"},
+		{"node from files", func(o *agent.Config) { withCA(o); o.Node.Enabled, o.FileMounted = true, true }, "(and not --file-mounted-certs)"},
+		{"node without a token", func(o *agent.Config) { withCA(o); o.Node.Enabled, o.TokenFile = true, "" }, "--node needs --token-file"},
+		{"node default", func(o *agent.Config) { withNode(o); o.Node.IdentityDefault = "spire" }, "--identity-default"},
+		{"node identity map missing", func(o *agent.Config) { withNode(o); o.Node.IdentityMap = filepath.Join(dir, "absent.yaml") }, "--identity-map"},
+		{"node identity map bad", func(o *agent.Config) {
+			withNode(o)
+			o.Node.IdentityMap = servertest.WriteFile(t, "rules:\n- name: x\n  workloads: [{namespace: shop}]\n  spiffeID: spiffe://b.test/not/ours\n", 0o644)
+		}, "b.test"},
+		{"node kubeconfig unreadable", func(o *agent.Config) { withNode(o); o.Node.Kubeconfig = filepath.Join(dir, "absent-kubeconfig") }, "--kubeconfig"},
+		{"node without a name", func(o *agent.Config) { withNode(o); o.Node.Kubeconfig = servertest.WriteKubeconfig(t, "https://127.0.0.1:1", nil) }, "--node-name"},
+		{"node negative bound", func(o *agent.Config) { withNode(o); o.Node.MaxIdentities = -1 }, "--max-identities"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base

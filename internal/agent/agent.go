@@ -43,6 +43,8 @@ type Config struct {
 	LogFormat    string
 	LogLevel     string
 	Admin        AdminConfig
+	// Node is --node and its flags: serve every workload of the node.
+	Node NodeConfig
 
 	// Stdout receives the note that an SDS server already answers;
 	// Stderr the logs. nil: discarded.

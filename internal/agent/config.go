@@ -45,6 +45,9 @@ func (o Config) AgentConfig(base *slog.Logger, reg prometheus.Registerer) (sdsag
 		Logger:                 base.With(logattr.Component, "agent"),
 		Registerer:             reg,
 	}
+	if o.Node.Enabled && (o.CAAddr == "" || o.FileMounted) {
+		return sdsagent.Config{}, fmt.Errorf("%s serves each workload of the node a certificate from the CA: it needs --ca-addr (and not --file-mounted-certs)", nodeFlag)
+	}
 	if o.CAAddr == "" || o.FileMounted {
 		if o.CAAddr != "" {
 			cfg.Logger.Info("file-mounted certificates: the CA is not used", logattr.Address, o.CAAddr, "credentials_dir", o.CredentialsDir)
@@ -56,6 +59,18 @@ func (o Config) AgentConfig(base *slog.Logger, reg prometheus.Registerer) (sdsag
 		return sdsagent.Config{}, err
 	}
 	cfg.Rotator = rc
+	if o.Node.Enabled {
+		td, err := nodeTrustDomain(rc.ServerID, rc)
+		if err != nil {
+			return sdsagent.Config{}, err
+		}
+		if cfg.Node, err = o.nodeConfig(base, reg, td); err != nil {
+			return sdsagent.Config{}, err
+		}
+		// Each workload's Workload API is served once per caller; until
+		// then the node serves SDS only.
+		cfg.WorkloadAPISocket = ""
+	}
 	// --output-certs and OUTPUT_CERTS always meant "write here"; only
 	// --credentials-dir used to mean "serve these", so only it is guarded.
 	cfg.AdoptCredentialsDir = o.Typed[credentialsDirFlag] != "" || o.From[credentialsDirFlag] != ""

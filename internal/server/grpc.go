@@ -535,7 +535,7 @@ func (g *grpcEndpoint) tokenReview(o GRPCConfig, lim authnLimits, td spiffeid.Tr
 	default:
 		return nil, fmt.Errorf("--token-review %q: want auto, on or off", o.TokenReview)
 	}
-	cfg, ok, err := loadKubeConfig(o.Kubeconfig)
+	cfg, ok, err := LoadKubeConfig(o.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -578,10 +578,11 @@ func (g *grpcEndpoint) tokenReview(o GRPCConfig, lim authnLimits, td spiffeid.Tr
 	return tr, nil
 }
 
-// loadKubeConfig returns the Kubernetes client configuration: from path
-// when set, else the in-cluster one when running in a pod
-// (KUBERNETES_SERVICE_HOST set). ok is false when there is neither.
-func loadKubeConfig(path string) (cfg *rest.Config, ok bool, err error) {
+// LoadKubeConfig returns the Kubernetes client configuration (the
+// server's, and the node agent's): from path when set, else the
+// in-cluster one when running in a pod (KUBERNETES_SERVICE_HOST set). ok
+// is false when there is neither.
+func LoadKubeConfig(path string) (cfg *rest.Config, ok bool, err error) {
 	if path != "" {
 		cfg, err = clientcmd.BuildConfigFromFlags("", path)
 		if err != nil {

@@ -113,7 +113,7 @@ func TestServerWithoutGRPC(t *testing.T) {
 func TestLoadKubeConfig(t *testing.T) {
 	t.Run("no Kubernetes", func(t *testing.T) {
 		t.Setenv("KUBERNETES_SERVICE_HOST", "")
-		cfg, ok, err := loadKubeConfig("")
+		cfg, ok, err := LoadKubeConfig("")
 		assert.NoError(t, err)
 		assert.False(t, ok)
 		assert.Nil(t, cfg)
@@ -121,20 +121,20 @@ func TestLoadKubeConfig(t *testing.T) {
 	t.Run("in a pod without a service account", func(t *testing.T) {
 		t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
 		t.Setenv("KUBERNETES_SERVICE_PORT", "443")
-		_, ok, err := loadKubeConfig("")
+		_, ok, err := LoadKubeConfig("")
 		assert.ErrorContains(t, err, "in-cluster Kubernetes config")
 		assert.False(t, ok)
 	})
 	t.Run("kubeconfig file", func(t *testing.T) {
 		path := servertest.WriteKubeconfig(t, "https://127.0.0.1:6443", nil)
-		cfg, ok, err := loadKubeConfig(path)
+		cfg, ok, err := LoadKubeConfig(path)
 		require.NoError(t, err)
 		assert.True(t, ok)
 		assert.Equal(t, "https://127.0.0.1:6443", cfg.Host)
 		assert.Contains(t, cfg.UserAgent, "trustbridge")
 	})
 	t.Run("missing file", func(t *testing.T) {
-		_, _, err := loadKubeConfig(filepath.Join(t.TempDir(), "kubeconfig"))
+		_, _, err := LoadKubeConfig(filepath.Join(t.TempDir(), "kubeconfig"))
 		assert.ErrorContains(t, err, "--kubeconfig")
 	})
 }

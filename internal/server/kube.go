@@ -127,7 +127,7 @@ func setupKube(o KubeConfig, kubeconfig string, reg prometheus.Registerer, logge
 			return nil, fmt.Errorf("--namespace-selector %q: %w", o.NamespaceSelector, err)
 		}
 	}
-	cfg, ok, err := loadKubeConfig(kubeconfig)
+	cfg, ok, err := LoadKubeConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}

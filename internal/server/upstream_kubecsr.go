@@ -29,7 +29,7 @@ func addKubeCSRFlags(f *pflag.FlagSet, o *kubeCSROptions) {
 // newKubeCSRClient builds the kube-csr upstream from its flags and the
 // --kubeconfig (or in-cluster) Kubernetes configuration.
 func newKubeCSRClient(o kubeCSROptions, kubeconfig, trustDomain string, logger *slog.Logger) (*kubecsr.Client, error) {
-	cfg, ok, err := loadKubeConfig(kubeconfig)
+	cfg, ok, err := LoadKubeConfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}

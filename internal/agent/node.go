@@ -1,0 +1,113 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server"
+	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
+	"github.com/trustbridge/trustbridge/sds/attest"
+)
+
+// NodeConfig is trustbridge agent --node's part of Config: the agent
+// serves every workload of its node its own attested identity.
+type NodeConfig struct {
+	Enabled bool
+	// Name is this node's name (--node-name, NODE_NAME).
+	Name string
+	// IdentityMap is the identity map file; "" for the default alone.
+	IdentityMap string
+	// IdentityDefault is what workloads no rule selects get: istio or
+	// none.
+	IdentityDefault string
+	// Kubeconfig reads pods from that API server; "" in a pod reads them
+	// from the in-cluster one, and elsewhere attests unix facts only.
+	Kubeconfig string
+	// ProcRoot is where the host's /proc is mounted.
+	ProcRoot string
+	// AttestBinary adds each caller's binary path and SHA-256.
+	AttestBinary  bool
+	MaxIdentities int
+}
+
+// nodeFlag names the flag of node mode, for errors.
+const nodeFlag = "--node"
+
+// nodeConfig builds the node agent's attestor, pod informer and identity
+// map for trust domain td. It reads the identity map file (a bad one
+// fails here, before anything is served) but contacts nothing.
+func (o Config) nodeConfig(base *slog.Logger, reg prometheus.Registerer, td spiffeid.TrustDomain) (*sdsagent.NodeConfig, error) {
+	n := o.Node
+	switch {
+	case o.TokenFile == "":
+		return nil, fmt.Errorf("%s needs --token-file, the agent's projected service account token: the server lets a node agent ask for the certificates of its node's pods only on that token", nodeFlag)
+	case n.MaxIdentities < 0:
+		return nil, fmt.Errorf("--max-identities %d must not be negative", n.MaxIdentities)
+	}
+	def, err := identitymap.ParseDefault(n.IdentityDefault)
+	if err != nil {
+		return nil, fmt.Errorf("--identity-default: %w", err)
+	}
+	logger := base.With(logattr.Component, "attestor")
+	nc := &sdsagent.NodeConfig{NodeName: n.Name, MaxIdentities: n.MaxIdentities, TTL: o.TTL}
+	acfg := attest.Config{ProcRoot: n.ProcRoot, Binary: n.AttestBinary, Logger: logger, Registerer: reg}
+	kcfg, inKube, err := server.LoadKubeConfig(n.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if inKube {
+		if n.Name == "" {
+			return nil, errors.New("--node-name (or NODE_NAME) is required to attest pods: set it from the downward API, fieldRef spec.nodeName")
+		}
+		client, err := kubernetes.NewForConfig(kcfg)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		pods, err := attest.NewPods(attest.PodsConfig{Client: client, NodeName: n.Name, Logger: base.With(logattr.Component, "pods")})
+		if err != nil {
+			return nil, err
+		}
+		acfg.Pods = pods
+		nc.Runners = append(nc.Runners, pods.Run)
+	} else {
+		logger.Warn("no Kubernetes API server (no --kubeconfig, not in a pod): callers are attested by their unix facts only, and a process in a pod gets no pod facts")
+	}
+	if nc.Attestor, err = attest.New(acfg); err != nil {
+		return nil, err
+	}
+	cell := identitymap.NewCell(nil)
+	comb, err := identitymap.NewCombiner(identitymap.Config{TrustDomain: td, Default: def}, cell, identitymap.WithRegisterer(reg))
+	if err != nil {
+		return nil, fmt.Errorf("identity map: %w", err)
+	}
+	if n.IdentityMap != "" {
+		src := identitymap.NewFileSource(n.IdentityMap, comb, base.With(logattr.Component, "identity-map"), 0)
+		if err := src.Load(); err != nil {
+			return nil, fmt.Errorf("--identity-map: %w", err)
+		}
+		nc.Runners = append(nc.Runners, src.Run)
+	}
+	nc.Map = cell
+	return nc, nil
+}
+
+// nodeTrustDomain is the trust domain of the node's workloads: the
+// server's, from --trust-domain, --server-spiffe-id or the roots.
+func nodeTrustDomain(serverID spiffeid.ID, rc *sdsagent.RotatorConfig) (spiffeid.TrustDomain, error) {
+	if !serverID.IsZero() {
+		return serverID.TrustDomain(), nil
+	}
+	id, err := caclient.ExpectedServerID(rc.Roots, spiffeid.ID{})
+	if err != nil {
+		return spiffeid.TrustDomain{}, fmt.Errorf("%s: the workloads' trust domain: %w", nodeFlag, err)
+	}
+	return id.TrustDomain(), nil
+}
