@@ -237,7 +237,10 @@ func TestAgentFlagErrors(t *testing.T) {
 			o.Node.IdentityMap = servertest.WriteFile(t, "rules:\n- name: x\n  workloads: [{namespace: shop}]\n  spiffeID: spiffe://b.test/not/ours\n", 0o644)
 		}, "b.test"},
 		{"node kubeconfig unreadable", func(o *agent.Config) { withNode(o); o.Node.Kubeconfig = filepath.Join(dir, "absent-kubeconfig") }, "--kubeconfig"},
-		{"node without a name", func(o *agent.Config) { withNode(o); o.Node.Kubeconfig = servertest.WriteKubeconfig(t, "https://127.0.0.1:1", nil) }, "--node-name"},
+		{"node without a name", func(o *agent.Config) {
+			withNode(o)
+			o.Node.Kubeconfig = servertest.WriteKubeconfig(t, "https://127.0.0.1:1", nil)
+		}, "--node-name"},
 		{"node negative bound", func(o *agent.Config) { withNode(o); o.Node.MaxIdentities = -1 }, "--max-identities"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

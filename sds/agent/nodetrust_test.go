@@ -20,7 +20,6 @@ import (
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-
 // fakeTrustServer stands in for the server's WatchBundles per workload:
 // the test sends each identity's messages on its channel.
 type fakeTrustServer struct {
