@@ -356,13 +356,15 @@ func methodLabel(ident authn.Identity) string {
 	return ident.Method
 }
 
-// refuse logs a refusal and returns its status. Every RPC of the service
-// logs its refusals here, so that all share the bounds below.
-func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident authn.Identity, ref *refusal) error {
+// refuse logs a refusal, with extra attributes, and returns its status.
+// Every RPC of the service logs its refusals here, so that all share the
+// bounds below.
+func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident authn.Identity, ref *refusal, extra ...any) error {
 	attrs := []any{"reason", ref.reason, "code", ref.code.String(), logattr.Address, r.Peer}
 	if !ident.ID.IsZero() {
 		attrs = append(attrs, logattr.SPIFFEID, ident.ID.String(), "method", ident.Method)
 	}
+	attrs = append(attrs, extra...)
 	if ref.err != nil {
 		attrs = append(attrs, logattr.Error, ref.err)
 	}
