@@ -179,6 +179,8 @@ func TestWatchBundlesImpersonated(t *testing.T) {
 	assert.Empty(t, msg.GetWithheldTrustDomains())
 	assert.Equal(t, map[string][]string{"withheld.example": {"spiffe://withheld.example/api", "spiffe://withheld.example/ns/b/*"}}, peerLimits(msg), "sorted peers")
 
+	// The same decision on the same trust, rendered apart: the rendering
+	// cache keys on peer_limits.
 	got, msg = recvMsg(t, watchFor(t, agent, &identityapi.WatchBundlesRequest{ImpersonatedIdentity: shopWeb.String()}))
 	assert.Equal(t, shopWeb.String(), msg.GetSpiffeId())
 	assert.ElementsMatch(t, []string{"allowed.example", "example.org"}, got)
