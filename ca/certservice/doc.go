@@ -72,7 +72,14 @@
 // same bytes twice. The caller's own trust domain is always in it; a
 // federated one is in it when the decision allows it to every member,
 // named in withheld_trust_domains when allowed only for some peers
-// (which a bundle cannot say), and absent when denied. Streams are
+// (which a bundle cannot say), or, when the request asks for peer_limits,
+// in the map with its peers in peer_limits; absent when denied. A node
+// agent may watch a workload's trust instead (impersonated_identity),
+// granted as CreateCertificate's ImpersonatedIdentity, decided as for a
+// certificate of that workload, re-authorized with every
+// re-authentication (PermissionDenied once the pod left the node), and
+// charged to the workload's stream slots. Every message names its subject
+// (spiffe_id). Streams are
 // bounded (Config.MaxBundleWatches, MaxBundleWatchesPerIdentity, freed by
 // keepalive within KeepaliveTime+KeepaliveTimeout of a peer vanishing; a
 // message over MaxBundleMessageSize ends the stream), re-authenticate every

@@ -53,3 +53,9 @@ func (s *Service) WorkloadDNSNamesForTest(result string) prometheus.Counter {
 func (s *Service) IntermediatesForTest(code, method string) prometheus.Counter {
 	return s.metrics.intermediates.WithLabelValues(code, method)
 }
+
+// ImpersonatedWatchesForTest is one series of
+// trustbridge_certservice_impersonated_bundle_watches_total.
+func (s *Service) ImpersonatedWatchesForTest(code string) prometheus.Counter {
+	return s.metrics.impersonatedWatches.WithLabelValues(code)
+}

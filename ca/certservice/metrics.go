@@ -13,8 +13,11 @@ type metrics struct {
 	jwtSVIDs      *prometheus.CounterVec
 	intermediates *prometheus.CounterVec
 	watches       *prometheus.CounterVec
-	watchesOpen   prometheus.Gauge
-	watchMessages prometheus.Counter
+	// impersonatedWatches counts, once more, the watches of node agents
+	// acting for a workload.
+	impersonatedWatches *prometheus.CounterVec
+	watchesOpen         prometheus.Gauge
+	watchMessages       prometheus.Counter
 	// watchOversized counts bundle maps too large to send.
 	watchOversized prometheus.Counter
 }
@@ -50,6 +53,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_certservice_bundle_watches_total",
 			Help: "WatchBundles streams refused or ended, by gRPC status code (Canceled: the caller left; Unauthenticated: its credential expired or no longer authenticates; Unavailable: the server stopped) and authentication method.",
 		}, []string{"code", "method"}),
+		impersonatedWatches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trustbridge_certservice_impersonated_bundle_watches_total",
+			Help: "WatchBundles streams of node agents asking for a workload's trust (impersonated_identity), refused or ended, by gRPC status code (PermissionDenied: the caller may not act for the workload, or no longer: the pod left its node; Unavailable: the node authorizer could not decide, or the server stopped); each is counted in trustbridge_certservice_bundle_watches_total too.",
+		}, []string{"code"}),
 		watchesOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "trustbridge_certservice_bundle_watches_open",
 			Help: "WatchBundles streams open now.",
@@ -63,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bundle maps over the 16 MiB a WatchBundles message may carry, not sent: the stream ends with ResourceExhausted and the agent keeps its last bundles. Grant that caller fewer trust domains.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.dnsNames, m.jwtSVIDs, m.intermediates, m.watches, m.watchesOpen, m.watchMessages, m.watchOversized} {
+	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.grantChecks, m.dnsNames, m.jwtSVIDs, m.intermediates, m.watches, m.impersonatedWatches, m.watchesOpen, m.watchMessages, m.watchOversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

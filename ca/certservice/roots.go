@@ -39,28 +39,33 @@ func (s *Service) chainPEM(issued *ca.Issued, id spiffeid.ID, d trustpolicy.Deci
 
 // rootsDecision is the trust policy decision the roots handed out with a
 // certificate of id follow (Config.MergedRoots), the one SDS and
-// WatchBundles follow for the same workload: the caller's own, or, for a
-// node proxy asking for a workload of its node (impersonation), that
-// workload's, decided as if it had asked itself, as its DNS name is
-// (workloadDNSNames): the roots are the workload's trust, not the proxy's.
-// Without merged roots nothing is decided: the signing roots are every
-// caller's.
+// WatchBundles follow for the same workload: decisionSubject's. Without
+// merged roots nothing is decided: the signing roots are every caller's.
 func (s *Service) rootsDecision(ident authn.Identity, id spiffeid.ID) trustpolicy.Decision {
 	if !s.cfg.MergedRoots {
 		return trustpolicy.Decision{}
 	}
-	if id != ident.ID {
-		target := authn.Identity{ID: id}
-		if ns, sa, ok := authn.ServiceAccountOf(id); ok && ident.Method == authn.MethodKubernetesJWT {
-			// The Impersonator saw a pod of this service account on the
-			// proxy's node, as TokenReview would have for the pod.
-			target.Method = ident.Method
-			target.Grant = &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: ns + "/" + sa}
-		}
-		ident = target
-	}
-	d, _ := s.decide(ident)
+	d, _ := s.decide(decisionSubject(ident, id))
 	return d
+}
+
+// decisionSubject is whom the trust of id is decided for when ident asks
+// for it: ident itself, or, for a node proxy acting for a workload of its
+// node (impersonation), that workload, decided as if it had asked itself,
+// as its DNS name is (workloadDNSNames): a certificate's roots and a
+// bundle stream carry the workload's trust, not the proxy's.
+func decisionSubject(ident authn.Identity, id spiffeid.ID) authn.Identity {
+	if id == ident.ID {
+		return ident
+	}
+	target := authn.Identity{ID: id}
+	if ns, sa, ok := authn.ServiceAccountOf(id); ok && ident.Method == authn.MethodKubernetesJWT {
+		// The Impersonator saw a pod of this service account on the
+		// proxy's node, as TokenReview would have for the pod.
+		target.Method = ident.Method
+		target.Grant = &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: ns + "/" + sa}
+	}
+	return target
 }
 
 // rootsElement is cert_chain's last element for a certificate of trust

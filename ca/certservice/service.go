@@ -356,13 +356,15 @@ func methodLabel(ident authn.Identity) string {
 	return ident.Method
 }
 
-// refuse logs a refusal and returns its status. Every RPC of the service
-// logs its refusals here, so that all share the bounds below.
-func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident authn.Identity, ref *refusal) error {
+// refuse logs a refusal, with extra attributes, and returns its status.
+// Every RPC of the service logs its refusals here, so that all share the
+// bounds below.
+func (s *Service) refuse(ctx context.Context, msg string, r authn.Request, ident authn.Identity, ref *refusal, extra ...any) error {
 	attrs := []any{"reason", ref.reason, "code", ref.code.String(), logattr.Address, r.Peer}
 	if !ident.ID.IsZero() {
 		attrs = append(attrs, logattr.SPIFFEID, ident.ID.String(), "method", ident.Method)
 	}
+	attrs = append(attrs, extra...)
 	if ref.err != nil {
 		attrs = append(attrs, logattr.Error, ref.err)
 	}
@@ -590,34 +592,55 @@ func spend(ctx context.Context, ident authn.Identity, issued *ca.Issued) *refusa
 	return unauthenticated(err)
 }
 
-// impersonation judges a request for another identity: only a caller
-// the Impersonator authorizes, for a well-formed SPIFFE ID. The
+// impersonation judges a request for another identity, named by the
+// request's ImpersonatedIdentity metadata (authorizeImpersonation). The
 // certificate then carries the caller's grant, which names the caller's
 // service account, so it can never be renewed as the impersonated
 // workload: a node proxy asks again with its own token.
 func (s *Service) impersonation(ctx context.Context, caller authn.Identity, req *securityv1alpha1.IstioCertificateRequest) (spiffeid.ID, *refusal) {
+	v := req.GetMetadata().GetFields()[impersonationKey].GetStringValue()
+	return s.authorizeImpersonation(ctx, caller, certificateImpersonation, v)
+}
+
+// impersonationAsk names, in refusals, what a caller asked to have of
+// another workload and in which field.
+type impersonationAsk struct {
+	field string // where the target was named
+	what  string // "<what> <target>" is what the caller may not have
+}
+
+var (
+	certificateImpersonation = impersonationAsk{impersonationKey, "a certificate for"}
+	watchImpersonation       = impersonationAsk{"impersonated_identity", "the bundles of"}
+)
+
+// authorizeImpersonation judges a caller acting for the workload named by
+// v, for a certificate or a bundle stream alike: only a caller the
+// Impersonator authorizes, for a well-formed SPIFFE ID of a workload.
+func (s *Service) authorizeImpersonation(ctx context.Context, caller authn.Identity, ask impersonationAsk, v string) (spiffeid.ID, *refusal) {
 	if s.cfg.Impersonator == nil {
 		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation",
-			"impersonation is not enabled on this server (--ca-trusted-node-accounts): the certificate is for the authenticated identity only", nil}
+			"impersonation is not enabled on this server (--ca-trusted-node-accounts): certificates and bundles are for the authenticated identity only", nil}
 	}
-	// Whatever the Impersonator decides, the certificate must carry a
+	// Whatever the Impersonator decides, a certificate must carry a
 	// grant naming the caller's own token, which never renews it as the
 	// workload; a certificate (whose grant may be legacy) or a token
-	// without a grant could start a renewal chain of the workload's.
+	// without a grant could start a renewal chain of the workload's. A
+	// bundle stream is held to the same rule: the trust of a workload is
+	// for whoever may have its certificate.
 	if caller.Method == authn.MethodX509SVID || caller.Grant == nil {
 		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation",
 			"impersonation needs a caller authenticated by its own token (a node proxy's service account token), not a certificate", nil}
 	}
-	v := req.GetMetadata().GetFields()[impersonationKey].GetStringValue()
 	target, err := spiffeid.FromString(v)
 	if err != nil || target.Path() == "" {
-		return spiffeid.ID{}, &refusal{codes.InvalidArgument, "impersonation", fmt.Sprintf("%s %q is not a SPIFFE ID of a workload", impersonationKey, truncate(v, 256)), err}
+		return spiffeid.ID{}, &refusal{codes.InvalidArgument, "impersonation", fmt.Sprintf("%s %q is not a SPIFFE ID of a workload", ask.field, truncate(v, 256)), err}
 	}
 	if err := s.cfg.Impersonator.AuthorizeImpersonation(ctx, caller, target); err != nil {
 		if errors.Is(err, authn.ErrUnavailable) {
 			return spiffeid.ID{}, &refusal{codes.Unavailable, "impersonation_unavailable", "cannot decide on impersonation right now; retry later", err}
 		}
-		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation", fmt.Sprintf("%s may not have a certificate for %s: %v", caller.ID, target, err), err}
+		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation", fmt.Sprintf("%s may not have %s %s: %v", caller.ID, ask.what, target, err), err}
 	}
 	return target, nil
 }

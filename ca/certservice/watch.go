@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -45,28 +48,29 @@ const (
 	reauthJitter = 0.15
 )
 
-// WatchBundles streams the caller's bundle map: at once, then whenever the
-// trust or the caller's decision changes what it holds. The stream ends
-// with Unauthenticated when the credential that opened it expires or no
-// longer authenticates, and with Unavailable when the server stops.
-func (is *identityService) WatchBundles(_ *identityapi.WatchBundlesRequest, stream grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
+// WatchBundles streams the caller's bundle map, or that of the workload
+// it acts for (impersonated_identity): at once, then whenever the trust or
+// the decision changes what it holds. The stream ends with
+// Unauthenticated when the credential that opened it expires or no
+// longer authenticates, with PermissionDenied when the caller may no
+// longer act for the workload, and with Unavailable when the server
+// stops.
+func (is *identityService) WatchBundles(req *identityapi.WatchBundlesRequest, stream grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
 	s := is.s
 	ctx := stream.Context()
-	r := authn.FromGRPC(ctx)
-	ident, release, ref := s.openWatch(ctx, r)
+	w, release, ref := s.openWatch(ctx, authn.FromGRPC(ctx), req)
 	if ref != nil {
-		s.metrics.watches.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
-		return s.refuse(ctx, "bundle watch refused", r, ident, ref)
+		w.count(ref.code)
+		return s.refuse(ctx, "bundle watch refused", w.r, w.ident, ref, w.logAttrs()...)
 	}
 	defer release()
-	w := &watch{s: s, stream: stream, r: r, ident: ident}
+	w.stream = stream
 	w.reauthAt = w.nextReauth(s.timers().Now())
 	ref, err := w.run(ctx)
-	method := methodLabel(w.ident)
 	switch {
 	case ref == nil:
 		// The caller left, or the transport failed under the stream.
-		s.metrics.watches.WithLabelValues(codes.Canceled.String(), method).Inc()
+		w.count(codes.Canceled)
 		if err == nil {
 			err = status.FromContextError(ctx.Err()).Err()
 		}
@@ -74,33 +78,47 @@ func (is *identityService) WatchBundles(_ *identityapi.WatchBundlesRequest, stre
 	case ref.reason == "shutdown":
 		// Every stream ends at once: one log line for the server, not
 		// one per stream.
-		s.metrics.watches.WithLabelValues(ref.code.String(), method).Inc()
+		w.count(ref.code)
 		return status.Error(ref.code, ref.msg)
 	}
-	s.metrics.watches.WithLabelValues(ref.code.String(), method).Inc()
-	return s.refuse(ctx, "bundle watch ended", r, w.ident, ref)
+	w.count(ref.code)
+	return s.refuse(ctx, "bundle watch ended", w.r, w.ident, ref, w.logAttrs()...)
 }
 
-// openWatch authenticates the caller and takes a stream slot, charged to
-// its rate limit like a signing.
-func (s *Service) openWatch(ctx context.Context, r authn.Request) (authn.Identity, func(), *refusal) {
+// openWatch authenticates the caller, authorizes the workload it acts for
+// if any, charges its rate limit like a signing and takes a stream slot.
+// The watch it returns is set for the refusal's count and log too.
+func (s *Service) openWatch(ctx context.Context, r authn.Request, req *identityapi.WatchBundlesRequest) (*watch, func(), *refusal) {
+	w := &watch{s: s, r: r, impersonate: req.GetImpersonatedIdentity(), peerLimits: req.GetPeerLimits()}
 	if s.cfg.Bundles == nil {
-		return authn.Identity{}, nil, &refusal{codes.FailedPrecondition, "not_configured", "this server does not stream bundles", nil}
+		return w, nil, &refusal{codes.FailedPrecondition, "not_configured", "this server does not stream bundles", nil}
 	}
-	ident, ref := s.authenticate(ctx, r, s.identityAuth)
-	if ref != nil {
-		return ident, nil, ref
+	var ref *refusal
+	if w.ident, ref = s.authenticate(ctx, r, s.identityAuth); ref != nil {
+		return w, nil, ref
 	}
-	if !s.admission.allow(ident.ID, ident.ID) {
-		return ident, nil, &refusal{codes.ResourceExhausted, "rate_limited",
-			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), ident.ID), nil}
+	if ref := w.authorize(ctx); ref != nil {
+		return w, nil, ref
 	}
-	if ref := s.takeWatchSlot(ident.ID); ref != nil {
-		return ident, nil, ref
+	// As an impersonated signing: charged to the caller, which bounds a
+	// node agent overall, and to the caller for the workload, so that
+	// the workload's own pods elsewhere cannot spend the agent's budget.
+	subject := w.subject().ID
+	if !s.admission.allow(w.ident.ID, subject) {
+		return w, nil, &refusal{codes.ResourceExhausted, "rate_limited",
+			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), w.ident.ID), nil}
+	}
+	// The slot is the workload's, not the caller's: one node agent
+	// service account is every node's, so charging it would cap the
+	// whole cluster's impersonated streams at MaxBundleWatchesPerIdentity,
+	// while a workload's streams are bounded by its pods, as when each
+	// pod watches for itself.
+	if ref := s.takeWatchSlot(subject); ref != nil {
+		return w, nil, ref
 	}
 	s.metrics.watchesOpen.Inc()
-	return ident, func() {
-		s.releaseWatchSlot(ident.ID)
+	return w, func() {
+		s.releaseWatchSlot(subject)
 		s.metrics.watchesOpen.Dec()
 	}, nil
 }
@@ -154,6 +172,14 @@ type watch struct {
 	// ident is the caller as last proved; its NotAfter, when set, ends
 	// the stream.
 	ident authn.Identity
+	// impersonate is the request's impersonated_identity as sent, ""
+	// for the caller's own trust; target is the workload it names once
+	// authorized, re-authorized with every re-authentication.
+	impersonate string
+	target      spiffeid.ID
+	// peerLimits sends peer-limited trust domains with their peers
+	// rather than withholding them.
+	peerLimits bool
 	// reauthAt is when the caller is next proved again: fixed when the
 	// stream opens and after each re-authentication, never by other
 	// wake-ups, which trust or decision changes may bring more often
@@ -162,17 +188,59 @@ type watch struct {
 	last     *identityapi.WatchBundlesResponse
 }
 
+// authorize decides whether the caller may have the trust of the
+// workload it names, as for a certificate of it.
+func (w *watch) authorize(ctx context.Context) *refusal {
+	if w.impersonate == "" {
+		return nil
+	}
+	target, ref := w.s.authorizeImpersonation(ctx, w.ident, watchImpersonation, w.impersonate)
+	if ref != nil {
+		return ref
+	}
+	w.target = target
+	return nil
+}
+
+// subject is whose trust the stream carries (decisionSubject).
+func (w *watch) subject() authn.Identity {
+	if w.target.IsZero() {
+		return w.ident
+	}
+	return decisionSubject(w.ident, w.target)
+}
+
+// count counts the stream's refusal or end with code, and once more
+// among impersonated streams when it asked for a workload's trust.
+func (w *watch) count(code codes.Code) {
+	w.s.metrics.watches.WithLabelValues(code.String(), methodLabel(w.ident)).Inc()
+	if w.impersonate != "" {
+		w.s.metrics.impersonatedWatches.WithLabelValues(code.String()).Inc()
+	}
+}
+
+// logAttrs are the stream's attributes beside the caller's: the workload
+// it asked to act for.
+func (w *watch) logAttrs() []any {
+	if w.impersonate == "" {
+		return nil
+	}
+	return []any{logattr.Impersonated, truncate(w.impersonate, 256)}
+}
+
 // run sends until the stream ends: a refusal, or none when the caller
 // left (with the error of the send that found it gone, if any).
 func (w *watch) run(ctx context.Context) (*refusal, error) {
 	clk := w.s.timers()
 	for {
 		bundles, trustChanged := w.s.cfg.Bundles.Bundles()
-		d, decisionChanged := w.s.decide(w.ident)
-		msg, err := w.s.render(w.ident.ID.TrustDomain(), bundles, trustChanged, d)
+		subject := w.subject()
+		d, decisionChanged := w.s.decide(subject)
+		shared, err := w.s.render(subject.ID.TrustDomain(), bundles, trustChanged, d, w.peerLimits)
 		if err != nil {
 			return &refusal{codes.Internal, "internal", "internal error", err}, nil
 		}
+		msg := withSPIFFEID(shared, subject.ID)
 		if w.last == nil || !sameMessage(w.last, msg) {
 			if ref := w.s.checkSize(msg); ref != nil {
 				return ref, nil
@@ -214,7 +282,7 @@ func (s *Service) checkSize(msg *identityapi.WatchBundlesResponse) *refusal {
 	s.metrics.watchOversized.Inc()
 	return &refusal{codes.ResourceExhausted, "message_too_large",
 		fmt.Sprintf("your bundle map is %d bytes, over the %d this server sends; the trust policy must grant you fewer trust domains", n, limit),
-		fmt.Errorf("bundle map of %d bytes (%d trust domains withheld) over the limit of %d", n, len(msg.GetWithheldTrustDomains()), limit)}
+		fmt.Errorf("bundle map of %d bytes (%d trust domains withheld, %d peer-limited) over the limit of %d", n, len(msg.GetWithheldTrustDomains()), len(msg.GetPeerLimits()), limit)}
 }
 
 // untilCheck is the wait until the credential expires or the next
@@ -252,10 +320,11 @@ func jittered(d time.Duration, r float64) time.Duration {
 }
 
 // reauthenticate ends the stream once the credential that opened it has
-// expired, and otherwise proves the caller again with it, as SDS does: a
-// revoked token or grant ends the stream within one interval. A backend
-// that cannot decide ends it too (Unavailable): the caller reconnects and
-// keeps its last bundles meanwhile.
+// expired, and otherwise proves the caller again with it, as SDS does, and
+// authorizes again the workload it acts for: a revoked token or grant, or
+// a pod gone from the caller's node, ends the stream within one interval.
+// A backend that cannot decide ends it too (Unavailable): the caller
+// reconnects and keeps its last bundles meanwhile.
 func (w *watch) reauthenticate(ctx context.Context, now time.Time) *refusal {
 	if exp := w.ident.NotAfter; !exp.IsZero() && !now.Before(exp) {
 		return &refusal{codes.Unauthenticated, "credential_expired",
@@ -270,7 +339,9 @@ func (w *watch) reauthenticate(ctx context.Context, now time.Time) *refusal {
 			fmt.Errorf("re-authentication proved %s, not %s", ident.ID, w.ident.ID)}
 	}
 	w.ident = ident
-	return nil
+	// The workload may have left the caller's node since: asked again,
+	// as a certificate would be.
+	return w.authorize(ctx)
 }
 
 // decide is the caller's decision; without a Policy, everything.
@@ -296,27 +367,67 @@ func (s *Service) stopWatches() {
 }
 
 func sameMessage(a, b *identityapi.WatchBundlesResponse) bool {
-	return bytes.Equal(a.GetBundleMap(), b.GetBundleMap()) && slices.Equal(a.GetWithheldTrustDomains(), b.GetWithheldTrustDomains())
+	return bytes.Equal(a.GetBundleMap(), b.GetBundleMap()) && slices.Equal(a.GetWithheldTrustDomains(), b.GetWithheldTrustDomains()) &&
+		a.GetSpiffeId() == b.GetSpiffeId() &&
+		slices.EqualFunc(a.GetPeerLimits(), b.GetPeerLimits(), func(x, y *identityapi.PeerLimit) bool {
+			return x.GetTrustDomain() == y.GetTrustDomain() && slices.Equal(x.GetPeers(), y.GetPeers())
+		})
 }
 
-// renderBundles is the message for a caller of trust domain local under
-// d: the bundles allowedTrust keeps, and the names of those it withholds.
-func renderBundles(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
-	keep, withheld := allowedTrust(local, bundles, d)
+// withSPIFFEID is the shared rendering msg for the stream of id: a new
+// message with the same (never changed) contents, since the rendering is
+// shared by every subject with the same decision.
+func withSPIFFEID(msg *identityapi.WatchBundlesResponse, id spiffeid.ID) *identityapi.WatchBundlesResponse {
+	return &identityapi.WatchBundlesResponse{BundleMap: msg.GetBundleMap(), WithheldTrustDomains: msg.GetWithheldTrustDomains(),
+		PeerLimits: msg.GetPeerLimits(), SpiffeId: id.String()}
+}
+
+// renderBundles is the message for a subject of trust domain local under
+// d: the bundles allowedTrust keeps, and those it allows only for some
+// peers, either with their peers (peerLimits) or withheld and named.
+func renderBundles(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision, peerLimits bool) (*identityapi.WatchBundlesResponse, error) {
+	keep, limited := allowedTrust(local, bundles, d)
+	msg := &identityapi.WatchBundlesResponse{}
+	for _, l := range limited {
+		if !peerLimits {
+			msg.WithheldTrustDomains = append(msg.WithheldTrustDomains, l.bundle.TrustDomain().Name())
+			continue
+		}
+		keep = append(keep, l.bundle)
+		msg.PeerLimits = append(msg.PeerLimits, peerLimit(l))
+	}
 	doc, err := bundledoc.MarshalMap(keep)
 	if err != nil {
 		return nil, err
 	}
-	return &identityapi.WatchBundlesResponse{BundleMap: doc, WithheldTrustDomains: withheld}, nil
+	msg.BundleMap = doc
+	return msg, nil
 }
 
-// allowedTrust is the trust a caller of trust domain local may have under
+// peerLimit is l on the wire: its peers as written, sorted, each once.
+func peerLimit(l limitedTrust) *identityapi.PeerLimit {
+	peers := make([]string, 0, len(l.peers))
+	for _, p := range l.peers {
+		peers = append(peers, p.String())
+	}
+	slices.Sort(peers)
+	return &identityapi.PeerLimit{TrustDomain: l.bundle.TrustDomain().Name(), Peers: slices.Compact(peers)}
+}
+
+// limitedTrust is a trust domain a decision allows only for some peers.
+type limitedTrust struct {
+	bundle *spiffebundle.Bundle
+	peers  []trustpolicy.Pattern
+}
+
+// allowedTrust is the trust a subject of trust domain local may have under
 // d, for WatchBundles and for CreateCertificate's merged roots alike: its
-// own bundle always, a federated one the decision allows to every member,
-// and, sorted, the names of those it allows only for some peers, which
-// neither a bundle map nor a list of roots can say. Denied trust domains
-// are absent.
-func allowedTrust(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) (keep []*spiffebundle.Bundle, withheld []string) {
+// own bundle always and a federated one the decision allows to every
+// member (keep), and, sorted by trust domain, those it allows only for
+// some peers (limited), which neither a bundle map nor a list of roots
+// can say: only a client told the peers can use them. Denied trust
+// domains are absent.
+func allowedTrust(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d trustpolicy.Decision) (keep []*spiffebundle.Bundle, limited []limitedTrust) {
 	keep = make([]*spiffebundle.Bundle, 0, len(bundles))
 	for _, b := range bundles {
 		if b == nil {
@@ -330,13 +441,15 @@ func allowedTrust(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, d 
 		switch g, ok := d.Allows(td); {
 		case !ok:
 		case len(g.Peers) > 0:
-			withheld = append(withheld, td.Name())
+			limited = append(limited, limitedTrust{bundle: b, peers: g.Peers})
 		default:
 			keep = append(keep, b)
 		}
 	}
-	slices.Sort(withheld)
-	return keep, withheld
+	slices.SortFunc(limited, func(a, b limitedTrust) int {
+		return strings.Compare(a.bundle.TrustDomain().Name(), b.bundle.TrustDomain().Name())
+	})
+	return keep, limited
 }
 
 // maxRenderings bounds the cache of renderings of one trust: one per
@@ -379,10 +492,12 @@ func (c *trustCache[V]) get(bundles []*spiffebundle.Bundle, changed <-chan struc
 	return v, nil
 }
 
-// render is renderBundles through the cache, keyed by the caller's trust
-// domain and decision.
-func (s *Service) render(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, changed <-chan struct{}, d trustpolicy.Decision) (*identityapi.WatchBundlesResponse, error) {
-	return s.renderings.get(bundles, changed, local.Name()+"|"+d.Key(), func() (*identityapi.WatchBundlesResponse, error) {
-		return renderBundles(local, bundles, d)
+// render is renderBundles through the cache, keyed by the subject's trust
+// domain and decision and whether peer limits were asked for: the two
+// renderings of one decision differ when it limits peers.
+func (s *Service) render(local spiffeid.TrustDomain, bundles []*spiffebundle.Bundle, changed <-chan struct{}, d trustpolicy.Decision, peerLimits bool) (*identityapi.WatchBundlesResponse, error) {
+	key := local.Name() + "|" + d.Key() + "|" + strconv.FormatBool(peerLimits)
+	return s.renderings.get(bundles, changed, key, func() (*identityapi.WatchBundlesResponse, error) {
+		return renderBundles(local, bundles, d, peerLimits)
 	})
 }

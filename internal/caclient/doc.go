@@ -16,8 +16,11 @@
 // authenticated the same way) gives MintJWTSVID, and WatchBundles and
 // FetchBundles, the caller's SPIFFE bundle map as the server's trust
 // policy filters it, each message bounded and checked by
-// ParseWatchBundles; all take a connection from Dial, which `jwt` and
-// the agent share. ParseBundles and JWTSource turn a bundle file into
+// ParseWatchBundles; WatchBundlesWith lets a node agent watch a workload
+// of its node instead (WatchOptions.Impersonate, refusing a message for
+// anyone else) and have peer-limited trust domains with their peers
+// (WatchOptions.PeerLimits). All take a connection from Dial, which `jwt`
+// and the agent share. ParseBundles and JWTSource turn a bundle file into
 // what jwtsvid.Validate takes.
 //
 // Error messages name the flags `ca request` and `agent` share

@@ -14,6 +14,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 // JWTSVID is a JWT-SVID the identity service minted.
@@ -50,13 +51,23 @@ func MintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, audience []
 }
 
 // Bundles is one message of the identity service's WatchBundles: what
-// the caller may trust.
+// the caller, or the workload it watches for, may trust.
 type Bundles struct {
+	// ID is whose trust this is (the message's spiffe_id): the workload
+	// of WatchOptions.Impersonate, else the caller. Zero when a server
+	// that predates the field sends none.
+	ID spiffeid.ID
 	// Bundles are the trust domains' bundles, the caller's own included,
-	// sorted by trust domain.
+	// sorted by trust domain. With WatchOptions.PeerLimits they include
+	// those of PeerLimits, which must then be trusted for those peers
+	// only.
 	Bundles []*spiffebundle.Bundle
 	// Withheld are trust domains granted only for some peers, left out.
 	Withheld []string
+	// PeerLimits are, when WatchOptions.PeerLimits asked for them, the
+	// trust domains of Bundles granted only for some peers, with the
+	// trustpolicy.Pattern text of each peer trusted.
+	PeerLimits map[spiffeid.TrustDomain][]string
 }
 
 // JWTSource is the JWT authorities of b, per trust domain.
@@ -69,9 +80,26 @@ const (
 	// MaxBundleMapBytes bounds the message and the bundle map in it.
 	MaxBundleMapBytes = 16 << 20
 	// MaxTrustDomains bounds the trust domains of the bundle map, and
-	// the withheld ones.
+	// the withheld and the peer-limited ones.
 	MaxTrustDomains = 1024
+	// MaxPeers bounds the peers of every peer limit together: a rule
+	// names a handful, and a workload is granted a few rules.
+	MaxPeers = 4096
 )
+
+// WatchOptions are what a WatchBundles stream asks for beside the
+// caller's own trust.
+type WatchOptions struct {
+	// Impersonate, when not zero, watches the trust of that workload
+	// rather than the caller's: a node agent acting for a workload of its
+	// node, as it obtains its certificate (Istio's ImpersonatedIdentity).
+	// A message for anyone else is refused.
+	Impersonate spiffeid.ID
+	// PeerLimits asks for the trust domains granted only for some peers
+	// with those peers (Bundles.PeerLimits) rather than withheld; the
+	// caller must then enforce the limits.
+	PeerLimits bool
+}
 
 // FetchBundles opens WatchBundles on conn (from Dial) and returns its
 // first message: the caller's bundle map now, checked by
@@ -106,10 +134,24 @@ var errStop = errors.New("stop")
 // Unauthenticated when the credential that opened it expired,
 // Unavailable when the server stops; reconnect.
 func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, local spiffeid.TrustDomain, fn func(*Bundles, error) error) error {
+	return WatchBundlesWith(ctx, conn, local, WatchOptions{}, fn)
+}
+
+// WatchBundlesWith is WatchBundles asking for opts, each message checked
+// by ParseWatchBundlesWith. A stream for a workload (opts.Impersonate)
+// also ends with PermissionDenied when the caller may not, or no longer
+// may, act for it (its pod left the node).
+func WatchBundlesWith(ctx context.Context, conn grpc.ClientConnInterface, local spiffeid.TrustDomain, opts WatchOptions, fn func(*Bundles, error) error) error {
+	if id := opts.Impersonate; !id.IsZero() && id.Path() == "" {
+		return fmt.Errorf("impersonated identity %s names a trust domain, not a workload", id)
+	}
+	req := &identityapi.WatchBundlesRequest{PeerLimits: opts.PeerLimits}
+	if !opts.Impersonate.IsZero() {
+		req.ImpersonatedIdentity = opts.Impersonate.String()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, &identityapi.WatchBundlesRequest{},
-		grpc.MaxCallRecvMsgSize(MaxBundleMapBytes))
+	stream, err := identityapi.NewIdentityServiceClient(conn).WatchBundles(ctx, req, grpc.MaxCallRecvMsgSize(MaxBundleMapBytes))
 	if err != nil {
 		return err
 	}
@@ -118,7 +160,7 @@ func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, local spif
 		if err != nil {
 			return err
 		}
-		if err := fn(ParseWatchBundles(msg, local)); err != nil {
+		if err := fn(ParseWatchBundlesWith(msg, local, opts)); err != nil {
 			return err
 		}
 	}
@@ -127,8 +169,24 @@ func WatchBundles(ctx context.Context, conn grpc.ClientConnInterface, local spif
 // ParseWatchBundles reads one WatchBundles message, untrusted input: a
 // bundle map of at most MaxBundleMapBytes and MaxTrustDomains trust
 // domains, holding local's bundle when local is not zero, and at most
-// MaxTrustDomains withheld trust domains.
+// MaxTrustDomains withheld trust domains. It is ParseWatchBundlesWith
+// for a stream that asked for nothing more.
 func ParseWatchBundles(msg *identityapi.WatchBundlesResponse, local spiffeid.TrustDomain) (*Bundles, error) {
+	return ParseWatchBundlesWith(msg, local, WatchOptions{})
+}
+
+// ParseWatchBundlesWith reads one message of a stream that asked for
+// opts, as ParseWatchBundles does, and its subject and peer limits: the
+// spiffe_id, when set, a SPIFFE ID of local (when not zero), and exactly
+// opts.Impersonate when that is set (a server that predates impersonated
+// bundle watches ignores the request and sends the caller's own trust,
+// which must not pass for the workload's); peer limits only when asked
+// for (checkPeerLimits).
+func ParseWatchBundlesWith(msg *identityapi.WatchBundlesResponse, local spiffeid.TrustDomain, opts WatchOptions) (*Bundles, error) {
+	id, err := parseSubject(msg.GetSpiffeId(), local, opts.Impersonate)
+	if err != nil {
+		return nil, err
+	}
 	doc := msg.GetBundleMap()
 	if len(doc) > MaxBundleMapBytes {
 		return nil, fmt.Errorf("the server's bundle map is %d bytes; at most %d are accepted", len(doc), MaxBundleMapBytes)
@@ -147,7 +205,111 @@ func ParseWatchBundles(msg *identityapi.WatchBundlesResponse, local spiffeid.Tru
 	if len(withheld) > MaxTrustDomains {
 		return nil, fmt.Errorf("the server withheld %d trust domains; at most %d are accepted", len(withheld), MaxTrustDomains)
 	}
-	return &Bundles{Bundles: bundles, Withheld: withheld}, nil
+	limits, err := checkPeerLimits(msg.GetPeerLimits(), bundles, local, opts.PeerLimits)
+	if err != nil {
+		return nil, err
+	}
+	return &Bundles{ID: id, Bundles: bundles, Withheld: withheld, PeerLimits: limits}, nil
+}
+
+// parseSubject reads a message's spiffe_id: empty from an older server,
+// which is fine unless the stream asked for the trust of impersonate.
+func parseSubject(v string, local spiffeid.TrustDomain, impersonate spiffeid.ID) (spiffeid.ID, error) {
+	if v == "" {
+		if !impersonate.IsZero() {
+			return spiffeid.ID{}, fmt.Errorf("the server names no subject for its bundles: it is too old for impersonated bundle watches "+
+				"and may have sent the caller's own trust rather than %s's", impersonate)
+		}
+		return spiffeid.ID{}, nil
+	}
+	id, err := spiffeid.FromString(v)
+	if err != nil {
+		return spiffeid.ID{}, fmt.Errorf("the server answered with an invalid spiffe_id: %w", err)
+	}
+	switch {
+	case !impersonate.IsZero() && id != impersonate:
+		return spiffeid.ID{}, fmt.Errorf("the server sent the bundles of %s, not of %s as asked", id, impersonate)
+	case !local.IsZero() && !id.MemberOf(local):
+		return spiffeid.ID{}, fmt.Errorf("the server sent the bundles of %s, not of a workload of the local trust domain %s", id, local.Name())
+	}
+	return id, nil
+}
+
+// checkPeerLimits reads the peer limits of a message, refused unless
+// asked for: each of a trust domain of bundles but local, named once,
+// with 1 or more peers, each a trustpolicy.Pattern of that trust domain,
+// MaxPeers in all.
+func checkPeerLimits(limits []*identityapi.PeerLimit, bundles []*spiffebundle.Bundle, local spiffeid.TrustDomain, asked bool) (map[spiffeid.TrustDomain][]string, error) {
+	switch {
+	case len(limits) == 0:
+		return nil, nil
+	case !asked:
+		return nil, fmt.Errorf("the server sent peer limits of %d trust domains, which were not asked for", len(limits))
+	case len(limits) > MaxTrustDomains:
+		return nil, fmt.Errorf("the server sent peer limits of %d trust domains; at most %d are accepted", len(limits), MaxTrustDomains)
+	}
+	out := make(map[spiffeid.TrustDomain][]string, len(limits))
+	total := 0
+	for i, l := range limits {
+		td, err := limitTrustDomain(l.GetTrustDomain(), bundles, local)
+		if err == nil && out[td] != nil {
+			err = errors.New("named twice")
+		}
+		if err == nil {
+			total += len(l.GetPeers())
+			err = checkPeers(l.GetPeers(), td, total)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("the server's peer limit %d (%q): %w", i, truncate(l.GetTrustDomain(), 256), err)
+		}
+		out[td] = slices.Clone(l.GetPeers())
+	}
+	return out, nil
+}
+
+// limitTrustDomain is the trust domain a peer limit names: one of
+// bundles, not local, whose trust is never limited.
+func limitTrustDomain(name string, bundles []*spiffebundle.Bundle, local spiffeid.TrustDomain) (spiffeid.TrustDomain, error) {
+	td, err := spiffeid.TrustDomainFromString(name)
+	switch {
+	case err != nil:
+		return td, err
+	case td.Name() != name:
+		return td, errors.New("not a trust domain name")
+	case td == local:
+		return td, errors.New("the local trust domain is trusted whole")
+	case !slices.ContainsFunc(bundles, func(b *spiffebundle.Bundle) bool { return b.TrustDomain() == td }):
+		return td, errors.New("its bundle is not in the bundle map")
+	}
+	return td, nil
+}
+
+// checkPeers refuses no peers, more than MaxPeers so far (total), or a
+// peer that is not a pattern of td.
+func checkPeers(peers []string, td spiffeid.TrustDomain, total int) error {
+	switch {
+	case len(peers) == 0:
+		return errors.New("no peers")
+	case total > MaxPeers:
+		return fmt.Errorf("more than %d peers in all", MaxPeers)
+	}
+	for _, s := range peers {
+		p, err := trustpolicy.ParsePattern(s)
+		if err != nil {
+			return err
+		}
+		if p.TrustDomain() != td {
+			return fmt.Errorf("peer %q is not of that trust domain", s)
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // ParseBundles reads trust from a file's content: a SPIFFE bundle map, or

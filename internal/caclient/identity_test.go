@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
 // tdA is the local trust domain of these tests.
@@ -114,16 +116,25 @@ func FuzzParseBundles(f *testing.F) {
 // fakeIdentity sends each of msgs on WatchBundles, then ends the stream
 // with Unauthenticated, as the server does when a credential expires;
 // MintJWTSVID answers mint and records the request.
+// Each message names subject (spiffe_id, "" as an older server) and the
+// stream's request is recorded.
 type fakeIdentity struct {
 	identityapi.UnimplementedIdentityServiceServer
-	msgs [][]byte
-	mint *identityapi.MintJWTSVIDResponse
-	req  *identityapi.MintJWTSVIDRequest
+	msgs    [][]byte
+	subject string
+	mint    *identityapi.MintJWTSVIDResponse
+	req     *identityapi.MintJWTSVIDRequest
+
+	mu       sync.Mutex
+	watchReq *identityapi.WatchBundlesRequest
 }
 
-func (f *fakeIdentity) WatchBundles(_ *identityapi.WatchBundlesRequest, s grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
+func (f *fakeIdentity) WatchBundles(req *identityapi.WatchBundlesRequest, s grpc.ServerStreamingServer[identityapi.WatchBundlesResponse]) error {
+	f.mu.Lock()
+	f.watchReq = req
+	f.mu.Unlock()
 	for i, m := range f.msgs {
-		if err := s.Send(&identityapi.WatchBundlesResponse{BundleMap: m, WithheldTrustDomains: []string{fmt.Sprint("w", i, ".example")}}); err != nil {
+		if err := s.Send(&identityapi.WatchBundlesResponse{BundleMap: m, WithheldTrustDomains: []string{fmt.Sprint("w", i, ".example")}, SpiffeId: f.subject}); err != nil {
 			return err
 		}
 	}
@@ -275,24 +286,170 @@ func TestParseWatchBundles(t *testing.T) {
 	})
 }
 
-// FuzzParseWatchBundles: whatever the server sends, ParseWatchBundles
-// refuses it or returns each trust domain once, the local one among them.
+// FuzzParseWatchBundles: whatever the server sends, and whatever the
+// stream asked for, ParseWatchBundlesWith refuses it or returns each trust
+// domain once, the local one among them, for the workload asked for, with
+// peer limits only when asked for, each of a federated trust domain of the
+// map, with peers of that trust domain.
 func FuzzParseWatchBundles(f *testing.F) {
-	f.Add(marshalMap(f, testca.New(f, tdA.Name()).Bundle()))
-	f.Add([]byte(`{"trust_domains":{"a.example":{"keys":[]}}}`))
-	f.Add([]byte(`{"trust_domains":{"a.example":{"keys":[]},"a.example":{"keys":[]}}}`))
-	f.Fuzz(func(t *testing.T, doc []byte) {
-		got, err := ParseWatchBundles(&identityapi.WatchBundlesResponse{BundleMap: doc}, tdA)
+	one := marshalMap(f, testca.New(f, tdA.Name()).Bundle())
+	two := marshalMap(f, testca.New(f, tdA.Name()).Bundle(), testca.New(f, "b.example").Bundle())
+	f.Add(one, "", "", "", "", false)
+	f.Add([]byte(`{"trust_domains":{"a.example":{"keys":[]}}}`), "spiffe://a.example/w", "", "", "", false)
+	f.Add([]byte(`{"trust_domains":{"a.example":{"keys":[]},"a.example":{"keys":[]}}}`), "", "", "", "", false)
+	f.Add(two, "spiffe://a.example/ns/x/sa/y", "b.example", "spiffe://b.example/api\nspiffe://b.example/ns/*", "spiffe://a.example/ns/x/sa/y", true)
+	f.Add(two, "spiffe://a.example/ns/x/sa/y", "b.example", "spiffe://b.example/api", "", false)
+	f.Add(two, "", "b.example", "spiffe://c.example/api", "spiffe://a.example/ns/x/sa/y", true)
+	f.Add(two, "spiffe://a.example/w", "a.example", "spiffe://a.example/*", "", true)
+	f.Fuzz(func(t *testing.T, doc []byte, subject, limitTD, peers, impersonate string, peerLimits bool) {
+		msg := &identityapi.WatchBundlesResponse{BundleMap: doc, SpiffeId: subject}
+		if limitTD != "" || peers != "" {
+			msg.PeerLimits = []*identityapi.PeerLimit{{TrustDomain: limitTD, Peers: strings.Split(peers, "\n")}}
+		}
+		opts := WatchOptions{PeerLimits: peerLimits}
+		if id, err := spiffeid.FromString(impersonate); err == nil {
+			opts.Impersonate = id
+		}
+		got, err := ParseWatchBundlesWith(msg, tdA, opts)
 		if err != nil {
 			return
 		}
-		seen := map[string]bool{}
+		seen := map[spiffeid.TrustDomain]bool{}
 		for _, b := range got.Bundles {
-			require.False(t, seen[b.TrustDomain().Name()], "a trust domain twice")
-			seen[b.TrustDomain().Name()] = true
+			require.False(t, seen[b.TrustDomain()], "a trust domain twice")
+			seen[b.TrustDomain()] = true
 		}
-		require.True(t, seen[tdA.Name()])
+		require.True(t, seen[tdA])
+		if !opts.Impersonate.IsZero() {
+			require.Equal(t, opts.Impersonate, got.ID, "the workload asked for, nobody else")
+		}
+		if !got.ID.IsZero() {
+			require.True(t, got.ID.MemberOf(tdA))
+		}
+		if !peerLimits {
+			require.Empty(t, got.PeerLimits)
+		}
+		for td, ps := range got.PeerLimits {
+			require.True(t, seen[td], "a limited trust domain's bundle is in the map")
+			require.NotEqual(t, tdA, td)
+			require.NotEmpty(t, ps)
+			for _, s := range ps {
+				p, err := trustpolicy.ParsePattern(s)
+				require.NoError(t, err)
+				require.Equal(t, td, p.TrustDomain())
+			}
+		}
 	})
+}
+
+// ParseWatchBundlesWith: the subject and the peer limits are untrusted
+// input, checked against what the stream asked for.
+func TestParseWatchBundlesWith(t *testing.T) {
+	doc := marshalMap(t, testca.New(t, tdA.Name()).Bundle(), testca.New(t, "b.example").Bundle(), testca.New(t, "c.example").Bundle())
+	workload := spiffeid.RequireFromString("spiffe://a.example/ns/shop/sa/web")
+	node := spiffeid.RequireFromString("spiffe://a.example/ns/istio-system/sa/ztunnel")
+	both := WatchOptions{Impersonate: workload, PeerLimits: true}
+	limit := func(td string, peers ...string) *identityapi.PeerLimit {
+		return &identityapi.PeerLimit{TrustDomain: td, Peers: peers}
+	}
+	many := func(td string, n int) *identityapi.PeerLimit {
+		l := limit(td)
+		for i := range n {
+			l.Peers = append(l.Peers, fmt.Sprintf("spiffe://%s/p%d", td, i))
+		}
+		return l
+	}
+	tooMany := make([]*identityapi.PeerLimit, MaxTrustDomains+1)
+	for i := range tooMany {
+		tooMany[i] = limit("b.example", "spiffe://b.example/api")
+	}
+	for _, tc := range []struct {
+		name    string
+		subject string
+		limits  []*identityapi.PeerLimit
+		opts    WatchOptions
+		wantErr string
+	}{
+		{"the workload's, with peer limits", workload.String(), []*identityapi.PeerLimit{limit("b.example", "spiffe://b.example/api", "spiffe://b.example/ns/*")}, both, ""},
+		{"the caller's own", node.String(), nil, WatchOptions{}, ""},
+		{"an older server names nobody", "", nil, WatchOptions{}, ""},
+		{"an older server ignored the impersonation", "", nil, both, "too old for impersonated bundle watches"},
+		{"another workload's", "spiffe://a.example/ns/shop/sa/api", nil, both, "not of " + workload.String()},
+		{"the caller's instead of the workload's", node.String(), nil, both, "not of " + workload.String()},
+		{"invalid spiffe_id", "a.example/w", nil, WatchOptions{}, "invalid spiffe_id"},
+		{"a subject of another trust domain", "spiffe://b.example/w", nil, WatchOptions{}, "not of a workload of the local trust domain a.example"},
+		{"peer limits not asked for", workload.String(), []*identityapi.PeerLimit{limit("b.example", "spiffe://b.example/api")}, WatchOptions{Impersonate: workload}, "not asked for"},
+		{"a trust domain not in the map", workload.String(), []*identityapi.PeerLimit{limit("d.example", "spiffe://d.example/api")}, both, "not in the bundle map"},
+		{"the local trust domain", workload.String(), []*identityapi.PeerLimit{limit("a.example", "spiffe://a.example/api")}, both, "trusted whole"},
+		{"a trust domain twice", workload.String(), []*identityapi.PeerLimit{limit("b.example", "spiffe://b.example/api"), limit("b.example", "spiffe://b.example/web")}, both, "named twice"},
+		{"not a trust domain name", workload.String(), []*identityapi.PeerLimit{limit("spiffe://b.example", "spiffe://b.example/api")}, both, "not a trust domain name"},
+		{"no peers", workload.String(), []*identityapi.PeerLimit{limit("b.example")}, both, "no peers"},
+		{"a peer that is no pattern", workload.String(), []*identityapi.PeerLimit{limit("b.example", "spiffe://b.example/a*")}, both, "'*' is allowed only"},
+		{"a peer of another trust domain", workload.String(), []*identityapi.PeerLimit{limit("b.example", "spiffe://c.example/api")}, both, "not of that trust domain"},
+		{"too many peers in all", workload.String(), []*identityapi.PeerLimit{many("b.example", MaxPeers/2+1), many("c.example", MaxPeers/2)}, both, fmt.Sprintf("more than %d peers", MaxPeers)},
+		{"too many peer limits", workload.String(), tooMany, both, "at most"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := &identityapi.WatchBundlesResponse{BundleMap: doc, SpiffeId: tc.subject, PeerLimits: tc.limits}
+			got, err := ParseWatchBundlesWith(msg, tdA, tc.opts)
+			if tc.wantErr != "" {
+				assert.ErrorContains(t, err, tc.wantErr)
+				assert.Nil(t, got)
+				return
+			}
+			require.NoError(t, err)
+			assert.Len(t, got.Bundles, 3)
+			if tc.subject != "" {
+				assert.Equal(t, tc.subject, got.ID.String())
+			} else {
+				assert.True(t, got.ID.IsZero())
+			}
+			want := map[spiffeid.TrustDomain][]string{}
+			for _, l := range tc.limits {
+				want[spiffeid.RequireTrustDomainFromString(l.TrustDomain)] = l.Peers
+			}
+			if len(want) == 0 {
+				want = nil
+			}
+			assert.Equal(t, want, got.PeerLimits)
+		})
+	}
+}
+
+// WatchBundlesWith asks for what opts say and refuses what an older
+// server sends in answer: the caller's own trust for the workload's.
+func TestWatchBundlesWith(t *testing.T) {
+	mapDoc, _, _ := jwtBundleDocs(t)
+	workload := spiffeid.RequireFromString("spiffe://a.example/ns/shop/sa/web")
+	opts := WatchOptions{Impersonate: workload, PeerLimits: true}
+	watch := func(f *fakeIdentity) ([]watchResult, error) {
+		var got []watchResult
+		err := WatchBundlesWith(t.Context(), serveIdentity(t, f), tdA, opts, func(b *Bundles, err error) error {
+			got = append(got, watchResult{b, err})
+			return nil
+		})
+		return got, err
+	}
+
+	f := &fakeIdentity{msgs: [][]byte{mapDoc}, subject: workload.String()}
+	got, err := watch(f)
+	assert.Equal(t, codes.Unauthenticated, status.Code(err))
+	require.Len(t, got, 1)
+	require.NoError(t, got[0].err)
+	assert.Equal(t, workload, got[0].b.ID)
+	f.mu.Lock()
+	assert.Equal(t, workload.String(), f.watchReq.GetImpersonatedIdentity())
+	assert.True(t, f.watchReq.GetPeerLimits())
+	f.mu.Unlock()
+
+	got, _ = watch(&fakeIdentity{msgs: [][]byte{mapDoc}})
+	require.Len(t, got, 1)
+	assert.ErrorContains(t, got[0].err, "too old for impersonated bundle watches", "fails closed")
+	assert.Nil(t, got[0].b)
+
+	err = WatchBundlesWith(t.Context(), serveIdentity(t, &fakeIdentity{}), tdA, WatchOptions{Impersonate: spiffeid.RequireFromString("spiffe://a.example")},
+		func(*Bundles, error) error { return nil })
+	assert.ErrorContains(t, err, "names a trust domain, not a workload")
 }
 
 func TestMintJWTSVID(t *testing.T) {

@@ -145,7 +145,21 @@ func (x *MintJWTSVIDResponse) GetExpiresAt() int64 {
 }
 
 type WatchBundlesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// impersonated_identity, when set, asks for the trust of that workload
+	// (a SPIFFE ID with a path) rather than the caller's: a node agent
+	// watching for a workload of its node. It is granted exactly as
+	// CreateCertificate's ImpersonatedIdentity metadata: only to a caller
+	// authenticated by its own token (not a certificate) whom the server's
+	// node authorizer lets act for that workload, and the stream ends with
+	// PermissionDenied once it no longer may (the pod left the node).
+	ImpersonatedIdentity string `protobuf:"bytes,1,opt,name=impersonated_identity,json=impersonatedIdentity,proto3" json:"impersonated_identity,omitempty"`
+	// peer_limits asks for the trust domains the trust policy grants only
+	// for some peers too: their bundles are then in bundle_map and their
+	// peers in peer_limits, and withheld_trust_domains is empty. The
+	// caller must enforce those limits (Envoy's SPIFFE validator with SAN
+	// matchers); one that cannot leaves this false and gets them withheld.
+	PeerLimits    bool `protobuf:"varint,2,opt,name=peer_limits,json=peerLimits,proto3" json:"peer_limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -180,6 +194,20 @@ func (*WatchBundlesRequest) Descriptor() ([]byte, []int) {
 	return file_identity_proto_rawDescGZIP(), []int{2}
 }
 
+func (x *WatchBundlesRequest) GetImpersonatedIdentity() string {
+	if x != nil {
+		return x.ImpersonatedIdentity
+	}
+	return ""
+}
+
+func (x *WatchBundlesRequest) GetPeerLimits() bool {
+	if x != nil {
+		return x.PeerLimits
+	}
+	return false
+}
+
 type WatchBundlesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bundle_map is a SPIFFE bundle map (JSON, {"trust_domains": {...}})
@@ -188,10 +216,21 @@ type WatchBundlesResponse struct {
 	BundleMap []byte `protobuf:"bytes,1,opt,name=bundle_map,json=bundleMap,proto3" json:"bundle_map,omitempty"`
 	// withheld_trust_domains are trust domains the caller is granted only
 	// for some peers: a bundle cannot carry that limit, so they are left
-	// out of bundle_map.
+	// out of bundle_map. Empty when the request asked for peer_limits.
 	WithheldTrustDomains []string `protobuf:"bytes,2,rep,name=withheld_trust_domains,json=withheldTrustDomains,proto3" json:"withheld_trust_domains,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// spiffe_id is whose trust this is: the impersonated workload's when
+	// the request named one, else the caller's. Always set; a client that
+	// asked for another workload's trust must refuse a message naming
+	// anyone else (a server that predates impersonated_identity ignores it
+	// and sends the caller's own trust).
+	SpiffeId string `protobuf:"bytes,3,opt,name=spiffe_id,json=spiffeId,proto3" json:"spiffe_id,omitempty"`
+	// peer_limits are, when the request asked for them, the trust domains
+	// of bundle_map granted only for some peers, sorted by trust domain:
+	// a peer of such a trust domain is trusted only when its SPIFFE ID
+	// matches one of the listed peers.
+	PeerLimits    []*PeerLimit `protobuf:"bytes,4,rep,name=peer_limits,json=peerLimits,proto3" json:"peer_limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchBundlesResponse) Reset() {
@@ -238,6 +277,79 @@ func (x *WatchBundlesResponse) GetWithheldTrustDomains() []string {
 	return nil
 }
 
+func (x *WatchBundlesResponse) GetSpiffeId() string {
+	if x != nil {
+		return x.SpiffeId
+	}
+	return ""
+}
+
+func (x *WatchBundlesResponse) GetPeerLimits() []*PeerLimit {
+	if x != nil {
+		return x.PeerLimits
+	}
+	return nil
+}
+
+// PeerLimit is one trust domain trusted only for some of its members.
+type PeerLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// trust_domain is the trust domain's name, without spiffe://; its
+	// bundle is in bundle_map.
+	TrustDomain string `protobuf:"bytes,1,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	// peers are the SPIFFE ID patterns of the members trusted, sorted, at
+	// least one: an exact ID (spiffe://td/path) or every ID below a path
+	// (spiffe://td/path/*, spiffe://td/* for every workload), all of
+	// trust_domain.
+	Peers         []string `protobuf:"bytes,2,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerLimit) Reset() {
+	*x = PeerLimit{}
+	mi := &file_identity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerLimit) ProtoMessage() {}
+
+func (x *PeerLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerLimit.ProtoReflect.Descriptor instead.
+func (*PeerLimit) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PeerLimit) GetTrustDomain() string {
+	if x != nil {
+		return x.TrustDomain
+	}
+	return ""
+}
+
+func (x *PeerLimit) GetPeers() []string {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
 type SignIntermediateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// csr is a DER PKCS#10 certificate request (a PEM block is accepted
@@ -253,7 +365,7 @@ type SignIntermediateRequest struct {
 
 func (x *SignIntermediateRequest) Reset() {
 	*x = SignIntermediateRequest{}
-	mi := &file_identity_proto_msgTypes[4]
+	mi := &file_identity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -265,7 +377,7 @@ func (x *SignIntermediateRequest) String() string {
 func (*SignIntermediateRequest) ProtoMessage() {}
 
 func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[4]
+	mi := &file_identity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -278,7 +390,7 @@ func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignIntermediateRequest.ProtoReflect.Descriptor instead.
 func (*SignIntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{4}
+	return file_identity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SignIntermediateRequest) GetCsr() []byte {
@@ -309,7 +421,7 @@ type SignIntermediateResponse struct {
 
 func (x *SignIntermediateResponse) Reset() {
 	*x = SignIntermediateResponse{}
-	mi := &file_identity_proto_msgTypes[5]
+	mi := &file_identity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +433,7 @@ func (x *SignIntermediateResponse) String() string {
 func (*SignIntermediateResponse) ProtoMessage() {}
 
 func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[5]
+	mi := &file_identity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +446,7 @@ func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignIntermediateResponse.ProtoReflect.Descriptor instead.
 func (*SignIntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{5}
+	return file_identity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SignIntermediateResponse) GetCertChain() [][]byte {
@@ -364,12 +476,21 @@ const file_identity_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1b\n" +
 	"\tspiffe_id\x18\x02 \x01(\tR\bspiffeId\x12\x1d\n" +
 	"\n" +
-	"expires_at\x18\x03 \x01(\x03R\texpiresAt\"\x15\n" +
-	"\x13WatchBundlesRequest\"k\n" +
+	"expires_at\x18\x03 \x01(\x03R\texpiresAt\"k\n" +
+	"\x13WatchBundlesRequest\x123\n" +
+	"\x15impersonated_identity\x18\x01 \x01(\tR\x14impersonatedIdentity\x12\x1f\n" +
+	"\vpeer_limits\x18\x02 \x01(\bR\n" +
+	"peerLimits\"\xcd\x01\n" +
 	"\x14WatchBundlesResponse\x12\x1d\n" +
 	"\n" +
 	"bundle_map\x18\x01 \x01(\fR\tbundleMap\x124\n" +
-	"\x16withheld_trust_domains\x18\x02 \x03(\tR\x14withheldTrustDomains\"L\n" +
+	"\x16withheld_trust_domains\x18\x02 \x03(\tR\x14withheldTrustDomains\x12\x1b\n" +
+	"\tspiffe_id\x18\x03 \x01(\tR\bspiffeId\x12C\n" +
+	"\vpeer_limits\x18\x04 \x03(\v2\".trustbridge.identity.v1.PeerLimitR\n" +
+	"peerLimits\"D\n" +
+	"\tPeerLimit\x12!\n" +
+	"\ftrust_domain\x18\x01 \x01(\tR\vtrustDomain\x12\x14\n" +
+	"\x05peers\x18\x02 \x03(\tR\x05peers\"L\n" +
 	"\x17SignIntermediateRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
@@ -395,27 +516,29 @@ func file_identity_proto_rawDescGZIP() []byte {
 	return file_identity_proto_rawDescData
 }
 
-var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_identity_proto_goTypes = []any{
 	(*MintJWTSVIDRequest)(nil),       // 0: trustbridge.identity.v1.MintJWTSVIDRequest
 	(*MintJWTSVIDResponse)(nil),      // 1: trustbridge.identity.v1.MintJWTSVIDResponse
 	(*WatchBundlesRequest)(nil),      // 2: trustbridge.identity.v1.WatchBundlesRequest
 	(*WatchBundlesResponse)(nil),     // 3: trustbridge.identity.v1.WatchBundlesResponse
-	(*SignIntermediateRequest)(nil),  // 4: trustbridge.identity.v1.SignIntermediateRequest
-	(*SignIntermediateResponse)(nil), // 5: trustbridge.identity.v1.SignIntermediateResponse
+	(*PeerLimit)(nil),                // 4: trustbridge.identity.v1.PeerLimit
+	(*SignIntermediateRequest)(nil),  // 5: trustbridge.identity.v1.SignIntermediateRequest
+	(*SignIntermediateResponse)(nil), // 6: trustbridge.identity.v1.SignIntermediateResponse
 }
 var file_identity_proto_depIdxs = []int32{
-	0, // 0: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
-	2, // 1: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
-	4, // 2: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
-	1, // 3: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
-	3, // 4: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
-	5, // 5: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
-	3, // [3:6] is the sub-list for method output_type
-	0, // [0:3] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	4, // 0: trustbridge.identity.v1.WatchBundlesResponse.peer_limits:type_name -> trustbridge.identity.v1.PeerLimit
+	0, // 1: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
+	2, // 2: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
+	5, // 3: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
+	1, // 4: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
+	3, // 5: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
+	6, // 6: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
+	4, // [4:7] is the sub-list for method output_type
+	1, // [1:4] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_identity_proto_init() }
@@ -429,7 +552,7 @@ func file_identity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_identity_proto_rawDesc), len(file_identity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

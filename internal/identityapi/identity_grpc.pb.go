@@ -39,6 +39,8 @@ type IdentityServiceClient interface {
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
 	// policy grants it. A new message is sent whenever that set changes.
+	// A node agent may instead watch the trust of a workload of its node
+	// (impersonated_identity), as it obtains that workload's certificate.
 	WatchBundles(ctx context.Context, in *WatchBundlesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBundlesResponse], error)
 	// SignIntermediate signs a downstream trustbridge's intermediate CA
 	// certificate (nested trust): the caller must authenticate with an
@@ -105,6 +107,8 @@ type IdentityServiceServer interface {
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
 	// policy grants it. A new message is sent whenever that set changes.
+	// A node agent may instead watch the trust of a workload of its node
+	// (impersonated_identity), as it obtains that workload's certificate.
 	WatchBundles(*WatchBundlesRequest, grpc.ServerStreamingServer[WatchBundlesResponse]) error
 	// SignIntermediate signs a downstream trustbridge's intermediate CA
 	// certificate (nested trust): the caller must authenticate with an

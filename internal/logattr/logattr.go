@@ -42,4 +42,8 @@ const (
 	// Listener names a TCP listener ("grpc", "bundle", "admin") in the
 	// logs of its connection limits (internal/server/connlimit).
 	Listener = "listener"
+	// Impersonated is the workload a node agent asked to act for
+	// (Istio's ImpersonatedIdentity, a bundle stream's
+	// impersonated_identity), beside the caller's own spiffe_id.
+	Impersonated = "impersonated"
 )
