@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -22,8 +23,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	testingclock "k8s.io/utils/clock/testing"
 
@@ -477,4 +480,63 @@ func TestSelectorSharesEncoding(t *testing.T) {
 	assert.Equal(t, 2.0, encodings(), "a rotation, one encoding more")
 	cancel()
 	sel.released(t)
+}
+
+// markedCreds are insecure transport credentials whose server side marks
+// each connection's AuthInfo, as sds/attest's carry the caller.
+type markedCreds struct {
+	credentials.TransportCredentials
+}
+
+type markedInfo struct{ credentials.CommonAuthInfo }
+
+func (markedInfo) AuthType() string { return "marked" }
+
+func (c markedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, _, err := c.TransportCredentials.ServerHandshake(conn)
+	return conn, markedInfo{credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}, err
+}
+
+func (c markedCreds) Clone() credentials.TransportCredentials {
+	return markedCreds{c.TransportCredentials.Clone()}
+}
+
+// TestSelectorReadsCredentials: the AuthInfo of Config.Credentials
+// reaches the Selector in the call's context, which is how a node agent's
+// Selector finds the process it attests; without them, nothing does.
+func TestSelectorReadsCredentials(t *testing.T) {
+	w := newWorld(t)
+	cell := w.identityCell(t, web, false)
+	sel := SelectorFunc(func(ctx context.Context) (Source, func(), error) {
+		if p, ok := peer.FromContext(ctx); ok {
+			if _, marked := p.AuthInfo.(markedInfo); marked {
+				return cell, nil, nil
+			}
+		}
+		return nil, nil, fmt.Errorf("%w: no caller credentials on the connection", authn.ErrNotAttested)
+	})
+	for _, tt := range []struct {
+		name  string
+		creds credentials.TransportCredentials
+		code  codes.Code
+	}{
+		{"with", markedCreds{insecure.NewCredentials()}, codes.OK},
+		{"without", nil, codes.PermissionDenied},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, _ := serve(t, Config{Selector: sel, Credentials: tt.creds})
+			ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+			defer cancel()
+			c, err := workloadapi.New(ctx, workloadapi.WithAddr(addr))
+			require.NoError(t, err)
+			defer c.Close()
+			svid, err := c.FetchX509SVID(ctx)
+			require.Equal(t, tt.code, status.Code(err), "%v", err)
+			if tt.code == codes.OK {
+				assert.Equal(t, web, svid.ID)
+			} else {
+				assert.Contains(t, status.Convert(err).Message(), "no caller credentials")
+			}
+		})
+	}
 }
