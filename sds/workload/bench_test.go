@@ -404,3 +404,92 @@ func TestFanoutHarness(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkWorkloadFanoutSelect is the Workload API's fan-out with a
+// Selector, as on a node agent whose 10,000 watchers all hold one
+// identity: every stream is selected to the one Cell, and re-selects on
+// every rotation. Both servers hold their streams at once and each
+// iteration rotates on both, alternating which goes first, as in
+// BenchmarkWorkloadFanoutInterleaved. x-one-source is the median over
+// iterations of the Selector's fan-out time over the one-Source server's;
+// encodings/op is the marshals per rotation of the Selector's server,
+// which must stay 1 whatever the number of streams; ns/op is the median
+// fan-out with the Selector.
+func BenchmarkWorkloadFanoutSelect(b *testing.B) {
+	const n = 10000
+	b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
+		base := startFanout(b, workloadAPITarget, n)
+		defer base.stop()
+		selTarget, encodings := workloadAPISelectTarget()
+		ours := startFanout(b, selTarget, n)
+		defer ours.stop()
+		var ratios, times []float64
+		before := encodings()
+		iters := max(b.N, 5)
+		b.ResetTimer()
+		for i := range iters {
+			var db, do time.Duration
+			if i%2 == 0 {
+				db, do = base.push(b), ours.push(b)
+			} else {
+				do, db = ours.push(b), base.push(b)
+			}
+			ratios = append(ratios, float64(do)/float64(db))
+			times = append(times, float64(do))
+		}
+		b.StopTimer()
+		b.ReportMetric(median(times), "ns/op")
+		b.ReportMetric(median(ratios), "x-one-source")
+		b.ReportMetric((encodings()-before)/float64(iters), "encodings/op")
+	})
+}
+
+// workloadAPISelectTarget is the Workload API served through a Selector
+// that selects one Cell for every caller, and the count of its encodings.
+func workloadAPISelectTarget() (fanoutTarget, func() float64) {
+	reg := prometheus.NewRegistry()
+	start := func(tb testing.TB, ln net.Listener) (func(testing.TB), func()) {
+		ca := testca.New(tb, benchTD.Name())
+		bundles := []*spiffebundle.Bundle{ca.Bundle()}
+		svids := benchSVIDs(tb, ca)
+		cell := NewCell()
+		i := 0
+		publish := func(tb testing.TB) {
+			i++
+			require.NoError(tb, cell.Set(State{SVID: svids[i%2], Bundles: bundles}))
+		}
+		publish(tb)
+		sel := SelectorFunc(func(context.Context) (Source, func(), error) { return cell, nil, nil })
+		srv, err := New(Config{Selector: sel, MaxConcurrentStreams: benchStreamsPerConn, Registerer: reg})
+		require.NoError(tb, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = srv.Serve(ctx, ln)
+		}()
+		return publish, func() { cancel(); <-done }
+	}
+	encodings := func() float64 {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() == "trustbridge_workload_api_encodings_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	return fanoutTarget{name: "workload-api-select", start: start, open: openWorkloadAPI}, encodings
+}
+
+// TestSelectFanoutHarness keeps BenchmarkWorkloadFanoutSelect's target
+// from rotting, and holds it to one encoding per rotation.
+func TestSelectFanoutHarness(t *testing.T) {
+	tg, encodings := workloadAPISelectTarget()
+	f := startFanout(t, tg, 250)
+	defer f.stop()
+	before := encodings()
+	assert.Positive(t, f.push(t))
+	assert.Positive(t, f.push(t))
+	assert.Equal(t, 2.0, encodings()-before, "one encoding per rotation for 250 streams")
+}

@@ -24,14 +24,19 @@ const (
 	maxAudienceSize = 1024
 )
 
-// FetchJWTSVID mints a JWT-SVID for the held identity (Workload API
-// §6.2): the audience is required, and a spiffe_id other than the held
-// identity is refused, since the workload is entitled to that one only.
+// FetchJWTSVID mints a JWT-SVID for the caller's identity (Workload API
+// §6.2): the audience is required, and a spiffe_id other than the
+// caller's is refused, since the workload is entitled to that one only.
 func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDRequest) (*workloadpb.JWTSVIDResponse, error) {
 	if err := checkAudience(req.GetAudience()); err != nil {
 		return nil, err
 	}
-	st, _ := s.src.State()
+	sel, err := s.selectSource(ctx, "FetchJWTSVID")
+	if err != nil {
+		return nil, err
+	}
+	defer sel.done()
+	st, _ := sel.src.State()
 	if st.SVID == nil {
 		return nil, errNoIdentity
 	}
@@ -45,15 +50,12 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 			return nil, status.Errorf(codes.PermissionDenied, "this workload is entitled to %s only, not %s", id, asked)
 		}
 	}
-	if s.jwt == nil {
-		return nil, status.Errorf(codes.Unavailable, "JWT-SVIDs are not available: %s", s.noJWT)
-	}
-	token, err := s.jwt.MintJWTSVID(ctx, req.GetAudience())
+	token, err := s.mint(ctx, id, req.GetAudience())
 	if err != nil {
-		return nil, mintStatus(err)
+		return nil, err
 	}
 	// The minter is upstream of this server: what it returns is checked
-	// to be the held identity's before a workload gets it.
+	// to be the caller's identity's before a workload gets it.
 	svid, err := spiffejwt.ParseInsecure(token, req.GetAudience())
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "the minted JWT-SVID does not parse: %v", err)
@@ -68,6 +70,24 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 		return nil, status.Errorf(codes.Internal, "the minted JWT-SVID is for audience %q, not the requested %q", svid.Audience, req.GetAudience())
 	}
 	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: id.String(), Svid: token}}}, nil
+}
+
+// mint asks the minter configured for a token of id.
+func (s *Server) mint(ctx context.Context, id spiffeid.ID, audience []string) (string, error) {
+	var token string
+	var err error
+	switch {
+	case s.callerJWT != nil:
+		token, err = s.callerJWT.MintJWTSVIDFor(ctx, id, audience)
+	case s.jwt != nil:
+		token, err = s.jwt.MintJWTSVID(ctx, audience)
+	default:
+		return "", status.Errorf(codes.Unavailable, "JWT-SVIDs are not available: %s", s.noJWT)
+	}
+	if err != nil {
+		return "", mintStatus(err)
+	}
+	return token, nil
 }
 
 func checkAudience(aud []string) error {
@@ -120,10 +140,11 @@ func mintStatus(err error) error {
 }
 
 // ValidateJWTSVID validates a JWT-SVID for an audience against the JWT
-// authorities of the token's own trust domain (Workload API §6.3), as
+// authorities, among the caller's bundles, of the token's own trust
+// domain (Workload API §6.3), as
 // internal/jwtsvid.Validate does: alg none, HMAC, an unknown kid, an
 // expired or not yet valid token and another audience are refused.
-func (s *Server) ValidateJWTSVID(_ context.Context, req *workloadpb.ValidateJWTSVIDRequest) (*workloadpb.ValidateJWTSVIDResponse, error) {
+func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJWTSVIDRequest) (*workloadpb.ValidateJWTSVIDResponse, error) {
 	switch {
 	case req.GetAudience() == "":
 		return nil, status.Error(codes.InvalidArgument, "audience must be specified")
@@ -133,7 +154,12 @@ func (s *Server) ValidateJWTSVID(_ context.Context, req *workloadpb.ValidateJWTS
 	if err := checkAudience([]string{req.GetAudience()}); err != nil {
 		return nil, err
 	}
-	st, _ := s.src.State()
+	sel, err := s.selectSource(ctx, "ValidateJWTSVID")
+	if err != nil {
+		return nil, err
+	}
+	defer sel.done()
+	st, _ := sel.src.State()
 	if st.SVID == nil {
 		return nil, errNoIdentity
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -50,10 +51,23 @@ type State struct {
 // encSlot is where a published State's encoding is kept. owner guards
 // against a copy of a published State (which copies the pointer) being
 // served by another Source: the slot is used only for its own State.
+// cell is the Cell that published it, whose reference encoding its
+// frames are shared with.
 type encSlot struct {
 	owner *State
+	cell  *Cell
 	once  sync.Once
 	e     *encoded
+}
+
+// encRef is the last encoding of one Source's State that was current when
+// it was encoded: the reference the next State's frames are shared with,
+// so that a stream sees by pointer that a response did not change, and
+// the cache of a current State that no Cell published. Encodings against
+// one reference are serialised by mu.
+type encRef struct {
+	mu   sync.Mutex
+	last atomic.Pointer[encoded]
 }
 
 // slot is st's encoding slot, nil when st was not published by a Cell.
@@ -75,11 +89,14 @@ type JWTMinter interface {
 	MintJWTSVID(ctx context.Context, audience []string) (token string, err error)
 }
 
-// Cell is a Source whose State is replaced with Set.
+// Cell is a Source whose State is replaced with Set. Each State it
+// publishes keeps its own encoding, shared by every stream and every
+// Server that serves it.
 type Cell struct {
 	mu      sync.Mutex
 	cur     *State
 	changed chan struct{}
+	ref     encRef
 }
 
 // NewCell returns a Cell holding an empty State (no identity).
@@ -102,7 +119,7 @@ func (c *Cell) Set(st State) error {
 		return err
 	}
 	st.Bundles = ordered(st.SVID, st.Bundles)
-	st.enc = &encSlot{owner: &st}
+	st.enc = &encSlot{owner: &st, cell: c}
 	ch := make(chan struct{})
 	c.mu.Lock()
 	defer c.mu.Unlock()
