@@ -72,7 +72,12 @@ func (a *Agent) runNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nt, err := newNodeTrust(local, a.trustWatch(node.NodeCredentials), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	conn, err := nodeConn(a.caAddr, node.NodeCredentials)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	nt, err := newNodeTrust(local, trustWatchOn(conn), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
 	if err != nil {
 		return err
 	}
