@@ -238,19 +238,22 @@ func hasAll(names ...string) func(map[string]*tlsv3.Secret) bool {
 }
 
 // runAgent runs a in the background; the returned function stops it and
-// returns Run's error.
+// returns Run's error. done delivers that error once, to whoever watches
+// for Run ending early; stop returns it all the same.
 func runAgent(t *testing.T, a *Agent) (stop func() error, done <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
-	go func() { ch <- a.Run(ctx) }()
-	var once sync.Once
+	finished := make(chan struct{})
 	var err error
+	go func() {
+		err = a.Run(ctx)
+		close(finished)
+		ch <- err
+	}()
 	stop = func() error {
-		once.Do(func() {
-			cancel()
-			err = <-ch
-		})
+		cancel()
+		<-finished
 		return err
 	}
 	t.Cleanup(func() { _ = stop() })

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/stretchr/testify/assert"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
@@ -37,6 +39,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 var (
@@ -83,6 +86,13 @@ type certService struct {
 
 func newCertService(t *testing.T, allow ...spiffeid.ID) *certService {
 	t.Helper()
+	return newCertServiceWith(t, nil, allow...)
+}
+
+// newCertServiceWith is newCertService with cfg changed by with (its
+// bundles and trust policy, say) before the service is built.
+func newCertServiceWith(t *testing.T, with func(*certservice.Config, *ca.Authority), allow ...spiffeid.ID) *certService {
+	t.Helper()
 	authority, err := ca.New(ca.Config{TrustDomain: tdA, DataDir: t.TempDir()})
 	require.NoError(t, err)
 	imp := &recordingImpersonator{allow: map[spiffeid.ID]bool{}}
@@ -96,18 +106,30 @@ func newCertService(t *testing.T, allow ...spiffeid.ID) *certService {
 		return authn.Identity{ID: nodeID, Method: authn.MethodKubernetesJWT,
 			Grant: &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "kube-system/trustbridge-agent", UID: "uid-agent"}}, nil
 	})
-	svc, err := certservice.New(certservice.Config{
+	cfg := certservice.Config{
 		Signer:        authority,
 		Authenticator: tokens,
 		Impersonator:  imp,
 		Registerer:    prometheus.NewRegistry(),
-	})
+	}
+	if with != nil {
+		with(&cfg, authority)
+	}
+	svc, err := certservice.New(cfg)
 	require.NoError(t, err)
 	sc, err := authority.ServingCert(serverID, time.Hour)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
+	// The server's own SDS beside it, as trustbridge serves it, for the
+	// Rotator's first trust: the local roots.
+	local := sds.NewTrustCell()
+	require.NoError(t, local.Set([]*x509bundle.Bundle{authority.Bundle().X509Bundle()}))
+	svids := authn.NewX509SVID(tdA, authority.Bundle().X509Bundle(), clock.RealClock{})
+	serverSDS, err := sds.New(sds.Config{TrustDomain: tdA, Trust: local, Authenticator: authn.Chain{tokens, svids}, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	serverSDS.Register(srv.Registrar())
 	startServing(t, srv.Run)
 	return &certService{authority: authority, imp: imp, addr: ln.Addr().String()}
 }
