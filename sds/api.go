@@ -21,7 +21,8 @@ const (
 	// (tls_certificate). A resource named by the caller's SPIFFE ID is the
 	// same certificate.
 	DefaultName = "default"
-	// RootCAName is the local trust domain's roots (validation_context).
+	// RootCAName is the local trust domain's roots (validation_context),
+	// or, with Config.RootCA set to RootCASPIFFE, what AllName holds.
 	RootCAName = "ROOTCA"
 	// AllName is every trust domain's roots as Envoy's SPIFFE certificate
 	// validator configuration, or as one trusted_ca for Envoys that set
@@ -35,7 +36,7 @@ const (
 	SPIFFEValidatorName = "envoy.tls.cert_validator.spiffe"
 	// DisableSPIFFEValidationKey is the node metadata key (bool true, or
 	// a string strconv.ParseBool reads as true, as SPIRE's agent accepts)
-	// that makes ALL a plain trusted_ca.
+	// that makes ALL (and ROOTCA under RootCASPIFFE) a plain trusted_ca.
 	DisableSPIFFEValidationKey = "disable_spiffe_cert_validation"
 )
 

@@ -10,7 +10,10 @@
 //     workload's ID ends the stream with PermissionDenied; the source is
 //     never asked for an identity the caller did not prove.
 //   - "ROOTCA", or spiffe://<local trust domain>: the local roots
-//     (validation_context.trusted_ca).
+//     (validation_context.trusted_ca). With Config.RootCA set to
+//     RootCASPIFFE, ROOTCA is instead exactly what ALL is for that caller,
+//     named ROOTCA (see below), while spiffe://<local trust domain> still
+//     names the local roots alone.
 //   - spiffe://<trust domain>: that trust domain's roots only, sent once it
 //     is known (delta streams get it in removed_resources when it goes).
 //   - "ALL": every trust domain as envoy.tls.cert_validator.spiffe's
@@ -19,8 +22,19 @@
 //
 // Unknown names are not answered, and an empty list is not a wildcard.
 //
+// ROOTCA as ALL. Istio's sidecars only ever ask for ROOTCA as their
+// validation context, so a mesh federates only if ROOTCA holds every
+// trust domain: SPIRE's agent does that with default_all_bundles_name =
+// "ROOTCA" (spire-agent's sds block). RootCASPIFFE (flag value "spiffe",
+// ParseRootCAMode) is the same here: the SPIFFE validator with the trust
+// domains the caller's decision allows and its peer limits, or one
+// trusted_ca for nodes that set disable_spiffe_cert_validation; it is
+// cached apart from the local ROOTCA and pushed, on SotW and delta
+// streams, whenever ALL would be. The default, RootCALocal, is Istio's
+// own agent's ROOTCA.
+//
 // Trust policy. With Config.Policy set (an AccessPolicy such as
-// trustpolicy.Access), ALL and spiffe://<td> carry only the
+// trustpolicy.Access), ALL (and ROOTCA as ALL) and spiffe://<td> carry only the
 // trust domains the caller's trustpolicy.Decision allows; the local one
 // always. A grant limited to some peers becomes
 // match_typed_subject_alt_names (URI SAN, exact or prefix) on

@@ -178,10 +178,12 @@ func plainRoots(bundles []*x509bundle.Bundle) []byte {
 }
 
 // validationKey names one validation-context resource of one Trust and
-// one decision key (decisionKeyFor).
+// one decision key (decisionKeyFor). The kind keeps ROOTCA as ALL
+// (RootCASPIFFE) and ROOTCA as the local roots apart, whatever the name.
 type validationKey struct {
 	name  string
-	plain bool // ALL as a plain trusted_ca
+	kind  nameKind
+	plain bool // ALL (or ROOTCA as ALL) as a plain trusted_ca
 }
 
 // validationCache holds the validation contexts of the newest Trust, and of
@@ -283,7 +285,7 @@ func (c *validationCache) get(t *Trust, name string, p parsedName, plain bool, d
 		plain = false
 	}
 	dk := decisionKeyFor(p, d, c.local)
-	k := validationKey{name: name, plain: plain}
+	k := validationKey{name: name, kind: p.kind, plain: plain}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	te := c.of(t)
@@ -339,6 +341,9 @@ func (c *validationCache) build(te *trustEncodings, name string, p parsedName, p
 		if s, err = allSecret(te.trust.Bundles, plain, d); err != nil || s == nil {
 			return nil, err
 		}
+		// ALL, or ROOTCA as ALL: Envoy matches a secret by the name it
+		// asked for.
+		s.Name = name
 	default:
 		return nil, nil
 	}

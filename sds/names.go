@@ -16,6 +16,32 @@ const (
 	MaxNameLen = 2048
 )
 
+// RootCAMode is what the resource ROOTCA holds (Config.RootCA).
+type RootCAMode string
+
+const (
+	// RootCALocal serves ROOTCA as the local trust domain's roots, a
+	// plain trusted_ca, as Istio's own agent does. The zero RootCAMode
+	// means it too.
+	RootCALocal RootCAMode = "local"
+	// RootCASPIFFE serves ROOTCA exactly as ALL, under the name ROOTCA:
+	// every trust domain the caller's trust-policy decision allows, as
+	// Envoy's SPIFFE certificate validator (or one trusted_ca for nodes
+	// that set DisableSPIFFEValidationKey). This is SPIRE's agent with
+	// default_all_bundles_name = "ROOTCA", which is how Istio sidecars,
+	// asking for ROOTCA only, verify federated peers.
+	RootCASPIFFE RootCAMode = "spiffe"
+)
+
+// ParseRootCAMode reads a flag value: "local" or "spiffe".
+func ParseRootCAMode(s string) (RootCAMode, error) {
+	switch m := RootCAMode(s); m {
+	case RootCALocal, RootCASPIFFE:
+		return m, nil
+	}
+	return "", fmt.Errorf("sds: unknown ROOTCA mode %q: want %q or %q", s, RootCALocal, RootCASPIFFE)
+}
+
 // nameKind says what a resource name asks for.
 type nameKind int
 
@@ -70,6 +96,16 @@ func parseName(name string, local spiffeid.TrustDomain) parsedName {
 		return parsedName{kind: kindTrustDomain, td: id.TrustDomain()}
 	}
 	return parsedName{kind: kindCert, id: id}
+}
+
+// parse is parseName under the server's ROOTCA mode: in RootCASPIFFE,
+// ROOTCA asks for what ALL does, while spiffe://<local td> still names the
+// local roots alone.
+func (s *Server) parse(name string) parsedName {
+	if name == RootCAName && s.cfg.RootCA == RootCASPIFFE {
+		return parsedName{kind: kindAll}
+	}
+	return parseName(name, s.cfg.TrustDomain)
 }
 
 // checkNames enforces MaxNames and MaxNameLen on a subscription.

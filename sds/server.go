@@ -38,9 +38,12 @@ const DefaultReauthInterval = 10 * time.Minute
 // Config configures a Server. TrustDomain, Trust and Authenticator are
 // required.
 type Config struct {
-	// TrustDomain is the local trust domain: ROOTCA names its roots, and
-	// callers must be members of it.
+	// TrustDomain is the local trust domain: ROOTCA names its roots (see
+	// RootCA), and callers must be members of it.
 	TrustDomain spiffeid.TrustDomain
+	// RootCA is what ROOTCA holds: RootCALocal (the zero value means it
+	// too) the local roots, RootCASPIFFE what ALL holds for the caller.
+	RootCA RootCAMode
 	// Trust provides the roots of every trust domain.
 	Trust TrustSource
 	// Credentials provides the callers' certificates and keys; nil refuses
@@ -103,6 +106,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Authenticator == nil {
 		return nil, errors.New("sds: no authenticator")
+	}
+	if cfg.RootCA == "" {
+		cfg.RootCA = RootCALocal
+	}
+	if _, err := ParseRootCAMode(string(cfg.RootCA)); err != nil {
+		return nil, err
 	}
 	if cfg.ReauthInterval <= 0 {
 		cfg.ReauthInterval = DefaultReauthInterval
@@ -302,8 +311,8 @@ func dedupSorted(names []string) []string {
 	return slices.Compact(out)
 }
 
-// disablesSPIFFEValidation reports whether node asks for ALL as a plain
-// trusted_ca: DisableSPIFFEValidationKey set to true, or to a string
+// disablesSPIFFEValidation reports whether node asks for ALL (and ROOTCA
+// under RootCASPIFFE) as a plain trusted_ca: DisableSPIFFEValidationKey set to true, or to a string
 // strconv.ParseBool reads as true ("true", "True", "1"), as SPIRE's agent
 // reads it. Anything else keeps the SPIFFE validator.
 func disablesSPIFFEValidation(n *corev3.Node) bool {

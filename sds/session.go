@@ -26,7 +26,7 @@ type session struct {
 	kind  string
 	ident authn.Identity
 	areq  authn.Request
-	plain bool // ALL as a plain trusted_ca
+	plain bool // ALL (and ROOTCA as ALL) as a plain trusted_ca
 	entry *certEntry
 
 	trust *Trust
@@ -169,7 +169,7 @@ func (ss *session) refreshDue() <-chan time.Time {
 // client subscribes (logUnknown), not at every push.
 func (ss *session) checkSubscription(names []string, logUnknown bool) *refusal {
 	for _, n := range names {
-		p := parseName(n, ss.s.cfg.TrustDomain)
+		p := ss.s.parse(n)
 		switch p.kind {
 		case kindCert:
 			if !p.id.IsZero() && p.id != ss.ident.ID {
@@ -203,7 +203,7 @@ func (ss *session) resources(ctx context.Context, names []string) ([]*encoded, e
 	}
 	out := make([]*encoded, 0, len(names))
 	for _, n := range names {
-		p := parseName(n, ss.s.cfg.TrustDomain)
+		p := ss.s.parse(n)
 		var e *encoded
 		var err error
 		switch p.kind {

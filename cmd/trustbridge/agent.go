@@ -68,6 +68,32 @@ The decision flow is the Istio agent's:
 Envoy's SDS config points at the socket, e.g. a static cluster
 "sds-grpc" with a pipe address of the socket path.
 
+For one workload, ROOTCA is the local trust domain's roots by default
+(--rootca local), as Istio's agent serves it. Istio's sidecars only ever ask for ROOTCA to
+verify peers, so to let them verify federated peers run with --rootca
+spiffe: ROOTCA is then what ALL is, Envoy's SPIFFE certificate validator
+(envoy.tls.cert_validator.spiffe) with every trust domain the trust
+policy grants the workload and its peer limits (one trusted_ca for an
+Envoy whose node metadata sets disable_spiffe_cert_validation), as SPIRE's
+agent serves it with default_all_bundles_name = "ROOTCA". A node agent
+(--node) serves it so by default.
+
+With --node the agent is its node's identity provider (one per node, a
+DaemonSet with hostPID): the socket is open to every local user, and
+each process that connects is attested (pid, uid and gid from the
+kernel, pinned against pid reuse; its pod from its cgroup and, through an
+informer limited to --node-name, the API server), mapped to its SPIFFE ID
+(--identity-map, by default the Istio form for pods) and served that
+identity: its certificate, which the agent asks the server for as the
+node with its --token-file (the server grants it only for a pod on this
+node; the key never leaves the agent, one certificate per identity
+shared by its processes, up to --max-identities), and the trust the
+server's policy decided for that workload. A caller that cannot be
+attested, that no rule maps, or that the server refuses gets
+PermissionDenied with the reason; while the API server is unreachable
+new callers get Unavailable. The Workload API is not served per caller
+yet with --node.
+
 The same identity and trust are served over the SPIFFE Workload API on
 --workload-api-socket (mode 0600, or 0660 with
 --workload-api-socket-group), for go-spiffe, java-spiffe, py-spiffe and
@@ -92,6 +118,9 @@ value that cannot be honoured is an error naming the variable.`,
   # the same, with the Workload API for a go-spiffe workload (SPIFFE_ENDPOINT_SOCKET=unix://$PWD/api.sock)
   trustbridge agent --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
       --token-file agent.token --sds-socket ./sds.sock --workload-api-socket ./api.sock
+  # beside an Istio sidecar, which asks only for ROOTCA: serve it every trust domain the policy grants
+  trustbridge agent --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
+      --token-file agent.token --rootca spiffe
   # serve files another tool keeps up to date (cert-manager's csi-driver-spiffe, ca request)
   trustbridge agent --file-mounted-certs --credentials-dir /var/run/secrets/workload-spiffe-credentials
   # one agent per node (a DaemonSet with hostPID): each pod's processes get their own identity
@@ -135,6 +164,7 @@ func addAgentFlags(f *pflag.FlagSet, o *agent.Config) {
 	f.StringVar(&o.ServerID, "server-spiffe-id", "", "SPIFFE ID the server must present (default spiffe://<trust-domain>"+server.GRPCServingPath+")")
 	f.Float64Var(&o.GraceRatio, "secret-grace-period-ratio", 0.5, "renew the certificate when this fraction of its lifetime has passed, in (0, 1)")
 	f.DurationVar(&o.TTL, "ttl", 0, "certificate lifetime to ask for, whole seconds (default: the server's --workload-ttl; Istio's SECRET_TTL defaults to 24h)")
+	f.StringVar(&o.RootCA, "rootca", "", "what SDS's ROOTCA holds: local, the local trust domain's roots (Istio's agent); spiffe, what ALL holds: Envoy's SPIFFE validator with every trust domain the trust policy grants the workload, with its peer limits, as SPIRE's agent with default_all_bundles_name = \"ROOTCA\". Istio's sidecars ask only for ROOTCA: they need spiffe to verify federated peers. Default: spiffe with --node (a node agent serves Istio's sidecars), local otherwise (unchanged for one workload)")
 	f.DurationVar(&o.PollInterval, "credentials-poll-interval", time.Second, "how often --credentials-dir files are checked for changes")
 	f.StringVar(&o.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn, error")

@@ -19,6 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+	"github.com/trustbridge/trustbridge/sds"
 	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 )
 
@@ -193,6 +194,32 @@ func TestAgentWorkloadAPISocket(t *testing.T) {
 			_, cfg, _, err := parseAgent(t, tc.args, nil)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, cfg.WorkloadAPISocket)
+		})
+	}
+}
+
+// --rootca picks what the socket's ROOTCA holds; an unknown value is an
+// error naming the flag and the values it takes.
+func TestAgentRootCA(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want sds.RootCAMode
+		err  string
+	}{
+		{"default", nil, sds.RootCALocal, ""},
+		{"local", []string{"--rootca", "local"}, sds.RootCALocal, ""},
+		{"spiffe", []string{"--rootca", "spiffe"}, sds.RootCASPIFFE, ""},
+		{"unknown", []string{"--rootca", "all"}, "", "--rootca all: want local or spiffe"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cfg, _, err := parseAgent(t, tc.args, nil)
+			if tc.err != "" {
+				assert.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cfg.RootCA)
 		})
 	}
 }

@@ -33,6 +33,9 @@ type Config struct {
 	ProvCert    string
 	TrustDomain string
 	ServerID    string
+	// RootCA is --rootca: what the socket's ROOTCA holds, "local" or
+	// "spiffe" (sds.ParseRootCAMode).
+	RootCA string
 	// From names, per flag an environment variable set, that variable.
 	From map[string]string
 	// Typed names, per flag given by its deprecated name, that name.
@@ -88,6 +91,9 @@ type env struct {
 // credentialsDirFlag names the flag of the directory the agent serves and
 // keeps its certificates in, for errors.
 const credentialsDirFlag = "credentials-dir"
+
+// rootCAFlag names the flag of the ROOTCA mode, for errors.
+const rootCAFlag = "rootca"
 
 func runAgent(ctx context.Context, e env, o Config) error {
 	base, err := server.NewLogger(e.err, o.LogFormat, o.LogLevel)

@@ -14,6 +14,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/sds"
 	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 )
 
@@ -35,6 +36,10 @@ func (o Config) AgentConfig(base *slog.Logger, reg prometheus.Registerer) (sdsag
 	if err := o.check(); err != nil {
 		return sdsagent.Config{}, err
 	}
+	rootCA, err := o.rootCAMode()
+	if err != nil {
+		return sdsagent.Config{}, err
+	}
 	cfg := sdsagent.Config{
 		SocketPath:             o.Socket,
 		SocketGroup:            o.SocketGroup,
@@ -42,6 +47,7 @@ func (o Config) AgentConfig(base *slog.Logger, reg prometheus.Registerer) (sdsag
 		WorkloadAPISocketGroup: o.WorkloadSocketGroup,
 		CredentialsDir:         o.CredentialsDir,
 		PollInterval:           o.PollInterval,
+		RootCA:                 rootCA,
 		Logger:                 base.With(logattr.Component, "agent"),
 		Registerer:             reg,
 	}
@@ -98,6 +104,23 @@ func (o Config) check() error {
 		return fmt.Errorf("%s: a provisioning certificate authenticates to the CA, and no CA is used (%s)", o.Source("prov-cert", o.ProvCert), noCAReason(o))
 	}
 	return nil
+}
+
+// rootCAMode is --rootca; empty means the default: spiffe for a node
+// agent, whose callers are Istio's sidecars asking for ROOTCA alone,
+// local for one workload (as before the flag).
+func (o Config) rootCAMode() (sds.RootCAMode, error) {
+	if o.RootCA == "" {
+		if o.Node.Enabled {
+			return sds.RootCASPIFFE, nil
+		}
+		return sds.RootCALocal, nil
+	}
+	m, err := sds.ParseRootCAMode(o.RootCA)
+	if err != nil {
+		return "", fmt.Errorf("%s: want %s or %s", o.Source(rootCAFlag, o.RootCA), sds.RootCALocal, sds.RootCASPIFFE)
+	}
+	return m, nil
 }
 
 func noCAReason(o Config) string {

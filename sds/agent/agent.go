@@ -88,6 +88,14 @@ type Config struct {
 	// WorkloadAPISocketGroup is SocketGroup for the Workload API socket:
 	// the workload's group, where SocketGroup is Envoy's.
 	WorkloadAPISocketGroup string
+	// RootCA is what the SDS socket's ROOTCA holds: sds.RootCALocal (the
+	// zero value means it too) the local trust domain's roots, as Istio's
+	// agent serves them; sds.RootCASPIFFE what ALL holds, Envoy's SPIFFE
+	// validator with every trust domain the trust policy grants the
+	// workload, as SPIRE's agent with default_all_bundles_name = "ROOTCA":
+	// what Istio sidecars, which ask for ROOTCA only, need to verify
+	// federated peers.
+	RootCA sds.RootCAMode
 	// AdoptCredentialsDir lets the Rotator write into CredentialsDir even
 	// when it holds credentials trustbridge did not write (no
 	// caclient.OwnerFile): the operator named it as the CA's output
@@ -132,6 +140,9 @@ type Agent struct {
 	// adopt: take credsDir over even without the owner mark.
 	adopt bool
 
+	// rootCA is what the local SDS server's ROOTCA holds (Config.RootCA).
+	rootCA sds.RootCAMode
+
 	// probeTimeout bounds the check for a live SDS server on the socket.
 	probeTimeout time.Duration
 	// backoffBase and backoffMax bound the relay's reconnect delays.
@@ -159,6 +170,7 @@ func New(cfg Config) (*Agent, error) {
 		pollInterval: cfg.PollInterval,
 		adopt:        cfg.AdoptCredentialsDir,
 		node:         cfg.Node,
+		rootCA:       cfg.RootCA,
 		clock:        cfg.Clock,
 		log:          cfg.Logger,
 		reg:          cfg.Registerer,
@@ -169,6 +181,9 @@ func New(cfg Config) (*Agent, error) {
 	a.applyDefaults()
 	if a.pollInterval < 0 {
 		return nil, fmt.Errorf("agent: poll interval %s must be positive", a.pollInterval)
+	}
+	if _, err := sds.ParseRootCAMode(string(a.rootCA)); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
 	}
 	if err := a.resolveSockets(cfg); err != nil {
 		return nil, err
@@ -200,6 +215,9 @@ func (a *Agent) applyDefaults() {
 	}
 	if a.pollInterval == 0 {
 		a.pollInterval = DefaultPollInterval
+	}
+	if a.rootCA == "" {
+		a.rootCA = sds.RootCALocal
 	}
 	if a.clock == nil {
 		a.clock = clock.RealClock{}
@@ -526,6 +544,7 @@ func (a *Agent) newSDSServer(id spiffeid.ID, creds sds.CredentialSource, trust s
 	})
 	srv, err := sds.New(sds.Config{
 		TrustDomain:   id.TrustDomain(),
+		RootCA:        a.rootCA,
 		Trust:         trust,
 		Credentials:   creds,
 		Authenticator: self,

@@ -31,6 +31,15 @@
 // agent knew it before. Until the server's first ALL only the local trust
 // domain is served.
 //
+// Config.RootCA set to sds.RootCASPIFFE makes the local ROOTCA what the
+// local ALL is (Envoy's SPIFFE validator with every trust domain the
+// server's decision grants the workload, with its peer limits), as SPIRE's
+// agent serves it with default_all_bundles_name = "ROOTCA": Istio's
+// sidecars ask for ROOTCA only, so this is how they verify federated
+// peers. The default, sds.RootCALocal, serves the local roots, as Istio's
+// agent does. The mode is the agent's own: the server's ROOTCA, which the
+// relay reads as the local roots, is not affected.
+//
 // Access control on the socket is its file mode, as with the Istio agent:
 // every caller that can connect is served the one workload identity this
 // agent holds. The socket is 0600 (0660 with Config.SocketGroup).

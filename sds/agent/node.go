@@ -99,6 +99,7 @@ func (a *Agent) runNode(ctx context.Context) error {
 		Credentials:   cache.CredentialSource(),
 		Authenticator: auth,
 		Policy:        nt,
+		RootCA:        a.rootCA,
 		Clock:         a.clock,
 		Logger:        a.log,
 		Registerer:    a.reg,

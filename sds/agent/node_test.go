@@ -221,7 +221,6 @@ func TestNodeModeSocketMode(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o666), fi.Mode().Perm())
 }
 
-
 // fetchRequest is a FetchSecrets request for names, as Envoy sends it.
 func fetchRequest(names ...string) *discoveryv3.DiscoveryRequest {
 	return &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resourcev3.SecretType, ResourceNames: names}
