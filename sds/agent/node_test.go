@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
@@ -111,7 +112,8 @@ func startNodeFixture(t *testing.T, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 		CredentialsDir: filepath.Join(dir, "creds"),
 		Rotator: &RotatorConfig{CAAddr: f.cs.addr, Roots: f.cs.authority.Bundle().X509Authorities(), ServerID: serverID,
 			TokenFile: token, GraceRatio: 0.5},
-		Node: &NodeConfig{Attestor: attestor, Map: f.ids, NodeName: "node-a"},
+		Node:   &NodeConfig{Attestor: attestor, Map: f.ids, NodeName: "node-a"},
+		RootCA: sds.RootCASPIFFE, // trustbridge agent --node's default
 	})
 	_, f.done = runAgent(t, a)
 	waitSocket(t, f.socket, f.done)
@@ -155,6 +157,13 @@ func TestNodeModeServesTheWorkloadItsOwnTrust(t *testing.T) {
 	s, cancel := openStream(t, client, sds.DefaultName, sds.AllName)
 	defer cancel()
 	got := collect(t, s, hasAll(sds.DefaultName, sds.AllName), sds.DefaultName, sds.AllName)
+
+	// What Istio's sidecar asks for, on a stream of its own.
+	rs, cancelRoot := openStream(t, client, sds.RootCAName)
+	defer cancelRoot()
+	root := collect(t, rs, hasAll(sds.RootCAName), sds.RootCAName)[sds.RootCAName]
+	assert.True(t, proto.Equal(got[sds.AllName].GetValidationContext(), root.GetValidationContext()),
+		"ROOTCA is the workload's SPIFFE validator, as ALL")
 
 	leaf := leafOf(t, got[sds.DefaultName])
 	require.Len(t, leaf.URIs, 1)
