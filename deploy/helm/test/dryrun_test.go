@@ -26,6 +26,12 @@ func TestApplyDryRunServer(t *testing.T) {
 	k.Must(nil, "wait", "--for", "condition=established", "--timeout", "60s",
 		"crd/clusterfederatedtrustdomains.trustbridge.dev", "crd/servicemonitors.monitoring.coreos.com")
 	k.Must([]byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+namespace+"\n"), "apply", "-f", "-")
+	// The agent's namespaces: the one agent.yaml names without creating
+	// it, and the default, which the chart renders but a dry run does not
+	// create. Privileged, as the chart's own.
+	for _, ns := range []string{"node-agents", "trustbridge-agent"} {
+		k.Must([]byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+ns+"\n  labels:\n    pod-security.kubernetes.io/enforce: privileged\n"), "apply", "-f", "-")
+	}
 
 	cases := map[string]map[string]any{
 		"base":              baseValues(),
@@ -34,6 +40,8 @@ func TestApplyDryRunServer(t *testing.T) {
 		"full-file":         valuesFile(t, "full-file.yaml"),
 		"file-claim":        valuesFile(t, "file-claim.yaml"),
 		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
+		"agent":             valuesFile(t, "agent.yaml"),
+		"agent-default":     agentValues(true),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -12,7 +12,8 @@ import (
 // schema, templates that render to valid YAML with metadata Kubernetes
 // accepts) finds nothing worse than information.
 func TestHelmLint(t *testing.T) {
-	for name, values := range map[string]map[string]any{"base": baseValues(), "full-kube": fullKube(t), "full-file": valuesFile(t, "full-file.yaml")} {
+	for name, values := range map[string]map[string]any{"base": baseValues(), "full-kube": fullKube(t), "full-file": valuesFile(t, "full-file.yaml"),
+		"agent": valuesFile(t, "agent.yaml"), "agent-default": agentValues(true)} {
 		t.Run(name, func(t *testing.T) {
 			res := lint.AllWithKubeVersion(chartDir, values, namespace, nil)
 			for _, m := range res.Messages {

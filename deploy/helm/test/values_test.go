@@ -131,6 +131,8 @@ func TestServerAcceptsRenderedConfig(t *testing.T) {
 		"full-file":         valuesFile(t, "full-file.yaml"),
 		"file-claim":        valuesFile(t, "file-claim.yaml"),
 		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
+		"agent":             valuesFile(t, "agent.yaml"),
+		"agent-default":     agentValues(true),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -1,6 +1,10 @@
 {{/* Labels of every object: the base's app.kubernetes.io/name, plus Helm's. */}}
 {{- define "trustbridge.labels" -}}
 app.kubernetes.io/name: {{ .Values.name }}
+{{ include "trustbridge.helmLabels" . }}
+{{- end }}
+
+{{- define "trustbridge.helmLabels" -}}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
@@ -27,6 +31,26 @@ app.kubernetes.io/name: {{ .Values.name }}
 {{- end }}
 {{- define "trustbridge.rootConfigMap" -}}
 {{ .Values.distribution.rootConfigMap | default "trustbridge-ca-root-cert" }}
+{{- end }}
+
+{{/* The node agent's names and labels: its own app.kubernetes.io/name, so
+that the server's selectors never pick its pods. */}}
+{{- define "trustbridge.agentName" -}}
+{{ .Values.name }}-agent
+{{- end }}
+{{- define "trustbridge.agentAccount" -}}
+{{ .Values.agent.namespace.name }}/{{ include "trustbridge.agentName" . }}
+{{- end }}
+{{- define "trustbridge.agentLabels" -}}
+app.kubernetes.io/name: {{ include "trustbridge.agentName" . }}
+{{ include "trustbridge.helmLabels" . }}
+{{- end }}
+{{- define "trustbridge.csiDriverName" -}}
+{{ .Values.name }}-csi-driver
+{{- end }}
+{{- define "trustbridge.csiDriverLabels" -}}
+app.kubernetes.io/name: {{ include "trustbridge.csiDriverName" . }}
+{{ include "trustbridge.helmLabels" . }}
 {{- end }}
 
 {{/* Combinations the server refuses at start, refused at render time with
@@ -68,6 +92,18 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- if eq (toString (index .Values.extraConfig "upstream")) "kube-csr" -}}
 {{- fail "extraConfig.upstream=kube-csr: set upstream.kubeCSR.enabled=true instead, which also grants the RBAC rule it needs and mounts the signer's roots" -}}
 {{- end -}}
+{{- if .Values.agent.enabled -}}
+{{- if ne .Values.storage.type "kube" -}}
+{{- fail "agent.enabled needs storage.type=kube: the agent reads the server's roots from the ConfigMap kube storage distributes to every namespace" -}}
+{{- end -}}
+{{- if not (kindIs "invalid" .Values.policy.caTrustedNodeAccounts) -}}
+{{- if not (has (include "trustbridge.agentAccount" .) .Values.policy.caTrustedNodeAccounts) -}}
+{{- fail (printf "agent.enabled but policy.caTrustedNodeAccounts does not list %s, the agent's service account: the server would refuse it every workload's certificate; add it, or leave the value null" (include "trustbridge.agentAccount" .)) -}}
+{{- end -}}
+{{- end -}}
+{{- else if .Values.agent.csiDriver.enabled -}}
+{{- fail "agent.csiDriver.enabled needs agent.enabled: the CSI driver mounts the node agent's socket" -}}
+{{- end -}}
 {{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
 {{- range $k, $v := .Values.extraConfig -}}
 {{- if has $k $reserved -}}
@@ -93,7 +129,12 @@ config.yaml exactly. */}}
 {{- range $k, $s := $strings -}}
 {{- if $s -}}{{- $_ := set $c $k $s -}}{{- end -}}
 {{- end -}}
-{{- $optional := dict "federation-allow-private" $v.federation.allowPrivate "federation-allow-empty" $v.federation.allowEmpty "ca-trusted-node-accounts" $v.policy.caTrustedNodeAccounts "sds-workload-certs" $v.policy.sdsWorkloadCerts "serve-federated" $v.policy.serveFederated "sign-rate-limit" $v.policy.signRateLimit -}}
+{{- $nodeAccounts := $v.policy.caTrustedNodeAccounts -}}
+{{- if kindIs "invalid" $nodeAccounts -}}
+{{- $nodeAccounts = list "istio-system/ztunnel" (include "trustbridge.agentAccount" .) -}}
+{{- end -}}
+{{- $_ := set $c "ca-trusted-node-accounts" $nodeAccounts -}}
+{{- $optional := dict "federation-allow-private" $v.federation.allowPrivate "federation-allow-empty" $v.federation.allowEmpty "sds-workload-certs" $v.policy.sdsWorkloadCerts "serve-federated" $v.policy.serveFederated "sign-rate-limit" $v.policy.signRateLimit -}}
 {{- range $k, $o := $optional -}}
 {{- if not (kindIs "invalid" $o) -}}{{- $_ := set $c $k $o -}}{{- end -}}
 {{- end -}}
