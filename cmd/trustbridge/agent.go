@@ -91,8 +91,12 @@ shared by its processes, up to --max-identities), and the trust the
 server's policy decided for that workload. A caller that cannot be
 attested, that no rule maps, or that the server refuses gets
 PermissionDenied with the reason; while the API server is unreachable
-new callers get Unavailable. The Workload API is not served per caller
-yet with --node.
+new callers get Unavailable. Open streams are attested again every
+minute, so a process that moved, or an --identity-map edit, reaches them
+within it. The Workload API socket (--workload-api-socket) serves each
+caller its own identity the same way (mode 0666 too), with the bundles
+its workload may trust whole; JWT-SVIDs are not minted for workloads
+yet.
 
 The same identity and trust are served over the SPIFFE Workload API on
 --workload-api-socket (mode 0600, or 0660 with

@@ -73,9 +73,6 @@ func (o Config) AgentConfig(base *slog.Logger, reg prometheus.Registerer) (sdsag
 		if cfg.Node, err = o.nodeConfig(base, reg, td); err != nil {
 			return sdsagent.Config{}, err
 		}
-		// Each workload's Workload API is served once per caller; until
-		// then the node serves SDS only.
-		cfg.WorkloadAPISocket = ""
 	}
 	// --output-certs and OUTPUT_CERTS always meant "write here"; only
 	// --credentials-dir used to mean "serve these", so only it is guarded.

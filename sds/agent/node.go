@@ -43,6 +43,13 @@ type NodeConfig struct {
 	TTL time.Duration
 }
 
+// nodeReattestInterval is how often a node agent attests the caller of an
+// open stream again (SDS's re-authentication, the Workload API's
+// re-selection): a process that moved cgroup, or an identity map edit,
+// reaches open streams within it. Attestation reads a few /proc files and
+// the informer's cache, so a minute costs little.
+const nodeReattestInterval = time.Minute
+
 // nodeTrustWait bounds how long a new caller waits for its workload's
 // trust before its streams open with its own trust domain only (they get
 // the rest pushed when it arrives).
@@ -94,15 +101,16 @@ func (a *Agent) runNode(ctx context.Context) error {
 		trust:    nt,
 	}
 	srv, err := sds.New(sds.Config{
-		TrustDomain:   local,
-		Trust:         nt,
-		Credentials:   cache.CredentialSource(),
-		Authenticator: auth,
-		Policy:        nt,
-		RootCA:        a.rootCA,
-		Clock:         a.clock,
-		Logger:        a.log,
-		Registerer:    a.reg,
+		TrustDomain:    local,
+		Trust:          nt,
+		Credentials:    cache.CredentialSource(),
+		Authenticator:  auth,
+		Policy:         nt,
+		RootCA:         a.rootCA,
+		ReauthInterval: nodeReattestInterval,
+		Clock:          a.clock,
+		Logger:         a.log,
+		Registerer:     a.reg,
 	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -112,7 +120,16 @@ func (a *Agent) runNode(ctx context.Context) error {
 	a.log.Info("serving the node's workloads, each its own attested identity", "ca_addr", a.caAddr,
 		"node", a.node.NodeName, logattr.SPIFFEID, a.rot.ID().String())
 	workers := append([]func(context.Context) error{a.rot.Run, cache.Run}, a.node.Runners...)
-	return a.serveOn(ctx, gs, netutil.AnyUser, nil, nil, workers...)
+	var wl *workloadAPI
+	if a.wlSocket != "" {
+		wl = &workloadAPI{
+			sel:      &nodeWorkloads{auth: auth, cache: cache, trust: nt, log: a.log},
+			creds:    a.node.Attestor.Credentials(),
+			reselect: nodeReattestInterval,
+			noJWT:    noJWTNode,
+		}
+	}
+	return a.serveOn(ctx, gs, netutil.AnyUser, wl, nil, workers...)
 }
 
 // nodeAuthenticator authenticates a caller of the node's socket by
@@ -153,19 +170,12 @@ func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
 	if held != nil && held.ID() == id {
 		return nil
 	}
-	h, err := n.cache.Acquire(ctx, id)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if status.Code(errors.Unwrap(err)) == codes.PermissionDenied || status.Code(err) == codes.PermissionDenied {
-			return fmt.Errorf("%w: %w", authn.ErrNotAttested, err)
-		}
-		return fmt.Errorf("%w: %w: %w", authn.ErrNotAttested, authn.ErrUnavailable, err)
-	}
 	if ctx.Done() == nil {
-		h.Release()
 		return errors.New("agent: a caller authenticated outside a stream or call")
+	}
+	h, err := n.acquire(ctx, id)
+	if err != nil {
+		return err
 	}
 	n.mu.Lock()
 	if n.holds == nil {
@@ -185,10 +195,20 @@ func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
 			last.Release()
 		})
 	}
-	if err := n.trust.wait(ctx, id, nodeTrustWait); err != nil && ctx.Err() == nil {
-		n.trust.log.Warn("serving a workload its own trust domain only until the server sends its trust", logattr.SPIFFEID, id.String(), logattr.Error, err.Error())
+	return nil
+}
+
+// refusal is the caller's error for a certificate the cache could not
+// get: the server's refusal refuses the caller (the server alone decides
+// which identities run on this node), anything else is Unavailable.
+func (n *nodeAuthenticator) refusal(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return ctx.Err()
+	if status.Code(err) == codes.PermissionDenied {
+		return fmt.Errorf("%w: %w", authn.ErrNotAttested, err)
+	}
+	return fmt.Errorf("%w: %w: %w", authn.ErrNotAttested, authn.ErrUnavailable, err)
 }
 
 // checkNode refuses a node mode the agent cannot run, saying what to

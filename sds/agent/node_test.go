@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -14,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -84,6 +88,7 @@ type nodeFixture struct {
 	ids    *identitymap.Cell
 	b      *testca.CA
 	socket string
+	wl     string // the Workload API socket
 	done   <-chan error
 }
 
@@ -107,9 +112,11 @@ func startNodeFixture(t *testing.T, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 	require.NoError(t, err)
 	f.ids = identitymap.NewCell(hostMap(t, id))
 	f.socket = filepath.Join(dir, "node.sock")
+	f.wl = filepath.Join(dir, "api.sock")
 	a := newTestAgent(t, Config{
-		SocketPath:     f.socket,
-		CredentialsDir: filepath.Join(dir, "creds"),
+		SocketPath:        f.socket,
+		WorkloadAPISocket: f.wl,
+		CredentialsDir:    filepath.Join(dir, "creds"),
 		Rotator: &RotatorConfig{CAAddr: f.cs.addr, Roots: f.cs.authority.Bundle().X509Authorities(), ServerID: serverID,
 			TokenFile: token, GraceRatio: 0.5},
 		Node:   &NodeConfig{Attestor: attestor, Map: f.ids, NodeName: "node-a"},
@@ -233,4 +240,43 @@ func TestNodeModeSocketMode(t *testing.T) {
 // fetchRequest is a FetchSecrets request for names, as Envoy sends it.
 func fetchRequest(names ...string) *discoveryv3.DiscoveryRequest {
 	return &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resourcev3.SecretType, ResourceNames: names}
+}
+
+// The Workload API on a node agent serves each caller its own identity
+// too, through go-spiffe's client: its SVID, the bundles the server lets
+// that workload trust whole (c.test, granted for one peer only, cannot be
+// a Workload API bundle; d.test is the agent's), no JWT-SVID (the server
+// mints those for the caller's own identity only), and the identity the
+// map gives now on the next call.
+func TestNodeModeWorkloadAPI(t *testing.T) {
+	f := startNodeFixture(t, webID, webID, apiID)
+	waitSocket(t, f.wl, f.done)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := workloadapi.New(ctx, workloadapi.WithAddr(endpointSocket(f.wl)))
+	require.NoError(t, err)
+	defer c.Close()
+	x, err := c.FetchX509Context(ctx)
+	require.NoError(t, err)
+	require.Len(t, x.SVIDs, 1)
+	assert.Equal(t, webID, x.SVIDs[0].ID)
+	var tds []string
+	for _, b := range x.Bundles.Bundles() {
+		tds = append(tds, b.TrustDomain().Name())
+	}
+	slices.Sort(tds)
+	assert.Equal(t, []string{"a.test", "b.test"}, tds)
+
+	_, err = c.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db"})
+	require.Error(t, err)
+	assert.Equal(t, codes.Unavailable, status.Code(err))
+
+	fi, err := os.Stat(f.wl)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o666), fi.Mode().Perm(), "attestation is the access control")
+
+	f.ids.Set(hostMap(t, apiID))
+	x, err = c.FetchX509Context(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, apiID, x.SVIDs[0].ID)
 }

@@ -88,7 +88,13 @@ type identityTrust struct {
 	tds []spiffeid.TrustDomain
 	// changed is closed, and replaced, when policy changes.
 	changed chan struct{}
-	gone    bool
+	// bundles are the whole trust domains the identity may trust, its
+	// own first, for the Workload API, whose bundles cannot carry peer
+	// limits (those trust domains are left out); bundlesChanged is
+	// closed, and replaced, when they change.
+	bundles        []*spiffebundle.Bundle
+	bundlesChanged chan struct{}
+	gone           bool
 }
 
 // tdRoots is one trust domain's latest roots and how many held
@@ -173,13 +179,14 @@ func errString(err error) string {
 func (n *nodeTrust) register(id spiffeid.ID) *identityTrust {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	e := &identityTrust{changed: make(chan struct{})}
+	e := &identityTrust{changed: make(chan struct{}), bundlesChanged: make(chan struct{})}
 	if old := n.ids[id]; old != nil {
 		// A companion of an earlier entry of the same identity that has
 		// not returned yet: the newer one takes over.
 		old.gone = true
 		n.releaseLocked(old)
 		close(old.changed)
+		close(old.bundlesChanged)
 	}
 	n.ids[id] = e
 	return e
@@ -196,6 +203,7 @@ func (n *nodeTrust) unregister(id spiffeid.ID, e *identityTrust) {
 	delete(n.ids, id)
 	n.releaseLocked(e)
 	close(e.changed)
+	close(e.bundlesChanged)
 	n.publishLocked()
 }
 
@@ -272,6 +280,15 @@ func (n *nodeTrust) update(id spiffeid.ID, e *identityTrust, t workloadTrust) er
 		close(e.changed)
 		e.changed = make(chan struct{})
 	}
+	whole := slices.DeleteFunc(slices.Clone(t.Bundles), func(b *spiffebundle.Bundle) bool {
+		_, limited := t.PeerLimits[b.TrustDomain()]
+		return limited
+	})
+	if !slices.EqualFunc(e.bundles, whole, (*spiffebundle.Bundle).Equal) {
+		e.bundles = whole
+		close(e.bundlesChanged)
+		e.bundlesChanged = make(chan struct{})
+	}
 	n.publishLocked()
 	if localChanged && n.serverRoots != nil {
 		n.serverRoots(roots[n.local])
@@ -313,6 +330,34 @@ func (n *nodeTrust) Decide(ident authn.Identity) (trustpolicy.Decision, <-chan s
 		return n.localOnly.Decide(sub), n.arrived
 	}
 	return e.policy.Decide(sub), e.changed
+}
+
+// bundlesFor is what id may trust as Workload API bundles (nil before
+// its trust arrived, or once it is no longer followed) and a channel
+// closed when that changes.
+func (n *nodeTrust) bundlesFor(id spiffeid.ID) ([]*spiffebundle.Bundle, <-chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e := n.ids[id]
+	if e == nil {
+		return nil, n.arrived
+	}
+	if e.policy == nil {
+		return nil, n.arrived
+	}
+	return e.bundles, e.bundlesChanged
+}
+
+// localBundles is the local trust domain's roots as the only bundle,
+// or nil before any trust arrived.
+func (n *nodeTrust) localBundles() []*spiffebundle.Bundle {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r := n.tds[n.local]
+	if r == nil || len(r.roots) == 0 {
+		return nil
+	}
+	return []*spiffebundle.Bundle{spiffebundle.FromX509Authorities(n.local, r.roots)}
 }
 
 // errNoTrustYet means a workload's trust has not arrived in time.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -37,6 +38,12 @@ type workloadAPI struct {
 	src   wapi.Source
 	jwt   wapi.JWTMinter
 	noJWT string
+	// sel, when set in place of src, serves each caller its own Source
+	// (a node agent), with creds the socket's transport credentials
+	// (attestation's); the socket is then open to every local user.
+	sel      wapi.Selector
+	creds    credentials.TransportCredentials
+	reselect time.Duration
 	// closers run when the agent stops (the minter's connection).
 	closers []func()
 }
@@ -52,13 +59,18 @@ func (w *workloadAPI) close() {
 func (a *Agent) startWorkloadAPI(ctx context.Context, wl *workloadAPI, wg *sync.WaitGroup, fail func(error)) {
 	srv, err := wapi.New(wapi.Config{
 		Source: wl.src, JWT: wl.jwt, NoJWTReason: wl.noJWT,
+		Selector: wl.sel, Credentials: wl.creds, ReselectInterval: wl.reselect,
 		Logger: a.log, Registerer: a.reg,
 	})
 	if err != nil {
 		fail(fmt.Errorf("agent: %w", err))
 		return
 	}
-	ln, err := listenWorkloadSocket(ctx, a.wlSocket, a.wlGID, a.probeTimeout)
+	gid := a.wlGID
+	if wl.sel != nil {
+		gid = netutil.AnyUser
+	}
+	ln, err := listenWorkloadSocket(ctx, a.wlSocket, gid, a.probeTimeout)
 	if err != nil {
 		fail(fmt.Errorf("agent: Workload API socket: %w", err))
 		return

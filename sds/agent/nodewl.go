@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	wapi "github.com/trustbridge/trustbridge/sds/workload"
+)
+
+// noJWTNode is why a node agent mints no JWT-SVIDs for its workloads.
+const noJWTNode = "this node agent does not mint JWT-SVIDs for its workloads: the certificate service mints them for the caller's own identity only"
+
+// nodeWorkloads is a node agent's Workload API Selector: each call's
+// caller is attested (as on the SDS socket) and served the Cell of its own
+// identity, which holds the identity's certificate from the cache and the
+// bundles the server's policy lets that workload trust. A Cell lives
+// while a call holds its identity, and is shared by every call of that
+// identity, so a rotation is encoded once for all of them.
+type nodeWorkloads struct {
+	auth  *nodeAuthenticator
+	cache *IdentityCache
+	trust *nodeTrust
+	log   *slog.Logger
+
+	mu    sync.Mutex
+	cells map[spiffeid.ID]*identityCell
+}
+
+// identityCell is one identity's Workload API State, kept up to date by
+// its maintain goroutine while calls hold it.
+type identityCell struct {
+	cell   *wapi.Cell
+	refs   int
+	cancel context.CancelFunc
+}
+
+var _ wapi.Selector = (*nodeWorkloads)(nil)
+
+// Select attests the caller of ctx's call, holds its identity for the
+// call (the certificate fetched, the trust arrived) and returns its Cell.
+func (n *nodeWorkloads) Select(ctx context.Context) (wapi.Source, func(), error) {
+	ident, err := n.auth.attested.Authenticate(ctx, authn.FromGRPC(ctx))
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := n.auth.acquire(ctx, ident.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := n.ref(ident.ID, h)
+	return c.cell, func() {
+		n.unref(ident.ID, c)
+		h.Release()
+	}, nil
+}
+
+// ref takes a reference on id's Cell, making it (and its maintain
+// goroutine, fed from h's entry) when there is none.
+func (n *nodeWorkloads) ref(id spiffeid.ID, h *IdentityHandle) *identityCell {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c := n.cells[id]; c != nil {
+		c.refs++
+		return c
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &identityCell{cell: wapi.NewCell(), refs: 1, cancel: cancel}
+	if n.cells == nil {
+		n.cells = make(map[spiffeid.ID]*identityCell)
+	}
+	n.cells[id] = c
+	// The first State before the Cell is handed out: the holder has a
+	// certificate, and its trust has arrived or it waited long enough.
+	n.publish(id, c, h.e.state.Load())
+	go n.maintain(ctx, id, c, h.e)
+	return c
+}
+
+func (n *nodeWorkloads) unref(id spiffeid.ID, c *identityCell) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c.refs--; c.refs == 0 {
+		c.cancel()
+		if n.cells[id] == c {
+			delete(n.cells, id)
+		}
+	}
+}
+
+// maintain republishes c whenever e's certificate or id's bundles
+// change, until the last call holding c ends. The entry outlives c: a
+// call's handle holds it.
+func (n *nodeWorkloads) maintain(ctx context.Context, id spiffeid.ID, c *identityCell, e *identityEntry) {
+	for {
+		st := e.state.Load()
+		_, bundlesChanged := n.trust.bundlesFor(id)
+		n.publish(id, c, st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-st.changed:
+		case <-bundlesChanged:
+		}
+	}
+}
+
+// publish sets c to st's certificate with id's bundles; without a
+// certificate (it expired unrenewed) the Cell serves no identity.
+func (n *nodeWorkloads) publish(id spiffeid.ID, c *identityCell, st *identityState) {
+	bundles, _ := n.trust.bundlesFor(id)
+	next := wapi.State{Bundles: bundles}
+	if st.cred != nil {
+		next.SVID = &wapi.SVID{ID: id, Chain: st.cred.Chain, Key: st.cred.Key}
+	}
+	if len(bundles) == 0 {
+		// Before its trust arrived: the local trust domain's roots the
+		// certificate chains to, which the node's trust holds.
+		next.Bundles = n.trust.localBundles()
+	}
+	if err := c.cell.Set(next); err != nil {
+		n.log.Warn("cannot serve this workload's Workload API state; keeping the last good one", logattr.SPIFFEID, id.String(), logattr.Error, err.Error())
+	}
+}
+
+// acquire holds id for a call and waits for its trust, as hold does for a
+// stream, mapping the cache's refusals to the caller's.
+func (n *nodeAuthenticator) acquire(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
+	h, err := n.cache.Acquire(ctx, id)
+	if err != nil {
+		return nil, n.refusal(ctx, err)
+	}
+	if err := n.trust.wait(ctx, id, nodeTrustWait); err != nil && ctx.Err() == nil {
+		n.trust.log.Warn("serving a workload its own trust domain only until the server sends its trust", logattr.SPIFFEID, id.String(), logattr.Error, err.Error())
+	}
+	if err := ctx.Err(); err != nil {
+		h.Release()
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	return h, nil
+}
