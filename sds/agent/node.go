@@ -74,38 +74,21 @@ func (a *Agent) runNode(ctx context.Context) error {
 	if !ok {
 		return errors.New("agent: node mode needs a Rotator")
 	}
-	local := a.rot.ID().TrustDomain()
-	fetcher, err := NewImpersonationFetcher(ImpersonationConfig{CAAddr: a.caAddr, Node: node.NodeCredentials, TTL: a.node.TTL, Clock: a.clock})
-	if err != nil {
-		return err
-	}
 	conn, err := nodeConn(a.caAddr, node.NodeCredentials)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	nt, err := newNodeTrust(local, trustWatchOn(conn), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	auth, err := a.nodeParts(node.NodeCredentials, conn)
 	if err != nil {
 		return err
-	}
-	cache, err := NewIdentityCache(IdentityCacheConfig{
-		Fetcher: fetcher, MaxIdentities: a.node.MaxIdentities, Clock: a.clock,
-		Logger: a.log, Registerer: a.reg, Companion: nt.follow,
-	})
-	if err != nil {
-		return err
-	}
-	auth := &nodeAuthenticator{
-		attested: &AttestedAuthenticator{Attestor: a.node.Attestor, Map: a.node.Map, NodeName: a.node.NodeName},
-		cache:    cache,
-		trust:    nt,
 	}
 	srv, err := sds.New(sds.Config{
-		TrustDomain:    local,
-		Trust:          nt,
-		Credentials:    cache.CredentialSource(),
+		TrustDomain:    auth.trust.local,
+		Trust:          auth.trust,
+		Credentials:    auth.cache.CredentialSource(),
 		Authenticator:  auth,
-		Policy:         nt,
+		Policy:         auth.trust,
 		RootCA:         a.rootCA,
 		ReauthInterval: nodeReattestInterval,
 		Clock:          a.clock,
@@ -119,17 +102,43 @@ func (a *Agent) runNode(ctx context.Context) error {
 	srv.Register(gs)
 	a.log.Info("serving the node's workloads, each its own attested identity", "ca_addr", a.caAddr,
 		"node", a.node.NodeName, logattr.SPIFFEID, a.rot.ID().String())
-	workers := append([]func(context.Context) error{a.rot.Run, cache.Run}, a.node.Runners...)
+	workers := append([]func(context.Context) error{a.rot.Run, auth.cache.Run}, a.node.Runners...)
 	var wl *workloadAPI
 	if a.wlSocket != "" {
 		wl = &workloadAPI{
-			sel:      &nodeWorkloads{auth: auth, cache: cache, trust: nt, log: a.log},
+			sel:      &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
 			creds:    a.node.Attestor.Credentials(),
 			reselect: nodeReattestInterval,
 			noJWT:    noJWTNode,
 		}
 	}
 	return a.serveOn(ctx, gs, netutil.AnyUser, wl, nil, workers...)
+}
+
+// nodeParts builds the node's workload trust (followed on conn), its
+// identity cache (certificates fetched as the node) and the authenticator
+// of its sockets over them.
+func (a *Agent) nodeParts(node func() (NodeCredentials, error), conn *grpc.ClientConn) (*nodeAuthenticator, error) {
+	fetcher, err := NewImpersonationFetcher(ImpersonationConfig{CAAddr: a.caAddr, Node: node, TTL: a.node.TTL, Clock: a.clock})
+	if err != nil {
+		return nil, err
+	}
+	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conn), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := NewIdentityCache(IdentityCacheConfig{
+		Fetcher: fetcher, MaxIdentities: a.node.MaxIdentities, Clock: a.clock,
+		Logger: a.log, Registerer: a.reg, Companion: nt.follow,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &nodeAuthenticator{
+		attested: &AttestedAuthenticator{Attestor: a.node.Attestor, Map: a.node.Map, NodeName: a.node.NodeName},
+		cache:    cache,
+		trust:    nt,
+	}, nil
 }
 
 // nodeAuthenticator authenticates a caller of the node's socket by

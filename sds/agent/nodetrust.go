@@ -228,22 +228,7 @@ func (n *nodeTrust) uncountLocked(tds []spiffeid.TrustDomain) {
 // update takes one message of id's trust: its decision as a policy, its
 // roots into the node's trust.
 func (n *nodeTrust) update(id spiffeid.ID, e *identityTrust, t workloadTrust) error {
-	limits := make(peerLimits, len(t.Bundles))
-	roots := make(map[spiffeid.TrustDomain][]*x509.Certificate, len(t.Bundles))
-	for _, b := range t.Bundles {
-		limits[b.TrustDomain()] = nil
-		roots[b.TrustDomain()] = b.X509Authorities()
-	}
-	if len(roots[n.local]) == 0 {
-		return fmt.Errorf("no X.509 roots of the local trust domain %s", n.local.Name())
-	}
-	for td, peers := range t.PeerLimits {
-		if _, ok := limits[td]; !ok || td == n.local || len(peers) == 0 {
-			return fmt.Errorf("peer limits of trust domain %q, which the message does not grant as a federated trust domain", td.Name())
-		}
-		limits[td] = peers
-	}
-	policy, err := relayedPolicy(n.local, id, "server decision for "+id.String(), limits)
+	policy, roots, err := n.parse(id, t)
 	if err != nil {
 		return err
 	}
@@ -252,11 +237,60 @@ func (n *nodeTrust) update(id spiffeid.ID, e *identityTrust, t workloadTrust) er
 	if e.gone {
 		return nil
 	}
-	// Count the new trust domains before uncounting the old, so that
-	// one kept keeps its roots (and nobody is told they changed).
+	localChanged := n.countLocked(e, roots)
+	if e.policy == nil {
+		close(n.arrived)
+		n.arrived = make(chan struct{})
+	}
+	if e.policy == nil || e.policy.TextDigest() != policy.TextDigest() {
+		e.policy = policy
+		close(e.changed)
+		e.changed = make(chan struct{})
+	}
+	if whole := wholeBundles(t); !slices.EqualFunc(e.bundles, whole, (*spiffebundle.Bundle).Equal) {
+		e.bundles = whole
+		close(e.bundlesChanged)
+		e.bundlesChanged = make(chan struct{})
+	}
+	n.publishLocked()
+	if localChanged && n.serverRoots != nil {
+		n.serverRoots(roots[n.local])
+	}
+	return nil
+}
+
+// parse checks one message of id's trust and returns the server's
+// decision for id as a policy and the roots per trust domain.
+func (n *nodeTrust) parse(id spiffeid.ID, t workloadTrust) (*trustpolicy.Policy, map[spiffeid.TrustDomain][]*x509.Certificate, error) {
+	limits := make(peerLimits, len(t.Bundles))
+	roots := make(map[spiffeid.TrustDomain][]*x509.Certificate, len(t.Bundles))
+	for _, b := range t.Bundles {
+		limits[b.TrustDomain()] = nil
+		roots[b.TrustDomain()] = b.X509Authorities()
+	}
+	if len(roots[n.local]) == 0 {
+		return nil, nil, fmt.Errorf("no X.509 roots of the local trust domain %s", n.local.Name())
+	}
+	for td, peers := range t.PeerLimits {
+		if _, ok := limits[td]; !ok || td == n.local || len(peers) == 0 {
+			return nil, nil, fmt.Errorf("peer limits of trust domain %q, which the message does not grant as a federated trust domain", td.Name())
+		}
+		limits[td] = peers
+	}
+	policy, err := relayedPolicy(n.local, id, "server decision for "+id.String(), limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	return policy, roots, nil
+}
+
+// countLocked makes roots e's trust domains, counted, each with the
+// latest roots, and reports whether the local trust domain's changed.
+// The new ones are counted before the old are uncounted, so that one kept
+// keeps its roots (and nobody is told they changed). n.mu is held.
+func (n *nodeTrust) countLocked(e *identityTrust, roots map[spiffeid.TrustDomain][]*x509.Certificate) (localChanged bool) {
 	old := e.tds
 	e.tds = nil
-	localChanged := false
 	for td, rs := range roots {
 		r := n.tds[td]
 		if r == nil {
@@ -271,29 +305,15 @@ func (n *nodeTrust) update(id spiffeid.ID, e *identityTrust, t workloadTrust) er
 		e.tds = append(e.tds, td)
 	}
 	n.uncountLocked(old)
-	if e.policy == nil {
-		close(n.arrived)
-		n.arrived = make(chan struct{})
-	}
-	if e.policy == nil || e.policy.TextDigest() != policy.TextDigest() {
-		e.policy = policy
-		close(e.changed)
-		e.changed = make(chan struct{})
-	}
-	whole := slices.DeleteFunc(slices.Clone(t.Bundles), func(b *spiffebundle.Bundle) bool {
+	return localChanged
+}
+
+// wholeBundles are t's bundles but those granted only for some peers.
+func wholeBundles(t workloadTrust) []*spiffebundle.Bundle {
+	return slices.DeleteFunc(slices.Clone(t.Bundles), func(b *spiffebundle.Bundle) bool {
 		_, limited := t.PeerLimits[b.TrustDomain()]
 		return limited
 	})
-	if !slices.EqualFunc(e.bundles, whole, (*spiffebundle.Bundle).Equal) {
-		e.bundles = whole
-		close(e.bundlesChanged)
-		e.bundlesChanged = make(chan struct{})
-	}
-	n.publishLocked()
-	if localChanged && n.serverRoots != nil {
-		n.serverRoots(roots[n.local])
-	}
-	return nil
 }
 
 // publishLocked sets the cell to the roots of every trust domain held.
