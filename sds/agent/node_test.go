@@ -181,11 +181,15 @@ func TestNodeModeServesTheWorkloadItsOwnTrust(t *testing.T) {
 
 	rotated := testca.New(t, tdB.Name())
 	f.fed.replace(rotated.Bundle())
-	got = collect(t, s, func(m map[string]*tlsv3.Secret) bool {
-		byTD, err := parseSPIFFEValidator(m[sds.AllName].GetValidationContext())
-		require.NoError(t, err)
-		return len(byTD[tdB]) == 1 && byTD[tdB][0].Equal(rotated.Bundle().X509Authorities()[0])
-	}, sds.DefaultName, sds.AllName)
+	rotatedIn := func(name string) func(map[string]*tlsv3.Secret) bool {
+		return func(m map[string]*tlsv3.Secret) bool {
+			byTD, err := parseSPIFFEValidator(m[name].GetValidationContext())
+			require.NoError(t, err)
+			return len(byTD[tdB]) == 1 && byTD[tdB][0].Equal(rotated.Bundle().X509Authorities()[0])
+		}
+	}
+	collect(t, s, rotatedIn(sds.AllName), sds.DefaultName, sds.AllName)
+	collect(t, rs, rotatedIn(sds.RootCAName), sds.RootCAName)
 
 	f.policy.Set(shopPolicy(t))
 	got = collect(t, s, func(m map[string]*tlsv3.Secret) bool {
