@@ -64,6 +64,9 @@ type GRPCConfig struct {
 	ClusterID     string // "" = any ClusterID metadata accepted
 	// TrustedNodeAccounts may impersonate the pods of their node.
 	TrustedNodeAccounts []string
+	// NodeAgents are --ca-node-agent: node agents outside Kubernetes and
+	// the identities each may impersonate.
+	NodeAgents []string
 	BootstrapFile       string
 	rateLimit           float64
 	queueSize           int    // 0 = certservice.DefaultQueueSize
@@ -114,6 +117,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *GRPCConfig) {
 	f.StringVar(&o.TokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
 	addGrantFlags(f, o)
 	addImpersonationFlags(f, o)
+	addListedAgentFlags(f, o)
 	addWorkloadDNSFlags(f, o)
 	addAuthnLimitFlags(f, &o.authnLimits)
 	addOIDCFlags(f, &o.OIDC)
@@ -201,6 +205,9 @@ func setupGRPC(o GRPCConfig, td spiffeid.TrustDomain, workloadTTL, maxWorkloadTT
 	}
 	chain, err := g.authenticators(o, td, authority, reg, logger)
 	if err != nil {
+		return nil, err
+	}
+	if err := g.addListedAgents(o, td, logger); err != nil {
 		return nil, err
 	}
 	svc, err := g.certService(o, td, authority, fed, chain, merged, reg, logger)
@@ -417,6 +424,9 @@ func checkGRPCOff(o GRPCConfig) error {
 	}
 	if o.WorkloadDNSNameTemplate != "" {
 		errs = append(errs, errors.New("--workload-dns-name-template names certificates of the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove it"))
+	}
+	if len(o.NodeAgents) > 0 {
+		errs = append(errs, errors.New("--ca-node-agent lets node agents ask the certificate service, which --grpc-listen \"\" turns off; set --grpc-listen or remove it"))
 	}
 	return errors.Join(errs...)
 }

@@ -77,6 +77,8 @@ func TestGRPCFlagErrors(t *testing.T) {
 		{"negative rate", GRPCConfig{rateLimit: -1}, "--sign-rate-limit"},
 		{"NaN rate", GRPCConfig{rateLimit: math.NaN()}, "--sign-rate-limit"},
 		{"negative queue", GRPCConfig{queueSize: -1}, "--sign-queue-size"},
+		{"node agent of another trust domain", GRPCConfig{TokenReview: TokenReviewOff, NodeAgents: []string{"spiffe://other.example/vm/a=spiffe://example.org/vm/a/app"}}, "--ca-node-agent"},
+		{"node agent without identities", GRPCConfig{TokenReview: TokenReviewOff, NodeAgents: []string{"spiffe://example.org/vm/a"}}, "AGENT_SPIFFE_ID=ID"},
 		{"port taken", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: tokens}, "--grpc-listen"},
 	}
 	taken := reservePortHeld(t)
@@ -103,6 +105,16 @@ func reservePortHeld(t *testing.T) string {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ln.Close() })
 	return addr
+}
+
+// Node agents listed for a certificate service that is off are an
+// operator's mistake to hear about, not to ignore.
+func TestNodeAgentsNeedGRPC(t *testing.T) {
+	o := baseServerOptions("example.org", t.TempDir())
+	o.GRPC = GRPCConfig{NodeAgents: []string{"spiffe://example.org/vm/a=spiffe://example.org/vm/a/app"}}
+	err := serverError(t, o)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `--ca-node-agent lets node agents ask the certificate service, which --grpc-listen "" turns off`)
 }
 
 func TestServerWithoutGRPC(t *testing.T) {

@@ -24,6 +24,34 @@ func addImpersonationFlags(f *pflag.FlagSet, o *GRPCConfig) {
 			"all impersonation. E.g. istio-system/ztunnel,kube-system/node-proxy")
 }
 
+// addListedAgentFlags adds the flag listing node agents outside
+// Kubernetes and the identities each may act for.
+func addListedAgentFlags(f *pflag.FlagSet, o *GRPCConfig) {
+	f.StringArrayVar(&o.NodeAgents, "ca-node-agent", nil,
+		"a node agent outside Kubernetes (a VM's trustbridge agent --node) and the only identities it may ask for on behalf of its workloads, "+
+			"with Istio's ImpersonatedIdentity: AGENT_SPIFFE_ID=ID[,ID...], each ID exact or a prefix ending /*, all of this trust domain "+
+			"(repeatable, one per agent). The agent must authenticate with a token (a reusable bootstrap token, or an OIDC issuer's), "+
+			"so that no certificate it gets for a workload can renew itself; a listed agent is decided by its list alone. "+
+			"E.g. spiffe://example.org/vm/web-1=spiffe://example.org/vm/web-1/nginx,spiffe://example.org/vm/web-1/jobs/*")
+}
+
+// addListedAgents lets the node agents of --ca-node-agent act for the
+// identities listed for them, beside the Kubernetes node authorizer if
+// any.
+func (g *grpcEndpoint) addListedAgents(o GRPCConfig, td spiffeid.TrustDomain, logger *slog.Logger) error {
+	if len(o.NodeAgents) == 0 {
+		return nil
+	}
+	l, err := nodeauth.ParseListed(td, o.NodeAgents)
+	if err != nil {
+		return fmt.Errorf("--ca-node-agent %w", err)
+	}
+	g.impersonator = nodeauth.Either(l, g.impersonator)
+	logger.Info("node agents outside Kubernetes may ask for the identities listed for them (ImpersonatedIdentity)",
+		"node_agents", strings.Join(l.Agents(), ","))
+	return nil
+}
+
 // addImpersonation builds the node authorizer for the certificate service
 // when node accounts are configured, and runs its pod informer with the
 // server.

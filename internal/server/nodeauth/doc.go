@@ -17,4 +17,10 @@
 //	a, err := nodeauth.New(nodeauth.Config{Client: client, TrustDomain: td})
 //	go a.Run(ctx)
 //	err = a.AuthorizeImpersonation(ctx, caller, target)
+//
+// Outside Kubernetes no informer can vouch for a node, so a node agent on
+// a VM may act only for the identities an operator listed for it
+// (ParseListed, from the server's --ca-node-agent): exact SPIFFE IDs or
+// prefixes of this trust domain. Either combines the two, a listed agent
+// being decided by its list alone.
 package nodeauth
