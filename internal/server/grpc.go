@@ -66,12 +66,12 @@ type GRPCConfig struct {
 	TrustedNodeAccounts []string
 	// NodeAgents are --ca-node-agent: node agents outside Kubernetes and
 	// the identities each may impersonate.
-	NodeAgents []string
-	BootstrapFile       string
-	rateLimit           float64
-	queueSize           int    // 0 = certservice.DefaultQueueSize
-	Kubeconfig          string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
-	TokenReview         string // "" = auto
+	NodeAgents    []string
+	BootstrapFile string
+	rateLimit     float64
+	queueSize     int    // 0 = certservice.DefaultQueueSize
+	Kubeconfig    string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
+	TokenReview   string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
 	// WorkloadDNSNameTemplate: "" = no DNS names (workload_dns.go).
