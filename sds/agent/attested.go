@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
@@ -78,24 +79,62 @@ func (a *AttestedAuthenticator) workload(facts attest.Facts) identitymap.Workloa
 // CredentialSource hands each authenticated caller the certificate of its
 // own identity from c: an SDS or Workload API stream holds the identity
 // from its first request until it ends (then the cache lingers, and drops
-// the identity once no stream holds it).
+// the identity once no stream holds it). A stream holds one identity
+// however often it asks (at every re-authentication).
 func (c *IdentityCache) CredentialSource() sds.CredentialSource {
+	holds := &streamHolds{}
 	return sds.CredentialSourceFunc(func(ctx context.Context, id spiffeid.ID) (*sds.Credential, error) {
-		h, err := c.Acquire(ctx, id)
+		h, err := holds.hold(ctx, id, c.Acquire)
 		if err != nil {
 			return nil, err
 		}
-		cred, err := h.Credential(ctx, id)
-		if err != nil {
-			h.Release()
-			return nil, err
-		}
-		if ctx.Done() == nil {
-			// Nothing would ever release it.
-			h.Release()
-			return nil, errors.New("agent: a credential asked for outside a stream or call")
-		}
-		context.AfterFunc(ctx, h.Release)
-		return cred, nil
+		return h.Credential(ctx, id)
 	})
+}
+
+// streamHolds holds one identity per stream or call, by its context,
+// released when the context ends: a stream asking again for the identity
+// it holds takes no new reference, and one that now proves another
+// identity swaps its hold.
+type streamHolds struct {
+	mu sync.Mutex
+	m  map[context.Context]*IdentityHandle
+}
+
+// hold returns ctx's handle on id, acquiring it with acquire when ctx
+// holds none or another identity.
+func (s *streamHolds) hold(ctx context.Context, id spiffeid.ID, acquire func(context.Context, spiffeid.ID) (*IdentityHandle, error)) (*IdentityHandle, error) {
+	if ctx.Done() == nil {
+		// Nothing would ever release it.
+		return nil, errors.New("agent: an identity asked for outside a stream or call")
+	}
+	s.mu.Lock()
+	h := s.m[ctx]
+	s.mu.Unlock()
+	if h != nil && h.ID() == id {
+		return h, nil
+	}
+	h, err := acquire(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = make(map[context.Context]*IdentityHandle)
+	}
+	old, had := s.m[ctx]
+	s.m[ctx] = h
+	s.mu.Unlock()
+	if had {
+		old.Release()
+		return h, nil
+	}
+	context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		last := s.m[ctx]
+		delete(s.m, ctx)
+		s.mu.Unlock()
+		last.Release()
+	})
+	return h, nil
 }

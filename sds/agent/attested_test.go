@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -117,4 +119,40 @@ func TestNodeAgentRefusesAnUnmappedProcess(t *testing.T) {
 	assert.Equal(t, codes.PermissionDenied, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "someone-else", "the reason names the rules considered")
 	assert.Empty(t, a.cs.imp.questions())
+}
+
+// A stream asks its credential source again at every re-authentication
+// (every minute on a node): it keeps one hold on its identity, not one
+// per ask, and gives it back when it ends.
+func TestCredentialSourceHoldsOncePerStream(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newTestCache(t, IdentityCacheConfig{Fetcher: newFakeFetcher(t, time.Hour), Rand: fixedRand(0.5)})
+		startServing(t, c.Run)
+		src := c.CredentialSource()
+		refs := func() int {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if e := c.entries[webID]; e != nil {
+				return e.refs
+			}
+			return -1
+		}
+		ctx, end := context.WithCancel(t.Context())
+		for range 5 {
+			_, err := src.Credential(ctx, webID)
+			require.NoError(t, err)
+		}
+		assert.Equal(t, 1, refs(), "one hold for the stream")
+		_, err := src.Credential(ctx, apiID)
+		require.NoError(t, err)
+		assert.Equal(t, 0, refs(), "a stream now proving another identity gives the first back")
+		end()
+		synctest.Wait()
+		c.mu.Lock()
+		assert.Equal(t, 0, c.entries[apiID].refs, "released when the stream ends")
+		c.mu.Unlock()
+
+		_, err = src.Credential(context.Background(), webID)
+		assert.ErrorContains(t, err, "outside a stream or call")
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -152,10 +151,9 @@ type nodeAuthenticator struct {
 	cache    *IdentityCache
 	trust    *nodeTrust
 
-	mu sync.Mutex
 	// holds are the identities held per stream (its context): a stream
 	// re-authenticated as the same identity keeps its hold.
-	holds map[context.Context]*IdentityHandle
+	holds streamHolds
 }
 
 func (n *nodeAuthenticator) Authenticate(ctx context.Context, r authn.Request) (authn.Identity, error) {
@@ -173,38 +171,8 @@ func (n *nodeAuthenticator) Authenticate(ctx context.Context, r authn.Request) (
 // waits for id's trust. A certificate the server refuses refuses the
 // caller: the server alone decides which identities run on this node.
 func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
-	n.mu.Lock()
-	held := n.holds[ctx]
-	n.mu.Unlock()
-	if held != nil && held.ID() == id {
-		return nil
-	}
-	if ctx.Done() == nil {
-		return errors.New("agent: a caller authenticated outside a stream or call")
-	}
-	h, err := n.acquire(ctx, id)
-	if err != nil {
-		return err
-	}
-	n.mu.Lock()
-	if n.holds == nil {
-		n.holds = make(map[context.Context]*IdentityHandle)
-	}
-	old := n.holds[ctx]
-	n.holds[ctx] = h
-	n.mu.Unlock()
-	if old != nil {
-		old.Release()
-	} else {
-		context.AfterFunc(ctx, func() {
-			n.mu.Lock()
-			last := n.holds[ctx]
-			delete(n.holds, ctx)
-			n.mu.Unlock()
-			last.Release()
-		})
-	}
-	return nil
+	_, err := n.holds.hold(ctx, id, n.acquire)
+	return err
 }
 
 // refusal is the caller's error for a certificate the cache could not
