@@ -55,7 +55,9 @@ const (
 // only on a socket of its own, leaves ours alone, and points Envoy's
 // sds-grpc cluster at ours. What Envoy then gets there is the workload's
 // certificate as default and, with --rootca spiffe, Envoy's SPIFFE
-// validator as ROOTCA.
+// validator as ROOTCA: the local trust domain and the federated one the
+// trust policy grants the workload, limited to the one peer it names (the
+// SAN an Istio principal of that peer matches).
 //
 // The agent here is the one-identity agent: the node agent (--node)
 // needs a server that accepts the node's Kubernetes token for
@@ -65,7 +67,10 @@ const (
 func TestIstioAgentUsesTrustbridgeSocket(t *testing.T) {
 	bin := trustbridgeBinary(t)
 	dir := docDir(t)
-	srv, ca := startAgentCA(t, bin, dir)
+	peer, federate := startFederatedPeer(t, bin, dir)
+	policy := filepath.Join(dir, "trust-policy.yaml")
+	require.NoError(t, os.WriteFile(policy, []byte(partnerPolicy), 0o600))
+	srv, ca := startAgentCA(t, bin, dir, "--federate", federate, "--federation-allow-private", "--trust-policy", policy)
 	sock := startTrustbridgeAgent(t, bin, dir, ca, "--rootca", "spiffe")
 	require.Equal(t, filepath.Join(dir, security.GetIstioSDSServerSocketPath()), sock,
 		"trustbridge agent's default --sds-socket is not where Istio's agent looks")
@@ -90,19 +95,33 @@ func TestIstioAgentUsesTrustbridgeSocket(t *testing.T) {
 
 	conn := dialSDS(t, sock)
 	def := fetchSecretOnce(t, conn, security.WorkloadKeyCertResourceName)
-	rootCA := fetchSecretOnce(t, conn, security.RootCertReqResourceName)
+	// The server fetches the peer's bundle after it starts; the agent
+	// pushes ROOTCA again when the server's decision for the workload
+	// grants it.
+	rootCA := awaitSecret(t, conn, security.RootCertReqResourceName, time.Minute, func(s *tlsv3.Secret) bool {
+		_, ok := spiffeValidatorRoots(t, s)[peerTrustDomain]
+		return ok
+	})
 	roots := spiffeValidatorRoots(t, rootCA)
 	t.Run("ROOTCA is Envoy's SPIFFE validator", func(t *testing.T) {
-		require.Contains(t, roots, trustDomain)
-		var got []string
-		for _, c := range roots[trustDomain] {
-			got = append(got, sha256Hex(c.Raw))
+		assert.Len(t, roots, 2, "the local trust domain and the one federated trust domain the policy grants")
+		assertRootsOf(t, roots[trustDomain], srv.trust(t), trustDomain)
+		assertRootsOf(t, roots[peerTrustDomain], peer.trust(t), peerTrustDomain)
+		// The policy's peer limit, as the SAN matchers Envoy's SPIFFE
+		// validator applies after the chain: exactly the partner's
+		// gateway, the SPIFFE ID Istio's principal
+		// "c.test/ns/pay/sa/gateway" matches, and any local workload.
+		var exact, prefix []string
+		for _, m := range rootCA.GetValidationContext().GetMatchTypedSubjectAltNames() {
+			if e := m.GetMatcher().GetExact(); e != "" {
+				exact = append(exact, e)
+			}
+			if p := m.GetMatcher().GetPrefix(); p != "" {
+				prefix = append(prefix, p)
+			}
 		}
-		var want []string
-		for _, a := range srv.trust(t).Authorities {
-			want = append(want, a.SHA256)
-		}
-		assert.ElementsMatch(t, want, got, "the local trust domain's roots")
+		assert.Equal(t, []string{partnerGateway}, exact)
+		assert.Equal(t, []string{"spiffe://" + trustDomain + "/"}, prefix)
 	})
 	t.Run("default is the workload's X509-SVID", func(t *testing.T) {
 		chain := def.GetTlsCertificate().GetCertificateChain().GetInlineBytes()
@@ -117,6 +136,53 @@ func TestIstioAgentUsesTrustbridgeSocket(t *testing.T) {
 		}
 		assert.NoError(t, verify(t, chain, pool), "default does not verify against ROOTCA's trust domain")
 	})
+}
+
+// The federated peer of TestIstioAgentUsesTrustbridgeSocket, and the
+// trust policy granting the workload one of its workloads only.
+const (
+	peerTrustDomain = "c.test"
+	partnerGateway  = "spiffe://c.test/ns/pay/sa/gateway"
+	partnerPolicy   = `default: deny
+rules:
+- name: web-to-partner-gateway
+  workloads:
+  - spiffeID: spiffe://example.org/ns/default/sa/web
+  trustDomains:
+  - name: c.test
+    peers: [spiffe://c.test/ns/pay/sa/gateway]
+`
+)
+
+// startFederatedPeer starts a trustbridge server of peerTrustDomain with
+// its https_spiffe bundle endpoint on loopback, and returns it with the
+// --federate value that federates with it (its bundle, for the first
+// fetch, in a file under dir).
+func startFederatedPeer(t *testing.T, bin, dir string) (*server, string) {
+	t.Helper()
+	peerDir := filepath.Join(dir, "peer")
+	require.NoError(t, os.Mkdir(peerDir, 0o700))
+	peer := startServerIn(t, bin, peerDir, "--trust-domain", peerTrustDomain, "--data-dir", "data", "--init",
+		"--admin-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--bundle-listen", "127.0.0.1:0", "--log-format", "json")
+	require.NotEmpty(t, peer.bundleURL, "no bundle endpoint URL in the peer's start-up records")
+	out, err := exec.Command(bin, "bundle", "show", "--data-dir", filepath.Join(peerDir, "data"), "-o", "spiffe").Output()
+	require.NoError(t, err, "trustbridge bundle show of the peer")
+	bundle := filepath.Join(dir, peerTrustDomain+".json")
+	require.NoError(t, os.WriteFile(bundle, out, 0o600))
+	return peer, strings.Join([]string{peerTrustDomain, peer.bundleURL, "spiffe://" + peerTrustDomain + "/trustbridge/bundle-endpoint", bundle}, "|")
+}
+
+// assertRootsOf checks certs are exactly the roots v publishes.
+func assertRootsOf(t *testing.T, certs []*x509.Certificate, v trustView, td string) {
+	t.Helper()
+	var got, want []string
+	for _, c := range certs {
+		got = append(got, sha256Hex(c.Raw))
+	}
+	for _, a := range v.Authorities {
+		want = append(want, a.SHA256)
+	}
+	assert.ElementsMatch(t, want, got, "the roots of %s", td)
 }
 
 // istioDecision is what Istio's agent decided, as
@@ -306,6 +372,35 @@ func fetchSecretOnce(t *testing.T, conn *grpc.ClientConn, name string) *tlsv3.Se
 	require.NoError(t, err, "%s from trustbridge's socket", name)
 	require.NoError(t, stream.Send(&discoveryv3.DiscoveryRequest{Node: envoyNode, ResourceNames: []string{name}, TypeUrl: secretTypeURL,
 		ResponseNonce: resp.GetNonce(), VersionInfo: resp.GetVersionInfo()}))
+	return decodeSecret(t, resp, name)
+}
+
+// awaitSecret watches name on a StreamSecrets stream, ACKing every
+// response as Envoy does, until a secret satisfies cond, and returns it;
+// it fails the test after within.
+func awaitSecret(t *testing.T, conn *grpc.ClientConn, name string, within time.Duration, cond func(*tlsv3.Secret) bool) *tlsv3.Secret {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	stream, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+	require.NoError(t, err)
+	req := &discoveryv3.DiscoveryRequest{Node: envoyNode, ResourceNames: []string{name}, TypeUrl: secretTypeURL}
+	for {
+		require.NoError(t, stream.Send(req))
+		resp, err := stream.Recv()
+		require.NoError(t, err, "waiting for %s from trustbridge's socket", name)
+		s := decodeSecret(t, resp, name)
+		if cond(s) {
+			return s
+		}
+		req = &discoveryv3.DiscoveryRequest{Node: envoyNode, ResourceNames: []string{name}, TypeUrl: secretTypeURL,
+			ResponseNonce: resp.GetNonce(), VersionInfo: resp.GetVersionInfo()}
+	}
+}
+
+// decodeSecret is the one secret of resp, checked as Envoy checks it.
+func decodeSecret(t *testing.T, resp *discoveryv3.DiscoveryResponse, name string) *tlsv3.Secret {
+	t.Helper()
 	require.Equal(t, secretTypeURL, resp.GetTypeUrl())
 	require.Len(t, resp.GetResources(), 1)
 	var s tlsv3.Secret
