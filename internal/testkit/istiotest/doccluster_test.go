@@ -38,10 +38,10 @@ import (
 // docCommandBlocks are the guide's shell blocks that need a cluster: their
 // trustbridge commands are checked against the binary's --help, the files
 // they name against the guide's YAML blocks. The local-* blocks run.
-var docCommandBlocks = []string{"cluster-install", "istio-install", "cluster-check", "federation-check", "troubleshoot"}
+var docCommandBlocks = []string{"cluster-install", "istio-install", "cluster-check", "federation-check", "node-install", "authz-apply", "troubleshoot"}
 
 // docYAMLBlocks are the guide's YAML files, each checked by a test below.
-var docYAMLBlocks = []string{"trustbridge-config.yaml", "istio-values.yaml", "istio-own-roots.yaml"}
+var docYAMLBlocks = []string{"trustbridge-config.yaml", "istio-values.yaml", "istio-own-roots.yaml", "istio-node-values.yaml", "authz-federated.yaml"}
 
 // TestIstioDocBlocks: every block of the guide is one a test knows, and
 // every trustbridge command in it names a real subcommand and real flags.
@@ -82,8 +82,41 @@ func checkCommand(t *testing.T, help *helpCache, line string, words []string) {
 	case "helm":
 		i := slices.Index(words, "-f")
 		require.Positive(t, i, "%q: helm without -f VALUES", line)
-		assert.Contains(t, docYAMLBlocks, words[i+1], "%q: values file not in the guide", line)
+		for ; i >= 0 && i+1 < len(words); i = nextIndex(words, i, "-f") {
+			assertDocOrRepoFile(t, line, words[i+1])
+		}
+	case "kubectl":
+		for i := nextIndex(words, -1, "-f"); i >= 0 && i+1 < len(words); i = nextIndex(words, i, "-f") {
+			assertDocOrRepoFile(t, line, words[i+1])
+		}
+		if i := slices.Index(words, "-k"); i >= 0 && i+1 < len(words) && strings.HasPrefix(words[i+1], "deploy/") {
+			_, err := os.Stat(filepath.Join(repoRoot, words[i+1], "kustomization.yaml"))
+			assert.NoError(t, err, "%q: no kustomization in the repository at %s", line, words[i+1])
+		}
 	}
+}
+
+// repoRoot is the repository's root, relative to this package.
+const repoRoot = "../../.."
+
+// nextIndex is the index of the next word w after index i, or -1.
+func nextIndex(words []string, i int, w string) int {
+	if j := slices.Index(words[i+1:], w); j >= 0 {
+		return i + 1 + j
+	}
+	return -1
+}
+
+// assertDocOrRepoFile: a file a command of the guide reads is one of its
+// YAML blocks, or a file of the repository (deploy/...).
+func assertDocOrRepoFile(t *testing.T, line, file string) {
+	t.Helper()
+	if strings.HasPrefix(file, "deploy/") {
+		_, err := os.Stat(filepath.Join(repoRoot, file))
+		assert.NoError(t, err, "%q: no such file in the repository", line)
+		return
+	}
+	assert.Contains(t, docYAMLBlocks, file, "%q: file not in the guide", line)
 }
 
 // flagName is the long flag a word names, without its value.
@@ -235,7 +268,7 @@ func assertRootMounted(t *testing.T, values map[string]any, configMap string) {
 func TestIstioDocValues(t *testing.T) {
 	blocks := readDocBlocks(t)
 	chart := chartDefaults(t, "istio-control/istio-discovery")
-	for _, name := range []string{"istio-values.yaml", "istio-own-roots.yaml"} {
+	for _, name := range []string{"istio-values.yaml", "istio-own-roots.yaml", "istio-node-values.yaml"} {
 		t.Run(name, func(t *testing.T) {
 			values := docValues(t, blocks, name)
 			for key, v := range values {
