@@ -75,3 +75,30 @@ func TestDocsDownstreamDNSZones(t *testing.T) {
 		}
 	}
 }
+
+// Every trustbridge command line in the shell blocks of
+// docs/node-agent.md names a command and flags that exist and parse: an
+// operator copies them.
+func TestDocsNodeAgentCommands(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "docs", "node-agent.md"))
+	require.NoError(t, err)
+	blockRe := regexp.MustCompile("(?s)```sh\n(.*?)```")
+	var lines []string
+	for _, b := range blockRe.FindAllStringSubmatch(string(data), -1) {
+		for _, l := range strings.Split(strings.ReplaceAll(b[1], "\\\n", " "), "\n") {
+			if l = strings.TrimSpace(l); strings.HasPrefix(l, "trustbridge ") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	require.NotEmpty(t, lines, "the guide shows how to run the agent and the server")
+	for _, l := range lines {
+		args := strings.Fields(strings.ReplaceAll(l, "'", ""))[1:]
+		e, _, _ := testEnv(t, "text")
+		root := newRootCmd(e)
+		cmd, rest, err := root.Find(args)
+		require.NoError(t, err, "%s", l)
+		require.NotEqual(t, root.Name(), cmd.Name(), "%s: no such command", l)
+		assert.NoError(t, cmd.ParseFlags(rest), "%s", l)
+	}
+}
