@@ -1,0 +1,235 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/trustbridge/trustbridge/internal/pemfile"
+	"github.com/trustbridge/trustbridge/sds"
+)
+
+// The test binary re-executed as a workload of the node (childMain): a
+// process the parent moves into a pod's cgroup before telling it, on
+// stdin, what to ask the node agent; it prints each answer as a JSON line
+// (childLine) for the parent to check. Attestation looks at the calling
+// process, so what a pod gets can only be asked from a process in it.
+const (
+	childEnv       = "TRUSTBRIDGE_AGENT_CHILD" // set: run as a child
+	childSDSEnv    = "TRUSTBRIDGE_AGENT_CHILD_SDS"
+	childWLEnv     = "TRUSTBRIDGE_AGENT_CHILD_WORKLOAD_API"
+	childCallLimit = 30 * time.Second // bounds a child's one-shot call, so a broken test fails
+)
+
+// Child commands, one a line on its stdin; EOF ends the child.
+const (
+	// cmdX509 fetches an X.509 context once through go-spiffe's Workload
+	// API client.
+	cmdX509 = "x509"
+	// cmdSDS opens two SDS streams as Istio's Envoy does, one for
+	// default and one for ROOTCA, and reports every response until EOF.
+	cmdSDS = "sds"
+)
+
+// childLine is one answer a child got: Stream names what was asked
+// (cmdX509, or the SDS resource name); Code and Msg are a refusal's;
+// otherwise ID is the SVID's (or default's leaf's) SPIFFE ID and Roots the
+// trust it was given, by trust domain, as root fingerprints.
+type childLine struct {
+	Stream   string              `json:"stream"`
+	Code     string              `json:"code,omitempty"`
+	Msg      string              `json:"msg,omitempty"`
+	ID       string              `json:"id,omitempty"`
+	Verified bool                `json:"verified,omitempty"` // the SVID verifies against the bundles given with it
+	Roots    map[string][]string `json:"roots,omitempty"`
+}
+
+// childMain runs the child when the test binary was started as one.
+func childMain() (int, bool) {
+	if os.Getenv(childEnv) == "" {
+		return 0, false
+	}
+	return runChild(os.Stdin, os.Stdout), true
+}
+
+func runChild(in io.Reader, out io.Writer) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	print := func(l childLine) {
+		mu.Lock()
+		defer mu.Unlock()
+		b, _ := json.Marshal(l)
+		fmt.Fprintln(out, string(b))
+	}
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		switch cmd := sc.Text(); cmd {
+		case cmdX509:
+			print(childX509(ctx, os.Getenv(childWLEnv)))
+		case cmdSDS:
+			for _, name := range []string{sds.DefaultName, sds.RootCAName} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					childSDS(ctx, os.Getenv(childSDSEnv), name, print)
+				}()
+			}
+		default:
+			fmt.Fprintf(os.Stderr, "child: unknown command %q\n", cmd)
+			cancel()
+			return 2
+		}
+	}
+	cancel()
+	wg.Wait()
+	return 0
+}
+
+// childX509 asks the Workload API for the caller's X.509 context once.
+func childX509(ctx context.Context, socket string) childLine {
+	ctx, cancel := context.WithTimeout(ctx, childCallLimit)
+	defer cancel()
+	l := childLine{Stream: cmdX509}
+	c, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+socket))
+	if err != nil {
+		return l.refused(err)
+	}
+	defer c.Close()
+	x, err := c.FetchX509Context(ctx)
+	if err != nil {
+		return l.refused(err)
+	}
+	if len(x.SVIDs) != 1 {
+		return l.refused(fmt.Errorf("%d SVIDs, want 1", len(x.SVIDs)))
+	}
+	l.ID = x.SVIDs[0].ID.String()
+	_, _, err = x509svid.Verify(x.SVIDs[0].Certificates, x.Bundles)
+	l.Verified = err == nil
+	l.Roots = map[string][]string{}
+	for _, b := range x.Bundles.Bundles() {
+		l.Roots[b.TrustDomain().Name()] = fingerprints(b.X509Authorities())
+	}
+	return l
+}
+
+// childSDS streams name until ctx ends, reporting each response (ACKed)
+// and the stream's end, as Envoy would see them.
+func childSDS(ctx context.Context, socket, name string, print func(childLine)) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		print(childLine{Stream: name}.refused(err))
+		return
+	}
+	defer conn.Close()
+	s, err := secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+	if err == nil {
+		err = s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sidecar"}, TypeUrl: resourcev3.SecretType, ResourceNames: []string{name}})
+	}
+	for err == nil {
+		var resp *discoveryv3.DiscoveryResponse
+		if resp, err = s.Recv(); err != nil {
+			break
+		}
+		print(sdsLine(name, resp))
+		err = s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{name},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	}
+	if ctx.Err() == nil {
+		print(childLine{Stream: name}.refused(err))
+	}
+}
+
+// sdsLine reports the secret name of resp: default's leaf ID, or the
+// trust domains and roots of ROOTCA's SPIFFE validator.
+func sdsLine(name string, resp *discoveryv3.DiscoveryResponse) childLine {
+	l := childLine{Stream: name}
+	if len(resp.GetResources()) != 1 {
+		return l.refused(fmt.Errorf("%d resources, want 1", len(resp.GetResources())))
+	}
+	var s tlsv3.Secret
+	if err := anypb.UnmarshalTo(resp.GetResources()[0], &s, proto.UnmarshalOptions{}); err != nil {
+		return l.refused(err)
+	}
+	switch name {
+	case sds.DefaultName:
+		certs, err := pemfile.ParseCertificates(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
+		if err != nil {
+			return l.refused(err)
+		}
+		id, err := x509svid.IDFromCert(certs[0])
+		if err != nil {
+			return l.refused(err)
+		}
+		l.ID = id.String()
+	default:
+		byTD, err := parseSPIFFEValidator(s.GetValidationContext())
+		if err != nil {
+			return l.refused(err)
+		}
+		l.Roots = rootsByName(byTD)
+	}
+	return l
+}
+
+func (l childLine) refused(err error) childLine {
+	st := status.Convert(err)
+	l.Code, l.Msg = st.Code().String(), st.Message()
+	return l
+}
+
+// fingerprints are the SHA-256 of certs, sorted.
+func fingerprints(certs []*x509.Certificate) []string {
+	out := make([]string, 0, len(certs))
+	for _, c := range certs {
+		sum := sha256.Sum256(c.Raw)
+		out = append(out, hex.EncodeToString(sum[:]))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func rootsByName(byTD map[spiffeid.TrustDomain][]*x509.Certificate) map[string][]string {
+	out := make(map[string][]string, len(byTD))
+	for td, certs := range byTD {
+		out[td.Name()] = fingerprints(certs)
+	}
+	return out
+}
+
+// bundleRoots is what a child reports for bundles.
+func bundleRoots(bundles ...*x509bundle.Bundle) map[string][]string {
+	out := make(map[string][]string, len(bundles))
+	for _, b := range bundles {
+		out[b.TrustDomain().Name()] = fingerprints(b.X509Authorities())
+	}
+	return out
+}
