@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -345,6 +346,8 @@ type kid struct {
 	lines  chan childLine
 	exited chan struct{}
 	stderr *lockedBuffer
+	// latest is the last answer on each stream collect saw.
+	latest map[string]childLine
 }
 
 // startChild starts a child, has the kernel move it into the cgroup dir
@@ -355,7 +358,8 @@ func (f *realNode) startChild(t *testing.T, dir string) *kid {
 	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
-	k := &kid{cmd: exec.Command(self), lines: make(chan childLine, 64), exited: make(chan struct{}), stderr: &lockedBuffer{}}
+	k := &kid{cmd: exec.Command(self), lines: make(chan childLine, 64), exited: make(chan struct{}), stderr: &lockedBuffer{},
+		latest: map[string]childLine{}}
 	k.cmd.Env = append(os.Environ(), childEnv+"=1", childSDSEnv+"="+f.sds, childWLEnv+"="+f.wl)
 	k.cmd.Stderr = k.stderr
 	k.stdin, err = k.cmd.StdinPipe()
@@ -510,4 +514,144 @@ func TestNodeRealWorkloadAPI(t *testing.T) {
 		t.Logf("a process in no pod is told: %s", l.Msg)
 		host.stop(t)
 	})
+}
+
+// collect reads the child's answers until done accepts the latest one of
+// each stream (since the child started), and returns those.
+func (k *kid) collect(t *testing.T, done func(map[string]childLine) bool) map[string]childLine {
+	t.Helper()
+	for !done(k.latest) {
+		l := k.next(t)
+		k.latest[l.Stream] = l
+	}
+	return maps.Clone(k.latest)
+}
+
+// sdsAnswers accepts the latest default and ROOTCA once both are in and
+// ROOTCA holds roots; a refusal on either fails the test.
+func sdsAnswers(t *testing.T, roots map[string][]string) func(map[string]childLine) bool {
+	return func(m map[string]childLine) bool {
+		for _, l := range m {
+			require.Empty(t, l.Code, "%s refused: %s", l.Stream, l.Msg)
+		}
+		d, r := m[sds.DefaultName], m[sds.RootCAName]
+		return d.ID != "" && r.Roots != nil && (roots == nil || assert.ObjectsAreEqual(roots, r.Roots))
+	}
+}
+
+// SDS as Istio's Envoy asks it, from the processes of two pods: default
+// on one stream, ROOTCA on another (node mode serves ROOTCA as Envoy's
+// SPIFFE validator). Each pod gets its own certificate and the trust the
+// policy gives it; a federated peer's root rotation, then a policy change,
+// are pushed on the open streams, each to the pods they concern.
+func TestNodeRealSDS(t *testing.T) {
+	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
+	h.need(t)
+	f := startRealNode(t, nil)
+	web, api := f.startChild(t, h.cgroup(t, f.web)), f.startChild(t, h.cgroup(t, f.api))
+	web.do(t, cmdSDS)
+	api.do(t, cmdSDS)
+	w := web.collect(t, sdsAnswers(t, nil))
+	a := api.collect(t, sdsAnswers(t, nil))
+	assert.Equal(t, f.web.id.String(), w[sds.DefaultName].ID)
+	assert.Equal(t, f.api.id.String(), a[sds.DefaultName].ID)
+	assert.Equal(t, f.roots(tdB), w[sds.RootCAName].Roots, "web's ROOTCA: a.test and b.test")
+	assert.Equal(t, f.roots(tdC), a[sds.RootCAName].Roots, "api's ROOTCA: a.test and c.test")
+
+	// b.test rotates its root: web, which trusts it, gets the new one.
+	f.fed.replace(testca.New(t, tdB.Name()).Bundle())
+	w = web.collect(t, sdsAnswers(t, f.roots(tdB)))
+	assert.Equal(t, f.web.id.String(), w[sds.DefaultName].ID)
+
+	// web is granted c.test too, api b.test instead of c.test.
+	f.policy.Set(f.trustPolicy(t, map[spiffeid.ID][]string{f.web.id: {tdB.Name(), tdC.Name()}, f.api.id: {tdB.Name()}}))
+	web.collect(t, sdsAnswers(t, f.roots(tdB, tdC)))
+	api.collect(t, sdsAnswers(t, f.roots(tdB)))
+	web.stop(t)
+	api.stop(t)
+}
+
+// A pod deleted takes its identity with it: a new call from its cgroup is
+// refused at once; the stream its process still holds is refused at its
+// next re-attestation and ends; and the identity cache drops the
+// identity, which nobody holds any more, after its linger. The agent runs
+// on a fake clock, stepped second by second until each of these happens.
+func TestNodeRealPodDeleted(t *testing.T) {
+	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
+	h.need(t)
+	clk := clocktesting.NewFakeClock(time.Now())
+	f := startRealNode(t, clk)
+	cg := h.cgroup(t, f.web)
+	holder := f.startChild(t, cg)
+	holder.do(t, cmdSDS)
+	got := holder.collect(t, sdsAnswers(t, f.roots(tdB)))
+	require.Equal(t, f.web.id.String(), got[sds.DefaultName].ID)
+	assert.Equal(t, 1.0, f.identities(t))
+
+	ctx := context.Background()
+	require.NoError(t, f.env.Client.CoreV1().Pods(f.ns).Delete(ctx, f.web.pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+	waitUnlessEnded(t, f.done, func() bool {
+		_, err := f.pods.Lookup(ctx, string(f.web.pod.UID), f.web.cid)
+		return errors.Is(err, attest.ErrUnknownPod)
+	})
+	again := f.startChild(t, cg)
+	l := again.ask(t, cmdX509)
+	assert.Equal(t, "PermissionDenied", l.Code, "a new call from the deleted pod's cgroup: %+v", l)
+	assert.Contains(t, l.Msg, "no pod with the caller's pod UID on this node")
+	again.stop(t)
+	assert.Equal(t, 1.0, f.identities(t), "the open streams still hold it")
+
+	// The streams' next re-attestation refuses the process: the SDS
+	// server ends them as Unauthenticated, for Envoy to reconnect with
+	// fresh credentials; the reconnection is refused, with why.
+	ended := map[string]childLine{}
+	stepUntil(t, clk, f.done, func() bool {
+		for {
+			select {
+			case l, ok := <-holder.lines:
+				require.True(t, ok, "the holder exited: %s", holder.stderr)
+				if l.Code != "" {
+					ended[l.Stream] = l
+				}
+			default:
+				return len(ended) == 2
+			}
+		}
+	})
+	for _, name := range []string{sds.DefaultName, sds.RootCAName} {
+		assert.Equal(t, "Unauthenticated", ended[name].Code, "%s: %+v", name, ended[name])
+		assert.Contains(t, ended[name].Msg, "reconnect with fresh credentials", name)
+	}
+	holder.do(t, cmdSDS)
+	refused := map[string]childLine{}
+	for len(refused) < 2 {
+		l := holder.next(t)
+		refused[l.Stream] = l
+	}
+	for _, name := range []string{sds.DefaultName, sds.RootCAName} {
+		assert.Equal(t, "PermissionDenied", refused[name].Code, "%s reconnected: %+v", name, refused[name])
+		assert.Contains(t, refused[name].Msg, "no pod with the caller's pod UID on this node", name)
+	}
+	stepUntil(t, clk, f.done, func() bool { return f.identities(t) == 0 })
+	holder.stop(t)
+}
+
+// stepUntil steps clk a second at a time, every 10ms, until cond holds,
+// failing the test if the agent's Run ends first or after realWait. cond
+// runs on the test's goroutine.
+func stepUntil(t *testing.T, clk *clocktesting.FakeClock, done <-chan error, cond func() bool) {
+	t.Helper()
+	deadline := time.After(realWait)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		clk.Step(time.Second)
+		select {
+		case err := <-done:
+			t.Fatalf("Run ended: %v", err)
+		case <-deadline:
+			t.Fatalf("not within %s", realWait)
+		case <-tick.C:
+		}
+	}
 }
