@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -70,12 +72,53 @@ type childLine struct {
 	Roots    map[string][]string `json:"roots,omitempty"`
 }
 
+// childHandoff, as childEnv's value, makes the child connect to the SDS
+// socket, hand the connection to the parent over fd 3 and exit (see
+// runHandoff).
+const childHandoff = "handoff"
+
 // childMain runs the child when the test binary was started as one.
 func childMain() (int, bool) {
-	if os.Getenv(childEnv) == "" {
+	switch os.Getenv(childEnv) {
+	case "":
 		return 0, false
+	case childHandoff:
+		if err := runHandoff(os.Getenv(childSDSEnv), os.NewFile(3, "handoff")); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			return 1, true
+		}
+		return 0, true
 	}
 	return runChild(os.Stdin, os.Stdout), true
+}
+
+// runHandoff connects to the unix socket at path, waits until the server
+// has accepted the connection (its first bytes, the HTTP/2 SETTINGS,
+// peeked, not read: the server pins the caller during its handshake,
+// before it writes), and sends the connection over the unix socket to
+// (SCM_RIGHTS). The connection stays one this process made after it
+// exits.
+func runHandoff(path string, to *os.File) error {
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	f, err := conn.(*net.UnixConn).File()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, _, err := unix.Recvfrom(int(f.Fd()), make([]byte, 1), unix.MSG_PEEK); err != nil {
+		return fmt.Errorf("waiting for the server: %w", err)
+	}
+	c, err := net.FileConn(to)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, _, err = c.(*net.UnixConn).WriteMsgUnix([]byte{0}, unix.UnixRights(int(f.Fd())), nil)
+	return err
 }
 
 func runChild(in io.Reader, out io.Writer) int {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,11 +23,17 @@ import (
 	"testing"
 	"time"
 
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -654,4 +661,104 @@ func stepUntil(t *testing.T, clk *clocktesting.FakeClock, done <-chan error, con
 		case <-tick.C:
 		}
 	}
+}
+
+// handedOff starts a child in this test's cgroup that connects to the SDS
+// socket and hands the connection over before it exits; it returns the
+// connection and the pid that made it, now free (the child is reaped).
+func (f *realNode) handedOff(t *testing.T) (net.Conn, int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	ours, theirs := os.NewFile(uintptr(fds[0]), "handoff"), os.NewFile(uintptr(fds[1]), "handoff")
+	defer ours.Close()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	var stderr lockedBuffer
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), childEnv+"="+childHandoff, childSDSEnv+"="+f.sds)
+	cmd.ExtraFiles, cmd.Stderr = []*os.File{theirs}, &stderr
+	err = cmd.Run()
+	theirs.Close()
+	require.NoError(t, err, "child: %s", &stderr)
+
+	c, err := net.FileConn(ours)
+	require.NoError(t, err)
+	defer c.Close()
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := c.(*net.UnixConn).ReadMsgUnix(make([]byte, 1), oob)
+	require.NoError(t, err)
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	got, err := unix.ParseUnixRights(&msgs[0])
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	file := os.NewFile(uintptr(got[0]), "sds")
+	defer file.Close()
+	conn, err := net.FileConn(file)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return conn, cmd.Process.Pid
+}
+
+// startChildAt starts a child (startChild, in this test's cgroup) whose
+// pid is pid, free now: the kernel hands out ns_last_pid+1 next, unless
+// another process or thread of the machine takes it first, so it tries
+// again a bounded number of times.
+func (f *realNode) startChildAt(t *testing.T, pid int) *kid {
+	t.Helper()
+	for range 100 {
+		require.NoError(t, os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644))
+		k := f.startChild(t, "")
+		if k.cmd.Process.Pid == pid {
+			return k
+		}
+		k.stop(t)
+	}
+	t.Skipf("could not start a process at pid %d: the machine forks too busily", pid)
+	return nil
+}
+
+// Pid reuse at the agent: a process in no pod connects to the SDS socket,
+// hands the connection to another process and exits; its pid is given to
+// a process the kernel then moves into web's pod, which gets web's
+// identity when it asks for itself. The connection the first process
+// made is refused (the caller is pinned at the handshake by pidfd and
+// start time), never served web's identity by following the pid.
+func TestNodeRealPidReuse(t *testing.T) {
+	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
+	h.need(t)
+	if err := unix.Access("/proc/sys/kernel/ns_last_pid", unix.W_OK); err != nil {
+		t.Skipf("cannot choose the next pid (/proc/sys/kernel/ns_last_pid): %v", err)
+	}
+	f := startRealNode(t, nil)
+	cg := h.cgroup(t, f.web)
+	conn, pid := f.handedOff(t)
+
+	reuser := f.startChildAt(t, pid)
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644))
+	l := reuser.ask(t, cmdX509)
+	require.Empty(t, l.Code, "the process now at pid %d, in web's pod: %s", pid, l.Msg)
+	assert.Equal(t, f.web.id.String(), l.ID, "pid %d is web's now", pid)
+
+	dialed := false
+	cc, err := grpc.NewClient("passthrough:///sds", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) {
+			if dialed {
+				return nil, errors.New("the handed-off connection is used once")
+			}
+			dialed = true
+			return conn, nil
+		}))
+	require.NoError(t, err)
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), realWait)
+	defer cancel()
+	_, err = secretv3.NewSecretDiscoveryServiceClient(cc).FetchSecrets(ctx, fetchRequest(sds.DefaultName))
+	require.Error(t, err, "the connection pid %d made before it was reused got a secret", pid)
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "exited or was replaced")
+	t.Logf("the handed-off connection is told: %s", status.Convert(err).Message())
+	reuser.stop(t)
 }
