@@ -23,12 +23,14 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -57,6 +59,9 @@ const (
 	// cmdSDS opens two SDS streams as Istio's Envoy does, one for
 	// default and one for ROOTCA, and reports every response until EOF.
 	cmdSDS = "sds"
+	// cmdWatch opens a Workload API FetchX509SVID stream and reports
+	// every response, and its end, until EOF.
+	cmdWatch = "watch"
 )
 
 // childLine is one answer a child got: Stream names what was asked
@@ -146,6 +151,12 @@ func runChild(in io.Reader, out io.Writer) int {
 					childSDS(ctx, os.Getenv(childSDSEnv), name, print)
 				}()
 			}
+		case cmdWatch:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				childWatch(ctx, os.Getenv(childWLEnv), print)
+			}()
 		default:
 			fmt.Fprintf(os.Stderr, "child: unknown command %q\n", cmd)
 			cancel()
@@ -182,6 +193,28 @@ func childX509(ctx context.Context, socket string) childLine {
 		l.Roots[b.TrustDomain().Name()] = fingerprints(b.X509Authorities())
 	}
 	return l
+}
+
+// childWatch streams the caller's X509-SVIDs from the Workload API until
+// ctx ends, reporting each response's SVID and the stream's end.
+func childWatch(ctx context.Context, socket string, print func(childLine)) {
+	l := childLine{Stream: cmdWatch}
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		print(l.refused(err))
+		return
+	}
+	defer conn.Close()
+	s, err := workloadpb.NewSpiffeWorkloadAPIClient(conn).FetchX509SVID(metadata.AppendToOutgoingContext(ctx, "workload.spiffe.io", "true"), &workloadpb.X509SVIDRequest{})
+	for err == nil {
+		var resp *workloadpb.X509SVIDResponse
+		if resp, err = s.Recv(); err == nil && len(resp.GetSvids()) > 0 {
+			print(childLine{Stream: cmdWatch, ID: resp.GetSvids()[0].GetSpiffeId()})
+		}
+	}
+	if ctx.Err() == nil {
+		print(l.refused(err))
+	}
 }
 
 // childSDS streams name until ctx ends, reporting each response (ACKed)

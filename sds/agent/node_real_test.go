@@ -579,10 +579,11 @@ func TestNodeRealSDS(t *testing.T) {
 }
 
 // A pod deleted takes its identity with it: a new call from its cgroup is
-// refused at once; the stream its process still holds is refused at its
-// next re-attestation and ends; and the identity cache drops the
-// identity, which nobody holds any more, after its linger. The agent runs
-// on a fake clock, stepped second by second until each of these happens.
+// refused at once; the streams its process still holds (SDS, the
+// Workload API) are refused at their next re-attestation and end; and
+// the identity cache drops the identity, which nobody holds any more,
+// after its linger. The agent runs on a fake clock, stepped second by
+// second until each of these happens.
 func TestNodeRealPodDeleted(t *testing.T) {
 	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
 	h.need(t)
@@ -591,8 +592,12 @@ func TestNodeRealPodDeleted(t *testing.T) {
 	cg := h.cgroup(t, f.web)
 	holder := f.startChild(t, cg)
 	holder.do(t, cmdSDS)
-	got := holder.collect(t, sdsAnswers(t, f.roots(tdB)))
+	holder.do(t, cmdWatch)
+	got := holder.collect(t, func(m map[string]childLine) bool {
+		return sdsAnswers(t, f.roots(tdB))(m) && m[cmdWatch].ID != ""
+	})
 	require.Equal(t, f.web.id.String(), got[sds.DefaultName].ID)
+	require.Equal(t, f.web.id.String(), got[cmdWatch].ID)
 	assert.Equal(t, 1.0, f.identities(t))
 
 	ctx := context.Background()
@@ -612,7 +617,7 @@ func TestNodeRealPodDeleted(t *testing.T) {
 	// server ends them as Unauthenticated, for Envoy to reconnect with
 	// fresh credentials; the reconnection is refused, with why.
 	ended := map[string]childLine{}
-	stepUntil(t, clk, f.done, func() bool {
+	stepUntil(t, clk, f.done, "the held streams end", func() bool {
 		for {
 			select {
 			case l, ok := <-holder.lines:
@@ -621,14 +626,17 @@ func TestNodeRealPodDeleted(t *testing.T) {
 					ended[l.Stream] = l
 				}
 			default:
-				return len(ended) == 2
+				return len(ended) == 3
 			}
 		}
 	})
+	t.Logf("ended: %+v", ended)
 	for _, name := range []string{sds.DefaultName, sds.RootCAName} {
 		assert.Equal(t, "Unauthenticated", ended[name].Code, "%s: %+v", name, ended[name])
 		assert.Contains(t, ended[name].Msg, "reconnect with fresh credentials", name)
 	}
+	assert.Equal(t, "PermissionDenied", ended[cmdWatch].Code, "the Workload API stream: %+v", ended[cmdWatch])
+	assert.Contains(t, ended[cmdWatch].Msg, "no pod with the caller's pod UID on this node")
 	holder.do(t, cmdSDS)
 	refused := map[string]childLine{}
 	for len(refused) < 2 {
@@ -639,14 +647,14 @@ func TestNodeRealPodDeleted(t *testing.T) {
 		assert.Equal(t, "PermissionDenied", refused[name].Code, "%s reconnected: %+v", name, refused[name])
 		assert.Contains(t, refused[name].Msg, "no pod with the caller's pod UID on this node", name)
 	}
-	stepUntil(t, clk, f.done, func() bool { return f.identities(t) == 0 })
+	stepUntil(t, clk, f.done, "the identity dropped", func() bool { return f.identities(t) == 0 })
 	holder.stop(t)
 }
 
 // stepUntil steps clk a second at a time, every 10ms, until cond holds,
 // failing the test if the agent's Run ends first or after realWait. cond
 // runs on the test's goroutine.
-func stepUntil(t *testing.T, clk *clocktesting.FakeClock, done <-chan error, cond func() bool) {
+func stepUntil(t *testing.T, clk *clocktesting.FakeClock, done <-chan error, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.After(realWait)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -657,7 +665,7 @@ func stepUntil(t *testing.T, clk *clocktesting.FakeClock, done <-chan error, con
 		case err := <-done:
 			t.Fatalf("Run ended: %v", err)
 		case <-deadline:
-			t.Fatalf("not within %s", realWait)
+			t.Fatalf("%s: not within %s", what, realWait)
 		case <-tick.C:
 		}
 	}
