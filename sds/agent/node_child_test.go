@@ -208,13 +208,45 @@ func childWatch(ctx context.Context, socket string, print func(childLine)) {
 	s, err := workloadpb.NewSpiffeWorkloadAPIClient(conn).FetchX509SVID(metadata.AppendToOutgoingContext(ctx, "workload.spiffe.io", "true"), &workloadpb.X509SVIDRequest{})
 	for err == nil {
 		var resp *workloadpb.X509SVIDResponse
-		if resp, err = s.Recv(); err == nil && len(resp.GetSvids()) > 0 {
-			print(childLine{Stream: cmdWatch, ID: resp.GetSvids()[0].GetSpiffeId()})
+		if resp, err = s.Recv(); err == nil {
+			print(watchLine(resp))
 		}
 	}
 	if ctx.Err() == nil {
 		print(l.refused(err))
 	}
+}
+
+// watchLine reports a FetchX509SVID response: its SVID's ID, and the
+// roots of its own trust domain and of the federated ones.
+func watchLine(resp *workloadpb.X509SVIDResponse) childLine {
+	l := childLine{Stream: cmdWatch}
+	if len(resp.GetSvids()) != 1 {
+		return l.refused(fmt.Errorf("%d SVIDs, want 1", len(resp.GetSvids())))
+	}
+	svid := resp.GetSvids()[0]
+	id, err := spiffeid.FromString(svid.GetSpiffeId())
+	if err != nil {
+		return l.refused(err)
+	}
+	l.ID = id.String()
+	bundles := map[string][]byte{id.TrustDomain().Name(): svid.GetBundle()}
+	for name, der := range resp.GetFederatedBundles() {
+		td, err := spiffeid.TrustDomainFromString(name)
+		if err != nil {
+			return l.refused(err)
+		}
+		bundles[td.Name()] = der
+	}
+	l.Roots = map[string][]string{}
+	for td, der := range bundles {
+		certs, err := x509.ParseCertificates(der)
+		if err != nil {
+			return l.refused(fmt.Errorf("bundle of %s: %w", td, err))
+		}
+		l.Roots[td] = fingerprints(certs)
+	}
+	return l
 }
 
 // childSDS streams name until ctx ends, reporting each response (ACKed)

@@ -546,34 +546,55 @@ func sdsAnswers(t *testing.T, roots map[string][]string) func(map[string]childLi
 	}
 }
 
-// SDS as Istio's Envoy asks it, from the processes of two pods: default
-// on one stream, ROOTCA on another (node mode serves ROOTCA as Envoy's
-// SPIFFE validator). Each pod gets its own certificate and the trust the
-// policy gives it; a federated peer's root rotation, then a policy change,
-// are pushed on the open streams, each to the pods they concern.
-func TestNodeRealSDS(t *testing.T) {
+// streamAnswers accepts the latest answers once default, ROOTCA and the
+// Workload API stream are in, and ROOTCA and the Workload API's bundles
+// hold roots (roots, when set); a refusal on any fails the test.
+func streamAnswers(t *testing.T, roots map[string][]string) func(map[string]childLine) bool {
+	return func(m map[string]childLine) bool {
+		for _, l := range m {
+			require.Empty(t, l.Code, "%s refused: %s", l.Stream, l.Msg)
+		}
+		d, r, w := m[sds.DefaultName], m[sds.RootCAName], m[cmdWatch]
+		return d.ID != "" && r.Roots != nil && w.Roots != nil &&
+			(roots == nil || assert.ObjectsAreEqual(roots, r.Roots) && assert.ObjectsAreEqual(roots, w.Roots))
+	}
+}
+
+// The streams of two pods' processes, open while the trust changes: SDS
+// as Istio's Envoy asks it, default on one stream and ROOTCA on another
+// (node mode serves ROOTCA as Envoy's SPIFFE validator), and the Workload
+// API's X509-SVID stream. Each pod gets its own certificate and the trust
+// the policy gives it; a federated peer's root rotation, then a policy
+// change, are pushed on the open streams, each to the pods they concern.
+func TestNodeRealStreams(t *testing.T) {
 	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
 	h.need(t)
 	f := startRealNode(t, nil)
 	web, api := f.startChild(t, h.cgroup(t, f.web)), f.startChild(t, h.cgroup(t, f.api))
-	web.do(t, cmdSDS)
-	api.do(t, cmdSDS)
-	w := web.collect(t, sdsAnswers(t, nil))
-	a := api.collect(t, sdsAnswers(t, nil))
-	assert.Equal(t, f.web.id.String(), w[sds.DefaultName].ID)
-	assert.Equal(t, f.api.id.String(), a[sds.DefaultName].ID)
-	assert.Equal(t, f.roots(tdB), w[sds.RootCAName].Roots, "web's ROOTCA: a.test and b.test")
-	assert.Equal(t, f.roots(tdC), a[sds.RootCAName].Roots, "api's ROOTCA: a.test and c.test")
+	for _, k := range []*kid{web, api} {
+		k.do(t, cmdSDS)
+		k.do(t, cmdWatch)
+	}
+	w := web.collect(t, streamAnswers(t, nil))
+	a := api.collect(t, streamAnswers(t, nil))
+	for _, name := range []string{sds.DefaultName, cmdWatch} {
+		assert.Equal(t, f.web.id.String(), w[name].ID, name)
+		assert.Equal(t, f.api.id.String(), a[name].ID, name)
+	}
+	for _, name := range []string{sds.RootCAName, cmdWatch} {
+		assert.Equal(t, f.roots(tdB), w[name].Roots, "web's %s: a.test and b.test", name)
+		assert.Equal(t, f.roots(tdC), a[name].Roots, "api's %s: a.test and c.test", name)
+	}
 
 	// b.test rotates its root: web, which trusts it, gets the new one.
 	f.fed.replace(testca.New(t, tdB.Name()).Bundle())
-	w = web.collect(t, sdsAnswers(t, f.roots(tdB)))
+	w = web.collect(t, streamAnswers(t, f.roots(tdB)))
 	assert.Equal(t, f.web.id.String(), w[sds.DefaultName].ID)
 
 	// web is granted c.test too, api b.test instead of c.test.
 	f.policy.Set(f.trustPolicy(t, map[spiffeid.ID][]string{f.web.id: {tdB.Name(), tdC.Name()}, f.api.id: {tdB.Name()}}))
-	web.collect(t, sdsAnswers(t, f.roots(tdB, tdC)))
-	api.collect(t, sdsAnswers(t, f.roots(tdB)))
+	web.collect(t, streamAnswers(t, f.roots(tdB, tdC)))
+	api.collect(t, streamAnswers(t, f.roots(tdB)))
 	web.stop(t)
 	api.stop(t)
 }
