@@ -82,6 +82,7 @@ type realNode struct {
 	web, api, db workloadPod
 
 	cs     *certService
+	na     *nodeauth.Authorizer // the server's node authorizer
 	fed    *federation
 	policy *trustpolicy.Cell
 	b, c   *testca.CA
@@ -170,6 +171,7 @@ func (f *realNode) startServer(t *testing.T) {
 	na, err := nodeauth.New(nodeauth.Config{Client: client, TrustDomain: tdA, TrustedNodeAccounts: []string{f.ns + "/" + agentAccount}})
 	require.NoError(t, err)
 	startServing(t, na.Run)
+	f.na = na
 	// The pods exist already: once listed, the authorizer knows them all.
 	ctx, cancel := context.WithTimeout(context.Background(), realWait)
 	defer cancel()
@@ -596,6 +598,35 @@ func TestNodeRealStreams(t *testing.T) {
 	web.collect(t, streamAnswers(t, f.roots(tdB, tdC)))
 	api.collect(t, streamAnswers(t, f.roots(tdB)))
 	web.stop(t)
+	api.stop(t)
+}
+
+// The server alone decides which identities run on the node: a pod the
+// agent still finds on node A, but which is terminating (its deletion
+// waits for a kubelet, which these tests have none of), is attested by
+// the agent and refused by the server's node authorizer; its process is
+// refused with the server's reason, and nothing is cached.
+func TestNodeRealServerRefuses(t *testing.T) {
+	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
+	h.need(t)
+	f := startRealNode(t, nil)
+	ctx := context.Background()
+	grace := int64(300)
+	require.NoError(t, f.env.Client.CoreV1().Pods(f.ns).Delete(ctx, f.api.pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace}))
+	node := authn.Identity{ID: spiffeid.RequireFromSegments(tdA, "ns", f.ns, "sa", agentAccount), Method: authn.MethodKubernetesJWT,
+		Pod: authn.PodRef{Namespace: f.ns, Name: f.agentPod.Name, UID: string(f.agentPod.UID)}}
+	waitUnlessEnded(t, f.done, func() bool {
+		return errors.Is(f.na.AuthorizeImpersonation(ctx, node, f.api.id), nodeauth.ErrNotAuthorized)
+	})
+	_, err := f.pods.Lookup(ctx, string(f.api.pod.UID), f.api.cid)
+	require.NoError(t, err, "the agent still finds the terminating pod")
+
+	api := f.startChild(t, h.cgroup(t, f.api))
+	l := api.ask(t, cmdX509)
+	assert.Equal(t, "PermissionDenied", l.Code, "%+v", l)
+	assert.Contains(t, l.Msg, "no running pod of service account "+f.ns+"/api is on node "+f.nodeA)
+	t.Logf("the terminating pod is told: %s", l.Msg)
+	assert.Equal(t, 0.0, f.identities(t), "a refusal is not cached")
 	api.stop(t)
 }
 
