@@ -132,7 +132,7 @@ func runChild(in io.Reader, out io.Writer) int {
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	print := func(l childLine) {
+	report := func(l childLine) {
 		mu.Lock()
 		defer mu.Unlock()
 		b, _ := json.Marshal(l)
@@ -142,20 +142,20 @@ func runChild(in io.Reader, out io.Writer) int {
 	for sc.Scan() {
 		switch cmd := sc.Text(); cmd {
 		case cmdX509:
-			print(childX509(ctx, os.Getenv(childWLEnv)))
+			report(childX509(ctx, os.Getenv(childWLEnv)))
 		case cmdSDS:
 			for _, name := range []string{sds.DefaultName, sds.RootCAName} {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					childSDS(ctx, os.Getenv(childSDSEnv), name, print)
+					childSDS(ctx, os.Getenv(childSDSEnv), name, report)
 				}()
 			}
 		case cmdWatch:
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				childWatch(ctx, os.Getenv(childWLEnv), print)
+				childWatch(ctx, os.Getenv(childWLEnv), report)
 			}()
 		default:
 			fmt.Fprintf(os.Stderr, "child: unknown command %q\n", cmd)
@@ -197,11 +197,11 @@ func childX509(ctx context.Context, socket string) childLine {
 
 // childWatch streams the caller's X509-SVIDs from the Workload API until
 // ctx ends, reporting each response's SVID and the stream's end.
-func childWatch(ctx context.Context, socket string, print func(childLine)) {
+func childWatch(ctx context.Context, socket string, report func(childLine)) {
 	l := childLine{Stream: cmdWatch}
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		print(l.refused(err))
+		report(l.refused(err))
 		return
 	}
 	defer conn.Close()
@@ -209,11 +209,11 @@ func childWatch(ctx context.Context, socket string, print func(childLine)) {
 	for err == nil {
 		var resp *workloadpb.X509SVIDResponse
 		if resp, err = s.Recv(); err == nil {
-			print(watchLine(resp))
+			report(watchLine(resp))
 		}
 	}
 	if ctx.Err() == nil {
-		print(l.refused(err))
+		report(l.refused(err))
 	}
 }
 
@@ -251,10 +251,10 @@ func watchLine(resp *workloadpb.X509SVIDResponse) childLine {
 
 // childSDS streams name until ctx ends, reporting each response (ACKed)
 // and the stream's end, as Envoy would see them.
-func childSDS(ctx context.Context, socket, name string, print func(childLine)) {
+func childSDS(ctx context.Context, socket, name string, report func(childLine)) {
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		print(childLine{Stream: name}.refused(err))
+		report(childLine{Stream: name}.refused(err))
 		return
 	}
 	defer conn.Close()
@@ -267,12 +267,12 @@ func childSDS(ctx context.Context, socket, name string, print func(childLine)) {
 		if resp, err = s.Recv(); err != nil {
 			break
 		}
-		print(sdsLine(name, resp))
+		report(sdsLine(name, resp))
 		err = s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{name},
 			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 	}
 	if ctx.Err() == nil {
-		print(childLine{Stream: name}.refused(err))
+		report(childLine{Stream: name}.refused(err))
 	}
 }
 
