@@ -427,16 +427,6 @@ func (k *kid) next(t *testing.T) childLine {
 	}
 }
 
-// nextOn is the child's next answer on stream, skipping the others'.
-func (k *kid) nextOn(t *testing.T, stream string) childLine {
-	t.Helper()
-	for {
-		if l := k.next(t); l.Stream == stream {
-			return l
-		}
-	}
-}
-
 // ask runs cmd in the child and returns its answer.
 func (k *kid) ask(t *testing.T, cmd string) childLine {
 	t.Helper()
