@@ -37,12 +37,16 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	if code, ok := childMain(); ok {
+		os.Exit(code)
+	}
+	goleak.VerifyTestMain(kubetest.Tests(m))
 }
 
 var (

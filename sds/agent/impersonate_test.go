@@ -123,11 +123,12 @@ func newCertServiceWith(t *testing.T, with func(*certservice.Config, *ca.Authori
 	require.NoError(t, err)
 	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
 	// The server's own SDS beside it, as trustbridge serves it, for the
-	// Rotator's first trust: the local roots.
+	// Rotator's first trust: the local roots, to the callers the
+	// certificate service authenticates (with may have changed them).
 	local := sds.NewTrustCell()
 	require.NoError(t, local.Set([]*x509bundle.Bundle{authority.Bundle().X509Bundle()}))
 	svids := authn.NewX509SVID(tdA, authority.Bundle().X509Bundle(), clock.RealClock{})
-	serverSDS, err := sds.New(sds.Config{TrustDomain: tdA, Trust: local, Authenticator: authn.Chain{tokens, svids}, Registerer: prometheus.NewRegistry()})
+	serverSDS, err := sds.New(sds.Config{TrustDomain: tdA, Trust: local, Authenticator: authn.Chain{cfg.Authenticator, svids}, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	serverSDS.Register(srv.Registrar())
 	startServing(t, srv.Run)

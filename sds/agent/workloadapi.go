@@ -60,7 +60,7 @@ func (a *Agent) startWorkloadAPI(ctx context.Context, wl *workloadAPI, wg *sync.
 	srv, err := wapi.New(wapi.Config{
 		Source: wl.src, JWT: wl.jwt, NoJWTReason: wl.noJWT,
 		Selector: wl.sel, Credentials: wl.creds, ReselectInterval: wl.reselect,
-		Logger: a.log, Registerer: a.reg,
+		Clock: a.clock, Logger: a.log, Registerer: a.reg,
 	})
 	if err != nil {
 		fail(fmt.Errorf("agent: %w", err))
