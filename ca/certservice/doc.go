@@ -62,7 +62,9 @@
 // except that an X509-SVID whose grant no longer stands, or SDS minted,
 // and a single-use bootstrap token (which buys one certificate) are
 // refused, as on SDS. MintJWTSVID signs a JWT-SVID whose subject is the
-// caller's proven identity (no request field names one) for 1 to
+// caller's proven identity, or, with impersonated_identity, a workload
+// the Impersonator lets the caller (a node agent, by its token) act for,
+// as for that workload's certificate; for 1 to
 // MaxAudiences audiences of at most MaxAudienceBytes each; ttl_seconds 0
 // takes the signer's default and a larger one is clamped by it, and both
 // to what the caller's credential has left (under a second: Unauthenticated); without

@@ -122,24 +122,38 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref := checkCredentialLeft(credExp, now); ref != nil {
 		return nil, ident, ref
 	}
-	release, ref := s.admission.admit(ident.ID)
+	// The subject is the identity the caller proved, or the workload a
+	// node agent proved it may act for; nothing else in the request can
+	// name another.
+	subject := ident.ID
+	if v := req.GetImpersonatedIdentity(); v != "" {
+		if subject, ref = s.authorizeImpersonation(ctx, ident, jwtImpersonation, v); ref != nil {
+			return nil, ident, ref
+		}
+	}
+	if ref := s.admission.charge(ident.ID, subject); ref != nil {
+		return nil, ident, ref
+	}
+	release, ref := s.admission.acquire()
 	if ref != nil {
 		return nil, ident, ref
 	}
 	defer release()
 
-	// The subject is the identity the caller proved; nothing in the
-	// request can name another.
-	token, exp, err := s.signJWT(ident.ID, audience, ttl, credExp, now)
+	token, exp, err := s.signJWT(subject, audience, ttl, credExp, now)
 	if err == nil && (token == "" || !exp.After(s.cfg.Clock.Now())) {
 		err = errors.New("signer returned no token, or one already expired")
 	}
 	if err != nil {
 		return nil, ident, jwtRefusal(err)
 	}
-	s.cfg.Logger.Info("jwt-svid issued", logattr.SPIFFEID, ident.ID.String(), "method", ident.Method,
-		"audience", strings.Join(audience, ","), "expires_at", exp.UTC().Format(time.RFC3339), logattr.Address, r.Peer)
-	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: ident.ID.String(), ExpiresAt: exp.Unix()}, ident, nil
+	attrs := []any{logattr.SPIFFEID, ident.ID.String(), "method", ident.Method,
+		"audience", strings.Join(audience, ","), "expires_at", exp.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
+	if subject != ident.ID {
+		attrs = append(attrs, logattr.Impersonated, subject.String())
+	}
+	s.cfg.Logger.Info("jwt-svid issued", attrs...)
+	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: subject.String(), ExpiresAt: exp.Unix()}, ident, nil
 }
 
 // minCredentialLeft is the least time the caller's credential must have

@@ -612,6 +612,7 @@ type impersonationAsk struct {
 var (
 	certificateImpersonation = impersonationAsk{impersonationKey, "a certificate for"}
 	watchImpersonation       = impersonationAsk{"impersonated_identity", "the bundles of"}
+	jwtImpersonation         = impersonationAsk{"impersonated_identity", "a JWT-SVID for"}
 )
 
 // authorizeImpersonation judges a caller acting for the workload named by

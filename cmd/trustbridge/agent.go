@@ -95,8 +95,8 @@ new callers get Unavailable. Open streams are attested again every
 minute, so a process that moved, or an --identity-map edit, reaches them
 within it. The Workload API socket (--workload-api-socket) serves each
 caller its own identity the same way (mode 0666 too), with the bundles
-its workload may trust whole; JWT-SVIDs are not minted for workloads
-yet.
+its workload may trust whole and JWT-SVIDs of that identity, which the
+server mints for the node acting for the workload.
 
 The same identity and trust are served over the SPIFFE Workload API on
 --workload-api-socket (mode 0600, or 0660 with

@@ -31,18 +31,40 @@ type JWTSVID struct {
 // returns the gRPC status error unwrapped. opts apply to the call (such
 // as grpc.Peer, to tell a server's refusal from no connection).
 func MintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, audience []string, ttl time.Duration, opts ...grpc.CallOption) (*JWTSVID, error) {
+	return mintJWTSVID(ctx, conn, spiffeid.ID{}, audience, ttl, opts...)
+}
+
+// MintJWTSVIDFor is MintJWTSVID for workload rather than the caller: a
+// node agent acting for a workload of its node, which the server grants
+// as it grants that workload's certificate. A token whose subject is not
+// exactly workload is refused: a server that predates the request field
+// ignores it and signs the caller's own identity, which must not pass
+// for the workload's.
+func MintJWTSVIDFor(ctx context.Context, conn grpc.ClientConnInterface, workload spiffeid.ID, audience []string, ttl time.Duration, opts ...grpc.CallOption) (*JWTSVID, error) {
+	if workload.IsZero() || workload.Path() == "" {
+		return nil, fmt.Errorf("%q is not a SPIFFE ID of a workload", workload.String())
+	}
+	return mintJWTSVID(ctx, conn, workload, audience, ttl, opts...)
+}
+
+func mintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, workload spiffeid.ID, audience []string, ttl time.Duration, opts ...grpc.CallOption) (*JWTSVID, error) {
 	if ttl < 0 {
 		return nil, fmt.Errorf("lifetime %s is negative", ttl)
 	}
-	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, &identityapi.MintJWTSVIDRequest{
-		Audience: audience, TtlSeconds: int64((ttl + time.Second - 1) / time.Second),
-	}, opts...)
+	req := &identityapi.MintJWTSVIDRequest{Audience: audience, TtlSeconds: int64((ttl + time.Second - 1) / time.Second)}
+	if !workload.IsZero() {
+		req.ImpersonatedIdentity = workload.String()
+	}
+	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, req, opts...)
 	if err != nil {
 		return nil, err
 	}
 	id, err := spiffeid.FromString(resp.GetSpiffeId())
 	if err != nil {
 		return nil, fmt.Errorf("the server answered with an invalid spiffe_id: %w", err)
+	}
+	if !workload.IsZero() && id != workload {
+		return nil, fmt.Errorf("the server minted a JWT-SVID for %s, not for %s: it is too old to mint for the workloads of a node agent", id, workload)
 	}
 	if resp.GetToken() == "" {
 		return nil, errors.New("the server answered with an empty token")

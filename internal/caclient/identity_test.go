@@ -482,3 +482,25 @@ func TestMintJWTSVID(t *testing.T) {
 		})
 	}
 }
+
+// MintJWTSVIDFor asks for the workload and accepts a token of that
+// workload only: an older server ignores the field and signs the caller.
+func TestMintJWTSVIDFor(t *testing.T) {
+	web := spiffeid.RequireFromString("spiffe://a.example/ns/shop/sa/web")
+	f := &fakeIdentity{mint: &identityapi.MintJWTSVIDResponse{Token: "tok", SpiffeId: web.String(), ExpiresAt: 1_800_000_000}}
+	svid, err := MintJWTSVIDFor(context.Background(), serveIdentity(t, f), web, []string{"db"}, 0)
+	require.NoError(t, err)
+	assert.Equal(t, web, svid.ID)
+	assert.Equal(t, web.String(), f.req.GetImpersonatedIdentity())
+
+	old := &fakeIdentity{mint: &identityapi.MintJWTSVIDResponse{Token: "tok", SpiffeId: "spiffe://a.example/ns/kube-system/sa/agent", ExpiresAt: 1_800_000_000}}
+	svid, err = MintJWTSVIDFor(context.Background(), serveIdentity(t, old), web, []string{"db"}, 0)
+	assert.ErrorContains(t, err, "too old to mint for the workloads of a node agent")
+	assert.Nil(t, svid)
+
+	_, err = MintJWTSVIDFor(context.Background(), serveIdentity(t, f), spiffeid.RequireFromString("spiffe://a.example"), []string{"db"}, 0)
+	assert.ErrorContains(t, err, "not a SPIFFE ID of a workload")
+	_, err = MintJWTSVID(context.Background(), serveIdentity(t, f), []string{"db"}, 0)
+	require.NoError(t, err)
+	assert.Empty(t, f.req.GetImpersonatedIdentity(), "the caller's own asks for nobody else")
+}

@@ -32,9 +32,16 @@ type MintJWTSVIDRequest struct {
 	Audience []string `protobuf:"bytes,1,rep,name=audience,proto3" json:"audience,omitempty"`
 	// ttl_seconds asks for a lifetime; 0 takes the server's default. The
 	// server clamps it to its maximum.
-	TtlSeconds    int64 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TtlSeconds int64 `protobuf:"varint,2,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// impersonated_identity, when set, asks for a JWT-SVID of that workload
+	// (a SPIFFE ID with a path) rather than the caller's: a node agent
+	// acting for a workload of its node, granted exactly as the
+	// certificate service's ImpersonatedIdentity (the same node
+	// authorization; a caller proven by a certificate is refused). The
+	// token expires no later than the caller's own credential.
+	ImpersonatedIdentity string `protobuf:"bytes,3,opt,name=impersonated_identity,json=impersonatedIdentity,proto3" json:"impersonated_identity,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *MintJWTSVIDRequest) Reset() {
@@ -79,6 +86,13 @@ func (x *MintJWTSVIDRequest) GetTtlSeconds() int64 {
 		return x.TtlSeconds
 	}
 	return 0
+}
+
+func (x *MintJWTSVIDRequest) GetImpersonatedIdentity() string {
+	if x != nil {
+		return x.ImpersonatedIdentity
+	}
+	return ""
 }
 
 type MintJWTSVIDResponse struct {
@@ -467,11 +481,12 @@ var File_identity_proto protoreflect.FileDescriptor
 
 const file_identity_proto_rawDesc = "" +
 	"\n" +
-	"\x0eidentity.proto\x12\x17trustbridge.identity.v1\"Q\n" +
+	"\x0eidentity.proto\x12\x17trustbridge.identity.v1\"\x86\x01\n" +
 	"\x12MintJWTSVIDRequest\x12\x1a\n" +
 	"\baudience\x18\x01 \x03(\tR\baudience\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
-	"ttlSeconds\"g\n" +
+	"ttlSeconds\x123\n" +
+	"\x15impersonated_identity\x18\x03 \x01(\tR\x14impersonatedIdentity\"g\n" +
 	"\x13MintJWTSVIDResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1b\n" +
 	"\tspiffe_id\x18\x02 \x01(\tR\bspiffeId\x12\x1d\n" +

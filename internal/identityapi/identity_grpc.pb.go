@@ -34,7 +34,8 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type IdentityServiceClient interface {
 	// MintJWTSVID signs a JWT-SVID whose subject is the caller's proven
-	// SPIFFE ID.
+	// SPIFFE ID, or, for a node agent acting for a workload of its node,
+	// that workload's (impersonated_identity).
 	MintJWTSVID(ctx context.Context, in *MintJWTSVIDRequest, opts ...grpc.CallOption) (*MintJWTSVIDResponse, error)
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
@@ -102,7 +103,8 @@ func (c *identityServiceClient) SignIntermediate(ctx context.Context, in *SignIn
 // for forward compatibility.
 type IdentityServiceServer interface {
 	// MintJWTSVID signs a JWT-SVID whose subject is the caller's proven
-	// SPIFFE ID.
+	// SPIFFE ID, or, for a node agent acting for a workload of its node,
+	// that workload's (impersonated_identity).
 	MintJWTSVID(context.Context, *MintJWTSVIDRequest) (*MintJWTSVIDResponse, error)
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust

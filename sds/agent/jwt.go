@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"k8s.io/utils/clock"
 
@@ -31,9 +32,12 @@ type jwtMinter struct {
 	tls   func() *tls.Config
 	clock clock.Clock
 
-	mu    sync.Mutex
-	conn  *grpc.ClientConn // nil until the first call
-	cache map[string]cachedJWT
+	mu   sync.Mutex
+	conn *grpc.ClientConn // nil until the first call
+	// shared: conn is a node agent's connection, not the minter's to
+	// close.
+	shared bool
+	cache  map[string]cachedJWT
 	// closed is set by close: a call still running during shutdown must
 	// not open a connection nobody closes.
 	closed bool
@@ -51,10 +55,33 @@ func newJWTMinter(addr string, tlsConfig func() *tls.Config, c clock.Clock) *jwt
 	return &jwtMinter{addr: addr, tls: tlsConfig, clock: c, cache: make(map[string]cachedJWT)}
 }
 
+// newNodeJWTMinter mints the JWT-SVIDs of a node agent's workloads on
+// conn, the node's connection (authenticated by its token), each for the
+// workload it names.
+func newNodeJWTMinter(conn *grpc.ClientConn, c clock.Clock) *jwtMinter {
+	return &jwtMinter{conn: conn, shared: true, clock: c, cache: make(map[string]cachedJWT)}
+}
+
 // MintJWTSVID returns a cached token for the audience set while it is in
 // the first half of its lifetime, else mints one.
 func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string, error) {
-	key := audienceKey(audience)
+	return m.mint(ctx, audienceKey(audience), func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
+		return caclient.MintJWTSVID(ctx, conn, audience, 0)
+	})
+}
+
+// MintJWTSVIDFor is MintJWTSVID for workload id, which a node agent acts
+// for (sds/workload's CallerJWTMinter): the server mints it as it grants
+// the workload's certificate, and the token is cached per workload.
+func (m *jwtMinter) MintJWTSVIDFor(ctx context.Context, id spiffeid.ID, audience []string) (string, error) {
+	return m.mint(ctx, id.String()+"|"+audienceKey(audience), func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
+		return caclient.MintJWTSVIDFor(ctx, conn, id, audience, 0)
+	})
+}
+
+// mint returns the token cached under key while it is in the first half
+// of its lifetime, else one call mints.
+func (m *jwtMinter) mint(ctx context.Context, key string, call func(context.Context, *grpc.ClientConn) (*caclient.JWTSVID, error)) (string, error) {
 	now := m.clock.Now()
 	m.mu.Lock()
 	c, ok := m.cache[key]
@@ -68,7 +95,7 @@ func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string,
 	}
 	ctx, cancel := context.WithTimeout(ctx, jwtCallTimeout)
 	defer cancel()
-	svid, err := caclient.MintJWTSVID(ctx, conn, audience, 0)
+	svid, err := call(ctx, conn)
 	if err != nil {
 		return "", err
 	}
@@ -122,10 +149,10 @@ func (m *jwtMinter) close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true
-	if m.conn != nil {
+	if m.conn != nil && !m.shared {
 		m.conn.Close()
-		m.conn = nil
 	}
+	m.conn = nil
 }
 
 // audienceKey is the audience set, order and repeats ignored, each

@@ -104,12 +104,15 @@ func (a *Agent) runNode(ctx context.Context) error {
 	workers := append([]func(context.Context) error{a.rot.Run, auth.cache.Run}, a.node.Runners...)
 	var wl *workloadAPI
 	if a.wlSocket != "" {
+		jwt := newNodeJWTMinter(conn, a.clock)
 		wl = &workloadAPI{
-			sel:      &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
-			creds:    a.node.Attestor.Credentials(),
-			reselect: nodeReattestInterval,
-			noJWT:    noJWTNode,
+			sel:       &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
+			creds:     a.node.Attestor.Credentials(),
+			reselect:  nodeReattestInterval,
+			callerJWT: jwt,
+			closers:   []func(){jwt.close},
 		}
+		defer wl.close()
 	}
 	return a.serveOn(ctx, gs, netutil.AnyUser, wl, nil, workers...)
 }

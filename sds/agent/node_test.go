@@ -103,6 +103,7 @@ func startNodeFixture(t *testing.T, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 		f.fed.bundles = []*spiffebundle.Bundle{authority.Bundle(), f.b.Bundle(), c.Bundle(), d.Bundle()}
 		cfg.Bundles = f.fed
 		cfg.Policy = trustpolicy.NewAccess(f.policy, nil)
+		cfg.JWT = authority
 	}, allow...)
 
 	dir := shortDir(t)
@@ -249,9 +250,9 @@ func fetchRequest(names ...string) *discoveryv3.DiscoveryRequest {
 // The Workload API on a node agent serves each caller its own identity
 // too, through go-spiffe's client: its SVID, the bundles the server lets
 // that workload trust whole (c.test, granted for one peer only, cannot be
-// a Workload API bundle; d.test is the agent's), no JWT-SVID (the server
-// mints those for the caller's own identity only), and the identity the
-// map gives now on the next call.
+// a Workload API bundle; d.test is the agent's), JWT-SVIDs of its own
+// identity only (minted by the server for the node acting for it), and
+// the identity the map gives now on the next call.
 func TestNodeModeWorkloadAPI(t *testing.T) {
 	f := startNodeFixture(t, webID, webID, apiID)
 	waitSocket(t, f.wl, f.done)
@@ -271,9 +272,16 @@ func TestNodeModeWorkloadAPI(t *testing.T) {
 	slices.Sort(tds)
 	assert.Equal(t, []string{"a.test", "b.test"}, tds)
 
-	_, err = c.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db"})
-	require.Error(t, err)
-	assert.Equal(t, codes.Unavailable, status.Code(err))
+	jwt, err := c.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db"})
+	require.NoError(t, err)
+	assert.Equal(t, webID, jwt.ID, "a JWT-SVID of the caller's own identity, minted as the node")
+	jwtBundles, err := c.FetchJWTBundles(ctx)
+	require.NoError(t, err)
+	_, err = jwtsvid.ParseAndValidate(jwt.Marshal(), jwtBundles, []string{"db"})
+	require.NoError(t, err, "valid against the bundles the Workload API hands out")
+	assert.Contains(t, f.cs.imp.questions(), nodeID.String()+" -> "+webID.String())
+	_, err = c.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db", Subject: apiID})
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "never another workload's")
 
 	fi, err := os.Stat(f.wl)
 	require.NoError(t, err)
@@ -283,4 +291,7 @@ func TestNodeModeWorkloadAPI(t *testing.T) {
 	x, err = c.FetchX509Context(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, apiID, x.SVIDs[0].ID)
+	jwt, err = c.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db"})
+	require.NoError(t, err)
+	assert.Equal(t, apiID, jwt.ID)
 }

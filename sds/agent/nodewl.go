@@ -13,9 +13,6 @@ import (
 	wapi "github.com/trustbridge/trustbridge/sds/workload"
 )
 
-// noJWTNode is why a node agent mints no JWT-SVIDs for its workloads.
-const noJWTNode = "this node agent does not mint JWT-SVIDs for its workloads: the certificate service mints them for the caller's own identity only"
-
 // nodeWorkloads is a node agent's Workload API Selector: each call's
 // caller is attested (as on the SDS socket) and served the Cell of its own
 // identity, which holds the identity's certificate from the cache and the

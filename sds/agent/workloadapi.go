@@ -41,9 +41,10 @@ type workloadAPI struct {
 	// sel, when set in place of src, serves each caller its own Source
 	// (a node agent), with creds the socket's transport credentials
 	// (attestation's); the socket is then open to every local user.
-	sel      wapi.Selector
-	creds    credentials.TransportCredentials
-	reselect time.Duration
+	sel       wapi.Selector
+	callerJWT wapi.CallerJWTMinter
+	creds     credentials.TransportCredentials
+	reselect  time.Duration
 	// closers run when the agent stops (the minter's connection).
 	closers []func()
 }
@@ -59,7 +60,7 @@ func (w *workloadAPI) close() {
 func (a *Agent) startWorkloadAPI(ctx context.Context, wl *workloadAPI, wg *sync.WaitGroup, fail func(error)) {
 	srv, err := wapi.New(wapi.Config{
 		Source: wl.src, JWT: wl.jwt, NoJWTReason: wl.noJWT,
-		Selector: wl.sel, Credentials: wl.creds, ReselectInterval: wl.reselect,
+		Selector: wl.sel, CallerJWT: wl.callerJWT, Credentials: wl.creds, ReselectInterval: wl.reselect,
 		Clock: a.clock, Logger: a.log, Registerer: a.reg,
 	})
 	if err != nil {
