@@ -95,10 +95,19 @@ func (c *IdentityCache) CredentialSource() sds.CredentialSource {
 // streamHolds holds one identity per stream or call, by its context,
 // released when the context ends: a stream asking again for the identity
 // it holds takes no new reference, and one that now proves another
-// identity swaps its hold.
+// identity swaps its hold. (An SDS stream is authenticated with its
+// handler's context and served with one derived from it: two holds for
+// the stream's life, whatever its length.)
 type streamHolds struct {
 	mu sync.Mutex
 	m  map[context.Context]*IdentityHandle
+}
+
+// held is ctx's handle, nil when it holds none.
+func (s *streamHolds) held(ctx context.Context) *IdentityHandle {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[ctx]
 }
 
 // hold returns ctx's handle on id, acquiring it with acquire when ctx
@@ -108,10 +117,7 @@ func (s *streamHolds) hold(ctx context.Context, id spiffeid.ID, acquire func(con
 		// Nothing would ever release it.
 		return nil, errors.New("agent: an identity asked for outside a stream or call")
 	}
-	s.mu.Lock()
-	h := s.m[ctx]
-	s.mu.Unlock()
-	if h != nil && h.ID() == id {
+	if h := s.held(ctx); h != nil && h.ID() == id {
 		return h, nil
 	}
 	h, err := acquire(ctx, id)

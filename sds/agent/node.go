@@ -174,6 +174,13 @@ func (n *nodeAuthenticator) Authenticate(ctx context.Context, r authn.Request) (
 // waits for id's trust. A certificate the server refuses refuses the
 // caller: the server alone decides which identities run on this node.
 func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
+	if held := n.holds.held(ctx); held != nil && held.ID() != id {
+		// Re-attested as another identity: the stream ends, and its
+		// caller reconnects to be served the one it has now. Never kept
+		// on the old one, as a failure to get the new one (an outage)
+		// would otherwise keep it.
+		return fmt.Errorf("%w: the caller now attests as %s, not %s; reconnect", authn.ErrNotAttested, id, held.ID())
+	}
 	_, err := n.holds.hold(ctx, id, n.acquire)
 	return err
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -273,4 +275,42 @@ func assertOpen(t *testing.T, ch <-chan struct{}, msg string) {
 		t.Error(msg)
 	default:
 	}
+}
+
+// switchingAttestor attests every caller as whatever id holds now.
+type switchingAttestor struct{ id atomic.Pointer[spiffeid.ID] }
+
+func (s *switchingAttestor) Authenticate(context.Context, authn.Request) (authn.Identity, error) {
+	return authn.Identity{ID: *s.id.Load(), Method: authn.MethodAttestation}, nil
+}
+
+// A stream re-attested as another identity ends (not attested, never
+// "unavailable"), even when the new identity cannot be had right now: it
+// is never kept on the identity it no longer has.
+func TestNodeAuthenticatorIdentityChanged(t *testing.T) {
+	f := newNodeTrustFixture(t)
+	fetcher := newFakeFetcher(t, time.Hour)
+	cache := newTestCache(t, IdentityCacheConfig{Fetcher: fetcher, Rand: fixedRand(0.5), Companion: f.nt.follow})
+	startServing(t, cache.Run)
+	att := &switchingAttestor{}
+	att.id.Store(&webID)
+	n := &nodeAuthenticator{attested: att, cache: cache, trust: f.nt}
+
+	ctx, end := context.WithCancel(t.Context())
+	defer end()
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.Authenticate(ctx, authn.Request{})
+		done <- err
+	}()
+	f.srv.next(t).send(t, wtrust([]*spiffebundle.Bundle{f.local.Bundle()}, nil))
+	require.NoError(t, <-done)
+
+	fetcher.setFail(fmt.Errorf("%w: the server is unreachable", authn.ErrUnavailable))
+	att.id.Store(&apiID)
+	_, err := n.Authenticate(ctx, authn.Request{})
+	require.ErrorIs(t, err, authn.ErrNotAttested)
+	assert.NotErrorIs(t, err, authn.ErrUnavailable, "a definitive refusal: the stream ends")
+	assert.ErrorContains(t, err, "reconnect")
+	assert.Zero(t, fetcher.callsFor(apiID), "the new identity is left to the new stream")
 }
