@@ -71,6 +71,10 @@ var (
 	// before it could be renewed; nothing is served until a renewal
 	// succeeds.
 	ErrCredentialExpired = errors.New("the certificate expired and could not be renewed")
+	// ErrIdentityRevoked means the server refused the identity to this
+	// node (a renewal, or its trust stream, answered PermissionDenied):
+	// nothing is served for it any more, and a new holder asks again.
+	ErrIdentityRevoked = errors.New("the server no longer grants this identity to this node")
 	// ErrIdentityReleased is returned by a released IdentityHandle.
 	ErrIdentityReleased = errors.New("identity handle released")
 	// ErrIdentityCacheStopped refuses Acquire once Run has returned.
@@ -120,11 +124,11 @@ type IdentityCacheConfig struct {
 	// registers nowhere.
 	Registerer prometheus.Registerer
 	// Companion, when set, runs beside each identity for as long as the
-	// cache holds it, in a goroutine of its own, from the moment the
-	// identity is first acquired: its ctx ends when the identity is
-	// dropped (its first fetch failed, it lingered unheld, it was
-	// evicted) or the cache stops, and Run waits for it to return. A node
-	// agent follows each workload's trust with it.
+	// cache holds it, in a goroutine of its own, from the moment its first
+	// certificate arrived: its ctx ends when the identity is dropped (it
+	// lingered unheld, was evicted or revoked) or the cache stops, and Run
+	// waits for it to return. A node agent follows each workload's trust
+	// with it.
 	Companion func(ctx context.Context, id spiffeid.ID)
 }
 
@@ -298,13 +302,6 @@ func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
 	c.metrics.entries.Set(float64(len(c.entries)))
 	c.wg.Add(1)
 	go c.maintain(ctx, e)
-	if c.companion != nil {
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			c.companion(ctx, id)
-		}()
-	}
 	return e, nil
 }
 
@@ -415,6 +412,16 @@ func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 		return
 	}
 	close(e.ready)
+	if c.companion != nil {
+		// Only for an identity the server granted: a refused one costs
+		// one request, not a stream besides. (Run waits for it: this
+		// goroutine's count keeps the group open.)
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.companion(ctx, e.id)
+		}()
+	}
 	c.renewLoop(ctx, e, leaf)
 }
 
@@ -458,12 +465,36 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 			c.metrics.renewals.Inc()
 			continue
 		}
+		if status.Code(err) == codes.PermissionDenied {
+			// The server decided: this node may no longer have it (its
+			// pod left, the operator's list changed). Served no longer.
+			c.Revoke(e.id, err)
+			return
+		}
 		failures++
 		next = now.Add(backoff(failures, c.retryBase, c.retryMax, c.rand()))
 		c.setStale(e, !expired)
 		c.log.Log(ctx, c.failLog.Level(slog.LevelError), "renewing an identity's certificate failed; serving the last one until it expires",
 			logattr.SPIFFEID, e.id.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Error, err.Error(), "retry_in", next.Sub(now))
 	}
+}
+
+// Revoke stops serving id at once, because the server refused it to this
+// node (why): every holder's Credential fails with ErrIdentityRevoked,
+// its key is zeroed once its maintain goroutine ends, and the next
+// Acquire asks the server again. Nothing happens when id is not held.
+func (c *IdentityCache) Revoke(id spiffeid.ID, why error) {
+	c.mu.Lock()
+	e := c.entries[id]
+	if e == nil {
+		c.mu.Unlock()
+		return
+	}
+	c.dropLocked(e)
+	c.mu.Unlock()
+	e.publish(nil, fmt.Errorf("%w: %w", ErrIdentityRevoked, why))
+	c.metrics.revocations.Inc()
+	c.log.Warn("the server no longer grants this identity to this node; serving it no longer", logattr.SPIFFEID, id.String(), logattr.Error, why.Error())
 }
 
 // expire stops serving e's certificate, whose leaf expired unrenewed.
@@ -719,6 +750,7 @@ type identityMetrics struct {
 	evictions   prometheus.Counter
 	stale       prometheus.Gauge
 	expirations prometheus.Counter
+	revocations prometheus.Counter
 }
 
 func newIdentityMetrics(reg prometheus.Registerer) (*identityMetrics, error) {
@@ -751,11 +783,15 @@ func newIdentityMetrics(reg prometheus.Registerer) (*identityMetrics, error) {
 			Name: "trustbridge_agent_identity_expirations_total",
 			Help: "Workload certificates that expired before they could be renewed; their identity is served nothing until a renewal succeeds.",
 		}),
+		revocations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_identity_revocations_total",
+			Help: "Identities the server stopped granting to this node (PermissionDenied on a renewal or on their trust stream), no longer served.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.entries, m.fetches, m.renewals, m.refusals, m.evictions, m.stale, m.expirations} {
+	for _, c := range []prometheus.Collector{m.entries, m.fetches, m.renewals, m.refusals, m.evictions, m.stale, m.expirations, m.revocations} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"net/url"
@@ -307,6 +308,32 @@ func TestIdentityCacheRenewsAtHalfLife(t *testing.T) {
 	})
 }
 
+// A renewal the server refuses (PermissionDenied: this node may no
+// longer have the identity) stops serving it at once, unlike an outage;
+// the next holder asks the server again.
+func TestIdentityCacheRevokedAtRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeFetcher(t, time.Hour)
+		c := newTestCache(t, IdentityCacheConfig{Fetcher: f, Rand: fixedRand(0.5)})
+		startServing(t, c.Run)
+		h := acquire(t, c, webID)
+		changed := h.Changed()
+		f.setFail(fmt.Errorf("the certificate service: %w", status.Error(codes.PermissionDenied, "no pod of shop/web on this node")))
+		time.Sleep(31 * time.Minute)
+		synctest.Wait()
+		assert.True(t, closed(changed), "holders are told")
+		_, err := h.Credential(t.Context(), webID)
+		require.ErrorIs(t, err, ErrIdentityRevoked)
+		assert.ErrorContains(t, err, "no pod of shop/web on this node")
+		assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.revocations))
+		assert.Equal(t, 0.0, testutil.ToFloat64(c.metrics.entries))
+
+		_, err = c.Acquire(t.Context(), webID)
+		require.Error(t, err, "asked again, and refused again")
+		assert.Equal(t, 3, f.callsFor(webID))
+	})
+}
+
 // While the server is down the last good certificate is served, with the
 // failure counted and logged, and renewal is retried with backoff until
 // the server is back.
@@ -433,9 +460,9 @@ func TestIdentityCacheDropsAfterLinger(t *testing.T) {
 	})
 }
 
-// A Companion runs beside each identity from its first Acquire until it
-// is dropped, once per stay in the cache; a first fetch that fails ends
-// it at once; Run waits for them all.
+// A Companion runs beside each identity from its first certificate until
+// it is dropped, once per stay in the cache; an identity whose first
+// fetch fails gets none; Run waits for them all.
 func TestIdentityCacheCompanion(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeFetcher(t, time.Hour)
@@ -480,8 +507,7 @@ func TestIdentityCacheCompanion(t *testing.T) {
 		_, err = c.Acquire(t.Context(), apiID)
 		require.Error(t, err)
 		synctest.Wait()
-		assert.Equal(t, 1, count(started, apiID))
-		assert.Equal(t, 0, count(running, apiID), "ended with the failed first fetch")
+		assert.Equal(t, 0, count(started, apiID), "none for an identity the server refused")
 
 		f.setFail(nil)
 		h, err := c.Acquire(t.Context(), webID)

@@ -136,6 +136,7 @@ func (a *Agent) nodeParts(node func() (NodeCredentials, error), conn *grpc.Clien
 	if err != nil {
 		return nil, err
 	}
+	nt.revoke = cache.Revoke
 	return &nodeAuthenticator{
 		attested: &AttestedAuthenticator{Attestor: a.node.Attestor, Map: a.node.Map, NodeName: a.node.NodeName},
 		cache:    cache,

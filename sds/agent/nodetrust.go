@@ -60,6 +60,9 @@ type nodeTrust struct {
 	// whenever they change, so the node's own client keeps verifying the
 	// server across a root rotation.
 	serverRoots func([]*x509.Certificate)
+	// revoke, when set, is told an identity the server refused to this
+	// node on its trust stream (IdentityCache.Revoke).
+	revoke      func(spiffeid.ID, error)
 	clock       clock.Clock
 	log         *slog.Logger
 	failLog     *ratelimit.LogLimiter
@@ -149,6 +152,15 @@ func (n *nodeTrust) follow(ctx context.Context, id spiffeid.ID) {
 		if progressed {
 			failures = 0
 		}
+		if status.Code(err) == codes.PermissionDenied {
+			// The server re-authorizes the stream: this node may no
+			// longer act for the workload. Its trust goes, and its
+			// certificate with it; a new holder asks again.
+			n.forget(e)
+			if n.revoke != nil {
+				n.revoke(id, err)
+			}
+		}
 		if progressed && status.Code(err) == codes.Unauthenticated {
 			// The server ends a stream at its re-authentication when
 			// the node's token expired; the file holds a fresh one.
@@ -223,6 +235,23 @@ func (n *nodeTrust) uncountLocked(tds []spiffeid.TrustDomain) {
 			}
 		}
 	}
+}
+
+// forget drops e's trust: the identity is decided its own trust domain
+// only until the server sends it trust again.
+func (n *nodeTrust) forget(e *identityTrust) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if e.gone || e.policy == nil {
+		return
+	}
+	n.releaseLocked(e)
+	e.policy, e.bundles = nil, nil
+	close(e.changed)
+	e.changed = make(chan struct{})
+	close(e.bundlesChanged)
+	e.bundlesChanged = make(chan struct{})
+	n.publishLocked()
 }
 
 // update takes one message of id's trust: its decision as a policy, its

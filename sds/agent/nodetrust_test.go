@@ -16,6 +16,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
@@ -313,4 +315,28 @@ func TestNodeAuthenticatorIdentityChanged(t *testing.T) {
 	assert.NotErrorIs(t, err, authn.ErrUnavailable, "a definitive refusal: the stream ends")
 	assert.ErrorContains(t, err, "reconnect")
 	assert.Zero(t, fetcher.callsFor(apiID), "the new identity is left to the new stream")
+}
+
+// A trust stream the server ends with PermissionDenied (it re-authorizes
+// every stream: the workload's pod left the node) takes the workload's
+// trust and certificate away at once: it is decided its own trust
+// domain only, and the cache is told to stop serving it.
+func TestNodeTrustRevoked(t *testing.T) {
+	f := newNodeTrustFixture(t)
+	var revoked []spiffeid.ID
+	f.nt.revoke = func(id spiffeid.ID, err error) {
+		assert.Equal(t, codes.PermissionDenied, status.Code(err))
+		revoked = append(revoked, id)
+	}
+	web, _ := f.follow(t, webID)
+	web.send(t, wtrust([]*spiffebundle.Bundle{f.local.Bundle(), f.b.Bundle()}, nil))
+	_, ch := f.nt.Decide(authn.Identity{ID: webID})
+	web.end <- status.Error(codes.PermissionDenied, "no pod of shop/web on this node")
+	require.Eventually(t, func() bool { return f.clock.HasWaiters() }, 10*time.Second, time.Millisecond, "follow backs off")
+	assertClosed(t, ch, "streams re-decide")
+	d, _ := f.nt.Decide(authn.Identity{ID: webID})
+	_, ok := d.Allows(tdB)
+	assert.False(t, ok, "its trust is gone")
+	assert.Equal(t, []spiffeid.ID{webID}, revoked)
+	assert.Empty(t, trustDomainsIn(f.nt), "no identity holds any trust now")
 }
