@@ -73,12 +73,17 @@ func (a *Agent) runNode(ctx context.Context) error {
 	if !ok {
 		return errors.New("agent: node mode needs a Rotator")
 	}
-	conn, err := nodeConn(a.caAddr, node.NodeCredentials)
+	// The workloads' trust streams on connections of their own, spread
+	// (nodeConns); JWT-SVID requests on another, so that no stream can
+	// hold them back.
+	conns := &nodeConns{dial: func() (*grpc.ClientConn, error) { return nodeConn(a.caAddr, node.NodeCredentials) }}
+	defer conns.Close()
+	jwtConn, err := nodeConn(a.caAddr, node.NodeCredentials)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	auth, err := a.nodeParts(node.NodeCredentials, conn)
+	defer jwtConn.Close()
+	auth, err := a.nodeParts(node.NodeCredentials, conns)
 	if err != nil {
 		return err
 	}
@@ -104,7 +109,7 @@ func (a *Agent) runNode(ctx context.Context) error {
 	workers := append([]func(context.Context) error{a.rot.Run, auth.cache.Run}, a.node.Runners...)
 	var wl *workloadAPI
 	if a.wlSocket != "" {
-		jwt := newNodeJWTMinter(conn, a.clock)
+		jwt := newNodeJWTMinter(jwtConn, a.clock)
 		wl = &workloadAPI{
 			sel:       &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
 			creds:     a.node.Attestor.Credentials(),
@@ -117,15 +122,15 @@ func (a *Agent) runNode(ctx context.Context) error {
 	return a.serveOn(ctx, gs, netutil.AnyUser, wl, nil, workers...)
 }
 
-// nodeParts builds the node's workload trust (followed on conn), its
+// nodeParts builds the node's workload trust (followed on conns), its
 // identity cache (certificates fetched as the node) and the authenticator
 // of its sockets over them.
-func (a *Agent) nodeParts(node func() (NodeCredentials, error), conn *grpc.ClientConn) (*nodeAuthenticator, error) {
+func (a *Agent) nodeParts(node func() (NodeCredentials, error), conns *nodeConns) (*nodeAuthenticator, error) {
 	fetcher, err := NewImpersonationFetcher(ImpersonationConfig{CAAddr: a.caAddr, Node: node, TTL: a.node.TTL, Clock: a.clock})
 	if err != nil {
 		return nil, err
 	}
-	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conn), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conns), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
 	if err != nil {
 		return nil, err
 	}

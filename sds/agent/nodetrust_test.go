@@ -16,7 +16,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -339,4 +341,32 @@ func TestNodeTrustRevoked(t *testing.T) {
 	assert.False(t, ok, "its trust is gone")
 	assert.Equal(t, []spiffeid.ID{webID}, revoked)
 	assert.Empty(t, trustDomainsIn(f.nt), "no identity holds any trust now")
+}
+
+// The node's trust streams are spread over connections of at most
+// streamsPerConn each (the server serves 128 calls per connection; a
+// stream past that would wait forever), a freed slot reused before a new
+// connection is dialed.
+func TestNodeConnsSpreadStreams(t *testing.T) {
+	dials := 0
+	p := &nodeConns{dial: func() (*grpc.ClientConn, error) {
+		dials++
+		return grpc.NewClient("passthrough:///ca", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}}
+	defer p.Close()
+	var taken []*pooledConn
+	for range 2*streamsPerConn + 1 {
+		c, err := p.take()
+		require.NoError(t, err)
+		taken = append(taken, c)
+	}
+	assert.Equal(t, 3, dials)
+	p.put(taken[0])
+	c, err := p.take()
+	require.NoError(t, err)
+	assert.Same(t, taken[0], c, "a freed slot first")
+	assert.Equal(t, 3, dials)
+	p.Close()
+	_, err = p.take()
+	assert.Error(t, err, "none once the agent stops")
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -63,13 +64,82 @@ func (n nodeBearer) GetRequestMetadata(context.Context, ...string) (map[string]s
 
 func (nodeBearer) RequireTransportSecurity() bool { return true }
 
-// trustWatchOn follows each workload's trust on conn's WatchBundles,
-// acting for the workload with its peer limits: the server's decision for
-// it, which the agent enforces.
-func trustWatchOn(conn grpc.ClientConnInterface) trustWatchFunc {
+// streamsPerConn is the most workload trust streams one connection
+// carries. trustbridge's certificate service serves at most 128 calls
+// per connection (certservice.MaxConcurrentStreams); a stream past the
+// server's limit would wait for a slot for as long as it lived, so the
+// node spreads its up to 1,000 identities' streams over connections with
+// room to spare.
+const streamsPerConn = 100
+
+// nodeConns is the node's connections to the certificate service for its
+// workloads' trust streams, each carrying at most streamsPerConn.
+type nodeConns struct {
+	dial func() (*grpc.ClientConn, error)
+
+	mu     sync.Mutex
+	conns  []*pooledConn
+	closed bool
+}
+
+type pooledConn struct {
+	conn    *grpc.ClientConn
+	streams int
+}
+
+// take returns a connection with room for one more stream, dialing one
+// when none has.
+func (p *nodeConns) take() (*pooledConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("the agent is stopping")
+	}
+	for _, c := range p.conns {
+		if c.streams < streamsPerConn {
+			c.streams++
+			return c, nil
+		}
+	}
+	conn, err := p.dial()
+	if err != nil {
+		return nil, err
+	}
+	c := &pooledConn{conn: conn, streams: 1}
+	p.conns = append(p.conns, c)
+	return c, nil
+}
+
+// put gives a stream's room back.
+func (p *nodeConns) put(c *pooledConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.streams--
+}
+
+// Close closes every connection.
+func (p *nodeConns) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.conn.Close()
+	}
+	p.conns = nil
+}
+
+// trustWatchOn follows each workload's trust on WatchBundles, on a
+// connection of conns, acting for the workload with its peer limits: the
+// server's decision for it, which the agent enforces.
+func trustWatchOn(conns *nodeConns) trustWatchFunc {
 	return func(ctx context.Context, id spiffeid.ID, fn func(workloadTrust, error) error) error {
+		pc, err := conns.take()
+		if err != nil {
+			return err
+		}
+		defer conns.put(pc)
 		opts := caclient.WatchOptions{Impersonate: id, PeerLimits: true}
-		return caclient.WatchBundlesWith(ctx, conn, id.TrustDomain(), opts, func(b *caclient.Bundles, err error) error {
+		return caclient.WatchBundlesWith(ctx, pc.conn, id.TrustDomain(), opts, func(b *caclient.Bundles, err error) error {
 			if err != nil {
 				return fn(workloadTrust{}, err)
 			}
