@@ -42,6 +42,7 @@ func TestMintJWTSVIDImpersonated(t *testing.T) {
 	}{
 		{"not on the node", agent, shopAPI.String(), codes.PermissionDenied, "may not have a JWT-SVID for " + shopAPI.String()},
 		{"not a workload", agent, "spiffe://example.org", codes.InvalidArgument, "impersonated_identity"},
+		{"another trust domain", agent, "spiffe://other.example/ns/shop/sa/web", codes.PermissionDenied, "not of its trust domain example.org"},
 		{"a certificate", f.identityClient(t, svid(t, f.authority, nodeAgentID), ""), shopWeb.String(), codes.PermissionDenied, "needs a caller authenticated by its own token"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

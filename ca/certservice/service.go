@@ -637,6 +637,12 @@ func (s *Service) authorizeImpersonation(ctx context.Context, caller authn.Ident
 	if err != nil || target.Path() == "" {
 		return spiffeid.ID{}, &refusal{codes.InvalidArgument, "impersonation", fmt.Sprintf("%s %q is not a SPIFFE ID of a workload", ask.field, truncate(v, 256)), err}
 	}
+	// Whatever the Impersonator would say: a node acts for workloads of
+	// its own trust domain only.
+	if !target.MemberOf(caller.ID.TrustDomain()) {
+		return spiffeid.ID{}, &refusal{codes.PermissionDenied, "impersonation",
+			fmt.Sprintf("%s may not have %s %s: not of its trust domain %s", caller.ID, ask.what, target, caller.ID.TrustDomain().Name()), nil}
+	}
 	if err := s.cfg.Impersonator.AuthorizeImpersonation(ctx, caller, target); err != nil {
 		if errors.Is(err, authn.ErrUnavailable) {
 			return spiffeid.ID{}, &refusal{codes.Unavailable, "impersonation_unavailable", "cannot decide on impersonation right now; retry later", err}

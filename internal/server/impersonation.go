@@ -42,7 +42,8 @@ func (g *grpcEndpoint) addListedAgents(o GRPCConfig, td spiffeid.TrustDomain, lo
 	if len(o.NodeAgents) == 0 {
 		return nil
 	}
-	l, err := nodeauth.ParseListed(td, o.NodeAgents)
+	// The certificate service's own ID is never a workload's.
+	l, err := nodeauth.ParseListed(td, o.NodeAgents, g.id)
 	if err != nil {
 		return fmt.Errorf("--ca-node-agent %w", err)
 	}

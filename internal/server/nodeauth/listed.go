@@ -29,12 +29,17 @@ const MaxListedIdentities = 1024
 // ParseListed reads `--ca-node-agent` values, each
 // "AGENT_ID=ID[,ID...]": the SPIFFE ID the agent authenticates as and the
 // identities it may act for, all of trust domain td. An agent listed
-// twice, an identity outside td or without a path, or an agent listed
-// among its own identities is refused, naming the value.
-func ParseListed(td spiffeid.TrustDomain, values []string) (*Listed, error) {
+// twice, an identity outside td or without a path, an agent listed among
+// its own identities, or identities covering one of reserved (the
+// server's own IDs) or another listed agent are refused, naming the
+// value.
+func ParseListed(td spiffeid.TrustDomain, values []string, reserved ...spiffeid.ID) (*Listed, error) {
 	l := &Listed{td: td, agents: make(map[spiffeid.ID][]trustpolicy.Pattern)}
 	for _, v := range values {
 		agent, ids, err := parseListedValue(td, v)
+		if err == nil {
+			err = coversNone(ids, reserved, "the server's own identity")
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%q: %w", v, err)
 		}
@@ -43,7 +48,28 @@ func ParseListed(td spiffeid.TrustDomain, values []string) (*Listed, error) {
 		}
 		l.agents[agent] = ids
 	}
+	agents := make([]spiffeid.ID, 0, len(l.agents))
+	for a := range l.agents {
+		agents = append(agents, a)
+	}
+	for a, ids := range l.agents {
+		if err := coversNone(ids, agents, "another node agent"); err != nil {
+			return nil, fmt.Errorf("node agent %s: %w", a, err)
+		}
+	}
 	return l, nil
+}
+
+// coversNone refuses identities matching any of ids, naming what they are.
+func coversNone(patterns []trustpolicy.Pattern, ids []spiffeid.ID, what string) error {
+	for _, p := range patterns {
+		for _, id := range ids {
+			if p.Matches(id) {
+				return fmt.Errorf("identity %q covers %s (%s): a node agent may act only for workloads", p.String(), what, id)
+			}
+		}
+	}
+	return nil
 }
 
 func parseListedValue(td spiffeid.TrustDomain, v string) (spiffeid.ID, []trustpolicy.Pattern, error) {

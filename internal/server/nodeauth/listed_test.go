@@ -27,8 +27,10 @@ func TestParseListed(t *testing.T) {
 		{[]string{"spiffe://example.org/vm/a=not-an-id"}, `identity "not-an-id"`},
 		{[]string{"spiffe://example.org/vm/a=spiffe://example.org/vm/*"}, "covers the node agent's own ID"},
 		{[]string{"spiffe://example.org/vm/a=spiffe://example.org/x", "spiffe://example.org/vm/a=spiffe://example.org/y"}, "listed twice"},
+		{[]string{"spiffe://example.org/vm/a=spiffe://example.org/trustbridge/*"}, "covers the server's own identity (spiffe://example.org/trustbridge/ca)"},
+		{[]string{"spiffe://example.org/vm/a=spiffe://example.org/node/*", "spiffe://example.org/node/b=spiffe://example.org/node/b/app"}, "covers another node agent (spiffe://example.org/node/b)"},
 	} {
-		_, err := ParseListed(listedTD, tc.values)
+		_, err := ParseListed(listedTD, tc.values, spiffeid.RequireFromString("spiffe://example.org/trustbridge/ca"))
 		require.Error(t, err, "%q", tc.values)
 		assert.Contains(t, err.Error(), tc.want)
 	}
