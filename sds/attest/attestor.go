@@ -2,13 +2,9 @@ package attest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -76,6 +72,7 @@ type Attestor struct {
 	cfg       Config
 	failures  *prometheus.CounterVec
 	refuseLog *ratelimit.LogLimiter
+	digests   *digestCache
 }
 
 // New returns an Attestor for cfg, its metric registered.
@@ -102,7 +99,7 @@ func New(cfg Config) (*Attestor, error) {
 			return nil, fmt.Errorf("attest: registering metrics: %w", err)
 		}
 	}
-	return &Attestor{cfg: cfg, failures: failures, refuseLog: ratelimit.NewDefaultLogLimiter()}, nil
+	return &Attestor{cfg: cfg, failures: failures, refuseLog: ratelimit.NewDefaultLogLimiter(), digests: newDigestCache()}, nil
 }
 
 // Credentials returns gRPC server transport credentials for unix sockets
@@ -180,34 +177,6 @@ func (a *Attestor) facts(ctx context.Context, c *Caller) (Facts, error) {
 	}
 	f.Kubernetes = &k
 	return f, nil
-}
-
-// binary returns the path and SHA-256 of pid's executable, read through
-// /proc/<pid>/exe: the file the process runs, even if it was replaced or
-// deleted on disk or lives in another mount namespace.
-func (a *Attestor) binary(pid int32) (string, string, error) {
-	exe := a.procPath(pid, "exe")
-	path, err := os.Readlink(exe)
-	if err != nil {
-		return "", "", refusal(ErrBinary, "pid %d: %w", pid, err)
-	}
-	file, err := os.Open(exe)
-	if err != nil {
-		return "", "", refusal(ErrBinary, "pid %d: %w", pid, err)
-	}
-	defer file.Close()
-	if st, err := file.Stat(); err == nil && st.Size() > a.cfg.MaxBinarySize {
-		return "", "", refusal(ErrBinary, "pid %d: %s is over %d bytes", pid, path, a.cfg.MaxBinarySize)
-	}
-	h := sha256.New()
-	n, err := io.Copy(h, io.LimitReader(file, a.cfg.MaxBinarySize+1))
-	switch {
-	case err != nil:
-		return "", "", refusal(ErrBinary, "pid %d: reading %s: %w", pid, path, err)
-	case n > a.cfg.MaxBinarySize:
-		return "", "", refusal(ErrBinary, "pid %d: %s is over %d bytes", pid, path, a.cfg.MaxBinarySize)
-	}
-	return path, hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func (a *Attestor) procPath(pid int32, name string) string {
