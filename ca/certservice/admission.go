@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
@@ -35,7 +36,7 @@ func newAdmission(cfg Config) *admission {
 // limit, then takes a slot; release gives the slot back. It is charge
 // then acquire, for a request that checks nothing costly in between.
 func (a *admission) admit(caller spiffeid.ID) (release func(), ref *refusal) {
-	if ref := a.charge(caller, caller); ref != nil {
+	if ref := a.charge(authn.Identity{ID: caller}, caller); ref != nil {
 		return nil, ref
 	}
 	return a.acquire()
@@ -46,24 +47,31 @@ func (a *admission) admit(caller spiffeid.ID) (release func(), ref *refusal) {
 // workload it asks for, so it has an overall bound and the workload's own
 // pods elsewhere cannot spend the budget it needs for the pods of its
 // node.
-func (a *admission) charge(caller, id spiffeid.ID) *refusal {
+func (a *admission) charge(caller authn.Identity, id spiffeid.ID) *refusal {
 	if a.allow(caller, id) {
 		return nil
 	}
 	return &refusal{codes.ResourceExhausted, "rate_limited",
-		fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(a.rate), caller), nil}
+		fmt.Sprintf("rate limit of %v signings/s for %s exceeded; retry later", float64(a.rate), caller.ID), nil}
 }
 
-// allow reports whether the rate limits of charge have room.
-func (a *admission) allow(caller, id spiffeid.ID) bool {
+// allow reports whether the rate limits of charge have room. An
+// impersonating caller proven by a token bound to a pod is charged as
+// that pod: one node agent (or ztunnel) service account is every node's,
+// and one node's workloads must not spend every other node's budget.
+func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 	if a.limits == nil {
 		return true
 	}
 	now := a.clock.Now()
-	if caller == id {
+	if caller.ID == id {
 		return a.limits.Allow(id.String(), now)
 	}
-	return a.limits.Allow(caller.String(), now) && a.limits.Allow(caller.String()+" for "+id.String(), now)
+	key := caller.ID.String()
+	if caller.Pod.UID != "" {
+		key += " pod " + caller.Pod.UID
+	}
+	return a.limits.Allow(key, now) && a.limits.Allow(key+" for "+id.String(), now)
 }
 
 // acquire takes one of the slots of signings in flight; release gives it

@@ -131,7 +131,7 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 			return nil, ident, ref
 		}
 	}
-	if ref := s.admission.charge(ident.ID, subject); ref != nil {
+	if ref := s.admission.charge(ident, subject); ref != nil {
 		return nil, ident, ref
 	}
 	release, ref := s.admission.acquire()

@@ -482,7 +482,7 @@ func (s *Service) planCertificate(ctx context.Context, r authn.Request, ident au
 		}
 		p.id = target
 	}
-	if ref := s.admission.charge(ident.ID, p.id); ref != nil {
+	if ref := s.admission.charge(ident, p.id); ref != nil {
 		return p, ref
 	}
 	var ref *refusal

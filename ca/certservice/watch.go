@@ -104,7 +104,7 @@ func (s *Service) openWatch(ctx context.Context, r authn.Request, req *identitya
 	// node agent overall, and to the caller for the workload, so that
 	// the workload's own pods elsewhere cannot spend the agent's budget.
 	subject := w.subject().ID
-	if !s.admission.allow(w.ident.ID, subject) {
+	if !s.admission.allow(w.ident, subject) {
 		return w, nil, &refusal{codes.ResourceExhausted, "rate_limited",
 			fmt.Sprintf("rate limit of %v requests/s for %s exceeded; retry later", float64(s.cfg.RateLimit), w.ident.ID), nil}
 	}
