@@ -225,16 +225,18 @@ func (n *nodeTrust) releaseLocked(e *identityTrust) {
 	e.tds = nil
 }
 
-// uncountLocked uncounts tds, forgetting those no identity holds. n.mu
-// is held.
-func (n *nodeTrust) uncountLocked(tds []spiffeid.TrustDomain) {
+// uncountLocked uncounts tds, forgetting those no identity holds, and
+// reports whether it forgot any. n.mu is held.
+func (n *nodeTrust) uncountLocked(tds []spiffeid.TrustDomain) (forgot bool) {
 	for _, td := range tds {
 		if r := n.tds[td]; r != nil {
 			if r.refs--; r.refs <= 0 {
 				delete(n.tds, td)
+				forgot = true
 			}
 		}
 	}
+	return forgot
 }
 
 // forget drops e's trust: the identity is decided its own trust domain
@@ -266,7 +268,7 @@ func (n *nodeTrust) update(id spiffeid.ID, e *identityTrust, t workloadTrust) er
 	if e.gone {
 		return nil
 	}
-	localChanged := n.countLocked(e, roots)
+	localChanged, trustChanged := n.countLocked(e, roots)
 	if e.policy == nil {
 		close(n.arrived)
 		n.arrived = make(chan struct{})
@@ -281,7 +283,11 @@ func (n *nodeTrust) update(id spiffeid.ID, e *identityTrust, t workloadTrust) er
 		close(e.bundlesChanged)
 		e.bundlesChanged = make(chan struct{})
 	}
-	n.publishLocked()
+	if trustChanged {
+		// Every workload's server stream sends each rotation: only the
+		// first that changes the node's trust wakes the SDS streams.
+		n.publishLocked()
+	}
 	if localChanged && n.serverRoots != nil {
 		n.serverRoots(roots[n.local])
 	}
@@ -314,10 +320,12 @@ func (n *nodeTrust) parse(id spiffeid.ID, t workloadTrust) (*trustpolicy.Policy,
 }
 
 // countLocked makes roots e's trust domains, counted, each with the
-// latest roots, and reports whether the local trust domain's changed.
-// The new ones are counted before the old are uncounted, so that one kept
-// keeps its roots (and nobody is told they changed). n.mu is held.
-func (n *nodeTrust) countLocked(e *identityTrust, roots map[spiffeid.TrustDomain][]*x509.Certificate) (localChanged bool) {
+// latest roots, and reports whether the local trust domain's roots
+// changed and whether the node's trust did (roots, or the trust domains
+// held). The new ones are counted before the old are uncounted, so that
+// one kept keeps its roots (and nobody is told they changed). n.mu is
+// held.
+func (n *nodeTrust) countLocked(e *identityTrust, roots map[spiffeid.TrustDomain][]*x509.Certificate) (localChanged, changed bool) {
 	old := e.tds
 	e.tds = nil
 	for td, rs := range roots {
@@ -329,12 +337,12 @@ func (n *nodeTrust) countLocked(e *identityTrust, roots map[spiffeid.TrustDomain
 		r.refs++
 		if !sameCerts(r.roots, rs) {
 			r.roots = rs
+			changed = true
 			localChanged = localChanged || td == n.local
 		}
 		e.tds = append(e.tds, td)
 	}
-	n.uncountLocked(old)
-	return localChanged
+	return localChanged, n.uncountLocked(old) || changed
 }
 
 // wholeBundles are t's bundles but those granted only for some peers.

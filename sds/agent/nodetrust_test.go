@@ -370,3 +370,23 @@ func TestNodeConnsSpreadStreams(t *testing.T) {
 	_, err = p.take()
 	assert.Error(t, err, "none once the agent stops")
 }
+
+// Every held identity's server stream sends each rotation: only a message
+// that changes the node's trust wakes the SDS streams, not the thousand
+// after it that carry the same roots.
+func TestNodeTrustPublishesChangesOnly(t *testing.T) {
+	f := newNodeTrustFixture(t)
+	web, _ := f.follow(t, webID)
+	api, _ := f.follow(t, apiID)
+	msg := wtrust([]*spiffebundle.Bundle{f.local.Bundle(), f.b.Bundle()}, nil)
+	web.send(t, msg)
+	before := f.nt.Trust()
+	api.send(t, msg)
+	assertOpen(t, before.Changed, "the same roots from another workload's stream change nothing")
+	rotated := testca.New(t, tdB.Name())
+	api.send(t, wtrust([]*spiffebundle.Bundle{f.local.Bundle(), rotated.Bundle()}, nil))
+	assertClosed(t, before.Changed, "a rotation does")
+	after := f.nt.Trust()
+	web.send(t, wtrust([]*spiffebundle.Bundle{f.local.Bundle(), rotated.Bundle()}, nil))
+	assertOpen(t, after.Changed, "and once only")
+}
