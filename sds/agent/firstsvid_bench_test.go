@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -21,7 +22,8 @@ import (
 // X509-SVID from a node agent (issue 34): trustbridge's, and SPIRE's
 // agent doing the same on the same machine. The two do not do the same
 // work, so there is no ratio between them; each reports its own
-// percentiles (p50-ns, p99-ns; ns/op is the mean) over at least
+// percentiles (p50-ns, p99-ns; ns/op is the mean; B/op and allocs/op
+// are this process's per new identity) over at least
 // firstSVIDSamples (trustbridge) or spireSamples (SPIRE) new identities
 // per run, and a same-run comparison of its own.
 //
@@ -82,20 +84,24 @@ func benchFirstSVIDTrustbridge(b *testing.B) {
 	addr := endpointSocket(f.wl)
 	fetchSVID(b, addr, webID) // warm: the agent's own connections
 	var first, held []time.Duration
+	var mem allocMeter
 	b.ResetTimer()
 	for i := range max(b.N, firstSVIDSamples) {
 		b.StopTimer()
 		id := spiffeid.RequireFromString(fmt.Sprintf("spiffe://a.test/ns/shop/sa/new-%d-%d", b.N, i))
 		f.cs.imp.permit(id)
 		f.ids.Set(hostMap(b, id))
+		mem.start()
 		b.StartTimer()
 		first = append(first, fetchSVID(b, addr, id))
 		b.StopTimer()
+		mem.stop()
 		held = append(held, fetchSVID(b, addr, id))
 		b.StartTimer()
 	}
 	b.StopTimer()
 	reportLatencies(b, first)
+	mem.report(b, len(first))
 	b.ReportMetric(float64(percentile(held, 50)), "held-p50-ns")
 	b.ReportMetric(float64(percentile(first, 50))/float64(percentile(held, 50)), "x-held")
 }
@@ -141,20 +147,24 @@ func benchFirstSVIDSPIRE(b *testing.B, every time.Duration) {
 	w.wait(b, warm)
 
 	var first, cli, connect []time.Duration
+	var mem allocMeter
 	b.ResetTimer()
 	for i := range max(b.N, spireSamples) {
 		id := fmt.Sprintf("spiffe://%s/bench/new-%d-%d", tdA.Name(), b.N, i)
+		mem.start()
 		start := time.Now()
 		a.RegisterUID(b, id, uid)
 		cli = append(cli, time.Since(start))
 		w.wait(b, id)
 		first = append(first, time.Since(start))
 		b.StopTimer()
+		mem.stop()
 		connect = append(connect, fetchSPIRE(b, addr, id))
 		b.StartTimer()
 	}
 	b.StopTimer()
 	reportLatencies(b, first)
+	mem.report(b, len(first))
 	b.ReportMetric(float64(percentile(cli, 50)), "cli-p50-ns")
 	b.ReportMetric(float64(percentile(connect, 50)), "connect-p50-ns")
 }
@@ -208,6 +218,31 @@ func (w *svidWatch) wait(b *testing.B, id string) {
 			b.Fatalf("SPIRE's agent did not deliver %s within %s", id, firstSVIDTimeout)
 		}
 	}
+}
+
+// allocMeter counts what this process allocates between start and stop,
+// over several intervals: B/op and allocs/op per sample, where the loop
+// runs more samples than b.N.
+type allocMeter struct {
+	bytes, allocs uint64
+	ms            runtime.MemStats
+}
+
+func (m *allocMeter) start() {
+	runtime.ReadMemStats(&m.ms)
+	m.bytes -= m.ms.TotalAlloc
+	m.allocs -= m.ms.Mallocs
+}
+
+func (m *allocMeter) stop() {
+	runtime.ReadMemStats(&m.ms)
+	m.bytes += m.ms.TotalAlloc
+	m.allocs += m.ms.Mallocs
+}
+
+func (m *allocMeter) report(b *testing.B, samples int) {
+	b.ReportMetric(float64(m.bytes)/float64(samples), "B/op")
+	b.ReportMetric(float64(m.allocs)/float64(samples), "allocs/op")
 }
 
 // reportLatencies reports ds' mean as ns/op and their p50 and p99.

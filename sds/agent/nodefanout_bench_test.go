@@ -51,11 +51,12 @@ import (
 //     messages, each taken by its follow goroutine (nodeTrust.update).
 //
 // Both serve ROOTCA as the SPIFFE validator (node mode's default) on a
-// real unix socket, with the clients in this process: streamsPerConn
-// streams per connection (an Envoy's few), each sending its identity's
-// token (a stand-in for attestation, which BenchmarkAttestConnection
-// measures, so every stream on a connection may have its own identity),
-// subscribing to ROOTCA and ACKing every response as Envoy does. The time
+// real unix socket, with the clients in this process on fanoutConns
+// connections, one per workload's Envoy (connection c is workload
+// c%identities), the streams spread evenly over them. Each stream sends
+// its workload's token (a stand-in for attestation, which
+// BenchmarkAttestConnection measures), subscribes to ROOTCA and ACKs
+// every response as Envoy does. The time
 // is from the change until every stream has received a ROOTCA holding the
 // new root, the median of at least five rotations; two roots alternate.
 // Not included in identities=1000: the 1,000 messages' trip from the
@@ -72,7 +73,7 @@ import (
 func BenchmarkNodeFanout(b *testing.B) {
 	local := testca.New(b, tdA.Name())
 	roots := []*x509.Certificate{local.Cert, testca.New(b, tdA.Name()).Cert}
-	for _, n := range []int{2000} {
+	for _, n := range []int{2000, 10000} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			b.Run("baseline:one-identity", func(b *testing.B) {
 				single := startFanoutTarget(b, newSingleFanout(b, local, roots[0]), n, 1, roots)
@@ -106,8 +107,10 @@ func BenchmarkNodeFanout(b *testing.B) {
 	}
 }
 
-// streamsPerConn is how many streams share a client connection.
-const streamsPerConn = 2
+// fanoutConns is how many client connections carry the streams: one per
+// workload of a node agent with benchIdentities identities, the same for
+// the single-identity agent so that only the identities differ.
+const fanoutConns = benchIdentities
 
 // fanoutServer is an agent's local SDS server under test.
 type fanoutServer struct {
@@ -257,13 +260,13 @@ func startFanoutTarget(b *testing.B, s fanoutServer, n, ids int, roots []*x509.C
 
 	t := &fanoutTarget{rotateFn: s.rotate, last: roots[0], streams: n}
 	first := t.newRound(roots[0])
-	for c := range (n + streamsPerConn - 1) / streamsPerConn {
+	for c := range fanoutConns {
 		conn, err := grpc.NewClient("unix://"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		require.NoError(b, err)
 		b.Cleanup(func() { _ = conn.Close() })
 		client := secretv3.NewSecretDiscoveryServiceClient(conn)
-		for i := c * streamsPerConn; i < min(n, (c+1)*streamsPerConn); i++ {
-			sctx := metadata.AppendToOutgoingContext(ctx, "authorization", fmt.Sprintf("Bearer w%d", i%ids))
+		for i := c; i < n; i += fanoutConns {
+			sctx := metadata.AppendToOutgoingContext(ctx, "authorization", fmt.Sprintf("Bearer w%d", c%ids))
 			stream, err := client.StreamSecrets(sctx)
 			require.NoError(b, err)
 			require.NoError(b, stream.Send(&discoveryv3.DiscoveryRequest{
