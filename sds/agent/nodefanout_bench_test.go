@@ -56,9 +56,9 @@ import (
 // c%identities), the streams spread evenly over them. Each stream sends
 // its workload's token (a stand-in for attestation, which
 // BenchmarkAttestConnection measures), subscribes to ROOTCA and ACKs
-// every response as Envoy does. The time
-// is from the change until every stream has received a ROOTCA holding the
-// new root, the median of at least five rotations; two roots alternate.
+// every response as Envoy does. The time is from the change until every
+// stream has received a ROOTCA holding the new root, the median of at
+// least five rotations; two roots alternate.
 // Not included in identities=1000: the 1,000 messages' trip from the
 // certificate service over gRPC (a fake trustWatchFunc hands them to
 // follow), and certificates come from a local test CA.
