@@ -24,16 +24,17 @@ import (
 // agent doing the same on the same machine. The two do not do the same
 // work, so there is no ratio between them; each reports its own
 // percentiles (p50-ns, p99-ns; ns/op is the mean; B/op and allocs/op
-// are this process's per new identity) over firstSVIDSamples
-// (trustbridge) or at least spireSamples (SPIRE) new identities per run,
-// and a same-run comparison of its own.
+// are this process's per new identity) over b.N (trustbridge; run with
+// -benchtime 100x or more for a p99) or at least spireSamples (SPIRE)
+// new identities per run, and a same-run comparison of its own.
 //
 //   - trustbridge: a node agent (Config.Node, the real attestor and a real
 //     Rotator with the node's token) in front of the real certificate
 //     service on loopback (startNodeFixture). Each iteration, untimed, the
 //     identity map's rule for this process's uid changes to a fresh
 //     SPIFFE ID the server lets the node have, as a new pod's service
-//     account would; then, timed, go-spiffe's workloadapi.FetchX509SVID
+//     account would (a new fixture every firstSVIDPerFixture identities);
+//     then, timed, go-spiffe's workloadapi.FetchX509SVID
 //     from opening the Workload API connection to the SVID: attestation,
 //     the map, a new key and CSR, CreateCertificate impersonating the
 //     workload over the node's warm TLS connection, the workload's trust
@@ -61,20 +62,24 @@ import (
 // failure under TRUSTBRIDGE_SPIRE_TESTS=require).
 func BenchmarkFirstSVID(b *testing.B) {
 	b.Run("trustbridge", benchFirstSVIDTrustbridge)
-	for _, every := range spireSyncIntervals {
+	intervals := spireSyncIntervals[:1]
+	if os.Getenv(envBenchLong) != "" {
+		intervals = spireSyncIntervals
+	}
+	for _, every := range intervals {
 		b.Run(fmt.Sprintf("spire/sync=%s", every), func(b *testing.B) { benchFirstSVIDSPIRE(b, every) })
 	}
 }
 
 const (
-	// firstSVIDSamples is how many new identities a trustbridge run
-	// takes, whatever b.N: enough for a p99 that is not simply the
-	// maximum, and fewer than the 128 trust streams the certificate
-	// service allows on the node's one connection (certservice's
-	// MaxConcurrentStreams): every held identity keeps one open, and past
-	// that each new workload waits firstTrustWait, 10s, for its trust
-	// (set 200 here to see it).
-	firstSVIDSamples = 100
+	// firstSVIDPerFixture is how many new identities one trustbridge
+	// node agent takes before the next iteration starts another: fewer
+	// than the 128 trust streams the certificate service allows on the
+	// node's one connection (certservice's MaxConcurrentStreams), since
+	// every held identity keeps one open, and past that each new
+	// workload waits firstTrustWait, 10s, for its trust (set 200 here to
+	// see it).
+	firstSVIDPerFixture = 100
 	// spireSamples is the fewest per SPIRE run: each waits for a sync.
 	spireSamples = 20
 	// firstSVIDTimeout bounds one iteration, so that a broken agent fails
@@ -83,19 +88,24 @@ const (
 )
 
 // spireSyncIntervals are the agent's sync_interval in the SPIRE runs:
-// spiretest's default, and SPIRE's own.
+// spiretest's default, and SPIRE's own, only with envBenchLong set (20
+// entries at 5s take about two minutes a run).
 var spireSyncIntervals = []time.Duration{time.Second, 5 * time.Second}
 
 func benchFirstSVIDTrustbridge(b *testing.B) {
-	f := startNodeFixture(b, webID, webID)
-	waitSocket(b, f.wl, f.done)
-	addr := endpointSocket(f.wl)
-	fetchSVID(b, addr, webID) // warm: the agent's own connections
+	var f *nodeFixture
+	var addr string
 	var first, held []time.Duration
 	var mem allocMeter
 	b.ResetTimer()
-	for i := range firstSVIDSamples {
+	for i := range b.N {
 		b.StopTimer()
+		if i%firstSVIDPerFixture == 0 {
+			f = startNodeFixture(b, webID, webID)
+			waitSocket(b, f.wl, f.done)
+			addr = endpointSocket(f.wl)
+			fetchSVID(b, addr, webID) // warm: the agent's own connections
+		}
 		id := spiffeid.RequireFromString(fmt.Sprintf("spiffe://a.test/ns/shop/sa/new-%d-%d", b.N, i))
 		f.cs.imp.permit(id)
 		f.ids.Set(hostMap(b, id))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -69,11 +70,16 @@ import (
 // single-identity agent's in the same iteration; ns/op is its own median.
 // The baseline row is the single-identity agent run alone. As in
 // BenchmarkSDSFanout, B/op and allocs/op are per run of at least five
-// rotations (two servers' in identities=1000), set-up excluded.
+// rotations (two servers' in identities=1000), set-up excluded. 10,000
+// streams too with envBenchLong set (about 80s a run).
 func BenchmarkNodeFanout(b *testing.B) {
 	local := testca.New(b, tdA.Name())
 	roots := []*x509.Certificate{local.Cert, testca.New(b, tdA.Name()).Cert}
-	for _, n := range []int{2000, 10000} {
+	streams := []int{2000}
+	if os.Getenv(envBenchLong) != "" {
+		streams = append(streams, 10000)
+	}
+	for _, n := range streams {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			b.Run("baseline:one-identity", func(b *testing.B) {
 				single := startFanoutTarget(b, newSingleFanout(b, local, roots[0]), n, 1, roots)
@@ -106,6 +112,12 @@ func BenchmarkNodeFanout(b *testing.B) {
 		})
 	}
 }
+
+// envBenchLong, when set, adds the node agent benchmarks' long variants
+// (BenchmarkNodeFanout at 10,000 streams, BenchmarkFirstSVID with SPIRE's
+// default sync interval), which would take the package past go test's
+// default 10-minute timeout under make bench.
+const envBenchLong = "TRUSTBRIDGE_BENCH_LONG"
 
 // fanoutConns is how many client connections carry the streams: one per
 // workload of a node agent with benchIdentities identities, the same for
