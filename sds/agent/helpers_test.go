@@ -102,7 +102,7 @@ func writeCreds(t *testing.T, dir string, ca *testca.CA, id spiffeid.ID, roots .
 }
 
 // writeFile replaces path atomically, as a Secret volume update does.
-func writeFile(t *testing.T, path string, data []byte) {
+func writeFile(t testing.TB, path string, data []byte) {
 	t.Helper()
 	tmp := path + ".tmp"
 	require.NoError(t, os.WriteFile(tmp, data, 0o600))
@@ -111,7 +111,7 @@ func writeFile(t *testing.T, path string, data []byte) {
 
 // shortDir is a temporary directory with a short path: unix socket paths
 // are limited to about 100 bytes.
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "ag")
 	require.NoError(t, err)
@@ -244,7 +244,7 @@ func hasAll(names ...string) func(map[string]*tlsv3.Secret) bool {
 // runAgent runs a in the background; the returned function stops it and
 // returns Run's error. done delivers that error once, to whoever watches
 // for Run ending early; stop returns it all the same.
-func runAgent(t *testing.T, a *Agent) (stop func() error, done <-chan error) {
+func runAgent(t testing.TB, a *Agent) (stop func() error, done <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
@@ -265,7 +265,7 @@ func runAgent(t *testing.T, a *Agent) (stop func() error, done <-chan error) {
 }
 
 // waitSocket waits until the agent listens on path or Run ended.
-func waitSocket(t *testing.T, path string, done <-chan error) {
+func waitSocket(t testing.TB, path string, done <-chan error) {
 	t.Helper()
 	waitUnlessEnded(t, done, func() bool {
 		fi, err := os.Lstat(path)
@@ -276,7 +276,7 @@ func waitSocket(t *testing.T, path string, done <-chan error) {
 // waitUnlessEnded waits until cond holds, failing the test at once if Run
 // ends first (done delivers) and after 5s otherwise. cond runs on another
 // goroutine, so the test fails here, on its own.
-func waitUnlessEnded(t *testing.T, done <-chan error, cond func() bool) {
+func waitUnlessEnded(t testing.TB, done <-chan error, cond func() bool) {
 	t.Helper()
 	var ended atomic.Pointer[error]
 	require.Eventually(t, func() bool {
@@ -293,7 +293,7 @@ func waitUnlessEnded(t *testing.T, done <-chan error, cond func() bool) {
 	}
 }
 
-func newTestAgent(t *testing.T, cfg Config) *Agent {
+func newTestAgent(t testing.TB, cfg Config) *Agent {
 	t.Helper()
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()

@@ -63,11 +63,20 @@ type recordingImpersonator struct {
 func (r *recordingImpersonator) AuthorizeImpersonation(_ context.Context, caller authn.Identity, target spiffeid.ID) error {
 	r.mu.Lock()
 	r.asked = append(r.asked, caller.ID.String()+" -> "+target.String())
+	allowed := r.allow[target]
 	r.mu.Unlock()
-	if caller.ID == nodeID && r.allow[target] {
+	if caller.ID == nodeID && allowed {
 		return nil
 	}
 	return errors.New("no pod of this service account runs on the caller's node")
+}
+
+// permit lets the node have id from now on, as a pod of it scheduled to
+// the node would.
+func (r *recordingImpersonator) permit(id spiffeid.ID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.allow[id] = true
 }
 
 func (r *recordingImpersonator) questions() []string {
@@ -91,7 +100,7 @@ func newCertService(t *testing.T, allow ...spiffeid.ID) *certService {
 
 // newCertServiceWith is newCertService with cfg changed by with (its
 // bundles and trust policy, say) before the service is built.
-func newCertServiceWith(t *testing.T, with func(*certservice.Config, *ca.Authority), allow ...spiffeid.ID) *certService {
+func newCertServiceWith(t testing.TB, with func(*certservice.Config, *ca.Authority), allow ...spiffeid.ID) *certService {
 	t.Helper()
 	authority, err := ca.New(ca.Config{TrustDomain: tdA, DataDir: t.TempDir()})
 	require.NoError(t, err)
@@ -136,7 +145,7 @@ func newCertServiceWith(t *testing.T, with func(*certservice.Config, *ca.Authori
 }
 
 // startServing runs run until the test ends.
-func startServing(t *testing.T, run func(context.Context) error) {
+func startServing(t testing.TB, run func(context.Context) error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -64,7 +64,7 @@ const gatewayPeer = "spiffe://c.test/ns/pay/sa/gateway"
 // shopPolicy grants the shop namespace b.test whole and c.test for one
 // peer, and the node agents' namespace d.test: the agent's own grant
 // must never reach a workload.
-func shopPolicy(t *testing.T, cPeers ...string) *trustpolicy.Policy {
+func shopPolicy(t testing.TB, cPeers ...string) *trustpolicy.Policy {
 	t.Helper()
 	grants := []trustpolicy.TrustDomainGrant{{TrustDomain: tdB.Name()}}
 	if len(cPeers) > 0 {
@@ -94,7 +94,7 @@ type nodeFixture struct {
 
 // startNodeFixture starts a node agent whose identity map gives this test
 // process (a host process, by its uid) the identity id.
-func startNodeFixture(t *testing.T, id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
+func startNodeFixture(t testing.TB, id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
 	t.Helper()
 	f := &nodeFixture{fed: &federation{changed: make(chan struct{})}, policy: trustpolicy.NewCell(shopPolicy(t, gatewayPeer)),
 		b: testca.New(t, tdB.Name())}
@@ -129,7 +129,7 @@ func startNodeFixture(t *testing.T, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 }
 
 // hostMap gives this process, by its uid, the identity id.
-func hostMap(t *testing.T, id spiffeid.ID) *identitymap.Map {
+func hostMap(t testing.TB, id spiffeid.ID) *identitymap.Map {
 	t.Helper()
 	uid := uint32(os.Getuid())
 	m, err := identitymap.Compile(identitymap.Config{TrustDomain: tdA, Default: identitymap.DefaultNone}, []identitymap.Rule{{
