@@ -186,7 +186,12 @@ func TestAgentRBAC(t *testing.T) {
 	objs := mustRender(t, agentValues(true))
 	cr := find(t, objs, "ClusterRole", "trustbridge-agent")
 	rules, _, _ := unstructured.NestedSlice(cr.Object, "rules")
-	assert.Equal(t, []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}}}, rules)
+	// Pods and the identity map resources, read only: the agent writes
+	// nothing, not even their status (the server does).
+	assert.Equal(t, []any{
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+		map[string]any{"apiGroups": []any{"trustbridge.dev"}, "resources": []any{"clusteridentitymappings"}, "verbs": []any{"get", "list", "watch"}},
+	}, rules)
 	var agentKinds []string
 	for _, o := range objs {
 		if o.GetNamespace() == "trustbridge-agent" {

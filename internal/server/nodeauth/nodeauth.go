@@ -142,8 +142,8 @@ func trimPod(obj any) (any, error) {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
 			Labels: p.Labels},
-		Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName, ServiceAccountName: p.Spec.ServiceAccountName},
-		Status:     corev1.PodStatus{Phase: p.Status.Phase},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, ServiceAccountName: p.Spec.ServiceAccountName},
+		Status: corev1.PodStatus{Phase: p.Status.Phase},
 	}, nil
 }
 
