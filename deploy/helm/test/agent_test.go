@@ -107,7 +107,7 @@ func TestAgentValues(t *testing.T) {
 		"agent", "--node", "--ca-addr=tb.trustbridge-system.svc:15012",
 		"--root-cert=/var/run/secrets/trustbridge/root-cert.pem", "--token-file=/var/run/secrets/tokens/trustbridge",
 		"--sds-socket=/run/tb/sockets/socket", "--admin-listen=0.0.0.0:15022", "--log-format=json", "--log-level=debug",
-		"--identity-map=/etc/trustbridge/identity-map/identity-map.yaml", "--identity-default=none", "--attest-binary",
+		"--identity-map=/etc/trustbridge/identity-map/identity-map.yaml", "--identity-map-crd", "--identity-default=none", "--attest-binary",
 		"--max-identities=200", "--ttl=6h",
 	}, c["args"])
 	add, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "add")
