@@ -296,10 +296,7 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
-	if p.policy, err = setupPolicy(o, td, kube, trail, reg, logger); err != nil {
-		return err
-	}
-	if p.idmap, err = setupIdentityMap(o, td, kube, reg, logger); err != nil {
+	if err := p.setupRules(o, reg, logger); err != nil {
 		return err
 	}
 
@@ -354,6 +351,17 @@ func (p *serverParts) federate(o Config, reg prometheus.Registerer, logger *slog
 	}
 	fed.store.Set(caSource, p.authority.Bundle())
 	return nil
+}
+
+// setupRules builds the operator's rules: the trust policy (what
+// workloads may trust) and the identity map (what node agents may get).
+func (p *serverParts) setupRules(o Config, reg prometheus.Registerer, logger *slog.Logger) error {
+	var err error
+	if p.policy, err = setupPolicy(o, p.td, p.kube, p.trail, reg, logger); err != nil {
+		return err
+	}
+	p.idmap, err = setupIdentityMap(o, p.td, p.kube, reg, logger)
+	return err
 }
 
 // serverParts is what runServer built, for runners to start.
