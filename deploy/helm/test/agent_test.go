@@ -201,3 +201,26 @@ func TestAgentRBAC(t *testing.T) {
 	assert.NotContains(t, agentKinds, "Role", "no namespaced grants in the agent's namespace")
 	assert.NotContains(t, agentKinds, "RoleBinding")
 }
+
+// The agents' identity map is the server's too: it grants a node agent
+// only the IDs the map gives a pod on its node, so both must hold the
+// same rules and default.
+func TestAgentIdentityMapReachesServer(t *testing.T) {
+	values := valuesFile(t, "agent.yaml")
+	objs := mustRender(t, values)
+	_, cfg := serverConfig(t, objs, "tb")
+	assert.Equal(t, "/etc/trustbridge/identity-map.yaml", cfg["identity-map"])
+	assert.Equal(t, "none", cfg["identity-map-default"])
+	serverMap, _, err := unstructured.NestedString(find(t, objs, "ConfigMap", "tb-config").Object, "data", "identity-map.yaml")
+	require.NoError(t, err)
+	agentMap, _, err := unstructured.NestedString(find(t, objs, "ConfigMap", "tb-agent-identity-map").Object, "data", "identity-map.yaml")
+	require.NoError(t, err)
+	assert.NotEmpty(t, serverMap)
+	assert.Equal(t, agentMap, serverMap)
+
+	// Without agent rules the server has no map file (the resources, if
+	// any, are its map).
+	_, cfg = serverConfig(t, mustRender(t, agentValues(true)), "trustbridge")
+	assert.NotContains(t, cfg, "identity-map")
+	assert.NotContains(t, cfg, "identity-map-default")
+}
