@@ -179,6 +179,19 @@ spec:
 	assert.Equal(t, metav1.ConditionFalse, meta.FindStatusCondition(cr.Status.Conditions, ConditionReady).Status)
 	assert.Len(t, k.comb.Map().Rules(), 3, "the file's rule and the two valid resources")
 
+	// An invalid edit of a valid resource keeps its last valid generation
+	// in force, and says so.
+	u, err := k.dyn.Resource(GVR).Get(context.Background(), "pay-by-account", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NoError(t, unstructured.SetNestedField(u.Object, "spiffe://{{.TrustDomain}}/pay/{{.Nope}}", "spec", "spiffeID"))
+	_, err = k.dyn.Resource(GVR).Update(context.Background(), u, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	cr = k.waitReady("pay-by-account", ReasonInvalid)
+	assert.Contains(t, readyMessage(cr), "; generation 1 stays in force")
+	assert.Equal(t, "spiffe://{{.TrustDomain}}/pay/{{.ServiceAccount}}", cr.Status.SPIFFEID, "the template in force")
+	_, err = k.cell.Load().Identify(identitymap.ServerFacts("pay", "api", "api-1", "u1", "node-a", map[string]string{"app": "checkout"}))
+	assert.ErrorIs(t, err, identitymap.ErrConflict, "the rule in force still conflicts")
+
 	// Only the node agent knows a uid: accepted, but the server never
 	// grants its IDs, and the status says so.
 	require.NoError(t, k.create(`
