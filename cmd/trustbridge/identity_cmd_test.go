@@ -5,12 +5,14 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/api"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
 )
 
 // An identity map with a rule by app label, one in conflict with it, and
@@ -102,4 +104,28 @@ func TestIdentityExplainOffline(t *testing.T) {
 	_, stderr, code = runCLI(t, "", "identity", "explain", "--identity-map", path, "--namespace", "a", "--service-account", "b")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "--trust-domain")
+}
+
+// SIGHUP re-reads --identity-map: a bad edit keeps the last good rules
+// and shows the error in the snapshot; a good one is in force at once.
+func TestIdentityMapReload(t *testing.T) {
+	path := writeIdentityMap(t)
+	o := policyServer(t, func(o *server.Config) {
+		o.IdentityMap = server.IdentityMapConfig{File: path, Poll: time.Hour}
+	})
+	admin, hup, logs := launchReloadable(t, o)
+
+	require.NoError(t, os.WriteFile(path, []byte("rules:\n- name: x\n  spiffeID: spiffe://{{.TrustDomain}}/x\n"), 0o600))
+	servertest.HUPAndWait(t, hup, logs, "identity map file refused; keeping the last good rules", 1)
+	snap := servertest.GetSnapshot(t, "http://"+admin)
+	require.NotNil(t, snap.IdentityMap)
+	assert.Len(t, snap.IdentityMap.Rules, 3, "the last good rules")
+	require.Len(t, snap.IdentityMap.Sources, 1)
+	assert.Contains(t, snap.IdentityMap.Sources[0].LastError, `missing required key "workloads"`)
+
+	require.NoError(t, os.WriteFile(path, []byte("rules:\n- name: x\n  workloads: [{namespace: x}]\n  spiffeID: spiffe://{{.TrustDomain}}/x\n"), 0o600))
+	servertest.HUPAndWait(t, hup, logs, "identity map file loaded", 2)
+	snap = servertest.GetSnapshot(t, "http://"+admin)
+	assert.Len(t, snap.IdentityMap.Rules, 1)
+	assert.Empty(t, snap.IdentityMap.Sources[0].LastError)
 }

@@ -32,7 +32,7 @@ func addIdentityMapFlags(f *pflag.FlagSet, o *IdentityMapConfig) {
 	f.StringVar(&o.File, "identity-map", "", "identity map file (YAML: default, rules; docs/identity-map.md), the rules node agents (trustbridge agent --node --identity-map) map attested workloads to SPIFFE IDs with: "+
 		"a node agent is then granted (ImpersonatedIdentity) exactly the ID the map gives a running pod on its node, from the pod's namespace, service account, name, UID, labels and node, "+
 		"instead of only spiffe://<td>/ns/<namespace>/sa/<service account>; rules that select by unix facts or use the container or the caller's uid in templates are never granted (the server cannot check them). "+
-		"Polled and reloaded on change, a bad change keeps the last good rules. Needs --ca-trusted-node-accounts and Kubernetes to grant anything")
+		"Polled and reloaded on change and on SIGHUP, a bad change keeps the last good rules. Needs --ca-trusted-node-accounts and Kubernetes to grant anything")
 	f.StringVar(&o.Default, "identity-map-default", string(identitymap.DefaultIstio), "with an identity map: what a pod no rule selects may get: istio (spiffe://<td>/ns/<namespace>/sa/<service account>) or none (nothing); none in the file wins")
 	f.DurationVar(&o.Poll, "identity-map-poll-interval", identitymap.DefaultFilePollInterval, "how often --identity-map is checked for changes")
 }
