@@ -22,7 +22,9 @@ import (
 )
 
 // fakeLister lists through the fake client.
-type fakeLister struct{ dyn *dynamicfake.FakeDynamicClient }
+type fakeLister struct {
+	dyn *dynamicfake.FakeDynamicClient
+}
 
 func (l fakeLister) List(labels.Selector) ([]runtime.Object, error) {
 	list, err := l.dyn.Resource(GVR).List(context.Background(), metav1.ListOptions{})
