@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -134,7 +135,9 @@ func (n NodeConfig) identityMap(nc *sdsagent.NodeConfig, base *slog.Logger, reg 
 		return fmt.Errorf("identity map: %w", err)
 	}
 	nc.Map = gatedMap{cell: cell, synced: ctl.Synced()}
-	nc.Runners = append(nc.Runners, ctl.Run)
+	nc.Runners = append(nc.Runners, ctl.Run, func(ctx context.Context) error {
+		return ctl.WatchSync(ctx, mapcrd.DefaultSyncWarn, "no workload gets an identity until they are")
+	})
 	return nil
 }
 

@@ -139,7 +139,9 @@ func (s *identityMapSetup) runners() []func(context.Context) error {
 		rs = append(rs, s.file.Run)
 	}
 	if s.ctl != nil {
-		rs = append(rs, s.ctl.Run)
+		rs = append(rs, s.ctl.Run, func(ctx context.Context) error {
+			return s.ctl.WatchSync(ctx, mapcrd.DefaultSyncWarn, "node agents are refused as unavailable until they are")
+		})
 	}
 	return rs
 }

@@ -313,3 +313,34 @@ func (c *Controller) report(r resource, v verdict, recorder events.EventRecorder
 		c.cfg.Logger.Warn(Kind+" refused: "+reason, logattr.Rule, name, logattr.Error, note)
 	}
 }
+
+// DefaultSyncWarn is how long WatchSync waits for the first read of the
+// resources before it warns.
+const DefaultSyncWarn = 30 * time.Second
+
+// WatchSync warns when the resources were not read within after (what
+// waits on them says what), and says when they are. It returns only when
+// ctx is done: servers and agents run it in a group where any part that
+// returns stops the others.
+func (c *Controller) WatchSync(ctx context.Context, after time.Duration, waiting string) error {
+	t := c.cfg.Clock.NewTimer(after)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-c.firstApply:
+		<-ctx.Done()
+		return nil
+	case <-t.C():
+	}
+	c.cfg.Logger.Warn(Kind+" resources not read yet: "+waiting+"; check that the CRD is installed (deploy/base/identitymapping-crd.yaml) and that this process may list clusteridentitymappings",
+		"waited", after.String())
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-c.firstApply:
+		c.cfg.Logger.Info(Kind + " resources read: the identity map is complete")
+	}
+	<-ctx.Done()
+	return nil
+}

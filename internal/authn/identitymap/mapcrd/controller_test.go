@@ -2,6 +2,8 @@ package mapcrd
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 // fakeLister lists through the fake client.
@@ -73,4 +76,34 @@ func TestSyncFollowerWritesNothing(t *testing.T) {
 func TestNewRequires(t *testing.T) {
 	_, err := New(Config{})
 	assert.ErrorContains(t, err, "mapcrd: Dynamic, Apply and Map.TrustDomain are required")
+}
+
+// WatchSync warns once the resources have not been read in time, says
+// when they are, and returns only when its context ends.
+func TestWatchSync(t *testing.T) {
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{GVR: Kind + "List"})
+	comb, err := identitymap.NewCombiner(identitymap.Config{TrustDomain: local}, identitymap.NewCell(nil))
+	require.NoError(t, err)
+	clk := clocktesting.NewFakeClock(time.Now())
+	var logs testlog.Buffer
+	c, err := New(Config{Dynamic: dyn, Map: identitymap.Config{TrustDomain: local}, Apply: CombinerApplier(comb),
+		Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.WatchSync(ctx, DefaultSyncWarn, "nothing is granted until they are") }()
+	require.Eventually(t, clk.HasWaiters, 10*time.Second, time.Millisecond)
+	clk.Step(DefaultSyncWarn)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "resources not read yet: nothing is granted until they are")
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, c.sync(context.Background(), fakeLister{dyn}, nil))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "resources read: the identity map is complete") }, 10*time.Second, time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("WatchSync returned before its context ended")
+	default:
+	}
+	cancel()
+	assert.NoError(t, <-done)
 }
