@@ -138,3 +138,36 @@ func TestUpstreamKubeCSROverlayRBAC(t *testing.T) {
 		}
 	}
 }
+
+// The server's service account reads ClusterIdentityMapping resources and
+// writes their status, and never makes one: identity map rules are the
+// operator's.
+func TestServerRBACClusterIdentityMappings(t *testing.T) {
+	env := kubetest.Shared(t)
+	const ns = "trustbridge-system"
+	env.Apply(t, []string{ns}, kubetest.LoadManifests(t, "rbac"))
+	sa := "system:serviceaccount:" + ns + ":trustbridge"
+	tests := []struct {
+		subresource, verb string
+		allowed           bool
+	}{
+		{"", "get", true}, {"", "list", true}, {"", "watch", true},
+		{"status", "update", true}, {"status", "patch", true},
+		{"", "create", false}, {"", "update", false}, {"", "patch", false}, {"", "delete", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.subresource+"/"+tt.verb, func(t *testing.T) {
+			review, err := env.Client.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authzv1.SubjectAccessReview{
+				Spec: authzv1.SubjectAccessReviewSpec{
+					User:   sa,
+					Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+					ResourceAttributes: &authzv1.ResourceAttributes{
+						Group: "trustbridge.dev", Resource: "clusteridentitymappings", Subresource: tt.subresource, Verb: tt.verb, Name: "pay-apps",
+					},
+				},
+			}, metav1.CreateOptions{})
+			require.NoError(t, err)
+			assert.Equal(t, tt.allowed, review.Status.Allowed, "%s: %s", tt.verb, review.Status.Reason)
+		})
+	}
+}

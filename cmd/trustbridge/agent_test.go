@@ -242,6 +242,7 @@ func TestAgentFlagErrors(t *testing.T) {
 			o.Node.Kubeconfig = servertest.WriteKubeconfig(t, "https://127.0.0.1:1", nil)
 		}, "--node-name"},
 		{"node negative bound", func(o *agent.Config) { withNode(o); o.Node.MaxIdentities = -1 }, "--max-identities"},
+		{"node identity map crd without kube", func(o *agent.Config) { withNode(o); o.Node.IdentityMapCRD = true }, "--identity-map-crd needs a Kubernetes API server"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base

@@ -28,6 +28,7 @@ var stateReaders = []string{
 	"trustbridge federation list",
 	"trustbridge bundle show",
 	"trustbridge policy explain",
+	"trustbridge identity explain",
 	"trustbridge jwt mint",
 	"trustbridge jwt validate",
 }

@@ -1,15 +1,19 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap/mapcrd"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -28,6 +32,10 @@ type NodeConfig struct {
 	// IdentityDefault is what workloads no rule selects get: istio or
 	// none.
 	IdentityDefault string
+	// IdentityMapCRD adds the rules of ClusterIdentityMapping resources,
+	// read from the API server, to the identity map: the same rules the
+	// server checks the agent's requests against.
+	IdentityMapCRD bool
 	// Kubeconfig reads pods from that API server; "" in a pod reads them
 	// from the in-cluster one, and elsewhere attests unix facts only.
 	Kubeconfig string
@@ -83,20 +91,73 @@ func (o Config) nodeConfig(base *slog.Logger, reg prometheus.Registerer, td spif
 	if nc.Attestor, err = attest.New(acfg); err != nil {
 		return nil, err
 	}
-	cell := identitymap.NewCell(nil)
-	comb, err := identitymap.NewCombiner(identitymap.Config{TrustDomain: td, Default: def}, cell, identitymap.WithRegisterer(reg))
-	if err != nil {
-		return nil, fmt.Errorf("identity map: %w", err)
+	if !inKube {
+		kcfg = nil
 	}
+	if err := n.identityMap(nc, base, reg, identitymap.Config{TrustDomain: td, Default: def}, kcfg); err != nil {
+		return nil, err
+	}
+	return nc, nil
+}
+
+// identityMap builds the identity map from --identity-map and, with
+// --identity-map-crd, the ClusterIdentityMapping resources read through
+// kcfg (nil: no API server), and sets nc.Map and its runners.
+func (n NodeConfig) identityMap(nc *sdsagent.NodeConfig, base *slog.Logger, reg prometheus.Registerer, cfg identitymap.Config, kcfg *rest.Config) error {
+	if n.IdentityMapCRD && kcfg == nil {
+		return errors.New("--identity-map-crd needs a Kubernetes API server (--kubeconfig, or running in a pod): the resources are read from it")
+	}
+	cell := identitymap.NewCell(nil)
+	comb, err := identitymap.NewCombiner(cfg, cell, identitymap.WithRegisterer(reg))
+	if err != nil {
+		return fmt.Errorf("identity map: %w", err)
+	}
+	logger := base.With(logattr.Component, "identity-map")
 	if n.IdentityMap != "" {
-		src := identitymap.NewFileSource(n.IdentityMap, comb, base.With(logattr.Component, "identity-map"), 0)
+		src := identitymap.NewFileSource(n.IdentityMap, comb, logger, 0)
 		if err := src.Load(); err != nil {
-			return nil, fmt.Errorf("--identity-map: %w", err)
+			return fmt.Errorf("--identity-map: %w", err)
 		}
 		nc.Runners = append(nc.Runners, src.Run)
 	}
 	nc.Map = cell
-	return nc, nil
+	if !n.IdentityMapCRD {
+		return nil
+	}
+	dyn, err := dynamic.NewForConfig(kcfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	// Read only: the server's leader writes the resources' status.
+	ctl, err := mapcrd.New(mapcrd.Config{Dynamic: dyn, Map: cfg, Apply: mapcrd.CombinerApplier(comb), Current: comb.Map,
+		IsLeader: func() bool { return false }, Logger: logger.With(logattr.Component, "identity-map-crd"), Registerer: reg})
+	if err != nil {
+		return fmt.Errorf("identity map: %w", err)
+	}
+	nc.Map = gatedMap{cell: cell, synced: ctl.Synced()}
+	nc.Runners = append(nc.Runners, ctl.Run, func(ctx context.Context) error {
+		return ctl.WatchSync(ctx, mapcrd.DefaultSyncWarn, "no workload gets an identity until they are")
+	})
+	return nil
+}
+
+// gatedMap is the identity map the agent serves from with
+// --identity-map-crd: none (no workload has an identity, and says so)
+// until the resources were read, so that no workload gets an identity
+// decided on part of the rules, such as the default for a pod a resource
+// gives another ID.
+type gatedMap struct {
+	cell   *identitymap.Cell
+	synced <-chan struct{}
+}
+
+func (g gatedMap) Load() *identitymap.Map {
+	select {
+	case <-g.synced:
+		return g.cell.Load()
+	default:
+		return nil
+	}
 }
 
 // nodeTrustDomain is the trust domain of the node's workloads: the

@@ -85,6 +85,10 @@ type GRPCConfig struct {
 	// access decides, per SDS caller, which trust domains and peers it
 	// receives (the trust policy); nil gives every caller everything.
 	access sds.AccessPolicy
+	// identityMap, when set, is what node agents are granted from
+	// (identitymap_setup.go); identityMapReady says its resources were read.
+	identityMap      nodeauth.MapSource
+	identityMapReady func() bool
 	// Test hooks, no flags (grants.go).
 	GrantHooks
 	// TestJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).

@@ -62,14 +62,14 @@ func (g *grpcEndpoint) addImpersonation(client kubernetes.Interface, o GRPCConfi
 		return nil
 	}
 	a, err := nodeauth.New(nodeauth.Config{Client: client, TrustDomain: td, TrustedNodeAccounts: accounts,
-		Logger: logger.With(logattr.Component, "node-authorizer")})
+		IdentityMap: o.identityMap, MapReady: o.identityMapReady, Logger: logger.With(logattr.Component, "node-authorizer")})
 	if err != nil {
 		return fmt.Errorf("--ca-trusted-node-accounts: %w", err)
 	}
 	g.impersonator = a
 	g.runners = append(g.runners, a.Run)
 	logger.Info("node proxies may ask for the certificates of the pods on their node (ImpersonatedIdentity)",
-		"trusted_node_accounts", strings.Join(accounts, ","))
+		"trusted_node_accounts", strings.Join(accounts, ","), "identity_map", o.identityMap != nil)
 	return nil
 }
 

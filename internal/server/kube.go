@@ -61,6 +61,7 @@ type KubeConfig struct {
 	FederationCRD     bool
 	FederationClass   string
 	TrustPolicyCRD    bool
+	IdentityMapCRD    bool
 	tokenSecret       string
 }
 
@@ -77,6 +78,7 @@ func addKubeFlags(f *pflag.FlagSet, o *KubeConfig) {
 	f.StringVar(&o.NamespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
 	f.BoolVar(&o.FederationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
 	f.BoolVar(&o.TrustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
+	f.BoolVar(&o.IdentityMapCRD, "identity-map-crd", false, "with --storage kube, add the rules of ClusterIdentityMapping resources (trustbridge.dev/v1alpha1, deploy/base/identitymapping-crd.yaml) to the identity map (--identity-map) node agents are checked against, and write whether each is accepted and its conflicts into its status; node agents are refused as unavailable until the resources were read")
 	f.StringVar(&o.FederationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
 }
 
@@ -100,6 +102,9 @@ type kubeSetup struct {
 func checkStorageFlags(o Config) error {
 	if o.Kube.TrustPolicyCRD && o.Kube.Storage != StorageKube {
 		return errPolicyCRDStorage
+	}
+	if o.Kube.IdentityMapCRD && o.Kube.Storage != StorageKube {
+		return errIdentityMapCRDStorage
 	}
 	if o.Kube.FederationCRD && o.Kube.Storage != StorageKube {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")

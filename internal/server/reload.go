@@ -83,7 +83,10 @@ func (p *serverParts) reloadRunner(hup <-chan os.Signal, o Config, logger *slog.
 		rs = append(rs, checkReloader("--ca-dir", w.Check))
 	}
 	rs = append(rs, p.policy.reloader()...)
-	idle := "no --federation-config, --config, --bootstrap-token-file, --bundle-file, --bundle-tls-cert, --ca-dir or --trust-policy"
+	if p.idmap != nil && p.idmap.file != nil {
+		rs = append(rs, checkReloader("--identity-map", p.idmap.file.Check))
+	}
+	idle := "no --federation-config, --config, --bootstrap-token-file, --bundle-file, --bundle-tls-cert, --ca-dir, --trust-policy or --identity-map"
 	return func(ctx context.Context) error { return ServeReloads(ctx, hup, rs, idle, logger) }
 }
 

@@ -62,6 +62,7 @@ type Config struct {
 	GRPC           GRPCConfig
 	Kube           KubeConfig
 	Policy         PolicyConfig
+	IdentityMap    IdentityMapConfig
 	JWT            JWTKeyConfig
 	Upstream       UpstreamConfig
 	Keys           KeyManagerConfig
@@ -193,6 +194,7 @@ func addServerFlags(f *pflag.FlagSet, o *Config) {
 	addGRPCFlags(f, &o.GRPC)
 	addKubeFlags(f, &o.Kube)
 	addPolicyFlags(f, &o.Policy)
+	addIdentityMapFlags(f, &o.IdentityMap)
 	f.StringVar(&o.AuditLog, "audit-log", "", `hash-chained audit log of every trust change (JSON lines; verify with trustbridge audit log verify): a file path, "-" for standard output (default <data-dir>/audit.jsonl)`)
 	f.StringVar(&o.LogFormat, "log-format", "auto", "log format: auto (text on a terminal, JSON otherwise), json, text")
 	f.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -294,7 +296,7 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
-	if p.policy, err = setupPolicy(o, td, kube, trail, reg, logger); err != nil {
+	if err := p.setupRules(o, reg, logger); err != nil {
 		return err
 	}
 
@@ -351,6 +353,17 @@ func (p *serverParts) federate(o Config, reg prometheus.Registerer, logger *slog
 	return nil
 }
 
+// setupRules builds the operator's rules: the trust policy (what
+// workloads may trust) and the identity map (what node agents may get).
+func (p *serverParts) setupRules(o Config, reg prometheus.Registerer, logger *slog.Logger) error {
+	var err error
+	if p.policy, err = setupPolicy(o, p.td, p.kube, p.trail, reg, logger); err != nil {
+		return err
+	}
+	p.idmap, err = setupIdentityMap(o, p.td, p.kube, reg, logger)
+	return err
+}
+
 // serverParts is what runServer built, for runners to start.
 type serverParts struct {
 	td        spiffeid.TrustDomain
@@ -367,6 +380,7 @@ type serverParts struct {
 	adminLn   net.Listener
 	socket    *adminSocket // nil without --admin-socket
 	policy    *policySetup
+	idmap     *identityMapSetup // nil without an identity map
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -383,6 +397,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 		undo.add(func() { _ = p.ep.ln.Close() })
 	}
 	o.GRPC.access = p.policy.sdsAccess
+	o.GRPC.identityMap, o.GRPC.identityMapReady = p.idmap.source(), p.idmap.ready()
 	if p.gs, err = setupGRPC(o.GRPC, p.td, o.WorkloadTTL, o.MaxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
 		return undo, err
 	}
@@ -394,6 +409,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	undo.add(func() { _ = ln.Close() })
 	p.adminLn = ln
 	cfg := adminConfig(p.authority, reg, p.fed, p.crd, p.ep, replicaOf(p.kube).at(e.now), p.policy)
+	cfg.IdentityMap = p.idmap.adminConfig()
 	if p.gs != nil && p.gs.oidc != nil {
 		cfg.Issuers = p.gs.oidc.Status
 	}
@@ -432,6 +448,7 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 		runners = append(runners, p.ep.runners...)
 	}
 	runners = append(runners, p.policy.runners()...)
+	runners = append(runners, p.idmap.runners()...)
 	return append(runners, p.gs.parts()...), nil
 }
 

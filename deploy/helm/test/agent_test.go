@@ -107,7 +107,7 @@ func TestAgentValues(t *testing.T) {
 		"agent", "--node", "--ca-addr=tb.trustbridge-system.svc:15012",
 		"--root-cert=/var/run/secrets/trustbridge/root-cert.pem", "--token-file=/var/run/secrets/tokens/trustbridge",
 		"--sds-socket=/run/tb/sockets/socket", "--admin-listen=0.0.0.0:15022", "--log-format=json", "--log-level=debug",
-		"--identity-map=/etc/trustbridge/identity-map/identity-map.yaml", "--identity-default=none", "--attest-binary",
+		"--identity-map=/etc/trustbridge/identity-map/identity-map.yaml", "--identity-map-crd", "--identity-default=none", "--attest-binary",
 		"--max-identities=200", "--ttl=6h",
 	}, c["args"])
 	add, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "add")
@@ -186,7 +186,12 @@ func TestAgentRBAC(t *testing.T) {
 	objs := mustRender(t, agentValues(true))
 	cr := find(t, objs, "ClusterRole", "trustbridge-agent")
 	rules, _, _ := unstructured.NestedSlice(cr.Object, "rules")
-	assert.Equal(t, []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}}}, rules)
+	// Pods and the identity map resources, read only: the agent writes
+	// nothing, not even their status (the server does).
+	assert.Equal(t, []any{
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+		map[string]any{"apiGroups": []any{"trustbridge.dev"}, "resources": []any{"clusteridentitymappings"}, "verbs": []any{"get", "list", "watch"}},
+	}, rules)
 	var agentKinds []string
 	for _, o := range objs {
 		if o.GetNamespace() == "trustbridge-agent" {
@@ -195,4 +200,27 @@ func TestAgentRBAC(t *testing.T) {
 	}
 	assert.NotContains(t, agentKinds, "Role", "no namespaced grants in the agent's namespace")
 	assert.NotContains(t, agentKinds, "RoleBinding")
+}
+
+// The agents' identity map is the server's too: it grants a node agent
+// only the IDs the map gives a pod on its node, so both must hold the
+// same rules and default.
+func TestAgentIdentityMapReachesServer(t *testing.T) {
+	values := valuesFile(t, "agent.yaml")
+	objs := mustRender(t, values)
+	_, cfg := serverConfig(t, objs, "tb")
+	assert.Equal(t, "/etc/trustbridge/identity-map.yaml", cfg["identity-map"])
+	assert.Equal(t, "none", cfg["identity-map-default"])
+	serverMap, _, err := unstructured.NestedString(find(t, objs, "ConfigMap", "tb-config").Object, "data", "identity-map.yaml")
+	require.NoError(t, err)
+	agentMap, _, err := unstructured.NestedString(find(t, objs, "ConfigMap", "tb-agent-identity-map").Object, "data", "identity-map.yaml")
+	require.NoError(t, err)
+	assert.NotEmpty(t, serverMap)
+	assert.Equal(t, agentMap, serverMap)
+
+	// Without agent rules the server has no map file (the resources, if
+	// any, are its map).
+	_, cfg = serverConfig(t, mustRender(t, agentValues(true)), "trustbridge")
+	assert.NotContains(t, cfg, "identity-map")
+	assert.NotContains(t, cfg, "identity-map-default")
 }

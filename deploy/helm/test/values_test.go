@@ -93,7 +93,7 @@ func TestValuesSetServerConfig(t *testing.T) {
 		"admin-listen": "0.0.0.0:15014", "bundle-listen": "0.0.0.0:8443", "grpc-listen": "0.0.0.0:15012",
 		"grpc-dns-names": []any{"tb.trustbridge-system.svc", "ca.east.example"},
 		"storage":        "kube", "ca-secret": "east-ca",
-		"federation-crd": true, "federation-crd-class": "east", "federation": peers, "trust-policy-crd": true,
+		"federation-crd": true, "federation-crd-class": "east", "federation": peers, "trust-policy-crd": true, "identity-map-crd": true,
 		"federation-allow-private": true, "federation-allow-empty": true,
 		"federation-min-refresh": "45s", "federation-max-refresh": "30m", "federation-timeout": "20s",
 		"workload-ttl": "12h", "max-workload-ttl": "48h", "max-renewal-lifetime": "720h",
@@ -112,6 +112,7 @@ func TestValuesSetServerConfig(t *testing.T) {
 	assert.Equal(t, true, fileCfg["init"], "the first start creates the CA in the claim")
 	assert.NotContains(t, fileCfg, "federation-crd")
 	assert.NotContains(t, fileCfg, "trust-policy-crd")
+	assert.NotContains(t, fileCfg, "identity-map-crd")
 }
 
 // The server itself accepts every config file the chart renders: each key

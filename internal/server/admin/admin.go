@@ -102,6 +102,9 @@ type Config struct {
 	// Policy, with Trust, adds the trust policy to /v1/snapshot and /ui
 	// and mounts GET /v1/policy/explain; nil: no trust policy wiring.
 	Policy *PolicyConfig
+	// IdentityMap, when set, adds the identity map to /v1/snapshot and
+	// mounts GET /v1/identity/explain; nil: the server has none.
+	IdentityMap *IdentityMapConfig
 	// JWT, when set, adds the CA's JWT signing keys and their rotation
 	// state to /v1/trust, /v1/snapshot and /ui, and marks the local trust
 	// domain as a JWT-SVID issuer when it reports any; nil shows the
@@ -150,6 +153,9 @@ func (h *Handler) routes() {
 		if h.cfg.Policy != nil {
 			h.mux.HandleFunc("GET /v1/policy/explain", h.servePolicyExplain)
 		}
+	}
+	if h.cfg.IdentityMap != nil {
+		h.mux.HandleFunc("GET /v1/identity/explain", h.serveIdentityExplain)
 	}
 	addProbes(h.mux, h.cfg.Ready, h.cfg.Warning, h.cfg.Gatherer)
 	h.mux.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, _ *http.Request) {

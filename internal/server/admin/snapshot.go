@@ -40,6 +40,9 @@ func (h *Handler) Snapshot() api.Snapshot {
 		snap.TrustPolicy = api.NewTrustPolicy(h.policySources(), policy)
 		byTD = api.PolicyRules(policy, h.cfg.Policy.Matches)
 	}
+	if h.cfg.IdentityMap != nil {
+		snap.IdentityMap = h.identityMap()
+	}
 	for n := range names {
 		td, err := spiffeid.TrustDomainFromString(n)
 		if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
@@ -136,7 +137,32 @@ func wireConfig(t *testing.T) Config {
 		}
 	}
 	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
+	f.cfg.IdentityMap = testIdentityMap(t)
 	return f.cfg
+}
+
+// testIdentityMap is an identity map with a source that failed, two
+// rules in conflict (one with a TTL and DNS names) and one only node
+// agents can evaluate.
+func testIdentityMap(t *testing.T) *IdentityMapConfig {
+	t.Helper()
+	uid := uint32(1000)
+	m, err := identitymap.Compile(identitymap.Config{TrustDomain: localTD}, []identitymap.Rule{
+		{Name: "pay-apps", Origin: "crd:pay-apps", Workloads: []identitymap.Selector{{Namespace: "pay"}},
+			SPIFFEID: "spiffe://{{.TrustDomain}}/ns/{{.Namespace}}/app/{{.PodLabels.app}}", TTL: time.Hour,
+			DNSNames: []string{"{{.PodLabels.app}}.{{.Namespace}}.svc"}},
+		{Name: "pay-api", Origin: "file:/etc/ids.yaml:4", Workloads: []identitymap.Selector{{Namespace: "pay", ServiceAccount: "api"}},
+			SPIFFEID: "spiffe://{{.TrustDomain}}/pay/{{.ServiceAccount}}"},
+		{Name: "by-uid", Origin: "crd:by-uid", Workloads: []identitymap.Selector{{Kubernetes: true, UID: &uid}},
+			SPIFFEID: "spiffe://{{.TrustDomain}}/uid/{{.UID}}"},
+	})
+	require.NoError(t, err)
+	return &IdentityMapConfig{Map: func() *identitymap.Map { return m }, Statuses: func() []identitymap.Status {
+		return []identitymap.Status{
+			{Source: "crd", Rules: 2, LastSuccess: t0.Add(-time.Minute).Unix()},
+			{Source: "file:/etc/ids.yaml", Rules: 1, LastError: "identitymap: file:/etc/ids.yaml:9: rule 2: no spiffeID template", LastSuccess: t0.Add(-time.Hour).Unix()},
+		}
+	}}
 }
 
 func testSHA256(der []byte) string {
@@ -158,6 +184,7 @@ func TestWireDocuments(t *testing.T) {
 		"trust":         "/v1/trust",
 		"issuers":       "/v1/authn/issuers",
 		"explain":       "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a",
+		"identity":      "/v1/identity/explain?namespace=pay&service_account=web&pod_name=web-1&pod_uid=u1&node_name=node-a&label=app=checkout",
 	} {
 		t.Run(name, func(t *testing.T) {
 			rec := do(t, h, http.MethodGet, target)

@@ -134,15 +134,7 @@ type ExplainedTrustDomain struct {
 // NewTrustPolicy is the snapshot's trust_policy: p (nil: no policy) and
 // what each of its sources last did.
 func NewTrustPolicy(sources []trustpolicy.Status, p *trustpolicy.Policy) *TrustPolicy {
-	v := &TrustPolicy{Sources: []PolicySource{}, Default: string(trustpolicy.DefaultAllow), Conflicts: []string{}, Grants: []PolicyGrant{}}
-	for _, st := range sources {
-		src := PolicySource{Source: st.Source, Rules: st.Rules, LastError: st.LastError}
-		if st.LastSuccess > 0 {
-			t := time.Unix(st.LastSuccess, 0).UTC()
-			src.LastSuccess = &t
-		}
-		v.Sources = append(v.Sources, src)
-	}
+	v := &TrustPolicy{Sources: policySources(sources), Default: string(trustpolicy.DefaultAllow), Conflicts: []string{}, Grants: []PolicyGrant{}}
 	if p == nil {
 		return v
 	}

@@ -16,6 +16,9 @@ type Snapshot struct {
 	// TrustPolicy is the per-workload trust policy in force; nil from a
 	// server that predates trust policies.
 	TrustPolicy *TrustPolicy `json:"trust_policy,omitempty"`
+	// IdentityMap is the identity map node agents are checked against;
+	// nil without one.
+	IdentityMap *IdentityMap `json:"identity_map,omitempty"`
 	// RequireHSM is the server's --require-hsm: its own roots and JWT
 	// keys must live in a key manager (KeyStorage other than "state").
 	RequireHSM bool `json:"require_hsm,omitempty"`

@@ -14,6 +14,21 @@
 // Anything else is refused; an informer not synced yet, or a caller pod it
 // has not seen yet, is refused as unavailable so the caller retries.
 //
+// With an identity map (Config.IdentityMap: the server's --identity-map
+// and ClusterIdentityMapping resources, the rules the node agent maps its
+// workloads with), check 3 becomes: some running pod on node N, with the
+// facts the API server has of it (namespace, service account, pod name
+// and UID, labels, node; identitymap.ServerFacts), gets exactly the
+// impersonated identity from the map: a rule's custom template for the
+// pods it selects, the default (the Istio form, or nothing with default
+// none) for the pods no rule selects. Rules that select by unix facts
+// (uid, gid, binary) or fill templates with the container or the
+// caller's uid, gid, user or group cannot be checked here: they never
+// select a pod or fail it, so their IDs are never granted to a node
+// agent (fail closed; identitymap.Map.AgentOnly lists them). Until the
+// map holds every source (Config.MapReady), requests are refused as
+// unavailable. Without a map, only the Istio form is granted, as above.
+//
 //	a, err := nodeauth.New(nodeauth.Config{Client: client, TrustDomain: td})
 //	go a.Run(ctx)
 //	err = a.AuthorizeImpersonation(ctx, caller, target)

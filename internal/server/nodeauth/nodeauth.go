@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -33,8 +34,18 @@ var ErrNotAuthorized = errors.New("impersonation not authorized")
 // current; a resync only re-delivers what it holds.
 const resyncPeriod = 10 * time.Minute
 
-// indexNodeAccount indexes pods by "<node>/<namespace>/<service account>".
-const indexNodeAccount = "nodeAccount"
+// indexNodeAccount indexes pods by "<node>/<namespace>/<service account>",
+// indexNode by node.
+const (
+	indexNodeAccount = "nodeAccount"
+	indexNode        = "node"
+)
+
+// MapSource is the identity map in force (an identitymap.Cell); Load
+// returns nil until one is published.
+type MapSource interface {
+	Load() *identitymap.Map
+}
 
 // Config configures New.
 type Config struct {
@@ -46,6 +57,13 @@ type Config struct {
 	// the node proxies allowed to impersonate; default
 	// DefaultTrustedNodeAccount.
 	TrustedNodeAccounts []string
+	// IdentityMap, when set, decides which identities a pod has (see the
+	// package documentation); nil grants the Istio form only.
+	IdentityMap MapSource
+	// MapReady, with IdentityMap, reports whether the map holds every
+	// source's rules (the ClusterIdentityMapping resources were read);
+	// until then requests are refused as unavailable. Nil: always.
+	MapReady func() bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -55,6 +73,8 @@ type Authorizer struct {
 	td       spiffeid.TrustDomain
 	trusted  map[string]bool // "namespace/name"
 	informer cache.SharedIndexInformer
+	idmap    MapSource // nil: the Istio form only
+	mapReady func() bool
 	logger   *slog.Logger
 }
 
@@ -67,7 +87,7 @@ func New(cfg Config) (*Authorizer, error) {
 	if len(accounts) == 0 {
 		accounts = []string{DefaultTrustedNodeAccount}
 	}
-	a := &Authorizer{td: cfg.TrustDomain, trusted: map[string]bool{}, logger: cfg.Logger}
+	a := &Authorizer{td: cfg.TrustDomain, trusted: map[string]bool{}, idmap: cfg.IdentityMap, mapReady: cfg.MapReady, logger: cfg.Logger}
 	for _, acct := range accounts {
 		if err := CheckAccount(acct); err != nil {
 			return nil, fmt.Errorf("nodeauth: trusted node account %q: %w", acct, err)
@@ -79,7 +99,7 @@ func New(cfg Config) (*Authorizer, error) {
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, resyncPeriod, informers.WithTransform(trimPod))
 	a.informer = factory.Core().V1().Pods().Informer()
-	if err := a.informer.AddIndexers(cache.Indexers{indexNodeAccount: nodeAccountIndex}); err != nil {
+	if err := a.informer.AddIndexers(cache.Indexers{indexNodeAccount: nodeAccountIndex, indexNode: nodeIndex}); err != nil {
 		return nil, fmt.Errorf("nodeauth: %w", err)
 	}
 	// Until the first list succeeds every impersonation is refused as
@@ -112,16 +132,18 @@ func CheckAccount(acct string) error {
 }
 
 // trimPod keeps what the checks read, so a cluster's pods cost little
-// memory.
+// memory: the labels are the identity map's podLabels and
+// {{.PodLabels.<key>}}.
 func trimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil // a tombstone
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
-		Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName, ServiceAccountName: p.Spec.ServiceAccountName},
-		Status:     corev1.PodStatus{Phase: p.Status.Phase},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp,
+			Labels: p.Labels},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, ServiceAccountName: p.Spec.ServiceAccountName},
+		Status: corev1.PodStatus{Phase: p.Status.Phase},
 	}, nil
 }
 
@@ -131,6 +153,14 @@ func nodeAccountIndex(obj any) ([]string, error) {
 		return nil, nil
 	}
 	return []string{p.Spec.NodeName + "/" + p.Namespace + "/" + serviceAccountOf(p)}, nil
+}
+
+func nodeIndex(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.NodeName == "" {
+		return nil, nil
+	}
+	return []string{p.Spec.NodeName}, nil
 }
 
 // serviceAccountOf is the pod's service account ("default" when unset, as
@@ -158,6 +188,9 @@ func (a *Authorizer) AuthorizeImpersonation(_ context.Context, caller authn.Iden
 	node, err := a.callerNode(caller)
 	if err != nil {
 		return err
+	}
+	if a.idmap != nil {
+		return a.mapped(caller, node, target)
 	}
 	ns, sa, err := a.workload(target)
 	if err != nil {

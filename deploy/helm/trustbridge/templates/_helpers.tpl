@@ -69,6 +69,9 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- if .Values.trustPolicy.crd -}}
 {{- fail "trustPolicy.crd needs storage.type=kube (the server's --trust-policy-crd): set trustPolicy.crd=false and write the rules in extraConfig's trustPolicy key or a --trust-policy file, or use kube storage" -}}
 {{- end -}}
+{{- if .Values.identityMap.crd -}}
+{{- fail "identityMap.crd needs storage.type=kube (the server's --identity-map-crd): set identityMap.crd=false and write the rules in an --identity-map file, or use kube storage" -}}
+{{- end -}}
 {{- if .Values.storage.caSecret -}}
 {{- fail "storage.caSecret names the CA Secret of kube storage; with storage.type=file leave it empty" -}}
 {{- end -}}
@@ -104,7 +107,7 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- else if .Values.agent.csiDriver.enabled -}}
 {{- fail "agent.csiDriver.enabled needs agent.enabled: the CSI driver mounts the node agent's socket" -}}
 {{- end -}}
-{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
+{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "identity-map-crd" "identity-map" "identity-map-default" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
 {{- range $k, $v := .Values.extraConfig -}}
 {{- if has $k $reserved -}}
 {{- fail (printf "extraConfig.%s is set by the chart (a value of its own, or a name RBAC or the pod spec is written for); set the chart's value instead" $k) -}}
@@ -125,6 +128,11 @@ config.yaml exactly. */}}
 {{- end -}}
 {{- if $v.federation.crd -}}{{- $_ := set $c "federation-crd" true -}}{{- end -}}
 {{- if $v.trustPolicy.crd -}}{{- $_ := set $c "trust-policy-crd" true -}}{{- end -}}
+{{- if $v.identityMap.crd -}}{{- $_ := set $c "identity-map-crd" true -}}{{- end -}}
+{{- if and $v.agent.enabled $v.agent.identityMap -}}
+{{- $_ := set $c "identity-map" "/etc/trustbridge/identity-map.yaml" -}}
+{{- with $v.agent.identityDefault -}}{{- $_ := set $c "identity-map-default" . -}}{{- end -}}
+{{- end -}}
 {{- $strings := dict "ca-secret" $v.storage.caSecret "root-configmap" $v.distribution.rootConfigMap "namespace-selector" $v.distribution.namespaceSelector "federation-crd-class" $v.federation.crdClass "federation-min-refresh" $v.federation.minRefresh "federation-max-refresh" $v.federation.maxRefresh "federation-timeout" $v.federation.timeout "workload-ttl" $v.policy.workloadTTL "max-workload-ttl" $v.policy.maxWorkloadTTL "max-renewal-lifetime" $v.policy.maxRenewalLifetime "ca-response-roots" $v.policy.caResponseRoots "token-audience" $v.policy.tokenAudience "cluster-id" $v.policy.clusterID "log-level" $v.logLevel -}}
 {{- range $k, $s := $strings -}}
 {{- if $s -}}{{- $_ := set $c $k $s -}}{{- end -}}
