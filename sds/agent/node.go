@@ -107,19 +107,27 @@ func (a *Agent) runNode(ctx context.Context) error {
 	a.log.Info("serving the node's workloads, each its own attested identity", "ca_addr", a.caAddr,
 		"node", a.node.NodeName, logattr.SPIFFEID, a.rot.ID().String())
 	workers := append([]func(context.Context) error{a.rot.Run, auth.cache.Run}, a.node.Runners...)
-	var wl *workloadAPI
-	if a.wlSocket != "" {
-		jwt := newNodeJWTMinter(jwtConn, a.clock)
-		wl = &workloadAPI{
-			sel:       &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
-			creds:     a.node.Attestor.Credentials(),
-			reselect:  nodeReattestInterval,
-			callerJWT: jwt,
-			closers:   []func(){jwt.close},
-		}
+	wl := a.nodeWorkloadAPI(auth, jwtConn)
+	if wl != nil {
 		defer wl.close()
 	}
 	return a.serveOn(ctx, gs, netutil.AnyUser, wl, nil, workers...)
+}
+
+// nodeWorkloadAPI is the node's Workload API, each caller served its own
+// identity (JWT-SVIDs minted on jwtConn); nil without a socket for it.
+func (a *Agent) nodeWorkloadAPI(auth *nodeAuthenticator, jwtConn *grpc.ClientConn) *workloadAPI {
+	if a.wlSocket == "" {
+		return nil
+	}
+	jwt := newNodeJWTMinter(jwtConn, a.clock)
+	return &workloadAPI{
+		sel:       &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
+		creds:     a.node.Attestor.Credentials(),
+		reselect:  nodeReattestInterval,
+		callerJWT: jwt,
+		closers:   []func(){jwt.close},
+	}
 }
 
 // nodeParts builds the node's workload trust (followed on conns), its
