@@ -61,6 +61,12 @@ const (
 	// identityLogEvery bounds the lines about failing renewals: an outage
 	// of the server fails every identity's.
 	identityLogEvery = 10 * time.Second
+	// refusalMemory is how long a first fetch the server refused
+	// (PermissionDenied) is answered from memory: a process reconnecting
+	// in a loop costs the server one request per this, not one per
+	// connection. A pod that just started (the server's informer a step
+	// behind the agent's) waits at most this long.
+	refusalMemory = 5 * time.Second
 )
 
 var (
@@ -161,6 +167,9 @@ type IdentityCache struct {
 
 	mu      sync.Mutex
 	entries map[spiffeid.ID]*identityEntry
+	// refused are the identities whose first fetch the server refused
+	// lately, with when to ask again and why; at most max.
+	refused map[spiffeid.ID]refusedIdentity
 	idle    list.List // of *identityEntry nobody holds, least recently released first
 	stopped bool
 }
@@ -284,6 +293,9 @@ func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
 		e.refs++
 		return e, nil
 	}
+	if err := c.recentRefusalLocked(id); err != nil {
+		return nil, fmt.Errorf("refused by the server moments ago, asking again in at most %s: %w", refusalMemory, err)
+	}
 	if len(c.entries) >= c.max {
 		front := c.idle.Front()
 		if front == nil {
@@ -303,6 +315,49 @@ func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
 	c.wg.Add(1)
 	go c.maintain(ctx, e)
 	return e, nil
+}
+
+// refusedIdentity is a server refusal remembered until again.
+type refusedIdentity struct {
+	err   error
+	again time.Time
+}
+
+// rememberRefusal keeps a PermissionDenied first fetch of id for
+// refusalMemory. c.mu is held.
+func (c *IdentityCache) rememberRefusalLocked(id spiffeid.ID, err error) {
+	if status.Code(err) != codes.PermissionDenied {
+		return
+	}
+	now := c.clock.Now()
+	if c.refused == nil {
+		c.refused = make(map[spiffeid.ID]refusedIdentity)
+	}
+	if len(c.refused) >= c.max {
+		for k, r := range c.refused {
+			if !now.Before(r.again) {
+				delete(c.refused, k)
+			}
+		}
+		if len(c.refused) >= c.max {
+			clear(c.refused)
+		}
+	}
+	c.refused[id] = refusedIdentity{err: err, again: now.Add(refusalMemory)}
+}
+
+// recentRefusal is id's remembered refusal, if still in force. c.mu is
+// held.
+func (c *IdentityCache) recentRefusalLocked(id spiffeid.ID) error {
+	r, ok := c.refused[id]
+	if !ok {
+		return nil
+	}
+	if !c.clock.Now().Before(r.again) {
+		delete(c.refused, id)
+		return nil
+	}
+	return r.err
 }
 
 // unref gives back a reference; the last one starts the entry's linger.
@@ -404,6 +459,7 @@ func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 	if err != nil {
 		c.mu.Lock()
 		c.dropLocked(e)
+		c.rememberRefusalLocked(e.id, err)
 		c.mu.Unlock()
 		e.firstErr = err
 		e.publish(nil, err)
@@ -491,6 +547,7 @@ func (c *IdentityCache) Revoke(id spiffeid.ID, why error) {
 		return
 	}
 	c.dropLocked(e)
+	c.rememberRefusalLocked(id, why)
 	c.mu.Unlock()
 	e.publish(nil, fmt.Errorf("%w: %w", ErrIdentityRevoked, why))
 	c.metrics.revocations.Inc()

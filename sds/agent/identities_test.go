@@ -334,6 +334,37 @@ func TestIdentityCacheRevokedAtRenewal(t *testing.T) {
 	})
 }
 
+// A first fetch the server refused is answered from memory for a few
+// seconds: a process reconnecting in a loop costs the server one request
+// per refusalMemory, not one per connection. An outage is not
+// remembered.
+func TestIdentityCacheRemembersRefusals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeFetcher(t, time.Hour)
+		c := newTestCache(t, IdentityCacheConfig{Fetcher: f, Rand: fixedRand(0.5)})
+		startServing(t, c.Run)
+		f.setFail(status.Error(codes.PermissionDenied, "no pod of shop/web on this node"))
+		for range 3 {
+			_, err := c.Acquire(t.Context(), webID)
+			require.Error(t, err)
+			assert.Equal(t, codes.PermissionDenied, status.Code(err), "the server's refusal, remembered")
+		}
+		assert.Equal(t, 1, f.callsFor(webID))
+		time.Sleep(refusalMemory)
+		f.setFail(nil)
+		_, err := c.Acquire(t.Context(), webID)
+		require.NoError(t, err, "asked again after refusalMemory")
+		assert.Equal(t, 2, f.callsFor(webID))
+
+		f.setFail(status.Error(codes.Unavailable, "down"))
+		for range 2 {
+			_, err := c.Acquire(t.Context(), apiID)
+			require.Error(t, err)
+		}
+		assert.Equal(t, 2, f.callsFor(apiID), "an outage is asked again at once")
+	})
+}
+
 // While the server is down the last good certificate is served, with the
 // failure counted and logged, and renewal is retried with backoff until
 // the server is back.
