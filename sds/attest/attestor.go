@@ -106,7 +106,7 @@ func New(cfg Config) (*Attestor, error) {
 // that read each caller for Attest (see Caller). Serve only unix
 // listeners with them: another kind of connection fails its handshake.
 func (a *Attestor) Credentials() credentials.TransportCredentials {
-	return &peerCredentials{procRoot: a.cfg.ProcRoot}
+	return &peerCredentials{procRoot: a.cfg.ProcRoot, binary: a.cfg.Binary}
 }
 
 // AttestPeer attests the caller of the RPC whose context ctx is.
@@ -154,7 +154,7 @@ func (a *Attestor) facts(ctx context.Context, c *Caller) (Facts, error) {
 	f := Facts{PID: c.PID, Unix: UnixFacts{UID: c.UID, GID: c.GID, User: userName(c.UID), Group: groupName(c.GID)}}
 	if a.cfg.Binary {
 		var err error
-		if f.Unix.BinaryPath, f.Unix.BinarySHA256, err = a.binary(c.PID); err != nil {
+		if f.Unix.BinaryPath, f.Unix.BinarySHA256, err = a.binary(c); err != nil {
 			return Facts{}, err
 		}
 	}

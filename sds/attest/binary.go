@@ -25,6 +25,9 @@ const (
 	racyWindow = 2 * time.Second
 )
 
+// fileID names a file by device and inode.
+type fileID struct{ dev, ino uint64 }
+
 // fileKey names one version of a file: a write changes its size or
 // times, and its ctime no process can set.
 type fileKey struct {
@@ -50,10 +53,14 @@ func newDigestCache() *digestCache {
 	return &digestCache{slots: make(chan struct{}, maxConcurrentHashes), now: time.Now, sums: make(map[fileKey]string)}
 }
 
-// binary returns the path and SHA-256 of pid's executable, read through
+// binary returns the path and SHA-256 of c's executable, read through
 // /proc/<pid>/exe: the file the process runs, even if it was replaced or
-// deleted on disk or lives in another mount namespace.
-func (a *Attestor) binary(pid int32) (string, string, error) {
+// deleted on disk or lives in another mount namespace. It must be the
+// one the process ran when it connected: a process that connected and
+// then exec'ed a binary some rule selects keeps the connection, but not
+// the rule.
+func (a *Attestor) binary(c *Caller) (string, string, error) {
+	pid := c.PID
 	exe := a.procPath(pid, "exe")
 	path, err := os.Readlink(exe)
 	if err != nil {
@@ -70,6 +77,9 @@ func (a *Attestor) binary(pid int32) (string, string, error) {
 	}
 	if st.Size() > a.cfg.MaxBinarySize {
 		return "", "", refusal(ErrBinary, "pid %d: %s is over %d bytes", pid, path, a.cfg.MaxBinarySize)
+	}
+	if id, ok := idOf(st); !ok || id != c.exe {
+		return "", "", refusal(ErrBinary, "pid %d runs %s, not the executable it connected with: it exec'ed since", pid, path)
 	}
 	key, keyed := keyOf(st)
 	keyed = keyed && a.digests.now().Sub(time.Unix(0, key.ctime)) >= racyWindow

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -33,6 +35,10 @@ type Caller struct {
 
 	procRoot string
 	pidfd    *os.File // nil where the kernel has no pidfds
+	// exe is the executable the process ran at the handshake, with
+	// Config.Binary (zero when it could not be read: attestation then
+	// refuses for the same reason).
+	exe fileID
 	// err says why the process could not be pinned (it exited before
 	// the handshake, its pid is not visible here); Attest returns it.
 	err error
@@ -103,6 +109,8 @@ func pidfdGoneFile(f *os.File) (bool, error) {
 // read from the socket.
 type peerCredentials struct {
 	procRoot string
+	// binary: pin the caller's executable too (Config.Binary).
+	binary bool
 }
 
 var _ credentials.TransportCredentials = (*peerCredentials)(nil)
@@ -176,6 +184,11 @@ func (p *peerCredentials) pin(c *Caller, peerPidfdErr error) {
 		c.err = refusal(ErrProcessGone, "pid %d exited", c.PID)
 	default:
 		c.StartTime = st.startTime
+	}
+	if p.binary && c.err == nil {
+		if fi, err := os.Stat(filepath.Join(p.procRoot, strconv.Itoa(int(c.PID)), "exe")); err == nil {
+			c.exe, _ = idOf(fi)
+		}
 	}
 }
 

@@ -37,9 +37,11 @@
 //
 // The agent must run in the host's pid namespace, with the host's /proc
 // (Config.ProcRoot where it is mounted elsewhere), and read pods with a
-// client allowed to list and watch them. Known limits: a caller that
-// execs another program after connecting is described by the program
-// running at attestation (as in SPIRE's unix attestor); and on kernels
+// client allowed to list and watch them. With Config.Binary the
+// executable is pinned at the handshake too (device and inode of
+// /proc/<pid>/exe): a caller that exec'ed another program since is
+// refused, where SPIRE's unix attestor describes whatever runs at
+// attestation. Known limit: on kernels
 // without SO_PEERPIDFD (before 6.5) the process is pinned at the
 // handshake, not at connect, so a caller that exits in between, its pid
 // taken at once by another process, goes unnoticed (SPIRE has the same
