@@ -40,26 +40,36 @@ type AttestedAuthenticator struct {
 var _ authn.Authenticator = (*AttestedAuthenticator)(nil)
 
 // Authenticate attests the caller of ctx's RPC and maps its facts.
-func (a *AttestedAuthenticator) Authenticate(ctx context.Context, _ authn.Request) (authn.Identity, error) {
+func (a *AttestedAuthenticator) Authenticate(ctx context.Context, r authn.Request) (authn.Identity, error) {
+	ident, err := a.Identify(ctx, r)
+	if err != nil {
+		return authn.Identity{}, err
+	}
+	return authn.Identity{ID: ident.ID, Method: authn.MethodAttestation}, nil
+}
+
+// Identify is Authenticate with all the map gives: the ID, and the TTL
+// and DNS names of the rules that gave it.
+func (a *AttestedAuthenticator) Identify(ctx context.Context, _ authn.Request) (identitymap.Identity, error) {
 	facts, err := a.Attestor.AttestPeer(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return authn.Identity{}, ctx.Err()
+			return identitymap.Identity{}, ctx.Err()
 		}
 		if status.Code(attest.Status(err)) == codes.Unavailable {
-			return authn.Identity{}, fmt.Errorf("%w: %w: %w", authn.ErrNotAttested, authn.ErrUnavailable, err)
+			return identitymap.Identity{}, fmt.Errorf("%w: %w: %w", authn.ErrNotAttested, authn.ErrUnavailable, err)
 		}
-		return authn.Identity{}, fmt.Errorf("%w: %w", authn.ErrNotAttested, err)
+		return identitymap.Identity{}, fmt.Errorf("%w: %w", authn.ErrNotAttested, err)
 	}
 	m := a.Map.Load()
 	if m == nil {
-		return authn.Identity{}, fmt.Errorf("%w: %w: no identity map loaded yet", authn.ErrNotAttested, authn.ErrUnavailable)
+		return identitymap.Identity{}, fmt.Errorf("%w: %w: no identity map loaded yet", authn.ErrNotAttested, authn.ErrUnavailable)
 	}
 	ident, err := m.Identify(a.workload(facts))
 	if err != nil {
-		return authn.Identity{}, fmt.Errorf("%w: pid %d: %w", authn.ErrNotAttested, facts.PID, err)
+		return identitymap.Identity{}, fmt.Errorf("%w: pid %d: %w", authn.ErrNotAttested, facts.PID, err)
 	}
-	return authn.Identity{ID: ident.ID, Method: authn.MethodAttestation}, nil
+	return ident, nil
 }
 
 // workload is facts as the identity map reads them.

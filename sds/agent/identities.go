@@ -96,6 +96,12 @@ type IdentityFetcher interface {
 	FetchX509SVID(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error)
 }
 
+// IdentityTTLFetcher is an IdentityFetcher that can ask for a lifetime
+// (the identity map's TTL for the identity).
+type IdentityTTLFetcher interface {
+	FetchX509SVIDTTL(ctx context.Context, id spiffeid.ID, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error)
+}
+
 // IdentityFetcherFunc adapts a function to IdentityFetcher.
 type IdentityFetcherFunc func(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error)
 
@@ -252,6 +258,13 @@ func (c *IdentityCache) Run(ctx context.Context) error {
 // when every identity is held, Acquire fails with ErrIdentityCacheFull.
 // Call Release on the handle when the process is gone.
 func (c *IdentityCache) Acquire(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
+	return c.AcquireTTL(ctx, id, 0)
+}
+
+// AcquireTTL is Acquire asking, when ttl is not zero and the fetcher is an
+// IdentityTTLFetcher, for certificates of id with that lifetime: the
+// identity map's TTL. The latest asked applies from the next fetch.
+func (c *IdentityCache) AcquireTTL(ctx context.Context, id spiffeid.ID, ttl time.Duration) (*IdentityHandle, error) {
 	if id.IsZero() || id.Path() == "" {
 		return nil, fmt.Errorf("agent: identity %q is not a SPIFFE ID of a workload", id.String())
 	}
@@ -260,7 +273,7 @@ func (c *IdentityCache) Acquire(ctx context.Context, id spiffeid.ID) (*IdentityH
 	case <-ctx.Done():
 		return nil, fmt.Errorf("agent: identity %s: %w", id, ctx.Err())
 	}
-	e, err := c.ref(id)
+	e, err := c.ref(id, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("agent: identity %s: %w", id, err)
 	}
@@ -278,13 +291,16 @@ func (c *IdentityCache) Acquire(ctx context.Context, id spiffeid.ID) (*IdentityH
 
 // ref takes a reference on id's entry, making it (and its maintain
 // goroutine) when there is none, and room for it when needed.
-func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
+func (c *IdentityCache) ref(id spiffeid.ID, ttl time.Duration) (*identityEntry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
 		return nil, ErrIdentityCacheStopped
 	}
 	if e, ok := c.entries[id]; ok {
+		if ttl != 0 {
+			e.ttl.Store(int64(ttl))
+		}
 		if e.refs == 0 {
 			c.idle.Remove(e.idleAt)
 			e.idleAt = nil
@@ -309,6 +325,7 @@ func (c *IdentityCache) ref(id spiffeid.ID) (*identityEntry, error) {
 	}
 	ctx, cancel := context.WithCancel(c.runCtx)
 	e := &identityEntry{id: id, refs: 1, ready: make(chan struct{}), pokes: make(chan struct{}, 1), cancel: cancel}
+	e.ttl.Store(int64(ttl))
 	e.state.Store(&identityState{err: sds.ErrNoCredential, changed: make(chan struct{})})
 	c.entries[id] = e
 	c.metrics.entries.Set(float64(len(c.entries)))
@@ -406,6 +423,8 @@ type identityEntry struct {
 	ready    chan struct{}
 	firstErr error
 	state    atomic.Pointer[identityState]
+	// ttl is the lifetime to ask for (0: the fetcher's), a Duration.
+	ttl atomic.Int64
 
 	// c.mu
 	refs       int
@@ -648,7 +667,7 @@ func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x
 	}
 	callCtx, cancel := context.WithTimeout(ctx, identityCallTimeout)
 	defer cancel()
-	chain, err := c.fetcher.FetchX509SVID(callCtx, e.id, key)
+	chain, err := c.fetchChain(callCtx, e, key)
 	if err == nil {
 		err = checkFetched(chain, key, e.id, c.clock.Now())
 	}
@@ -661,6 +680,17 @@ func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x
 	e.key = key
 	e.publish(&sds.Credential{Chain: chain, Key: key}, nil)
 	return chain[0], nil
+}
+
+// fetchChain asks the fetcher for e's certificate for key, with e's TTL
+// when it has one and the fetcher takes one.
+func (c *IdentityCache) fetchChain(ctx context.Context, e *identityEntry, key crypto.Signer) ([]*x509.Certificate, error) {
+	if ttl := time.Duration(e.ttl.Load()); ttl > 0 {
+		if f, ok := c.fetcher.(IdentityTTLFetcher); ok {
+			return f.FetchX509SVIDTTL(ctx, e.id, key, ttl)
+		}
+	}
+	return c.fetcher.FetchX509SVID(ctx, e.id, key)
 }
 
 // checkFetched refuses a chain whose leaf is not an X509-SVID of id for

@@ -111,6 +111,13 @@ func NewImpersonationFetcher(cfg ImpersonationConfig) (*ImpersonationFetcher, er
 // chaining to the local trust domain's roots at this time. Anything else
 // is refused. A failed call returns its gRPC status (wrapped).
 func (f *ImpersonationFetcher) FetchX509SVID(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error) {
+	return f.FetchX509SVIDTTL(ctx, id, key, f.ttl)
+}
+
+// FetchX509SVIDTTL is FetchX509SVID asking for a lifetime of ttl (the
+// identity map's for id; rounded up to whole seconds, clamped by the
+// server) rather than the fetcher's.
+func (f *ImpersonationFetcher) FetchX509SVIDTTL(ctx context.Context, id spiffeid.ID, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error) {
 	nc, err := f.node()
 	if err != nil {
 		return nil, err
@@ -120,7 +127,7 @@ func (f *ImpersonationFetcher) FetchX509SVID(ctx context.Context, id spiffeid.ID
 		// could not verify another one's anyway.
 		return nil, fmt.Errorf("%s is not of the certificate service's trust domain %s", id, nc.ServerID.TrustDomain().Name())
 	}
-	answer, err := f.create(ctx, nc, id, key)
+	answer, err := f.create(ctx, nc, id, key, (ttl+time.Second-1).Truncate(time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -134,13 +141,13 @@ func (f *ImpersonationFetcher) FetchX509SVID(ctx context.Context, id spiffeid.ID
 // create makes one CreateCertificate for id with a CSR of key, naming id
 // there as well as in the impersonation field, and returns the answer's
 // certificates in order.
-func (f *ImpersonationFetcher) create(ctx context.Context, nc NodeCredentials, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error) {
+func (f *ImpersonationFetcher) create(ctx context.Context, nc NodeCredentials, id spiffeid.ID, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error) {
 	cert := nc.Certificate
 	if nc.Token != "" {
 		cert = nil // one proof of the node: the one the server can grant impersonation to
 	}
 	chain, err := caclient.CreateCertificate(ctx, f.addr, caclient.ServerTLS(nc.Roots, nc.ServerID, cert),
-		caclient.Request{Key: key, ID: id, TTL: f.ttl, Token: nc.Token, Impersonate: id})
+		caclient.Request{Key: key, ID: id, TTL: ttl, Token: nc.Token, Impersonate: id})
 	if err != nil {
 		return nil, fmt.Errorf("the certificate service at %s, for %s: %w", f.addr, id, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/netutil"
 	"github.com/trustbridge/trustbridge/sds"
@@ -174,20 +175,35 @@ type nodeAuthenticator struct {
 }
 
 func (n *nodeAuthenticator) Authenticate(ctx context.Context, r authn.Request) (authn.Identity, error) {
-	ident, err := n.attested.Authenticate(ctx, r)
+	ident, err := n.identify(ctx, r)
 	if err != nil {
-		return ident, err
-	}
-	if err := n.hold(ctx, ident.ID); err != nil {
 		return authn.Identity{}, err
 	}
-	return ident, nil
+	if err := n.hold(ctx, ident.ID, ident.TTL); err != nil {
+		return authn.Identity{}, err
+	}
+	return authn.Identity{ID: ident.ID, Method: authn.MethodAttestation}, nil
+}
+
+// identifier is an authenticator that tells all the identity map gives
+// (AttestedAuthenticator): the TTL too.
+type identifier interface {
+	Identify(ctx context.Context, r authn.Request) (identitymap.Identity, error)
+}
+
+// identify attests and maps the caller.
+func (n *nodeAuthenticator) identify(ctx context.Context, r authn.Request) (identitymap.Identity, error) {
+	if i, ok := n.attested.(identifier); ok {
+		return i.Identify(ctx, r)
+	}
+	ident, err := n.attested.Authenticate(ctx, r)
+	return identitymap.Identity{ID: ident.ID}, err
 }
 
 // hold acquires id for ctx's stream unless it holds it already, and
 // waits for id's trust. A certificate the server refuses refuses the
 // caller: the server alone decides which identities run on this node.
-func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
+func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID, ttl time.Duration) error {
 	if held := n.holds.held(ctx); held != nil && held.ID() != id {
 		// Re-attested as another identity: the stream ends, and its
 		// caller reconnects to be served the one it has now. Never kept
@@ -195,7 +211,9 @@ func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID) error {
 		// would otherwise keep it.
 		return fmt.Errorf("%w: the caller now attests as %s, not %s; reconnect", authn.ErrNotAttested, id, held.ID())
 	}
-	_, err := n.holds.hold(ctx, id, n.acquire)
+	_, err := n.holds.hold(ctx, id, func(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
+		return n.acquire(ctx, id, ttl)
+	})
 	return err
 }
 

@@ -295,3 +295,19 @@ func TestNodeModeWorkloadAPI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, apiID, jwt.ID)
 }
+
+// The identity map's TTL for the caller's identity is what the agent asks
+// the server for.
+func TestNodeModeAsksForTheRulesTTL(t *testing.T) {
+	f := startNodeFixture(t, webID, webID)
+	uid := uint32(os.Getuid())
+	m, err := identitymap.Compile(identitymap.Config{TrustDomain: tdA, Default: identitymap.DefaultNone}, []identitymap.Rule{{
+		Name: "this-test", Origin: "test", Workloads: []identitymap.Selector{{UID: &uid}}, SPIFFEID: webID.String(), TTL: 20 * time.Minute,
+	}})
+	require.NoError(t, err)
+	f.ids.Set(m)
+	resp, err := socketClient(t, f.socket).FetchSecrets(t.Context(), fetchRequest(sds.DefaultName))
+	require.NoError(t, err)
+	leaf := leafOf(t, secretsOf(t, resp)[sds.DefaultName])
+	assert.InDelta(t, (20 * time.Minute).Seconds(), leaf.NotAfter.Sub(leaf.NotBefore).Seconds(), 60, "the rule's 20 minutes (the CA backdates a little)")
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -42,11 +43,11 @@ var _ wapi.Selector = (*nodeWorkloads)(nil)
 // Select attests the caller of ctx's call, holds its identity for the
 // call (the certificate fetched, the trust arrived) and returns its Cell.
 func (n *nodeWorkloads) Select(ctx context.Context) (wapi.Source, func(), error) {
-	ident, err := n.auth.attested.Authenticate(ctx, authn.FromGRPC(ctx))
+	ident, err := n.auth.identify(ctx, authn.FromGRPC(ctx))
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := n.auth.acquire(ctx, ident.ID)
+	h, err := n.auth.acquire(ctx, ident.ID, ident.TTL)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -127,8 +128,8 @@ func (n *nodeWorkloads) publish(id spiffeid.ID, c *identityCell, st *identitySta
 
 // acquire holds id for a call and waits for its trust, as hold does for a
 // stream, mapping the cache's refusals to the caller's.
-func (n *nodeAuthenticator) acquire(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
-	h, err := n.cache.Acquire(ctx, id)
+func (n *nodeAuthenticator) acquire(ctx context.Context, id spiffeid.ID, ttl time.Duration) (*IdentityHandle, error) {
+	h, err := n.cache.AcquireTTL(ctx, id, ttl)
 	if err != nil {
 		return nil, n.refusal(ctx, err)
 	}
