@@ -127,7 +127,7 @@ func (f *ImpersonationFetcher) FetchX509SVIDTTL(ctx context.Context, id spiffeid
 		// could not verify another one's anyway.
 		return nil, fmt.Errorf("%s is not of the certificate service's trust domain %s", id, nc.ServerID.TrustDomain().Name())
 	}
-	answer, err := f.create(ctx, nc, id, key, (ttl+time.Second-1).Truncate(time.Second))
+	answer, err := f.create(ctx, nc, id, key, (ttl + time.Second - 1).Truncate(time.Second))
 	if err != nil {
 		return nil, err
 	}
