@@ -390,3 +390,29 @@ func TestNodeTrustPublishesChangesOnly(t *testing.T) {
 	web.send(t, wtrust([]*spiffebundle.Bundle{f.local.Bundle(), rotated.Bundle()}, nil))
 	assertOpen(t, after.Changed, "and once only")
 }
+
+// A Workload API Cell is fed from one cache entry: once the identity was
+// revoked and granted again (a new entry), callers get a new Cell, never
+// the revoked one, while its last holders still have it.
+func TestNodeWorkloadsCellFollowsTheEntry(t *testing.T) {
+	f := newNodeTrustFixture(t)
+	cache := newTestCache(t, IdentityCacheConfig{Fetcher: newFakeFetcher(t, time.Hour), Rand: fixedRand(0.5)})
+	startServing(t, cache.Run)
+	w := &nodeWorkloads{cache: cache, trust: f.nt, log: slog.New(slog.DiscardHandler)}
+	h1, err := cache.Acquire(t.Context(), webID)
+	require.NoError(t, err)
+	defer h1.Release()
+	c1 := w.ref(webID, h1)
+	defer w.unref(webID, c1)
+
+	cache.Revoke(webID, errors.New("revoked by the test"))
+	h2, err := cache.Acquire(t.Context(), webID)
+	require.NoError(t, err)
+	defer h2.Release()
+	c2 := w.ref(webID, h2)
+	defer w.unref(webID, c2)
+	assert.NotSame(t, c1, c2, "a new Cell for the new entry")
+	again := w.ref(webID, h2)
+	defer w.unref(webID, again)
+	assert.Same(t, c2, again, "shared by its callers")
+}

@@ -34,6 +34,7 @@ type nodeWorkloads struct {
 // its maintain goroutine while calls hold it.
 type identityCell struct {
 	cell   *wapi.Cell
+	e      *identityEntry // the cache entry it is fed from
 	refs   int
 	cancel context.CancelFunc
 }
@@ -63,12 +64,15 @@ func (n *nodeWorkloads) Select(ctx context.Context) (wapi.Source, func(), error)
 func (n *nodeWorkloads) ref(id spiffeid.ID, h *IdentityHandle) *identityCell {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if c := n.cells[id]; c != nil {
+	if c := n.cells[id]; c != nil && c.e == h.e {
 		c.refs++
 		return c
 	}
+	// None, or one fed from an entry the cache has since replaced (the
+	// identity was revoked, then granted again): a new Cell, which the
+	// old one's holders move to when they select again.
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &identityCell{cell: wapi.NewCell(), refs: 1, cancel: cancel}
+	c := &identityCell{cell: wapi.NewCell(), e: h.e, refs: 1, cancel: cancel}
 	if n.cells == nil {
 		n.cells = make(map[spiffeid.ID]*identityCell)
 	}
