@@ -29,10 +29,9 @@ func TestBinaryDigestCache(t *testing.T) {
 		return hex.EncodeToString(sum[:])
 	}
 	a := newAttestor(t, Config{Binary: true, ProcRoot: proc, MaxBinarySize: 16})
-	c := pinnedCaller(t, proc, 42)
 
 	want := write("version-1")
-	c = pinnedCaller(t, proc, 42)
+	c := pinnedCaller(t, proc, 42) // connected once the binary exists
 	for range 2 {
 		_, sum, err := a.binary(c)
 		require.NoError(t, err)
