@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -45,17 +44,12 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
+	"github.com/trustbridge/trustbridge/internal/testkit/cgrouptest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 	"github.com/trustbridge/trustbridge/sds/attest"
-)
-
-// statfs(2) magic numbers of the cgroup file systems.
-const (
-	cgroup1Magic = 0x27e0eb
-	cgroup2Magic = 0x63677270
 )
 
 // realWait bounds every wait of these tests on something the agent, the
@@ -274,78 +268,10 @@ func (f *federation) current() []*spiffebundle.Bundle {
 	return b
 }
 
-// hierarchy is a mounted cgroup hierarchy children are moved into.
-type hierarchy struct {
-	name  string
-	mount string
-	magic int64
-}
-
-// hierarchies are v1's pids hierarchy and v2's unified one.
-func hierarchies() []hierarchy {
-	return []hierarchy{{"v1 pids", "/sys/fs/cgroup/pids", cgroup1Magic}, {"v2", v2Mount(), cgroup2Magic}}
-}
-
-// v2Mount is where the cgroup v2 hierarchy is: beside the v1 ones on a
-// hybrid host like these, else at /sys/fs/cgroup itself.
-func v2Mount() string {
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs("/sys/fs/cgroup/unified", &fs); err == nil && fs.Type == cgroup2Magic {
-		return "/sys/fs/cgroup/unified"
-	}
-	return "/sys/fs/cgroup"
-}
-
-// require skips the test unless it runs as root with h mounted.
-func (h hierarchy) need(t *testing.T) {
+// cgroupOf makes p's container cgroup under h.
+func cgroupOf(t *testing.T, h cgrouptest.Hierarchy, p workloadPod) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups and move processes into them")
-	}
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(h.mount, &fs); err != nil || int64(fs.Type) != h.magic {
-		t.Skipf("no cgroup hierarchy (%s) mounted at %s (statfs: %v, type %#x)", h.name, h.mount, err, fs.Type)
-	}
-}
-
-// cgroup makes p's container cgroup under h as the kubelet's systemd
-// driver names it with containerd (guaranteed QoS).
-func (h hierarchy) cgroup(t *testing.T, p workloadPod) string {
-	t.Helper()
-	return makeCgroup(t, h.mount, "kubepods.slice",
-		"kubepods-pod"+strings.ReplaceAll(string(p.pod.UID), "-", "_")+".slice",
-		"cri-containerd-"+p.cid+".scope")
-}
-
-// makeCgroup makes the cgroup path under a hierarchy's mount and removes
-// what it made, deepest first, when the test ends (after its processes
-// exited: register it before starting them). It skips the test when the
-// kernel refuses to make it. The first element may be shared with other
-// tests on the machine: removing it is left to the last one out.
-func makeCgroup(t *testing.T, mount string, path ...string) string {
-	t.Helper()
-	dir := mount
-	for i, p := range path {
-		dir = filepath.Join(dir, p)
-		err := os.Mkdir(dir, 0o755)
-		if errors.Is(err, os.ErrExist) && i < len(path)-1 {
-			continue
-		}
-		if err != nil {
-			t.Skipf("cannot make cgroup %s: %v", dir, err)
-		}
-		made, shared := dir, i == 0
-		t.Cleanup(func() {
-			err := os.Remove(made)
-			if shared && (errors.Is(err, syscall.EBUSY) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, os.ErrNotExist)) {
-				return
-			}
-			if err != nil {
-				t.Errorf("removing cgroup %s: %v", made, err)
-			}
-		})
-	}
-	return dir
+	return h.Container(t, string(p.pod.UID), p.cid)
 }
 
 // kid is a running child (childMain): a workload process of the node.
@@ -480,10 +406,10 @@ func randomHex(t *testing.T, n int) string {
 // told why. In v1's pids hierarchy and in v2's.
 func TestNodeRealWorkloadAPI(t *testing.T) {
 	f := startRealNode(t, nil)
-	for _, h := range hierarchies() {
-		t.Run(h.name, func(t *testing.T) {
-			h.need(t)
-			web, api := f.startChild(t, h.cgroup(t, f.web)), f.startChild(t, h.cgroup(t, f.api))
+	for _, h := range cgrouptest.Hierarchies() {
+		t.Run(h.Name, func(t *testing.T) {
+			h.Require(t)
+			web, api := f.startChild(t, cgroupOf(t, h, f.web)), f.startChild(t, cgroupOf(t, h, f.api))
 			w, a := web.ask(t, cmdX509), api.ask(t, cmdX509)
 			require.Empty(t, w.Code, "web: %s", w.Msg)
 			require.Empty(t, a.Code, "api: %s", a.Msg)
@@ -495,7 +421,7 @@ func TestNodeRealWorkloadAPI(t *testing.T) {
 			web.stop(t)
 			api.stop(t)
 
-			db := f.startChild(t, h.cgroup(t, f.db))
+			db := f.startChild(t, cgroupOf(t, h, f.db))
 			d := db.ask(t, cmdX509)
 			assert.Equal(t, "PermissionDenied", d.Code, "a pod of node B, asking node A's agent: %+v", d)
 			assert.Contains(t, d.Msg, "no pod with the caller's pod UID on this node")
@@ -559,10 +485,10 @@ func streamAnswers(t *testing.T, roots map[string][]string) func(map[string]chil
 // the policy gives it; a federated peer's root rotation, then a policy
 // change, are pushed on the open streams, each to the pods they concern.
 func TestNodeRealStreams(t *testing.T) {
-	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
-	h.need(t)
+	h := cgrouptest.V2()
+	h.Require(t)
 	f := startRealNode(t, nil)
-	web, api := f.startChild(t, h.cgroup(t, f.web)), f.startChild(t, h.cgroup(t, f.api))
+	web, api := f.startChild(t, cgroupOf(t, h, f.web)), f.startChild(t, cgroupOf(t, h, f.api))
 	for _, k := range []*kid{web, api} {
 		k.do(t, cmdSDS)
 		k.do(t, cmdWatch)
@@ -597,8 +523,8 @@ func TestNodeRealStreams(t *testing.T) {
 // the agent and refused by the server's node authorizer; its process is
 // refused with the server's reason, and nothing is cached.
 func TestNodeRealServerRefuses(t *testing.T) {
-	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
-	h.need(t)
+	h := cgrouptest.V2()
+	h.Require(t)
 	f := startRealNode(t, nil)
 	ctx := context.Background()
 	grace := int64(300)
@@ -611,7 +537,7 @@ func TestNodeRealServerRefuses(t *testing.T) {
 	_, err := f.pods.Lookup(ctx, string(f.api.pod.UID), f.api.cid)
 	require.NoError(t, err, "the agent still finds the terminating pod")
 
-	api := f.startChild(t, h.cgroup(t, f.api))
+	api := f.startChild(t, cgroupOf(t, h, f.api))
 	l := api.ask(t, cmdX509)
 	assert.Equal(t, "PermissionDenied", l.Code, "%+v", l)
 	assert.Contains(t, l.Msg, "no running pod of service account "+f.ns+"/api is on node "+f.nodeA)
@@ -627,11 +553,11 @@ func TestNodeRealServerRefuses(t *testing.T) {
 // after its linger. The agent runs on a fake clock, stepped second by
 // second until each of these happens.
 func TestNodeRealPodDeleted(t *testing.T) {
-	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
-	h.need(t)
+	h := cgrouptest.V2()
+	h.Require(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	f := startRealNode(t, clk)
-	cg := h.cgroup(t, f.web)
+	cg := cgroupOf(t, h, f.web)
 	holder := f.startChild(t, cg)
 	holder.do(t, cmdSDS)
 	holder.do(t, cmdWatch)
@@ -777,13 +703,13 @@ func (f *realNode) startChildAt(t *testing.T, pid int) *kid {
 // made is refused (the caller is pinned at the handshake by pidfd and
 // start time), never served web's identity by following the pid.
 func TestNodeRealPidReuse(t *testing.T) {
-	h := hierarchy{"v2", v2Mount(), cgroup2Magic}
-	h.need(t)
+	h := cgrouptest.V2()
+	h.Require(t)
 	if err := unix.Access("/proc/sys/kernel/ns_last_pid", unix.W_OK); err != nil {
 		t.Skipf("cannot choose the next pid (/proc/sys/kernel/ns_last_pid): %v", err)
 	}
 	f := startRealNode(t, nil)
-	cg := h.cgroup(t, f.web)
+	cg := cgroupOf(t, h, f.web)
 	conn, pid := f.handedOff(t)
 
 	reuser := f.startChildAt(t, pid)
