@@ -324,7 +324,7 @@ func (c *IdentityCache) ref(id spiffeid.ID, ttl time.Duration) (*identityEntry, 
 		c.log.Info("identity evicted to make room", logattr.SPIFFEID, victim.id.String(), "max_identities", c.max)
 	}
 	ctx, cancel := context.WithCancel(c.runCtx)
-	e := &identityEntry{id: id, refs: 1, ready: make(chan struct{}), pokes: make(chan struct{}, 1), cancel: cancel}
+	e := &identityEntry{id: id, refs: 1, maintained: true, ready: make(chan struct{}), pokes: make(chan struct{}, 1), cancel: cancel}
 	e.ttl.Store(int64(ttl))
 	e.state.Store(&identityState{err: sds.ErrNoCredential, changed: make(chan struct{})})
 	c.entries[id] = e
@@ -381,19 +381,30 @@ func (c *IdentityCache) recentRefusalLocked(id spiffeid.ID) error {
 func (c *IdentityCache) unref(e *identityEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e.dropped {
-		return
-	}
 	e.refs--
-	if e.refs == 0 {
+	switch {
+	case e.refs > 0:
+	case e.dropped:
+		c.zeroIfUnusedLocked(e)
+	default:
 		e.releasedAt = c.clock.Now()
 		e.idleAt = c.idle.PushBack(e)
 		e.poke()
 	}
 }
 
-// dropLocked removes e from the cache and stops its renewals; its
-// maintain goroutine then zeroes its key. c.mu is held.
+// zeroIfUnusedLocked zeroes e's key once nobody can read it any more: e
+// was dropped, its maintain goroutine (which writes the key) has ended and
+// its last holder let go. A revoked identity is dropped while held: its
+// holders may be sending the key at that moment. c.mu is held.
+func (c *IdentityCache) zeroIfUnusedLocked(e *identityEntry) {
+	if e.dropped && e.refs == 0 && !e.maintained {
+		zeroKey(e.key)
+	}
+}
+
+// dropLocked removes e from the cache and stops its renewals; its key is
+// zeroed once nobody uses it (zeroIfUnusedLocked). c.mu is held.
 func (c *IdentityCache) dropLocked(e *identityEntry) {
 	if e.dropped {
 		return
@@ -431,8 +442,9 @@ type identityEntry struct {
 	idleAt     *list.Element // in IdentityCache.idle while refs == 0
 	releasedAt time.Time
 	dropped    bool
+	maintained bool // its maintain goroutine runs
 
-	// the maintain goroutine's
+	// the maintain goroutine's (key read under c.mu once it ended)
 	key   *ecdsa.PrivateKey
 	stale bool
 }
@@ -467,12 +479,16 @@ func (e *identityEntry) publish(cred *sds.Credential, err error) {
 func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 	defer c.wg.Done()
 	defer func() {
-		if c.runCtx.Err() == nil { // dropped, not stopped: nobody holds it
-			zeroKey(e.key)
-			if e.stale {
-				c.metrics.stale.Dec()
-			}
+		if c.runCtx.Err() != nil {
+			return // stopped, not dropped: holders may still send its key
 		}
+		if e.stale {
+			c.metrics.stale.Dec()
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		e.maintained = false
+		c.zeroIfUnusedLocked(e)
 	}()
 	leaf, err := c.fetch(ctx, e)
 	if err != nil {
@@ -556,7 +572,7 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 
 // Revoke stops serving id at once, because the server refused it to this
 // node (why): every holder's Credential fails with ErrIdentityRevoked,
-// its key is zeroed once its maintain goroutine ends, and the next
+// its key is zeroed once the last holder lets go, and the next
 // Acquire asks the server again. Nothing happens when id is not held.
 func (c *IdentityCache) Revoke(id spiffeid.ID, why error) {
 	c.mu.Lock()
@@ -819,6 +835,16 @@ func (h *IdentityHandle) Credential(_ context.Context, id spiffeid.ID) (*sds.Cre
 // expiry.
 func (h *IdentityHandle) Changed() <-chan struct{} {
 	return h.e.state.Load().changed
+}
+
+// hold is another hold on h's entry, which may have been dropped since
+// (revoked): for a goroutine that reads h's credential on its own and
+// must keep the key from being zeroed until it is done.
+func (h *IdentityHandle) hold() *IdentityHandle {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	h.e.refs++
+	return &IdentityHandle{c: h.c, e: h.e}
 }
 
 // Release gives the identity back; once nobody holds it, it is dropped

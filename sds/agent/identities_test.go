@@ -318,6 +318,7 @@ func TestIdentityCacheRevokedAtRenewal(t *testing.T) {
 		startServing(t, c.Run)
 		h := acquire(t, c, webID)
 		changed := h.Changed()
+		key := credOf(t, h).Key
 		f.setFail(fmt.Errorf("the certificate service: %w", status.Error(codes.PermissionDenied, "no pod of shop/web on this node")))
 		time.Sleep(31 * time.Minute)
 		synctest.Wait()
@@ -327,6 +328,9 @@ func TestIdentityCacheRevokedAtRenewal(t *testing.T) {
 		assert.ErrorContains(t, err, "no pod of shop/web on this node")
 		assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.revocations))
 		assert.Equal(t, 0.0, testutil.ToFloat64(c.metrics.entries))
+		assert.False(t, zeroed(key), "a holder may be sending the key: kept while held")
+		h.Release()
+		assert.True(t, zeroed(key), "zeroed when the last holder lets go")
 
 		_, err = c.Acquire(t.Context(), webID)
 		require.Error(t, err, "asked again, and refused again")

@@ -80,7 +80,13 @@ func (n *nodeWorkloads) ref(id spiffeid.ID, h *IdentityHandle) *identityCell {
 	// The first State before the Cell is handed out: the holder has a
 	// certificate, and its trust has arrived or it waited long enough.
 	n.publish(id, c, h.e.state.Load())
-	go n.maintain(ctx, id, c, h.e)
+	// The goroutine holds the entry itself: it may still be publishing
+	// the key when the last call lets go of h.
+	held := h.hold()
+	go func() {
+		defer held.Release()
+		n.maintain(ctx, id, c, held.e)
+	}()
 	return c
 }
 
