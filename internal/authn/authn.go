@@ -128,6 +128,10 @@ type Identity struct {
 	// could not be recorded. A service that cannot spend it on one
 	// certificate (an SDS stream) refuses the identity: see ReusableOnly.
 	Spend func(ctx context.Context) error
+	// DNSNames are the DNS names the certificate of this identity carries
+	// beside ID when the authenticator decided them: the node agent's
+	// identity map for an attested process. Nil otherwise.
+	DNSNames []string
 	// NotAfter is when the credential that proved this identity stops
 	// proving it: an X509-SVID's NotAfter, a service account token's exp,
 	// a bootstrap token's expires=. Zero when unknown (a bootstrap token

@@ -32,6 +32,10 @@ type Request struct {
 	// ID, when not zero, is put in the CSR; the server refuses it unless
 	// it is the identity the caller authenticates as.
 	ID spiffeid.ID
+	// DNSNames are put in the CSR beside ID. The server refuses them
+	// unless it decides them too: a node agent's, impersonating a workload
+	// its identity map gives them.
+	DNSNames []string
 	// TTL is the lifetime to ask for, in whole seconds; zero leaves it to
 	// the server.
 	TTL time.Duration
@@ -58,7 +62,7 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 	if req.Key == nil {
 		return nil, errors.New("caclient: no key for the CSR")
 	}
-	tmpl := &x509.CertificateRequest{}
+	tmpl := &x509.CertificateRequest{DNSNames: req.DNSNames}
 	if !req.ID.IsZero() {
 		tmpl.URIs = []*url.URL{req.ID.URL()}
 	}

@@ -91,15 +91,31 @@ func (a *AttestedAuthenticator) workload(facts attest.Facts) identitymap.Workloa
 // from its first request until it ends (then the cache lingers, and drops
 // the identity once no stream holds it). A stream holds one identity
 // however often it asks (at every re-authentication).
+//
+// It is an sds.IdentityCredentialSource: a caller authenticated with DNS
+// names (authn.Identity.DNSNames, the identity map's) holds the
+// certificate of its ID with exactly those names.
 func (c *IdentityCache) CredentialSource() sds.CredentialSource {
-	holds := &streamHolds{}
-	return sds.CredentialSourceFunc(func(ctx context.Context, id spiffeid.ID) (*sds.Credential, error) {
-		h, err := holds.hold(ctx, id, c.Acquire)
-		if err != nil {
-			return nil, err
-		}
-		return h.Credential(ctx, id)
-	})
+	return &cacheSource{c: c}
+}
+
+type cacheSource struct {
+	c     *IdentityCache
+	holds streamHolds
+}
+
+var _ sds.IdentityCredentialSource = (*cacheSource)(nil)
+
+func (s *cacheSource) Credential(ctx context.Context, id spiffeid.ID) (*sds.Credential, error) {
+	return s.CredentialFor(ctx, authn.Identity{ID: id})
+}
+
+func (s *cacheSource) CredentialFor(ctx context.Context, ident authn.Identity) (*sds.Credential, error) {
+	h, err := s.holds.hold(ctx, IdentityRequest{ID: ident.ID, DNSNames: ident.DNSNames}, s.c.AcquireIdentity)
+	if err != nil {
+		return nil, err
+	}
+	return h.Credential(ctx, ident.ID)
 }
 
 // streamHolds holds one identity per stream or call, by its context,
@@ -120,17 +136,17 @@ func (s *streamHolds) held(ctx context.Context) *IdentityHandle {
 	return s.m[ctx]
 }
 
-// hold returns ctx's handle on id, acquiring it with acquire when ctx
-// holds none or another identity.
-func (s *streamHolds) hold(ctx context.Context, id spiffeid.ID, acquire func(context.Context, spiffeid.ID) (*IdentityHandle, error)) (*IdentityHandle, error) {
+// hold returns ctx's handle on req, acquiring it with acquire when ctx
+// holds none or another identity (another ID, or other DNS names).
+func (s *streamHolds) hold(ctx context.Context, req IdentityRequest, acquire func(context.Context, IdentityRequest) (*IdentityHandle, error)) (*IdentityHandle, error) {
 	if ctx.Done() == nil {
 		// Nothing would ever release it.
 		return nil, errors.New("agent: an identity asked for outside a stream or call")
 	}
-	if h := s.held(ctx); h != nil && h.ID() == id {
+	if h := s.held(ctx); h != nil && h.holds(req) {
 		return h, nil
 	}
-	h, err := acquire(ctx, id)
+	h, err := acquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}

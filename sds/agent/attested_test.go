@@ -132,7 +132,7 @@ func TestCredentialSourceHoldsOncePerStream(t *testing.T) {
 		refs := func() int {
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			if e := c.entries[webID]; e != nil {
+			if e := c.entries[IdentityRequest{ID: webID}.key()]; e != nil {
 				return e.refs
 			}
 			return -1
@@ -149,7 +149,7 @@ func TestCredentialSourceHoldsOncePerStream(t *testing.T) {
 		end()
 		synctest.Wait()
 		c.mu.Lock()
-		assert.Equal(t, 0, c.entries[apiID].refs, "released when the stream ends")
+		assert.Equal(t, 0, c.entries[IdentityRequest{ID: apiID}.key()].refs, "released when the stream ends")
 		c.mu.Unlock()
 
 		_, err = src.Credential(context.Background(), webID)

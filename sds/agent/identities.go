@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"log/slog"
 	mathrand "math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,10 +98,36 @@ type IdentityFetcher interface {
 	FetchX509SVID(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error)
 }
 
-// IdentityTTLFetcher is an IdentityFetcher that can ask for a lifetime
-// (the identity map's TTL for the identity).
-type IdentityTTLFetcher interface {
-	FetchX509SVIDTTL(ctx context.Context, id spiffeid.ID, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error)
+// IdentityRequest is one identity a node agent's workload runs as, as
+// the identity map gives it: a SPIFFE ID, the DNS names its certificate
+// carries beside it and the lifetime to ask for.
+type IdentityRequest struct {
+	ID spiffeid.ID
+	// DNSNames are sorted, each once (identitymap.Identity's). The same ID
+	// with other names is another certificate: a workload never gets a
+	// name the map gave another one.
+	DNSNames []string
+	// TTL is the lifetime to ask for; zero leaves it to the fetcher. The
+	// latest asked for an identity applies from its next fetch.
+	TTL time.Duration
+}
+
+// identityKey is what an entry of the cache is for: an ID and its DNS
+// names, joined.
+type identityKey struct {
+	id       spiffeid.ID
+	dnsNames string
+}
+
+func (r IdentityRequest) key() identityKey {
+	return identityKey{id: r.ID, dnsNames: strings.Join(r.DNSNames, ",")}
+}
+
+// IdentityRequestFetcher is an IdentityFetcher that can ask for an
+// IdentityRequest's DNS names and lifetime. Without one, a request with
+// DNS names fails.
+type IdentityRequestFetcher interface {
+	FetchIdentity(ctx context.Context, req IdentityRequest, key crypto.Signer) ([]*x509.Certificate, error)
 }
 
 // IdentityFetcherFunc adapts a function to IdentityFetcher.
@@ -135,12 +163,12 @@ type IdentityCacheConfig struct {
 	// Registerer receives the trustbridge_agent_identity_* metrics; nil
 	// registers nowhere.
 	Registerer prometheus.Registerer
-	// Companion, when set, runs beside each identity for as long as the
-	// cache holds it, in a goroutine of its own, from the moment its first
-	// certificate arrived: its ctx ends when the identity is dropped (it
-	// lingered unheld, was evicted or revoked) or the cache stops, and Run
-	// waits for it to return. A node agent follows each workload's trust
-	// with it.
+	// Companion, when set, runs beside each SPIFFE ID for as long as the
+	// cache holds a certificate of it (of any DNS names), in a goroutine
+	// of its own, from the moment the first arrived: its ctx ends when the
+	// last is dropped (it lingered unheld, was evicted or revoked) or the
+	// cache stops, and Run waits for it to return. A node agent follows
+	// each workload's trust with it.
 	Companion func(ctx context.Context, id spiffeid.ID)
 }
 
@@ -172,12 +200,14 @@ type IdentityCache struct {
 	wg      sync.WaitGroup // one per entry's maintain goroutine and companion
 
 	mu      sync.Mutex
-	entries map[spiffeid.ID]*identityEntry
+	entries map[identityKey]*identityEntry
 	// refused are the identities whose first fetch the server refused
 	// lately, with when to ask again and why; at most max.
-	refused map[spiffeid.ID]refusedIdentity
-	idle    list.List // of *identityEntry nobody holds, least recently released first
-	stopped bool
+	refused map[identityKey]refusedIdentity
+	// companions run one per ID that has a certificate.
+	companions map[spiffeid.ID]*companionRun
+	idle       list.List // of *identityEntry nobody holds, least recently released first
+	stopped    bool
 }
 
 // NewIdentityCache checks cfg and applies its defaults. It starts
@@ -213,7 +243,7 @@ func NewIdentityCache(cfg IdentityCacheConfig) (*IdentityCache, error) {
 		retryBase: identityRetryBase,
 		retryMax:  identityRetryMax,
 		started:   make(chan struct{}),
-		entries:   make(map[spiffeid.ID]*identityEntry),
+		entries:   make(map[identityKey]*identityEntry),
 	}
 	if c.clock == nil {
 		c.clock = clock.RealClock{}
@@ -258,13 +288,14 @@ func (c *IdentityCache) Run(ctx context.Context) error {
 // when every identity is held, Acquire fails with ErrIdentityCacheFull.
 // Call Release on the handle when the process is gone.
 func (c *IdentityCache) Acquire(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
-	return c.AcquireTTL(ctx, id, 0)
+	return c.AcquireIdentity(ctx, IdentityRequest{ID: id})
 }
 
-// AcquireTTL is Acquire asking, when ttl is not zero and the fetcher is an
-// IdentityTTLFetcher, for certificates of id with that lifetime: the
-// identity map's TTL. The latest asked applies from the next fetch.
-func (c *IdentityCache) AcquireTTL(ctx context.Context, id spiffeid.ID, ttl time.Duration) (*IdentityHandle, error) {
+// AcquireIdentity is Acquire for req: its ID with its DNS names (another
+// certificate than the same ID's with other names), asking for its TTL
+// when it has one.
+func (c *IdentityCache) AcquireIdentity(ctx context.Context, req IdentityRequest) (*IdentityHandle, error) {
+	id := req.ID
 	if id.IsZero() || id.Path() == "" {
 		return nil, fmt.Errorf("agent: identity %q is not a SPIFFE ID of a workload", id.String())
 	}
@@ -273,7 +304,7 @@ func (c *IdentityCache) AcquireTTL(ctx context.Context, id spiffeid.ID, ttl time
 	case <-ctx.Done():
 		return nil, fmt.Errorf("agent: identity %s: %w", id, ctx.Err())
 	}
-	e, err := c.ref(id, ttl)
+	e, err := c.ref(req)
 	if err != nil {
 		return nil, fmt.Errorf("agent: identity %s: %w", id, err)
 	}
@@ -289,15 +320,16 @@ func (c *IdentityCache) AcquireTTL(ctx context.Context, id spiffeid.ID, ttl time
 	return &IdentityHandle{c: c, e: e}, nil
 }
 
-// ref takes a reference on id's entry, making it (and its maintain
+// ref takes a reference on req's entry, making it (and its maintain
 // goroutine) when there is none, and room for it when needed.
-func (c *IdentityCache) ref(id spiffeid.ID, ttl time.Duration) (*identityEntry, error) {
+func (c *IdentityCache) ref(req IdentityRequest) (*identityEntry, error) {
+	key, ttl := req.key(), req.TTL
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
 		return nil, ErrIdentityCacheStopped
 	}
-	if e, ok := c.entries[id]; ok {
+	if e, ok := c.entries[key]; ok {
 		if ttl != 0 {
 			e.ttl.Store(int64(ttl))
 		}
@@ -309,7 +341,7 @@ func (c *IdentityCache) ref(id spiffeid.ID, ttl time.Duration) (*identityEntry, 
 		e.refs++
 		return e, nil
 	}
-	if err := c.recentRefusalLocked(id); err != nil {
+	if err := c.recentRefusalLocked(key); err != nil {
 		return nil, fmt.Errorf("refused by the server moments ago, asking again in at most %s: %w", refusalMemory, err)
 	}
 	if len(c.entries) >= c.max {
@@ -324,10 +356,11 @@ func (c *IdentityCache) ref(id spiffeid.ID, ttl time.Duration) (*identityEntry, 
 		c.log.Info("identity evicted to make room", logattr.SPIFFEID, victim.id.String(), "max_identities", c.max)
 	}
 	ctx, cancel := context.WithCancel(c.runCtx)
-	e := &identityEntry{id: id, refs: 1, maintained: true, ready: make(chan struct{}), pokes: make(chan struct{}, 1), cancel: cancel}
+	e := &identityEntry{id: req.ID, ident: key, dnsNames: slices.Clone(req.DNSNames), refs: 1, maintained: true,
+		ready: make(chan struct{}), pokes: make(chan struct{}, 1), cancel: cancel}
 	e.ttl.Store(int64(ttl))
 	e.state.Store(&identityState{err: sds.ErrNoCredential, changed: make(chan struct{})})
-	c.entries[id] = e
+	c.entries[key] = e
 	c.metrics.entries.Set(float64(len(c.entries)))
 	c.wg.Add(1)
 	go c.maintain(ctx, e)
@@ -342,13 +375,13 @@ type refusedIdentity struct {
 
 // rememberRefusal keeps a PermissionDenied first fetch of id for
 // refusalMemory. c.mu is held.
-func (c *IdentityCache) rememberRefusalLocked(id spiffeid.ID, err error) {
+func (c *IdentityCache) rememberRefusalLocked(id identityKey, err error) {
 	if status.Code(err) != codes.PermissionDenied {
 		return
 	}
 	now := c.clock.Now()
 	if c.refused == nil {
-		c.refused = make(map[spiffeid.ID]refusedIdentity)
+		c.refused = make(map[identityKey]refusedIdentity)
 	}
 	if len(c.refused) >= c.max {
 		for k, r := range c.refused {
@@ -365,7 +398,7 @@ func (c *IdentityCache) rememberRefusalLocked(id spiffeid.ID, err error) {
 
 // recentRefusal is id's remembered refusal, if still in force. c.mu is
 // held.
-func (c *IdentityCache) recentRefusalLocked(id spiffeid.ID) error {
+func (c *IdentityCache) recentRefusalLocked(id identityKey) error {
 	r, ok := c.refused[id]
 	if !ok {
 		return nil
@@ -414,8 +447,8 @@ func (c *IdentityCache) dropLocked(e *identityEntry) {
 		c.idle.Remove(e.idleAt)
 		e.idleAt = nil
 	}
-	if c.entries[e.id] == e {
-		delete(c.entries, e.id)
+	if c.entries[e.ident] == e {
+		delete(c.entries, e.ident)
 	}
 	c.metrics.entries.Set(float64(len(c.entries)))
 	e.cancel()
@@ -425,9 +458,11 @@ func (c *IdentityCache) dropLocked(e *identityEntry) {
 // are guarded by the cache's mutex; key and stale belong to the entry's
 // maintain goroutine.
 type identityEntry struct {
-	id     spiffeid.ID
-	cancel context.CancelFunc // stops the maintain goroutine
-	pokes  chan struct{}      // cap 1: refs changed, recompute the wake-up
+	id       spiffeid.ID
+	ident    identityKey // id and dnsNames, its key in the cache
+	dnsNames []string
+	cancel   context.CancelFunc // stops the maintain goroutine
+	pokes    chan struct{}      // cap 1: refs changed, recompute the wake-up
 
 	// ready is closed when the first fetch ended; firstErr is set before
 	// when it failed.
@@ -494,26 +529,68 @@ func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 	if err != nil {
 		c.mu.Lock()
 		c.dropLocked(e)
-		c.rememberRefusalLocked(e.id, err)
+		c.rememberRefusalLocked(e.ident, err)
 		c.mu.Unlock()
 		e.firstErr = err
 		e.publish(nil, err)
 		close(e.ready)
-		c.log.Log(ctx, c.failLog.Level(slog.LevelWarn), "no certificate for this identity", logattr.SPIFFEID, e.id.String(), logattr.Error, err.Error())
+		c.log.Log(ctx, c.failLog.Level(slog.LevelWarn), "no certificate for this identity", e.logAttrs(logattr.Error, err.Error())...)
 		return
 	}
 	close(e.ready)
-	if c.companion != nil {
-		// Only for an identity the server granted: a refused one costs
-		// one request, not a stream besides. (Run waits for it: this
-		// goroutine's count keeps the group open.)
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			c.companion(ctx, e.id)
-		}()
-	}
+	// Only for an identity the server granted: a refused one costs one
+	// request, not a stream besides.
+	c.startCompanion(e.id)
+	defer c.stopCompanion(e.id)
 	c.renewLoop(ctx, e, leaf)
+}
+
+// companionRun is the Companion of one ID: how many entries of it (one
+// per set of DNS names) have a certificate, and how to stop it.
+type companionRun struct {
+	entries int
+	cancel  context.CancelFunc
+}
+
+// startCompanion counts an entry of id that has its certificate, starting
+// id's Companion with the first. Run waits for it: the caller, a maintain
+// goroutine, keeps the group open while it adds to it.
+func (c *IdentityCache) startCompanion(id spiffeid.ID) {
+	if c.companion == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.companions[id]; r != nil {
+		r.entries++
+		return
+	}
+	ctx, cancel := context.WithCancel(c.runCtx)
+	if c.companions == nil {
+		c.companions = make(map[spiffeid.ID]*companionRun)
+	}
+	c.companions[id] = &companionRun{entries: 1, cancel: cancel}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.companion(ctx, id)
+	}()
+}
+
+// stopCompanion uncounts an entry of id, stopping id's Companion with the
+// last.
+func (c *IdentityCache) stopCompanion(id spiffeid.ID) {
+	if c.companion == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.companions[id]; r != nil {
+		if r.entries--; r.entries == 0 {
+			r.cancel()
+			delete(c.companions, id)
+		}
+	}
 }
 
 // renewLoop renews e's certificate, whose leaf is leaf, at its grace
@@ -559,34 +636,57 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 		if status.Code(err) == codes.PermissionDenied {
 			// The server decided: this node may no longer have it (its
 			// pod left, the operator's list changed). Served no longer.
-			c.Revoke(e.id, err)
+			c.revoke([]*identityEntry{e}, err)
 			return
 		}
 		failures++
 		next = now.Add(backoff(failures, c.retryBase, c.retryMax, c.rand()))
 		c.setStale(e, !expired)
 		c.log.Log(ctx, c.failLog.Level(slog.LevelError), "renewing an identity's certificate failed; serving the last one until it expires",
-			logattr.SPIFFEID, e.id.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Error, err.Error(), "retry_in", next.Sub(now))
+			e.logAttrs("not_after", leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Error, err.Error(), "retry_in", next.Sub(now))...)
 	}
 }
 
-// Revoke stops serving id at once, because the server refused it to this
-// node (why): every holder's Credential fails with ErrIdentityRevoked,
-// its key is zeroed once the last holder lets go, and the next
-// Acquire asks the server again. Nothing happens when id is not held.
+// Revoke stops serving id (with any DNS names) at once, because the
+// server refused it to this node (why): every holder's Credential fails
+// with ErrIdentityRevoked, its key is zeroed once the last holder lets
+// go, and the next Acquire asks the server again. Nothing happens when id
+// is not held.
 func (c *IdentityCache) Revoke(id spiffeid.ID, why error) {
 	c.mu.Lock()
-	e := c.entries[id]
-	if e == nil {
-		c.mu.Unlock()
-		return
+	var of []*identityEntry
+	for _, e := range c.entries {
+		if e.id == id {
+			of = append(of, e)
+		}
 	}
-	c.dropLocked(e)
-	c.rememberRefusalLocked(id, why)
 	c.mu.Unlock()
-	e.publish(nil, fmt.Errorf("%w: %w", ErrIdentityRevoked, why))
-	c.metrics.revocations.Inc()
-	c.log.Warn("the server no longer grants this identity to this node; serving it no longer", logattr.SPIFFEID, id.String(), logattr.Error, why.Error())
+	c.revoke(of, why)
+}
+
+// revoke is Revoke of entries. A renewal the server refused revokes its
+// entry only: the same ID with other DNS names is decided on its own.
+func (c *IdentityCache) revoke(entries []*identityEntry, why error) {
+	c.mu.Lock()
+	for _, e := range entries {
+		c.dropLocked(e)
+		c.rememberRefusalLocked(e.ident, why)
+	}
+	c.mu.Unlock()
+	for _, e := range entries {
+		e.publish(nil, fmt.Errorf("%w: %w", ErrIdentityRevoked, why))
+		c.metrics.revocations.Inc()
+		c.log.Warn("the server no longer grants this identity to this node; serving it no longer", e.logAttrs(logattr.Error, why.Error())...)
+	}
+}
+
+// logAttrs are e's ID, its DNS names when it has any, then attrs.
+func (e *identityEntry) logAttrs(attrs ...any) []any {
+	out := []any{logattr.SPIFFEID, e.id.String()}
+	if len(e.dnsNames) > 0 {
+		out = append(out, logattr.DNSNames, e.dnsNames)
+	}
+	return append(out, attrs...)
 }
 
 // expire stops serving e's certificate, whose leaf expired unrenewed.
@@ -685,7 +785,7 @@ func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x
 	defer cancel()
 	chain, err := c.fetchChain(callCtx, e, key)
 	if err == nil {
-		err = checkFetched(chain, key, e.id, c.clock.Now())
+		err = checkFetched(chain, key, e.id, e.dnsNames, c.clock.Now())
 	}
 	if err != nil {
 		zeroKey(key)
@@ -698,22 +798,26 @@ func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x
 	return chain[0], nil
 }
 
-// fetchChain asks the fetcher for e's certificate for key, with e's TTL
-// when it has one and the fetcher takes one.
+// fetchChain asks the fetcher for e's certificate for key, with e's DNS
+// names and TTL when the fetcher takes them. A fetcher that cannot ask
+// for DNS names gets no request for an entry that has some: the workload
+// would be served a certificate without the names the map gives it.
 func (c *IdentityCache) fetchChain(ctx context.Context, e *identityEntry, key crypto.Signer) ([]*x509.Certificate, error) {
-	if ttl := time.Duration(e.ttl.Load()); ttl > 0 {
-		if f, ok := c.fetcher.(IdentityTTLFetcher); ok {
-			return f.FetchX509SVIDTTL(ctx, e.id, key, ttl)
-		}
+	if f, ok := c.fetcher.(IdentityRequestFetcher); ok {
+		return f.FetchIdentity(ctx, IdentityRequest{ID: e.id, DNSNames: e.dnsNames, TTL: time.Duration(e.ttl.Load())}, key)
+	}
+	if len(e.dnsNames) > 0 {
+		return nil, fmt.Errorf("agent: the certificate fetcher (%T) cannot ask for the DNS names %s", c.fetcher, strings.Join(e.dnsNames, ", "))
 	}
 	return c.fetcher.FetchX509SVID(ctx, e.id, key)
 }
 
-// checkFetched refuses a chain whose leaf is not an X509-SVID of id for
-// key, valid at now. The fetcher checks as much and more (the chain to the
-// roots); this keeps a faulty fetcher from handing a process another
-// identity, or an expired one.
-func checkFetched(chain []*x509.Certificate, key *ecdsa.PrivateKey, id spiffeid.ID, now time.Time) error {
+// checkFetched refuses a chain whose leaf is not an X509-SVID of id with
+// dnsNames (the server may add its own) for key, valid at now. The
+// fetcher checks as much and more (the chain to the roots); this keeps a
+// faulty fetcher from handing a process another identity, or an expired
+// one.
+func checkFetched(chain []*x509.Certificate, key *ecdsa.PrivateKey, id spiffeid.ID, dnsNames []string, now time.Time) error {
 	if len(chain) == 0 || chain[0] == nil {
 		return fmt.Errorf("%w: no certificate", errUnusable)
 	}
@@ -730,6 +834,11 @@ func checkFetched(chain []*x509.Certificate, key *ecdsa.PrivateKey, id spiffeid.
 		return fmt.Errorf("%w: not for the key the request sent", errUnusable)
 	case !now.Before(leaf.NotAfter):
 		return fmt.Errorf("%w: expired at %s", errUnusable, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	for _, n := range dnsNames {
+		if !slices.Contains(leaf.DNSNames, n) {
+			return fmt.Errorf("%w: without the DNS name %s it was asked for", errUnusable, n)
+		}
 	}
 	return nil
 }
@@ -807,6 +916,14 @@ type IdentityHandle struct {
 
 // ID is the identity held.
 func (h *IdentityHandle) ID() spiffeid.ID { return h.e.id }
+
+// DNSNames are the DNS names its certificate carries beside the ID (the
+// server may add its own).
+func (h *IdentityHandle) DNSNames() []string { return slices.Clone(h.e.dnsNames) }
+
+// holds reports whether h is a hold on req's identity: its ID with
+// exactly its DNS names.
+func (h *IdentityHandle) holds(req IdentityRequest) bool { return h.e.ident == req.key() }
 
 // Credential returns the identity's current certificate and key, whose
 // Changed is closed when it is renewed or expires; an error while there

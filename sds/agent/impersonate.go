@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/tls"
@@ -111,13 +112,16 @@ func NewImpersonationFetcher(cfg ImpersonationConfig) (*ImpersonationFetcher, er
 // chaining to the local trust domain's roots at this time. Anything else
 // is refused. A failed call returns its gRPC status (wrapped).
 func (f *ImpersonationFetcher) FetchX509SVID(ctx context.Context, id spiffeid.ID, key crypto.Signer) ([]*x509.Certificate, error) {
-	return f.FetchX509SVIDTTL(ctx, id, key, f.ttl)
+	return f.FetchIdentity(ctx, IdentityRequest{ID: id}, key)
 }
 
-// FetchX509SVIDTTL is FetchX509SVID asking for a lifetime of ttl (the
-// identity map's for id; rounded up to whole seconds, clamped by the
-// server) rather than the fetcher's.
-func (f *ImpersonationFetcher) FetchX509SVIDTTL(ctx context.Context, id spiffeid.ID, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error) {
+// FetchIdentity is FetchX509SVID for req: its DNS names go in the CSR
+// (the server grants exactly those its own identity map gives a pod of
+// this node with that ID, and may add its own) and the certificate must
+// carry them; its TTL, when not zero, is asked for rather than the
+// fetcher's (rounded up to whole seconds, clamped by the server).
+func (f *ImpersonationFetcher) FetchIdentity(ctx context.Context, req IdentityRequest, key crypto.Signer) ([]*x509.Certificate, error) {
+	id, ttl := req.ID, cmp.Or(req.TTL, f.ttl)
 	nc, err := f.node()
 	if err != nil {
 		return nil, err
@@ -127,7 +131,7 @@ func (f *ImpersonationFetcher) FetchX509SVIDTTL(ctx context.Context, id spiffeid
 		// could not verify another one's anyway.
 		return nil, fmt.Errorf("%s is not of the certificate service's trust domain %s", id, nc.ServerID.TrustDomain().Name())
 	}
-	answer, err := f.create(ctx, nc, id, key, (ttl + time.Second - 1).Truncate(time.Second))
+	answer, err := f.create(ctx, nc, req, key, (ttl + time.Second - 1).Truncate(time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -135,19 +139,25 @@ func (f *ImpersonationFetcher) FetchX509SVIDTTL(ctx context.Context, id spiffeid
 	if _, err := caclient.CheckIssued(chain, key, id.TrustDomain(), id, nc.Roots, x509svid.WithTime(f.clock.Now())); err != nil {
 		return nil, fmt.Errorf("%w for %s: %w", errUnusable, id, err)
 	}
+	for _, name := range req.DNSNames {
+		if !slices.Contains(chain[0].DNSNames, name) {
+			return nil, fmt.Errorf("%w for %s: the server left out the DNS name %s the request asked for", errUnusable, id, name)
+		}
+	}
 	return chain, nil
 }
 
-// create makes one CreateCertificate for id with a CSR of key, naming id
-// there as well as in the impersonation field, and returns the answer's
-// certificates in order.
-func (f *ImpersonationFetcher) create(ctx context.Context, nc NodeCredentials, id spiffeid.ID, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error) {
+// create makes one CreateCertificate for req with a CSR of key, naming
+// its ID there (with its DNS names) as well as in the impersonation
+// field, and returns the answer's certificates in order.
+func (f *ImpersonationFetcher) create(ctx context.Context, nc NodeCredentials, req IdentityRequest, key crypto.Signer, ttl time.Duration) ([]*x509.Certificate, error) {
+	id := req.ID
 	cert := nc.Certificate
 	if nc.Token != "" {
 		cert = nil // one proof of the node: the one the server can grant impersonation to
 	}
 	chain, err := caclient.CreateCertificate(ctx, f.addr, caclient.ServerTLS(nc.Roots, nc.ServerID, cert),
-		caclient.Request{Key: key, ID: id, TTL: ttl, Token: nc.Token, Impersonate: id})
+		caclient.Request{Key: key, ID: id, DNSNames: req.DNSNames, TTL: ttl, Token: nc.Token, Impersonate: id})
 	if err != nil {
 		return nil, fmt.Errorf("the certificate service at %s, for %s: %w", f.addr, id, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -179,10 +180,16 @@ func (n *nodeAuthenticator) Authenticate(ctx context.Context, r authn.Request) (
 	if err != nil {
 		return authn.Identity{}, err
 	}
-	if err := n.hold(ctx, ident.ID, ident.TTL); err != nil {
+	if err := n.hold(ctx, identityRequest(ident)); err != nil {
 		return authn.Identity{}, err
 	}
-	return authn.Identity{ID: ident.ID, Method: authn.MethodAttestation}, nil
+	return authn.Identity{ID: ident.ID, Method: authn.MethodAttestation, DNSNames: ident.DNSNames}, nil
+}
+
+// identityRequest is what the cache is asked for a workload the map gave
+// ident.
+func identityRequest(ident identitymap.Identity) IdentityRequest {
+	return IdentityRequest{ID: ident.ID, DNSNames: ident.DNSNames, TTL: ident.TTL}
 }
 
 // identifier is an authenticator that tells all the identity map gives
@@ -200,21 +207,27 @@ func (n *nodeAuthenticator) identify(ctx context.Context, r authn.Request) (iden
 	return identitymap.Identity{ID: ident.ID}, err
 }
 
-// hold acquires id for ctx's stream unless it holds it already, and
-// waits for id's trust. A certificate the server refuses refuses the
+// hold acquires req for ctx's stream unless it holds it already, and
+// waits for its trust. A certificate the server refuses refuses the
 // caller: the server alone decides which identities run on this node.
-func (n *nodeAuthenticator) hold(ctx context.Context, id spiffeid.ID, ttl time.Duration) error {
-	if held := n.holds.held(ctx); held != nil && held.ID() != id {
-		// Re-attested as another identity: the stream ends, and its
-		// caller reconnects to be served the one it has now. Never kept
-		// on the old one, as a failure to get the new one (an outage)
-		// would otherwise keep it.
-		return fmt.Errorf("%w: the caller now attests as %s, not %s; reconnect", authn.ErrNotAttested, id, held.ID())
+func (n *nodeAuthenticator) hold(ctx context.Context, req IdentityRequest) error {
+	if held := n.holds.held(ctx); held != nil && !held.holds(req) {
+		// Re-attested as another identity (or the same ID with other DNS
+		// names): the stream ends, and its caller reconnects to be served
+		// the one it has now. Never kept on the old one, as a failure to
+		// get the new one (an outage) would otherwise keep it.
+		return fmt.Errorf("%w: the caller now attests as %s, not %s; reconnect", authn.ErrNotAttested, describe(req.ID, req.DNSNames), describe(held.ID(), held.DNSNames()))
 	}
-	_, err := n.holds.hold(ctx, id, func(ctx context.Context, id spiffeid.ID) (*IdentityHandle, error) {
-		return n.acquire(ctx, id, ttl)
-	})
+	_, err := n.holds.hold(ctx, req, n.acquire)
 	return err
+}
+
+// describe is id, with its DNS names when it has any, for errors.
+func describe(id spiffeid.ID, dnsNames []string) string {
+	if len(dnsNames) == 0 {
+		return id.String()
+	}
+	return fmt.Sprintf("%s (DNS names %s)", id, strings.Join(dnsNames, ", "))
 }
 
 // refusal is the caller's error for a certificate the cache could not

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -27,7 +26,7 @@ type nodeWorkloads struct {
 	log   *slog.Logger
 
 	mu    sync.Mutex
-	cells map[spiffeid.ID]*identityCell
+	cells map[identityKey]*identityCell // by the cache's key: ID and DNS names
 }
 
 // identityCell is one identity's Workload API State, kept up to date by
@@ -48,23 +47,25 @@ func (n *nodeWorkloads) Select(ctx context.Context) (wapi.Source, func(), error)
 	if err != nil {
 		return nil, nil, err
 	}
-	h, err := n.auth.acquire(ctx, ident.ID, ident.TTL)
+	h, err := n.auth.acquire(ctx, identityRequest(ident))
 	if err != nil {
 		return nil, nil, err
 	}
-	c := n.ref(ident.ID, h)
+	c := n.ref(h)
 	return c.cell, func() {
-		n.unref(ident.ID, c)
+		n.unref(c)
 		h.Release()
 	}, nil
 }
 
-// ref takes a reference on id's Cell, making it (and its maintain
-// goroutine, fed from h's entry) when there is none.
-func (n *nodeWorkloads) ref(id spiffeid.ID, h *IdentityHandle) *identityCell {
+// ref takes a reference on the Cell of h's identity (its ID with its DNS
+// names), making it (and its maintain goroutine, fed from h's entry) when
+// there is none.
+func (n *nodeWorkloads) ref(h *IdentityHandle) *identityCell {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if c := n.cells[id]; c != nil && c.e == h.e {
+	key := h.e.ident
+	if c := n.cells[key]; c != nil && c.e == h.e {
 		c.refs++
 		return c
 	}
@@ -74,29 +75,29 @@ func (n *nodeWorkloads) ref(id spiffeid.ID, h *IdentityHandle) *identityCell {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &identityCell{cell: wapi.NewCell(), e: h.e, refs: 1, cancel: cancel}
 	if n.cells == nil {
-		n.cells = make(map[spiffeid.ID]*identityCell)
+		n.cells = make(map[identityKey]*identityCell)
 	}
-	n.cells[id] = c
+	n.cells[key] = c
 	// The first State before the Cell is handed out: the holder has a
 	// certificate, and its trust has arrived or it waited long enough.
-	n.publish(id, c, h.e.state.Load())
+	n.publish(key.id, c, h.e.state.Load())
 	// The goroutine holds the entry itself: it may still be publishing
 	// the key when the last call lets go of h.
 	held := h.hold()
 	go func() {
 		defer held.Release()
-		n.maintain(ctx, id, c, held.e)
+		n.maintain(ctx, key.id, c, held.e)
 	}()
 	return c
 }
 
-func (n *nodeWorkloads) unref(id spiffeid.ID, c *identityCell) {
+func (n *nodeWorkloads) unref(c *identityCell) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if c.refs--; c.refs == 0 {
 		c.cancel()
-		if n.cells[id] == c {
-			delete(n.cells, id)
+		if n.cells[c.e.ident] == c {
+			delete(n.cells, c.e.ident)
 		}
 	}
 }
@@ -136,10 +137,11 @@ func (n *nodeWorkloads) publish(id spiffeid.ID, c *identityCell, st *identitySta
 	}
 }
 
-// acquire holds id for a call and waits for its trust, as hold does for a
-// stream, mapping the cache's refusals to the caller's.
-func (n *nodeAuthenticator) acquire(ctx context.Context, id spiffeid.ID, ttl time.Duration) (*IdentityHandle, error) {
-	h, err := n.cache.AcquireTTL(ctx, id, ttl)
+// acquire holds req for a call and waits for its trust, as hold does for
+// a stream, mapping the cache's refusals to the caller's.
+func (n *nodeAuthenticator) acquire(ctx context.Context, req IdentityRequest) (*IdentityHandle, error) {
+	id := req.ID
+	h, err := n.cache.AcquireIdentity(ctx, req)
 	if err != nil {
 		return nil, n.refusal(ctx, err)
 	}
