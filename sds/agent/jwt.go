@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,16 +12,32 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
 // Limits of the JWT-SVID cache.
 const (
 	maxCachedJWTs  = 1000
 	jwtCallTimeout = 30 * time.Second
+)
+
+// Each workload of a node agent may have jwtMintRate JWT-SVIDs minted per
+// second, in bursts of up to jwtMintBurst; tokens served from the cache
+// cost nothing. A workload asking for a new audience per request must not
+// spend the node's share of the server's signing (the server charges the
+// node, not each workload), nor push every other workload's tokens out of
+// the cache. A start-up naming twenty services fits in the burst.
+const (
+	jwtMintRate  = rate.Limit(2)
+	jwtMintBurst = 20
 )
 
 // jwtMinter mints JWT-SVIDs with the certificate service's MintJWTSVID
@@ -38,6 +55,10 @@ type jwtMinter struct {
 	// close.
 	shared bool
 	cache  map[string]cachedJWT
+	// limits are the node's workloads' mint budgets (MintJWTSVIDFor);
+	// log tells of a workload over its budget.
+	limits mintLimits
+	log    *slog.Logger
 	// closed is set by close: a call still running during shutdown must
 	// not open a connection nobody closes.
 	closed bool
@@ -58,14 +79,15 @@ func newJWTMinter(addr string, tlsConfig func() *tls.Config, c clock.Clock) *jwt
 // newNodeJWTMinter mints the JWT-SVIDs of a node agent's workloads on
 // conn, the node's connection (authenticated by its token), each for the
 // workload it names.
-func newNodeJWTMinter(conn *grpc.ClientConn, c clock.Clock) *jwtMinter {
-	return &jwtMinter{conn: conn, shared: true, clock: c, cache: make(map[string]cachedJWT)}
+func newNodeJWTMinter(conn *grpc.ClientConn, c clock.Clock, log *slog.Logger) *jwtMinter {
+	return &jwtMinter{conn: conn, shared: true, clock: c, cache: make(map[string]cachedJWT), log: log,
+		limits: mintLimits{m: make(map[spiffeid.ID]*rate.Limiter), warn: ratelimit.NewLogLimiter(jwtLimitLogEvery, 1)}}
 }
 
 // MintJWTSVID returns a cached token for the audience set while it is in
 // the first half of its lifetime, else mints one.
 func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string, error) {
-	return m.mint(ctx, audienceKey(audience), func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
+	return m.mint(ctx, audienceKey(audience), nil, func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
 		return caclient.MintJWTSVID(ctx, conn, audience, 0)
 	})
 }
@@ -74,20 +96,27 @@ func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string,
 // for (sds/workload's CallerJWTMinter): the server mints it as it grants
 // the workload's certificate, and the token is cached per workload.
 func (m *jwtMinter) MintJWTSVIDFor(ctx context.Context, id spiffeid.ID, audience []string) (string, error) {
-	return m.mint(ctx, id.String()+"|"+audienceKey(audience), func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
+	charge := func(now time.Time) error { return m.limits.charge(ctx, id, now, m.log) }
+	return m.mint(ctx, id.String()+"|"+audienceKey(audience), charge, func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
 		return caclient.MintJWTSVIDFor(ctx, conn, id, audience, 0)
 	})
 }
 
 // mint returns the token cached under key while it is in the first half
-// of its lifetime, else one call mints.
-func (m *jwtMinter) mint(ctx context.Context, key string, call func(context.Context, *grpc.ClientConn) (*caclient.JWTSVID, error)) (string, error) {
+// of its lifetime, else one call mints, once charge (when not nil) lets
+// it.
+func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time) error, call func(context.Context, *grpc.ClientConn) (*caclient.JWTSVID, error)) (string, error) {
 	now := m.clock.Now()
 	m.mu.Lock()
 	c, ok := m.cache[key]
 	m.mu.Unlock()
 	if ok && now.Before(c.refreshAt) {
 		return c.token, nil
+	}
+	if charge != nil {
+		if err := charge(now); err != nil {
+			return "", err
+		}
 	}
 	conn, err := m.client()
 	if err != nil {
@@ -168,4 +197,63 @@ func audienceKey(aud []string) string {
 		b.WriteString(a)
 	}
 	return b.String()
+}
+
+// jwtLimitLogEvery spaces the lines telling of workloads over their mint
+// budget.
+const jwtLimitLogEvery = time.Minute
+
+// mintLimits are the JWT-SVID mint budgets of a node agent's workloads,
+// one token bucket per identity, at most maxCachedJWTs of them.
+type mintLimits struct {
+	mu   sync.Mutex
+	m    map[spiffeid.ID]*rate.Limiter
+	warn *ratelimit.LogLimiter
+}
+
+// charge takes one mint from id's budget, or refuses it with
+// ResourceExhausted saying what to do.
+func (l *mintLimits) charge(ctx context.Context, id spiffeid.ID, now time.Time, log *slog.Logger) error {
+	if l.allow(id, now) {
+		return nil
+	}
+	if log != nil {
+		log.Log(ctx, l.warn.Level(slog.LevelWarn), "a workload asks for more new JWT-SVIDs than its budget; refusing the excess",
+			logattr.SPIFFEID, id.String(), "per_second", float64(jwtMintRate), "burst", jwtMintBurst)
+	}
+	return status.Errorf(codes.ResourceExhausted,
+		"%s asked for more than %v new JWT-SVIDs per second (bursts of %d); reuse a token for its audience until half its lifetime passed (the agent serves it from its cache) and retry later",
+		id, float64(jwtMintRate), jwtMintBurst)
+}
+
+func (l *mintLimits) allow(id spiffeid.ID, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lim := l.m[id]
+	if lim == nil {
+		if len(l.m) >= maxCachedJWTs {
+			l.pruneLocked(now)
+		}
+		lim = rate.NewLimiter(jwtMintRate, jwtMintBurst)
+		l.m[id] = lim
+	}
+	return lim.AllowN(now, 1)
+}
+
+// pruneLocked forgets the budgets that are full again, which a new
+// bucket would equal; when none is, an arbitrary one (there are as many
+// identities as the cache holds, so this takes a thousand workloads
+// minting at once). l.mu is held.
+func (l *mintLimits) pruneLocked(now time.Time) {
+	for id, lim := range l.m {
+		if lim.TokensAt(now) >= jwtMintBurst {
+			delete(l.m, id)
+		}
+	}
+	for id := range l.m {
+		if len(l.m) < maxCachedJWTs {
+			break
+		}
+		delete(l.m, id)
+	}
 }

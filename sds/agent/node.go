@@ -122,7 +122,7 @@ func (a *Agent) nodeWorkloadAPI(auth *nodeAuthenticator, jwtConn *grpc.ClientCon
 	if a.wlSocket == "" {
 		return nil
 	}
-	jwt := newNodeJWTMinter(jwtConn, a.clock)
+	jwt := newNodeJWTMinter(jwtConn, a.clock, a.log)
 	return &workloadAPI{
 		sel:       &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
 		creds:     a.node.Attestor.Credentials(),
