@@ -1,10 +1,13 @@
 package ca
 
 import (
+	"bytes"
 	"crypto/x509"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // checkNameConstraints refuses an intermediate under which certificates
@@ -99,4 +102,49 @@ func describeDNSConstraints(c *x509.Certificate) string {
 		parts = append(parts, fmt.Sprintf("excludes DNS names under %q", c.ExcludedDNSDomains))
 	}
 	return strings.Join(parts, " and ")
+}
+
+// admitsDNSNames refuses a workload DNS name that a DNS name constraint of
+// m's chain refuses: the names a workload gets from an identity map are
+// known only when it asks, unlike the template's zone, which
+// checkNameConstraints matched when the intermediate was obtained. A leaf
+// carrying such a name would fail every verifier's check of its chain,
+// even one that looks at its SPIFFE ID only, so it is refused with the
+// constraint and what to change instead.
+func (m SigningMaterial) admitsDNSNames(id spiffeid.ID, names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	for _, cert := range m.constrainingPath() {
+		if len(cert.PermittedDNSDomains)+len(cert.ExcludedDNSDomains) == 0 {
+			continue
+		}
+		for _, n := range names {
+			if !nameAdmitted(cert, n) {
+				return fmt.Errorf("ca: %w: DNS name %q of %s: CA certificate %s %s, so a certificate carrying it would not verify; "+
+					"give the workload only names the upstream permits (its identity map rules' dnsNames), or have the upstream's operator "+
+					"permit them (a trustbridge upstream: --downstream-dns-domain)", ErrIdentityNotAllowed, n, id, describe(cert), describeDNSConstraints(cert))
+			}
+		}
+	}
+	return nil
+}
+
+// constrainingPath is m's signing certificate, the intermediates above it
+// and the roots that issued the top one: the certificates whose
+// constraints a leaf m signs meets. Roots are matched by name and key
+// identifier, not by signature, which would cost a verification per leaf.
+func (m SigningMaterial) constrainingPath() []*x509.Certificate {
+	path := append([]*x509.Certificate{m.Cert}, m.Intermediates...)
+	top := path[len(path)-1]
+	if bytes.Equal(top.RawIssuer, top.RawSubject) {
+		return path
+	}
+	for _, r := range m.Roots {
+		if r != top && bytes.Equal(r.RawSubject, top.RawIssuer) &&
+			(len(top.AuthorityKeyId) == 0 || bytes.Equal(r.SubjectKeyId, top.AuthorityKeyId)) {
+			path = append(path, r)
+		}
+	}
+	return path
 }

@@ -173,11 +173,17 @@ func signServing(now time.Time, m SigningMaterial, p Policy, pub crypto.PublicKe
 // checkDNSNames validates and lowercases the serving certificate's DNS
 // names; see WithDNSNames for the rules. nil in, nil out.
 func checkDNSNames(names []string) ([]string, error) {
-	if len(names) == 0 {
-		return nil, nil
-	}
 	if len(names) > maxServingDNSNames {
 		return nil, fmt.Errorf("%d DNS names, at most %d allowed", len(names), maxServingDNSNames)
+	}
+	return checkDNSNameList(names)
+}
+
+// checkDNSNameList is checkDNSNames without the bound on their number,
+// which each kind of certificate sets itself.
+func checkDNSNameList(names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
 	}
 	out := make([]string, 0, len(names))
 	seen := make(map[string]int, len(names))

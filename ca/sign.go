@@ -212,8 +212,11 @@ func isCSRType(t string) bool {
 }
 
 // maxWorkloadDNSNames bounds the DNS names a workload leaf carries
-// (X509SVIDParams.DNSNames): a template gives one; more would be a bug.
-const maxWorkloadDNSNames = 4
+// (X509SVIDParams.DNSNames): those an identity map gives the workload, at
+// most identitymap.MaxIdentityDNSNames (32), and the one of
+// --workload-dns-name-template. TestWorkloadDNSNamesBoundFitsIdentityMap
+// holds the two together; more would be a bug of the caller's.
+const maxWorkloadDNSNames = 33
 
 // SignX509SVID issues an X509-SVID leaf for params.SPIFFEID, the identity
 // the caller proved (never one read from a request), to params.PublicKey,
@@ -233,12 +236,16 @@ const maxWorkloadDNSNames = 4
 // The leaf has an empty subject and a critical SAN extension holding the
 // SPIFFE ID (RFC 5280 §4.2.1.6, as Istio does) and params.DNSNames: names
 // the server derived from what the caller proved (a Kubernetes service
-// account's workload DNS name, see internal/workloaddns). X509-SVID §2
+// account's workload DNS name, see internal/workloaddns; the names the
+// server's identity map gives the pod a node agent acts for). X509-SVID §2
 // allows an SVID DNS SANs next to its one URI SAN. They follow the rules of
 // WithDNSNames (RFC 1123 host names, no wildcard, no IP address, no
 // repeats), at most maxWorkloadDNSNames; a name that breaks them is the
 // caller's code at fault, not the client's request: the error wraps no
-// sentinel. It is safe for concurrent use if m.Key is.
+// sentinel. A name that a DNS name constraint of m's chain refuses (an
+// upstream's intermediate) is refused with ErrIdentityNotAllowed rather
+// than signed into a leaf no verifier accepts. It is safe for concurrent
+// use if m.Key is.
 //
 // params.Extensions are private extensions the caller vouches for (the
 // certificate service records how the identity was first granted); see
@@ -248,7 +255,8 @@ func SignX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDPar
 }
 
 // X509SVIDParams is what an X509-SVID is signed from: a public key and
-// the identity its holder proved, never names read from a request.
+// the identity its holder proved, never names the server did not decide
+// (a request may ask for names only the server's own rules give).
 type X509SVIDParams struct {
 	// PublicKey is the leaf's key; a weak one is refused (ErrInvalidCSR,
 	// as for a CSR carrying it).
@@ -286,9 +294,12 @@ func signX509SVID(now time.Time, m SigningMaterial, p Policy, params X509SVIDPar
 	if len(params.DNSNames) > maxWorkloadDNSNames {
 		return nil, fmt.Errorf("ca: %d DNS names for workload %s, at most %d", len(params.DNSNames), id, maxWorkloadDNSNames)
 	}
-	checked, err := checkDNSNames(params.DNSNames)
+	checked, err := checkDNSNameList(params.DNSNames)
 	if err != nil {
 		return nil, fmt.Errorf("ca: workload %s: %w", id, err)
+	}
+	if err := m.admitsDNSNames(id, checked); err != nil {
+		return nil, err
 	}
 	return signLeaf(m, plan, params.PublicKey, checked)
 }

@@ -3,6 +3,7 @@ package certservice
 import (
 	"context"
 	"log/slog"
+	"slices"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -52,4 +53,14 @@ func (s *Service) workloadDNSNames(ctx context.Context, ident authn.Identity, id
 		s.metrics.dnsNames.WithLabelValues(dnsNamesAdded).Inc()
 	}
 	return names
+}
+
+// unionNames is the certificate's DNS names: those a NameImpersonator
+// granted and the template's, sorted, each once, so that a name both
+// give appears once and equal requests sign equal certificates.
+func unionNames(granted, template []string) []string {
+	if len(granted) == 0 {
+		return template
+	}
+	return slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(granted), template...))))
 }

@@ -18,8 +18,12 @@
 // template, --workload-dns-name-template), a certificate whose grant is a
 // Kubernetes token (kubernetes-jwt, kubernetes-issuer), on a first issuance
 // or copied into a renewal, also carries the template's DNS name beside
-// its SPIFFE ID (X509-SVID §2). The name never comes from the CSR, which
-// is refused when it asks for one.
+// its SPIFFE ID (X509-SVID §2). A CSR asking for DNS names is refused,
+// except from a node agent asking for a workload (ImpersonatedIdentity)
+// whose Impersonator is a NameImpersonator that confirms exactly those
+// names: those the server's identity map gives a running pod of the
+// agent's node with that ID. The certificate then carries them and the
+// template's name.
 //
 // Renewals end with their grant. Every certificate records, in a
 // non-critical private extension (authn.GrantOID), the credential that

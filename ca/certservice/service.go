@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
@@ -72,6 +74,17 @@ type Impersonator interface {
 	AuthorizeImpersonation(ctx context.Context, caller authn.Identity, target spiffeid.ID) error
 }
 
+// NameImpersonator is an Impersonator that may also grant the DNS names a
+// node agent's CSR asks for on behalf of target: exactly dnsNames (sorted,
+// each once), nil when they are exactly those the server's own identity
+// map gives a running pod of the caller's node whose ID is target. Errors
+// are those of AuthorizeImpersonation. An Impersonator that is not one
+// grants no names: such a CSR is refused. nodeauth.Authorizer and
+// nodeauth.Either implement it.
+type NameImpersonator interface {
+	AuthorizeImpersonationNames(ctx context.Context, caller authn.Identity, target spiffeid.ID, dnsNames []string) error
+}
+
 // Config configures a Service. Signer and Authenticator are required.
 type Config struct {
 	Signer        Signer
@@ -110,7 +123,9 @@ type Config struct {
 	// issuance or a renewal) a DNS SAN from this template beside the
 	// SPIFFE ID (--workload-dns-name-template), which the Signer receives
 	// in X509SVIDParams.DNSNames. Nil: no DNS names. A CSR asking for DNS
-	// names is refused either way.
+	// names is refused either way, unless an impersonating caller's
+	// NameImpersonator grants them; the certificate then carries those
+	// and the template's.
 	WorkloadDNSNames *workloaddns.Template
 	// MaxRenewalLifetime, when positive, refuses a renewal whose chain was
 	// first granted longer ago than this, so every chain has to go back to
@@ -442,8 +457,11 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if err := ctx.Err(); err != nil {
 		return nil, ident, &refusal{status.FromContextError(err).Code(), "canceled", "request canceled", nil}
 	}
-	csr, ref := parseCertificateCSR(req, p.id)
+	csr, ref := parseCertificateCSR(req, p)
 	if ref != nil {
+		return nil, ident, ref
+	}
+	if p.dnsNames, ref = s.impersonatedDNSNames(ctx, ident, p, csr); ref != nil {
 		return nil, ident, ref
 	}
 	issued, dnsNames, ref := s.signCertificate(ctx, r, ident, p, csr)
@@ -460,13 +478,16 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 
 // certificatePlan is what CreateCertificate decides before it takes a
 // signing slot: the identity to certify, the lifetime, and the grant the
-// certificate records.
+// certificate records; and, once the CSR is judged, the DNS names an
+// impersonating caller was granted.
 type certificatePlan struct {
-	id       spiffeid.ID
-	ttl      time.Duration
-	grant    authn.Grant
-	grantExt pkix.Extension
-	hasGrant bool
+	id           spiffeid.ID
+	impersonated bool
+	ttl          time.Duration
+	grant        authn.Grant
+	grantExt     pkix.Extension
+	hasGrant     bool
+	dnsNames     []string // granted by a NameImpersonator
 }
 
 // planCertificate decides the certificate for the authenticated ident:
@@ -480,7 +501,7 @@ func (s *Service) planCertificate(ctx context.Context, r authn.Request, ident au
 		if ref != nil {
 			return p, ref
 		}
-		p.id = target
+		p.id, p.impersonated = target, true
 	}
 	if ref := s.admission.charge(ident, p.id); ref != nil {
 		return p, ref
@@ -497,21 +518,53 @@ func (s *Service) planCertificate(ctx context.Context, r authn.Request, ident au
 }
 
 // parseCertificateCSR parses the request's CSR (its signature and key
-// checked) and judges what it asks for against id, the one place that
+// checked) and judges what it asks for against p, the one place that
 // sees the CSR: the signer gets its key only, and a request for another
-// identity must leave no trace but the refusal.
-func parseCertificateCSR(req *securityv1alpha1.IstioCertificateRequest, id spiffeid.ID) (*x509.CertificateRequest, *refusal) {
+// identity must leave no trace but the refusal. DNS names of an
+// impersonated request are left to impersonatedDNSNames.
+func parseCertificateCSR(req *securityv1alpha1.IstioCertificateRequest, p certificatePlan) (*x509.CertificateRequest, *refusal) {
 	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
 	if err != nil {
 		return nil, &refusal{codes.InvalidArgument, "invalid_csr", clientMessage(err), nil}
 	}
-	if err := checkRequestedID(csr, id); err != nil {
+	if err := checkRequestedID(csr, p.id); err != nil {
 		return nil, &refusal{codes.PermissionDenied, "identity_not_allowed", err.Error(), nil}
 	}
-	if msg := otherNames(csr); msg != "" {
+	if msg := otherNames(csr, p.impersonated); msg != "" {
 		return nil, &refusal{codes.InvalidArgument, "invalid_csr", msg, nil}
 	}
 	return csr, nil
+}
+
+// impersonatedDNSNames are the DNS names an impersonated request's CSR
+// asks for, once the NameImpersonator confirmed that the server's own
+// identity map gives exactly them to a pod of the caller's node with
+// p.id: a node agent asks for the names its map gives the workload, and
+// the server grants only what its map gives, never one pod's ID with
+// another's names. The names compare as a set (sorted, each once).
+func (s *Service) impersonatedDNSNames(ctx context.Context, caller authn.Identity, p certificatePlan, csr *x509.CertificateRequest) ([]string, *refusal) {
+	if !p.impersonated || len(csr.DNSNames) == 0 {
+		return nil, nil
+	}
+	names := slices.Compact(slices.Sorted(slices.Values(csr.DNSNames)))
+	if len(names) > identitymap.MaxIdentityDNSNames {
+		return nil, &refusal{codes.InvalidArgument, "invalid_csr", fmt.Sprintf(
+			"the CSR requests %d DNS SANs; an identity map gives a workload at most %d", len(names), identitymap.MaxIdentityDNSNames), nil}
+	}
+	n, ok := s.cfg.Impersonator.(NameImpersonator)
+	if !ok {
+		return nil, &refusal{codes.PermissionDenied, "dns_names_not_allowed", fmt.Sprintf(
+			"%s may not have a certificate for %s with DNS names %q: this server's node authorizer grants no DNS names (an identity map gives them); "+
+				"drop the names of the workload's identity map rule, or give this server that identity map", caller.ID, p.id, names), nil}
+	}
+	if err := n.AuthorizeImpersonationNames(ctx, caller, p.id, names); err != nil {
+		if errors.Is(err, authn.ErrUnavailable) {
+			return nil, &refusal{codes.Unavailable, "impersonation_unavailable", "cannot decide on impersonation right now; retry later", err}
+		}
+		return nil, &refusal{codes.PermissionDenied, "dns_names_not_allowed",
+			fmt.Sprintf("%s may not have a certificate for %s with DNS names %q: %v", caller.ID, p.id, names, err), err}
+	}
+	return names, nil
 }
 
 // signCertificate has csr's key signed as p decided, with the grant
@@ -523,7 +576,7 @@ func (s *Service) signCertificate(ctx context.Context, r authn.Request, ident au
 	if p.hasGrant {
 		extra = append(extra, p.grantExt)
 	}
-	dnsNames := s.workloadDNSNames(ctx, ident, p.id, p.grant, p.hasGrant, r.Peer)
+	dnsNames := unionNames(p.dnsNames, s.workloadDNSNames(ctx, ident, p.id, p.grant, p.hasGrant, r.Peer))
 	start := s.cfg.Clock.Now()
 	issued, err := s.cfg.Signer.SignX509SVID(ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: p.id, TTL: p.ttl, DNSNames: dnsNames, Extensions: extra})
 	s.metrics.signDuration.Observe(s.cfg.Clock.Since(start).Seconds())
@@ -678,10 +731,11 @@ func impersonates(req *securityv1alpha1.IstioCertificateRequest) bool {
 
 // otherNames describes the names other than a SPIFFE ID that the CSR asks
 // for, "" when there are none: only the SPIFFE ID the caller proved, and
-// the DNS names the server decides, go in the certificate.
-func otherNames(csr *x509.CertificateRequest) string {
+// the DNS names the server decides, go in the certificate. The DNS names
+// of an impersonated request are judged by impersonatedDNSNames.
+func otherNames(csr *x509.CertificateRequest, impersonated bool) string {
 	switch {
-	case len(csr.DNSNames) > 0:
+	case len(csr.DNSNames) > 0 && !impersonated:
 		return fmt.Sprintf("the CSR requests %d DNS SANs; only the authenticated SPIFFE ID is issued", len(csr.DNSNames))
 	case len(csr.IPAddresses) > 0:
 		return fmt.Sprintf("the CSR requests %d IP SANs; only the authenticated SPIFFE ID is issued", len(csr.IPAddresses))

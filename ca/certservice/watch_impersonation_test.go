@@ -35,14 +35,22 @@ var (
 const nodeAgentToken = "node-agent-token-0123456789"
 
 // nodeAgentTokens proves nodeAgentToken as TokenReview would: a
-// kubernetes-jwt identity with its grant.
+// kubernetes-jwt identity with its grant, bound to the agent's pod
+// (nodeAgentPod).
 var nodeAgentTokens = authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
 	if r.BearerToken != nodeAgentToken {
 		return authn.Identity{}, authn.ErrNoCredentials
 	}
 	return authn.Identity{ID: nodeAgentID, Method: authn.MethodKubernetesJWT,
-		Grant: &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "istio-system/ztunnel"}}, nil
+		Grant: &authn.Grant{Method: authn.MethodKubernetesJWT, Ref: "istio-system/ztunnel"},
+		Pod:   authn.PodRef{Namespace: "istio-system", Name: nodeAgentPod, UID: nodeAgentPodUID}}, nil
 })
+
+// The node agent's pod, on node-a, as a pod informer would see it.
+const (
+	nodeAgentPod    = "ztunnel-a"
+	nodeAgentPodUID = "uid-ztunnel-a"
+)
 
 // nodePods is an Impersonator whose node's pods the test changes: the
 // node agent may act for the workloads listed, nothing else may; err,

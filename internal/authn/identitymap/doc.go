@@ -37,8 +37,10 @@
 // equal, or Identify fails with ErrConflict naming two of them; one rule
 // is never picked over another, because rule order is no place for a
 // security decision. Equal IDs merge: every rule's DNS names (each was
-// allowed for this workload by the rule's author) and the shortest TTL
-// set (0, the issuer's default, when none sets one). A rule that selects
+// allowed for this workload by the rule's author; at most
+// MaxIdentityDNSNames in all, or ErrFacts naming the rules) and the
+// shortest TTL set (0, the issuer's default, when none sets one). A rule
+// that selects
 // the workload but cannot fill its templates (a missing label, a value
 // with "/") fails the workload with ErrFacts: skipping it would let a
 // label change move a workload to another identity. Compile also reports

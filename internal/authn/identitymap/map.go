@@ -190,7 +190,28 @@ func merge(w *Workload, matched []ruleResult) (Identity, error) {
 	}
 	slices.Sort(out.DNSNames)
 	out.DNSNames = slices.Compact(out.DNSNames)
+	if len(out.DNSNames) > MaxIdentityDNSNames {
+		return Identity{}, fmt.Errorf("identitymap: %w: %s give %s %d DNS names, more than the %d one certificate carries; give it fewer dnsNames or make their selectors disjoint",
+			ErrFacts, matchedText(matched), w.describe(), len(out.DNSNames), MaxIdentityDNSNames)
+	}
 	return out, nil
+}
+
+// matchedText names the rules that matched, as errors do: rule "a" (origin),
+// or rules "a" (origin), "b" (origin), at most maxNamedRules of them.
+func matchedText(matched []ruleResult) string {
+	parts := make([]string, 0, min(len(matched), maxNamedRules))
+	for _, rr := range matched[:min(len(matched), maxNamedRules)] {
+		parts = append(parts, fmt.Sprintf("%q (%s)", rr.rule.Name, rr.rule.Origin))
+	}
+	list := strings.Join(parts, ", ")
+	if more := len(matched) - len(parts); more > 0 {
+		list += fmt.Sprintf(" and %d more", more)
+	}
+	if len(matched) == 1 {
+		return "rule " + list
+	}
+	return "rules " + list
 }
 
 // fallback is the default's identity for a workload no rule selects.

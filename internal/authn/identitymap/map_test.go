@@ -222,3 +222,32 @@ func TestIdentifyFactsFailClosed(t *testing.T) {
 	require.ErrorIs(t, err, ErrFacts)
 	assert.ErrorContains(t, err, "dnsNames[0] {{.PodLabels.app}}")
 }
+
+// Rules whose names merge to more than a certificate carries fail the
+// workload, naming every rule that added to them; each alone is fine.
+func TestIdentifyMergedDNSNamesBound(t *testing.T) {
+	names := func(prefix string, n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("%s%d.{{.Namespace}}.svc", prefix, i)
+		}
+		return out
+	}
+	a := rule("a", istioTmpl, Selector{Namespace: "pay"})
+	a.DNSNames = names("a", MaxDNSNames)
+	b := rule("b", istioTmpl, Selector{ServiceAccount: "api"})
+	b.DNSNames = names("b", 1)
+	got, err := compile(t, "", a).Identify(pod("pay", "api", nil))
+	require.NoError(t, err)
+	assert.Len(t, got.DNSNames, MaxIdentityDNSNames, "one rule at its maximum fits")
+
+	_, err = compile(t, "", a, b).Identify(pod("pay", "api", nil))
+	require.ErrorIs(t, err, ErrFacts)
+	assert.ErrorContains(t, err, fmt.Sprintf(`rules "a" (test:a), "b" (test:b) give pod pay/p-1 (service account "api") %d DNS names, more than the %d`, MaxIdentityDNSNames+1, MaxIdentityDNSNames))
+
+	// Names the rules share count once.
+	b.DNSNames = []string{"a0.{{.Namespace}}.svc"}
+	got, err = compile(t, "", a, b).Identify(pod("pay", "api", nil))
+	require.NoError(t, err)
+	assert.Len(t, got.DNSNames, MaxIdentityDNSNames)
+}

@@ -46,6 +46,13 @@ const (
 	DefaultMaxTTL = 24 * time.Hour
 	// MaxDNSNames caps the DNS name templates of one rule.
 	MaxDNSNames = 32
+	// MaxIdentityDNSNames caps the DNS names of one Identity, every
+	// matching rule's merged: they all go in one certificate, whose
+	// signer bounds its names (package ca keeps room for these and the
+	// server's --workload-dns-name-template name). 32 is one rule at its
+	// maximum: rules that together give a workload more are a mistake,
+	// and a certificate of hundreds of names would cost every handshake.
+	MaxIdentityDNSNames = 32
 )
 
 // Rule gives the workloads it selects a SPIFFE ID, and optionally an

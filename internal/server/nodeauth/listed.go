@@ -133,13 +133,29 @@ func (l *Listed) AuthorizeImpersonation(_ context.Context, caller authn.Identity
 	return fmt.Errorf("%s is not among the identities listed for node agent %s (--ca-node-agent)", target, caller.ID)
 }
 
+// AuthorizeImpersonationNames refuses every DNS name: the identities
+// listed for an agent are bare SPIFFE IDs, and nothing the server knows
+// of a VM vouches for a name.
+func (l *Listed) AuthorizeImpersonationNames(_ context.Context, caller authn.Identity, target spiffeid.ID, dnsNames []string) error {
+	return fmt.Errorf("%w: DNS names %q for %s: the identities of node agent %s, listed with --ca-node-agent, carry no DNS names; "+
+		"drop the dnsNames of the agent's identity map rule for it", ErrNotAuthorized, dnsNames, target, caller.ID)
+}
+
 // Impersonator is what certservice asks (its Impersonator interface).
 type Impersonator interface {
 	AuthorizeImpersonation(ctx context.Context, caller authn.Identity, target spiffeid.ID) error
 }
 
+// NameImpersonator is an Impersonator that may also grant DNS names
+// (certservice's NameImpersonator interface).
+type NameImpersonator interface {
+	AuthorizeImpersonationNames(ctx context.Context, caller authn.Identity, target spiffeid.ID, dnsNames []string) error
+}
+
 // Either decides with listed for a listed node agent and with other (the
-// Kubernetes node authorizer; nil for none) for any other caller.
+// Kubernetes node authorizer; nil for none) for any other caller. What it
+// returns is a NameImpersonator too: DNS names are granted only by an
+// other that is one.
 func Either(listed *Listed, other Impersonator) Impersonator {
 	return either{listed: listed, other: other}
 }
@@ -157,4 +173,17 @@ func (e either) AuthorizeImpersonation(ctx context.Context, caller authn.Identit
 		return fmt.Errorf("%s is not a node agent listed with --ca-node-agent", caller.ID)
 	}
 	return e.other.AuthorizeImpersonation(ctx, caller, target)
+}
+
+// AuthorizeImpersonationNames decides as AuthorizeImpersonation does,
+// refusing names that other cannot judge.
+func (e either) AuthorizeImpersonationNames(ctx context.Context, caller authn.Identity, target spiffeid.ID, dnsNames []string) error {
+	if e.listed != nil && e.listed.Lists(caller.ID) {
+		return e.listed.AuthorizeImpersonationNames(ctx, caller, target, dnsNames)
+	}
+	n, ok := e.other.(NameImpersonator)
+	if !ok {
+		return fmt.Errorf("%s is not a node agent listed with --ca-node-agent, and no node authorizer grants DNS names", caller.ID)
+	}
+	return n.AuthorizeImpersonationNames(ctx, caller, target, dnsNames)
 }

@@ -80,3 +80,35 @@ func TestEither(t *testing.T) {
 	assert.ErrorIs(t, Either(l, answer{refuse}).AuthorizeImpersonation(t.Context(), pod, db), refuse)
 	assert.ErrorContains(t, Either(l, nil).AuthorizeImpersonation(t.Context(), pod, db), "not a node agent listed")
 }
+
+// nameAnswer is an answer that also judges DNS names.
+type nameAnswer struct {
+	answer
+	namesErr error
+}
+
+func (a nameAnswer) AuthorizeImpersonationNames(context.Context, authn.Identity, spiffeid.ID, []string) error {
+	return a.namesErr
+}
+
+// DNS names: never for a listed agent, even one whose ID is listed;
+// for anyone else, only from another authorizer that judges names.
+func TestEitherNames(t *testing.T) {
+	l, err := ParseListed(listedTD, []string{"spiffe://example.org/vm/a=spiffe://example.org/vm/a/app"})
+	require.NoError(t, err)
+	agent := authn.Identity{ID: spiffeid.RequireFromString("spiffe://example.org/vm/a")}
+	pod := authn.Identity{ID: spiffeid.RequireFromString("spiffe://example.org/ns/istio-system/sa/ztunnel")}
+	app := spiffeid.RequireFromString("spiffe://example.org/vm/a/app")
+	names := []string{"app.vm.internal"}
+
+	grantAll := Either(l, nameAnswer{}).(NameImpersonator)
+	require.NoError(t, Either(l, nameAnswer{}).AuthorizeImpersonation(t.Context(), agent, app), "the ID alone is listed")
+	err = grantAll.AuthorizeImpersonationNames(t.Context(), agent, app, names)
+	require.ErrorIs(t, err, ErrNotAuthorized, "the list, not the other authorizer")
+	assert.ErrorContains(t, err, "listed with --ca-node-agent, carry no DNS names")
+	assert.NoError(t, grantAll.AuthorizeImpersonationNames(t.Context(), pod, app, names), "the other authorizer decides for the rest")
+	refuse := errors.New("not these names")
+	assert.ErrorIs(t, Either(l, nameAnswer{namesErr: refuse}).(NameImpersonator).AuthorizeImpersonationNames(t.Context(), pod, app, names), refuse)
+	assert.ErrorContains(t, Either(l, answer{}).(NameImpersonator).AuthorizeImpersonationNames(t.Context(), pod, app, names), "no node authorizer grants DNS names")
+	assert.ErrorContains(t, Either(l, nil).(NameImpersonator).AuthorizeImpersonationNames(t.Context(), pod, app, names), "no node authorizer grants DNS names")
+}

@@ -136,3 +136,62 @@ func TestTrimPodKeepsLabels(t *testing.T) {
 	assert.Nil(t, tp.Annotations)
 	assert.Nil(t, tp.Spec.Containers)
 }
+
+// Two pods of one service account on the node get one ID but each its own
+// DNS name: a request may carry exactly the names of one of them, never a
+// mix, a part or more of them, and names on another node do not count.
+func TestAuthorizeImpersonationNames(t *testing.T) {
+	podNames := identitymap.Rule{Name: "pod-names", Origin: "test", SPIFFEID: "spiffe://{{.TrustDomain}}/ns/{{.Namespace}}/sa/{{.ServiceAccount}}",
+		DNSNames:  []string{"{{.PodName}}.{{.Namespace}}.svc"},
+		Workloads: []identitymap.Selector{{Namespace: "shop", ServiceAccount: "web"}}}
+	a, _ := startAuthorizer(t, Config{IdentityMap: mapCell(t, identitymap.DefaultIstio, podNames)},
+		pod("istio-system", "ztunnel-a", "uid-za", "ztunnel", "node-a", corev1.PodRunning),
+		pod("shop", "web-1", "uid-w1", "web", "node-a", corev1.PodRunning),
+		pod("shop", "web-2", "uid-w2", "web", "node-a", corev1.PodRunning),
+		pod("shop", "web-3", "uid-w3", "web", "node-b", corev1.PodRunning),
+		pod("shop", "api-1", "uid-a1", "api", "node-a", corev1.PodRunning),
+	)
+	zt := ztunnel("ztunnel-a", "uid-za")
+	web := id("shop", "web")
+	for _, tt := range []struct {
+		name   string
+		target spiffeid.ID
+		names  []string
+		msg    string // "" grants
+	}{
+		{"the names of one pod", web, []string{"web-1.shop.svc"}, ""},
+		{"the names of the other", web, []string{"web-2.shop.svc"}, ""},
+		{"the mix of both", web, []string{"web-1.shop.svc", "web-2.shop.svc"}, "2 of them get that ID with other names"},
+		{"a name the map gives no pod", web, []string{"db.shop.svc"}, "with exactly the DNS names"},
+		{"a superset", web, []string{"web-1.shop.svc", "x.shop.svc"}, "with exactly the DNS names"},
+		{"none, where the pods have some", web, nil, "with exactly the DNS names"},
+		{"a pod's names on another node", web, []string{"web-3.shop.svc"}, "with exactly the DNS names"},
+		{"another ID with a pod's names", id("shop", "api"), []string{"web-1.shop.svc"}, "to none of the 4 running pods on node node-a"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := a.AuthorizeImpersonationNames(t.Context(), zt, tt.target, tt.names)
+			if tt.msg == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrNotAuthorized)
+			assert.ErrorContains(t, err, tt.msg)
+		})
+	}
+	// The names of a pod the map gives none: exactly none.
+	require.NoError(t, a.AuthorizeImpersonationNames(t.Context(), zt, id("shop", "api"), nil))
+	// The ID alone is still decided as before, whatever the names.
+	require.NoError(t, a.AuthorizeImpersonation(t.Context(), zt, web))
+	// Still only node accounts.
+	caller := authn.Identity{ID: web, Method: authn.MethodKubernetesJWT, Pod: authn.PodRef{Namespace: "shop", Name: "web-1", UID: "uid-w1"}}
+	assert.ErrorContains(t, a.AuthorizeImpersonationNames(t.Context(), caller, web, []string{"web-1.shop.svc"}), "not a trusted node account")
+}
+
+// Without an identity map no DNS name is granted: the Istio form has
+// none, and the error says how to get them.
+func TestAuthorizeImpersonationNamesWithoutIdentityMap(t *testing.T) {
+	a, _ := startAuthorizer(t, Config{}, mapPods...)
+	err := a.AuthorizeImpersonationNames(t.Context(), ztunnel("ztunnel-a", "uid-za"), id("shop", "web"), []string{"web.shop.svc"})
+	require.ErrorIs(t, err, ErrNotAuthorized)
+	assert.ErrorContains(t, err, "this server has no identity map (--identity-map)")
+}

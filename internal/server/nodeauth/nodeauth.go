@@ -190,7 +190,7 @@ func (a *Authorizer) AuthorizeImpersonation(_ context.Context, caller authn.Iden
 		return err
 	}
 	if a.idmap != nil {
-		return a.mapped(caller, node, target)
+		return a.mapped(caller, node, grant{id: target})
 	}
 	ns, sa, err := a.workload(target)
 	if err != nil {
@@ -205,6 +205,26 @@ func (a *Authorizer) AuthorizeImpersonation(_ context.Context, caller authn.Iden
 			ErrNotAuthorized, ns, sa, node, caller.ID)
 	}
 	return nil
+}
+
+// AuthorizeImpersonationNames returns nil when caller may have a
+// certificate for target carrying exactly dnsNames (sorted, each once):
+// some running pod on the caller's node must get from the identity map
+// both target and exactly those names, the names of one pod, never a mix
+// of several pods' names. Without an identity map no names are granted:
+// the Istio form gives a workload none (the server's
+// --workload-dns-name-template adds its own). Refusals are those of
+// AuthorizeImpersonation.
+func (a *Authorizer) AuthorizeImpersonationNames(_ context.Context, caller authn.Identity, target spiffeid.ID, dnsNames []string) error {
+	node, err := a.callerNode(caller)
+	if err != nil {
+		return err
+	}
+	if a.idmap == nil {
+		return fmt.Errorf("nodeauth: %w: DNS names %q for %s: this server has no identity map (--identity-map), and without one a workload gets no DNS names "+
+			"from its node agent; give the server the agent's identity map, or drop the rule's dnsNames", ErrNotAuthorized, dnsNames, target)
+	}
+	return a.mapped(caller, node, grant{id: target, dnsNames: dnsNames, withNames: true})
 }
 
 // callerNode checks the caller is a trusted node proxy authenticated by a
