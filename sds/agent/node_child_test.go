@@ -73,6 +73,7 @@ type childLine struct {
 	Code     string              `json:"code,omitempty"`
 	Msg      string              `json:"msg,omitempty"`
 	ID       string              `json:"id,omitempty"`
+	DNSNames []string            `json:"dnsNames,omitempty"` // the X509-SVID's
 	Verified bool                `json:"verified,omitempty"` // the SVID verifies against the bundles given with it
 	Roots    map[string][]string `json:"roots,omitempty"`
 }
@@ -186,6 +187,7 @@ func childX509(ctx context.Context, socket string) childLine {
 		return l.refused(fmt.Errorf("%d SVIDs, want 1", len(x.SVIDs)))
 	}
 	l.ID = x.SVIDs[0].ID.String()
+	l.DNSNames = x.SVIDs[0].Certificates[0].DNSNames
 	_, _, err = x509svid.Verify(x.SVIDs[0].Certificates, x.Bundles)
 	l.Verified = err == nil
 	l.Roots = map[string][]string{}

@@ -85,6 +85,19 @@ type realNode struct {
 	sds    string // the SDS socket
 	wl     string // the Workload API socket
 	done   <-chan error
+
+	// idmap is the identity map of the agent and the server alike: the
+	// default (Istio's form) unless startRealNodeWith gave rules.
+	idmap *identitymap.Map
+	// web2 is a second pod of web's service account on node A, made
+	// when startRealNodeWith asked for it.
+	web2 workloadPod
+}
+
+// realNodeOptions change the fixture startRealNodeWith builds.
+type realNodeOptions struct {
+	rules []identitymap.Rule // the identity map's, of agent and server
+	web2  bool               // a second pod of web's service account on node A
 }
 
 // workloadPod is a pod with one container, whose ID its status carries.
@@ -98,6 +111,12 @@ type workloadPod struct {
 // set, is the agent's clock.
 func startRealNode(t *testing.T, clk *clocktesting.FakeClock) *realNode {
 	t.Helper()
+	return startRealNodeWith(t, clk, realNodeOptions{})
+}
+
+// startRealNodeWith is startRealNode with opts.
+func startRealNodeWith(t *testing.T, clk *clocktesting.FakeClock, opts realNodeOptions) *realNode {
+	t.Helper()
 	f := &realNode{env: kubetest.Shared(t), nodeA: "node-a-" + randomHex(t, 4), nodeB: "node-b-" + randomHex(t, 4),
 		fed: &federation{changed: make(chan struct{})}, b: testca.New(t, tdB.Name()), c: testca.New(t, tdC.Name())}
 	f.ns = f.env.Namespace(t)
@@ -109,6 +128,12 @@ func startRealNode(t *testing.T, clk *clocktesting.FakeClock) *realNode {
 	f.web = f.createPod(t, "web-a", "web", f.nodeA)
 	f.api = f.createPod(t, "api-a", "api", f.nodeA)
 	f.db = f.createPod(t, "db-b", "db", f.nodeB)
+	if opts.web2 {
+		f.web2 = f.createPod(t, "web-a2", "web", f.nodeA)
+	}
+	var err error
+	f.idmap, err = identitymap.Compile(identitymap.Config{TrustDomain: tdA}, opts.rules)
+	require.NoError(t, err)
 	f.policy = trustpolicy.NewCell(f.trustPolicy(t, map[spiffeid.ID][]string{f.web.id: {tdB.Name()}, f.api.id: {tdC.Name()}}))
 	f.startServer(t)
 	f.startAgent(t, clk)
@@ -162,7 +187,11 @@ func (f *realNode) startServer(t *testing.T) {
 		IssuerKeys: authn.RESTFetch(client.Discovery().RESTClient()), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	startServing(t, tr.Run)
-	na, err := nodeauth.New(nodeauth.Config{Client: client, TrustDomain: tdA, TrustedNodeAccounts: []string{f.ns + "/" + agentAccount}})
+	cfg := nodeauth.Config{Client: client, TrustDomain: tdA, TrustedNodeAccounts: []string{f.ns + "/" + agentAccount}}
+	if len(f.idmap.Rules()) > 0 {
+		cfg.IdentityMap = identitymap.NewCell(f.idmap) // the server's --identity-map: the agent's rules
+	}
+	na, err := nodeauth.New(cfg)
 	require.NoError(t, err)
 	startServing(t, na.Run)
 	f.na = na
@@ -200,9 +229,7 @@ func (f *realNode) startAgent(t *testing.T, clk *clocktesting.FakeClock) {
 	require.NoError(t, err)
 	attestor, err := attest.New(attest.Config{Pods: f.pods, Registerer: f.reg})
 	require.NoError(t, err)
-	m, err := identitymap.Compile(identitymap.Config{TrustDomain: tdA}, nil) // the default: Istio's form for pods
-	require.NoError(t, err)
-	require.Equal(t, identitymap.DefaultIstio, m.Default())
+	require.Equal(t, identitymap.DefaultIstio, f.idmap.Default())
 	f.sds, f.wl = filepath.Join(dir, "node.sock"), filepath.Join(dir, "api.sock")
 	cfg := Config{
 		SocketPath:        f.sds,
@@ -210,7 +237,7 @@ func (f *realNode) startAgent(t *testing.T, clk *clocktesting.FakeClock) {
 		CredentialsDir:    filepath.Join(dir, "creds"),
 		Rotator: &RotatorConfig{CAAddr: f.cs.addr, Roots: f.cs.authority.Bundle().X509Authorities(), ServerID: serverID,
 			TokenFile: token, GraceRatio: 0.5},
-		Node: &NodeConfig{Attestor: attestor, Map: identitymap.NewCell(m), NodeName: f.nodeA,
+		Node: &NodeConfig{Attestor: attestor, Map: identitymap.NewCell(f.idmap), NodeName: f.nodeA,
 			Runners: []func(context.Context) error{f.pods.Run}},
 		RootCA:     sds.RootCASPIFFE, // trustbridge agent --node's default
 		Registerer: f.reg,
@@ -737,4 +764,41 @@ func TestNodeRealPidReuse(t *testing.T) {
 	assert.Contains(t, status.Convert(err).Message(), "exited or was replaced")
 	t.Logf("the handed-off connection is told: %s", status.Convert(err).Message())
 	reuser.stop(t)
+}
+
+// A rule's DNS names reach the workload's certificate, end to end: the
+// agent asks for the names the map gives each pod, the server (the same
+// rules as its --identity-map) grants exactly those its map gives a pod of
+// the node. Two pods of one service account get one SPIFFE ID and each its
+// own name, never the other's.
+func TestNodeRealDNSNames(t *testing.T) {
+	h := cgrouptest.V2()
+	h.Require(t)
+	rules := []identitymap.Rule{{
+		Name:      "web-by-pod",
+		Workloads: []identitymap.Selector{{ServiceAccount: "web", Kubernetes: true}},
+		SPIFFEID:  "spiffe://{{.TrustDomain}}/ns/{{.Namespace}}/sa/{{.ServiceAccount}}",
+		DNSNames:  []string{"{{.PodName}}.{{.Namespace}}.svc"},
+	}}
+	f := startRealNodeWith(t, nil, realNodeOptions{rules: rules, web2: true})
+	f.waitPods(t, f.web2)
+
+	one, two := f.startChild(t, cgroupOf(t, h, f.web)), f.startChild(t, cgroupOf(t, h, f.web2))
+	a, b := one.ask(t, cmdX509), two.ask(t, cmdX509)
+	require.Empty(t, a.Code, "web-a: %s", a.Msg)
+	require.Empty(t, b.Code, "web-a2: %s", b.Msg)
+	assert.Equal(t, f.web.id.String(), a.ID)
+	assert.Equal(t, a.ID, b.ID, "one service account, one SPIFFE ID")
+	assert.Equal(t, []string{"web-a." + f.ns + ".svc"}, a.DNSNames)
+	assert.Equal(t, []string{"web-a2." + f.ns + ".svc"}, b.DNSNames, "its own name, not the other pod's")
+	assert.True(t, a.Verified && b.Verified)
+	assert.Equal(t, 2.0, f.identities(t), "two certificates of one ID")
+
+	// api's pod, which no rule selects, gets the default (Istio's form)
+	// and no name.
+	api := f.startChild(t, cgroupOf(t, h, f.api))
+	c := api.ask(t, cmdX509)
+	require.Empty(t, c.Code, "api: %s", c.Msg)
+	assert.Equal(t, f.api.id.String(), c.ID)
+	assert.Empty(t, c.DNSNames)
 }
