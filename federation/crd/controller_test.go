@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	clocktesting "k8s.io/utils/clock/testing"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
@@ -34,22 +33,11 @@ import (
 // shared API server is stopped.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(kubetest.Tests(m)) }
 
-var installOnce sync.Once
-
 // env is the shared API server with the CRD from deploy/base installed.
 func env(t *testing.T) (*kubetest.Env, dynamic.Interface) {
 	t.Helper()
 	e := kubetest.Shared(t)
-	var err error
-	installOnce.Do(func() {
-		_, err = envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{
-			Paths: []string{filepath.Join("..", "..", "deploy", "base", "crd.yaml")}, ErrorIfPathMissing: true,
-		})
-	})
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(e.Config)
-	require.NoError(t, err)
-	return e, dyn
+	return e, e.InstallCRD(t, filepath.Join("..", "..", "deploy", "base", "crd.yaml"))
 }
 
 // fixture runs a controller over the resources of one class.

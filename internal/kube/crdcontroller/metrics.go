@@ -15,8 +15,11 @@ type Metrics struct {
 	SyncErrors prometheus.Counter
 }
 
-// Register registers m with reg.
+// Register registers m with reg; nil registers nowhere.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
 	for _, c := range []prometheus.Collector{m.Resources, m.StatusWrites, m.SyncErrors} {
 		if err := reg.Register(c); err != nil {
 			return err

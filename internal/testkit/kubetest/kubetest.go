@@ -22,6 +22,11 @@
 // by hand, nothing is garbage collected, and deleted namespaces stay
 // Terminating. A test that needs Kubernetes' built-in CSR signers starts
 // one running only its CSR signing controller (Env.CSRSigner).
+//
+// The tests of a custom resource's controller share crd.go: the CRD
+// installed once (Env.InstallCRD), resources from YAML, a wait for a
+// resource's Ready condition, and, for unit tests that drive a sync by
+// hand, a fake dynamic client and a Lister on it.
 package kubetest
 
 import (
@@ -63,6 +68,9 @@ type Env struct {
 	Config *rest.Config
 	// Client is built from Config.
 	Client kubernetes.Interface
+
+	mu   sync.Mutex
+	crds map[string]error // InstallCRD's, by path
 }
 
 var shared struct {

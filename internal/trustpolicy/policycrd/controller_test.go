@@ -20,11 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -50,7 +50,7 @@ func newUnit(t testing.TB) *unit {
 	t.Helper()
 	u := &unit{
 		t:   t,
-		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{GVR: Kind + "List"}),
+		dyn: kubetest.FakeDynamic(GVR, Kind+"List"),
 		reg: prometheus.NewRegistry(), recorder: events.NewFakeRecorder(100), clock: clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0)),
 		matched: map[string][]string{}, conflict: map[string][]string{}, leader: true,
 	}
@@ -88,25 +88,9 @@ func newUnit(t testing.TB) *unit {
 	return u
 }
 
-// dynLister lists through the fake client, so that each sync sees the
-// statuses the previous one wrote.
-type dynLister struct{ u *unit }
-
-func (l dynLister) List(labels.Selector) ([]runtime.Object, error) {
-	list, err := l.u.dyn.Resource(GVR).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]runtime.Object, len(list.Items))
-	for i := range list.Items {
-		out[i] = &list.Items[i]
-	}
-	return out, nil
-}
-
 func (u *unit) sync() error {
 	u.t.Helper()
-	return u.c.sync(context.Background(), dynLister{u}, u.recorder)
+	return u.c.rules.Sync(context.Background(), kubetest.Lister{Res: u.dyn.Resource(GVR)}, u.recorder)
 }
 
 func (u *unit) mustSync() {
@@ -171,18 +155,7 @@ func (u *unit) lastApplied() []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	require.NotEmpty(u.t, u.applies, "nothing applied")
-	var out []string
-	for _, r := range u.applies[len(u.applies)-1] {
-		if r.GovernOnly {
-			continue // the stand-in of an invalid resource: TestSyncInvalidStillGoverns
-		}
-		var tds []string
-		for _, g := range r.TrustDomains {
-			tds = append(tds, g.TrustDomain)
-		}
-		out = append(out, strings.TrimPrefix(r.Name, RuleNamePrefix)+"="+strings.Join(tds, ","))
-	}
-	return out
+	return ruleList(u.applies[len(u.applies)-1]).names()
 }
 
 func (u *unit) applyCount() int {
@@ -497,14 +470,14 @@ func BenchmarkSyncUnchanged(b *testing.B) {
 	if err := u.sync(); err != nil {
 		b.Fatal(err)
 	}
-	objs, err := dynLister{u}.List(nil)
+	objs, err := kubetest.Lister{Res: u.dyn.Resource(GVR)}.List(nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	writes, applies := testutil.ToFloat64(u.c.metrics.StatusWrites), u.applyCount()
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := u.c.sync(context.Background(), staticLister(objs), u.recorder); err != nil {
+		if err := u.c.rules.Sync(context.Background(), staticLister(objs), u.recorder); err != nil {
 			b.Fatal(err)
 		}
 	}

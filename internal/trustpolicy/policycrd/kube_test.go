@@ -17,10 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	clocktesting "k8s.io/utils/clock/testing"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -33,20 +31,11 @@ func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 
 var crdPath = filepath.Join("..", "..", "..", "deploy", "base", "trustpolicy-crd.yaml")
 
-var installOnce sync.Once
-
 // kubeEnv is the shared API server with deploy/base's CRD installed.
 func kubeEnv(t *testing.T) (*kubetest.Env, dynamic.Interface) {
 	t.Helper()
 	e := kubetest.Shared(t)
-	var err error
-	installOnce.Do(func() {
-		_, err = envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{crdPath}, ErrorIfPathMissing: true})
-	})
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(e.Config)
-	require.NoError(t, err)
-	return e, dyn
+	return e, e.InstallCRD(t, crdPath)
 }
 
 // kube runs a Controller against the real API server.
@@ -109,13 +98,7 @@ func (k *kube) waitApplied(want ...string) {
 // create creates a resource from YAML, deleted when the test ends.
 func (k *kube) create(doc string) error {
 	k.t.Helper()
-	u := &unstructured.Unstructured{}
-	require.NoError(k.t, yamlToObject(doc, &u.Object))
-	_, err := k.dyn.Resource(GVR).Create(context.Background(), u, metav1.CreateOptions{})
-	if err == nil {
-		k.t.Cleanup(func() { _ = k.dyn.Resource(GVR).Delete(context.Background(), u.GetName(), metav1.DeleteOptions{}) })
-	}
-	return err
+	return kubetest.CreateYAML(k.t, k.dyn.Resource(GVR), doc)
 }
 
 func (k *kube) editSpec(name string, edit func(spec map[string]any)) {
@@ -133,17 +116,7 @@ func (k *kube) editSpec(name string, edit func(spec map[string]any)) {
 // with Ready's reason, and returns the resource.
 func (k *kube) waitReady(name, reason string) ClusterTrustPolicy {
 	k.t.Helper()
-	var cr ClusterTrustPolicy
-	require.EventuallyWithT(k.t, func(c *assert.CollectT) {
-		u, err := k.dyn.Resource(GVR).Get(context.Background(), name, metav1.GetOptions{})
-		require.NoError(c, err)
-		require.NoError(c, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &cr))
-		cond := meta.FindStatusCondition(cr.Status.Conditions, ConditionReady)
-		require.NotNil(c, cond)
-		assert.Equal(c, reason, cond.Reason)
-		assert.Equal(c, cr.Generation, cr.Status.ObservedGeneration)
-	}, 30*time.Second, 20*time.Millisecond)
-	return cr
+	return kubetest.WaitReady[ClusterTrustPolicy](k.t, k.dyn.Resource(GVR), name, reason)
 }
 
 func readyMessage(cr ClusterTrustPolicy) string {

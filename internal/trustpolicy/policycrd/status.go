@@ -1,37 +1,22 @@
 package policycrd
 
 import (
-	"context"
-	"fmt"
-	"reflect"
 	"slices"
 	"strings"
-	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
-// status is what r's status should be under verdict v.
+// status is what r's status should be under v.
 func (c *Controller) status(r resource, v verdict) Status {
-	want := Status{ObservedGeneration: r.obj.GetGeneration()}
-	ready, reason, msg := metav1.ConditionTrue, ReasonApplied, ""
-	switch {
-	case v.invalid != "":
-		ready, reason, msg = metav1.ConditionFalse, ReasonInvalid, v.invalid+v.lastGood()
-	case v.conflict != "":
-		ready, reason, msg = metav1.ConditionFalse, ReasonConflict, v.conflict
+	want := Status{ObservedGeneration: r.Obj.GetGeneration()}
+	msg := ""
+	if rule := v.InForce(); rule != nil {
+		c.inForce(&want, *rule)
+		msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
 	}
-	if v.rule != nil && v.conflict == "" && !v.governOnly {
-		c.inForce(&want, *v.rule)
-		if msg == "" {
-			msg = "applied: grants " + strings.Join(want.TrustDomains, ", ")
-		}
-	}
-	crdcontroller.SetCondition(&want.Conditions, r.cr.Status.Conditions, metav1.Condition{Type: ConditionReady, Status: ready, Reason: reason, Message: msg,
-		ObservedGeneration: want.ObservedGeneration}, c.cfg.Clock.Now())
+	want.Conditions = c.rules.Ready(r, v, r.CR.Status.Conditions, msg)
 	return want
 }
 
@@ -49,7 +34,8 @@ func (c *Controller) inForce(s *Status, rule trustpolicy.Rule) {
 	}
 }
 
-// capStrings keeps the first n of ss, each at most size bytes.
+// capStrings keeps the first n of ss, each at most size bytes; none is
+// nil, as a stored status decodes it (crdcontroller.RuleSetConfig.Status).
 func capStrings(ss []string, n, size int) []string {
 	if len(ss) == 0 {
 		return nil
@@ -59,43 +45,4 @@ func capStrings(ss []string, n, size int) []string {
 		out[i] = crdcontroller.Truncate(out[i], size)
 	}
 	return out
-}
-
-// writeStatus updates r's status when it differs from what it should be,
-// so that a periodic sync with nothing new writes nothing.
-func (c *Controller) writeStatus(ctx context.Context, r resource, v verdict) error {
-	want := c.status(r, v)
-	if reflect.DeepEqual(normalize(r.cr.Status), normalize(want)) {
-		return nil
-	}
-	written, err := crdcontroller.UpdateStatus(ctx, c.cfg.Dynamic.Resource(GVR), r.obj, &want)
-	if err != nil {
-		return fmt.Errorf("status of ClusterTrustPolicy %s: %w", r.obj.GetName(), err)
-	}
-	if written {
-		c.metrics.StatusWrites.Inc()
-	}
-	return nil
-}
-
-// normalize makes two statuses comparable after a round trip through the
-// API server (UTC seconds, nil vs empty slices).
-func normalize(s Status) Status {
-	s.Conditions = slices.Clone(s.Conditions)
-	for i := range s.Conditions {
-		s.Conditions[i].LastTransitionTime = metav1.NewTime(s.Conditions[i].LastTransitionTime.UTC().Truncate(time.Second))
-	}
-	if len(s.Conditions) == 0 {
-		s.Conditions = nil
-	}
-	if len(s.TrustDomains) == 0 {
-		s.TrustDomains = nil
-	}
-	if len(s.Conflicts) == 0 {
-		s.Conflicts = nil
-	}
-	if m := s.MatchedWorkloads; m != nil && len(m.Recent) == 0 {
-		s.MatchedWorkloads = &MatchedWorkloads{Count: m.Count}
-	}
-	return s
 }

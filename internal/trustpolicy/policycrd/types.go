@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -89,12 +90,19 @@ type MatchedWorkloads struct {
 
 // Condition type and reasons.
 const (
-	ConditionReady = "Ready"
+	ConditionReady = crdcontroller.ConditionReady
 
 	ReasonApplied  = "Applied"
-	ReasonInvalid  = "Invalid"
+	ReasonInvalid  = crdcontroller.ReasonInvalid
 	ReasonConflict = "Conflict"
 )
+
+// words are how statuses, events and the resources metric name the
+// outcomes.
+var words = crdcontroller.Words{
+	InForce: ReasonApplied, NotInForce: ReasonConflict, NotInForceNote: "not applied", Kept: "stays applied",
+	StandinKept: "; no valid generation to keep: it grants nothing, and the trust domains it names stay withheld from every workload no other rule grants them to",
+}
 
 // OriginPrefix starts the Origin of every rule a resource makes.
 const OriginPrefix = "crd:"

@@ -13,38 +13,18 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
-
-// fakeLister lists through the fake client.
-type fakeLister struct {
-	dyn *dynamicfake.FakeDynamicClient
-}
-
-func (l fakeLister) List(labels.Selector) ([]runtime.Object, error) {
-	list, err := l.dyn.Resource(GVR).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]runtime.Object, len(list.Items))
-	for i := range list.Items {
-		out[i] = &list.Items[i]
-	}
-	return out, nil
-}
 
 // A node agent's controller (IsLeader false) applies the resources but
 // writes no status and records no event: the agent may only read.
 func TestSyncFollowerWritesNothing(t *testing.T) {
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{GVR: Kind + "List"})
+	dyn := kubetest.FakeDynamic(GVR, Kind+"List")
 	for name, spec := range map[string]map[string]any{
 		"good": {"workloads": []any{map[string]any{"namespace": "pay"}}, "spiffeID": "spiffe://{{.TrustDomain}}/pay"},
 		"bad":  {"workloads": []any{map[string]any{"namespace": "web"}}, "spiffeID": "spiffe://other.org/web"},
@@ -61,7 +41,7 @@ func TestSyncFollowerWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	recorder := events.NewFakeRecorder(10)
 	dyn.ClearActions()
-	require.NoError(t, c.sync(context.Background(), fakeLister{dyn}, recorder))
+	require.NoError(t, c.rules.Sync(context.Background(), kubetest.Lister{Res: dyn.Resource(GVR)}, recorder))
 	<-c.Synced()
 	require.Len(t, comb.Map().Rules(), 1)
 	assert.Equal(t, "good", comb.Map().Rules()[0].Name)
@@ -81,7 +61,7 @@ func TestNewRequires(t *testing.T) {
 // WatchSync warns once the resources have not been read in time, says
 // when they are, and returns only when its context ends.
 func TestWatchSync(t *testing.T) {
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{GVR: Kind + "List"})
+	dyn := kubetest.FakeDynamic(GVR, Kind+"List")
 	comb, err := identitymap.NewCombiner(identitymap.Config{TrustDomain: local}, identitymap.NewCell(nil))
 	require.NoError(t, err)
 	clk := clocktesting.NewFakeClock(time.Now())
@@ -97,7 +77,7 @@ func TestWatchSync(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(logs.String(), "resources not read yet: nothing is granted until they are")
 	}, 10*time.Second, time.Millisecond)
-	require.NoError(t, c.sync(context.Background(), fakeLister{dyn}, nil))
+	require.NoError(t, c.rules.Sync(context.Background(), kubetest.Lister{Res: dyn.Resource(GVR)}, nil))
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "resources read: the identity map is complete") }, 10*time.Second, time.Millisecond)
 	select {
 	case <-done:

@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,11 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	clocktesting "k8s.io/utils/clock/testing"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -31,23 +26,9 @@ import (
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 
 var (
-	crdPath     = filepath.Join("..", "..", "..", "..", "deploy", "base", "identitymapping-crd.yaml")
-	local       = spiffeid.RequireTrustDomainFromString("example.org")
-	installOnce sync.Once
+	crdPath = filepath.Join("..", "..", "..", "..", "deploy", "base", "identitymapping-crd.yaml")
+	local   = spiffeid.RequireTrustDomainFromString("example.org")
 )
-
-func kubeEnv(t *testing.T) (*kubetest.Env, dynamic.Interface) {
-	t.Helper()
-	e := kubetest.Shared(t)
-	var err error
-	installOnce.Do(func() {
-		_, err = envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{Paths: []string{crdPath}, ErrorIfPathMissing: true})
-	})
-	require.NoError(t, err)
-	dyn, err := dynamic.NewForConfig(e.Config)
-	require.NoError(t, err)
-	return e, dyn
-}
 
 // kube runs a Controller feeding a real Combiner against the API server.
 type kube struct {
@@ -60,7 +41,8 @@ type kube struct {
 
 func newKube(t *testing.T) *kube {
 	t.Helper()
-	e, dyn := kubeEnv(t)
+	e := kubetest.Shared(t)
+	dyn := e.InstallCRD(t, crdPath)
 	k := &kube{t: t, dyn: dyn, cell: identitymap.NewCell(nil)}
 	cfg := identitymap.Config{TrustDomain: local}
 	var err error
@@ -83,30 +65,14 @@ func newKube(t *testing.T) *kube {
 
 func (k *kube) create(doc string) error {
 	k.t.Helper()
-	u := &unstructured.Unstructured{}
-	require.NoError(k.t, yaml.Unmarshal([]byte(strings.TrimSpace(doc)), &u.Object))
-	_, err := k.dyn.Resource(GVR).Create(context.Background(), u, metav1.CreateOptions{})
-	if err == nil {
-		k.t.Cleanup(func() { _ = k.dyn.Resource(GVR).Delete(context.Background(), u.GetName(), metav1.DeleteOptions{}) })
-	}
-	return err
+	return kubetest.CreateYAML(k.t, k.dyn.Resource(GVR), doc)
 }
 
 // waitReady waits for name's Ready condition to have reason and returns
 // the resource.
 func (k *kube) waitReady(name, reason string) ClusterIdentityMapping {
 	k.t.Helper()
-	var cr ClusterIdentityMapping
-	require.EventuallyWithT(k.t, func(c *assert.CollectT) {
-		u, err := k.dyn.Resource(GVR).Get(context.Background(), name, metav1.GetOptions{})
-		require.NoError(c, err)
-		require.NoError(c, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &cr))
-		cond := meta.FindStatusCondition(cr.Status.Conditions, ConditionReady)
-		require.NotNil(c, cond)
-		assert.Equal(c, reason, cond.Reason, cond.Message)
-		assert.Equal(c, u.GetGeneration(), cr.Status.ObservedGeneration)
-	}, 30*time.Second, 20*time.Millisecond)
-	return cr
+	return kubetest.WaitReady[ClusterIdentityMapping](k.t, k.dyn.Resource(GVR), name, reason)
 }
 
 func readyMessage(cr ClusterIdentityMapping) string {

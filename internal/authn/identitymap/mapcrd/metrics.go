@@ -6,8 +6,8 @@ import (
 	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 )
 
-func newMetrics(reg prometheus.Registerer) (*crdcontroller.Metrics, error) {
-	m := &crdcontroller.Metrics{
+func newMetrics() *crdcontroller.Metrics {
+	return &crdcontroller.Metrics{
 		Resources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trustbridge_identity_map_crd_resources",
 			Help: "ClusterIdentityMapping resources, by outcome (accepted, invalid, invalid_last_valid_applied, refused).",
@@ -21,8 +21,4 @@ func newMetrics(reg prometheus.Registerer) (*crdcontroller.Metrics, error) {
 			Help: "ClusterIdentityMapping syncs that failed (the identity map refused the rules, or a status write failed) and were retried.",
 		}),
 	}
-	if err := m.Register(reg); err != nil {
-		return nil, err
-	}
-	return m, nil
 }

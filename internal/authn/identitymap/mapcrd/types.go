@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/internal/kube/crdcontroller"
 )
 
 // The resource.
@@ -80,16 +81,23 @@ type Status struct {
 
 // Condition type and reasons.
 const (
-	ConditionReady = "Ready"
+	ConditionReady = crdcontroller.ConditionReady
 
 	// ReasonAccepted: the rule is in force.
 	ReasonAccepted = "Accepted"
 	// ReasonInvalid: the spec is refused; the message names the field.
-	ReasonInvalid = "Invalid"
+	ReasonInvalid = crdcontroller.ReasonInvalid
 	// ReasonRefused: the rules together were refused (a name another
 	// source's rule has), so this one is not in force.
 	ReasonRefused = "Refused"
 )
+
+// words are how statuses, events and the resources metric name the
+// outcomes.
+var words = crdcontroller.Words{
+	InForce: ReasonAccepted, NotInForce: ReasonRefused, NotInForceNote: "not in force", Kept: "stays in force",
+	NoneKept: "; no valid generation to keep: the workloads it would select get what the other rules and the default give them",
+}
 
 // OriginPrefix starts the Origin of every rule a resource makes.
 const OriginPrefix = "crd:"
