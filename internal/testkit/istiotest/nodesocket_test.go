@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,8 +29,6 @@ import (
 	istioagent "istio.io/istio/pkg/istio-agent"
 	"istio.io/istio/pkg/security"
 	"istio.io/istio/security/pkg/nodeagent/sds"
-
-	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 const (
@@ -267,31 +264,9 @@ func startTrustbridgeAgent(t *testing.T, bin, dir string, ca agentConfig, extra 
 	t.Helper()
 	args := append([]string{"agent", "--ca-addr", ca.caAddr, "--root-cert", ca.caRootFile(t),
 		"--token-file", ca.jwtFile, "--workload-api-socket", "", "--log-format", "json"}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
-	logs, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	stderr := testlog.JSONLines(t)
-	cmd.Stdout = testlog.JSONLines(t)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Error("trustbridge agent did not stop within 15s of SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("trustbridge agent stderr:\n%s", stderr.String())
-		}
-	})
 	listening := make(chan string, 1)
-	go func() {
-		defer close(exited)
-		sc := bufio.NewScanner(io.TeeReader(logs, stderr))
+	stderr, exited := startProcess(t, "trustbridge agent", bin, dir, args, func(r io.Reader, _ int) {
+		sc := bufio.NewScanner(r)
 		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
 			var rec struct {
@@ -299,12 +274,13 @@ func startTrustbridgeAgent(t *testing.T, bin, dir string, ca agentConfig, extra 
 				Socket string `json:"socket"`
 			}
 			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "SDS listening" {
-				listening <- rec.Socket
+				select {
+				case listening <- rec.Socket:
+				default: // a second socket: the first is the one asked for
+				}
 			}
 		}
-		_, _ = io.Copy(stderr, logs)
-		_ = cmd.Wait()
-	}()
+	})
 	select {
 	case s := <-listening:
 		if !filepath.IsAbs(s) {

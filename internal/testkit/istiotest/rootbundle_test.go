@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,8 +25,6 @@ import (
 	"istio.io/istio/security/pkg/credentialfetcher/plugin"
 	"istio.io/istio/security/pkg/nodeagent/cache"
 	"istio.io/istio/security/pkg/nodeagent/caclient/providers/citadel"
-
-	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 const (
@@ -352,36 +349,10 @@ func startServer(t testing.TB, bin string, args ...string) *server {
 // endpoint's record its URL.
 func startServerIn(t testing.TB, bin, dir string, args ...string) *server {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"server"}, args...)...)
-	cmd.Dir = dir
-	logs, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	// Every line the server writes is a JSON record with unique keys, on
-	// stderr and stdout alike (issue 22: nothing else in JSON mode).
-	stderr := testlog.JSONLines(t)
-	cmd.Stdout = testlog.JSONLines(t)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Error("trustbridge server did not stop within 15s of SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("trustbridge server stderr:\n%s", stderr.String())
-		}
-	})
 	addrs := make(chan *server, 1)
-	go func() {
-		defer close(exited)
-		readStartRecords(io.TeeReader(logs, stderr), &server{pid: cmd.Process.Pid}, addrs)
-		_, _ = io.Copy(stderr, logs)
-		_ = cmd.Wait()
-	}()
+	stderr, exited := startProcess(t, "trustbridge server", bin, dir, append([]string{"server"}, args...), func(r io.Reader, pid int) {
+		readStartRecords(r, &server{pid: pid}, addrs)
+	})
 	select {
 	case s := <-addrs:
 		return s
