@@ -9,17 +9,22 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+	"github.com/trustbridge/trustbridge/sds"
 )
 
 // dnsFetcher is a fakeFetcher that takes IdentityRequests: it issues the
@@ -194,4 +199,78 @@ func TestImpersonationFetcherAsksForDNSNames(t *testing.T) {
 			assert.Equal(t, tt.issued, chain[0].DNSNames)
 		})
 	}
+}
+
+// namingAttestor identifies every caller as id with names, as the
+// identity map would.
+type namingAttestor struct {
+	switchingAttestor
+	names atomic.Pointer[[]string]
+}
+
+func (s *namingAttestor) Identify(context.Context, authn.Request) (identitymap.Identity, error) {
+	return identitymap.Identity{ID: *s.id.Load(), DNSNames: *s.names.Load()}, nil
+}
+
+// A stream attested with DNS names holds the certificate with those
+// names, and the SDS server learns them (authn.Identity.DNSNames); one
+// re-attested with other names (a label changed) ends, as for another
+// ID: never kept on names it no longer has.
+func TestNodeAuthenticatorDNSNamesChanged(t *testing.T) {
+	f := newNodeTrustFixture(t)
+	fetcher := &dnsFetcher{fakeFetcher: newFakeFetcher(t, time.Hour)}
+	cache := newTestCache(t, IdentityCacheConfig{Fetcher: fetcher, Rand: fixedRand(0.5), Companion: f.nt.follow})
+	startServing(t, cache.Run)
+	att := &namingAttestor{}
+	att.id.Store(&webID)
+	a := []string{"a.web.shop.svc"}
+	att.names.Store(&a)
+	n := &nodeAuthenticator{attested: att, cache: cache, trust: f.nt}
+
+	ctx, end := context.WithCancel(t.Context())
+	defer end()
+	type result struct {
+		ident authn.Identity
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ident, err := n.Authenticate(ctx, authn.Request{})
+		done <- result{ident, err}
+	}()
+	f.srv.next(t).send(t, wtrust([]*spiffebundle.Bundle{f.local.Bundle()}, nil))
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, a, r.ident.DNSNames, "the SDS server asks the credential source for these names")
+	assert.Equal(t, a, n.holds.held(ctx).DNSNames())
+
+	b := []string{"b.web.shop.svc"}
+	att.names.Store(&b)
+	_, err := n.Authenticate(ctx, authn.Request{})
+	require.ErrorIs(t, err, authn.ErrNotAttested)
+	assert.ErrorContains(t, err, "now attests as "+webID.String()+" (DNS names b.web.shop.svc), not "+webID.String()+" (DNS names a.web.shop.svc); reconnect")
+	assert.Equal(t, []string{webID.String() + " a.web.shop.svc"}, fetcher.requests(), "the new names are left to the new stream")
+}
+
+// The cache's credential source serves an SDS stream the certificate of
+// its identity's DNS names: the stream of a workload with names never
+// gets the same ID's certificate without them, or with another's.
+func TestCredentialSourceServesTheNames(t *testing.T) {
+	fetcher := &dnsFetcher{fakeFetcher: newFakeFetcher(t, time.Hour)}
+	c := newTestCache(t, IdentityCacheConfig{Fetcher: fetcher})
+	startServing(t, c.Run)
+	src, ok := c.CredentialSource().(sds.IdentityCredentialSource)
+	require.True(t, ok, "the SDS server asks CredentialFor")
+
+	named, endNamed := context.WithCancel(t.Context())
+	defer endNamed()
+	cred, err := src.CredentialFor(named, authn.Identity{ID: webID, DNSNames: []string{"a.web.shop.svc"}})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a.web.shop.svc"}, cred.Chain[0].DNSNames)
+
+	plain, endPlain := context.WithCancel(t.Context())
+	defer endPlain()
+	cred, err = c.CredentialSource().Credential(plain, webID)
+	require.NoError(t, err)
+	assert.Empty(t, cred.Chain[0].DNSNames)
 }
