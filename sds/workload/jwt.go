@@ -28,7 +28,7 @@ const (
 // §6.2): the audience is required, and a spiffe_id other than the
 // caller's is refused, since the workload is entitled to that one only.
 func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDRequest) (*workloadpb.JWTSVIDResponse, error) {
-	if err := checkAudience(req.GetAudience()); err != nil {
+	if err := CheckAudience(req.GetAudience()); err != nil {
 		return nil, err
 	}
 	sel, err := s.selectSource(ctx, "FetchJWTSVID")
@@ -85,12 +85,15 @@ func (s *Server) mint(ctx context.Context, id spiffeid.ID, audience []string) (s
 		return "", status.Errorf(codes.Unavailable, "JWT-SVIDs are not available: %s", s.noJWT)
 	}
 	if err != nil {
-		return "", mintStatus(err)
+		return "", MintStatus(err)
 	}
 	return token, nil
 }
 
-func checkAudience(aud []string) error {
+// CheckAudience refuses, with InvalidArgument, an audience list a
+// JWT-SVID request must not carry: none, too many, an empty or oversized
+// one, or one with a control character.
+func CheckAudience(aud []string) error {
 	switch {
 	case len(aud) == 0:
 		return status.Error(codes.InvalidArgument, "audience must be specified")
@@ -124,10 +127,10 @@ func sameSet(a, b []string) bool {
 	return maps.Equal(in(a), in(b))
 }
 
-// mintStatus maps a minting failure to the status the workload gets: the
+// MintStatus maps a minting failure to the status the workload gets: the
 // upstream's code where it is about the request, Unavailable where it is
 // about reaching or authenticating to the upstream.
-func mintStatus(err error) error {
+func MintStatus(err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
 		return status.Errorf(codes.Unavailable, "minting the JWT-SVID: %v", err)
@@ -151,7 +154,7 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	case req.GetSvid() == "":
 		return nil, status.Error(codes.InvalidArgument, "svid must be specified")
 	}
-	if err := checkAudience([]string{req.GetAudience()}); err != nil {
+	if err := CheckAudience([]string{req.GetAudience()}); err != nil {
 		return nil, err
 	}
 	sel, err := s.selectSource(ctx, "ValidateJWTSVID")

@@ -1,0 +1,287 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	brokerpb "github.com/spiffe/go-spiffe/v2/exp/proto/spiffe/broker"
+	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Reference is a workload named by a broker, parsed and bounded but not
+// yet resolved: the Resolver verifies that it exists on this node and
+// attests it. Exactly one of PID and Pod is set.
+type Reference struct {
+	// PID is a process of this node (> 0).
+	PID int32
+	// Pod is a Pod of this node.
+	Pod *PodReference
+	// Checks are facts a SPIRE Delegated Identity API caller asserted
+	// about the pod beside naming it (k8s:ns, k8s:sa, k8s:pod-label...):
+	// each must hold for the pod as attested, or the reference is refused.
+	Checks []Check
+}
+
+// PodReference names a Pod by UID, by namespace and name, or by both
+// (then the pod found by name must have that UID).
+type PodReference struct {
+	Namespace string
+	Name      string
+	UID       string
+}
+
+// Check is one asserted fact: Kind is a Workload field name
+// ("namespace", "service_account", "pod_name", "pod_uid", "pod_label",
+// "node_name"), Key the label's name for "pod_label", Value what it must
+// be. Selector is the selector it came from, for messages. ("namespace"
+// appears only for a pod named by UID.)
+type Check struct {
+	Kind, Key, Value string
+	Selector         string
+}
+
+// String names the reference in logs and errors.
+func (r Reference) String() string {
+	if r.Pod == nil {
+		return "pid " + strconv.Itoa(int(r.PID))
+	}
+	switch p := r.Pod; {
+	case p.Name != "" && p.UID != "":
+		return fmt.Sprintf("pod %s/%s (uid %s)", p.Namespace, p.Name, p.UID)
+	case p.Name != "":
+		return fmt.Sprintf("pod %s/%s", p.Namespace, p.Name)
+	default:
+		return "pod uid " + p.UID
+	}
+}
+
+// ErrInvalidReference is wrapped by every refusal of a reference's form
+// (InvalidArgument, WORKLOAD_REFERENCE_INVALID).
+var ErrInvalidReference = errors.New("invalid workload reference")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidReference, fmt.Sprintf(format, args...))
+}
+
+// Bounds on what a caller may send; every field of a Kubernetes object
+// key is far shorter.
+const (
+	maxReferenceSize = 4 << 10
+	maxSelectors     = 32
+	maxSelectorSize  = 512
+)
+
+// The type URLs of the Broker API's builtin references.
+var (
+	pidReferenceType = "type.googleapis.com/" + string((&brokerpb.WorkloadPIDReference{}).ProtoReflect().Descriptor().FullName())
+	k8sReferenceType = "type.googleapis.com/" + string((&brokerpb.KubernetesObjectReference{}).ProtoReflect().Descriptor().FullName())
+)
+
+// ParseReference parses a SPIFFE Broker API workload reference: a
+// WorkloadPIDReference, or a KubernetesObjectReference to a Pod (group
+// "core", plural "pods") by UID, namespace and name, or both. Every other
+// type, and every other Kubernetes object, is refused naming what is
+// served (Broker API §3.1.4: InvalidArgument).
+func ParseReference(ref *brokerpb.WorkloadReference) (Reference, error) {
+	a := ref.GetReference()
+	if a == nil {
+		return Reference{}, invalid("the request has no workload reference")
+	}
+	if len(a.GetValue()) > maxReferenceSize {
+		return Reference{}, invalid("the reference is %d bytes; at most %d are accepted", len(a.GetValue()), maxReferenceSize)
+	}
+	switch a.GetTypeUrl() {
+	case pidReferenceType:
+		var pid brokerpb.WorkloadPIDReference
+		if err := unmarshal(a, &pid); err != nil {
+			return Reference{}, err
+		}
+		if pid.GetPid() <= 0 {
+			return Reference{}, invalid("pid %d: a process id must be positive", pid.GetPid())
+		}
+		return Reference{PID: pid.GetPid()}, nil
+	case k8sReferenceType:
+		var k brokerpb.KubernetesObjectReference
+		if err := unmarshal(a, &k); err != nil {
+			return Reference{}, err
+		}
+		return kubernetesReference(&k)
+	}
+	return Reference{}, invalid("reference type %q is not served; send %s or %s (a Pod)", printable(a.GetTypeUrl()), pidReferenceType, k8sReferenceType)
+}
+
+func unmarshal(a *anypb.Any, m proto.Message) error {
+	// Discarding unknown fields would let a reference mean less than its
+	// sender meant (a field of a newer version, say a container name):
+	// refuse it instead.
+	if err := (proto.UnmarshalOptions{}).Unmarshal(a.GetValue(), m); err != nil {
+		return invalid("%s: %v", a.GetTypeUrl(), err)
+	}
+	if len(m.ProtoReflect().GetUnknown()) > 0 {
+		return invalid("%s: fields this server does not know; it would not know what they ask", a.GetTypeUrl())
+	}
+	return nil
+}
+
+// kubernetesReference is k as a Pod reference.
+func kubernetesReference(k *brokerpb.KubernetesObjectReference) (Reference, error) {
+	t := k.GetType()
+	if t.GetPlural() != "pods" || t.GetGroup() != "core" {
+		return Reference{}, invalid("Kubernetes object type %q in group %q is not served: workloads are referenced as Pods (plural \"pods\", group \"core\") or by pid",
+			printable(t.GetPlural()), printable(t.GetGroup()))
+	}
+	if len(k.GetKey().ProtoReflect().GetUnknown())+len(t.ProtoReflect().GetUnknown()) > 0 {
+		return Reference{}, invalid("Kubernetes object reference: fields this server does not know")
+	}
+	p := &PodReference{Namespace: k.GetKey().GetNamespace(), Name: k.GetKey().GetName(), UID: k.GetUid()}
+	if k.GetKey() != nil {
+		if err := checkKey(p.Namespace, p.Name); err != nil {
+			return Reference{}, err
+		}
+	}
+	if p.UID != "" {
+		if err := checkUID(p.UID); err != nil {
+			return Reference{}, err
+		}
+	}
+	if p.Name == "" && p.UID == "" {
+		return Reference{}, invalid("a Pod reference needs its uid, or its key (namespace and name), or both")
+	}
+	return Reference{Pod: p}, nil
+}
+
+// checkKey checks a Pod's namespace and name as Kubernetes would accept
+// them: a namespace is a DNS label, a pod name a DNS subdomain.
+func checkKey(ns, name string) error {
+	if ns == "" || name == "" {
+		return invalid("a Pod's key needs both its namespace and its name (Pods are namespaced), got namespace %q, name %q", printable(ns), printable(name))
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return invalid("namespace %q: %s", printable(ns), errs[0])
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return invalid("pod name %q: %s", printable(name), errs[0])
+	}
+	return nil
+}
+
+// checkUID checks a Kubernetes UID: a UUID in its canonical text form, as
+// the API server assigns them.
+func checkUID(uid string) error {
+	if len(uid) != 36 {
+		return invalid("uid %q: want a UUID as Kubernetes assigns it (36 characters)", printable(uid))
+	}
+	for i, c := range uid {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return invalid("uid %q: want a UUID as Kubernetes assigns it", uid)
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f':
+		default:
+			return invalid("uid %q: want a UUID as Kubernetes assigns it (lower-case hex)", printable(uid))
+		}
+	}
+	return nil
+}
+
+// ParseDelegated parses a SPIRE Delegated Identity API request's
+// workload: a pid, or selectors, never both (as SPIRE requires). The
+// selectors must name a pod of this node (k8s:pod-uid, or k8s:ns with
+// k8s:pod-name); the others are facts the pod must have (k8s:sa,
+// k8s:pod-label, k8s:node-name). A selector that does not map onto what
+// trustbridge attests is refused, naming it: a broker never chooses an
+// identity by asserting facts, it names a pod and the agent attests it.
+func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, error) {
+	switch {
+	case pid != 0 && len(selectors) > 0:
+		return Reference{}, invalid("must provide either selectors or non-zero pid, but not both")
+	case pid < 0:
+		return Reference{}, invalid("pid %d: a process id must be positive", pid)
+	case pid > 0:
+		return Reference{PID: pid}, nil
+	case len(selectors) == 0:
+		return Reference{}, invalid("must provide either selectors or non-zero pid")
+	case len(selectors) > maxSelectors:
+		return Reference{}, invalid("%d selectors; at most %d are accepted", len(selectors), maxSelectors)
+	}
+	p := &PodReference{}
+	var checks []Check
+	for _, s := range selectors {
+		name := s.GetType() + ":" + s.GetValue()
+		if len(name) > maxSelectorSize {
+			return Reference{}, invalid("a selector of %d bytes; at most %d are accepted", len(name), maxSelectorSize)
+		}
+		if s.GetType() != "k8s" {
+			return Reference{}, invalid("selector %q: only k8s selectors are served (k8s:pod-uid, k8s:ns with k8s:pod-name, k8s:sa, k8s:pod-label, k8s:node-name); %s facts are not attested for a referenced workload", printable(name), printable(s.GetType()))
+		}
+		kind, value, _ := strings.Cut(s.GetValue(), ":")
+		var err error
+		switch kind {
+		case "pod-uid":
+			err = set(&p.UID, value, name)
+		case "ns":
+			err = set(&p.Namespace, value, name)
+		case "pod-name":
+			err = set(&p.Name, value, name)
+		case "sa":
+			checks = append(checks, Check{Kind: "service_account", Value: value, Selector: name})
+		case "node-name":
+			checks = append(checks, Check{Kind: "node_name", Value: value, Selector: name})
+		case "pod-label":
+			k, v, ok := strings.Cut(value, ":")
+			if !ok || k == "" {
+				return Reference{}, invalid("selector %q: want k8s:pod-label:<name>:<value>", printable(name))
+			}
+			checks = append(checks, Check{Kind: "pod_label", Key: k, Value: v, Selector: name})
+		default:
+			return Reference{}, invalid("selector %q does not map onto what trustbridge attests: served are k8s:pod-uid, k8s:ns with k8s:pod-name, k8s:sa, k8s:pod-label and k8s:node-name", printable(name))
+		}
+		if err != nil {
+			return Reference{}, err
+		}
+	}
+	if p.Name == "" && p.UID == "" {
+		return Reference{}, invalid("the selectors name no pod: add k8s:pod-uid:<uid>, or k8s:ns:<namespace> with k8s:pod-name:<name>; a broker gets the identities of this node's pods, not of facts it asserts")
+	}
+	if p.Name == "" && p.Namespace != "" {
+		// A pod named by UID: its namespace is a fact to check.
+		checks = append(checks, Check{Kind: "namespace", Value: p.Namespace, Selector: "k8s:ns:" + p.Namespace})
+		p.Namespace = ""
+	}
+	if p.Name != "" {
+		if err := checkKey(p.Namespace, p.Name); err != nil {
+			return Reference{}, err
+		}
+	}
+	if p.UID != "" {
+		if err := checkUID(p.UID); err != nil {
+			return Reference{}, err
+		}
+	}
+	return Reference{Pod: p, Checks: checks}, nil
+}
+
+// set sets *field to v once: two selectors of one kind that disagree name
+// no pod.
+func set(field *string, v, selector string) error {
+	if *field != "" && *field != v {
+		return invalid("selector %q contradicts another selector of its kind", printable(selector))
+	}
+	*field = v
+	return nil
+}
+
+// printable is s cut to 128 bytes, for a message (which quotes it with
+// %q: control characters are escaped there).
+func printable(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
+}

@@ -1,0 +1,344 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	brokerpb "github.com/spiffe/go-spiffe/v2/exp/proto/spiffe/broker"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	delegatedv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/agent/delegatedidentity/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/ratelimit"
+	wapi "github.com/trustbridge/trustbridge/sds/workload"
+)
+
+// Header is the metadata every SPIFFE Broker API call must carry with the
+// value "true" (Broker Endpoint §3, against server-side request forgery).
+const Header = "broker.spiffe.io"
+
+// DefaultRecheckInterval is how often an open stream authorises its
+// broker and resolves its workload again, besides whenever the workload's
+// Gone channel closes: a broker no longer allowed, or a workload whose
+// identity changed, reaches open streams within it.
+const DefaultRecheckInterval = time.Minute
+
+// Refusal sentinels a Node wraps (besides ErrInvalidReference and
+// authn.ErrUnavailable, which answers Unavailable).
+var (
+	// ErrNotFound: the referenced workload is not on this node (NotFound,
+	// WORKLOAD_NOT_FOUND).
+	ErrNotFound = errors.New("workload not found")
+	// ErrNotEntitled: the workload exists but gets no identity
+	// (PermissionDenied, WORKLOAD_NOT_ENTITLED).
+	ErrNotEntitled = errors.New("workload not entitled")
+	// ErrNotBroker: the caller may not broker (PermissionDenied).
+	ErrNotBroker = errors.New("caller is not an authorised broker")
+)
+
+// Node is what the server needs of the node agent.
+type Node interface {
+	// IdentifyCaller attests the caller of the call whose context ctx is.
+	IdentifyCaller(ctx context.Context) (Caller, error)
+	// Resolve verifies that ref names a workload of this node, attests it
+	// and holds its identity: the Workload's Release lets go.
+	Resolve(ctx context.Context, ref Reference) (*Workload, error)
+	// ResolveCaller is Resolve for the caller itself: the SPIRE
+	// Delegated Identity API's bundle streams name no workload and carry
+	// the trust of the broker's own identity.
+	ResolveCaller(ctx context.Context) (*Workload, error)
+}
+
+// Workload is a resolved reference.
+type Workload struct {
+	// ID is the workload's identity, which Source's SVID carries.
+	ID spiffeid.ID
+	// Source is its identity and the bundles it may trust, as the
+	// Workload API serves them. Workloads of one identity should share one
+	// Source.
+	Source wapi.Source
+	// Gone, when non-nil, is closed when the reference must be resolved
+	// again: its process exited, the node's pods changed.
+	Gone <-chan struct{}
+	// Name describes the workload as attested, for logs.
+	Name string
+	// Release lets go of the identity; called once.
+	Release func()
+}
+
+func (w *Workload) release() {
+	if w != nil && w.Release != nil {
+		w.Release()
+		w.Release = nil
+	}
+}
+
+// Config configures a Server.
+type Config struct {
+	// Node attests callers and workloads (required).
+	Node Node
+	// Policy says who may broker (required).
+	Policy *Policy
+	// JWT mints JWT-SVIDs for a workload's identity; nil answers
+	// FetchJWTSVID with Unavailable.
+	JWT wapi.CallerJWTMinter
+	// RecheckInterval: DefaultRecheckInterval when zero.
+	RecheckInterval time.Duration
+	// Clock times rechecks; default the real one.
+	Clock clock.Clock
+	// Logger gets the audit of every call, rate limited; nil discards.
+	Logger *slog.Logger
+	// Registerer gets the trustbridge_broker_* metrics; nil registers
+	// nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Server serves the SPIFFE Broker API and SPIRE's Delegated Identity API
+// for the workloads of one node.
+type Server struct {
+	cfg     Config
+	metrics *metrics
+	audit   *ratelimit.LogLimiter
+	refuse  *ratelimit.LogLimiter
+
+	brokerAPI    brokerAPI
+	delegatedAPI delegatedAPI
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Node == nil:
+		return nil, errors.New("broker: no node to resolve workloads on")
+	case cfg.Policy == nil || len(cfg.Policy.rules) == 0:
+		return nil, errors.New("broker: no broker is allowed: name each one, e.g. --broker-allow sa:istio-system/ztunnel")
+	case cfg.RecheckInterval < 0:
+		return nil, fmt.Errorf("broker: recheck interval %s is negative", cfg.RecheckInterval)
+	}
+	if cfg.RecheckInterval == 0 {
+		cfg.RecheckInterval = DefaultRecheckInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	s := &Server{cfg: cfg, metrics: m, audit: ratelimit.NewDefaultLogLimiter(), refuse: ratelimit.NewDefaultLogLimiter()}
+	s.brokerAPI.s, s.delegatedAPI.s = s, s
+	return s, nil
+}
+
+// Register registers both APIs on gs, which must serve a unix socket with
+// the credentials the Node's IdentifyCaller reads.
+func (s *Server) Register(gs grpc.ServiceRegistrar) {
+	brokerpb.RegisterAPIServer(gs, &s.brokerAPI)
+	delegatedv1.RegisterDelegatedIdentityServer(gs, &s.delegatedAPI)
+}
+
+// The APIs, for metrics and logs.
+const (
+	apiBroker    = "spiffe_broker"
+	apiDelegated = "spire_delegated_identity"
+)
+
+// call is one RPC being served: what it is and whom it is for.
+type call struct {
+	api, method string
+	caller      Caller
+	ref         string
+}
+
+// begin checks the Broker API's header and authorises the caller.
+func (s *Server) begin(ctx context.Context, api, method string) (*call, error) {
+	c := &call{api: api, method: method}
+	if api == apiBroker {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get(Header); len(v) != 1 || v[0] != "true" {
+			return c, status.Errorf(codes.InvalidArgument, "security header missing from request: set metadata %q to \"true\"", Header)
+		}
+	}
+	if err := s.authorize(ctx, c); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// authorize attests c's caller and checks it against the policy.
+func (s *Server) authorize(ctx context.Context, c *call) error {
+	caller, err := s.cfg.Node.IdentifyCaller(ctx)
+	if err != nil {
+		return s.status(ctx, c, fmt.Errorf("%w: the caller could not be attested: %w", ErrNotBroker, err))
+	}
+	c.caller = caller
+	if _, ok := s.cfg.Policy.Allows(caller); !ok {
+		return s.status(ctx, c, fmt.Errorf("%w: %s matches none of the broker rules (%s); an operator allows brokers with --broker-allow", ErrNotBroker, caller, s.cfg.Policy))
+	}
+	return nil
+}
+
+// end counts a call's outcome and logs a refusal; served calls are
+// audited by served.
+func (s *Server) end(ctx context.Context, c *call, w *Workload, err error) {
+	code := status.Code(err)
+	if code == codes.Canceled && ctx.Err() != nil {
+		code = codes.OK // the broker closed its stream
+	}
+	s.metrics.requests.WithLabelValues(c.api, c.method, code.String()).Inc()
+	if code == codes.OK {
+		return
+	}
+	lvl := s.refuse.Level(slog.LevelWarn)
+	if code == codes.Internal {
+		lvl = slog.LevelError
+	}
+	attrs := append(c.attrs(w), "code", code.String(), logattr.Error, status.Convert(err).Message())
+	s.cfg.Logger.Log(ctx, lvl, "broker call refused", attrs...)
+}
+
+// served audits a call served (a stream when it opens): by the broker's
+// identity and the workload's.
+func (s *Server) served(ctx context.Context, c *call, w *Workload) {
+	s.cfg.Logger.Log(ctx, s.audit.Level(slog.LevelInfo), "broker call served", c.attrs(w)...)
+}
+
+func (c *call) attrs(w *Workload) []any {
+	attrs := []any{"api", c.api, "method", c.method, "broker", c.caller.String()}
+	if c.ref != "" {
+		attrs = append(attrs, "reference", c.ref)
+	}
+	if w != nil {
+		attrs = append(attrs, "workload", w.Name, logattr.SPIFFEID, w.ID.String())
+	}
+	return attrs
+}
+
+// status maps a refusal to the call's status with the Broker API's
+// ErrorInfo (§4.8) where one applies.
+func (s *Server) status(ctx context.Context, c *call, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	var code codes.Code
+	reason := ""
+	switch {
+	case errors.Is(err, ErrInvalidReference):
+		code, reason = codes.InvalidArgument, "WORKLOAD_REFERENCE_INVALID"
+	case errors.Is(err, authn.ErrUnavailable):
+		code = codes.Unavailable
+	case errors.Is(err, ErrNotBroker):
+		code = codes.PermissionDenied
+	case errors.Is(err, ErrNotFound):
+		code, reason = codes.NotFound, "WORKLOAD_NOT_FOUND"
+	default:
+		code, reason = codes.PermissionDenied, "WORKLOAD_NOT_ENTITLED"
+	}
+	st := status.New(code, err.Error())
+	if reason != "" && c.api == apiBroker {
+		info := &errdetails.ErrorInfo{Reason: reason, Domain: "spiffe.io"}
+		if c.ref != "" {
+			info.Metadata = map[string]string{"reference": c.ref}
+		}
+		if d, derr := st.WithDetails(info); derr == nil {
+			st = d
+		}
+	}
+	return st.Err()
+}
+
+// resolve resolves ref for c (ref nil: the caller itself).
+func (s *Server) resolve(ctx context.Context, c *call, ref *Reference) (*Workload, error) {
+	var w *Workload
+	var err error
+	if ref == nil {
+		w, err = s.cfg.Node.ResolveCaller(ctx)
+	} else {
+		w, err = s.cfg.Node.Resolve(ctx, *ref)
+	}
+	if err != nil {
+		return nil, s.status(ctx, c, err)
+	}
+	if w == nil || w.Source == nil {
+		w.release()
+		return nil, status.Error(codes.Internal, "broker: the node resolved the workload to nothing")
+	}
+	return w, nil
+}
+
+// builder makes a stream's next message from a workload's State; nil
+// with no error sends nothing.
+type builder func(w *Workload, st *wapi.State) (proto.Message, error)
+
+// stream serves one subscription: the first message at once, then one
+// per change of what it carries, until the broker goes away, its
+// workload is gone or it is no longer allowed to broker.
+func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build builder, send func(proto.Message) error) (err error) {
+	var w *Workload
+	defer func() {
+		s.end(ctx, c, w, err)
+		w.release()
+	}()
+	if w, err = s.resolve(ctx, c, ref); err != nil {
+		return err
+	}
+	g := s.metrics.streams.WithLabelValues(c.api, c.method)
+	g.Inc()
+	defer g.Dec()
+	s.served(ctx, c, w)
+	recheck := s.cfg.Clock.NewTimer(s.cfg.RecheckInterval)
+	defer recheck.Stop()
+	var last proto.Message
+	for {
+		st, changed := w.Source.State()
+		msg, err := build(w, st)
+		if err != nil {
+			return s.status(ctx, c, err)
+		}
+		if msg != nil && (last == nil || !proto.Equal(msg, last)) {
+			if err := send(msg); err != nil {
+				return err
+			}
+			last = msg
+			s.metrics.pushes.WithLabelValues(c.api, c.method).Inc()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			continue
+		case <-w.Gone:
+		case <-recheck.C():
+			recheck.Reset(s.cfg.RecheckInterval)
+		}
+		// Again from the start: the broker must still be allowed, and the
+		// reference must still name a workload with an identity.
+		if err := s.authorize(ctx, c); err != nil {
+			return err
+		}
+		next, err := s.resolve(ctx, c, ref)
+		if err != nil {
+			return err
+		}
+		w.release()
+		w = next
+	}
+}
