@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	brokerpb "github.com/spiffe/go-spiffe/v2/exp/proto/spiffe/broker"
 	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -76,15 +78,27 @@ const (
 	maxSelectorSize  = 512
 )
 
-// The type URLs of the Broker API's builtin references.
+// The type URLs of the Broker API's builtin references, as go-spiffe's
+// protos name them (package spiffe.broker).
 var (
 	pidReferenceType = "type.googleapis.com/" + string((&brokerpb.WorkloadPIDReference{}).ProtoReflect().Descriptor().FullName())
 	k8sReferenceType = "type.googleapis.com/" + string((&brokerpb.KubernetesObjectReference{}).ProtoReflect().Descriptor().FullName())
 )
 
+// The references as SPIRE's broker code and ztunnel's broker client send
+// them (package spiffe.reference, spire-api-sdk's newer protos): the PID
+// reference has the same field, the Kubernetes one a flat layout of its
+// own (spiffeReferenceK8s).
+const (
+	pidReferenceTypeSPIRE = "type.googleapis.com/spiffe.reference.WorkloadPIDReference"
+	k8sReferenceTypeSPIRE = "type.googleapis.com/spiffe.reference.KubernetesObjectReference"
+)
+
 // ParseReference parses a SPIFFE Broker API workload reference: a
 // WorkloadPIDReference, or a KubernetesObjectReference to a Pod (group
-// "core", plural "pods") by UID, namespace and name, or both. Every other
+// "core", plural "pods") by UID, namespace and name, or both; each under
+// the package name spiffe.broker (go-spiffe) or spiffe.reference (SPIRE,
+// ztunnel). Every other
 // type, and every other Kubernetes object, is refused naming what is
 // served (Broker API §3.1.4: InvalidArgument).
 func ParseReference(ref *brokerpb.WorkloadReference) (Reference, error) {
@@ -96,7 +110,7 @@ func ParseReference(ref *brokerpb.WorkloadReference) (Reference, error) {
 		return Reference{}, invalid("the reference is %d bytes; at most %d are accepted", len(a.GetValue()), maxReferenceSize)
 	}
 	switch a.GetTypeUrl() {
-	case pidReferenceType:
+	case pidReferenceType, pidReferenceTypeSPIRE:
 		var pid brokerpb.WorkloadPIDReference
 		if err := unmarshal(a, &pid); err != nil {
 			return Reference{}, err
@@ -111,6 +125,12 @@ func ParseReference(ref *brokerpb.WorkloadReference) (Reference, error) {
 			return Reference{}, err
 		}
 		return kubernetesReference(&k)
+	case k8sReferenceTypeSPIRE:
+		k, err := spiffeReferenceK8s(a.GetValue())
+		if err != nil {
+			return Reference{}, invalid("%s: %v", a.GetTypeUrl(), err)
+		}
+		return kubernetesReference(k)
 	}
 	return Reference{}, invalid("reference type %q is not served; send %s or %s (a Pod)", printable(a.GetTypeUrl()), pidReferenceType, k8sReferenceType)
 }
@@ -284,4 +304,76 @@ func printable(s string) string {
 		return s[:128] + "..."
 	}
 	return s
+}
+
+// spiffeReferenceK8s decodes spiffe.reference.KubernetesObjectReference
+// (resource = 1 {plural = 1, group = 2}, namespace = 2, name = 3,
+// uid = 4), whose generated code no spire-api-sdk this module can use
+// has yet, into go-spiffe's form. Unknown fields are refused, as
+// unmarshal does.
+func spiffeReferenceK8s(b []byte) (*brokerpb.KubernetesObjectReference, error) {
+	k := &brokerpb.KubernetesObjectReference{}
+	var key brokerpb.KubernetesObjectKey
+	err := eachString(b, func(num protowire.Number, v []byte) error {
+		switch num {
+		case 1:
+			k.Type = &brokerpb.KubernetesObjectType{}
+			return eachString(v, func(num protowire.Number, v []byte) error {
+				switch num {
+				case 1:
+					k.Type.Plural = string(v)
+				case 2:
+					k.Type.Group = string(v)
+				default:
+					return fmt.Errorf("resource: unknown field %d", num)
+				}
+				return nil
+			})
+		case 2:
+			key.Namespace = string(v)
+		case 3:
+			key.Name = string(v)
+		case 4:
+			k.Uid = string(v)
+		default:
+			return fmt.Errorf("unknown field %d", num)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if key.Namespace != "" || key.Name != "" {
+		k.Key = &key
+	}
+	for _, f := range []string{k.GetType().GetPlural(), k.GetType().GetGroup(), key.Namespace, key.Name, k.Uid} {
+		if !utf8.ValidString(f) {
+			return nil, errors.New("a string field is not valid UTF-8")
+		}
+	}
+	return k, nil
+}
+
+// eachString calls f with each field of the message b, all of which must
+// be length-delimited (strings and messages).
+func eachString(b []byte, f func(protowire.Number, []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.BytesType {
+			return fmt.Errorf("field %d: wire type %d, want length-delimited", num, typ)
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		if err := f(num, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -21,6 +22,19 @@ func TestParseReference(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, &PodReference{Namespace: "shop", Name: "web-1", UID: webUID}, got.Pod)
 	assert.Equal(t, "pod shop/web-1 (uid "+webUID+")", got.String())
+
+	// As SPIRE and ztunnel send them (package spiffe.reference).
+	b, err := proto.Marshal(&brokerpb.WorkloadPIDReference{Pid: 42})
+	require.NoError(t, err)
+	got, err = ParseReference(&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: pidReferenceTypeSPIRE, Value: b}})
+	require.NoError(t, err)
+	assert.Equal(t, Reference{PID: 42}, got)
+	got, err = ParseReference(spiffeReferencePod(t, "shop", "web-1", webUID))
+	require.NoError(t, err)
+	assert.Equal(t, &PodReference{Namespace: "shop", Name: "web-1", UID: webUID}, got.Pod)
+	got, err = ParseReference(spiffeReferencePod(t, "", "", webUID))
+	require.NoError(t, err)
+	assert.Equal(t, &PodReference{UID: webUID}, got.Pod)
 
 	got, err = ParseReference(podRef(t, "", "", webUID))
 	require.NoError(t, err)
@@ -57,7 +71,12 @@ func TestParseReference(t *testing.T) {
 		"unknown type":        {&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: "type.googleapis.com/acme.Container"}}, `"type.googleapis.com/acme.Container" is not served`},
 		"unknown fields":      {withUnknown(), "fields this server does not know"},
 		"garbage":             {&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: pidReferenceType, Value: []byte{0xff}}}, pidReferenceType},
-		"too large":           {&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: pidReferenceType, Value: make([]byte, maxReferenceSize+1)}}, "at most"},
+		"spiffe.reference unknown field": {&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: k8sReferenceTypeSPIRE,
+			Value: protowire.AppendString(protowire.AppendTag(nil, 9, protowire.BytesType), "x")}}, "unknown field 9"},
+		"spiffe.reference varint": {&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: k8sReferenceTypeSPIRE,
+			Value: protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.VarintType), 1)}}, "want length-delimited"},
+		"spiffe.reference deployment": {spiffeReferenceDeployment(t), "is not served"},
+		"too large":                   {&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: pidReferenceType, Value: make([]byte, maxReferenceSize+1)}}, "at most"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := ParseReference(tc.ref)
@@ -65,6 +84,30 @@ func TestParseReference(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// spiffeReferencePod is a Pod reference as SPIRE's protos encode it:
+// resource = 1 {plural = 1, group = 2}, namespace = 2, name = 3, uid = 4.
+func spiffeReferencePod(t testing.TB, ns, name, uid string) *brokerpb.WorkloadReference {
+	return spiffeReference(t, "pods", "core", ns, name, uid)
+}
+
+func spiffeReferenceDeployment(t testing.TB) *brokerpb.WorkloadReference {
+	return spiffeReference(t, "deployments", "apps", "shop", "web", "")
+}
+
+func spiffeReference(t testing.TB, plural, group, ns, name, uid string) *brokerpb.WorkloadReference {
+	t.Helper()
+	var res []byte
+	res = protowire.AppendString(protowire.AppendTag(res, 1, protowire.BytesType), plural)
+	res = protowire.AppendString(protowire.AppendTag(res, 2, protowire.BytesType), group)
+	b := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), res)
+	for i, v := range []string{ns, name, uid} {
+		if v != "" {
+			b = protowire.AppendString(protowire.AppendTag(b, protowire.Number(i+2), protowire.BytesType), v)
+		}
+	}
+	return &brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: k8sReferenceTypeSPIRE, Value: b}}
 }
 
 func sel(values ...string) []*spiretypes.Selector {
@@ -174,24 +217,30 @@ func FuzzParseReference(f *testing.F) {
 		f.Add(true, b)
 		f.Add(false, b)
 	}
+	f.Add(false, spiffeReferencePod(f, "shop", "web", webUID).GetReference().GetValue())
 	f.Fuzz(func(t *testing.T, pid bool, value []byte) {
-		typ := k8sReferenceType
-		if pid {
-			typ = pidReferenceType
-		}
-		r, err := ParseReference(&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: typ, Value: value}})
-		if err != nil {
-			require.ErrorIs(t, err, ErrInvalidReference)
-			return
-		}
-		switch {
-		case r.Pod == nil:
-			require.Positive(t, r.PID)
-		default:
-			require.Zero(t, r.PID)
-			require.True(t, r.Pod.UID != "" || (r.Pod.Name != "" && r.Pod.Namespace != ""))
+		for _, typ := range []string{pidReferenceType, k8sReferenceType, pidReferenceTypeSPIRE, k8sReferenceTypeSPIRE} {
+			if (typ == pidReferenceType || typ == pidReferenceTypeSPIRE) != pid {
+				continue
+			}
+			checkParsed(t, typ, value)
 		}
 	})
+}
+
+func checkParsed(t *testing.T, typ string, value []byte) {
+	r, err := ParseReference(&brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: typ, Value: value}})
+	if err != nil {
+		require.ErrorIs(t, err, ErrInvalidReference)
+		return
+	}
+	switch {
+	case r.Pod == nil:
+		require.Positive(t, r.PID)
+	default:
+		require.Zero(t, r.PID)
+		require.True(t, r.Pod.UID != "" || (r.Pod.Name != "" && r.Pod.Namespace != ""))
+	}
 }
 
 func FuzzParseDelegated(f *testing.F) {
