@@ -109,6 +109,8 @@ func TestAgentValues(t *testing.T) {
 		"--sds-socket=/run/tb/sockets/socket", "--admin-listen=0.0.0.0:15022", "--log-format=json", "--log-level=debug",
 		"--identity-map=/etc/trustbridge/identity-map/identity-map.yaml", "--identity-map-crd", "--identity-default=none", "--attest-binary",
 		"--max-identities=200", "--ttl=6h",
+		"--broker-socket=/run/tb/broker/broker.sock", "--broker-socket-group=1337",
+		"--broker-allow=sa:istio-system/ztunnel", "--broker-allow=uid:0",
 	}, c["args"])
 	add, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "add")
 	assert.Equal(t, []string{"SYS_PTRACE"}, add, "--attest-binary reads other users' /proc/<pid>/exe")
@@ -128,6 +130,10 @@ func TestAgentValues(t *testing.T) {
 		vols[v["name"].(string)] = v
 	}
 	assert.Equal(t, map[string]any{"path": "/run/tb/sockets", "type": "DirectoryOrCreate"}, vols["sockets"]["hostPath"])
+	assert.Equal(t, map[string]any{"path": "/run/tb/broker", "type": "DirectoryOrCreate"}, vols["broker"]["hostPath"],
+		"the broker socket in a directory of its own, apart from the one every pod may mount")
+	agentMounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+	assert.Contains(t, agentMounts, map[string]any{"name": "broker", "mountPath": "/run/tb/broker"})
 	aud, _, _ := unstructured.NestedSlice(vols["token"], "projected", "sources")
 	assert.Equal(t, "east.example-ca", aud[0].(map[string]any)["serviceAccountToken"].(map[string]any)["audience"], "the server's token-audience")
 	cm, _, _ := unstructured.NestedString(vols["root-cert"], "configMap", "name")
@@ -178,6 +184,27 @@ func TestAgentBadValues(t *testing.T) {
 	_, err = render(t, bad)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "identityDefault")
+
+	// Brokers: only with the agent, only named ones, never on the socket
+	// directory every pod may mount.
+	for name, c := range map[string]struct {
+		agent map[string]any
+		want  string
+	}{
+		"without the agent": {map[string]any{"broker": map[string]any{"enabled": true, "allow": []any{"uid:0"}}}, "agent.broker.enabled needs agent.enabled"},
+		"no rule":           {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true}}, "agent.broker.enabled needs agent.broker.allow"},
+		"bad rule":          {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"ztunnel"}}}, "allow"},
+		"shared directory": {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"uid:0"}, "socketDir": "/run/trustbridge/sockets"}},
+			"agent.broker.socketDir must not be agent.socketDir"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := baseValues()
+			v["agent"] = c.agent
+			_, err := render(t, v)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
 }
 
 // Least privilege: the agent's only rule reads pods; nothing of the

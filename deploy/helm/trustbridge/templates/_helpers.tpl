@@ -104,8 +104,18 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- fail (printf "agent.enabled but policy.caTrustedNodeAccounts does not list %s, the agent's service account: the server would refuse it every workload's certificate; add it, or leave the value null" (include "trustbridge.agentAccount" .)) -}}
 {{- end -}}
 {{- end -}}
+{{- with .Values.agent.broker -}}
+{{- if and .enabled (not .allow) -}}
+{{- fail "agent.broker.enabled needs agent.broker.allow: name each broker, e.g. [sa:istio-system/ztunnel] (docs/brokers.md)" -}}
+{{- end -}}
+{{- if and .enabled (eq .socketDir $.Values.agent.socketDir) -}}
+{{- fail "agent.broker.socketDir must not be agent.socketDir: every pod may mount that directory, only brokers should reach the broker socket" -}}
+{{- end -}}
+{{- end -}}
 {{- else if .Values.agent.csiDriver.enabled -}}
 {{- fail "agent.csiDriver.enabled needs agent.enabled: the CSI driver mounts the node agent's socket" -}}
+{{- else if .Values.agent.broker.enabled -}}
+{{- fail "agent.broker.enabled needs agent.enabled: brokers are served by the node agent" -}}
 {{- end -}}
 {{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "identity-map-crd" "identity-map" "identity-map-default" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
 {{- range $k, $v := .Values.extraConfig -}}
