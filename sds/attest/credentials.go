@@ -34,7 +34,8 @@ type Caller struct {
 	// connected, or from /proc/<pid>/status when PinPID pinned it.
 	UID uint32
 	GID uint32
-	// StartTime is /proc/<pid>/stat's field 22 at the handshake.
+	// StartTime is /proc/<pid>/stat's field 22 at the handshake (or
+	// PinPID).
 	StartTime uint64
 
 	procRoot string

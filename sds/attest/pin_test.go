@@ -32,15 +32,6 @@ func waiting(t *testing.T, cred *syscall.Credential) (*exec.Cmd, <-chan struct{}
 	return cmd, started(t, cmd)
 }
 
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // A process named by pid, not by a socket: pinned and attested as a
 // socket's caller is, refused once it has exited.
 func TestPinPID(t *testing.T) {
