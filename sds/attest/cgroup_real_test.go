@@ -3,6 +3,7 @@
 package attest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/cgrouptest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -89,4 +91,50 @@ func TestAttestRealPod(t *testing.T) {
 	r, _ = attestInCgroup(t, p, v2.Container(t, string(web.UID), sandboxID))
 	require.ErrorIs(t, r.err, ErrUnknownContainer)
 	assert.Equal(t, codes.PermissionDenied, status.Code(Status(r.err)))
+}
+
+// The broker's path, with real cgroups: a child the kernel moved into a
+// pod's container cgroup, named by pid by another party (this test, not
+// a socket), is pinned and attested as that pod and container; the pod
+// named by reference gives the same pod facts. Once it exited, Exited is
+// closed and Attest refuses it.
+func TestPinPIDRealCgroups(t *testing.T) {
+	for _, h := range cgrouptest.Hierarchies() {
+		t.Run(h.Name, func(t *testing.T) {
+			h.Require(t)
+			podUID, cid := randomUID(t), randomHex(t, 32)
+			dir := h.Container(t, podUID, cid)
+			pod := fakePod("shop", "web", podUID, fakeNode, corev1.PodRunning)
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "app", ContainerID: "containerd://" + cid, ImageID: "example.com/app@sha256:1"}}
+			pods, _, _ := fakePods(t, 1, pod)
+			a := newAttestor(t, Config{Pods: pods})
+
+			cmd, reaped := waiting(t, nil)
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644))
+			c, err := a.PinPID(int32(cmd.Process.Pid))
+			require.NoError(t, err)
+			defer c.Close()
+			exited := c.Exited()
+
+			f, err := a.Attest(context.Background(), c)
+			require.NoError(t, err)
+			assert.Equal(t, c.PID, f.PID)
+			require.NotNil(t, f.Kubernetes)
+			assert.Equal(t, KubernetesFacts{PodUID: podUID, ContainerID: cid, Namespace: "shop", PodName: "web", ServiceAccount: "web-sa",
+				Labels: map[string]string{"app": "web"}, ContainerName: "app", Image: "example.com/app:1", ImageID: "example.com/app@sha256:1"}, *f.Kubernetes)
+			k, err := pods.LookupPod(context.Background(), PodRef{Namespace: "shop", Name: "web", UID: podUID})
+			require.NoError(t, err)
+			want := *f.Kubernetes
+			want.ContainerID, want.ContainerName, want.Image, want.ImageID = "", "", "", ""
+			assert.Equal(t, want, k)
+			assert.False(t, isClosed(exited), "the child runs")
+
+			require.NoError(t, cmd.Process.Kill())
+			<-reaped
+			<-exited
+			_, err = a.Attest(context.Background(), c)
+			require.ErrorIs(t, err, ErrProcessReplaced)
+			assert.Equal(t, codes.PermissionDenied, status.Code(Status(err)))
+		})
+	}
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 
 	"google.golang.org/grpc/credentials"
@@ -26,15 +25,25 @@ const authType = "peercred"
 // after reading /proc, so facts read from a pid that meanwhile named
 // another process are never used: from connect on with the kernel's
 // pidfd, from the handshake on without.
+//
+// Attestor.PinPID makes one for a process a third party names by pid
+// instead; that one is the caller's to Close.
 type Caller struct {
 	PID int32
+	// UID and GID are the effective IDs: from the socket when it
+	// connected, or from /proc/<pid>/status when PinPID pinned it.
 	UID uint32
 	GID uint32
-	// StartTime is /proc/<pid>/stat's field 22 at the handshake.
+	// StartTime is /proc/<pid>/stat's field 22 at the handshake (or
+	// PinPID).
 	StartTime uint64
 
 	procRoot string
 	pidfd    *os.File // nil where the kernel has no pidfds
+	// owned: Close releases the pidfd (PinPID's Caller); a socket's
+	// Caller is released with its connection instead.
+	owned bool
+	watch exitWatch
 	// exe is the executable the process ran at the handshake, with
 	// Config.Binary (zero when it could not be read: attestation then
 	// refuses for the same reason).
@@ -176,25 +185,35 @@ func (p *peerCredentials) pin(c *Caller, peerPidfdErr error) {
 			c.pidfd = pidfdFile(pidfd, c.PID)
 		}
 	}
-	st, err := readStat(p.procRoot, c.PID)
+	c.err = c.pinStart(p.binary)
+}
+
+// pinStart reads c's start time, and with binary its executable (left
+// zero where it cannot be read: attestation then refuses for the same
+// reason). Read after the pidfd is taken, so that a pid reused in between
+// is caught by the pidfd.
+func (c *Caller) pinStart(binary bool) error {
+	st, err := readStat(c.procRoot, c.PID)
 	switch {
 	case err != nil:
-		c.err = refusal(ErrProcessGone, "pid %d: %w", c.PID, err)
+		return refusal(ErrProcessGone, "pid %d: %w", c.PID, err)
 	case st.exited():
-		c.err = refusal(ErrProcessGone, "pid %d exited", c.PID)
-	default:
-		c.StartTime = st.startTime
+		return refusal(ErrProcessGone, "pid %d exited", c.PID)
 	}
-	if p.binary && c.err == nil {
-		if fi, err := os.Stat(filepath.Join(p.procRoot, strconv.Itoa(int(c.PID)), "exe")); err == nil {
+	c.StartTime = st.startTime
+	if binary {
+		if fi, err := os.Stat(filepath.Join(c.procRoot, strconv.Itoa(int(c.PID)), "exe")); err == nil {
 			c.exe, _ = idOf(fi)
 		}
 	}
+	return nil
 }
 
-// pidfdFile holds pidfd in an os.File, closed on exec.
+// pidfdFile holds pidfd in an os.File, closed on exec and non-blocking:
+// os.NewFile then registers it with the runtime's poller, on which
+// Caller.Exited waits for the process to exit without holding a thread.
 func pidfdFile(pidfd int, pid int32) *os.File {
-	closeOnExec(pidfd)
+	preparePidfd(pidfd)
 	return os.NewFile(uintptr(pidfd), fmt.Sprintf("pidfd:%d", pid))
 }
 
@@ -227,19 +246,15 @@ func (p *peerCredentials) Clone() credentials.TransportCredentials {
 
 func (p *peerCredentials) OverrideServerName(string) error { return nil }
 
-// callerConn closes the caller's pidfd with the connection.
+// callerConn releases the caller (its pidfd, its exit watch) with the
+// connection.
 type callerConn struct {
 	net.Conn
 	caller *Caller
-	once   sync.Once
 }
 
 func (c *callerConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() {
-		if c.caller.pidfd != nil {
-			_ = c.caller.pidfd.Close()
-		}
-	})
+	_ = c.caller.release()
 	return err
 }

@@ -1,8 +1,8 @@
-// Package attest identifies the process at the other end of a unix socket
-// for the node agent's servers (SDS, Workload API), one caller at a time,
-// so that one agent can serve many workloads on a node (issue 34). It
-// yields facts, never an identity: which identity facts grant, if any, is
-// the server's decision.
+// Package attest identifies the process at the other end of a unix socket,
+// or one a broker names, for the node agent's servers (SDS, Workload API),
+// one caller at a time, so that one agent can serve many workloads on a
+// node (issue 34). It yields facts, never an identity: which identity
+// facts grant, if any, is the server's decision.
 //
 // A gRPC server built with Attestor.Credentials reads each connection's
 // caller from the kernel (SO_PEERCRED: pid, uid, gid) and pins that
@@ -17,12 +17,38 @@
 // same start time, so that facts read through a pid that meanwhile named
 // another process are never used.
 //
+// A broker (the SPIFFE Broker API; ztunnel in Istio's ambient mode) names
+// the workloads it serves instead of connecting as them, and the agent
+// attests them itself. Attestor.PinPID pins a process named by pid as the
+// handshake pins a socket's caller (pidfd_open, start time, effective
+// uid and gid from /proc/<pid>/status), so Attest works on it unchanged;
+// Caller.Exited is closed when it exits, so that a stream serving it ends
+// with it (the wait parks on the runtime's poller: no thread per
+// stream), and Caller.Close releases it. Pods.LookupPod gives the facts of
+// a pod named by a PodRef (UID, or namespace and name), without a
+// container, only for a pod on this node that is neither terminating nor
+// finished; Pods.Changed is closed at the next change to the node's pods,
+// when a stream on a pod reference looks it up again.
+//
+//	c, err := a.PinPID(pid) // from the broker's request
+//	if err != nil {
+//		return attest.Status(err)
+//	}
+//	defer c.Close()
+//	facts, err := a.Attest(ctx, c)
+//	...
+//	select {
+//	case <-c.Exited(): // the workload is gone: end the stream
+//	case <-ctx.Done():
+//	}
+//
 // A caller that cannot be attested is refused with the reason: Status
-// gives PermissionDenied, or Unavailable while this node's pods cannot be
+// gives PermissionDenied, InvalidArgument for a malformed pid or pod
+// reference from a broker, or Unavailable while this node's pods cannot be
 // read from the API server (retry; nothing is guessed). Never a default
-// identity, never another workload's. Refusals are counted by reason
-// (trustbridge_agent_attestation_failures_total) and logged, rate
-// limited.
+// identity, never another workload's. Attest's refusals are counted by
+// reason (trustbridge_agent_attestation_failures_total) and logged, rate
+// limited; Reason labels PinPID's and LookupPod's alike.
 //
 //	pods, err := attest.NewPods(attest.PodsConfig{Client: client, NodeName: node, Logger: log})
 //	a, err := attest.New(attest.Config{Pods: pods, Logger: log, Registerer: reg})
@@ -50,11 +76,19 @@
 // other containers, and reads callers in its own container as outside
 // any pod.
 //
+// A broker vouches for the pid it names: PinPID pins whatever process
+// holds the pid at the call, so a pid reused between the broker reading it
+// and the agent pinning it is the broker's window (Linux pids are reused
+// only after the pid space wraps).
+//
 // References: the SPIFFE Workload Endpoint specification §5
 // (Authentication: the caller is identified out of band, by attestation),
 // https://github.com/spiffe/spiffe/blob/main/standards/SPIFFE_Workload_Endpoint.md,
 // and the Workload API's §4.1 (Identifying the Caller);
-// unix(7) SO_PEERCRED and SO_PEERPIDFD, pidfd_open(2), proc_pid_stat(5),
-// cgroups(7); the kubelet's cgroup naming (pkg/kubelet/cm) for the path
-// forms.
+// the SPIFFE Broker API (a draft: a broker names workloads by pid or by
+// Kubernetes Pod);
+// unix(7) SO_PEERCRED and SO_PEERPIDFD, pidfd_open(2) (a pidfd polls
+// readable once its process exited), proc_pid_stat(5),
+// proc_pid_status(5), cgroups(7); the kubelet's cgroup naming
+// (pkg/kubelet/cm) for the path forms.
 package attest

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Sentinel errors. Every error Attest and Pods.Lookup return wraps exactly
-// one of them (plus the cause and the input that failed), so a server can
+// Sentinel errors. Every error Attest, PinPID, Pods.Lookup and
+// Pods.LookupPod return wraps exactly one of them (plus the cause and the input that failed), so a server can
 // map it to a status and a metric can label it without parsing messages.
 // Reason gives the stable label.
 var (
@@ -37,6 +37,16 @@ var (
 	// (not yet listed, or the API server is unreachable). Retry later;
 	// nothing is guessed meanwhile.
 	ErrKubeUnavailable = errors.New("the pods of this node cannot be read from the API server")
+	// ErrInvalidPID: a third party (a broker) named a process by a pid
+	// that names none (zero or negative).
+	ErrInvalidPID = errors.New("invalid pid")
+	// ErrInvalidPodRef: a third party named a pod by neither its UID nor
+	// its namespace and name.
+	ErrInvalidPodRef = errors.New("invalid pod reference")
+	// ErrPodNotRunning: the pod a third party named is terminating
+	// (deletion requested) or has finished (phase Succeeded or Failed):
+	// it gets no new identity, and it never comes back.
+	ErrPodNotRunning = errors.New("the pod is terminating or has finished")
 )
 
 // reasons maps each sentinel to its stable label, in the order Reason
@@ -53,12 +63,16 @@ var reasons = []struct {
 	{ErrBinary, "binary"},
 	{ErrUnknownPod, "unknown_pod"},
 	{ErrUnknownContainer, "unknown_container"},
+	{ErrInvalidPID, "invalid_pid"},
+	{ErrInvalidPodRef, "invalid_pod_ref"},
+	{ErrPodNotRunning, "pod_not_running"},
 }
 
 // Reason returns a short stable label for an attestation error, for
 // metric labels and logs: "no_caller", "process_replaced",
 // "process_gone", "kube_unavailable", "cgroup", "binary", "unknown_pod",
-// "unknown_container", or "other" for anything else (a cancelled
+// "unknown_container", "invalid_pid", "invalid_pod_ref",
+// "pod_not_running", or "other" for anything else (a cancelled
 // context, a bug).
 func Reason(err error) string {
 	for _, r := range reasons {
@@ -71,7 +85,8 @@ func Reason(err error) string {
 
 // Status maps an attestation error to the gRPC status a server returns:
 // Unavailable (with the reason) while the API server cannot be read, so a
-// client retries; Canceled or DeadlineExceeded for its own context; and
+// client retries; InvalidArgument for a malformed pid or pod reference a
+// broker sent (ErrInvalidPID, ErrInvalidPodRef); Canceled or DeadlineExceeded for its own context; and
 // PermissionDenied (with the reason) for everything else, including
 // errors this package does not know, so that nothing unexpected becomes
 // permission. A nil error is nil.
@@ -81,6 +96,8 @@ func Status(err error) error {
 		return nil
 	case errors.Is(err, ErrKubeUnavailable):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, ErrInvalidPID), errors.Is(err, ErrInvalidPodRef):
+		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

@@ -33,6 +33,9 @@ func TestStatusAndReason(t *testing.T) {
 		{refusal(ErrUnknownPod, "x"), codes.PermissionDenied, "unknown_pod"},
 		{refusal(ErrUnknownContainer, "x"), codes.PermissionDenied, "unknown_container"},
 		{refusal(ErrKubeUnavailable, "x: %w", errors.New("connection refused")), codes.Unavailable, "kube_unavailable"},
+		{refusal(ErrInvalidPID, "x"), codes.InvalidArgument, "invalid_pid"},
+		{refusal(ErrInvalidPodRef, "x"), codes.InvalidArgument, "invalid_pod_ref"},
+		{refusal(ErrPodNotRunning, "x"), codes.PermissionDenied, "pod_not_running"},
 		{fmt.Errorf("waiting: %w", context.Canceled), codes.Canceled, "other"},
 		{fmt.Errorf("waiting: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "other"},
 		// Anything unknown is a denial, never a pass.

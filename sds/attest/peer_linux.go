@@ -2,6 +2,7 @@ package attest
 
 import (
 	"errors"
+	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,4 +55,41 @@ func pidfdGone(pidfd int) (bool, error) {
 	}
 }
 
-func closeOnExec(fd int) { unix.CloseOnExec(fd) }
+// preparePidfd makes pidfd close on exec, and non-blocking so that the
+// runtime's poller can wait on it (a pidfd is readable once its process
+// exited). Where it stays blocking, Caller.Exited polls instead.
+func preparePidfd(fd int) {
+	unix.CloseOnExec(fd)
+	_ = unix.SetNonblock(fd, true)
+}
+
+// pidfdWait returns once the process of the pidfd f holds has exited: a
+// pidfd polls readable then (Linux 5.3). f is non-blocking (pidfdFile),
+// so rc.Read parks the goroutine on the runtime's poller between checks,
+// not an OS thread in a blocking call; a pidfd the poller does not hold
+// fails at once instead. It also returns, with an error, once f is
+// closed.
+func pidfdWait(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var perr error
+	err = rc.Read(func(fd uintptr) bool {
+		// Only a check, never a wait: the poller waits.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			return false
+		case err != nil:
+			perr = err
+			return true
+		}
+		return n > 0
+	})
+	if err != nil {
+		return err
+	}
+	return perr
+}

@@ -5,6 +5,7 @@ package attest
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 )
 
@@ -14,4 +15,5 @@ func peerCred(int) (int32, uint32, uint32, error) { return 0, 0, 0, errNotLinux 
 func peerPidfd(int) (int, error)                  { return -1, errNoPidfd }
 func pidfdOpen(int32) (int, error)                { return -1, errNoPidfd }
 func pidfdGone(int) (bool, error)                 { return false, errNotLinux }
-func closeOnExec(int)                             {}
+func preparePidfd(int)                            {}
+func pidfdWait(*os.File) error                    { return errNotLinux }

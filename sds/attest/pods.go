@@ -87,7 +87,10 @@ func NewPods(cfg PodsConfig) (*Pods, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Pods{cfg: cfg, errLog: ratelimit.NewDefaultLogLimiter(), changed: make(chan struct{})}
-	p.informer = cache.NewSharedIndexInformer(p.listWatch(), &corev1.Pod{}, 0, cache.Indexers{uidIndex: podUIDIndex})
+	// A client that says it cannot stream lists (WatchList), as the fake
+	// clientset does, is listed the classic way instead of hanging.
+	lw := cache.ToListWatcherWithWatchListSemantics(p.listWatch(), cfg.Client)
+	p.informer = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{uidIndex: podUIDIndex})
 	// Only what Lookup reads is worth keeping for every pod of the node.
 	if err := p.informer.SetTransform(func(obj any) (any, error) {
 		if pod, ok := obj.(*corev1.Pod); ok {
@@ -191,15 +194,22 @@ func (p *Pods) state() (<-chan struct{}, error) {
 // server it answers ErrKubeUnavailable at once, even for pods it knows:
 // the agent keeps what it attested before, and guesses nothing new.
 func (p *Pods) Lookup(ctx context.Context, podUID, containerID string) (KubernetesFacts, error) {
+	return p.await(ctx, "pod "+podUID, func() (KubernetesFacts, error) { return p.find(podUID, containerID) })
+}
+
+// await calls find until it finds, waiting for a change after each miss
+// up to Config.Wait. ErrPodNotRunning is final: such a pod never runs
+// again.
+func (p *Pods) await(ctx context.Context, what string, find func() (KubernetesFacts, error)) (KubernetesFacts, error) {
 	var timeout <-chan time.Time
 	for {
 		changed, err := p.state()
 		if err != nil {
 			return KubernetesFacts{}, err
 		}
-		k, err := p.find(podUID, containerID)
-		if err == nil {
-			return k, nil
+		k, err := find()
+		if err == nil || errors.Is(err, ErrPodNotRunning) {
+			return k, err
 		}
 		if timeout == nil {
 			t := p.cfg.Clock.NewTimer(p.cfg.Wait)
@@ -214,7 +224,7 @@ func (p *Pods) Lookup(ctx context.Context, podUID, containerID string) (Kubernet
 		case <-timeout:
 			return KubernetesFacts{}, err
 		case <-ctx.Done():
-			return KubernetesFacts{}, fmt.Errorf("attest: waiting for pod %s: %w", podUID, ctx.Err())
+			return KubernetesFacts{}, fmt.Errorf("attest: waiting for %s: %w", what, ctx.Err())
 		}
 	}
 }
@@ -241,20 +251,23 @@ func containerFacts(pod *corev1.Pod, containerID string) (KubernetesFacts, error
 			if _, id, ok := strings.Cut(s.ContainerID, "://"); !ok || id != containerID {
 				continue
 			}
-			return KubernetesFacts{
-				PodUID:         string(pod.UID),
-				ContainerID:    containerID,
-				Namespace:      pod.Namespace,
-				PodName:        pod.Name,
-				ServiceAccount: pod.Spec.ServiceAccountName,
-				Labels:         maps.Clone(pod.Labels),
-				ContainerName:  s.Name,
-				Image:          specImage(pod, s.Name),
-				ImageID:        s.ImageID,
-			}, nil
+			k := podFacts(pod)
+			k.ContainerID, k.ContainerName, k.Image, k.ImageID = containerID, s.Name, specImage(pod, s.Name), s.ImageID
+			return k, nil
 		}
 	}
 	return KubernetesFacts{}, refusal(ErrUnknownContainer, "pod %s/%s (%s) has no container %s in its status", pod.Namespace, pod.Name, pod.UID, containerID)
+}
+
+// podFacts are the facts of pod without a container.
+func podFacts(pod *corev1.Pod) KubernetesFacts {
+	return KubernetesFacts{
+		PodUID:         string(pod.UID),
+		Namespace:      pod.Namespace,
+		PodName:        pod.Name,
+		ServiceAccount: pod.Spec.ServiceAccountName,
+		Labels:         maps.Clone(pod.Labels),
+	}
 }
 
 // specImage is the image the pod spec names for container name.
