@@ -194,6 +194,9 @@ func addNodeFlags(f *pflag.FlagSet, n *agent.NodeConfig) {
 	f.StringVar(&n.ProcRoot, "proc-root", "/proc", "with --node: where the host's /proc is mounted; the agent must share the host's pid namespace (hostPID) to read its callers' cgroups")
 	f.BoolVar(&n.AttestBinary, "attest-binary", false, "with --node: add each caller's binary path and SHA-256 to its facts (reads the whole binary, up to 512 MiB, on every new connection), for rules that select by them")
 	f.IntVar(&n.MaxIdentities, "max-identities", 0, "with --node: most workload identities held at once (one certificate each, shared by every process with that identity); 0 is SPIRE's agent's 1,000")
+	f.StringVar(&n.BrokerSocket, "broker-socket", "", "with --node: serve brokers (Istio's ztunnel, Cilium) the identities of this node's workloads on this unix socket: the SPIFFE Broker API and SPIRE's Delegated Identity API, a workload named by pid or Pod (created mode 0600; brokers use SPIFFE_BROKER_SOCKET=unix://<absolute path>). Needs --broker-allow. Empty: no broker socket (see docs/brokers.md)")
+	f.StringVar(&n.BrokerSocketGroup, "broker-socket-group", "", "group (name or id) that may also connect to --broker-socket (mode 0660), e.g. the broker's when it runs as another user than the agent")
+	f.StringArrayVar(&n.BrokerAllow, "broker-allow", nil, "with --broker-socket: a caller allowed to broker, by its attested identity: sa:<namespace>/<service account> (e.g. sa:istio-system/ztunnel), uid:<n>, or the SPIFFE ID the identity map gives it; repeat for several. Everyone else is refused")
 }
 
 // runAgent runs the agent of o with e's streams and SIGHUP.

@@ -243,6 +243,13 @@ func TestAgentFlagErrors(t *testing.T) {
 		}, "--node-name"},
 		{"node negative bound", func(o *agent.Config) { withNode(o); o.Node.MaxIdentities = -1 }, "--max-identities"},
 		{"node identity map crd without kube", func(o *agent.Config) { withNode(o); o.Node.IdentityMapCRD = true }, "--identity-map-crd needs a Kubernetes API server"},
+		{"broker without node", func(o *agent.Config) { withCA(o); o.Node.BrokerSocket = filepath.Join(dir, "b.sock") }, "--broker-socket and --broker-allow need --node"},
+		{"broker allows nobody", func(o *agent.Config) { withNode(o); o.Node.BrokerSocket = filepath.Join(dir, "b.sock") }, "--broker-allow: broker: no broker is allowed"},
+		{"broker rule bad", func(o *agent.Config) {
+			withNode(o)
+			o.Node.BrokerSocket, o.Node.BrokerAllow = filepath.Join(dir, "b.sock"), []string{"sa:ztunnel"}
+		}, `--broker-allow: broker: rule 1 ("sa:ztunnel"): want sa:<namespace>/<name>`},
+		{"broker rules without socket", func(o *agent.Config) { withNode(o); o.Node.BrokerAllow = []string{"uid:0"} }, "need --broker-socket"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := base

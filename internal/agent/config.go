@@ -92,6 +92,9 @@ func (o Config) check() error {
 	if o.PollInterval <= 0 {
 		return fmt.Errorf("--credentials-poll-interval %s must be positive", o.PollInterval)
 	}
+	if !o.Node.Enabled && (o.Node.BrokerSocket != "" || len(o.Node.BrokerAllow) > 0) {
+		return fmt.Errorf("--broker-socket and --broker-allow need %s: brokers get the identities of the workloads a node agent attests", nodeFlag)
+	}
 	noCA := o.CAAddr == "" || o.FileMounted
 	switch {
 	case noCA && o.From[credentialsDirFlag] != "":

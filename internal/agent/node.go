@@ -19,6 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server"
 	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 	"github.com/trustbridge/trustbridge/sds/attest"
+	"github.com/trustbridge/trustbridge/sds/broker"
 )
 
 // NodeConfig is trustbridge agent --node's part of Config: the agent
@@ -44,6 +45,11 @@ type NodeConfig struct {
 	// AttestBinary adds each caller's binary path and SHA-256.
 	AttestBinary  bool
 	MaxIdentities int
+	// BrokerSocket, when set, serves brokers on it (--broker-socket),
+	// which BrokerAllow may use; BrokerSocketGroup may also connect.
+	BrokerSocket      string
+	BrokerSocketGroup string
+	BrokerAllow       []string
 }
 
 // nodeFlag names the flag of node mode, for errors.
@@ -66,6 +72,9 @@ func (o Config) nodeConfig(base *slog.Logger, reg prometheus.Registerer, td spif
 	}
 	logger := base.With(logattr.Component, "attestor")
 	nc := &sdsagent.NodeConfig{NodeName: n.Name, MaxIdentities: n.MaxIdentities, TTL: o.TTL}
+	if nc.Broker, err = n.broker(); err != nil {
+		return nil, err
+	}
 	acfg := attest.Config{ProcRoot: n.ProcRoot, Binary: n.AttestBinary, Logger: logger, Registerer: reg}
 	kcfg, inKube, err := server.LoadKubeConfig(n.Kubeconfig)
 	if err != nil {
@@ -85,6 +94,9 @@ func (o Config) nodeConfig(base *slog.Logger, reg prometheus.Registerer, td spif
 		}
 		acfg.Pods = pods
 		nc.Runners = append(nc.Runners, pods.Run)
+		if nc.Broker != nil {
+			nc.Broker.Pods = pods
+		}
 	} else {
 		logger.Warn("no Kubernetes API server (no --kubeconfig, not in a pod): callers are attested by their unix facts only, and a process in a pod gets no pod facts")
 	}
@@ -98,6 +110,21 @@ func (o Config) nodeConfig(base *slog.Logger, reg prometheus.Registerer, td spif
 		return nil, err
 	}
 	return nc, nil
+}
+
+// broker is the broker socket's configuration; nil without one.
+func (n NodeConfig) broker() (*sdsagent.BrokerConfig, error) {
+	if n.BrokerSocket == "" {
+		if len(n.BrokerAllow) > 0 || n.BrokerSocketGroup != "" {
+			return nil, errors.New("--broker-allow and --broker-socket-group need --broker-socket, the socket brokers connect to")
+		}
+		return nil, nil
+	}
+	policy, err := broker.ParsePolicy(n.BrokerAllow)
+	if err != nil {
+		return nil, fmt.Errorf("--broker-allow: %w", err)
+	}
+	return &sdsagent.BrokerConfig{Socket: n.BrokerSocket, SocketGroup: n.BrokerSocketGroup, Policy: policy}, nil
 }
 
 // identityMap builds the identity map from --identity-map and, with

@@ -42,6 +42,9 @@ type NodeConfig struct {
 	// TTL is the lifetime asked for each workload certificate; zero
 	// leaves it to the server.
 	TTL time.Duration
+	// Broker, when set, serves brokers (ztunnel, Cilium) the identities
+	// of this node's workloads on a socket of its own (BrokerConfig).
+	Broker *BrokerConfig
 }
 
 // nodeReattestInterval is how often a node agent attests the caller of an
@@ -109,26 +112,33 @@ func (a *Agent) runNode(ctx context.Context) error {
 	a.log.Info("serving the node's workloads, each its own attested identity", "ca_addr", a.caAddr,
 		"node", a.node.NodeName, logattr.SPIFFEID, a.rot.ID().String())
 	workers := append([]func(context.Context) error{a.rot.Run, auth.cache.Run}, a.node.Runners...)
-	wl := a.nodeWorkloadAPI(auth, jwtConn)
-	if wl != nil {
-		defer wl.close()
+	// The Workload API's and the brokers' callers share the Cells of
+	// their identities, and the JWT-SVID minter (its limits per workload).
+	cells := &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log}
+	jwt := newNodeJWTMinter(jwtConn, a.clock, a.log)
+	defer jwt.close()
+	if a.node.Broker != nil {
+		serve, err := a.serveBrokers(auth, cells, jwt)
+		if err != nil {
+			return err
+		}
+		workers = append(workers, serve)
 	}
-	return a.serveOn(ctx, gs, netutil.AnyUser, wl, nil, workers...)
+	return a.serveOn(ctx, gs, netutil.AnyUser, a.nodeWorkloadAPI(cells, jwt), nil, workers...)
 }
 
 // nodeWorkloadAPI is the node's Workload API, each caller served its own
-// identity (JWT-SVIDs minted on jwtConn); nil without a socket for it.
-func (a *Agent) nodeWorkloadAPI(auth *nodeAuthenticator, jwtConn *grpc.ClientConn) *workloadAPI {
+// identity from cells (JWT-SVIDs minted by jwt); nil without a socket
+// for it.
+func (a *Agent) nodeWorkloadAPI(cells *nodeWorkloads, jwt *jwtMinter) *workloadAPI {
 	if a.wlSocket == "" {
 		return nil
 	}
-	jwt := newNodeJWTMinter(jwtConn, a.clock, a.log)
 	return &workloadAPI{
-		sel:       &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log},
+		sel:       cells,
 		creds:     a.node.Attestor.Credentials(),
 		reselect:  nodeReattestInterval,
 		callerJWT: jwt,
-		closers:   []func(){jwt.close},
 	}
 }
 
@@ -256,6 +266,8 @@ func checkNode(cfg Config) error {
 		return errors.New("agent: node mode needs the certificate service: set --ca-addr, --root-cert and --token-file")
 	case cfg.Rotator.TokenFile == "":
 		return errors.New("agent: node mode needs --token-file (the node agent's projected service account token): the certificate service lets a node ask for its workloads' certificates only on the node's token")
+	case n.Broker != nil && n.Broker.Policy == nil:
+		return errors.New("agent: brokers are served only to those allowed: set --broker-allow (e.g. sa:istio-system/ztunnel)")
 	case n.MaxIdentities < 0 || n.TTL < 0:
 		return fmt.Errorf("agent: node mode: maximum identities (%d) and TTL (%s) must not be negative", n.MaxIdentities, n.TTL)
 	}

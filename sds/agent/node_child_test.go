@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -76,6 +77,11 @@ type childLine struct {
 	DNSNames []string            `json:"dnsNames,omitempty"` // the X509-SVID's
 	Verified bool                `json:"verified,omitempty"` // the SVID verifies against the bundles given with it
 	Roots    map[string][]string `json:"roots,omitempty"`
+	// A broker's answers (cmdBroker): the leaf's serial, a JWT-SVID, the
+	// Delegated Identity API's federates_with.
+	Serial        string   `json:"serial,omitempty"`
+	Token         string   `json:"token,omitempty"`
+	FederatesWith []string `json:"federatesWith,omitempty"`
 }
 
 // childHandoff, as childEnv's value, makes the child connect to the SDS
@@ -157,6 +163,18 @@ func runChild(in io.Reader, out io.Writer) int {
 			go func() {
 				defer wg.Done()
 				childWatch(ctx, os.Getenv(childWLEnv), report)
+			}()
+		case brokerCommand(cmd):
+			var call brokerCall
+			if err := json.Unmarshal([]byte(cmd[len(cmdBroker)+1:]), &call); err != nil {
+				fmt.Fprintf(os.Stderr, "child: %q: %v\n", cmd, err)
+				cancel()
+				return 2
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				childBroker(ctx, call, report)
 			}()
 		default:
 			fmt.Fprintf(os.Stderr, "child: unknown command %q\n", cmd)
@@ -308,6 +326,15 @@ func sdsLine(name string, resp *discoveryv3.DiscoveryResponse) childLine {
 		l.Roots = rootsByName(byTD)
 	}
 	return l
+}
+
+// brokerCommand is cmd when it is a cmdBroker line, so that the
+// command switch can match it.
+func brokerCommand(cmd string) string {
+	if strings.HasPrefix(cmd, cmdBroker+" ") {
+		return cmd
+	}
+	return "\x00"
 }
 
 func (l childLine) refused(err error) childLine {

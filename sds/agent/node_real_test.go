@@ -50,6 +50,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
 	"github.com/trustbridge/trustbridge/sds/attest"
+	"github.com/trustbridge/trustbridge/sds/broker"
 )
 
 // realWait bounds every wait of these tests on something the agent, the
@@ -84,6 +85,9 @@ type realNode struct {
 	reg    *prometheus.Registry
 	sds    string // the SDS socket
 	wl     string // the Workload API socket
+	broker string // the broker socket, with realNodeOptions.broker
+	// ztunnel is the broker's pod on node A, with realNodeOptions.broker.
+	ztunnel workloadPod
 	done   <-chan error
 
 	// idmap is the identity map of the agent and the server alike: the
@@ -98,6 +102,11 @@ type realNode struct {
 type realNodeOptions struct {
 	rules []identitymap.Rule // the identity map's, of agent and server
 	web2  bool               // a second pod of web's service account on node A
+	// broker serves the broker socket to ztunnel's service account (a
+	// pod of node A), and the server mints JWT-SVIDs.
+	broker bool
+	// ttl is the lifetime the agent asks for its workloads' certificates.
+	ttl time.Duration
 }
 
 // workloadPod is a pod with one container, whose ID its status carries.
@@ -120,7 +129,7 @@ func startRealNodeWith(t *testing.T, clk *clocktesting.FakeClock, opts realNodeO
 	f := &realNode{env: kubetest.Shared(t), nodeA: "node-a-" + randomHex(t, 4), nodeB: "node-b-" + randomHex(t, 4),
 		fed: &federation{changed: make(chan struct{})}, b: testca.New(t, tdB.Name()), c: testca.New(t, tdC.Name())}
 	f.ns = f.env.Namespace(t)
-	for _, sa := range []string{agentAccount, "web", "api", "db"} {
+	for _, sa := range []string{agentAccount, "web", "api", "db", "ztunnel"} {
 		_, err := f.env.Client.CoreV1().ServiceAccounts(f.ns).Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
 		require.NoError(t, err)
 	}
@@ -131,12 +140,15 @@ func startRealNodeWith(t *testing.T, clk *clocktesting.FakeClock, opts realNodeO
 	if opts.web2 {
 		f.web2 = f.createPod(t, "web-a2", "web", f.nodeA)
 	}
+	if opts.broker {
+		f.ztunnel = f.createPod(t, "ztunnel-a", "ztunnel", f.nodeA)
+	}
 	var err error
 	f.idmap, err = identitymap.Compile(identitymap.Config{TrustDomain: tdA}, opts.rules)
 	require.NoError(t, err)
 	f.policy = trustpolicy.NewCell(f.trustPolicy(t, map[spiffeid.ID][]string{f.web.id: {tdB.Name()}, f.api.id: {tdC.Name()}}))
 	f.startServer(t)
-	f.startAgent(t, clk)
+	f.startAgent(t, clk, opts)
 	return f
 }
 
@@ -205,12 +217,13 @@ func (f *realNode) startServer(t *testing.T) {
 		cfg.Policy = trustpolicy.NewAccess(f.policy, nil)
 		cfg.Authenticator = tr
 		cfg.Impersonator = na
+		cfg.JWT = authority
 	})
 }
 
 // startAgent starts the node agent of node A with a token bound to its
 // pod, as the kubelet projects it.
-func (f *realNode) startAgent(t *testing.T, clk *clocktesting.FakeClock) {
+func (f *realNode) startAgent(t *testing.T, clk *clocktesting.FakeClock, opts realNodeOptions) {
 	t.Helper()
 	secs := int64(3600)
 	tr, err := f.env.Client.CoreV1().ServiceAccounts(f.ns).CreateToken(context.Background(), agentAccount, &authenticationv1.TokenRequest{
@@ -245,9 +258,19 @@ func (f *realNode) startAgent(t *testing.T, clk *clocktesting.FakeClock) {
 	if clk != nil {
 		cfg.Clock = clk
 	}
+	cfg.Node.TTL = opts.ttl
+	if opts.broker {
+		f.broker = filepath.Join(dir, "broker.sock")
+		policy, err := broker.ParsePolicy([]string{"sa:" + f.ns + "/ztunnel"})
+		require.NoError(t, err)
+		cfg.Node.Broker = &BrokerConfig{Socket: f.broker, Policy: policy, Pods: f.pods}
+	}
 	_, f.done = runAgent(t, newTestAgent(t, cfg))
 	waitSocket(t, f.sds, f.done)
 	waitSocket(t, f.wl, f.done)
+	if opts.broker {
+		waitSocket(t, f.broker, f.done)
+	}
 	f.waitPods(t, f.web, f.api)
 }
 
@@ -322,7 +345,7 @@ func (f *realNode) startChild(t *testing.T, dir string) *kid {
 	require.NoError(t, err)
 	k := &kid{cmd: exec.Command(self), lines: make(chan childLine, 64), exited: make(chan struct{}), stderr: &lockedBuffer{},
 		latest: map[string]childLine{}}
-	k.cmd.Env = append(os.Environ(), childEnv+"=1", childSDSEnv+"="+f.sds, childWLEnv+"="+f.wl)
+	k.cmd.Env = append(os.Environ(), childEnv+"=1", childSDSEnv+"="+f.sds, childWLEnv+"="+f.wl, childBrokerEnv+"="+f.broker)
 	k.cmd.Stderr = k.stderr
 	k.stdin, err = k.cmd.StdinPipe()
 	require.NoError(t, err)

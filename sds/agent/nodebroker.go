@@ -1,0 +1,267 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/sds/attest"
+	"github.com/trustbridge/trustbridge/sds/broker"
+)
+
+// DefaultBrokerSocketPath is where a node agent serves the SPIFFE Broker
+// API (and SPIRE's Delegated Identity API) when brokers are enabled
+// without a path.
+const DefaultBrokerSocketPath = "/var/run/trustbridge/broker.sock"
+
+// BrokerConfig makes a node agent serve brokers (ztunnel, Cilium): the
+// SPIFFE Broker API and SPIRE's Delegated Identity API on a socket of
+// their own, for the workloads of this node only.
+type BrokerConfig struct {
+	// Socket is the unix socket; DefaultBrokerSocketPath when empty.
+	Socket string
+	// SocketGroup, when set, may also connect (0660); else 0600.
+	SocketGroup string
+	// Policy says who may broker (required).
+	Policy *broker.Policy
+	// Pods resolves Pod references; nil refuses them (no API server).
+	Pods PodReferences
+}
+
+// PodReferences finds this node's pods by reference (attest.Pods).
+type PodReferences interface {
+	LookupPod(ctx context.Context, ref attest.PodRef) (attest.KubernetesFacts, error)
+	// Changed is closed on the next change of this node's pods.
+	Changed() <-chan struct{}
+}
+
+// nodeBrokers is the node as the broker server sees it: the caller of
+// the broker socket attested as any caller is, and each referenced
+// workload attested by the agent itself (a pid's cgroups, a pod from the
+// API server) and served the Cell its identity has on the Workload API.
+type nodeBrokers struct {
+	wl       *nodeWorkloads
+	attested *AttestedAuthenticator
+	pods     PodReferences
+}
+
+var _ broker.Node = (*nodeBrokers)(nil)
+
+// IdentifyCaller attests the broker socket's caller: its uid, its pod's
+// service account, and the identity the map gives it, if any.
+func (b *nodeBrokers) IdentifyCaller(ctx context.Context) (broker.Caller, error) {
+	facts, err := b.attested.Attestor.AttestPeer(ctx)
+	if err != nil {
+		return broker.Caller{}, attestError(ctx, err)
+	}
+	c := broker.Caller{PID: facts.PID, UID: facts.Unix.UID}
+	if k := facts.Kubernetes; k != nil && k.Namespace != "" {
+		c.ServiceAccount = k.Namespace + "/" + k.ServiceAccount
+	}
+	if m := b.attested.Map.Load(); m != nil {
+		if ident, err := m.Identify(b.attested.workload(facts)); err == nil {
+			c.ID = ident.ID
+		}
+	}
+	return c, nil
+}
+
+// attestError maps an attestation failure for the broker server.
+func attestError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	switch {
+	case errors.Is(err, attest.ErrKubeUnavailable):
+		return fmt.Errorf("%w: %w", authn.ErrUnavailable, err)
+	case errors.Is(err, attest.ErrInvalidPID), errors.Is(err, attest.ErrInvalidPodRef):
+		return fmt.Errorf("%w: %w", broker.ErrInvalidReference, err)
+	case errors.Is(err, attest.ErrProcessGone), errors.Is(err, attest.ErrProcessReplaced),
+		errors.Is(err, attest.ErrUnknownPod), errors.Is(err, attest.ErrUnknownContainer), errors.Is(err, attest.ErrPodNotRunning):
+		return fmt.Errorf("%w: %w", broker.ErrNotFound, err)
+	}
+	return fmt.Errorf("%w: %w", broker.ErrNotEntitled, err)
+}
+
+// Resolve attests the workload ref names and holds its identity.
+func (b *nodeBrokers) Resolve(ctx context.Context, ref broker.Reference) (*broker.Workload, error) {
+	if ref.Pod != nil {
+		return b.resolvePod(ctx, ref)
+	}
+	c, err := b.attested.Attestor.PinPID(ref.PID)
+	if err != nil {
+		return nil, attestError(ctx, err)
+	}
+	facts, err := b.attested.Attestor.Attest(ctx, c)
+	if err != nil {
+		c.Close()
+		return nil, attestError(ctx, err)
+	}
+	if facts.Kubernetes == nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: pid %d is not in a pod: brokers get the identities of this node's pods only", broker.ErrNotEntitled, ref.PID)
+	}
+	w, err := b.hold(ctx, b.attested.workload(facts), c.Exited())
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	w.Name = fmt.Sprintf("pid %d in pod %s/%s (container %s)", ref.PID, facts.Kubernetes.Namespace, facts.Kubernetes.PodName, facts.Kubernetes.ContainerName)
+	release := w.Release
+	w.Release = func() { release(); c.Close() }
+	return w, nil
+}
+
+// resolvePod resolves a Pod reference: the pod must be on this node and
+// hold every fact the reference asserts.
+func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*broker.Workload, error) {
+	if b.pods == nil {
+		return nil, fmt.Errorf("%w: this agent reads no pods from an API server (no --kubeconfig, not in a pod): reference workloads by pid", broker.ErrNotFound)
+	}
+	// Taken before the lookup: a change meanwhile is not missed.
+	changed := b.pods.Changed()
+	k, err := b.pods.LookupPod(ctx, attest.PodRef{Namespace: ref.Pod.Namespace, Name: ref.Pod.Name, UID: ref.Pod.UID})
+	if err != nil {
+		return nil, attestError(ctx, err)
+	}
+	w := b.attested.workload(attest.Facts{Kubernetes: &k})
+	// Nothing about a process was attested: no unix facts, no container.
+	w.Unix = false
+	for _, c := range ref.Checks {
+		if err := check(c, w); err != nil {
+			return nil, err
+		}
+	}
+	held, err := b.hold(ctx, w, changed)
+	if err != nil {
+		return nil, err
+	}
+	held.Name = fmt.Sprintf("pod %s/%s (uid %s)", k.Namespace, k.PodName, k.PodUID)
+	return held, nil
+}
+
+// check refuses a pod that does not have a fact a selector asserted.
+func check(c broker.Check, w identitymap.Workload) error {
+	var have string
+	switch c.Kind {
+	case "namespace":
+		have = w.Namespace
+	case "service_account":
+		have = w.ServiceAccount
+	case "node_name":
+		have = w.NodeName
+	case "pod_label":
+		v, ok := w.PodLabels[c.Key]
+		if !ok {
+			return fmt.Errorf("%w: selector %q: the pod has no label %q", broker.ErrNotEntitled, c.Selector, c.Key)
+		}
+		have = v
+	default:
+		return fmt.Errorf("%w: selector %q is not checked here", broker.ErrInvalidReference, c.Selector)
+	}
+	if have != c.Value {
+		return fmt.Errorf("%w: selector %q does not hold for pod %s/%s: it has %q", broker.ErrNotEntitled, c.Selector, w.Namespace, w.PodName, have)
+	}
+	return nil
+}
+
+// hold maps w's facts to its identity and holds it, with its Cell.
+func (b *nodeBrokers) hold(ctx context.Context, w identitymap.Workload, gone <-chan struct{}) (*broker.Workload, error) {
+	m := b.attested.Map.Load()
+	if m == nil {
+		return nil, fmt.Errorf("%w: no identity map loaded yet", authn.ErrUnavailable)
+	}
+	ident, err := m.Identify(w)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", broker.ErrNotEntitled, err)
+	}
+	h, err := b.wl.auth.acquire(ctx, identityRequest(ident))
+	if err != nil {
+		return nil, brokerRefusal(ctx, err)
+	}
+	c := b.wl.ref(h)
+	var once sync.Once
+	return &broker.Workload{ID: ident.ID, Source: c.cell, Gone: gone, Release: func() {
+		once.Do(func() {
+			b.wl.unref(c)
+			h.Release()
+		})
+	}}, nil
+}
+
+// brokerRefusal maps a failure to get a workload's certificate: the
+// server refusing it refuses the workload, anything else is Unavailable.
+func brokerRefusal(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if status.Code(err) == codes.PermissionDenied || (errors.Is(err, authn.ErrNotAttested) && !errors.Is(err, authn.ErrUnavailable)) {
+		return fmt.Errorf("%w: %w", broker.ErrNotEntitled, err)
+	}
+	return fmt.Errorf("%w: %w", authn.ErrUnavailable, err)
+}
+
+// ResolveCaller holds the broker's own identity: the trust SPIRE's
+// Delegated Identity API's bundle streams carry.
+func (b *nodeBrokers) ResolveCaller(ctx context.Context) (*broker.Workload, error) {
+	facts, err := b.attested.Attestor.AttestPeer(ctx)
+	if err != nil {
+		return nil, attestError(ctx, err)
+	}
+	w, err := b.hold(ctx, b.attested.workload(facts), nil)
+	if err != nil {
+		return nil, fmt.Errorf("the SPIRE Delegated Identity API's bundle streams carry the trust of the broker's own identity, and the broker has none (give it one in the identity map, or use the SPIFFE Broker API's bundle streams, which name a workload): %w", err)
+	}
+	w.Name = "the broker itself"
+	return w, nil
+}
+
+// serveBrokers serves the broker socket until ctx is done.
+func (a *Agent) serveBrokers(auth *nodeAuthenticator, wl *nodeWorkloads, jwt *jwtMinter) (func(context.Context) error, error) {
+	bc := a.node.Broker
+	srv, err := broker.New(broker.Config{
+		Node:   &nodeBrokers{wl: wl, attested: auth.attested.(*AttestedAuthenticator), pods: bc.Pods},
+		Policy: bc.Policy, JWT: jwt, RecheckInterval: nodeReattestInterval,
+		Clock: a.clock, Logger: a.log, Registerer: a.reg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	gid := -1
+	if bc.SocketGroup != "" {
+		if gid, err = lookupGroup(bc.SocketGroup); err != nil {
+			return nil, fmt.Errorf("agent: broker socket group: %w", err)
+		}
+	}
+	path := bc.Socket
+	if path == "" {
+		path = DefaultBrokerSocketPath
+	}
+	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.Credentials()))
+	srv.Register(gs)
+	return func(ctx context.Context) error {
+		ln, err := listenWorkloadSocket(ctx, path, gid, a.probeTimeout)
+		if err != nil {
+			return fmt.Errorf("agent: broker socket: %w", err)
+		}
+		a.log.Info("SPIFFE Broker API and SPIRE Delegated Identity API listening", "socket", path,
+			"SPIFFE_BROKER_SOCKET", endpointSocket(path), "brokers", bc.Policy.String())
+		done := make(chan error, 1)
+		go func() { done <- gs.Serve(ln) }()
+		select {
+		case <-ctx.Done():
+			gs.Stop()
+			<-done
+			return nil
+		case err := <-done:
+			return fmt.Errorf("agent: serving brokers: %w", err)
+		}
+	}, nil
+}
