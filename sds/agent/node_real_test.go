@@ -88,7 +88,7 @@ type realNode struct {
 	broker string // the broker socket, with realNodeOptions.broker
 	// ztunnel is the broker's pod on node A, with realNodeOptions.broker.
 	ztunnel workloadPod
-	done   <-chan error
+	done    <-chan error
 
 	// idmap is the identity map of the agent and the server alike: the
 	// default (Istio's form) unless startRealNodeWith gave rules.
