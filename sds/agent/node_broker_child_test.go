@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 
 	brokerpb "github.com/spiffe/go-spiffe/v2/exp/proto/spiffe/broker"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	delegatedv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/agent/delegatedidentity/v1"
+	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -38,10 +40,14 @@ type brokerCall struct {
 	// JWT fetches a JWT-SVID for Audience; else an X509-SVID stream.
 	JWT      bool   `json:"jwt,omitempty"`
 	Audience string `json:"audience,omitempty"`
-	// The workload: PID, or a Pod by namespace and name, or UID.
-	PID            int32  `json:"pid,omitempty"`
-	Namespace, Pod string `json:",omitempty"`
-	UID            string `json:"uid,omitempty"`
+	// The workload: PID, or a Pod by namespace and name, or UID, or a
+	// ServiceAccount by namespace and name; for the Delegated Identity
+	// API, Selectors ("type:value") in place of a pid.
+	PID            int32    `json:"pid,omitempty"`
+	Namespace, Pod string   `json:",omitempty"`
+	UID            string   `json:"uid,omitempty"`
+	ServiceAccount string   `json:"sa,omitempty"`
+	Selectors      []string `json:"selectors,omitempty"`
 }
 
 func (c brokerCall) command() string {
@@ -71,6 +77,11 @@ func childBroker(ctx context.Context, call brokerCall, report func(childLine)) {
 func (c brokerCall) reference() (*brokerpb.WorkloadReference, error) {
 	if c.PID != 0 {
 		a, err := anypb.New(&brokerpb.WorkloadPIDReference{Pid: c.PID})
+		return &brokerpb.WorkloadReference{Reference: a}, err
+	}
+	if c.ServiceAccount != "" {
+		a, err := anypb.New(&brokerpb.KubernetesObjectReference{Type: &brokerpb.KubernetesObjectType{Plural: "serviceaccounts", Group: "core"},
+			Key: &brokerpb.KubernetesObjectKey{Namespace: c.Namespace, Name: c.ServiceAccount}})
 		return &brokerpb.WorkloadReference{Reference: a}, err
 	}
 	k := &brokerpb.KubernetesObjectReference{Type: &brokerpb.KubernetesObjectType{Plural: "pods", Group: "core"}, Uid: c.UID}
@@ -158,7 +169,12 @@ func childDelegated(ctx context.Context, conn *grpc.ClientConn, call brokerCall,
 		<-ctx.Done()
 		return nil
 	}
-	s, err := c.SubscribeToX509SVIDs(ctx, &delegatedv1.SubscribeToX509SVIDsRequest{Pid: call.PID})
+	var sels []*spiretypes.Selector
+	for _, v := range call.Selectors {
+		typ, value, _ := strings.Cut(v, ":")
+		sels = append(sels, &spiretypes.Selector{Type: typ, Value: value})
+	}
+	s, err := c.SubscribeToX509SVIDs(ctx, &delegatedv1.SubscribeToX509SVIDsRequest{Pid: call.PID, Selectors: sels})
 	for err == nil {
 		var resp *delegatedv1.SubscribeToX509SVIDsResponse
 		if resp, err = s.Recv(); err == nil {

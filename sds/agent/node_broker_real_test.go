@@ -57,7 +57,11 @@ func TestNodeRealBroker(t *testing.T) {
 	zt.do(t, brokerCall{Label: "api-pod", Namespace: f.ns, Pod: f.api.pod.Name}.command())
 	zt.do(t, brokerCall{Label: "web-uid", UID: string(f.web.pod.UID)}.command())
 	zt.do(t, brokerCall{Label: "api-spire", Delegated: true, PID: api.pid()}.command())
-	got := zt.collect(t, answered("web-pid", "api-pod", "web-uid", "api-spire"))
+	// ztunnel's selector mode (k8s:ns with k8s:sa), and the Broker API's
+	// ServiceAccount reference: the account's running pods on this node.
+	zt.do(t, brokerCall{Label: "web-spire-sa", Delegated: true, Selectors: []string{"k8s:ns:" + f.ns, "k8s:sa:web"}}.command())
+	zt.do(t, brokerCall{Label: "api-sa", Namespace: f.ns, ServiceAccount: "api"}.command())
+	got := zt.collect(t, answered("web-pid", "api-pod", "web-uid", "api-spire", "web-spire-sa", "api-sa"))
 	for label, l := range got {
 		require.Empty(t, l.Code, "%s: %s", label, l.Msg)
 	}
@@ -68,12 +72,18 @@ func TestNodeRealBroker(t *testing.T) {
 	assert.Equal(t, f.roots(tdC), got["api-pod"].Roots, "api trusts c.test")
 	assert.Equal(t, f.api.id.String(), got["api-spire"].ID)
 	assert.Equal(t, []string{tdC.IDString()}, got["api-spire"].FederatesWith)
+	assert.Equal(t, f.web.id.String(), got["web-spire-sa"].ID)
+	assert.Equal(t, []string{tdB.IDString()}, got["web-spire-sa"].FederatesWith)
+	assert.Equal(t, f.api.id.String(), got["api-sa"].ID)
 
 	// Refusals, each with its reason.
 	zt.do(t, brokerCall{Label: "db-pod", Namespace: f.ns, Pod: f.db.pod.Name}.command())
 	zt.do(t, brokerCall{Label: "host-pid", PID: host.pid()}.command())
+	zt.do(t, brokerCall{Label: "db-sa", Delegated: true, Selectors: []string{"k8s:ns:" + f.ns, "k8s:sa:db"}}.command())
 	web.do(t, brokerCall{Label: "web-as-broker", PID: api.pid()}.command())
-	refused := zt.collect(t, answered("db-pod", "host-pid"))
+	refused := zt.collect(t, answered("db-pod", "host-pid", "db-sa"))
+	assert.Equal(t, "NotFound", refused["db-sa"].Code, "db's service account runs on node B only: %+v", refused["db-sa"])
+	assert.Contains(t, refused["db-sa"].Msg, "no running pod of service account "+f.ns+"/db is on node "+f.nodeA)
 	assert.Equal(t, "NotFound", refused["db-pod"].Code, "node B's pod: %+v", refused["db-pod"])
 	assert.Contains(t, refused["db-pod"].Msg, f.nodeA)
 	assert.Equal(t, "PermissionDenied", refused["host-pid"].Code, "a pid in no pod: %+v", refused["host-pid"])

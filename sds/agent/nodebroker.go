@@ -38,6 +38,8 @@ type BrokerConfig struct {
 // PodReferences finds this node's pods by reference (attest.Pods).
 type PodReferences interface {
 	LookupPod(ctx context.Context, ref attest.PodRef) (attest.KubernetesFacts, error)
+	// PodsOf is this node's running pods of a service account.
+	PodsOf(namespace, serviceAccount string) ([]attest.KubernetesFacts, error)
 	// Changed is closed on the next change of this node's pods.
 	Changed() <-chan struct{}
 }
@@ -92,8 +94,11 @@ func attestError(ctx context.Context, err error) error {
 
 // Resolve attests the workload ref names and holds its identity.
 func (b *nodeBrokers) Resolve(ctx context.Context, ref broker.Reference) (*broker.Workload, error) {
-	if ref.Pod != nil {
+	switch {
+	case ref.Pod != nil:
 		return b.resolvePod(ctx, ref)
+	case ref.Account != nil:
+		return b.resolveAccount(ctx, ref)
 	}
 	c, err := b.attested.Attestor.PinPID(ref.PID)
 	if err != nil {
@@ -134,10 +139,8 @@ func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*br
 	w := b.attested.workload(attest.Facts{Kubernetes: &k})
 	// Nothing about a process was attested: no unix facts, no container.
 	w.Unix = false
-	for _, c := range ref.Checks {
-		if err := check(c, w); err != nil {
-			return nil, err
-		}
+	if err := checkAll(ref.Checks, w); err != nil {
+		return nil, err
 	}
 	held, err := b.hold(ctx, w, changed)
 	if err != nil {
@@ -145,6 +148,72 @@ func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*br
 	}
 	held.Name = fmt.Sprintf("pod %s/%s (uid %s)", k.Namespace, k.PodName, k.PodUID)
 	return held, nil
+}
+
+// resolveAccount resolves a service account: its running pods on this
+// node that hold every asserted fact, which must all have one identity
+// (the broker means them as one workload, as ztunnel's selector mode
+// does with k8s:ns and k8s:sa).
+func (b *nodeBrokers) resolveAccount(ctx context.Context, ref broker.Reference) (*broker.Workload, error) {
+	if b.pods == nil {
+		return nil, fmt.Errorf("%w: this agent reads no pods from an API server (no --kubeconfig, not in a pod): reference workloads by pid", broker.ErrNotFound)
+	}
+	a := ref.Account
+	changed := b.pods.Changed()
+	pods, err := b.pods.PodsOf(a.Namespace, a.Name)
+	if err != nil {
+		return nil, attestError(ctx, err)
+	}
+	if len(pods) == 0 {
+		return nil, fmt.Errorf("%w: no running pod of service account %s/%s is on node %s", broker.ErrNotFound, a.Namespace, a.Name, b.attested.NodeName)
+	}
+	m := b.attested.Map.Load()
+	if m == nil {
+		return nil, fmt.Errorf("%w: no identity map loaded yet", authn.ErrUnavailable)
+	}
+	var (
+		first  *identitymap.Identity
+		chosen identitymap.Workload
+		failed error
+	)
+	for _, k := range pods {
+		w := b.attested.workload(attest.Facts{Kubernetes: &k})
+		w.Unix = false
+		if err := checkAll(ref.Checks, w); err != nil {
+			failed = err
+			continue
+		}
+		ident, err := m.Identify(w)
+		if err != nil {
+			return nil, fmt.Errorf("%w: pod %s/%s of service account %s/%s: %w", broker.ErrNotEntitled, k.Namespace, k.PodName, a.Namespace, a.Name, err)
+		}
+		if first == nil {
+			first, chosen = &ident, w
+			continue
+		}
+		if identityRequest(*first).key() != identityRequest(ident).key() {
+			return nil, fmt.Errorf("%w: the pods of service account %s/%s on this node have different identities (%s, %s): name the pod (k8s:pod-uid, or k8s:pod-name)",
+				broker.ErrNotEntitled, a.Namespace, a.Name, describe(first.ID, first.DNSNames), describe(ident.ID, ident.DNSNames))
+		}
+	}
+	if first == nil {
+		return nil, failed
+	}
+	held, err := b.hold(ctx, chosen, changed)
+	if err != nil {
+		return nil, err
+	}
+	held.Name = fmt.Sprintf("service account %s/%s (%d running pods on this node)", a.Namespace, a.Name, len(pods))
+	return held, nil
+}
+
+func checkAll(checks []broker.Check, w identitymap.Workload) error {
+	for _, c := range checks {
+		if err := check(c, w); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // check refuses a pod that does not have a fact a selector asserted.

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 )
 
 // PodRef names a pod, as a broker names a workload by its Kubernetes Pod:
@@ -113,4 +114,30 @@ func (p *Pods) podByRef(ref PodRef) (*corev1.Pod, error) {
 		return pod, nil
 	}
 	return nil, refusal(ErrUnknownPod, "%s is not on node %s", ref, p.cfg.NodeName)
+}
+
+// PodsOf returns the facts of this node's running pods of service account
+// serviceAccount in namespace (not terminating, not finished), without a
+// container, as LookupPod gives them: the pods a broker means when it
+// names a workload by namespace and service account (SPIRE's k8s:ns and
+// k8s:sa selectors). None is not an error. It answers ErrKubeUnavailable
+// while the pods cannot be read, and does not wait.
+func (p *Pods) PodsOf(namespace, serviceAccount string) ([]KubernetesFacts, error) {
+	if _, err := p.state(); err != nil {
+		return nil, err
+	}
+	objs, err := p.informer.GetIndexer().ByIndex(cache.NamespaceIndex, namespace)
+	if err != nil {
+		return nil, fmt.Errorf("attest: %w", err)
+	}
+	var out []KubernetesFacts
+	for _, obj := range objs {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.Spec.NodeName != p.cfg.NodeName || pod.Spec.ServiceAccountName != serviceAccount ||
+			pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		out = append(out, podFacts(pod))
+	}
+	return out, nil
 }

@@ -232,3 +232,37 @@ func TestLookupPodReal(t *testing.T) {
 	require.ErrorIs(t, err, ErrPodNotRunning)
 	assert.ErrorContains(t, err, "is terminating")
 }
+
+// PodsOf finds this node's running pods of a service account, and no
+// other: another node's, another account's, a terminating or finished one.
+func TestPodsOf(t *testing.T) {
+	a1 := fakePod("shop", "web", "00000000-0000-0000-0000-000000000001", fakeNode, corev1.PodRunning)
+	a2 := fakePod("shop", "web2", "00000000-0000-0000-0000-000000000002", fakeNode, corev1.PodPending)
+	a2.Spec.ServiceAccountName = "web-sa"
+	elsewhere := fakePod("shop", "web3", "00000000-0000-0000-0000-000000000003", "node-b", corev1.PodRunning)
+	elsewhere.Spec.ServiceAccountName = "web-sa"
+	done := fakePod("shop", "web4", "00000000-0000-0000-0000-000000000004", fakeNode, corev1.PodSucceeded)
+	done.Spec.ServiceAccountName = "web-sa"
+	going := fakePod("shop", "web5", "00000000-0000-0000-0000-000000000005", fakeNode, corev1.PodRunning)
+	going.Spec.ServiceAccountName = "web-sa"
+	now := metav1.Now()
+	going.DeletionTimestamp = &now
+	going.Finalizers = []string{"example.com/hold"}
+	other := fakePod("other", "web", "00000000-0000-0000-0000-000000000006", fakeNode, corev1.PodRunning)
+	other.Spec.ServiceAccountName = "web-sa"
+	p, _, _ := fakePods(t, time.Second, a1, a2, elsewhere, done, going, other)
+
+	got, err := p.PodsOf("shop", "web-sa")
+	require.NoError(t, err)
+	var names []string
+	for _, k := range got {
+		names = append(names, k.PodName)
+		assert.Empty(t, k.ContainerID)
+		assert.Equal(t, "web-sa", k.ServiceAccount)
+	}
+	assert.ElementsMatch(t, []string{"web", "web2"}, names)
+
+	got, err = p.PodsOf("shop", "nobody")
+	require.NoError(t, err)
+	assert.Empty(t, got)
+}

@@ -90,7 +90,7 @@ func NewPods(cfg PodsConfig) (*Pods, error) {
 	// A client that says it cannot stream lists (WatchList), as the fake
 	// clientset does, is listed the classic way instead of hanging.
 	lw := cache.ToListWatcherWithWatchListSemantics(p.listWatch(), cfg.Client)
-	p.informer = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{uidIndex: podUIDIndex})
+	p.informer = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{uidIndex: podUIDIndex, cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	// Only what Lookup reads is worth keeping for every pod of the node.
 	if err := p.informer.SetTransform(func(obj any) (any, error) {
 		if pod, ok := obj.(*corev1.Pod); ok {

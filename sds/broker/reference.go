@@ -16,13 +16,16 @@ import (
 )
 
 // Reference is a workload named by a broker, parsed and bounded but not
-// yet resolved: the Resolver verifies that it exists on this node and
-// attests it. Exactly one of PID and Pod is set.
+// yet resolved: the Node verifies that it exists on this node and
+// attests it. Exactly one of PID, Pod and Account is set.
 type Reference struct {
 	// PID is a process of this node (> 0).
 	PID int32
 	// Pod is a Pod of this node.
 	Pod *PodReference
+	// Account is a service account: the workload of its running pods on
+	// this node (which must all have one identity).
+	Account *AccountReference
 	// Checks are facts a SPIRE Delegated Identity API caller asserted
 	// about the pod beside naming it (k8s:ns, k8s:sa, k8s:pod-label...):
 	// each must hold for the pod as attested, or the reference is refused.
@@ -37,6 +40,12 @@ type PodReference struct {
 	UID       string
 }
 
+// AccountReference names a Kubernetes service account.
+type AccountReference struct {
+	Namespace string
+	Name      string
+}
+
 // Check is one asserted fact: Kind is a Workload field name
 // ("namespace", "service_account", "pod_name", "pod_uid", "pod_label",
 // "node_name"), Key the label's name for "pod_label", Value what it must
@@ -49,6 +58,9 @@ type Check struct {
 
 // String names the reference in logs and errors.
 func (r Reference) String() string {
+	if r.Account != nil {
+		return "service account " + r.Account.Namespace + "/" + r.Account.Name
+	}
 	if r.Pod == nil {
 		return "pid " + strconv.Itoa(int(r.PID))
 	}
@@ -148,15 +160,24 @@ func unmarshal(a *anypb.Any, m proto.Message) error {
 	return nil
 }
 
-// kubernetesReference is k as a Pod reference.
+// kubernetesReference is k as a Pod or a ServiceAccount reference.
 func kubernetesReference(k *brokerpb.KubernetesObjectReference) (Reference, error) {
 	t := k.GetType()
-	if t.GetPlural() != "pods" || t.GetGroup() != "core" {
-		return Reference{}, invalid("Kubernetes object type %q in group %q is not served: workloads are referenced as Pods (plural \"pods\", group \"core\") or by pid",
-			printable(t.GetPlural()), printable(t.GetGroup()))
-	}
 	if len(k.GetKey().ProtoReflect().GetUnknown())+len(t.ProtoReflect().GetUnknown()) > 0 {
 		return Reference{}, invalid("Kubernetes object reference: fields this server does not know")
+	}
+	switch {
+	case t.GetPlural() == "serviceaccounts" && t.GetGroup() == "core":
+		if k.GetUid() != "" {
+			return Reference{}, invalid("a ServiceAccount is referenced by its key (namespace and name) only: this agent does not read service accounts, so it cannot verify a uid")
+		}
+		if err := checkAccount(k.GetKey().GetNamespace(), k.GetKey().GetName()); err != nil {
+			return Reference{}, err
+		}
+		return Reference{Account: &AccountReference{Namespace: k.GetKey().GetNamespace(), Name: k.GetKey().GetName()}}, nil
+	case t.GetPlural() != "pods" || t.GetGroup() != "core":
+		return Reference{}, invalid("Kubernetes object type %q in group %q is not served: workloads are referenced as Pods (plural \"pods\", group \"core\"), ServiceAccounts (\"serviceaccounts\", \"core\") or by pid",
+			printable(t.GetPlural()), printable(t.GetGroup()))
 	}
 	p := &PodReference{Namespace: k.GetKey().GetNamespace(), Name: k.GetKey().GetName(), UID: k.GetUid()}
 	if k.GetKey() != nil {
@@ -190,6 +211,21 @@ func checkKey(ns, name string) error {
 	return nil
 }
 
+// checkAccount checks a service account's namespace and name as
+// Kubernetes would accept them.
+func checkAccount(ns, name string) error {
+	if ns == "" || name == "" {
+		return invalid("a ServiceAccount's key needs both its namespace and its name, got namespace %q, name %q", printable(ns), printable(name))
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return invalid("namespace %q: %s", printable(ns), errs[0])
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return invalid("service account %q: %s", printable(name), errs[0])
+	}
+	return nil
+}
+
 // checkUID checks a Kubernetes UID: a UUID in its canonical text form, as
 // the API server assigns them.
 func checkUID(uid string) error {
@@ -213,10 +249,12 @@ func checkUID(uid string) error {
 // ParseDelegated parses a SPIRE Delegated Identity API request's
 // workload: a pid, or selectors, never both (as SPIRE requires). The
 // selectors must name a pod of this node (k8s:pod-uid, or k8s:ns with
-// k8s:pod-name); the others are facts the pod must have (k8s:sa,
-// k8s:pod-label, k8s:node-name). A selector that does not map onto what
-// trustbridge attests is refused, naming it: a broker never chooses an
-// identity by asserting facts, it names a pod and the agent attests it.
+// k8s:pod-name) or a service account (k8s:ns with k8s:sa: its running
+// pods on this node); the others are facts the pods must have (k8s:sa
+// beside a pod, k8s:pod-label, k8s:node-name). A selector that does not
+// map onto what trustbridge attests is refused, naming it: a broker never
+// chooses an identity by asserting facts, it names pods and the agent
+// attests them.
 func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, error) {
 	switch {
 	case pid != 0 && len(selectors) > 0:
@@ -232,6 +270,7 @@ func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, err
 	}
 	p := &PodReference{}
 	var checks []Check
+	var account string
 	for _, s := range selectors {
 		name := s.GetType() + ":" + s.GetValue()
 		if len(name) > maxSelectorSize {
@@ -250,7 +289,7 @@ func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, err
 		case "pod-name":
 			err = set(&p.Name, value, name)
 		case "sa":
-			checks = append(checks, Check{Kind: "service_account", Value: value, Selector: name})
+			err = set(&account, value, name)
 		case "node-name":
 			checks = append(checks, Check{Kind: "node_name", Value: value, Selector: name})
 		case "pod-label":
@@ -267,7 +306,16 @@ func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, err
 		}
 	}
 	if p.Name == "" && p.UID == "" {
-		return Reference{}, invalid("the selectors name no pod: add k8s:pod-uid:<uid>, or k8s:ns:<namespace> with k8s:pod-name:<name>; a broker gets the identities of this node's pods, not of facts it asserts")
+		if p.Namespace == "" || account == "" {
+			return Reference{}, invalid("the selectors name no pod and no service account: add k8s:pod-uid:<uid>, k8s:ns:<namespace> with k8s:pod-name:<name>, or k8s:ns:<namespace> with k8s:sa:<service account>; a broker gets the identities of this node's pods, not of facts it asserts")
+		}
+		if err := checkAccount(p.Namespace, account); err != nil {
+			return Reference{}, err
+		}
+		return Reference{Account: &AccountReference{Namespace: p.Namespace, Name: account}, Checks: checks}, nil
+	}
+	if account != "" {
+		checks = append([]Check{{Kind: "service_account", Value: account, Selector: "k8s:sa:" + account}}, checks...)
 	}
 	if p.Name == "" && p.Namespace != "" {
 		// A pod named by UID: its namespace is a fact to check.

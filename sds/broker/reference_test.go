@@ -36,6 +36,10 @@ func TestParseReference(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, &PodReference{UID: webUID}, got.Pod)
 
+	got, err = ParseReference(accountRef(t, "shop", "web", ""))
+	require.NoError(t, err)
+	assert.Equal(t, &AccountReference{Namespace: "shop", Name: "web"}, got.Account)
+
 	got, err = ParseReference(podRef(t, "", "", webUID))
 	require.NoError(t, err)
 	assert.Equal(t, "pod uid "+webUID, got.String())
@@ -62,6 +66,8 @@ func TestParseReference(t *testing.T) {
 		"zero pid":            {pidRef(t, 0), "must be positive"},
 		"negative pid":        {pidRef(t, -1), "must be positive"},
 		"deployment":          {kube("deployments", "apps"), `"deployments" in group "apps" is not served`},
+		"account by uid":      {accountRef(t, "shop", "web", webUID), "by its key (namespace and name) only"},
+		"account bad name":    {accountRef(t, "shop", "", ""), "needs both its namespace and its name"},
 		"pods of other group": {kube("pods", "example.com"), "is not served"},
 		"pod without key/uid": {podRef(t, "", "", ""), "needs its uid"},
 		"name without ns":     {podRef(t, "", "web", ""), "needs both its namespace and its name"},
@@ -110,6 +116,15 @@ func spiffeReference(t testing.TB, plural, group, ns, name, uid string) *brokerp
 	return &brokerpb.WorkloadReference{Reference: &anypb.Any{TypeUrl: k8sReferenceTypeSPIRE, Value: b}}
 }
 
+func accountRef(t testing.TB, ns, name, uid string) *brokerpb.WorkloadReference {
+	a, err := anypb.New(&brokerpb.KubernetesObjectReference{
+		Type: &brokerpb.KubernetesObjectType{Plural: "serviceaccounts", Group: "core"},
+		Key:  &brokerpb.KubernetesObjectKey{Namespace: ns, Name: name}, Uid: uid,
+	})
+	require.NoError(t, err)
+	return &brokerpb.WorkloadReference{Reference: a}
+}
+
 func sel(values ...string) []*spiretypes.Selector {
 	var out []*spiretypes.Selector
 	for _, v := range values {
@@ -133,6 +148,14 @@ func TestParseDelegated(t *testing.T) {
 		{Kind: "node_name", Value: "n1", Selector: "k8s:node-name:n1"},
 	}, got.Checks)
 
+	// ztunnel's selector mode: a namespace and a service account.
+	got, err = ParseDelegated(0, sel("k8s:ns:shop", "k8s:sa:web", "k8s:pod-label:app:web"))
+	require.NoError(t, err)
+	assert.Equal(t, &AccountReference{Namespace: "shop", Name: "web"}, got.Account)
+	assert.Nil(t, got.Pod)
+	assert.Equal(t, []Check{{Kind: "pod_label", Key: "app", Value: "web", Selector: "k8s:pod-label:app:web"}}, got.Checks)
+	assert.Equal(t, "service account shop/web", got.String())
+
 	got, err = ParseDelegated(0, sel("k8s:pod-uid:"+webUID))
 	require.NoError(t, err)
 	assert.Equal(t, webUID, got.Pod.UID)
@@ -151,7 +174,9 @@ func TestParseDelegated(t *testing.T) {
 		"negative":        {-3, nil, "must be positive"},
 		"unix":            {0, sel("unix:uid:0"), `selector "unix:uid:0": only k8s selectors`},
 		"unmapped k8s":    {0, sel("k8s:container-name:app", "k8s:pod-uid:"+webUID), `"k8s:container-name:app" does not map`},
-		"no pod":          {0, sel("k8s:ns:shop", "k8s:sa:web"), "name no pod"},
+		"namespace only":  {0, sel("k8s:ns:shop"), "name no pod and no service account"},
+		"account only":    {0, sel("k8s:sa:web"), "name no pod and no service account"},
+		"bad account":     {0, sel("k8s:ns:shop", "k8s:sa:Web"), `service account "Web"`},
 		"name without ns": {0, sel("k8s:pod-name:web"), "needs both its namespace"},
 		"contradiction":   {0, sel("k8s:ns:shop", "k8s:ns:other", "k8s:pod-name:web"), "contradicts"},
 		"bad label":       {0, sel("k8s:pod-label:nocolon", "k8s:pod-uid:"+webUID), "k8s:pod-label:<name>:<value>"},
@@ -235,6 +260,10 @@ func checkParsed(t *testing.T, typ string, value []byte) {
 		return
 	}
 	switch {
+	case r.Account != nil:
+		require.Zero(t, r.PID)
+		require.Nil(t, r.Pod)
+		require.True(t, r.Account.Namespace != "" && r.Account.Name != "")
 	case r.Pod == nil:
 		require.Positive(t, r.PID)
 	default:
@@ -260,7 +289,13 @@ func FuzzParseDelegated(f *testing.F) {
 			require.ErrorIs(t, err, ErrInvalidReference)
 			return
 		}
-		require.True(t, (r.PID > 0) != (r.Pod != nil))
+		n := 0
+		for _, set := range []bool{r.PID > 0, r.Pod != nil, r.Account != nil} {
+			if set {
+				n++
+			}
+		}
+		require.Equal(t, 1, n, "exactly one kind of reference: %+v", r)
 	})
 }
 
