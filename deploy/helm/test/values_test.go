@@ -317,3 +317,39 @@ func TestBadValuesFail(t *testing.T) {
 		})
 	}
 }
+
+// The agent's rendered arguments are flags the binary has: it parses them
+// all (with --help, so that it starts nothing), every value the chart
+// sets included.
+func TestAgentAcceptsRenderedArgs(t *testing.T) {
+	bin := os.Getenv("TRUSTBRIDGE_BIN")
+	if bin == "" {
+		if os.Getenv(kubetest.RequireEnv) == "require" {
+			t.Fatalf("TRUSTBRIDGE_BIN required (%s=require): make helm-tests sets it to bin/trustbridge", kubetest.RequireEnv)
+		}
+		t.Skip("TRUSTBRIDGE_BIN not set (make helm-tests sets it)")
+	}
+	for name, values := range map[string]map[string]any{"agent": valuesFile(t, "agent.yaml"), "agent-default": agentValues(true)} {
+		t.Run(name, func(t *testing.T) {
+			objs := mustRender(t, values)
+			var args []string
+			for _, o := range objs {
+				if o.GetKind() != "DaemonSet" {
+					continue
+				}
+				cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+				for _, c := range cs {
+					a, _, _ := unstructured.NestedStringSlice(c.(map[string]any), "args")
+					if len(a) > 0 && a[0] == "agent" {
+						args = a
+					}
+				}
+			}
+			require.NotEmpty(t, args, "no agent container rendered")
+			cmd := exec.Command(bin, append(args, "--help")...)
+			cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+			out, err := cmd.CombinedOutput()
+			assert.NoError(t, err, "trustbridge %v:\n%s", args, out)
+		})
+	}
+}
