@@ -104,23 +104,59 @@ func (b *nodeBrokers) Resolve(ctx context.Context, ref broker.Reference) (*broke
 	if err != nil {
 		return nil, attestError(ctx, err)
 	}
-	facts, err := b.attested.Attestor.Attest(ctx, c)
+	p := &pinned{c: c, refs: 1}
+	w, err := b.resolvePinned(ctx, p)
+	p.release() // this call's hold: w has its own, if there is a w
+	return w, err
+}
+
+// pinned is a process a broker named, pinned, shared by the successive
+// Workloads of one stream (each holds it): it is closed when the last
+// lets go.
+type pinned struct {
+	c    *attest.Caller
+	mu   sync.Mutex
+	refs int
+}
+
+func (p *pinned) hold() {
+	p.mu.Lock()
+	p.refs++
+	p.mu.Unlock()
+}
+
+// release lets go of one hold, closing the pin with the last.
+func (p *pinned) release() {
+	p.mu.Lock()
+	p.refs--
+	last := p.refs == 0
+	p.mu.Unlock()
+	if last {
+		_ = p.c.Close()
+	}
+}
+
+// resolvePinned attests the pinned process (again: it must still be the
+// process that was pinned) and holds its identity. Its Again does the
+// same, so a stream never moves to another process that reused the pid.
+func (b *nodeBrokers) resolvePinned(ctx context.Context, p *pinned) (*broker.Workload, error) {
+	facts, err := b.attested.Attestor.Attest(ctx, p.c)
 	if err != nil {
-		c.Close()
 		return nil, attestError(ctx, err)
 	}
 	if facts.Kubernetes == nil {
-		c.Close()
-		return nil, fmt.Errorf("%w: pid %d is not in a pod: brokers get the identities of this node's pods only", broker.ErrNotEntitled, ref.PID)
+		return nil, fmt.Errorf("%w: pid %d is not in a pod: brokers get the identities of this node's pods only", broker.ErrNotEntitled, p.c.PID)
 	}
-	w, err := b.hold(ctx, b.attested.workload(facts), c.Exited())
+	w, err := b.hold(ctx, b.attested.workload(facts), p.c.Exited())
 	if err != nil {
-		c.Close()
 		return nil, err
 	}
-	w.Name = fmt.Sprintf("pid %d in pod %s/%s (container %s)", ref.PID, facts.Kubernetes.Namespace, facts.Kubernetes.PodName, facts.Kubernetes.ContainerName)
+	k := facts.Kubernetes
+	w.Name = fmt.Sprintf("pid %d in pod %s/%s (container %s)", p.c.PID, k.Namespace, k.PodName, k.ContainerName)
+	p.hold()
 	release := w.Release
-	w.Release = func() { release(); c.Close() }
+	w.Release = func() { release(); p.release() }
+	w.Again = func(ctx context.Context) (*broker.Workload, error) { return b.resolvePinned(ctx, p) }
 	return w, nil
 }
 

@@ -56,6 +56,9 @@ type fakeWorkload struct {
 	cell *wapi.Cell
 	gone chan struct{}
 	err  error // Resolve's answer instead
+	// again, when set, is the Workload's Again: what resolving it again
+	// answers.
+	again func() error
 }
 
 func (n *fakeNode) IdentifyCaller(context.Context) (Caller, error) {
@@ -85,11 +88,24 @@ func (n *fakeNode) resolveLocked(w *fakeWorkload, name string) (*Workload, error
 		return nil, w.err
 	}
 	n.held++
-	return &Workload{ID: w.id, Source: w.cell, Gone: w.gone, Name: name, Release: func() {
+	wl := &Workload{ID: w.id, Source: w.cell, Gone: w.gone, Name: name, Release: func() {
 		n.mu.Lock()
 		n.held--
 		n.mu.Unlock()
-	}}, nil
+	}}
+	if w.again != nil {
+		wl.Again = func(context.Context) (*Workload, error) {
+			if err := w.again(); err != nil {
+				return nil, err
+			}
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			fresh := *w
+			fresh.gone = make(chan struct{})
+			return n.resolveLocked(&fresh, name)
+		}
+	}
+	return wl, nil
 }
 
 func (n *fakeNode) set(f func(n *fakeNode)) {

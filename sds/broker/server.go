@@ -74,6 +74,11 @@ type Workload struct {
 	Gone <-chan struct{}
 	// Name describes the workload as attested, for logs.
 	Name string
+	// Again, when set, resolves this workload again in place of the
+	// Node's Resolve of its reference: a process named by pid must be
+	// attested again as the same process (its pin), never as whichever
+	// process holds the pid by then.
+	Again func(ctx context.Context) (*Workload, error)
 	// Release lets go of the identity; called once.
 	Release func()
 }
@@ -284,6 +289,23 @@ func (s *Server) resolve(ctx context.Context, c *call, ref *Reference) (*Workloa
 	return w, nil
 }
 
+// again resolves w, which ref named, again: through w.Again when it has
+// one.
+func (s *Server) again(ctx context.Context, c *call, ref *Reference, w *Workload) (*Workload, error) {
+	if w.Again == nil {
+		return s.resolve(ctx, c, ref)
+	}
+	next, err := w.Again(ctx)
+	if err != nil {
+		return nil, s.status(ctx, c, err)
+	}
+	if next == nil || next.Source == nil {
+		next.release()
+		return nil, status.Error(codes.Internal, "broker: the node resolved the workload to nothing")
+	}
+	return next, nil
+}
+
 // builder makes a stream's next message from a workload's State; nil
 // with no error sends nothing.
 type builder func(w *Workload, st *wapi.State) (proto.Message, error)
@@ -334,7 +356,7 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 		if err := s.authorize(ctx, c); err != nil {
 			return err
 		}
-		next, err := s.resolve(ctx, c, ref)
+		next, err := s.again(ctx, c, ref, w)
 		if err != nil {
 			return err
 		}

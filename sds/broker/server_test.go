@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -318,3 +319,37 @@ func TestNewRefuses(t *testing.T) {
 }
 
 var _ wapi.Source = (*wapi.Cell)(nil)
+
+// A workload with its own Again (a pinned process) is resolved again
+// through it, never through its reference: the pid may name another
+// process by then.
+func TestStreamResolvesAgainThroughWorkload(t *testing.T) {
+	_, n, conn, _ := setup(t, nil)
+	var agains atomic.Int32
+	gone := make(chan struct{})
+	n.set(func(n *fakeNode) {
+		w := n.byRef["pid 42"]
+		w.gone = gone
+		w.again = func() error {
+			agains.Add(1)
+			return fmt.Errorf("%w: pid 42 exited", ErrNotFound)
+		}
+	})
+	b, _ := clients(conn)
+	s, err := b.SubscribeToX509SVID(brokerCtx(t.Context()), &brokerpb.SubscribeToX509SVIDRequest{Reference: pidRef(t, 42)})
+	require.NoError(t, err)
+	_, err = s.Recv()
+	require.NoError(t, err)
+	resolved := func() int {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.resolved
+	}()
+	close(gone)
+	_, err = s.Recv()
+	requireReason(t, err, codes.NotFound, "WORKLOAD_NOT_FOUND")
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	assert.Equal(t, int32(1), agains.Load())
+	assert.Equal(t, resolved, n.resolved, "the reference was not resolved again")
+}
