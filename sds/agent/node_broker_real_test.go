@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/cgrouptest"
@@ -125,6 +127,15 @@ func TestNodeRealBroker(t *testing.T) {
 	assert.Equal(t, "NotFound", ended["api-spire"].Code, "%+v", ended["api-spire"])
 	assert.Contains(t, ended["api-spire"].Msg, strconv.Itoa(int(api.pid())))
 	assert.Empty(t, ended["api-pod"].Code)
+
+	// api's pod is deleted and re-created under its name: the stream on
+	// the old pod ends (it named that pod, not whichever has its name).
+	ctx := context.Background()
+	require.NoError(t, f.env.Client.CoreV1().Pods(f.ns).Delete(ctx, f.api.pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+	again := f.createPod(t, f.api.pod.Name, "api", f.nodeA)
+	require.NotEqual(t, f.api.pod.UID, again.pod.UID)
+	ended = zt.collect(t, func(m map[string]childLine) bool { return m["api-pod"].Code != "" })
+	assert.Equal(t, "NotFound", ended["api-pod"].Code, "%+v", ended["api-pod"])
 	zt.stop(t)
 	web.stop(t)
 	host.stop(t)

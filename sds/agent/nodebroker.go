@@ -183,6 +183,11 @@ func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*br
 		return nil, err
 	}
 	held.Name = fmt.Sprintf("pod %s/%s (uid %s)", k.Namespace, k.PodName, k.PodUID)
+	// Again, the pod is this one (its UID): a pod re-created under the
+	// name is another workload, and ends the stream.
+	pinnedRef := ref
+	pinnedRef.Pod = &broker.PodReference{Namespace: k.Namespace, Name: k.PodName, UID: k.PodUID}
+	held.Again = func(ctx context.Context) (*broker.Workload, error) { return b.resolvePod(ctx, pinnedRef) }
 	return held, nil
 }
 
