@@ -131,6 +131,10 @@ value that cannot be honoured is an error naming the variable.`,
   trustbridge agent --node --node-name "$NODE_NAME" --ca-addr trustbridge.trustbridge-system.svc:15012 \
       --root-cert /etc/trustbridge/root-cert.pem --token-file /var/run/secrets/tokens/trustbridge \
       --sds-socket /run/trustbridge/sockets/socket --identity-map /etc/trustbridge/identity-map.yaml
+  # the same, and ztunnel brokers the node's pods (SPIFFE Broker API, SPIRE's Delegated Identity API)
+  trustbridge agent --node --node-name "$NODE_NAME" --ca-addr trustbridge.trustbridge-system.svc:15012 \
+      --root-cert /etc/trustbridge/root-cert.pem --token-file /var/run/secrets/tokens/trustbridge \
+      --broker-socket /run/trustbridge/broker/broker.sock --broker-allow sa:istio-system/ztunnel
   # the istio-agent names, as in a pod spec written for it
   CA_ADDR=trustbridge.trustbridge-system.svc:15012 CA_ROOT_CA=/etc/trustbridge/root-cert.pem \
       OUTPUT_CERTS=/var/run/secrets/workload-spiffe-credentials trustbridge agent --token-file /var/run/secrets/tokens/trustbridge`,
