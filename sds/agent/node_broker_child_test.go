@@ -11,10 +11,14 @@ import (
 	"strings"
 
 	brokerpb "github.com/spiffe/go-spiffe/v2/exp/proto/spiffe/broker"
+	"github.com/spiffe/go-spiffe/v2/spiffegrpc/grpccredentials"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	delegatedv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/agent/delegatedidentity/v1"
 	spiretypes "github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -48,6 +52,10 @@ type brokerCall struct {
 	UID            string   `json:"uid,omitempty"`
 	ServiceAccount string   `json:"sa,omitempty"`
 	Selectors      []string `json:"selectors,omitempty"`
+	// MTLS connects with mutual TLS: the child's X509-SVID from the
+	// node's Workload API, authorising the agent as Server.
+	MTLS   bool   `json:"mtls,omitempty"`
+	Server string `json:"server,omitempty"`
 }
 
 func (c brokerCall) command() string {
@@ -58,7 +66,12 @@ func (c brokerCall) command() string {
 // childBroker makes call and reports each answer until ctx ends.
 func childBroker(ctx context.Context, call brokerCall, report func(childLine)) {
 	l := childLine{Stream: call.Label}
-	conn, err := grpc.NewClient("unix://"+os.Getenv(childBrokerEnv), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := call.credentials(ctx)
+	if err != nil {
+		report(l.refused(err))
+		return
+	}
+	conn, err := grpc.NewClient("unix://"+os.Getenv(childBrokerEnv), grpc.WithTransportCredentials(creds))
 	if err != nil {
 		report(l.refused(err))
 		return
@@ -72,6 +85,25 @@ func childBroker(ctx context.Context, call brokerCall, report func(childLine)) {
 	if ctx.Err() == nil {
 		report(l.refused(err))
 	}
+}
+
+// credentials are the call's transport: plaintext, or mutual TLS with the
+// child's own X509-SVID as a broker gets it from the Workload API.
+func (c brokerCall) credentials(ctx context.Context) (credentials.TransportCredentials, error) {
+	if !c.MTLS {
+		return insecure.NewCredentials(), nil
+	}
+	server, err := spiffeid.FromString(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, childCallLimit)
+	defer cancel()
+	x, err := workloadapi.FetchX509Context(ctx, workloadapi.WithAddr("unix://"+os.Getenv(childWLEnv)))
+	if err != nil {
+		return nil, fmt.Errorf("the broker's own SVID: %w", err)
+	}
+	return grpccredentials.MTLSClientCredentials(x.DefaultSVID(), x.Bundles, tlsconfig.AuthorizeID(server)), nil
 }
 
 func (c brokerCall) reference() (*brokerpb.WorkloadReference, error) {

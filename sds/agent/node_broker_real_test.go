@@ -40,7 +40,9 @@ func (k *kid) pid() int32 { return int32(k.cmd.Process.Pid) }
 // authorised broker, gets through go-spiffe's Broker API client the
 // SVIDs of web and api (two pods of node A) by pid and by pod reference,
 // and through spire-api-sdk's Delegated Identity API client by pid, each
-// with the trust the policy grants that workload; a rotation, a federated
+// with the trust the policy grants that workload, and over mutual TLS with
+// its own SVID from the Workload API (web, over mutual TLS too, is refused
+// as its certificate's ID); a rotation, a federated
 // bundle change and a policy change reach its open streams; a JWT-SVID it
 // fetches for web validates in a federated trust domain. It is refused
 // for node B's pod, for a pid in no pod; web, not a broker, is refused;
@@ -63,13 +65,16 @@ func TestNodeRealBroker(t *testing.T) {
 	// ServiceAccount reference: the account's running pods on this node.
 	zt.do(t, brokerCall{Label: "web-spire-sa", Delegated: true, Selectors: []string{"k8s:ns:" + f.ns, "k8s:sa:web"}}.command())
 	zt.do(t, brokerCall{Label: "api-sa", Namespace: f.ns, ServiceAccount: "api"}.command())
-	got := zt.collect(t, answered("web-pid", "api-pod", "web-uid", "api-spire", "web-spire-sa", "api-sa"))
+	agentID := spiffeid.RequireFromSegments(tdA, "ns", f.ns, "sa", agentAccount)
+	zt.do(t, brokerCall{Label: "web-mtls", MTLS: true, Server: agentID.String(), PID: web.pid()}.command())
+	got := zt.collect(t, answered("web-pid", "api-pod", "web-uid", "api-spire", "web-spire-sa", "api-sa", "web-mtls"))
 	for label, l := range got {
 		require.Empty(t, l.Code, "%s: %s", label, l.Msg)
 	}
 	assert.Equal(t, f.web.id.String(), got["web-pid"].ID)
 	assert.Equal(t, f.roots(tdB), got["web-pid"].Roots, "web trusts b.test")
 	assert.Equal(t, f.web.id.String(), got["web-uid"].ID)
+	assert.Equal(t, f.web.id.String(), got["web-mtls"].ID, "over mutual TLS, ztunnel's SVID from the Workload API")
 	assert.Equal(t, f.api.id.String(), got["api-pod"].ID)
 	assert.Equal(t, f.roots(tdC), got["api-pod"].Roots, "api trusts c.test")
 	assert.Equal(t, f.api.id.String(), got["api-spire"].ID)
@@ -83,6 +88,7 @@ func TestNodeRealBroker(t *testing.T) {
 	zt.do(t, brokerCall{Label: "host-pid", PID: host.pid()}.command())
 	zt.do(t, brokerCall{Label: "db-sa", Delegated: true, Selectors: []string{"k8s:ns:" + f.ns, "k8s:sa:db"}}.command())
 	web.do(t, brokerCall{Label: "web-as-broker", PID: api.pid()}.command())
+	web.do(t, brokerCall{Label: "web-as-broker-mtls", MTLS: true, Server: agentID.String(), PID: api.pid()}.command())
 	refused := zt.collect(t, answered("db-pod", "host-pid", "db-sa"))
 	assert.Equal(t, "NotFound", refused["db-sa"].Code, "db's service account runs on node B only: %+v", refused["db-sa"])
 	assert.Contains(t, refused["db-sa"].Msg, "no running pod of service account "+f.ns+"/db is on node "+f.nodeA)
@@ -90,9 +96,13 @@ func TestNodeRealBroker(t *testing.T) {
 	assert.Contains(t, refused["db-pod"].Msg, f.nodeA)
 	assert.Equal(t, "PermissionDenied", refused["host-pid"].Code, "a pid in no pod: %+v", refused["host-pid"])
 	assert.Contains(t, refused["host-pid"].Msg, "is not in a pod")
-	notBroker := web.collect(t, answered("web-as-broker"))["web-as-broker"]
+	notBrokers := web.collect(t, answered("web-as-broker", "web-as-broker-mtls"))
+	notBroker := notBrokers["web-as-broker"]
 	assert.Equal(t, "PermissionDenied", notBroker.Code, "%+v", notBroker)
 	assert.Contains(t, notBroker.Msg, "matches none of the broker rules (sa:"+f.ns+"/ztunnel)")
+	certified := notBrokers["web-as-broker-mtls"]
+	assert.Equal(t, "PermissionDenied", certified.Code, "%+v", certified)
+	assert.Contains(t, certified.Msg, f.web.id.String()+" (certificate)) matches none of the broker rules")
 	t.Logf("refused: node B's pod: %s; a host pid: %s; web as a broker: %s", refused["db-pod"].Msg, refused["host-pid"].Msg, notBroker.Msg)
 
 	// b.test rotates its root: web's stream gets it.

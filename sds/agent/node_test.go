@@ -96,6 +96,13 @@ type nodeFixture struct {
 // process (a host process, by its uid) the identity id.
 func startNodeFixture(t testing.TB, id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
 	t.Helper()
+	return startNodeFixtureWith(t, nil, id, allow...)
+}
+
+// startNodeFixtureWith is startNodeFixture with the agent's Config
+// changed by with (brokers, say) before it starts.
+func startNodeFixtureWith(t testing.TB, with func(*Config), id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
+	t.Helper()
 	f := &nodeFixture{fed: &federation{changed: make(chan struct{})}, policy: trustpolicy.NewCell(shopPolicy(t, gatewayPeer)),
 		b: testca.New(t, tdB.Name())}
 	c, d := testca.New(t, tdC.Name()), testca.New(t, tdD.Name())
@@ -114,7 +121,7 @@ func startNodeFixture(t testing.TB, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 	f.ids = identitymap.NewCell(hostMap(t, id))
 	f.socket = filepath.Join(dir, "node.sock")
 	f.wl = filepath.Join(dir, "api.sock")
-	a := newTestAgent(t, Config{
+	cfg := Config{
 		SocketPath:        f.socket,
 		WorkloadAPISocket: f.wl,
 		CredentialsDir:    filepath.Join(dir, "creds"),
@@ -122,7 +129,11 @@ func startNodeFixture(t testing.TB, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 			TokenFile: token, GraceRatio: 0.5},
 		Node:   &NodeConfig{Attestor: attestor, Map: f.ids, NodeName: "node-a"},
 		RootCA: sds.RootCASPIFFE, // trustbridge agent --node's default
-	})
+	}
+	if with != nil {
+		with(&cfg)
+	}
+	a := newTestAgent(t, cfg)
 	_, f.done = runAgent(t, a)
 	waitSocket(t, f.socket, f.done)
 	return f

@@ -2,10 +2,16 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -57,7 +63,8 @@ type nodeBrokers struct {
 var _ broker.Node = (*nodeBrokers)(nil)
 
 // IdentifyCaller attests the broker socket's caller: its uid, its pod's
-// service account, and the identity the map gives it, if any.
+// service account, and its SPIFFE ID: its certificate's over mutual TLS,
+// else the identity the map gives it, if any.
 func (b *nodeBrokers) IdentifyCaller(ctx context.Context) (broker.Caller, error) {
 	facts, err := b.attested.Attestor.AttestPeer(ctx)
 	if err != nil {
@@ -66,6 +73,10 @@ func (b *nodeBrokers) IdentifyCaller(ctx context.Context) (broker.Caller, error)
 	c := broker.Caller{PID: facts.PID, UID: facts.Unix.UID}
 	if k := facts.Kubernetes; k != nil && k.Namespace != "" {
 		c.ServiceAccount = k.Namespace + "/" + k.ServiceAccount
+	}
+	if p, ok := attest.CallerFrom(ctx); ok && !p.SVID.IsZero() {
+		c.ID, c.Certified = p.SVID, true
+		return c, nil
 	}
 	if m := b.attested.Map.Load(); m != nil {
 		if ident, err := m.Identify(b.attested.workload(facts)); err == nil {
@@ -354,7 +365,7 @@ func (a *Agent) serveBrokers(auth *nodeAuthenticator, wl *nodeWorkloads, jwt *jw
 	if path == "" {
 		path = DefaultBrokerSocketPath
 	}
-	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.Credentials()))
+	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.CredentialsWithTLS(a.brokerTLS(auth.trust))))
 	srv.Register(gs)
 	return func(ctx context.Context) error {
 		ln, err := listenWorkloadSocket(ctx, path, gid, a.probeTimeout)
@@ -374,4 +385,55 @@ func (a *Agent) serveBrokers(auth *nodeAuthenticator, wl *nodeWorkloads, jwt *jw
 			return fmt.Errorf("agent: serving brokers: %w", err)
 		}
 	}, nil
+}
+
+// brokerTLS is the broker socket's mutual TLS (the Broker Endpoint
+// specification's transport): the node agent's own X509-SVID, and
+// brokers of its trust domain, verified against that trust domain's
+// roots. Both are read at each handshake, so renewals and root rotations
+// need no restart.
+func (a *Agent) brokerTLS(trust *nodeTrust) func() (*tls.Config, error) {
+	cfg := tlsconfig.MTLSServerConfig(rotatorSVID{a.rot}, localRoots{trust: trust, rot: a.rot},
+		tlsconfig.AuthorizeMemberOf(trust.local))
+	return func() (*tls.Config, error) { return cfg, nil }
+}
+
+// rotatorSVID is the Rotator's current credential as an x509svid.Source.
+type rotatorSVID struct{ rot rotator }
+
+func (s rotatorSVID) GetX509SVID() (*x509svid.SVID, error) {
+	cell, id := s.rot.Cell(), s.rot.ID()
+	if cell == nil {
+		return nil, errors.New("the node agent has no certificate of its own yet")
+	}
+	cred, err := cell.Credential(context.Background(), id)
+	if err != nil {
+		return nil, fmt.Errorf("the node agent's own certificate: %w", err)
+	}
+	return &x509svid.SVID{ID: id, Certificates: cred.Chain, PrivateKey: cred.Key}, nil
+}
+
+// localRoots is the local trust domain's roots as an x509bundle.Source:
+// the latest the server streamed for the node's workloads, which follow a
+// root rotation, else (while no workload is held) those that came with
+// the node agent's own certificate.
+type localRoots struct {
+	trust *nodeTrust
+	rot   rotator
+}
+
+func (l localRoots) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	if td != l.trust.local {
+		return nil, fmt.Errorf("brokers of trust domain %s only, not %s", l.trust.local.Name(), td.Name())
+	}
+	var roots []*x509.Certificate
+	if bs := l.trust.localBundles(); len(bs) > 0 {
+		roots = bs[0].X509Authorities()
+	} else {
+		roots = l.rot.Trust().Local
+	}
+	if len(roots) == 0 {
+		return nil, fmt.Errorf("no roots of trust domain %s yet", td.Name())
+	}
+	return x509bundle.FromX509Authorities(td, roots), nil
 }

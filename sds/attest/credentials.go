@@ -2,6 +2,7 @@ package attest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 )
@@ -37,6 +39,10 @@ type Caller struct {
 	// StartTime is /proc/<pid>/stat's field 22 at the handshake (or
 	// PinPID).
 	StartTime uint64
+	// SVID is the SPIFFE ID of the X509-SVID the caller presented over
+	// mutual TLS (CredentialsWithTLS), verified by the server's TLS
+	// config; zero on a plaintext connection.
+	SVID spiffeid.ID
 
 	procRoot string
 	pidfd    *os.File // nil where the kernel has no pidfds
@@ -54,16 +60,22 @@ type Caller struct {
 }
 
 // AuthType implements credentials.AuthInfo.
-func (c *Caller) AuthType() string { return authType }
+func (c *Caller) AuthType() string {
+	if !c.SVID.IsZero() {
+		return authTypeTLS
+	}
+	return authType
+}
 
 // GetCommonAuthInfo reports a unix socket's security: nothing but the
-// kernel is between the two ends, as grpc/credentials/local says.
+// kernel is between the two ends, as grpc/credentials/local says; TLS
+// adds no level above it.
 func (c *Caller) GetCommonAuthInfo() credentials.CommonAuthInfo {
 	return credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}
 }
 
 // CallerFrom returns the caller of the RPC whose context ctx is, on a
-// server built with Attestor.Credentials.
+// server built with Attestor.Credentials or CredentialsWithTLS.
 func CallerFrom(ctx context.Context) (*Caller, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -120,6 +132,9 @@ type peerCredentials struct {
 	procRoot string
 	// binary: pin the caller's executable too (Config.Binary).
 	binary bool
+	// tlsConfig, when set, serves callers that open with a TLS handshake
+	// in mutual TLS (CredentialsWithTLS).
+	tlsConfig func() (*tls.Config, error)
 }
 
 var _ credentials.TransportCredentials = (*peerCredentials)(nil)
@@ -128,10 +143,12 @@ func (p *peerCredentials) ClientHandshake(context.Context, string, net.Conn) (ne
 	return nil, nil, errors.New("attest: peer credentials are for servers only")
 }
 
-// ServerHandshake reads the caller from the socket. Only a connection
-// that is not a unix socket fails; a caller that cannot be pinned is let
-// through with the reason, so its RPCs are refused with it (a connection
-// error tells a workload nothing).
+// ServerHandshake reads the caller from the socket, then, with a TLS
+// config, handshakes in TLS a caller that opens with one. Only a
+// connection that is not a unix socket, or a TLS handshake that fails,
+// fails; a caller that cannot be pinned is let through with the reason,
+// so its RPCs are refused with it (a connection error tells a workload
+// nothing).
 func (p *peerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -161,7 +178,16 @@ func (p *peerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.
 		c.pidfd = pidfdFile(pidfd, pid) // held from here on, closed with conn
 	}
 	p.pin(c, perr)
-	return &callerConn{Conn: conn, caller: c}, c, nil
+	cc := &callerConn{Conn: conn, caller: c}
+	if p.tlsConfig == nil {
+		return cc, c, nil
+	}
+	if err := p.upgrade(cc); err != nil {
+		// gRPC closes the raw connection only: release the caller too.
+		_ = cc.Close()
+		return nil, nil, err
+	}
+	return cc, c, nil
 }
 
 // errNoPidfd: the kernel hands out no pidfds (this way).

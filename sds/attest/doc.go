@@ -17,6 +17,12 @@
 // same start time, so that facts read through a pid that meanwhile named
 // another process are never used.
 //
+// Attestor.CredentialsWithTLS does the same on a socket that also serves
+// mutual TLS (the SPIFFE Broker Endpoint's transport): a caller that opens
+// with a TLS handshake is handshaken with the server's config, which must
+// verify its X509-SVID, and Caller.SVID holds that SVID's SPIFFE ID;
+// plaintext callers are served as before.
+//
 // A broker (the SPIFFE Broker API; ztunnel in Istio's ambient mode) names
 // the workloads it serves instead of connecting as them, and the agent
 // attests them itself. Attestor.PinPID pins a process named by pid as the

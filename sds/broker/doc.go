@@ -20,7 +20,8 @@
 //     workload's.
 //
 // Who may broker is a Policy (ParsePolicy: "sa:<ns>/<name>", "uid:<n>",
-// a SPIFFE ID), checked against the caller as the Node attests it when
+// a SPIFFE ID: a certificate's over mutual TLS, else the identity map's),
+// checked against the caller as the Node attests it when
 // each call opens and at every recheck; every other caller is refused
 // with PermissionDenied naming the rules. A broker never picks an
 // identity: it names a workload, which the Node verifies exists on this
@@ -29,7 +30,7 @@
 // facts. A workload gets the bundles its own trust policy grants it.
 //
 //	srv, err := broker.New(broker.Config{Node: node, Policy: policy, JWT: minter})
-//	gs := grpc.NewServer(grpc.Creds(attestor.Credentials()))
+//	gs := grpc.NewServer(grpc.Creds(attestor.CredentialsWithTLS(mtlsConfig)))
 //	srv.Register(gs)
 //	go gs.Serve(unixListener)
 //
@@ -52,10 +53,13 @@
 // trustbridge_broker_pushes_total{api, method} count them.
 //
 // Transport. The Broker Endpoint specification asks for mutual TLS with
-// X509-SVIDs; this package is served on a unix socket whose callers the
-// kernel names (SO_PEERCRED, then attestation), as SPIRE serves its
-// Delegated Identity API on its admin socket: on one node that proves
-// more than a certificate a process could have been handed.
+// X509-SVIDs; SPIRE serves its Delegated Identity API in plaintext on its
+// admin socket. The node agent serves both on one unix socket
+// (attest.Attestor.CredentialsWithTLS): the kernel names every caller
+// first (SO_PEERCRED, then attestation), which on one node proves more
+// than a certificate a process could have been handed, and a broker over
+// mTLS adds its X509-SVID, whose SPIFFE ID is then the Caller's ID
+// (Caller.Certified) that a SPIFFE ID rule matches.
 //
 // References: the SPIFFE Broker API and Broker Endpoint specifications,
 // SPIRE's pkg/agent/api/delegatedidentity/v1.

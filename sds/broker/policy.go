@@ -19,9 +19,13 @@ type Caller struct {
 	// ServiceAccount is "namespace/name" of the caller's pod; empty
 	// outside a pod.
 	ServiceAccount string
-	// ID is the identity the identity map gives the caller; zero when it
-	// gives none.
+	// ID is the caller's SPIFFE ID: the verified X509-SVID's it presented
+	// over mutual TLS (Certified), else the identity the identity map
+	// gives it; zero when it has neither.
 	ID spiffeid.ID
+	// Certified: ID is from the caller's certificate, not the identity
+	// map.
+	Certified bool
 }
 
 // String names the caller in logs and errors.
@@ -33,6 +37,9 @@ func (c Caller) String() string {
 	}
 	if !c.ID.IsZero() {
 		fmt.Fprintf(&b, ", %s", c.ID)
+		if c.Certified {
+			b.WriteString(" (certificate)")
+		}
 	}
 	b.WriteString(")")
 	return b.String()
@@ -55,7 +62,8 @@ type rule struct {
 //
 //	sa:<namespace>/<name>   the caller runs in a pod with that service account
 //	uid:<n>                 the caller's effective uid is n
-//	spiffe://<td>/<path>    the identity map gives the caller that SPIFFE ID
+//	spiffe://<td>/<path>    the caller's SPIFFE ID is that one: its X509-SVID's
+//	                        over mutual TLS, else the identity map's
 //
 // For example "sa:istio-system/ztunnel". At least one rule is needed.
 func ParsePolicy(rules []string) (*Policy, error) {

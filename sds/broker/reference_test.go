@@ -203,12 +203,17 @@ func TestPolicy(t *testing.T) {
 		{Caller{UID: 5, ID: spiffeidOf("spiffe://a.test/ns/kube-system/sa/cilium")}, "spiffe://a.test/ns/kube-system/sa/cilium"},
 		{Caller{UID: 0, ServiceAccount: "istio-system/istiod"}, ""},
 		{Caller{UID: 5, ID: web}, ""},
+		{Caller{UID: 5, ID: spiffeidOf("spiffe://a.test/ns/kube-system/sa/cilium"), Certified: true}, "spiffe://a.test/ns/kube-system/sa/cilium"},
 	} {
 		rule, ok := p.Allows(tc.c)
 		assert.Equal(t, tc.rule, rule, "%s", tc.c)
 		assert.Equal(t, tc.rule != "", ok)
 	}
 	assert.Equal(t, "sa:istio-system/ztunnel, uid:1337, spiffe://a.test/ns/kube-system/sa/cilium", p.String())
+	assert.Equal(t, "pid 7 (uid 0, spiffe://a.test/ns/istio-system/sa/ztunnel (certificate))",
+		Caller{PID: 7, ID: spiffeidOf("spiffe://a.test/ns/istio-system/sa/ztunnel"), Certified: true}.String())
+	assert.Equal(t, "pid 7 (uid 0, service account istio-system/ztunnel, spiffe://a.test/ns/istio-system/sa/ztunnel)",
+		Caller{PID: 7, ServiceAccount: "istio-system/ztunnel", ID: spiffeidOf("spiffe://a.test/ns/istio-system/sa/ztunnel")}.String())
 	var none *Policy
 	_, ok := none.Allows(Caller{})
 	assert.False(t, ok)
