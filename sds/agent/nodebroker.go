@@ -365,7 +365,12 @@ func (a *Agent) serveBrokers(auth *nodeAuthenticator, wl *nodeWorkloads, jwt *jw
 	if path == "" {
 		path = DefaultBrokerSocketPath
 	}
-	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.CredentialsWithTLS(a.brokerTLS(auth.trust))))
+	// A broker holds a stream per workload (and per API) on one
+	// connection: the local sockets' per-connection bound (made for one
+	// Envoy) would hold its streams back. The server's own bound on
+	// broker streams applies across connections.
+	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.CredentialsWithTLS(a.brokerTLS(auth.trust))),
+		grpc.MaxConcurrentStreams(broker.DefaultMaxStreams))
 	srv.Register(gs)
 	return func(ctx context.Context) error {
 		ln, err := listenWorkloadSocket(ctx, path, gid, a.probeTimeout)
