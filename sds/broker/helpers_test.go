@@ -54,6 +54,7 @@ type fakeNode struct {
 type fakeWorkload struct {
 	id   spiffeid.ID
 	cell *wapi.Cell
+	src  wapi.Source // instead of cell
 	gone chan struct{}
 	err  error // Resolve's answer instead
 }
@@ -85,7 +86,11 @@ func (n *fakeNode) resolveLocked(w *fakeWorkload, name string) (*Workload, error
 		return nil, w.err
 	}
 	n.held++
-	return &Workload{ID: w.id, Source: w.cell, Gone: w.gone, Name: name, Release: func() {
+	var src wapi.Source = w.cell
+	if w.src != nil {
+		src = w.src
+	}
+	return &Workload{ID: w.id, Source: src, Gone: w.gone, Name: name, Release: func() {
 		n.mu.Lock()
 		n.held--
 		n.mu.Unlock()
