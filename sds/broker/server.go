@@ -115,6 +115,7 @@ type Server struct {
 
 	brokerAPI    brokerAPI
 	delegatedAPI delegatedAPI
+	messages     messages
 }
 
 // New returns a Server for cfg.
@@ -285,7 +286,9 @@ func (s *Server) resolve(ctx context.Context, c *call, ref *Reference) (*Workloa
 }
 
 // builder makes a stream's next message from a workload's State; nil
-// with no error sends nothing.
+// with no error sends nothing. Each method has one, which reads of w only
+// its ID (and its Name, in a refusal): streams share what it makes from
+// one State (messages).
 type builder func(w *Workload, st *wapi.State) (proto.Message, error)
 
 // stream serves one subscription: the first message at once, then one
@@ -307,13 +310,18 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 	recheck := s.cfg.Clock.NewTimer(s.cfg.RecheckInterval)
 	defer recheck.Stop()
 	var last proto.Message
+	var held *message
+	defer func() { s.messages.release(held) }()
 	for {
 		st, changed := w.Source.State()
-		msg, err := build(w, st)
+		e := s.messages.acquire(messageKey{state: st, api: c.api, method: c.method, id: w.ID})
+		s.messages.release(held)
+		held = e
+		msg, err := e.get(build, w, st)
 		if err != nil {
 			return s.status(ctx, c, err)
 		}
-		if msg != nil && (last == nil || !proto.Equal(msg, last)) {
+		if msg != nil && msg != last && (last == nil || !proto.Equal(msg, last)) {
 			if err := send(msg); err != nil {
 				return err
 			}
