@@ -54,6 +54,7 @@ type fakeNode struct {
 type fakeWorkload struct {
 	id   spiffeid.ID
 	cell *wapi.Cell
+	src  wapi.Source // instead of cell
 	gone chan struct{}
 	err  error // Resolve's answer instead
 	// again, when set, is the Workload's Again: what resolving it again
@@ -88,7 +89,11 @@ func (n *fakeNode) resolveLocked(w *fakeWorkload, name string) (*Workload, error
 		return nil, w.err
 	}
 	n.held++
-	wl := &Workload{ID: w.id, Source: w.cell, Gone: w.gone, Name: name, Release: func() {
+	var src wapi.Source = w.cell
+	if w.src != nil {
+		src = w.src
+	}
+	wl := &Workload{ID: w.id, Source: src, Gone: w.gone, Name: name, Release: func() {
 		n.mu.Lock()
 		n.held--
 		n.mu.Unlock()

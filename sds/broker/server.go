@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,12 @@ const Header = "broker.spiffe.io"
 // Gone channel closes: a broker no longer allowed, or a workload whose
 // identity changed, reaches open streams within it.
 const DefaultRecheckInterval = time.Minute
+
+// DefaultMaxStreams bounds the streams open at once, over every broker
+// connection: each holds a workload's identity (and a pidfd for a pid),
+// and one per workload and API is what a broker needs; ten times SPIRE's
+// agent's 1,000 identities leaves room for every API of every workload.
+const DefaultMaxStreams = 10_000
 
 // Refusal sentinels a Node wraps (besides ErrInvalidReference and
 // authn.ErrUnavailable, which answers Unavailable).
@@ -101,6 +108,9 @@ type Config struct {
 	JWT wapi.CallerJWTMinter
 	// RecheckInterval: DefaultRecheckInterval when zero.
 	RecheckInterval time.Duration
+	// MaxStreams bounds the streams open at once; a stream past it is
+	// refused with ResourceExhausted. DefaultMaxStreams when zero.
+	MaxStreams int
 	// Clock times rechecks; default the real one.
 	Clock clock.Clock
 	// Logger gets the audit of every call, rate limited; nil discards.
@@ -120,6 +130,8 @@ type Server struct {
 
 	brokerAPI    brokerAPI
 	delegatedAPI delegatedAPI
+	messages     messages
+	open         atomic.Int64 // streams open now
 }
 
 // New returns a Server for cfg.
@@ -131,6 +143,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("broker: no broker is allowed: name each one, e.g. --broker-allow sa:istio-system/ztunnel")
 	case cfg.RecheckInterval < 0:
 		return nil, fmt.Errorf("broker: recheck interval %s is negative", cfg.RecheckInterval)
+	case cfg.MaxStreams < 0:
+		return nil, fmt.Errorf("broker: maximum streams %d is negative", cfg.MaxStreams)
+	}
+	if cfg.MaxStreams == 0 {
+		cfg.MaxStreams = DefaultMaxStreams
 	}
 	if cfg.RecheckInterval == 0 {
 		cfg.RecheckInterval = DefaultRecheckInterval
@@ -307,7 +324,9 @@ func (s *Server) again(ctx context.Context, c *call, ref *Reference, w *Workload
 }
 
 // builder makes a stream's next message from a workload's State; nil
-// with no error sends nothing.
+// with no error sends nothing. Each method has one, which reads of w only
+// its ID (and its Name, in a refusal): streams share what it makes from
+// one State (messages).
 type builder func(w *Workload, st *wapi.State) (proto.Message, error)
 
 // stream serves one subscription: the first message at once, then one
@@ -319,6 +338,10 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 		s.end(ctx, c, w, err)
 		w.release()
 	}()
+	defer s.open.Add(-1)
+	if n := s.open.Add(1); n > int64(s.cfg.MaxStreams) {
+		return status.Errorf(codes.ResourceExhausted, "broker: %d streams are open, the most this agent serves at once; close streams of workloads that ended, or raise the bound", s.cfg.MaxStreams)
+	}
 	if w, err = s.resolve(ctx, c, ref); err != nil {
 		return err
 	}
@@ -329,13 +352,18 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 	recheck := s.cfg.Clock.NewTimer(s.cfg.RecheckInterval)
 	defer recheck.Stop()
 	var last proto.Message
+	var held *message
+	defer func() { s.messages.release(held) }()
 	for {
 		st, changed := w.Source.State()
-		msg, err := build(w, st)
+		e := s.messages.acquire(messageKey{state: st, api: c.api, method: c.method, id: w.ID})
+		s.messages.release(held)
+		held = e
+		msg, err := e.get(build, w, st)
 		if err != nil {
 			return s.status(ctx, c, err)
 		}
-		if msg != nil && (last == nil || !proto.Equal(msg, last)) {
+		if msg != nil && msg != last && (last == nil || !proto.Equal(msg, last)) {
 			if err := send(msg); err != nil {
 				return err
 			}

@@ -353,3 +353,26 @@ func TestStreamResolvesAgainThroughWorkload(t *testing.T) {
 	assert.Equal(t, int32(1), agains.Load())
 	assert.Equal(t, resolved, n.resolved, "the reference was not resolved again")
 }
+
+// Streams past MaxStreams are refused with ResourceExhausted, and one
+// closing makes room.
+func TestMaxStreams(t *testing.T) {
+	w := newWorld(t)
+	n := &fakeNode{caller: ztunnelCaller, byRef: map[string]*fakeWorkload{"pid 42": {id: web, cell: cellOf(t, w.state(t, web))}}}
+	conn, _ := serve(t, Config{Node: n, Policy: allowZtunnel(t), MaxStreams: 2})
+	b, _ := clients(conn)
+	open := func(ctx context.Context) error {
+		s, err := b.SubscribeToX509SVID(brokerCtx(ctx), &brokerpb.SubscribeToX509SVIDRequest{Reference: pidRef(t, 42)})
+		require.NoError(t, err)
+		_, err = s.Recv()
+		return err
+	}
+	ctx1, cancel1 := context.WithCancel(t.Context())
+	require.NoError(t, open(ctx1))
+	require.NoError(t, open(t.Context()))
+	err := open(t.Context())
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "2 streams are open")
+	cancel1()
+	require.Eventually(t, func() bool { return open(t.Context()) == nil }, 10*time.Second, 10*time.Millisecond, "a closed stream makes room")
+}
