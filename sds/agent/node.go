@@ -92,23 +92,10 @@ func (a *Agent) runNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := sds.New(sds.Config{
-		TrustDomain:    auth.trust.local,
-		Trust:          auth.trust,
-		Credentials:    auth.cache.CredentialSource(),
-		Authenticator:  auth,
-		Policy:         auth.trust,
-		RootCA:         a.rootCA,
-		ReauthInterval: nodeReattestInterval,
-		Clock:          a.clock,
-		Logger:         a.log,
-		Registerer:     a.reg,
-	})
+	gs, err := a.nodeSDS(auth)
 	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+		return err
 	}
-	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.Credentials()))
-	srv.Register(gs)
 	a.log.Info("serving the node's workloads, each its own attested identity", "ca_addr", a.caAddr,
 		"node", a.node.NodeName, logattr.SPIFFEID, a.rot.ID().String())
 	workers := append([]func(context.Context) error{a.rot.Run, auth.cache.Run}, a.node.Runners...)
@@ -125,6 +112,28 @@ func (a *Agent) runNode(ctx context.Context) error {
 		workers = append(workers, serve)
 	}
 	return a.serveOn(ctx, gs, netutil.AnyUser, a.nodeWorkloadAPI(cells, jwt), nil, workers...)
+}
+
+// nodeSDS is the node's SDS server, each caller authenticated by auth.
+func (a *Agent) nodeSDS(auth *nodeAuthenticator) (*grpc.Server, error) {
+	srv, err := sds.New(sds.Config{
+		TrustDomain:    auth.trust.local,
+		Trust:          auth.trust,
+		Credentials:    auth.cache.CredentialSource(),
+		Authenticator:  auth,
+		Policy:         auth.trust,
+		RootCA:         a.rootCA,
+		ReauthInterval: nodeReattestInterval,
+		Clock:          a.clock,
+		Logger:         a.log,
+		Registerer:     a.reg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	gs := newLocalGRPCServer(grpc.Creds(a.node.Attestor.Credentials()))
+	srv.Register(gs)
+	return gs, nil
 }
 
 // nodeWorkloadAPI is the node's Workload API, each caller served its own

@@ -268,54 +268,71 @@ func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, err
 	case len(selectors) > maxSelectors:
 		return Reference{}, invalid("%d selectors; at most %d are accepted", len(selectors), maxSelectors)
 	}
-	p := &PodReference{}
-	var checks []Check
-	var account string
+	var sel selected
 	for _, s := range selectors {
-		name := s.GetType() + ":" + s.GetValue()
-		if len(name) > maxSelectorSize {
-			return Reference{}, invalid("a selector of %d bytes; at most %d are accepted", len(name), maxSelectorSize)
-		}
-		if s.GetType() != "k8s" {
-			return Reference{}, invalid("selector %q: only k8s selectors are served (k8s:pod-uid, k8s:ns with k8s:pod-name, k8s:sa, k8s:pod-label, k8s:node-name); %s facts are not attested for a referenced workload", printable(name), printable(s.GetType()))
-		}
-		kind, value, _ := strings.Cut(s.GetValue(), ":")
-		var err error
-		switch kind {
-		case "pod-uid":
-			err = set(&p.UID, value, name)
-		case "ns":
-			err = set(&p.Namespace, value, name)
-		case "pod-name":
-			err = set(&p.Name, value, name)
-		case "sa":
-			err = set(&account, value, name)
-		case "node-name":
-			checks = append(checks, Check{Kind: "node_name", Value: value, Selector: name})
-		case "pod-label":
-			k, v, ok := strings.Cut(value, ":")
-			if !ok || k == "" {
-				return Reference{}, invalid("selector %q: want k8s:pod-label:<name>:<value>", printable(name))
-			}
-			checks = append(checks, Check{Kind: "pod_label", Key: k, Value: v, Selector: name})
-		default:
-			return Reference{}, invalid("selector %q does not map onto what trustbridge attests: served are k8s:pod-uid, k8s:ns with k8s:pod-name, k8s:sa, k8s:pod-label and k8s:node-name", printable(name))
-		}
-		if err != nil {
+		if err := sel.add(s); err != nil {
 			return Reference{}, err
 		}
 	}
+	return sel.reference()
+}
+
+// selected is what a Delegated Identity API request's selectors say: the
+// pod or service account they name, and the facts they assert.
+type selected struct {
+	pod     PodReference
+	account string
+	checks  []Check
+}
+
+// add reads one selector.
+func (sel *selected) add(s *spiretypes.Selector) error {
+	name := s.GetType() + ":" + s.GetValue()
+	if len(name) > maxSelectorSize {
+		return invalid("a selector of %d bytes; at most %d are accepted", len(name), maxSelectorSize)
+	}
+	if s.GetType() != "k8s" {
+		return invalid("selector %q: only k8s selectors are served (k8s:pod-uid, k8s:ns with k8s:pod-name, k8s:sa, k8s:pod-label, k8s:node-name); %s facts are not attested for a referenced workload", printable(name), printable(s.GetType()))
+	}
+	kind, value, _ := strings.Cut(s.GetValue(), ":")
+	switch kind {
+	case "pod-uid":
+		return set(&sel.pod.UID, value, name)
+	case "ns":
+		return set(&sel.pod.Namespace, value, name)
+	case "pod-name":
+		return set(&sel.pod.Name, value, name)
+	case "sa":
+		return set(&sel.account, value, name)
+	case "node-name":
+		sel.checks = append(sel.checks, Check{Kind: "node_name", Value: value, Selector: name})
+	case "pod-label":
+		k, v, ok := strings.Cut(value, ":")
+		if !ok || k == "" {
+			return invalid("selector %q: want k8s:pod-label:<name>:<value>", printable(name))
+		}
+		sel.checks = append(sel.checks, Check{Kind: "pod_label", Key: k, Value: v, Selector: name})
+	default:
+		return invalid("selector %q does not map onto what trustbridge attests: served are k8s:pod-uid, k8s:ns with k8s:pod-name, k8s:sa, k8s:pod-label and k8s:node-name", printable(name))
+	}
+	return nil
+}
+
+// reference is the pod or service account the selectors name, with the
+// facts it must have.
+func (sel *selected) reference() (Reference, error) {
+	p, checks := sel.pod, sel.checks
 	if p.Name == "" && p.UID == "" {
-		if p.Namespace == "" || account == "" {
+		if p.Namespace == "" || sel.account == "" {
 			return Reference{}, invalid("the selectors name no pod and no service account: add k8s:pod-uid:<uid>, k8s:ns:<namespace> with k8s:pod-name:<name>, or k8s:ns:<namespace> with k8s:sa:<service account>; a broker gets the identities of this node's pods, not of facts it asserts")
 		}
-		if err := checkAccount(p.Namespace, account); err != nil {
+		if err := checkAccount(p.Namespace, sel.account); err != nil {
 			return Reference{}, err
 		}
-		return Reference{Account: &AccountReference{Namespace: p.Namespace, Name: account}, Checks: checks}, nil
+		return Reference{Account: &AccountReference{Namespace: p.Namespace, Name: sel.account}, Checks: checks}, nil
 	}
-	if account != "" {
-		checks = append([]Check{{Kind: "service_account", Value: account, Selector: "k8s:sa:" + account}}, checks...)
+	if sel.account != "" {
+		checks = append([]Check{{Kind: "service_account", Value: sel.account, Selector: "k8s:sa:" + sel.account}}, checks...)
 	}
 	if p.Name == "" && p.Namespace != "" {
 		// A pod named by UID: its namespace is a fact to check.
@@ -332,7 +349,7 @@ func ParseDelegated(pid int32, selectors []*spiretypes.Selector) (Reference, err
 			return Reference{}, err
 		}
 	}
-	return Reference{Pod: p, Checks: checks}, nil
+	return Reference{Pod: &p, Checks: checks}, nil
 }
 
 // set sets *field to v once: two selectors of one kind that disagree name

@@ -306,6 +306,38 @@ func (s *Server) resolve(ctx context.Context, c *call, ref *Reference) (*Workloa
 	return w, nil
 }
 
+// outbox is what a stream last sent, and the shared message it holds.
+type outbox struct {
+	s     *Server
+	c     *call
+	build builder
+	send  func(proto.Message) error
+	last  proto.Message
+	held  *message
+}
+
+// push sends w's message for st unless it is the one last sent.
+func (o *outbox) push(ctx context.Context, w *Workload, st *wapi.State) error {
+	e := o.s.messages.acquire(messageKey{state: st, api: o.c.api, method: o.c.method, id: w.ID})
+	o.s.messages.release(o.held)
+	o.held = e
+	msg, err := e.get(o.build, w, st)
+	if err != nil {
+		return o.s.status(ctx, o.c, err)
+	}
+	if msg == nil || msg == o.last || (o.last != nil && proto.Equal(msg, o.last)) {
+		return nil
+	}
+	if err := o.send(msg); err != nil {
+		return err
+	}
+	o.last = msg
+	o.s.metrics.pushes.WithLabelValues(o.c.api, o.c.method).Inc()
+	return nil
+}
+
+func (o *outbox) close() { o.s.messages.release(o.held) }
+
 // again resolves w, which ref named, again: through w.Again when it has
 // one.
 func (s *Server) again(ctx context.Context, c *call, ref *Reference, w *Workload) (*Workload, error) {
@@ -351,24 +383,12 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 	s.served(ctx, c, w)
 	recheck := s.cfg.Clock.NewTimer(s.cfg.RecheckInterval)
 	defer recheck.Stop()
-	var last proto.Message
-	var held *message
-	defer func() { s.messages.release(held) }()
+	out := &outbox{s: s, c: c, build: build, send: send}
+	defer out.close()
 	for {
 		st, changed := w.Source.State()
-		e := s.messages.acquire(messageKey{state: st, api: c.api, method: c.method, id: w.ID})
-		s.messages.release(held)
-		held = e
-		msg, err := e.get(build, w, st)
-		if err != nil {
-			return s.status(ctx, c, err)
-		}
-		if msg != nil && msg != last && (last == nil || !proto.Equal(msg, last)) {
-			if err := send(msg); err != nil {
-				return err
-			}
-			last = msg
-			s.metrics.pushes.WithLabelValues(c.api, c.method).Inc()
+		if err := out.push(ctx, w, st); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
