@@ -96,10 +96,9 @@ func subscribeWeb(ctx context.Context, socket string, creds credentials.Transpor
 // the node's Workload API connects with mutual TLS, authorising the
 // agent's own SPIFFE ID, and is allowed by the spiffe:// rule its
 // certificate matches; a plaintext caller is allowed by the identity the
-// map gives it, and refused once the map gives it none, while the
-// certificate goes on vouching. A certificate for another ID is judged
-// by that ID, not the map's; one of another trust domain fails the
-// handshake.
+// map gives it, and refused once the map gives it none, with or without
+// its certificate. A certificate for another ID than the process attests
+// as is refused; one of another trust domain fails the handshake.
 func TestNodeBrokerMTLS(t *testing.T) {
 	policy, err := broker.ParsePolicy([]string{ztunnelID.String()})
 	require.NoError(t, err)
@@ -132,15 +131,15 @@ func TestNodeBrokerMTLS(t *testing.T) {
 	require.NoError(t, err, "plaintext: the identity map's ztunnel ID")
 	assert.Equal(t, webID.String(), resp.GetSvids()[0].GetSpiffeId())
 
-	// web's certificate, from this process: the certificate's ID
-	// counts, not the one the map gives the process.
+	// web's certificate, from this process, which attests as ztunnel: a
+	// certificate does not replace attestation.
 	key := testca.NewKey(t, testca.ECP256)
 	issued, err := f.cs.authority.SignX509SVID(ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: webID})
 	require.NoError(t, err)
 	webSVID := &x509svid.SVID{ID: webID, Certificates: issued.Chain[:len(issued.Chain)-len(issued.Roots)], PrivateKey: key}
 	_, err = subscribeWeb(ctx, sock, grpccredentials.MTLSClientCredentials(webSVID, x.Bundles, tlsconfig.AuthorizeID(nodeID)))
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
-	assert.Contains(t, status.Convert(err).Message(), webID.String()+" (certificate)) matches none of the broker rules")
+	assert.Contains(t, status.Convert(err).Message(), "presents a certificate for "+webID.String()+" but attests as "+ztunnelID.String())
 
 	// b.test is federated, but brokers are of a.test only.
 	bID := spiffeid.RequireFromString("spiffe://b.test/ns/istio-system/sa/ztunnel")
@@ -154,9 +153,9 @@ func TestNodeBrokerMTLS(t *testing.T) {
 	_, err = subscribeWeb(ctx, sock, insecure.NewCredentials())
 	assert.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "matches none of the broker rules")
-	resp, err = subscribeWeb(ctx, sock, mtls)
-	require.NoError(t, err, "the certificate still vouches")
-	assert.Equal(t, webID.String(), resp.GetSvids()[0].GetSpiffeId())
+	_, err = subscribeWeb(ctx, sock, mtls)
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "the certificate alone does not vouch: %v", err)
+	assert.Contains(t, status.Convert(err).Message(), "presents a certificate for "+ztunnelID.String()+" but attests as no identity")
 }
 
 // The broker socket's TLS sources read the agent's current credential at

@@ -58,6 +58,8 @@ type nodeBrokers struct {
 	wl       *nodeWorkloads
 	attested *AttestedAuthenticator
 	pods     PodReferences
+	// self is the node agent's own identity, never brokered.
+	self spiffeid.ID
 }
 
 var _ broker.Node = (*nodeBrokers)(nil)
@@ -74,14 +76,24 @@ func (b *nodeBrokers) IdentifyCaller(ctx context.Context) (broker.Caller, error)
 	if k := facts.Kubernetes; k != nil && k.Namespace != "" {
 		c.ServiceAccount = k.Namespace + "/" + k.ServiceAccount
 	}
-	if p, ok := attest.CallerFrom(ctx); ok && !p.SVID.IsZero() {
-		c.ID, c.Certified = p.SVID, true
-		return c, nil
-	}
 	if m := b.attested.Map.Load(); m != nil {
 		if ident, err := m.Identify(b.attested.workload(facts)); err == nil {
 			c.ID = ident.ID
 		}
+	}
+	if p, ok := attest.CallerFrom(ctx); ok && !p.SVID.IsZero() {
+		// A certificate does not replace attestation: it is the identity
+		// the caller's process attests as, or it is refused (a key copied
+		// out of the broker's pod proves nothing in another process).
+		if p.SVID != c.ID {
+			attested := "no identity"
+			if !c.ID.IsZero() {
+				attested = c.ID.String()
+			}
+			return broker.Caller{}, fmt.Errorf("pid %d presents a certificate for %s but attests as %s (uid %d, service account %q): the certificate must be the identity the identity map gives the process",
+				c.PID, p.SVID, attested, c.UID, c.ServiceAccount)
+		}
+		c.Certified = true
 	}
 	return c, nil
 }
@@ -303,6 +315,9 @@ func (b *nodeBrokers) hold(ctx context.Context, w identitymap.Workload, gone <-c
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", broker.ErrNotEntitled, err)
 	}
+	if ident.ID == b.self {
+		return nil, fmt.Errorf("%w: %s is the node agent's own identity, which is never brokered", broker.ErrNotEntitled, ident.ID)
+	}
 	h, err := b.wl.auth.acquire(ctx, identityRequest(ident))
 	if err != nil {
 		return nil, brokerRefusal(ctx, err)
@@ -348,7 +363,7 @@ func (b *nodeBrokers) ResolveCaller(ctx context.Context) (*broker.Workload, erro
 func (a *Agent) serveBrokers(auth *nodeAuthenticator, wl *nodeWorkloads, jwt *jwtMinter) (func(context.Context) error, error) {
 	bc := a.node.Broker
 	srv, err := broker.New(broker.Config{
-		Node:   &nodeBrokers{wl: wl, attested: auth.attested.(*AttestedAuthenticator), pods: bc.Pods},
+		Node:   &nodeBrokers{wl: wl, attested: auth.attested.(*AttestedAuthenticator), pods: bc.Pods, self: a.rot.ID()},
 		Policy: bc.Policy, JWT: jwt, RecheckInterval: nodeReattestInterval,
 		Clock: a.clock, Logger: a.log, Registerer: a.reg,
 	})

@@ -257,7 +257,10 @@ func (s *Server) status(ctx context.Context, c *call, err error) error {
 	if ctx.Err() != nil {
 		return status.FromContextError(ctx.Err()).Err()
 	}
-	if _, ok := status.FromError(err); ok {
+	// Only a status made here or by the Node for the broker passes as it
+	// is: one wrapped in a refusal (the certificate service's answer to
+	// the node) is mapped by the refusal's sentinel, as §4.8 lists.
+	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok {
 		return err
 	}
 	var code codes.Code
@@ -322,8 +325,13 @@ func (o *outbox) push(ctx context.Context, w *Workload, st *wapi.State) error {
 	o.s.messages.release(o.held)
 	o.held = e
 	msg, err := e.get(o.build, w, st)
+	if _, refusal := err.(interface{ GRPCStatus() *status.Status }); err != nil && !refusal {
+		// Ours: a message that could not be built.
+		o.s.cfg.Logger.Error("cannot build a broker message", append(o.c.attrs(w), logattr.Error, err.Error())...)
+		return status.Error(codes.Internal, "broker: the workload's message could not be built")
+	}
 	if err != nil {
-		return o.s.status(ctx, o.c, err)
+		return err
 	}
 	if msg == nil || msg == o.last || (o.last != nil && proto.Equal(msg, o.last)) {
 		return nil
@@ -383,6 +391,7 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 	s.served(ctx, c, w)
 	recheck := s.cfg.Clock.NewTimer(s.cfg.RecheckInterval)
 	defer recheck.Stop()
+	gone := w.Gone
 	out := &outbox{s: s, c: c, build: build, send: send}
 	defer out.close()
 	for {
@@ -395,20 +404,40 @@ func (s *Server) stream(ctx context.Context, c *call, ref *Reference, build buil
 			return nil
 		case <-changed:
 			continue
-		case <-w.Gone:
+		case <-gone:
 		case <-recheck.C():
 			recheck.Reset(s.cfg.RecheckInterval)
 		}
-		// Again from the start: the broker must still be allowed, and the
-		// reference must still name a workload with an identity.
-		if err := s.authorize(ctx, c); err != nil {
-			return err
-		}
-		next, err := s.again(ctx, c, ref, w)
-		if err != nil {
+		next, err := s.recheck(ctx, c, ref, w)
+		switch {
+		case status.Code(err) == codes.Unavailable:
+			// The node cannot decide now (its pods cannot be read): the
+			// stream stays on what it last resolved, whose pin (pid,
+			// pod UID) still holds, until the next recheck.
+			gone = nil
+			continue
+		case err != nil:
 			return err
 		}
 		w.release()
-		w = next
+		w, gone = next, next.Gone
 	}
+}
+
+// recheck authorises the broker again and resolves its workload again: a
+// workload whose identity changed ends the stream, for the broker to
+// subscribe again to what it is now.
+func (s *Server) recheck(ctx context.Context, c *call, ref *Reference, w *Workload) (*Workload, error) {
+	if err := s.authorize(ctx, c); err != nil {
+		return nil, err
+	}
+	next, err := s.again(ctx, c, ref, w)
+	if err != nil {
+		return nil, err
+	}
+	if next.ID != w.ID {
+		next.release()
+		return nil, s.status(ctx, c, fmt.Errorf("%w: %s is now %s, no longer %s: subscribe again", ErrNotEntitled, w.Name, next.ID, w.ID))
+	}
+	return next, nil
 }

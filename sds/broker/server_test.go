@@ -376,3 +376,73 @@ func TestMaxStreams(t *testing.T) {
 	cancel1()
 	require.Eventually(t, func() bool { return open(t.Context()) == nil }, 10*time.Second, 10*time.Millisecond, "a closed stream makes room")
 }
+
+// A refusal wrapping the certificate service's status is mapped by its
+// sentinel (§4.8), not passed on with the upstream's code.
+func TestRefusalsWrappingUpstreamStatus(t *testing.T) {
+	_, n, conn, _ := setup(t, nil)
+	n.set(func(n *fakeNode) {
+		n.byRef["pid 50"] = &fakeWorkload{err: fmt.Errorf("%w: %w", ErrNotEntitled, status.Error(codes.PermissionDenied, "no running pod of service account shop/x is on node a"))}
+		n.byRef["pid 51"] = &fakeWorkload{err: fmt.Errorf("%w: %w", authn.ErrUnavailable, status.Error(codes.ResourceExhausted, "rate limited"))}
+	})
+	b, _ := clients(conn)
+	recv := func(pid int32) error {
+		s, err := b.SubscribeToX509SVID(brokerCtx(t.Context()), &brokerpb.SubscribeToX509SVIDRequest{Reference: pidRef(t, pid)})
+		require.NoError(t, err)
+		_, err = s.Recv()
+		return err
+	}
+	requireReason(t, recv(50), codes.PermissionDenied, "WORKLOAD_NOT_ENTITLED")
+	require.Equal(t, codes.Unavailable, status.Code(recv(51)))
+}
+
+// While the node cannot decide (its pods cannot be read), an open
+// stream stays on what it resolved and goes on pushing; a workload whose
+// identity changed ends its stream.
+func TestRecheckOutageAndIdentityChange(t *testing.T) {
+	w, n, conn, _ := setup(t, nil)
+	gone := make(chan struct{})
+	var cell *wapi.Cell
+	n.set(func(n *fakeNode) {
+		cell = n.byRef["pod shop/web-1"].cell
+		n.byRef["pod shop/web-1"] = &fakeWorkload{id: web, cell: cell, gone: gone}
+	})
+	b, _ := clients(conn)
+	s, err := b.SubscribeToX509SVID(brokerCtx(t.Context()), &brokerpb.SubscribeToX509SVIDRequest{Reference: podRef(t, "shop", "web-1", "")})
+	require.NoError(t, err)
+	_, err = s.Recv()
+	require.NoError(t, err)
+
+	n.set(func(n *fakeNode) {
+		n.byRef["pod shop/web-1"] = &fakeWorkload{err: fmt.Errorf("%w: the pods of this node cannot be read", authn.ErrUnavailable)}
+	})
+	resolved := func() int {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.resolved
+	}
+	before := resolved()
+	close(gone)
+	require.Eventually(t, func() bool { return resolved() > before }, 10*time.Second, 10*time.Millisecond, "the stream resolved its pod again")
+	next := w.state(t, web)
+	require.NoError(t, cell.Set(next))
+	resp, err := s.Recv()
+	require.NoError(t, err, "the stream goes on through the outage")
+	assert.Equal(t, next.SVID.Chain[0].Raw, resp.Svids[0].X509Svid)
+
+	// The identity map now gives the pod api's identity.
+	clk := clocktesting.NewFakeClock(time.Now())
+	_, n2, conn2, _ := setup(t, clk)
+	gone2 := make(chan struct{})
+	n2.set(func(n *fakeNode) { n.byRef["pod shop/web-1"].gone = gone2 })
+	b2, _ := clients(conn2)
+	s2, err := b2.SubscribeToX509SVID(brokerCtx(t.Context()), &brokerpb.SubscribeToX509SVIDRequest{Reference: podRef(t, "shop", "web-1", "")})
+	require.NoError(t, err)
+	_, err = s2.Recv()
+	require.NoError(t, err)
+	n2.set(func(n *fakeNode) { n.byRef["pod shop/web-1"] = n.byRef["pid 43"] })
+	close(gone2)
+	_, err = s2.Recv()
+	requireReason(t, err, codes.PermissionDenied, "WORKLOAD_NOT_ENTITLED")
+	assert.Contains(t, status.Convert(err).Message(), "is now "+api.String())
+}
