@@ -45,13 +45,16 @@ var webPod = attest.KubernetesFacts{PodUID: "0e3c5a8e-6f0a-4f57-9d1c-3c8f1f4b2a1
 type fakePods struct{}
 
 func (fakePods) LookupPod(_ context.Context, ref attest.PodRef) (attest.KubernetesFacts, error) {
-	if ref.Namespace != webPod.Namespace || ref.Name != webPod.PodName {
+	byName := ref.Name != "" && (ref.Namespace != webPod.Namespace || ref.Name != webPod.PodName)
+	if byName || (ref.UID != "" && ref.UID != webPod.PodUID) || (ref.Name == "" && ref.UID == "") {
 		return attest.KubernetesFacts{}, fmt.Errorf("%w: %s", attest.ErrUnknownPod, ref)
 	}
 	return webPod, nil
 }
 
-func (fakePods) Changed() <-chan struct{} { return nil }
+func (fakePods) ChangedPod(string) <-chan struct{} { return nil }
+
+func (fakePods) ChangedAccount(string, string) <-chan struct{} { return nil }
 
 func (fakePods) PodsOf(string, string) ([]attest.KubernetesFacts, error) { return nil, nil }
 

@@ -46,8 +46,10 @@ type PodReferences interface {
 	LookupPod(ctx context.Context, ref attest.PodRef) (attest.KubernetesFacts, error)
 	// PodsOf is this node's running pods of a service account.
 	PodsOf(namespace, serviceAccount string) ([]attest.KubernetesFacts, error)
-	// Changed is closed on the next change of this node's pods.
-	Changed() <-chan struct{}
+	// ChangedPod and ChangedAccount are closed on the next change of a
+	// pod, or of a service account's pods.
+	ChangedPod(uid string) <-chan struct{}
+	ChangedAccount(namespace, serviceAccount string) <-chan struct{}
 }
 
 // nodeBrokers is the node as the broker server sees it: the caller of
@@ -189,10 +191,14 @@ func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*br
 	if b.pods == nil {
 		return nil, fmt.Errorf("%w: this agent reads no pods from an API server (no --kubeconfig, not in a pod): reference workloads by pid", broker.ErrNotFound)
 	}
-	// Taken before the lookup: a change meanwhile is not missed.
-	changed := b.pods.Changed()
 	k, err := b.pods.LookupPod(ctx, attest.PodRef{Namespace: ref.Pod.Namespace, Name: ref.Pod.Name, UID: ref.Pod.UID})
 	if err != nil {
+		return nil, attestError(ctx, err)
+	}
+	// Its changes from here on, then the pod as it is now: a change
+	// between the two lookups is not missed.
+	changed := b.pods.ChangedPod(k.PodUID)
+	if k, err = b.pods.LookupPod(ctx, attest.PodRef{UID: k.PodUID}); err != nil {
 		return nil, attestError(ctx, err)
 	}
 	w := b.attested.workload(attest.Facts{Kubernetes: &k})
@@ -223,7 +229,7 @@ func (b *nodeBrokers) resolveAccount(ctx context.Context, ref broker.Reference) 
 		return nil, fmt.Errorf("%w: this agent reads no pods from an API server (no --kubeconfig, not in a pod): reference workloads by pid", broker.ErrNotFound)
 	}
 	a := ref.Account
-	changed := b.pods.Changed()
+	changed := b.pods.ChangedAccount(a.Namespace, a.Name)
 	pods, err := b.pods.PodsOf(a.Namespace, a.Name)
 	if err != nil {
 		return nil, attestError(ctx, err)

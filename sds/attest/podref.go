@@ -57,14 +57,59 @@ func (p *Pods) LookupPod(ctx context.Context, ref PodRef) (KubernetesFacts, erro
 	return p.await(ctx, ref.String(), func() (KubernetesFacts, error) { return p.findPod(ref) })
 }
 
-// Changed returns a channel closed at the next change to this node's pods,
-// or to whether they can be read: a stream serving a pod reference looks
-// it up again then. Take it before the lookup it guards, so that a change
-// in between is not missed.
-func (p *Pods) Changed() <-chan struct{} {
+// ChangedPod returns a channel closed at the next change of the pod with
+// that UID (its update, its deletion): a stream serving a pod reference
+// looks it up again then, and not on every other pod's change. Whether
+// the pods can be read does not close it: a stream keeps what it
+// resolved through an outage. Take it before the lookup it guards, so that
+// a change in between is not missed.
+func (p *Pods) ChangedPod(uid string) <-chan struct{} { return p.keyedChannel("uid:" + uid) }
+
+// ChangedAccount is ChangedPod for every pod of a service account: one
+// added, changed or deleted.
+func (p *Pods) ChangedAccount(namespace, serviceAccount string) <-chan struct{} {
+	return p.keyedChannel(accountKey(namespace, serviceAccount))
+}
+
+func accountKey(namespace, serviceAccount string) string {
+	return "sa:" + namespace + "/" + serviceAccount
+}
+
+func (p *Pods) keyedChannel(key string) <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.changed
+	if p.keyed == nil {
+		p.keyed = make(map[string]chan struct{})
+	}
+	ch, ok := p.keyed[key]
+	if !ok {
+		ch = make(chan struct{})
+		p.keyed[key] = ch
+	}
+	return ch
+}
+
+// notifyPods closes the channels of objs' pods and service accounts
+// (an update passes the old and the new pod: a pod whose account
+// changed concerns both).
+func (p *Pods) notifyPods(objs ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, obj := range objs {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			continue
+		}
+		for _, key := range []string{"uid:" + string(pod.UID), accountKey(pod.Namespace, pod.Spec.ServiceAccountName)} {
+			if ch, ok := p.keyed[key]; ok {
+				close(ch)
+				delete(p.keyed, key)
+			}
+		}
+	}
 }
 
 func (p *Pods) findPod(ref PodRef) (KubernetesFacts, error) {

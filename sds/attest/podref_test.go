@@ -131,12 +131,14 @@ func TestLookupPod(t *testing.T) {
 }
 
 // A pod not known yet is waited for, found once the watch brings it; the
-// change closes Changed's channel too.
+// change closes its ChangedPod and ChangedAccount channels too, and no
+// other pod's or account's.
 func TestLookupPodWaits(t *testing.T) {
 	p, client, watching := fakePods(t, callTimeout)
 	waiting := make(chan struct{})
 	p.missed = func() { close(waiting) }
-	changed := p.Changed()
+	changed, account := p.ChangedPod("uid-web"), p.ChangedAccount("shop", "web-sa")
+	otherPod, otherAccount := p.ChangedPod("uid-other"), p.ChangedAccount("shop", "other-sa")
 
 	type lookup struct {
 		k   KubernetesFacts
@@ -156,7 +158,10 @@ func TestLookupPodWaits(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.Equal(t, "web-sa", r.k.ServiceAccount)
 	<-changed
-	assert.NotEqual(t, changed, p.Changed(), "a new channel for the next change")
+	<-account
+	assert.NotEqual(t, changed, p.ChangedPod("uid-web"), "a new channel for the next change")
+	assert.False(t, isClosed(otherPod), "another pod's")
+	assert.False(t, isClosed(otherAccount), "another account's")
 }
 
 // A caller that gives up while its pod is waited for gets its context's
@@ -222,7 +227,7 @@ func TestLookupPodReal(t *testing.T) {
 		_ = env.Client.CoreV1().Pods(ns).Delete(context.Background(), "web", metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	})
 	for {
-		changed := p.Changed()
+		changed := p.ChangedPod(string(web.UID))
 		_, err = p.LookupPod(ctx, PodRef{UID: string(web.UID)})
 		if err != nil {
 			break

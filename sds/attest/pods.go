@@ -57,6 +57,9 @@ type Pods struct {
 	errLog   *ratelimit.LogLimiter
 
 	mu sync.Mutex
+	// keyed are channels closed on the next change of one pod (by UID)
+	// or of any pod of one service account (ChangedPod, ChangedAccount).
+	keyed map[string]chan struct{}
 	// changed is closed, and replaced, on every change to the cache and
 	// every list or watch outcome: Lookups waiting for a pod wake on it.
 	changed chan struct{}
@@ -105,9 +108,12 @@ func NewPods(cfg PodsConfig) (*Pods, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("attest: pods: %w", err)
 	}
-	notify := func(any) { p.notify() }
+	notify := func(objs ...any) {
+		p.notifyPods(objs...)
+		p.notify()
+	}
 	if _, err := p.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: notify, DeleteFunc: notify, UpdateFunc: func(_, o any) { notify(o) },
+		AddFunc: func(o any) { notify(o) }, DeleteFunc: func(o any) { notify(o) }, UpdateFunc: func(old, o any) { notify(old, o) },
 	}); err != nil {
 		return nil, fmt.Errorf("attest: pods: %w", err)
 	}

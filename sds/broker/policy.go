@@ -19,12 +19,11 @@ type Caller struct {
 	// ServiceAccount is "namespace/name" of the caller's pod; empty
 	// outside a pod.
 	ServiceAccount string
-	// ID is the caller's SPIFFE ID: the verified X509-SVID's it presented
-	// over mutual TLS (Certified), else the identity the identity map
-	// gives it; zero when it has neither.
+	// ID is the identity the identity map gives the caller; zero when
+	// it gives none.
 	ID spiffeid.ID
-	// Certified: ID is from the caller's certificate, not the identity
-	// map.
+	// Certified: the caller also proved ID with an X509-SVID over mutual
+	// TLS (the Node refuses a certificate for another ID).
 	Certified bool
 }
 
@@ -62,8 +61,8 @@ type rule struct {
 //
 //	sa:<namespace>/<name>   the caller runs in a pod with that service account
 //	uid:<n>                 the caller's effective uid is n
-//	spiffe://<td>/<path>    the caller's SPIFFE ID is that one: its X509-SVID's
-//	                        over mutual TLS, else the identity map's
+//	spiffe://<td>/<path>    the identity map gives the caller that SPIFFE ID (and
+//	                        over mutual TLS, its X509-SVID is for it)
 //
 // For example "sa:istio-system/ztunnel". At least one rule is needed.
 func ParsePolicy(rules []string) (*Policy, error) {
