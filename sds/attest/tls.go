@@ -102,6 +102,9 @@ func (p *peerCredentials) serverTLS() (*tls.Config, error) {
 		return nil, fmt.Errorf("attest: the TLS config does not verify client certificates (ClientAuth %s): want RequireAndVerifyClientCert, or RequireAnyClientCert with a verification hook", cfg.ClientAuth)
 	}
 	cfg = cfg.Clone()
+	// A resumed session skips the verification hook: every connection
+	// verifies its certificate against the roots of now.
+	cfg.SessionTicketsDisabled = true
 	if !slices.Contains(cfg.NextProtos, "h2") {
 		cfg.NextProtos = append(slices.Clone(cfg.NextProtos), "h2")
 	}

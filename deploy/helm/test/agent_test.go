@@ -195,7 +195,13 @@ func TestAgentBadValues(t *testing.T) {
 		"no rule":           {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true}}, "agent.broker.enabled needs agent.broker.allow"},
 		"bad rule":          {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"ztunnel"}}}, "allow"},
 		"shared directory": {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"uid:0"}, "socketDir": "/run/trustbridge/sockets"}},
-			"agent.broker.socketDir must not be agent.socketDir"},
+			"agent.broker.socketDir must be neither agent.socketDir nor inside or above it"},
+		"inside the shared directory": {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"uid:0"}, "socketDir": "/run/trustbridge/sockets/broker"}},
+			"agent.broker.socketDir must be neither agent.socketDir nor inside or above it"},
+		"the shared directory, spelt otherwise": {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"uid:0"}, "socketDir": "/run//trustbridge/sockets"}},
+			"agent.broker.socketDir must be neither agent.socketDir nor inside or above it"},
+		"above the shared directory": {map[string]any{"enabled": true, "broker": map[string]any{"enabled": true, "allow": []any{"uid:0"}, "socketDir": "/run/trustbridge"}},
+			"agent.broker.socketDir must be neither agent.socketDir nor inside or above it"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v := baseValues()

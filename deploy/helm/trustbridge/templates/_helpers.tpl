@@ -108,8 +108,10 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- if and .enabled (not .allow) -}}
 {{- fail "agent.broker.enabled needs agent.broker.allow: name each broker, e.g. [sa:istio-system/ztunnel] (docs/brokers.md)" -}}
 {{- end -}}
-{{- if and .enabled (eq .socketDir $.Values.agent.socketDir) -}}
-{{- fail "agent.broker.socketDir must not be agent.socketDir: every pod may mount that directory, only brokers should reach the broker socket" -}}
+{{- $b := printf "%s/" (clean .socketDir) -}}
+{{- $s := printf "%s/" (clean $.Values.agent.socketDir) -}}
+{{- if and .enabled (or (hasPrefix $s $b) (hasPrefix $b $s)) -}}
+{{- fail "agent.broker.socketDir must be neither agent.socketDir nor inside or above it: every pod may mount that directory, only brokers should reach the broker socket" -}}
 {{- end -}}
 {{- end -}}
 {{- else if .Values.agent.csiDriver.enabled -}}
