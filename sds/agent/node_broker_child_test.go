@@ -159,26 +159,8 @@ func brokerLine(label string, resp *brokerpb.SubscribeToX509SVIDResponse) childL
 		return l.refused(fmt.Errorf("%d SVIDs, want 1", len(resp.GetSvids())))
 	}
 	svid := resp.GetSvids()[0]
-	id, err := spiffeid.FromString(svid.GetSpiffeId())
-	if err != nil {
-		return l.refused(err)
-	}
-	l.ID = id.String()
-	bundles := map[string][]byte{id.TrustDomain().Name(): svid.GetBundle()}
-	for name, der := range resp.GetFederatedBundles() {
-		td, err := spiffeid.TrustDomainFromString(name)
-		if err != nil {
-			return l.refused(err)
-		}
-		bundles[td.Name()] = der
-	}
-	l.Roots = map[string][]string{}
-	for td, der := range bundles {
-		certs, err := x509.ParseCertificates(der)
-		if err != nil {
-			return l.refused(fmt.Errorf("bundle of %s: %w", td, err))
-		}
-		l.Roots[td] = fingerprints(certs)
+	if l = l.svid(svid.GetSpiffeId(), svid.GetBundle(), resp.GetFederatedBundles()); l.Code != "" {
+		return l
 	}
 	chain, err := x509.ParseCertificates(svid.GetX509Svid())
 	if err != nil {

@@ -245,13 +245,19 @@ func watchLine(resp *workloadpb.X509SVIDResponse) childLine {
 		return l.refused(fmt.Errorf("%d SVIDs, want 1", len(resp.GetSvids())))
 	}
 	svid := resp.GetSvids()[0]
-	id, err := spiffeid.FromString(svid.GetSpiffeId())
+	return l.svid(svid.GetSpiffeId(), svid.GetBundle(), resp.GetFederatedBundles())
+}
+
+// svid reports an X509-SVID message's ID and the roots of its own trust
+// domain (own, DER) and of the federated ones (by trust domain ID).
+func (l childLine) svid(spiffeID string, own []byte, federated map[string][]byte) childLine {
+	id, err := spiffeid.FromString(spiffeID)
 	if err != nil {
 		return l.refused(err)
 	}
 	l.ID = id.String()
-	bundles := map[string][]byte{id.TrustDomain().Name(): svid.GetBundle()}
-	for name, der := range resp.GetFederatedBundles() {
+	bundles := map[string][]byte{id.TrustDomain().Name(): own}
+	for name, der := range federated {
 		td, err := spiffeid.TrustDomainFromString(name)
 		if err != nil {
 			return l.refused(err)
