@@ -24,8 +24,9 @@ import (
 
 // DefaultBrokerSocketPath is where a node agent serves the SPIFFE Broker
 // API (and SPIRE's Delegated Identity API) when brokers are enabled
-// without a path.
-const DefaultBrokerSocketPath = "/var/run/trustbridge/broker.sock"
+// without a path; the chart and docs/brokers.md use it too. It is a
+// directory of its own, apart from the one every pod may mount for SDS.
+const DefaultBrokerSocketPath = "/run/trustbridge/broker/broker.sock"
 
 // BrokerConfig makes a node agent serve brokers (ztunnel, Cilium): the
 // SPIFFE Broker API and SPIRE's Delegated Identity API on a socket of
