@@ -192,15 +192,9 @@ func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*br
 	if b.pods == nil {
 		return nil, fmt.Errorf("%w: this agent reads no pods from an API server (no --kubeconfig, not in a pod): reference workloads by pid", broker.ErrNotFound)
 	}
-	k, err := b.pods.LookupPod(ctx, attest.PodRef{Namespace: ref.Pod.Namespace, Name: ref.Pod.Name, UID: ref.Pod.UID})
+	k, changed, err := b.lookupPod(ctx, attest.PodRef{Namespace: ref.Pod.Namespace, Name: ref.Pod.Name, UID: ref.Pod.UID})
 	if err != nil {
-		return nil, attestError(ctx, err)
-	}
-	// Its changes from here on, then the pod as it is now: a change
-	// between the two lookups is not missed.
-	changed := b.pods.ChangedPod(k.PodUID)
-	if k, err = b.pods.LookupPod(ctx, attest.PodRef{UID: k.PodUID}); err != nil {
-		return nil, attestError(ctx, err)
+		return nil, err
 	}
 	w := b.attested.workload(attest.Facts{Kubernetes: &k})
 	// Nothing about a process was attested: no unix facts, no container.
@@ -219,6 +213,26 @@ func (b *nodeBrokers) resolvePod(ctx context.Context, ref broker.Reference) (*br
 	pinnedRef.Pod = &broker.PodReference{Namespace: k.Namespace, Name: k.PodName, UID: k.PodUID}
 	held.Again = func(ctx context.Context) (*broker.Workload, error) { return b.resolvePod(ctx, pinnedRef) }
 	return held, nil
+}
+
+// lookupPod finds ref's pod, and the channel of its changes from before
+// the pod was read, so that a change in between is not missed. With the
+// UID known (every recheck's pinned reference) that is one lookup; by
+// name only, the pod is read again once its UID is known.
+func (b *nodeBrokers) lookupPod(ctx context.Context, ref attest.PodRef) (attest.KubernetesFacts, <-chan struct{}, error) {
+	var changed <-chan struct{}
+	if ref.UID != "" {
+		changed = b.pods.ChangedPod(ref.UID)
+	}
+	k, err := b.pods.LookupPod(ctx, ref)
+	if err == nil && changed == nil {
+		changed = b.pods.ChangedPod(k.PodUID)
+		k, err = b.pods.LookupPod(ctx, attest.PodRef{UID: k.PodUID})
+	}
+	if err != nil {
+		return attest.KubernetesFacts{}, nil, attestError(ctx, err)
+	}
+	return k, changed, nil
 }
 
 // resolveAccount resolves a service account: its running pods on this
