@@ -143,6 +143,10 @@ type Config struct {
 	// them (FailedPrecondition). The identity service is registered when
 	// JWT or Bundles is set.
 	JWT JWTSigner
+	// JWTIssuer is the iss of the JWT-SVIDs JWT mints (ca.Config.JWTIssuer),
+	// sent with every WatchBundles message so that clients validating
+	// this trust domain's tokens can refuse another issuer's; "" for none.
+	JWTIssuer string
 	// Bundles, when set, is the trust WatchBundles streams, every trust
 	// domain's bundle including the local one; nil refuses such streams.
 	Bundles BundleSource

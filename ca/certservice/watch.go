@@ -240,7 +240,7 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 		if err != nil {
 			return &refusal{codes.Internal, "internal", "internal error", err}, nil
 		}
-		msg := withSPIFFEID(shared, subject.ID)
+		msg := withSPIFFEID(shared, subject.ID, w.s.cfg.JWTIssuer)
 		if w.last == nil || !sameMessage(w.last, msg) {
 			if ref := w.s.checkSize(msg); ref != nil {
 				return ref, nil
@@ -368,18 +368,19 @@ func (s *Service) stopWatches() {
 
 func sameMessage(a, b *identityapi.WatchBundlesResponse) bool {
 	return bytes.Equal(a.GetBundleMap(), b.GetBundleMap()) && slices.Equal(a.GetWithheldTrustDomains(), b.GetWithheldTrustDomains()) &&
-		a.GetSpiffeId() == b.GetSpiffeId() &&
+		a.GetSpiffeId() == b.GetSpiffeId() && a.GetJwtIssuer() == b.GetJwtIssuer() &&
 		slices.EqualFunc(a.GetPeerLimits(), b.GetPeerLimits(), func(x, y *identityapi.PeerLimit) bool {
 			return x.GetTrustDomain() == y.GetTrustDomain() && slices.Equal(x.GetPeers(), y.GetPeers())
 		})
 }
 
-// withSPIFFEID is the shared rendering msg for the stream of id: a new
-// message with the same (never changed) contents, since the rendering is
-// shared by every subject with the same decision.
-func withSPIFFEID(msg *identityapi.WatchBundlesResponse, id spiffeid.ID) *identityapi.WatchBundlesResponse {
+// withSPIFFEID is the shared rendering msg for the stream of id, with
+// the issuer of id's JWT-SVIDs: a new message with the same (never
+// changed) contents, since the rendering is shared by every subject with
+// the same decision.
+func withSPIFFEID(msg *identityapi.WatchBundlesResponse, id spiffeid.ID, jwtIssuer string) *identityapi.WatchBundlesResponse {
 	return &identityapi.WatchBundlesResponse{BundleMap: msg.GetBundleMap(), WithheldTrustDomains: msg.GetWithheldTrustDomains(),
-		PeerLimits: msg.GetPeerLimits(), SpiffeId: id.String()}
+		PeerLimits: msg.GetPeerLimits(), SpiffeId: id.String(), JwtIssuer: jwtIssuer}
 }
 
 // renderBundles is the message for a subject of trust domain local under

@@ -521,3 +521,15 @@ func TestWatchBundlesReauthDeadlineSurvivesChanges(t *testing.T) {
 	assert.Equal(t, codes.Unauthenticated, status.Code(err))
 	assert.Equal(t, 1.0, testutil.ToFloat64(w.svc.WatchMessagesForTest()), "the changes sent nothing")
 }
+
+// Every WatchBundles message names the issuer of the trust domain's
+// JWT-SVIDs, so agents validating them refuse another issuer's; none
+// without one.
+func TestWatchBundlesNamesJWTIssuer(t *testing.T) {
+	for _, iss := range []string{"", "https://oidc.example.org/prod"} {
+		w := newWatchFixture(t, func(cfg *certservice.Config) { cfg.JWTIssuer = iss })
+		msg, err := w.watch(t, w.identityClient(t, nil, goodToken)).Recv()
+		require.NoError(t, err)
+		assert.Equal(t, iss, msg.GetJwtIssuer())
+	}
+}

@@ -245,3 +245,58 @@ func TestClaimText(t *testing.T) {
 	assert.Equal(t, "spiffe://example.org/x", jwtcmd.ClaimText("spiffe://example.org/x"))
 	assert.Equal(t, "[a b]", jwtcmd.ClaimText([]any{"a", "b"}))
 }
+
+// `jwt validate --issuer` requires iss to be exactly the issuer, as a
+// cloud relying party does; against the server's bundles, the server's
+// own --jwt-issuer refuses a token of its trust domain from another.
+func TestJWTValidateIssuer(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	mapFile, _ := bundleWithJWTKey(t, key)
+	mint := func(iss string) string {
+		now := time.Now().Truncate(time.Second)
+		tok, err := jwtsvid.Mint(key, testJWTKID, jwtsvid.Claims{Issuer: iss, Subject: servertest.LaptopID, Audience: []string{"sts.amazonaws.com"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
+		require.NoError(t, err)
+		return tok
+	}
+	const ours = "https://oidc.example.org"
+	for _, tc := range []struct {
+		name, token, issuer, want string
+	}{
+		{"our issuer", mint(ours), ours, ""},
+		{"another issuer", mint("https://evil.example"), ours, `its iss https://evil.example is not --issuer "https://oidc.example.org"`},
+		{"no iss", mint(""), ours, "it carries no iss"},
+		{"no --issuer: iss not checked", mint("https://evil.example"), "", ""},
+		{"bad --issuer", mint(ours), "https://oidc.example.org/", "--issuer: issuer \"https://oidc.example.org/\": ends with \"/\""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"jwt", "validate", "--bundle", mapFile, "--audience", "sts.amazonaws.com", "-"}
+			if tc.issuer != "" {
+				args = append(args, "--issuer", tc.issuer)
+			}
+			stdout, stderr, code := runCLI(t, tc.token, args...)
+			if tc.want == "" {
+				require.Equal(t, 0, code, stderr)
+				assert.Contains(t, stdout, "valid JWT-SVID")
+				return
+			}
+			assert.NotEqual(t, 0, code)
+			assert.Contains(t, stderr, tc.want)
+		})
+	}
+
+	signer, skey := testJWTSigner(t)
+	addr, rootCert, token := identityServer(t, signer, skey, func(cfg *certservice.Config) { cfg.JWTIssuer = ours })
+	serverMint := func(iss string) string {
+		now := time.Now().Truncate(time.Second)
+		tok, err := jwtsvid.Mint(skey, testJWTKID, jwtsvid.Claims{Issuer: iss, Subject: servertest.LaptopID, Audience: []string{"a"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
+		require.NoError(t, err)
+		return tok
+	}
+	args := []string{"jwt", "validate", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--audience", "a", "-"}
+	_, stderr, code := runCLI(t, serverMint(ours), args...)
+	assert.Equal(t, 0, code, stderr)
+	_, stderr, code = runCLI(t, serverMint("https://evil.example"), args...)
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, stderr, `is not example.org's issuer "https://oidc.example.org"`)
+}

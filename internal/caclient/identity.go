@@ -14,6 +14,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -90,6 +91,9 @@ type Bundles struct {
 	// trust domains of Bundles granted only for some peers, with the
 	// trustpolicy.Pattern text of each peer trusted.
 	PeerLimits map[spiffeid.TrustDomain][]string
+	// JWTIssuer is the iss of the JWT-SVIDs of ID's trust domain (the
+	// message's jwt_issuer), "" when they carry none.
+	JWTIssuer string
 }
 
 // JWTSource is the JWT authorities of b, per trust domain.
@@ -231,7 +235,13 @@ func ParseWatchBundlesWith(msg *identityapi.WatchBundlesResponse, local spiffeid
 	if err != nil {
 		return nil, err
 	}
-	return &Bundles{ID: id, Bundles: bundles, Withheld: withheld, PeerLimits: limits}, nil
+	iss := msg.GetJwtIssuer()
+	if iss != "" {
+		if _, err := jwtsvid.ParseIssuer(iss); err != nil {
+			return nil, fmt.Errorf("the server's JWT issuer: %w", err)
+		}
+	}
+	return &Bundles{ID: id, Bundles: bundles, Withheld: withheld, PeerLimits: limits, JWTIssuer: iss}, nil
 }
 
 // parseSubject reads a message's spiffe_id: empty from an older server,

@@ -274,6 +274,15 @@ func TestParseWatchBundles(t *testing.T) {
 			assert.Contains(t, err.Error(), tt.want)
 		})
 	}
+	t.Run("JWT issuer", func(t *testing.T) {
+		msg := &identityapi.WatchBundlesResponse{BundleMap: marshalMap(t, a), JwtIssuer: "https://oidc.a.example"}
+		got, err := ParseWatchBundles(msg, tdA)
+		require.NoError(t, err)
+		assert.Equal(t, "https://oidc.a.example", got.JWTIssuer)
+		msg.JwtIssuer = "http://oidc.a.example"
+		_, err = ParseWatchBundles(msg, tdA)
+		assert.ErrorContains(t, err, "the server's JWT issuer: issuer \"http://oidc.a.example\": scheme must be https")
+	})
 	t.Run("too many trust domains", func(t *testing.T) {
 		var doc strings.Builder
 		doc.WriteString(`{"trust_domains":{"a.example":{"keys":[]}`)

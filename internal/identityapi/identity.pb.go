@@ -242,7 +242,12 @@ type WatchBundlesResponse struct {
 	// of bundle_map granted only for some peers, sorted by trust domain:
 	// a peer of such a trust domain is trusted only when its SPIFFE ID
 	// matches one of the listed peers.
-	PeerLimits    []*PeerLimit `protobuf:"bytes,4,rep,name=peer_limits,json=peerLimits,proto3" json:"peer_limits,omitempty"`
+	PeerLimits []*PeerLimit `protobuf:"bytes,4,rep,name=peer_limits,json=peerLimits,proto3" json:"peer_limits,omitempty"`
+	// jwt_issuer is the iss claim of the JWT-SVIDs of spiffe_id's trust
+	// domain (the server's --jwt-issuer, an https URL), empty when its
+	// tokens carry none: a client validating a JWT-SVID of that trust
+	// domain refuses one whose iss names another issuer.
+	JwtIssuer     string `protobuf:"bytes,5,opt,name=jwt_issuer,json=jwtIssuer,proto3" json:"jwt_issuer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +308,13 @@ func (x *WatchBundlesResponse) GetPeerLimits() []*PeerLimit {
 		return x.PeerLimits
 	}
 	return nil
+}
+
+func (x *WatchBundlesResponse) GetJwtIssuer() string {
+	if x != nil {
+		return x.JwtIssuer
+	}
+	return ""
 }
 
 // PeerLimit is one trust domain trusted only for some of its members.
@@ -495,14 +507,16 @@ const file_identity_proto_rawDesc = "" +
 	"\x13WatchBundlesRequest\x123\n" +
 	"\x15impersonated_identity\x18\x01 \x01(\tR\x14impersonatedIdentity\x12\x1f\n" +
 	"\vpeer_limits\x18\x02 \x01(\bR\n" +
-	"peerLimits\"\xcd\x01\n" +
+	"peerLimits\"\xec\x01\n" +
 	"\x14WatchBundlesResponse\x12\x1d\n" +
 	"\n" +
 	"bundle_map\x18\x01 \x01(\fR\tbundleMap\x124\n" +
 	"\x16withheld_trust_domains\x18\x02 \x03(\tR\x14withheldTrustDomains\x12\x1b\n" +
 	"\tspiffe_id\x18\x03 \x01(\tR\bspiffeId\x12C\n" +
 	"\vpeer_limits\x18\x04 \x03(\v2\".trustbridge.identity.v1.PeerLimitR\n" +
-	"peerLimits\"D\n" +
+	"peerLimits\x12\x1d\n" +
+	"\n" +
+	"jwt_issuer\x18\x05 \x01(\tR\tjwtIssuer\"D\n" +
 	"\tPeerLimit\x12!\n" +
 	"\ftrust_domain\x18\x01 \x01(\tR\vtrustDomain\x12\x14\n" +
 	"\x05peers\x18\x02 \x03(\tR\x05peers\"L\n" +

@@ -89,6 +89,8 @@ type GRPCConfig struct {
 	// (identitymap_setup.go); identityMapReady says its resources were read.
 	identityMap      nodeauth.MapSource
 	identityMapReady func() bool
+	// jwtIssuer is --jwt-issuer, told to WatchBundles clients.
+	jwtIssuer string
 	// Test hooks, no flags (grants.go).
 	GrantHooks
 	// TestJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
@@ -386,9 +388,10 @@ func (g *grpcEndpoint) certService(o GRPCConfig, td spiffeid.TrustDomain, author
 		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
 		// JWT-SVIDs, and bundle streams filtered by the trust policy
 		// that filters SDS.
-		JWT:     jwtSigner(authority, o.TestJWT),
-		Bundles: &storeBundles{store: fed.store},
-		Policy:  o.access,
+		JWT:       jwtSigner(authority, o.TestJWT),
+		JWTIssuer: o.jwtIssuer,
+		Bundles:   &storeBundles{store: fed.store},
+		Policy:    o.access,
 		// Intermediates of downstream trustbridges (downstream.go).
 		Intermediates:    authority,
 		DownstreamAllow:  allow,

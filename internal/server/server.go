@@ -397,6 +397,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 		undo.add(func() { _ = p.ep.ln.Close() })
 	}
 	o.GRPC.access = p.policy.sdsAccess
+	o.GRPC.jwtIssuer = o.JWT.Issuer
 	o.GRPC.identityMap, o.GRPC.identityMapReady = p.idmap.source(), p.idmap.ready()
 	if p.gs, err = setupGRPC(o.GRPC, p.td, o.WorkloadTTL, o.MaxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
 		return undo, err

@@ -155,6 +155,9 @@ type Agent struct {
 	// serving is set while the SDS socket is open: the agent has a
 	// credential to serve (Ready).
 	serving atomic.Bool
+	// jwtIssuer is the server's issuer of our JWT-SVIDs, from
+	// WatchBundles, which ValidateJWTSVID checks.
+	jwtIssuer jwtIssuerCell
 }
 
 // New checks cfg and applies its defaults. It starts nothing; with

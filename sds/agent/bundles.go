@@ -28,6 +28,7 @@ type bundleWatcher struct {
 	tlsConfig   func() *tls.Config
 	local       spiffeid.TrustDomain
 	out         *bundleCell
+	issuer      *jwtIssuerCell
 	clock       clock.Clock
 	log         *slog.Logger
 	metrics     *metrics
@@ -110,6 +111,7 @@ func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error)
 		w.metrics.bundleResponses.WithLabelValues(resultSuccess).Inc()
 		w.metrics.bundlesConnected.Set(1)
 		progressed = true
+		w.issuer.set(w.local, b.JWTIssuer)
 		w.publish(b.Bundles, b.Withheld)
 		return nil
 	})

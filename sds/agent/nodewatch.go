@@ -131,7 +131,7 @@ func (p *nodeConns) Close() {
 // trustWatchOn follows each workload's trust on WatchBundles, on a
 // connection of conns, acting for the workload with its peer limits: the
 // server's decision for it, which the agent enforces.
-func trustWatchOn(conns *nodeConns) trustWatchFunc {
+func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell) trustWatchFunc {
 	return func(ctx context.Context, id spiffeid.ID, fn func(workloadTrust, error) error) error {
 		pc, err := conns.take()
 		if err != nil {
@@ -143,6 +143,7 @@ func trustWatchOn(conns *nodeConns) trustWatchFunc {
 			if err != nil {
 				return fn(workloadTrust{}, err)
 			}
+			issuer.set(id.TrustDomain(), b.JWTIssuer)
 			return fn(workloadTrust{Bundles: b.Bundles, PeerLimits: b.PeerLimits}, nil)
 		})
 	}

@@ -61,7 +61,8 @@ func (a *Agent) startWorkloadAPI(ctx context.Context, wl *workloadAPI, wg *sync.
 	srv, err := wapi.New(wapi.Config{
 		Source: wl.src, JWT: wl.jwt, NoJWTReason: wl.noJWT,
 		Selector: wl.sel, CallerJWT: wl.callerJWT, Credentials: wl.creds, ReselectInterval: wl.reselect,
-		Clock: a.clock, Logger: a.log, Registerer: a.reg,
+		JWTIssuer: a.jwtIssuer.of,
+		Clock:     a.clock, Logger: a.log, Registerer: a.reg,
 	})
 	if err != nil {
 		fail(fmt.Errorf("agent: %w", err))
@@ -141,7 +142,7 @@ func grpcAnswers(ctx context.Context, path string, timeout time.Duration) bool {
 func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Context) error) {
 	bundles := newBundleCell(seedBundles(a.rot.Trust()), errNoBundlesYet)
 	bw := &bundleWatcher{
-		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles,
+		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles, issuer: &a.jwtIssuer,
 		clock: a.clock, log: a.log, metrics: a.metrics,
 		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
 	}

@@ -52,6 +52,8 @@ type fakeIdentity struct {
 	mu      sync.Mutex
 	cur     *identityapi.WatchBundlesResponse
 	changed chan struct{}
+	// issuer is the jwt_issuer set sends.
+	issuer string
 }
 
 func newFakeIdentity(t *testing.T) *fakeIdentity {
@@ -65,7 +67,7 @@ func (f *fakeIdentity) set(t *testing.T, bundles []*spiffebundle.Bundle, withhel
 	require.NoError(t, err)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.cur = &identityapi.WatchBundlesResponse{BundleMap: doc, WithheldTrustDomains: withheld}
+	f.cur = &identityapi.WatchBundlesResponse{BundleMap: doc, WithheldTrustDomains: withheld, JwtIssuer: f.issuer}
 	close(f.changed)
 	f.changed = make(chan struct{})
 }
@@ -220,6 +222,33 @@ func TestWorkloadAPIWithCA(t *testing.T) {
 		assert.Equal(t, before+1, ident.mints.Load())
 		_, err = spiffejwt.ParseAndValidate(first.Marshal(), jwtsrc, []string{"x"})
 		assert.NoError(t, err, "the local JWT authorities from WatchBundles validate it")
+	})
+
+	t.Run("ValidateJWTSVID refuses a token of ours from another issuer", func(t *testing.T) {
+		c, err := workloadapi.New(ctx, workloadapi.WithAddr(endpointSocket(wlSock)))
+		require.NoError(t, err)
+		defer c.Close()
+		mint := func(iss string) string {
+			now := time.Now()
+			tok, err := jwtsvid.Mint(ident.key, ident.kid, jwtsvid.Claims{Issuer: iss, Subject: workload, Audience: []string{"svc"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
+			require.NoError(t, err)
+			return tok
+		}
+		_, err = c.ValidateJWTSVID(ctx, mint("https://elsewhere.example"), "svc")
+		require.NoError(t, err, "no issuer named by the server: iss is not checked")
+
+		ident.mu.Lock()
+		ident.issuer = "https://oidc.a.test"
+		ident.mu.Unlock()
+		ident.set(t, []*spiffebundle.Bundle{ownBundle}, tdB.Name()) // as the previous subtest left it
+		assert.EventuallyWithT(t, func(c2 *assert.CollectT) {
+			_, err := c.ValidateJWTSVID(ctx, mint("https://elsewhere.example"), "svc")
+			assert.ErrorContains(c2, err, `is not a.test's issuer "https://oidc.a.test"`)
+		}, 5*time.Second, 5*time.Millisecond)
+		_, err = c.ValidateJWTSVID(ctx, mint("https://oidc.a.test"), "svc")
+		assert.NoError(t, err)
+		_, err = c.ValidateJWTSVID(ctx, mint(""), "svc")
+		assert.NoError(t, err, "a token minted before the issuer was set")
 	})
 
 	t.Run("a bad bundle map keeps the last good bundles and the stream, and says so", func(t *testing.T) {

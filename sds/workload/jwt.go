@@ -146,7 +146,9 @@ func MintStatus(err error) error {
 // authorities, among the caller's bundles, of the token's own trust
 // domain (Workload API §6.3), as
 // internal/jwtsvid.Validate does: alg none, HMAC, an unknown kid, an
-// expired or not yet valid token and another audience are refused.
+// expired or not yet valid token, another audience and, where
+// Config.JWTIssuer knows the trust domain's issuer, another iss are
+// refused.
 func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJWTSVIDRequest) (*workloadpb.ValidateJWTSVIDResponse, error) {
 	switch {
 	case req.GetAudience() == "":
@@ -166,7 +168,7 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	if st.SVID == nil {
 		return nil, errNoIdentity
 	}
-	svid, err := jwtsvid.Validate(req.GetSvid(), jwtBundles(st), []string{req.GetAudience()}, nil)
+	svid, err := jwtsvid.Validate(req.GetSvid(), jwtBundles(st), []string{req.GetAudience()}, s.jwtIssuer)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -238,3 +238,51 @@ func TestFetchJWTSVIDMinterFailures(t *testing.T) {
 		})
 	}
 }
+
+// With the issuers of trust domains known, ValidateJWTSVID refuses a
+// token of such a trust domain whose iss names another issuer, and
+// accepts ours, one without iss (minted before the issuer was set) and
+// any iss of a trust domain whose issuer is unknown.
+func TestValidateJWTSVIDChecksIssuer(t *testing.T) {
+	w := newWorld(t)
+	cell := NewCell()
+	require.NoError(t, cell.Set(State{SVID: w.svid(t), Bundles: []*spiffebundle.Bundle{w.bundleA(t), w.bundleB(t)}}))
+	const ours = "https://oidc.a.test"
+	issuerOf := func(td spiffeid.TrustDomain) string {
+		if td == web.TrustDomain() {
+			return ours
+		}
+		return ""
+	}
+	addr, _ := serve(t, Config{Source: cell, JWT: signer{w.jwtA, kidA, web}, JWTIssuer: issuerOf})
+	client := rawClient(t, addr)
+	ctx, cancel := context.WithTimeout(withHeader(context.Background()), waitFor)
+	defer cancel()
+	now := time.Now()
+	peer := spiffeid.RequireFromString("spiffe://b.test/api")
+	mint := func(key crypto.Signer, kid string, sub spiffeid.ID, iss string) string {
+		tok, err := jwtsvid.Mint(key, kid, jwtsvid.Claims{Issuer: iss, Subject: sub, Audience: []string{"svc"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
+		require.NoError(t, err)
+		return tok
+	}
+	for _, tc := range []struct {
+		name, token string
+		ok          bool
+	}{
+		{"our issuer", mint(w.jwtA, kidA, web, ours), true},
+		{"no iss", mint(w.jwtA, kidA, web, ""), true},
+		{"another issuer, signed by our key", mint(w.jwtA, kidA, web, "https://evil.test"), false},
+		{"a federated trust domain's own issuer", mint(w.jwtB, kidB, peer, "https://oidc.b.test"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := client.ValidateJWTSVID(ctx, &workloadpb.ValidateJWTSVIDRequest{Audience: "svc", Svid: tc.token})
+			if tc.ok {
+				require.NoError(t, err)
+				assert.NotEmpty(t, resp.GetSpiffeId())
+				return
+			}
+			assert.Equal(t, codes.InvalidArgument, status.Code(err))
+			assert.ErrorContains(t, err, `is not a.test's issuer "https://oidc.a.test"`)
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
@@ -66,6 +67,10 @@ type Config struct {
 	JWT         JWTMinter
 	CallerJWT   CallerJWTMinter
 	NoJWTReason string
+	// JWTIssuer names, per trust domain, the issuer (iss) its JWT-SVIDs
+	// carry: ValidateJWTSVID refuses a token whose iss names another.
+	// nil, or "" for a trust domain, checks no iss.
+	JWTIssuer jwtsvid.IssuerOf
 	// MaxConcurrentStreams bounds the streams of one connection;
 	// DefaultMaxConcurrentStreams when 0.
 	MaxConcurrentStreams uint32
@@ -89,6 +94,7 @@ type Server struct {
 	jwt        JWTMinter
 	callerJWT  CallerJWTMinter
 	noJWT      string
+	jwtIssuer  jwtsvid.IssuerOf
 	maxStreams uint32
 	log        *slog.Logger
 	metrics    *metrics
@@ -118,6 +124,7 @@ func New(cfg Config) (*Server, error) {
 		jwt:        cfg.JWT,
 		callerJWT:  cfg.CallerJWT,
 		noJWT:      cfg.NoJWTReason,
+		jwtIssuer:  cfg.JWTIssuer,
 		maxStreams: cfg.MaxConcurrentStreams,
 		log:        cfg.Logger,
 		metrics:    m,

@@ -148,6 +148,7 @@ type jwtValidateOptions struct {
 	audience    []string
 	bundle      string
 	trustDomain string
+	issuer      string
 	out         *cli.OutputFlag
 }
 
@@ -167,14 +168,22 @@ The bundles come from --bundle FILE, a SPIFFE bundle map (bundle.spiffe.json,
 as 'ca request' writes it) or, with --trust-domain, one trust domain's SPIFFE
 bundle; or, without --bundle, from the running server (WatchBundles on the
 certificate service's listener), authenticated as for 'jwt mint': the bundles
-of every trust domain the server's trust policy lets you trust.`,
+of every trust domain the server's trust policy lets you trust.
+
+--issuer URL also requires the token's iss claim to be exactly URL, as a cloud
+relying party does (the issuer's server sets it with --jwt-issuer). Without
+it, a token of the server's own trust domain validated against the server's
+bundles is refused when its iss names another issuer than the server's.`,
 		Example: `  # against a bundle map, the token on standard input (-)
   printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com -
   # against one peer's bundle, token from a file, as JSON
   trustbridge jwt validate --bundle partner.json --trust-domain partner.example --audience me -o json - < token.jwt
   # against what the server lets this workload trust
   printf '%s' "$TOKEN" | trustbridge jwt validate --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
-      --prov-cert /etc/creds --audience https://api.example.com -`,
+      --prov-cert /etc/creds --audience https://api.example.com -
+  # as AWS would: issued by our OIDC issuer, for sts.amazonaws.com
+  printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json \
+      --issuer https://oidc.example.com --audience sts.amazonaws.com -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJWTValidate(cmd.Context(), e, o, args)
@@ -189,6 +198,7 @@ of every trust domain the server's trust policy lets you trust.`,
 	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
 	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
+	f.StringVar(&o.issuer, "issuer", "", "iss the token must carry exactly (an OIDC issuer URL, the server's --jwt-issuer); a token with another or none is refused")
 	o.out = cli.AddOutputFlag(cmd)
 	return cmd
 }
@@ -208,6 +218,11 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	if err := checkAudiences(o.audience); err != nil {
 		return err
 	}
+	if o.issuer != "" {
+		if _, err := jwtsvid.ParseIssuer(o.issuer); err != nil {
+			return fmt.Errorf("--issuer: %w", err)
+		}
+	}
 	token, err := readTokenArg(e.In, args)
 	if err != nil {
 		return err
@@ -215,11 +230,17 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	if len(args) == 1 && args[0] != "-" {
 		fmt.Fprintln(e.Err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
 	}
-	source, withheld, err := o.bundles(ctx, e.Now())
+	source, withheld, issuerOf, err := o.bundles(ctx, e.Now())
 	if err != nil {
 		return err
 	}
-	svid, err := jwtsvid.Validate(token, source, o.audience, nil)
+	svid, err := jwtsvid.Validate(token, source, o.audience, issuerOf)
+	if err == nil && o.issuer != "" && svid.Claims["iss"] != o.issuer {
+		err = fmt.Errorf("its iss %v is not --issuer %q", svid.Claims["iss"], o.issuer)
+		if _, ok := svid.Claims["iss"]; !ok {
+			err = fmt.Errorf("it carries no iss, and --issuer %q asks for one; its server mints with iss once started with --jwt-issuer", o.issuer)
+		}
+	}
 	if err != nil {
 		if td := unverifiedTrustDomain(token); slices.Contains(withheld, td) {
 			return fmt.Errorf("the token is of trust domain %s, which the server's trust policy grants you only for some peers: a bundle cannot carry that limit, so the server does not hand its bundle out; validate with --bundle holding it, or ask for a grant without peers", td)
@@ -268,13 +289,14 @@ func unverifiedTrustDomain(token string) string {
 }
 
 // bundles is the trust to validate with: --bundle, or the server's, with
-// the trust domains the server withheld.
-func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, error) {
+// the trust domains the server withheld and the issuer it names for its
+// trust domain's JWT-SVIDs.
+func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, jwtsvid.IssuerOf, error) {
 	if o.bundle == "" {
 		return o.serverBundles(ctx, now)
 	}
 	source, err := o.fileBundles()
-	return source, nil, err
+	return source, nil, nil, err
 }
 
 func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
@@ -299,25 +321,31 @@ func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
 	return caclient.JWTSource(bundles), nil
 }
 
-func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, error) {
+func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, jwtsvid.IssuerOf, error) {
 	if o.trustDomain != "" {
-		return nil, nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
+		return nil, nil, nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
 	}
 	if err := o.CheckAuth(); err != nil {
-		return nil, nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
+		return nil, nil, nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
 	}
 	conn, local, err := o.Dial(now)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	b, err := caclient.FetchBundles(ctx, conn, local)
 	if err != nil {
-		return nil, nil, identityError(o.Addr, o.Timeout, "bundles", err, false)
+		return nil, nil, nil, identityError(o.Addr, o.Timeout, "bundles", err, false)
 	}
-	return caclient.JWTSource(b.Bundles), b.Withheld, nil
+	issuerOf := func(td spiffeid.TrustDomain) string {
+		if td == local {
+			return b.JWTIssuer
+		}
+		return ""
+	}
+	return caclient.JWTSource(b.Bundles), b.Withheld, issuerOf, nil
 }
 
 // identityError is requestError for the identity service's calls:
