@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -100,6 +101,9 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 	if local != nil {
 		cfg.Local = local
 	}
+	if cfg.Issuers, err = e.issuerSources(cfg.Issuers, cfg.TrustDomain, cfg.Local); err != nil {
+		return nil, err
+	}
 	cfg.Others = e.others(cfg.Others)
 	if e.srv, err = New(cfg.Config); err != nil {
 		return nil, err
@@ -136,6 +140,34 @@ func (e *Endpoint) openFiles(specs []string, td spiffeid.TrustDomain) (local *Fi
 		e.relayed = append(e.relayed, fs)
 	}
 	return local, nil
+}
+
+// issuerSources gives each issuer without a Source its trust domain's
+// bundle: the local one's (the CA, or the static file), or a relayed
+// file's. Federated peers' bundles are never an issuer's: serving a
+// peer's keys as an issuer would let whoever trusts the issuer accept
+// tokens the peer mints, which only the peer's own operator may decide.
+func (e *Endpoint) issuerSources(issuers []Issuer, td spiffeid.TrustDomain, local Source) ([]Issuer, error) {
+	out := slices.Clone(issuers)
+	for i := range out {
+		if out[i].Source != nil {
+			continue
+		}
+		if out[i].TrustDomain == td {
+			out[i].Source = local
+			continue
+		}
+		for _, fs := range e.relayed {
+			if fs.td == out[i].TrustDomain {
+				out[i].Source = fs
+			}
+		}
+		if out[i].Source == nil {
+			return nil, fmt.Errorf("bundleserver: issuer %q: trust domain %q is neither ours nor relayed from a bundle file (TD=FILE); only those are served as issuers",
+				out[i].URL, out[i].TrustDomain.Name())
+		}
+	}
+	return out, nil
 }
 
 // ParseFileSpec splits an EndpointConfig.Files spec, "TD=FILE"; a bare

@@ -42,6 +42,10 @@ func (s *Server) newRouter() http.Handler {
 			s.serveLocal(w, req)
 			return
 		}
+		if ir, ok := s.issuerRoutes[req.URL.Path]; ok {
+			s.serveIssuer(w, req, ir)
+			return
+		}
 		r.ServeHTTP(w, req)
 	})
 }

@@ -13,10 +13,12 @@ const (
 	routeByName
 	routeMap
 	routeNone
+	routeDiscovery
+	routeJWKS
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"local", "bundles", "bundle_map", "none"}
+var routeNames = [numRoutes]string{"local", "bundles", "bundle_map", "none", "oidc_discovery", "oidc_jwks"}
 
 // statusCodes are the only codes the handlers write; their counters are
 // resolved once so that a request costs one atomic add.
@@ -33,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_bundleserver_requests_total",
-			Help: "Bundle endpoint requests, by route (local, bundles, bundle_map, none) and status code.",
+			Help: "Bundle endpoint requests, by route (local, bundles, bundle_map, none, oidc_discovery, oidc_jwks) and status code.",
 		}, []string{"route", "code"}),
 		sequence: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "trustbridge_bundleserver_served_sequence",

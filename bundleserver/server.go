@@ -65,6 +65,10 @@ type Config struct {
 	Others      func() []*spiffebundle.Bundle
 	ServeOthers bool
 
+	// Issuers are OIDC issuers published beside the bundles (oidc.go):
+	// each one's discovery document and JWKS under its URL's path.
+	Issuers []Issuer
+
 	// AllowEmpty lets the local bundle be served with no keys. Peers read
 	// "keys": [] as the revocation of every key, so by default such a
 	// bundle is refused and the last good document stays served.
@@ -127,6 +131,8 @@ type Server struct {
 	logger    *slog.Logger
 	metrics   *metrics
 	handler   http.Handler
+	// issuerRoutes are the issuers' documents' paths, fixed in New.
+	issuerRoutes map[string]issuerRoute
 
 	// snap is what requests read: one atomic load gives a consistent view
 	// of every route.
@@ -150,12 +156,18 @@ type snapshot struct {
 	// bundleMap renders mapMembers (sorted by name); nil while local is.
 	bundleMap  *document
 	mapMembers []*document
+	// issuers are Config.Issuers' documents, in their order.
+	issuers []issuerDocs
 }
 
 // New validates cfg, applies defaults and renders the documents once.
 // It starts no goroutines.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("bundleserver: %w", err)
+	}
+	routes, err := cfg.checkIssuers()
+	if err != nil {
 		return nil, fmt.Errorf("bundleserver: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer)
@@ -168,6 +180,8 @@ func New(cfg Config) (*Server, error) {
 		logger:    cfg.Logger.With(logattr.Component, "bundleserver"),
 		metrics:   m,
 		refused:   map[string]refusal{},
+
+		issuerRoutes: routes,
 	}
 	s.snap.Store(&snapshot{byName: map[string]*document{}})
 	s.handler = s.newRouter()
@@ -284,6 +298,7 @@ func (s *Server) Update() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, s.renderIssuers(prev, next)...)
 	if !sameSnapshot(prev, next) {
 		s.snap.Store(next)
 		s.published(prev, next)
@@ -356,6 +371,13 @@ func (s *Server) refuse(key string, src *spiffebundle.Bundle, err error) error {
 	if r, ok := s.refused[key]; ok && r.src == src {
 		return r.err
 	}
+	if iss, ok := strings.CutPrefix(key, issuerKey); ok {
+		err = fmt.Errorf("OIDC issuer %q: %w", iss, err)
+		s.refused[key] = refusal{src: src, err: err}
+		s.metrics.updateErrors.Inc()
+		s.logger.Error("OIDC issuer keys not all published", logattr.Issuer, iss, logattr.TrustDomain, src.TrustDomain().Name(), logattr.Error, err)
+		return err
+	}
 	name := strings.TrimPrefix(key, dupKey)
 	if name == key {
 		err = fmt.Errorf("trust domain %q: %w", name, err)
@@ -406,8 +428,13 @@ func (s *Server) renderMap(prev, next *snapshot) error {
 }
 
 func sameSnapshot(a, b *snapshot) bool {
-	if a.local != b.local || a.bundleMap != b.bundleMap || len(a.byName) != len(b.byName) {
+	if a.local != b.local || a.bundleMap != b.bundleMap || len(a.byName) != len(b.byName) || len(a.issuers) != len(b.issuers) {
 		return false
+	}
+	for i := range a.issuers {
+		if a.issuers[i].src != b.issuers[i].src {
+			return false
+		}
 	}
 	for name, d := range a.byName {
 		if b.byName[name] != d {
@@ -441,6 +468,7 @@ func (s *Server) published(prev, next *snapshot) {
 			s.logger.Info("no longer serving bundle", logattr.TrustDomain, name)
 		}
 	}
+	s.logIssuers(prev, next)
 }
 
 // Serve serves HTTPS on ln until ctx is done, then shuts down gracefully:

@@ -76,6 +76,10 @@ type Config struct {
 	// MaxJWTSVIDTTL bounds every JWT-SVID (default 1h); a retired JWT key
 	// stays published that long (the largest ever used).
 	MaxJWTSVIDTTL time.Duration
+	// JWTIssuer, when set, is the iss claim of every JWT-SVID minted: an
+	// OIDC issuer URL (jwtsvid.ParseIssuer) whose discovery document
+	// publishes this trust domain's JWT authorities. "" mints without iss.
+	JWTIssuer string
 	// Leader, when set, makes this Authority one of several replicas
 	// sharing Backend: only while Leader.IsLeader() does it bootstrap,
 	// prepare, activate, retire or remove roots, or write at all; otherwise

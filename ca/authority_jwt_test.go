@@ -677,3 +677,34 @@ func TestSignJWTSubSecond(t *testing.T) {
 		})
 	}
 }
+
+// With JWTIssuer every token carries it as iss; without, none does; a
+// malformed issuer is refused at New, before anything is signed.
+func TestSignJWTIssuer(t *testing.T) {
+	now := time.Now().Truncate(time.Second)
+	iss := func(cfg Config) (any, bool) {
+		a, err := New(cfg)
+		require.NoError(t, err)
+		token, _, err := a.SignJWT(jwtWorkload, []string{"sts.amazonaws.com"}, 0)
+		require.NoError(t, err)
+		jb := jwtbundle.FromJWTAuthorities(tdExample, a.Bundle().JWTAuthorities())
+		svid, err := spiffejwt.ParseAndValidate(token, jb, []string{"sts.amazonaws.com"})
+		require.NoError(t, err)
+		v, ok := svid.Claims["iss"]
+		return v, ok
+	}
+	cfg := jwtConfig(t, clocktesting.NewFakeClock(now))
+	_, ok := iss(cfg)
+	assert.False(t, ok, "no issuer configured, no iss")
+
+	cfg = jwtConfig(t, clocktesting.NewFakeClock(now))
+	cfg.JWTIssuer = "https://oidc.example.org/prod"
+	got, ok := iss(cfg)
+	assert.True(t, ok)
+	assert.Equal(t, "https://oidc.example.org/prod", got)
+
+	cfg = jwtConfig(t, clocktesting.NewFakeClock(now))
+	cfg.JWTIssuer = "http://oidc.example.org"
+	_, err := New(cfg)
+	assert.ErrorContains(t, err, "JWT issuer: issuer \"http://oidc.example.org\": scheme must be https")
+}

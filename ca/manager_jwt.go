@@ -8,6 +8,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
 
@@ -47,6 +48,11 @@ func (c *Config) applyJWTDefaults() error {
 	}
 	if c.JWTSVIDTTL > c.MaxJWTSVIDTTL {
 		return fmt.Errorf("JWT-SVID TTL %s exceeds the maximum %s; lower the one or raise the other", c.JWTSVIDTTL, c.MaxJWTSVIDTTL)
+	}
+	if c.JWTIssuer != "" {
+		if _, err := jwtsvid.ParseIssuer(c.JWTIssuer); err != nil {
+			return fmt.Errorf("JWT issuer: %w", err)
+		}
 	}
 	if need := PublishLead*c.RefreshHint + c.MaxJWTSVIDTTL; c.JWTKeyTTL/2 < need {
 		return fmt.Errorf("JWT key TTL %s is too short: half of it must cover %d refresh hints (%s) plus the maximum JWT-SVID TTL (%s); use at least %s",

@@ -55,7 +55,7 @@ func (s *signer) signJWT(id spiffeid.ID, audience []string, ttl time.Duration) (
 		return "", time.Time{}, fmt.Errorf("ca: %w: active JWT key %s expires at %s, less than a second from now; the leader activates its successor before then unless rotation is failing (see the CA's logs)",
 			ErrInvalidSigningMaterial, k.kid, k.notAfter.UTC().Format(time.RFC3339))
 	}
-	token, err := jwtsvid.Mint(k.key, k.kid, jwtsvid.Claims{Subject: id, Audience: audience, IssuedAt: iat, Expiry: exp})
+	token, err := jwtsvid.Mint(k.key, k.kid, jwtsvid.Claims{Issuer: s.cfg.JWTIssuer, Subject: id, Audience: audience, IssuedAt: iat, Expiry: exp})
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("ca: %w", err)
 	}

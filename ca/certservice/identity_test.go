@@ -130,7 +130,7 @@ func TestMintJWTSVIDSubjectIsTheCaller(t *testing.T) {
 			resp, err := tc.c.MintJWTSVID(context.Background(), req)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want.String(), resp.GetSpiffeId())
-			got, err := jwtsvid.Validate(resp.GetToken(), signer.bundle(t), []string{"other"})
+			got, err := jwtsvid.Validate(resp.GetToken(), signer.bundle(t), []string{"other"}, nil)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got.ID)
 			assert.Equal(t, got.Expiry.Unix(), resp.GetExpiresAt())

@@ -101,7 +101,7 @@ func TestJWTMintAndValidate(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(stdout), &minted))
 	assert.Equal(t, servertest.LaptopID.String(), minted.SPIFFEID)
 	assert.WithinDuration(t, time.Now().Add(5*time.Minute), minted.ExpiresAt, time.Minute, "the server's default")
-	_, err := jwtsvid.Validate(minted.Token, caclient.JWTSource(mustParseMap(t, mapFile)), []string{"a"})
+	_, err := jwtsvid.Validate(minted.Token, caclient.JWTSource(mustParseMap(t, mapFile)), []string{"a"}, nil)
 	require.NoError(t, err)
 }
 

@@ -33,8 +33,10 @@ var (
 )
 
 // Claims are what a JWT-SVID says: who (sub), for whom (aud), from when
-// (iat) until when (exp).
+// (iat) until when (exp), and, when Issuer is set, by whom (iss: an OIDC
+// issuer URL, checked with ParseIssuer).
 type Claims struct {
+	Issuer   string
 	Subject  spiffeid.ID
 	Audience []string
 	IssuedAt time.Time
@@ -53,6 +55,11 @@ func (c Claims) check() error {
 	for i, a := range c.Audience {
 		if a == "" {
 			return fmt.Errorf("%w: audience %d is empty", ErrInvalidClaims, i+1)
+		}
+	}
+	if c.Issuer != "" {
+		if _, err := ParseIssuer(c.Issuer); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidClaims, err)
 		}
 	}
 	return nil
@@ -100,6 +107,7 @@ func Mint(key crypto.Signer, kid string, c Claims) (string, error) {
 		return "", fmt.Errorf("jwtsvid: %w", err)
 	}
 	tok, err := jwt.Signed(signer).Claims(jwt.Claims{
+		Issuer:   c.Issuer,
 		Subject:  c.Subject.String(),
 		Audience: jwt.Audience(c.Audience),
 		IssuedAt: jwt.NewNumericDate(c.IssuedAt),
@@ -114,7 +122,9 @@ func Mint(key crypto.Signer, kid string, c Claims) (string, error) {
 // Validate parses token and checks it against the JWT authorities of the
 // subject's own trust domain in bundles, for one of audience (at least one
 // is required: a token checked for no audience is accepted by anyone).
-func Validate(token string, bundles jwtbundle.Source, audience []string) (*spiffejwt.SVID, error) {
+// Where issuer names the subject's trust domain's issuer, a token whose
+// iss claim names another is refused (issuer may be nil).
+func Validate(token string, bundles jwtbundle.Source, audience []string, issuer IssuerOf) (*spiffejwt.SVID, error) {
 	switch {
 	case len(audience) == 0:
 		return nil, fmt.Errorf("%w: an audience to validate for is required", ErrInvalidToken)
@@ -129,6 +139,9 @@ func Validate(token string, bundles jwtbundle.Source, audience []string) (*spiff
 	svid, err := spiffejwt.ParseAndValidate(token, bundles, audience)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidToken, err)
+	}
+	if err := checkIssuer(svid, issuer); err != nil {
+		return nil, err
 	}
 	return svid, nil
 }

@@ -70,7 +70,7 @@ func TestMintValidateRoundTrip(t *testing.T) {
 			assert.Equal(t, "k1", h.KeyID)
 			assert.Equal(t, "JWT", h.ExtraHeaders[jose.HeaderType])
 
-			svid, err := jwtsvid.Validate(tok, bundles(tdA, "k1", tc.key), []string{"other", "https://api.b.example"})
+			svid, err := jwtsvid.Validate(tok, bundles(tdA, "k1", tc.key), []string{"other", "https://api.b.example"}, nil)
 			require.NoError(t, err)
 			assert.Equal(t, idA, svid.ID)
 			assert.Equal(t, []string{"https://api.b.example"}, svid.Audience)
@@ -164,7 +164,7 @@ func TestValidateRefuses(t *testing.T) {
 		{"garbage", "not.a.token", good, []string{"x"}, "unable to parse"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := jwtsvid.Validate(tc.token, tc.bundles, tc.audience)
+			_, err := jwtsvid.Validate(tc.token, tc.bundles, tc.audience, nil)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, jwtsvid.ErrInvalidToken)
 			assert.Contains(t, err.Error(), tc.want)
@@ -180,7 +180,7 @@ func TestValidateRefusesForeignTyp(t *testing.T) {
 	now := time.Now()
 	tok, err := jwt.Signed(signer).Claims(jwt.Claims{Subject: idA.String(), Audience: jwt.Audience{"x"}, Expiry: jwt.NewNumericDate(now.Add(time.Minute))}).Serialize()
 	require.NoError(t, err)
-	_, err = jwtsvid.Validate(tok, bundles(tdA, "k1", key), []string{"x"})
+	_, err = jwtsvid.Validate(tok, bundles(tdA, "k1", key), []string{"x"}, nil)
 	assert.ErrorIs(t, err, jwtsvid.ErrInvalidToken)
 	assert.ErrorContains(t, err, "type")
 }
@@ -201,7 +201,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add(good[:len(good)-3])
 	f.Add(strings.Replace(good, ".", "..", 1))
 	f.Fuzz(func(t *testing.T, token string) {
-		svid, err := jwtsvid.Validate(token, set, []string{"https://api.b.example"})
+		svid, err := jwtsvid.Validate(token, set, []string{"https://api.b.example"}, nil)
 		if err != nil {
 			return
 		}

@@ -47,6 +47,9 @@ type BundleConfig struct {
 	acmeTOS       bool
 	Files         []string
 	ServeOthers   bool
+	// RelayIssuers are --relay-jwt-issuer TD=URL: relayed trust domains
+	// served as OIDC issuers (oidc_discovery.go).
+	RelayIssuers []string
 	// Conns bound the listener's connections; idleTimeout (0:
 	// bundleserver.DefaultIdleTimeout) how long a connection waits for
 	// its next request (conn_limits.go).
@@ -67,6 +70,8 @@ func addBundleFlags(f *pflag.FlagSet, o *BundleConfig) {
 	f.BoolVar(&o.acmeTOS, "acme-tos-accepted", false, "https_web: accept the ACME CA's terms of service (required with --acme-domain)")
 	f.StringArrayVar(&o.Files, "bundle-file", nil, "serve a bundle document from a file, reloaded on change: FILE for the local trust domain (static mode, instead of the CA's bundle) or TD=FILE for another (relay); repeatable")
 	f.BoolVar(&o.ServeOthers, "serve-federated", true, "serve bundles of other trust domains at /bundles/{trustDomain} and /bundle-map")
+	f.StringArrayVar(&o.RelayIssuers, "relay-jwt-issuer", nil, "https_web: serve a relayed trust domain's JWT authorities (--bundle-file TD=FILE) as the OIDC issuer URL, whose tokens its own server mints with --jwt-issuer URL: TD=URL, "+
+		"e.g. prod.example=https://oidc.example.com/prod (docs/oidc-discovery.md); repeatable, one issuer per trust domain")
 	bundleLimits.AddFlags(f, &o.Conns, "bundle endpoint", "peers behind one NAT address: a peer fetches over one connection at a time", serverMemoryNote(bundleLimits))
 	f.DurationVar(&o.IdleTimeout, "bundle-idle-timeout", bundleserver.DefaultIdleTimeout, "how long the bundle endpoint keeps a connection with no request in flight open for the next one. "+
 		"Peers fetch once per refresh hint, minutes apart, so a long one holds memory for nothing: with 60s, one request every 50 s held a connection for good")
@@ -85,23 +90,38 @@ type bundleEndpoint struct {
 	runners []func(context.Context) error
 	// reloads re-read its files now, on SIGHUP (each is polled anyway).
 	reloads []reloader
+	// getCert is the serving certificate now; issuers the OIDC issuers
+	// served (oidc_discovery.go).
+	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	issuers []configuredIssuer
 }
 
-func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, dataDir string, workloadTTL, refreshHint time.Duration,
+func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dataDir string, workloadTTL, refreshHint time.Duration,
 	authority *ca.Authority, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) (_ *bundleEndpoint, err error) {
 	ep := &bundleEndpoint{}
 	if err := checkBundleFlags(o, td); err != nil {
+		return nil, err
+	}
+	if ep.issuers, err = oidcIssuers(o, jwtIssuer, td); err != nil {
 		return nil, err
 	}
 	getCert, nextProtos, err := ep.certificate(o, td, dataDir, workloadTTL, authority, logger.With(logattr.Component, "bundle-endpoint"))
 	if err != nil {
 		return nil, err
 	}
+	ep.getCert = getCert
+	if err := ep.checkIssuerHosts(ep.issuers, o.ACMEDomains); err != nil {
+		return nil, err
+	}
+	issuers := make([]bundleserver.Issuer, len(ep.issuers))
+	for i, iss := range ep.issuers {
+		issuers[i] = iss.Issuer
+	}
 	cfg := bundleserver.EndpointConfig{
 		Config: bundleserver.Config{
 			TrustDomain: td, Local: authority, Path: o.Path, RefreshHint: refreshHint, ServeOthers: o.ServeOthers,
 			GetCertificate: getCert, NextProtos: nextProtos, Logger: logger, Registerer: reg,
-			Timeouts: bundleserver.Timeouts{Idle: o.IdleTimeout},
+			Timeouts: bundleserver.Timeouts{Idle: o.IdleTimeout}, Issuers: issuers,
 		},
 		Changes:          []<-chan struct{}{authority.Subscribe()},
 		Files:            o.Files,

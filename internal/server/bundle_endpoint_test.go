@@ -110,7 +110,7 @@ func TestBundleEndpointFollowsRotation(t *testing.T) {
 	a, err := ca.New(ca.Config{TrustDomain: td, DataDir: dataDir, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true},
-		td, dataDir, 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		td, "", dataDir, 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx := runEndpoint(t, ep)
 
@@ -146,7 +146,7 @@ func TestReadyzReportsABadBundleFileChange(t *testing.T) {
 	a, err := ca.New(ca.Config{TrustDomain: spiffeid.RequireTrustDomainFromString("example.org"), DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true, Files: []string{"peer.example=" + file}},
-		a.TrustDomain(), t.TempDir(), 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		a.TrustDomain(), "", t.TempDir(), 0, 0, a, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ep.ln.Close() })
 	admin := httptest.NewServer(adminHandler(a, prometheus.NewRegistry(), nil, nil, ep, nil, nil))

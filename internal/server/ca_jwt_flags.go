@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 )
 
 // JWTKeyConfig are the flags of the CA's JWT-SVID signing keys.
@@ -15,12 +16,17 @@ type JWTKeyConfig struct {
 	keyTTL     time.Duration
 	svidTTL    time.Duration
 	maxSVIDTTL time.Duration
+	// Issuer is --jwt-issuer: the iss of every JWT-SVID, and the OIDC
+	// issuer the bundle endpoint serves (oidc_discovery.go).
+	Issuer string
 }
 
 func addJWTKeyFlags(f *pflag.FlagSet, o *JWTKeyConfig) {
 	f.StringVar(&o.keyType, "jwt-key-type", string(ca.DefaultConfig().JWTKeyType), "algorithm of new JWT-SVID signing keys: ES256, ES384, RS256 (RSA 3072)")
 	f.DurationVar(&o.keyTTL, "jwt-key-ttl", ca.DefaultConfig().JWTKeyTTL, "lifetime of new JWT-SVID signing keys; a successor is published at half of it and signs 5 refresh hints later; half of it must cover 5 refresh hints plus --max-jwt-svid-ttl")
 	f.DurationVar(&o.svidTTL, "jwt-svid-ttl", 0, "lifetime of a JWT-SVID asked for without one (default 5m, or --max-jwt-svid-ttl if lower)")
+	f.StringVar(&o.Issuer, "jwt-issuer", "", "OIDC issuer URL (https://HOST[/PATH], no trailing slash) set as iss in every JWT-SVID; with --bundle-profile https_web the bundle endpoint serves its discovery document and JWKS "+
+		"at URL/.well-known/openid-configuration and URL/keys, so AWS, GCP, Azure and Vault accept the tokens (docs/oidc-discovery.md). The certificate must cover HOST")
 	f.DurationVar(&o.maxSVIDTTL, "max-jwt-svid-ttl", ca.DefaultConfig().MaxJWTSVIDTTL, "longest lifetime of a JWT-SVID; longer requests are cut to it, and a retired signing key stays published this long (the largest ever used)")
 }
 
@@ -40,6 +46,11 @@ func (o JWTKeyConfig) check() error {
 			return fmt.Errorf("--%s %s is negative; give a positive duration such as 5m", d.flag, d.v)
 		}
 	}
+	if o.Issuer != "" {
+		if _, err := jwtsvid.ParseIssuer(o.Issuer); err != nil {
+			return fmt.Errorf("--jwt-issuer: %w", err)
+		}
+	}
 	if o.maxSVIDTTL > 0 && o.svidTTL > o.maxSVIDTTL {
 		return fmt.Errorf("--jwt-svid-ttl %s exceeds --max-jwt-svid-ttl %s; lower the one or raise the other", o.svidTTL, o.maxSVIDTTL)
 	}
@@ -53,5 +64,6 @@ func (o JWTKeyConfig) apply(c *ca.Config) error {
 	}
 	c.JWTKeyType = ca.JWTKeyType(o.keyType)
 	c.JWTKeyTTL, c.JWTSVIDTTL, c.MaxJWTSVIDTTL = o.keyTTL, o.svidTTL, o.maxSVIDTTL
+	c.JWTIssuer = o.Issuer
 	return nil
 }

@@ -33,6 +33,11 @@ func CheckConfig(o Config) []error {
 	}
 	p.listeners(o)
 	p.bundleProfile(o.Bundle, td)
+	if !td.IsZero() {
+		if _, err := oidcIssuers(o.Bundle, o.JWT.Issuer, td); err != nil {
+			p.add(err)
+		}
+	}
 	p.grpcService(o.GRPC, td)
 	if !td.IsZero() {
 		if _, _, _, err := StaticEndpoints(o.Federation, td, OrRelayed(storedBundles(o), RelayedTrustDomains(o.Bundle))); err != nil {

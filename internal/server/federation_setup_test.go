@@ -66,7 +66,7 @@ func TestBundleFilesJoinTheTrustStore(t *testing.T) {
 	fed, err := setupFederation(FederationConfig{}, td, federation.NewLKGStore(t.TempDir()), nil, nil, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true, Files: []string{"relay.example=" + file}},
-		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		td, "", t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ep.ln.Close() })
 	b, ok := fed.store.Bundle(peer.TrustDomain)
@@ -93,7 +93,7 @@ func TestRelayServesTheStore(t *testing.T) {
 	published(5)
 	fed.store.Set("file:/elsewhere.json", peer.Bundle()) // another source: not what the endpoint published
 	ep, err := setupBundleEndpoint(BundleConfig{Listen: "127.0.0.1:0", Path: "/", Profile: ProfileSPIFFE, ServeOthers: true},
-		td, t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		td, "", t.TempDir(), 0, 0, a, fed, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx := runEndpoint(t, ep)
 

@@ -391,7 +391,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	undo := &cleanups{}
 	var err error
 	if o.Bundle.Listen != "" {
-		if p.ep, err = setupBundleEndpoint(o.Bundle, p.td, o.DataDir, o.WorkloadTTL, o.RefreshHint, p.authority, p.fed, reg, logger); err != nil {
+		if p.ep, err = setupBundleEndpoint(o.Bundle, p.td, o.JWT.Issuer, o.DataDir, o.WorkloadTTL, o.RefreshHint, p.authority, p.fed, reg, logger); err != nil {
 			return undo, err
 		}
 		undo.add(func() { _ = p.ep.ln.Close() })
@@ -497,6 +497,13 @@ func checkServerBasics(o Config, logger *slog.Logger) (spiffeid.TrustDomain, ca.
 		return td, kt, err
 	}
 	if err := CheckListenerLimits(o); err != nil {
+		return td, kt, err
+	}
+	// Before any state exists: a bad issuer must not leave a new CA.
+	if err := o.JWT.check(); err != nil {
+		return td, kt, err
+	}
+	if err := checkIssuerCertificate(o.Bundle, o.JWT.Issuer, td); err != nil {
 		return td, kt, err
 	}
 	if err := prepareDataDir(o); err != nil {

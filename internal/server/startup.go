@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -66,6 +67,7 @@ func logStart(o Config, p *serverParts, addr string, logger *slog.Logger) {
 		}
 		logger.Info("bundle endpoint: peers federate with this tuple", attrs...)
 	}
+	logIssuers(o, p.ep, logger)
 	p.gs.logStart(logger)
 	logPeers(p.fed, logger)
 }
@@ -112,6 +114,9 @@ func printBanner(w io.Writer, o Config, p *serverParts, addr string) {
 	}
 	if ep := p.ep; ep != nil {
 		fmt.Fprintf(w, "  bundle:     %s\n  peers use:  %s\n", ep.url, ep.tuple(p.td))
+		for _, iss := range ep.issuers {
+			fmt.Fprintf(w, "  oidc:       %s%s   (%s)\n", iss.URL, bundleserver.DiscoveryPath, iss.TrustDomain.Name())
+		}
 		if cmd := ep.bootstrapCommand(p.td, addr); cmd != "" {
 			// https_spiffe peers authenticate their first fetch with our
 			// bundle, which they must get over a channel they trust.
@@ -140,4 +145,20 @@ func sortedEndpoints(eps []federation.Endpoint) []federation.Endpoint {
 	eps = slices.Clone(eps)
 	slices.SortFunc(eps, func(a, b federation.Endpoint) int { return strings.Compare(a.TrustDomain.Name(), b.TrustDomain.Name()) })
 	return eps
+}
+
+// logIssuers logs the OIDC issuers served and, when our tokens carry an
+// issuer nothing here serves, says so.
+func logIssuers(o Config, ep *bundleEndpoint, logger *slog.Logger) {
+	served := false
+	if ep != nil {
+		for _, iss := range ep.issuers {
+			served = served || iss.TrustDomain.Name() == o.TrustDomain
+			logger.Info("OIDC issuer served", logattr.Issuer, iss.URL, logattr.TrustDomain, iss.TrustDomain.Name(),
+				"discovery", iss.URL+bundleserver.DiscoveryPath, "jwks", iss.URL+bundleserver.JWKSPath)
+		}
+	}
+	if o.JWT.Issuer != "" && !served {
+		logger.Info("JWT-SVIDs carry iss; no discovery document is served here (--bundle-listen is off): serve it from a relay with --relay-jwt-issuer", logattr.Issuer, o.JWT.Issuer)
+	}
 }

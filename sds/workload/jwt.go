@@ -166,7 +166,7 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	if st.SVID == nil {
 		return nil, errNoIdentity
 	}
-	svid, err := jwtsvid.Validate(req.GetSvid(), jwtBundles(st), []string{req.GetAudience()})
+	svid, err := jwtsvid.Validate(req.GetSvid(), jwtBundles(st), []string{req.GetAudience()}, nil)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

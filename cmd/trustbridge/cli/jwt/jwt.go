@@ -219,7 +219,7 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	if err != nil {
 		return err
 	}
-	svid, err := jwtsvid.Validate(token, source, o.audience)
+	svid, err := jwtsvid.Validate(token, source, o.audience, nil)
 	if err != nil {
 		if td := unverifiedTrustDomain(token); slices.Contains(withheld, td) {
 			return fmt.Errorf("the token is of trust domain %s, which the server's trust policy grants you only for some peers: a bundle cannot carry that limit, so the server does not hand its bundle out; validate with --bundle holding it, or ask for a grant without peers", td)
