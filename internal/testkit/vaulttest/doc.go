@@ -10,7 +10,8 @@
 // oidc_discovery_url=...`, or jwks_url with bound_issuer) and logs the
 // workload in. A role bound to the workload's SPIFFE ID and audience lets
 // it in, named by its SPIFFE ID; a role bound to another SPIFFE ID, and a
-// token for another audience, are refused.
+// token for another audience, are refused. It runs once per
+// --jwt-key-type (ES256, ES384, RS256).
 //
 // It is a module of its own so that Vault's SDK and its dependencies
 // never enter trustbridge's dependency graph. The tests drive the binary

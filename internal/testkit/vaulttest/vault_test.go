@@ -45,9 +45,15 @@ const (
 // JWT-SVID from `trustbridge jwt mint` log in to a role bound to its
 // SPIFFE ID and audience, as that SPIFFE ID, and refuses it for a role
 // bound to another SPIFFE ID, as it refuses a JWT-SVID for another
-// audience.
+// audience; with each --jwt-key-type the server signs with.
 func TestVaultJWTAuth(t *testing.T) {
 	bin := trustbridgeBinary(t)
+	for _, keyType := range []string{"ES256", "ES384", "RS256"} {
+		t.Run(keyType, func(t *testing.T) { testVaultJWTAuth(t, bin, keyType) })
+	}
+}
+
+func testVaultJWTAuth(t *testing.T, bin, keyType string) {
 	dir := t.TempDir()
 	caPEM, certFile, keyFile := writeServingCert(t, dir)
 	port := freeLoopbackPort(t)
@@ -68,6 +74,7 @@ func TestVaultJWTAuth(t *testing.T) {
 		"--bundle-tls-cert", certFile,
 		"--bundle-tls-key", keyFile,
 		"--jwt-issuer", issuer,
+		"--jwt-key-type", keyType,
 		"--grpc-listen", "127.0.0.1:0",
 		"--bootstrap-token-file", tokens,
 		"--token-review", "off",
@@ -80,6 +87,7 @@ func TestVaultJWTAuth(t *testing.T) {
 	claims := jwtPayload(t, webJWT)
 	require.Equal(t, issuer, claims["iss"], "the JWT-SVID's issuer is --jwt-issuer")
 	require.Equal(t, webID, claims["sub"])
+	require.Equal(t, keyType, jwtHeader(t, webJWT)["alg"], "--jwt-key-type signs it")
 
 	t.Run("discovery document and JWKS", func(t *testing.T) {
 		assertIssuerDocuments(t, issuer, caPEM, webJWT)
@@ -246,15 +254,20 @@ func mint(t *testing.T, bin string, srv *server, rootCert, tokenFile, aud string
 }
 
 // jwtPayload is a JWT's claims, unverified.
-func jwtPayload(t *testing.T, token string) map[string]any {
+func jwtPayload(t *testing.T, token string) map[string]any { return jwtPart(t, token, 1) }
+
+// jwtHeader is a JWT's protected header.
+func jwtHeader(t *testing.T, token string) map[string]any { return jwtPart(t, token, 0) }
+
+func jwtPart(t *testing.T, token string, i int) map[string]any {
 	t.Helper()
 	parts := strings.Split(token, ".")
 	require.Len(t, parts, 3, "a JWS in compact form")
-	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	raw, err := base64.RawURLEncoding.DecodeString(parts[i])
 	require.NoError(t, err)
-	var claims map[string]any
-	require.NoError(t, json.Unmarshal(raw, &claims))
-	return claims
+	var v map[string]any
+	require.NoError(t, json.Unmarshal(raw, &v))
+	return v
 }
 
 // assertIssuerDocuments checks what any OIDC relying party reads, beyond
@@ -289,10 +302,7 @@ func assertIssuerDocuments(t *testing.T, issuer, caPEM, token string) {
 	}
 	get(issuer+"/keys", &jwks)
 	require.NotEmpty(t, jwks.Keys)
-	header := map[string]any{}
-	raw, err := base64.RawURLEncoding.DecodeString(strings.Split(token, ".")[0])
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(raw, &header))
+	header := jwtHeader(t, token)
 	signer := false
 	for _, k := range jwks.Keys {
 		assert.NotEmpty(t, k["kid"], "key %v", k)
