@@ -94,6 +94,9 @@ type bundleEndpoint struct {
 	// served (oidc_discovery.go).
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	issuers []configuredIssuer
+	// acmeDomains are --acme-domain: with ACME, the names the certificate
+	// is obtained for (oidc_status.go).
+	acmeDomains []string
 }
 
 func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dataDir string, workloadTTL, refreshHint time.Duration,
@@ -225,7 +228,7 @@ func (ep *bundleEndpoint) webCertificate(o BundleConfig, dataDir string, logger 
 	case len(o.ACMEDomains) > 0 && (o.TLSCert != "" || o.TLSKey != ""):
 		return nil, nil, errors.New("use either --acme-domain or --bundle-tls-cert/--bundle-tls-key, not both")
 	case len(o.ACMEDomains) > 0:
-		ep.certHost = o.ACMEDomains[0]
+		ep.certHost, ep.acmeDomains = o.ACMEDomains[0], o.ACMEDomains
 		if !strings.HasSuffix(o.Listen, ":443") {
 			logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.Listen)
 		}

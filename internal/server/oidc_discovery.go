@@ -25,7 +25,8 @@ const (
 // flag value it came from.
 type configuredIssuer struct {
 	bundleserver.Issuer
-	flag string // "--jwt-issuer URL" or "--relay-jwt-issuer TD=URL"
+	flag  string // "--jwt-issuer URL" or "--relay-jwt-issuer TD=URL"
+	local bool   // ours (--jwt-issuer), not a relayed trust domain's
 }
 
 // oidcIssuers are the issuers the bundle endpoint serves: ours
@@ -43,7 +44,7 @@ func oidcIssuers(b BundleConfig, jwtIssuer string, td spiffeid.TrustDomain) ([]c
 				return nil, fmt.Errorf("%s %q needs --bundle-profile https_web: clouds and Vault fetch the issuer's discovery document with Web PKI, which the https_spiffe certificate is not; "+
 					"serve the bundle endpoint with https_web (--bundle-tls-cert/--bundle-tls-key or --acme-domain), or serve the issuer from a relay (docs/oidc-discovery.md) and set --bundle-listen=\"\" here", flagJWTIssuer, jwtIssuer)
 			}
-			out = append(out, configuredIssuer{bundleserver.Issuer{URL: jwtIssuer, TrustDomain: td}, flagJWTIssuer + " " + jwtIssuer})
+			out = append(out, configuredIssuer{bundleserver.Issuer{URL: jwtIssuer, TrustDomain: td}, flagJWTIssuer + " " + jwtIssuer, true})
 		}
 	}
 	relayed := RelayedTrustDomains(b)
@@ -70,7 +71,7 @@ func oidcIssuers(b BundleConfig, jwtIssuer string, td spiffeid.TrustDomain) ([]c
 		case !slices.Contains(relayed, rtd):
 			return nil, fmt.Errorf("%s: %s is not relayed from a bundle file (--bundle-file %s=FILE); only our own and relayed trust domains are served as issuers, never a federated peer's", flag, rtd.Name(), rtd.Name())
 		}
-		out = append(out, configuredIssuer{bundleserver.Issuer{URL: url, TrustDomain: rtd}, flag})
+		out = append(out, configuredIssuer{bundleserver.Issuer{URL: url, TrustDomain: rtd}, flag, false})
 	}
 	for i, a := range out {
 		for _, b := range out[:i] {
@@ -103,17 +104,24 @@ func certCovers(cert *tls.Certificate, host string) error {
 
 // certNames lists what cert is valid for, for error messages.
 func certNames(cert *tls.Certificate) string {
-	if cert == nil || cert.Leaf == nil {
+	names := certNameList(cert)
+	if len(names) == 0 {
 		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// certNameList is cert's DNS names, then its IP addresses; nil without a
+// certificate.
+func certNameList(cert *tls.Certificate) []string {
+	if cert == nil || cert.Leaf == nil {
+		return nil
 	}
 	names := slices.Clone(cert.Leaf.DNSNames)
 	for _, ip := range cert.Leaf.IPAddresses {
 		names = append(names, ip.String())
 	}
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
+	return names
 }
 
 // checkIssuerHosts refuses issuers whose host the serving certificate

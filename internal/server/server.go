@@ -414,6 +414,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	if p.gs != nil && p.gs.oidc != nil {
 		cfg.Issuers = p.gs.oidc.Status
 	}
+	cfg.JWTIssuers = jwtIssuerStatuses(o.JWT.Issuer, p.td, p.ep)
 	h := admin.New(cfg)
 	p.adminSrv = NewAdminServer(hosts.Wrap(h), logger)
 	if p.socket, err = listenAdminSocket(o.AdminSocket, h, logger); err != nil {

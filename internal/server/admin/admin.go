@@ -19,6 +19,7 @@ import (
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 	"github.com/trustbridge/trustbridge/internal/server/statusui"
 )
@@ -114,6 +115,10 @@ type Config struct {
 	// remote Kubernetes issuers whose tokens authenticate callers, with
 	// the state of their keys.
 	Issuers func() []oidc.IssuerStatus
+	// JWTIssuers, when set, adds the OIDC issuers of JWT-SVIDs the server
+	// names (--jwt-issuer, --relay-jwt-issuer) to /v1/trust, /v1/snapshot
+	// and /ui: not Issuers, whose tokens authenticate callers.
+	JWTIssuers func() []api.OIDCIssuerStatus
 }
 
 // Handler serves the admin API.

@@ -14,7 +14,7 @@
 //   - GET /healthz, GET /readyz (503 with the reason when Config.Ready fails)
 //   - GET /metrics (Config.Gatherer)
 //   - GET /v1/trust: api.Trust, the CA's roots and JWT signing keys with their
-//     rotation state
+//     rotation state, and the OIDC issuers served (Config.JWTIssuers)
 //   - GET /v1/bundle: the local trust domain's SPIFFE bundle document, for
 //     the operators of https_spiffe peers (their bootstrap bundle)
 //   - GET /v1/federation: []api.FederationStatus, one per federated trust domain

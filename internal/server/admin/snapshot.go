@@ -28,7 +28,7 @@ func (h *Handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) Snapshot() api.Snapshot {
 	snap := api.Snapshot{
 		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
-		RequireHSM: h.cfg.RequireHSM, CA: h.caStatus(),
+		RequireHSM: h.cfg.RequireHSM, CA: h.caStatus(), OIDCIssuers: h.oidcIssuers(),
 	}
 	store := h.cfg.Trust.Snapshot()
 	statuses := h.federationStatuses()

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"math/big"
 	"net/http"
@@ -20,11 +21,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -136,9 +139,28 @@ func wireConfig(t *testing.T) Config {
 			{Name: "west", Kind: oidc.KindKubernetes, Issuer: "https://west.example", LastFetch: t0.Add(-time.Minute), LastError: "HTTP status 503"},
 		}
 	}
+	f.cfg.JWTIssuers = testJWTIssuers
 	withPolicy(t, f, trustpolicy.DefaultDeny, testRules())
 	f.cfg.IdentityMap = testIdentityMap(t)
 	return f.cfg
+}
+
+// testJWTIssuers are a relayed OIDC issuer that serves no key, on an ACME
+// certificate without its host, and ours, served with both keys; given
+// relayed first, shown ours first.
+func testJWTIssuers() []api.OIDCIssuerStatus {
+	prod := spiffeid.RequireTrustDomainFromString("prod.example")
+	return []api.OIDCIssuerStatus{
+		{IssuerState: bundleserver.IssuerState{URL: "https://oidc.example.com/prod", DiscoveryURL: "https://oidc.example.com/prod/.well-known/openid-configuration",
+			JWKSURL: "https://oidc.example.com/prod/keys", TrustDomain: prod,
+			Err: errors.New("no JWT authority to publish; the discovery document and JWKS answer 503 until one is")},
+			ServedHere: true, ACME: true, CertNames: []string{"bundle.example.org"},
+			CertErr: errors.New("host oidc.example.com is not among the --acme-domain names")},
+		{IssuerState: bundleserver.IssuerState{URL: "https://bundle.example.org", DiscoveryURL: "https://bundle.example.org/.well-known/openid-configuration",
+			JWKSURL: "https://bundle.example.org/keys", TrustDomain: localTD, Algorithms: []string{"EdDSA"},
+			Keys: []bundleserver.IssuerKey{{KeyID: "k-active", Algorithm: "EdDSA", Use: "sig"}, {KeyID: "k-next", Algorithm: "EdDSA", Use: "sig"}}},
+			Local: true, ServedHere: true, ACME: true, CertNames: []string{"bundle.example.org"}},
+	}
 }
 
 // testIdentityMap is an identity map with a source that failed, two

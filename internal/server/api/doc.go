@@ -15,6 +15,7 @@
 //	trust policy          snapshot's trust_policy, trusted_by       NewTrustPolicy, NewTrustedBy, PolicyRules
 //	                      GET /v1/policy/explain: Explanation       Explain
 //	authn issuers         GET /v1/authn/issuers: Issuers            NewIssuers
+//	OIDC issuers served   GET /v1/trust's, snapshot's oidc_issuers  NewOIDCIssuers
 //	everything trusted    GET /v1/snapshot: Snapshot                (assembled by the admin handler)
 //
 // `trustbridge audit` judges a Snapshot into Findings; the golden files

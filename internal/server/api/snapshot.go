@@ -25,6 +25,10 @@ type Snapshot struct {
 	// CA is the local CA's issuance settings and, in upstream mode, its
 	// upstream's health; nil from a server that predates them.
 	CA *CAStatus `json:"ca,omitempty"`
+	// OIDCIssuers are the OIDC issuers of JWT-SVIDs the server names, ours
+	// first, as in /v1/trust; nil without --jwt-issuer and
+	// --relay-jwt-issuer, and from servers that predate them.
+	OIDCIssuers []OIDCIssuer `json:"oidc_issuers,omitempty"`
 }
 
 // TrustDomain is one trust domain and the authorities trusted for it.

@@ -18,6 +18,10 @@ type Trust struct {
 	// JWTAuthorities are the bundle's JWT authorities: the CA's signing
 	// keys with their rotation state when the CA reports them.
 	JWTAuthorities []TrustJWTAuthority `json:"jwt_authorities"`
+	// OIDCIssuers are the OIDC issuers of JWT-SVIDs this server names,
+	// ours (--jwt-issuer) first, with the keys their JWKS serves; left
+	// out when there are none.
+	OIDCIssuers []OIDCIssuer `json:"oidc_issuers,omitempty"`
 }
 
 // TrustAuthority is one of the CA's roots and its rotation state.

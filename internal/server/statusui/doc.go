@@ -8,7 +8,8 @@
 // table of every trust domain (state, origin, endpoint, profile,
 // sequence, last success, next refresh, last error); a graph of who
 // federates with whom and a timeline of every X.509 authority's validity
-// with today marked, both inline SVG with a deterministic layout; and a
+// with today marked, both inline SVG with a deterministic layout; the
+// OIDC issuers served, with their keys and certificate coverage; and a
 // table of every authority. It needs no JavaScript and loads nothing: the
 // CSS is inline and the Content-Security-Policy forbids everything else.
 // Every value from the snapshot is escaped by html/template, and CSS

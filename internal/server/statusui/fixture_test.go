@@ -219,6 +219,9 @@ func hostileSnapshot() (api.Snapshot, []api.Finding) {
 		Matched: &api.PolicyMatches{Count: 1, Recent: []string{hostile}},
 	}}}
 	s.CA = &api.CAStatus{Upstream: &api.UpstreamStatus{Name: hostile, LastError: hostile, Failures: 1, FailingSince: at("2026-11-22T11:00:00Z")}}
+	s.OIDCIssuers = []api.OIDCIssuer{{URL: "javascript:alert(5)//" + hostile, TrustDomain: hostile, ServedHere: true,
+		DiscoveryURL: hostile, JWKSURL: hostile, Keys: []api.OIDCIssuerKey{{KID: hostile, Algorithm: hostile, Use: hostile}},
+		Certificate: &api.OIDCIssuerCertificate{Names: []string{hostile}, Reason: hostile}, Error: hostile}}
 	fs := []api.Finding{{Severity: api.Severity(hostile), Code: hostile, TrustDomain: hostile, Authority: hostile, Message: hostile, Fix: hostile}}
 	return s, fs
 }

@@ -34,6 +34,8 @@ type page struct {
 	Findings  []findingRow
 	// Policy is nil when the snapshot carries no trust policy state.
 	Policy *policyPanel
+	// Issuers are the OIDC issuers of JWT-SVIDs; nil hides their panel.
+	Issuers []issuerRow
 }
 
 // stamp is one instant shown as a date, a distance from the snapshot
@@ -197,6 +199,7 @@ func build(s api.Snapshot, fs []api.Finding, evaluated bool) page {
 	p.Graph = layoutGraph(s)
 	p.Timeline = layoutTimeline(s, now)
 	p.Policy = policyPanelOf(s)
+	p.Issuers = issuerRowsOf(s)
 	p.Summary.Upstream = upstreamCardOf(s, now)
 	return p
 }

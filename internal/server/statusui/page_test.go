@@ -223,10 +223,11 @@ func TestPageEscapesHostileStrings(t *testing.T) {
 	assertInert(t, d)
 	// The strings are shown, as text, where they belong.
 	assert.Equal(t, hostile, text(d.byID("local-trust-domain")))
-	for _, id := range []string{"replica", "findings", "trust-domains", "authorities", "federation-graph", "authority-timeline"} {
+	for _, id := range []string{"replica", "findings", "trust-domains", "authorities", "federation-graph", "authority-timeline", "oidc-issuers"} {
 		assert.Contains(t, text(d.byID(id)), `<script>alert(1)</script>`, id)
 	}
 	assert.Contains(t, text(d.byID("trust-domains")), "javascript:alert(4)")
+	assert.Contains(t, text(d.byID("oidc-issuers")), "javascript:alert(5)")
 	// No snapshot value becomes a class: the unknown state is "unknown".
 	for _, n := range d.elements("") {
 		assert.NotContains(t, attr(n, "class"), "alert", n.Data)
