@@ -74,6 +74,9 @@ type IssuerState struct {
 	// authority (both documents answer 503 then).
 	Keys       []IssuerKey
 	Algorithms []string
+	// JWKS is the JWKS document served now, byte for byte (nil while it
+	// answers 503), for audits that judge what relying parties get.
+	JWKS []byte
 	// Err is why the latest bundle's keys are not all published.
 	Err error
 }
@@ -273,7 +276,11 @@ func (s *Server) IssuerStates() []IssuerState {
 	for i, iss := range s.cfg.Issuers {
 		st := IssuerState{URL: iss.URL, DiscoveryURL: iss.URL + DiscoveryPath, JWKSURL: iss.URL + JWKSPath, TrustDomain: iss.TrustDomain}
 		if i < len(snap.issuers) {
-			st.Keys, st.Algorithms = slices.Clone(snap.issuers[i].keys), slices.Clone(snap.issuers[i].algs)
+			d := snap.issuers[i]
+			st.Keys, st.Algorithms = slices.Clone(d.keys), slices.Clone(d.algs)
+			if d.jwks != nil {
+				st.JWKS = slices.Clone(d.jwks.body)
+			}
 		}
 		if r, ok := s.refused[issuerKey+iss.URL]; ok {
 			st.Err = r.err

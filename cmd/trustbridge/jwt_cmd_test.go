@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
@@ -299,4 +300,33 @@ func TestJWTValidateIssuer(t *testing.T) {
 	_, stderr, code = runCLI(t, serverMint("https://evil.example"), args...)
 	assert.NotEqual(t, 0, code)
 	assert.Contains(t, stderr, `is not example.org's issuer "https://oidc.example.org"`)
+}
+
+// The audiences clouds expect pass through `jwt mint` as they are: AWS
+// STS's, a GCP workload identity provider's full resource name, Azure's
+// token exchange audience.
+func TestJWTMintCloudAudiences(t *testing.T) {
+	signer, key := testJWTSigner(t)
+	addr, rootCert, token := identityServer(t, signer, key)
+	for _, aud := range []string{
+		"sts.amazonaws.com",
+		"//iam.googleapis.com/projects/123456789012/locations/global/workloadIdentityPools/prod-pool/providers/trustbridge",
+		"api://AzureADTokenExchange",
+	} {
+		stdout, stderr, code := runCLI(t, "", "jwt", "mint", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--audience", aud, "-o", "json")
+		require.Equal(t, 0, code, stderr)
+		var out struct{ Token string }
+		require.NoError(t, json.Unmarshal([]byte(stdout), &out))
+		svid, err := jwtsvid.Validate(out.Token, jwtSourceOf(t, key), []string{aud}, nil)
+		require.NoError(t, err, aud)
+		assert.Equal(t, []string{aud}, svid.Audience)
+	}
+}
+
+// jwtSourceOf is example.org's JWT bundle holding key.
+func jwtSourceOf(t *testing.T, key *ecdsa.PrivateKey) *jwtbundle.Bundle {
+	t.Helper()
+	b := jwtbundle.New(spiffeid.RequireTrustDomainFromString("example.org"))
+	require.NoError(t, b.AddJWTAuthority(testJWTKID, key.Public()))
+	return b
 }

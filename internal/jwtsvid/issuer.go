@@ -1,6 +1,7 @@
 package jwtsvid
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"path"
@@ -39,32 +40,54 @@ func ParseIssuer(s string) (*url.URL, error) {
 	if err != nil {
 		return nil, fmt.Errorf("issuer %q: %w", s, err)
 	}
+	if err := checkIssuerAuthority(u); err != nil {
+		return nil, fmt.Errorf("issuer %q: %w", s, err)
+	}
+	if err := checkIssuerPath(s, u); err != nil {
+		return nil, fmt.Errorf("issuer %q: %w", s, err)
+	}
+	return u, nil
+}
+
+// checkIssuerAuthority checks u's scheme, host and port, and that it has
+// no user info, query or fragment.
+func checkIssuerAuthority(u *url.URL) error {
 	switch {
 	case u.Scheme != "https":
-		return nil, fmt.Errorf("issuer %q: scheme must be https (relying parties fetch its discovery document with Web PKI)", s)
+		return errors.New("scheme must be https (relying parties fetch its discovery document with Web PKI)")
 	case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
-		return nil, fmt.Errorf("issuer %q: has no host; write https://HOST[:PORT][/PATH]", s)
+		return errors.New("has no host; write https://HOST[:PORT][/PATH]")
 	case u.User != nil:
-		return nil, fmt.Errorf("issuer %q: must not carry user info", s)
+		return errors.New("must not carry user info")
 	case u.RawQuery != "" || u.ForceQuery:
-		return nil, fmt.Errorf("issuer %q: must not have a query (OIDC Discovery §2)", s)
-	case u.Fragment != "" || strings.Contains(s, "#"):
-		return nil, fmt.Errorf("issuer %q: must not have a fragment (OIDC Discovery §2)", s)
-	case strings.HasSuffix(s, "/"):
-		return nil, fmt.Errorf("issuer %q: ends with \"/\"; relying parties compare iss exactly, so write %q", s, strings.TrimRight(s, "/"))
-	case strings.ContainsAny(u.Path, "{}"):
-		return nil, fmt.Errorf("issuer %q: path must not contain { or }", s)
-	case u.RawPath != "" || strings.Contains(u.Path, "%"):
-		return nil, fmt.Errorf("issuer %q: path must not be percent-encoded", s)
-	case u.Path != "" && path.Clean(u.Path) != u.Path:
-		return nil, fmt.Errorf("issuer %q: path is not clean (no //, /./ or /../)", s)
+		return errors.New("must not have a query (OIDC Discovery §2)")
+	case u.Fragment != "":
+		return errors.New("must not have a fragment (OIDC Discovery §2)")
 	}
 	if port := u.Port(); port != "" {
 		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return nil, fmt.Errorf("issuer %q: port %q is not a port number", s, port)
+			return fmt.Errorf("port %q is not a port number", port)
 		}
 	}
-	return u, nil
+	return nil
+}
+
+// checkIssuerPath checks the path of issuer s (parsed as u): clean, plain
+// and without a trailing slash.
+func checkIssuerPath(s string, u *url.URL) error {
+	switch {
+	case strings.Contains(s, "#"):
+		return errors.New("must not have a fragment (OIDC Discovery §2)")
+	case strings.HasSuffix(s, "/"):
+		return fmt.Errorf("ends with \"/\"; relying parties compare iss exactly, so write %q", strings.TrimRight(s, "/"))
+	case strings.ContainsAny(u.Path, "{}"):
+		return errors.New("path must not contain { or }")
+	case u.RawPath != "" || strings.Contains(u.Path, "%"):
+		return errors.New("path must not be percent-encoded")
+	case u.Path != "" && path.Clean(u.Path) != u.Path:
+		return errors.New("path is not clean (no //, /./ or /../)")
+	}
+	return nil
 }
 
 // checkIssuer refuses svid when its trust domain's issuer is known and

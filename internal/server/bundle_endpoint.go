@@ -105,20 +105,13 @@ func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dat
 	if err := checkBundleFlags(o, td); err != nil {
 		return nil, err
 	}
-	if ep.issuers, err = oidcIssuers(o, jwtIssuer, td); err != nil {
-		return nil, err
-	}
 	getCert, nextProtos, err := ep.certificate(o, td, dataDir, workloadTTL, authority, logger.With(logattr.Component, "bundle-endpoint"))
 	if err != nil {
 		return nil, err
 	}
-	ep.getCert = getCert
-	if err := ep.checkIssuerHosts(ep.issuers, o.ACMEDomains); err != nil {
+	issuers, err := ep.setupIssuers(o, jwtIssuer, td, getCert)
+	if err != nil {
 		return nil, err
-	}
-	issuers := make([]bundleserver.Issuer, len(ep.issuers))
-	for i, iss := range ep.issuers {
-		issuers[i] = iss.Issuer
 	}
 	cfg := bundleserver.EndpointConfig{
 		Config: bundleserver.Config{
@@ -156,13 +149,11 @@ func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dat
 	for _, f := range ep.endpoint.Files() {
 		ep.reloads = append(ep.reloads, checkReloader("--bundle-file "+f.Path(), f.Check))
 	}
-
 	ln, err := bundleLimits.listen(o.Listen, o.Conns, reg, logger)
 	if err != nil {
 		return nil, err
 	}
-	ep.ln = ln
-	ep.url = "https://" + net.JoinHostPort(ep.publicHost(ln.Addr()), portOf(ln.Addr())) + o.Path
+	ep.ln, ep.url = ln, "https://"+net.JoinHostPort(ep.publicHost(ln.Addr()), portOf(ln.Addr()))+o.Path
 	srv := ep.endpoint.Server()
 	ep.runners = append(ep.runners, ep.endpoint.Run, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	return ep, nil

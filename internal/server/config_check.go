@@ -34,7 +34,7 @@ func CheckConfig(o Config) []error {
 	p.listeners(o)
 	p.bundleProfile(o.Bundle, td)
 	if !td.IsZero() {
-		if _, err := oidcIssuers(o.Bundle, o.JWT.Issuer, td); err != nil {
+		if err := checkIssuerCertificate(o.Bundle, o.JWT.Issuer, td); err != nil {
 			p.add(err)
 		}
 	}

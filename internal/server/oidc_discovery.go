@@ -49,29 +49,11 @@ func oidcIssuers(b BundleConfig, jwtIssuer string, td spiffeid.TrustDomain) ([]c
 	}
 	relayed := RelayedTrustDomains(b)
 	for _, spec := range b.RelayIssuers {
-		name, url, found := strings.Cut(spec, "=")
-		flag := fmt.Sprintf("%s %q", flagRelayJWTIssuer, spec)
-		if !found {
-			return nil, fmt.Errorf("%s: want TD=URL, such as prod.example=https://oidc.example.com/prod", flag)
-		}
-		rtd, err := spiffeid.TrustDomainFromString(name)
+		iss, err := relayIssuer(spec, b, td, relayed)
 		if err != nil {
-			return nil, fmt.Errorf("%s: trust domain %q: %w", flag, name, err)
+			return nil, err
 		}
-		if _, err := jwtsvid.ParseIssuer(url); err != nil {
-			return nil, fmt.Errorf("%s: %w", flag, err)
-		}
-		switch {
-		case rtd == td:
-			return nil, fmt.Errorf("%s: %s is our own trust domain; its issuer is %s", flag, td.Name(), flagJWTIssuer)
-		case b.Listen == "":
-			return nil, fmt.Errorf("%s: the bundle endpoint is off (--bundle-listen=\"\"), so nothing would serve it", flag)
-		case b.Profile != ProfileWeb:
-			return nil, fmt.Errorf("%s needs --bundle-profile https_web: relying parties fetch the discovery document with Web PKI", flag)
-		case !slices.Contains(relayed, rtd):
-			return nil, fmt.Errorf("%s: %s is not relayed from a bundle file (--bundle-file %s=FILE); only our own and relayed trust domains are served as issuers, never a federated peer's", flag, rtd.Name(), rtd.Name())
-		}
-		out = append(out, configuredIssuer{bundleserver.Issuer{URL: url, TrustDomain: rtd}, flag, false})
+		out = append(out, iss)
 	}
 	for i, a := range out {
 		for _, b := range out[:i] {
@@ -81,6 +63,55 @@ func oidcIssuers(b BundleConfig, jwtIssuer string, td spiffeid.TrustDomain) ([]c
 		}
 	}
 	return out, nil
+}
+
+// relayIssuer parses a --relay-jwt-issuer TD=URL: a trust domain relayed
+// from a bundle file (--bundle-file TD=FILE), served on an https_web
+// bundle endpoint.
+func relayIssuer(spec string, b BundleConfig, td spiffeid.TrustDomain, relayed []spiffeid.TrustDomain) (configuredIssuer, error) {
+	name, url, found := strings.Cut(spec, "=")
+	flag := fmt.Sprintf("%s %q", flagRelayJWTIssuer, spec)
+	if !found {
+		return configuredIssuer{}, fmt.Errorf("%s: want TD=URL, such as prod.example=https://oidc.example.com/prod", flag)
+	}
+	rtd, err := spiffeid.TrustDomainFromString(name)
+	if err != nil {
+		return configuredIssuer{}, fmt.Errorf("%s: trust domain %q: %w", flag, name, err)
+	}
+	if _, err := jwtsvid.ParseIssuer(url); err != nil {
+		return configuredIssuer{}, fmt.Errorf("%s: %w", flag, err)
+	}
+	switch {
+	case rtd == td:
+		return configuredIssuer{}, fmt.Errorf("%s: %s is our own trust domain; its issuer is %s", flag, td.Name(), flagJWTIssuer)
+	case b.Listen == "":
+		return configuredIssuer{}, fmt.Errorf("%s: the bundle endpoint is off (--bundle-listen=\"\"), so nothing would serve it", flag)
+	case b.Profile != ProfileWeb:
+		return configuredIssuer{}, fmt.Errorf("%s needs --bundle-profile https_web: relying parties fetch the discovery document with Web PKI", flag)
+	case !slices.Contains(relayed, rtd):
+		return configuredIssuer{}, fmt.Errorf("%s: %s is not relayed from a bundle file (--bundle-file %s=FILE); only our own and relayed trust domains are served as issuers, never a federated peer's", flag, rtd.Name(), rtd.Name())
+	}
+	return configuredIssuer{Issuer: bundleserver.Issuer{URL: url, TrustDomain: rtd}, flag: flag}, nil
+}
+
+// setupIssuers finds the issuers the endpoint serves, checks that the
+// serving certificate getCert covers their hosts, and returns them as
+// the bundle server takes them.
+func (ep *bundleEndpoint) setupIssuers(o BundleConfig, jwtIssuer string, td spiffeid.TrustDomain,
+	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) ([]bundleserver.Issuer, error) {
+	var err error
+	if ep.issuers, err = oidcIssuers(o, jwtIssuer, td); err != nil {
+		return nil, err
+	}
+	ep.getCert = getCert
+	if err := ep.checkIssuerHosts(ep.issuers, o.ACMEDomains); err != nil {
+		return nil, err
+	}
+	issuers := make([]bundleserver.Issuer, len(ep.issuers))
+	for i, iss := range ep.issuers {
+		issuers[i] = iss.Issuer
+	}
+	return issuers, nil
 }
 
 // issuerHost is the host name (or IP) of an issuer URL that ParseIssuer

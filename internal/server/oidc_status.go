@@ -4,15 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/bundleserver"
-	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
@@ -53,23 +50,13 @@ func (ep *bundleEndpoint) issuerStatuses() []api.OIDCIssuerStatus {
 	return out
 }
 
-// servedKeys reads st's JWKS through the bundle server's handler and
-// returns its keys' kid, alg and use as a relying party reads them; none
-// while it answers 503 (no JWT authority publishable: st.Err says why).
+// servedKeys reads st's JWKS as the endpoint serves it (the document's
+// bytes, not how we built it) and returns its keys' kid, alg and use as a
+// relying party reads them; none while it answers 503 (no JWT authority
+// publishable: st.Err says why).
 func (ep *bundleEndpoint) servedKeys(st bundleserver.IssuerState) ([]bundleserver.IssuerKey, error) {
-	u, err := jwtsvid.ParseIssuer(st.URL)
-	if err != nil {
-		return nil, err
-	}
-	rec := httptest.NewRecorder()
-	ep.endpoint.Server().Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, u.EscapedPath()+bundleserver.JWKSPath, nil))
-	body := rec.Body.Bytes()
-	switch rec.Code {
-	case http.StatusOK:
-	case http.StatusServiceUnavailable:
+	if st.JWKS == nil {
 		return nil, nil
-	default:
-		return nil, fmt.Errorf("GET %s answered %d: %s", st.JWKSURL, rec.Code, strings.TrimSpace(string(body)))
 	}
 	var set struct {
 		Keys []struct {
@@ -78,8 +65,8 @@ func (ep *bundleEndpoint) servedKeys(st bundleserver.IssuerState) ([]bundleserve
 			Use string `json:"use"`
 		} `json:"keys"`
 	}
-	if err := json.Unmarshal(body, &set); err != nil {
-		return nil, fmt.Errorf("GET %s: the JWKS is not JSON: %w", st.JWKSURL, err)
+	if err := json.Unmarshal(st.JWKS, &set); err != nil {
+		return nil, fmt.Errorf("%s: the JWKS is not JSON: %w", st.JWKSURL, err)
 	}
 	keys := make([]bundleserver.IssuerKey, 0, len(set.Keys))
 	for _, k := range set.Keys {
