@@ -38,7 +38,10 @@ const minIssuerRSABits = jwtsvid.MinRSABits
 // at URL+DiscoveryPath and the JWKS at URL+JWKSPath, made of the JWT
 // authorities of the bundle Source provides, which must be TrustDomain's.
 // Relying parties (AWS IAM, GCP workload identity federation, Azure,
-// Vault) trust JWT-SVIDs whose iss is URL through them.
+// Vault) trust JWT-SVIDs whose iss is URL through them, so Source decides
+// whose tokens they accept: give it only a bundle whose keys are the
+// issuer's own (the local CA's, or a file its operator relays), never a
+// federated peer's. NewEndpoint fills a missing Source with exactly those.
 type Issuer struct {
 	URL         string
 	TrustDomain spiffeid.TrustDomain
@@ -101,25 +104,42 @@ type discoveryDoc struct {
 // (jwtsvid.ParseIssuer) with a source, and no two issuers' documents, or
 // an issuer's and a bundle route, on one path.
 func (c *Config) checkIssuers() (map[string]issuerRoute, error) {
-	routes := map[string]issuerRoute{}
+	urls := make([]string, len(c.Issuers))
 	for i, iss := range c.Issuers {
-		u, err := jwtsvid.ParseIssuer(iss.URL)
-		if err != nil {
-			return nil, err
-		}
 		if iss.TrustDomain.IsZero() || iss.Source == nil {
 			return nil, fmt.Errorf("issuer %q: a trust domain and its bundle source are required", iss.URL)
+		}
+		urls[i] = iss.URL
+	}
+	return issuerRoutes(c.Path, urls)
+}
+
+// CheckIssuerPaths reports what New would refuse of issuers served
+// beside the local bundle at bundlePath: an issuer URL that is not one
+// (jwtsvid.ParseIssuer), or whose documents' paths collide with the
+// bundle routes or another issuer's. An error names the issuer by URL.
+func CheckIssuerPaths(bundlePath string, issuerURLs []string) error {
+	_, err := issuerRoutes(bundlePath, issuerURLs)
+	return err
+}
+
+func issuerRoutes(bundlePath string, urls []string) (map[string]issuerRoute, error) {
+	routes := map[string]issuerRoute{}
+	for i, raw := range urls {
+		u, err := jwtsvid.ParseIssuer(raw)
+		if err != nil {
+			return nil, err
 		}
 		for _, r := range []issuerRoute{{i, false}, {i, true}} {
 			p := u.Path + DiscoveryPath
 			if r.jwks {
 				p = u.Path + JWKSPath
 			}
-			if err := checkIssuerPath(p, c.Path); err != nil {
-				return nil, fmt.Errorf("issuer %q: %s: %w", iss.URL, p, err)
+			if err := checkIssuerPath(p, bundlePath); err != nil {
+				return nil, fmt.Errorf("issuer %q: %s: %w", raw, p, err)
 			}
 			if prev, dup := routes[p]; dup {
-				return nil, fmt.Errorf("issuer %q: %s is already issuer %q's", iss.URL, p, c.Issuers[prev.issuer].URL)
+				return nil, fmt.Errorf("issuer %q: %s is already issuer %q's", raw, p, urls[prev.issuer])
 			}
 			routes[p] = r
 		}

@@ -310,7 +310,7 @@ func TestGoOIDCVerifiesJWTSVIDs(t *testing.T) {
 	_, err = v.Verify(ctx, oldKey.mint(t, iss, workload, "someone-else"))
 	assert.ErrorContains(t, err, "expected audience")
 	_, err = v.Verify(ctx, newJWTKey(t, "old").mint(t, iss, workload, "sts.amazonaws.com"))
-	assert.Error(t, err, "a key with a known kid but not ours")
+	assert.ErrorContains(t, err, "failed to verify signature", "a key with a known kid but not ours")
 
 	// The successor is published before it signs: the verifier, which
 	// cached only the old key, refetches on the unknown kid.

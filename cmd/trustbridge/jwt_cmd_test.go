@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -253,25 +254,51 @@ func TestClaimText(t *testing.T) {
 func TestJWTValidateIssuer(t *testing.T) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
-	mapFile, _ := bundleWithJWTKey(t, key)
-	mint := func(iss string) string {
+	// The map holds example.org with key and partner.example with its
+	// own key: a partner's token must not pass for our issuer's.
+	partnerKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	ours := testca.New(t, "example.org").Bundle().Clone()
+	require.NoError(t, ours.AddJWTAuthority(testJWTKID, key.Public()))
+	partner := testca.New(t, "partner.example").Bundle().Clone()
+	require.NoError(t, partner.AddJWTAuthority("partner-kid", partnerKey.Public()))
+	doc, err := bundledoc.MarshalMap([]*spiffebundle.Bundle{ours, partner})
+	require.NoError(t, err)
+	mapFile := servertest.WriteFile(t, string(doc), 0o644)
+	one, err := bundledoc.Marshal(ours)
+	require.NoError(t, err)
+	single := servertest.WriteFile(t, string(one), 0o644)
+	mintWith := func(k *ecdsa.PrivateKey, kid string, sub spiffeid.ID, iss string) string {
 		now := time.Now().Truncate(time.Second)
-		tok, err := jwtsvid.Mint(key, testJWTKID, jwtsvid.Claims{Issuer: iss, Subject: servertest.LaptopID, Audience: []string{"sts.amazonaws.com"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
+		tok, err := jwtsvid.Mint(k, kid, jwtsvid.Claims{Issuer: iss, Subject: sub, Audience: []string{"sts.amazonaws.com"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
 		require.NoError(t, err)
 		return tok
 	}
-	const ours = "https://oidc.example.org"
+	mint := func(iss string) string { return mintWith(key, testJWTKID, servertest.LaptopID, iss) }
+	const issuer = "https://oidc.example.org"
+	partnerAsOurs := mintWith(partnerKey, "partner-kid", spiffeid.RequireFromString("spiffe://partner.example/api"), issuer)
+	td := []string{"--issuer-trust-domain", "example.org"}
 	for _, tc := range []struct {
-		name, token, issuer, want string
+		name, token, issuer string
+		extra               []string
+		want                string
 	}{
-		{"our issuer", mint(ours), ours, ""},
-		{"another issuer", mint("https://evil.example"), ours, `its iss https://evil.example is not --issuer "https://oidc.example.org"`},
-		{"no iss", mint(""), ours, "it carries no iss"},
-		{"no --issuer: iss not checked", mint("https://evil.example"), "", ""},
-		{"bad --issuer", mint(ours), "https://oidc.example.org/", "--issuer: issuer \"https://oidc.example.org/\": ends with \"/\""},
+		{"our issuer", mint(issuer), issuer, td, ""},
+		{"our issuer, single bundle", mint(issuer), issuer, []string{"--bundle", single, "--trust-domain", "example.org"}, ""},
+		{"another issuer", mint("https://evil.example"), issuer, td, `its iss "https://evil.example" is not --issuer "https://oidc.example.org"`},
+		{"no iss", mint(""), issuer, td, "it carries no iss"},
+		{"a federated peer's token naming our issuer", partnerAsOurs, issuer, td, "it is of trust domain partner.example, not example.org"},
+		{"a bundle map without the issuer's trust domain", mint(issuer), issuer, nil, "--issuer with a --bundle map needs --issuer-trust-domain"},
+		{"no --issuer: iss not checked", mint("https://evil.example"), "", nil, ""},
+		{"bad --issuer", mint(issuer), "https://oidc.example.org/", td, "--issuer: issuer \"https://oidc.example.org/\": ends with \"/\""},
+		{"--issuer-trust-domain alone", mint(issuer), "", td, "give --issuer too"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := []string{"jwt", "validate", "--bundle", mapFile, "--audience", "sts.amazonaws.com", "-"}
+			args := []string{"jwt", "validate", "--audience", "sts.amazonaws.com", "-"}
+			if !slices.Contains(tc.extra, "--bundle") {
+				args = append(args, "--bundle", mapFile)
+			}
+			args = append(args, tc.extra...)
 			if tc.issuer != "" {
 				args = append(args, "--issuer", tc.issuer)
 			}
@@ -287,7 +314,7 @@ func TestJWTValidateIssuer(t *testing.T) {
 	}
 
 	signer, skey := testJWTSigner(t)
-	addr, rootCert, token := identityServer(t, signer, skey, func(cfg *certservice.Config) { cfg.JWTIssuer = ours })
+	addr, rootCert, token := identityServer(t, signer, skey, func(cfg *certservice.Config) { cfg.JWTIssuer = issuer })
 	serverMint := func(iss string) string {
 		now := time.Now().Truncate(time.Second)
 		tok, err := jwtsvid.Mint(skey, testJWTKID, jwtsvid.Claims{Issuer: iss, Subject: servertest.LaptopID, Audience: []string{"a"}, IssuedAt: now, Expiry: now.Add(time.Minute)})
@@ -295,7 +322,9 @@ func TestJWTValidateIssuer(t *testing.T) {
 		return tok
 	}
 	args := []string{"jwt", "validate", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--audience", "a", "-"}
-	_, stderr, code := runCLI(t, serverMint(ours), args...)
+	_, stderr, code := runCLI(t, serverMint(issuer), args...)
+	assert.Equal(t, 0, code, stderr)
+	_, stderr, code = runCLI(t, serverMint(issuer), append(args, "--issuer", issuer)...)
 	assert.Equal(t, 0, code, stderr)
 	_, stderr, code = runCLI(t, serverMint("https://evil.example"), args...)
 	assert.NotEqual(t, 0, code)

@@ -92,8 +92,14 @@ type Bundles struct {
 	// trustpolicy.Pattern text of each peer trusted.
 	PeerLimits map[spiffeid.TrustDomain][]string
 	// JWTIssuer is the iss of the JWT-SVIDs of ID's trust domain (the
-	// message's jwt_issuer), "" when they carry none.
+	// message's jwt_issuer), "" when they carry none or JWTIssuerErr is
+	// set.
 	JWTIssuer string
+	// JWTIssuerErr says why the message's jwt_issuer was not taken. The
+	// bundles still are: an optional check must not freeze trust updates
+	// (a root rotation) over a field this client reads differently; the
+	// caller keeps the issuer it had and says so.
+	JWTIssuerErr error
 }
 
 // JWTSource is the JWT authorities of b, per trust domain.
@@ -235,13 +241,13 @@ func ParseWatchBundlesWith(msg *identityapi.WatchBundlesResponse, local spiffeid
 	if err != nil {
 		return nil, err
 	}
-	iss := msg.GetJwtIssuer()
-	if iss != "" {
-		if _, err := jwtsvid.ParseIssuer(iss); err != nil {
-			return nil, fmt.Errorf("the server's JWT issuer: %w", err)
+	out := &Bundles{ID: id, Bundles: bundles, Withheld: withheld, PeerLimits: limits, JWTIssuer: msg.GetJwtIssuer()}
+	if out.JWTIssuer != "" {
+		if _, err := jwtsvid.ParseIssuer(out.JWTIssuer); err != nil {
+			out.JWTIssuer, out.JWTIssuerErr = "", fmt.Errorf("the server's JWT issuer: %w", err)
 		}
 	}
-	return &Bundles{ID: id, Bundles: bundles, Withheld: withheld, PeerLimits: limits, JWTIssuer: iss}, nil
+	return out, nil
 }
 
 // parseSubject reads a message's spiffe_id: empty from an older server,

@@ -280,8 +280,11 @@ func TestParseWatchBundles(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "https://oidc.a.example", got.JWTIssuer)
 		msg.JwtIssuer = "http://oidc.a.example"
-		_, err = ParseWatchBundles(msg, tdA)
-		assert.ErrorContains(t, err, "the server's JWT issuer: issuer \"http://oidc.a.example\": scheme must be https")
+		got, err = ParseWatchBundles(msg, tdA)
+		require.NoError(t, err, "the bundles are still taken")
+		assert.Len(t, got.Bundles, 1)
+		assert.Empty(t, got.JWTIssuer)
+		assert.ErrorContains(t, got.JWTIssuerErr, "the server's JWT issuer: issuer \"http://oidc.a.example\": scheme must be https")
 	})
 	t.Run("too many trust domains", func(t *testing.T) {
 		var doc strings.Builder

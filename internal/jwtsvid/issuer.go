@@ -3,6 +3,7 @@ package jwtsvid
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"path"
 	"strconv"
@@ -40,7 +41,10 @@ func ParseIssuer(s string) (*url.URL, error) {
 	if err != nil {
 		return nil, fmt.Errorf("issuer %q: %w", s, err)
 	}
-	if err := checkIssuerAuthority(u); err != nil {
+	if err := checkIssuerAuthority(s, u); err != nil {
+		return nil, fmt.Errorf("issuer %q: %w", s, err)
+	}
+	if err := checkIssuerHost(u); err != nil {
 		return nil, fmt.Errorf("issuer %q: %w", s, err)
 	}
 	if err := checkIssuerPath(s, u); err != nil {
@@ -49,14 +53,19 @@ func ParseIssuer(s string) (*url.URL, error) {
 	return u, nil
 }
 
-// checkIssuerAuthority checks u's scheme, host and port, and that it has
-// no user info, query or fragment.
-func checkIssuerAuthority(u *url.URL) error {
+// checkIssuerAuthority checks the scheme and port of issuer s (parsed as
+// u) and that it has no user info, query or fragment. Only the canonical
+// form is accepted: relying parties compare iss byte for byte with what
+// they were configured with, so "HTTPS://a" or "https://a:443" would be
+// another issuer to them than "https://a".
+func checkIssuerAuthority(s string, u *url.URL) error {
 	switch {
 	case u.Scheme != "https":
 		return errors.New("scheme must be https (relying parties fetch its discovery document with Web PKI)")
 	case u.Opaque != "" || u.Host == "" || u.Hostname() == "":
 		return errors.New("has no host; write https://HOST[:PORT][/PATH]")
+	case !strings.HasPrefix(s, "https://"):
+		return errors.New(`write the scheme as "https://", lowercase`)
 	case u.User != nil:
 		return errors.New("must not carry user info")
 	case u.RawQuery != "" || u.ForceQuery:
@@ -64,12 +73,67 @@ func checkIssuerAuthority(u *url.URL) error {
 	case u.Fragment != "":
 		return errors.New("must not have a fragment (OIDC Discovery §2)")
 	}
-	if port := u.Port(); port != "" {
-		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return fmt.Errorf("port %q is not a port number", port)
+	return checkIssuerPort(u)
+}
+
+// checkIssuerPort accepts no port or a canonical one other than 443.
+func checkIssuerPort(u *url.URL) error {
+	port := u.Port()
+	if port == "" {
+		if strings.HasSuffix(u.Host, ":") {
+			return fmt.Errorf("empty port; write https://%s", strings.TrimSuffix(u.Host, ":"))
+		}
+		return nil
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 || port[0] == '0' {
+		return fmt.Errorf("port %q is not a port number as written canonically", port)
+	}
+	if port == "443" {
+		return fmt.Errorf("port 443 is https's own; write https://%s without it", u.Hostname())
+	}
+	return nil
+}
+
+// checkIssuerHost accepts a DNS name of lowercase letters, digits and
+// hyphens in dot-separated labels (no wildcard, no trailing dot) or an IP
+// address literal without a zone: a host relying parties can reach and
+// compare.
+func checkIssuerHost(u *url.URL) error {
+	host := u.Hostname()
+	if strings.HasPrefix(u.Host, "[") {
+		if ip, err := netip.ParseAddr(host); err != nil || !ip.Is6() || ip.Zone() != "" {
+			return fmt.Errorf("host %q is not an IPv6 address without a zone", host)
+		}
+		return nil
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if !ip.Is4() {
+			return fmt.Errorf("host %q: write an IPv6 address in brackets", host)
+		}
+		return nil
+	}
+	if len(host) > 253 {
+		return fmt.Errorf("host of %d bytes is not a DNS name", len(host))
+	}
+	for _, label := range strings.Split(host, ".") {
+		if !dnsLabel(label) {
+			return fmt.Errorf("host %q is not a DNS name of lowercase letters, digits and hyphens (label %q; no wildcard, no trailing dot)", host, label)
 		}
 	}
 	return nil
+}
+
+func dnsLabel(l string) bool {
+	if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(l); i++ {
+		c := l[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 // checkIssuerPath checks the path of issuer s (parsed as u): clean, plain
@@ -107,7 +171,7 @@ func checkIssuer(svid *spiffejwt.SVID, issuer IssuerOf) error {
 		return nil
 	}
 	if s, ok := got.(string); !ok || s != want {
-		return fmt.Errorf("%w: iss %v is not %s's issuer %q", ErrInvalidToken, got, svid.ID.TrustDomain().Name(), want)
+		return fmt.Errorf("%w: iss %q is not %s's issuer %q", ErrInvalidToken, fmt.Sprint(got), svid.ID.TrustDomain().Name(), want)
 	}
 	return nil
 }

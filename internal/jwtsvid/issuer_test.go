@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,6 +22,8 @@ func TestParseIssuer(t *testing.T) {
 		"https://oidc.example.com:8443/a/b-c_d.e~f",
 		"https://127.0.0.1:9443/oidc",
 		"https://[::1]:9443",
+		"https://xn--bcher-kva.example/x",
+		"https://1.2.3.4",
 	} {
 		u, err := jwtsvid.ParseIssuer(ok)
 		if assert.NoError(t, err, ok) {
@@ -48,6 +52,18 @@ func TestParseIssuer(t *testing.T) {
 		{"https://oidc.example.com:70000", "not a port number"},
 		{"https://oidc.example.com/{td}", "must not contain"},
 		{"https://oidc.example.com/" + strings.Repeat("a", 250), "over the 255-byte limit"},
+		{"HTTPS://oidc.example.com", `write the scheme as "https://", lowercase`},
+		{"https://OIDC.example.com", "lowercase letters"},
+		{"https://*.example.com", `label "*"`},
+		{"https://oidc.example.com.", "no trailing dot"},
+		{"https://a<b>.com", "not a DNS name"},
+		{"https://a_b.example.com", "not a DNS name"},
+		{"https://-a.example.com", "not a DNS name"},
+		{"https://oidc.example.com:", "empty port"},
+		{"https://oidc.example.com:0443", "canonically"},
+		{"https://oidc.example.com:443", "write https://oidc.example.com without it"},
+		{"https://[fe80::1%25eth0]", "without a zone"},
+		{"https://[1.2.3.4]", "invalid IP-literal"},
 	} {
 		_, err := jwtsvid.ParseIssuer(tc.in)
 		if assert.Error(t, err, tc.in) {
@@ -113,7 +129,7 @@ func TestValidateChecksIssuerOfSubjectsTrustDomain(t *testing.T) {
 		want      string
 	}{
 		{"our issuer", "https://oidc.a.example", ours, ""},
-		{"another issuer", "https://evil.example", ours, `iss https://evil.example is not a.example's issuer "https://oidc.a.example"`},
+		{"another issuer", "https://evil.example", ours, `iss "https://evil.example" is not a.example's issuer "https://oidc.a.example"`},
 		{"a prefix of ours", "https://oidc.a.example/x", ours, "is not a.example's issuer"},
 		{"no iss: minted before the issuer was set", "", ours, ""},
 		{"issuer unknown", "https://anything.example", nil, ""},
@@ -128,6 +144,17 @@ func TestValidateChecksIssuerOfSubjectsTrustDomain(t *testing.T) {
 			assert.ErrorIs(t, err, jwtsvid.ErrInvalidToken)
 			assert.ErrorContains(t, err, tc.want)
 		})
+	}
+
+	// An iss that is not a string (an array holding ours, a number) is
+	// refused (go-spiffe's claims parsing already does).
+	for _, iss := range []any{[]string{"https://oidc.a.example"}, 42} {
+		signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, (&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", "k1"))
+		require.NoError(t, err)
+		tok, err := jwt.Signed(signer).Claims(map[string]any{"iss": iss, "sub": idA.String(), "aud": aud, "exp": now.Add(time.Minute).Unix(), "iat": now.Unix()}).Serialize()
+		require.NoError(t, err)
+		_, err = jwtsvid.Validate(tok, set, aud, ours)
+		assert.ErrorIs(t, err, jwtsvid.ErrInvalidToken, "iss %v", iss)
 	}
 
 	// The issuer asked about is the subject's trust domain's: b's issuer

@@ -55,12 +55,17 @@ func oidcIssuers(b BundleConfig, jwtIssuer string, td spiffeid.TrustDomain) ([]c
 		}
 		out = append(out, iss)
 	}
+	urls := make([]string, len(out))
 	for i, a := range out {
 		for _, b := range out[:i] {
 			if a.TrustDomain == b.TrustDomain {
 				return nil, fmt.Errorf("%s: %s already has issuer %s", a.flag, a.TrustDomain.Name(), b.URL)
 			}
 		}
+		urls[i] = a.URL
+	}
+	if err := bundleserver.CheckIssuerPaths(b.Path, urls); err != nil {
+		return nil, fmt.Errorf("%s and %s on the bundle endpoint: %w; give each issuer a path of its own, apart from --bundle-path", flagJWTIssuer, flagRelayJWTIssuer, err)
 	}
 	return out, nil
 }

@@ -49,6 +49,11 @@ func TestIssuerFlagsRefusedBeforeState(t *testing.T) {
 			Files: []string{"relay.example=" + relayFile}, RelayIssuers: []string{"relay.example=https://127.0.0.1/relay"}}, "needs --bundle-profile https_web"},
 		{"two issuers for one trust domain", "", web(BundleConfig{Files: []string{"relay.example=" + relayFile},
 			RelayIssuers: []string{"relay.example=https://127.0.0.1/a", "relay.example=https://127.0.0.1/b"}}), "relay.example already has issuer https://127.0.0.1/a"},
+		{"issuer under /bundles/", "https://127.0.0.1/bundles", web(BundleConfig{}), `issuer "https://127.0.0.1/bundles": /bundles/.well-known/openid-configuration: collides with the /bundle-map`},
+		{"bundle path is the JWKS's", "https://127.0.0.1", func() BundleConfig { b := web(BundleConfig{}); b.Path = "/keys"; return b }(),
+			`issuer "https://127.0.0.1": /keys: is the local bundle's path (--bundle-path)`},
+		{"two issuers on one path", "https://127.0.0.1/x", web(BundleConfig{Files: []string{"relay.example=" + relayFile},
+			RelayIssuers: []string{"relay.example=https://127.0.0.1/x"}}), `is already issuer "https://127.0.0.1/x"'s`},
 		{"relay with the endpoint off", "", BundleConfig{RelayIssuers: []string{"relay.example=https://127.0.0.1/relay"}}, "the bundle endpoint is off"},
 	}
 	for _, tt := range tests {

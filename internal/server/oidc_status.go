@@ -50,10 +50,11 @@ func (ep *bundleEndpoint) issuerStatuses() []api.OIDCIssuerStatus {
 	return out
 }
 
-// servedKeys reads st's JWKS as the endpoint serves it (the document's
-// bytes, not how we built it) and returns its keys' kid, alg and use as a
-// relying party reads them; none while it answers 503 (no JWT authority
-// publishable: st.Err says why).
+// servedKeys reads st's JWKS document as the bundle server serves it
+// (its bytes, parsed as a relying party parses them, rather than the key
+// list it was rendered from) and returns its keys' kid, alg and use; none
+// while it answers 503 (no JWT authority publishable: st.Err says why).
+// What a proxy or CDN in front of the endpoint serves is not seen here.
 func (ep *bundleEndpoint) servedKeys(st bundleserver.IssuerState) ([]bundleserver.IssuerKey, error) {
 	if st.JWKS == nil {
 		return nil, nil

@@ -111,7 +111,7 @@ func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error)
 		w.metrics.bundleResponses.WithLabelValues(resultSuccess).Inc()
 		w.metrics.bundlesConnected.Set(1)
 		progressed = true
-		w.issuer.set(w.local, b.JWTIssuer)
+		w.issuer.take(w.local, b, w.log)
 		w.publish(b.Bundles, b.Withheld)
 		return nil
 	})

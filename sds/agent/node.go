@@ -159,7 +159,7 @@ func (a *Agent) nodeParts(node func() (NodeCredentials, error), conns *nodeConns
 	if err != nil {
 		return nil, err
 	}
-	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conns, &a.jwtIssuer), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conns, &a.jwtIssuer, a.log), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -131,7 +132,7 @@ func (p *nodeConns) Close() {
 // trustWatchOn follows each workload's trust on WatchBundles, on a
 // connection of conns, acting for the workload with its peer limits: the
 // server's decision for it, which the agent enforces.
-func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell) trustWatchFunc {
+func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell, log *slog.Logger) trustWatchFunc {
 	return func(ctx context.Context, id spiffeid.ID, fn func(workloadTrust, error) error) error {
 		pc, err := conns.take()
 		if err != nil {
@@ -143,7 +144,7 @@ func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell) trustWatchFunc {
 			if err != nil {
 				return fn(workloadTrust{}, err)
 			}
-			issuer.set(id.TrustDomain(), b.JWTIssuer)
+			issuer.take(id.TrustDomain(), b, log)
 			return fn(workloadTrust{Bundles: b.Bundles, PeerLimits: b.PeerLimits}, nil)
 		})
 	}

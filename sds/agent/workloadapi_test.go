@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
@@ -394,4 +396,22 @@ func TestWorkloadAPISocketHandling(t *testing.T) {
 		_, err := New(Config{SocketPath: "/tmp/x.sock", WorkloadAPISocket: "/tmp/./x.sock"})
 		assert.ErrorContains(t, err, "is the SDS socket")
 	})
+}
+
+// A WatchBundles message whose jwt_issuer this agent cannot read keeps
+// the issuer it had (and says so, once), while its bundles are taken.
+func TestJWTIssuerCellKeepsIssuerOnUnreadable(t *testing.T) {
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	var c jwtIssuerCell
+	c.take(tdA, &caclient.Bundles{JWTIssuer: "https://oidc.a.test"}, log)
+	assert.Equal(t, "https://oidc.a.test", c.of(tdA))
+	assert.Empty(t, c.of(tdB), "the issuer is the local trust domain's only")
+	bad := &caclient.Bundles{JWTIssuerErr: errors.New("the server's JWT issuer: bad")}
+	c.take(tdA, bad, log)
+	c.take(tdA, bad, log)
+	assert.Equal(t, "https://oidc.a.test", c.of(tdA), "kept")
+	assert.Equal(t, 1, strings.Count(logs.String(), "cannot read"), "said once")
+	c.take(tdA, &caclient.Bundles{}, log)
+	assert.Empty(t, c.of(tdA), "a server without an issuer clears it")
 }

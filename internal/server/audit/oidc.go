@@ -41,7 +41,7 @@ func oidcFindings(s api.Snapshot) []api.Finding {
 			if k.Use == "" {
 				out = append(out, api.Finding{Severity: api.SeverityWarning, Code: CodeOIDCKeyWithoutUse, TrustDomain: iss.TrustDomain,
 					Message: fmt.Sprintf("key %q of OIDC issuer %s has no \"use\" in its JWKS (%s): relying parties that pick verification keys by \"use\": \"sig\" skip it, and refuse the JWT-SVIDs it signed", k.KID, iss.URL, iss.JWKSURL),
-					Fix:     fmt.Sprintf("GET %s must mark every key \"use\": \"sig\", as trustbridge renders it: check that nothing in front of the bundle endpoint (a proxy, a CDN) rewrites that path, and that the replica serving it runs this release", iss.JWKSURL)})
+					Fix:     fmt.Sprintf("the JWKS this snapshot records for %s lacks \"use\", which trustbridge's bundle endpoint always sets to \"sig\": the snapshot comes from a server that does not; upgrade it (this check reads what the server renders, not what a proxy or CDN in front of it may rewrite: compare with curl %s)", iss.JWKSURL, iss.JWKSURL)})
 			}
 		}
 	}

@@ -90,7 +90,7 @@ func TestOIDCFindingFixes(t *testing.T) {
 
 	noUse := servedIssuer("https://oidc.example.com", "east.example", true)
 	noUse.Keys[0].Use = ""
-	assert.Contains(t, fix(noUse), `GET https://oidc.example.com/keys must mark every key "use": "sig"`)
+	assert.Contains(t, fix(noUse), `the JWKS this snapshot records for https://oidc.example.com/keys lacks "use"`)
 
 	relayedEmpty := servedIssuer("https://oidc.example.com/prod", "prod.example", false)
 	relayedEmpty.Keys = nil

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	spiffejwt "github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -149,6 +150,7 @@ type jwtValidateOptions struct {
 	bundle      string
 	trustDomain string
 	issuer      string
+	issuerTD    string
 	out         *cli.OutputFlag
 }
 
@@ -170,10 +172,13 @@ bundle; or, without --bundle, from the running server (WatchBundles on the
 certificate service's listener), authenticated as for 'jwt mint': the bundles
 of every trust domain the server's trust policy lets you trust.
 
---issuer URL also requires the token's iss claim to be exactly URL, as a cloud
-relying party does (the issuer's server sets it with --jwt-issuer). Without
-it, a token of the server's own trust domain validated against the server's
-bundles is refused when its iss names another issuer than the server's.`,
+--issuer URL also requires, as a cloud relying party that trusts only that
+issuer's keys does, the token's iss claim to be exactly URL and the token to be
+of the issuer's trust domain (--issuer-trust-domain; by default the server's
+own trust domain, or --trust-domain with a single bundle): a federated peer's
+key must not pass for the issuer's. Without --issuer, a token of the server's
+own trust domain validated against the server's bundles is refused when its
+iss names another issuer than the server's --jwt-issuer.`,
 		Example: `  # against a bundle map, the token on standard input (-)
   printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json --audience https://api.example.com -
   # against one peer's bundle, token from a file, as JSON
@@ -183,7 +188,7 @@ bundles is refused when its iss names another issuer than the server's.`,
       --prov-cert /etc/creds --audience https://api.example.com -
   # as AWS would: issued by our OIDC issuer, for sts.amazonaws.com
   printf '%s' "$TOKEN" | trustbridge jwt validate --bundle /etc/creds/bundle.spiffe.json \
-      --issuer https://oidc.example.com --audience sts.amazonaws.com -`,
+      --issuer https://oidc.example.com --issuer-trust-domain prod.example --audience sts.amazonaws.com -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJWTValidate(cmd.Context(), e, o, args)
@@ -198,7 +203,8 @@ bundles is refused when its iss names another issuer than the server's.`,
 	f.StringArrayVar(&o.audience, "audience", nil, "audience the token must name (one of them, when repeated) (required)")
 	f.StringVar(&o.bundle, "bundle", "", "SPIFFE bundle map, or a single bundle with --trust-domain, to validate against (default: fetch from the server)")
 	f.StringVar(&o.trustDomain, "trust-domain", "", "trust domain of the single bundle in --bundle")
-	f.StringVar(&o.issuer, "issuer", "", "iss the token must carry exactly (an OIDC issuer URL, the server's --jwt-issuer); a token with another or none is refused")
+	f.StringVar(&o.issuer, "issuer", "", "iss the token must carry exactly (an OIDC issuer URL, the server's --jwt-issuer); a token with another or none, or of another trust domain than the issuer's, is refused")
+	f.StringVar(&o.issuerTD, "issuer-trust-domain", "", "trust domain whose JWT-SVIDs --issuer signs (default: the server's own, or --trust-domain; required with a --bundle map)")
 	o.out = cli.AddOutputFlag(cmd)
 	return cmd
 }
@@ -218,10 +224,8 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	if err := checkAudiences(o.audience); err != nil {
 		return err
 	}
-	if o.issuer != "" {
-		if _, err := jwtsvid.ParseIssuer(o.issuer); err != nil {
-			return fmt.Errorf("--issuer: %w", err)
-		}
+	if err := o.checkIssuerFlags(); err != nil {
+		return err
 	}
 	token, err := readTokenArg(e.In, args)
 	if err != nil {
@@ -230,19 +234,16 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	if len(args) == 1 && args[0] != "-" {
 		fmt.Fprintln(e.Err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
 	}
-	source, withheld, issuerOf, err := o.bundles(ctx, e.Now())
+	trust, err := o.bundles(ctx, e.Now())
 	if err != nil {
 		return err
 	}
-	svid, err := jwtsvid.Validate(token, source, o.audience, issuerOf)
-	if err == nil && o.issuer != "" && svid.Claims["iss"] != o.issuer {
-		err = fmt.Errorf("its iss %v is not --issuer %q", svid.Claims["iss"], o.issuer)
-		if _, ok := svid.Claims["iss"]; !ok {
-			err = fmt.Errorf("it carries no iss, and --issuer %q asks for one; its server mints with iss once started with --jwt-issuer", o.issuer)
-		}
+	svid, err := jwtsvid.Validate(token, trust.source, o.audience, trust.issuerOf)
+	if err == nil {
+		err = o.checkIssuer(svid, trust.local)
 	}
 	if err != nil {
-		if td := unverifiedTrustDomain(token); slices.Contains(withheld, td) {
+		if td := unverifiedTrustDomain(token); slices.Contains(trust.withheld, td) {
 			return fmt.Errorf("the token is of trust domain %s, which the server's trust policy grants you only for some peers: a bundle cannot carry that limit, so the server does not hand its bundle out; validate with --bundle holding it, or ask for a grant without peers", td)
 		}
 		return fmt.Errorf("the token is not a valid JWT-SVID for audience %s: %w", strings.Join(o.audience, ", "), err)
@@ -288,15 +289,73 @@ func unverifiedTrustDomain(token string) string {
 	return id.TrustDomain().Name()
 }
 
-// bundles is the trust to validate with: --bundle, or the server's, with
-// the trust domains the server withheld and the issuer it names for its
-// trust domain's JWT-SVIDs.
-func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, jwtsvid.IssuerOf, error) {
+// checkIssuerFlags refuses --issuer and --issuer-trust-domain that
+// could not check anything: a malformed issuer, or a bundle map with no
+// trust domain to hold the issuer to.
+func (o jwtValidateOptions) checkIssuerFlags() error {
+	switch {
+	case o.issuer == "" && o.issuerTD != "":
+		return errors.New("--issuer-trust-domain names --issuer's trust domain; give --issuer too")
+	case o.issuer == "":
+		return nil
+	}
+	if _, err := jwtsvid.ParseIssuer(o.issuer); err != nil {
+		return fmt.Errorf("--issuer: %w", err)
+	}
+	if o.issuerTD != "" {
+		if _, err := bundledoc.TrustDomainName(o.issuerTD); err != nil {
+			return fmt.Errorf("--issuer-trust-domain %q: %w", o.issuerTD, err)
+		}
+	} else if o.bundle != "" && o.trustDomain == "" {
+		return errors.New("--issuer with a --bundle map needs --issuer-trust-domain TD, the trust domain whose tokens the issuer signs: any trust domain's key in the map would otherwise pass for the issuer's")
+	}
+	return nil
+}
+
+// checkIssuer holds a valid svid to --issuer: its iss exactly, and its
+// trust domain the issuer's (--issuer-trust-domain, else --trust-domain,
+// else local, the server's).
+func (o jwtValidateOptions) checkIssuer(svid *spiffejwt.SVID, local spiffeid.TrustDomain) error {
+	if o.issuer == "" {
+		return nil
+	}
+	iss, present := svid.Claims["iss"]
+	switch {
+	case !present:
+		return fmt.Errorf("it carries no iss, and --issuer %q asks for one; its server mints with iss once started with --jwt-issuer", o.issuer)
+	case iss != o.issuer:
+		return fmt.Errorf("its iss %q is not --issuer %q", fmt.Sprint(iss), o.issuer)
+	}
+	want := local.Name()
+	for _, td := range []string{o.trustDomain, o.issuerTD} {
+		if td != "" {
+			want = td
+		}
+	}
+	if got := svid.ID.TrustDomain().Name(); got != want {
+		return fmt.Errorf("it is of trust domain %s, not %s, whose tokens --issuer %q signs: another trust domain's key must not pass for the issuer's", got, want, o.issuer)
+	}
+	return nil
+}
+
+// validationTrust is what a token is validated with: the JWT
+// authorities, the trust domains the server withheld, the issuer it
+// names for its own trust domain's JWT-SVIDs, and that trust domain
+// (zero with --bundle).
+type validationTrust struct {
+	source   jwtbundle.Source
+	withheld []string
+	issuerOf jwtsvid.IssuerOf
+	local    spiffeid.TrustDomain
+}
+
+// bundles is the trust to validate with: --bundle, or the server's.
+func (o jwtValidateOptions) bundles(ctx context.Context, now time.Time) (*validationTrust, error) {
 	if o.bundle == "" {
 		return o.serverBundles(ctx, now)
 	}
 	source, err := o.fileBundles()
-	return source, nil, nil, err
+	return &validationTrust{source: source}, err
 }
 
 func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
@@ -321,23 +380,23 @@ func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
 	return caclient.JWTSource(bundles), nil
 }
 
-func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (jwtbundle.Source, []string, jwtsvid.IssuerOf, error) {
+func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (*validationTrust, error) {
 	if o.trustDomain != "" {
-		return nil, nil, nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
+		return nil, errors.New("--trust-domain names the trust domain of --bundle; the server's bundles name their own")
 	}
 	if err := o.CheckAuth(); err != nil {
-		return nil, nil, nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
+		return nil, fmt.Errorf("without --bundle, the bundles come from the server: %w", err)
 	}
 	conn, local, err := o.Dial(now)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	b, err := caclient.FetchBundles(ctx, conn, local)
 	if err != nil {
-		return nil, nil, nil, identityError(o.Addr, o.Timeout, "bundles", err, false)
+		return nil, identityError(o.Addr, o.Timeout, "bundles", err, false)
 	}
 	issuerOf := func(td spiffeid.TrustDomain) string {
 		if td == local {
@@ -345,7 +404,7 @@ func (o jwtValidateOptions) serverBundles(ctx context.Context, now time.Time) (j
 		}
 		return ""
 	}
-	return caclient.JWTSource(b.Bundles), b.Withheld, issuerOf, nil
+	return &validationTrust{source: caclient.JWTSource(b.Bundles), withheld: b.Withheld, issuerOf: issuerOf, local: local}, nil
 }
 
 // identityError is requestError for the identity service's calls:
