@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
@@ -26,28 +24,9 @@ func BenchmarkOIDCInterleaved(b *testing.B) {
 			static := e.start(b, e.static())
 			ours := e.start(b, e.server.Handler())
 			b.Run(fmt.Sprintf("%s/keys=%d", doc, keys), func(b *testing.B) {
-				getStatic, getOurs := e.getter(b, static+path[1:]), e.getter(b, ours+path[1:])
-				var latStatic, latOurs []time.Duration
-				timed := func(get func(), lat *[]time.Duration) {
-					start := time.Now()
-					get()
-					*lat = append(*lat, time.Since(start))
-				}
-				var total time.Duration
-				for b.Loop() {
-					if len(latOurs)%2 == 0 {
-						timed(getStatic, &latStatic)
-						timed(getOurs, &latOurs)
-					} else {
-						timed(getOurs, &latOurs)
-						timed(getStatic, &latStatic)
-					}
-					total += latOurs[len(latOurs)-1]
-				}
-				slices.Sort(latStatic)
-				slices.Sort(latOurs)
-				b.ReportMetric(float64(total)/float64(b.N), "ns/op")
-				b.ReportMetric(float64(latStatic[len(latStatic)/2])/float64(latOurs[len(latOurs)/2]), "rps-vs-static")
+				ns, ratio := interleave(b, e.getter(b, static+path[1:]), e.getter(b, ours+path[1:]))
+				b.ReportMetric(ns, "ns/op")
+				b.ReportMetric(1/ratio, "rps-vs-static")
 			})
 		}
 	}
