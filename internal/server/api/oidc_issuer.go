@@ -60,8 +60,8 @@ type OIDCIssuerCertificate struct {
 
 // OIDCIssuerStatus is what the server gathers of one issuer, as plain
 // values: the bundle server's state of it, with Keys replaced by those
-// its JWKS serves (read back through its handler), and the serving
-// certificate's check. NewOIDCIssuer maps it.
+// its JWKS document serves (parsed from the bytes it serves), and the
+// serving certificate's check. NewOIDCIssuer maps it.
 type OIDCIssuerStatus struct {
 	bundleserver.IssuerState
 	Local, ServedHere bool
