@@ -146,7 +146,7 @@ func webCertFiles(t *testing.T) (web *testca.CA, certFile, keyFile string) {
 
 func kidOf(t *testing.T, token string) string {
 	t.Helper()
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
 	require.NoError(t, err)
 	return jws.Signatures[0].Header.KeyID
 }
