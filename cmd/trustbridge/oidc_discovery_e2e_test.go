@@ -78,6 +78,11 @@ func TestOIDCDiscoveryE2E(t *testing.T) {
 		return svid
 	}
 
+	// The agent serves JWT-SVIDs once it holds its own identity.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, err := client.FetchJWTSVID(ctx, spiffejwt.Params{Audience: "sts.amazonaws.com"})
+		assert.NoError(c, err)
+	}, 30*time.Second, 100*time.Millisecond)
 	v := verifier(oidc.Config{ClientID: "sts.amazonaws.com"})
 	first := fetch()
 	tok, err := v.Verify(rpCtx, first.Marshal())

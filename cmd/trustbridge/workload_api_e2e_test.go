@@ -40,6 +40,12 @@ func workloadAgent(t *testing.T, s *e2eServer, token string) string {
 	o := agentFor(t, servertest.GRPCAddr(t, s.banner), cli.CertsPEM(caRootsOf(t, s)), token)
 	o.WorkloadSocket = filepath.Join(filepath.Dir(o.Socket), "api.sock")
 	startAgent(t, o)
+	// startAgent waits for the SDS socket; the Workload API's may come a
+	// moment later, and a client that dials before it is refused.
+	require.Eventually(t, func() bool {
+		fi, err := os.Stat(o.WorkloadSocket)
+		return err == nil && fi.Mode()&os.ModeSocket != 0
+	}, 30*time.Second, 10*time.Millisecond, "the agent's Workload API socket never appeared")
 	abs, err := filepath.Abs(o.WorkloadSocket)
 	require.NoError(t, err)
 	return "unix://" + abs
