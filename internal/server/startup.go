@@ -153,7 +153,7 @@ func logIssuers(o Config, ep *bundleEndpoint, logger *slog.Logger) {
 	served := false
 	if ep != nil {
 		for _, iss := range ep.issuers {
-			served = served || iss.TrustDomain.Name() == o.TrustDomain
+			served = served || iss.local
 			logger.Info("OIDC issuer served", logattr.Issuer, iss.URL, logattr.TrustDomain, iss.TrustDomain.Name(),
 				"discovery", iss.URL+bundleserver.DiscoveryPath, "jwks", iss.URL+bundleserver.JWKSPath)
 		}
