@@ -17,6 +17,13 @@ var (
 	// ErrNotLeader: this replica does not hold leadership, so it does not
 	// change the CA state.
 	ErrNotLeader = fence.ErrNotLeader
+	// ErrAuthorityNotFound: an operator's change names an authority the
+	// state does not hold.
+	ErrAuthorityNotFound = errors.New("no such authority")
+	// ErrAuthorityState: the authority is not in a state the change may
+	// start from (a taint of the active root, a revoke of one not
+	// tainted): making it would break the trust domain. Nothing changed.
+	ErrAuthorityState = errors.New("authority change refused")
 )
 
 // Backend keeps the CA state: the journal and the material of every root

@@ -93,9 +93,15 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 		default:
 			return nil, corrupt("%s: root %s has unknown state %q", journalName, rec.ID, rec.State)
 		}
+		if rec.State == StateActive && !rec.TaintedAt.IsZero() {
+			return nil, corrupt("%s: root %s is active and tainted", journalName, rec.ID)
+		}
 	}
 	if active > 1 {
 		return nil, corrupt("%s names %d active roots", journalName, active)
+	}
+	if err := checkRevoked(&j); err != nil {
+		return nil, err
 	}
 	if err := checkUpstreamRecords(j.Roots); err != nil {
 		return nil, err
@@ -104,6 +110,49 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 		return nil, err
 	}
 	return &j, nil
+}
+
+// checkRevoked checks the journal's revoked authorities: each one root
+// (with a certificate whose fingerprint its record names) or one JWT key
+// (with a public key whose thumbprint is its kid), and none of them also
+// among the roots or keys in use: a state that holds a revoked authority
+// again would publish it. Refusals wrap ErrCorruptState.
+func checkRevoked(j *Journal) error {
+	inUse := map[string]bool{}
+	for _, r := range j.Roots {
+		inUse["x509:"+r.ID] = true
+		inUse["sha256:"+r.CertSHA256] = true
+	}
+	for _, k := range j.JWTKeys {
+		inUse["jwt:"+k.KID] = true
+	}
+	for i, rev := range j.Revoked {
+		var keys []string
+		switch {
+		case rev.Root != nil && rev.JWTKey == nil:
+			cert, err := x509.ParseCertificate(rev.DER)
+			if err != nil || fingerprint(cert) != rev.Root.CertSHA256 || !SafeID(rev.Root.ID) {
+				return corrupt("%s: revoked authority %d: the root's certificate does not parse or does not match its record", journalName, i)
+			}
+			keys = []string{"x509:" + rev.Root.ID, "sha256:" + rev.Root.CertSHA256}
+		case rev.JWTKey != nil && rev.Root == nil:
+			pub, err := x509.ParsePKIXPublicKey(rev.PublicKey)
+			kid, kerr := jwtKID(pub)
+			if err != nil || kerr != nil || kid != rev.JWTKey.KID {
+				return corrupt("%s: revoked authority %d: the JWT key does not parse or does not match its kid", journalName, i)
+			}
+			keys = []string{"jwt:" + rev.JWTKey.KID}
+		default:
+			return corrupt("%s: revoked authority %d is neither one root nor one JWT key", journalName, i)
+		}
+		for _, k := range keys {
+			if inUse[k] {
+				return corrupt("%s: revoked authority %s is also in use: the state would publish an authority an operator revoked (restore a backup taken after the revocation, or revoke it again)", journalName, k)
+			}
+			inUse[k] = true
+		}
+	}
+	return nil
 }
 
 // SafeID accepts ids that are safe as file names and Secret keys:
@@ -280,6 +329,9 @@ func checkJWTRecords(recs []JWTKeyRecord) error {
 		case StatePrepared, StateRetired:
 		default:
 			return corrupt("%s: JWT key %s has unknown state %q", journalName, rec.KID, rec.State)
+		}
+		if rec.State == StateActive && !rec.TaintedAt.IsZero() {
+			return corrupt("%s: JWT key %s is active and tainted", journalName, rec.KID)
 		}
 	}
 	if active > 1 {

@@ -31,7 +31,13 @@ type Journal struct {
 	// PluginRoots are the roots published in plug-in mode: those of the
 	// directory, and earlier ones kept until the leaves they signed expire.
 	PluginRoots []PluginRootRecord `json:"plugin_roots,omitempty"`
-	Updated     time.Time          `json:"updated"`
+	// Revoked are the authorities an operator revoked (`ca authority
+	// revoke`): gone from the bundle and from every key this state holds,
+	// remembered until they expire so that the bundle names them as
+	// revoked (peers refuse a bundle that brings one back) and nothing
+	// here publishes them again.
+	Revoked []RevokedRecord `json:"revoked,omitempty"`
+	Updated time.Time       `json:"updated"`
 	Events      []JournalNote      `json:"events,omitempty"`
 }
 
@@ -61,6 +67,7 @@ func (j *Journal) Clone() *Journal {
 	c.JWTKeys = append([]JWTKeyRecord(nil), j.JWTKeys...)
 	c.Events = append([]JournalNote(nil), j.Events...)
 	c.PluginRoots = append([]PluginRootRecord(nil), j.PluginRoots...)
+	c.Revoked = append([]RevokedRecord(nil), j.Revoked...)
 	if j.Settings != nil {
 		st := *j.Settings
 		c.Settings = &st
@@ -130,6 +137,10 @@ type RootRecord struct {
 	// KeyRef finds the root's key in the Config.Keys key manager; the
 	// state then holds no private key for it.
 	KeyRef string `json:"key_ref,omitempty"`
+	// TaintedAt is when an operator tainted the root (`ca authority
+	// taint`): it no longer signs, and every client re-issues what it
+	// signed. Only a root that is not active can be tainted.
+	TaintedAt time.Time `json:"tainted_at,omitzero"`
 }
 
 // Root is a root (or, in upstream mode, an intermediate) with its
@@ -164,6 +175,9 @@ const (
 	StatePrepared RootState = "prepared"
 	StateActive   RootState = "active"
 	StateRetired  RootState = "retired"
+	// StateRevoked marks an authority an operator revoked: it is only in
+	// Journal.Revoked, never among the roots or keys that are published.
+	StateRevoked RootState = "revoked"
 	// StateExternal marks roots of a plug-in CA directory: trustbridge
 	// publishes them but their lifecycle is managed elsewhere.
 	StateExternal RootState = "external"
@@ -206,10 +220,29 @@ type JWTKeyRecord struct {
 	// KeyRef finds the key in the Config.Keys key manager; the state then
 	// holds no private key for it.
 	KeyRef string `json:"key_ref,omitempty"`
+	// TaintedAt is when an operator tainted the key, as RootRecord's.
+	TaintedAt time.Time `json:"tainted_at,omitzero"`
 }
 
 // JWTKey is a JWT signing key with its private key.
 type JWTKey struct {
 	JWTKeyRecord
 	Key crypto.Signer
+}
+
+// RevokedRecord is an authority an operator revoked: an X.509 root (or,
+// in upstream mode, an intermediate) with Root and DER set, or a JWT key
+// with JWTKey and PublicKey set. It is kept until NotAfter, when nothing
+// it could have signed is valid any more.
+type RevokedRecord struct {
+	RevokedAt time.Time `json:"revoked_at"`
+	NotAfter  time.Time `json:"not_after"`
+	// Root is the root's record as it was when revoked; DER its
+	// certificate.
+	Root *RootRecord `json:"root,omitempty"`
+	DER  []byte      `json:"der,omitempty"`
+	// JWTKey is the key's record as it was when revoked; PublicKey its
+	// public key (PKIX DER).
+	JWTKey    *JWTKeyRecord `json:"jwt_key,omitempty"`
+	PublicKey []byte        `json:"public_key,omitempty"`
 }
