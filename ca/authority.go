@@ -309,9 +309,15 @@ func (a *Authority) CheckError() error { return a.manager.checkError() }
 // directory (plug-in mode) until ctx is done.
 func (a *Authority) Run(ctx context.Context) error { return a.manager.run(ctx) }
 
-// Rotate publishes a successor root now, unless one is already waiting.
-// The successor signs only after the usual publication lead.
-func (a *Authority) Rotate() error { return a.manager.rotate() }
+// ChangeAuthority applies an operator's change to one signing authority
+// (see AuthorityChange) and returns the ID of the authority it applied
+// to. prepare returns the prepared authority's: a new one, or the one
+// already waiting, which it leaves as it is. Refusals wrap castate.ErrAuthorityState,
+// castate.ErrAuthorityNotFound or castate.ErrNotLeader and say what to
+// do instead; nothing changed then.
+func (a *Authority) ChangeAuthority(c AuthorityChange) (string, error) {
+	return a.manager.changeAuthority(c)
+}
 
 // Reconcile applies every rotation step due now and persists the result.
 // On a follower (Config.Leader says it does not lead) it only reloads the

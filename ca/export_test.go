@@ -76,3 +76,6 @@ func encodeCerts(certs []*x509.Certificate) []byte {
 	}
 	return buf.Bytes()
 }
+
+// Rotate prepares a successor root now, as `ca rotate` does.
+func (a *Authority) Rotate() error { return a.manager.rotate() }

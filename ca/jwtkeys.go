@@ -74,6 +74,9 @@ func generateJWTKey(kt JWTKeyType) (crypto.Signer, error) {
 type JWTKeyInfo struct {
 	castate.JWTKeyRecord
 	Public crypto.PublicKey
+	// RevokedAt is when an operator revoked the key (State is then
+	// castate.StateRevoked): it is no longer published.
+	RevokedAt time.Time
 }
 
 func jwtKeyTimes(k *castate.JWTKey) rootTimes {

@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"time"
@@ -330,6 +331,16 @@ func (m *manager) jwtKeyInfos() []JWTKeyInfo {
 	out := make([]JWTKeyInfo, 0, len(m.jwtKeys))
 	for _, k := range m.jwtKeys {
 		out = append(out, JWTKeyInfo{JWTKeyRecord: k.JWTKeyRecord, Public: k.Key.Public()})
+	}
+	for _, rev := range m.journal.Revoked {
+		if rev.JWTKey == nil {
+			continue
+		}
+		pub, err := x509.ParsePKIXPublicKey(rev.PublicKey) // checked by DecodeJournal
+		if err != nil {
+			continue
+		}
+		out = append(out, JWTKeyInfo{JWTKeyRecord: *rev.JWTKey, Public: pub, RevokedAt: rev.RevokedAt})
 	}
 	return out
 }

@@ -30,9 +30,13 @@ func (m *manager) subscribe() <-chan struct{} {
 type RootInfo struct {
 	castate.RootRecord
 	Cert *x509.Certificate
+	// RevokedAt is when an operator revoked the root (State is then
+	// castate.StateRevoked): it is no longer published.
+	RevokedAt time.Time
 }
 
-// rootInfos is Authority.Roots.
+// rootInfos is Authority.Roots: the roots in use, then those revoked
+// (State castate.StateRevoked) that have not expired yet.
 func (m *manager) rootInfos() []RootInfo {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -40,7 +44,24 @@ func (m *manager) rootInfos() []RootInfo {
 	for _, r := range m.roots {
 		out = append(out, RootInfo{RootRecord: r.RootRecord, Cert: r.Cert})
 	}
+	for _, rev := range m.journal.Revoked {
+		if rev.Root == nil {
+			continue
+		}
+		cert, err := x509.ParseCertificate(rev.DER) // checked by DecodeJournal
+		if err != nil {
+			continue
+		}
+		out = append(out, RootInfo{RootRecord: *rev.Root, Cert: cert, RevokedAt: rev.RevokedAt})
+	}
 	return out
+}
+
+func taintMark(at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return "+tainted"
 }
 
 // sequence is Authority.Sequence.
@@ -92,11 +113,14 @@ func (m *manager) publishLocked() {
 	m.metrics.observe(m.roots, m.jwtKeys, m.journal.Sequence)
 	states := make([]string, 0, len(m.roots)+len(m.jwtKeys))
 	for _, r := range m.roots {
-		states = append(states, r.ID+"="+string(r.State))
+		states = append(states, r.ID+"="+string(r.State)+taintMark(r.TaintedAt))
 	}
 	for _, k := range m.jwtKeys {
-		states = append(states, jwtServedKey(k.KID)+"="+string(k.State))
+		states = append(states, jwtServedKey(k.KID)+"="+string(k.State)+taintMark(k.TaintedAt))
 	}
+	// A taint or a revocation changes no published key but what clients
+	// must do: subscribers hear of it.
+	states = append(states, fmt.Sprintf("revoked=%d", len(m.journal.Revoked)))
 	stateKey := strings.Join(states, ",")
 	stateChanged := stateKey != m.published
 	m.published = stateKey

@@ -73,6 +73,9 @@ func (m *manager) reconcileLocked(steps func() (bool, error)) error {
 	if m.bumpSequenceLocked() {
 		changed = true
 	}
+	if m.pruneRevokedLocked(m.cfg.Clock.Now()) {
+		changed = true
+	}
 	stepped, err := steps()
 	if err != nil {
 		return err

@@ -74,10 +74,6 @@ const (
 	stepRemove         // a retired root leaves the bundle
 )
 
-func (s step) String() string {
-	return [...]string{"none", "bootstrap", "prepare", "activate", "remove"}[s]
-}
-
 // prepareAt is when a successor to an active root is published: at half
 // its lifetime.
 func prepareAt(active rootTimes) time.Time {

@@ -284,11 +284,13 @@ func (s *ServingCert) nextRenewal() time.Time {
 	return l.NotBefore.Add(l.NotAfter.Sub(l.NotBefore) / 2)
 }
 
-// Run renews the certificate at half its lifetime until ctx is done. A
-// failed renewal is retried every few seconds; the current certificate is
+// Run renews the certificate at half its lifetime until ctx is done, and
+// at once when an operator taints the authority that signed it. A failed
+// renewal is retried every few seconds; the current certificate is
 // served meanwhile.
 func (s *ServingCert) Run(ctx context.Context) error {
 	clk := s.a.cfg.Clock
+	changed := s.a.Subscribe()
 	next := s.nextRenewal()
 	for {
 		t := clk.NewTimer(next.Sub(clk.Now()))
@@ -297,6 +299,12 @@ func (s *ServingCert) Run(ctx context.Context) error {
 			t.Stop()
 			return nil
 		case <-t.C():
+		case <-changed:
+			t.Stop()
+			if !s.a.manager.taintedIssuer(s.Leaf()) {
+				continue
+			}
+			s.a.cfg.Logger.Info("serving certificate was signed by a tainted authority; re-issuing it now", logattr.SPIFFEID, s.id.String())
 		}
 		if err := s.renew(); err != nil {
 			s.a.cfg.Logger.Error("serving certificate renewal failed; retrying", logattr.SPIFFEID, s.id.String(), logattr.Error, err)

@@ -79,26 +79,8 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 	if td != "" && j.TrustDomain != td {
 		return nil, fmt.Errorf("%w: it belongs to trust domain %q, not %q; use another --data-dir", ErrCorruptState, j.TrustDomain, td)
 	}
-	seen := map[string]bool{}
-	active := 0
-	for i, rec := range j.Roots {
-		if seen[rec.ID] || !SafeID(rec.ID) {
-			return nil, corrupt("%s: root %d has a missing, unsafe or duplicate id %q", journalName, i, rec.ID)
-		}
-		seen[rec.ID] = true
-		switch rec.State {
-		case StateActive:
-			active++
-		case StatePrepared, StateRetired:
-		default:
-			return nil, corrupt("%s: root %s has unknown state %q", journalName, rec.ID, rec.State)
-		}
-		if rec.State == StateActive && !rec.TaintedAt.IsZero() {
-			return nil, corrupt("%s: root %s is active and tainted", journalName, rec.ID)
-		}
-	}
-	if active > 1 {
-		return nil, corrupt("%s names %d active roots", journalName, active)
+	if err := checkRootRecords(j.Roots); err != nil {
+		return nil, err
 	}
 	if err := checkRevoked(&j); err != nil {
 		return nil, err
@@ -110,6 +92,34 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 		return nil, err
 	}
 	return &j, nil
+}
+
+// checkRootRecords checks the journal's roots: unique, safe ids, known
+// states, at most one active and that one not tainted. Refusals wrap
+// ErrCorruptState.
+func checkRootRecords(recs []RootRecord) error {
+	seen := map[string]bool{}
+	active := 0
+	for i, rec := range recs {
+		if seen[rec.ID] || !SafeID(rec.ID) {
+			return corrupt("%s: root %d has a missing, unsafe or duplicate id %q", journalName, i, rec.ID)
+		}
+		seen[rec.ID] = true
+		switch rec.State {
+		case StateActive:
+			active++
+		case StatePrepared, StateRetired:
+		default:
+			return corrupt("%s: root %s has unknown state %q", journalName, rec.ID, rec.State)
+		}
+		if rec.State == StateActive && !rec.TaintedAt.IsZero() {
+			return corrupt("%s: root %s is active and tainted", journalName, rec.ID)
+		}
+	}
+	if active > 1 {
+		return corrupt("%s names %d active roots", journalName, active)
+	}
+	return nil
 }
 
 // checkRevoked checks the journal's revoked authorities: each one root
@@ -127,23 +137,9 @@ func checkRevoked(j *Journal) error {
 		inUse["jwt:"+k.KID] = true
 	}
 	for i, rev := range j.Revoked {
-		var keys []string
-		switch {
-		case rev.Root != nil && rev.JWTKey == nil:
-			cert, err := x509.ParseCertificate(rev.DER)
-			if err != nil || fingerprint(cert) != rev.Root.CertSHA256 || !SafeID(rev.Root.ID) {
-				return corrupt("%s: revoked authority %d: the root's certificate does not parse or does not match its record", journalName, i)
-			}
-			keys = []string{"x509:" + rev.Root.ID, "sha256:" + rev.Root.CertSHA256}
-		case rev.JWTKey != nil && rev.Root == nil:
-			pub, err := x509.ParsePKIXPublicKey(rev.PublicKey)
-			kid, kerr := jwtKID(pub)
-			if err != nil || kerr != nil || kid != rev.JWTKey.KID {
-				return corrupt("%s: revoked authority %d: the JWT key does not parse or does not match its kid", journalName, i)
-			}
-			keys = []string{"jwt:" + rev.JWTKey.KID}
-		default:
-			return corrupt("%s: revoked authority %d is neither one root nor one JWT key", journalName, i)
+		keys, err := revokedKeys(i, rev)
+		if err != nil {
+			return err
 		}
 		for _, k := range keys {
 			if inUse[k] {
@@ -153,6 +149,29 @@ func checkRevoked(j *Journal) error {
 		}
 	}
 	return nil
+}
+
+// revokedKeys names the i-th revoked authority as checkRevoked indexes
+// authorities in use, after checking its material matches its record.
+func revokedKeys(i int, rev RevokedRecord) ([]string, error) {
+	switch {
+	case rev.Root != nil && rev.JWTKey == nil:
+		cert, err := x509.ParseCertificate(rev.DER)
+		if err != nil || fingerprint(cert) != rev.Root.CertSHA256 || !SafeID(rev.Root.ID) {
+			return nil, corrupt("%s: revoked authority %d: the root's certificate does not parse or does not match its record", journalName, i)
+		}
+		return []string{"x509:" + rev.Root.ID, "sha256:" + rev.Root.CertSHA256}, nil
+	case rev.JWTKey != nil && rev.Root == nil:
+		pub, err := x509.ParsePKIXPublicKey(rev.PublicKey)
+		if err != nil {
+			return nil, corrupt("%s: revoked authority %d: the JWT key does not parse", journalName, i)
+		}
+		if kid, err := jwtKID(pub); err != nil || kid != rev.JWTKey.KID {
+			return nil, corrupt("%s: revoked authority %d: the JWT key does not match its kid", journalName, i)
+		}
+		return []string{"jwt:" + rev.JWTKey.KID}, nil
+	}
+	return nil, corrupt("%s: revoked authority %d is neither one root nor one JWT key", journalName, i)
 }
 
 // SafeID accepts ids that are safe as file names and Secret keys:

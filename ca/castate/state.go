@@ -38,7 +38,7 @@ type Journal struct {
 	// here publishes them again.
 	Revoked []RevokedRecord `json:"revoked,omitempty"`
 	Updated time.Time       `json:"updated"`
-	Events      []JournalNote      `json:"events,omitempty"`
+	Events  []JournalNote   `json:"events,omitempty"`
 }
 
 // UsesKeyManager says whether j names a root or JWT key whose private key

@@ -202,7 +202,7 @@ func TestOwnLeavesRenewAcrossRootRotation(t *testing.T) {
 	oldRoot := a.Roots()[0].Cert
 	require.NoError(t, first.Leaf.CheckSignatureFrom(oldRoot))
 
-	require.NoError(t, a.Rotate())
+	require.NoError(t, prepareRoot(a))
 	require.NoError(t, a.Reconcile()) // published: the lead starts
 	clk.Step(ca.PublishLead*time.Minute + time.Second)
 	require.NoError(t, a.Reconcile())

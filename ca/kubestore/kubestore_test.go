@@ -143,7 +143,7 @@ func TestSecretRoundTrip(t *testing.T) {
 	require.NoError(t, b.Reconcile())
 	assert.Equal(t, started.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "a check with nothing due writes nothing")
 
-	require.NoError(t, b.Rotate())
+	require.NoError(t, prepareRoot(b))
 	require.NoError(t, a.Reload())
 	assert.True(t, a.Bundle().Equal(b.Bundle()))
 	assert.Equal(t, uint64(t0.Unix())+2, a.Sequence())
@@ -171,12 +171,12 @@ func TestConflictBetweenTwoWriters(t *testing.T) {
 	a := newAuthority(t, clk, newStore(t, env.Client, ns, nil), nil)
 	rb := &racing{Store: newStore(t, env.Client, ns, nil), before: func() {}}
 	b := newAuthority(t, clk, rb, nil) // its first write (a new sequence) is not raced
-	rb.before = func() { require.NoError(t, a.Rotate()) }
+	rb.before = func() { require.NoError(t, prepareRoot(a)) }
 	rb.fired.Store(false)
 
 	// b decides to rotate; a rotates first. b's write conflicts, b reloads,
 	// finds a's successor waiting and does nothing more.
-	require.NoError(t, b.Rotate())
+	require.NoError(t, prepareRoot(b))
 	j := journalOf(t, secret(t, env.Client, ns))
 	require.Len(t, j.Roots, 2, "one rotation, not two")
 	assert.Equal(t, uint64(t0.Unix())+2, j.Sequence, "bootstrap, b's start, one rotation")
@@ -186,7 +186,7 @@ func TestConflictBetweenTwoWriters(t *testing.T) {
 		s := newStore(t, env.Client, ns, nil)
 		j, roots, keys, v, err := s.Load("example.org")
 		require.NoError(t, err)
-		require.NoError(t, a.Rotate()) // no-op: a root waits
+		require.NoError(t, prepareRoot(a)) // no-op: a root waits
 		clk.Step(10 * time.Minute)
 		require.NoError(t, a.Reconcile()) // activates: a new version
 		before := secret(t, env.Client, ns)
@@ -325,10 +325,10 @@ func TestFollowerReloadsThroughTheWatch(t *testing.T) {
 	assert.True(t, res.Chain[len(res.Chain)-1].Equal(leaderAuth.Roots()[0].Cert) ||
 		res.Leaf.Issuer.String() == leaderAuth.Roots()[0].Cert.Subject.String(), "signed with the leader's active root")
 
-	require.NoError(t, leaderAuth.Rotate())
+	require.NoError(t, prepareRoot(leaderAuth))
 	require.Eventually(t, func() bool { return len(follower.Bundle().X509Authorities()) == 2 }, 10*time.Second, 10*time.Millisecond)
 	assert.True(t, leaderAuth.Bundle().Equal(follower.Bundle()))
-	require.ErrorIs(t, follower.Rotate(), castate.ErrNotLeader)
+	require.ErrorIs(t, prepareRoot(follower), castate.ErrNotLeader)
 }
 
 // TestFailoverWithoutLostOrDuplicatedRotation: two replicas, each with an
@@ -370,21 +370,21 @@ func TestFailoverWithoutLostOrDuplicatedRotation(t *testing.T) {
 
 	// The first leader bootstraps and rotates; the follower follows.
 	require.NoError(t, first.a.Reconcile())
-	require.NoError(t, first.a.Rotate())
+	require.NoError(t, prepareRoot(first.a))
 	require.NoError(t, second.a.Reconcile())
 	require.Len(t, second.a.Roots(), 2)
-	require.ErrorIs(t, second.a.Rotate(), castate.ErrNotLeader)
+	require.ErrorIs(t, prepareRoot(second.a), castate.ErrNotLeader)
 
 	// Failover.
 	first.stop()
 	require.Eventually(t, second.el.IsLeader, 10*time.Second, 10*time.Millisecond)
-	require.ErrorIs(t, first.a.Rotate(), castate.ErrNotLeader, "the old leader writes nothing")
+	require.ErrorIs(t, prepareRoot(first.a), castate.ErrNotLeader, "the old leader writes nothing")
 
 	// The new leader activates the waiting root once its lead has passed,
 	// then rotates again.
 	clk.Step(5 * time.Minute)
 	require.NoError(t, second.a.Reconcile())
-	require.NoError(t, second.a.Rotate())
+	require.NoError(t, prepareRoot(second.a))
 	require.NoError(t, first.a.Reconcile())
 
 	j := journalOf(t, secret(t, env.Client, ns))
@@ -518,4 +518,11 @@ func TestWriteAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorIs(t, err, castate.ErrNotLeader)
 	assert.Equal(t, before.ResourceVersion, secret(t, env.Client, ns).ResourceVersion, "nothing written")
+}
+
+// prepareRoot publishes a successor root now, as `ca authority prepare`
+// does (a no-op while one waits).
+func prepareRoot(a *ca.Authority) error {
+	_, err := a.ChangeAuthority(ca.AuthorityChange{Action: "prepare"})
+	return err
 }

@@ -30,7 +30,7 @@ func TestMoveFileStateIntoASecret(t *testing.T) {
 	cfg.Backend, cfg.DataDir = nil, t.TempDir()
 	file, err := ca.New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, file.Rotate())
+	require.NoError(t, prepareRoot(file))
 	published := file.Sequence()
 
 	_, files, err := ca.Snapshot(cfg.DataDir)
