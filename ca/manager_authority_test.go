@@ -89,7 +89,6 @@ func TestAuthorityIncidentResponse(t *testing.T) {
 
 	_, err = a.ChangeAuthority(AuthorityChange{Action: "revoke", ID: old})
 	assert.ErrorContains(t, err, "taint it first")
-	seq := a.Sequence()
 	change(t, a, AuthorityChange{Action: "taint", ID: old})
 	restart()
 	tainted := rootByID(t, a, old)
@@ -99,7 +98,7 @@ func TestAuthorityIncidentResponse(t *testing.T) {
 	assert.ErrorContains(t, err, "tainted since")
 
 	clk.Step(time.Second)
-	seq = a.Sequence()
+	seq := a.Sequence()
 	change(t, a, AuthorityChange{Action: "revoke", ID: old})
 	assert.Greater(t, a.Sequence(), seq, "the bundle changed")
 	revoked := rootByID(t, a, old)
