@@ -138,6 +138,11 @@ type Config struct {
 	// the time left, which a signer whose maximum is shorter refuses.
 	DefaultTTL time.Duration
 
+	// Issued, when set, hears of every certificate CreateCertificate hands
+	// out, with its caller: the server's ledger of what each authority
+	// signed that is still in use. It must not block.
+	Issued func(IssuedCertificate)
+
 	// JWT, when set, mints JWT-SVIDs for callers of
 	// trustbridge.identity.v1.IdentityService/MintJWTSVID; nil refuses
 	// them (FailedPrecondition). The identity service is registered when
@@ -477,6 +482,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	}
 	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: s.chainPEM(issued, p.id, s.rootsDecision(ident, p.id))}
 	s.logIssued(r, ident, p, issued, dnsNames)
+	s.recordIssued(r, ident, issued)
 	return resp, ident, nil
 }
 
@@ -591,6 +597,29 @@ func (s *Service) signCertificate(ctx context.Context, r authn.Request, ident au
 		return nil, nil, &refusal{codes.Internal, "internal", "internal error", errors.New("signer returned no leaf, or a chain not starting with it")}
 	}
 	return issued, dnsNames, nil
+}
+
+// IssuedCertificate is a certificate CreateCertificate handed out
+// (Config.Issued).
+type IssuedCertificate struct {
+	Leaf *x509.Certificate
+	// Caller is who asked: the workload, or a node agent asking for one.
+	Caller authn.Identity
+	// Presented is the X509-SVID the caller authenticated with (a
+	// renewal), nil for a token: the certificate this one replaces when
+	// both name the same workload.
+	Presented *x509.Certificate
+}
+
+func (s *Service) recordIssued(r authn.Request, ident authn.Identity, issued *ca.Issued) {
+	if s.cfg.Issued == nil {
+		return
+	}
+	rec := IssuedCertificate{Leaf: issued.Leaf, Caller: ident}
+	if ident.Method == authn.MethodX509SVID && len(r.PeerCertificates) > 0 {
+		rec.Presented = r.PeerCertificates[0]
+	}
+	s.cfg.Issued(rec)
 }
 
 // logIssued logs a certificate issued to ident as p decided.

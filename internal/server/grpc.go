@@ -91,6 +91,8 @@ type GRPCConfig struct {
 	identityMapReady func() bool
 	// jwtIssuer is --jwt-issuer, told to WatchBundles clients.
 	jwtIssuer string
+	// ledger hears of every certificate and JWT-SVID issued; nil: none.
+	ledger *issuanceLedger
 	// Test hooks, no flags (grants.go).
 	GrantHooks
 	// TestJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
@@ -388,7 +390,8 @@ func (g *grpcEndpoint) certService(o GRPCConfig, td spiffeid.TrustDomain, author
 		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
 		// JWT-SVIDs, and bundle streams filtered by the trust policy
 		// that filters SDS.
-		JWT:       jwtSigner(authority, o.TestJWT),
+		JWT:       o.ledger.jwtSigner(jwtSigner(authority, o.TestJWT)),
+		Issued:    o.ledger.issued(),
 		JWTIssuer: o.jwtIssuer,
 		Bundles:   &storeBundles{store: fed.store},
 		Policy:    o.access,

@@ -292,7 +292,8 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	}
 	defer closeAudit()
 	o.GRPC.tokenLedger = kube.tokenLedger(o.DataDir)
-	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail}
+	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail,
+		ledger: newIssuanceLedger(nowClock(e.now))}
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
@@ -381,6 +382,9 @@ type serverParts struct {
 	socket    *adminSocket // nil without --admin-socket
 	policy    *policySetup
 	idmap     *identityMapSetup // nil without an identity map
+	// ledger counts what each CA authority signed that is still in use
+	// (issuance_ledger.go).
+	ledger *issuanceLedger
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -398,6 +402,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	}
 	o.GRPC.access = p.policy.sdsAccess
 	o.GRPC.jwtIssuer = o.JWT.Issuer
+	o.GRPC.ledger = p.ledger
 	o.GRPC.identityMap, o.GRPC.identityMapReady = p.idmap.source(), p.idmap.ready()
 	if p.gs, err = setupGRPC(o.GRPC, p.td, o.WorkloadTTL, o.MaxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
 		return undo, err

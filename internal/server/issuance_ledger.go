@@ -1,0 +1,221 @@
+package server
+
+import (
+	"container/heap"
+	"crypto/x509"
+	"encoding/hex"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"k8s.io/utils/clock"
+
+	"github.com/trustbridge/trustbridge/ca/certservice"
+)
+
+// maxLedgerEntries bounds the issuance ledger: about 100 bytes each, so
+// 10 MB at most, room for 10,000 workloads renewing at half life with
+// certificates of a day. Past it the entries expiring first are dropped
+// and the counts become lower bounds (ledgerCounts.Dropped says so).
+const maxLedgerEntries = 100_000
+
+// issuanceLedger counts, per signing authority, what this replica signed
+// that is still valid (live) and, of that, what no newer certificate for
+// the same workload replaced (in use): what `ca authority list` shows and
+// what `ca authority revoke` waits for after a taint. A certificate
+// replaces another when the caller renewed with it (it authenticated
+// with the older one), or when the same caller got a newer one for the
+// same identity (and pod, when its token named one): a node agent asking
+// for several pods of one service account on one node counts once.
+// It lives in memory: it counts since this replica started.
+type issuanceLedger struct {
+	clock clock.PassiveClock
+	since time.Time
+
+	mu      sync.Mutex
+	entries map[string]*ledgerEntry // by key: X.509 serial, or a JWT sequence number
+	latest  map[string]string       // workload → key of its newest certificate
+	byExp   ledgerHeap
+	jwtSeq  uint64
+	dropped uint64
+}
+
+type ledgerEntry struct {
+	key        string
+	workload   string // latest's key; "" for JWT-SVIDs
+	issuer     string // "x509:<authority key id hex>" or "jwt:<kid>"
+	notAfter   time.Time
+	issuedAt   time.Time
+	superseded bool
+	index      int // in byExp
+}
+
+// ledgerCount is what one authority signed that is still valid.
+type ledgerCount struct {
+	Live, InUse int
+	Last        time.Time
+}
+
+func newIssuanceLedger(clk clock.PassiveClock) *issuanceLedger {
+	return &issuanceLedger{clock: clk, since: clk.Now(), entries: map[string]*ledgerEntry{}, latest: map[string]string{}}
+}
+
+// recordX509 is certservice.Config.Issued.
+func (l *issuanceLedger) recordX509(rec certservice.IssuedCertificate) {
+	leaf := rec.Leaf
+	key := "x509:" + leaf.SerialNumber.Text(16)
+	workload := rec.Caller.ID.String() + "\x00" + leafID(leaf) + "\x00" + string(rec.Caller.Pod.UID)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	l.pruneLocked(now)
+	if p := rec.Presented; p != nil && leafID(p) == leafID(leaf) {
+		l.supersedeLocked("x509:" + p.SerialNumber.Text(16))
+	}
+	if prev, ok := l.latest[workload]; ok {
+		l.supersedeLocked(prev)
+	}
+	l.latest[workload] = key
+	l.addLocked(&ledgerEntry{key: key, workload: workload, issuer: "x509:" + hex.EncodeToString(leaf.AuthorityKeyId), notAfter: leaf.NotAfter, issuedAt: now})
+}
+
+// recordJWT records a JWT-SVID; tokens are not renewed, so each is in use
+// until it expires.
+func (l *issuanceLedger) recordJWT(token string, exp time.Time) {
+	kid := jwtKeyID(token)
+	if kid == "" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clock.Now()
+	l.pruneLocked(now)
+	l.jwtSeq++
+	l.addLocked(&ledgerEntry{key: "jwt#" + strconv.FormatUint(l.jwtSeq, 10), issuer: "jwt:" + kid, notAfter: exp, issuedAt: now})
+}
+
+func (l *issuanceLedger) addLocked(e *ledgerEntry) {
+	if old, ok := l.entries[e.key]; ok {
+		heap.Remove(&l.byExp, old.index)
+	}
+	for len(l.byExp) >= maxLedgerEntries {
+		l.removeLocked(heap.Pop(&l.byExp).(*ledgerEntry))
+		l.dropped++
+	}
+	l.entries[e.key] = e
+	heap.Push(&l.byExp, e)
+}
+
+func (l *issuanceLedger) supersedeLocked(key string) {
+	if e, ok := l.entries[key]; ok {
+		e.superseded = true
+	}
+}
+
+// pruneLocked forgets what expired.
+func (l *issuanceLedger) pruneLocked(now time.Time) {
+	for len(l.byExp) > 0 && !l.byExp[0].notAfter.After(now) {
+		l.removeLocked(heap.Pop(&l.byExp).(*ledgerEntry))
+	}
+}
+
+func (l *issuanceLedger) removeLocked(e *ledgerEntry) {
+	delete(l.entries, e.key)
+	if e.workload != "" && l.latest[e.workload] == e.key {
+		delete(l.latest, e.workload)
+	}
+}
+
+// counts is what each authority signed that is still valid, keyed as
+// ledgerEntry.issuer, and since when this replica counts.
+func (l *issuanceLedger) counts() (map[string]ledgerCount, time.Time, uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pruneLocked(l.clock.Now())
+	out := map[string]ledgerCount{}
+	for _, e := range l.entries {
+		c := out[e.issuer]
+		c.Live++
+		if !e.superseded {
+			c.InUse++
+		}
+		if e.issuedAt.After(c.Last) {
+			c.Last = e.issuedAt
+		}
+		out[e.issuer] = c
+	}
+	return out, l.since, l.dropped
+}
+
+func leafID(c *x509.Certificate) string {
+	id, err := x509svid.IDFromCert(c)
+	if err != nil {
+		return ""
+	}
+	return id.String()
+}
+
+// jwtKeyID is the kid in a compact JWS header; "" when it does not parse.
+// The token was just minted here: parsing it again only reads the header.
+func jwtKeyID(token string) string {
+	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
+	if err != nil || len(jws.Signatures) != 1 {
+		return ""
+	}
+	return jws.Signatures[0].Header.KeyID
+}
+
+// issued is certservice.Config.Issued for l; nil for a nil l.
+func (l *issuanceLedger) issued() func(certservice.IssuedCertificate) {
+	if l == nil {
+		return nil
+	}
+	return l.recordX509
+}
+
+// jwtSigner is next, recording in l what it mints (next for a nil l).
+func (l *issuanceLedger) jwtSigner(next certservice.JWTSigner) certservice.JWTSigner {
+	if l == nil || next == nil {
+		return next
+	}
+	return ledgerJWTSigner{next: next, ledger: l}
+}
+
+// ledgerJWTSigner records what its signer mints.
+type ledgerJWTSigner struct {
+	next   certservice.JWTSigner
+	ledger *issuanceLedger
+}
+
+func (s ledgerJWTSigner) SignJWT(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+	token, exp, err := s.next.SignJWT(id, audience, ttl)
+	if err == nil {
+		s.ledger.recordJWT(token, exp)
+	}
+	return token, exp, err
+}
+
+// ledgerHeap orders entries by expiry, soonest first.
+type ledgerHeap []*ledgerEntry
+
+func (h ledgerHeap) Len() int           { return len(h) }
+func (h ledgerHeap) Less(i, j int) bool { return h[i].notAfter.Before(h[j].notAfter) }
+func (h ledgerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *ledgerHeap) Push(x any) {
+	e := x.(*ledgerEntry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *ledgerHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}
