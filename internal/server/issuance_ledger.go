@@ -161,7 +161,7 @@ func leafID(c *x509.Certificate) string {
 // jwtKeyID is the kid in a compact JWS header; "" when it does not parse.
 // The token was just minted here: parsing it again only reads the header.
 func jwtKeyID(token string) string {
-	jws, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
+	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
 	if err != nil || len(jws.Signatures) != 1 {
 		return ""
 	}
