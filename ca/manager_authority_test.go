@@ -220,3 +220,45 @@ func TestJournalRefusesTaintedActiveAndRevokedInUse(t *testing.T) {
 type leaderFunc func() bool
 
 func (f leaderFunc) IsLeader() bool { return f() }
+
+// TestAuthorityUpstreamIncidentResponse: in upstream mode prepare asks the
+// upstream for a new intermediate, which signs at once (the upstream's
+// roots are published already); the old one is tainted, then revoked: it
+// was never in the bundle, whose keys do not change, but the document
+// does (it names the revoked intermediate), so the sequence moves.
+func TestAuthorityUpstreamIncidentResponse(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	u := newFakeUpstream(t, clk)
+	a, err := New(upstreamConfig(t, clk, u))
+	require.NoError(t, err)
+	old := a.Roots()[0]
+	require.NotNil(t, old.Upstream)
+
+	clk.Step(time.Second)
+	next := change(t, a, AuthorityChange{Action: "prepare"})
+	assert.Equal(t, 2, u.callCount(), "the upstream signed a second intermediate")
+	assert.Equal(t, castate.StateActive, rootByID(t, a, next).State, "it signs at once")
+	assert.Equal(t, castate.StateRetired, rootByID(t, a, old.ID).State)
+	issued := leafVerifies(t, a)
+	assert.True(t, issued.Chain[1].Equal(rootByID(t, a, next).Cert))
+
+	change(t, a, AuthorityChange{Action: "taint", ID: old.ID})
+	seq := a.Sequence()
+	keys := a.Bundle().X509Authorities()
+	clk.Step(time.Second)
+	change(t, a, AuthorityChange{Action: "revoke", ID: old.ID})
+	assert.Greater(t, a.Sequence(), seq)
+	assert.Equal(t, keys, a.Bundle().X509Authorities(), "the upstream's roots stay")
+	assert.Equal(t, castate.StateRevoked, rootByID(t, a, old.ID).State)
+	assert.NotNil(t, rootByID(t, a, old.ID).Upstream, "listed as the intermediate it was")
+	leafVerifies(t, a)
+}
+
+// TestAuthorityChangeRefusedInPluginMode: a plug-in CA's roots are
+// managed where its directory comes from.
+func TestAuthorityChangeRefusedInPluginMode(t *testing.T) {
+	a := newPluginAuthority(t, clocktesting.NewFakeClock(t0), Config{Backend: newMemBackend()})
+	_, err := a.ChangeAuthority(AuthorityChange{Action: "prepare"})
+	assert.ErrorIs(t, err, castate.ErrAuthorityState)
+	assert.ErrorContains(t, err, "--ca-dir")
+}

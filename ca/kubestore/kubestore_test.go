@@ -403,6 +403,45 @@ func TestFailoverWithoutLostOrDuplicatedRotation(t *testing.T) {
 	assert.True(t, first.a.Bundle().Equal(second.a.Bundle()))
 }
 
+// TestTaintAndRevokeAcrossALeaderChange: the leader taints its old root
+// in the Secret; the other replica, leading next, holds the taint and
+// revokes it; the first, following again, publishes the revocation.
+func TestTaintAndRevokeAcrossALeaderChange(t *testing.T) {
+	env := kubetest.Shared(t)
+	ns := env.Namespace(t)
+	clk := clocktesting.NewFakeClock(t0)
+	oneLeads, twoLeads := leaderFlag(true), leaderFlag(false)
+	one := newAuthority(t, clk, newStore(t, env.Client, ns, oneLeads), oneLeads)
+	two := newAuthority(t, clk, newStore(t, env.Client, ns, twoLeads), twoLeads)
+	old := one.Roots()[0].ID
+
+	require.NoError(t, prepareRoot(one))
+	_, err := one.ChangeAuthority(ca.AuthorityChange{Action: "activate", Now: true})
+	require.NoError(t, err)
+	_, err = one.ChangeAuthority(ca.AuthorityChange{Action: "taint", ID: old})
+	require.NoError(t, err)
+	_, err = two.ChangeAuthority(ca.AuthorityChange{Action: "revoke", ID: old})
+	require.ErrorIs(t, err, castate.ErrNotLeader, "a follower changes nothing")
+
+	oneLeads.v.Store(false)
+	twoLeads.v.Store(true)
+	require.NoError(t, two.Reload())
+	for _, r := range two.Roots() {
+		if r.ID == old {
+			assert.False(t, r.TaintedAt.IsZero(), "the new leader holds the taint")
+		}
+	}
+	clk.Step(time.Second)
+	_, err = two.ChangeAuthority(ca.AuthorityChange{Action: "revoke", ID: old})
+	require.NoError(t, err)
+	require.NoError(t, one.Reload())
+	assert.True(t, one.Bundle().Equal(two.Bundle()))
+	assert.Len(t, one.Bundle().X509Authorities(), 1, "the revoked root left every replica's bundle")
+	j := journalOf(t, secret(t, env.Client, ns))
+	require.Len(t, j.Revoked, 1)
+	assert.Equal(t, old, j.Revoked[0].Root.ID)
+}
+
 func TestNewChecksConfig(t *testing.T) {
 	_, err := New(Config{Namespace: "x"})
 	assert.ErrorContains(t, err, "client is required")
