@@ -94,18 +94,42 @@ func checkRevoked(td spiffeid.TrustDomain, b *spiffebundle.Bundle, own []bundled
 		return fmt.Errorf("federation: accept: %w: the bundle lists %s in %s and carries it too; %s's publisher must remove it from \"keys\"",
 			ErrRevokedAuthority, r, bundledoc.RevokedMember, td.Name())
 	}
+	h, ok := heldRevoked(b, held)
+	if !ok {
+		return nil
+	}
+	return fmt.Errorf("federation: accept: %w: %s; the bundle brings it back, so the publisher's state looks restored from before the revocation: its operators must revoke it again",
+		ErrRevokedAuthority, h.describe(td))
+}
+
+// CheckRevoked refuses b, a bundle an operator gives for its trust domain
+// (trustbridge bundle set), when it carries an authority of held, the
+// revoked set the poller holds for that trust domain (Poller.Revoked).
+func CheckRevoked(b *spiffebundle.Bundle, held []Revoked) error {
+	h, ok := heldRevoked(b, held)
+	if !ok {
+		return nil
+	}
+	return fmt.Errorf("federation: %w: %s; take it out of the bundle", ErrRevokedAuthority, h.describe(b.TrustDomain()))
+}
+
+// heldRevoked is the entry of held naming an authority b carries.
+func heldRevoked(b *spiffebundle.Bundle, held []Revoked) (Revoked, bool) {
 	revs := make([]bundledoc.Revocation, len(held))
 	for i, h := range held {
 		revs[i] = h.Revocation
 	}
 	r, ok := bundledoc.RevokedAuthority(b, revs)
 	if !ok {
-		return nil
+		return Revoked{}, false
 	}
-	h := held[slices.IndexFunc(held, func(h Revoked) bool { return h.ID() == r.ID() })]
-	return fmt.Errorf("federation: accept: %w: %s was revoked by %s (listed since sequence %s, accepted here %s; refused until %s); "+
-		"the bundle brings it back, so the publisher's state looks restored from before the revocation: its operators must revoke it again",
-		ErrRevokedAuthority, r, td.Name(), seqPtrString(h.Sequence), h.Since.UTC().Format(time.RFC3339), h.NotAfter.UTC().Format(time.RFC3339))
+	return held[slices.IndexFunc(held, func(h Revoked) bool { return h.ID() == r.ID() })], true
+}
+
+// describe says what h is, who revoked it and when, for refusals.
+func (h Revoked) describe(td spiffeid.TrustDomain) string {
+	return fmt.Sprintf("%s was revoked by %s (listed since sequence %s, accepted here %s; refused until %s)",
+		h.Revocation, td.Name(), seqPtrString(h.Sequence), h.Since.UTC().Format(time.RFC3339), h.NotAfter.UTC().Format(time.RFC3339))
 }
 
 func seqPtrString(s *uint64) string {
@@ -177,4 +201,26 @@ func ParseStoredRevoked(raw json.RawMessage) ([]Revoked, error) {
 	}
 	out, _ = unionRevoked(nil, out)
 	return out, nil
+}
+
+// Revoked is the revoked set held for td (see Revoked), pruned at now: the
+// relationship's, or for a trust domain not polled here the one its
+// last-known-good entry holds (nil when none, or when it cannot be read).
+func (p *Poller) Revoked(td spiffeid.TrustDomain) []Revoked {
+	p.mu.Lock()
+	r, ok := p.rels[td]
+	var held []Revoked
+	if ok {
+		held = pruneRevoked(r.revoked, p.cfg.Now())
+	}
+	p.mu.Unlock()
+	if ok || p.cfg.LKG == nil {
+		return held
+	}
+	// Read without p.mu, as LoadLastKnownGood does.
+	e, err := p.cfg.LKG.Load(td)
+	if err != nil || e == nil {
+		return nil
+	}
+	return pruneRevoked(e.Revoked, p.cfg.Now())
 }

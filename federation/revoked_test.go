@@ -138,6 +138,10 @@ func TestPollerRestartKeepsTheRevokedSet(t *testing.T) {
 	require.Empty(t, restarted.LoadLastKnownGood())
 	require.True(t, revoked.Equal(pf.sink.get(SourceName(fetchTD0))))
 	require.Len(t, restarted.Status()[0].Revoked, 1, "restored with the bundle")
+	assert.Len(t, restarted.Revoked(fetchTD0), 1)
+	unpolled, err := NewPoller(PollerConfig{Sink: &memSink{}, LKG: NewLKGStore(pf.dataDir), Now: func() time.Time { return pf.now }})
+	require.NoError(t, err)
+	assert.Len(t, unpolled.Revoked(fetchTD0), 1, "from the store, for a trust domain not polled (bundle set)")
 	serveAt(t, pf, bundleOf(t, []*x509.Certificate{old, next}), 9)
 	refusedAsRevoked(t, pf, restarted, revoked, 1, "listed since sequence 8")
 
