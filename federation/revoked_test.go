@@ -271,3 +271,17 @@ func TestLoadLKGWithoutRevoked(t *testing.T) {
 	assert.Nil(t, e.Revoked)
 	assert.True(t, pf.fx.bundle.Equal(e.Bundle))
 }
+
+// A stored entry whose revoked set names an authority of its own bundle
+// (an edited store) is refused like a corrupt one: reported, not trusted.
+func TestPollerRefusesAStoredEntryRevokingItsOwnRoot(t *testing.T) {
+	pf := newPollFixture(t)
+	require.NoError(t, NewLKGStore(pf.dataDir).Save(LKGEntry{TrustDomain: fetchTD0, Bundle: pf.fx.bundle, FetchedAt: pf.now,
+		Revoked: []Revoked{{Revocation: revokeRoot(pf.fx.ca.Cert, pf.now.Add(time.Hour)), Since: pf.now.UTC()}}}))
+	p := pf.poller(t)
+	errs := p.LoadLastKnownGood()
+	require.Len(t, errs, 1)
+	assert.ErrorIs(t, errs[0], ErrRevokedAuthority)
+	assert.Nil(t, pf.sink.get(SourceName(fetchTD0)), "nothing trusted from it")
+	assert.Len(t, p.Revoked(fetchTD0), 1, "its revocations are known all the same")
+}
