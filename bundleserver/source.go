@@ -26,8 +26,8 @@ func (f SourceFunc) Bundle() *spiffebundle.Bundle { return f() }
 // RevocationSource is what a Source may also implement to publish the
 // authorities it revoked (issue 38): the served document then carries
 // them in bundledoc.RevokedMember, and trustbridge peers refuse a later
-// bundle that brings one back. ca.Authority is to implement it; so does
-// FileSource, with what its file lists.
+// bundle that brings one back. FileSource implements it with what its
+// file lists; ca.Authority is to implement it with what the CA revoked.
 type RevocationSource interface {
 	// Revocations returns the entries that go with the bundle Bundle
 	// returns: none may name an authority that bundle carries (the
