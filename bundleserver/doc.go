@@ -15,7 +15,10 @@
 // and ACME supply https_web certificates. Endpoint wires a Server to its
 // sources as a composition root would: the CA's bundle unless a file
 // replaces it (static mode), relayed files beside federated bundles, and
-// an update on every change signal (NewEndpoint, Endpoint.Run).
+// an update on every change signal (NewEndpoint, Endpoint.Run). A local
+// source that is also a RevocationSource has the authorities it revoked
+// published in the document's trustbridge_revoked member (issue 38), and
+// a relayed file's member is served as the file has it.
 //
 //	srv, err := bundleserver.New(bundleserver.Config{
 //		TrustDomain:    td,

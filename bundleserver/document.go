@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
 // DefaultRefreshHint is what peers assume when a bundle carries no
@@ -28,7 +30,11 @@ type document struct {
 	// Sources publish immutable bundles, so an unchanged src pointer means
 	// an unchanged document and Update can skip rendering.
 	src, bundle *spiffebundle.Bundle
-	maxAge      time.Duration
+	// revs are the entries rendered in bundledoc.RevokedMember, as the
+	// source returned them: the document is rendered again when they
+	// change, even on the same bundle.
+	revs   []bundledoc.Revocation
+	maxAge time.Duration
 
 	etag          string
 	etagHdr       []string

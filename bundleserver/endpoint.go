@@ -105,6 +105,7 @@ func NewEndpoint(cfg EndpointConfig) (*Endpoint, error) {
 		return nil, err
 	}
 	cfg.Others = e.others(cfg.Others)
+	cfg.revocationsOf = e.relayedRevocations
 	if e.srv, err = New(cfg.Config); err != nil {
 		return nil, err
 	}
@@ -198,6 +199,17 @@ func (e *Endpoint) others(base func() []*spiffebundle.Bundle) func() []*spiffebu
 		}
 		return out
 	}
+}
+
+// relayedRevocations are the entries of the relayed file whose current
+// bundle is b: a relay serves what the file had.
+func (e *Endpoint) relayedRevocations(b *spiffebundle.Bundle) []bundledoc.Revocation {
+	for _, fs := range e.relayed {
+		if revs, ok := fs.revocationsOf(b); ok {
+			return revs
+		}
+	}
+	return nil
 }
 
 func (e *Endpoint) syncRelayed() {

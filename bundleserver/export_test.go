@@ -5,3 +5,7 @@ import "net/http"
 // NewHTTPServer exposes the hardened server settings so benchmarks run
 // their baselines on exactly what Serve runs.
 func (s *Server) NewHTTPServer(h http.Handler) *http.Server { return s.httpServer(h) }
+
+// LocalDocument is the rendered local document, compared by identity to
+// show that an Update rendered nothing new.
+func (s *Server) LocalDocument() any { return s.snap.Load().local }

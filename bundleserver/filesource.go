@@ -33,8 +33,18 @@ type FileSource struct {
 	path   string
 	td     spiffeid.TrustDomain
 	logger *slog.Logger
-	r      *fileutil.Reloader[[]byte, *spiffebundle.Bundle]
+	r      *fileutil.Reloader[[]byte, *fileBundle]
 }
+
+// fileBundle is what one version of the file holds: the bundle and the
+// revoked authorities it lists (bundledoc.RevokedMember), read together
+// so that they are always served together.
+type fileBundle struct {
+	b    *spiffebundle.Bundle
+	revs []bundledoc.Revocation
+}
+
+var _ RevocationSource = (*FileSource)(nil)
 
 // NewFileSource returns a source for the bundle of td in the file at path.
 // It reads nothing until Load. A nil logger discards.
@@ -47,12 +57,12 @@ func NewFileSource(path string, td spiffeid.TrustDomain, logger *slog.Logger) *F
 		td:     td,
 		logger: logger.With("bundle_file", path, logattr.TrustDomain, td.Name()),
 	}
-	f.r = fileutil.NewReloader(fileutil.ReloaderConfig[[]byte, *spiffebundle.Bundle]{
+	f.r = fileutil.NewReloader(fileutil.ReloaderConfig[[]byte, *fileBundle]{
 		Read:   f.read,
 		Digest: sha256.Sum256,
 		Parse:  f.parse,
 		// Reformatted, same bundle: the server has nothing to re-render.
-		Same: func(prev, next *spiffebundle.Bundle) bool { return prev == next },
+		Same: func(prev, next *fileBundle) bool { return prev == next },
 		Wrap: func(err error) error { return fmt.Errorf("bundleserver: bundle file %s: %w", f.path, err) },
 		Refused: func(err error) {
 			f.logger.Error("bundle file refused; keeping the last good bundle", logattr.Error, err)
@@ -84,11 +94,19 @@ func (f *FileSource) read() ([]byte, error) {
 }
 
 // parse returns the bundle in data if it is a good successor of cur, cur
-// itself if it is the same bundle reformatted.
-func (f *FileSource) parse(data []byte, cur *spiffebundle.Bundle, have bool) (*spiffebundle.Bundle, error) {
+// itself if it is the same bundle and entries reformatted.
+func (f *FileSource) parse(data []byte, cur *fileBundle, have bool) (*fileBundle, error) {
 	b, warnings, err := bundledoc.Parse(f.td, data)
 	if err != nil {
 		return nil, err
+	}
+	revs, err := bundledoc.ParseRevocations(data)
+	if err != nil {
+		return nil, err
+	}
+	if r, ok := bundledoc.RevokedAuthority(b, revs); ok {
+		// Peers would refuse the document; serving it would cut them off.
+		return nil, fmt.Errorf("%s lists %s, which the bundle still carries; remove one or the other", bundledoc.RevokedMember, r)
 	}
 	for _, w := range warnings {
 		if w.Code == bundledoc.CodeForeignTrustDomain {
@@ -100,18 +118,18 @@ func (f *FileSource) parse(data []byte, cur *spiffebundle.Bundle, have bool) (*s
 		f.logger.Warn("bundle file: element ignored or kept with a warning", logattr.Warning, w.String())
 	}
 	if have {
-		if err := checkSuccessor(cur, b); err != nil {
+		if err := checkSuccessor(cur.b, b); err != nil {
 			return nil, err
 		}
-		if cur.Equal(b) {
+		if cur.b.Equal(b) && sameRevocations(cur.revs, revs) {
 			// Keep the pointer so the server has nothing to re-render,
 			// and signal nothing.
 			return cur, nil
 		}
 	}
 	seq, _ := b.SequenceNumber()
-	f.logger.Info("bundle file loaded", logattr.Sequence, seq)
-	return b, nil
+	f.logger.Info("bundle file loaded", logattr.Sequence, seq, "revoked", len(revs))
+	return &fileBundle{b: b, revs: revs}, nil
 }
 
 // checkSuccessor refuses a replacement that peers would refuse: a lower
@@ -142,8 +160,28 @@ func sameKeys(a, b *spiffebundle.Bundle) bool {
 
 // Bundle returns the last good bundle, or nil before a successful Load.
 func (f *FileSource) Bundle() *spiffebundle.Bundle {
-	b, _ := f.r.Current()
-	return b
+	if cur, ok := f.r.Current(); ok {
+		return cur.b
+	}
+	return nil
+}
+
+// Revocations returns the revoked authorities the last good file lists.
+func (f *FileSource) Revocations() []bundledoc.Revocation {
+	if cur, ok := f.r.Current(); ok {
+		return cur.revs
+	}
+	return nil
+}
+
+// revocationsOf returns the entries the file lists when b is its current
+// bundle, and whether it is.
+func (f *FileSource) revocationsOf(b *spiffebundle.Bundle) ([]bundledoc.Revocation, bool) {
+	cur, ok := f.r.Current()
+	if !ok || cur.b != b {
+		return nil, false
+	}
+	return cur.revs, true
 }
 
 // LastError is the outcome of the latest Load or Check: nil when the file

@@ -200,7 +200,7 @@ func (s *Server) renderIssuers(prev, next *snapshot) []error {
 		}
 		docs, err := s.renderIssuer(iss, src)
 		if err != nil {
-			err = s.refuse(issuerKey+iss.URL, src, err)
+			err = s.refuse(issuerKey+iss.URL, src, nil, err)
 			errs = append(errs, err)
 		} else {
 			delete(s.refused, issuerKey+iss.URL)

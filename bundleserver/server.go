@@ -64,6 +64,10 @@ type Config struct {
 	// for the local trust domain is ignored: Local is authoritative.
 	Others      func() []*spiffebundle.Bundle
 	ServeOthers bool
+	// revocationsOf gives the revoked-authority entries to serve with one
+	// of Others' bundles (a relayed file's); nil, or no entries, serves
+	// none. Endpoint sets it.
+	revocationsOf func(*spiffebundle.Bundle) []bundledoc.Revocation
 
 	// Issuers are OIDC issuers published beside the bundles (oidc.go):
 	// each one's discovery document and JWKS under its URL's path.
@@ -145,8 +149,9 @@ type Server struct {
 }
 
 type refusal struct {
-	src *spiffebundle.Bundle
-	err error
+	src  *spiffebundle.Bundle
+	revs []bundledoc.Revocation
+	err  error
 }
 
 // snapshot is an immutable view of everything served.
@@ -266,7 +271,8 @@ func (s *Server) Update() error {
 	next := &snapshot{byName: make(map[string]*document, len(prev.byName))}
 	var errs []error
 
-	doc, err := s.render(s.localName, s.cfg.Local.Bundle(), prev.byName[s.localName], true)
+	local, revs := bundleOf(s.cfg.Local)
+	doc, err := s.render(s.localName, local, revs, prev.byName[s.localName], true)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -281,10 +287,10 @@ func (s *Server) Update() error {
 			}
 			name := b.TrustDomain().Name()
 			if _, dup := next.byName[name]; dup {
-				errs = append(errs, s.refuse(dupKey+name, b, fmt.Errorf("trust domain %q: more than one bundle held; serving the first", name)))
+				errs = append(errs, s.refuse(dupKey+name, b, nil, fmt.Errorf("trust domain %q: more than one bundle held; serving the first", name)))
 				continue
 			}
-			doc, err := s.render(name, b, prev.byName[name], false)
+			doc, err := s.render(name, b, s.othersRevocations(b), prev.byName[name], false)
 			if err != nil {
 				errs = append(errs, err)
 			}
@@ -309,28 +315,39 @@ func (s *Server) Update() error {
 	return nil
 }
 
-// render returns the document for src, reusing prev when src is the
-// bundle prev was rendered from. A refused src yields prev (the last good
-// document, possibly nil) and the error.
-func (s *Server) render(name string, src *spiffebundle.Bundle, prev *document, local bool) (*document, error) {
-	if src == nil || (prev != nil && prev.src == src) {
+// render returns the document for src with its revoked-authority entries
+// revs, reusing prev when it was rendered from the same bundle and
+// entries. A refused src yields prev (the last good document, possibly
+// nil) and the error.
+func (s *Server) render(name string, src *spiffebundle.Bundle, revs []bundledoc.Revocation, prev *document, local bool) (*document, error) {
+	if src == nil || (prev != nil && prev.src == src && sameRevocations(prev.revs, revs)) {
 		// A source that had a bundle and now has none keeps the last one
 		// served: withdrawing it would look like an outage to peers.
 		return prev, nil
 	}
-	if r, ok := s.refused[name]; ok && r.src == src {
+	if r, ok := s.refused[name]; ok && r.src == src && sameRevocations(r.revs, revs) {
 		return prev, r.err
 	}
 	if err := s.checkBundle(name, src, local); err != nil {
-		return prev, s.refuse(name, src, err)
+		return prev, s.refuse(name, src, revs, err)
 	}
 	b := s.withRefreshHint(src, local)
-	body, err := bundledoc.Marshal(b)
+	body, err := bundledoc.MarshalWithRevocations(b, revs)
 	if err != nil {
-		return prev, s.refuse(name, src, err)
+		return prev, s.refuse(name, src, revs, err)
 	}
 	delete(s.refused, name)
-	return newDocument(src, b, body, cacheAge(b)), nil
+	d := newDocument(src, b, body, cacheAge(b))
+	d.revs = revs
+	return d, nil
+}
+
+// othersRevocations are the entries to serve with b, one of Others.
+func (s *Server) othersRevocations(b *spiffebundle.Bundle) []bundledoc.Revocation {
+	if s.cfg.revocationsOf == nil {
+		return nil
+	}
+	return s.cfg.revocationsOf(b)
 }
 
 // checkBundle says why src may not be served under name: the local bundle
@@ -367,13 +384,13 @@ func validName(name string) bool {
 
 // refuse records, counts and logs the refusal of src under key (a trust
 // domain name, or dupKey and the name), once per src.
-func (s *Server) refuse(key string, src *spiffebundle.Bundle, err error) error {
-	if r, ok := s.refused[key]; ok && r.src == src {
+func (s *Server) refuse(key string, src *spiffebundle.Bundle, revs []bundledoc.Revocation, err error) error {
+	if r, ok := s.refused[key]; ok && r.src == src && sameRevocations(r.revs, revs) {
 		return r.err
 	}
 	if iss, ok := strings.CutPrefix(key, issuerKey); ok {
 		err = fmt.Errorf("OIDC issuer %q: %w", iss, err)
-		s.refused[key] = refusal{src: src, err: err}
+		s.refused[key] = refusal{src: src, revs: revs, err: err}
 		s.metrics.updateErrors.Inc()
 		s.logger.Error("OIDC issuer keys not all published", logattr.Issuer, iss, logattr.TrustDomain, src.TrustDomain().Name(), logattr.Error, err)
 		return err
@@ -382,7 +399,7 @@ func (s *Server) refuse(key string, src *spiffebundle.Bundle, err error) error {
 	if name == key {
 		err = fmt.Errorf("trust domain %q: %w", name, err)
 	}
-	s.refused[key] = refusal{src: src, err: err}
+	s.refused[key] = refusal{src: src, revs: revs, err: err}
 	s.metrics.updateErrors.Inc()
 	s.logger.Error("bundle refused; the last good document stays served", logattr.TrustDomain, name, logattr.Error, err)
 	return err

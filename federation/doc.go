@@ -29,7 +29,10 @@
 // Accept refuses a bundle whose sequence goes back, whose keys change
 // under the same sequence, or that revokes everything (unless allowed);
 // every refusal keeps the last good bundle, which LKGStore persists so a
-// restart keeps trust. Accepted bundles go to a Sink, the per-trust-domain
+// restart keeps trust. Each trust domain's revoked set (Revoked: what its
+// accepted bundles listed in trustbridge_revoked, until each entry's exp)
+// persists with it, and a bundle carrying one of them is refused
+// (ErrRevokedAuthority), whatever its sequence. Accepted bundles go to a Sink, the per-trust-domain
 // store of package federation/trust.
 //
 //	flagCfg, err := federation.ParseEndpointsConfig(os.Getenv("SPIFFE_BUNDLE_ENDPOINTS"), os.ReadFile)

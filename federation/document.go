@@ -19,15 +19,21 @@ import (
 // without X.509 or JWT authorities is refused unless allowEmpty
 // (ErrEmptyBundle), and with a held bundle (nil: none, as before a first
 // fetch) the sequence may not go back or change its keys
-// (ErrSequenceRegression, ErrSequenceConflict).
+// (ErrSequenceRegression, ErrSequenceConflict). A document whose
+// trustbridge_revoked member names an authority it carries is refused
+// (ErrRevokedAuthority); the authorities earlier bundles revoked are the
+// poller's to check, as only it holds them.
 //
 // Transport rules (status, Content-Type, size cap, TLS) are the fetcher's
 // and do not apply to a document read from a file. Warnings are the
 // elements the spec says to ignore, as the poller logs them.
 func CheckDocument(td spiffeid.TrustDomain, doc []byte, held *spiffebundle.Bundle, allowEmpty bool) (*spiffebundle.Bundle, Decision, []bundledoc.Warning, error) {
-	b, warnings, err := parseDocument(td, doc)
+	b, warnings, revs, err := parseDocument(td, doc)
 	if err != nil {
 		return nil, 0, warnings, fmt.Errorf("federation: %w", err)
+	}
+	if err := checkRevoked(td, b, revs, nil); err != nil {
+		return nil, 0, warnings, err
 	}
 	dec, err := CheckBundle(held, b, warnings, allowEmpty)
 	if err != nil {
@@ -36,16 +42,21 @@ func CheckDocument(td spiffeid.TrustDomain, doc []byte, held *spiffebundle.Bundl
 	return b, dec, warnings, nil
 }
 
-// parseDocument parses a fetched document as td's bundle.
-func parseDocument(td spiffeid.TrustDomain, doc []byte) (*spiffebundle.Bundle, []bundledoc.Warning, error) {
+// parseDocument parses a fetched document as td's bundle, with the
+// authorities it lists as revoked.
+func parseDocument(td spiffeid.TrustDomain, doc []byte) (*spiffebundle.Bundle, []bundledoc.Warning, []bundledoc.Revocation, error) {
 	b, warnings, err := bundledoc.Parse(td, doc)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrBundle, err)
+		return nil, nil, nil, fmt.Errorf("%w: %w", ErrBundle, err)
 	}
 	if b.TrustDomain() != td {
-		return nil, nil, fmt.Errorf("%w: parsed for trust domain %q, want %q", ErrBundle, b.TrustDomain().Name(), td.Name())
+		return nil, nil, nil, fmt.Errorf("%w: parsed for trust domain %q, want %q", ErrBundle, b.TrustDomain().Name(), td.Name())
 	}
-	return b, warnings, nil
+	revs, err := bundledoc.ParseRevocations(doc)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: %w", ErrBundle, err)
+	}
+	return b, warnings, revs, nil
 }
 
 // CheckBundle is the poller's verdict on a document already parsed as

@@ -160,6 +160,10 @@ type FetchResult struct {
 	Bundle *spiffebundle.Bundle
 	// Warnings lists ignored elements and an unusual Content-Type.
 	Warnings []bundledoc.Warning
+	// Revocations are the authorities the document lists as revoked
+	// (bundledoc.RevokedMember): the relationship holds them so that no
+	// later bundle brings one back.
+	Revocations []bundledoc.Revocation
 	// ETag is the response's entity tag, to send on the next fetch.
 	ETag string
 	// NotModified is set on a 304 answer to If-None-Match.
@@ -289,15 +293,16 @@ func (f *Fetcher) readBundle(parent, ctx context.Context, ep Endpoint, resp *htt
 	if err != nil {
 		return nil, f.timeoutError(parent, ctx, fmt.Errorf("read body: %w", err))
 	}
-	b, parseWarnings, err := parseDocument(ep.TrustDomain, raw)
+	b, parseWarnings, revs, err := parseDocument(ep.TrustDomain, raw)
 	if err != nil {
 		return nil, err
 	}
 	return &FetchResult{
-		Bundle:   b,
-		Warnings: append(warnings, parseWarnings...),
-		ETag:     resp.Header.Get("ETag"),
-		Raw:      raw,
+		Bundle:      b,
+		Warnings:    append(warnings, parseWarnings...),
+		Revocations: revs,
+		ETag:        resp.Header.Get("ETag"),
+		Raw:         raw,
 	}, nil
 }
 

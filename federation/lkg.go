@@ -78,6 +78,9 @@ type LKGEntry struct {
 	// a URL to poll (§7.5.1).
 	EndpointURL string
 	FetchedAt   time.Time
+	// Revoked is the trust domain's revoked set when the bundle was saved
+	// (issue 38), so that a restart still refuses what it revoked.
+	Revoked []Revoked
 }
 
 // lkgFile is the on-disk envelope. The bundle is the canonical document
@@ -90,6 +93,9 @@ type lkgFile struct {
 	ETag        string          `json:"etag,omitempty"`
 	FetchedAt   time.Time       `json:"fetched_at"`
 	Bundle      json.RawMessage `json:"bundle"`
+	// Revoked is MarshalRevoked's; files written before issue 38 have
+	// none.
+	Revoked json.RawMessage `json:"revoked,omitempty"`
 }
 
 // path is the file of td. Names are checked as everywhere a document or
@@ -123,6 +129,10 @@ func (s *LKGStore) Save(e LKGEntry) error {
 	if err != nil {
 		return fmt.Errorf("federation: last-known-good for %q: %w", name, err)
 	}
+	revoked, err := MarshalRevoked(e.Revoked)
+	if err != nil {
+		return fmt.Errorf("federation: last-known-good for %q: %w", name, err)
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	// Keep the bundle's bytes as Marshal wrote them.
@@ -133,6 +143,7 @@ func (s *LKGStore) Save(e LKGEntry) error {
 		ETag:        e.ETag,
 		FetchedAt:   e.FetchedAt.UTC(),
 		Bundle:      doc,
+		Revoked:     revoked,
 	}); err != nil {
 		return fmt.Errorf("federation: last-known-good for %q: %w", name, err)
 	}
@@ -207,12 +218,17 @@ func loadLKG(path string, td spiffeid.TrustDomain) (*LKGEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	revoked, err := ParseStoredRevoked(lf.Revoked)
+	if err != nil {
+		return nil, err
+	}
 	return &LKGEntry{
 		TrustDomain: td,
 		Bundle:      b,
 		ETag:        lf.ETag,
 		EndpointURL: lf.EndpointURL,
 		FetchedAt:   lf.FetchedAt,
+		Revoked:     revoked,
 	}, nil
 }
 

@@ -422,6 +422,9 @@ func FuzzLoadLKG(f *testing.F) {
 	f.Add([]byte(`{"trust_domain":"example.org","fetched_at":"yesterday","bundle":{"keys":[]}}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte{})
+	f.Add([]byte(`{"trust_domain":"example.org","bundle":{"keys":[]},"revoked":[{"use":"jwt-svid","kid":"k","exp":1767225600,"since":"2026-12-01T00:00:00Z","sequence":3}]}`))
+	f.Add([]byte(`{"trust_domain":"example.org","bundle":{"keys":[]},"revoked":[{"use":"x509-svid","x5t#S256":"47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU","exp":1,"since":"2026-12-01T00:00:00Z"},{"use":"jwt-svid","kid":"k","exp":2}]}`))
+	f.Add([]byte(`{"trust_domain":"example.org","bundle":{"keys":[]},"revoked":{}}`))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := NewLKGStore(t.TempDir())
@@ -442,5 +445,10 @@ func FuzzLoadLKG(f *testing.F) {
 		assert.Equal(t, e.ETag, again.ETag)
 		assert.Equal(t, e.EndpointURL, again.EndpointURL)
 		assert.True(t, e.FetchedAt.Equal(again.FetchedAt))
+		require.Len(t, again.Revoked, len(e.Revoked))
+		for i, r := range e.Revoked {
+			assert.Equal(t, r.ID(), again.Revoked[i].ID())
+			assert.True(t, r.NotAfter.Equal(again.Revoked[i].NotAfter) && r.Since.Equal(again.Revoked[i].Since))
+		}
 	})
 }

@@ -178,11 +178,15 @@ func (p *Poller) LoadLastKnownGood() []error {
 		case err != nil:
 			errs = append(errs, err)
 		case e != nil:
-			if err := p.restoreLocked(r, e); err != nil {
-				errs = append(errs, err)
+			err := p.restoreLocked(r, e)
+			if err == nil {
+				p.mu.Unlock()
+				continue
 			}
-			p.mu.Unlock()
-			continue
+			// A refused entry (one bringing back an authority revoked)
+			// is treated as a corrupt one: the bootstrap bundle, if
+			// nothing else is held.
+			errs = append(errs, err)
 		}
 		p.holdBootstrapLocked(r)
 		p.mu.Unlock()

@@ -3,6 +3,7 @@ package federation
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -54,6 +55,9 @@ type Status struct {
 	// by kind (the trustbridge_federation_fetches_total result label).
 	Refusals    map[string]uint64
 	Authorities []AuthorityInfo
+	// Revoked are the authorities the trust domain revoked that are held
+	// against its bundles (issue 38), sorted; nil when none.
+	Revoked []Revoked
 }
 
 // AuthorityInfo describes one authority of a held bundle.
@@ -83,6 +87,11 @@ type relationship struct {
 
 	held    *spiffebundle.Bundle // last good, nil when none
 	fromLKG bool
+	// revoked is the union of what every bundle accepted from the
+	// endpoint listed as revoked, less what expired: a bundle carrying one
+	// is refused. It is replaced, never modified, since saved entries
+	// share it.
+	revoked []Revoked
 	etag    string
 	// lastAttempt is when the last poll started.
 	lastAttempt time.Time
@@ -135,7 +144,7 @@ func (r *relationship) holdBootstrap() bool {
 // the status showed.
 func (r *relationship) reconfigured(ep Endpoint) *relationship {
 	n := &relationship{ep: ep, policy: r.policy, allowEmpty: r.allowEmpty,
-		held: r.held, fromLKG: r.fromLKG, lastAttempt: r.lastAttempt, lastSuccess: r.lastSuccess,
+		held: r.held, fromLKG: r.fromLKG, revoked: r.revoked, lastAttempt: r.lastAttempt, lastSuccess: r.lastSuccess,
 		savedAt: r.savedAt, lastErr: r.lastErr, failures: r.failures, refusals: r.refusals, state: r.state}
 	if !r.fetched() {
 		n.held, n.fromLKG = ep.BootstrapBundle, false
@@ -148,6 +157,12 @@ func (r *relationship) reconfigured(ep Endpoint) *relationship {
 // newer; took means r now holds e's bundle, which the trust store must
 // hold too.
 func (r *relationship) restore(e *LKGEntry, now time.Time) (took bool, err error) {
+	// What the entry holds revoked is known whether or not its bundle is
+	// taken: revocations only accumulate.
+	r.revoked, _ = unionRevoked(pruneRevoked(r.revoked, now), pruneRevoked(e.Revoked, now))
+	if err := checkRevoked(r.ep.TrustDomain, e.Bundle, nil, r.revoked); err != nil {
+		return false, fmt.Errorf("federation: last-known-good for %q not taken, keeping sequence %s: %w", r.ep.TrustDomain.Name(), seqString(r.held), err)
+	}
 	if r.fetched() {
 		dec, err := Accept(r.held, e.Bundle, r.allowEmpty)
 		switch {
@@ -252,16 +267,20 @@ func (r *relationship) take(res *FetchResult, now time.Time) (pollResult, error)
 		return out, nil
 	}
 	out.fetched = res.Bundle
-	dec, err := CheckBundle(r.held, res.Bundle, res.Warnings, r.allowEmpty)
+	dec, revoked, learned, err := r.judge(res, now)
 	if err != nil {
 		out.event = &Event{Kind: EventBundleRejected, TrustDomain: r.ep.TrustDomain, EndpointURL: r.ep.URL.String(),
 			OldSequence: SequenceOf(r.held), NewSequence: SequenceOf(res.Bundle), Reason: rejectionKind(err), Err: err}
 		return out, err
 	}
 	out.warnings = res.Warnings
-	r.etag = res.ETag
+	r.etag, r.revoked = res.ETag, revoked
 	if dec == DecisionUnchanged && !r.fromLKG {
 		out.save = r.confirmed(now)
+		if learned && out.save == nil {
+			// Same keys, more revoked: a restart must not forget them.
+			out.save = r.saved(now)
+		}
 		return out, nil
 	}
 	diff := Diff(r.held, res.Bundle)
@@ -271,6 +290,22 @@ func (r *relationship) take(res *FetchResult, now time.Time) (pollResult, error)
 	out.event = &Event{Kind: EventBundleAccepted, TrustDomain: r.ep.TrustDomain, EndpointURL: r.ep.URL.String(),
 		OldSequence: SequenceOf(out.old), NewSequence: SequenceOf(res.Bundle), Added: diff.Added, Removed: diff.Removed}
 	return out, nil
+}
+
+// judge is the verdict on a fetched bundle: refused when it carries an
+// authority revoked (by itself or by a bundle accepted before), then
+// CheckBundle's. revoked is r's set with what the bundle lists, for r to
+// hold if it takes the bundle; learned says it grew.
+func (r *relationship) judge(res *FetchResult, now time.Time) (dec Decision, revoked []Revoked, learned bool, err error) {
+	r.revoked = pruneRevoked(r.revoked, now)
+	if err := checkRevoked(r.ep.TrustDomain, res.Bundle, res.Revocations, r.revoked); err != nil {
+		return 0, nil, false, err
+	}
+	if dec, err = CheckBundle(r.held, res.Bundle, res.Warnings, r.allowEmpty); err != nil {
+		return 0, nil, false, err
+	}
+	revoked, learned, err = learnRevoked(r.ep.TrustDomain, r.revoked, res.Revocations, SequenceOf(res.Bundle), now)
+	return dec, revoked, learned, err
 }
 
 // failed counts a failed or refused poll; kind is its label.
@@ -304,7 +339,7 @@ func (r *relationship) confirmed(now time.Time) *LKGEntry {
 func (r *relationship) saved(now time.Time) *LKGEntry {
 	r.savedAt = now
 	return &LKGEntry{TrustDomain: r.ep.TrustDomain, Bundle: r.held, ETag: r.etag,
-		EndpointURL: r.ep.URL.String(), FetchedAt: now}
+		EndpointURL: r.ep.URL.String(), FetchedAt: now, Revoked: r.revoked}
 }
 
 // interval is the refresh interval of the held bundle's hint (the default
@@ -391,6 +426,9 @@ func (r *relationship) status(now time.Time) Status {
 		}
 		s.Authorities = authorityInfos(r.held)
 	}
+	if len(r.revoked) > 0 {
+		s.Revoked = slices.Clone(r.revoked)
+	}
 	return s
 }
 
@@ -402,6 +440,8 @@ func rejectionKind(err error) string {
 		return "sequence_conflict"
 	case errors.Is(err, ErrEmptyBundle):
 		return "empty_bundle"
+	case errors.Is(err, ErrRevokedAuthority):
+		return "revoked_authority"
 	case errors.Is(err, ErrTrustDomainMismatch):
 		return "trust_domain_mismatch"
 	case errors.Is(err, ErrPollInProgress):

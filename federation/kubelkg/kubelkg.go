@@ -159,6 +159,9 @@ type entry struct {
 	ETag        string          `json:"etag,omitempty"`
 	FetchedAt   time.Time       `json:"fetched_at"`
 	Bundle      json.RawMessage `json:"bundle"`
+	// Revoked is federation.MarshalRevoked's; entries written before
+	// issue 38 have none.
+	Revoked json.RawMessage `json:"revoked,omitempty"`
 }
 
 // decode checks a ConfigMap and parses the entry in it for td. The bundle
@@ -193,7 +196,11 @@ func decode(cm *corev1.ConfigMap, td spiffeid.TrustDomain) (*federation.LKGEntry
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", EntryKey, err)
 	}
-	return &federation.LKGEntry{TrustDomain: td, Bundle: b, ETag: e.ETag, EndpointURL: e.EndpointURL, FetchedAt: e.FetchedAt}, nil
+	revoked, err := federation.ParseStoredRevoked(e.Revoked)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EntryKey, err)
+	}
+	return &federation.LKGEntry{TrustDomain: td, Bundle: b, ETag: e.ETag, EndpointURL: e.EndpointURL, FetchedAt: e.FetchedAt, Revoked: revoked}, nil
 }
 
 func (s *Store) get(ctx context.Context, td spiffeid.TrustDomain) (*corev1.ConfigMap, error) {
@@ -248,7 +255,11 @@ func (s *Store) Save(e federation.LKGEntry) error {
 	if err != nil {
 		return fmt.Errorf("kubelkg: %s: %w", where, err)
 	}
-	raw, err := json.Marshal(entry{TrustDomain: td.Name(), EndpointURL: e.EndpointURL, ETag: e.ETag, FetchedAt: e.FetchedAt.UTC(), Bundle: doc})
+	revoked, err := federation.MarshalRevoked(e.Revoked)
+	if err != nil {
+		return fmt.Errorf("kubelkg: %s: %w", where, err)
+	}
+	raw, err := json.Marshal(entry{TrustDomain: td.Name(), EndpointURL: e.EndpointURL, ETag: e.ETag, FetchedAt: e.FetchedAt.UTC(), Bundle: doc, Revoked: revoked})
 	if err != nil {
 		return fmt.Errorf("kubelkg: %s: %w", where, err)
 	}

@@ -281,6 +281,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(`{"trust_domain":"other.example","bundle":{"keys":[]}}`, peer)
 	f.Add(`{`, peer)
 	f.Add(`{"trust_domain":"peer.example","bundle":null}`, "x")
+	f.Add(`{"trust_domain":"peer.example","bundle":{"keys":[]},"revoked":[{"use":"jwt-svid","kid":"k","exp":1767225600,"since":"2026-12-01T00:00:00Z"}]}`, peer)
+	f.Add(`{"trust_domain":"peer.example","bundle":{"keys":[]},"revoked":[{"use":"jwt-svid","kid":"","exp":1}]}`, peer)
 	td := spiffeid.RequireTrustDomainFromString(peer)
 	f.Fuzz(func(t *testing.T, raw, annotation string) {
 		cm := &corev1.ConfigMap{
@@ -438,4 +440,27 @@ func TestSaveAbandonedWhenTheLeaseMayBeGone(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotLeader)
 	_, err = env.Client.CoreV1().ConfigMaps(ns).Get(t.Context(), s.Name(spiffeid.RequireTrustDomainFromString(peer)), metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "nothing written: %v", err)
+}
+
+// The revoked set (issue 38) persists with the entry, and entries written
+// before it (no "revoked" member) still load.
+func TestRevokedSetRoundTrip(t *testing.T) {
+	s, err := New(Config{Client: fake.NewClientset(), Namespace: "x"})
+	require.NoError(t, err)
+	td := spiffeid.RequireTrustDomainFromString(peer)
+	b := bundle(t, peer, 7)
+	require.NoError(t, s.Save(lkgEntry(b)))
+	got, err := s.Load(td)
+	require.NoError(t, err)
+	assert.Nil(t, got.Revoked)
+
+	seq := uint64(8)
+	gone := testca.New(t, peer).Cert
+	e := lkgEntry(withSeq(b, 8))
+	e.Revoked = []federation.Revoked{{Revocation: bundledoc.RevokeX509(gone), Sequence: &seq, Since: time.Unix(1700000000, 0).UTC()}}
+	e.Revoked[0].NotAfter = e.Revoked[0].NotAfter.UTC()
+	require.NoError(t, s.Save(e))
+	got, err = s.Load(td)
+	require.NoError(t, err)
+	assert.Equal(t, e.Revoked, got.Revoked)
 }

@@ -115,6 +115,13 @@ func (m *Manager) SetBundle(_ context.Context, b *spiffebundle.Bundle, actor str
 	if b.Empty() {
 		return "", fmt.Errorf("%w: the bundle for %s has no X.509 or JWT authority", ErrInvalid, td.Name())
 	}
+	if m.cfg.Revoked != nil {
+		// The operator's bundle may be older than a revocation the
+		// endpoint published since; trusting it would undo that.
+		if err := federation.CheckRevoked(b, m.cfg.Revoked(td)); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+	}
 	next := m.state.clone()
 	if i := indexEndpoint(next.Endpoints, td); i >= 0 {
 		ep := next.Endpoints[i]

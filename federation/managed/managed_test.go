@@ -377,3 +377,32 @@ func TestReadsDoNotWaitForAProbe(t *testing.T) {
 	eps, _ = names(h.m.State())
 	assert.Equal(t, []string{"slow.example", "web.example"}, eps)
 }
+
+// An operator's bundle that carries an authority the trust domain revoked
+// (the poller holds the revoked set) is refused, and the state stays.
+func TestSetBundleRefusesARevokedAuthority(t *testing.T) {
+	ctx := context.Background()
+	h := &harness{dir: t.TempDir()}
+	peer, next := testca.New(t, "peer.example"), testca.New(t, "peer.example")
+	seq := uint64(8)
+	held := []federation.Revoked{{Revocation: bundledoc.RevokeX509(peer.Cert), Sequence: &seq, Since: time.Now().UTC()}}
+	cfg := h.config(nil)
+	cfg.Revoked = func(td spiffeid.TrustDomain) []federation.Revoked {
+		if td.Name() == "peer.example" {
+			return held
+		}
+		return nil
+	}
+	m, _, err := New(cfg)
+	require.NoError(t, err)
+
+	_, err = m.SetBundle(ctx, peer.Bundle(), "op")
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, federation.ErrRevokedAuthority)
+	assert.Contains(t, err.Error(), "listed since sequence 8")
+	assert.Empty(t, h.inForce().Bundles, "nothing applied")
+
+	kind, err := m.SetBundle(ctx, next.Bundle(), "op")
+	require.NoError(t, err)
+	assert.Equal(t, KindStaticSet, kind)
+}

@@ -70,6 +70,9 @@ type Config struct {
 	Others func() []federation.Endpoint
 	// Held reports whether a bundle of td is held (the poller's Holds).
 	Held func(td spiffeid.TrustDomain) bool
+	// Revoked is the revoked set held for td (the poller's Revoked):
+	// SetBundle refuses a bundle carrying one of them. Nil knows none.
+	Revoked func(td spiffeid.TrustDomain) []federation.Revoked
 	// Apply makes a state the one in force: endpoints polled, static
 	// bundles trusted. An error leaves the previous state in force.
 	Apply func(State) error

@@ -12,6 +12,11 @@
 // output is deterministic, so a server can serialize once per change and a
 // strong ETag stays stable.
 //
+// trustbridge's own extension, the top-level "trustbridge_revoked" member
+// (RevokedMember), lists the authorities a publisher revoked: its
+// publishers write it with MarshalWithRevocations and its peers read it
+// with ParseRevocations; other consumers ignore it, as the spec lets them.
+//
 //	b, warnings, err := bundledoc.Read(td, resp.Body, bundledoc.DefaultMaxSize)
 //	if err != nil {
 //		return err // keep the last good bundle

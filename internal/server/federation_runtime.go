@@ -130,7 +130,7 @@ func (p *serverParts) manage(o Config, logger *slog.Logger) error {
 	}
 	m, warnings, err := managed.New(managed.Config{
 		Dir: o.DataDir, Local: p.td,
-		Reserved: fs.reservedBy, Others: fs.others, Held: fs.holds,
+		Reserved: fs.reservedBy, Others: fs.others, Held: fs.holds, Revoked: fs.revoked,
 		Apply: fs.applyManaged, Probe: fs.probe(o.Federation),
 		OnChange: rt.changed(p.trail.runtimeChange, logger),
 	})

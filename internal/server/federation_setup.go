@@ -88,6 +88,15 @@ func (fs *federationSetup) holds(td spiffeid.TrustDomain) bool {
 	return OrRelayed(held, fs.relayed)(td)
 }
 
+// revoked is the revoked set the poller holds for td (none without one):
+// an operator's bundle for td must not bring one back.
+func (fs *federationSetup) revoked(td spiffeid.TrustDomain) []federation.Revoked {
+	if fs.poller == nil {
+		return nil
+	}
+	return fs.poller.Revoked(td)
+}
+
 // staticSet is a copy of the endpoints of flags and files, sorted by trust
 // domain, and where each comes from.
 func (fs *federationSetup) staticSet() ([]federation.Endpoint, map[spiffeid.TrustDomain]string) {

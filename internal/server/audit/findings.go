@@ -28,6 +28,7 @@ const (
 	CodeNotCA            = "not_ca"
 	CodeStale            = "federation_stale"
 	CodeSequenceRegress  = "sequence_regression"
+	CodeRevokedReturned  = "revoked_authority_returned"
 	CodeSharedRoot       = "root_shared_across_trust_domains"
 	CodeNotHTTPS         = "endpoint_not_https"
 	CodeProfileFallback  = "profile_fallback"
@@ -109,6 +110,11 @@ func federationFindings(td string, f *api.Federation) []api.Finding {
 		add(api.SeverityCritical, CodeSequenceRegress,
 			fmt.Sprintf("%s served a bundle with a lower spiffe_sequence than one already trusted (%d times since start): a rollback or a replayed bundle", td, n),
 			fmt.Sprintf("confirm with %s's operators whether their bundle was rolled back; trustbridge kept the newer bundle and refuses the older one", td))
+	}
+	if n := f.Refusals["revoked_authority"]; n > 0 {
+		add(api.SeverityCritical, CodeRevokedReturned,
+			fmt.Sprintf("%s served a bundle carrying an authority it revoked (%d times since start): its state looks restored from before the revocation, or the bundle lists and carries the same authority", td, n),
+			fmt.Sprintf("ask %s's operators to revoke the authority again (trustbridge keeps the last good bundle and refuses these); the status's last error names it", td))
 	}
 	if n := f.Refusals["profile_mismatch"]; n > 0 {
 		add(api.SeverityCritical, CodeProfileFallback,
