@@ -115,7 +115,7 @@ func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dat
 	}
 	cfg := bundleserver.EndpointConfig{
 		Config: bundleserver.Config{
-			TrustDomain: td, Local: authority, Path: o.Path, RefreshHint: refreshHint, ServeOthers: o.ServeOthers,
+			TrustDomain: td, Local: caBundleSource{authority}, Path: o.Path, RefreshHint: refreshHint, ServeOthers: o.ServeOthers,
 			GetCertificate: getCert, NextProtos: nextProtos, Logger: logger, Registerer: reg,
 			Timeouts: bundleserver.Timeouts{Idle: o.IdleTimeout}, Issuers: issuers,
 		},
