@@ -16,6 +16,10 @@
 // sources as a composition root would: the CA's bundle unless a file
 // replaces it (static mode), relayed files beside federated bundles, and
 // an update on every change signal (NewEndpoint, Endpoint.Run).
+// Server.Fetchers tells, per trust domain, which clients fetched its
+// bundle document, when last and at which spiffe_sequence: a bounded
+// record by remote IP address, so behind a load balancer it shows the
+// balancer (X-Forwarded-For is not trusted).
 //
 //	srv, err := bundleserver.New(bundleserver.Config{
 //		TrustDomain:    td,

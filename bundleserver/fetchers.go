@@ -130,7 +130,7 @@ func userAgent(values []string) string {
 		return ""
 	}
 	v := values[0]
-	if len(v) <= MaxFetcherUserAgent && strings.IndexFunc(v, notPrintable) < 0 {
+	if len(v) <= MaxFetcherUserAgent && printable(v) {
 		return v
 	}
 	var b strings.Builder
@@ -149,7 +149,14 @@ func userAgent(values []string) string {
 	return b.String()
 }
 
-func notPrintable(c rune) bool { return c < ' ' || c > '~' }
+func printable(s string) bool {
+	for i := range len(s) {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
 
 type fetchKey struct {
 	td   spiffeid.TrustDomain
