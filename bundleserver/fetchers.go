@@ -21,8 +21,8 @@ import (
 type Fetcher struct {
 	TrustDomain spiffeid.TrustDomain
 	Client      string // the remote IP address, without port or zone
-	// UserAgent is the last fetch's, at most MaxFetcherUserAgent printable
-	// ASCII characters: control characters dropped, others shown as '?'.
+	// UserAgent is the last fetch's, at most 64 printable ASCII
+	// characters: control characters dropped, others shown as '?'.
 	UserAgent string
 	LastFetch time.Time
 	// Sequence is the spiffe_sequence of the document last served (0 when
@@ -39,10 +39,12 @@ type Fetcher struct {
 // domains' documents share one record, so that a relay of many cannot
 // grow it and fetches of theirs never evict a fetcher of ours.
 const (
-	MaxLocalFetchers    = 256
-	MaxRelayedFetchers  = 1024
-	MaxFetcherUserAgent = 64
+	MaxLocalFetchers   = 256
+	MaxRelayedFetchers = 1024
 )
+
+// maxUserAgent bounds Fetcher.UserAgent, in characters and bytes.
+const maxUserAgent = 64
 
 // Fetchers returns the clients that fetched td's bundle document with GET
 // and were served it (200, or 304 Not Modified), most recent first: from
@@ -51,6 +53,9 @@ const (
 // member's sequence). HEAD requests and the OIDC documents are not
 // recorded. The record lives in memory and starts empty with the process.
 func (s *Server) Fetchers(td spiffeid.TrustDomain) []Fetcher {
+	if s.fetchers == nil {
+		return nil
+	}
 	if td.Name() == s.localName {
 		return s.fetchers.local.list(td)
 	}
@@ -130,14 +135,14 @@ func userAgent(values []string) string {
 		return ""
 	}
 	v := values[0]
-	if len(v) <= MaxFetcherUserAgent && printable(v) {
+	if len(v) <= maxUserAgent && printable(v) {
 		return v
 	}
 	var b strings.Builder
-	b.Grow(min(len(v), MaxFetcherUserAgent))
+	b.Grow(min(len(v), maxUserAgent))
 	for _, c := range v {
 		switch {
-		case b.Len() == MaxFetcherUserAgent:
+		case b.Len() == maxUserAgent:
 			return b.String()
 		case c < ' ' || c == 0x7f:
 		case c > '~':
@@ -236,6 +241,9 @@ func (l *fetchLog) list(td spiffeid.TrustDomain) []Fetcher {
 		}
 	}
 	l.mu.Unlock()
+	if len(seen) == 0 {
+		return nil
+	}
 	out := make([]Fetcher, len(seen))
 	for i, e := range seen {
 		out[i] = Fetcher{TrustDomain: td, Client: e.key.addr.String(), UserAgent: e.ua, LastFetch: e.last, Sequence: e.seq, Fetches: e.n}

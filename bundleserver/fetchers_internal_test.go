@@ -8,7 +8,7 @@ import (
 )
 
 func TestUserAgent(t *testing.T) {
-	long := strings.Repeat("a", MaxFetcherUserAgent)
+	long := strings.Repeat("a", maxUserAgent)
 	for _, tc := range []struct {
 		name string
 		in   []string
@@ -29,7 +29,7 @@ func TestUserAgent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := userAgent(tc.in)
 			assert.Equal(t, tc.want, got)
-			assert.LessOrEqual(t, len(got), MaxFetcherUserAgent)
+			assert.LessOrEqual(t, len(got), maxUserAgent)
 		})
 	}
 }
