@@ -19,6 +19,10 @@
 // source that is also a RevocationSource has the authorities it revoked
 // published in the document's trustbridge_revoked member (issue 38), and
 // a relayed file's member is served as the file has it.
+// Server.Fetchers tells, per trust domain, which clients fetched its
+// bundle document, when last and at which spiffe_sequence: a bounded
+// record by remote IP address, so behind a load balancer it shows the
+// balancer (X-Forwarded-For is not trusted).
 //
 //	srv, err := bundleserver.New(bundleserver.Config{
 //		TrustDomain:    td,

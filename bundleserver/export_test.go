@@ -9,3 +9,8 @@ func (s *Server) NewHTTPServer(h http.Handler) *http.Server { return s.httpServe
 // LocalDocument is the rendered local document, compared by identity to
 // show that an Update rendered nothing new.
 func (s *Server) LocalDocument() any { return s.snap.Load().local }
+
+// DisableFetchers stops s recording its fetchers, as the handler was
+// before the record: the baseline of BenchmarkFetchers. Call it before
+// serving.
+func (s *Server) DisableFetchers() { s.fetchers = nil }

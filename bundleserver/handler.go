@@ -95,6 +95,7 @@ func (s *Server) serveDoc(w http.ResponseWriter, r *http.Request, route int, doc
 		s.fail(w, route, http.StatusServiceUnavailable, "503 bundle not available yet\n")
 		return
 	}
+	s.fetched(r, route, doc)
 	h["Etag"] = doc.etagHdr
 	h["Cache-Control"] = doc.cacheCtrlHdr
 	h["X-Content-Type-Options"] = nosniffHdr

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/logattr"
@@ -94,6 +95,7 @@ type Config struct {
 
 	Logger     *slog.Logger          // nil discards
 	Registerer prometheus.Registerer // nil: a private registry
+	Clock      clock.PassiveClock    // nil: the real clock; stamps Fetchers
 }
 
 // Timeouts of the HTTP server; zero fields take the defaults.
@@ -134,6 +136,7 @@ type Server struct {
 	localName string
 	logger    *slog.Logger
 	metrics   *metrics
+	fetchers  *fetchers
 	handler   http.Handler
 	// issuerRoutes are the issuers' documents' paths, fixed in New.
 	issuerRoutes map[string]issuerRoute
@@ -179,11 +182,16 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundleserver: register metrics: %w", err)
 	}
+	f, err := newFetchers(cfg.Registerer, cfg.Clock)
+	if err != nil {
+		return nil, fmt.Errorf("bundleserver: register metrics: %w", err)
+	}
 	s := &Server{
 		cfg:       cfg,
 		localName: cfg.TrustDomain.Name(),
 		logger:    cfg.Logger.With(logattr.Component, "bundleserver"),
 		metrics:   m,
+		fetchers:  f,
 		refused:   map[string]refusal{},
 
 		issuerRoutes: routes,
@@ -227,6 +235,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Registerer == nil {
 		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	return nil
 }
