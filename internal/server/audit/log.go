@@ -27,7 +27,8 @@
 // applies: authorities near expiry, weak keys and signatures, non-CA
 // certificates in bundles, stale federation, sequence regressions, a root
 // trusted for two trust domains, endpoints that are not https or that
-// served the other federation profile.
+// served the other federation profile, an authority of the local CA
+// tainted and not yet revoked.
 package audit
 
 import (
