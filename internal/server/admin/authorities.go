@@ -224,6 +224,11 @@ func changeMessage(action string, a api.CAAuthority, seq uint64) string {
 	what := kindLabel(a) + " " + a.ID
 	switch action {
 	case actionPrepare:
+		if a.State == string(castate.StateActive) {
+			// Upstream mode: the upstream signed a new intermediate under
+			// roots already published, so it signs at once.
+			return fmt.Sprintf("prepared %s: signed by upstream %s, it signs every new certificate from now; the one it replaces retired", what, a.Upstream)
+		}
 		when := fmt.Sprintf("%d refresh hints after it is published", ca.PublishLead)
 		if a.ActivatesAt != nil {
 			when = "from " + stamp(*a.ActivatesAt)

@@ -313,3 +313,22 @@ func TestAuthorityActivateNamesUnseenPeers(t *testing.T) {
 	require.Len(t, res.Warnings, 2)
 	assert.Contains(t, res.Warnings[1], "spiffe://west.example/trustbridge last fetched our bundle at 2026-11-22T10:00:00Z (sequence 6), before root 02 was published")
 }
+
+func TestAuthorityChangeMessage(t *testing.T) {
+	t.Parallel()
+	activates := t0.Add(time.Hour)
+	for _, tc := range []struct {
+		action string
+		a      api.CAAuthority
+		want   string
+	}{
+		{"prepare", api.CAAuthority{ID: "02", Kind: api.CAKindRoot, State: "prepared", ActivatesAt: &activates},
+			"prepared root 02: peers fetch it with the bundle; it signs from 2026-11-22T13:00:00Z, or at once with `ca authority activate --now`"},
+		{"prepare", api.CAAuthority{ID: "0c", Kind: api.CAKindIntermediate, State: "active", Upstream: "corp-vault"},
+			"prepared intermediate 0c: signed by upstream corp-vault, it signs every new certificate from now; the one it replaces retired"},
+		{"revoke", api.CAAuthority{ID: "k1", Kind: api.CAKindJWT, State: "revoked"},
+			"revoked JWT key k1: it left the bundle (sequence 9); peers refuse what it signed once they fetch it"},
+	} {
+		assert.Equal(t, tc.want, changeMessage(tc.action, tc.a, 9))
+	}
+}
