@@ -26,6 +26,7 @@ var stateReaders = []string{
 	"trustbridge bundle inspect",
 	"trustbridge federation status",
 	"trustbridge federation list",
+	"trustbridge ca authority list",
 	"trustbridge bundle show",
 	"trustbridge policy explain",
 	"trustbridge identity explain",

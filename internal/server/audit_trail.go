@@ -3,9 +3,11 @@ package server
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -17,7 +19,8 @@ import (
 )
 
 // auditTrail turns trust changes into audit log entries: the CA's roots
-// and JWT signing keys being prepared, activated, retired and removed,
+// and JWT signing keys being prepared, activated, retired, tainted,
+// revoked and removed,
 // its checks and its upstream starting and ceasing to fail, federated bundles
 // accepted and rejected, endpoints added, changed and removed. Only the
 // leader writes (it is the one making the changes; followers only load
@@ -39,8 +42,9 @@ type auditTrail struct {
 }
 
 type rootSeen struct {
-	state  castate.RootState
-	sha256 string
+	state   castate.RootState
+	sha256  string
+	tainted bool
 }
 
 func newAuditTrail(l *audit.Log, actor string, leader func() bool, reg prometheus.Registerer, logger *slog.Logger) (*auditTrail, error) {
@@ -107,58 +111,90 @@ func (t *auditTrail) baseline(a *ca.Authority, fed *federationSetup) {
 	}
 }
 
-// observeCA records how the CA's roots changed since last seen. At
-// baseline, every root is recorded as it stands.
+// observeCA records how the CA's roots and JWT keys changed since last
+// seen. At baseline, every root is recorded as it stands.
 func (t *auditTrail) observeCA(a *ca.Authority, baseline bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	seq := a.Sequence()
+	td := a.TrustDomain().Name()
+	entries := t.rootEntriesLocked(a.Roots(), td, seq, baseline)
+	entries = append(entries, t.jwtKeyEntriesLocked(a.JWTKeys(), td, seq, baseline)...)
+	entries = append(entries, t.healthEntriesLocked(a, td)...)
+	for _, e := range entries {
+		t.record(e)
+	}
+}
+
+// rootEntriesLocked are the entries for how the CA's roots changed since
+// last seen: a state entered, a taint, a root gone. t.mu is held.
+func (t *auditTrail) rootEntriesLocked(roots []ca.RootInfo, td string, seq uint64, baseline bool) []audit.Entry {
 	now := map[string]rootSeen{}
 	var entries []audit.Entry
-	for _, r := range a.Roots() {
-		seen := rootSeen{state: r.State, sha256: r.CertSHA256}
+	for _, r := range roots {
+		seen := rootSeen{state: r.State, sha256: r.CertSHA256, tainted: !r.TaintedAt.IsZero()}
 		now[r.ID] = seen
 		old, ok := t.roots[r.ID]
-		if !baseline && ok && old.state == r.State {
+		if !baseline && ok && old == seen {
 			continue
 		}
-		e := audit.Entry{TrustDomain: a.TrustDomain().Name(), NewSequence: &seq, Reason: "root " + r.ID}
-		switch {
-		case baseline:
-			e.Event, e.Reason = "baseline", fmt.Sprintf("root %s %s at start", r.ID, r.State)
-			e.Added = []string{"x509:" + r.CertSHA256}
-		case !ok:
-			e.Event = rootEvent(r.State)
-			e.Added = []string{"x509:" + r.CertSHA256}
-		default:
-			e.Event = rootEvent(r.State)
-			e.Reason = fmt.Sprintf("root %s %s -> %s", r.ID, old.state, r.State)
-		}
-		if r.Upstream != nil {
-			// An intermediate: say which upstream signed it.
-			e.Reason += " (intermediate signed by upstream " + r.Upstream.Name + ")"
-		}
-		entries = append(entries, e)
+		entries = append(entries, rootEntries(r, td, seq, old, ok, baseline)...)
 	}
 	if !baseline {
-		ids := make([]string, 0, len(t.roots))
-		for id := range t.roots {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(t.roots)) {
 			if _, ok := now[id]; !ok {
-				entries = append(entries, audit.Entry{Event: "root_removed", TrustDomain: a.TrustDomain().Name(),
+				entries = append(entries, audit.Entry{Event: "root_removed", TrustDomain: td,
 					NewSequence: &seq, Removed: []string{"x509:" + t.roots[id].sha256}, Reason: "root " + id})
 			}
 		}
 	}
 	t.roots = now
-	entries = append(entries, t.jwtKeyEntriesLocked(a.JWTKeys(), a.TrustDomain().Name(), seq, baseline)...)
-	entries = append(entries, t.healthEntriesLocked(a, a.TrustDomain().Name())...)
-	for _, e := range entries {
-		t.record(e)
+	return entries
+}
+
+// rootEntries are the entries for root r, last seen as old (when known):
+// as it stands at baseline; else the state it entered, and its taint.
+func rootEntries(r ca.RootInfo, td string, seq uint64, old rootSeen, known, baseline bool) []audit.Entry {
+	fp := []string{"x509:" + r.CertSHA256}
+	e := audit.Entry{TrustDomain: td, NewSequence: &seq, Event: rootEvent(r.State), Reason: "root " + r.ID}
+	var out []audit.Entry
+	switch {
+	case baseline:
+		e.Event, e.Reason, e.Added = "baseline", fmt.Sprintf("root %s %s%s at start", r.ID, r.State, taintNote(r.TaintedAt)), fp
+	case r.State == castate.StateRevoked && (!known || old.state != r.State):
+		// It left the bundle.
+		e.Removed = fp
+	case !known:
+		e.Added = fp
+	case old.state != r.State:
+		e.Reason = fmt.Sprintf("root %s %s -> %s", r.ID, old.state, r.State)
+	default:
+		e.Event = "" // only tainted
 	}
+	if e.Event != "" {
+		out = append(out, e)
+	}
+	if !baseline && !r.TaintedAt.IsZero() && (!known || !old.tainted) {
+		te := audit.Entry{Event: "root_tainted", TrustDomain: td, NewSequence: &seq,
+			Reason: "root " + r.ID + taintNote(r.TaintedAt) + ": clients re-issue what it signed"}
+		// The taint came first when both are seen at once.
+		out = slices.Insert(out, 0, te)
+	}
+	if r.Upstream != nil {
+		for i := range out {
+			// An intermediate: say which upstream signed it.
+			out[i].Reason += " (intermediate signed by upstream " + r.Upstream.Name + ")"
+		}
+	}
+	return out
+}
+
+// taintNote says since when an authority is tainted; "" when it is not.
+func taintNote(at time.Time) string {
+	if at.IsZero() {
+		return ""
+	}
+	return ", tainted since " + at.UTC().Format(time.RFC3339)
 }
 
 // rootEvent names the audit event of a root entering state.
@@ -170,6 +206,8 @@ func rootEvent(s castate.RootState) string {
 		return "root_activated"
 	case castate.StateRetired:
 		return "root_retired"
+	case castate.StateRevoked:
+		return "root_revoked"
 	default: // a plug-in CA's root, loaded from its directory
 		return "root_loaded"
 	}

@@ -119,6 +119,28 @@ type Config struct {
 	// names (--jwt-issuer, --relay-jwt-issuer) to /v1/trust, /v1/snapshot
 	// and /ui: not Issuers, whose tokens authenticate callers.
 	JWTIssuers func() []api.OIDCIssuerStatus
+	// Authorities, when set, mounts GET /v1/ca/authorities (the CA's
+	// signing authorities, `trustbridge ca authority list`) and POST
+	// /v1/ca/authorities (prepare, activate, taint and revoke one: a
+	// mutation, so Token or the admin socket, on the leader).
+	Authorities Authorities
+	// Signed, when set, adds to each authority of /v1/ca/authorities what
+	// it signed that is still valid: counts keyed by api.SignedKey
+	// ("x509:<subject key id hex>", "jwt:<kid>"; a missing key counts
+	// zero), and since when they run (this replica's start). Revoke is
+	// then refused while an authority's InUse is not zero, unless forced.
+	// Nil: nothing is counted and revoke is not held back.
+	Signed func() (map[string]api.SignedCount, time.Time)
+	// Fetchers, when set, lists the clients of our bundle endpoint with
+	// their last fetch: activate names those that fetched before the
+	// authority was published. Nil: activate says fetches are not
+	// tracked.
+	Fetchers func() []api.BundleFetcher
+	// Audit, when set, records each change made through
+	// /v1/ca/authorities (ca_authority_* events, with who asked in
+	// Reason); the server's audit trail sets the entry's Actor and
+	// chain.
+	Audit func(audit.Entry)
 }
 
 // Handler serves the admin API.
@@ -171,6 +193,7 @@ func (h *Handler) routes() {
 		h.mux.HandleFunc("GET /v1/authn/issuers", h.serveIssuers)
 	}
 	h.manageRoutes()
+	h.authorityRoutes()
 }
 
 // serveBundle answers the local trust domain's SPIFFE bundle document, as

@@ -34,6 +34,16 @@
 //     (401 otherwise), or a connection of the admin socket (OverSocket),
 //     and are refused cross-site (403) and on a follower (409: only the
 //     leader writes the audit log)
+//   - GET /v1/ca/authorities: api.CAAuthorities, the CA's X.509
+//     authorities and JWT keys with their state (tainted and revoked ones
+//     included) and, with Config.Signed, what each signed that is still
+//     valid; POST /v1/ca/authorities: an api.CAAuthorityChange (prepare,
+//     activate, taint, revoke; strict JSON, 400 otherwise, 413 over 4 KiB)
+//     answered with an api.CAAuthorityResult, 409 where the CA refuses it
+//     or revoke would fail workloads still presenting what the authority
+//     signed (unless force), 404 for an unknown authority; guarded as the
+//     federation mutations are and audited through Config.Audit. Mounted
+//     with a Config.Authorities
 //   - GET /v1/snapshot (?compact: unindented) and /ui: the api.Snapshot
 //     of everything trusted, as JSON and as statusui's page; mounted only
 //     with a Config.Trust store

@@ -58,6 +58,17 @@ func fixedRoot(t *testing.T, td string, seed byte) *x509.Certificate {
 
 type wireFederation []federation.Status
 
+// wireAuthorities lists the wire state's roots and JWT keys, and changes
+// nothing.
+type wireAuthorities struct {
+	*fakeCA
+	fakeJWTKeys
+}
+
+func (wireAuthorities) ChangeAuthority(ca.AuthorityChange) (string, error) {
+	return "", errors.New("the wire state does not change")
+}
+
 func (f wireFederation) Status() []federation.Status                       { return f }
 func (wireFederation) Refresh(context.Context, spiffeid.TrustDomain) error { return nil }
 
@@ -81,16 +92,34 @@ func wireConfig(t *testing.T) Config {
 		{RootRecord: castate.RootRecord{ID: "01", State: castate.StateActive, CertSHA256: "aa", KeyRef: "pkcs11:object=root-01",
 			PreparedAt: t0.Add(-48 * time.Hour), ActivatedAt: t0.Add(-24 * time.Hour),
 			Upstream: &castate.UpstreamRecord{Name: "corp-vault"}}, Cert: active},
-		{RootRecord: castate.RootRecord{ID: "02", State: castate.StatePrepared, CertSHA256: "bb", PreparedAt: t0.Add(-time.Hour)}, Cert: prepared},
+		{RootRecord: castate.RootRecord{ID: "02", State: castate.StatePrepared, CertSHA256: "bb", PreparedAt: t0.Add(-time.Hour),
+			PublishedAt: t0.Add(-time.Hour)}, Cert: prepared},
 		{RootRecord: castate.RootRecord{ID: "03", State: castate.StateRetired, CertSHA256: "cc", PreparedAt: t0.Add(-72 * time.Hour),
-			ActivatedAt: t0.Add(-60 * time.Hour), RetiredAt: t0.Add(-24 * time.Hour), RemoveAfter: t0.Add(24 * time.Hour)}, Cert: retired},
+			ActivatedAt: t0.Add(-60 * time.Hour), RetiredAt: t0.Add(-24 * time.Hour), RemoveAfter: t0.Add(24 * time.Hour),
+			TaintedAt: t0.Add(-20 * time.Minute)}, Cert: retired},
+		{RootRecord: castate.RootRecord{ID: "04", State: castate.StateRevoked, CertSHA256: "ee", PreparedAt: t0.Add(-96 * time.Hour),
+			ActivatedAt: t0.Add(-84 * time.Hour), RetiredAt: t0.Add(-60 * time.Hour), RemoveAfter: t0.Add(-12 * time.Hour),
+			TaintedAt: t0.Add(-30 * time.Minute)}, Cert: fixedRoot(t, localTD.Name(), 9), RevokedAt: t0.Add(-10 * time.Minute)},
 	}
+	jwtOld := seededKey(10).Public()
 	f.cfg.JWT = fakeJWTKeys{
 		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-active", State: castate.StateActive, Algorithm: "EdDSA",
 			CreatedAt: t0.Add(-20 * 24 * time.Hour), NotAfter: t0.Add(10 * 24 * time.Hour),
 			PreparedAt: t0.Add(-20 * 24 * time.Hour), ActivatedAt: t0.Add(-19 * 24 * time.Hour), KeyRef: "pkcs11:object=jwt-1"}, Public: jwtActive},
 		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-next", State: castate.StatePrepared,
-			CreatedAt: t0.Add(-time.Hour), NotAfter: t0.Add(29 * 24 * time.Hour), PreparedAt: t0.Add(-time.Hour)}, Public: jwtNext},
+			CreatedAt: t0.Add(-time.Hour), NotAfter: t0.Add(29 * 24 * time.Hour), PreparedAt: t0.Add(-time.Hour), PublishedAt: t0.Add(-time.Hour)}, Public: jwtNext},
+		{JWTKeyRecord: castate.JWTKeyRecord{KID: "k-old", State: castate.StateRevoked, Algorithm: "EdDSA",
+			CreatedAt: t0.Add(-40 * 24 * time.Hour), NotAfter: t0.Add(2 * time.Hour), PreparedAt: t0.Add(-40 * 24 * time.Hour),
+			ActivatedAt: t0.Add(-39 * 24 * time.Hour), RetiredAt: t0.Add(-19 * 24 * time.Hour), TaintedAt: t0.Add(-30 * time.Minute)},
+			Public: jwtOld, RevokedAt: t0.Add(-10 * time.Minute)},
+	}
+	f.cfg.Authorities = wireAuthorities{f.ca, f.cfg.JWT.(fakeJWTKeys)}
+	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) {
+		return map[string]api.SignedCount{
+			"x509:" + hex.EncodeToString(active.SubjectKeyId):  {Live: 40, InUse: 38, Last: t0.Add(time.Hour)},
+			"x509:" + hex.EncodeToString(retired.SubjectKeyId): {Live: 3, InUse: 1, Last: t0.Add(30 * time.Minute)},
+			"jwt:k-active": {Live: 12, InUse: 9, Last: t0.Add(5 * time.Minute)},
+		}, t0.Add(-6 * time.Hour)
 	}
 
 	peerRoot := fixedRoot(t, peerTD.Name(), 6)
@@ -204,6 +233,7 @@ func TestWireDocuments(t *testing.T) {
 		"relationships": "/v1/federation/relationships",
 		"snapshot":      "/v1/snapshot",
 		"trust":         "/v1/trust",
+		"authorities":   "/v1/ca/authorities",
 		"issuers":       "/v1/authn/issuers",
 		"explain":       "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a",
 		"identity":      "/v1/identity/explain?namespace=pay&service_account=web&pod_name=web-1&pod_uid=u1&node_name=node-a&label=app=checkout",

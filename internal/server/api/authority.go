@@ -34,6 +34,17 @@ type Authority struct {
 	State string `json:"state,omitempty"`
 	// Since is when the authority entered its current state, where known.
 	Since *time.Time `json:"since,omitempty"`
+	// ID is the local CA's name of its own root or intermediate (hex
+	// serial), as `trustbridge ca authority` takes it; empty for every
+	// other authority (a JWT key goes by KeyID).
+	ID string `json:"id,omitempty"`
+	// TaintedAt is when an operator tainted one of the local CA's own
+	// authorities (`trustbridge ca authority taint`): clients re-issue
+	// what it signed, and it is to be revoked once they did. RevokedAt is
+	// when it was revoked (State "revoked"): it is no longer published,
+	// and is listed until it expires.
+	TaintedAt *time.Time `json:"tainted_at,omitempty"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 	// Upstream names the upstream authority that signed a local
 	// intermediate (upstream mode): the entry is then the CA's signing
 	// intermediate, not a published root.
@@ -113,7 +124,8 @@ func RootAuthority(r ca.RootInfo, keyManager string) Authority {
 		a.Upstream = r.Upstream.Name
 	}
 	a.KeyStorage = keyStorage(r.KeyRef, keyManager)
-	a.Since = firstSet(r.RetiredAt, r.ActivatedAt, r.PreparedAt)
+	a.ID, a.TaintedAt, a.RevokedAt = r.ID, optTime(r.TaintedAt), optTime(r.RevokedAt)
+	a.Since = firstSet(r.RevokedAt, r.RetiredAt, r.ActivatedAt, r.PreparedAt)
 	return a
 }
 
@@ -130,7 +142,8 @@ func JWTKeyAuthority(k ca.JWTKeyInfo, keyManager string) Authority {
 		CreatedAt: optTime(k.CreatedAt), NotAfter: optTime(k.NotAfter), PreparedAt: optTime(k.PreparedAt),
 		ActivatedAt: optTime(k.ActivatedAt), RetiredAt: optTime(k.RetiredAt), RemoveAfter: optTime(k.RemoveAfter),
 	}
-	a.Since = firstSet(k.RetiredAt, k.ActivatedAt, k.PreparedAt, k.CreatedAt)
+	a.TaintedAt, a.RevokedAt = optTime(k.TaintedAt), optTime(k.RevokedAt)
+	a.Since = firstSet(k.RevokedAt, k.RetiredAt, k.ActivatedAt, k.PreparedAt, k.CreatedAt)
 	return a
 }
 

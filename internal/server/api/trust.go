@@ -36,6 +36,9 @@ type TrustAuthority struct {
 	ActivatedAt *time.Time `json:"activated_at,omitempty"`
 	RetiredAt   *time.Time `json:"retired_at,omitempty"`
 	RemoveAfter *time.Time `json:"remove_after,omitempty"`
+	// TaintedAt and RevokedAt as Authority's.
+	TaintedAt *time.Time `json:"tainted_at,omitempty"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 }
 
 // TrustJWTAuthority is one JWT authority of the CA's published bundle:
@@ -54,6 +57,9 @@ type TrustJWTAuthority struct {
 	SHA256     string `json:"sha256"`               // of the SubjectPublicKeyInfo DER
 	// The key's times, for the CA's own keys (inlined in JSON).
 	JWTKey
+	// TaintedAt and RevokedAt as Authority's.
+	TaintedAt *time.Time `json:"tainted_at,omitempty"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 }
 
 // NewTrust is GET /v1/trust: the CA's bundle b of td, its roots with
@@ -69,12 +75,14 @@ func NewTrust(td spiffeid.TrustDomain, b *spiffebundle.Bundle, roots []ca.RootIn
 			ID: r.ID, State: string(r.State), SHA256: r.CertSHA256, Subject: r.Cert.Subject.String(),
 			NotBefore: r.Cert.NotBefore.UTC(), NotAfter: r.Cert.NotAfter.UTC(), PreparedAt: r.PreparedAt.UTC(),
 			ActivatedAt: optTime(r.ActivatedAt), RetiredAt: optTime(r.RetiredAt), RemoveAfter: optTime(r.RemoveAfter),
+			TaintedAt: optTime(r.TaintedAt), RevokedAt: optTime(r.RevokedAt),
 		})
 	}
 	for _, a := range jwt {
 		t := TrustJWTAuthority{
 			KID: a.KeyID, State: a.State, Algorithm: a.Algorithm, KeyType: a.PublicKeyAlgorithm,
 			Curve: a.Curve, KeyBits: a.KeyBits, Thumbprint: a.Thumbprint, SHA256: a.SHA256,
+			TaintedAt: a.TaintedAt, RevokedAt: a.RevokedAt,
 		}
 		if a.JWTKey != nil {
 			t.JWTKey = *a.JWTKey

@@ -59,8 +59,10 @@ func FindingsWith(s api.Snapshot, o Options) []api.Finding {
 		out = append(out, jwtFindings(td, now)...)
 		out = append(out, hsmFindings(s, td)...)
 		out = append(out, upstreamFindings(s, td, now, o)...)
+		out = append(out, taintFindings(td)...)
 		for _, a := range td.Authorities {
-			if a.Kind != api.KindX509 || isIntermediate(td, a) {
+			// A revoked root is no longer trusted: nothing to judge.
+			if a.Kind != api.KindX509 || isIntermediate(td, a) || a.State == stateRevoked {
 				continue
 			}
 			if !slices.Contains(holders[a.SHA256], td.Name) {

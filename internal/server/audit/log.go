@@ -27,7 +27,8 @@
 // applies: authorities near expiry, weak keys and signatures, non-CA
 // certificates in bundles, stale federation, sequence regressions, a root
 // trusted for two trust domains, endpoints that are not https or that
-// served the other federation profile.
+// served the other federation profile, an authority of the local CA
+// tainted and not yet revoked.
 package audit
 
 import (
@@ -63,8 +64,18 @@ type Entry struct {
 	// identity, or the host name).
 	Actor string `json:"actor"`
 	// Event: root_prepared, root_activated, root_retired, root_removed,
-	// root_loaded, jwt_key_prepared, jwt_key_activated, jwt_key_retired,
-	// jwt_key_removed (the CA's JWT signing keys), bundle_accepted, bundle_rejected, endpoint_added,
+	// root_loaded, root_tainted, root_revoked, jwt_key_prepared,
+	// jwt_key_activated, jwt_key_retired, jwt_key_removed,
+	// jwt_key_tainted, jwt_key_revoked (the CA's JWT signing keys): the
+	// states the CA's authorities enter, as the server observes them,
+	// whatever made the change (its own rotation, an operator through
+	// the leader, a restart, a follower's reload); each transition is
+	// recorded once. ca_authority_prepared, ca_authority_activated,
+	// ca_authority_tainted, ca_authority_revoked: an operator's change
+	// through the admin API (`trustbridge ca authority`), with who asked
+	// (admin-socket or admin-token) and how (--now, --force) in Reason;
+	// the state it led to is recorded too, as a root_* or jwt_key_* entry.
+	// bundle_accepted, bundle_rejected, endpoint_added,
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
 	// moved a torn final line out of the log; Reason says how many bytes
 	// and into which file), trust_policy_changed, trust_policy_rejected

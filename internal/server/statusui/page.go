@@ -36,6 +36,16 @@ type page struct {
 	Policy *policyPanel
 	// Issuers are the OIDC issuers of JWT-SVIDs; nil hides their panel.
 	Issuers []issuerRow
+	// Tainted are the own CA's authorities tainted and not yet revoked,
+	// shown above everything else until they are.
+	Tainted []taintedRow
+}
+
+// taintedRow is one tainted authority of the own CA.
+type taintedRow struct {
+	What   string // "root 03 · CN", "JWT key k-old"
+	Since  stamp
+	Revoke string // the command that revokes it
 }
 
 // stamp is one instant shown as a date, a distance from the snapshot
@@ -153,6 +163,10 @@ type authRow struct {
 	Thumbprint, ThumbprintFull string
 	// Intermediate explains a local CA's upstream-signed intermediate.
 	Intermediate string
+	// Tainted is when the own CA's authority was tainted; Revoked marks
+	// one revoked (struck through: no longer trusted).
+	Tainted stamp
+	Revoked bool
 }
 
 type findingRow struct {
@@ -181,11 +195,12 @@ func build(s api.Snapshot, fs []api.Finding, evaluated bool) page {
 		row := tdRowOf(td, now)
 		p.Rows = append(p.Rows, row)
 		p.Summary.countTrustDomain(td, row)
+		p.Tainted = append(p.Tainted, taintedRows(td, now)...)
 		for _, a := range td.Authorities {
 			p.Authorities = append(p.Authorities, authRowOf(td.Name, a, now))
 			p.Summary.countAuthority(td, a)
-			if isIntermediate(td, a) {
-				continue // judged by the upstream card and the audit's upstream findings
+			if isIntermediate(td, a) || a.State == stateRevoked {
+				continue // judged by the upstream card and the audit's upstream findings; no longer trusted
 			}
 			if a.NotAfter != nil && (earliest == nil || a.NotAfter.Before(*earliest)) {
 				earliest = a.NotAfter
@@ -235,8 +250,8 @@ func (sum *summary) countTrustDomain(td api.TrustDomain, row tdRow) {
 // countAuthority adds a, an authority of td, to the summary's counts by
 // kind and, for the local CA's roots, by rotation state.
 func (sum *summary) countAuthority(td api.TrustDomain, a api.Authority) {
-	if isIntermediate(td, a) {
-		return // not trusted: the upstream's roots are
+	if isIntermediate(td, a) || a.State == stateRevoked {
+		return // not trusted: the upstream's roots are; revoked
 	}
 	if a.Kind == api.KindX509 {
 		sum.X509++
@@ -420,12 +435,39 @@ func authRowOf(td string, a api.Authority, now time.Time) authRow {
 	if a.Kind == api.KindX509 && !a.IsCA {
 		row.CA = "not a CA"
 	}
+	row.Tainted, row.Revoked = stampOf(a.TaintedAt, now), a.State == stateRevoked
 	return row
+}
+
+// stateRevoked is the state of an own authority an operator revoked.
+const stateRevoked = "revoked"
+
+// taintedRows are td's own authorities tainted and not yet revoked.
+func taintedRows(td api.TrustDomain, now time.Time) []taintedRow {
+	if !td.Local {
+		return nil
+	}
+	var out []taintedRow
+	for _, a := range td.Authorities {
+		if a.TaintedAt == nil || a.State == stateRevoked {
+			continue
+		}
+		row := taintedRow{What: "root " + a.ID + " · " + displayName(a), Since: stampOf(a.TaintedAt, now),
+			Revoke: "trustbridge ca authority revoke --x509 " + a.ID}
+		switch {
+		case a.Kind == api.KindJWT:
+			row.What, row.Revoke = "JWT key "+a.KeyID, "trustbridge ca authority revoke --jwt "+a.KeyID
+		case a.Upstream != "":
+			row.What = "intermediate " + a.ID + " · " + displayName(a)
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 func rootStateClass(s string) string {
 	switch s {
-	case "active", "prepared", "retired", "external":
+	case "active", "prepared", "retired", "external", stateRevoked:
 		return s
 	}
 	return "trusted"

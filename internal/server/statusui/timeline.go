@@ -168,7 +168,8 @@ func timelineScale(s api.Snapshot, now time.Time) (sc tlScale, noValidity int) {
 func withValidity(all []api.Authority) []api.Authority {
 	var out []api.Authority
 	for _, a := range all {
-		if a.NotBefore != nil && a.NotAfter != nil {
+		// A revoked authority is no longer trusted: no bar.
+		if a.NotBefore != nil && a.NotAfter != nil && a.State != stateRevoked {
 			out = append(out, a)
 		}
 	}
