@@ -1,7 +1,9 @@
 package main
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +33,14 @@ func TestCAAuthorityIncidentResponse(t *testing.T) {
 	require.Len(t, list.X509, 1)
 	old := list.X509[0]
 	assert.Equal(t, "active", old.State)
+	// A peer fetches our bundle before the successor exists.
+	peer := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		InsecureSkipVerify: true, // only counted as a fetch; loopback, test only
+	}}}
+	resp, err := peer.Get(s.bundleURL)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, api.CAKindRoot, old.Kind)
 
 	out := mustCLI(t, append([]string{"ca", "authority", "prepare", "--x509"}, auth...)...)
@@ -50,7 +60,8 @@ func TestCAAuthorityIncidentResponse(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "activated root "+next.ID)
-	assert.Contains(t, stdout, "warning: fetches of our bundle are not tracked here")
+	assert.Regexp(t, `warning: 127\.0\.0\.1 last fetched our bundle at \S+ \(sequence \d+\), before root `+next.ID, stdout,
+		"activate --now names the peer that has not seen the new root")
 
 	_, stderr, code = runCLIAt(t, time.Now, "", append([]string{"ca", "authority", "revoke", "--x509", old.ID}, auth...)...)
 	assert.Equal(t, 1, code)
@@ -60,7 +71,7 @@ func TestCAAuthorityIncidentResponse(t *testing.T) {
 	assert.Contains(t, mustCLI(t, append([]string{"ca", "authority", "taint", "--x509", old.ID}, auth...)...), "tainted root "+old.ID)
 	table := mustCLI(t, "ca", "authority", "list", "--x509", "--admin", s.admin)
 	assert.Contains(t, table, "SIGNED LIVE/IN USE")
-	assert.Contains(t, table, "signed: not counted by this server")
+	assert.Contains(t, table, "signed: counted since")
 	assert.Regexp(t, old.ID+`\s+root\s+RETIRED\s+\d{4}-`, table, "the taint is shown")
 
 	assert.Contains(t, mustCLI(t, append([]string{"ca", "authority", "revoke", "--x509", old.ID}, auth...)...), "revoked root "+old.ID)

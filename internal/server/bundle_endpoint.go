@@ -23,6 +23,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // Bundle endpoint profiles (SPIFFE Federation §5.2).
@@ -373,4 +374,16 @@ func (ep *bundleEndpoint) Ready() error {
 		}
 	}
 	return bundleFileFlagError(ep.endpoint.Ready(), "--bundle-file %s: %w")
+}
+
+// fetchers is admin.Config.Fetchers: the clients of td's bundle document
+// on this endpoint, by remote address (a load balancer's, behind one).
+func (ep *bundleEndpoint) fetchers(td spiffeid.TrustDomain) func() []api.BundleFetcher {
+	return func() []api.BundleFetcher {
+		var out []api.BundleFetcher
+		for _, f := range ep.endpoint.Server().Fetchers(td) {
+			out = append(out, api.BundleFetcher{Client: f.Client, UserAgent: f.UserAgent, LastFetch: f.LastFetch, Sequence: f.Sequence})
+		}
+		return out
+	}
 }

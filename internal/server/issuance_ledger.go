@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // maxLedgerEntries bounds the issuance ledger: about 100 bytes each, so
@@ -48,12 +49,12 @@ type ledgerEntry struct {
 	workload   string // latest's key; "" for JWT-SVIDs
 	issuer     string // "x509:<authority key id hex>" or "jwt:<kid>"
 	notAfter   time.Time
-	issuedAt   time.Time
 	superseded bool
 	index      int // in byExp
 }
 
-// ledgerCount is what one authority signed that is still valid.
+// ledgerCount is what one authority signed that is still valid: Last is
+// when the last of it expires.
 type ledgerCount struct {
 	Live, InUse int
 	Last        time.Time
@@ -79,7 +80,7 @@ func (l *issuanceLedger) recordX509(rec certservice.IssuedCertificate) {
 		l.supersedeLocked(prev)
 	}
 	l.latest[workload] = key
-	l.addLocked(&ledgerEntry{key: key, workload: workload, issuer: "x509:" + hex.EncodeToString(leaf.AuthorityKeyId), notAfter: leaf.NotAfter, issuedAt: now})
+	l.addLocked(&ledgerEntry{key: key, workload: workload, issuer: "x509:" + hex.EncodeToString(leaf.AuthorityKeyId), notAfter: leaf.NotAfter})
 }
 
 // recordJWT records a JWT-SVID; tokens are not renewed, so each is in use
@@ -94,7 +95,7 @@ func (l *issuanceLedger) recordJWT(token string, exp time.Time) {
 	now := l.clock.Now()
 	l.pruneLocked(now)
 	l.jwtSeq++
-	l.addLocked(&ledgerEntry{key: "jwt#" + strconv.FormatUint(l.jwtSeq, 10), issuer: "jwt:" + kid, notAfter: exp, issuedAt: now})
+	l.addLocked(&ledgerEntry{key: "jwt#" + strconv.FormatUint(l.jwtSeq, 10), issuer: "jwt:" + kid, notAfter: exp})
 }
 
 func (l *issuanceLedger) addLocked(e *ledgerEntry) {
@@ -142,8 +143,8 @@ func (l *issuanceLedger) counts() (map[string]ledgerCount, time.Time, uint64) {
 		if !e.superseded {
 			c.InUse++
 		}
-		if e.issuedAt.After(c.Last) {
-			c.Last = e.issuedAt
+		if e.notAfter.After(c.Last) {
+			c.Last = e.notAfter
 		}
 		out[e.issuer] = c
 	}
@@ -182,6 +183,19 @@ func (l *issuanceLedger) jwtSigner(next certservice.JWTSigner) certservice.JWTSi
 		return next
 	}
 	return ledgerJWTSigner{next: next, ledger: l}
+}
+
+// signed is admin.Config.Signed: the counts keyed as the admin API keys
+// them, and since when this replica counts. A ledger that had to drop
+// entries (maxLedgerEntries) counts what it kept: the admin API's
+// numbers are then lower bounds, which the log says once.
+func (l *issuanceLedger) signed() (map[string]api.SignedCount, time.Time) {
+	counts, since, _ := l.counts()
+	out := make(map[string]api.SignedCount, len(counts))
+	for k, c := range counts {
+		out[k] = api.SignedCount{Live: c.Live, InUse: c.InUse, Last: c.Last}
+	}
+	return out, since
 }
 
 // ledgerJWTSigner records what its signer mints.

@@ -49,8 +49,8 @@ func TestIssuanceLedgerCountsWhatIsInUse(t *testing.T) {
 	assert.Equal(t, ledgerT0, since)
 	assert.Zero(t, dropped)
 	aa, bb := "x509:"+hex.EncodeToString([]byte{0xaa}), "x509:"+hex.EncodeToString([]byte{0xbb})
-	assert.Equal(t, ledgerCount{Live: 3, InUse: 1, Last: ledgerT0}, counts[aa], "w2 still holds one from aa")
-	assert.Equal(t, ledgerCount{Live: 2, InUse: 2, Last: ledgerT0.Add(time.Minute)}, counts[bb])
+	assert.Equal(t, ledgerCount{Live: 3, InUse: 1, Last: exp.Add(time.Hour)}, counts[aa], "w2 still holds one from aa")
+	assert.Equal(t, ledgerCount{Live: 2, InUse: 2, Last: exp}, counts[bb])
 
 	// Expired certificates are forgotten.
 	clk.SetTime(exp)
@@ -90,7 +90,7 @@ func TestIssuanceLedgerJWT(t *testing.T) {
 	_, _, err := s.SignJWT(spiffeid.RequireFromString("spiffe://example.org/w"), []string{"a"}, 0)
 	require.NoError(t, err)
 	counts, _, _ := l.counts()
-	assert.Equal(t, ledgerCount{Live: 1, InUse: 1, Last: ledgerT0}, counts["jwt:k1"])
+	assert.Equal(t, ledgerCount{Live: 1, InUse: 1, Last: ledgerT0.Add(5 * time.Minute)}, counts["jwt:k1"])
 	var nilLedger *issuanceLedger
 	assert.Nil(t, nilLedger.issued())
 }

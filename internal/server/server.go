@@ -423,8 +423,10 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	// The operator's authority changes, audited with who asked; the
 	// trail's observer records the states they lead to.
 	cfg.Authorities, cfg.Audit = p.authority, p.trail.record
-	cfg.Signed = nil   // set by the issuance ledger
-	cfg.Fetchers = nil // set from the bundle endpoint
+	cfg.Signed = p.ledger.signed
+	if p.ep != nil {
+		cfg.Fetchers = p.ep.fetchers(p.td)
+	}
 	h := admin.New(cfg)
 	p.adminSrv = NewAdminServer(hosts.Wrap(h), logger)
 	if p.socket, err = listenAdminSocket(o.AdminSocket, h, logger); err != nil {

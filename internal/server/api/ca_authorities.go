@@ -103,11 +103,14 @@ func SignedKey(a CAAuthority) string {
 // BundleFetcher is a client of our bundle endpoint, as the endpoint
 // records it: by LastFetch it had been served Sequence.
 type BundleFetcher struct {
-	// Client names it: its SPIFFE ID on https_spiffe with a client
-	// certificate, else its address.
+	// Client is its IP address (a load balancer's, behind one: the
+	// endpoint does not trust X-Forwarded-For); UserAgent what it said it
+	// is, sanitised and cut to 64 characters.
 	Client    string    `json:"client"`
+	UserAgent string    `json:"user_agent,omitempty"`
 	LastFetch time.Time `json:"last_fetch"`
-	Sequence  uint64    `json:"sequence"`
+	// Sequence is the spiffe_sequence of the document last served to it.
+	Sequence uint64 `json:"sequence"`
 }
 
 // CAAuthorityChange is the body of POST /v1/ca/authorities.
