@@ -158,6 +158,10 @@ type Agent struct {
 	// jwtIssuer is the server's issuer of our JWT-SVIDs, from
 	// WatchBundles, which ValidateJWTSVID checks.
 	jwtIssuer jwtIssuerCell
+	// taints are the server's tainted authorities, from WatchBundles:
+	// the Rotator, the node's identity cache and the JWT-SVID minters
+	// follow them.
+	taints taintCell
 }
 
 // New checks cfg and applies its defaults. It starts nothing; with
@@ -272,6 +276,9 @@ func (a *Agent) useRotator(rc RotatorConfig, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	// New registered the metrics before the Rotator was built.
+	r.taintReissues = a.metrics.taintReissues
+	a.taints.follow(r.setTaints)
 	a.rot = r
 	a.caAddr = rc.CAAddr
 	a.ownsCreds = rc.OutputCertsDir != "" && filepath.Clean(rc.OutputCertsDir) == filepath.Clean(a.credsDir)

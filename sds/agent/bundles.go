@@ -29,6 +29,7 @@ type bundleWatcher struct {
 	local       spiffeid.TrustDomain
 	out         *bundleCell
 	issuer      *jwtIssuerCell
+	taints      *taintCell
 	clock       clock.Clock
 	log         *slog.Logger
 	metrics     *metrics
@@ -112,6 +113,7 @@ func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error)
 		w.metrics.bundlesConnected.Set(1)
 		progressed = true
 		w.issuer.take(w.local, b, w.log)
+		w.taints.take(b, w.log)
 		w.publish(b.Bundles, b.Withheld)
 		return nil
 	})

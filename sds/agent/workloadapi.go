@@ -142,11 +142,12 @@ func grpcAnswers(ctx context.Context, path string, timeout time.Duration) bool {
 func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Context) error) {
 	bundles := newBundleCell(seedBundles(a.rot.Trust()), errNoBundlesYet)
 	bw := &bundleWatcher{
-		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles, issuer: &a.jwtIssuer,
+		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles, issuer: &a.jwtIssuer, taints: &a.taints,
 		clock: a.clock, log: a.log, metrics: a.metrics,
 		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
 	}
 	minter := newJWTMinter(a.caAddr, a.rot.ClientTLS, a.clock)
+	minter.followTaints(&a.taints)
 	cell := wapi.NewCell()
 	c := &composer{creds: a.rot.Cell(), id: id, bundles: bundles, trust: a.rot.Trust, out: cell, log: a.log}
 	compose := c.Run
