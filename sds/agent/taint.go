@@ -82,7 +82,11 @@ func (c *taintCell) take(b *caclient.Bundles, log *slog.Logger) {
 	for _, f := range c.followers {
 		scheduled += f(c.cur)
 	}
-	if log != nil {
+	switch {
+	case log == nil:
+	case len(b.Tainted) == 0:
+		log.Info("the server names no tainted authority any more")
+	default:
 		log.Warn("the server's tainted authorities changed; re-issuing what they signed", "tainted", len(b.Tainted),
 			"credentials", scheduled, "spread", b.ReissueSpread)
 	}
@@ -103,8 +107,12 @@ func (c *taintCell) sayErr(err error, log *slog.Logger) {
 	}
 }
 
-// taintKey is a set's identity: equal sets, equal keys.
+// taintKey is a set's identity: equal sets, equal keys; "" for no
+// taints, whatever the spread, as the cell starts.
 func taintKey(ts []caclient.TaintedAuthority, spread time.Duration) string {
+	if len(ts) == 0 {
+		return ""
+	}
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(int64(spread), 10))
 	for _, t := range ts {
