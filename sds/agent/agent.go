@@ -461,6 +461,10 @@ func (a *Agent) runCA(ctx context.Context) error {
 		wl, wlWorkers = a.caWorkloadAPI(id)
 		defer wl.close()
 		workers = append(workers, wlWorkers...)
+	} else {
+		// The Workload API's bundle stream carries the server's tainted
+		// authorities; without it, one is followed for them alone.
+		workers = append(workers, a.taintWatcher(id).Run)
 	}
 	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), wl, r.relayed, workers...)
 }

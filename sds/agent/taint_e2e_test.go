@@ -7,18 +7,22 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net/url"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
@@ -116,8 +120,7 @@ func TestNodeModeTaintReissues(t *testing.T) {
 		return ok && b.HasX509Authority(next.Cert)
 	}, 30*time.Second, 20*time.Millisecond, "the next authority is published")
 	signer.move(next)
-	sum := sha256.Sum256(old.Raw)
-	taints.taint(certservice.Tainted{X509SubjectKeyID: old.SubjectKeyId, X509SHA256: hex.EncodeToString(sum[:]), At: time.Now()})
+	taints.taint(certservice.Tainted{X509SubjectKeyID: old.SubjectKeyId, X509SHA256: hexSHA256(old.Raw), At: time.Now()})
 
 	require.Eventually(t, func() bool {
 		svid, err := c.FetchX509SVID(ctx)
@@ -127,4 +130,42 @@ func TestNodeModeTaintReissues(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, webID, svid.ID)
 	assert.NotEqual(t, first.Certificates[0].SerialNumber, svid.Certificates[0].SerialNumber)
+}
+
+// An agent without a Workload API follows WatchBundles for the taints
+// alone: its own certificate, which the tainted root signed, is
+// re-issued within the spread.
+func TestRunCAFollowsTaints(t *testing.T) {
+	taints := &testTaints{changed: make(chan struct{})}
+	cs := newCertServiceWith(t, func(cfg *certservice.Config, authority *ca.Authority) {
+		cfg.Bundles = certservice.BundleSourceFunc(func() ([]*spiffebundle.Bundle, <-chan struct{}) {
+			return []*spiffebundle.Bundle{authority.Bundle()}, nil
+		})
+		cfg.Taints, cfg.ReissueSpread = taints, time.Second
+		// The agent watches with its certificate, as against a server.
+		cfg.Authenticator = authn.Chain{cfg.Authenticator, authn.NewX509SVID(tdA, authority.Bundle().X509Bundle(), nil)}
+		cfg.Grants = map[string]authn.GrantChecker{authn.MethodKubernetesJWT: authn.GrantCheckerFunc(func(context.Context, spiffeid.ID, authn.Grant) error { return nil })}
+	})
+	dir := shortDir(t)
+	token := filepath.Join(dir, "token")
+	writeFile(t, token, []byte(nodeToken+"\n"))
+	logs := &testlog.Buffer{}
+	a := newTestAgent(t, Config{
+		SocketPath: filepath.Join(dir, "sds.sock"), CredentialsDir: filepath.Join(dir, "creds"),
+		Rotator: &RotatorConfig{CAAddr: cs.addr, Roots: cs.authority.Bundle().X509Authorities(), ServerID: serverID, TokenFile: token},
+		Logger:  slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	_, done := runAgent(t, a)
+	waitSocket(t, filepath.Join(dir, "sds.sock"), done)
+
+	root := cs.authority.Bundle().X509Authorities()[0]
+	taints.taint(certservice.Tainted{X509SubjectKeyID: root.SubjectKeyId, X509SHA256: hexSHA256(root.Raw)})
+	require.Eventually(t, func() bool { return testutil.ToFloat64(a.metrics.taintReissues) >= 1 }, 30*time.Second, 20*time.Millisecond,
+		"the agent's certificate is re-issued:\n%s", logs)
+	assert.Contains(t, logs.String(), "credentials=1")
+}
+
+func hexSHA256(der []byte) string {
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:])
 }

@@ -155,6 +155,18 @@ func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Cont
 	return wl, []func(context.Context) error{bw.Run, compose}
 }
 
+// taintWatcher follows the server's WatchBundles for id for the tainted
+// authorities alone, for an agent without a Workload API: its Rotator
+// re-issues a certificate a tainted authority signed as one with does.
+func (a *Agent) taintWatcher(id spiffeid.ID) *bundleWatcher {
+	return &bundleWatcher{
+		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: newBundleCell(nil, errNoBundlesYet),
+		issuer: &a.jwtIssuer, taints: &a.taints, taintsOnly: true,
+		clock: a.clock, log: a.log, metrics: a.metrics,
+		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
+	}
+}
+
 // errNoBundlesYet is the Stale of the bundles before the server's first
 // WatchBundles answer: the local roots the certificate came with.
 var errNoBundlesYet = errors.New("no bundles from the server yet; serving the local trust domain's roots from the first certificate")
