@@ -100,3 +100,33 @@ func TestSignedBy(t *testing.T) {
 	assert.True(t, TaintedKeyID("k", []TaintedAuthority{bySKID, {JWTKeyID: "k"}}))
 	assert.False(t, TaintedKeyID("", []TaintedAuthority{bySKID}), "an X.509 entry taints no kid")
 }
+
+// FuzzParseTaints: whatever tainted authorities the server sends, the
+// bundles are taken, and every taint taken is a JWT key or an X.509
+// authority with a key ID and a 32-byte hash, the spread in
+// [0, MaxReissueSpread].
+func FuzzParseTaints(f *testing.F) {
+	doc := marshalMap(f, testca.New(f, tdA.Name()).Bundle())
+	f.Add("ab", hexSum(nil), "", int64(1700000000), int64(60))
+	f.Add("", "", "kid", int64(0), int64(0))
+	f.Add("AB", "zz", "kid", int64(-1), int64(-5))
+	f.Add("ab", "abcd", "", int64(1<<62), int64(1<<62))
+	f.Fuzz(func(t *testing.T, skid, sum, kid string, at, spread int64) {
+		msg := &identityapi.WatchBundlesResponse{BundleMap: doc, ReissueSpreadSeconds: spread,
+			TaintedAuthorities: []*identityapi.TaintedAuthority{{X509SubjectKeyId: skid, X509Sha256: sum, JwtKeyId: kid, TaintedAtUnix: at}}}
+		got, err := ParseWatchBundles(msg, tdA)
+		require.NoError(t, err)
+		require.Len(t, got.Bundles, 1)
+		require.GreaterOrEqual(t, got.ReissueSpread, time.Duration(0))
+		require.LessOrEqual(t, got.ReissueSpread, MaxReissueSpread)
+		require.LessOrEqual(t, len(got.Tainted), 1)
+		for _, ta := range got.Tainted {
+			if ta.JWTKeyID != "" {
+				require.Empty(t, ta.X509SubjectKeyID)
+				continue
+			}
+			require.NotEmpty(t, ta.X509SubjectKeyID)
+			require.Len(t, ta.X509SHA256, sha256.Size)
+		}
+	})
+}
