@@ -41,15 +41,21 @@ type TaintedAuthority struct {
 // one of taints: the leaf's AuthorityKeyId is a tainted SubjectKeyId, or
 // a certificate of the chain is a tainted one.
 func SignedBy(chain []*x509.Certificate, taints []TaintedAuthority) bool {
-	if len(chain) == 0 {
+	if len(chain) == 0 || len(taints) == 0 {
 		return false
+	}
+	// Each certificate hashed once, not once per taint: a node agent
+	// judges a thousand chains against up to MaxTaintedAuthorities.
+	sums := make([][sha256.Size]byte, len(chain))
+	for i, c := range chain {
+		sums[i] = sha256.Sum256(c.Raw)
 	}
 	for _, t := range taints {
 		if len(t.X509SubjectKeyID) > 0 && bytes.Equal(chain[0].AuthorityKeyId, t.X509SubjectKeyID) {
 			return true
 		}
-		for _, c := range chain {
-			if sum := sha256.Sum256(c.Raw); len(t.X509SHA256) > 0 && bytes.Equal(sum[:], t.X509SHA256) {
+		for _, sum := range sums {
+			if len(t.X509SHA256) > 0 && bytes.Equal(sum[:], t.X509SHA256) {
 				return true
 			}
 		}
