@@ -85,7 +85,11 @@
 // certificate of that workload, re-authorized with every
 // re-authentication (PermissionDenied once the pod left the node), and
 // charged to the workload's stream slots. Every message names its subject
-// (spiffe_id). Streams are
+// (spiffe_id) and, to callers of Config.TrustDomain, the CA's tainted
+// authorities (Config.Taints, at most MaxTaintedAuthorities, sorted) with
+// the window clients spread their re-issuance over
+// (Config.ReissueSpread, DefaultReissueSpread): a taint change reaches
+// every stream at once. Streams are
 // bounded (Config.MaxBundleWatches, MaxBundleWatchesPerIdentity, freed by
 // keepalive within KeepaliveTime+KeepaliveTimeout of a peer vanishing; a
 // message over MaxBundleMessageSize ends the stream), re-authenticate every

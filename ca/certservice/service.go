@@ -159,6 +159,16 @@ type Config struct {
 	// MergedRoots, the roots CreateCertificate hands out; nil sends every
 	// trust domain.
 	Policy AccessPolicy
+	// Taints, when set, names the CA's tainted authorities in every
+	// WatchBundles message to a caller of TrustDomain (of any trust
+	// domain when TrustDomain is not set), so that clients re-issue what
+	// they signed now; a change reaches every stream at once. Nil sends
+	// none.
+	Taints TaintSource
+	// ReissueSpread is the window, sent with the taints, over which
+	// clients spread that re-issuance (whole seconds, rounded up); zero
+	// means DefaultReissueSpread. Negative is refused.
+	ReissueSpread time.Duration
 	// MaxBundleWatches bounds the WatchBundles streams open at once; zero
 	// means DefaultMaxBundleWatches.
 	MaxBundleWatches int
@@ -220,6 +230,7 @@ type Service struct {
 	// fix it.
 	rand       atomic.Pointer[func() float64]
 	renderings trustCache[*identityapi.WatchBundlesResponse]
+	taintCache taintCache
 	stopping   chan struct{} // closed by stopWatches
 	stopOnce   sync.Once
 }
@@ -267,6 +278,9 @@ func (cfg Config) validate() error {
 	if cfg.MergedRoots && cfg.Bundles == nil {
 		return errors.New("certservice: merged roots need the trust of every trust domain (Bundles)")
 	}
+	if cfg.ReissueSpread < 0 {
+		return fmt.Errorf("certservice: re-issue spread %s is negative; use 0 for the default of %s", cfg.ReissueSpread, DefaultReissueSpread)
+	}
 	if cfg.MaxRenewalLifetime < 0 {
 		return fmt.Errorf("certservice: maximum renewal lifetime %s is negative", cfg.MaxRenewalLifetime)
 	}
@@ -290,6 +304,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.WatchReauthInterval == 0 {
 		cfg.WatchReauthInterval = DefaultWatchReauthInterval
+	}
+	if cfg.ReissueSpread == 0 {
+		cfg.ReissueSpread = DefaultReissueSpread
 	}
 	if cfg.MaxDownstreamTTL == 0 {
 		cfg.MaxDownstreamTTL = DefaultMaxDownstreamTTL

@@ -240,7 +240,9 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 		if err != nil {
 			return &refusal{codes.Internal, "internal", "internal error", err}, nil
 		}
+		taints, taintChanged := w.s.taints()
 		msg := withSPIFFEID(shared, subject.ID, w.s.cfg.JWTIssuer)
+		w.s.withTaints(msg, subject.ID, taints)
 		if w.last == nil || !sameMessage(w.last, msg) {
 			if ref := w.s.checkSize(msg); ref != nil {
 				return ref, nil
@@ -261,6 +263,7 @@ func (w *watch) run(ctx context.Context) (*refusal, error) {
 			return &refusal{codes.Unavailable, "shutdown", "the server is shutting down; reconnect", nil}, nil
 		case <-trustChanged:
 		case <-decisionChanged:
+		case <-taintChanged:
 		case <-t.C():
 			if ref := w.check(ctx, clk.Now()); ref != nil {
 				return ref, nil
@@ -368,7 +371,7 @@ func (s *Service) stopWatches() {
 
 func sameMessage(a, b *identityapi.WatchBundlesResponse) bool {
 	return bytes.Equal(a.GetBundleMap(), b.GetBundleMap()) && slices.Equal(a.GetWithheldTrustDomains(), b.GetWithheldTrustDomains()) &&
-		a.GetSpiffeId() == b.GetSpiffeId() && a.GetJwtIssuer() == b.GetJwtIssuer() &&
+		a.GetSpiffeId() == b.GetSpiffeId() && a.GetJwtIssuer() == b.GetJwtIssuer() && sameTaints(a, b) &&
 		slices.EqualFunc(a.GetPeerLimits(), b.GetPeerLimits(), func(x, y *identityapi.PeerLimit) bool {
 			return x.GetTrustDomain() == y.GetTrustDomain() && slices.Equal(x.GetPeers(), y.GetPeers())
 		})

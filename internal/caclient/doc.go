@@ -19,7 +19,11 @@
 // ParseWatchBundles; WatchBundlesWith lets a node agent watch a workload
 // of its node instead (WatchOptions.Impersonate, refusing a message for
 // anyone else) and have peer-limited trust domains with their peers
-// (WatchOptions.PeerLimits). All take a connection from Dial, which `jwt`
+// (WatchOptions.PeerLimits). Each message's tainted authorities and
+// re-issue spread are read strictly into Bundles.Tainted (an entry that
+// does not read is left out and named in Bundles.TaintedErr, the bundles
+// still taken); SignedBy and TaintedKeyID match credentials against
+// them. All take a connection from Dial, which `jwt`
 // and the agent share. ParseBundles and JWTSource turn a bundle file into
 // what jwtsvid.Validate takes.
 //

@@ -100,6 +100,18 @@ type Bundles struct {
 	// (a root rotation) over a field this client reads differently; the
 	// caller keeps the issuer it had and says so.
 	JWTIssuerErr error
+	// Tainted are the signing authorities of ID's trust domain the
+	// operator tainted (the message's tainted_authorities): credentials
+	// they signed must be re-issued now, each at a random delay within
+	// ReissueSpread. Entries TaintedErr names are left out.
+	Tainted []TaintedAuthority
+	// ReissueSpread is the window to spread that re-issuance over (0: at
+	// once), at most MaxReissueSpread.
+	ReissueSpread time.Duration
+	// TaintedErr says which tainted authorities, or what of the spread,
+	// were not taken. As with JWTIssuerErr, the bundles and the rest of
+	// the taints still are.
+	TaintedErr error
 }
 
 // JWTSource is the JWT authorities of b, per trust domain.
@@ -247,6 +259,7 @@ func ParseWatchBundlesWith(msg *identityapi.WatchBundlesResponse, local spiffeid
 			out.JWTIssuer, out.JWTIssuerErr = "", fmt.Errorf("the server's JWT issuer: %w", err)
 		}
 	}
+	out.Tainted, out.ReissueSpread, out.TaintedErr = parseTaints(msg)
 	return out, nil
 }
 

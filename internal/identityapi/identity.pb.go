@@ -247,9 +247,24 @@ type WatchBundlesResponse struct {
 	// domain (the server's --jwt-issuer, an https URL), empty when its
 	// tokens carry none: a client validating a JWT-SVID of that trust
 	// domain refuses one whose iss names another issuer.
-	JwtIssuer     string `protobuf:"bytes,5,opt,name=jwt_issuer,json=jwtIssuer,proto3" json:"jwt_issuer,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	JwtIssuer string `protobuf:"bytes,5,opt,name=jwt_issuer,json=jwtIssuer,proto3" json:"jwt_issuer,omitempty"`
+	// tainted_authorities are the signing authorities of spiffe_id's trust
+	// domain that the operator tainted (incident response), sorted (X.509
+	// ones by x509_sha256, then JWT keys by jwt_key_id), at most 64: an
+	// X509-SVID signed by one, or a JWT-SVID whose header kid is one, must
+	// be re-issued now, spread over reissue_spread_seconds. A tainted
+	// authority is still trusted (it stays in bundle_map until revoked):
+	// taint only says the credentials it signed must be replaced. Empty
+	// for callers of other trust domains, and from servers that predate
+	// the field.
+	TaintedAuthorities []*TaintedAuthority `protobuf:"bytes,6,rep,name=tainted_authorities,json=taintedAuthorities,proto3" json:"tainted_authorities,omitempty"`
+	// reissue_spread_seconds is the window over which a client spreads the
+	// re-issuance that tainted_authorities ask for, each credential at a
+	// uniformly random delay within it, so that every workload does not
+	// reach the server in the same second; 0 means at once.
+	ReissueSpreadSeconds int64 `protobuf:"varint,7,opt,name=reissue_spread_seconds,json=reissueSpreadSeconds,proto3" json:"reissue_spread_seconds,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *WatchBundlesResponse) Reset() {
@@ -317,6 +332,98 @@ func (x *WatchBundlesResponse) GetJwtIssuer() string {
 	return ""
 }
 
+func (x *WatchBundlesResponse) GetTaintedAuthorities() []*TaintedAuthority {
+	if x != nil {
+		return x.TaintedAuthorities
+	}
+	return nil
+}
+
+func (x *WatchBundlesResponse) GetReissueSpreadSeconds() int64 {
+	if x != nil {
+		return x.ReissueSpreadSeconds
+	}
+	return 0
+}
+
+// TaintedAuthority is one tainted signing authority: exactly one of the
+// X.509 pair (both set) or jwt_key_id is set.
+type TaintedAuthority struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// x509_subject_key_id is the lowercase hex of the tainted CA
+	// certificate's SubjectKeyId: an X509-SVID whose AuthorityKeyId is
+	// this was signed by it.
+	X509SubjectKeyId string `protobuf:"bytes,1,opt,name=x509_subject_key_id,json=x509SubjectKeyId,proto3" json:"x509_subject_key_id,omitempty"`
+	// x509_sha256 is the lowercase hex SHA-256 of the tainted CA
+	// certificate's DER: an issued chain holding that certificate goes
+	// through it.
+	X509Sha256 string `protobuf:"bytes,2,opt,name=x509_sha256,json=x509Sha256,proto3" json:"x509_sha256,omitempty"`
+	// jwt_key_id is the kid of a tainted JWT-SVID signing key.
+	JwtKeyId string `protobuf:"bytes,3,opt,name=jwt_key_id,json=jwtKeyId,proto3" json:"jwt_key_id,omitempty"`
+	// tainted_at_unix is when the authority was tainted, in Unix seconds.
+	TaintedAtUnix int64 `protobuf:"varint,4,opt,name=tainted_at_unix,json=taintedAtUnix,proto3" json:"tainted_at_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaintedAuthority) Reset() {
+	*x = TaintedAuthority{}
+	mi := &file_identity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaintedAuthority) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaintedAuthority) ProtoMessage() {}
+
+func (x *TaintedAuthority) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaintedAuthority.ProtoReflect.Descriptor instead.
+func (*TaintedAuthority) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TaintedAuthority) GetX509SubjectKeyId() string {
+	if x != nil {
+		return x.X509SubjectKeyId
+	}
+	return ""
+}
+
+func (x *TaintedAuthority) GetX509Sha256() string {
+	if x != nil {
+		return x.X509Sha256
+	}
+	return ""
+}
+
+func (x *TaintedAuthority) GetJwtKeyId() string {
+	if x != nil {
+		return x.JwtKeyId
+	}
+	return ""
+}
+
+func (x *TaintedAuthority) GetTaintedAtUnix() int64 {
+	if x != nil {
+		return x.TaintedAtUnix
+	}
+	return 0
+}
+
 // PeerLimit is one trust domain trusted only for some of its members.
 type PeerLimit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -334,7 +441,7 @@ type PeerLimit struct {
 
 func (x *PeerLimit) Reset() {
 	*x = PeerLimit{}
-	mi := &file_identity_proto_msgTypes[4]
+	mi := &file_identity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +453,7 @@ func (x *PeerLimit) String() string {
 func (*PeerLimit) ProtoMessage() {}
 
 func (x *PeerLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[4]
+	mi := &file_identity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +466,7 @@ func (x *PeerLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerLimit.ProtoReflect.Descriptor instead.
 func (*PeerLimit) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{4}
+	return file_identity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerLimit) GetTrustDomain() string {
@@ -391,7 +498,7 @@ type SignIntermediateRequest struct {
 
 func (x *SignIntermediateRequest) Reset() {
 	*x = SignIntermediateRequest{}
-	mi := &file_identity_proto_msgTypes[5]
+	mi := &file_identity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +510,7 @@ func (x *SignIntermediateRequest) String() string {
 func (*SignIntermediateRequest) ProtoMessage() {}
 
 func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[5]
+	mi := &file_identity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +523,7 @@ func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignIntermediateRequest.ProtoReflect.Descriptor instead.
 func (*SignIntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{5}
+	return file_identity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SignIntermediateRequest) GetCsr() []byte {
@@ -447,7 +554,7 @@ type SignIntermediateResponse struct {
 
 func (x *SignIntermediateResponse) Reset() {
 	*x = SignIntermediateResponse{}
-	mi := &file_identity_proto_msgTypes[6]
+	mi := &file_identity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +566,7 @@ func (x *SignIntermediateResponse) String() string {
 func (*SignIntermediateResponse) ProtoMessage() {}
 
 func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[6]
+	mi := &file_identity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +579,7 @@ func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignIntermediateResponse.ProtoReflect.Descriptor instead.
 func (*SignIntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{6}
+	return file_identity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SignIntermediateResponse) GetCertChain() [][]byte {
@@ -507,7 +614,7 @@ const file_identity_proto_rawDesc = "" +
 	"\x13WatchBundlesRequest\x123\n" +
 	"\x15impersonated_identity\x18\x01 \x01(\tR\x14impersonatedIdentity\x12\x1f\n" +
 	"\vpeer_limits\x18\x02 \x01(\bR\n" +
-	"peerLimits\"\xec\x01\n" +
+	"peerLimits\"\xfe\x02\n" +
 	"\x14WatchBundlesResponse\x12\x1d\n" +
 	"\n" +
 	"bundle_map\x18\x01 \x01(\fR\tbundleMap\x124\n" +
@@ -516,7 +623,16 @@ const file_identity_proto_rawDesc = "" +
 	"\vpeer_limits\x18\x04 \x03(\v2\".trustbridge.identity.v1.PeerLimitR\n" +
 	"peerLimits\x12\x1d\n" +
 	"\n" +
-	"jwt_issuer\x18\x05 \x01(\tR\tjwtIssuer\"D\n" +
+	"jwt_issuer\x18\x05 \x01(\tR\tjwtIssuer\x12Z\n" +
+	"\x13tainted_authorities\x18\x06 \x03(\v2).trustbridge.identity.v1.TaintedAuthorityR\x12taintedAuthorities\x124\n" +
+	"\x16reissue_spread_seconds\x18\a \x01(\x03R\x14reissueSpreadSeconds\"\xa8\x01\n" +
+	"\x10TaintedAuthority\x12-\n" +
+	"\x13x509_subject_key_id\x18\x01 \x01(\tR\x10x509SubjectKeyId\x12\x1f\n" +
+	"\vx509_sha256\x18\x02 \x01(\tR\n" +
+	"x509Sha256\x12\x1c\n" +
+	"\n" +
+	"jwt_key_id\x18\x03 \x01(\tR\bjwtKeyId\x12&\n" +
+	"\x0ftainted_at_unix\x18\x04 \x01(\x03R\rtaintedAtUnix\"D\n" +
 	"\tPeerLimit\x12!\n" +
 	"\ftrust_domain\x18\x01 \x01(\tR\vtrustDomain\x12\x14\n" +
 	"\x05peers\x18\x02 \x03(\tR\x05peers\"L\n" +
@@ -545,29 +661,31 @@ func file_identity_proto_rawDescGZIP() []byte {
 	return file_identity_proto_rawDescData
 }
 
-var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_identity_proto_goTypes = []any{
 	(*MintJWTSVIDRequest)(nil),       // 0: trustbridge.identity.v1.MintJWTSVIDRequest
 	(*MintJWTSVIDResponse)(nil),      // 1: trustbridge.identity.v1.MintJWTSVIDResponse
 	(*WatchBundlesRequest)(nil),      // 2: trustbridge.identity.v1.WatchBundlesRequest
 	(*WatchBundlesResponse)(nil),     // 3: trustbridge.identity.v1.WatchBundlesResponse
-	(*PeerLimit)(nil),                // 4: trustbridge.identity.v1.PeerLimit
-	(*SignIntermediateRequest)(nil),  // 5: trustbridge.identity.v1.SignIntermediateRequest
-	(*SignIntermediateResponse)(nil), // 6: trustbridge.identity.v1.SignIntermediateResponse
+	(*TaintedAuthority)(nil),         // 4: trustbridge.identity.v1.TaintedAuthority
+	(*PeerLimit)(nil),                // 5: trustbridge.identity.v1.PeerLimit
+	(*SignIntermediateRequest)(nil),  // 6: trustbridge.identity.v1.SignIntermediateRequest
+	(*SignIntermediateResponse)(nil), // 7: trustbridge.identity.v1.SignIntermediateResponse
 }
 var file_identity_proto_depIdxs = []int32{
-	4, // 0: trustbridge.identity.v1.WatchBundlesResponse.peer_limits:type_name -> trustbridge.identity.v1.PeerLimit
-	0, // 1: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
-	2, // 2: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
-	5, // 3: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
-	1, // 4: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
-	3, // 5: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
-	6, // 6: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	5, // 0: trustbridge.identity.v1.WatchBundlesResponse.peer_limits:type_name -> trustbridge.identity.v1.PeerLimit
+	4, // 1: trustbridge.identity.v1.WatchBundlesResponse.tainted_authorities:type_name -> trustbridge.identity.v1.TaintedAuthority
+	0, // 2: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
+	2, // 3: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
+	6, // 4: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
+	1, // 5: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
+	3, // 6: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
+	7, // 7: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_identity_proto_init() }
@@ -581,7 +699,7 @@ func file_identity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_identity_proto_rawDesc), len(file_identity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -158,6 +158,10 @@ type Agent struct {
 	// jwtIssuer is the server's issuer of our JWT-SVIDs, from
 	// WatchBundles, which ValidateJWTSVID checks.
 	jwtIssuer jwtIssuerCell
+	// taints are the server's tainted authorities, from WatchBundles:
+	// the Rotator, the node's identity cache and the JWT-SVID minters
+	// follow them.
+	taints taintCell
 }
 
 // New checks cfg and applies its defaults. It starts nothing; with
@@ -272,6 +276,9 @@ func (a *Agent) useRotator(rc RotatorConfig, reg prometheus.Registerer) error {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	// New registered the metrics before the Rotator was built.
+	r.taintReissues = a.metrics.taintReissues
+	a.taints.follow(r.setTaints)
 	a.rot = r
 	a.caAddr = rc.CAAddr
 	a.ownsCreds = rc.OutputCertsDir != "" && filepath.Clean(rc.OutputCertsDir) == filepath.Clean(a.credsDir)
@@ -444,18 +451,26 @@ func (a *Agent) runCA(ctx context.Context) error {
 		relayed:     make(chan struct{}),
 	}
 	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())
-	workers := []func(context.Context) error{a.rot.Run, r.Run}
 	// The Workload API opens with SDS, whose gate is the relay's alone:
 	// until WatchBundles answers it serves the local roots, marked stale,
 	// and an older server without it must not hold SDS back.
-	var wl *workloadAPI
-	if a.wlSocket != "" {
-		var wlWorkers []func(context.Context) error
-		wl, wlWorkers = a.caWorkloadAPI(id)
+	wl, more := a.caStreams(id)
+	if wl != nil {
 		defer wl.close()
-		workers = append(workers, wlWorkers...)
 	}
+	workers := append([]func(context.Context) error{a.rot.Run, r.Run}, more...)
 	return a.serve(ctx, id, a.rot.Cell(), trust, trustpolicy.NewAccess(policy, nil), wl, r.relayed, workers...)
+}
+
+// caStreams is the Workload API of an agent with a CA and its workers;
+// without a Workload API socket, none and the watcher of the server's
+// tainted authorities, which the Workload API's bundle stream carries
+// otherwise.
+func (a *Agent) caStreams(id spiffeid.ID) (*workloadAPI, []func(context.Context) error) {
+	if a.wlSocket == "" {
+		return nil, []func(context.Context) error{a.taintWatcher(id).Run}
+	}
+	return a.caWorkloadAPI(id)
 }
 
 // Limits of the local gRPC server. Envoy's requests are small; a few

@@ -24,11 +24,15 @@ import (
 // last good bundles stay, marked stale, and the outage is logged once and
 // shown by trustbridge_agent_bundles_connected.
 type bundleWatcher struct {
-	addr        string
-	tlsConfig   func() *tls.Config
-	local       spiffeid.TrustDomain
-	out         *bundleCell
-	issuer      *jwtIssuerCell
+	addr      string
+	tlsConfig func() *tls.Config
+	local     spiffeid.TrustDomain
+	out       *bundleCell
+	issuer    *jwtIssuerCell
+	taints    *taintCell
+	// taintsOnly: no Workload API reads out; the stream is followed for
+	// the taints alone (an agent without --workload-api-socket).
+	taintsOnly  bool
 	clock       clock.Clock
 	log         *slog.Logger
 	metrics     *metrics
@@ -87,7 +91,12 @@ func (w *bundleWatcher) outage(err error, retry time.Duration) {
 	}
 	w.down = true
 	msg := "lost the bundle stream from the certificate service; the Workload API keeps serving the last good bundles until it is back"
-	if status.Code(err) == codes.Unimplemented {
+	switch {
+	case w.taintsOnly && status.Code(err) == codes.Unimplemented:
+		msg = "the server does not serve trustbridge.identity.v1 WatchBundles (older than this agent?); tainted authorities cannot reach this agent, whose certificate is renewed on schedule only"
+	case w.taintsOnly:
+		msg = "lost the bundle stream from the certificate service; tainted authorities reach this agent again once it is back"
+	case status.Code(err) == codes.Unimplemented:
 		msg = "the server does not serve trustbridge.identity.v1 WatchBundles (older than this agent?); the Workload API serves the local trust domain only"
 	}
 	w.log.Warn(msg, "ca_addr", w.addr, logattr.Error, err.Error(), "retry_in", retry)
@@ -112,6 +121,11 @@ func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error)
 		w.metrics.bundlesConnected.Set(1)
 		progressed = true
 		w.issuer.take(w.local, b, w.log)
+		w.taints.take(b, w.log)
+		if w.taintsOnly {
+			w.back(len(b.Bundles))
+			return nil
+		}
 		w.publish(b.Bundles, b.Withheld)
 		return nil
 	})
@@ -120,10 +134,7 @@ func (w *bundleWatcher) stream(ctx context.Context) (progressed bool, err error)
 
 func (w *bundleWatcher) publish(bundles []*spiffebundle.Bundle, withheld []string) {
 	w.out.set(bundles)
-	if w.down {
-		w.down = false
-		w.log.Info("bundle stream from the certificate service is back", "ca_addr", w.addr, "trust_domains", len(bundles))
-	}
+	w.back(len(bundles))
 	if w.withheld == nil {
 		w.withheld = make(map[string]bool)
 	}
@@ -133,5 +144,13 @@ func (w *bundleWatcher) publish(bundles []*spiffebundle.Bundle, withheld []strin
 			w.log.Info("trust domain granted only for some peers; a Workload API bundle cannot carry that limit, so it is not served there (SDS serves it with the limit)",
 				logattr.TrustDomain, td)
 		}
+	}
+}
+
+// back ends the outage logged, if any.
+func (w *bundleWatcher) back(trustDomains int) {
+	if w.down {
+		w.down = false
+		w.log.Info("bundle stream from the certificate service is back", "ca_addr", w.addr, "trust_domains", trustDomains)
 	}
 }

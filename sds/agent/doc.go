@@ -70,6 +70,15 @@
 // and bundles are the files' (bundle.spiffe.json may carry JWT
 // authorities) and FetchJWTSVID is Unavailable.
 //
+// Every WatchBundles stream (the Workload API's, a node's per workload,
+// or one followed for this alone when there is no Workload API) carries
+// the server's tainted authorities: an X509-SVID one of them signed is
+// re-issued at a uniformly random point of the server's re-issue spread
+// (taintDelay), pushed as a renewal is, the old one served until then and
+// while the re-issue fails; one still signed by a tainted authority is
+// asked for again with backoff. Cached JWT-SVIDs whose kid is tainted are
+// dropped. trustbridge_agent_taint_reissues_total counts the re-issues.
+//
 // For a node agent serving many workloads, an IdentityCache holds one
 // X509-SVID per workload identity, shared by every process with that
 // identity (as ztunnel's SecretManager does), and an ImpersonationFetcher

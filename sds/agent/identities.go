@@ -195,6 +195,11 @@ type IdentityCache struct {
 	// retryBase and retryMax bound the delays between failed renewals.
 	retryBase, retryMax time.Duration
 
+	// taints is the taint set in force (setTaints); taintReissues, when
+	// set, counts the re-issues it caused.
+	taints        atomic.Pointer[taintSet]
+	taintReissues prometheus.Counter
+
 	started chan struct{} // closed by Run once runCtx is set
 	runCtx  context.Context
 	wg      sync.WaitGroup // one per entry's maintain goroutine and companion
@@ -525,7 +530,7 @@ func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 		e.maintained = false
 		c.zeroIfUnusedLocked(e)
 	}()
-	leaf, err := c.fetch(ctx, e)
+	chain, err := c.fetch(ctx, e)
 	if err != nil {
 		c.mu.Lock()
 		c.dropLocked(e)
@@ -542,7 +547,7 @@ func (c *IdentityCache) maintain(ctx context.Context, e *identityEntry) {
 	// request, not a stream besides.
 	c.startCompanion(e.id)
 	defer c.stopCompanion(e.id)
-	c.renewLoop(ctx, e, leaf)
+	c.renewLoop(ctx, e, chain)
 }
 
 // companionRun is the Companion of one ID: how many entries of it (one
@@ -593,15 +598,19 @@ func (c *IdentityCache) stopCompanion(id spiffeid.ID) {
 	}
 }
 
-// renewLoop renews e's certificate, whose leaf is leaf, at its grace
-// point; after a failure it keeps serving the certificate until it
-// expires and retries with backoff. It returns when e is dropped at the
-// end of its linger, or ctx is done.
-func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x509.Certificate) {
+// renewLoop renews e's certificate, whose chain is chain, at its grace
+// point, or sooner when a taint asks for it; after a failure it keeps
+// serving the certificate until it expires and retries with backoff. It
+// returns when e is dropped at the end of its linger, or ctx is done.
+func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, chain []*x509.Certificate) {
+	leaf := chain[0]
 	next := c.nextRenewal(leaf)
+	var taint taintDue
+	c.judgeIssued(&taint, chain)
 	expired := false
 	for failures := 0; ; {
-		wake := next
+		c.judgeTaints(&taint, chain)
+		wake := taint.wake(next)
 		if !expired && leaf.NotAfter.Before(wake) {
 			wake = leaf.NotAfter
 		}
@@ -615,7 +624,7 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 		if c.dropIfLingered(e, now) {
 			return
 		}
-		if now.Before(next) {
+		if tainted := taint.take(now); !tainted && now.Before(next) {
 			if !expired && !now.Before(leaf.NotAfter) {
 				expired = true
 				c.expire(e, leaf)
@@ -627,10 +636,11 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 			return
 		}
 		if err == nil {
-			leaf, expired, failures = fresh, false, 0
+			chain, leaf, expired, failures = fresh, fresh[0], false, 0
 			next = c.nextRenewal(leaf)
 			c.setStale(e, false)
 			c.metrics.renewals.Inc()
+			c.judgeIssued(&taint, chain)
 			continue
 		}
 		if status.Code(err) == codes.PermissionDenied {
@@ -645,6 +655,44 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, leaf *x
 		c.log.Log(ctx, c.failLog.Level(slog.LevelError), "renewing an identity's certificate failed; serving the last one until it expires",
 			e.logAttrs("not_after", leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Error, err.Error(), "retry_in", next.Sub(now))...)
 	}
+}
+
+// judgeTaints schedules the re-issue of chain when a new taint set
+// taints it.
+func (c *IdentityCache) judgeTaints(d *taintDue, chain []*x509.Certificate) {
+	if set := c.taints.Load(); set != nil {
+		d.onSet(chain, *set, c.clock.Now(), c.rand())
+	}
+}
+
+// judgeIssued judges a chain just issued against the taints in force,
+// counting the re-issue a taint asked for.
+func (c *IdentityCache) judgeIssued(d *taintDue, chain []*x509.Certificate) {
+	var set taintSet
+	if p := c.taints.Load(); p != nil {
+		set = *p
+	}
+	if d.onIssued(chain, set, c.clock.Now(), c.retryBase, c.retryMax, c.rand()) && c.taintReissues != nil {
+		c.taintReissues.Inc()
+	}
+}
+
+// setTaints makes set the taints in force: every entry judges its
+// certificate against it, re-issuing it within the set's spread when a
+// tainted authority signed it. It returns how many certificates it
+// taints. A taintFollower.
+func (c *IdentityCache) setTaints(set taintSet) int {
+	c.taints.Store(&set)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, e := range c.entries {
+		if st := e.state.Load(); st.cred != nil && set.signed(st.cred.Chain) {
+			n++
+		}
+		e.poke()
+	}
+	return n
 }
 
 // Revoke stops serving id (with any DNS names) at once, because the
@@ -751,25 +799,25 @@ func (c *IdentityCache) waitUntil(ctx context.Context, e *identityEntry, at time
 }
 
 // fetch obtains a certificate for e with a fresh key, checks it and
-// publishes it, returning its leaf. The work runs on a goroutine of its
+// publishes it, returning its chain. The work runs on a goroutine of its
 // own: key generation, signing and gRPC grow a stack to several KiB, which
 // the long-lived maintain goroutine, one per identity, would then keep.
-func (c *IdentityCache) fetch(ctx context.Context, e *identityEntry) (*x509.Certificate, error) {
+func (c *IdentityCache) fetch(ctx context.Context, e *identityEntry) ([]*x509.Certificate, error) {
 	type result struct {
-		leaf *x509.Certificate
-		err  error
+		chain []*x509.Certificate
+		err   error
 	}
 	done := make(chan result, 1)
 	go func() {
-		leaf, err := c.fetchNow(ctx, e)
-		done <- result{leaf, err}
+		chain, err := c.fetchNow(ctx, e)
+		done <- result{chain, err}
 	}()
 	r := <-done
-	return r.leaf, r.err
+	return r.chain, r.err
 }
 
 // fetchNow is fetch on the calling goroutine.
-func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x509.Certificate, err error) {
+func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (_ []*x509.Certificate, err error) {
 	defer func() { c.metrics.fetches.WithLabelValues(fetchResult(err)).Inc() }()
 	select {
 	case c.sem <- struct{}{}:
@@ -795,7 +843,7 @@ func (c *IdentityCache) fetchNow(ctx context.Context, e *identityEntry) (leaf *x
 	// still be sending the credential it belongs to.
 	e.key = key
 	e.publish(&sds.Credential{Chain: chain, Key: key}, nil)
-	return chain[0], nil
+	return chain, nil
 }
 
 // fetchChain asks the fetcher for e's certificate for key, with e's DNS

@@ -91,6 +91,8 @@ type certService struct {
 	authority *ca.Authority
 	imp       *recordingImpersonator
 	addr      string
+	// local is the local roots the server's SDS hands out (ROOTCA).
+	local *sds.TrustCell
 }
 
 func newCertService(t *testing.T, allow ...spiffeid.ID) *certService {
@@ -141,7 +143,7 @@ func newCertServiceWith(t testing.TB, with func(*certservice.Config, *ca.Authori
 	require.NoError(t, err)
 	serverSDS.Register(srv.Registrar())
 	startServing(t, srv.Run)
-	return &certService{authority: authority, imp: imp, addr: ln.Addr().String()}
+	return &certService{authority: authority, imp: imp, addr: ln.Addr().String(), local: local}
 }
 
 // startServing runs run until the test ends.

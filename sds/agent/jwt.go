@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
@@ -62,6 +64,9 @@ type jwtMinter struct {
 	// closed is set by close: a call still running during shutdown must
 	// not open a connection nobody closes.
 	closed bool
+	// taints, when set, are the tainted authorities: a cached token whose
+	// kid is tainted is never served again (followTaints).
+	taints *taintCell
 }
 
 // errMinterClosed is what a call gets once the agent is stopping.
@@ -70,6 +75,8 @@ var errMinterClosed = errors.New("the agent is stopping; no JWT-SVIDs are minted
 type cachedJWT struct {
 	token            string
 	refreshAt, expAt time.Time
+	// kid is the token's header kid: the key that signed it.
+	kid string
 }
 
 func newJWTMinter(addr string, tlsConfig func() *tls.Config, c clock.Clock) *jwtMinter {
@@ -110,7 +117,7 @@ func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time)
 	m.mu.Lock()
 	c, ok := m.cache[key]
 	m.mu.Unlock()
-	if ok && now.Before(c.refreshAt) {
+	if ok && now.Before(c.refreshAt) && !m.tainted(c.kid) {
 		return c.token, nil
 	}
 	if charge != nil {
@@ -132,7 +139,7 @@ func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time)
 	if !exp.After(now) {
 		return "", errors.New("the certificate service minted a JWT-SVID that has already expired (clock skew?)")
 	}
-	m.store(key, cachedJWT{token: svid.Token, refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp}, now)
+	m.store(key, cachedJWT{token: svid.Token, refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp, kid: jwtKeyID(svid.Token)}, now)
 	return svid.Token, nil
 }
 
@@ -256,4 +263,67 @@ func (l *mintLimits) pruneLocked(now time.Time) {
 		}
 		delete(l.m, id)
 	}
+}
+
+// followTaints makes m drop, and never serve again, the cached tokens
+// signed by a key of c's taint sets, so the next request mints one from
+// the CA's new key.
+func (m *jwtMinter) followTaints(c *taintCell) {
+	m.mu.Lock()
+	m.taints = c
+	m.mu.Unlock()
+	c.follow(m.dropTainted)
+}
+
+// tainted tells whether kid is a tainted key of the set in force.
+func (m *jwtMinter) tainted(kid string) bool {
+	m.mu.Lock()
+	c := m.taints
+	m.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	set := c.get()
+	return caclient.TaintedKeyID(kid, set.authorities)
+}
+
+// dropTainted drops the cached tokens whose kid set taints and returns
+// how many. A taintFollower.
+func (m *jwtMinter) dropTainted(set taintSet) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for k, c := range m.cache {
+		if caclient.TaintedKeyID(c.kid, set.authorities) {
+			delete(m.cache, k)
+			n++
+		}
+	}
+	return n
+}
+
+// maxJWTHeader bounds the header read for its kid: a JWT-SVID's is a
+// few dozen bytes.
+const maxJWTHeader = 4096
+
+// jwtKeyID is the kid of a compact JWS's protected header, "" when it
+// has none or the token does not parse (the server minted it; a token
+// this cannot read is then never matched against a taint, and expires as
+// any other).
+func jwtKeyID(token string) string {
+	head, _, ok := strings.Cut(token, ".")
+	if !ok || len(head) > maxJWTHeader {
+		return ""
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(head)
+	if err != nil {
+		return ""
+	}
+	var h struct {
+		KeyID string `json:"kid"`
+	}
+	if json.Unmarshal(raw, &h) != nil {
+		return ""
+	}
+	return h.KeyID
 }

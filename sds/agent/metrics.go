@@ -23,6 +23,9 @@ type metrics struct {
 	bundleResponses  *prometheus.CounterVec
 	bundleStreamErrs prometheus.Counter
 	bundlesConnected prometheus.Gauge
+	// taintReissues counts the certificates re-issued because a tainted
+	// authority signed them, the agent's and its workloads'.
+	taintReissues prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -55,12 +58,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "trustbridge_agent_bundles_connected",
 			Help: "1 while the WatchBundles stream to the server delivers; 0 while the Workload API serves the last good bundles (stale) or none came yet.",
 		}),
+		taintReissues: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trustbridge_agent_taint_reissues_total",
+			Help: "X509-SVIDs re-issued because the server named the authority that signed them tainted (the agent's own and, on a node, its workloads').",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.fileReloads, m.relayResponses, m.relayStreamErrs, m.relayConnected,
-		m.bundleResponses, m.bundleStreamErrs, m.bundlesConnected} {
+		m.bundleResponses, m.bundleStreamErrs, m.bundlesConnected, m.taintReissues} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}

@@ -103,6 +103,7 @@ func (a *Agent) runNode(ctx context.Context) error {
 	// their identities, and the JWT-SVID minter (its limits per workload).
 	cells := &nodeWorkloads{auth: auth, cache: auth.cache, trust: auth.trust, log: a.log}
 	jwt := newNodeJWTMinter(jwtConn, a.clock, a.log)
+	jwt.followTaints(&a.taints)
 	defer jwt.close()
 	if a.node.Broker != nil {
 		serve, err := a.serveBrokers(auth, cells, jwt)
@@ -159,7 +160,7 @@ func (a *Agent) nodeParts(node func() (NodeCredentials, error), conns *nodeConns
 	if err != nil {
 		return nil, err
 	}
-	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conns, &a.jwtIssuer, a.log), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
+	nt, err := newNodeTrust(a.rot.ID().TrustDomain(), trustWatchOn(conns, &a.jwtIssuer, &a.taints, a.log), a.rot.SetServerRoots, a.clock, a.log, a.metrics)
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +172,8 @@ func (a *Agent) nodeParts(node func() (NodeCredentials, error), conns *nodeConns
 		return nil, err
 	}
 	nt.revoke = cache.Revoke
+	cache.taintReissues = a.metrics.taintReissues
+	a.taints.follow(cache.setTaints)
 	return &nodeAuthenticator{
 		attested: &AttestedAuthenticator{Attestor: a.node.Attestor, Map: a.node.Map, NodeName: a.node.NodeName},
 		cache:    cache,

@@ -103,6 +103,13 @@ func startNodeFixture(t testing.TB, id spiffeid.ID, allow ...spiffeid.ID) *nodeF
 // changed by with (brokers, say) before it starts.
 func startNodeFixtureWith(t testing.TB, with func(*Config), id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
 	t.Helper()
+	return startNodeFixtureOn(t, nil, with, id, allow...)
+}
+
+// startNodeFixtureOn is startNodeFixtureWith with the certificate
+// service's Config changed by csWith (a TaintSource, say) too.
+func startNodeFixtureOn(t testing.TB, csWith func(*certservice.Config, *ca.Authority), with func(*Config), id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
+	t.Helper()
 	f := &nodeFixture{fed: &federation{changed: make(chan struct{})}, policy: trustpolicy.NewCell(shopPolicy(t, gatewayPeer)),
 		b: testca.New(t, tdB.Name())}
 	c, d := testca.New(t, tdC.Name()), testca.New(t, tdD.Name())
@@ -111,6 +118,9 @@ func startNodeFixtureWith(t testing.TB, with func(*Config), id spiffeid.ID, allo
 		cfg.Bundles = f.fed
 		cfg.Policy = trustpolicy.NewAccess(f.policy, nil)
 		cfg.JWT = authority
+		if csWith != nil {
+			csWith(cfg, authority)
+		}
 	}, allow...)
 
 	dir := shortDir(t)

@@ -132,7 +132,7 @@ func (p *nodeConns) Close() {
 // trustWatchOn follows each workload's trust on WatchBundles, on a
 // connection of conns, acting for the workload with its peer limits: the
 // server's decision for it, which the agent enforces.
-func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell, log *slog.Logger) trustWatchFunc {
+func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell, taints *taintCell, log *slog.Logger) trustWatchFunc {
 	return func(ctx context.Context, id spiffeid.ID, fn func(workloadTrust, error) error) error {
 		pc, err := conns.take()
 		if err != nil {
@@ -145,6 +145,7 @@ func trustWatchOn(conns *nodeConns, issuer *jwtIssuerCell, log *slog.Logger) tru
 				return fn(workloadTrust{}, err)
 			}
 			issuer.take(id.TrustDomain(), b, log)
+			taints.take(b, log)
 			return fn(workloadTrust{Bundles: b.Bundles, PeerLimits: b.PeerLimits}, nil)
 		})
 	}

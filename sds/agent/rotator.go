@@ -108,7 +108,14 @@ type Rotator struct {
 	cur      *tls.Certificate    // Leaf set; nil before Init
 	id       spiffeid.ID         // the workload identity, fixed by Init
 	cell     *sds.CredentialCell
-	trust    caclient.Trust // from the server with the last certificate
+	trust    caclient.Trust      // from the server with the last certificate
+	chain    []*x509.Certificate // cur's, parsed
+	// taints is the taint set in force (setTaints), taintWake a signal
+	// (cap 1) that it changed; taintReissues, when set, counts the
+	// re-issues taints caused.
+	taints        taintSet
+	taintWake     chan struct{}
+	taintReissues prometheus.Counter
 }
 
 // NewRotator checks cfg and applies its defaults. It starts nothing and
@@ -135,6 +142,7 @@ func NewRotator(cfg RotatorConfig) (*Rotator, error) {
 		retryMax:  rotatorRetryMax,
 		roots:     slices.Clone(cfg.Roots),
 		serverID:  serverID,
+		taintWake: make(chan struct{}, 1),
 	}
 	if r.clock == nil {
 		r.clock = clock.RealClock{}
@@ -266,18 +274,26 @@ func (r *Rotator) initOnce(ctx context.Context) error {
 }
 
 // Run renews the certificate at its grace point until ctx is done, then
-// returns nil. Each renewal uses a new ECDSA P-256 key and authenticates
-// with the current certificate, or with the token once it has expired. A
-// failed renewal keeps the current credential and is retried with
-// backoff. Run needs a successful Init.
+// returns nil, and sooner when a taint set (issue 38) says a tainted
+// authority signed it: at a random point of the set's spread. Each
+// renewal uses a new ECDSA P-256 key and authenticates with the current
+// certificate, or with the token once it has expired. A failed renewal
+// keeps the current credential and is retried with backoff. Run needs a
+// successful Init.
 func (r *Rotator) Run(ctx context.Context) error {
 	if r.Cell() == nil {
 		return errors.New("rotator: Run before a successful Init")
 	}
 	next := r.rotateAt()
+	var taint taintDue
+	r.judgeIssued(&taint)
 	for failures := 0; ; {
-		if !sleepUntil(ctx, r.clock, next) {
+		r.judgeTaints(&taint)
+		if !waitUntilOr(ctx, r.clock, taint.wake(next), r.taintWake) {
 			return nil
+		}
+		if tainted := taint.take(r.clock.Now()); !tainted && r.clock.Now().Before(next) {
+			continue // a new taint set: judged at the top
 		}
 		err := r.rotate(ctx)
 		if ctx.Err() != nil {
@@ -286,6 +302,7 @@ func (r *Rotator) Run(ctx context.Context) error {
 		if err == nil {
 			failures = 0
 			next = r.rotateAt()
+			r.judgeIssued(&taint)
 			r.attempted(nil)
 			continue
 		}
@@ -296,6 +313,44 @@ func (r *Rotator) Run(ctx context.Context) error {
 			logattr.Address, r.addr, "not_after", r.NotAfter(), logattr.Error, err.Error(), "retry_in", d)
 		next = r.clock.Now().Add(d)
 		r.attempted(err)
+	}
+}
+
+// setTaints makes set the taints in force and wakes Run to judge the
+// certificate against it; it returns 1 when a tainted authority signed
+// the certificate. A taintFollower.
+func (r *Rotator) setTaints(set taintSet) int {
+	r.mu.Lock()
+	r.taints = set
+	tainted := set.signed(r.chain)
+	r.mu.Unlock()
+	select {
+	case r.taintWake <- struct{}{}:
+	default:
+	}
+	if tainted {
+		return 1
+	}
+	return 0
+}
+
+// judgeTaints schedules the re-issue of the certificate when a new taint
+// set taints it.
+func (r *Rotator) judgeTaints(d *taintDue) {
+	r.mu.Lock()
+	set, chain := r.taints, r.chain
+	r.mu.Unlock()
+	d.onSet(chain, set, r.clock.Now(), mathrand.Float64())
+}
+
+// judgeIssued judges the certificate just issued against the taints in
+// force, counting the re-issue a taint asked for.
+func (r *Rotator) judgeIssued(d *taintDue) {
+	r.mu.Lock()
+	set, chain := r.taints, r.chain
+	r.mu.Unlock()
+	if d.onIssued(chain, set, r.clock.Now(), r.retryBase, r.retryMax, mathrand.Float64()) && r.taintReissues != nil {
+		r.taintReissues.Inc()
 	}
 }
 
@@ -410,7 +465,7 @@ func (r *Rotator) publish(issued *Issued, key *ecdsa.PrivateKey, serverID spiffe
 	if err := cell.Set(leafChain, key); err != nil {
 		return nil, err
 	}
-	r.cell, r.cur, r.id, r.serverID = cell, cert, id, serverID
+	r.cell, r.cur, r.id, r.serverID, r.chain = cell, cert, id, serverID, slices.Clone(leafChain)
 	// ROOTCA came over a connection verified against the roots held so
 	// far: the CA's roots as they are now, so a rotation does not strand
 	// the agent on its --root-cert file.
@@ -462,6 +517,27 @@ func sleepUntil(ctx context.Context, c clock.Clock, at time.Time) bool {
 		case <-t.C():
 		}
 	}
+}
+
+// waitUntilOr is sleepUntil that also returns (true) when wake fires; a
+// nil wake never does.
+func waitUntilOr(ctx context.Context, c clock.Clock, at time.Time, wake <-chan struct{}) bool {
+	d := at.Sub(c.Now())
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := c.NewTimer(d)
+	defer t.Stop()
+	if !c.Now().Before(at) {
+		return ctx.Err() == nil
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+	case <-t.C():
+	}
+	return true
 }
 
 // transient reports whether err is worth retrying unchanged.

@@ -142,16 +142,29 @@ func grpcAnswers(ctx context.Context, path string, timeout time.Duration) bool {
 func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Context) error) {
 	bundles := newBundleCell(seedBundles(a.rot.Trust()), errNoBundlesYet)
 	bw := &bundleWatcher{
-		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles, issuer: &a.jwtIssuer,
+		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles, issuer: &a.jwtIssuer, taints: &a.taints,
 		clock: a.clock, log: a.log, metrics: a.metrics,
 		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
 	}
 	minter := newJWTMinter(a.caAddr, a.rot.ClientTLS, a.clock)
+	minter.followTaints(&a.taints)
 	cell := wapi.NewCell()
 	c := &composer{creds: a.rot.Cell(), id: id, bundles: bundles, trust: a.rot.Trust, out: cell, log: a.log}
 	compose := c.Run
 	wl := &workloadAPI{src: cell, jwt: minter, closers: []func(){minter.close}}
 	return wl, []func(context.Context) error{bw.Run, compose}
+}
+
+// taintWatcher follows the server's WatchBundles for id for the tainted
+// authorities alone, for an agent without a Workload API: its Rotator
+// re-issues a certificate a tainted authority signed as one with does.
+func (a *Agent) taintWatcher(id spiffeid.ID) *bundleWatcher {
+	return &bundleWatcher{
+		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: newBundleCell(nil, errNoBundlesYet),
+		issuer: &a.jwtIssuer, taints: &a.taints, taintsOnly: true,
+		clock: a.clock, log: a.log, metrics: a.metrics,
+		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
+	}
 }
 
 // errNoBundlesYet is the Stale of the bundles before the server's first
