@@ -1,10 +1,15 @@
 package server
 
 import (
+	"bytes"
+	"slices"
+	"sync"
+
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
@@ -33,4 +38,61 @@ func caRevocations(a *ca.Authority) []bundledoc.Revocation {
 		}
 	}
 	return out
+}
+
+// caTaints is the CA's tainted authorities as WatchBundles sends them
+// (certservice.TaintSource): followCA refreshes it on every CA change,
+// and each change closes the channel its readers hold.
+type caTaints struct {
+	mu      sync.Mutex
+	current []certservice.Tainted
+	changed chan struct{}
+}
+
+func newCATaints() *caTaints { return &caTaints{changed: make(chan struct{})} }
+
+// Tainted implements certservice.TaintSource.
+func (t *caTaints) Tainted() ([]certservice.Tainted, <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.current, t.changed
+}
+
+// update reads a's tainted authorities and wakes the readers when they
+// changed. A tainted root or intermediate is named by its SubjectKeyId
+// (what a leaf's AuthorityKeyId matches) and its fingerprint; a JWT key
+// by its kid. Revoked ones are gone: nothing they signed verifies.
+func (t *caTaints) update(a *ca.Authority) {
+	var next []certservice.Tainted
+	for _, r := range a.Roots() {
+		if !r.TaintedAt.IsZero() && r.State != castate.StateRevoked {
+			next = append(next, certservice.Tainted{X509SubjectKeyID: r.Cert.SubjectKeyId, X509SHA256: r.CertSHA256, At: r.TaintedAt})
+		}
+	}
+	for _, k := range a.JWTKeys() {
+		if !k.TaintedAt.IsZero() && k.State != castate.StateRevoked {
+			next = append(next, certservice.Tainted{JWTKeyID: k.KID, At: k.TaintedAt})
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slices.EqualFunc(t.current, next, sameTaint) {
+		return
+	}
+	t.current = next
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+func sameTaint(a, b certservice.Tainted) bool {
+	return bytes.Equal(a.X509SubjectKeyID, b.X509SubjectKeyID) && a.X509SHA256 == b.X509SHA256 && a.JWTKeyID == b.JWTKeyID && a.At.Equal(b.At)
+}
+
+// source is t as a certservice.TaintSource; nil for a nil t (tests that
+// build the certificate service without a server).
+func (t *caTaints) source() certservice.TaintSource {
+	if t == nil {
+		return nil
+	}
+	return t
 }

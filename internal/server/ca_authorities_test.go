@@ -43,3 +43,40 @@ func TestCABundleSourceNamesRevokedAuthorities(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, got, 2)
 }
+
+// TestCATaintsFollowTheCA: a taint reaches WatchBundles' source, closing
+// the channel its readers hold; a revocation takes it out again.
+func TestCATaintsFollowTheCA(t *testing.T) {
+	a, err := ca.New(ca.Config{TrustDomain: spiffeid.RequireTrustDomainFromString("example.org"), DataDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	taints := newCATaints()
+	taints.update(a)
+	got, changed := taints.Tainted()
+	assert.Empty(t, got)
+	old := a.Roots()[0]
+	for _, c := range []ca.AuthorityChange{{Action: "prepare"}, {Action: "activate", Now: true}} {
+		_, err := a.ChangeAuthority(c)
+		require.NoError(t, err)
+	}
+	taints.update(a)
+	select {
+	case <-changed:
+		t.Fatal("nothing tainted yet: no change")
+	default:
+	}
+	_, err = a.ChangeAuthority(ca.AuthorityChange{Action: "taint", ID: old.ID})
+	require.NoError(t, err)
+	taints.update(a)
+	<-changed
+	got, changed = taints.Tainted()
+	require.Len(t, got, 1)
+	assert.Equal(t, old.Cert.SubjectKeyId, got[0].X509SubjectKeyID)
+	assert.Equal(t, old.CertSHA256, got[0].X509SHA256)
+	_, err = a.ChangeAuthority(ca.AuthorityChange{Action: "revoke", ID: old.ID})
+	require.NoError(t, err)
+	taints.update(a)
+	<-changed
+	got, _ = taints.Tainted()
+	assert.Empty(t, got, "a revoked authority is no longer tainted: it is gone")
+	assert.Nil(t, (*caTaints)(nil).source())
+}

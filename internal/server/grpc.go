@@ -30,6 +30,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
+	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
@@ -93,6 +94,10 @@ type GRPCConfig struct {
 	jwtIssuer string
 	// ledger hears of every certificate and JWT-SVID issued; nil: none.
 	ledger *issuanceLedger
+	// taints are the CA's tainted authorities WatchBundles sends, and
+	// ReissueSpread the window clients spread their re-issues over.
+	taints        *caTaints
+	ReissueSpread time.Duration
 	// Test hooks, no flags (grants.go).
 	GrantHooks
 	// TestJWT signs JWT-SVIDs in tests until the CA does (jwt_wiring.go).
@@ -136,6 +141,10 @@ func addGRPCFlags(f *pflag.FlagSet, o *GRPCConfig) {
 		"(counted in trustbridge_listener_connections_unconfirmed_closed_total); one that has stays until idle for 15 min. Until then it may have 4 calls open "+
 		"and counts against a quarter of --grpc-max-conns and half of --grpc-max-conns-per-source. The default covers the 10 s "+
 		"TLS and HTTP/2 setup and a TokenReview; a client connects when it has a call to make, so a shorter one (e.g. 10s) refuses only the idle")
+	f.DurationVar(&o.ReissueSpread, "reissue-spread", certservice.DefaultReissueSpread, "window over which agents spread the re-issue of the certificates and JWT-SVIDs "+
+		"a tainted CA authority signed (trustbridge ca authority taint), each at a random point in it, so that 10,000 workloads do not "+
+		"ask in one second (the certificate service signs a few thousand a second), from 1s (almost at once) to 24h. "+
+		"Istio's own clients are not told and re-issue at their next renewal")
 	f.Var(newInvertedBool(&o.noSDSCerts), "sds-workload-certs", "SDS (on --grpc-listen) also serves callers their own certificate (resource \"default\" or their SPIFFE ID) with a key generated here and sent over TLS; false: validation contexts only, and workloads get certificates from trustbridge agent, whose keys never leave the node")
 }
 
@@ -390,11 +399,14 @@ func (g *grpcEndpoint) certService(o GRPCConfig, td spiffeid.TrustDomain, author
 		// trustbridge.identity.v1.IdentityService (identity_wiring.go):
 		// JWT-SVIDs, and bundle streams filtered by the trust policy
 		// that filters SDS.
-		JWT:       o.ledger.jwtSigner(jwtSigner(authority, o.TestJWT)),
-		Issued:    o.ledger.issued(),
-		JWTIssuer: o.jwtIssuer,
-		Bundles:   &storeBundles{store: fed.store},
-		Policy:    o.access,
+		JWT:    o.ledger.jwtSigner(jwtSigner(authority, o.TestJWT)),
+		Issued: o.ledger.issued(),
+		// Clients re-issue what a tainted authority signed (ca_authorities.go).
+		Taints:        o.taints.source(),
+		ReissueSpread: o.ReissueSpread,
+		JWTIssuer:     o.jwtIssuer,
+		Bundles:       &storeBundles{store: fed.store},
+		Policy:        o.access,
 		// Intermediates of downstream trustbridges (downstream.go).
 		Intermediates:    authority,
 		DownstreamAllow:  allow,
@@ -447,6 +459,10 @@ func checkGRPCFlags(o GRPCConfig) error {
 	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
 	if !(o.rateLimit >= 0) || o.queueSize < 0 {
 		return fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
+	}
+	// 0 is the default (a Config built in code).
+	if o.ReissueSpread != 0 && (o.ReissueSpread < time.Second || o.ReissueSpread > caclient.MaxReissueSpread) {
+		return fmt.Errorf("--reissue-spread %s is outside 1s to %s: agents spread their re-issues over it after a taint", o.ReissueSpread, caclient.MaxReissueSpread)
 	}
 	for _, acct := range nonEmpty(o.TrustedNodeAccounts) {
 		if err := nodeauth.CheckAccount(acct); err != nil {

@@ -293,7 +293,8 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	defer closeAudit()
 	o.GRPC.tokenLedger = kube.tokenLedger(o.DataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail,
-		ledger: newIssuanceLedger(nowClock(e.now))}
+		ledger: newIssuanceLedger(nowClock(e.now)), taints: newCATaints()}
+	p.taints.update(authority)
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
 	}
@@ -385,6 +386,9 @@ type serverParts struct {
 	// ledger counts what each CA authority signed that is still in use
 	// (issuance_ledger.go).
 	ledger *issuanceLedger
+	// taints are the CA's tainted authorities for WatchBundles, kept by
+	// followCA.
+	taints *caTaints
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -402,7 +406,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	}
 	o.GRPC.access = p.policy.sdsAccess
 	o.GRPC.jwtIssuer = o.JWT.Issuer
-	o.GRPC.ledger = p.ledger
+	o.GRPC.ledger, o.GRPC.taints = p.ledger, p.taints
 	o.GRPC.identityMap, o.GRPC.identityMapReady = p.idmap.source(), p.idmap.ready()
 	if p.gs, err = setupGRPC(o.GRPC, p.td, o.WorkloadTTL, o.MaxWorkloadTTL, p.authority, p.fed, reg, logger); err != nil {
 		return undo, err
@@ -442,7 +446,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
 	runners := []func(context.Context) error{
 		func(ctx context.Context) error { return ServeAdmin(ctx, p.adminSrv, p.adminLn) },
-		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail) },
+		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail, p.taints) },
 	}
 	runners = append(runners, p.socket.runners()...)
 	if p.kube != nil {
@@ -658,12 +662,13 @@ const caSource = "ca"
 
 // followCA keeps the CA's bundle current in the trust store and records
 // how its roots changed.
-func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed *federationSetup, trail *auditTrail) error {
+func followCA(ctx context.Context, a *ca.Authority, changes <-chan struct{}, fed *federationSetup, trail *auditTrail, taints *caTaints) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changes:
+			taints.update(a)
 			fed.store.Set(caSource, a.Bundle())
 			trail.observeCA(a, false)
 		}
