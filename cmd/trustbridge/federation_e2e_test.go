@@ -43,6 +43,17 @@ type e2eServer struct {
 	bundleURL string // the bundle endpoint as the banner names it
 	banner    string
 	stop      func()
+	opts      server.Config // what it was started with, for restart
+}
+
+// restart stops s and starts it again with the same options on the same
+// data dir: fixed listen addresses come back, others move.
+func (s *e2eServer) restart(t *testing.T) {
+	t.Helper()
+	s.stop()
+	admin, banner, stop := launchServer(t, s.opts)
+	s.admin, s.banner, s.stop = "http://"+admin, banner, stop
+	s.bundleURL = servertest.EndpointURL(t, banner)
 }
 
 // startE2EServer runs a server for td on dataDir until stop or the end of
@@ -60,7 +71,7 @@ func startE2EServer(t *testing.T, td, dataDir string, mutate func(*server.Config
 	admin, banner, stop := launchServer(t, o)
 	return &e2eServer{
 		td: spiffeid.RequireTrustDomainFromString(td), dataDir: dataDir, admin: "http://" + admin,
-		bundleURL: servertest.EndpointURL(t, banner), banner: banner, stop: stop,
+		bundleURL: servertest.EndpointURL(t, banner), banner: banner, stop: stop, opts: o,
 	}
 }
 
