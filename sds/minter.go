@@ -85,6 +85,9 @@ type mintEntry struct {
 	changed  chan struct{} // cred.Changed
 	inflight chan struct{} // closed when the signing in progress ends; nil when none
 	err      error         // of the last signing, for those who waited on it
+	// expired is set by Expire: cred is minted anew at the next request,
+	// however fresh it is.
+	expired bool
 	elem     *list.Element // in Minter.order
 }
 
@@ -139,7 +142,7 @@ func (m *Minter) credential(ctx context.Context, key mintKey, names mintNames) (
 	for {
 		m.mu.Lock()
 		e := m.entryLocked(key)
-		if e.inflight == nil && e.cred != nil && m.cfg.Clock.Now().Before(e.cred.RefreshAt) {
+		if e.inflight == nil && e.cred != nil && !e.expired && m.cfg.Clock.Now().Before(e.cred.RefreshAt) {
 			cred := e.cred
 			m.mu.Unlock()
 			return cred, nil
@@ -200,6 +203,7 @@ func (m *Minter) refresh(key mintKey, e *mintEntry, done chan struct{}, names mi
 	defer m.mu.Unlock()
 	e.inflight, e.err = nil, err
 	if err == nil {
+		e.expired = false
 		if e.changed != nil {
 			close(e.changed)
 		}
@@ -212,6 +216,32 @@ func (m *Minter) refresh(key mintKey, e *mintEntry, done chan struct{}, names mi
 	}
 	close(done)
 	return cred, err
+}
+
+// Expire has every credential whose leaf stale reports (signed by an
+// authority an operator tainted) minted anew, and wakes the streams that
+// hold one: each asks again, and gets a new credential. A stream whose
+// new one cannot be signed keeps what it holds until it can. It returns
+// how many credentials it expired.
+func (m *Minter) Expire(stale func(leaf *x509.Certificate) bool) int {
+	m.mu.Lock()
+	var wake []chan struct{}
+	for _, e := range m.entries {
+		if e.cred == nil || e.expired || !stale(e.cred.Chain[0]) {
+			continue
+		}
+		e.expired = true
+		if e.changed != nil {
+			// The holders' channel; the next credential gets a new one.
+			wake = append(wake, e.changed)
+			e.changed = nil
+		}
+	}
+	m.mu.Unlock()
+	for _, ch := range wake {
+		close(ch)
+	}
+	return len(wake)
 }
 
 // evict forgets the oldest identities beyond MaxEntries. Their streams keep

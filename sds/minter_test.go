@@ -270,3 +270,35 @@ func TestMinterKeepsDueCredentialsAWhile(t *testing.T) {
 		})
 	}
 }
+
+// TestMinterExpire: a credential whose leaf an operator's taint makes
+// stale is minted anew at the next request, and its holders are woken;
+// the others stay cached.
+func TestMinterExpire(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	ca := newTestCA(t, localTD, clk)
+	m, err := NewMinter(MinterConfig{Signer: ca, TTL: time.Hour, Clock: clk})
+	require.NoError(t, err)
+	a, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	b, err := m.Credential(ctx, idB)
+	require.NoError(t, err)
+
+	stale := func(leaf *x509.Certificate) bool { return leaf.Equal(a.Chain[0]) }
+	assert.Equal(t, 1, m.Expire(stale))
+	assert.True(t, closed(a.Changed), "a's holders are woken")
+	assert.False(t, closed(b.Changed))
+	assert.Equal(t, 0, m.Expire(stale), "expired once; not woken again before it is re-minted")
+
+	got, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	assert.NotSame(t, a, got, "minted anew, though not due")
+	assert.False(t, closed(got.Changed))
+	again, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	assert.Same(t, got, again, "and cached again")
+	gotB, err := m.Credential(ctx, idB)
+	require.NoError(t, err)
+	assert.Same(t, b, gotB)
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"crypto/x509"
 	"slices"
 	"sync"
 
@@ -44,9 +45,38 @@ func caRevocations(a *ca.Authority) []bundledoc.Revocation {
 // (certservice.TaintSource): followCA refreshes it on every CA change,
 // and each change closes the channel its readers hold.
 type caTaints struct {
-	mu      sync.Mutex
-	current []certservice.Tainted
-	changed chan struct{}
+	mu        sync.Mutex
+	current   []certservice.Tainted
+	changed   chan struct{}
+	followers []func([]certservice.Tainted)
+}
+
+// follow has f called with the tainted authorities on every change (and
+// now, when some are); a nil t does nothing.
+func (t *caTaints) follow(f func([]certservice.Tainted)) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	t.followers = append(t.followers, f)
+	current := t.current
+	t.mu.Unlock()
+	if len(current) > 0 {
+		f(current)
+	}
+}
+
+// signedByTainted says whether a leaf was signed by one of taints' X.509
+// authorities: its AuthorityKeyId is one's SubjectKeyId.
+func signedByTainted(taints []certservice.Tainted) func(*x509.Certificate) bool {
+	return func(leaf *x509.Certificate) bool {
+		for _, t := range taints {
+			if len(t.X509SubjectKeyID) > 0 && bytes.Equal(t.X509SubjectKeyID, leaf.AuthorityKeyId) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 func newCATaints() *caTaints { return &caTaints{changed: make(chan struct{})} }
@@ -75,13 +105,18 @@ func (t *caTaints) update(a *ca.Authority) {
 		}
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if slices.EqualFunc(t.current, next, sameTaint) {
+		t.mu.Unlock()
 		return
 	}
 	t.current = next
 	close(t.changed)
 	t.changed = make(chan struct{})
+	followers := t.followers
+	t.mu.Unlock()
+	for _, f := range followers {
+		f(next)
+	}
 }
 
 func sameTaint(a, b certservice.Tainted) bool {

@@ -1,6 +1,9 @@
 package server
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
@@ -51,6 +55,13 @@ func TestCATaintsFollowTheCA(t *testing.T) {
 	require.NoError(t, err)
 	taints := newCATaints()
 	taints.update(a)
+	var followed [][]certservice.Tainted
+	taints.follow(func(ts []certservice.Tainted) { followed = append(followed, ts) })
+	id := spiffeid.RequireFromString("spiffe://example.org/w")
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	signedByOld, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id})
+	require.NoError(t, err)
 	got, changed := taints.Tainted()
 	assert.Empty(t, got)
 	old := a.Roots()[0]
@@ -72,6 +83,11 @@ func TestCATaintsFollowTheCA(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, old.Cert.SubjectKeyId, got[0].X509SubjectKeyID)
 	assert.Equal(t, old.CertSHA256, got[0].X509SHA256)
+	require.Len(t, followed, 1, "followers (the server's SDS minter) hear of it")
+	assert.True(t, signedByTainted(followed[0])(signedByOld.Leaf))
+	signedByNew, err := a.SignX509SVID(ca.X509SVIDParams{PublicKey: key.Public(), SPIFFEID: id})
+	require.NoError(t, err)
+	assert.False(t, signedByTainted(followed[0])(signedByNew.Leaf))
 	_, err = a.ChangeAuthority(ca.AuthorityChange{Action: "revoke", ID: old.ID})
 	require.NoError(t, err)
 	taints.update(a)

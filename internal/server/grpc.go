@@ -493,6 +493,13 @@ func (g *grpcEndpoint) sds(o GRPCConfig, td spiffeid.TrustDomain, ttl time.Durat
 		}
 		cfg.Credentials = minter
 		g.sdsCerts = true
+		// What a tainted authority signed is minted anew, at once: these
+		// are signed here, no network burst to spread.
+		o.taints.follow(func(taints []certservice.Tainted) {
+			if n := minter.Expire(signedByTainted(taints)); n > 0 {
+				cfg.Logger.Info("SDS credentials signed by a tainted CA authority are minted anew", "credentials", n)
+			}
+		})
 	}
 	cfg.Trust = &storeTrust{store: fed.store}
 	return sds.New(cfg)
