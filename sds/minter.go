@@ -88,7 +88,7 @@ type mintEntry struct {
 	// expired is set by Expire: cred is minted anew at the next request,
 	// however fresh it is.
 	expired bool
-	elem     *list.Element // in Minter.order
+	elem    *list.Element // in Minter.order
 }
 
 // NewMinter checks cfg and applies defaults.

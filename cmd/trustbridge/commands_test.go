@@ -27,6 +27,7 @@ var stateReaders = []string{
 	"trustbridge federation status",
 	"trustbridge federation list",
 	"trustbridge ca authority list",
+	"trustbridge ca drill", // changes state, and prints its timeline
 	"trustbridge bundle show",
 	"trustbridge policy explain",
 	"trustbridge identity explain",

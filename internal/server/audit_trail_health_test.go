@@ -168,7 +168,9 @@ func TestAuditTrailFollowsUpstreamOutage(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	changes := a.Subscribe() // before any change, as the server does
-	go func() { done <- followCA(ctx, a, changes, &federationSetup{store: trust.NewStore()}, trail, newCATaints()) }()
+	go func() {
+		done <- followCA(ctx, a, changes, &federationSetup{store: trust.NewStore()}, trail, newCATaints())
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	// waitEvents waits for followCA to have written want since the
 	// last call, and returns those entries.

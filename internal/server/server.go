@@ -446,7 +446,9 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
 	runners := []func(context.Context) error{
 		func(ctx context.Context) error { return ServeAdmin(ctx, p.adminSrv, p.adminLn) },
-		func(ctx context.Context) error { return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail, p.taints) },
+		func(ctx context.Context) error {
+			return followCA(ctx, p.authority, p.caChanges, p.fed, p.trail, p.taints)
+		},
 	}
 	runners = append(runners, p.socket.runners()...)
 	if p.kube != nil {

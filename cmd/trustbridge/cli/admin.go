@@ -92,9 +92,22 @@ func (c *AdminClient) Do(ctx context.Context, method, path string, body []byte, 
 		return "", err
 	}
 	if resp.StatusCode/100 != 2 {
-		return "", fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, strings.TrimSpace(string(out)))
+		return "", &AdminError{Method: method, URL: u, Status: resp.Status, Code: resp.StatusCode, Message: strings.TrimSpace(string(out))}
 	}
 	return string(out), nil
+}
+
+// AdminError is an answer of the admin API that is not 2xx, for a caller
+// that tells one status from another (errors.As).
+type AdminError struct {
+	Method, URL, Status string
+	Code                int
+	// Message is the server's answer, which says what was wrong.
+	Message string
+}
+
+func (e *AdminError) Error() string {
+	return fmt.Sprintf("%s %s: %s: %s", e.Method, e.URL, e.Status, e.Message)
 }
 
 // Relay sends one request, as do, and copies the server's answer to w.

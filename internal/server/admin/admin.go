@@ -132,9 +132,10 @@ type Config struct {
 	// Nil: nothing is counted and revoke is not held back.
 	Signed func() (map[string]api.SignedCount, time.Time)
 	// Fetchers, when set, lists the clients of our bundle endpoint with
-	// their last fetch: activate names those that fetched before the
-	// authority was published. Nil: activate says fetches are not
-	// tracked.
+	// their last fetch, served at GET /v1/bundle/fetchers: activate names
+	// those that fetched before the authority was published, and `ca
+	// drill` waits for them to fetch the revocation. Nil: activate says
+	// fetches are not tracked, and /v1/bundle/fetchers answers 404.
 	Fetchers func() []api.BundleFetcher
 	// Audit, when set, records each change made through
 	// /v1/ca/authorities (ca_authority_* events, with who asked in
@@ -189,6 +190,7 @@ func (h *Handler) routes() {
 		writeJSON(w, h.Trust(), true)
 	})
 	h.mux.HandleFunc("GET /v1/bundle", h.serveBundle)
+	h.mux.HandleFunc("GET /v1/bundle/fetchers", h.serveFetchers)
 	if h.cfg.Issuers != nil {
 		h.mux.HandleFunc("GET /v1/authn/issuers", h.serveIssuers)
 	}

@@ -17,6 +17,9 @@
 //     rotation state, and the OIDC issuers served (Config.JWTIssuers)
 //   - GET /v1/bundle: the local trust domain's SPIFFE bundle document, for
 //     the operators of https_spiffe peers (their bootstrap bundle)
+//   - GET /v1/bundle/fetchers: api.BundleFetchers, the clients of the bundle
+//     endpoint with their last fetch and the sequence served to them
+//     (Config.Fetchers; 404 on a server without a bundle endpoint)
 //   - GET /v1/federation: []api.FederationStatus, one per federated trust domain
 //   - POST /v1/federation/refresh?trust_domain=TD: poll TD now; refused
 //     with 403 when a browser sends it cross-site, 409 on a follower, 429

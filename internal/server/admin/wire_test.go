@@ -121,6 +121,12 @@ func wireConfig(t *testing.T) Config {
 			"jwt:k-active": {Live: 12, InUse: 9, Last: t0.Add(5 * time.Minute)},
 		}, t0.Add(-6 * time.Hour)
 	}
+	f.cfg.Fetchers = func() []api.BundleFetcher {
+		return []api.BundleFetcher{
+			{Client: "198.51.100.7", UserAgent: "trustbridge/1.4 (federation)", LastFetch: t0.Add(-2 * time.Minute), Sequence: 41},
+			{Client: "192.0.2.10", LastFetch: t0.Add(-3 * time.Hour), Sequence: 39},
+		}
+	}
 
 	peerRoot := fixedRoot(t, peerTD.Name(), 6)
 	peer := spiffebundle.FromX509Authorities(peerTD, []*x509.Certificate{peerRoot})
@@ -234,6 +240,7 @@ func TestWireDocuments(t *testing.T) {
 		"snapshot":      "/v1/snapshot",
 		"trust":         "/v1/trust",
 		"authorities":   "/v1/ca/authorities",
+		"fetchers":      "/v1/bundle/fetchers",
 		"issuers":       "/v1/authn/issuers",
 		"explain":       "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a",
 		"identity":      "/v1/identity/explain?namespace=pay&service_account=web&pod_name=web-1&pod_uid=u1&node_name=node-a&label=app=checkout",

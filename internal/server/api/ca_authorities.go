@@ -197,3 +197,11 @@ func activatesAt(published, minActivate time.Time, hint time.Duration) time.Time
 	}
 	return at
 }
+
+// BundleFetchers is GET /v1/bundle/fetchers: the clients of our bundle
+// endpoint that fetched the local trust domain's bundle, as the endpoint
+// records them (bounded, in memory: since this replica started).
+type BundleFetchers struct {
+	TrustDomain string          `json:"trust_domain"`
+	Fetchers    []BundleFetcher `json:"fetchers"`
+}

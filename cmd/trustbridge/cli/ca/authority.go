@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,7 +48,14 @@ The sequence, for a compromised X.509 authority (the same with --jwt):
      re-issue.
 
 Only a tainted authority that no longer signs, or a prepared one that never
-did, can be revoked; the active one cannot be tainted or revoked.`
+did, can be revoked; the active one cannot be tainted or revoked.
+
+Drill: trustbridge ca drill runs the whole sequence against the running
+server, for real, waits for the re-issue and for the peers' fetch of the
+revocation, and prints the timeline. Run it on a lab setup to learn how
+long your estate takes to move, or in an incident as the scripted response:
+
+  trustbridge ca drill --x509 --yes --admin http://127.0.0.1:15014`
 
 // newAuthorityCmd is trustbridge ca authority: list, prepare, activate,
 // taint and revoke the running server's signing authorities.
@@ -97,13 +105,9 @@ token.`,
 		if jwt && x509 {
 			return errors.New("--x509 and --jwt: give at most one")
 		}
-		body, err := cli.AdminFrom(cmd, &c).Do(cmd.Context(), http.MethodGet, "/v1/ca/authorities", nil, false)
+		list, err := listAuthorities(cmd.Context(), cli.AdminFrom(cmd, &c))
 		if err != nil {
 			return err
-		}
-		var list api.CAAuthorities
-		if err := json.Unmarshal([]byte(body), &list); err != nil {
-			return fmt.Errorf("admin answer: %w", err)
 		}
 		if jwt {
 			list.X509 = nil
@@ -237,21 +241,49 @@ func newAuthorityChangeCmd(e cli.Env, a authorityAction) *cobra.Command {
 // changeAuthority sends req and prints the server's answer: its message,
 // then its warnings.
 func changeAuthority(cmd *cobra.Command, e cli.Env, c *cli.AdminClient, req api.CAAuthorityChange) error {
-	body, err := json.Marshal(req)
+	res, err := postAuthorityChange(cmd.Context(), cli.AdminFrom(cmd, c), req)
 	if err != nil {
 		return err
-	}
-	out, err := cli.AdminFrom(cmd, c).Do(cmd.Context(), http.MethodPost, "/v1/ca/authorities", body, true)
-	if err != nil {
-		return err
-	}
-	var res api.CAAuthorityResult
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		return fmt.Errorf("admin answer: %w", err)
 	}
 	fmt.Fprintln(e.Out, res.Message)
 	for _, w := range res.Warnings {
 		fmt.Fprintln(e.Out, "warning:", w)
+	}
+	return nil
+}
+
+// postAuthorityChange sends req to POST /v1/ca/authorities, with the
+// admin token, and returns the server's answer.
+func postAuthorityChange(ctx context.Context, c *cli.AdminClient, req api.CAAuthorityChange) (api.CAAuthorityResult, error) {
+	var res api.CAAuthorityResult
+	body, err := json.Marshal(req)
+	if err != nil {
+		return res, err
+	}
+	out, err := c.Do(ctx, http.MethodPost, "/v1/ca/authorities", body, true)
+	if err != nil {
+		return res, err
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return res, fmt.Errorf("admin answer: %w", err)
+	}
+	return res, nil
+}
+
+// listAuthorities is GET /v1/ca/authorities, which needs no token.
+func listAuthorities(ctx context.Context, c *cli.AdminClient) (api.CAAuthorities, error) {
+	var list api.CAAuthorities
+	return list, getJSON(ctx, c, "/v1/ca/authorities", &list)
+}
+
+// getJSON reads the admin API's answer to GET path into v.
+func getJSON(ctx context.Context, c *cli.AdminClient, path string, v any) error {
+	body, err := c.Do(ctx, http.MethodGet, path, nil, false)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		return fmt.Errorf("admin answer to %s: %w", path, err)
 	}
 	return nil
 }

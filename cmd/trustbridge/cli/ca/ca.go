@@ -24,7 +24,7 @@ func NewCmd(e cli.Env) *cobra.Command {
 		Example: `  trustbridge ca rotate --data-dir ./data
   trustbridge ca issue --data-dir ./data --spiffe-id spiffe://example.org/demo --credentials-dir ./demo-creds`,
 	}
-	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e), newCARequestCmd(e), newCARaiseSequenceCmd(e), newAuthorityCmd(e))
+	cmd.AddCommand(newCAIssueCmd(e), newCARotateCmd(e), newCARequestCmd(e), newCARaiseSequenceCmd(e), newAuthorityCmd(e), newDrillCmd(e))
 	return cmd
 }
 
