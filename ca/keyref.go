@@ -234,8 +234,11 @@ func (m *manager) resolveKeys(roots []*castate.Root, jwtKeys []*castate.JWTKey) 
 
 // destroyDroppedKeysLocked destroys, after a commit, the manager's keys
 // this process knows of that the committed state no longer names: removed
-// roots and JWT keys, and keys of decisions that were never committed.
-// A failure is logged and counted, and tried again after the next commit.
+// roots and JWT keys, and keys of decisions that were never committed;
+// and the keys of revoked authorities, which a failure, a restart or a
+// leader change may have left behind (destroying a key already gone is no
+// error; each is tried once per process once it succeeded). A failure is
+// logged and counted, and tried again after the next commit.
 func (m *manager) destroyDroppedKeysLocked() {
 	if m.cfg.Keys == nil {
 		return
@@ -247,7 +250,13 @@ func (m *manager) destroyDroppedKeysLocked() {
 	for _, k := range m.jwtKeys {
 		live[k.KeyRef] = true
 	}
-	for _, ref := range m.keyRefs.refs() {
+	refs := m.keyRefs.refs()
+	for _, ref := range revokedKeyRefs(m.journal.Revoked) {
+		if !m.destroyed[ref] {
+			refs = append(refs, ref)
+		}
+	}
+	for _, ref := range refs {
 		if live[ref] {
 			continue
 		}
@@ -260,6 +269,21 @@ func (m *manager) destroyDroppedKeysLocked() {
 			continue
 		}
 		m.keyRefs.drop(ref)
+		m.destroyed[ref] = true
 		m.cfg.Logger.Info("CA destroyed a key no longer used in "+m.keysName(), "key_ref", ref)
 	}
+}
+
+// revokedKeyRefs are the key manager references of revoked authorities.
+func revokedKeyRefs(revoked []castate.RevokedRecord) []string {
+	var out []string
+	for _, rev := range revoked {
+		switch {
+		case rev.Root != nil && rev.Root.KeyRef != "":
+			out = append(out, rev.Root.KeyRef)
+		case rev.JWTKey != nil && rev.JWTKey.KeyRef != "":
+			out = append(out, rev.JWTKey.KeyRef)
+		}
+	}
+	return out
 }

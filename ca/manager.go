@@ -79,6 +79,9 @@ type manager struct {
 	up upstreamStatus
 
 	keyRefs keyRefCache // keys of Config.Keys, by KeyRef
+	// destroyed are the KeyRefs this process destroyed, so that those of
+	// revoked authorities are not destroyed again at every commit.
+	destroyed map[string]bool
 
 	// board is where each change's result is published for signing:
 	// every change to what signing reads runs between lockChange and
@@ -98,6 +101,8 @@ func newManager(cfg *Config, mets *metrics) *manager {
 		// by nobody.
 		bundle:  spiffebundle.New(cfg.TrustDomain),
 		journal: &castate.Journal{TrustDomain: cfg.TrustDomain.Name()},
+
+		destroyed: map[string]bool{},
 	}
 	if m.backend == nil {
 		m.store = NewStore(cfg.DataDir)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 )
 
 // AuthorityChange is an operator's change to one of the CA's signing
@@ -239,6 +240,10 @@ func (m *manager) revokeLocked(jwt bool, l lifecycle, now time.Time) error {
 	case *l.state != castate.StatePrepared && l.taintedAt.IsZero():
 		return fmt.Errorf("ca: %w: %s %s is not tainted: taint it first (`ca authority taint`), so that clients re-issue what it signed before it stops being trusted",
 			castate.ErrAuthorityState, l.kind, l.id)
+	case len(m.journal.Revoked) >= bundledoc.MaxRevocations:
+		// The bundle names each until it expires; peers read that many.
+		return fmt.Errorf("ca: %w: %d revoked authorities have not expired yet, as many as the bundle can name; this trust domain needs starting over, not another revocation",
+			castate.ErrAuthorityState, len(m.journal.Revoked))
 	}
 	*l.state = castate.StateRevoked
 	rec := castate.RevokedRecord{RevokedAt: now}

@@ -215,6 +215,42 @@ func TestJournalRefusesTaintedActiveAndRevokedInUse(t *testing.T) {
 	require.NotEqual(t, string(data), tainted)
 	_, err = castate.DecodeJournal([]byte(tainted), "")
 	assert.ErrorContains(t, err, "active and tainted")
+
+	// A revoked root, then the journal edited in each way that would
+	// publish it again or hide it.
+	a, err := New(func() Config { cfg.Registerer = prometheus.NewRegistry(); return cfg }())
+	require.NoError(t, err)
+	old := a.Roots()[0]
+	for _, c := range []AuthorityChange{{Action: "prepare"}, {Action: "activate", Now: true}, {Action: "taint", ID: old.ID}, {Action: "revoke", ID: old.ID}} {
+		change(t, a, c)
+	}
+	data, err = os.ReadFile(path)
+	require.NoError(t, err)
+	good, err := castate.DecodeJournal(data, "")
+	require.NoError(t, err)
+	require.Len(t, good.Revoked, 1)
+	edits := map[string]func(j *castate.Journal){
+		"is also in use": func(j *castate.Journal) {
+			back := *j.Revoked[0].Root
+			back.State = castate.StateRetired
+			j.Roots = append(j.Roots, back)
+		},
+		"not \"revoked\"": func(j *castate.Journal) { j.Revoked[0].Root.State = castate.StateRetired },
+		"does not match its record": func(j *castate.Journal) { j.Revoked[0].DER = j.Revoked[0].DER[:len(j.Revoked[0].DER)-1] },
+		"neither one root nor one JWT key": func(j *castate.Journal) {
+			j.Revoked[0].JWTKey = &castate.JWTKeyRecord{KID: "x", State: castate.StateRevoked}
+		},
+	}
+	for want, edit := range edits {
+		j, err := castate.DecodeJournal(data, "")
+		require.NoError(t, err)
+		edit(j)
+		out, err := castate.EncodeJournal(j)
+		require.NoError(t, err)
+		_, err = castate.DecodeJournal(out, "")
+		assert.ErrorIs(t, err, castate.ErrCorruptState, want)
+		assert.ErrorContains(t, err, want)
+	}
 }
 
 type leaderFunc func() bool

@@ -156,12 +156,18 @@ func checkRevoked(j *Journal) error {
 func revokedKeys(i int, rev RevokedRecord) ([]string, error) {
 	switch {
 	case rev.Root != nil && rev.JWTKey == nil:
+		if rev.Root.State != StateRevoked {
+			return nil, corrupt("%s: revoked authority %d: root %s has state %q, not %q", journalName, i, rev.Root.ID, rev.Root.State, StateRevoked)
+		}
 		cert, err := x509.ParseCertificate(rev.DER)
 		if err != nil || fingerprint(cert) != rev.Root.CertSHA256 || !SafeID(rev.Root.ID) {
 			return nil, corrupt("%s: revoked authority %d: the root's certificate does not parse or does not match its record", journalName, i)
 		}
 		return []string{"x509:" + rev.Root.ID, "sha256:" + rev.Root.CertSHA256}, nil
 	case rev.JWTKey != nil && rev.Root == nil:
+		if rev.JWTKey.State != StateRevoked {
+			return nil, corrupt("%s: revoked authority %d: JWT key %s has state %q, not %q", journalName, i, rev.JWTKey.KID, rev.JWTKey.State, StateRevoked)
+		}
 		pub, err := x509.ParsePKIXPublicKey(rev.PublicKey)
 		if err != nil {
 			return nil, corrupt("%s: revoked authority %d: the JWT key does not parse", journalName, i)
