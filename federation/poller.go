@@ -234,8 +234,18 @@ func (p *Poller) restoreLocked(r *relationship, e *LKGEntry) error {
 // holdBootstrapLocked has r hold its bootstrap bundle when it holds
 // nothing, and the trust store with it.
 func (p *Poller) holdBootstrapLocked(r *relationship) {
-	if r.holdBootstrap() {
+	held, dropped := r.holdBootstrap()
+	if len(dropped) > 0 {
+		p.cfg.Logger.Warn("bootstrap bundle carries authorities its trust domain revoked; trusting it without them",
+			logattr.TrustDomain, r.ep.TrustDomain.Name(), "revoked", dropped)
+	}
+	switch {
+	case held:
 		p.cfg.Sink.Set(SourceName(r.ep.TrustDomain), r.held)
+	case len(dropped) > 0:
+		// NewPoller put the whole bootstrap bundle in the store for the
+		// first fetch; none of it may stay.
+		p.cfg.Sink.Remove(SourceName(r.ep.TrustDomain), r.ep.TrustDomain)
 	}
 }
 

@@ -87,6 +87,10 @@ type relationship struct {
 
 	held    *spiffebundle.Bundle // last good, nil when none
 	fromLKG bool
+	// bootstrap is what r holds of its bootstrap bundle when that carried
+	// authorities revoked since (withoutRevoked): held while it is this is
+	// not a fetched bundle either.
+	bootstrap *spiffebundle.Bundle
 	// revoked is the union of what every bundle accepted from the
 	// endpoint listed as revoked, less what expired: a bundle carrying one
 	// is refused. It is replaced, never modified, since saved entries
@@ -121,17 +125,18 @@ func newRelationship(ep Endpoint, policy RefreshPolicy, allowEmpty bool) *relati
 // fetched says whether r holds a bundle its endpoint served (fetched, or
 // restored from the last-known-good store), not only its bootstrap one.
 func (r *relationship) fetched() bool {
-	return r.held != nil && r.held != r.ep.BootstrapBundle
+	return r.held != nil && r.held != r.ep.BootstrapBundle && r.held != r.bootstrap
 }
 
 // holdBootstrap holds the endpoint's bootstrap bundle when nothing else is
 // held; true means it did, and the trust store must hold it too.
-func (r *relationship) holdBootstrap() bool {
+func (r *relationship) holdBootstrap() (held bool, dropped []string) {
 	if r.held != nil || r.ep.BootstrapBundle == nil {
-		return false
+		return false, nil
 	}
-	r.held = r.ep.BootstrapBundle
-	return true
+	r.held, dropped = withoutRevoked(r.ep.BootstrapBundle, r.revoked)
+	r.bootstrap = r.held
+	return r.held != nil, dropped
 }
 
 // reconfigured is r under ep, a new configuration of its trust domain. It
@@ -147,7 +152,9 @@ func (r *relationship) reconfigured(ep Endpoint) *relationship {
 		held: r.held, fromLKG: r.fromLKG, revoked: r.revoked, lastAttempt: r.lastAttempt, lastSuccess: r.lastSuccess,
 		savedAt: r.savedAt, lastErr: r.lastErr, failures: r.failures, refusals: r.refusals, state: r.state}
 	if !r.fetched() {
-		n.held, n.fromLKG = ep.BootstrapBundle, false
+		n.fromLKG = false
+		n.held, _ = withoutRevoked(ep.BootstrapBundle, r.revoked)
+		n.bootstrap = n.held
 	}
 	return n
 }

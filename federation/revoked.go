@@ -126,6 +126,40 @@ func heldRevoked(b *spiffebundle.Bundle, held []Revoked) (Revoked, bool) {
 	return held[slices.IndexFunc(held, func(h Revoked) bool { return h.ID() == r.ID() })], true
 }
 
+// withoutRevoked is b without the authorities held names (nil when none
+// is left), and what it took out; b itself when it carries none. A
+// bootstrap bundle is the operator's, often from before a revocation: it
+// may still hold the root the trust domain revoked since, and trusting it
+// again while the endpoint is down would undo the revocation.
+func withoutRevoked(b *spiffebundle.Bundle, held []Revoked) (*spiffebundle.Bundle, []string) {
+	if _, ok := heldRevoked(b, held); !ok {
+		return b, nil
+	}
+	ids := map[string]bool{}
+	for _, h := range held {
+		ids[h.ID()] = true
+	}
+	out := b.Clone()
+	var dropped []string
+	for _, cert := range b.X509Authorities() {
+		if r := (bundledoc.Revocation{Use: bundledoc.UseX509SVID, X5TS256: bundledoc.X509Thumbprint(cert)}); ids[r.ID()] {
+			out.RemoveX509Authority(cert)
+			dropped = append(dropped, r.String())
+		}
+	}
+	for kid := range b.JWTAuthorities() {
+		if r := (bundledoc.Revocation{Use: bundledoc.UseJWTSVID, KID: kid}); ids[r.ID()] {
+			out.RemoveJWTAuthority(kid)
+			dropped = append(dropped, r.String())
+		}
+	}
+	slices.Sort(dropped)
+	if out.Empty() {
+		return nil, dropped
+	}
+	return out, dropped
+}
+
 // describe says what h is, who revoked it and when, for refusals.
 func (h Revoked) describe(td spiffeid.TrustDomain) string {
 	return fmt.Sprintf("%s was revoked by %s (listed since sequence %s, accepted here %s; refused until %s)",

@@ -285,3 +285,31 @@ func TestPollerRefusesAStoredEntryRevokingItsOwnRoot(t *testing.T) {
 	assert.Nil(t, pf.sink.get(SourceName(fetchTD0)), "nothing trusted from it")
 	assert.Len(t, p.Revoked(fetchTD0), 1, "its revocations are known all the same")
 }
+
+// TestPollerBootstrapWithoutRevoked: a stored entry refused for carrying
+// a root its trust domain revoked leaves the relationship on its
+// bootstrap bundle, which is often the same old root: it is trusted
+// without the revoked authorities (nothing, when none is left), never
+// with them, also once the endpoint is reconfigured.
+func TestPollerBootstrapWithoutRevoked(t *testing.T) {
+	pf := newPollFixture(t)
+	other := testca.New(t, fetchTD0.Name())
+	pf.ep.BootstrapBundle = spiffebundle.FromX509Authorities(fetchTD0, []*x509.Certificate{pf.fx.ca.Cert, other.Cert})
+	require.NoError(t, NewLKGStore(pf.dataDir).Save(LKGEntry{TrustDomain: fetchTD0, Bundle: pf.fx.bundle, FetchedAt: pf.now,
+		Revoked: []Revoked{{Revocation: revokeRoot(pf.fx.ca.Cert, pf.now.Add(time.Hour)), Since: pf.now.UTC()}}}))
+	p := pf.poller(t)
+	require.Len(t, p.LoadLastKnownGood(), 1)
+	held := pf.sink.get(SourceName(fetchTD0))
+	require.NotNil(t, held, "the bootstrap bundle is held")
+	assert.False(t, held.HasX509Authority(pf.fx.ca.Cert), "without the revoked root")
+	assert.True(t, held.HasX509Authority(other.Cert))
+
+	// A bootstrap bundle of the revoked root alone leaves nothing trusted.
+	pf = newPollFixture(t)
+	pf.ep.BootstrapBundle = spiffebundle.FromX509Authorities(fetchTD0, []*x509.Certificate{pf.fx.ca.Cert})
+	require.NoError(t, NewLKGStore(pf.dataDir).Save(LKGEntry{TrustDomain: fetchTD0, Bundle: pf.fx.bundle, FetchedAt: pf.now,
+		Revoked: []Revoked{{Revocation: revokeRoot(pf.fx.ca.Cert, pf.now.Add(time.Hour)), Since: pf.now.UTC()}}}))
+	p = pf.poller(t)
+	require.Len(t, p.LoadLastKnownGood(), 1)
+	assert.Nil(t, pf.sink.get(SourceName(fetchTD0)), "nothing trusted")
+}
