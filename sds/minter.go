@@ -86,8 +86,10 @@ type mintEntry struct {
 	inflight chan struct{} // closed when the signing in progress ends; nil when none
 	err      error         // of the last signing, for those who waited on it
 	// expired is set by Expire: cred is minted anew at the next request,
-	// however fresh it is.
+	// however fresh it is. recheck is Expire's test for a signing that was
+	// in progress when it ran: its result may be stale too.
 	expired bool
+	recheck func(*x509.Certificate) bool
 	elem    *list.Element // in Minter.order
 }
 
@@ -201,32 +203,52 @@ func (m *Minter) refresh(key mintKey, e *mintEntry, done chan struct{}, names mi
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	defer close(done)
 	e.inflight, e.err = nil, err
-	if err == nil {
-		e.expired = false
-		if e.changed != nil {
-			close(e.changed)
+	recheck := e.recheck
+	e.recheck = nil
+	if err != nil {
+		if e.expired && e.cred != nil && m.cfg.Clock.Now().Before(e.cred.Chain[0].NotAfter) {
+			// Expired by a taint, not by time: the old credential is
+			// still valid and stays served until a new one can be signed
+			// (the next request tries again).
+			e.err = nil
+			return e.cred, nil
 		}
-		e.changed = make(chan struct{})
-		cred.Changed = e.changed
-		e.cred = cred
-		if m.entries[key] == e {
-			m.order.MoveToBack(e.elem)
-		}
+		return nil, err
 	}
-	close(done)
-	return cred, err
+	e.expired = recheck != nil && recheck(cred.Chain[0])
+	if e.changed != nil {
+		close(e.changed)
+	}
+	e.changed = make(chan struct{})
+	cred.Changed = e.changed
+	if e.expired {
+		// Signed by a tainted authority while Expire ran: its holders
+		// ask again at once, and get one minted anew.
+		close(e.changed)
+		e.changed = nil
+	}
+	e.cred = cred
+	if m.entries[key] == e {
+		m.order.MoveToBack(e.elem)
+	}
+	return cred, nil
 }
 
 // Expire has every credential whose leaf stale reports (signed by an
 // authority an operator tainted) minted anew, and wakes the streams that
-// hold one: each asks again, and gets a new credential. A stream whose
-// new one cannot be signed keeps what it holds until it can. It returns
-// how many credentials it expired.
+// hold one: each asks again, and gets a new credential. While a new one
+// cannot be signed, the old one, still valid, is handed out again, and
+// the next request tries again. A signing in progress is checked when it
+// ends. It returns how many credentials it expired.
 func (m *Minter) Expire(stale func(leaf *x509.Certificate) bool) int {
 	m.mu.Lock()
 	var wake []chan struct{}
 	for _, e := range m.entries {
+		if e.inflight != nil {
+			e.recheck = stale
+		}
 		if e.cred == nil || e.expired || !stale(e.cred.Chain[0]) {
 			continue
 		}

@@ -5,9 +5,11 @@ import (
 	"crypto"
 	"crypto/rand"
 	"crypto/x509"
+	"errors"
 	"math/big"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -301,4 +303,70 @@ func TestMinterExpire(t *testing.T) {
 	gotB, err := m.Credential(ctx, idB)
 	require.NoError(t, err)
 	assert.Same(t, b, gotB)
+}
+
+// TestMinterExpireWhileSigning: a credential being signed when Expire
+// runs is checked when the signing ends: signed by the tainted authority,
+// its holders are woken at once and the next request mints anew.
+func TestMinterExpireWhileSigning(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	ca := newTestCA(t, localTD, clk)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var blocking atomic.Bool
+	blocking.Store(true)
+	signer := SignerFunc(func(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+		if blocking.Load() {
+			entered <- struct{}{}
+			<-release
+		}
+		return ca.Sign(pub, id, ttl)
+	})
+	m, err := NewMinter(MinterConfig{Signer: signer, TTL: time.Hour, Clock: clk})
+	require.NoError(t, err)
+	got := make(chan *Credential, 1)
+	go func() {
+		c, err := m.Credential(ctx, idA)
+		assert.NoError(t, err)
+		got <- c
+	}()
+	<-entered
+	assert.Equal(t, 0, m.Expire(func(*x509.Certificate) bool { return true }), "nothing held yet")
+	blocking.Store(false)
+	close(release)
+	first := <-got
+	assert.True(t, closed(first.Changed), "signed while Expire ran, by what it expires: its holders ask again")
+	again, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	assert.NotSame(t, first, again, "minted anew")
+	assert.False(t, closed(again.Changed))
+}
+
+// TestMinterExpireKeepsTheOldWhileSigningFails: a credential expired by
+// a taint stays handed out while a new one cannot be signed; the next
+// request tries again.
+func TestMinterExpireKeepsTheOldWhileSigningFails(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	ca := newTestCA(t, localTD, clk)
+	var failing atomic.Bool
+	signer := SignerFunc(func(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration) ([]*x509.Certificate, error) {
+		if failing.Load() {
+			return nil, errors.New("CA unavailable")
+		}
+		return ca.Sign(pub, id, ttl)
+	})
+	m, err := NewMinter(MinterConfig{Signer: signer, TTL: time.Hour, Clock: clk})
+	require.NoError(t, err)
+	old, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	failing.Store(true)
+	require.Equal(t, 1, m.Expire(func(*x509.Certificate) bool { return true }))
+	got, err := m.Credential(ctx, idA)
+	require.NoError(t, err, "the old credential, still valid, instead of an error")
+	assert.Same(t, old, got)
+	failing.Store(false)
+	fresh, err := m.Credential(ctx, idA)
+	require.NoError(t, err)
+	assert.NotSame(t, old, fresh, "the next request mints anew once signing works")
 }

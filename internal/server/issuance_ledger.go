@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"crypto/x509"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -60,8 +61,10 @@ type ledgerCount struct {
 	Last        time.Time
 }
 
-func newIssuanceLedger(clk clock.PassiveClock) *issuanceLedger {
-	return &issuanceLedger{clock: clk, since: clk.Now(), entries: map[string]*ledgerEntry{}, latest: map[string]string{}}
+// newIssuanceLedger counts what is signed from since on: before the CA
+// signs anything in this process.
+func newIssuanceLedger(clk clock.PassiveClock, since time.Time) *issuanceLedger {
+	return &issuanceLedger{clock: clk, since: since, entries: map[string]*ledgerEntry{}, latest: map[string]string{}}
 }
 
 // recordX509 is certservice.Config.Issued.
@@ -186,9 +189,7 @@ func (l *issuanceLedger) jwtSigner(next certservice.JWTSigner) certservice.JWTSi
 }
 
 // signed is admin.Config.Signed: the counts keyed as the admin API keys
-// them, and since when this replica counts. A ledger that had to drop
-// entries (maxLedgerEntries) counts what it kept: the admin API's
-// numbers are then lower bounds, which the log says once.
+// them, and since when this replica counts.
 func (l *issuanceLedger) signed() (map[string]api.SignedCount, time.Time) {
 	counts, since, _ := l.counts()
 	out := make(map[string]api.SignedCount, len(counts))
@@ -196,6 +197,17 @@ func (l *issuanceLedger) signed() (map[string]api.SignedCount, time.Time) {
 		out[k] = api.SignedCount{Live: c.Live, InUse: c.InUse, Last: c.Last}
 	}
 	return out, since
+}
+
+// incomplete is admin.Config.SignedIncomplete: a ledger that had to drop
+// entries (maxLedgerEntries) counts what it kept.
+func (l *issuanceLedger) incomplete() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dropped == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the ledger was full (%d entries) and dropped %d of the soonest-expiring", maxLedgerEntries, l.dropped)
 }
 
 // ledgerJWTSigner records what its signer mints.

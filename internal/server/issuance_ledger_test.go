@@ -28,7 +28,7 @@ func ledgerLeaf(serial int64, id string, akid byte, notAfter time.Time) *x509.Ce
 
 func TestIssuanceLedgerCountsWhatIsInUse(t *testing.T) {
 	clk := clocktesting.NewFakeClock(ledgerT0)
-	l := newIssuanceLedger(clk)
+	l := newIssuanceLedger(clk, clk.Now())
 	agent := authn.Identity{ID: spiffeid.RequireFromString("spiffe://example.org/agent"), Method: authn.MethodBootstrapToken}
 	exp := ledgerT0.Add(time.Hour)
 
@@ -67,7 +67,7 @@ func TestIssuanceLedgerCountsWhatIsInUse(t *testing.T) {
 
 func TestIssuanceLedgerIsBounded(t *testing.T) {
 	clk := clocktesting.NewFakeClock(ledgerT0)
-	l := newIssuanceLedger(clk)
+	l := newIssuanceLedger(clk, clk.Now())
 	caller := authn.Identity{ID: spiffeid.RequireFromString("spiffe://example.org/node")}
 	for i := range maxLedgerEntries + 10 {
 		id := "spiffe://example.org/w/" + big.NewInt(int64(i)).Text(36)
@@ -81,7 +81,7 @@ func TestIssuanceLedgerIsBounded(t *testing.T) {
 
 func TestIssuanceLedgerJWT(t *testing.T) {
 	clk := clocktesting.NewFakeClock(ledgerT0)
-	l := newIssuanceLedger(clk)
+	l := newIssuanceLedger(clk, clk.Now())
 	// A token with kid "k1" (header only matters; the signature is not checked here).
 	token := "eyJhbGciOiJFUzI1NiIsImtpZCI6ImsxIn0.e30.c2ln"
 	s := l.jwtSigner(certservice.JWTSignerFunc(func(spiffeid.ID, []string, time.Duration) (string, time.Time, error) {

@@ -247,6 +247,9 @@ func isTerminal(w io.Writer) bool {
 // runServer runs until ctx is done. ready, when not nil, receives the
 // admin listener's address once the server serves.
 func runServer(ctx context.Context, e env, o Config, ready chan<- string) error {
+	// Before the CA exists: a root it bootstraps now signed nothing the
+	// issuance ledger could have missed.
+	started := e.now()
 	logger, err := NewLogger(e.err, o.LogFormat, o.LogLevel)
 	if err != nil {
 		return err
@@ -293,7 +296,7 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	defer closeAudit()
 	o.GRPC.tokenLedger = kube.tokenLedger(o.DataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail,
-		ledger: newIssuanceLedger(nowClock(e.now)), taints: newCATaints()}
+		ledger: newIssuanceLedger(nowClock(e.now), started), taints: newCATaints()}
 	p.taints.update(authority)
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
@@ -427,7 +430,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	// The operator's authority changes, audited with who asked; the
 	// trail's observer records the states they lead to.
 	cfg.Authorities, cfg.Audit = p.authority, p.trail.record
-	cfg.Signed = p.ledger.signed
+	cfg.Signed, cfg.SignedIncomplete = p.ledger.signed, p.ledger.incomplete
 	if p.ep != nil {
 		cfg.Fetchers = p.ep.fetchers(p.td)
 	}

@@ -131,6 +131,9 @@ type Config struct {
 	// then refused while an authority's InUse is not zero, unless forced.
 	// Nil: nothing is counted and revoke is not held back.
 	Signed func() (map[string]api.SignedCount, time.Time)
+	// SignedIncomplete, when set, says why every count of Signed may be
+	// short (the ledger had to drop entries); "" when none is.
+	SignedIncomplete func() string
 	// Fetchers, when set, lists the clients of our bundle endpoint with
 	// their last fetch, served at GET /v1/bundle/fetchers: activate names
 	// those that fetched before the authority was published, and `ca

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/trustbridge/trustbridge/ca"
@@ -63,12 +64,60 @@ func (h *Handler) CAAuthorities() api.CAAuthorities {
 	}
 	hint := h.refreshHint()
 	for _, r := range h.cfg.Authorities.Roots() {
-		out.X509 = append(out.X509, withSigned(api.RootCAAuthority(r, hint), signed, h.cfg.Signed != nil))
+		out.X509 = append(out.X509, h.withIncomplete(withSigned(api.RootCAAuthority(r, hint), signed, h.cfg.Signed != nil), out.SignedSince, h.cfg.MaxWorkloadTTL))
 	}
 	for _, k := range h.cfg.Authorities.JWTKeys() {
-		out.JWT = append(out.JWT, withSigned(api.JWTCAAuthority(k, hint), signed, h.cfg.Signed != nil))
+		out.JWT = append(out.JWT, h.withIncomplete(withSigned(api.JWTCAAuthority(k, hint), signed, h.cfg.Signed != nil), out.SignedSince, 0))
 	}
 	return out
+}
+
+// signedFrom is when a began signing: its activation, or, for one that
+// signed without an activation on record (retired, or active), its
+// preparation; nil for one that never signed.
+func signedFrom(a api.CAAuthority) *time.Time {
+	switch {
+	case a.ActivatedAt != nil:
+		return a.ActivatedAt
+	case a.RetiredAt != nil || a.State == string(castate.StateActive):
+		return a.PreparedAt
+	}
+	return nil
+}
+
+// withIncomplete says on a's count why it may be short (SignedCount.
+// Incomplete): a signed before since, when this replica began counting,
+// and what it signed then may not have expired (within maxTTL of when it
+// stopped signing, or of since; 0: unknown, it may not have); other
+// replicas sign too; the ledger dropped entries.
+func (h *Handler) withIncomplete(a api.CAAuthority, since *time.Time, maxTTL time.Duration) api.CAAuthority {
+	if a.Signed == nil {
+		return a
+	}
+	var why []string
+	if from := signedFrom(a); from != nil && since != nil && from.Before(*since) {
+		stopped := *since
+		if a.RetiredAt != nil && a.RetiredAt.Before(stopped) {
+			stopped = *a.RetiredAt
+		}
+		if maxTTL == 0 || h.cfg.Clock.Now().Before(stopped.Add(maxTTL)) {
+			why = append(why, fmt.Sprintf("it signed from %s, before this replica began counting at %s", stamp(*from), stamp(*since)))
+		}
+	}
+	if h.cfg.IsLeader != nil {
+		why = append(why, "every replica signs and counts only its own")
+	}
+	if h.cfg.SignedIncomplete != nil {
+		if s := h.cfg.SignedIncomplete(); s != "" {
+			why = append(why, s)
+		}
+	}
+	if len(why) > 0 {
+		n := *a.Signed
+		n.Incomplete = strings.Join(why, "; ")
+		a.Signed = &n
+	}
+	return a
 }
 
 // withSigned is a with its count from signed, zero when it has none,
@@ -197,7 +246,15 @@ func (h *Handler) preparedID(req api.CAAuthorityChange) string {
 // inUse says why a is not to be revoked yet: workloads still present what
 // it signed. "" when none does, or when the server does not count.
 func inUse(a api.CAAuthority) string {
-	if a.Signed == nil || a.Signed.InUse == 0 {
+	if a.Signed == nil {
+		return ""
+	}
+	if a.Signed.InUse == 0 && a.Signed.Incomplete != "" {
+		return fmt.Sprintf("%s %s: this server cannot tell whether workloads still present what it signed (%s); "+
+			"check them (Istio's own clients re-issue only at their next renewal), then revoke it with --force",
+			kindLabel(a), a.ID, a.Signed.Incomplete)
+	}
+	if a.Signed.InUse == 0 {
 		return ""
 	}
 	return fmt.Sprintf("%s %s: %d workloads still present what it signed (the last of it expires at %s); "+
@@ -257,6 +314,16 @@ func (h *Handler) unseen(a api.CAAuthority) ([]api.BundleFetcher, []string) {
 	}
 	var out []api.BundleFetcher
 	var warnings []string
+	if h.cfg.Signed != nil {
+		// The record starts empty with the process (Signed's since).
+		if _, started := h.cfg.Signed(); started.After(published) {
+			warnings = append(warnings, fmt.Sprintf("this replica started at %s, after %s was published at %s: clients that fetched our bundle only before then are not known here",
+				stamp(started), what, stamp(published)))
+		}
+	}
+	if h.cfg.IsLeader != nil {
+		warnings = append(warnings, "each replica records only the clients it served: peers served by another replica are not known here")
+	}
 	for _, f := range h.cfg.Fetchers() {
 		if f.LastFetch.Before(published) {
 			out = append(out, f)

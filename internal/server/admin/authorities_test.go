@@ -170,13 +170,24 @@ func TestAuthorityList(t *testing.T) {
 	assert.Equal(t, "ES256", got.JWT[1].Algorithm)
 
 	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) {
-		return map[string]api.SignedCount{f.skid("01"): {Live: 3, InUse: 2, Last: t0.Add(time.Hour)}, "jwt:k-active": {Live: 1, InUse: 1}}, t0.Add(-time.Hour)
+		return map[string]api.SignedCount{f.skid("01"): {Live: 3, InUse: 2, Last: t0.Add(time.Hour)}, "jwt:k-active": {Live: 1, InUse: 1}}, t0.Add(-48 * time.Hour)
 	}
 	require.NoError(t, json.Unmarshal([]byte(body(t, do(t, New(f.cfg), http.MethodGet, "/v1/ca/authorities"))), &got))
 	require.NotNil(t, got.SignedSince)
-	assert.Equal(t, &api.SignedCount{Live: 3, InUse: 2, Last: t0.Add(time.Hour)}, got.X509[1].Signed)
+	assert.Equal(t, &api.SignedCount{Live: 3, InUse: 2, Last: t0.Add(time.Hour)}, got.X509[1].Signed, "counted since before it signed: complete")
 	assert.Equal(t, &api.SignedCount{}, got.X509[0].Signed, "an authority the ledger does not name signed nothing live")
 	assert.Equal(t, 1, got.JWT[1].Signed.InUse)
+
+	// Counting began after the root began signing (a restart), another
+	// replica signs too, the ledger dropped some: zero proves nothing.
+	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) { return nil, t0.Add(-time.Hour) }
+	f.cfg.IsLeader = func() bool { return true }
+	f.cfg.SignedIncomplete = func() string { return "the ledger dropped 3" }
+	require.NoError(t, json.Unmarshal([]byte(body(t, do(t, New(f.cfg), http.MethodGet, "/v1/ca/authorities"))), &got))
+	why := got.X509[1].Signed.Incomplete
+	assert.Contains(t, why, "before this replica began counting at "+t0.Add(-time.Hour).Format(time.RFC3339))
+	assert.Contains(t, why, "every replica signs and counts only its own")
+	assert.Contains(t, why, "the ledger dropped 3")
 }
 
 func TestAuthorityChange(t *testing.T) {
@@ -284,6 +295,24 @@ func TestAuthorityRevokeWhileInUse(t *testing.T) {
 	assert.Contains(t, entries[0].Reason, "revoked with --force while 4 workloads still presented what it signed")
 }
 
+// TestAuthorityRevokeWhenCountsCannotVouch: nothing counted in use, but
+// counting began after the root began signing (a restart): revoke wants
+// --force, saying why.
+func TestAuthorityRevokeWhenCountsCannotVouch(t *testing.T) {
+	t.Parallel()
+	f := newAuthorityFixture(t)
+	f.auth.roots[0].TaintedAt = t0
+	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) { return nil, t0.Add(-time.Hour) }
+	h := New(f.cfg)
+	rec := change(t, h, `{"action":"revoke","id":"00"}`, bearer...)
+	assert.Equal(t, http.StatusConflict, rec.Code)
+	assert.Contains(t, rec.Body.String(), "root 00: this server cannot tell whether workloads still present what it signed (it signed from")
+	assert.Contains(t, rec.Body.String(), "before this replica began counting")
+	assert.Zero(t, f.auth.calls(), "the CA is not asked")
+	rec = change(t, h, `{"action":"revoke","id":"00","force":true}`, bearer...)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+}
+
 func TestAuthorityActivateNamesUnseenPeers(t *testing.T) {
 	t.Parallel()
 	f := newAuthorityFixture(t)
@@ -312,6 +341,20 @@ func TestAuthorityActivateNamesUnseenPeers(t *testing.T) {
 	assert.Equal(t, "spiffe://west.example/trustbridge", res.NotSeen[1].Client)
 	require.Len(t, res.Warnings, 2)
 	assert.Contains(t, res.Warnings[1], "spiffe://west.example/trustbridge last fetched our bundle at 2026-11-22T10:00:00Z (sequence 6), before root 02 was published")
+
+	// A replica started after the publication, one of several: it says
+	// what its record cannot know.
+	f = newAuthorityFixture(t)
+	f.cfg.Fetchers = func() []api.BundleFetcher { return nil }
+	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) { return nil, t0 }
+	f.cfg.IsLeader = func() bool { return true }
+	rec = change(t, New(f.cfg), `{"action":"activate","id":"02","now":true}`, bearer...)
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	res = api.CAAuthorityResult{}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &res))
+	require.Len(t, res.Warnings, 2)
+	assert.Contains(t, res.Warnings[0], "this replica started at 2026-11-22T12:00:00Z, after root 02 was published")
+	assert.Contains(t, res.Warnings[1], "each replica records only the clients it served")
 }
 
 func TestAuthorityChangeMessage(t *testing.T) {

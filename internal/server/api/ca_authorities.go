@@ -87,6 +87,11 @@ type SignedCount struct {
 	InUse int `json:"in_use"`
 	// Last is when the last of Live expires.
 	Last time.Time `json:"last,omitzero"`
+	// Incomplete, when set, says why the counts may miss some of what the
+	// authority signed: it signed before this replica started counting,
+	// other replicas sign too, or the ledger was full. Zero in use then
+	// proves nothing, and revoke needs --force.
+	Incomplete string `json:"incomplete,omitempty"`
 }
 
 // SignedKey is the key of an authority's SignedCount in the map the

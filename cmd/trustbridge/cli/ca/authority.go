@@ -126,10 +126,15 @@ token.`,
 func authoritiesTable(w io.Writer, list api.CAAuthorities) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tKIND\tSTATE\tTAINTED\tSIGNED LIVE/IN USE\tNOT AFTER")
+	var partial []string
 	for _, a := range append(list.X509, list.JWT...) {
 		signed := "-"
 		if a.Signed != nil {
 			signed = fmt.Sprintf("%d/%d", a.Signed.Live, a.Signed.InUse)
+			if a.Signed.Incomplete != "" {
+				signed += "+?"
+				partial = append(partial, fmt.Sprintf("%s: %s", cli.Printable(a.ID), cli.Printable(a.Signed.Incomplete)))
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", cli.Printable(a.ID), a.Kind, strings.ToUpper(a.State), optStamp(a.TaintedAt), signed, optStamp(a.NotAfter))
 	}
@@ -140,8 +145,15 @@ func authoritiesTable(w io.Writer, list api.CAAuthorities) error {
 	if list.SignedSince != nil {
 		note = "signed: counted since " + optStamp(list.SignedSince) + " (the replica's start)"
 	}
-	_, err := fmt.Fprintf(w, "\ntrust domain %s, bundle sequence %d; %s\n", list.TrustDomain, list.Sequence, note)
-	return err
+	if _, err := fmt.Fprintf(w, "\ntrust domain %s, bundle sequence %d; %s\n", list.TrustDomain, list.Sequence, note); err != nil {
+		return err
+	}
+	for _, p := range partial {
+		if _, err := fmt.Fprintf(w, "+? %s\n", p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func optStamp(t *time.Time) string {
