@@ -699,7 +699,8 @@ func adminConfig(a *ca.Authority, reg *prometheus.Registry, fed *federationSetup
 			}
 			return ep.Ready()
 		},
-		Warning: a.Warning,
+		Warning:     a.Warning,
+		Revocations: func() []bundledoc.Revocation { return caRevocations(a) },
 	}
 	if fed != nil {
 		cfg.Origin = originOf(fed, ctl)

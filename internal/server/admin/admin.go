@@ -131,6 +131,10 @@ type Config struct {
 	// then refused while an authority's InUse is not zero, unless forced.
 	// Nil: nothing is counted and revoke is not held back.
 	Signed func() (map[string]api.SignedCount, time.Time)
+	// Revocations, when set, are the authorities the CA revoked, named in
+	// GET /v1/bundle as the bundle endpoint names them, so that a peer
+	// bootstrapped from it refuses them too.
+	Revocations func() []bundledoc.Revocation
 	// SignedIncomplete, when set, says why every count of Signed may be
 	// short (the ledger had to drop entries); "" when none is.
 	SignedIncomplete func() string
@@ -207,7 +211,11 @@ func (h *Handler) routes() {
 // "bootstrap:" line). Public material; the admin listener is where an
 // operator can reach it without trusting the network for it.
 func (h *Handler) serveBundle(w http.ResponseWriter, _ *http.Request) {
-	doc, err := bundledoc.Marshal(h.cfg.CA.Bundle())
+	var revs []bundledoc.Revocation
+	if h.cfg.Revocations != nil {
+		revs = h.cfg.Revocations()
+	}
+	doc, err := bundledoc.MarshalWithRevocations(h.cfg.CA.Bundle(), revs)
 	if err != nil {
 		http.Error(w, "bundle: "+err.Error(), http.StatusInternalServerError)
 		return

@@ -72,6 +72,15 @@ func TestBundleIsTheLocalBundleDocument(t *testing.T) {
 	assert.Empty(t, warnings)
 	assert.True(t, f.cfg.CA.Bundle().Equal(got), "roots, sequence and refresh hint")
 	assert.Equal(t, http.StatusMethodNotAllowed, do(t, New(f.cfg), http.MethodPost, "/v1/bundle").Code)
+
+	// With what the CA revoked, named as the bundle endpoint names it.
+	revoked := bundledoc.Revocation{Use: bundledoc.UseJWTSVID, KID: "gone", NotAfter: time.Now().Add(time.Hour).Truncate(time.Second).UTC()}
+	f.cfg.Revocations = func() []bundledoc.Revocation { return []bundledoc.Revocation{revoked} }
+	rec = do(t, New(f.cfg), http.MethodGet, "/v1/bundle")
+	require.Equal(t, http.StatusOK, rec.Code)
+	revs, err := bundledoc.ParseRevocations(rec.Body.Bytes())
+	require.NoError(t, err)
+	assert.Equal(t, []bundledoc.Revocation{revoked}, revs)
 }
 
 func TestNoTrustStoreMountsNoSnapshot(t *testing.T) {
