@@ -218,12 +218,15 @@ func TestCADrillStops(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte("secret\n"), 0o600))
 	for _, tc := range []struct {
-		name    string
-		counted bool
-		want    []string
-		actions []string
+		name       string
+		counted    bool
+		incomplete string
+		want       []string
+		actions    []string
 	}{
 		{name: "not counted", want: []string{"does not count what its authorities sign", "nothing was changed"}},
+		{name: "counts cannot vouch", counted: true, incomplete: "it signed from 2026-12-01T00:00:00Z, before this replica began counting",
+			want: []string{"cannot vouch for everything root 0a signed (it signed from 2026-12-01T00:00:00Z", "nothing was changed", "--force"}},
 		{name: "never re-issued", counted: true, actions: []string{"prepare", "activate", "taint"},
 			want: []string{"root 0a: 1 workloads still present what it signed after --timeout 300ms", "it stays tainted, and critical in `trustbridge audit`, until revoked",
 				"trustbridge ca authority revoke --x509 0a"}},
@@ -231,7 +234,7 @@ func TestCADrillStops(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeDrillAdmin{counted: tc.counted, roots: []api.CAAuthority{{ID: "0a", Kind: api.CAKindRoot, State: "active"}}}
 			if tc.counted {
-				f.roots[0].Signed = &api.SignedCount{Live: 1, InUse: 1}
+				f.roots[0].Signed = &api.SignedCount{Live: 1, InUse: 1, Incomplete: tc.incomplete}
 			}
 			srv := httptest.NewServer(f)
 			defer srv.Close()
@@ -244,7 +247,7 @@ func TestCADrillStops(t *testing.T) {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			assert.Equal(t, tc.actions, f.actions)
-			if tc.counted {
+			if tc.counted && tc.incomplete == "" {
 				assert.Contains(t, stdout, "the server has no bundle endpoint: no peer to wait for")
 				assert.Regexp(t, `(?m)^taint\s+\S+\s+\S+\s+\S+\n\n.*stopped: see the error`, stdout, "the timeline up to where it stopped")
 			}

@@ -63,6 +63,9 @@ const peerWindow = 3
 // drillOptions are ca drill's flags.
 type drillOptions struct {
 	x509, jwt, yes bool
+	// force revokes although the server's counts cannot vouch for
+	// everything the authority signed (SignedCount.Incomplete).
+	force bool
 	timeout, poll  time.Duration
 }
 
@@ -115,6 +118,8 @@ func newDrillCmd(e cli.Env) *cobra.Command {
 	f.BoolVar(&o.x509, "x509", false, "drill the X.509 authority: the root, or in upstream mode the intermediate")
 	f.BoolVar(&o.jwt, "jwt", false, "drill the JWT-SVID signing key")
 	f.BoolVar(&o.yes, "yes", false, "run it: the active authority is retired, tainted and revoked for real")
+	f.BoolVar(&o.force, "force", false, "drill although the server's counts cannot vouch for everything the active authority signed "+
+		"(it restarted since the authority began signing, or several replicas sign): wait for what is counted, then revoke with --force")
 	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "how long each wait (publication, re-issue, the peers' fetch) may last")
 	f.DurationVar(&o.poll, "poll", time.Second, "how often to ask the server while waiting")
 	c.AddAuthFlags(f)

@@ -27,6 +27,11 @@ func (d *drill) survey(ctx context.Context) (api.CAAuthority, error) {
 		return a, fmt.Errorf("the server at %s does not count what its authorities sign (ca authority list shows no SIGNED): "+
 			"the drill could not see when the workloads have re-issued; nothing was changed", d.c.Addr)
 	}
+	if why := a.Signed.Incomplete; why != "" && !d.o.force {
+		return a, fmt.Errorf("the server's counts cannot vouch for everything %s %s signed (%s): the drill could not tell when "+
+			"the workloads have re-issued, and the server would refuse the revocation; nothing was changed. Run it with --force "+
+			"to wait for what is counted and revoke then", d.what, a.ID, cli.Printable(why))
+	}
 	if a.Kind == api.CAKindIntermediate {
 		d.what = "intermediate"
 	}
@@ -164,7 +169,7 @@ func (d *drill) waitReissued(ctx context.Context, a api.CAAuthority) error {
 // revoke is step 6: a leaves the bundle; its sequence is what the peers
 // must fetch.
 func (d *drill) revoke(ctx context.Context, a api.CAAuthority) error {
-	res, err := postAuthorityChange(ctx, d.c, api.CAAuthorityChange{Action: "revoke", JWT: d.o.jwt, ID: a.ID})
+	res, err := postAuthorityChange(ctx, d.c, api.CAAuthorityChange{Action: "revoke", JWT: d.o.jwt, ID: a.ID, Force: d.o.force})
 	if err != nil {
 		return err
 	}
