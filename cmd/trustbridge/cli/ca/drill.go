@@ -65,8 +65,8 @@ type drillOptions struct {
 	x509, jwt, yes bool
 	// force revokes although the server's counts cannot vouch for
 	// everything the authority signed (SignedCount.Incomplete).
-	force bool
-	timeout, poll  time.Duration
+	force         bool
+	timeout, poll time.Duration
 }
 
 // check refuses what the drill cannot run with, before it changes
