@@ -235,7 +235,7 @@ func TestJournalRefusesTaintedActiveAndRevokedInUse(t *testing.T) {
 			back.State = castate.StateRetired
 			j.Roots = append(j.Roots, back)
 		},
-		"not \"revoked\"": func(j *castate.Journal) { j.Revoked[0].Root.State = castate.StateRetired },
+		"not \"revoked\"":           func(j *castate.Journal) { j.Revoked[0].Root.State = castate.StateRetired },
 		"does not match its record": func(j *castate.Journal) { j.Revoked[0].DER = j.Revoked[0].DER[:len(j.Revoked[0].DER)-1] },
 		"neither one root nor one JWT key": func(j *castate.Journal) {
 			j.Revoked[0].JWTKey = &castate.JWTKeyRecord{KID: "x", State: castate.StateRevoked}
