@@ -46,12 +46,6 @@ type TaintSource interface {
 	Tainted() ([]Tainted, <-chan struct{})
 }
 
-// TaintSourceFunc adapts a function to TaintSource.
-type TaintSourceFunc func() ([]Tainted, <-chan struct{})
-
-// Tainted calls f.
-func (f TaintSourceFunc) Tainted() ([]Tainted, <-chan struct{}) { return f() }
-
 // taintCache keeps the wire form of the current taints, rendered once
 // per change of the source rather than once per stream wake-up.
 type taintCache struct {

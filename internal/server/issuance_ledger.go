@@ -9,12 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-jose/go-jose/v4"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
@@ -71,12 +71,13 @@ func newIssuanceLedger(clk clock.PassiveClock, since time.Time) *issuanceLedger 
 func (l *issuanceLedger) recordX509(rec certservice.IssuedCertificate) {
 	leaf := rec.Leaf
 	key := "x509:" + leaf.SerialNumber.Text(16)
-	workload := rec.Caller.ID.String() + "\x00" + leafID(leaf) + "\x00" + string(rec.Caller.Pod.UID)
+	id := leafID(leaf)
+	workload := rec.Caller.ID.String() + "\x00" + id + "\x00" + string(rec.Caller.Pod.UID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()
 	l.pruneLocked(now)
-	if p := rec.Presented; p != nil && leafID(p) == leafID(leaf) {
+	if p := rec.Presented; p != nil && leafID(p) == id {
 		l.supersedeLocked("x509:" + p.SerialNumber.Text(16))
 	}
 	if prev, ok := l.latest[workload]; ok {
@@ -89,7 +90,7 @@ func (l *issuanceLedger) recordX509(rec certservice.IssuedCertificate) {
 // recordJWT records a JWT-SVID; tokens are not renewed, so each is in use
 // until it expires.
 func (l *issuanceLedger) recordJWT(token string, exp time.Time) {
-	kid := jwtKeyID(token)
+	kid := jwtsvid.KeyID(token)
 	if kid == "" {
 		return
 	}
@@ -160,16 +161,6 @@ func leafID(c *x509.Certificate) string {
 		return ""
 	}
 	return id.String()
-}
-
-// jwtKeyID is the kid in a compact JWS header; "" when it does not parse.
-// The token was just minted here: parsing it again only reads the header.
-func jwtKeyID(token string) string {
-	jws, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256, jose.ES384, jose.RS256})
-	if err != nil || len(jws.Signatures) != 1 {
-		return ""
-	}
-	return jws.Signatures[0].Header.KeyID
 }
 
 // issued is certservice.Config.Issued for l; nil for a nil l.

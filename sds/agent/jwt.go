@@ -3,8 +3,6 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
@@ -21,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
@@ -139,7 +138,7 @@ func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time)
 	if !exp.After(now) {
 		return "", errors.New("the certificate service minted a JWT-SVID that has already expired (clock skew?)")
 	}
-	m.store(key, cachedJWT{token: svid.Token, refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp, kid: jwtKeyID(svid.Token)}, now)
+	m.store(key, cachedJWT{token: svid.Token, refreshAt: now.Add(exp.Sub(now) / 2), expAt: exp, kid: jwtsvid.KeyID(svid.Token)}, now)
 	return svid.Token, nil
 }
 
@@ -300,30 +299,4 @@ func (m *jwtMinter) dropTainted(set taintSet) int {
 		}
 	}
 	return n
-}
-
-// maxJWTHeader bounds the header read for its kid: a JWT-SVID's is a
-// few dozen bytes.
-const maxJWTHeader = 4096
-
-// jwtKeyID is the kid of a compact JWS's protected header, "" when it
-// has none or the token does not parse (the server minted it; a token
-// this cannot read is then never matched against a taint, and expires as
-// any other).
-func jwtKeyID(token string) string {
-	head, _, ok := strings.Cut(token, ".")
-	if !ok || len(head) > maxJWTHeader {
-		return ""
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(head)
-	if err != nil {
-		return ""
-	}
-	var h struct {
-		KeyID string `json:"kid"`
-	}
-	if json.Unmarshal(raw, &h) != nil {
-		return ""
-	}
-	return h.KeyID
 }

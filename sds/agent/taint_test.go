@@ -26,6 +26,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/jwtsvid"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
@@ -276,8 +277,8 @@ func TestJWTMinterDropsTaintedKeys(t *testing.T) {
 	cell := &taintCell{}
 	m.followTaints(cell)
 	exp := time.Now().Add(time.Hour)
-	m.store("old", cachedJWT{token: fakeToken("old-kid"), refreshAt: exp, expAt: exp, kid: jwtKeyID(fakeToken("old-kid"))}, time.Now())
-	m.store("new", cachedJWT{token: fakeToken("new-kid"), refreshAt: exp, expAt: exp, kid: jwtKeyID(fakeToken("new-kid"))}, time.Now())
+	m.store("old", cachedJWT{token: fakeToken("old-kid"), refreshAt: exp, expAt: exp, kid: jwtsvid.KeyID(fakeToken("old-kid"))}, time.Now())
+	m.store("new", cachedJWT{token: fakeToken("new-kid"), refreshAt: exp, expAt: exp, kid: jwtsvid.KeyID(fakeToken("new-kid"))}, time.Now())
 	require.Equal(t, "old-kid", m.cache["old"].kid)
 
 	cell.take(&caclient.Bundles{Tainted: []caclient.TaintedAuthority{{JWTKeyID: "old-kid"}}}, nil)
@@ -308,9 +309,9 @@ func fakeToken(kid string) string {
 }
 
 func TestJWTKeyID(t *testing.T) {
-	assert.Equal(t, "k1", jwtKeyID(fakeToken("k1")))
+	assert.Equal(t, "k1", jwtsvid.KeyID(fakeToken("k1")))
 	for _, bad := range []string{"", "nodots", "!!!.e30.x", base64.RawURLEncoding.EncodeToString([]byte("[1]")) + ".e30.x"} {
-		assert.Empty(t, jwtKeyID(bad), bad)
+		assert.Empty(t, jwtsvid.KeyID(bad), bad)
 	}
 }
 
