@@ -294,6 +294,14 @@ func (m *manager) pruneRevokedLocked(now time.Time) bool {
 // new intermediate now. It signs at once when the upstream's roots are
 // already published (they usually are), and the one it replaces retires.
 func (m *manager) prepareIntermediate() (string, error) {
+	m.mu.RLock()
+	waiting := m.preparedLocked(false)
+	m.mu.RUnlock()
+	if waiting != "" {
+		// One waits for its new upstream roots to be published: it is the
+		// successor, as prepare's answer elsewhere.
+		return waiting, nil
+	}
 	key, ref, chain, err := m.requestIntermediate()
 	if err != nil {
 		m.upstreamFailed(m.cfg.Clock.Now(), err)
