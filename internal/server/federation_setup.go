@@ -287,6 +287,25 @@ func StaticEndpoints(o FederationConfig, td spiffeid.TrustDomain, held func(spif
 	return fromFlag, fromFile, warnings, nil
 }
 
+// checkFederationInputs reads and checks --federate (with its bundle
+// files) and --federation-config as setupFederation will, before any
+// state exists: a bad one must not leave a new CA behind. What the
+// last-known-good store holds is not known yet (with Kubernetes storage,
+// not before the API server is reached): an endpoint that may rely on it
+// is given the benefit of the doubt here and judged again at setup.
+func checkFederationInputs(o Config, td spiffeid.TrustDomain) error {
+	held := func(spiffeid.TrustDomain) bool { return true }
+	if fileStorage(o) {
+		lkg := federation.NewLKGStore(o.DataDir)
+		held = func(td spiffeid.TrustDomain) bool {
+			e, err := lkg.Load(td)
+			return err != nil || e != nil
+		}
+	}
+	_, _, _, err := StaticEndpoints(o.Federation, td, held)
+	return err
+}
+
 // federationFile reads the federation list of --federation-config or of
 // the --config file (nil when there is neither), and says which flag and
 // file it came from; bundle files it names are read relative to it.

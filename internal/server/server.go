@@ -529,6 +529,9 @@ func checkServerBasics(o Config, logger *slog.Logger) (spiffeid.TrustDomain, ca.
 	if err := checkIssuerCertificate(o.Bundle, o.JWT.Issuer, td); err != nil {
 		return td, kt, err
 	}
+	if err := checkFederationInputs(o, td); err != nil {
+		return td, kt, err
+	}
 	if err := prepareDataDir(o); err != nil {
 		return td, kt, err
 	}
