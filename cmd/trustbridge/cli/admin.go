@@ -63,6 +63,9 @@ func (c *AdminClient) Token() (string, error) {
 func (c *AdminClient) Do(ctx context.Context, method, path string, body []byte, auth bool) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	if _, err := AdminURL(c.Addr); err != nil {
+		return "", err
+	}
 	client, base := c.Client()
 	// The transport is this call's own: leave no idle connection behind
 	// to count against the admin listener's per-source limit.
@@ -145,7 +148,11 @@ func (c *AdminClient) Client() (*http.Client, string) {
 // admin listener may bind 0.0.0.0 (the Helm chart does), which makes an
 // http://POD-IP address work, and sends the token over the pod network.
 func TokenTransportOK(addr string) error {
-	u, err := url.Parse(addr)
+	norm, err := AdminURL(addr)
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(norm)
 	if err != nil {
 		return fmt.Errorf("--admin %q: %w", addr, err)
 	}
@@ -160,6 +167,24 @@ func TokenTransportOK(addr string) error {
 	return fmt.Errorf("--admin %s: refusing to send the admin token in clear text to a host that is not loopback "+
 		"(plain http is for 127.0.0.0/8, ::1 or localhost); run this on the server's host, use its --admin-socket "+
 		"(--admin unix://PATH), or forward the admin port to loopback (kubectl port-forward POD 15014) and use --admin http://127.0.0.1:15014", addr)
+}
+
+// AdminURL checks --admin: unix://PATH, or an http:// or https:// URL of
+// a host; anything else (HOST:PORT without a scheme, another scheme, user
+// info) is refused saying what to write, not with Go's URL error.
+func AdminURL(addr string) (string, error) {
+	if strings.HasPrefix(addr, "unix://") {
+		return addr, nil
+	}
+	u, err := url.Parse(addr)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		example := "http://127.0.0.1:15014"
+		if !strings.Contains(addr, "://") && addr != "" {
+			example = "http://" + addr
+		}
+		return "", fmt.Errorf("--admin %q: want http://HOST:PORT (e.g. %s), https://HOST:PORT or unix://PATH of the server's --admin-socket", addr, example)
+	}
+	return addr, nil
 }
 
 func isLoopbackHost(host string) bool {
