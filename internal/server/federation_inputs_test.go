@@ -31,17 +31,30 @@ func TestFederationInputsRefusedBeforeState(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dataDir := filepath.Join(t.TempDir(), "data")
-			o := Config{
-				TrustDomain: "example.org", DataDir: dataDir, Init: true, AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
-				CATTL: 8760 * time.Hour, MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute,
-				LogFormat: "json", LogLevel: "info", Federation: tt.fed,
-			}
-			var out, logs strings.Builder
-			err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
+			o := firstStart(dataDir)
+			o.Federation = tt.fed
+			err := runFirstStart(o)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 			_, statErr := os.Stat(filepath.Join(dataDir, "ca"))
 			assert.True(t, os.IsNotExist(statErr), "no CA state was created")
 		})
 	}
+}
+
+// firstStart is a first start (--init) of example.org on dataDir, with
+// the flags' defaults and loopback listeners.
+func firstStart(dataDir string) Config {
+	return Config{
+		TrustDomain: "example.org", DataDir: dataDir, Init: true, AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
+		CATTL: 8760 * time.Hour, MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute,
+		LogFormat: "json", LogLevel: "info",
+	}
+}
+
+// runFirstStart runs o as the server would; a start refused before it
+// serves returns at once.
+func runFirstStart(o Config) error {
+	var out, logs strings.Builder
+	return runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
 }

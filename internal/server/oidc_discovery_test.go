@@ -1,12 +1,10 @@
 package server
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -59,14 +57,9 @@ func TestIssuerFlagsRefusedBeforeState(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dataDir := filepath.Join(t.TempDir(), "data")
-			o := Config{
-				TrustDomain: "example.org", DataDir: dataDir, Init: true, AdminListen: "127.0.0.1:0", KeyType: "ec-p256",
-				CATTL: 8760 * time.Hour, MaxWorkloadTTL: 90 * 24 * time.Hour, RefreshHint: 5 * time.Minute,
-				LogFormat: "json", LogLevel: "info", Bundle: tt.b,
-			}
-			o.JWT.Issuer = tt.issuer
-			var out, logs strings.Builder
-			err := runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
+			o := firstStart(dataDir)
+			o.Bundle, o.JWT.Issuer = tt.b, tt.issuer
+			err := runFirstStart(o)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
 			_, statErr := os.Stat(filepath.Join(dataDir, "ca"))

@@ -62,12 +62,12 @@ func (h *Handler) CAAuthorities() api.CAAuthorities {
 		since = since.UTC()
 		out.SignedSince = &since
 	}
-	hint := h.refreshHint()
+	hint, shared := h.refreshHint(), h.incompleteEverywhere()
 	for _, r := range h.cfg.Authorities.Roots() {
-		out.X509 = append(out.X509, h.withIncomplete(withSigned(api.RootCAAuthority(r, hint), signed, h.cfg.Signed != nil), out.SignedSince, h.cfg.MaxWorkloadTTL))
+		out.X509 = append(out.X509, h.withIncomplete(withSigned(api.RootCAAuthority(r, hint), signed, h.cfg.Signed != nil), out.SignedSince, h.cfg.MaxWorkloadTTL, shared))
 	}
 	for _, k := range h.cfg.Authorities.JWTKeys() {
-		out.JWT = append(out.JWT, h.withIncomplete(withSigned(api.JWTCAAuthority(k, hint), signed, h.cfg.Signed != nil), out.SignedSince, 0))
+		out.JWT = append(out.JWT, h.withIncomplete(withSigned(api.JWTCAAuthority(k, hint), signed, h.cfg.Signed != nil), out.SignedSince, 0, shared))
 	}
 	return out
 }
@@ -88,9 +88,9 @@ func signedFrom(a api.CAAuthority) *time.Time {
 // withIncomplete says on a's count why it may be short (SignedCount.
 // Incomplete): a signed before since, when this replica began counting,
 // and what it signed then may not have expired (within maxTTL of when it
-// stopped signing, or of since; 0: unknown, it may not have); other
-// replicas sign too; the ledger dropped entries.
-func (h *Handler) withIncomplete(a api.CAAuthority, since *time.Time, maxTTL time.Duration) api.CAAuthority {
+// stopped signing, or of since; 0: unknown, it may not have); and shared,
+// the reasons that hold for every authority (incompleteEverywhere).
+func (h *Handler) withIncomplete(a api.CAAuthority, since *time.Time, maxTTL time.Duration, shared []string) api.CAAuthority {
 	if a.Signed == nil {
 		return a
 	}
@@ -104,6 +104,20 @@ func (h *Handler) withIncomplete(a api.CAAuthority, since *time.Time, maxTTL tim
 			why = append(why, fmt.Sprintf("it signed from %s, before this replica began counting at %s", stamp(*from), stamp(*since)))
 		}
 	}
+	why = append(why, shared...)
+	if len(why) > 0 {
+		n := *a.Signed
+		n.Incomplete = strings.Join(why, "; ")
+		a.Signed = &n
+	}
+	return a
+}
+
+// incompleteEverywhere are the reasons every authority's count may be
+// short, read once per listing: other replicas sign, the ledger dropped
+// entries.
+func (h *Handler) incompleteEverywhere() []string {
+	var why []string
 	if h.cfg.IsLeader != nil {
 		why = append(why, "every replica signs and counts only its own")
 	}
@@ -112,12 +126,7 @@ func (h *Handler) withIncomplete(a api.CAAuthority, since *time.Time, maxTTL tim
 			why = append(why, s)
 		}
 	}
-	if len(why) > 0 {
-		n := *a.Signed
-		n.Incomplete = strings.Join(why, "; ")
-		a.Signed = &n
-	}
-	return a
+	return why
 }
 
 // withSigned is a with its count from signed, zero when it has none,
