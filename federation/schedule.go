@@ -1,8 +1,9 @@
 package federation
 
 import (
-	"math"
 	"time"
+
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // Refresh timing (SPIFFE Federation §6.2: poll at the bundle's refresh hint,
@@ -90,36 +91,9 @@ func RefreshInterval(hint time.Duration, hasHint bool, p RefreshPolicy) time.Dur
 // values approaching 1 to +10%. Values outside [0, 1) are clamped; NaN
 // means no jitter.
 func NextRefresh(interval time.Duration, failures int, rnd float64) time.Duration {
-	switch {
-	case math.IsNaN(rnd):
-		rnd = 0.5
-	case rnd < 0:
-		rnd = 0
-	case rnd > 1:
-		rnd = 1
-	}
-	factor := 1 + jitterFraction*(2*rnd-1)
 	interval = max(interval, MinRetry)
 	if failures <= 0 {
-		return max(scale(interval, factor), MinRetry)
+		return max(loop.Jitter(interval, jitterFraction, rnd), MinRetry)
 	}
-	base := interval
-	// MinRetry<<(failures-1), capped at interval, without ever shifting
-	// past interval (which would overflow for large failure counts).
-	if shift := failures - 1; shift < 63 && MinRetry <= interval>>shift {
-		base = MinRetry << shift
-	}
-	return min(max(scale(base, factor), MinRetry), interval)
-}
-
-// scale returns d*f, saturating instead of overflowing.
-func scale(d time.Duration, f float64) time.Duration {
-	v := float64(d) * f
-	if v >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	if v <= math.MinInt64 {
-		return math.MinInt64
-	}
-	return time.Duration(v)
+	return loop.Backoff{Base: MinRetry, Max: interval, Jitter: jitterFraction}.Delay(failures, rnd)
 }

@@ -148,9 +148,9 @@ func TestReauthUnavailableKeepsCredential(t *testing.T) {
 		// apart, past the refresh point, until the leaf's NotAfter.
 		e.stepAndWaitRetries(DefaultReauthInterval, 1)
 		retries := 1.0
-		for e.clock.Now().Before(leaf.NotAfter.Add(-maxReauthRetryDelay)) {
+		for e.clock.Now().Before(leaf.NotAfter.Add(-reauthRetry.Max)) {
 			retries++
-			e.stepAndWaitRetries(maxReauthRetryDelay, retries)
+			e.stepAndWaitRetries(reauthRetry.Max, retries)
 		}
 		assert.Equal(t, signs, e.ca.signCount(), "no certificate minted without authentication")
 		e.clock.SetTime(leaf.NotAfter)

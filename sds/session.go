@@ -15,6 +15,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	retryloop "github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -388,18 +389,15 @@ func reauthGraceEnd(since time.Time, interval time.Duration, cred *Credential) t
 	return since.Add(interval)
 }
 
-// Backoff of re-authentication retries: from minRefreshDelay, doubling,
-// at most maxReauthRetryDelay apart.
-const maxReauthRetryDelay = time.Minute
+// reauthRetry spaces re-authentication retries: from minRefreshDelay,
+// doubling, at most a minute apart. No jitter: each stream retries on its
+// own schedule, started by its own failure.
+var reauthRetry = retryloop.Backoff{Base: minRefreshDelay, Max: time.Minute}
 
 // reauthRetryDelay is the wait before retry number failures (1 for the
 // first retry).
 func reauthRetryDelay(failures int) time.Duration {
-	d := minRefreshDelay
-	for i := 1; i < failures && d < maxReauthRetryDelay; i++ {
-		d *= 2
-	}
-	return min(d, maxReauthRetryDelay)
+	return reauthRetry.Delay(failures, 0.5)
 }
 
 // loop serves a stream after its first request until it ends: each

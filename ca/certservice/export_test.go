@@ -1,8 +1,11 @@
 package certservice
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
 )
 
@@ -37,8 +40,10 @@ func (s *Service) SetMaxWatchMessageForTest(n int64) { s.maxWatchMessage.Store(n
 // SetRandForTest fixes the jitter of re-authentication.
 func (s *Service) SetRandForTest(f func() float64) { s.rand.Store(&f) }
 
-// Jittered is jittered.
-var Jittered = jittered
+// Jittered is the re-authentication jitter applied to d.
+func Jittered(d time.Duration, r float64) time.Duration {
+	return loop.Jitter(d, reauthJitter, r)
+}
 
 // SetFaultLogForTest replaces the limiter of lasting faults' Error lines.
 func (s *Service) SetFaultLogForTest(l *ratelimit.LogLimiter) { s.faultLog.Store(l) }

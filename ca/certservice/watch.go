@@ -22,6 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
@@ -300,7 +301,7 @@ func (w *watch) untilCheck(now time.Time) time.Duration {
 
 // nextReauth is a jittered interval after now.
 func (w *watch) nextReauth(now time.Time) time.Time {
-	return now.Add(jittered(w.s.cfg.WatchReauthInterval, (*w.s.rand.Load())()))
+	return now.Add(loop.Jitter(w.s.cfg.WatchReauthInterval, reauthJitter, (*w.s.rand.Load())()))
 }
 
 // check ends the stream once the credential has expired, and proves the
@@ -314,12 +315,6 @@ func (w *watch) check(ctx context.Context, now time.Time) *refusal {
 	}
 	w.reauthAt = w.nextReauth(now)
 	return nil
-}
-
-// jittered is d moved by up to ±reauthJitter of itself: r in [0, 1)
-// picks where.
-func jittered(d time.Duration, r float64) time.Duration {
-	return time.Duration(float64(d) * (1 - reauthJitter + 2*reauthJitter*r))
 }
 
 // reauthenticate ends the stream once the credential that opened it has

@@ -145,8 +145,8 @@ type Agent struct {
 
 	// probeTimeout bounds the check for a live SDS server on the socket.
 	probeTimeout time.Duration
-	// backoffBase and backoffMax bound the relay's reconnect delays.
-	backoffBase, backoffMax time.Duration
+	// retry spaces the relay's reconnects.
+	retry loop.Backoff
 
 	// node: serve the node's workloads (NodeConfig), not one identity.
 	node *NodeConfig
@@ -182,8 +182,7 @@ func New(cfg Config) (*Agent, error) {
 		log:          cfg.Logger,
 		reg:          cfg.Registerer,
 		probeTimeout: 2 * time.Second,
-		backoffBase:  250 * time.Millisecond,
-		backoffMax:   30 * time.Second,
+		retry:        loop.Backoff{Base: 250 * time.Millisecond, Max: 30 * time.Second, Jitter: retryJitter},
 	}
 	a.applyDefaults()
 	if a.pollInterval < 0 {
@@ -446,8 +445,7 @@ func (a *Agent) runCA(ctx context.Context) error {
 		clock:       a.clock,
 		log:         a.log,
 		metrics:     a.metrics,
-		backoffBase: a.backoffBase,
-		backoffMax:  a.backoffMax,
+		retry:       a.retry,
 		relayed:     make(chan struct{}),
 	}
 	a.log.Info("serving certificates from the CA", "ca_addr", a.caAddr, logattr.SPIFFEID, id.String())

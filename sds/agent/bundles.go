@@ -16,6 +16,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // bundleWatcher follows the server's WatchBundles (the bundles the trust
@@ -32,12 +33,11 @@ type bundleWatcher struct {
 	taints    *taintCell
 	// taintsOnly: no Workload API reads out; the stream is followed for
 	// the taints alone (an agent without --workload-api-socket).
-	taintsOnly  bool
-	clock       clock.Clock
-	log         *slog.Logger
-	metrics     *metrics
-	backoffBase time.Duration
-	backoffMax  time.Duration
+	taintsOnly bool
+	clock      clock.Clock
+	log        *slog.Logger
+	metrics    *metrics
+	retry      loop.Backoff
 
 	// down is set while an outage is logged; withheld holds the trust
 	// domains already logged as withheld.
@@ -67,7 +67,7 @@ func (w *bundleWatcher) Run(ctx context.Context) error {
 			failures = 0
 		}
 		failures++
-		d := backoff(failures, w.backoffBase, w.backoffMax, rand.Float64())
+		d := w.retry.Delay(failures, rand.Float64())
 		w.metrics.bundleStreamErrs.Inc()
 		w.outage(err, d)
 		t := w.clock.NewTimer(d)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -41,7 +42,7 @@ func TestBundleWatcherReconnectsAtCertificateEnd(t *testing.T) {
 	w := &bundleWatcher{
 		addr: up.addr, tlsConfig: newFakeRotator(t, caA, workload).ClientTLS, local: tdA, out: out,
 		clock: clocktesting.NewFakeClock(time.Now()), log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})), metrics: m,
-		backoffBase: time.Hour, backoffMax: time.Hour,
+		retry: loop.Backoff{Base: time.Hour, Max: time.Hour, Jitter: retryJitter},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

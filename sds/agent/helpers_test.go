@@ -35,6 +35,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -301,8 +302,7 @@ func newTestAgent(t testing.TB, cfg Config) *Agent {
 	a, err := New(cfg)
 	require.NoError(t, err)
 	a.probeTimeout = 300 * time.Millisecond
-	a.backoffBase = 20 * time.Millisecond
-	a.backoffMax = 200 * time.Millisecond
+	a.retry = loop.Backoff{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: retryJitter}
 	return a
 }
 

@@ -27,6 +27,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/sds"
 )
@@ -192,8 +193,8 @@ type IdentityCache struct {
 	metrics   *identityMetrics
 	sem       chan struct{} // one slot per fetch in flight
 
-	// retryBase and retryMax bound the delays between failed renewals.
-	retryBase, retryMax time.Duration
+	// retry spaces failed renewals.
+	retry loop.Backoff
 
 	// taints is the taint set in force (setTaints); taintReissues, when
 	// set, counts the re-issues it caused.
@@ -245,8 +246,7 @@ func NewIdentityCache(cfg IdentityCacheConfig) (*IdentityCache, error) {
 		failLog:   ratelimit.NewLogLimiter(identityLogEvery, 1),
 		metrics:   m,
 		sem:       make(chan struct{}, cmp.Or(cfg.MaxConcurrentFetches, DefaultMaxConcurrentFetches)),
-		retryBase: identityRetryBase,
-		retryMax:  identityRetryMax,
+		retry:     loop.Backoff{Base: identityRetryBase, Max: identityRetryMax, Jitter: retryJitter},
 		started:   make(chan struct{}),
 		entries:   make(map[identityKey]*identityEntry),
 	}
@@ -650,7 +650,7 @@ func (c *IdentityCache) renewLoop(ctx context.Context, e *identityEntry, chain [
 			return
 		}
 		failures++
-		next = now.Add(backoff(failures, c.retryBase, c.retryMax, c.rand()))
+		next = now.Add(c.retry.Delay(failures, c.rand()))
 		c.setStale(e, !expired)
 		c.log.Log(ctx, c.failLog.Level(slog.LevelError), "renewing an identity's certificate failed; serving the last one until it expires",
 			e.logAttrs("not_after", leaf.NotAfter.UTC().Format(time.RFC3339), logattr.Error, err.Error(), "retry_in", next.Sub(now))...)
@@ -672,7 +672,7 @@ func (c *IdentityCache) judgeIssued(d *taintDue, chain []*x509.Certificate) {
 	if p := c.taints.Load(); p != nil {
 		set = *p
 	}
-	if d.onIssued(chain, set, c.clock.Now(), c.retryBase, c.retryMax, c.rand()) && c.taintReissues != nil {
+	if d.onIssued(chain, set, c.clock.Now(), c.retry, c.rand()) && c.taintReissues != nil {
 		c.taintReissues.Inc()
 	}
 }
@@ -894,7 +894,7 @@ func checkFetched(chain []*x509.Certificate, key *ecdsa.PrivateKey, id spiffeid.
 // nextRenewal is when to renew the certificate whose leaf was just
 // fetched: renewAt, unless that has passed (a leaf backdated or mostly
 // spent, a clock off), then the grace point of what is left of it, and
-// never sooner than retryBase from now, so a server handing out such
+// never sooner than retry.Base from now, so a server handing out such
 // leaves is not asked again in a tight loop.
 func (c *IdentityCache) nextRenewal(leaf *x509.Certificate) time.Time {
 	now := c.clock.Now()
@@ -902,7 +902,7 @@ func (c *IdentityCache) nextRenewal(leaf *x509.Certificate) time.Time {
 	if at.Before(now) {
 		at = gracePoint(now, leaf.NotAfter, c.grace)
 	}
-	return maxTime(at, now.Add(c.retryBase))
+	return maxTime(at, now.Add(c.retry.Base))
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -190,7 +190,7 @@ func TestRenewAt(t *testing.T) {
 
 // A leaf whose grace point has passed when it arrives (backdated, or
 // mostly spent) is renewed at the grace point of what is left, and never
-// sooner than retryBase from now.
+// sooner than retry.Base from now.
 func TestNextRenewal(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	c := newTestCache(t, IdentityCacheConfig{Fetcher: newFakeFetcher(t, time.Hour), Clock: clocktesting.NewFakeClock(now), Rand: fixedRand(0.5)})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/ratelimit"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
@@ -62,13 +63,12 @@ type nodeTrust struct {
 	serverRoots func([]*x509.Certificate)
 	// revoke, when set, is told an identity the server refused to this
 	// node on its trust stream (IdentityCache.Revoke).
-	revoke      func(spiffeid.ID, error)
-	clock       clock.Clock
-	log         *slog.Logger
-	failLog     *ratelimit.LogLimiter
-	metrics     *metrics
-	backoffBase time.Duration
-	backoffMax  time.Duration
+	revoke  func(spiffeid.ID, error)
+	clock   clock.Clock
+	log     *slog.Logger
+	failLog *ratelimit.LogLimiter
+	metrics *metrics
+	retry   loop.Backoff
 	// localOnly is the decision of an identity whose trust has not
 	// arrived: its own trust domain only.
 	localOnly *trustpolicy.Policy
@@ -115,7 +115,7 @@ func newNodeTrust(local spiffeid.TrustDomain, watch trustWatchFunc, serverRoots 
 	return &nodeTrust{
 		local: local, watch: watch, cell: sds.NewTrustCell(), serverRoots: serverRoots,
 		clock: clk, log: log, failLog: ratelimit.NewLogLimiter(identityLogEvery, 1), metrics: m,
-		backoffBase: 250 * time.Millisecond, backoffMax: 30 * time.Second,
+		retry:     loop.Backoff{Base: 250 * time.Millisecond, Max: 30 * time.Second, Jitter: retryJitter},
 		localOnly: localOnly,
 		ids:       make(map[spiffeid.ID]*identityTrust),
 		tds:       make(map[spiffeid.TrustDomain]*tdRoots),
@@ -167,7 +167,7 @@ func (n *nodeTrust) follow(ctx context.Context, id spiffeid.ID) {
 			continue
 		}
 		failures++
-		d := backoff(failures, n.backoffBase, n.backoffMax, rand.Float64())
+		d := n.retry.Delay(failures, rand.Float64())
 		n.metrics.bundleStreamErrs.Inc()
 		n.log.Log(ctx, n.failLog.Level(slog.LevelWarn), "lost a workload's trust stream from the certificate service; keeping its last good trust and retrying",
 			logattr.SPIFFEID, id.String(), logattr.Error, errString(err), "retry_in", d)

@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/pemfile"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
@@ -69,12 +70,11 @@ type relay struct {
 	policy *trustpolicy.Cell
 	// seed is the trust before the server said anything: the roots the
 	// agent was configured with.
-	seed        map[spiffeid.TrustDomain][]*x509.Certificate
-	clock       clock.Clock
-	log         *slog.Logger
-	metrics     *metrics
-	backoffBase time.Duration
-	backoffMax  time.Duration
+	seed    map[spiffeid.TrustDomain][]*x509.Certificate
+	clock   clock.Clock
+	log     *slog.Logger
+	metrics *metrics
+	retry   loop.Backoff
 
 	// Last good resources; nil until received.
 	all    map[spiffeid.TrustDomain][]*x509.Certificate
@@ -104,7 +104,7 @@ func (r *relay) Run(ctx context.Context) error {
 			failures = 0
 		}
 		failures++
-		d := backoff(failures, r.backoffBase, r.backoffMax, rand.Float64())
+		d := r.retry.Delay(failures, rand.Float64())
 		r.metrics.relayStreamErrs.Inc()
 		r.log.Warn("SDS stream to the server failed; keeping the last good trust and retrying",
 			"ca_addr", r.addr, logattr.Error, err.Error(), "retry_in", d)
@@ -118,17 +118,10 @@ func (r *relay) Run(ctx context.Context) error {
 	}
 }
 
-// backoff is the delay before retry number failures (from 1): base
-// doubled per failure up to maxDelay, of which the upper half is jitter
-// (jitter in [0, 1)). The Rotator uses it too.
-func backoff(failures int, base, maxDelay time.Duration, jitter float64) time.Duration {
-	d := base
-	for i := 1; i < failures && d < maxDelay; i++ {
-		d *= 2
-	}
-	d = min(d, maxDelay)
-	return d/2 + time.Duration(float64(d/2)*jitter)
-}
+// retryJitter spreads the agent's retries over ±20% of each delay, so
+// the agents of a fleet that lost the server together do not come back
+// together.
+const retryJitter = 0.2
 
 // stream runs one SDS stream. progressed reports whether a response was
 // accepted on it.

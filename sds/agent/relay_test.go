@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 	"github.com/trustbridge/trustbridge/sds"
@@ -180,7 +181,7 @@ func TestRelayNACKKeepsLastGood(t *testing.T) {
 		local: tdA, nodeID: workload.String(), id: workload, policy: trustpolicy.NewCell(nil),
 		seed:  map[spiffeid.TrustDomain][]*x509.Certificate{tdA: {caA.Cert}},
 		clock: clock.RealClock{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: m,
-		backoffBase: 10 * time.Millisecond, backoffMax: 50 * time.Millisecond,
+		retry: loop.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: retryJitter},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -371,26 +372,4 @@ func FuzzParseValidation(f *testing.F) {
 			t.Fatalf("accepted resource %q", v.name)
 		}
 	})
-}
-
-func TestBackoff(t *testing.T) {
-	base, maxD := 100*time.Millisecond, 2*time.Second
-	tests := []struct {
-		failures int
-		jitter   float64
-		want     time.Duration
-	}{
-		{1, 0, 50 * time.Millisecond},
-		{1, 0.999999, 99999 * time.Microsecond},
-		{2, 0, 100 * time.Millisecond},
-		{3, 0.5, 300 * time.Millisecond},
-		{5, 0, 800 * time.Millisecond},
-		{6, 0, time.Second},
-		{100, 0, time.Second},
-		{100, 1, 2 * time.Second},
-	}
-	for _, tt := range tests {
-		got := backoff(tt.failures, base, maxD, tt.jitter)
-		assert.InDelta(t, float64(tt.want), float64(got), float64(time.Microsecond), "failures=%d jitter=%v", tt.failures, tt.jitter)
-	}
 }

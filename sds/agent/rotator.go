@@ -28,6 +28,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/sds"
 )
 
@@ -96,8 +97,8 @@ type Rotator struct {
 	log       *slog.Logger
 	metrics   *rotatorMetrics
 
-	// retryBase and retryMax bound the delays between failed attempts.
-	retryBase, retryMax time.Duration
+	// retry spaces failed attempts.
+	retry loop.Backoff
 	// afterAttempt, when set (tests), is called after every request
 	// attempt with its result, once the next attempt's time is fixed.
 	afterAttempt func(error)
@@ -138,8 +139,7 @@ func NewRotator(cfg RotatorConfig) (*Rotator, error) {
 		ttl:       cfg.TTL,
 		clock:     cfg.Clock,
 		log:       cfg.Logger,
-		retryBase: rotatorRetryBase,
-		retryMax:  rotatorRetryMax,
+		retry:     loop.Backoff{Base: rotatorRetryBase, Max: rotatorRetryMax, Jitter: retryJitter},
 		roots:     slices.Clone(cfg.Roots),
 		serverID:  serverID,
 		taintWake: make(chan struct{}, 1),
@@ -224,7 +224,7 @@ func (r *Rotator) Init(ctx context.Context) error {
 			return fmt.Errorf("rotator: %w", err)
 		}
 		failures++
-		d := backoff(failures, r.retryBase, r.retryMax, mathrand.Float64())
+		d := r.retry.Delay(failures, mathrand.Float64())
 		r.log.Warn("no workload certificate yet; retrying", logattr.Address, r.addr,
 			logattr.Error, err.Error(), "retry_in", d)
 		at := r.clock.Now().Add(d)
@@ -308,7 +308,7 @@ func (r *Rotator) Run(ctx context.Context) error {
 		}
 		failures++
 		err = r.explain(err)
-		d := backoff(failures, r.retryBase, r.retryMax, mathrand.Float64())
+		d := r.retry.Delay(failures, mathrand.Float64())
 		r.log.Error("renewing the workload certificate failed; keeping the current one", logattr.SPIFFEID, r.ID().String(),
 			logattr.Address, r.addr, "not_after", r.NotAfter(), logattr.Error, err.Error(), "retry_in", d)
 		next = r.clock.Now().Add(d)
@@ -349,7 +349,7 @@ func (r *Rotator) judgeIssued(d *taintDue) {
 	r.mu.Lock()
 	set, chain := r.taints, r.chain
 	r.mu.Unlock()
-	if d.onIssued(chain, set, r.clock.Now(), r.retryBase, r.retryMax, mathrand.Float64()) && r.taintReissues != nil {
+	if d.onIssued(chain, set, r.clock.Now(), r.retry, mathrand.Float64()) && r.taintReissues != nil {
 		r.taintReissues.Inc()
 	}
 }

@@ -464,7 +464,7 @@ func TestRotatorInitErrors(t *testing.T) {
 				if attempts == tt.failures {
 					f.svc.set(codes.OK, spiffeid.ID{})
 				}
-				f.clock.Step(r.retryMax)
+				f.clock.Step(r.retry.Max)
 			}
 			err := r.Init(ctx)
 			auths, _ := f.svc.calls()
@@ -603,7 +603,7 @@ func TestRotatorRenewalFailureKeepsCredential(t *testing.T) {
 			assert.Equal(t, 1.0, f.requests("certificate", "failure"))
 
 			f.svc.set(codes.OK, spiffeid.ID{})
-			f.clock.Step(r.retryMax)
+			f.clock.Step(r.retry.Max)
 			require.NoError(t, nextAttempt(t, attempts))
 			waitClosed(t, first.Changed)
 			checkDir(t, out, current(t, r))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // taintSet is the tainted authorities the server named last (issue 38:
@@ -167,7 +168,7 @@ func (d *taintDue) onSet(chain []*x509.Certificate, set taintSet, now time.Time,
 // re-issue a taint asked for. One still signed by a tainted authority
 // (the CA has not switched yet) is served, as it is no worse than the
 // last, and re-issued again after a backoff rather than in a tight loop.
-func (d *taintDue) onIssued(chain []*x509.Certificate, set taintSet, now time.Time, base, maxDelay time.Duration, r float64) bool {
+func (d *taintDue) onIssued(chain []*x509.Certificate, set taintSet, now time.Time, retry loop.Backoff, r float64) bool {
 	reissued := d.pending
 	d.pending, d.gen = false, set.gen
 	if !set.signed(chain) {
@@ -175,7 +176,7 @@ func (d *taintDue) onIssued(chain []*x509.Certificate, set taintSet, now time.Ti
 		return reissued
 	}
 	d.tainted++
-	d.at = now.Add(backoff(d.tainted, base, maxDelay, r))
+	d.at = now.Add(retry.Delay(d.tainted, r))
 	return reissued
 }
 

@@ -27,6 +27,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/loop"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
@@ -105,7 +106,7 @@ func TestTaintDue(t *testing.T) {
 	assert.False(t, d.take(now.Add(31*time.Second)), "taken once; a failure retries as a renewal does")
 
 	// The re-issue came back from the CA's new authority: done, counted.
-	assert.True(t, d.onIssued([]*x509.Certificate{freshLeaf}, set, now, time.Second, time.Minute, 0.5))
+	assert.True(t, d.onIssued([]*x509.Certificate{freshLeaf}, set, now, loop.Backoff{Base: time.Second, Max: time.Minute}, 0.5))
 	assert.True(t, d.at.IsZero())
 
 	// Still signed by the tainted one: served, and asked again after a
@@ -113,10 +114,10 @@ func TestTaintDue(t *testing.T) {
 	var hot taintDue
 	hot.onSet([]*x509.Certificate{oldLeaf}, set, now, 0)
 	require.True(t, hot.take(now))
-	assert.True(t, hot.onIssued([]*x509.Certificate{oldLeaf}, set, now, time.Second, time.Minute, 1))
+	assert.True(t, hot.onIssued([]*x509.Certificate{oldLeaf}, set, now, loop.Backoff{Base: time.Second, Max: time.Minute}, 1))
 	assert.Equal(t, now.Add(time.Second), hot.at)
 	require.True(t, hot.take(hot.at))
-	assert.True(t, hot.onIssued([]*x509.Certificate{oldLeaf}, set, now, time.Second, time.Minute, 1))
+	assert.True(t, hot.onIssued([]*x509.Certificate{oldLeaf}, set, now, loop.Backoff{Base: time.Second, Max: time.Minute}, 1))
 	assert.Equal(t, now.Add(2*time.Second), hot.at, "the backoff grows")
 
 	// A later set that no longer taints it cancels the re-issue.

@@ -144,7 +144,7 @@ func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Cont
 	bw := &bundleWatcher{
 		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: bundles, issuer: &a.jwtIssuer, taints: &a.taints,
 		clock: a.clock, log: a.log, metrics: a.metrics,
-		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
+		retry: a.retry,
 	}
 	minter := newJWTMinter(a.caAddr, a.rot.ClientTLS, a.clock)
 	minter.followTaints(&a.taints)
@@ -163,7 +163,7 @@ func (a *Agent) taintWatcher(id spiffeid.ID) *bundleWatcher {
 		addr: a.caAddr, tlsConfig: a.rot.ClientTLS, local: id.TrustDomain(), out: newBundleCell(nil, errNoBundlesYet),
 		issuer: &a.jwtIssuer, taints: &a.taints, taintsOnly: true,
 		clock: a.clock, log: a.log, metrics: a.metrics,
-		backoffBase: a.backoffBase, backoffMax: a.backoffMax,
+		retry: a.retry,
 	}
 }
 
