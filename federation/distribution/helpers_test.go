@@ -60,8 +60,10 @@ func bundleOf(td string, certs ...*x509.Certificate) *spiffebundle.Bundle {
 }
 
 // parsePEM decodes every certificate of a PEM value.
-func parsePEM(t testing.TB, s string) []*x509.Certificate {
-	t.Helper()
+func parsePEM(t require.TestingT, s string) []*x509.Certificate {
+	if h, ok := t.(interface{ Helper() }); ok {
+		h.Helper()
+	}
 	var certs []*x509.Certificate
 	rest := []byte(s)
 	for {
@@ -81,7 +83,7 @@ func parsePEM(t testing.TB, s string) []*x509.Certificate {
 
 // startController runs c until the returned stop is called (or the test
 // ends) and checks that Run returned nil.
-func startController(t testing.TB, c *Controller) (stop func()) {
+func startController(t testing.TB, c interface{ Run(context.Context) error }) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -151,7 +151,12 @@ func start() (*Env, *envtest.Environment, error) {
 	// does: its service account issuer discovery names jwks_uri on the
 	// advertised address, which otherwise defaults to this host's first
 	// non-loopback address, where nothing listens.
-	te.ControlPlane.GetAPIServer().Configure().Set("advertise-address", "127.0.0.1")
+	api := te.ControlPlane.GetAPIServer().Configure()
+	api.Set("advertise-address", "127.0.0.1")
+	// Kubernetes' own pod identity, beta and off by default in 1.35:
+	// ClusterTrustBundles and PodCertificateRequests (KEP-3257, KEP-4317).
+	api.Set("feature-gates", "ClusterTrustBundle=true,PodCertificateRequest=true")
+	api.Set("runtime-config", "certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true")
 	// envtest reads KUBEBUILDER_ASSETS over BinaryAssetsDirectory; both
 	// name the same folder here.
 	cfg, err := te.Start()
