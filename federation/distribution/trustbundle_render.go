@@ -121,10 +121,10 @@ func trustBundleName(signer string, td spiffeid.TrustDomain) string {
 	return prefix + name
 }
 
-// checkSignerName refuses a signer name the API server would refuse on
+// CheckSignerName refuses a signer name the API server would refuse on
 // every ClusterTrustBundle: DOMAIN/PATH, the domain a DNS subdomain of at
 // least two labels, the path dot-separated DNS subdomains.
-func checkSignerName(signer string) error {
+func CheckSignerName(signer string) error {
 	domain, path, ok := strings.Cut(signer, "/")
 	if !ok || strings.Contains(path, "/") {
 		return fmt.Errorf("signer name %q: want DOMAIN/PATH with one slash, e.g. trustbridge.io/svid", signer)

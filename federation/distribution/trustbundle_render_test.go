@@ -87,7 +87,7 @@ func TestTrustBundleName(t *testing.T) {
 
 func TestCheckSignerName(t *testing.T) {
 	for _, ok := range []string{"trustbridge.io/svid", "example.com/pod.identity", "a.b.c/x"} {
-		assert.NoError(t, checkSignerName(ok), ok)
+		assert.NoError(t, CheckSignerName(ok), ok)
 	}
 	for bad, msg := range map[string]string{
 		"":                    "want DOMAIN/PATH",
@@ -98,7 +98,7 @@ func TestCheckSignerName(t *testing.T) {
 		"trustbridge.io/Svid": "path",
 		"trustbridge.io/":     "path",
 	} {
-		err := checkSignerName(bad)
+		err := CheckSignerName(bad)
 		if assert.Error(t, err, bad) {
 			assert.Contains(t, err.Error(), msg, bad)
 		}

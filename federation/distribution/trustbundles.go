@@ -97,7 +97,7 @@ func NewTrustBundles(cfg TrustBundleConfig) (*TrustBundles, error) {
 	case cfg.Store == nil:
 		return nil, errors.New("distribution: no trust store")
 	}
-	if err := checkSignerName(cfg.SignerName); err != nil {
+	if err := CheckSignerName(cfg.SignerName); err != nil {
 		return nil, fmt.Errorf("distribution: %w", err)
 	}
 	if cfg.Resync < 0 {

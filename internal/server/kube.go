@@ -62,6 +62,9 @@ type KubeConfig struct {
 	FederationClass   string
 	TrustPolicyCRD    bool
 	IdentityMapCRD    bool
+	// TrustBundleSigner, when set, has the leader keep a ClusterTrustBundle
+	// per trust domain linked to this signer name.
+	TrustBundleSigner string
 	tokenSecret       string
 }
 
@@ -79,6 +82,7 @@ func addKubeFlags(f *pflag.FlagSet, o *KubeConfig) {
 	f.BoolVar(&o.FederationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
 	f.BoolVar(&o.TrustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
 	f.BoolVar(&o.IdentityMapCRD, "identity-map-crd", false, "with --storage kube, add the rules of ClusterIdentityMapping resources (trustbridge.dev/v1alpha1, deploy/base/identitymapping-crd.yaml) to the identity map (--identity-map) node agents are checked against, and write whether each is accepted and its conflicts into its status; node agents are refused as unavailable until the resources were read")
+	f.StringVar(&o.TrustBundleSigner, "cluster-trust-bundle-signer", "", "with --storage kube, keep one ClusterTrustBundle (certificates.k8s.io/v1beta1) per trust domain, local and federated, linked to this signer name (DOMAIN/PATH, normally --pod-certificate-signer's): pods mount a trust domain's roots with a clusterTrustBundle projection of this signerName and the label "+distribution.TrustDomainLabel+"=TD. Needs the ClusterTrustBundle API and attest on the signer (docs/kubernetes-pod-identity.md)")
 	f.StringVar(&o.FederationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
 }
 
@@ -108,6 +112,14 @@ func checkStorageFlags(o Config) error {
 	}
 	if o.Kube.FederationCRD && o.Kube.Storage != StorageKube {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
+	}
+	if o.Kube.TrustBundleSigner != "" {
+		if o.Kube.Storage != StorageKube {
+			return errors.New("--cluster-trust-bundle-signer needs --storage kube: the leader writes the ClusterTrustBundles to the API server")
+		}
+		if err := distribution.CheckSignerName(o.Kube.TrustBundleSigner); err != nil {
+			return fmt.Errorf("--cluster-trust-bundle-signer: %w", err)
+		}
 	}
 	if o.Kube.Storage == StorageKube && o.CADir != "" {
 		return errors.New("--ca-dir and --storage kube do not combine: a plug-in CA is each replica's own directory, with no shared state and no leader; run --ca-dir with --storage file (the default)")
@@ -261,7 +273,18 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd
 			return nil, err
 		}
 	}
-	k.replica.Lead(k.leaderDuties(fed.poller, dist, logger)...)
+	duties := k.leaderDuties(fed.poller, dist, logger)
+	if k.o.TrustBundleSigner != "" {
+		tb, err := distribution.NewTrustBundles(distribution.TrustBundleConfig{
+			Client: k.client, Store: fed.store, SignerName: k.o.TrustBundleSigner,
+			Logger: logger.With(logattr.Component, "cluster-trust-bundles"), Registerer: reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--cluster-trust-bundle-signer: %w", err)
+		}
+		duties = append(duties, tb.Run)
+	}
+	k.replica.Lead(duties...)
 	if fed.poller == nil {
 		return nil, nil
 	}
