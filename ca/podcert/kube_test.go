@@ -75,7 +75,9 @@ func newRig(t *testing.T) *rig {
 		reg: prometheus.NewRegistry(), outcomes: make(chan Outcome, 16)}
 	node, err := env.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: random("node-")}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = env.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = env.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{})
+	})
 	r.node = node
 	enableLabel := random("on")
 	r.enabled, r.closed = env.Namespace(t), env.Namespace(t)
