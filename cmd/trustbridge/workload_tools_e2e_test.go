@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -210,4 +212,26 @@ func TestMintE2E(t *testing.T) {
 	assert.NotContains(t, events[2], token)
 	stdout, stderr, code = runCLIAt(t, time.Now, "", "audit", "log", "verify", filepath.Join(s.dataDir, "audit.jsonl"))
 	assert.Equal(t, 0, code, stdout+stderr)
+}
+
+// The commands docs/operations.md shows for minting and for the
+// Workload API client exist and take the flags shown.
+func TestDocsWorkloadToolsCommands(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	require.NoError(t, err)
+	doc := string(data)
+	start, end := strings.Index(doc, "## Minting SVIDs as an operator"), strings.Index(doc, "## Reloading (SIGHUP)")
+	require.True(t, start >= 0 && end > start, "the sections are where this test looks")
+	var lines []string
+	for _, block := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(doc[start:end], -1) {
+		lines = append(lines, exampleCommands(block[1])...)
+	}
+	require.Len(t, lines, 7)
+	root := newRootCmd(cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
+	for _, l := range lines {
+		cmd, rest, err := root.Find(shellWords(l)[1:])
+		require.NoError(t, err, l)
+		require.NotEqual(t, root, cmd, "%s: no such command", l)
+		assert.NoError(t, cmd.ParseFlags(rest), l)
+	}
 }

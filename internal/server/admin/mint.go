@@ -110,7 +110,7 @@ func (h *Handler) serveMintJWT(w http.ResponseWriter, r *http.Request, actor str
 		return
 	}
 	if ttl > 0 && exp.Before(h.cfg.Clock.Now().Add(ttl-time.Minute)) {
-		warnings = append(warnings, fmt.Sprintf("it expires at %s, sooner than asked: the server's JWT-SVID maximum (--jwt-svid-max-ttl) or its signing key's end applies", stamp(exp)))
+		warnings = append(warnings, fmt.Sprintf("it expires at %s, sooner than asked: the server's JWT-SVID maximum (--max-jwt-svid-ttl) or its signing key's end applies", stamp(exp)))
 	}
 	h.auditMint(eventJWTMinted, fmt.Sprintf("JWT-SVID %s for audience %s (key %s, expires %s) minted by %s (admin API)",
 		id, strings.Join(req.Audience, " "), jwtsvid.KeyID(token), stamp(exp), actor))
