@@ -92,6 +92,17 @@ func mintFixture(t *testing.T) (*Handler, *fakeMinter, *[]audit.Entry) {
 // csrPEM is a CSR of a fresh P-256 key, naming nothing.
 func csrPEM(t *testing.T) (string, *ecdsa.PrivateKey) {
 	t.Helper()
+	return csrPEMWithKey(t)
+}
+
+func csrPEMFor(tb testing.TB) string {
+	tb.Helper()
+	s, _ := csrPEMWithKey(tb)
+	return s
+}
+
+func csrPEMWithKey(t testing.TB) (string, *ecdsa.PrivateKey) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
