@@ -165,7 +165,7 @@ func mintStatus(err error) int {
 	case errors.Is(err, ca.ErrInvalidCSR), errors.Is(err, ca.ErrIdentityNotAllowed), errors.Is(err, ca.ErrInvalidTTL),
 		errors.Is(err, jwtsvid.ErrInvalidClaims):
 		return http.StatusBadRequest
-	case errors.Is(err, ca.ErrInvalidSigningMaterial):
+	case errors.Is(err, ca.ErrInvalidSigningMaterial), errors.Is(err, jwtsvid.ErrInvalidKey):
 		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError
