@@ -431,6 +431,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	// trail's observer records the states they lead to.
 	cfg.Authorities, cfg.Audit = p.authority, p.trail.record
 	cfg.Signed, cfg.SignedIncomplete = p.ledger.signed, p.ledger.incomplete
+	cfg.Mint = p.ledger.minter(p.authority)
 	if p.ep != nil {
 		cfg.Fetchers = p.ep.fetchers(p.td)
 	}
