@@ -185,6 +185,8 @@ func TestMintE2E(t *testing.T) {
 	}{
 		{"another trust domain", append([]string{"x509", "mint", "--spiffe-id", "spiffe://west.example/ops/probe"}, auth...), "this server signs for east.example only"},
 		{"another trust domain, jwt", append([]string{"jwt", "mint", "--spiffe-id", "spiffe://west.example/a", "--audience", "a"}, auth...), "this server signs for east.example only"},
+		{"the bundle endpoint's ID", append([]string{"x509", "mint", "--spiffe-id", "spiffe://east.example/trustbridge/bundle-endpoint"}, auth...), "is this server's own identity"},
+		{"the certificate service's ID, jwt", append([]string{"jwt", "mint", "--spiffe-id", "spiffe://east.example/trustbridge/ca", "--audience", "a"}, auth...), "is this server's own identity"},
 		{"not the admin", []string{"x509", "mint", "--spiffe-id", probe.String(), "--admin", s.admin, "--admin-token-file", wrong}, "401 Unauthorized: wrong admin token"},
 		{"not the admin, jwt", []string{"jwt", "mint", "--spiffe-id", probe.String(), "--audience", "a", "--admin", s.admin, "--admin-token-file", wrong}, "wrong admin token"},
 		{"both paths", []string{"jwt", "mint", "--spiffe-id", probe.String(), "--audience", "a", "--ca-addr", "127.0.0.1:1", "--token-file", wrong}, "--ca-addr, --token-file are for minting your own identity"},

@@ -154,6 +154,10 @@ type Config struct {
 	// `jwt mint --spiffe-id`), guarded as the other mutations are and
 	// audited through Audit.
 	Mint Minter
+	// Reserved are the server's own identities (its certificate service
+	// and bundle endpoint): Mint refuses them, so that the admin token
+	// cannot make a credential peers and agents take for the server.
+	Reserved []spiffeid.ID
 }
 
 // Handler serves the admin API.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,6 +129,8 @@ func (h *Handler) mintID(w http.ResponseWriter, raw string) (spiffeid.ID, bool) 
 		err = fmt.Errorf("spiffe_id %s is of trust domain %s: this server signs for %s only", id, id.TrustDomain().Name(), h.cfg.TrustDomain.Name())
 	case id.Path() == "":
 		err = fmt.Errorf("spiffe_id %s names the trust domain itself: an SVID's ID has a path (spiffe://%s/PATH)", id, h.cfg.TrustDomain.Name())
+	case slices.Contains(h.cfg.Reserved, id):
+		err = fmt.Errorf("spiffe_id %s is this server's own identity: a minted SVID of it would let its holder pose as the server to peers and agents; mint another ID", id)
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

@@ -86,6 +86,7 @@ func mintFixture(t *testing.T) (*Handler, *fakeMinter, *[]audit.Entry) {
 	var entries []audit.Entry
 	f.cfg.Mint, f.cfg.Token, f.cfg.MaxWorkloadTTL = m, "s3cret", 24*time.Hour
 	f.cfg.Audit = func(e audit.Entry) { entries = append(entries, e) }
+	f.cfg.Reserved = []spiffeid.ID{spiffeid.RequireFromPath(localTD, "/trustbridge/ca")}
 	return New(f.cfg), m, &entries
 }
 
@@ -196,6 +197,8 @@ func TestMintRefusals(t *testing.T) {
 		{"foreign trust domain", "/v1/svid/x509", x("spiffe://peer.example/a"), bearer, http.StatusBadRequest, "is of trust domain peer.example: this server signs for example.org only"},
 		{"foreign trust domain, jwt", "/v1/svid/jwt", `{"spiffe_id":"spiffe://peer.example/a","audience":["a"]}`, bearer, http.StatusBadRequest, "this server signs for example.org only"},
 		{"no path", "/v1/svid/x509", x("spiffe://example.org"), bearer, http.StatusBadRequest, "names the trust domain itself"},
+		{"the server's own ID", "/v1/svid/x509", x("spiffe://example.org/trustbridge/ca"), bearer, http.StatusBadRequest, "is this server's own identity"},
+		{"the server's own ID, jwt", "/v1/svid/jwt", `{"spiffe_id":"spiffe://example.org/trustbridge/ca","audience":["a"]}`, bearer, http.StatusBadRequest, "is this server's own identity"},
 		{"not an ID", "/v1/svid/x509", x("example.org/a"), bearer, http.StatusBadRequest, `spiffe_id "example.org/a"`},
 		{"bad CSR", "/v1/svid/x509", `{"spiffe_id":"spiffe://example.org/a","csr":"junk"}`, bearer, http.StatusBadRequest, "csr: "},
 		{"unknown field", "/v1/svid/x509", `{"spiffe_id":"spiffe://example.org/a","key":"x"}`, bearer, http.StatusBadRequest, `unknown field "key"`},
