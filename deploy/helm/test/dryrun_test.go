@@ -42,6 +42,7 @@ func TestApplyDryRunServer(t *testing.T) {
 		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
 		"agent":             valuesFile(t, "agent.yaml"),
 		"agent-default":     agentValues(true),
+		"platform":          valuesFile(t, "platform.yaml"),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {
