@@ -1,6 +1,7 @@
 package helmtest
 
 import (
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
@@ -268,4 +270,28 @@ func TestFileStorageSecurityContext(t *testing.T) {
 	policy, _, _ := unstructured.NestedString(find(t, mustRender(t, v), "Deployment", "trustbridge").Object,
 		"spec", "template", "spec", "securityContext", "fsGroupChangePolicy")
 	assert.Equal(t, "Always", policy)
+}
+
+// The chart's PrometheusRule carries deploy/monitoring's rules, as the
+// operator's file there does, and the labels that let Prometheus' rule
+// selector pick it.
+func TestPrometheusRule(t *testing.T) {
+	pr := find(t, mustRender(t, fullKube(t)), "PrometheusRule", "tb")
+	assert.Equal(t, "prometheus", pr.GetLabels()["release"])
+	assert.Equal(t, "tb", pr.GetLabels()["app.kubernetes.io/name"])
+
+	var plain map[string]any
+	data, err := os.ReadFile("../../monitoring/alerts.yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(data, &plain))
+	var operator struct {
+		Spec map[string]any `json:"spec"`
+	}
+	data, err = os.ReadFile("../../monitoring/prometheusrule.yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(data, &operator))
+	assert.Equal(t, plain, pr.Object["spec"], "the chart's files/alerts.yaml is deploy/monitoring/alerts.yaml")
+	assert.Equal(t, operator.Spec, pr.Object["spec"])
+	groups, _, _ := unstructured.NestedSlice(pr.Object, "spec", "groups")
+	assert.NotEmpty(t, groups)
 }

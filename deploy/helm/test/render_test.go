@@ -227,6 +227,7 @@ func TestChartDefaultValues(t *testing.T) {
 	}
 	assert.NotContains(t, kinds, "Namespace")
 	assert.NotContains(t, kinds, "ServiceMonitor")
+	assert.NotContains(t, kinds, "PrometheusRule")
 	assert.NotContains(t, kinds, "PersistentVolumeClaim")
 	assert.Contains(t, kinds, "CustomResourceDefinition")
 }
