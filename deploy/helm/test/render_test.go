@@ -39,9 +39,14 @@ const kubeVersion = "v1.35.4"
 // manifest, NOTES.txt aside, in a stable order.
 func render(t *testing.T, values map[string]any) (string, error) {
 	t.Helper()
+	return renderRelease(t, "trustbridge", kubeCapabilities(), values)
+}
+
+// kubeCapabilities are Helm's defaults with the API server tier's version.
+func kubeCapabilities() *chartutil.Capabilities {
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "35"}
-	return renderRelease(t, "trustbridge", caps, values)
+	return caps
 }
 
 // renderRelease renders the chart as release name against a cluster of
@@ -49,12 +54,18 @@ func render(t *testing.T, values map[string]any) (string, error) {
 // helm template make first (helm.sh/helm/v3/pkg/action.Install).
 func renderRelease(t *testing.T, name string, caps *chartutil.Capabilities, values map[string]any) (string, error) {
 	t.Helper()
+	return renderIn(t, name, namespace, caps, values)
+}
+
+// renderIn is renderRelease into namespace ns.
+func renderIn(t *testing.T, name, ns string, caps *chartutil.Capabilities, values map[string]any) (string, error) {
+	t.Helper()
 	chrt, err := loader.Load(chartDir)
 	require.NoError(t, err)
 	if chrt.Metadata.KubeVersion != "" && !chartutil.IsCompatibleRange(chrt.Metadata.KubeVersion, caps.KubeVersion.String()) {
 		return "", fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s", chrt.Metadata.KubeVersion, caps.KubeVersion.String())
 	}
-	opts := chartutil.ReleaseOptions{Name: name, Namespace: namespace, Revision: 1, IsInstall: true}
+	opts := chartutil.ReleaseOptions{Name: name, Namespace: ns, Revision: 1, IsInstall: true}
 	vals, err := chartutil.ToRenderValues(chrt, values, opts, caps)
 	if err != nil {
 		return "", err
