@@ -41,8 +41,9 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
-{{/* The selector: the base's, unchanged, so that the chart can take over a
-kustomize installation's Deployment (selectors are immutable). */}}
+{{/* The selector: for release trustbridge the base's, unchanged, so that
+the chart can take over a kustomize installation's Deployment (selectors are
+immutable; a release of another name keeps it with fullnameOverride). */}}
 {{- define "trustbridge.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "trustbridge.fullname" . }}
 {{- end }}
