@@ -127,3 +127,28 @@ func parentPath(p string) string {
 	}
 	return ""
 }
+
+// Whatever values.yaml holds, the generator returns docs or an error, and
+// renders one list item per doc.
+func FuzzValuesDocs(f *testing.F) {
+	if values, err := os.ReadFile(filepath.Join(chartDir, "values.yaml")); err == nil {
+		f.Add(values)
+	}
+	f.Add([]byte("# a\n#   - x: 1\nk: [1, 2]\nm:\n  # `c <d>`\n  n: {}\n"))
+	f.Add([]byte("a: &x {b: 1}\nc: *x\n"))
+	f.Fuzz(func(t *testing.T, values []byte) {
+		docs, err := valuesDocs(values)
+		if err != nil {
+			return
+		}
+		md := valuesMarkdown(docs)
+		assert.Equal(t, len(docs), strings.Count(md, "\n- **`")+btoi(strings.HasPrefix(md, "- **`")), "%q", md)
+	})
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
