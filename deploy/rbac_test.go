@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/trustbridge/trustbridge/federation/distribution"
+	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
@@ -168,6 +171,74 @@ func TestServerRBACClusterIdentityMappings(t *testing.T) {
 			}, metav1.CreateOptions{})
 			require.NoError(t, err)
 			assert.Equal(t, tt.allowed, review.Status.Allowed, "%s: %s", tt.verb, review.Status.Reason)
+		})
+	}
+}
+
+// Each overlay's ClusterRole grants pods get, list and watch only when its
+// server watches pods: when node proxies may ask for their pods'
+// certificates (ca-trusted-node-accounts, istio-system/ztunnel when the
+// config leaves it out; an empty list turns it off).
+func TestPodsRuleFollowsServerConfig(t *testing.T) {
+	for _, dir := range overlays {
+		t.Run(dir, func(t *testing.T) {
+			_, cfg, objs := overlayObjects(t, dir)
+			accounts, set := cfg["ca-trusted-node-accounts"].([]any)
+			impersonation := !set || len(accounts) > 0
+			var pods []any
+			for _, o := range objs {
+				if o.GetKind() != "ClusterRole" || o.GetName() != "trustbridge" {
+					continue
+				}
+				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+				for _, r := range rules {
+					if slices.Contains(r.(map[string]any)["resources"].([]any), any("pods")) {
+						pods = append(pods, r.(map[string]any)["verbs"])
+					}
+				}
+			}
+			if impersonation {
+				assert.Equal(t, []any{[]any{"get", "list", "watch"}}, pods, "node proxies' pods are watched")
+			} else {
+				assert.Empty(t, pods, "no impersonation, no pods")
+			}
+		})
+	}
+}
+
+// RBAC has no name prefixes, so the Role's ConfigMap rule covers the whole
+// namespace; the admission policy of each overlay pins creates, updates
+// and deletes to the names the code writes (distribution's trust
+// ConfigMap, kubelkg's federated bundles), which the server's own config
+// ConfigMap is not.
+func TestAdmissionPolicyPinsConfigMapWrites(t *testing.T) {
+	for _, dir := range overlays {
+		t.Run(dir, func(t *testing.T) {
+			_, _, objs := overlayObjects(t, dir)
+			var expr string
+			var ops []any
+			var configName string
+			for _, o := range objs {
+				switch o.GetKind() {
+				case "ValidatingAdmissionPolicy":
+					val, _, _ := unstructured.NestedSlice(o.Object, "spec", "validations")
+					require.Len(t, val, 1)
+					expr = val[0].(map[string]any)["expression"].(string)
+					rules, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConstraints", "resourceRules")
+					require.Len(t, rules, 1)
+					ops = rules[0].(map[string]any)["operations"].([]any)
+				case "ConfigMap":
+					if _, found, _ := unstructured.NestedString(o.Object, "data", "config.yaml"); found {
+						configName = o.GetName()
+					}
+				}
+			}
+			assert.ElementsMatch(t, []any{"CREATE", "UPDATE", "DELETE"}, ops)
+			assert.Contains(t, expr, `variables.name == "`+distribution.DefaultName+`"`)
+			assert.Contains(t, expr, `variables.name.startsWith("`+kubelkg.DefaultPrefix+`")`)
+			require.NotEmpty(t, configName)
+			assert.False(t, strings.HasPrefix(configName, kubelkg.DefaultPrefix) || configName == distribution.DefaultName,
+				"the policy lets trustbridge write its own config %s", configName)
 		})
 	}
 }

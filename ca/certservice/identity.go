@@ -200,32 +200,43 @@ func checkMintRequest(req *identityapi.MintJWTSVIDRequest) ([]string, time.Durat
 	bad := func(format string, args ...any) ([]string, time.Duration, *refusal) {
 		return nil, 0, &refusal{codes.InvalidArgument, "invalid_audience", fmt.Sprintf(format, args...), nil}
 	}
-	switch {
-	case len(aud) == 0:
-		return bad("audience is required: name at least one party the token is for")
-	case len(aud) > MaxAudiences:
-		return bad("%d audiences requested; at most %d are allowed", len(aud), MaxAudiences)
-	}
-	for i, a := range aud {
-		switch {
-		case a == "":
-			return bad("audience %d is empty", i+1)
-		case len(a) > MaxAudienceBytes:
-			return bad("audience %d is %d bytes; at most %d are allowed", i+1, len(a), MaxAudienceBytes)
-		case !utf8.ValidString(a):
-			return bad("audience %d is not valid UTF-8", i+1)
-		case strings.ContainsFunc(a, unicode.IsControl):
-			// As the Workload API refuses them: an audience is a name or a
-			// URL, and a control character in a token's aud only misleads
-			// whoever reads it (logs, audit, a naive comparison).
-			return bad("audience %d holds a control character", i+1)
-		}
+	if err := CheckAudiences(aud); err != nil {
+		return bad("%s", err)
 	}
 	ttl, ref := validity("ttl_seconds", req.GetTtlSeconds())
 	if ref != nil {
 		return nil, 0, ref
 	}
 	return aud, ttl, nil
+}
+
+// CheckAudiences refuses audiences no JWT-SVID may name: none, too
+// many, an empty, oversized, non-UTF-8 or control-character one. Every
+// path that mints (MintJWTSVID, the admin API's operator mint) checks
+// them so.
+func CheckAudiences(aud []string) error {
+	switch {
+	case len(aud) == 0:
+		return errors.New("audience is required: name at least one party the token is for")
+	case len(aud) > MaxAudiences:
+		return fmt.Errorf("%d audiences requested; at most %d are allowed", len(aud), MaxAudiences)
+	}
+	for i, a := range aud {
+		switch {
+		case a == "":
+			return fmt.Errorf("audience %d is empty", i+1)
+		case len(a) > MaxAudienceBytes:
+			return fmt.Errorf("audience %d is %d bytes; at most %d are allowed", i+1, len(a), MaxAudienceBytes)
+		case !utf8.ValidString(a):
+			return fmt.Errorf("audience %d is not valid UTF-8", i+1)
+		case strings.ContainsFunc(a, unicode.IsControl):
+			// As the Workload API refuses them: an audience is a name or a
+			// URL, and a control character in a token's aud only misleads
+			// whoever reads it (logs, audit, a naive comparison).
+			return fmt.Errorf("audience %d holds a control character", i+1)
+		}
+	}
+	return nil
 }
 
 // jwtRefusal maps the signer's errors: about the request, or the signer

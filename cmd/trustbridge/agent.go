@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/agentapi"
 	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/flagenv"
@@ -108,7 +109,8 @@ them to this workload) and JWT-SVIDs from its MintJWTSVID; while the
 server is unreachable the last good bundles are served and the agent
 warns (trustbridge_agent_bundles_connected 0). From credential files,
 bundle.spiffe.json may carry JWT authorities, and JWT-SVIDs are not
-available.
+available. 'trustbridge agent api fetch x509' (and fetch jwt, fetch bundles,
+validate jwt) shows what a workload gets there, as spire-agent api does.
 
 The istio-agent environment variables that mean the same thing set the
 flags (a flag wins over its variable, which wins over the default):
@@ -152,6 +154,7 @@ value that cannot be honoured is an error naming the variable.`,
 	}
 	outputCerts = cli.AddOldName(cmd, "output-certs", cli.CredentialsDirFlag)
 	addAgentFlags(cmd.Flags(), &o)
+	cmd.AddCommand(agentapi.NewCmd(e, defaultWorkloadSocket))
 	return cmd
 }
 

@@ -33,6 +33,11 @@ var stateReaders = []string{
 	"trustbridge identity explain",
 	"trustbridge jwt mint",
 	"trustbridge jwt validate",
+	"trustbridge x509 mint",
+	"trustbridge agent api fetch x509",
+	"trustbridge agent api fetch jwt",
+	"trustbridge agent api fetch bundles",
+	"trustbridge agent api validate jwt",
 }
 
 // Every command, groups included, shows an example of its use, and every

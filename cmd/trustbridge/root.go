@@ -13,6 +13,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/identity"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/jwt"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/policy"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/svid"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/token"
 )
 
@@ -32,7 +33,7 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 	root.SetIn(e.In)
 	root.SetOut(e.Out)
 	root.SetErr(e.Err)
-	root.AddCommand(newVersionCmd(), bundle.NewCmd(e), newServerCmd(e), ca.NewCmd(e), federation.NewCmd(e), newAgentCmd(e), audit.NewCmd(e), config.NewCmd(e), token.NewCmd(e), backup.NewCmd(e, versionString()), backup.NewRestoreCmd(e), policy.NewCmd(e), identity.NewCmd(e), jwt.NewCmd(e))
+	root.AddCommand(newVersionCmd(), bundle.NewCmd(e), newServerCmd(e), ca.NewCmd(e), federation.NewCmd(e), newAgentCmd(e), audit.NewCmd(e), config.NewCmd(e), token.NewCmd(e), backup.NewCmd(e, versionString()), backup.NewRestoreCmd(e), policy.NewCmd(e), identity.NewCmd(e), jwt.NewCmd(e), svid.NewX509Cmd(e))
 	setupCLI(root)
 	return root
 }

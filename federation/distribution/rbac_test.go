@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/trustbridge/trustbridge/federation/kubelkg"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
 
@@ -71,6 +72,7 @@ func TestRBACManifests(t *testing.T) {
 			require.Len(t, p.Spec.Validations, 1)
 			assert.Contains(t, p.Spec.Validations[0].Expression, `"`+DefaultName+`"`)
 			assert.Contains(t, p.Spec.Validations[0].Expression, `"`+systemNamespace+`"`)
+			assert.Contains(t, p.Spec.Validations[0].Expression, `"`+kubelkg.DefaultPrefix+`"`)
 			require.Len(t, p.Spec.MatchConditions, 1)
 			assert.Contains(t, p.Spec.MatchConditions[0].Expression, `"`+serviceAccountID+`"`)
 		}
@@ -156,7 +158,7 @@ func TestKubeRBAC(t *testing.T) {
 		}},
 		{"create a federated last-known-good ConfigMap", func() error {
 			_, err := sa.CoreV1().ConfigMaps(systemNamespace).Create(ctx,
-				configMap(systemNamespace, randomName("trustbridge-federated-peer-"), nil, map[string]string{"bundle.json": "{}"}), metav1.CreateOptions{})
+				configMap(systemNamespace, randomName(kubelkg.DefaultPrefix), nil, map[string]string{"bundle.json": "{}"}), metav1.CreateOptions{})
 			return err
 		}},
 		{"create the leader Lease", func() error {
@@ -247,14 +249,40 @@ func TestKubeRBAC(t *testing.T) {
 			return apierrors.IsForbidden(last)
 		}, waitFor, tick)
 		require.True(t, refused, "create of another ConfigMap elsewhere: last got %v", last)
-		assert.ErrorContains(t, last, "trustbridge may create only its trust ConfigMap")
+		assert.ErrorContains(t, last, "trustbridge may write only its trust ConfigMap")
 		// What trustbridge does create still goes through.
 		_, err := sa.CoreV1().ConfigMaps(other).Create(ctx, configMap(other, DefaultName, nil, nil), metav1.CreateOptions{})
 		assert.NoError(t, err, "the trust ConfigMap")
 		_, err = sa.CoreV1().ConfigMaps(systemNamespace).Create(ctx,
-			configMap(systemNamespace, randomName("trustbridge-federated-peer-"), nil, nil), metav1.CreateOptions{})
+			configMap(systemNamespace, randomName(kubelkg.DefaultPrefix), nil, nil), metav1.CreateOptions{})
 		assert.NoError(t, err, "a federated last-known-good ConfigMap in its namespace")
 		_, err = env.Client.CoreV1().ConfigMaps(other).Create(ctx, configMap(other, randomName("admin-"), nil, nil), metav1.CreateOptions{})
 		assert.NoError(t, err, "other users are not affected")
+	})
+
+	// RBAC has no name prefixes, so the Role lets trustbridge write any
+	// ConfigMap of its namespace; the policy (loaded by now: the subtest
+	// above saw it refuse) keeps it to its federated bundles there, never
+	// its own config.
+	t.Run("writes in its namespace pinned by the admission policy", func(t *testing.T) {
+		cms := sa.CoreV1().ConfigMaps(systemNamespace)
+		own, err := env.Client.CoreV1().ConfigMaps(systemNamespace).Create(ctx,
+			configMap(systemNamespace, randomName("trustbridge-config-"), nil, map[string]string{"config.yaml": "trust-domain: example.org\n"}), metav1.CreateOptions{})
+		require.NoError(t, err)
+		own.Data["config.yaml"] = "trust-domain: evil.example\n"
+		_, err = cms.Update(ctx, own, metav1.UpdateOptions{})
+		assert.True(t, apierrors.IsForbidden(err), "update its own config: got %v", err)
+		assert.ErrorContains(t, err, "trustbridge may write only its trust ConfigMap")
+		err = cms.Delete(ctx, own.Name, metav1.DeleteOptions{})
+		assert.True(t, apierrors.IsForbidden(err), "delete its own config: got %v", err)
+		_, err = cms.Create(ctx, configMap(systemNamespace, randomName("trustbridge-config-"), nil, nil), metav1.CreateOptions{})
+		assert.True(t, apierrors.IsForbidden(err), "create a ConfigMap not of its federated bundles: got %v", err)
+
+		lkg, err := cms.Create(ctx, configMap(systemNamespace, randomName(kubelkg.DefaultPrefix), nil, map[string]string{"entry.json": "{}"}), metav1.CreateOptions{})
+		require.NoError(t, err, "a federated last-known-good ConfigMap")
+		lkg.Data["entry.json"] = `{"sequence": 2}`
+		_, err = cms.Update(ctx, lkg, metav1.UpdateOptions{})
+		assert.NoError(t, err, "update a federated last-known-good ConfigMap")
+		assert.NoError(t, cms.Delete(ctx, lkg.Name, metav1.DeleteOptions{}), "delete a federated last-known-good ConfigMap")
 	})
 }

@@ -13,8 +13,10 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"k8s.io/utils/clock"
 
+	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/server/admin"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
@@ -199,6 +201,36 @@ func (l *issuanceLedger) incomplete() string {
 		return ""
 	}
 	return fmt.Sprintf("the ledger was full (%d entries) and dropped %d of the soonest-expiring", maxLedgerEntries, l.dropped)
+}
+
+// recordMinted records an X509-SVID an operator minted (admin API): in
+// use until it expires, as nothing it is renewed with tells this ledger
+// it was replaced.
+func (l *issuanceLedger) recordMinted(leaf *x509.Certificate) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pruneLocked(l.clock.Now())
+	l.addLocked(&ledgerEntry{key: "x509:" + leaf.SerialNumber.Text(16), issuer: "x509:" + hex.EncodeToString(leaf.AuthorityKeyId), notAfter: leaf.NotAfter})
+}
+
+// minter is admin.Config.Mint for a, counting in l what operators mint.
+func (l *issuanceLedger) minter(a *ca.Authority) admin.Minter {
+	return ledgerMinter{JWTSigner: l.jwtSigner(a), authority: a, ledger: l}
+}
+
+// ledgerMinter signs with authority and records in ledger what it signs.
+type ledgerMinter struct {
+	certservice.JWTSigner
+	authority *ca.Authority
+	ledger    *issuanceLedger
+}
+
+func (m ledgerMinter) SignX509SVID(p ca.X509SVIDParams) (*ca.Issued, error) {
+	issued, err := m.authority.SignX509SVID(p)
+	if err == nil {
+		m.ledger.recordMinted(issued.Leaf)
+	}
+	return issued, err
 }
 
 // ledgerJWTSigner records what its signer mints.

@@ -94,3 +94,19 @@ func TestIssuanceLedgerJWT(t *testing.T) {
 	var nilLedger *issuanceLedger
 	assert.Nil(t, nilLedger.issued())
 }
+
+// What an operator mints (x509 mint) counts against its authority, in
+// use until it expires: no renewal ever tells the ledger it was replaced,
+// not even a second mint for the same identity.
+func TestIssuanceLedgerCountsMinted(t *testing.T) {
+	clk := clocktesting.NewFakeClock(ledgerT0)
+	l := newIssuanceLedger(clk, clk.Now())
+	exp := ledgerT0.Add(time.Hour)
+	l.recordMinted(ledgerLeaf(1, "spiffe://example.org/ops/probe", 0xaa, exp))
+	l.recordMinted(ledgerLeaf(2, "spiffe://example.org/ops/probe", 0xaa, exp))
+	counts, _, _ := l.counts()
+	assert.Equal(t, ledgerCount{Live: 2, InUse: 2, Last: exp}, counts["x509:aa"])
+	clk.SetTime(exp)
+	counts, _, _ = l.counts()
+	assert.Empty(t, counts, "forgotten once expired")
+}

@@ -431,8 +431,13 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	// trail's observer records the states they lead to.
 	cfg.Authorities, cfg.Audit = p.authority, p.trail.record
 	cfg.Signed, cfg.SignedIncomplete = p.ledger.signed, p.ledger.incomplete
+	cfg.Mint = p.ledger.minter(p.authority)
+	cfg.Reserved = []spiffeid.ID{spiffeid.RequireFromPath(p.td, GRPCServingPath)}
 	if p.ep != nil {
 		cfg.Fetchers = p.ep.fetchers(p.td)
+		if !p.ep.id.IsZero() {
+			cfg.Reserved = append(cfg.Reserved, p.ep.id)
+		}
 	}
 	h := admin.New(cfg)
 	p.adminSrv = NewAdminServer(hosts.Wrap(h), logger)

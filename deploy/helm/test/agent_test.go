@@ -82,7 +82,7 @@ func TestAgentTrustedByServer(t *testing.T) {
 	assert.Equal(t, []any{"istio-system/ztunnel", "trustbridge-agent/trustbridge-agent"}, cfg["ca-trusted-node-accounts"])
 
 	v := agentValues(false)
-	v["name"] = "tb"
+	v["fullnameOverride"] = "tb"
 	v["agent"].(map[string]any)["namespace"] = map[string]any{"name": "node-agents"}
 	_, cfg = serverConfig(t, mustRender(t, v), "tb")
 	assert.Equal(t, []any{"istio-system/ztunnel", "node-agents/tb-agent"}, cfg["ca-trusted-node-accounts"])

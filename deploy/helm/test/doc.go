@@ -10,6 +10,11 @@
 //     key of the server's config file that `trustbridge config check`
 //     accepts);
 //   - values the server would refuse fail rendering, naming the value;
+//   - the chart's README.md lists every value with the comment above it
+//     in values.yaml (readme.go; go test -run TestChartReadme -update
+//     rewrites that section);
+//   - helm template works without --kube-version, with Helm's built-in
+//     default Kubernetes version;
 //   - helm lint finds nothing worse than information;
 //   - every rendering passes `kubectl apply --dry-run=server` against the
 //     real API server tier (internal/testkit/kubetest).

@@ -22,9 +22,10 @@ func TestApplyDryRunServer(t *testing.T) {
 	crd, err := yaml.Marshal(find(t, mustRender(t, baseValues()), "CustomResourceDefinition", "clusterfederatedtrustdomains.trustbridge.dev").Object)
 	require.NoError(t, err)
 	k.Must(crd, "apply", "-f", "-")
-	k.Must(nil, "apply", "-f", "testdata/servicemonitor-crd.yaml")
+	k.Must(nil, "apply", "-f", "testdata/servicemonitor-crd.yaml", "-f", "testdata/prometheusrule-crd.yaml")
 	k.Must(nil, "wait", "--for", "condition=established", "--timeout", "60s",
-		"crd/clusterfederatedtrustdomains.trustbridge.dev", "crd/servicemonitors.monitoring.coreos.com")
+		"crd/clusterfederatedtrustdomains.trustbridge.dev", "crd/servicemonitors.monitoring.coreos.com",
+		"crd/prometheusrules.monitoring.coreos.com")
 	k.Must([]byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+namespace+"\n"), "apply", "-f", "-")
 	// The agent's namespaces: the one agent.yaml names without creating
 	// it, and the default, which the chart renders but a dry run does not
@@ -42,6 +43,7 @@ func TestApplyDryRunServer(t *testing.T) {
 		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
 		"agent":             valuesFile(t, "agent.yaml"),
 		"agent-default":     agentValues(true),
+		"platform":          valuesFile(t, "platform.yaml"),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {

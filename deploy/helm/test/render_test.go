@@ -1,6 +1,7 @@
 package helmtest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -38,13 +39,33 @@ const kubeVersion = "v1.35.4"
 // manifest, NOTES.txt aside, in a stable order.
 func render(t *testing.T, values map[string]any) (string, error) {
 	t.Helper()
-	chrt, err := loader.Load(chartDir)
-	require.NoError(t, err)
+	return renderRelease(t, "trustbridge", kubeCapabilities(), values)
+}
+
+// kubeCapabilities are Helm's defaults with the API server tier's version.
+func kubeCapabilities() *chartutil.Capabilities {
 	caps := chartutil.DefaultCapabilities.Copy()
 	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "35"}
-	require.True(t, chartutil.IsCompatibleRange(chrt.Metadata.KubeVersion, kubeVersion),
-		"the chart's kubeVersion %q admits the tested API server", chrt.Metadata.KubeVersion)
-	opts := chartutil.ReleaseOptions{Name: "trustbridge", Namespace: namespace, Revision: 1, IsInstall: true}
+	return caps
+}
+
+// renderRelease renders the chart as release name against a cluster of
+// caps, after the check of the chart's kubeVersion that helm install and
+// helm template make first (helm.sh/helm/v3/pkg/action.Install).
+func renderRelease(t *testing.T, name string, caps *chartutil.Capabilities, values map[string]any) (string, error) {
+	t.Helper()
+	return renderIn(t, name, namespace, caps, values)
+}
+
+// renderIn is renderRelease into namespace ns.
+func renderIn(t *testing.T, name, ns string, caps *chartutil.Capabilities, values map[string]any) (string, error) {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	require.NoError(t, err)
+	if chrt.Metadata.KubeVersion != "" && !chartutil.IsCompatibleRange(chrt.Metadata.KubeVersion, caps.KubeVersion.String()) {
+		return "", fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s", chrt.Metadata.KubeVersion, caps.KubeVersion.String())
+	}
+	opts := chartutil.ReleaseOptions{Name: name, Namespace: ns, Revision: 1, IsInstall: true}
 	vals, err := chartutil.ToRenderValues(chrt, values, opts, caps)
 	if err != nil {
 		return "", err
@@ -217,6 +238,7 @@ func TestChartDefaultValues(t *testing.T) {
 	}
 	assert.NotContains(t, kinds, "Namespace")
 	assert.NotContains(t, kinds, "ServiceMonitor")
+	assert.NotContains(t, kinds, "PrometheusRule")
 	assert.NotContains(t, kinds, "PersistentVolumeClaim")
 	assert.Contains(t, kinds, "CustomResourceDefinition")
 }
@@ -240,7 +262,7 @@ func leaves(prefix string, v any, out map[string]any) {
 
 // everyValueFiles together set every value of values.yaml away from its
 // default.
-var everyValueFiles = []string{"full-kube.yaml", "full-file.yaml", "file-claim.yaml", "upstream-kube-csr.yaml", "agent.yaml"}
+var everyValueFiles = []string{"full-kube.yaml", "full-file.yaml", "file-claim.yaml", "upstream-kube-csr.yaml", "agent.yaml", "platform.yaml"}
 
 func TestEveryValueIsExercised(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))

@@ -134,13 +134,16 @@ func TestServerAcceptsRenderedConfig(t *testing.T) {
 		"upstream-kube-csr": upstreamKubeCSR(t, signerRootPEM(t)),
 		"agent":             valuesFile(t, "agent.yaml"),
 		"agent-default":     agentValues(true),
+		"platform":          valuesFile(t, "platform.yaml"),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {
 			objs := mustRender(t, values)
 			release := "trustbridge"
-			if n, ok := values["name"].(string); ok {
+			if n, ok := values["fullnameOverride"].(string); ok {
 				release = n
+			} else if n, ok := values["nameOverride"].(string); ok {
+				release += "-" + n
 			}
 			raw, _ := serverConfig(t, objs, release)
 			path := filepath.Join(t.TempDir(), "config.yaml")
@@ -191,7 +194,7 @@ func TestValuesSetObjects(t *testing.T) {
 	cond, _, _ := unstructured.NestedSlice(vap.Object, "spec", "matchConditions")
 	assert.Contains(t, cond[0].(map[string]any)["expression"], `"system:serviceaccount:trustbridge-system:tb"`)
 	val, _, _ := unstructured.NestedSlice(vap.Object, "spec", "validations")
-	assert.Contains(t, val[0].(map[string]any)["expression"], `object.metadata.name == "east-roots"`)
+	assert.Contains(t, val[0].(map[string]any)["expression"], `variables.name == "east-roots"`)
 
 	// The ServiceMonitor scrapes the admin port through its own Service.
 	sm := find(t, objs, "ServiceMonitor", "tb")

@@ -149,6 +149,15 @@ type Config struct {
 	// Reason); the server's audit trail sets the entry's Actor and
 	// chain.
 	Audit func(audit.Entry)
+	// Mint, when set, mounts POST /v1/svid/x509 and /v1/svid/jwt: an
+	// operator's SVID for an identity of the trust domain (`x509 mint`,
+	// `jwt mint --spiffe-id`), guarded as the other mutations are and
+	// audited through Audit.
+	Mint Minter
+	// Reserved are the server's own identities (its certificate service
+	// and bundle endpoint): Mint refuses them, so that the admin token
+	// cannot make a credential peers and agents take for the server.
+	Reserved []spiffeid.ID
 }
 
 // Handler serves the admin API.
@@ -203,6 +212,7 @@ func (h *Handler) routes() {
 	}
 	h.manageRoutes()
 	h.authorityRoutes()
+	h.mintRoutes()
 }
 
 // serveBundle answers the local trust domain's SPIFFE bundle document, as

@@ -47,6 +47,15 @@
 //     signed (unless force), 404 for an unknown authority; guarded as the
 //     federation mutations are and audited through Config.Audit. Mounted
 //     with a Config.Authorities
+//   - POST /v1/svid/x509: an api.X509SVIDMint (a SPIFFE ID of our trust
+//     domain and a CSR, whose key alone is signed: the private key stays
+//     with the operator) answered with an api.X509SVIDMinted, the chain
+//     and the roots it verifies against, the lifetime clamped to
+//     Config.MaxWorkloadTTL; POST /v1/svid/jwt: an api.JWTSVIDMint
+//     answered with an api.JWTSVIDMinted. Strict JSON (400), 413 over
+//     16 KiB, 400 for another trust domain's ID; guarded as the
+//     federation mutations are, each audited (x509_svid_minted,
+//     jwt_svid_minted, with who asked). Mounted with a Config.Mint
 //   - GET /v1/snapshot (?compact: unindented) and /ui: the api.Snapshot
 //     of everything trusted, as JSON and as statusui's page; mounted only
 //     with a Config.Trust store

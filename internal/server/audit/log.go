@@ -75,6 +75,9 @@ type Entry struct {
 	// through the admin API (`trustbridge ca authority`), with who asked
 	// (admin-socket or admin-token) and how (--now, --force) in Reason;
 	// the state it led to is recorded too, as a root_* or jwt_key_* entry.
+	// x509_svid_minted, jwt_svid_minted: an SVID an operator minted
+	// through the admin API (`x509 mint`, `jwt mint --spiffe-id`), its
+	// SPIFFE ID, serial or key, expiry and who asked in Reason.
 	// bundle_accepted, bundle_rejected, endpoint_added,
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
 	// moved a torn final line out of the log; Reason says how many bytes

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/svid"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
@@ -33,9 +34,11 @@ func NewCmd(e cli.Env) *cobra.Command {
 		Use:   "jwt",
 		Short: "Mint and validate JWT-SVIDs",
 		Long: `Mint a JWT-SVID from a running server's certificate service, for the identity
-you authenticate as, or validate one against SPIFFE bundles.`,
+you authenticate as, or, as an operator on its admin API (--spiffe-id), for
+any identity of its trust domain; or validate one against SPIFFE bundles.`,
 		Example: `  trustbridge jwt mint --ca-addr trustbridge.example.org:15012 --root-cert root-cert.pem \
       --prov-cert /etc/creds --audience https://api.example.com
+  trustbridge jwt mint --spiffe-id spiffe://example.org/ops/probe --audience https://api.example.com
   trustbridge jwt validate --bundle bundle.spiffe.json --audience https://api.example.com TOKEN`,
 		Args: cobra.NoArgs,
 	}
@@ -48,13 +51,14 @@ type jwtMintOptions struct {
 	audience []string
 	ttl      time.Duration
 	out      *cli.OutputFlag
+	admin    svid.JWTAdmin
 }
 
 func newJWTMintCmd(e cli.Env) *cobra.Command {
 	var o jwtMintOptions
 	cmd := &cobra.Command{
-		Use:   "mint --ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR) --audience AUD [--audience AUD]...",
-		Short: "Obtain a JWT-SVID for your own identity from a running server",
+		Use:   "mint (--ca-addr ADDR --root-cert FILE (--token-file FILE | --prov-cert DIR) | --spiffe-id ID [--admin ADDR]) --audience AUD [--audience AUD]...",
+		Short: "Obtain a JWT-SVID for your own identity, or as an operator for any identity, from a running server",
 		Long: `Ask the certificate service of a running trustbridge (--grpc-listen) for a
 JWT-SVID and print it. Its subject is the identity you authenticate as, exactly
 as with 'trustbridge ca request': the X509-SVID in --prov-cert DIR (mTLS), or
@@ -65,7 +69,15 @@ service account token). The request cannot name another subject.
 for; the receiver refuses a token not naming it. --ttl asks for a lifetime,
 which the server clamps to its maximum; without it the server's default
 (5 minutes) applies. -o table prints the token alone, for $(...); -o json or
-yaml also print its SPIFFE ID and expiry.`,
+yaml also print its SPIFFE ID and expiry.
+
+With --spiffe-id ID the token is for ID, any identity of the server's trust
+domain, minted as an operator on the server's admin API (spire-server jwt
+mint): it needs the admin token (--data-dir or --admin-token-file) or the
+admin socket (--admin unix://PATH), goes to the leader and is recorded in
+the audit log (jwt_svid_minted) with who asked, the SPIFFE ID, audience, key
+and expiry (never the token). --ca-addr, --root-cert, --token-file,
+--prov-cert and --server-spiffe-id do not go with it.`,
 		Example: `  # with the certificate trustbridge ca request or agent wrote
   trustbridge jwt mint --ca-addr trustbridge.example.org:15012 --root-cert /etc/creds/root-cert.pem \
       --prov-cert /etc/creds --audience https://api.example.com
@@ -73,7 +85,10 @@ yaml also print its SPIFFE ID and expiry.`,
   trustbridge jwt mint --ca-addr trustbridge.trustbridge-system.svc:15012 --root-cert root-cert.pem \
       --token-file /var/run/secrets/tokens/trustbridge --audience a --audience b --ttl 10m -o json
   # call an API with it
-  curl -H "Authorization: Bearer $(trustbridge jwt mint ... --audience https://api.example.com)" https://api.example.com`,
+  curl -H "Authorization: Bearer $(trustbridge jwt mint ... --audience https://api.example.com)" https://api.example.com
+  # as an operator, for a probe's identity, on the admin socket
+  trustbridge jwt mint --spiffe-id spiffe://example.org/ops/probe --audience https://api.example.com \
+      --admin unix:///var/run/trustbridge/admin.sock`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runJWTMint(cmd.Context(), e, o)
@@ -84,6 +99,11 @@ yaml also print its SPIFFE ID and expiry.`,
 	f.StringArrayVar(&o.audience, "audience", nil, "audience (aud) of the token; repeat for several (required)")
 	f.DurationVar(&o.ttl, "ttl", 0, "lifetime to ask for, whole seconds (default: the server's, 5m; clamped to its maximum)")
 	o.out = cli.AddOutputFlag(cmd)
+	o.admin.AddFlags(cmd)
+	for _, name := range []string{"ca-addr", "root-cert"} {
+		fl := f.Lookup(name)
+		fl.Usage = strings.Replace(fl.Usage, "(required)", "(required without --spiffe-id)", 1)
+	}
 	return cmd
 }
 
@@ -95,6 +115,13 @@ type MintOutput struct {
 }
 
 func runJWTMint(ctx context.Context, e cli.Env, o jwtMintOptions) error {
+	admin, err := o.admin.Enabled()
+	if err != nil {
+		return err
+	}
+	if admin {
+		return runAdminJWTMint(ctx, e, o)
+	}
 	if err := o.check(); err != nil {
 		return err
 	}
@@ -113,6 +140,36 @@ func runJWTMint(ctx context.Context, e cli.Env, o jwtMintOptions) error {
 	out := MintOutput{SPIFFEID: svid.ID.String(), ExpiresAt: svid.ExpiresAt, Token: svid.Token}
 	return o.out.Write(e.Out, out, func(w io.Writer) error {
 		_, err := fmt.Fprintln(w, svid.Token)
+		return err
+	})
+}
+
+// runAdminJWTMint is jwt mint --spiffe-id: as an operator, on the admin
+// API.
+func runAdminJWTMint(ctx context.Context, e cli.Env, o jwtMintOptions) error {
+	if err := o.out.Check(); err != nil {
+		return err
+	}
+	if err := checkAudiences(o.audience); err != nil {
+		return err
+	}
+	var conflicting []string
+	for name, v := range map[string]string{"--ca-addr": o.Addr, "--root-cert": o.RootCert, "--token-file": o.TokenFile, "--prov-cert": o.ProvCert, "--server-spiffe-id": o.ServerID} {
+		if v != "" {
+			conflicting = append(conflicting, name)
+		}
+	}
+	slices.Sort(conflicting)
+	res, err := o.admin.Mint(ctx, o.audience, o.ttl, o.Timeout, conflicting)
+	if err != nil {
+		return err
+	}
+	for _, w := range res.Warnings {
+		fmt.Fprintln(e.Err, "warning:", cli.Printable(w))
+	}
+	out := MintOutput{SPIFFEID: res.SPIFFEID, ExpiresAt: res.ExpiresAt.UTC(), Token: res.Token}
+	return o.out.Write(e.Out, out, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, cli.Printable(res.Token))
 		return err
 	})
 }
@@ -227,7 +284,7 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	if err := o.checkIssuerFlags(); err != nil {
 		return err
 	}
-	token, err := readTokenArg(e.In, args)
+	token, err := ReadTokenArg(e.In, args)
 	if err != nil {
 		return err
 	}
@@ -252,8 +309,8 @@ func runJWTValidate(ctx context.Context, e cli.Env, o jwtValidateOptions, args [
 	return o.out.Write(e.Out, out, func(w io.Writer) error { return printJWTValidation(w, out) })
 }
 
-// readTokenArg is the token argument, or standard input for - or none.
-func readTokenArg(in io.Reader, args []string) (string, error) {
+// ReadTokenArg is the token argument, or standard input for - or none.
+func ReadTokenArg(in io.Reader, args []string) (string, error) {
 	if len(args) == 1 && args[0] != "-" {
 		return args[0], nil
 	}

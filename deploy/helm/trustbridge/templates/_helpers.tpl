@@ -1,6 +1,36 @@
-{{/* Labels of every object: the base's app.kubernetes.io/name, plus Helm's. */}}
+{{/* The release's objects' name, as Helm's own chart scaffold makes it:
+fullnameOverride, else the release name if it contains the chart's name
+(nameOverride, default trustbridge), else <release>-<name>; at most 63
+characters, a DNS label. helm install trustbridge ... names everything
+trustbridge, as deploy/base. */}}
+{{- define "trustbridge.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* The full name with a suffix (list . "bundle"): the full name is cut
+so that the whole stays within 63 characters, a Service's and a label
+value's limit. */}}
+{{- define "trustbridge.suffixed" -}}
+{{- $root := index . 0 -}}
+{{- $suffix := index . 1 -}}
+{{- $base := include "trustbridge.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
+{{- end }}
+
+{{/* Labels of every object: app.kubernetes.io/name is the full name (the
+base's trustbridge), so that two releases in one namespace never select
+each other's pods; plus Helm's. */}}
 {{- define "trustbridge.labels" -}}
-app.kubernetes.io/name: {{ .Values.name }}
+app.kubernetes.io/name: {{ include "trustbridge.fullname" . }}
 {{ include "trustbridge.helmLabels" . }}
 {{- end }}
 
@@ -11,10 +41,11 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
-{{/* The selector: the base's, unchanged, so that the chart can take over a
-kustomize installation's Deployment (selectors are immutable). */}}
+{{/* The selector: for release trustbridge the base's, unchanged, so that
+the chart can take over a kustomize installation's Deployment (selectors are
+immutable; a release of another name keeps it with fullnameOverride). */}}
 {{- define "trustbridge.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Values.name }}
+app.kubernetes.io/name: {{ include "trustbridge.fullname" . }}
 {{- end }}
 
 {{- define "trustbridge.image" -}}
@@ -36,7 +67,7 @@ app.kubernetes.io/name: {{ .Values.name }}
 {{/* The node agent's names and labels: its own app.kubernetes.io/name, so
 that the server's selectors never pick its pods. */}}
 {{- define "trustbridge.agentName" -}}
-{{ .Values.name }}-agent
+{{ include "trustbridge.suffixed" (list . "agent") }}
 {{- end }}
 {{- define "trustbridge.agentAccount" -}}
 {{ .Values.agent.namespace.name }}/{{ include "trustbridge.agentName" . }}
@@ -46,11 +77,19 @@ app.kubernetes.io/name: {{ include "trustbridge.agentName" . }}
 {{ include "trustbridge.helmLabels" . }}
 {{- end }}
 {{- define "trustbridge.csiDriverName" -}}
-{{ .Values.name }}-csi-driver
+{{ include "trustbridge.suffixed" (list . "csi-driver") }}
 {{- end }}
 {{- define "trustbridge.csiDriverLabels" -}}
 app.kubernetes.io/name: {{ include "trustbridge.csiDriverName" . }}
 {{ include "trustbridge.helmLabels" . }}
+{{- end }}
+
+{{/* "true" when the server lets node proxies ask for their pods'
+certificates (ca-trusted-node-accounts not empty, and the schema refuses
+blank entries; null is the default list): only then does it watch pods. */}}
+{{- define "trustbridge.impersonation" -}}
+{{- $a := .Values.policy.caTrustedNodeAccounts -}}
+{{- if or (kindIs "invalid" $a) $a -}}true{{- end -}}
 {{- end }}
 
 {{/* Combinations the server refuses at start, refused at render time with
@@ -133,7 +172,7 @@ config.yaml exactly. */}}
 {{- define "trustbridge.config" -}}
 {{- $v := .Values -}}
 {{- $c := dict "trust-domain" $v.trustDomain "data-dir" "/var/lib/trustbridge/data" "admin-listen" "0.0.0.0:15014" "bundle-listen" "0.0.0.0:8443" "grpc-listen" "0.0.0.0:15012" "storage" $v.storage.type "audit-log" $v.auditLog "log-format" $v.logFormat -}}
-{{- $_ := set $c "grpc-dns-names" (concat (list (printf "%s.%s.svc" $v.name .Release.Namespace)) $v.grpcDNSNames) -}}
+{{- $_ := set $c "grpc-dns-names" (concat (list (printf "%s.%s.svc" (include "trustbridge.fullname" .) .Release.Namespace)) $v.grpcDNSNames) -}}
 {{- if eq $v.storage.type "file" -}}
 {{- /* Creates the CA on the first start; harmless once it exists. */ -}}
 {{- $_ := set $c "init" true -}}
