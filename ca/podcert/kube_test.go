@@ -69,9 +69,19 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
+	return newRigAs(t, nil, random("t")+".trustbridge.test/svid")
+}
+
+// newRigAs runs the signer with client (nil: the cluster admin) for
+// signer.
+func newRigAs(t *testing.T, client kubernetes.Interface, signer string) *rig {
+	t.Helper()
 	env := kubetest.Shared(t)
+	if client == nil {
+		client = env.Client
+	}
 	ctx := context.Background()
-	r := &rig{env: env, signer: random("t") + ".trustbridge.test/svid", root: testca.New(t, testTD),
+	r := &rig{env: env, signer: signer, root: testca.New(t, testTD),
 		reg: prometheus.NewRegistry(), outcomes: make(chan Outcome, 16)}
 	node, err := env.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: random("node-")}}, metav1.CreateOptions{})
 	require.NoError(t, err)
@@ -93,7 +103,7 @@ func newRig(t *testing.T) *rig {
 	r.kubelet = r.nodeClient(t)
 
 	s, err := New(Config{
-		Client: env.Client, SignerName: r.signer, TrustDomain: spiffeid.RequireTrustDomainFromString(testTD),
+		Client: client, SignerName: r.signer, TrustDomain: spiffeid.RequireTrustDomainFromString(testTD),
 		Authority: fakeAuthority{
 			m: ca.SigningMaterial{Cert: r.root.Cert, Key: r.root.Key, Roots: []*x509.Certificate{r.root.Cert}},
 			p: ca.Policy{TrustDomain: spiffeid.RequireTrustDomainFromString(testTD), MaxTTL: 12 * time.Hour},
@@ -232,6 +242,39 @@ func TestKubeSignsAPodCertificateRequest(t *testing.T) {
 	o := <-r.outcomes
 	assert.Equal(t, "issued", o.Result)
 	assert.Equal(t, id, o.SPIFFEID)
+}
+
+// TestKubeRBAC runs the signer as deploy/rbac's service account with
+// deploy/rbac/pod-identity applied: it signs for its signer, and the API
+// server refuses it the status of another signer's request.
+func TestKubeRBAC(t *testing.T) {
+	env := kubetest.Shared(t)
+	const ns = "trustbridge-system"
+	env.Apply(t, []string{ns}, kubetest.LoadManifests(t, "../../deploy/rbac/pod-identity"))
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":trustbridge"}
+	sa, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	r := newRigAs(t, sa, "trustbridge.io/svid")
+	pod := r.pod(t, r.enabled, r.signer)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	req, err := r.request(t, pod, key, pod.UID, 86400)
+	require.NoError(t, err)
+	c := condition(r.outcome(t, req))
+	assert.Equal(t, certv1beta1.PodCertificateRequestConditionTypeIssued, c.Type, c.Message)
+
+	// Another signer's request: the role's sign is pinned to ours.
+	other := r.pod(t, r.enabled, "other.trustbridge.test/svid")
+	r.signer = "other.trustbridge.test/svid"
+	foreign, err := r.request(t, other, key, other.UID, 86400)
+	require.NoError(t, err)
+	foreign.Status.Conditions = []metav1.Condition{{Type: certv1beta1.PodCertificateRequestConditionTypeDenied, Status: metav1.ConditionTrue,
+		Reason: "Test", Message: "m", LastTransitionTime: metav1.Now()}}
+	_, err = sa.CertificatesV1beta1().PodCertificateRequests(foreign.Namespace).UpdateStatus(context.Background(), foreign, metav1.UpdateOptions{})
+	assert.ErrorContains(t, err, `is not permitted to "sign" for signer "other.trustbridge.test/svid"`,
+		"the service account may not decide another signer's requests")
 }
 
 func TestKubeRefusesWhatItShouldNot(t *testing.T) {

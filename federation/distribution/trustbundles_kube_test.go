@@ -14,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -33,10 +35,20 @@ type ctbRig struct {
 
 func newCTBRig(t *testing.T, federated ...string) *ctbRig {
 	t.Helper()
+	return newCTBRigAs(t, nil, randomName("t")+".trustbridge.test/svid", federated...)
+}
+
+// newCTBRigAs runs the controller with client (nil: the cluster admin)
+// for signer.
+func newCTBRigAs(t *testing.T, client kubernetes.Interface, signer string, federated ...string) *ctbRig {
+	t.Helper()
 	env := kubetest.Shared(t)
+	if client == nil {
+		client = env.Client
+	}
 	store, cas := newStore(t, federated...)
-	r := &ctbRig{env: env, signer: randomName("t") + ".trustbridge.test/svid", store: store, cas: cas, reg: prometheus.NewRegistry()}
-	c, err := NewTrustBundles(TrustBundleConfig{Client: env.Client, Store: store, SignerName: r.signer, Registerer: r.reg})
+	r := &ctbRig{env: env, signer: signer, store: store, cas: cas, reg: prometheus.NewRegistry()}
+	c, err := NewTrustBundles(TrustBundleConfig{Client: client, Store: store, SignerName: r.signer, Registerer: r.reg})
 	require.NoError(t, err)
 	r.ctrl = c
 	t.Cleanup(func() {
@@ -171,4 +183,30 @@ func TestKubeClusterTrustBundlesForeignAndSkipped(t *testing.T) {
 	assert.Contains(t, r.ctrl.Skipped()["leafy.example"], "no_ca_authorities")
 	_, err = api.Get(context.Background(), trustBundleName(r.signer, spiffeid.RequireTrustDomainFromString("leafy.example")), metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "no bundle for a trust domain without CA certificates: %v", err)
+}
+
+// TestKubeClusterTrustBundlesRBAC runs the controller as deploy/rbac's
+// service account with deploy/rbac/pod-identity: it keeps the bundles of
+// its signer, and may not write one linked to another signer.
+func TestKubeClusterTrustBundlesRBAC(t *testing.T) {
+	env := kubetest.Shared(t)
+	env.Apply(t, []string{systemNamespace}, kubetest.LoadManifests(t, rbacDir+"/pod-identity"))
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: serviceAccountID}
+	sa, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+
+	r := newCTBRigAs(t, sa, "trustbridge.io/svid", "peer.example")
+	r.start(t)
+	r.waitRoots(t, localTD, r.cas[localTD].Cert)
+	r.waitRoots(t, "peer.example", r.cas["peer.example"].Cert)
+	r.store.Remove("federation", spiffeid.RequireTrustDomainFromString("peer.example"))
+	r.waitRoots(t, "peer.example")
+	assert.Equal(t, 0.0, metricValue(t, r.reg, "trustbridge_cluster_trust_bundle_writes_total", map[string]string{"result": resultError}))
+
+	_, err = sa.CertificatesV1beta1().ClusterTrustBundles().Create(context.Background(), &certv1beta1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: "other.trustbridge.test:svid:x"},
+		Spec:       certv1beta1.ClusterTrustBundleSpec{SignerName: "other.trustbridge.test/svid", TrustBundle: string(testca.PEM(r.cas[localTD].Cert))},
+	}, metav1.CreateOptions{})
+	assert.ErrorContains(t, err, "attest", "attest is pinned to our signer")
 }
