@@ -157,3 +157,24 @@ func lifetime(req *certv1beta1.PodCertificateRequest, caMax time.Duration) (time
 }
 
 var errNoChain = errors.New("the CA returned no certificate")
+
+// caBackdate is how far the CA sets a leaf's NotBefore before now
+// (ca/sign.go); checkIssued catches it if that ever grows.
+const caBackdate = 10 * time.Second
+
+// checkIssued fails a leaf whose lifetime, as the API server counts it
+// (NotAfter - NotBefore), is outside [an hour, max]: shortened by the
+// signing chain's own expiry, or longer than asked.
+func checkIssued(leaf *x509.Certificate, max time.Duration) *refusal {
+	if leaf == nil {
+		return &refusal{failed: true, reason: ReasonSignFailed, message: errNoChain.Error()}
+	}
+	switch life := leaf.NotAfter.Sub(leaf.NotBefore); {
+	case life > max:
+		return &refusal{failed: true, reason: ReasonLifetime, message: fmt.Sprintf("the CA issued %s, over the %s asked for", life, max)}
+	case life < minLifetime:
+		return &refusal{failed: true, reason: ReasonLifetime,
+			message: fmt.Sprintf("the CA can issue only %s (its signing certificate expires at %s), under the hour a pod certificate must live; rotate the CA", life, leaf.NotAfter.UTC().Format(time.RFC3339))}
+	}
+	return nil
+}

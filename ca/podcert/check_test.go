@@ -197,3 +197,20 @@ func FuzzRequestKey(f *testing.F) {
 		_ = checkProof(pub, string(uid), proof)
 	})
 }
+
+func TestCheckIssued(t *testing.T) {
+	now := time.Now()
+	leaf := func(life time.Duration) *x509.Certificate {
+		return &x509.Certificate{NotBefore: now, NotAfter: now.Add(life)}
+	}
+	assert.Nil(t, checkIssued(leaf(time.Hour), time.Hour))
+	assert.Nil(t, checkIssued(leaf(2*time.Hour), 24*time.Hour))
+	ref := checkIssued(leaf(time.Hour+time.Second), time.Hour)
+	require.NotNil(t, ref)
+	assert.Contains(t, ref.message, "over the 1h0m0s asked for")
+	ref = checkIssued(leaf(30*time.Minute), 24*time.Hour)
+	require.NotNil(t, ref)
+	assert.True(t, ref.failed)
+	assert.Contains(t, ref.message, "rotate the CA")
+	assert.NotNil(t, checkIssued(nil, time.Hour))
+}

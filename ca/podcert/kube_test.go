@@ -242,6 +242,15 @@ func TestKubeSignsAPodCertificateRequest(t *testing.T) {
 	o := <-r.outcomes
 	assert.Equal(t, "issued", o.Result)
 	assert.Equal(t, id, o.SPIFFEID)
+
+	// The shortest lifetime the API allows, asked for exactly: the CA's
+	// backdated NotBefore must not carry it past the request's maximum.
+	req, err = r.request(t, pod, key, pod.UID, 3600)
+	require.NoError(t, err)
+	got = r.outcome(t, req)
+	c = condition(got)
+	require.Equal(t, certv1beta1.PodCertificateRequestConditionTypeIssued, c.Type, c.Message)
+	assert.Equal(t, time.Hour, got.Status.NotAfter.Sub(got.Status.NotBefore.Time))
 }
 
 // TestKubeRBAC runs the signer as deploy/rbac's service account with

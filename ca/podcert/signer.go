@@ -266,13 +266,18 @@ func (s *Signer) decide(ctx context.Context, req *certv1beta1.PodCertificateRequ
 	if err != nil {
 		return nil, spiffeid.ID{}, deny(ReasonPodMismatch, "no SPIFFE ID for service account %s/%s: %v", req.Namespace, req.Spec.ServiceAccountName, err)
 	}
-	p := ca.X509SVIDParams{PublicKey: pub, SPIFFEID: id, TTL: ttl}
+	// The CA backdates NotBefore (ca/sign.go) and the API server counts
+	// the lifetime from it: ask for that much less.
+	p := ca.X509SVIDParams{PublicKey: pub, SPIFFEID: id, TTL: ttl - caBackdate}
 	if s.cfg.DNSNames != nil {
 		p.DNSNames = s.cfg.DNSNames(id)
 	}
 	issued, err := s.cfg.Authority.SignX509SVID(p)
 	if err != nil {
 		return nil, id, &refusal{failed: true, reason: ReasonSignFailed, message: err.Error()}
+	}
+	if ref := checkIssued(issued.Leaf, ttl); ref != nil {
+		return nil, id, ref
 	}
 	return issued, id, nil
 }
@@ -322,10 +327,7 @@ func found[T *corev1.Pod | *corev1.Node | *corev1.ServiceAccount](o T, err error
 // issue writes the chain (the leaf and its intermediates, not the root)
 // and the Issued condition.
 func (s *Signer) issue(ctx context.Context, req *certv1beta1.PodCertificateRequest, id spiffeid.ID, issued *ca.Issued) error {
-	leaf := issued.Leaf
-	if leaf == nil {
-		return s.refuse(ctx, req, &refusal{failed: true, reason: ReasonSignFailed, message: errNoChain.Error()})
-	}
+	leaf := issued.Leaf // checkIssued made sure there is one
 	var chain bytes.Buffer
 	for _, c := range issued.Chain[:len(issued.Chain)-len(issued.Roots)] {
 		_ = pem.Encode(&chain, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
@@ -338,6 +340,11 @@ func (s *Signer) issue(ctx context.Context, req *certv1beta1.PodCertificateReque
 	next.Status.Conditions = append(next.Status.Conditions, s.condition(req, certv1beta1.PodCertificateRequestConditionTypeIssued,
 		"Issued", "issued "+id.String()+" by trustbridge"))
 	if _, err := s.cfg.Client.CertificatesV1beta1().PodCertificateRequests(req.Namespace).UpdateStatus(ctx, next, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsInvalid(err) {
+			// The API server will never take this chain: say so on the
+			// request rather than retry for ever.
+			return s.refuse(ctx, req, &refusal{failed: true, reason: ReasonSignFailed, message: "the API server refused the issued chain: " + err.Error()})
+		}
 		return fmt.Errorf("set Issued: %w", err)
 	}
 	s.results.WithLabelValues("issued", "Issued").Inc()

@@ -65,6 +65,11 @@ type KubeConfig struct {
 	// TrustBundleSigner, when set, has the leader keep a ClusterTrustBundle
 	// per trust domain linked to this signer name.
 	TrustBundleSigner string
+	// PodCertSigner, when set, has the leader sign the
+	// PodCertificateRequests naming it, for pods of the namespaces
+	// PodCertNamespaces selects (pod_identity.go).
+	PodCertSigner     string
+	PodCertNamespaces string
 	tokenSecret       string
 }
 
@@ -83,6 +88,8 @@ func addKubeFlags(f *pflag.FlagSet, o *KubeConfig) {
 	f.BoolVar(&o.TrustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
 	f.BoolVar(&o.IdentityMapCRD, "identity-map-crd", false, "with --storage kube, add the rules of ClusterIdentityMapping resources (trustbridge.dev/v1alpha1, deploy/base/identitymapping-crd.yaml) to the identity map (--identity-map) node agents are checked against, and write whether each is accepted and its conflicts into its status; node agents are refused as unavailable until the resources were read")
 	f.StringVar(&o.TrustBundleSigner, "cluster-trust-bundle-signer", "", "with --storage kube, keep one ClusterTrustBundle (certificates.k8s.io/v1beta1) per trust domain, local and federated, linked to this signer name (DOMAIN/PATH, normally --pod-certificate-signer's): pods mount a trust domain's roots with a clusterTrustBundle projection of this signerName and the label "+distribution.TrustDomainLabel+"=TD. Needs the ClusterTrustBundle API and attest on the signer (docs/kubernetes-pod-identity.md)")
+	f.StringVar(&o.PodCertSigner, "pod-certificate-signer", "", "with --storage kube, sign the PodCertificateRequests (certificates.k8s.io/v1beta1) naming this signer (DOMAIN/PATH, e.g. trustbridge.io/svid): pods with a projected podCertificate volume of it get the X509-SVID spiffe://<trust-domain>/ns/<namespace>/sa/<service-account> from the kubelet, without an agent. Needs --pod-certificate-namespaces, the PodCertificateRequest API and deploy/rbac/pod-identity (docs/kubernetes-pod-identity.md)")
+	f.StringVar(&o.PodCertNamespaces, "pod-certificate-namespaces", "", "label selector of the namespaces whose pods --pod-certificate-signer signs for; requests from any other are Denied (every namespace: kubernetes.io/metadata.name)")
 	f.StringVar(&o.FederationClass, "federation-crd-class", "", "act only on ClusterFederatedTrustDomain resources whose spec.className is this (and those without one); without it, only on those without one")
 }
 
@@ -112,6 +119,9 @@ func checkStorageFlags(o Config) error {
 	}
 	if o.Kube.FederationCRD && o.Kube.Storage != StorageKube {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
+	}
+	if err := checkPodCertFlags(o.Kube); err != nil {
+		return err
 	}
 	if o.Kube.TrustBundleSigner != "" {
 		if o.Kube.Storage != StorageKube {
@@ -261,7 +271,8 @@ func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup,
 // wire hands the leader its federation poller and root distribution and
 // returns what runs on every replica besides start's: followers reload the
 // federated bundles the leader saves.
-func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd.Controller, reg prometheus.Registerer, logger *slog.Logger) ([]func(context.Context) error, error) {
+func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd.Controller, reg prometheus.Registerer, logger *slog.Logger,
+	leaderExtra ...func(context.Context) error) ([]func(context.Context) error, error) {
 	var dist *distribution.Controller
 	if k.o.RootConfigMap != "" {
 		var err error
@@ -273,7 +284,7 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd
 			return nil, err
 		}
 	}
-	duties := k.leaderDuties(fed.poller, dist, logger)
+	duties := append(k.leaderDuties(fed.poller, dist, logger), leaderExtra...)
 	if k.o.TrustBundleSigner != "" {
 		tb, err := distribution.NewTrustBundles(distribution.TrustBundleConfig{
 			Client: k.client, Store: fed.store, SignerName: k.o.TrustBundleSigner,

@@ -460,7 +460,15 @@ func (p *serverParts) runners(reg prometheus.Registerer, logger *slog.Logger) ([
 	}
 	runners = append(runners, p.socket.runners()...)
 	if p.kube != nil {
-		kr, err := p.kube.wire(p.td, p.fed, p.crd, reg, logger)
+		var extra []func(context.Context) error
+		signer, err := p.podCertSigner(reg, logger)
+		if err != nil {
+			return nil, err
+		}
+		if signer != nil {
+			extra = append(extra, signer.Run)
+		}
+		kr, err := p.kube.wire(p.td, p.fed, p.crd, reg, logger, extra...)
 		if err != nil {
 			return nil, err
 		}

@@ -78,6 +78,9 @@ type Entry struct {
 	// x509_svid_minted, jwt_svid_minted: an SVID an operator minted
 	// through the admin API (`x509 mint`, `jwt mint --spiffe-id`), its
 	// SPIFFE ID, serial or key, expiry and who asked in Reason.
+	// pod_certificate_issued, pod_certificate_denied,
+	// pod_certificate_failed: a PodCertificateRequest's outcome
+	// (--pod-certificate-signer), the pod and the SPIFFE ID or the reason.
 	// bundle_accepted, bundle_rejected, endpoint_added,
 	// endpoint_changed, endpoint_removed, baseline, log_recovered (Open
 	// moved a torn final line out of the log; Reason says how many bytes
