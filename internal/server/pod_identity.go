@@ -78,8 +78,8 @@ func (p *serverParts) podCertSigner(reg prometheus.Registerer, logger *slog.Logg
 	cfg := podcert.Config{
 		Client: p.kube.client, SignerName: o.PodCertSigner, TrustDomain: p.td,
 		Authority: p.authority, Namespaces: sel,
-		Outcome:   p.podCertOutcome,
-		Logger:    logger.With(logattr.Component, "pod-certificates"), Registerer: reg,
+		Outcome: p.podCertOutcome,
+		Logger:  logger.With(logattr.Component, "pod-certificates"), Registerer: reg,
 	}
 	if p.gs != nil && p.gs.dnsNames != nil {
 		tmpl := p.gs.dnsNames
