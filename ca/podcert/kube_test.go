@@ -65,6 +65,8 @@ type rig struct {
 	kubelet         kubernetes.Interface
 	reg             *prometheus.Registry
 	outcomes        chan Outcome
+	enableLabel     string
+	auth            fakeAuthority
 }
 
 func newRig(t *testing.T) *rig {
@@ -75,6 +77,12 @@ func newRig(t *testing.T) *rig {
 // newRigAs runs the signer with client (nil: the cluster admin) for
 // signer.
 func newRigAs(t *testing.T, client kubernetes.Interface, signer string) *rig {
+	t.Helper()
+	return newRigFor(t, client, signer, true)
+}
+
+// newRigFor makes the rig, and runs its signer when run is set.
+func newRigFor(t testing.TB, client kubernetes.Interface, signer string, run bool) *rig {
 	t.Helper()
 	env := kubetest.Shared(t)
 	if client == nil {
@@ -89,26 +97,23 @@ func newRigAs(t *testing.T, client kubernetes.Interface, signer string) *rig {
 		_ = env.Client.CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{})
 	})
 	r.node = node
-	enableLabel := random("on")
+	r.enableLabel = random("on")
 	r.enabled, r.closed = env.Namespace(t), env.Namespace(t)
-	for _, ns := range []string{r.enabled, r.closed} {
-		_, err := env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
-	n, err := env.Client.CoreV1().Namespaces().Get(ctx, r.enabled, metav1.GetOptions{})
-	require.NoError(t, err)
-	n.Labels["podcert-test"] = enableLabel
-	_, err = env.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{})
+	r.enable(t, r.enabled)
+	_, err = env.Client.CoreV1().ServiceAccounts(r.closed).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	r.kubelet = r.nodeClient(t)
-
+	r.auth = fakeAuthority{
+		m: ca.SigningMaterial{Cert: r.root.Cert, Key: r.root.Key, Roots: []*x509.Certificate{r.root.Cert}},
+		p: ca.Policy{TrustDomain: spiffeid.RequireTrustDomainFromString(testTD), MaxTTL: 12 * time.Hour},
+	}
+	if !run {
+		return r
+	}
 	s, err := New(Config{
 		Client: client, SignerName: r.signer, TrustDomain: spiffeid.RequireTrustDomainFromString(testTD),
-		Authority: fakeAuthority{
-			m: ca.SigningMaterial{Cert: r.root.Cert, Key: r.root.Key, Roots: []*x509.Certificate{r.root.Cert}},
-			p: ca.Policy{TrustDomain: spiffeid.RequireTrustDomainFromString(testTD), MaxTTL: 12 * time.Hour},
-		},
-		Namespaces: labels.SelectorFromSet(labels.Set{"podcert-test": enableLabel}),
+		Authority:  r.auth,
+		Namespaces: labels.SelectorFromSet(labels.Set{"podcert-test": r.enableLabel}),
 		Outcome:    func(o Outcome) { r.outcomes <- o },
 		Registerer: r.reg,
 	})
@@ -123,10 +128,23 @@ func newRigAs(t *testing.T, client kubernetes.Interface, signer string) *rig {
 	return r
 }
 
+// enable labels ns for the rig's signer and gives it service account app.
+func (r *rig) enable(t testing.TB, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := r.env.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	n, err := r.env.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	require.NoError(t, err)
+	n.Labels["podcert-test"] = r.enableLabel
+	_, err = r.env.Client.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
 // nodeClient acts as the node's kubelet: its user, allowed (by a
 // ClusterRole bound here, the node authorizer's grant in a real cluster)
 // to create PodCertificateRequests.
-func (r *rig) nodeClient(t *testing.T) kubernetes.Interface {
+func (r *rig) nodeClient(t testing.TB) kubernetes.Interface {
 	t.Helper()
 	ctx := context.Background()
 	user := "system:node:" + r.node.Name
@@ -154,7 +172,7 @@ func (r *rig) nodeClient(t *testing.T) kubernetes.Interface {
 
 // pod creates a pod on the rig's node in ns running as service account
 // app, with a podCertificate volume of signer.
-func (r *rig) pod(t *testing.T, ns, signer string) *corev1.Pod {
+func (r *rig) pod(t testing.TB, ns, signer string) *corev1.Pod {
 	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: random("pod-")},
