@@ -383,7 +383,7 @@ type serverParts struct {
 	gs        *grpcEndpoint
 	adminSrv  *http.Server
 	adminLn   net.Listener
-	socket    *adminSocket // nil without --admin-socket
+	socket    *adminSocket // nil without an admin socket
 	policy    *policySetup
 	idmap     *identityMapSetup // nil without an identity map
 	// ledger counts what each CA authority signed that is still in use
@@ -436,7 +436,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	}
 	h := admin.New(cfg)
 	p.adminSrv = NewAdminServer(hosts.Wrap(h), logger)
-	if p.socket, err = listenAdminSocket(o.AdminSocket, h, logger); err != nil {
+	if p.socket, err = listenAdminSocket(o, h, logger); err != nil {
 		return undo, err
 	}
 	undo.add(p.socket.close)
