@@ -10,6 +10,7 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/ca"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/config"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/federation"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/health"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/identity"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/jwt"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/policy"
@@ -33,6 +34,7 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 	root.SetOut(e.Out)
 	root.SetErr(e.Err)
 	root.AddCommand(newVersionCmd(), bundle.NewCmd(e), newServerCmd(e), ca.NewCmd(e), federation.NewCmd(e), newAgentCmd(e), audit.NewCmd(e), config.NewCmd(e), token.NewCmd(e), backup.NewCmd(e, versionString()), backup.NewRestoreCmd(e), policy.NewCmd(e), identity.NewCmd(e), jwt.NewCmd(e))
+	root.AddCommand(health.NewCmd(e))
 	setupCLI(root)
 	return root
 }
