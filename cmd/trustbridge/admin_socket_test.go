@@ -69,3 +69,28 @@ func TestAdminSocketByDefault(t *testing.T) {
 	stop()
 	assert.NoFileExists(t, sock, "removed at stop")
 }
+
+// trustbridge log level reads the running server's level and changes it
+// until the next restart: over the admin socket with --data-dir, or at
+// --admin with the token; each change is in the audit log.
+func TestLogLevelCommand(t *testing.T) {
+	dir := t.TempDir()
+	o := flagServerOptions(t, "--trust-domain", "example.org", "--data-dir", dir, "--init", "--admin-listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "warn")
+	admin, _, _ := launchServer(t, o)
+	assert.Equal(t, "warn\n", mustCLI(t, "log", "level", "--admin", "http://"+admin))
+	assert.Equal(t, "log level debug (was warn)\n", mustCLI(t, "log", "level", "debug", "--data-dir", dir))
+	assert.Equal(t, "log level info (was debug)\n", mustCLI(t, "log", "level", "info", "--admin", "http://"+admin, "--data-dir", dir))
+	assert.Equal(t, "info\n", mustCLI(t, "log", "level", "--data-dir", dir))
+
+	_, stderr, code := runCLIAt(t, time.Now, "", "log", "level", "loud", "--data-dir", dir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `log level "loud": want debug, info, warn or error`)
+
+	var reasons []string
+	for _, e := range servertest.ReadAuditLog(t, dir) {
+		if e.Event == "log_level_changed" {
+			reasons = append(reasons, e.Reason)
+		}
+	}
+	assert.Equal(t, []string{"log level warn to debug by admin-socket (admin API)", "log level debug to info by admin-token (admin API)"}, reasons)
+}

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +61,19 @@ func TestServerStartRecords(t *testing.T) {
 			}, peers)
 		})
 	}
+}
+
+// The server's logger filters by a level the admin API changes at run
+// time: what was below it is written once it is lowered.
+func TestLevelLoggerChangesAtRunTime(t *testing.T) {
+	var buf bytes.Buffer
+	logger, level, err := newLevelLogger(&buf, "json", "info")
+	require.NoError(t, err)
+	logger.Debug("hidden")
+	level.Set(slog.LevelDebug)
+	logger.Debug("shown")
+	assert.NotContains(t, buf.String(), "hidden")
+	assert.Contains(t, buf.String(), `"msg":"shown"`)
+	_, _, err = newLevelLogger(&buf, "json", "loud")
+	assert.ErrorContains(t, err, `--log-level "loud"`)
 }
