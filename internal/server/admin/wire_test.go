@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"log/slog"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -10,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"os"
