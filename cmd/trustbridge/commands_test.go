@@ -33,6 +33,7 @@ var stateReaders = []string{
 	"trustbridge identity explain",
 	"trustbridge jwt mint",
 	"trustbridge jwt validate",
+	"trustbridge token list",
 }
 
 // Every command, groups included, shows an example of its use, and every
