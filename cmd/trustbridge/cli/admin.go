@@ -39,7 +39,7 @@ type AdminClient struct {
 
 // AddAuthFlags registers where the admin token is.
 func (c *AdminClient) AddAuthFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it serves its admin socket ("+server.AdminSocketName+", used when --admin is left out) and writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
 	f.StringVar(&c.TokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+AdminTokenEnv+")")
 }
 
