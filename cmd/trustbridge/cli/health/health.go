@@ -103,7 +103,9 @@ connection, ready when it serves the workload's certificate ("default")
 within 10 seconds. With --admin, the agent's --admin-listen address, its
 /readyz (200 once SDS serves a certificate) or /healthz is asked instead.
 Run it as the agent's user (the socket is mode 0600) with the agent's
---sds-socket, or from the agent's working directory for the default.`,
+--sds-socket, or from the agent's working directory for the default. A node
+agent (--identity-map) attests each caller of its socket and has no
+certificate for this one: ask its --admin-listen with --admin.`,
 		Example: `  trustbridge agent healthcheck
   trustbridge agent healthcheck --sds-socket /run/trustbridge/sds.sock --shallow
   trustbridge agent healthcheck --admin http://127.0.0.1:15022`,
