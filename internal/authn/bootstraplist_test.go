@@ -3,6 +3,8 @@ package authn
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +90,41 @@ func TestPickByRefAmbiguous(t *testing.T) {
 	got, err := pickByRef(infos, "0123456789f", "tokens")
 	require.NoError(t, err)
 	assert.Equal(t, 2, got.Line)
+}
+
+// The trust domain a listing takes from the file's first token line: what
+// it accepts, it accepts for one trust domain only, the first line's; and
+// removing an accepted line by its number leaves a file that loads with
+// one token fewer.
+func FuzzParseForItsTrustDomain(f *testing.F) {
+	for _, seed := range []string{
+		"",
+		"# comment\n\n",
+		tokLaptop + ",spiffe://example.org/a\n" + tokVM + ",spiffe://example.org/b,reusable\n",
+		"\xef\xbb\xbf# c\n" + tokLaptop + ", spiffe://other.org/a \r\n",
+		tokLaptop + ",spiffe://example.org/a\n" + tokVM + ",spiffe://other.org/b\n",
+		"spiffe://example.org/a," + tokLaptop + "\n",
+		tokLaptop + "\n",
+		tokLaptop + ",spiffe://example.org/a,expires=2026-12-01T10:00:00Z",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		set, err := parseForItsTrustDomain(data)
+		if err != nil || len(set.entries) == 0 {
+			return
+		}
+		td := set.entries[0].id.TrustDomain()
+		for _, e := range set.entries {
+			if !e.id.MemberOf(td) {
+				t.Fatalf("%s accepted beside %s", e.id, td)
+			}
+		}
+		lines := strings.SplitAfter(string(data), "\n")
+		n := set.entries[0].line
+		rest := strings.Join(append(slices.Clone(lines[:n-1]), lines[n:]...), "")
+		after, err := parseBootstrapTokens([]byte(rest), td)
+		require.NoError(t, err)
+		assert.Len(t, after.entries, len(set.entries)-1)
+	})
 }
