@@ -216,6 +216,9 @@ func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
 	return c
 }
 
+// maxSocketPath is the size of sun_path on Linux, the NUL included.
+const maxSocketPath = 108
+
 // LocalSocket is "unix://PATH" of the admin socket a server answers on in
 // c.DataDir (./data when unset), which --admin-socket auto creates. A
 // path that is no socket, or one nothing answers on (a crashed server's),
@@ -225,9 +228,12 @@ func (c *AdminClient) LocalSocket() (string, bool) {
 	if dir == "" {
 		dir = "./data"
 	}
-	path, err := filepath.Abs(filepath.Join(dir, server.AdminSocketName))
-	if err != nil {
-		return "", false
+	path := filepath.Join(dir, server.AdminSocketName)
+	// The absolute path, for messages, unless it passes the length limit
+	// of socket paths that the relative one (as the server bound it)
+	// keeps under.
+	if abs, err := filepath.Abs(path); err == nil && len(abs) < maxSocketPath {
+		path = abs
 	}
 	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != fs.ModeSocket {
 		return "", false

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -68,4 +69,21 @@ func TestLocalSocket(t *testing.T) {
 	got, ok = (&AdminClient{}).LocalSocket()
 	assert.True(t, ok)
 	assert.Equal(t, "unix://"+filepath.Join(dir, "data", server.AdminSocketName), got)
+}
+
+// In a working directory too deep for an absolute socket path, the socket
+// of ./data is still found, by the relative path the server bound.
+func TestLocalSocketDeepDirectory(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ls")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	deep := filepath.Join(dir, strings.Repeat("d", 100))
+	require.NoError(t, os.MkdirAll(filepath.Join(deep, "data"), 0o700))
+	t.Chdir(deep)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join("data", server.AdminSocketName), Net: "unix"})
+	require.NoError(t, err)
+	defer ln.Close()
+	got, ok := (&AdminClient{}).LocalSocket()
+	assert.True(t, ok)
+	assert.Equal(t, "unix://"+filepath.Join("data", server.AdminSocketName), got)
 }
