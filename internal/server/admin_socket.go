@@ -25,6 +25,7 @@ type adminSocket struct {
 	ln   net.Listener
 	srv  *http.Server
 	path string
+	auto bool // at <data-dir>/admin.sock, where the CLI looks
 }
 
 // AdminSocketName is the admin socket's name in the data directory, where
@@ -72,7 +73,7 @@ func listenAdminSocket(o Config, h http.Handler, logger *slog.Logger) (*adminSoc
 	}
 	srv := NewAdminServer(h, logger)
 	srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return admin.OverSocket(ctx) }
-	return &adminSocket{ln: ln, srv: srv, path: path}, nil
+	return &adminSocket{ln: ln, srv: srv, path: path, auto: auto}, nil
 }
 
 // where is the socket's path for the start-up record; "" without one.
@@ -84,6 +85,15 @@ func (s *adminSocket) where() string {
 		return abs
 	}
 	return s.path
+}
+
+// howToReach tells an operator how the CLI reaches the socket, for the
+// banner.
+func (s *adminSocket) howToReach(dataDir string) string {
+	if s.auto {
+		return "trustbridge finds it with --data-dir " + dataDir
+	}
+	return "trustbridge ... --admin unix://" + s.where()
 }
 
 // close releases the listener before the runners own it (nil-safe).

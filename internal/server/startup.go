@@ -113,7 +113,7 @@ func printBanner(w io.Writer, o Config, p *serverParts, addr string) {
   try:        curl -s http://%s/v1/trust
 `, td, o.version(), caMode(o, p.kube), len(a.Roots()), a.Sequence(), addr, addr, addr)
 	if path := p.socket.where(); path != "" {
-		fmt.Fprintf(w, "  socket:     %s (admin API, no token: trustbridge finds it with --data-dir %s)\n", path, o.DataDir)
+		fmt.Fprintf(w, "  socket:     %s (admin API, no token: %s)\n", path, p.socket.howToReach(o.DataDir))
 	}
 	if p.kube == nil {
 		// ca issue reads the state directory; with Kubernetes storage
