@@ -38,6 +38,7 @@ var stateReaders = []string{
 	"trustbridge agent api fetch jwt",
 	"trustbridge agent api fetch bundles",
 	"trustbridge agent api validate jwt",
+	"trustbridge token list",
 }
 
 // Every command, groups included, shows an example of its use, and every

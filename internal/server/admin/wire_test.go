@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"os"
@@ -114,6 +115,7 @@ func wireConfig(t *testing.T) Config {
 			Public: jwtOld, RevokedAt: t0.Add(-10 * time.Minute)},
 	}
 	f.cfg.Authorities = wireAuthorities{f.ca, f.cfg.JWT.(fakeJWTKeys)}
+	f.cfg.LogLevel = new(slog.LevelVar)
 	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) {
 		return map[string]api.SignedCount{
 			"x509:" + hex.EncodeToString(active.SubjectKeyId):  {Live: 40, InUse: 38, Last: t0.Add(time.Hour)},
@@ -242,6 +244,7 @@ func TestWireDocuments(t *testing.T) {
 		"authorities":   "/v1/ca/authorities",
 		"fetchers":      "/v1/bundle/fetchers",
 		"issuers":       "/v1/authn/issuers",
+		"loglevel":      "/v1/log/level",
 		"explain":       "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a",
 		"identity":      "/v1/identity/explain?namespace=pay&service_account=web&pod_name=web-1&pod_uid=u1&node_name=node-a&label=app=checkout",
 	} {

@@ -71,7 +71,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			default:
 				return fmt.Errorf("--fail-on %q: want warning, critical or none", failOn)
 			}
-			body, err := client.Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
+			body, err := cli.AdminFrom(cmd, &client).Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
 			if err != nil {
 				return err
 			}

@@ -202,7 +202,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 			if _, _, err := bundledoc.ParseAny(td, doc); err != nil {
 				return fmt.Errorf("%s: %w", displayName(args[1]), err)
 			}
-			return c.Relay(cmd.Context(), e.Out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
+			return cli.AdminFrom(cmd, &c).Relay(cmd.Context(), e.Out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
 		},
 	}
 	f := cmd.Flags()
