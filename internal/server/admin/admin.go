@@ -42,11 +42,14 @@ type Federation interface {
 	Refresh(ctx context.Context, td spiffeid.TrustDomain) error
 }
 
-// TrustStore is the trust store the snapshot reads (trust.Store).
+// TrustStore is the trust store the snapshot and /v1/federation read
+// (trust.Store).
 type TrustStore interface {
 	Snapshot() *trust.Snapshot
 	// Sources names what contributes to td's bundle.
 	Sources(td spiffeid.TrustDomain) []string
+	// Published is each source's bundle as it set it.
+	Published() *trust.Published
 }
 
 // Config is what the admin API serves.

@@ -151,7 +151,7 @@ func wireConfig(t *testing.T) Config {
 			EndpointSPIFFEID: "spiffe://peer.example/bundle-server", State: federation.StateFailing, Sequence: &seq,
 			RefreshHintSeconds: &hint, LastAttempt: &attempt, LastSuccess: &success, NextRefresh: &next,
 			LastError: "GET https://peer.example/bundle: tls: bad certificate", ConsecutiveFailures: 2,
-			Refusals: map[string]uint64{"tls": 2, "sequence_regression": 1},
+			Refusals: map[string]uint64{"tls": 2, "sequence_regression": 1}, Held: federation.HeldFetched,
 			Authorities: []federation.AuthorityInfo{
 				{Kind: federation.AuthorityX509, SHA256: testSHA256(peerRoot.Raw), Subject: peerRoot.Subject.String(), NotAfter: &notAfter},
 				{Kind: federation.AuthorityJWT, SHA256: "dd", KeyID: "peer-1"},

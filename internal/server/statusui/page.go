@@ -57,8 +57,10 @@ type stamp struct {
 }
 
 type summary struct {
+	// Static counts the trust domains relayed from bundle files,
+	// BundleSet those set at run time by trustbridge bundle set.
 	TrustDomains, Federated, Static     int
-	Local                               int
+	BundleSet, Local                    int
 	OK, Failing, Stale, Pending         int
 	X509, Keys                          int
 	Expiry                              stamp
@@ -242,6 +244,8 @@ func (sum *summary) countTrustDomain(td api.TrustDomain, row tdRow) {
 		}
 	case td.Local:
 		sum.Local++
+	case slices.Contains(td.Sources, api.OriginStatic):
+		sum.BundleSet++
 	default:
 		sum.Static++
 	}
@@ -385,6 +389,10 @@ func origin(td api.TrustDomain) (label, detail string) {
 			return f.Origin, ""
 		}
 		return "—", ""
+	}
+	if slices.Contains(td.Sources, api.OriginStatic) {
+		// The trust store's source of bundle set is named as its origin.
+		return "bundle set", "set at run time by trustbridge bundle set"
 	}
 	if len(files) > 0 {
 		return "bundle file", strings.Join(files, ", ")

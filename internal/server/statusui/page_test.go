@@ -272,6 +272,26 @@ func TestBuildSummary(t *testing.T) {
 	assert.Equal(t, "in 4d", p.Summary.Expiry.Rel)
 }
 
+// The summary tells a bundle set at run time from a bundle file, and
+// counts a peer that never answered as failing (issue 36).
+func TestBuildSummaryHeldKinds(t *testing.T) {
+	s := api.Snapshot{Time: fixtureNow, TrustDomain: "example.org", TrustDomains: []api.TrustDomain{
+		{Name: "example.org", Local: true, Sources: []string{"ca"}},
+		{Name: "set.example", Sources: []string{"static"}},
+		{Name: "file.example", Sources: []string{"file:/etc/file.json"}},
+		{Name: "north.example", Federation: &api.Federation{EndpointURL: "https://north.example/", State: "failing", ConsecutiveFailures: 8}},
+	}}
+	p := build(s, nil, false)
+	assert.Equal(t, 1, p.Summary.BundleSet)
+	assert.Equal(t, 1, p.Summary.Static)
+	assert.Equal(t, 1, p.Summary.Failing)
+	assert.Equal(t, 0, p.Summary.Pending)
+	rec := httptest.NewRecorder()
+	require.NoError(t, render(rec, p))
+	assert.Contains(t, rec.Body.String(), "1 from bundle files · 1 set by bundle set · 1 local")
+	assert.Contains(t, rec.Body.String(), `<span class="dot failing"></span>1 failing`)
+}
+
 func TestTrustDomainState(t *testing.T) {
 	tests := []struct {
 		td         api.TrustDomain
@@ -282,6 +302,7 @@ func TestTrustDomainState(t *testing.T) {
 		{api.TrustDomain{Local: true, Sources: []string{"ca"}}, "local", "local", "own CA", ""},
 		{api.TrustDomain{Local: true, Sources: []string{"ca", "file:/b.json"}}, "local", "local", "own CA", "+ bundle file /b.json"},
 		{api.TrustDomain{Sources: []string{"file:/a.json", "file:/b.json"}}, "static", "static", "bundle file", "/a.json, /b.json"},
+		{api.TrustDomain{Sources: []string{"static"}}, "static", "static", "bundle set", "set at run time by trustbridge bundle set"},
 		{api.TrustDomain{Sources: []string{"other"}}, "static", "static", "other", ""},
 		{api.TrustDomain{}, "static", "static", "—", ""},
 		{api.TrustDomain{Federation: &api.Federation{State: "ok", Origin: "flag"}}, "ok", "ok", "flag", "--federate"},

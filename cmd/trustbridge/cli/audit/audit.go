@@ -32,7 +32,9 @@ func NewCmd(e cli.Env) *cobra.Command {
 
   critical  authority expiring within 7 days or expired; non-CA certificate in a
             bundle; a sequence regression was refused; the same root trusted for
-            two trust domains; endpoint not https; an endpoint presented the
+            two trust domains; endpoint not https; a federated peer whose
+            endpoint never served a bundle and is failing (nothing of it is
+            trusted; see docs/operations.md); an endpoint presented the
             other federation profile's certificate (a client falling back would
             have trusted it);
             JWT authority with an RSA key under 2048 bits or an EC curve below

@@ -28,8 +28,13 @@ func NewCmd(e cli.Env) *cobra.Command {
 	var output *cli.OutputFlag
 	status := &cobra.Command{
 		Use:   "status",
-		Short: "Show every federated trust domain: state, sequence, last success and error, authorities",
-		Long: `Read the server's /v1/federation and show one line per federated trust domain.
+		Short: "Show every trust domain whose bundle the server holds: state, source, sequence, last success and error",
+		Long: `Read the server's /v1/federation and show one line per trust domain whose
+bundle the server holds besides its own: each polled endpoint (pending until
+its first polls, ok, failing, stale; see docs/operations.md) and each bundle
+held as set, state STATIC (bundle set, --bundle-file TD=FILE). SOURCE says
+where the bundle comes from: fetched or a bootstrap bundle (and where the
+endpoint is configured), set at run time by bundle set, or a bundle file.
 -o json prints the server's documents (indented, keys as the server sends
 them, including any this version does not know); -o yaml the same as YAML.`,
 		Example: `  trustbridge federation status
@@ -81,7 +86,7 @@ func printFederationStatus(w io.Writer, now time.Time, status []api.FederationSt
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRUST DOMAIN\tSTATE\tSEQ\tLAST SUCCESS\tNEXT\tFAILURES\tROOTS\tEARLIEST EXPIRY\tLAST ERROR")
+	fmt.Fprintln(tw, "TRUST DOMAIN\tSTATE\tSEQ\tLAST SUCCESS\tNEXT\tFAILURES\tROOTS\tEARLIEST EXPIRY\tSOURCE\tLAST ERROR")
 	for _, s := range status {
 		seq := "-"
 		if s.Sequence != nil {
@@ -100,8 +105,9 @@ func printFederationStatus(w io.Writer, now time.Time, status []api.FederationSt
 		if !first.IsZero() {
 			earliest = first.Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.TrustDomain, strings.ToUpper(string(s.State)), seq,
-			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest, cli.Printable(clipText(s.LastError, 80)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.TrustDomain, strings.ToUpper(string(s.State)), seq,
+			ago(now, s.LastSuccess), until(now, s.NextRefresh), s.ConsecutiveFailures, roots, earliest,
+			cli.Printable(api.SourceLabel(s.Origin, s.Held)), cli.Printable(clipText(s.LastError, 80)))
 	}
 	return tw.Flush()
 }
