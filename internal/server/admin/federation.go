@@ -25,7 +25,7 @@ func (h *Handler) serveFederation(w http.ResponseWriter, _ *http.Request) {
 
 func (h *Handler) serveRefresh(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("trust_domain")
-	td, err := bundledoc.TrustDomainName(name)
+	td, err := bundledoc.ParseTrustDomain(name)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("trust_domain %q: %v", name, err), http.StatusBadRequest)
 		return

@@ -227,7 +227,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 
 func pathTrustDomain(w http.ResponseWriter, r *http.Request) (spiffeid.TrustDomain, bool) {
 	name := r.PathValue("trust_domain")
-	td, err := bundledoc.TrustDomainName(name)
+	td, err := bundledoc.ParseTrustDomain(name)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("trust domain %q: %v", name, err), http.StatusBadRequest)
 		return td, false

@@ -171,7 +171,7 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 	var td spiffeid.TrustDomain
 	if o.trustDomain != "" {
 		var err error
-		if td, err = bundledoc.TrustDomainName(o.trustDomain); err != nil {
+		if td, err = bundledoc.ParseTrustDomain(o.trustDomain); err != nil {
 			return fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
 		}
 	}

@@ -123,7 +123,7 @@ longer trusted. Recorded in the audit log. Trust domains configured by
 		Example: `  trustbridge federation remove east.example --data-dir /var/lib/trustbridge`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			td, err := bundledoc.TrustDomainName(args[0])
+			td, err := bundledoc.ParseTrustDomain(args[0])
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}
