@@ -55,7 +55,9 @@ func TestUpdate(t *testing.T) {
 		{"configured by flag", "flag.example", newURL, ErrReserved, "flag.example is configured by --federate; change it there"},
 		{"unknown", "nope.example", newURL, ErrNotFound, "nope.example has no endpoint added at run time (see trustbridge federation list); add it with trustbridge federation add"},
 		{"static bundle only", "static.example", newURL, ErrNotFound, "static.example has a static bundle (bundle set) and no endpoint to update: give it one with trustbridge federation add"},
-		{"edit fails", "peer.example", func(federation.Endpoint) (federation.Endpoint, error) { return federation.Endpoint{}, errors.New("bad URL") }, ErrInvalid, "bad URL"},
+		{"edit fails", "peer.example", func(federation.Endpoint) (federation.Endpoint, error) {
+			return federation.Endpoint{}, errors.New("bad URL")
+		}, ErrInvalid, "bad URL"},
 		{"another trust domain", "peer.example", func(old federation.Endpoint) (federation.Endpoint, error) {
 			old.TrustDomain = spiffeid.RequireTrustDomainFromString("other.example")
 			return old, nil

@@ -36,7 +36,7 @@ func TestUpdateRelationship(t *testing.T) {
 
 	steps := []struct {
 		name, target, body string
-		want                string // the endpoint in force after
+		want               string // the endpoint in force after
 		msg                string
 	}{
 		{"url", path, `{"endpoint_url":"https://east2.example:8443/"}`, "east.example|https://east2.example:8443/|spiffe://east.example/be", "updated east.example: federated by east.example|https://east2.example:8443/|spiffe://east.example/be\n"},
