@@ -32,8 +32,8 @@ import (
 
 func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "bundle",
-		Short:   "Work with SPIFFE bundle documents and bundle maps",
+		Use:   "bundle",
+		Short: "Work with SPIFFE bundle documents and bundle maps",
 		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json
   trustbridge bundle list`,
 	}
