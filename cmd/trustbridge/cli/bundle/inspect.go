@@ -483,14 +483,7 @@ func describeKey(pub crypto.PublicKey) (typ, curve string, bits int) {
 
 func (ins *Inspection) writeTable(w io.Writer) error {
 	ew := &errWriter{w: w}
-	kind := "SPIFFE bundle"
-	switch ins.Kind {
-	case "bundle_map":
-		kind = fmt.Sprintf("SPIFFE bundle map (%d trust domains)", len(ins.Bundles))
-	case "pem":
-		kind = "PEM CA certificates"
-	}
-	fmt.Fprintf(ew, "Source:  %s\nKind:    %s\n", ins.Source, kind)
+	fmt.Fprintf(ew, "Source:  %s\nKind:    %s\n", ins.Source, ins.kindLabel())
 	for _, b := range ins.Bundles {
 		td := b.TrustDomain
 		if td == "" {
@@ -498,17 +491,7 @@ func (ins *Inspection) writeTable(w io.Writer) error {
 		}
 		fmt.Fprintf(ew, "\nTrust domain:  %s\n", td)
 		fmt.Fprintf(ew, "Sequence:      %s\n", optUint(b.Sequence))
-		hint := "(not set; consumers poll about every 5m)"
-		switch ins.Kind {
-		case "bundle_map":
-			hint = "(not used in bundle maps)"
-		case "pem":
-			hint = "(none in PEM)"
-		}
-		if b.RefreshHintSeconds != nil {
-			hint = fmt.Sprintf("%ds (%s)", *b.RefreshHintSeconds, time.Duration(*b.RefreshHintSeconds)*time.Second)
-		}
-		fmt.Fprintf(ew, "Refresh hint:  %s\n", hint)
+		fmt.Fprintf(ew, "Refresh hint:  %s\n", ins.hintLabel(b))
 		fmt.Fprintf(ew, "Authorities:   %d\n", len(b.Authorities))
 		if len(b.Authorities) == 0 {
 			fmt.Fprintf(ew, "               (none: this bundle trusts nothing)\n")
@@ -548,6 +531,29 @@ func (ins *Inspection) writeTable(w io.Writer) error {
 		}
 	}
 	return ew.err
+}
+
+func (ins *Inspection) kindLabel() string {
+	switch ins.Kind {
+	case "bundle_map":
+		return fmt.Sprintf("SPIFFE bundle map (%d trust domains)", len(ins.Bundles))
+	case "pem":
+		return "PEM CA certificates"
+	}
+	return "SPIFFE bundle"
+}
+
+// hintLabel is b's refresh hint, or why it has none.
+func (ins *Inspection) hintLabel(b bundleReport) string {
+	switch {
+	case b.RefreshHintSeconds != nil:
+		return fmt.Sprintf("%ds (%s)", *b.RefreshHintSeconds, time.Duration(*b.RefreshHintSeconds)*time.Second)
+	case ins.Kind == "bundle_map":
+		return "(not used in bundle maps)"
+	case ins.Kind == "pem":
+		return "(none in PEM)"
+	}
+	return "(not set; consumers poll about every 5m)"
 }
 
 func optUint(v *uint64) string {
