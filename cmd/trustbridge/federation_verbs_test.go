@@ -121,8 +121,13 @@ func TestFederationShowAndUpdate(t *testing.T) {
 		assert.Contains(t, []string{"trustbridge: nope.example is not federated (see trustbridge federation list)\n",
 			`trustbridge: trust domain "spiffe://nope.example/x": is a SPIFFE ID with a path; a trust domain is written example.org or spiffe://example.org` + "\n"}, stderr)
 	}
+	_, stderr, code = runCLIAt(t, time.Now, "", "federation", "refresh", "spiffe://nope.example", "--admin", local.admin)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "sent as the name")
+	assert.Contains(t, mustCLI(t, "federation", "remove", "spiffe://peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
 	assert.Equal(t, []string{"federation_added peer.example by admin-token (admin API)", "federation_updated peer.example by admin-token (admin API)",
-		"federation_updated peer.example by admin-token (admin API)"}, runtimeEvents(t, dir, "federation_added", "federation_updated", "federation_replaced"))
+		"federation_updated peer.example by admin-token (admin API)", "federation_removed peer.example by admin-token (admin API)"},
+		runtimeEvents(t, dir, "federation_added", "federation_updated", "federation_replaced", "federation_removed"))
 }
 
 // bundle list and bundle delete against a running server (issue 36,
