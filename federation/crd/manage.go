@@ -202,7 +202,6 @@ func (m *Manager) Remove(ctx context.Context, td spiffeid.TrustDomain, opts mana
 	if err := m.free(td); err != nil {
 		return err
 	}
-	actor := opts.Actor
 	name := m.resourceOf(td)
 	if opts.BundleOnly {
 		return fmt.Errorf("%w: with --storage kube a bundle set with bundle set is the trustDomainBundle of a ClusterFederatedTrustDomain, never a bundle of its own: stop federating with %s with trustbridge federation remove", managed.ErrInvalid, td.Name())
@@ -213,7 +212,7 @@ func (m *Manager) Remove(ctx context.Context, td spiffeid.TrustDomain, opts mana
 	if err := m.cfg.Dynamic.Resource(GVR).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("crd: deleting ClusterFederatedTrustDomain %s: %w", name, err)
 	}
-	m.changed(managed.Change{Kind: managed.KindRemoved, TrustDomain: td, Actor: actor})
+	m.changed(managed.Change{Kind: managed.KindRemoved, TrustDomain: td, Actor: opts.Actor})
 	return nil
 }
 

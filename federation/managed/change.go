@@ -151,19 +151,19 @@ func (m *Manager) Remove(_ context.Context, td spiffeid.TrustDomain, opts Remove
 	if err := m.free(td); err != nil {
 		return err
 	}
-	actor := opts.Actor
 	next := m.state.clone()
-	if i := indexEndpoint(next.Endpoints, td); i >= 0 && opts.BundleOnly {
-		return fmt.Errorf("%w: %s is federated by its endpoint %s (added at run time), where its bundle comes from: stop federating with it with trustbridge federation remove", ErrExists, td.Name(), next.Endpoints[i])
-	} else if i >= 0 {
-		url := next.Endpoints[i].URL.String()
+	if i := indexEndpoint(next.Endpoints, td); i >= 0 {
+		ep := next.Endpoints[i]
+		if opts.BundleOnly {
+			return fmt.Errorf("%w: %s is federated by its endpoint %s (added at run time), where its bundle comes from: stop federating with it with trustbridge federation remove", ErrExists, td.Name(), ep)
+		}
 		next.Endpoints = slices.Delete(next.Endpoints, i, i+1)
-		return m.commit(next, Change{Kind: KindRemoved, TrustDomain: td, Actor: actor, EndpointURL: url})
+		return m.commit(next, Change{Kind: KindRemoved, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String()})
 	}
 	if i := indexBundle(next.Bundles, td); i >= 0 {
 		b := next.Bundles[i]
 		next.Bundles = slices.Delete(next.Bundles, i, i+1)
-		return m.commit(next, Change{Kind: KindStaticUnset, TrustDomain: td, Actor: actor, Bundle: b})
+		return m.commit(next, Change{Kind: KindStaticUnset, TrustDomain: td, Actor: opts.Actor, Bundle: b})
 	}
 	if opts.BundleOnly {
 		return fmt.Errorf("%w: %s has no bundle set at run time with bundle set (see trustbridge bundle list)", ErrNotFound, td.Name())
