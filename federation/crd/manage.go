@@ -46,7 +46,7 @@ type ManagerConfig struct {
 	OnChange func(managed.Change)
 }
 
-// Manager is `trustbridge federation add|remove` and `bundle set` with
+// Manager is `trustbridge federation add|update|remove` and `bundle set` with
 // Kubernetes storage: it writes ClusterFederatedTrustDomain resources,
 // which every replica's Controller applies, so the change survives
 // restarts and failovers. It refuses what managed.Manager refuses, with
