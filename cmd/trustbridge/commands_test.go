@@ -26,6 +26,8 @@ var stateReaders = []string{
 	"trustbridge bundle inspect",
 	"trustbridge federation status",
 	"trustbridge federation list",
+	"trustbridge federation show",
+	"trustbridge bundle list",
 	"trustbridge ca authority list",
 	"trustbridge ca drill", // changes state, and prints its timeline
 	"trustbridge bundle show",

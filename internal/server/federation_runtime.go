@@ -311,7 +311,13 @@ func (k kubeManager) Add(context.Context, federation.Endpoint, managed.AddOption
 	return k.refuse()
 }
 
-func (k kubeManager) Remove(context.Context, spiffeid.TrustDomain, string) error { return k.refuse() }
+func (k kubeManager) Update(context.Context, spiffeid.TrustDomain, managed.Edit, managed.AddOptions) error {
+	return k.refuse()
+}
+
+func (k kubeManager) Remove(context.Context, spiffeid.TrustDomain, managed.RemoveOptions) error {
+	return k.refuse()
+}
 
 func (k kubeManager) SetBundle(context.Context, *spiffebundle.Bundle, string) (string, error) {
 	return "", k.refuse()

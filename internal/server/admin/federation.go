@@ -71,7 +71,7 @@ func heldOrigin(source string) (string, bool) {
 
 func (h *Handler) serveRefresh(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("trust_domain")
-	td, err := bundledoc.TrustDomainName(name)
+	td, err := bundledoc.ParseTrustDomain(name)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("trust_domain %q: %v", name, err), http.StatusBadRequest)
 		return

@@ -20,9 +20,13 @@ import (
 
 // Manager changes the federation at run time (managed.Manager, or the
 // ClusterFederatedTrustDomain resources with Kubernetes storage).
+// Its four methods are the relationship's create, update and delete
+// (federation add, update, remove; bundle delete is a Remove of the
+// bundle only) and the bundle's set.
 type Manager interface {
 	Add(ctx context.Context, ep federation.Endpoint, opts managed.AddOptions) error
-	Remove(ctx context.Context, td spiffeid.TrustDomain, actor string) error
+	Update(ctx context.Context, td spiffeid.TrustDomain, edit managed.Edit, opts managed.AddOptions) error
+	Remove(ctx context.Context, td spiffeid.TrustDomain, opts managed.RemoveOptions) error
 	SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor string) (kind string, err error)
 }
 
@@ -49,8 +53,10 @@ func (h *Handler) manageRoutes() {
 		return
 	}
 	h.mux.HandleFunc("POST /v1/federation/relationships", h.mutation(h.serveAdd))
+	h.mux.HandleFunc("PATCH /v1/federation/relationships/{trust_domain}", h.mutation(h.serveUpdate))
 	h.mux.HandleFunc("DELETE /v1/federation/relationships/{trust_domain}", h.mutation(h.serveRemove))
 	h.mux.HandleFunc("PUT /v1/bundles/{trust_domain}", h.mutation(h.serveSetBundle))
+	h.mux.HandleFunc("DELETE /v1/bundles/{trust_domain}", h.mutation(h.serveDeleteBundle))
 }
 
 // mutation guards a state-changing handler: no cross-site browser
@@ -165,11 +171,25 @@ func (h *Handler) serveRemove(w http.ResponseWriter, r *http.Request, actor stri
 	if !ok {
 		return
 	}
-	if err := h.cfg.Manager.Remove(r.Context(), td, actor); err != nil {
+	if err := h.cfg.Manager.Remove(r.Context(), td, managed.RemoveOptions{Actor: actor}); err != nil {
 		http.Error(w, err.Error(), statusOf(err))
 		return
 	}
 	_, _ = io.WriteString(w, "removed "+td.Name()+"; its bundle is no longer trusted\n")
+}
+
+// serveDeleteBundle removes a static bundle set with bundle set; a trust
+// domain federated by an endpoint is refused (federation remove).
+func (h *Handler) serveDeleteBundle(w http.ResponseWriter, r *http.Request, actor string) {
+	td, ok := pathTrustDomain(w, r)
+	if !ok {
+		return
+	}
+	if err := h.cfg.Manager.Remove(r.Context(), td, managed.RemoveOptions{Actor: actor, BundleOnly: true}); err != nil {
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	_, _ = io.WriteString(w, "deleted "+td.Name()+"'s static bundle; it is no longer trusted\n")
 }
 
 // serveSetBundle takes a SPIFFE bundle document or PEM certificates as
@@ -227,7 +247,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 
 func pathTrustDomain(w http.ResponseWriter, r *http.Request) (spiffeid.TrustDomain, bool) {
 	name := r.PathValue("trust_domain")
-	td, err := bundledoc.TrustDomainName(name)
+	td, err := bundledoc.ParseTrustDomain(name)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("trust domain %q: %v", name, err), http.StatusBadRequest)
 		return td, false

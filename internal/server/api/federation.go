@@ -190,3 +190,16 @@ func NewRelationship(st federation.Status, origin string) Relationship {
 	return Relationship{TrustDomain: st.TrustDomain, Origin: origin, EndpointURL: st.EndpointURL,
 		Profile: string(st.Profile), EndpointSPIFFEID: st.EndpointSPIFFEID, State: string(st.State)}
 }
+
+// RelationshipPatch is the body of PATCH
+// /v1/federation/relationships/{trust_domain} (federation update): the
+// fields given change, the others keep their value. Profile is
+// "https_web" or "https_spiffe"; an EndpointSPIFFEID alone makes the
+// relationship https_spiffe. TrustDomainBundle is a SPIFFE bundle document
+// or PEM CA certificates, the new bootstrap bundle.
+type RelationshipPatch struct {
+	EndpointURL       *string `json:"endpoint_url,omitempty"`
+	Profile           *string `json:"profile,omitempty"`
+	EndpointSPIFFEID  *string `json:"endpoint_spiffe_id,omitempty"`
+	TrustDomainBundle *string `json:"trust_domain_bundle,omitempty"`
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
@@ -23,6 +24,7 @@ func NewCmd(e cli.Env) *cobra.Command {
 		Use:   "federation",
 		Short: "See and drive the running server's federation",
 		Example: `  trustbridge federation status
+  trustbridge federation show west.example
   trustbridge federation refresh west.example`,
 	}
 	var output *cli.OutputFlag
@@ -51,7 +53,11 @@ them, including any this version does not know); -o yaml the same as YAML.`,
 		Example: `  trustbridge federation refresh west.example --admin http://127.0.0.1:15014`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(args[0])
+			td, err := bundledoc.ParseTrustDomain(args[0])
+			if err != nil {
+				return fmt.Errorf("trust domain %q: %w", args[0], err)
+			}
+			path := "/v1/federation/refresh?trust_domain=" + url.QueryEscape(td.Name())
 			return cli.AdminFrom(cmd, &cli.AdminClient{}).Relay(cmd.Context(), e.Out, http.MethodPost, path, nil, false)
 		},
 	}

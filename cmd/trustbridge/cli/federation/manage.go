@@ -17,9 +17,10 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
-// newFederationManageCmds are federation add, remove and list.
+// newFederationManageCmds are federation add, update, remove, list and
+// show.
 func newFederationManageCmds(e cli.Env) []*cobra.Command {
-	return []*cobra.Command{newFederationAddCmd(e), newFederationRemoveCmd(e), newFederationListCmd(e)}
+	return []*cobra.Command{newFederationAddCmd(e), newFederationUpdateCmd(e), newFederationRemoveCmd(e), newFederationListCmd(e), newFederationShowCmd(e)}
 }
 
 type federationAddOptions struct {
@@ -46,8 +47,15 @@ once (refused, with nothing changed, if that fails; --no-fetch adds it
 anyway), starts polling it, records it in the audit log and keeps it in
 <data-dir>/federation-managed.yaml (the --federation-config schema) across
 restarts. Trust domains configured by --federate or --federation-config are
-changed there, not here. Needs the admin token: the server writes it at each
-start to <data-dir>/admin.token (mode 0600).
+changed there, not here. TRUST_DOMAIN is example.org or spiffe://example.org.
+Needs the admin token: the server writes it at each start to
+<data-dir>/admin.token (mode 0600).
+
+--force replaces a relationship added at run time, all of it (without
+--bundle it keeps its bootstrap bundle), like spire-server federation
+create over an existing one; it refuses to turn an https_spiffe peer into
+https_web because --endpoint-spiffe-id was left out. To change some fields
+and keep the others, use federation update.
 
 With --storage kube, federate with ClusterFederatedTrustDomain resources
 instead (--federation-crd).`,
@@ -56,8 +64,8 @@ instead (--federation-crd).`,
   # an https_spiffe peer with its bundle (SPIFFE bundle or PEM roots) from its operator
   trustbridge federation add east.example https://east.example:8443/ \
     --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint --bundle east.example.pem
-  # change its URL
-  trustbridge federation add east.example https://east2.example:8443/ \
+  # replace it whole
+  trustbridge federation add spiffe://east.example https://east2.example:8443/ \
     --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint --force`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -71,7 +79,7 @@ instead (--federation-crd).`,
 	f := cmd.Flags()
 	f.StringVar(&o.endpointID, "endpoint-spiffe-id", "", "the endpoint server's SPIFFE ID: makes the relationship https_spiffe (without it, https_web)")
 	f.StringVar(&o.bundle, "bundle", "", "the trust domain's bundle for the first https_spiffe fetch: a SPIFFE bundle document or PEM CA certificates, from its operator over a channel you trust")
-	f.BoolVar(&o.force, "force", false, "replace the trust domain's relationship if one was added at run time (without --bundle it keeps its bootstrap bundle)")
+	f.BoolVar(&o.force, "force", false, "replace the trust domain's relationship if one was added at run time (without --bundle it keeps its bootstrap bundle; https_spiffe stays so unless --endpoint-spiffe-id is given: see federation update)")
 	f.BoolVar(&o.noFetch, "no-fetch", false, "add it without fetching it first: a peer that is down now is polled until it answers")
 	c.AddAuthFlags(f)
 	return cmd
@@ -95,12 +103,16 @@ func (o federationAddOptions) path() string {
 
 // addBody is the entry federation add sends: one item in the
 // --federation-config schema, so the server parses it as it parses files.
-func addBody(td, endpoint string, o federationAddOptions) ([]byte, error) {
+func addBody(name, endpoint string, o federationAddOptions) ([]byte, error) {
+	td, err := bundledoc.ParseTrustDomain(name)
+	if err != nil {
+		return nil, fmt.Errorf("trust domain %q: %w", name, err)
+	}
 	profile := map[string]string{"type": string(federation.ProfileHTTPSWeb)}
 	if o.endpointID != "" {
 		profile = map[string]string{"type": string(federation.ProfileHTTPSSPIFFE), "endpointSPIFFEID": o.endpointID}
 	}
-	item := map[string]any{"trustDomain": td, "bundleEndpointURL": endpoint, "bundleEndpointProfile": profile}
+	item := map[string]any{"trustDomain": td.Name(), "bundleEndpointURL": endpoint, "bundleEndpointProfile": profile}
 	if o.bundle != "" {
 		doc, err := cli.ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
 		if err != nil {
@@ -119,11 +131,12 @@ func newFederationRemoveCmd(e cli.Env) *cobra.Command {
 		Long: `Remove a relationship added with federation add (or a static bundle set with
 bundle set), at once: the trust domain is polled no more and its bundle is no
 longer trusted. Recorded in the audit log. Trust domains configured by
---federate or --federation-config are removed there, with a restart.`,
+--federate or --federation-config are removed there, with a restart.
+TRUST_DOMAIN is example.org or spiffe://example.org.`,
 		Example: `  trustbridge federation remove east.example --data-dir /var/lib/trustbridge`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			td, err := bundledoc.TrustDomainName(args[0])
+			td, err := bundledoc.ParseTrustDomain(args[0])
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}

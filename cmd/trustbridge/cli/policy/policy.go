@@ -14,6 +14,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -106,7 +107,7 @@ func (o policyExplainOptions) explain(ctx context.Context, c *cli.AdminClient, i
 // offline explains id from --trust-policy alone.
 func (o policyExplainOptions) offline(id string) (api.Explanation, error) {
 	var ex api.Explanation
-	local, err := spiffeid.TrustDomainFromString(o.local)
+	local, err := bundledoc.ParseTrustDomain(o.local)
 	if err != nil {
 		return ex, fmt.Errorf("--trust-domain %q: %w (with --trust-policy, name the local trust domain)", o.local, err)
 	}
@@ -134,7 +135,7 @@ func (o policyExplainOptions) offline(id string) (api.Explanation, error) {
 	}
 	seen := map[string]bool{}
 	for _, n := range names {
-		td, err := spiffeid.TrustDomainFromString(strings.TrimSpace(n))
+		td, err := bundledoc.ParseTrustDomain(strings.TrimSpace(n))
 		if err != nil {
 			return ex, fmt.Errorf("--federated %q: %w", n, err)
 		}
@@ -216,7 +217,7 @@ func newPolicyCheckCmd(e cli.Env) *cobra.Command {
 				_, err = fmt.Fprintf(e.Out, "%s: %d rules, default %s (give --trust-domain to check against the local trust domain too)\n", args[0], len(doc.Rules), cmpDefault(doc.Default))
 				return err
 			}
-			td, err := spiffeid.TrustDomainFromString(local)
+			td, err := bundledoc.ParseTrustDomain(local)
 			if err != nil {
 				return fmt.Errorf("--trust-domain %q: %w", local, err)
 			}
