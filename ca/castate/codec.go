@@ -59,9 +59,9 @@ func EncodeJournal(j *Journal) ([]byte, error) {
 
 // DecodeJournal parses a journal and checks it: its format, its trust
 // domain (any, when td is empty), unique and safe root ids, known states
-// and at most one active root. A journal of another trust domain is a
-// *TrustDomainError: sound state, kept by the wrong name or found at the
-// wrong place. Every other refusal wraps ErrCorruptState.
+// and at most one active root. Every refusal wraps ErrCorruptState; a
+// journal of another trust domain is a *TrustDomainError, which says so
+// without calling it corrupt.
 func DecodeJournal(data []byte, td string) (*Journal, error) {
 	if len(data) > maxJournal {
 		return nil, corrupt("%s is larger than %d bytes", journalName, maxJournal)
