@@ -263,6 +263,6 @@ func TestCreateCertificateServerOfAnotherTrustDomain(t *testing.T) {
 	require.ErrorIs(t, err, ErrServerTrustDomain)
 	assert.Equal(t, codes.Unknown, status.Code(err), "not a gRPC status a caller retries")
 	assert.EqualError(t, err, "certificate service of another trust domain: the server presents spiffe://example.org/trustbridge/ca, "+
-		"an identity of example.org, not of other.org: give example.org's roots (--root-cert) and trust domain (--trust-domain or --server-spiffe-id), "+
-		"or --ca-addr of other.org's server")
+		"an identity of example.org, not of other.org: point this client at other.org's certificate service, "+
+		"or give it example.org's roots and trust domain")
 }

@@ -123,9 +123,11 @@ func VerifyServer(roots []*x509.Certificate, serverID spiffeid.ID) func(tls.Conn
 	return func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) > 0 {
 			if id, err := x509svid.IDFromCert(cs.PeerCertificates[0]); err == nil && !id.MemberOf(serverID.TrustDomain()) {
+				// No flag names: the agent, ca request and an upstream
+				// client name these settings differently.
 				return fmt.Errorf("%w: the server presents %s, an identity of %s, not of %s: "+
-					"give %s's roots (--root-cert) and trust domain (--trust-domain or --server-spiffe-id), or --ca-addr of %s's server",
-					ErrServerTrustDomain, id, id.TrustDomain().Name(), serverID.TrustDomain().Name(), id.TrustDomain().Name(), serverID.TrustDomain().Name())
+					"point this client at %s's certificate service, or give it %s's roots and trust domain",
+					ErrServerTrustDomain, id, id.TrustDomain().Name(), serverID.TrustDomain().Name(), serverID.TrustDomain().Name(), id.TrustDomain().Name())
 			}
 		}
 		id, _, err := svidcheck.Verify(cs.PeerCertificates, bundle, x509.ExtKeyUsageServerAuth)

@@ -787,7 +787,7 @@ func TestRotatorInitServerOfAnotherTrustDomain(t *testing.T) {
 	err := r.Init(t.Context())
 	require.ErrorIs(t, err, caclient.ErrServerTrustDomain)
 	assert.EqualError(t, err, "rotator: certificate service of another trust domain: the server presents spiffe://example.org/trustbridge/ca, "+
-		"an identity of example.org, not of other.org: give example.org's roots (--root-cert) and trust domain (--trust-domain or --server-spiffe-id), "+
-		"or --ca-addr of other.org's server")
+		"an identity of example.org, not of other.org: point this client at other.org's certificate service, "+
+		"or give it example.org's roots and trust domain")
 	assert.NotContains(t, f.logs.String(), "retrying")
 }
