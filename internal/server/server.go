@@ -598,7 +598,11 @@ func newAuthority(o Config, td spiffeid.TrustDomain, kt ca.KeyType, kube *kubeSe
 		return nil, err
 	}
 	kube.caConfig(&caCfg)
-	return ca.New(caCfg)
+	a, err := ca.New(caCfg)
+	if err != nil {
+		return nil, kube.otherTrustDomain(err, o.DataDir, td)
+	}
+	return a, nil
 }
 
 // ListenAdmin opens the admin listener and its Host check, which guards

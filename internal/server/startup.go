@@ -32,16 +32,30 @@ func textLogs(w io.Writer, format string) bool {
 	return format == "text" || format == "auto" && isTerminal(w)
 }
 
-// caMode describes where the CA's state is, for the banner and the log.
+// caMode says what the CA is, where its state is kept and where its keys
+// are, for the banner and the log.
 func caMode(o Config, kube *kubeSetup) string {
-	switch {
-	case o.CADir != "":
+	if o.CADir != "" {
 		return "plug-in CA from " + o.CADir + " (reloaded on change)"
-	case kube != nil:
-		return kube.describe()
 	}
-	abs, _ := filepath.Abs(o.DataDir)
-	return fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
+	state := kube.describe()
+	if kube == nil {
+		abs, _ := filepath.Abs(o.DataDir)
+		state = "state in " + filepath.Join(abs, "ca")
+	}
+	return caKind(o.Upstream) + ", " + state + ", " + o.Keys.describe(kube != nil)
+}
+
+// caKind says what signs: a self-signed root, or an intermediate under
+// the upstream authority --upstream names.
+func caKind(u UpstreamConfig) string {
+	switch u.Kind {
+	case UpstreamTrustbridge:
+		return "intermediate CA under the upstream trustbridge at " + u.Trustbridge.Address
+	case upstreamKubeCSR:
+		return "intermediate CA under the Kubernetes CSR signer " + u.kubeCSR.signerName
+	}
+	return "self-signed"
 }
 
 // logStart logs the start-up records: the server (version, trust domain,

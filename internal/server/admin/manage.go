@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -149,14 +150,16 @@ func (h *Handler) serveAdd(w http.ResponseWriter, r *http.Request, actor string)
 		err = fmt.Errorf("the body holds %d federation entries, want 1", len(cfg.Endpoints))
 	}
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		// The request is the one entry: its place in a file (line 1,
+		// federation[0]) says nothing to whoever sent it.
+		http.Error(w, entryPrefix.ReplaceAllString(err.Error(), ""), http.StatusBadRequest)
 		return
 	}
 	q := r.URL.Query()
 	ep := cfg.Endpoints[0]
 	opts := managed.AddOptions{Force: q.Has("force"), NoProbe: q.Has("no_fetch"), Actor: actor}
 	if err := h.cfg.Manager.Add(r.Context(), ep, opts); err != nil {
-		http.Error(w, err.Error(), statusOf(err))
+		http.Error(w, addRefusal(ep, err), statusOf(err))
 		return
 	}
 	w.WriteHeader(http.StatusCreated)
@@ -164,6 +167,25 @@ func (h *Handler) serveAdd(w http.ResponseWriter, r *http.Request, actor string)
 	for _, warn := range cfg.Warnings {
 		_, _ = fmt.Fprintf(w, "warning: %s\n", warn)
 	}
+}
+
+// entryPrefix is what federation.ParseConfig puts before a refusal of a
+// file's first entry (as federation/crd trims it for a resource's spec).
+var entryPrefix = regexp.MustCompile(`^(federation: )?line \d+: federation\[0\]( \([^)]*\))?: `)
+
+// addRefusal words a refused add for whoever runs trustbridge federation
+// add. A self-serving peer whose bundle is neither given nor held needs
+// --bundle, which the message written for every way of configuring
+// federation (files, tuples, resources) does not name.
+func addRefusal(ep federation.Endpoint, err error) string {
+	if !errors.Is(err, federation.ErrNoBootstrapBundle) {
+		return err.Error()
+	}
+	td := ep.TrustDomain.Name()
+	return fmt.Sprintf("no bundle of %s held to authenticate the first fetch from its endpoint %s: "+
+		"give %s's bundle with --bundle FILE, the file its operator makes with "+
+		"`trustbridge bundle show -o spiffe > %s.json` (or `spire-server bundle show -format spiffe`) and sends you over a channel you trust",
+		td, ep.EndpointSPIFFEID, td, td)
 }
 
 func (h *Handler) serveRemove(w http.ResponseWriter, r *http.Request, actor string) {

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
@@ -118,9 +119,41 @@ func addBody(name, endpoint string, o federationAddOptions) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--bundle: %w", err)
 		}
+		if err := checkBundle(td, o.endpointID, doc); err != nil {
+			return nil, fmt.Errorf("--bundle %s: %w; give %s's bundle as its operator prints it with trustbridge bundle show -o spiffe (or -o pem)", o.bundle, err, td)
+		}
 		item["trustDomainBundle"] = string(doc)
 	}
 	return json.Marshal(map[string]any{"federation": []any{item}})
+}
+
+// checkBundle checks --bundle here, so that a refusal names the flag and
+// the file rather than the request's entry the server parses.
+func checkBundle(td, endpointID string, doc []byte) error {
+	ep, ok := bundleEndpoint(td, endpointID)
+	if !ok {
+		return nil
+	}
+	_, err := ep.SetBootstrapBundle(doc)
+	return err
+}
+
+// bundleEndpoint is the endpoint federation add describes, for checking
+// its bundle; false when an argument does not parse, which the server
+// refuses saying what is wrong.
+func bundleEndpoint(td, endpointID string) (federation.Endpoint, bool) {
+	ep := federation.Endpoint{Profile: federation.ProfileHTTPSWeb}
+	var err error
+	if ep.TrustDomain, err = bundledoc.TrustDomainName(td); err != nil {
+		return ep, false
+	}
+	if endpointID != "" {
+		if ep.EndpointSPIFFEID, err = spiffeid.FromString(endpointID); err != nil {
+			return ep, false
+		}
+		ep.Profile = federation.ProfileHTTPSSPIFFE
+	}
+	return ep, true
 }
 
 func newFederationRemoveCmd(e cli.Env) *cobra.Command {
