@@ -11,9 +11,9 @@ import (
 var pageSource string
 
 var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
-	"num": num,
-	"sub": func(a, b float64) float64 { return a - b },
-	"add": func(a, b float64) float64 { return a + b },
+	"num":      num,
+	"sub":      func(a, b float64) float64 { return a - b },
+	"add":      func(a, b float64) float64 { return a + b },
 	"segments": segments,
 }).Parse(pageSource))
 
