@@ -171,3 +171,25 @@ func TestFederationStatusExitCodeFailingPeer(t *testing.T) {
 	assert.Equal(t, 0, code, stderr)
 	assert.Equal(t, "north.example\n", stdout)
 }
+
+// federation list's table is a cli.Table too: -o name lists the trust
+// domains, --no-headers the rows, jsonpath the relationships document.
+func TestFederationListFormats(t *testing.T) {
+	const body = `[{"trust_domain":"west.example","origin":"flag","endpoint_url":"https://west.example/","profile":"https_web","state":"ok"},
+ {"trust_domain":"corp.example","origin":"static"}]`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Equal(t, "/v1/federation/relationships", r.URL.Path)
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	list := func(args ...string) string {
+		t.Helper()
+		stdout, stderr, code := runCLI(t, "", append([]string{"federation", "list", "--admin", srv.URL}, args...)...)
+		require.Equal(t, 0, code, stderr)
+		return stdout
+	}
+	assert.Regexp(t, `^TRUST DOMAIN +ORIGIN +PROFILE +STATE +ENDPOINT URL +ENDPOINT SPIFFE ID\nwest\.example +flag +https_web +OK +https://west\.example/ +-\ncorp\.example +static +- +- +- +-\n$`, list())
+	assert.Equal(t, "west.example\ncorp.example\n", list("-o", "name"))
+	assert.Regexp(t, `^west\.example +flag .*\ncorp\.example +static .*\n$`, list("--no-headers"))
+	assert.Equal(t, "flag static", list("-o", "jsonpath={[*].origin}"))
+}

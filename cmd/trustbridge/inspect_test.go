@@ -265,7 +265,7 @@ func TestInspectErrors(t *testing.T) {
 		{"no such file", []string{filepath.Join(dir, "nope.json")}, "no such file or directory"},
 		{"too large", []string{"--max-size", "10", write("d.json", `{"keys":[],"x":"0123456789"}`)}, "document too large: more than 10 bytes"},
 		{"bad trust domain", []string{"-t", "spiffe://example.org", write("e.json", `{"keys":[]}`)}, `--trust-domain "spiffe://example.org": must be a bare trust-domain name`},
-		{"unknown format", []string{"-o", "xml", write("f.json", `{"keys":[]}`)}, `-o "xml": want table, json, yaml, pem, spiffe`},
+		{"unknown format", []string{"-o", "xml", write("f.json", `{"keys":[]}`)}, `-o "xml": want table, wide, name, json, yaml, pem, spiffe or jsonpath=TEMPLATE`},
 		{"map without that trust domain", []string{"-t", "nope.example", repoTestdata("bundles", "bundle-map.json")}, `bundle map has no trust domain "nope.example"`},
 		{"no file", []string{}, "accepts 1 arg(s), received 0"},
 		{"non-positive max size", []string{"--max-size", "0", write("g.json", `{"keys":[]}`)}, "--max-size must be positive"},

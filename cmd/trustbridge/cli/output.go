@@ -140,8 +140,9 @@ func (o *OutputFlag) Common() bool {
 // Table is what a command shows for people, described once: the flag
 // renders it as table (columns of priority 0), wide (every column), name
 // (the rows' names, one a line) or, with --no-headers, the rows alone.
-// Before and After are lines printed above and below the rows in table
-// and wide; Empty is printed instead of a table without rows.
+// Before and After are text written as given (ending in a newline)
+// above and below the rows in table and wide; Empty is a line printed
+// instead of a table without rows.
 type Table struct {
 	Columns []Column
 	Rows    []Row
@@ -257,8 +258,8 @@ func (o *OutputFlag) printTable(w io.Writer, t Table) error {
 	for _, r := range t.Rows {
 		mt.Rows = append(mt.Rows, metav1.TableRow{Cells: r.Cells})
 	}
-	if !o.NoHeaders && t.Before != "" {
-		if _, err := fmt.Fprintln(w, t.Before); err != nil {
+	if !o.NoHeaders {
+		if _, err := io.WriteString(w, t.Before); err != nil {
 			return err
 		}
 	}
@@ -266,8 +267,8 @@ func (o *OutputFlag) printTable(w io.Writer, t Table) error {
 	if err := p.PrintObj(mt, w); err != nil {
 		return err
 	}
-	if !o.NoHeaders && t.After != "" {
-		_, err := fmt.Fprintln(w, t.After)
+	if !o.NoHeaders {
+		_, err := io.WriteString(w, t.After)
 		return err
 	}
 	return nil
