@@ -399,9 +399,9 @@ func TestSegments(t *testing.T) {
 		want []string
 	}{
 		{"", []string{""}},
-		{"spiffe://west.example", []string{"spiffe://west.example"}},
-		{"spiffe://west.example/trustbridge/bundle-endpoint", []string{"spiffe://west.example/", "trustbridge/", "bundle-endpoint"}},
-		{"https://127.0.0.1:8443/", []string{"https://127.0.0.1:8443/", ""}},
+		{"spiffe://west.example", []string{"spiffe://", "west.example"}},
+		{"spiffe://west.example/trustbridge/bundle-endpoint", []string{"spiffe://", "west.example/", "trustbridge/", "bundle-endpoint"}},
+		{"https://127.0.0.1:8443/", []string{"https://", "127.0.0.1:8443/", ""}},
 		{"ns/*", []string{"ns/", "*"}},
 	}
 	for _, tt := range tests {
@@ -411,16 +411,11 @@ func TestSegments(t *testing.T) {
 
 // TestPageLongColumns checks that a 10-digit sequence and a long SPIFFE ID
 // cannot wrap mid-word: the sequence cell never wraps (td.seq, nowrap),
-// and the ID offers a break only after each path segment.
+// and the ID is one inline block per path segment, which breaks inside
+// only when it alone is wider than the cell (TestChromiumLongColumns
+// measures the layout).
 func TestPageLongColumns(t *testing.T) {
-	s, fs := realisticSnapshot()
-	id := "spiffe://partner-bank.example/trustbridge/regions/eu-west/bundle-endpoint"
-	var seq uint64 = 1234567890
-	for i := range s.TrustDomains {
-		if f := s.TrustDomains[i].Federation; f != nil && f.EndpointSPIFFEID != "" {
-			f.EndpointSPIFFEID, s.TrustDomains[i].Sequence = id, &seq
-		}
-	}
+	s, fs := longColumnsSnapshot()
 	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }), http.MethodGet)
 	require.Equal(t, http.StatusOK, rec.Code)
 	d := parseDOM(t, rec.Body)
@@ -433,21 +428,38 @@ func TestPageLongColumns(t *testing.T) {
 	ids := d.withClass("spiffe-id")
 	require.NotEmpty(t, ids)
 	for _, n := range ids {
-		if text(n) != id {
+		if text(n) != longID {
 			continue
 		}
 		var pieces []string
 		for c := n.FirstChild; c != nil; c = c.NextSibling {
-			if c.Type == html.TextNode {
-				pieces = append(pieces, c.Data)
+			require.Equal(t, html.ElementNode, c.Type)
+			if c.Data == "span" {
+				assert.True(t, hasClass(c, "seg"))
+				pieces = append(pieces, text(c))
 			} else {
 				assert.Equal(t, "wbr", c.Data)
 			}
 		}
-		assert.Equal(t, []string{"spiffe://partner-bank.example/", "trustbridge/", "regions/", "eu-west/", "bundle-endpoint"}, pieces)
+		assert.Equal(t, []string{"spiffe://", "partner-bank.example/", "trustbridge/", "regions/", "eu-west/", "bundle-endpoint"}, pieces)
 		return
 	}
-	t.Fatalf("no SPIFFE ID cell shows %s", id)
+	t.Fatalf("no SPIFFE ID cell shows %s", longID)
+}
+
+const longID = "spiffe://partner-bank.example/trustbridge/regions/eu-west/bundle-endpoint"
+
+// longColumnsSnapshot is the realistic page with a 10-digit sequence and
+// a long endpoint SPIFFE ID on every https_spiffe peer.
+func longColumnsSnapshot() (api.Snapshot, []api.Finding) {
+	s, fs := realisticSnapshot()
+	var seq uint64 = 1234567890
+	for i := range s.TrustDomains {
+		if f := s.TrustDomains[i].Federation; f != nil && f.EndpointSPIFFEID != "" {
+			f.EndpointSPIFFEID, s.TrustDomains[i].Sequence = longID, &seq
+		}
+	}
+	return s, fs
 }
 
 func collectText(ns []*html.Node) string {

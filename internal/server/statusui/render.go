@@ -21,18 +21,19 @@ func render(w io.Writer, p page) error {
 	return pageTemplate.Execute(w, p)
 }
 
-// segments cuts a SPIFFE ID, URL or path pattern after each "/", so the
-// page offers a line break between path segments (<wbr>) and a long ID
-// wraps there rather than in the middle of a word; a table cell breaks
-// inside a segment only when the segment alone is wider than the cell.
-// The scheme's "//" stays whole: "spiffe://td/a/b" is "spiffe://td/",
-// "a/", "b".
+// segments cuts a SPIFFE ID, URL or path pattern after its scheme's
+// "://" and after each "/". The page sets each in an inline block (.seg)
+// with a <wbr> between, so a long ID wraps between segments, never at a
+// hyphen or mid-word inside one; a segment breaks inside only when it
+// alone is wider than the cell. "spiffe://td/a/b" is "spiffe://", "td/", "a/", "b".
 func segments(s string) []string {
 	head := ""
 	if i := strings.Index(s, "://"); i >= 0 {
 		head, s = s[:i+3], s[i+3:]
 	}
 	parts := strings.SplitAfter(s, "/")
-	parts[0] = head + parts[0]
+	if head != "" {
+		parts = append([]string{head}, parts...)
+	}
 	return parts
 }
