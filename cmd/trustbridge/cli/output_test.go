@@ -174,3 +174,27 @@ func TestHumanAndCommon(t *testing.T) {
 		assert.Equal(t, tt.common, o.Common(), tt.format)
 	}
 }
+
+// FuzzJSONPathTemplate: whatever -o jsonpath=TEMPLATE a user types, the
+// CLI refuses it or prints, never panics, and a template Check accepted
+// runs over a status-like document without panicking either.
+func FuzzJSONPathTemplate(f *testing.F) {
+	for _, s := range []string{
+		"{.trust_domain}", `{range .[*]}{.trust_domain}{"\n"}{end}`, "{[*].sequence}", `{.[?(@.state=="failing")].last_error}`,
+		"{.a[}", "{.[?(@.s==}", "{range .[*]}{end}{end}", "{..name}", "{.[-1:]}", "{.[0:2:0]}", "{@}", "{$}", "text {.x} text", "{",
+	} {
+		f.Add(s)
+	}
+	doc := []map[string]any{{"trust_domain": "west.example", "sequence": 1234567890, "state": "ok", "authorities": []any{}},
+		{"trust_domain": "north.example", "sequence": nil, "state": "failing", "last_error": "refused"}}
+	f.Fuzz(func(t *testing.T, tmpl string) {
+		o := &OutputFlag{Format: OutputJSONPath + "=" + tmpl, allowed: []string{OutputTable}}
+		if err := o.Check(); err != nil {
+			if !strings.HasPrefix(err.Error(), "-o jsonpath") {
+				t.Fatalf("error does not name the flag: %v", err)
+			}
+			return
+		}
+		_ = o.Print(io.Discard, doc, Table{})
+	})
+}
