@@ -15,7 +15,7 @@ import (
 )
 
 // stateReaders are the commands that read state and print it: each takes
-// -o table|json|yaml (addOutputFlag). TestCommandTree fails for a command
+// -o table|wide|name|json|yaml|jsonpath= and --no-headers (AddOutputFlag). TestCommandTree fails for a command
 // listed here without the flag and for a command with -o missing here; a
 // new state-reading command must be added by hand (a test cannot tell it
 // reads state).
@@ -73,9 +73,10 @@ func TestCommandTree(t *testing.T) {
 		o := c.Flags().Lookup("output")
 		if assert.NotNil(t, o, "%s has no -o", path) {
 			assert.Equal(t, "o", o.Shorthand, path)
-			for _, f := range []string{cli.OutputTable, cli.OutputJSON, cli.OutputYAML} {
+			for _, f := range []string{cli.OutputTable, cli.OutputWide, cli.OutputName, cli.OutputJSON, cli.OutputYAML, "jsonpath=TEMPLATE"} {
 				assert.Contains(t, o.Usage, f, "%s -o", path)
 			}
+			assert.NotNil(t, c.Flags().Lookup("no-headers"), "%s has no --no-headers", path)
 		}
 	}
 }

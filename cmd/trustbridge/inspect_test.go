@@ -266,7 +266,7 @@ func TestInspectErrors(t *testing.T) {
 		{"too large", []string{"--max-size", "10", write("d.json", `{"keys":[],"x":"0123456789"}`)}, "document too large: more than 10 bytes"},
 		{"bad trust domain", []string{"-t", "example.org:443", write("e.json", `{"keys":[]}`)}, `--trust-domain "example.org:443": must be a trust domain such as example.org or spiffe://example.org, without another scheme, port or path`},
 		{"a SPIFFE ID for a trust domain", []string{"-t", "spiffe://example.org/w", write("e.json", `{"keys":[]}`)}, `--trust-domain "spiffe://example.org/w": is a SPIFFE ID with a path`},
-		{"unknown format", []string{"-o", "xml", write("f.json", `{"keys":[]}`)}, `-o "xml": want table, json, yaml, pem, spiffe`},
+		{"unknown format", []string{"-o", "xml", write("f.json", `{"keys":[]}`)}, `-o "xml": want table, wide, name, json, yaml, pem, spiffe or jsonpath=TEMPLATE`},
 		{"map without that trust domain", []string{"-t", "nope.example", repoTestdata("bundles", "bundle-map.json")}, `bundle map has no trust domain "nope.example"`},
 		{"no file", []string{}, "accepts 1 arg(s), received 0"},
 		{"non-positive max size", []string{"--max-size", "0", write("g.json", `{"keys":[]}`)}, "--max-size must be positive"},

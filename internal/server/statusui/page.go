@@ -2,7 +2,6 @@ package statusui
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -599,32 +598,7 @@ func stampOf(t *time.Time, now time.Time) stamp {
 		return stamp{}
 	}
 	u := t.UTC()
-	return stamp{Set: true, Abs: u.Format("2006-01-02 15:04"), Rel: relative(u.Sub(now)), ISO: u.Format(time.RFC3339)}
-}
-
-// relative writes d as "in 3d" or "5m ago".
-func relative(d time.Duration) string {
-	future := d > 0
-	if d < 0 {
-		d = -d
-	}
-	var s string
-	switch {
-	case d < time.Minute:
-		return "now"
-	case d < time.Hour:
-		s = fmt.Sprintf("%dm", int(d/time.Minute))
-	case d < 48*time.Hour:
-		s = fmt.Sprintf("%dh", int(d/time.Hour))
-	case d < 2*365*24*time.Hour:
-		s = fmt.Sprintf("%dd", int(d/(24*time.Hour)))
-	default:
-		s = fmt.Sprintf("%.1fy", d.Hours()/(24*365))
-	}
-	if future {
-		return "in " + s
-	}
-	return s + " ago"
+	return stamp{Set: true, Abs: u.Format("2006-01-02 15:04"), Rel: api.Relative(u.Sub(now)), ISO: u.Format(time.RFC3339)}
 }
 
 // truncate shortens s to at most n runes, marking the cut with an

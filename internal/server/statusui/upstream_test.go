@@ -45,7 +45,7 @@ func TestPageUpstreamAuthority(t *testing.T) {
 	require.NotNil(t, card)
 	assert.True(t, hasClass(card, "warn"))
 	assert.Contains(t, text(card), "failing")
-	assert.Equal(t, "failing since 1h ago · 6 failed requests, last 2m ago; the current intermediate keeps signing", text(d.byID("upstream-failing")))
+	assert.Equal(t, "failing since 90m ago · 6 failed requests, last 2m ago; the current intermediate keeps signing", text(d.byID("upstream-failing")))
 	assert.Equal(t, s.CA.Upstream.LastError, text(d.byID("upstream-error")), "the error is shown as text")
 
 	p := build(s, nil, false)

@@ -198,11 +198,11 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 		return fmt.Errorf("%s: %w", displayName(path), err)
 	}
 	out := cmd.OutOrStdout()
-	switch o.output.Format {
-	case cli.OutputTable, cli.OutputJSON, cli.OutputYAML:
+	switch {
+	case o.output.Common():
 		ins.fill(now)
 		return o.output.Write(out, ins, ins.writeTable)
-	case outputPEM:
+	case o.output.Is(outputPEM):
 		if len(ins.bundles) == 0 {
 			return fmt.Errorf("%s is an empty bundle map: there are no roots to write", displayName(path))
 		}

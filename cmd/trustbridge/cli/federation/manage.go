@@ -3,11 +3,9 @@ package federation
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -119,8 +117,8 @@ func addBody(name, endpoint string, o federationAddOptions) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--bundle: %w", err)
 		}
-		if err := checkBundle(td, o.endpointID, doc); err != nil {
-			return nil, fmt.Errorf("--bundle %s: %w; give %s's bundle as its operator prints it with trustbridge bundle show -o spiffe (or -o pem)", o.bundle, err, td)
+		if err := checkBundle(td.Name(), o.endpointID, doc); err != nil {
+			return nil, fmt.Errorf("--bundle %s: %w; give %s's bundle as its operator prints it with trustbridge bundle show -o spiffe (or -o pem)", o.bundle, err, td.Name())
 		}
 		item["trustDomainBundle"] = string(doc)
 	}
@@ -206,23 +204,22 @@ runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
 		if err := json.Unmarshal([]byte(body), &rels); err != nil {
 			return fmt.Errorf("admin answer: %w", err)
 		}
-		return out.Write(e.Out, rels, func(w io.Writer) error { return relationshipsTable(w, rels) })
+		return out.Print(e.Out, rels, relationshipsTable(rels))
 	}
 	return cmd
 }
 
-func relationshipsTable(w io.Writer, rels []api.Relationship) error {
-	if len(rels) == 0 {
-		_, err := fmt.Fprintln(w, "no federated trust domains")
-		return err
+func relationshipsTable(rels []api.Relationship) cli.Table {
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Trust domain"}, {Name: "Origin"}, {Name: "Profile"}, {Name: "State"},
+			{Name: "Endpoint URL"}, {Name: "Endpoint SPIFFE ID"}},
+		Empty: "no federated trust domains",
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRUST DOMAIN\tORIGIN\tPROFILE\tSTATE\tENDPOINT URL\tENDPOINT SPIFFE ID")
 	for _, r := range rels {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.TrustDomain, orDash(r.Origin), orDash(r.Profile), orDash(strings.ToUpper(r.State)),
-			orDash(cli.Printable(r.EndpointURL)), orDash(r.EndpointSPIFFEID))
+		t.Rows = append(t.Rows, cli.Row{Name: r.TrustDomain, Cells: []any{cli.Printable(r.TrustDomain), orDash(r.Origin),
+			orDash(r.Profile), orDash(strings.ToUpper(r.State)), orDash(cli.Printable(r.EndpointURL)), orDash(cli.Printable(r.EndpointSPIFFEID))}})
 	}
-	return tw.Flush()
+	return t
 }
 
 func orDash(s string) string {
