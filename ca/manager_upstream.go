@@ -274,7 +274,7 @@ func (m *manager) upstreamFailed(now time.Time, err error) {
 func failedMessage(signing, refused bool) string {
 	msg := "upstream authority request failed"
 	if refused {
-		msg += ": refused, which retrying alone does not mend; retried every " + upstreamBackoffMax.String() + " until the configuration the error names is"
+		msg += ": refused, which asking again does not mend; fix what the error names (asked again every " + upstreamBackoffMax.String() + ")"
 	}
 	if signing {
 		return msg + "; the current intermediate keeps signing while retrying with backoff"
@@ -331,7 +331,7 @@ func (m *manager) upstreamWaitingLocked(now time.Time) error {
 		what += " (the last one expired at " + stamp(act.Cert.NotAfter) + ")"
 	}
 	if m.up.refused {
-		what = "the upstream refused to sign our intermediate, and will until the configuration this names is mended"
+		what = "the upstream refused to sign our intermediate, and will until what this names is fixed"
 	}
 	next := "next attempt now"
 	if wait := m.up.nextAttempt.Sub(now); wait > 0 {

@@ -114,14 +114,14 @@ func TestUpstreamRefusalRetriesSlowly(t *testing.T) {
 	denied := upstream.Refused(errors.New("permission denied: spiffe://example.org is not in --downstream-allow"))
 	a, u, clk, logs := waitingAuthority(t, denied)
 	since := t0.UTC().Format(time.RFC3339)
-	require.EqualError(t, a.Ready(), "upstream authority: the upstream refused to sign our intermediate, and will until the configuration this names is mended: "+
+	require.EqualError(t, a.Ready(), "upstream authority: the upstream refused to sign our intermediate, and will until what this names is fixed: "+
 		"ca: upstream fake upstream: permission denied: spiffe://example.org is not in --downstream-allow; 1 failed requests since "+since+"; next attempt in 5m0s")
 	assert.Equal(t, 1.0, testutil.ToFloat64(a.metrics.upstreamRequests.WithLabelValues("refused")))
 	assert.Equal(t, 0.0, testutil.ToFloat64(a.metrics.upstreamRequests.WithLabelValues("error")))
 	st, _ := a.Upstream()
 	assert.True(t, st.Refused)
 	assert.Equal(t, t0.Add(upstreamBackoffMax), st.NextAttempt)
-	assert.Equal(t, 1, countLevel(logs, "WARN", "upstream authority request failed: refused, which retrying alone does not mend; retried every 5m0s"), logs.String())
+	assert.Equal(t, 1, countLevel(logs, "WARN", "upstream authority request failed: refused, which asking again does not mend; fix what the error names (asked again every 5m0s)"), logs.String())
 
 	clk.Step(upstreamBackoff(1, false))
 	check(a)
