@@ -106,8 +106,9 @@ func WithDNSNames(names ...string) ServingCertOption {
 }
 
 // ServingCert issues a first certificate for id, with a fresh key that
-// never leaves the process. It never goes through the workload CSR path:
-// there is no CSR, and the key is generated here.
+// never leaves the process, or, while the CA has nothing to sign with,
+// none yet (see ServingCert). It never goes through the workload CSR
+// path: there is no CSR, and the key is generated here.
 func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration, opts ...ServingCertOption) (*ServingCert, error) {
 	var o servingOptions
 	for _, opt := range opts {
@@ -357,25 +358,36 @@ func (s *ServingCert) Run(ctx context.Context) error {
 	next := s.nextRenewal()
 	for {
 		timer, stop := wakeAt(clk, next)
+		renew, done := s.await(ctx, timer, changed)
+		stop()
+		switch {
+		case done:
+			return nil
+		case renew:
+			next = s.renewOrRetry(clk)
+		default: // a handshake issued the first certificate
+			next = s.nextRenewal()
+		}
+	}
+}
+
+// await waits for ctx to end (done), for timer or a change of the CA
+// that calls for a certificate now (renew), or for a handshake to issue
+// the first certificate (neither). Other changes leave timer running.
+func (s *ServingCert) await(ctx context.Context, timer <-chan time.Time, changed <-chan struct{}) (renew, done bool) {
+	for {
 		select {
 		case <-ctx.Done():
-			stop()
-			return nil
+			return false, true
 		case <-timer:
+			return true, false
 		case <-s.issued:
-			stop()
-			next = s.nextRenewal()
-			continue
+			return false, false
 		case <-changed:
-			stop()
-			if !s.renewOnChange() {
-				if next.IsZero() {
-					next = s.nextRenewal()
-				}
-				continue
+			if s.renewOnChange() {
+				return true, false
 			}
 		}
-		next = s.renewOrRetry(clk)
 	}
 }
 

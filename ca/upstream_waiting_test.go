@@ -1,7 +1,6 @@
 package ca
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -15,28 +14,29 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca/upstream"
+	"github.com/trustbridge/trustbridge/internal/testkit/testlog"
 )
 
 // waitingAuthority is an upstream-mode Authority whose upstream fails
 // with fail at its first start, logging at debug level into logs.
-func waitingAuthority(t *testing.T, fail error) (*Authority, *fakeUpstream, *clocktesting.FakeClock, *bytes.Buffer) {
+func waitingAuthority(t *testing.T, fail error) (*Authority, *fakeUpstream, *clocktesting.FakeClock, *testlog.Buffer) {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(t0)
 	u := newFakeUpstream(t, clk)
 	u.set("", fail)
-	var logs bytes.Buffer
+	logs := &testlog.Buffer{}
 	cfg := upstreamConfig(t, clk, u)
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a, err := New(cfg)
 	require.NoError(t, err, "the CA starts without an intermediate")
-	return a, u, clk, &logs
+	return a, u, clk, logs
 }
 
 // check runs one scheduled check as Run does.
 func check(a *Authority) { a.manager.recordCheck(a.Reconcile(), "CA rotation check failed") }
 
 // countLevel counts the records at level whose message starts with msg.
-func countLevel(logs *bytes.Buffer, level, msg string) int {
+func countLevel(logs *testlog.Buffer, level, msg string) int {
 	return strings.Count(logs.String(), "level="+level+` msg="`+msg)
 }
 
@@ -187,7 +187,7 @@ func mustGet(t *testing.T, sc *ServingCert) any {
 }
 
 // grepMessages lists the msg of the records on lines holding every part.
-func grepMessages(logs *bytes.Buffer, parts ...string) []string {
+func grepMessages(logs *testlog.Buffer, parts ...string) []string {
 	var out []string
 	for _, line := range strings.Split(logs.String(), "\n") {
 		ok := true
