@@ -168,7 +168,7 @@ func wireConfig(t *testing.T) Config {
 	f.cfg.WorkloadTTL, f.cfg.MaxWorkloadTTL = time.Hour, 24*time.Hour
 	f.cfg.Upstream = func() (ca.UpstreamStatus, bool) {
 		return ca.UpstreamStatus{Name: "corp-vault", LastSuccess: t0.Add(-2 * time.Hour), LastError: "vault: 503",
-			LastErrorAt: t0.Add(-time.Minute), Failures: 3, FailingSince: t0.Add(-30 * time.Minute)}, true
+			LastErrorAt: t0.Add(-time.Minute), Failures: 3, FailingSince: t0.Add(-30 * time.Minute), NextAttempt: t0.Add(4 * time.Minute)}, true
 	}
 	f.cfg.Issuers = func() []oidc.IssuerStatus {
 		return []oidc.IssuerStatus{

@@ -53,7 +53,7 @@ func FindingsWith(s api.Snapshot, o Options) []api.Finding {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	var out []api.Finding
+	out := noIntermediate(s, now)
 	holders := map[string][]string{} // x509 sha256 -> trust domains
 	for _, td := range s.TrustDomains {
 		rotate := rotateAdvice(td)

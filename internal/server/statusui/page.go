@@ -82,12 +82,17 @@ type upstreamCard struct {
 	FailingSince stamp
 	LastError    string
 	LastTry      stamp
+	// NextTry is when the upstream is asked again; Refused says the last
+	// failure was a refusal, which asking again does not mend.
+	NextTry stamp
+	Refused bool
 	// IntermediateUntil is when the active intermediate expires, and
 	// IntermediateClass its authorityExpiryClass.
 	IntermediateUntil stamp
 	IntermediateClass string
-	// Class is the card's: bad when the intermediate is (nearly) gone,
-	// warn while the upstream fails or renewal is overdue, else good.
+	// Class is the card's: bad when the intermediate is (nearly) gone, or
+	// there is none while the upstream fails, warn while the upstream
+	// fails or renewal is overdue, else good.
 	Class string
 }
 
@@ -100,6 +105,7 @@ func upstreamCardOf(s api.Snapshot, now time.Time) *upstreamCard {
 	c := &upstreamCard{Name: u.Name, LastSuccess: stampOf(u.LastSuccess, now), Failing: u.Failures > 0, Failures: u.Failures}
 	if c.Failing {
 		c.FailingSince, c.LastError, c.LastTry = stampOf(u.FailingSince, now), u.LastError, stampOf(u.LastErrorAt, now)
+		c.NextTry, c.Refused = stampOf(u.NextAttempt, now), u.Refused
 	}
 	for _, td := range s.TrustDomains {
 		for _, a := range td.Authorities {
@@ -109,7 +115,7 @@ func upstreamCardOf(s api.Snapshot, now time.Time) *upstreamCard {
 		}
 	}
 	switch {
-	case c.IntermediateClass == "critical" || c.IntermediateClass == "expired":
+	case c.IntermediateClass == "critical" || c.IntermediateClass == "expired", c.Failing && !c.IntermediateUntil.Set:
 		c.Class = "bad"
 	case c.Failing || c.IntermediateClass == "warning":
 		c.Class = "warn"
