@@ -17,6 +17,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/ca/upstream"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // upstreamTimeout bounds one request to the upstream.
@@ -29,6 +30,10 @@ const (
 	upstreamBackoffBase = 5 * time.Second
 	upstreamBackoffMax  = 5 * time.Minute
 )
+
+// upstreamRetry is the shared backoff with those bounds. No jitter: one
+// CA asks one upstream, and the tests step a fake clock by exact delays.
+var upstreamRetry = loop.Backoff{Base: upstreamBackoffBase, Max: upstreamBackoffMax}
 
 // errNoIntermediate marks an upstream failure that left the CA with no
 // valid intermediate to sign with.
@@ -61,11 +66,7 @@ func upstreamBackoff(failures int, refused bool) time.Duration {
 	if refused {
 		return upstreamBackoffMax
 	}
-	d := upstreamBackoffBase
-	for i := 1; i < failures && d < upstreamBackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, upstreamBackoffMax)
+	return upstreamRetry.Delay(failures, 0.5)
 }
 
 // renewAt is when an intermediate is renewed: at half its life, as SPIRE
