@@ -40,6 +40,9 @@ build-pkcs11:
 # on loopback port 8443, certificate service (gRPC) on loopback port 15012.
 # Ctrl-C stops it; a second run reuses ./data (--init creates it and its CA
 # on the first run only; without it a missing --data-dir is refused).
+# The admin API is also on ./data/admin.sock (0600): bin/trustbridge
+# federation add|remove, bundle set, log level ... run from here need no
+# --admin and no token.
 RUN_ARGS ?=
 run: build
 	$(BIN) server --trust-domain example.org --data-dir ./data --init --bundle-listen 127.0.0.1:8443 --grpc-listen 127.0.0.1:15012 $(RUN_ARGS)

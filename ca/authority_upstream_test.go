@@ -190,7 +190,7 @@ func TestUpstreamFailuresKeepLastGoodIntermediate(t *testing.T) {
 			// Retries back off, and the outage is logged once.
 			require.NoError(t, a.Reconcile())
 			assert.Equal(t, 2, u.callCount(), "no retry before the backoff")
-			clk.Step(upstreamBackoff(1))
+			clk.Step(upstreamBackoff(1, tc.result == "refused"))
 			require.NoError(t, a.Reconcile())
 			assert.Equal(t, 3, u.callCount())
 			assert.Equal(t, 1, bytes.Count(logs.Bytes(), []byte("upstream authority request failed")), logs.String())
@@ -223,7 +223,7 @@ func TestUpstreamUnreachableAtFirstStart(t *testing.T) {
 	require.ErrorContains(t, a.Ready(), "connection refused")
 	assert.Empty(t, a.Bundle().X509Authorities())
 	u.set("", nil)
-	clk.Step(upstreamBackoff(1))
+	clk.Step(upstreamBackoff(1, false))
 	a.manager.recordCheck(a.Reconcile(), "")
 	require.NoError(t, a.Ready())
 	leafVerifies(t, a)
@@ -324,7 +324,8 @@ func TestUpstreamBackoff(t *testing.T) {
 	for failures, want := range map[int]time.Duration{
 		1: 5 * time.Second, 2: 10 * time.Second, 3: 20 * time.Second, 7: 5 * time.Minute, 100: 5 * time.Minute,
 	} {
-		assert.Equal(t, want, upstreamBackoff(failures), "after %d failures", failures)
+		assert.Equal(t, want, upstreamBackoff(failures, false), "after %d failures", failures)
+		assert.Equal(t, 5*time.Minute, upstreamBackoff(failures, true), "after %d refusals", failures)
 	}
 }
 
@@ -382,7 +383,7 @@ func TestSubscribersHearHealthTurns(t *testing.T) {
 	assert.Equal(t, clk.Now(), st.FailingSince)
 	since := st.FailingSince
 
-	clk.Step(upstreamBackoff(1))
+	clk.Step(upstreamBackoff(1, false))
 	require.NoError(t, a.Reconcile())
 	assert.False(t, woken(), "a retry in the same outage")
 	st, _ = a.Upstream()
@@ -451,7 +452,7 @@ func TestUpstreamFailureIsAWarning(t *testing.T) {
 	}
 
 	u.set("", nil)
-	clk.Step(upstreamBackoff(1))
+	clk.Step(upstreamBackoff(1, false))
 	require.NoError(t, a.Reconcile())
 	require.NoError(t, a.Warning())
 

@@ -3,8 +3,11 @@
 package ca
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"syscall"
 
 	"github.com/trustbridge/trustbridge/internal/datadir"
 )
@@ -23,7 +26,12 @@ func (s *Store) Lock(exclusive bool) (func(), error) {
 		// (a mistyped --data-dir).
 		return nil, s.wrap(fmt.Errorf("no CA state: %w", err))
 	}
-	f, err := os.OpenFile(s.lockPath(), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := openLock(s.lockPath(), exclusive)
+	if !exclusive && errors.Is(err, syscall.EROFS) {
+		// A read-only file system (a snapshot, a read-only mount): no
+		// writer can change the state under a reader.
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, s.wrap(err)
 	}
@@ -32,4 +40,18 @@ func (s *Store) Lock(exclusive bool) (func(), error) {
 		return nil, s.wrap(fmt.Errorf("lock: %w", err))
 	}
 	return unlock, nil
+}
+
+// openLock opens the lock file. A shared lock needs no write access, so a
+// reader opens an existing one read-only: `trustbridge backup` reads a
+// data directory it may not write to. A writer creates it, and so does a
+// reader that finds none.
+func openLock(path string, exclusive bool) (*os.File, error) {
+	if !exclusive {
+		f, err := os.Open(path)
+		if !errors.Is(err, fs.ErrNotExist) {
+			return f, err
+		}
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 }

@@ -148,6 +148,9 @@ func (m *manager) ready() error {
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
+	if err := m.upstreamWaitingLocked(m.cfg.Clock.Now()); err != nil {
+		return err
+	}
 	if m.lastErr != nil {
 		return fmt.Errorf("last CA check failed: %w", m.lastErr)
 	}

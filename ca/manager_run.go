@@ -2,6 +2,8 @@ package ca
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -38,10 +40,17 @@ func (m *manager) recordCheck(err error, msg string) {
 		signal(m.subs)
 	}
 	m.mu.Unlock()
-	if err != nil {
-		m.metrics.reconcileErrors.Inc()
-		m.cfg.Logger.Error(msg, logattr.Error, err)
+	if err == nil {
+		return
 	}
+	m.metrics.reconcileErrors.Inc()
+	level := slog.LevelError
+	if !turned && errors.Is(err, errNoIntermediate) {
+		// Waiting for the upstream: upstreamFailed warned when the outage
+		// began or changed, Ready says why; each recheck says nothing new.
+		level = slog.LevelDebug
+	}
+	m.cfg.Logger.Log(context.Background(), level, msg, logattr.Error, err)
 }
 
 // checkError is Authority.CheckError.

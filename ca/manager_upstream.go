@@ -15,17 +15,25 @@ import (
 	"unicode/utf8"
 
 	"github.com/trustbridge/trustbridge/ca/castate"
+	"github.com/trustbridge/trustbridge/ca/upstream"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/loop"
 )
 
 // upstreamTimeout bounds one request to the upstream.
 const upstreamTimeout = time.Minute
 
-// Retry pacing after failed upstream requests.
+// Retry pacing after failed upstream requests: doubling from the base
+// to the maximum, and at the maximum after a refusal, which retrying
+// alone does not mend.
 const (
 	upstreamBackoffBase = 5 * time.Second
 	upstreamBackoffMax  = 5 * time.Minute
 )
+
+// upstreamRetry is the shared backoff with those bounds. No jitter: one
+// CA asks one upstream, and the tests step a fake clock by exact delays.
+var upstreamRetry = loop.Backoff{Base: upstreamBackoffBase, Max: upstreamBackoffMax}
 
 // errNoIntermediate marks an upstream failure that left the CA with no
 // valid intermediate to sign with.
@@ -39,6 +47,8 @@ type upstreamStatus struct {
 	failures    int       // consecutive
 	since       time.Time // of the first of those failures
 	nextAttempt time.Time
+	// refused says the last failure was a refusal (upstream.IsRefused).
+	refused bool
 }
 
 // succeeded records an intermediate obtained at: any outage is over, its
@@ -48,13 +58,15 @@ func (s *upstreamStatus) succeeded(at time.Time) {
 }
 
 // upstreamBackoff is how long to wait before asking the upstream again
-// after failures consecutive failures: doubling from 5s, at most 5m.
-func upstreamBackoff(failures int) time.Duration {
-	d := upstreamBackoffBase
-	for i := 1; i < failures && d < upstreamBackoffMax; i++ {
-		d *= 2
+// after failures consecutive failures: doubling from 5s, at most 5m; 5m
+// at once when the last was a refusal, so that an upstream that said no
+// is not asked every few seconds for an answer only a change of
+// configuration can turn.
+func upstreamBackoff(failures int, refused bool) time.Duration {
+	if refused {
+		return upstreamBackoffMax
 	}
-	return min(d, upstreamBackoffMax)
+	return upstreamRetry.Delay(failures, 0.5)
 }
 
 // renewAt is when an intermediate is renewed: at half its life, as SPIRE
@@ -171,19 +183,30 @@ func (m *manager) requestIntermediate() (crypto.Signer, string, *UpstreamChain, 
 	defer cancel()
 	chain, err := m.cfg.Upstream.SignIntermediate(ctx, csr, m.cfg.UpstreamTTL)
 	if err != nil {
-		m.metrics.upstreamRequests.WithLabelValues("error").Inc()
-		return nil, "", nil, fmt.Errorf("ca: upstream %s: %w", name, err)
+		m.metrics.upstreamRequests.WithLabelValues(upstreamResult(err)).Inc()
+		if !strings.HasPrefix(err.Error(), name) { // clients may name themselves
+			err = fmt.Errorf("upstream %s: %w", name, err)
+		}
+		return nil, "", nil, fmt.Errorf("ca: %w", err)
 	}
 	if err := CheckUpstreamChain(m.cfg.Clock.Now(), td, key.Public(), name, chain); err != nil {
 		m.metrics.upstreamRequests.WithLabelValues("refused").Inc()
-		return nil, "", nil, err
+		return nil, "", nil, upstream.Refused(err)
 	}
 	if err := m.checkNameConstraints(name, chain); err != nil {
 		m.metrics.upstreamRequests.WithLabelValues("refused").Inc()
-		return nil, "", nil, err
+		return nil, "", nil, upstream.Refused(err)
 	}
 	m.metrics.upstreamRequests.WithLabelValues("ok").Inc()
 	return key, ref, chain, nil
+}
+
+// upstreamResult is the metric label of a failed request.
+func upstreamResult(err error) string {
+	if upstream.IsRefused(err) {
+		return "refused"
+	}
+	return "error"
 }
 
 // maxUpstreamErrorLen bounds the text of an upstream failure kept for
@@ -220,25 +243,44 @@ func clipError(err error, n int) error {
 	return &clippedError{err: err, msg: fmt.Sprintf("%s… (%d more bytes)", msg[:cut], len(msg)-cut)}
 }
 
-// upstreamFailed records a failed request: metric, backoff, and one
-// warning per outage (later failures log at debug level).
+// upstreamFailed records a failed request: backoff, and a warning when
+// an outage starts or turns between unreachable and refused (later
+// failures log at debug level).
 func (m *manager) upstreamFailed(now time.Time, err error) {
+	refused := upstream.IsRefused(err)
 	err = clipError(err, maxUpstreamErrorLen)
 	m.mu.Lock()
 	m.up.failures++
-	m.up.lastErr, m.up.lastErrAt = err, now
-	m.up.nextAttempt = now.Add(upstreamBackoff(m.up.failures))
-	first := m.up.failures == 1
-	if first {
+	turned := m.up.failures == 1 || refused != m.up.refused
+	m.up.lastErr, m.up.lastErrAt, m.up.refused = err, now, refused
+	wait := upstreamBackoff(m.up.failures, refused)
+	m.up.nextAttempt = now.Add(wait)
+	if m.up.failures == 1 {
 		m.up.since = now
-		signal(m.subs) // an outage starts
 	}
+	if turned {
+		signal(m.subs) // an outage starts, or changes nature
+	}
+	signing := m.activeLocked() != nil
 	m.mu.Unlock()
-	if first {
-		m.cfg.Logger.Warn("upstream authority request failed; the current intermediate keeps signing while retrying with backoff", logattr.Error, err)
+	attrs := []any{logattr.Error, err, "refused", refused, "next_attempt_in", wait.String()}
+	if turned {
+		m.cfg.Logger.Warn(failedMessage(signing, refused), attrs...)
 		return
 	}
-	m.cfg.Logger.Debug("upstream authority request failed again", logattr.Error, err)
+	m.cfg.Logger.Debug("upstream authority request failed again", attrs...)
+}
+
+// failedMessage is the warning of an upstream failure.
+func failedMessage(signing, refused bool) string {
+	msg := "upstream authority request failed"
+	if refused {
+		msg += ": refused, which asking again does not mend; fix what the error names (asked again every " + upstreamBackoffMax.String() + ")"
+	}
+	if signing {
+		return msg + "; the current intermediate keeps signing while retrying with backoff"
+	}
+	return msg + "; the CA signs nothing and /readyz fails until the upstream signs an intermediate"
 }
 
 // upstreamOK records a successful request; it says whether that ended an
@@ -271,6 +313,33 @@ func (m *manager) warning() error {
 	}
 	return fmt.Errorf("upstream %s failing since %s (%d failed requests; %s): %w",
 		upstreamName(m.cfg.Upstream), m.up.since.UTC().Format(time.RFC3339), m.up.failures, until, m.up.lastErr)
+}
+
+// upstreamWaitingLocked says why the CA waits for the upstream, for
+// Ready: it has no valid intermediate and the upstream has failed since;
+// nil otherwise (outside upstream mode, while an intermediate is valid,
+// before the first request).
+func (m *manager) upstreamWaitingLocked(now time.Time) error {
+	if m.cfg.Upstream == nil || m.up.failures == 0 {
+		return nil
+	}
+	act := m.activeLocked()
+	if act != nil && now.Before(act.Cert.NotAfter) {
+		return nil
+	}
+	what := "waiting for the upstream to sign our intermediate"
+	if act != nil {
+		what += " (the last one expired at " + stamp(act.Cert.NotAfter) + ")"
+	}
+	if m.up.refused {
+		what = "the upstream refused to sign our intermediate, and will until what this names is fixed"
+	}
+	next := "next attempt now"
+	if wait := m.up.nextAttempt.Sub(now); wait > 0 {
+		next = "next attempt in " + wait.Round(time.Second).String()
+	}
+	return fmt.Errorf("upstream authority: %s: %w; %d failed requests since %s; %s",
+		what, m.up.lastErr, m.up.failures, stamp(m.up.since), next)
 }
 
 // upstreamReadyErr is nil while the active intermediate is valid, else
@@ -466,6 +535,13 @@ type UpstreamStatus struct {
 	LastErrorAt  time.Time
 	Failures     int
 	FailingSince time.Time
+	// Refused says the last failure was a refusal, which retrying alone
+	// does not mend: the upstream said no, or its answer failed our
+	// checks. Such failures are retried at the longest backoff.
+	Refused bool
+	// NextAttempt is when the upstream is asked again after a failure
+	// (zero when Failures is).
+	NextAttempt time.Time
 }
 
 // upstreamHealth is Authority.Upstream.
@@ -475,7 +551,11 @@ func (m *manager) upstreamHealth() (st UpstreamStatus, ok bool) {
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	st = UpstreamStatus{Name: upstreamName(m.cfg.Upstream), LastSuccess: m.up.lastSuccess, LastErrorAt: m.up.lastErrAt, Failures: m.up.failures, FailingSince: m.up.since}
+	st = UpstreamStatus{Name: upstreamName(m.cfg.Upstream), LastSuccess: m.up.lastSuccess, LastErrorAt: m.up.lastErrAt, Failures: m.up.failures, FailingSince: m.up.since,
+		Refused: m.up.refused && m.up.failures > 0}
+	if m.up.failures > 0 {
+		st.NextAttempt = m.up.nextAttempt
+	}
 	if m.up.lastErr != nil {
 		st.LastError = m.up.lastErr.Error()
 	}

@@ -121,7 +121,7 @@ func (m *metrics) observe(roots []*castate.Root, jwtKeys []*castate.JWTKey, sequ
 func (m *metrics) addUpstream() {
 	m.upstreamRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustbridge_ca_upstream_requests_total",
-		Help: "Requests to the upstream authority for an intermediate, by result (ok, error: the request failed, refused: the answer failed CheckUpstreamChain).",
+		Help: "Requests to the upstream authority for an intermediate, by result (ok; error: unreachable or failed, asked again from 5s; refused: the upstream said no or its answer failed our checks, asked again every 5m).",
 	}, []string{"result"})
 	m.upstreamLastSuccess = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "trustbridge_ca_upstream_last_success_timestamp_seconds",

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/logattr"
 )
@@ -34,12 +36,24 @@ const maxDNSNameLen = 253
 // (the https_spiffe bundle endpoint, the certificate service), signed by
 // this CA and renewed at half its lifetime, for tls.Config.GetCertificate:
 // rotation never needs a restart.
+//
+// A CA that cannot sign yet (an upstream that has not signed its first
+// intermediate, a follower before the leader wrote the state) leaves it
+// without a certificate: handshakes then fail, the client seeing a TLS
+// internal_error alert and GetCertificate's error saying why, and the
+// first handshake or CA change after the CA can sign issues one.
 type ServingCert struct {
 	a        *Authority
 	id       spiffeid.ID
 	dnsNames []string
 	ttl      time.Duration
 	cur      atomic.Pointer[tls.Certificate]
+	// mu serializes issuance: Run's, and that of a handshake that finds
+	// no certificate.
+	mu sync.Mutex
+	// issued tells Run that a handshake issued the first certificate, so
+	// that it schedules its renewal.
+	issued chan struct{}
 }
 
 // ServingCertOption configures ServingCert. The set is sealed: only this
@@ -92,8 +106,9 @@ func WithDNSNames(names ...string) ServingCertOption {
 }
 
 // ServingCert issues a first certificate for id, with a fresh key that
-// never leaves the process. It never goes through the workload CSR path:
-// there is no CSR, and the key is generated here.
+// never leaves the process, or, while the CA has nothing to sign with,
+// none yet (see ServingCert). It never goes through the workload CSR
+// path: there is no CSR, and the key is generated here.
 func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration, opts ...ServingCertOption) (*ServingCert, error) {
 	var o servingOptions
 	for _, opt := range opts {
@@ -104,24 +119,68 @@ func (a *Authority) ServingCert(id spiffeid.ID, ttl time.Duration, opts ...Servi
 			return nil, fmt.Errorf("ca: serving certificate for %s: %w", id, err)
 		}
 	}
-	s := &ServingCert{a: a, id: id, dnsNames: o.dnsNames, ttl: ttl}
+	s := &ServingCert{a: a, id: id, dnsNames: o.dnsNames, ttl: ttl, issued: make(chan struct{}, 1)}
+	if err := a.signer.noSigningCert(); err != nil {
+		a.cfg.Logger.Warn("no serving certificate yet: the CA cannot sign; TLS handshakes fail until it can, then one is issued",
+			logattr.SPIFFEID, id.String(), logattr.Error, err)
+		return s, nil
+	}
 	if err := s.renew(); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// GetCertificate serves the current certificate.
+// GetCertificate serves the current certificate. Without one (the CA
+// could not sign yet) it issues one if the CA can sign now, else fails
+// the handshake with the reason.
 func (s *ServingCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if c := s.cur.Load(); c != nil {
+		return c, nil
+	}
+	return s.first()
+}
+
+// first issues the first certificate for a handshake that found none.
+// While the CA has nothing to sign with it signs nothing (no key is
+// made for a refusal), so a client retrying in a loop costs little.
+func (s *ServingCert) first() (*tls.Certificate, error) {
+	if err := s.a.signer.noSigningCert(); err != nil {
+		return nil, fmt.Errorf("ca: no serving certificate for %s yet: %w", s.id, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.cur.Load(); c != nil {
+		return c, nil // another handshake, or Run, issued it
+	}
+	if err := s.renewLocked(); err != nil {
+		return nil, err
+	}
+	select {
+	case s.issued <- struct{}{}:
+	default:
+	}
 	return s.cur.Load(), nil
 }
 
-// Leaf is the current certificate.
-func (s *ServingCert) Leaf() *x509.Certificate { return s.cur.Load().Leaf }
+// Leaf is the current certificate, nil before the first (see
+// ServingCert).
+func (s *ServingCert) Leaf() *x509.Certificate {
+	if c := s.cur.Load(); c != nil {
+		return c.Leaf
+	}
+	return nil
+}
 
 // renew issues a new certificate now, with a new key and the same names.
 // On failure the current certificate stays in service.
 func (s *ServingCert) renew() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.renewLocked()
+}
+
+func (s *ServingCert) renewLocked() error {
 	key, err := GenerateKey(KeyECP256)
 	if err != nil {
 		return fmt.Errorf("ca: serving certificate for %s: %w", s.id, err)
@@ -278,39 +337,91 @@ func checkDNSLabels(lower string) error {
 	return nil
 }
 
-// nextRenewal is half way through the current certificate's life.
+// nextRenewal is half way through the current certificate's life; zero
+// when there is none (Run then waits for the CA to change).
 func (s *ServingCert) nextRenewal() time.Time {
 	l := s.Leaf()
+	if l == nil {
+		return time.Time{}
+	}
 	return l.NotBefore.Add(l.NotAfter.Sub(l.NotBefore) / 2)
 }
 
 // Run renews the certificate at half its lifetime until ctx is done, and
 // at once when an operator taints the authority that signed it. A failed
 // renewal is retried every few seconds; the current certificate is
-// served meanwhile.
+// served meanwhile. Without a certificate, it issues the first as soon
+// as the CA can sign.
 func (s *ServingCert) Run(ctx context.Context) error {
 	clk := s.a.cfg.Clock
 	changed := s.a.Subscribe()
 	next := s.nextRenewal()
 	for {
-		t := clk.NewTimer(next.Sub(clk.Now()))
+		timer, stop := wakeAt(clk, next)
+		renew, done := s.await(ctx, timer, changed)
+		stop()
+		switch {
+		case done:
+			return nil
+		case renew:
+			next = s.renewOrRetry(clk)
+		default: // a handshake issued the first certificate
+			next = s.nextRenewal()
+		}
+	}
+}
+
+// await waits for ctx to end (done), for timer or a change of the CA
+// that calls for a certificate now (renew), or for a handshake to issue
+// the first certificate (neither). Other changes leave timer running.
+func (s *ServingCert) await(ctx context.Context, timer <-chan time.Time, changed <-chan struct{}) (renew, done bool) {
+	for {
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C():
+			return false, true
+		case <-timer:
+			return true, false
+		case <-s.issued:
+			return false, false
 		case <-changed:
-			t.Stop()
-			if !s.a.manager.taintedIssuer(s.Leaf()) {
-				continue
+			if s.renewOnChange() {
+				return true, false
 			}
-			s.a.cfg.Logger.Info("serving certificate was signed by a tainted authority; re-issuing it now", logattr.SPIFFEID, s.id.String())
 		}
-		if err := s.renew(); err != nil {
-			s.a.cfg.Logger.Error("serving certificate renewal failed; retrying", logattr.SPIFFEID, s.id.String(), logattr.Error, err)
-			next = clk.Now().Add(renewRetry)
-			continue
-		}
-		next = s.nextRenewal()
 	}
+}
+
+// wakeAt is a timer's channel for at, and its stop; a nil channel (never
+// ready) for zero.
+func wakeAt(clk clock.Clock, at time.Time) (<-chan time.Time, func()) {
+	if at.IsZero() {
+		return nil, func() {}
+	}
+	t := clk.NewTimer(at.Sub(clk.Now()))
+	return t.C(), func() { t.Stop() }
+}
+
+// renewOnChange says whether a change of the CA calls for a new
+// certificate now: there is none and the CA can sign, or an operator
+// tainted the authority that signed the current one.
+func (s *ServingCert) renewOnChange() bool {
+	l := s.Leaf()
+	if l == nil {
+		return s.a.signer.noSigningCert() == nil
+	}
+	if !s.a.manager.taintedIssuer(l) {
+		return false
+	}
+	s.a.cfg.Logger.Info("serving certificate was signed by a tainted authority; re-issuing it now", logattr.SPIFFEID, s.id.String())
+	return true
+}
+
+// renewOrRetry renews the certificate and returns when to renew next:
+// at half its life, or renewRetry from now after a failure.
+func (s *ServingCert) renewOrRetry(clk clock.PassiveClock) time.Time {
+	if err := s.renew(); err != nil {
+		s.a.cfg.Logger.Error("serving certificate renewal failed; retrying", logattr.SPIFFEID, s.id.String(), logattr.Error, err)
+		return clk.Now().Add(renewRetry)
+	}
+	return s.nextRenewal()
 }

@@ -64,6 +64,17 @@ func (s *signer) material(snap *signingSnapshot) (SigningMaterial, error) {
 	return snap.material, nil
 }
 
+// noSigningCert is why the published snapshot holds no signing
+// certificate, nil when it holds one: a state the CA leaves by itself
+// (an upstream signs the first intermediate, the leader writes the
+// state), which serving certificates wait out.
+func (s *signer) noSigningCert() error {
+	if s.board.load().material.Cert != nil {
+		return nil
+	}
+	return s.noMaterial()
+}
+
 // bundle is Authority.Bundle.
 func (s *signer) bundle() *spiffebundle.Bundle { return s.board.load().bundle }
 

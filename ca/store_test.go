@@ -78,7 +78,7 @@ func TestStoreRefusesCorruptState(t *testing.T) {
 		{"other trust domain", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			j.TrustDomain = "other.org"
 			require.NoError(t, s.saveJournal(j))
-		}, `belongs to trust domain "other.org", not "example.org"`},
+		}, `it holds the CA of trust domain "other.org", not "example.org"`},
 		{"future format", func(t *testing.T, s *Store, j *castate.Journal, _ string) {
 			writeJSON(t, s.journalPath(), map[string]any{"format": 2, "trust_domain": "example.org"})
 		}, "format 2"},

@@ -14,6 +14,12 @@ import (
 //
 // An implementation may also implement fmt.Stringer, naming the upstream
 // for messages and status ("trustbridge upstream corp-ca.example:15012").
+//
+// A failed SignIntermediate is retried with backoff: from 5s doubling to
+// 5m while the upstream cannot be reached, every 5m when the error is a
+// refusal (upstream.Refused: the upstream said no, which asking again
+// will not change until a configuration does). Until the first
+// intermediate is signed the CA signs nothing, and Ready says why.
 type UpstreamAuthority interface {
 	// SignIntermediate asks the upstream to sign csrDER (a DER PKCS#10
 	// request for spiffe://<trust domain>, made with a fresh key) as a CA

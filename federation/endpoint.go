@@ -189,6 +189,14 @@ func readBootstrapFile(name string, readFile func(string) ([]byte, error)) ([]by
 	return doc, nil
 }
 
+// SetBootstrapBundle parses doc as e's bootstrap bundle and checks it
+// against e, as every way of configuring an endpoint does (setBootstrap),
+// for a caller that checks a bundle before it sends it on. A refusal
+// names no document: the caller does.
+func (e *Endpoint) SetBootstrapBundle(doc []byte) ([]bundledoc.Warning, error) {
+	return setBootstrap(e, doc)
+}
+
 // setBootstrap parses doc as ep's bootstrap bundle and checks it against
 // ep, for every form that carries one. doc is a SPIFFE bundle document or
 // PEM certificates (a root-cert.pem from Istio's cacerts, a `spire-server
@@ -198,7 +206,8 @@ func readBootstrapFile(name string, readFile func(string) ([]byte, error)) ([]by
 func setBootstrap(ep *Endpoint, doc []byte) ([]bundledoc.Warning, error) {
 	b, warnings, err := bundledoc.ParseAny(ep.TrustDomain, doc)
 	if err != nil {
-		return nil, err
+		// Every caller names the document (a file, a flag, a key).
+		return nil, bundledoc.Cause(err)
 	}
 	if err := RefusedWarning(warnings); err != nil {
 		return nil, err

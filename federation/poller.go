@@ -471,6 +471,13 @@ func logTransition(log *slog.Logger, r *relationship, from, to State) {
 		log.Info("federation state changed", attrs...)
 	case StateStale:
 		log.Error("federation state changed", append(attrs, "last_success", optTime(r.lastSuccess))...)
+	case StateFailing:
+		if r.held == nil {
+			// Never answered: nothing of the trust domain is trusted.
+			log.Error("federation state changed", attrs...)
+			return
+		}
+		log.Warn("federation state changed", attrs...)
 	default:
 		log.Warn("federation state changed", attrs...)
 	}

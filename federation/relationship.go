@@ -15,16 +15,18 @@ import (
 // State summarizes an endpoint for operators.
 type State string
 
-// Endpoint states.
+// Endpoint states (stateOf decides which).
 const (
-	StatePending State = "pending" // no poll yet since the start (or no bundle yet)
+	StatePending State = "pending" // not polled yet, or no bundle yet within the first polls
 	StateOK      State = "ok"      // last poll succeeded
-	StateFailing State = "failing" // last poll failed; the last good bundle is kept
+	StateFailing State = "failing" // last poll failed; the last good bundle, if any, is kept
 	StateStale   State = "stale"   // no success for staleAfter refresh intervals
 )
 
 // staleAfter is how many refresh intervals without success make a trust
-// domain stale.
+// domain stale; and how many failed polls, or refresh intervals since the
+// first one, an endpoint that never served a bundle has to answer before
+// it counts as failing (or stale, when a bootstrap bundle is held).
 const staleAfter = 3
 
 // maxClockSkew is how far in the future a stored fetch time may lie and
@@ -55,10 +57,23 @@ type Status struct {
 	// by kind (the trustbridge_federation_fetches_total result label).
 	Refusals    map[string]uint64
 	Authorities []AuthorityInfo
+	// Held says what the bundle held is: HeldFetched, HeldBootstrap, or
+	// "" when none is.
+	Held string
 	// Revoked are the authorities the trust domain revoked that are held
 	// against its bundles (issue 38), sorted; nil when none.
 	Revoked []Revoked
 }
+
+// What a relationship's held bundle is (Status.Held).
+const (
+	// HeldFetched: served by the endpoint, polled by this process or
+	// restored from the last-known-good store.
+	HeldFetched = "fetched"
+	// HeldBootstrap: the operator's bootstrap bundle, not yet confirmed
+	// by a fetch.
+	HeldBootstrap = "bootstrap"
+)
 
 // AuthorityInfo describes one authority of a held bundle.
 type AuthorityInfo struct {
@@ -97,8 +112,10 @@ type relationship struct {
 	// share it.
 	revoked []Revoked
 	etag    string
-	// lastAttempt is when the last poll started.
-	lastAttempt time.Time
+	// lastAttempt is when the last poll started, firstAttempt when the
+	// first one of this process did (stateOf's "never answered" counts
+	// refresh intervals from it).
+	lastAttempt, firstAttempt time.Time
 	// lastSuccess is when the endpoint last served a good bundle: a poll
 	// of this process, or the fetch time a restored entry records.
 	lastSuccess time.Time
@@ -149,7 +166,7 @@ func (r *relationship) holdBootstrap() (held bool, dropped []string) {
 // the status showed.
 func (r *relationship) reconfigured(ep Endpoint) *relationship {
 	n := &relationship{ep: ep, policy: r.policy, allowEmpty: r.allowEmpty,
-		held: r.held, fromLKG: r.fromLKG, revoked: r.revoked, lastAttempt: r.lastAttempt, lastSuccess: r.lastSuccess,
+		held: r.held, fromLKG: r.fromLKG, revoked: r.revoked, lastAttempt: r.lastAttempt, firstAttempt: r.firstAttempt, lastSuccess: r.lastSuccess,
 		savedAt: r.savedAt, lastErr: r.lastErr, failures: r.failures, refusals: r.refusals, state: r.state}
 	if !r.fetched() {
 		n.fromLKG = false
@@ -248,6 +265,9 @@ type pollResult struct {
 // time with rnd's jitter (see NextRefresh).
 func (r *relationship) polled(start, now time.Time, res *FetchResult, err error, rnd float64) pollResult {
 	r.lastAttempt = start
+	if r.firstAttempt.IsZero() {
+		r.firstAttempt = start
+	}
 	out := pollResult{old: r.held}
 	if err == nil {
 		out, err = r.take(res, now)
@@ -362,16 +382,54 @@ func (r *relationship) interval() time.Duration {
 
 // stateAt is r's state at now.
 func (r *relationship) stateAt(now time.Time) State {
-	interval := r.interval()
+	return stateOf(stateFacts{
+		held: r.held != nil, lastSuccess: r.lastSuccess, failures: r.failures,
+		firstAttempt: r.firstAttempt, interval: r.interval(),
+	}, now)
+}
+
+// stateFacts are what a relationship's state is decided on.
+type stateFacts struct {
+	// held: a bundle is held (fetched, restored or the bootstrap one).
+	held bool
+	// lastSuccess is the last good poll (or the fetch time a restored
+	// entry records); zero: never.
+	lastSuccess time.Time
+	// failures are the failed polls since the last success.
+	failures int
+	// firstAttempt is when this process first polled the endpoint; zero:
+	// not yet (a follower never polls).
+	firstAttempt time.Time
+	// interval is the refresh interval.
+	interval time.Duration
+}
+
+// stateOf is the state of a relationship with facts f at now:
+//
+//   - never polled: pending; so is one that failed its first polls
+//     without a bundle held (a peer still starting, a first fetch retried)
+//   - never answered: no success, and staleAfter (3) failed polls or
+//     staleAfter refresh intervals since the first poll: failing with
+//     nothing held (nothing of the trust domain is trusted), stale with a
+//     bootstrap bundle held (trusted, never confirmed)
+//   - answered once, no success for staleAfter refresh intervals: stale
+//   - last poll failed: failing (a bootstrap bundle held: from the first
+//     failure); else ok
+func stateOf(f stateFacts, now time.Time) State {
+	neverAnswered := f.lastSuccess.IsZero() && f.failures > 0 &&
+		(f.failures >= staleAfter || now.Sub(f.firstAttempt) >= staleAfter*f.interval)
 	switch {
-	case r.held == nil, r.lastAttempt.IsZero():
-		// Nothing held, or only what the operator or the store gave
-		// us: not yet confirmed by the endpoint.
+	case f.firstAttempt.IsZero():
+		// Only what the operator or the store gave us, if anything: not
+		// confirmed by the endpoint since the start.
 		return StatePending
-	case !r.lastSuccess.IsZero() && now.Sub(r.lastSuccess) > staleAfter*interval,
-		r.lastSuccess.IsZero() && r.failures >= staleAfter:
+	case !f.held && neverAnswered:
+		return StateFailing
+	case !f.held:
+		return StatePending
+	case neverAnswered, !f.lastSuccess.IsZero() && now.Sub(f.lastSuccess) > staleAfter*f.interval:
 		return StateStale
-	case r.failures > 0:
+	case f.failures > 0:
 		return StateFailing
 	}
 	return StateOK
@@ -395,6 +453,8 @@ func (r *relationship) transitionReason(to State) string {
 	switch {
 	case to == StateOK:
 		return "bundle fetched (sequence " + seqString(r.held) + ")"
+	case to == StateFailing && r.held == nil:
+		return fmt.Sprintf("the endpoint never served a bundle: %d failed polls, nothing of the trust domain is trusted; last error: %v", r.failures, r.lastErr)
 	case to == StateStale && r.lastSuccess.IsZero():
 		return fmt.Sprintf("no successful poll yet after %d failures; last error: %v", r.failures, r.lastErr)
 	case to == StateStale:
@@ -431,7 +491,11 @@ func (r *relationship) status(now time.Time) Status {
 			secs := int64(h / time.Second)
 			s.RefreshHintSeconds = &secs
 		}
-		s.Authorities = authorityInfos(r.held)
+		s.Authorities = AuthorityInfos(r.held)
+		s.Held = HeldBootstrap
+		if r.fetched() {
+			s.Held = HeldFetched
+		}
 	}
 	if len(r.revoked) > 0 {
 		s.Revoked = slices.Clone(r.revoked)
@@ -469,7 +533,9 @@ func SequenceOf(b *spiffebundle.Bundle) *uint64 {
 	return nil
 }
 
-func authorityInfos(b *spiffebundle.Bundle) []AuthorityInfo {
+// AuthorityInfos describes b's authorities as Status does: its X.509
+// authorities, then its JWT and WIT keys.
+func AuthorityInfos(b *spiffebundle.Bundle) []AuthorityInfo {
 	var out []AuthorityInfo
 	for _, c := range b.X509Authorities() {
 		na := c.NotAfter.UTC()

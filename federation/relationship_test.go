@@ -56,7 +56,7 @@ func (f *relFixture) relationship(held *spiffebundle.Bundle, lastSuccess time.Ti
 	r := newRelationship(f.ep, RefreshPolicy{Min: DefaultMinRefresh, Max: DefaultMaxRefresh}, allowEmpty)
 	r.held = held
 	if !lastSuccess.IsZero() || failures > 0 {
-		r.lastAttempt = f.t0.Add(-time.Second)
+		r.lastAttempt, r.firstAttempt = f.t0.Add(-time.Second), f.t0.Add(-time.Duration(failures+1)*time.Second)
 	}
 	r.lastSuccess, r.failures = lastSuccess, failures
 	if failures > 0 {
@@ -114,6 +114,26 @@ func TestRelationshipPolled(t *testing.T) {
 			r:    func() *relationship { return f.relationship(nil, time.Time{}, 0, false) },
 			err:  refused,
 			want: want{err: refused, kind: "transport", from: StatePending, to: StatePending, failures: 1, next: MinRetry},
+		},
+		{
+			name: "second failure, nothing held: still pending",
+			r:    func() *relationship { return f.relationship(nil, time.Time{}, 1, false) },
+			err:  refused,
+			want: want{err: refused, kind: "transport", from: StatePending, to: StatePending, failures: 2, next: 2 * time.Second},
+		},
+		{
+			name: "third failure, nothing held: never answered, failing",
+			r:    func() *relationship { return f.relationship(nil, time.Time{}, 2, false) },
+			err:  refused,
+			want: want{err: refused, kind: "transport", from: StatePending, to: StateFailing, failures: 3, next: 4 * time.Second,
+				reasonLog: "the endpoint never served a bundle: 3 failed polls"},
+		},
+		{
+			name: "first fetch after never answering: ok",
+			r:    func() *relationship { return f.relationship(nil, time.Time{}, 5, false) },
+			res:  ok(f.b7),
+			want: want{kind: "ok", held: f.b7, accepted: true, event: EventBundleAccepted, added: 1, save: true,
+				from: StateFailing, to: StateOK, next: 5 * time.Minute, etag: `"new"`},
 		},
 		{
 			name: "first fetch failed with the bootstrap bundle held: failing",

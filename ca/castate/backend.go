@@ -2,6 +2,7 @@ package castate
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/trustbridge/trustbridge/internal/kube/leader/fence"
 )
@@ -26,6 +27,25 @@ var (
 	ErrAuthorityState = errors.New("authority change refused")
 )
 
+// TrustDomainError: the state is the CA of another trust domain than the
+// one it was loaded for. It is refused and left alone as corrupt state is
+// (errors.Is ErrCorruptState), but its message does not call it corrupt:
+// the state may be sound, and the trust domain asked for, or the place
+// the state was looked for, wrong. The caller, which knows where each
+// came from (flags, a Secret's name), says which to fix.
+type TrustDomainError struct {
+	Holds string // the trust domain the state belongs to
+	Want  string // the trust domain it was loaded for
+}
+
+func (e *TrustDomainError) Error() string {
+	return fmt.Sprintf("it holds the CA of trust domain %q, not %q", e.Holds, e.Want)
+}
+
+// Is makes a TrustDomainError an ErrCorruptState: refused, never
+// overwritten.
+func (e *TrustDomainError) Is(target error) bool { return target == ErrCorruptState }
+
 // Backend keeps the CA state: the journal and the material of every root
 // and JWT key it names. The file store in --data-dir is the default;
 // ca/kubestore keeps it in a Kubernetes Secret.
@@ -34,7 +54,8 @@ type Backend interface {
 	// a journal of another trust domain than td (any, when td is empty),
 	// and returns the version they were read at. No state yet is (nil,
 	// nil, nil, "", nil). State that does not parse or check out is
-	// ErrCorruptState.
+	// ErrCorruptState; state of another trust domain is a
+	// *TrustDomainError, which is ErrCorruptState too.
 	Load(td string) (j *Journal, roots []*Root, jwtKeys []*JWTKey, version string, err error)
 	// Commit persists j together with the material of exactly roots and
 	// jwtKeys (those j names), all or nothing, if the state is still at

@@ -59,7 +59,9 @@ func EncodeJournal(j *Journal) ([]byte, error) {
 
 // DecodeJournal parses a journal and checks it: its format, its trust
 // domain (any, when td is empty), unique and safe root ids, known states
-// and at most one active root. Every refusal wraps ErrCorruptState.
+// and at most one active root. Every refusal wraps ErrCorruptState; a
+// journal of another trust domain is a *TrustDomainError, which says so
+// without calling it corrupt.
 func DecodeJournal(data []byte, td string) (*Journal, error) {
 	if len(data) > maxJournal {
 		return nil, corrupt("%s is larger than %d bytes", journalName, maxJournal)
@@ -77,7 +79,7 @@ func DecodeJournal(data []byte, td string) (*Journal, error) {
 		return nil, corrupt("%s has format %d, this trustbridge reads %d", journalName, j.Format, journalFormat)
 	}
 	if td != "" && j.TrustDomain != td {
-		return nil, fmt.Errorf("%w: it belongs to trust domain %q, not %q; use another --data-dir", ErrCorruptState, j.TrustDomain, td)
+		return nil, &TrustDomainError{Holds: j.TrustDomain, Want: td}
 	}
 	if err := checkRootRecords(j.Roots); err != nil {
 		return nil, err

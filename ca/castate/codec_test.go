@@ -79,3 +79,17 @@ func FuzzDecodeJournal(f *testing.F) {
 		}
 	})
 }
+
+// A journal of another trust domain is refused as corrupt state is
+// (never overwritten), saying which trust domain it holds rather than
+// calling it corrupt: the flag that chose the trust domain may be wrong.
+func TestDecodeJournalOtherTrustDomain(t *testing.T) {
+	data, err := EncodeJournal(&Journal{TrustDomain: "a.example"})
+	require.NoError(t, err)
+	_, err = DecodeJournal(data, "b.example")
+	var other *TrustDomainError
+	require.ErrorAs(t, err, &other)
+	assert.Equal(t, TrustDomainError{Holds: "a.example", Want: "b.example"}, *other)
+	assert.ErrorIs(t, err, ErrCorruptState)
+	assert.EqualError(t, err, `it holds the CA of trust domain "a.example", not "b.example"`)
+}

@@ -223,7 +223,7 @@ func TestCorruptSecretRefusedAndLeftAlone(t *testing.T) {
 			_ = json.Unmarshal(sec.Data["state.json"], &j)
 			j["trust_domain"] = "other.org"
 			sec.Data["state.json"], _ = json.Marshal(j)
-		}, `belongs to trust domain "other.org"`},
+		}, `it holds the CA of trust domain "other.org", not "example.org"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

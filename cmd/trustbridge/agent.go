@@ -12,6 +12,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/agentapi"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/health"
 	"github.com/trustbridge/trustbridge/internal/agent"
 	"github.com/trustbridge/trustbridge/internal/server"
 	"github.com/trustbridge/trustbridge/internal/server/flagenv"
@@ -155,6 +156,7 @@ value that cannot be honoured is an error naming the variable.`,
 	outputCerts = cli.AddOldName(cmd, "output-certs", cli.CredentialsDirFlag)
 	addAgentFlags(cmd.Flags(), &o)
 	cmd.AddCommand(agentapi.NewCmd(e, defaultWorkloadSocket))
+	cmd.AddCommand(health.NewAgentCmd(e, defaultSDSSocket))
 	return cmd
 }
 

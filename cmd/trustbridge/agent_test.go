@@ -226,6 +226,12 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"ratio one", func(o *agent.Config) { o.GraceRatio = 1 }, "--secret-grace-period-ratio"},
 		{"ttl fraction", func(o *agent.Config) { o.TTL = 1500 * time.Millisecond }, "--ttl"},
 		{"ca without roots", func(o *agent.Config) { o.CAAddr = "127.0.0.1:1" }, "--root-cert"},
+		{"roots of another trust domain", func(o *agent.Config) { withCA(o); o.TrustDomain = "b.test" },
+			"--root-cert " + rootCert + " holds roots of a.test, not of b.test (--trust-domain b.test): use --trust-domain a.test, " +
+				"or give b.test's roots (trustbridge bundle show -o pem on its server)"},
+		{"roots of another server's trust domain", func(o *agent.Config) { withCA(o); o.ServerID = "spiffe://b.test/trustbridge/ca" },
+			"--root-cert " + rootCert + " holds roots of a.test, not of b.test (--server-spiffe-id spiffe://b.test/trustbridge/ca): " +
+				"use a --server-spiffe-id in a.test, or give b.test's roots (trustbridge bundle show -o pem on its server)"},
 		{"nothing to serve", func(*agent.Config) {}, "--ca-addr"},
 		{"node without a CA", func(o *agent.Config) { o.Node.Enabled = true }, "--node serves each workload of the node a certificate from the CA: it needs --ca-addr"},
 		{"node from files", func(o *agent.Config) { withCA(o); o.Node.Enabled, o.FileMounted = true, true }, "(and not --file-mounted-certs)"},

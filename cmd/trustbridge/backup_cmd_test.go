@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -274,4 +275,26 @@ func TestCARaiseSequenceWhileServing(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "no CA state")
 	assert.Equal(t, ahead+1, servedSequence(t, s), "never lowered")
+}
+
+// backup reads a data directory it cannot write to (a read-only mount,
+// a snapshot): the CA state's shared lock needs no write access. Made
+// immutable (chattr +i), the lock file and directories refuse writes even
+// to root, which tests often run as.
+func TestBackupOfReadOnlyDataDir(t *testing.T) {
+	dataDir, _ := bootstrapDataDir(t, "east.example")
+	lock := filepath.Join(dataDir, "ca", ".lock")
+	require.FileExists(t, lock, "the server's lock file, as a snapshot holds it")
+	frozen := []string{lock, filepath.Join(dataDir, "ca"), dataDir}
+	if out, err := exec.Command("chattr", append([]string{"+i"}, frozen...)...).CombinedOutput(); err != nil {
+		t.Skipf("cannot make the data dir immutable (chattr +i needs CAP_LINUX_IMMUTABLE and a file system that has it): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("chattr", append([]string{"-i"}, frozen...)...).Run() })
+	_, err := os.OpenFile(lock, os.O_RDWR, 0)
+	require.Error(t, err, "the lock file cannot be opened for writing")
+
+	archive := filepath.Join(t.TempDir(), "b.tar.gz")
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "backup", "--data-dir", dataDir, "--out", archive)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "backed up trust domain east.example")
 }

@@ -185,7 +185,8 @@ func TestCARequestRefusals(t *testing.T) {
 		{"server not in --root-cert", nil, []string{"--ca-addr", addr, "--root-cert", otherRoot, "--token-file", token},
 			"does --root-cert hold its roots"},
 		{"roots of another trust domain", nil, []string{"--ca-addr", addr, "--root-cert", fedRoot, "--token-file", token},
-			"does --root-cert hold its roots"},
+			"certificate service of another trust domain: the server presents spiffe://example.org/trustbridge/ca, an identity of example.org, not of other.example: " +
+				"point this client at other.example's certificate service, or give it example.org's roots and trust domain"},
 		{"server is not the CA", nil, []string{"--ca-addr", addr, "--root-cert", rootCert, "--token-file", token, "--server-spiffe-id", "spiffe://example.org/trustbridge/bundle-endpoint"},
 			"want spiffe://example.org/trustbridge/bundle-endpoint"},
 		{"nothing listening", nil, []string{"--ca-addr", stopped, "--root-cert", rootCert, "--token-file", token, "--timeout", "5s"},

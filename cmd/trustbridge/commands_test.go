@@ -15,7 +15,7 @@ import (
 )
 
 // stateReaders are the commands that read state and print it: each takes
-// -o table|json|yaml (addOutputFlag). TestCommandTree fails for a command
+// -o table|wide|name|json|yaml|jsonpath= and --no-headers (AddOutputFlag). TestCommandTree fails for a command
 // listed here without the flag and for a command with -o missing here; a
 // new state-reading command must be added by hand (a test cannot tell it
 // reads state).
@@ -26,6 +26,8 @@ var stateReaders = []string{
 	"trustbridge bundle inspect",
 	"trustbridge federation status",
 	"trustbridge federation list",
+	"trustbridge federation show",
+	"trustbridge bundle list",
 	"trustbridge ca authority list",
 	"trustbridge ca drill", // changes state, and prints its timeline
 	"trustbridge bundle show",
@@ -38,6 +40,7 @@ var stateReaders = []string{
 	"trustbridge agent api fetch jwt",
 	"trustbridge agent api fetch bundles",
 	"trustbridge agent api validate jwt",
+	"trustbridge token list",
 }
 
 // Every command, groups included, shows an example of its use, and every
@@ -70,9 +73,10 @@ func TestCommandTree(t *testing.T) {
 		o := c.Flags().Lookup("output")
 		if assert.NotNil(t, o, "%s has no -o", path) {
 			assert.Equal(t, "o", o.Shorthand, path)
-			for _, f := range []string{cli.OutputTable, cli.OutputJSON, cli.OutputYAML} {
+			for _, f := range []string{cli.OutputTable, cli.OutputWide, cli.OutputName, cli.OutputJSON, cli.OutputYAML, "jsonpath=TEMPLATE"} {
 				assert.Contains(t, o.Usage, f, "%s -o", path)
 			}
+			assert.NotNil(t, c.Flags().Lookup("no-headers"), "%s has no --no-headers", path)
 		}
 	}
 }

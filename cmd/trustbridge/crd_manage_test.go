@@ -53,6 +53,9 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		_, stderr, code := add(s, dir)
 		assert.Equal(t, 1, code)
 		assert.Contains(t, stderr, "restart it with --federation-crd")
+		_, stderr, code = runCLIAt(t, time.Now, "", "federation", "update", "east.example", "--endpoint-url", east.bundleURL, "--admin", s.admin, "--data-dir", dir)
+		assert.Equal(t, 1, code)
+		assert.Contains(t, stderr, "restart it with --federation-crd")
 	})
 
 	west, dir := kubeServer(true)
@@ -82,6 +85,23 @@ func TestKubeFederationAddCreatesResource(t *testing.T) {
 		assert.NoError(c, err)
 		assert.NotNil(c, e, "the leader stored east's bundle")
 	}, 30*time.Second, 100*time.Millisecond)
+
+	// federation update edits the resource; bundle delete has no
+	// resource form.
+	moved := "https://" + servertest.ReservePort(t) + "/"
+	stdout, stderr, code = runCLIAt(t, time.Now, "", "federation", "update", "east.example", "--endpoint-url", moved, "--no-fetch", "--admin", west.admin, "--data-dir", dir)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "updated east.example")
+	got, err = dyn.Resource(crd.GVR).Get(context.Background(), "east.example", metav1.GetOptions{})
+	require.NoError(t, err)
+	var updated crd.ClusterFederatedTrustDomain
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &updated))
+	assert.Equal(t, moved, updated.Spec.BundleEndpointURL)
+	assert.Equal(t, cr.Spec.BundleEndpointProfile, updated.Spec.BundleEndpointProfile, "the profile kept")
+	assert.Equal(t, "manage-e2e", updated.Spec.ClassName)
+	_, stderr, code = runCLIAt(t, time.Now, "", "bundle", "delete", "east.example", "--admin", west.admin, "--data-dir", dir)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "with --storage kube a bundle set with bundle set is the trustDomainBundle of a ClusterFederatedTrustDomain")
 
 	stdout, stderr, code = runCLIAt(t, time.Now, "", "federation", "remove", "east.example", "--admin", west.admin, "--data-dir", dir)
 	require.Equal(t, 0, code, stderr)

@@ -188,6 +188,8 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 	leafPEM := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw})))
 	rootPEM := writeTemp(t, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: peer.Cert.Raw})))
 	spiffeAdd := []string{"federation", "add", "peer.example", down, "--endpoint-spiffe-id", "spiffe://peer.example/s"}
+	garbage := writeTemp(t, "garbage\n")
+	jwtOnly := writeTemp(t, `{"keys": []}`)
 
 	tests := []struct {
 		name string
@@ -195,10 +197,18 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 		msg  []string
 	}{
 		{"peer down", append(slices.Clone(spiffeAdd), "--bundle", rootPEM), []string{"502 Bad Gateway", "first fetch failed", "nothing was changed", "--no-fetch"}},
-		{"leaf as bundle", append(slices.Clone(spiffeAdd), "--bundle", leafPEM), []string{"400 Bad Request", "x5c certificate is not a CA"}},
-		{"no bundle", spiffeAdd, []string{"400 Bad Request", "no bundle to authenticate the first fetch", "trustDomainBundleFile"}},
+		{"leaf as bundle", append(slices.Clone(spiffeAdd), "--bundle", leafPEM), []string{"trustbridge: --bundle " + leafPEM + ": PEM certificate 1 (): x5c certificate is not a CA"}},
+		{"no bundle", spiffeAdd, []string{"400 Bad Request: no bundle of peer.example held to authenticate the first fetch from its endpoint spiffe://peer.example/s: " +
+			"give peer.example's bundle with --bundle FILE, the file its operator makes with " +
+			"`trustbridge bundle show -o spiffe > peer.example.json` (or `spire-server bundle show -format spiffe`) and sends you over a channel you trust\n"}},
+		{"garbage bundle", append(slices.Clone(spiffeAdd), "--bundle", garbage), []string{"trustbridge: --bundle " + garbage +
+			": invalid JSON at offset 0: invalid character 'g' looking for beginning of value; " +
+			"give peer.example's bundle as its operator prints it with trustbridge bundle show -o spiffe (or -o pem)\n"}},
+		{"bundle without X.509 roots", append(slices.Clone(spiffeAdd), "--bundle", jwtOnly), []string{"trustbridge: --bundle " + jwtOnly +
+			": bootstrap bundle has no X.509 authorities, so it could never authenticate the first fetch from self-serving endpoint spiffe://peer.example/s; " +
+			"give peer.example's bundle as its operator prints it with trustbridge bundle show -o spiffe (or -o pem)\n"}},
 		{"our own", []string{"federation", "add", "example.org", down}, []string{"own trust domain"}},
-		{"not https", []string{"federation", "add", "web.example", "http://web.example/"}, []string{"400 Bad Request", "https"}},
+		{"not https", []string{"federation", "add", "web.example", "http://web.example/"}, []string{"400 Bad Request: bundleEndpointURL \"http://web.example/\": scheme must be https\n"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -206,6 +216,9 @@ func TestFederationAddFailuresKeepState(t *testing.T) {
 			assert.Equal(t, 1, code)
 			for _, m := range tt.msg {
 				assert.Contains(t, stderr, m)
+			}
+			for _, internal := range []string{"federation[0]", "trustDomainBundle", "bundledoc"} {
+				assert.NotContains(t, stderr, internal, "a name the user never wrote")
 			}
 			assert.Empty(t, relationships(t, local))
 			assert.NoFileExists(t, filepath.Join(dir, "federation-managed.yaml"))
@@ -250,7 +263,7 @@ func TestFederationAddOverAdminSocket(t *testing.T) {
 
 	// Every admin command takes unix://PATH, the reading ones too.
 	sockAdmin := []string{"--admin", "unix://" + sock}
-	assert.Contains(t, mustCLI(t, append([]string{"federation", "status"}, sockAdmin...)...), "web.example")
+	assert.Contains(t, mustCLI(t, append([]string{"federation", "status", "--fail-on-error=false"}, sockAdmin...)...), "web.example")
 	assert.Contains(t, mustCLI(t, append([]string{"audit", "--fail-on", "none"}, sockAdmin...)...), "trust domain example.org")
 	_, stderr, code := runCLIAt(t, time.Now, "", append([]string{"federation", "refresh", "nope.example"}, sockAdmin...)...)
 	assert.Equal(t, 1, code)

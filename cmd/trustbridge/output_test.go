@@ -29,7 +29,7 @@ func TestOutputFlag(t *testing.T) {
 		{args: []string{"-o", "json"}, want: "{\n  \"trust_domain\": \"example.org\",\n  \"roots\": 2\n}\n"},
 		{args: []string{"--output=yaml"}, want: "roots: 2\ntrust_domain: example.org\n"},
 		{args: []string{"--json"}, want: "{\n  \"trust_domain\": \"example.org\",\n  \"roots\": 2\n}\n", warns: true},
-		{args: []string{"-o", "pem"}, wantErr: `-o "pem": want table, json, yaml, spiffe`},
+		{args: []string{"-o", "pem"}, wantErr: `-o "pem": want table, wide, name, json, yaml, spiffe or jsonpath=TEMPLATE`},
 		{args: []string{"-o", "spiffe"}, wantErr: "-o spiffe: not handled by this command"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -10,8 +10,10 @@ import (
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/ca"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/config"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/federation"
+	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/health"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/identity"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/jwt"
+	logcmd "github.com/trustbridge/trustbridge/cmd/trustbridge/cli/log"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/policy"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/svid"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli/token"
@@ -34,6 +36,7 @@ and companies can trust each other's workloads, one trust domain at a time.`,
 	root.SetOut(e.Out)
 	root.SetErr(e.Err)
 	root.AddCommand(newVersionCmd(), bundle.NewCmd(e), newServerCmd(e), ca.NewCmd(e), federation.NewCmd(e), newAgentCmd(e), audit.NewCmd(e), config.NewCmd(e), token.NewCmd(e), backup.NewCmd(e, versionString()), backup.NewRestoreCmd(e), policy.NewCmd(e), identity.NewCmd(e), jwt.NewCmd(e), svid.NewX509Cmd(e))
+	root.AddCommand(health.NewCmd(e), logcmd.NewCmd(e))
 	setupCLI(root)
 	return root
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/server"
@@ -82,6 +83,19 @@ func TestServerRefusesCorruptState(t *testing.T) {
 	_, stderr, code := runCLI(t, "", "server", "--trust-domain", "example.org", "--data-dir", dataDir, "--admin-listen", "127.0.0.1:0")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "corrupt CA state")
+}
+
+// A data dir of another trust domain is sound state found by a wrong
+// flag: the refusal names both trust domains and both fixes, not
+// corruption.
+func TestServerRefusesOtherTrustDomainState(t *testing.T) {
+	dataDir := t.TempDir()
+	_, err := ca.New(ca.Config{TrustDomain: spiffeid.RequireTrustDomainFromString("a.example"), DataDir: dataDir})
+	require.NoError(t, err)
+	_, stderr, code := runCLI(t, "", "server", "--trust-domain", "b.example", "--data-dir", dataDir, "--admin-listen", "127.0.0.1:0")
+	assert.Equal(t, 1, code)
+	assert.Equal(t, "trustbridge: data dir "+dataDir+" holds the CA of trust domain a.example; this server was started with --trust-domain b.example: "+
+		"use --trust-domain a.example, or another --data-dir\n", stderr)
 }
 
 func TestCAIssueWhileServerRuns(t *testing.T) {

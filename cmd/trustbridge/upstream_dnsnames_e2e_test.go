@@ -1,10 +1,11 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,24 +79,30 @@ func testRegionServingName(t *testing.T, corpTemplate string, corpDomains []stri
 
 // A region whose --grpc-dns-names corp's intermediate does not permit
 // (corp has no template, so it permits no DNS name) refuses that
-// intermediate rather than serve a certificate no client can verify, and
-// the start fails with the upstream's refusal, which names the flag.
+// intermediate rather than serve a certificate no client can verify. It
+// starts, not ready, and says why (the refusal names the flag) in
+// /readyz, its log, its metrics and its snapshot; its certificate
+// service serves no certificate at all, and it asks again only at the
+// longest backoff.
 func TestNestedTrustServersDNSNamesRefused(t *testing.T) {
 	region, _ := nestedCorp(t, "")
 	region.GRPC.DNSNames = []string{"trustbridge.eu.internal"}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e, _, logs := testEnv(t, region.LogFormat)
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- runServer(ctx, e, region, ready) }()
-	var err error
-	select {
-	case err = <-done:
-	case <-ready:
-		t.Fatal("the region started with a serving certificate corp's roots do not vouch for")
-	}
-	require.Error(t, err)
-	assert.ErrorContains(t, err, `excludes every DNS name, so the serving certificate's DNS name "trustbridge.eu.internal" (--grpc-dns-names) would not verify`)
-	assert.Contains(t, logs.String(), "upstream authority request failed")
+	admin, logs, _ := launchServer(t, region)
+
+	const refusal = `excludes every DNS name, so the serving certificate's DNS name "trustbridge.eu.internal" (--grpc-dns-names) would not verify`
+	status, body := servertest.Get(t, "http://"+admin+"/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, status)
+	assert.True(t, strings.HasPrefix(body, "not ready: upstream authority: the upstream refused to sign our intermediate, and will until what this names is fixed: "), body)
+	assert.Contains(t, body, refusal)
+	assert.Contains(t, body, "; next attempt in 5m0s")
+	assert.Contains(t, logs, "upstream authority request failed: refused")
+	assert.Equal(t, 1.0, servertest.MetricVia(t, http.DefaultClient, admin, "trustbridge_ca_upstream_requests_total", `result="refused"`))
+	snap := servertest.GetSnapshot(t, "http://"+admin)
+	require.NotNil(t, snap.CA)
+	require.NotNil(t, snap.CA.Upstream)
+	assert.True(t, snap.CA.Upstream.Refused)
+	assert.Contains(t, snap.CA.Upstream.LastError, refusal)
+
+	_, err := tls.Dial("tcp", servertest.GRPCAddr(t, logs), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}) //nolint:gosec // the handshake must fail before any verification
+	assert.ErrorContains(t, err, "internal error", "no serving certificate corp's roots do not vouch for, and none at all")
 }

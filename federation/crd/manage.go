@@ -46,7 +46,7 @@ type ManagerConfig struct {
 	OnChange func(managed.Change)
 }
 
-// Manager is `trustbridge federation add|remove` and `bundle set` with
+// Manager is `trustbridge federation add|update|remove` and `bundle set` with
 // Kubernetes storage: it writes ClusterFederatedTrustDomain resources,
 // which every replica's Controller applies, so the change survives
 // restarts and failovers. It refuses what managed.Manager refuses, with
@@ -109,9 +109,12 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 	if name != "" && !opts.Force {
 		return fmt.Errorf("%w: %s is already federated by ClusterFederatedTrustDomain %s; edit it, or replace it with --force", managed.ErrExists, td.Name(), name)
 	}
-	others := slices.DeleteFunc(m.cfg.Others(), func(o federation.Endpoint) bool { return o.TrustDomain == td })
-	anchors := &federation.Anchors{Local: m.cfg.Local, Endpoints: append([]federation.Endpoint{ep}, others...), Held: m.cfg.Held}
-	if err := managed.CheckEndpoint(ctx, ep, anchors, m.cfg.Probe, opts.NoProbe); err != nil {
+	if old, ok := m.applied(td); ok && name != "" {
+		if err := managed.CheckReplace(old, ep); err != nil {
+			return err
+		}
+	}
+	if err := m.check(ctx, ep, opts.NoProbe); err != nil {
 		return err
 	}
 	spec, err := specOf(ep, m.cfg.ClassName)
@@ -137,19 +140,79 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 	return nil
 }
 
-// Remove deletes the resource that configures td.
-func (m *Manager) Remove(ctx context.Context, td spiffeid.TrustDomain, actor string) error {
+// applied is td's endpoint as the controller applied it.
+func (m *Manager) applied(td spiffeid.TrustDomain) (federation.Endpoint, bool) {
+	others := m.cfg.Others()
+	if i := slices.IndexFunc(others, func(o federation.Endpoint) bool { return o.TrustDomain == td }); i >= 0 {
+		return others[i], true
+	}
+	return federation.Endpoint{}, false
+}
+
+// check is managed.CheckEndpoint of ep among the endpoints applied now
+// but the one it replaces.
+func (m *Manager) check(ctx context.Context, ep federation.Endpoint, noProbe bool) error {
+	others := slices.DeleteFunc(m.cfg.Others(), func(o federation.Endpoint) bool { return o.TrustDomain == ep.TrustDomain })
+	anchors := &federation.Anchors{Local: m.cfg.Local, Endpoints: append([]federation.Endpoint{ep}, others...), Held: m.cfg.Held}
+	return managed.CheckEndpoint(ctx, ep, anchors, m.cfg.Probe, noProbe)
+}
+
+// Update changes the resource that configures td to what edit makes of
+// the endpoint the controller applied from it.
+func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit managed.Edit, opts managed.AddOptions) error {
 	if err := m.free(td); err != nil {
 		return err
 	}
 	name := m.resourceOf(td)
+	old, ok := m.applied(td)
+	if name == "" || !ok {
+		return fmt.Errorf("%w: no ClusterFederatedTrustDomain of this server configures %s (see trustbridge federation list); add it with trustbridge federation add", managed.ErrNotFound, td.Name())
+	}
+	ep, err := edit(old)
+	if err != nil {
+		return fmt.Errorf("%w: %w", managed.ErrInvalid, err)
+	}
+	if ep.TrustDomain != td {
+		return fmt.Errorf("%w: an update of %s cannot make it the endpoint of %s", managed.ErrInvalid, td.Name(), ep.TrustDomain.Name())
+	}
+	if err := m.check(ctx, ep, opts.NoProbe); err != nil {
+		return err
+	}
+	spec, err := specOf(ep, m.cfg.ClassName)
+	if err != nil {
+		return err
+	}
+	if err := m.write(ctx, name, false, func(s *Spec) {
+		// As Add: without a bootstrap bundle, the resource's stays.
+		kept := s.TrustDomainBundle
+		*s = spec
+		if s.TrustDomainBundle == "" {
+			s.TrustDomainBundle = kept
+		}
+	}); err != nil {
+		return err
+	}
+	m.changed(managed.Change{Kind: managed.KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+	return nil
+}
+
+// Remove deletes the resource that configures td. With Kubernetes
+// storage there are no static bundles: opts.BundleOnly is refused.
+func (m *Manager) Remove(ctx context.Context, td spiffeid.TrustDomain, opts managed.RemoveOptions) error {
+	if err := m.free(td); err != nil {
+		return err
+	}
+	name := m.resourceOf(td)
+	if opts.BundleOnly {
+		return fmt.Errorf("%w: with --storage kube a bundle set with bundle set is the trustDomainBundle of a ClusterFederatedTrustDomain, never a bundle of its own: stop federating with %s with trustbridge federation remove", managed.ErrInvalid, td.Name())
+	}
 	if name == "" {
 		return fmt.Errorf("%w: no ClusterFederatedTrustDomain of this server configures %s (see trustbridge federation list)", managed.ErrNotFound, td.Name())
 	}
 	if err := m.cfg.Dynamic.Resource(GVR).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("crd: deleting ClusterFederatedTrustDomain %s: %w", name, err)
 	}
-	m.changed(managed.Change{Kind: managed.KindRemoved, TrustDomain: td, Actor: actor})
+	m.changed(managed.Change{Kind: managed.KindRemoved, TrustDomain: td, Actor: opts.Actor})
 	return nil
 }
 

@@ -73,15 +73,19 @@ func TestManagerWritesResources(t *testing.T) {
 		do   func() error
 	}{
 		{"own", managed.ErrInvalid, func() error { return m.Add(ctx, webEndpoint(t, "local.test", "https://l/"), managed.AddOptions{}) }},
-		{"flag", managed.ErrReserved, func() error { return m.Remove(ctx, spiffeid.RequireTrustDomainFromString("flag.test"), "") }},
-		{"unknown", managed.ErrNotFound, func() error { return m.Remove(ctx, spiffeid.RequireTrustDomainFromString("nope.test"), "") }},
+		{"flag", managed.ErrReserved, func() error {
+			return m.Remove(ctx, spiffeid.RequireTrustDomainFromString("flag.test"), managed.RemoveOptions{})
+		}},
+		{"unknown", managed.ErrNotFound, func() error {
+			return m.Remove(ctx, spiffeid.RequireTrustDomainFromString("nope.test"), managed.RemoveOptions{})
+		}},
 		{"static bundle", managed.ErrInvalid, func() error { _, err := m.SetBundle(ctx, testca.New(t, "nope.test").Bundle(), ""); return err }},
 	}
 	for _, r := range refusals {
 		assert.ErrorIs(t, r.do(), r.err, r.name)
 	}
 
-	require.NoError(t, m.Remove(ctx, spiffeid.RequireTrustDomainFromString(td), "op"))
+	require.NoError(t, m.Remove(ctx, spiffeid.RequireTrustDomainFromString(td), managed.RemoveOptions{Actor: "op"}))
 	f.waitApplied()
 	assert.Equal(t, []string{"federation_added " + td + " op", "federation_replaced " + td + " op", "bootstrap_bundle_set " + td + " op", "federation_replaced " + td + " op", "federation_removed " + td + " op"}, changes)
 }

@@ -41,6 +41,9 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts AddOptio
 		if !opts.Force {
 			return fmt.Errorf("%w: %s is already federated by %s (added at run time); remove it first, or replace it with --force", ErrExists, td.Name(), old)
 		}
+		if err := CheckReplace(old, ep); err != nil {
+			return err
+		}
 		if ep.BootstrapBundle == nil {
 			ep.BootstrapBundle = old.BootstrapBundle
 		}
@@ -58,6 +61,58 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts AddOptio
 	}
 	next.Endpoints = append(next.Endpoints, ep)
 	return m.commit(next, Change{Kind: kind, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+}
+
+// CheckReplace refuses a replacement (federation add --force) that would
+// turn an https_spiffe relationship into https_web: the add request
+// carries no profile of its own when --endpoint-spiffe-id is left out, and
+// a replacement that silently dropped the endpoint's authentication by its
+// SPIFFE ID would be a downgrade nobody asked for. The operator states the
+// profile (--endpoint-spiffe-id), or changes only what they give with
+// Update (federation update --profile https_web).
+func CheckReplace(old, ep federation.Endpoint) error {
+	if old.Profile == federation.ProfileHTTPSSPIFFE && ep.Profile == federation.ProfileHTTPSWeb {
+		return fmt.Errorf("%w: %s is federated by https_spiffe (endpoint SPIFFE ID %s), and the replacement is https_web: "+
+			"pass --endpoint-spiffe-id to keep https_spiffe, or change only what you give with trustbridge federation update (--profile https_web to switch on purpose)",
+			ErrExists, old.TrustDomain.Name(), old.EndpointSPIFFEID)
+	}
+	return nil
+}
+
+// Edit makes an updated endpoint from the one in force (Update).
+type Edit func(old federation.Endpoint) (federation.Endpoint, error)
+
+// Update changes td's managed endpoint to what edit makes of it (a
+// patch: federation update), checked as Add checks a new one, probed
+// unless opts.NoProbe (opts.Force means nothing here). Endpoints
+// configured elsewhere are refused as Add refuses them.
+func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit Edit, opts AddOptions) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.free(td); err != nil {
+		return err
+	}
+	next := m.state.clone()
+	i := indexEndpoint(next.Endpoints, td)
+	if i < 0 {
+		if indexBundle(next.Bundles, td) >= 0 {
+			return fmt.Errorf("%w: %s has a static bundle (bundle set) and no endpoint to update: give it one with trustbridge federation add", ErrNotFound, td.Name())
+		}
+		return fmt.Errorf("%w: %s has no endpoint added at run time (see trustbridge federation list); add it with trustbridge federation add", ErrNotFound, td.Name())
+	}
+	ep, err := edit(next.Endpoints[i])
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if ep.TrustDomain != td {
+		return fmt.Errorf("%w: an update of %s cannot make it the endpoint of %s", ErrInvalid, td.Name(), ep.TrustDomain.Name())
+	}
+	next.Endpoints = slices.Delete(next.Endpoints, i, i+1)
+	if err := CheckEndpoint(ctx, ep, m.anchors(ep, next.Endpoints), m.cfg.Probe, opts.NoProbe); err != nil {
+		return err
+	}
+	next.Endpoints = append(next.Endpoints, ep)
+	return m.commit(next, Change{Kind: KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
 }
 
 // CheckEndpoint is what an endpoint must pass to be added, with either
@@ -79,9 +134,18 @@ func CheckEndpoint(ctx context.Context, ep federation.Endpoint, a *federation.An
 	return nil
 }
 
+// RemoveOptions qualify Remove.
+type RemoveOptions struct {
+	// Actor is who asks, for the audit log.
+	Actor string
+	// BundleOnly removes a static bundle (bundle delete) and refuses a
+	// trust domain federated by an endpoint, whose bundle comes from it.
+	BundleOnly bool
+}
+
 // Remove stops federating with td as managed here: its endpoint, or else
 // its static bundle. Its bundle is trusted no more.
-func (m *Manager) Remove(_ context.Context, td spiffeid.TrustDomain, actor string) error {
+func (m *Manager) Remove(_ context.Context, td spiffeid.TrustDomain, opts RemoveOptions) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.free(td); err != nil {
@@ -89,14 +153,20 @@ func (m *Manager) Remove(_ context.Context, td spiffeid.TrustDomain, actor strin
 	}
 	next := m.state.clone()
 	if i := indexEndpoint(next.Endpoints, td); i >= 0 {
-		url := next.Endpoints[i].URL.String()
+		ep := next.Endpoints[i]
+		if opts.BundleOnly {
+			return fmt.Errorf("%w: %s is federated by its endpoint %s (added at run time), where its bundle comes from: stop federating with it with trustbridge federation remove", ErrExists, td.Name(), ep)
+		}
 		next.Endpoints = slices.Delete(next.Endpoints, i, i+1)
-		return m.commit(next, Change{Kind: KindRemoved, TrustDomain: td, Actor: actor, EndpointURL: url})
+		return m.commit(next, Change{Kind: KindRemoved, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String()})
 	}
 	if i := indexBundle(next.Bundles, td); i >= 0 {
 		b := next.Bundles[i]
 		next.Bundles = slices.Delete(next.Bundles, i, i+1)
-		return m.commit(next, Change{Kind: KindStaticUnset, TrustDomain: td, Actor: actor, Bundle: b})
+		return m.commit(next, Change{Kind: KindStaticUnset, TrustDomain: td, Actor: opts.Actor, Bundle: b})
+	}
+	if opts.BundleOnly {
+		return fmt.Errorf("%w: %s has no bundle set at run time with bundle set (see trustbridge bundle list)", ErrNotFound, td.Name())
 	}
 	return fmt.Errorf("%w: %s has no endpoint or bundle added at run time (see trustbridge federation list)", ErrNotFound, td.Name())
 }

@@ -1,7 +1,7 @@
 // Package managed is the federation an operator changes while the server
-// runs: relationships added and removed with `trustbridge federation
-// add|remove`, and static bundles (`trustbridge bundle set`) of trust
-// domains without an endpoint. A Manager checks each change with the rules
+// runs: relationships added, updated and removed with `trustbridge
+// federation add|update|remove`, and static bundles (`trustbridge bundle
+// set|delete`) of trust domains without an endpoint. A Manager checks each change with the rules
 // every other way of configuring federation obeys
 // (federation.CheckFirstFetch, the endpoint parsers, the bundle checks),
 // refuses trust domains configured elsewhere (flags, files, resources),

@@ -115,8 +115,8 @@ func TestAddRemovePersist(t *testing.T) {
 	assert.True(t, got.Endpoints[0].BootstrapBundle.Equal(peer.Bundle()))
 	assert.Equal(t, h.m.State().Endpoints[1].String(), got.Endpoints[1].String())
 
-	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("web.example"), "op"))
-	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("peer.example"), "op"))
+	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("web.example"), RemoveOptions{Actor: "op"}))
+	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("peer.example"), RemoveOptions{Actor: "op"}))
 	assert.Empty(t, h.inForce().Endpoints)
 	assert.NoFileExists(t, filepath.Join(dir, EndpointsFile))
 	var kinds []string
@@ -142,10 +142,14 @@ func TestRefusals(t *testing.T) {
 	}{
 		{"own trust domain", func() error { return h.m.Add(ctx, web(t, "example.org", "https://example.org/"), AddOptions{}) }, ErrInvalid, "this server's own trust domain"},
 		{"configured by flag", func() error { return h.m.Add(ctx, web(t, "flag.example", "https://f/"), AddOptions{}) }, ErrReserved, "flag.example is configured by --federate; change it there"},
-		{"remove configured by flag", func() error { return h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("flag.example"), "") }, ErrReserved, "--federate"},
+		{"remove configured by flag", func() error {
+			return h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("flag.example"), RemoveOptions{})
+		}, ErrReserved, "--federate"},
 		{"exists", func() error { return h.m.Add(ctx, web(t, "web.example", "https://other/"), AddOptions{}) }, ErrExists, "replace it with --force"},
 		{"first fetch unanchored", func() error { return h.m.Add(ctx, unanchored, AddOptions{}) }, federation.ErrNoBootstrapBundle, "trustDomainBundleFile"},
-		{"remove unknown", func() error { return h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("nope.example"), "") }, ErrNotFound, "federation list"},
+		{"remove unknown", func() error {
+			return h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("nope.example"), RemoveOptions{})
+		}, ErrNotFound, "federation list"},
 		{"empty bundle", func() error {
 			_, err := h.m.SetBundle(ctx, spiffebundle.New(spiffeid.RequireTrustDomainFromString("s.example")), "")
 			return err
@@ -179,7 +183,7 @@ func TestFailuresKeepLastGoodState(t *testing.T) {
 	assert.ErrorContains(t, err, "connection refused; nothing was changed")
 	// --no-fetch adds it anyway.
 	require.NoError(t, h.m.Add(ctx, web(t, "down.example", "https://down.example/"), AddOptions{NoProbe: true}))
-	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("down.example"), ""))
+	require.NoError(t, h.m.Remove(ctx, spiffeid.RequireTrustDomainFromString("down.example"), RemoveOptions{}))
 	h.probeErr = nil
 
 	h.applyErr = errors.New("poller refused")

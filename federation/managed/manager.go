@@ -37,6 +37,7 @@ var (
 const (
 	KindAdded       = "federation_added"
 	KindReplaced    = "federation_replaced"
+	KindUpdated     = "federation_updated"
 	KindRemoved     = "federation_removed"
 	KindBootstrap   = "bootstrap_bundle_set"
 	KindStaticSet   = "static_bundle_set"

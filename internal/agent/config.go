@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/svidcheck"
 	"github.com/trustbridge/trustbridge/sds"
 	sdsagent "github.com/trustbridge/trustbridge/sds/agent"
 )
@@ -145,6 +148,9 @@ func (o Config) rotatorConfig(base *slog.Logger, reg prometheus.Registerer) (*sd
 	if err != nil {
 		return nil, err
 	}
+	if err := o.checkRootsFor(serverID, roots); err != nil {
+		return nil, err
+	}
 	rc := &sdsagent.RotatorConfig{
 		CAAddr:      o.CAAddr,
 		Roots:       roots,
@@ -160,6 +166,32 @@ func (o Config) rotatorConfig(base *slog.Logger, reg prometheus.Registerer) (*sd
 		rc.OutputCertsDir = o.CredentialsDir
 	}
 	return rc, nil
+}
+
+// checkRootsFor refuses --root-cert when its roots all name trust
+// domains (trustbridge's and SPIRE's do) and none is serverID's: they
+// could never verify the certificate service, and the agent would retry
+// for ever. A root naming none (a plug-in CA's) may be any trust domain's;
+// the first handshake tells (caclient.ErrServerTrustDomain).
+func (o Config) checkRootsFor(serverID spiffeid.ID, roots []*x509.Certificate) error {
+	named, anonymous := svidcheck.RootTrustDomains(roots)
+	td := serverID.TrustDomain()
+	if serverID.IsZero() || anonymous || len(named) == 0 || slices.Contains(named, td) {
+		return nil
+	}
+	names := make([]string, len(named))
+	for i, n := range named {
+		names[i] = n.Name()
+	}
+	given, fix := o.Source("trust-domain", o.TrustDomain), "--trust-domain "+names[0]
+	if o.ServerID != "" {
+		given, fix = o.Source("server-spiffe-id", o.ServerID), "a --server-spiffe-id in "+names[0]
+	}
+	if len(named) > 1 {
+		fix = "the trust domain of one of them"
+	}
+	return fmt.Errorf("%s holds roots of %s, not of %s (%s): use %s, or give %s's roots (trustbridge bundle show -o pem on its server)",
+		o.Source("root-cert", o.RootCert), strings.Join(names, ", "), td.Name(), given, fix, td.Name())
 }
 
 // expectedServerID is --server-spiffe-id, else the certificate service's

@@ -110,6 +110,23 @@ func TrustDomainName(name string) (spiffeid.TrustDomain, error) {
 	return td, nil
 }
 
+// ParseTrustDomain parses a trust domain as an operator writes it on a
+// command line or in an admin request: the bare name (example.org) or the
+// trust domain's SPIFFE ID (spiffe://example.org), as SPIRE's CLI takes
+// both. The name obeys TrustDomainName; a SPIFFE ID with a path names a
+// workload, not a trust domain, and is refused rather than cut. Errors do
+// not repeat the input; callers name it.
+func ParseTrustDomain(s string) (spiffeid.TrustDomain, error) {
+	name, isID := strings.CutPrefix(s, "spiffe://")
+	if isID && strings.ContainsAny(name, "/?#") {
+		return spiffeid.TrustDomain{}, errors.New("is a SPIFFE ID with a path; a trust domain is written example.org or spiffe://example.org")
+	}
+	if !isID && strings.ContainsAny(s, ":/") {
+		return spiffeid.TrustDomain{}, errors.New("must be a trust domain such as example.org or spiffe://example.org, without another scheme, port or path")
+	}
+	return TrustDomainName(name)
+}
+
 // IsMap reports whether doc looks like a bundle map rather than a bundle: a
 // JSON object with "trust_domains" and no "keys". It validates nothing;
 // parse with ParseMap or Parse accordingly.

@@ -80,6 +80,24 @@ func prefix(td string, index int) string {
 	return p
 }
 
+// Error is how this package refuses a document: its cause, prefixed
+// with the package's name.
+type Error struct{ Err error }
+
+func (e *Error) Error() string { return "bundledoc: " + e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Cause is err without this package's prefix, for a message that names
+// the document itself (a flag, a file, a configuration key), to which
+// the package's name would say nothing. Other errors are returned as
+// they are.
+func Cause(err error) error {
+	if e, ok := err.(*Error); ok {
+		return e.Err
+	}
+	return err
+}
+
 func wrap(err error) error {
-	return fmt.Errorf("bundledoc: %w", err)
+	return &Error{Err: err}
 }

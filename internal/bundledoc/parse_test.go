@@ -275,6 +275,53 @@ func TestTrustDomainName(t *testing.T) {
 	}
 }
 
+func TestParseTrustDomain(t *testing.T) {
+	for in, want := range map[string]string{"example.org": "example.org", "spiffe://example.org": "example.org", "spiffe://a_b-c.d": "a_b-c.d"} {
+		td, err := bundledoc.ParseTrustDomain(in)
+		if assert.NoError(t, err, in) {
+			assert.Equal(t, want, td.Name(), in)
+		}
+	}
+	for in, want := range map[string]string{
+		"":                          "is empty",
+		"spiffe://":                 "is empty",
+		"spiffe://example.org/ns/a": "is a SPIFFE ID with a path; a trust domain is written example.org or spiffe://example.org",
+		"spiffe://example.org/":     "is a SPIFFE ID with a path",
+		"spiffe://example.org?x":    "is a SPIFFE ID with a path",
+		"spiffe://example.org:443":  "must be a bare trust-domain name",
+		"spiffe://Example.org":      "trust domain characters are limited",
+		"SPIFFE://example.org":      "must be a trust domain such as example.org or spiffe://example.org, without another scheme, port or path",
+		"https://example.org":       "must be a trust domain such as example.org or spiffe://example.org",
+		"example.org:443":           "without another scheme, port or path",
+		"example.org/x":             "without another scheme, port or path",
+		"spiffe://a..b":             "has an empty label",
+		"spiffe://spiffe://a":       "is a SPIFFE ID with a path",
+	} {
+		_, err := bundledoc.ParseTrustDomain(in)
+		assert.ErrorContains(t, err, want, in)
+	}
+}
+
+// FuzzParseTrustDomain: whatever it accepts is a trust domain whose name
+// TrustDomainName accepts, written as given or as its SPIFFE ID.
+func FuzzParseTrustDomain(f *testing.F) {
+	for _, s := range []string{"example.org", "spiffe://example.org", "spiffe://example.org/x", "spiffe://", "https://a", "a:1", "spiffe://a..b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		td, err := bundledoc.ParseTrustDomain(s)
+		if err != nil {
+			return
+		}
+		if s != td.Name() && s != td.IDString() {
+			t.Fatalf("%q parsed as %q", s, td.Name())
+		}
+		if _, err := bundledoc.TrustDomainName(td.Name()); err != nil {
+			t.Fatalf("%q parsed as %q, which TrustDomainName refuses: %v", s, td.Name(), err)
+		}
+	})
+}
+
 func jsonDoc(t testing.TB, keys ...obj) string {
 	return string(mustJSON(t, docOf(keys...)))
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -79,6 +80,7 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 			return nil, err
 		}
 	}
+	tlsCfg, mismatch := keepTrustDomainRefusal(tlsCfg)
 	conn, err := Dial(addr, tlsCfg, req.Token)
 	if err != nil {
 		return nil, err
@@ -86,6 +88,11 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 	defer conn.Close()
 	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, msg)
 	if err != nil {
+		if refusal := mismatch.Load(); refusal != nil {
+			// gRPC reports a failed handshake as Unavailable, which
+			// callers retry; this one no retry mends.
+			return nil, *refusal
+		}
 		return nil, err
 	}
 	var chain []*x509.Certificate
@@ -100,6 +107,26 @@ func CreateCertificate(ctx context.Context, addr string, tlsCfg *tls.Config, req
 		return nil, errors.New("the CA answered with an empty cert_chain")
 	}
 	return chain, nil
+}
+
+// keepTrustDomainRefusal returns a copy of tlsCfg that keeps the last
+// ErrServerTrustDomain its VerifyConnection returned, which gRPC passes
+// on as text only.
+func keepTrustDomainRefusal(tlsCfg *tls.Config) (*tls.Config, *atomic.Pointer[error]) {
+	kept := &atomic.Pointer[error]{}
+	verify := tlsCfg.VerifyConnection
+	if verify == nil {
+		return tlsCfg, kept
+	}
+	tlsCfg = tlsCfg.Clone()
+	tlsCfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		err := verify(cs)
+		if errors.Is(err, ErrServerTrustDomain) {
+			kept.Store(&err)
+		}
+		return err
+	}
+	return tlsCfg, kept
 }
 
 // KeepaliveTime is how often a client pings the server while a call is

@@ -249,3 +249,20 @@ func TestIsSelfSigned(t *testing.T) {
 	notCA := testca.New(t, "example.org", testca.Options{Mutate: func(c *x509.Certificate) { c.IsCA = false }})
 	assert.False(t, IsSelfSigned(notCA.Cert))
 }
+
+// A certificate service of another trust domain than the one expected is
+// a setup error no retry mends: refused as such, not as an unreachable
+// server (Unavailable) that callers retry for ever. The agent judges
+// roots naming trust domains at start; roots naming none leave it to
+// this handshake.
+func TestCreateCertificateServerOfAnotherTrustDomain(t *testing.T) {
+	f := startFakeCA(t) // serves spiffe://example.org/trustbridge/ca
+	want := spiffeid.RequireFromString("spiffe://other.org/trustbridge/ca")
+	_, err := CreateCertificate(t.Context(), f.addr, ServerTLS([]*x509.Certificate{f.ca.Cert}, want, nil),
+		Request{Token: testToken, Key: testca.NewKey(t, testca.ECP256)})
+	require.ErrorIs(t, err, ErrServerTrustDomain)
+	assert.Equal(t, codes.Unknown, status.Code(err), "not a gRPC status a caller retries")
+	assert.EqualError(t, err, "certificate service of another trust domain: the server presents spiffe://example.org/trustbridge/ca, "+
+		"an identity of example.org, not of other.org: point this client at other.org's certificate service, "+
+		"or give it example.org's roots and trust domain")
+}

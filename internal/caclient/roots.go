@@ -10,6 +10,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/trustbridge/trustbridge/internal/svidcheck"
 )
@@ -105,12 +106,30 @@ func joinTDs(tds []spiffeid.TrustDomain) string {
 	return strings.Join(names, ", ")
 }
 
+// ErrServerTrustDomain: the certificate service presented an identity of
+// another trust domain than the one expected of it. That is how the
+// server was set up or the client was told (--trust-domain,
+// --server-spiffe-id): no retry mends it.
+var ErrServerTrustDomain = errors.New("certificate service of another trust domain")
+
 // VerifyServer returns a tls.Config.VerifyConnection that accepts only an
 // X509-SVID for serverID chaining to RootsFor(serverID's trust domain,
-// roots) (svidcheck.Verify, for serverAuth); host names play no part.
+// roots) (svidcheck.Verify, for serverAuth); host names play no part. A
+// server presenting an identity of another trust domain is refused with
+// ErrServerTrustDomain, before its chain is looked at: no roots of
+// serverID's trust domain could verify it.
 func VerifyServer(roots []*x509.Certificate, serverID spiffeid.ID) func(tls.ConnectionState) error {
 	bundle := x509bundle.FromX509Authorities(serverID.TrustDomain(), RootsFor(serverID.TrustDomain(), roots))
 	return func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) > 0 {
+			if id, err := x509svid.IDFromCert(cs.PeerCertificates[0]); err == nil && !id.MemberOf(serverID.TrustDomain()) {
+				// No flag names: the agent, ca request and an upstream
+				// client name these settings differently.
+				return fmt.Errorf("%w: the server presents %s, an identity of %s, not of %s: "+
+					"point this client at %s's certificate service, or give it %s's roots and trust domain",
+					ErrServerTrustDomain, id, id.TrustDomain().Name(), serverID.TrustDomain().Name(), serverID.TrustDomain().Name(), id.TrustDomain().Name())
+			}
+		}
 		id, _, err := svidcheck.Verify(cs.PeerCertificates, bundle, x509.ExtKeyUsageServerAuth)
 		if err != nil {
 			return fmt.Errorf("server certificate does not verify against --root-cert: %w", err)

@@ -38,6 +38,11 @@ func (l *UnixListener) Close() error {
 // other, the socket's mode is its access control.
 const AnyUser = -2
 
+// ErrPathTooLong is wrapped by ListenUnix's refusal of a path over the
+// length limit of unix socket paths, for a caller that picked the path
+// itself and can go without the socket.
+var ErrPathTooLong = errors.New("too long")
+
 // maxPath is the size of sun_path on Linux, including the NUL.
 const maxPath = 108
 
@@ -90,7 +95,7 @@ func bind(path string, gid int) (*UnixListener, error) {
 	defer os.RemoveAll(tmp)
 	tmpPath := filepath.Join(tmp, "s")
 	if len(tmpPath) >= maxPath {
-		return nil, fmt.Errorf("socket path %s is too long: the socket is first bound at %s, over the %d-byte limit of unix socket paths", path, tmpPath, maxPath-1)
+		return nil, fmt.Errorf("socket path %s is %w: the socket is first bound at %s, over the %d-byte limit of unix socket paths", path, ErrPathTooLong, tmpPath, maxPath-1)
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmpPath, Net: "unix"})
 	if err != nil {

@@ -66,8 +66,7 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 		if t.health.upstreamDown.IsZero() { // a status without the outage's start
 			t.health.upstreamDown = st.LastErrorAt
 		}
-		entries = append(entries, audit.Entry{Event: "upstream_failed", TrustDomain: td,
-			Reason: fmt.Sprintf("upstream %s: %s (retried with backoff; the CA signs with its current intermediate while it is valid)", st.Name, clipText(st.LastError, maxHealthReason))})
+		entries = append(entries, audit.Entry{Event: "upstream_failed", TrustDomain: td, Reason: upstreamFailedReason(st)})
 	case st.Failures == 0 && !t.health.upstreamDown.IsZero():
 		entries = append(entries, audit.Entry{Event: "upstream_recovered", TrustDomain: td,
 			Reason: fmt.Sprintf("upstream %s answered again after failing since %s (last error: %s)",
@@ -75,4 +74,14 @@ func (t *auditTrail) healthEntriesLocked(h caHealth, td string) []audit.Entry {
 		t.health.upstreamDown = time.Time{}
 	}
 	return entries
+}
+
+// upstreamFailedReason is the reason of an upstream_failed entry.
+func upstreamFailedReason(st ca.UpstreamStatus) string {
+	retry := "retried with backoff"
+	if st.Refused {
+		retry = "refused, which asking again does not mend: fix what it names; asked again every 5m"
+	}
+	return fmt.Sprintf("upstream %s: %s (%s; the CA signs with its current intermediate while it is valid, and with none signs nothing)",
+		st.Name, clipText(st.LastError, maxHealthReason), retry)
 }

@@ -100,6 +100,19 @@ func TestAuditTrailRecordsHealthTurns(t *testing.T) {
 	assert.Empty(t, drain(t, buf))
 }
 
+// An outage that starts with a refusal says so: asking again does not
+// mend it, and it is asked again at the longest backoff.
+func TestAuditTrailRecordsUpstreamRefusal(t *testing.T) {
+	trail, buf := newTestTrail(t)
+	observeHealth(trail, &stubHealth{upstream: &ca.UpstreamStatus{Name: "trustbridge corp.example", Failures: 1, FailingSince: time.Now(), Refused: true,
+		LastError: "ca: upstream trustbridge at corp.example:15012 refused spiffe://region.example/x: not in --downstream-allow"}})
+	got := drain(t, buf)
+	require.Len(t, got, 1)
+	assert.Equal(t, "upstream_failed", got[0].Event)
+	assert.Equal(t, "upstream trustbridge corp.example: ca: upstream trustbridge at corp.example:15012 refused spiffe://region.example/x: not in --downstream-allow "+
+		"(refused, which asking again does not mend: fix what it names; asked again every 5m; the CA signs with its current intermediate while it is valid, and with none signs nothing)", got[0].Reason)
+}
+
 // Outside upstream mode only the checks are followed: a key manager that
 // refuses a new root is recorded once, and its recovery.
 func TestAuditTrailRecordsKeyManagerRefusal(t *testing.T) {

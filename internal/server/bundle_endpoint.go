@@ -22,6 +22,7 @@ import (
 	"github.com/trustbridge/trustbridge/bundleserver"
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
@@ -138,7 +139,7 @@ func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dat
 		}()
 		ep.runners = append(ep.runners, func(ctx context.Context) error { <-ctx.Done(); cancel(); return nil })
 		cfg.Changes = append(cfg.Changes, storeChanges)
-		cfg.Others = func() []*spiffebundle.Bundle { return fed.store.Published().BundlesOf(federation.SourceName) }
+		cfg.Others = func() []*spiffebundle.Bundle { return servedOthers(fed.store.Published()) }
 		// Bundle files are trust sources too: the trust store (and
 		// through it SDS and peer verification) holds them under their
 		// trust domain.
@@ -158,6 +159,20 @@ func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dat
 	srv := ep.endpoint.Server()
 	ep.runners = append(ep.runners, ep.endpoint.Run, func(ctx context.Context) error { return srv.Serve(ctx, ln) })
 	return ep, nil
+}
+
+// servedOthers are the bundles the endpoint serves for other trust
+// domains, as their source set them, one per trust domain: a polled
+// endpoint's (fetched, or its bootstrap bundle until then) or one set at
+// run time (bundle set), whatever else reads the trust store holds. The
+// endpoint serves relayed bundle files from the files themselves.
+func servedOthers(p *trust.Published) []*spiffebundle.Bundle {
+	return p.BundlesOf(func(td spiffeid.TrustDomain) string {
+		if _, ok := p.Bundle(td, staticSource); ok {
+			return staticSource
+		}
+		return federation.SourceName(td)
+	})
 }
 
 // bundleFileFlagError names a bundle file problem by its --bundle-file

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/castate"
 	"github.com/trustbridge/trustbridge/internal/datadir"
@@ -67,6 +69,23 @@ func prepareDataDir(o Config) error {
 			o.DataDir, strings.Join(others, ", "), filepath.Join(store.Dir(), castate.JournalKey), startsOver(o), initFlag)
 	}
 	return nil
+}
+
+// otherTrustDomain says which flag to fix when the CA state found is of
+// another trust domain than --trust-domain: the state is sound, the flag
+// or the place is wrong. Other errors are returned as they are.
+func (k *kubeSetup) otherTrustDomain(err error, dataDir string, td spiffeid.TrustDomain) error {
+	var other *castate.TrustDomainError
+	if !errors.As(err, &other) {
+		return err
+	}
+	where, instead := "data dir "+dataDir, "another --data-dir"
+	if k != nil {
+		where = fmt.Sprintf("Secret %s/%s (--ca-secret in --namespace)", k.namespace, k.o.CASecret)
+		instead = "another --ca-secret or --namespace"
+	}
+	return fmt.Errorf("%s holds the CA of trust domain %s; this server was started with --trust-domain %s: use --trust-domain %s, or %s",
+		where, other.Holds, td.Name(), other.Holds, instead)
 }
 
 // startsOver says what a server without CA state would start anew.

@@ -58,3 +58,17 @@ func runFirstStart(o Config) error {
 	var out, logs strings.Builder
 	return runServer(context.Background(), env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
 }
+
+// A bad bootstrap bundle file in a --federate tuple is refused in the
+// user's terms: the flag, the tuple, the file, and no package's name.
+func TestFederateBadBundleFileMessage(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "north.json")
+	require.NoError(t, os.WriteFile(bad, []byte("garbage\n"), 0o644))
+	tuple := "north.example|https://127.0.0.1:1/|spiffe://north.example/x|" + bad
+	o := firstStart(filepath.Join(t.TempDir(), "data"))
+	o.Federation = FederationConfig{Federate: tuple}
+	err := runFirstStart(o)
+	require.Error(t, err)
+	assert.Equal(t, `--federate: federation: endpoint 0 ("`+tuple+`"): bootstrap bundle file "`+bad+
+		`": invalid JSON at offset 0: invalid character 'g' looking for beginning of value`, err.Error())
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/fileutil"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/admin"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 
@@ -35,8 +36,9 @@ const AdminTokenName = "admin.token"
 // OriginRuntime is the origin of a trust domain added at run time.
 const OriginRuntime = "runtime"
 
-// staticSource names static bundles (bundle set) in the trust store.
-const staticSource = "static"
+// staticSource names static bundles (bundle set) in the trust store; the
+// admin API shows them with this origin.
+const staticSource = api.OriginStatic
 
 // runtimeFederation is what the admin API needs to change the federation.
 type runtimeFederation struct {
@@ -309,7 +311,13 @@ func (k kubeManager) Add(context.Context, federation.Endpoint, managed.AddOption
 	return k.refuse()
 }
 
-func (k kubeManager) Remove(context.Context, spiffeid.TrustDomain, string) error { return k.refuse() }
+func (k kubeManager) Update(context.Context, spiffeid.TrustDomain, managed.Edit, managed.AddOptions) error {
+	return k.refuse()
+}
+
+func (k kubeManager) Remove(context.Context, spiffeid.TrustDomain, managed.RemoveOptions) error {
+	return k.refuse()
+}
 
 func (k kubeManager) SetBundle(context.Context, *spiffebundle.Bundle, string) (string, error) {
 	return "", k.refuse()

@@ -231,12 +231,12 @@ func setupGRPC(o GRPCConfig, td spiffeid.TrustDomain, workloadTTL, maxWorkloadTT
 	if err != nil {
 		return nil, err
 	}
-	// Istio agents reach the CA by host name and check it; workloads never
-	// get these names (workloadDNSNames reserves them), so only this
-	// certificate can match them.
+	// Istio agents check the CA's host name; only this certificate has it
+	// (workloadDNSNames reserves it). ca.New checked the names (naming
+	// --grpc-dns-names); with no intermediate yet, handshakes fail.
 	sc, err := authority.ServingCert(g.id, workloadTTL, ca.WithDNSNames(nonEmpty(o.DNSNames)...))
 	if err != nil {
-		return nil, fmt.Errorf("--grpc-dns-names: %w", err)
+		return nil, err
 	}
 	sdsServer, err := g.sds(o, td, effectiveWorkloadTTL(workloadTTL, maxWorkloadTTL), authority, fed, g.confirming(g.sdsAuthenticator(chain, o)), reg, logger)
 	if err != nil {

@@ -72,6 +72,20 @@ func (o KeyManagerConfig) check(getenv func(string) string, caDir string) error 
 	return nil
 }
 
+// describe says where the CA's keys are, for the banner: the token, or
+// beside the state (inSecret: the state Secret).
+func (o KeyManagerConfig) describe(inSecret bool) string {
+	switch {
+	case o.kind != "" && o.tokenLabel != "":
+		return fmt.Sprintf("keys in PKCS#11 token %q (module %s)", o.tokenLabel, o.module)
+	case o.kind != "":
+		return fmt.Sprintf("keys in PKCS#11 slot %d (module %s)", o.slot, o.module)
+	case inSecret:
+		return "keys in the Secret"
+	}
+	return "keys in files there (mode 0600)"
+}
+
 // checkUnused refuses PKCS#11 flags without --key-manager, and
 // --require-hsm without a key manager. (--pkcs11-slot is not among them:
 // options built without flags hold slot 0.)

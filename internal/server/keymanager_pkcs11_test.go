@@ -31,7 +31,9 @@ func TestServerKeysInSoftHSM(t *testing.T) {
 		o.Keys = KeyManagerConfig{kind: "pkcs11", module: module, tokenLabel: label, slot: -1, pinFile: pinFile, requireHSM: true}
 	}
 	dataDir := t.TempDir()
-	addr, _ := startServer(t, dataDir, withHSM)
+	addr, logs := startServer(t, dataDir, withHSM)
+	assert.Equal(t, "self-signed, state in "+filepath.Join(dataDir, "ca")+", keys in PKCS#11 token \""+label+"\" (module "+module+")",
+		servertest.LogAttr(t, logs.String(), "trustbridge server started", "ca"), "the start-up record says where the keys are")
 
 	j, _, err := ca.NewStore(dataDir).Load("")
 	require.NoError(t, err)

@@ -227,9 +227,13 @@ func (k *kubeSetup) lastKnownGood(dataDir string) federation.LastKnownGood {
 	return k.lkg
 }
 
-// describe names where CA state lives, for the banner.
+// describe names where CA state lives, for the banner; "" without
+// Kubernetes storage.
 func (k *kubeSetup) describe() string {
-	return fmt.Sprintf("self-signed, state in Secret %s/%s, leader elected with Lease %s/%s (this replica: %s)",
+	if k == nil {
+		return ""
+	}
+	return fmt.Sprintf("state in Secret %s/%s, leader elected with Lease %s/%s (this replica: %s)",
 		k.namespace, k.o.CASecret, k.namespace, k.o.LeaderLease, k.elector.Identity())
 }
 

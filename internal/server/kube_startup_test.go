@@ -148,3 +148,32 @@ func TestKubeStorageCreatesItsDataDirWithoutInit(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dataDir, "ca"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "no CA state on disk")
 }
+
+// The state Secret of another trust domain is sound state found by a
+// wrong flag: the refusal names the Secret, both trust domains and the
+// flags that fix it, not corruption.
+func TestKubeRefusesOtherTrustDomainState(t *testing.T) {
+	kenv := kubetest.Shared(t)
+	ns := kenv.Namespace(t)
+	kubeconfig := servertest.WriteKubeconfig(t, kenv.Config.Host, kenv)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	start := func(td string) error {
+		o := baseServerOptions(td, t.TempDir())
+		o.GRPC = GRPCConfig{Kubeconfig: kubeconfig, TokenReview: TokenReviewOff}
+		o.Bundle = BundleConfig{Listen: busy.Addr().String(), Path: "/", Profile: ProfileSPIFFE}
+		o.Kube = fastKubeStorage(ns)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var out, logs testlog.Buffer
+		return runServer(ctx, env{in: strings.NewReader(""), out: &out, err: &logs, now: time.Now}, o, nil)
+	}
+	// The first start writes example.org's CA into the Secret, then fails
+	// on the busy --bundle-listen.
+	require.ErrorContains(t, start("example.org"), "--bundle-listen")
+	err = start("other.org")
+	require.Error(t, err)
+	assert.Equal(t, "Secret "+ns+"/"+kubestore.DefaultName+" (--ca-secret in --namespace) holds the CA of trust domain example.org; "+
+		"this server was started with --trust-domain other.org: use --trust-domain example.org, or another --ca-secret or --namespace", err.Error())
+}

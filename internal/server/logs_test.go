@@ -1,7 +1,10 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +62,38 @@ func TestServerStartRecords(t *testing.T) {
 			}, peers)
 		})
 	}
+}
+
+// The server's logger filters by a level the admin API changes at run
+// time: what was below it is written once it is lowered.
+func TestLevelLoggerChangesAtRunTime(t *testing.T) {
+	var buf bytes.Buffer
+	logger, level, err := newLevelLogger(&buf, "json", "info")
+	require.NoError(t, err)
+	logger.Debug("hidden")
+	level.Set(slog.LevelDebug)
+	logger.Debug("shown")
+	assert.NotContains(t, buf.String(), "hidden")
+	assert.Contains(t, buf.String(), `"msg":"shown"`)
+	_, _, err = newLevelLogger(&buf, "json", "loud")
+	assert.ErrorContains(t, err, `--log-level "loud"`)
+}
+
+// The banner and the start-up record name the admin socket and how the
+// CLI reaches it: with --data-dir for the default one, with --admin
+// unix://PATH for one elsewhere.
+func TestStartRecordsNameTheAdminSocket(t *testing.T) {
+	dir := t.TempDir()
+	o := baseServerOptions("example.org", dir)
+	o.LogFormat, o.AdminSocket = "text", AdminSocketAuto
+	_, started, stop := launchServer(t, o)
+	sock := filepath.Join(dir, AdminSocketName)
+	assert.Contains(t, started, "  socket:     "+sock+" (admin API, no token: trustbridge finds it with --data-dir "+dir+")\n")
+	stop()
+
+	other := filepath.Join(t.TempDir(), "a.sock")
+	o.LogFormat, o.AdminSocket = "json", other
+	_, started, _ = launchServer(t, o)
+	assert.Equal(t, other, servertest.LogAttr(t, started, "trustbridge server started", "admin_socket"))
+	assert.NoFileExists(t, sock)
 }

@@ -204,7 +204,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"TrustbridgeFederationStale", "TrustbridgeAuthorityExpiringSoon", "TrustbridgeNoLeader", "TrustbridgeCANotReady"} {
+	for _, want := range []string{"TrustbridgeFederationStale", "TrustbridgeFederationNeverFetched", "TrustbridgeAuthorityExpiringSoon", "TrustbridgeNoLeader", "TrustbridgeCANotReady"} {
 		assert.True(t, slices.Contains(alerts, want), "alert %s", want)
 	}
 }

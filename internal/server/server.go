@@ -206,15 +206,22 @@ func addServerFlags(f *pflag.FlagSet, o *Config) {
 // NewLogger is the process's logger: JSON, or text on a terminal (auto),
 // never writing a key twice in a record (logattr.UniqueKeys).
 func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	h, err := newLogHandler(w, format, level)
-	if err != nil {
-		return nil, err
-	}
-	return slog.New(logattr.UniqueKeys(h)), nil
+	logger, _, err := newLevelLogger(w, format, level)
+	return logger, err
 }
 
-func newLogHandler(w io.Writer, format, level string) (slog.Handler, error) {
-	var lvl slog.Level
+// newLevelLogger is NewLogger with its level, which the admin API's
+// /v1/log/level changes at run time.
+func newLevelLogger(w io.Writer, format, level string) (*slog.Logger, *slog.LevelVar, error) {
+	lvl := new(slog.LevelVar)
+	h, err := newLogHandler(w, format, level, lvl)
+	if err != nil {
+		return nil, nil, err
+	}
+	return slog.New(logattr.UniqueKeys(h)), lvl, nil
+}
+
+func newLogHandler(w io.Writer, format, level string, lvl *slog.LevelVar) (slog.Handler, error) {
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
 	}
@@ -250,7 +257,7 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	// Before the CA exists: a root it bootstraps now signed nothing the
 	// issuance ledger could have missed.
 	started := e.now()
-	logger, err := NewLogger(e.err, o.LogFormat, o.LogLevel)
+	logger, level, err := newLevelLogger(e.err, o.LogFormat, o.LogLevel)
 	if err != nil {
 		return err
 	}
@@ -296,7 +303,7 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	defer closeAudit()
 	o.GRPC.tokenLedger = kube.tokenLedger(o.DataDir)
 	p := &serverParts{td: td, authority: authority, caChanges: authority.Subscribe(), kube: kube, replica: replica, trail: trail,
-		ledger: newIssuanceLedger(nowClock(e.now), started), taints: newCATaints()}
+		ledger: newIssuanceLedger(nowClock(e.now), started), taints: newCATaints(), level: level}
 	p.taints.update(authority)
 	if err := p.federate(o, reg, logger); err != nil {
 		return err
@@ -383,7 +390,7 @@ type serverParts struct {
 	gs        *grpcEndpoint
 	adminSrv  *http.Server
 	adminLn   net.Listener
-	socket    *adminSocket // nil without --admin-socket
+	socket    *adminSocket // nil without an admin socket
 	policy    *policySetup
 	idmap     *identityMapSetup // nil without an identity map
 	// ledger counts what each CA authority signed that is still in use
@@ -392,6 +399,8 @@ type serverParts struct {
 	// taints are the CA's tainted authorities for WatchBundles, kept by
 	// followCA.
 	taints *caTaints
+	// level is the logs' level, which the admin API changes.
+	level *slog.LevelVar
 }
 
 // listen opens the bundle endpoint, the certificate service and the
@@ -439,9 +448,10 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 			cfg.Reserved = append(cfg.Reserved, p.ep.id)
 		}
 	}
+	cfg.LogLevel, cfg.ReloadTokens = p.level, p.gs.reloadTokens()
 	h := admin.New(cfg)
 	p.adminSrv = NewAdminServer(hosts.Wrap(h), logger)
-	if p.socket, err = listenAdminSocket(o.AdminSocket, h, logger); err != nil {
+	if p.socket, err = listenAdminSocket(o, h, logger); err != nil {
 		return undo, err
 	}
 	undo.add(p.socket.close)
@@ -596,7 +606,11 @@ func newAuthority(o Config, td spiffeid.TrustDomain, kt ca.KeyType, kube *kubeSe
 		return nil, err
 	}
 	kube.caConfig(&caCfg)
-	return ca.New(caCfg)
+	a, err := ca.New(caCfg)
+	if err != nil {
+		return nil, kube.otherTrustDomain(err, o.DataDir, td)
+	}
+	return a, nil
 }
 
 // ListenAdmin opens the admin listener and its Host check, which guards

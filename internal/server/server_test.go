@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -57,6 +58,8 @@ func TestServerAdminEndpoints(t *testing.T) {
 	addr, out := startServer(t, dataDir)
 	assert.Equal(t, "example.org", servertest.LogAttr(t, out.String(), "trustbridge server started", "trust_domain"))
 	assert.Equal(t, "http://"+addr, servertest.LogAttr(t, out.String(), "trustbridge server started", "admin"))
+	assert.Equal(t, "self-signed, state in "+filepath.Join(dataDir, "ca")+", keys in files there (mode 0600)",
+		servertest.LogAttr(t, out.String(), "trustbridge server started", "ca"))
 
 	code, body := servertest.Get(t, "http://"+addr+"/healthz")
 	assert.Equal(t, http.StatusOK, code)

@@ -32,16 +32,30 @@ func textLogs(w io.Writer, format string) bool {
 	return format == "text" || format == "auto" && isTerminal(w)
 }
 
-// caMode describes where the CA's state is, for the banner and the log.
+// caMode says what the CA is, where its state is kept and where its keys
+// are, for the banner and the log.
 func caMode(o Config, kube *kubeSetup) string {
-	switch {
-	case o.CADir != "":
+	if o.CADir != "" {
 		return "plug-in CA from " + o.CADir + " (reloaded on change)"
-	case kube != nil:
-		return kube.describe()
 	}
-	abs, _ := filepath.Abs(o.DataDir)
-	return fmt.Sprintf("self-signed, state in %s (root keys mode 0600)", filepath.Join(abs, "ca"))
+	state := kube.describe()
+	if kube == nil {
+		abs, _ := filepath.Abs(o.DataDir)
+		state = "state in " + filepath.Join(abs, "ca")
+	}
+	return caKind(o.Upstream) + ", " + state + ", " + o.Keys.describe(kube != nil)
+}
+
+// caKind says what signs: a self-signed root, or an intermediate under
+// the upstream authority --upstream names.
+func caKind(u UpstreamConfig) string {
+	switch u.Kind {
+	case UpstreamTrustbridge:
+		return "intermediate CA under the upstream trustbridge at " + u.Trustbridge.Address
+	case upstreamKubeCSR:
+		return "intermediate CA under the Kubernetes CSR signer " + u.kubeCSR.signerName
+	}
+	return "self-signed"
 }
 
 // logStart logs the start-up records: the server (version, trust domain,
@@ -59,7 +73,7 @@ func logStart(o Config, p *serverParts, addr string, logger *slog.Logger) {
 	}
 	logger.Info("trustbridge server started", "version", o.version(), logattr.TrustDomain, td.Name(),
 		logattr.DataDir, o.DataDir, "ca", caMode(o, p.kube), logattr.Roots, len(a.Roots()), logattr.Sequence, a.Sequence(),
-		"admin", "http://"+addr, slog.Group("listeners", listeners...))
+		"admin", "http://"+addr, slog.Group("listeners", listeners...), adminSocketAttr(p.socket))
 	if ep := p.ep; ep != nil {
 		attrs := []any{logattr.EndpointURL, ep.url, "profile", o.Bundle.Profile, "tuple", ep.tuple(td)}
 		if !ep.id.IsZero() {
@@ -70,6 +84,15 @@ func logStart(o Config, p *serverParts, addr string, logger *slog.Logger) {
 	logIssuers(o, p.ep, logger)
 	p.gs.logStart(logger)
 	logPeers(p.fed, logger)
+}
+
+// adminSocketAttr names the admin socket in the start-up record, where
+// the CLI finds it (trustbridge ... --data-dir DIR); empty without one.
+func adminSocketAttr(s *adminSocket) slog.Attr {
+	if path := s.where(); path != "" {
+		return slog.String("admin_socket", path)
+	}
+	return slog.Attr{}
 }
 
 // logPeers logs one record per federated trust domain of fed's flags,
@@ -103,6 +126,9 @@ func printBanner(w io.Writer, o Config, p *serverParts, addr string) {
   status:     http://%s/ui
   try:        curl -s http://%s/v1/trust
 `, td, o.version(), caMode(o, p.kube), len(a.Roots()), a.Sequence(), addr, addr, addr)
+	if path := p.socket.where(); path != "" {
+		fmt.Fprintf(w, "  socket:     %s (admin API, no token: %s)\n", path, p.socket.howToReach(o.DataDir))
+	}
 	if p.kube == nil {
 		// ca issue reads the state directory; with Kubernetes storage
 		// certificates come from the gRPC service (ca request).

@@ -61,3 +61,19 @@ func (k *kubeSetup) tokenLedger(dataDir string) func() (authn.TokenLedger, error
 		return authn.NewKubeLedger(authn.KubeLedgerConfig{Client: k.client, Namespace: k.namespace, Name: k.o.tokenSecret})
 	}
 }
+
+// reloadTokens re-reads --bootstrap-token-file for the admin API (nil
+// without a gRPC service or a token file): trustbridge token revoke takes
+// effect at once rather than at the next poll.
+func (g *grpcEndpoint) reloadTokens() func() (int, error) {
+	if g == nil || g.tokens == nil {
+		return nil
+	}
+	tokens := g.tokens
+	return func() (int, error) {
+		if err := tokens.Reload(); err != nil {
+			return 0, fmt.Errorf("--bootstrap-token-file: %w", err)
+		}
+		return tokens.Len(), nil
+	}
+}

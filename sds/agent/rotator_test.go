@@ -776,3 +776,18 @@ func TestRotatorInitFromProvCertDir(t *testing.T) {
 	_, err := NewRotator(newRotFixture(t).config(func(c *RotatorConfig) { c.TokenFile = "" }))
 	assert.ErrorContains(t, err, "nothing to authenticate the first request with")
 }
+
+// A certificate service of another trust domain than the one the agent
+// expects ends Init at the first handshake, saying so, instead of
+// retrying for ever as if it were unreachable.
+func TestRotatorInitServerOfAnotherTrustDomain(t *testing.T) {
+	f := newRotFixture(t)
+	want := spiffeid.RequireFromString("spiffe://other.org/trustbridge/ca")
+	r := f.rotator(t, func(c *RotatorConfig) { c.ServerID = want })
+	err := r.Init(t.Context())
+	require.ErrorIs(t, err, caclient.ErrServerTrustDomain)
+	assert.EqualError(t, err, "rotator: certificate service of another trust domain: the server presents spiffe://example.org/trustbridge/ca, "+
+		"an identity of example.org, not of other.org: point this client at other.org's certificate service, "+
+		"or give it example.org's roots and trust domain")
+	assert.NotContains(t, f.logs.String(), "retrying")
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/upstream"
 )
 
 // DefaultTimeout is how long SignIntermediate waits for approval and
@@ -99,7 +101,11 @@ func (c *Client) SignIntermediate(ctx context.Context, csrDER []byte, ttl time.D
 	api := c.cfg.Client.CertificatesV1().CertificateSigningRequests()
 	created, err := api.Create(ctx, c.csrObject(csrDER, ttl), metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("create CertificateSigningRequest for signer %s: %w", c.cfg.SignerName, err)
+		err = fmt.Errorf("create CertificateSigningRequest for signer %s: %w", c.cfg.SignerName, err)
+		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
+			return nil, upstream.Refused(err) // RBAC or the object: until someone changes them
+		}
+		return nil, err
 	}
 	name := created.Name
 	defer func() {
@@ -121,10 +127,10 @@ func (c *Client) SignIntermediate(ctx context.Context, csrDER []byte, ttl time.D
 	}
 	chain, err := ParseCertificates(pemCerts)
 	if err != nil {
-		return nil, fmt.Errorf("CSR %s: %w", name, err)
+		return nil, upstream.Refused(fmt.Errorf("CSR %s: %w", name, err))
 	}
 	if !chain[0].IsCA || !chain[0].BasicConstraintsValid {
-		return nil, fmt.Errorf("CSR %s: upstream returned a non-CA certificate (signer %s): use a signer that issues CA certificates", name, c.cfg.SignerName)
+		return nil, upstream.Refused(fmt.Errorf("CSR %s: upstream returned a non-CA certificate (signer %s): use a signer that issues CA certificates", name, c.cfg.SignerName))
 	}
 	return &ca.UpstreamChain{Chain: chain, Roots: c.cfg.Roots}, nil
 }
@@ -198,9 +204,9 @@ func outcome(obj *certv1.CertificateSigningRequest) (bool, []byte, error) {
 	for _, cond := range obj.Status.Conditions {
 		switch cond.Type {
 		case certv1.CertificateDenied:
-			return true, nil, fmt.Errorf("CSR %s denied: %s: %s", obj.Name, cond.Reason, cond.Message)
+			return true, nil, upstream.Refused(fmt.Errorf("CSR %s denied: %s: %s", obj.Name, cond.Reason, cond.Message))
 		case certv1.CertificateFailed:
-			return true, nil, fmt.Errorf("CSR %s failed: %s: %s", obj.Name, cond.Reason, cond.Message)
+			return true, nil, upstream.Refused(fmt.Errorf("CSR %s failed: %s: %s", obj.Name, cond.Reason, cond.Message))
 		}
 	}
 	if len(obj.Status.Certificate) > 0 {

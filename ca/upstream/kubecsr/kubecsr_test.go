@@ -9,16 +9,20 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"strings"
 	"testing"
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/trustbridge/trustbridge/ca/upstream"
 )
 
 func selfSigned(t testing.TB, isCA bool) []byte {
@@ -96,23 +100,54 @@ func TestSignIntermediate(t *testing.T) {
 func TestSignIntermediateFailures(t *testing.T) {
 	nonCA := selfSigned(t, false)
 	for name, tc := range map[string]struct {
-		set  func(*certv1.CertificateSigningRequest)
-		want string
+		set     func(*certv1.CertificateSigningRequest)
+		want    string
+		refused bool // asking again gets the same answer (upstream.IsRefused)
 	}{
 		"denied": {func(o *certv1.CertificateSigningRequest) {
 			o.Status.Conditions = []certv1.CertificateSigningRequestCondition{{Type: certv1.CertificateDenied, Reason: "Policy", Message: "no"}}
-		}, "denied: Policy: no"},
+		}, "denied: Policy: no", true},
 		"failed": {func(o *certv1.CertificateSigningRequest) {
 			o.Status.Conditions = []certv1.CertificateSigningRequestCondition{{Type: certv1.CertificateFailed, Reason: "Bad", Message: "x"}}
-		}, "failed: Bad: x"},
-		"non-CA":  {func(o *certv1.CertificateSigningRequest) { o.Status.Certificate = nonCA }, "upstream returned a non-CA certificate"},
-		"garbage": {func(o *certv1.CertificateSigningRequest) { o.Status.Certificate = []byte("junk") }, "no PEM CERTIFICATE block"},
+		}, "failed: Bad: x", true},
+		"non-CA":  {func(o *certv1.CertificateSigningRequest) { o.Status.Certificate = nonCA }, "upstream returned a non-CA certificate", true},
+		"garbage": {func(o *certv1.CertificateSigningRequest) { o.Status.Certificate = []byte("junk") }, "no PEM CERTIFICATE block", true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, _ := newClient(t, time.Minute, tc.set)
 			_, err := c.SignIntermediate(context.Background(), []byte("csr"), time.Hour)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+			if got := upstream.IsRefused(err); got != tc.refused {
+				t.Fatalf("refused %v, want %v: %v", got, tc.refused, err)
+			}
+		})
+	}
+}
+
+// A CSR the API server refuses to create is a refusal when RBAC forbids
+// it (someone must grant the rule), not when the server is unavailable.
+func TestCreateRefusals(t *testing.T) {
+	gr := certv1.Resource("certificatesigningrequests")
+	for name, tc := range map[string]struct {
+		err     error
+		refused bool
+	}{
+		"forbidden":   {apierrors.NewForbidden(gr, "", errors.New("no rule")), true},
+		"unavailable": {apierrors.NewServiceUnavailable("etcd is down"), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, cs := newClient(t, time.Minute, nil)
+			cs.PrependReactor("create", "certificatesigningrequests", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, tc.err
+			})
+			_, err := c.SignIntermediate(context.Background(), []byte("csr"), time.Hour)
+			if err == nil || !strings.Contains(err.Error(), "create CertificateSigningRequest for signer example.com/trustbridge-intermediate") {
+				t.Fatalf("err %v", err)
+			}
+			if got := upstream.IsRefused(err); got != tc.refused {
+				t.Fatalf("refused %v, want %v: %v", got, tc.refused, err)
 			}
 		})
 	}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/ca"
+	"github.com/trustbridge/trustbridge/ca/upstream"
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
@@ -125,24 +126,29 @@ func (c *Client) SignIntermediate(ctx context.Context, csrDER []byte, ttl time.D
 	}
 	chain, err := ParseResponse(resp)
 	if err != nil {
-		return nil, fmt.Errorf("%s answered badly: %w", c, err)
+		return nil, upstream.Refused(fmt.Errorf("%s answered badly: %w", c, err))
 	}
 	return chain, nil
 }
 
-// callError says why the upstream refused, and what to do.
+// callError says why the upstream refused, and what to do. An answer
+// that asking again will not change (a denied identity, a service that
+// signs no intermediates) is a refusal (upstream.Refused); an
+// unreachable or busy upstream is not.
 func (c *Client) callError(id spiffeid.ID, err error) error {
 	st := status.Convert(err)
 	switch st.Code() {
 	case codes.PermissionDenied:
-		return fmt.Errorf("upstream trustbridge at %s refused %s: %s: %w", c.cfg.Address, id, st.Message(), err)
+		return upstream.Refused(fmt.Errorf("upstream trustbridge at %s refused %s: %s: %w", c.cfg.Address, id, st.Message(), err))
 	case codes.Unauthenticated:
-		return fmt.Errorf("upstream trustbridge at %s did not accept the certificate of %s in %s (is it an SVID of the upstream's trust domain, issued by it?): %s: %w",
-			c.cfg.Address, id, c.cfg.ProvCertDir, st.Message(), err)
+		return upstream.Refused(fmt.Errorf("upstream trustbridge at %s did not accept the certificate of %s in %s (is it an SVID of the upstream's trust domain, issued by it?): %s: %w",
+			c.cfg.Address, id, c.cfg.ProvCertDir, st.Message(), err))
 	case codes.Unimplemented:
-		return fmt.Errorf("upstream at %s does not sign intermediates (an older trustbridge?): %w", c.cfg.Address, err)
+		return upstream.Refused(fmt.Errorf("upstream at %s does not sign intermediates (an older trustbridge?): %w", c.cfg.Address, err))
 	case codes.FailedPrecondition:
-		return fmt.Errorf("upstream trustbridge at %s signs no intermediates: %s: %w", c.cfg.Address, st.Message(), err)
+		return upstream.Refused(fmt.Errorf("upstream trustbridge at %s signs no intermediates: %s: %w", c.cfg.Address, st.Message(), err))
+	case codes.InvalidArgument:
+		return upstream.Refused(fmt.Errorf("upstream trustbridge at %s refused our request: %s: %w", c.cfg.Address, st.Message(), err))
 	}
 	return fmt.Errorf("%s: %w", c, err)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
+	caupstream "github.com/trustbridge/trustbridge/ca/upstream"
 	"github.com/trustbridge/trustbridge/ca/upstream/trustbridge"
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/caclient"
@@ -158,7 +159,29 @@ func TestNotAllowed(t *testing.T) {
 	_, err = c.SignIntermediate(context.Background(), csrDER(t), time.Hour)
 	require.Equal(t, codes.PermissionDenied, status.Code(err))
 	assert.ErrorContains(t, err, "upstream trustbridge at "+u.addr+" refused spiffe://corp.example/region/us: spiffe://corp.example/region/us is not in this server's --downstream-allow; add it there")
+	assert.True(t, caupstream.IsRefused(err), "asking again gets the same answer until the upstream's --downstream-allow changes")
 	assert.Empty(t, u.ttls)
+}
+
+// An upstream that is not up, or credentials not yet written, are no
+// refusal: the CA retries those from a few seconds on.
+func TestUnreachableIsNoRefusal(t *testing.T) {
+	u := startUpstream(t, regionEU)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	c, err := trustbridge.New(trustbridge.Config{Address: down, Roots: u.authority.Bundle().X509Authorities(), ProvCertDir: u.provCert(t, regionEU)})
+	require.NoError(t, err)
+	_, err = c.SignIntermediate(context.Background(), csrDER(t), time.Hour)
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	assert.False(t, caupstream.IsRefused(err))
+
+	c, err = trustbridge.New(trustbridge.Config{Address: u.addr, Roots: u.authority.Bundle().X509Authorities(), ProvCertDir: t.TempDir()})
+	require.NoError(t, err)
+	_, err = c.SignIntermediate(context.Background(), csrDER(t), time.Hour)
+	require.ErrorContains(t, err, "--upstream-prov-cert")
+	assert.False(t, caupstream.IsRefused(err))
 }
 
 func TestWrongServerID(t *testing.T) {

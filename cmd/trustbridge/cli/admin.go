@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -25,7 +26,8 @@ import (
 const AdminTokenEnv = "TRUSTBRIDGE_ADMIN_TOKEN_FILE"
 
 // AdminFlagHelp describes --admin wherever a command talks to the admin API.
-const AdminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there)"
+const AdminFlagHelp = "the server's admin address: http://HOST:PORT, or unix://PATH of its --admin-socket (no token needed there); " +
+	"left out: the admin socket in --data-dir (" + server.AdminSocketName + ") when a server answers there, else http://127.0.0.1:15014 with the admin token"
 
 // AdminClient talks to a running server's admin API; mutations bear the
 // token the server wrote into its data directory.
@@ -37,7 +39,7 @@ type AdminClient struct {
 
 // AddAuthFlags registers where the admin token is.
 func (c *AdminClient) AddAuthFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
+	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it serves its admin socket ("+server.AdminSocketName+", used when --admin is left out) and writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
 	f.StringVar(&c.TokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+AdminTokenEnv+")")
 }
 
@@ -195,13 +197,53 @@ func isLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// AdminFrom is the client of a federation subcommand: --admin is the
-// parent's persistent flag.
+// AdminFrom is the client of cmd's --admin flag (its own, or a parent's
+// persistent one). Without --admin it is the server's admin socket in
+// --data-dir when a server answers there (SPIRE's model: the socket's
+// mode is the authority, so changes need no token), else the flag's
+// default; an --admin given, even the default address, is used as is.
 func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
-	if f := cmd.Flag("admin"); f != nil {
-		c.Addr = f.Value.String()
+	f := cmd.Flag("admin")
+	if f == nil {
+		return c
+	}
+	c.Addr = f.Value.String()
+	if !f.Changed {
+		if sock, ok := c.LocalSocket(); ok {
+			c.Addr = sock
+		}
 	}
 	return c
+}
+
+// maxSocketPath is the size of sun_path on Linux, the NUL included.
+const maxSocketPath = 108
+
+// LocalSocket is "unix://PATH" of the admin socket a server answers on in
+// c.DataDir (./data when unset), which --admin-socket auto creates. A
+// path that is no socket, or one nothing answers on (a crashed server's),
+// or that this user may not open, is not offered.
+func (c *AdminClient) LocalSocket() (string, bool) {
+	dir := c.DataDir
+	if dir == "" {
+		dir = "./data"
+	}
+	path := filepath.Join(dir, server.AdminSocketName)
+	// The absolute path, for messages, unless it passes the length limit
+	// of socket paths that the relative one (as the server bound it)
+	// keeps under.
+	if abs, err := filepath.Abs(path); err == nil && len(abs) < maxSocketPath {
+		path = abs
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != fs.ModeSocket {
+		return "", false
+	}
+	conn, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err != nil {
+		return "", false
+	}
+	_ = conn.Close()
+	return "unix://" + path, true
 }
 
 // MayAuthenticate says the token can go with a read that tells more

@@ -20,6 +20,11 @@ func (e *ExitError) Error() string { return e.Msg }
 // the chain verifies up to a torn final line.
 const ExitTornTail = 3
 
+// ExitPeersFailing is the exit status of `trustbridge federation status`
+// when a federated trust domain is failing, stale or has never answered (unless
+// --fail-on-error=false).
+const ExitPeersFailing = 3
+
 // ExitCode is the process status for err.
 func ExitCode(err error) int {
 	var ee *ExitError

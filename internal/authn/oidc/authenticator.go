@@ -389,15 +389,14 @@ func (a *Authenticator) Run(ctx context.Context) error {
 	return nil
 }
 
+// warmUp fetches is's keys ahead of its first token. The key set logs
+// each fetch's outcome itself, once per change of state
+// (keySet.logStateLocked): a success is not logged here again.
 func (a *Authenticator) warmUp(ctx context.Context, is *issuer) {
-	keys, err := is.keys.Keys(ctx, "")
-	if err != nil {
-		// The key set itself warns, once per change of state.
+	if _, err := is.keys.Keys(ctx, ""); err != nil {
 		a.logger.Debug("issuer key warm-up failed; keys are fetched again on first use",
 			logattr.Issuer, is.cfg.Name, logattr.IssuerURL, is.cfg.Issuer, logattr.Error, err)
-		return
 	}
-	a.logger.Info("issuer keys fetched", logattr.Issuer, is.cfg.Name, logattr.IssuerURL, is.cfg.Issuer, logattr.Keys, len(keys))
 }
 
 // Status reports each issuer's keys, in configuration order.

@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -302,4 +303,25 @@ func TestIssuerOutage(t *testing.T) {
 	_, err = f.authenticate(t, f.iss.Mint(f.claims()))
 	require.NoError(t, err)
 	assert.Empty(t, f.a.Status()[0].LastError)
+}
+
+// One fetch of an issuer's keys is one "issuer keys fetched" record: the
+// key set logs it, the warm-up that asked for it does not log it again.
+func TestWarmUpLogsFetchOnce(t *testing.T) {
+	var logs strings.Builder
+	iss := oidctest.New(t, oidctest.WithNow(func() time.Time { return testNow }))
+	a, err := New(Config{
+		TrustDomain: testTD,
+		Issuers: []IssuerConfig{{
+			Name: "ci", Issuer: iss.URL(), Audiences: []string{issuerAudience}, Roots: iss.Roots(), AllowPrivateAddresses: true,
+			Claims:   []ClaimRule{{Claim: "repository_owner", Values: []string{"acme"}}},
+			SPIFFEID: "spiffe://{{.TrustDomain}}/ci/{{.Claims.sub}}",
+		}},
+		Clock: clocktesting.NewFakeClock(testNow), Registerer: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	require.NoError(t, err)
+	a.warmUp(context.Background(), a.issuers[0])
+	assert.Equal(t, 1, strings.Count(logs.String(), `msg="issuer keys fetched"`), logs.String())
+	assert.Contains(t, logs.String(), `level=INFO msg="issuer keys fetched"`)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,11 +42,14 @@ type Federation interface {
 	Refresh(ctx context.Context, td spiffeid.TrustDomain) error
 }
 
-// TrustStore is the trust store the snapshot reads (trust.Store).
+// TrustStore is the trust store the snapshot and /v1/federation read
+// (trust.Store).
 type TrustStore interface {
 	Snapshot() *trust.Snapshot
 	// Sources names what contributes to td's bundle.
 	Sources(td spiffeid.TrustDomain) []string
+	// Published is each source's bundle as it set it.
+	Published() *trust.Published
 }
 
 // Config is what the admin API serves.
@@ -144,8 +148,15 @@ type Config struct {
 	// drill` waits for them to fetch the revocation. Nil: activate says
 	// fetches are not tracked, and /v1/bundle/fetchers answers 404.
 	Fetchers func() []api.BundleFetcher
+	// LogLevel, when set, mounts GET and PUT /v1/log/level: the level of
+	// the server's logs, changed at run time (audited when Audit is set).
+	LogLevel *slog.LevelVar
+	// ReloadTokens, when set, mounts POST /v1/bootstrap-tokens/reload:
+	// re-read --bootstrap-token-file now, answering how many tokens are in
+	// force (trustbridge token revoke).
+	ReloadTokens func() (int, error)
 	// Audit, when set, records each change made through
-	// /v1/ca/authorities (ca_authority_* events, with who asked in
+	// /v1/log/level (log_level_changed) and /v1/ca/authorities (ca_authority_* events, with who asked in
 	// Reason); the server's audit trail sets the entry's Actor and
 	// chain.
 	Audit func(audit.Entry)
@@ -213,6 +224,7 @@ func (h *Handler) routes() {
 	h.manageRoutes()
 	h.authorityRoutes()
 	h.mintRoutes()
+	h.runtimeRoutes()
 }
 
 // serveBundle answers the local trust domain's SPIFFE bundle document, as

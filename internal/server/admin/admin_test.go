@@ -13,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/statusui"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 func TestRoutes(t *testing.T) {
@@ -206,6 +208,39 @@ func TestFederationStatus(t *testing.T) {
 	rec = do(t, New(f.cfg), http.MethodGet, "/v1/federation")
 	assert.Equal(t, http.StatusOK, rec.Code)
 	assert.Equal(t, "[]\n", body(t, rec), "no federation: an empty list, not null")
+}
+
+// /v1/federation lists every bundle the trust store holds for another
+// trust domain, not only the polled ones: one set at run time (bundle set)
+// and a relayed bundle file too, each with its origin (issue 36).
+func TestFederationListsHeldBundles(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	store := f.cfg.Trust.(*trust.Store)
+	set := testca.New(t, "set.example").Bundle()
+	set.SetSequenceNumber(9)
+	store.Set(api.OriginStatic, set)
+	store.Set("file:/etc/relayed.json", testca.New(t, "relayed.example").Bundle())
+	rec := do(t, New(f.cfg), http.MethodGet, "/v1/federation")
+	require.Equal(t, http.StatusOK, rec.Code)
+	var status []api.FederationStatus
+	require.NoError(t, json.Unmarshal([]byte(body(t, rec)), &status))
+	type row struct{ td, origin, state string }
+	var got []row
+	for _, st := range status {
+		got = append(got, row{st.TrustDomain, st.Origin, st.State})
+	}
+	assert.Equal(t, []row{
+		{"peer.example", "file", "ok"},
+		{"relayed.example", "bundle-file:/etc/relayed.json", api.StateStatic},
+		{"set.example", api.OriginStatic, api.StateStatic},
+	}, got, "sorted by name; our own trust domain is not listed")
+	require.Len(t, status, 3)
+	assert.Equal(t, uint64(9), *status[2].Sequence)
+	require.Len(t, status[2].Authorities, 1)
+	assert.Equal(t, api.KindX509, status[2].Authorities[0].Kind)
+	assert.Equal(t, "set at run time by bundle set", api.SourceLabel(status[2].Origin, status[2].Held))
+	assert.Equal(t, "bundle file /etc/relayed.json", api.SourceLabel(status[1].Origin, status[1].Held))
 }
 
 func TestRefresh(t *testing.T) {

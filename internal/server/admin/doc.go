@@ -20,7 +20,9 @@
 //   - GET /v1/bundle/fetchers: api.BundleFetchers, the clients of the bundle
 //     endpoint with their last fetch and the sequence served to them
 //     (Config.Fetchers; 404 on a server without a bundle endpoint)
-//   - GET /v1/federation: []api.FederationStatus, one per federated trust domain
+//   - GET /v1/federation: []api.FederationStatus, one per trust domain whose
+//     bundle the server holds besides its own: each polled one, and each
+//     held as set (bundle set, a bundle file; state static, from Trust)
 //   - POST /v1/federation/refresh?trust_domain=TD: poll TD now; refused
 //     with 403 when a browser sends it cross-site, 409 on a follower, 429
 //     more often than once a second

@@ -1,12 +1,16 @@
 package admin
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/bundledoc"
@@ -14,18 +18,60 @@ import (
 )
 
 func (h *Handler) serveFederation(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, h.federationList(), true)
+}
+
+// federationList is every trust domain whose bundle the server holds
+// besides its own, sorted by name: those polled, with their status and
+// where they are configured, and those held as set (bundle set, a bundle
+// file), read from the trust store every consumer reads.
+func (h *Handler) federationList() []api.FederationStatus {
 	out := []api.FederationStatus{}
-	if h.cfg.Federation != nil {
-		for _, st := range h.cfg.Federation.Status() {
-			out = append(out, api.NewFederationStatus(st))
+	polled := map[string]bool{}
+	for _, st := range h.federationStatuses() {
+		td, err := spiffeid.TrustDomainFromString(st.TrustDomain)
+		if err != nil {
+			continue
+		}
+		out = append(out, api.NewFederationStatus(st, h.origin(td)))
+		polled[st.TrustDomain] = true
+	}
+	if h.cfg.Trust == nil {
+		return out
+	}
+	published := h.cfg.Trust.Published()
+	for _, td := range h.cfg.Trust.Snapshot().TrustDomains() {
+		if td == h.cfg.TrustDomain || polled[td.Name()] {
+			continue
+		}
+		for _, src := range h.cfg.Trust.Sources(td) {
+			origin, ok := heldOrigin(src)
+			b, held := published.Bundle(td, src)
+			if ok && held {
+				out = append(out, api.NewHeldStatus(b, origin))
+			}
 		}
 	}
-	writeJSON(w, out, true)
+	slices.SortStableFunc(out, func(a, b api.FederationStatus) int { return cmp.Compare(a.TrustDomain, b.TrustDomain) })
+	return out
+}
+
+// heldOrigin is the origin of a bundle held as set by the trust-store
+// source named source: bundle set's (named api.OriginStatic) or a bundle
+// file's ("file:<path>"); false for a source that is polled or ours.
+func heldOrigin(source string) (string, bool) {
+	if source == api.OriginStatic {
+		return api.OriginStatic, true
+	}
+	if path, ok := strings.CutPrefix(source, "file:"); ok {
+		return api.OriginBundleFile + ":" + path, true
+	}
+	return "", false
 }
 
 func (h *Handler) serveRefresh(w http.ResponseWriter, r *http.Request) {
 	name := r.URL.Query().Get("trust_domain")
-	td, err := bundledoc.TrustDomainName(name)
+	td, err := bundledoc.ParseTrustDomain(name)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("trust_domain %q: %v", name, err), http.StatusBadRequest)
 		return

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -20,9 +21,13 @@ import (
 
 // Manager changes the federation at run time (managed.Manager, or the
 // ClusterFederatedTrustDomain resources with Kubernetes storage).
+// Its four methods are the relationship's create, update and delete
+// (federation add, update, remove; bundle delete is a Remove of the
+// bundle only) and the bundle's set.
 type Manager interface {
 	Add(ctx context.Context, ep federation.Endpoint, opts managed.AddOptions) error
-	Remove(ctx context.Context, td spiffeid.TrustDomain, actor string) error
+	Update(ctx context.Context, td spiffeid.TrustDomain, edit managed.Edit, opts managed.AddOptions) error
+	Remove(ctx context.Context, td spiffeid.TrustDomain, opts managed.RemoveOptions) error
 	SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor string) (kind string, err error)
 }
 
@@ -49,8 +54,10 @@ func (h *Handler) manageRoutes() {
 		return
 	}
 	h.mux.HandleFunc("POST /v1/federation/relationships", h.mutation(h.serveAdd))
+	h.mux.HandleFunc("PATCH /v1/federation/relationships/{trust_domain}", h.mutation(h.serveUpdate))
 	h.mux.HandleFunc("DELETE /v1/federation/relationships/{trust_domain}", h.mutation(h.serveRemove))
 	h.mux.HandleFunc("PUT /v1/bundles/{trust_domain}", h.mutation(h.serveSetBundle))
+	h.mux.HandleFunc("DELETE /v1/bundles/{trust_domain}", h.mutation(h.serveDeleteBundle))
 }
 
 // mutation guards a state-changing handler: no cross-site browser
@@ -143,14 +150,16 @@ func (h *Handler) serveAdd(w http.ResponseWriter, r *http.Request, actor string)
 		err = fmt.Errorf("the body holds %d federation entries, want 1", len(cfg.Endpoints))
 	}
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		// The request is the one entry: its place in a file (line 1,
+		// federation[0]) says nothing to whoever sent it.
+		http.Error(w, entryPrefix.ReplaceAllString(err.Error(), ""), http.StatusBadRequest)
 		return
 	}
 	q := r.URL.Query()
 	ep := cfg.Endpoints[0]
 	opts := managed.AddOptions{Force: q.Has("force"), NoProbe: q.Has("no_fetch"), Actor: actor}
 	if err := h.cfg.Manager.Add(r.Context(), ep, opts); err != nil {
-		http.Error(w, err.Error(), statusOf(err))
+		http.Error(w, addRefusal(ep, err), statusOf(err))
 		return
 	}
 	w.WriteHeader(http.StatusCreated)
@@ -160,16 +169,49 @@ func (h *Handler) serveAdd(w http.ResponseWriter, r *http.Request, actor string)
 	}
 }
 
+// entryPrefix is what federation.ParseConfig puts before a refusal of a
+// file's first entry (as federation/crd trims it for a resource's spec).
+var entryPrefix = regexp.MustCompile(`^(federation: )?line \d+: federation\[0\]( \([^)]*\))?: `)
+
+// addRefusal words a refused add for whoever runs trustbridge federation
+// add. A self-serving peer whose bundle is neither given nor held needs
+// --bundle, which the message written for every way of configuring
+// federation (files, tuples, resources) does not name.
+func addRefusal(ep federation.Endpoint, err error) string {
+	if !errors.Is(err, federation.ErrNoBootstrapBundle) {
+		return err.Error()
+	}
+	td := ep.TrustDomain.Name()
+	return fmt.Sprintf("no bundle of %s held to authenticate the first fetch from its endpoint %s: "+
+		"give %s's bundle with --bundle FILE, the file its operator makes with "+
+		"`trustbridge bundle show -o spiffe > %s.json` (or `spire-server bundle show -format spiffe`) and sends you over a channel you trust",
+		td, ep.EndpointSPIFFEID, td, td)
+}
+
 func (h *Handler) serveRemove(w http.ResponseWriter, r *http.Request, actor string) {
 	td, ok := pathTrustDomain(w, r)
 	if !ok {
 		return
 	}
-	if err := h.cfg.Manager.Remove(r.Context(), td, actor); err != nil {
+	if err := h.cfg.Manager.Remove(r.Context(), td, managed.RemoveOptions{Actor: actor}); err != nil {
 		http.Error(w, err.Error(), statusOf(err))
 		return
 	}
 	_, _ = io.WriteString(w, "removed "+td.Name()+"; its bundle is no longer trusted\n")
+}
+
+// serveDeleteBundle removes a static bundle set with bundle set; a trust
+// domain federated by an endpoint is refused (federation remove).
+func (h *Handler) serveDeleteBundle(w http.ResponseWriter, r *http.Request, actor string) {
+	td, ok := pathTrustDomain(w, r)
+	if !ok {
+		return
+	}
+	if err := h.cfg.Manager.Remove(r.Context(), td, managed.RemoveOptions{Actor: actor, BundleOnly: true}); err != nil {
+		http.Error(w, err.Error(), statusOf(err))
+		return
+	}
+	_, _ = io.WriteString(w, "deleted "+td.Name()+"'s static bundle; it is no longer trusted\n")
 }
 
 // serveSetBundle takes a SPIFFE bundle document or PEM certificates as
@@ -227,7 +269,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 
 func pathTrustDomain(w http.ResponseWriter, r *http.Request) (spiffeid.TrustDomain, bool) {
 	name := r.PathValue("trust_domain")
-	td, err := bundledoc.TrustDomainName(name)
+	td, err := bundledoc.ParseTrustDomain(name)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("trust domain %q: %v", name, err), http.StatusBadRequest)
 		return td, false

@@ -8,11 +8,12 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/trustbridge/trustbridge/federation"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
-// FuzzMutationBodies sends arbitrary bodies to the admin API's two routes
-// that parse one (add a relationship, set a bundle), as a caller holding
+// FuzzMutationBodies sends arbitrary bodies to the admin API's three
+// routes that parse one (add a relationship, update one, set a bundle), as a caller holding
 // the admin token: whatever the body, the answer is never a server error,
 // and what is accepted never touches this server's own trust domain or
 // one another source configures.
@@ -24,6 +25,8 @@ func FuzzMutationBodies(f *testing.F) {
 	f.Add([]byte(`{"keys":[{"kty":"EC","use":"x509-svid","x5c":["AAAA"]}],"spiffe_sequence":1}`), "peer.example", true)
 	f.Add([]byte(`{"keys":[{"kty":"EC","use":"jwt-svid","kid":"k","crv":"P-256","x":"","y":""}]}`), "static.example", false)
 	f.Add(testca.PEM(testca.New(f, "static.example").Cert), "static.example", false)
+	f.Add([]byte(`{"endpoint_url":"https://patched2.example/","profile":"https_spiffe","endpoint_spiffe_id":"spiffe://patched.example/b"}`), "x", false)
+	f.Add([]byte(`{"profile":"https_web","trust_domain_bundle":"{\"keys\":[]}"}`), "x", false)
 	f.Fuzz(func(t *testing.T, body []byte, td string, force bool) {
 		if len(body) > 64<<10 {
 			return
@@ -44,6 +47,20 @@ func FuzzMutationBodies(f *testing.F) {
 			}
 			for _, ep := range eps {
 				checkForeign(t, "add", ep.TrustDomain)
+			}
+		}
+
+		// The body as a patch of a run-time https_web endpoint.
+		rec = send(t, h, http.MethodPost, "/v1/federation/relationships?no_fetch&force", webEntry("patched.example"), bearer...)
+		if rec.Code != http.StatusCreated {
+			t.Fatalf("adding the endpoint to patch answered %d: %s", rec.Code, rec.Body)
+		}
+		rec = send(t, h, http.MethodPatch, "/v1/federation/relationships/patched.example?no_fetch", string(body), bearer...)
+		checkAnswer(t, "update", rec.Code)
+		for _, ep := range fx.m.State().Endpoints {
+			checkForeign(t, "update", ep.TrustDomain)
+			if ep.Profile == federation.ProfileHTTPSSPIFFE && ep.EndpointSPIFFEID.IsZero() {
+				t.Fatalf("update made %s https_spiffe without an endpoint SPIFFE ID", ep.TrustDomain)
 			}
 		}
 

@@ -106,8 +106,10 @@ func TestMutationsNeedTheToken(t *testing.T) {
 			h := New(f.cfg)
 			for _, r := range []struct{ method, target, body string }{
 				{http.MethodPost, "/v1/federation/relationships", webEntry("web.example")},
+				{http.MethodPatch, "/v1/federation/relationships/web.example?no_fetch", `{"endpoint_url":"https://web2.example/"}`},
 				{http.MethodDelete, "/v1/federation/relationships/web.example", ""},
 				{http.MethodPut, "/v1/bundles/static.example", ""},
+				{http.MethodDelete, "/v1/bundles/static.example", ""},
 			} {
 				req := httptest.NewRequest(r.method, r.target, bytes.NewBufferString(r.body))
 				if tt.socket {

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"os"
@@ -114,6 +115,7 @@ func wireConfig(t *testing.T) Config {
 			Public: jwtOld, RevokedAt: t0.Add(-10 * time.Minute)},
 	}
 	f.cfg.Authorities = wireAuthorities{f.ca, f.cfg.JWT.(fakeJWTKeys)}
+	f.cfg.LogLevel = new(slog.LevelVar)
 	f.cfg.Signed = func() (map[string]api.SignedCount, time.Time) {
 		return map[string]api.SignedCount{
 			"x509:" + hex.EncodeToString(active.SubjectKeyId):  {Live: 40, InUse: 38, Last: t0.Add(time.Hour)},
@@ -149,7 +151,7 @@ func wireConfig(t *testing.T) Config {
 			EndpointSPIFFEID: "spiffe://peer.example/bundle-server", State: federation.StateFailing, Sequence: &seq,
 			RefreshHintSeconds: &hint, LastAttempt: &attempt, LastSuccess: &success, NextRefresh: &next,
 			LastError: "GET https://peer.example/bundle: tls: bad certificate", ConsecutiveFailures: 2,
-			Refusals: map[string]uint64{"tls": 2, "sequence_regression": 1},
+			Refusals: map[string]uint64{"tls": 2, "sequence_regression": 1}, Held: federation.HeldFetched,
 			Authorities: []federation.AuthorityInfo{
 				{Kind: federation.AuthorityX509, SHA256: testSHA256(peerRoot.Raw), Subject: peerRoot.Subject.String(), NotAfter: &notAfter},
 				{Kind: federation.AuthorityJWT, SHA256: "dd", KeyID: "peer-1"},
@@ -166,7 +168,7 @@ func wireConfig(t *testing.T) Config {
 	f.cfg.WorkloadTTL, f.cfg.MaxWorkloadTTL = time.Hour, 24*time.Hour
 	f.cfg.Upstream = func() (ca.UpstreamStatus, bool) {
 		return ca.UpstreamStatus{Name: "corp-vault", LastSuccess: t0.Add(-2 * time.Hour), LastError: "vault: 503",
-			LastErrorAt: t0.Add(-time.Minute), Failures: 3, FailingSince: t0.Add(-30 * time.Minute)}, true
+			LastErrorAt: t0.Add(-time.Minute), Failures: 3, FailingSince: t0.Add(-30 * time.Minute), NextAttempt: t0.Add(4 * time.Minute)}, true
 	}
 	f.cfg.Issuers = func() []oidc.IssuerStatus {
 		return []oidc.IssuerStatus{
@@ -242,6 +244,7 @@ func TestWireDocuments(t *testing.T) {
 		"authorities":   "/v1/ca/authorities",
 		"fetchers":      "/v1/bundle/fetchers",
 		"issuers":       "/v1/authn/issuers",
+		"loglevel":      "/v1/log/level",
 		"explain":       "/v1/policy/explain?spiffe_id=spiffe://example.org/ns/ops/sa/a",
 		"identity":      "/v1/identity/explain?namespace=pay&service_account=web&pod_name=web-1&pod_uid=u1&node_name=node-a&label=app=checkout",
 	} {

@@ -29,6 +29,12 @@ type UpstreamStatus struct {
 	LastErrorAt  *time.Time `json:"last_error_at,omitempty"`
 	Failures     int        `json:"failures,omitempty"`
 	FailingSince *time.Time `json:"failing_since,omitempty"`
+	// Refused says the last failure was a refusal (the upstream said no,
+	// or its answer failed our checks), which asking again does not mend
+	// until a configuration changes; it is retried every 5 minutes.
+	Refused bool `json:"refused,omitempty"`
+	// NextAttempt is when the upstream is asked again after a failure.
+	NextAttempt *time.Time `json:"next_attempt,omitempty"`
 }
 
 // NewCAStatus is the snapshot's ca section: the lifetimes of the leaves
@@ -41,7 +47,7 @@ func NewCAStatus(workloadTTL, maxWorkloadTTL time.Duration, up *ca.UpstreamStatu
 	if up != nil {
 		st.Upstream = &UpstreamStatus{Name: up.Name, LastSuccess: optTime(up.LastSuccess),
 			LastError: up.LastError, LastErrorAt: optTime(up.LastErrorAt), Failures: up.Failures,
-			FailingSince: optTime(up.FailingSince)}
+			FailingSince: optTime(up.FailingSince), Refused: up.Refused, NextAttempt: optTime(up.NextAttempt)}
 	}
 	return st
 }

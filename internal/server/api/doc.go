@@ -7,7 +7,7 @@
 // through the mapping here.
 //
 //	resource              document                                 mapping
-//	federation status     GET /v1/federation: []FederationStatus   NewFederationStatus
+//	federation status     GET /v1/federation: []FederationStatus   NewFederationStatus, NewHeldStatus
 //	                      snapshot's TrustDomain.Federation         NewFederation
 //	                      GET /v1/federation/relationships          NewRelationship
 //	trust (CA)            GET /v1/trust: Trust                      NewTrust

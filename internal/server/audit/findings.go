@@ -27,6 +27,7 @@ const (
 	CodeWeakSignature    = "weak_signature"
 	CodeNotCA            = "not_ca"
 	CodeStale            = "federation_stale"
+	CodeNeverFetched     = "federation_never_fetched"
 	CodeSequenceRegress  = "sequence_regression"
 	CodeRevokedReturned  = "revoked_authority_returned"
 	CodeSharedRoot       = "root_shared_across_trust_domains"
@@ -52,7 +53,7 @@ func FindingsWith(s api.Snapshot, o Options) []api.Finding {
 	if now.IsZero() {
 		now = time.Now()
 	}
-	var out []api.Finding
+	out := noIntermediate(s, now)
 	holders := map[string][]string{} // x509 sha256 -> trust domains
 	for _, td := range s.TrustDomains {
 		rotate := rotateAdvice(td)
@@ -72,6 +73,7 @@ func FindingsWith(s api.Snapshot, o Options) []api.Finding {
 		}
 		if f := td.Federation; f != nil {
 			out = append(out, federationFindings(td.Name, f)...)
+			out = append(out, neverFetchedFindings(td, f)...)
 		}
 	}
 	out = append(out, policyFindings(s)...)
@@ -129,6 +131,22 @@ func federationFindings(td string, f *api.Federation) []api.Finding {
 			"use the peer's https bundle endpoint URL; bundles fetched without TLS can be replaced in transit")
 	}
 	return out
+}
+
+// neverFetchedFindings reports a federated trust domain whose endpoint was
+// polled, never served a bundle, and is failing for it (the poller's
+// "never answered" rule, federation.stateOf): nothing of td is trusted,
+// so none of its workloads can be authenticated. A peer with a bootstrap
+// bundle held goes stale instead (a warning: that bundle is trusted).
+func neverFetchedFindings(td api.TrustDomain, f *api.Federation) []api.Finding {
+	if f.State != "failing" || f.LastAttempt == nil || f.LastSuccess != nil || len(td.Authorities) > 0 {
+		return nil
+	}
+	return []api.Finding{{Severity: api.SeverityCritical, Code: CodeNeverFetched, TrustDomain: td.Name,
+		Message: fmt.Sprintf("%s's bundle endpoint %s has never served a bundle (%d failed polls): nothing of %s is trusted, its workloads cannot be authenticated: %s",
+			td.Name, f.EndpointURL, f.ConsecutiveFailures, td.Name, f.LastError),
+		Fix: fmt.Sprintf("check that %s is reachable from this server and serves %s's bundle (trustbridge federation status shows the last error); remove the relationship if it is not needed (trustbridge federation remove %s)",
+			f.EndpointURL, td.Name, td.Name)}}
 }
 
 // sharedRootFindings reports each root trusted for more than one trust

@@ -90,7 +90,9 @@ type Entry struct {
 	// start and cease to fail: a key manager refusing a new key, no valid
 	// intermediate left; Reason holds the error), upstream_failed and
 	// upstream_recovered (an upstream authority's outage starts and ends;
-	// one entry each per outage, not per retry).
+	// one entry each per outage, not per retry), log_level_changed (an
+	// operator's `trustbridge log level`: from what to what, by whom, in
+	// Reason).
 	Event       string  `json:"event"`
 	TrustDomain string  `json:"trust_domain"`
 	SourceURL   string  `json:"source_url,omitempty"`

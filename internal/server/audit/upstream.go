@@ -16,6 +16,10 @@ const (
 	// CodeUpstreamUnreachable: the upstream has been failing for longer
 	// than a set fraction of the intermediate's life.
 	CodeUpstreamUnreachable = "upstream_unreachable"
+	// CodeNoIntermediate: the CA has no valid intermediate and the
+	// upstream fails to sign one (not up yet, or refusing): it signs
+	// nothing.
+	CodeNoIntermediate = "no_intermediate"
 )
 
 // DefaultUpstreamUnreachableFraction is the share of the intermediate's
@@ -66,6 +70,43 @@ func upstreamFindings(s api.Snapshot, td api.TrustDomain, now time.Time, o Optio
 		out = append(out, unreachableUpstream(s.CA.Upstream, td.Name, a, now, o.UpstreamUnreachableFraction)...)
 	}
 	return out
+}
+
+// noIntermediate is a critical finding when the local CA runs under an
+// upstream that has failed since and no valid intermediate is active: at
+// a first start whose upstream never answered, or after the last one
+// expired. The local trust domain may have no entry at all then.
+func noIntermediate(s api.Snapshot, now time.Time) []api.Finding {
+	if s.CA == nil || s.CA.Upstream == nil || s.CA.Upstream.Failures == 0 {
+		return nil
+	}
+	for _, td := range s.TrustDomains {
+		for _, a := range td.Authorities {
+			if isIntermediate(td, a) && a.State == "active" && a.NotAfter != nil && now.Before(*a.NotAfter) {
+				return nil
+			}
+		}
+	}
+	up := s.CA.Upstream
+	f := api.Finding{
+		Severity: api.SeverityCritical, Code: CodeNoIntermediate, TrustDomain: s.TrustDomain,
+		Message: fmt.Sprintf("the CA of %s has no valid intermediate and signs nothing: upstream %s has failed to sign one %d times%s (last: %s)",
+			s.TrustDomain, up.Name, up.Failures, sinceText(up.FailingSince), up.LastError),
+		Fix: "bring the upstream up and check --upstream-address; the CA asks again with backoff (5s doubling to 5m) and turns ready without a restart",
+	}
+	if up.Refused {
+		f.Message += "; the upstream refused, which asking again does not mend"
+		f.Fix = "mend what the error names (this server's place in the upstream's --downstream-allow, its --upstream-prov-cert, the CSR's approval or RBAC, the names the upstream's name constraints permit); the CA asks again every 5m and turns ready without a restart"
+	}
+	return []api.Finding{f}
+}
+
+// sinceText is " since T", or "" for an unknown time.
+func sinceText(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return " since " + t.UTC().Format(time.RFC3339)
 }
 
 func shortIntermediate(st *api.CAStatus, td string, a api.Authority, now time.Time) []api.Finding {

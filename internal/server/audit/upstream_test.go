@@ -113,3 +113,34 @@ func TestUpstreamUnreachableFraction(t *testing.T) {
 	}
 	require.NoError(t, CheckOptions(Options{UpstreamUnreachableFraction: 0.5}))
 }
+
+// No valid intermediate under a failing upstream is critical, whether
+// none was ever signed (the local trust domain then has no authority at
+// all) or the last one expired; a refusal says so and how to mend it.
+func TestNoIntermediate(t *testing.T) {
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	since := now.Add(-time.Minute)
+	down := &api.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastError: "connection refused", Failures: 4, FailingSince: &since}
+	refused := &api.UpstreamStatus{Name: "trustbridge upstream corp:15012", LastError: "permission denied", Failures: 2, FailingSince: &since, Refused: true}
+	first := func(up *api.UpstreamStatus) api.Snapshot {
+		return api.Snapshot{Time: now, TrustDomain: "region.example",
+			CA: &api.CAStatus{WorkloadTTLSeconds: 3600, MaxWorkloadTTLSeconds: 3600, Upstream: up}}
+	}
+	expired := upstreamSnapshot(now, 49*time.Hour, 48*time.Hour, time.Hour, down)
+
+	fs := Findings(first(down))
+	require.Len(t, fs, 1)
+	assert.Equal(t, api.Finding{Severity: api.SeverityCritical, Code: CodeNoIntermediate, TrustDomain: "region.example",
+		Message: "the CA of region.example has no valid intermediate and signs nothing: upstream trustbridge upstream corp:15012 has failed to sign one 4 times since 2026-11-28T11:59:00Z (last: connection refused)",
+		Fix:     "bring the upstream up and check --upstream-address; the CA asks again with backoff (5s doubling to 5m) and turns ready without a restart"}, fs[0])
+
+	fs = Findings(first(refused))
+	require.Len(t, fs, 1)
+	assert.Contains(t, fs[0].Message, "(last: permission denied); the upstream refused, which asking again does not mend")
+	assert.Contains(t, fs[0].Fix, "--downstream-allow")
+
+	assert.Equal(t, api.SeverityCritical, codes(Findings(expired))[CodeNoIntermediate], "the last intermediate expired")
+	assert.Empty(t, Findings(first(&api.UpstreamStatus{Name: "u"})), "no failure yet: the first request runs")
+	assert.NotContains(t, codes(Findings(upstreamSnapshot(now, time.Hour, 48*time.Hour, time.Hour, down))), CodeNoIntermediate,
+		"a valid intermediate signs through the outage")
+}

@@ -15,14 +15,15 @@ import (
 )
 
 // Federated is the list of trust domains the server at admin reports on
-// GET /v1/federation.
+// GET /v1/federation as polled.
 func Federated(t testing.TB, admin string) []string {
 	t.Helper()
 	return FederatedSequences(t, admin, nil)
 }
 
-// FederatedSequences returns the trust domains /v1/federation reports,
-// and, into seqs when not nil, their sequence numbers (0 for none).
+// FederatedSequences returns the trust domains /v1/federation reports as
+// polled (not the bundles held as set, state static), and, into seqs when
+// not nil, their sequence numbers (0 for none).
 func FederatedSequences(t testing.TB, admin string, seqs *[]uint64) []string {
 	t.Helper()
 	code, body := Get(t, "http://"+admin+"/v1/federation")
@@ -31,6 +32,9 @@ func FederatedSequences(t testing.TB, admin string, seqs *[]uint64) []string {
 	require.NoError(t, json.Unmarshal([]byte(body), &status))
 	var tds []string
 	for _, s := range status {
+		if s.State == api.StateStatic {
+			continue
+		}
 		tds = append(tds, s.TrustDomain)
 		if seqs != nil {
 			var n uint64

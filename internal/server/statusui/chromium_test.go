@@ -3,6 +3,7 @@ package statusui
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"image"
 	"image/color"
@@ -170,6 +171,67 @@ func TestChromiumManyTrustDomains(t *testing.T) {
 	assert.Len(t, graph.withClass("edge"), 12)
 	assert.Len(t, graph.withClass("dashed"), 2)
 }
+
+// TestChromiumLongColumns lays the page out in a real browser at the
+// screenshot's width and counts line boxes: a 10-digit sequence takes one
+// line, and a long SPIFFE ID wraps only between its path segments, each
+// segment on one line. (A script appended to a copy of the page measures;
+// the page itself stays script-free.)
+func TestChromiumLongColumns(t *testing.T) {
+	bin := chromium(t)
+	s, fs := longColumnsSnapshot()
+	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	body := rec.Body.String()
+	require.Contains(t, body, "</body>")
+	measured := strings.Replace(body, "</body>", measureScript+"</body>", 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write([]byte(measured))
+	}))
+	t.Cleanup(srv.Close)
+
+	d := parseDOM(t, bytes.NewReader(runChromium(t, bin, srv.URL, "--dump-dom", "--window-size="+itoa(screenshotWidth)+",1200")))
+	var got struct {
+		Seq      []int   `json:"seq"`
+		IDLines  []int   `json:"idLines"`
+		Segments [][]int `json:"segments"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(text(d.byID("measure"))), &got), text(d.byID("measure")))
+	require.NotEmpty(t, got.Seq)
+	for i, n := range got.Seq {
+		assert.Equal(t, 1, n, "sequence cell %d takes %d lines", i, n)
+	}
+	require.NotEmpty(t, got.IDLines)
+	for i, segs := range got.Segments {
+		assert.Greater(t, got.IDLines[i], 1, "the ID is wider than its column, so it wraps: otherwise this test proves nothing")
+		for j, n := range segs {
+			assert.Equal(t, 1, n, "ID %d segment %d is broken over %d lines", i, j, n)
+		}
+	}
+}
+
+// measureScript counts, per element, the distinct line tops of its text.
+const measureScript = `<script>
+(function () {
+  function lines(node) {
+    var r = document.createRange(); r.selectNodeContents(node);
+    var tops = {}, rects = r.getClientRects();
+    for (var i = 0; i < rects.length; i++) { if (rects[i].width > 0) { tops[Math.round(rects[i].top)] = 1; } }
+    return Object.keys(tops).length;
+  }
+  var out = {seq: [], idLines: [], segments: []};
+  document.querySelectorAll("td.seq").forEach(function (td) { out.seq.push(lines(td)); });
+  document.querySelectorAll("code.spiffe-id").forEach(function (c) {
+    out.idLines.push(lines(c));
+    var segs = [];
+    c.querySelectorAll("span.seg").forEach(function (n) { segs.push(lines(n)); });
+    out.segments.push(segs);
+  });
+  var pre = document.createElement("pre"); pre.id = "measure"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>`
 
 func decodePNG(t *testing.T, path string) image.Image {
 	t.Helper()

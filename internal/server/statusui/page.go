@@ -2,7 +2,6 @@ package statusui
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,8 +56,10 @@ type stamp struct {
 }
 
 type summary struct {
+	// Static counts the trust domains relayed from bundle files,
+	// BundleSet those set at run time by trustbridge bundle set.
 	TrustDomains, Federated, Static     int
-	Local                               int
+	BundleSet, Local                    int
 	OK, Failing, Stale, Pending         int
 	X509, Keys                          int
 	Expiry                              stamp
@@ -81,12 +82,17 @@ type upstreamCard struct {
 	FailingSince stamp
 	LastError    string
 	LastTry      stamp
+	// NextTry is when the upstream is asked again; Refused says the last
+	// failure was a refusal, which asking again does not mend.
+	NextTry stamp
+	Refused bool
 	// IntermediateUntil is when the active intermediate expires, and
 	// IntermediateClass its authorityExpiryClass.
 	IntermediateUntil stamp
 	IntermediateClass string
-	// Class is the card's: bad when the intermediate is (nearly) gone,
-	// warn while the upstream fails or renewal is overdue, else good.
+	// Class is the card's: bad when the intermediate is (nearly) gone, or
+	// there is none while the upstream fails, warn while the upstream
+	// fails or renewal is overdue, else good.
 	Class string
 }
 
@@ -99,6 +105,7 @@ func upstreamCardOf(s api.Snapshot, now time.Time) *upstreamCard {
 	c := &upstreamCard{Name: u.Name, LastSuccess: stampOf(u.LastSuccess, now), Failing: u.Failures > 0, Failures: u.Failures}
 	if c.Failing {
 		c.FailingSince, c.LastError, c.LastTry = stampOf(u.FailingSince, now), u.LastError, stampOf(u.LastErrorAt, now)
+		c.NextTry, c.Refused = stampOf(u.NextAttempt, now), u.Refused
 	}
 	for _, td := range s.TrustDomains {
 		for _, a := range td.Authorities {
@@ -108,7 +115,7 @@ func upstreamCardOf(s api.Snapshot, now time.Time) *upstreamCard {
 		}
 	}
 	switch {
-	case c.IntermediateClass == "critical" || c.IntermediateClass == "expired":
+	case c.IntermediateClass == "critical" || c.IntermediateClass == "expired", c.Failing && !c.IntermediateUntil.Set:
 		c.Class = "bad"
 	case c.Failing || c.IntermediateClass == "warning":
 		c.Class = "warn"
@@ -242,6 +249,8 @@ func (sum *summary) countTrustDomain(td api.TrustDomain, row tdRow) {
 		}
 	case td.Local:
 		sum.Local++
+	case slices.Contains(td.Sources, api.OriginStatic):
+		sum.BundleSet++
 	default:
 		sum.Static++
 	}
@@ -385,6 +394,10 @@ func origin(td api.TrustDomain) (label, detail string) {
 			return f.Origin, ""
 		}
 		return "—", ""
+	}
+	if slices.Contains(td.Sources, api.OriginStatic) {
+		// The trust store's source of bundle set is named as its origin.
+		return "bundle set", "set at run time by trustbridge bundle set"
 	}
 	if len(files) > 0 {
 		return "bundle file", strings.Join(files, ", ")
@@ -591,32 +604,7 @@ func stampOf(t *time.Time, now time.Time) stamp {
 		return stamp{}
 	}
 	u := t.UTC()
-	return stamp{Set: true, Abs: u.Format("2006-01-02 15:04"), Rel: relative(u.Sub(now)), ISO: u.Format(time.RFC3339)}
-}
-
-// relative writes d as "in 3d" or "5m ago".
-func relative(d time.Duration) string {
-	future := d > 0
-	if d < 0 {
-		d = -d
-	}
-	var s string
-	switch {
-	case d < time.Minute:
-		return "now"
-	case d < time.Hour:
-		s = fmt.Sprintf("%dm", int(d/time.Minute))
-	case d < 48*time.Hour:
-		s = fmt.Sprintf("%dh", int(d/time.Hour))
-	case d < 2*365*24*time.Hour:
-		s = fmt.Sprintf("%dd", int(d/(24*time.Hour)))
-	default:
-		s = fmt.Sprintf("%.1fy", d.Hours()/(24*365))
-	}
-	if future {
-		return "in " + s
-	}
-	return s + " ago"
+	return stamp{Set: true, Abs: u.Format("2006-01-02 15:04"), Rel: api.Relative(u.Sub(now)), ISO: u.Format(time.RFC3339)}
 }
 
 // truncate shortens s to at most n runes, marking the cut with an

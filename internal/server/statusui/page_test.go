@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/html"
 
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
@@ -269,7 +270,27 @@ func TestBuildSummary(t *testing.T) {
 		Expiry:      stampOf(at("2026-11-27T09:30:00Z"), fixtureNow),
 		ExpiryClass: "critical", ExpiryWhat: "analytics.vendor.example · analytics.vendor.example SPIFFE root",
 	}, p.Summary)
-	assert.Equal(t, "in 4d", p.Summary.Expiry.Rel)
+	assert.Equal(t, "in 4d21h", p.Summary.Expiry.Rel)
+}
+
+// The summary tells a bundle set at run time from a bundle file, and
+// counts a peer that never answered as failing (issue 36).
+func TestBuildSummaryHeldKinds(t *testing.T) {
+	s := api.Snapshot{Time: fixtureNow, TrustDomain: "example.org", TrustDomains: []api.TrustDomain{
+		{Name: "example.org", Local: true, Sources: []string{"ca"}},
+		{Name: "set.example", Sources: []string{"static"}},
+		{Name: "file.example", Sources: []string{"file:/etc/file.json"}},
+		{Name: "north.example", Federation: &api.Federation{EndpointURL: "https://north.example/", State: "failing", ConsecutiveFailures: 8}},
+	}}
+	p := build(s, nil, false)
+	assert.Equal(t, 1, p.Summary.BundleSet)
+	assert.Equal(t, 1, p.Summary.Static)
+	assert.Equal(t, 1, p.Summary.Failing)
+	assert.Equal(t, 0, p.Summary.Pending)
+	rec := httptest.NewRecorder()
+	require.NoError(t, render(rec, p))
+	assert.Contains(t, rec.Body.String(), "1 from bundle files · 1 set by bundle set · 1 local")
+	assert.Contains(t, rec.Body.String(), `<span class="dot failing"></span>1 failing`)
 }
 
 func TestTrustDomainState(t *testing.T) {
@@ -282,6 +303,7 @@ func TestTrustDomainState(t *testing.T) {
 		{api.TrustDomain{Local: true, Sources: []string{"ca"}}, "local", "local", "own CA", ""},
 		{api.TrustDomain{Local: true, Sources: []string{"ca", "file:/b.json"}}, "local", "local", "own CA", "+ bundle file /b.json"},
 		{api.TrustDomain{Sources: []string{"file:/a.json", "file:/b.json"}}, "static", "static", "bundle file", "/a.json, /b.json"},
+		{api.TrustDomain{Sources: []string{"static"}}, "static", "static", "bundle set", "set at run time by trustbridge bundle set"},
 		{api.TrustDomain{Sources: []string{"other"}}, "static", "static", "other", ""},
 		{api.TrustDomain{}, "static", "static", "—", ""},
 		{api.TrustDomain{Federation: &api.Federation{State: "ok", Origin: "flag"}}, "ok", "ok", "flag", "--federate"},
@@ -300,27 +322,6 @@ func TestTrustDomainState(t *testing.T) {
 			assert.Equal(t, tt.origin, o)
 			assert.Equal(t, tt.originMore, more)
 		})
-	}
-}
-
-func TestRelative(t *testing.T) {
-	tests := []struct {
-		d    time.Duration
-		want string
-	}{
-		{0, "now"},
-		{30 * time.Second, "now"},
-		{-30 * time.Second, "now"},
-		{5 * time.Minute, "in 5m"},
-		{-5 * time.Minute, "5m ago"},
-		{3 * time.Hour, "in 3h"},
-		{-47 * time.Hour, "47h ago"},
-		{49 * time.Hour, "in 2d"},
-		{-400 * day, "400d ago"},
-		{3 * 365 * day, "in 3.0y"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.d.String(), func(t *testing.T) { assert.Equal(t, tt.want, relative(tt.d)) })
 	}
 }
 
@@ -411,4 +412,81 @@ func TestPagePolicy(t *testing.T) {
 	s.TrustPolicy = nil
 	rec = serve(t, Handler(func() api.Snapshot { return s }, nil), http.MethodGet)
 	assert.Nil(t, parseDOM(t, rec.Body).byID("trust-policy"))
+}
+
+func TestSegments(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []string
+	}{
+		{"", []string{""}},
+		{"spiffe://west.example", []string{"spiffe://", "west.example"}},
+		{"spiffe://west.example/trustbridge/bundle-endpoint", []string{"spiffe://", "west.example/", "trustbridge/", "bundle-endpoint"}},
+		{"https://127.0.0.1:8443/", []string{"https://", "127.0.0.1:8443/", ""}},
+		{"ns/*", []string{"ns/", "*"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) { assert.Equal(t, tt.want, segments(tt.in)) })
+	}
+}
+
+// TestPageLongColumns checks that a 10-digit sequence and a long SPIFFE ID
+// cannot wrap mid-word: the sequence cell never wraps (td.seq, nowrap),
+// and the ID is one inline block per path segment, which breaks inside
+// only when it alone is wider than the cell (TestChromiumLongColumns
+// measures the layout).
+func TestPageLongColumns(t *testing.T) {
+	s, fs := longColumnsSnapshot()
+	rec := serve(t, Handler(func() api.Snapshot { return s }, func(api.Snapshot) []api.Finding { return fs }), http.MethodGet)
+	require.Equal(t, http.StatusOK, rec.Code)
+	d := parseDOM(t, rec.Body)
+
+	cells := d.withClass("seq")
+	require.NotEmpty(t, cells)
+	assert.Contains(t, collectText(cells), "1234567890")
+	assert.Regexp(t, `td\.seq \{ white-space: nowrap; \}`, pageSource)
+
+	ids := d.withClass("spiffe-id")
+	require.NotEmpty(t, ids)
+	for _, n := range ids {
+		if text(n) != longID {
+			continue
+		}
+		var pieces []string
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			require.Equal(t, html.ElementNode, c.Type)
+			if c.Data == "span" {
+				assert.True(t, hasClass(c, "seg"))
+				pieces = append(pieces, text(c))
+			} else {
+				assert.Equal(t, "wbr", c.Data)
+			}
+		}
+		assert.Equal(t, []string{"spiffe://", "partner-bank.example/", "trustbridge/", "regions/", "eu-west/", "bundle-endpoint"}, pieces)
+		return
+	}
+	t.Fatalf("no SPIFFE ID cell shows %s", longID)
+}
+
+const longID = "spiffe://partner-bank.example/trustbridge/regions/eu-west/bundle-endpoint"
+
+// longColumnsSnapshot is the realistic page with a 10-digit sequence and
+// a long endpoint SPIFFE ID on every https_spiffe peer.
+func longColumnsSnapshot() (api.Snapshot, []api.Finding) {
+	s, fs := realisticSnapshot()
+	var seq uint64 = 1234567890
+	for i := range s.TrustDomains {
+		if f := s.TrustDomains[i].Federation; f != nil && f.EndpointSPIFFEID != "" {
+			f.EndpointSPIFFEID, s.TrustDomains[i].Sequence = longID, &seq
+		}
+	}
+	return s, fs
+}
+
+func collectText(ns []*html.Node) string {
+	var b strings.Builder
+	for _, n := range ns {
+		b.WriteString(text(n) + " ")
+	}
+	return b.String()
 }

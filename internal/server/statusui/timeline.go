@@ -248,9 +248,9 @@ func barClass(td api.TrustDomain, a api.Authority, now time.Time) string {
 func endText(notAfter, now time.Time) string {
 	d := notAfter.Sub(now)
 	if d <= 0 {
-		return "expired " + notAfter.Format("2006-01-02") + " (" + relative(d) + ")"
+		return "expired " + notAfter.Format("2006-01-02") + " (" + api.Relative(d) + ")"
 	}
-	return "until " + notAfter.Format("2006-01-02") + " (" + relative(d) + ")"
+	return "until " + notAfter.Format("2006-01-02") + " (" + api.Relative(d) + ")"
 }
 
 type tickAt struct {

@@ -16,6 +16,8 @@ import (
 // every other string). Outside upstream mode there is no such card.
 func TestPageUpstreamAuthority(t *testing.T) {
 	root := localRoot("active", "CN=corp root", "2026-01-01T00:00:00Z", "2036-01-01T00:00:00Z", at("2026-01-01T00:00:00Z"))
+	mid := localRoot("active", "CN=trustbridge intermediate CA", fixtureNow.Add(-3*time.Hour).Format(time.RFC3339), fixtureNow.Add(45*time.Hour).Format(time.RFC3339), ago(3*time.Hour))
+	mid.Upstream = "trustbridge corp.example:15012"
 	s := api.Snapshot{Time: fixtureNow, TrustDomain: "region.example", TrustDomains: []api.TrustDomain{
 		{Name: "region.example", Local: true, Sources: []string{"ca"}, Authorities: []api.Authority{root}},
 	}}
@@ -29,6 +31,7 @@ func TestPageUpstreamAuthority(t *testing.T) {
 	}
 	assert.Nil(t, get().byID("upstream"), "no upstream card for a self-signed CA")
 
+	s.TrustDomains[0].Authorities = []api.Authority{mid, root}
 	s.CA = &api.CAStatus{Upstream: &api.UpstreamStatus{Name: "trustbridge corp.example:15012", LastSuccess: ago(3 * time.Hour)}}
 	d := get()
 	card := d.byID("upstream")
@@ -45,12 +48,23 @@ func TestPageUpstreamAuthority(t *testing.T) {
 	require.NotNil(t, card)
 	assert.True(t, hasClass(card, "warn"))
 	assert.Contains(t, text(card), "failing")
-	assert.Equal(t, "failing since 1h ago · 6 failed requests, last 2m ago; the current intermediate keeps signing", text(d.byID("upstream-failing")))
+	assert.Equal(t, "failing since 90m ago · 6 failed requests, last 2m ago; the current intermediate keeps signing", text(d.byID("upstream-failing")))
 	assert.Equal(t, s.CA.Upstream.LastError, text(d.byID("upstream-error")), "the error is shown as text")
 
 	p := build(s, nil, false)
 	require.NotNil(t, p.Summary.Upstream)
 	assert.Equal(t, fixtureNow.Add(-90*time.Minute).Format(time.RFC3339), p.Summary.Upstream.FailingSince.ISO)
+
+	// A first start whose upstream refuses: no intermediate, nothing signs.
+	s.TrustDomains[0].Authorities = nil
+	s.CA.Upstream = &api.UpstreamStatus{Name: "trustbridge corp.example:15012", Failures: 2, FailingSince: ago(5 * time.Minute), LastErrorAt: ago(time.Minute),
+		NextAttempt: at(fixtureNow.Add(4 * time.Minute).Format(time.RFC3339)), Refused: true, LastError: "permission denied"}
+	d = get()
+	card = d.byID("upstream")
+	require.NotNil(t, card)
+	assert.True(t, hasClass(card, "bad"), "with no intermediate the CA signs nothing")
+	assert.Equal(t, "failing since 5m ago · 2 failed requests, last 1m ago, next in 4m · refused: asking again does not mend it; no intermediate: the CA signs nothing",
+		text(d.byID("upstream-failing")))
 }
 
 // The snapshot lists the local CA's intermediate with the local trust

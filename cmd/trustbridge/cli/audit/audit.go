@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,7 +31,9 @@ func NewCmd(e cli.Env) *cobra.Command {
 
   critical  authority expiring within 7 days or expired; non-CA certificate in a
             bundle; a sequence regression was refused; the same root trusted for
-            two trust domains; endpoint not https; an endpoint presented the
+            two trust domains; endpoint not https; a federated peer whose
+            endpoint never served a bundle and is failing (nothing of it is
+            trusted; see docs/operations.md); an endpoint presented the
             other federation profile's certificate (a client falling back would
             have trusted it);
             JWT authority with an RSA key under 2048 bits or an EC curve below
@@ -71,7 +72,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			default:
 				return fmt.Errorf("--fail-on %q: want warning, critical or none", failOn)
 			}
-			body, err := client.Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
+			body, err := cli.AdminFrom(cmd, &client).Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
 			if err != nil {
 				return err
 			}
@@ -83,7 +84,7 @@ a CI pipeline), 1 when the audit could not run, 0 otherwise.`,
 			if findings == nil {
 				findings = []api.Finding{}
 			}
-			err = output.Write(e.Out, findings, func(w io.Writer) error { return printFindings(w, snap, findings) })
+			err = output.Print(e.Out, findings, findingsTable(snap, findings))
 			if err != nil {
 				return err
 			}
@@ -115,24 +116,27 @@ func countFindings(fs []api.Finding) string {
 	return fmt.Sprintf("%d critical, %d warning", c, w)
 }
 
-func printFindings(w io.Writer, snap api.Snapshot, fs []api.Finding) error {
+// findingsTable is the findings for people: a summary line, then one
+// row per finding and a row below it with its fix. Findings have no
+// names: -o name refuses.
+func findingsTable(snap api.Snapshot, fs []api.Finding) cli.Table {
 	var auths int
 	for _, td := range snap.TrustDomains {
 		auths += len(td.Authorities)
 	}
-	fmt.Fprintf(w, "trust domain %s (replica %s), %s: %d trust domains, %d authorities; %s\n",
+	summary := fmt.Sprintf("trust domain %s (replica %s), %s: %d trust domains, %d authorities; %s",
 		snap.TrustDomain, snap.Actor, snap.Time.UTC().Format(time.RFC3339), len(snap.TrustDomains), auths, countFindings(fs))
-	if len(fs) == 0 {
-		_, err := fmt.Fprintln(w, "no findings")
-		return err
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Severity"}, {Name: "Trust domain"}, {Name: "Code"}, {Name: "Finding"}},
+		Before:  summary + "\n",
+		Empty:   summary + "\nno findings",
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEVERITY\tTRUST DOMAIN\tCODE\tFINDING")
 	for _, f := range fs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", strings.ToUpper(string(f.Severity)), cli.Printable(f.TrustDomain), f.Code, cli.Printable(f.Message))
-		fmt.Fprintf(tw, "\t\t\tfix: %s\n", cli.Printable(f.Fix))
+		t.Rows = append(t.Rows,
+			cli.Row{Cells: []any{strings.ToUpper(string(f.Severity)), cli.Printable(f.TrustDomain), f.Code, cli.Printable(f.Message)}},
+			cli.Row{Cells: []any{"", "", "", "fix: " + cli.Printable(f.Fix)}})
 	}
-	return tw.Flush()
+	return t
 }
 
 func newAuditLogCmd(e cli.Env) *cobra.Command {

@@ -28,8 +28,9 @@ func NewCmd(e cli.Env, version string) *cobra.Command {
 		Short: "Archive a data directory (CA state, federated bundles, audit log) while the server runs",
 		Long: `Write a tar.gz archive of --data-dir: a manifest (format, trust domain, time,
 spiffe_sequence), every file, and their SHA-256 checksums. It is safe while
-the server runs: the CA state is read under its lock and checked as a start
-would check it, other files are replaced whole by the server and are read
+the server runs: the CA state is read under its lock (shared, which needs
+no write access: a read-only data dir, a snapshot, backs up too) and checked
+as a start would check it, other files are replaced whole by the server and are read
 as they were when opened, and the audit log is copied up to its last
 complete line. Lock files are left out.
 
@@ -58,6 +59,9 @@ func runBackup(e cli.Env, dataDir, out, version string) error {
 		return err
 	}
 	j, state, err := ca.Snapshot(dataDir)
+	if errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("backup: %w: the CA state is readable by the server's user alone; run backup as that user", err)
+	}
 	if err != nil {
 		return fmt.Errorf("backup: %w (is --data-dir the server's?)", err)
 	}

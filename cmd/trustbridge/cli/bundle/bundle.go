@@ -189,7 +189,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
       --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			td, err := bundledoc.TrustDomainName(args[0])
+			td, err := bundledoc.ParseTrustDomain(args[0])
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}
@@ -202,7 +202,7 @@ are refused. Needs the admin token (<data-dir>/admin.token).`,
 			if _, _, err := bundledoc.ParseAny(td, doc); err != nil {
 				return fmt.Errorf("%s: %w", displayName(args[1]), err)
 			}
-			return c.Relay(cmd.Context(), e.Out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
+			return cli.AdminFrom(cmd, &c).Relay(cmd.Context(), e.Out, http.MethodPut, "/v1/bundles/"+url.PathEscape(td.Name()), doc, true)
 		},
 	}
 	f := cmd.Flags()

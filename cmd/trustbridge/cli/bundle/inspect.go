@@ -1,6 +1,7 @@
 package bundle
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -31,12 +32,13 @@ import (
 
 func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "bundle",
-		Short:   "Work with SPIFFE bundle documents and bundle maps",
-		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json`,
+		Use:   "bundle",
+		Short: "Work with SPIFFE bundle documents and bundle maps",
+		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json
+  trustbridge bundle list`,
 	}
 	cmd.AddCommand(newInspectCmd(e.Now))
-	cmd.AddCommand(newBundleShowCmd(e), newBundleSetCmd(e))
+	cmd.AddCommand(newBundleShowCmd(e), newBundleSetCmd(e), newBundleListCmd(e), newBundleDeleteCmd(e))
 	return cmd
 }
 
@@ -52,13 +54,20 @@ func newInspectCmd(now func() time.Time) *cobra.Command {
 	var o inspectOptions
 	cmd := &cobra.Command{
 		Use:   "inspect FILE",
-		Short: "Validate a SPIFFE bundle or bundle map and show what it trusts",
+		Short: "Validate a SPIFFE bundle, bundle map or PEM roots and show what it trusts",
 		Long: `Parse FILE ("-" for standard input) as a SPIFFE bundle document or, when it
 has "trust_domains" and no "keys", as a SPIFFE bundle map, and decide it with
 the code the federation poller runs on every fetched bundle: exit status 1,
 with the poller's reason on stderr, exactly when the poller would refuse the
 document from the --trust-domain's bundle endpoint. Each entry of a bundle
 map is decided as if fetched from its trust domain's endpoint.
+
+FILE may also hold PEM CA certificates (SPIRE's default format, spire-server
+bundle show; Istio's root-cert.pem), detected by their content as bundle
+set detects them: PEM does not name its trust domain, so --trust-domain is
+required, and the certificates are decided as bundle set decides them (CA
+certificates, none naming another trust domain, then the checks below).
+TRUST_DOMAIN is example.org or spiffe://example.org.
 
 What the poller checks: the strict parse (one "use" per key, no duplicate or
 case-variant members, key sizes, CA certificates...), that no x5c
@@ -83,14 +92,15 @@ authorities (as "openssl x509 -fingerprint -sha256" shows, without colons),
 of the public key's SubjectPublicKeyInfo DER for jwt-svid and wit-svid.`,
 		Example: `  trustbridge bundle inspect --trust-domain example.org bundle.json
   trustbridge bundle inspect -t example.org --held previous.json next.json   # would the poller move to next.json?
-  curl -s https://peer.example/ | trustbridge bundle inspect -t peer.example -o pem - > root-cert.pem`,
+  curl -s https://peer.example/ | trustbridge bundle inspect -t peer.example -o pem - > root-cert.pem
+  spire-server bundle show | trustbridge bundle inspect -t spiffe://peer.example -o spiffe -`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runInspect(cmd, args[0], o, now())
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it); selects one entry of a bundle map")
+	f.StringVarP(&o.trustDomain, "trust-domain", "t", "", "trust domain the bundle belongs to (a bundle document does not name it; required for PEM); selects one entry of a bundle map")
 	o.output = cli.AddOutputFlag(cmd, outputPEM, outputSPIFFE)
 	f.Var(formatAlias{o.output, cmd}, "format", "same as -o")
 	_ = f.MarkHidden("format")
@@ -122,7 +132,7 @@ var UnnamedTD = spiffeid.RequireTrustDomainFromString("unnamed.invalid")
 // Inspection is what inspect found, in the shape the json format prints.
 type Inspection struct {
 	Source   string          `json:"source"`
-	Kind     string          `json:"kind"` // "bundle" or "bundle_map"
+	Kind     string          `json:"kind"` // "bundle", "bundle_map" or "pem"
 	Bundles  []bundleReport  `json:"bundles"`
 	Warnings []warningReport `json:"warnings"`
 	bundles  []*spiffebundle.Bundle
@@ -171,7 +181,7 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 	var td spiffeid.TrustDomain
 	if o.trustDomain != "" {
 		var err error
-		if td, err = bundledoc.TrustDomainName(o.trustDomain); err != nil {
+		if td, err = bundledoc.ParseTrustDomain(o.trustDomain); err != nil {
 			return fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
 		}
 	}
@@ -188,11 +198,11 @@ func runInspect(cmd *cobra.Command, path string, o inspectOptions, now time.Time
 		return fmt.Errorf("%s: %w", displayName(path), err)
 	}
 	out := cmd.OutOrStdout()
-	switch o.output.Format {
-	case cli.OutputTable, cli.OutputJSON, cli.OutputYAML:
+	switch {
+	case o.output.Common():
 		ins.fill(now)
 		return o.output.Write(out, ins, ins.writeTable)
-	case outputPEM:
+	case o.output.Is(outputPEM):
 		if len(ins.bundles) == 0 {
 			return fmt.Errorf("%s is an empty bundle map: there are no roots to write", displayName(path))
 		}
@@ -306,6 +316,13 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRul
 				return nil, err
 			}
 		}
+	} else if looksPEM(data) {
+		ins.Kind = "pem"
+		b, warns, err := inspectPEM(data, td, rules)
+		if err != nil {
+			return nil, err
+		}
+		ins.bundles, warnings = []*spiffebundle.Bundle{b}, warns
 	} else {
 		ins.Kind = "bundle"
 		parseTD := td
@@ -329,6 +346,31 @@ func inspect(path string, data []byte, td spiffeid.TrustDomain, rules verdictRul
 		ins.Warnings = append(ins.Warnings, warningReport{TrustDomain: w.TrustDomain, Code: string(w.Code), Message: w.String()})
 	}
 	return ins, nil
+}
+
+// looksPEM says data is PEM, or text with PEM blocks (what openssl x509
+// -text prints), rather than a JSON document: bundledoc.ParseAny tells
+// the second what to keep.
+func looksPEM(data []byte) bool {
+	return bundledoc.IsPEM(data) || (bytes.Contains(data, []byte("-----BEGIN ")) && !bytes.HasPrefix(bytes.TrimSpace(data), []byte("{")))
+}
+
+// inspectPEM decides PEM CA certificates (SPIRE's and Istio's format) as
+// the server decides them from bundle set: td's X.509 authorities, none
+// naming another trust domain, then the poller's verdict. PEM does not
+// name its trust domain, and a poller never fetches it: td is needed.
+func inspectPEM(data []byte, td spiffeid.TrustDomain, rules verdictRules) (*spiffebundle.Bundle, []bundledoc.Warning, error) {
+	if td.IsZero() {
+		return nil, nil, errors.New("PEM certificates do not name their trust domain: pass it with -t/--trust-domain, as bundle set takes it")
+	}
+	b, warnings, err := bundledoc.ParseAny(td, data)
+	if err == nil {
+		err = federation.RefusedWarning(warnings)
+	}
+	if err == nil {
+		_, err = federation.CheckBundle(rules.held, b, warnings, rules.allowEmpty)
+	}
+	return b, warnings, err
 }
 
 // unnamedRefusal explains the refusal of a plain bundle inspected without
@@ -441,11 +483,7 @@ func describeKey(pub crypto.PublicKey) (typ, curve string, bits int) {
 
 func (ins *Inspection) writeTable(w io.Writer) error {
 	ew := &errWriter{w: w}
-	kind := "SPIFFE bundle"
-	if ins.Kind == "bundle_map" {
-		kind = fmt.Sprintf("SPIFFE bundle map (%d trust domains)", len(ins.Bundles))
-	}
-	fmt.Fprintf(ew, "Source:  %s\nKind:    %s\n", ins.Source, kind)
+	fmt.Fprintf(ew, "Source:  %s\nKind:    %s\n", ins.Source, ins.kindLabel())
 	for _, b := range ins.Bundles {
 		td := b.TrustDomain
 		if td == "" {
@@ -453,14 +491,7 @@ func (ins *Inspection) writeTable(w io.Writer) error {
 		}
 		fmt.Fprintf(ew, "\nTrust domain:  %s\n", td)
 		fmt.Fprintf(ew, "Sequence:      %s\n", optUint(b.Sequence))
-		hint := "(not set; consumers poll about every 5m)"
-		if ins.Kind == "bundle_map" {
-			hint = "(not used in bundle maps)"
-		}
-		if b.RefreshHintSeconds != nil {
-			hint = fmt.Sprintf("%ds (%s)", *b.RefreshHintSeconds, time.Duration(*b.RefreshHintSeconds)*time.Second)
-		}
-		fmt.Fprintf(ew, "Refresh hint:  %s\n", hint)
+		fmt.Fprintf(ew, "Refresh hint:  %s\n", ins.hintLabel(b))
 		fmt.Fprintf(ew, "Authorities:   %d\n", len(b.Authorities))
 		if len(b.Authorities) == 0 {
 			fmt.Fprintf(ew, "               (none: this bundle trusts nothing)\n")
@@ -500,6 +531,29 @@ func (ins *Inspection) writeTable(w io.Writer) error {
 		}
 	}
 	return ew.err
+}
+
+func (ins *Inspection) kindLabel() string {
+	switch ins.Kind {
+	case "bundle_map":
+		return fmt.Sprintf("SPIFFE bundle map (%d trust domains)", len(ins.Bundles))
+	case "pem":
+		return "PEM CA certificates"
+	}
+	return "SPIFFE bundle"
+}
+
+// hintLabel is b's refresh hint, or why it has none.
+func (ins *Inspection) hintLabel(b bundleReport) string {
+	switch {
+	case b.RefreshHintSeconds != nil:
+		return fmt.Sprintf("%ds (%s)", *b.RefreshHintSeconds, time.Duration(*b.RefreshHintSeconds)*time.Second)
+	case ins.Kind == "bundle_map":
+		return "(not used in bundle maps)"
+	case ins.Kind == "pem":
+		return "(none in PEM)"
+	}
+	return "(not set; consumers poll about every 5m)"
 }
 
 func optUint(v *uint64) string {

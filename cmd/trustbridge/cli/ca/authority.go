@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -115,17 +113,18 @@ token.`,
 		if x509 {
 			list.JWT = nil
 		}
-		return out.Write(e.Out, list, func(w io.Writer) error { return authoritiesTable(w, list) })
+		return out.Print(e.Out, list, authoritiesTable(list))
 	}
 	cmd.Flags().BoolVar(&x509, "x509", false, "only the X.509 authorities")
 	cmd.Flags().BoolVar(&jwt, "jwt", false, "only the JWT signing keys")
 	return cmd
 }
 
-// authoritiesTable prints list for people, times in UTC.
-func authoritiesTable(w io.Writer, list api.CAAuthorities) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKIND\tSTATE\tTAINTED\tSIGNED LIVE/IN USE\tNOT AFTER")
+// authoritiesTable is list for people, times in UTC, with the trust
+// domain, sequence and what the signed counts cover below it.
+func authoritiesTable(list api.CAAuthorities) cli.Table {
+	t := cli.Table{Columns: []cli.Column{{Name: "ID"}, {Name: "Kind"}, {Name: "State"}, {Name: "Tainted"},
+		{Name: "Signed live/in use"}, {Name: "Not after"}}}
 	var partial []string
 	for _, a := range append(list.X509, list.JWT...) {
 		signed := "-"
@@ -133,27 +132,19 @@ func authoritiesTable(w io.Writer, list api.CAAuthorities) error {
 			signed = fmt.Sprintf("%d/%d", a.Signed.Live, a.Signed.InUse)
 			if a.Signed.Incomplete != "" {
 				signed += "+?"
-				partial = append(partial, fmt.Sprintf("%s: %s", cli.Printable(a.ID), cli.Printable(a.Signed.Incomplete)))
+				partial = append(partial, fmt.Sprintf("+? %s: %s", cli.Printable(a.ID), cli.Printable(a.Signed.Incomplete)))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", cli.Printable(a.ID), a.Kind, strings.ToUpper(a.State), optStamp(a.TaintedAt), signed, optStamp(a.NotAfter))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
+		t.Rows = append(t.Rows, cli.Row{Name: a.ID, Cells: []any{cli.Printable(a.ID), a.Kind, strings.ToUpper(a.State),
+			optStamp(a.TaintedAt), signed, optStamp(a.NotAfter)}})
 	}
 	note := "signed: not counted by this server"
 	if list.SignedSince != nil {
 		note = "signed: counted since " + optStamp(list.SignedSince) + " (the replica's start)"
 	}
-	if _, err := fmt.Fprintf(w, "\ntrust domain %s, bundle sequence %d; %s\n", list.TrustDomain, list.Sequence, note); err != nil {
-		return err
-	}
-	for _, p := range partial {
-		if _, err := fmt.Fprintf(w, "+? %s\n", p); err != nil {
-			return err
-		}
-	}
-	return nil
+	t.After = strings.Join(append([]string{fmt.Sprintf("\ntrust domain %s, bundle sequence %d; %s", list.TrustDomain, list.Sequence, note)}, partial...), "\n") + "\n"
+	t.Empty = "no authorities" + strings.TrimSuffix(t.After, "\n")
+	return t
 }
 
 func optStamp(t *time.Time) string {

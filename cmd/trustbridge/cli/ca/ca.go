@@ -138,7 +138,7 @@ func loadIssuingMaterial(e cli.Env, o caIssueOptions, id spiffeid.ID, unlockp *f
 		td := id.TrustDomain()
 		if o.td != "" {
 			var err error
-			if td, err = bundledoc.TrustDomainName(o.td); err != nil {
+			if td, err = bundledoc.ParseTrustDomain(o.td); err != nil {
 				return td, m, 0, fmt.Errorf("--trust-domain %q: %w", o.td, err)
 			}
 		}

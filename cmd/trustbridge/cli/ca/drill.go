@@ -107,7 +107,7 @@ func newDrillCmd(e cli.Env) *cobra.Command {
 			return err
 		}
 		progress := e.Out
-		if !out.Is(cli.OutputTable) {
+		if !out.Human() {
 			progress = e.Err
 		}
 		d := newDrill(e, cli.AdminFrom(cmd, &c), o, progress)

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
@@ -229,23 +228,19 @@ func (d *drill) report(out *cli.OutputFlag, w io.Writer, err error) error {
 	if err != nil {
 		d.res.Error = err.Error()
 	}
-	if werr := out.Write(w, d.res, d.table); werr != nil {
+	if werr := out.Print(w, d.res, d.table()); werr != nil {
 		return errors.Join(err, werr)
 	}
 	return err
 }
 
-// table is the timeline for people.
-func (d *drill) table(w io.Writer) error {
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tAT\tSINCE START\tSINCE PREVIOUS")
+// table is the timeline for people, one row per step (named by it), the
+// outcome below.
+func (d *drill) table() cli.Table {
+	t := cli.Table{Columns: []cli.Column{{Name: "Step"}, {Name: "At"}, {Name: "Since start"}, {Name: "Since previous"}}, Before: "\n"}
 	for _, s := range d.res.Steps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Step, s.At.Format("15:04:05.000Z"),
-			elapsed(seconds(s.SinceStartSeconds)), elapsed(seconds(s.SincePreviousSeconds)))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
+		t.Rows = append(t.Rows, cli.Row{Name: s.Step, Cells: []any{s.Step, s.At.Format("15:04:05.000Z"),
+			elapsed(seconds(s.SinceStartSeconds)), elapsed(seconds(s.SincePreviousSeconds))}})
 	}
 	summary := fmt.Sprintf("\ntrust domain %s: active %s %s", d.res.TrustDomain, d.what, d.res.Tainted)
 	if slices.ContainsFunc(d.res.Steps, func(s drillStep) bool { return s.Step == stepActivate }) {
@@ -257,8 +252,8 @@ func (d *drill) table(w io.Writer) error {
 	if d.res.Error != "" {
 		summary += "; stopped: see the error"
 	}
-	_, err := fmt.Fprintln(w, summary)
-	return err
+	t.After = summary + "\n"
+	return t
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

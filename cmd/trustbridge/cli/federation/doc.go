@@ -1,4 +1,4 @@
-// Package federation is trustbridge federation: status and refresh of a
-// server's federated trust domains, and the relationships changed at run
-// time (list, add, remove) through its admin API.
+// Package federation is trustbridge federation: status, show and refresh
+// of a server's federated trust domains, and the relationships changed at
+// run time (list, add, update, remove) through its admin API.
 package federation

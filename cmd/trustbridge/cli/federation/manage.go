@@ -3,13 +3,12 @@ package federation
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/federation"
@@ -17,9 +16,10 @@ import (
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
-// newFederationManageCmds are federation add, remove and list.
+// newFederationManageCmds are federation add, update, remove, list and
+// show.
 func newFederationManageCmds(e cli.Env) []*cobra.Command {
-	return []*cobra.Command{newFederationAddCmd(e), newFederationRemoveCmd(e), newFederationListCmd(e)}
+	return []*cobra.Command{newFederationAddCmd(e), newFederationUpdateCmd(e), newFederationRemoveCmd(e), newFederationListCmd(e), newFederationShowCmd(e)}
 }
 
 type federationAddOptions struct {
@@ -46,8 +46,15 @@ once (refused, with nothing changed, if that fails; --no-fetch adds it
 anyway), starts polling it, records it in the audit log and keeps it in
 <data-dir>/federation-managed.yaml (the --federation-config schema) across
 restarts. Trust domains configured by --federate or --federation-config are
-changed there, not here. Needs the admin token: the server writes it at each
-start to <data-dir>/admin.token (mode 0600).
+changed there, not here. TRUST_DOMAIN is example.org or spiffe://example.org.
+Needs the admin token: the server writes it at each start to
+<data-dir>/admin.token (mode 0600).
+
+--force replaces a relationship added at run time, all of it (without
+--bundle it keeps its bootstrap bundle), like spire-server federation
+create over an existing one; it refuses to turn an https_spiffe peer into
+https_web because --endpoint-spiffe-id was left out. To change some fields
+and keep the others, use federation update.
 
 With --storage kube, federate with ClusterFederatedTrustDomain resources
 instead (--federation-crd).`,
@@ -56,8 +63,8 @@ instead (--federation-crd).`,
   # an https_spiffe peer with its bundle (SPIFFE bundle or PEM roots) from its operator
   trustbridge federation add east.example https://east.example:8443/ \
     --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint --bundle east.example.pem
-  # change its URL
-  trustbridge federation add east.example https://east2.example:8443/ \
+  # replace it whole
+  trustbridge federation add spiffe://east.example https://east2.example:8443/ \
     --endpoint-spiffe-id spiffe://east.example/trustbridge/bundle-endpoint --force`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -71,7 +78,7 @@ instead (--federation-crd).`,
 	f := cmd.Flags()
 	f.StringVar(&o.endpointID, "endpoint-spiffe-id", "", "the endpoint server's SPIFFE ID: makes the relationship https_spiffe (without it, https_web)")
 	f.StringVar(&o.bundle, "bundle", "", "the trust domain's bundle for the first https_spiffe fetch: a SPIFFE bundle document or PEM CA certificates, from its operator over a channel you trust")
-	f.BoolVar(&o.force, "force", false, "replace the trust domain's relationship if one was added at run time (without --bundle it keeps its bootstrap bundle)")
+	f.BoolVar(&o.force, "force", false, "replace the trust domain's relationship if one was added at run time (without --bundle it keeps its bootstrap bundle; https_spiffe stays so unless --endpoint-spiffe-id is given: see federation update)")
 	f.BoolVar(&o.noFetch, "no-fetch", false, "add it without fetching it first: a peer that is down now is polled until it answers")
 	c.AddAuthFlags(f)
 	return cmd
@@ -95,20 +102,56 @@ func (o federationAddOptions) path() string {
 
 // addBody is the entry federation add sends: one item in the
 // --federation-config schema, so the server parses it as it parses files.
-func addBody(td, endpoint string, o federationAddOptions) ([]byte, error) {
+func addBody(name, endpoint string, o federationAddOptions) ([]byte, error) {
+	td, err := bundledoc.ParseTrustDomain(name)
+	if err != nil {
+		return nil, fmt.Errorf("trust domain %q: %w", name, err)
+	}
 	profile := map[string]string{"type": string(federation.ProfileHTTPSWeb)}
 	if o.endpointID != "" {
 		profile = map[string]string{"type": string(federation.ProfileHTTPSSPIFFE), "endpointSPIFFEID": o.endpointID}
 	}
-	item := map[string]any{"trustDomain": td, "bundleEndpointURL": endpoint, "bundleEndpointProfile": profile}
+	item := map[string]any{"trustDomain": td.Name(), "bundleEndpointURL": endpoint, "bundleEndpointProfile": profile}
 	if o.bundle != "" {
 		doc, err := cli.ReadSmallFile(o.bundle, bundledoc.DefaultMaxSize)
 		if err != nil {
 			return nil, fmt.Errorf("--bundle: %w", err)
 		}
+		if err := checkBundle(td.Name(), o.endpointID, doc); err != nil {
+			return nil, fmt.Errorf("--bundle %s: %w; give %s's bundle as its operator prints it with trustbridge bundle show -o spiffe (or -o pem)", o.bundle, err, td.Name())
+		}
 		item["trustDomainBundle"] = string(doc)
 	}
 	return json.Marshal(map[string]any{"federation": []any{item}})
+}
+
+// checkBundle checks --bundle here, so that a refusal names the flag and
+// the file rather than the request's entry the server parses.
+func checkBundle(td, endpointID string, doc []byte) error {
+	ep, ok := bundleEndpoint(td, endpointID)
+	if !ok {
+		return nil
+	}
+	_, err := ep.SetBootstrapBundle(doc)
+	return err
+}
+
+// bundleEndpoint is the endpoint federation add describes, for checking
+// its bundle; false when an argument does not parse, which the server
+// refuses saying what is wrong.
+func bundleEndpoint(td, endpointID string) (federation.Endpoint, bool) {
+	ep := federation.Endpoint{Profile: federation.ProfileHTTPSWeb}
+	var err error
+	if ep.TrustDomain, err = bundledoc.TrustDomainName(td); err != nil {
+		return ep, false
+	}
+	if endpointID != "" {
+		if ep.EndpointSPIFFEID, err = spiffeid.FromString(endpointID); err != nil {
+			return ep, false
+		}
+		ep.Profile = federation.ProfileHTTPSSPIFFE
+	}
+	return ep, true
 }
 
 func newFederationRemoveCmd(e cli.Env) *cobra.Command {
@@ -119,11 +162,12 @@ func newFederationRemoveCmd(e cli.Env) *cobra.Command {
 		Long: `Remove a relationship added with federation add (or a static bundle set with
 bundle set), at once: the trust domain is polled no more and its bundle is no
 longer trusted. Recorded in the audit log. Trust domains configured by
---federate or --federation-config are removed there, with a restart.`,
+--federate or --federation-config are removed there, with a restart.
+TRUST_DOMAIN is example.org or spiffe://example.org.`,
 		Example: `  trustbridge federation remove east.example --data-dir /var/lib/trustbridge`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			td, err := bundledoc.TrustDomainName(args[0])
+			td, err := bundledoc.ParseTrustDomain(args[0])
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}
@@ -160,23 +204,22 @@ runtime (federation add) or static (bundle set, no endpoint). Needs no token.`,
 		if err := json.Unmarshal([]byte(body), &rels); err != nil {
 			return fmt.Errorf("admin answer: %w", err)
 		}
-		return out.Write(e.Out, rels, func(w io.Writer) error { return relationshipsTable(w, rels) })
+		return out.Print(e.Out, rels, relationshipsTable(rels))
 	}
 	return cmd
 }
 
-func relationshipsTable(w io.Writer, rels []api.Relationship) error {
-	if len(rels) == 0 {
-		_, err := fmt.Fprintln(w, "no federated trust domains")
-		return err
+func relationshipsTable(rels []api.Relationship) cli.Table {
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Trust domain"}, {Name: "Origin"}, {Name: "Profile"}, {Name: "State"},
+			{Name: "Endpoint URL"}, {Name: "Endpoint SPIFFE ID"}},
+		Empty: "no federated trust domains",
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRUST DOMAIN\tORIGIN\tPROFILE\tSTATE\tENDPOINT URL\tENDPOINT SPIFFE ID")
 	for _, r := range rels {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.TrustDomain, orDash(r.Origin), orDash(r.Profile), orDash(strings.ToUpper(r.State)),
-			orDash(cli.Printable(r.EndpointURL)), orDash(r.EndpointSPIFFEID))
+		t.Rows = append(t.Rows, cli.Row{Name: r.TrustDomain, Cells: []any{cli.Printable(r.TrustDomain), orDash(r.Origin),
+			orDash(r.Profile), orDash(strings.ToUpper(r.State)), orDash(cli.Printable(r.EndpointURL)), orDash(cli.Printable(r.EndpointSPIFFEID))}})
 	}
-	return tw.Flush()
+	return t
 }
 
 func orDash(s string) string {

@@ -11,10 +11,10 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
 	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
@@ -130,7 +130,7 @@ func (o explainOptions) explain(ctx context.Context, c *cli.AdminClient) (api.Id
 // offline explains the described workload from --identity-map alone.
 func (o explainOptions) offline() (api.IdentityExplanation, error) {
 	var ex api.IdentityExplanation
-	local, err := spiffeid.TrustDomainFromString(o.local)
+	local, err := bundledoc.ParseTrustDomain(o.local)
 	if err != nil {
 		return ex, fmt.Errorf("--trust-domain %q: %w (with --identity-map, name the local trust domain)", o.local, err)
 	}

@@ -360,7 +360,7 @@ func (o jwtValidateOptions) checkIssuerFlags() error {
 		return fmt.Errorf("--issuer: %w", err)
 	}
 	if o.issuerTD != "" {
-		if _, err := bundledoc.TrustDomainName(o.issuerTD); err != nil {
+		if _, err := bundledoc.ParseTrustDomain(o.issuerTD); err != nil {
 			return fmt.Errorf("--issuer-trust-domain %q: %w", o.issuerTD, err)
 		}
 	} else if o.bundle != "" && o.trustDomain == "" {
@@ -384,9 +384,11 @@ func (o jwtValidateOptions) checkIssuer(svid *spiffejwt.SVID, local spiffeid.Tru
 		return fmt.Errorf("its iss %q is not --issuer %q", fmt.Sprint(iss), o.issuer)
 	}
 	want := local.Name()
-	for _, td := range []string{o.trustDomain, o.issuerTD} {
-		if td != "" {
-			want = td
+	for _, name := range []string{o.trustDomain, o.issuerTD} {
+		// Checked before (checkIssuerFlags, fileBundles); parsed again
+		// for the name, as spiffe://td is accepted too.
+		if td, err := bundledoc.ParseTrustDomain(name); err == nil {
+			want = td.Name()
 		}
 	}
 	if got := svid.ID.TrustDomain().Name(); got != want {
@@ -422,7 +424,7 @@ func (o jwtValidateOptions) fileBundles() (jwtbundle.Source, error) {
 	var td spiffeid.TrustDomain
 	if o.trustDomain != "" {
 		var err error
-		if td, err = bundledoc.TrustDomainName(o.trustDomain); err != nil {
+		if td, err = bundledoc.ParseTrustDomain(o.trustDomain); err != nil {
 			return nil, fmt.Errorf("--trust-domain %q: %w", o.trustDomain, err)
 		}
 	}

@@ -4,16 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/bundledoc"
 	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -66,7 +65,7 @@ explain then.`,
 			if err != nil {
 				return err
 			}
-			return output.Write(e.Out, ex, func(w io.Writer) error { return printExplanation(w, ex) })
+			return output.Print(e.Out, ex, explanationTable(ex))
 		},
 	}
 	f := cmd.Flags()
@@ -106,7 +105,7 @@ func (o policyExplainOptions) explain(ctx context.Context, c *cli.AdminClient, i
 // offline explains id from --trust-policy alone.
 func (o policyExplainOptions) offline(id string) (api.Explanation, error) {
 	var ex api.Explanation
-	local, err := spiffeid.TrustDomainFromString(o.local)
+	local, err := bundledoc.ParseTrustDomain(o.local)
 	if err != nil {
 		return ex, fmt.Errorf("--trust-domain %q: %w (with --trust-policy, name the local trust domain)", o.local, err)
 	}
@@ -134,7 +133,7 @@ func (o policyExplainOptions) offline(id string) (api.Explanation, error) {
 	}
 	seen := map[string]bool{}
 	for _, n := range names {
-		td, err := spiffeid.TrustDomainFromString(strings.TrimSpace(n))
+		td, err := bundledoc.ParseTrustDomain(strings.TrimSpace(n))
 		if err != nil {
 			return ex, fmt.Errorf("--federated %q: %w", n, err)
 		}
@@ -169,34 +168,39 @@ func parsePolicyFile(path string) (trustpolicy.Document, error) {
 	return trustpolicy.Parse(data, "file:"+path)
 }
 
-func printExplanation(w io.Writer, ex api.Explanation) error {
+// explanationTable is ex for people: who the workload is and which rules
+// selected it above one row per trust domain, named by it.
+func explanationTable(ex api.Explanation) cli.Table {
 	who := ex.SPIFFEID
 	if ex.Namespace != "" {
 		who += fmt.Sprintf(" (service account %s/%s)", ex.Namespace, ex.ServiceAccount)
 	}
-	fmt.Fprintf(w, "%s, default %s\n", who, ex.Default)
+	before := []string{fmt.Sprintf("%s, default %s", who, ex.Default)}
 	if ex.LabelsNote != "" {
-		fmt.Fprintln(w, cli.Printable(ex.LabelsNote))
+		before = append(before, cli.Printable(ex.LabelsNote))
 	}
 	if len(ex.Matched) == 0 {
-		fmt.Fprintln(w, "no rule selects it")
+		before = append(before, "no rule selects it")
 	}
 	for _, m := range ex.Matched {
-		fmt.Fprintf(w, "selected by rule %s (%s), workloads[%d]\n", m.Rule, m.Origin, m.Selector)
+		before = append(before, fmt.Sprintf("selected by rule %s (%s), workloads[%d]", m.Rule, m.Origin, m.Selector))
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nTRUST DOMAIN\tTRUSTED\tPEERS\tBECAUSE")
-	for _, t := range ex.TrustDomains {
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Trust domain"}, {Name: "Trusted"}, {Name: "Peers"}, {Name: "Because"}},
+		Before:  strings.Join(before, "\n") + "\n\n",
+		Empty:   strings.Join(before, "\n"),
+	}
+	for _, td := range ex.TrustDomains {
 		trusted, peers := "no", "-"
-		if t.Trusted {
+		if td.Trusted {
 			trusted, peers = "yes", "every member"
-			if len(t.Peers) > 0 {
-				peers = strings.Join(t.Peers, ",")
+			if len(td.Peers) > 0 {
+				peers = strings.Join(td.Peers, ",")
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.TrustDomain, trusted, cli.Printable(peers), cli.Printable(t.Because))
+		t.Rows = append(t.Rows, cli.Row{Name: td.TrustDomain, Cells: []any{cli.Printable(td.TrustDomain), trusted, cli.Printable(peers), cli.Printable(td.Because)}})
 	}
-	return tw.Flush()
+	return t
 }
 
 func newPolicyCheckCmd(e cli.Env) *cobra.Command {
@@ -216,7 +220,7 @@ func newPolicyCheckCmd(e cli.Env) *cobra.Command {
 				_, err = fmt.Fprintf(e.Out, "%s: %d rules, default %s (give --trust-domain to check against the local trust domain too)\n", args[0], len(doc.Rules), cmpDefault(doc.Default))
 				return err
 			}
-			td, err := spiffeid.TrustDomainFromString(local)
+			td, err := bundledoc.ParseTrustDomain(local)
 			if err != nil {
 				return fmt.Errorf("--trust-domain %q: %w", local, err)
 			}

@@ -14,11 +14,12 @@ import (
 
 func NewCmd(e cli.Env) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "token",
-		Short:   "Manage the server's bootstrap tokens (--bootstrap-token-file)",
-		Example: `  trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h --file /etc/trustbridge/bootstrap-tokens`,
+		Use:   "token",
+		Short: "Manage the server's bootstrap tokens (--bootstrap-token-file)",
+		Example: `  trustbridge token create --spiffe-id spiffe://example.org/vm/laptop --ttl 1h --file /etc/trustbridge/bootstrap-tokens
+  trustbridge token list --file /etc/trustbridge/bootstrap-tokens`,
 	}
-	cmd.AddCommand(newTokenCreateCmd(e))
+	cmd.AddCommand(newTokenCreateCmd(e), newTokenListCmd(e), newTokenRevokeCmd(e))
 	return cmd
 }
 

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/server"
+	"github.com/trustbridge/trustbridge/internal/server/servertest"
+)
+
+// token list shows a running server's tokens by reference, never the
+// tokens, with what its ledger says was consumed; token revoke removes
+// one and the server stops taking it at once (reloaded over the admin
+// socket), or says when it could not be told.
+func TestTokenListAndRevoke(t *testing.T) {
+	tokB, tokC := "reusable-bootstrap-token-b-0123456789", "expired-bootstrap-token-c-0123456789"
+	lines := servertest.LaptopToken + "," + servertest.LaptopID.String() + "\n" +
+		"# a reusable lab token\n" + tokB + ",spiffe://example.org/vm/b,reusable\n" +
+		tokC + ",spiffe://example.org/vm/c,expires=2020-01-01T00:00:00Z\n"
+	file := servertest.WriteFile(t, lines, 0o600)
+	addr, rootCert, dataDir := grpcServerWithTokens(t, "", func(o *server.Config) {
+		o.GRPC.BootstrapFile, o.AdminSocket = file, server.AdminSocketAuto
+	})
+	refA, refB := authn.TokenLine{Token: servertest.LaptopToken}.Ref(), authn.TokenLine{Token: tokB}.Ref()
+
+	laptop := servertest.WriteFile(t, servertest.LaptopToken+"\n", 0o600)
+	mustCLI(t, "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", laptop, "--credentials-dir", filepath.Join(t.TempDir(), "a"))
+
+	var list []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(mustCLI(t, "token", "list", "--file", file, "--data-dir", dataDir, "-o", "json")), &list))
+	require.Len(t, list, 3)
+	assert.Equal(t, []any{refA, "consumed", "single-use"}, []any{list[0]["reference"], list[0]["state"], list[0]["use"]})
+	assert.NotNil(t, list[0]["consumed_at"])
+	assert.Equal(t, []any{refB, "usable", "reusable", float64(3)}, []any{list[1]["reference"], list[1]["state"], list[1]["use"], list[1]["line"]})
+	assert.Equal(t, []any{"spiffe://example.org/vm/c", "expired", "2020-01-01T00:00:00Z"}, []any{list[2]["spiffe_id"], list[2]["state"], list[2]["expires"]})
+	table := mustCLI(t, "token", "list", "--file", file, "--data-dir", dataDir)
+	assert.Contains(t, table, "REFERENCE")
+	assert.Contains(t, table, refB+"  spiffe://example.org/vm/b")
+	for _, tok := range []string{servertest.LaptopToken, tokB, tokC} {
+		assert.NotContains(t, table, tok, "a token is never printed")
+	}
+	_, stderr, code := runCLIAt(t, time.Now, "", "token", "list", "--file", file, "--data-dir", filepath.Join(t.TempDir(), "none"))
+	assert.Equal(t, 0, code)
+	assert.Contains(t, stderr, "consumption unknown")
+
+	b := servertest.WriteFile(t, tokB+"\n", 0o600)
+	mustCLI(t, "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", b, "--credentials-dir", filepath.Join(t.TempDir(), "b"))
+	out := mustCLI(t, "token", "revoke", refB[:10], "--file", file, "--data-dir", dataDir)
+	assert.Contains(t, out, "revoked "+refB+" (spiffe://example.org/vm/b, line 3 of "+file+")")
+	assert.Contains(t, out, "the server reloaded the token file")
+	_, stderr, code = runCLIAt(t, time.Now, "", "ca", "request", "--ca-addr", addr, "--root-cert", rootCert, "--token-file", b, "--credentials-dir", filepath.Join(t.TempDir(), "b2"))
+	assert.Equal(t, 1, code, "refused at once, without waiting for the poll")
+	assert.Contains(t, stderr, "did not accept the credentials")
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	assert.Contains(t, string(data), "# a reusable lab token\n"+tokC)
+
+	refC := authn.TokenLine{Token: tokC}.Ref()
+	_, stderr, code = runCLIAt(t, time.Now, "", "token", "revoke", refC, "--file", file, "--admin", "http://"+servertest.ReservePort(t), "--data-dir", dataDir)
+	assert.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "the server was not told to reload the file")
+	assert.Equal(t, 1, strings.Count(mustCLI(t, "token", "list", "--file", file, "--data-dir", dataDir), "spiffe://"))
+}

@@ -1,0 +1,62 @@
+package crd
+
+import (
+	"context"
+	"net/url"
+	"slices"
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trustbridge/trustbridge/federation"
+	"github.com/trustbridge/trustbridge/federation/managed"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
+)
+
+// federation update with Kubernetes storage edits the resource from the
+// endpoint its controller applied; add --force keeps https_spiffe unless
+// told; bundle delete has no resource form.
+func TestManagerUpdatesResources(t *testing.T) {
+	f := newFixture(t, nil)
+	var changes []string
+	m, err := NewManager(ManagerConfig{
+		Dynamic: f.dyn, Controller: f.ctrl, ClassName: f.class, Local: spiffeid.RequireTrustDomainFromString("local.test"),
+		Others: func() []federation.Endpoint {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return slices.Clone(f.applied)
+		},
+		OnChange: func(c managed.Change) { changes = append(changes, c.Kind+" "+c.TrustDomain.Name()+" "+c.Actor) },
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	name := "upd-" + f.class + ".test"
+	td := spiffeid.RequireTrustDomainFromString(name)
+	t.Cleanup(func() { _ = f.dyn.Resource(GVR).Delete(ctx, name, metav1.DeleteOptions{}) })
+
+	ep := webEndpoint(t, name, "https://a.test/")
+	ep.Profile, ep.EndpointSPIFFEID = federation.ProfileHTTPSSPIFFE, spiffeid.RequireFromString("spiffe://"+name+"/be")
+	ep.BootstrapBundle = testca.New(t, name).Bundle()
+	require.NoError(t, m.Add(ctx, ep, managed.AddOptions{Actor: "op"}))
+	f.waitApplied(name + "|https://a.test/|spiffe://" + name + "/be")
+
+	err = m.Add(ctx, webEndpoint(t, name, "https://b.test/"), managed.AddOptions{Force: true})
+	require.ErrorIs(t, err, managed.ErrExists)
+	assert.ErrorContains(t, err, "is federated by https_spiffe")
+
+	require.NoError(t, m.Update(ctx, td, func(old federation.Endpoint) (federation.Endpoint, error) {
+		old.URL = &url.URL{Scheme: "https", Host: "b.test", Path: "/"}
+		return old, nil
+	}, managed.AddOptions{Actor: "op"}))
+	f.waitApplied(name + "|https://b.test/|spiffe://" + name + "/be")
+
+	err = m.Update(ctx, spiffeid.RequireTrustDomainFromString("nope.test"), func(old federation.Endpoint) (federation.Endpoint, error) { return old, nil }, managed.AddOptions{})
+	assert.ErrorIs(t, err, managed.ErrNotFound)
+	err = m.Remove(ctx, td, managed.RemoveOptions{BundleOnly: true})
+	require.ErrorIs(t, err, managed.ErrInvalid)
+	assert.ErrorContains(t, err, "stop federating with "+name+" with trustbridge federation remove")
+	assert.Equal(t, []string{"federation_added " + name + " op", "federation_updated " + name + " op"}, changes)
+}
