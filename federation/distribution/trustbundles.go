@@ -323,16 +323,13 @@ func (c *TrustBundles) reconcile(ctx context.Context, rs *trustBundleRun, name s
 		return err
 	}
 	want, wanted := cur.want[name]
-	switch {
-	case held != nil && held.Labels[ManagedByLabel] != ManagedByValue:
+	if held != nil && held.Labels[ManagedByLabel] != ManagedByValue {
 		c.metrics.foreign.Inc()
 		c.log.Warn("a ClusterTrustBundle with our name and signer exists but is not managed by trustbridge; leaving it alone",
 			"cluster_trust_bundle", name, "label", ManagedByLabel+"="+ManagedByValue)
 		return nil
-	case !wanted && held == nil:
-		return nil
-	case wanted && held != nil && held.Spec.TrustBundle == want.pem && labelsHold(held.Labels, want.labels) &&
-		held.Annotations[TrustDomainAnnotation] == want.trustDomain:
+	}
+	if (!wanted && held == nil) || (wanted && held != nil && holds(held, want)) {
 		return nil
 	}
 	if err := c.pace(rs, name); err != nil {
@@ -353,6 +350,11 @@ func (c *TrustBundles) reconcile(ctx context.Context, rs *trustBundleRun, name s
 		next.Annotations[TrustDomainAnnotation] = want.trustDomain
 		return c.write(ctx, rs, next, resultUpdated)
 	}
+}
+
+// holds reports whether b, one of ours, is already what want describes.
+func holds(b *certv1beta1.ClusterTrustBundle, want wantedBundle) bool {
+	return b.Spec.TrustBundle == want.pem && labelsHold(b.Labels, want.labels) && b.Annotations[TrustDomainAnnotation] == want.trustDomain
 }
 
 func labelsHold(have, want map[string]string) bool {
