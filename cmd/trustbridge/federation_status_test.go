@@ -68,8 +68,8 @@ func TestFederationStatusFormats(t *testing.T) {
  {"trust_domain":"west.example","endpoint_url":"https://west.example:8443/","profile":"https_spiffe",
   "endpoint_spiffe_id":"spiffe://west.example/trustbridge/bundle-endpoint","state":"ok","sequence":1234567890,
   "last_attempt":"2026-01-01T11:59:00Z","last_success":"2025-12-29T11:46:56Z","next_refresh":"2026-01-01T12:26:00Z",
-  "consecutive_failures":0,"authorities":[]},
- {"trust_domain":"north.example","endpoint_url":"https://127.0.0.1:1/","profile":"https_web","state":"failing","sequence":null,
+  "consecutive_failures":0,"authorities":[],"origin":"flag","held":"fetched"},
+ {"trust_domain":"north.example","endpoint_url":"https://127.0.0.1:1/","profile":"https_web","state":"failing","sequence":null,"origin":"runtime",
   "last_attempt":"2026-01-01T11:58:00Z","last_success":null,"last_error":"dial tcp 127.0.0.1:1: connect: connection refused",
   "next_refresh":"2026-01-01T11:59:30Z","consecutive_failures":8,"authorities":[]}]`
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -82,21 +82,21 @@ func TestFederationStatusFormats(t *testing.T) {
 		return runCLIAt(t, func() time.Time { return time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC) }, "",
 			append([]string{"federation", "status", "--admin", srv.URL}, args...)...)
 	}
-	const failing = "1 of 2 federated trust domains failing, stale or never answered: north.example (failing)"
+	const failing = "1 of 2 federated trust domains failing or stale: north.example (failing)"
 
 	stdout, stderr, code := status()
 	assert.Equal(t, cli.ExitPeersFailing, code)
 	assert.Contains(t, stderr, failing)
 	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
 	require.Len(t, lines, 3, stdout)
-	assert.Regexp(t, `^TRUST DOMAIN +STATE +SEQ +LAST SUCCESS +NEXT +FAILURES +ROOTS +EARLIEST EXPIRY +LAST ERROR$`, lines[0])
-	assert.Regexp(t, `^west\.example +OK +1234567890 +3d ago +in 26m +0 +0 +- *$`, lines[1])
-	assert.Regexp(t, `^north\.example +FAILING +- +never +due +8 +0 +- +dial tcp 127\.0\.0\.1:1: connect: connection refused$`, lines[2])
+	assert.Regexp(t, `^TRUST DOMAIN +STATE +SEQ +LAST SUCCESS +NEXT +FAILURES +ROOTS +EARLIEST EXPIRY +SOURCE +LAST ERROR$`, lines[0])
+	assert.Regexp(t, `^west\.example +OK +1234567890 +3d ago +in 26m +0 +0 +- +fetched \(--federate\) *$`, lines[1])
+	assert.Regexp(t, `^north\.example +FAILING +- +never +due +8 +0 +- +nothing fetched yet \(federation add\) +dial tcp 127\.0\.0\.1:1: connect: connection refused$`, lines[2])
 	assert.NotContains(t, stdout, "72h13m4s", "ages as kubectl prints them")
 	assert.NotContains(t, stdout, "https_spiffe", "profile is a wide column")
 
 	stdout, _, _ = status("-o", "wide")
-	assert.Regexp(t, `(?m)^TRUST DOMAIN +STATE +SEQ +LAST SUCCESS +LAST ATTEMPT +NEXT +FAILURES +ROOTS +EARLIEST EXPIRY +PROFILE +ENDPOINT URL +ENDPOINT SPIFFE ID +LAST ERROR$`, stdout)
+	assert.Regexp(t, `(?m)^TRUST DOMAIN +STATE +SEQ +LAST SUCCESS +LAST ATTEMPT +NEXT +FAILURES +ROOTS +EARLIEST EXPIRY +SOURCE +PROFILE +ENDPOINT URL +ENDPOINT SPIFFE ID +LAST ERROR$`, stdout)
 	assert.Regexp(t, `(?m)^west\.example +OK +1234567890 +3d ago +60s ago +in 26m .* https_spiffe +https://west\.example:8443/ +spiffe://west\.example/trustbridge/bundle-endpoint`, stdout)
 
 	stdout, stderr, code = status("-o", "name")
@@ -151,20 +151,21 @@ func TestFederationStatusExitCodeFailingPeer(t *testing.T) {
 
 	refused := "https://" + servertest.ReservePort(t) + "/"
 	mustCLI(t, "federation", "add", "north.example", refused, "--no-fetch", "--admin", local.admin, "--data-dir", dir)
-	// Until the server judges a peer that never answered failing, it is
-	// pending with failed polls: the CLI counts that as failing too.
+	// Pending within its first polls (exit 0), failing after three
+	// refused ones (federation.stateOf); each refresh polls once more.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, _, _ = runCLIAt(t, time.Now, "", "federation", "refresh", "north.example", "--admin", local.admin, "--data-dir", dir)
 		stdout, stderr, _ := status("-o", "json", "--fail-on-error=false")
 		var doc []api.FederationStatus
 		if assert.NoError(c, json.Unmarshal([]byte(stdout), &doc), stderr) && assert.Len(c, doc, 1) {
-			assert.Positive(c, doc[0].ConsecutiveFailures, "the refused peer's first poll has failed")
+			assert.Equal(c, "failing", doc[0].State, "the refused peer is failing after its first polls")
 		}
-	}, 20*time.Second, 50*time.Millisecond)
+	}, 30*time.Second, 100*time.Millisecond)
 
 	stdout, stderr, code := status()
 	assert.Equal(t, cli.ExitPeersFailing, code)
-	assert.Regexp(t, `(?m)^north\.example +(FAILING|PENDING) +- +never `, stdout, "the table is printed before the exit status")
-	assert.Regexp(t, `1 of 1 federated trust domains failing, stale or never answered: north\.example \((failing|never answered)\)`, stderr)
+	assert.Regexp(t, `(?m)^north\.example +FAILING +- +never `, stdout, "the table is printed before the exit status")
+	assert.Regexp(t, `1 of 1 federated trust domains failing or stale: north\.example \(failing\)`, stderr)
 	assert.Contains(t, stderr, "--fail-on-error=false")
 
 	stdout, stderr, code = status("-o", "name", "--fail-on-error=false")
