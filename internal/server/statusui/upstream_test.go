@@ -63,7 +63,7 @@ func TestPageUpstreamAuthority(t *testing.T) {
 	card = d.byID("upstream")
 	require.NotNil(t, card)
 	assert.True(t, hasClass(card, "bad"), "with no intermediate the CA signs nothing")
-	assert.Equal(t, "failing since 5m ago · 2 failed requests, last 1m ago, next in 4m · refused: asking again does not mend it; no intermediate: the CA signs nothing",
+	assert.Equal(t, "failing since 5m ago · 2 failed requests, last 60s ago, next in 4m · refused: asking again does not mend it; no intermediate: the CA signs nothing",
 		text(d.byID("upstream-failing")))
 }
 
