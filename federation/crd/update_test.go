@@ -2,6 +2,7 @@ package crd
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"slices"
 	"testing"
@@ -102,4 +103,19 @@ func TestManagerUpdateKeepsDirectEdits(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "https://b.test/", got.URL.String(), "the update")
 	assert.Equal(t, federation.Refresh{Min: 2 * time.Minute, Max: time.Hour}, got.Refresh, "both direct edits")
+
+	// An edit the controller refuses is not overwritten either: the
+	// update fails (saying so while the resource still configures td).
+	f.update(name, func(spec map[string]any) { spec["refresh"] = map[string]any{"min": "1ms"} })
+	err = m.Update(ctx, td, func(old federation.Endpoint) (federation.Endpoint, error) {
+		old.URL = &url.URL{Scheme: "https", Host: "c.test", Path: "/"}
+		return old, nil
+	}, managed.AddOptions{})
+	require.Error(t, err)
+	if errors.Is(err, managed.ErrInvalid) {
+		assert.ErrorContains(t, err, "ClusterFederatedTrustDomain "+name+"'s spec is invalid (refresh min 1ms is outside")
+	}
+	spec := f.get(name).Spec
+	assert.Equal(t, "https://b.test/", spec.BundleEndpointURL)
+	assert.Equal(t, "1ms", spec.Refresh.Min)
 }
