@@ -35,7 +35,7 @@ func workloadToolsServer(t *testing.T) (s *e2eServer, apiAddr, adminSock string)
 	adminSock = filepath.Join(t.TempDir(), "admin.sock")
 	tokens := servertest.WriteTokenFile(t, eastToken+","+eastWorkload.String()+",reusable\n")
 	s = startE2EServer(t, "east.example", t.TempDir(), func(o *server.Config) {
-		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff}
+		o.GRPC = server.GRPCConfig{Listen: "127.0.0.1:0", BootstrapFile: tokens, TokenReview: server.TokenReviewOff, DNSNames: []string{"trustbridge.east.example"}}
 		o.AdminSocket = adminSock
 	})
 	return s, workloadAgent(t, s, eastToken), adminSock
@@ -187,6 +187,8 @@ func TestMintE2E(t *testing.T) {
 		{"another trust domain, jwt", append([]string{"jwt", "mint", "--spiffe-id", "spiffe://west.example/a", "--audience", "a"}, auth...), "this server signs for east.example only"},
 		{"the bundle endpoint's ID", append([]string{"x509", "mint", "--spiffe-id", "spiffe://east.example/trustbridge/bundle-endpoint"}, auth...), "is this server's own identity"},
 		{"the certificate service's ID, jwt", append([]string{"jwt", "mint", "--spiffe-id", "spiffe://east.example/trustbridge/ca", "--audience", "a"}, auth...), "is this server's own identity"},
+		{"under the server's own path", append([]string{"jwt", "mint", "--spiffe-id", "spiffe://east.example/trustbridge/agent", "--audience", "a"}, auth...), "the server keeps spiffe://east.example/trustbridge/* for itself"},
+		{"the certificate service's DNS name", append([]string{"x509", "mint", "--spiffe-id", probe.String(), "--dns", "*.east.example"}, auth...), `dns_names "*.east.example": trustbridge.east.example is a host name this server serves under`},
 		{"not the admin", []string{"x509", "mint", "--spiffe-id", probe.String(), "--admin", s.admin, "--admin-token-file", wrong}, "401 Unauthorized: wrong admin token"},
 		{"not the admin, jwt", []string{"jwt", "mint", "--spiffe-id", probe.String(), "--audience", "a", "--admin", s.admin, "--admin-token-file", wrong}, "wrong admin token"},
 		{"both paths", []string{"jwt", "mint", "--spiffe-id", probe.String(), "--audience", "a", "--ca-addr", "127.0.0.1:1", "--token-file", wrong}, "--ca-addr, --token-file are for minting your own identity"},

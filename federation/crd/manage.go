@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -125,7 +126,7 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 	if name == "" {
 		name, kind = ResourceName(td), managed.KindAdded
 	}
-	if err := m.write(ctx, name, kind == managed.KindAdded, func(s *Spec) {
+	if err := m.write(ctx, name, kind == managed.KindAdded, func(_ context.Context, s *Spec) error {
 		// --force without --bundle keeps the bootstrap bundle, as with
 		// file storage.
 		kept := s.TrustDomainBundle
@@ -133,6 +134,7 @@ func (m *Manager) Add(ctx context.Context, ep federation.Endpoint, opts managed.
 		if s.TrustDomainBundle == "" {
 			s.TrustDomainBundle = kept
 		}
+		return nil
 	}); err != nil {
 		return err
 	}
@@ -158,41 +160,72 @@ func (m *Manager) check(ctx context.Context, ep federation.Endpoint, noProbe boo
 }
 
 // Update changes the resource that configures td to what edit makes of
-// the endpoint the controller applied from it.
+// the endpoint its spec configures now, read with the resource and
+// written with its resourceVersion: an edit made meanwhile (kubectl edit,
+// one the controller has not applied yet or refused) is kept, never
+// overwritten; on a conflict the patch is made again on the newer spec.
 func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit managed.Edit, opts managed.AddOptions) error {
 	if err := m.free(td); err != nil {
 		return err
 	}
 	name := m.resourceOf(td)
-	old, ok := m.applied(td)
-	if name == "" || !ok {
+	if name == "" {
 		return fmt.Errorf("%w: no ClusterFederatedTrustDomain of this server configures %s (see trustbridge federation list); add it with trustbridge federation add", managed.ErrNotFound, td.Name())
 	}
-	ep, err := edit(old)
+	p := &patch{m: m, name: name, td: td, edit: edit, noProbe: opts.NoProbe}
+	if err := m.write(ctx, name, false, p.apply); err != nil {
+		return err
+	}
+	m.changed(managed.Change{Kind: managed.KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: p.ep.URL.String(), Bundle: p.ep.BootstrapBundle})
+	return nil
+}
+
+// patch is one federation update of a resource's spec, made again on
+// each read of the resource until one is written.
+type patch struct {
+	m       *Manager
+	name    string
+	td      spiffeid.TrustDomain
+	edit    managed.Edit
+	noProbe bool
+	// ep is the endpoint last made; checked the spec last checked, not
+	// checked (probed) again when a retry makes the same.
+	ep      federation.Endpoint
+	checked *Spec
+}
+
+// apply edits the spec s just read.
+func (p *patch) apply(ctx context.Context, s *Spec) error {
+	old, _, err := Endpoint(*s)
+	if err != nil {
+		return fmt.Errorf("%w: ClusterFederatedTrustDomain %s's spec is invalid (%w): fix it with kubectl edit, or replace it with trustbridge federation add --force", managed.ErrInvalid, p.name, err)
+	}
+	if old.TrustDomain != p.td {
+		return fmt.Errorf("%w: ClusterFederatedTrustDomain %s configures %s now, not %s; see trustbridge federation list", managed.ErrNotFound, p.name, old.TrustDomain.Name(), p.td.Name())
+	}
+	ep, err := p.edit(old)
 	if err != nil {
 		return fmt.Errorf("%w: %w", managed.ErrInvalid, err)
 	}
-	if ep.TrustDomain != td {
-		return fmt.Errorf("%w: an update of %s cannot make it the endpoint of %s", managed.ErrInvalid, td.Name(), ep.TrustDomain.Name())
+	if ep.TrustDomain != p.td {
+		return fmt.Errorf("%w: an update of %s cannot make it the endpoint of %s", managed.ErrInvalid, p.td.Name(), ep.TrustDomain.Name())
 	}
-	if err := m.check(ctx, ep, opts.NoProbe); err != nil {
-		return err
-	}
-	spec, err := specOf(ep, m.cfg.ClassName)
+	spec, err := specOf(ep, p.m.cfg.ClassName)
 	if err != nil {
 		return err
 	}
-	if err := m.write(ctx, name, false, func(s *Spec) {
-		// As Add: without a bootstrap bundle, the resource's stays.
-		kept := s.TrustDomainBundle
-		*s = spec
-		if s.TrustDomainBundle == "" {
-			s.TrustDomainBundle = kept
-		}
-	}); err != nil {
-		return err
+	// A bootstrap bundle the patch leaves as it was (or drops) stays as
+	// the resource holds it, byte for byte.
+	if ep.BootstrapBundle == nil || (old.BootstrapBundle != nil && ep.BootstrapBundle.Equal(old.BootstrapBundle)) {
+		spec.TrustDomainBundle = s.TrustDomainBundle
 	}
-	m.changed(managed.Change{Kind: managed.KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+	if p.checked == nil || !reflect.DeepEqual(*p.checked, spec) {
+		if err := p.m.check(ctx, ep, p.noProbe); err != nil {
+			return err
+		}
+		p.checked = &spec
+	}
+	p.ep, *s = ep, spec
 	return nil
 }
 
@@ -231,7 +264,10 @@ func (m *Manager) SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor s
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", managed.ErrInvalid, err)
 	}
-	if err := m.write(ctx, name, false, func(s *Spec) { s.TrustDomainBundle = string(doc) }); err != nil {
+	if err := m.write(ctx, name, false, func(_ context.Context, s *Spec) error {
+		s.TrustDomainBundle = string(doc)
+		return nil
+	}); err != nil {
 		return "", err
 	}
 	m.changed(managed.Change{Kind: managed.KindBootstrap, TrustDomain: td, Actor: actor, Bundle: b})
@@ -242,11 +278,13 @@ func (m *Manager) SetBundle(ctx context.Context, b *spiffebundle.Bundle, actor s
 // create is false, edits its spec, again on a conflict: the controller
 // writes the status of the same resource meanwhile. A resource created
 // meanwhile is an ErrExists.
-func (m *Manager) write(ctx context.Context, name string, create bool, edit func(*Spec)) error {
+func (m *Manager) write(ctx context.Context, name string, create bool, edit func(context.Context, *Spec) error) error {
 	res := m.cfg.Dynamic.Resource(GVR)
 	if create {
 		cr := ClusterFederatedTrustDomain{TypeMeta: metav1.TypeMeta{APIVersion: Group + "/" + Version, Kind: Kind}, ObjectMeta: metav1.ObjectMeta{Name: name}}
-		edit(&cr.Spec)
+		if err := edit(ctx, &cr.Spec); err != nil {
+			return err
+		}
 		u, err := toUnstructured(&cr)
 		if err == nil {
 			_, err = res.Create(ctx, u, metav1.CreateOptions{})
@@ -259,6 +297,8 @@ func (m *Manager) write(ctx context.Context, name string, create bool, edit func
 		}
 		return nil
 	}
+	// editErr is edit's refusal, returned as it is.
+	var editErr error
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		got, err := res.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -268,7 +308,11 @@ func (m *Manager) write(ctx context.Context, name string, create bool, edit func
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, &cr); err != nil {
 			return err
 		}
-		edit(&cr.Spec)
+		if editErr = edit(ctx, &cr.Spec); editErr != nil {
+			return editErr
+		}
+		// The update names the resourceVersion read: a change made
+		// since is a conflict, and edit runs again on it.
 		u, err := toUnstructured(&cr)
 		if err != nil {
 			return err
@@ -276,7 +320,12 @@ func (m *Manager) write(ctx context.Context, name string, create bool, edit func
 		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
 		return err
 	})
-	if err != nil {
+	switch {
+	case editErr != nil:
+		return editErr
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("crd: updating ClusterFederatedTrustDomain %s: it kept changing meanwhile (%w); run the command again", name, err)
+	case err != nil:
 		return fmt.Errorf("crd: updating ClusterFederatedTrustDomain %s: %w", name, err)
 	}
 	return nil

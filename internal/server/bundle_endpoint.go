@@ -99,6 +99,9 @@ type bundleEndpoint struct {
 	// acmeDomains are --acme-domain: with ACME, the names the certificate
 	// is obtained for (oidc_status.go).
 	acmeDomains []string
+	// dnsNames are the host names of its certificate (https_web), which
+	// the admin API refuses to mint.
+	dnsNames []string
 }
 
 func setupBundleEndpoint(o BundleConfig, td spiffeid.TrustDomain, jwtIssuer, dataDir string, workloadTTL, refreshHint time.Duration,
@@ -235,7 +238,7 @@ func (ep *bundleEndpoint) webCertificate(o BundleConfig, dataDir string, logger 
 	case len(o.ACMEDomains) > 0 && (o.TLSCert != "" || o.TLSKey != ""):
 		return nil, nil, errors.New("use either --acme-domain or --bundle-tls-cert/--bundle-tls-key, not both")
 	case len(o.ACMEDomains) > 0:
-		ep.certHost, ep.acmeDomains = o.ACMEDomains[0], o.ACMEDomains
+		ep.certHost, ep.acmeDomains, ep.dnsNames = o.ACMEDomains[0], o.ACMEDomains, o.ACMEDomains
 		if !strings.HasSuffix(o.Listen, ":443") {
 			logger.Warn("ACME validates TLS-ALPN-01 on port 443; make sure port 443 reaches --bundle-listen", "bundle_listen", o.Listen)
 		}
@@ -262,7 +265,7 @@ func (ep *bundleEndpoint) fileCertificate(o BundleConfig, logger *slog.Logger) (
 		return nil, err
 	}
 	if c, err := fc.GetCertificate(nil); err == nil && c != nil && c.Leaf != nil && len(c.Leaf.DNSNames) > 0 {
-		ep.certHost = c.Leaf.DNSNames[0]
+		ep.certHost, ep.dnsNames = c.Leaf.DNSNames[0], c.Leaf.DNSNames
 	}
 	ep.runners = append(ep.runners, func(ctx context.Context) error { return fc.Run(ctx, filePollInterval) })
 	ep.reloads = append(ep.reloads, checkReloader("--bundle-tls-cert", fc.Check))

@@ -50,7 +50,12 @@ const (
 
 // GRPCServingPath is the path of the certificate service's own SPIFFE ID,
 // spiffe://<trust-domain>/trustbridge/ca; `ca request` expects it.
-const GRPCServingPath = "/trustbridge/ca"
+const GRPCServingPath = ownPath + "/ca"
+
+// ownPath is the path of the trust domain under which the server names its
+// own identities (certificate service, bundle endpoint): the admin API
+// mints none under it.
+const ownPath = "/trustbridge"
 
 // GRPCConfig configure the certificate service. Zero values mean the
 // defaults, except listen: "" disables the service.

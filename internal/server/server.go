@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -441,12 +442,9 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	cfg.Authorities, cfg.Audit = p.authority, p.trail.record
 	cfg.Signed, cfg.SignedIncomplete = p.ledger.signed, p.ledger.incomplete
 	cfg.Mint = p.ledger.minter(p.authority)
-	cfg.Reserved = []spiffeid.ID{spiffeid.RequireFromPath(p.td, GRPCServingPath)}
+	cfg.Reserved, cfg.ReservedPath, cfg.ReservedDNSNames = p.ownIdentities(o)
 	if p.ep != nil {
 		cfg.Fetchers = p.ep.fetchers(p.td)
-		if !p.ep.id.IsZero() {
-			cfg.Reserved = append(cfg.Reserved, p.ep.id)
-		}
 	}
 	cfg.LogLevel, cfg.ReloadTokens = p.level, p.gs.reloadTokens()
 	h := admin.New(cfg)
@@ -456,6 +454,31 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	}
 	undo.add(p.socket.close)
 	return undo, nil
+}
+
+// ownIdentities are what the server serves as, which the admin API
+// refuses to mint: its SPIFFE IDs (all of /trustbridge, whatever is in use
+// now, and a custom --bundle-endpoint-spiffe-id) and the DNS names of its
+// listeners (--grpc-dns-names, the bundle endpoint's certificate, the
+// admin listener's --admin-allowed-hosts).
+func (p *serverParts) ownIdentities(o Config) ([]spiffeid.ID, string, []string) {
+	ids := []spiffeid.ID{spiffeid.RequireFromPath(p.td, GRPCServingPath)}
+	dns := slices.Clone(servingDNSNames(o.GRPC))
+	if p.ep != nil {
+		if !p.ep.id.IsZero() {
+			ids = append(ids, p.ep.id)
+		}
+		dns = append(dns, p.ep.dnsNames...)
+	}
+	for _, h := range o.AdminHosts {
+		if host, _, err := net.SplitHostPort(h); err == nil {
+			h = host
+		}
+		if h != "" && net.ParseIP(h) == nil {
+			dns = append(dns, h)
+		}
+	}
+	return ids, ownPath, dns
 }
 
 // runners lists everything the server runs until it stops: the admin

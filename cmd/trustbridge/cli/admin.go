@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -209,7 +210,11 @@ func AdminFrom(cmd *cobra.Command, c *AdminClient) *AdminClient {
 	}
 	c.Addr = f.Value.String()
 	if !f.Changed {
-		if sock, ok := c.LocalSocket(); ok {
+		sock, err := c.LocalSocket()
+		switch {
+		case err != nil:
+			fmt.Fprintf(cmd.ErrOrStderr(), "warning: not using the admin socket: %v; using %s with the admin token\n", err, c.Addr)
+		case sock != "":
 			c.Addr = sock
 		}
 	}
@@ -222,8 +227,11 @@ const maxSocketPath = 108
 // LocalSocket is "unix://PATH" of the admin socket a server answers on in
 // c.DataDir (./data when unset), which --admin-socket auto creates. A
 // path that is no socket, or one nothing answers on (a crashed server's),
-// or that this user may not open, is not offered.
-func (c *AdminClient) LocalSocket() (string, bool) {
+// or that this user may not open, is not offered ("" and no error). A
+// socket another user could have put there is not offered either, with an
+// error saying why (socketTrusted): its answers would be taken for the
+// server's.
+func (c *AdminClient) LocalSocket() (string, error) {
 	dir := c.DataDir
 	if dir == "" {
 		dir = "./data"
@@ -236,14 +244,60 @@ func (c *AdminClient) LocalSocket() (string, bool) {
 		path = abs
 	}
 	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != fs.ModeSocket {
-		return "", false
+		return "", nil
+	}
+	if err := socketTrusted(path, os.Geteuid(), statOwner); err != nil {
+		return "", err
 	}
 	conn, err := net.DialTimeout("unix", path, 2*time.Second)
 	if err != nil {
-		return "", false
+		return "", nil
 	}
 	_ = conn.Close()
-	return "unix://" + path, true
+	return "unix://" + path, nil
+}
+
+// ownerStat is the owner's uid and the mode of path, not following a
+// final symbolic link.
+type ownerStat func(path string) (uid int, mode fs.FileMode, err error)
+
+// statOwner is ownerStat of the file system.
+func statOwner(path string) (int, fs.FileMode, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, 0, fmt.Errorf("%s: no owner known", path)
+	}
+	return int(st.Uid), fi.Mode(), nil
+}
+
+// socketTrusted says why the admin socket at path cannot be taken for the
+// server's, nil when it can: the socket and its directory must be owned by
+// euid (this CLI's user) or root, or by anyone when the CLI runs as root,
+// and the directory must not be writable by group or others, who could
+// otherwise put their own socket there.
+func socketTrusted(path string, euid int, stat ownerStat) error {
+	dir := filepath.Dir(path)
+	// The directory itself, when a symbolic link names it: the socket is
+	// in the directory it points to.
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	for _, p := range []string{path, dir} {
+		uid, mode, err := stat(p)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: %w", path, err)
+		case euid != 0 && uid != 0 && uid != euid:
+			return fmt.Errorf("%s is owned by uid %d, neither you (uid %d) nor root; give --admin unix://%s if you trust it", p, uid, euid, path)
+		case p == dir && mode.Perm()&0o022 != 0:
+			return fmt.Errorf("its directory %s is writable by group or others (mode %04o), who could put their own socket there; chmod go-w it, or give --admin unix://%s if you trust it", dir, mode.Perm(), path)
+		}
+	}
+	return nil
 }
 
 // MayAuthenticate says the token can go with a read that tells more

@@ -169,6 +169,15 @@ type Config struct {
 	// and bundle endpoint): Mint refuses them, so that the admin token
 	// cannot make a credential peers and agents take for the server.
 	Reserved []spiffeid.ID
+	// ReservedPath is the path under which the server names its own
+	// identities ("/trustbridge"): Mint refuses it and every ID under it,
+	// whichever of them the server uses now.
+	ReservedPath string
+	// ReservedDNSNames are the host names the server serves under (its
+	// certificate service, bundle endpoint, admin listener): Mint refuses
+	// an X509-SVID naming one of them, or a wildcard covering one, so that
+	// the SVID cannot pose as the server to clients checking host names.
+	ReservedDNSNames []string
 }
 
 // Handler serves the admin API.

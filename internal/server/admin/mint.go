@@ -62,6 +62,10 @@ func (h *Handler) serveMintX509(w http.ResponseWriter, r *http.Request, actor st
 		http.Error(w, "csr: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if err := h.mintDNSNames(req.DNSNames); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	ttl, warnings, ok := h.mintTTL(w, req.TTLSeconds, h.cfg.MaxWorkloadTTL, "--max-workload-ttl")
 	if !ok {
 		return
@@ -129,14 +133,68 @@ func (h *Handler) mintID(w http.ResponseWriter, raw string) (spiffeid.ID, bool) 
 		err = fmt.Errorf("spiffe_id %s is of trust domain %s: this server signs for %s only", id, id.TrustDomain().Name(), h.cfg.TrustDomain.Name())
 	case id.Path() == "":
 		err = fmt.Errorf("spiffe_id %s names the trust domain itself: an SVID's ID has a path (spiffe://%s/PATH)", id, h.cfg.TrustDomain.Name())
-	case slices.Contains(h.cfg.Reserved, id):
-		err = fmt.Errorf("spiffe_id %s is this server's own identity: a minted SVID of it would let its holder pose as the server to peers and agents; mint another ID", id)
+	case slices.Contains(h.cfg.Reserved, id) || underPath(id.Path(), h.cfg.ReservedPath):
+		err = fmt.Errorf("spiffe_id %s is this server's own identity (the server keeps %s for itself): a minted SVID of it would let its holder pose as the server to peers and agents; mint another ID", id, h.reservedText())
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return id, false
 	}
 	return id, true
+}
+
+// underPath says whether path is prefix or under it ("" reserves nothing).
+func underPath(path, prefix string) bool {
+	prefix = strings.TrimSuffix(prefix, "/")
+	return prefix != "" && (path == prefix || strings.HasPrefix(path, prefix+"/"))
+}
+
+// reservedText names the server's own identities for an error.
+func (h *Handler) reservedText() string {
+	var names []string
+	if p := strings.TrimSuffix(h.cfg.ReservedPath, "/"); p != "" {
+		names = append(names, "spiffe://"+h.cfg.TrustDomain.Name()+p+"/*")
+	}
+	for _, id := range h.cfg.Reserved {
+		if !underPath(id.Path(), h.cfg.ReservedPath) {
+			names = append(names, id.String())
+		}
+	}
+	return strings.Join(names, " and ")
+}
+
+// mintDNSNames refuses DNS names the server serves under, equal to one or
+// matched by a wildcard either way: an SVID naming one would pose as the
+// server to clients that check host names.
+func (h *Handler) mintDNSNames(asked []string) error {
+	for _, name := range asked {
+		for _, own := range h.cfg.ReservedDNSNames {
+			if hostMatches(name, own) || hostMatches(own, name) {
+				return fmt.Errorf("dns_names %q: %s is a host name this server serves under (its certificate service, bundle endpoint or admin listener); an SVID naming it would let its holder pose as the server; mint another name", name, own)
+			}
+		}
+	}
+	return nil
+}
+
+// hostMatches says whether pattern (a name or a *.-wildcard) covers name,
+// as a TLS client checks it: case-insensitive, ignoring a final dot, the
+// wildcard standing for exactly one label.
+func hostMatches(pattern, name string) bool {
+	pattern = strings.ToLower(strings.TrimSuffix(pattern, "."))
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	if pattern == "" || name == "" {
+		return false
+	}
+	if pattern == name {
+		return true
+	}
+	rest, ok := strings.CutPrefix(pattern, "*.")
+	if !ok {
+		return false
+	}
+	_, parent, found := strings.Cut(name, ".")
+	return found && parent == rest
 }
 
 // mintTTL is the lifetime asked for, clamped to max when max is set

@@ -86,7 +86,9 @@ func mintFixture(t *testing.T) (*Handler, *fakeMinter, *[]audit.Entry) {
 	var entries []audit.Entry
 	f.cfg.Mint, f.cfg.Token, f.cfg.MaxWorkloadTTL = m, "s3cret", 24*time.Hour
 	f.cfg.Audit = func(e audit.Entry) { entries = append(entries, e) }
-	f.cfg.Reserved = []spiffeid.ID{spiffeid.RequireFromPath(localTD, "/trustbridge/ca")}
+	f.cfg.Reserved = []spiffeid.ID{spiffeid.RequireFromPath(localTD, "/trustbridge/ca"), spiffeid.RequireFromPath(localTD, "/infra/bundle")}
+	f.cfg.ReservedPath = "/trustbridge"
+	f.cfg.ReservedDNSNames = []string{"ca.example.org", "bundle.example.org", "*.admin.example.org"}
 	return New(f.cfg), m, &entries
 }
 
@@ -184,6 +186,9 @@ func TestMintJWT(t *testing.T) {
 func TestMintRefusals(t *testing.T) {
 	csr, _ := csrPEM(t)
 	x := func(id string) string { return jsonBody(t, api.X509SVIDMint{SPIFFEID: id, CSR: csr}) }
+	dns := func(names ...string) string {
+		return jsonBody(t, api.X509SVIDMint{SPIFFEID: "spiffe://example.org/a", CSR: csr, DNSNames: names})
+	}
 	bearer := []string{"Authorization", "Bearer s3cret"}
 	for _, tc := range []struct {
 		name, target, body string
@@ -199,6 +204,12 @@ func TestMintRefusals(t *testing.T) {
 		{"no path", "/v1/svid/x509", x("spiffe://example.org"), bearer, http.StatusBadRequest, "names the trust domain itself"},
 		{"the server's own ID", "/v1/svid/x509", x("spiffe://example.org/trustbridge/ca"), bearer, http.StatusBadRequest, "is this server's own identity"},
 		{"the server's own ID, jwt", "/v1/svid/jwt", `{"spiffe_id":"spiffe://example.org/trustbridge/ca","audience":["a"]}`, bearer, http.StatusBadRequest, "is this server's own identity"},
+		{"under the server's own path", "/v1/svid/x509", x("spiffe://example.org/trustbridge/bundle-endpoint"), bearer, http.StatusBadRequest, "the server keeps spiffe://example.org/trustbridge/* and spiffe://example.org/infra/bundle for itself"},
+		{"the server's own path itself", "/v1/svid/jwt", `{"spiffe_id":"spiffe://example.org/trustbridge","audience":["a"]}`, bearer, http.StatusBadRequest, "is this server's own identity"},
+		{"a custom bundle endpoint ID", "/v1/svid/x509", x("spiffe://example.org/infra/bundle"), bearer, http.StatusBadRequest, "is this server's own identity"},
+		{"the certificate service's DNS name", "/v1/svid/x509", dns("probe.example.org", "CA.example.org."), bearer, http.StatusBadRequest, `dns_names "CA.example.org.": ca.example.org is a host name this server serves under`},
+		{"a wildcard over the bundle endpoint", "/v1/svid/x509", dns("*.example.org"), bearer, http.StatusBadRequest, `dns_names "*.example.org": ca.example.org is a host name`},
+		{"a name under an own wildcard", "/v1/svid/x509", dns("ops.admin.example.org"), bearer, http.StatusBadRequest, `*.admin.example.org is a host name this server serves under`},
 		{"not an ID", "/v1/svid/x509", x("example.org/a"), bearer, http.StatusBadRequest, `spiffe_id "example.org/a"`},
 		{"bad CSR", "/v1/svid/x509", `{"spiffe_id":"spiffe://example.org/a","csr":"junk"}`, bearer, http.StatusBadRequest, "csr: "},
 		{"unknown field", "/v1/svid/x509", `{"spiffe_id":"spiffe://example.org/a","key":"x"}`, bearer, http.StatusBadRequest, `unknown field "key"`},
@@ -257,5 +268,23 @@ func TestWireMint(t *testing.T) {
 			require.NoError(t, err, "go test ./internal/server/admin -run TestWire -update writes it")
 			assert.Equal(t, string(want), got, "%s changed on the wire; if that is meant, rewrite testdata/wire with -update and say so in CHANGELOG.md", tc.target)
 		})
+	}
+}
+
+func TestHostMatches(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"ca.example.org", "ca.example.org", true},
+		{"CA.Example.org.", "ca.example.org", true},
+		{"*.example.org", "ca.example.org", true},
+		{"*.example.org", "a.ca.example.org", false}, // one label only
+		{"*.example.org", "example.org", false},
+		{"ca.example.org", "*.example.org", false},
+		{"ca.example.org", "ca.example.org.evil", false},
+		{"", "", false},
+	} {
+		assert.Equal(t, tc.want, hostMatches(tc.pattern, tc.name), "%q covers %q", tc.pattern, tc.name)
 	}
 }
