@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,7 +67,7 @@ the --bootstrap-token-secret Secret, not read here.`,
 			if err != nil {
 				return err
 			}
-			return output.Write(e.Out, list, func(w io.Writer) error { return printTokens(w, list) })
+			return output.Print(e.Out, list, tokensTable(list))
 		},
 	}
 	f := cmd.Flags()
@@ -134,21 +132,25 @@ func openLedger(dataDir string) (authn.TokenLedger, string) {
 	return l, ""
 }
 
-func printTokens(w io.Writer, list []listedToken) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "REFERENCE\tSPIFFE ID\tUSE\tEXPIRES\tSTATE")
-	for _, t := range list {
-		exp := "never"
-		if t.Expires != nil {
-			exp = t.Expires.UTC().Format(time.RFC3339)
-		}
-		state := t.State
-		if t.ConsumedAt != nil {
-			state += " " + t.ConsumedAt.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Reference, t.SPIFFEID, t.Use, exp, state)
+// tokensTable is token list for people; -o name prints the references,
+// which token revoke takes.
+func tokensTable(list []listedToken) cli.Table {
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Reference"}, {Name: "SPIFFE ID"}, {Name: "Use"}, {Name: "Expires"}, {Name: "State"}},
+		Empty:   "no tokens in the file",
 	}
-	return tw.Flush()
+	for _, tok := range list {
+		exp := "never"
+		if tok.Expires != nil {
+			exp = tok.Expires.UTC().Format(time.RFC3339)
+		}
+		state := tok.State
+		if tok.ConsumedAt != nil {
+			state += " " + tok.ConsumedAt.UTC().Format(time.RFC3339)
+		}
+		t.Rows = append(t.Rows, cli.Row{Name: tok.Reference, Cells: []any{tok.Reference, cli.Printable(tok.SPIFFEID), tok.Use, exp, state}})
+	}
+	return t
 }
 
 func newTokenRevokeCmd(e cli.Env) *cobra.Command {
