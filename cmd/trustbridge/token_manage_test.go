@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,4 +88,41 @@ func TestTokenListFormats(t *testing.T) {
 	assert.Equal(t, refA+"\n"+refB+"\n", list("-o", "name"))
 	assert.Regexp(t, `^`+refA+` +spiffe://example.org/vm/a +single-use +\S+ +usable\n`+refB+` `, list("--no-headers"))
 	assert.Equal(t, "spiffe://example.org/vm/a spiffe://example.org/vm/b", list("-o", "jsonpath={.[*].spiffe_id}"))
+}
+
+// token revoke says plainly when the server has no token file loaded
+// (its reload route is not mounted: "404 page not found"), and fails when
+// the server answers that the file does not load: the revoked token is
+// then still accepted.
+func TestTokenRevokeReloadAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		handler http.HandlerFunc
+		code    int
+		stderr  string
+	}{
+		{"no token file", http.NotFound, 0, "has no bootstrap token file loaded (no --bootstrap-token-file), so there was nothing to reload"},
+		{"reload failed", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "--bootstrap-token-file: open /etc/tokens: permission denied; the tokens loaded before stay in force", http.StatusUnprocessableEntity)
+		}, 1, "permission denied; the tokens loaded before stay in force; token "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mux := http.NewServeMux()
+			mux.Handle("POST /v1/bootstrap-tokens/reload", tt.handler)
+			srv := httptest.NewServer(mux)
+			t.Cleanup(srv.Close)
+			tok := "single-use-bootstrap-token-a-0123456789"
+			file := servertest.WriteFile(t, tok+",spiffe://example.org/vm/a\n", 0o600)
+			adminTok := servertest.WriteFile(t, "admin-token\n", 0o600)
+			ref := authn.TokenLine{Token: tok}.Ref()
+			stdout, stderr, code := runCLIAt(t, time.Now, "", "token", "revoke", ref, "--file", file, "--admin", srv.URL, "--admin-token-file", adminTok)
+			assert.Equal(t, tt.code, code, stderr)
+			assert.Contains(t, stdout, "revoked "+ref)
+			assert.Contains(t, stderr, tt.stderr)
+			assert.NotContains(t, stderr, "404 page not found")
+			if tt.code != 0 {
+				assert.Contains(t, stderr, ref+" is STILL accepted until the file is readable by the server, valid, and reloaded")
+			}
+		})
+	}
 }

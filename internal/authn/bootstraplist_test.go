@@ -58,6 +58,31 @@ func TestListAndRemoveBootstrapTokens(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// A token file a server reads through its group (0640 root:trustbridge)
+// keeps its mode when a token is removed: were it made 0600, the server
+// could no longer reload it and the revoked token would stay in force.
+func TestRemoveBootstrapTokenKeepsMode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving the file to the service's group needs root")
+	}
+	path := filepath.Join(t.TempDir(), "tokens")
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	a := TokenLine{Token: "aaaaaaaaaaaaaaaaaaaaaaaa", ID: spiffeid.RequireFromPath(td, "/vm/a")}
+	b := TokenLine{Token: "bbbbbbbbbbbbbbbbbbbbbbbb", ID: spiffeid.RequireFromPath(td, "/vm/b")}
+	require.NoError(t, os.WriteFile(path, []byte(a.String()+"\n"+b.String()+"\n"), 0o600))
+	require.NoError(t, os.Chown(path, 0, 65534))
+	require.NoError(t, os.Chmod(path, 0o640))
+	got, err := RemoveBootstrapToken(path, b.Ref())
+	require.NoError(t, err)
+	assert.Equal(t, TokenInfo{Ref: b.Ref(), ID: b.ID, Line: 2}, got)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o640), fi.Mode().Perm())
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, a.String()+"\n", string(data))
+}
+
 // A file that would not load is neither listed nor changed; an empty one
 // lists nothing.
 func TestListBootstrapTokensErrors(t *testing.T) {

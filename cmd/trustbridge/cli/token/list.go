@@ -153,6 +153,27 @@ func tokensTable(list []listedToken) cli.Table {
 	return t
 }
 
+// reloadTokens asks the running server to reload its token file after
+// ref's removal. A server that cannot be reached reloads the file at its
+// next poll: a warning. One that answers it could not load the file keeps
+// the tokens it had, the revoked one among them: an error.
+func reloadTokens(cmd *cobra.Command, e cli.Env, c *cli.AdminClient, ref string) error {
+	_, err := c.Do(cmd.Context(), http.MethodPost, "/v1/bootstrap-tokens/reload", nil, true)
+	var ae *cli.AdminError
+	switch {
+	case err == nil:
+		fmt.Fprintln(e.Out, "the server reloaded the token file: the token no longer authenticates")
+		return nil
+	case errors.As(err, &ae) && ae.Code == http.StatusNotFound:
+		fmt.Fprintf(e.Err, "warning: the server at %s has no bootstrap token file loaded (no --bootstrap-token-file), so there was nothing to reload; check that --file is the token file of the server that takes the token\n", c.Addr)
+		return nil
+	case errors.As(err, &ae) && ae.Code != http.StatusUnauthorized && ae.Code != http.StatusForbidden:
+		return fmt.Errorf("the server could not reload the token file: %s; token %s is STILL accepted until the file is readable by the server, valid, and reloaded (it retries every 10 seconds, and at SIGHUP)", ae.Message, ref)
+	}
+	fmt.Fprintf(e.Err, "warning: the server was not told to reload the file (%v); a running server reloads it within 10 seconds, or at SIGHUP\n", err)
+	return nil
+}
+
 func newTokenRevokeCmd(e cli.Env) *cobra.Command {
 	var (
 		file string
@@ -163,12 +184,14 @@ func newTokenRevokeCmd(e cli.Env) *cobra.Command {
 		Short: "Remove a token from the token file and have the running server reload it at once",
 		Long: `Remove the token whose reference is REFERENCE (or starts with it: at least 8
 hex digits, naming one token; trustbridge token list shows them) from --file,
-the server's --bootstrap-token-file. The file is replaced atomically, mode
-0600, keeping its comments and other lines. Then the running server is asked
-to reload the file now, over its admin socket in --data-dir, or at --admin
-with the admin token, so the token stops working at once; were that to fail,
-the server still reloads the file within 10 seconds (or at SIGHUP), and the
-reason is printed.
+the server's --bootstrap-token-file. The file is read once and replaced
+atomically, keeping its owner, group, mode (never widened), comments and
+other lines. Then the running server is asked to reload the file now, over
+its admin socket in --data-dir, or at --admin with the admin token, so the
+token stops working at once. When the server cannot be reached, the reason
+is printed and it still reloads the file within 10 seconds (or at SIGHUP);
+when it answers that the file does not load, the token is still accepted and
+the command fails saying why.
 
 Certificates the token bought stop renewing themselves: their grant names a
 token the file no longer holds. Those already issued stay valid until they
@@ -186,12 +209,7 @@ to end them sooner.`,
 				return fmt.Errorf("--file: %w", err)
 			}
 			fmt.Fprintf(e.Out, "revoked %s (%s, line %d of %s)\n", gone.Ref, gone.ID, gone.Line, file)
-			if _, err := cli.AdminFrom(cmd, &c).Do(cmd.Context(), http.MethodPost, "/v1/bootstrap-tokens/reload", nil, true); err != nil {
-				fmt.Fprintf(e.Err, "warning: the server was not told to reload the file (%v); a running server reloads it within 10 seconds, or at SIGHUP\n", err)
-				return nil
-			}
-			fmt.Fprintln(e.Out, "the server reloaded the token file: the token no longer authenticates")
-			return nil
+			return reloadTokens(cmd, e, cli.AdminFrom(cmd, &c), gone.Ref)
 		},
 	}
 	f := cmd.Flags()
