@@ -50,12 +50,23 @@ func TestListAndRemoveBootstrapTokens(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
-	require.NoError(t, boot.Reload())
+	counts, err := boot.ReloadCounted()
+	require.NoError(t, err)
+	assert.Equal(t, TokenReload{Tokens: 1, Removed: 1}, counts)
 	assert.Equal(t, 1, boot.Len())
 	_, err = boot.Authenticate(t.Context(), Request{BearerToken: a.Token})
 	assert.Error(t, err, "the revoked token no longer authenticates")
 	_, err = boot.Authenticate(t.Context(), Request{BearerToken: b.Token})
 	assert.NoError(t, err)
+
+	c := TokenLine{Token: "cccccccccccccccccccccccc", ID: spiffeid.RequireFromPath(td, "/vm/c")}
+	require.NoError(t, AppendBootstrapToken(path, c))
+	counts, err = boot.ReloadCounted()
+	require.NoError(t, err)
+	assert.Equal(t, TokenReload{Tokens: 2, Added: 1}, counts)
+	counts, err = boot.ReloadCounted()
+	require.NoError(t, err)
+	assert.Equal(t, TokenReload{Tokens: 2}, counts, "nothing changed")
 }
 
 // A token file a server reads through its group (0640 root:trustbridge)
