@@ -125,8 +125,10 @@ func TestFederationShowAndUpdate(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "sent as the name")
 	assert.Contains(t, mustCLI(t, "federation", "remove", "spiffe://peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
-	assert.Equal(t, []string{"federation_added peer.example by admin-token (admin API)", "federation_updated peer.example by admin-token (admin API)",
-		"federation_updated peer.example by admin-token (admin API)", "federation_removed peer.example by admin-token (admin API)"},
+	assert.Equal(t, []string{"federation_added peer.example by admin-token (admin API)",
+		"federation_updated peer.example by admin-token (admin API): endpoint URL " + peer.bundleURL + " → " + down,
+		"federation_updated peer.example by admin-token (admin API): endpoint URL " + down + " → " + peer.bundleURL,
+		"federation_removed peer.example by admin-token (admin API)"},
 		runtimeEvents(t, dir, "federation_added", "federation_updated", "federation_replaced", "federation_removed"))
 }
 

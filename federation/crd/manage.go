@@ -192,7 +192,7 @@ func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit mana
 	}); err != nil {
 		return err
 	}
-	m.changed(managed.Change{Kind: managed.KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+	m.changed(managed.Updated(old, ep, opts.Actor))
 	return nil
 }
 
