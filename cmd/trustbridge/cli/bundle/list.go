@@ -43,14 +43,14 @@ file:PATH), the sequence of the bundle held, how many authorities it holds
 (X.509 roots and JWT keys; our own revoked ones are not counted) and the
 earliest expiry among its X.509 roots. A peer never fetched holds no bundle
 and is not listed: see federation status. Needs no token.`,
-		Example: `  trustbridge bundle list
+		Example: `  trustbridge bundle list --data-dir /var/lib/trustbridge
   trustbridge bundle list -o json --admin http://127.0.0.1:15014`,
 		Args: cobra.NoArgs,
 	}
 	out := cli.AddOutputFlag(cmd)
 	f := cmd.Flags()
 	f.StringVar(&c.Addr, "admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
-	c.AddAuthFlags(f)
+	c.AddDataDirFlag(f)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := out.Check(); err != nil {
 			return err
