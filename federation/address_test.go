@@ -20,7 +20,7 @@ func TestControlDial(t *testing.T) {
 	}{
 		{"8.8.8.8:443", true, true, ""},
 		{"[2001:4860:4860::8888]:443", true, true, ""},
-		{"127.0.0.1:443", false, true, "set --federation-allow-private"},
+		{"127.0.0.1:443", false, true, "is a loopback address; set --federation-allow-private to allow it"},
 		{"[::1]:443", false, true, "set --federation-allow-private"},
 		{"169.254.1.1:443", false, true, "set --federation-allow-private"},
 		{"169.254.169.254:80", false, false, "refused even with --federation-allow-private"},

@@ -416,7 +416,7 @@ func (f *Fetcher) controlDial(network, address string, _ syscall.RawConn) error 
 	case v.Class == netutil.AddrOpen, v.Class == netutil.AddrLocal && f.cfg.AllowPrivate:
 		return nil
 	case v.Class == netutil.AddrLocal:
-		return fmt.Errorf("%w: %s is %s; set --federation-allow-private (FetcherConfig.AllowPrivate) to allow it", ErrRefusedAddress, address, v.Why)
+		return fmt.Errorf("%w: %s is %s; set --federation-allow-private to allow it", ErrRefusedAddress, address, v.Why)
 	default:
 		return fmt.Errorf("%w: %s is %s, never a bundle endpoint (refused even with --federation-allow-private)", ErrRefusedAddress, address, v.Why)
 	}

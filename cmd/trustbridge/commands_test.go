@@ -110,6 +110,27 @@ func TestExamplesParse(t *testing.T) {
 	walk(root)
 }
 
+// Help that says a command needs the admin token also says the admin
+// socket, found by default, does instead (it needs none), and none sends
+// a static bundle's deletion to federation remove (bundle delete does it).
+func TestHelpNamesAdminSocket(t *testing.T) {
+	root := newRootCmd(cli.Env{In: strings.NewReader(""), Out: io.Discard, Err: io.Discard, Now: time.Now})
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		help := strings.Join(strings.Fields(c.Long+" "+c.Example), " ")
+		for _, sentence := range strings.Split(help, ". ") {
+			if strings.Contains(sentence, "eeds the admin token") && !strings.Contains(sentence, "either needs") && !strings.Contains(sentence, "admin socket") {
+				t.Errorf("%s: %q says nothing of the admin socket", c.CommandPath(), sentence)
+			}
+		}
+		assert.NotContains(t, help, "removed with federation remove", c.CommandPath())
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(root)
+}
+
 // exampleCommands are the trustbridge invocations of an Example, with
 // continuation lines joined, comments, pipes and redirections cut.
 func exampleCommands(example string) []string {

@@ -125,8 +125,10 @@ func TestFederationShowAndUpdate(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, `trust domain "nope.example" is not federated`, "sent as the name")
 	assert.Contains(t, mustCLI(t, "federation", "remove", "spiffe://peer.example", "--admin", local.admin, "--data-dir", dir), "removed peer.example")
-	assert.Equal(t, []string{"federation_added peer.example by admin-token (admin API)", "federation_updated peer.example by admin-token (admin API)",
-		"federation_updated peer.example by admin-token (admin API)", "federation_removed peer.example by admin-token (admin API)"},
+	assert.Equal(t, []string{"federation_added peer.example by admin-token (admin API)",
+		"federation_updated peer.example by admin-token (admin API): endpoint URL " + peer.bundleURL + " → " + down,
+		"federation_updated peer.example by admin-token (admin API): endpoint URL " + down + " → " + peer.bundleURL,
+		"federation_removed peer.example by admin-token (admin API)"},
 		runtimeEvents(t, dir, "federation_added", "federation_updated", "federation_replaced", "federation_removed"))
 }
 
@@ -186,6 +188,40 @@ func TestBundleListAndDelete(t *testing.T) {
 	local.stop()
 	local = startE2EServer(t, "example.org", dir, func(o *server.Config) { o.Federation.ConfigFile = fedFile })
 	assert.NotContains(t, relationships(t, local), "static.example")
+}
+
+// bundle list and bundle delete find the server's admin socket in
+// --data-dir as the other admin commands do: with --admin left out they
+// work against a server whose admin listener is not the default address,
+// and delete needs no token. bundle list's table is a cli.Table: wide,
+// name, --no-headers and jsonpath work.
+func TestBundleCommandsUseAdminSocket(t *testing.T) {
+	base, err := os.MkdirTemp("", "sock")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(base) })
+	dir := filepath.Join(base, "data")
+	o := flagServerOptions(t, "--trust-domain", "example.org", "--data-dir", dir, "--init", "--admin-listen", "127.0.0.1:0", "--log-format", "json")
+	launchServer(t, o)
+	require.NoError(t, os.Remove(filepath.Join(dir, server.AdminTokenName)))
+	t.Setenv("TRUSTBRIDGE_ADMIN_TOKEN_FILE", "")
+
+	static := testca.New(t, "static.example")
+	mustCLI(t, "bundle", "set", "static.example", writeTemp(t, string(testca.PEM(static.Cert))), "--data-dir", dir)
+	table := mustCLI(t, "bundle", "list", "--data-dir", dir)
+	assert.Regexp(t, `^TRUST DOMAIN +ORIGIN +SEQ +AUTHORITIES +EARLIEST EXPIRY\nexample.org +local +[0-9]+ +2 +`, table)
+	assert.Regexp(t, `\nstatic.example +static +- +1 +`+static.Cert.NotAfter.UTC().Format(time.RFC3339)+"\n$", table)
+	assert.Equal(t, table, mustCLI(t, "bundle", "list", "--data-dir", dir, "-o", "wide"), "no wide columns")
+	assert.Equal(t, "example.org\nstatic.example\n", mustCLI(t, "bundle", "list", "--data-dir", dir, "-o", "name"))
+	rows := mustCLI(t, "bundle", "list", "--data-dir", dir, "--no-headers")
+	assert.Regexp(t, `^example.org +local +[0-9]+ +2 +\S+\nstatic.example +static +- +1 +\S+\n$`, rows)
+	assert.Equal(t, "local static", mustCLI(t, "bundle", "list", "--data-dir", dir, "-o", "jsonpath={.[*].origin}"))
+
+	stdout, stderr, code := runCLIAt(t, time.Now, "", "bundle", "delete", "static.example", "--data-dir", dir)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, "deleted static.example's static bundle; it is no longer trusted\n", stdout)
+	assert.Equal(t, "example.org\n", mustCLI(t, "bundle", "list", "--data-dir", dir, "-o", "name"))
+	assert.Equal(t, []string{"static_bundle_set static.example by admin-socket (admin API)", "static_bundle_removed static.example by admin-socket (admin API)"},
+		runtimeEvents(t, dir, "static_bundle_set", "static_bundle_removed"))
 }
 
 // bundle inspect reads PEM (SPIRE's default format), as bundle set does,

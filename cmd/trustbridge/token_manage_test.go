@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +45,7 @@ func TestTokenListAndRevoke(t *testing.T) {
 	assert.Equal(t, []any{"spiffe://example.org/vm/c", "expired", "2020-01-01T00:00:00Z"}, []any{list[2]["spiffe_id"], list[2]["state"], list[2]["expires"]})
 	table := mustCLI(t, "token", "list", "--file", file, "--data-dir", dataDir)
 	assert.Contains(t, table, "REFERENCE")
-	assert.Contains(t, table, refB+"  spiffe://example.org/vm/b")
+	assert.Regexp(t, refB+" +spiffe://example.org/vm/b", table)
 	for _, tok := range []string{servertest.LaptopToken, tokB, tokC} {
 		assert.NotContains(t, table, tok, "a token is never printed")
 	}
@@ -68,4 +70,59 @@ func TestTokenListAndRevoke(t *testing.T) {
 	assert.Equal(t, 0, code, stderr)
 	assert.Contains(t, stderr, "the server was not told to reload the file")
 	assert.Equal(t, 1, strings.Count(mustCLI(t, "token", "list", "--file", file, "--data-dir", dataDir), "spiffe://"))
+}
+
+// token list's table is a cli.Table: wide, name (the references token
+// revoke takes), --no-headers and jsonpath work, with its columns.
+func TestTokenListFormats(t *testing.T) {
+	tokA, tokB := "single-use-bootstrap-token-a-0123456789", "reusable-bootstrap-token-b-0123456789"
+	file := servertest.WriteFile(t, tokA+",spiffe://example.org/vm/a,expires=2099-01-01T00:00:00Z\n"+tokB+",spiffe://example.org/vm/b,reusable\n", 0o600)
+	refA, refB := authn.TokenLine{Token: tokA}.Ref(), authn.TokenLine{Token: tokB}.Ref()
+	list := func(args ...string) string {
+		return mustCLI(t, append([]string{"token", "list", "--file", file, "--data-dir", t.TempDir()}, args...)...)
+	}
+	table := list()
+	assert.Regexp(t, `^REFERENCE +SPIFFE ID +USE +EXPIRES +STATE\n`+refA+` +spiffe://example.org/vm/a +single-use +2099-01-01T00:00:00Z +usable\n`+
+		refB+` +spiffe://example.org/vm/b +reusable +never +usable\n$`, table)
+	assert.Equal(t, table, list("-o", "wide"))
+	assert.Equal(t, refA+"\n"+refB+"\n", list("-o", "name"))
+	assert.Regexp(t, `^`+refA+` +spiffe://example.org/vm/a +single-use +\S+ +usable\n`+refB+` `, list("--no-headers"))
+	assert.Equal(t, "spiffe://example.org/vm/a spiffe://example.org/vm/b", list("-o", "jsonpath={.[*].spiffe_id}"))
+}
+
+// token revoke says plainly when the server has no token file loaded
+// (its reload route is not mounted: "404 page not found"), and fails when
+// the server answers that the file does not load: the revoked token is
+// then still accepted.
+func TestTokenRevokeReloadAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		handler http.HandlerFunc
+		code    int
+		stderr  string
+	}{
+		{"no token file", http.NotFound, 0, "has no bootstrap token file loaded (no --bootstrap-token-file), so there was nothing to reload"},
+		{"reload failed", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "--bootstrap-token-file: open /etc/tokens: permission denied; the tokens loaded before stay in force", http.StatusUnprocessableEntity)
+		}, 1, "permission denied; the tokens loaded before stay in force; token "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mux := http.NewServeMux()
+			mux.Handle("POST /v1/bootstrap-tokens/reload", tt.handler)
+			srv := httptest.NewServer(mux)
+			t.Cleanup(srv.Close)
+			tok := "single-use-bootstrap-token-a-0123456789"
+			file := servertest.WriteFile(t, tok+",spiffe://example.org/vm/a\n", 0o600)
+			adminTok := servertest.WriteFile(t, "admin-token\n", 0o600)
+			ref := authn.TokenLine{Token: tok}.Ref()
+			stdout, stderr, code := runCLIAt(t, time.Now, "", "token", "revoke", ref, "--file", file, "--admin", srv.URL, "--admin-token-file", adminTok)
+			assert.Equal(t, tt.code, code, stderr)
+			assert.Contains(t, stdout, "revoked "+ref)
+			assert.Contains(t, stderr, tt.stderr)
+			assert.NotContains(t, stderr, "404 page not found")
+			if tt.code != 0 {
+				assert.Contains(t, stderr, ref+" is STILL accepted until the file is readable by the server, valid, and reloaded")
+			}
+		})
+	}
 }

@@ -176,7 +176,7 @@ func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit mana
 	if err := m.write(ctx, name, false, p.apply); err != nil {
 		return err
 	}
-	m.changed(managed.Change{Kind: managed.KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: p.ep.URL.String(), Bundle: p.ep.BootstrapBundle})
+	m.changed(managed.Updated(p.old, p.ep, opts.Actor))
 	return nil
 }
 
@@ -188,8 +188,10 @@ type patch struct {
 	td      spiffeid.TrustDomain
 	edit    managed.Edit
 	noProbe bool
-	// ep is the endpoint last made; checked the spec last checked, not
-	// checked (probed) again when a retry makes the same.
+	// old is the endpoint of the spec last read and ep the one made of
+	// it; checked the spec last checked, not checked (probed) again when
+	// a retry makes the same.
+	old     federation.Endpoint
 	ep      federation.Endpoint
 	checked *Spec
 }
@@ -225,7 +227,7 @@ func (p *patch) apply(ctx context.Context, s *Spec) error {
 		}
 		p.checked = &spec
 	}
-	p.ep, *s = ep, spec
+	p.old, p.ep, *s = old, ep, spec
 	return nil
 }
 

@@ -100,7 +100,8 @@ func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit Edit
 		}
 		return fmt.Errorf("%w: %s has no endpoint added at run time (see trustbridge federation list); add it with trustbridge federation add", ErrNotFound, td.Name())
 	}
-	ep, err := edit(next.Endpoints[i])
+	prev := next.Endpoints[i]
+	ep, err := edit(prev)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -112,7 +113,7 @@ func (m *Manager) Update(ctx context.Context, td spiffeid.TrustDomain, edit Edit
 		return err
 	}
 	next.Endpoints = append(next.Endpoints, ep)
-	return m.commit(next, Change{Kind: KindUpdated, TrustDomain: td, Actor: opts.Actor, EndpointURL: ep.URL.String(), Bundle: ep.BootstrapBundle})
+	return m.commit(next, Updated(prev, ep, opts.Actor))
 }
 
 // CheckEndpoint is what an endpoint must pass to be added, with either

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -53,8 +54,51 @@ type Change struct {
 	// EndpointURL is the endpoint's URL, when there is one.
 	EndpointURL string
 	// Bundle is the bundle set (bootstrap or static), or the static one
-	// removed.
+	// removed; on an update, the bootstrap bundle only when it changed.
 	Bundle *spiffebundle.Bundle
+	// Changes, on an update, are what changed, each "field old → new".
+	Changes []string
+}
+
+// Updated is the Change of an update of old to ep by actor: which of
+// the endpoint URL, profile and endpoint SPIFFE ID changed, from what to
+// what, and the bootstrap bundle only when it is not the one kept.
+func Updated(old, ep federation.Endpoint, actor string) Change {
+	c := Change{Kind: KindUpdated, TrustDomain: ep.TrustDomain, Actor: actor, EndpointURL: urlString(ep.URL)}
+	was := func(field, from, to string) {
+		if from != to {
+			c.Changes = append(c.Changes, fmt.Sprintf("%s %s → %s", field, orNone(from), orNone(to)))
+		}
+	}
+	was("endpoint URL", urlString(old.URL), urlString(ep.URL))
+	was("profile", string(old.Profile), string(ep.Profile))
+	was("endpoint SPIFFE ID", idString(old.EndpointSPIFFEID), idString(ep.EndpointSPIFFEID))
+	if ep.BootstrapBundle != nil && (old.BootstrapBundle == nil || !old.BootstrapBundle.Equal(ep.BootstrapBundle)) {
+		c.Bundle = ep.BootstrapBundle
+		c.Changes = append(c.Changes, "bootstrap bundle replaced")
+	}
+	return c
+}
+
+func urlString(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	return u.String()
+}
+
+func idString(id spiffeid.ID) string {
+	if id.IsZero() {
+		return ""
+	}
+	return id.String()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
 }
 
 // Config configures a Manager.

@@ -35,6 +35,8 @@ func TestUpdate(t *testing.T) {
 	assert.True(t, got[0].BootstrapBundle.Equal(peer.Bundle()), "the bootstrap bundle kept")
 	last := h.changes[len(h.changes)-1]
 	assert.Equal(t, []string{KindUpdated, "peer.example", "op", "https://peer2.example:8443/"}, []string{last.Kind, last.TrustDomain.Name(), last.Actor, last.EndpointURL})
+	assert.Equal(t, []string{"endpoint URL https://peer.example:8443/ → https://peer2.example:8443/"}, last.Changes)
+	assert.Nil(t, last.Bundle, "the kept bootstrap bundle is no change")
 
 	h.probeErr = errors.New("connection refused")
 	require.ErrorIs(t, h.m.Update(ctx, td, newURL, AddOptions{}), ErrFirstFetch)
@@ -75,6 +77,32 @@ func TestUpdate(t *testing.T) {
 			assert.Equal(t, before, h.m.State(), "last good state kept")
 		})
 	}
+}
+
+// An update's Change says which of the URL, profile and endpoint SPIFFE
+// ID changed, old → new, and carries the bootstrap bundle only when it is
+// a new one.
+func TestUpdatedChange(t *testing.T) {
+	peer, other := testca.New(t, "peer.example"), testca.New(t, "peer.example")
+	old := selfServing(t, "peer.example", peer.Bundle())
+	web := old
+	web.Profile, web.EndpointSPIFFEID, web.BootstrapBundle = federation.ProfileHTTPSWeb, spiffeid.ID{}, nil
+	c := Updated(old, web, "admin-socket")
+	assert.Equal(t, []string{"profile https_spiffe → https_web", "endpoint SPIFFE ID spiffe://peer.example/trustbridge/bundle-endpoint → (none)"}, c.Changes)
+	assert.Nil(t, c.Bundle)
+
+	moved := old
+	moved.EndpointSPIFFEID = spiffeid.RequireFromString("spiffe://peer.example/spire/server")
+	moved.BootstrapBundle = other.Bundle()
+	c = Updated(old, moved, "admin-token")
+	assert.Equal(t, []string{"endpoint SPIFFE ID spiffe://peer.example/trustbridge/bundle-endpoint → spiffe://peer.example/spire/server", "bootstrap bundle replaced"}, c.Changes)
+	assert.True(t, other.Bundle().Equal(c.Bundle), "the new bootstrap bundle")
+	assert.Equal(t, []string{KindUpdated, "peer.example", "admin-token"}, []string{c.Kind, c.TrustDomain.Name(), c.Actor})
+
+	kept := old
+	kept.BootstrapBundle = peer.Bundle().Clone()
+	assert.Empty(t, Updated(old, kept, "x").Changes)
+	assert.Nil(t, Updated(old, kept, "x").Bundle)
 }
 
 // add --force never turns https_spiffe into https_web without being

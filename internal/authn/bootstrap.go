@@ -332,10 +332,41 @@ func (b *BootstrapTokens) Reload() error {
 	return err
 }
 
-func (b *BootstrapTokens) reload() (bool, error) {
+// TokenReload is what a reload of the token file changed: the tokens in
+// force after it, and how many tokens it added and removed.
+type TokenReload struct {
+	Tokens, Added, Removed int
+}
+
+// ReloadCounted is Reload, saying what it changed (for the audit log of
+// a reload an operator asked for).
+func (b *BootstrapTokens) ReloadCounted() (TokenReload, error) {
+	return b.reload()
+}
+
+// countChanges says how many tokens of next old lacks, and the reverse.
+func countChanges(old, next *tokenSet) TokenReload {
+	had := make(map[tokenKey]bool, len(old.entries))
+	for _, e := range old.entries {
+		had[e.hash] = true
+	}
+	r := TokenReload{Tokens: len(next.entries)}
+	for _, e := range next.entries {
+		if had[e.hash] {
+			delete(had, e.hash)
+		} else {
+			r.Added++
+		}
+	}
+	r.Removed = len(had)
+	return r
+}
+
+func (b *BootstrapTokens) reload() (TokenReload, error) {
 	b.mu.Lock()
 	set, warnings, err := b.load()
 	changed := false
+	counts := TokenReload{Tokens: len(b.set.Load().entries)}
 	if err != nil {
 		b.lastErr = err
 		b.m.reloads.WithLabelValues("error").Inc()
@@ -347,6 +378,7 @@ func (b *BootstrapTokens) reload() (bool, error) {
 		b.warnings = warnings // the mode may change without the content
 		if set.digest != b.set.Load().digest {
 			changed = true
+			counts = countChanges(b.set.Load(), set)
 			b.set.Store(set)
 			b.cfg.Logger.Info("bootstrap token file reloaded", "path", b.cfg.Path, "tokens", len(set.entries))
 			b.logWarnings(warnings)
@@ -356,7 +388,7 @@ func (b *BootstrapTokens) reload() (bool, error) {
 	if b.cfg.OnReload != nil {
 		b.cfg.OnReload(changed, err)
 	}
-	return changed, err
+	return counts, err
 }
 
 // Run reloads the file every ReloadInterval until ctx is done; it returns

@@ -66,8 +66,9 @@ func (l TokenLine) Ref() string {
 
 // AppendBootstrapToken adds l to the token file at path, creating it if it
 // does not exist. The file is replaced atomically (a server reloading it
-// sees the old content or the new, never a partial line) with mode 0600,
-// keeping its owner; concurrent appends are serialized by a lock on the
+// sees the old content or the new, never a partial line) with mode 0600
+// at most, keeping its owner (and a service's group: fileutil.Replace); a
+// new file is 0600; concurrent appends are serialized by a lock on the
 // file's directory, so none is lost. The existing content must load for
 // l's trust domain: a file the server would refuse is not extended.
 func AppendBootstrapToken(path string, l TokenLine) error {

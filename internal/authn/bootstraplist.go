@@ -40,6 +40,11 @@ func ListBootstrapTokens(path string) ([]TokenInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("authn: bootstrap tokens: %w", err)
 	}
+	return describeTokens(path, data)
+}
+
+// describeTokens describes the tokens of data, the content of path.
+func describeTokens(path string, data []byte) ([]TokenInfo, error) {
 	set, err := parseForItsTrustDomain(data)
 	if err != nil {
 		return nil, fmt.Errorf("authn: bootstrap tokens %s: %w", path, err)
@@ -79,8 +84,9 @@ func parseForItsTrustDomain(data []byte) (*tokenSet, error) {
 // RemoveBootstrapToken removes from the token file at path the line of
 // the token whose reference is ref, or starts with ref (at least 8 hex
 // digits, naming one token only), and returns what it removed. The file
-// is replaced atomically, mode 0600, under the lock AppendBootstrapToken
-// takes; comments and the other lines stay as they were.
+// is read once, under the lock AppendBootstrapToken takes, and replaced
+// atomically keeping its owner, group and mode (fileutil.Replace);
+// comments and the other lines stay as they were.
 func RemoveBootstrapToken(path, ref string) (TokenInfo, error) {
 	ref = strings.ToLower(strings.TrimSpace(ref))
 	if len(ref) < minRefPrefix {
@@ -91,7 +97,11 @@ func RemoveBootstrapToken(path, ref string) (TokenInfo, error) {
 		return TokenInfo{}, fmt.Errorf("authn: bootstrap tokens: %w", err)
 	}
 	defer unlock()
-	infos, err := ListBootstrapTokens(path)
+	data, _, err := readTokenFile(path)
+	if err != nil {
+		return TokenInfo{}, fmt.Errorf("authn: bootstrap tokens: %w", err)
+	}
+	infos, err := describeTokens(path, data)
 	if err != nil {
 		return TokenInfo{}, err
 	}
@@ -99,16 +109,22 @@ func RemoveBootstrapToken(path, ref string) (TokenInfo, error) {
 	if err != nil {
 		return TokenInfo{}, err
 	}
-	data, _, err := readTokenFile(path)
-	if err != nil {
-		return TokenInfo{}, fmt.Errorf("authn: bootstrap tokens: %w", err)
-	}
 	lines := strings.SplitAfter(string(data), "\n")
+	if victim.Line < 1 || victim.Line > len(lines) || !lineHasRef(lines[victim.Line-1], victim.Ref) {
+		return TokenInfo{}, fmt.Errorf("authn: bootstrap tokens %s: line %d does not hold the token of reference %s; nothing removed", path, victim.Line, victim.Ref)
+	}
 	lines = append(lines[:victim.Line-1], lines[victim.Line:]...)
 	if err := fileutil.Replace(path, []byte(strings.Join(lines, "")), 0o600); err != nil {
 		return TokenInfo{}, fmt.Errorf("authn: bootstrap tokens: %w", err)
 	}
 	return victim, nil
+}
+
+// lineHasRef says whether line, one line of a token file, holds the
+// token whose reference is ref.
+func lineHasRef(line, ref string) bool {
+	tok, _, ok := strings.Cut(strings.Trim(strings.TrimPrefix(line, "\xef\xbb\xbf"), " \t\r\n"), ",")
+	return ok && TokenLine{Token: strings.Trim(tok, " \t")}.Ref() == ref
 }
 
 // pickByRef is the one token whose reference starts with ref.

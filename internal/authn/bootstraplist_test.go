@@ -50,12 +50,48 @@ func TestListAndRemoveBootstrapTokens(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
-	require.NoError(t, boot.Reload())
+	counts, err := boot.ReloadCounted()
+	require.NoError(t, err)
+	assert.Equal(t, TokenReload{Tokens: 1, Removed: 1}, counts)
 	assert.Equal(t, 1, boot.Len())
 	_, err = boot.Authenticate(t.Context(), Request{BearerToken: a.Token})
 	assert.Error(t, err, "the revoked token no longer authenticates")
 	_, err = boot.Authenticate(t.Context(), Request{BearerToken: b.Token})
 	assert.NoError(t, err)
+
+	c := TokenLine{Token: "cccccccccccccccccccccccc", ID: spiffeid.RequireFromPath(td, "/vm/c")}
+	require.NoError(t, AppendBootstrapToken(path, c))
+	counts, err = boot.ReloadCounted()
+	require.NoError(t, err)
+	assert.Equal(t, TokenReload{Tokens: 2, Added: 1}, counts)
+	counts, err = boot.ReloadCounted()
+	require.NoError(t, err)
+	assert.Equal(t, TokenReload{Tokens: 2}, counts, "nothing changed")
+}
+
+// A token file a server reads through its group (0640 root:trustbridge)
+// keeps its mode when a token is removed: were it made 0600, the server
+// could no longer reload it and the revoked token would stay in force.
+func TestRemoveBootstrapTokenKeepsMode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving the file to the service's group needs root")
+	}
+	path := filepath.Join(t.TempDir(), "tokens")
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	a := TokenLine{Token: "aaaaaaaaaaaaaaaaaaaaaaaa", ID: spiffeid.RequireFromPath(td, "/vm/a")}
+	b := TokenLine{Token: "bbbbbbbbbbbbbbbbbbbbbbbb", ID: spiffeid.RequireFromPath(td, "/vm/b")}
+	require.NoError(t, os.WriteFile(path, []byte(a.String()+"\n"+b.String()+"\n"), 0o600))
+	require.NoError(t, os.Chown(path, 0, 65534))
+	require.NoError(t, os.Chmod(path, 0o640))
+	got, err := RemoveBootstrapToken(path, b.Ref())
+	require.NoError(t, err)
+	assert.Equal(t, TokenInfo{Ref: b.Ref(), ID: b.ID, Line: 2}, got)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o640), fi.Mode().Perm())
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, a.String()+"\n", string(data))
 }
 
 // A file that would not load is neither listed nor changed; an empty one

@@ -32,8 +32,11 @@ func WriteNew(path string, perm os.FileMode, fill func(io.Writer) error) error {
 // running a tool as root on a file a service reads. The new file gets the
 // owner (and, where allowed, the group) of the file it replaces, so the
 // service can still read it; when the owner cannot be kept, nothing is
-// written and the error says so. A missing file is created
-// as Write does.
+// written and the error says so. Its mode is perm narrowed to the
+// replaced file's, never wider than either, except that a file of the
+// writer's own whose group is another (0640 root:trustbridge: the service
+// reads it through its group) keeps its group bits. A missing file is
+// created as Write does.
 func Replace(path string, data []byte, perm os.FileMode) error {
 	info, err := os.Stat(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -43,6 +46,7 @@ func Replace(path string, data []byte, perm os.FileMode) error {
 		return write(path, data, perm, nil)
 	}
 	uid, gid, ok := ownerOf(info)
+	perm = replacedMode(info.Mode(), perm, ok && uid == os.Geteuid() && gid != os.Getegid())
 	if !ok || uid == os.Geteuid() && gid == os.Getegid() {
 		return write(path, data, perm, nil)
 	}
@@ -58,6 +62,16 @@ func Replace(path string, data []byte, perm os.FileMode) error {
 		}
 		return nil
 	})
+}
+
+// replacedMode is the mode of a replacement for a file of mode old: the
+// bits both grant, and old's group bits when the group is the way its
+// reader gets in (keepGroup).
+func replacedMode(old, perm os.FileMode, keepGroup bool) os.FileMode {
+	if keepGroup {
+		perm |= 0o070
+	}
+	return old.Perm() & perm.Perm()
 }
 
 // IsTemp says whether name (a base name) is one of the temporary files

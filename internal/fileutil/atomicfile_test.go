@@ -46,6 +46,26 @@ func TestReplaceCreatesLikeWrite(t *testing.T) {
 	assert.Equal(t, "one", string(got))
 }
 
+// Replace narrows the mode of the file it replaces to perm, and never
+// widens it: a 0400 file stays 0400.
+func TestReplaceNeverWidensMode(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct{ old, perm, want os.FileMode }{
+		{0o600, 0o600, 0o600},
+		{0o400, 0o600, 0o400},
+		{0o644, 0o600, 0o600},
+		{0o604, 0o644, 0o604},
+	} {
+		p := filepath.Join(dir, tt.old.String())
+		require.NoError(t, os.WriteFile(p, []byte("old"), 0o600))
+		require.NoError(t, os.Chmod(p, tt.old))
+		require.NoError(t, Replace(p, []byte("new"), tt.perm))
+		info, err := os.Stat(p)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, info.Mode().Perm(), "replacing a file of mode %v", tt.old)
+	}
+}
+
 // WriteNew creates the file whole, with its mode, and never replaces one
 // that exists; a failed fill leaves nothing, not even a temporary file.
 func TestWriteNew(t *testing.T) {

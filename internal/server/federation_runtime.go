@@ -10,6 +10,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -264,11 +265,16 @@ func (fs *federationSetup) probe(o FederationConfig) func(context.Context, feder
 	}
 }
 
-// runtimeChange records a run-time change with who asked for it.
+// runtimeChange records a run-time change with who asked for it, and for
+// an update what changed.
 func (t *auditTrail) runtimeChange(c managed.Change) {
+	reason := "by " + c.Actor + " (admin API)"
+	if len(c.Changes) > 0 {
+		reason += ": " + strings.Join(c.Changes, ", ")
+	}
 	t.record(audit.Entry{
 		Event: c.Kind, TrustDomain: c.TrustDomain.Name(), SourceURL: c.EndpointURL,
-		Added: fingerprints(federation.Fingerprints(c.Bundle)), Reason: "by " + c.Actor + " (admin API)",
+		Added: fingerprints(federation.Fingerprints(c.Bundle)), Reason: reason,
 	})
 }
 

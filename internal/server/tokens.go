@@ -11,6 +11,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 )
 
 // bootstrapTokens loads --bootstrap-token-file with the ledger that
@@ -65,15 +66,16 @@ func (k *kubeSetup) tokenLedger(dataDir string) func() (authn.TokenLedger, error
 // reloadTokens re-reads --bootstrap-token-file for the admin API (nil
 // without a gRPC service or a token file): trustbridge token revoke takes
 // effect at once rather than at the next poll.
-func (g *grpcEndpoint) reloadTokens() func() (int, error) {
+func (g *grpcEndpoint) reloadTokens() func() (api.TokenReload, error) {
 	if g == nil || g.tokens == nil {
 		return nil
 	}
 	tokens := g.tokens
-	return func() (int, error) {
-		if err := tokens.Reload(); err != nil {
-			return 0, fmt.Errorf("--bootstrap-token-file: %w", err)
+	return func() (api.TokenReload, error) {
+		r, err := tokens.ReloadCounted()
+		if err != nil {
+			return api.TokenReload{}, fmt.Errorf("--bootstrap-token-file: %w", err)
 		}
-		return tokens.Len(), nil
+		return api.TokenReload{Tokens: r.Tokens, Added: r.Added, Removed: r.Removed}, nil
 	}
 }

@@ -38,10 +38,16 @@ type AdminClient struct {
 	TokenFile string
 }
 
-// AddAuthFlags registers where the admin token is.
+// AddAuthFlags registers where the admin token is, and the admin socket.
 func (c *AdminClient) AddAuthFlags(f *pflag.FlagSet) {
-	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it serves its admin socket ("+server.AdminSocketName+", used when --admin is left out) and writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
+	c.AddDataDirFlag(f)
 	f.StringVar(&c.TokenFile, "admin-token-file", "", "file holding the admin token (default <data-dir>/"+server.AdminTokenName+"; env "+AdminTokenEnv+")")
+}
+
+// AddDataDirFlag registers --data-dir, where the admin socket is, for a
+// command that reads without the token.
+func (c *AdminClient) AddDataDirFlag(f *pflag.FlagSet) {
+	f.StringVar(&c.DataDir, "data-dir", "./data", "the server's --data-dir, where it serves its admin socket ("+server.AdminSocketName+", used when --admin is left out) and writes its admin token ("+server.AdminTokenName+", mode 0600, new at each start)")
 }
 
 // Token reads the admin token: --admin-token-file, else the environment,

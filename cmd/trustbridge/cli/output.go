@@ -233,12 +233,57 @@ func (o *OutputFlag) writeDocument(w io.Writer, v any) error {
 		return err
 	}
 	var buf bytes.Buffer
-	if err := o.path.Execute(&buf, doc); err != nil {
+	if err := o.path.Execute(&buf, terminalSafe(doc)); err != nil {
 		return fmt.Errorf("-o %s: %w", o.Format, err)
 	}
 	_, err = w.Write(buf.Bytes())
 	return err
 }
+
+// terminalSafe is doc, decoded JSON, with its strings (keys too) made
+// safe to print raw, as jsonpath output is: control characters other than
+// tab and newline (C0, DEL, C1; ESC, which starts a terminal's escape
+// sequences, among them) are written escaped, as \x1b. The tables escape
+// theirs; a peer's certificate subject must not clear an operator's
+// screen or forge lines here either.
+func terminalSafe(doc any) any {
+	switch v := doc.(type) {
+	case string:
+		return escapeControls(v)
+	case []any:
+		for i := range v {
+			v[i] = terminalSafe(v[i])
+		}
+		return v
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[escapeControls(k)] = terminalSafe(e)
+		}
+		return out
+	}
+	return doc
+}
+
+// escapeControls writes s's control characters but tab and newline as Go
+// escapes.
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, isUnsafeControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isUnsafeControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func isUnsafeControl(r rune) bool { return unicode.IsControl(r) && r != '\t' && r != '\n' }
 
 // printTable renders t through kubectl's table printer, which hides the
 // columns of priority above 0 unless wide and escapes terminal control

@@ -100,6 +100,18 @@ func TestPrintEscapesCells(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(got, "\n"), got)
 }
 
+// jsonpath output prints a document's strings raw, so they are escaped
+// there: a peer-controlled subject cannot clear the screen (ESC), rewrite
+// the line (CR) or ring the bell; tab and newline stay, and the template's
+// own text is left alone.
+func TestJSONPathEscapesControls(t *testing.T) {
+	doc := []map[string]any{{"subject": "CN=\x1b[2Jevil\r\a\x7f\u009b\tok\nline", "n": 1, "keys": []any{"k\x1b]0;title\a"}}}
+	got, err := printed(t, flagWith(t, "-o", `jsonpath={range [*]}{.subject}|{.keys[0]}{"\n"}{end}`), doc, Table{})
+	require.NoError(t, err)
+	assert.Equal(t, "CN=\\x1b[2Jevil\\r\\a\\x7f\\u009b\tok\nline|k\\x1b]0;title\\a\n", got)
+	assert.NotContains(t, got, "\x1b")
+}
+
 func TestPrintNameNeedsNames(t *testing.T) {
 	tb := Table{Columns: []Column{{Name: "Finding"}}, Rows: []Row{{Cells: []any{"x"}}}}
 	_, err := printed(t, flagWith(t, "-o", "name"), nil, tb)

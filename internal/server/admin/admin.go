@@ -153,8 +153,9 @@ type Config struct {
 	LogLevel *slog.LevelVar
 	// ReloadTokens, when set, mounts POST /v1/bootstrap-tokens/reload:
 	// re-read --bootstrap-token-file now, answering how many tokens are in
-	// force (trustbridge token revoke).
-	ReloadTokens func() (int, error)
+	// force and what changed (trustbridge token revoke); audited
+	// (bootstrap_tokens_reloaded) when Audit is set.
+	ReloadTokens func() (api.TokenReload, error)
 	// Audit, when set, records each change made through
 	// /v1/log/level (log_level_changed) and /v1/ca/authorities (ca_authority_* events, with who asked in
 	// Reason); the server's audit trail sets the entry's Actor and

@@ -68,12 +68,21 @@ func (h *Handler) serveSetLogLevel(w http.ResponseWriter, r *http.Request, actor
 }
 
 // serveReloadTokens re-reads --bootstrap-token-file; a file that does not
-// load leaves the tokens in force and answers why.
-func (h *Handler) serveReloadTokens(w http.ResponseWriter, _ *http.Request, _ string) {
-	n, err := h.cfg.ReloadTokens()
+// load leaves the tokens in force and answers why. Either way the audit
+// log records who asked and what came of it.
+func (h *Handler) serveReloadTokens(w http.ResponseWriter, _ *http.Request, actor string) {
+	r, err := h.cfg.ReloadTokens()
 	if err != nil {
+		h.auditReload(fmt.Sprintf("bootstrap token file not reloaded, by %s (admin API): %v; the tokens loaded before stay in force", actor, err))
 		http.Error(w, err.Error()+"; the tokens loaded before stay in force", http.StatusUnprocessableEntity)
 		return
 	}
-	writeJSON(w, api.TokenReload{Tokens: n}, true)
+	h.auditReload(fmt.Sprintf("bootstrap token file reloaded by %s (admin API): %d added, %d removed, %d in force", actor, r.Added, r.Removed, r.Tokens))
+	writeJSON(w, r, true)
+}
+
+func (h *Handler) auditReload(reason string) {
+	if h.cfg.Audit != nil {
+		h.cfg.Audit(audit.Entry{Event: "bootstrap_tokens_reloaded", TrustDomain: h.cfg.TrustDomain.Name(), Reason: reason})
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
 
@@ -70,25 +71,39 @@ func TestRuntimeRoutesOff(t *testing.T) {
 }
 
 // POST /v1/bootstrap-tokens/reload re-reads the token file with the token
-// or on the socket, answering how many tokens are in force, or why the
-// file did not load.
+// or on the socket, answering how many tokens are in force and what
+// changed, or why the file did not load; the audit log records who asked
+// and what came of it.
 func TestReloadTokens(t *testing.T) {
 	f := newFixture(t)
 	var fail error
 	calls := 0
+	var entries []audit.Entry
 	f.cfg.Token = testToken
-	f.cfg.ReloadTokens = func() (int, error) { calls++; return 3, fail }
+	f.cfg.Audit = func(e audit.Entry) { entries = append(entries, e) }
+	f.cfg.ReloadTokens = func() (api.TokenReload, error) {
+		calls++
+		return api.TokenReload{Tokens: 3, Added: 1, Removed: 2}, fail
+	}
 	h := New(f.cfg)
 
 	assert.Equal(t, http.StatusUnauthorized, send(t, h, http.MethodPost, "/v1/bootstrap-tokens/reload", "").Code)
 	assert.Equal(t, 0, calls)
+	assert.Empty(t, entries)
 	rec := send(t, h, http.MethodPost, "/v1/bootstrap-tokens/reload", "", bearer...)
 	require.Equal(t, http.StatusOK, rec.Code)
-	assert.JSONEq(t, `{"tokens":3}`, rec.Body.String())
+	assert.JSONEq(t, `{"tokens":3,"added":1,"removed":2}`, rec.Body.String())
 
 	fail = errors.New("--bootstrap-token-file: line 2: token repeats the one on line 1")
 	rec = send(t, h, http.MethodPost, "/v1/bootstrap-tokens/reload", "", bearer...)
 	assert.Equal(t, http.StatusUnprocessableEntity, rec.Code)
 	assert.Contains(t, rec.Body.String(), "line 2: token repeats the one on line 1; the tokens loaded before stay in force")
 	assert.Equal(t, 2, calls)
+
+	require.Len(t, entries, 2)
+	assert.Equal(t, "bootstrap_tokens_reloaded", entries[0].Event)
+	assert.Equal(t, localTD.Name(), entries[0].TrustDomain)
+	assert.Equal(t, "bootstrap token file reloaded by admin-token (admin API): 1 added, 2 removed, 3 in force", entries[0].Reason)
+	assert.Equal(t, "bootstrap_tokens_reloaded", entries[1].Event)
+	assert.Equal(t, "bootstrap token file not reloaded, by admin-token (admin API): --bootstrap-token-file: line 2: token repeats the one on line 1; the tokens loaded before stay in force", entries[1].Reason)
 }

@@ -14,4 +14,8 @@ type LogLevel struct {
 type TokenReload struct {
 	// Tokens is how many tokens are in force after the reload.
 	Tokens int `json:"tokens"`
+	// Added and Removed count the tokens this reload added and removed
+	// (none when the server's own poll read the change first).
+	Added   int `json:"added"`
+	Removed int `json:"removed"`
 }

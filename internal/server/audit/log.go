@@ -92,7 +92,13 @@ type Entry struct {
 	// upstream_recovered (an upstream authority's outage starts and ends;
 	// one entry each per outage, not per retry), log_level_changed (an
 	// operator's `trustbridge log level`: from what to what, by whom, in
-	// Reason).
+	// Reason), bootstrap_tokens_reloaded (an operator's reload of
+	// --bootstrap-token-file through the admin API, `trustbridge token
+	// revoke`: who asked, admin-socket or admin-token, and how many tokens
+	// were added, removed and are in force, or why the file did not load,
+	// in Reason), federation_updated (a federation relationship changed at
+	// run time: who asked, and each change of endpoint URL, profile,
+	// endpoint SPIFFE ID (old → new) and bootstrap bundle, in Reason).
 	Event       string  `json:"event"`
 	TrustDomain string  `json:"trust_domain"`
 	SourceURL   string  `json:"source_url,omitempty"`

@@ -177,10 +177,11 @@ When TRUST_DOMAIN has an endpoint added with federation add, the bundle
 becomes its bootstrap bundle: it authenticates the endpoint's https_spiffe
 first fetch (once fetched, the endpoint's own bundle is kept current). Else
 it is a static bundle: trusted as is, shown with origin "static", until set
-again or removed with federation remove; federation add later takes it as
-the bootstrap bundle. Applied at once, recorded in the audit log and kept in
-the data directory. Trust domains configured by flags or files, and our own,
-are refused. Needs the admin token (<data-dir>/admin.token).`,
+again or deleted with bundle delete; federation add later takes it as the
+bootstrap bundle. Applied at once, recorded in the audit log and kept in the
+data directory. Trust domains configured by flags or files, and our own, are
+refused. Needs the admin token (<data-dir>/admin.token), or the admin socket
+found by default.`,
 		Example: `  trustbridge bundle set east.example east.example.json --data-dir /var/lib/trustbridge
   trustbridge bundle set mesh.example /etc/cacerts/root-cert.pem
   # the bundle first, then the endpoint it bootstraps (SPIRE's order)

@@ -3,11 +3,9 @@ package bundle
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,17 +43,19 @@ file:PATH), the sequence of the bundle held, how many authorities it holds
 (X.509 roots and JWT keys; our own revoked ones are not counted) and the
 earliest expiry among its X.509 roots. A peer never fetched holds no bundle
 and is not listed: see federation status. Needs no token.`,
-		Example: `  trustbridge bundle list
+		Example: `  trustbridge bundle list --data-dir /var/lib/trustbridge
   trustbridge bundle list -o json --admin http://127.0.0.1:15014`,
 		Args: cobra.NoArgs,
 	}
 	out := cli.AddOutputFlag(cmd)
-	cmd.Flags().StringVar(&c.Addr, "admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
+	f := cmd.Flags()
+	f.StringVar(&c.Addr, "admin", "http://127.0.0.1:15014", cli.AdminFlagHelp)
+	c.AddDataDirFlag(f)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := out.Check(); err != nil {
 			return err
 		}
-		body, err := c.Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
+		body, err := cli.AdminFrom(cmd, &c).Do(cmd.Context(), http.MethodGet, "/v1/snapshot", nil, false)
 		if err != nil {
 			return err
 		}
@@ -64,7 +64,7 @@ and is not listed: see federation status. Needs no token.`,
 			return fmt.Errorf("admin answer: %w", err)
 		}
 		held := heldBundles(snap)
-		return out.Write(e.Out, held, func(w io.Writer) error { return heldTable(w, e.Now(), held) })
+		return out.Print(e.Out, held, heldTable(e.Now(), held))
 	}
 	return cmd
 }
@@ -97,13 +97,11 @@ func heldBundles(snap api.Snapshot) []Held {
 	return out
 }
 
-func heldTable(w io.Writer, now time.Time, held []Held) error {
-	if len(held) == 0 {
-		_, err := fmt.Fprintln(w, "no bundles held")
-		return err
+func heldTable(now time.Time, held []Held) cli.Table {
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Trust domain"}, {Name: "Origin"}, {Name: "Seq"}, {Name: "Authorities"}, {Name: "Earliest expiry"}},
+		Empty:   "no bundles held",
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "TRUST DOMAIN\tORIGIN\tSEQ\tAUTHORITIES\tEARLIEST EXPIRY")
 	for _, h := range held {
 		seq, expiry := "-", "-"
 		if h.Sequence != nil {
@@ -115,9 +113,9 @@ func heldTable(w io.Writer, now time.Time, held []Held) error {
 				expiry += " (EXPIRED)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", h.TrustDomain, cli.Printable(h.Origin), seq, h.Authorities, expiry)
+		t.Rows = append(t.Rows, cli.Row{Name: h.TrustDomain, Cells: []any{cli.Printable(h.TrustDomain), cli.Printable(h.Origin), seq, h.Authorities, expiry}})
 	}
-	return tw.Flush()
+	return t
 }
 
 func newBundleDeleteCmd(e cli.Env) *cobra.Command {
@@ -134,7 +132,8 @@ Refused for our own trust domain (its bundle comes from our CA), for a peer
 federated by an endpoint (its bundle comes from the endpoint: stop
 federating with it with federation remove) and for bundles configured by
 flags or files (--federate, --federation-config, --bundle-file: remove them
-there). Needs the admin token (<data-dir>/admin.token).`,
+there). Needs the admin token (<data-dir>/admin.token), or the admin socket
+found by default.`,
 		Example: `  trustbridge bundle delete static.example --data-dir /var/lib/trustbridge
   trustbridge bundle delete spiffe://static.example`,
 		Args: cobra.ExactArgs(1),
@@ -143,7 +142,7 @@ there). Needs the admin token (<data-dir>/admin.token).`,
 			if err != nil {
 				return fmt.Errorf("trust domain %q: %w", args[0], err)
 			}
-			return c.Relay(cmd.Context(), e.Out, http.MethodDelete, "/v1/bundles/"+url.PathEscape(td.Name()), nil, true)
+			return cli.AdminFrom(cmd, &c).Relay(cmd.Context(), e.Out, http.MethodDelete, "/v1/bundles/"+url.PathEscape(td.Name()), nil, true)
 		},
 	}
 	f := cmd.Flags()

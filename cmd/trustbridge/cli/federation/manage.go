@@ -47,8 +47,8 @@ anyway), starts polling it, records it in the audit log and keeps it in
 <data-dir>/federation-managed.yaml (the --federation-config schema) across
 restarts. Trust domains configured by --federate or --federation-config are
 changed there, not here. TRUST_DOMAIN is example.org or spiffe://example.org.
-Needs the admin token: the server writes it at each start to
-<data-dir>/admin.token (mode 0600).
+Needs the admin token (the server writes it at each start to
+<data-dir>/admin.token, mode 0600), or the admin socket found by default.
 
 --force replaces a relationship added at run time, all of it (without
 --bundle it keeps its bootstrap bundle), like spire-server federation

@@ -49,7 +49,8 @@ or spiffe://example.org.
 Trust domains configured by --federate, --federation-config or a
 ClusterFederatedTrustDomain of another manager cannot be changed here:
 change the flag or the file and restart (or reload), or edit the resource.
-Needs the admin token (<data-dir>/admin.token).`,
+Needs the admin token (<data-dir>/admin.token), or the admin socket found by
+default.`,
 		Example: `  trustbridge federation update east.example --endpoint-url https://east2.example:8443/ --data-dir /var/lib/trustbridge
   trustbridge federation update spiffe://east.example --endpoint-spiffe-id spiffe://east.example/spire/server
   trustbridge federation update east.example --bundle east.example.pem

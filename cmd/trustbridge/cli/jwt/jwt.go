@@ -73,8 +73,8 @@ yaml also print its SPIFFE ID and expiry.
 
 With --spiffe-id ID the token is for ID, any identity of the server's trust
 domain, minted as an operator on the server's admin API (spire-server jwt
-mint): it needs the admin token (--data-dir or --admin-token-file) or the
-admin socket (--admin unix://PATH), goes to the leader and is recorded in
+mint): it needs the admin token (--data-dir or --admin-token-file), or the
+admin socket found by default (or --admin unix://PATH), goes to the leader and is recorded in
 the audit log (jwt_svid_minted) with who asked, the SPIFFE ID, audience, key
 and expiry (never the token). --ca-addr, --root-cert, --token-file,
 --prov-cert and --server-spiffe-id do not go with it.`,

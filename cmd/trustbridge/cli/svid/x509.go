@@ -73,8 +73,8 @@ before anything is printed or written.
 adds DNS names (repeat it).
 
 Minting is a mutation: it needs the admin token (--data-dir or
---admin-token-file) or the admin socket (--admin unix://PATH), goes to the
-leader, and is recorded in the audit log (x509_svid_minted) with who asked,
+--admin-token-file), or the admin socket found by default (or --admin
+unix://PATH), goes to the leader, and is recorded in the audit log (x509_svid_minted) with who asked,
 the SPIFFE ID, serial and expiry. Whoever holds the admin token can mint any
 identity of the trust domain: guard it as the CA's keys.
 

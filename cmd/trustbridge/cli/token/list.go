@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,7 +67,7 @@ the --bootstrap-token-secret Secret, not read here.`,
 			if err != nil {
 				return err
 			}
-			return output.Write(e.Out, list, func(w io.Writer) error { return printTokens(w, list) })
+			return output.Print(e.Out, list, tokensTable(list))
 		},
 	}
 	f := cmd.Flags()
@@ -134,21 +132,46 @@ func openLedger(dataDir string) (authn.TokenLedger, string) {
 	return l, ""
 }
 
-func printTokens(w io.Writer, list []listedToken) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "REFERENCE\tSPIFFE ID\tUSE\tEXPIRES\tSTATE")
-	for _, t := range list {
-		exp := "never"
-		if t.Expires != nil {
-			exp = t.Expires.UTC().Format(time.RFC3339)
-		}
-		state := t.State
-		if t.ConsumedAt != nil {
-			state += " " + t.ConsumedAt.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Reference, t.SPIFFEID, t.Use, exp, state)
+// tokensTable is token list for people; -o name prints the references,
+// which token revoke takes.
+func tokensTable(list []listedToken) cli.Table {
+	t := cli.Table{
+		Columns: []cli.Column{{Name: "Reference"}, {Name: "SPIFFE ID"}, {Name: "Use"}, {Name: "Expires"}, {Name: "State"}},
+		Empty:   "no tokens in the file",
 	}
-	return tw.Flush()
+	for _, tok := range list {
+		exp := "never"
+		if tok.Expires != nil {
+			exp = tok.Expires.UTC().Format(time.RFC3339)
+		}
+		state := tok.State
+		if tok.ConsumedAt != nil {
+			state += " " + tok.ConsumedAt.UTC().Format(time.RFC3339)
+		}
+		t.Rows = append(t.Rows, cli.Row{Name: tok.Reference, Cells: []any{tok.Reference, cli.Printable(tok.SPIFFEID), tok.Use, exp, state}})
+	}
+	return t
+}
+
+// reloadTokens asks the running server to reload its token file after
+// ref's removal. A server that cannot be reached reloads the file at its
+// next poll: a warning. One that answers it could not load the file keeps
+// the tokens it had, the revoked one among them: an error.
+func reloadTokens(cmd *cobra.Command, e cli.Env, c *cli.AdminClient, ref string) error {
+	_, err := c.Do(cmd.Context(), http.MethodPost, "/v1/bootstrap-tokens/reload", nil, true)
+	var ae *cli.AdminError
+	switch {
+	case err == nil:
+		fmt.Fprintln(e.Out, "the server reloaded the token file: the token no longer authenticates")
+		return nil
+	case errors.As(err, &ae) && ae.Code == http.StatusNotFound:
+		fmt.Fprintf(e.Err, "warning: the server at %s has no bootstrap token file loaded (no --bootstrap-token-file), so there was nothing to reload; check that --file is the token file of the server that takes the token\n", c.Addr)
+		return nil
+	case errors.As(err, &ae) && ae.Code != http.StatusUnauthorized && ae.Code != http.StatusForbidden:
+		return fmt.Errorf("the server could not reload the token file: %s; token %s is STILL accepted until the file is readable by the server, valid, and reloaded (it retries every 10 seconds, and at SIGHUP)", ae.Message, ref)
+	}
+	fmt.Fprintf(e.Err, "warning: the server was not told to reload the file (%v); a running server reloads it within 10 seconds, or at SIGHUP\n", err)
+	return nil
 }
 
 func newTokenRevokeCmd(e cli.Env) *cobra.Command {
@@ -161,12 +184,14 @@ func newTokenRevokeCmd(e cli.Env) *cobra.Command {
 		Short: "Remove a token from the token file and have the running server reload it at once",
 		Long: `Remove the token whose reference is REFERENCE (or starts with it: at least 8
 hex digits, naming one token; trustbridge token list shows them) from --file,
-the server's --bootstrap-token-file. The file is replaced atomically, mode
-0600, keeping its comments and other lines. Then the running server is asked
-to reload the file now, over its admin socket in --data-dir, or at --admin
-with the admin token, so the token stops working at once; were that to fail,
-the server still reloads the file within 10 seconds (or at SIGHUP), and the
-reason is printed.
+the server's --bootstrap-token-file. The file is read once and replaced
+atomically, keeping its owner, group, mode (never widened), comments and
+other lines. Then the running server is asked to reload the file now, over
+its admin socket in --data-dir, or at --admin with the admin token, so the
+token stops working at once. When the server cannot be reached, the reason
+is printed and it still reloads the file within 10 seconds (or at SIGHUP);
+when it answers that the file does not load, the token is still accepted and
+the command fails saying why.
 
 Certificates the token bought stop renewing themselves: their grant names a
 token the file no longer holds. Those already issued stay valid until they
@@ -184,12 +209,7 @@ to end them sooner.`,
 				return fmt.Errorf("--file: %w", err)
 			}
 			fmt.Fprintf(e.Out, "revoked %s (%s, line %d of %s)\n", gone.Ref, gone.ID, gone.Line, file)
-			if _, err := cli.AdminFrom(cmd, &c).Do(cmd.Context(), http.MethodPost, "/v1/bootstrap-tokens/reload", nil, true); err != nil {
-				fmt.Fprintf(e.Err, "warning: the server was not told to reload the file (%v); a running server reloads it within 10 seconds, or at SIGHUP\n", err)
-				return nil
-			}
-			fmt.Fprintln(e.Out, "the server reloaded the token file: the token no longer authenticates")
-			return nil
+			return reloadTokens(cmd, e, cli.AdminFrom(cmd, &c), gone.Ref)
 		},
 	}
 	f := cmd.Flags()
