@@ -1,14 +1,20 @@
 package server
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/trustbridge/trustbridge/federation/distribution"
+	"github.com/trustbridge/trustbridge/federation/trust"
 )
 
 func TestParseKeyValues(t *testing.T) {
@@ -75,5 +81,37 @@ func TestDistributionFlags(t *testing.T) {
 			continue
 		}
 		assert.ErrorContains(t, err, tt.wantErr)
+	}
+}
+
+// TestDistributionsShareRegistry: the ConfigMap and Secret controllers
+// register on one registry (their metrics told apart by kind), and each
+// is made only when its name is set.
+func TestDistributionsShareRegistry(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	fed := &federationSetup{store: trust.NewStore()}
+	for _, tt := range []struct {
+		configMap, secret string
+		want              int
+	}{{"", "", 0}, {distribution.DefaultName, "", 1}, {"", "roots", 1}, {distribution.DefaultName, "roots", 2}} {
+		k := &kubeSetup{client: fake.NewClientset(), selector: labels.Everything(),
+			o: KubeConfig{RootConfigMap: tt.configMap, Distribution: DistributionConfig{RootSecret: tt.secret, Truststore: true, Labels: []string{"a=b"}}}}
+		reg := prometheus.NewRegistry()
+		dists, err := k.distributions(td, fed, reg, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		assert.Len(t, dists, tt.want)
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		kinds := map[string]bool{}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "kind" {
+						kinds[l.GetValue()] = true
+					}
+				}
+			}
+		}
+		assert.Len(t, kinds, tt.want, "kind labels %v", kinds)
 	}
 }
