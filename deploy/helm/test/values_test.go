@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,6 +150,11 @@ func TestServerAcceptsRenderedConfig(t *testing.T) {
 				release += "-" + n
 			}
 			raw, _ := serverConfig(t, objs, release)
+			// The truststore password is a Secret mounted into the pod;
+			// here a file of the test's stands for it.
+			password := filepath.Join(t.TempDir(), "storepass")
+			require.NoError(t, os.WriteFile(password, []byte("changeit\n"), 0o600))
+			raw = strings.ReplaceAll(raw, "/etc/trustbridge/truststore-password/storepass", password)
 			path := filepath.Join(t.TempDir(), "config.yaml")
 			require.NoError(t, os.WriteFile(path, []byte(raw), 0o600))
 			cmd := exec.Command(bin, "config", "check", path)
