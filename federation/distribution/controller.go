@@ -3,6 +3,7 @@ package distribution
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -143,6 +144,25 @@ type content struct {
 	// truststore and the roots it holds, nil without one.
 	truststore []byte
 	roots      []*x509.Certificate
+	// opened caches, by SHA-256, which other encodings were found to
+	// hold exactly roots: decoding one per namespace on every resync and
+	// scrape would cost key derivations for nothing.
+	opened sync.Map
+}
+
+// holdsRoots reports whether truststore p12 holds exactly c's roots
+// under password.
+func (c *content) holdsRoots(p12 []byte, password string) bool {
+	if bytes.Equal(p12, c.truststore) {
+		return true
+	}
+	sum := sha256.Sum256(p12)
+	if ok, seen := c.opened.Load(sum); seen {
+		return ok.(bool)
+	}
+	ok := truststoreHolds(p12, password, c.roots)
+	c.opened.Store(sum, ok)
+	return ok
 }
 
 // check checks cfg's required fields, names and metadata, and sets the
@@ -563,8 +583,7 @@ func (c *Controller) upToDate(o *object, cur *content) bool {
 		return len(o.binary) == 0
 	}
 	p12, ok := o.binary[KeyTruststore]
-	return len(o.binary) == 1 && ok &&
-		(bytes.Equal(p12, cur.truststore) || truststoreHolds(p12, c.cfg.Truststore.Password, cur.roots))
+	return len(o.binary) == 1 && ok && cur.holdsRoots(p12, c.cfg.Truststore.Password)
 }
 
 // reconcile brings namespace ns to its desired state from the caches. A

@@ -74,3 +74,33 @@ func TestNewRefusesUnknownKind(t *testing.T) {
 	_, err := New(Config{Client: fake.NewClientset(), Store: store, TrustDomain: spiffeid.RequireTrustDomainFromString(localTD), Kind: "Pod"})
 	assert.ErrorContains(t, err, `kind "Pod"`)
 }
+
+// TestContentHoldsRoots: another encoding of the same roots counts as
+// current, one of other roots or under another password does not, and
+// the answers are remembered by digest.
+func TestContentHoldsRoots(t *testing.T) {
+	_, cas := newStore(t, "peer.example")
+	local, peer := cas[localTD].Bundle(), cas["peer.example"].Bundle()
+	enc := pkcs12.Modern2023
+	p12, roots, err := encodeTruststore(enc, local, "pw")
+	require.NoError(t, err)
+	cur := &content{truststore: p12, roots: roots}
+	again, _, err := encodeTruststore(enc, local, "pw")
+	require.NoError(t, err)
+	require.NotEqual(t, p12, again, "fresh salts")
+	other, _, err := encodeTruststore(enc, peer, "pw")
+	require.NoError(t, err)
+	sealedElse, _, err := encodeTruststore(enc, local, "other")
+	require.NoError(t, err)
+
+	assert.True(t, cur.holdsRoots(p12, "pw"))
+	for range 2 { // the second round answers from the cache
+		assert.True(t, cur.holdsRoots(again, "pw"))
+		assert.False(t, cur.holdsRoots(other, "pw"))
+		assert.False(t, cur.holdsRoots(sealedElse, "pw"))
+		assert.False(t, cur.holdsRoots([]byte("garbage"), "pw"))
+	}
+	n := 0
+	cur.opened.Range(func(any, any) bool { n++; return true })
+	assert.Equal(t, 4, n)
+}
