@@ -1,7 +1,10 @@
 package distribution
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -18,16 +21,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	pkcs12 "software.sslmate.com/src/go-pkcs12"
 
 	"github.com/trustbridge/trustbridge/federation/trust"
 	"github.com/trustbridge/trustbridge/internal/logattr"
@@ -78,8 +80,16 @@ type Config struct {
 	// TrustDomain is the local trust domain, whose roots go to
 	// root-cert.pem. Until the store holds its bundle nothing is written.
 	TrustDomain spiffeid.TrustDomain
-	// Name is the ConfigMap's name (default DefaultName).
+	// Name is the object's name (default DefaultName).
 	Name string
+	// Kind is what is kept in every namespace (default KindConfigMap). A
+	// KindSecret controller needs deploy/rbac/distribution-secret.
+	Kind Kind
+	// Truststore adds a PKCS#12 truststore of the local roots.
+	Truststore Truststore
+	// Labels and Annotations are set on every object written, besides
+	// the managed-by label, which they must not name.
+	Labels, Annotations map[string]string
 	// NamespaceSelector picks the namespaces (default: all).
 	NamespaceSelector labels.Selector
 	// Logger receives the controller's logs (nil: discard).
@@ -103,6 +113,8 @@ type Config struct {
 // run it at all.
 type Controller struct {
 	cfg     Config
+	target  target
+	enc     *pkcs12.Encoder // nil without a truststore
 	log     *slog.Logger
 	metrics *metrics
 	running atomic.Bool
@@ -116,7 +128,7 @@ type Controller struct {
 // current rendering. A later Run (a new leadership term) starts afresh.
 type runState struct {
 	nsLister corelisters.NamespaceLister
-	cmLister corelisters.ConfigMapLister
+	objects  cache.Indexer // ours and same-named foreign objects
 	queue    workqueue.TypedRateLimitingInterface[string]
 	pacer    *pacer
 	synced   atomic.Bool
@@ -129,28 +141,65 @@ type runState struct {
 type content struct {
 	generation uint64
 	data       map[string]string
+	// truststore and the roots it holds, nil without one.
+	truststore []byte
+	roots      []*x509.Certificate
+	// opened caches, by SHA-256, which other encodings were found to
+	// hold exactly roots: decoding one per namespace on every resync and
+	// scrape would cost key derivations for nothing.
+	opened sync.Map
+}
+
+// holdsRoots reports whether truststore p12 holds exactly c's roots
+// under password.
+func (c *content) holdsRoots(p12 []byte, password string) bool {
+	if bytes.Equal(p12, c.truststore) {
+		return true
+	}
+	sum := sha256.Sum256(p12)
+	if ok, seen := c.opened.Load(sum); seen {
+		return ok.(bool)
+	}
+	ok := truststoreHolds(p12, password, c.roots)
+	c.opened.Store(sum, ok)
+	return ok
+}
+
+// check checks cfg's required fields, names and metadata, and sets the
+// defaults of Name, Kind and NamespaceSelector.
+func (cfg *Config) check() error {
+	if cfg.Client == nil {
+		return errors.New("distribution: no Kubernetes client")
+	}
+	if cfg.Store == nil {
+		return errors.New("distribution: no trust store")
+	}
+	if cfg.TrustDomain.IsZero() {
+		return errors.New("distribution: no local trust domain")
+	}
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if cfg.Kind == "" {
+		cfg.Kind = KindConfigMap
+	}
+	if errs := validation.IsDNS1123Subdomain(cfg.Name); len(errs) > 0 {
+		return fmt.Errorf("distribution: %s name %q: %s", cfg.Kind, cfg.Name, strings.Join(errs, "; "))
+	}
+	if err := checkMetadata(cfg.Labels, cfg.Annotations); err != nil {
+		return fmt.Errorf("distribution: %w", err)
+	}
+	if cfg.NamespaceSelector == nil {
+		cfg.NamespaceSelector = labels.Everything()
+	}
+	return nil
 }
 
 // New checks cfg, applies defaults and registers the metrics. It starts
 // nothing; call Run.
 func New(cfg Config) (*Controller, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("distribution: no Kubernetes client")
-	}
-	if cfg.Store == nil {
-		return nil, errors.New("distribution: no trust store")
-	}
-	if cfg.TrustDomain.IsZero() {
-		return nil, errors.New("distribution: no local trust domain")
-	}
-	if cfg.Name == "" {
-		cfg.Name = DefaultName
-	}
-	if errs := validation.IsDNS1123Subdomain(cfg.Name); len(errs) > 0 {
-		return nil, fmt.Errorf("distribution: ConfigMap name %q: %s", cfg.Name, strings.Join(errs, "; "))
-	}
-	if cfg.NamespaceSelector == nil {
-		cfg.NamespaceSelector = labels.Everything()
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	if cfg.Workers < 0 {
 		return nil, fmt.Errorf("distribution: workers must not be negative, got %d", cfg.Workers)
@@ -175,6 +224,15 @@ func New(cfg Config) (*Controller, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	c := &Controller{cfg: cfg, log: log, writeBurst: defaultWriteBurst, writeEvery: defaultWriteEvery}
+	var err error
+	if c.target, err = targetFor(cfg.Kind); err != nil {
+		return nil, fmt.Errorf("distribution: %w", err)
+	}
+	if cfg.Truststore.Enabled {
+		if c.enc, err = cfg.Truststore.encoder(); err != nil {
+			return nil, fmt.Errorf("distribution: %w", err)
+		}
+	}
 	m, err := newMetrics(cfg.Registerer, c)
 	if err != nil {
 		return nil, fmt.Errorf("distribution: register metrics: %w", err)
@@ -248,7 +306,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return nil // ctx is done
 	}
 	rs.synced.Store(true)
-	c.log.Info("distributing trust ConfigMap", "configmap", c.cfg.Name,
+	c.log.Info("distributing trust "+string(c.cfg.Kind), "name", c.cfg.Name,
 		"namespace_selector", c.cfg.NamespaceSelector.String(), logattr.TrustDomain, c.cfg.TrustDomain.Name())
 	for range c.cfg.Workers {
 		wg.Go(func() {
@@ -281,15 +339,9 @@ func (c *Controller) newRunState() *runState {
 func (c *Controller) informers(rs *runState) (nsInformer, cmInformer cache.SharedIndexInformer, err error) {
 	nsInformer = coreinformers.NewFilteredNamespaceInformer(c.cfg.Client, c.cfg.Resync, cache.Indexers{},
 		func(o *metav1.ListOptions) { o.LabelSelector = c.cfg.NamespaceSelector.String() })
-	// The field selector keeps the cache to our ConfigMaps, and lets RBAC
-	// restrict list and watch to that one name.
-	cmInformer = coreinformers.NewFilteredConfigMapInformer(c.cfg.Client, metav1.NamespaceAll, c.cfg.Resync,
-		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
-		func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.cfg.Name).String()
-		})
+	cmInformer = c.target.informer(c.cfg.Client, c.cfg.Resync, c.cfg.Name)
 	rs.nsLister = corelisters.NewNamespaceLister(nsInformer.GetIndexer())
-	rs.cmLister = corelisters.NewConfigMapLister(cmInformer.GetIndexer())
+	rs.objects = cmInformer.GetIndexer()
 
 	// A namespace that stops matching the selector arrives as a delete:
 	// the API server's filtered watch reports it gone.
@@ -300,7 +352,7 @@ func (c *Controller) informers(rs *runState) (nsInformer, cmInformer cache.Share
 		FilterFunc: c.isOurName,
 		Handler:    c.enqueueHandler(rs),
 	}); err != nil {
-		return nil, nil, fmt.Errorf("distribution: ConfigMap informer: %w", err)
+		return nil, nil, fmt.Errorf("distribution: %s informer: %w", c.cfg.Kind, err)
 	}
 	return nsInformer, cmInformer, nil
 }
@@ -352,14 +404,43 @@ func (c *Controller) renderCurrent(rs *runState) bool {
 			"generation", sn.Generation(), logattr.TrustDomain, c.cfg.TrustDomain.Name(), logattr.Error, err)
 		return false
 	}
+	next := &content{generation: sn.Generation(), data: data}
+	if err := c.addTruststore(next, cur, sn); err != nil {
+		rs.renderErr.Store(&err)
+		c.metrics.renderErrors.Inc()
+		c.log.Error("cannot render the truststore; keeping the last good content",
+			"generation", sn.Generation(), logattr.TrustDomain, c.cfg.TrustDomain.Name(), logattr.Error, err)
+		return false
+	}
 	rs.renderErr.Store(nil)
 	for _, s := range skips {
 		c.metrics.skipped.WithLabelValues(s.trustDomain, s.reason).Inc()
 		c.log.Warn("federated trust domain left out of the trust ConfigMap",
 			logattr.TrustDomain, s.trustDomain, "reason", s.reason, logattr.Error, s.err)
 	}
-	rs.content.Store(&content{generation: sn.Generation(), data: data})
+	rs.content.Store(next)
+	// The truststore follows root-cert.pem: the text keys tell a change.
 	return cur == nil || !maps.Equal(cur.data, data)
+}
+
+// addTruststore sets next's truststore: cur's while the local roots are
+// the same (a new encoding would differ in its salts alone), else a new
+// one.
+func (c *Controller) addTruststore(next, cur *content, sn *trust.Snapshot) error {
+	if c.enc == nil {
+		return nil
+	}
+	if cur != nil && cur.truststore != nil && cur.data[KeyRootCert] == next.data[KeyRootCert] {
+		next.truststore, next.roots = cur.truststore, cur.roots
+		return nil
+	}
+	b, _ := sn.Bundle(c.cfg.TrustDomain) // render found it
+	p12, roots, err := encodeTruststore(c.enc, b, c.cfg.Truststore.Password)
+	if err != nil {
+		return err
+	}
+	next.truststore, next.roots = p12, roots
+	return nil
 }
 
 func (c *Controller) isOurName(obj any) bool {
@@ -396,6 +477,8 @@ func metaOf(obj any) (metav1.Object, error) {
 		return o, nil
 	case *corev1.ConfigMap:
 		return o, nil
+	case *corev1.Secret:
+		return o, nil
 	default:
 		return nil, fmt.Errorf("object of type %T", obj)
 	}
@@ -409,9 +492,10 @@ func (c *Controller) enqueueAll(rs *runState) {
 	for _, ns := range namespaces {
 		rs.queue.Add(ns.Name)
 	}
-	cms, _ := rs.cmLister.List(labels.Everything())
-	for _, cm := range cms {
-		rs.queue.Add(cm.Namespace)
+	for _, obj := range rs.objects.List() {
+		if o, ok := c.target.decode(obj); ok {
+			rs.queue.Add(o.meta.Namespace)
+		}
 	}
 }
 
@@ -470,76 +554,94 @@ func (c *Controller) wanted(rs *runState, ns string) (want, terminating bool, er
 	return c.cfg.NamespaceSelector.Matches(labels.Set(obj.Labels)), false, nil
 }
 
-func owned(cm *corev1.ConfigMap) bool {
-	return cm.Labels[ManagedByLabel] == ManagedByValue
+func owned(o *object) bool {
+	return o.meta.Labels[ManagedByLabel] == ManagedByValue
 }
 
-// upToDate reports whether cm, which we own, holds exactly data.
-func upToDate(cm *corev1.ConfigMap, data map[string]string) bool {
-	return len(cm.BinaryData) == 0 && maps.Equal(cm.Data, data)
+// cached returns the object named ours in namespace ns from the cache,
+// nil if there is none.
+func (c *Controller) cached(rs *runState, ns string) (*object, error) {
+	obj, exists, err := rs.objects.GetByKey(ns + "/" + c.cfg.Name)
+	if err != nil || !exists {
+		return nil, err
+	}
+	o, ok := c.target.decode(obj)
+	if !ok {
+		return nil, fmt.Errorf("unexpected %T in the %s cache", obj, c.cfg.Kind)
+	}
+	return o, nil
+}
+
+// upToDate reports whether o, which we own, holds exactly cur and carries
+// the configured labels and annotations.
+func (c *Controller) upToDate(o *object, cur *content) bool {
+	if o.wrongType || !maps.Equal(o.data, cur.data) || !hasAll(o.meta.Labels, c.cfg.Labels) ||
+		!hasAll(o.meta.Annotations, c.cfg.Annotations) {
+		return false
+	}
+	if cur.truststore == nil {
+		return len(o.binary) == 0
+	}
+	p12, ok := o.binary[KeyTruststore]
+	return len(o.binary) == 1 && ok && cur.holdsRoots(p12, c.cfg.Truststore.Password)
 }
 
 // reconcile brings namespace ns to its desired state from the caches. A
-// namespace that no longer matches the selector loses our ConfigMap:
-// trust left behind would never be rotated again, and a root revoked later
-// would stay trusted there. A ConfigMap we do not own is never touched.
+// namespace that no longer matches the selector loses our object: trust
+// left behind would never be rotated again, and a root revoked later
+// would stay trusted there. An object we do not own is never touched.
 func (c *Controller) reconcile(ctx context.Context, rs *runState, ns string) error {
 	want, terminating, err := c.wanted(rs, ns)
 	if err != nil || terminating {
 		return err
 	}
-	cm, err := rs.cmLister.ConfigMaps(ns).Get(c.cfg.Name)
-	if apierrors.IsNotFound(err) {
-		cm, err = nil, nil
-	}
+	o, err := c.cached(rs, ns)
 	if err != nil {
 		return err
 	}
-	cms := c.cfg.Client.CoreV1().ConfigMaps(ns)
-
 	if !want {
-		if cm == nil || !owned(cm) {
+		if o == nil || !owned(o) {
 			return nil
 		}
 		if err := c.pace(rs, ns); err != nil {
 			return err
 		}
-		return c.delete(ctx, rs, cms, cm, "namespace no longer selected")
+		return c.delete(ctx, rs, o, "namespace no longer selected")
 	}
-	return c.distribute(ctx, rs, cms, ns, cm)
+	return c.distribute(ctx, rs, ns, o)
 }
 
-// distribute brings the ConfigMap of selected namespace ns, cm as cached
-// (nil if there is none), to the current rendering: it creates it,
-// updates it, or replaces it when it is immutable. Writes are paced; a
-// ConfigMap we do not own is left alone.
-func (c *Controller) distribute(ctx context.Context, rs *runState, cms typedcorev1.ConfigMapInterface, ns string, cm *corev1.ConfigMap) error {
+// distribute brings the object of selected namespace ns, o as cached (nil
+// if there is none), to the current rendering: it creates it, updates it,
+// or replaces it when it cannot be updated (immutable, or a Secret of
+// another type). Writes are paced; an object we do not own is left alone.
+func (c *Controller) distribute(ctx context.Context, rs *runState, ns string, o *object) error {
 	cur := rs.content.Load()
 	if cur == nil {
 		return nil // nothing rendered yet; the first rendering queues every namespace
 	}
-	if cm == nil || (owned(cm) && !upToDate(cm, cur.data)) { // a write below
+	if o == nil || (owned(o) && !c.upToDate(o, cur)) { // a write below
 		if err := c.pace(rs, ns); err != nil {
 			return err
 		}
 	}
 	switch {
-	case cm == nil:
-		if err := c.create(ctx, rs, cms, ns, cur); err != nil {
+	case o == nil:
+		if err := c.write(ctx, rs, ns, nil, cur); err != nil {
 			return err
 		}
-	case !owned(cm):
+	case !owned(o):
 		c.metrics.foreign.Inc()
-		c.log.Warn("a ConfigMap with the trust ConfigMap's name exists but is not managed by trustbridge; leaving it alone",
-			"namespace", ns, "configmap", c.cfg.Name, "label", ManagedByLabel+"="+ManagedByValue)
+		c.log.Warn("an object with the trust "+string(c.cfg.Kind)+"'s name exists but is not managed by trustbridge; leaving it alone",
+			"namespace", ns, "kind", c.cfg.Kind, "name", c.cfg.Name, "label", ManagedByLabel+"="+ManagedByValue)
 		return nil
-	case upToDate(cm, cur.data):
-	case cm.Immutable != nil && *cm.Immutable:
-		// Someone made our ConfigMap immutable; it cannot be updated, only
-		// replaced. Its deletion event brings the namespace back here.
-		return c.delete(ctx, rs, cms, cm, "immutable and out of date; recreating it")
+	case c.upToDate(o, cur):
+	case o.immutable || o.wrongType:
+		// It cannot be updated, only replaced. Its deletion event brings
+		// the namespace back here.
+		return c.delete(ctx, rs, o, "immutable or of another type, and out of date; recreating it")
 	default:
-		if err := c.update(ctx, rs, cms, ns, cm, cur); err != nil {
+		if err := c.write(ctx, rs, ns, o, cur); err != nil {
 			return err
 		}
 	}
@@ -547,38 +649,35 @@ func (c *Controller) distribute(ctx context.Context, rs *runState, cms typedcore
 	return nil
 }
 
-// create writes our ConfigMap, holding cur, into namespace ns.
-func (c *Controller) create(ctx context.Context, rs *runState, cms typedcorev1.ConfigMapInterface, ns string, cur *content) error {
-	_, err := cms.Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      c.cfg.Name,
-			Namespace: ns,
-			Labels:    map[string]string{ManagedByLabel: ManagedByValue},
-		},
-		Data: maps.Clone(cur.data),
-	}, metav1.CreateOptions{})
+// write creates our object in namespace ns holding cur, or, given the
+// cached one, updates it. An update carries the cached resourceVersion:
+// a concurrent change fails with a conflict and is retried from the
+// newer object.
+func (c *Controller) write(ctx context.Context, rs *runState, ns string, cached *object, cur *content) error {
+	next := &object{meta: metav1.ObjectMeta{Name: c.cfg.Name, Namespace: ns}}
+	if cached != nil {
+		next.meta = *cached.meta.DeepCopy()
+	}
+	next.meta.Labels = merged(next.meta.Labels, c.cfg.Labels)
+	next.meta.Labels[ManagedByLabel] = ManagedByValue
+	next.meta.Annotations = merged(next.meta.Annotations, c.cfg.Annotations)
+	next.data = maps.Clone(cur.data)
+	if cur.truststore != nil {
+		next.binary = map[string][]byte{KeyTruststore: cur.truststore}
+	}
+	op, result, err := "created", resultCreated, error(nil)
+	if cached == nil {
+		err = c.target.create(ctx, c.cfg.Client, next)
+	} else {
+		op, result = "updated", resultUpdated
+		err = c.target.update(ctx, c.cfg.Client, next)
+	}
 	if err != nil {
 		return c.writeFailed(err)
 	}
 	rs.pacer.wrote(ns, c.cfg.Clock.Now())
-	c.metrics.writes.WithLabelValues(resultCreated).Inc()
-	c.log.Info("created trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
-	return nil
-}
-
-// update replaces the data of our ConfigMap cm in namespace ns with cur.
-func (c *Controller) update(ctx context.Context, rs *runState, cms typedcorev1.ConfigMapInterface, ns string, cm *corev1.ConfigMap, cur *content) error {
-	next := cm.DeepCopy()
-	next.Data = maps.Clone(cur.data)
-	next.BinaryData = nil
-	// next carries the cached resourceVersion: a concurrent change
-	// fails with a conflict and is retried from the newer object.
-	if _, err := cms.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
-		return c.writeFailed(err)
-	}
-	rs.pacer.wrote(ns, c.cfg.Clock.Now())
-	c.metrics.writes.WithLabelValues(resultUpdated).Inc()
-	c.log.Info("updated trust ConfigMap", "namespace", ns, "configmap", c.cfg.Name, "generation", cur.generation)
+	c.metrics.writes.WithLabelValues(result).Inc()
+	c.log.Info(op+" trust "+string(c.cfg.Kind), "namespace", ns, "name", c.cfg.Name, "generation", cur.generation)
 	return nil
 }
 
@@ -590,11 +689,9 @@ func (c *Controller) pace(rs *runState, ns string) error {
 	return nil
 }
 
-func (c *Controller) delete(ctx context.Context, rs *runState, cms interface {
-	Delete(context.Context, string, metav1.DeleteOptions) error
-}, cm *corev1.ConfigMap, why string) error {
-	uid, rv := cm.UID, cm.ResourceVersion
-	err := cms.Delete(ctx, cm.Name, metav1.DeleteOptions{
+func (c *Controller) delete(ctx context.Context, rs *runState, o *object, why string) error {
+	uid, rv := o.meta.UID, o.meta.ResourceVersion
+	err := c.target.delete(ctx, c.cfg.Client, o.meta.Namespace, o.meta.Name, metav1.DeleteOptions{
 		// Delete exactly what we judged: not a newer version someone
 		// wrote (perhaps without our label) since.
 		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
@@ -605,10 +702,10 @@ func (c *Controller) delete(ctx context.Context, rs *runState, cms interface {
 	if err != nil {
 		return c.writeFailed(err)
 	}
-	rs.pacer.wrote(cm.Namespace, c.cfg.Clock.Now())
+	rs.pacer.wrote(o.meta.Namespace, c.cfg.Clock.Now())
 	c.metrics.writes.WithLabelValues(resultDeleted).Inc()
 	c.metrics.lastSync.Set(float64(c.cfg.Clock.Now().UnixNano()) / 1e9)
-	c.log.Info("deleted trust ConfigMap", "namespace", cm.Namespace, "configmap", cm.Name, "reason", why)
+	c.log.Info("deleted trust "+string(c.cfg.Kind), "namespace", o.meta.Namespace, "name", o.meta.Name, "reason", why)
 	return nil
 }
 

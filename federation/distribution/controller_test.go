@@ -394,7 +394,7 @@ func TestReconcile(t *testing.T) {
 			client := fake.NewClientset(objs...)
 			c, err := New(Config{Client: client, Store: store, TrustDomain: td, NamespaceSelector: labels.SelectorFromSet(selected)})
 			require.NoError(t, err)
-			rs := &runState{nsLister: corelisters.NewNamespaceLister(nsIndexer), cmLister: corelisters.NewConfigMapLister(cmIndexer),
+			rs := &runState{nsLister: corelisters.NewNamespaceLister(nsIndexer), objects: cmIndexer,
 				pacer: newPacer(defaultWriteBurst, defaultWriteEvery)}
 			if !tt.noContent {
 				rs.content.Store(&content{generation: store.Snapshot().Generation(), data: want})
@@ -415,7 +415,7 @@ func TestReconcile(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.wantData, cm.Data)
-			if tt.cm == nil || owned(tt.cm) {
+			if tt.cm == nil || tt.cm.Labels[ManagedByLabel] == ManagedByValue {
 				assert.Equal(t, ManagedByValue, cm.Labels[ManagedByLabel])
 				assert.Empty(t, cm.BinaryData)
 			}

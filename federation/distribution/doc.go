@@ -7,6 +7,13 @@
 // workload trusts a federated trust domain's roots for that trust domain
 // only (SPIFFE Federation §7.3).
 //
+// Config.Kind KindSecret keeps the same keys in an Opaque Secret instead,
+// under the same rules below; the server runs one controller per kind. An
+// optional truststore.p12 (Config.Truststore) holds the local roots only,
+// as a PKCS#12 truststore for Java: it cannot say which trust domain a
+// root is for, so federated roots never go in. Config.Labels and
+// Config.Annotations are set on every object written.
+//
 // A Controller renders each trust store snapshot once, and informers on
 // Namespaces (label-selected) and on ConfigMaps of that name (field-selected,
 // all namespaces) feed a rate-limited workqueue keyed by namespace. Writes

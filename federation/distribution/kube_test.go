@@ -41,6 +41,13 @@ type kubeRig struct {
 
 func newKubeRig(t *testing.T, client kubernetes.Interface, name string) *kubeRig {
 	t.Helper()
+	return newKubeRigWith(t, client, name, func(*Config) {})
+}
+
+// newKubeRigWith is newKubeRig with edit applied to the controller's
+// Config.
+func newKubeRigWith(t *testing.T, client kubernetes.Interface, name string, edit func(*Config)) *kubeRig {
+	t.Helper()
 	env := kubetest.Shared(t)
 	if client == nil {
 		client = env.Client
@@ -54,14 +61,16 @@ func newKubeRig(t *testing.T, client kubernetes.Interface, name string) *kubeRig
 		labelKey: "distribution.trustbridge.test/selected", labelVal: randomName("t"),
 		store: store, cas: cas, reg: prometheus.NewRegistry(),
 	}
-	c, err := New(Config{
+	cfg := Config{
 		Client:            client,
 		Store:             store,
 		TrustDomain:       spiffeid.RequireTrustDomainFromString(localTD),
 		Name:              name,
 		NamespaceSelector: labels.SelectorFromSet(labels.Set{r.labelKey: r.labelVal}),
 		Registerer:        r.reg,
-	})
+	}
+	edit(&cfg)
+	c, err := New(cfg)
 	require.NoError(t, err)
 	r.ctrl = c
 	return r
@@ -115,7 +124,7 @@ func (r *kubeRig) waitCurrent(t *testing.T, namespaces ...string) {
 	for _, ns := range namespaces {
 		require.Eventually(t, func() bool {
 			cm, err := r.get(ns)
-			return err == nil && owned(cm) && assert.ObjectsAreEqual(want, cm.Data) && len(cm.BinaryData) == 0
+			return err == nil && cm.Labels[ManagedByLabel] == ManagedByValue && assert.ObjectsAreEqual(want, cm.Data) && len(cm.BinaryData) == 0
 		}, waitFor, tick, "namespace %s never got the current ConfigMap", ns)
 	}
 }

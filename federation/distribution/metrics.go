@@ -1,6 +1,8 @@
 package distribution
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -32,14 +34,17 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
+	// The ConfigMap and the Secret controllers share the names, told
+	// apart by kind.
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"kind": strings.ToLower(string(c.cfg.Kind))}, reg)
 	m := &metrics{
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_distribution_writes_total",
-			Help: "Writes of the trust ConfigMap by result (created, updated, deleted, conflict, error).",
+			Help: "Writes of the trust ConfigMap or Secret (kind) by result (created, updated, deleted, conflict, error).",
 		}, []string{"result"}),
 		foreign: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_distribution_foreign_configmaps_total",
-			Help: "Reconciles that found a same-named ConfigMap not managed by trustbridge and left it alone.",
+			Help: "Reconciles that found a same-named ConfigMap or Secret (kind) not managed by trustbridge and left it alone.",
 		}),
 		renderErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_distribution_render_errors_total",
@@ -47,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		}),
 		throttled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "trustbridge_distribution_throttled_total",
-			Help: "Writes of a namespace's trust ConfigMap postponed because it was written too often: another writer may be undoing them.",
+			Help: "Writes of a namespace's trust ConfigMap or Secret (kind) postponed because it was written too often: another writer may be undoing them.",
 		}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_distribution_skipped_total",
@@ -70,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 }
 
 var descNamespaces = prometheus.NewDesc("trustbridge_distribution_namespaces",
-	"Selected namespaces by the state of their trust ConfigMap (current, pending, foreign), from the informer caches.",
+	"Selected namespaces by the state of their trust ConfigMap or Secret (kind: current, pending, foreign), from the informer caches.",
 	[]string{"state"}, nil)
 
 // stateCollector counts namespaces at scrape time from the caches, so the
@@ -91,21 +96,21 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if ns.DeletionTimestamp != nil || !s.c.cfg.NamespaceSelector.Matches(labels.Set(ns.Labels)) {
 			continue
 		}
-		counts[namespaceState(rs, ns, s.c.cfg.Name, cur)]++
+		counts[namespaceState(rs, ns, s.c, cur)]++
 	}
 	for state, n := range counts {
 		ch <- prometheus.MustNewConstMetric(descNamespaces, prometheus.GaugeValue, float64(n), state)
 	}
 }
 
-func namespaceState(rs *runState, ns *corev1.Namespace, name string, cur *content) string {
-	cm, err := rs.cmLister.ConfigMaps(ns.Name).Get(name)
+func namespaceState(rs *runState, ns *corev1.Namespace, c *Controller, cur *content) string {
+	o, err := c.cached(rs, ns.Name)
 	switch {
-	case err != nil: // not found: the cache holds nothing else
+	case err != nil || o == nil:
 		return statePending
-	case !owned(cm):
+	case !owned(o):
 		return stateForeign
-	case cur == nil || !upToDate(cm, cur.data):
+	case cur == nil || !c.upToDate(o, cur):
 		return statePending
 	default:
 		return stateCurrent

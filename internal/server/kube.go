@@ -58,6 +58,7 @@ type KubeConfig struct {
 	RetryPeriod       time.Duration
 	RootConfigMap     string
 	NamespaceSelector string
+	Distribution      DistributionConfig
 	FederationCRD     bool
 	FederationClass   string
 	TrustPolicyCRD    bool
@@ -83,7 +84,8 @@ func addKubeFlags(f *pflag.FlagSet, o *KubeConfig) {
 	f.DurationVar(&o.RenewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "a leader that could not renew for this long stops writing and steps down")
 	f.DurationVar(&o.RetryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "how often the Lease is renewed or tried")
 	f.StringVar(&o.RootConfigMap, "root-configmap", distribution.DefaultName, `with --storage kube, the ConfigMap kept in every namespace matching --namespace-selector: root-cert.pem (local roots), bundle.spiffe.json (SPIFFE bundle map of every trust domain) and <trust-domain>.pem per federated trust domain; "" disables it`)
-	f.StringVar(&o.NamespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap (default: all)")
+	f.StringVar(&o.NamespaceSelector, "namespace-selector", "", "label selector of the namespaces that get --root-configmap and --root-secret (default: all)")
+	addDistributionFlags(f, &o.Distribution)
 	f.BoolVar(&o.FederationCRD, "federation-crd", false, "with --storage kube, federate with the trust domains of ClusterFederatedTrustDomain resources (trustbridge.dev/v1alpha1, deploy/base/crd.yaml) as they are created, edited and deleted, and write each one's polling state into its status")
 	f.BoolVar(&o.TrustPolicyCRD, "trust-policy-crd", false, "with --storage kube, add the rules of ClusterTrustPolicy resources (trustbridge.dev/v1alpha1, deploy/base/trustpolicy-crd.yaml) to the trust policy as they are created, edited and deleted, and write whether each is applied, which workloads it matched and its conflicts into its status")
 	f.BoolVar(&o.IdentityMapCRD, "identity-map-crd", false, "with --storage kube, add the rules of ClusterIdentityMapping resources (trustbridge.dev/v1alpha1, deploy/base/identitymapping-crd.yaml) to the identity map (--identity-map) node agents are checked against, and write whether each is accepted and its conflicts into its status; node agents are refused as unavailable until the resources were read")
@@ -121,6 +123,9 @@ func checkStorageFlags(o Config) error {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
 	}
 	if err := checkPodCertFlags(o.Kube); err != nil {
+		return err
+	}
+	if err := checkDistributionFlags(o.Kube); err != nil {
 		return err
 	}
 	if o.Kube.TrustBundleSigner != "" {
@@ -277,18 +282,11 @@ func (k *kubeSetup) federationCRD(td spiffeid.TrustDomain, fed *federationSetup,
 // federated bundles the leader saves.
 func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd.Controller, reg prometheus.Registerer, logger *slog.Logger,
 	leaderExtra ...func(context.Context) error) ([]func(context.Context) error, error) {
-	var dist *distribution.Controller
-	if k.o.RootConfigMap != "" {
-		var err error
-		dist, err = distribution.New(distribution.Config{
-			Client: k.client, Store: fed.store, TrustDomain: td, Name: k.o.RootConfigMap,
-			NamespaceSelector: k.selector, Logger: logger.With(logattr.Component, "distribution"), Registerer: reg,
-		})
-		if err != nil {
-			return nil, err
-		}
+	dists, err := k.distributions(td, fed, reg, logger)
+	if err != nil {
+		return nil, err
 	}
-	duties := append(k.leaderDuties(fed.poller, dist, logger), leaderExtra...)
+	duties := append(k.leaderDuties(fed.poller, dists, logger), leaderExtra...)
 	if k.o.TrustBundleSigner != "" {
 		tb, err := distribution.NewTrustBundles(distribution.TrustBundleConfig{
 			Client: k.client, Store: fed.store, SignerName: k.o.TrustBundleSigner,
@@ -324,10 +322,38 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd
 	}), nil
 }
 
+// distributions makes the controllers of --root-configmap and
+// --root-secret, those that are set.
+func (k *kubeSetup) distributions(td spiffeid.TrustDomain, fed *federationSetup, reg prometheus.Registerer, logger *slog.Logger) ([]*distribution.Controller, error) {
+	base, err := k.o.Distribution.distributionConfig()
+	if err != nil {
+		return nil, err
+	}
+	var dists []*distribution.Controller
+	for _, t := range []struct {
+		kind distribution.Kind
+		name string
+	}{{distribution.KindConfigMap, k.o.RootConfigMap}, {distribution.KindSecret, k.o.Distribution.RootSecret}} {
+		if t.name == "" {
+			continue
+		}
+		cfg := base
+		cfg.Client, cfg.Store, cfg.TrustDomain, cfg.Name, cfg.Kind = k.client, fed.store, td, t.name, t.kind
+		cfg.NamespaceSelector, cfg.Registerer = k.selector, reg
+		cfg.Logger = logger.With(logattr.Component, "distribution", "kind", t.kind)
+		d, err := distribution.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		dists = append(dists, d)
+	}
+	return dists, nil
+}
+
 // leaderDuties is what the leader runs besides the CA's rotation: the
 // federation poller, after reloading what the previous leader saved, and
 // the root distribution.
-func (k *kubeSetup) leaderDuties(p *federation.Poller, dist *distribution.Controller, logger *slog.Logger) []func(context.Context) error {
+func (k *kubeSetup) leaderDuties(p *federation.Poller, dists []*distribution.Controller, logger *slog.Logger) []func(context.Context) error {
 	// The audit trail, which writes only while leading, looks again at
 	// the CA now: a failure that began before this term is recorded.
 	duties := []func(context.Context) error{func(ctx context.Context) error {
@@ -347,8 +373,8 @@ func (k *kubeSetup) leaderDuties(p *federation.Poller, dist *distribution.Contro
 			return p.Run(ctx)
 		})
 	}
-	if dist != nil {
-		duties = append(duties, dist.Run)
+	for _, d := range dists {
+		duties = append(duties, d.Run)
 	}
 	return duties
 }

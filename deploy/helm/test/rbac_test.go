@@ -121,3 +121,46 @@ func TestChartRBACLive(t *testing.T) {
 	_, err = noImpersonation.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 	assert.True(t, apierrors.IsForbidden(err), "no impersonation, no pods: got %v", err)
 }
+
+// With distribution.rootSecret, the chart's service account may write
+// that Secret in any namespace and no other Secret outside its own
+// namespace; without it, it may create no Secret elsewhere at all.
+func TestChartRBACLiveRootSecret(t *testing.T) {
+	env := kubetest.Shared(t)
+	ctx := context.Background()
+	secret := func(ns, name string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, StringData: map[string]string{"k": "v"}}
+	}
+	other := env.Namespace(t)
+
+	v := baseValues()
+	delete(v, "namespace")
+	without, _, _ := installRBAC(t, env, v)
+	_, err := without.CoreV1().Secrets(other).Create(ctx, secret(other, "trustbridge-roots"), metav1.CreateOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "no rootSecret, no Secret elsewhere: got %v", err)
+
+	v = baseValues()
+	delete(v, "namespace")
+	v["distribution"] = map[string]any{"rootSecret": "trustbridge-roots"}
+	sa, ns, _ := installRBAC(t, env, v)
+	var last error
+	refused := assert.Eventually(t, func() bool {
+		_, last = sa.CoreV1().Secrets(other).Create(ctx, secret(other, randomName("app-")), metav1.CreateOptions{})
+		return apierrors.IsForbidden(last)
+	}, policyWait, policyTick)
+	require.True(t, refused, "create of another Secret elsewhere: last got %v", last)
+	assert.ErrorContains(t, last, "trustbridge may write only its distributed trust Secret")
+
+	s, err := sa.CoreV1().Secrets(other).Create(ctx, secret(other, "trustbridge-roots"), metav1.CreateOptions{})
+	require.NoError(t, err, "the distributed Secret")
+	s.StringData = map[string]string{"k": "v2"}
+	_, err = sa.CoreV1().Secrets(other).Update(ctx, s, metav1.UpdateOptions{})
+	assert.NoError(t, err, "update the distributed Secret")
+	_, err = sa.CoreV1().Secrets(other).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=trustbridge-roots"})
+	assert.NoError(t, err, "list the distributed Secret by name")
+	assert.NoError(t, sa.CoreV1().Secrets(other).Delete(ctx, "trustbridge-roots", metav1.DeleteOptions{}), "delete the distributed Secret")
+	_, err = sa.CoreV1().Secrets(other).List(ctx, metav1.ListOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "list every Secret: got %v", err)
+	_, err = sa.CoreV1().Secrets(ns).Create(ctx, secret(ns, "trustbridge-ca"), metav1.CreateOptions{})
+	assert.NoError(t, err, "its CA Secret in its own namespace")
+}

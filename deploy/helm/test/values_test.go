@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,6 +102,9 @@ func TestValuesSetServerConfig(t *testing.T) {
 		"ca-response-roots":        "merged", "token-audience": "east.example-ca", "cluster-id": "east",
 		"sds-workload-certs": false, "serve-federated": false, "sign-rate-limit": float64(50),
 		"root-configmap": "east-roots", "namespace-selector": "trustbridge.dev/inject=true",
+		"root-secret": "east-roots", "root-truststore": true, "root-truststore-profile": "Modern2023",
+		"root-truststore-password-file": "/etc/trustbridge/truststore-password/storepass",
+		"distribution-label":            []any{"team.example/owner=platform"}, "distribution-annotation": []any{"example.com/source=trustbridge"},
 		"admin-allowed-hosts": []any{"tb-admin.east-system.svc"},
 		"audit-log":           "/var/lib/trustbridge/data/audit.jsonl", "log-format": "text", "log-level": "debug",
 		"bundle-refresh-hint": "10m", "sign-queue-size": float64(128),
@@ -146,6 +150,11 @@ func TestServerAcceptsRenderedConfig(t *testing.T) {
 				release += "-" + n
 			}
 			raw, _ := serverConfig(t, objs, release)
+			// The truststore password is a Secret mounted into the pod;
+			// here a file of the test's stands for it.
+			password := filepath.Join(t.TempDir(), "storepass")
+			require.NoError(t, os.WriteFile(password, []byte("changeit\n"), 0o600))
+			raw = strings.ReplaceAll(raw, "/etc/trustbridge/truststore-password/storepass", password)
 			path := filepath.Join(t.TempDir(), "config.yaml")
 			require.NoError(t, os.WriteFile(path, []byte(raw), 0o600))
 			cmd := exec.Command(bin, "config", "check", path)

@@ -158,7 +158,7 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- else if .Values.agent.broker.enabled -}}
 {{- fail "agent.broker.enabled needs agent.enabled: brokers are served by the node agent" -}}
 {{- end -}}
-{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "identity-map-crd" "identity-map" "identity-map-default" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
+{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "root-secret" "root-truststore-password-file" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "identity-map-crd" "identity-map" "identity-map-default" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
 {{- range $k, $v := .Values.extraConfig -}}
 {{- if has $k $reserved -}}
 {{- fail (printf "extraConfig.%s is set by the chart (a value of its own, or a name RBAC or the pod spec is written for); set the chart's value instead" $k) -}}
@@ -199,6 +199,7 @@ config.yaml exactly. */}}
 {{- end -}}
 {{- if $v.adminAllowedHosts -}}{{- $_ := set $c "admin-allowed-hosts" $v.adminAllowedHosts -}}{{- end -}}
 {{- if $v.federation.peers -}}{{- $_ := set $c "federation" $v.federation.peers -}}{{- end -}}
+{{- include "trustbridge.distributionConfig" (list . $c) -}}
 {{- if $v.upstream.kubeCSR.enabled -}}
 {{- $_ := set $c "upstream" "kube-csr" -}}
 {{- $_ := set $c "upstream-signer-name" $v.upstream.kubeCSR.signerName -}}
@@ -213,4 +214,23 @@ config.yaml exactly. */}}
 {{- $_ := set $c $k $x -}}
 {{- end -}}
 {{- toYaml $c -}}
+{{- end }}
+
+{{/* The distribution flags beyond root-configmap and namespace-selector,
+set into the config dict (second argument). */}}
+{{- define "trustbridge.distributionConfig" -}}
+{{- $d := (index . 0).Values.distribution -}}
+{{- $c := index . 1 -}}
+{{- with $d.rootSecret -}}{{- $_ := set $c "root-secret" . -}}{{- end -}}
+{{- if $d.truststore.enabled -}}
+{{- $_ := set $c "root-truststore" true -}}
+{{- if $d.truststore.passwordSecret.name -}}{{- $_ := set $c "root-truststore-password-file" (printf "/etc/trustbridge/truststore-password/%s" $d.truststore.passwordSecret.key) -}}{{- end -}}
+{{- with $d.truststore.profile -}}{{- $_ := set $c "root-truststore-profile" . -}}{{- end -}}
+{{- end -}}
+{{- $labels := list -}}
+{{- range $k, $v := $d.labels -}}{{- $labels = append $labels (printf "%s=%s" $k $v) -}}{{- end -}}
+{{- if $labels -}}{{- $_ := set $c "distribution-label" $labels -}}{{- end -}}
+{{- $annotations := list -}}
+{{- range $k, $v := $d.annotations -}}{{- $annotations = append $annotations (printf "%s=%s" $k $v) -}}{{- end -}}
+{{- if $annotations -}}{{- $_ := set $c "distribution-annotation" $annotations -}}{{- end -}}
 {{- end }}
