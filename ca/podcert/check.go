@@ -38,6 +38,18 @@ type refusal struct {
 
 func (r *refusal) Error() string { return r.reason + ": " + r.message }
 
+// maxMessage bounds a condition's message: the API server refuses a
+// condition message over 32 KiB, and an error it quotes (a whole chain)
+// could pass that.
+const maxMessage = 1 << 10
+
+func clip(s string) string {
+	if len(s) <= maxMessage {
+		return s
+	}
+	return s[:maxMessage-len("…")] + "…"
+}
+
 func deny(reason, format string, args ...any) *refusal {
 	return &refusal{reason: reason, message: fmt.Sprintf(format, args...)}
 }
@@ -89,7 +101,9 @@ func checkProof(pub crypto.PublicKey, podUID string, proof []byte) *refusal {
 }
 
 // checkPod compares the request with the pod, node and service account as
-// they are now. NodeRestriction checks these when a kubelet creates the
+// they are now. Its messages name what the request claimed, never the
+// real UIDs or node: whoever can read a forged request's status must not
+// learn them from its denial. NodeRestriction checks these when a kubelet creates the
 // request, but nothing checks a request created by anyone else allowed to
 // create them: the signer checks for itself, and also that the pod asks
 // for a certificate of this signer in its spec, as only such a pod's
@@ -100,17 +114,17 @@ func checkPod(req *certv1beta1.PodCertificateRequest, pod *corev1.Pod, node *cor
 	case pod == nil:
 		return deny(ReasonPodMismatch, "pod %s/%s does not exist", req.Namespace, s.PodName)
 	case pod.UID != s.PodUID:
-		return deny(ReasonPodMismatch, "pod %s/%s has UID %s, the request names %s", req.Namespace, s.PodName, pod.UID, s.PodUID)
+		return deny(ReasonPodMismatch, "pod %s/%s does not have the UID the request names", req.Namespace, s.PodName)
 	case pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		return deny(ReasonPodMismatch, "pod %s/%s is terminating or has terminated", req.Namespace, s.PodName)
 	case pod.Spec.NodeName == "" || pod.Spec.NodeName != string(s.NodeName):
-		return deny(ReasonPodMismatch, "pod %s/%s is bound to node %q, the request names %q", req.Namespace, s.PodName, pod.Spec.NodeName, s.NodeName)
+		return deny(ReasonPodMismatch, "pod %s/%s is not bound to node %q, which the request names", req.Namespace, s.PodName, s.NodeName)
 	case node == nil || node.UID != s.NodeUID:
-		return deny(ReasonPodMismatch, "node %q does not exist or its UID is not %s", s.NodeName, s.NodeUID)
+		return deny(ReasonPodMismatch, "node %q does not exist or does not have the UID the request names", s.NodeName)
 	case pod.Spec.ServiceAccountName != s.ServiceAccountName:
-		return deny(ReasonPodMismatch, "pod %s/%s runs as service account %q, the request names %q", req.Namespace, s.PodName, pod.Spec.ServiceAccountName, s.ServiceAccountName)
+		return deny(ReasonPodMismatch, "pod %s/%s does not run as service account %q, which the request names", req.Namespace, s.PodName, s.ServiceAccountName)
 	case sa == nil || sa.UID != s.ServiceAccountUID:
-		return deny(ReasonPodMismatch, "service account %s/%s does not exist or its UID is not %s", req.Namespace, s.ServiceAccountName, s.ServiceAccountUID)
+		return deny(ReasonPodMismatch, "service account %s/%s does not exist or does not have the UID the request names", req.Namespace, s.ServiceAccountName)
 	case !asksForSigner(pod, signer):
 		return deny(ReasonPodMismatch, "pod %s/%s has no podCertificate volume of signer %s: its kubelet would not ask for this certificate", req.Namespace, s.PodName, signer)
 	}
@@ -147,7 +161,7 @@ func lifetime(req *certv1beta1.PodCertificateRequest, caMax time.Duration) (time
 		want = time.Duration(*m) * time.Second
 	}
 	if caMax > 0 && want > caMax {
-		want = caMax
+		want = caMax.Truncate(time.Second)
 	}
 	if want < minLifetime {
 		return 0, &refusal{failed: true, reason: ReasonLifetime,

@@ -7,6 +7,7 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,7 +101,7 @@ func TestCheckPod(t *testing.T) {
 		"pod UID": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			p.UID = "x"
 			return p, n, s
-		}, "has UID x"},
+		}, "does not have the UID the request names"},
 		"terminating": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			p.DeletionTimestamp = &now
 			return p, n, s
@@ -112,26 +113,26 @@ func TestCheckPod(t *testing.T) {
 		"other node": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			p.Spec.NodeName = "n2"
 			return p, n, s
-		}, `bound to node "n2"`},
+		}, `is not bound to node "n1"`},
 		"unscheduled": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			p.Spec.NodeName = ""
 			return p, n, s
-		}, `bound to node ""`},
+		}, `is not bound to node "n1"`},
 		"node UID": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			n.UID = "y"
 			return p, n, s
-		}, "its UID is not node-uid"},
+		}, `node "n1" does not exist or does not have the UID`},
 		"no node": {func(p *corev1.Pod, _ *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			return p, nil, s
 		}, `node "n1" does not exist`},
 		"service account": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			p.Spec.ServiceAccountName = "root"
 			return p, n, s
-		}, `runs as service account "root"`},
+		}, `does not run as service account "web-sa"`},
 		"SA UID": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			s.UID = "z"
 			return p, n, s
-		}, "its UID is not sa-uid"},
+		}, "does not exist or does not have the UID"},
 		"no volume": {func(p *corev1.Pod, n *corev1.Node, s *corev1.ServiceAccount) (*corev1.Pod, *corev1.Node, *corev1.ServiceAccount) {
 			p.Spec.Volumes = nil
 			return p, n, s
@@ -213,4 +214,26 @@ func TestCheckIssued(t *testing.T) {
 	assert.True(t, ref.failed)
 	assert.Contains(t, ref.message, "rotate the CA")
 	assert.NotNil(t, checkIssued(nil, time.Hour))
+}
+
+// A denial never tells the reader of the request the pod's real UID or
+// node, which a forger could use to forge better.
+func TestCheckPodRevealsNothing(t *testing.T) {
+	req := &certv1beta1.PodCertificateRequest{ObjectMeta: metav1.ObjectMeta{Namespace: "apps"},
+		Spec: certv1beta1.PodCertificateRequestSpec{PodName: "web", PodUID: "forged", NodeName: "n9", NodeUID: "n9-uid", ServiceAccountName: "web-sa"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "real-pod-uid"}, Spec: corev1.PodSpec{NodeName: "real-node"}}
+	ref := checkPod(req, pod, nil, nil, signer)
+	require.NotNil(t, ref)
+	assert.NotContains(t, ref.message, "real-pod-uid")
+	req.Spec.PodUID = "real-pod-uid"
+	ref = checkPod(req, pod, nil, nil, signer)
+	require.NotNil(t, ref)
+	assert.NotContains(t, ref.message, "real-node")
+}
+
+func TestClip(t *testing.T) {
+	assert.Equal(t, "short", clip("short"))
+	long := clip(strings.Repeat("x", 40<<10))
+	assert.LessOrEqual(t, len(long), maxMessage)
+	assert.True(t, strings.HasSuffix(long, "…"))
 }

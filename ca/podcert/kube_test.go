@@ -287,6 +287,17 @@ func TestKubeRBAC(t *testing.T) {
 	pod := r.pod(t, r.enabled, r.signer)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
+
+	// The admission policy: only the kubelet of the node a request names
+	// may ask our signer; the cluster admin, say, may not.
+	admin := r.kubelet
+	r.kubelet = env.Client
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, err := r.request(t, pod, key, pod.UID, 86400)
+		assert.ErrorContains(c, err, "only the kubelet of the node a PodCertificateRequest names")
+	}, waitFor, 100*time.Millisecond, "the policy takes a moment to be enforced")
+	r.kubelet = admin
+
 	req, err := r.request(t, pod, key, pod.UID, 86400)
 	require.NoError(t, err)
 	c := condition(r.outcome(t, req))

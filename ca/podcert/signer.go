@@ -361,8 +361,14 @@ func (s *Signer) refuse(ctx context.Context, req *certv1beta1.PodCertificateRequ
 		typ, result = certv1beta1.PodCertificateRequestConditionTypeFailed, "failed"
 	}
 	next := req.DeepCopy()
-	next.Status.Conditions = append(next.Status.Conditions, s.condition(req, typ, ref.reason, ref.message))
+	next.Status.Conditions = append(next.Status.Conditions, s.condition(req, typ, ref.reason, clip(ref.message)))
 	if _, err := s.cfg.Client.CertificatesV1beta1().PodCertificateRequests(req.Namespace).UpdateStatus(ctx, next, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsInvalid(err) {
+			// Not retried: the same status would be refused again.
+			s.log.Error("the API server refuses the request's "+typ+" status; left undecided", "namespace", req.Namespace,
+				"request", req.Name, "reason", ref.reason, logattr.Error, err)
+			return nil
+		}
 		return fmt.Errorf("set %s: %w", typ, err)
 	}
 	s.results.WithLabelValues(result, ref.reason).Inc()

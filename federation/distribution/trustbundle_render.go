@@ -34,6 +34,7 @@ const maxTrustBundleBytes = 1 << 20
 // trustbridge_cluster_trust_bundles_skipped.
 const (
 	reasonNoCAAuthorities = "no_ca_authorities"
+	reasonNameCollision   = "name_collision"
 	// reasonTooLarge (the ConfigMap's reason) is shared: over 1 MiB.
 )
 
@@ -63,6 +64,7 @@ type bundleSkip struct {
 func renderTrustBundles(sn *trust.Snapshot, signer string) (map[string]wantedBundle, []bundleSkip) {
 	want := map[string]wantedBundle{}
 	var skips []bundleSkip
+	collided := map[string]bool{}
 	for _, td := range sn.TrustDomains() {
 		b, _ := sn.Bundle(td)
 		w, skip := renderTrustBundle(td, b.X509Authorities(), signer)
@@ -70,7 +72,21 @@ func renderTrustBundles(sn *trust.Snapshot, signer string) (map[string]wantedBun
 			skips = append(skips, *skip)
 			continue
 		}
-		want[trustBundleName(signer, td)] = w
+		name := trustBundleName(signer, td)
+		if other, ok := want[name]; ok || collided[name] {
+			// Two trust domains, one name (a peer named like another's
+			// hash): neither gets a bundle, rather than one under the
+			// other's name.
+			for _, t := range []string{other.trustDomain, w.trustDomain} {
+				if t != "" {
+					skips = append(skips, bundleSkip{t, reasonNameCollision, fmt.Errorf("its ClusterTrustBundle name %s is another trust domain's too", name)})
+				}
+			}
+			delete(want, name)
+			collided[name] = true
+			continue
+		}
+		want[name] = w
 	}
 	return want, skips
 }
@@ -80,6 +96,8 @@ func renderTrustBundle(td spiffeid.TrustDomain, roots []*x509.Certificate, signe
 	var buf bytes.Buffer
 	var seen [][]byte
 	dropped := 0
+	// In DER order: a peer that only reorders its roots changes nothing.
+	roots = slices.SortedFunc(slices.Values(roots), func(a, b *x509.Certificate) int { return bytes.Compare(a.Raw, b.Raw) })
 	for _, c := range roots {
 		if !c.BasicConstraintsValid || !c.IsCA {
 			dropped++
@@ -110,13 +128,15 @@ func renderTrustBundle(td spiffeid.TrustDomain, roots []*x509.Certificate, signe
 // signer name with its slashes as colons (the API server requires it of a
 // signer-linked bundle), then the trust domain where it is a DNS subdomain
 // (as the API server requires of the rest), else a hash of it (a trust
-// domain may hold '_', or start with '-' or '.').
+// domain may hold '_', or start with '-' or '.'); a trust domain that
+// itself starts with "td-" is hashed too, so that no trust domain's name
+// is another's hash.
 func trustBundleName(signer string, td spiffeid.TrustDomain) string {
 	prefix := strings.ReplaceAll(signer, "/", ":") + ":"
 	name := td.Name()
-	if len(validation.IsDNS1123Subdomain(name)) > 0 {
+	if len(validation.IsDNS1123Subdomain(name)) > 0 || strings.HasPrefix(name, "td-") {
 		sum := sha256.Sum256([]byte(name))
-		name = "td-" + hex.EncodeToString(sum[:10])
+		name = "td-" + hex.EncodeToString(sum[:16])
 	}
 	return prefix + name
 }

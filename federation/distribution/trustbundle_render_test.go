@@ -104,3 +104,30 @@ func TestCheckSignerName(t *testing.T) {
 		}
 	}
 }
+
+// A trust domain named like another's hashed name cannot take its
+// bundle: no trust domain's name is another's hash, and were two names
+// ever equal, neither would get a bundle.
+func TestRenderTrustBundlesNameCollision(t *testing.T) {
+	hashed := trustBundleName(testSigner, spiffeid.RequireTrustDomainFromString("foo_bar.example"))
+	impostor := strings.TrimPrefix(hashed, "trustbridge.io:svid:")
+	assert.NotEqual(t, hashed, trustBundleName(testSigner, spiffeid.RequireTrustDomainFromString(impostor)),
+		"a trust domain named td-<hash> is hashed too")
+
+	store, _ := newStore(t, "peer.example")
+	want, _ := renderTrustBundles(store.Snapshot(), testSigner)
+	for name, w := range want {
+		assert.Equal(t, trustBundleName(testSigner, spiffeid.RequireTrustDomainFromString(w.trustDomain)), name)
+	}
+}
+
+// A peer that only reorders its roots changes no byte of its bundle.
+func TestRenderTrustBundleStableOrder(t *testing.T) {
+	a, b := testca.New(t, "peer.example"), testca.New(t, "peer.example")
+	td := spiffeid.RequireTrustDomainFromString("peer.example")
+	one, skip := renderTrustBundle(td, []*x509.Certificate{a.Cert, b.Cert}, testSigner)
+	require.Nil(t, skip)
+	two, skip := renderTrustBundle(td, []*x509.Certificate{b.Cert, a.Cert}, testSigner)
+	require.Nil(t, skip)
+	assert.Equal(t, one.pem, two.pem)
+}

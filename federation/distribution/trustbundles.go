@@ -299,6 +299,13 @@ func (c *TrustBundles) processNext(ctx context.Context, rs *trustBundleRun) bool
 			"delay", te.delay, logattr.Error, err)
 		rs.queue.Forget(name)
 		rs.queue.AddAfter(name, te.delay)
+	case apierrors.IsInvalid(err):
+		// Asking again with the same content cannot succeed (an API
+		// server stricter than our checks): the next change of the
+		// trust domain's bundle, or the resync, tries again.
+		c.log.Error("the API server refuses the ClusterTrustBundle; not retried until its trust domain's bundle changes",
+			"cluster_trust_bundle", name, logattr.Error, err)
+		rs.queue.Forget(name)
 	default:
 		c.log.Warn("cannot reconcile ClusterTrustBundle; retrying with backoff", "cluster_trust_bundle", name, logattr.Error, err)
 		rs.queue.AddRateLimited(name)
@@ -440,7 +447,7 @@ type trustBundleMetrics struct {
 const resultThrottled = "throttled"
 
 var descTrustBundleSkipped = prometheus.NewDesc("trustbridge_cluster_trust_bundles_skipped",
-	"Trust domains the trust store holds that have no ClusterTrustBundle (1 each), by reason: too_large (over 1 MiB) or no_ca_authorities.",
+	"Trust domains the trust store holds that have no ClusterTrustBundle (1 each), by reason: too_large (over 1 MiB), no_ca_authorities or name_collision.",
 	[]string{"trust_domain", "reason"}, nil)
 
 func newTrustBundleMetrics(reg prometheus.Registerer, c *TrustBundles) (*trustBundleMetrics, error) {

@@ -122,7 +122,7 @@ func checkStorageFlags(o Config) error {
 	if o.Kube.FederationCRD && o.Kube.Storage != StorageKube {
 		return errors.New("--federation-crd needs --storage kube: the resources are read from the API server, and replicas share their state there")
 	}
-	if err := checkPodCertFlags(o.Kube); err != nil {
+	if err := checkPodCertFlags(o.Kube, o.MaxWorkloadTTL); err != nil {
 		return err
 	}
 	if err := checkDistributionFlags(o.Kube); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -26,7 +27,7 @@ const (
 
 // checkPodCertFlags refuses --pod-certificate-signer without what it
 // needs, before anything starts.
-func checkPodCertFlags(o KubeConfig) error {
+func checkPodCertFlags(o KubeConfig, maxWorkloadTTL time.Duration) error {
 	if o.PodCertSigner == "" {
 		if o.PodCertNamespaces != "" {
 			return errors.New("--pod-certificate-namespaces needs --pod-certificate-signer")
@@ -44,6 +45,9 @@ func checkPodCertFlags(o KubeConfig) error {
 	}
 	if _, err := podCertNamespaces(o.PodCertNamespaces); err != nil {
 		return err
+	}
+	if maxWorkloadTTL > 0 && maxWorkloadTTL < time.Hour {
+		return fmt.Errorf("--pod-certificate-signer needs --max-workload-ttl of at least 1h (a pod certificate lives at least an hour), not %s", maxWorkloadTTL)
 	}
 	return nil
 }
