@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"fmt"
 	"testing"
 	"time"
 
@@ -387,4 +388,52 @@ func random(prefix string) string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return prefix + hex.EncodeToString(b[:])
+}
+
+// With an identity map (Config.Identify) the pod gets the identity it
+// gives, DNS names included, and a pod it gives none is Denied saying why.
+func TestKubeIdentityFromMap(t *testing.T) {
+	r := newRigFor(t, nil, random("t")+".trustbridge.test/svid", false)
+	mapped := spiffeid.RequireFromString("spiffe://" + testTD + "/shop/web")
+	s, err := New(Config{
+		Client: r.env.Client, SignerName: r.signer, TrustDomain: spiffeid.RequireTrustDomainFromString(testTD),
+		Authority: r.auth, Namespaces: labels.SelectorFromSet(labels.Set{"podcert-test": r.enableLabel}),
+		Identify: func(pod *corev1.Pod) (spiffeid.ID, []string, error) {
+			if pod.Labels["app"] != "web" {
+				return spiffeid.ID{}, nil, fmt.Errorf("%w: no rule selects pod %s", ErrNoIdentity, pod.Name)
+			}
+			return mapped, []string{"web.shop.svc"}, nil
+		},
+		Registerer: prometheus.NewRegistry(),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	web := r.pod(t, r.enabled, r.signer)
+	web.Labels = map[string]string{"app": "web"}
+	web, err = r.env.Client.CoreV1().Pods(web.Namespace).Update(context.Background(), web, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	req, err := r.request(t, web, key, web.UID, 86400)
+	require.NoError(t, err)
+	got := r.outcome(t, req)
+	require.Equal(t, certv1beta1.PodCertificateRequestConditionTypeIssued, condition(got).Type, condition(got).Message)
+	leaf, err := x509.ParseCertificate(pemDERs(t, got.Status.CertificateChain)[0])
+	require.NoError(t, err)
+	id, err := x509svid.IDFromCert(leaf)
+	require.NoError(t, err)
+	assert.Equal(t, mapped, id)
+	assert.Equal(t, []string{"web.shop.svc"}, leaf.DNSNames)
+
+	other := r.pod(t, r.enabled, r.signer)
+	req, err = r.request(t, other, key, other.UID, 86400)
+	require.NoError(t, err)
+	c := condition(r.outcome(t, req))
+	assert.Equal(t, certv1beta1.PodCertificateRequestConditionTypeDenied, c.Type)
+	assert.Equal(t, ReasonNoIdentity, c.Reason)
+	assert.Contains(t, c.Message, "no rule selects pod "+other.Name)
 }

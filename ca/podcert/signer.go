@@ -68,6 +68,11 @@ type Config struct {
 	// DNSNames, when set, returns the DNS names of a service account's
 	// certificate (--workload-dns-name-template).
 	DNSNames func(id spiffeid.ID) []string
+	// Identify, when set, gives a pod its identity instead (the identity
+	// map node agents are held to): its SPIFFE ID and DNS names. An error
+	// wrapping ErrNoIdentity denies the request with its message; any
+	// other is retried (rules not read yet).
+	Identify func(pod *corev1.Pod) (spiffeid.ID, []string, error)
 	// Outcome, when set, is told every request's end (audit trail and
 	// issuance ledger).
 	Outcome    func(Outcome)
@@ -255,24 +260,21 @@ func (s *Signer) decide(ctx context.Context, req *certv1beta1.PodCertificateRequ
 	if ref := checkProof(pub, string(req.Spec.PodUID), req.Spec.ProofOfPossession); ref != nil {
 		return nil, spiffeid.ID{}, ref
 	}
-	if err := s.checkObjects(ctx, req); err != nil {
+	pod, err := s.checkObjects(ctx, req)
+	if err != nil {
 		return nil, spiffeid.ID{}, err
 	}
 	ttl, ref := lifetime(req, s.cfg.Authority.MaxWorkloadTTL())
 	if ref != nil {
 		return nil, spiffeid.ID{}, ref
 	}
-	id, err := spiffeid.FromSegments(s.cfg.TrustDomain, "ns", req.Namespace, "sa", req.Spec.ServiceAccountName)
+	id, dnsNames, err := s.identify(pod)
 	if err != nil {
-		return nil, spiffeid.ID{}, deny(ReasonPodMismatch, "no SPIFFE ID for service account %s/%s: %v", req.Namespace, req.Spec.ServiceAccountName, err)
+		return nil, spiffeid.ID{}, err
 	}
 	// The CA backdates NotBefore (ca/sign.go) and the API server counts
 	// the lifetime from it: ask for that much less.
-	p := ca.X509SVIDParams{PublicKey: pub, SPIFFEID: id, TTL: ttl - caBackdate}
-	if s.cfg.DNSNames != nil {
-		p.DNSNames = s.cfg.DNSNames(id)
-	}
-	issued, err := s.cfg.Authority.SignX509SVID(p)
+	issued, err := s.cfg.Authority.SignX509SVID(ca.X509SVIDParams{PublicKey: pub, SPIFFEID: id, TTL: ttl - caBackdate, DNSNames: dnsNames})
 	if err != nil {
 		return nil, id, &refusal{failed: true, reason: ReasonSignFailed, message: err.Error()}
 	}
@@ -296,24 +298,58 @@ func (s *Signer) namespaceEnabled(ctx context.Context, name string) error {
 // checkObjects reads the pod, its node and its service account as they
 // are now (not from a cache that may lag) and checks the request against
 // them. A missing object is a denial, an API error a retry.
-func (s *Signer) checkObjects(ctx context.Context, req *certv1beta1.PodCertificateRequest) error {
+func (s *Signer) checkObjects(ctx context.Context, req *certv1beta1.PodCertificateRequest) (*corev1.Pod, error) {
 	core := s.cfg.Client.CoreV1()
 	pod, err := found(core.Pods(req.Namespace).Get(ctx, req.Spec.PodName, metav1.GetOptions{}))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	node, err := found(core.Nodes().Get(ctx, string(req.Spec.NodeName), metav1.GetOptions{}))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sa, err := found(core.ServiceAccounts(req.Namespace).Get(ctx, req.Spec.ServiceAccountName, metav1.GetOptions{}))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if ref := checkPod(req, pod, node, sa, s.cfg.SignerName); ref != nil {
-		return ref
+		return nil, ref
 	}
-	return nil
+	return pod, nil
+}
+
+// ErrNoIdentity, wrapped by Config.Identify, says a pod has no identity
+// to be given: the request is denied (NoIdentity) with the message.
+var ErrNoIdentity = errors.New("no identity for this pod")
+
+// ReasonNoIdentity denies a pod the identity map gives no identity.
+const ReasonNoIdentity = "NoIdentity"
+
+// identify is the pod's SPIFFE ID and DNS names: the identity map's when
+// one is configured, else spiffe://<td>/ns/<namespace>/sa/<account> and
+// the workload DNS name template's.
+func (s *Signer) identify(pod *corev1.Pod) (spiffeid.ID, []string, error) {
+	if s.cfg.Identify != nil {
+		id, dns, err := s.cfg.Identify(pod)
+		switch {
+		case errors.Is(err, ErrNoIdentity):
+			return spiffeid.ID{}, nil, deny(ReasonNoIdentity, "%v", err)
+		case err != nil:
+			return spiffeid.ID{}, nil, err
+		case !id.MemberOf(s.cfg.TrustDomain):
+			return spiffeid.ID{}, nil, deny(ReasonNoIdentity, "the identity map gives %s, not of trust domain %s", id, s.cfg.TrustDomain.Name())
+		}
+		return id, dns, nil
+	}
+	id, err := spiffeid.FromSegments(s.cfg.TrustDomain, "ns", pod.Namespace, "sa", pod.Spec.ServiceAccountName)
+	if err != nil {
+		return spiffeid.ID{}, nil, deny(ReasonPodMismatch, "no SPIFFE ID for service account %s/%s: %v", pod.Namespace, pod.Spec.ServiceAccountName, err)
+	}
+	var dns []string
+	if s.cfg.DNSNames != nil {
+		dns = s.cfg.DNSNames(id)
+	}
+	return id, dns, nil
 }
 
 // found is o, or nil when the API server says it does not exist.

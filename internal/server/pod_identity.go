@@ -9,11 +9,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/trustbridge/trustbridge/ca/podcert"
 	"github.com/trustbridge/trustbridge/federation/distribution"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/authn/identitymap"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/audit"
 )
@@ -85,7 +87,9 @@ func (p *serverParts) podCertSigner(reg prometheus.Registerer, logger *slog.Logg
 		Outcome: p.podCertOutcome,
 		Logger:  logger.With(logattr.Component, "pod-certificates"), Registerer: reg,
 	}
-	if p.gs != nil && p.gs.dnsNames != nil {
+	if p.idmap != nil {
+		cfg.Identify = p.podIdentityFromMap
+	} else if p.gs != nil && p.gs.dnsNames != nil {
 		tmpl := p.gs.dnsNames
 		cfg.DNSNames = func(id spiffeid.ID) []string {
 			// The pod's service account was read from the API server:
@@ -117,4 +121,30 @@ func (p *serverParts) podCertOutcome(out podcert.Outcome) {
 	}
 	e.TrustDomain = p.td.Name()
 	p.trail.record(e)
+}
+
+// podIdentityFromMap gives a pod the identity the identity map gives it as
+// the server knows it (its namespace, service account, name, UID, node
+// and labels, read from the API server), as for a node proxy's pod: the
+// same rules node agents are held to.
+func (p *serverParts) podIdentityFromMap(pod *corev1.Pod) (spiffeid.ID, []string, error) {
+	if ready := p.idmap.ready(); ready != nil && !ready() {
+		return spiffeid.ID{}, nil, errors.New("the identity map's ClusterIdentityMapping resources are not read yet")
+	}
+	m := p.idmap.cell.Load()
+	if m == nil {
+		return spiffeid.ID{}, nil, errors.New("no identity map loaded yet")
+	}
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	ident, err := m.Identify(identitymap.ServerFacts(pod.Namespace, sa, pod.Name, string(pod.UID), pod.Spec.NodeName, pod.Labels))
+	switch {
+	case errors.Is(err, identitymap.ErrNoIdentity), errors.Is(err, identitymap.ErrConflict), errors.Is(err, identitymap.ErrFacts):
+		return spiffeid.ID{}, nil, fmt.Errorf("%w: %w", podcert.ErrNoIdentity, err)
+	case err != nil:
+		return spiffeid.ID{}, nil, err
+	}
+	return ident.ID, ident.DNSNames, nil
 }
