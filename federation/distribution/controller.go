@@ -207,24 +207,11 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Workers == 0 {
 		cfg.Workers = DefaultWorkers
 	}
-	if cfg.Resync < 0 {
-		return nil, fmt.Errorf("distribution: resync period must not be negative, got %s", cfg.Resync)
-	}
-	if cfg.Resync == 0 {
-		cfg.Resync = DefaultResync
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.Registerer == nil {
-		cfg.Registerer = prometheus.NewRegistry()
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	log, err := commonDefaults(&cfg.Resync, &cfg.Clock, &cfg.Registerer, cfg.Logger)
+	if err != nil {
+		return nil, err
 	}
 	c := &Controller{cfg: cfg, log: log, writeBurst: defaultWriteBurst, writeEvery: defaultWriteEvery}
-	var err error
 	if c.target, err = targetFor(cfg.Kind); err != nil {
 		return nil, fmt.Errorf("distribution: %w", err)
 	}
@@ -716,4 +703,26 @@ func (c *Controller) writeFailed(err error) error {
 		c.metrics.writes.WithLabelValues(resultError).Inc()
 	}
 	return err
+}
+
+// commonDefaults applies the defaults both controllers share: the resync
+// period (refusing a negative one), the clock, a private registry, and a
+// logger that discards.
+func commonDefaults(resync *time.Duration, clk *clock.PassiveClock, reg *prometheus.Registerer, logger *slog.Logger) (*slog.Logger, error) {
+	if *resync < 0 {
+		return nil, fmt.Errorf("distribution: resync period must not be negative, got %s", *resync)
+	}
+	if *resync == 0 {
+		*resync = DefaultResync
+	}
+	if *clk == nil {
+		*clk = clock.RealClock{}
+	}
+	if *reg == nil {
+		*reg = prometheus.NewRegistry()
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return logger, nil
 }

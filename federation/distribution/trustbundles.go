@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"slices"
@@ -100,21 +99,9 @@ func NewTrustBundles(cfg TrustBundleConfig) (*TrustBundles, error) {
 	if err := CheckSignerName(cfg.SignerName); err != nil {
 		return nil, fmt.Errorf("distribution: %w", err)
 	}
-	if cfg.Resync < 0 {
-		return nil, fmt.Errorf("distribution: resync period must not be negative, got %s", cfg.Resync)
-	}
-	if cfg.Resync == 0 {
-		cfg.Resync = DefaultResync
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
-	if cfg.Registerer == nil {
-		cfg.Registerer = prometheus.NewRegistry()
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	log, err := commonDefaults(&cfg.Resync, &cfg.Clock, &cfg.Registerer, cfg.Logger)
+	if err != nil {
+		return nil, err
 	}
 	c := &TrustBundles{cfg: cfg, log: log}
 	m, err := newTrustBundleMetrics(cfg.Registerer, c)
