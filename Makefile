@@ -260,9 +260,9 @@ fuzz:
 # same run, written to BENCHMARKS.md. internal/testkit/bundlebench runs bin/trustbridge
 # (TRUSTBRIDGE_BIN) against a static-bytes server in a process of its own;
 # TRUSTBRIDGE_BIN_BASE=/path/to/an/older/build adds an A/B of two versions.
-bench: build
+bench: build kube-tools
 	mkdir -p bin
-	TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) $(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... > bin/bench.txt || (cat bin/bench.txt; exit 1)
+	TRUSTBRIDGE_BIN=$(CURDIR)/$(BIN) TRUSTBRIDGE_KUBE_TESTS=require KUBEBUILDER_ASSETS=$(CURDIR)/$(KUBE_DIR) $(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... > bin/bench.txt || (cat bin/bench.txt; exit 1)
 	$(GO) run ./internal/testkit/benchreport -in bin/bench.txt -out BENCHMARKS.md \
 		-notes internal/testkit/benchreport/NOTES.md -cmd "make bench BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT)"
 

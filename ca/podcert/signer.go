@@ -42,7 +42,8 @@ type Authority interface {
 // Outcome is one request's end, for the audit trail.
 type Outcome struct {
 	Namespace, Request, Pod string
-	// Result is "issued", "denied" or "failed".
+	// Result is "issued", "denied", "failed", or "undecided" when the API
+	// server refused the Denied or Failed status itself.
 	Result string
 	Reason string
 	// Message says why, for a denial or failure.
@@ -128,7 +129,7 @@ func New(cfg Config) (*Signer, error) {
 	}
 	s := &Signer{cfg: cfg, log: log, results: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "trustbridge_pod_certificates_total",
-		Help: "PodCertificateRequests of our signer by outcome (issued, denied, failed) and reason.",
+		Help: "PodCertificateRequests of our signer by outcome (issued, denied, failed; undecided when the API server refused the status) and reason.",
 	}, []string{"result", "reason"})}
 	if err := cfg.Registerer.Register(s.results); err != nil {
 		return nil, fmt.Errorf("podcert: register metrics: %w", err)
@@ -403,6 +404,9 @@ func (s *Signer) refuse(ctx context.Context, req *certv1beta1.PodCertificateRequ
 			// Not retried: the same status would be refused again.
 			s.log.Error("the API server refuses the request's "+typ+" status; left undecided", "namespace", req.Namespace,
 				"request", req.Name, "reason", ref.reason, logattr.Error, err)
+			s.results.WithLabelValues("undecided", ref.reason).Inc()
+			s.tell(Outcome{Namespace: req.Namespace, Request: req.Name, Pod: req.Spec.PodName, Result: "undecided", Reason: ref.reason,
+				Message: clip(ref.message + "; the API server refused this status: " + err.Error())})
 			return nil
 		}
 		return fmt.Errorf("set %s: %w", typ, err)

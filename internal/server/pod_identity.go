@@ -116,7 +116,7 @@ func (p *serverParts) podCertOutcome(out podcert.Outcome) {
 			out.SPIFFEID, out.Leaf.SerialNumber.Text(16), out.Leaf.NotAfter.UTC().Format("2006-01-02T15:04:05Z"), out.Namespace, out.Pod, out.Request)}
 	case "denied":
 		e = audit.Entry{Event: eventPodCertDenied, Reason: fmt.Sprintf("pod %s/%s (PodCertificateRequest %s): %s: %s", out.Namespace, out.Pod, out.Request, out.Reason, out.Message)}
-	default:
+	default: // failed, or undecided (the API server refused the status)
 		e = audit.Entry{Event: eventPodCertFailed, Reason: fmt.Sprintf("pod %s/%s (PodCertificateRequest %s): %s: %s", out.Namespace, out.Pod, out.Request, out.Reason, out.Message)}
 	}
 	e.TrustDomain = p.td.Name()
