@@ -308,16 +308,20 @@ func (c *Controller) Run(ctx context.Context) error {
 // newRunState makes a Run's state: a rate-limited queue of namespaces
 // and a fresh pacer. The listers are set by informers.
 func (c *Controller) newRunState() *runState {
-	return &runState{
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedMaxOfRateLimiter(
-				workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, time.Minute),
-				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
-			),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "trustbridge_distribution"},
+	return &runState{queue: newQueue("trustbridge_distribution"), pacer: newPacer(c.writeBurst, c.writeEvery)}
+}
+
+// newQueue is a controller's work queue: each key retried with backoff
+// from 10ms to a minute, all keys together at most 20 a second after a
+// burst of 200.
+func newQueue(name string) workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedMaxOfRateLimiter(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, time.Minute),
+			&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
 		),
-		pacer: newPacer(c.writeBurst, c.writeEvery),
-	}
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: name},
+	)
 }
 
 // informers makes the namespace and ConfigMap informers, sets rs's

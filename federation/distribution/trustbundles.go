@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
 	certv1beta1 "k8s.io/api/certificates/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -147,16 +146,7 @@ func (c *TrustBundles) Run(ctx context.Context) error {
 	defer c.running.Store(false)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	rs := &trustBundleRun{
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedMaxOfRateLimiter(
-				workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, time.Minute),
-				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(20), 200)},
-			),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "trustbridge_cluster_trust_bundles"},
-		),
-		pacer: newPacer(defaultWriteBurst, defaultWriteEvery),
-	}
+	rs := &trustBundleRun{queue: newQueue("trustbridge_cluster_trust_bundles"), pacer: newPacer(defaultWriteBurst, defaultWriteEvery)}
 	defer func() {
 		cancel()
 		rs.queue.ShutDown()
