@@ -112,6 +112,17 @@ func (c *conn) client(ctx context.Context) (*workloadapi.Client, string, error) 
 	return client, addr, nil
 }
 
+// open connects to the Workload API and bounds the calls made with the
+// returned context by --timeout; done closes both.
+func (c *conn) open(ctx context.Context) (_ context.Context, _ *workloadapi.Client, addr string, done func(), _ error) {
+	client, addr, err := c.client(ctx)
+	if err != nil {
+		return nil, nil, "", nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	return ctx, client, addr, func() { cancel(); _ = client.Close() }, nil
+}
+
 // callError says what a failed call means for the operator: nobody
 // listening, the agent refusing this process, or the agent's own word.
 func callError(addr, what string, timeout time.Duration, err error) error {

@@ -46,13 +46,11 @@ func runFetchBundles(ctx context.Context, e cli.Env, o fetchBundlesOptions) erro
 	if err := o.out.Check(); err != nil {
 		return err
 	}
-	client, addr, err := o.client(ctx)
+	ctx, client, addr, done, err := o.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	defer done()
 	x, err := client.FetchX509Bundles(ctx)
 	if err != nil {
 		return callError(addr, "X.509 bundles", o.timeout, err)

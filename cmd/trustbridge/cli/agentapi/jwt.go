@@ -73,13 +73,11 @@ func runFetchJWT(ctx context.Context, e cli.Env, o fetchJWTOptions) error {
 	if err != nil {
 		return err
 	}
-	client, addr, err := o.client(ctx)
+	ctx, client, addr, done, err := o.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	defer done()
 	svids, err := client.FetchJWTSVIDs(ctx, params)
 	if err != nil {
 		return callError(addr, "JWT-SVID", o.timeout, err)
@@ -117,13 +115,10 @@ func (o fetchJWTOptions) params() (jwtsvid.Params, error) {
 
 // jwtBundles counts set's JWT authorities per trust domain, sorted.
 func jwtBundles(set *jwtbundle.Set) []BundleOutput {
-	out := []BundleOutput{}
-	for _, b := range set.Bundles() {
+	return perTrustDomain(set.Bundles(), func(b *jwtbundle.Bundle) BundleOutput {
 		n := len(b.JWTAuthorities())
-		out = append(out, BundleOutput{TrustDomain: b.TrustDomain().Name(), JWT: &n})
-	}
-	slices.SortFunc(out, func(a, b BundleOutput) int { return strings.Compare(a.TrustDomain, b.TrustDomain) })
-	return out
+		return BundleOutput{TrustDomain: b.TrustDomain().Name(), JWT: &n}
+	})
 }
 
 func jwtTable(w io.Writer, out JWTOutput) error {
@@ -179,13 +174,11 @@ func runValidateJWT(ctx context.Context, e cli.Env, o validateJWTOptions, args [
 	if len(args) == 1 && args[0] != "-" {
 		fmt.Fprintln(e.Err, "warning: a token on the command line is readable by other users (/proc/PID/cmdline) and kept in shell history; pass - and give it on standard input")
 	}
-	client, addr, err := o.client(ctx)
+	ctx, client, addr, done, err := o.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	defer done()
 	svid, err := client.ValidateJWTSVID(ctx, token, o.audience)
 	if st, _ := status.FromError(err); st.Code() == codes.InvalidArgument {
 		return fmt.Errorf("the agent at %s refuses the token for audience %s: %s", addr, cli.Printable(o.audience), cli.Printable(st.Message()))

@@ -82,13 +82,11 @@ func runFetchX509(ctx context.Context, e cli.Env, o fetchX509Options) error {
 	if err := o.out.Check(); err != nil {
 		return err
 	}
-	client, addr, err := o.client(ctx)
+	ctx, client, addr, done, err := o.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	defer done()
 	x, err := client.FetchX509Context(ctx)
 	if err != nil {
 		return callError(addr, "X509-SVID", o.timeout, err)
@@ -138,10 +136,17 @@ func subject(c *x509.Certificate) string {
 
 // x509Bundles counts set's authorities per trust domain, sorted.
 func x509Bundles(set *x509bundle.Set) []BundleOutput {
-	out := []BundleOutput{}
-	for _, b := range set.Bundles() {
+	return perTrustDomain(set.Bundles(), func(b *x509bundle.Bundle) BundleOutput {
 		n := len(b.X509Authorities())
-		out = append(out, BundleOutput{TrustDomain: b.TrustDomain().Name(), X509: &n})
+		return BundleOutput{TrustDomain: b.TrustDomain().Name(), X509: &n}
+	})
+}
+
+// perTrustDomain is one row per bundle, sorted by trust domain.
+func perTrustDomain[B any](bundles []B, row func(B) BundleOutput) []BundleOutput {
+	out := make([]BundleOutput, 0, len(bundles))
+	for _, b := range bundles {
+		out = append(out, row(b))
 	}
 	slices.SortFunc(out, func(a, b BundleOutput) int { return strings.Compare(a.TrustDomain, b.TrustDomain) })
 	return out
