@@ -7,7 +7,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -28,6 +30,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/federation/crd"
 	"github.com/trustbridge/trustbridge/federation/distribution"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
 )
@@ -102,6 +105,13 @@ func TestKubePodIdentityE2E(t *testing.T) {
 	westRoots := parseRoots(t, mustCLI(t, "bundle", "show", "-o", "pem", "--admin", west))
 	require.NotEmpty(t, westRoots)
 	holds("west.example", westRoots)
+	code, body := servertest.Get(t, west+"/v1/snapshot")
+	require.Equal(t, http.StatusOK, code, body)
+	var snap api.Snapshot
+	require.NoError(t, json.Unmarshal([]byte(body), &snap))
+	require.NotNil(t, snap.ClusterTrustBundles, "the leader's snapshot shows its ClusterTrustBundles")
+	assert.Equal(t, signer, snap.ClusterTrustBundles.Signer)
+	assert.Empty(t, snap.ClusterTrustBundles.Skipped)
 
 	_, stderr, code := runCLIAt(t, time.Now, "", "federation", "add", "east.example", east.bundleURL,
 		"--endpoint-spiffe-id", "spiffe://east.example/trustbridge/bundle-endpoint", "--bundle", eastPEM, "--admin", west, "--data-dir", westData)

@@ -125,16 +125,28 @@ func (c *TrustBundles) Ready() error {
 }
 
 // Skipped lists the trust domains the last rendering left without a
-// ClusterTrustBundle, each with why, for status pages.
-func (c *TrustBundles) Skipped() map[string]string {
-	out := map[string]string{}
-	if p := c.skipped.Load(); p != nil {
-		for _, s := range *p {
-			out[s.trustDomain] = s.reason + ": " + s.err.Error()
-		}
+// ClusterTrustBundle, by trust domain: the reason and why, for status
+// pages and the audit. Nil before the first rendering (and on followers,
+// which do not run it).
+func (c *TrustBundles) Skipped() map[string]Skip {
+	p := c.skipped.Load()
+	if p == nil {
+		return nil
+	}
+	out := make(map[string]Skip, len(*p))
+	for _, s := range *p {
+		out[s.trustDomain] = Skip{Reason: s.reason, Message: s.err.Error()}
 	}
 	return out
 }
+
+// Skip is why a trust domain has no ClusterTrustBundle: Reason is the
+// metric's label (too_large, no_ca_authorities, name_collision), Message
+// says what to look at.
+type Skip struct{ Reason, Message string }
+
+// SignerName is the signer the bundles are linked to.
+func (c *TrustBundles) SignerName() string { return c.cfg.SignerName }
 
 // Run watches our ClusterTrustBundles and the trust store and reconciles
 // until ctx is done, then stops every goroutine it started and returns

@@ -181,7 +181,7 @@ func TestKubeClusterTrustBundlesForeignAndSkipped(t *testing.T) {
 	b, err := api.Get(context.Background(), name, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, string(testca.PEM(squatter.Cert)), b.Spec.TrustBundle, "a bundle trustbridge does not own is never rewritten")
-	assert.Contains(t, r.ctrl.Skipped()["leafy.example"], "no_ca_authorities")
+	assert.Equal(t, reasonNoCAAuthorities, r.ctrl.Skipped()["leafy.example"].Reason)
 	_, err = api.Get(context.Background(), trustBundleName(r.signer, spiffeid.RequireTrustDomainFromString("leafy.example")), metav1.GetOptions{})
 	assert.True(t, apierrors.IsNotFound(err), "no bundle for a trust domain without CA certificates: %v", err)
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +29,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/kube/leader"
 	"github.com/trustbridge/trustbridge/internal/logattr"
+	"github.com/trustbridge/trustbridge/internal/server/api"
 	"github.com/trustbridge/trustbridge/internal/server/ha"
 )
 
@@ -108,6 +111,26 @@ type kubeSetup struct {
 
 	replica *ha.Replica // set by start
 	nudgeCA func()      // set by start: wakes the CA's subscribers
+	// bundles is --cluster-trust-bundle-signer's controller, set by wire
+	// before anything serves; nil without it.
+	bundles *distribution.TrustBundles
+}
+
+// clusterTrustBundles is the snapshot's view of the ClusterTrustBundles:
+// nil without them, and on a follower (only the leader renders).
+func (k *kubeSetup) clusterTrustBundles() *api.ClusterTrustBundles {
+	if k == nil || k.bundles == nil {
+		return nil
+	}
+	skipped := k.bundles.Skipped()
+	if skipped == nil {
+		return nil
+	}
+	out := &api.ClusterTrustBundles{Signer: k.bundles.SignerName(), Skipped: []api.SkippedTrustBundle{}}
+	for _, td := range slices.Sorted(maps.Keys(skipped)) {
+		out.Skipped = append(out.Skipped, api.SkippedTrustBundle{TrustDomain: td, Reason: skipped[td].Reason, Message: skipped[td].Message})
+	}
+	return out
 }
 
 // checkStorageFlags refuses flag combinations --storage cannot honour,
@@ -295,6 +318,7 @@ func (k *kubeSetup) wire(td spiffeid.TrustDomain, fed *federationSetup, ctl *crd
 		if err != nil {
 			return nil, fmt.Errorf("--cluster-trust-bundle-signer: %w", err)
 		}
+		k.bundles = tb
 		duties = append(duties, tb.Run)
 	}
 	k.replica.Lead(duties...)

@@ -442,6 +442,7 @@ func (p *serverParts) listen(o Config, e env, reg *prometheus.Registry, logger *
 	cfg.Authorities, cfg.Audit = p.authority, p.trail.record
 	cfg.Signed, cfg.SignedIncomplete = p.ledger.signed, p.ledger.incomplete
 	cfg.Mint = p.ledger.minter(p.authority)
+	cfg.ClusterTrustBundles = p.kube.clusterTrustBundles
 	cfg.Reserved, cfg.ReservedPath, cfg.ReservedDNSNames = p.ownIdentities(o)
 	if p.ep != nil {
 		cfg.Fetchers = p.ep.fetchers(p.td)

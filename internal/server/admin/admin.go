@@ -166,6 +166,9 @@ type Config struct {
 	// `jwt mint --spiffe-id`), guarded as the other mutations are and
 	// audited through Audit.
 	Mint Minter
+	// ClusterTrustBundles, when set, is the leader's ClusterTrustBundle
+	// distribution for the snapshot (nil on followers).
+	ClusterTrustBundles func() *api.ClusterTrustBundles
 	// Reserved are the server's own identities (its certificate service
 	// and bundle endpoint): Mint refuses them, so that the admin token
 	// cannot make a credential peers and agents take for the server.

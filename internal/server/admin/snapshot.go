@@ -30,6 +30,9 @@ func (h *Handler) Snapshot() api.Snapshot {
 		Time: h.cfg.Clock.Now().UTC(), TrustDomain: h.cfg.TrustDomain.Name(), Actor: h.cfg.Actor, Leader: h.isLeader(),
 		RequireHSM: h.cfg.RequireHSM, CA: h.caStatus(), OIDCIssuers: h.oidcIssuers(),
 	}
+	if h.cfg.ClusterTrustBundles != nil {
+		snap.ClusterTrustBundles = h.cfg.ClusterTrustBundles()
+	}
 	store := h.cfg.Trust.Snapshot()
 	statuses := h.federationStatuses()
 	names := h.trustDomainNames(store, statuses)

@@ -29,6 +29,25 @@ type Snapshot struct {
 	// first, as in /v1/trust; nil without --jwt-issuer and
 	// --relay-jwt-issuer, and from servers that predate them.
 	OIDCIssuers []OIDCIssuer `json:"oidc_issuers,omitempty"`
+	// ClusterTrustBundles is --cluster-trust-bundle-signer's distribution
+	// as the leader last rendered it; nil without it, and on followers.
+	ClusterTrustBundles *ClusterTrustBundles `json:"cluster_trust_bundles,omitempty"`
+}
+
+// ClusterTrustBundles is the leader's ClusterTrustBundle per trust domain:
+// the signer they are linked to and the trust domains left without one.
+type ClusterTrustBundles struct {
+	Signer  string               `json:"signer"`
+	Skipped []SkippedTrustBundle `json:"skipped"`
+}
+
+// SkippedTrustBundle is a trust domain the trust store holds that has no
+// ClusterTrustBundle, and why (too_large, no_ca_authorities,
+// name_collision).
+type SkippedTrustBundle struct {
+	TrustDomain string `json:"trust_domain"`
+	Reason      string `json:"reason"`
+	Message     string `json:"message"`
 }
 
 // TrustDomain is one trust domain and the authorities trusted for it.

@@ -79,6 +79,7 @@ func FindingsWith(s api.Snapshot, o Options) []api.Finding {
 	out = append(out, policyFindings(s)...)
 	out = append(out, identityMapFindings(s)...)
 	out = append(out, oidcFindings(s)...)
+	out = append(out, clusterTrustBundleFindings(s)...)
 	out = append(out, sharedRootFindings(holders)...)
 	sortFindings(out)
 	return out
