@@ -8,6 +8,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/trustbridge/trustbridge/internal/testkit/kubetest"
@@ -133,4 +136,32 @@ func TestPodIdentityEachFeature(t *testing.T) {
 			assert.NotContains(t, cfg, k, name)
 		}
 	}
+}
+
+// notes renders NOTES.txt, which helm install prints.
+func notes(t *testing.T, values map[string]any) string {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	require.NoError(t, err)
+	opts := chartutil.ReleaseOptions{Name: "trustbridge", Namespace: namespace, Revision: 1, IsInstall: true}
+	vals, err := chartutil.ToRenderValues(chrt, values, opts, kubeCapabilities())
+	require.NoError(t, err)
+	files, err := engine.Render(chrt, vals)
+	require.NoError(t, err)
+	return files["trustbridge/templates/NOTES.txt"]
+}
+
+// After install, the notes give the volume sources a pod needs for the
+// features enabled, with the signer name, and nothing of them otherwise.
+func TestPodIdentityNotes(t *testing.T) {
+	got := notes(t, podIdentity(t, true, false))
+	assert.Contains(t, got, `pods of namespaces matching "kubernetes.io/metadata.name in (shop,pay)"`)
+	assert.Contains(t, got, "{podCertificate: {signerName: trustbridge.io/svid, keyType: ECDSAP256, credentialBundlePath: svid.pem}}")
+	assert.NotContains(t, got, "clusterTrustBundle:")
+
+	got = notes(t, podIdentity(t, false, true))
+	assert.Contains(t, got, "{clusterTrustBundle: {signerName: trustbridge.io/svid, labelSelector: {matchLabels: {trustbridge.io/trust-domain: east.example}}, path: bundle.pem}}")
+	assert.NotContains(t, got, "podCertificate:")
+
+	assert.NotContains(t, notes(t, baseValues()), "pod identity")
 }
