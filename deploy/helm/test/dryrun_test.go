@@ -44,6 +44,7 @@ func TestApplyDryRunServer(t *testing.T) {
 		"agent":             valuesFile(t, "agent.yaml"),
 		"agent-default":     agentValues(true),
 		"platform":          valuesFile(t, "platform.yaml"),
+		"pod-identity":      valuesFile(t, "pod-identity.yaml"),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {

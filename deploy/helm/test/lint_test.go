@@ -14,7 +14,7 @@ import (
 func TestHelmLint(t *testing.T) {
 	for name, values := range map[string]map[string]any{"base": baseValues(), "full-kube": fullKube(t), "full-file": valuesFile(t, "full-file.yaml"),
 		"agent": valuesFile(t, "agent.yaml"), "agent-default": agentValues(true),
-		"platform": valuesFile(t, "platform.yaml")} {
+		"platform": valuesFile(t, "platform.yaml"), "pod-identity": valuesFile(t, "pod-identity.yaml")} {
 		t.Run(name, func(t *testing.T) {
 			res := lint.AllWithKubeVersion(chartDir, values, namespace, nil)
 			for _, m := range res.Messages {

@@ -2,17 +2,26 @@ package helmtest
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	certv1beta1 "k8s.io/api/certificates/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -163,4 +172,127 @@ func TestChartRBACLiveRootSecret(t *testing.T) {
 	assert.True(t, apierrors.IsForbidden(err), "list every Secret: got %v", err)
 	_, err = sa.CoreV1().Secrets(ns).Create(ctx, secret(ns, "trustbridge-ca"), metav1.CreateOptions{})
 	assert.NoError(t, err, "its CA Secret in its own namespace")
+}
+
+// podIdentityValues enable both pod identity features under signer, as
+// a release installed by installRBAC (no Namespace of its own).
+func podIdentityValues(signer string, podCerts bool) map[string]any {
+	v := baseValues()
+	delete(v, "namespace")
+	pc := map[string]any{"enabled": podCerts}
+	if podCerts {
+		pc["namespaces"] = "kubernetes.io/metadata.name"
+	}
+	v["podIdentity"] = map[string]any{"signerName": signer, "podCertificates": pc, "clusterTrustBundles": map[string]any{"enabled": true}}
+	return v
+}
+
+// allowed asks the API server's authorizer whether user may verb the
+// signer name.
+func allowed(t *testing.T, env *kubetest.Env, user, verb, signer string) bool {
+	t.Helper()
+	review, err := env.Client.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Group: "certificates.k8s.io", Resource: "signers", Verb: verb, Name: signer,
+		}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return review.Status.Allowed
+}
+
+// podCertificateRequest is a request a kubelet could make for a pod of
+// ns, with a fresh key and its proof of possession (the API server checks
+// both before admission).
+func podCertificateRequest(t *testing.T, ns, signer string) *certv1beta1.PodCertificateRequest {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.MarshalPKIXPublicKey(key.Public())
+	require.NoError(t, err)
+	podUID := types.UID("11111111-2222-3333-4444-555555555555")
+	sum := sha256.Sum256([]byte(podUID))
+	proof, err := ecdsa.SignASN1(rand.Reader, key, sum[:])
+	require.NoError(t, err)
+	maxSeconds := int32(86400)
+	return &certv1beta1.PodCertificateRequest{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "app-"},
+		Spec: certv1beta1.PodCertificateRequestSpec{
+			SignerName: signer, PodName: "app", PodUID: podUID,
+			ServiceAccountName: "app", ServiceAccountUID: "22222222-3333-4444-5555-666666666666",
+			NodeName: "node-1", NodeUID: "33333333-4444-5555-6666-777777777777",
+			MaxExpirationSeconds: &maxSeconds, PKIXPublicKey: der, ProofOfPossession: proof,
+		},
+	}
+}
+
+// clusterTrustBundle is a bundle of one fresh root linked to signer.
+func clusterTrustBundle(t *testing.T, signer string) *certv1beta1.ClusterTrustBundle {
+	t.Helper()
+	root := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: testRoot(t, "bundle test root").Raw})
+	return &certv1beta1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: strings.ReplaceAll(signer, "/", ":") + ":" + randomName("td-")},
+		Spec:       certv1beta1.ClusterTrustBundleSpec{SignerName: signer, TrustBundle: string(root)},
+	}
+}
+
+// podIdentity's ClusterRole and admission policy on the API server: the
+// service account may sign for and attest to its signer and no other (the
+// API server's own checks of a status write and a linked bundle's create
+// say so, not only the authorizer), and a PodCertificateRequest for the
+// signer from anyone but the node's kubelet is refused. Without pod
+// certificates, no sign and no request access.
+func TestChartRBACLivePodIdentity(t *testing.T) {
+	env := kubetest.Shared(t)
+	ctx := context.Background()
+	signer := randomName("r") + ".trustbridge.test/svid"
+	other := randomName("o") + ".trustbridge.test/svid"
+	sa, ns, full := installRBAC(t, env, podIdentityValues(signer, true))
+	user := "system:serviceaccount:" + ns + ":" + full
+	assert.True(t, allowed(t, env, user, "sign", signer))
+	assert.True(t, allowed(t, env, user, "attest", signer))
+	assert.False(t, allowed(t, env, user, "sign", other), "sign pinned to the signer's name")
+	assert.False(t, allowed(t, env, user, "attest", other), "attest pinned to the signer's name")
+
+	_, err := sa.CertificatesV1beta1().PodCertificateRequests("").List(ctx, metav1.ListOptions{FieldSelector: "spec.signerName=" + signer})
+	assert.NoError(t, err, "watch the signer's requests")
+	for _, get := range []func() error{
+		func() error { _, err := sa.CoreV1().Pods(ns).Get(ctx, "absent", metav1.GetOptions{}); return err },
+		func() error { _, err := sa.CoreV1().Nodes().Get(ctx, "absent", metav1.GetOptions{}); return err },
+		func() error { _, err := sa.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); return err },
+	} {
+		err := get()
+		assert.False(t, apierrors.IsForbidden(err), "read the pod, node and namespace a request names: got %v", err)
+	}
+
+	bundle, err := sa.CertificatesV1beta1().ClusterTrustBundles().Create(ctx, clusterTrustBundle(t, signer), metav1.CreateOptions{})
+	require.NoError(t, err, "a bundle linked to its signer")
+	assert.NoError(t, sa.CertificatesV1beta1().ClusterTrustBundles().Delete(ctx, bundle.Name, metav1.DeleteOptions{}))
+	_, err = sa.CertificatesV1beta1().ClusterTrustBundles().Create(ctx, clusterTrustBundle(t, other), metav1.CreateOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "a bundle linked to another signer: got %v", err)
+
+	// Another signer's request, which the policy lets the admin create:
+	// the service account may not decide it.
+	foreign, err := env.Client.CertificatesV1beta1().PodCertificateRequests(ns).Create(ctx, podCertificateRequest(t, ns, other), metav1.CreateOptions{})
+	require.NoError(t, err)
+	foreign.Status.Conditions = []metav1.Condition{{Type: certv1beta1.PodCertificateRequestConditionTypeDenied, Status: metav1.ConditionTrue,
+		Reason: "Test", Message: "m", LastTransitionTime: metav1.Now()}}
+	_, err = sa.CertificatesV1beta1().PodCertificateRequests(ns).UpdateStatus(ctx, foreign, metav1.UpdateOptions{})
+	assert.ErrorContains(t, err, `is not permitted to "sign" for signer "`+other+`"`)
+
+	// Ours, asked by the cluster admin rather than the node's kubelet.
+	var last error
+	refused := assert.Eventually(t, func() bool {
+		_, last = env.Client.CertificatesV1beta1().PodCertificateRequests(ns).Create(ctx, podCertificateRequest(t, ns, signer), metav1.CreateOptions{})
+		return apierrors.IsForbidden(last)
+	}, policyWait, policyTick)
+	require.True(t, refused, "a request for the signer not from the node's kubelet: last got %v", last)
+	assert.ErrorContains(t, last, "only the kubelet of the node a PodCertificateRequest names may ask signer "+signer)
+
+	bundleSigner := randomName("b") + ".trustbridge.test/svid"
+	bundlesOnly, ns, full := installRBAC(t, env, podIdentityValues(bundleSigner, false))
+	user = "system:serviceaccount:" + ns + ":" + full
+	assert.True(t, allowed(t, env, user, "attest", bundleSigner))
+	assert.False(t, allowed(t, env, user, "sign", bundleSigner), "no pod certificates, no sign")
+	_, err = bundlesOnly.CertificatesV1beta1().PodCertificateRequests("").List(ctx, metav1.ListOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "no pod certificates, no requests: got %v", err)
 }

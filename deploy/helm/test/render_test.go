@@ -262,7 +262,7 @@ func leaves(prefix string, v any, out map[string]any) {
 
 // everyValueFiles together set every value of values.yaml away from its
 // default.
-var everyValueFiles = []string{"full-kube.yaml", "full-file.yaml", "file-claim.yaml", "upstream-kube-csr.yaml", "agent.yaml", "platform.yaml"}
+var everyValueFiles = []string{"full-kube.yaml", "full-file.yaml", "file-claim.yaml", "upstream-kube-csr.yaml", "agent.yaml", "platform.yaml", "pod-identity.yaml"}
 
 func TestEveryValueIsExercised(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))

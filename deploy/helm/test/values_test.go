@@ -139,6 +139,9 @@ func TestServerAcceptsRenderedConfig(t *testing.T) {
 		"agent":             valuesFile(t, "agent.yaml"),
 		"agent-default":     agentValues(true),
 		"platform":          valuesFile(t, "platform.yaml"),
+		"pod-identity":      valuesFile(t, "pod-identity.yaml"),
+		"pod-certificates":  podIdentity(t, true, false),
+		"trust-bundles":     podIdentity(t, false, true),
 	}
 	for name, values := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -316,6 +319,35 @@ func TestBadValuesFail(t *testing.T) {
 		{"bad duration", with(baseValues(), func(v map[string]any) { v["policy"] = map[string]any{"maxWorkloadTTL": "3 days"} }), "maxWorkloadTTL"},
 		{"chart-owned key in extraConfig", with(baseValues(), func(v map[string]any) { v["extraConfig"] = map[string]any{"ca-secret": "other"} }),
 			"extraConfig.ca-secret is set by the chart"},
+		{"pod certificates with file storage", with(fileStorage(), func(v map[string]any) { v["podIdentity"] = podIdentity(t, true, false)["podIdentity"] }),
+			"podIdentity needs storage.type=kube"},
+		{"trust bundles with file storage", with(fileStorage(), func(v map[string]any) { v["podIdentity"] = podIdentity(t, false, true)["podIdentity"] }),
+			"podIdentity needs storage.type=kube"},
+		{"pod certificates without a signer", with(podIdentity(t, true, false), func(v map[string]any) { v["podIdentity"].(map[string]any)["signerName"] = "" }),
+			"podIdentity needs podIdentity.signerName"},
+		{"trust bundles without a signer", with(podIdentity(t, false, true), func(v map[string]any) { v["podIdentity"].(map[string]any)["signerName"] = "" }),
+			"podIdentity needs podIdentity.signerName"},
+		{"pod certificates without namespaces", with(podIdentity(t, true, true), func(v map[string]any) {
+			v["podIdentity"].(map[string]any)["podCertificates"].(map[string]any)["namespaces"] = " "
+		}), "podIdentity.podCertificates.enabled needs podIdentity.podCertificates.namespaces"},
+		{"pod certificate namespaces while off", with(podIdentity(t, false, true), func(v map[string]any) {
+			v["podIdentity"].(map[string]any)["podCertificates"].(map[string]any)["namespaces"] = "a=b"
+		}), "podIdentity.podCertificates.namespaces is set but podIdentity.podCertificates.enabled is false"},
+		{"signer while both off", with(podIdentity(t, false, false), func(v map[string]any) {}),
+			"podIdentity.signerName is set but neither"},
+		{"kubernetes.io signer", with(podIdentity(t, true, true), func(v map[string]any) {
+			v["podIdentity"].(map[string]any)["signerName"] = "kubernetes.io/kube-apiserver-client"
+		}), "signer names under kubernetes.io/ are Kubernetes' own"},
+		{"signer name without a path", with(podIdentity(t, false, true), func(v map[string]any) { v["podIdentity"].(map[string]any)["signerName"] = "trustbridge.io" }),
+			"at '/podIdentity/signerName'"},
+		{"signer domain of one label", with(podIdentity(t, false, true), func(v map[string]any) { v["podIdentity"].(map[string]any)["signerName"] = "trustbridge/svid" }),
+			"at '/podIdentity/signerName'"},
+		{"pod certificate signer through extraConfig", with(baseValues(), func(v map[string]any) {
+			v["extraConfig"] = map[string]any{"pod-certificate-signer": "trustbridge.io/svid"}
+		}), "extraConfig.pod-certificate-signer is set by the chart"},
+		{"trust bundle signer through extraConfig", with(baseValues(), func(v map[string]any) {
+			v["extraConfig"] = map[string]any{"cluster-trust-bundle-signer": "trustbridge.io/svid"}
+		}), "extraConfig.cluster-trust-bundle-signer is set by the chart"},
 		{"extraConfig repeating a value", with(baseValues(), func(v map[string]any) {
 			v["policy"] = map[string]any{"workloadTTL": "1h"}
 			v["extraConfig"] = map[string]any{"workload-ttl": "2h"}

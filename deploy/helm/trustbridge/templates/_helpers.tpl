@@ -131,6 +131,7 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- fail "upstream.kubeCSR values are set but upstream.kubeCSR.enabled is false: set enabled=true to use the Kubernetes CSR API upstream" -}}
 {{- end -}}
 {{- end -}}
+{{- include "trustbridge.validatePodIdentity" . -}}
 {{- if eq (toString (index .Values.extraConfig "upstream")) "kube-csr" -}}
 {{- fail "extraConfig.upstream=kube-csr: set upstream.kubeCSR.enabled=true instead, which also grants the RBAC rule it needs and mounts the signer's roots" -}}
 {{- end -}}
@@ -158,7 +159,7 @@ the value to change. values.schema.json checks each value alone. */}}
 {{- else if .Values.agent.broker.enabled -}}
 {{- fail "agent.broker.enabled needs agent.enabled: brokers are served by the node agent" -}}
 {{- end -}}
-{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "root-secret" "root-truststore-password-file" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "identity-map-crd" "identity-map" "identity-map-default" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" -}}
+{{- $reserved := list "trust-domain" "data-dir" "admin-listen" "bundle-listen" "grpc-listen" "grpc-dns-names" "storage" "init" "namespace" "ca-secret" "root-configmap" "root-secret" "root-truststore-password-file" "leader-lease" "bootstrap-token-secret" "federation" "federation-crd" "federation-crd-class" "trust-policy-crd" "identity-map-crd" "identity-map" "identity-map-default" "audit-log" "log-format" "log-level" "admin-allowed-hosts" "config" "kubeconfig" "upstream-kube-roots" "pod-certificate-signer" "pod-certificate-namespaces" "cluster-trust-bundle-signer" -}}
 {{- range $k, $v := .Values.extraConfig -}}
 {{- if has $k $reserved -}}
 {{- fail (printf "extraConfig.%s is set by the chart (a value of its own, or a name RBAC or the pod spec is written for); set the chart's value instead" $k) -}}
@@ -207,6 +208,13 @@ config.yaml exactly. */}}
 {{- if $v.upstream.kubeCSR.csrTimeout -}}{{- $_ := set $c "upstream-csr-timeout" $v.upstream.kubeCSR.csrTimeout -}}{{- end -}}
 {{- if $v.upstream.kubeCSR.ttl -}}{{- $_ := set $c "upstream-ttl" $v.upstream.kubeCSR.ttl -}}{{- end -}}
 {{- end -}}
+{{- with $v.podIdentity -}}
+{{- if .podCertificates.enabled -}}
+{{- $_ := set $c "pod-certificate-signer" .signerName -}}
+{{- $_ := set $c "pod-certificate-namespaces" .podCertificates.namespaces -}}
+{{- end -}}
+{{- if .clusterTrustBundles.enabled -}}{{- $_ := set $c "cluster-trust-bundle-signer" .signerName -}}{{- end -}}
+{{- end -}}
 {{- range $k, $x := $v.extraConfig -}}
 {{- if hasKey $c $k -}}
 {{- fail (printf "extraConfig.%s is already set by a chart value; set it in one place" $k) -}}
@@ -233,4 +241,32 @@ set into the config dict (second argument). */}}
 {{- $annotations := list -}}
 {{- range $k, $v := $d.annotations -}}{{- $annotations = append $annotations (printf "%s=%s" $k $v) -}}{{- end -}}
 {{- if $annotations -}}{{- $_ := set $c "distribution-annotation" $annotations -}}{{- end -}}
+{{- end }}
+
+{{/* podIdentity: what --pod-certificate-signer and
+--cluster-trust-bundle-signer refuse at start, and values set for a
+feature that is off. */}}
+{{- define "trustbridge.validatePodIdentity" -}}
+{{- with .Values.podIdentity -}}
+{{- $pc := .podCertificates.enabled -}}
+{{- $ctb := .clusterTrustBundles.enabled -}}
+{{- if and (or $pc $ctb) (ne $.Values.storage.type "kube") -}}
+{{- fail "podIdentity needs storage.type=kube: the leader signs the PodCertificateRequests and writes the ClusterTrustBundles through the API server; set podIdentity.podCertificates.enabled and podIdentity.clusterTrustBundles.enabled to false, or use kube storage" -}}
+{{- end -}}
+{{- if and (or $pc $ctb) (not .signerName) -}}
+{{- fail "podIdentity needs podIdentity.signerName with podCertificates or clusterTrustBundles enabled: the signer name pods ask for (DOMAIN/PATH), e.g. --set podIdentity.signerName=trustbridge.io/svid" -}}
+{{- end -}}
+{{- if hasPrefix "kubernetes.io/" .signerName -}}
+{{- fail (printf "podIdentity.signerName %s: signer names under kubernetes.io/ are Kubernetes' own; use a domain of yours, e.g. trustbridge.io/svid" .signerName) -}}
+{{- end -}}
+{{- if and $pc (not (trim .podCertificates.namespaces)) -}}
+{{- fail "podIdentity.podCertificates.enabled needs podIdentity.podCertificates.namespaces: a label selector of the namespaces whose pods get certificates, e.g. trustbridge.io/pod-certificates=enabled; every namespace: kubernetes.io/metadata.name" -}}
+{{- end -}}
+{{- if and .podCertificates.namespaces (not $pc) -}}
+{{- fail "podIdentity.podCertificates.namespaces is set but podIdentity.podCertificates.enabled is false: set enabled=true to sign pod certificates, or leave namespaces empty" -}}
+{{- end -}}
+{{- if and .signerName (not (or $pc $ctb)) -}}
+{{- fail "podIdentity.signerName is set but neither podIdentity.podCertificates.enabled nor podIdentity.clusterTrustBundles.enabled is: enable one, or leave signerName empty" -}}
+{{- end -}}
+{{- end -}}
 {{- end }}
