@@ -1,0 +1,12 @@
+// Package signbench measures signing at the limit (issue 40): X509-SVIDs
+// and JWT-SVIDs minted over the wire by trustbridge and by SPIRE server
+// 1.13.3 (bin/spire from make spire-tools), side by side, at 1, 8 and 64
+// concurrent clients, and a burst of 10,000 first certificates within one
+// second. Each server runs in a process of its own, so its CPU time per
+// certificate and its peak memory are read from /proc for that process
+// alone; the clients run in the benchmark's process, the same client code
+// against both servers, each client on a TLS connection of its own.
+//
+// The package holds only benchmarks and what they share; make bench runs
+// them with TRUSTBRIDGE_BIN and TRUSTBRIDGE_SPIRE_TESTS=require.
+package signbench
