@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 )
 
 // UniqueKeys wraps h so that no record it writes repeats a key: an
@@ -14,15 +15,32 @@ import (
 // passed down through several layers, each naming its component, produced
 // exactly that. The most specific value (the last one added) wins.
 //
-// Attributes are kept here rather than pre-formatted by h, which costs an
-// allocation per record; the server logs little on its hot paths.
+// A record whose keys are its own and none of the logger's (every record
+// on the hot paths: each certificate issued is logged) goes to h with the
+// logger's attributes pre-formatted once, as h would write them after
+// Logger.With; only a record that repeats a key is merged here, at the
+// cost of a copy of its attributes.
 func UniqueKeys(h slog.Handler) slog.Handler {
-	return &uniqueHandler{inner: h}
+	return newUnique(h, nil)
 }
 
 type uniqueHandler struct {
 	inner slog.Handler
 	attrs []slog.Attr // keys unique
+	// pre is inner with attrs, made on the first record that needs it: a
+	// logger made per call with With and never used costs no formatting.
+	pre func() slog.Handler
+}
+
+func newUnique(inner slog.Handler, attrs []slog.Attr) *uniqueHandler {
+	h := &uniqueHandler{inner: inner, attrs: attrs}
+	h.pre = sync.OnceValue(func() slog.Handler {
+		if len(attrs) == 0 {
+			return inner
+		}
+		return inner.WithAttrs(attrs)
+	})
+	return h
 }
 
 func (h *uniqueHandler) Enabled(ctx context.Context, l slog.Level) bool {
@@ -30,16 +48,19 @@ func (h *uniqueHandler) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h *uniqueHandler) WithAttrs(as []slog.Attr) slog.Handler {
-	return &uniqueHandler{inner: h.inner, attrs: mergeAttrs(h.attrs, as)}
+	return newUnique(h.inner, mergeAttrs(h.attrs, as))
 }
 
 // WithGroup hands the attributes so far to the inner handler: keys in
 // different groups do not collide.
 func (h *uniqueHandler) WithGroup(name string) slog.Handler {
-	return &uniqueHandler{inner: h.inner.WithAttrs(h.attrs).WithGroup(name)}
+	return newUnique(h.pre().WithGroup(name), nil)
 }
 
 func (h *uniqueHandler) Handle(ctx context.Context, r slog.Record) error {
+	if h.distinct(r) {
+		return h.pre().Handle(ctx, r)
+	}
 	as := make([]slog.Attr, 0, r.NumAttrs())
 	r.Attrs(func(a slog.Attr) bool {
 		as = append(as, a)
@@ -48,6 +69,44 @@ func (h *uniqueHandler) Handle(ctx context.Context, r slog.Record) error {
 	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
 	out.AddAttrs(mergeAttrs(h.attrs, as)...)
 	return h.inner.Handle(ctx, out)
+}
+
+// maxFastKeys is the most attributes a record may have for distinct to
+// check it without allocating.
+const maxFastKeys = 16
+
+// distinct reports whether r can be written as it is after the logger's
+// attributes: its keys are its own, none of the logger's, and none of its
+// attributes is an inline group (whose keys would need flattening to
+// compare). It never allocates; false sends the record to the merge.
+func (h *uniqueHandler) distinct(r slog.Record) bool {
+	if r.NumAttrs() > maxFastKeys {
+		return false
+	}
+	var seen [maxFastKeys]string
+	n, ok := 0, true
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "" {
+			ok = false // an inline group, or an empty attribute
+			return false
+		}
+		for _, k := range seen[:n] {
+			if k == a.Key {
+				ok = false
+				return false
+			}
+		}
+		for _, b := range h.attrs {
+			if b.Key == a.Key {
+				ok = false
+				return false
+			}
+		}
+		seen[n] = a.Key
+		n++
+		return true
+	})
+	return ok
 }
 
 // mergeAttrs is base followed by add, an attribute of add replacing the
