@@ -5,6 +5,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -173,13 +174,13 @@ func revokedMessage(id spiffeid.ID, g authn.Grant, noChecker bool) string {
 
 // grantAttrs are the log attributes recording a certificate's grant: the
 // audit trail of which credential every certificate descends from.
-func grantAttrs(g authn.Grant) []any {
-	attrs := []any{logattr.GrantMethod, g.Method, logattr.GrantedAt, g.GrantedAt.UTC().Format(time.RFC3339)}
+func grantAttrs(attrs []slog.Attr, g authn.Grant) []slog.Attr {
+	attrs = append(attrs, slog.String(logattr.GrantMethod, g.Method), slog.String(logattr.GrantedAt, g.GrantedAt.UTC().Format(time.RFC3339)))
 	if g.Ref != "" {
-		attrs = append(attrs, logattr.GrantRef, g.Ref)
+		attrs = append(attrs, slog.String(logattr.GrantRef, g.Ref))
 	}
 	if g.UID != "" {
-		attrs = append(attrs, logattr.GrantUID, g.UID)
+		attrs = append(attrs, slog.String(logattr.GrantUID, g.UID))
 	}
 	return attrs
 }
