@@ -251,9 +251,7 @@ func (m *measurement) report(b *testing.B, row string) {
 	b.ReportMetric(cpu, "server-cpu-us/op")
 	b.ReportMetric(float64(l.calls-l.served)/float64(l.calls), "refused/op")
 	b.ReportMetric(float64(l.calls), "calls")
-	if len(l.refused) > 0 {
-		b.Logf("%s: refused, by code: %v", row, l.refused)
-	}
+	l.logRefused(b, row)
 	if row != rowTrustbridge {
 		return
 	}
@@ -383,9 +381,7 @@ func (s *burstStats) report(b *testing.B, name string) {
 	if s.served > 0 {
 		b.ReportMetric(s.cpuPerCert(), "server-cpu-us/cert")
 	}
-	if len(s.refused) > 0 {
-		b.Logf("%s: refused, by code, over %d bursts: %v", name, s.bursts, s.refused)
-	}
+	s.logRefused(b, fmt.Sprintf("%s, %d bursts", name, s.bursts))
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -396,6 +392,7 @@ type load struct {
 	calls     int
 	served    int                // calls answered with a certificate or token
 	refused   map[codes.Code]int // calls answered with a gRPC error, by code
+	reasons   map[string]int     // the same by code and message: maxReasons of them, the rest as "other reasons"
 	wall      time.Duration      // first call sent to last answer
 	latencies []time.Duration    // per call, served or refused
 	ok        []bool             // per call: served
@@ -411,10 +408,44 @@ func (l *load) add(o load) {
 		}
 		l.refused[c] += n
 	}
+	for r, n := range o.reasons {
+		l.addReason(r, n)
+	}
 	l.wall += o.wall
 	l.latencies = append(l.latencies, o.latencies...)
 	l.ok = append(l.ok, o.ok...)
 	l.serverCPU += o.serverCPU
+}
+
+// maxReasons bounds load.reasons: a server may put the caller or a
+// count in its messages.
+const (
+	maxReasons   = 8
+	otherReasons = "other reasons"
+)
+
+// addReason counts n refusals for reason, or for "other reasons" once
+// maxReasons others are kept.
+func (l *load) addReason(reason string, n int) {
+	if l.reasons == nil {
+		l.reasons = map[string]int{}
+	}
+	if _, ok := l.reasons[reason]; !ok && len(l.reasons) >= maxReasons {
+		reason = otherReasons
+	}
+	l.reasons[reason] += n
+}
+
+// logRefused logs l's refusals, if any, by code and message.
+func (l *load) logRefused(tb testing.TB, what string) {
+	tb.Helper()
+	if len(l.refused) == 0 {
+		return
+	}
+	tb.Logf("%s: refused %v", what, l.refused)
+	for r, n := range l.reasons {
+		tb.Logf("  %d× %s", n, r)
+	}
 }
 
 // cpuPerCert is the server's CPU time per call served, in microseconds.
@@ -523,6 +554,7 @@ func (t *tally) load(pid int, cpu0 time.Duration) (load, error) {
 			l.refused = map[codes.Code]int{}
 		}
 		l.refused[st.Code()]++
+		l.addReason(st.Code().String()+": "+st.Message(), 1)
 	}
 	return l, nil
 }

@@ -433,6 +433,7 @@ func TestTrustbridgeTarget(t *testing.T) {
 				assert.Equal(t, calls, l.calls)
 				assert.Equal(t, calls*4/5, l.served)
 				assert.Equal(t, map[codes.Code]int{codes.InvalidArgument: calls / 5}, l.refused)
+				assert.Equal(t, calls/5, sumValues(l.reasons), "reasons %v", l.reasons)
 				assert.Len(t, l.latencies, calls)
 				assert.Equal(t, calls*4/5, countTrue(l.ok))
 				assert.Positive(t, l.wall)
