@@ -97,6 +97,9 @@ const (
 //     wire costs the server in CPU (goals: x509 at most 1.3, jwt 1.5);
 //   - x-spire-cpu: server-cpu-us/op over SPIRE's (as it ships) in the
 //     same rounds (goal: at most 0.5).
+//
+// B/op and allocs/op (-benchmem) are this process's, the clients' and the
+// in-process baseline's, over all rows: not the servers'.
 func BenchmarkVsSPIRE(b *testing.B) {
 	servers := []*vsServer{{row: rowTrustbridge, t: newTrustbridgeTarget(b, targetOptions{SigningRateLimit: true})}}
 	for _, s := range []struct {
@@ -120,11 +123,12 @@ func BenchmarkVsSPIRE(b *testing.B) {
 	for _, s := range servers {
 		s.csr = s.t.CSR(b, key)
 		b.Cleanup(s.close)
+		s.dial(b, slices.Max(vsClients))
 	}
 	in := newInProcess(b, servers[0].csr)
 	for _, kind := range []string{"x509", "jwt"} {
 		b.Run(kind, func(b *testing.B) {
-			for _, clients := range []int{1, 8, 64} {
+			for _, clients := range vsClients {
 				b.Run(fmt.Sprintf("clients-%d", clients), func(b *testing.B) {
 					var m *measurement
 					b.Run(rowTrustbridge, func(b *testing.B) {
@@ -140,8 +144,11 @@ func BenchmarkVsSPIRE(b *testing.B) {
 	}
 }
 
+// vsClients are BenchmarkVsSPIRE's numbers of concurrent clients.
+var vsClients = []int{1, 8, 64}
+
 // vsServer is one row's server in BenchmarkVsSPIRE, with its warm
-// clients, dialed as the sub-benchmarks need more and reused by them.
+// clients, which every sub-benchmark shares.
 type vsServer struct {
 	row     string
 	t       target
@@ -149,12 +156,11 @@ type vsServer struct {
 	clients []client
 }
 
-// take returns n clients, dialing the missing ones; each new one makes
-// one X509 and one JWT call before it is returned, so that what a
-// connection sets up on its first call is not measured.
-func (s *vsServer) take(tb testing.TB, n int) []client {
+// dial opens n clients, each of which makes one X509 and one JWT call,
+// so that what a connection sets up on its first call is not measured.
+func (s *vsServer) dial(tb testing.TB, n int) {
 	tb.Helper()
-	for len(s.clients) < n {
+	for range n {
 		c := s.t.Dial(tb)
 		s.clients = append(s.clients, c)
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
@@ -167,7 +173,6 @@ func (s *vsServer) take(tb testing.TB, n int) []client {
 			tb.Fatalf("%s: first calls of client %d: %v", s.row, len(s.clients), err)
 		}
 	}
-	return s.clients[:n]
 }
 
 func (s *vsServer) close() {
@@ -192,7 +197,7 @@ func measure(b *testing.B, kind string, clients int, servers []*vsServer, in *in
 	m := &measurement{rows: map[string]*load{}}
 	var steps []func(n int)
 	for _, s := range servers {
-		cs, do := s.take(b, clients), op(kind, s.csr)
+		cs, do := s.clients[:clients], op(kind, s.csr)
 		steps = append(steps, func(n int) {
 			if s.row == rowTrustbridge {
 				b.StartTimer()
@@ -278,8 +283,9 @@ const (
 // call made yet), request i on connection i%100, each from a goroutine of
 // its own started at its arrival time, with a 60 s deadline and no retry.
 // Refusals are reported, not failed on. Run it at the default -benchtime
-// (one op: a burst takes over a second); every op keeps its server until
-// the sub-benchmark ends.
+// or -benchtime 1x: a burst takes over a second, so a duration gives one
+// op, while -benchtime Nx runs N bursts, and every op keeps its server
+// until the sub-benchmark ends.
 //
 // Sub-benchmarks: trustbridge (as it ships, or with
 // SIGNBENCH_TRUSTBRIDGE_FLAGS, e.g. "--sign-queue-size 10000"); spire and
