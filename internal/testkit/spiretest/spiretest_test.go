@@ -6,9 +6,9 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// TestServerConfig: the signing rate limit is on unless turned off, as
+// TestSPIREServerConfig: the signing rate limit is on unless turned off, as
 // SPIRE ships, and the log level is DEBUG unless set.
-func TestServerConfig(t *testing.T) {
+func TestSPIREServerConfig(t *testing.T) {
 	s := &Server{socket: "/tmp/s/api.sock"}
 	for _, tc := range []struct {
 		name string
