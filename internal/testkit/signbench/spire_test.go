@@ -68,8 +68,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -624,94 +622,4 @@ func TestSPIRERetryNotFound(t *testing.T) {
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.ErrorContains(t, err, "entry not found")
 	})
-}
-
-// BenchmarkSPIRETarget is a quick look at two rows of what the
-// benchmarks measure: X509-SVIDs and JWT-SVIDs from 8 clients, each on a
-// connection of its own, with SPIRE's signing rate limit, without, and
-// through the admin mint RPCs; it reports SVIDs a second and
-// spire-server's CPU time per SVID.
-func BenchmarkSPIRETarget(b *testing.B) {
-	const clients = 8
-	for _, newT := range []func(testing.TB) target{
-		func(tb testing.TB) target { return newSPIRETarget(tb, targetOptions{SigningRateLimit: true}) },
-		func(tb testing.TB) target { return newSPIRETarget(tb, targetOptions{SigningRateLimit: false}) },
-		func(tb testing.TB) target { return newSPIREAdminMintTarget(tb, targetOptions{SigningRateLimit: true}) },
-	} {
-		s := newT(b)
-		csrs := make([][]byte, clients)
-		for i := range csrs {
-			csrs[i] = s.CSR(b, newSPIREKey(b))
-		}
-		b.Run(s.Name()+"/x509", func(b *testing.B) {
-			benchSPIRE(b, s, clients, func(c client, i int) error { return c.X509(context.Background(), csrs[i]) })
-		})
-		b.Run(s.Name()+"/jwt", func(b *testing.B) {
-			benchSPIRE(b, s, clients, func(c client, _ int) error { return c.JWT(context.Background(), "signbench.example") })
-		})
-	}
-}
-
-// benchSPIRE makes b.N calls from clients goroutines, each with a client
-// of its own (call's i), and reports calls a second and the server's CPU
-// time per call.
-func benchSPIRE(b *testing.B, s target, clients int, call func(c client, i int) error) {
-	conns := make([]client, clients)
-	for i := range conns {
-		conns[i] = s.Dial(b)
-		defer conns[i].Close()
-	}
-	cpu0, err := spireCPUTime(s.PID())
-	require.NoError(b, err)
-	var left atomic.Int64
-	left.Store(int64(b.N))
-	errs := make(chan error, clients)
-	b.ResetTimer()
-	start := time.Now()
-	for i := range conns {
-		go func() {
-			for left.Add(-1) >= 0 {
-				if err := call(conns[i], i); err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for range conns {
-		require.NoError(b, <-errs)
-	}
-	elapsed := time.Since(start)
-	b.StopTimer()
-	cpu1, err := spireCPUTime(s.PID())
-	require.NoError(b, err)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "svids/s")
-	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "server-cpu-µs/svid")
-}
-
-// spireCPUTime is the user and system CPU time pid has used
-// (/proc/<pid>/stat fields 14 and 15, in clock ticks of 1/100 s, the
-// USER_HZ Linux exposes).
-func spireCPUTime(pid int) (time.Duration, error) {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name, which is in parentheses and may
-	// hold spaces: state is field 3, utime 14, stime 15.
-	i := strings.LastIndexByte(string(stat), ')')
-	fields := strings.Fields(string(stat[i+1:]))
-	if i < 0 || len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	var ticks int64
-	for _, f := range fields[11:13] {
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-		}
-		ticks += v
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }
