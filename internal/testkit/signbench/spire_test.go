@@ -34,10 +34,12 @@ package signbench
 //     bucket of 500 a second, burst 500, in front of BatchNewX509SVID
 //     (counted per param) and another in front of NewJWTSVID. It waits
 //     (golang.org/x/time/rate WaitN) rather than refuses, except a batch
-//     over 500 params, which is refused at once. All clients here come
-//     from 127.0.0.1, so they share one bucket, as every agent behind one
-//     NAT address would. "spire" keeps it, "spire-unlimited" sets
-//     signing = false.
+//     over 500 params, or a call whose deadline would pass before its
+//     turn, which are refused at once (code Unknown). All clients here
+//     come from 127.0.0.1, so they share one bucket, as agents behind one
+//     NAT address would; in a deployment each node's agent has an
+//     address, and a bucket, of its own. "spire" keeps the limit,
+//     "spire-unlimited" sets signing = false.
 //   - signing: the CSR's signature is checked and only its public key is
 //     used; the SPIFFE ID, DNS names and TTL come from the entry. The
 //     server CA's key is in memory (KeyManager "memory").
