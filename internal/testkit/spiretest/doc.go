@@ -26,6 +26,12 @@
 //	ours := spiretest.EnvoySecrets(t, spiretest.SDSClient(t, ourSocket), spiretest.DefaultSVIDName, spiretest.RootCAName)
 //	// compare ours[name].Secrets with spire[name].Secrets field by field
 //
+// A signing peer (issue 40's benchmarks, internal/testkit/signbench): a
+// client that attests as an agent itself with JoinToken over Addr (Agent
+// API, mTLS afterwards) and asks for SVIDs of entries parented to it;
+// Config.NoSigningRateLimit turns off SPIRE's per-IP signing limit, PID
+// is the process to read CPU time from.
+//
 // EnvoySecrets and DecodeSDS reduce any SDS server's answer to plain
 // values (resource names and kinds, the leaf's URI SANs, the validator's
 // name and type, each trust domain with the SHA-256s of its roots), with

@@ -19,6 +19,9 @@ type Entry struct {
 	// FederatesWith are trust domain names whose bundles the workload gets
 	// beside its own; SPIRE must hold a bundle for each (SetBundle).
 	FederatesWith []string
+	// Admin grants the entry's SPIFFE ID SPIRE's admin APIs (-admin),
+	// MintX509SVID and MintJWTSVID among them.
+	Admin bool
 }
 
 // TrustDomain is the server's trust domain.
@@ -33,6 +36,9 @@ func (s *Server) CreateEntry(t testing.TB, e Entry) string {
 	}
 	for _, td := range e.FederatesWith {
 		args = append(args, "-federatesWith", "spiffe://"+td)
+	}
+	if e.Admin {
+		args = append(args, "-admin")
 	}
 	out, err := s.cli(nil, args...)
 	if err != nil {
@@ -72,6 +78,18 @@ func parseEntryCreate(out string) (string, error) {
 	return r.Entry.ID, nil
 }
 
+// JoinToken has the server mint a join token valid for ten minutes, for
+// a client that attests as an agent itself (AttestAgent over Addr), and
+// returns it with the agent's SPIFFE ID.
+func (s *Server) JoinToken(t testing.TB) (token, agentID string) {
+	t.Helper()
+	token, agentID, err := s.joinToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token, agentID
+}
+
 // joinToken has the server mint a join token valid for ten minutes, and
 // returns it with the SPIFFE ID an agent attesting with it gets.
 func (s *Server) joinToken() (token, agentID string, err error) {
@@ -95,6 +113,16 @@ func (s *Server) LocalBundle() (*Bundle, error) {
 		return nil, err
 	}
 	return parseBundle(out)
+}
+
+// LocalBundleDoc is the server's own bundle as a SPIFFE bundle document
+// (bundle show -format spiffe): X.509 and JWT authorities.
+func (s *Server) LocalBundleDoc() ([]byte, error) {
+	out, err := s.cli(nil, "bundle", "show", "-format", "spiffe")
+	if err != nil {
+		return nil, err
+	}
+	return []byte(out), nil
 }
 
 // localBundlePEM is the server's roots for an agent's trust_bundle_path.

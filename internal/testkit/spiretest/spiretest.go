@@ -33,6 +33,15 @@ const AgentBinEnv = "TRUSTBRIDGE_SPIRE_AGENT"
 type Config struct {
 	TrustDomain string
 	Federates   []Federation
+	// NoSigningRateLimit turns SPIRE's per-IP signing rate limit off
+	// (ratelimit { signing = false }); by default it is on, as SPIRE
+	// ships: 500 X509-SVIDs and 500 JWT-SVIDs a second per caller IP on
+	// the agent-facing SVID RPCs.
+	NoSigningRateLimit bool
+	// LogLevel is the server's log_level. Default "DEBUG", for the logs a
+	// failed test prints; SPIRE ships with "INFO", which a measurement
+	// should use (DEBUG logs a line per certificate signed).
+	LogLevel string
 }
 
 // Federation is one federates_with entry, https_spiffe profile.
@@ -47,6 +56,7 @@ type Server struct {
 	bin         string
 	socket      string
 	port        int
+	pid         int
 	trustDomain string
 	logs        *testlog.Buffer
 }
@@ -141,6 +151,7 @@ func start(t testing.TB, bin, dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.pid = p.cmd.Process.Pid
 	healthy := func() error { _, err := s.cli(nil, "healthcheck", "-shallow"); return err }
 	if err := p.waitFor(60*time.Second, healthy); err != nil {
 		p.stop()
@@ -166,8 +177,13 @@ func freePort() (int, error) {
 
 // config is the server's HCL: loopback only, SQLite and in-memory keys,
 // join tokens (for StartAgent), a new entry visible to agents within a
-// second, and one federates_with block per peer, https_spiffe.
+// second, the signing rate limit as cfg says, and one federates_with
+// block per peer, https_spiffe.
 func (s *Server) config(dir string, port int, cfg Config) string {
+	logLevel := cfg.LogLevel
+	if logLevel == "" {
+		logLevel = "DEBUG"
+	}
 	var fed strings.Builder
 	for _, f := range cfg.Federates {
 		fmt.Fprintf(&fed, `
@@ -184,7 +200,10 @@ func (s *Server) config(dir string, port int, cfg Config) string {
   socket_path = %q
   trust_domain = %q
   data_dir = %q
-  log_level = "DEBUG"
+  log_level = %q
+  ratelimit {
+    signing = %t
+  }
   federation {%s
   }
   experimental {
@@ -207,7 +226,8 @@ plugins {
     plugin_data {}
   }
 }
-`, port, s.socket, cfg.TrustDomain, filepath.Join(dir, "data"), fed.String(), filepath.Join(dir, "datastore.sqlite3"))
+`, port, s.socket, cfg.TrustDomain, filepath.Join(dir, "data"), logLevel, !cfg.NoSigningRateLimit, fed.String(),
+		filepath.Join(dir, "datastore.sqlite3"))
 }
 
 // cli runs spire-server's CLI against this server's API socket.
@@ -285,3 +305,10 @@ func parseBundle(out string) (*Bundle, error) {
 
 // Logs is what the server logged so far.
 func (s *Server) Logs() string { return s.logs.String() }
+
+// PID is the spire-server process, for its CPU time and memory in /proc.
+func (s *Server) PID() int { return s.pid }
+
+// Addr is the server's TCP listener (host:port), where agents attest and
+// ask for SVIDs over mTLS.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
