@@ -15,6 +15,26 @@ import (
 // (the binary, thread stacks, the kernel's socket buffers).
 const memoryLimitRatio = 0.9
 
+// serverBallastSize is the server's floor under the heap the garbage
+// collector paces against, on top of the binary's (cmd/trustbridge's
+// gcBallastSize, 8 MiB, which every command has). A CA under load
+// allocates about 30 KiB a certificate (CSR parsing, signing, gRPC and
+// TLS) while little of it stays live, so at GOGC=100 over a small live
+// heap a collection came every few hundred certificates: about 8% of the
+// server's CPU per certificate (issue 40's profile). The ballast holds no
+// pointers and is never written: no marking and, its pages never touched,
+// no resident memory; the garbage allowed between collections grows by at
+// most its size, whatever the live heap, where a higher GOGC would grow
+// it with the live heap (a burst of 10,000 waiting requests).
+// --memory-limit (GOMEMLIMIT) still bounds the heap: near the limit the
+// collector runs as often as it must.
+const serverBallastSize = 24 << 20
+
+// gcBallast raises the heap the collector paces against by
+// serverBallastSize for as long as the server runs: runServer keeps it
+// alive until it returns.
+func gcBallast() []byte { return make([]byte, serverBallastSize) }
+
 // SetMemoryLimit gives the Go runtime a soft memory limit of 90% of the
 // container's (the cgroup's memory limit, v1 or v2), unless GOMEMLIMIT is
 // set (it wins) or AUTOMEMLIMIT=off. Without one, the garbage collector

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -265,6 +266,8 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	routeKlog(logger)
 	RouteGRPCLog(logger)
 	SetMemoryLimit(logger)
+	ballast := gcBallast()
+	defer runtime.KeepAlive(ballast)
 	td, kt, err := checkServerBasics(o, logger)
 	if err != nil {
 		return err
