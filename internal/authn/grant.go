@@ -317,10 +317,12 @@ func GrantFromCert(cert *x509.Certificate) (Grant, error) {
 // rather than failing authentication, so the certificate service can
 // refuse renewal with a clear reason while SDS, which does not renew
 // chains, keeps working.
-func svidIdentity(id spiffeid.ID, leaf *x509.Certificate) Identity {
-	g, err := GrantFromCert(leaf)
-	if err != nil {
-		return Identity{ID: id, Method: MethodX509SVID, GrantErr: err, NotAfter: leaf.NotAfter}
+//
+// grant is what readLeafGrant found in leaf, kept with the verification.
+func svidIdentity(id spiffeid.ID, leaf *x509.Certificate, grant leafGrant) Identity {
+	if grant.err != nil {
+		return Identity{ID: id, Method: MethodX509SVID, GrantErr: grant.err, NotAfter: leaf.NotAfter}
 	}
+	g := grant.grant // each Identity its own copy
 	return Identity{ID: id, Method: MethodX509SVID, Grant: &g, NotAfter: leaf.NotAfter}
 }

@@ -177,19 +177,30 @@ func TestGrantFromVerifiedSVID(t *testing.T) {
 	a := NewX509SVID(localTD, roots, nil)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			id, err := a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{tt.leaf}, Peer: "127.0.0.1:1"})
-			require.NoError(t, err, "a grant never decides authentication")
-			assert.Equal(t, workloadID, id.ID)
-			if tt.wantErrIn != "" {
-				assert.Nil(t, id.Grant)
-				require.Error(t, id.GrantErr)
-				assert.Contains(t, id.GrantErr.Error(), tt.wantErrIn)
-				return
+			// The second call is answered from the verify cache, which
+			// keeps the grant read on the first: the same answer, and
+			// each Identity its own copy of the grant.
+			var first *Grant
+			for call := range 2 {
+				id, err := a.Authenticate(context.Background(), Request{PeerCertificates: []*x509.Certificate{tt.leaf}, Peer: "127.0.0.1:1"})
+				require.NoError(t, err, "a grant never decides authentication")
+				assert.Equal(t, workloadID, id.ID)
+				if tt.wantErrIn != "" {
+					assert.Nil(t, id.Grant)
+					require.Error(t, id.GrantErr, "call %d", call)
+					assert.Contains(t, id.GrantErr.Error(), tt.wantErrIn)
+					continue
+				}
+				assert.NoError(t, id.GrantErr)
+				assert.Equal(t, tt.want, id.Grant, "call %d", call)
+				if first == nil {
+					first = id.Grant
+					first.Ref = "changed by the first caller"
+				}
 			}
-			assert.NoError(t, id.GrantErr)
-			assert.Equal(t, tt.want, id.Grant)
 		})
 	}
+	assert.Equal(t, len(tests), a.cache.len(), "each leaf verified once, then answered from the cache")
 }
 
 func TestBootstrapGrant(t *testing.T) {

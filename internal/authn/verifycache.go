@@ -40,7 +40,8 @@ func chainDigest(certs []*x509.Certificate) [sha256.Size]byte {
 
 // verifiedEntry is what a verification proved: the chain is good at any
 // time within [notBefore, notAfter] while anchor is one of the bundle's
-// authorities, and issuer signed its leaf. Only facts about the chain are
+// authorities, and issuer signed its leaf; and the grant the leaf records
+// (GrantFromCert), read once rather than on every call of a connection. Only facts about the chain are
 // kept: whether issuer is the server's own is asked again on every hit
 // (WithOwnIssuers), as the server's signing certificates rotate without
 // the bundle changing.
@@ -49,6 +50,18 @@ type verifiedEntry struct {
 	issuer    *x509.Certificate
 	notBefore time.Time
 	notAfter  time.Time
+	grant     leafGrant
+}
+
+// leafGrant is what GrantFromCert read from a verified leaf.
+type leafGrant struct {
+	grant Grant
+	err   error
+}
+
+func readLeafGrant(leaf *x509.Certificate) leafGrant {
+	g, err := GrantFromCert(leaf)
+	return leafGrant{grant: g, err: err}
 }
 
 // verifyCache is a bounded LRU (k8s.io/utils/lru) of successful chain
@@ -67,37 +80,37 @@ func newVerifyCache(max int) *verifyCache {
 }
 
 // hit reports whether key was verified against bundle and is still good
-// at now, and the issuer of its leaf. The anchor is looked up in the
+// at now, and the issuer of its leaf and the grant it records. The anchor is looked up in the
 // bundle again, so that a bundle changed in place, against the source's
 // contract, fails closed rather than trusting a root it no longer holds.
-func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Time) (issuer *x509.Certificate, ok bool) {
+func (c *verifyCache) hit(key verifyKey, bundle *x509bundle.Bundle, now time.Time) (issuer *x509.Certificate, grant leafGrant, ok bool) {
 	if c == nil {
-		return nil, false
+		return nil, leafGrant{}, false
 	}
 	v, ok := c.lru.Get(key)
 	if !ok {
-		return nil, false
+		return nil, leafGrant{}, false
 	}
 	e := v.(*verifiedEntry)
 	if now.Before(e.notBefore) || now.After(e.notAfter) {
 		c.lru.Remove(key)
-		return nil, false
+		return nil, leafGrant{}, false
 	}
 	if !bundle.HasX509Authority(e.anchor) {
-		return nil, false
+		return nil, leafGrant{}, false
 	}
-	return e.issuer, true
+	return e.issuer, e.grant, true
 }
 
 // add remembers a verification whose chains svidcheck.Verify returned. The
 // first chain alone bounds the entry: while all its certificates are
 // within their validity, verification would find it again.
-func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate) {
+func (c *verifyCache) add(key verifyKey, chains [][]*x509.Certificate, grant leafGrant) {
 	if c == nil || len(chains) == 0 || len(chains[0]) == 0 {
 		return
 	}
 	chain := chains[0]
-	e := &verifiedEntry{anchor: chain[len(chain)-1], issuer: leafIssuer(chains), notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter}
+	e := &verifiedEntry{anchor: chain[len(chain)-1], issuer: leafIssuer(chains), notBefore: chain[0].NotBefore, notAfter: chain[0].NotAfter, grant: grant}
 	for _, cert := range chain[1:] {
 		if cert.NotBefore.After(e.notBefore) {
 			e.notBefore = cert.NotBefore

@@ -212,11 +212,11 @@ func (a *X509SVID) Authenticate(_ context.Context, r Request) (Identity, error) 
 	if bundle == nil || len(bundle.X509Authorities()) == 0 {
 		return Identity{}, invalid(MethodX509SVID, errors.New("local trust domain has no X.509 roots"))
 	}
-	issuer, err := a.verifyChain(certs, id, bundle, r.Peer)
+	issuer, grant, err := a.verifyChain(certs, id, bundle, r.Peer)
 	if err != nil {
 		return Identity{}, err
 	}
-	ident := svidIdentity(id, certs[0])
+	ident := svidIdentity(id, certs[0], grant)
 	if a.ownIssuer != nil && (issuer == nil || !a.ownIssuer(issuer)) {
 		ident.Grant, ident.GrantErr = nil, notIssuedHere(issuer)
 	}
@@ -278,25 +278,26 @@ func (a *X509SVID) precheck(certs []*x509.Certificate) (spiffeid.ID, error) {
 
 // verifyChain verifies certs against bundle, or answers from the caches,
 // and returns the leaf's issuer in the verified chain (nil when the chain
-// is the leaf alone). Only a chain neither cache knows takes a slot of the
+// is the leaf alone) and the grant the leaf records, read once per chain
+// the cache holds. Only a chain neither cache knows takes a slot of the
 // peer gate.
-func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle *x509bundle.Bundle, peer string) (*x509.Certificate, error) {
+func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle *x509bundle.Bundle, peer string) (*x509.Certificate, leafGrant, error) {
 	now := a.clk.Now()
 	key := verifyKey{chain: chainDigest(certs), bundle: bundle}
-	if issuer, ok := a.cache.hit(key, bundle, now); ok {
+	if issuer, grant, ok := a.cache.hit(key, bundle, now); ok {
 		a.m.results.WithLabelValues(x509Cached).Inc()
-		return issuer, nil
+		return issuer, grant, nil
 	}
 	if err, ok := a.failures.get(key, now); ok {
 		a.m.results.WithLabelValues(x509FailedCached).Inc()
-		return nil, err
+		return nil, leafGrant{}, err
 	}
 	if ok, scope := a.gate.acquire(peer); !ok {
 		a.m.results.WithLabelValues(x509Throttled).Inc()
 		a.m.throttled.WithLabelValues(scope).Inc()
 		a.logger.Log(context.Background(), a.logLim.Level(slog.LevelWarn), "client certificate verification refused: too many in flight",
 			"scope", scope, logattr.Address, peer, logattr.SPIFFEID, id.String())
-		return nil, fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
+		return nil, leafGrant{}, fmt.Errorf("authn: %s: too many client certificate verifications in flight (%s): %w", MethodX509SVID, scope, ErrUnavailable)
 	}
 	defer a.gate.release(peer)
 	// Verify against the local bundle alone, never the whole source: the
@@ -307,11 +308,12 @@ func (a *X509SVID) verifyChain(certs []*x509.Certificate, id spiffeid.ID, bundle
 		err = invalid(MethodX509SVID, fmt.Errorf("client SVID %s: %w", id, err))
 		a.failures.add(key, err, now)
 		a.m.results.WithLabelValues(x509Failed).Inc()
-		return nil, err
+		return nil, leafGrant{}, err
 	}
-	a.cache.add(key, chains)
+	grant := readLeafGrant(certs[0])
+	a.cache.add(key, chains, grant)
 	a.m.results.WithLabelValues(x509Verified).Inc()
-	return leafIssuer(chains), nil
+	return leafIssuer(chains), grant, nil
 }
 
 // leafIssuer is the certificate that signed the leaf in the first
