@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 	"unicode"
@@ -147,12 +148,15 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if err != nil {
 		return nil, ident, jwtRefusal(err)
 	}
-	attrs := []any{logattr.SPIFFEID, ident.ID.String(), "method", ident.Method,
-		"audience", strings.Join(audience, ","), "expires_at", exp.UTC().Format(time.RFC3339), logattr.Address, r.Peer}
-	if subject != ident.ID {
-		attrs = append(attrs, logattr.Impersonated, subject.String())
+	if s.cfg.Logger.Enabled(ctx, slog.LevelInfo) {
+		attrs := make([]slog.Attr, 0, 6)
+		attrs = append(attrs, slog.String(logattr.SPIFFEID, ident.ID.String()), slog.String("method", ident.Method),
+			slog.String("audience", strings.Join(audience, ",")), slog.String("expires_at", exp.UTC().Format(time.RFC3339)), slog.String(logattr.Address, r.Peer))
+		if subject != ident.ID {
+			attrs = append(attrs, slog.String(logattr.Impersonated, subject.String()))
+		}
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "jwt-svid issued", attrs...)
 	}
-	s.cfg.Logger.Info("jwt-svid issued", attrs...)
 	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: subject.String(), ExpiresAt: exp.Unix()}, ident, nil
 }
 
