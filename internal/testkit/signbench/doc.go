@@ -7,6 +7,14 @@
 // alone; the clients run in the benchmark's process, the same client code
 // against both servers, each client on a TLS connection of its own.
 //
+// Beside them, in the same rounds, runs the transport floor: a gRPC
+// server with the certificate service's options and TLS whose handlers do
+// no work, this test binary again in a process of its own
+// (TestFloorServerProcess). Its CPU per call is what gRPC, HTTP/2, TLS
+// and the Go runtime cost, so trustbridge's CPU per certificate splits
+// into that floor, the signing (measured in process) and the service's
+// own work.
+//
 // The package holds only benchmarks and what they share; make bench runs
 // them with TRUSTBRIDGE_BIN and TRUSTBRIDGE_SPIRE_TESTS=require.
 package signbench

@@ -112,6 +112,12 @@ func (t *trustbridgeTarget) PID() int { return t.pid }
 // server signs a CSR only for the caller's own identity.
 func (t *trustbridgeTarget) CSR(tb testing.TB, key *ecdsa.PrivateKey) []byte {
 	tb.Helper()
+	return agentCSR(tb, key)
+}
+
+// agentCSR is a CSR for agentID with key, DER.
+func agentCSR(tb testing.TB, key *ecdsa.PrivateKey) []byte {
+	tb.Helper()
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{agentID.URL()}}, key)
 	if err != nil {
 		tb.Fatal(err)
@@ -123,7 +129,7 @@ func (t *trustbridgeTarget) CSR(tb testing.TB, key *ecdsa.PrivateKey) []byte {
 // server as spiffe://example.org/trustbridge/ca, as the agent does.
 func (t *trustbridgeTarget) Dial(tb testing.TB) client {
 	tb.Helper()
-	c, err := t.dial(caclient.ServerTLS(t.bundle.X509Authorities(), t.serverID(), &t.svid))
+	c, err := dialClient(t.addr, caclient.ServerTLS(t.bundle.X509Authorities(), t.serverID(), &t.svid))
 	if err != nil {
 		tb.Fatalf("dial trustbridge at %s: %v", t.addr, err)
 	}
@@ -134,9 +140,11 @@ func (t *trustbridgeTarget) serverID() spiffeid.ID {
 	return spiffeid.RequireFromPath(benchTD, caclient.ServerPath)
 }
 
-// dial returns a client whose connection is ready: TLS and HTTP/2 set up.
-func (t *trustbridgeTarget) dial(cfg *tls.Config) (*trustbridgeClient, error) {
-	conn, err := caclient.Dial(t.addr, cfg, "")
+// dialClient connects to the certificate service at addr as the agent
+// does (caclient.Dial) and returns a client whose connection is ready:
+// TLS and HTTP/2 set up. The floor target's clients are these too.
+func dialClient(addr string, cfg *tls.Config) (*trustbridgeClient, error) {
+	conn, err := caclient.Dial(addr, cfg, "")
 	if err != nil {
 		return nil, err
 	}
