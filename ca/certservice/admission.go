@@ -39,13 +39,25 @@ type admission struct {
 	// ends, which is the queue this needs.
 	slots     *semaphore.Weighted
 	queueSize int64
-	waiting   atomic.Int64 // requests inside slots.Acquire, bounded by queueSize
+	waiting   atomic.Int64 // places (queuePlaces) of the requests inside slots.Acquire
 	maxWait   time.Duration
 	clock     clock.PassiveClock
 	timers    clock.WithDelayedExecution // the max wait's timer
 	m         *metrics
 	// queued, set by tests, hears of each request that starts waiting.
 	queued atomic.Pointer[func()]
+}
+
+// queueUnit is the request size one place in the queue holds: a request
+// larger than this (a CSR with many or long names, up to ca.MaxCSRSize)
+// takes one place per queueUnit bytes, so that the queue's memory is
+// bounded by Config.QueueSize whatever the requests' sizes. A typical
+// request (a P-256 CSR, about 500 bytes) takes one.
+const queueUnit = 4 << 10
+
+// queuePlaces is the places of the queue a request of size bytes takes.
+func queuePlaces(size int) int64 {
+	return max(1, int64((size+queueUnit-1)/queueUnit))
 }
 
 // errQueueTimeout ends a wait that reached Config.QueueTimeout.
@@ -67,14 +79,14 @@ func newAdmission(cfg Config, m *metrics) *admission {
 }
 
 // admit charges a signing for the caller's own identity to its rate
-// limit, then waits for a slot; release gives the slot back. It is
-// charge then acquire, for a request that checks nothing costly in
+// limit, then waits for a slot (acquire); release gives the slot back.
+// It is charge then acquire, for a request that checks nothing costly in
 // between.
-func (a *admission) admit(ctx context.Context, caller spiffeid.ID) (release func(), ref *refusal) {
+func (a *admission) admit(ctx context.Context, caller spiffeid.ID, size int) (release func(), ref *refusal) {
 	if ref := a.charge(authn.Identity{ID: caller}, caller); ref != nil {
 		return nil, ref
 	}
-	return a.acquire(ctx)
+	return a.acquire(ctx, size)
 }
 
 // charge charges a signing for id to the caller's rate limit. A node
@@ -109,14 +121,15 @@ func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 	return a.limits.Allow(key, now) && a.limits.Allow(key+" for "+id.String(), now)
 }
 
-// acquire takes one of the signing slots, waiting its turn behind the
-// requests that came before it; release gives the slot back. It is
-// refused at once when the queue is full, and when the wait reaches the
-// server's maximum; a caller that leaves (its context canceled or past
-// its deadline) leaves the queue at once. Both refusals are
-// ResourceExhausted, which Istio's client and trustbridge's agents
-// retry.
-func (a *admission) acquire(ctx context.Context) (release func(), ref *refusal) {
+// acquire takes one of the signing slots for a request of size bytes,
+// waiting its turn behind the requests that came before it; release
+// gives the slot back. It is refused at once when the queue is full
+// (an empty queue takes one request however large), and when the wait
+// reaches the server's maximum; a caller that leaves (its context
+// canceled or past its deadline) leaves the queue at once. Both
+// refusals are ResourceExhausted, which Istio's client and trustbridge's
+// agents retry.
+func (a *admission) acquire(ctx context.Context, size int) (release func(), ref *refusal) {
 	if err := ctx.Err(); err != nil {
 		return nil, callerLeft(err)
 	}
@@ -124,17 +137,19 @@ func (a *admission) acquire(ctx context.Context) (release func(), ref *refusal) 
 		a.m.queueWait.Observe(0)
 		return a.release, nil
 	}
-	if n := a.waiting.Add(1); n > a.queueSize {
-		a.waiting.Add(-1)
+	places := queuePlaces(size)
+	if n := a.waiting.Add(places); n > a.queueSize && n != places {
+		a.waiting.Add(-places)
 		return nil, &refusal{codes.ResourceExhausted, "queue_full", fmt.Sprintf(
-			"signing queue full (%d requests waiting); retry later, with backoff (the server's operator can raise --sign-queue-size)", a.queueSize), nil}
+			"signing queue full (%d places, one per request of up to %d bytes); retry later, with backoff (the server's operator can raise --sign-queue-size)",
+			a.queueSize, queueUnit), nil}
 	}
 	a.m.queueWaiting.Inc()
 	if f := a.queued.Load(); f != nil {
 		(*f)()
 	}
 	defer func() {
-		a.waiting.Add(-1)
+		a.waiting.Add(-places)
 		a.m.queueWaiting.Dec()
 	}()
 	wctx, stop := a.withMaxWait(ctx)

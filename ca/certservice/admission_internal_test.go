@@ -58,7 +58,7 @@ func queueAdmission(t *testing.T, concurrency, size int, clk *clocktesting.FakeC
 func waiter(ctx context.Context, a *admission) <-chan *refusal {
 	out := make(chan *refusal, 1)
 	go func() {
-		release, ref := a.acquire(ctx)
+		release, ref := a.acquire(ctx, 500)
 		if release != nil {
 			release()
 		}
@@ -72,7 +72,7 @@ func waiter(ctx context.Context, a *admission) <-chan *refusal {
 func TestAdmissionServesWaitersInArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := queueAdmission(t, 1, 10, clocktesting.NewFakeClock(time.Unix(0, 0)))
-		hold, ref := a.acquire(t.Context())
+		hold, ref := a.acquire(t.Context(), 500)
 		require.Nil(t, ref)
 
 		const n = 6
@@ -80,7 +80,7 @@ func TestAdmissionServesWaitersInArrivalOrder(t *testing.T) {
 		done := make(chan struct{})
 		for i := range n {
 			go func() {
-				release, ref := a.acquire(t.Context())
+				release, ref := a.acquire(t.Context(), 500)
 				if assert.Nil(t, ref) {
 					order <- i // before release: the next cannot be served first
 					release()
@@ -111,13 +111,13 @@ func TestAdmissionServesWaitersInArrivalOrder(t *testing.T) {
 func TestAdmissionFullQueueRefusesAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := queueAdmission(t, 1, 2, clocktesting.NewFakeClock(time.Unix(0, 0)))
-		hold, ref := a.acquire(t.Context())
+		hold, ref := a.acquire(t.Context(), 500)
 		require.Nil(t, ref)
 		first, second := waiter(t.Context(), a), waiter(t.Context(), a)
 		synctest.Wait()
 
 		// In this goroutine: a wait would deadlock the bubble and fail.
-		release, ref := a.acquire(t.Context())
+		release, ref := a.acquire(t.Context(), 500)
 		assert.Nil(t, release)
 		require.NotNil(t, ref)
 		assert.Equal(t, codes.ResourceExhausted, ref.code)
@@ -131,6 +131,53 @@ func TestAdmissionFullQueueRefusesAtOnce(t *testing.T) {
 		assert.Nil(t, <-second)
 		assert.Zero(t, testutil.ToFloat64(a.m.queueWaiting))
 		assert.True(t, a.slots.TryAcquire(1))
+	})
+}
+
+// A request larger than queueUnit takes a place per queueUnit, so a
+// queue of the largest CSRs holds fewer of them; an empty queue still
+// takes one request larger than itself.
+func TestAdmissionLargeRequestsTakeMorePlaces(t *testing.T) {
+	assert.Equal(t, int64(1), queuePlaces(0))
+	assert.Equal(t, int64(1), queuePlaces(queueUnit))
+	assert.Equal(t, int64(2), queuePlaces(queueUnit+1))
+	synctest.Test(t, func(t *testing.T) {
+		a := queueAdmission(t, 1, 3, clocktesting.NewFakeClock(time.Unix(0, 0)))
+		hold, ref := a.acquire(t.Context(), 500)
+		require.Nil(t, ref)
+		big := make(chan *refusal, 1)
+		go func() {
+			release, ref := a.acquire(t.Context(), 2*queueUnit) // 2 of the 3 places
+			if release != nil {
+				release()
+			}
+			big <- ref
+		}()
+		synctest.Wait()
+		_, ref = a.acquire(t.Context(), queueUnit+1)
+		require.NotNil(t, ref, "2 more places do not fit")
+		assert.Equal(t, "queue_full", ref.reason)
+		small := waiter(t.Context(), a) // 1 does
+		synctest.Wait()
+		assert.Equal(t, 2.0, testutil.ToFloat64(a.m.queueWaiting))
+		hold()
+		assert.Nil(t, <-big)
+		assert.Nil(t, <-small)
+
+		hold, ref = a.acquire(t.Context(), 500)
+		require.Nil(t, ref)
+		huge := make(chan *refusal, 1)
+		go func() {
+			release, ref := a.acquire(t.Context(), 20*queueUnit)
+			if release != nil {
+				release()
+			}
+			huge <- ref
+		}()
+		synctest.Wait()
+		assert.Equal(t, 1.0, testutil.ToFloat64(a.m.queueWaiting), "an empty queue takes it")
+		hold()
+		assert.Nil(t, <-huge)
 	})
 }
 
@@ -154,7 +201,7 @@ func TestAdmissionCallerLeavesQueue(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				a := queueAdmission(t, 1, 1, clocktesting.NewFakeClock(time.Unix(0, 0)))
-				hold, ref := a.acquire(t.Context())
+				hold, ref := a.acquire(t.Context(), 500)
 				require.Nil(t, ref)
 				ctx, leave := tc.ctx(t)
 				left := waiter(ctx, a)
@@ -184,7 +231,7 @@ func TestAdmissionCallerGoneBeforeQueue(t *testing.T) {
 		a := queueAdmission(t, 1, 1, clocktesting.NewFakeClock(time.Unix(0, 0)))
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		release, ref := a.acquire(ctx)
+		release, ref := a.acquire(ctx, 500)
 		assert.Nil(t, release)
 		require.NotNil(t, ref)
 		assert.Equal(t, codes.Canceled, ref.code)
@@ -198,7 +245,7 @@ func TestAdmissionMaxWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(0, 0))
 		a := queueAdmission(t, 1, 4, clk)
-		hold, ref := a.acquire(t.Context())
+		hold, ref := a.acquire(t.Context(), 500)
 		require.Nil(t, ref)
 		out := waiter(t.Context(), a)
 		synctest.Wait()

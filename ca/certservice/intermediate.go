@@ -75,7 +75,7 @@ func (s *Service) signIntermediate(ctx context.Context, r authn.Request, req *id
 		return nil, ident, ref
 	}
 	// The CSR's signature is checked in the slot, as for certificates.
-	release, ref := s.admission.admit(ctx, ident.ID)
+	release, ref := s.admission.admit(ctx, ident.ID, proto.Size(req))
 	if ref != nil {
 		return nil, ident, ref
 	}

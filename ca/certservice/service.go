@@ -39,10 +39,14 @@ import (
 const (
 	// DefaultQueueSize bounds the requests waiting for a signing slot:
 	// a burst of 10,000 workloads asking at once (a node restart,
-	// ztunnel attesting every pod) with room to spare. Each waiting
-	// request holds its decoded request and a goroutine (see
+	// ztunnel attesting every pod) with a fifth to spare, even if none
+	// were served while it arrives. A place costs the server about 13 KB
+	// (its goroutine, gRPC's stream and the decoded request;
+	// BenchmarkQueuedRequestMemory), so a full queue holds about 150 MiB,
+	// which fits the 256 MiB memory limit of deploy/base and the chart
+	// beside the process's own; 16384 would not leave room for it (see
 	// docs/operations.md, "Sizing for bursts").
-	DefaultQueueSize = 16384
+	DefaultQueueSize = 12288
 	// DefaultQueueTimeout is the longest a request waits for a signing
 	// slot: 8 times what 10,000 signings take on 2 cores (about 4,000 a
 	// second), and under the 30 s a new connection has for its first
@@ -112,7 +116,9 @@ type Config struct {
 	// HSM over the network).
 	Concurrency int
 	// QueueSize bounds the requests waiting, in arrival order, for one
-	// of those; when it is full a request is refused with
+	// of those: each takes a place per 4 KiB of request (one for a
+	// typical CSR), so the largest CSRs fill it sooner and the queue's
+	// memory stays bounded. When it is full a request is refused with
 	// ResourceExhausted at once. Zero means DefaultQueueSize.
 	QueueSize int
 	// QueueTimeout bounds how long a request waits (the caller's
@@ -517,7 +523,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 // request waiting its turn holds its CSR unparsed. The slot is
 // given back before spend, which may wait on the token ledger's store.
 func (s *Service) signInTurn(ctx context.Context, r authn.Request, ident authn.Identity, p certificatePlan, req *securityv1alpha1.IstioCertificateRequest) (*ca.Issued, []string, *refusal) {
-	release, ref := s.admission.acquire(ctx)
+	release, ref := s.admission.acquire(ctx, proto.Size(req))
 	if ref != nil {
 		return nil, nil, ref
 	}
