@@ -37,13 +37,14 @@ type admission struct {
 	// slots are the signings in flight. x/sync's weighted semaphore
 	// serves its waiters in arrival order and removes one whose context
 	// ends, which is the queue this needs.
-	slots     *semaphore.Weighted
-	queueSize int64
-	waiting   atomic.Int64 // places (queuePlaces) of the requests inside slots.Acquire
-	maxWait   time.Duration
-	clock     clock.PassiveClock
-	timers    clock.WithDelayedExecution // the max wait's timer
-	m         *metrics
+	slots      *semaphore.Weighted
+	queueSize  int64
+	waiting    atomic.Int64 // places (queuePlaces) of the requests inside slots.Acquire
+	maxWait    time.Duration
+	clock      clock.PassiveClock
+	timers     clock.WithDelayedExecution // the max wait's timer
+	m          *metrics
+	authorized func(context.Context) // Config.Authorized, nil when none
 	// queued, set by tests, hears of each request that starts waiting.
 	queued atomic.Pointer[func()]
 }
@@ -67,7 +68,7 @@ var errQueueTimeout = errors.New("signing queue timeout")
 // in m.
 func newAdmission(cfg Config, m *metrics) *admission {
 	a := &admission{rate: cfg.RateLimit, slots: semaphore.NewWeighted(int64(cfg.Concurrency)), queueSize: int64(cfg.QueueSize),
-		maxWait: cfg.QueueTimeout, clock: cfg.Clock, m: m}
+		maxWait: cfg.QueueTimeout, clock: cfg.Clock, m: m, authorized: cfg.Authorized}
 	if cfg.RateLimit > 0 {
 		a.limits = ratelimit.NewKeyed(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
 	}
@@ -122,7 +123,8 @@ func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 }
 
 // acquire takes one of the signing slots for a request of size bytes,
-// waiting its turn behind the requests that came before it; release
+// whose caller every check before signing has passed (Config.Authorized
+// hears of it), waiting its turn behind the requests that came before it; release
 // gives the slot back. It is refused at once when the queue is full
 // (an empty queue takes one request however large), and when the wait
 // reaches the server's maximum; a caller that leaves (its context
@@ -132,6 +134,9 @@ func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 func (a *admission) acquire(ctx context.Context, size int) (release func(), ref *refusal) {
 	if err := ctx.Err(); err != nil {
 		return nil, callerLeft(err)
+	}
+	if a.authorized != nil {
+		a.authorized(ctx)
 	}
 	if a.slots.TryAcquire(1) {
 		a.m.queueWait.Observe(0)

@@ -49,8 +49,9 @@ const (
 	DefaultQueueSize = 12288
 	// DefaultQueueTimeout is the longest a request waits for a signing
 	// slot: 8 times what 10,000 signings take on 2 cores (about 4,000 a
-	// second), and under the 30 s a new connection has for its first
-	// successful call.
+	// second), and under the 30 s trustbridge's agent gives a call, so
+	// that it hears the server's answer (retry) rather than its own
+	// deadline.
 	DefaultQueueTimeout = 20 * time.Second
 	// DefaultMaxRateLimiters bounds the per-identity limiters kept in
 	// memory; the least recently used is forgotten first.
@@ -164,6 +165,13 @@ type Config struct {
 	// out, with its caller: the server's ledger of what each authority
 	// signed that is still in use. It must not block.
 	Issued func(IssuedCertificate)
+	// Authorized, when set, hears of every signing request (certificate,
+	// JWT-SVID, intermediate) whose caller was authenticated, its grant
+	// standing, authorized and charged to its rate limit, with the call's
+	// context, before it waits for a signing slot: the server confirms
+	// the caller's connection then rather than after a wait in a burst.
+	// It must not block.
+	Authorized func(ctx context.Context)
 
 	// JWT, when set, mints JWT-SVIDs for callers of
 	// trustbridge.identity.v1.IdentityService/MintJWTSVID; nil refuses

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
@@ -625,6 +626,55 @@ func TestSigningPathsShareAdmission(t *testing.T) {
 	_, _, _, calls := signer.last()
 	assert.Equal(t, 1, calls, "one JWT-SVID signed, the refused one never reached the signer")
 	assert.Zero(t, testutil.ToFloat64(f.svc.QueueWaitingForTest()))
+}
+
+// Config.Authorized hears of a request once its caller passed every
+// check, before it waits for a slot (the server confirms the connection
+// then, not after a wait in a burst); never of a refused caller.
+func TestAuthorizedBeforeWaiting(t *testing.T) {
+	entered := make(chan struct{}, 2)
+	release := make(chan struct{})
+	authorized := make(chan struct{}, 4)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Concurrency = 1
+		cfg.RateLimit, cfg.RateBurst = rate.Every(time.Hour), 2
+		cfg.Authorized = func(ctx context.Context) {
+			_, ok := peer.FromContext(ctx)
+			assert.True(t, ok, "the call's context, with its peer (whose connection the server confirms)")
+			authorized <- struct{}{}
+		}
+		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
+			entered <- struct{}{}
+			<-release
+			return a.SignX509SVID(p)
+		})
+	})
+	queued := make(chan struct{}, 1)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	call := func() <-chan error {
+		out := make(chan error, 1)
+		go func() {
+			_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+			out <- err
+		}()
+		return out
+	}
+	first := call()
+	<-entered
+	<-authorized
+	second := call()
+	<-queued
+	<-authorized // while it waits
+
+	_, err := f.client(t, nil, "").CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	_, err = c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "rate limited: %v", err)
+	close(release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	assert.Empty(t, authorized, "refused callers were not heard of")
 }
 
 func TestCreateCertificateRateLimit(t *testing.T) {
