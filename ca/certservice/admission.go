@@ -124,13 +124,13 @@ func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 
 // acquire takes one of the signing slots for a request of size bytes,
 // whose caller every check before signing has passed (Config.Authorized
-// hears of it), waiting its turn behind the requests that came before it; release
-// gives the slot back. It is refused at once when the queue is full
-// (an empty queue takes one request however large), and when the wait
-// reaches the server's maximum; a caller that leaves (its context
-// canceled or past its deadline) leaves the queue at once. Both
-// refusals are ResourceExhausted, which Istio's client and trustbridge's
-// agents retry.
+// hears of it), waiting its turn behind the requests that came before
+// it; release gives the slot back. It is refused at once when the queue
+// is full (an empty queue takes one request however large), and when
+// the wait reaches the server's maximum; a caller that leaves (its
+// context canceled or past its deadline) leaves the queue at once. Both
+// refusals are ResourceExhausted, which Istio's client and
+// trustbridge's agents retry.
 func (a *admission) acquire(ctx context.Context, size int) (release func(), ref *refusal) {
 	if err := ctx.Err(); err != nil {
 		return nil, callerLeft(err)
@@ -143,9 +143,19 @@ func (a *admission) acquire(ctx context.Context, size int) (release func(), ref 
 		return a.release, nil
 	}
 	places := queuePlaces(size)
+	if ref := a.enqueue(places); ref != nil {
+		return nil, ref
+	}
+	defer a.dequeue(places)
+	return a.wait(ctx)
+}
+
+// enqueue counts a request of places in the queue, or refuses it when
+// they do not fit.
+func (a *admission) enqueue(places int64) *refusal {
 	if n := a.waiting.Add(places); n > a.queueSize && n != places {
 		a.waiting.Add(-places)
-		return nil, &refusal{codes.ResourceExhausted, "queue_full", fmt.Sprintf(
+		return &refusal{codes.ResourceExhausted, "queue_full", fmt.Sprintf(
 			"signing queue full (%d places, one per request of up to %d bytes); retry later, with backoff (the server's operator can raise --sign-queue-size)",
 			a.queueSize, queueUnit), nil}
 	}
@@ -153,10 +163,16 @@ func (a *admission) acquire(ctx context.Context, size int) (release func(), ref 
 	if f := a.queued.Load(); f != nil {
 		(*f)()
 	}
-	defer func() {
-		a.waiting.Add(-places)
-		a.m.queueWaiting.Dec()
-	}()
+	return nil
+}
+
+func (a *admission) dequeue(places int64) {
+	a.waiting.Add(-places)
+	a.m.queueWaiting.Dec()
+}
+
+// wait waits in the queue for a slot, at most the server's maximum.
+func (a *admission) wait(ctx context.Context) (release func(), ref *refusal) {
 	wctx, stop := a.withMaxWait(ctx)
 	defer stop()
 	start := a.clock.Now()
