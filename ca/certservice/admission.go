@@ -1,11 +1,17 @@
 package certservice
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
@@ -13,33 +19,75 @@ import (
 )
 
 // admission bounds the signing work the service takes on: a rate limit
-// per authenticated identity (Config.RateLimit) and a fixed number of
-// signings in flight (Config.QueueSize). Every signing path (certificates,
-// JWT-SVIDs, intermediates) is admitted here, with the same refusals.
+// per authenticated identity (Config.RateLimit), a few signings at once
+// (Config.Concurrency), and behind them a queue of requests waiting
+// their turn in arrival order, bounded in number (Config.QueueSize) and
+// in time (Config.QueueTimeout, and the caller's deadline). Every
+// signing path (certificates, JWT-SVIDs, intermediates) is admitted
+// here, with the same refusals.
+//
+// A burst (a node's pods restarting, ztunnel asking for every pod at
+// once) therefore waits rather than being refused: a refusal Istio's
+// client retries only a few times within seconds, while the wait costs
+// only memory (a waiting request holds its decoded request and a
+// goroutine; see docs/operations.md, "Sizing for bursts").
 type admission struct {
 	limits *ratelimit.Keyed // nil when off
 	rate   rate.Limit       // named in the refusal
-	slots  chan struct{}
-	clock  clock.PassiveClock
+	// slots are the signings in flight. x/sync's weighted semaphore
+	// serves its waiters in arrival order and removes one whose context
+	// ends, which is the queue this needs.
+	slots      *semaphore.Weighted
+	queueSize  int64
+	waiting    atomic.Int64 // places (queuePlaces) of the requests inside slots.Acquire
+	maxWait    time.Duration
+	clock      clock.PassiveClock
+	timers     clock.WithDelayedExecution // the max wait's timer
+	m          *metrics
+	authorized func(context.Context) // Config.Authorized, nil when none
+	// queued, set by tests, hears of each request that starts waiting.
+	queued atomic.Pointer[func()]
 }
 
-// newAdmission is the admission of cfg, its defaults applied.
-func newAdmission(cfg Config) *admission {
-	a := &admission{rate: cfg.RateLimit, slots: make(chan struct{}, cfg.QueueSize), clock: cfg.Clock}
+// queueUnit is the request size one place in the queue holds: a request
+// larger than this (a CSR with many or long names, up to ca.MaxCSRSize)
+// takes one place per queueUnit bytes, so that the queue's memory is
+// bounded by Config.QueueSize whatever the requests' sizes. A typical
+// request (a P-256 CSR, about 500 bytes) takes one.
+const queueUnit = 4 << 10
+
+// queuePlaces is the places of the queue a request of size bytes takes.
+func queuePlaces(size int) int64 {
+	return max(1, int64((size+queueUnit-1)/queueUnit))
+}
+
+// errQueueTimeout ends a wait that reached Config.QueueTimeout.
+var errQueueTimeout = errors.New("signing queue timeout")
+
+// newAdmission is the admission of cfg, its defaults applied, counted
+// in m.
+func newAdmission(cfg Config, m *metrics) *admission {
+	a := &admission{rate: cfg.RateLimit, slots: semaphore.NewWeighted(int64(cfg.Concurrency)), queueSize: int64(cfg.QueueSize),
+		maxWait: cfg.QueueTimeout, clock: cfg.Clock, m: m, authorized: cfg.Authorized}
 	if cfg.RateLimit > 0 {
 		a.limits = ratelimit.NewKeyed(cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	a.timers = clock.RealClock{}
+	if c, ok := cfg.Clock.(clock.WithDelayedExecution); ok {
+		a.timers = c
 	}
 	return a
 }
 
 // admit charges a signing for the caller's own identity to its rate
-// limit, then takes a slot; release gives the slot back. It is charge
-// then acquire, for a request that checks nothing costly in between.
-func (a *admission) admit(caller spiffeid.ID) (release func(), ref *refusal) {
+// limit, then waits for a slot (acquire); release gives the slot back.
+// It is charge then acquire, for a request that checks nothing costly in
+// between.
+func (a *admission) admit(ctx context.Context, caller spiffeid.ID, size int) (release func(), ref *refusal) {
 	if ref := a.charge(authn.Identity{ID: caller}, caller); ref != nil {
 		return nil, ref
 	}
-	return a.acquire()
+	return a.acquire(ctx, size)
 }
 
 // charge charges a signing for id to the caller's rate limit. A node
@@ -74,14 +122,89 @@ func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 	return a.limits.Allow(key, now) && a.limits.Allow(key+" for "+id.String(), now)
 }
 
-// acquire takes one of the slots of signings in flight; release gives it
-// back. When they are all taken the request is refused at once, and the
-// client retries: more in flight than a few per core only adds latency.
-func (a *admission) acquire() (release func(), ref *refusal) {
-	select {
-	case a.slots <- struct{}{}:
-		return func() { <-a.slots }, nil
-	default:
-		return nil, &refusal{codes.ResourceExhausted, "queue_full", "signing queue full; retry later", nil}
+// acquire takes one of the signing slots for a request of size bytes,
+// whose caller every check before signing has passed (Config.Authorized
+// hears of it), waiting its turn behind the requests that came before
+// it; release gives the slot back. It is refused at once when the queue
+// is full (an empty queue takes one request however large), and when
+// the wait reaches the server's maximum; a caller that leaves (its
+// context canceled or past its deadline) leaves the queue at once. Both
+// refusals are ResourceExhausted, which Istio's client and
+// trustbridge's agents retry.
+func (a *admission) acquire(ctx context.Context, size int) (release func(), ref *refusal) {
+	if err := ctx.Err(); err != nil {
+		return nil, callerLeft(err)
 	}
+	if a.authorized != nil {
+		a.authorized(ctx)
+	}
+	if a.slots.TryAcquire(1) {
+		a.m.queueWait.Observe(0)
+		return a.release, nil
+	}
+	places := queuePlaces(size)
+	if ref := a.enqueue(places); ref != nil {
+		return nil, ref
+	}
+	defer a.dequeue(places)
+	return a.wait(ctx)
+}
+
+// enqueue counts a request of places in the queue, or refuses it when
+// they do not fit.
+func (a *admission) enqueue(places int64) *refusal {
+	if n := a.waiting.Add(places); n > a.queueSize && n != places {
+		a.waiting.Add(-places)
+		return &refusal{codes.ResourceExhausted, "queue_full", fmt.Sprintf(
+			"signing queue full (%d places, one per request of up to %d bytes); retry later, with backoff (the server's operator can raise --sign-queue-size)",
+			a.queueSize, queueUnit), nil}
+	}
+	a.m.queueWaiting.Inc()
+	if f := a.queued.Load(); f != nil {
+		(*f)()
+	}
+	return nil
+}
+
+func (a *admission) dequeue(places int64) {
+	a.waiting.Add(-places)
+	a.m.queueWaiting.Dec()
+}
+
+// wait waits in the queue for a slot, at most the server's maximum.
+func (a *admission) wait(ctx context.Context) (release func(), ref *refusal) {
+	wctx, stop := a.withMaxWait(ctx)
+	defer stop()
+	start := a.clock.Now()
+	err := a.slots.Acquire(wctx, 1)
+	a.m.queueWait.Observe(a.clock.Since(start).Seconds())
+	switch {
+	case err == nil:
+		return a.release, nil
+	case ctx.Err() != nil:
+		return nil, callerLeft(ctx.Err())
+	case errors.Is(context.Cause(wctx), errQueueTimeout):
+		return nil, &refusal{codes.ResourceExhausted, "queue_timeout", fmt.Sprintf(
+			"waited %s in the signing queue, the server's maximum; retry later, with backoff (the server's operator can raise --sign-queue-timeout or --sign-concurrency)", a.maxWait), nil}
+	}
+	return nil, &refusal{codes.Internal, "internal", "internal error", err}
+}
+
+// withMaxWait is ctx ended, with errQueueTimeout as its cause, after
+// the server's maximum wait on a.timers (a fake clock in tests).
+func (a *admission) withMaxWait(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := a.timers.AfterFunc(a.maxWait, func() { cancel(errQueueTimeout) })
+	return ctx, func() {
+		t.Stop()
+		cancel(nil)
+	}
+}
+
+func (a *admission) release() { a.slots.Release(1) }
+
+// callerLeft is the refusal of a request whose caller canceled it or
+// whose deadline passed before it was signed.
+func callerLeft(err error) *refusal {
+	return &refusal{status.FromContextError(err).Code(), "canceled", "request canceled, or its deadline passed, before it was signed", nil}
 }

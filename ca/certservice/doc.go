@@ -10,9 +10,16 @@
 // nothing is signed. Each refusal maps to one status code: Unauthenticated
 // (no or bad credentials), PermissionDenied (identity not allowed),
 // InvalidArgument (bad CSR or lifetime), ResourceExhausted (signing queue
-// full, or the caller's rate limit), Unavailable (the CA cannot sign now, or
-// the authentication backend is down). Errors from the CA's internals are
-// logged, not returned.
+// full or waited in too long, or the caller's rate limit), Unavailable (the
+// CA cannot sign now, or the authentication backend is down). Errors from
+// the CA's internals are logged, not returned.
+//
+// Signing is admitted by a bounded queue (admission.go): a few signings
+// at once (Config.Concurrency), the rest waiting their turn in arrival
+// order, up to Config.QueueSize of them and Config.QueueTimeout each, so
+// a burst of first certificates (a node restart) is served rather than
+// refused. A request waits after authentication and authorization and
+// before its CSR is parsed, so a waiting request costs memory, not CPU.
 //
 // Workload DNS names: with Config.WorkloadDNSNames (a workloaddns
 // template, --workload-dns-name-template), a certificate whose grant is a

@@ -64,3 +64,10 @@ func (s *Service) IntermediatesForTest(code, method string) prometheus.Counter {
 func (s *Service) ImpersonatedWatchesForTest(code string) prometheus.Counter {
 	return s.metrics.impersonatedWatches.WithLabelValues(code)
 }
+
+// OnQueuedForTest has f called by every signing request that starts
+// waiting for a signing slot, once it counts against the queue's bound.
+func (s *Service) OnQueuedForTest(f func()) { s.admission.queued.Store(&f) }
+
+// QueueWaitingForTest is trustbridge_certservice_signing_queue_waiting.
+func (s *Service) QueueWaitingForTest() prometheus.Gauge { return s.metrics.queueWaiting }

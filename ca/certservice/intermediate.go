@@ -74,15 +74,16 @@ func (s *Service) signIntermediate(ctx context.Context, r authn.Request, req *id
 	if ref := s.downstreamAllowed(ident); ref != nil {
 		return nil, ident, ref
 	}
-	csr, ttl, ref := s.parseIntermediateRequest(req)
-	if ref != nil {
-		return nil, ident, ref
-	}
-	release, ref := s.admission.admit(ident.ID)
+	// The CSR's signature is checked in the slot, as for certificates.
+	release, ref := s.admission.admit(ctx, ident.ID, proto.Size(req))
 	if ref != nil {
 		return nil, ident, ref
 	}
 	defer release()
+	csr, ttl, ref := s.parseIntermediateRequest(req)
+	if ref != nil {
+		return nil, ident, ref
+	}
 	chain, err := s.cfg.Intermediates.SignIntermediate(csr, ttl)
 	if err == nil && (chain == nil || len(chain.Chain) == 0 || len(chain.Roots) == 0) {
 		err = errors.New("signer returned no intermediate or no roots")

@@ -31,7 +31,9 @@ const (
 	// every send of a bundle map the agents accept. Other responses are
 	// much smaller (a certificate chain and merged roots).
 	MaxSendMsgSize = MaxBundleMessageSize
-	// MaxConcurrentStreams bounds the calls one connection may have open.
+	// MaxConcurrentStreams bounds the calls one connection may have open;
+	// a client's calls beyond it wait in the client (HTTP/2's stream
+	// limit), not refused.
 	MaxConcurrentStreams = 128
 	// MaxHeaderListSize bounds request metadata; a bearer token is at most
 	// authn.MaxTokenSize.

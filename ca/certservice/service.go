@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -36,11 +37,22 @@ import (
 
 // Defaults for Config.
 const (
-	// DefaultQueueSize bounds the signings in flight. Signing is CPU work
-	// (one CSR signature check, one signature); more in flight than a few
-	// per core only adds latency, so the excess is refused at once and the
-	// client retries.
-	DefaultQueueSize = 64
+	// DefaultQueueSize bounds the requests waiting for a signing slot:
+	// a burst of 10,000 workloads asking at once (a node restart,
+	// ztunnel attesting every pod) with a fifth to spare, even if none
+	// were served while it arrives. A place costs the server about 13 KB
+	// (its goroutine, gRPC's stream and the decoded request;
+	// BenchmarkQueuedRequestMemory), so a full queue holds about 150 MiB,
+	// which fits the 256 MiB memory limit of deploy/base and the chart
+	// beside the process's own; 16384 would not leave room for it (see
+	// docs/operations.md, "Sizing for bursts").
+	DefaultQueueSize = 12288
+	// DefaultQueueTimeout is the longest a request waits for a signing
+	// slot: 8 times what 10,000 signings take on 2 cores (about 4,000 a
+	// second), and under the 30 s trustbridge's agent gives a call, so
+	// that it hears the server's answer (retry) rather than its own
+	// deadline.
+	DefaultQueueTimeout = 20 * time.Second
 	// DefaultMaxRateLimiters bounds the per-identity limiters kept in
 	// memory; the least recently used is forgotten first.
 	DefaultMaxRateLimiters = 10000
@@ -99,10 +111,21 @@ type Config struct {
 	// certificate of another identity (ImpersonatedIdentity); nil refuses
 	// every such request.
 	Impersonator Impersonator
-	// QueueSize bounds the signings in flight; when they are all taken a
-	// request is refused with ResourceExhausted at once. Zero means
-	// DefaultQueueSize.
+	// Concurrency bounds the signings in flight (the CSR's signature
+	// check and the signing, both CPU work); zero means GOMAXPROCS at
+	// New. Raise it for a signer that waits rather than computes (an
+	// HSM over the network).
+	Concurrency int
+	// QueueSize bounds the requests waiting, in arrival order, for one
+	// of those: each takes a place per 4 KiB of request (one for a
+	// typical CSR), so the largest CSRs fill it sooner and the queue's
+	// memory stays bounded. When it is full a request is refused with
+	// ResourceExhausted at once. Zero means DefaultQueueSize.
 	QueueSize int
+	// QueueTimeout bounds how long a request waits (the caller's
+	// deadline may end it sooner); past it the request is refused with
+	// ResourceExhausted. Zero means DefaultQueueTimeout.
+	QueueTimeout time.Duration
 	// RateLimit is the signings per second allowed to one authenticated
 	// identity, with bursts of RateBurst; zero turns the limit off.
 	RateLimit rate.Limit
@@ -142,6 +165,13 @@ type Config struct {
 	// out, with its caller: the server's ledger of what each authority
 	// signed that is still in use. It must not block.
 	Issued func(IssuedCertificate)
+	// Authorized, when set, hears of every signing request (certificate,
+	// JWT-SVID, intermediate) whose caller was authenticated, its grant
+	// standing, authorized and charged to its rate limit, with the call's
+	// context, before it waits for a signing slot: the server confirms
+	// the caller's connection then rather than after a wait in a burst.
+	// It must not block.
+	Authorized func(ctx context.Context)
 
 	// JWT, when set, mints JWT-SVIDs for callers of
 	// trustbridge.identity.v1.IdentityService/MintJWTSVID; nil refuses
@@ -245,7 +275,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certservice: %w", err)
 	}
-	s := &Service{cfg: cfg, admission: newAdmission(cfg), metrics: m, refuseLog: ratelimit.NewDefaultLogLimiter(), authedLog: ratelimit.NewDefaultLogLimiter(),
+	s := &Service{cfg: cfg, admission: newAdmission(cfg, m), metrics: m, refuseLog: ratelimit.NewDefaultLogLimiter(), authedLog: ratelimit.NewDefaultLogLimiter(),
 		policy: &authn.GrantPolicy{Checkers: cfg.Grants, MaxLifetime: cfg.MaxRenewalLifetime, Clock: cfg.Clock}}
 	s.stopping = make(chan struct{})
 	s.maxWatchMessage.Store(MaxBundleMessageSize)
@@ -270,6 +300,9 @@ func (cfg Config) validate() error {
 	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
 		return fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
 			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	if cfg.Concurrency < 0 || cfg.QueueTimeout < 0 {
+		return fmt.Errorf("certservice: signing concurrency (%d) and queue timeout (%s) must not be negative", cfg.Concurrency, cfg.QueueTimeout)
 	}
 	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
 		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
@@ -313,6 +346,12 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = runtime.GOMAXPROCS(0)
+	}
+	if cfg.QueueTimeout == 0 {
+		cfg.QueueTimeout = DefaultQueueTimeout
 	}
 	if cfg.MaxRateLimiters == 0 {
 		cfg.MaxRateLimiters = DefaultMaxRateLimiters
@@ -462,8 +501,8 @@ func (s *Service) authenticate(ctx context.Context, r authn.Request, auth authn.
 }
 
 // create is CreateCertificate for the caller r: authenticate, decide the
-// certificate (certificatePlan), take a signing slot, judge the CSR, sign,
-// spend a single-use credential, answer.
+// certificate (certificatePlan), wait for a signing slot to judge the CSR
+// and sign (signInTurn), spend a single-use credential, answer.
 func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, authn.Identity, *refusal) {
 	ident, ref := s.authenticate(ctx, r, s.cfg.Authenticator)
 	if ref != nil {
@@ -473,24 +512,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	if ref != nil {
 		return nil, ident, ref
 	}
-	// Parsing checks the CSR's signature, which costs about as much as
-	// signing, so it takes a slot as well.
-	release, ref := s.admission.acquire()
-	if ref != nil {
-		return nil, ident, ref
-	}
-	defer release()
-	if err := ctx.Err(); err != nil {
-		return nil, ident, &refusal{status.FromContextError(err).Code(), "canceled", "request canceled", nil}
-	}
-	csr, ref := parseCertificateCSR(req, p)
-	if ref != nil {
-		return nil, ident, ref
-	}
-	if p.dnsNames, ref = s.impersonatedDNSNames(ctx, ident, p, csr); ref != nil {
-		return nil, ident, ref
-	}
-	issued, dnsNames, ref := s.signCertificate(ctx, r, ident, p, csr)
+	issued, dnsNames, ref := s.signInTurn(ctx, r, ident, p, req)
 	if ref != nil {
 		return nil, ident, ref
 	}
@@ -501,6 +523,27 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 	s.logIssued(r, ident, p, issued, dnsNames)
 	s.recordIssued(r, ident, issued)
 	return resp, ident, nil
+}
+
+// signInTurn waits for a signing slot, then parses and judges the CSR
+// and signs it as p decided. Parsing checks the CSR's signature, which
+// costs about as much as signing, so it is done in the slot too, and a
+// request waiting its turn holds its CSR unparsed. The slot is
+// given back before spend, which may wait on the token ledger's store.
+func (s *Service) signInTurn(ctx context.Context, r authn.Request, ident authn.Identity, p certificatePlan, req *securityv1alpha1.IstioCertificateRequest) (*ca.Issued, []string, *refusal) {
+	release, ref := s.admission.acquire(ctx, proto.Size(req))
+	if ref != nil {
+		return nil, nil, ref
+	}
+	defer release()
+	csr, ref := parseCertificateCSR(req, p)
+	if ref != nil {
+		return nil, nil, ref
+	}
+	if p.dnsNames, ref = s.impersonatedDNSNames(ctx, ident, p, csr); ref != nil {
+		return nil, nil, ref
+	}
+	return s.signCertificate(ctx, r, ident, p, csr)
 }
 
 // certificatePlan is what CreateCertificate decides before it takes a

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
@@ -38,6 +39,7 @@ import (
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
@@ -528,34 +530,151 @@ func name(c, local, a, b *x509.Certificate) string {
 	return "leaf"
 }
 
+// A request beyond the signing slots waits its turn and is served; one
+// beyond the queue's bound is refused at once with ResourceExhausted,
+// saying which flag to raise, and never reaches the signer.
 func TestCreateCertificateQueueFull(t *testing.T) {
-	entered := make(chan struct{})
+	entered := make(chan struct{}, 2)
 	release := make(chan struct{})
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
-		cfg.QueueSize = 1
+		cfg.Concurrency, cfg.QueueSize = 1, 1
 		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
 			entered <- struct{}{}
 			<-release
 			return a.SignX509SVID(p)
 		})
 	})
+	queued := make(chan struct{}, 2)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
 	c := f.client(t, svid(t, f.authority, workloadID), "")
-	first := make(chan error, 1)
-	go func() {
-		_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
-		first <- err
-	}()
+	call := func() <-chan error {
+		out := make(chan error, 1)
+		go func() {
+			_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+			out <- err
+		}()
+		return out
+	}
+	first := call()
 	<-entered // the one slot is taken
+	second := call()
+	<-queued // the queue of one is full
+	assert.Equal(t, 1.0, testutil.ToFloat64(f.svc.QueueWaitingForTest()))
 
 	_, err := c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
 	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	assert.Contains(t, status.Convert(err).Message(), "signing queue full")
+	assert.Contains(t, status.Convert(err).Message(), "--sign-queue-size")
+	assert.Contains(t, f.logs.String(), `"reason":"queue_full"`)
+	assert.Equal(t, int64(1), f.signer.calls.Load(), "only the first reached the signer")
 
 	close(release)
 	require.NoError(t, <-first)
-	go func() { <-entered }() // the slot is free again
+	require.NoError(t, <-second, "the waiting request is served")
+	assert.Equal(t, int64(2), f.signer.calls.Load())
+	assert.Zero(t, testutil.ToFloat64(f.svc.QueueWaitingForTest()))
+	assert.Equal(t, 1.0, certRequests(t, f, codes.ResourceExhausted.String(), authn.MethodX509SVID))
+}
+
+// Certificates, JWT-SVIDs and intermediates share the signing slots and
+// the queue: while a certificate holds the only slot and a JWT-SVID
+// waits in the queue of one, a JWT-SVID and an intermediate are refused
+// as full; the waiting JWT-SVID is served once the slot is free.
+func TestSigningPathsShareAdmission(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	signer := newFakeJWTSigner(t)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Intermediates = newFakeIntermediates(t)
+		cfg.DownstreamAllow, cfg.TrustDomain = []spiffeid.ID{downstreamID}, td
+		cfg.JWT = signer
+		cfg.Concurrency, cfg.QueueSize = 1, 1
+		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
+			entered <- struct{}{}
+			<-release
+			return a.SignX509SVID(p)
+		})
+	})
+	queued := make(chan struct{}, 1)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	cert := svid(t, f.authority, downstreamID)
+	certDone := make(chan error, 1)
+	go func() {
+		_, err := f.client(t, cert, "").CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t, downstreamID.String())})
+		certDone <- err
+	}()
+	<-entered
+	ic := f.identityClient(t, cert, "")
+	mint := &identityapi.MintJWTSVIDRequest{Audience: []string{"aud"}}
+	jwtDone := make(chan error, 1)
+	go func() {
+		_, err := ic.MintJWTSVID(context.Background(), mint)
+		jwtDone <- err
+	}()
+	<-queued
+
+	_, err := ic.MintJWTSVID(t.Context(), mint)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "signing queue full")
+	_, err = ic.SignIntermediate(t.Context(), &identityapi.SignIntermediateRequest{Csr: derCSR(t, "spiffe://example.org")})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "signing queue full")
+
+	close(release)
+	require.NoError(t, <-certDone)
+	require.NoError(t, <-jwtDone)
+	_, _, _, calls := signer.last()
+	assert.Equal(t, 1, calls, "one JWT-SVID signed, the refused one never reached the signer")
+	assert.Zero(t, testutil.ToFloat64(f.svc.QueueWaitingForTest()))
+}
+
+// Config.Authorized hears of a request once its caller passed every
+// check, before it waits for a slot (the server confirms the connection
+// then, not after a wait in a burst); never of a refused caller.
+func TestAuthorizedBeforeWaiting(t *testing.T) {
+	entered := make(chan struct{}, 2)
+	release := make(chan struct{})
+	authorized := make(chan struct{}, 4)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Concurrency = 1
+		cfg.RateLimit, cfg.RateBurst = rate.Every(time.Hour), 2
+		cfg.Authorized = func(ctx context.Context) {
+			_, ok := peer.FromContext(ctx)
+			assert.True(t, ok, "the call's context, with its peer (whose connection the server confirms)")
+			authorized <- struct{}{}
+		}
+		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
+			entered <- struct{}{}
+			<-release
+			return a.SignX509SVID(p)
+		})
+	})
+	queued := make(chan struct{}, 1)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	c := f.client(t, svid(t, f.authority, workloadID), "")
+	call := func() <-chan error {
+		out := make(chan error, 1)
+		go func() {
+			_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+			out <- err
+		}()
+		return out
+	}
+	first := call()
+	<-entered
+	<-authorized
+	second := call()
+	<-queued
+	<-authorized // while it waits
+
+	_, err := f.client(t, nil, "").CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
+	assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
 	_, err = c.CreateCertificate(t.Context(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
-	assert.NoError(t, err)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "rate limited: %v", err)
+	close(release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	assert.Empty(t, authorized, "refused callers were not heard of")
 }
 
 func TestCreateCertificateRateLimit(t *testing.T) {

@@ -134,6 +134,7 @@ func TestCreateCertificateSingleUseTokenRace(t *testing.T) {
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
 		singleUseAuth(t, authn.NewMemoryLedger())(cfg, a)
 		cfg.Signer = &gateSigner{next: a, n: n, open: make(chan struct{})}
+		cfg.Concurrency = n // all n in the signer at once
 	})
 	c := f.client(t, nil, bootstrapToken)
 	codesSeen := make([]codes.Code, n)

@@ -75,9 +75,13 @@ type GRPCConfig struct {
 	NodeAgents    []string
 	BootstrapFile string
 	rateLimit     float64
-	queueSize     int    // 0 = certservice.DefaultQueueSize
-	Kubeconfig    string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
-	TokenReview   string // "" = auto
+	queueSize     int // 0 = certservice.DefaultQueueSize
+	// signConcurrency: 0 = GOMAXPROCS; queueTimeout: 0 =
+	// certservice.DefaultQueueTimeout.
+	signConcurrency int
+	queueTimeout    time.Duration
+	Kubeconfig      string // "" = in-cluster when KUBERNETES_SERVICE_HOST is set
+	TokenReview     string // "" = auto
 	// noSDSCerts turns off tls_certificate resources on SDS.
 	noSDSCerts bool
 	// WorkloadDNSNameTemplate: "" = no DNS names (workload_dns.go).
@@ -130,7 +134,13 @@ func addGRPCFlags(f *pflag.FlagSet, o *GRPCConfig) {
 		"(by a digest, never the token) in --data-dir, or with --storage kube in --bootstrap-token-secret; consumed and expired tokens are refused (Unauthenticated). "+
 		"Reloaded on change: replace it atomically, by writing a new file and renaming it over this one (token create does), since a reload that finds it truncated mid-write takes it as empty")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
-	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signings in flight at once; more are refused (ResourceExhausted) for the client to retry")
+	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signing requests (certificates, JWT-SVIDs, intermediates) that may wait, in arrival order, for one of the --sign-concurrency signing slots; "+
+		"beyond them a request is refused at once (ResourceExhausted, reason queue_full) for the client to retry. A request takes a place per 4 KiB (one for a typical CSR); "+
+		"a place costs about 13 KB, so the default (a burst of 10,000 workloads asking at once, with room) holds about 150 MiB when full: raise it with the memory limit (docs/operations.md, Sizing for bursts)")
+	f.IntVar(&o.signConcurrency, "sign-concurrency", 0, "signings in flight at once (the CSR's signature check and the signing, CPU work), 0 for GOMAXPROCS (the CPUs the server may use); "+
+		"raise it for a signer that waits rather than computes (an HSM over the network)")
+	f.DurationVar(&o.queueTimeout, "sign-queue-timeout", certservice.DefaultQueueTimeout, "longest a signing request waits for a signing slot (a shorter deadline of the caller ends it sooner); "+
+		"then it is refused (ResourceExhausted, reason queue_timeout) for the client to retry. The default is 8 times what 10,000 signings take on 2 cores")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (default: in-cluster config when KUBERNETES_SERVICE_HOST is set, else no Kubernetes)")
 	f.StringVar(&o.TokenReview, "token-review", tokenReviewAuto, "authenticate Kubernetes service account tokens with TokenReview: auto (when a Kubernetes config is available), on, off")
 	addGrantFlags(f, o)
@@ -281,11 +291,13 @@ const pendingStreams = 4
 
 // A connection to the certificate service is confirmed (kept past
 // --grpc-first-call-timeout, and let open more than pendingStreams calls)
-// by a call that succeeded: the caller was authenticated, its grant
-// stands, and it was authorised. A call that fails, however it failed,
-// confirms nothing, so an unauthenticated client, or one holding a
-// certificate whose grant fell, cannot keep a connection open by making
-// calls.
+// by a call that succeeded, or by a signing request that passed every
+// check before it waits for a signing slot (certservice.Config.Authorized;
+// a wait in a burst must not leave the connection's other calls refused):
+// the caller was authenticated, its grant stands, and it was authorised.
+// A call refused before that, however it failed, confirms nothing, so an
+// unauthenticated client, or one holding a certificate whose grant fell,
+// cannot keep a connection open by making calls.
 
 // callDoneKey holds, in a call's context, the func that counts the call
 // out of its connection's open calls (connlimit.OpenStream).
@@ -386,11 +398,17 @@ func (g *grpcEndpoint) certService(o GRPCConfig, td spiffeid.TrustDomain, author
 		Authenticator: auth,
 		// --ca-response-roots merged: filtered by the trust policy, as
 		// Bundles are for WatchBundles.
-		MergedRoots: merged,
-		QueueSize:   o.queueSize,
-		RateLimit:   rate.Limit(o.rateLimit),
-		Logger:      logger,
-		Registerer:  prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
+		MergedRoots:  merged,
+		QueueSize:    o.queueSize,
+		Concurrency:  o.signConcurrency,
+		QueueTimeout: o.queueTimeout,
+		RateLimit:    rate.Limit(o.rateLimit),
+		// A signing request that passed every check confirms its
+		// connection before it waits in the queue: in a burst the wait
+		// may outlast pendingStreams' patience or the first-call deadline.
+		Authorized: g.confirm,
+		Logger:     logger,
+		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"trust_domain": td.Name()}, reg),
 
 		// Renewal chains end with their grant (grants.go).
 		Grants:             g.grants,
@@ -464,6 +482,9 @@ func checkGRPCFlags(o GRPCConfig) error {
 	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
 	if !(o.rateLimit >= 0) || o.queueSize < 0 {
 		return fmt.Errorf("--sign-rate-limit (%v) and --sign-queue-size (%d) must be numbers, not negative", o.rateLimit, o.queueSize)
+	}
+	if o.signConcurrency < 0 || o.queueTimeout < 0 {
+		return fmt.Errorf("--sign-concurrency (%d) and --sign-queue-timeout (%s) must not be negative (0 takes the default)", o.signConcurrency, o.queueTimeout)
 	}
 	// 0 is the default (a Config built in code).
 	if o.ReissueSpread != 0 && (o.ReissueSpread < time.Second || o.ReissueSpread > caclient.MaxReissueSpread) {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,7 +25,9 @@ func TestGRPCFlagDefaults(t *testing.T) {
 		"cluster-id":           "",
 		"bootstrap-token-file": "",
 		"sign-rate-limit":      "0",
-		"sign-queue-size":      "64",
+		"sign-queue-size":      "12288",
+		"sign-concurrency":     "0",
+		"sign-queue-timeout":   "20s",
 		"kubeconfig":           "",
 		"token-review":         "auto",
 	} {
@@ -77,6 +80,8 @@ func TestGRPCFlagErrors(t *testing.T) {
 		{"negative rate", GRPCConfig{rateLimit: -1}, "--sign-rate-limit"},
 		{"NaN rate", GRPCConfig{rateLimit: math.NaN()}, "--sign-rate-limit"},
 		{"negative queue", GRPCConfig{queueSize: -1}, "--sign-queue-size"},
+		{"negative concurrency", GRPCConfig{signConcurrency: -1}, "--sign-concurrency"},
+		{"negative queue timeout", GRPCConfig{queueTimeout: -time.Second}, "--sign-queue-timeout"},
 		{"node agent of another trust domain", GRPCConfig{TokenReview: TokenReviewOff, NodeAgents: []string{"spiffe://other.example/vm/a=spiffe://example.org/vm/a/app"}}, "--ca-node-agent"},
 		{"node agent without identities", GRPCConfig{TokenReview: TokenReviewOff, NodeAgents: []string{"spiffe://example.org/vm/a"}}, "AGENT_SPIFFE_ID=ID"},
 		{"port taken", GRPCConfig{TokenReview: TokenReviewOff, BootstrapFile: tokens}, "--grpc-listen"},
