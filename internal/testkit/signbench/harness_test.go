@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,4 +121,35 @@ func sumValues[K comparable](m map[K]int) int {
 		n += v
 	}
 	return n
+}
+
+// A burst's workload retries what the server may refuse for now, as
+// Istio's agent does, and nothing else.
+func TestWithRetries(t *testing.T) {
+	exhausted := status.Error(codes.ResourceExhausted, "queue full")
+	for _, tc := range []struct {
+		name        string
+		answers     []error // in order; the last repeats
+		wantErr     codes.Code
+		wantCalls   int
+		wantRetried int64
+	}{
+		{"served at once", []error{nil}, codes.OK, 1, 0},
+		{"served after two refusals", []error{exhausted, status.Error(codes.Unavailable, "busy"), nil}, codes.OK, 3, 2},
+		{"a refusal not retried", []error{status.Error(codes.InvalidArgument, "bad CSR"), nil}, codes.InvalidArgument, 1, 0},
+		{"refused after every retry", []error{exhausted}, codes.ResourceExhausted, burstRetries + 1, burstRetries},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var retried atomic.Int64
+			calls := 0
+			err := withRetries(context.Background(), &retried, time.Microsecond, func() error {
+				err := tc.answers[min(calls, len(tc.answers)-1)]
+				calls++
+				return err
+			})
+			assert.Equal(t, tc.wantErr, status.Code(err))
+			assert.Equal(t, tc.wantCalls, calls)
+			assert.Equal(t, tc.wantRetried, retried.Load())
+		})
+	}
 }
