@@ -148,16 +148,23 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if err != nil {
 		return nil, ident, jwtRefusal(err)
 	}
-	if s.cfg.Logger.Enabled(ctx, slog.LevelInfo) {
-		attrs := make([]slog.Attr, 0, 6)
-		attrs = append(attrs, slog.String(logattr.SPIFFEID, ident.ID.String()), slog.String("method", ident.Method),
-			slog.String("audience", strings.Join(audience, ",")), slog.String("expires_at", exp.UTC().Format(time.RFC3339)), slog.String(logattr.Address, r.Peer))
-		if subject != ident.ID {
-			attrs = append(attrs, slog.String(logattr.Impersonated, subject.String()))
-		}
-		s.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "jwt-svid issued", attrs...)
-	}
+	s.logJWTIssued(ctx, r, ident, subject, audience, exp)
 	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: subject.String(), ExpiresAt: exp.Unix()}, ident, nil
+}
+
+// logJWTIssued logs a JWT-SVID for subject issued to ident, with typed
+// attributes (this runs for every token), and nothing when Info is off.
+func (s *Service) logJWTIssued(ctx context.Context, r authn.Request, ident authn.Identity, subject spiffeid.ID, audience []string, exp time.Time) {
+	if !s.cfg.Logger.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 6)
+	attrs = append(attrs, slog.String(logattr.SPIFFEID, ident.ID.String()), slog.String("method", ident.Method),
+		slog.String("audience", strings.Join(audience, ",")), slog.String("expires_at", exp.UTC().Format(time.RFC3339)), slog.String(logattr.Address, r.Peer))
+	if subject != ident.ID {
+		attrs = append(attrs, slog.String(logattr.Impersonated, subject.String()))
+	}
+	s.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "jwt-svid issued", attrs...)
 }
 
 // minCredentialLeft is the least time the caller's credential must have

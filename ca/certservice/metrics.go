@@ -25,6 +25,19 @@ type metrics struct {
 	watchOversized prometheus.Counter
 }
 
+// newQueueMetrics are the signing queue's (admission): requests waiting
+// now, and how long they waited.
+func newQueueMetrics() (prometheus.Gauge, prometheus.Histogram) {
+	return prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trustbridge_certservice_signing_queue_waiting",
+			Help: "Signing requests (certificates, JWT-SVIDs, intermediates) waiting now for one of the --sign-concurrency signing slots, at most --sign-queue-size; beyond it they are refused (ResourceExhausted, reason queue_full in the log).",
+		}), prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "trustbridge_certservice_signing_queue_wait_seconds",
+			Help:    "Time signing requests waited for a signing slot, 0 for one that found a slot free; those that waited --sign-queue-timeout (refused: ResourceExhausted, reason queue_timeout) or whose caller left are included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1ms .. ~33s
+		})
+}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -35,15 +48,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name:    "trustbridge_certservice_signing_duration_seconds",
 			Help:    "Time the CA took to sign one certificate, refusals included.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 100µs .. ~0.8s
-		}),
-		queueWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "trustbridge_certservice_signing_queue_waiting",
-			Help: "Signing requests (certificates, JWT-SVIDs, intermediates) waiting now for one of the --sign-concurrency signing slots, at most --sign-queue-size; beyond it they are refused (ResourceExhausted, reason queue_full in the log).",
-		}),
-		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "trustbridge_certservice_signing_queue_wait_seconds",
-			Help:    "Time signing requests waited for a signing slot, 0 for one that found a slot free; those that waited --sign-queue-timeout (refused: ResourceExhausted, reason queue_timeout) or whose caller left are included.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16), // 1ms .. ~33s
 		}),
 		grantChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_renewal_grant_checks_total",
@@ -82,6 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bundle maps over the 16 MiB a WatchBundles message may carry, not sent: the stream ends with ResourceExhausted and the agent keeps its last bundles. Grant that caller fewer trust domains.",
 		}),
 	}
+	m.queueWaiting, m.queueWait = newQueueMetrics()
 	for _, c := range []prometheus.Collector{m.requests, m.signDuration, m.queueWaiting, m.queueWait, m.grantChecks, m.dnsNames, m.jwtSVIDs, m.intermediates, m.watches, m.impersonatedWatches, m.watchesOpen, m.watchMessages, m.watchOversized} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

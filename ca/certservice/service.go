@@ -296,17 +296,8 @@ func (cfg Config) validate() error {
 	if cfg.Authenticator == nil {
 		return errors.New("certservice: no authenticator")
 	}
-	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
-	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
-		return fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
-			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
-	}
-	if cfg.Concurrency < 0 || cfg.QueueTimeout < 0 {
-		return fmt.Errorf("certservice: signing concurrency (%d) and queue timeout (%s) must not be negative", cfg.Concurrency, cfg.QueueTimeout)
-	}
-	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
-		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
-			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
+	if err := cfg.checkLimits(); err != nil {
+		return err
 	}
 	if cfg.MergedRoots && cfg.Bundles == nil {
 		return errors.New("certservice: merged roots need the trust of every trust domain (Bundles)")
@@ -321,6 +312,23 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("certservice: maximum downstream TTL %s is negative", cfg.MaxDownstreamTTL)
 	}
 	return checkDownstreamAllow(cfg.DownstreamAllow, cfg.TrustDomain)
+}
+
+// checkLimits refuses negative limits of admission and bundle streams.
+func (cfg Config) checkLimits() error {
+	// !(x >= 0) also refuses NaN, which a limiter treats as no limit.
+	if cfg.QueueSize < 0 || !(cfg.RateLimit >= 0) || cfg.RateBurst < 0 || cfg.MaxRateLimiters < 0 {
+		return fmt.Errorf("certservice: queue size (%d), rate limit (%v), burst (%d) and limiter count (%d) must not be negative or NaN",
+			cfg.QueueSize, cfg.RateLimit, cfg.RateBurst, cfg.MaxRateLimiters)
+	}
+	if cfg.Concurrency < 0 || cfg.QueueTimeout < 0 {
+		return fmt.Errorf("certservice: signing concurrency (%d) and queue timeout (%s) must not be negative", cfg.Concurrency, cfg.QueueTimeout)
+	}
+	if cfg.MaxBundleWatches < 0 || cfg.MaxBundleWatchesPerIdentity < 0 || cfg.WatchReauthInterval < 0 {
+		return fmt.Errorf("certservice: bundle stream limits (%d, %d per identity) and re-authentication interval (%s) must not be negative",
+			cfg.MaxBundleWatches, cfg.MaxBundleWatchesPerIdentity, cfg.WatchReauthInterval)
+	}
+	return nil
 }
 
 // withDefaults returns cfg with its zero values replaced by the

@@ -30,10 +30,13 @@ const memoryLimitRatio = 0.9
 // collector runs as often as it must.
 const serverBallastSize = 24 << 20
 
-// gcBallast raises the heap the collector paces against by
-// serverBallastSize for as long as the server runs: runServer keeps it
-// alive until it returns.
-func gcBallast() []byte { return make([]byte, serverBallastSize) }
+// tuneMemory sets the Go runtime's memory limit (SetMemoryLimit) and
+// returns the ballast that raises the heap the collector paces against by
+// serverBallastSize, for runServer to keep alive until it returns.
+func tuneMemory(logger *slog.Logger) []byte {
+	SetMemoryLimit(logger)
+	return make([]byte, serverBallastSize)
+}
 
 // SetMemoryLimit gives the Go runtime a soft memory limit of 90% of the
 // container's (the cgroup's memory limit, v1 or v2), unless GOMEMLIMIT is

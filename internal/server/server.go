@@ -265,9 +265,7 @@ func runServer(ctx context.Context, e env, o Config, ready chan<- string) error 
 	}
 	routeKlog(logger)
 	RouteGRPCLog(logger)
-	SetMemoryLimit(logger)
-	ballast := gcBallast()
-	defer runtime.KeepAlive(ballast)
+	defer runtime.KeepAlive(tuneMemory(logger))
 	td, kt, err := checkServerBasics(o, logger)
 	if err != nil {
 		return err
