@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
@@ -56,6 +57,20 @@ type admission struct {
 // request (a P-256 CSR, about 500 bytes) takes one.
 const queueUnit = 4 << 10
 
+// metadataSize is what a call's request headers hold while it waits:
+// each field's name and value, and 32 bytes more, as HTTP/2 counts a
+// header list's size.
+func metadataSize(ctx context.Context) int {
+	md, _ := metadata.FromIncomingContext(ctx)
+	n := 0
+	for k, vs := range md {
+		for _, v := range vs {
+			n += len(k) + len(v) + 32
+		}
+	}
+	return n
+}
+
 // queuePlaces is the places of the queue a request of size bytes takes.
 func queuePlaces(size int) int64 {
 	return max(1, int64((size+queueUnit-1)/queueUnit))
@@ -87,7 +102,7 @@ func (a *admission) admit(ctx context.Context, caller spiffeid.ID, size int) (re
 	if ref := a.charge(authn.Identity{ID: caller}, caller); ref != nil {
 		return nil, ref
 	}
-	return a.acquire(ctx, size)
+	return a.acquire(ctx, size, true)
 }
 
 // charge charges a signing for id to the caller's rate limit. A node
@@ -131,18 +146,26 @@ func (a *admission) allow(caller authn.Identity, id spiffeid.ID) bool {
 // context canceled or past its deadline) leaves the queue at once. Both
 // refusals are ResourceExhausted, which Istio's client and
 // trustbridge's agents retry.
-func (a *admission) acquire(ctx context.Context, size int) (release func(), ref *refusal) {
+//
+// confirm says whether Config.Authorized hears of the request: false for
+// a caller proven by a single-use credential (authn.Identity.Spend),
+// which a refusal after this (a bad CSR) leaves unspent, so that one such
+// token cannot confirm connection after connection; it confirms by
+// succeeding, as any call does.
+func (a *admission) acquire(ctx context.Context, size int, confirm bool) (release func(), ref *refusal) {
 	if err := ctx.Err(); err != nil {
 		return nil, callerLeft(err)
 	}
-	if a.authorized != nil {
+	if confirm && a.authorized != nil {
 		a.authorized(ctx)
 	}
 	if a.slots.TryAcquire(1) {
 		a.m.queueWait.Observe(0)
 		return a.release, nil
 	}
-	places := queuePlaces(size)
+	// A waiting call holds its request headers too (gRPC keeps them in
+	// its context), up to certservice.MaxHeaderListSize.
+	places := queuePlaces(size + metadataSize(ctx))
 	if ref := a.enqueue(places); ref != nil {
 		return nil, ref
 	}
@@ -153,11 +176,18 @@ func (a *admission) acquire(ctx context.Context, size int) (release func(), ref 
 // enqueue counts a request of places in the queue, or refuses it when
 // they do not fit.
 func (a *admission) enqueue(places int64) *refusal {
-	if n := a.waiting.Add(places); n > a.queueSize && n != places {
-		a.waiting.Add(-places)
-		return &refusal{codes.ResourceExhausted, "queue_full", fmt.Sprintf(
-			"signing queue full (%d places, one per request of up to %d bytes); retry later, with backoff (the server's operator can raise --sign-queue-size)",
-			a.queueSize, queueUnit), nil}
+	// Compare and swap, so that a request refused never counts, even for
+	// a moment, against the others.
+	for {
+		n := a.waiting.Load()
+		if n != 0 && n+places > a.queueSize {
+			return &refusal{codes.ResourceExhausted, "queue_full", fmt.Sprintf(
+				"signing queue full (%d places, one per request of up to %d bytes); retry later, with backoff (the server's operator can raise --sign-queue-size)",
+				a.queueSize, queueUnit), nil}
+		}
+		if a.waiting.CompareAndSwap(n, n+places) {
+			break
+		}
 	}
 	a.m.queueWaiting.Inc()
 	if f := a.queued.Load(); f != nil {

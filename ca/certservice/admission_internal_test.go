@@ -2,6 +2,7 @@ package certservice
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/internal/authn"
@@ -58,7 +60,7 @@ func queueAdmission(t *testing.T, concurrency, size int, clk *clocktesting.FakeC
 func waiter(ctx context.Context, a *admission) <-chan *refusal {
 	out := make(chan *refusal, 1)
 	go func() {
-		release, ref := a.acquire(ctx, 500)
+		release, ref := a.acquire(ctx, 500, true)
 		if release != nil {
 			release()
 		}
@@ -72,7 +74,7 @@ func waiter(ctx context.Context, a *admission) <-chan *refusal {
 func TestAdmissionServesWaitersInArrivalOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := queueAdmission(t, 1, 10, clocktesting.NewFakeClock(time.Unix(0, 0)))
-		hold, ref := a.acquire(t.Context(), 500)
+		hold, ref := a.acquire(t.Context(), 500, true)
 		require.Nil(t, ref)
 
 		const n = 6
@@ -80,7 +82,7 @@ func TestAdmissionServesWaitersInArrivalOrder(t *testing.T) {
 		done := make(chan struct{})
 		for i := range n {
 			go func() {
-				release, ref := a.acquire(t.Context(), 500)
+				release, ref := a.acquire(t.Context(), 500, true)
 				if assert.Nil(t, ref) {
 					order <- i // before release: the next cannot be served first
 					release()
@@ -111,13 +113,13 @@ func TestAdmissionServesWaitersInArrivalOrder(t *testing.T) {
 func TestAdmissionFullQueueRefusesAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		a := queueAdmission(t, 1, 2, clocktesting.NewFakeClock(time.Unix(0, 0)))
-		hold, ref := a.acquire(t.Context(), 500)
+		hold, ref := a.acquire(t.Context(), 500, true)
 		require.Nil(t, ref)
 		first, second := waiter(t.Context(), a), waiter(t.Context(), a)
 		synctest.Wait()
 
 		// In this goroutine: a wait would deadlock the bubble and fail.
-		release, ref := a.acquire(t.Context(), 500)
+		release, ref := a.acquire(t.Context(), 500, true)
 		assert.Nil(t, release)
 		require.NotNil(t, ref)
 		assert.Equal(t, codes.ResourceExhausted, ref.code)
@@ -143,18 +145,18 @@ func TestAdmissionLargeRequestsTakeMorePlaces(t *testing.T) {
 	assert.Equal(t, int64(2), queuePlaces(queueUnit+1))
 	synctest.Test(t, func(t *testing.T) {
 		a := queueAdmission(t, 1, 3, clocktesting.NewFakeClock(time.Unix(0, 0)))
-		hold, ref := a.acquire(t.Context(), 500)
+		hold, ref := a.acquire(t.Context(), 500, true)
 		require.Nil(t, ref)
 		big := make(chan *refusal, 1)
 		go func() {
-			release, ref := a.acquire(t.Context(), 2*queueUnit) // 2 of the 3 places
+			release, ref := a.acquire(t.Context(), 2*queueUnit, true) // 2 of the 3 places
 			if release != nil {
 				release()
 			}
 			big <- ref
 		}()
 		synctest.Wait()
-		_, ref = a.acquire(t.Context(), queueUnit+1)
+		_, ref = a.acquire(t.Context(), queueUnit+1, true)
 		require.NotNil(t, ref, "2 more places do not fit")
 		assert.Equal(t, "queue_full", ref.reason)
 		small := waiter(t.Context(), a) // 1 does
@@ -164,11 +166,11 @@ func TestAdmissionLargeRequestsTakeMorePlaces(t *testing.T) {
 		assert.Nil(t, <-big)
 		assert.Nil(t, <-small)
 
-		hold, ref = a.acquire(t.Context(), 500)
+		hold, ref = a.acquire(t.Context(), 500, true)
 		require.Nil(t, ref)
 		huge := make(chan *refusal, 1)
 		go func() {
-			release, ref := a.acquire(t.Context(), 20*queueUnit)
+			release, ref := a.acquire(t.Context(), 20*queueUnit, true)
 			if release != nil {
 				release()
 			}
@@ -179,6 +181,51 @@ func TestAdmissionLargeRequestsTakeMorePlaces(t *testing.T) {
 		hold()
 		assert.Nil(t, <-huge)
 	})
+}
+
+// A waiting call holds its request headers too: they count towards its
+// places, so padding headers (up to MaxHeaderListSize) cannot put several
+// times a place's memory in one place.
+func TestAdmissionHeadersTakePlaces(t *testing.T) {
+	assert.Zero(t, metadataSize(t.Context()))
+	padded := metadata.NewIncomingContext(t.Context(), metadata.Pairs("x-pad-bin", strings.Repeat("p", 2*queueUnit)))
+	assert.Equal(t, len("x-pad-bin")+2*queueUnit+32, metadataSize(padded))
+	synctest.Test(t, func(t *testing.T) {
+		a := queueAdmission(t, 1, 3, clocktesting.NewFakeClock(time.Unix(0, 0)))
+		hold, ref := a.acquire(t.Context(), 500, true)
+		require.Nil(t, ref)
+		done := make(chan *refusal, 1)
+		go func() {
+			ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs("x-pad-bin", strings.Repeat("p", 2*queueUnit)))
+			release, ref := a.acquire(ctx, 500, true) // 3 places: 500 bytes and 8 KiB of headers
+			if release != nil {
+				release()
+			}
+			done <- ref
+		}()
+		synctest.Wait()
+		_, ref = a.acquire(t.Context(), 500, true)
+		require.NotNil(t, ref, "the padded request took the queue's 3 places")
+		assert.Equal(t, "queue_full", ref.reason)
+		hold()
+		assert.Nil(t, <-done)
+	})
+}
+
+// Config.Authorized hears of a request that may confirm its connection,
+// and only of those.
+func TestAdmissionConfirmsOnlyWhenAsked(t *testing.T) {
+	a := queueAdmission(t, 1, 3, clocktesting.NewFakeClock(time.Unix(0, 0)))
+	var heard int
+	a.authorized = func(context.Context) { heard++ }
+	release, ref := a.acquire(t.Context(), 500, false)
+	require.Nil(t, ref)
+	release()
+	assert.Zero(t, heard, "a single-use credential's request")
+	release, ref = a.acquire(t.Context(), 500, true)
+	require.Nil(t, ref)
+	release()
+	assert.Equal(t, 1, heard)
 }
 
 // A waiter whose caller cancels, or whose deadline passes, leaves the
@@ -201,7 +248,7 @@ func TestAdmissionCallerLeavesQueue(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				a := queueAdmission(t, 1, 1, clocktesting.NewFakeClock(time.Unix(0, 0)))
-				hold, ref := a.acquire(t.Context(), 500)
+				hold, ref := a.acquire(t.Context(), 500, true)
 				require.Nil(t, ref)
 				ctx, leave := tc.ctx(t)
 				left := waiter(ctx, a)
@@ -231,7 +278,7 @@ func TestAdmissionCallerGoneBeforeQueue(t *testing.T) {
 		a := queueAdmission(t, 1, 1, clocktesting.NewFakeClock(time.Unix(0, 0)))
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		release, ref := a.acquire(ctx, 500)
+		release, ref := a.acquire(ctx, 500, true)
 		assert.Nil(t, release)
 		require.NotNil(t, ref)
 		assert.Equal(t, codes.Canceled, ref.code)
@@ -245,7 +292,7 @@ func TestAdmissionMaxWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Unix(0, 0))
 		a := queueAdmission(t, 1, 4, clk)
-		hold, ref := a.acquire(t.Context(), 500)
+		hold, ref := a.acquire(t.Context(), 500, true)
 		require.Nil(t, ref)
 		out := waiter(t.Context(), a)
 		synctest.Wait()

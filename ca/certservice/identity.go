@@ -135,7 +135,7 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref := s.admission.charge(ident, subject); ref != nil {
 		return nil, ident, ref
 	}
-	release, ref := s.admission.acquire(ctx, proto.Size(req))
+	release, ref := s.admission.acquire(ctx, proto.Size(req), ident.Spend == nil)
 	if ref != nil {
 		return nil, ident, ref
 	}

@@ -167,10 +167,14 @@ type Config struct {
 	Issued func(IssuedCertificate)
 	// Authorized, when set, hears of every signing request (certificate,
 	// JWT-SVID, intermediate) whose caller was authenticated, its grant
-	// standing, authorized and charged to its rate limit, with the call's
-	// context, before it waits for a signing slot: the server confirms
-	// the caller's connection then rather than after a wait in a burst.
-	// It must not block.
+	// standing, its identity (or the one it acts for) authorized and the
+	// request charged to its rate limit, with the call's context, before
+	// it waits for a signing slot: the server confirms the caller's
+	// connection then rather than after a wait in a burst. The request's
+	// own checks (the CSR and the names it asks for) come after, in the
+	// slot. A caller proven by a single-use credential is not reported:
+	// a refused request leaves that credential unspent. It must not
+	// block.
 	Authorized func(ctx context.Context)
 
 	// JWT, when set, mints JWT-SVIDs for callers of
@@ -539,7 +543,7 @@ func (s *Service) create(ctx context.Context, r authn.Request, req *securityv1al
 // request waiting its turn holds its CSR unparsed. The slot is
 // given back before spend, which may wait on the token ledger's store.
 func (s *Service) signInTurn(ctx context.Context, r authn.Request, ident authn.Identity, p certificatePlan, req *securityv1alpha1.IstioCertificateRequest) (*ca.Issued, []string, *refusal) {
-	release, ref := s.admission.acquire(ctx, proto.Size(req))
+	release, ref := s.admission.acquire(ctx, proto.Size(req), ident.Spend == nil)
 	if ref != nil {
 		return nil, nil, ref
 	}

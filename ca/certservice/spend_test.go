@@ -184,3 +184,28 @@ func TestCreateCertificateLedgerDown(t *testing.T) {
 	_, err = createCert(t, c, freshCSR(t))
 	require.Equal(t, codes.Unauthenticated, status.Code(err))
 }
+
+// A caller proven by a single-use token is not reported to
+// Config.Authorized before it waits: a request refused after that (a bad
+// CSR) leaves the token unspent, and one token must not confirm
+// connection after connection that way. A reusable token's caller is.
+func TestSingleUseTokenConfirmsNothingBeforeSuccess(t *testing.T) {
+	var authorized atomic.Int32
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		singleUseAuth(t, authn.NewMemoryLedger())(cfg, a)
+		cfg.Authorized = func(context.Context) { authorized.Add(1) }
+	})
+	single := f.client(t, nil, bootstrapToken)
+	for range 3 {
+		_, err := createCert(t, single, "not a CSR")
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	}
+	assert.Zero(t, authorized.Load(), "refused requests of a single-use token confirmed nothing")
+	_, err := createCert(t, single, freshCSR(t, bootID.String()))
+	require.NoError(t, err)
+	assert.Zero(t, authorized.Load(), "a single-use token's success confirms its connection as any call's does, not through Authorized")
+
+	_, err = createCert(t, f.client(t, nil, reusableToken), "not a CSR")
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	assert.Equal(t, int32(1), authorized.Load(), "a reusable token's request is heard of before it waits")
+}
