@@ -291,13 +291,15 @@ const pendingStreams = 4
 
 // A connection to the certificate service is confirmed (kept past
 // --grpc-first-call-timeout, and let open more than pendingStreams calls)
-// by a call that succeeded, or by a signing request that passed every
-// check before it waits for a signing slot (certservice.Config.Authorized;
-// a wait in a burst must not leave the connection's other calls refused):
-// the caller was authenticated, its grant stands, and it was authorised.
-// A call refused before that, however it failed, confirms nothing, so an
-// unauthenticated client, or one holding a certificate whose grant fell,
-// cannot keep a connection open by making calls.
+// by a call that succeeded, or by a signing request as it starts to wait
+// for a signing slot (certservice.Config.Authorized; a wait in a burst
+// must not leave the connection's other calls refused): the caller was
+// authenticated, its grant stands, the identity it asks for was
+// authorised and charged to its rate limit. A call refused before that,
+// however it failed, confirms nothing, so an unauthenticated client, or
+// one holding a certificate whose grant fell, cannot keep a connection
+// open by making calls; nor can a single-use token, whose requests
+// confirm only by succeeding (which spends it).
 
 // callDoneKey holds, in a call's context, the func that counts the call
 // out of its connection's open calls (connlimit.OpenStream).
