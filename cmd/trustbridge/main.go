@@ -14,6 +14,7 @@ import (
 	_ "golang.org/x/crypto/x509roots/fallback"
 
 	"github.com/trustbridge/trustbridge/cmd/trustbridge/cli"
+	"github.com/trustbridge/trustbridge/internal/server"
 )
 
 // gcBallastSize is a floor under the heap the garbage collector paces
@@ -25,7 +26,9 @@ import (
 // never written, so it costs no marking and, its pages never touched, no
 // resident memory; the extra heap between collections is bounded by its
 // size whatever the live heap.
-const gcBallastSize = 8 << 20
+// The Go runtime's memory limit set from a container's leaves it out
+// (server.SetMemoryLimit).
+const gcBallastSize = server.BinaryBallastSize
 
 func main() {
 	ballast := make([]byte, gcBallastSize)

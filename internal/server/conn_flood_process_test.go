@@ -182,11 +182,12 @@ func TestConnectionFloodServerMemory(t *testing.T) {
 	var env []string
 	if cg == nil {
 		t.Logf("no memory cgroup (%s): running the server with GOMEMLIMIT as it would set it in one, and checking its RSS", why)
-		env = []string{fmt.Sprintf("GOMEMLIMIT=%d", int64(float64(limit)*memoryLimitRatio))}
+		env = []string{fmt.Sprintf("GOMEMLIMIT=%d", int64(float64(limit)*memoryLimitRatio)+BinaryBallastSize+serverBallastSize)}
 	}
 	s := startBinServer(t, bin, cg, env, "--bootstrap-token-file", tokens, "--grpc-first-call-timeout", "1h", "--bundle-idle-timeout", "1h")
 	if cg != nil {
-		assert.Equal(t, int64(float64(limit)*memoryLimitRatio), s.memLimit, "the server set its Go runtime's limit from the cgroup's")
+		assert.Equal(t, int64(float64(limit)*memoryLimitRatio)+BinaryBallastSize+serverBallastSize, s.memLimit,
+			"the server set its Go runtime's limit from the cgroup's, plus its ballast, which is never resident")
 	}
 	rssIdle := s.rss(t)
 	pendingTotal, pendingPerSource := unconfirmedLimits(grpcLimits.def)

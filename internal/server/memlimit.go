@@ -34,9 +34,13 @@ const serverBallastSize = 24 << 20
 // returns the ballast that raises the heap the collector paces against by
 // serverBallastSize, for runServer to keep alive until it returns.
 func tuneMemory(logger *slog.Logger) []byte {
-	SetMemoryLimit(logger)
+	setMemoryLimit(logger, BinaryBallastSize+serverBallastSize)
 	return make([]byte, serverBallastSize)
 }
+
+// BinaryBallastSize is the ballast every command of cmd/trustbridge
+// holds (its gcBallastSize), which the memory limit set here leaves out.
+const BinaryBallastSize = 8 << 20
 
 // SetMemoryLimit gives the Go runtime a soft memory limit of 90% of the
 // container's (the cgroup's memory limit, v1 or v2), unless GOMEMLIMIT is
@@ -46,13 +50,23 @@ func tuneMemory(logger *slog.Logger) []byte {
 // memory fits in, and be OOM-killed. automemlimit reads the cgroup
 // hierarchies (v1, v2, nested and hybrid mounts) we would otherwise parse
 // ourselves. Outside a container, or with no limit, nothing changes.
-func SetMemoryLimit(logger *slog.Logger) {
+//
+// The Go runtime counts a ballast (BinaryBallastSize, and the server's)
+// against its limit although its pages are never touched, so the limit
+// set from the container's is raised by the ballast: the collector then
+// works harder at the same resident memory as without one. A GOMEMLIMIT
+// given by the operator is left as it is.
+func SetMemoryLimit(logger *slog.Logger) { setMemoryLimit(logger, BinaryBallastSize) }
+
+func setMemoryLimit(logger *slog.Logger, ballast int64) {
 	before := debug.SetMemoryLimit(-1)
 	limit, err := memlimit.Set(memlimit.WithRatio(memoryLimitRatio), memlimit.WithProvider(memlimit.FromCgroup))
 	switch {
 	case err != nil:
 		logger.Debug("no container memory limit found: the Go runtime has no soft memory limit (GOMEMLIMIT sets one)", logattr.Error, err)
 	case limit != before && limit != math.MaxInt64:
-		logger.Info("Go runtime memory limit set from the container's (90%, or AUTOMEMLIMIT's ratio)", "gomemlimit_bytes", limit)
+		limit += ballast
+		debug.SetMemoryLimit(limit)
+		logger.Info("Go runtime memory limit set from the container's (90%, or AUTOMEMLIMIT's ratio, plus the untouched GC ballast)", "gomemlimit_bytes", limit, "ballast_bytes", ballast)
 	}
 }
