@@ -7,13 +7,10 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"math"
-	"math/big"
-	"net/url"
 	"os"
 	"runtime"
 	"slices"
@@ -30,6 +27,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca"
 	"github.com/trustbridge/trustbridge/internal/jwtsvid"
+	"github.com/trustbridge/trustbridge/internal/testkit/testca"
 )
 
 var spireTarget newTarget // set by spire_test.go; nil skips the SPIRE rows
@@ -647,35 +645,13 @@ type inProcess struct {
 // JWT key, its default JWT key, for csr (DER).
 func newInProcess(tb testing.TB, csr []byte) *inProcess {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{Organization: []string{benchTD.Name()}},
-		URIs:                  []*url.URL{benchTD.ID().URL()},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	root := testca.New(tb, benchTD.Name()) // P-256, as the server's default key
 	jwtKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return &inProcess{
-		material: ca.SigningMaterial{Cert: cert, Key: key, Roots: []*x509.Certificate{cert}},
+		material: ca.SigningMaterial{Cert: root.Cert, Key: root.Key, Roots: []*x509.Certificate{root.Cert}},
 		policy:   ca.Policy{TrustDomain: benchTD},
 		csr:      pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csr}),
 		jwtKey:   jwtKey,
