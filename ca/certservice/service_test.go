@@ -538,23 +538,12 @@ func TestCreateCertificateQueueFull(t *testing.T) {
 	release := make(chan struct{})
 	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
 		cfg.Concurrency, cfg.QueueSize = 1, 1
-		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
-			entered <- struct{}{}
-			<-release
-			return a.SignX509SVID(p)
-		})
+		cfg.Signer = heldSigner(a, entered, release)
 	})
 	queued := make(chan struct{}, 2)
 	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
 	c := f.client(t, svid(t, f.authority, workloadID), "")
-	call := func() <-chan error {
-		out := make(chan error, 1)
-		go func() {
-			_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
-			out <- err
-		}()
-		return out
-	}
+	call := func() <-chan error { return createInBackground(t, c) }
 	first := call()
 	<-entered // the one slot is taken
 	second := call()
@@ -576,6 +565,28 @@ func TestCreateCertificateQueueFull(t *testing.T) {
 	assert.Equal(t, 1.0, certRequests(t, f, codes.ResourceExhausted.String(), authn.MethodX509SVID))
 }
 
+// heldSigner signs with a once it has told entered and release is
+// closed: a test holds the signing slot with it.
+func heldSigner(a *ca.Authority, entered chan<- struct{}, release <-chan struct{}) certservice.Signer {
+	return certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
+		entered <- struct{}{}
+		<-release
+		return a.SignX509SVID(p)
+	})
+}
+
+// createInBackground asks c for a certificate for a fresh key, and
+// returns the call's outcome when it ends.
+func createInBackground(t *testing.T, c securityv1alpha1.IstioCertificateServiceClient) <-chan error {
+	out := make(chan error, 1)
+	csr := freshCSR(t)
+	go func() {
+		_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: csr})
+		out <- err
+	}()
+	return out
+}
+
 // Certificates, JWT-SVIDs and intermediates share the signing slots and
 // the queue: while a certificate holds the only slot and a JWT-SVID
 // waits in the queue of one, a JWT-SVID and an intermediate are refused
@@ -589,11 +600,7 @@ func TestSigningPathsShareAdmission(t *testing.T) {
 		cfg.DownstreamAllow, cfg.TrustDomain = []spiffeid.ID{downstreamID}, td
 		cfg.JWT = signer
 		cfg.Concurrency, cfg.QueueSize = 1, 1
-		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
-			entered <- struct{}{}
-			<-release
-			return a.SignX509SVID(p)
-		})
+		cfg.Signer = heldSigner(a, entered, release)
 	})
 	queued := make(chan struct{}, 1)
 	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
@@ -643,23 +650,12 @@ func TestAuthorizedBeforeWaiting(t *testing.T) {
 			assert.True(t, ok, "the call's context, with its peer (whose connection the server confirms)")
 			authorized <- struct{}{}
 		}
-		cfg.Signer = certservice.SignerFunc(func(p ca.X509SVIDParams) (*ca.Issued, error) {
-			entered <- struct{}{}
-			<-release
-			return a.SignX509SVID(p)
-		})
+		cfg.Signer = heldSigner(a, entered, release)
 	})
 	queued := make(chan struct{}, 1)
 	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
 	c := f.client(t, svid(t, f.authority, workloadID), "")
-	call := func() <-chan error {
-		out := make(chan error, 1)
-		go func() {
-			_, err := c.CreateCertificate(context.Background(), &securityv1alpha1.IstioCertificateRequest{Csr: freshCSR(t)})
-			out <- err
-		}()
-		return out
-	}
+	call := func() <-chan error { return createInBackground(t, c) }
 	first := call()
 	<-entered
 	<-authorized
