@@ -107,7 +107,7 @@ func TestValuesSetServerConfig(t *testing.T) {
 		"distribution-label":            []any{"team.example/owner=platform"}, "distribution-annotation": []any{"example.com/source=trustbridge"},
 		"admin-allowed-hosts": []any{"tb-admin.east-system.svc"},
 		"audit-log":           "/var/lib/trustbridge/data/audit.jsonl", "log-format": "text", "log-level": "debug",
-		"bundle-refresh-hint": "10m", "sign-queue-size": float64(128),
+		"bundle-refresh-hint": "10m", "sign-queue-size": float64(16384),
 	}
 	assert.Equal(t, want, cfg)
 

@@ -43,11 +43,18 @@ func TestPercentile(t *testing.T) {
 	}
 }
 
+// procCPU reads what getrusage says of the same process, to its 10 ms
+// ticks: the fields of /proc's stat it reads are the right ones.
 func TestProcReaders(t *testing.T) {
 	self := os.Getpid()
+	before := selfCPU()
+	for selfCPU()-before < 200*time.Millisecond { // CPU time, not wall time: a busy loop
+	}
 	cpu, err := procCPU(self)
 	require.NoError(t, err)
-	assert.GreaterOrEqual(t, cpu, time.Duration(0))
+	ru := selfCPU()
+	assert.InDelta(t, ru.Seconds(), cpu.Seconds(), (4 * clockTick).Seconds(), "/proc's %v against getrusage's %v", cpu, ru)
+	assert.GreaterOrEqual(t, cpu, 200*time.Millisecond-4*clockTick)
 	rss, err := procStatusKiB(self, "VmRSS")
 	require.NoError(t, err)
 	assert.Positive(t, rss)

@@ -257,9 +257,17 @@ type serverProcess struct {
 // (killed, and tb failed, after 15 s). Its log is drained as it comes and
 // not kept, but for its first 64 KiB, shown when it does not start: under
 // load the log is part of the server's cost, not the client's.
+//
+// With SIGNBENCH_TRUSTBRIDGE_CGROUP set to a cgroup's directory (a memory
+// cgroup with the limit of a pod, say), the server runs in it, and sets
+// its Go runtime's memory limit from it as it does in a container.
 func startServer(tb testing.TB, bin string, args []string) serverProcess {
 	tb.Helper()
 	cmd := exec.Command(bin, args...)
+	if cg := os.Getenv("SIGNBENCH_TRUSTBRIDGE_CGROUP"); cg != "" {
+		// exec keeps the process, so the pid is still the server's.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, cg, bin}, args...)...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // even when a -timeout panic skips cleanups
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
