@@ -29,6 +29,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/ca/certservice"
 	"github.com/trustbridge/trustbridge/internal/server/servertest"
+	"github.com/trustbridge/trustbridge/internal/testkit/proctest"
 )
 
 // binEnv names the trustbridge binary the process-level tests run: make
@@ -97,16 +98,7 @@ func startBinServer(t *testing.T, bin string, cg *memCgroup, env []string, args 
 		}
 		_ = cmd.Wait()
 	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Error("trustbridge server did not stop within 15s of SIGTERM")
-		}
-	})
+	proctest.StopOnCleanup(t, cmd.Process, exited, "trustbridge server")
 	select {
 	case l := <-started:
 		s := &binServer{pid: cmd.Process.Pid, grpc: l["grpc"], bundle: l["bundle"], admin: l["admin"], memLimit: memLimit.Load(), exited: exited}

@@ -37,6 +37,7 @@ import (
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
 	"github.com/trustbridge/trustbridge/internal/identityapi"
+	"github.com/trustbridge/trustbridge/internal/testkit/proctest"
 )
 
 // binEnv names the trustbridge binary the trustbridge target runs; make
@@ -286,16 +287,7 @@ func startServer(tb testing.TB, bin string, args []string) serverProcess {
 		_, _ = io.Copy(io.Discard, stderr)
 		_ = cmd.Wait()
 	}()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			tb.Errorf("trustbridge server did not stop within 15s of SIGTERM")
-		}
-	})
+	proctest.StopOnCleanup(tb, cmd.Process, exited, "trustbridge server")
 	select {
 	case l := <-started:
 		if l["grpc"] == "" || l["admin"] == "" {
