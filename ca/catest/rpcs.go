@@ -38,6 +38,12 @@ func CertServiceRPCs(csr func(testing.TB) string, intermediateCSR func(testing.T
 				_, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(t.Context(), &identityapi.MintJWTSVIDRequest{Audience: []string{"a"}})
 				return err
 			}},
+		identityapi.IdentityService_MintJWTSVIDs_FullMethodName: {Refused: codes.Unauthenticated,
+			Call: func(t *testing.T, conn *grpc.ClientConn) error {
+				_, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVIDs(t.Context(), &identityapi.MintJWTSVIDsRequest{
+					Requests: []*identityapi.MintJWTSVIDRequest{{Audience: []string{"a"}}}})
+				return err
+			}},
 		identityapi.IdentityService_WatchBundles_FullMethodName: {Refused: codes.Unauthenticated,
 			Call: func(t *testing.T, conn *grpc.ClientConn) error {
 				ctx, cancel := context.WithCancel(t.Context())

@@ -106,22 +106,38 @@ func (is *identityService) MintJWTSVID(ctx context.Context, req *identityapi.Min
 
 func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, authn.Identity, *refusal) {
 	if s.cfg.JWT == nil {
-		return nil, authn.Identity{}, &refusal{codes.FailedPrecondition, "not_configured", "this server does not mint JWT-SVIDs", nil}
+		return nil, authn.Identity{}, errJWTNotConfigured
 	}
 	if proto.Size(req) > maxMintRequestSize {
-		return nil, authn.Identity{}, &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", maxMintRequestSize), nil}
+		return nil, authn.Identity{}, mintTooLarge()
 	}
 	ident, ref := s.authenticate(ctx, r, s.identityAuth)
 	if ref != nil {
 		return nil, ident, ref
 	}
+	resp, ref := s.mintFor(ctx, r, ident, req)
+	return resp, ident, ref
+}
+
+// errJWTNotConfigured refuses every mint of a server without a JWT
+// signer.
+var errJWTNotConfigured = &refusal{codes.FailedPrecondition, "not_configured", "this server does not mint JWT-SVIDs", nil}
+
+func mintTooLarge() *refusal {
+	return &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", maxMintRequestSize), nil}
+}
+
+// mintFor decides and signs one JWT-SVID request of ident, a caller
+// already authenticated, and logs it when issued: MintJWTSVID's request,
+// or one item of a MintJWTSVIDs batch.
+func (s *Service) mintFor(ctx context.Context, r authn.Request, ident authn.Identity, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, *refusal) {
 	audience, ttl, ref := checkMintRequest(req)
 	if ref != nil {
-		return nil, ident, ref
+		return nil, ref
 	}
 	credExp, now := ident.NotAfter, s.cfg.Clock.Now()
 	if ref := checkCredentialLeft(credExp, now); ref != nil {
-		return nil, ident, ref
+		return nil, ref
 	}
 	// The subject is the identity the caller proved, or the workload a
 	// node agent proved it may act for; nothing else in the request can
@@ -129,15 +145,15 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	subject := ident.ID
 	if v := req.GetImpersonatedIdentity(); v != "" {
 		if subject, ref = s.authorizeImpersonation(ctx, ident, jwtImpersonation, v); ref != nil {
-			return nil, ident, ref
+			return nil, ref
 		}
 	}
 	if ref := s.admission.charge(ident, subject); ref != nil {
-		return nil, ident, ref
+		return nil, ref
 	}
 	release, ref := s.admission.acquire(ctx, proto.Size(req), ident.Spend == nil)
 	if ref != nil {
-		return nil, ident, ref
+		return nil, ref
 	}
 	defer release()
 
@@ -146,10 +162,10 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 		err = errors.New("signer returned no token, or one already expired")
 	}
 	if err != nil {
-		return nil, ident, jwtRefusal(err)
+		return nil, jwtRefusal(err)
 	}
 	s.logJWTIssued(ctx, r, ident, subject, audience, exp)
-	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: subject.String(), ExpiresAt: exp.Unix()}, ident, nil
+	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: subject.String(), ExpiresAt: exp.Unix()}, nil
 }
 
 // logJWTIssued logs a JWT-SVID for subject issued to ident, with typed

@@ -158,6 +158,160 @@ func (x *MintJWTSVIDResponse) GetExpiresAt() int64 {
 	return 0
 }
 
+type MintJWTSVIDsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// requests are the tokens asked for, each as one MintJWTSVID request.
+	Requests      []*MintJWTSVIDRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintJWTSVIDsRequest) Reset() {
+	*x = MintJWTSVIDsRequest{}
+	mi := &file_identity_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintJWTSVIDsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintJWTSVIDsRequest) ProtoMessage() {}
+
+func (x *MintJWTSVIDsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintJWTSVIDsRequest.ProtoReflect.Descriptor instead.
+func (*MintJWTSVIDsRequest) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MintJWTSVIDsRequest) GetRequests() []*MintJWTSVIDRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+type MintJWTSVIDsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results answer requests, one each, in the same order.
+	Results       []*MintJWTSVIDResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintJWTSVIDsResponse) Reset() {
+	*x = MintJWTSVIDsResponse{}
+	mi := &file_identity_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintJWTSVIDsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintJWTSVIDsResponse) ProtoMessage() {}
+
+func (x *MintJWTSVIDsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintJWTSVIDsResponse.ProtoReflect.Descriptor instead.
+func (*MintJWTSVIDsResponse) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MintJWTSVIDsResponse) GetResults() []*MintJWTSVIDResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// MintJWTSVIDResult is one item of a MintJWTSVIDs batch: svid when it was
+// minted, else the gRPC status MintJWTSVID would have failed with.
+type MintJWTSVIDResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Svid  *MintJWTSVIDResponse   `protobuf:"bytes,1,opt,name=svid,proto3" json:"svid,omitempty"`
+	// code is the google.rpc.Code of a refusal (never 0 without svid).
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// message says why, and what to do about it.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintJWTSVIDResult) Reset() {
+	*x = MintJWTSVIDResult{}
+	mi := &file_identity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintJWTSVIDResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintJWTSVIDResult) ProtoMessage() {}
+
+func (x *MintJWTSVIDResult) ProtoReflect() protoreflect.Message {
+	mi := &file_identity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintJWTSVIDResult.ProtoReflect.Descriptor instead.
+func (*MintJWTSVIDResult) Descriptor() ([]byte, []int) {
+	return file_identity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MintJWTSVIDResult) GetSvid() *MintJWTSVIDResponse {
+	if x != nil {
+		return x.Svid
+	}
+	return nil
+}
+
+func (x *MintJWTSVIDResult) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *MintJWTSVIDResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type WatchBundlesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// impersonated_identity, when set, asks for the trust of that workload
@@ -180,7 +334,7 @@ type WatchBundlesRequest struct {
 
 func (x *WatchBundlesRequest) Reset() {
 	*x = WatchBundlesRequest{}
-	mi := &file_identity_proto_msgTypes[2]
+	mi := &file_identity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +346,7 @@ func (x *WatchBundlesRequest) String() string {
 func (*WatchBundlesRequest) ProtoMessage() {}
 
 func (x *WatchBundlesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[2]
+	mi := &file_identity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +359,7 @@ func (x *WatchBundlesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBundlesRequest.ProtoReflect.Descriptor instead.
 func (*WatchBundlesRequest) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{2}
+	return file_identity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WatchBundlesRequest) GetImpersonatedIdentity() string {
@@ -269,7 +423,7 @@ type WatchBundlesResponse struct {
 
 func (x *WatchBundlesResponse) Reset() {
 	*x = WatchBundlesResponse{}
-	mi := &file_identity_proto_msgTypes[3]
+	mi := &file_identity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -281,7 +435,7 @@ func (x *WatchBundlesResponse) String() string {
 func (*WatchBundlesResponse) ProtoMessage() {}
 
 func (x *WatchBundlesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[3]
+	mi := &file_identity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -294,7 +448,7 @@ func (x *WatchBundlesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBundlesResponse.ProtoReflect.Descriptor instead.
 func (*WatchBundlesResponse) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{3}
+	return file_identity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WatchBundlesResponse) GetBundleMap() []byte {
@@ -368,7 +522,7 @@ type TaintedAuthority struct {
 
 func (x *TaintedAuthority) Reset() {
 	*x = TaintedAuthority{}
-	mi := &file_identity_proto_msgTypes[4]
+	mi := &file_identity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +534,7 @@ func (x *TaintedAuthority) String() string {
 func (*TaintedAuthority) ProtoMessage() {}
 
 func (x *TaintedAuthority) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[4]
+	mi := &file_identity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +547,7 @@ func (x *TaintedAuthority) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaintedAuthority.ProtoReflect.Descriptor instead.
 func (*TaintedAuthority) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{4}
+	return file_identity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TaintedAuthority) GetX509SubjectKeyId() string {
@@ -441,7 +595,7 @@ type PeerLimit struct {
 
 func (x *PeerLimit) Reset() {
 	*x = PeerLimit{}
-	mi := &file_identity_proto_msgTypes[5]
+	mi := &file_identity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +607,7 @@ func (x *PeerLimit) String() string {
 func (*PeerLimit) ProtoMessage() {}
 
 func (x *PeerLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[5]
+	mi := &file_identity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +620,7 @@ func (x *PeerLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerLimit.ProtoReflect.Descriptor instead.
 func (*PeerLimit) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{5}
+	return file_identity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PeerLimit) GetTrustDomain() string {
@@ -498,7 +652,7 @@ type SignIntermediateRequest struct {
 
 func (x *SignIntermediateRequest) Reset() {
 	*x = SignIntermediateRequest{}
-	mi := &file_identity_proto_msgTypes[6]
+	mi := &file_identity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +664,7 @@ func (x *SignIntermediateRequest) String() string {
 func (*SignIntermediateRequest) ProtoMessage() {}
 
 func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[6]
+	mi := &file_identity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +677,7 @@ func (x *SignIntermediateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignIntermediateRequest.ProtoReflect.Descriptor instead.
 func (*SignIntermediateRequest) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{6}
+	return file_identity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SignIntermediateRequest) GetCsr() []byte {
@@ -554,7 +708,7 @@ type SignIntermediateResponse struct {
 
 func (x *SignIntermediateResponse) Reset() {
 	*x = SignIntermediateResponse{}
-	mi := &file_identity_proto_msgTypes[7]
+	mi := &file_identity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +720,7 @@ func (x *SignIntermediateResponse) String() string {
 func (*SignIntermediateResponse) ProtoMessage() {}
 
 func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_identity_proto_msgTypes[7]
+	mi := &file_identity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +733,7 @@ func (x *SignIntermediateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignIntermediateResponse.ProtoReflect.Descriptor instead.
 func (*SignIntermediateResponse) Descriptor() ([]byte, []int) {
-	return file_identity_proto_rawDescGZIP(), []int{7}
+	return file_identity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignIntermediateResponse) GetCertChain() [][]byte {
@@ -610,7 +764,15 @@ const file_identity_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1b\n" +
 	"\tspiffe_id\x18\x02 \x01(\tR\bspiffeId\x12\x1d\n" +
 	"\n" +
-	"expires_at\x18\x03 \x01(\x03R\texpiresAt\"k\n" +
+	"expires_at\x18\x03 \x01(\x03R\texpiresAt\"^\n" +
+	"\x13MintJWTSVIDsRequest\x12G\n" +
+	"\brequests\x18\x01 \x03(\v2+.trustbridge.identity.v1.MintJWTSVIDRequestR\brequests\"\\\n" +
+	"\x14MintJWTSVIDsResponse\x12D\n" +
+	"\aresults\x18\x01 \x03(\v2*.trustbridge.identity.v1.MintJWTSVIDResultR\aresults\"\x83\x01\n" +
+	"\x11MintJWTSVIDResult\x12@\n" +
+	"\x04svid\x18\x01 \x01(\v2,.trustbridge.identity.v1.MintJWTSVIDResponseR\x04svid\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"k\n" +
 	"\x13WatchBundlesRequest\x123\n" +
 	"\x15impersonated_identity\x18\x01 \x01(\tR\x14impersonatedIdentity\x12\x1f\n" +
 	"\vpeer_limits\x18\x02 \x01(\bR\n" +
@@ -643,9 +805,10 @@ const file_identity_proto_rawDesc = "" +
 	"\x18SignIntermediateResponse\x12\x1d\n" +
 	"\n" +
 	"cert_chain\x18\x01 \x03(\fR\tcertChain\x12\x14\n" +
-	"\x05roots\x18\x02 \x03(\fR\x05roots2\xe3\x02\n" +
+	"\x05roots\x18\x02 \x03(\fR\x05roots2\xd0\x03\n" +
 	"\x0fIdentityService\x12h\n" +
-	"\vMintJWTSVID\x12+.trustbridge.identity.v1.MintJWTSVIDRequest\x1a,.trustbridge.identity.v1.MintJWTSVIDResponse\x12m\n" +
+	"\vMintJWTSVID\x12+.trustbridge.identity.v1.MintJWTSVIDRequest\x1a,.trustbridge.identity.v1.MintJWTSVIDResponse\x12k\n" +
+	"\fMintJWTSVIDs\x12,.trustbridge.identity.v1.MintJWTSVIDsRequest\x1a-.trustbridge.identity.v1.MintJWTSVIDsResponse\x12m\n" +
 	"\fWatchBundles\x12,.trustbridge.identity.v1.WatchBundlesRequest\x1a-.trustbridge.identity.v1.WatchBundlesResponse0\x01\x12w\n" +
 	"\x10SignIntermediate\x120.trustbridge.identity.v1.SignIntermediateRequest\x1a1.trustbridge.identity.v1.SignIntermediateResponseBEZCgithub.com/trustbridge/trustbridge/internal/identityapi;identityapib\x06proto3"
 
@@ -661,31 +824,39 @@ func file_identity_proto_rawDescGZIP() []byte {
 	return file_identity_proto_rawDescData
 }
 
-var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_identity_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_identity_proto_goTypes = []any{
 	(*MintJWTSVIDRequest)(nil),       // 0: trustbridge.identity.v1.MintJWTSVIDRequest
 	(*MintJWTSVIDResponse)(nil),      // 1: trustbridge.identity.v1.MintJWTSVIDResponse
-	(*WatchBundlesRequest)(nil),      // 2: trustbridge.identity.v1.WatchBundlesRequest
-	(*WatchBundlesResponse)(nil),     // 3: trustbridge.identity.v1.WatchBundlesResponse
-	(*TaintedAuthority)(nil),         // 4: trustbridge.identity.v1.TaintedAuthority
-	(*PeerLimit)(nil),                // 5: trustbridge.identity.v1.PeerLimit
-	(*SignIntermediateRequest)(nil),  // 6: trustbridge.identity.v1.SignIntermediateRequest
-	(*SignIntermediateResponse)(nil), // 7: trustbridge.identity.v1.SignIntermediateResponse
+	(*MintJWTSVIDsRequest)(nil),      // 2: trustbridge.identity.v1.MintJWTSVIDsRequest
+	(*MintJWTSVIDsResponse)(nil),     // 3: trustbridge.identity.v1.MintJWTSVIDsResponse
+	(*MintJWTSVIDResult)(nil),        // 4: trustbridge.identity.v1.MintJWTSVIDResult
+	(*WatchBundlesRequest)(nil),      // 5: trustbridge.identity.v1.WatchBundlesRequest
+	(*WatchBundlesResponse)(nil),     // 6: trustbridge.identity.v1.WatchBundlesResponse
+	(*TaintedAuthority)(nil),         // 7: trustbridge.identity.v1.TaintedAuthority
+	(*PeerLimit)(nil),                // 8: trustbridge.identity.v1.PeerLimit
+	(*SignIntermediateRequest)(nil),  // 9: trustbridge.identity.v1.SignIntermediateRequest
+	(*SignIntermediateResponse)(nil), // 10: trustbridge.identity.v1.SignIntermediateResponse
 }
 var file_identity_proto_depIdxs = []int32{
-	5, // 0: trustbridge.identity.v1.WatchBundlesResponse.peer_limits:type_name -> trustbridge.identity.v1.PeerLimit
-	4, // 1: trustbridge.identity.v1.WatchBundlesResponse.tainted_authorities:type_name -> trustbridge.identity.v1.TaintedAuthority
-	0, // 2: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
-	2, // 3: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
-	6, // 4: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
-	1, // 5: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
-	3, // 6: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
-	7, // 7: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	0,  // 0: trustbridge.identity.v1.MintJWTSVIDsRequest.requests:type_name -> trustbridge.identity.v1.MintJWTSVIDRequest
+	4,  // 1: trustbridge.identity.v1.MintJWTSVIDsResponse.results:type_name -> trustbridge.identity.v1.MintJWTSVIDResult
+	1,  // 2: trustbridge.identity.v1.MintJWTSVIDResult.svid:type_name -> trustbridge.identity.v1.MintJWTSVIDResponse
+	8,  // 3: trustbridge.identity.v1.WatchBundlesResponse.peer_limits:type_name -> trustbridge.identity.v1.PeerLimit
+	7,  // 4: trustbridge.identity.v1.WatchBundlesResponse.tainted_authorities:type_name -> trustbridge.identity.v1.TaintedAuthority
+	0,  // 5: trustbridge.identity.v1.IdentityService.MintJWTSVID:input_type -> trustbridge.identity.v1.MintJWTSVIDRequest
+	2,  // 6: trustbridge.identity.v1.IdentityService.MintJWTSVIDs:input_type -> trustbridge.identity.v1.MintJWTSVIDsRequest
+	5,  // 7: trustbridge.identity.v1.IdentityService.WatchBundles:input_type -> trustbridge.identity.v1.WatchBundlesRequest
+	9,  // 8: trustbridge.identity.v1.IdentityService.SignIntermediate:input_type -> trustbridge.identity.v1.SignIntermediateRequest
+	1,  // 9: trustbridge.identity.v1.IdentityService.MintJWTSVID:output_type -> trustbridge.identity.v1.MintJWTSVIDResponse
+	3,  // 10: trustbridge.identity.v1.IdentityService.MintJWTSVIDs:output_type -> trustbridge.identity.v1.MintJWTSVIDsResponse
+	6,  // 11: trustbridge.identity.v1.IdentityService.WatchBundles:output_type -> trustbridge.identity.v1.WatchBundlesResponse
+	10, // 12: trustbridge.identity.v1.IdentityService.SignIntermediate:output_type -> trustbridge.identity.v1.SignIntermediateResponse
+	9,  // [9:13] is the sub-list for method output_type
+	5,  // [5:9] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_identity_proto_init() }
@@ -699,7 +870,7 @@ func file_identity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_identity_proto_rawDesc), len(file_identity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

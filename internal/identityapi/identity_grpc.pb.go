@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	IdentityService_MintJWTSVID_FullMethodName      = "/trustbridge.identity.v1.IdentityService/MintJWTSVID"
+	IdentityService_MintJWTSVIDs_FullMethodName     = "/trustbridge.identity.v1.IdentityService/MintJWTSVIDs"
 	IdentityService_WatchBundles_FullMethodName     = "/trustbridge.identity.v1.IdentityService/WatchBundles"
 	IdentityService_SignIntermediate_FullMethodName = "/trustbridge.identity.v1.IdentityService/SignIntermediate"
 )
@@ -37,6 +38,17 @@ type IdentityServiceClient interface {
 	// SPIFFE ID, or, for a node agent acting for a workload of its node,
 	// that workload's (impersonated_identity).
 	MintJWTSVID(ctx context.Context, in *MintJWTSVIDRequest, opts ...grpc.CallOption) (*MintJWTSVIDResponse, error)
+	// MintJWTSVIDs is MintJWTSVID for several tokens in one call: a node
+	// agent minting for the workloads of its node that ask at once, so
+	// that a burst of tokens is not a call each. The caller is
+	// authenticated once; every item is then decided on its own exactly
+	// as MintJWTSVID decides a request (its audiences, lifetime,
+	// impersonated_identity, the signing limits and queue), and a refused
+	// item has its status in its result while the others are minted. The
+	// call itself fails only when the caller is not authenticated or the
+	// batch is malformed: no items, more than 64, or larger than 64 KiB.
+	// A server that predates it answers Unimplemented.
+	MintJWTSVIDs(ctx context.Context, in *MintJWTSVIDsRequest, opts ...grpc.CallOption) (*MintJWTSVIDsResponse, error)
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
 	// policy grants it. A new message is sent whenever that set changes.
@@ -63,6 +75,16 @@ func (c *identityServiceClient) MintJWTSVID(ctx context.Context, in *MintJWTSVID
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MintJWTSVIDResponse)
 	err := c.cc.Invoke(ctx, IdentityService_MintJWTSVID_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *identityServiceClient) MintJWTSVIDs(ctx context.Context, in *MintJWTSVIDsRequest, opts ...grpc.CallOption) (*MintJWTSVIDsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MintJWTSVIDsResponse)
+	err := c.cc.Invoke(ctx, IdentityService_MintJWTSVIDs_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +128,17 @@ type IdentityServiceServer interface {
 	// SPIFFE ID, or, for a node agent acting for a workload of its node,
 	// that workload's (impersonated_identity).
 	MintJWTSVID(context.Context, *MintJWTSVIDRequest) (*MintJWTSVIDResponse, error)
+	// MintJWTSVIDs is MintJWTSVID for several tokens in one call: a node
+	// agent minting for the workloads of its node that ask at once, so
+	// that a burst of tokens is not a call each. The caller is
+	// authenticated once; every item is then decided on its own exactly
+	// as MintJWTSVID decides a request (its audiences, lifetime,
+	// impersonated_identity, the signing limits and queue), and a refused
+	// item has its status in its result while the others are minted. The
+	// call itself fails only when the caller is not authenticated or the
+	// batch is malformed: no items, more than 64, or larger than 64 KiB.
+	// A server that predates it answers Unimplemented.
+	MintJWTSVIDs(context.Context, *MintJWTSVIDsRequest) (*MintJWTSVIDsResponse, error)
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
 	// policy grants it. A new message is sent whenever that set changes.
@@ -130,6 +163,9 @@ type UnimplementedIdentityServiceServer struct{}
 
 func (UnimplementedIdentityServiceServer) MintJWTSVID(context.Context, *MintJWTSVIDRequest) (*MintJWTSVIDResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MintJWTSVID not implemented")
+}
+func (UnimplementedIdentityServiceServer) MintJWTSVIDs(context.Context, *MintJWTSVIDsRequest) (*MintJWTSVIDsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MintJWTSVIDs not implemented")
 }
 func (UnimplementedIdentityServiceServer) WatchBundles(*WatchBundlesRequest, grpc.ServerStreamingServer[WatchBundlesResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method WatchBundles not implemented")
@@ -176,6 +212,24 @@ func _IdentityService_MintJWTSVID_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _IdentityService_MintJWTSVIDs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MintJWTSVIDsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdentityServiceServer).MintJWTSVIDs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: IdentityService_MintJWTSVIDs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdentityServiceServer).MintJWTSVIDs(ctx, req.(*MintJWTSVIDsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _IdentityService_WatchBundles_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchBundlesRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -215,6 +269,10 @@ var IdentityService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MintJWTSVID",
 			Handler:    _IdentityService_MintJWTSVID_Handler,
+		},
+		{
+			MethodName: "MintJWTSVIDs",
+			Handler:    _IdentityService_MintJWTSVIDs_Handler,
 		},
 		{
 			MethodName: "SignIntermediate",

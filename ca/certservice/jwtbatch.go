@@ -1,0 +1,119 @@
+package certservice
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/trustbridge/trustbridge/internal/authn"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
+)
+
+// Bounds of a MintJWTSVIDs batch: a node agent sends what its workloads
+// asked for while its previous batch was on the wire, a few to a few
+// dozen tokens; each item is a MintJWTSVID request within its own bounds.
+const (
+	// MaxMintBatch is the most tokens one MintJWTSVIDs call may ask for.
+	MaxMintBatch = 64
+	// MaxMintBatchSize bounds a MintJWTSVIDs request.
+	MaxMintBatchSize = 64 << 10
+)
+
+// MintJWTSVIDs mints a batch of JWT-SVIDs for the caller, each item
+// decided as MintJWTSVID decides a request.
+func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.MintJWTSVIDsRequest) (*identityapi.MintJWTSVIDsResponse, error) {
+	s := is.s
+	r := authn.FromGRPC(ctx)
+	items := req.GetRequests()
+	ident, ref := s.checkMintBatch(ctx, r, req)
+	if ref != nil {
+		// Every token the batch asked for is refused with it.
+		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Add(float64(max(len(items), 1)))
+		return nil, s.refuse(ctx, "jwt-svid batch refused", r, ident, ref, "items", len(items))
+	}
+	results := make([]*identityapi.MintJWTSVIDResult, len(items))
+	one := func(i int) {
+		resp, ref := s.mintFor(ctx, r, ident, items[i])
+		if ref != nil {
+			s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
+			err := s.refuse(ctx, "jwt-svid request refused", r, ident, ref, "item", i)
+			results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: statusMessage(err)}
+			return
+		}
+		s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
+		results[i] = &identityapi.MintJWTSVIDResult{Svid: resp}
+	}
+	runBatch(len(items), runtime.GOMAXPROCS(0), one)
+	return &identityapi.MintJWTSVIDsResponse{Results: results}, nil
+}
+
+// checkMintBatch authenticates a MintJWTSVIDs caller once for the whole
+// batch, or says why the batch is refused as a whole.
+func (s *Service) checkMintBatch(ctx context.Context, r authn.Request, req *identityapi.MintJWTSVIDsRequest) (authn.Identity, *refusal) {
+	n := len(req.GetRequests())
+	switch {
+	case s.cfg.JWT == nil:
+		return authn.Identity{}, errJWTNotConfigured
+	case proto.Size(req) > MaxMintBatchSize:
+		return authn.Identity{}, &refusal{codes.ResourceExhausted, "too_large",
+			fmt.Sprintf("batch larger than %d bytes; send at most %d tokens' requests a call", MaxMintBatchSize, MaxMintBatch), nil}
+	case n == 0:
+		return authn.Identity{}, &refusal{codes.InvalidArgument, "empty_batch", "the batch asks for no token: send at least one request", nil}
+	case n > MaxMintBatch:
+		return authn.Identity{}, &refusal{codes.InvalidArgument, "batch_too_long",
+			fmt.Sprintf("the batch asks for %d tokens; at most %d are allowed a call", n, MaxMintBatch), nil}
+	}
+	for i, item := range req.GetRequests() {
+		if proto.Size(item) > maxMintRequestSize {
+			ref := mintTooLarge()
+			ref.msg = fmt.Sprintf("item %d: %s", i, ref.msg)
+			return authn.Identity{}, ref
+		}
+	}
+	return s.authenticate(ctx, r, s.identityAuth)
+}
+
+// statusMessage is the message of a gRPC status error.
+func statusMessage(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Message()
+	}
+	return err.Error()
+}
+
+// runBatch calls do for 0..n-1 on up to workers goroutines, the caller's
+// among them, and returns when all returned. A batch's tokens are signed
+// side by side as separate calls would be: one agent's batch may use
+// every core, each signing still waiting its turn in the signing queue.
+func runBatch(n, workers int, do func(i int)) {
+	workers = min(workers, n)
+	var (
+		mu   sync.Mutex
+		next int
+		wg   sync.WaitGroup
+	)
+	take := func() (int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if next == n {
+			return 0, false
+		}
+		next++
+		return next - 1, true
+	}
+	work := func() {
+		for i, ok := take(); ok; i, ok = take() {
+			do(i)
+		}
+	}
+	for range workers - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+}
