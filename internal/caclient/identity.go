@@ -49,6 +49,20 @@ func MintJWTSVIDFor(ctx context.Context, conn grpc.ClientConnInterface, workload
 }
 
 func mintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, workload spiffeid.ID, audience []string, ttl time.Duration, opts ...grpc.CallOption) (*JWTSVID, error) {
+	req, err := mintRequest(workload, audience, ttl)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, req, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return checkMinted(workload, resp)
+}
+
+// mintRequest is the request for a JWT-SVID of workload (zero: the
+// caller's own) for audience, lasting ttl (zero: the server's default).
+func mintRequest(workload spiffeid.ID, audience []string, ttl time.Duration) (*identityapi.MintJWTSVIDRequest, error) {
 	if ttl < 0 {
 		return nil, fmt.Errorf("lifetime %s is negative", ttl)
 	}
@@ -56,10 +70,12 @@ func mintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, workload sp
 	if !workload.IsZero() {
 		req.ImpersonatedIdentity = workload.String()
 	}
-	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, req, opts...)
-	if err != nil {
-		return nil, err
-	}
+	return req, nil
+}
+
+// checkMinted is the JWT-SVID the server answered a request for
+// workload (zero: the caller's own) with, or why it cannot be used.
+func checkMinted(workload spiffeid.ID, resp *identityapi.MintJWTSVIDResponse) (*JWTSVID, error) {
 	id, err := spiffeid.FromString(resp.GetSpiffeId())
 	if err != nil {
 		return nil, fmt.Errorf("the server answered with an invalid spiffe_id: %w", err)

@@ -52,6 +52,9 @@ type jwtMinter struct {
 
 	mu   sync.Mutex
 	conn *grpc.ClientConn // nil until the first call
+	// batcher mints on conn, coalescing the mints asked for at once
+	// (a node's workloads starting together) into one call.
+	batcher *caclient.JWTBatcher
 	// shared: conn is a node agent's connection, not the minter's to
 	// close.
 	shared bool
@@ -86,15 +89,15 @@ func newJWTMinter(addr string, tlsConfig func() *tls.Config, c clock.Clock) *jwt
 // conn, the node's connection (authenticated by its token), each for the
 // workload it names.
 func newNodeJWTMinter(conn *grpc.ClientConn, c clock.Clock, log *slog.Logger) *jwtMinter {
-	return &jwtMinter{conn: conn, shared: true, clock: c, cache: make(map[string]cachedJWT), log: log,
+	return &jwtMinter{conn: conn, batcher: caclient.NewJWTBatcher(conn), shared: true, clock: c, cache: make(map[string]cachedJWT), log: log,
 		limits: mintLimits{m: make(map[spiffeid.ID]*rate.Limiter), warn: ratelimit.NewLogLimiter(jwtLimitLogEvery, 1)}}
 }
 
 // MintJWTSVID returns a cached token for the audience set while it is in
 // the first half of its lifetime, else mints one.
 func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string, error) {
-	return m.mint(ctx, audienceKey(audience), nil, func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
-		return caclient.MintJWTSVID(ctx, conn, audience, 0)
+	return m.mint(ctx, audienceKey(audience), nil, func(ctx context.Context, b *caclient.JWTBatcher) (*caclient.JWTSVID, error) {
+		return b.Mint(ctx, spiffeid.ID{}, audience, 0)
 	})
 }
 
@@ -103,15 +106,15 @@ func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string,
 // the workload's certificate, and the token is cached per workload.
 func (m *jwtMinter) MintJWTSVIDFor(ctx context.Context, id spiffeid.ID, audience []string) (string, error) {
 	charge := func(now time.Time) error { return m.limits.charge(ctx, id, now, m.log) }
-	return m.mint(ctx, id.String()+"|"+audienceKey(audience), charge, func(ctx context.Context, conn *grpc.ClientConn) (*caclient.JWTSVID, error) {
-		return caclient.MintJWTSVIDFor(ctx, conn, id, audience, 0)
+	return m.mint(ctx, id.String()+"|"+audienceKey(audience), charge, func(ctx context.Context, b *caclient.JWTBatcher) (*caclient.JWTSVID, error) {
+		return b.Mint(ctx, id, audience, 0)
 	})
 }
 
 // mint returns the token cached under key while it is in the first half
 // of its lifetime, else one call mints, once charge (when not nil) lets
 // it.
-func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time) error, call func(context.Context, *grpc.ClientConn) (*caclient.JWTSVID, error)) (string, error) {
+func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time) error, call func(context.Context, *caclient.JWTBatcher) (*caclient.JWTSVID, error)) (string, error) {
 	now := m.clock.Now()
 	m.mu.Lock()
 	c, ok := m.cache[key]
@@ -124,13 +127,13 @@ func (m *jwtMinter) mint(ctx context.Context, key string, charge func(time.Time)
 			return "", err
 		}
 	}
-	conn, err := m.client()
+	b, err := m.client()
 	if err != nil {
 		return "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, jwtCallTimeout)
 	defer cancel()
-	svid, err := call(ctx, conn)
+	svid, err := call(ctx, b)
 	if err != nil {
 		return "", err
 	}
@@ -163,21 +166,23 @@ func (m *jwtMinter) store(key string, c cachedJWT, now time.Time) {
 	m.cache[key] = c
 }
 
-func (m *jwtMinter) client() (*grpc.ClientConn, error) {
+// client is the batcher on the minter's connection, dialled on first
+// use unless the node agent's was given.
+func (m *jwtMinter) client() (*caclient.JWTBatcher, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, errMinterClosed
 	}
 	if m.conn != nil {
-		return m.conn, nil
+		return m.batcher, nil
 	}
 	conn, err := caclient.Dial(m.addr, m.tls(), "")
 	if err != nil {
 		return nil, err
 	}
-	m.conn = conn
-	return conn, nil
+	m.conn, m.batcher = conn, caclient.NewJWTBatcher(conn)
+	return m.batcher, nil
 }
 
 func (m *jwtMinter) close() {
@@ -187,7 +192,7 @@ func (m *jwtMinter) close() {
 	if m.conn != nil && !m.shared {
 		m.conn.Close()
 	}
-	m.conn = nil
+	m.conn, m.batcher = nil, nil
 }
 
 // audienceKey is the audience set, order and repeats ignored, each

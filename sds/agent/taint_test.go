@@ -287,7 +287,7 @@ func TestJWTMinterDropsTaintedKeys(t *testing.T) {
 	assert.Contains(t, m.cache, "new")
 
 	minted := 0
-	call := func(context.Context, *grpc.ClientConn) (*caclient.JWTSVID, error) {
+	call := func(context.Context, *caclient.JWTBatcher) (*caclient.JWTSVID, error) {
 		minted++
 		return &caclient.JWTSVID{Token: fakeToken("old-kid"), ExpiresAt: exp}, nil
 	}
