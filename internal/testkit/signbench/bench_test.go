@@ -54,6 +54,7 @@ const (
 	rowSPIRE          = "baseline:spire"
 	rowSPIREUnlimited = "spire-unlimited"
 	rowTrustbridge    = "trustbridge"
+	rowBatched        = "trustbridge-batched"
 	rowFloor          = "grpc-floor"
 )
 
@@ -73,6 +74,13 @@ const (
 //   - spire-unlimited: the same without the limit;
 //   - trustbridge: trustbridge as it ships, which has no per-identity
 //     limit (--sign-rate-limit 0);
+//   - trustbridge-batched (jwt only): the same trustbridge server, its
+//     clients all on one connection minting through one
+//     caclient.JWTBatcher, as the node agent mints its workloads'
+//     JWT-SVIDs: the clients are workloads of one node asking at once,
+//     and while two MintJWTSVIDs calls are on the wire the mints asked
+//     meanwhile wait to go together in the next (up to 64). At 1 client
+//     every call carries one token;
 //   - grpc-floor: the transport floor (floor_test.go), a gRPC server with
 //     trustbridge's certificate service's server options and TLS whose
 //     handlers do no work but answer canned responses the size of
@@ -95,7 +103,7 @@ const (
 //   - refused/op: the share of calls answered with an error;
 //   - calls: calls measured.
 //
-// And on the trustbridge row:
+// And on the trustbridge and trustbridge-batched rows:
 //   - inproc-cpu-us/op: this process's CPU time per op for the same work
 //     done in process, from as many goroutines as clients: for x509
 //     ca.ParseCSR and ca.SignX509SVID of the same PEM CSR with a P-256 CA
@@ -123,6 +131,7 @@ func BenchmarkVsSPIRE(b *testing.B) {
 		{row: rowTrustbridge, t: newTrustbridgeTarget(b, targetOptions{SigningRateLimit: true})},
 		{row: rowFloor, t: newFloorTarget(b, targetOptions{})},
 	}
+	servers = append(servers, &vsServer{row: rowBatched, t: servers[0].t, jwtOnly: true})
 	for _, s := range []struct {
 		row   string
 		limit bool
@@ -156,7 +165,7 @@ func BenchmarkVsSPIRE(b *testing.B) {
 						m = measure(b, kind, clients, servers, in)
 						m.report(b, rowTrustbridge)
 					})
-					for _, row := range []string{rowFloor, rowSPIRE, rowSPIREUnlimited} {
+					for _, row := range []string{rowBatched, rowFloor, rowSPIRE, rowSPIREUnlimited} {
 						b.Run(row, func(b *testing.B) { m.report(b, row) })
 					}
 				})
@@ -175,12 +184,23 @@ type vsServer struct {
 	t       target
 	csr     []byte // the CSR every x509 op sends
 	clients []client
+	// jwtOnly rows measure JWT-SVIDs only (trustbridge-batched).
+	jwtOnly bool
 }
 
 // dial opens n clients, each of which makes one X509 and one JWT call,
 // so that what a connection sets up on its first call is not measured.
 func (s *vsServer) dial(tb testing.TB, n int) {
 	tb.Helper()
+	if s.row == rowBatched {
+		s.clients = s.t.(*trustbridgeTarget).DialBatched(tb, n)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		if err := s.clients[0].JWT(ctx, jwtAudience); err != nil {
+			tb.Fatalf("%s: first call: %v", s.row, err)
+		}
+		return
+	}
 	for range n {
 		c := s.t.Dial(tb)
 		s.clients = append(s.clients, c)
@@ -218,6 +238,9 @@ func measure(b *testing.B, kind string, clients int, servers []*vsServer, in *in
 	m := &measurement{rows: map[string]*load{}}
 	var steps []func(n int)
 	for _, s := range servers {
+		if s.jwtOnly && kind != "jwt" {
+			continue
+		}
 		cs, do := s.clients[:clients], op(kind, s.csr)
 		steps = append(steps, func(n int) {
 			if s.row == rowTrustbridge {
@@ -266,6 +289,8 @@ func (m *measurement) report(b *testing.B, row string) {
 	switch {
 	case l == nil && (row == rowSPIRE || row == rowSPIREUnlimited) && spireTarget == nil:
 		b.Skip(noSPIRE)
+	case l == nil && row == rowBatched:
+		b.Skip("trustbridge-batched measures JWT-SVIDs only: MintJWTSVIDs batches tokens, an X509-SVID is a call of its own")
 	case l == nil:
 		b.Skipf("%s was not measured: its server was skipped (see the log), or the trustbridge row, which measures every row, did not run (select it too)", row)
 	case l.served == 0:
@@ -278,7 +303,7 @@ func (m *measurement) report(b *testing.B, row string) {
 	b.ReportMetric(float64(l.calls-l.served)/float64(l.calls), "refused/op")
 	b.ReportMetric(float64(l.calls), "calls")
 	l.logRefused(b, row)
-	if row != rowTrustbridge {
+	if row != rowTrustbridge && row != rowBatched {
 		return
 	}
 	inproc := float64(m.inprocCPU.Microseconds()) / float64(m.inprocOps)

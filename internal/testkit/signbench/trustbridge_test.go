@@ -247,6 +247,48 @@ func (c *trustbridgeClient) mintJWT(ctx context.Context, audience string) (*iden
 
 func (c *trustbridgeClient) Close() error { return c.conn.Close() }
 
+// DialBatched connects once, as Dial does, and returns n clients sharing
+// that connection whose JWT-SVIDs go through one caclient.JWTBatcher, as
+// a node agent mints for its workloads: n workloads of one node asking at
+// once, their mints coalesced into MintJWTSVIDs calls. X509 calls are
+// unary, as Dial's.
+func (t *trustbridgeTarget) DialBatched(tb testing.TB, n int) []client {
+	tb.Helper()
+	c := t.Dial(tb).(*trustbridgeClient)
+	shared := &batchedClient{trustbridgeClient: c, batcher: caclient.NewJWTBatcher(c.conn)}
+	clients := make([]client, n)
+	for i := range clients {
+		clients[i] = shared
+	}
+	return clients
+}
+
+// batchedClient is a trustbridgeClient minting through a JWTBatcher; its
+// goroutines share it, and Close closes the connection once.
+type batchedClient struct {
+	*trustbridgeClient
+	batcher *caclient.JWTBatcher
+	once    sync.Once
+	err     error
+}
+
+// JWT mints a JWT-SVID of the caller for audience through the batcher.
+func (c *batchedClient) JWT(ctx context.Context, audience string) error {
+	svid, err := c.batcher.Mint(ctx, spiffeid.ID{}, []string{audience}, 0)
+	if err != nil {
+		return err
+	}
+	if svid.ID != agentID {
+		return fmt.Errorf("trustbridge minted a JWT-SVID for %s, not %s", svid.ID, agentID)
+	}
+	return nil
+}
+
+func (c *batchedClient) Close() error {
+	c.once.Do(func() { c.err = c.trustbridgeClient.Close() })
+	return c.err
+}
+
 // serverProcess is a started `trustbridge server` and its listeners.
 type serverProcess struct {
 	pid         int
