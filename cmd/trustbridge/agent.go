@@ -106,7 +106,7 @@ The same identity and trust are served over the SPIFFE Workload API on
 spiffe-helper: point them at it with SPIFFE_ENDPOINT_SOCKET=unix://<the
 absolute path>, which the agent logs at start. With a CA, the federated
 bundles come from the server's WatchBundles (as the trust policy allows
-them to this workload) and JWT-SVIDs from its MintJWTSVID; while the
+them to this workload) and JWT-SVIDs from its MintJWTSVIDs; while the
 server is unreachable the last good bundles are served and the agent
 warns (trustbridge_agent_bundles_connected 0). From credential files,
 bundle.spiffe.json may carry JWT authorities, and JWT-SVIDs are not
