@@ -56,6 +56,7 @@ const (
 	rowTrustbridge    = "trustbridge"
 	rowBatched        = "trustbridge-batched"
 	rowFloor          = "grpc-floor"
+	rowSigningFloor   = "grpc-floor+signing"
 )
 
 // BenchmarkVsSPIRE (issue 40): X509-SVIDs (x509: Istio's CreateCertificate
@@ -85,7 +86,12 @@ const (
 //     trustbridge's certificate service's server options and TLS whose
 //     handlers do no work but answer canned responses the size of
 //     trustbridge's, to the same clients: what gRPC, HTTP/2, TLS and the
-//     Go runtime cost per call.
+//     Go runtime cost per call;
+//   - grpc-floor+signing: the same server doing on each call the
+//     in-process baseline's work and nothing else (floor_test.go,
+//     newSigningFloorTarget): the least a server signing with the same
+//     code costs per op over this transport on this machine, its signing
+//     slowed as trustbridge's is by the client process on the same cores.
 //
 // The trustbridge row measures them all: each of its benchRounds rounds
 // runs b.N/benchRounds ops on every server and in process, in turn. The
@@ -117,6 +123,10 @@ const (
 //     ratio, and the wall time per certificate over SPIRE's, against
 //     spire-unlimited (goals: at most 0.5 each, SPIRE at its fastest);
 //   - floor-cpu-us/op: grpc-floor's server-cpu-us/op in the same rounds;
+//   - signing-floor-cpu-us/op and x-inproc-cpu-signing-floor:
+//     grpc-floor+signing's server-cpu-us/op, and that over
+//     inproc-cpu-us/op: the lowest x-inproc-cpu any server could show
+//     here, what a goal for x-inproc-cpu must be read against;
 //   - service-cpu-us/op: server-cpu-us/op less floor-cpu-us/op and
 //     inproc-cpu-us/op: what trustbridge's service adds beyond the
 //     transport and the signing (authentication, grants, limits, logs,
@@ -130,6 +140,7 @@ func BenchmarkVsSPIRE(b *testing.B) {
 	servers := []*vsServer{
 		{row: rowTrustbridge, t: newTrustbridgeTarget(b, targetOptions{SigningRateLimit: true})},
 		{row: rowFloor, t: newFloorTarget(b, targetOptions{})},
+		{row: rowSigningFloor, t: newSigningFloorTarget(b, targetOptions{})},
 	}
 	servers = append(servers, &vsServer{row: rowBatched, t: servers[0].t, jwtOnly: true})
 	for _, s := range []struct {
@@ -165,7 +176,7 @@ func BenchmarkVsSPIRE(b *testing.B) {
 						m = measure(b, kind, clients, servers, in)
 						m.report(b, rowTrustbridge)
 					})
-					for _, row := range []string{rowBatched, rowFloor, rowSPIRE, rowSPIREUnlimited} {
+					for _, row := range []string{rowBatched, rowFloor, rowSigningFloor, rowSPIRE, rowSPIREUnlimited} {
 						b.Run(row, func(b *testing.B) { m.report(b, row) })
 					}
 				})
@@ -318,6 +329,10 @@ func (m *measurement) report(b *testing.B, row string) {
 	if s := m.rows[rowSPIREUnlimited]; s != nil && s.served > 0 {
 		b.ReportMetric(cpu/s.cpuPerCert(), "x-spire-unlimited-cpu")
 		b.ReportMetric(l.wall.Seconds()/float64(l.served)*float64(s.served)/s.wall.Seconds(), "x-spire-unlimited-time")
+	}
+	if f := m.rows[rowSigningFloor]; f != nil && f.served > 0 {
+		b.ReportMetric(f.cpuPerCert(), "signing-floor-cpu-us/op")
+		b.ReportMetric(f.cpuPerCert()/inproc, "x-inproc-cpu-signing-floor")
 	}
 	if f := m.rows[rowFloor]; f != nil && f.served > 0 {
 		b.ReportMetric(f.cpuPerCert(), "floor-cpu-us/op")

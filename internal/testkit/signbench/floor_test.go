@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	spiffejwt "github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -42,9 +43,14 @@ import (
 	"github.com/trustbridge/trustbridge/sds"
 )
 
-// floorEnv set to 1 makes TestFloorServerProcess serve: the floor target
-// runs this test binary again, with it, as its server.
-const floorEnv = "SIGNBENCH_FLOOR_SERVER"
+// floorEnv makes TestFloorServerProcess serve: the floor targets run this
+// test binary again, with it, as their server: floorCanned answers
+// canned responses (grpc-floor), floorSigning signs (grpc-floor+signing).
+const (
+	floorEnv     = "SIGNBENCH_FLOOR_SERVER"
+	floorCanned  = "1"
+	floorSigning = "sign"
+)
 
 // floorListening starts the line on which the floor server tells its
 // parent its address and, base64 DER, the root its serving certificate
@@ -73,6 +79,7 @@ var floorKID = strings.Repeat("k", 43)
 // clients are trustbridge's (dialClient), with a client certificate over
 // mTLS, so the client side is the same too.
 type floorTarget struct {
+	name string // rowFloor or rowSigningFloor
 	pid  int
 	addr string
 	root *x509.Certificate
@@ -84,12 +91,29 @@ type floorTarget struct {
 // (killed, and tb failed, after 15 s).
 func newFloorTarget(tb testing.TB, _ targetOptions) target {
 	tb.Helper()
+	return startFloor(tb, floorCanned)
+}
+
+// newSigningFloorTarget starts the signing floor (grpc-floor+signing):
+// the floor server whose handlers do the in-process baseline's work on
+// each request and nothing more, ca.ParseCSR and ca.SignX509SVID of the
+// CSR sent (its chain PEM-encoded), jwtsvid.Mint of the audience asked
+// for. It is the least any gRPC server signing with the same code can
+// cost over this transport on this machine, the client process sharing
+// its cores included: trustbridge's x-inproc-cpu cannot go below its.
+func newSigningFloorTarget(tb testing.TB, _ targetOptions) target {
+	tb.Helper()
+	return startFloor(tb, floorSigning)
+}
+
+func startFloor(tb testing.TB, mode string) *floorTarget {
+	tb.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^TestFloorServerProcess$", "-test.count=1", "-test.timeout=0")
-	cmd.Env = append(os.Environ(), floorEnv+"=1")
+	cmd.Env = append(os.Environ(), floorEnv+"="+mode)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // even when a -timeout panic skips cleanups
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -138,7 +162,10 @@ func newFloorTarget(tb testing.TB, _ targetOptions) target {
 		if err != nil {
 			tb.Fatalf("floor server: %v", err)
 		}
-		t.pid = cmd.Process.Pid
+		t.pid, t.name = cmd.Process.Pid, rowFloor
+		if mode == floorSigning {
+			t.name = rowSigningFloor
+		}
 		leaf, key := testca.New(tb, benchTD.Name()).Issue(tb, agentID)
 		t.cert = tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}
 		return t
@@ -167,7 +194,7 @@ func parseFloorListening(l string) (*floorTarget, error) {
 	return &floorTarget{addr: addr, root: cert}, nil
 }
 
-func (t *floorTarget) Name() string { return rowFloor }
+func (t *floorTarget) Name() string { return t.name }
 
 func (t *floorTarget) PID() int { return t.pid }
 
@@ -192,8 +219,9 @@ func (t *floorTarget) Dial(tb testing.TB) client {
 // of its own by newFloorTarget (with SIGNBENCH_FLOOR_SERVER=1); it skips
 // otherwise. It serves on 127.0.0.1 until its stdin closes.
 func TestFloorServerProcess(t *testing.T) {
-	if os.Getenv(floorEnv) != "1" {
-		t.Skipf("the floor target's server: runs only when newFloorTarget starts it (%s=1)", floorEnv)
+	mode := os.Getenv(floorEnv)
+	if mode != floorCanned && mode != floorSigning {
+		t.Skipf("the floor targets' server: runs only when newFloorTarget or newSigningFloorTarget starts it (%s=%s or %s)", floorEnv, floorCanned, floorSigning)
 	}
 	ballast := make([]byte, floorBallast)
 	defer runtime.KeepAlive(ballast)
@@ -207,9 +235,15 @@ func TestFloorServerProcess(t *testing.T) {
 		grpc.Creds(credentials.NewTLS(certservice.TLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving, nil }))),
 		grpc.MaxRecvMsgSize(sds.MaxRequestSize))
 	g := grpc.NewServer(opts...)
-	certs, identity := floorAnswers(t)
-	securityv1alpha1.RegisterIstioCertificateServiceServer(g, certs)
-	identityapi.RegisterIdentityServiceServer(g, identity)
+	if mode == floorSigning {
+		certs, identity := floorSigners(t)
+		securityv1alpha1.RegisterIstioCertificateServiceServer(g, certs)
+		identityapi.RegisterIdentityServiceServer(g, identity)
+	} else {
+		certs, identity := floorAnswers(t)
+		securityv1alpha1.RegisterIstioCertificateServiceServer(g, certs)
+		identityapi.RegisterIdentityServiceServer(g, identity)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	served := make(chan error, 1)
@@ -296,13 +330,69 @@ func (f *floorIdentity) MintJWTSVID(context.Context, *identityapi.MintJWTSVIDReq
 	return &identityapi.MintJWTSVIDResponse{Token: f.token, SpiffeId: agentID.String(), ExpiresAt: f.expires}, nil
 }
 
-// TestFloorTarget checks the floor target: one X509 and one JWT call
-// through trustbridge's client get the canned answers back, and the
-// server's process is gone once the test that started it has ended.
+// floorSigners are the signing floor's handlers: the in-process
+// baseline's work (inProcess) on each request, and its answer.
+func floorSigners(tb testing.TB) (*signingCerts, *signingIdentity) {
+	tb.Helper()
+	root, rootKey := floorRoot(tb)
+	jwtKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(tb, err)
+	return &signingCerts{material: ca.SigningMaterial{Cert: root, Key: rootKey, Roots: []*x509.Certificate{root}}, rootPEM: string(pemCert(root))},
+		&signingIdentity{key: jwtKey}
+}
+
+// signingCerts signs the CSR of every CreateCertificate as the in-process
+// baseline does.
+type signingCerts struct {
+	securityv1alpha1.UnimplementedIstioCertificateServiceServer
+	material ca.SigningMaterial
+	rootPEM  string
+}
+
+func (f *signingCerts) CreateCertificate(_ context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	csr, err := ca.ParseCSR([]byte(req.GetCsr()))
+	if err != nil {
+		return nil, err
+	}
+	issued, err := ca.SignX509SVID(time.Now(), f.material, ca.Policy{TrustDomain: benchTD}, ca.X509SVIDParams{PublicKey: csr.PublicKey, SPIFFEID: agentID, TTL: time.Hour})
+	if err != nil {
+		return nil, err
+	}
+	return &securityv1alpha1.IstioCertificateResponse{CertChain: []string{string(pemCert(issued.Leaf)), f.rootPEM}}, nil
+}
+
+// signingIdentity mints every MintJWTSVID's token as the in-process
+// baseline does.
+type signingIdentity struct {
+	identityapi.UnimplementedIdentityServiceServer
+	key *ecdsa.PrivateKey
+}
+
+func (f *signingIdentity) MintJWTSVID(_ context.Context, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, error) {
+	now := time.Now().Truncate(time.Second)
+	exp := now.Add(5 * time.Minute)
+	token, err := jwtsvid.Mint(f.key, floorKID, jwtsvid.Claims{Subject: agentID, Audience: req.GetAudience(), IssuedAt: now, Expiry: exp})
+	if err != nil {
+		return nil, err
+	}
+	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: agentID.String(), ExpiresAt: exp.Unix()}, nil
+}
+
+// TestFloorTarget checks the floor targets: one X509 and one JWT call
+// through trustbridge's client get answers back (from the signing floor,
+// a certificate of the CSR's key and a token for the audience asked),
+// and the server's process is gone once the test that started it has
+// ended.
 func TestFloorTarget(t *testing.T) {
+	testFloorTarget(t, rowFloor, newFloorTarget)
+	testFloorTarget(t, rowSigningFloor, newSigningFloorTarget)
+}
+
+func testFloorTarget(t *testing.T, name string, start newTarget) {
 	var pid int
-	t.Run("serve", func(t *testing.T) {
-		tgt := newFloorTarget(t, targetOptions{})
+	t.Run(name, func(t *testing.T) {
+		tgt := start(t, targetOptions{})
+		require.Equal(t, name, tgt.Name())
 		pid = tgt.PID()
 		require.Positive(t, pid)
 		c := tgt.Dial(t).(*trustbridgeClient)
@@ -323,19 +413,27 @@ func TestFloorTarget(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, root, 1)
 		assert.NoError(t, leaf[0].CheckSignatureFrom(root[0]), "the leaf is signed by the root")
+		if name == rowSigningFloor {
+			assert.True(t, key.PublicKey.Equal(leaf[0].PublicKey), "the signing floor signs the CSR's key")
+		}
 
 		jwt, err := c.mintJWT(ctx, jwtAudience)
 		require.NoError(t, err)
 		assert.Equal(t, agentID.String(), jwt.GetSpiffeId())
 		assert.Positive(t, jwt.GetExpiresAt())
 		assert.Len(t, strings.Split(jwt.GetToken(), "."), 3, "a compact JWS")
+		if name == rowSigningFloor {
+			claims, err := spiffejwt.ParseInsecure(jwt.GetToken(), []string{jwtAudience})
+			require.NoError(t, err)
+			assert.Equal(t, agentID, claims.ID)
+		}
 
 		cpu, err := procCPU(pid)
 		require.NoError(t, err, "the server's CPU time is readable while it runs")
 		assert.Positive(t, cpu, "a server that made a key, a certificate and a TLS handshake spent CPU")
 	})
 	err := syscall.Kill(pid, 0)
-	assert.True(t, errors.Is(err, syscall.ESRCH), "floor server %d still exists after its test ended: %v", pid, err)
+	assert.True(t, errors.Is(err, syscall.ESRCH), "%s server %d still exists after its test ended: %v", name, pid, err)
 }
 
 func TestParseFloorListening(t *testing.T) {
