@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,10 @@ type issuanceLedger struct {
 	byExp   ledgerHeap
 	jwtSeq  uint64
 	dropped uint64
+	// jwtHeader and jwtIssuer are the header segment of the last JWT-SVID
+	// recorded and its "jwt:<kid>": every token one key signs has the same
+	// header, read once rather than per token.
+	jwtHeader, jwtIssuer string
 }
 
 type ledgerEntry struct {
@@ -92,16 +97,20 @@ func (l *issuanceLedger) recordX509(rec certservice.IssuedCertificate) {
 // recordJWT records a JWT-SVID; tokens are not renewed, so each is in use
 // until it expires.
 func (l *issuanceLedger) recordJWT(token string, exp time.Time) {
-	kid := jwtsvid.KeyID(token)
-	if kid == "" {
-		return
-	}
+	header, _, _ := strings.Cut(token, ".")
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if header != l.jwtHeader || l.jwtIssuer == "" {
+		kid := jwtsvid.KeyID(token)
+		if kid == "" {
+			return
+		}
+		l.jwtHeader, l.jwtIssuer = header, "jwt:"+kid
+	}
 	now := l.clock.Now()
 	l.pruneLocked(now)
 	l.jwtSeq++
-	l.addLocked(&ledgerEntry{key: "jwt#" + strconv.FormatUint(l.jwtSeq, 10), issuer: "jwt:" + kid, notAfter: exp})
+	l.addLocked(&ledgerEntry{key: "jwt#" + strconv.FormatUint(l.jwtSeq, 10), issuer: l.jwtIssuer, notAfter: exp})
 }
 
 func (l *issuanceLedger) addLocked(e *ledgerEntry) {

@@ -91,6 +91,22 @@ func TestIssuanceLedgerJWT(t *testing.T) {
 	require.NoError(t, err)
 	counts, _, _ := l.counts()
 	assert.Equal(t, ledgerCount{Live: 1, InUse: 1, Last: ledgerT0.Add(5 * time.Minute)}, counts["jwt:k1"])
+
+	// The kid is read once per header: tokens of the same key count under
+	// it, a new key's under its own, and an unreadable header is skipped
+	// without forgetting the key read last.
+	for _, tok := range []string{
+		token,
+		"eyJhbGciOiJFUzI1NiIsImtpZCI6ImsyIn0.e30.c2ln", // kid "k2"
+		"bm90IGpzb24.e30.c2ln",                         // "not json"
+		token,
+	} {
+		l.recordJWT(tok, ledgerT0.Add(time.Minute))
+	}
+	counts, _, _ = l.counts()
+	assert.Equal(t, 3, counts["jwt:k1"].Live)
+	assert.Equal(t, 1, counts["jwt:k2"].Live)
+	assert.Len(t, counts, 2)
 	var nilLedger *issuanceLedger
 	assert.Nil(t, nilLedger.issued())
 }
