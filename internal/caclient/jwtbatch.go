@@ -152,8 +152,18 @@ func (b *JWTBatcher) send(ctx context.Context, batch []*pendingMint) {
 	}
 	b.mu.Lock()
 	b.inFlight--
+	var unbatched []*pendingMint
+	if b.unary.Load() {
+		// What waited meanwhile makes its own calls: sending it as a
+		// batch would only be answered Unimplemented again.
+		unbatched, b.queue = b.queue, nil
+	}
 	next := b.takeLocked()
 	b.mu.Unlock()
+	for _, p := range unbatched {
+		p.err = errUnbatched
+		close(p.done)
+	}
 	if next != nil {
 		go b.send(ctx, next)
 	}
