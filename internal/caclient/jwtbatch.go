@@ -81,7 +81,10 @@ func (b *JWTBatcher) Mint(ctx context.Context, workload spiffeid.ID, audience []
 	batch := b.takeLocked()
 	b.mu.Unlock()
 	if batch != nil {
-		b.send(ctx, batch)
+		// On a goroutine of its own, as the calls started after it: a
+		// caller that leaves returns at once rather than when the call
+		// ends (up to jwtBatchTimeout later).
+		go b.send(ctx, batch)
 	}
 	select {
 	case <-p.done:
