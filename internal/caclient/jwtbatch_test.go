@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
@@ -23,10 +24,20 @@ import (
 // names no workload: the caller, a node agent.
 const agentID = "spiffe://a.example/ns/kube-system/sa/agent"
 
+// The identity service's bounds (ca/certservice): it refuses as a whole
+// a MintJWTSVIDs request larger than MaxMintBatchSize or holding an item
+// larger than a MintJWTSVID request may be (MaxAudiences audiences of
+// MaxAudienceBytes), and refuses such a MintJWTSVID request.
+const (
+	serverMaxBatchBytes   = 64 << 10
+	serverMaxRequestBytes = 16*(512+8) + 64
+)
+
 // batchIdentity is an identity service that records every MintJWTSVIDs
 // and MintJWTSVID call. The k-th of its first len(gates) MintJWTSVIDs
 // calls sends on arrived, then waits until gates[k] is closed, so a test
-// decides when each call on the wire is answered. answer, when set,
+// decides when each call on the wire is answered. It refuses what the
+// server refuses for its size. answer, when set,
 // answers MintJWTSVIDs (default: every item minted by mintOne);
 // unimplemented makes it answer Unimplemented, as a server that predates
 // it.
@@ -67,7 +78,15 @@ func (f *batchIdentity) MintJWTSVIDs(ctx context.Context, req *identityapi.MintJ
 	switch {
 	case f.unimplemented:
 		return nil, status.Error(codes.Unimplemented, "unknown method MintJWTSVIDs")
-	case f.answer != nil:
+	case proto.Size(req) > serverMaxBatchBytes:
+		return nil, status.Error(codes.ResourceExhausted, "batch too large")
+	}
+	for i, item := range req.GetRequests() {
+		if proto.Size(item) > serverMaxRequestBytes {
+			return nil, status.Errorf(codes.ResourceExhausted, "item %d: request too large", i)
+		}
+	}
+	if f.answer != nil {
 		return f.answer(req.GetRequests())
 	}
 	return mintAll(req.GetRequests()), nil
@@ -77,6 +96,9 @@ func (f *batchIdentity) MintJWTSVID(_ context.Context, req *identityapi.MintJWTS
 	f.mu.Lock()
 	f.unary = append(f.unary, req)
 	f.mu.Unlock()
+	if proto.Size(req) > serverMaxRequestBytes {
+		return nil, status.Error(codes.ResourceExhausted, "request too large")
+	}
 	return mintOne(req), nil
 }
 
@@ -498,4 +520,78 @@ func TestJWTBatcherNegativeTTL(t *testing.T) {
 	assert.Empty(t, f.batchSizes())
 	assert.Zero(t, f.unaryCalls())
 	assert.Zero(t, queued(b))
+}
+
+// startMintFor is startMint with the audiences auds.
+func startMintFor(ctx context.Context, b *JWTBatcher, workload spiffeid.ID, auds []string) <-chan mintResult {
+	ch := make(chan mintResult, 1)
+	go func() {
+		svid, err := b.Mint(ctx, workload, auds, 0)
+		ch <- mintResult{svid, err}
+	}()
+	return ch
+}
+
+// longAudiences are n audiences of size bytes, tagged with tag.
+func longAudiences(tag string, n, size int) []string {
+	auds := make([]string, n)
+	for i := range auds {
+		p := fmt.Sprint(tag, "-", i, "-")
+		auds[i] = p + strings.Repeat("x", size-len(p))
+	}
+	return auds
+}
+
+// The server refuses as a whole a batch over its bounds: one workload's
+// request larger than the server takes is refused alone, and large
+// requests go out in calls small enough, so that no workload's mint
+// fails for what others asked.
+func TestJWTBatcherBoundsBytes(t *testing.T) {
+	t.Run("oversized request alone", func(t *testing.T) {
+		f := newBatchIdentity(2)
+		b := NewJWTBatcher(serveIdentity(t, f))
+		web := spiffeid.RequireFromString("spiffe://a.example/ns/shop/sa/web")
+		held := holdTwo(t, b, f)
+		// 20 audiences of 600 bytes: within the Workload API's bounds, not
+		// within the server's.
+		big := startMintFor(t.Context(), b, web, longAudiences("big", 20, 600))
+		small := []<-chan mintResult{startMint(t.Context(), b, spiffeid.ID{}, "small-0"), startMint(t.Context(), b, spiffeid.ID{}, "small-1")}
+		waitQueued(b, 2)
+		f.release()
+		for i, ch := range held {
+			assertOwnToken(t, <-ch, agentID, fmt.Sprint("held-", i))
+		}
+		for i, ch := range small {
+			assertOwnToken(t, <-ch, agentID, fmt.Sprint("small-", i))
+		}
+		r := <-big
+		assert.Equal(t, codes.ResourceExhausted, status.Code(r.err), "%v", r.err)
+		assert.Nil(t, r.svid)
+	})
+	t.Run("large requests split by size", func(t *testing.T) {
+		f := newBatchIdentity(2)
+		b := NewJWTBatcher(serveIdentity(t, f))
+		held := holdTwo(t, b, f)
+		// 15 audiences of 512 bytes and one of 462: 8190 bytes a request,
+		// 8193 framed in a call, so 7 to a call (8 fit unframed).
+		var chans []<-chan mintResult
+		var auds [][]string
+		for i := range 12 {
+			auds = append(auds, append(longAudiences(fmt.Sprint("aud", i), 15, 512), longAudiences(fmt.Sprint("last", i), 1, 462)...))
+			require.Equal(t, 8190, proto.Size(&identityapi.MintJWTSVIDRequest{Audience: auds[i]}))
+			chans = append(chans, startMintFor(t.Context(), b, spiffeid.ID{}, auds[i]))
+		}
+		waitQueued(b, 12)
+		f.release()
+		for _, ch := range held {
+			require.NoError(t, (<-ch).err)
+		}
+		for i, ch := range chans {
+			r := <-ch
+			if assert.NoError(t, r.err, i) {
+				assert.Equal(t, tokenFor(agentID, auds[i]...), r.svid.Token, i)
+			}
+		}
+		assert.Equal(t, []int{1, 1, 5, 7}, f.batchSizes())
+	})
 }
