@@ -41,8 +41,9 @@ const (
 // JWTBatcher mints JWT-SVIDs on one connection, coalescing the mints
 // asked for at once into MintJWTSVIDs calls: a mint asked while two
 // calls are on the wire waits for the next call, which carries every
-// mint that waited meanwhile (up to 64). A mint alone is sent at once,
-// so batching adds no delay to a quiet agent. Against a server that
+// mint that waited meanwhile (up to 64, and 64 KiB: a request too large
+// for any call is sent alone, as MintJWTSVID). A mint alone is sent at
+// once, so batching adds no delay to a quiet agent. Against a server that
 // predates MintJWTSVIDs (Unimplemented) every mint is its own
 // MintJWTSVID call from then on. It is safe for concurrent use.
 type JWTBatcher struct {
