@@ -147,7 +147,7 @@ func (f *fakeIdentity) MintJWTSVID(_ context.Context, req *identityapi.MintJWTSV
 }
 
 // serveIdentity serves f on loopback and returns a connection to it.
-func serveIdentity(t *testing.T, f *fakeIdentity) *grpc.ClientConn {
+func serveIdentity(t *testing.T, f identityapi.IdentityServiceServer) *grpc.ClientConn {
 	t.Helper()
 	g := grpc.NewServer()
 	identityapi.RegisterIdentityServiceServer(g, f)

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
@@ -23,6 +25,14 @@ import (
 const (
 	maxJWTBatch           = 64
 	maxJWTBatchesInFlight = 2
+	// The server refuses as a whole a call larger than maxJWTBatchBytes
+	// (MaxMintBatchSize) or holding an item larger than maxJWTItemBytes
+	// (a MintJWTSVID request of MaxAudiences audiences of
+	// MaxAudienceBytes): one workload's request must not fail the mints
+	// of the others in its call, so calls are cut by size too and a
+	// larger item is sent alone, to be refused on its own.
+	maxJWTBatchBytes = 64 << 10
+	maxJWTItemBytes  = 16*(512+8) + 64
 	// jwtBatchTimeout bounds one MintJWTSVIDs call: it carries many
 	// callers' mints, so no one caller's context may cancel it.
 	jwtBatchTimeout = 30 * time.Second
@@ -31,8 +41,9 @@ const (
 // JWTBatcher mints JWT-SVIDs on one connection, coalescing the mints
 // asked for at once into MintJWTSVIDs calls: a mint asked while two
 // calls are on the wire waits for the next call, which carries every
-// mint that waited meanwhile (up to 64). A mint alone is sent at once,
-// so batching adds no delay to a quiet agent. Against a server that
+// mint that waited meanwhile (up to 64, and 64 KiB: a request too large
+// for any call is sent alone, as MintJWTSVID). A mint alone is sent at
+// once, so batching adds no delay to a quiet agent. Against a server that
 // predates MintJWTSVIDs (Unimplemented) every mint is its own
 // MintJWTSVID call from then on. It is safe for concurrent use.
 type JWTBatcher struct {
@@ -54,6 +65,7 @@ func NewJWTBatcher(conn grpc.ClientConnInterface) *JWTBatcher {
 type pendingMint struct {
 	workload spiffeid.ID
 	req      *identityapi.MintJWTSVIDRequest
+	size     int           // the bytes req adds to a MintJWTSVIDsRequest
 	done     chan struct{} // closed once svid or err is set
 	svid     *JWTSVID
 	err      error
@@ -72,16 +84,20 @@ func (b *JWTBatcher) Mint(ctx context.Context, workload spiffeid.ID, audience []
 	if err != nil {
 		return nil, err
 	}
-	if b.unary.Load() {
+	size := proto.Size(req)
+	if b.unary.Load() || size > maxJWTItemBytes {
 		return b.mintUnary(ctx, workload, req)
 	}
-	p := &pendingMint{workload: workload, req: req, done: make(chan struct{})}
+	p := &pendingMint{workload: workload, req: req, size: protowire.SizeTag(1) + protowire.SizeBytes(size), done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	batch := b.takeLocked()
 	b.mu.Unlock()
 	if batch != nil {
-		b.send(ctx, batch)
+		// On a goroutine of its own, as the calls started after it: a
+		// caller that leaves returns at once rather than when the call
+		// ends (up to jwtBatchTimeout later).
+		go b.send(ctx, batch)
 	}
 	select {
 	case <-p.done:
@@ -101,7 +117,11 @@ func (b *JWTBatcher) takeLocked() []*pendingMint {
 	if len(b.queue) == 0 || b.inFlight >= maxJWTBatchesInFlight {
 		return nil
 	}
-	n := min(len(b.queue), maxJWTBatch)
+	n, size := 1, b.queue[0].size
+	for n < min(len(b.queue), maxJWTBatch) && size+b.queue[n].size <= maxJWTBatchBytes {
+		size += b.queue[n].size
+		n++
+	}
 	batch := b.queue[:n:n]
 	b.queue = b.queue[n:]
 	if len(b.queue) == 0 {
@@ -152,8 +172,18 @@ func (b *JWTBatcher) send(ctx context.Context, batch []*pendingMint) {
 	}
 	b.mu.Lock()
 	b.inFlight--
+	var unbatched []*pendingMint
+	if b.unary.Load() {
+		// What waited meanwhile makes its own calls: sending it as a
+		// batch would only be answered Unimplemented again.
+		unbatched, b.queue = b.queue, nil
+	}
 	next := b.takeLocked()
 	b.mu.Unlock()
+	for _, p := range unbatched {
+		p.err = errUnbatched
+		close(p.done)
+	}
 	if next != nil {
 		go b.send(ctx, next)
 	}
