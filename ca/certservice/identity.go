@@ -23,17 +23,16 @@ import (
 	"github.com/trustbridge/trustbridge/internal/trustpolicy"
 )
 
-// Bounds of a MintJWTSVID request. A JWT-SVID names a handful of
-// audiences (an OIDC client ID, a URL); these leave room for any real one
-// while keeping a token well under what HTTP headers carry.
+// Bounds of a MintJWTSVID request (identityapi's). A JWT-SVID names a
+// handful of audiences (an OIDC client ID, a URL); these leave room for
+// any real one while keeping a token well under what HTTP headers carry.
 const (
 	// MaxAudiences is the most audiences one JWT-SVID may name.
-	MaxAudiences = 16
+	MaxAudiences = identityapi.MaxAudiences
 	// MaxAudienceBytes bounds one audience value.
-	MaxAudienceBytes = 512
-	// maxMintRequestSize bounds the whole request: the audiences at their
-	// limit, and framing.
-	maxMintRequestSize = MaxAudiences*(MaxAudienceBytes+8) + 64
+	MaxAudienceBytes = identityapi.MaxAudienceBytes
+	// maxMintRequestSize bounds the whole request.
+	maxMintRequestSize = identityapi.MaxMintRequestBytes
 )
 
 // JWTSigner signs JWT-SVIDs for identities the service authenticated.

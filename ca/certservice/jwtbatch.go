@@ -14,14 +14,15 @@ import (
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
 
-// Bounds of a MintJWTSVIDs batch: a node agent sends what its workloads
-// asked for while its previous batch was on the wire, a few to a few
-// dozen tokens; each item is a MintJWTSVID request within its own bounds.
+// Bounds of a MintJWTSVIDs batch (identityapi's): a node agent sends
+// what its workloads asked for while its previous batches were on the
+// wire, a few to a few dozen tokens; each item is a MintJWTSVID request
+// within its own bounds.
 const (
 	// MaxMintBatch is the most tokens one MintJWTSVIDs call may ask for.
-	MaxMintBatch = 64
+	MaxMintBatch = identityapi.MaxMintBatch
 	// MaxMintBatchSize bounds a MintJWTSVIDs request.
-	MaxMintBatchSize = 64 << 10
+	MaxMintBatchSize = identityapi.MaxMintBatchBytes
 )
 
 // MintJWTSVIDs mints a batch of JWT-SVIDs for the caller, each item

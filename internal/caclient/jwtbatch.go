@@ -18,21 +18,16 @@ import (
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
 
-// Bounds of the batches a JWTBatcher sends, the server's (MaxMintBatch
-// in ca/certservice): at most 64 tokens a call, and two calls on the
-// wire at once, so that a burst of mints becomes a few calls while the
-// server still gets work for two cores.
+// Bounds of the batches a JWTBatcher sends: the server's
+// (identityapi.MaxMintBatch items, identityapi.MaxMintBatchBytes), and
+// two calls on the wire at once, so that a burst of mints becomes a few
+// calls while the server still gets work for two cores. The server
+// refuses as a whole a call over the byte bound or holding an item over
+// identityapi.MaxMintRequestBytes: one workload's request must not fail
+// the mints of the others in its call, so calls are cut by size too and
+// a larger item is sent alone, to be refused on its own.
 const (
-	maxJWTBatch           = 64
 	maxJWTBatchesInFlight = 2
-	// The server refuses as a whole a call larger than maxJWTBatchBytes
-	// (MaxMintBatchSize) or holding an item larger than maxJWTItemBytes
-	// (a MintJWTSVID request of MaxAudiences audiences of
-	// MaxAudienceBytes): one workload's request must not fail the mints
-	// of the others in its call, so calls are cut by size too and a
-	// larger item is sent alone, to be refused on its own.
-	maxJWTBatchBytes = 64 << 10
-	maxJWTItemBytes  = 16*(512+8) + 64
 	// jwtBatchTimeout bounds one MintJWTSVIDs call: it carries many
 	// callers' mints, so no one caller's context may cancel it.
 	jwtBatchTimeout = 30 * time.Second
@@ -85,7 +80,7 @@ func (b *JWTBatcher) Mint(ctx context.Context, workload spiffeid.ID, audience []
 		return nil, err
 	}
 	size := proto.Size(req)
-	if b.unary.Load() || size > maxJWTItemBytes {
+	if b.unary.Load() || size > identityapi.MaxMintRequestBytes {
 		return b.mintUnary(ctx, workload, req)
 	}
 	p := &pendingMint{workload: workload, req: req, size: protowire.SizeTag(1) + protowire.SizeBytes(size), done: make(chan struct{})}
@@ -118,7 +113,7 @@ func (b *JWTBatcher) takeLocked() []*pendingMint {
 		return nil
 	}
 	n, size := 1, b.queue[0].size
-	for n < min(len(b.queue), maxJWTBatch) && size+b.queue[n].size <= maxJWTBatchBytes {
+	for n < min(len(b.queue), identityapi.MaxMintBatch) && size+b.queue[n].size <= identityapi.MaxMintBatchBytes {
 		size += b.queue[n].size
 		n++
 	}

@@ -24,13 +24,13 @@ import (
 // names no workload: the caller, a node agent.
 const agentID = "spiffe://a.example/ns/kube-system/sa/agent"
 
-// The identity service's bounds (ca/certservice): it refuses as a whole
-// a MintJWTSVIDs request larger than MaxMintBatchSize or holding an item
-// larger than a MintJWTSVID request may be (MaxAudiences audiences of
-// MaxAudienceBytes), and refuses such a MintJWTSVID request.
+// The identity service's bounds (identityapi's, which ca/certservice
+// enforces): it refuses as a whole a MintJWTSVIDs request larger than
+// MaxMintBatchBytes or holding an item larger than MaxMintRequestBytes,
+// and refuses such a MintJWTSVID request.
 const (
-	serverMaxBatchBytes   = 64 << 10
-	serverMaxRequestBytes = 16*(512+8) + 64
+	serverMaxBatchBytes   = identityapi.MaxMintBatchBytes
+	serverMaxRequestBytes = identityapi.MaxMintRequestBytes
 )
 
 // batchIdentity is an identity service that records every MintJWTSVIDs
