@@ -62,8 +62,8 @@ func mintBatch(t *testing.T, c identityapi.IdentityServiceClient, items ...*iden
 }
 
 // assertMinted checks that result is a token for subject and aud that
-// validates with go-spiffe against bundle.
-func assertMinted(t *testing.T, bundle jwtbundle.Source, result *identityapi.MintJWTSVIDResult, subject spiffeid.ID, aud ...string) string {
+// validates with go-spiffe against bundle, and returns it.
+func assertMinted(t *testing.T, bundle jwtbundle.Source, result *identityapi.MintJWTSVIDResult, subject spiffeid.ID, aud ...string) *spiffejwt.SVID {
 	t.Helper()
 	require.NotNil(t, result.GetSvid(), "minted, not refused: %d %s", result.GetCode(), result.GetMessage())
 	assert.Zero(t, result.GetCode())
@@ -74,7 +74,7 @@ func assertMinted(t *testing.T, bundle jwtbundle.Source, result *identityapi.Min
 	assert.Equal(t, aud, got.Audience)
 	assert.Equal(t, subject.String(), result.GetSvid().GetSpiffeId())
 	assert.Equal(t, got.Expiry.Unix(), result.GetSvid().GetExpiresAt())
-	return result.GetSvid().GetToken()
+	return got
 }
 
 // assertRefusedAsAlone checks that result refuses item with code, its
@@ -130,13 +130,14 @@ func TestMintJWTSVIDsMixedBatch(t *testing.T) {
 			}
 			results, err := mintBatch(t, tc.c, items...)
 			require.NoError(t, err)
-			tok0 := assertMinted(t, bundle, results[0], tc.want, "https://api.example.com", "other")
-			tok2 := assertMinted(t, bundle, results[2], tc.want, "db")
-			tok5 := assertMinted(t, bundle, results[5], tc.want, "cache")
-			assert.NotEqual(t, tok0, tok2)
-			assert.NotEqual(t, tok2, tok5)
-			exp5 := time.Unix(results[5].GetSvid().GetExpiresAt(), 0)
-			assert.WithinDuration(t, time.Now().Add(time.Minute), exp5, 5*time.Second, "item 5's own ttl")
+			// Each minted item with its own lifetime.
+			for i, ttl := range map[int]time.Duration{0: 2 * time.Minute, 2: 5 * time.Minute, 5: time.Minute} {
+				aud := items[i].GetAudience()
+				got := assertMinted(t, bundle, results[i], tc.want, aud...)
+				iat, ok := got.Claims["iat"].(float64)
+				require.True(t, ok, "item %d has an iat", i)
+				assert.Equal(t, ttl, got.Expiry.Sub(time.Unix(int64(iat), 0)), "item %d", i)
+			}
 			assertRefusedAsAlone(t, tc.c, items[1], results[1], codes.InvalidArgument, "audience is required")
 			assertRefusedAsAlone(t, tc.c, items[3], results[3], codes.InvalidArgument, "ttl_seconds -1 is negative")
 			assertRefusedAsAlone(t, tc.c, items[4], results[4], codes.InvalidArgument, "audience 2 holds a control character")
@@ -347,7 +348,7 @@ func TestMintJWTSVIDsFullBatchConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	seen := map[string]int{}
 	for i, r := range results {
-		tok := assertMinted(t, bundle, r, tokenID, fmt.Sprint("aud-", i))
+		tok := assertMinted(t, bundle, r, tokenID, fmt.Sprint("aud-", i)).Marshal()
 		if j, dup := seen[tok]; dup {
 			t.Errorf("items %d and %d have the same token", j, i)
 		}
