@@ -1,6 +1,7 @@
 package certservice_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/trustbridge/trustbridge/ca"
@@ -356,4 +358,70 @@ func TestMintJWTSVIDsFullBatchConcurrent(t *testing.T) {
 	}
 	assert.Len(t, seen, certservice.MaxMintBatch)
 	assert.Equal(t, float64(certservice.MaxMintBatch), testutil.ToFloat64(f.svc.JWTSVIDsForTest("OK", "fake-token")))
+}
+
+// A batch's item waits for a signing slot with the queue places of the
+// whole batch, which the call holds while it waits: a batch of many small
+// items does not hold 58 KiB on one place of the queue (its memory bound).
+// With one request waiting in a queue of 10 places, no item of a batch of
+// 15 places' worth may wait.
+func TestMintJWTSVIDsWaitWithTheBatchsPlaces(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	signer := newFakeJWTSigner(t)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.JWT = signer
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
+		cfg.Concurrency, cfg.QueueSize = 1, 10
+		cfg.Signer = heldSigner(a, entered, release)
+	})
+	queued := make(chan struct{}, certservice.MaxMintBatch+2)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	certDone := createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
+	<-entered // the one slot is taken
+	c := f.identityClient(t, nil, goodToken)
+	oneDone := make(chan error, 1)
+	go func() {
+		_, err := c.MintJWTSVID(context.Background(), mintItem(0, "one"))
+		oneDone <- err
+	}()
+	<-queued // one place of ten taken
+
+	items := make([]*identityapi.MintJWTSVIDRequest, 60)
+	for i := range items {
+		items[i] = mintItem(0, strings.Repeat("a", 480), fmt.Sprint(strings.Repeat("b", 470), i))
+	}
+	size := proto.Size(&identityapi.MintJWTSVIDsRequest{Requests: items})
+	require.Greater(t, size, 14*4<<10, "the batch needs more places than the queue has left")
+	type answer struct {
+		resp *identityapi.MintJWTSVIDsResponse
+		err  error
+	}
+	batchDone := make(chan answer, 1)
+	go func() {
+		resp, err := c.MintJWTSVIDs(context.Background(), &identityapi.MintJWTSVIDsRequest{Requests: items})
+		batchDone <- answer{resp, err}
+	}()
+	var got answer
+	select {
+	case got = <-batchDone:
+	case <-queued:
+		t.Error("an item of a 58 KiB batch waited in a queue with 9 places left")
+		close(release)
+		<-batchDone
+		require.NoError(t, <-certDone)
+		require.NoError(t, <-oneDone)
+		return
+	}
+	require.NoError(t, got.err)
+	require.Len(t, got.resp.GetResults(), len(items))
+	for i, r := range got.resp.GetResults() {
+		assert.Equal(t, int32(codes.ResourceExhausted), r.GetCode(), "item %d", i)
+		assert.Contains(t, r.GetMessage(), "signing queue full", "item %d", i)
+	}
+	close(release)
+	require.NoError(t, <-certDone)
+	require.NoError(t, <-oneDone, "the request waiting is served")
+	_, _, _, calls := signer.last()
+	assert.Equal(t, 1, calls, "no item of the batch reached the signer")
 }
