@@ -114,7 +114,7 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref != nil {
 		return nil, ident, ref
 	}
-	resp, ref := s.mintFor(ctx, r, ident, req)
+	resp, ref := s.mintFor(ctx, r, ident, req, proto.Size(req))
 	return resp, ident, ref
 }
 
@@ -128,8 +128,10 @@ func mintTooLarge() *refusal {
 
 // mintFor decides and signs one JWT-SVID request of ident, a caller
 // already authenticated, and logs it when issued: MintJWTSVID's request,
-// or one item of a MintJWTSVIDs batch.
-func (s *Service) mintFor(ctx context.Context, r authn.Request, ident authn.Identity, req *identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDResponse, *refusal) {
+// or one item of a MintJWTSVIDs batch. held is the size of what the call
+// holds while req waits for a signing slot, which the queue counts: the
+// request, or the whole batch req is an item of.
+func (s *Service) mintFor(ctx context.Context, r authn.Request, ident authn.Identity, req *identityapi.MintJWTSVIDRequest, held int) (*identityapi.MintJWTSVIDResponse, *refusal) {
 	audience, ttl, ref := checkMintRequest(req)
 	if ref != nil {
 		return nil, ref
@@ -150,7 +152,7 @@ func (s *Service) mintFor(ctx context.Context, r authn.Request, ident authn.Iden
 	if ref := s.admission.charge(ident, subject); ref != nil {
 		return nil, ref
 	}
-	release, ref := s.admission.acquire(ctx, proto.Size(req), ident.Spend == nil)
+	release, ref := s.admission.acquire(ctx, held, ident.Spend == nil)
 	if ref != nil {
 		return nil, ref
 	}

@@ -38,8 +38,14 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 		return nil, s.refuse(ctx, "jwt-svid batch refused", r, ident, ref, "items", len(items))
 	}
 	results := make([]*identityapi.MintJWTSVIDResult, len(items))
+	// An item waiting for a signing slot holds the whole batch: it takes
+	// the queue places of the batch, not of itself, or a batch of many
+	// small items would hold up to 64 KiB on a place or two, past the
+	// queue's memory bound (admission's queueUnit). The usual batch, a
+	// few small items, still takes one place an item.
+	held := proto.Size(req)
 	one := func(i int) {
-		resp, ref := s.mintFor(ctx, r, ident, items[i])
+		resp, ref := s.mintFor(ctx, r, ident, items[i], held)
 		if ref != nil {
 			s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
 			err := s.refuse(ctx, "jwt-svid request refused", r, ident, ref, "item", i)
