@@ -33,8 +33,7 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 	items := req.GetRequests()
 	ident, ref := s.checkMintBatch(ctx, r, req)
 	if ref != nil {
-		// Every token the batch asked for is refused with it.
-		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Add(float64(max(len(items), 1)))
+		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Add(float64(refusedCount(len(items))))
 		return nil, s.refuse(ctx, "jwt-svid batch refused", r, ident, ref, "items", len(items))
 	}
 	results := make([]*identityapi.MintJWTSVIDResult, len(items))
@@ -57,6 +56,17 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 	}
 	runBatch(len(items), batchWorkers(len(items)), one)
 	return &identityapi.MintJWTSVIDsResponse{Results: results}, nil
+}
+
+// refusedCount is what a batch of n items refused as a whole adds to the
+// JWT-SVID counter: every token it asked for, or one for a batch
+// malformed by its length, so that a caller cannot add thousands with one
+// call.
+func refusedCount(n int) int {
+	if n < 1 || n > MaxMintBatch {
+		return 1
+	}
+	return n
 }
 
 // checkMintBatch authenticates a MintJWTSVIDs caller once for the whole

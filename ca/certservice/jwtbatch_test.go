@@ -149,7 +149,8 @@ func TestMintJWTSVIDsMixedBatch(t *testing.T) {
 }
 
 // A batch refused as a whole is refused before anything is signed, and
-// every token it asked for is counted by the refusal's code.
+// every token it asked for is counted by the refusal's code (one for a
+// batch malformed by its length: no caller adds thousands with one call).
 func TestMintJWTSVIDsBatchRefusals(t *testing.T) {
 	n := func(k int) []*identityapi.MintJWTSVIDRequest {
 		items := make([]*identityapi.MintJWTSVIDRequest, k)
@@ -181,7 +182,9 @@ func TestMintJWTSVIDsBatchRefusals(t *testing.T) {
 	}{
 		{name: "empty", token: goodToken, code: codes.InvalidArgument, reason: "empty_batch", msg: "send at least one request", counted: 1},
 		{name: "65 items", token: goodToken, items: n(certservice.MaxMintBatch + 1), code: codes.InvalidArgument, reason: "batch_too_long",
-			msg: "the batch asks for 65 tokens; at most 64 are allowed", counted: 65},
+			msg: "the batch asks for 65 tokens; at most 64 are allowed", counted: 1},
+		{name: "4,000 items", items: n(4000), code: codes.InvalidArgument, reason: "batch_too_long",
+			msg: "the batch asks for 4000 tokens; at most 64 are allowed", counted: 1},
 		{name: "over 64 KiB", token: goodToken, items: large, code: codes.ResourceExhausted, reason: "too_large", msg: "batch larger than 65536 bytes", counted: len(large)},
 		{name: "an item over MintJWTSVID's bound", token: goodToken, items: oversizedItem, code: codes.ResourceExhausted, reason: "too_large", msg: "item 2: request larger than", counted: 4},
 		{name: "no JWT signer", token: goodToken, items: n(3), mutate: func(c *certservice.Config) { c.JWT, c.Bundles = nil, staticBundles() },

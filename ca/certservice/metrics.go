@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		jwtSVIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_jwt_svids_total",
-			Help: "JWT-SVIDs asked for (a MintJWTSVID call, or one item of a MintJWTSVIDs batch; a batch refused as a whole counts each of its items), by gRPC status code (OK: a JWT-SVID was issued) and authentication method (none when authentication failed).",
+			Help: "JWT-SVIDs asked for (a MintJWTSVID call, or one item of a MintJWTSVIDs batch; a batch refused as a whole counts each of its items, or one when it holds none or more than 64), by gRPC status code (OK: a JWT-SVID was issued) and authentication method (none when authentication failed).",
 		}, []string{"code", "method"}),
 		intermediates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trustbridge_certservice_intermediates_total",

@@ -44,10 +44,15 @@ type IdentityServiceClient interface {
 	// authenticated once; every item is then decided on its own exactly
 	// as MintJWTSVID decides a request (its audiences, lifetime,
 	// impersonated_identity, the signing limits and queue), and a refused
-	// item has its status in its result while the others are minted. The
-	// call itself fails only when the caller is not authenticated or the
-	// batch is malformed: no items, more than 64, or larger than 64 KiB.
-	// A server that predates it answers Unimplemented.
+	// item has its status in its result while the others are minted; items
+	// are signed side by side, so which of a burst the rate limit refuses is
+	// not their order. The call itself fails as MintJWTSVID would for
+	// every item when the server mints no JWT-SVIDs (FailedPrecondition) or
+	// the caller is not authenticated (Unauthenticated, PermissionDenied,
+	// Unavailable), and when the batch is malformed: no items or more than
+	// 64 (InvalidArgument), larger than 64 KiB or holding an item larger
+	// than a MintJWTSVID request may be (ResourceExhausted). A server that
+	// predates it answers Unimplemented.
 	MintJWTSVIDs(ctx context.Context, in *MintJWTSVIDsRequest, opts ...grpc.CallOption) (*MintJWTSVIDsResponse, error)
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
@@ -134,10 +139,15 @@ type IdentityServiceServer interface {
 	// authenticated once; every item is then decided on its own exactly
 	// as MintJWTSVID decides a request (its audiences, lifetime,
 	// impersonated_identity, the signing limits and queue), and a refused
-	// item has its status in its result while the others are minted. The
-	// call itself fails only when the caller is not authenticated or the
-	// batch is malformed: no items, more than 64, or larger than 64 KiB.
-	// A server that predates it answers Unimplemented.
+	// item has its status in its result while the others are minted; items
+	// are signed side by side, so which of a burst the rate limit refuses is
+	// not their order. The call itself fails as MintJWTSVID would for
+	// every item when the server mints no JWT-SVIDs (FailedPrecondition) or
+	// the caller is not authenticated (Unauthenticated, PermissionDenied,
+	// Unavailable), and when the batch is malformed: no items or more than
+	// 64 (InvalidArgument), larger than 64 KiB or holding an item larger
+	// than a MintJWTSVID request may be (ResourceExhausted). A server that
+	// predates it answers Unimplemented.
 	MintJWTSVIDs(context.Context, *MintJWTSVIDsRequest) (*MintJWTSVIDsResponse, error)
 	// WatchBundles streams the trust bundles the caller may use: its own
 	// trust domain's and those of the federated trust domains the trust
