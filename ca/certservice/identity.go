@@ -114,7 +114,16 @@ func (s *Service) mint(ctx context.Context, r authn.Request, req *identityapi.Mi
 	if ref != nil {
 		return nil, ident, ref
 	}
-	resp, ref := s.mintFor(ctx, r, ident, req, proto.Size(req))
+	d, ref := s.decideMint(ctx, ident, req)
+	if ref != nil {
+		return nil, ident, ref
+	}
+	release, ref := s.admission.acquire(ctx, proto.Size(req), ident.Spend == nil)
+	if ref != nil {
+		return nil, ident, ref
+	}
+	defer release()
+	resp, ref := s.signMint(ctx, r, ident, d)
 	return resp, ident, ref
 }
 
@@ -126,19 +135,25 @@ func mintTooLarge() *refusal {
 	return &refusal{codes.ResourceExhausted, "too_large", fmt.Sprintf("request larger than %d bytes", maxMintRequestSize), nil}
 }
 
-// mintFor decides and signs one JWT-SVID request of ident, a caller
-// already authenticated, and logs it when issued: MintJWTSVID's request,
-// or one item of a MintJWTSVIDs batch. held is the size of what the call
-// holds while req waits for a signing slot, which the queue counts: the
-// request, or the whole batch req is an item of.
-func (s *Service) mintFor(ctx context.Context, r authn.Request, ident authn.Identity, req *identityapi.MintJWTSVIDRequest, held int) (*identityapi.MintJWTSVIDResponse, *refusal) {
+// mintDecision is a JWT-SVID request judged and charged, to be signed
+// once it has a signing slot.
+type mintDecision struct {
+	subject  spiffeid.ID
+	audience []string
+	ttl      time.Duration
+}
+
+// decideMint judges one JWT-SVID request of ident, a caller already
+// authenticated (MintJWTSVID's request, or one item of a MintJWTSVIDs
+// batch): its audiences and lifetime, the time its credential has left,
+// the workload it may name, and its charge to the rate limit.
+func (s *Service) decideMint(ctx context.Context, ident authn.Identity, req *identityapi.MintJWTSVIDRequest) (mintDecision, *refusal) {
 	audience, ttl, ref := checkMintRequest(req)
 	if ref != nil {
-		return nil, ref
+		return mintDecision{}, ref
 	}
-	credExp, now := ident.NotAfter, s.cfg.Clock.Now()
-	if ref := checkCredentialLeft(credExp, now); ref != nil {
-		return nil, ref
+	if ref := checkCredentialLeft(ident.NotAfter, s.cfg.Clock.Now()); ref != nil {
+		return mintDecision{}, ref
 	}
 	// The subject is the identity the caller proved, or the workload a
 	// node agent proved it may act for; nothing else in the request can
@@ -146,27 +161,32 @@ func (s *Service) mintFor(ctx context.Context, r authn.Request, ident authn.Iden
 	subject := ident.ID
 	if v := req.GetImpersonatedIdentity(); v != "" {
 		if subject, ref = s.authorizeImpersonation(ctx, ident, jwtImpersonation, v); ref != nil {
-			return nil, ref
+			return mintDecision{}, ref
 		}
 	}
 	if ref := s.admission.charge(ident, subject); ref != nil {
-		return nil, ref
+		return mintDecision{}, ref
 	}
-	release, ref := s.admission.acquire(ctx, held, ident.Spend == nil)
-	if ref != nil {
-		return nil, ref
-	}
-	defer release()
+	return mintDecision{subject: subject, audience: audience, ttl: ttl}, nil
+}
 
-	token, exp, err := s.signJWT(subject, audience, ttl, credExp, now)
+// signMint signs what decideMint decided, holding a signing slot, and
+// logs it. The credential's time left is read again: the request may
+// have waited in the queue since it was judged.
+func (s *Service) signMint(ctx context.Context, r authn.Request, ident authn.Identity, d mintDecision) (*identityapi.MintJWTSVIDResponse, *refusal) {
+	credExp, now := ident.NotAfter, s.cfg.Clock.Now()
+	if ref := checkCredentialLeft(credExp, now); ref != nil {
+		return nil, ref
+	}
+	token, exp, err := s.signJWT(d.subject, d.audience, d.ttl, credExp, now)
 	if err == nil && (token == "" || !exp.After(s.cfg.Clock.Now())) {
 		err = errors.New("signer returned no token, or one already expired")
 	}
 	if err != nil {
 		return nil, jwtRefusal(err)
 	}
-	s.logJWTIssued(ctx, r, ident, subject, audience, exp)
-	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: subject.String(), ExpiresAt: exp.Unix()}, nil
+	s.logJWTIssued(ctx, r, ident, d.subject, d.audience, exp)
+	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: d.subject.String(), ExpiresAt: exp.Unix()}, nil
 }
 
 // logJWTIssued logs a JWT-SVID for subject issued to ident, with typed

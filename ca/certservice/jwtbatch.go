@@ -3,8 +3,6 @@ package certservice
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -37,24 +35,53 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 		return nil, s.refuse(ctx, "jwt-svid batch refused", r, ident, ref, "items", len(items))
 	}
 	results := make([]*identityapi.MintJWTSVIDResult, len(items))
-	// An item waiting for a signing slot holds the whole batch: it takes
-	// the queue places of the batch, not of itself, or a batch of many
-	// small items would hold up to 64 KiB on a place or two, past the
-	// queue's memory bound (admission's queueUnit). The usual batch, a
-	// few small items, still takes one place an item.
-	held := proto.Size(req)
-	one := func(i int) {
-		resp, ref := s.mintFor(ctx, r, ident, items[i], held)
+	refuse := func(i int, ref *refusal) {
+		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
+		err := s.refuse(ctx, "jwt-svid request refused", r, ident, ref, "item", i)
+		results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: statusMessage(err)}
+	}
+	// Every item is judged and charged first, in order; a caller that
+	// left stops the rest.
+	decided := make([]mintDecision, len(items))
+	var accepted []int
+	for i, item := range items {
+		if err := ctx.Err(); err != nil {
+			refuse(i, callerLeft(err))
+			continue
+		}
+		d, ref := s.decideMint(ctx, ident, item)
 		if ref != nil {
-			s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
-			err := s.refuse(ctx, "jwt-svid request refused", r, ident, ref, "item", i)
-			results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: statusMessage(err)}
-			return
+			refuse(i, ref)
+			continue
+		}
+		decided[i] = d
+		accepted = append(accepted, i)
+	}
+	if len(accepted) == 0 {
+		return &identityapi.MintJWTSVIDsResponse{Results: results}, nil
+	}
+	// The batch then waits in the signing queue once, as one request of
+	// its size (the places of everything its call holds), and its tokens
+	// are signed one after another in the slot it gets: its wait is a
+	// request's, not one per token, and it takes no more of the server's
+	// signing at once than a request does.
+	release, ref := s.admission.acquire(ctx, proto.Size(req), true)
+	if ref == nil {
+		defer release()
+	}
+	for _, i := range accepted {
+		if ref != nil {
+			refuse(i, ref)
+			continue
+		}
+		resp, ref := s.signMint(ctx, r, ident, decided[i])
+		if ref != nil {
+			refuse(i, ref)
+			continue
 		}
 		s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
 		results[i] = &identityapi.MintJWTSVIDResult{Svid: resp}
 	}
-	runBatch(len(items), batchWorkers(len(items)), one)
 	return &identityapi.MintJWTSVIDsResponse{Results: results}, nil
 }
 
@@ -101,52 +128,4 @@ func statusMessage(err error) string {
 		return st.Message()
 	}
 	return err.Error()
-}
-
-// tokensPerWorker is how many of a batch's tokens one goroutine signs
-// before another is worth starting. A goroutine handed a token or two
-// costs more in the scheduler's wake-ups than it saves: measured with
-// signbench's trustbridge-batched row on 2 cores, batches of 4 cost
-// 10-15% less server CPU a token signed on one goroutine than on two,
-// while batches of 32 on two cost about 5% more CPU than on one and are
-// answered sooner (one agent's throughput 5-10% higher here, and a batch
-// of 64 on a larger server waits for one core's 64 signatures no more).
-const tokensPerWorker = 8
-
-// batchWorkers is how many goroutines sign a batch of n tokens: one per
-// tokensPerWorker, at most GOMAXPROCS.
-func batchWorkers(n int) int {
-	return max(1, min(runtime.GOMAXPROCS(0), n/tokensPerWorker))
-}
-
-// runBatch calls do for 0..n-1 on up to workers goroutines, the caller's
-// among them, and returns when all returned. A batch's tokens are signed
-// side by side as separate calls would be: one agent's batch may use
-// every core, each signing still waiting its turn in the signing queue.
-func runBatch(n, workers int, do func(i int)) {
-	workers = min(workers, n)
-	var (
-		mu   sync.Mutex
-		next int
-		wg   sync.WaitGroup
-	)
-	take := func() (int, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		if next == n {
-			return 0, false
-		}
-		next++
-		return next - 1, true
-	}
-	work := func() {
-		for i, ok := take(); ok; i, ok = take() {
-			do(i)
-		}
-	}
-	for range workers - 1 {
-		wg.Go(work)
-	}
-	work()
-	wg.Wait()
 }

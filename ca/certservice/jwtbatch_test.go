@@ -428,3 +428,51 @@ func TestMintJWTSVIDsWaitWithTheBatchsPlaces(t *testing.T) {
 	_, _, _, calls := signer.last()
 	assert.Equal(t, 1, calls, "no item of the batch reached the signer")
 }
+
+// A batch waits in the signing queue once, as one request, not once per
+// token: behind a busy slot a batch of 16 is one queue entry, and once the
+// slot frees all 16 are minted in it. (Its tokens waiting one after
+// another would make a batch wait 16 queue waits, past a client's
+// deadline in a burst.)
+func TestMintJWTSVIDsWaitOnceInTheQueue(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	signer := newFakeJWTSigner(t)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.JWT = signer
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
+		cfg.Concurrency, cfg.QueueSize = 1, 100
+		cfg.Signer = heldSigner(a, entered, release)
+	})
+	queued := make(chan struct{}, 32)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	certDone := createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
+	<-entered // the one slot is taken
+
+	items := make([]*identityapi.MintJWTSVIDRequest, 16)
+	for i := range items {
+		items[i] = mintItem(0, fmt.Sprint("aud-", i))
+	}
+	c := f.identityClient(t, nil, goodToken)
+	type answer struct {
+		resp *identityapi.MintJWTSVIDsResponse
+		err  error
+	}
+	batchDone := make(chan answer, 1)
+	go func() {
+		resp, err := c.MintJWTSVIDs(context.Background(), &identityapi.MintJWTSVIDsRequest{Requests: items})
+		batchDone <- answer{resp, err}
+	}()
+	<-queued // the batch waits
+	close(release)
+	require.NoError(t, <-certDone)
+	got := <-batchDone
+	require.NoError(t, got.err)
+	require.Len(t, got.resp.GetResults(), len(items))
+	for i, r := range got.resp.GetResults() {
+		require.NotNil(t, r.GetSvid(), "item %d: %s", i, r.GetMessage())
+	}
+	assert.Empty(t, queued, "the batch queued once, not once per token")
+	_, _, _, calls := signer.last()
+	assert.Equal(t, len(items), calls)
+}

@@ -44,9 +44,11 @@ type IdentityServiceClient interface {
 	// authenticated once; every item is then decided on its own exactly
 	// as MintJWTSVID decides a request (its audiences, lifetime,
 	// impersonated_identity, the signing limits and queue), and a refused
-	// item has its status in its result while the others are minted; items
-	// are signed side by side, so which of a burst the rate limit refuses is
-	// not their order. The call itself fails as MintJWTSVID would for
+	// item has its status in its result while the others are minted. The
+	// items are judged and charged to the rate limit in order; the batch
+	// then waits in the signing queue once, as one request of its size,
+	// and its tokens are signed one after another. A batch none of whose
+	// items passed confirms no connection. The call itself fails as MintJWTSVID would for
 	// every item when the server mints no JWT-SVIDs (FailedPrecondition) or
 	// the caller is not authenticated (Unauthenticated, PermissionDenied,
 	// Unavailable), and when the batch is malformed: no items or more than
@@ -139,9 +141,11 @@ type IdentityServiceServer interface {
 	// authenticated once; every item is then decided on its own exactly
 	// as MintJWTSVID decides a request (its audiences, lifetime,
 	// impersonated_identity, the signing limits and queue), and a refused
-	// item has its status in its result while the others are minted; items
-	// are signed side by side, so which of a burst the rate limit refuses is
-	// not their order. The call itself fails as MintJWTSVID would for
+	// item has its status in its result while the others are minted. The
+	// items are judged and charged to the rate limit in order; the batch
+	// then waits in the signing queue once, as one request of its size,
+	// and its tokens are signed one after another. A batch none of whose
+	// items passed confirms no connection. The call itself fails as MintJWTSVID would for
 	// every item when the server mints no JWT-SVIDs (FailedPrecondition) or
 	// the caller is not authenticated (Unauthenticated, PermissionDenied,
 	// Unavailable), and when the batch is malformed: no items or more than
