@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
+
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
@@ -295,6 +297,44 @@ func TestGRPCRefusedCallDoesNotConfirm(t *testing.T) {
 	case <-closed:
 	case <-time.After(time.Minute):
 		t.Fatal("the connection whose only call was refused is still open after a minute")
+	}
+	assert.EqualValues(t, 1, ft.metric(t, "trustbridge_listener_connections_unconfirmed_closed_total", `listener="grpc"`))
+}
+
+// A MintJWTSVIDs call from an authenticated caller whose every token is
+// refused succeeds (each item carries its status) but confirms nothing:
+// its connection is closed at the deadline like an idle one. A batch
+// with one token minted confirms its connection.
+func TestGRPCRefusedBatchDoesNotConfirm(t *testing.T) {
+	ft := startFloodTarget(t, func(o *Config) { o.GRPC.FirstCallTimeout = 5 * time.Second })
+	svid, _ := legitSVID(t, ft.attackTarget, "127.0.0.32")
+	mint := func(local string, closed chan struct{}, audience ...string) {
+		var dials atomic.Int64
+		cc := dialConnWith(t, ft.grpc, local, svid, func(c net.Conn) net.Conn {
+			if dials.Add(1) == 1 && closed != nil {
+				return &endWatcher{Conn: c, ended: closed}
+			}
+			return c
+		})
+		t.Cleanup(func() { _ = cc.Close() })
+		resp, err := identityapi.NewIdentityServiceClient(cc).MintJWTSVIDs(context.Background(), &identityapi.MintJWTSVIDsRequest{
+			Requests: []*identityapi.MintJWTSVIDRequest{{Audience: audience}, {Audience: audience}}})
+		require.NoError(t, err)
+		require.Len(t, resp.GetResults(), 2)
+	}
+	refused := make(chan struct{})
+	mint("127.0.0.33", refused) // no audience: both tokens refused
+	minted := make(chan struct{})
+	mint("127.0.0.34", minted, "https://api.example.com")
+	select {
+	case <-refused:
+	case <-time.After(time.Minute):
+		t.Fatal("the connection whose only batch had every token refused is still open after a minute")
+	}
+	select {
+	case <-minted:
+		t.Fatal("the connection whose batch was minted was closed as unconfirmed")
+	default:
 	}
 	assert.EqualValues(t, 1, ft.metric(t, "trustbridge_listener_connections_unconfirmed_closed_total", `listener="grpc"`))
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/trustbridge/trustbridge/internal/authn"
 	"github.com/trustbridge/trustbridge/internal/authn/oidc"
 	"github.com/trustbridge/trustbridge/internal/caclient"
+	"github.com/trustbridge/trustbridge/internal/identityapi"
 	"github.com/trustbridge/trustbridge/internal/logattr"
 	"github.com/trustbridge/trustbridge/internal/server/connlimit"
 	"github.com/trustbridge/trustbridge/internal/server/nodeauth"
@@ -341,9 +342,14 @@ func (g *grpcEndpoint) confirm(ctx context.Context) {
 
 // confirmUnary confirms a connection whose unary call (CreateCertificate,
 // MintJWTSVID, SignIntermediate) succeeded.
-func (g *grpcEndpoint) confirmUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+func (g *grpcEndpoint) confirmUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
-	if err == nil {
+	// A MintJWTSVIDs call succeeds even when every token it asked for
+	// was refused (each carries its own status): it confirms as its
+	// batch starts to wait for a signing slot (certservice's
+	// Config.Authorized), which it does only with a token authorised
+	// and charged.
+	if err == nil && info.FullMethod != identityapi.IdentityService_MintJWTSVIDs_FullMethodName {
 		g.confirm(ctx)
 	}
 	callDone(ctx)
