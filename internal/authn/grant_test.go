@@ -71,6 +71,53 @@ func TestGrantExtensionRoundTrip(t *testing.T) {
 	}
 }
 
+// Extension writes exactly what encoding/asn1 writes for grantASN1, the
+// encoding trustbridge wrote before and ParseGrant reads: short and long
+// lengths, empty and multi-byte UTF-8 fields, any time zone.
+func TestGrantMarshalMatchesEncodingASN1(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes: a two-byte length
+	for _, g := range []Grant{
+		{Method: MethodBootstrapToken, Ref: bootstrapRef(tokLaptop), GrantedAt: grantTime},
+		{Method: MethodKubernetesJWT, Ref: "default/web", UID: "8a7e3c52-0000-4000-8000-000000000001", GrantedAt: grantTime},
+		{Method: GrantMethodLegacy, GrantedAt: grantTime.In(time.FixedZone("x", -7200))},
+		{Method: MethodOIDC, Ref: "github-actions", UID: IssuerGrantUID("https://token.actions.githubusercontent.com"), GrantedAt: grantTime},
+		{Method: MethodKubernetesIssuer, Ref: long, UID: long[:maxGrantUID/2*2], GrantedAt: grantTime},
+		{Method: GrantMethodSDS, GrantedAt: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)},
+	} {
+		assertMarshalsAsEncodingASN1(t, g)
+	}
+}
+
+// assertMarshalsAsEncodingASN1: a grant check refuses is refused, and
+// any other encodes as encoding/asn1 encodes it, or fails where it fails
+// (a year GeneralizedTime cannot hold).
+func assertMarshalsAsEncodingASN1(t *testing.T, g Grant) {
+	t.Helper()
+	g.GrantedAt = g.GrantedAt.UTC().Truncate(time.Second)
+	ext, err := g.Extension()
+	if g.check() != nil {
+		require.Error(t, err, "%+v", g)
+		return
+	}
+	want, werr := asn1.Marshal(grantASN1{Version: grantVersion, Method: g.Method, Ref: g.Ref, UID: g.UID, GrantedAt: g.GrantedAt})
+	if werr != nil {
+		require.Error(t, err, "%+v: encoding/asn1 refuses it: %v", g, werr)
+		return
+	}
+	require.NoError(t, err, "%+v", g)
+	assert.Equal(t, want, ext.Value, "%+v", g)
+}
+
+func FuzzGrantMarshal(f *testing.F) {
+	f.Add(uint8(1), "default/web", "uid", int64(1700000000))
+	f.Add(uint8(3), "github-actions", IssuerGrantUID("https://a.example"), int64(0))
+	f.Fuzz(func(t *testing.T, m uint8, ref, uid string, unix int64) {
+		methods := []string{MethodBootstrapToken, MethodKubernetesJWT, MethodOIDC, MethodKubernetesIssuer, GrantMethodLegacy, GrantMethodSDS}
+		g := Grant{Method: methods[int(m)%len(methods)], Ref: ref, UID: uid, GrantedAt: time.Unix(unix%(1<<37), 0)}
+		assertMarshalsAsEncodingASN1(t, g)
+	})
+}
+
 func TestGrantExtensionRefuses(t *testing.T) {
 	tests := []struct {
 		name   string
