@@ -53,6 +53,12 @@ func mintJWTSVID(ctx context.Context, conn grpc.ClientConnInterface, workload sp
 	if err != nil {
 		return nil, err
 	}
+	return mintWith(ctx, conn, workload, req, opts...)
+}
+
+// mintWith makes req's MintJWTSVID call, for workload (zero: the
+// caller's own).
+func mintWith(ctx context.Context, conn grpc.ClientConnInterface, workload spiffeid.ID, req *identityapi.MintJWTSVIDRequest, opts ...grpc.CallOption) (*JWTSVID, error) {
 	resp, err := identityapi.NewIdentityServiceClient(conn).MintJWTSVID(ctx, req, opts...)
 	if err != nil {
 		return nil, err

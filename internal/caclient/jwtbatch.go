@@ -28,6 +28,11 @@ import (
 // a larger item is sent alone, to be refused on its own.
 const (
 	maxJWTBatchesInFlight = 2
+	// jwtUnbatchedFor is how long a batcher makes one call a token after
+	// the server answered MintJWTSVIDs Unimplemented (a server, or a
+	// replica behind the same address during an upgrade, that predates
+	// it) before it tries a batch again.
+	jwtUnbatchedFor = 10 * time.Minute
 	// jwtBatchTimeout bounds one MintJWTSVIDs call: it carries many
 	// callers' mints, so no one caller's context may cancel it.
 	jwtBatchTimeout = 30 * time.Second
@@ -40,20 +45,28 @@ const (
 // for any call is sent alone, as MintJWTSVID). A mint alone is sent at
 // once, so batching adds no delay to a quiet agent. Against a server that
 // predates MintJWTSVIDs (Unimplemented) every mint is its own
-// MintJWTSVID call from then on. It is safe for concurrent use.
+// MintJWTSVID call for the next 10 minutes, then a batch is tried again.
+// It is safe for concurrent use.
 type JWTBatcher struct {
 	conn grpc.ClientConnInterface
 
 	mu       sync.Mutex
 	queue    []*pendingMint
 	inFlight int
-	// unary is set once the server answered MintJWTSVIDs Unimplemented.
-	unary atomic.Bool
+	// unaryUntil is when, in Unix nanoseconds of now, a batch is tried
+	// again after the server answered MintJWTSVIDs Unimplemented.
+	unaryUntil atomic.Int64
+	now        func() time.Time
 }
 
 // NewJWTBatcher mints on conn, a connection from Dial.
 func NewJWTBatcher(conn grpc.ClientConnInterface) *JWTBatcher {
-	return &JWTBatcher{conn: conn}
+	return &JWTBatcher{conn: conn, now: time.Now}
+}
+
+// unary says whether mints are sent one a call now.
+func (b *JWTBatcher) unary() bool {
+	return b.now().UnixNano() < b.unaryUntil.Load()
 }
 
 // pendingMint is one mint waiting for its batch's answer.
@@ -71,17 +84,17 @@ var errUnbatched = errors.New("the server does not batch")
 
 // Mint is MintJWTSVID (workload zero) or MintJWTSVIDFor (workload set),
 // batched with the mints other goroutines ask for at the same time. The
-// call carrying it runs under a context of its own, bounded by 30 s and
-// holding the values (not the cancellation) of the context of the mint
-// that started it; ctx ending returns ctx's error at once.
+// call carrying it runs under a context of its own, bounded by 30 s,
+// since it carries other callers' mints; ctx ending returns ctx's error
+// at once.
 func (b *JWTBatcher) Mint(ctx context.Context, workload spiffeid.ID, audience []string, ttl time.Duration) (*JWTSVID, error) {
 	req, err := mintRequest(workload, audience, ttl)
 	if err != nil {
 		return nil, err
 	}
 	size := proto.Size(req)
-	if b.unary.Load() || size > identityapi.MaxMintRequestBytes {
-		return b.mintUnary(ctx, workload, req)
+	if b.unary() || size > identityapi.MaxMintRequestBytes {
+		return mintWith(ctx, b.conn, workload, req)
 	}
 	p := &pendingMint{workload: workload, req: req, size: protowire.SizeTag(1) + protowire.SizeBytes(size), done: make(chan struct{})}
 	b.mu.Lock()
@@ -92,7 +105,7 @@ func (b *JWTBatcher) Mint(ctx context.Context, workload spiffeid.ID, audience []
 		// On a goroutine of its own, as the calls started after it: a
 		// caller that leaves returns at once rather than when the call
 		// ends (up to jwtBatchTimeout later).
-		go b.send(ctx, batch)
+		go b.send(batch)
 	}
 	select {
 	case <-p.done:
@@ -101,7 +114,7 @@ func (b *JWTBatcher) Mint(ctx context.Context, workload spiffeid.ID, audience []
 		return nil, ctx.Err()
 	}
 	if errors.Is(p.err, errUnbatched) {
-		return b.mintUnary(ctx, workload, req)
+		return mintWith(ctx, b.conn, workload, req)
 	}
 	return p.svid, p.err
 }
@@ -141,8 +154,8 @@ func (b *JWTBatcher) drop(p *pendingMint) {
 
 // send makes batch's call, answers its mints and, when mints waited
 // meanwhile, starts the next call on a goroutine of its own.
-func (b *JWTBatcher) send(ctx context.Context, batch []*pendingMint) {
-	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), jwtBatchTimeout)
+func (b *JWTBatcher) send(batch []*pendingMint) {
+	callCtx, cancel := context.WithTimeout(context.Background(), jwtBatchTimeout)
 	defer cancel()
 	reqs := make([]*identityapi.MintJWTSVIDRequest, len(batch))
 	for i, p := range batch {
@@ -150,7 +163,7 @@ func (b *JWTBatcher) send(ctx context.Context, batch []*pendingMint) {
 	}
 	resp, err := identityapi.NewIdentityServiceClient(b.conn).MintJWTSVIDs(callCtx, &identityapi.MintJWTSVIDsRequest{Requests: reqs})
 	if status.Code(err) == codes.Unimplemented {
-		b.unary.Store(true)
+		b.unaryUntil.Store(b.now().Add(jwtUnbatchedFor).UnixNano())
 		err = errUnbatched
 	}
 	results := resp.GetResults()
@@ -168,7 +181,7 @@ func (b *JWTBatcher) send(ctx context.Context, batch []*pendingMint) {
 	b.mu.Lock()
 	b.inFlight--
 	var unbatched []*pendingMint
-	if b.unary.Load() {
+	if b.unary() {
 		// What waited meanwhile makes its own calls: sending it as a
 		// batch would only be answered Unimplemented again.
 		unbatched, b.queue = b.queue, nil
@@ -180,7 +193,7 @@ func (b *JWTBatcher) send(ctx context.Context, batch []*pendingMint) {
 		close(p.done)
 	}
 	if next != nil {
-		go b.send(ctx, next)
+		go b.send(next)
 	}
 }
 
@@ -194,12 +207,4 @@ func batchResult(workload spiffeid.ID, r *identityapi.MintJWTSVIDResult) (*JWTSV
 		return nil, status.Error(codes.Code(r.GetCode()), r.GetMessage())
 	}
 	return checkMinted(workload, r.GetSvid())
-}
-
-func (b *JWTBatcher) mintUnary(ctx context.Context, workload spiffeid.ID, req *identityapi.MintJWTSVIDRequest) (*JWTSVID, error) {
-	resp, err := identityapi.NewIdentityServiceClient(b.conn).MintJWTSVID(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return checkMinted(workload, resp)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,7 +47,7 @@ type batchIdentity struct {
 	gates         []chan struct{}
 	arrived       chan struct{}
 	answer        func([]*identityapi.MintJWTSVIDRequest) (*identityapi.MintJWTSVIDsResponse, error)
-	unimplemented bool
+	unimplemented atomic.Bool
 
 	mu      sync.Mutex
 	batches [][]*identityapi.MintJWTSVIDRequest
@@ -76,7 +77,7 @@ func (f *batchIdentity) MintJWTSVIDs(ctx context.Context, req *identityapi.MintJ
 		}
 	}
 	switch {
-	case f.unimplemented:
+	case f.unimplemented.Load():
 		return nil, status.Error(codes.Unimplemented, "unknown method MintJWTSVIDs")
 	case proto.Size(req) > serverMaxBatchBytes:
 		return nil, status.Error(codes.ResourceExhausted, "batch too large")
@@ -431,8 +432,11 @@ func TestJWTBatcherChecksSubject(t *testing.T) {
 // every later mint, without another MintJWTSVIDs call.
 func TestJWTBatcherUnimplemented(t *testing.T) {
 	f := newBatchIdentity(2)
-	f.unimplemented = true
+	f.unimplemented.Store(true)
 	b := NewJWTBatcher(serveIdentity(t, f))
+	var elapsed atomic.Int64 // since start, for b's clock
+	start := time.Now()
+	b.now = func() time.Time { return start.Add(time.Duration(elapsed.Load())) }
 	auds := audiences(3)
 	for i, r := range coalesce(t, b, f, auds) {
 		assertOwnToken(t, r, agentID, auds[i])
@@ -446,6 +450,17 @@ func TestJWTBatcherUnimplemented(t *testing.T) {
 	assert.Equal(t, []int{1, 1}, f.batchSizes())
 	require.Equal(t, 6, f.unaryCalls())
 	assert.Equal(t, web.String(), f.unaryReq(5).GetImpersonatedIdentity())
+
+	// Ten minutes on (the server upgraded meanwhile), a batch is tried
+	// again; just before, still one call a token.
+	elapsed.Store(int64(jwtUnbatchedFor - time.Second))
+	assertOwnToken(t, <-startMint(t.Context(), b, spiffeid.ID{}, "still"), agentID, "still")
+	require.Equal(t, 7, f.unaryCalls())
+	f.unimplemented.Store(false)
+	elapsed.Store(int64(jwtUnbatchedFor + time.Second))
+	assertOwnToken(t, <-startMint(t.Context(), b, spiffeid.ID{}, "again"), agentID, "again")
+	assert.Equal(t, []int{1, 1, 1}, f.batchSizes(), "batching tried again")
+	assert.Equal(t, 7, f.unaryCalls())
 }
 
 // A mint whose caller leaves while it waits returns the context's error

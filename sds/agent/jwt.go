@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -105,6 +106,10 @@ func (m *jwtMinter) MintJWTSVID(ctx context.Context, audience []string) (string,
 // for (sds/workload's CallerJWTMinter): the server mints it as it grants
 // the workload's certificate, and the token is cached per workload.
 func (m *jwtMinter) MintJWTSVIDFor(ctx context.Context, id spiffeid.ID, audience []string) (string, error) {
+	// A zero ID would ask the batcher for the node's own token.
+	if id.IsZero() || id.Path() == "" {
+		return "", fmt.Errorf("%q is not a SPIFFE ID of a workload", id.String())
+	}
 	charge := func(now time.Time) error { return m.limits.charge(ctx, id, now, m.log) }
 	return m.mint(ctx, id.String()+"|"+audienceKey(audience), charge, func(ctx context.Context, b *caclient.JWTBatcher) (*caclient.JWTSVID, error) {
 		return b.Mint(ctx, id, audience, 0)

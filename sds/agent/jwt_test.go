@@ -117,6 +117,15 @@ func TestNodeJWTMinterLimitsEachWorkload(t *testing.T) {
 	clk.Step(time.Second / time.Duration(jwtMintRate))
 	_, err = m.MintJWTSVIDFor(t.Context(), webID, []string{"one-too-many"})
 	require.NoError(t, err, "refilled")
+
+	// No ID, or a trust domain's, names no workload: refused before
+	// the server, never the node's own token.
+	before := svc.mints.Load()
+	for _, id := range []spiffeid.ID{{}, webID.TrustDomain().ID()} {
+		_, err = m.MintJWTSVIDFor(t.Context(), id, []string{"aud-0"})
+		assert.ErrorContains(t, err, "is not a SPIFFE ID of a workload", "%q", id)
+	}
+	assert.Equal(t, before, svc.mints.Load())
 }
 
 // The budgets are bounded: full ones are forgotten first.
