@@ -126,7 +126,7 @@ func FuzzMintJWTSVIDs(f *testing.F) {
 			{Audience: []string{"e\x00"}, TtlSeconds: 1 << 62},
 			{ImpersonatedIdentity: web.String()},
 		}},
-		{Requests: make([]*identityapi.MintJWTSVIDRequest, MaxMintBatch+1)},
+		{Requests: make([]*identityapi.MintJWTSVIDRequest, identityapi.MaxMintBatch+1)},
 		{Requests: []*identityapi.MintJWTSVIDRequest{{Audience: []string{strings.Repeat("x", maxMintRequestSize)}}}},
 	}
 	for _, req := range seeds {
@@ -149,7 +149,7 @@ func FuzzMintJWTSVIDs(f *testing.F) {
 			ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token))
 		}
 		caller, authenticated := callers[token]
-		malformed := proto.Size(&req) > MaxMintBatchSize || len(req.GetRequests()) == 0 || len(req.GetRequests()) > MaxMintBatch
+		malformed := proto.Size(&req) > identityapi.MaxMintBatchBytes || len(req.GetRequests()) == 0 || len(req.GetRequests()) > identityapi.MaxMintBatch
 		for _, item := range req.GetRequests() {
 			malformed = malformed || proto.Size(item) > maxMintRequestSize
 		}

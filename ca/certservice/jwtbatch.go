@@ -12,17 +12,6 @@ import (
 	"github.com/trustbridge/trustbridge/internal/identityapi"
 )
 
-// Bounds of a MintJWTSVIDs batch (identityapi's): a node agent sends
-// what its workloads asked for while its previous batches were on the
-// wire, a few to a few dozen tokens; each item is a MintJWTSVID request
-// within its own bounds.
-const (
-	// MaxMintBatch is the most tokens one MintJWTSVIDs call may ask for.
-	MaxMintBatch = identityapi.MaxMintBatch
-	// MaxMintBatchSize bounds a MintJWTSVIDs request.
-	MaxMintBatchSize = identityapi.MaxMintBatchBytes
-)
-
 // MintJWTSVIDs mints a batch of JWT-SVIDs for the caller, each item
 // decided as MintJWTSVID decides a request.
 func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.MintJWTSVIDsRequest) (*identityapi.MintJWTSVIDsResponse, error) {
@@ -38,7 +27,7 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 	refuse := func(i int, ref *refusal) {
 		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
 		err := s.refuse(ctx, "jwt-svid request refused", r, ident, ref, "item", i)
-		results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: statusMessage(err)}
+		results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: status.Convert(err).Message()}
 	}
 	// Every item is judged and charged first, in order; a caller that
 	// left stops the rest.
@@ -90,7 +79,7 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 // malformed by its length, so that a caller cannot add thousands with one
 // call.
 func refusedCount(n int) int {
-	if n < 1 || n > MaxMintBatch {
+	if n < 1 || n > identityapi.MaxMintBatch {
 		return 1
 	}
 	return n
@@ -103,14 +92,14 @@ func (s *Service) checkMintBatch(ctx context.Context, r authn.Request, req *iden
 	switch {
 	case s.cfg.JWT == nil:
 		return authn.Identity{}, errJWTNotConfigured
-	case proto.Size(req) > MaxMintBatchSize:
+	case proto.Size(req) > identityapi.MaxMintBatchBytes:
 		return authn.Identity{}, &refusal{codes.ResourceExhausted, "too_large",
-			fmt.Sprintf("batch larger than %d bytes; send at most %d tokens' requests a call", MaxMintBatchSize, MaxMintBatch), nil}
+			fmt.Sprintf("batch larger than %d bytes; send at most %d tokens' requests a call", identityapi.MaxMintBatchBytes, identityapi.MaxMintBatch), nil}
 	case n == 0:
 		return authn.Identity{}, &refusal{codes.InvalidArgument, "empty_batch", "the batch asks for no token: send at least one request", nil}
-	case n > MaxMintBatch:
+	case n > identityapi.MaxMintBatch:
 		return authn.Identity{}, &refusal{codes.InvalidArgument, "batch_too_long",
-			fmt.Sprintf("the batch asks for %d tokens; at most %d are allowed a call", n, MaxMintBatch), nil}
+			fmt.Sprintf("the batch asks for %d tokens; at most %d are allowed a call", n, identityapi.MaxMintBatch), nil}
 	}
 	for i, item := range req.GetRequests() {
 		if proto.Size(item) > maxMintRequestSize {
@@ -120,12 +109,4 @@ func (s *Service) checkMintBatch(ctx context.Context, r authn.Request, req *iden
 		}
 	}
 	return s.authenticate(ctx, r, s.identityAuth)
-}
-
-// statusMessage is the message of a gRPC status error.
-func statusMessage(err error) string {
-	if st, ok := status.FromError(err); ok {
-		return st.Message()
-	}
-	return err.Error()
 }

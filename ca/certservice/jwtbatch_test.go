@@ -165,7 +165,7 @@ func TestMintJWTSVIDsBatchRefusals(t *testing.T) {
 		full[i] = strings.Repeat(string(rune('a'+i)), certservice.MaxAudienceBytes)
 	}
 	var large []*identityapi.MintJWTSVIDRequest
-	for range certservice.MaxMintBatchSize/(certservice.MaxAudiences*certservice.MaxAudienceBytes) + 1 {
+	for range identityapi.MaxMintBatchBytes/(certservice.MaxAudiences*certservice.MaxAudienceBytes) + 1 {
 		large = append(large, mintItem(0, full...))
 	}
 	oversizedItem := append(n(2), mintItem(0, strings.Repeat("x", certservice.MaxAudiences*(certservice.MaxAudienceBytes+8)+64)), mintItem(0, "z"))
@@ -181,7 +181,7 @@ func TestMintJWTSVIDsBatchRefusals(t *testing.T) {
 		counted int
 	}{
 		{name: "empty", token: goodToken, code: codes.InvalidArgument, reason: "empty_batch", msg: "send at least one request", counted: 1},
-		{name: "65 items", token: goodToken, items: n(certservice.MaxMintBatch + 1), code: codes.InvalidArgument, reason: "batch_too_long",
+		{name: "65 items", token: goodToken, items: n(identityapi.MaxMintBatch + 1), code: codes.InvalidArgument, reason: "batch_too_long",
 			msg: "the batch asks for 65 tokens; at most 64 are allowed", counted: 1},
 		{name: "4,000 items", items: n(4000), code: codes.InvalidArgument, reason: "batch_too_long",
 			msg: "the batch asks for 4000 tokens; at most 64 are allowed", counted: 1},
@@ -344,7 +344,7 @@ func TestMintJWTSVIDsCountedPerItem(t *testing.T) {
 func TestMintJWTSVIDsFullBatchConcurrent(t *testing.T) {
 	f := caJWTFixture(t)
 	bundle := caJWTBundle(f)
-	items := make([]*identityapi.MintJWTSVIDRequest, certservice.MaxMintBatch)
+	items := make([]*identityapi.MintJWTSVIDRequest, identityapi.MaxMintBatch)
 	for i := range items {
 		items[i] = mintItem(int64(60+i), fmt.Sprint("aud-", i))
 	}
@@ -359,8 +359,8 @@ func TestMintJWTSVIDsFullBatchConcurrent(t *testing.T) {
 		}
 		seen[tok] = i
 	}
-	assert.Len(t, seen, certservice.MaxMintBatch)
-	assert.Equal(t, float64(certservice.MaxMintBatch), testutil.ToFloat64(f.svc.JWTSVIDsForTest("OK", "fake-token")))
+	assert.Len(t, seen, identityapi.MaxMintBatch)
+	assert.Equal(t, float64(identityapi.MaxMintBatch), testutil.ToFloat64(f.svc.JWTSVIDsForTest("OK", "fake-token")))
 }
 
 // A batch's item waits for a signing slot with the queue places of the
@@ -378,7 +378,7 @@ func TestMintJWTSVIDsWaitWithTheBatchsPlaces(t *testing.T) {
 		cfg.Concurrency, cfg.QueueSize = 1, 10
 		cfg.Signer = heldSigner(a, entered, release)
 	})
-	queued := make(chan struct{}, certservice.MaxMintBatch+2)
+	queued := make(chan struct{}, identityapi.MaxMintBatch+2)
 	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
 	certDone := createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
 	<-entered // the one slot is taken
