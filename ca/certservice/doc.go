@@ -72,7 +72,10 @@
 // or Config.Bundles is set. Its callers authenticate as for a certificate,
 // except that an X509-SVID whose grant no longer stands, or SDS minted,
 // and a single-use bootstrap token (which buys one certificate) are
-// refused, as on SDS. MintJWTSVID signs a JWT-SVID whose subject is the
+// refused, as on SDS. MintJWTSVIDs signs a batch of them, up to 64, the
+// caller authenticated once, each item judged and charged as
+// MintJWTSVID's request, the batch waiting in the signing queue once.
+// MintJWTSVID signs a JWT-SVID whose subject is the
 // caller's proven identity, or, with impersonated_identity, a workload
 // the Impersonator lets the caller (a node agent, by its token) act for,
 // as for that workload's certificate; for 1 to

@@ -90,7 +90,7 @@ type identityService struct {
 }
 
 // identityAuthenticator is what every identity service call
-// (MintJWTSVID, WatchBundles, SignIntermediate) accepts: as for
+// (MintJWTSVID(s), WatchBundles, SignIntermediate) accepts: as for
 // certificates, except that a renewal chain whose grant no longer stands
 // does not authenticate (as on SDS), and a single-use bootstrap token,
 // which buys one certificate, buys nothing here.

@@ -178,7 +178,7 @@ type Config struct {
 	Authorized func(ctx context.Context)
 
 	// JWT, when set, mints JWT-SVIDs for callers of
-	// trustbridge.identity.v1.IdentityService/MintJWTSVID; nil refuses
+	// trustbridge.identity.v1.IdentityService/MintJWTSVID(s); nil refuses
 	// them (FailedPrecondition). The identity service is registered when
 	// JWT or Bundles is set.
 	JWT JWTSigner

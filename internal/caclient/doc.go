@@ -13,7 +13,8 @@
 //	err = caclient.WriteCredentials(dir, key, leafChain, issuedRoots)
 //
 // The identity service on the same listener (trustbridge.identity.v1,
-// authenticated the same way) gives MintJWTSVID, and WatchBundles and
+// authenticated the same way) gives MintJWTSVID (JWTBatcher coalesces the
+// mints goroutines ask for at once into MintJWTSVIDs calls), and WatchBundles and
 // FetchBundles, the caller's SPIFFE bundle map as the server's trust
 // policy filters it, each message bounded and checked by
 // ParseWatchBundles; WatchBundlesWith lets a node agent watch a workload

@@ -136,7 +136,7 @@ func addGRPCFlags(f *pflag.FlagSet, o *GRPCConfig) {
 		"Reloaded on change: replace it atomically, by writing a new file and renaming it over this one (token create does), since a reload that finds it truncated mid-write takes it as empty")
 	f.Float64Var(&o.rateLimit, "sign-rate-limit", 0, "signings per second allowed to one authenticated identity, 0 for no limit (SPIRE caps at 500)")
 	f.IntVar(&o.queueSize, "sign-queue-size", certservice.DefaultQueueSize, "signing requests (certificates, JWT-SVIDs, intermediates) that may wait, in arrival order, for one of the --sign-concurrency signing slots; "+
-		"beyond them a request is refused at once (ResourceExhausted, reason queue_full) for the client to retry. A request takes a place per 4 KiB (one for a typical CSR); "+
+		"beyond them a request is refused at once (ResourceExhausted, reason queue_full) for the client to retry. A request takes a place per 4 KiB (one for a typical CSR; a batch of JWT-SVIDs waits once, for its whole size); "+
 		"a place costs about 13 KB, so the default (a burst of 10,000 workloads asking at once, with room) holds about 150 MiB when full: raise it with the memory limit (docs/operations.md, Sizing for bursts)")
 	f.IntVar(&o.signConcurrency, "sign-concurrency", 0, "signings in flight at once (the CSR's signature check and the signing, CPU work), 0 for GOMAXPROCS (the CPUs the server may use); "+
 		"raise it for a signer that waits rather than computes (an HSM over the network)")

@@ -61,7 +61,8 @@
 // the server's WatchBundles (the trust domains the trust policy lets the
 // workload trust, JWT authorities included; those granted only for some
 // peers are withheld, since a bundle cannot carry that limit) and
-// JWT-SVIDs come from the server's MintJWTSVID, reused per audience set
+// JWT-SVIDs come from the server's MintJWTSVIDs (the mints asked at once
+// in one call), reused per audience set
 // for half their lifetime. While the server is unreachable the last good
 // bundles are served, marked stale, with one warning per outage and
 // trustbridge_agent_bundles_connected 0; the local roots the Rotator's

@@ -42,8 +42,9 @@ const (
 	jwtMintBurst = 20
 )
 
-// jwtMinter mints JWT-SVIDs with the certificate service's MintJWTSVID
-// over mTLS as the workload, and reuses a token for the same audience set
+// jwtMinter mints JWT-SVIDs with the identity service's MintJWTSVIDs
+// (mints asked at once go in one call; caclient.JWTBatcher) over mTLS as
+// the workload, and reuses a token for the same audience set
 // until half its lifetime passed, so a workload asking per request does
 // not become a signing per request upstream.
 type jwtMinter struct {

@@ -138,7 +138,7 @@ func grpcAnswers(ctx context.Context, path string, timeout time.Duration) bool {
 
 // caWorkloadAPI is the Workload API of an agent with a CA: the SVID from
 // the Rotator, bundles from the server's WatchBundles, JWT-SVIDs from its
-// MintJWTSVID. It returns the workers to run.
+// MintJWTSVIDs. It returns the workers to run.
 func (a *Agent) caWorkloadAPI(id spiffeid.ID) (*workloadAPI, []func(context.Context) error) {
 	bundles := newBundleCell(seedBundles(a.rot.Trust()), errNoBundlesYet)
 	bw := &bundleWatcher{

@@ -13,7 +13,12 @@
 // (TestFloorServerProcess). Its CPU per call is what gRPC, HTTP/2, TLS
 // and the Go runtime cost, so trustbridge's CPU per certificate splits
 // into that floor, the signing (measured in process) and the service's
-// own work.
+// own work. The signing floor is the same server doing the in-process
+// signing on each call and nothing else: the least any server signing
+// with this code costs here, which a goal for trustbridge's CPU per
+// operation must be read against. And trustbridge-batched is trustbridge
+// with its clients minting JWT-SVIDs as the node agent does, through one
+// connection and caclient.JWTBatcher.
 //
 // The package holds only benchmarks and what they share; make bench runs
 // them with TRUSTBRIDGE_BIN and TRUSTBRIDGE_SPIRE_TESTS=require.
