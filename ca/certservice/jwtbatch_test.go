@@ -369,19 +369,7 @@ func TestMintJWTSVIDsFullBatchConcurrent(t *testing.T) {
 // With one request waiting in a queue of 10 places, no item of a batch of
 // 15 places' worth may wait.
 func TestMintJWTSVIDsWaitWithTheBatchsPlaces(t *testing.T) {
-	entered := make(chan struct{}, 1)
-	release := make(chan struct{})
-	signer := newFakeJWTSigner(t)
-	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
-		cfg.JWT = signer
-		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
-		cfg.Concurrency, cfg.QueueSize = 1, 10
-		cfg.Signer = heldSigner(a, entered, release)
-	})
-	queued := make(chan struct{}, identityapi.MaxMintBatch+2)
-	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
-	certDone := createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
-	<-entered // the one slot is taken
+	f, signer, queued, release, certDone := heldSlot(t, 10)
 	c := f.identityClient(t, nil, goodToken)
 	oneDone := make(chan error, 1)
 	go func() {
@@ -435,19 +423,7 @@ func TestMintJWTSVIDsWaitWithTheBatchsPlaces(t *testing.T) {
 // another would make a batch wait 16 queue waits, past a client's
 // deadline in a burst.)
 func TestMintJWTSVIDsWaitOnceInTheQueue(t *testing.T) {
-	entered := make(chan struct{}, 1)
-	release := make(chan struct{})
-	signer := newFakeJWTSigner(t)
-	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
-		cfg.JWT = signer
-		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
-		cfg.Concurrency, cfg.QueueSize = 1, 100
-		cfg.Signer = heldSigner(a, entered, release)
-	})
-	queued := make(chan struct{}, 32)
-	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
-	certDone := createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
-	<-entered // the one slot is taken
+	f, signer, queued, release, certDone := heldSlot(t, 100)
 
 	items := make([]*identityapi.MintJWTSVIDRequest, 16)
 	for i := range items {
@@ -475,4 +451,26 @@ func TestMintJWTSVIDsWaitOnceInTheQueue(t *testing.T) {
 	assert.Empty(t, queued, "the batch queued once, not once per token")
 	_, _, _, calls := signer.last()
 	assert.Equal(t, len(items), calls)
+}
+
+// heldSlot is a fixture minting JWT-SVIDs (signer) with one signing slot
+// and a queue of queueSize places, the slot taken by a certificate
+// request (certDone) whose signing waits until release is closed; queued
+// receives each request that starts to wait.
+func heldSlot(t *testing.T, queueSize int) (f *fixture, signer *fakeJWTSigner, queued chan struct{}, release chan struct{}, certDone <-chan error) {
+	t.Helper()
+	entered := make(chan struct{}, 1)
+	release = make(chan struct{})
+	signer = newFakeJWTSigner(t)
+	f = newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.JWT = signer
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
+		cfg.Concurrency, cfg.QueueSize = 1, queueSize
+		cfg.Signer = heldSigner(a, entered, release)
+	})
+	queued = make(chan struct{}, identityapi.MaxMintBatch+2)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	certDone = createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
+	<-entered // the one slot is taken
+	return f, signer, queued, release, certDone
 }
