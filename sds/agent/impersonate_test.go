@@ -104,6 +104,13 @@ func newCertService(t *testing.T, allow ...spiffeid.ID) *certService {
 // bundles and trust policy, say) before the service is built.
 func newCertServiceWith(t testing.TB, with func(*certservice.Config, *ca.Authority), allow ...spiffeid.ID) *certService {
 	t.Helper()
+	return newCertServiceServing(t, with, nil, allow...)
+}
+
+// newCertServiceServing is newCertServiceWith whose gRPC server has opts
+// too (an interceptor recording the calls, say).
+func newCertServiceServing(t testing.TB, with func(*certservice.Config, *ca.Authority), opts []grpc.ServerOption, allow ...spiffeid.ID) *certService {
+	t.Helper()
 	authority, err := ca.New(ca.Config{TrustDomain: tdA, DataDir: t.TempDir()})
 	require.NoError(t, err)
 	imp := &recordingImpersonator{allow: map[spiffeid.ID]bool{}}
@@ -132,7 +139,7 @@ func newCertServiceWith(t testing.TB, with func(*certservice.Config, *ca.Authori
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln)
+	srv := certservice.NewServer(svc, certservice.TLSConfig(sc.GetCertificate), ln, opts...)
 	// The server's own SDS beside it, as trustbridge serves it, for the
 	// Rotator's first trust: the local roots, to the callers the
 	// certificate service authenticates (with may have changed them).

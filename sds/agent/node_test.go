@@ -20,6 +20,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -110,10 +111,17 @@ func startNodeFixtureWith(t testing.TB, with func(*Config), id spiffeid.ID, allo
 // service's Config changed by csWith (a TaintSource, say) too.
 func startNodeFixtureOn(t testing.TB, csWith func(*certservice.Config, *ca.Authority), with func(*Config), id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
 	t.Helper()
+	return startNodeFixtureServing(t, nil, csWith, with, id, allow...)
+}
+
+// startNodeFixtureServing is startNodeFixtureOn whose certificate
+// service's gRPC server has csOpts too (newCertServiceServing).
+func startNodeFixtureServing(t testing.TB, csOpts []grpc.ServerOption, csWith func(*certservice.Config, *ca.Authority), with func(*Config), id spiffeid.ID, allow ...spiffeid.ID) *nodeFixture {
+	t.Helper()
 	f := &nodeFixture{fed: &federation{changed: make(chan struct{})}, policy: trustpolicy.NewCell(shopPolicy(t, gatewayPeer)),
 		b: testca.New(t, tdB.Name())}
 	c, d := testca.New(t, tdC.Name()), testca.New(t, tdD.Name())
-	f.cs = newCertServiceWith(t, func(cfg *certservice.Config, authority *ca.Authority) {
+	f.cs = newCertServiceServing(t, func(cfg *certservice.Config, authority *ca.Authority) {
 		f.fed.bundles = []*spiffebundle.Bundle{authority.Bundle(), f.b.Bundle(), c.Bundle(), d.Bundle()}
 		cfg.Bundles = f.fed
 		cfg.Policy = trustpolicy.NewAccess(f.policy, nil)
@@ -121,7 +129,7 @@ func startNodeFixtureOn(t testing.TB, csWith func(*certservice.Config, *ca.Autho
 		if csWith != nil {
 			csWith(cfg, authority)
 		}
-	}, allow...)
+	}, csOpts, allow...)
 
 	dir := shortDir(t)
 	token := filepath.Join(dir, "token")

@@ -378,15 +378,19 @@ func (f *signingIdentity) MintJWTSVID(_ context.Context, req *identityapi.MintJW
 	return &identityapi.MintJWTSVIDResponse{Token: token, SpiffeId: agentID.String(), ExpiresAt: exp.Unix()}, nil
 }
 
-// TestFloorTarget checks the floor targets: one X509 and one JWT call
+// TestFloorTarget checks the floor targets: one X509 and two JWT calls
 // through trustbridge's client get answers back (from the signing floor,
-// a certificate of the CSR's key and a token for the audience asked),
+// a certificate of the CSR's key and a token for each audience asked;
+// from the canned floor, its one token for both),
 // and the server's process is gone once the test that started it has
 // ended.
 func TestFloorTarget(t *testing.T) {
 	testFloorTarget(t, rowFloor, newFloorTarget)
 	testFloorTarget(t, rowSigningFloor, newSigningFloorTarget)
 }
+
+// floorOtherAudience is the audience TestFloorTarget asks for second.
+const floorOtherAudience = "https://other.example.com"
 
 func testFloorTarget(t *testing.T, name string, start newTarget) {
 	var pid int
@@ -422,10 +426,23 @@ func testFloorTarget(t *testing.T, name string, start newTarget) {
 		assert.Equal(t, agentID.String(), jwt.GetSpiffeId())
 		assert.Positive(t, jwt.GetExpiresAt())
 		assert.Len(t, strings.Split(jwt.GetToken(), "."), 3, "a compact JWS")
+		claims, err := spiffejwt.ParseInsecure(jwt.GetToken(), []string{jwtAudience})
+		require.NoError(t, err)
+		assert.Equal(t, agentID, claims.ID)
+		assert.Equal(t, []string{jwtAudience}, claims.Audience)
+		// A second audience: the signing floor signs what it is asked
+		// for; the canned floor answers its one token, which this check
+		// must tell apart.
+		other, err := c.mintJWT(ctx, floorOtherAudience)
+		require.NoError(t, err)
+		otherClaims, err := spiffejwt.ParseInsecure(other.GetToken(), []string{floorOtherAudience})
 		if name == rowSigningFloor {
-			claims, err := spiffejwt.ParseInsecure(jwt.GetToken(), []string{jwtAudience})
-			require.NoError(t, err)
-			assert.Equal(t, agentID, claims.ID)
+			require.NoError(t, err, "a token for the second audience")
+			assert.Equal(t, agentID, otherClaims.ID)
+			assert.Equal(t, []string{floorOtherAudience}, otherClaims.Audience)
+		} else {
+			assert.Error(t, err, "the canned floor's token is for %s only", jwtAudience)
+			assert.Equal(t, jwt.GetToken(), other.GetToken(), "canned")
 		}
 
 		cpu, err := procCPU(pid)

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/trustbridge/trustbridge/internal/caclient"
@@ -255,7 +256,7 @@ func (c *trustbridgeClient) Close() error { return c.conn.Close() }
 func (t *trustbridgeTarget) DialBatched(tb testing.TB, n int) []client {
 	tb.Helper()
 	c := t.Dial(tb).(*trustbridgeClient)
-	shared := &batchedClient{trustbridgeClient: c, batcher: caclient.NewJWTBatcher(c.conn)}
+	shared := newBatchedClient(c, c.conn)
 	clients := make([]client, n)
 	for i := range clients {
 		clients[i] = shared
@@ -263,18 +264,34 @@ func (t *trustbridgeTarget) DialBatched(tb testing.TB, n int) []client {
 	return clients
 }
 
+// newBatchedClient is c minting through a JWTBatcher on conn (c's
+// connection, or a test's wrapping of it), whose calls it counts.
+func newBatchedClient(c *trustbridgeClient, conn grpc.ClientConnInterface) *batchedClient {
+	calls := &countingConn{ClientConnInterface: conn}
+	return &batchedClient{trustbridgeClient: c, batcher: caclient.NewJWTBatcher(calls), calls: calls}
+}
+
 // batchedClient is a trustbridgeClient minting through a JWTBatcher; its
 // goroutines share it, and Close closes the connection once.
 type batchedClient struct {
 	*trustbridgeClient
 	batcher *caclient.JWTBatcher
-	once    sync.Once
-	err     error
+	// calls are the batcher's: a server that answered MintJWTSVIDs
+	// Unimplemented would have it mint a token per MintJWTSVID call, and
+	// the row measure unary calls under the batched row's name.
+	calls *countingConn
+	once  sync.Once
+	err   error
 }
 
 // JWT mints a JWT-SVID of the caller for audience through the batcher.
+// Once any token went by unary MintJWTSVID it fails, with an error that
+// is no gRPC status, so that runLoad, and the row, fail.
 func (c *batchedClient) JWT(ctx context.Context, audience string) error {
 	svid, err := c.batcher.Mint(ctx, spiffeid.ID{}, []string{audience}, 0)
+	if n := c.calls.count(identityapi.IdentityService_MintJWTSVID_FullMethodName); n > 0 {
+		return fmt.Errorf("the batcher made %d unary MintJWTSVID calls: the server does not batch (MintJWTSVIDs Unimplemented?), so the %s row would measure a call per token", n, rowBatched)
+	}
 	if err != nil {
 		return err
 	}
@@ -287,6 +304,43 @@ func (c *batchedClient) JWT(ctx context.Context, audience string) error {
 func (c *batchedClient) Close() error {
 	c.once.Do(func() { c.err = c.trustbridgeClient.Close() })
 	return c.err
+}
+
+// countingConn counts the unary calls made on its connection by full
+// method name, and the items of its MintJWTSVIDs calls: a client
+// interceptor on the connection a JWTBatcher is given.
+type countingConn struct {
+	grpc.ClientConnInterface
+	mu    sync.Mutex
+	calls map[string]int
+	items int // asked for by MintJWTSVIDs calls
+}
+
+func (c *countingConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	c.mu.Lock()
+	if c.calls == nil {
+		c.calls = map[string]int{}
+	}
+	c.calls[method]++
+	if batch, ok := args.(*identityapi.MintJWTSVIDsRequest); ok {
+		c.items += len(batch.GetRequests())
+	}
+	c.mu.Unlock()
+	return c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+}
+
+// count is how many calls of method were made.
+func (c *countingConn) count(method string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.calls[method]
+}
+
+// batchedItems is how many tokens the MintJWTSVIDs calls asked for.
+func (c *countingConn) batchedItems() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.items
 }
 
 // serverProcess is a started `trustbridge server` and its listeners.
@@ -495,12 +549,53 @@ func TestTrustbridgeTarget(t *testing.T) {
 			})
 		}
 	}
+	// The trustbridge-batched row's clients: every token in a
+	// MintJWTSVIDs call, none by unary MintJWTSVID.
+	t.Run("batched", func(t *testing.T) {
+		batched := tb.DialBatched(t, conns)
+		t.Cleanup(func() { closeAll(batched) })
+		l, err := runLoad(tgt.PID(), batched, calls, jwtCall)
+		require.NoError(t, err)
+		assert.Equal(t, calls*4/5, l.served)
+		assert.Equal(t, map[codes.Code]int{codes.InvalidArgument: calls / 5}, l.refused, "each item judged on its own")
+		counted := batched[0].(*batchedClient).calls
+		assert.Zero(t, counted.count(identityapi.IdentityService_MintJWTSVID_FullMethodName))
+		assert.Equal(t, calls, counted.batchedItems(), "every token asked for once, in a MintJWTSVIDs call")
+		assert.Positive(t, counted.count(identityapi.IdentityService_MintJWTSVIDs_FullMethodName))
+	})
+	// A server answering MintJWTSVIDs Unimplemented (one that predates
+	// it) has the batcher mint by MintJWTSVID: the row must fail, not
+	// measure unary calls.
+	t.Run("batched/unimplemented", func(t *testing.T) {
+		c := tgt.Dial(t).(*trustbridgeClient)
+		old := newBatchedClient(c, unbatchedConn{c.conn})
+		t.Cleanup(func() { _ = old.Close() })
+		err := old.JWT(ctx, jwtAudience)
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "1 unary MintJWTSVID calls")
+		_, isStatus := status.FromError(err)
+		assert.False(t, isStatus, "not a refusal, which runLoad would count")
+		assert.Equal(t, 1, old.calls.count(identityapi.IdentityService_MintJWTSVIDs_FullMethodName))
+		_, err = runLoad(tgt.PID(), []client{old}, 5, jwtCall)
+		assert.ErrorContains(t, err, "unary MintJWTSVID calls")
+	})
 	t.Run("memory", func(t *testing.T) {
 		rss := mustStatusKiB(t, tgt.PID(), "VmRSS")
 		peak := mustStatusKiB(t, tgt.PID(), "VmHWM")
 		assert.Positive(t, rss)
 		assert.GreaterOrEqual(t, peak, rss)
 	})
+}
+
+// unbatchedConn answers MintJWTSVIDs Unimplemented, as a server that
+// predates it does, and passes every other call on.
+type unbatchedConn struct{ grpc.ClientConnInterface }
+
+func (c unbatchedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if method == identityapi.IdentityService_MintJWTSVIDs_FullMethodName {
+		return status.Error(codes.Unimplemented, "unknown method MintJWTSVIDs")
+	}
+	return c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
 }
 
 func countTrue(bs []bool) int {
