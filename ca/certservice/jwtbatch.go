@@ -59,13 +59,16 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 		defer release()
 	}
 	for _, i := range accepted {
+		if ref == nil && ctx.Err() != nil {
+			ref = callerLeft(ctx.Err()) // nobody will read the rest
+		}
 		if ref != nil {
 			refuse(i, ref)
 			continue
 		}
-		resp, ref := s.signMint(ctx, r, ident, decided[i])
-		if ref != nil {
-			refuse(i, ref)
+		resp, signRef := s.signMint(ctx, r, ident, decided[i])
+		if signRef != nil {
+			refuse(i, signRef)
 			continue
 		}
 		s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -473,4 +475,45 @@ func heldSlot(t *testing.T, queueSize int) (f *fixture, signer *fakeJWTSigner, q
 	certDone = createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
 	<-entered // the one slot is taken
 	return f, signer, queued, release, certDone
+}
+
+// A caller that leaves while its batch is being signed gets no more of
+// it signed: the signer, held on the first token, is not called for the
+// rest once the call's context has ended.
+func TestMintJWTSVIDsStopsWhenTheCallerLeaves(t *testing.T) {
+	signer := newFakeJWTSigner(t)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	serverCtx := make(chan context.Context, 1)
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.JWT = certservice.JWTSignerFunc(func(id spiffeid.ID, audience []string, ttl time.Duration) (string, time.Time, error) {
+			once.Do(func() { entered <- struct{}{}; <-release })
+			return signer.SignJWT(id, audience, ttl)
+		})
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), fakeTokens}
+	}, grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		serverCtx <- ctx
+		return handler(ctx, req)
+	}))
+	items := make([]*identityapi.MintJWTSVIDRequest, 8)
+	for i := range items {
+		items[i] = mintItem(0, fmt.Sprint("aud-", i))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.identityClient(t, nil, goodToken).MintJWTSVIDs(ctx, &identityapi.MintJWTSVIDsRequest{Requests: items})
+		done <- err
+	}()
+	sctx := <-serverCtx
+	<-entered // the first token is being signed
+	cancel()
+	require.Equal(t, codes.Canceled, status.Code(<-done))
+	<-sctx.Done() // the server knows the caller left
+	close(release)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(f.svc.JWTSVIDsForTest(codes.Canceled.String(), "fake-token")) == float64(len(items)-1)
+	}, time.Minute, time.Millisecond, "the 7 tokens after the first refused as the caller left")
+	_, _, _, calls := signer.last()
+	assert.Equal(t, 1, calls, "no token signed after the caller left")
 }
