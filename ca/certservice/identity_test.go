@@ -359,3 +359,50 @@ func TestMintJWTSVIDClampedToCredential(t *testing.T) {
 		})
 	}
 }
+
+// The clamp to the credential is reckoned when the token is signed, not
+// when its request was judged: a request that waited 15 s in the signing
+// queue, its token with 90 s left when it arrived, gets a token ending
+// with the token, not 15 s after it.
+func TestMintJWTSVIDClampedAfterQueueWait(t *testing.T) {
+	now := time.Unix(time.Now().Unix(), 0)
+	tokenExp := now.Add(90 * time.Second)
+	clk := clocktesting.NewFakeClock(now)
+	signer := newFakeJWTSigner(t)
+	signer.clk = clk
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	f := newFixture(t, func(cfg *certservice.Config, a *ca.Authority) {
+		cfg.Clock = clk
+		cfg.JWT = signer
+		cfg.Concurrency, cfg.QueueSize = 1, 10
+		cfg.Signer = heldSigner(a, entered, release)
+		cfg.Authenticator = authn.Chain{authn.NewX509SVID(td, localRoots{a}, nil), authn.AuthenticatorFunc(func(_ context.Context, r authn.Request) (authn.Identity, error) {
+			if strings.Count(r.BearerToken, ".") != 2 {
+				return authn.Identity{}, authn.ErrNoCredentials
+			}
+			return authn.Identity{ID: tokenID, Method: authn.MethodKubernetesJWT, NotAfter: tokenExp}, nil
+		})}
+	})
+	queued := make(chan struct{}, 2)
+	f.svc.OnQueuedForTest(func() { queued <- struct{}{} })
+	certDone := createInBackground(t, f.client(t, svid(t, f.authority, workloadID), ""))
+	<-entered // the one slot is taken
+
+	type answer struct {
+		resp *identityapi.MintJWTSVIDResponse
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := f.identityClient(t, nil, fakeJWT(tokenExp)).MintJWTSVID(context.Background(),
+			&identityapi.MintJWTSVIDRequest{Audience: []string{"aud"}, TtlSeconds: 600})
+		done <- answer{resp, err}
+	}()
+	<-queued
+	clk.Step(15 * time.Second) // under the queue's 20 s, which this clock also runs
+	close(release)
+	require.NoError(t, <-certDone)
+	got := <-done
+	require.NoError(t, got.err)
+	assert.Equal(t, tokenExp.Unix(), got.resp.GetExpiresAt(), "the token ends with the credential that bought it")
+}
