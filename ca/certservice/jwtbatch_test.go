@@ -341,9 +341,9 @@ func TestMintJWTSVIDsCountedPerItem(t *testing.T) {
 	assert.Len(t, logRecords(t, f, "jwt-svid issued"), 3)
 }
 
-// A full batch is signed side by side (run with -race): 64 distinct
-// tokens, each for its own item.
-func TestMintJWTSVIDsFullBatchConcurrent(t *testing.T) {
+// A full batch is signed whole (run with -race): 64 distinct tokens, each
+// for its own item, in order.
+func TestMintJWTSVIDsFullBatch(t *testing.T) {
 	f := caJWTFixture(t)
 	bundle := caJWTBundle(f)
 	items := make([]*identityapi.MintJWTSVIDRequest, identityapi.MaxMintBatch)
