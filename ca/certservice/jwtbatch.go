@@ -23,58 +23,81 @@ func (is *identityService) MintJWTSVIDs(ctx context.Context, req *identityapi.Mi
 		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Add(float64(refusedCount(len(items))))
 		return nil, s.refuse(ctx, "jwt-svid batch refused", r, ident, ref, "items", len(items))
 	}
-	results := make([]*identityapi.MintJWTSVIDResult, len(items))
-	refuse := func(i int, ref *refusal) {
-		s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(ident)).Inc()
-		err := s.refuse(ctx, "jwt-svid request refused", r, ident, ref, "item", i)
-		results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: status.Convert(err).Message()}
+	b := &mintBatch{s: s, ctx: ctx, r: r, ident: ident, results: make([]*identityapi.MintJWTSVIDResult, len(items))}
+	if decided := b.decide(items); len(decided) > 0 {
+		b.sign(proto.Size(req), decided)
 	}
-	// Every item is judged and charged first, in order; a caller that
-	// left stops the rest.
-	decided := make([]mintDecision, len(items))
-	var accepted []int
+	return &identityapi.MintJWTSVIDsResponse{Results: b.results}, nil
+}
+
+// mintBatch is one MintJWTSVIDs call's items being answered.
+type mintBatch struct {
+	s       *Service
+	ctx     context.Context
+	r       authn.Request
+	ident   authn.Identity
+	results []*identityapi.MintJWTSVIDResult
+}
+
+// decidedItem is an item that passed decideMint, by its index.
+type decidedItem struct {
+	i int
+	d mintDecision
+}
+
+// decide judges and charges every item, in order, answering those
+// refused; a caller that left stops the rest.
+func (b *mintBatch) decide(items []*identityapi.MintJWTSVIDRequest) []decidedItem {
+	var decided []decidedItem
 	for i, item := range items {
-		if err := ctx.Err(); err != nil {
-			refuse(i, callerLeft(err))
+		if err := b.ctx.Err(); err != nil {
+			b.refuse(i, callerLeft(err))
 			continue
 		}
-		d, ref := s.decideMint(ctx, ident, item)
+		d, ref := b.s.decideMint(b.ctx, b.ident, item)
 		if ref != nil {
-			refuse(i, ref)
+			b.refuse(i, ref)
 			continue
 		}
-		decided[i] = d
-		accepted = append(accepted, i)
+		decided = append(decided, decidedItem{i, d})
 	}
-	if len(accepted) == 0 {
-		return &identityapi.MintJWTSVIDsResponse{Results: results}, nil
-	}
-	// The batch then waits in the signing queue once, as one request of
-	// its size (the places of everything its call holds), and its tokens
-	// are signed one after another in the slot it gets: its wait is a
-	// request's, not one per token, and it takes no more of the server's
-	// signing at once than a request does.
-	release, ref := s.admission.acquire(ctx, proto.Size(req), true)
+	return decided
+}
+
+// sign waits in the signing queue once, as one request of size (the
+// places of everything the call holds), and signs the decided tokens one
+// after another in the slot it gets: the batch's wait is a request's,
+// not one per token, and it takes no more of the server's signing at once
+// than a request does. A caller that left is signed nothing more.
+func (b *mintBatch) sign(size int, decided []decidedItem) {
+	release, ref := b.s.admission.acquire(b.ctx, size, true)
 	if ref == nil {
 		defer release()
 	}
-	for _, i := range accepted {
-		if ref == nil && ctx.Err() != nil {
-			ref = callerLeft(ctx.Err()) // nobody will read the rest
+	for _, it := range decided {
+		if ref == nil && b.ctx.Err() != nil {
+			ref = callerLeft(b.ctx.Err()) // nobody will read the rest
 		}
 		if ref != nil {
-			refuse(i, ref)
+			b.refuse(it.i, ref)
 			continue
 		}
-		resp, signRef := s.signMint(ctx, r, ident, decided[i])
+		resp, signRef := b.s.signMint(b.ctx, b.r, b.ident, it.d)
 		if signRef != nil {
-			refuse(i, signRef)
+			b.refuse(it.i, signRef)
 			continue
 		}
-		s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(ident)).Inc()
-		results[i] = &identityapi.MintJWTSVIDResult{Svid: resp}
+		b.s.metrics.jwtSVIDs.WithLabelValues(codes.OK.String(), methodLabel(b.ident)).Inc()
+		b.results[it.i] = &identityapi.MintJWTSVIDResult{Svid: resp}
 	}
-	return &identityapi.MintJWTSVIDsResponse{Results: results}, nil
+}
+
+// refuse answers item i with ref, counted and logged as MintJWTSVID's
+// refusals are.
+func (b *mintBatch) refuse(i int, ref *refusal) {
+	b.s.metrics.jwtSVIDs.WithLabelValues(ref.code.String(), methodLabel(b.ident)).Inc()
+	err := b.s.refuse(b.ctx, "jwt-svid request refused", b.r, b.ident, ref, "item", i)
+	b.results[i] = &identityapi.MintJWTSVIDResult{Code: int32(ref.code), Message: status.Convert(err).Message()}
 }
 
 // refusedCount is what a batch of n items refused as a whole adds to the
