@@ -386,16 +386,8 @@ func TestMintJWTSVIDsWaitWithTheBatchsPlaces(t *testing.T) {
 	}
 	size := proto.Size(&identityapi.MintJWTSVIDsRequest{Requests: items})
 	require.Greater(t, size, 14*4<<10, "the batch needs more places than the queue has left")
-	type answer struct {
-		resp *identityapi.MintJWTSVIDsResponse
-		err  error
-	}
-	batchDone := make(chan answer, 1)
-	go func() {
-		resp, err := c.MintJWTSVIDs(context.Background(), &identityapi.MintJWTSVIDsRequest{Requests: items})
-		batchDone <- answer{resp, err}
-	}()
-	var got answer
+	batchDone := mintBatchInBackground(c, items)
+	var got batchAnswer
 	select {
 	case got = <-batchDone:
 	case <-queued:
@@ -432,15 +424,7 @@ func TestMintJWTSVIDsWaitOnceInTheQueue(t *testing.T) {
 		items[i] = mintItem(0, fmt.Sprint("aud-", i))
 	}
 	c := f.identityClient(t, nil, goodToken)
-	type answer struct {
-		resp *identityapi.MintJWTSVIDsResponse
-		err  error
-	}
-	batchDone := make(chan answer, 1)
-	go func() {
-		resp, err := c.MintJWTSVIDs(context.Background(), &identityapi.MintJWTSVIDsRequest{Requests: items})
-		batchDone <- answer{resp, err}
-	}()
+	batchDone := mintBatchInBackground(c, items)
 	<-queued // the batch waits
 	close(release)
 	require.NoError(t, <-certDone)
@@ -516,4 +500,21 @@ func TestMintJWTSVIDsStopsWhenTheCallerLeaves(t *testing.T) {
 	}, time.Minute, time.Millisecond, "the 7 tokens after the first refused as the caller left")
 	_, _, _, calls := signer.last()
 	assert.Equal(t, 1, calls, "no token signed after the caller left")
+}
+
+// batchAnswer is a MintJWTSVIDs call's outcome.
+type batchAnswer struct {
+	resp *identityapi.MintJWTSVIDsResponse
+	err  error
+}
+
+// mintBatchInBackground makes a MintJWTSVIDs call of items on c and
+// sends its outcome.
+func mintBatchInBackground(c identityapi.IdentityServiceClient, items []*identityapi.MintJWTSVIDRequest) <-chan batchAnswer {
+	done := make(chan batchAnswer, 1)
+	go func() {
+		resp, err := c.MintJWTSVIDs(context.Background(), &identityapi.MintJWTSVIDsRequest{Requests: items})
+		done <- batchAnswer{resp, err}
+	}()
+	return done
 }
